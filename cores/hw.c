@@ -1,0 +1,510 @@
+/* Support for heapwalk's reproducer programs: see hw.h. */
+#define _GNU_SOURCE
+#include "hw.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <gnu/libc-version.h>
+#include <malloc.h>
+#include <pthread.h>
+#include <semaphore.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#define TC_CLASSES 64   /* tcache small bins: chunk sizes 0x20 .. 0x410 */
+#define TC_CAP 64       /* most entries a proven tcache bin may hold */
+#define MAX_FACTS 64
+#define MAX_MMAPPED 256
+#define FREED_SLOTS (1u << 21)  /* open-addressing set of freed tcache-range chunks */
+#define KEY_PROBE_REQUEST 1000  /* a size class the programs never use */
+#define PATTERN 0xA5
+
+struct thread_rec {
+    int used;
+    pid_t tid;
+    char label[32];
+    uintptr_t key;           /* glibc's tcache key as seen by this thread */
+    uintptr_t held;          /* a chunk the thread allocated and still holds */
+    int non_main_arena;      /* NON_MAIN_ARENA bit of that chunk's header */
+    int in_ledger;
+    int exited;
+    int count[TC_CLASSES];   /* proven tcache: entries[c][0] is the list head */
+    uintptr_t entries[TC_CLASSES][TC_CAP];
+};
+
+static char mi_buf[1 << 20], ledger_buf[1 << 20];
+static FILE *mi_file, *ledger_file;
+static const char *repro_name;
+static int glibc_major, glibc_minor, fill_count;
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static struct thread_rec threads[HW_MAX_THREADS];
+static __thread struct thread_rec *self;
+static struct { char key[48]; long long value; } facts[MAX_FACTS];
+static int nfacts;
+static struct { uintptr_t mem; size_t request; } mmapped[MAX_MMAPPED];
+static int nmmapped;
+static uintptr_t freed[FREED_SLOTS];
+static unsigned char freed_owner[FREED_SLOTS], freed_class[FREED_SLOTS];
+static sem_t arrivals;
+
+static void die(const char *what)
+{
+    fprintf(stderr, "%s: %s\n", repro_name ? repro_name : "reproducer", what);
+    abort();
+}
+
+static size_t chunk_size_for(size_t n)
+{
+    size_t sz = (n + sizeof(size_t) + 15) & ~(size_t)15;
+    return sz < 32 ? 32 : sz;
+}
+
+static int tcache_class(size_t n)
+{
+    size_t sz = chunk_size_for(n);
+    return sz <= 0x410 ? (int)((sz - 32) / 16) : -1;
+}
+
+static size_t class_request(int c) { return (size_t)c * 16 + 24; }
+
+int hw_tcache_fill(void) { return fill_count; }
+
+static int peek_word(uintptr_t addr, uintptr_t *out)
+{
+    struct iovec local = { out, sizeof *out }, remote = { (void *)addr, sizeof *out };
+    return process_vm_readv(getpid(), &local, 1, &remote, 1, 0) == (ssize_t)sizeof *out;
+}
+
+/* ---- the set of chunks the program freed and has not got back ---------- */
+
+static size_t slot_of(uintptr_t p) { return (size_t)((p >> 4) * 0x9E3779B97F4A7C15ull >> 43) & (FREED_SLOTS - 1); }
+
+static size_t freed_count;
+
+static void freed_add(uintptr_t p, int owner, int cls)
+{
+    size_t i = slot_of(p);
+    if (++freed_count > FREED_SLOTS / 4 * 3)
+        die("too many freed chunks tracked");
+    while (freed[i] && freed[i] != p)
+        i = (i + 1) & (FREED_SLOTS - 1);
+    if (freed[i] == p)
+        freed_count--;
+    freed[i] = p;
+    freed_owner[i] = (unsigned char)owner;
+    freed_class[i] = (unsigned char)cls;
+}
+
+static void freed_remove(uintptr_t p)
+{
+    size_t i = slot_of(p);
+    while (freed[i] != p) {
+        if (!freed[i])
+            return;
+        i = (i + 1) & (FREED_SLOTS - 1);
+    }
+    freed_count--;
+    /* backward-shift deletion keeps probe chains intact without tombstones */
+    size_t j = i;
+    for (;;) {
+        freed[i] = 0;
+        for (;;) {
+            j = (j + 1) & (FREED_SLOTS - 1);
+            if (!freed[j])
+                return;
+            size_t k = slot_of(freed[j]);
+            if (i <= j ? (i < k && k <= j) : (i < k || k <= j))
+                continue;
+            break;
+        }
+        freed[i] = freed[j];
+        freed_owner[i] = freed_owner[j];
+        freed_class[i] = freed_class[j];
+        i = j;
+    }
+}
+
+/* ---- threads ------------------------------------------------------------ */
+
+static struct thread_rec *me(void)
+{
+    if (self)
+        return self;
+    pthread_mutex_lock(&lock);
+    for (int i = 0; i < HW_MAX_THREADS; i++)
+        if (!threads[i].used) {
+            threads[i].used = 1;
+            threads[i].tid = (pid_t)syscall(SYS_gettid);
+            self = &threads[i];
+            break;
+        }
+    pthread_mutex_unlock(&lock);
+    if (!self)
+        die("too many threads");
+    return self;
+}
+
+/* Frees a fresh chunk of an otherwise unused size class: it lands in this
+ * thread's (empty) tcache bin, where glibc writes the key into its second word.
+ * Taking it back must return the same chunk. */
+static void learn_key(void)
+{
+    struct thread_rec *t = me();
+    unsigned char *x = malloc(KEY_PROBE_REQUEST);
+    void *guard = malloc(24);
+    if (!x || !guard)
+        die("out of memory");
+    memset(x, PATTERN, KEY_PROBE_REQUEST);
+    uintptr_t where = (uintptr_t)x, key = 0;
+    free(x);
+    if (!peek_word(where + 8, &key))
+        die("cannot read the key probe chunk");
+    x = malloc(KEY_PROBE_REQUEST);
+    if ((uintptr_t)x != where)
+        die("the key probe chunk did not come back from tcache");
+    memset(x, PATTERN, KEY_PROBE_REQUEST);
+    if (key == 0 || key == (uintptr_t)0xA5A5A5A5A5A5A5A5ull)
+        die("glibc wrote no tcache key (needs glibc 2.29 or later)");
+    t->key = key;
+}
+
+static void *malloc_tracked(size_t n, size_t touch)
+{
+    void *p = malloc(n);
+    if (!p)
+        die("out of memory");
+    if (tcache_class(n) >= 0) {
+        pthread_mutex_lock(&lock);
+        freed_remove((uintptr_t)p);
+        pthread_mutex_unlock(&lock);
+    }
+    memset(p, PATTERN, touch < n ? touch : n);
+    return p;
+}
+
+void *hw_malloc(size_t n) { return malloc_tracked(n, n); }
+void *hw_malloc_cold(size_t n) { return malloc_tracked(n, 64); }
+
+void hw_free(void *p)
+{
+    int c = tcache_class(malloc_usable_size(p));
+    if (c >= 0) {
+        struct thread_rec *t = me();
+        pthread_mutex_lock(&lock);
+        freed_add((uintptr_t)p, (int)(t - threads), c);
+        pthread_mutex_unlock(&lock);
+    }
+    free(p);
+}
+
+/* ---- proving a thread's tcache -------------------------------------------- */
+
+static pthread_mutex_t proof_lock = PTHREAD_MUTEX_INITIALIZER;
+static char maps_buf[1 << 20];
+static uintptr_t scan_buf[(1 << 20) / sizeof(uintptr_t)];
+
+/* Is P a freed chunk recorded in the set? Returns its owner index or -1. */
+static int freed_owner_of(uintptr_t p)
+{
+    size_t i = slot_of(p);
+    while (freed[i]) {
+        if (freed[i] == p)
+            return freed_owner[i];
+        i = (i + 1) & (FREED_SLOTS - 1);
+    }
+    return -1;
+}
+
+static int proven_elsewhere(uintptr_t p, const struct thread_rec *t)
+{
+    for (int i = 0; i < HW_MAX_THREADS; i++) {
+        const struct thread_rec *o = &threads[i];
+        if (o == t || !o->in_ledger)
+            continue;
+        for (int c = 0; c < TC_CLASSES; c++)
+            for (int j = 0; j < o->count[c]; j++)
+                if (o->entries[c][j] == p)
+                    return 1;
+    }
+    return 0;
+}
+
+/* Current tcache class of the chunk whose user memory starts at P, from its
+ * size field, or -1 when it is not a tcache-sized chunk. */
+static int current_class(uintptr_t p)
+{
+    uintptr_t size;
+    if (!peek_word(p - 8, &size))
+        return -1;
+    size &= ~(uintptr_t)7;
+    return (size >= 32 && size <= 0x410 && size % 16 == 0) ? (int)((size - 32) / 16) : -1;
+}
+
+static void add_candidate(struct thread_rec *t, uintptr_t (*cand)[TC_CAP], int *ncand, uintptr_t p)
+{
+    int c = current_class(p);
+    if (c < 0)
+        return;
+    int me_index = (int)(t - threads);
+    int owner = freed_owner_of(p);
+    /* A chunk nobody freed at this address (a split remainder that glibc
+     * stashed into tcache) is taken as ours: the drain below proves it. */
+    if (owner == me_index || owner < 0) {
+        for (int j = 0; j < ncand[c]; j++)
+            if (cand[c][j] == p)
+                return;
+        if (ncand[c] >= TC_CAP)
+            die("more tcache candidates than a bin can hold");
+        cand[c][ncand[c]++] = p;
+        return;
+    }
+    if (proven_elsewhere(p, t) || (owner >= 0 && !threads[owner].in_ledger && !threads[owner].exited))
+        return;
+    fprintf(stderr, "thread %d: chunk %#lx carries the tcache key but nobody can account for it (owner %d)\n",
+            t->tid, (unsigned long)p, owner);
+    die("tcache ledger would be incomplete");
+}
+
+/* Scans the writable mapping that holds ADDR for chunks carrying T's key. */
+static void scan_mapping_of(uintptr_t addr, struct thread_rec *t, uintptr_t (*cand)[TC_CAP], int *ncand,
+                            uintptr_t *done, int *ndone)
+{
+    int fd = open("/proc/self/maps", O_RDONLY);
+    if (fd < 0)
+        die("cannot open /proc/self/maps");
+    size_t len = 0;
+    ssize_t r;
+    while (len < sizeof maps_buf - 1 && (r = read(fd, maps_buf + len, sizeof maps_buf - 1 - len)) > 0)
+        len += (size_t)r;
+    close(fd);
+    maps_buf[len] = 0;
+    for (char *line = maps_buf; *line;) {
+        char *next = strchr(line, '\n');
+        unsigned long lo, hi;
+        char perms[8];
+        if (sscanf(line, "%lx-%lx %7s", &lo, &hi, perms) == 3 && lo <= addr && addr < hi && perms[1] == 'w') {
+            for (int i = 0; i < *ndone; i++)
+                if (done[i] == lo)
+                    return;
+            done[(*ndone)++] = lo;
+            for (uintptr_t base = lo; base < hi; base += sizeof scan_buf) {
+                size_t n = hi - base < sizeof scan_buf ? hi - base : sizeof scan_buf;
+                struct iovec local = { scan_buf, n }, remote = { (void *)base, n };
+                if (process_vm_readv(getpid(), &local, 1, &remote, 1, 0) != (ssize_t)n)
+                    continue;
+                for (size_t w = 1; w < n / sizeof(uintptr_t); w += 2)
+                    if (scan_buf[w] == t->key)
+                        add_candidate(t, cand, ncand, base + (w - 1) * sizeof(uintptr_t));
+            }
+            return;
+        }
+        if (!next)
+            break;
+        line = next + 1;
+    }
+}
+
+/* Proves the calling thread's tcache, class by class (see hw.h). */
+static void prove_tcache(struct thread_rec *t)
+{
+    static uintptr_t cand[TC_CLASSES][TC_CAP];
+    static uintptr_t done[64];
+    int ncand[TC_CLASSES] = { 0 }, ndone = 0;
+    int me_index = (int)(t - threads);
+    pthread_mutex_lock(&proof_lock);
+    pthread_mutex_lock(&lock);
+    scan_mapping_of(t->held, t, cand, ncand, done, &ndone);
+    for (size_t s = 0; s < FREED_SLOTS; s++)
+        if (freed[s] && freed_owner[s] == me_index && ndone < 64)
+            scan_mapping_of(freed[s], t, cand, ncand, done, &ndone);
+    pthread_mutex_unlock(&lock);
+    for (int c = 0; c < TC_CLASSES; c++) {
+        int n = ncand[c];
+        uintptr_t *got = t->entries[c];
+        for (int i = 0; i < n; i++)
+            got[i] = (uintptr_t)malloc(class_request(c));
+        for (int i = 0; i < n; i++) {
+            int found = 0;
+            for (int j = 0; j < n; j++)
+                found |= got[i] == cand[c][j];
+            if (!found) {
+                fprintf(stderr, "thread %d: malloc(%zu) gave %#lx, which is not a tcache candidate\n", t->tid,
+                        class_request(c), (unsigned long)got[i]);
+                die("tcache proof failed");
+            }
+        }
+        for (int i = n - 1; i >= 0; i--)
+            free((void *)got[i]);
+        for (int i = 0; i < n; i++) {
+            uintptr_t k;
+            if (!peek_word(got[i] + 8, &k) || k != t->key)
+                die("a tcache entry lost its key after the proof");
+        }
+        t->count[c] = n;
+    }
+    t->in_ledger = 1;
+    pthread_mutex_unlock(&proof_lock);
+}
+
+void hw_ledger(const char *label)
+{
+    struct thread_rec *t = me();
+    void *held = hw_malloc(40);
+    snprintf(t->label, sizeof t->label, "%s", label);
+    t->held = (uintptr_t)held;
+    t->non_main_arena = (int)((((size_t *)held)[-1] >> 2) & 1);
+    prove_tcache(t);
+}
+
+void hw_note_mmapped(void *p, size_t request)
+{
+    pthread_mutex_lock(&lock);
+    if (nmmapped < MAX_MMAPPED) {
+        mmapped[nmmapped].mem = (uintptr_t)p;
+        mmapped[nmmapped].request = request;
+        nmmapped++;
+    }
+    pthread_mutex_unlock(&lock);
+}
+
+void hw_note_fact(const char *key, long long value)
+{
+    pthread_mutex_lock(&lock);
+    if (nfacts < MAX_FACTS) {
+        snprintf(facts[nfacts].key, sizeof facts[nfacts].key, "%s", key);
+        facts[nfacts].value = value;
+        nfacts++;
+    }
+    pthread_mutex_unlock(&lock);
+}
+
+/* ---- outputs -------------------------------------------------------------- */
+
+static FILE *open_output(const char *dir, const char *name, char *buf, size_t size)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "w");
+    if (!f) {
+        perror(path);
+        exit(2);
+    }
+    setvbuf(f, buf, _IOFBF, size);
+    return f;
+}
+
+void hw_init(int argc, char **argv, const char *reproducer_name)
+{
+    repro_name = reproducer_name;
+    const char *dir = argc > 1 ? argv[1] : ".";
+    if (sscanf(gnu_get_libc_version(), "%d.%d", &glibc_major, &glibc_minor) != 2)
+        die("cannot parse gnu_get_libc_version()");
+    fill_count = (glibc_major > 2 || glibc_minor >= 43) ? 16 : 7;
+    const char *env_fill = getenv("HW_TCACHE_FILL");
+    if (env_fill)
+        fill_count = atoi(env_fill);
+    sem_init(&arrivals, 0, 0);
+    mi_file = open_output(dir, "malloc_info.xml", mi_buf, sizeof mi_buf);
+    ledger_file = open_output(dir, "ledger.json", ledger_buf, sizeof ledger_buf);
+    if (glibc_major == 2 && glibc_minor < 29)
+        die("the tcache ledger needs glibc 2.29 or later");
+    learn_key();
+}
+
+static void write_ledger(void)
+{
+    FILE *f = ledger_file;
+    fprintf(f, "{\n  \"reproducer\": \"%s\",\n  \"glibc\": \"%d.%d\",\n  \"pid\": %d,\n  \"tcache_fill\": %d,\n",
+            repro_name, glibc_major, glibc_minor, (int)getpid(), fill_count);
+    fprintf(f, "  \"facts\": {");
+    for (int i = 0; i < nfacts; i++)
+        fprintf(f, "%s\"%s\": %lld", i ? ", " : "", facts[i].key, facts[i].value);
+    fprintf(f, "},\n  \"mmapped\": [");
+    for (int i = 0; i < nmmapped; i++)
+        fprintf(f, "%s\n    {\"mem\": %lu, \"request\": %zu}", i ? "," : "", (unsigned long)mmapped[i].mem,
+                mmapped[i].request);
+    fprintf(f, "\n  ],\n  \"threads\": [");
+    int first = 1;
+    for (int i = 0; i < HW_MAX_THREADS; i++) {
+        struct thread_rec *t = &threads[i];
+        if (!t->in_ledger)
+            continue;
+        fprintf(f, "%s\n    {\"tid\": %d, \"label\": \"%s\", \"held\": %lu, \"non_main_arena\": %s, \"tcache\": [",
+                first ? "" : ",", (int)t->tid, t->label, (unsigned long)t->held, t->non_main_arena ? "true" : "false");
+        first = 0;
+        int firstbin = 1;
+        for (int c = 0; c < TC_CLASSES; c++) {
+            if (!t->count[c])
+                continue;
+            fprintf(f, "%s\n       {\"chunk_size\": %d, \"entries\": [", firstbin ? "" : ",", 32 + 16 * c);
+            firstbin = 0;
+            for (int j = 0; j < t->count[c]; j++)
+                fprintf(f, "%s%lu", j ? ", " : "", (unsigned long)t->entries[c][j]);
+            fprintf(f, "]}");
+        }
+        fprintf(f, "]}");
+    }
+    fprintf(f, "\n  ]\n}\n");
+}
+
+void hw_snapshot(void)
+{
+    if (malloc_info(0, mi_file) != 0)
+        die("malloc_info failed");
+    write_ledger();
+    if (fflush(mi_file) || fflush(ledger_file))
+        die("cannot write the oracle files");
+    raise(SIGSTOP);
+}
+
+void hw_park(void)
+{
+    for (;;)
+        pause();
+}
+
+void hw_arrive(void) { sem_post(&arrivals); }
+
+void hw_wait_arrivals(int n)
+{
+    for (int i = 0; i < n; i++)
+        while (sem_wait(&arrivals) != 0 && errno == EINTR)
+            ;
+}
+
+struct spawn_arg { void *(*fn)(void *); void *arg; };
+static struct spawn_arg spawn_args[HW_MAX_THREADS];
+static int nspawned;
+
+static void *trampoline(void *a)
+{
+    struct spawn_arg *s = a;
+    learn_key();
+    void *r = s->fn(s->arg);
+    me()->exited = 1;
+    return r;
+}
+
+void hw_spawn(void *(*fn)(void *), void *arg)
+{
+    pthread_attr_t attr;
+    pthread_t th;
+    pthread_mutex_lock(&lock);
+    if (nspawned >= HW_MAX_THREADS)
+        die("too many threads");
+    struct spawn_arg *s = &spawn_args[nspawned++];
+    pthread_mutex_unlock(&lock);
+    s->fn = fn;
+    s->arg = arg;
+    pthread_attr_init(&attr);
+    pthread_attr_setstacksize(&attr, 256 * 1024);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    if (pthread_create(&th, &attr, trampoline, s) != 0)
+        die("pthread_create failed");
+    pthread_attr_destroy(&attr);
+}
