@@ -1,0 +1,194 @@
+"""Builds a `HeapState` from a target's memory and a `Discovery`.
+
+This is where the walkers are put together: mp_, the arena ring, each arena's
+heaps and free lists, the arena free list, and each thread's arena and tcache.
+Reads that fail become findings; whatever could be decoded is kept.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+from .discovery import Discovery
+from .layout import MP_INT_FIELDS, NBINS, SIZE_BITS, Layout
+from .memory import Memory, ReadError, u64
+from .model import Arena, BinKind, BinList, Fact, Finding, Heap, HeapState, MallocPar, Severity, Thread
+from .walkers import ListWalk, walk_arena_ring, walk_bin, walk_fastbin, walk_heaps, walk_tcache
+
+__all__ = ["ThreadRegs", "collect", "read_mp", "read_arena"]
+
+
+@dataclass(frozen=True, slots=True)
+class ThreadRegs:
+    """A target thread as the debugger sees it: gdb's number, its LWP and $fs_base."""
+
+    number: int
+    lwp: int
+    fs_base: int | None
+
+
+def read_mp(mem: Memory, layout: Layout, address: int) -> MallocPar:
+    """Reads every field of mp_ that this layout has."""
+    raw = mem.read(address, layout.mp_size)
+    values = {}
+    for name, off in layout.mp.items():
+        fmt = "<i" if name in MP_INT_FIELDS else "<Q"
+        values[name] = struct.unpack_from(fmt, raw, off)[0]
+    return MallocPar(address, values)
+
+
+def read_arena(mem: Memory, layout: Layout, address: int) -> dict[str, int | None]:
+    """The scalar fields of the malloc_state at ADDRESS."""
+    raw = mem.read(address, layout.arena_size)
+
+    def word(off: int | None) -> int | None:
+        return None if off is None else struct.unpack_from("<Q", raw, off)[0]
+
+    def i32(off: int | None) -> int | None:
+        return None if off is None else struct.unpack_from("<i", raw, off)[0]
+
+    return dict(mutex=i32(layout.off_mutex), flags=i32(layout.off_flags),
+                have_fastchunks=i32(layout.off_have_fastchunks), top=word(layout.off_top),
+                last_remainder=word(layout.off_last_remainder), next=word(layout.off_next),
+                next_free=word(layout.off_next_free), attached_threads=word(layout.off_attached_threads),
+                system_mem=word(layout.off_system_mem), max_system_mem=word(layout.off_max_system_mem))
+
+
+def _empty_bin(kind: BinKind, index: int, head: int) -> BinList:
+    return BinList(kind, index, head, (), (), complete=False)
+
+
+def _decode_arena(mem: Memory, disc: Discovery, address: int, number: int, mp: MallocPar | None,
+                  free_list: set[int]) -> Arena:
+    layout = disc.layout
+    is_main = address == disc.main_arena
+    findings: list[Finding] = []
+    f = read_arena(mem, layout, address)
+    top = f["top"] or 0
+    try:
+        top_size = u64(mem, top + 8) & ~SIZE_BITS if top else 0
+    except ReadError:
+        findings.append(Finding(Severity.ERROR, top, f"arena {address:#x}", "the top chunk is unreadable"))
+        top_size = 0
+    if f["mutex"]:
+        findings.append(Finding(Severity.WARNING, address, f"arena {address:#x}",
+                                "the arena mutex was held at snapshot time: its lists may be mid-update"))
+    system_mem = f["system_mem"] or 0
+    if is_main:
+        heaps: list[Heap] = []
+        sbrk_base = mp.get("sbrk_base") if mp else None
+        if sbrk_base and top:
+            end = top + top_size
+            heaps.append(Heap(sbrk_base, end - sbrk_base, end - sbrk_base, address, 0, None))
+    else:
+        heaps, heap_findings = walk_heaps(mem, layout, address, top, disc.heap_max_size)
+        findings.extend(heap_findings)
+
+    fastbins: list[BinList] = []
+    for i in range(layout.nfastbins):
+        fb, fb_findings = walk_fastbin(mem, layout, address, i, system_mem)
+        fastbins.append(fb)
+        findings.extend(fb_findings)
+    unsorted, u_findings = walk_bin(mem, layout, address, 1, system_mem)
+    findings.extend(u_findings)
+    bins: list[BinList] = []
+    for i in range(2, NBINS):
+        b, b_findings = walk_bin(mem, layout, address, i, system_mem)
+        bins.append(b)
+        findings.extend(b_findings)
+    return Arena(address=address, number=number, is_main=is_main, mutex=f["mutex"] or 0, flags=f["flags"] or 0,
+                 have_fastchunks=f["have_fastchunks"], top=top, top_size=top_size,
+                 last_remainder=f["last_remainder"] or 0, next=f["next"] or 0, next_free=f["next_free"] or 0,
+                 attached_threads=f["attached_threads"], system_mem=system_mem,
+                 max_system_mem=f["max_system_mem"] or 0, heaps=tuple(heaps), fastbins=tuple(fastbins),
+                 unsorted=unsorted, bins=tuple(bins), on_free_list=address in free_list, findings=tuple(findings))
+
+
+def _walk_free_list(mem: Memory, disc: Discovery, arenas: list[int]) -> tuple[set[int], list[Finding], str]:
+    """Arenas on glibc's free_list (threads exited): from the free_list variable, else attached_threads == 0."""
+    layout = disc.layout
+    if disc.free_list_address is not None:
+        walk = ListWalk("arena free_list", len(arenas) + 1)
+        members: set[int] = set()
+        try:
+            a = u64(mem, disc.free_list_address)
+            while a:
+                if not walk.admit(a, "arena", alignment=8):
+                    break
+                if a not in arenas:
+                    walk.fail(a, f"free_list holds {a:#x}, which is not in the arena ring")
+                    break
+                members.add(a)
+                a = u64(mem, a + layout.off_next_free)
+        except ReadError as exc:
+            walk.fail(disc.free_list_address, f"cannot read the free list: {exc}")
+        return members, walk.findings, "symbol free_list"
+    if layout.off_attached_threads is None:
+        return set(), [], "unknown"
+    members = set()
+    for a in arenas:
+        if a == disc.main_arena:
+            continue
+        try:
+            if u64(mem, a + layout.off_attached_threads) == 0:
+                members.add(a)
+        except ReadError:
+            pass
+    return members, [], "attached_threads == 0"
+
+
+def _thread(mem: Memory, disc: Discovery, regs: ThreadRegs, fill_count: int | None) -> tuple[Thread, list[Finding]]:
+    findings: list[Finding] = []
+    arena = tcache_ptr = None
+    tcache = None
+    if regs.fs_base:
+        for attr, name in (("thread_arena_tpoff", "thread_arena"), ("tcache_tpoff", "tcache")):
+            tpoff = getattr(disc, attr)
+            if tpoff is None:
+                continue
+            try:
+                value = u64(mem, regs.fs_base + tpoff)
+            except ReadError:
+                findings.append(Finding(Severity.WARNING, regs.fs_base + tpoff, f"thread {regs.number}",
+                                        f"cannot read the {name} TLS variable"))
+                continue
+            if name == "tcache":
+                tcache_ptr = value
+            else:
+                arena = value
+    if tcache_ptr:
+        tcache = walk_tcache(mem, disc.layout, tcache_ptr, fill_count)
+    return Thread(regs.number, regs.lwp, regs.fs_base or 0, arena or None, tcache_ptr, tcache), findings
+
+
+def collect(mem: Memory, disc: Discovery, threads: list[ThreadRegs], target: str = "") -> HeapState:
+    """Decodes the whole malloc state: every arena in ring order, every thread's tcache."""
+    findings: list[Finding] = []
+    mp = None
+    if disc.mp_address is not None:
+        try:
+            mp = read_mp(mem, disc.layout, disc.mp_address)
+        except ReadError as exc:
+            findings.append(Finding(Severity.ERROR, disc.mp_address, "mp_", f"cannot read: {exc}"))
+    ring, ring_findings = walk_arena_ring(mem, disc.layout, disc.main_arena)
+    findings.extend(ring_findings)
+    free_list, fl_findings, fl_how = _walk_free_list(mem, disc, ring)
+    findings.extend(fl_findings)
+    facts = list(disc.facts)
+    facts.append(Fact("arena_free_list", sorted(free_list), fl_how))
+    arenas = []
+    for number, address in enumerate(ring):
+        try:
+            arenas.append(_decode_arena(mem, disc, address, number, mp, free_list))
+        except ReadError as exc:
+            findings.append(Finding(Severity.ERROR, address, f"arena {number}", f"cannot read the arena: {exc}"))
+    fill = mp.get("tcache_count") if mp else None
+    decoded_threads = []
+    for regs in sorted(threads, key=lambda t: t.number):
+        thread, t_findings = _thread(mem, disc, regs, fill)
+        decoded_threads.append(thread)
+        findings.extend(t_findings)
+    return HeapState(target=target, glibc_version=disc.version, layout_name=disc.layout.name,
+                     main_arena=disc.main_arena, mp=mp, arenas=tuple(arenas), threads=tuple(decoded_threads),
+                     facts=tuple(facts), findings=tuple(findings))

@@ -1,0 +1,299 @@
+"""gdb commands: ``heapwalk arenas|bins|tcache`` and ``set/show heapwalk ...``.
+
+Commands parse their arguments, build a `HeapState` through the engine, and
+render it; no heap logic lives here.  Errors the user can cause are one line;
+internal errors show a traceback only with ``set heapwalk debug on``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import traceback
+
+import gdb  # type: ignore[import-not-found]
+
+from . import jsonout, render
+from .collect import collect
+from .discovery import DiscoveryError, Overrides, discover, parse_version
+from .gdbtarget import GdbSymbols, describe_target, gdb_memory, has_target, preserved_selection, thread_registers
+from .model import HeapState
+
+__all__ = ["register"]
+
+
+class UserError(Exception):
+    """A mistake in the command line or the target: shown as one line."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # argparse would exit gdb
+        raise UserError(f"{self.prog}: {message} (see 'help {self.prog}')")
+
+    def exit(self, status: int = 0, message: str | None = None):
+        if message:
+            gdb.write(message)
+        raise _HelpShown()
+
+
+class _HelpShown(Exception):
+    pass
+
+
+class _GdbFile:
+    """A file object that writes through gdb, so output lands in logs and pagers correctly."""
+
+    def write(self, s: str) -> int:
+        gdb.write(s)
+        return len(s)
+
+    def flush(self) -> None:
+        gdb.flush()
+
+    def isatty(self) -> bool:
+        return _interactive()
+
+
+def _interactive() -> bool:
+    """Is gdb's output a terminal? (Logs and pipes get plain text.)"""
+    try:
+        return os.isatty(1)
+    except OSError:
+        return False
+
+
+def _int(text: str) -> int:
+    try:
+        return int(gdb.parse_and_eval(text)) if not text.lower().startswith("0x") else int(text, 16)
+    except (gdb.error, ValueError):
+        raise UserError(f"not an address or number: {text}") from None
+
+
+class _Settings:
+    debug = None
+    glibc_version = None
+    main_arena = None
+
+
+def _overrides() -> Overrides:
+    ov = Overrides()
+    version = _Settings.glibc_version.value if _Settings.glibc_version else ""
+    if version:
+        try:
+            ov.glibc_version = parse_version(version)
+        except ValueError:
+            raise UserError(f"'set heapwalk glibc-version {version}': expected X.Y, e.g. 2.36") from None
+    arena = _Settings.main_arena.value if _Settings.main_arena else ""
+    if arena:
+        ov.main_arena = _int(arena)
+    return ov
+
+
+def load_state() -> HeapState:
+    """Discovers and decodes the selected inferior's heap."""
+    if not has_target():
+        raise UserError("heapwalk: no process or core file: run, attach (gdb -p PID) or load a core first")
+    with preserved_selection():
+        mem = gdb_memory()
+        disc = discover(mem, GdbSymbols(), _overrides())
+        threads = thread_registers()
+        return collect(mem, disc, threads, describe_target())
+
+
+def _console():
+    return render.make_console(_GdbFile(), _interactive())
+
+
+def _print_findings(console, findings) -> None:
+    text = render.findings_text(findings)
+    if text is not None:
+        console.print(text)
+
+
+class _Subcommand(gdb.Command):
+    """Base: argparse-based subcommand of ``heapwalk``."""
+
+    name = ""
+
+    def __init__(self):
+        self.parser = self.make_parser()
+        self.__doc__ = self.parser.format_help()
+        super().__init__(f"heapwalk {self.name}", gdb.COMMAND_DATA)
+
+    def make_parser(self) -> argparse.ArgumentParser:
+        raise NotImplementedError
+
+    def run(self, args) -> None:
+        raise NotImplementedError
+
+    def invoke(self, argument: str, from_tty: bool) -> None:
+        try:
+            args = self.parser.parse_args(gdb.string_to_argv(argument))
+            self.run(args)
+        except _HelpShown:
+            return
+        except (UserError, DiscoveryError) as exc:
+            raise gdb.GdbError(str(exc)) from None
+        except gdb.GdbError:
+            raise
+        except Exception as exc:  # an internal error: one line unless debugging
+            if _Settings.debug is not None and _Settings.debug.value:
+                traceback.print_exc()
+            raise gdb.GdbError(f"heapwalk {self.name}: internal error: {type(exc).__name__}: {exc} "
+                               "('set heapwalk debug on' shows a traceback)") from None
+
+
+def _json_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", metavar="FILE", help="also write the result as JSON (schema: docs/json.md)")
+
+
+class ArenasCommand(_Subcommand):
+    name = "arenas"
+
+    def make_parser(self):
+        p = _Parser(prog="heapwalk arenas", description="List every arena (main and thread arenas, in ring "
+                    "order) with its system memory, top chunk, and the free bytes (chunk count) held in each "
+                    "kind of free list: tcache (of the threads using the arena), fastbins, unsorted, small, large.")
+        _json_option(p)
+        return p
+
+    def run(self, args) -> None:
+        state = load_state()
+        console = _console()
+        console.print(render.header_text(state), end="")
+        console.print(render.arenas_table(state, _interactive()))
+        _print_findings(console, state.all_findings())
+        if args.json:
+            jsonout.dump(jsonout.state_to_json(state), args.json)
+
+
+class BinsCommand(_Subcommand):
+    name = "bins"
+
+    def make_parser(self):
+        p = _Parser(prog="heapwalk bins", description="Show the free lists of each arena: fastbins, the unsorted "
+                    "bin, small bins and large bins (chunk sizes, counts, bytes). KIND limits the output to one "
+                    "kind: fast, unsorted, small or large.")
+        p.add_argument("kind", nargs="?", choices=jsonout.KINDS, help="only this kind of list")
+        p.add_argument("--arena", metavar="ADDR", help="only the arena at ADDR (or its number in the ring)")
+        p.add_argument("--chunks", action="store_true", help="list the chunk addresses of each bin")
+        _json_option(p)
+        return p
+
+    def run(self, args) -> None:
+        state = load_state()
+        arenas = list(state.arenas)
+        if args.arena is not None:
+            wanted = _int(args.arena)
+            arenas = [a for a in arenas if a.address == wanted or (wanted < 4096 and a.number == wanted)]
+            if not arenas:
+                raise UserError(f"heapwalk bins: no arena at {args.arena} (see 'heapwalk arenas')")
+        kinds = {args.kind} if args.kind else set(jsonout.KINDS)
+        console = _console()
+        console.print(render.header_text(state), end="")
+        console.print(render.bins_tables(state, arenas, kinds, _interactive(), args.chunks))
+        _print_findings(console, [f for a in arenas for f in a.findings] + list(state.findings))
+        if args.json:
+            jsonout.dump(jsonout.state_to_json(state, arenas=[a.address for a in arenas], kinds=kinds,
+                                               threads=[]), args.json)
+
+
+class TcacheCommand(_Subcommand):
+    name = "tcache"
+
+    def make_parser(self):
+        p = _Parser(prog="heapwalk tcache", description="Show the tcache of every thread (or of thread N): "
+                    "the thread's arena, and each non-empty tcache bin with its chunk size, count and entries "
+                    "(user-memory addresses, list head first).")
+        p.add_argument("--thread", metavar="N", type=int, help="only gdb thread number N")
+        p.add_argument("--entries", action="store_true", help="list every entry, not only the first few")
+        _json_option(p)
+        return p
+
+    def run(self, args) -> None:
+        state = load_state()
+        threads = list(state.threads)
+        if args.thread is not None:
+            threads = [t for t in threads if t.number == args.thread]
+            if not threads:
+                raise UserError(f"heapwalk tcache: no thread {args.thread} (see 'info threads')")
+        console = _console()
+        console.print(render.header_text(state), end="")
+        console.print(render.tcache_tables(state, threads, _interactive(), args.entries))
+        _print_findings(console, [f for t in threads if t.tcache for f in t.tcache.findings])
+        if args.json:
+            jsonout.dump(jsonout.state_to_json(state, arenas=[], threads=[t.number for t in threads]), args.json)
+
+
+class HeapwalkPrefix(gdb.Command):
+    """heapwalk: glibc heap forensics for cores and live processes.
+
+Every arena, bin and thread cache of the target, decoded read-only from memory.
+Subcommands:
+  heapwalk arenas   every arena: system memory, top, free bytes per kind of list
+  heapwalk bins     the free lists of each arena (fast, unsorted, small, large)
+  heapwalk tcache   every thread's tcache
+Each takes --json FILE. 'help heapwalk SUBCOMMAND' describes its options.
+Settings: 'set heapwalk debug on|off', 'set heapwalk glibc-version X.Y',
+'set heapwalk main-arena ADDRESS' ('show heapwalk' lists them)."""
+
+    def __init__(self):
+        super().__init__("heapwalk", gdb.COMMAND_DATA, prefix=True)
+
+    def invoke(self, argument: str, from_tty: bool) -> None:
+        if argument.strip():
+            raise gdb.GdbError(f"heapwalk: unknown subcommand '{argument.split()[0]}' (see 'help heapwalk')")
+        gdb.execute("help heapwalk")
+
+
+class _SetPrefix(gdb.Command):
+    """Settings of heapwalk."""
+
+    def __init__(self, verb: str):
+        super().__init__(f"{verb} heapwalk", gdb.COMMAND_DATA, prefix=True)
+
+
+class DebugParameter(gdb.Parameter):
+    """When on, heapwalk shows Python tracebacks for its internal errors."""
+
+    set_doc = "Set whether heapwalk shows tracebacks of internal errors."
+    show_doc = "Show whether heapwalk shows tracebacks of internal errors."
+
+    def __init__(self):
+        super().__init__("heapwalk debug", gdb.COMMAND_DATA, gdb.PARAM_BOOLEAN)
+        self.value = False
+
+
+class GlibcVersionParameter(gdb.Parameter):
+    """The glibc version to decode as (X.Y); empty: detect it from the target."""
+
+    set_doc = "Set the glibc version heapwalk decodes the target as (empty: detect)."
+    show_doc = "Show the glibc version override."
+
+    def __init__(self):
+        super().__init__("heapwalk glibc-version", gdb.COMMAND_DATA, gdb.PARAM_STRING)
+        self.value = ""
+
+
+class MainArenaParameter(gdb.Parameter):
+    """The address of main_arena; empty: find it in the target."""
+
+    set_doc = "Set the address of main_arena (empty: find it)."
+    show_doc = "Show the main_arena override."
+
+    def __init__(self):
+        super().__init__("heapwalk main-arena", gdb.COMMAND_DATA, gdb.PARAM_STRING)
+        self.value = ""
+
+
+def register() -> None:
+    """Creates the commands and settings in gdb (idempotent enough to re-source)."""
+    HeapwalkPrefix()
+    _SetPrefix("set")
+    _SetPrefix("show")
+    _Settings.debug = DebugParameter()
+    _Settings.glibc_version = GlibcVersionParameter()
+    _Settings.main_arena = MainArenaParameter()
+    ArenasCommand()
+    BinsCommand()
+    TcacheCommand()

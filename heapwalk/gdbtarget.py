@@ -1,0 +1,130 @@
+"""The target as gdb shows it: memory, libc's debug symbols, threads.
+
+This module and `heapwalk.commands` are the only ones that import ``gdb``.
+Everything here is read-only: memory is read, never written; no function in
+the target is called; the selected thread and frame are restored after each
+look at another thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+
+import gdb  # type: ignore[import-not-found]
+
+from .collect import ThreadRegs
+from .memory import CachedMemory
+
+__all__ = ["gdb_memory", "GdbSymbols", "thread_registers", "describe_target", "preserved_selection", "has_target"]
+
+_LIBC_NAME = re.compile(r"(^|/)libc([.-][\w.]*)?\.so|(^|/)libc\.so\.6")
+
+
+def has_target() -> bool:
+    """Is there a process or core to look at?"""
+    inferior = gdb.selected_inferior()
+    return inferior is not None and inferior.pid != 0 and bool(inferior.threads())
+
+
+def gdb_memory() -> CachedMemory:
+    """A block-cached Memory over the selected inferior."""
+    inferior = gdb.selected_inferior()
+
+    def read(address: int, size: int) -> bytes:
+        return inferior.read_memory(address, size).tobytes()
+
+    return CachedMemory(read)
+
+
+@contextlib.contextmanager
+def preserved_selection():
+    """Restores the selected thread and frame on exit, whatever happens inside."""
+    thread = gdb.selected_thread()
+    try:
+        frame = gdb.selected_frame()
+    except gdb.error:
+        frame = None
+    try:
+        yield
+    finally:
+        if thread is not None and thread.is_valid():
+            thread.switch()
+            if frame is not None and frame.is_valid():
+                frame.select()
+
+
+def _is_libc_objfile(objfile) -> bool:
+    owner = getattr(objfile, "owner", None) or objfile
+    return bool(owner.filename and _LIBC_NAME.search(owner.filename))
+
+
+class GdbSymbols:
+    """libc's data and TLS symbols from debug information (libc6-dbg), if gdb has it."""
+
+    def _symbols(self, name: str):
+        try:
+            candidates = list(gdb.lookup_static_symbols(name))
+        except (gdb.error, AttributeError):
+            candidates = []
+        sym = gdb.lookup_global_symbol(name)
+        if sym is not None:
+            candidates.append(sym)
+        return [s for s in candidates if s.symtab is not None and _is_libc_objfile(s.symtab.objfile)]
+
+    def data_address(self, name: str) -> int | None:
+        for sym in self._symbols(name):
+            try:
+                value = sym.value()
+                if value.address is not None:
+                    return int(value.address)
+            except gdb.error:
+                continue
+        return None
+
+    def tls_offset(self, name: str) -> int | None:
+        """&NAME minus $fs_base, computed in the selected thread (x86_64 TLS variant II)."""
+        for sym in self._symbols(name):
+            try:
+                frame = gdb.selected_frame()
+                address = sym.value(frame).address
+                fs_base = int(frame.read_register("fs_base"))
+            except gdb.error:
+                continue
+            if address is not None and fs_base:
+                return int(address) - fs_base
+        return None
+
+
+def thread_registers() -> list[ThreadRegs]:
+    """Every thread of the selected inferior with its $fs_base (None where unreadable)."""
+    out = []
+    with preserved_selection():
+        for thread in gdb.selected_inferior().threads():
+            fs_base = None
+            try:
+                thread.switch()
+                fs_base = int(gdb.selected_frame().read_register("fs_base"))
+            except (gdb.error, ValueError):
+                pass
+            out.append(ThreadRegs(thread.num, thread.ptid[1] or thread.ptid[0], fs_base))
+    return sorted(out, key=lambda t: t.number)
+
+
+def describe_target() -> str:
+    """'core file /x/core of /x/exe' or 'process 1234 (/x/exe)'."""
+    inferior = gdb.selected_inferior()
+    exe = gdb.current_progspace().filename or "?"
+    connection = getattr(inferior, "connection", None)
+    kind = getattr(connection, "type", None) if connection is not None else None
+    if kind == "core":
+        core = "?"
+        try:
+            info = gdb.execute("info target", to_string=True)
+            m = re.search(r"Local core dump file:\s*\n?\s*`([^']+)'", info)
+            if m:
+                core = m.group(1)
+        except gdb.error:
+            pass
+        return f"core file {core} of {exe}"
+    return f"process {inferior.pid} ({exe})"

@@ -1,0 +1,113 @@
+"""The JSON form of a `HeapState` (schema in docs/json.md).
+
+Bump SCHEMA_VERSION on any change that renames or removes a field or changes
+its meaning; adding a field keeps the version.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Iterable
+
+from .model import Arena, BinKind, BinList, Finding, HeapState, Thread
+
+__all__ = ["SCHEMA_VERSION", "state_to_json", "dump", "KINDS"]
+
+SCHEMA_VERSION = 1
+KINDS = ("fast", "unsorted", "small", "large")
+
+
+def _finding(f: Finding) -> dict[str, Any]:
+    return {"severity": f.severity.value, "address": f.address, "structure": f.structure, "message": f.message}
+
+
+def bin_json(b: BinList) -> dict[str, Any]:
+    """One free list: counts and masked sizes, plus malloc_info's raw size-field figures."""
+    raw = b.raw_sizes
+    return {
+        "index": b.index,
+        "count": b.count,
+        "bytes": b.total,
+        "min_size": b.min_size,
+        "max_size": b.max_size,
+        "size_field_total": sum(raw),
+        "size_field_min": min(raw) if raw else 0,
+        "size_field_max": max(raw) if raw else 0,
+        "complete": b.complete,
+        "chunks": list(b.chunks),
+    }
+
+
+def _arena_json(a: Arena, kinds: Iterable[str]) -> dict[str, Any]:
+    kinds = set(kinds)
+    bins: dict[str, Any] = {}
+    if "fast" in kinds:
+        bins["fast"] = [bin_json(b) for b in a.fastbins]
+    if "unsorted" in kinds:
+        bins["unsorted"] = bin_json(a.unsorted)
+    if "small" in kinds:
+        bins["small"] = [bin_json(b) for b in a.bins if b.kind is BinKind.SMALL and b.count]
+    if "large" in kinds:
+        bins["large"] = [bin_json(b) for b in a.bins if b.kind is BinKind.LARGE and b.count]
+    return {
+        "number": a.number,
+        "address": a.address,
+        "kind": a.kind,
+        "mutex": a.mutex,
+        "flags": a.flags,
+        "have_fastchunks": a.have_fastchunks,
+        "attached_threads": a.attached_threads,
+        "on_free_list": a.on_free_list,
+        "system_mem": a.system_mem,
+        "max_system_mem": a.max_system_mem,
+        "top": {"address": a.top, "size": a.top_size},
+        "last_remainder": a.last_remainder,
+        "next": a.next,
+        "heaps": [{"address": h.address, "size": h.size, "mprotect_size": h.mprotect_size, "prev": h.prev,
+                   "pagesize": h.pagesize} for h in a.heaps],
+        "bins": bins,
+        "findings": [_finding(f) for f in a.findings],
+    }
+
+
+def _thread_json(t: Thread) -> dict[str, Any]:
+    tc = None
+    if t.tcache is not None:
+        tc = {
+            "address": t.tcache.address,
+            "count": t.tcache.count,
+            "bytes": t.tcache.total,
+            "bins": [{"index": b.index, "chunk_size": b.chunk_size, "count": b.count, "entries": list(b.entries),
+                      "complete": b.complete} for b in t.tcache.bins],
+            "findings": [_finding(f) for f in t.tcache.findings],
+        }
+    return {"number": t.number, "lwp": t.lwp, "fs_base": t.fs_base, "arena": t.arena,
+            "tcache_pointer": t.tcache_pointer, "tcache": tc}
+
+
+def state_to_json(state: HeapState, arenas: Iterable[int] | None = None, kinds: Iterable[str] = KINDS,
+                  threads: Iterable[int] | None = None) -> dict[str, Any]:
+    """The JSON document; ARENAS (addresses), KINDS and THREADS (gdb numbers) filter it."""
+    wanted_arenas = set(arenas) if arenas is not None else None
+    wanted_threads = set(threads) if threads is not None else None
+    facts = {f.name: {"value": f.value, "found_by": f.found_by} for f in state.facts}
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "target": state.target,
+        "glibc": {"version": "%d.%d" % state.glibc_version, "layout": state.layout_name},
+        "main_arena": state.main_arena,
+        "discovery": facts,
+        "mp": None if state.mp is None else {"address": state.mp.address, **state.mp.values},
+        "arenas": [_arena_json(a, kinds) for a in state.arenas
+                   if wanted_arenas is None or a.address in wanted_arenas],
+        "threads": [_thread_json(t) for t in state.threads
+                    if wanted_threads is None or t.number in wanted_threads],
+        "findings": [_finding(f) for f in state.findings],
+    }
+
+
+def dump(document: dict[str, Any], path: str) -> None:
+    """Writes DOCUMENT to PATH ('-' is not supported inside gdb: give a file)."""
+    with open(path, "w", encoding="utf-8") as fh:
+        json.dump(document, fh, indent=1)
+        fh.write("\n")

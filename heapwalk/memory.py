@@ -1,0 +1,171 @@
+"""Reading target memory in bulk.
+
+Everything below the gdb layer reads the target through a `Memory`: a
+``read(address, size) -> bytes`` that raises `ReadError` for memory the target
+does not have.  `CachedMemory` wraps a raw reader (gdb's
+``Inferior.read_memory``, or anything else) with a cache of aligned blocks, so
+that walkers may read one field at a time without one call into gdb per field.
+`ImageMemory` serves synthetic byte images to the unit tests.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections import OrderedDict
+from typing import Callable, Protocol
+
+__all__ = ["ReadError", "Memory", "CachedMemory", "ImageMemory", "u64", "u32", "u16"]
+
+_Q = struct.Struct("<Q")
+_I = struct.Struct("<I")
+_H = struct.Struct("<H")
+
+
+class ReadError(Exception):
+    """The target has no readable memory at ADDRESS (SIZE bytes were asked for)."""
+
+    def __init__(self, address: int, size: int, reason: str = "unreadable"):
+        super().__init__(f"cannot read {size} bytes at {address:#x}: {reason}")
+        self.address = address
+        self.size = size
+        self.reason = reason
+
+
+class Memory(Protocol):
+    """What walkers need from a target: raw bytes by address."""
+
+    def read(self, address: int, size: int) -> bytes: ...
+
+
+def u64(mem: Memory, address: int) -> int:
+    """Reads a little-endian 64-bit word."""
+    return _Q.unpack(mem.read(address, 8))[0]
+
+
+def u32(mem: Memory, address: int) -> int:
+    return _I.unpack(mem.read(address, 4))[0]
+
+
+def u16(mem: Memory, address: int) -> int:
+    return _H.unpack(mem.read(address, 2))[0]
+
+
+class CachedMemory:
+    """A block cache in front of a raw reader.
+
+    Reads are served from aligned blocks of BLOCK bytes kept in an LRU of at
+    most MAX_BLOCKS.  A block that cannot be read whole is read page by page,
+    and unreadable pages are remembered, so a hole costs one failed read.
+    """
+
+    BLOCK = 1 << 16
+    PAGE = 1 << 12
+
+    def __init__(self, raw_read: Callable[[int, int], bytes], max_blocks: int = 512):
+        self._raw = raw_read
+        self._blocks: OrderedDict[int, bytes | dict[int, bytes | None]] = OrderedDict()
+        self._max_blocks = max_blocks
+        self.raw_reads = 0
+
+    def _load_block(self, base: int) -> bytes | dict[int, bytes | None]:
+        self.raw_reads += 1
+        try:
+            data = bytes(self._raw(base, self.BLOCK))
+            if len(data) == self.BLOCK:
+                return data
+        except Exception:
+            pass
+        pages: dict[int, bytes | None] = {}
+        for page in range(base, base + self.BLOCK, self.PAGE):
+            self.raw_reads += 1
+            try:
+                data = bytes(self._raw(page, self.PAGE))
+                pages[page] = data if len(data) == self.PAGE else None
+            except Exception:
+                pages[page] = None
+        return pages
+
+    def _block(self, base: int) -> bytes | dict[int, bytes | None]:
+        block = self._blocks.get(base)
+        if block is None:
+            block = self._load_block(base)
+            self._blocks[base] = block
+            if len(self._blocks) > self._max_blocks:
+                self._blocks.popitem(last=False)
+        else:
+            self._blocks.move_to_end(base)
+        return block
+
+    def _piece(self, address: int, size: int) -> bytes:
+        """SIZE bytes at ADDRESS, all within one block."""
+        base = address & ~(self.BLOCK - 1)
+        block = self._block(base)
+        if isinstance(block, bytes):
+            off = address - base
+            return block[off:off + size]
+        out = bytearray()
+        while size:
+            page = address & ~(self.PAGE - 1)
+            data = block[page]
+            if data is None:
+                raise ReadError(address, size)
+            off = address - page
+            take = min(size, self.PAGE - off)
+            out += data[off:off + take]
+            address += take
+            size -= take
+        return bytes(out)
+
+    def read(self, address: int, size: int) -> bytes:
+        if address < 0 or size < 0 or address + size > 1 << 64:
+            raise ReadError(address, size, "address out of range")
+        if size >= self.BLOCK * 4:
+            return self._read_large(address, size)
+        out = []
+        while size:
+            take = min(size, self.BLOCK - (address & (self.BLOCK - 1)))
+            out.append(self._piece(address, take))
+            address += take
+            size -= take
+        return b"".join(out)
+
+    def _read_large(self, address: int, size: int) -> bytes:
+        """One raw read for big spans (heap segments), falling back to blocks."""
+        self.raw_reads += 1
+        try:
+            data = bytes(self._raw(address, size))
+            if len(data) == size:
+                return data
+        except Exception:
+            pass
+        out = []
+        while size:
+            take = min(size, self.BLOCK - (address & (self.BLOCK - 1)))
+            out.append(self._piece(address, take))
+            address += take
+            size -= take
+        return b"".join(out)
+
+
+class ImageMemory:
+    """Memory made of (address, bytes) segments: synthetic targets for tests."""
+
+    def __init__(self, segments: dict[int, bytes | bytearray] | None = None):
+        self.segments: dict[int, bytearray] = {a: bytearray(b) for a, b in (segments or {}).items()}
+
+    def add(self, address: int, data: bytes | bytearray) -> None:
+        self.segments[address] = bytearray(data)
+
+    def read(self, address: int, size: int) -> bytes:
+        for base, data in self.segments.items():
+            if base <= address and address + size <= base + len(data):
+                return bytes(data[address - base:address - base + size])
+        raise ReadError(address, size)
+
+    def write_u64(self, address: int, value: int) -> None:
+        """Test helper: patches a word inside an existing segment."""
+        for base, data in self.segments.items():
+            if base <= address and address + 8 <= base + len(data):
+                _Q.pack_into(data, address - base, value & (2**64 - 1))
+                return
+        raise ReadError(address, 8)

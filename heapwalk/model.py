@@ -1,0 +1,228 @@
+"""The heap as heapwalk found it: plain frozen dataclasses.
+
+Sizes are glibc chunk sizes with the three flag bits masked off, unless a
+field says ``raw`` (the size field as stored, flags included: what
+malloc_info prints for regular bins).  Addresses are ints: chunk addresses for
+bins (what glibc's bin lists link), user-memory addresses (chunk + 16) for
+tcache entries (what glibc's tcache lists link).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+__all__ = ["BinKind", "Severity", "Finding", "BinList", "Heap", "Arena", "TcacheBin", "Tcache", "Thread",
+           "MallocPar", "Fact", "HeapState"]
+
+
+class BinKind(enum.Enum):
+    """Which free list a chunk sits in, in glibc's terms."""
+
+    TCACHE = "tcache"
+    FAST = "fast"
+    UNSORTED = "unsorted"
+    SMALL = "small"
+    LARGE = "large"
+
+
+class Severity(enum.Enum):
+    ERROR = "error"      # the structure is damaged; numbers that depend on it are partial
+    WARNING = "warning"  # unexpected but decodable
+    INFO = "info"
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """Something wrong or notable at ADDRESS, in STRUCTURE, said in a plain sentence."""
+
+    severity: Severity
+    address: int
+    structure: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.severity.value}: {self.structure} at {self.address:#x}: {self.message}"
+
+
+@dataclass(frozen=True, slots=True)
+class BinList:
+    """One free list of an arena (a fastbin, the unsorted bin, a small or large bin).
+
+    ``chunks`` are chunk addresses in list order (from the head's fd);
+    ``raw_sizes`` the size fields as stored.  ``complete`` is False when the walk
+    stopped at damage (see the arena's findings); the numbers then cover the
+    part that was walked.
+    """
+
+    kind: BinKind
+    index: int
+    head: int
+    chunks: tuple[int, ...]
+    raw_sizes: tuple[int, ...]
+    complete: bool = True
+
+    @property
+    def count(self) -> int:
+        return len(self.chunks)
+
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        return tuple(s & ~7 for s in self.raw_sizes)
+
+    @property
+    def total(self) -> int:
+        return sum(self.sizes)
+
+    @property
+    def raw_total(self) -> int:
+        return sum(self.raw_sizes)
+
+    @property
+    def min_size(self) -> int:
+        return min(self.sizes) if self.chunks else 0
+
+    @property
+    def max_size(self) -> int:
+        return max(self.sizes) if self.chunks else 0
+
+
+@dataclass(frozen=True, slots=True)
+class Heap:
+    """A heap_info-headed mapping of a thread arena (or the main arena's sbrk region)."""
+
+    address: int
+    size: int
+    mprotect_size: int
+    ar_ptr: int
+    prev: int
+    pagesize: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Arena:
+    """One malloc_state and what hangs from it."""
+
+    address: int
+    number: int                 # position in the arena ring, main_arena = 0 (malloc_info's heap nr)
+    is_main: bool
+    mutex: int
+    flags: int
+    have_fastchunks: int | None
+    top: int
+    top_size: int
+    last_remainder: int
+    next: int
+    next_free: int
+    attached_threads: int | None
+    system_mem: int
+    max_system_mem: int
+    heaps: tuple[Heap, ...]
+    fastbins: tuple[BinList, ...]
+    unsorted: BinList
+    bins: tuple[BinList, ...]   # small and large bins 2..127, in index order
+    on_free_list: bool = False
+    findings: tuple[Finding, ...] = ()
+
+    @property
+    def kind(self) -> str:
+        return "main" if self.is_main else "thread"
+
+    @property
+    def noncontiguous(self) -> bool:
+        return bool(self.flags & 2)
+
+    def free_lists(self) -> tuple[BinList, ...]:
+        """Every non-empty free list: fastbins, unsorted, then small and large bins."""
+        lists = [b for b in self.fastbins if b.count]
+        if self.unsorted.count:
+            lists.append(self.unsorted)
+        lists.extend(b for b in self.bins if b.count)
+        return tuple(lists)
+
+
+@dataclass(frozen=True, slots=True)
+class TcacheBin:
+    """One tcache bin of one thread: ``entries`` are user-memory addresses, head first."""
+
+    index: int
+    chunk_size: int
+    count: int                  # glibc's count for the bin (for 2.42+, decoded from num_slots)
+    entries: tuple[int, ...]
+    complete: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Tcache:
+    """A tcache_perthread_struct at ``address`` (user memory of its chunk)."""
+
+    address: int
+    bins: tuple[TcacheBin, ...]  # non-empty bins only
+    findings: tuple[Finding, ...] = ()
+
+    @property
+    def count(self) -> int:
+        return sum(len(b.entries) for b in self.bins)
+
+    @property
+    def total(self) -> int:
+        return sum(len(b.entries) * b.chunk_size for b in self.bins)
+
+
+@dataclass(frozen=True, slots=True)
+class Thread:
+    """A thread of the target, its arena and its tcache."""
+
+    number: int                 # gdb's thread number
+    lwp: int
+    fs_base: int
+    arena: int | None           # value of the thread_arena TLS variable (None: never allocated)
+    tcache_pointer: int | None  # value of the tcache TLS variable
+    tcache: Tcache | None
+
+
+@dataclass(frozen=True, slots=True)
+class MallocPar:
+    """The fields of glibc's ``mp_`` that heapwalk reads (None where the version lacks them)."""
+
+    address: int
+    values: dict[str, int]
+
+    def get(self, name: str) -> int | None:
+        return self.values.get(name)
+
+
+@dataclass(frozen=True, slots=True)
+class Fact:
+    """A discovered fact and how it was found (symbol, heuristic, override)."""
+
+    name: str
+    value: object
+    found_by: str
+
+
+@dataclass(frozen=True, slots=True)
+class HeapState:
+    """Everything heapwalk decoded from one target at one instant."""
+
+    target: str
+    glibc_version: tuple[int, int]
+    layout_name: str
+    main_arena: int
+    mp: MallocPar | None
+    arenas: tuple[Arena, ...]
+    threads: tuple[Thread, ...]
+    facts: tuple[Fact, ...] = ()
+    findings: tuple[Finding, ...] = field(default=())
+
+    def arena_at(self, address: int) -> Arena | None:
+        return next((a for a in self.arenas if a.address == address), None)
+
+    def all_findings(self) -> tuple[Finding, ...]:
+        out = list(self.findings)
+        for arena in self.arenas:
+            out.extend(arena.findings)
+        for thread in self.threads:
+            if thread.tcache:
+                out.extend(thread.tcache.findings)
+        return tuple(out)

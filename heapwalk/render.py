@@ -1,0 +1,190 @@
+"""Tables for people: rich renderables built from a `HeapState`.
+
+Nothing here prints during a walk; commands build a state, then render it.
+Interactive terminals get rounded boxes and colour; logs (``gdb -batch``,
+pipes) get plain ASCII rules that read well in a text file.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+from rich import box
+from rich.console import Console, Group
+from rich.table import Table
+from rich.text import Text
+
+from .model import Arena, BinKind, BinList, Finding, HeapState, Severity, Thread
+
+__all__ = ["make_console", "human", "arenas_table", "bins_tables", "tcache_tables", "findings_text", "header_text"]
+
+
+def make_console(file, interactive: bool, width: int | None = None) -> Console:
+    """A console writing to FILE: colour and boxes when INTERACTIVE, plain ASCII otherwise."""
+    if interactive:
+        return Console(file=file, force_terminal=True, width=width)
+    return Console(file=file, force_terminal=False, no_color=True, width=width or 200, highlight=False,
+                   emoji=False, soft_wrap=False)
+
+
+def _box(interactive: bool):
+    return box.ROUNDED if interactive else box.ASCII2
+
+
+def human(n: int) -> str:
+    """Bytes in binary units with three significant figures: 1536 -> '1.50 KiB'."""
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            if unit == "B":
+                return f"{int(value)} B"
+            digits = 0 if abs(value) >= 100 else 1 if abs(value) >= 10 else 2
+            return f"{value:.{digits}f} {unit}"
+        value /= 1024
+    return f"{n} B"
+
+
+def _sum(lists: Iterable[BinList]) -> tuple[int, int]:
+    count = total = 0
+    for b in lists:
+        count += b.count
+        total += b.total
+    return count, total
+
+
+def _cell(count: int, total: int) -> str:
+    return "-" if not count else f"{human(total)} ({count})"
+
+
+def header_text(state: HeapState) -> Text:
+    by = {f.name: f.found_by for f in state.facts}
+    text = Text()
+    text.append(f"{state.target}\n" if state.target else "")
+    text.append(f"glibc {state.glibc_version[0]}.{state.glibc_version[1]} (version: {by.get('glibc_version', '?')}; "
+                f"main_arena {state.main_arena:#x}: {by.get('main_arena', '?')})\n")
+    return text
+
+
+def arenas_table(state: HeapState, interactive: bool) -> Table:
+    """One row per arena: system memory, top, and free bytes (count) per kind of list."""
+    tcache_by_arena: dict[int, tuple[int, int]] = {}
+    for t in state.threads:
+        if t.tcache and t.arena:
+            c, b = tcache_by_arena.get(t.arena, (0, 0))
+            tcache_by_arena[t.arena] = (c + t.tcache.count, b + t.tcache.total)
+    table = Table(title="arenas", box=_box(interactive), title_justify="left")
+    for name, justify in (("#", "right"), ("arena", "left"), ("kind", "left"), ("threads", "right"),
+                          ("heaps", "right"), ("system", "right"), ("top", "right"), ("tcache", "right"),
+                          ("fastbins", "right"), ("unsorted", "right"), ("small", "right"), ("large", "right")):
+        table.add_column(name, justify=justify, no_wrap=True)
+    totals = dict(system=0, top=0, tc=[0, 0], fast=[0, 0], uns=[0, 0], small=[0, 0], large=[0, 0])
+    for a in state.arenas:
+        fast = _sum(a.fastbins)
+        uns = _sum([a.unsorted])
+        small = _sum(b for b in a.bins if b.kind is BinKind.SMALL)
+        large = _sum(b for b in a.bins if b.kind is BinKind.LARGE)
+        tc = tcache_by_arena.get(a.address, (0, 0))
+        threads = "-" if a.attached_threads is None else str(a.attached_threads)
+        if a.on_free_list:
+            threads += " (free list)"
+        table.add_row(str(a.number), f"{a.address:#x}", a.kind, threads, str(len(a.heaps)), human(a.system_mem),
+                      human(a.top_size), _cell(*tc), _cell(*fast), _cell(*uns), _cell(*small), _cell(*large))
+        totals["system"] += a.system_mem
+        totals["top"] += a.top_size
+        for key, val in (("tc", tc), ("fast", fast), ("uns", uns), ("small", small), ("large", large)):
+            totals[key][0] += val[0]
+            totals[key][1] += val[1]
+    if len(state.arenas) > 1:
+        table.add_section()
+        table.add_row("", "total", f"{len(state.arenas)} arenas", "", "", human(totals["system"]),
+                      human(totals["top"]), *(_cell(*totals[k]) for k in ("tc", "fast", "uns", "small", "large")))
+    return table
+
+
+def _bin_rows(table: Table, lists: Iterable[BinList], show_chunks: bool) -> None:
+    for b in lists:
+        if not b.count and b.complete:
+            continue
+        sizes = f"{b.min_size:#x}" if b.min_size == b.max_size else f"{b.min_size:#x}-{b.max_size:#x}"
+        note = "" if b.complete else "partial: see findings"
+        chunks = ""
+        if show_chunks:
+            chunks = " ".join(f"{c:#x}" for c in b.chunks)
+        table.add_row(b.kind.value, str(b.index), sizes, str(b.count), human(b.total), note or chunks)
+
+
+def bins_tables(state: HeapState, arenas: Iterable[Arena], kinds: set[str], interactive: bool,
+                show_chunks: bool = False) -> Group:
+    """For each arena, a table of its non-empty free lists of the given KINDS."""
+    parts = []
+    for a in arenas:
+        table = Table(title=f"arena {a.number} ({a.kind}) at {a.address:#x}: free lists", box=_box(interactive),
+                      title_justify="left")
+        for name, justify in (("kind", "left"), ("bin", "right"), ("chunk sizes", "right"), ("count", "right"),
+                              ("bytes", "right"), ("chunks" if show_chunks else "note", "left")):
+            table.add_column(name, justify=justify, no_wrap=name != "chunks")
+        if "fast" in kinds:
+            _bin_rows(table, a.fastbins, show_chunks)
+        if "unsorted" in kinds:
+            _bin_rows(table, [a.unsorted], show_chunks)
+        if "small" in kinds:
+            _bin_rows(table, (b for b in a.bins if b.kind is BinKind.SMALL), show_chunks)
+        if "large" in kinds:
+            _bin_rows(table, (b for b in a.bins if b.kind is BinKind.LARGE), show_chunks)
+        if not table.row_count:
+            table.add_row("-", "", "", "0", "0 B", "no free chunks in these lists")
+        parts.append(table)
+        extra = Text(f"top {a.top:#x} ({human(a.top_size)})")
+        if a.last_remainder:
+            extra.append(f", last_remainder {a.last_remainder:#x}")
+        parts.append(extra)
+    return Group(*parts)
+
+
+def tcache_tables(state: HeapState, threads: Iterable[Thread], interactive: bool, show_entries: bool) -> Group:
+    """A summary row per thread, then each non-empty tcache bin (with entries if asked)."""
+    threads = list(threads)
+    summary = Table(title="tcache per thread", box=_box(interactive), title_justify="left")
+    for name, justify in (("thread", "right"), ("lwp", "right"), ("arena", "left"), ("tcache", "left"),
+                          ("chunks", "right"), ("bytes", "right")):
+        summary.add_column(name, justify=justify, no_wrap=True)
+    arena_numbers = {a.address: a.number for a in state.arenas}
+    for t in threads:
+        arena = "-" if not t.arena else f"{t.arena:#x} (#{arena_numbers.get(t.arena, '?')})"
+        if t.tcache is None:
+            summary.add_row(str(t.number), str(t.lwp), arena, "none" if not t.tcache_pointer else "?", "-", "-")
+        else:
+            summary.add_row(str(t.number), str(t.lwp), arena, f"{t.tcache.address:#x}", str(t.tcache.count),
+                            human(t.tcache.total))
+    parts: list = [summary]
+    for t in threads:
+        if t.tcache is None or not t.tcache.bins:
+            continue
+        table = Table(title=f"thread {t.number} (lwp {t.lwp}) tcache at {t.tcache.address:#x}",
+                      box=_box(interactive), title_justify="left")
+        for name, justify in (("bin", "right"), ("chunk size", "right"), ("count", "right"),
+                              ("entries" if show_entries else "first entries", "left")):
+            table.add_column(name, justify=justify, no_wrap=name == "bin")
+        for b in t.tcache.bins:
+            shown = b.entries if show_entries else b.entries[:3]
+            text = " ".join(f"{e:#x}" for e in shown)
+            if not show_entries and len(b.entries) > 3:
+                text += f" ... (+{len(b.entries) - 3}; --entries lists all)"
+            if not b.complete:
+                text += "  [partial: see findings]"
+            table.add_row(str(b.index), f"{b.chunk_size:#x}", str(b.count), text)
+        parts.append(table)
+    return Group(*parts)
+
+
+def findings_text(findings: Iterable[Finding], limit: int = 50) -> Text | None:
+    """The findings, errors first, as lines; None when there are none."""
+    findings = sorted(findings, key=lambda f: (f.severity is not Severity.ERROR, f.severity is not Severity.WARNING))
+    if not findings:
+        return None
+    text = Text(f"{len(findings)} finding(s):\n")
+    for f in findings[:limit]:
+        text.append(f"  {f}\n", style="red" if f.severity is Severity.ERROR else "yellow")
+    if len(findings) > limit:
+        text.append(f"  ... and {len(findings) - limit} more ('heapwalk ... --json FILE' has them all)\n")
+    return text

@@ -1,0 +1,283 @@
+"""Walks over glibc's malloc structures that trust nothing they read.
+
+Each walker follows one kind of list (the arena ring, a thread arena's heaps, a
+fastbin, a regular bin, a tcache) through a `Memory`.  Every pointer is checked
+for alignment and readability before it is followed, every list has a bound
+and a visited set, and every anomaly becomes a `Finding` with its address and a
+plain sentence.  A walker never raises on bad data: it stops the list at the
+first bad link, marks the result incomplete, and returns what it had.
+"""
+
+from __future__ import annotations
+
+import struct
+
+from .layout import HEAP_MAX_SIZE, MALLOC_ALIGNMENT, MINSIZE, NSMALLBINS, SIZE_BITS, Layout
+from .memory import Memory, ReadError, u64
+from .model import BinKind, BinList, Finding, Heap, Severity, Tcache, TcacheBin
+
+__all__ = ["ListWalk", "walk_arena_ring", "walk_heaps", "walk_fastbin", "walk_bin", "walk_tcache",
+           "smallbin_index", "largebin_index", "bin_index", "bin_kind", "reveal", "MAX_LIST"]
+
+#: Hard upper bound on any one list, whatever the arena's size says.
+MAX_LIST = 1 << 26
+_QQ = struct.Struct("<QQ")
+_QQQ = struct.Struct("<QQQ")
+
+
+def reveal(field_address: int, stored: int) -> int:
+    """Undoes glibc 2.32+ safe-linking: the link stored at FIELD_ADDRESS, decoded."""
+    return stored ^ (field_address >> 12)
+
+
+def smallbin_index(size: int) -> int:
+    return size >> 4
+
+
+def largebin_index(size: int) -> int:
+    """glibc's largebin_index_64: the bin (64..126) of a large chunk SIZE."""
+    if (size >> 6) <= 48:
+        return 48 + (size >> 6)
+    if (size >> 9) <= 20:
+        return 91 + (size >> 9)
+    if (size >> 12) <= 10:
+        return 110 + (size >> 12)
+    if (size >> 15) <= 4:
+        return 119 + (size >> 15)
+    if (size >> 18) <= 2:
+        return 124 + (size >> 18)
+    return 126
+
+
+def bin_index(size: int) -> int:
+    """The regular bin (2..126) glibc files a free chunk of SIZE into."""
+    return smallbin_index(size) if size < NSMALLBINS * MALLOC_ALIGNMENT else largebin_index(size)
+
+
+def bin_kind(index: int) -> BinKind:
+    if index == 1:
+        return BinKind.UNSORTED
+    return BinKind.SMALL if index < NSMALLBINS else BinKind.LARGE
+
+
+class ListWalk:
+    """Shared state of one list walk: visited set, bound and findings."""
+
+    def __init__(self, structure: str, bound: int):
+        self.structure = structure
+        self.bound = min(bound, MAX_LIST)
+        self.visited: set[int] = set()
+        self.findings: list[Finding] = []
+        self.complete = True
+
+    def fail(self, address: int, message: str, severity: Severity = Severity.ERROR) -> None:
+        self.findings.append(Finding(severity, address, self.structure, message))
+        if severity is Severity.ERROR:
+            self.complete = False
+
+    def note(self, address: int, message: str) -> None:
+        self.findings.append(Finding(Severity.WARNING, address, self.structure, message))
+
+    def admit(self, address: int, what: str, alignment: int = MALLOC_ALIGNMENT) -> bool:
+        """Checks that ADDRESS may be followed next: aligned, new, within the bound."""
+        if address % alignment:
+            self.fail(address, f"{what} {address:#x} is misaligned (not a multiple of {alignment})")
+            return False
+        if address in self.visited:
+            self.fail(address, f"the list loops: {what} {address:#x} was already visited")
+            return False
+        if len(self.visited) >= self.bound:
+            self.fail(address, f"the list is longer than {self.bound} entries, more than its arena can hold; "
+                               "stopped here")
+            return False
+        self.visited.add(address)
+        return True
+
+
+def walk_arena_ring(mem: Memory, layout: Layout, main_arena: int, bound: int = 1 << 16
+                    ) -> tuple[list[int], list[Finding]]:
+    """The arenas in ring order from main_arena (malloc_info's order), following ``next``."""
+    walk = ListWalk("arena ring", bound)
+    arenas = [main_arena]
+    walk.visited.add(main_arena)
+    current = main_arena
+    while True:
+        try:
+            nxt = u64(mem, current + layout.off_next)
+        except ReadError as exc:
+            walk.fail(current, f"cannot read arena.next: {exc}")
+            break
+        if nxt == main_arena:
+            break
+        if nxt == 0:
+            walk.fail(current, "arena.next is NULL; the ring is broken")
+            break
+        if not walk.admit(nxt, "arena", alignment=8):
+            break
+        arenas.append(nxt)
+        current = nxt
+    return arenas, walk.findings
+
+
+def walk_heaps(mem: Memory, layout: Layout, arena: int, top: int, heap_max_size: int = HEAP_MAX_SIZE,
+               bound: int = 1 << 16) -> tuple[list[Heap], list[Finding]]:
+    """A thread arena's heaps, newest first: the heap holding top, then each heap_info.prev."""
+    walk = ListWalk(f"heaps of arena {arena:#x}", bound)
+    heaps: list[Heap] = []
+    address = top & ~(heap_max_size - 1)
+    while address:
+        if address % heap_max_size:
+            walk.fail(address, f"heap_info.prev {address:#x} is not aligned to the heap size {heap_max_size:#x}")
+            break
+        if not walk.admit(address, "heap"):
+            break
+        try:
+            ar_ptr, prev, size, mprotect_size = struct.unpack("<QQQQ", mem.read(address, 32))
+            pagesize = u64(mem, address + 32) if layout.heap_info_size >= 48 else None
+        except ReadError as exc:
+            walk.fail(address, f"cannot read heap_info: {exc}")
+            break
+        if ar_ptr != arena:
+            walk.fail(address, f"heap_info.ar_ptr is {ar_ptr:#x}, not the arena {arena:#x}")
+            break
+        if size > heap_max_size or mprotect_size > heap_max_size:
+            walk.note(address, f"heap_info.size {size:#x} / mprotect_size {mprotect_size:#x} exceed the heap "
+                               f"size {heap_max_size:#x}")
+        heaps.append(Heap(address, size, mprotect_size, ar_ptr, prev, pagesize))
+        address = prev
+    return heaps, walk.findings
+
+
+def _list_bound(system_mem: int) -> int:
+    """Most chunks a list of an arena of SYSTEM_MEM bytes can hold (every chunk is >= MINSIZE)."""
+    return max(system_mem, 1 << 20) // MINSIZE + 1
+
+
+def walk_fastbin(mem: Memory, layout: Layout, arena: int, index: int, system_mem: int) -> tuple[BinList, list[Finding]]:
+    """Fastbin INDEX of ARENA: a NULL-terminated singly linked list through fd (safe-linked from 2.32)."""
+    slot = arena + layout.off_fastbins + 8 * index
+    walk = ListWalk(f"fastbin[{index}] of arena {arena:#x}", _list_bound(system_mem))
+    expected = (index + 2) * MALLOC_ALIGNMENT
+    chunks: list[int] = []
+    sizes: list[int] = []
+    try:
+        p = u64(mem, slot)
+    except ReadError as exc:
+        walk.fail(slot, f"cannot read the fastbin head: {exc}")
+        p = 0
+    while p:
+        if not walk.admit(p, "chunk"):
+            break
+        try:
+            raw_size, fd = _QQ.unpack(mem.read(p + 8, 16))
+        except ReadError:
+            walk.fail(p, f"chunk {p:#x} is in unreadable memory")
+            break
+        size = raw_size & ~SIZE_BITS
+        if size != expected:
+            walk.fail(p, f"fastbin entry of wrong size: expected {expected:#x}, found {size:#x}",
+                      Severity.WARNING)
+        chunks.append(p)
+        sizes.append(raw_size)
+        p = reveal(p + 16, fd) if layout.safe_linking else fd
+    return BinList(BinKind.FAST, index, slot, tuple(chunks), tuple(sizes), walk.complete), walk.findings
+
+
+def walk_bin(mem: Memory, layout: Layout, arena: int, index: int, system_mem: int) -> tuple[BinList, list[Finding]]:
+    """Regular bin INDEX (1 = unsorted, 2..63 small, 64..127 large): a circular list through fd."""
+    head = layout.bin_header(arena, index)
+    kind = bin_kind(index)
+    walk = ListWalk(f"{kind.value} bin[{index}] of arena {arena:#x}", _list_bound(system_mem))
+    chunks: list[int] = []
+    sizes: list[int] = []
+    try:
+        p, _head_bk = _QQ.unpack(mem.read(head + 16, 16))
+    except ReadError as exc:
+        walk.fail(head, f"cannot read the bin head: {exc}")
+        p = head
+    prev = head
+    if p == 0:
+        walk.fail(head, "bin head fd is NULL (an arena that was never initialised, or a damaged one)")
+        p = head
+    while p != head:
+        if not walk.admit(p, "chunk"):
+            break
+        try:
+            raw_size, fd, bk = _QQQ.unpack(mem.read(p + 8, 24))
+        except ReadError:
+            walk.fail(p, f"chunk {p:#x} is in unreadable memory")
+            break
+        if bk != prev:
+            walk.note(p, f"fd->bk != p: chunk {p:#x} has bk {bk:#x}, but was reached from {prev:#x}")
+        size = raw_size & ~SIZE_BITS
+        if size < MINSIZE:
+            walk.fail(p, f"chunk size {size:#x} is below the minimum {MINSIZE:#x}")
+            break
+        if index >= 2 and bin_index(size) != index:
+            walk.note(p, f"chunk of size {size:#x} belongs in bin {bin_index(size)}, not bin {index}")
+        chunks.append(p)
+        sizes.append(raw_size)
+        prev, p = p, fd
+    return BinList(kind, index, head, tuple(chunks), tuple(sizes), walk.complete), walk.findings
+
+
+def walk_tcache(mem: Memory, layout: Layout, address: int, fill_count: int | None = None) -> Tcache:
+    """The tcache_perthread_struct at ADDRESS (user memory): every non-empty bin's list, head first.
+
+    Lists are NULL-terminated through each entry's ``next`` (safe-linked from
+    2.32); heads are raw.  For 2.42+ the stored ``num_slots`` count down from
+    FILL_COUNT (mp_.tcache_count), so the count is FILL_COUNT - num_slots.
+    """
+    findings: list[Finding] = []
+    nbins = layout.tcache_bins
+    fill = fill_count if fill_count is not None else layout.tcache_fill_count
+    try:
+        raw = mem.read(address, layout.tcache_struct_size)
+    except ReadError as exc:
+        return Tcache(address, (), (Finding(Severity.ERROR, address, "tcache", f"cannot read: {exc}"),))
+    fmt = "<%d%s" % (nbins, "H" if layout.tcache_count_size == 2 else "B")
+    counts = struct.unpack_from(fmt, raw, 0)
+    heads = struct.unpack_from("<%dQ" % nbins, raw, layout.tcache_off_entries)
+    bins: list[TcacheBin] = []
+    for i in range(nbins):
+        stored = counts[i]
+        count = fill - stored if layout.tcache_counts_down else stored
+        head = heads[i]
+        structure = f"tcache bin {i} at {address:#x}"
+        if layout.tcache_counts_down and stored > fill:
+            findings.append(Finding(Severity.ERROR, address, structure,
+                                    f"num_slots {stored} exceeds the fill count {fill}"))
+            count = 0
+        if not head and not count:
+            continue
+        walk = ListWalk(structure, max(count, 1) + 65536)
+        entries: list[int] = []
+        e = head
+        while e:
+            if not walk.admit(e, "tcache entry"):
+                break
+            try:
+                stored_next = u64(mem, e)
+            except ReadError:
+                walk.fail(e, f"tcache entry {e:#x} is in unreadable memory")
+                break
+            entries.append(e)
+            e = reveal(e, stored_next) if layout.safe_linking else stored_next
+        if walk.complete and len(entries) != count:
+            walk.fail(address, f"tcache count does not match list length: count {count}, "
+                               f"{len(entries)} entries linked", Severity.WARNING)
+        findings.extend(walk.findings)
+        chunk_size = MINSIZE + MALLOC_ALIGNMENT * i if i < 64 else _entry_chunk_size(mem, entries)
+        bins.append(TcacheBin(i, chunk_size, count, tuple(entries), walk.complete))
+    return Tcache(address, tuple(bins), tuple(findings))
+
+
+def _entry_chunk_size(mem: Memory, entries: list[int]) -> int:
+    """Chunk size of a large tcache bin (2.42+) entry: read from the first entry's header."""
+    if not entries:
+        return 0
+    try:
+        return u64(mem, entries[0] - 8) & ~SIZE_BITS
+    except ReadError:
+        return 0
+
