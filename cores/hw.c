@@ -363,6 +363,8 @@ void hw_ledger(const char *label)
 
 void hw_note_mmapped(void *p, size_t request)
 {
+    if (!((((size_t *)p)[-1] >> 1) & 1))
+        die("hw_note_mmapped: the chunk is not mmapped (IS_MMAPPED is clear)");
     pthread_mutex_lock(&lock);
     if (nmmapped < MAX_MMAPPED) {
         mmapped[nmmapped].mem = (uintptr_t)p;

@@ -3,7 +3,7 @@
  * Four chunks are mmapped at the default 128 KiB threshold.  Freeing a 512 KiB
  * mmapped chunk raises the dynamic threshold (and the trim threshold) to its
  * size, so a later 400 KiB request comes from the heap instead.  A worker
- * thread holds an mmapped chunk too.
+ * thread, started first, holds an mmapped chunk too.
  */
 #include "hw.h"
 
@@ -24,6 +24,9 @@ static void *worker(void *arg)
 int main(int argc, char **argv)
 {
     hw_init(argc, argv, "mmapped");
+    /* the worker's chunk is mmapped at the default threshold, before it moves */
+    hw_spawn(worker, NULL);
+    hw_wait_arrivals(1);
     static const size_t keep_sizes[] = { 200 * 1024, 1024 * 1024, 2 * 1024 * 1024 + 123, 160 * 1024 };
     for (int i = 0; i < 4; i++) {
         void *p = hw_malloc(keep_sizes[i]);
@@ -34,8 +37,6 @@ int main(int argc, char **argv)
     void *from_heap = hw_malloc(400 * 1024);
     (void)from_heap;
     hw_note_fact("heap_allocated_request", 400 * 1024);
-    hw_spawn(worker, NULL);
-    hw_wait_arrivals(1);
     hw_ledger("main");
     hw_snapshot();
     return 0;
