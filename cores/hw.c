@@ -149,28 +149,36 @@ static struct thread_rec *me(void)
     return self;
 }
 
-/* Frees a fresh chunk of an otherwise unused size class: it lands in this
- * thread's (empty) tcache bin, where glibc writes the key into its second word.
- * Taking it back must return the same chunk. */
+/* Frees a fresh chunk into this thread's tcache, where glibc writes the key
+ * into its second word.  Taking it back must return the same chunk, which
+ * proves it was the list head.  The bin may already be full (a first malloc in
+ * a shared arena can stash chunks into a new tcache), so other size classes are
+ * tried until one works; chunks of failed tries stay allocated. */
 static void learn_key(void)
 {
     struct thread_rec *t = me();
-    unsigned char *x = malloc(KEY_PROBE_REQUEST);
-    void *guard = malloc(24);
-    if (!x || !guard)
-        die("out of memory");
-    memset(x, PATTERN, KEY_PROBE_REQUEST);
-    uintptr_t where = (uintptr_t)x, key = 0;
-    free(x);
-    if (!peek_word(where + 8, &key))
-        die("cannot read the key probe chunk");
-    x = malloc(KEY_PROBE_REQUEST);
-    if ((uintptr_t)x != where)
-        die("the key probe chunk did not come back from tcache");
-    memset(x, PATTERN, KEY_PROBE_REQUEST);
-    if (key == 0 || key == (uintptr_t)0xA5A5A5A5A5A5A5A5ull)
-        die("glibc wrote no tcache key (needs glibc 2.29 or later)");
-    t->key = key;
+    for (size_t request = KEY_PROBE_REQUEST; request > 500; request -= 16) {
+        unsigned char *x = malloc(request);
+        void *guard = malloc(24);
+        if (!x || !guard)
+            die("out of memory");
+        memset(x, PATTERN, request);
+        uintptr_t where = (uintptr_t)x, key = 0;
+        free(x);
+        if (!peek_word(where + 8, &key))
+            die("cannot read the key probe chunk");
+        x = malloc(request);
+        memset(x, PATTERN, request);
+        if ((uintptr_t)x != where)
+            continue;
+        if (key == 0 || key == (uintptr_t)0xA5A5A5A5A5A5A5A5ull)
+            die("glibc wrote no tcache key (needs glibc 2.29 or later)");
+        t->key = key;
+        t->held = where; /* stays allocated: the ledger's chunk from this thread's arena */
+        t->non_main_arena = (int)((((size_t *)x)[-1] >> 2) & 1);
+        return;
+    }
+    die("no tcache bin took the key probe chunk");
 }
 
 static void *malloc_tracked(size_t n, size_t touch)
@@ -354,10 +362,7 @@ static void prove_tcache(struct thread_rec *t)
 void hw_ledger(const char *label)
 {
     struct thread_rec *t = me();
-    void *held = hw_malloc(40);
     snprintf(t->label, sizeof t->label, "%s", label);
-    t->held = (uintptr_t)held;
-    t->non_main_arena = (int)((((size_t *)held)[-1] >> 2) & 1);
     prove_tcache(t);
 }
 

@@ -6,8 +6,9 @@
  *
  *   malloc_info.xml  glibc's own malloc_info(0, f) at the snapshot instant
  *   ledger.json      what the program knows: each live thread's tcache bins
- *                    (addresses, list order), a chunk each thread holds and
- *                    whether it came from a thread arena, the mmapped chunks
+ *                    (addresses, list order), a chunk each thread holds (its
+ *                    key-probe chunk) and whether it came from a thread arena,
+ *                    the mmapped chunks
  *
  * Nothing here allocates after hw_init() except the program's own requests:
  * both FILEs are opened at start with static setvbuf buffers.

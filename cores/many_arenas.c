@@ -17,27 +17,37 @@
 #define EARLY 4
 #define LEAVERS 3
 
-/* Threads that exit free only chunks too big for tcache: an exiting thread's
- * tcache entries would be freed into the bins still carrying the tcache key. */
-static void churn(unsigned seed, int exits)
+/* Threads share arenas here, and a malloc that misses its tcache stashes other
+ * chunks of its size class from the arena's bins into the tcache.  So each
+ * staying thread frees tcache-sized chunks of one size class of its own (no
+ * other thread's chunk can land in its tcache), and threads that exit free
+ * only chunks too big for tcache (an exiting thread's tcache entries would be
+ * freed into the bins still carrying the tcache key). */
+static void churn(unsigned seed, int own_class)
 {
-    void *p[32];
-    for (int i = 0; i < 32; i++)
-        p[i] = hw_malloc((exits ? 1100 : 64) + (size_t)(rand_r(&seed) % 2000));
-    for (int i = 0; i < 32; i += 2)
-        hw_free(p[i]);
+    void *small[12], *large[16];
+    for (int i = 0; i < 16; i++) {
+        large[i] = hw_malloc(1100 + (size_t)(rand_r(&seed) % 2000));
+        if (own_class >= 0 && i < 12)
+            small[i] = hw_malloc((size_t)own_class * 16 + 24);
+    }
+    for (int i = 0; i < 16; i += 2)
+        hw_free(large[i]);
+    if (own_class >= 0)
+        for (int i = 0; i < 10; i++)
+            hw_free(small[i]);
 }
 
 static void *early(void *arg)
 {
-    churn((unsigned)(uintptr_t)arg, 1);
+    churn((unsigned)(uintptr_t)arg, -1);
     hw_arrive();
     return NULL;
 }
 
 static void *stayer(void *arg)
 {
-    churn((unsigned)(uintptr_t)arg + 100, 0);
+    churn((unsigned)(uintptr_t)arg + 100, 2 + (int)((uintptr_t)arg % 60));
     hw_ledger("worker");
     hw_arrive();
     hw_park();
@@ -45,7 +55,7 @@ static void *stayer(void *arg)
 
 static void *leaver(void *arg)
 {
-    churn((unsigned)(uintptr_t)arg + 200, 1);
+    churn((unsigned)(uintptr_t)arg + 200, -1);
     hw_arrive();
     return NULL;
 }

@@ -1,0 +1,63 @@
+# heapwalk: everything a fresh Debian machine needs, from two commands:
+#   make demo   build a multi-threaded reproducer, capture its core, print heapwalk's view of it
+#   make test   the test suite (reproducer cores are captured on the way)
+
+SHELL := /bin/bash
+DEB_PACKAGES := gdb gcc make libc6-dbg libc6-dev python3 python3-venv util-linux
+# gdb embeds the system Python: the virtualenv is made with that interpreter, so
+# gdbinit can put its site-packages on gdb's sys.path.
+SYSTEM_PYTHON := /usr/bin/python3
+VENV := .venv
+PY := $(VENV)/bin/python
+BUILD := build
+CORES := $(BUILD)/cores/system
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+PYTEST_ARGS ?=
+
+.PHONY: all deps venv cores demo test unit clean distclean
+
+all: test
+
+# Debian packages, installed only when missing.
+deps: $(BUILD)/.deps
+$(BUILD)/.deps:
+	@missing=""; for p in $(DEB_PACKAGES); do \
+	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "install ok installed" || missing="$$missing $$p"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages:$$missing"; \
+	  $(SUDO) apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends $$missing; \
+	fi
+	@mkdir -p $(BUILD) && touch $@
+
+venv: $(VENV)/.installed
+$(VENV)/.installed: pyproject.toml | $(BUILD)/.deps
+	$(SYSTEM_PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test]'
+	@touch $@
+
+cores: venv
+	$(PY) cores/harness.py $(CORES) --bindir $(BUILD)/bin
+
+demo: venv
+	@$(PY) cores/harness.py $(BUILD)/demo --bindir $(BUILD)/bin thread_arenas
+	@echo
+	@echo "== gdb -batch -x gdbinit -ex 'heapwalk arenas' -ex 'heapwalk bins --arena 1' -ex 'heapwalk tcache' EXE CORE"
+	@gdb -nx -batch -q -x gdbinit -ex 'heapwalk arenas' -ex 'heapwalk bins --arena 1' -ex 'heapwalk tcache' \
+	  $(BUILD)/bin/thread_arenas $(BUILD)/demo/thread_arenas/core 2>&1 | grep -v -e '^\[New LWP' -e '^\[Thread debugging' -e '^Using host libthread_db'
+
+# The whole suite: unit tests, reproducer cores against malloc_info and ledgers, live attach.
+test: cores
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+# Only the tests that need no gdb or cores.
+unit: venv
+	$(PY) -m pytest -q tests/test_walkers.py
+
+clean:
+	rm -rf $(BUILD)
+
+distclean: clean
+	rm -rf $(VENV) *.egg-info

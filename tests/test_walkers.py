@@ -1,0 +1,179 @@
+"""Walkers on synthetic memory: right answers on good lists, findings (never exceptions) on bad ones."""
+
+from __future__ import annotations
+
+from heapwalk.layout import layout_for
+from heapwalk.memory import CachedMemory, ImageMemory, ReadError
+from heapwalk.model import BinKind, Severity
+from heapwalk.walkers import (bin_index, largebin_index, reveal, walk_arena_ring, walk_bin, walk_fastbin,
+                              walk_heaps, walk_tcache)
+from synth import ARENA, HEAP, SynthHeap
+
+
+def test_empty_arena_has_empty_bins_and_no_findings():
+    s = SynthHeap()
+    for i in range(1, 128):
+        b, findings = walk_bin(s.mem, s.layout, ARENA, i, 0x10000)
+        assert b.count == 0 and b.complete and findings == []
+    for i in range(s.layout.nfastbins):
+        fb, findings = walk_fastbin(s.mem, s.layout, ARENA, i, 0x10000)
+        assert fb.count == 0 and findings == []
+    ring, findings = walk_arena_ring(s.mem, s.layout, ARENA)
+    assert ring == [ARENA] and findings == []
+
+
+def test_one_chunk_small_bin_is_read_with_its_raw_size():
+    s = SynthHeap()
+    c = s.chunk(HEAP + 0x100, 0x91)
+    s.link_bin(9, [c])
+    b, findings = walk_bin(s.mem, s.layout, ARENA, 9, 0x10000)
+    assert findings == []
+    assert (b.kind, b.count, b.total, b.raw_total, b.chunks) == (BinKind.SMALL, 1, 0x90, 0x91, (c,))
+
+
+def test_large_bin_with_mixed_sizes():
+    s = SynthHeap()
+    chunks = [s.chunk(HEAP + off, size | 1) for off, size in ((0x0, 0x470), (0x800, 0x450), (0x1000, 0x440))]
+    s.link_bin(65, chunks)
+    b, findings = walk_bin(s.mem, s.layout, ARENA, 65, 0x10000)
+    assert findings == [] and b.sizes == (0x470, 0x450, 0x440) and b.kind is BinKind.LARGE
+
+
+def test_bin_whose_list_loops_not_through_its_head_ends_with_a_finding():
+    s = SynthHeap()
+    a, b_, c = (s.chunk(HEAP + off, 0x91) for off in (0x100, 0x200, 0x300))
+    s.link_bin(9, [a, b_, c])
+    s.w(c + 16, a)  # c->fd points back to a: a cycle that never returns to the head
+    b, findings = walk_bin(s.mem, s.layout, ARENA, 9, 0x10000)
+    assert b.count == 3 and not b.complete
+    assert any(f.severity is Severity.ERROR and "loops" in f.message and f.address == a for f in findings)
+
+
+def test_fastbin_pointer_that_is_misaligned_is_reported_and_the_walk_stops():
+    s = SynthHeap()
+    good = s.chunk(HEAP + 0x40, 0x21)
+    s.w(s.fastbin_slot(0), good)
+    s.w(good + 16, s.protect(good + 16, HEAP + 0x88))  # next is 8 mod 16
+    fb, findings = walk_fastbin(s.mem, s.layout, ARENA, 0, 0x10000)
+    assert fb.chunks == (good,) and not fb.complete
+    (f,) = findings
+    assert f.address == HEAP + 0x88 and "misaligned" in f.message
+
+
+def test_pointer_into_unreadable_memory_is_a_finding_not_an_exception():
+    s = SynthHeap()
+    c = s.chunk(HEAP + 0x100, 0x91)
+    s.link_bin(9, [c])
+    s.w(c + 16, 0x10000)  # fd into nothing
+    b, findings = walk_bin(s.mem, s.layout, ARENA, 9, 0x10000)
+    assert b.chunks == (c,) and not b.complete
+    assert any("unreadable" in f.message and f.address == 0x10000 for f in findings)
+
+
+def test_fd_bk_mismatch_is_noted_but_the_list_is_still_walked():
+    s = SynthHeap()
+    a, b_ = s.chunk(HEAP + 0x100, 0x91), s.chunk(HEAP + 0x200, 0x91)
+    s.link_bin(9, [a, b_])
+    s.w(b_ + 24, HEAP + 0x500)
+    b, findings = walk_bin(s.mem, s.layout, ARENA, 9, 0x10000)
+    assert b.count == 2 and b.complete
+    assert [f.message for f in findings if "fd->bk != p" in f.message]
+
+
+def test_fastbin_entry_of_wrong_size_is_reported():
+    s = SynthHeap()
+    a = s.chunk(HEAP + 0x40, 0x31)
+    s.w(s.fastbin_slot(0), a)
+    s.w(a + 16, s.protect(a + 16, 0))
+    fb, findings = walk_fastbin(s.mem, s.layout, ARENA, 0, 0x10000)
+    assert fb.count == 1 and "wrong size" in findings[0].message
+
+
+def test_safe_linked_tcache_lists_decode_head_first():
+    s = SynthHeap()
+    entries = [HEAP + 0x2010, HEAP + 0x2030, HEAP + 0x2050]
+    tc = s.tcache(HEAP + 0x10, {0: entries, 5: [HEAP + 0x3010]})
+    t = walk_tcache(s.mem, s.layout, tc)
+    assert t.findings == ()
+    assert [(b.index, b.chunk_size, b.entries) for b in t.bins] == [(0, 0x20, tuple(entries)),
+                                                                     (5, 0x70, (HEAP + 0x3010,))]
+    assert t.count == 4 and t.total == 3 * 0x20 + 0x70
+
+
+def test_raw_links_before_safe_linking():
+    s = SynthHeap(version=(2, 31))
+    entries = [HEAP + 0x2010, HEAP + 0x2030]
+    tc = s.tcache(HEAP + 0x10, {1: entries})
+    (b,) = walk_tcache(s.mem, s.layout, tc).bins
+    assert b.entries == tuple(entries)
+
+
+def test_tcache_count_that_disagrees_with_the_list_is_a_finding():
+    s = SynthHeap()
+    tc = s.tcache(HEAP + 0x10, {0: [HEAP + 0x2010]}, counts={0: 3})
+    t = walk_tcache(s.mem, s.layout, tc)
+    assert "count does not match" in t.findings[0].message
+    assert t.bins[0].count == 3 and len(t.bins[0].entries) == 1
+
+
+def test_tcache_whose_list_loops_terminates():
+    s = SynthHeap()
+    a, b = HEAP + 0x2010, HEAP + 0x2030
+    tc = s.tcache(HEAP + 0x10, {0: [a, b]})
+    s.w(b, s.protect(b, a))
+    t = walk_tcache(s.mem, s.layout, tc)
+    assert t.bins[0].entries == (a, b) and not t.bins[0].complete
+
+
+def test_count_down_tcache_slots_of_glibc_2_43():
+    lay = layout_for((2, 43))
+    assert lay.tcache_counts_down and lay.tcache_bins == 76 and not lay.has_fastbins
+    s = SynthHeap(version=(2, 43))
+    tc = s.tcache(HEAP + 0x10, {0: [HEAP + 0x2010, HEAP + 0x2030]}, counts={i: 16 for i in range(76)} | {0: 14})
+    t = walk_tcache(s.mem, s.layout, tc, fill_count=16)
+    assert [(b.index, b.count, len(b.entries)) for b in t.bins] == [(0, 2, 2)]
+
+
+def test_arena_ring_that_never_returns_to_main_arena_is_cut():
+    s = SynthHeap()
+    other = HEAP + 0x4000
+    s.w(ARENA + s.layout.off_next, other)
+    s.w(other + s.layout.off_next, other)
+    ring, findings = walk_arena_ring(s.mem, s.layout, ARENA)
+    assert ring == [ARENA, other] and "loops" in findings[0].message
+
+
+def test_heap_chain_is_checked_against_its_arena():
+    s = SynthHeap()
+    lay = s.layout
+    heap = 0x7F1000000000
+    s.mem.add(heap, bytes(0x1000))
+    arena = heap + lay.heap_info_size
+    s.w(heap, arena)
+    s.w(heap + 16, 0x21000)
+    s.w(heap + 24, 0x21000)
+    heaps, findings = walk_heaps(s.mem, lay, arena, heap + 0x900)
+    assert [(h.address, h.size, h.prev) for h in heaps] == [(heap, 0x21000, 0)] and findings == []
+    heaps, findings = walk_heaps(s.mem, lay, arena + 0x10, heap + 0x900)
+    assert heaps == [] and "ar_ptr" in findings[0].message
+
+
+def test_bin_index_functions_follow_glibc():
+    assert bin_index(0x20) == 2 and bin_index(0x3f0) == 63
+    assert [largebin_index(s) for s in (0x400, 0x440, 0xc40, 0x1000, 0x3000, 0x10000, 0x100000)] == \
+        [64, 65, 97, 99, 113, 121, 126]
+    assert reveal(0x555555559010, (0x555555559010 >> 12) ^ 0x55555555a000) == 0x55555555a000
+
+
+def test_cached_memory_reads_across_blocks_and_reports_holes():
+    image = ImageMemory({0x10000: bytes(range(256)) * 1024})  # 256 KiB
+    mem = CachedMemory(image.read)
+    assert mem.read(0x10000 + 0xFFFE, 4) == bytes([0xFE, 0xFF, 0x00, 0x01])
+    try:
+        mem.read(0x10000 + 256 * 1024 - 2, 4)
+    except ReadError as exc:
+        assert exc.address >= 0x10000 + 256 * 1024 - 2
+    else:
+        raise AssertionError("reading past the image must fail")
+    big = mem.read(0x10000, 256 * 1024)
+    assert len(big) == 256 * 1024 and big[:4] == bytes([0, 1, 2, 3])
