@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("outdir", type=Path)
     parser.add_argument("names", nargs="*", default=list(REPRODUCERS))
     parser.add_argument("--bindir", type=Path, help="where to build (default OUTDIR/bin)")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)
     bindir = args.bindir or args.outdir / "bin"
     for name in args.names:
         start = time.monotonic()
