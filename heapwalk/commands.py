@@ -264,25 +264,13 @@ class DebugParameter(gdb.Parameter):
         self.value = False
 
 
-class GlibcVersionParameter(gdb.Parameter):
-    """The glibc version to decode as (X.Y); empty: detect it from the target."""
+class _StringParameter(gdb.Parameter):
+    """A heapwalk override setting; empty means: discover it from the target."""
 
-    set_doc = "Set the glibc version heapwalk decodes the target as (empty: detect)."
-    show_doc = "Show the glibc version override."
-
-    def __init__(self):
-        super().__init__("heapwalk glibc-version", gdb.COMMAND_DATA, gdb.PARAM_STRING)
-        self.value = ""
-
-
-class MainArenaParameter(gdb.Parameter):
-    """The address of main_arena; empty: find it in the target."""
-
-    set_doc = "Set the address of main_arena (empty: find it)."
-    show_doc = "Show the main_arena override."
-
-    def __init__(self):
-        super().__init__("heapwalk main-arena", gdb.COMMAND_DATA, gdb.PARAM_STRING)
+    def __init__(self, name: str, what: str):
+        self.set_doc = f"Set {what} (empty: discover it from the target)."
+        self.show_doc = f"Show the {what} override."
+        super().__init__(f"heapwalk {name}", gdb.COMMAND_DATA, gdb.PARAM_STRING)
         self.value = ""
 
 
@@ -292,8 +280,8 @@ def register() -> None:
     _SetPrefix("set")
     _SetPrefix("show")
     _Settings.debug = DebugParameter()
-    _Settings.glibc_version = GlibcVersionParameter()
-    _Settings.main_arena = MainArenaParameter()
+    _Settings.glibc_version = _StringParameter("glibc-version", "the glibc version (X.Y) heapwalk decodes as")
+    _Settings.main_arena = _StringParameter("main-arena", "the address of main_arena")
     ArenasCommand()
     BinsCommand()
     TcacheCommand()

@@ -121,13 +121,7 @@ class CachedMemory:
             raise ReadError(address, size, "address out of range")
         if size >= self.BLOCK * 4:
             return self._read_large(address, size)
-        out = []
-        while size:
-            take = min(size, self.BLOCK - (address & (self.BLOCK - 1)))
-            out.append(self._piece(address, take))
-            address += take
-            size -= take
-        return b"".join(out)
+        return self._read_blocks(address, size)
 
     def _read_large(self, address: int, size: int) -> bytes:
         """One raw read for big spans (heap segments), falling back to blocks."""
@@ -138,6 +132,9 @@ class CachedMemory:
                 return data
         except Exception:
             pass
+        return self._read_blocks(address, size)
+
+    def _read_blocks(self, address: int, size: int) -> bytes:
         out = []
         while size:
             take = min(size, self.BLOCK - (address & (self.BLOCK - 1)))

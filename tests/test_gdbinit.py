@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 
 from conftest import GDBINIT, ROOT, run_gdb
@@ -45,3 +46,17 @@ def test_commands_restore_the_selected_thread(cores):
     c = cores["thread_arenas"]
     result = run_gdb([str(c.exe), str(c.core)], ["thread 3", "heapwalk tcache", "thread"])
     assert "Current thread is 3" in result.stdout.splitlines()[-1]
+
+
+def test_overrides_are_used_and_reported(cores, tmp_path):
+    c = cores["bins"]
+    out = tmp_path / "o.json"
+    plain = tmp_path / "p.json"
+    run_gdb([str(c.exe), str(c.core)], [f"heapwalk arenas --json {plain}"])
+    main_arena = json.loads(plain.read_text())["main_arena"]
+    run_gdb([str(c.exe), str(c.core)], ["set heapwalk glibc-version 2.36", f"set heapwalk main-arena {main_arena:#x}",
+                                        f"heapwalk arenas --json {out}"])
+    doc = json.loads(out.read_text())
+    assert doc["discovery"]["glibc_version"]["found_by"] == "set heapwalk glibc-version"
+    assert doc["discovery"]["main_arena"]["found_by"] == "set heapwalk main-arena"
+    assert doc["arenas"] == json.loads(plain.read_text())["arenas"]
