@@ -7,8 +7,18 @@ needed), punches holes in the core where gcore wrote zeros (thread-arena
 reservations, untouched pages), and kills the process, or keeps it stopped for
 live-attach tests.
 
-Command line: ``python3 cores/harness.py OUTDIR [NAME ...]`` captures the named
-reproducers (all by default) into OUTDIR/NAME/.
+With a `sysroots.Sysroot` the reproducer runs under that glibc, through the
+sysroot's own ld.so with ``--library-path``; the core's program is then that
+ld.so, which is what gdb must be given (meta.json records it as "gdb_exe").
+
+gdb 13's gcore writes a whole mapping as zeros when one page of it cannot be
+read; glibc 2.42+ on Linux 6.13+ puts thread-stack guard pages inside the
+stack mapping (MADV_GUARD_INSTALL), so the stacks, and the TLS on them, come
+out blank.  `repair_core` re-reads such segments page by page from the stopped
+process and writes back what it finds.
+
+Command line: ``python3 cores/harness.py OUTDIR [NAME ...] [--glibc SUITE]``
+captures the named reproducers (all by default) into OUTDIR/NAME/.
 """
 
 from __future__ import annotations
@@ -18,11 +28,14 @@ import json
 import os
 import shutil
 import signal
+import struct
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+import sysroots
 
 CORES_DIR = Path(__file__).resolve().parent
 REPRODUCERS = ("bins", "thread_arenas", "small_vectors", "mmapped", "second_heap", "many_arenas")
@@ -62,14 +75,17 @@ class Capture:
             self.process.wait()
 
 
-def build(name: str, bindir: Path) -> Path:
-    """Compiles cores/NAME.c with the support library into BINDIR/NAME."""
+def build(name: str, bindir: Path, sysroot: sysroots.Sysroot | None = None) -> Path:
+    """Compiles cores/NAME.c with the support library into BINDIR/NAME (against SYSROOT's glibc if it must)."""
+    if sysroot is not None and sysroot.needs_own_headers:
+        bindir = bindir / sysroot.suite
     bindir.mkdir(parents=True, exist_ok=True)
     exe = bindir / name
     sources = [CORES_DIR / f"{name}.c", CORES_DIR / "hw.c"]
     if exe.exists() and all(exe.stat().st_mtime >= s.stat().st_mtime for s in sources + [CORES_DIR / "hw.h"]):
         return exe
-    cmd = ["gcc", *CFLAGS, f"-I{CORES_DIR}", *map(str, sources), "-o", str(exe)]
+    extra = sysroot.compile_flags() if sysroot is not None else []
+    cmd = ["gcc", *CFLAGS, *extra, f"-I{CORES_DIR}", *map(str, sources), "-o", str(exe)]
     result = subprocess.run(cmd, capture_output=True, text=True)
     if result.returncode != 0:
         raise HarnessError(f"building {name} failed:\n{result.stderr}")
@@ -115,8 +131,60 @@ def take_core(pid: int, core: Path) -> None:
     if result.returncode != 0 or not written.exists():
         raise HarnessError(f"gcore failed for pid {pid}: {result.stderr.strip() or result.stdout.strip()}")
     written.rename(core)
+    repair_core(core, pid)
     if shutil.which("fallocate"):
         subprocess.run(["fallocate", "--dig-holes", str(core)], capture_output=True)
+
+
+_PT_LOAD, _PF_R = 1, 4
+_PAGE = 4096
+
+
+def _load_segments(core: Path) -> list[tuple[int, int, int, int]]:
+    """(vaddr, file offset, file size, flags) of every PT_LOAD in the ELF64 core."""
+    with core.open("rb") as f:
+        ehdr = f.read(64)
+        if ehdr[:4] != b"\x7fELF" or ehdr[4] != 2:
+            raise HarnessError(f"{core} is not an ELF64 core")
+        phoff, = struct.unpack_from("<Q", ehdr, 32)
+        phentsize, phnum = struct.unpack_from("<HH", ehdr, 54)
+        f.seek(phoff)
+        table = f.read(phentsize * phnum)
+    out = []
+    for i in range(phnum):
+        p_type, p_flags, p_offset, p_vaddr, _, p_filesz = struct.unpack_from("<IIQQQQ", table, i * phentsize)
+        if p_type == _PT_LOAD and p_filesz:
+            out.append((p_vaddr, p_offset, p_filesz, p_flags))
+    return out
+
+
+def repair_core(core: Path, pid: int) -> int:
+    """Refills readable segments that gcore wrote as all zeros from /proc/PID/mem; returns pages fixed.
+
+    Pages that cannot be read (guard pages) stay zero, as a kernel core would
+    leave them.  Only all-zero, readable segments are looked at, so a sound
+    core costs one read of its zero segments.
+    """
+    fixed = 0
+    zero = bytes(_PAGE)
+    with core.open("r+b") as out, open(f"/proc/{pid}/mem", "rb", buffering=0) as mem:
+        for vaddr, offset, size, flags in _load_segments(core):
+            if not flags & _PF_R or vaddr >= 1 << 63:  # the vsyscall page is not in /proc/PID/mem's range
+                continue
+            out.seek(offset)
+            if out.read(size).count(0) != size:
+                continue
+            for page in range(0, size, _PAGE):
+                try:
+                    mem.seek(vaddr + page)
+                    data = mem.read(min(_PAGE, size - page))
+                except OSError:
+                    continue
+                if data and data != zero[:len(data)]:
+                    out.seek(offset + page)
+                    out.write(data)
+                    fixed += 1
+    return fixed
 
 
 def arena_env() -> dict[str, str]:
@@ -129,18 +197,22 @@ def arena_env() -> dict[str, str]:
     return {"MALLOC_ARENA_MAX": "16"} if (os.cpu_count() or 1) > 2 else {}
 
 
-def capture(name: str, outdir: Path, bindir: Path, keep: bool = False) -> Capture:
-    """Builds and runs reproducer NAME, takes its core into OUTDIR/NAME/core.
+def capture(name: str, outdir: Path, bindir: Path, keep: bool = False, sysroot: sysroots.Sysroot | None = None,
+            env: dict[str, str] | None = None) -> Capture:
+    """Builds and runs reproducer NAME (under SYSROOT's glibc if given), takes its core into OUTDIR/NAME/core.
 
     With KEEP the process stays stopped (for live-attach tests); call kill().
     """
-    exe = build(name, bindir)
+    exe = build(name, bindir, sysroot)
     directory = outdir / name
-    proc = run_to_snapshot(exe, directory, env=arena_env())
-    cap = Capture(name=name, directory=directory, exe=exe, pid=proc.pid, process=proc)
+    launcher = sysroot.launcher() if sysroot is not None else None
+    proc = run_to_snapshot(exe, directory, env={**arena_env(), **(env or {})}, launcher=launcher)
+    gdb_exe = sysroot.ld_so if sysroot is not None else exe
+    cap = Capture(name=name, directory=directory, exe=gdb_exe, pid=proc.pid, process=proc)
     try:
         take_core(proc.pid, cap.core)
-        meta = {"name": name, "exe": str(exe), "pid": proc.pid}
+        meta = {"name": name, "exe": str(gdb_exe), "program": str(exe), "pid": proc.pid,
+                "sysroot": str(sysroot.root) if sysroot is not None else None, "env": env or {}}
         (directory / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
     except BaseException:
         cap.kill()
@@ -156,12 +228,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("outdir", type=Path)
     parser.add_argument("names", nargs="*", default=list(REPRODUCERS))
     parser.add_argument("--bindir", type=Path, help="where to build (default OUTDIR/bin)")
+    parser.add_argument("--glibc", metavar="SUITE", help="run under the Debian glibc of SUITE (see sysroots.py)")
+    parser.add_argument("--sysroots", type=Path, default=CORES_DIR.parent / "build" / "sysroots",
+                        help="where sysroots are unpacked (default build/sysroots)")
     args = parser.parse_intermixed_args(argv)
     bindir = args.bindir or args.outdir / "bin"
+    sysroot = sysroots.prepare(args.sysroots, args.glibc) if args.glibc else None
     for name in args.names:
         start = time.monotonic()
         try:
-            cap = capture(name, args.outdir, bindir)
+            cap = capture(name, args.outdir, bindir, sysroot=sysroot)
         except HarnessError as exc:
             print(f"{name}: {exc}", file=sys.stderr)
             return 1

@@ -157,14 +157,14 @@ def _thread(mem: Memory, disc: Discovery, regs: ThreadRegs, fill_count: int | No
                 tcache_ptr = value
             else:
                 arena = value
-    if tcache_ptr:
+    if tcache_ptr and not disc.is_libc_address(tcache_ptr):
         tcache = walk_tcache(mem, disc.layout, tcache_ptr, fill_count)
     return Thread(regs.number, regs.lwp, regs.fs_base or 0, arena or None, tcache_ptr, tcache), findings
 
 
 def collect(mem: Memory, disc: Discovery, threads: list[ThreadRegs], target: str = "") -> HeapState:
     """Decodes the whole malloc state: every arena in ring order, every thread's tcache."""
-    findings: list[Finding] = []
+    findings: list[Finding] = list(disc.findings)
     mp = None
     if disc.mp_address is not None:
         try:
@@ -189,6 +189,7 @@ def collect(mem: Memory, disc: Discovery, threads: list[ThreadRegs], target: str
         thread, t_findings = _thread(mem, disc, regs, fill)
         decoded_threads.append(thread)
         findings.extend(t_findings)
-    return HeapState(target=target, glibc_version=disc.version, layout_name=disc.layout.name,
+    return HeapState(target=target, glibc_version=disc.version, glibc_label=disc.version_label,
+                     layout_name=disc.layout.name,
                      main_arena=disc.main_arena, mp=mp, arenas=tuple(arenas), threads=tuple(decoded_threads),
                      facts=tuple(facts), findings=tuple(findings))

@@ -16,7 +16,8 @@ import gdb  # type: ignore[import-not-found]
 from . import jsonout, render
 from .collect import collect
 from .discovery import DiscoveryError, Overrides, discover, parse_version
-from .gdbtarget import GdbSymbols, describe_target, gdb_memory, has_target, preserved_selection, thread_registers
+from .gdbtarget import (GdbSymbols, describe_target, gdb_memory, has_target, mappings, preserved_selection,
+                        thread_registers)
 from .model import HeapState
 
 __all__ = ["register"]
@@ -95,8 +96,8 @@ def load_state() -> HeapState:
         raise UserError("heapwalk: no process or core file: run, attach (gdb -p PID) or load a core first")
     with preserved_selection():
         mem = gdb_memory()
-        disc = discover(mem, GdbSymbols(), _overrides())
         threads = thread_registers()
+        disc = discover(mem, GdbSymbols(), _overrides(), mappings(), [t.fs_base for t in threads if t.fs_base])
         return collect(mem, disc, threads, describe_target())
 
 

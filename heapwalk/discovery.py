@@ -1,20 +1,27 @@
-"""Finding glibc's malloc state in a target: version, main_arena, mp_, TLS offsets.
+"""Finding glibc's malloc state in a target: version, layout, main_arena, mp_, TLS offsets.
 
-Discovery asks a `SymbolSource` (debug symbols, supplied by the gdb layer)
-first; sources that need no symbols plug in beside it.  Every fact records how
-it was found, so reports can say so, and user overrides (``set heapwalk ...``)
-win over everything.
+Each fact is looked for in order of trust: the user's override (``set heapwalk
+...``), debug symbols (a `SymbolSource` from the gdb layer), libc's own image
+(banner, exported functions, file name: needs the libc file or a live
+process), and memory alone (`heapwalk.heuristics`).  Every fact records how it
+was found.  The layout that the version implies is then checked against memory
+(arena layout from the bin-127 self-links, heap_info size from thread arena
+addresses, tcache struct size from a thread's tcache chunk); where memory
+disagrees, memory wins and a finding says so.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from . import heuristics, x86
+from .elfmem import LIBC_FILE_NAME, LibcImage, Mapping, find_libc
 from .layout import HEAP_MAX_SIZE, Layout, UnsupportedVersion, layout_for
-from .memory import Memory, ReadError
-from .model import Fact
+from .memory import Memory, ReadError, u64
+from .model import Fact, Finding, Severity
 
 __all__ = ["SymbolSource", "NoSymbols", "Overrides", "Discovery", "DiscoveryError", "discover", "parse_version",
            "read_c_string"]
@@ -65,6 +72,12 @@ class Discovery:
     free_list_address: int | None
     heap_max_size: int = HEAP_MAX_SIZE
     facts: list[Fact] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
+    version_label: str = ""
+    libc_range: tuple[int, int] | None = None  # a tcache pointer in here is 2.43's "no tcache" dummy
+
+    def is_libc_address(self, address: int) -> bool:
+        return self.libc_range is not None and self.libc_range[0] <= address < self.libc_range[1]
 
     def found_by(self, name: str) -> str | None:
         return next((f.found_by for f in self.facts if f.name == name), None)
@@ -95,55 +108,370 @@ def read_c_string(mem: Memory, address: int, limit: int = 256) -> bytes:
     return bytes(out)
 
 
-def _discover_version(mem: Memory, symbols: SymbolSource, overrides: Overrides, facts: list[Fact]) -> tuple[int, int]:
-    if overrides.glibc_version:
-        facts.append(Fact("glibc_version", overrides.glibc_version, "set heapwalk glibc-version"))
-        return overrides.glibc_version
-    address = symbols.data_address("__libc_version")
-    if address is not None:
+def _version_text(v: tuple[int, int]) -> str:
+    return f"{v[0]}.{v[1]}"
+
+
+class _Search:
+    """State shared by the discovery steps: what is known so far, and the facts and findings recorded."""
+
+    def __init__(self, mem: Memory, symbols: SymbolSource, overrides: Overrides, mappings: list[Mapping],
+                 fs_bases: list[int]):
+        self.mem = mem
+        self.symbols = symbols
+        self.overrides = overrides
+        self.mappings = mappings
+        self.fs_bases = fs_bases
+        self.facts: list[Fact] = []
+        self.findings: list[Finding] = []
+        self.image: LibcImage | None = None
+
+    def libc_range(self) -> tuple[int, int] | None:
+        loads = [s for s in self.image.segments if s.type == 1] if self.image else []
+        return (min(s.address for s in loads), max(s.end for s in loads)) if loads else None
+
+    def fact(self, name: str, value, how: str) -> None:
+        self.facts.append(Fact(name, value, how))
+
+    def note(self, severity: Severity, address: int, message: str) -> None:
+        self.findings.append(Finding(severity, address, "discovery", message))
+
+    def unknown(self, name: str, why: str) -> None:
+        self.facts.append(Fact(name, None, f"not determined: {why}"))
+
+    def code(self, function: str, size: int = 256) -> tuple[bytes, int] | None:
+        """(first SIZE bytes, address) of libc's exported FUNCTION, if its code is readable."""
+        if self.image is None:
+            return None
+        address = self.image.dynamic_symbol(function)
+        if address is None:
+            return None
         try:
-            version = parse_version(read_c_string(mem, address))
-            facts.append(Fact("glibc_version", version, "symbol __libc_version"))
-            return version
-        except (ReadError, ValueError):
-            pass
-    raise DiscoveryError("cannot tell which glibc this is: no libc debug symbols (install libc6-dbg) "
-                         "and no other clue; use 'set heapwalk glibc-version X.Y'")
+            return self.mem.read(address, size), address
+        except ReadError:
+            return None
+
+    # -- libc ---------------------------------------------------------------------------------------------
+
+    def locate_libc(self) -> None:
+        found = find_libc(self.mappings)
+        if found is None:
+            self.unknown("libc", "no libc.so.6 or libc-2.NN.so among the mappings (static binary?)")
+            return
+        base, path = found
+        try:
+            self.image = LibcImage.read(self.mem, base, path)
+        except ReadError as exc:
+            self.unknown("libc", f"libc's ELF header at {base:#x} is unreadable ({exc.reason})")
+            return
+        self.fact("libc", {"base": base, "path": path}, "mappings")
+        build_id = self.image.build_id()
+        if build_id:
+            self.fact("libc_build_id", build_id, "note in libc's first page")
+
+    # -- version ------------------------------------------------------------------------------------------
+
+    def version(self) -> tuple[tuple[int, int] | None, str]:
+        """The glibc version and how it was found, or (None, why not)."""
+        if self.overrides.glibc_version:
+            return self.overrides.glibc_version, "set heapwalk glibc-version"
+        address = self.symbols.data_address("__libc_version")
+        if address is not None:
+            try:
+                return parse_version(read_c_string(self.mem, address)), "symbol __libc_version"
+            except (ReadError, ValueError):
+                pass
+        if self.image is None:
+            return None, "no libc image"
+        banner = self.image.find_bytes(b"GNU C Library ")
+        if banner is not None and b"release version " in banner[1]:
+            try:
+                return parse_version(banner[1]), f"banner in libc's read-only data at {banner[0]:#x}"
+            except ValueError:
+                pass
+        code = self.code("gnu_get_libc_version", 16)
+        if code is not None:
+            target = x86.first_lea(*code)
+            if target is not None:
+                try:
+                    return parse_version(read_c_string(self.mem, target, 16)), \
+                        f"string returned by gnu_get_libc_version at {target:#x}"
+                except (ReadError, ValueError):
+                    pass
+        m = LIBC_FILE_NAME.search(self.image.path)
+        if m and m.group(1):
+            return (int(m.group(1)), int(m.group(2))), f"file name {self.image.path}"
+        return None, "libc's read-only pages are not in the core and its file is not available"
 
 
-def discover(mem: Memory, symbols: SymbolSource, overrides: Overrides | None = None) -> Discovery:
-    """Locates version, layout, main_arena, mp_ and the TLS offsets of tcache and thread_arena."""
-    overrides = overrides or Overrides()
-    facts: list[Fact] = []
-    version = _discover_version(mem, symbols, overrides, facts)
-    try:
+def _confirm_layout(layout: Layout, family: tuple[int, int], heap_info_size: int | None,
+                    tcache_chunk: int | None, search: _Search, version_known: bool) -> Layout:
+    """LAYOUT corrected by what memory shows; each correction of a known version is a finding."""
+    changes = {}
+    if layout_for(family).off_bins != layout.off_bins or layout_for(family).off_next != layout.off_next:
+        fam = layout_for(family)
+        changes.update({f.name: getattr(fam, f.name) for f in dataclasses.fields(Layout)
+                        if f.name.startswith("off_") or f.name in ("arena_size", "nfastbins")})
+    if heap_info_size in (32, 48) and heap_info_size != layout.heap_info_size:
+        changes["heap_info_size"] = heap_info_size
+    if tcache_chunk in heuristics.TCACHE_CHUNK_SIZES and tcache_chunk != layout.tcache_chunk_size:
+        t = layout_for(heuristics.TCACHE_CHUNK_SIZES[tcache_chunk])
+        for name in ("tcache_bins", "tcache_count_size", "tcache_off_entries", "tcache_struct_size",
+                     "tcache_counts_down"):
+            changes[name] = getattr(t, name)
+    if not changes:
+        return layout
+    if version_known:
+        parts = ", ".join(sorted(changes))
+        search.note(Severity.WARNING, 0, f"memory contradicts the glibc {_version_text(layout.version)} layout "
+                    f"({parts}); decoding with what memory shows (a distribution backport?)")
+    return dataclasses.replace(layout, **changes)
+
+
+def _version_from_memory(family: tuple[int, int], heap_info_size: int | None, tcache_chunk: int | None,
+                         mp_variant: tuple[int, int] | None) -> tuple[tuple[int, int], str]:
+    """A representative version for what memory shows, and the range it stands for."""
+    if family >= (2, 43):
+        return (2, 43), "2.43+"
+    if family < (2, 27):
+        return family, "2.17-2.22" if family < (2, 23) else "2.23-2.26"
+    if tcache_chunk == 0x300:
+        return (2, 42), "2.42"
+    if heap_info_size == 48 or (mp_variant is not None and mp_variant >= (2, 35)):
+        return (2, 41), "2.35-2.41"
+    if tcache_chunk == 0x250:
+        return (2, 29), "2.27-2.29"
+    return (2, 34), "2.30-2.34"
+
+
+def discover(mem: Memory, symbols: SymbolSource, overrides: Overrides | None = None,
+             mappings: list[Mapping] | None = None, fs_bases: list[int] | None = None) -> Discovery:
+    """Locates version, layout, main_arena, mp_ and the TLS offsets of tcache and thread_arena.
+
+    MAPPINGS (the target's address space) lets discovery find libc's image;
+    FS_BASES (each thread's thread pointer) lets it recover TLS offsets.
+    """
+    search = _Search(mem, symbols, overrides or Overrides(), mappings or [], [f for f in fs_bases or [] if f])
+    search.locate_libc()
+    version, version_how = search.version()
+    known = version is not None
+    if known:
+        try:
+            layout = layout_for(version)
+        except UnsupportedVersion as exc:
+            raise DiscoveryError(str(exc)) from None
+
+    main_arena, family = _find_main_arena(search, version)
+    if version is None and family is None:
+        raise DiscoveryError(f"cannot tell which glibc this is ({version_how}) and memory shows no arena; "
+                             "use 'set heapwalk glibc-version X.Y' and 'set heapwalk main-arena ADDRESS'")
+    if version is None:
+        layout = layout_for(family)
+    family = family or next(f for f in heuristics.ARENA_FAMILIES if layout.version >= f)
+    ring_layout = layout if layout_for(family).off_next == layout.off_next else layout_for(family)
+    ring = _ring(mem, ring_layout, main_arena)
+    heap_info_size = next((heuristics.heap_info_size_of(a) for a in ring[1:]
+                           if heuristics.heap_info_size_of(a) in (32, 48)), None)
+
+    mp_address, mp_variant = _find_mp(search, main_arena, family, layout if version else None, ring_layout)
+    tcache_tpoff, tcache_chunk = _find_tcache_tpoff(search, layout if version else None)
+    if version is None:
+        version, label = _version_from_memory(family, heap_info_size, tcache_chunk, mp_variant)
         layout = layout_for(version)
-    except UnsupportedVersion as exc:
-        raise DiscoveryError(str(exc)) from None
-
-    if overrides.main_arena is not None:
-        main_arena = overrides.main_arena
-        facts.append(Fact("main_arena", main_arena, "set heapwalk main-arena"))
+        search.fact("glibc_version", None, f"not determined: {version_how}")
+        search.fact("layout", f"glibc {label}", "memory: arena layout, heap_info size, tcache chunk size, mp_")
+        search.note(Severity.INFO, 0, f"the glibc version is unknown ({version_how}); decoding with the "
+                    f"glibc {label} layout that memory shows")
     else:
-        main_arena = symbols.data_address("main_arena")
-        if main_arena is None:
-            raise DiscoveryError("cannot find main_arena: no libc debug symbols (install libc6-dbg) "
-                                 "and no heuristic succeeded; use 'set heapwalk main-arena ADDRESS'")
-        facts.append(Fact("main_arena", main_arena, "symbol main_arena"))
+        label = _version_text(version)
+        search.fact("glibc_version", label, version_how)
+        search.fact("layout", layout.name, f"glibc {label} layout table, checked against memory")
+    layout = _confirm_layout(layout, family, heap_info_size, tcache_chunk, search, known)
+    if mp_variant is not None and layout_for(mp_variant).mp != layout.mp:
+        layout = dataclasses.replace(layout, mp=layout_for(mp_variant).mp, mp_size=layout_for(mp_variant).mp_size)
 
-    mp_address = symbols.data_address("mp_")
-    if mp_address is not None:
-        facts.append(Fact("mp_", mp_address, "symbol mp_"))
+    thread_arena_tpoff = _find_thread_arena_tpoff(search, ring, layout)
     free_list = symbols.data_address("free_list")
     if free_list is not None:
-        facts.append(Fact("free_list", free_list, "symbol free_list"))
+        search.fact("free_list", free_list, "symbol free_list")
+    heap_max = _heap_max_size(search, layout, mp_address, ring)
+    return Discovery(version=layout.version, layout=layout, main_arena=main_arena, mp_address=mp_address,
+                     tcache_tpoff=tcache_tpoff, thread_arena_tpoff=thread_arena_tpoff,
+                     free_list_address=free_list, heap_max_size=heap_max, facts=search.facts,
+                     findings=search.findings, version_label=label, libc_range=search.libc_range())
 
-    tpoffs: dict[str, int | None] = {}
-    for name in ("tcache", "thread_arena"):
-        tpoffs[name] = symbols.tls_offset(name) if layout.has_tcache or name == "thread_arena" else None
-        if tpoffs[name] is not None:
-            facts.append(Fact(f"{name}_tls_offset", tpoffs[name], f"symbol {name} (TLS)"))
-    facts.append(Fact("layout", layout.name, f"glibc {version[0]}.{version[1]} layout table"))
-    return Discovery(version=version, layout=layout, main_arena=main_arena, mp_address=mp_address,
-                     tcache_tpoff=tpoffs["tcache"], thread_arena_tpoff=tpoffs["thread_arena"],
-                     free_list_address=free_list, facts=facts)
+
+def _ring(mem: Memory, layout: Layout, main_arena: int) -> list[int]:
+    ring = [main_arena]
+    for _ in range(1 << 12):
+        try:
+            nxt = u64(mem, ring[-1] + layout.off_next)
+        except ReadError:
+            break
+        if nxt in (0, main_arena) or nxt in ring:
+            break
+        ring.append(nxt)
+    return ring
+
+
+def _find_main_arena(search: _Search, version: tuple[int, int] | None) -> tuple[int, tuple[int, int] | None]:
+    """main_arena's address and, when memory shows it, the arena layout family."""
+    scanned = heuristics.find_main_arena(search.mem, search.image, version) if search.image else None
+    if search.overrides.main_arena is not None:
+        search.fact("main_arena", search.overrides.main_arena, "set heapwalk main-arena")
+        return search.overrides.main_arena, scanned.family if scanned and \
+            scanned.address == search.overrides.main_arena else None
+    symbol = search.symbols.data_address("main_arena")
+    if symbol is not None:
+        search.fact("main_arena", symbol, "symbol main_arena")
+        if scanned is not None and scanned.address != symbol:
+            search.note(Severity.WARNING, symbol, f"the bin-127 scan found main_arena at {scanned.address:#x}, "
+                        "not where the symbol says; using the symbol")
+            return symbol, None
+        return symbol, scanned.family if scanned else None
+    if scanned is not None:
+        search.fact("main_arena", scanned.address, "bin-127 self-link scan of libc's writable segment, "
+                    f"arena ring of {len(scanned.ring)} closes")
+        code = search.code("malloc_trim", 64)
+        target = x86.first_lea(*code) if code else None
+        if target is not None and target != scanned.address:
+            search.note(Severity.WARNING, scanned.address, f"malloc_trim refers to {target:#x}, not to the "
+                        f"main_arena found in memory ({scanned.address:#x}); using memory")
+        return scanned.address, scanned.family
+    code = search.code("malloc_trim", 64)
+    target = x86.first_lea(*code) if code else None
+    if target is not None and version is not None:
+        search.fact("main_arena", target, "first address computed by malloc_trim (disassembly)")
+        return target, None
+    raise DiscoveryError("cannot find main_arena: no libc debug symbols, no self-linked bin 127 in libc's "
+                         "writable memory (is malloc initialised? is this glibc?), and libc's code is not "
+                         "readable; use 'set heapwalk main-arena ADDRESS'")
+
+
+def _find_mp(search: _Search, main_arena: int, family: tuple[int, int], layout: Layout | None,
+             ring_layout: Layout) -> tuple[int | None, tuple[int, int] | None]:
+    """mp_'s address and the mp_ layout variant memory matched (None when the symbol was used)."""
+    symbol = search.symbols.data_address("mp_")
+    if symbol is not None:
+        search.fact("mp_", symbol, "symbol mp_")
+        return symbol, None
+    if search.image is None:
+        search.unknown("mp_", "no libc image")
+        return None, None
+    if layout is not None:
+        variants = [next(v for v in heuristics.MP_VARIANTS if layout.version >= v)]
+    else:
+        variants = [v for v in heuristics.MP_VARIANTS if next(f for f in heuristics.ARENA_FAMILIES if v >= f)
+                    == family or (family == (2, 27) and (2, 26) <= v < (2, 43))]
+    try:
+        top = u64(search.mem, main_arena + ring_layout.off_top)
+    except ReadError:
+        top = None
+    found = heuristics.find_mp(search.mem, search.image, main_arena, variants, top)
+    if found is None:
+        search.unknown("mp_", "no malloc_par-shaped data near main_arena")
+        return None, None
+    address, variant = found
+    how = "malloc_par signature near main_arena"
+    code = search.code("malloc_stats", 96)
+    loaded = x86.first_load(*code) if code else None
+    if loaded is not None:
+        off = loaded - address
+        if off == layout_for(variant).mp.get("mmapped_mem"):
+            how += "; malloc_stats reads its mmapped_mem"
+    search.fact("mp_", address, how)
+    return address, variant
+
+
+def _classify_tcache(search: _Search, expected: set[int]):
+    image = search.image
+
+    def classify(value: int) -> str:
+        if value == 0 or (image is not None and image.contains(value)):
+            return "none"  # not created yet, or 2.43's read-only dummy
+        if value % 16:
+            return "invalid"
+        size = heuristics.tcache_chunk_size(search.mem, value)
+        return "valid" if size in expected else "invalid"
+    return classify
+
+
+def _find_tcache_tpoff(search: _Search, layout: Layout | None) -> tuple[int | None, int | None]:
+    """tcache's TLS offset, and the tcache chunk size seen in memory (None if no thread has one)."""
+    if layout is not None and not layout.has_tcache:
+        return None, None
+    expected = set(heuristics.TCACHE_CHUNK_SIZES)
+    classify = _classify_tcache(search, expected)
+    tpoff = search.symbols.tls_offset("tcache")
+    how = "symbol tcache (TLS)"
+    if tpoff is None and search.image is not None:
+        code = search.code("malloc", 512)
+        slot = x86.tls_got_slot(*code) if code else None
+        if slot is not None:
+            try:
+                value = u64(search.mem, slot)
+                candidate = value - (1 << 64) if value >> 63 else value
+                if heuristics.pick_tls_offset(search.mem, search.fs_bases, [candidate], classify) or \
+                        not search.fs_bases:
+                    tpoff, how = candidate, f"GOT slot {slot:#x} read by malloc (disassembly)"
+            except ReadError:
+                pass
+        if tpoff is None and search.fs_bases:
+            picked = heuristics.pick_tls_offset(search.mem, search.fs_bases,
+                                                heuristics.tls_candidates(search.mem, search.image), classify)
+            if picked is not None:
+                tpoff, how = picked[0], f"TLS offsets in libc's GOT tried on every thread ({picked[1]} tcaches)"
+    if tpoff is None:
+        search.unknown("tcache_tls_offset", "no symbol, and no candidate offset gives tcache structs")
+        return None, None
+    search.fact("tcache_tls_offset", tpoff, how)
+    sizes = set()
+    for fs in search.fs_bases:
+        try:
+            value = u64(search.mem, fs + tpoff)
+        except ReadError:
+            continue
+        if classify(value) == "valid":
+            sizes.add(heuristics.tcache_chunk_size(search.mem, value))
+    if len(sizes) > 1:
+        search.note(Severity.WARNING, 0, f"threads' tcache chunks have different sizes: {sorted(sizes)}")
+    return tpoff, min(sizes) if sizes else None
+
+
+def _find_thread_arena_tpoff(search: _Search, ring: list[int], layout: Layout) -> int | None:
+    tpoff = search.symbols.tls_offset("thread_arena")
+    if tpoff is not None:
+        search.fact("thread_arena_tls_offset", tpoff, "symbol thread_arena (TLS)")
+        return tpoff
+    if search.image is None or not search.fs_bases:
+        search.unknown("thread_arena_tls_offset", "no symbol, no libc image or no threads")
+        return None
+    arenas = set(ring)
+
+    def classify(value: int) -> str:
+        return "valid" if value in arenas else "none" if value == 0 else "invalid"
+    picked = heuristics.pick_tls_offset(search.mem, search.fs_bases,
+                                        heuristics.tls_candidates(search.mem, search.image), classify)
+    if picked is None:
+        search.unknown("thread_arena_tls_offset", "no candidate offset gives ring arenas")
+        return None
+    search.fact("thread_arena_tls_offset", picked[0],
+                f"TLS offsets in libc's GOT tried on every thread ({picked[1]} arenas)")
+    return picked[0]
+
+
+def _heap_max_size(search: _Search, layout: Layout, mp_address: int | None, ring: list[int]) -> int:
+    """The size and alignment of thread-arena heaps: 64 MiB, or 4 x hp_pagesize on 2.35-2.41 with hugetlb."""
+    if (2, 35) <= layout.version < (2, 42) and mp_address is not None:
+        try:
+            hp = u64(search.mem, mp_address + layout.mp["hp_pagesize"])
+        except ReadError:
+            hp = None
+        if hp:
+            search.fact("heap_max_size", 4 * hp, f"4 x mp_.hp_pagesize ({hp:#x})")
+            return 4 * hp
+        if hp == 0:
+            search.fact("heap_max_size", HEAP_MAX_SIZE, "mp_.hp_pagesize is 0: HEAP_MAX_SIZE")
+            return HEAP_MAX_SIZE
+    search.fact("heap_max_size", HEAP_MAX_SIZE, f"HEAP_MAX_SIZE of glibc {layout.version[0]}.{layout.version[1]}")
+    return HEAP_MAX_SIZE

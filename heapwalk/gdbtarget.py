@@ -14,9 +14,14 @@ import re
 import gdb  # type: ignore[import-not-found]
 
 from .collect import ThreadRegs
+from .elfmem import Mapping
 from .memory import CachedMemory
 
-__all__ = ["gdb_memory", "GdbSymbols", "thread_registers", "describe_target", "preserved_selection", "has_target"]
+__all__ = ["gdb_memory", "GdbSymbols", "thread_registers", "describe_target", "preserved_selection", "has_target",
+           "mappings"]
+
+_MAPPING_LINE = re.compile(r"^\s*(0x[0-9a-f]+)\s+(0x[0-9a-f]+)\s+0x[0-9a-f]+\s+(0x[0-9a-f]+)"
+                           r"(?:\s+[r-][w-][x-][ps])?(?:\s+(.*?))?\s*$")
 
 _LIBC_NAME = re.compile(r"(^|/)libc([.-][\w.]*)?\.so|(^|/)libc\.so\.6")
 
@@ -128,3 +133,17 @@ def describe_target() -> str:
             pass
         return f"core file {core} of {exe}"
     return f"process {inferior.pid} ({exe})"
+
+
+def mappings() -> list[Mapping]:
+    """The target's mappings as 'info proc mappings' shows them (core file note, or /proc/PID/maps)."""
+    try:
+        text = gdb.execute("info proc mappings", to_string=True)
+    except gdb.error:
+        return []
+    out = []
+    for line in text.splitlines():
+        m = _MAPPING_LINE.match(line)
+        if m:
+            out.append(Mapping(int(m.group(1), 16), int(m.group(2), 16), int(m.group(3), 16), m.group(4) or ""))
+    return out

@@ -214,6 +214,11 @@ class HeapState:
     threads: tuple[Thread, ...]
     facts: tuple[Fact, ...] = ()
     findings: tuple[Finding, ...] = field(default=())
+    glibc_label: str = ""           # "2.36", or the range memory showed when the version is unknown
+
+    @property
+    def version_text(self) -> str:
+        return self.glibc_label or "%d.%d" % self.glibc_version
 
     def arena_at(self, address: int) -> Arena | None:
         return next((a for a in self.arenas if a.address == address), None)

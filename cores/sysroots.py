@@ -1,0 +1,199 @@
+"""Debian glibc builds other than the system's, unpacked into sysroots for the test matrix.
+
+For each Debian suite in `SUITES` this downloads libc6 and libc6-dbg (and
+libc6-dev where reproducers must be linked against that glibc) with apt's
+``download`` command, using a private source list and private package lists,
+so the machine's own apt configuration is neither needed nor changed.  The
+mirror is the one the machine's apt sources already use.  Downloads are kept in
+a cache folder, so a second run unpacks without fetching.
+
+A `Sysroot` describes one unpacked glibc: its version, its ld.so, the folder
+holding libc.so.6 (for ``--library-path``), its debug files, and the compiler
+flags that link a program against it.
+
+Command line: ``python3 cores/sysroots.py DEST [SUITE ...]`` fetches and unpacks
+into DEST/SUITE and prints one line per sysroot.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+#: suite -> does a reproducer need that glibc's own headers and crt files? (a
+#: program linked against a newer glibc refers to symbol versions an older one lacks)
+SUITES = {"bullseye": True, "trixie": False, "sid": False}
+KEYRING = "/usr/share/keyrings/debian-archive-keyring.gpg"
+MULTIARCH = "x86_64-linux-gnu"
+
+
+class SysrootError(RuntimeError):
+    """A glibc package could not be fetched or unpacked."""
+
+
+@dataclass(frozen=True)
+class Sysroot:
+    """One Debian glibc unpacked into a folder."""
+
+    suite: str
+    root: Path
+
+    @property
+    def libdir(self) -> Path:
+        for d in (self.root / "usr/lib" / MULTIARCH, self.root / "lib" / MULTIARCH):
+            if (d / "libc.so.6").exists():
+                return d
+        raise SysrootError(f"no libc.so.6 under {self.root}")
+
+    @property
+    def ld_so(self) -> Path:
+        return self.libdir / "ld-linux-x86-64.so.2"
+
+    @property
+    def debug_dir(self) -> Path:
+        return self.root / "usr/lib/debug"
+
+    @property
+    def version(self) -> str:
+        """'2.31' from the unpacked package's changelog folder name or libc file."""
+        return (self.root / "VERSION").read_text().strip()
+
+    @property
+    def needs_own_headers(self) -> bool:
+        return SUITES.get(self.suite, False)
+
+    def launcher(self) -> list[str]:
+        """The command prefix that runs a program under this glibc."""
+        return [str(self.ld_so), "--library-path", str(self.libdir)]
+
+    def compile_flags(self) -> list[str]:
+        """gcc flags that build against this glibc's headers, crt files and libc.so."""
+        if not self.needs_own_headers:
+            return []
+        usrlib = self.root / "usr/lib" / MULTIARCH
+        return [f"--sysroot={self.root}", f"-B{usrlib}/", f"-L{usrlib}", f"-L{self.libdir}",
+                f"-idirafter/usr/include/{MULTIARCH}", "-idirafter/usr/include"]
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "heapwalk" / "apt"
+
+
+def _mirror() -> str:
+    """The Debian mirror URI the machine's apt sources use (first 'debian' archive)."""
+    texts = []
+    for p in [Path("/etc/apt/sources.list"), *sorted(Path("/etc/apt/sources.list.d").glob("*"))]:
+        try:
+            texts.append(p.read_text())
+        except OSError:
+            continue
+    for text in texts:
+        for m in re.finditer(r"(?:URIs:|^deb(?:\s+\[[^\]]*\])?)\s+(\S+/debian)\s*$", text, re.M):
+            return m.group(1)
+    raise SysrootError("no Debian mirror found in /etc/apt/sources.list{,.d}")
+
+
+def _apt_options(cache: Path) -> list[str]:
+    return ["-o", f"Dir::Etc::SourceList={cache / 'sources.list'}", "-o", "Dir::Etc::SourceParts=/dev/null",
+            "-o", f"Dir::State::Lists={cache / 'lists'}", "-o", f"Dir::Cache={cache / 'cache'}",
+            "-o", "Dir::State::status=/dev/null", "-o", "Debug::NoLocking=1",
+            "-o", "Acquire::IndexTargets::deb::DEP-11::DefaultEnabled=false",
+            "-o", "APT::Sandbox::User=root", "-q"]
+
+
+def _run(cmd: list[str], cwd: Path | None = None) -> str:
+    result = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise SysrootError(f"{' '.join(cmd[:2])} failed: {(result.stderr or result.stdout).strip()[-2000:]}")
+    return result.stdout
+
+
+def _update_lists(cache: Path, suites: list[str]) -> None:
+    for d in ("lists/partial", "cache/archives/partial"):
+        (cache / d).mkdir(parents=True, exist_ok=True)
+    sources = "".join(f"deb [signed-by={KEYRING}] {_mirror()} {s} main\n" for s in suites)
+    listfile = cache / "sources.list"
+    fresh = listfile.exists() and listfile.read_text() == sources and any((cache / "lists").glob("*Packages*"))
+    if not fresh:
+        listfile.write_text(sources)
+        _run(["apt-get", *_apt_options(cache), "update"])
+
+
+def _fetch(cache: Path, package: str, suite: str) -> Path:
+    """PACKAGE's .deb from SUITE: the cached one, else downloaded into the cache."""
+    folder = cache / "debs" / suite
+    folder.mkdir(parents=True, exist_ok=True)
+    found = sorted(folder.glob(f"{package}_*_amd64.deb"))
+    if not found:
+        _update_lists(cache, list(SUITES))
+        _run(["apt-get", *_apt_options(cache), "download", f"{package}/{suite}"], cwd=folder)
+        found = sorted(folder.glob(f"{package}_*_amd64.deb"))
+    if not found:
+        raise SysrootError(f"apt-get download {package}/{suite} wrote no .deb")
+    return found[-1]
+
+
+def _relink_absolute_symlinks(root: Path) -> None:
+    """Old packages link to /lib/...: point those links inside ROOT instead."""
+    for link in root.rglob("*"):
+        if link.is_symlink():
+            target = os.readlink(link)
+            if target.startswith("/"):
+                link.unlink()
+                link.symlink_to(os.path.relpath(root / target.lstrip("/"), link.parent))
+
+
+def prepare(dest: Path, suite: str, cache: Path | None = None) -> Sysroot:
+    """Fetches (or reuses) SUITE's glibc packages and unpacks them into DEST/SUITE."""
+    cache = cache or cache_dir()
+    root = dest / suite
+    stamp = root / "VERSION"
+    if stamp.exists():
+        return Sysroot(suite, root)
+    packages = ["libc6", "libc6-dbg"] + (["libc6-dev"] if SUITES.get(suite) else [])
+    debs = [_fetch(cache, p, suite) for p in packages]
+    if root.exists():
+        shutil.rmtree(root)
+    root.mkdir(parents=True)
+    for deb in debs:
+        _run(["dpkg-deb", "-x", str(deb), str(root)])
+    _relink_absolute_symlinks(root)
+    version = re.search(r"libc6_(\d+\.\d+)", debs[0].name)
+    if not version:
+        raise SysrootError(f"cannot read the glibc version from {debs[0].name}")
+    sysroot = Sysroot(suite, root)
+    sysroot.ld_so  # raises if the layout is not as expected
+    stamp.write_text(version.group(1) + "\n")
+    return sysroot
+
+
+def available(dest: Path) -> list[Sysroot]:
+    """The sysroots already unpacked under DEST, oldest glibc first."""
+    found = [Sysroot(s, dest / s) for s in SUITES if (dest / s / "VERSION").exists()]
+    return sorted(found, key=lambda s: tuple(int(x) for x in s.version.split(".")))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("dest", type=Path)
+    parser.add_argument("suites", nargs="*", default=list(SUITES))
+    args = parser.parse_args(argv)
+    for suite in args.suites:
+        try:
+            s = prepare(args.dest, suite)
+        except SysrootError as exc:
+            print(f"{suite}: {exc}", file=sys.stderr)
+            return 1
+        print(f"{suite}: glibc {s.version} in {s.root}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

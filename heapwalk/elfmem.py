@@ -1,0 +1,173 @@
+"""libc as a loaded ELF image, read through target memory.
+
+A core holds the first page of every file mapping (ELF headers and the
+build-id note) and libc's written data (.data, .bss, the GOT), but not its
+.text or .rodata; gdb serves those from the libc file when it has it.  So
+everything here reads memory and treats a `ReadError` as "not available":
+the program headers and writable segment always work, symbols, the banner
+and code only when the file is present (or the process is live).
+"""
+
+from __future__ import annotations
+
+import re
+import struct
+from dataclasses import dataclass, field
+
+from .memory import Memory, ReadError
+
+__all__ = ["Mapping", "Segment", "LibcImage", "find_libc", "LIBC_FILE_NAME"]
+
+PT_LOAD, PT_DYNAMIC, PT_NOTE, PT_TLS = 1, 2, 4, 7
+PF_X, PF_W, PF_R = 1, 2, 4
+DT_NULL, DT_STRTAB, DT_SYMTAB = 0, 5, 6
+NT_GNU_BUILD_ID = 3
+
+#: libc.so.6 (2.34+, and the soname everywhere) or libc-2.NN.so (up to 2.33)
+LIBC_FILE_NAME = re.compile(r"(?:^|/)(?:libc\.so\.6|libc-(\d+)\.(\d+)(?:\.\d+)?\.so)$")
+
+
+@dataclass(frozen=True, slots=True)
+class Mapping:
+    """One mapping of the target's address space (from the core's file note or /proc/PID/maps)."""
+
+    start: int
+    end: int
+    offset: int
+    path: str
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """A program header of the loaded image, with its runtime address."""
+
+    type: int
+    flags: int
+    address: int
+    memsz: int
+    filesz: int
+
+    @property
+    def end(self) -> int:
+        return self.address + self.memsz
+
+
+@dataclass
+class LibcImage:
+    """libc's ELF image in the target: base address, segments, and lookups that need its file's pages."""
+
+    base: int
+    path: str
+    segments: list[Segment]
+    mem: Memory
+    _dynsym: dict[str, int] | None = field(default=None, repr=False)
+
+    @classmethod
+    def read(cls, mem: Memory, base: int, path: str) -> "LibcImage":
+        """Parses the ELF and program headers at BASE (the first page of libc's mapping)."""
+        ehdr = mem.read(base, 64)
+        if ehdr[:4] != b"\x7fELF" or ehdr[4] != 2 or ehdr[5] != 1:
+            raise ReadError(base, 64, "no little-endian ELF64 header at libc's first mapping")
+        phoff, = struct.unpack_from("<Q", ehdr, 32)
+        phentsize, phnum = struct.unpack_from("<HH", ehdr, 54)
+        table = mem.read(base + phoff, phentsize * phnum)
+        segments = []
+        for i in range(phnum):
+            p_type, p_flags, _off, p_vaddr, _pa, p_filesz, p_memsz = struct.unpack_from("<IIQQQQQ", table,
+                                                                                         i * phentsize)
+            segments.append(Segment(p_type, p_flags, base + p_vaddr, p_memsz, p_filesz))
+        return cls(base, path, segments, mem)
+
+    def writable(self) -> list[Segment]:
+        """The PT_LOAD segments libc writes (.data, .bss, .got): in every core."""
+        return [s for s in self.segments if s.type == PT_LOAD and s.flags & PF_W]
+
+    def readonly_data(self) -> list[Segment]:
+        """The PT_LOAD segments that are neither writable nor code (.rodata, .dynsym)."""
+        return [s for s in self.segments if s.type == PT_LOAD and not s.flags & (PF_W | PF_X)]
+
+    def contains(self, address: int) -> bool:
+        return any(s.address <= address < s.end for s in self.segments if s.type == PT_LOAD)
+
+    def tls_size(self) -> int | None:
+        tls = [s for s in self.segments if s.type == PT_TLS]
+        return tls[0].memsz if tls else None
+
+    def build_id(self) -> str | None:
+        """The GNU build-id (hex), from the note in libc's first page."""
+        for seg in self.segments:
+            if seg.type != PT_NOTE:
+                continue
+            try:
+                data = self.mem.read(seg.address, seg.filesz)
+            except ReadError:
+                continue
+            pos = 0
+            while pos + 12 <= len(data):
+                namesz, descsz, ntype = struct.unpack_from("<III", data, pos)
+                name_end = pos + 12 + ((namesz + 3) & ~3)
+                desc = data[name_end:name_end + descsz]
+                if ntype == NT_GNU_BUILD_ID and data[pos + 12:pos + 12 + namesz].rstrip(b"\0") == b"GNU":
+                    return desc.hex()
+                pos = name_end + ((descsz + 3) & ~3)
+        return None
+
+    def dynamic_symbol(self, name: str) -> int | None:
+        """Runtime address of exported symbol NAME (None if the symbol table is not readable)."""
+        if self._dynsym is None:
+            try:
+                self._dynsym = self._read_dynsym()
+            except ReadError:
+                self._dynsym = {}
+        return self._dynsym.get(name)
+
+    def _read_dynsym(self) -> dict[str, int]:
+        dyn = [s for s in self.segments if s.type == PT_DYNAMIC]
+        if not dyn:
+            return {}
+        raw = self.mem.read(dyn[0].address, dyn[0].memsz)
+        tags: dict[int, int] = {}
+        for pos in range(0, len(raw) - 15, 16):
+            tag, value = struct.unpack_from("<qQ", raw, pos)
+            if tag == DT_NULL:
+                break
+            tags.setdefault(tag, value)
+        if DT_SYMTAB not in tags or DT_STRTAB not in tags:
+            return {}
+        # ld.so relocates these entries in place on x86_64; the file has them unrelocated.
+        symtab, strtab = (v if v >= self.base else v + self.base for v in (tags[DT_SYMTAB], tags[DT_STRTAB]))
+        if not symtab < strtab or strtab - symtab > 1 << 22:
+            return {}
+        syms = self.mem.read(symtab, strtab - symtab)
+        strings_end = strtab + 0x10000
+        for seg in self.segments:
+            if seg.type == PT_LOAD and seg.address <= strtab < seg.end:
+                strings_end = min(seg.end, strtab + (1 << 20))
+        strings = self.mem.read(strtab, strings_end - strtab)
+        out = {}
+        for pos in range(24, len(syms) - 23, 24):
+            st_name, st_info, _other, shndx, value = struct.unpack_from("<IBBHQ", syms, pos)
+            if shndx == 0 or value == 0 or st_name >= len(strings):
+                continue
+            end = strings.find(b"\0", st_name)
+            sym = strings[st_name:end].decode(errors="replace")
+            out.setdefault(sym.split("@")[0], self.base + value)
+        return out
+
+    def find_bytes(self, needle: bytes) -> tuple[int, bytes] | None:
+        """First occurrence of NEEDLE in libc's read-only data: (address, the 160 bytes from there)."""
+        for seg in self.readonly_data():
+            try:
+                data = self.mem.read(seg.address, seg.filesz)
+            except ReadError:
+                continue
+            pos = data.find(needle)
+            if pos >= 0:
+                return seg.address + pos, data[pos:pos + 160]
+        return None
+
+
+def find_libc(mappings: list[Mapping]) -> tuple[int, str] | None:
+    """(base address, path) of libc among the target's mappings: its lowest mapping at file offset 0."""
+    starts = [(m.start, m.path) for m in mappings if m.offset == 0 and LIBC_FILE_NAME.search(m.path)]
+    return min(starts) if starts else None

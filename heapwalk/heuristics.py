@@ -1,0 +1,240 @@
+"""Finding malloc's state in memory without debug symbols.
+
+Each function here looks at raw memory and libc's image and returns
+candidates that pass structural checks; `heapwalk.discovery` decides between
+them and records how each fact was found.
+
+- main_arena: bin 127 is never used, so once malloc is initialised its two
+  slots point at its own bin header (slot address - 16).  The highest such pair
+  in libc's writable segment is main_arena's bin 127; the arena start follows
+  from the layout family, and the arena ring must close on it.
+- mp_: a malloc_par whose fields are all plausible, near main_arena, scored
+  by how many fields hold glibc's defaults.
+- TLS offsets: libc reaches ``tcache`` and ``thread_arena`` through GOT slots
+  holding their (negative) offsets from the thread pointer; every negative
+  word of libc's writable segment is a candidate, and the one whose per-thread
+  values are all tcache structs (or ring arenas) wins.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+from .elfmem import LibcImage
+from .layout import MP_INT_FIELDS, SIZE_BITS, Layout, layout_for
+from .memory import Memory, ReadError, u64
+
+__all__ = ["ARENA_FAMILIES", "MP_VARIANTS", "ArenaCandidate", "scan_bin127", "find_main_arena", "find_mp",
+           "tls_candidates", "pick_tls_offset", "TCACHE_CHUNK_SIZES", "heap_info_size_of"]
+
+#: one representative version per malloc_state layout, newest first
+ARENA_FAMILIES = ((2, 43), (2, 27), (2, 23), (2, 17))
+#: one representative version per mp_ layout, newest first
+MP_VARIANTS = ((2, 43), (2, 35), (2, 26), (2, 24), (2, 17))
+#: tcache_perthread_struct chunk size -> (layout name, a version with that struct)
+TCACHE_CHUNK_SIZES = {0x250: (2, 29), 0x290: (2, 30), 0x300: (2, 42)}
+_BIN127_SLOT = 16 * 126
+_PAGE = 4096
+_SCAN_LIMIT = 64 << 20
+
+
+def _read_segment(mem: Memory, start: int, size: int) -> bytes:
+    """SIZE bytes from START, with unreadable pages as zeros (a truncated core still scans)."""
+    size = min(size, _SCAN_LIMIT)
+    try:
+        return mem.read(start, size)
+    except ReadError:
+        pass
+    out = bytearray(size)
+    for off in range(0, size, _PAGE):
+        n = min(_PAGE, size - off)
+        try:
+            out[off:off + n] = mem.read(start + off, n)
+        except ReadError:
+            continue
+    return bytes(out)
+
+
+def scan_bin127(mem: Memory, image: LibcImage) -> list[int]:
+    """Addresses Y in libc's writable segments with *Y == *(Y+8) == Y-16 (empty, self-linked bins), ascending."""
+    found = []
+    for seg in image.writable():
+        start = seg.address & ~7
+        data = _read_segment(mem, start, seg.end - start)
+        words = struct.unpack_from(f"<{len(data) // 8}Q", data)
+        for i in range(len(words) - 1):
+            y = start + 8 * i
+            if words[i] == y - 16 and words[i + 1] == y - 16:
+                found.append(y)
+    return found
+
+
+@dataclass(frozen=True, slots=True)
+class ArenaCandidate:
+    """A main_arena that validated, and the malloc_state layout it validated with."""
+
+    address: int
+    family: tuple[int, int]
+    ring: tuple[int, ...]
+
+
+def _valid_arena(mem: Memory, layout: Layout, address: int, image: LibcImage) -> tuple[int, ...] | None:
+    """The arena ring from ADDRESS if ADDRESS looks like main_arena under LAYOUT, else None."""
+    try:
+        raw = mem.read(address, layout.arena_size)
+    except ReadError:
+        return None
+    mutex, flags = struct.unpack_from("<ii", raw, 0)
+    if mutex not in (0, 1, 2) or flags & ~7:
+        return None
+    top, = struct.unpack_from("<Q", raw, layout.off_top)
+    system_mem, = struct.unpack_from("<Q", raw, layout.off_system_mem)
+    if system_mem % _PAGE or top % 16:
+        return None
+    for index in range(1, 128):  # every bin is empty (self-linked) or points away from the arena
+        fd, bk = struct.unpack_from("<QQ", raw, layout.off_bins + 16 * (index - 1))
+        header = layout.bin_header(address, index)
+        if (fd == header) != (bk == header) or (fd != header and (fd % 16 or bk % 16)):
+            return None
+    ring = [address]
+    current = address
+    for _ in range(1 << 12):
+        try:
+            nxt = u64(mem, current + layout.off_next)
+        except ReadError:
+            return None
+        if nxt == address:
+            return tuple(ring)
+        if nxt == 0 or nxt % 16 or nxt in ring or image.contains(nxt):
+            return None
+        ring.append(nxt)
+        current = nxt
+    return None
+
+
+def find_main_arena(mem: Memory, image: LibcImage, preferred: tuple[int, int] | None = None
+                    ) -> ArenaCandidate | None:
+    """main_arena from the bin-127 self-links, trying PREFERRED's layout family first."""
+    families = list(ARENA_FAMILIES)
+    if preferred is not None:
+        own = next(f for f in families if preferred >= f)
+        families.remove(own)
+        families.insert(0, own)
+    ys = scan_bin127(mem, image)
+    for family in families:
+        layout = layout_for(family)
+        for y in reversed(ys):
+            address = y - _BIN127_SLOT - layout.off_bins
+            ring = _valid_arena(mem, layout, address, image)
+            if ring is not None:
+                return ArenaCandidate(address, family, ring)
+    return None
+
+
+def _mp_values(raw: bytes, layout: Layout, at: int) -> dict[str, int]:
+    return {name: struct.unpack_from("<i" if name in MP_INT_FIELDS else "<Q", raw, at + off)[0]
+            for name, off in layout.mp.items()}
+
+
+def _pow2_or_zero(v: int) -> bool:
+    return v == 0 or (v >= _PAGE and v & (v - 1) == 0)
+
+
+def _mp_score(v: dict[str, int], main_top: int | None) -> int | None:
+    """None if V cannot be a malloc_par; else how many fields hold typical values."""
+    if not (1 <= v["arena_test"] <= 1 << 16 and v["arena_max"] <= 1 << 20 and v["mmap_threshold"] <= 1 << 26
+            and v["top_pad"] < 1 << 40 and v["trim_threshold"] < 1 << 62):
+        return None
+    if not (0 <= v["n_mmaps"] <= v["max_n_mmaps"] and v["n_mmaps_max"] >= 0 and v["no_dyn_threshold"] in (0, 1)):
+        return None
+    if v["mmapped_mem"] % _PAGE or v["mmapped_mem"] > v["max_mmapped_mem"] or v["max_mmapped_mem"] % _PAGE:
+        return None
+    if (v["n_mmaps"] == 0) != (v["mmapped_mem"] == 0) or v["sbrk_base"] % 16:
+        return None
+    if "tcache_bins" in v and not (1 <= v["tcache_bins"] <= 76 and v["tcache_max_bytes"] <= (4 << 20) + 64
+                                   and v["tcache_count"] <= 0xFFFF and v["tcache_unsorted_limit"] < 1 << 32):
+        return None
+    if "hp_pagesize" in v and not (_pow2_or_zero(v["hp_pagesize"]) and _pow2_or_zero(v["thp_pagesize"])
+                                   and v["hp_flags"] >= 0):
+        return None
+    if "thp_mode" in v and not 0 <= v["thp_mode"] <= 3:
+        return None
+    score = sum((v["top_pad"] == 0x20000, v["arena_test"] == 8, v["n_mmaps_max"] == 65536,
+                 v.get("tcache_bins") == 64, v.get("tcache_count") in (7, 16), v["max_n_mmaps"] >= v["n_mmaps"] > 0))
+    if main_top and v["sbrk_base"] and v["sbrk_base"] <= main_top < v["sbrk_base"] + (1 << 40):
+        score += 2
+    return score
+
+
+def find_mp(mem: Memory, image: LibcImage, main_arena: int, variants: list[tuple[int, int]],
+            main_top: int | None, window: int = 0x4000) -> tuple[int, tuple[int, int]] | None:
+    """(address, mp_ layout variant) of the best-scoring malloc_par within WINDOW bytes of main_arena."""
+    best: tuple[int, int, int, tuple[int, int]] | None = None
+    for seg in image.writable():
+        lo = max(seg.address, main_arena - window) & ~7
+        hi = min(seg.end, main_arena + window)
+        if lo >= hi:
+            continue
+        raw = _read_segment(mem, lo, hi - lo)
+        for variant in variants:
+            layout = layout_for(variant)
+            for at in range(0, len(raw) - layout.mp_size + 1, 8):
+                address = lo + at
+                if address <= main_arena < address + layout.mp_size:
+                    continue
+                score = _mp_score(_mp_values(raw, layout, at), main_top)
+                if score is None or score < 3:
+                    continue
+                key = (score, -abs(main_arena - address), address, variant)
+                if best is None or key[:2] > best[:2]:
+                    best = key
+    return (best[2], best[3]) if best else None
+
+
+def tls_candidates(mem: Memory, image: LibcImage, limit: int = 1 << 20) -> list[int]:
+    """Every distinct negative 8-aligned word above -LIMIT in libc's writable segments: possible TLS offsets."""
+    out: set[int] = set()
+    for seg in image.writable():
+        start = seg.address & ~7
+        data = _read_segment(mem, start, seg.end - start)
+        for (word,) in struct.iter_unpack("<q", data[:len(data) // 8 * 8]):
+            if -limit < word < 0 and word % 8 == 0:
+                out.add(word)
+    return sorted(out, reverse=True)
+
+
+def pick_tls_offset(mem: Memory, fs_bases: list[int], candidates: list[int], classify) -> tuple[int, int] | None:
+    """The candidate offset under which the most threads' values classify as 'valid' and none as 'invalid'.
+
+    CLASSIFY(value) returns 'valid', 'none' (a value the variable may hold
+    when unused, like NULL) or 'invalid'.  Returns (offset, threads valid).
+    """
+    best = None
+    for tpoff in candidates:
+        valid = 0
+        for fs in fs_bases:
+            try:
+                verdict = classify(u64(mem, fs + tpoff))
+            except ReadError:
+                verdict = "invalid"
+            if verdict == "invalid":
+                valid = -1
+                break
+            valid += verdict == "valid"
+        if valid > 0 and (best is None or valid > best[1]):
+            best = (tpoff, valid)
+    return best
+
+
+def tcache_chunk_size(mem: Memory, pointer: int) -> int | None:
+    """Chunk size of the allocation whose user memory starts at POINTER (None if unreadable)."""
+    try:
+        return u64(mem, pointer - 8) & ~SIZE_BITS
+    except ReadError:
+        return None
+
+
+def heap_info_size_of(arena: int) -> int:
+    """sizeof(heap_info) implied by a thread arena's address (it sits right after its heap's heap_info)."""
+    return arena % _PAGE
