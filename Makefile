@@ -3,18 +3,21 @@
 #   make test   the test suite (reproducer cores are captured on the way)
 
 SHELL := /bin/bash
-DEB_PACKAGES := gdb gcc make libc6-dbg libc6-dev python3 python3-venv util-linux
+DEB_PACKAGES := gdb gcc make libc6-dbg libc6-dev python3 python3-venv util-linux debian-archive-keyring
 # gdb embeds the system Python: the virtualenv is made with that interpreter, so
 # gdbinit can put its site-packages on gdb's sys.path.
 SYSTEM_PYTHON := /usr/bin/python3
 VENV := .venv
 PY := $(VENV)/bin/python
 BUILD := build
-CORES := $(BUILD)/cores/system
+CORES := $(BUILD)/cores
+SYSROOTS := $(BUILD)/sysroots
+# Debian suites whose glibc the tests also run under (see cores/sysroots.py)
+SUITES := bullseye trixie sid
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 PYTEST_ARGS ?=
 
-.PHONY: all deps venv cores demo test unit clean distclean
+.PHONY: all deps venv sysroots cores demo test unit clean distclean
 
 all: test
 
@@ -38,8 +41,14 @@ $(VENV)/.installed: pyproject.toml | $(BUILD)/.deps
 	$(PY) -m pip install -q -e '.[test]'
 	@touch $@
 
-cores: venv
-	$(PY) cores/harness.py $(CORES) --bindir $(BUILD)/bin
+# Debian's libc6/libc6-dbg of each suite, downloaded once (cached in ~/.cache/heapwalk) and unpacked.
+sysroots: venv
+	$(PY) cores/sysroots.py $(SYSROOTS) $(SUITES)
+
+# Every reproducer's core under the system glibc and under each sysroot's.
+cores: sysroots
+	$(PY) cores/harness.py $(CORES)/system --bindir $(BUILD)/bin
+	@for s in $(SUITES); do $(PY) cores/harness.py $(CORES)/$$s --bindir $(BUILD)/bin --glibc $$s || exit 1; done
 
 demo: venv
 	@$(PY) cores/harness.py $(BUILD)/demo --bindir $(BUILD)/bin thread_arenas

@@ -123,7 +123,7 @@ def _walk_free_list(mem: Memory, disc: Discovery, arenas: list[int]) -> tuple[se
                 a = u64(mem, a + layout.off_next_free)
         except ReadError as exc:
             walk.fail(disc.free_list_address, f"cannot read the free list: {exc}")
-        return members, walk.findings, "symbol free_list"
+        return members, walk.findings, f"symbol free_list at {disc.free_list_address:#x}"
     if layout.off_attached_threads is None:
         return set(), [], "unknown"
     members = set()

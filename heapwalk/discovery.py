@@ -292,8 +292,6 @@ def discover(mem: Memory, symbols: SymbolSource, overrides: Overrides | None = N
 
     thread_arena_tpoff = _find_thread_arena_tpoff(search, ring, layout)
     free_list = symbols.data_address("free_list")
-    if free_list is not None:
-        search.fact("free_list", free_list, "symbol free_list")
     heap_max = _heap_max_size(search, layout, mp_address, ring)
     return Discovery(version=layout.version, layout=layout, main_arena=main_arena, mp_address=mp_address,
                      tcache_tpoff=tcache_tpoff, thread_arena_tpoff=thread_arena_tpoff,
@@ -391,7 +389,7 @@ def _classify_tcache(search: _Search, expected: set[int]):
             return "none"  # not created yet, or 2.43's read-only dummy
         if value % 16:
             return "invalid"
-        size = heuristics.tcache_chunk_size(search.mem, value)
+        size = heuristics.tcache_struct_chunk(heuristics.tcache_chunk_size(search.mem, value))
         return "valid" if size in expected else "invalid"
     return classify
 
@@ -432,7 +430,7 @@ def _find_tcache_tpoff(search: _Search, layout: Layout | None) -> tuple[int | No
         except ReadError:
             continue
         if classify(value) == "valid":
-            sizes.add(heuristics.tcache_chunk_size(search.mem, value))
+            sizes.add(heuristics.tcache_struct_chunk(heuristics.tcache_chunk_size(search.mem, value)))
     if len(sizes) > 1:
         search.note(Severity.WARNING, 0, f"threads' tcache chunks have different sizes: {sorted(sizes)}")
     return tpoff, min(sizes) if sizes else None

@@ -26,7 +26,7 @@ from .layout import MP_INT_FIELDS, SIZE_BITS, Layout, layout_for
 from .memory import Memory, ReadError, u64
 
 __all__ = ["ARENA_FAMILIES", "MP_VARIANTS", "ArenaCandidate", "scan_bin127", "find_main_arena", "find_mp",
-           "tls_candidates", "pick_tls_offset", "TCACHE_CHUNK_SIZES", "heap_info_size_of"]
+           "tls_candidates", "pick_tls_offset", "TCACHE_CHUNK_SIZES", "heap_info_size_of", "tcache_struct_chunk"]
 
 #: one representative version per malloc_state layout, newest first
 ARENA_FAMILIES = ((2, 43), (2, 27), (2, 23), (2, 17))
@@ -233,6 +233,17 @@ def tcache_chunk_size(mem: Memory, pointer: int) -> int | None:
         return u64(mem, pointer - 8) & ~SIZE_BITS
     except ReadError:
         return None
+
+
+def tcache_struct_chunk(size: int | None) -> int | None:
+    """The tcache struct chunk size (a `TCACHE_CHUNK_SIZES` key) that a chunk of SIZE can hold, if any.
+
+    malloc hands out a whole free chunk when the remainder would be smaller
+    than MINSIZE, so the struct's chunk may be up to 16 bytes larger.
+    """
+    if size is None:
+        return None
+    return next((base for base in TCACHE_CHUNK_SIZES if base <= size < base + 32), None)
 
 
 def heap_info_size_of(arena: int) -> int:

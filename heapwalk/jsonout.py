@@ -94,7 +94,8 @@ def state_to_json(state: HeapState, arenas: Iterable[int] | None = None, kinds: 
     return {
         "schema_version": SCHEMA_VERSION,
         "target": state.target,
-        "glibc": {"version": state.version_text, "layout": state.layout_name},
+        "glibc": {"version": state.version_text, "layout": state.layout_name,
+                  "decoded_as": "%d.%d" % state.glibc_version},
         "main_arena": state.main_arena,
         "discovery": facts,
         "mp": None if state.mp is None else {"address": state.mp.address, **state.mp.values},

@@ -1,11 +1,20 @@
-"""Shared fixtures: reproducer cores (captured once per session) and gdb runs."""
+"""Shared fixtures: the glibc matrix, reproducer cores (captured once), and gdb runs.
+
+A *glibc* here is "system" (the machine's own libc, with libc6-dbg) or a
+Debian suite from `sysroots.SUITES`, unpacked under build/sysroots by
+``make sysroots``.  Every reproducer is captured under every glibc into
+build/cores/GLIBC/NAME, and heapwalk's JSON for each core is computed with
+debug symbols and with them hidden.
+"""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -15,31 +24,73 @@ sys.path.insert(0, str(ROOT / "cores"))
 sys.path.insert(0, str(ROOT / "tests"))
 
 import harness  # noqa: E402
+import sysroots  # noqa: E402
 
-CORES = Path(os.environ.get("HEAPWALK_CORES", ROOT / "build" / "cores" / "system"))
-BINDIR = ROOT / "build" / "bin"
+BUILD = ROOT / "build"
+CORES = Path(os.environ.get("HEAPWALK_CORES", BUILD / "cores"))
+SYSROOTS = BUILD / "sysroots"
+BINDIR = BUILD / "bin"
 GDBINIT = ROOT / "gdbinit"
+GLIBCS = ("system", *sysroots.SUITES)
+NO_SYMBOLS = "set debug-file-directory /nonexistent"
 
 
-def _fresh(name: str) -> bool:
-    d = CORES / name
-    needed = [d / "core", d / "malloc_info.xml", d / "ledger.json", d / "meta.json"]
+@dataclass(frozen=True)
+class Glibc:
+    """One glibc of the matrix: the system's, or a Debian sysroot."""
+
+    name: str
+    sysroot: sysroots.Sysroot | None
+
+    @property
+    def version(self) -> str:
+        return self.sysroot.version if self.sysroot is not None else _system_version()
+
+    def gdb_settings(self, symbols: bool) -> list[str]:
+        """gdb -iex settings that open this glibc's cores, with or without its debug symbols."""
+        out = [] if symbols else [NO_SYMBOLS]
+        if self.sysroot is not None:
+            libdir = self.sysroot.libdir
+            if symbols:
+                out.append(f"set debug-file-directory {self.sysroot.debug_dir}")
+            out += [f"set solib-search-path {libdir}", f"set libthread-db-search-path {libdir}",
+                    "set auto-load safe-path /"]
+        return out
+
+
+@functools.cache
+def _system_version() -> str:
+    import ctypes
+    libc = ctypes.CDLL("libc.so.6")
+    libc.gnu_get_libc_version.restype = ctypes.c_char_p
+    return libc.gnu_get_libc_version().decode()
+
+
+@functools.cache
+def glibc(name: str) -> Glibc:
+    if name == "system":
+        return Glibc(name, None)
+    return Glibc(name, sysroots.prepare(SYSROOTS, name))
+
+
+def _fresh(directory: Path, name: str) -> bool:
+    needed = [directory / f for f in ("core", "malloc_info.xml", "ledger.json", "meta.json")]
     if not all(p.exists() for p in needed):
         return False
-    sources = [ROOT / "cores" / f"{name}.c", ROOT / "cores" / "hw.c", ROOT / "cores" / "hw.h"]
+    sources = [ROOT / "cores" / f"{name}.c", ROOT / "cores" / "hw.c", ROOT / "cores" / "hw.h",
+               ROOT / "cores" / "harness.py"]
     return min(p.stat().st_mtime for p in needed) >= max(p.stat().st_mtime for p in sources)
 
 
-@pytest.fixture(scope="session")
-def cores() -> dict[str, harness.Capture]:
-    """Every reproducer's capture (taken now unless 'make cores' left fresh ones)."""
-    out = {}
-    for name in harness.REPRODUCERS:
-        if not _fresh(name):
-            harness.capture(name, CORES, BINDIR)
-        meta = json.loads((CORES / name / "meta.json").read_text())
-        out[name] = harness.Capture(name=name, directory=CORES / name, exe=Path(meta["exe"]), pid=meta["pid"])
-    return out
+@functools.cache
+def capture(glibc_name: str, name: str) -> harness.Capture:
+    """Reproducer NAME's capture under GLIBC_NAME (taken now unless a fresh one exists)."""
+    g = glibc(glibc_name)
+    outdir = CORES / glibc_name
+    if not _fresh(outdir / name, name):
+        harness.capture(name, outdir, BINDIR, sysroot=g.sysroot)
+    meta = json.loads((outdir / name / "meta.json").read_text())
+    return harness.Capture(name=name, directory=outdir / name, exe=Path(meta["exe"]), pid=meta["pid"])
 
 
 def run_gdb(target_args: list[str], commands: list[str], iex: list[str] = (), timeout: float = 300,
@@ -67,7 +118,24 @@ def heapwalk_json(target_args: list[str], tmp_path: Path, iex: list[str] = ()) -
 
 
 @pytest.fixture(scope="session")
-def core_json(cores, tmp_path_factory) -> dict[str, dict]:
-    """heapwalk's JSON for every reproducer core, computed once."""
+def json_of(tmp_path_factory):
+    """json_of(glibc, name, symbols) -> heapwalk's JSON for that core, computed once."""
     tmp = tmp_path_factory.mktemp("json")
-    return {name: heapwalk_json([str(c.exe), str(c.core)], tmp) for name, c in cores.items()}
+
+    @functools.cache
+    def compute(glibc_name: str, name: str, symbols: bool = True) -> dict:
+        c = capture(glibc_name, name)
+        return heapwalk_json([str(c.exe), str(c.core)], tmp, iex=glibc(glibc_name).gdb_settings(symbols))
+    return compute
+
+
+@pytest.fixture(scope="session")
+def cores() -> dict[str, harness.Capture]:
+    """The system glibc's capture of every reproducer."""
+    return {name: capture("system", name) for name in harness.REPRODUCERS}
+
+
+@pytest.fixture(scope="session")
+def core_json(cores, json_of) -> dict[str, dict]:
+    """heapwalk's JSON (with symbols) for every reproducer core of the system glibc."""
+    return {name: json_of("system", name) for name in cores}

@@ -37,7 +37,7 @@ def parse_malloc_info(path) -> dict[str, Any]:
 
 
 def _version(doc) -> tuple[int, int]:
-    major, minor = doc["glibc"]["version"].split(".")
+    major, minor = doc["glibc"]["decoded_as"].split(".")
     return int(major), int(minor)
 
 

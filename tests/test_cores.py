@@ -1,4 +1,8 @@
-"""heapwalk on real reproducer cores, checked against glibc's malloc_info and the ledgers."""
+"""heapwalk on real reproducer cores of every glibc of the matrix, checked against malloc_info and the ledgers.
+
+Each check runs on every reproducer under every glibc ("system" and the Debian
+sysroots), once with libc's debug symbols and once with them hidden.
+"""
 
 from __future__ import annotations
 
@@ -6,30 +10,45 @@ import json
 
 import pytest
 
-from conftest import run_gdb
+from conftest import GLIBCS, capture, glibc, run_gdb
 from harness import REPRODUCERS
 from oracle import malloc_info_view, parse_malloc_info
 
 pytestmark = pytest.mark.cores
 
+CASES = [pytest.param(g, n, id=f"{g}-{n}") for g in GLIBCS for n in REPRODUCERS]
+SYMBOLS = [pytest.param(True, id="symbols"), pytest.param(False, id="nosymbols")]
 
-def _ledger(cores, name):
-    return json.loads(cores[name].ledger.read_text())
+
+def _ledger(glibc_name, name):
+    return json.loads(capture(glibc_name, name).ledger.read_text())
 
 
-@pytest.mark.parametrize("name", REPRODUCERS)
-def test_arenas_and_system_mem_match_malloc_info(cores, core_json, name):
-    expected = parse_malloc_info(cores[name].malloc_info)
-    doc = core_json[name]
+def _malloc_info(glibc_name, name):
+    return parse_malloc_info(capture(glibc_name, name).malloc_info)
+
+
+def _version(doc) -> tuple[int, int]:
+    major, minor = doc["glibc"]["decoded_as"].split(".")
+    return int(major), int(minor)
+
+
+@pytest.mark.parametrize("symbols", SYMBOLS)
+@pytest.mark.parametrize("g,name", CASES)
+def test_arenas_and_system_mem_match_malloc_info(json_of, g, name, symbols):
+    expected = _malloc_info(g, name)
+    doc = json_of(g, name, symbols)
+    assert doc["glibc"]["version"] == glibc(g).version
     assert [a["number"] for a in doc["arenas"]] == [h["nr"] for h in expected["heaps"]]
     assert [a["system_mem"] for a in doc["arenas"]] == [h["system"]["current"] for h in expected["heaps"]]
     assert [a["max_system_mem"] for a in doc["arenas"]] == [h["system"]["max"] for h in expected["heaps"]]
 
 
-@pytest.mark.parametrize("name", REPRODUCERS)
-def test_every_bin_of_every_arena_matches_malloc_info(cores, core_json, name):
-    expected = parse_malloc_info(cores[name].malloc_info)
-    got = malloc_info_view(core_json[name])
+@pytest.mark.parametrize("symbols", SYMBOLS)
+@pytest.mark.parametrize("g,name", CASES)
+def test_every_bin_of_every_arena_matches_malloc_info(json_of, g, name, symbols):
+    expected = _malloc_info(g, name)
+    got = malloc_info_view(json_of(g, name, symbols))
     for want, have in zip(expected["heaps"], got["heaps"]):
         assert have["sizes"] == want["sizes"], f"heap {want['nr']}: bin lines differ"
         assert have["totals"] == want["totals"], f"heap {want['nr']}: fast/rest totals differ"
@@ -37,9 +56,10 @@ def test_every_bin_of_every_arena_matches_malloc_info(cores, core_json, name):
     assert got == expected
 
 
-@pytest.mark.parametrize("name", REPRODUCERS)
-def test_walks_are_complete_and_clean(core_json, name):
-    doc = core_json[name]
+@pytest.mark.parametrize("symbols", SYMBOLS)
+@pytest.mark.parametrize("g,name", CASES)
+def test_walks_are_complete_and_clean(json_of, g, name, symbols):
+    doc = json_of(g, name, symbols)
     assert doc["findings"] == []
     for arena in doc["arenas"]:
         assert arena["findings"] == [], arena["findings"]
@@ -48,10 +68,11 @@ def test_walks_are_complete_and_clean(core_json, name):
             assert thread["tcache"]["findings"] == []
 
 
-@pytest.mark.parametrize("name", REPRODUCERS)
-def test_tcache_of_every_thread_matches_the_ledger(cores, core_json, name):
-    ledger = _ledger(cores, name)
-    threads = {t["lwp"]: t for t in core_json[name]["threads"]}
+@pytest.mark.parametrize("symbols", SYMBOLS)
+@pytest.mark.parametrize("g,name", CASES)
+def test_tcache_of_every_thread_matches_the_ledger(json_of, g, name, symbols):
+    ledger = _ledger(g, name)
+    threads = {t["lwp"]: t for t in json_of(g, name, symbols)["threads"]}
     assert len(threads) == len(ledger["threads"]), "every live thread is in the ledger and in the core"
     for lt in ledger["threads"]:
         t = threads[lt["tid"]]
@@ -62,10 +83,11 @@ def test_tcache_of_every_thread_matches_the_ledger(cores, core_json, name):
             assert b["count"] == len(b["entries"])
 
 
-@pytest.mark.parametrize("name", REPRODUCERS)
-def test_each_thread_uses_the_arena_its_chunks_came_from(cores, core_json, name):
-    ledger = _ledger(cores, name)
-    doc = core_json[name]
+@pytest.mark.parametrize("symbols", SYMBOLS)
+@pytest.mark.parametrize("g,name", CASES)
+def test_each_thread_uses_the_arena_its_chunks_came_from(json_of, g, name, symbols):
+    ledger = _ledger(g, name)
+    doc = json_of(g, name, symbols)
     arenas = {a["address"]: a for a in doc["arenas"]}
     threads = {t["lwp"]: t for t in doc["threads"]}
     for lt in ledger["threads"]:
@@ -75,39 +97,77 @@ def test_each_thread_uses_the_arena_its_chunks_came_from(cores, core_json, name)
             assert any(h["address"] <= lt["held"] < h["address"] + h["size"] for h in arena["heaps"])
 
 
-def test_bins_core_has_every_kind_of_free_list(core_json):
-    (arena,) = core_json["bins"]["arenas"]
+def _without_found_by(doc: dict) -> dict:
+    doc = json.loads(json.dumps(doc))
+    doc["discovery"] = {k: v["value"] for k, v in doc["discovery"].items()}
+    return doc
+
+
+@pytest.mark.parametrize("g,name", CASES)
+def test_json_is_the_same_with_and_without_debug_symbols(json_of, g, name):
+    assert _without_found_by(json_of(g, name, False)) == _without_found_by(json_of(g, name, True))
+
+
+@pytest.mark.parametrize("g", GLIBCS)
+def test_heuristics_find_what_the_symbols_find(json_of, g):
+    with_symbols, without = json_of(g, "thread_arenas", True), json_of(g, "thread_arenas", False)
+    sym, heur = with_symbols["discovery"], without["discovery"]
+    assert sym["main_arena"]["found_by"] == "symbol main_arena"
+    assert heur["main_arena"]["found_by"].startswith("bin-127 self-link scan")
+    assert sym["mp_"]["found_by"] == "symbol mp_"
+    assert heur["mp_"]["found_by"].startswith("malloc_par signature near main_arena")
+    assert heur["glibc_version"]["found_by"].startswith("banner in libc's read-only data")
+    assert "symbol" not in json.dumps(heur)
+    for key in ("main_arena", "mp_", "tcache_tls_offset", "thread_arena_tls_offset", "glibc_version"):
+        assert heur[key]["value"] == sym[key]["value"], key
+    assert [t["tcache_pointer"] for t in without["threads"]] == [t["tcache_pointer"] for t in with_symbols["threads"]]
+    assert all(t["tcache_pointer"] for t in without["threads"][1:]), "every worker has a tcache"
+
+
+@pytest.mark.parametrize("g", GLIBCS)
+def test_bins_core_has_every_kind_of_free_list(json_of, g):
+    doc = json_of(g, "bins")
+    fill = _ledger(g, "bins")["tcache_fill"]
+    (arena,) = doc["arenas"]
     bins = arena["bins"]
-    assert [fb["count"] for fb in bins["fast"] if fb["count"]] == [5, 3]
+    if _version(doc) < (2, 43):
+        assert [fb["count"] for fb in bins["fast"] if fb["count"]] == [5, 3]
+    else:
+        assert bins["fast"] == [], "glibc 2.43 has no fastbins"
     assert bins["unsorted"]["count"] == 3
     assert len(bins["small"]) >= 2
     large65 = next(b for b in bins["large"] if b["index"] == 65)
     assert large65["count"] == 4 and large65["min_size"] == 0x440 and large65["max_size"] == 0x470
     assert arena["last_remainder"] in bins["unsorted"]["chunks"]
-    (main,) = core_json["bins"]["threads"]
+    (main,) = doc["threads"]
     counts = {b["chunk_size"]: b["count"] for b in main["tcache"]["bins"]}
-    assert counts[0x20] == 7 and 0 < counts[0x30] < 7
+    assert counts[0x20] == fill and 0 < counts[0x30] < fill
 
 
-def test_thread_arenas_core_has_eight_thread_arenas_with_free_chunks(core_json):
-    thread_arenas = [a for a in core_json["thread_arenas"]["arenas"] if a["kind"] == "thread"]
+@pytest.mark.parametrize("g", GLIBCS)
+def test_thread_arenas_core_has_eight_thread_arenas_with_free_chunks(json_of, g):
+    thread_arenas = [a for a in json_of(g, "thread_arenas")["arenas"] if a["kind"] == "thread"]
     assert len(thread_arenas) == 8
     with_free = [a for a in thread_arenas if a["bins"]["unsorted"]["count"] + len(a["bins"]["small"])
                  + len(a["bins"]["large"]) > 0]
     assert len(with_free) >= 4
 
 
-def test_second_heap_arena_has_two_heaps_chained_by_prev(core_json):
-    (arena,) = [a for a in core_json["second_heap"]["arenas"] if a["kind"] == "thread"]
+@pytest.mark.parametrize("g", GLIBCS)
+def test_second_heap_arena_has_two_heaps_chained_by_prev(json_of, g):
+    doc = json_of(g, "second_heap")
+    (arena,) = [a for a in doc["arenas"] if a["kind"] == "thread"]
     newest, oldest = arena["heaps"]
     assert newest["prev"] == oldest["address"] and oldest["prev"] == 0
-    assert oldest["address"] + 0x30 == arena["address"]
+    heap_info_size = 0x30 if _version(doc) >= (2, 35) else 0x20
+    assert oldest["address"] + heap_info_size == arena["address"]
     assert arena["system_mem"] == newest["size"] + oldest["size"]
 
 
-def test_many_arenas_core_reaches_the_limit_and_shares_arenas(cores, core_json):
-    ledger = _ledger(cores, "many_arenas")
-    doc = core_json["many_arenas"]
+@pytest.mark.parametrize("g", GLIBCS)
+def test_many_arenas_core_reaches_the_limit_and_shares_arenas(json_of, g):
+    ledger = _ledger(g, "many_arenas")
+    doc = json_of(g, "many_arenas")
     assert len(doc["arenas"]) == ledger["facts"]["arena_limit"]
     attached = [a["attached_threads"] for a in doc["arenas"] if a["kind"] == "thread"]
     assert max(attached) > 1, "some arenas are shared by several threads"
@@ -120,20 +180,27 @@ def test_many_arenas_core_reaches_the_limit_and_shares_arenas(cores, core_json):
             assert a["on_free_list"] == (a["attached_threads"] == 0)
 
 
-def test_mmapped_core_moved_the_dynamic_threshold(cores, core_json):
-    mp = core_json["mmapped"]["mp"]
-    ledger = _ledger(cores, "mmapped")
+@pytest.mark.parametrize("g", GLIBCS)
+def test_mmapped_core_moved_the_dynamic_threshold(json_of, g):
+    mp = json_of(g, "mmapped")["mp"]
+    ledger = _ledger(g, "mmapped")
     assert mp["n_mmaps"] == len(ledger["mmapped"])
     assert mp["mmap_threshold"] > 512 * 1024 > ledger["facts"]["heap_allocated_request"] - 1
     assert mp["trim_threshold"] == 2 * mp["mmap_threshold"]
     assert mp["no_dyn_threshold"] == 0
 
 
-def test_small_vectors_core_has_full_fastbins_and_tcache(core_json):
-    (arena,) = core_json["small_vectors"]["arenas"]
-    assert sum(fb["count"] for fb in arena["bins"]["fast"]) > 1000
-    (main,) = core_json["small_vectors"]["threads"]
-    assert any(b["count"] == 7 for b in main["tcache"]["bins"])
+@pytest.mark.parametrize("g", GLIBCS)
+def test_small_vectors_core_has_full_free_lists(json_of, g):
+    doc = json_of(g, "small_vectors")
+    fill = _ledger(g, "small_vectors")["tcache_fill"]
+    (arena,) = doc["arenas"]
+    if _version(doc) < (2, 43):
+        assert sum(fb["count"] for fb in arena["bins"]["fast"]) > 1000
+    else:
+        assert sum(b["count"] for b in arena["bins"]["small"]) > 1000, "2.43 frees small chunks to the bins"
+    (main,) = doc["threads"]
+    assert any(b["count"] == fill for b in main["tcache"]["bins"])
 
 
 def test_tables_read_well_in_a_batch_log(cores):
