@@ -484,20 +484,36 @@ void hw_wait_arrivals(int n)
             ;
 }
 
-struct spawn_arg { void *(*fn)(void *); void *arg; };
+struct spawn_arg { void *(*fn)(void *); void *arg; int learn; };
 static struct spawn_arg spawn_args[HW_MAX_THREADS];
 static int nspawned;
 
 static void *trampoline(void *a)
 {
     struct spawn_arg *s = a;
-    learn_key();
+    if (s->learn)
+        learn_key();
     void *r = s->fn(s->arg);
     me()->exited = 1;
     return r;
 }
 
-void hw_spawn(void *(*fn)(void *), void *arg)
+static void *bystander(void *arg)
+{
+    (void)arg;
+    struct thread_rec *t = me();
+    snprintf(t->label, sizeof t->label, "bystander");
+    t->in_ledger = 1; /* no key, no held chunk, an empty tcache: it never touched malloc */
+    hw_arrive();
+    hw_park();
+}
+
+static void spawn(void *(*fn)(void *), void *arg, int learn);
+
+void hw_spawn(void *(*fn)(void *), void *arg) { spawn(fn, arg, 1); }
+void hw_spawn_bystander(void) { spawn(bystander, NULL, 0); }
+
+static void spawn(void *(*fn)(void *), void *arg, int learn)
 {
     pthread_attr_t attr;
     pthread_t th;
@@ -508,6 +524,7 @@ void hw_spawn(void *(*fn)(void *), void *arg)
     pthread_mutex_unlock(&lock);
     s->fn = fn;
     s->arg = arg;
+    s->learn = learn;
     pthread_attr_init(&attr);
     pthread_attr_setstacksize(&attr, 256 * 1024);
     pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);

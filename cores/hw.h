@@ -76,4 +76,9 @@ void hw_wait_arrivals(int n);
  * learns its tcache key before `fn` runs. */
 void hw_spawn(void *(*fn)(void *), void *arg);
 
+/* Starts a thread that never calls malloc or free, then arrives and parks:
+ * glibc gives it no arena and no tcache (a NULL tcache pointer, or from 2.43
+ * one to libc's read-only dummy).  The ledger lists it with held = 0. */
+void hw_spawn_bystander(void);
+
 #endif

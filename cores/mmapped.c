@@ -3,7 +3,8 @@
  * Four chunks are mmapped at the default 128 KiB threshold.  Freeing a 512 KiB
  * mmapped chunk raises the dynamic threshold (and the trim threshold) to its
  * size, so a later 400 KiB request comes from the heap instead.  A worker
- * thread, started first, holds an mmapped chunk too.
+ * thread, started first, holds an mmapped chunk too.  A bystander thread never
+ * touches malloc, so it has no arena and no tcache.
  */
 #include "hw.h"
 
@@ -26,7 +27,8 @@ int main(int argc, char **argv)
     hw_init(argc, argv, "mmapped");
     /* the worker's chunk is mmapped at the default threshold, before it moves */
     hw_spawn(worker, NULL);
-    hw_wait_arrivals(1);
+    hw_spawn_bystander();
+    hw_wait_arrivals(2);
     static const size_t keep_sizes[] = { 200 * 1024, 1024 * 1024, 2 * 1024 * 1024 + 123, 160 * 1024 };
     for (int i = 0; i < 4; i++) {
         void *p = hw_malloc(keep_sizes[i]);

@@ -159,7 +159,7 @@ def _thread(mem: Memory, disc: Discovery, regs: ThreadRegs, fill_count: int | No
                 arena = value
     if tcache_ptr and not disc.is_libc_address(tcache_ptr):
         tcache = walk_tcache(mem, disc.layout, tcache_ptr, fill_count)
-    return Thread(regs.number, regs.lwp, regs.fs_base or 0, arena or None, tcache_ptr, tcache), findings
+    return Thread(regs.number, regs.lwp, regs.fs_base or 0, arena or None, tcache_ptr or None, tcache), findings
 
 
 def collect(mem: Memory, disc: Discovery, threads: list[ThreadRegs], target: str = "") -> HeapState:

@@ -91,6 +91,9 @@ def test_each_thread_uses_the_arena_its_chunks_came_from(json_of, g, name, symbo
     arenas = {a["address"]: a for a in doc["arenas"]}
     threads = {t["lwp"]: t for t in doc["threads"]}
     for lt in ledger["threads"]:
+        if not lt["held"]:  # a bystander: never called malloc
+            assert threads[lt["tid"]]["arena"] is None
+            continue
         arena = arenas[threads[lt["tid"]]["arena"]]
         assert (arena["kind"] == "thread") == lt["non_main_arena"]
         if lt["non_main_arena"]:
@@ -188,6 +191,28 @@ def test_mmapped_core_moved_the_dynamic_threshold(json_of, g):
     assert mp["mmap_threshold"] > 512 * 1024 > ledger["facts"]["heap_allocated_request"] - 1
     assert mp["trim_threshold"] == 2 * mp["mmap_threshold"]
     assert mp["no_dyn_threshold"] == 0
+
+
+@pytest.mark.parametrize("symbols", SYMBOLS)
+@pytest.mark.parametrize("g", GLIBCS)
+def test_a_thread_that_never_called_malloc_has_no_tcache(json_of, g, symbols):
+    doc = json_of(g, "mmapped", symbols)
+    (bystander,) = [t for t in _ledger(g, "mmapped")["threads"] if t["label"] == "bystander"]
+    (thread,) = [t for t in doc["threads"] if t["lwp"] == bystander["tid"]]
+    assert thread["tcache"] is None and thread["arena"] is None
+    libc = doc["discovery"]["libc"]["value"]["base"]
+    if _version(doc) >= (2, 43):  # tcache points at libc's read-only dummy, never NULL
+        assert libc < thread["tcache_pointer"] < libc + (4 << 20)
+    else:
+        assert thread["tcache_pointer"] is None
+
+
+@pytest.mark.parametrize("g", GLIBCS)
+def test_2_43_creates_tcache_lazily_not_at_the_heap_start(json_of, g):
+    doc = json_of(g, "thread_arenas")
+    main = doc["threads"][0]
+    at_heap_start = main["tcache_pointer"] == doc["mp"]["sbrk_base"] + 0x10
+    assert at_heap_start == (_version(doc) < (2, 43))
 
 
 @pytest.mark.parametrize("g", GLIBCS)
