@@ -204,10 +204,21 @@ class _Search:
         return None, "libc's read-only pages are not in the core and its file is not available"
 
 
+_LAYOUT_PARTS = {"heap_info_size": "heap_info size", "safe_linking": "safe-linking", "mp": "mp_ layout",
+                 "mp_size": "mp_ layout", **{n: "tcache layout" for n in ("tcache_bins", "tcache_count_size",
+                                                                          "tcache_off_entries", "tcache_struct_size",
+                                                                          "tcache_counts_down")}}
+
+
 def _confirm_layout(layout: Layout, family: tuple[int, int], heap_info_size: int | None,
-                    tcache_chunk: int | None, search: _Search, version_known: bool) -> Layout:
+                    tcache_chunk: int | None, safe_linking: bool | None, mp_variant: tuple[int, int] | None,
+                    search: _Search, version_known: bool) -> Layout:
     """LAYOUT corrected by what memory shows; each correction of a known version is a finding."""
-    changes = {}
+    changes: dict = {}
+    if safe_linking is not None and safe_linking != layout.safe_linking:
+        changes["safe_linking"] = safe_linking
+    if mp_variant is not None and layout_for(mp_variant).mp != layout.mp:
+        changes.update(mp=layout_for(mp_variant).mp, mp_size=layout_for(mp_variant).mp_size)
     if layout_for(family).off_bins != layout.off_bins or layout_for(family).off_next != layout.off_next:
         fam = layout_for(family)
         changes.update({f.name: getattr(fam, f.name) for f in dataclasses.fields(Layout)
@@ -222,14 +233,15 @@ def _confirm_layout(layout: Layout, family: tuple[int, int], heap_info_size: int
     if not changes:
         return layout
     if version_known:
-        parts = ", ".join(sorted(changes))
+        parts = ", ".join(sorted({_LAYOUT_PARTS.get(name, "arena layout") for name in changes}))
         search.note(Severity.WARNING, 0, f"memory contradicts the glibc {_version_text(layout.version)} layout "
                     f"({parts}); decoding with what memory shows (a distribution backport?)")
     return dataclasses.replace(layout, **changes)
 
 
 def _version_from_memory(family: tuple[int, int], heap_info_size: int | None, tcache_chunk: int | None,
-                         mp_variant: tuple[int, int] | None) -> tuple[tuple[int, int], str]:
+                         mp_variant: tuple[int, int] | None, safe_linking: bool | None
+                         ) -> tuple[tuple[int, int], str]:
     """A representative version for what memory shows, and the range it stands for."""
     if family >= (2, 43):
         return (2, 43), "2.43+"
@@ -241,6 +253,10 @@ def _version_from_memory(family: tuple[int, int], heap_info_size: int | None, tc
         return (2, 41), "2.35-2.41"
     if tcache_chunk == 0x250:
         return (2, 29), "2.27-2.29"
+    if safe_linking is False:
+        return (2, 31), "2.30-2.31"
+    if safe_linking:
+        return (2, 34), "2.32-2.34"
     return (2, 34), "2.30-2.34"
 
 
@@ -275,8 +291,9 @@ def discover(mem: Memory, symbols: SymbolSource, overrides: Overrides | None = N
 
     mp_address, mp_variant = _find_mp(search, main_arena, family, layout if version else None, ring_layout)
     tcache_tpoff, tcache_chunk = _find_tcache_tpoff(search, layout if version else None)
+    safe_linking = _safe_linking(search, tcache_tpoff, tcache_chunk)
     if version is None:
-        version, label = _version_from_memory(family, heap_info_size, tcache_chunk, mp_variant)
+        version, label = _version_from_memory(family, heap_info_size, tcache_chunk, mp_variant, safe_linking)
         layout = layout_for(version)
         search.fact("glibc_version", None, f"not determined: {version_how}")
         search.fact("layout", f"glibc {label}", "memory: arena layout, heap_info size, tcache chunk size, mp_")
@@ -286,9 +303,7 @@ def discover(mem: Memory, symbols: SymbolSource, overrides: Overrides | None = N
         label = _version_text(version)
         search.fact("glibc_version", label, version_how)
         search.fact("layout", layout.name, f"glibc {label} layout table, checked against memory")
-    layout = _confirm_layout(layout, family, heap_info_size, tcache_chunk, search, known)
-    if mp_variant is not None and layout_for(mp_variant).mp != layout.mp:
-        layout = dataclasses.replace(layout, mp=layout_for(mp_variant).mp, mp_size=layout_for(mp_variant).mp_size)
+    layout = _confirm_layout(layout, family, heap_info_size, tcache_chunk, safe_linking, mp_variant, search, known)
 
     thread_arena_tpoff = _find_thread_arena_tpoff(search, ring, layout)
     free_list = symbols.data_address("free_list")
@@ -348,23 +363,22 @@ def _find_main_arena(search: _Search, version: tuple[int, int] | None) -> tuple[
 
 def _find_mp(search: _Search, main_arena: int, family: tuple[int, int], layout: Layout | None,
              ring_layout: Layout) -> tuple[int | None, tuple[int, int] | None]:
-    """mp_'s address and the mp_ layout variant memory matched (None when the symbol was used)."""
-    symbol = search.symbols.data_address("mp_")
-    if symbol is not None:
-        search.fact("mp_", symbol, "symbol mp_")
-        return symbol, None
-    if search.image is None:
-        search.unknown("mp_", "no libc image")
-        return None, None
+    """mp_'s address and the mp_ layout variant memory matched (None if memory did not tell)."""
+    variants = list(heuristics.MP_FOR_FAMILY[family])
     if layout is not None:
-        variants = [next(v for v in heuristics.MP_VARIANTS if layout.version >= v)]
-    else:
-        variants = [v for v in heuristics.MP_VARIANTS if next(f for f in heuristics.ARENA_FAMILIES if v >= f)
-                    == family or (family == (2, 27) and (2, 26) <= v < (2, 43))]
+        own = next(v for v in heuristics.MP_VARIANTS if layout.version >= v)
+        variants = [own] + [v for v in variants if v != own]
     try:
         top = u64(search.mem, main_arena + ring_layout.off_top)
     except ReadError:
         top = None
+    symbol = search.symbols.data_address("mp_")
+    if symbol is not None:
+        search.fact("mp_", symbol, "symbol mp_")
+        return symbol, heuristics.mp_variant_at(search.mem, symbol, variants, top)
+    if search.image is None:
+        search.unknown("mp_", "no libc image")
+        return None, None
     found = heuristics.find_mp(search.mem, search.image, main_arena, variants, top)
     if found is None:
         search.unknown("mp_", "no malloc_par-shaped data near main_arena")
@@ -434,6 +448,22 @@ def _find_tcache_tpoff(search: _Search, layout: Layout | None) -> tuple[int | No
     if len(sizes) > 1:
         search.note(Severity.WARNING, 0, f"threads' tcache chunks have different sizes: {sorted(sizes)}")
     return tpoff, min(sizes) if sizes else None
+
+
+def _safe_linking(search: _Search, tpoff: int | None, tcache_chunk: int | None) -> bool | None:
+    """Whether memory shows mangled tcache links (None if no thread's tcache holds an entry)."""
+    if tpoff is None or tcache_chunk not in heuristics.TCACHE_CHUNK_SIZES:
+        return None
+    shape = layout_for(heuristics.TCACHE_CHUNK_SIZES[tcache_chunk])
+    pointers = []
+    for fs in search.fs_bases:
+        try:
+            value = u64(search.mem, fs + tpoff)
+        except ReadError:
+            continue
+        if value and value % 16 == 0 and not (search.image and search.image.contains(value)):
+            pointers.append(value)
+    return heuristics.tcache_safe_linking(search.mem, pointers, shape.tcache_off_entries, shape.tcache_bins)
 
 
 def _find_thread_arena_tpoff(search: _Search, ring: list[int], layout: Layout) -> int | None:

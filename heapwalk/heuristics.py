@@ -25,13 +25,16 @@ from .elfmem import LibcImage
 from .layout import MP_INT_FIELDS, SIZE_BITS, Layout, layout_for
 from .memory import Memory, ReadError, u64
 
-__all__ = ["ARENA_FAMILIES", "MP_VARIANTS", "ArenaCandidate", "scan_bin127", "find_main_arena", "find_mp",
+__all__ = ["ARENA_FAMILIES", "MP_VARIANTS", "MP_FOR_FAMILY", "mp_variant_at", "tcache_safe_linking", "ArenaCandidate", "scan_bin127", "find_main_arena", "find_mp",
            "tls_candidates", "pick_tls_offset", "TCACHE_CHUNK_SIZES", "heap_info_size_of", "tcache_struct_chunk"]
 
 #: one representative version per malloc_state layout, newest first
 ARENA_FAMILIES = ((2, 43), (2, 27), (2, 23), (2, 17))
 #: one representative version per mp_ layout, newest first
 MP_VARIANTS = ((2, 43), (2, 35), (2, 26), (2, 24), (2, 17))
+#: the mp_ layouts that go with each malloc_state layout family
+MP_FOR_FAMILY = {(2, 43): ((2, 43),), (2, 27): ((2, 35), (2, 26)), (2, 23): ((2, 26), (2, 24), (2, 17)),
+                 (2, 17): ((2, 17),)}
 #: tcache_perthread_struct chunk size -> (layout name, a version with that struct)
 TCACHE_CHUNK_SIZES = {0x250: (2, 29), 0x290: (2, 30), 0x300: (2, 42)}
 _BIN127_SLOT = 16 * 126
@@ -190,6 +193,57 @@ def find_mp(mem: Memory, image: LibcImage, main_arena: int, variants: list[tuple
                 if best is None or key[:2] > best[:2]:
                     best = key
     return (best[2], best[3]) if best else None
+
+
+def mp_variant_at(mem: Memory, address: int, variants, main_top: int | None) -> tuple[int, int] | None:
+    """Which of VARIANTS (mp_ layouts) the malloc_par at ADDRESS fits best (first wins a tie); None if none fits."""
+    best = None
+    for variant in variants:
+        layout = layout_for(variant)
+        try:
+            raw = mem.read(address, layout.mp_size)
+        except ReadError:
+            continue
+        score = _mp_score(_mp_values(raw, layout, 0), main_top)
+        if score is not None and (best is None or score > best[0]):
+            best = (score, variant)
+    return best[1] if best else None
+
+
+def tcache_safe_linking(mem: Memory, tcaches: list[int], off_entries: int, nbins: int) -> bool | None:
+    """Whether tcache ``next`` links are mangled (safe-linking, 2.32+), from the first entries of TCACHES.
+
+    An entry's link is either a plain pointer (0 at the list end) or the
+    pointer XOR (entry address >> 12) (entry >> 12 at the list end).  None when
+    no tcache has an entry to tell by.
+    """
+    votes = [0, 0]  # plain, mangled
+    for tcache in tcaches:
+        try:
+            heads = struct.unpack(f"<{nbins}Q", mem.read(tcache + off_entries, 8 * nbins))
+        except ReadError:
+            continue
+        for entry in heads:
+            if not entry or entry % 16:
+                continue
+            try:
+                link = u64(mem, entry)
+            except ReadError:
+                continue
+            key = entry >> 12
+            if link == 0:
+                votes[0] += 1
+            elif link == key:
+                votes[1] += 1
+            elif (link ^ key) % 16 == 0 and abs((link ^ key) - entry) < 1 << 32:
+                votes[1] += 1
+            elif link % 16 == 0 and abs(link - entry) < 1 << 32:
+                votes[0] += 1
+            if sum(votes) >= 16:
+                break
+    if votes[0] == votes[1]:
+        return None
+    return votes[1] > votes[0]
 
 
 def tls_candidates(mem: Memory, image: LibcImage, limit: int = 1 << 20) -> list[int]:

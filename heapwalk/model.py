@@ -42,7 +42,8 @@ class Finding:
     message: str
 
     def __str__(self) -> str:
-        return f"{self.severity.value}: {self.structure} at {self.address:#x}: {self.message}"
+        where = f" at {self.address:#x}" if self.address else ""
+        return f"{self.severity.value}: {self.structure}{where}: {self.message}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -60,8 +60,8 @@ def header_text(state: HeapState) -> Text:
     by = {f.name: f.found_by for f in state.facts}
     text = Text()
     text.append(f"{state.target}\n" if state.target else "")
-    text.append(f"glibc {state.version_text} (version: {by.get('glibc_version', '?')}; "
-                f"main_arena {state.main_arena:#x}: {by.get('main_arena', '?')})\n")
+    text.append(f"glibc {state.version_text} (version: {by.get('glibc_version', '?')})\n")
+    text.append(f"main_arena {state.main_arena:#x} ({by.get('main_arena', '?')})\n")
     return text
 
 

@@ -82,13 +82,17 @@ def _fresh(directory: Path, name: str) -> bool:
     return min(p.stat().st_mtime for p in needed) >= max(p.stat().st_mtime for p in sources)
 
 
+#: variants of a capture: extra environment for the reproducer
+VARIANTS = {"": {}, "hugetlb": {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=2"}}
+
+
 @functools.cache
-def capture(glibc_name: str, name: str) -> harness.Capture:
+def capture(glibc_name: str, name: str, variant: str = "") -> harness.Capture:
     """Reproducer NAME's capture under GLIBC_NAME (taken now unless a fresh one exists)."""
     g = glibc(glibc_name)
-    outdir = CORES / glibc_name
+    outdir = CORES / (f"{glibc_name}-{variant}" if variant else glibc_name)
     if not _fresh(outdir / name, name):
-        harness.capture(name, outdir, BINDIR, sysroot=g.sysroot)
+        harness.capture(name, outdir, BINDIR, sysroot=g.sysroot, env=VARIANTS[variant])
     meta = json.loads((outdir / name / "meta.json").read_text())
     return harness.Capture(name=name, directory=outdir / name, exe=Path(meta["exe"]), pid=meta["pid"])
 
@@ -108,10 +112,10 @@ def run_gdb(target_args: list[str], commands: list[str], iex: list[str] = (), ti
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env)
 
 
-def heapwalk_json(target_args: list[str], tmp_path: Path, iex: list[str] = ()) -> dict:
-    """heapwalk's full JSON document for a target ('heapwalk arenas --json')."""
+def heapwalk_json(target_args: list[str], tmp_path: Path, iex: list[str] = (), before: list[str] = ()) -> dict:
+    """heapwalk's full JSON document for a target ('heapwalk arenas --json'), after the commands BEFORE."""
     out = tmp_path / f"heapwalk-{len(list(tmp_path.iterdir()))}.json"
-    result = run_gdb(target_args, [f"heapwalk arenas --json {out}"], iex=iex)
+    result = run_gdb(target_args, [*before, f"heapwalk arenas --json {out}"], iex=iex)
     assert out.exists(), f"heapwalk wrote no JSON:\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
     assert "Traceback" not in result.stdout + result.stderr
     return json.loads(out.read_text())
@@ -123,8 +127,8 @@ def json_of(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("json")
 
     @functools.cache
-    def compute(glibc_name: str, name: str, symbols: bool = True) -> dict:
-        c = capture(glibc_name, name)
+    def compute(glibc_name: str, name: str, symbols: bool = True, variant: str = "") -> dict:
+        c = capture(glibc_name, name, variant)
         return heapwalk_json([str(c.exe), str(c.core)], tmp, iex=glibc(glibc_name).gdb_settings(symbols))
     return compute
 
