@@ -277,7 +277,12 @@ def discover(mem: Memory, symbols: SymbolSource, overrides: Overrides | None = N
         except UnsupportedVersion as exc:
             raise DiscoveryError(str(exc)) from None
 
-    main_arena, family = _find_main_arena(search, version)
+    try:
+        main_arena, family = _find_main_arena(search, version)
+    except DiscoveryError as exc:
+        if version is None:
+            raise DiscoveryError(f"cannot tell which glibc this is ({version_how}), and {exc}") from None
+        raise
     if version is None and family is None:
         raise DiscoveryError(f"cannot tell which glibc this is ({version_how}) and memory shows no arena; "
                              "use 'set heapwalk glibc-version X.Y' and 'set heapwalk main-arena ADDRESS'")

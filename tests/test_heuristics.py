@@ -1,0 +1,154 @@
+"""Discovery without symbols on a synthetic process image: libc's ELF headers, main_arena, mp_, GOT, TLS."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+
+from heapwalk import x86
+from heapwalk.discovery import DiscoveryError, NoSymbols, Overrides, discover
+from heapwalk.elfmem import Mapping, find_libc
+from heapwalk.heuristics import tcache_safe_linking, tcache_struct_chunk
+from heapwalk.layout import layout_for
+from heapwalk.memory import ImageMemory
+from heapwalk.model import Severity
+
+BASE = 0x7F1230000000          # libc's first mapping
+DATA = BASE + 0x10000          # its writable segment
+MP = DATA + 0x800
+MAIN_ARENA = DATA + 0x1000
+GOT_TCACHE = DATA + 0x100
+HEAP = 0x555555559000
+TLS = 0x7F1240000000
+FS_BASE = TLS + 0x800
+TCACHE_TPOFF, ARENA_TPOFF = -0x48, -0x38
+
+
+def _elf_header(segments: list[tuple[int, int, int, int]]) -> bytes:
+    """An ELF64 header and program headers: (p_type, p_flags, vaddr, memsz) each."""
+    ehdr = bytearray(64)
+    ehdr[:6] = b"\x7fELF\x02\x01"
+    struct.pack_into("<Q", ehdr, 32, 64)
+    struct.pack_into("<HH", ehdr, 54, 56, len(segments))
+    phdrs = b"".join(struct.pack("<IIQQQQQQ", t, f, 0, v, v, m, m, 0x1000) for t, f, v, m in segments)
+    return bytes(ehdr) + phdrs
+
+
+class Process:
+    """A 2.36-like process: libc with main_arena and mp_ in its data, one thread with a tcache."""
+
+    def __init__(self, entries_in_tcache: int = 2, decoys: tuple[int, ...] = (-0x10, -0x100, -0x48 - 0x1000)):
+        self.layout = layout_for((2, 36))
+        lay = self.layout
+        header = _elf_header([(1, 4, 0, 0x1000), (1, 6, 0x10000, 0x8000)])
+        self.mem = ImageMemory({BASE: header + bytes(0x1000 - len(header)), DATA: bytes(0x8000),
+                                HEAP: bytes(0x21000), TLS: bytes(0x1000)})
+        w = self.mem.write_u64
+        for i in range(1, 128):
+            head = lay.bin_header(MAIN_ARENA, i)
+            w(head + 16, head)
+            w(head + 24, head)
+        top = HEAP + 0x400
+        w(MAIN_ARENA + lay.off_next, MAIN_ARENA)
+        w(MAIN_ARENA + lay.off_top, top)
+        w(MAIN_ARENA + lay.off_system_mem, 0x21000)
+        w(top + 8, (0x21000 - 0x400) | 1)
+        for name, value in dict(trim_threshold=0x20000, top_pad=0x20000, mmap_threshold=0x20000, arena_test=8,
+                                sbrk_base=HEAP, tcache_bins=64, tcache_max_bytes=1032, tcache_count=7).items():
+            w(MP + lay.mp[name], value)
+        w(MP + lay.mp["n_mmaps_max"], 65536)  # an int, the next int (max_n_mmaps) stays 0
+        w(GOT_TCACHE, TCACHE_TPOFF & (2**64 - 1))
+        w(GOT_TCACHE + 8, ARENA_TPOFF & (2**64 - 1))
+        for i, d in enumerate(decoys):
+            w(DATA + 0x200 + 8 * i, d & (2**64 - 1))
+        # the thread's tcache: struct at HEAP+0x10, bin 0 holds ENTRIES_IN_TCACHE chunks, safe-linked
+        tcache = HEAP + 0x10
+        w(HEAP + 8, 0x291)
+        entries = [HEAP + 0x2a0 + 0x20 * k for k in range(entries_in_tcache)]
+        w(tcache, len(entries))
+        if entries:
+            w(tcache + lay.tcache_off_entries, entries[0])
+        for e, nxt in zip(entries, entries[1:] + [0]):
+            w(e - 8, 0x21)
+            w(e, (e >> 12) ^ nxt)
+        w(FS_BASE + TCACHE_TPOFF, tcache)
+        w(FS_BASE + ARENA_TPOFF, MAIN_ARENA)
+        self.tcache = tcache
+
+    def mappings(self, path: str = "/usr/lib/x86_64-linux-gnu/libc.so.6") -> list[Mapping]:
+        return [Mapping(BASE, BASE + 0x1000, 0, path), Mapping(DATA, DATA + 0x8000, 0x10000, path)]
+
+    def discover(self, path: str = "/usr/lib/x86_64-linux-gnu/libc.so.6", overrides: Overrides | None = None):
+        return discover(self.mem, NoSymbols(), overrides, self.mappings(path), [FS_BASE])
+
+
+def test_everything_is_found_from_memory_alone():
+    disc = Process().discover()
+    assert disc.main_arena == MAIN_ARENA
+    assert disc.mp_address == MP
+    assert disc.tcache_tpoff == TCACHE_TPOFF and disc.thread_arena_tpoff == ARENA_TPOFF
+    assert disc.version_label == "2.35-2.41" and disc.layout.safe_linking
+    how = {f.name: f.found_by for f in disc.facts}
+    assert how["main_arena"].startswith("bin-127 self-link scan")
+    assert how["glibc_version"].startswith("not determined")
+    assert [f.severity for f in disc.findings] == [Severity.INFO]
+
+
+def test_the_file_name_gives_the_version_up_to_2_33():
+    disc = Process().discover(path="/lib/x86_64-linux-gnu/libc-2.31.so", overrides=Overrides((2, 36)))
+    assert disc.version_label == "2.36"  # the override wins over the file name
+    p = Process()
+    assert find_libc(p.mappings("/lib/x86_64-linux-gnu/libc-2.31.so")) == (BASE, "/lib/x86_64-linux-gnu/libc-2.31.so")
+
+
+def test_a_version_memory_contradicts_is_corrected_and_reported():
+    disc = Process().discover(overrides=Overrides((2, 31)))
+    assert disc.layout.safe_linking and disc.layout.mp == layout_for((2, 36)).mp
+    (warning,) = [f for f in disc.findings if f.severity is Severity.WARNING]
+    assert "memory contradicts the glibc 2.31 layout" in warning.message
+    assert "safe-linking" in warning.message and "mp_ layout" in warning.message
+
+
+def test_no_arena_in_memory_is_a_clear_error():
+    p = Process()
+    p.mem.write_u64(MAIN_ARENA + p.layout.off_next, 0)  # breaks the ring: no candidate validates
+    with pytest.raises(DiscoveryError, match="cannot find main_arena"):
+        p.discover(overrides=Overrides((2, 36)))
+    with pytest.raises(DiscoveryError, match="cannot tell which glibc"):
+        p.discover()
+
+
+def test_a_main_arena_override_is_used_as_given():
+    disc = Process().discover(overrides=Overrides((2, 36), MAIN_ARENA))
+    assert disc.main_arena == MAIN_ARENA and disc.found_by("main_arena") == "set heapwalk main-arena"
+
+
+def test_safe_linking_is_read_from_tcache_links():
+    p = Process(entries_in_tcache=3)
+    off, nbins = p.layout.tcache_off_entries, p.layout.tcache_bins
+    assert tcache_safe_linking(p.mem, [p.tcache], off, nbins) is True
+    first = p.mem.read(p.tcache + off, 8)
+    entry = struct.unpack("<Q", first)[0]
+    for k in range(3):  # rewrite the list with plain links
+        e = entry + 0x20 * k
+        p.mem.write_u64(e, e + 0x20 if k < 2 else 0)
+    assert tcache_safe_linking(p.mem, [p.tcache], off, nbins) is False
+    assert tcache_safe_linking(Process(entries_in_tcache=0).mem, [p.tcache], off, nbins) is None
+
+
+def test_tcache_struct_chunks_may_carry_a_small_remainder():
+    assert [tcache_struct_chunk(s) for s in (0x290, 0x2a0, 0x2b0, 0x300, 0x310, 0x250, 0x280, None)] == \
+        [0x290, 0x290, None, 0x300, 0x300, 0x250, None, None]
+
+
+def test_instruction_shapes():
+    # lea rax,[rip+0x10]; ret
+    code = bytes.fromhex("488d0510000000c3")
+    assert x86.first_lea(code, 0x1000) == 0x1000 + 7 + 0x10
+    # mov rax,[rip-0x20]; mov rdx,fs:[rax]  -> the GOT slot of an initial-exec TLS variable
+    code = bytes.fromhex("90" "488b05e0ffffff" "64488b10")
+    assert x86.tls_got_slot(code, 0x2000) == 0x2001 + 7 - 0x20
+    assert x86.first_load(code, 0x2000) == 0x2001 + 7 - 0x20
+    # a mov not followed by an fs access is no TLS load
+    assert x86.tls_got_slot(bytes.fromhex("488b0500000000" "4889c7c3"), 0) is None
