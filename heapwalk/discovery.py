@@ -182,7 +182,7 @@ class _Search:
             except (ReadError, ValueError):
                 pass
         if self.image is None:
-            return None, "no libc image"
+            return None, "no libc.so.6 among the mappings (a static binary?)"
         banner = self.image.find_bytes(b"GNU C Library ")
         if banner is not None and b"release version " in banner[1]:
             try:
