@@ -38,7 +38,9 @@ from pathlib import Path
 import sysroots
 
 CORES_DIR = Path(__file__).resolve().parent
-REPRODUCERS = ("bins", "thread_arenas", "small_vectors", "mmapped", "second_heap", "many_arenas")
+REPRODUCERS = ("bins", "thread_arenas", "small_vectors", "mmapped", "second_heap", "many_arenas", "large_tcache")
+#: environment a reproducer needs to show its situation
+REPRODUCER_ENV = {"large_tcache": {"GLIBC_TUNABLES": "glibc.malloc.tcache_max=2097152"}}
 CFLAGS = ("-O1", "-g", "-pthread", "-Wall", "-Wextra", "-Wno-unused-but-set-variable")
 
 
@@ -206,7 +208,10 @@ def capture(name: str, outdir: Path, bindir: Path, keep: bool = False, sysroot: 
     exe = build(name, bindir, sysroot)
     directory = outdir / name
     launcher = sysroot.launcher() if sysroot is not None else None
-    proc = run_to_snapshot(exe, directory, env={**arena_env(), **(env or {})}, launcher=launcher)
+    full_env = {**arena_env(), **REPRODUCER_ENV.get(name, {})}
+    for key, value in (env or {}).items():  # tunables combine: "a=1:b=2"
+        full_env[key] = f"{full_env[key]}:{value}" if key == "GLIBC_TUNABLES" and key in full_env else value
+    proc = run_to_snapshot(exe, directory, env=full_env, launcher=launcher)
     gdb_exe = sysroot.ld_so if sysroot is not None else exe
     cap = Capture(name=name, directory=directory, exe=gdb_exe, pid=proc.pid, process=proc)
     try:

@@ -48,6 +48,8 @@ static struct { char key[48]; long long value; } facts[MAX_FACTS];
 static int nfacts;
 static struct { uintptr_t mem; size_t request; } mmapped[MAX_MMAPPED];
 static int nmmapped;
+static struct { uintptr_t mem, size; int mmapped; } large_tcache[MAX_MMAPPED];
+static int nlarge;
 static uintptr_t freed[FREED_SLOTS];
 static unsigned char freed_owner[FREED_SLOTS], freed_class[FREED_SLOTS];
 static sem_t arrivals;
@@ -379,6 +381,24 @@ void hw_note_mmapped(void *p, size_t request)
     pthread_mutex_unlock(&lock);
 }
 
+void hw_note_large_tcache(void *p)
+{
+    uintptr_t key = 0, size = 0;
+    struct thread_rec *t = me();
+    if (!peek_word((uintptr_t)p + 8, &key) || !peek_word((uintptr_t)p - 8, &size))
+        return; /* an mmapped chunk that free unmapped */
+    if (key != t->key || (size & ~(uintptr_t)7) <= 0x410)
+        return; /* not in tcache (or in a small bin, which the proof covers) */
+    pthread_mutex_lock(&lock);
+    if (nlarge < MAX_MMAPPED) {
+        large_tcache[nlarge].mem = (uintptr_t)p;
+        large_tcache[nlarge].size = size & ~(uintptr_t)7;
+        large_tcache[nlarge].mmapped = (int)((size >> 1) & 1);
+        nlarge++;
+    }
+    pthread_mutex_unlock(&lock);
+}
+
 void hw_note_fact(const char *key, long long value)
 {
     pthread_mutex_lock(&lock);
@@ -435,6 +455,11 @@ static void write_ledger(void)
     for (int i = 0; i < nmmapped; i++)
         fprintf(f, "%s\n    {\"mem\": %lu, \"request\": %zu}", i ? "," : "", (unsigned long)mmapped[i].mem,
                 mmapped[i].request);
+    fprintf(f, "\n  ],\n  \"large_tcache\": [");
+    for (int i = 0; i < nlarge; i++)
+        fprintf(f, "%s\n    {\"mem\": %lu, \"chunk_size\": %lu, \"mmapped\": %s}", i ? "," : "",
+                (unsigned long)large_tcache[i].mem, (unsigned long)large_tcache[i].size,
+                large_tcache[i].mmapped ? "true" : "false");
     fprintf(f, "\n  ],\n  \"threads\": [");
     int first = 1;
     for (int i = 0; i < HW_MAX_THREADS; i++) {

@@ -53,6 +53,11 @@ void hw_ledger(const char *label);
 /* Records an mmapped chunk the program keeps until the snapshot. */
 void hw_note_mmapped(void *p, size_t request);
 
+/* After free(p) of a chunk above the small tcache sizes: records it in the
+ * ledger's "large_tcache" list if it carries this thread's tcache key, i.e.
+ * glibc 2.42+ put it into a large tcache bin. */
+void hw_note_large_tcache(void *p);
+
 /* Extra integer facts for the ledger ("key": value). */
 void hw_note_fact(const char *key, long long value);
 

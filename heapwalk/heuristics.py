@@ -153,7 +153,7 @@ def _mp_score(v: dict[str, int], main_top: int | None) -> int | None:
         return None
     if v["mmapped_mem"] % _PAGE or v["mmapped_mem"] > v["max_mmapped_mem"] or v["max_mmapped_mem"] % _PAGE:
         return None
-    if (v["n_mmaps"] == 0) != (v["mmapped_mem"] == 0) or v["sbrk_base"] % 16:
+    if (v["n_mmaps"] == 0) != (v["mmapped_mem"] == 0) or v["sbrk_base"] >= 1 << 47:  # brk need not be aligned
         return None
     if "tcache_bins" in v and not (1 <= v["tcache_bins"] <= 76 and v["tcache_max_bytes"] <= (4 << 20) + 64
                                    and v["tcache_count"] <= 0xFFFF and v["tcache_unsorted_limit"] < 1 << 32):

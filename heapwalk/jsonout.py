@@ -70,6 +70,14 @@ def _arena_json(a: Arena, kinds: Iterable[str]) -> dict[str, Any]:
     }
 
 
+def _tcache_bin_json(b) -> dict[str, Any]:
+    out = {"index": b.index, "chunk_size": b.chunk_size, "count": b.count, "bytes": b.total,
+           "entries": list(b.entries), "complete": b.complete}
+    if b.sizes:
+        out["sizes"] = list(b.sizes)
+    return out
+
+
 def _thread_json(t: Thread) -> dict[str, Any]:
     tc = None
     if t.tcache is not None:
@@ -77,8 +85,7 @@ def _thread_json(t: Thread) -> dict[str, Any]:
             "address": t.tcache.address,
             "count": t.tcache.count,
             "bytes": t.tcache.total,
-            "bins": [{"index": b.index, "chunk_size": b.chunk_size, "count": b.count, "entries": list(b.entries),
-                      "complete": b.complete} for b in t.tcache.bins],
+            "bins": [_tcache_bin_json(b) for b in t.tcache.bins],
             "findings": [_finding(f) for f in t.tcache.findings],
         }
     return {"number": t.number, "lwp": t.lwp, "fs_base": t.fs_base, "arena": t.arena,

@@ -72,6 +72,11 @@ class Layout:
     malloc_info_top_in_rest: bool = True
     mmap_chunk_rule_243: bool = False
 
+    def mmapped_span(self, prev_size: int, chunk_size: int) -> int:
+        """Bytes of the mapping behind an mmapped chunk: prev_size is its front padding; from 2.43 the
+        size field leaves out the chunk header (glibc 2.43's mmap chunk layout)."""
+        return prev_size + chunk_size + (2 * SIZE_SZ if self.mmap_chunk_rule_243 else 0)
+
     @property
     def name(self) -> str:
         return f"glibc {self.version[0]}.{self.version[1]}"

@@ -151,6 +151,14 @@ class TcacheBin:
     count: int                  # glibc's count for the bin (for 2.42+, decoded from num_slots)
     entries: tuple[int, ...]
     complete: bool = True
+    # large bins (2.42+) hold mixed sizes: each entry's chunk size, and the memory it holds (an
+    # mmapped chunk holds its whole mapping); empty for small bins, whose entries all have chunk_size
+    sizes: tuple[int, ...] = ()
+    spans: tuple[int, ...] = ()
+
+    @property
+    def total(self) -> int:
+        return sum(self.spans) if self.spans else len(self.entries) * self.chunk_size
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,7 +175,7 @@ class Tcache:
 
     @property
     def total(self) -> int:
-        return sum(len(b.entries) * b.chunk_size for b in self.bins)
+        return sum(b.total for b in self.bins)
 
 
 @dataclass(frozen=True, slots=True)

@@ -152,7 +152,7 @@ def tcache_tables(state: HeapState, threads: Iterable[Thread], interactive: bool
     for t in threads:
         arena = "-" if not t.arena else f"{t.arena:#x} (#{arena_numbers.get(t.arena, '?')})"
         if t.tcache is None:
-            summary.add_row(str(t.number), str(t.lwp), arena, "none" if not t.tcache_pointer else "?", "-", "-")
+            summary.add_row(str(t.number), str(t.lwp), arena, "none" if not t.tcache_pointer else "none (dummy)", "-", "-")
         else:
             summary.add_row(str(t.number), str(t.lwp), arena, f"{t.tcache.address:#x}", str(t.tcache.count),
                             human(t.tcache.total))

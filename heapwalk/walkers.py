@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import struct
 
-from .layout import HEAP_MAX_SIZE, MALLOC_ALIGNMENT, MINSIZE, NSMALLBINS, SIZE_BITS, Layout
+from .layout import HEAP_MAX_SIZE, IS_MMAPPED, MALLOC_ALIGNMENT, MINSIZE, NSMALLBINS, SIZE_BITS, Layout
 from .memory import Memory, ReadError, u64
 from .model import BinKind, BinList, Finding, Heap, Severity, Tcache, TcacheBin
 
@@ -267,17 +267,28 @@ def walk_tcache(mem: Memory, layout: Layout, address: int, fill_count: int | Non
             walk.fail(address, f"tcache count does not match list length: count {count}, "
                                f"{len(entries)} entries linked", Severity.WARNING)
         findings.extend(walk.findings)
-        chunk_size = MINSIZE + MALLOC_ALIGNMENT * i if i < 64 else _entry_chunk_size(mem, entries)
-        bins.append(TcacheBin(i, chunk_size, count, tuple(entries), walk.complete))
+        if i < 64:
+            bins.append(TcacheBin(i, MINSIZE + MALLOC_ALIGNMENT * i, count, tuple(entries), walk.complete))
+            continue
+        sizes, spans = _large_entry_sizes(mem, layout, entries, structure, findings)
+        bins.append(TcacheBin(i, min(sizes, default=0), count, tuple(entries), walk.complete, sizes, spans))
     return Tcache(address, tuple(bins), tuple(findings))
 
 
-def _entry_chunk_size(mem: Memory, entries: list[int]) -> int:
-    """Chunk size of a large tcache bin (2.42+) entry: read from the first entry's header."""
-    if not entries:
-        return 0
-    try:
-        return u64(mem, entries[0] - 8) & ~SIZE_BITS
-    except ReadError:
-        return 0
+def _large_entry_sizes(mem: Memory, layout: Layout, entries: list[int], structure: str,
+                       findings: list[Finding]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Chunk size and memory held of each entry of a large tcache bin (2.42+: mixed sizes, maybe mmapped)."""
+    sizes, spans = [], []
+    for e in entries:
+        try:
+            prev_size, size_field = struct.unpack("<QQ", mem.read(e - 16, 16))
+        except ReadError:
+            findings.append(Finding(Severity.ERROR, e, structure, "the entry's chunk header is unreadable"))
+            sizes.append(0)
+            spans.append(0)
+            continue
+        size = size_field & ~SIZE_BITS
+        sizes.append(size)
+        spans.append(layout.mmapped_span(prev_size, size) if size_field & IS_MMAPPED else size)
+    return tuple(sizes), tuple(spans)
 

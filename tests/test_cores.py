@@ -77,7 +77,7 @@ def test_tcache_of_every_thread_matches_the_ledger(json_of, g, name, symbols):
     for lt in ledger["threads"]:
         t = threads[lt["tid"]]
         want = {b["chunk_size"]: b["entries"] for b in lt["tcache"]}
-        have = {b["chunk_size"]: b["entries"] for b in t["tcache"]["bins"]} if t["tcache"] else {}
+        have = {b["chunk_size"]: b["entries"] for b in t["tcache"]["bins"] if b["index"] < 64} if t["tcache"] else {}
         assert have == want, f"thread {lt['tid']} ({lt['label']})"
         for b in (t["tcache"]["bins"] if t["tcache"] else []):
             assert b["count"] == len(b["entries"])
@@ -213,6 +213,29 @@ def test_2_43_creates_tcache_lazily_not_at_the_heap_start(json_of, g):
     main = doc["threads"][0]
     at_heap_start = main["tcache_pointer"] == doc["mp"]["sbrk_base"] + 0x10
     assert at_heap_start == (_version(doc) < (2, 43))
+
+
+@pytest.mark.parametrize("symbols", SYMBOLS)
+@pytest.mark.parametrize("g", GLIBCS)
+def test_large_tcache_bins_hold_what_the_ledger_says(json_of, g, symbols):
+    """2.42+: chunks above 1032 bytes in 12 size-class bins, sorted by size; 2.43 caches mmapped chunks too."""
+    doc = json_of(g, "large_tcache", symbols)
+    ledger = _ledger(g, "large_tcache")
+    (main,) = doc["threads"]
+    large = [b for b in main["tcache"]["bins"] if b["index"] >= 64]
+    entries = {e: size for b in large for e, size in zip(b["entries"], b["sizes"])}
+    assert entries == {c["mem"]: c["chunk_size"] for c in ledger["large_tcache"]}
+    for b in large:
+        assert b["sizes"] == sorted(b["sizes"]) and b["chunk_size"] == b["sizes"][0]
+        assert all(64 + (s.bit_length() - 11) == b["index"] for s in b["sizes"]), "power-of-two size classes"
+    if _version(doc) >= (2, 43):
+        (mmapped,) = [c for c in ledger["large_tcache"] if c["mmapped"]]
+        (holder,) = [b for b in large if mmapped["mem"] in b["entries"]]
+        # the only mmapped chunk of the process: glibc's own count of mmapped bytes is its mapping
+        assert holder["bytes"] == doc["mp"]["mmapped_mem"] == mmapped["chunk_size"] + 16
+        assert len(ledger["large_tcache"]) == 6
+    else:
+        assert large == [] and ledger["large_tcache"] == []
 
 
 @pytest.mark.parametrize("g", GLIBCS)
