@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from . import heuristics, x86
-from .elfmem import LIBC_FILE_NAME, LibcImage, Mapping, find_libc
+from .elfmem import LIBC_FILE_NAME, LibcImage, Mapping, find_libc, sole_file
 from .layout import HEAP_MAX_SIZE, Layout, UnsupportedVersion, layout_for
 from .memory import Memory, ReadError, u64
 from .model import Fact, Finding, Severity
@@ -155,6 +155,10 @@ class _Search:
 
     def locate_libc(self) -> None:
         found = find_libc(self.mappings)
+        how = "mappings"
+        if found is None:
+            found = sole_file(self.mappings)
+            how = "mappings: the only file mapped, a statically linked program"
         if found is None:
             self.unknown("libc", "no libc.so.6 or libc-2.NN.so among the mappings (static binary?)")
             return
@@ -164,7 +168,7 @@ class _Search:
         except ReadError as exc:
             self.unknown("libc", f"libc's ELF header at {base:#x} is unreadable ({exc.reason})")
             return
-        self.fact("libc", {"base": base, "path": path}, "mappings")
+        self.fact("libc", {"base": base, "path": path}, how)
         build_id = self.image.build_id()
         if build_id:
             self.fact("libc_build_id", build_id, "note in libc's first page")

@@ -60,6 +60,7 @@ class LibcImage:
     path: str
     segments: list[Segment]
     mem: Memory
+    bias: int = 0
     _dynsym: dict[str, int] | None = field(default=None, repr=False)
 
     @classmethod
@@ -71,12 +72,18 @@ class LibcImage:
         phoff, = struct.unpack_from("<Q", ehdr, 32)
         phentsize, phnum = struct.unpack_from("<HH", ehdr, 54)
         table = mem.read(base + phoff, phentsize * phnum)
-        segments = []
-        for i in range(phnum):
-            p_type, p_flags, _off, p_vaddr, _pa, p_filesz, p_memsz = struct.unpack_from("<IIQQQQQ", table,
-                                                                                         i * phentsize)
-            segments.append(Segment(p_type, p_flags, base + p_vaddr, p_memsz, p_filesz))
-        return cls(base, path, segments, mem)
+        headers = [struct.unpack_from("<IIQQQQQ", table, i * phentsize) for i in range(phnum)]
+        # the load bias: the base for a shared object (linked at 0), zero for a non-PIE executable
+        first = min((h[3] for h in headers if h[0] == PT_LOAD), default=0) & ~0xFFF
+        bias = base - first
+        segments = [Segment(p_type, p_flags, bias + p_vaddr, p_memsz, p_filesz)
+                    for p_type, p_flags, _off, p_vaddr, _pa, p_filesz, p_memsz in headers]
+        return cls(base, path, segments, mem, bias)
+
+    @property
+    def is_executable(self) -> bool:
+        """A program rather than a shared libc: statically linked, libc inside it."""
+        return not LIBC_FILE_NAME.search(self.path)
 
     def writable(self) -> list[Segment]:
         """The PT_LOAD segments libc writes (.data, .bss, .got): in every core."""
@@ -135,7 +142,7 @@ class LibcImage:
         if DT_SYMTAB not in tags or DT_STRTAB not in tags:
             return {}
         # ld.so relocates these entries in place on x86_64; the file has them unrelocated.
-        symtab, strtab = (v if v >= self.base else v + self.base for v in (tags[DT_SYMTAB], tags[DT_STRTAB]))
+        symtab, strtab = (v if v >= self.base else v + self.bias for v in (tags[DT_SYMTAB], tags[DT_STRTAB]))
         if not symtab < strtab or strtab - symtab > 1 << 22:
             return {}
         syms = self.mem.read(symtab, strtab - symtab)
@@ -151,7 +158,7 @@ class LibcImage:
                 continue
             end = strings.find(b"\0", st_name)
             sym = strings[st_name:end].decode(errors="replace")
-            out.setdefault(sym.split("@")[0], self.base + value)
+            out.setdefault(sym.split("@")[0], self.bias + value)
         return out
 
     def find_bytes(self, needle: bytes) -> tuple[int, bytes] | None:
@@ -171,3 +178,10 @@ def find_libc(mappings: list[Mapping]) -> tuple[int, str] | None:
     """(base address, path) of libc among the target's mappings: its lowest mapping at file offset 0."""
     starts = [(m.start, m.path) for m in mappings if m.offset == 0 and LIBC_FILE_NAME.search(m.path)]
     return min(starts) if starts else None
+
+
+def sole_file(mappings: list[Mapping]) -> tuple[int, str] | None:
+    """(base, path) of the only file mapped at offset 0, as in a statically linked program; else None."""
+    starts = {m.path: m.start for m in mappings if m.offset == 0 and m.path.startswith("/")
+              and not m.path.startswith(("/dev/", "/memfd:", "/SYSV"))}
+    return next(((base, path) for path, base in starts.items()), None) if len(starts) == 1 else None

@@ -93,7 +93,7 @@ def _valid_arena(mem: Memory, layout: Layout, address: int, image: LibcImage) ->
         return None
     top, = struct.unpack_from("<Q", raw, layout.off_top)
     system_mem, = struct.unpack_from("<Q", raw, layout.off_system_mem)
-    if system_mem % _PAGE or top % 16:
+    if system_mem >= 1 << 47 or top % 16:  # system_mem need not be page-granular: brk may start unaligned
         return None
     for index in range(1, 128):  # every bin is empty (self-linked) or points away from the arena
         fd, bk = struct.unpack_from("<QQ", raw, layout.off_bins + 16 * (index - 1))
@@ -247,8 +247,13 @@ def tcache_safe_linking(mem: Memory, tcaches: list[int], off_entries: int, nbins
 
 
 def tls_candidates(mem: Memory, image: LibcImage, limit: int = 1 << 20) -> list[int]:
-    """Every distinct negative 8-aligned word above -LIMIT in libc's writable segments: possible TLS offsets."""
+    """Possible TLS offsets of libc's variables: every distinct negative 8-aligned word above -LIMIT in its
+    writable segments (the GOT), and, for a static program, every slot of its own TLS block (local-exec
+    code uses immediate offsets, and the block ends at the thread pointer)."""
     out: set[int] = set()
+    if image.is_executable:
+        size = image.tls_size() or 0
+        out.update(range(-((size + 63) & ~63), 0, 8))
     for seg in image.writable():
         start = seg.address & ~7
         data = _read_segment(mem, start, seg.end - start)
