@@ -77,16 +77,24 @@ class Capture:
             self.process.wait()
 
 
-def build(name: str, bindir: Path, sysroot: sysroots.Sysroot | None = None) -> Path:
-    """Compiles cores/NAME.c with the support library into BINDIR/NAME (against SYSROOT's glibc if it must)."""
+def build(name: str, bindir: Path, sysroot: sysroots.Sysroot | None = None, static: bool = False) -> Path:
+    """Compiles cores/NAME.c with the support library into BINDIR/NAME (against SYSROOT's glibc if it must).
+
+    STATIC links the system glibc into the program and strips it (BINDIR/static/NAME), as
+    production static binaries come.
+    """
     if sysroot is not None and sysroot.needs_own_headers:
         bindir = bindir / sysroot.suite
+    if static:
+        bindir = bindir / "static"
     bindir.mkdir(parents=True, exist_ok=True)
     exe = bindir / name
     sources = [CORES_DIR / f"{name}.c", CORES_DIR / "hw.c"]
     if exe.exists() and all(exe.stat().st_mtime >= s.stat().st_mtime for s in sources + [CORES_DIR / "hw.h"]):
         return exe
     extra = sysroot.compile_flags() if sysroot is not None else []
+    if static:
+        extra = [*extra, "-static", "-s"]
     cmd = ["gcc", *CFLAGS, *extra, f"-I{CORES_DIR}", *map(str, sources), "-o", str(exe)]
     result = subprocess.run(cmd, capture_output=True, text=True)
     if result.returncode != 0:
@@ -200,12 +208,12 @@ def arena_env() -> dict[str, str]:
 
 
 def capture(name: str, outdir: Path, bindir: Path, keep: bool = False, sysroot: sysroots.Sysroot | None = None,
-            env: dict[str, str] | None = None) -> Capture:
+            env: dict[str, str] | None = None, static: bool = False) -> Capture:
     """Builds and runs reproducer NAME (under SYSROOT's glibc if given), takes its core into OUTDIR/NAME/core.
 
     With KEEP the process stays stopped (for live-attach tests); call kill().
     """
-    exe = build(name, bindir, sysroot)
+    exe = build(name, bindir, sysroot, static)
     directory = outdir / name
     launcher = sysroot.launcher() if sysroot is not None else None
     full_env = {**arena_env(), **REPRODUCER_ENV.get(name, {})}

@@ -441,7 +441,7 @@ def _find_tcache_tpoff(search: _Search, layout: Layout | None) -> tuple[int | No
             picked = heuristics.pick_tls_offset(search.mem, search.fs_bases,
                                                 heuristics.tls_candidates(search.mem, search.image), classify)
             if picked is not None:
-                tpoff, how = picked[0], f"TLS offsets in libc's GOT tried on every thread ({picked[1]} tcaches)"
+                tpoff, how = picked[0], f"candidate TLS offsets tried on every thread ({picked[1]} tcaches)"
     if tpoff is None:
         search.unknown("tcache_tls_offset", "no symbol, and no candidate offset gives tcache structs")
         return None, None
@@ -493,7 +493,7 @@ def _find_thread_arena_tpoff(search: _Search, ring: list[int], layout: Layout) -
         search.unknown("thread_arena_tls_offset", "no candidate offset gives ring arenas")
         return None
     search.fact("thread_arena_tls_offset", picked[0],
-                f"TLS offsets in libc's GOT tried on every thread ({picked[1]} arenas)")
+                f"candidate TLS offsets tried on every thread ({picked[1]} arenas)")
     return picked[0]
 
 

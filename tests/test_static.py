@@ -1,0 +1,37 @@
+"""A stripped, statically linked program: glibc lives inside the program, and nothing names main_arena."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import harness
+from conftest import BINDIR, CORES, heapwalk_json
+from oracle import malloc_info_view, parse_malloc_info
+
+pytestmark = pytest.mark.cores
+
+
+@pytest.fixture(scope="module")
+def static_cores():
+    return {name: harness.capture(name, CORES / "static", BINDIR, static=True)
+            for name in ("bins", "thread_arenas", "many_arenas")}
+
+
+@pytest.mark.parametrize("name", ["bins", "thread_arenas", "many_arenas"])
+def test_a_stripped_static_program_decodes_exactly(static_cores, name, tmp_path):
+    cap = static_cores[name]
+    doc = heapwalk_json([str(cap.exe), str(cap.core)], tmp_path)
+    assert malloc_info_view(doc) == parse_malloc_info(cap.malloc_info)
+    ledger = json.loads(cap.ledger.read_text())
+    threads = {t["lwp"]: t for t in doc["threads"]}
+    for lt in ledger["threads"]:
+        tcache = threads[lt["tid"]]["tcache"]
+        have = {b["chunk_size"]: b["entries"] for b in tcache["bins"]} if tcache else {}
+        assert have == {b["chunk_size"]: b["entries"] for b in lt["tcache"]}, lt["label"]
+    facts = doc["discovery"]
+    assert facts["libc"]["found_by"] == "mappings: the only file mapped, a statically linked program"
+    assert facts["main_arena"]["found_by"].startswith("bin-127 self-link scan")
+    assert facts["glibc_version"]["found_by"].startswith("banner")
+    assert doc["findings"] == [] and all(a["findings"] == [] for a in doc["arenas"])
