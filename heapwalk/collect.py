@@ -10,6 +10,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
+from .chunkwalk import account, list_states
 from .discovery import Discovery
 from .layout import MP_INT_FIELDS, NBINS, SIZE_BITS, Layout
 from .memory import Memory, ReadError, u64
@@ -162,8 +163,12 @@ def _thread(mem: Memory, disc: Discovery, regs: ThreadRegs, fill_count: int | No
     return Thread(regs.number, regs.lwp, regs.fs_base or 0, arena or None, tcache_ptr or None, tcache), findings
 
 
-def collect(mem: Memory, disc: Discovery, threads: list[ThreadRegs], target: str = "") -> HeapState:
-    """Decodes the whole malloc state: every arena in ring order, every thread's tcache."""
+def collect(mem: Memory, disc: Discovery, threads: list[ThreadRegs], target: str = "",
+            walk_chunks: bool = False) -> HeapState:
+    """Decodes the whole malloc state: every arena in ring order, every thread's tcache.
+
+    WALK_CHUNKS also walks every chunk of every heap and accounts for each arena's bytes.
+    """
     findings: list[Finding] = list(disc.findings)
     mp = None
     if disc.mp_address is not None:
@@ -189,7 +194,11 @@ def collect(mem: Memory, disc: Discovery, threads: list[ThreadRegs], target: str
         thread, t_findings = _thread(mem, disc, regs, fill)
         decoded_threads.append(thread)
         findings.extend(t_findings)
-    return HeapState(target=target, glibc_version=disc.version, glibc_label=disc.version_label,
-                     layout_name=disc.layout.name,
-                     main_arena=disc.main_arena, mp=mp, arenas=tuple(arenas), threads=tuple(decoded_threads),
-                     facts=tuple(facts), findings=tuple(findings))
+    state = HeapState(target=target, glibc_version=disc.version, glibc_label=disc.version_label,
+                      layout_name=disc.layout.name,
+                      main_arena=disc.main_arena, mp=mp, arenas=tuple(arenas), threads=tuple(decoded_threads),
+                      facts=tuple(facts), findings=tuple(findings))
+    if walk_chunks:
+        states = list_states(state)
+        state.accounts.update({a.address: account(mem, disc.layout, a, states) for a in arenas})
+    return state

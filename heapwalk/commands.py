@@ -90,15 +90,15 @@ def _overrides() -> Overrides:
     return ov
 
 
-def load_state() -> HeapState:
-    """Discovers and decodes the selected inferior's heap."""
+def load_state(walk_chunks: bool = False) -> HeapState:
+    """Discovers and decodes the selected inferior's heap (with every chunk walked if WALK_CHUNKS)."""
     if not has_target():
         raise UserError("heapwalk: no process or core file: run, attach (gdb -p PID) or load a core first")
     with preserved_selection():
         mem = gdb_memory()
         threads = thread_registers()
         disc = discover(mem, GdbSymbols(), _overrides(), mappings(), [t.fs_base for t in threads if t.fs_base])
-        return collect(mem, disc, threads, describe_target())
+        return collect(mem, disc, threads, describe_target(), walk_chunks)
 
 
 def _console():
@@ -159,7 +159,7 @@ class ArenasCommand(_Subcommand):
         return p
 
     def run(self, args) -> None:
-        state = load_state()
+        state = load_state(walk_chunks=True)
         console = _console()
         console.print(render.header_text(state), end="")
         console.print(render.arenas_table(state, _interactive()))

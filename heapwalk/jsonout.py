@@ -38,7 +38,21 @@ def bin_json(b: BinList) -> dict[str, Any]:
     }
 
 
-def _arena_json(a: Arena, kinds: Iterable[str]) -> dict[str, Any]:
+def account_json(acc) -> dict[str, Any]:
+    """An arena's accounting: bytes and chunk counts per state, overhead, and whether it balances."""
+    return {
+        "system_mem": acc.system_mem,
+        "bytes": {s.value: n for s, n in acc.bytes.items()},
+        "chunks": {s.value: n for s, n in acc.counts.items()},
+        "overhead": acc.overhead,
+        "unwalked": acc.unwalked,
+        "free": acc.free,
+        "balanced": acc.balanced,
+        "findings": [_finding(f) for f in acc.findings],
+    }
+
+
+def _arena_json(a: Arena, kinds: Iterable[str], acc=None) -> dict[str, Any]:
     kinds = set(kinds)
     bins: dict[str, Any] = {}
     if "fast" in kinds:
@@ -66,6 +80,7 @@ def _arena_json(a: Arena, kinds: Iterable[str]) -> dict[str, Any]:
         "heaps": [{"address": h.address, "size": h.size, "mprotect_size": h.mprotect_size, "prev": h.prev,
                    "pagesize": h.pagesize} for h in a.heaps],
         "bins": bins,
+        "accounting": None if acc is None else account_json(acc),
         "findings": [_finding(f) for f in a.findings],
     }
 
@@ -106,7 +121,7 @@ def state_to_json(state: HeapState, arenas: Iterable[int] | None = None, kinds: 
         "main_arena": state.main_arena,
         "discovery": facts,
         "mp": None if state.mp is None else {"address": state.mp.address, **state.mp.values},
-        "arenas": [_arena_json(a, kinds) for a in state.arenas
+        "arenas": [_arena_json(a, kinds, state.accounts.get(a.address)) for a in state.arenas
                    if wanted_arenas is None or a.address in wanted_arenas],
         "threads": [_thread_json(t) for t in state.threads
                     if wanted_threads is None or t.number in wanted_threads],

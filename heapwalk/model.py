@@ -223,6 +223,7 @@ class HeapState:
     threads: tuple[Thread, ...]
     facts: tuple[Fact, ...] = ()
     findings: tuple[Finding, ...] = field(default=())
+    accounts: dict = field(default_factory=dict)  # arena address -> chunkwalk.Account, when walked
     glibc_label: str = ""           # "2.36", or the range memory showed when the version is unknown
 
     @property
@@ -239,4 +240,6 @@ class HeapState:
         for thread in self.threads:
             if thread.tcache:
                 out.extend(thread.tcache.findings)
+        for acc in self.accounts.values():
+            out.extend(acc.findings)
         return tuple(out)

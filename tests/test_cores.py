@@ -100,6 +100,42 @@ def test_each_thread_uses_the_arena_its_chunks_came_from(json_of, g, name, symbo
             assert any(h["address"] <= lt["held"] < h["address"] + h["size"] for h in arena["heaps"])
 
 
+@pytest.mark.parametrize("symbols", SYMBOLS)
+@pytest.mark.parametrize("g,name", CASES)
+def test_every_arena_accounts_for_its_system_mem_to_the_byte(json_of, g, name, symbols):
+    for arena in json_of(g, name, symbols)["arenas"]:
+        acc = arena["accounting"]
+        assert acc["balanced"] and acc["unwalked"] == 0 and acc["findings"] == [], arena["number"]
+        assert sum(acc["bytes"].values()) + acc["overhead"] == arena["system_mem"]
+        assert acc["bytes"]["top"] == arena["top"]["size"] and acc["chunks"]["top"] == 1
+        assert acc["chunks"]["free_unlisted"] == 0
+
+
+@pytest.mark.parametrize("g,name", CASES)
+def test_the_chunk_walk_meets_every_listed_chunk(json_of, g, name):
+    """Every bin, fastbin and tcache entry sits on a chunk boundary of the physical walk, and the chunks the walk
+    sees as free (next chunk's PREV_INUSE clear) are exactly those of the regular bins."""
+    doc = json_of(g, name, False)
+    for arena in doc["arenas"]:
+        acc, bins = arena["accounting"], arena["bins"]
+        regular = [bins["unsorted"], *bins["small"], *bins["large"]]
+        for kind, lists in (("unsorted", [bins["unsorted"]]), ("small", bins["small"]), ("large", bins["large"]),
+                            ("fast", bins["fast"])):
+            assert acc["chunks"][kind] == sum(b["count"] for b in lists), (arena["number"], kind)
+            assert acc["bytes"][kind] == sum(b["bytes"] for b in lists), (arena["number"], kind)
+        assert sum(b["count"] for b in regular) == acc["chunks"]["unsorted"] + acc["chunks"]["small"] + \
+            acc["chunks"]["large"]
+    tcache_entries = sum(t["tcache"]["count"] for t in doc["threads"] if t["tcache"])
+    walked_entries = sum(a["accounting"]["chunks"]["tcache"] for a in doc["arenas"])
+    heaps = [(h["address"], h["address"] + h["size"]) for a in doc["arenas"] for h in a["heaps"]]
+    in_mmapped = sum(1 for t in doc["threads"] if t["tcache"] for b in t["tcache"]["bins"] for e in b["entries"]
+                     if not any(lo <= e < hi for lo, hi in heaps))  # 2.43 caches mmapped chunks too
+    assert in_mmapped == (1 if name == "large_tcache" and _version(doc) >= (2, 43) else 0)
+    assert walked_entries + in_mmapped == tcache_entries
+    assert sum(a["accounting"]["chunks"]["tcache_struct"] for a in doc["arenas"]) == \
+        sum(1 for t in doc["threads"] if t["tcache"])
+
+
 def _without_found_by(doc: dict) -> dict:
     doc = json.loads(json.dumps(doc))
     doc["discovery"] = {k: v["value"] for k, v in doc["discovery"].items()}
