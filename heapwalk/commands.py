@@ -13,7 +13,7 @@ import traceback
 
 import gdb  # type: ignore[import-not-found]
 
-from . import jsonout, render
+from . import chunkinfo, jsonout, render
 from .collect import collect
 from .discovery import DiscoveryError, Overrides, discover, parse_version
 from .gdbtarget import (GdbSymbols, describe_target, gdb_memory, has_target, mappings, preserved_selection,
@@ -90,15 +90,20 @@ def _overrides() -> Overrides:
     return ov
 
 
-def load_state(walk_chunks: bool = False) -> HeapState:
-    """Discovers and decodes the selected inferior's heap (with every chunk walked if WALK_CHUNKS)."""
+def load_target(walk_chunks: bool = False):
+    """Discovers and decodes the selected inferior's heap: (state, memory, layout)."""
     if not has_target():
         raise UserError("heapwalk: no process or core file: run, attach (gdb -p PID) or load a core first")
     with preserved_selection():
         mem = gdb_memory()
         threads = thread_registers()
         disc = discover(mem, GdbSymbols(), _overrides(), mappings(), [t.fs_base for t in threads if t.fs_base])
-        return collect(mem, disc, threads, describe_target(), walk_chunks)
+        return collect(mem, disc, threads, describe_target(), walk_chunks), mem, disc.layout
+
+
+def load_state(walk_chunks: bool = False) -> HeapState:
+    """Discovers and decodes the selected inferior's heap (with every chunk walked if WALK_CHUNKS)."""
+    return load_target(walk_chunks)[0]
 
 
 def _console():
@@ -226,6 +231,86 @@ class TcacheCommand(_Subcommand):
             jsonout.dump(jsonout.state_to_json(state, arenas=[], threads=[t.number for t in threads]), args.json)
 
 
+def _size(text: str) -> int:
+    """'4096', '0x1000', '4k', '2M' -> bytes."""
+    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+    t = text.strip().lower().removesuffix("b").removesuffix("i")
+    scale = units.get(t[-1:], 1)
+    t = t[:-1] if t[-1:] in units else t
+    try:
+        return int(t, 0) * scale
+    except ValueError:
+        raise UserError(f"not a size: {text} (e.g. 4096, 0x1000, 64k, 2M)") from None
+
+
+def _arena_address(state: HeapState, text: str) -> int:
+    wanted = _int(text)
+    for a in state.arenas:
+        if a.address == wanted or (wanted < 4096 and a.number == wanted):
+            return a.address
+    raise UserError(f"no arena at {text} (see 'heapwalk arenas')")
+
+
+class ChunksCommand(_Subcommand):
+    name = "chunks"
+
+    def make_parser(self):
+        p = _Parser(prog="heapwalk chunks", description="Walk every chunk of every heap in address order and "
+                    "list those that match: address, size, state (in_use, tcache, fast, unsorted, small, large, "
+                    "top, tcache_struct, fencepost), flags and arena.")
+        p.add_argument("--arena", metavar="ADDR", help="only the arena at ADDR (or its number in the ring)")
+        which = p.add_mutually_exclusive_group()
+        which.add_argument("--free", action="store_true", help="only free chunks (tcache, fastbins, bins)")
+        which.add_argument("--used", action="store_true", help="only chunks in use")
+        p.add_argument("--min", metavar="SIZE", help="only chunks of at least SIZE bytes (4096, 0x1000, 64k)")
+        p.add_argument("--max", metavar="SIZE", help="only chunks of at most SIZE bytes")
+        p.add_argument("--limit", metavar="N", type=int, default=200,
+                       help="print at most N chunks (default 200; 0: all); --json has them all")
+        _json_option(p)
+        return p
+
+    def run(self, args) -> None:
+        state, mem, layout = load_target()
+        flt = chunkinfo.ChunkFilter(arena=_arena_address(state, args.arena) if args.arena else None,
+                                    free=args.free, used=args.used, min_size=_size(args.min) if args.min else 0,
+                                    max_size=_size(args.max) if args.max else None)
+        console = _console()
+        console.print(render.header_text(state), end="")
+        shown, total, count, rows = [], 0, 0, []
+        for arena, chunk in chunkinfo.chunks(mem, layout, state, flt):
+            count += 1
+            total += chunk.size
+            if args.json:
+                rows.append(jsonout.chunk_json(arena, chunk))
+            if args.limit == 0 or len(shown) < args.limit:
+                shown.append((arena, chunk))
+        console.print(render.chunks_table(shown, _interactive()))
+        more = f" (first {len(shown)} shown; --limit 0 shows all)" if len(shown) < count else ""
+        console.print(f"{count} chunks, {render.human(total)}{more}")
+        if args.json:
+            jsonout.dump(jsonout.chunks_document(state, rows), args.json)
+
+
+class ChunkCommand(_Subcommand):
+    name = "chunk"
+
+    def make_parser(self):
+        p = _Parser(prog="heapwalk chunk", description="Describe the chunk holding ADDRESS (a user pointer or "
+                    "any address inside a chunk): its arena and heap, size and flags, state, the list that "
+                    "holds it, and its neighbours.")
+        p.add_argument("address", metavar="ADDRESS")
+        return p
+
+    def run(self, args) -> None:
+        state, mem, layout = load_target()
+        address = _int(args.address)
+        found = chunkinfo.locate(mem, layout, state, address)
+        if found is None:
+            raise UserError(f"heapwalk chunk: {address:#x} is in no arena's heap (an mmapped chunk, "
+                            "or not heap memory)")
+        _console().print(render.chunk_text(found, address))
+
+
 class HeapwalkPrefix(gdb.Command):
     """heapwalk: glibc heap forensics for cores and live processes.
 
@@ -234,7 +319,9 @@ Subcommands:
   heapwalk arenas   every arena: system memory, top, free bytes per kind of list
   heapwalk bins     the free lists of each arena (fast, unsorted, small, large)
   heapwalk tcache   every thread's tcache
-Each takes --json FILE. 'help heapwalk SUBCOMMAND' describes its options.
+  heapwalk chunks   every chunk of every heap, filtered by arena, state and size
+  heapwalk chunk    the chunk holding an address: state, list, neighbours
+Most take --json FILE. 'help heapwalk SUBCOMMAND' describes its options.
 Settings: 'set heapwalk debug on|off', 'set heapwalk glibc-version X.Y',
 'set heapwalk main-arena ADDRESS' ('show heapwalk' lists them)."""
 
@@ -286,3 +373,5 @@ def register() -> None:
     ArenasCommand()
     BinsCommand()
     TcacheCommand()
+    ChunksCommand()
+    ChunkCommand()

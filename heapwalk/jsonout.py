@@ -38,6 +38,19 @@ def bin_json(b: BinList) -> dict[str, Any]:
     }
 
 
+def chunk_json(arena: Arena, chunk) -> dict[str, Any]:
+    return {"address": chunk.address, "size": chunk.size, "flags": chunk.flags, "state": chunk.state.value,
+            "arena": arena.address, "heap": chunk.extent}
+
+
+def chunks_document(state: HeapState, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """'heapwalk chunks --json': the header fields of the main document and the matching chunks."""
+    return {"schema_version": SCHEMA_VERSION, "target": state.target,
+            "glibc": {"version": state.version_text, "layout": state.layout_name,
+                      "decoded_as": "%d.%d" % state.glibc_version},
+            "main_arena": state.main_arena, "chunks": rows}
+
+
 def account_json(acc) -> dict[str, Any]:
     """An arena's accounting: bytes and chunk counts per state, overhead, and whether it balances."""
     return {

@@ -16,7 +16,8 @@ from rich.text import Text
 
 from .model import Arena, BinKind, BinList, Finding, HeapState, Severity, Thread
 
-__all__ = ["make_console", "human", "arenas_table", "bins_tables", "tcache_tables", "findings_text", "header_text"]
+__all__ = ["make_console", "human", "arenas_table", "bins_tables", "tcache_tables", "findings_text", "header_text",
+           "chunks_table", "chunk_text"]
 
 
 def make_console(file, interactive: bool, width: int | None = None) -> Console:
@@ -175,6 +176,39 @@ def tcache_tables(state: HeapState, threads: Iterable[Thread], interactive: bool
             table.add_row(str(b.index), f"{b.chunk_size:#x}", str(b.count), text)
         parts.append(table)
     return Group(*parts)
+
+
+def _flags(flags: int) -> str:
+    return "".join(c for bit, c in ((1, "P"), (2, "M"), (4, "A")) if flags & bit) or "-"
+
+
+def chunks_table(rows, interactive: bool) -> Table:
+    """One row per (arena, chunk): address, size, state, flags (P prev-in-use, M mmapped, A non-main arena)."""
+    table = Table(title="chunks", box=_box(interactive), title_justify="left")
+    for name, justify in (("address", "left"), ("size", "right"), ("state", "left"), ("flags", "left"),
+                          ("arena", "right")):
+        table.add_column(name, justify=justify, no_wrap=True)
+    for arena, chunk in rows:
+        table.add_row(f"{chunk.address:#x}", f"{chunk.size:#x}", chunk.state.value, _flags(chunk.flags),
+                      str(arena.number))
+    return table
+
+
+def chunk_text(found, address: int) -> Text:
+    """What `chunkinfo.locate` found, as a few lines."""
+    c = found.chunk
+    text = Text()
+    offset = address - c.address
+    text.append(f"{address:#x} is {offset} bytes into the chunk at {c.address:#x} (user memory {c.address + 16:#x})\n")
+    text.append(f"  size {c.size:#x} ({human(c.size)}), flags {_flags(c.flags)}, state {c.state.value}\n")
+    text.append(f"  arena {found.arena.number} ({found.arena.kind}) at {found.arena.address:#x}, "
+                f"heap {c.extent:#x}\n")
+    if found.listed:
+        text.append(f"  listed in {found.listed}\n")
+    for label, n in (("previous", found.previous), ("next", found.following)):
+        if n is not None:
+            text.append(f"  {label}: {n.address:#x}, size {n.size:#x}, {n.state.value}\n")
+    return text
 
 
 def findings_text(findings: Iterable[Finding], limit: int = 50) -> Text | None:

@@ -1,0 +1,57 @@
+"""'heapwalk chunks' and 'heapwalk chunk ADDR' on real cores."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import pytest
+
+from conftest import capture, glibc, run_gdb
+
+pytestmark = pytest.mark.cores
+
+
+def _chunks(g, name, args, tmp_path):
+    c = capture(g, name)
+    out = tmp_path / "chunks.json"
+    result = run_gdb([str(c.exe), str(c.core)], [f"heapwalk chunks {args} --json {out}"],
+                     iex=glibc(g).gdb_settings(False))
+    assert result.returncode == 0, result.stderr
+    return json.loads(out.read_text())["chunks"], result.stdout
+
+
+@pytest.mark.parametrize("g", ["system", "sid"])
+def test_chunks_lists_every_chunk_the_accounting_counts(json_of, g, tmp_path):
+    rows, text = _chunks(g, "thread_arenas", "--limit 5", tmp_path)
+    doc = json_of(g, "thread_arenas", False)
+    by_arena = {a["address"]: a["accounting"]["chunks"] for a in doc["arenas"]}
+    for arena, counts in by_arena.items():
+        have = Counter(r["state"] for r in rows if r["arena"] == arena)
+        assert have == Counter({k: v for k, v in counts.items() if v}), hex(arena)
+    assert f"{len(rows)} chunks" in text and "(first 5 shown; --limit 0 shows all)" in text
+    addresses = [r["address"] for r in rows]
+    for a, b in zip(rows, rows[1:]):  # address order within a heap, each chunk ending where the next begins
+        if a["heap"] == b["heap"] and b["address"] != a["address"] + a["size"]:
+            assert a["state"] == "fencepost" or b["address"] > a["address"], (a, b)
+    assert len(set(addresses)) == len(addresses)
+
+
+def test_chunks_filters_by_state_size_and_arena(tmp_path):
+    free, _ = _chunks("system", "bins", "--free --min 0x100 --max 1k", tmp_path)
+    assert free and all(r["state"] in ("tcache", "fast", "unsorted", "small", "large") for r in free)
+    assert all(0x100 <= r["size"] <= 1024 for r in free)
+    used, _ = _chunks("system", "thread_arenas", "--used --arena 1", tmp_path)
+    assert used and {r["state"] for r in used} <= {"in_use", "tcache_struct"} and len({r["arena"] for r in used}) == 1
+
+
+def test_chunk_describes_a_tcache_entry_and_its_neighbours(cores):
+    ledger = json.loads(cores["bins"].ledger.read_text())
+    entry = ledger["threads"][0]["tcache"][0]["entries"][0]
+    result = run_gdb([str(cores["bins"].exe), str(cores["bins"].core)], [f"heapwalk chunk {entry + 3:#x}",
+                                                                       "heapwalk chunk 0x10"])
+    out = result.stdout
+    assert f"{entry + 3:#x} is 19 bytes into the chunk at {entry - 16:#x}" in out
+    assert "state tcache" in out and "listed in tcache bin 0 of thread 1, position 1 of" in out
+    assert "previous: " in out and "next: " in out
+    assert "0x10 is in no arena's heap" in result.stderr
