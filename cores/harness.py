@@ -70,6 +70,10 @@ class Capture:
     def ledger(self) -> Path:
         return self.directory / "ledger.json"
 
+    @property
+    def trim(self) -> Path:
+        return self.directory / "trim.json"
+
     def kill(self) -> None:
         """Ends a kept process (SIGKILL works on a stopped process)."""
         if self.process is not None and self.process.poll() is None:
@@ -123,7 +127,7 @@ def run_to_snapshot(exe: Path, directory: Path, env: dict[str, str] | None = Non
                     timeout: float = 120.0, launcher: list[str] | None = None) -> subprocess.Popen:
     """Starts EXE with DIRECTORY as its output folder and waits until it has stopped itself."""
     directory.mkdir(parents=True, exist_ok=True)
-    for stale in ("malloc_info.xml", "ledger.json", "core"):
+    for stale in ("malloc_info.xml", "ledger.json", "core", "trim.json"):
         (directory / stale).unlink(missing_ok=True)
     full_env = dict(os.environ)
     full_env.update(env or {})
@@ -231,9 +235,25 @@ def capture(name: str, outdir: Path, bindir: Path, keep: bool = False, sysroot: 
         cap.kill()
         raise
     if not keep:
-        cap.kill()
-        cap.process = None
+        finish(cap)
     return cap
+
+
+def finish(cap: Capture, timeout: float = 60.0) -> None:
+    """Resumes a captured reproducer, which measures malloc_trim(0) into trim.json and exits."""
+    proc = cap.process
+    if proc is None:
+        return
+    try:
+        os.kill(proc.pid, signal.SIGCONT)
+        code = proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        cap.kill()
+        raise HarnessError(f"{cap.name} did not end after its trim measurement") from None
+    cap.process = None
+    if code != 0:
+        err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
+        raise HarnessError(f"{cap.name} failed after its snapshot (status {code}): {err.strip()}")
 
 
 def main(argv: list[str] | None = None) -> int:

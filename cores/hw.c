@@ -48,6 +48,7 @@ static struct { char key[48]; long long value; } facts[MAX_FACTS];
 static int nfacts;
 static struct { uintptr_t mem; size_t request; } mmapped[MAX_MMAPPED];
 static int nmmapped;
+static int trim_fd = -1;
 static struct { uintptr_t mem, size; int mmapped; } large_tcache[MAX_MMAPPED];
 static int nlarge;
 static uintptr_t freed[FREED_SLOTS];
@@ -438,6 +439,15 @@ void hw_init(int argc, char **argv, const char *reproducer_name)
     sem_init(&arrivals, 0, 0);
     mi_file = open_output(dir, "malloc_info.xml", mi_buf, sizeof mi_buf);
     ledger_file = open_output(dir, "ledger.json", ledger_buf, sizeof ledger_buf);
+    {
+        char path[4096];
+        snprintf(path, sizeof path, "%s/trim.json", dir);
+        trim_fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (trim_fd < 0) {
+            perror(path);
+            exit(2);
+        }
+    }
     if (glibc_major == 2 && glibc_minor < 29)
         die("the tcache ledger needs glibc 2.29 or later");
     learn_key();
@@ -484,6 +494,37 @@ static void write_ledger(void)
     fprintf(f, "\n  ]\n}\n");
 }
 
+/* Anonymous resident memory of this process in bytes, read without allocating. */
+static long rss_anon(void)
+{
+    static char buf[8192];
+    int fd = open("/proc/self/status", O_RDONLY);
+    if (fd < 0)
+        die("cannot open /proc/self/status");
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0)
+        die("cannot read /proc/self/status");
+    buf[n] = 0;
+    char *line = strstr(buf, "RssAnon:");
+    if (!line)
+        die("no RssAnon in /proc/self/status");
+    return strtol(line + 8, NULL, 10) * 1024;
+}
+
+/* After the core: what malloc_trim(0) really gives back (trim.json). */
+static void measure_trim(void)
+{
+    static char out[256];
+    long before = rss_anon();
+    int released = malloc_trim(0);
+    long after = rss_anon();
+    int n = snprintf(out, sizeof out, "{\"rss_anon_before\": %ld, \"rss_anon_after\": %ld, \"returned\": %d}\n",
+                     before, after, released);
+    if (write(trim_fd, out, (size_t)n) != n || close(trim_fd) != 0)
+        die("cannot write trim.json");
+}
+
 void hw_snapshot(void)
 {
     if (malloc_info(0, mi_file) != 0)
@@ -492,6 +533,7 @@ void hw_snapshot(void)
     if (fflush(mi_file) || fflush(ledger_file))
         die("cannot write the oracle files");
     raise(SIGSTOP);
+    measure_trim();
 }
 
 void hw_park(void)

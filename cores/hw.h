@@ -66,7 +66,9 @@ int hw_tcache_fill(void);
 
 /* Writes malloc_info.xml and ledger.json, then stops the process (SIGSTOP).
  * All other threads must be parked (not inside malloc) before this is called.
- * When resumed (SIGCONT), returns so the program may continue. */
+ * When resumed (SIGCONT), it calls malloc_trim(0) and writes trim.json: the
+ * anonymous RSS before and after (measured without allocating), then returns
+ * so the program may end. */
 void hw_snapshot(void);
 
 /* Parks the calling thread forever without touching the heap. */

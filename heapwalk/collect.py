@@ -11,6 +11,7 @@ import struct
 from dataclasses import dataclass
 
 from .chunkwalk import account, list_states
+from .trim import estimate_trim
 from .discovery import Discovery
 from .layout import MP_INT_FIELDS, NBINS, SIZE_BITS, Layout
 from .memory import Memory, ReadError, u64
@@ -201,4 +202,8 @@ def collect(mem: Memory, disc: Discovery, threads: list[ThreadRegs], target: str
     if walk_chunks:
         states = list_states(state)
         state.accounts.update({a.address: account(mem, disc.layout, a, states) for a in arenas})
+        thp = (mp.get("thp_pagesize") or 0) if mp else 0
+        contiguous = not (mp and mp.get("hp_pagesize"))
+        state.trims.update({a.address: estimate_trim(mem, disc.layout, a, states, thp,
+                                                     contiguous and not a.noncontiguous) for a in arenas})
     return state

@@ -65,7 +65,13 @@ def account_json(acc) -> dict[str, Any]:
     }
 
 
-def _arena_json(a: Arena, kinds: Iterable[str], acc=None) -> dict[str, Any]:
+def trim_json(t) -> dict[str, Any]:
+    """What malloc_trim(0) would release from an arena (see heapwalk/trim.py)."""
+    return {"total": t.total, "resident": t.resident, "madvise": t.madvise, "madvise_resident": t.madvise_resident,
+            "systrim": t.systrim, "systrim_resident": t.systrim_resident, "kept_free": t.kept_free}
+
+
+def _arena_json(a: Arena, kinds: Iterable[str], acc=None, trim=None) -> dict[str, Any]:
     kinds = set(kinds)
     bins: dict[str, Any] = {}
     if "fast" in kinds:
@@ -94,6 +100,7 @@ def _arena_json(a: Arena, kinds: Iterable[str], acc=None) -> dict[str, Any]:
                    "pagesize": h.pagesize} for h in a.heaps],
         "bins": bins,
         "accounting": None if acc is None else account_json(acc),
+        "trim": None if trim is None else trim_json(trim),
         "findings": [_finding(f) for f in a.findings],
     }
 
@@ -134,7 +141,8 @@ def state_to_json(state: HeapState, arenas: Iterable[int] | None = None, kinds: 
         "main_arena": state.main_arena,
         "discovery": facts,
         "mp": None if state.mp is None else {"address": state.mp.address, **state.mp.values},
-        "arenas": [_arena_json(a, kinds, state.accounts.get(a.address)) for a in state.arenas
+        "arenas": [_arena_json(a, kinds, state.accounts.get(a.address), state.trims.get(a.address))
+                   for a in state.arenas
                    if wanted_arenas is None or a.address in wanted_arenas],
         "threads": [_thread_json(t) for t in state.threads
                     if wanted_threads is None or t.number in wanted_threads],

@@ -224,6 +224,7 @@ class HeapState:
     facts: tuple[Fact, ...] = ()
     findings: tuple[Finding, ...] = field(default=())
     accounts: dict = field(default_factory=dict)  # arena address -> chunkwalk.Account, when walked
+    trims: dict = field(default_factory=dict)     # arena address -> trim.TrimEstimate, when walked
     glibc_label: str = ""           # "2.36", or the range memory showed when the version is unknown
 
     @property

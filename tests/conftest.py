@@ -74,7 +74,7 @@ def glibc(name: str) -> Glibc:
 
 
 def _fresh(directory: Path, name: str) -> bool:
-    needed = [directory / f for f in ("core", "malloc_info.xml", "ledger.json", "meta.json")]
+    needed = [directory / f for f in ("core", "malloc_info.xml", "ledger.json", "meta.json", "trim.json")]
     if not all(p.exists() for p in needed):
         return False
     sources = [ROOT / "cores" / f"{name}.c", ROOT / "cores" / "hw.c", ROOT / "cores" / "hw.h",

@@ -136,6 +136,28 @@ def test_the_chunk_walk_meets_every_listed_chunk(json_of, g, name):
         sum(1 for t in doc["threads"] if t["tcache"])
 
 
+@pytest.mark.parametrize("g,name", CASES)
+def test_the_trim_estimate_is_the_rss_malloc_trim_gave_back(json_of, g, name):
+    """After its core, each reproducer ran malloc_trim(0) and measured its anonymous RSS before and after."""
+    doc = json_of(g, name, False)
+    measured = json.loads(capture(g, name).trim.read_text())
+    drop = measured["rss_anon_before"] - measured["rss_anon_after"]
+    estimate = sum(a["trim"]["resident"] for a in doc["arenas"])
+    assert abs(estimate - drop) <= max(0.01 * drop, 8192), (estimate, drop)
+    assert all(a["trim"]["resident"] <= a["trim"]["total"] for a in doc["arenas"])
+
+
+@pytest.mark.parametrize("g", GLIBCS)
+def test_trim_frees_the_thread_arenas_but_not_the_small_fragments(json_of, g):
+    much = json_of(g, "thread_arenas", False)
+    assert sum(a["trim"]["resident"] for a in much["arenas"]) > 4 << 20
+    little = json_of(g, "small_vectors", False)
+    (arena,) = little["arenas"]
+    assert arena["accounting"]["free"] > 1 << 20, "much free memory ..."
+    assert arena["trim"]["resident"] < 16 << 10, "... in pieces no trim can return"
+    assert arena["trim"]["kept_free"] >= arena["accounting"]["free"] - arena["accounting"]["bytes"]["tcache"]
+
+
 def _without_found_by(doc: dict) -> dict:
     doc = json.loads(json.dumps(doc))
     doc["discovery"] = {k: v["value"] for k, v in doc["discovery"].items()}

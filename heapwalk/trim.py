@@ -1,0 +1,122 @@
+"""What ``malloc_trim(0)`` would give back, computed from memory the way glibc's trim works.
+
+For every arena glibc first consolidates the fastbins (up to 2.42): each
+fastbin chunk merges with free neighbours and, next to top, into top.  Then it
+``madvise(MADV_DONTNEED)``s the page-aligned interior of every free chunk in
+the unsorted bin and in the bins that can hold a page (past its first 48
+bytes: header and links stay).  Only for the main arena, and only when it is
+contiguous, it then lowers the break: top minus MINSIZE, rounded down to pages
+(or to the transparent huge page size when one is set).  tcache is not
+flushed, and a thread arena's top is never trimmed.
+
+The core cannot say which of those pages are resident.  An all-zero page is
+counted as not resident (never touched, or already given back), so
+`TrimEstimate.resident` is the drop in RSS to expect and `TrimEstimate.total`
+the address space released.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .chunkwalk import Account, ChunkState, extents, walk_extent
+from .layout import MINSIZE, Layout
+from .memory import Memory, ReadError
+from .model import Arena
+
+__all__ = ["TrimEstimate", "estimate_trim", "PAGE"]
+
+PAGE = 4096
+_LINKS = 48                     # sizeof(struct malloc_chunk): stays resident in a trimmed chunk
+_RUN_STATES = (ChunkState.FAST, ChunkState.UNSORTED, ChunkState.SMALL, ChunkState.LARGE)
+
+
+@dataclass
+class TrimEstimate:
+    """Bytes malloc_trim(0) would release from one arena, and how many of them are resident."""
+
+    arena: int
+    madvise: int = 0            # page interiors of free chunks (address space keeps its mapping)
+    madvise_resident: int = 0
+    systrim: int = 0            # the main arena's top, given back to the kernel
+    systrim_resident: int = 0
+    kept_free: int = 0          # free bytes no trim can return: sub-page pieces, links, tcache, thread tops
+    runs: list[tuple[int, int]] = field(default_factory=list)  # consolidated free chunks (address, size)
+
+    @property
+    def total(self) -> int:
+        return self.madvise + self.systrim
+
+    @property
+    def resident(self) -> int:
+        return self.madvise_resident + self.systrim_resident
+
+
+def _resident_bytes(mem: Memory, start: int, length: int) -> int:
+    """Bytes of the pages in [start, start+length) that hold anything but zeros (page-aligned range)."""
+    resident = 0
+    zero = bytes(PAGE)
+    for page in range(start, start + length, PAGE):
+        try:
+            if mem.read(page, PAGE) != zero:
+                resident += PAGE
+        except ReadError:
+            continue
+    return resident
+
+
+def _page_interior(address: int, size: int) -> tuple[int, int]:
+    """(start, length) of the whole pages mtrim would madvise in a free chunk."""
+    if size <= PAGE - 1 + _LINKS:
+        return 0, 0
+    start = (address + _LINKS + PAGE - 1) & ~(PAGE - 1)
+    rest = address + size - start
+    return (start, rest & ~(PAGE - 1)) if rest > PAGE - 1 else (0, 0)
+
+
+def estimate_trim(mem: Memory, layout: Layout, arena: Arena, states: dict[int, ChunkState],
+                  thp_pagesize: int = 0, main_contiguous: bool = True) -> TrimEstimate:
+    """Simulates malloc_trim(0) on ARENA: consolidation, madvise of free interiors, and the main arena's systrim."""
+    est = TrimEstimate(arena.address)
+    consolidate = layout.has_fastbins
+    top_start, top_size = arena.top, arena.top_size
+    scratch = Account(arena.address, arena.system_mem)
+    for extent in extents(arena, layout):
+        run_start, run_size, run_has_fast = None, 0, False
+        for chunk in walk_extent(mem, extent, arena.top, states, scratch):
+            free = chunk.state in _RUN_STATES and (consolidate or chunk.state is not ChunkState.FAST)
+            if chunk.state is ChunkState.TCACHE:
+                est.kept_free += chunk.size
+            if free:
+                if run_start is None:
+                    run_start, run_size, run_has_fast = chunk.address, 0, False
+                run_size += chunk.size
+                run_has_fast |= chunk.state is ChunkState.FAST
+                continue
+            if run_start is not None:
+                if chunk.state is ChunkState.TOP and run_has_fast:
+                    top_start, top_size = run_start, top_size + run_size  # consolidation merges into top
+                elif chunk.state is ChunkState.TOP:
+                    est.runs.append((run_start, run_size))  # already-binned chunks stay in their bins
+                else:
+                    est.runs.append((run_start, run_size))
+                run_start = None
+        if run_start is not None:
+            est.runs.append((run_start, run_size))
+    for address, size in est.runs:
+        start, length = _page_interior(address, size)
+        est.madvise += length
+        est.madvise_resident += _resident_bytes(mem, start, length) if length else 0
+        est.kept_free += size - length
+    if arena.is_main and main_contiguous:
+        area = top_size - MINSIZE - 1
+        unit = thp_pagesize or PAGE
+        if area > 0:
+            extra = area // unit * unit
+            est.systrim = extra
+            top_end = top_start + top_size
+            est.systrim_resident = _resident_bytes(mem, top_end - extra, extra) if extra else 0
+        est.kept_free += top_size - est.systrim
+    else:
+        est.kept_free += top_size
+    return est
