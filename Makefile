@@ -53,8 +53,8 @@ cores: sysroots
 demo: venv
 	@$(PY) cores/harness.py $(BUILD)/demo --bindir $(BUILD)/bin thread_arenas
 	@echo
-	@echo "== gdb -batch -x gdbinit -ex 'heapwalk arenas' -ex 'heapwalk bins --arena 1' -ex 'heapwalk tcache' EXE CORE"
-	@gdb -nx -batch -q -x gdbinit -ex 'heapwalk arenas' -ex 'heapwalk bins --arena 1' -ex 'heapwalk tcache' \
+	@echo "== gdb -batch -x gdbinit -ex 'heapwalk report' -ex 'heapwalk tcache --thread 2' EXE CORE"
+	@gdb -nx -batch -q -x gdbinit -ex 'heapwalk report' -ex 'heapwalk tcache --thread 2' \
 	  $(BUILD)/bin/thread_arenas $(BUILD)/demo/thread_arenas/core 2>&1 | grep -v -e '^\[New LWP' -e '^\[Thread debugging' -e '^Using host libthread_db'
 
 # The whole suite: unit tests, reproducer cores against malloc_info and ledgers, live attach.

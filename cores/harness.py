@@ -38,7 +38,8 @@ from pathlib import Path
 import sysroots
 
 CORES_DIR = Path(__file__).resolve().parent
-REPRODUCERS = ("bins", "thread_arenas", "small_vectors", "mmapped", "second_heap", "many_arenas", "large_tcache")
+REPRODUCERS = ("bins", "thread_arenas", "small_vectors", "mmapped", "second_heap", "many_arenas", "large_tcache",
+               "leak")
 #: environment a reproducer needs to show its situation
 REPRODUCER_ENV = {"large_tcache": {"GLIBC_TUNABLES": "glibc.malloc.tcache_max=2097152"}}
 CFLAGS = ("-O1", "-g", "-pthread", "-Wall", "-Wextra", "-Wno-unused-but-set-variable")

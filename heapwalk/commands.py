@@ -13,7 +13,7 @@ import traceback
 
 import gdb  # type: ignore[import-not-found]
 
-from . import chunkinfo, jsonout, render
+from . import chunkinfo, jsonout, mallocinfo, render, report
 from .collect import collect
 from .discovery import DiscoveryError, Overrides, discover, parse_version
 from .gdbtarget import (GdbSymbols, describe_target, gdb_memory, has_target, mappings, preserved_selection,
@@ -311,11 +311,41 @@ class ChunkCommand(_Subcommand):
         _console().print(render.chunk_text(found, address))
 
 
+class ReportCommand(_Subcommand):
+    name = "report"
+
+    def make_parser(self):
+        p = _Parser(prog="heapwalk report", description="Where every byte of every arena is: per arena the "
+                    "system memory, in-use bytes, free bytes by kind, top and overhead, which add up to "
+                    "system_mem; a free-chunk size histogram; what malloc_trim(0) would give back; and a verdict "
+                    "(leak or fragmentation, and the remedies the numbers support).")
+        _json_option(p)
+        p.add_argument("--xml", metavar="FILE", help="also write glibc's malloc_info XML for this heap "
+                       "(what the process would have printed: no tcache)")
+        return p
+
+    def run(self, args) -> None:
+        state = load_state(walk_chunks=True)
+        rep = report.build_report(state)
+        console = _console()
+        console.print(render.header_text(state), end="")
+        console.print(render.report_group(state, rep, _interactive()))
+        _print_findings(console, state.all_findings())
+        if args.json:
+            document = jsonout.state_to_json(state)
+            document["report"] = jsonout.report_json(rep)
+            jsonout.dump(document, args.json)
+        if args.xml:
+            with open(args.xml, "w", encoding="utf-8") as fh:
+                fh.write(mallocinfo.malloc_info_xml(state))
+
+
 class HeapwalkPrefix(gdb.Command):
     """heapwalk: glibc heap forensics for cores and live processes.
 
 Every arena, bin and thread cache of the target, decoded read-only from memory.
 Subcommands:
+  heapwalk report   start here: where the memory is, trim estimate, verdict
   heapwalk arenas   every arena: system memory, top, free bytes per kind of list
   heapwalk bins     the free lists of each arena (fast, unsorted, small, large)
   heapwalk tcache   every thread's tcache
@@ -375,3 +405,4 @@ def register() -> None:
     TcacheCommand()
     ChunksCommand()
     ChunkCommand()
+    ReportCommand()

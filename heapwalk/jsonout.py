@@ -150,6 +150,25 @@ def state_to_json(state: HeapState, arenas: Iterable[int] | None = None, kinds: 
     }
 
 
+def report_json(rep) -> dict[str, Any]:
+    """The report's numbers and verdict (see heapwalk/report.py)."""
+    return {
+        "arenas": [{"number": a.number, "address": a.address, "kind": a.kind, "threads": a.threads, "heaps": a.heaps,
+                    "system": a.system, "in_use": a.in_use, "free": a.free, "top": a.top, "overhead": a.overhead,
+                    "trim": a.trim, "balanced": a.balanced} for a in rep.arenas],
+        "totals": {"system": rep.system, "in_use": rep.in_use, "free": rep.free, "top": rep.top,
+                   "overhead": rep.overhead, "trim": rep.trim},
+        "mmapped": {"count": rep.mmapped_count, "bytes": rep.mmapped_bytes},
+        "histogram": [{"low": b.low, "high": b.high, "count": b.count, "bytes": b.bytes} for b in rep.histogram],
+        "free_chunks": rep.free_chunks,
+        "largest_free": rep.largest_free,
+        "fragmentation": round(rep.fragmentation, 4),
+        "arena_limit": rep.arena_limit,
+        "arenas_on_free_list": rep.arenas_on_free_list,
+        "verdict": rep.verdict,
+    }
+
+
 def dump(document: dict[str, Any], path: str) -> None:
     """Writes DOCUMENT to PATH ('-' is not supported inside gdb: give a file)."""
     with open(path, "w", encoding="utf-8") as fh:

@@ -15,8 +15,9 @@ from rich.table import Table
 from rich.text import Text
 
 from .model import Arena, BinKind, BinList, Finding, HeapState, Severity, Thread
+from .report import Report, human
 
-__all__ = ["make_console", "human", "arenas_table", "bins_tables", "tcache_tables", "findings_text", "header_text",
+__all__ = ["make_console", "human", "report_group", "arenas_table", "bins_tables", "tcache_tables", "findings_text", "header_text",
            "chunks_table", "chunk_text"]
 
 
@@ -30,19 +31,6 @@ def make_console(file, interactive: bool, width: int | None = None) -> Console:
 
 def _box(interactive: bool):
     return box.ROUNDED if interactive else box.ASCII2
-
-
-def human(n: int) -> str:
-    """Bytes in binary units with three significant figures: 1536 -> '1.50 KiB'."""
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(value) < 1024 or unit == "TiB":
-            if unit == "B":
-                return f"{int(value)} B"
-            digits = 0 if abs(value) >= 100 else 1 if abs(value) >= 10 else 2
-            return f"{value:.{digits}f} {unit}"
-        value /= 1024
-    return f"{n} B"
 
 
 def _sum(lists: Iterable[BinList]) -> tuple[int, int]:
@@ -209,6 +197,44 @@ def chunk_text(found, address: int) -> Text:
         if n is not None:
             text.append(f"  {label}: {n.address:#x}, size {n.size:#x}, {n.state.value}\n")
     return text
+
+
+def report_group(state: HeapState, rep: Report, interactive: bool) -> Group:
+    """The report: per-arena table with totals, histogram, trim estimate and verdict."""
+    table = Table(title="where the memory is", box=_box(interactive), title_justify="left", show_footer=True)
+    cols = (("#", "right"), ("arena", "left"), ("kind", "left"), ("threads", "right"), ("heaps", "right"),
+            ("system", "right"), ("in use", "right"), ("free: tcache", "right"), ("fast", "right"),
+            ("bins", "right"), ("top", "right"), ("overhead", "right"), ("trim frees", "right"))
+    totals = {"arena": f"{len(rep.arenas)} arenas", "system": human(rep.system), "in use": human(rep.in_use),
+              "free: tcache": human(sum(a.free["tcache"] for a in rep.arenas)),
+              "fast": human(sum(a.free["fast"] for a in rep.arenas)),
+              "bins": human(sum(a.free["unsorted"] + a.free["small"] + a.free["large"] for a in rep.arenas)),
+              "top": human(rep.top), "overhead": human(rep.overhead), "trim frees": human(rep.trim)}
+    for name, justify in cols:
+        table.add_column(name, justify=justify, no_wrap=True, footer=totals.get(name, ""))
+    for a in rep.arenas:
+        bins = a.free["unsorted"] + a.free["small"] + a.free["large"]
+        table.add_row(str(a.number), f"{a.address:#x}", a.kind, str(a.threads), str(a.heaps), human(a.system),
+                      human(a.in_use), human(a.free["tcache"]), human(a.free["fast"]), human(bins), human(a.top),
+                      human(a.overhead), human(a.trim))
+    lines = Text()
+    lines.append(f"mmapped chunks: {rep.mmapped_count}, {human(rep.mmapped_bytes)}\n")
+    lines.append(f"arenas: {len(rep.arenas)} ({rep.arenas_on_free_list} on the free list of exited threads); "
+                 f"limit {rep.arena_limit}\n")
+    if not all(a.balanced for a in rep.arenas):
+        lines.append("accounting: some arenas do not add up to system_mem (see the findings)\n", style="red")
+    lines.append(f"free chunks: {rep.free_chunks}, {human(rep.free)}; largest {human(rep.largest_free)}; "
+                 f"fragmentation {rep.fragmentation:.2f} (1 - largest / all free)\n")
+    hist = Table(title="free chunks by size", box=_box(interactive), title_justify="left")
+    for name in ("size", "chunks", "bytes", "share"):
+        hist.add_column(name, justify="right" if name != "size" else "left", no_wrap=True)
+    for b in rep.histogram:
+        hist.add_row(f"{human(b.low)} - {human(b.high)}", str(b.count), human(b.bytes),
+                     f"{100 * b.bytes / rep.free:.0f}%" if rep.free else "-")
+    verdict = Text("verdict:\n", style="bold")
+    for sentence in rep.verdict:
+        verdict.append(f"  - {sentence}\n")
+    return Group(table, lines, hist, verdict)
 
 
 def findings_text(findings: Iterable[Finding], limit: int = 50) -> Text | None:

@@ -1,0 +1,217 @@
+"""The report: where every byte of every arena is, a free-chunk histogram, the trim estimate, and a verdict.
+
+`build_report` reads a `HeapState` decoded with its chunk walk (accounts and
+trim estimates) and returns plain numbers and sentences; `heapwalk.render`
+lays them out and `heapwalk.jsonout` writes them.  The verdict says only what
+the numbers support: fragmentation (free memory malloc holds) or memory in
+use (live data or a leak), which arenas hold it, what malloc_trim(0) would
+give back, and the remedies that fit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .chunkwalk import FREE_STATES, ChunkState
+from .model import HeapState
+
+__all__ = ["ArenaRow", "Bucket", "Report", "build_report", "human"]
+
+MiB = 1 << 20
+
+
+def human(n: float) -> str:
+    """Bytes in binary units with three significant figures: 1536 -> '1.50 KiB'."""
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            if unit == "B":
+                return f"{int(value)} B"
+            return f"{value:.3g} {unit}" if value < 100 else f"{value:.0f} {unit}"
+        value /= 1024
+    return f"{value} TiB"
+
+
+@dataclass
+class ArenaRow:
+    """One arena's line: where its system memory goes."""
+
+    number: int
+    address: int
+    kind: str
+    threads: int
+    heaps: int
+    system: int
+    in_use: int                  # in-use chunks, tcache structs
+    free: dict[str, int]         # tcache, fast, unsorted, small, large (bytes)
+    top: int
+    overhead: int
+    trim: int                    # resident bytes malloc_trim(0) would return
+    balanced: bool
+
+    @property
+    def free_total(self) -> int:
+        return sum(self.free.values())
+
+
+@dataclass
+class Bucket:
+    """Free chunks of sizes [low, high): how many and how many bytes."""
+
+    low: int
+    high: int
+    count: int = 0
+    bytes: int = 0
+
+
+@dataclass
+class Report:
+    arenas: list[ArenaRow]
+    mmapped_count: int
+    mmapped_bytes: int
+    histogram: list[Bucket]
+    largest_free: int
+    free_chunks: int
+    arena_limit: str
+    arenas_on_free_list: int
+    verdict: list[str] = field(default_factory=list)
+
+    @property
+    def system(self) -> int:
+        return sum(a.system for a in self.arenas)
+
+    @property
+    def in_use(self) -> int:
+        return sum(a.in_use for a in self.arenas)
+
+    @property
+    def free(self) -> int:
+        return sum(a.free_total for a in self.arenas)
+
+    @property
+    def top(self) -> int:
+        return sum(a.top for a in self.arenas)
+
+    @property
+    def overhead(self) -> int:
+        return sum(a.overhead for a in self.arenas)
+
+    @property
+    def trim(self) -> int:
+        return sum(a.trim for a in self.arenas)
+
+    @property
+    def fragmentation(self) -> float:
+        """1 - largest free chunk / all free bytes (0: one free block; near 1: many small pieces)."""
+        return 1 - self.largest_free / self.free if self.free else 0.0
+
+
+def _free_sizes(state: HeapState):
+    """The size of every free chunk of the arenas: bins, fastbins and tcache (not top; not the mmapped chunks
+    that 2.43's tcache may hold, which count with the mmapped memory)."""
+    heaps = [(h.address, h.address + h.size) for a in state.arenas for h in a.heaps]
+    for arena in state.arenas:
+        for lst in arena.free_lists():
+            yield from lst.sizes
+    for thread in state.threads:
+        if thread.tcache is None:
+            continue
+        for b in thread.tcache.bins:
+            sizes = b.sizes or (b.chunk_size,) * len(b.entries)
+            for entry, size in zip(b.entries, sizes):
+                if any(lo <= entry < hi for lo, hi in heaps):
+                    yield size
+
+
+def _histogram(state: HeapState) -> tuple[list[Bucket], int, int]:
+    buckets: dict[int, Bucket] = {}
+    largest = count = 0
+    for size in _free_sizes(state):
+        exp = max(size.bit_length() - 1, 5)
+        b = buckets.setdefault(exp, Bucket(1 << exp, 1 << (exp + 1)))
+        b.count += 1
+        b.bytes += size
+        largest = max(largest, size)
+        count += 1
+    return [buckets[k] for k in sorted(buckets)], largest, count
+
+
+def _rows(state: HeapState) -> list[ArenaRow]:
+    users: dict[int, int] = {}
+    for t in state.threads:
+        if t.arena:
+            users[t.arena] = users.get(t.arena, 0) + 1
+    rows = []
+    for a in state.arenas:
+        acc = state.accounts[a.address]
+        trim = state.trims.get(a.address)
+        free = {s.value: acc.bytes[s] for s in FREE_STATES if s is not ChunkState.FREE_UNLISTED}
+        free["unsorted"] += acc.bytes[ChunkState.FREE_UNLISTED]
+        rows.append(ArenaRow(a.number, a.address, a.kind, users.get(a.address, 0), len(a.heaps), a.system_mem,
+                             acc.bytes[ChunkState.IN_USE] + acc.bytes[ChunkState.TCACHE_STRUCT], free,
+                             acc.bytes[ChunkState.TOP], acc.overhead + acc.bytes[ChunkState.FENCEPOST],
+                             trim.resident if trim else 0, acc.balanced))
+    return rows
+
+
+def _pct(part: float, whole: float) -> str:
+    return f"{100 * part / whole:.0f}%" if whole else "0%"
+
+
+def _verdict(rep: Report, state: HeapState) -> list[str]:
+    """Plain sentences, each backed by the numbers above it."""
+    out = []
+    held = rep.system
+    if not held:
+        return ["malloc holds no memory in its arenas."]
+    idle = rep.free + rep.top
+    threads = [a for a in rep.arenas if a.kind == "thread"]
+    thread_system = sum(a.system for a in threads)
+    small_free = sum(b.bytes for b in rep.histogram if b.high <= 4096)
+    if idle >= 0.25 * held and idle >= MiB:
+        out.append(f"Fragmentation, not a leak: {human(idle)} of the {human(held)} malloc holds in its arenas "
+                   f"({_pct(idle, held)}) is free (free chunks {human(rep.free)}, top chunks {human(rep.top)}); "
+                   f"{human(rep.in_use)} is in use.")
+        if len(threads) > 1 and thread_system >= 0.5 * held:
+            thread_idle = sum(a.free_total + a.top for a in threads)
+            out.append(f"{len(threads)} thread arenas hold {human(thread_system)}, {human(thread_idle)} of it free: "
+                       "each thread that hits a locked arena gets its own, and their free memory is not shared. "
+                       "MALLOC_ARENA_MAX=2 (or 4) caps the arena count.")
+        if rep.trim >= 0.1 * idle and rep.trim >= MiB:
+            out.append(f"malloc_trim(0) would give back {human(rep.trim)} now. Calling it periodically (or after "
+                       "peaks), or a lower M_TRIM_THRESHOLD, returns such memory without a restart.")
+        elif small_free >= 0.5 * rep.free:
+            out.append(f"{human(small_free)} of the free memory is in chunks under 4 KiB "
+                       f"({rep.free_chunks} free chunks; fragmentation {rep.fragmentation:.2f}): malloc_trim(0) "
+                       f"would return only {human(rep.trim)}. Only fewer long-lived small allocations, or an "
+                       "allocator that returns small-object pages (jemalloc, tcmalloc), would shrink it.")
+        main = next((a for a in rep.arenas if a.kind == "main"), None)
+        if main and main.top >= 0.25 * held and main.trim < main.top // 2:
+            out.append(f"The main arena's top chunk holds {human(main.top)} that trim cannot lower: "
+                       "in-use chunks above it pin the break.")
+    elif rep.in_use >= 0.75 * held:
+        out.append(f"Memory in use, not fragmentation: {human(rep.in_use)} of the {human(held)} malloc holds "
+                   f"({_pct(rep.in_use, held)}) is in chunks the program still holds, and only {human(idle)} is "
+                   "free. That is live data or a leak: 'heapwalk chunks --used --min SIZE' shows the largest "
+                   "holders; two cores taken some time apart show what grows.")
+    else:
+        out.append(f"{human(rep.in_use)} in use and {human(idle)} free of the {human(held)} malloc holds: "
+                   "neither fragmentation nor growth stands out.")
+    if rep.mmapped_bytes >= 0.25 * (held + rep.mmapped_bytes) and rep.mmapped_bytes >= MiB:
+        out.append(f"{human(rep.mmapped_bytes)} is in {rep.mmapped_count} mmapped chunks (requests above "
+                   "M_MMAP_THRESHOLD): they return to the system when freed.")
+    return out
+
+
+def build_report(state: HeapState) -> Report:
+    """The report of a state decoded with walk_chunks=True."""
+    rows = _rows(state)
+    histogram, largest, count = _histogram(state)
+    mp = state.mp
+    arena_max = mp.get("arena_max") if mp else None
+    limit = (f"{arena_max} (MALLOC_ARENA_MAX / M_ARENA_MAX)" if arena_max
+             else "8 x the CPU count (the default; the core does not record the CPU count)")
+    rep = Report(rows, (mp.get("n_mmaps") or 0) if mp else 0, (mp.get("mmapped_mem") or 0) if mp else 0,
+                 histogram, largest, count, limit, sum(1 for a in state.arenas if a.on_free_list))
+    rep.verdict = _verdict(rep, state)
+    return rep

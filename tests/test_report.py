@@ -1,0 +1,72 @@
+"""'heapwalk report': malloc_info XML rebuilt to the byte, totals that add up, and a verdict that fits."""
+
+from __future__ import annotations
+
+import functools
+import json
+
+import pytest
+
+from conftest import GLIBCS, capture, glibc, run_gdb
+from harness import REPRODUCERS
+
+pytestmark = pytest.mark.cores
+
+CASES = [pytest.param(g, n, id=f"{g}-{n}") for g in GLIBCS for n in REPRODUCERS]
+
+
+@pytest.fixture(scope="session")
+def report_of(tmp_path_factory):
+    """report_of(glibc, name) -> (JSON document, XML text, gdb's stdout) of 'heapwalk report', symbols hidden."""
+    tmp = tmp_path_factory.mktemp("report")
+
+    @functools.cache
+    def compute(g: str, name: str):
+        c = capture(g, name)
+        js, xml = tmp / f"{g}-{name}.json", tmp / f"{g}-{name}.xml"
+        result = run_gdb([str(c.exe), str(c.core)], [f"heapwalk report --json {js} --xml {xml}"],
+                         iex=glibc(g).gdb_settings(False))
+        assert result.returncode == 0 and js.exists(), result.stderr
+        return json.loads(js.read_text()), xml.read_text(), result.stdout
+    return compute
+
+
+@pytest.mark.parametrize("g,name", CASES)
+def test_xml_is_what_malloc_info_printed(report_of, g, name):
+    _, xml, _ = report_of(g, name)
+    assert xml == capture(g, name).malloc_info.read_text()
+
+
+@pytest.mark.parametrize("g,name", CASES)
+def test_report_totals_add_up(report_of, g, name):
+    doc, _, _ = report_of(g, name)
+    rep = doc["report"]
+    for row in rep["arenas"]:
+        assert row["balanced"]
+        assert row["in_use"] + sum(row["free"].values()) + row["top"] + row["overhead"] == row["system"]
+    assert rep["totals"]["system"] == sum(a["system_mem"] for a in doc["arenas"])
+    assert sum(b["bytes"] for b in rep["histogram"]) == rep["totals"]["free"]
+    assert rep["largest_free"] <= rep["totals"]["free"]
+    assert rep["mmapped"] == {"count": doc["mp"]["n_mmaps"], "bytes": doc["mp"]["mmapped_mem"]}
+
+
+@pytest.mark.parametrize("g", GLIBCS)
+def test_verdict_names_fragmentation_only_where_memory_is_free(report_of, g):
+    for name in ("thread_arenas", "small_vectors"):
+        verdict = report_of(g, name)[0]["report"]["verdict"]
+        assert verdict[0].startswith("Fragmentation, not a leak"), (name, verdict)
+    arenas = report_of(g, "thread_arenas")[0]["report"]["verdict"]
+    assert any("MALLOC_ARENA_MAX" in v for v in arenas) and any("malloc_trim(0) would give back" in v for v in arenas)
+    small = report_of(g, "small_vectors")[0]["report"]["verdict"]
+    assert any("chunks under 4 KiB" in v for v in small) and not any("MALLOC_ARENA_MAX" in v for v in small)
+    leak = report_of(g, "leak")[0]["report"]["verdict"]
+    assert leak[0].startswith("Memory in use, not fragmentation") and not any("ragmentation, " in v for v in leak)
+
+
+def test_report_reads_well_in_a_batch_log(report_of):
+    doc, _, out = report_of("system", "thread_arenas")
+    assert "\x1b[" not in out
+    for line in ("where the memory is", "9 arenas", "free chunks by size", "verdict:", "trim frees",
+                 "main_arena 0x"):
+        assert line in out, line
+    assert max(len(line) for line in out.splitlines()) <= 200
