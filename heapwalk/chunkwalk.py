@@ -25,7 +25,7 @@ from .memory import Memory, ReadError
 from .model import Arena, BinKind, Finding, HeapState, Severity
 
 __all__ = ["ChunkState", "Chunk", "Extent", "Account", "list_states", "extents", "walk_extent", "account",
-           "FREE_STATES"]
+           "FREE_STATES", "MmappedChunk", "find_mmapped"]
 
 _WINDOW = 1 << 18
 
@@ -214,3 +214,46 @@ def account(mem: Memory, layout: Layout, arena: Arena, states: dict[int, ChunkSt
                                     f"the walk accounts for {acc.accounted:#x} bytes, system_mem is "
                                     f"{acc.system_mem:#x}"))
     return acc
+
+
+@dataclass(frozen=True, slots=True)
+class MmappedChunk:
+    """A chunk with a mapping of its own: its address, size field (masked), and the bytes of its mapping."""
+
+    address: int
+    size: int
+    span: int
+
+
+def find_mmapped(mem: Memory, layout: Layout, regions: list[tuple[int, int]], skip: list[tuple[int, int]],
+                 limit: int = 1 << 20) -> list[MmappedChunk]:
+    """Mmapped chunks at the start of anonymous memory regions (and packed after each other within one).
+
+    A mapping made for one chunk starts with its header: prev_size 0 (the
+    front padding, which only memalign'd chunks have) and a size with
+    IS_MMAPPED set and NON_MAIN_ARENA clear, spanning whole pages that fit in
+    the region; the kernel may merge neighbouring ones into one region.
+    Regions overlapping SKIP (heaps, libc) are not looked at; chunks with
+    front padding are not found (the totals then disagree with mp_, which
+    the caller reports).
+    """
+    from .layout import IS_MMAPPED, NON_MAIN_ARENA
+    out: list[MmappedChunk] = []
+    for start, end in regions:
+        if any(lo < end and start < hi for lo, hi in skip):
+            continue
+        at = start
+        while at < end and len(out) < limit:
+            try:
+                prev_size, size_field = struct.unpack("<QQ", mem.read(at, 16))
+            except ReadError:
+                break
+            size = size_field & ~SIZE_BITS
+            if prev_size or not size_field & IS_MMAPPED or size_field & NON_MAIN_ARENA or size < MINSIZE:
+                break
+            span = layout.mmapped_span(0, size)
+            if span % 4096 or at + span > end:
+                break
+            out.append(MmappedChunk(at, size, span))
+            at += span
+    return out

@@ -10,7 +10,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-from .chunkwalk import account, list_states
+from .chunkwalk import account, find_mmapped, list_states
 from .trim import estimate_trim
 from .discovery import Discovery
 from .layout import MP_INT_FIELDS, NBINS, SIZE_BITS, Layout
@@ -164,11 +164,29 @@ def _thread(mem: Memory, disc: Discovery, regs: ThreadRegs, fill_count: int | No
     return Thread(regs.number, regs.lwp, regs.fs_base or 0, arena or None, tcache_ptr or None, tcache), findings
 
 
+def _mmapped(mem: Memory, disc: Discovery, state: HeapState, regions: list[tuple[int, int]]):
+    """The mmapped chunks in REGIONS outside heaps and libc, checked against mp_'s counters."""
+    skip = [(h.address, h.address + (disc.heap_max_size if not a.is_main else h.size))
+            for a in state.arenas for h in a.heaps]
+    if disc.libc_range:
+        skip.append(disc.libc_range)
+    found = find_mmapped(mem, disc.layout, regions, skip)
+    mp = state.mp
+    if mp is not None and (len(found) != mp.get("n_mmaps") or sum(c.span for c in found) != mp.get("mmapped_mem")):
+        state.findings_extra.append(Finding(
+            Severity.WARNING, 0, "mmapped chunks",
+            f"found {len(found)} mmapped chunks of {sum(c.span for c in found)} bytes; mp_ counts "
+            f"{mp.get('n_mmaps')} of {mp.get('mmapped_mem')} (chunks with front padding, or regions "
+            "missing from the core, are not found)"))
+    return found
+
+
 def collect(mem: Memory, disc: Discovery, threads: list[ThreadRegs], target: str = "",
-            walk_chunks: bool = False) -> HeapState:
+            walk_chunks: bool = False, regions: list[tuple[int, int]] | None = None) -> HeapState:
     """Decodes the whole malloc state: every arena in ring order, every thread's tcache.
 
-    WALK_CHUNKS also walks every chunk of every heap and accounts for each arena's bytes.
+    WALK_CHUNKS also walks every chunk of every heap and accounts for each arena's bytes, and looks
+    for mmapped chunks at the start of the target's memory REGIONS.
     """
     findings: list[Finding] = list(disc.findings)
     mp = None
@@ -206,4 +224,6 @@ def collect(mem: Memory, disc: Discovery, threads: list[ThreadRegs], target: str
         contiguous = not (mp and mp.get("hp_pagesize"))
         state.trims.update({a.address: estimate_trim(mem, disc.layout, a, states, thp,
                                                      contiguous and not a.noncontiguous) for a in arenas})
+        if regions is not None:
+            state.mmapped.extend(_mmapped(mem, disc, state, regions))
     return state

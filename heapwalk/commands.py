@@ -17,7 +17,7 @@ from . import chunkinfo, jsonout, mallocinfo, render, report
 from .collect import collect
 from .discovery import DiscoveryError, Overrides, discover, parse_version
 from .gdbtarget import (GdbSymbols, describe_target, gdb_memory, has_target, mappings, preserved_selection,
-                        thread_registers)
+                        regions, thread_registers)
 from .model import HeapState
 
 __all__ = ["register"]
@@ -98,7 +98,8 @@ def load_target(walk_chunks: bool = False):
         mem = gdb_memory()
         threads = thread_registers()
         disc = discover(mem, GdbSymbols(), _overrides(), mappings(), [t.fs_base for t in threads if t.fs_base])
-        return collect(mem, disc, threads, describe_target(), walk_chunks), mem, disc.layout
+        return collect(mem, disc, threads, describe_target(), walk_chunks,
+                       regions() if walk_chunks else None), mem, disc.layout
 
 
 def load_state(walk_chunks: bool = False) -> HeapState:

@@ -18,7 +18,7 @@ from .elfmem import Mapping
 from .memory import CachedMemory
 
 __all__ = ["gdb_memory", "GdbSymbols", "thread_registers", "describe_target", "preserved_selection", "has_target",
-           "mappings"]
+           "mappings", "regions"]
 
 _MAPPING_LINE = re.compile(r"^\s*(0x[0-9a-f]+)\s+(0x[0-9a-f]+)\s+0x[0-9a-f]+\s+(0x[0-9a-f]+)"
                            r"(?:\s+[r-][w-][x-][ps])?(?:\s+(.*?))?\s*$")
@@ -133,6 +133,21 @@ def describe_target() -> str:
             pass
         return f"core file {core} of {exe}"
     return f"process {inferior.pid} ({exe})"
+
+
+_CORE_SEGMENT = re.compile(r"^\s*(0x[0-9a-f]+) - (0x[0-9a-f]+) is load\d+", re.M)
+
+
+def regions() -> list[tuple[int, int]]:
+    """Every memory region of the target: a core's load segments, or a live process's mappings."""
+    connection = getattr(gdb.selected_inferior(), "connection", None)
+    if getattr(connection, "type", None) == "core":
+        try:
+            text = gdb.execute("info files", to_string=True)
+        except gdb.error:
+            return []
+        return [(int(a, 16), int(b, 16)) for a, b in _CORE_SEGMENT.findall(text)]
+    return [(m.start, m.end) for m in mappings()]
 
 
 def mappings() -> list[Mapping]:

@@ -146,7 +146,10 @@ def state_to_json(state: HeapState, arenas: Iterable[int] | None = None, kinds: 
                    if wanted_arenas is None or a.address in wanted_arenas],
         "threads": [_thread_json(t) for t in state.threads
                     if wanted_threads is None or t.number in wanted_threads],
-        "findings": [_finding(f) for f in state.findings],
+        "mmapped": None if not state.accounts else {
+            "count": len(state.mmapped), "bytes": sum(c.span for c in state.mmapped),
+            "chunks": [{"address": c.address, "size": c.size, "span": c.span} for c in state.mmapped]},
+        "findings": [_finding(f) for f in (*state.findings, *state.findings_extra)],
     }
 
 

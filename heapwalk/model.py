@@ -225,6 +225,8 @@ class HeapState:
     findings: tuple[Finding, ...] = field(default=())
     accounts: dict = field(default_factory=dict)  # arena address -> chunkwalk.Account, when walked
     trims: dict = field(default_factory=dict)     # arena address -> trim.TrimEstimate, when walked
+    mmapped: list = field(default_factory=list)   # chunkwalk.MmappedChunk found in memory, when walked
+    findings_extra: list = field(default_factory=list)  # findings of the chunk walk not tied to one arena
     glibc_label: str = ""           # "2.36", or the range memory showed when the version is unknown
 
     @property
@@ -243,4 +245,5 @@ class HeapState:
                 out.extend(thread.tcache.findings)
         for acc in self.accounts.values():
             out.extend(acc.findings)
+        out.extend(self.findings_extra)
         return tuple(out)

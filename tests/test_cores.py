@@ -158,6 +158,16 @@ def test_trim_frees_the_thread_arenas_but_not_the_small_fragments(json_of, g):
     assert arena["trim"]["kept_free"] >= arena["accounting"]["free"] - arena["accounting"]["bytes"]["tcache"]
 
 
+@pytest.mark.parametrize("g,name", CASES)
+def test_mmapped_chunks_found_in_memory_are_those_mp_counts(json_of, g, name):
+    doc = json_of(g, name, False)
+    found = doc["mmapped"]
+    assert (found["count"], found["bytes"]) == (doc["mp"]["n_mmaps"], doc["mp"]["mmapped_mem"])
+    mems = {c["address"] + 16 for c in found["chunks"]}
+    assert {m["mem"] for m in _ledger(g, name)["mmapped"]} <= mems
+    assert all(c["span"] % 4096 == 0 for c in found["chunks"])
+
+
 def _without_found_by(doc: dict) -> dict:
     doc = json.loads(json.dumps(doc))
     doc["discovery"] = {k: v["value"] for k, v in doc["discovery"].items()}
