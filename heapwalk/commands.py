@@ -312,6 +312,25 @@ class ChunkCommand(_Subcommand):
         _console().print(render.chunk_text(found, address))
 
 
+class ThreadsCommand(_Subcommand):
+    name = "threads"
+
+    def make_parser(self):
+        p = _Parser(prog="heapwalk threads", description="Every thread: its arena and the chunks and bytes its "
+                    "tcache holds; every arena: how many threads use it, attached_threads, and whether it waits "
+                    "on the free list of exited threads; the arena limit.")
+        _json_option(p)
+        return p
+
+    def run(self, args) -> None:
+        state = load_state()
+        console = _console()
+        console.print(render.header_text(state), end="")
+        console.print(render.threads_group(state, _interactive()))
+        if args.json:
+            jsonout.dump(jsonout.state_to_json(state, kinds=()), args.json)
+
+
 class ReportCommand(_Subcommand):
     name = "report"
 
@@ -350,6 +369,7 @@ Subcommands:
   heapwalk arenas   every arena: system memory, top, free bytes per kind of list
   heapwalk bins     the free lists of each arena (fast, unsorted, small, large)
   heapwalk tcache   every thread's tcache
+  heapwalk threads  every thread's arena and tcache; arenas, their users, the limit
   heapwalk chunks   every chunk of every heap, filtered by arena, state and size
   heapwalk chunk    the chunk holding an address: state, list, neighbours
 Most take --json FILE. 'help heapwalk SUBCOMMAND' describes its options.
@@ -407,3 +427,4 @@ def register() -> None:
     ChunksCommand()
     ChunkCommand()
     ReportCommand()
+    ThreadsCommand()

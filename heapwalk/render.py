@@ -17,7 +17,7 @@ from rich.text import Text
 from .model import Arena, BinKind, BinList, Finding, HeapState, Severity, Thread
 from .report import Report, human
 
-__all__ = ["make_console", "human", "report_group", "arenas_table", "bins_tables", "tcache_tables", "findings_text", "header_text",
+__all__ = ["make_console", "human", "report_group", "threads_group", "arenas_table", "bins_tables", "tcache_tables", "findings_text", "header_text",
            "chunks_table", "chunk_text"]
 
 
@@ -235,6 +235,36 @@ def report_group(state: HeapState, rep: Report, interactive: bool) -> Group:
     for sentence in rep.verdict:
         verdict.append(f"  - {sentence}\n")
     return Group(table, lines, hist, verdict)
+
+
+def threads_group(state: HeapState, interactive: bool) -> Group:
+    """Every thread with its arena and tcache; then the arenas with their users and attached_threads."""
+    numbers = {a.address: a.number for a in state.arenas}
+    table = Table(title="threads", box=_box(interactive), title_justify="left")
+    for name, justify in (("thread", "right"), ("lwp", "right"), ("arena", "left"), ("tcache chunks", "right"),
+                          ("tcache bytes", "right")):
+        table.add_column(name, justify=justify, no_wrap=True)
+    users: dict[int, int] = {}
+    for t in state.threads:
+        if t.arena:
+            users[t.arena] = users.get(t.arena, 0) + 1
+        arena = f"#{numbers[t.arena]} {t.arena:#x}" if t.arena in numbers else ("-" if not t.arena else
+                                                                              f"{t.arena:#x} (not in the ring)")
+        count = str(t.tcache.count) if t.tcache else "-"
+        table.add_row(str(t.number), str(t.lwp), arena, count, human(t.tcache.total) if t.tcache else "-")
+    arenas = Table(title="arenas and their threads", box=_box(interactive), title_justify="left")
+    for name, justify in (("#", "right"), ("arena", "left"), ("kind", "left"), ("threads using it", "right"),
+                          ("attached_threads", "right"), ("on free list", "left")):
+        arenas.add_column(name, justify=justify, no_wrap=True)
+    for a in state.arenas:
+        arenas.add_row(str(a.number), f"{a.address:#x}", a.kind, str(users.get(a.address, 0)),
+                       "-" if a.attached_threads is None else str(a.attached_threads),
+                       "yes" if a.on_free_list else "")
+    mp = state.mp
+    limit = mp.get("arena_max") if mp else None
+    text = Text(f"{len(state.threads)} threads, {len(state.arenas)} arenas; arena limit "
+                + (f"{limit} (MALLOC_ARENA_MAX)" if limit else "8 x the CPU count (default)") + "\n")
+    return Group(table, arenas, text)
 
 
 def findings_text(findings: Iterable[Finding], limit: int = 50) -> Text | None:

@@ -55,3 +55,16 @@ def test_chunk_describes_a_tcache_entry_and_its_neighbours(cores):
     assert "state tcache" in out and "listed in tcache bin 0 of thread 1, position 1 of" in out
     assert "previous: " in out and "next: " in out
     assert "0x10 is in no arena's heap" in result.stderr
+
+
+def test_threads_shows_each_thread_its_arena_and_each_arena_its_users(cores, core_json):
+    c = cores["many_arenas"]
+    out = run_gdb([str(c.exe), str(c.core)], ["heapwalk threads"]).stdout
+    doc = core_json["many_arenas"]
+    numbers = {a["address"]: a["number"] for a in doc["arenas"]}
+    rows = {int(line.split("|")[2]): line for line in out.splitlines()
+            if line.startswith("|") and line.split("|")[2].strip().isdigit() and "0x" in line}
+    for t in doc["threads"]:
+        assert f"#{numbers[t['arena']]} {t['arena']:#x}" in rows[t["lwp"]]
+    assert f"{len(doc['threads'])} threads, {len(doc['arenas'])} arenas; arena limit" in out
+    assert "arenas and their threads" in out
