@@ -214,6 +214,7 @@ def collect(mem: Memory, disc: Discovery, threads: list[ThreadRegs], target: str
         decoded_threads.append(thread)
         findings.extend(t_findings)
     state = HeapState(target=target, glibc_version=disc.version, glibc_label=disc.version_label,
+                      heap_max_size=disc.heap_max_size,
                       layout_name=disc.layout.name,
                       main_arena=disc.main_arena, mp=mp, arenas=tuple(arenas), threads=tuple(decoded_threads),
                       facts=tuple(facts), findings=tuple(findings))

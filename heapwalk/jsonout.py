@@ -71,7 +71,17 @@ def trim_json(t) -> dict[str, Any]:
             "systrim": t.systrim, "systrim_resident": t.systrim_resident, "kept_free": t.kept_free}
 
 
-def _arena_json(a: Arena, kinds: Iterable[str], acc=None, trim=None) -> dict[str, Any]:
+def _heap_json(a: Arena, h, heap_max: int) -> dict[str, Any]:
+    """A heap with its three sizes: in use by the arena, made read-write so far, and reserved."""
+    out = {"address": h.address, "size": h.size, "mprotect_size": h.mprotect_size, "prev": h.prev,
+           "pagesize": h.pagesize}
+    if not a.is_main:
+        out.update(reservation=heap_max, mapped_unused=max(0, h.mprotect_size - h.size),
+                   reserved_unmapped=max(0, heap_max - h.mprotect_size))
+    return out
+
+
+def _arena_json(a: Arena, kinds: Iterable[str], acc=None, trim=None, heap_max: int = 64 << 20) -> dict[str, Any]:
     kinds = set(kinds)
     bins: dict[str, Any] = {}
     if "fast" in kinds:
@@ -96,8 +106,7 @@ def _arena_json(a: Arena, kinds: Iterable[str], acc=None, trim=None) -> dict[str
         "top": {"address": a.top, "size": a.top_size},
         "last_remainder": a.last_remainder,
         "next": a.next,
-        "heaps": [{"address": h.address, "size": h.size, "mprotect_size": h.mprotect_size, "prev": h.prev,
-                   "pagesize": h.pagesize} for h in a.heaps],
+        "heaps": [_heap_json(a, h, heap_max) for h in a.heaps],
         "bins": bins,
         "accounting": None if acc is None else account_json(acc),
         "trim": None if trim is None else trim_json(trim),
@@ -141,7 +150,8 @@ def state_to_json(state: HeapState, arenas: Iterable[int] | None = None, kinds: 
         "main_arena": state.main_arena,
         "discovery": facts,
         "mp": None if state.mp is None else {"address": state.mp.address, **state.mp.values},
-        "arenas": [_arena_json(a, kinds, state.accounts.get(a.address), state.trims.get(a.address))
+        "arenas": [_arena_json(a, kinds, state.accounts.get(a.address), state.trims.get(a.address),
+                               state.heap_max_size)
                    for a in state.arenas
                    if wanted_arenas is None or a.address in wanted_arenas],
         "threads": [_thread_json(t) for t in state.threads
@@ -163,6 +173,9 @@ def report_json(rep) -> dict[str, Any]:
                    "overhead": rep.overhead, "trim": rep.trim},
         "mmapped": {"count": rep.mmapped_count, "bytes": rep.mmapped_bytes},
         "histogram": [{"low": b.low, "high": b.high, "count": b.count, "bytes": b.bytes} for b in rep.histogram],
+        "histogram_by_arena": {str(n): [{"low": b.low, "high": b.high, "count": b.count, "bytes": b.bytes}
+                                        for b in buckets] for n, buckets in rep.per_arena.items()},
+        "by_glibc_class": [{"class": name, "count": c, "bytes": b} for name, c, b in rep.classes],
         "free_chunks": rep.free_chunks,
         "largest_free": rep.largest_free,
         "fragmentation": round(rep.fragmentation, 4),

@@ -228,6 +228,7 @@ class HeapState:
     mmapped: list = field(default_factory=list)   # chunkwalk.MmappedChunk found in memory, when walked
     findings_extra: list = field(default_factory=list)  # findings of the chunk walk not tied to one arena
     glibc_label: str = ""           # "2.36", or the range memory showed when the version is unknown
+    heap_max_size: int = 64 << 20   # size and alignment of a thread arena's heap reservation
 
     @property
     def version_text(self) -> str:

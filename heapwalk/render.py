@@ -231,10 +231,15 @@ def report_group(state: HeapState, rep: Report, interactive: bool) -> Group:
     for b in rep.histogram:
         hist.add_row(f"{human(b.low)} - {human(b.high)}", str(b.count), human(b.bytes),
                      f"{100 * b.bytes / rep.free:.0f}%" if rep.free else "-")
+    classes = Table(title="free chunks by glibc size class", box=_box(interactive), title_justify="left")
+    for name in ("class", "chunks", "bytes"):
+        classes.add_column(name, justify="right" if name != "class" else "left", no_wrap=True)
+    for name, count, size in rep.classes:
+        classes.add_row(name, str(count), human(size))
     verdict = Text("verdict:\n", style="bold")
     for sentence in rep.verdict:
         verdict.append(f"  - {sentence}\n")
-    return Group(table, lines, hist, verdict)
+    return Group(table, lines, hist, classes, verdict)
 
 
 def threads_group(state: HeapState, interactive: bool) -> Group:

@@ -75,6 +75,8 @@ class Report:
     arena_limit: str
     arenas_on_free_list: int
     verdict: list[str] = field(default_factory=list)
+    classes: list[tuple[str, int, int]] = field(default_factory=list)       # by glibc's bin size classes
+    per_arena: dict[int, list[Bucket]] = field(default_factory=dict)       # arena number -> its histogram
 
     @property
     def system(self) -> int:
@@ -106,27 +108,51 @@ class Report:
         return 1 - self.largest_free / self.free if self.free else 0.0
 
 
-def _free_sizes(state: HeapState):
-    """The size of every free chunk of the arenas: bins, fastbins and tcache (not top; not the mmapped chunks
-    that 2.43's tcache may hold, which count with the mmapped memory)."""
-    heaps = [(h.address, h.address + h.size) for a in state.arenas for h in a.heaps]
-    for arena in state.arenas:
-        for lst in arena.free_lists():
-            yield from lst.sizes
+#: glibc's size classes of free chunks (x86_64): fastbin sizes, small bins, then the large-bin spacings
+GLIBC_CLASSES = ((32, 0x90, "fastbin sizes (32-128 B)"), (0x90, 1024, "small bins (144 B-1 KiB)"),
+                 (1024, 3136, "large bins, 64 B apart"), (3136, 10752, "large bins, 512 B apart"),
+                 (10752, 45056, "large bins, 4 KiB apart"), (45056, 163840, "large bins, 32 KiB apart"),
+                 (163840, 786432, "large bins, 256 KiB apart"), (786432, 1 << 62, "the last large bin"))
+
+
+def glibc_classes(sizes) -> list[tuple[str, int, int]]:
+    """(class, chunks, bytes) of SIZES by glibc's bin size classes, non-empty classes only."""
+    counts = {name: [0, 0] for _, _, name in GLIBC_CLASSES}
+    for size in sizes:
+        name = next(n for lo, hi, n in GLIBC_CLASSES if lo <= size < hi or (size < 32 and lo == 32))
+        counts[name][0] += 1
+        counts[name][1] += size
+    return [(name, c, b) for (_, _, name) in GLIBC_CLASSES for c, b in [counts[name]] if c]
+
+
+def _arena_of(state: HeapState):
+    """A function from a chunk address to the number of the arena whose heap holds it (None if none)."""
+    ranges = sorted((h.address, h.address + h.size, a.number) for a in state.arenas for h in a.heaps)
+
+    def find(address: int) -> int | None:
+        return next((n for lo, hi, n in ranges if lo <= address < hi), None)
+    return find
+
+
+def free_sizes_by_arena(state: HeapState) -> dict[int, list[int]]:
+    """Arena number -> the sizes of its free chunks (bins, fastbins, and the tcache entries in its heaps)."""
+    out: dict[int, list[int]] = {a.number: [s for lst in a.free_lists() for s in lst.sizes] for a in state.arenas}
+    find = _arena_of(state)
     for thread in state.threads:
         if thread.tcache is None:
             continue
         for b in thread.tcache.bins:
-            sizes = b.sizes or (b.chunk_size,) * len(b.entries)
-            for entry, size in zip(b.entries, sizes):
-                if any(lo <= entry < hi for lo, hi in heaps):
-                    yield size
+            for entry, size in zip(b.entries, b.sizes or (b.chunk_size,) * len(b.entries)):
+                number = find(entry)
+                if number is not None:
+                    out[number].append(size)
+    return out
 
 
-def _histogram(state: HeapState) -> tuple[list[Bucket], int, int]:
+def _histogram(sizes) -> tuple[list[Bucket], int, int]:
     buckets: dict[int, Bucket] = {}
     largest = count = 0
-    for size in _free_sizes(state):
+    for size in sizes:
         exp = max(size.bit_length() - 1, 5)
         b = buckets.setdefault(exp, Bucket(1 << exp, 1 << (exp + 1)))
         b.count += 1
@@ -206,12 +232,16 @@ def _verdict(rep: Report, state: HeapState) -> list[str]:
 def build_report(state: HeapState) -> Report:
     """The report of a state decoded with walk_chunks=True."""
     rows = _rows(state)
-    histogram, largest, count = _histogram(state)
+    by_arena = free_sizes_by_arena(state)   # the free chunks of the arenas (2.43's tcache'd mmapped ones are
+    all_sizes = [s for sizes in by_arena.values() for s in sizes]  # counted with the mmapped memory)
+    histogram, largest, count = _histogram(all_sizes)
     mp = state.mp
     arena_max = mp.get("arena_max") if mp else None
     limit = (f"{arena_max} (MALLOC_ARENA_MAX / M_ARENA_MAX)" if arena_max
              else "8 x the CPU count (the default; the core does not record the CPU count)")
     rep = Report(rows, (mp.get("n_mmaps") or 0) if mp else 0, (mp.get("mmapped_mem") or 0) if mp else 0,
                  histogram, largest, count, limit, sum(1 for a in state.arenas if a.on_free_list))
+    rep.classes = glibc_classes(all_sizes)
+    rep.per_arena = {n: _histogram(sizes)[0] for n, sizes in by_arena.items()}
     rep.verdict = _verdict(rep, state)
     return rep

@@ -109,6 +109,9 @@ def test_every_arena_accounts_for_its_system_mem_to_the_byte(json_of, g, name, s
         assert sum(acc["bytes"].values()) + acc["overhead"] == arena["system_mem"]
         assert acc["bytes"]["top"] == arena["top"]["size"] and acc["chunks"]["top"] == 1
         assert acc["chunks"]["free_unlisted"] == 0
+        for h in arena["heaps"] if arena["kind"] == "thread" else ():
+            assert h["size"] + h["mapped_unused"] + h["reserved_unmapped"] == h["reservation"]
+            assert h["address"] % h["reservation"] == 0
 
 
 @pytest.mark.parametrize("g,name", CASES)
