@@ -39,9 +39,10 @@ import sysroots
 
 CORES_DIR = Path(__file__).resolve().parent
 REPRODUCERS = ("bins", "thread_arenas", "small_vectors", "mmapped", "second_heap", "many_arenas", "large_tcache",
-               "leak")
+               "leak", "main_regions")
 #: environment a reproducer needs to show its situation
-REPRODUCER_ENV = {"large_tcache": {"GLIBC_TUNABLES": "glibc.malloc.tcache_max=2097152"}}
+REPRODUCER_ENV = {"large_tcache": {"GLIBC_TUNABLES": "glibc.malloc.tcache_max=2097152"},
+                  "main_regions": {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=2"}}
 CFLAGS = ("-O1", "-g", "-pthread", "-Wall", "-Wextra", "-Wno-unused-but-set-variable")
 
 

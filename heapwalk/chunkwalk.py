@@ -25,7 +25,7 @@ from .memory import Memory, ReadError
 from .model import Arena, BinKind, Finding, HeapState, Severity
 
 __all__ = ["ChunkState", "Chunk", "Extent", "Account", "list_states", "extents", "walk_extent", "account",
-           "FREE_STATES", "MmappedChunk", "find_mmapped"]
+           "FREE_STATES", "MmappedChunk", "find_mmapped", "main_regions"]
 
 _WINDOW = 1 << 18
 
@@ -121,11 +121,8 @@ def _align_chunk(address: int) -> int:
 
 def extents(arena: Arena, layout: Layout) -> list[Extent]:
     """The stretches of memory holding ARENA's chunks: each heap of a thread arena, the main arena's sbrk region."""
-    if arena.is_main:
-        if not arena.heaps:
-            return []
-        region = arena.heaps[0]
-        return [Extent(region.address, _align_chunk(region.address), region.address + region.size)]
+    if arena.is_main:  # the sbrk region, or each mmap'd piece of a non-contiguous main arena
+        return [Extent(h.address, _align_chunk(h.address), h.address + h.size) for h in arena.heaps]
     out = []
     for heap in arena.heaps:
         header = layout.first_chunk_offset if heap.prev == 0 else layout.heap_info_size
@@ -256,4 +253,52 @@ def find_mmapped(mem: Memory, layout: Layout, regions: list[tuple[int, int]], sk
                 break
             out.append(MmappedChunk(at, size, span))
             at += span
+    return out
+
+
+def _probe_main_region(mem: Memory, start: int, end: int, top: int, top_size: int) -> int | None:
+    """The end of a main-arena region that starts at START (an mmap'd piece of a non-contiguous main arena):
+    where its chunks reach the end of top, or two fenceposts; None if START does not hold such chunks."""
+    from .layout import IS_MMAPPED, NON_MAIN_ARENA
+    word = _Words(mem, start, end)
+    c = _align_chunk(start)
+    first, fenceposts = True, 0
+    while c < end:
+        try:
+            size_field = word(c + 8)
+        except ReadError:
+            return None
+        size = size_field & ~SIZE_BITS
+        if size_field & (IS_MMAPPED | NON_MAIN_ARENA) or size < 2 * 8 or size % MALLOC_ALIGNMENT or c + size > end:
+            return None
+        if first and not size_field & PREV_INUSE:
+            return None
+        first = False
+        if c == top:
+            return c + size if size == top_size else None
+        fenceposts = fenceposts + 1 if size < MINSIZE else 0
+        c += size
+        if fenceposts == 2:
+            return c
+    return None
+
+
+def main_regions(mem: Memory, arena: Arena, regions: list[tuple[int, int]], skip: list[tuple[int, int]]
+                 ) -> list[tuple[int, int]]:
+    """The pieces [start, end) of a non-contiguous main arena (mmap'd when sbrk could not be used).
+
+    Each piece ends at top or with two fenceposts; the kernel may have merged
+    neighbouring pieces into one region, so a region is probed piece after piece.
+    """
+    out = []
+    for start, end in sorted(regions):
+        if any(lo < end and start < hi for lo, hi in skip):
+            continue
+        at = start
+        while at < end:
+            piece_end = _probe_main_region(mem, at, end, arena.top, arena.top_size)
+            if piece_end is None:
+                break
+            out.append((at, piece_end))
+            at = (piece_end + 4095) & ~4095
     return out

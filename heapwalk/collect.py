@@ -7,10 +7,11 @@ Reads that fail become findings; whatever could be decoded is kept.
 
 from __future__ import annotations
 
+import dataclasses
 import struct
 from dataclasses import dataclass
 
-from .chunkwalk import account, find_mmapped, list_states
+from .chunkwalk import account, find_mmapped, list_states, main_regions
 from .trim import estimate_trim
 from .discovery import Discovery
 from .layout import MP_INT_FIELDS, NBINS, SIZE_BITS, Layout
@@ -164,6 +165,19 @@ def _thread(mem: Memory, disc: Discovery, regs: ThreadRegs, fill_count: int | No
     return Thread(regs.number, regs.lwp, regs.fs_base or 0, arena or None, tcache_ptr or None, tcache), findings
 
 
+def _with_main_regions(mem: Memory, disc: Discovery, main: Arena, arenas: list[Arena],
+                       regions: list[tuple[int, int]]) -> Arena:
+    """MAIN with one heap per piece of its non-contiguous memory (else it keeps its sbrk_base..top heap)."""
+    skip = [(h.address, h.address + disc.heap_max_size) for a in arenas[1:] for h in a.heaps]
+    if disc.libc_range:
+        skip.append(disc.libc_range)
+    pieces = main_regions(mem, main, regions, skip)
+    if not pieces or sum(e - s for s, e in pieces) != main.system_mem:
+        return main
+    heaps = tuple(Heap(s, e - s, e - s, main.address, 0, None) for s, e in pieces)
+    return dataclasses.replace(main, heaps=heaps)
+
+
 def _mmapped(mem: Memory, disc: Discovery, state: HeapState, regions: list[tuple[int, int]]):
     """The mmapped chunks in REGIONS outside heaps and libc, checked against mp_'s counters."""
     skip = [(h.address, h.address + (disc.heap_max_size if not a.is_main else h.size))
@@ -218,6 +232,9 @@ def collect(mem: Memory, disc: Discovery, threads: list[ThreadRegs], target: str
                       layout_name=disc.layout.name,
                       main_arena=disc.main_arena, mp=mp, arenas=tuple(arenas), threads=tuple(decoded_threads),
                       facts=tuple(facts), findings=tuple(findings))
+    if walk_chunks and regions is not None and arenas and arenas[0].is_main and arenas[0].noncontiguous:
+        arenas[0] = _with_main_regions(mem, disc, arenas[0], arenas, regions)
+        state = dataclasses.replace(state, arenas=tuple(arenas))
     if walk_chunks:
         states = list_states(state)
         state.accounts.update({a.address: account(mem, disc.layout, a, states) for a in arenas})

@@ -310,6 +310,21 @@ def test_large_tcache_bins_hold_what_the_ledger_says(json_of, g, symbols):
 
 
 @pytest.mark.parametrize("g", GLIBCS)
+def test_a_main_arena_in_mmapped_pieces_is_walked_piece_by_piece(json_of, g):
+    """hugetlb=2 (2.35+) makes sbrk fail: the main arena grows by mmap'd pieces closed by fenceposts."""
+    doc = json_of(g, "main_regions", False)
+    (main,) = doc["arenas"]
+    if _version(doc) < (2, 35):  # no such tunable: the usual sbrk heap
+        assert main["flags"] & 2 == 0 and len(main["heaps"]) == 1
+        return
+    assert main["flags"] & 2, "NONCONTIGUOUS"
+    assert len(main["heaps"]) > 2
+    assert sum(h["size"] for h in main["heaps"]) == main["system_mem"]
+    assert main["accounting"]["chunks"]["fencepost"] == 2 * (len(main["heaps"]) - 1)
+    assert main["accounting"]["balanced"] and main["trim"]["systrim"] == 0, "no break to lower"
+
+
+@pytest.mark.parametrize("g", GLIBCS)
 def test_small_vectors_core_has_full_free_lists(json_of, g):
     doc = json_of(g, "small_vectors")
     fill = _ledger(g, "small_vectors")["tcache_fill"]
