@@ -68,7 +68,8 @@ def account_json(acc) -> dict[str, Any]:
 def trim_json(t) -> dict[str, Any]:
     """What malloc_trim(0) would release from an arena (see heapwalk/trim.py)."""
     return {"total": t.total, "resident": t.resident, "madvise": t.madvise, "madvise_resident": t.madvise_resident,
-            "systrim": t.systrim, "systrim_resident": t.systrim_resident, "kept_free": t.kept_free}
+            "systrim": t.systrim, "systrim_resident": t.systrim_resident, "kept_free": t.kept_free,
+            "kept": dict(t.kept)}
 
 
 def _heap_json(a: Arena, h, heap_max: int) -> dict[str, Any]:
@@ -179,6 +180,8 @@ def report_json(rep) -> dict[str, Any]:
         "free_chunks": rep.free_chunks,
         "largest_free": rep.largest_free,
         "fragmentation": round(rep.fragmentation, 4),
+        "trim_total": rep.trim_total,
+        "trim_kept": rep.trim_kept,
         "arena_limit": rep.arena_limit,
         "arenas_on_free_list": rep.arenas_on_free_list,
         "verdict": rep.verdict,

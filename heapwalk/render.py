@@ -223,6 +223,11 @@ def report_group(state: HeapState, rep: Report, interactive: bool) -> Group:
                  f"limit {rep.arena_limit}\n")
     if not all(a.balanced for a in rep.arenas):
         lines.append("accounting: some arenas do not add up to system_mem (see the findings)\n", style="red")
+    kept = rep.trim_kept
+    lines.append(f"malloc_trim(0) would release {human(rep.trim_total)} of address space, {human(rep.trim)} of it "
+                 f"resident; it cannot return {human(kept.get('tcache', 0))} in tcache, "
+                 f"{human(kept.get('sub_page', 0))} in pieces under a page, {human(kept.get('thread_top', 0))} in "
+                 f"thread-arena tops, {human(kept.get('main_top', 0))} of the main top\n")
     lines.append(f"free chunks: {rep.free_chunks}, {human(rep.free)}; largest {human(rep.largest_free)}; "
                  f"fragmentation {rep.fragmentation:.2f} (1 - largest / all free)\n")
     hist = Table(title="free chunks by size", box=_box(interactive), title_justify="left")

@@ -76,6 +76,8 @@ class Report:
     arenas_on_free_list: int
     verdict: list[str] = field(default_factory=list)
     classes: list[tuple[str, int, int]] = field(default_factory=list)       # by glibc's bin size classes
+    trim_total: int = 0                                                     # address space trim releases
+    trim_kept: dict[str, int] = field(default_factory=dict)                 # free bytes trim keeps, by reason
     per_arena: dict[int, list[Bucket]] = field(default_factory=dict)       # arena number -> its histogram
 
     @property
@@ -242,6 +244,9 @@ def build_report(state: HeapState) -> Report:
     rep = Report(rows, (mp.get("n_mmaps") or 0) if mp else 0, (mp.get("mmapped_mem") or 0) if mp else 0,
                  histogram, largest, count, limit, sum(1 for a in state.arenas if a.on_free_list))
     rep.classes = glibc_classes(all_sizes)
+    rep.trim_total = sum(t.total for t in state.trims.values())
+    rep.trim_kept = {k: sum(t.kept[k] for t in state.trims.values()) for k in ("tcache", "sub_page", "thread_top",
+                                                                             "main_top")}
     rep.per_arena = {n: _histogram(sizes)[0] for n, sizes in by_arena.items()}
     rep.verdict = _verdict(rep, state)
     return rep

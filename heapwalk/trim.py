@@ -40,8 +40,16 @@ class TrimEstimate:
     madvise_resident: int = 0
     systrim: int = 0            # the main arena's top, given back to the kernel
     systrim_resident: int = 0
-    kept_free: int = 0          # free bytes no trim can return: sub-page pieces, links, tcache, thread tops
+    # free bytes no trim can return, by reason: "tcache" (not flushed), "sub_page" (free chunks, or their
+    # ends and links, smaller than a page), "thread_top" (a thread arena's top is never trimmed), "main_top"
+    # (what stays of the main top: its last partial page, or all of it when the arena is not contiguous)
+    kept: dict[str, int] = field(default_factory=lambda: dict.fromkeys(("tcache", "sub_page", "thread_top",
+                                                                        "main_top"), 0))
     runs: list[tuple[int, int]] = field(default_factory=list)  # consolidated free chunks (address, size)
+
+    @property
+    def kept_free(self) -> int:
+        return sum(self.kept.values())
 
     @property
     def total(self) -> int:
@@ -86,7 +94,7 @@ def estimate_trim(mem: Memory, layout: Layout, arena: Arena, states: dict[int, C
         for chunk in walk_extent(mem, extent, arena.top, states, scratch):
             free = chunk.state in _RUN_STATES and (consolidate or chunk.state is not ChunkState.FAST)
             if chunk.state is ChunkState.TCACHE:
-                est.kept_free += chunk.size
+                est.kept["tcache"] += chunk.size
             if free:
                 if run_start is None:
                     run_start, run_size, run_has_fast = chunk.address, 0, False
@@ -107,7 +115,7 @@ def estimate_trim(mem: Memory, layout: Layout, arena: Arena, states: dict[int, C
         start, length = _page_interior(address, size)
         est.madvise += length
         est.madvise_resident += _resident_bytes(mem, start, length) if length else 0
-        est.kept_free += size - length
+        est.kept["sub_page"] += size - length
     if arena.is_main and main_contiguous:
         area = top_size - MINSIZE - 1
         unit = thp_pagesize or PAGE
@@ -116,7 +124,7 @@ def estimate_trim(mem: Memory, layout: Layout, arena: Arena, states: dict[int, C
             est.systrim = extra
             top_end = top_start + top_size
             est.systrim_resident = _resident_bytes(mem, top_end - extra, extra) if extra else 0
-        est.kept_free += top_size - est.systrim
+        est.kept["main_top"] += top_size - est.systrim
     else:
-        est.kept_free += top_size
+        est.kept["main_top" if arena.is_main else "thread_top"] += top_size
     return est

@@ -147,7 +147,12 @@ def test_the_trim_estimate_is_the_rss_malloc_trim_gave_back(json_of, g, name):
     drop = measured["rss_anon_before"] - measured["rss_anon_after"]
     estimate = sum(a["trim"]["resident"] for a in doc["arenas"])
     assert abs(estimate - drop) <= max(0.01 * drop, 8192), (estimate, drop)
-    assert all(a["trim"]["resident"] <= a["trim"]["total"] for a in doc["arenas"])
+    for a in doc["arenas"]:
+        trim, acc = a["trim"], a["accounting"]
+        assert trim["resident"] <= trim["total"]
+        # what trim releases plus what it keeps is every free byte of the arena, top included
+        assert trim["total"] + trim["kept_free"] == acc["free"] + acc["bytes"]["top"] - acc["bytes"]["free_unlisted"]
+        assert trim["kept"]["tcache"] == acc["bytes"]["tcache"]
 
 
 @pytest.mark.parametrize("g", GLIBCS)
