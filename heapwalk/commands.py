@@ -303,13 +303,21 @@ class ChunkCommand(_Subcommand):
         return p
 
     def run(self, args) -> None:
-        state, mem, layout = load_target()
         address = _int(args.address)
+        state, mem, layout = load_target()
         found = chunkinfo.locate(mem, layout, state, address)
-        if found is None:
-            raise UserError(f"heapwalk chunk: {address:#x} is in no arena's heap (an mmapped chunk, "
-                            "or not heap memory)")
-        _console().print(render.chunk_text(found, address))
+        if found is not None:
+            _console().print(render.chunk_text(found, address))
+            return
+        state, mem, layout = load_target(walk_chunks=True)  # finds the mmapped chunks too
+        mmapped = next((c for c in state.mmapped if c.address <= address < c.address + c.span), None)
+        if mmapped is None:
+            raise UserError(f"heapwalk chunk: {address:#x} is in no arena's heap and in no mmapped chunk")
+        listed = chunkinfo.where_listed(state, mmapped.address)
+        _console().print(f"{address:#x} is {address - mmapped.address} bytes into the mmapped chunk at "
+                         f"{mmapped.address:#x} (user memory {mmapped.address + 16:#x})\n"
+                         f"  size {mmapped.size:#x}, its own mapping of {render.human(mmapped.span)}"
+                         + (f"\n  listed in {listed}" if listed else "\n  state: in use (freeing it unmaps it)"))
 
 
 class ThreadsCommand(_Subcommand):

@@ -54,7 +54,15 @@ def test_chunk_describes_a_tcache_entry_and_its_neighbours(cores):
     assert f"{entry + 3:#x} is 19 bytes into the chunk at {entry - 16:#x}" in out
     assert "state tcache" in out and "listed in tcache bin 0 of thread 1, position 1 of" in out
     assert "previous: " in out and "next: " in out
-    assert "0x10 is in no arena's heap" in result.stderr
+    assert "0x10 is in no arena's heap and in no mmapped chunk" in result.stderr
+
+
+def test_chunk_finds_an_mmapped_chunk(cores):
+    ledger = json.loads(cores["mmapped"].ledger.read_text())
+    mem = ledger["mmapped"][0]["mem"]
+    out = run_gdb([str(cores["mmapped"].exe), str(cores["mmapped"].core)], [f"heapwalk chunk {mem + 100:#x}"]).stdout
+    assert f"{mem + 100:#x} is 116 bytes into the mmapped chunk at {mem - 16:#x}" in out
+    assert "state: in use" in out
 
 
 def test_threads_shows_each_thread_its_arena_and_each_arena_its_users(cores, core_json):
