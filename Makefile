@@ -63,7 +63,7 @@ test: cores
 
 # Only the tests that need no gdb or cores.
 unit: venv
-	$(PY) -m pytest -q tests/test_walkers.py
+	$(PY) -m pytest -q tests/test_walkers.py tests/test_heuristics.py
 
 clean:
 	rm -rf $(BUILD)

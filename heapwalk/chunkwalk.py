@@ -20,7 +20,7 @@ import struct
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from .layout import MALLOC_ALIGNMENT, MINSIZE, PREV_INUSE, SIZE_BITS, Layout
+from .layout import IS_MMAPPED, MALLOC_ALIGNMENT, MINSIZE, NON_MAIN_ARENA, PREV_INUSE, SIZE_BITS, Layout
 from .memory import Memory, ReadError
 from .model import Arena, BinKind, Finding, HeapState, Severity
 
@@ -199,13 +199,21 @@ def walk_extent(mem: Memory, extent: Extent, top: int, states: dict[int, ChunkSt
             return
 
 
-def account(mem: Memory, layout: Layout, arena: Arena, states: dict[int, ChunkState]) -> Account:
-    """Walks every chunk of ARENA and sums bytes per state; the identity is `Account.balanced`."""
+def account(mem: Memory, layout: Layout, arena: Arena, states: dict[int, ChunkState], observer=None) -> Account:
+    """Walks every chunk of ARENA and sums bytes per state; the identity is `Account.balanced`.
+
+    OBSERVER (e.g. `heapwalk.trim.TrimSimulation`) sees the same walk: its ``chunk(c)`` is called for each
+    chunk and ``extent_done()`` at the end of each heap, so one walk serves both.
+    """
     acc = Account(arena.address, arena.system_mem)
     for extent in extents(arena, layout):
         for chunk in walk_extent(mem, extent, arena.top, states, acc):
             acc.bytes[chunk.state] += chunk.size
             acc.counts[chunk.state] += 1
+            if observer is not None:
+                observer.chunk(chunk)
+        if observer is not None:
+            observer.extent_done()
     if acc.accounted != acc.system_mem:
         acc.findings.append(Finding(Severity.WARNING, arena.address, f"arena {arena.number}",
                                     f"the walk accounts for {acc.accounted:#x} bytes, system_mem is "
@@ -234,7 +242,6 @@ def find_mmapped(mem: Memory, layout: Layout, regions: list[tuple[int, int]], sk
     front padding are not found (the totals then disagree with mp_, which
     the caller reports).
     """
-    from .layout import IS_MMAPPED, NON_MAIN_ARENA
     out: list[MmappedChunk] = []
     for start, end in regions:
         if any(lo < end and start < hi for lo, hi in skip):
@@ -259,7 +266,6 @@ def find_mmapped(mem: Memory, layout: Layout, regions: list[tuple[int, int]], sk
 def _probe_main_region(mem: Memory, start: int, end: int, top: int, top_size: int) -> int | None:
     """The end of a main-arena region that starts at START (an mmap'd piece of a non-contiguous main arena):
     where its chunks reach the end of top, or two fenceposts; None if START does not hold such chunks."""
-    from .layout import IS_MMAPPED, NON_MAIN_ARENA
     word = _Words(mem, start, end)
     c = _align_chunk(start)
     first, fenceposts = True, 0

@@ -12,7 +12,7 @@ import struct
 from dataclasses import dataclass
 
 from .chunkwalk import account, find_mmapped, list_states, main_regions
-from .trim import estimate_trim
+from .trim import TrimSimulation
 from .discovery import Discovery
 from .layout import MP_INT_FIELDS, NBINS, SIZE_BITS, Layout
 from .memory import Memory, ReadError, u64
@@ -237,11 +237,12 @@ def collect(mem: Memory, disc: Discovery, threads: list[ThreadRegs], target: str
         state = dataclasses.replace(state, arenas=tuple(arenas))
     if walk_chunks:
         states = list_states(state)
-        state.accounts.update({a.address: account(mem, disc.layout, a, states) for a in arenas})
         thp = (mp.get("thp_pagesize") or 0) if mp else 0
         contiguous = not (mp and mp.get("hp_pagesize"))
-        state.trims.update({a.address: estimate_trim(mem, disc.layout, a, states, thp,
-                                                     contiguous and not a.noncontiguous) for a in arenas})
+        for a in arenas:  # one walk per arena feeds both the accounting and the trim simulation
+            sim = TrimSimulation(mem, disc.layout, a, thp, contiguous and not a.noncontiguous)
+            state.accounts[a.address] = account(mem, disc.layout, a, states, sim)
+            state.trims[a.address] = sim.result()
         if regions is not None:
             state.mmapped.extend(_mmapped(mem, disc, state, regions))
     return state

@@ -111,6 +111,13 @@ def _console():
     return render.make_console(_GdbFile(), _interactive())
 
 
+def _console_with_header(state: HeapState):
+    """A console that has printed the target, the glibc and how main_arena was found."""
+    console = _console()
+    console.print(render.header_text(state), end="")
+    return console
+
+
 def _print_findings(console, findings) -> None:
     text = render.findings_text(findings)
     if text is not None:
@@ -166,8 +173,7 @@ class ArenasCommand(_Subcommand):
 
     def run(self, args) -> None:
         state = load_state(walk_chunks=True)
-        console = _console()
-        console.print(render.header_text(state), end="")
+        console = _console_with_header(state)
         console.print(render.arenas_table(state, _interactive()))
         _print_findings(console, state.all_findings())
         if args.json:
@@ -196,8 +202,7 @@ class BinsCommand(_Subcommand):
             if not arenas:
                 raise UserError(f"heapwalk bins: no arena at {args.arena} (see 'heapwalk arenas')")
         kinds = {args.kind} if args.kind else set(jsonout.KINDS)
-        console = _console()
-        console.print(render.header_text(state), end="")
+        console = _console_with_header(state)
         console.print(render.bins_tables(state, arenas, kinds, _interactive(), args.chunks))
         _print_findings(console, [f for a in arenas for f in a.findings] + list(state.findings))
         if args.json:
@@ -224,8 +229,7 @@ class TcacheCommand(_Subcommand):
             threads = [t for t in threads if t.number == args.thread]
             if not threads:
                 raise UserError(f"heapwalk tcache: no thread {args.thread} (see 'info threads')")
-        console = _console()
-        console.print(render.header_text(state), end="")
+        console = _console_with_header(state)
         console.print(render.tcache_tables(state, threads, _interactive(), args.entries))
         _print_findings(console, [f for t in threads if t.tcache for f in t.tcache.findings])
         if args.json:
@@ -275,8 +279,7 @@ class ChunksCommand(_Subcommand):
         flt = chunkinfo.ChunkFilter(arena=_arena_address(state, args.arena) if args.arena else None,
                                     free=args.free, used=args.used, min_size=_size(args.min) if args.min else 0,
                                     max_size=_size(args.max) if args.max else None)
-        console = _console()
-        console.print(render.header_text(state), end="")
+        console = _console_with_header(state)
         shown, total, count, rows = [], 0, 0, []
         for arena, chunk in chunkinfo.chunks(mem, layout, state, flt):
             count += 1
@@ -332,8 +335,7 @@ class ThreadsCommand(_Subcommand):
 
     def run(self, args) -> None:
         state = load_state()
-        console = _console()
-        console.print(render.header_text(state), end="")
+        console = _console_with_header(state)
         console.print(render.threads_group(state, _interactive()))
         if args.json:
             jsonout.dump(jsonout.state_to_json(state, kinds=()), args.json)
@@ -355,8 +357,7 @@ class ReportCommand(_Subcommand):
     def run(self, args) -> None:
         state = load_state(walk_chunks=True)
         rep = report.build_report(state)
-        console = _console()
-        console.print(render.header_text(state), end="")
+        console = _console_with_header(state)
         console.print(render.report_group(state, rep, _interactive()))
         _print_findings(console, state.all_findings())
         if args.json:

@@ -125,10 +125,17 @@ class _Search:
         self.facts: list[Fact] = []
         self.findings: list[Finding] = []
         self.image: LibcImage | None = None
+        self._tls_candidates: list[int] | None = None
 
     def libc_range(self) -> tuple[int, int] | None:
         loads = [s for s in self.image.segments if s.type == 1] if self.image else []
         return (min(s.address for s in loads), max(s.end for s in loads)) if loads else None
+
+    def tls_candidates(self) -> list[int]:
+        """Candidate TLS offsets from libc's writable segments, scanned once for tcache and thread_arena."""
+        if self._tls_candidates is None:
+            self._tls_candidates = heuristics.tls_candidates(self.mem, self.image)
+        return self._tls_candidates
 
     def fact(self, name: str, value, how: str) -> None:
         self.facts.append(Fact(name, value, how))
@@ -439,7 +446,7 @@ def _find_tcache_tpoff(search: _Search, layout: Layout | None) -> tuple[int | No
                 pass
         if tpoff is None and search.fs_bases:
             picked = heuristics.pick_tls_offset(search.mem, search.fs_bases,
-                                                heuristics.tls_candidates(search.mem, search.image), classify)
+                                                search.tls_candidates(), classify)
             if picked is not None:
                 tpoff, how = picked[0], f"candidate TLS offsets tried on every thread ({picked[1]} tcaches)"
     if tpoff is None:
@@ -488,7 +495,7 @@ def _find_thread_arena_tpoff(search: _Search, ring: list[int], layout: Layout) -
     def classify(value: int) -> str:
         return "valid" if value in arenas else "none" if value == 0 else "invalid"
     picked = heuristics.pick_tls_offset(search.mem, search.fs_bases,
-                                        heuristics.tls_candidates(search.mem, search.image), classify)
+                                        search.tls_candidates(), classify)
     if picked is None:
         search.unknown("thread_arena_tls_offset", "no candidate offset gives ring arenas")
         return None

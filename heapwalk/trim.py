@@ -19,12 +19,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .chunkwalk import Account, ChunkState, extents, walk_extent
+from .chunkwalk import ChunkState
 from .layout import MINSIZE, Layout
 from .memory import Memory, ReadError
 from .model import Arena
 
-__all__ = ["TrimEstimate", "estimate_trim", "PAGE"]
+__all__ = ["TrimEstimate", "TrimSimulation", "PAGE"]
 
 PAGE = 4096
 _LINKS = 48                     # sizeof(struct malloc_chunk): stays resident in a trimmed chunk
@@ -82,49 +82,63 @@ def _page_interior(address: int, size: int) -> tuple[int, int]:
     return (start, rest & ~(PAGE - 1)) if rest > PAGE - 1 else (0, 0)
 
 
-def estimate_trim(mem: Memory, layout: Layout, arena: Arena, states: dict[int, ChunkState],
-                  thp_pagesize: int = 0, main_contiguous: bool = True) -> TrimEstimate:
-    """Simulates malloc_trim(0) on ARENA: consolidation, madvise of free interiors, and the main arena's systrim."""
-    est = TrimEstimate(arena.address)
-    consolidate = layout.has_fastbins
-    top_start, top_size = arena.top, arena.top_size
-    scratch = Account(arena.address, arena.system_mem)
-    for extent in extents(arena, layout):
-        run_start, run_size, run_has_fast = None, 0, False
-        for chunk in walk_extent(mem, extent, arena.top, states, scratch):
-            free = chunk.state in _RUN_STATES and (consolidate or chunk.state is not ChunkState.FAST)
-            if chunk.state is ChunkState.TCACHE:
-                est.kept["tcache"] += chunk.size
-            if free:
-                if run_start is None:
-                    run_start, run_size, run_has_fast = chunk.address, 0, False
-                run_size += chunk.size
-                run_has_fast |= chunk.state is ChunkState.FAST
-                continue
-            if run_start is not None:
-                if chunk.state is ChunkState.TOP and run_has_fast:
-                    top_start, top_size = run_start, top_size + run_size  # consolidation merges into top
-                elif chunk.state is ChunkState.TOP:
-                    est.runs.append((run_start, run_size))  # already-binned chunks stay in their bins
-                else:
-                    est.runs.append((run_start, run_size))
-                run_start = None
-        if run_start is not None:
-            est.runs.append((run_start, run_size))
-    for address, size in est.runs:
-        start, length = _page_interior(address, size)
-        est.madvise += length
-        est.madvise_resident += _resident_bytes(mem, start, length) if length else 0
-        est.kept["sub_page"] += size - length
-    if arena.is_main and main_contiguous:
-        area = top_size - MINSIZE - 1
-        unit = thp_pagesize or PAGE
-        if area > 0:
-            extra = area // unit * unit
-            est.systrim = extra
-            top_end = top_start + top_size
-            est.systrim_resident = _resident_bytes(mem, top_end - extra, extra) if extra else 0
-        est.kept["main_top"] += top_size - est.systrim
-    else:
-        est.kept["main_top" if arena.is_main else "thread_top"] += top_size
-    return est
+class TrimSimulation:
+    """malloc_trim(0) on one arena, fed the chunks of its walk (see `chunkwalk.account`); `result` gives the estimate.
+
+    Free chunks next to each other (fastbin chunks and binned ones) form runs that
+    consolidation merges into one chunk, or into top when a run with a fastbin chunk
+    touches it; tcache chunks stay put and break runs.
+    """
+
+    def __init__(self, mem: Memory, layout: Layout, arena: Arena, thp_pagesize: int = 0,
+                 main_contiguous: bool = True):
+        self.mem, self.arena, self.thp_pagesize = mem, arena, thp_pagesize
+        self.systrim_allowed = arena.is_main and main_contiguous
+        self.consolidate = layout.has_fastbins
+        self.top_start, self.top_size = arena.top, arena.top_size
+        self.est = TrimEstimate(arena.address)
+        self.run_start: int | None = None
+        self.run_size = 0
+        self.run_has_fast = False
+
+    def chunk(self, chunk) -> None:
+        state = chunk.state
+        if state is ChunkState.TCACHE:
+            self.est.kept["tcache"] += chunk.size
+        if state in _RUN_STATES and (self.consolidate or state is not ChunkState.FAST):
+            if self.run_start is None:
+                self.run_start, self.run_size, self.run_has_fast = chunk.address, 0, False
+            self.run_size += chunk.size
+            self.run_has_fast |= state is ChunkState.FAST
+            return
+        if self.run_start is not None:
+            if state is ChunkState.TOP and self.run_has_fast:  # consolidation merges the run into top
+                self.top_start, self.top_size = self.run_start, self.top_size + self.run_size
+            else:
+                self.est.runs.append((self.run_start, self.run_size))
+            self.run_start = None
+
+    def extent_done(self) -> None:
+        if self.run_start is not None:
+            self.est.runs.append((self.run_start, self.run_size))
+            self.run_start = None
+
+    def result(self) -> TrimEstimate:
+        est, mem = self.est, self.mem
+        for address, size in est.runs:
+            start, length = _page_interior(address, size)
+            est.madvise += length
+            est.madvise_resident += _resident_bytes(mem, start, length) if length else 0
+            est.kept["sub_page"] += size - length
+        if self.systrim_allowed:
+            area = self.top_size - MINSIZE - 1
+            unit = self.thp_pagesize or PAGE
+            if area > 0:
+                extra = area // unit * unit
+                est.systrim = extra
+                top_end = self.top_start + self.top_size
+                est.systrim_resident = _resident_bytes(mem, top_end - extra, extra) if extra else 0
+            est.kept["main_top"] += self.top_size - est.systrim
+        else:
+            est.kept["main_top" if self.arena.is_main else "thread_top"] += self.top_size
+        return est
