@@ -22,10 +22,10 @@ from dataclasses import dataclass, field
 
 from .layout import IS_MMAPPED, MALLOC_ALIGNMENT, MINSIZE, NON_MAIN_ARENA, PREV_INUSE, SIZE_BITS, Layout
 from .memory import Memory, ReadError
-from .model import Arena, BinKind, Finding, HeapState, Severity
+from .model import Arena, BinKind, Finding, HeapState, Kind, Severity
 
 __all__ = ["ChunkState", "Chunk", "Extent", "Account", "list_states", "extents", "walk_extent", "account",
-           "FREE_STATES", "MmappedChunk", "find_mmapped", "main_regions"]
+           "FREE_STATES", "MmappedChunk", "find_mmapped", "main_regions", "resync"]
 
 _WINDOW = 1 << 18
 
@@ -150,18 +150,76 @@ class _Words:
         return struct.unpack_from("<Q", self.data, off)[0]
 
 
-def walk_extent(mem: Memory, extent: Extent, top: int, states: dict[int, ChunkState], acc: Account
-                ) -> Iterator[Chunk]:
-    """Every chunk of EXTENT in address order; adds overhead, unwalked bytes and findings to ACC."""
+_BIN_STATES = (ChunkState.UNSORTED, ChunkState.SMALL, ChunkState.LARGE)
+_HELD_STATES = (ChunkState.IN_USE, ChunkState.TCACHE, ChunkState.FAST, ChunkState.TCACHE_STRUCT)
+_RESYNC_WINDOW = 1 << 16
+_RESYNC_STEPS = 32
+
+
+def _plausible(size_field: int, at: int, end: int) -> bool:
+    size = size_field & ~SIZE_BITS
+    return size >= MINSIZE and not size % MALLOC_ALIGNMENT and at + size <= end and not size_field & IS_MMAPPED
+
+
+def _chains(word, at: int, target: int, end: int) -> bool:
+    """Do the chunk headers from AT lead exactly to TARGET (or through _RESYNC_STEPS sound chunks)?"""
+    for _ in range(_RESYNC_STEPS):
+        try:
+            size_field = word(at + 8)
+        except ReadError:
+            return False
+        if not _plausible(size_field, at, end):
+            return False
+        at += size_field & ~SIZE_BITS
+        if at == target:
+            return True
+        if at > target:
+            return False
+    return True
+
+
+def resync(mem: Memory, extent: Extent, bad: int, top: int, states: dict[int, ChunkState]) -> int | None:
+    """Where a heap walk broken at BAD can resume: the first place after it from which sound chunk headers
+    lead to a chunk known from the lists (or top), searched over the next 64 KiB; else that known chunk;
+    None when nothing after BAD is known."""
+    known = [a for a in states if bad < a < extent.end]
+    if bad < top < extent.end:
+        known.append(top)
+    target = min(known, default=None)
+    limit = min(target if target is not None else extent.end, bad + _RESYNC_WINDOW)
+    word = _Words(mem, bad, extent.end)
+    at = _align_chunk(bad + 1)
+    while at < limit:
+        if _chains(word, at, target if target is not None else extent.end, extent.end):
+            return at
+        at += MALLOC_ALIGNMENT
+    return target
+
+
+def walk_extent(mem: Memory, extent: Extent, top: int, states: dict[int, ChunkState], acc: Account,
+                non_main: bool | None = None) -> Iterator[Chunk]:
+    """Every chunk of EXTENT in address order; adds overhead, unwalked bytes and findings to ACC.
+
+    Checks as it goes what glibc relies on between neighbours: a free chunk
+    in a bin is followed by a chunk whose PREV_INUSE is clear and whose
+    prev_size is its size; a chunk held by the program (or a tcache or
+    fastbin) is followed by one with PREV_INUSE set; with NON_MAIN set (True
+    for a thread arena, False for main) a held chunk's NON_MAIN_ARENA flag
+    matches.  A chunk of impossible size is reported and the walk resumes at
+    `resync`'s answer, the bytes in between counted as unwalked.
+    """
     acc.overhead += extent.first - extent.start
     word = _Words(mem, extent.first, extent.end)
     c = extent.first
     where = f"heap {extent.start:#x}"
+    prev: Chunk | None = None
+    findings = acc.findings
     while c < extent.end:
         try:
             size_field = word(c + 8)
         except ReadError:
-            acc.findings.append(Finding(Severity.ERROR, c, where, "the chunk header is unreadable"))
+            findings.append(Finding(Severity.ERROR, c, where, "the chunk header is not in the target's memory "
+                                    "(a truncated core?); the rest of the heap is not walked", Kind.UNMAPPED))
             acc.unwalked += extent.end - c
             return
         size = size_field & ~SIZE_BITS
@@ -169,10 +227,41 @@ def walk_extent(mem: Memory, extent: Extent, top: int, states: dict[int, ChunkSt
             acc.overhead += extent.end - c
             return
         if size < 2 * 8 or size % MALLOC_ALIGNMENT or c + size > extent.end:
-            acc.findings.append(Finding(Severity.ERROR, c, where, f"chunk size {size_field:#x} is impossible here "
-                                        f"(the heap ends at {extent.end:#x}); the rest of the heap is not walked"))
-            acc.unwalked += extent.end - c
-            return
+            if c == top:
+                findings.append(Finding(Severity.ERROR, c, where, f"top's size {size_field:#x} runs past the end "
+                                        f"of its heap {extent.end:#x}", Kind.TOP_SIZE,
+                                        f"at most {extent.end - c:#x}", f"{size_field:#x}"))
+                acc.unwalked += extent.end - c
+                return
+            again = resync(mem, extent, c, top, states)
+            findings.append(Finding(Severity.ERROR, c, where, f"chunk size {size_field:#x} is impossible here "
+                                    f"(the heap ends at {extent.end:#x}); "
+                                    + (f"the walk resumes at {again:#x}" if again else
+                                       "the rest of the heap is not walked"), Kind.CHUNK_SIZE,
+                                    f"a multiple of {MALLOC_ALIGNMENT} within the heap", f"{size_field:#x}"))
+            acc.unwalked += (again or extent.end) - c
+            if again is None:
+                return
+            c, prev = again, None
+            continue
+        prev_inuse = size_field & PREV_INUSE
+        if prev is not None:
+            if prev.state in _BIN_STATES and prev_inuse:
+                findings.append(Finding(Severity.ERROR, prev.address, where, f"chunk {prev.address:#x} is in a "
+                                        f"{prev.state.value} bin, but the next chunk {c:#x} has PREV_INUSE set",
+                                        Kind.FREE_IN_USE, "PREV_INUSE clear", "PREV_INUSE set"))
+            elif prev.state in (ChunkState.TCACHE, ChunkState.FAST) and not prev_inuse:
+                findings.append(Finding(Severity.ERROR, prev.address, where, f"chunk {prev.address:#x} is in a "
+                                        f"{prev.state.value} list, but the next chunk {c:#x} says it is free "
+                                        "(PREV_INUSE clear): freed twice?", Kind.DOUBLE_FREE,
+                                        "PREV_INUSE set", "PREV_INUSE clear"))
+            if not prev_inuse and prev.state is not ChunkState.FENCEPOST:
+                prev_size = word(c)
+                if prev_size != prev.size:
+                    findings.append(Finding(Severity.ERROR, c, where, f"chunk size does not match next chunk's "
+                                            f"prev_size: the free chunk {prev.address:#x} has size {prev.size:#x}, "
+                                            f"the prev_size of {c:#x} is {prev_size:#x}", Kind.PREV_SIZE,
+                                            f"{prev.size:#x}", f"{prev_size:#x}"))
         if c == top:
             st = ChunkState.TOP
         elif c in states:
@@ -185,16 +274,24 @@ def walk_extent(mem: Memory, extent: Extent, top: int, states: dict[int, ChunkSt
                 try:
                     if not word(c + size + 8) & PREV_INUSE:
                         st = ChunkState.FREE_UNLISTED
-                        acc.findings.append(Finding(Severity.WARNING, c, where,
-                                                    f"free chunk of {size:#x} bytes is in no bin"))
+                        findings.append(Finding(Severity.ERROR, c, where, f"free chunk of {size:#x} bytes is in no "
+                                                "list: the next chunk's PREV_INUSE is clear", Kind.FREE_UNLISTED,
+                                                "PREV_INUSE set (or the chunk in a bin)", "PREV_INUSE clear"))
                 except ReadError:
                     pass
-        yield Chunk(c, size, size_field & SIZE_BITS, st, extent.start)
+        if non_main is not None and st in _HELD_STATES and bool(size_field & NON_MAIN_ARENA) != non_main:
+            findings.append(Finding(Severity.ERROR, c, where, f"chunk {c:#x} has NON_MAIN_ARENA "
+                                    f"{'clear' if non_main else 'set'} in a {'thread' if non_main else 'main'} "
+                                    "arena: free() would give it to the wrong arena", Kind.ARENA_BIT,
+                                    "set" if non_main else "clear", "clear" if non_main else "set"))
+        chunk = Chunk(c, size, size_field & SIZE_BITS, st, extent.start)
+        yield chunk
+        prev = chunk
         c += size
         if st is ChunkState.TOP:
             if c != extent.end:
-                acc.findings.append(Finding(Severity.WARNING, c, where, f"top ends at {c:#x}, not at the heap's "
-                                            f"end {extent.end:#x}"))
+                findings.append(Finding(Severity.WARNING, c, where, f"top ends at {c:#x}, not at the heap's "
+                                        f"end {extent.end:#x}", Kind.TOP_SIZE))
                 acc.overhead += max(0, extent.end - c)
             return
 
@@ -207,7 +304,7 @@ def account(mem: Memory, layout: Layout, arena: Arena, states: dict[int, ChunkSt
     """
     acc = Account(arena.address, arena.system_mem)
     for extent in extents(arena, layout):
-        for chunk in walk_extent(mem, extent, arena.top, states, acc):
+        for chunk in walk_extent(mem, extent, arena.top, states, acc, not arena.is_main):
             acc.bytes[chunk.state] += chunk.size
             acc.counts[chunk.state] += 1
             if observer is not None:
@@ -217,7 +314,8 @@ def account(mem: Memory, layout: Layout, arena: Arena, states: dict[int, ChunkSt
     if acc.accounted != acc.system_mem:
         acc.findings.append(Finding(Severity.WARNING, arena.address, f"arena {arena.number}",
                                     f"the walk accounts for {acc.accounted:#x} bytes, system_mem is "
-                                    f"{acc.system_mem:#x}"))
+                                    f"{acc.system_mem:#x}", Kind.ACCOUNTING, f"{acc.system_mem:#x}",
+                                    f"{acc.accounted:#x}"))
     return acc
 
 

@@ -16,7 +16,7 @@ from .trim import TrimSimulation
 from .discovery import Discovery
 from .layout import MP_INT_FIELDS, NBINS, SIZE_BITS, Layout
 from .memory import Memory, ReadError, u64
-from .model import Arena, BinKind, BinList, Fact, Finding, Heap, HeapState, MallocPar, Severity, Thread
+from .model import Arena, BinKind, BinList, Fact, Finding, Heap, HeapState, Kind, MallocPar, Severity, Thread
 from .walkers import ListWalk, walk_arena_ring, walk_bin, walk_fastbin, walk_heaps, walk_tcache
 
 __all__ = ["ThreadRegs", "collect", "read_mp", "read_arena"]
@@ -72,11 +72,14 @@ def _decode_arena(mem: Memory, disc: Discovery, address: int, number: int, mp: M
     try:
         top_size = u64(mem, top + 8) & ~SIZE_BITS if top else 0
     except ReadError:
-        findings.append(Finding(Severity.ERROR, top, f"arena {address:#x}", "the top chunk is unreadable"))
+        findings.append(Finding(Severity.ERROR, address + layout.off_top, f"arena {address:#x}",
+                                f"top {top:#x} is not in the target's memory", Kind.UNMAPPED,
+                                "a pointer into the heap", f"{top:#x}"))
         top_size = 0
     if f["mutex"]:
         findings.append(Finding(Severity.WARNING, address, f"arena {address:#x}",
-                                "the arena mutex was held at snapshot time: its lists may be mid-update"))
+                                "the arena mutex was held at snapshot time: its lists may be mid-update",
+                                Kind.MUTEX_HELD, "0", str(f["mutex"])))
     system_mem = f["system_mem"] or 0
     if is_main:
         heaps: list[Heap] = []
@@ -117,15 +120,15 @@ def _walk_free_list(mem: Memory, disc: Discovery, arenas: list[int]) -> tuple[se
         try:
             a = u64(mem, disc.free_list_address)
             while a:
-                if not walk.admit(a, "arena", alignment=8):
+                if not walk.admit(a, "arena", disc.free_list_address, alignment=8):
                     break
                 if a not in arenas:
-                    walk.fail(a, f"free_list holds {a:#x}, which is not in the arena ring")
+                    walk.fail(a, f"free_list holds {a:#x}, which is not in the arena ring", Kind.ARENA_RING)
                     break
                 members.add(a)
                 a = u64(mem, a + layout.off_next_free)
         except ReadError as exc:
-            walk.fail(disc.free_list_address, f"cannot read the free list: {exc}")
+            walk.fail(disc.free_list_address, f"cannot read the free list: {exc}", Kind.ARENA_RING)
         return members, walk.findings, f"symbol free_list at {disc.free_list_address:#x}"
     if layout.off_attached_threads is None:
         return set(), [], "unknown"
@@ -154,7 +157,7 @@ def _thread(mem: Memory, disc: Discovery, regs: ThreadRegs, fill_count: int | No
                 value = u64(mem, regs.fs_base + tpoff)
             except ReadError:
                 findings.append(Finding(Severity.WARNING, regs.fs_base + tpoff, f"thread {regs.number}",
-                                        f"cannot read the {name} TLS variable"))
+                                        f"cannot read the {name} TLS variable", Kind.UNMAPPED))
                 continue
             if name == "tcache":
                 tcache_ptr = value
@@ -191,7 +194,7 @@ def _mmapped(mem: Memory, disc: Discovery, state: HeapState, regions: list[tuple
             Severity.WARNING, 0, "mmapped chunks",
             f"found {len(found)} mmapped chunks of {sum(c.span for c in found)} bytes; mp_ counts "
             f"{mp.get('n_mmaps')} of {mp.get('mmapped_mem')} (chunks with front padding, or regions "
-            "missing from the core, are not found)"))
+            "missing from the core, are not found)", Kind.MMAPPED))
     return found
 
 
@@ -208,7 +211,7 @@ def collect(mem: Memory, disc: Discovery, threads: list[ThreadRegs], target: str
         try:
             mp = read_mp(mem, disc.layout, disc.mp_address)
         except ReadError as exc:
-            findings.append(Finding(Severity.ERROR, disc.mp_address, "mp_", f"cannot read: {exc}"))
+            findings.append(Finding(Severity.ERROR, disc.mp_address, "mp_", f"cannot read: {exc}", Kind.UNMAPPED))
     ring, ring_findings = walk_arena_ring(mem, disc.layout, disc.main_arena)
     findings.extend(ring_findings)
     free_list, fl_findings, fl_how = _walk_free_list(mem, disc, ring)
@@ -220,7 +223,8 @@ def collect(mem: Memory, disc: Discovery, threads: list[ThreadRegs], target: str
         try:
             arenas.append(_decode_arena(mem, disc, address, number, mp, free_list))
         except ReadError as exc:
-            findings.append(Finding(Severity.ERROR, address, f"arena {number}", f"cannot read the arena: {exc}"))
+            findings.append(Finding(Severity.ERROR, address, f"arena {number}", f"cannot read the arena: {exc}",
+                                    Kind.ARENA))
     fill = mp.get("tcache_count") if mp else None
     decoded_threads = []
     for regs in sorted(threads, key=lambda t: t.number):

@@ -13,7 +13,7 @@ import traceback
 
 import gdb  # type: ignore[import-not-found]
 
-from . import chunkinfo, jsonout, mallocinfo, render, report
+from . import check, chunkinfo, jsonout, mallocinfo, render, report
 from .collect import collect
 from .discovery import DiscoveryError, Overrides, discover, parse_version
 from .gdbtarget import (GdbSymbols, describe_target, gdb_memory, has_target, mappings, preserved_selection,
@@ -124,6 +124,34 @@ def _print_findings(console, findings) -> None:
         console.print(text)
 
 
+#: gdb's permission settings that keep a command from changing the target (see "Observer Mode" in gdb's manual)
+_PERMISSIONS = ("may-write-memory", "may-write-registers", "may-call-functions", "may-insert-breakpoints")
+
+
+class read_only:
+    """Turns off gdb's permissions to write memory and registers, call functions and insert breakpoints in
+    the target for the duration of a command, and restores them after: heapwalk only reads, and a bug or
+    a user expression (``heapwalk chunk 'free(p)'``) cannot change the process."""
+
+    def __enter__(self):
+        self.saved = {}
+        for name in _PERMISSIONS:
+            try:
+                self.saved[name] = gdb.parameter(name)
+                gdb.execute(f"set {name} off", to_string=True)
+            except gdb.error:  # some cannot change while a live process runs; gdb keeps them as they are
+                self.saved.pop(name, None)
+        return self
+
+    def __exit__(self, *exc):
+        for name, value in self.saved.items():
+            try:
+                gdb.execute(f"set {name} {'on' if value else 'off'}", to_string=True)
+            except gdb.error:
+                pass
+        return False
+
+
 class _Subcommand(gdb.Command):
     """Base: argparse-based subcommand of ``heapwalk``."""
 
@@ -143,7 +171,8 @@ class _Subcommand(gdb.Command):
     def invoke(self, argument: str, from_tty: bool) -> None:
         try:
             args = self.parser.parse_args(gdb.string_to_argv(argument))
-            self.run(args)
+            with read_only():
+                self.run(args)
         except _HelpShown:
             return
         except (UserError, DiscoveryError) as exc:
@@ -369,6 +398,39 @@ class ReportCommand(_Subcommand):
                 fh.write(mallocinfo.malloc_info_xml(state))
 
 
+class CheckCommand(_Subcommand):
+    name = "check"
+
+    def make_parser(self):
+        p = _Parser(prog="heapwalk check", description="Validate every invariant glibc relies on, in every "
+                    "arena, heap, bin and tcache, and list each violation: kind, address, structure, what was "
+                    "expected and what was found. Sets $heapwalk_errors and $heapwalk_warnings; when the heap "
+                    "is damaged the command ends with an error, so 'gdb -batch' exits with status 1 when it is "
+                    "the last command (see docs/forensics.md).")
+        p.add_argument("--limit", metavar="N", type=int, default=200,
+                       help="print at most N findings (default 200; 0: all); --json has them all")
+        _json_option(p)
+        return p
+
+    def run(self, args) -> None:
+        for name in ("heapwalk_errors", "heapwalk_warnings"):
+            gdb.set_convenience_variable(name, None)
+        state, mem, layout = load_target(walk_chunks=True)
+        result = check.check(state, mem, layout)
+        checked = check.scope(state)
+        console = _console_with_header(state)
+        console.print(render.check_text(result, checked, args.limit or len(result.findings)), end="")
+        notes = render.partial_text(result.partial)
+        if notes is not None:
+            console.print(notes, end="")
+        if args.json:
+            jsonout.dump(jsonout.check_document(state, result, checked), args.json)
+        gdb.set_convenience_variable("heapwalk_errors", len(result.errors))
+        gdb.set_convenience_variable("heapwalk_warnings", len(result.warnings))
+        if not result.clean:
+            raise UserError(f"heapwalk check: the heap is damaged ({len(result.errors)} error(s))")
+
+
 class HeapwalkPrefix(gdb.Command):
     """heapwalk: glibc heap forensics for cores and live processes.
 
@@ -381,6 +443,7 @@ Subcommands:
   heapwalk threads  every thread's arena and tcache; arenas, their users, the limit
   heapwalk chunks   every chunk of every heap, filtered by arena, state and size
   heapwalk chunk    the chunk holding an address: state, list, neighbours
+  heapwalk check    every invariant glibc relies on; damage with its address
 Most take --json FILE. 'help heapwalk SUBCOMMAND' describes its options.
 Settings: 'set heapwalk debug on|off', 'set heapwalk glibc-version X.Y',
 'set heapwalk main-arena ADDRESS' ('show heapwalk' lists them)."""
@@ -437,3 +500,4 @@ def register() -> None:
     ChunkCommand()
     ReportCommand()
     ThreadsCommand()
+    CheckCommand()

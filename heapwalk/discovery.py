@@ -21,7 +21,7 @@ from . import heuristics, x86
 from .elfmem import LIBC_FILE_NAME, LibcImage, Mapping, find_libc, sole_file
 from .layout import HEAP_MAX_SIZE, Layout, UnsupportedVersion, layout_for
 from .memory import Memory, ReadError, u64
-from .model import Fact, Finding, Severity
+from .model import Fact, Finding, Kind, Severity
 
 __all__ = ["SymbolSource", "NoSymbols", "Overrides", "Discovery", "DiscoveryError", "discover", "parse_version",
            "read_c_string"]
@@ -141,7 +141,7 @@ class _Search:
         self.facts.append(Fact(name, value, how))
 
     def note(self, severity: Severity, address: int, message: str) -> None:
-        self.findings.append(Finding(severity, address, "discovery", message))
+        self.findings.append(Finding(severity, address, "discovery", message, Kind.DISCOVERY))
 
     def unknown(self, name: str, why: str) -> None:
         self.facts.append(Fact(name, None, f"not determined: {why}"))

@@ -18,7 +18,8 @@ KINDS = ("fast", "unsorted", "small", "large")
 
 
 def _finding(f: Finding) -> dict[str, Any]:
-    return {"severity": f.severity.value, "address": f.address, "structure": f.structure, "message": f.message}
+    return {"severity": f.severity.value, "kind": f.kind.ident, "address": f.address, "structure": f.structure,
+            "message": f.message, "expected": f.expected, "found": f.found}
 
 
 def bin_json(b: BinList) -> dict[str, Any]:
@@ -193,3 +194,13 @@ def dump(document: dict[str, Any], path: str) -> None:
     with open(path, "w", encoding="utf-8") as fh:
         json.dump(document, fh, indent=1)
         fh.write("\n")
+
+
+def check_document(state: HeapState, result, checked: dict[str, int]) -> dict[str, Any]:
+    """'heapwalk check --json': whether the heap is clean, the counts, and every finding."""
+    return {"schema_version": SCHEMA_VERSION, "target": state.target,
+            "glibc": {"version": state.version_text, "layout": state.layout_name,
+                      "decoded_as": "%d.%d" % state.glibc_version},
+            "main_arena": state.main_arena, "clean": result.clean, "errors": len(result.errors),
+            "warnings": len(result.warnings), "by_kind": result.by_kind(), "checked": checked,
+            "partial": result.partial, "findings": [_finding(f) for f in result.findings]}

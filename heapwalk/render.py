@@ -17,7 +17,7 @@ from rich.text import Text
 from .model import Arena, BinKind, BinList, Finding, HeapState, Severity, Thread
 from .report import Report, human
 
-__all__ = ["make_console", "human", "report_group", "threads_group", "arenas_table", "bins_tables", "tcache_tables", "findings_text", "header_text",
+__all__ = ["make_console", "human", "report_group", "threads_group", "arenas_table", "bins_tables", "tcache_tables", "findings_text", "header_text", "check_text", "partial_text",
            "chunks_table", "chunk_text"]
 
 
@@ -287,4 +287,37 @@ def findings_text(findings: Iterable[Finding], limit: int = 50) -> Text | None:
         text.append(f"  {f}\n", style="red" if f.severity is Severity.ERROR else "yellow")
     if len(findings) > limit:
         text.append(f"  ... and {len(findings) - limit} more ('heapwalk ... --json FILE' has them all)\n")
+    return text
+
+
+def check_text(result, checked: dict[str, int], limit: int = 200) -> Text:
+    """`heapwalk check`: a summary line, then each finding with its kind, address, place, expected and found."""
+    errors, warnings = len(result.errors), len(result.warnings)
+    scope = (f"{checked['arenas']} arenas, {checked['heaps']} heaps, {checked['chunks']} chunks, "
+             f"{checked['listed']} free-list entries, {checked['tcaches']} tcaches")
+    text = Text()
+    if result.clean and not warnings:
+        text.append(f"heap consistent: no violations in {scope}\n", style="green")
+        return text
+    verdict = "heap DAMAGED" if errors else "heap consistent, with warnings"
+    text.append(f"{verdict}: {errors} error(s), {warnings} warning(s) in {scope}\n",
+                style="bold red" if errors else "yellow")
+    for f in result.findings[:limit]:
+        style = "red" if f.severity is Severity.ERROR else "yellow"
+        text.append(f"{f.severity.value.upper():7} {f.kind.ident:20} {f.address:#x}  {f.structure}\n", style=style)
+        text.append(f"        {f.message}\n")
+        if f.expected or f.found:
+            text.append(f"        expected {f.expected or '?'}, found {f.found or '?'}\n")
+    if len(result.findings) > limit:
+        text.append(f"... and {len(result.findings) - limit} more ('heapwalk check --json FILE' has them all)\n")
+    return text
+
+
+def partial_text(notes: list[str]) -> Text | None:
+    """Which numbers rest on damaged structures; None when all were walked."""
+    if not notes:
+        return None
+    text = Text("partial results:\n", style="bold yellow")
+    for note in notes:
+        text.append(f"  - {note}\n", style="yellow")
     return text

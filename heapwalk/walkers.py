@@ -10,11 +10,12 @@ first bad link, marks the result incomplete, and returns what it had.
 
 from __future__ import annotations
 
+import dataclasses
 import struct
 
 from .layout import HEAP_MAX_SIZE, IS_MMAPPED, MALLOC_ALIGNMENT, MINSIZE, NSMALLBINS, SIZE_BITS, Layout
 from .memory import Memory, ReadError, u64
-from .model import BinKind, BinList, Finding, Heap, Severity, Tcache, TcacheBin
+from .model import BinKind, BinList, Finding, Heap, Kind, Severity, Tcache, TcacheBin
 
 __all__ = ["ListWalk", "walk_arena_ring", "walk_heaps", "walk_fastbin", "walk_bin", "walk_tcache",
            "smallbin_index", "largebin_index", "bin_index", "bin_kind", "reveal", "MAX_LIST"]
@@ -63,35 +64,55 @@ def bin_kind(index: int) -> BinKind:
 class ListWalk:
     """Shared state of one list walk: visited set, bound and findings."""
 
-    def __init__(self, structure: str, bound: int):
+    def __init__(self, structure: str, bound: int, circular: bool = False):
         self.structure = structure
         self.bound = min(bound, MAX_LIST)
+        self.circular = circular
         self.visited: set[int] = set()
         self.findings: list[Finding] = []
         self.complete = True
 
-    def fail(self, address: int, message: str, severity: Severity = Severity.ERROR) -> None:
-        self.findings.append(Finding(severity, address, self.structure, message))
-        if severity is Severity.ERROR:
+    def fail(self, address: int, message: str, kind: Kind = Kind.OTHER, severity: Severity = Severity.ERROR,
+             expected: str = "", found: str = "", cut: bool = True) -> None:
+        """Records a finding at ADDRESS; CUT (the default for errors) marks the list as walked only in part."""
+        self.findings.append(Finding(severity, address, self.structure, message, kind, expected, found))
+        if cut and severity is Severity.ERROR:
             self.complete = False
 
-    def note(self, address: int, message: str) -> None:
-        self.findings.append(Finding(Severity.WARNING, address, self.structure, message))
+    def damage(self, address: int, message: str, kind: Kind, expected: str = "", found: str = "") -> None:
+        """Damage that does not stop the walk (the list's numbers stay whole)."""
+        self.fail(address, message, kind, Severity.ERROR, expected, found, cut=False)
 
-    def admit(self, address: int, what: str, alignment: int = MALLOC_ALIGNMENT) -> bool:
-        """Checks that ADDRESS may be followed next: aligned, new, within the bound."""
+    def note(self, address: int, message: str, kind: Kind = Kind.OTHER) -> None:
+        self.findings.append(Finding(Severity.WARNING, address, self.structure, message, kind))
+
+    def admit(self, address: int, what: str, holder: int, alignment: int = MALLOC_ALIGNMENT) -> bool:
+        """Checks that ADDRESS, read from HOLDER (the previous entry, or the head), may be followed next:
+        aligned, new, within the bound.  A refusal is a finding at HOLDER, whose link is the bad data."""
         if address % alignment:
-            self.fail(address, f"{what} {address:#x} is misaligned (not a multiple of {alignment})")
+            self.fail(holder, f"link to {what} {address:#x} is misaligned (not a multiple of {alignment})",
+                      Kind.MISALIGNED, expected=f"a multiple of {alignment}", found=f"{address:#x}")
             return False
         if address in self.visited:
-            self.fail(address, f"the list loops: {what} {address:#x} was already visited")
+            if self.circular:
+                message = (f"the list is a cycle not through its head: {holder:#x} links back to {address:#x}, "
+                           "met before")
+            else:
+                message = (f"the list loops: {holder:#x} links back to {address:#x}, met before "
+                           "(a double free, or a rewritten link)")
+            self.fail(holder, message, Kind.LIST_CYCLE, expected="a link to an entry not yet met", found=f"{address:#x}")
             return False
         if len(self.visited) >= self.bound:
-            self.fail(address, f"the list is longer than {self.bound} entries, more than its arena can hold; "
-                               "stopped here")
+            self.fail(holder, f"the list is longer than {self.bound} entries, more than its arena can hold; "
+                              "stopped here", Kind.LIST_TOO_LONG)
             return False
         self.visited.add(address)
         return True
+
+    def unreadable(self, holder: int, address: int, what: str) -> None:
+        """HOLDER links to ADDRESS, which the target does not have."""
+        self.fail(holder, f"link to {what} {address:#x}, which is not in the target's memory", Kind.UNMAPPED,
+                  expected="a pointer into the heap", found=f"{address:#x}")
 
 
 def walk_arena_ring(mem: Memory, layout: Layout, main_arena: int, bound: int = 1 << 16
@@ -105,14 +126,22 @@ def walk_arena_ring(mem: Memory, layout: Layout, main_arena: int, bound: int = 1
         try:
             nxt = u64(mem, current + layout.off_next)
         except ReadError as exc:
-            walk.fail(current, f"cannot read arena.next: {exc}")
+            walk.fail(current, f"cannot read arena.next: {exc}", Kind.ARENA_RING)
             break
         if nxt == main_arena:
             break
         if nxt == 0:
-            walk.fail(current, "arena.next is NULL; the ring is broken")
+            walk.fail(current, "arena.next is NULL; the ring is broken", Kind.ARENA_RING, expected="an arena",
+                      found="NULL")
             break
-        if not walk.admit(nxt, "arena", alignment=8):
+        if not walk.admit(nxt, "arena", current, alignment=8):
+            walk.findings[-1] = dataclasses.replace(walk.findings[-1], kind=Kind.ARENA_RING)
+            break
+        try:
+            mem.read(nxt, layout.arena_size)
+        except ReadError:
+            walk.unreadable(current, nxt, "arena")
+            walk.findings[-1] = dataclasses.replace(walk.findings[-1], kind=Kind.ARENA_RING)
             break
         arenas.append(nxt)
         current = nxt
@@ -125,25 +154,32 @@ def walk_heaps(mem: Memory, layout: Layout, arena: int, top: int, heap_max_size:
     walk = ListWalk(f"heaps of arena {arena:#x}", bound)
     heaps: list[Heap] = []
     address = top & ~(heap_max_size - 1)
+    holder = arena
     while address:
         if address % heap_max_size:
-            walk.fail(address, f"heap_info.prev {address:#x} is not aligned to the heap size {heap_max_size:#x}")
+            walk.fail(holder, f"heap_info.prev {address:#x} is not aligned to the heap size {heap_max_size:#x}",
+                      Kind.HEAP_INFO, expected=f"a multiple of {heap_max_size:#x}", found=f"{address:#x}")
             break
-        if not walk.admit(address, "heap"):
+        if not walk.admit(address, "heap", holder):
+            walk.findings[-1] = dataclasses.replace(walk.findings[-1], kind=Kind.HEAP_INFO)
             break
         try:
             ar_ptr, prev, size, mprotect_size = struct.unpack("<QQQQ", mem.read(address, 32))
             pagesize = u64(mem, address + 32) if layout.heap_info_size >= 48 else None
         except ReadError as exc:
-            walk.fail(address, f"cannot read heap_info: {exc}")
+            walk.fail(address, f"cannot read heap_info: {exc}", Kind.HEAP_INFO)
             break
         if ar_ptr != arena:
-            walk.fail(address, f"heap_info.ar_ptr is {ar_ptr:#x}, not the arena {arena:#x}")
+            walk.fail(address, f"heap_info.ar_ptr is {ar_ptr:#x}, not the arena {arena:#x}", Kind.HEAP_INFO,
+                      expected=f"{arena:#x}", found=f"{ar_ptr:#x}")
             break
-        if size > heap_max_size or mprotect_size > heap_max_size:
-            walk.note(address, f"heap_info.size {size:#x} / mprotect_size {mprotect_size:#x} exceed the heap "
-                               f"size {heap_max_size:#x}")
+        if size > heap_max_size or mprotect_size > heap_max_size or size < layout.heap_info_size:
+            walk.fail(address, f"heap_info.size {size:#x} / mprotect_size {mprotect_size:#x} do not fit the heap "
+                               f"size {heap_max_size:#x}", Kind.HEAP_INFO, expected=f"at most {heap_max_size:#x}",
+                      found=f"{size:#x}")
+            break
         heaps.append(Heap(address, size, mprotect_size, ar_ptr, prev, pagesize))
+        holder = address
         address = prev
     return heaps, walk.findings
 
@@ -163,61 +199,74 @@ def walk_fastbin(mem: Memory, layout: Layout, arena: int, index: int, system_mem
     try:
         p = u64(mem, slot)
     except ReadError as exc:
-        walk.fail(slot, f"cannot read the fastbin head: {exc}")
+        walk.fail(slot, f"cannot read the fastbin head: {exc}", Kind.ARENA)
         p = 0
+    holder = slot
     while p:
-        if not walk.admit(p, "chunk"):
+        if not walk.admit(p, "chunk", holder):
             break
         try:
             raw_size, fd = _QQ.unpack(mem.read(p + 8, 16))
         except ReadError:
-            walk.fail(p, f"chunk {p:#x} is in unreadable memory")
+            walk.unreadable(holder, p, "chunk")
             break
         size = raw_size & ~SIZE_BITS
         if size != expected:
-            walk.fail(p, f"fastbin entry of wrong size: expected {expected:#x}, found {size:#x}",
-                      Severity.WARNING)
+            walk.damage(p, f"fastbin entry of wrong size: expected {expected:#x}, found {size:#x}",
+                        Kind.FASTBIN_SIZE, f"{expected:#x}", f"{size:#x}")
         chunks.append(p)
         sizes.append(raw_size)
+        holder = p
         p = reveal(p + 16, fd) if layout.safe_linking else fd
     return BinList(BinKind.FAST, index, slot, tuple(chunks), tuple(sizes), walk.complete), walk.findings
 
 
 def walk_bin(mem: Memory, layout: Layout, arena: int, index: int, system_mem: int) -> tuple[BinList, list[Finding]]:
-    """Regular bin INDEX (1 = unsorted, 2..63 small, 64..127 large): a circular list through fd."""
+    """Regular bin INDEX (1 = unsorted, 2..63 small, 64..127 large): a circular list through fd.
+
+    Each chunk's bk must lead back to the chunk it was reached from, and the
+    head's bk to the last chunk (glibc's "fd->bk != p" / "bk->fd != p").
+    """
     head = layout.bin_header(arena, index)
     kind = bin_kind(index)
-    walk = ListWalk(f"{kind.value} bin[{index}] of arena {arena:#x}", _list_bound(system_mem))
+    walk = ListWalk(f"{kind.value} bin[{index}] of arena {arena:#x}", _list_bound(system_mem), circular=True)
     chunks: list[int] = []
     sizes: list[int] = []
     try:
-        p, _head_bk = _QQ.unpack(mem.read(head + 16, 16))
+        p, head_bk = _QQ.unpack(mem.read(head + 16, 16))
     except ReadError as exc:
-        walk.fail(head, f"cannot read the bin head: {exc}")
-        p = head
+        walk.fail(head, f"cannot read the bin head: {exc}", Kind.ARENA)
+        p = head_bk = head
     prev = head
     if p == 0:
-        walk.fail(head, "bin head fd is NULL (an arena that was never initialised, or a damaged one)")
+        walk.fail(head, "bin head fd is NULL (an arena that was never initialised, or a damaged one)", Kind.FD_BK,
+                  expected="a chunk or the head itself", found="NULL")
         p = head
     while p != head:
-        if not walk.admit(p, "chunk"):
+        if not walk.admit(p, "chunk", prev):
             break
         try:
             raw_size, fd, bk = _QQQ.unpack(mem.read(p + 8, 24))
         except ReadError:
-            walk.fail(p, f"chunk {p:#x} is in unreadable memory")
+            walk.unreadable(prev, p, "chunk")
             break
         if bk != prev:
-            walk.note(p, f"fd->bk != p: chunk {p:#x} has bk {bk:#x}, but was reached from {prev:#x}")
+            walk.damage(p, f"fd->bk != p: chunk {p:#x} has bk {bk:#x}, but is linked from {prev:#x}",
+                        Kind.FD_BK, f"{prev:#x}", f"{bk:#x}")
         size = raw_size & ~SIZE_BITS
-        if size < MINSIZE:
-            walk.fail(p, f"chunk size {size:#x} is below the minimum {MINSIZE:#x}")
+        if size < MINSIZE or size % MALLOC_ALIGNMENT:
+            walk.fail(p, f"chunk size {size:#x} is impossible for a free chunk", Kind.CHUNK_SIZE,
+                      expected=f"a multiple of {MALLOC_ALIGNMENT} of at least {MINSIZE:#x}", found=f"{raw_size:#x}")
             break
         if index >= 2 and bin_index(size) != index:
-            walk.note(p, f"chunk of size {size:#x} belongs in bin {bin_index(size)}, not bin {index}")
+            walk.damage(p, f"chunk of size {size:#x} belongs in bin {bin_index(size)}, not bin {index}",
+                        Kind.BIN_SIZE, f"bin {bin_index(size)}", f"bin {index}")
         chunks.append(p)
         sizes.append(raw_size)
         prev, p = p, fd
+    if walk.complete and head_bk != prev:
+        walk.damage(head, f"bk->fd != p: the bin head's bk is {head_bk:#x}, the last chunk is {prev:#x}",
+                    Kind.FD_BK, f"{prev:#x}", f"{head_bk:#x}")
     return BinList(kind, index, head, tuple(chunks), tuple(sizes), walk.complete), walk.findings
 
 
@@ -234,8 +283,9 @@ def walk_tcache(mem: Memory, layout: Layout, address: int, fill_count: int | Non
     try:
         raw = mem.read(address, layout.tcache_struct_size)
     except ReadError as exc:
-        return Tcache(address, (), (Finding(Severity.ERROR, address, "tcache", f"cannot read: {exc}"),))
-    fmt = "<%d%s" % (nbins, "H" if layout.tcache_count_size == 2 else "B")
+        return Tcache(address, (), (Finding(Severity.ERROR, address, "tcache", f"cannot read: {exc}", Kind.TCACHE),))
+    count_size = 2 if layout.tcache_count_size == 2 else 1
+    fmt = "<%d%s" % (nbins, "H" if count_size == 2 else "B")
     counts = struct.unpack_from(fmt, raw, 0)
     heads = struct.unpack_from("<%dQ" % nbins, raw, layout.tcache_off_entries)
     bins: list[TcacheBin] = []
@@ -243,29 +293,34 @@ def walk_tcache(mem: Memory, layout: Layout, address: int, fill_count: int | Non
         stored = counts[i]
         count = fill - stored if layout.tcache_counts_down else stored
         head = heads[i]
+        slot = address + layout.tcache_off_entries + 8 * i
         structure = f"tcache bin {i} at {address:#x}"
         if layout.tcache_counts_down and stored > fill:
-            findings.append(Finding(Severity.ERROR, address, structure,
-                                    f"num_slots {stored} exceeds the fill count {fill}"))
+            findings.append(Finding(Severity.ERROR, address + count_size * i, structure,
+                                    f"num_slots {stored} exceeds the fill count {fill}", Kind.TCACHE_COUNT,
+                                    f"at most {fill}", str(stored)))
             count = 0
         if not head and not count:
             continue
         walk = ListWalk(structure, max(count, 1) + 65536)
         entries: list[int] = []
-        e = head
+        e, holder = head, slot
         while e:
-            if not walk.admit(e, "tcache entry"):
+            if not walk.admit(e, "tcache entry", holder):
                 break
             try:
                 stored_next = u64(mem, e)
             except ReadError:
-                walk.fail(e, f"tcache entry {e:#x} is in unreadable memory")
+                walk.unreadable(holder, e, "tcache entry")
                 break
             entries.append(e)
+            holder = e
             e = reveal(e, stored_next) if layout.safe_linking else stored_next
         if walk.complete and len(entries) != count:
-            walk.fail(address, f"tcache count does not match list length: count {count}, "
-                               f"{len(entries)} entries linked", Severity.WARNING)
+            at = entries[-1] if entries and len(entries) < count else address + count_size * i
+            walk.fail(at, f"tcache count does not match list length: count {count}, {len(entries)} entries "
+                          "linked" + (f"; the list ends at {at:#x}" if at in entries else ""),
+                      Kind.TCACHE_COUNT, expected=str(count), found=str(len(entries)), cut=False)
         findings.extend(walk.findings)
         if i < 64:
             bins.append(TcacheBin(i, MINSIZE + MALLOC_ALIGNMENT * i, count, tuple(entries), walk.complete))
@@ -283,7 +338,7 @@ def _large_entry_sizes(mem: Memory, layout: Layout, entries: list[int], structur
         try:
             prev_size, size_field = struct.unpack("<QQ", mem.read(e - 16, 16))
         except ReadError:
-            findings.append(Finding(Severity.ERROR, e, structure, "the entry's chunk header is unreadable"))
+            findings.append(Finding(Severity.ERROR, e, structure, "the entry's chunk header is unreadable", Kind.UNMAPPED))
             sizes.append(0)
             spans.append(0)
             continue

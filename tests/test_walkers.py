@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from heapwalk.layout import layout_for
 from heapwalk.memory import CachedMemory, ImageMemory, ReadError
-from heapwalk.model import BinKind, Severity
+from heapwalk.model import BinKind, Kind, Severity
 from heapwalk.walkers import (bin_index, largebin_index, reveal, walk_arena_ring, walk_bin, walk_fastbin,
                               walk_heaps, walk_tcache)
 from synth import ARENA, HEAP, SynthHeap
@@ -46,7 +46,9 @@ def test_bin_whose_list_loops_not_through_its_head_ends_with_a_finding():
     s.w(c + 16, a)  # c->fd points back to a: a cycle that never returns to the head
     b, findings = walk_bin(s.mem, s.layout, ARENA, 9, 0x10000)
     assert b.count == 3 and not b.complete
-    assert any(f.severity is Severity.ERROR and "loops" in f.message and f.address == a for f in findings)
+    (f,) = findings  # reported at c, whose fd is the bad link
+    assert (f.severity, f.kind, f.address, f.found) == (Severity.ERROR, Kind.LIST_CYCLE, c, hex(a))
+    assert "cycle not through its head" in f.message
 
 
 def test_fastbin_pointer_that_is_misaligned_is_reported_and_the_walk_stops():
@@ -57,7 +59,7 @@ def test_fastbin_pointer_that_is_misaligned_is_reported_and_the_walk_stops():
     fb, findings = walk_fastbin(s.mem, s.layout, ARENA, 0, 0x10000)
     assert fb.chunks == (good,) and not fb.complete
     (f,) = findings
-    assert f.address == HEAP + 0x88 and "misaligned" in f.message
+    assert (f.kind, f.address, f.found) == (Kind.MISALIGNED, good, hex(HEAP + 0x88)) and "misaligned" in f.message
 
 
 def test_pointer_into_unreadable_memory_is_a_finding_not_an_exception():
@@ -67,7 +69,8 @@ def test_pointer_into_unreadable_memory_is_a_finding_not_an_exception():
     s.w(c + 16, 0x10000)  # fd into nothing
     b, findings = walk_bin(s.mem, s.layout, ARENA, 9, 0x10000)
     assert b.chunks == (c,) and not b.complete
-    assert any("unreadable" in f.message and f.address == 0x10000 for f in findings)
+    (f,) = findings
+    assert (f.kind, f.address, f.found) == (Kind.UNMAPPED, c, "0x10000") and "not in the target's memory" in f.message
 
 
 def test_fd_bk_mismatch_is_noted_but_the_list_is_still_walked():
@@ -77,7 +80,9 @@ def test_fd_bk_mismatch_is_noted_but_the_list_is_still_walked():
     s.w(b_ + 24, HEAP + 0x500)
     b, findings = walk_bin(s.mem, s.layout, ARENA, 9, 0x10000)
     assert b.count == 2 and b.complete
-    assert [f.message for f in findings if "fd->bk != p" in f.message]
+    (f,) = findings
+    assert (f.kind, f.address, f.expected, f.found) == (Kind.FD_BK, b_, hex(a), hex(HEAP + 0x500))
+    assert "fd->bk != p" in f.message
 
 
 def test_fastbin_entry_of_wrong_size_is_reported():
@@ -87,6 +92,8 @@ def test_fastbin_entry_of_wrong_size_is_reported():
     s.w(a + 16, s.protect(a + 16, 0))
     fb, findings = walk_fastbin(s.mem, s.layout, ARENA, 0, 0x10000)
     assert fb.count == 1 and "wrong size" in findings[0].message
+    assert (findings[0].kind, findings[0].address, findings[0].expected, findings[0].found) == (
+        Kind.FASTBIN_SIZE, a, "0x20", "0x30")
 
 
 def test_safe_linked_tcache_lists_decode_head_first():

@@ -1,0 +1,328 @@
+/* corrupt: damages its own heap in one way (HW_CORRUPT=<mode>), the way real bugs do, and stops before glibc
+ * notices; or, for the abort_* modes, goes on until glibc aborts.
+ *
+ * Before stopping it writes expected.json into the directory given as argv[1]:
+ *   {"mode": ..., "kind": <heapwalk's finding kind>, "address": <where the bad data lives>, "glibc": "2.NN"}
+ * "address" is a chunk address (user pointer - 16) for chunks, a user pointer for tcache entries (glibc's tcache
+ * links user pointers), or 0 when the program cannot know it (the arena of a held mutex).
+ *
+ * Each mode first checks that glibc put the chunks where the mode needs them (it reads its own freed chunks),
+ * and exits with status 3 if not, so a changed glibc cannot make the expected address wrong.
+ *
+ * Modes (the bug each imitates):
+ *   fd_bk             a write after free rewrites bk of a chunk in a small bin
+ *   prev_size         a buffer underflow rewrites the prev_size of the chunk after a free one
+ *   fastbin_size      a write after free rewrites the size of a fastbin chunk (not on 2.43+: no fastbins)
+ *   tcache_misaligned a write after free rewrites a tcache next link to a misaligned pointer
+ *   tcache_count      a write after free ends a tcache list early (count 3, 2 linked)
+ *   double_free       a chunk freed into the unsorted bin is freed again into the tcache
+ *   overlaps_top      tcache poisoning: a next link points into the top chunk
+ *   list_cycle        a small bin's last chunk links back to its first (a cycle not through the head)
+ *   unmapped          a tcache next link points to unmapped memory
+ *   free_unlisted     an off-by-one NUL byte clears the next chunk's PREV_INUSE
+ *   chunk_size        an overflow writes garbage over the next chunk's size (the heap walk must resynchronise)
+ *   nextsize          a write after free rewrites fd_nextsize of a large bin chunk
+ *   mutex             a thread blocks in malloc_stats() (stderr is a full pipe) holding main_arena's mutex
+ *   abort_double_free       free() of a chunk already in the unsorted bin: "double free or corruption (!prev)"
+ *   abort_unaligned_tcache  malloc() meets a misaligned tcache link: "malloc(): unaligned tcache chunk detected"
+ */
+#define _GNU_SOURCE
+#pragma GCC diagnostic ignored "-Wuse-after-free" /* the point of this program */
+#pragma GCC diagnostic ignored "-Warray-bounds"
+#pragma GCC diagnostic ignored "-Wstringop-overflow"
+#include <fcntl.h>
+#include <gnu/libc-version.h>
+#include <malloc.h>
+#include <pthread.h>
+#include <semaphore.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+static char out_buf[4096];
+static FILE *out;
+static const char *mode;
+static int minor;
+static int fill;
+
+static void fail(const char *why)
+{
+    fprintf(stderr, "corrupt %s: setup failed: %s\n", mode, why);
+    exit(3);
+}
+
+/* What glibc stores in a singly linked next field at POS (safe-linking from 2.32). */
+static uintptr_t protect(void *pos, uintptr_t ptr)
+{
+    return minor >= 32 ? (((uintptr_t)pos >> 12) ^ ptr) : ptr;
+}
+
+static uintptr_t reveal(void *pos, uintptr_t stored) { return protect(pos, stored); }
+
+/* Stores P where the compiler cannot see it unused (gcc drops a malloc whose result is never used). */
+static void *volatile sink;
+static void *keep(void *p)
+{
+    sink = p;
+    return p;
+}
+
+static uintptr_t *words(void *p) { return (uintptr_t *)p; }
+
+static uintptr_t chunk_of(void *user) { return (uintptr_t)user - 16; }
+
+/* expected.json: the finding KIND at ADDRESS (0: not known here) whose bad value is FOUND (0: not checked). */
+static void expect_found(const char *kind, uintptr_t address, uintptr_t found)
+{
+    fprintf(out, "{\"mode\": \"%s\", \"kind\": \"%s\", \"address\": %lu, \"found\": %lu, \"glibc\": \"2.%d\", "
+            "\"pid\": %d}\n", mode, kind, (unsigned long)address, (unsigned long)found, minor, (int)getpid());
+    if (fflush(out))
+        fail("cannot write expected.json");
+}
+
+static void expect(const char *kind, uintptr_t address) { expect_found(kind, address, 0); }
+
+static void *guarded(size_t n)
+{
+    void *p = keep(malloc(n));
+    memset(p, 0x5a, n);
+    memset(keep(malloc(24)), 0x47, 24);
+    return p;
+}
+
+/* Fills the tcache bin of REQUEST bytes, so the next free of that size goes elsewhere. */
+static void fill_tcache(size_t request)
+{
+    void *p[32];
+    for (int i = 0; i < fill; i++)
+        p[i] = guarded(request);
+    for (int i = 0; i < fill; i++)
+        free(p[i]);
+}
+
+/* Three chunks of 0x110 in small bin 17, in list order (head->fd first). */
+static void small_bin_of_three(void *order[3])
+{
+    void *c[3];
+    for (int i = 0; i < 3; i++)
+        c[i] = guarded(0x100);
+    fill_tcache(0x100); /* after c: its chunks must not come from the tcache */
+    for (int i = 0; i < 3; i++)
+        free(c[i]);
+    keep(malloc(0x2000)); /* sorts the unsorted bin into the small bin */
+    /* the last chunk's fd is the bin head (no other chunk); the first is the one no chunk's fd points to */
+    int last = -1, first = -1;
+    for (int i = 0; i < 3; i++) {
+        int pointed = 0, points = 0;
+        for (int j = 0; j < 3; j++) {
+            if (words(c[j])[0] == chunk_of(c[i]))
+                pointed = 1;
+            if (words(c[i])[0] == chunk_of(c[j]))
+                points = 1;
+        }
+        if (!points)
+            last = i;
+        if (!pointed)
+            first = i;
+    }
+    if (last < 0 || first < 0 || last == first)
+        fail("the small bin does not hold the three chunks");
+    order[0] = c[first];
+    order[2] = c[last];
+    order[1] = c[3 - first - last];
+    if (words(order[0])[0] != chunk_of(order[1]) || words(order[1])[0] != chunk_of(order[2]))
+        fail("the small bin's order is not what was read");
+}
+
+/* A tcache bin of 0x50 chunks holding exactly three entries, head first. */
+static void tcache_of_three(void *order[3])
+{
+    void *c[3];
+    for (int i = 0; i < 3; i++)
+        c[i] = guarded(0x48);
+    for (int i = 0; i < 3; i++)
+        free(c[i]);
+    /* freed last = list head */
+    order[0] = c[2];
+    order[1] = c[1];
+    order[2] = c[0];
+    if (reveal(order[0], words(order[0])[0]) != (uintptr_t)order[1] ||
+        reveal(order[1], words(order[1])[0]) != (uintptr_t)order[2] || reveal(order[2], words(order[2])[0]) != 0)
+        fail("the tcache list is not the three chunks");
+}
+
+static sem_t holder_ready;
+static pid_t holder_tid;
+
+static void *hold_main_arena(void *arg)
+{
+    (void)arg;
+    holder_tid = (pid_t)syscall(SYS_gettid);
+    sem_post(&holder_ready);
+    malloc_stats(); /* takes main_arena's mutex, then blocks writing to the full stderr pipe */
+    return NULL;
+}
+
+/* Waits until thread TID sits in the write system call. */
+static void wait_for_write(pid_t tid)
+{
+    char path[64], buf[64];
+    snprintf(path, sizeof path, "/proc/self/task/%d/syscall", (int)tid);
+    for (int i = 0; i < 500; i++) {
+        int fd = open(path, O_RDONLY);
+        ssize_t n = fd < 0 ? -1 : read(fd, buf, sizeof buf - 1);
+        if (fd >= 0)
+            close(fd);
+        if (n > 0 && buf[0] == '1' && buf[1] == ' ')
+            return;
+        usleep(10000);
+    }
+    fail("the malloc_stats thread never blocked in write");
+}
+
+int main(int argc, char **argv)
+{
+    const char *dir = argc > 1 ? argv[1] : ".";
+    char path[4096];
+    mode = getenv("HW_CORRUPT");
+    if (!mode)
+        fail("HW_CORRUPT is not set");
+    if (sscanf(gnu_get_libc_version(), "2.%d", &minor) != 1)
+        fail("cannot parse the glibc version");
+    fill = minor >= 43 ? 16 : 7;
+    snprintf(path, sizeof path, "%s/expected.json", dir);
+    out = fopen(path, "w");
+    if (!out)
+        fail("cannot open expected.json");
+    setvbuf(out, out_buf, _IOFBF, sizeof out_buf);
+
+    /* some live memory first, so the damage sits among ordinary chunks */
+    for (int i = 0; i < 20; i++)
+        guarded(16 + 24 * (size_t)i);
+
+    if (!strcmp(mode, "fd_bk")) {
+        void *c[3];
+        small_bin_of_three(c);
+        words(c[1])[1] = 0x4141414141414140;
+        expect("fd_bk_mismatch", chunk_of(c[1]));
+    } else if (!strcmp(mode, "prev_size")) {
+        void *a = keep(malloc(0x100));
+        void *b = keep(malloc(0x80)); /* stays in use */
+        keep(malloc(24));
+        fill_tcache(0x100);
+        free(a);                   /* into the unsorted bin: b's PREV_INUSE clear, prev_size 0x110 */
+        words(b)[-2] = 0x12340;    /* b's prev_size */
+        expect("prev_size_mismatch", chunk_of(b));
+    } else if (!strcmp(mode, "fastbin_size")) {
+        if (minor >= 43)
+            fail("glibc 2.43 has no fastbins");
+        void *x = guarded(0x28);
+        fill_tcache(0x28);
+        free(x);
+        words(x)[-1] = 0x51;
+        expect("fastbin_size", chunk_of(x));
+    } else if (!strcmp(mode, "tcache_misaligned")) {
+        void *t[3];
+        tcache_of_three(t);
+        words(t[0])[0] = protect(t[0], (uintptr_t)t[1] + 8);
+        expect_found("misaligned", (uintptr_t)t[0], (uintptr_t)t[1] + 8);
+    } else if (!strcmp(mode, "tcache_count")) {
+        void *t[3];
+        tcache_of_three(t);
+        words(t[1])[0] = protect(t[1], 0);
+        expect("tcache_count", (uintptr_t)t[1]);
+    } else if (!strcmp(mode, "double_free")) {
+        void *x = guarded(0x100);
+        fill_tcache(0x100);
+        free(x);         /* the tcache bin is full: the unsorted bin */
+        keep(malloc(0x100)); /* one out of the tcache: room for one */
+        free(x);         /* no key in x: glibc does not see the double free, x goes into the tcache too */
+        expect("double_free", chunk_of(x));
+    } else if (!strcmp(mode, "overlaps_top")) {
+        void *t[3];
+        tcache_of_three(t);
+        void *probe = keep(malloc(0x18)); /* the last chunk carved from top: top starts right after it */
+        uintptr_t in_top = ((uintptr_t)probe + 0x18 + 0x100 + 15) & ~(uintptr_t)15;
+        words(t[0])[0] = protect(t[0], in_top);
+        expect("overlaps_top", in_top - 16);
+    } else if (!strcmp(mode, "list_cycle")) {
+        void *c[3];
+        small_bin_of_three(c);
+        words(c[2])[0] = chunk_of(c[0]);
+        expect("list_cycle", chunk_of(c[2]));
+    } else if (!strcmp(mode, "unmapped")) {
+        void *t[3];
+        tcache_of_three(t);
+        words(t[1])[0] = protect(t[1], 0x100000000000);
+        expect("unmapped_pointer", (uintptr_t)t[1]);
+    } else if (!strcmp(mode, "free_unlisted")) {
+        void *a = keep(malloc(0xf8));
+        void *b = keep(malloc(0xf8)); /* chunk 0x100: size field 0x101 */
+        keep(malloc(24));
+        if (words(b)[-1] != 0x101)
+            fail("the chunk after a is not 0x101");
+        memset(a, 0x61, 0xf8);
+        ((unsigned char *)a)[0xf8] = 0; /* one byte too many: the low byte of b's size */
+        expect("free_unlisted", chunk_of(a));
+    } else if (!strcmp(mode, "chunk_size")) {
+        void *a = keep(malloc(0x48));
+        void *b = keep(malloc(0x48));
+        for (int i = 0; i < 8; i++)
+            guarded(0x30);
+        memset(a, 0x41, 0x48 + 8); /* runs 8 bytes into b's header: its size */
+        expect("chunk_size", chunk_of(b));
+    } else if (!strcmp(mode, "nextsize")) {
+        void *p470 = guarded(0x468), *p440 = guarded(0x438);
+        free(p470);
+        free(p440);
+        keep(malloc(0x2000));
+        if (words(p470)[2] != chunk_of(p440) || words(p440)[2] != chunk_of(p470))
+            fail("the large bin does not hold the two chunks as leaders");
+        words(p470)[2] = 0x4242424242424240;
+        expect("nextsize_mismatch", chunk_of(p470));
+    } else if (!strcmp(mode, "mutex")) {
+        int fds[2];
+        if (pipe(fds) != 0)
+            fail("pipe");
+        fcntl(fds[1], F_SETFL, O_NONBLOCK);
+        static char junk[4096];
+        while (write(fds[1], junk, sizeof junk) > 0)
+            ;
+        fcntl(fds[1], F_SETFL, 0);
+        dup2(fds[1], 2);
+        sem_init(&holder_ready, 0, 0);
+        pthread_t th;
+        pthread_attr_t attr;
+        pthread_attr_init(&attr);
+        pthread_attr_setstacksize(&attr, 256 * 1024);
+        if (pthread_create(&th, &attr, hold_main_arena, NULL) != 0)
+            fail("pthread_create");
+        sem_wait(&holder_ready);
+        wait_for_write(holder_tid);
+        expect("mutex_held", 0);
+    } else if (!strcmp(mode, "abort_double_free")) {
+        void *x = guarded(0x500); /* above the tcache sizes: freed into the unsorted bin */
+        expect("abort", chunk_of(x));
+        free(x);
+        free(x);
+        fail("glibc did not abort");
+    } else if (!strcmp(mode, "abort_unaligned_tcache")) {
+        if (minor < 32)
+            fail("no tcache alignment check before 2.32");
+        void *t[3];
+        tcache_of_three(t);
+        words(t[0])[0] = protect(t[0], (uintptr_t)t[1] + 8);
+        expect_found("misaligned", 0, (uintptr_t)t[1] + 8);
+        keep(malloc(0x48)); /* t[0]; the bin's head becomes the misaligned pointer */
+        keep(malloc(0x48)); /* glibc checks the head: abort */
+        fail("glibc did not abort");
+    } else {
+        fail("unknown mode");
+    }
+    raise(SIGSTOP);
+    return 0;
+}

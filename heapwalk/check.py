@@ -1,0 +1,241 @@
+"""Validation of a decoded heap: every invariant glibc relies on, as findings.
+
+The walkers already refuse bad links (misaligned, unmapped, cycles) and the
+chunk walk checks neighbours (prev_size, PREV_INUSE, NON_MAIN_ARENA); this
+module adds the checks that need the whole picture: a chunk in two free lists
+(a double free), free chunks outside their arena or overlapping top, tcache
+entries of the wrong size or with an overwritten key, large-bin order and
+nextsize links, the binmap and have_fastchunks.  `check` gathers all of it;
+`partial` says which numbers of a report rest on damaged structures.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections import Counter
+from dataclasses import dataclass, field
+
+from .chunkwalk import extents
+from .layout import IS_MMAPPED, NBINS, SIZE_BITS, Layout
+from .memory import Memory, ReadError, u64
+from .model import Arena, BinKind, Finding, HeapState, Kind, Severity
+
+__all__ = ["CheckResult", "check", "partial", "scope"]
+
+_QQ = struct.Struct("<QQ")
+
+
+@dataclass
+class CheckResult:
+    """The findings of `check`, errors first then by address, and the numbers they make partial."""
+
+    findings: list[Finding]
+    partial: list[str] = field(default_factory=list)
+
+    @property
+    def errors(self) -> list[Finding]:
+        return [f for f in self.findings if f.severity is Severity.ERROR]
+
+    @property
+    def warnings(self) -> list[Finding]:
+        return [f for f in self.findings if f.severity is Severity.WARNING]
+
+    @property
+    def clean(self) -> bool:
+        """No damage found (warnings, such as a held mutex, do not make a heap damaged)."""
+        return not self.errors
+
+    def by_kind(self) -> dict[str, int]:
+        return dict(Counter(f.kind.ident for f in self.findings))
+
+
+def check(state: HeapState, mem: Memory, layout: Layout) -> CheckResult:
+    """Every violation heapwalk can see in STATE (decoded with the chunk walk, for the neighbour checks)."""
+    findings = list(state.all_findings())
+    findings += _listed_chunks(state, mem, layout)
+    for arena in state.arenas:
+        findings += _large_bins(mem, arena)
+        findings += _arena_flags(mem, layout, arena)
+    findings += _tcache_keys(state, mem)
+    unique: dict[tuple, Finding] = {}
+    for f in findings:
+        unique.setdefault((f.kind, f.address, f.structure, f.message), f)
+    ordered = sorted(unique.values(), key=lambda f: (f.severity is not Severity.ERROR,
+                                                     f.severity is not Severity.WARNING, f.address))
+    return CheckResult(ordered, partial(state))
+
+
+def _arena_spans(state: HeapState, layout: Layout) -> dict[int, list[tuple[int, int]]]:
+    return {a.address: [(e.first, e.end) for e in extents(a, layout)] for a in state.arenas}
+
+
+def _inside(spans: list[tuple[int, int]], lo: int, hi: int) -> bool:
+    return any(s <= lo and hi <= e for s, e in spans)
+
+
+def _listed_chunks(state: HeapState, mem: Memory, layout: Layout) -> list[Finding]:
+    """Free-list members: in one list only, inside their arena's heaps, clear of top, of their bin's size."""
+    out: list[Finding] = []
+    spans = _arena_spans(state, layout)
+    every_span = [s for v in spans.values() for s in v]
+    tops = [(a.top, a.top + a.top_size) for a in state.arenas if a.top]
+    first_list: dict[int, str] = {}
+
+    def seen(chunk: int, where: str) -> None:
+        other = first_list.setdefault(chunk, where)
+        if other != where:
+            out.append(Finding(Severity.ERROR, chunk, where, f"double free: chunk {chunk:#x} is in {other} and "
+                               f"in {where}", Kind.DOUBLE_FREE, "one free list", f"{other} and {where}"))
+
+    def placed(chunk: int, size: int, where: str, allowed: list[tuple[int, int]]) -> None:
+        if not _inside(allowed, chunk, chunk + max(size, 16)):
+            out.append(Finding(Severity.ERROR, chunk, where, f"free chunk {chunk:#x} (size {size:#x}) is not inside "
+                               "the heaps of its arena", Kind.OUTSIDE_HEAP, "inside the arena's heaps",
+                               f"{chunk:#x}"))
+        for lo, hi in tops:
+            if chunk < hi and lo < chunk + size:
+                out.append(Finding(Severity.ERROR, chunk, where, f"free chunk {chunk:#x} (size {size:#x}) overlaps "
+                                   f"the top chunk {lo:#x}..{hi:#x}", Kind.OVERLAPS_TOP, "clear of top",
+                                   f"{chunk:#x}..{chunk + size:#x}"))
+
+    for arena in state.arenas:
+        for lst in arena.free_lists():
+            where = _list_name(arena, lst.kind, lst.index)
+            for chunk, size in zip(lst.chunks, lst.sizes):
+                seen(chunk, where)
+                placed(chunk, size, where, spans[arena.address])
+    for thread in state.threads:
+        if thread.tcache is None:
+            continue
+        for b in thread.tcache.bins:
+            where = f"tcache bin {b.index} of thread {thread.number}"
+            for i, entry in enumerate(b.entries):
+                chunk = entry - 16
+                seen(chunk, where)
+                try:
+                    size_field = u64(mem, chunk + 8)
+                except ReadError:
+                    continue  # the walker reported it
+                size = size_field & ~SIZE_BITS
+                if b.index < 64 and size != b.chunk_size:
+                    out.append(Finding(Severity.ERROR, chunk, where, f"tcache entry {entry:#x} has chunk size "
+                                       f"{size:#x}, its bin holds {b.chunk_size:#x}", Kind.TCACHE_SIZE,
+                                       f"{b.chunk_size:#x}", f"{size:#x}"))
+                if not size_field & IS_MMAPPED:
+                    placed(chunk, size, where, every_span)
+    return out
+
+
+def _list_name(arena: Arena, kind: BinKind, index: int) -> str:
+    name = "fastbin" if kind is BinKind.FAST else f"{kind.value} bin"
+    return f"{name}[{index}] of arena {arena.number}"
+
+
+def _large_bins(mem: Memory, arena: Arena) -> list[Finding]:
+    """Large bins are sorted by size, largest first, and the first chunk of each size links to the first of
+    the next and previous sizes through fd_nextsize/bk_nextsize (a ring of those leaders)."""
+    out: list[Finding] = []
+    for lst in arena.bins:
+        if lst.kind is not BinKind.LARGE or not lst.chunks or not lst.complete:
+            continue
+        where = _list_name(arena, lst.kind, lst.index)
+        sizes = lst.sizes
+        unsorted_at = next((i for i in range(1, len(sizes)) if sizes[i] > sizes[i - 1]), None)
+        if unsorted_at is not None:
+            c = lst.chunks[unsorted_at]
+            out.append(Finding(Severity.ERROR, c, where, f"chunk {c:#x} of size {sizes[unsorted_at]:#x} follows "
+                               f"a smaller one ({sizes[unsorted_at - 1]:#x})", Kind.LARGE_ORDER,
+                               f"at most {sizes[unsorted_at - 1]:#x}", f"{sizes[unsorted_at]:#x}"))
+            continue
+        leaders = [c for i, c in enumerate(lst.chunks) if i == 0 or sizes[i] != sizes[i - 1]]
+        for i, leader in enumerate(leaders):
+            want_fd, want_bk = leaders[(i + 1) % len(leaders)], leaders[i - 1]
+            try:
+                fd_next, bk_next = _QQ.unpack(mem.read(leader + 32, 16))
+            except ReadError:
+                continue
+            for name, want, got in (("fd_nextsize", want_fd, fd_next), ("bk_nextsize", want_bk, bk_next)):
+                if got != want:
+                    out.append(Finding(Severity.ERROR, leader, where, f"{name} of chunk {leader:#x} is {got:#x}, "
+                                       f"the next chunk size's first chunk is {want:#x}", Kind.NEXTSIZE,
+                                       f"{want:#x}", f"{got:#x}"))
+    return out
+
+
+def _arena_flags(mem: Memory, layout: Layout, arena: Arena) -> list[Finding]:
+    """The binmap marks every non-empty bin; have_fastchunks is set while any fastbin holds a chunk."""
+    out: list[Finding] = []
+    where = f"arena {arena.number}"
+    try:
+        binmap = struct.unpack("<4I", mem.read(arena.address + layout.off_binmap, 16))
+    except ReadError:
+        return out
+    for lst in arena.bins:
+        if lst.chunks and lst.index < NBINS and not binmap[lst.index >> 5] & (1 << (lst.index & 31)):
+            out.append(Finding(Severity.ERROR, arena.address + layout.off_binmap + 4 * (lst.index >> 5), where,
+                               f"bin {lst.index} holds {lst.count} chunk(s) but its binmap bit is clear",
+                               Kind.BINMAP, "bit set", "bit clear"))
+    if arena.have_fastchunks == 0 and any(b.chunks for b in arena.fastbins):
+        out.append(Finding(Severity.WARNING, arena.address, where, "the fastbins hold chunks but have_fastchunks "
+                           "is false (malloc would not consolidate them; or a free was mid-way)", Kind.FASTCHUNKS,
+                           "true", "false"))
+    return out
+
+
+def _tcache_keys(state: HeapState, mem: Memory) -> list[Finding]:
+    """Since 2.29 every tcache entry carries a key in its second word (the tcache struct's address up to
+    2.33, one random value per process from 2.34); an entry without it was written to after its free."""
+    if state.glibc_version < (2, 29):
+        return []
+    keyed: list[tuple[int, int, str, int | None]] = []  # entry, key found, where, key expected
+    for thread in state.threads:
+        if thread.tcache is None:
+            continue
+        for b in thread.tcache.bins:
+            for entry in b.entries:
+                try:
+                    key = u64(mem, entry + 8)
+                except ReadError:
+                    continue
+                want = thread.tcache.address if state.glibc_version < (2, 34) else None
+                keyed.append((entry, key, f"tcache bin {b.index} of thread {thread.number}", want))
+    if state.glibc_version >= (2, 34):
+        common = Counter(k for _, k, _, _ in keyed).most_common(1)
+        if not common or common[0][1] < 3 or common[0][1] * 2 <= len(keyed):
+            return []  # too few entries to know the process's key
+        keyed = [(e, k, w, common[0][0]) for e, k, w, _ in keyed]
+    return [Finding(Severity.ERROR, entry, where, f"tcache entry {entry:#x} has key {key:#x}, not the tcache key "
+                    f"{want:#x}: written to after it was freed", Kind.TCACHE_KEY, f"{want:#x}", f"{key:#x}")
+            for entry, key, where, want in keyed if key != want]
+
+
+def partial(state: HeapState) -> list[str]:
+    """Sentences naming the numbers that rest on damaged structures (empty when everything was walked)."""
+    out: list[str] = []
+    for arena in state.arenas:
+        cut = [b for b in (*arena.fastbins, arena.unsorted, *arena.bins) if not b.complete]
+        if cut:
+            names = ", ".join(_list_name(arena, b.kind, b.index).split(" of ")[0] for b in cut[:6])
+            more = f" and {len(cut) - 6} more" if len(cut) > 6 else ""
+            out.append(f"arena {arena.number}: free bytes of {names}{more} cover only the part before the damage")
+        acc = state.accounts.get(arena.address)
+        if acc is not None and acc.unwalked:
+            out.append(f"arena {arena.number}: {acc.unwalked} bytes of its heaps could not be walked; in-use and "
+                       "free bytes leave them out")
+    for thread in state.threads:
+        if thread.tcache is not None and any(not b.complete for b in thread.tcache.bins):
+            out.append(f"thread {thread.number}: its tcache lists are cut at damage")
+    if any(f.kind is Kind.ARENA_RING for f in state.findings):
+        out.append("the arena ring is broken: arenas after the break are missing")
+    if any(f.kind is Kind.MUTEX_HELD for a in state.arenas for f in a.findings):
+        out.append("an arena mutex was held: that arena's lists may be mid-update")
+    return out
+
+
+def scope(state: HeapState) -> dict[str, int]:
+    """What a check covered: arenas, heaps, chunks walked, free-list entries and tcaches."""
+    return {"arenas": len(state.arenas), "heaps": sum(len(a.heaps) for a in state.arenas),
+            "chunks": sum(sum(acc.counts.values()) for acc in state.accounts.values()),
+            "listed": sum(b.count for a in state.arenas for b in a.free_lists())
+            + sum(t.tcache.count for t in state.threads if t.tcache),
+            "tcaches": sum(1 for t in state.threads if t.tcache)}
