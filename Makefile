@@ -3,7 +3,8 @@
 #   make test   the test suite (reproducer cores are captured on the way)
 
 SHELL := /bin/bash
-DEB_PACKAGES := gdb gcc make libc6-dbg libc6-dev python3 python3-venv util-linux debian-archive-keyring
+DEB_PACKAGES := gdb gcc make libc6-dbg libc6-dev python3 python3-venv util-linux debian-archive-keyring \
+  libjemalloc2 libtcmalloc-minimal4
 # gdb embeds the system Python: the virtualenv is made with that interpreter, so
 # gdbinit can put its site-packages on gdb's sys.path.
 SYSTEM_PYTHON := /usr/bin/python3
@@ -17,7 +18,7 @@ SUITES := bullseye trixie sid
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 PYTEST_ARGS ?=
 
-.PHONY: all deps venv sysroots cores demo test unit clean distclean
+.PHONY: all deps venv sysroots cores demo test unit fuzz clean distclean
 
 all: test
 
@@ -60,6 +61,12 @@ demo: venv
 # The whole suite: unit tests, reproducer cores against malloc_info and ledgers, live attach.
 test: cores
 	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+# Mutation fuzzing on every reproducer core of every glibc (make test runs a smaller share of it).
+# FUZZ_ARGS: e.g. --count 1000 --seed 7
+FUZZ_ARGS ?=
+fuzz: cores
+	$(PY) tests/fuzz.py $(FUZZ_ARGS)
 
 # Only the tests that need no gdb or cores.
 unit: venv

@@ -43,6 +43,10 @@ REPRODUCERS = ("bins", "thread_arenas", "small_vectors", "mmapped", "second_heap
 #: environment a reproducer needs to show its situation
 REPRODUCER_ENV = {"large_tcache": {"GLIBC_TUNABLES": "glibc.malloc.tcache_max=2097152"},
                   "main_regions": {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=2"}}
+#: corrupt.c's modes that stop with the damage in place, and those that run on until glibc aborts
+CORRUPTIONS = ("fd_bk", "prev_size", "fastbin_size", "tcache_misaligned", "tcache_count", "double_free",
+               "overlaps_top", "list_cycle", "unmapped", "free_unlisted", "chunk_size", "nextsize", "mutex")
+CRASHES = ("abort_double_free", "abort_unaligned_tcache")
 CFLAGS = ("-O1", "-g", "-pthread", "-Wall", "-Wextra", "-Wno-unused-but-set-variable")
 
 
@@ -129,7 +133,7 @@ def run_to_snapshot(exe: Path, directory: Path, env: dict[str, str] | None = Non
                     timeout: float = 120.0, launcher: list[str] | None = None) -> subprocess.Popen:
     """Starts EXE with DIRECTORY as its output folder and waits until it has stopped itself."""
     directory.mkdir(parents=True, exist_ok=True)
-    for stale in ("malloc_info.xml", "ledger.json", "core", "trim.json"):
+    for stale in ("malloc_info.xml", "ledger.json", "core", "trim.json", "expected.json"):
         (directory / stale).unlink(missing_ok=True)
     full_env = dict(os.environ)
     full_env.update(env or {})
@@ -238,6 +242,55 @@ def capture(name: str, outdir: Path, bindir: Path, keep: bool = False, sysroot: 
         raise
     if not keep:
         finish(cap)
+    return cap
+
+
+def corruption_applies(mode: str, version: tuple[int, int]) -> bool:
+    """Can corrupt.c's MODE be shown under glibc VERSION? (2.43 has no fastbins; 2.31 has no tcache
+    alignment check to abort on.)"""
+    if mode == "fastbin_size":
+        return version < (2, 43)
+    if mode == "abort_unaligned_tcache":
+        return version >= (2, 32)
+    return True
+
+
+def capture_corruption(mode: str, outdir: Path, bindir: Path, sysroot: sysroots.Sysroot | None = None) -> Capture:
+    """Runs corrupt.c in MODE (under SYSROOT's glibc) and takes its core into OUTDIR/corrupt-MODE/core.
+
+    Corruption modes stop themselves with the damage in place; crash modes run under gdb until glibc
+    aborts, and gdb's gcore takes the core at the abort, as a crash dump would.
+    """
+    exe = build("corrupt", bindir, sysroot)
+    directory = outdir / f"corrupt-{mode}"
+    launcher = sysroot.launcher() if sysroot is not None else []
+    gdb_exe = sysroot.ld_so if sysroot is not None else exe
+    env = {**os.environ, **arena_env(), "HW_CORRUPT": mode}
+    if mode in CRASHES:
+        directory.mkdir(parents=True, exist_ok=True)
+        for stale in ("core", "expected.json"):
+            (directory / stale).unlink(missing_ok=True)
+        core = directory / "core"
+        repair = (f"python import sys, pathlib; sys.path.insert(0, {str(CORES_DIR)!r}); import harness; "
+                  f"harness.repair_core(pathlib.Path({str(core)!r}), gdb.selected_inferior().pid)")
+        cmd = ["gdb", "-nx", "-batch", "-ex", "set startup-with-shell off", "-ex", "run", "-ex", f"gcore {core}",
+               "-ex", repair, "-ex", "kill", "--args", *launcher, str(exe), str(directory)]
+        result = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+        if not core.exists() or "SIGABRT" not in result.stdout:
+            raise HarnessError(f"corrupt {mode} did not abort under gdb:\n{result.stdout}\n{result.stderr}")
+        if shutil.which("fallocate"):
+            subprocess.run(["fallocate", "--dig-holes", str(core)], capture_output=True)
+        cap = Capture(name=f"corrupt-{mode}", directory=directory, exe=gdb_exe, pid=0)
+    else:
+        proc = run_to_snapshot(exe, directory, env={"HW_CORRUPT": mode, **arena_env()}, launcher=launcher)
+        cap = Capture(name=f"corrupt-{mode}", directory=directory, exe=gdb_exe, pid=proc.pid, process=proc)
+        try:
+            take_core(proc.pid, cap.core)
+        finally:
+            cap.kill()
+    meta = {"name": cap.name, "exe": str(gdb_exe), "program": str(exe), "pid": cap.pid,
+            "sysroot": str(sysroot.root) if sysroot is not None else None, "env": {"HW_CORRUPT": mode}}
+    (directory / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
     return cap
 
 

@@ -213,6 +213,9 @@ def partial(state: HeapState) -> list[str]:
     """Sentences naming the numbers that rest on damaged structures (empty when everything was walked)."""
     out: list[str] = []
     for arena in state.arenas:
+        if any(f.kind is Kind.ARENA for f in arena.findings):
+            out.append(f"arena {arena.number}: could not be read; none of its numbers are known")
+            continue
         cut = [b for b in (*arena.fastbins, arena.unsorted, *arena.bins) if not b.complete]
         if cut:
             names = ", ".join(_list_name(arena, b.kind, b.index).split(" of ")[0] for b in cut[:6])

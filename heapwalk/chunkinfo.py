@@ -31,8 +31,12 @@ class ChunkFilter:
         return chunk.size >= self.min_size and (self.max_size is None or chunk.size <= self.max_size)
 
 
-def chunks(mem: Memory, layout: Layout, state: HeapState, flt: ChunkFilter) -> Iterator[tuple[Arena, Chunk]]:
-    """Every chunk of every arena (or of FLT.arena) in address order per heap, as FLT admits."""
+def chunks(mem: Memory, layout: Layout, state: HeapState, flt: ChunkFilter,
+           findings: list | None = None) -> Iterator[tuple[Arena, Chunk]]:
+    """Every chunk of every arena (or of FLT.arena) in address order per heap, as FLT admits.
+
+    What the walk finds wrong (and where it had to skip damage) is added to FINDINGS.
+    """
     states = list_states(state)
     for arena in state.arenas:
         if flt.arena is not None and arena.address != flt.arena:
@@ -42,6 +46,8 @@ def chunks(mem: Memory, layout: Layout, state: HeapState, flt: ChunkFilter) -> I
             for chunk in walk_extent(mem, extent, arena.top, states, acc):
                 if flt.admits(chunk):
                     yield arena, chunk
+        if findings is not None:
+            findings.extend(acc.findings)
 
 
 @dataclass(frozen=True)

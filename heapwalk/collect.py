@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from .chunkwalk import account, find_mmapped, list_states, main_regions
 from .trim import TrimSimulation
-from .discovery import Discovery
+from .discovery import Discovery, MallocUnused
 from .layout import MP_INT_FIELDS, NBINS, SIZE_BITS, Layout
 from .memory import Memory, ReadError, u64
 from .model import Arena, BinKind, BinList, Fact, Finding, Heap, HeapState, Kind, MallocPar, Severity, Thread
@@ -29,6 +29,13 @@ class ThreadRegs:
     number: int
     lwp: int
     fs_base: int | None
+    sp: int | None = None       # $rsp
+    signal: int | None = None   # the signal that stopped the thread (a core's siginfo), if known
+
+
+#: signals that end a process with a crash dump
+FATAL_SIGNALS = {4: "SIGILL", 6: "SIGABRT", 7: "SIGBUS", 8: "SIGFPE", 11: "SIGSEGV"}
+_STACK_WINDOW = 1 << 15
 
 
 def read_mp(mem: Memory, layout: Layout, address: int) -> MallocPar:
@@ -62,11 +69,25 @@ def _empty_bin(kind: BinKind, index: int, head: int) -> BinList:
     return BinList(kind, index, head, (), (), complete=False)
 
 
+def _blank_arena(address: int, number: int, is_main: bool, free_list: set[int]) -> Arena:
+    """An arena whose memory reads as zeros (its pages are missing from the core, or were never written):
+    one finding instead of one per bin, and empty lists marked as cut."""
+    finding = Finding(Severity.ERROR, address, f"arena {address:#x}", "the arena reads as all zeros: its pages are "
+                      "missing from the core (or it was overwritten); nothing of it can be decoded", Kind.ARENA,
+                      "an initialised malloc_state", "zeros")
+    return Arena(address=address, number=number, is_main=is_main, mutex=0, flags=0, have_fastchunks=None, top=0,
+                 top_size=0, last_remainder=0, next=0, next_free=0, attached_threads=None, system_mem=0,
+                 max_system_mem=0, heaps=(), fastbins=(), unsorted=_empty_bin(BinKind.UNSORTED, 1, address),
+                 bins=(), on_free_list=address in free_list, findings=(finding,))
+
+
 def _decode_arena(mem: Memory, disc: Discovery, address: int, number: int, mp: MallocPar | None,
                   free_list: set[int]) -> Arena:
     layout = disc.layout
     is_main = address == disc.main_arena
     findings: list[Finding] = []
+    if not any(mem.read(address, layout.arena_size)):
+        return _blank_arena(address, number, is_main, free_list)
     f = read_arena(mem, layout, address)
     top = f["top"] or 0
     try:
@@ -81,11 +102,25 @@ def _decode_arena(mem: Memory, disc: Discovery, address: int, number: int, mp: M
                                 "the arena mutex was held at snapshot time: its lists may be mid-update",
                                 Kind.MUTEX_HELD, "0", str(f["mutex"])))
     system_mem = f["system_mem"] or 0
+    if top_size > max(system_mem, 0):
+        findings.append(Finding(Severity.ERROR, top, f"arena {address:#x}", f"top's size {top_size:#x} is more than "
+                                f"the arena's system_mem {system_mem:#x}: the size (or system_mem) is damaged",
+                                Kind.TOP_SIZE, f"at most {system_mem:#x}", f"{top_size:#x}"))
+        sbrk = (mp.get("sbrk_base") or 0) if (is_main and mp) else 0
+        top_size = max(0, sbrk + system_mem - top) if sbrk and sbrk <= top < sbrk + system_mem else 0
     if is_main:
         heaps: list[Heap] = []
         sbrk_base = mp.get("sbrk_base") if mp else None
         if sbrk_base and top:
             end = top + top_size
+            contiguous = not (f["flags"] or 0) & 2  # NONCONTIGUOUS_BIT: top may be in an mmap'd piece
+            if contiguous and not sbrk_base <= top <= end <= sbrk_base + 2 * system_mem + (64 << 20):
+                findings.append(Finding(Severity.ERROR, address + layout.off_top, f"arena {address:#x}",
+                                        f"top {top:#x} (size {top_size:#x}) is not within the sbrk region that "
+                                        f"starts at {sbrk_base:#x} and holds {system_mem:#x} bytes",
+                                        Kind.TOP_SIZE, f"within {sbrk_base:#x}..{sbrk_base + system_mem:#x}",
+                                        f"{top:#x}"))
+                end = sbrk_base + max(system_mem, 0)
             heaps.append(Heap(sbrk_base, end - sbrk_base, end - sbrk_base, address, 0, None))
     else:
         heaps, heap_findings = walk_heaps(mem, layout, address, top, disc.heap_max_size)
@@ -198,6 +233,75 @@ def _mmapped(mem: Memory, disc: Discovery, state: HeapState, regions: list[tuple
     return found
 
 
+def abort_message(mem: Memory, disc: Discovery) -> Finding | None:
+    """glibc's last words: the message of a glibc abort ("double free or corruption (!prev)"), which
+    __libc_message leaves in a mapping that __abort_msg points to (struct abort_msg_s: size, then text)."""
+    if disc.abort_msg_address is None:
+        return None
+    try:
+        pointer = u64(mem, disc.abort_msg_address)
+        if not pointer:
+            return None
+        size = struct.unpack("<I", mem.read(pointer, 4))[0]
+        text = mem.read(pointer + 4, max(0, min(size - 4, 4096) if size > 4 else 256))
+    except ReadError:
+        return None
+    text = text.split(b"\0", 1)[0].decode(errors="replace").strip()
+    if not text:
+        return None
+    return Finding(Severity.ERROR, pointer, "glibc", f"glibc aborted the process: \"{text}\"", Kind.ABORT,
+                   found=text)
+
+
+def _stack_words(mem: Memory, sp: int) -> tuple[int, ...]:
+    """The words of a stack from SP up to _STACK_WINDOW bytes (fewer where the stack ends)."""
+    data = b""
+    for at in range(sp, sp + _STACK_WINDOW, 4096):
+        try:
+            data += mem.read(at, min(4096, sp + _STACK_WINDOW - at) if at == sp else 4096)
+        except ReadError:
+            break
+    return struct.unpack_from("<%dQ" % (len(data) // 8), data)
+
+
+def crash_pointers(mem: Memory, state: HeapState, threads: list[ThreadRegs], limit: int = 3) -> list[Finding]:
+    """For a thread killed by a fatal signal: the free chunks whose user pointers its stack holds, nearest
+    first.  After a glibc abort in free() or malloc(), the chunk being freed or handed out is usually among
+    them (in a saved register or a local of the caller)."""
+    free = {c: st for c, st in list_states(state).items() if st.value != "tcache_struct"}
+    out: list[Finding] = []
+    for regs in threads:
+        if regs.signal not in FATAL_SIGNALS or not regs.sp:
+            continue
+        seen: set[int] = set()
+        for i, word in enumerate(_stack_words(mem, regs.sp)):
+            chunk = word - 16
+            if chunk in free and chunk not in seen:
+                seen.add(chunk)
+                out.append(Finding(Severity.INFO, chunk, f"thread {regs.number} ({FATAL_SIGNALS[regs.signal]})",
+                                   f"the crashing thread's stack at {regs.sp + 8 * i:#x} holds {word:#x}, the user "
+                                   f"pointer of chunk {chunk:#x}, which is free ({free[chunk].value}): likely "
+                                   "the chunk glibc was freeing or handing out", Kind.CRASH_POINTER,
+                                   found=f"{word:#x}"))
+                if len(seen) >= limit:
+                    break
+    return out
+
+
+def _require_initialised(mem: Memory, disc: Discovery) -> None:
+    """Raises MallocUnused when main_arena is still all zeros where malloc_init_state writes (top and the
+    bin heads): glibc's malloc was never called, so there is no heap to walk."""
+    lay = disc.layout
+    try:
+        top = u64(mem, disc.main_arena + lay.off_top)
+        heads = mem.read(lay.bin_header(disc.main_arena, 1) + 16, 16 * 8)
+    except ReadError:
+        return  # unreadable: the walkers report it
+    if top == 0 and not any(heads):
+        raise MallocUnused(f"glibc's malloc was never used in this process: main_arena ({disc.main_arena:#x}) "
+                           "is not initialised, so there is no glibc heap to walk")
+
+
 def collect(mem: Memory, disc: Discovery, threads: list[ThreadRegs], target: str = "",
             walk_chunks: bool = False, regions: list[tuple[int, int]] | None = None) -> HeapState:
     """Decodes the whole malloc state: every arena in ring order, every thread's tcache.
@@ -206,12 +310,16 @@ def collect(mem: Memory, disc: Discovery, threads: list[ThreadRegs], target: str
     for mmapped chunks at the start of the target's memory REGIONS.
     """
     findings: list[Finding] = list(disc.findings)
+    last_words = abort_message(mem, disc)
+    if last_words is not None:
+        findings.append(last_words)
     mp = None
     if disc.mp_address is not None:
         try:
             mp = read_mp(mem, disc.layout, disc.mp_address)
         except ReadError as exc:
             findings.append(Finding(Severity.ERROR, disc.mp_address, "mp_", f"cannot read: {exc}", Kind.UNMAPPED))
+    _require_initialised(mem, disc)
     ring, ring_findings = walk_arena_ring(mem, disc.layout, disc.main_arena)
     findings.extend(ring_findings)
     free_list, fl_findings, fl_how = _walk_free_list(mem, disc, ring)
@@ -236,6 +344,8 @@ def collect(mem: Memory, disc: Discovery, threads: list[ThreadRegs], target: str
                       layout_name=disc.layout.name,
                       main_arena=disc.main_arena, mp=mp, arenas=tuple(arenas), threads=tuple(decoded_threads),
                       facts=tuple(facts), findings=tuple(findings))
+    if any(t.signal in FATAL_SIGNALS for t in threads):
+        state = dataclasses.replace(state, findings=state.findings + tuple(crash_pointers(mem, state, threads)))
     if walk_chunks and regions is not None and arenas and arenas[0].is_main and arenas[0].noncontiguous:
         arenas[0] = _with_main_regions(mem, disc, arenas[0], arenas, regions)
         state = dataclasses.replace(state, arenas=tuple(arenas))

@@ -15,10 +15,10 @@ import gdb  # type: ignore[import-not-found]
 
 from . import check, chunkinfo, jsonout, mallocinfo, render, report
 from .collect import collect
-from .discovery import DiscoveryError, Overrides, discover, parse_version
+from .discovery import DiscoveryError, Overrides, discover, foreign_allocator, parse_version
 from .gdbtarget import (GdbSymbols, describe_target, gdb_memory, has_target, mappings, preserved_selection,
-                        regions, thread_registers)
-from .model import HeapState
+                        readable_regions, regions, thread_registers)
+from .model import Finding, HeapState, Kind, Severity
 
 __all__ = ["register"]
 
@@ -94,12 +94,33 @@ def load_target(walk_chunks: bool = False):
     """Discovers and decodes the selected inferior's heap: (state, memory, layout)."""
     if not has_target():
         raise UserError("heapwalk: no process or core file: run, attach (gdb -p PID) or load a core first")
+    if not _is_64bit():
+        raise UserError("heapwalk: this is a 32-bit target; heapwalk decodes 64-bit (x86_64) glibc heaps only")
     with preserved_selection():
-        mem = gdb_memory()
+        mem = gdb_memory(readable_regions())
         threads = thread_registers()
-        disc = discover(mem, GdbSymbols(), _overrides(), mappings(), [t.fs_base for t in threads if t.fs_base])
-        return collect(mem, disc, threads, describe_target(), walk_chunks,
-                       regions() if walk_chunks else None), mem, disc.layout
+        maps = mappings()
+        other = foreign_allocator(maps)
+        try:
+            disc = discover(mem, GdbSymbols(), _overrides(), maps, [t.fs_base for t in threads if t.fs_base])
+            state = collect(mem, disc, threads, describe_target(), walk_chunks, regions() if walk_chunks else None)
+        except DiscoveryError as exc:
+            if other is not None:
+                raise UserError(f"heapwalk: this process allocates with {other[0]} ({other[1]}), not glibc's "
+                                f"malloc: glibc's arenas hold nothing of interest ({exc})") from None
+            raise
+        if other is not None:
+            state.findings_extra.append(Finding(
+                Severity.WARNING, 0, "allocator", f"the process also maps {other[0]} ({other[1]}): memory it "
+                "serves is not in glibc's arenas, and is not counted here", Kind.DISCOVERY))
+        return state, mem, disc.layout
+
+
+def _is_64bit() -> bool:
+    try:
+        return gdb.lookup_type("void").pointer().sizeof == 8
+    except gdb.error:
+        return True
 
 
 def load_state(walk_chunks: bool = False) -> HeapState:
@@ -152,6 +173,12 @@ class read_only:
         return False
 
 
+def _print_partial(console, notes: list[str]) -> None:
+    text = render.partial_text(notes)
+    if text is not None:
+        console.print(text, end="")
+
+
 class _Subcommand(gdb.Command):
     """Base: argparse-based subcommand of ``heapwalk``."""
 
@@ -177,6 +204,9 @@ class _Subcommand(gdb.Command):
             return
         except (UserError, DiscoveryError) as exc:
             raise gdb.GdbError(str(exc)) from None
+        except OSError as exc:  # a --json/--xml FILE that cannot be written, mostly
+            where = f"cannot write {exc.filename}" if exc.filename else "system error"
+            raise gdb.GdbError(f"heapwalk {self.name}: {where}: {exc.strerror or exc}") from None
         except gdb.GdbError:
             raise
         except Exception as exc:  # an internal error: one line unless debugging
@@ -204,6 +234,7 @@ class ArenasCommand(_Subcommand):
         state = load_state(walk_chunks=True)
         console = _console_with_header(state)
         console.print(render.arenas_table(state, _interactive()))
+        _print_partial(console, check.partial(state))
         _print_findings(console, state.all_findings())
         if args.json:
             jsonout.dump(jsonout.state_to_json(state), args.json)
@@ -233,6 +264,7 @@ class BinsCommand(_Subcommand):
         kinds = {args.kind} if args.kind else set(jsonout.KINDS)
         console = _console_with_header(state)
         console.print(render.bins_tables(state, arenas, kinds, _interactive(), args.chunks))
+        _print_partial(console, check.partial(state))
         _print_findings(console, [f for a in arenas for f in a.findings] + list(state.findings))
         if args.json:
             jsonout.dump(jsonout.state_to_json(state, arenas=[a.address for a in arenas], kinds=kinds,
@@ -260,6 +292,7 @@ class TcacheCommand(_Subcommand):
                 raise UserError(f"heapwalk tcache: no thread {args.thread} (see 'info threads')")
         console = _console_with_header(state)
         console.print(render.tcache_tables(state, threads, _interactive(), args.entries))
+        _print_partial(console, check.partial(state))
         _print_findings(console, [f for t in threads if t.tcache for f in t.tcache.findings])
         if args.json:
             jsonout.dump(jsonout.state_to_json(state, arenas=[], threads=[t.number for t in threads]), args.json)
@@ -310,7 +343,8 @@ class ChunksCommand(_Subcommand):
                                     max_size=_size(args.max) if args.max else None)
         console = _console_with_header(state)
         shown, total, count, rows = [], 0, 0, []
-        for arena, chunk in chunkinfo.chunks(mem, layout, state, flt):
+        walk_findings: list = []
+        for arena, chunk in chunkinfo.chunks(mem, layout, state, flt, walk_findings):
             count += 1
             total += chunk.size
             if args.json:
@@ -320,6 +354,10 @@ class ChunksCommand(_Subcommand):
         console.print(render.chunks_table(shown, _interactive()))
         more = f" (first {len(shown)} shown; --limit 0 shows all)" if len(shown) < count else ""
         console.print(f"{count} chunks, {render.human(total)}{more}")
+        damaged = [f for f in walk_findings if f.severity is Severity.ERROR]
+        if damaged:
+            console.print(f"partial results: the walk met {len(damaged)} damaged place(s); "
+                          "'heapwalk check' lists them")
         if args.json:
             jsonout.dump(jsonout.chunks_document(state, rows), args.json)
 
@@ -386,12 +424,15 @@ class ReportCommand(_Subcommand):
     def run(self, args) -> None:
         state = load_state(walk_chunks=True)
         rep = report.build_report(state)
+        notes = check.partial(state)
         console = _console_with_header(state)
         console.print(render.report_group(state, rep, _interactive()))
+        _print_partial(console, notes)
         _print_findings(console, state.all_findings())
         if args.json:
             document = jsonout.state_to_json(state)
             document["report"] = jsonout.report_json(rep)
+            document["report"]["partial"] = notes
             jsonout.dump(document, args.json)
         if args.xml:
             with open(args.xml, "w", encoding="utf-8") as fh:
@@ -420,9 +461,7 @@ class CheckCommand(_Subcommand):
         checked = check.scope(state)
         console = _console_with_header(state)
         console.print(render.check_text(result, checked, args.limit or len(result.findings)), end="")
-        notes = render.partial_text(result.partial)
-        if notes is not None:
-            console.print(notes, end="")
+        _print_partial(console, result.partial)
         if args.json:
             jsonout.dump(jsonout.check_document(state, result, checked), args.json)
         gdb.set_convenience_variable("heapwalk_errors", len(result.errors))

@@ -23,7 +23,7 @@ from .layout import HEAP_MAX_SIZE, Layout, UnsupportedVersion, layout_for
 from .memory import Memory, ReadError, u64
 from .model import Fact, Finding, Kind, Severity
 
-__all__ = ["SymbolSource", "NoSymbols", "Overrides", "Discovery", "DiscoveryError", "discover", "parse_version",
+__all__ = ["MallocUnused", "foreign_allocator", "SymbolSource", "NoSymbols", "Overrides", "Discovery", "DiscoveryError", "discover", "parse_version",
            "read_c_string"]
 
 
@@ -75,12 +75,33 @@ class Discovery:
     findings: list[Finding] = field(default_factory=list)
     version_label: str = ""
     libc_range: tuple[int, int] | None = None  # a tcache pointer in here is 2.43's "no tcache" dummy
+    abort_msg_address: int | None = None       # glibc's __abort_msg: set when glibc aborts with a message
 
     def is_libc_address(self, address: int) -> bool:
         return self.libc_range is not None and self.libc_range[0] <= address < self.libc_range[1]
 
     def found_by(self, name: str) -> str | None:
         return next((f.found_by for f in self.facts if f.name == name), None)
+
+
+class MallocUnused(DiscoveryError):
+    """glibc's malloc holds nothing: main_arena was never initialised (malloc never called, or another
+    allocator serves the program)."""
+
+
+#: other allocators a program may be linked with or preloaded (LD_PRELOAD): mapped file name -> name
+FOREIGN_ALLOCATORS = (("libjemalloc", "jemalloc"), ("libtcmalloc", "tcmalloc"), ("libmimalloc", "mimalloc"),
+                      ("libhoard", "Hoard"), ("libsnmalloc", "snmalloc"))
+
+
+def foreign_allocator(mappings: list[Mapping]) -> tuple[str, str] | None:
+    """(allocator, mapped file) when the target maps another malloc implementation, else None."""
+    for m in mappings:
+        base = m.path.rsplit("/", 1)[-1]
+        for prefix, name in FOREIGN_ALLOCATORS:
+            if base.startswith(prefix):
+                return name, m.path
+    return None
 
 
 _VERSION = re.compile(rb"(\d+)\.(\d+)")
@@ -324,10 +345,14 @@ def discover(mem: Memory, symbols: SymbolSource, overrides: Overrides | None = N
     thread_arena_tpoff = _find_thread_arena_tpoff(search, ring, layout)
     free_list = symbols.data_address("free_list")
     heap_max = _heap_max_size(search, layout, mp_address, ring)
+    abort_msg = symbols.data_address("__abort_msg")
+    if abort_msg is None and search.image is not None:
+        abort_msg = search.image.dynamic_symbol("__abort_msg")
     return Discovery(version=layout.version, layout=layout, main_arena=main_arena, mp_address=mp_address,
                      tcache_tpoff=tcache_tpoff, thread_arena_tpoff=thread_arena_tpoff,
                      free_list_address=free_list, heap_max_size=heap_max, facts=search.facts,
-                     findings=search.findings, version_label=label, libc_range=search.libc_range())
+                     findings=search.findings, version_label=label, libc_range=search.libc_range(),
+                     abort_msg_address=abort_msg)
 
 
 def _ring(mem: Memory, layout: Layout, main_arena: int) -> list[int]:

@@ -32,14 +32,34 @@ def has_target() -> bool:
     return inferior is not None and inferior.pid != 0 and bool(inferior.threads())
 
 
-def gdb_memory() -> CachedMemory:
-    """A block-cached Memory over the selected inferior."""
+def gdb_memory(known: list[tuple[int, int]] | None = None) -> CachedMemory:
+    """A block-cached Memory over the selected inferior; reads outside KNOWN regions (when given) fail
+    at once, without asking gdb, so damaged pointers cost nothing."""
     inferior = gdb.selected_inferior()
 
     def read(address: int, size: int) -> bytes:
         return inferior.read_memory(address, size).tobytes()
 
-    return CachedMemory(read)
+    return CachedMemory(read, regions=known)
+
+
+_SECTION = re.compile(r"^\s*(0x[0-9a-f]+) - (0x[0-9a-f]+) is ", re.M)
+
+
+def readable_regions() -> list[tuple[int, int]] | None:
+    """Everything gdb can read: a core's segments and the sections of the files it maps (which gdb reads
+    from the files), or a live process's mappings; None when gdb cannot say."""
+    connection = getattr(gdb.selected_inferior(), "connection", None)
+    if getattr(connection, "type", None) == "core":
+        try:
+            text = gdb.execute("info files", to_string=True)
+        except gdb.error:
+            return None
+        out = [(int(a, 16), int(b, 16)) for a, b in _SECTION.findall(text)]
+        out += [(m.start, m.end) for m in mappings()]
+        return out or None
+    maps = mappings()
+    return [(m.start, m.end) for m in maps] or None
 
 
 @contextlib.contextmanager
@@ -106,13 +126,19 @@ def thread_registers() -> list[ThreadRegs]:
     out = []
     with preserved_selection():
         for thread in gdb.selected_inferior().threads():
-            fs_base = None
+            fs_base = sp = signal = None
             try:
                 thread.switch()
-                fs_base = int(gdb.selected_frame().read_register("fs_base"))
+                frame = gdb.newest_frame()
+                fs_base = int(frame.read_register("fs_base"))
+                sp = int(frame.read_register("rsp"))
             except (gdb.error, ValueError):
                 pass
-            out.append(ThreadRegs(thread.num, thread.ptid[1] or thread.ptid[0], fs_base))
+            try:
+                signal = int(gdb.parse_and_eval("$_siginfo.si_signo"))
+            except (gdb.error, ValueError):
+                pass
+            out.append(ThreadRegs(thread.num, thread.ptid[1] or thread.ptid[0], fs_base, sp, signal))
     return sorted(out, key=lambda t: t.number)
 
 

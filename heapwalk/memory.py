@@ -10,6 +10,7 @@ that walkers may read one field at a time without one call into gdb per field.
 
 from __future__ import annotations
 
+import bisect
 import struct
 from collections import OrderedDict
 from typing import Callable, Protocol
@@ -61,11 +62,27 @@ class CachedMemory:
     BLOCK = 1 << 16
     PAGE = 1 << 12
 
-    def __init__(self, raw_read: Callable[[int, int], bytes], max_blocks: int = 512):
+    def __init__(self, raw_read: Callable[[int, int], bytes], max_blocks: int = 512,
+                 regions: list[tuple[int, int]] | None = None):
         self._raw = raw_read
         self._blocks: OrderedDict[int, bytes | dict[int, bytes | None]] = OrderedDict()
         self._max_blocks = max_blocks
         self.raw_reads = 0
+        self._starts: list[int] = []
+        self._ends: list[int] = []
+        for start, end in sorted(regions or ()):
+            if self._ends and start <= self._ends[-1]:
+                self._ends[-1] = max(self._ends[-1], end)
+            else:
+                self._starts.append(start)
+                self._ends.append(end)
+
+    def _known(self, address: int, size: int) -> bool:
+        """Is [address, address+size) inside the target's regions (always, when none were given)?"""
+        if not self._starts:
+            return True
+        i = bisect.bisect_right(self._starts, address) - 1
+        return i >= 0 and address + size <= self._ends[i]
 
     def _load_block(self, base: int) -> bytes | dict[int, bytes | None]:
         self.raw_reads += 1
@@ -119,6 +136,8 @@ class CachedMemory:
     def read(self, address: int, size: int) -> bytes:
         if address < 0 or size < 0 or address + size > 1 << 64:
             raise ReadError(address, size, "address out of range")
+        if not self._known(address, size):
+            raise ReadError(address, size, "not in the target's memory")
         if size >= self.BLOCK * 4:
             return self._read_large(address, size)
         return self._read_blocks(address, size)

@@ -77,6 +77,7 @@ class Kind(enum.Enum):
     MMAPPED = ("mmapped", "mmapped chunks disagree with mp_")
     TCACHE = ("tcache", "tcache struct unreadable or inconsistent")
     ABORT = ("abort", "glibc aborted the process")
+    CRASH_POINTER = ("crash_pointer", "the crashing thread's stack points at a free chunk")
     DISCOVERY = ("discovery", "discovery")
     OTHER = ("other", "other")
 

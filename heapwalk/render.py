@@ -306,8 +306,8 @@ def check_text(result, checked: dict[str, int], limit: int = 200) -> Text:
         style = "red" if f.severity is Severity.ERROR else "yellow"
         text.append(f"{f.severity.value.upper():7} {f.kind.ident:20} {f.address:#x}  {f.structure}\n", style=style)
         text.append(f"        {f.message}\n")
-        if f.expected or f.found:
-            text.append(f"        expected {f.expected or '?'}, found {f.found or '?'}\n")
+        if f.expected:
+            text.append(f"        expected {f.expected}, found {f.found or '?'}\n")
     if len(result.findings) > limit:
         text.append(f"... and {len(result.findings) - limit} more ('heapwalk check --json FILE' has them all)\n")
     return text

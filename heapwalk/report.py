@@ -114,14 +114,14 @@ class Report:
 GLIBC_CLASSES = ((32, 0x90, "fastbin sizes (32-128 B)"), (0x90, 1024, "small bins (144 B-1 KiB)"),
                  (1024, 3136, "large bins, 64 B apart"), (3136, 10752, "large bins, 512 B apart"),
                  (10752, 45056, "large bins, 4 KiB apart"), (45056, 163840, "large bins, 32 KiB apart"),
-                 (163840, 786432, "large bins, 256 KiB apart"), (786432, 1 << 62, "the last large bin"))
+                 (163840, 786432, "large bins, 256 KiB apart"), (786432, 1 << 64, "the last large bin"))
 
 
 def glibc_classes(sizes) -> list[tuple[str, int, int]]:
     """(class, chunks, bytes) of SIZES by glibc's bin size classes, non-empty classes only."""
     counts = {name: [0, 0] for _, _, name in GLIBC_CLASSES}
     for size in sizes:
-        name = next(n for lo, hi, n in GLIBC_CLASSES if lo <= size < hi or (size < 32 and lo == 32))
+        name = next((n for lo, hi, n in GLIBC_CLASSES if lo <= size < hi), GLIBC_CLASSES[0 if size < 32 else -1][2])
         counts[name][0] += 1
         counts[name][1] += size
     return [(name, c, b) for (_, _, name) in GLIBC_CLASSES for c, b in [counts[name]] if c]

@@ -62,14 +62,17 @@ class TrimEstimate:
 
 def _resident_bytes(mem: Memory, start: int, length: int) -> int:
     """Bytes of the pages in [start, start+length) that hold anything but zeros (page-aligned range)."""
-    resident = 0
+    resident = missing = 0
     zero = bytes(PAGE)
     for page in range(start, start + length, PAGE):
         try:
             if mem.read(page, PAGE) != zero:
                 resident += PAGE
+            missing = 0
         except ReadError:
-            continue
+            missing += 1
+            if missing > 256:  # past the end of what the target has (a damaged size, a truncated core)
+                break
     return resident
 
 

@@ -97,6 +97,31 @@ def capture(glibc_name: str, name: str, variant: str = "") -> harness.Capture:
     return harness.Capture(name=name, directory=outdir / name, exe=Path(meta["exe"]), pid=meta["pid"])
 
 
+def _fresh_corruption(directory: Path) -> bool:
+    needed = [directory / f for f in ("core", "expected.json", "meta.json")]
+    if not all(p.exists() for p in needed):
+        return False
+    sources = [ROOT / "cores" / "corrupt.c", ROOT / "cores" / "harness.py"]
+    return min(p.stat().st_mtime for p in needed) >= max(p.stat().st_mtime for p in sources)
+
+
+def version_tuple(text: str) -> tuple[int, int]:
+    major, minor = text.split(".")[:2]
+    return int(major), int(minor)
+
+
+@functools.cache
+def corruption(glibc_name: str, mode: str) -> harness.Capture:
+    """corrupt.c's core in MODE under GLIBC_NAME (taken now unless a fresh one exists)."""
+    g = glibc(glibc_name)
+    outdir = CORES / glibc_name
+    directory = outdir / f"corrupt-{mode}"
+    if not _fresh_corruption(directory):
+        harness.capture_corruption(mode, outdir, BINDIR, sysroot=g.sysroot)
+    meta = json.loads((directory / "meta.json").read_text())
+    return harness.Capture(name=f"corrupt-{mode}", directory=directory, exe=Path(meta["exe"]), pid=meta["pid"])
+
+
 def run_gdb(target_args: list[str], commands: list[str], iex: list[str] = (), timeout: float = 300,
             env: dict | None = None) -> subprocess.CompletedProcess:
     """Runs gdb -batch with heapwalk loaded and COMMANDS, on TARGET_ARGS (exe core, or -p PID)."""

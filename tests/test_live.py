@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import harness
-from conftest import BINDIR, glibc, heapwalk_json
+from conftest import BINDIR, glibc, heapwalk_json, run_gdb
 
 pytestmark = pytest.mark.live
 
@@ -31,3 +31,49 @@ def test_live_attach_equals_the_core_of_the_same_process(g, name, symbols, tmp_p
     assert live["target"].startswith("process ") and core["target"].startswith("core file ")
     del live["target"], core["target"]
     assert live == core
+
+
+def _writable_memory(pid: int) -> dict[tuple[int, int], bytes]:
+    """Every private writable mapping of PID (heaps, arenas, libc's data, stacks), read from /proc/PID/mem."""
+    out = {}
+    with open(f"/proc/{pid}/maps") as maps, open(f"/proc/{pid}/mem", "rb", buffering=0) as mem:
+        for line in maps:
+            fields = line.split()
+            start, end = (int(x, 16) for x in fields[0].split("-"))
+            if not fields[1].startswith("rw") or (len(fields) > 5 and fields[5].startswith("[v")):
+                continue
+            data = bytearray()
+            for page in range(start, end, 1 << 20):
+                try:
+                    mem.seek(page)
+                    data += mem.read(min(1 << 20, end - page))
+                except OSError:
+                    data += b"?"  # unreadable (a guard page): the same before and after
+            out[(start, end)] = bytes(data)
+    return out
+
+
+@pytest.mark.parametrize("g,name", [("system", "thread_arenas"), ("sid", "mmapped")])
+def test_report_and_check_leave_a_live_process_untouched(g, name, tmp_path):
+    """Read-only: every writable byte of the process (heaps, arenas, mp_, tcache, stacks) is the same before
+    and after a full heapwalk report and check on the live process; gdb's permissions are restored."""
+    cap = harness.capture(name, tmp_path / "captures", BINDIR, keep=True, sysroot=glibc(g).sysroot)
+    try:
+        before = _writable_memory(cap.pid)
+        result = run_gdb(["-p", str(cap.pid)], ["heapwalk report", "heapwalk check", "heapwalk chunks --limit 0",
+                                                "show may-write-memory", "show may-call-functions"],
+                         iex=glibc(g).gdb_settings(False))
+        after = _writable_memory(cap.pid)
+        assert _state_of(cap.pid) == "T"
+    finally:
+        cap.kill()
+    assert "heap consistent" in result.stdout and "Traceback" not in result.stdout + result.stderr
+    assert "Permission to write into target memory is on" in result.stdout
+    assert "Permission to call functions in the program is on" in result.stdout
+    # the kernel may grow a stack mapping downwards when a debugger reads near it: compare by the end address,
+    # over what both readings hold (every byte that existed before)
+    before_by_end = {end: data for (_, end), data in before.items()}
+    after_by_end = {end: data for (_, end), data in after.items()}
+    assert before_by_end.keys() == after_by_end.keys()
+    changed = [hex(end) for end, data in before_by_end.items() if after_by_end[end][-len(data):] != data]
+    assert not changed, f"mappings changed: {changed}"

@@ -1,0 +1,168 @@
+"""Mutation fuzzing of heapwalk on reproducer cores: `make fuzz`, and a bounded share of it in `make test`.
+
+Two levels:
+- engine: gdb loads a core once and tests/fuzz_driver.py runs every command's work on hundreds of mutants
+  of its memory (patched malloc metadata, hidden tails as in a truncated core);
+- files: mutated copies of the core file (the same fields patched in the file) and truncated copies, each
+  opened by a real gdb running every heapwalk command.
+
+A mutant fails when heapwalk raises anything but its one-line refusal, prints a Python traceback or an
+"internal error", or exceeds the time bound.  Every engine mutant that ever failed is kept in
+tests/fuzz_regressions.json (by where it lands, so it replays on a fresh capture) and replayed first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "cores"))
+sys.path.insert(0, str(ROOT / "tests"))
+
+import harness  # noqa: E402
+
+REGRESSIONS = ROOT / "tests" / "fuzz_regressions.json"
+DRIVER = ROOT / "tests" / "fuzz_driver.py"
+COMMANDS = ("heapwalk check", "heapwalk report", "heapwalk arenas", "heapwalk bins", "heapwalk tcache",
+            "heapwalk threads", "heapwalk chunks --limit 3")
+#: seconds one engine mutant may take (the cores fuzzed are small: a sound one decodes in well under this)
+BOUND = 20.0
+
+
+def regressions(core_key: str) -> list[dict]:
+    if not REGRESSIONS.exists():
+        return []
+    return [r["mutant"] for r in json.loads(REGRESSIONS.read_text()) if r["core"] == core_key]
+
+
+def remember(core_key: str, failed: list[dict]) -> None:
+    """Adds FAILED mutants to the regression file (once each)."""
+    known = json.loads(REGRESSIONS.read_text()) if REGRESSIONS.exists() else []
+    for m in failed:
+        entry = {"core": core_key, "mutant": m}
+        if entry not in known:
+            known.append(entry)
+    REGRESSIONS.write_text(json.dumps(known, indent=1) + "\n")
+
+
+def engine_fuzz(exe: Path, core: Path, iex: list[str], count: int, seed: int, workdir: Path,
+                replay: list[dict] = (), timeout: float = 1800) -> dict:
+    """Runs COUNT mutants (after REPLAY) of CORE in one gdb; returns the driver's results document."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    spec = workdir / "spec.json"
+    out = workdir / "results.json"
+    out.unlink(missing_ok=True)
+    spec.write_text(json.dumps({"count": count, "seed": seed, "bound": BOUND, "out": str(out),
+                                "replay": list(replay)}))
+    cmd = ["gdb", "-nx", "-batch", "-q"]
+    for c in iex:
+        cmd += ["-iex", c]
+    cmd += ["-x", str(ROOT / "gdbinit"), "-x", str(DRIVER), str(exe), str(core)]
+    env = {**os.environ, "HEAPWALK_FUZZ_SPEC": str(spec)}
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    if not out.exists():
+        raise RuntimeError(f"the fuzz driver wrote no results:\n{result.stdout}\n{result.stderr}")
+    return json.loads(out.read_text())
+
+
+def failures(document: dict) -> list[dict]:
+    return [r for r in document["results"] if r["outcome"].startswith("FAILED")]
+
+
+def _segments(core: Path) -> list[tuple[int, int, int, int]]:
+    return harness._load_segments(core)
+
+
+def file_mutants(core: Path, fields: list[tuple[str, int]], count: int, seed: int, workdir: Path
+                 ) -> list[tuple[str, Path]]:
+    """COUNT damaged copies of CORE: most with one metadata field overwritten in the file, some truncated."""
+    rng = random.Random(seed)
+    segments = _segments(core)
+    size = core.stat().st_size
+    out = []
+    for i in range(count):
+        path = workdir / f"mutant-{i}.core"
+        shutil.copyfile(core, path)
+        if i % 3 == 2:
+            cut = rng.randrange(size // 8, size)
+            os.truncate(path, cut)
+            out.append((f"truncated at {cut} of {size} bytes", path))
+            continue
+        name, address = rng.choice(fields)
+        value = rng.choice((0, 0xFFFFFFFFFFFFFFFF, 0x4141414141414141, address + 8, address ^ 0x1000))
+        for vaddr, offset, filesz, _ in segments:
+            if vaddr <= address < vaddr + filesz - 8:
+                with path.open("r+b") as fh:
+                    fh.seek(offset + address - vaddr)
+                    fh.write(value.to_bytes(8, "little"))
+                break
+        out.append((f"{name} ({address:#x}) := {value:#x}", path))
+    return out
+
+
+def run_commands(exe: Path, core: Path, iex: list[str], timeout: float = 120) -> tuple[bool, str]:
+    """Every heapwalk command on CORE in one gdb: (finished cleanly, output)."""
+    cmd = ["gdb", "-nx", "-batch", "-q"]
+    for c in iex:
+        cmd += ["-iex", c]
+    cmd += ["-x", str(ROOT / "gdbinit")]
+    for c in COMMANDS:
+        cmd += ["-ex", c]
+    cmd += [str(exe), str(core)]
+    try:
+        result = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return False, f"gdb did not finish within {timeout} s"
+    output = result.stdout + result.stderr
+    clean = result.returncode in (0, 1) and "Traceback" not in output and "internal error" not in output
+    return clean, output
+
+
+def main() -> int:
+    from conftest import GLIBCS, capture, glibc  # the same captures as the tests
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--count", type=int, default=300, help="engine mutants per core (default 300)")
+    parser.add_argument("--files", type=int, default=6, help="mutated core files per core (default 6)")
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--workdir", type=Path, default=ROOT / "build" / "fuzz")
+    args = parser.parse_args()
+    seed = args.seed if args.seed is not None else random.randrange(1 << 30)
+    print(f"seed {seed}")
+    failed_total = 0
+    for g in GLIBCS:
+        for name in harness.REPRODUCERS:
+            if name in ("small_vectors", "main_regions"):
+                continue  # large or special: the smaller cores cover the same structures faster
+            cap = capture(g, name)
+            key = f"{g}/{name}"
+            iex = glibc(g).gdb_settings(symbols=(g == "system"))
+            doc = engine_fuzz(cap.exe, cap.core, iex, args.count, seed, args.workdir / g / name, regressions(key))
+            bad = failures(doc)
+            failed_total += len(bad)
+            if bad:
+                remember(key, [r["mutant"] for r in bad])
+            print(f"{key}: {len(doc['results'])} mutants, {len(bad)} failed")
+            for r in bad:
+                print(f"  {json.dumps(r['mutant'])}\n    {r['outcome'].splitlines()[-1]}")
+            for desc, path in file_mutants(cap.core, [tuple(f) for f in doc["fields"]], args.files, seed,
+                                           args.workdir / g / name):
+                ok, output = run_commands(cap.exe, path, iex)
+                if not ok:
+                    failed_total += 1
+                    print(f"  core file mutant FAILED: {desc}\n{output[-2000:]}")
+                else:
+                    path.unlink()
+    print("fuzz: " + ("all mutants handled" if not failed_total else f"{failed_total} failures"))
+    return 1 if failed_total else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,57 @@
+"""Mutation fuzzing in `make test`: at least 300 mutants of reproducer cores' malloc metadata, and damaged
+core files in a real gdb; none may raise, print a traceback, or run past the bound (`make fuzz` does more).
+
+Each run draws new mutants (the seed is printed on failure; HEAPWALK_FUZZ_SEED fixes it); every mutant that
+ever failed is kept in tests/fuzz_regressions.json and replayed first.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+
+import pytest
+
+import fuzz
+from conftest import capture, corruption, glibc
+
+SEED = int(os.environ.get("HEAPWALK_FUZZ_SEED", random.randrange(1 << 30)))
+
+#: (glibc, capture, debug symbols, mutants): 330 engine mutants per run
+ENGINE = (("system", "bins", True, 80), ("system", "thread_arenas", True, 50), ("bullseye", "second_heap", False, 60),
+          ("sid", "mmapped", False, 60), ("trixie", "many_arenas", False, 50), ("system", "corrupt-chunk_size", False, 30))
+
+
+def _capture(glibc_name: str, name: str):
+    if name.startswith("corrupt-"):
+        return corruption(glibc_name, name.removeprefix("corrupt-"))
+    return capture(glibc_name, name)
+
+
+@pytest.mark.parametrize("glibc_name,name,symbols,count", ENGINE, ids=[f"{g}-{n}" for g, n, _, _ in ENGINE])
+def test_engine_survives_mutated_metadata(glibc_name, name, symbols, count, tmp_path):
+    cap = _capture(glibc_name, name)
+    key = f"{glibc_name}/{name}"
+    document = fuzz.engine_fuzz(cap.exe, cap.core, glibc(glibc_name).gdb_settings(symbols), count, SEED, tmp_path,
+                                fuzz.regressions(key))
+    results = document["results"]
+    assert len(results) >= count and len(document["fields"]) > 10
+    assert sum(r["outcome"].startswith("ok") for r in results) > count // 2  # most mutants are decoded, not refused
+    bad = fuzz.failures(document)
+    if bad:
+        fuzz.remember(key, [r["mutant"] for r in bad])
+    assert not bad, f"seed {SEED}: {len(bad)} mutants failed, first:\n{json.dumps(bad[0]['mutant'])}\n" \
+                    f"{bad[0]['outcome']}"
+
+
+@pytest.mark.parametrize("glibc_name,name,symbols", [("system", "bins", True), ("sid", "thread_arenas", False)])
+def test_every_command_survives_damaged_core_files(glibc_name, name, symbols, tmp_path):
+    cap = capture(glibc_name, name)
+    iex = glibc(glibc_name).gdb_settings(symbols)
+    fields = fuzz.engine_fuzz(cap.exe, cap.core, iex, 0, SEED, tmp_path / "fields")["fields"]
+    for description, path in fuzz.file_mutants(cap.core, [tuple(f) for f in fields], 6, SEED, tmp_path):
+        ok, output = fuzz.run_commands(cap.exe, path, iex)
+        assert ok, f"seed {SEED}: {description}\n{output[-3000:]}"
+        assert "heapwalk check" in output or "heap" in output
+        path.unlink()
