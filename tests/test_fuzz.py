@@ -1,8 +1,8 @@
 """Mutation fuzzing in `make test`: at least 300 mutants of reproducer cores' malloc metadata, and damaged
 core files in a real gdb; none may raise, print a traceback, or run past the bound (`make fuzz` does more).
 
-Each run draws new mutants (the seed is printed on failure; HEAPWALK_FUZZ_SEED fixes it); every mutant that
-ever failed is kept in tests/fuzz_regressions.json and replayed first.
+Each local run draws new mutants (the seed is printed on failure; HEAPWALK_FUZZ_SEED fixes it; CI uses a fixed
+seed); every mutant that ever failed is kept in tests/fuzz_regressions.json and replayed first.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ import pytest
 import fuzz
 from conftest import capture, corruption, glibc
 
-SEED = int(os.environ.get("HEAPWALK_FUZZ_SEED", random.randrange(1 << 30)))
+#: fresh mutants on every local run; CI (CI=true) uses a fixed seed so that its verdict is reproducible
+SEED = int(os.environ.get("HEAPWALK_FUZZ_SEED") or (20261121 if os.environ.get("CI") else random.randrange(1 << 30)))
 
 #: (glibc, capture, debug symbols, mutants): 330 engine mutants per run
 ENGINE = (("system", "bins", True, 80), ("system", "thread_arenas", True, 50), ("bullseye", "second_heap", False, 60),
