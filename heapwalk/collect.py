@@ -11,7 +11,7 @@ import dataclasses
 import struct
 from dataclasses import dataclass
 
-from .chunkwalk import account, find_mmapped, list_states, main_regions
+from .chunkwalk import ChunkState, account, find_mmapped, list_states, main_regions
 from .trim import TrimSimulation
 from .discovery import Discovery, MallocUnused
 from .layout import MP_INT_FIELDS, NBINS, SIZE_BITS, Layout
@@ -268,7 +268,7 @@ def crash_pointers(mem: Memory, state: HeapState, threads: list[ThreadRegs], lim
     """For a thread killed by a fatal signal: the free chunks whose user pointers its stack holds, nearest
     first.  After a glibc abort in free() or malloc(), the chunk being freed or handed out is usually among
     them (in a saved register or a local of the caller)."""
-    free = {c: st for c, st in list_states(state).items() if st.value != "tcache_struct"}
+    free = {c: st for c, st in list_states(state).items() if st is not ChunkState.TCACHE_STRUCT}
     out: list[Finding] = []
     for regs in threads:
         if regs.signal not in FATAL_SIGNALS or not regs.sp:

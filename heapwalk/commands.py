@@ -16,8 +16,8 @@ import gdb  # type: ignore[import-not-found]
 from . import check, chunkinfo, jsonout, mallocinfo, render, report
 from .collect import collect
 from .discovery import DiscoveryError, Overrides, discover, foreign_allocator, parse_version
-from .gdbtarget import (GdbSymbols, describe_target, gdb_memory, has_target, mappings, preserved_selection,
-                        readable_regions, regions, thread_registers)
+from .gdbtarget import (GdbSymbols, describe_target, gdb_memory, has_target, memory_map, preserved_selection,
+                        thread_registers)
 from .model import Finding, HeapState, Kind, Severity
 
 __all__ = ["register"]
@@ -97,13 +97,15 @@ def load_target(walk_chunks: bool = False):
     if not _is_64bit():
         raise UserError("heapwalk: this is a 32-bit target; heapwalk decodes 64-bit (x86_64) glibc heaps only")
     with preserved_selection():
-        mem = gdb_memory(readable_regions())
+        space = memory_map()
+        mem = gdb_memory(space.readable)
         threads = thread_registers()
-        maps = mappings()
-        other = foreign_allocator(maps)
+        other = foreign_allocator(space.mappings)
         try:
-            disc = discover(mem, GdbSymbols(), _overrides(), maps, [t.fs_base for t in threads if t.fs_base])
-            state = collect(mem, disc, threads, describe_target(), walk_chunks, regions() if walk_chunks else None)
+            disc = discover(mem, GdbSymbols(), _overrides(), space.mappings,
+                            [t.fs_base for t in threads if t.fs_base])
+            state = collect(mem, disc, threads, describe_target(), walk_chunks,
+                            space.regions if walk_chunks else None)
         except DiscoveryError as exc:
             if other is not None:
                 raise UserError(f"heapwalk: this process allocates with {other[0]} ({other[1]}), not glibc's "
@@ -179,6 +181,12 @@ def _print_partial(console, notes: list[str]) -> None:
         console.print(text, end="")
 
 
+def _print_damage(console, state: HeapState, findings) -> None:
+    """What is partial in STATE, then FINDINGS: the tail of every command that shows decoded numbers."""
+    _print_partial(console, check.partial(state))
+    _print_findings(console, findings)
+
+
 class _Subcommand(gdb.Command):
     """Base: argparse-based subcommand of ``heapwalk``."""
 
@@ -234,8 +242,7 @@ class ArenasCommand(_Subcommand):
         state = load_state(walk_chunks=True)
         console = _console_with_header(state)
         console.print(render.arenas_table(state, _interactive()))
-        _print_partial(console, check.partial(state))
-        _print_findings(console, state.all_findings())
+        _print_damage(console, state, state.all_findings())
         if args.json:
             jsonout.dump(jsonout.state_to_json(state), args.json)
 
@@ -264,8 +271,7 @@ class BinsCommand(_Subcommand):
         kinds = {args.kind} if args.kind else set(jsonout.KINDS)
         console = _console_with_header(state)
         console.print(render.bins_tables(state, arenas, kinds, _interactive(), args.chunks))
-        _print_partial(console, check.partial(state))
-        _print_findings(console, [f for a in arenas for f in a.findings] + list(state.findings))
+        _print_damage(console, state, [f for a in arenas for f in a.findings] + list(state.findings))
         if args.json:
             jsonout.dump(jsonout.state_to_json(state, arenas=[a.address for a in arenas], kinds=kinds,
                                                threads=[]), args.json)
@@ -292,8 +298,7 @@ class TcacheCommand(_Subcommand):
                 raise UserError(f"heapwalk tcache: no thread {args.thread} (see 'info threads')")
         console = _console_with_header(state)
         console.print(render.tcache_tables(state, threads, _interactive(), args.entries))
-        _print_partial(console, check.partial(state))
-        _print_findings(console, [f for t in threads if t.tcache for f in t.tcache.findings])
+        _print_damage(console, state, [f for t in threads if t.tcache for f in t.tcache.findings])
         if args.json:
             jsonout.dump(jsonout.state_to_json(state, arenas=[], threads=[t.number for t in threads]), args.json)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+from dataclasses import dataclass
 
 import gdb  # type: ignore[import-not-found]
 
@@ -18,7 +19,7 @@ from .elfmem import Mapping
 from .memory import CachedMemory
 
 __all__ = ["gdb_memory", "GdbSymbols", "thread_registers", "describe_target", "preserved_selection", "has_target",
-           "mappings", "regions"]
+           "mappings", "MemoryMap", "memory_map"]
 
 _MAPPING_LINE = re.compile(r"^\s*(0x[0-9a-f]+)\s+(0x[0-9a-f]+)\s+0x[0-9a-f]+\s+(0x[0-9a-f]+)"
                            r"(?:\s+[r-][w-][x-][ps])?(?:\s+(.*?))?\s*$")
@@ -41,25 +42,6 @@ def gdb_memory(known: list[tuple[int, int]] | None = None) -> CachedMemory:
         return inferior.read_memory(address, size).tobytes()
 
     return CachedMemory(read, regions=known)
-
-
-_SECTION = re.compile(r"^\s*(0x[0-9a-f]+) - (0x[0-9a-f]+) is ", re.M)
-
-
-def readable_regions() -> list[tuple[int, int]] | None:
-    """Everything gdb can read: a core's segments and the sections of the files it maps (which gdb reads
-    from the files), or a live process's mappings; None when gdb cannot say."""
-    connection = getattr(gdb.selected_inferior(), "connection", None)
-    if getattr(connection, "type", None) == "core":
-        try:
-            text = gdb.execute("info files", to_string=True)
-        except gdb.error:
-            return None
-        out = [(int(a, 16), int(b, 16)) for a, b in _SECTION.findall(text)]
-        out += [(m.start, m.end) for m in mappings()]
-        return out or None
-    maps = mappings()
-    return [(m.start, m.end) for m in maps] or None
 
 
 @contextlib.contextmanager
@@ -161,19 +143,37 @@ def describe_target() -> str:
     return f"process {inferior.pid} ({exe})"
 
 
-_CORE_SEGMENT = re.compile(r"^\s*(0x[0-9a-f]+) - (0x[0-9a-f]+) is load\d+", re.M)
+_SECTION = re.compile(r"^\s*(0x[0-9a-f]+) - (0x[0-9a-f]+) is (\S+)", re.M)
 
 
-def regions() -> list[tuple[int, int]]:
-    """Every memory region of the target: a core's load segments, or a live process's mappings."""
+@dataclass(frozen=True)
+class MemoryMap:
+    """The target's address space, asked of gdb once per command.
+
+    ``mappings``: 'info proc mappings'.  ``regions``: where anonymous memory may hold chunks (a core's load
+    segments, or a live process's mappings).  ``readable``: everything gdb can read (for a core, also the
+    sections of the files it maps, which gdb reads from the files), None when gdb cannot say.
+    """
+
+    mappings: list[Mapping]
+    regions: list[tuple[int, int]]
+    readable: list[tuple[int, int]] | None
+
+
+def memory_map() -> MemoryMap:
+    """The selected inferior's MemoryMap."""
+    maps = mappings()
+    spans = [(m.start, m.end) for m in maps]
     connection = getattr(gdb.selected_inferior(), "connection", None)
-    if getattr(connection, "type", None) == "core":
-        try:
-            text = gdb.execute("info files", to_string=True)
-        except gdb.error:
-            return []
-        return [(int(a, 16), int(b, 16)) for a, b in _CORE_SEGMENT.findall(text)]
-    return [(m.start, m.end) for m in mappings()]
+    if getattr(connection, "type", None) != "core":
+        return MemoryMap(maps, spans, spans or None)
+    try:
+        sections = [(int(a, 16), int(b, 16), name) for a, b, name in
+                    _SECTION.findall(gdb.execute("info files", to_string=True))]
+    except gdb.error:
+        return MemoryMap(maps, [], spans or None)
+    loads = [(a, b) for a, b, name in sections if re.fullmatch(r"load\d+", name)]
+    return MemoryMap(maps, loads, [(a, b) for a, b, _ in sections] + spans or None)
 
 
 def mappings() -> list[Mapping]:

@@ -76,15 +76,11 @@ def failures(document: dict) -> list[dict]:
     return [r for r in document["results"] if r["outcome"].startswith("FAILED")]
 
 
-def _segments(core: Path) -> list[tuple[int, int, int, int]]:
-    return harness._load_segments(core)
-
-
 def file_mutants(core: Path, fields: list[tuple[str, int]], count: int, seed: int, workdir: Path
                  ) -> list[tuple[str, Path]]:
     """COUNT damaged copies of CORE: most with one metadata field overwritten in the file, some truncated."""
     rng = random.Random(seed)
-    segments = _segments(core)
+    segments = harness._load_segments(core)
     size = core.stat().st_size
     out = []
     for i in range(count):

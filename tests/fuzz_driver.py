@@ -30,7 +30,7 @@ from heapwalk.chunkwalk import extents
 from heapwalk.collect import collect
 from heapwalk.commands import _overrides
 from heapwalk.discovery import DiscoveryError, discover
-from heapwalk.gdbtarget import GdbSymbols, gdb_memory, mappings, readable_regions, regions, thread_registers
+from heapwalk.gdbtarget import GdbSymbols, gdb_memory, memory_map, thread_registers
 from heapwalk.memory import ReadError
 
 INTERESTING = (0, 1, 0x10, 0x21, 0xFFFFFFFFFFFFFFFF, 0x4141414141414141, 0x8000000000000000, 0x7FFFFFFFFFFFFFFF,
@@ -198,11 +198,12 @@ def main() -> None:
     with open(os.environ["HEAPWALK_FUZZ_SPEC"], encoding="utf-8") as fh:
         spec = json.load(fh)
     rng = random.Random(spec["seed"])
-    base = gdb_memory(readable_regions())
+    space = memory_map()
+    base = gdb_memory(space.readable)
     symbols = GdbSymbols()
-    maps = mappings()
+    maps = space.mappings
     threads = thread_registers()
-    regs = regions()
+    regs = space.regions
     disc = discover(base, symbols, _overrides(), maps, [t.fs_base for t in threads if t.fs_base])
     state = collect(base, disc, threads, "", True, regs)
     field_list = targets(state, disc, base)
