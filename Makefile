@@ -70,7 +70,7 @@ fuzz: cores
 
 # Only the tests that need no gdb or cores.
 unit: venv
-	$(PY) -m pytest -q tests/test_walkers.py tests/test_heuristics.py
+	$(PY) -m pytest -q tests/test_walkers.py tests/test_heuristics.py tests/test_tcachescan.py
 
 clean:
 	rm -rf $(BUILD)

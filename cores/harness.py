@@ -112,6 +112,20 @@ def build(name: str, bindir: Path, sysroot: sysroots.Sysroot | None = None, stat
     return exe
 
 
+def build_32bit(bindir: Path) -> Path:
+    """Assembles cores/stop32.S into BINDIR/stop32, a static i386 program that stops itself."""
+    bindir.mkdir(parents=True, exist_ok=True)
+    source, exe = CORES_DIR / "stop32.S", bindir / "stop32"
+    if exe.exists() and exe.stat().st_mtime >= source.stat().st_mtime:
+        return exe
+    obj = bindir / "stop32.o"
+    for cmd in (["as", "--32", "-o", str(obj), str(source)], ["ld", "-m", "elf_i386", "-o", str(exe), str(obj)]):
+        result = subprocess.run(cmd, capture_output=True, text=True)
+        if result.returncode != 0:
+            raise HarnessError(f"building stop32 failed ({' '.join(cmd)}):\n{result.stderr}")
+    return exe
+
+
 def _wait_for_stop(proc: subprocess.Popen, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while True:
@@ -143,14 +157,20 @@ def run_to_snapshot(exe: Path, directory: Path, env: dict[str, str] | None = Non
     return proc
 
 
-def take_core(pid: int, core: Path) -> None:
-    """Writes a core of the stopped process PID to CORE with gcore, then makes it sparse."""
+def take_core(pid: int, core: Path, keep_raw: bool = False) -> None:
+    """Writes a core of the stopped process PID to CORE with gcore, then makes it sparse.
+
+    With KEEP_RAW, gcore's own output, before `repair_core`, is kept beside it as CORE.raw.
+    """
     prefix = core.with_name(core.name + ".gcore")
     result = subprocess.run(["gcore", "-o", str(prefix), str(pid)], capture_output=True, text=True, timeout=600)
     written = Path(f"{prefix}.{pid}")
     if result.returncode != 0 or not written.exists():
         raise HarnessError(f"gcore failed for pid {pid}: {result.stderr.strip() or result.stdout.strip()}")
     written.rename(core)
+    if keep_raw:
+        raw = core.with_name(core.name + ".raw")
+        subprocess.run(["cp", "--sparse=always", str(core), str(raw)], check=True)
     repair_core(core, pid)
     if shutil.which("fallocate"):
         subprocess.run(["fallocate", "--dig-holes", str(core)], capture_output=True)
@@ -178,6 +198,59 @@ def _load_segments(core: Path) -> list[tuple[int, int, int, int]]:
     return out
 
 
+_PT_NOTE, _NT_PRSTATUS = 4, 1
+#: offsets in the x86-64 NT_PRSTATUS note: pr_pid, then pr_reg (user_regs_struct: rsp is word 19, fs_base 21)
+_PR_PID, _PR_REG = 32, 112
+
+
+def core_threads(core: Path) -> list[tuple[int, int, int]]:
+    """(lwp, rsp, fs_base) of every thread in the x86-64 core, from its NT_PRSTATUS notes."""
+    out = []
+    with core.open("rb") as f:
+        ehdr = f.read(64)
+        phoff, = struct.unpack_from("<Q", ehdr, 32)
+        phentsize, phnum = struct.unpack_from("<HH", ehdr, 54)
+        f.seek(phoff)
+        table = f.read(phentsize * phnum)
+        for i in range(phnum):
+            p_type, _, p_offset, _, _, p_filesz = struct.unpack_from("<IIQQQQ", table, i * phentsize)
+            if p_type != _PT_NOTE:
+                continue
+            f.seek(p_offset)
+            notes = f.read(p_filesz)
+            at = 0
+            while at + 12 <= len(notes):
+                namesz, descsz, kind = struct.unpack_from("<III", notes, at)
+                desc = at + 12 + (namesz + 3 & ~3)
+                if kind == _NT_PRSTATUS:
+                    lwp, = struct.unpack_from("<i", notes, desc + _PR_PID)
+                    regs = struct.unpack_from("<27Q", notes, desc + _PR_REG)
+                    out.append((lwp, regs[19], regs[21]))
+                at = desc + (descsz + 3 & ~3)
+    return out
+
+
+def blank_thread_stacks(core: Path, pid: int, main_tls: bool = False) -> int:
+    """Writes as zeros, in place, the segments of CORE that hold the stack (and so the TLS) of each thread
+    but the main one PID, as gcore 13 does on Linux 6.13+ with glibc 2.42+; with MAIN_TLS also the one
+    holding the main thread's TLS.  Segments already all zeros are left alone; returns how many were blanked."""
+    threads = core_threads(core)
+    marks = [sp for lwp, sp, _ in threads if lwp != pid]
+    marks += [fs for lwp, _, fs in threads if lwp == pid and main_tls]
+    blanked = 0
+    with core.open("r+b") as f:
+        for vaddr, offset, size, _ in _load_segments(core):
+            if not any(vaddr <= mark < vaddr + size for mark in marks):
+                continue
+            f.seek(offset)
+            if f.read(size).count(0) == size:
+                continue
+            f.seek(offset)
+            f.write(bytes(size))
+            blanked += 1
+    return blanked
+
+
 def repair_core(core: Path, pid: int) -> int:
     """Refills readable segments that gcore wrote as all zeros from /proc/PID/mem; returns pages fixed.
 
@@ -185,6 +258,9 @@ def repair_core(core: Path, pid: int) -> int:
     leave them.  Only all-zero, readable segments are looked at, so a sound
     core costs one read of its zero segments.
     """
+    with core.open("rb") as f:
+        if f.read(5)[4:] != b"\x02":
+            return 0  # a 32-bit core, taken only to be refused: nothing to repair
     fixed = 0
     zero = bytes(_PAGE)
     with core.open("r+b") as out, open(f"/proc/{pid}/mem", "rb", buffering=0) as mem:
@@ -218,10 +294,11 @@ def arena_env() -> dict[str, str]:
 
 
 def capture(name: str, outdir: Path, bindir: Path, keep: bool = False, sysroot: sysroots.Sysroot | None = None,
-            env: dict[str, str] | None = None, static: bool = False) -> Capture:
+            env: dict[str, str] | None = None, static: bool = False, keep_raw: bool = False) -> Capture:
     """Builds and runs reproducer NAME (under SYSROOT's glibc if given), takes its core into OUTDIR/NAME/core.
 
-    With KEEP the process stays stopped (for live-attach tests); call kill().
+    With KEEP the process stays stopped (for live-attach tests); call kill().  With KEEP_RAW gcore's
+    unrepaired core is kept too, as core.raw.
     """
     exe = build(name, bindir, sysroot, static)
     directory = outdir / name
@@ -233,7 +310,7 @@ def capture(name: str, outdir: Path, bindir: Path, keep: bool = False, sysroot: 
     gdb_exe = sysroot.ld_so if sysroot is not None else exe
     cap = Capture(name=name, directory=directory, exe=gdb_exe, pid=proc.pid, process=proc)
     try:
-        take_core(proc.pid, cap.core)
+        take_core(proc.pid, cap.core, keep_raw)
         meta = {"name": name, "exe": str(gdb_exe), "program": str(exe), "pid": proc.pid,
                 "sysroot": str(sysroot.root) if sysroot is not None else None, "env": env or {}}
         (directory / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from .chunkwalk import extents
 from .layout import IS_MMAPPED, NBINS, SIZE_BITS, Layout
 from .memory import Memory, ReadError, u64
-from .model import Arena, BinKind, Finding, HeapState, Kind, Severity
+from .model import Arena, BinKind, Finding, HeapState, Kind, Severity, thread_numbers
 
 __all__ = ["CheckResult", "check", "partial", "scope"]
 
@@ -104,11 +104,9 @@ def _listed_chunks(state: HeapState, mem: Memory, layout: Layout) -> list[Findin
             for chunk, size in zip(lst.chunks, lst.sizes):
                 seen(chunk, where)
                 placed(chunk, size, where, spans[arena.address])
-    for thread in state.threads:
-        if thread.tcache is None:
-            continue
-        for b in thread.tcache.bins:
-            where = f"tcache bin {b.index} of thread {thread.number}"
+    for owner, tcache in state.tcaches():
+        for b in tcache.bins:
+            where = f"tcache bin {b.index} of {owner}"
             for i, entry in enumerate(b.entries):
                 chunk = entry - 16
                 seen(chunk, where)
@@ -188,17 +186,15 @@ def _tcache_keys(state: HeapState, mem: Memory) -> list[Finding]:
     if state.glibc_version < (2, 29):
         return []
     keyed: list[tuple[int, int, str, int | None]] = []  # entry, key found, where, key expected
-    for thread in state.threads:
-        if thread.tcache is None:
-            continue
-        for b in thread.tcache.bins:
+    for owner, tcache in state.tcaches():
+        for b in tcache.bins:
             for entry in b.entries:
                 try:
                     key = u64(mem, entry + 8)
                 except ReadError:
                     continue
-                want = thread.tcache.address if state.glibc_version < (2, 34) else None
-                keyed.append((entry, key, f"tcache bin {b.index} of thread {thread.number}", want))
+                want = tcache.address if state.glibc_version < (2, 34) else None
+                keyed.append((entry, key, f"tcache bin {b.index} of {owner}", want))
     if state.glibc_version >= (2, 34):
         common = Counter(k for _, k, _, _ in keyed).most_common(1)
         if not common or common[0][1] < 3 or common[0][1] * 2 <= len(keyed):
@@ -225,9 +221,14 @@ def partial(state: HeapState) -> list[str]:
         if acc is not None and acc.unwalked:
             out.append(f"arena {arena.number}: {acc.unwalked} bytes of its heaps could not be walked; in-use and "
                        "free bytes leave them out")
-    for thread in state.threads:
-        if thread.tcache is not None and any(not b.complete for b in thread.tcache.bins):
-            out.append(f"thread {thread.number}: its tcache lists are cut at damage")
+    for owner, tcache in state.tcaches():
+        if any(not b.complete for b in tcache.bins):
+            out.append(f"{owner}: its tcache lists are cut at damage")
+    lost = [t.number for t in state.threads if t.tls_lost]
+    if lost:
+        out.append(f"thread{'s' if len(lost) > 1 else ''} {thread_numbers(lost)}: TLS not in the core, so "
+                   f"{'their' if len(lost) > 1 else 'its'} arena is unknown and tcaches found by scanning the "
+                   "arenas belong to no known thread")
     if any(f.kind is Kind.ARENA_RING for f in state.findings):
         out.append("the arena ring is broken: arenas after the break are missing")
     if any(f.kind is Kind.MUTEX_HELD for a in state.arenas for f in a.findings):
@@ -240,5 +241,6 @@ def scope(state: HeapState) -> dict[str, int]:
     return {"arenas": len(state.arenas), "heaps": sum(len(a.heaps) for a in state.arenas),
             "chunks": sum(sum(acc.counts.values()) for acc in state.accounts.values()),
             "listed": sum(b.count for a in state.arenas for b in a.free_lists())
-            + sum(t.tcache.count for t in state.threads if t.tcache),
-            "tcaches": sum(1 for t in state.threads if t.tcache)}
+            + sum(tc.count for _, tc in state.tcaches()),
+            "tcaches": len(state.tcaches())}
+

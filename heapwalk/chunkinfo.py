@@ -91,13 +91,11 @@ def where_listed(state: HeapState, chunk: int) -> str | None:
                 name = {"fast": "fastbin", "unsorted": "unsorted bin"}.get(lst.kind.value, f"{lst.kind.value} bin")
                 index = "" if lst.kind.value == "unsorted" else f" {lst.index}"
                 return f"{name}{index} of arena {arena.number}, position {lst.chunks.index(chunk) + 1} of {lst.count}"
-    for thread in state.threads:
-        if thread.tcache is None:
-            continue
-        if thread.tcache.address - 16 == chunk:
-            return f"the tcache struct of thread {thread.number}"
-        for b in thread.tcache.bins:
+    for owner, tcache in state.tcaches():
+        if tcache.address - 16 == chunk:
+            return f"the tcache struct of {owner}"
+        for b in tcache.bins:
             if chunk + 16 in b.entries:
-                return (f"tcache bin {b.index} of thread {thread.number}, position "
+                return (f"tcache bin {b.index} of {owner}, position "
                         f"{b.entries.index(chunk + 16) + 1} of {len(b.entries)}")
     return None

@@ -104,11 +104,9 @@ def list_states(state: HeapState) -> dict[int, ChunkState]:
             st = _LIST_STATE[lst.kind]
             for c in lst.chunks:
                 out[c] = st
-    for thread in state.threads:
-        if thread.tcache is None:
-            continue
-        out[thread.tcache.address - 2 * 8] = ChunkState.TCACHE_STRUCT
-        for b in thread.tcache.bins:
+    for _, tcache in state.tcaches():
+        out[tcache.address - 2 * 8] = ChunkState.TCACHE_STRUCT
+        for b in tcache.bins:
             for e in b.entries:
                 out[e - 2 * 8] = ChunkState.TCACHE
     return out

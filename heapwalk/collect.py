@@ -16,7 +16,9 @@ from .trim import TrimSimulation
 from .discovery import Discovery, MallocUnused
 from .layout import MP_INT_FIELDS, NBINS, SIZE_BITS, Layout
 from .memory import Memory, ReadError, u64
-from .model import Arena, BinKind, BinList, Fact, Finding, Heap, HeapState, Kind, MallocPar, Severity, Thread
+from .model import (Arena, BinKind, BinList, Fact, Finding, Heap, HeapState, Kind, MallocPar, Severity, Thread,
+                    thread_numbers)
+from .tcachescan import scan_tcaches
 from .walkers import ListWalk, walk_arena_ring, walk_bin, walk_fastbin, walk_heaps, walk_tcache
 
 __all__ = ["ThreadRegs", "collect", "read_mp", "read_arena"]
@@ -179,10 +181,21 @@ def _walk_free_list(mem: Memory, disc: Discovery, arenas: list[int]) -> tuple[se
     return members, [], "attached_threads == 0"
 
 
+def _tls_intact(mem: Memory, fs_base: int) -> bool:
+    """Does the core hold the thread's TLS?  On x86-64 the thread control block at $fs_base starts with a
+    pointer to itself; a stack written as zeros (where a thread's TLS lives) or left out fails this."""
+    try:
+        return u64(mem, fs_base) == fs_base
+    except ReadError:
+        return False
+
+
 def _thread(mem: Memory, disc: Discovery, regs: ThreadRegs, fill_count: int | None) -> tuple[Thread, list[Finding]]:
     findings: list[Finding] = []
     arena = tcache_ptr = None
     tcache = None
+    if regs.fs_base and not _tls_intact(mem, regs.fs_base):
+        return Thread(regs.number, regs.lwp, regs.fs_base, None, None, None, tls_lost=True), findings
     if regs.fs_base:
         for attr, name in (("thread_arena_tpoff", "thread_arena"), ("tcache_tpoff", "tcache")):
             tpoff = getattr(disc, attr)
@@ -201,6 +214,45 @@ def _thread(mem: Memory, disc: Discovery, regs: ThreadRegs, fill_count: int | No
     if tcache_ptr and not disc.is_libc_address(tcache_ptr):
         tcache = walk_tcache(mem, disc.layout, tcache_ptr, fill_count)
     return Thread(regs.number, regs.lwp, regs.fs_base or 0, arena or None, tcache_ptr or None, tcache), findings
+
+
+def _scan_for_tcaches(mem: Memory, disc: Discovery, state: HeapState) -> HeapState:
+    """STATE with the tcaches found by scanning the arenas, when some threads' tcaches cannot be reached
+    through TLS (TLS missing from the core, or tcache's TLS offset unknown); else STATE as it is."""
+    lost = [t for t in state.threads if t.tls_lost]
+    unreachable = disc.tcache_tpoff is None and any(t.fs_base for t in state.threads)
+    notes: tuple[Finding, ...] = ()
+    if lost:
+        notes += (_tls_lost(mem, lost),)
+    if not disc.layout.has_tcache or not (lost or unreachable):
+        return dataclasses.replace(state, findings=state.findings + notes)
+    known = {tc.address for _, tc in state.tcaches()}
+    fill = state.mp.get("tcache_count") if state.mp else None
+    scan = scan_tcaches(mem, disc.layout, list(state.arenas), list_states(state), fill, known)
+    why = (f"the TLS of {len(lost)} thread{'s' if len(lost) > 1 else ''} is not in the core" if lost
+           else "tcache's TLS offset is unknown")
+    text = (f"{why}: the arenas were scanned for tcache structs instead, and {len(scan.tcaches)} found "
+            f"({sum(tc.count for tc in scan.tcaches)} entries); which thread owns each is unknown")
+    if scan.ambiguous:
+        text += (f"; {scan.ambiguous} more in-use chunk{'s' if scan.ambiguous > 1 else ''} of the struct's size "
+                 "hold only zeros: empty tcaches or program data, not counted")
+    notes += (Finding(Severity.INFO, 0, "tcache scan", text, Kind.TLS_LOST),)
+    return dataclasses.replace(state, scanned_tcaches=scan.tcaches, findings=state.findings + notes)
+
+
+def _tls_lost(mem: Memory, lost: list[Thread]) -> Finding:
+    """One warning for the threads whose TLS the core lacks, at the first one's thread control block."""
+    first = lost[0].fs_base
+    try:
+        seen = f"{u64(mem, first):#x}"
+    except ReadError:
+        seen = "nothing (not in the core)"
+    names = thread_numbers([t.number for t in lost])
+    return Finding(Severity.WARNING, first, f"thread{'s' if len(lost) > 1 else ''} {names}",
+                   f"the core holds no copy of the TLS of {len(lost)} thread{'s' if len(lost) > 1 else ''} "
+                   f"({names}): the thread control block at $fs_base ({first:#x} for thread {lost[0].number}) "
+                   f"reads {seen}, not a pointer to itself, as when gcore writes threads' stacks as zeros or leaves "
+                   "them out; their arenas and tcaches are unknown", Kind.TLS_LOST, f"{first:#x}", seen)
 
 
 def _with_main_regions(mem: Memory, disc: Discovery, main: Arena, arenas: list[Arena],
@@ -344,11 +396,12 @@ def collect(mem: Memory, disc: Discovery, threads: list[ThreadRegs], target: str
                       layout_name=disc.layout.name,
                       main_arena=disc.main_arena, mp=mp, arenas=tuple(arenas), threads=tuple(decoded_threads),
                       facts=tuple(facts), findings=tuple(findings))
-    if any(t.signal in FATAL_SIGNALS for t in threads):
-        state = dataclasses.replace(state, findings=state.findings + tuple(crash_pointers(mem, state, threads)))
     if walk_chunks and regions is not None and arenas and arenas[0].is_main and arenas[0].noncontiguous:
         arenas[0] = _with_main_regions(mem, disc, arenas[0], arenas, regions)
         state = dataclasses.replace(state, arenas=tuple(arenas))
+    state = _scan_for_tcaches(mem, disc, state)
+    if any(t.signal in FATAL_SIGNALS for t in threads):
+        state = dataclasses.replace(state, findings=state.findings + tuple(crash_pointers(mem, state, threads)))
     if walk_chunks:
         states = list_states(state)
         thp = (mp.get("thp_pagesize") or 0) if mp else 0

@@ -95,7 +95,8 @@ def load_target(walk_chunks: bool = False):
     if not has_target():
         raise UserError("heapwalk: no process or core file: run, attach (gdb -p PID) or load a core first")
     if not _is_64bit():
-        raise UserError("heapwalk: this is a 32-bit target; heapwalk decodes 64-bit (x86_64) glibc heaps only")
+        raise UserError(f"heapwalk: 32-bit targets are not supported yet: this one is {_architecture()}, and "
+                        "heapwalk decodes 64-bit (x86-64) glibc heaps only")
     with preserved_selection():
         space = memory_map()
         mem = gdb_memory(space.readable)
@@ -123,6 +124,14 @@ def _is_64bit() -> bool:
         return gdb.lookup_type("void").pointer().sizeof == 8
     except gdb.error:
         return True
+
+
+def _architecture() -> str:
+    """The selected inferior's architecture as gdb names it ("i386"), or "32-bit" if gdb cannot say."""
+    try:
+        return gdb.selected_inferior().architecture().name()
+    except (gdb.error, AttributeError, RuntimeError):
+        return "32-bit"
 
 
 def load_state(walk_chunks: bool = False) -> HeapState:
@@ -297,8 +306,11 @@ class TcacheCommand(_Subcommand):
             if not threads:
                 raise UserError(f"heapwalk tcache: no thread {args.thread} (see 'info threads')")
         console = _console_with_header(state)
-        console.print(render.tcache_tables(state, threads, _interactive(), args.entries))
-        _print_damage(console, state, [f for t in threads if t.tcache for f in t.tcache.findings])
+        scanned = state.scanned_tcaches if args.thread is None else ()
+        console.print(render.tcache_tables(state, threads, _interactive(), args.entries, scanned))
+        _print_damage(console, state, [f for t in threads if t.tcache for f in t.tcache.findings]
+                      + [f for tc in scanned for f in tc.findings]
+                      + [f for f in state.findings if f.kind is Kind.TLS_LOST])
         if args.json:
             jsonout.dump(jsonout.state_to_json(state, arenas=[], threads=[t.number for t in threads]), args.json)
 

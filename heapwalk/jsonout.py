@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any, Iterable
 
-from .model import Arena, BinKind, BinList, Finding, HeapState, Thread
+from .model import Arena, BinKind, BinList, Finding, HeapState, Tcache, Thread
 
 __all__ = ["SCHEMA_VERSION", "state_to_json", "dump", "KINDS"]
 
@@ -124,18 +124,23 @@ def _tcache_bin_json(b) -> dict[str, Any]:
     return out
 
 
+def _tcache_json(tc: Tcache) -> dict[str, Any]:
+    out = {
+        "address": tc.address,
+        "count": tc.count,
+        "bytes": tc.total,
+        "bins": [_tcache_bin_json(b) for b in tc.bins],
+        "findings": [_finding(f) for f in tc.findings],
+    }
+    if tc.arena is not None:
+        out["arena"] = tc.arena
+    return out
+
+
 def _thread_json(t: Thread) -> dict[str, Any]:
-    tc = None
-    if t.tcache is not None:
-        tc = {
-            "address": t.tcache.address,
-            "count": t.tcache.count,
-            "bytes": t.tcache.total,
-            "bins": [_tcache_bin_json(b) for b in t.tcache.bins],
-            "findings": [_finding(f) for f in t.tcache.findings],
-        }
     return {"number": t.number, "lwp": t.lwp, "fs_base": t.fs_base, "arena": t.arena,
-            "tcache_pointer": t.tcache_pointer, "tcache": tc}
+            "tcache_pointer": t.tcache_pointer, "tcache": None if t.tcache is None else _tcache_json(t.tcache),
+            "tls_intact": not t.tls_lost}
 
 
 def state_to_json(state: HeapState, arenas: Iterable[int] | None = None, kinds: Iterable[str] = KINDS,
@@ -158,6 +163,7 @@ def state_to_json(state: HeapState, arenas: Iterable[int] | None = None, kinds: 
                    if wanted_arenas is None or a.address in wanted_arenas],
         "threads": [_thread_json(t) for t in state.threads
                     if wanted_threads is None or t.number in wanted_threads],
+        "scanned_tcaches": [_tcache_json(tc) for tc in state.scanned_tcaches],
         "mmapped": None if not state.accounts else {
             "count": len(state.mmapped), "bytes": sum(c.span for c in state.mmapped),
             "chunks": [{"address": c.address, "size": c.size, "span": c.span} for c in state.mmapped]},

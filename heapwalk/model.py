@@ -78,6 +78,7 @@ class Kind(enum.Enum):
     TCACHE = ("tcache", "tcache struct unreadable or inconsistent")
     ABORT = ("abort", "glibc aborted the process")
     CRASH_POINTER = ("crash_pointer", "the crashing thread's stack points at a free chunk")
+    TLS_LOST = ("thread_tls_lost", "thread's TLS not in the core (its arena and tcache found by scanning)")
     DISCOVERY = ("discovery", "discovery")
     OTHER = ("other", "other")
 
@@ -226,6 +227,7 @@ class Tcache:
     address: int
     bins: tuple[TcacheBin, ...]  # non-empty bins only
     findings: tuple[Finding, ...] = ()
+    arena: int | None = None     # for a tcache found by scanning: the arena whose heap holds it
 
     @property
     def count(self) -> int:
@@ -246,6 +248,14 @@ class Thread:
     arena: int | None           # value of the thread_arena TLS variable (None: never allocated)
     tcache_pointer: int | None  # value of the tcache TLS variable
     tcache: Tcache | None
+    tls_lost: bool = False      # the core holds no copy of the thread's TLS (its stack was written as zeros)
+
+
+def thread_numbers(numbers: list[int]) -> str:
+    """'2-9' for a run of gdb thread numbers, else '2, 4, 7'."""
+    if len(numbers) > 2 and numbers[-1] - numbers[0] == len(numbers) - 1:
+        return f"{numbers[0]}-{numbers[-1]}"
+    return ", ".join(map(str, numbers))
 
 
 @dataclass(frozen=True, slots=True)
@@ -287,6 +297,7 @@ class HeapState:
     findings_extra: list = field(default_factory=list)  # findings of the chunk walk not tied to one arena
     glibc_label: str = ""           # "2.36", or the range memory showed when the version is unknown
     heap_max_size: int = 64 << 20   # size and alignment of a thread arena's heap reservation
+    scanned_tcaches: tuple[Tcache, ...] = ()  # tcache structs found in the arenas when threads' TLS is lost
 
     @property
     def version_text(self) -> str:
@@ -295,13 +306,19 @@ class HeapState:
     def arena_at(self, address: int) -> Arena | None:
         return next((a for a in self.arenas if a.address == address), None)
 
+    def tcaches(self) -> list[tuple[str, Tcache]]:
+        """Every decoded tcache with its owner: each thread's (through its TLS), then those found by
+        scanning the arenas, whose thread is unknown."""
+        out = [(f"thread {t.number}", t.tcache) for t in self.threads if t.tcache is not None]
+        out += [(f"tcache {tc.address:#x} (thread unknown)", tc) for tc in self.scanned_tcaches]
+        return out
+
     def all_findings(self) -> tuple[Finding, ...]:
         out = list(self.findings)
         for arena in self.arenas:
             out.extend(arena.findings)
-        for thread in self.threads:
-            if thread.tcache:
-                out.extend(thread.tcache.findings)
+        for _, tcache in self.tcaches():
+            out.extend(tcache.findings)
         for acc in self.accounts.values():
             out.extend(acc.findings)
         out.extend(self.findings_extra)

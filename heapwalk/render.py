@@ -14,7 +14,7 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
-from .model import Arena, BinKind, BinList, Finding, HeapState, Severity, Thread
+from .model import Arena, BinKind, BinList, Finding, HeapState, Severity, Tcache, Thread
 from .report import Report, human
 
 __all__ = ["make_console", "human", "report_group", "threads_group", "arenas_table", "bins_tables", "tcache_tables", "findings_text", "header_text", "check_text", "partial_text",
@@ -57,10 +57,10 @@ def header_text(state: HeapState) -> Text:
 def arenas_table(state: HeapState, interactive: bool) -> Table:
     """One row per arena: system memory, top, and free bytes (count) per kind of list."""
     tcache_by_arena: dict[int, tuple[int, int]] = {}
-    for t in state.threads:
-        if t.tcache and t.arena:
-            c, b = tcache_by_arena.get(t.arena, (0, 0))
-            tcache_by_arena[t.arena] = (c + t.tcache.count, b + t.tcache.total)
+    owned = [(t.arena, t.tcache) for t in state.threads if t.tcache and t.arena]
+    for arena, tcache in owned + [(tc.arena, tc) for tc in state.scanned_tcaches]:
+        c, b = tcache_by_arena.get(arena, (0, 0))
+        tcache_by_arena[arena] = (c + tcache.count, b + tcache.total)
     table = Table(title="arenas", box=_box(interactive), title_justify="left")
     for name, justify in (("#", "right"), ("arena", "left"), ("kind", "left"), ("threads", "right"),
                           ("heaps", "right"), ("system", "right"), ("top", "right"), ("tcache", "right"),
@@ -130,9 +130,11 @@ def bins_tables(state: HeapState, arenas: Iterable[Arena], kinds: set[str], inte
     return Group(*parts)
 
 
-def tcache_tables(state: HeapState, threads: Iterable[Thread], interactive: bool, show_entries: bool) -> Group:
-    """A summary row per thread, then each non-empty tcache bin (with entries if asked)."""
-    threads = list(threads)
+def tcache_tables(state: HeapState, threads: Iterable[Thread], interactive: bool, show_entries: bool,
+                  scanned: Iterable[Tcache] = ()) -> Group:
+    """A summary row per thread and per tcache found by scanning (SCANNED), then each non-empty tcache bin
+    (with entries if asked)."""
+    threads, scanned = list(threads), list(scanned)
     summary = Table(title="tcache per thread", box=_box(interactive), title_justify="left")
     for name, justify in (("thread", "right"), ("lwp", "right"), ("arena", "left"), ("tcache", "left"),
                           ("chunks", "right"), ("bytes", "right")):
@@ -140,21 +142,29 @@ def tcache_tables(state: HeapState, threads: Iterable[Thread], interactive: bool
     arena_numbers = {a.address: a.number for a in state.arenas}
     for t in threads:
         arena = "-" if not t.arena else f"{t.arena:#x} (#{arena_numbers.get(t.arena, '?')})"
-        if t.tcache is None:
+        if t.tls_lost:
+            summary.add_row(str(t.number), str(t.lwp), "unknown", "unknown (TLS not in the core)", "-", "-")
+        elif t.tcache is None:
             summary.add_row(str(t.number), str(t.lwp), arena, "none" if not t.tcache_pointer else "none (dummy)", "-", "-")
         else:
             summary.add_row(str(t.number), str(t.lwp), arena, f"{t.tcache.address:#x}", str(t.tcache.count),
                             human(t.tcache.total))
+    for tc in scanned:
+        summary.add_row("?", "-", f"{tc.arena:#x} (#{arena_numbers.get(tc.arena, '?')}, holds it)",
+                        f"{tc.address:#x} (found by scanning)", str(tc.count), human(tc.total))
     parts: list = [summary]
-    for t in threads:
-        if t.tcache is None or not t.tcache.bins:
+    titled = [(f"thread {t.number} (lwp {t.lwp}) tcache at {t.tcache.address:#x}", t.tcache)
+              for t in threads if t.tcache is not None]
+    titled += [(f"tcache at {tc.address:#x} (found by scanning arena #{arena_numbers.get(tc.arena, '?')}; "
+                "thread unknown)", tc) for tc in scanned]
+    for title, tcache in titled:
+        if not tcache.bins:
             continue
-        table = Table(title=f"thread {t.number} (lwp {t.lwp}) tcache at {t.tcache.address:#x}",
-                      box=_box(interactive), title_justify="left")
+        table = Table(title=title, box=_box(interactive), title_justify="left")
         for name, justify in (("bin", "right"), ("chunk size", "right"), ("count", "right"),
                               ("entries" if show_entries else "first entries", "left")):
             table.add_column(name, justify=justify, no_wrap=name == "bin")
-        for b in t.tcache.bins:
+        for b in tcache.bins:
             shown = b.entries if show_entries else b.entries[:3]
             text = " ".join(f"{e:#x}" for e in shown)
             if not show_entries and len(b.entries) > 3:
@@ -260,6 +270,8 @@ def threads_group(state: HeapState, interactive: bool) -> Group:
             users[t.arena] = users.get(t.arena, 0) + 1
         arena = f"#{numbers[t.arena]} {t.arena:#x}" if t.arena in numbers else ("-" if not t.arena else
                                                                               f"{t.arena:#x} (not in the ring)")
+        if t.tls_lost:
+            arena = "unknown (TLS not in the core)"
         count = str(t.tcache.count) if t.tcache else "-"
         table.add_row(str(t.number), str(t.lwp), arena, count, human(t.tcache.total) if t.tcache else "-")
     arenas = Table(title="arenas and their threads", box=_box(interactive), title_justify="left")
@@ -274,6 +286,9 @@ def threads_group(state: HeapState, interactive: bool) -> Group:
     limit = mp.get("arena_max") if mp else None
     text = Text(f"{len(state.threads)} threads, {len(state.arenas)} arenas; arena limit "
                 + (f"{limit} (MALLOC_ARENA_MAX)" if limit else "8 x the CPU count (default)") + "\n")
+    lost = sum(1 for t in state.threads if t.tls_lost)
+    if lost:
+        text.append(f"{lost} thread{'s' if lost > 1 else ''} not counted in 'threads using it': TLS not in the core\n")
     return Group(table, arenas, text)
 
 

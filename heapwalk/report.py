@@ -140,10 +140,8 @@ def free_sizes_by_arena(state: HeapState) -> dict[int, list[int]]:
     """Arena number -> the sizes of its free chunks (bins, fastbins, and the tcache entries in its heaps)."""
     out: dict[int, list[int]] = {a.number: [s for lst in a.free_lists() for s in lst.sizes] for a in state.arenas}
     find = _arena_of(state)
-    for thread in state.threads:
-        if thread.tcache is None:
-            continue
-        for b in thread.tcache.bins:
+    for _, tcache in state.tcaches():
+        for b in tcache.bins:
             for entry, size in zip(b.entries, b.sizes or (b.chunk_size,) * len(b.entries)):
                 number = find(entry)
                 if number is not None:

@@ -97,6 +97,24 @@ def capture(glibc_name: str, name: str, variant: str = "") -> harness.Capture:
     return harness.Capture(name=name, directory=outdir / name, exe=Path(meta["exe"]), pid=meta["pid"])
 
 
+@functools.cache
+def blank_stacks(glibc_name: str, main_tls: bool = False) -> tuple[harness.Capture, Path]:
+    """thread_arenas under GLIBC_NAME and a core of the same instant whose threads' stacks, and so their
+    TLS, are all zeros: gcore's own output before `harness.repair_core` (which is such a core with
+    glibc 2.42+ on Linux 6.13+), with the stacks blanked where gcore did not (with MAIN_TLS the main
+    thread's TLS too).  The capture's core is the same instant, intact."""
+    g = glibc(glibc_name)
+    outdir = CORES / f"{glibc_name}-raw"
+    directory = outdir / "thread_arenas"
+    if not _fresh(directory, "thread_arenas") or not (directory / "core.raw").exists():
+        harness.capture("thread_arenas", outdir, BINDIR, sysroot=g.sysroot, keep_raw=True)
+    meta = json.loads((directory / "meta.json").read_text())
+    blank = directory / ("core.blank-tls" if main_tls else "core.blank")
+    subprocess.run(["cp", "--sparse=always", str(directory / "core.raw"), str(blank)], check=True)
+    harness.blank_thread_stacks(blank, meta["pid"], main_tls)
+    return harness.Capture(name="thread_arenas", directory=directory, exe=Path(meta["exe"]), pid=meta["pid"]), blank
+
+
 def _fresh_corruption(directory: Path) -> bool:
     needed = [directory / f for f in ("core", "expected.json", "meta.json")]
     if not all(p.exists() for p in needed):

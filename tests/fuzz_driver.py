@@ -110,6 +110,8 @@ def targets(state, disc, mem) -> list[tuple[str, int]]:
                         break
                     at += size
     for t in state.threads:
+        if t.fs_base:  # the TCB's self pointer: damage here makes the thread's TLS look lost (tcache scan)
+            out.append((f"thread {t.number} tcb", t.fs_base))
         if t.tcache is None:
             continue
         tag = f"thread {t.number} tcache"
@@ -183,7 +185,7 @@ def exercise(mem, symbols, maps, threads, regs, target: str) -> str:
     console.print(render.report_group(state, rep, False))
     console.print(render.arenas_table(state, False))
     console.print(render.bins_tables(state, list(state.arenas), set(jsonout.KINDS), False, True))
-    console.print(render.tcache_tables(state, list(state.threads), False, True))
+    console.print(render.tcache_tables(state, list(state.threads), False, True, state.scanned_tcaches))
     console.print(render.threads_group(state, False))
     console.print(render.check_text(result, check.scope(state)))
     document = jsonout.state_to_json(state)

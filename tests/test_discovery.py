@@ -50,10 +50,12 @@ def test_a_core_decodes_from_memory_alone_when_its_libc_file_is_gone(json_of, g,
     shutil.move(sysroot.root, moved)
     try:
         docs = {n: heapwalk_json([str(caps[n].exe), str(caps[n].core)], tmp_path, iex=settings) for n in names}
-        text = run_gdb([str(caps["thread_arenas"].exe), str(caps["thread_arenas"].core)], ["heapwalk arenas"],
-                       iex=settings).stdout
+        result = run_gdb([str(caps["thread_arenas"].exe), str(caps["thread_arenas"].core)],
+                         ["heapwalk arenas", "heapwalk check"], iex=settings)
+        text = result.stdout
     finally:
         shutil.move(moved, sysroot.root)
+    assert result.returncode == 0 and "heap consistent: no violations in 9 arenas" in text, text + result.stderr
     for n in names:
         assert _decoded(docs[n]) == _decoded(reference[n]), n
     doc = docs["thread_arenas"]

@@ -9,7 +9,8 @@ import struct
 import pytest
 
 import harness
-from conftest import BINDIR, capture, run_gdb
+from conftest import BINDIR, GLIBCS, blank_stacks, capture, glibc, heapwalk_json, run_gdb
+from oracle import malloc_info_view, parse_malloc_info
 
 LIBDIR = "/usr/lib/x86_64-linux-gnu"
 
@@ -96,3 +97,67 @@ def test_core_with_missing_pages_gives_partial_results(tmp_path, json_of):
     assert any("ring" in note for note in report["report"]["partial"]), report["report"]["partial"]
     assert any("arena 3: could not be read" in note for note in report["report"]["partial"])
     assert "partial results" in result.stdout and "heap DAMAGED" in result.stdout
+
+
+def _tcache_contents(tcache: dict) -> tuple:
+    return tuple((b["chunk_size"], tuple(b["entries"])) for b in tcache["bins"])
+
+
+@pytest.mark.parametrize("symbols", [True, False])
+@pytest.mark.parametrize("g", GLIBCS)
+def test_blank_thread_stacks_tcaches_are_found_by_scanning(g, symbols, tmp_path):
+    """gcore writes the worker threads' stacks, and the TLS on them, as zeros: heapwalk says so in one
+    warning, finds each tcache struct in the arenas instead, and every arena's numbers stay exact."""
+    cap, blank = blank_stacks(g)
+    iex = glibc(g).gdb_settings(symbols)
+    intact = heapwalk_json([str(cap.exe), str(cap.core)], tmp_path, iex=iex)
+    doc = heapwalk_json([str(cap.exe), str(blank)], tmp_path, iex=iex)
+    workers = {t["lwp"] for t in intact["threads"] if t["lwp"] != cap.pid}
+    assert {t["lwp"] for t in doc["threads"] if not t["tls_intact"]} == workers
+    assert all(t["arena"] is None and t["tcache"] is None for t in doc["threads"] if t["lwp"] in workers)
+    lost = [t["tcache"] for t in intact["threads"] if t["lwp"] in workers and t["tcache"]]
+    assert sorted((tc["address"], _tcache_contents(tc)) for tc in doc["scanned_tcaches"]) == \
+        sorted((tc["address"], _tcache_contents(tc)) for tc in lost)
+    ledger = json.loads(cap.ledger.read_text())
+    recorded = sorted(tuple((b["chunk_size"], tuple(b["entries"])) for b in t["tcache"])
+                      for t in ledger["threads"] if t["tid"] in workers)
+    assert sorted(_tcache_contents(tc) for tc in doc["scanned_tcaches"] if tc["bins"]) == \
+        [r for r in recorded if r]
+    assert [a["accounting"] for a in doc["arenas"]] == [a["accounting"] for a in intact["arenas"]]
+    assert malloc_info_view(doc) == parse_malloc_info(cap.malloc_info)
+    warning, note = [f for f in doc["findings"] if f["kind"] == "thread_tls_lost"]
+    assert warning["severity"] == "warning" and f"TLS of {len(workers)} threads" in warning["message"]
+    assert note["severity"] == "info" and f"{len(lost)} found" in note["message"]
+    assert not [f for f in doc["findings"] if f["severity"] == "error"]
+
+
+def test_blank_main_tls_too_still_finds_every_tcache(tmp_path):
+    """With no thread's TLS in the core (the main thread's blanked as well) and no symbols, the tcache
+    TLS offset cannot be checked on any thread: the scan still finds every tcache, the main thread's
+    empty one included (an all-zero struct is taken only at an arena's first chunk)."""
+    cap, blank = blank_stacks("system", main_tls=True)
+    iex = glibc("system").gdb_settings(False)
+    intact = heapwalk_json([str(cap.exe), str(cap.core)], tmp_path, iex=iex)
+    doc = heapwalk_json([str(cap.exe), str(blank)], tmp_path, iex=iex)
+    assert not any(t["tls_intact"] for t in doc["threads"])
+    assert sorted((tc["address"], _tcache_contents(tc)) for tc in doc["scanned_tcaches"]) == \
+        sorted((t["tcache"]["address"], _tcache_contents(t["tcache"])) for t in intact["threads"] if t["tcache"])
+    assert [a["accounting"] for a in doc["arenas"]] == [a["accounting"] for a in intact["arenas"]]
+    result = run_gdb([str(cap.exe), str(blank)], ["heapwalk tcache", "heapwalk check"], iex=iex)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "found by scanning" in result.stdout and "heap DAMAGED" not in result.stdout
+    assert "threads 1-" in result.stdout
+
+
+@pytest.mark.parametrize("command", ["heapwalk arenas", "heapwalk report", "heapwalk check", "heapwalk chunks"])
+def test_a_32bit_core_is_refused_in_one_line(tmp_path, command):
+    """An i386 process's core: heapwalk says 32-bit targets are not supported yet, naming the architecture."""
+    exe = harness.build_32bit(BINDIR)
+    proc = harness.run_to_snapshot(exe, tmp_path)
+    try:
+        harness.take_core(proc.pid, tmp_path / "core")
+    finally:
+        proc.kill()
+        proc.wait()
+    _one_line_refusal(run_gdb([str(exe), str(tmp_path / "core")], [command]), "32-bit targets are not supported yet",
+                      "i386")

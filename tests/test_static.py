@@ -7,7 +7,7 @@ import json
 import pytest
 
 import harness
-from conftest import BINDIR, CORES, heapwalk_json
+from conftest import BINDIR, CORES, heapwalk_json, run_gdb
 from oracle import malloc_info_view, parse_malloc_info
 
 pytestmark = pytest.mark.cores
@@ -35,3 +35,11 @@ def test_a_stripped_static_program_decodes_exactly(static_cores, name, tmp_path)
     assert facts["main_arena"]["found_by"].startswith("bin-127 self-link scan")
     assert facts["glibc_version"]["found_by"].startswith("banner")
     assert doc["findings"] == [] and all(a["findings"] == [] for a in doc["arenas"])
+
+
+def test_check_finds_a_stripped_static_programs_heap_consistent(static_cores):
+    """heapwalk check on each static core: everything it checks is found and sound (exit status 0)."""
+    for name, cap in static_cores.items():
+        result = run_gdb([str(cap.exe), str(cap.core)], ["heapwalk check"])
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert "heap consistent: no violations in" in result.stdout and " 0 tcaches" not in result.stdout, name
