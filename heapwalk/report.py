@@ -167,6 +167,8 @@ def _rows(state: HeapState) -> list[ArenaRow]:
     for t in state.threads:
         if t.arena:
             users[t.arena] = users.get(t.arena, 0) + 1
+    if any(t.tls_lost for t in state.threads):  # thread_arena is unknown for some threads: glibc's own count
+        users = {a.address: a.attached_threads for a in state.arenas if a.attached_threads is not None}
     rows = []
     for a in state.arenas:
         acc = state.accounts[a.address]

@@ -143,8 +143,15 @@ def test_blank_main_tls_too_still_finds_every_tcache(tmp_path):
     assert sorted((tc["address"], _tcache_contents(tc)) for tc in doc["scanned_tcaches"]) == \
         sorted((t["tcache"]["address"], _tcache_contents(t["tcache"])) for t in intact["threads"] if t["tcache"])
     assert [a["accounting"] for a in doc["arenas"]] == [a["accounting"] for a in intact["arenas"]]
-    result = run_gdb([str(cap.exe), str(blank)], ["heapwalk tcache", "heapwalk check"], iex=iex)
+    out = tmp_path / "report.json"
+    result = run_gdb([str(cap.exe), str(blank)], [f"heapwalk report --json {out}", "heapwalk tcache",
+                                                  "heapwalk check"], iex=iex)
     assert result.returncode == 0, result.stdout + result.stderr
+    users = {}
+    for t in intact["threads"]:
+        users[t["arena"]] = users.get(t["arena"], 0) + 1
+    assert [a["threads"] for a in json.loads(out.read_text())["report"]["arenas"]] == \
+        [users.get(a["address"], 0) for a in intact["arenas"]]   # glibc's attached_threads stands in
     assert "found by scanning" in result.stdout and "heap DAMAGED" not in result.stdout
     assert "threads 1-" in result.stdout
 

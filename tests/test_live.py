@@ -53,15 +53,24 @@ def _writable_memory(pid: int) -> dict[tuple[int, int], bytes]:
     return out
 
 
+_SELECT_LAST_THREAD_FRAME_1 = ("python max(gdb.selected_inferior().threads(), key=lambda t: t.num).switch(); "
+                               "gdb.execute('frame 1', to_string=True)")
+_SHOW_SELECTION = ("python print('selection thread %d frame %d pc %#x' % (gdb.selected_thread().num, "
+                   "gdb.selected_frame().level(), gdb.selected_frame().pc()))")
+
+
 @pytest.mark.parametrize("g,name", [("system", "thread_arenas"), ("sid", "mmapped")])
 def test_report_and_check_leave_a_live_process_untouched(g, name, tmp_path):
     """Read-only: every writable byte of the process (heaps, arenas, mp_, tcache, stacks) is the same before
-    and after a full heapwalk report and check on the live process; gdb's permissions are restored."""
+    and after a full heapwalk report and check on the live process; gdb's permissions are restored, and the
+    thread and frame the user selected are selected again."""
     cap = harness.capture(name, tmp_path / "captures", BINDIR, keep=True, sysroot=glibc(g).sysroot)
     try:
         before = _writable_memory(cap.pid)
-        result = run_gdb(["-p", str(cap.pid)], ["heapwalk report", "heapwalk check", "heapwalk chunks --limit 0",
-                                                "show may-write-memory", "show may-call-functions"],
+        result = run_gdb(["-p", str(cap.pid)], [_SELECT_LAST_THREAD_FRAME_1, _SHOW_SELECTION,
+                                                "heapwalk report", "heapwalk check", "heapwalk chunks --limit 0",
+                                                "heapwalk threads", "show may-write-memory",
+                                                "show may-call-functions", _SHOW_SELECTION],
                          iex=glibc(g).gdb_settings(False))
         after = _writable_memory(cap.pid)
         assert _state_of(cap.pid) == "T"
@@ -70,6 +79,8 @@ def test_report_and_check_leave_a_live_process_untouched(g, name, tmp_path):
     assert "heap consistent" in result.stdout and "Traceback" not in result.stdout + result.stderr
     assert "Permission to write into target memory is on" in result.stdout
     assert "Permission to call functions in the program is on" in result.stdout
+    before_sel, after_sel = [line for line in result.stdout.splitlines() if line.startswith("selection ")]
+    assert before_sel == after_sel and " frame 1 " in before_sel, result.stdout
     # the kernel may grow a stack mapping downwards when a debugger reads near it: compare by the end address,
     # over what both readings hold (every byte that existed before)
     before_by_end = {end: data for (_, end), data in before.items()}
