@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from .chunkwalk import FREE_STATES, Account, Chunk, ChunkState, extents, list_states, walk_extent
+from .chunkwalk import FREE_STATES, Account, Chunk, ChunkState, extents, list_states, walk_batches, walk_extent
 from .layout import Layout
 from .memory import Memory
 from .model import Arena, HeapState
@@ -38,14 +38,18 @@ def chunks(mem: Memory, layout: Layout, state: HeapState, flt: ChunkFilter,
     What the walk finds wrong (and where it had to skip damage) is added to FINDINGS.
     """
     states = list_states(state)
+    order = sorted(states)
     for arena in state.arenas:
         if flt.arena is not None and arena.address != flt.arena:
             continue
         acc = Account(arena.address, arena.system_mem)
         for extent in extents(arena, layout):
-            for chunk in walk_extent(mem, extent, arena.top, states, acc):
-                if flt.admits(chunk):
-                    yield arena, chunk
+            # free chunks only: the walk need not hand over the in-use ones
+            for batch in walk_batches(mem, extent, arena.top, states, acc, every=not flt.free, order=order):
+                for address, size, flags, st in batch:
+                    chunk = Chunk(address, size, flags, st, extent.start)
+                    if flt.admits(chunk):
+                        yield arena, chunk
         if findings is not None:
             findings.extend(acc.findings)
 

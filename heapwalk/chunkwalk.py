@@ -15,10 +15,12 @@ and reported, so the identity is a real check.
 
 from __future__ import annotations
 
+import bisect
 import enum
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from .layout import IS_MMAPPED, MALLOC_ALIGNMENT, MINSIZE, NON_MAIN_ARENA, PREV_INUSE, SIZE_BITS, Layout
 from .memory import Memory, ReadError
@@ -27,10 +29,12 @@ from .model import Arena, BinKind, Finding, HeapState, Kind, Severity
 __all__ = ["ChunkState", "Chunk", "Extent", "Account", "list_states", "extents", "walk_extent", "account",
            "FREE_STATES", "MmappedChunk", "find_mmapped", "main_regions", "resync"]
 
-_WINDOW = 1 << 18
+_WINDOW = 4 << 20
 
 
 class ChunkState(enum.Enum):
+    __hash__ = object.__hash__  # members are singletons: identity hashing, without a Python-level call per lookup
+
     IN_USE = "in_use"
     TCACHE = "tcache"
     FAST = "fast"
@@ -50,8 +54,7 @@ _LIST_STATE = {BinKind.FAST: ChunkState.FAST, BinKind.UNSORTED: ChunkState.UNSOR
                BinKind.SMALL: ChunkState.SMALL, BinKind.LARGE: ChunkState.LARGE}
 
 
-@dataclass(frozen=True, slots=True)
-class Chunk:
+class Chunk(NamedTuple):
     """One chunk met by the walk: its address, size (flags masked), flag bits and state."""
 
     address: int
@@ -195,8 +198,19 @@ def resync(mem: Memory, extent: Extent, bad: int, top: int, states: dict[int, Ch
 
 
 def walk_extent(mem: Memory, extent: Extent, top: int, states: dict[int, ChunkState], acc: Account,
-                non_main: bool | None = None) -> Iterator[Chunk]:
-    """Every chunk of EXTENT in address order; adds overhead, unwalked bytes and findings to ACC.
+                non_main: bool | None = None, order: list[int] | None = None) -> Iterator[Chunk]:
+    """Every chunk of EXTENT in address order, as `walk_batches` meets them (see there)."""
+    for batch in walk_batches(mem, extent, top, states, acc, non_main, every=True, order=order):
+        for address, size, flags, state in batch:
+            yield Chunk(address, size, flags, state, extent.start)
+
+
+def walk_batches(mem: Memory, extent: Extent, top: int, states: dict[int, ChunkState], acc: Account,
+                 non_main: bool | None = None, every: bool = False, order: list[int] | None = None
+                 ) -> Iterator[list[tuple[int, int, int, ChunkState]]]:
+    """Walks every chunk of EXTENT in address order, adding each one's bytes and count to ACC under its
+    state, with overhead, unwalked bytes and findings; yields the chunks met, a window at a time, as
+    (address, size, flag bits, state): every chunk with EVERY, else all but the plain in-use ones.
 
     Checks as it goes what glibc relies on between neighbours: a free chunk
     in a bin is followed by a chunk whose PREV_INUSE is clear and whose
@@ -205,111 +219,262 @@ def walk_extent(mem: Memory, extent: Extent, top: int, states: dict[int, ChunkSt
     for a thread arena, False for main) a held chunk's NON_MAIN_ARENA flag
     matches.  A chunk of impossible size is reported and the walk resumes at
     `resync`'s answer, the bytes in between counted as unwalked.
+
+    Two speeds: runs of in-use chunks whose headers are all as expected
+    (PREV_INUSE set, the arena's NON_MAIN_ARENA bit, a sound size, no list
+    holding them) go through a loop that only counts them; every other chunk,
+    and the one after it, gets the full treatment.  An in-use chunk is counted
+    when met and corrected if the next header says it is free.  ORDER is
+    sorted(STATES), when the caller has it.  The heap is read a few MiB at a
+    time and parsed as 8-byte words.
     """
     acc.overhead += extent.first - extent.start
-    word = _Words(mem, extent.first, extent.end)
-    c = extent.first
+    end = extent.end
     where = f"heap {extent.start:#x}"
-    prev: Chunk | None = None
     findings = acc.findings
-    while c < extent.end:
-        try:
-            size_field = word(c + 8)
-        except ReadError:
-            findings.append(Finding(Severity.ERROR, c, where, "the chunk header is not in the target's memory "
-                                    "(a truncated core?); the rest of the heap is not walked", Kind.UNMAPPED))
-            acc.unwalked += extent.end - c
-            return
-        size = size_field & ~SIZE_BITS
-        if size == 0 and c != top:  # the fencepost that ends a heap that is no longer the newest
-            acc.overhead += extent.end - c
-            return
-        if size < 2 * 8 or size % MALLOC_ALIGNMENT or c + size > extent.end:
-            if c == top:
-                findings.append(Finding(Severity.ERROR, c, where, f"top's size {size_field:#x} runs past the end "
-                                        f"of its heap {extent.end:#x}", Kind.TOP_SIZE,
-                                        f"at most {extent.end - c:#x}", f"{size_field:#x}"))
-                acc.unwalked += extent.end - c
-                return
-            again = resync(mem, extent, c, top, states)
-            findings.append(Finding(Severity.ERROR, c, where, f"chunk size {size_field:#x} is impossible here "
-                                    f"(the heap ends at {extent.end:#x}); "
-                                    + (f"the walk resumes at {again:#x}" if again else
-                                       "the rest of the heap is not walked"), Kind.CHUNK_SIZE,
-                                    f"a multiple of {MALLOC_ALIGNMENT} within the heap", f"{size_field:#x}"))
-            acc.unwalked += (again or extent.end) - c
-            if again is None:
-                return
-            c, prev = again, None
-            continue
-        prev_inuse = size_field & PREV_INUSE
-        if prev is not None:
-            if prev.state in _BIN_STATES and prev_inuse:
-                findings.append(Finding(Severity.ERROR, prev.address, where, f"chunk {prev.address:#x} is in a "
-                                        f"{prev.state.value} bin, but the next chunk {c:#x} has PREV_INUSE set",
-                                        Kind.FREE_IN_USE, "PREV_INUSE clear", "PREV_INUSE set"))
-            elif prev.state in (ChunkState.TCACHE, ChunkState.FAST) and not prev_inuse:
-                findings.append(Finding(Severity.ERROR, prev.address, where, f"chunk {prev.address:#x} is in a "
-                                        f"{prev.state.value} list, but the next chunk {c:#x} says it is free "
-                                        "(PREV_INUSE clear): freed twice?", Kind.DOUBLE_FREE,
-                                        "PREV_INUSE set", "PREV_INUSE clear"))
-            if not prev_inuse and prev.state is not ChunkState.FENCEPOST:
+    get = states.get
+    order = sorted(states) if order is None else order
+    at, listed = bisect.bisect_left(order, extent.first), len(order)
+    nxt = order[at] if at < listed else _BEYOND
+    tally_bytes: dict[ChunkState, int] = dict.fromkeys(ChunkState, 0)
+    tally_counts: dict[ChunkState, int] = dict.fromkeys(ChunkState, 0)
+    plain_count = plain_bytes = 0        # in-use chunks not in any list (corrected when found free)
+    check_bit = non_main is not None
+    want_bit = NON_MAIN_ARENA if non_main else 0
+    mask = SIZE_BITS | 8 if check_bit else PREV_INUSE | 8   # header bits the fast loop compares
+    plain_want = PREV_INUSE | want_bit                        # ... for an in-use chunk after an in-use one
+    limit = top if extent.first <= top < end else end
+    win = _Window(mem, end)
+    out: list[tuple[int, int, int, ChunkState]] = []
+    p_addr = p_size = 0                  # the chunk before c ...
+    p_plain = False                      # ... in use and in no list (counted already)
+    p_st: ChunkState | None = None       # ... or listed (top, a fencepost), its state
+    c = extent.first
+    try:
+        while c < end:
+            if not every and c + 8 >= win.base:
+                # the fast loop: chunks whose headers are what their neighbours say, counted and passed;
+                # it stops at anything else (and at the window's end), which the full treatment handles
+                words, shift = win.words, win.base - 8
+                after_free = p_st in _BIN_STATES or p_st is ChunkState.FREE_UNLISTED
+                expect = want_bit if after_free else plain_want
+                p, psz, pst, c0 = p_addr, p_size, (None if p_plain else p_st), c
+                n = nbytes = 0
                 try:
-                    prev_size = word(c)
-                except ReadError:
-                    prev_size = prev.size  # not in the core: nothing to compare
-                if prev_size != prev.size:
-                    findings.append(Finding(Severity.ERROR, c, where, f"chunk size does not match next chunk's "
-                                            f"prev_size: the free chunk {prev.address:#x} has size {prev.size:#x}, "
-                                            f"the prev_size of {c:#x} is {prev_size:#x}", Kind.PREV_SIZE,
-                                            f"{prev.size:#x}", f"{prev_size:#x}"))
-        if c == top:
-            st = ChunkState.TOP
-        elif c in states:
-            st = states[c]
-        elif size < MINSIZE:
-            st = ChunkState.FENCEPOST
-        else:
-            st = ChunkState.IN_USE
-            if c + size < extent.end:
-                try:
-                    if not word(c + size + 8) & PREV_INUSE:
-                        st = ChunkState.FREE_UNLISTED
-                        findings.append(Finding(Severity.ERROR, c, where, f"free chunk of {size:#x} bytes is in no "
-                                                "list: the next chunk's PREV_INUSE is clear", Kind.FREE_UNLISTED,
-                                                "PREV_INUSE set (or the chunk in a bin)", "PREV_INUSE clear"))
-                except ReadError:
+                    while c < limit:
+                        i = (c - shift) >> 3
+                        size_field = words[i]
+                        if c < nxt:  # in use: PREV_INUSE as expected, its arena bit, a sound size
+                            if size_field & mask != expect or size_field < MINSIZE or \
+                                    not expect & PREV_INUSE and (not i or words[i - 1] != psz):
+                                break
+                            size = size_field & ~SIZE_BITS
+                            n += 1
+                            nbytes += size
+                            p, psz, pst, expect = c, size, None, plain_want
+                            c += size
+                            continue
+                        if c != nxt or size_field & 9 != expect & 9 or size_field < MINSIZE or \
+                                not expect & PREV_INUSE and (not i or words[i - 1] != psz):
+                            break
+                        st = get(c)
+                        size = size_field & ~SIZE_BITS
+                        if c + size > end or check_bit and st in _HELD_STATES and \
+                                size_field & NON_MAIN_ARENA != want_bit:
+                            break
+                        tally_bytes[st] += size
+                        tally_counts[st] += 1
+                        out.append((c, size, size_field & SIZE_BITS, st))
+                        p, psz, pst = c, size, st
+                        expect = want_bit if st in _BIN_STATES else plain_want
+                        at += 1
+                        nxt = order[at] if at < listed else _BEYOND
+                        c += size
+                except IndexError:
                     pass
-        if non_main is not None and st in _HELD_STATES and bool(size_field & NON_MAIN_ARENA) != non_main:
-            findings.append(Finding(Severity.ERROR, c, where, f"chunk {c:#x} has NON_MAIN_ARENA "
-                                    f"{'clear' if non_main else 'set'} in a {'thread' if non_main else 'main'} "
-                                    "arena: free() would give it to the wrong arena", Kind.ARENA_BIT,
-                                    "set" if non_main else "clear", "clear" if non_main else "set"))
-        chunk = Chunk(c, size, size_field & SIZE_BITS, st, extent.start)
-        yield chunk
-        prev = chunk
-        c += size
-        if st is ChunkState.TOP:
-            if c != extent.end:
-                findings.append(Finding(Severity.WARNING, c, where, f"top ends at {c:#x}, not at the heap's "
-                                        f"end {extent.end:#x}", Kind.TOP_SIZE))
-                acc.overhead += max(0, extent.end - c)
-            return
+                if c != c0:
+                    plain_count += n
+                    plain_bytes += nbytes
+                    p_addr, p_size, p_plain, p_st = p, psz, pst is None, pst
+                    if c > end:  # the last one runs past the heap: undo it, and give it the full treatment
+                        plain_count -= 1
+                        plain_bytes -= psz
+                        c, p_plain, p_st = p, False, None
+                if c >= end:
+                    break
+            while nxt < c:
+                at += 1
+                nxt = order[at] if at < listed else _BEYOND
+            # the full treatment of the chunk at c
+            try:
+                size_field = win.word(c + 8)
+            except ReadError:
+                findings.append(Finding(Severity.ERROR, c, where, "the chunk header is not in the target's memory "
+                                        "(a truncated core?); the rest of the heap is not walked", Kind.UNMAPPED))
+                acc.unwalked += end - c
+                break
+            size = size_field & ~SIZE_BITS
+            pinuse = size_field & PREV_INUSE
+            if p_plain and not pinuse:  # the chunk before is free, yet in no list
+                plain_count -= 1
+                plain_bytes -= p_size
+                _unlisted(p_addr, p_size, where, findings, out, every)
+                tally_bytes[ChunkState.FREE_UNLISTED] += p_size
+                tally_counts[ChunkState.FREE_UNLISTED] += 1
+                p_plain, p_st = False, ChunkState.FREE_UNLISTED
+            if size == 0 and c != top:  # the fencepost that ends a heap that is no longer the newest
+                acc.overhead += end - c
+                break
+            if size < 2 * 8 or size % MALLOC_ALIGNMENT or c + size > end:
+                if c == top:
+                    findings.append(Finding(Severity.ERROR, c, where, f"top's size {size_field:#x} runs past the "
+                                            f"end of its heap {end:#x}", Kind.TOP_SIZE,
+                                            f"at most {end - c:#x}", f"{size_field:#x}"))
+                    acc.unwalked += end - c
+                    break
+                again = resync(mem, extent, c, top, states)
+                findings.append(Finding(Severity.ERROR, c, where, f"chunk size {size_field:#x} is impossible here "
+                                        f"(the heap ends at {end:#x}); "
+                                        + (f"the walk resumes at {again:#x}" if again else
+                                           "the rest of the heap is not walked"), Kind.CHUNK_SIZE,
+                                        f"a multiple of {MALLOC_ALIGNMENT} within the heap", f"{size_field:#x}"))
+                acc.unwalked += (again or end) - c
+                if again is None:
+                    break
+                c, p_plain, p_st = again, False, None
+                continue
+            if p_st is not None:
+                _check_after_listed(p_st, p_addr, p_size, pinuse, c, win, where, findings)
+            flags = size_field & SIZE_BITS
+            st = ChunkState.TOP if c == top else get(c)
+            if st is None and size < MINSIZE:
+                st = ChunkState.FENCEPOST
+            if st is None:
+                plain_count += 1
+                plain_bytes += size
+                if check_bit and (flags & NON_MAIN_ARENA) != want_bit:
+                    findings.append(_arena_bit_finding(c, where, non_main))
+                if every:
+                    out.append((c, size, flags, ChunkState.IN_USE))
+                p_plain, p_st = True, None
+            else:
+                tally_bytes[st] += size
+                tally_counts[st] += 1
+                if check_bit and st in _HELD_STATES and (flags & NON_MAIN_ARENA) != want_bit:
+                    findings.append(_arena_bit_finding(c, where, non_main))
+                out.append((c, size, flags, st))
+                p_plain, p_st = False, st
+            p_addr, p_size = c, size
+            c += size
+            if st is ChunkState.TOP:
+                if c != end:
+                    findings.append(Finding(Severity.WARNING, c, where, f"top ends at {c:#x}, not at the heap's "
+                                            f"end {end:#x}", Kind.TOP_SIZE))
+                    acc.overhead += max(0, end - c)
+                break
+            if len(out) >= 4096:
+                yield out
+                out = []
+        if out:
+            yield out
+    finally:
+        tally_bytes[ChunkState.IN_USE] += plain_bytes
+        tally_counts[ChunkState.IN_USE] += plain_count
+        for st, n in tally_bytes.items():
+            acc.bytes[st] += n
+            acc.counts[st] += tally_counts[st]
 
 
-def account(mem: Memory, layout: Layout, arena: Arena, states: dict[int, ChunkState], observer=None) -> Account:
+_BEYOND = 1 << 65   # an address past every list: the walk's next listed chunk when none is left
+
+
+class _Window:
+    """The words of [base, base + a few MiB) of one heap, read in one piece; moved on as the walk goes."""
+
+    def __init__(self, mem: Memory, end: int):
+        self.mem, self.end = mem, end
+        self.base, self.words = 0, memoryview(b"").cast("Q")
+
+    def word(self, address: int) -> int:
+        """The 8-byte word at ADDRESS (8-aligned), reading a new window when it is not in this one."""
+        i = (address - self.base) >> 3
+        if not 0 <= i < len(self.words):
+            data = _read_window(self.mem, address & ~7, self.end)
+            if len(data) < 8:
+                raise ReadError(address, 8)
+            self.base, self.words = address & ~7, memoryview(data)[:len(data) // 8 * 8].cast("Q")
+            i = 0
+        return self.words[i]
+
+
+def _read_window(mem: Memory, base: int, end: int) -> bytes:
+    """Up to _WINDOW bytes at BASE, fewer where the target's memory ends (b"" when nothing is readable)."""
+    size = max(16, min(_WINDOW, end - base))
+    while size >= 8:
+        try:
+            return mem.read(base, size)
+        except ReadError:
+            size = size // 2 if size > 4096 else (8 if size > 8 else 0)
+    return b""
+
+
+def _unlisted(address: int, size: int, where: str, findings: list, out: list, every: bool) -> None:
+    """Reports the chunk at ADDRESS, counted as in use, as free but in no list, and re-emits it as such."""
+    if findings and findings[-1].kind is Kind.ARENA_BIT and findings[-1].address == address:
+        findings.pop()  # a free chunk's arena bit is not checked
+    findings.append(Finding(Severity.ERROR, address, where, f"free chunk of {size:#x} bytes is in no list: the "
+                            "next chunk's PREV_INUSE is clear", Kind.FREE_UNLISTED,
+                            "PREV_INUSE set (or the chunk in a bin)", "PREV_INUSE clear"))
+    if every and out and out[-1][0] == address:
+        out[-1] = (address, size, out[-1][2], ChunkState.FREE_UNLISTED)
+    else:
+        out.append((address, size, PREV_INUSE, ChunkState.FREE_UNLISTED))
+
+
+def _arena_bit_finding(address: int, where: str, non_main: bool | None) -> Finding:
+    return Finding(Severity.ERROR, address, where, f"chunk {address:#x} has NON_MAIN_ARENA "
+                   f"{'clear' if non_main else 'set'} in a {'thread' if non_main else 'main'} "
+                   "arena: free() would give it to the wrong arena", Kind.ARENA_BIT,
+                   "set" if non_main else "clear", "clear" if non_main else "set")
+
+
+def _check_prev_size(prev_size: int, c: int, p_addr: int, p_size: int, where: str, findings: list) -> None:
+    if prev_size != p_size:
+        findings.append(Finding(Severity.ERROR, c, where, f"chunk size does not match next chunk's prev_size: the "
+                                f"free chunk {p_addr:#x} has size {p_size:#x}, the prev_size of {c:#x} is "
+                                f"{prev_size:#x}", Kind.PREV_SIZE, f"{p_size:#x}", f"{prev_size:#x}"))
+
+
+def _check_after_listed(st: ChunkState, p_addr: int, p_size: int, pinuse: int, c: int, win: _Window,
+                        where: str, findings: list) -> None:
+    """The neighbour checks for a listed chunk (or a fencepost) followed by the chunk at C."""
+    if st in _BIN_STATES and pinuse:
+        findings.append(Finding(Severity.ERROR, p_addr, where, f"chunk {p_addr:#x} is in a {st.value} bin, but the "
+                                f"next chunk {c:#x} has PREV_INUSE set", Kind.FREE_IN_USE, "PREV_INUSE clear",
+                                "PREV_INUSE set"))
+    elif st in (ChunkState.TCACHE, ChunkState.FAST) and not pinuse:
+        findings.append(Finding(Severity.ERROR, p_addr, where, f"chunk {p_addr:#x} is in a {st.value} list, but the "
+                                f"next chunk {c:#x} says it is free (PREV_INUSE clear): freed twice?",
+                                Kind.DOUBLE_FREE, "PREV_INUSE set", "PREV_INUSE clear"))
+    if not pinuse and st is not ChunkState.FENCEPOST:
+        _check_prev_size(win.word(c), c, p_addr, p_size, where, findings)
+
+
+def account(mem: Memory, layout: Layout, arena: Arena, states: dict[int, ChunkState], observer=None,
+            order: list[int] | None = None) -> Account:
     """Walks every chunk of ARENA and sums bytes per state; the identity is `Account.balanced`.
 
-    OBSERVER (e.g. `heapwalk.trim.TrimSimulation`) sees the same walk: its ``chunk(c)`` is called for each
-    chunk and ``extent_done()`` at the end of each heap, so one walk serves both.
+    OBSERVER (e.g. `heapwalk.trim.TrimSimulation`) sees the same walk: its ``chunk(address, size, state)``
+    is called for each chunk that is not plainly in use, in address order, and ``extent_done()`` at the
+    end of each heap, so one walk serves both.  ORDER is sorted(STATES), when the caller has it.
     """
     acc = Account(arena.address, arena.system_mem)
+    order = sorted(states) if order is None else order
     for extent in extents(arena, layout):
-        for chunk in walk_extent(mem, extent, arena.top, states, acc, not arena.is_main):
-            acc.bytes[chunk.state] += chunk.size
-            acc.counts[chunk.state] += 1
+        for batch in walk_batches(mem, extent, arena.top, states, acc, not arena.is_main, order=order):
             if observer is not None:
-                observer.chunk(chunk)
+                for address, size, _, state in batch:
+                    observer.chunk(address, size, state)
         if observer is not None:
             observer.extent_done()
     if acc.accounted != acc.system_mem:

@@ -404,11 +404,12 @@ def collect(mem: Memory, disc: Discovery, threads: list[ThreadRegs], target: str
         state = dataclasses.replace(state, findings=state.findings + tuple(crash_pointers(mem, state, threads)))
     if walk_chunks:
         states = list_states(state)
+        order = sorted(states)
         thp = (mp.get("thp_pagesize") or 0) if mp else 0
         contiguous = not (mp and mp.get("hp_pagesize"))
         for a in arenas:  # one walk per arena feeds both the accounting and the trim simulation
             sim = TrimSimulation(mem, disc.layout, a, thp, contiguous and not a.noncontiguous)
-            state.accounts[a.address] = account(mem, disc.layout, a, states, sim)
+            state.accounts[a.address] = account(mem, disc.layout, a, states, sim, order)
             state.trims[a.address] = sim.result()
         if regions is not None:
             state.mmapped.extend(_mmapped(mem, disc, state, regions))

@@ -70,6 +70,9 @@ class CachedMemory:
         self.raw_reads = 0
         self._starts: list[int] = []
         self._ends: list[int] = []
+        # the fast path of `read`: the block served last, and the known region it lies in
+        self._last_base, self._last_data = -(1 << 70), b""
+        self._region = (0, 1 << 64) if not regions else (0, 0)
         for start, end in sorted(regions or ()):
             if self._ends and start <= self._ends[-1]:
                 self._ends[-1] = max(self._ends[-1], end)
@@ -82,7 +85,10 @@ class CachedMemory:
         if not self._starts:
             return True
         i = bisect.bisect_right(self._starts, address) - 1
-        return i >= 0 and address + size <= self._ends[i]
+        if i >= 0 and address + size <= self._ends[i]:
+            self._region = (self._starts[i], self._ends[i])
+            return True
+        return False
 
     def _load_block(self, base: int) -> bytes | dict[int, bytes | None]:
         self.raw_reads += 1
@@ -118,6 +124,7 @@ class CachedMemory:
         base = address & ~(self.BLOCK - 1)
         block = self._block(base)
         if isinstance(block, bytes):
+            self._last_base, self._last_data = base, block
             off = address - base
             return block[off:off + size]
         out = bytearray()
@@ -134,6 +141,10 @@ class CachedMemory:
         return bytes(out)
 
     def read(self, address: int, size: int) -> bytes:
+        off = address - self._last_base
+        if 0 <= off and off + size <= self.BLOCK and size >= 0 and \
+                self._region[0] <= address and address + size <= self._region[1]:
+            return self._last_data[off:off + size]  # within the block served last: the walkers' common case
         if address < 0 or size < 0 or address + size > 1 << 64:
             raise ReadError(address, size, "address out of range")
         if not self._known(address, size):

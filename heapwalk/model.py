@@ -121,30 +121,22 @@ class BinList:
     chunks: tuple[int, ...]
     raw_sizes: tuple[int, ...]
     complete: bool = True
+    # computed once from raw_sizes (lists of a big heap hold millions of chunks)
+    sizes: tuple[int, ...] = field(init=False, compare=False, repr=False)
+    total: int = field(init=False, compare=False, repr=False)
+    raw_total: int = field(init=False, compare=False, repr=False)
+    min_size: int = field(init=False, compare=False, repr=False)
+    max_size: int = field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        sizes = tuple(s & ~7 for s in self.raw_sizes)
+        for name, value in (("sizes", sizes), ("total", sum(sizes)), ("raw_total", sum(self.raw_sizes)),
+                            ("min_size", min(sizes, default=0)), ("max_size", max(sizes, default=0))):
+            object.__setattr__(self, name, value)
 
     @property
     def count(self) -> int:
         return len(self.chunks)
-
-    @property
-    def sizes(self) -> tuple[int, ...]:
-        return tuple(s & ~7 for s in self.raw_sizes)
-
-    @property
-    def total(self) -> int:
-        return sum(self.sizes)
-
-    @property
-    def raw_total(self) -> int:
-        return sum(self.raw_sizes)
-
-    @property
-    def min_size(self) -> int:
-        return min(self.sizes) if self.chunks else 0
-
-    @property
-    def max_size(self) -> int:
-        return max(self.sizes) if self.chunks else 0
 
 
 @dataclass(frozen=True, slots=True)

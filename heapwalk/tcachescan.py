@@ -52,11 +52,12 @@ def scan_tcaches(mem: Memory, layout: Layout, arenas: list[Arena], states: dict[
     found: list[Tcache] = []
     ambiguous = 0
     claimed = dict(states)  # chunks that lists hold, and then those of the tcaches found so far
+    order = sorted(states)
     for arena in arenas:
         first = True
         for extent in extents(arena, layout):
             scratch = Account(arena.address, 0)
-            for chunk in walk_extent(mem, extent, arena.top, states, scratch):
+            for chunk in walk_extent(mem, extent, arena.top, states, scratch, order=order):
                 at_start, first = first, False
                 if chunk.state is not ChunkState.IN_USE or not size <= chunk.size < size + _SLACK:
                     continue

@@ -86,7 +86,8 @@ def _page_interior(address: int, size: int) -> tuple[int, int]:
 
 
 class TrimSimulation:
-    """malloc_trim(0) on one arena, fed the chunks of its walk (see `chunkwalk.account`); `result` gives the estimate.
+    """malloc_trim(0) on one arena, fed the chunks of its walk that are not plainly in use (see
+    `chunkwalk.account`); `result` gives the estimate.
 
     Free chunks next to each other (fastbin chunks and binned ones) form runs that
     consolidation merges into one chunk, or into top when a run with a fastbin chunk
@@ -104,14 +105,17 @@ class TrimSimulation:
         self.run_size = 0
         self.run_has_fast = False
 
-    def chunk(self, chunk) -> None:
-        state = chunk.state
+    def chunk(self, address: int, size: int, state: ChunkState) -> None:
+        """The next chunk of the walk that is not plainly in use; a gap before it is in-use memory."""
+        if self.run_start is not None and address != self.run_start + self.run_size:
+            self.est.runs.append((self.run_start, self.run_size))  # an in-use chunk ended the run
+            self.run_start = None
         if state is ChunkState.TCACHE:
-            self.est.kept["tcache"] += chunk.size
+            self.est.kept["tcache"] += size
         if state in _RUN_STATES and (self.consolidate or state is not ChunkState.FAST):
             if self.run_start is None:
-                self.run_start, self.run_size, self.run_has_fast = chunk.address, 0, False
-            self.run_size += chunk.size
+                self.run_start, self.run_size, self.run_has_fast = address, 0, False
+            self.run_size += size
             self.run_has_fast |= state is ChunkState.FAST
             return
         if self.run_start is not None:

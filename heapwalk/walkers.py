@@ -242,11 +242,15 @@ def walk_bin(mem: Memory, layout: Layout, arena: int, index: int, system_mem: in
         walk.fail(head, "bin head fd is NULL (an arena that was never initialised, or a damaged one)", Kind.FD_BK,
                   expected="a chunk or the head itself", found="NULL")
         p = head
+    visited, bound, read, unpack = walk.visited, walk.bound, mem.read, _QQQ.unpack
+    small = index < NSMALLBINS
     while p != head:
-        if not walk.admit(p, "chunk", prev):
+        if p & (MALLOC_ALIGNMENT - 1) or p in visited or len(visited) >= bound:
+            walk.admit(p, "chunk", prev)  # reports why the link cannot be followed
             break
+        visited.add(p)
         try:
-            raw_size, fd, bk = _QQQ.unpack(mem.read(p + 8, 24))
+            raw_size, fd, bk = unpack(read(p + 8, 24))
         except ReadError:
             walk.unreadable(prev, p, "chunk")
             break
@@ -258,7 +262,7 @@ def walk_bin(mem: Memory, layout: Layout, arena: int, index: int, system_mem: in
             walk.fail(p, f"chunk size {size:#x} is impossible for a free chunk", Kind.CHUNK_SIZE,
                       expected=f"a multiple of {MALLOC_ALIGNMENT} of at least {MINSIZE:#x}", found=f"{raw_size:#x}")
             break
-        if index >= 2 and bin_index(size) != index:
+        if index >= 2 and (size >> 4 != index if small else bin_index(size) != index):
             walk.damage(p, f"chunk of size {size:#x} belongs in bin {bin_index(size)}, not bin {index}",
                         Kind.BIN_SIZE, f"bin {bin_index(size)}", f"bin {index}")
         chunks.append(p)

@@ -1,0 +1,122 @@
+/* bench: a large, fragmented heap for `make bench`.
+ *
+ * HW_BENCH_CHUNKS (default 300000) allocations are spread over the main
+ * thread and eight workers, each in its own arena; a worker's share of a
+ * large run needs several 64 MiB heaps, so its arena gets a second and third
+ * heap.  Sizes are mostly small (as in a C++ daemon full of small objects),
+ * some medium and a few large: about 200 bytes per chunk on average, so six
+ * million chunks make a heap of over 1 GiB.
+ *
+ * Each thread then frees every third chunk (the neighbours stay in use, so
+ * nothing coalesces: tcache, fastbins and the unsorted bin fill up), asks for
+ * one block larger than any free chunk (malloc sorts the unsorted bin into the
+ * small and large bins on the way), and frees a last few chunks, which stay in
+ * the unsorted bin.
+ *
+ * Workers are plain pthreads (no hw_spawn key probe), so a worker's arena
+ * holds exactly its live allocations, which the ledger records as facts
+ * "live_TID" (the oracle for the benchmark's chunk count); the main arena also
+ * holds what libc allocates for itself.
+ */
+#define _GNU_SOURCE
+#include "hw.h"
+
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define WORKERS 8
+#define LAST_FREES 40
+
+static long share;
+static void *volatile sink;  /* stores through it keep gcc from eliding a malloc whose result looks unused */
+
+static size_t pick(unsigned *seed)
+{
+    unsigned r = (unsigned)rand_r(seed) % 1000;
+    if (r < 800)
+        return 16 + (size_t)(rand_r(seed) % 96);        /* 32-128 byte chunks */
+    if (r < 990)
+        return 128 + (size_t)(rand_r(seed) % 512);      /* small bins */
+    if (r < 999)
+        return 1024 + (size_t)(rand_r(seed) % 3072);    /* large bins, 64 and 512 bytes apart */
+    return 16384 + (size_t)(rand_r(seed) % 32768);      /* large bins, 4 KiB apart */
+}
+
+/* Allocates this thread's share, frees every third chunk, sorts the unsorted bin, frees a few more;
+ * returns how many of its allocations stay live. */
+static long build(unsigned seed)
+{
+    void **p = calloc((size_t)share, sizeof *p);  /* mmapped when large; counted below when not */
+    if (!p) {
+        fprintf(stderr, "bench: out of memory\n");
+        abort();
+    }
+    long live = 1;  /* the pointer array itself */
+    for (long i = 0; i < share; i++) {
+        size_t n = pick(&seed);
+        p[i] = malloc(n);
+        if (!p[i]) {
+            fprintf(stderr, "bench: out of memory\n");
+            abort();
+        }
+        memset(p[i], 0x5A, n < 32 ? n : 32);
+        live++;
+    }
+    for (long i = 0; i < share; i += 3) {
+        free(p[i]);
+        p[i] = NULL;
+        live--;
+    }
+    sink = malloc(120000);  /* larger than any free chunk: malloc sorts the unsorted bin */
+    live++;
+    for (long i = 1, freed = 0; i < share && freed < LAST_FREES; i += share / LAST_FREES + 1) {
+        if (p[i]) {
+            free(p[i]);
+            p[i] = NULL;
+            live--;
+            freed++;
+        }
+    }
+    if ((size_t)share * sizeof *p >= 128 * 1024)
+        live--;  /* calloc of the array was mmapped (above the mmap threshold): not an arena chunk */
+    return live;
+}
+
+static void *worker(void *arg)
+{
+    long live = build((unsigned)(uintptr_t)arg * 7919u + 17u);
+    char key[48];
+    snprintf(key, sizeof key, "live_%d", (int)gettid());
+    hw_note_fact(key, live);
+    hw_arrive();
+    hw_park();
+}
+
+int main(int argc, char **argv)
+{
+    hw_init(argc, argv, "bench");
+    const char *n = getenv("HW_BENCH_CHUNKS");
+    long total = n ? atol(n) : 300000;
+    share = total / (WORKERS + 1);
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setstacksize(&attr, 256 * 1024);
+    for (long i = 0; i < WORKERS; i++) {
+        pthread_t t;
+        if (pthread_create(&t, &attr, worker, (void *)(i + 1)) != 0) {
+            fprintf(stderr, "bench: cannot start a worker\n");
+            abort();
+        }
+        pthread_detach(t);
+    }
+    hw_wait_arrivals(WORKERS);
+    build(1);
+    hw_note_fact("workers", WORKERS);
+    hw_note_fact("chunks_requested", share * (WORKERS + 1));
+    hw_snapshot();
+    return 0;
+}

@@ -1,0 +1,159 @@
+"""heapwalk's benchmark: times the commands on a large core of cores/bench.c (``make bench``).
+
+For each command (report, bins, chunks --free, check) it runs ``gdb -batch`` on the core RUNS times, each a
+whole process, and reports the median wall time, the median time of the command itself inside gdb (without
+gdb's start and the loading of the core), gdb's peak RSS, and chunks walked per second.  The floor to
+compare with is the time to read the same heap bytes once, one bulk read per heap, in the same gdb.
+
+Sizes: small (300 thousand chunks, for quick runs and the smoke test), medium (1.5 million) and large
+(6 million chunks, over 1 GiB in nine arenas).  Prints a table and writes build/bench/SIZE/bench.json.
+Nothing here fails on a slow machine: the numbers are reported, not judged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "cores"))
+
+import harness  # noqa: E402
+
+SIZES = {"small": 300_000, "medium": 1_500_000, "large": 6_000_000}
+COMMANDS = ("heapwalk report", "heapwalk bins", "heapwalk chunks --free", "heapwalk check")
+BUILD = ROOT / "build"
+GDBINIT = ROOT / "gdbinit"
+
+#: runs inside gdb: times one command (its output discarded) and prints the seconds
+_TIMED = ("python import time as _t; _s = _t.perf_counter(); gdb.execute({command!r}, to_string=True); "
+          "print('heapwalk-bench-seconds %.6f' % (_t.perf_counter() - _s))")
+#: runs inside gdb: reads each heap [address, size) with one read_memory call, prints the seconds and bytes
+_FLOOR = ("python import time as _t, json as _j; _h = _j.load(open({heaps!r})); _s = _t.perf_counter(); "
+          "_n = sum(len(gdb.selected_inferior().read_memory(a, n)) for a, n in _h); "
+          "print('heapwalk-bench-floor %.6f %d' % (_t.perf_counter() - _s, _n))")
+
+
+def capture(size: str, bindir: Path) -> harness.Capture:
+    """The bench core of SIZE, taken now unless one of that size is already there and newer than its sources."""
+    outdir = BUILD / "bench" / size
+    directory = outdir / "bench"
+    meta = directory / "meta.json"
+    sources = [harness.CORES_DIR / f for f in ("bench.c", "hw.c", "hw.h", "harness.py")]
+    fresh = meta.exists() and (directory / "core").exists() and \
+        meta.stat().st_mtime >= max(s.stat().st_mtime for s in sources)
+    if not fresh:
+        harness.capture("bench", outdir, bindir, env={"HW_BENCH_CHUNKS": str(SIZES[size])})
+    exe = Path(json.loads(meta.read_text())["exe"])
+    return harness.Capture(name="bench", directory=directory, exe=exe, pid=json.loads(meta.read_text())["pid"])
+
+
+def gdb_run(exe: Path, core: Path, commands: list[str]) -> tuple[str, float, int]:
+    """Runs gdb -batch with heapwalk and COMMANDS on the core: (stdout, wall seconds, gdb's peak RSS in bytes)."""
+    cmd = ["gdb", "-nx", "-batch", "-q", "-x", str(GDBINIT)]
+    for c in commands:
+        cmd += ["-ex", c]
+    cmd += [str(exe), str(core)]
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        start = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL)
+        _, status, usage = os.wait4(proc.pid, 0)  # wait4: the rusage of this one child, its peak RSS
+        wall = time.perf_counter() - start
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        err.seek(0)
+        text, errors = out.read(), err.read()
+    if "Traceback" in text + errors or "internal error" in text + errors:
+        raise RuntimeError(f"{' '.join(commands)} failed:\n{text}\n{errors}")
+    return text, wall, usage.ru_maxrss * 1024
+
+
+def _value(out: str, tag: str) -> list[str]:
+    line = next(line for line in out.splitlines() if line.startswith(tag))
+    return line.split()[1:]
+
+
+def heaps_and_chunks(cap: harness.Capture, workdir: Path) -> tuple[list[tuple[int, int]], int, dict]:
+    """Every heap (address, bytes) of every arena, the chunks a walk meets, and the JSON document."""
+    doc_path = workdir / "arenas.json"
+    gdb_run(cap.exe, cap.core, [f"heapwalk arenas --json {doc_path}"])
+    doc = json.loads(doc_path.read_text())
+    heaps = [(h["address"], h["size"]) for a in doc["arenas"] for h in a["heaps"]]
+    chunks = sum(sum(a["accounting"]["chunks"].values()) for a in doc["arenas"])
+    return heaps, chunks, doc
+
+
+def measure(cap: harness.Capture, runs: int, workdir: Path) -> dict:
+    """The benchmark's numbers for CAP (see the module's docstring)."""
+    heaps, chunks, doc = heaps_and_chunks(cap, workdir)
+    heap_file = workdir / "heaps.json"
+    heap_file.write_text(json.dumps(heaps))
+    floor_runs = [float(_value(gdb_run(cap.exe, cap.core, [_FLOOR.format(heaps=str(heap_file))])[0],
+                               "heapwalk-bench-floor")[0]) for _ in range(runs)]
+    load_runs = [gdb_run(cap.exe, cap.core, [])[1] for _ in range(runs)]
+    results = []
+    for command in COMMANDS:
+        walls, inside, rss = [], [], []
+        for _ in range(runs):
+            out, wall, peak = gdb_run(cap.exe, cap.core, [_TIMED.format(command=command)])
+            walls.append(wall)
+            inside.append(float(_value(out, "heapwalk-bench-seconds")[0]))
+            rss.append(peak)
+        seconds = statistics.median(inside)
+        results.append({"command": command, "wall_seconds": statistics.median(walls),
+                        "command_seconds": seconds, "peak_rss_bytes": max(rss),
+                        "chunks_per_second": chunks / seconds if seconds else None,
+                        "times_floor": seconds / statistics.median(floor_runs)})
+    return {
+        "size": cap.directory.parent.name, "chunks": chunks,
+        "heap_bytes": sum(n for _, n in heaps), "heaps": len(heaps), "arenas": len(doc["arenas"]),
+        "largest_heap_bytes": max(n for _, n in heaps),
+        "core_bytes": cap.core.stat().st_size, "runs": runs,
+        "gdb_load_seconds": statistics.median(load_runs),
+        "floor_seconds": statistics.median(floor_runs),
+        "commands": results,
+    }
+
+
+def table(result: dict) -> str:
+    """The numbers as a plain-text table."""
+    mib = 1 << 20
+    lines = [f"bench {result['size']}: {result['chunks']:,} chunks, {result['heap_bytes'] / mib:,.0f} MiB in "
+             f"{result['heaps']} heaps of {result['arenas']} arenas (largest heap "
+             f"{result['largest_heap_bytes'] / mib:,.0f} MiB); median of {result['runs']} runs",
+             f"gdb start and core load alone: {result['gdb_load_seconds']:.2f} s; floor (one bulk read per heap): "
+             f"{result['floor_seconds']:.3f} s",
+             f"{'command':26} {'wall s':>8} {'command s':>10} {'peak RSS MiB':>13} {'chunks/s':>12} {'x floor':>8}"]
+    for r in result["commands"]:
+        rate = f"{r['chunks_per_second']:,.0f}" if r["chunks_per_second"] else "-"
+        lines.append(f"{r['command']:26} {r['wall_seconds']:8.2f} {r['command_seconds']:10.2f} "
+                     f"{r['peak_rss_bytes'] / mib:13,.0f} {rate:>12} {r['times_floor']:8.1f}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size", choices=SIZES, default="large")
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--json", type=Path, help="where to write the numbers (default build/bench/SIZE/bench.json)")
+    args = parser.parse_args(argv)
+    cap = capture(args.size, BUILD / "bin")
+    workdir = cap.directory.parent
+    result = measure(cap, args.runs, workdir)
+    result["ledger"] = json.loads(cap.ledger.read_text())["facts"]
+    out = args.json or workdir / "bench.json"
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(table(result))
+    print(f"numbers written to {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
