@@ -87,23 +87,35 @@ def _listed_chunks(state: HeapState, mem: Memory, layout: Layout) -> list[Findin
             out.append(Finding(Severity.ERROR, chunk, where, f"double free: chunk {chunk:#x} is in {other} and "
                                f"in {where}", Kind.DOUBLE_FREE, "one free list", f"{other} and {where}"))
 
-    def placed(chunk: int, size: int, where: str, allowed: list[tuple[int, int]]) -> None:
-        if not _inside(allowed, chunk, chunk + max(size, 16)):
+    def placed(chunk: int, size: int, where: str, allowed: list[tuple[int, int]],
+               near_tops: list[tuple[int, int]] | None = None) -> None:
+        """Inside ALLOWED, and clear of every top (of NEAR_TOPS, the tops within ALLOWED, when inside)."""
+        inside = _inside(allowed, chunk, chunk + max(size, 16))
+        if not inside:
             out.append(Finding(Severity.ERROR, chunk, where, f"free chunk {chunk:#x} (size {size:#x}) is not inside "
                                "the heaps of its arena", Kind.OUTSIDE_HEAP, "inside the arena's heaps",
                                f"{chunk:#x}"))
-        for lo, hi in tops:
+        for lo, hi in (near_tops if inside and near_tops is not None else tops):
             if chunk < hi and lo < chunk + size:
                 out.append(Finding(Severity.ERROR, chunk, where, f"free chunk {chunk:#x} (size {size:#x}) overlaps "
                                    f"the top chunk {lo:#x}..{hi:#x}", Kind.OVERLAPS_TOP, "clear of top",
                                    f"{chunk:#x}..{chunk + size:#x}"))
 
     for arena in state.arenas:
+        own = spans[arena.address]
+        near_tops = [(lo, hi) for lo, hi in tops if any(lo < e and s < hi for s, e in own)]
+        single = len(own) == 1
+        s0, e0 = own[0] if single else (0, 0)
         for lst in arena.free_lists():
             where = _list_name(arena, lst.kind, lst.index)
             for chunk, size in zip(lst.chunks, lst.sizes):
-                seen(chunk, where)
-                placed(chunk, size, where, spans[arena.address])
+                other = first_list.setdefault(chunk, where)
+                if other != where:
+                    seen(chunk, where)
+                if single and s0 <= chunk and chunk + size <= e0 and size >= 16 and \
+                        not any(chunk < hi and lo < chunk + size for lo, hi in near_tops):
+                    continue  # the common case, decided without a call
+                placed(chunk, size, where, own, near_tops)
     for owner, tcache in state.tcaches():
         for b in tcache.bins:
             where = f"tcache bin {b.index} of {owner}"

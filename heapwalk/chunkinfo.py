@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from .chunkwalk import FREE_STATES, Account, Chunk, ChunkState, extents, list_states, walk_batches, walk_extent
+from .chunkwalk import FREE_STATES, Account, Chunk, ChunkState, Listing, extents, walk_batches, walk_extent
 from .layout import Layout
 from .memory import Memory
 from .model import Arena, HeapState
@@ -37,15 +37,14 @@ def chunks(mem: Memory, layout: Layout, state: HeapState, flt: ChunkFilter,
 
     What the walk finds wrong (and where it had to skip damage) is added to FINDINGS.
     """
-    states = list_states(state)
-    order = sorted(states)
+    listing = Listing.of_state(state)
     for arena in state.arenas:
         if flt.arena is not None and arena.address != flt.arena:
             continue
         acc = Account(arena.address, arena.system_mem)
         for extent in extents(arena, layout):
             # free chunks only: the walk need not hand over the in-use ones
-            for batch in walk_batches(mem, extent, arena.top, states, acc, every=not flt.free, order=order):
+            for batch in walk_batches(mem, extent, arena.top, listing, acc, every=not flt.free):
                 for address, size, flags, st in batch:
                     chunk = Chunk(address, size, flags, st, extent.start)
                     if flt.admits(chunk):
@@ -67,14 +66,14 @@ class Located:
 
 def locate(mem: Memory, layout: Layout, state: HeapState, address: int) -> Located | None:
     """The chunk whose memory (header included) holds ADDRESS, or None outside every arena's heaps."""
-    states = list_states(state)
+    listing = Listing.of_state(state)
     for arena in state.arenas:
         for extent in extents(arena, layout):
             if not extent.start <= address < extent.end:
                 continue
             acc = Account(arena.address, arena.system_mem)
             previous = found = None
-            for chunk in walk_extent(mem, extent, arena.top, states, acc):
+            for chunk in walk_extent(mem, extent, arena.top, listing, acc):
                 if found is not None:
                     return Located(arena, found, previous, chunk, where_listed(state, found.address))
                 if chunk.address <= address < chunk.address + chunk.size:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import bisect
 import enum
+import itertools
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -26,7 +27,8 @@ from .layout import IS_MMAPPED, MALLOC_ALIGNMENT, MINSIZE, NON_MAIN_ARENA, PREV_
 from .memory import Memory, ReadError
 from .model import Arena, BinKind, Finding, HeapState, Kind, Severity
 
-__all__ = ["ChunkState", "Chunk", "Extent", "Account", "list_states", "extents", "walk_extent", "account",
+__all__ = ["ChunkState", "Chunk", "Extent", "Account", "list_states", "Listing", "extents",
+           "walk_extent", "walk_batches", "account",
            "FREE_STATES", "MmappedChunk", "find_mmapped", "main_regions", "resync"]
 
 _WINDOW = 4 << 20
@@ -115,6 +117,55 @@ def list_states(state: HeapState) -> dict[int, ChunkState]:
     return out
 
 
+#: the states of listed chunks, by the code a `Listing` key carries in its low four bits; where two lists hold
+#: one chunk, the lowest code wins (a tcache over a bin, as glibc's own next malloc would see it)
+_LISTED_STATES = (ChunkState.TCACHE_STRUCT, ChunkState.TCACHE, ChunkState.FAST, ChunkState.UNSORTED,
+                  ChunkState.SMALL, ChunkState.LARGE)
+_CODE = {st: code for code, st in enumerate(_LISTED_STATES)}
+_ADDRESS = ~0xF
+
+
+class Listing:
+    """Every chunk in a free list or tcache, and every tcache struct chunk, sorted by address: what the chunk
+    walk looks up as it goes.  Each is one int, address | code: chunk addresses are 16-aligned, so the low
+    four bits carry the state (`_LISTED_STATES`).  Built with C-level loops; a few ints per chunk."""
+
+    __slots__ = ("keys",)
+
+    def __init__(self, keys: list[int]):
+        self.keys = keys
+
+    @classmethod
+    def of_state(cls, state: HeapState) -> "Listing":
+        parts = []
+        for arena in state.arenas:
+            for lst in arena.free_lists():
+                parts.append(map(_CODE[_LIST_STATE[lst.kind]].__or__, lst.chunks))
+        for _, tcache in state.tcaches():
+            parts.append([tcache.address - 2 * 8 | _CODE[ChunkState.TCACHE_STRUCT]])
+            for b in tcache.bins:
+                parts.append([e - 2 * 8 | _CODE[ChunkState.TCACHE] for e in b.entries])
+        return cls(sorted(itertools.chain.from_iterable(parts)))
+
+    @classmethod
+    def of_states(cls, states: dict[int, ChunkState]) -> "Listing":
+        return cls(sorted(a | _CODE[st] for a, st in states.items()))
+
+    def get(self, address: int) -> ChunkState | None:
+        """The state of the listed chunk at ADDRESS, or None."""
+        i = bisect.bisect_left(self.keys, address)
+        if i < len(self.keys) and self.keys[i] & _ADDRESS == address:
+            return _LISTED_STATES[self.keys[i] & 0xF]
+        return None
+
+    def first_after(self, low: int, high: int) -> int | None:
+        """The lowest listed address in (LOW, HIGH), or None."""
+        i = bisect.bisect_left(self.keys, low + 16)
+        if i < len(self.keys) and self.keys[i] & _ADDRESS < high:
+            return self.keys[i] & _ADDRESS
+        return None
+
+
 def _align_chunk(address: int) -> int:
     """The first address at or after ADDRESS whose user memory (chunk + 16) is aligned."""
     return address + (-(address + 2 * 8)) % MALLOC_ALIGNMENT
@@ -151,8 +202,8 @@ class _Words:
         return struct.unpack_from("<Q", self.data, off)[0]
 
 
-_BIN_STATES = (ChunkState.UNSORTED, ChunkState.SMALL, ChunkState.LARGE)
-_HELD_STATES = (ChunkState.IN_USE, ChunkState.TCACHE, ChunkState.FAST, ChunkState.TCACHE_STRUCT)
+_BIN_STATES = frozenset((ChunkState.UNSORTED, ChunkState.SMALL, ChunkState.LARGE))
+_HELD_STATES = frozenset((ChunkState.IN_USE, ChunkState.TCACHE, ChunkState.FAST, ChunkState.TCACHE_STRUCT))
 _RESYNC_WINDOW = 1 << 16
 _RESYNC_STEPS = 32
 
@@ -179,11 +230,11 @@ def _chains(word, at: int, target: int, end: int) -> bool:
     return True
 
 
-def resync(mem: Memory, extent: Extent, bad: int, top: int, states: dict[int, ChunkState]) -> int | None:
+def resync(mem: Memory, extent: Extent, bad: int, top: int, listing: Listing) -> int | None:
     """Where a heap walk broken at BAD can resume: the first place after it from which sound chunk headers
     lead to a chunk known from the lists (or top), searched over the next 64 KiB; else that known chunk;
     None when nothing after BAD is known."""
-    known = [a for a in states if bad < a < extent.end]
+    known = [a for a in (listing.first_after(bad, extent.end),) if a is not None]
     if bad < top < extent.end:
         known.append(top)
     target = min(known, default=None)
@@ -197,16 +248,16 @@ def resync(mem: Memory, extent: Extent, bad: int, top: int, states: dict[int, Ch
     return target
 
 
-def walk_extent(mem: Memory, extent: Extent, top: int, states: dict[int, ChunkState], acc: Account,
-                non_main: bool | None = None, order: list[int] | None = None) -> Iterator[Chunk]:
+def walk_extent(mem: Memory, extent: Extent, top: int, listing: Listing, acc: Account,
+                non_main: bool | None = None) -> Iterator[Chunk]:
     """Every chunk of EXTENT in address order, as `walk_batches` meets them (see there)."""
-    for batch in walk_batches(mem, extent, top, states, acc, non_main, every=True, order=order):
+    for batch in walk_batches(mem, extent, top, listing, acc, non_main, every=True):
         for address, size, flags, state in batch:
             yield Chunk(address, size, flags, state, extent.start)
 
 
-def walk_batches(mem: Memory, extent: Extent, top: int, states: dict[int, ChunkState], acc: Account,
-                 non_main: bool | None = None, every: bool = False, order: list[int] | None = None
+def walk_batches(mem: Memory, extent: Extent, top: int, listing: Listing, acc: Account,
+                 non_main: bool | None = None, every: bool = False
                  ) -> Iterator[list[tuple[int, int, int, ChunkState]]]:
     """Walks every chunk of EXTENT in address order, adding each one's bytes and count to ACC under its
     state, with overhead, unwalked bytes and findings; yields the chunks met, a window at a time, as
@@ -224,18 +275,18 @@ def walk_batches(mem: Memory, extent: Extent, top: int, states: dict[int, ChunkS
     (PREV_INUSE set, the arena's NON_MAIN_ARENA bit, a sound size, no list
     holding them) go through a loop that only counts them; every other chunk,
     and the one after it, gets the full treatment.  An in-use chunk is counted
-    when met and corrected if the next header says it is free.  ORDER is
-    sorted(STATES), when the caller has it.  The heap is read a few MiB at a
+    when met and corrected if the next header says it is free.  LISTING holds
+    the chunks the lists and tcaches hold.  The heap is read a few MiB at a
     time and parsed as 8-byte words.
     """
     acc.overhead += extent.first - extent.start
     end = extent.end
     where = f"heap {extent.start:#x}"
     findings = acc.findings
-    get = states.get
-    order = sorted(states) if order is None else order
+    get = listing.get
+    order = listing.keys
     at, listed = bisect.bisect_left(order, extent.first), len(order)
-    nxt = order[at] if at < listed else _BEYOND
+    nxt = order[at] & _ADDRESS if at < listed else _BEYOND
     tally_bytes: dict[ChunkState, int] = dict.fromkeys(ChunkState, 0)
     tally_counts: dict[ChunkState, int] = dict.fromkeys(ChunkState, 0)
     plain_count = plain_bytes = 0        # in-use chunks not in any list (corrected when found free)
@@ -256,55 +307,62 @@ def walk_batches(mem: Memory, extent: Extent, top: int, states: dict[int, ChunkS
                 # the fast loop: chunks whose headers are what their neighbours say, counted and passed;
                 # it stops at anything else (and at the window's end), which the full treatment handles
                 words, shift = win.words, win.base - 8
-                after_free = p_st in _BIN_STATES or p_st is ChunkState.FREE_UNLISTED
-                expect = want_bit if after_free else plain_want
-                p, psz, pst, c0 = p_addr, p_size, (None if p_plain else p_st), c
-                n = nbytes = 0
-                try:
-                    while c < limit:
-                        i = (c - shift) >> 3
-                        size_field = words[i]
-                        if c < nxt:  # in use: PREV_INUSE as expected, its arena bit, a sound size
-                            if size_field & mask != expect or size_field < MINSIZE or \
-                                    not expect & PREV_INUSE and (not i or words[i - 1] != psz):
-                                break
+                c0, p, lp, psz, n, listed_bytes = c, -1, -1, p_size, 0, 0
+                if p_st in _BIN_STATES or p_st is ChunkState.FREE_UNLISTED:
+                    pass  # the chunk after a free one: the full treatment checks its prev_size
+                else:
+                    try:
+                        while c < limit:
+                            size_field = words[(c - shift) >> 3]
+                            if c < nxt:  # in use: PREV_INUSE set, its arena bit, a sound size
+                                if size_field & mask != plain_want or size_field < MINSIZE:
+                                    break
+                                n += 1
+                                p = c
+                                c += size_field & ~SIZE_BITS
+                                continue
+                            st = _LISTED_STATES[order[at] & 0xF]
                             size = size_field & ~SIZE_BITS
-                            n += 1
-                            nbytes += size
-                            p, psz, pst, expect = c, size, None, plain_want
+                            if c != nxt or size_field & 9 != PREV_INUSE or size_field < MINSIZE or c + size > end \
+                                    or check_bit and st in _HELD_STATES and size_field & NON_MAIN_ARENA != want_bit:
+                                break
+                            tally_bytes[st] += size
+                            tally_counts[st] += 1
+                            out.append((c, size, size_field & SIZE_BITS, st))
+                            listed_bytes += size
+                            lp, psz, p_st = c, size, st
+                            at += 1
+                            nxt = order[at] & _ADDRESS if at < listed else _BEYOND
                             c += size
-                            continue
-                        if c != nxt or size_field & 9 != expect & 9 or size_field < MINSIZE or \
-                                not expect & PREV_INUSE and (not i or words[i - 1] != psz):
-                            break
-                        st = get(c)
-                        size = size_field & ~SIZE_BITS
-                        if c + size > end or check_bit and st in _HELD_STATES and \
-                                size_field & NON_MAIN_ARENA != want_bit:
-                            break
-                        tally_bytes[st] += size
-                        tally_counts[st] += 1
-                        out.append((c, size, size_field & SIZE_BITS, st))
-                        p, psz, pst = c, size, st
-                        expect = want_bit if st in _BIN_STATES else plain_want
-                        at += 1
-                        nxt = order[at] if at < listed else _BEYOND
-                        c += size
-                except IndexError:
-                    pass
+                            if st in _BIN_STATES:
+                                # what follows a free chunk: PREV_INUSE clear, prev_size its size; and
+                                # when it is in use, its own header as above
+                                i = (c - shift) >> 3
+                                size_field = words[i]
+                                if c >= limit or c >= nxt or size_field & mask != want_bit or \
+                                        size_field < MINSIZE or words[i - 1] != size:
+                                    break
+                                n += 1
+                                p = c
+                                c += size_field & ~SIZE_BITS
+                    except IndexError:
+                        pass
                 if c != c0:
                     plain_count += n
-                    plain_bytes += nbytes
-                    p_addr, p_size, p_plain, p_st = p, psz, pst is None, pst
+                    plain_bytes += c - c0 - listed_bytes
+                    if p > lp:
+                        p_addr, p_size, p_plain, p_st = p, c - p, True, None
+                    else:
+                        p_addr, p_size, p_plain = lp, psz, False
                     if c > end:  # the last one runs past the heap: undo it, and give it the full treatment
                         plain_count -= 1
-                        plain_bytes -= psz
+                        plain_bytes -= c - p
                         c, p_plain, p_st = p, False, None
                 if c >= end:
                     break
             while nxt < c:
                 at += 1
-                nxt = order[at] if at < listed else _BEYOND
+                nxt = order[at] & _ADDRESS if at < listed else _BEYOND
             # the full treatment of the chunk at c
             try:
                 size_field = win.word(c + 8)
@@ -318,11 +376,22 @@ def walk_batches(mem: Memory, extent: Extent, top: int, states: dict[int, ChunkS
             if p_plain and not pinuse:  # the chunk before is free, yet in no list
                 plain_count -= 1
                 plain_bytes -= p_size
-                _unlisted(p_addr, p_size, where, findings, out, every)
+                _unlisted(p_addr, p_size, _flags_at(win, p_addr), where, findings, out, every)
                 tally_bytes[ChunkState.FREE_UNLISTED] += p_size
                 tally_counts[ChunkState.FREE_UNLISTED] += 1
                 p_plain, p_st = False, ChunkState.FREE_UNLISTED
             if size == 0 and c != top:  # the fencepost that ends a heap that is no longer the newest
+                if p_plain and p_addr + p_size == c and p_size < MINSIZE + 16 and win.word(c) == p_size:
+                    # the last piece of that heap's old top, too small to free: sysmalloc gave it a size, a
+                    # foot and no NON_MAIN_ARENA bit; a fencepost, not a chunk the program holds
+                    plain_count -= 1
+                    plain_bytes -= p_size
+                    tally_bytes[ChunkState.FENCEPOST] += p_size
+                    tally_counts[ChunkState.FENCEPOST] += 1
+                    if findings and findings[-1].kind is Kind.ARENA_BIT and findings[-1].address == p_addr:
+                        findings.pop()
+                    if every and out and out[-1][0] == p_addr:
+                        out[-1] = (p_addr, p_size, out[-1][2], ChunkState.FENCEPOST)
                 acc.overhead += end - c
                 break
             if size < 2 * 8 or size % MALLOC_ALIGNMENT or c + size > end:
@@ -332,7 +401,7 @@ def walk_batches(mem: Memory, extent: Extent, top: int, states: dict[int, ChunkS
                                             f"at most {end - c:#x}", f"{size_field:#x}"))
                     acc.unwalked += end - c
                     break
-                again = resync(mem, extent, c, top, states)
+                again = resync(mem, extent, c, top, listing)
                 findings.append(Finding(Severity.ERROR, c, where, f"chunk size {size_field:#x} is impossible here "
                                         f"(the heap ends at {end:#x}); "
                                         + (f"the walk resumes at {again:#x}" if again else
@@ -407,6 +476,14 @@ class _Window:
         return self.words[i]
 
 
+def _flags_at(win: "_Window", chunk: int) -> int:
+    """The flag bits of the chunk at CHUNK, whose header the walk has read (0 if it is gone from memory)."""
+    try:
+        return win.word(chunk + 8) & SIZE_BITS
+    except ReadError:
+        return 0
+
+
 def _read_window(mem: Memory, base: int, end: int) -> bytes:
     """Up to _WINDOW bytes at BASE, fewer where the target's memory ends (b"" when nothing is readable)."""
     size = max(16, min(_WINDOW, end - base))
@@ -418,7 +495,7 @@ def _read_window(mem: Memory, base: int, end: int) -> bytes:
     return b""
 
 
-def _unlisted(address: int, size: int, where: str, findings: list, out: list, every: bool) -> None:
+def _unlisted(address: int, size: int, flags: int, where: str, findings: list, out: list, every: bool) -> None:
     """Reports the chunk at ADDRESS, counted as in use, as free but in no list, and re-emits it as such."""
     if findings and findings[-1].kind is Kind.ARENA_BIT and findings[-1].address == address:
         findings.pop()  # a free chunk's arena bit is not checked
@@ -428,7 +505,7 @@ def _unlisted(address: int, size: int, where: str, findings: list, out: list, ev
     if every and out and out[-1][0] == address:
         out[-1] = (address, size, out[-1][2], ChunkState.FREE_UNLISTED)
     else:
-        out.append((address, size, PREV_INUSE, ChunkState.FREE_UNLISTED))
+        out.append((address, size, flags, ChunkState.FREE_UNLISTED))
 
 
 def _arena_bit_finding(address: int, where: str, non_main: bool | None) -> Finding:
@@ -460,21 +537,18 @@ def _check_after_listed(st: ChunkState, p_addr: int, p_size: int, pinuse: int, c
         _check_prev_size(win.word(c), c, p_addr, p_size, where, findings)
 
 
-def account(mem: Memory, layout: Layout, arena: Arena, states: dict[int, ChunkState], observer=None,
-            order: list[int] | None = None) -> Account:
+def account(mem: Memory, layout: Layout, arena: Arena, listing: Listing, observer=None) -> Account:
     """Walks every chunk of ARENA and sums bytes per state; the identity is `Account.balanced`.
 
-    OBSERVER (e.g. `heapwalk.trim.TrimSimulation`) sees the same walk: its ``chunk(address, size, state)``
-    is called for each chunk that is not plainly in use, in address order, and ``extent_done()`` at the
-    end of each heap, so one walk serves both.  ORDER is sorted(STATES), when the caller has it.
+    OBSERVER (e.g. `heapwalk.trim.TrimSimulation`) sees the same walk: its ``chunks(batch)`` gets the
+    chunks that are not plainly in use, in address order, a batch at a time, and ``extent_done()`` is
+    called at the end of each heap, so one walk serves both.  LISTING holds the chunks lists and tcaches hold.
     """
     acc = Account(arena.address, arena.system_mem)
-    order = sorted(states) if order is None else order
     for extent in extents(arena, layout):
-        for batch in walk_batches(mem, extent, arena.top, states, acc, not arena.is_main, order=order):
+        for batch in walk_batches(mem, extent, arena.top, listing, acc, not arena.is_main):
             if observer is not None:
-                for address, size, _, state in batch:
-                    observer.chunk(address, size, state)
+                observer.chunks(batch)
         if observer is not None:
             observer.extent_done()
     if acc.accounted != acc.system_mem:

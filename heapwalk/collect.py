@@ -11,7 +11,7 @@ import dataclasses
 import struct
 from dataclasses import dataclass
 
-from .chunkwalk import ChunkState, account, find_mmapped, list_states, main_regions
+from .chunkwalk import ChunkState, Listing, account, find_mmapped, list_states, main_regions
 from .trim import TrimSimulation
 from .discovery import Discovery, MallocUnused
 from .layout import MP_INT_FIELDS, NBINS, SIZE_BITS, Layout
@@ -403,13 +403,12 @@ def collect(mem: Memory, disc: Discovery, threads: list[ThreadRegs], target: str
     if any(t.signal in FATAL_SIGNALS for t in threads):
         state = dataclasses.replace(state, findings=state.findings + tuple(crash_pointers(mem, state, threads)))
     if walk_chunks:
-        states = list_states(state)
-        order = sorted(states)
+        listing = Listing.of_state(state)
         thp = (mp.get("thp_pagesize") or 0) if mp else 0
         contiguous = not (mp and mp.get("hp_pagesize"))
         for a in arenas:  # one walk per arena feeds both the accounting and the trim simulation
             sim = TrimSimulation(mem, disc.layout, a, thp, contiguous and not a.noncontiguous)
-            state.accounts[a.address] = account(mem, disc.layout, a, states, sim, order)
+            state.accounts[a.address] = account(mem, disc.layout, a, listing, sim)
             state.trims[a.address] = sim.result()
         if regions is not None:
             state.mmapped.extend(_mmapped(mem, disc, state, regions))

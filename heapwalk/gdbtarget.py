@@ -41,7 +41,12 @@ def gdb_memory(known: list[tuple[int, int]] | None = None) -> CachedMemory:
     def read(address: int, size: int) -> bytes:
         return inferior.read_memory(address, size).tobytes()
 
-    return CachedMemory(read, regions=known)
+    return CachedMemory(read, max_blocks=_CACHE_BLOCKS, regions=known)
+
+
+#: blocks of 64 KiB the cache keeps (128 MiB): enough that the free lists of an arena of two 64 MiB heaps
+#: are read from the core about once, whatever order they link their chunks in
+_CACHE_BLOCKS = 2048
 
 
 @contextlib.contextmanager

@@ -10,6 +10,8 @@ tcache entries (what glibc's tcache lists link).
 from __future__ import annotations
 
 import enum
+from array import array
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 __all__ = ["BinKind", "Severity", "Kind", "Finding", "BinList", "Heap", "Arena", "TcacheBin", "Tcache", "Thread",
@@ -118,18 +120,18 @@ class BinList:
     kind: BinKind
     index: int
     head: int
-    chunks: tuple[int, ...]
-    raw_sizes: tuple[int, ...]
+    chunks: Sequence[int]       # array('Q') from the walkers: 8 bytes an entry (lists may hold millions)
+    raw_sizes: Sequence[int]
     complete: bool = True
-    # computed once from raw_sizes (lists of a big heap hold millions of chunks)
-    sizes: tuple[int, ...] = field(init=False, compare=False, repr=False)
+    # computed once from raw_sizes
+    sizes: Sequence[int] = field(init=False, compare=False, repr=False)
     total: int = field(init=False, compare=False, repr=False)
     raw_total: int = field(init=False, compare=False, repr=False)
     min_size: int = field(init=False, compare=False, repr=False)
     max_size: int = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        sizes = tuple(s & ~7 for s in self.raw_sizes)
+        sizes = array("Q", [s & ~7 for s in self.raw_sizes])
         for name, value in (("sizes", sizes), ("total", sum(sizes)), ("raw_total", sum(self.raw_sizes)),
                             ("min_size", min(sizes, default=0)), ("max_size", max(sizes, default=0))):
             object.__setattr__(self, name, value)

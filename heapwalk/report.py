@@ -10,6 +10,7 @@ give back, and the remedies that fit.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 
 from .chunkwalk import FREE_STATES, ChunkState
@@ -117,13 +118,13 @@ GLIBC_CLASSES = ((32, 0x90, "fastbin sizes (32-128 B)"), (0x90, 1024, "small bin
                  (163840, 786432, "large bins, 256 KiB apart"), (786432, 1 << 64, "the last large bin"))
 
 
-def glibc_classes(sizes) -> list[tuple[str, int, int]]:
-    """(class, chunks, bytes) of SIZES by glibc's bin size classes, non-empty classes only."""
+def glibc_classes(sizes: Counter) -> list[tuple[str, int, int]]:
+    """(class, chunks, bytes) of SIZES (size -> how many) by glibc's bin size classes, non-empty classes only."""
     counts = {name: [0, 0] for _, _, name in GLIBC_CLASSES}
-    for size in sizes:
-        name = next((n for lo, hi, n in GLIBC_CLASSES if lo <= size < hi), GLIBC_CLASSES[0 if size < 32 else -1][2])
-        counts[name][0] += 1
-        counts[name][1] += size
+    for size, n in sizes.items():
+        name = next((c for lo, hi, c in GLIBC_CLASSES if lo <= size < hi), GLIBC_CLASSES[0 if size < 32 else -1][2])
+        counts[name][0] += n
+        counts[name][1] += size * n
     return [(name, c, b) for (_, _, name) in GLIBC_CLASSES for c, b in [counts[name]] if c]
 
 
@@ -136,30 +137,35 @@ def _arena_of(state: HeapState):
     return find
 
 
-def free_sizes_by_arena(state: HeapState) -> dict[int, list[int]]:
-    """Arena number -> the sizes of its free chunks (bins, fastbins, and the tcache entries in its heaps)."""
-    out: dict[int, list[int]] = {a.number: [s for lst in a.free_lists() for s in lst.sizes] for a in state.arenas}
+def free_sizes_by_arena(state: HeapState) -> dict[int, Counter]:
+    """Arena number -> the sizes of its free chunks (bins, fastbins, and the tcache entries in its heaps),
+    as size -> how many."""
+    out: dict[int, Counter] = {}
+    for a in state.arenas:
+        sizes = out[a.number] = Counter()
+        for lst in a.free_lists():
+            sizes.update(lst.sizes)
     find = _arena_of(state)
     for _, tcache in state.tcaches():
         for b in tcache.bins:
             for entry, size in zip(b.entries, b.sizes or (b.chunk_size,) * len(b.entries)):
                 number = find(entry)
                 if number is not None:
-                    out[number].append(size)
+                    out[number][size] += 1
     return out
 
 
-def _histogram(sizes) -> tuple[list[Bucket], int, int]:
+def _histogram(sizes: Counter) -> tuple[list[Bucket], int, int]:
+    """Power-of-two buckets of SIZES (size -> how many), the largest size and the number of chunks."""
     buckets: dict[int, Bucket] = {}
-    largest = count = 0
-    for size in sizes:
+    for size, n in sizes.items():
         exp = max(size.bit_length() - 1, 5)
-        b = buckets.setdefault(exp, Bucket(1 << exp, 1 << (exp + 1)))
-        b.count += 1
-        b.bytes += size
-        largest = max(largest, size)
-        count += 1
-    return [buckets[k] for k in sorted(buckets)], largest, count
+        b = buckets.get(exp)
+        if b is None:
+            b = buckets[exp] = Bucket(1 << exp, 1 << (exp + 1))
+        b.count += n
+        b.bytes += size * n
+    return [buckets[k] for k in sorted(buckets)], max(sizes, default=0), sum(sizes.values())
 
 
 def _rows(state: HeapState) -> list[ArenaRow]:
@@ -235,7 +241,7 @@ def build_report(state: HeapState) -> Report:
     """The report of a state decoded with walk_chunks=True."""
     rows = _rows(state)
     by_arena = free_sizes_by_arena(state)   # the free chunks of the arenas (2.43's tcache'd mmapped ones are
-    all_sizes = [s for sizes in by_arena.values() for s in sizes]  # counted with the mmapped memory)
+    all_sizes = sum(by_arena.values(), Counter())                  # counted with the mmapped memory)
     histogram, largest, count = _histogram(all_sizes)
     mp = state.mp
     arena_max = mp.get("arena_max") if mp else None

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .chunkwalk import Account, ChunkState, extents, walk_extent
+from .chunkwalk import Account, ChunkState, Listing, extents, walk_extent
 from .layout import SIZE_BITS, Layout
 from .memory import Memory, ReadError, u64
 from .model import Arena, Tcache
@@ -52,12 +52,12 @@ def scan_tcaches(mem: Memory, layout: Layout, arenas: list[Arena], states: dict[
     found: list[Tcache] = []
     ambiguous = 0
     claimed = dict(states)  # chunks that lists hold, and then those of the tcaches found so far
-    order = sorted(states)
+    listing = Listing.of_states(states)
     for arena in arenas:
         first = True
         for extent in extents(arena, layout):
             scratch = Account(arena.address, 0)
-            for chunk in walk_extent(mem, extent, arena.top, states, scratch, order=order):
+            for chunk in walk_extent(mem, extent, arena.top, listing, scratch):
                 at_start, first = first, False
                 if chunk.state is not ChunkState.IN_USE or not size <= chunk.size < size + _SLACK:
                     continue

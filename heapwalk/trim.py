@@ -27,8 +27,9 @@ from .model import Arena
 __all__ = ["TrimEstimate", "TrimSimulation", "PAGE"]
 
 PAGE = 4096
+_SPAN = 1 << 20                 # bytes read at once when looking for resident pages
 _LINKS = 48                     # sizeof(struct malloc_chunk): stays resident in a trimmed chunk
-_RUN_STATES = (ChunkState.FAST, ChunkState.UNSORTED, ChunkState.SMALL, ChunkState.LARGE)
+_RUN_STATES = frozenset((ChunkState.FAST, ChunkState.UNSORTED, ChunkState.SMALL, ChunkState.LARGE))
 
 
 @dataclass
@@ -45,7 +46,7 @@ class TrimEstimate:
     # (what stays of the main top: its last partial page, or all of it when the arena is not contiguous)
     kept: dict[str, int] = field(default_factory=lambda: dict.fromkeys(("tcache", "sub_page", "thread_top",
                                                                         "main_top"), 0))
-    runs: list[tuple[int, int]] = field(default_factory=list)  # consolidated free chunks (address, size)
+    runs: list[tuple[int, int]] = field(default_factory=list)  # consolidated free chunks holding a whole page
 
     @property
     def kept_free(self) -> int:
@@ -61,18 +62,36 @@ class TrimEstimate:
 
 
 def _resident_bytes(mem: Memory, start: int, length: int) -> int:
-    """Bytes of the pages in [start, start+length) that hold anything but zeros (page-aligned range)."""
+    """Bytes of the pages in [start, start+length) that hold anything but zeros (page-aligned range).
+
+    Read a MiB at a time; where that fails, page by page, giving up after 256 unreadable pages in a row
+    (past the end of what the target has: a damaged size, a truncated core)."""
     resident = missing = 0
     zero = bytes(PAGE)
-    for page in range(start, start + length, PAGE):
+    at, end = start, start + length
+    while at < end:
+        span = min(_SPAN, end - at)
         try:
-            if mem.read(page, PAGE) != zero:
-                resident += PAGE
-            missing = 0
+            data = mem.read(at, span)
         except ReadError:
-            missing += 1
-            if missing > 256:  # past the end of what the target has (a damaged size, a truncated core)
-                break
+            data = None
+        if data is not None:
+            missing = 0
+            if data.count(0) != span:
+                view = memoryview(data)
+                resident += sum(PAGE for off in range(0, span, PAGE) if view[off:off + PAGE] != zero)
+            at += span
+            continue
+        for page in range(at, at + span, PAGE):
+            try:
+                if mem.read(page, PAGE) != zero:
+                    resident += PAGE
+                missing = 0
+            except ReadError:
+                missing += 1
+                if missing > 256:
+                    return resident
+        at += span
     return resident
 
 
@@ -105,30 +124,46 @@ class TrimSimulation:
         self.run_size = 0
         self.run_has_fast = False
 
-    def chunk(self, address: int, size: int, state: ChunkState) -> None:
-        """The next chunk of the walk that is not plainly in use; a gap before it is in-use memory."""
-        if self.run_start is not None and address != self.run_start + self.run_size:
-            self.est.runs.append((self.run_start, self.run_size))  # an in-use chunk ended the run
-            self.run_start = None
-        if state is ChunkState.TCACHE:
-            self.est.kept["tcache"] += size
-        if state in _RUN_STATES and (self.consolidate or state is not ChunkState.FAST):
-            if self.run_start is None:
-                self.run_start, self.run_size, self.run_has_fast = address, 0, False
-            self.run_size += size
-            self.run_has_fast |= state is ChunkState.FAST
-            return
-        if self.run_start is not None:
-            if state is ChunkState.TOP and self.run_has_fast:  # consolidation merges the run into top
-                self.top_start, self.top_size = self.run_start, self.top_size + self.run_size
-            else:
-                self.est.runs.append((self.run_start, self.run_size))
-            self.run_start = None
+    def chunks(self, batch) -> None:
+        """The next chunks of the walk that are not plainly in use, as (address, size, flags, state) in address
+        order; a gap between two of them is in-use memory, which ends a run."""
+        run_start, run_size, run_has_fast = self.run_start, self.run_size, self.run_has_fast
+        run_states = _RUN_STATES if self.consolidate else _RUN_STATES - {ChunkState.FAST}
+        tcache = 0
+        close = self._close
+        for address, size, _, state in batch:
+            if run_start is not None and address != run_start + run_size:
+                close(run_start, run_size)  # an in-use chunk ended the run
+                run_start = None
+            if state in run_states:
+                if run_start is None:
+                    run_start, run_size, run_has_fast = address, 0, False
+                run_size += size
+                if state is ChunkState.FAST:
+                    run_has_fast = True
+                continue
+            if state is ChunkState.TCACHE:
+                tcache += size
+            if run_start is not None:
+                if state is ChunkState.TOP and run_has_fast:  # consolidation merges the run into top
+                    self.top_start, self.top_size = run_start, self.top_size + run_size
+                else:
+                    close(run_start, run_size)
+                run_start = None
+        self.run_start, self.run_size, self.run_has_fast = run_start, run_size, run_has_fast
+        self.est.kept["tcache"] += tcache
 
     def extent_done(self) -> None:
         if self.run_start is not None:
-            self.est.runs.append((self.run_start, self.run_size))
+            self._close(self.run_start, self.run_size)
             self.run_start = None
+
+    def _close(self, address: int, size: int) -> None:
+        """A free chunk as consolidation leaves it: the whole pages inside are given back, the rest is kept."""
+        if size <= PAGE - 1 + _LINKS:  # no whole page inside: the common case of a fragmented heap
+            self.est.kept["sub_page"] += size
+            return
+        self.est.runs.append((address, size))
 
     def result(self) -> TrimEstimate:
         est, mem = self.est, self.mem

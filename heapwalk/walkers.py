@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import struct
+from array import array
 
 from .layout import HEAP_MAX_SIZE, IS_MMAPPED, MALLOC_ALIGNMENT, MINSIZE, NSMALLBINS, SIZE_BITS, Layout
 from .memory import Memory, ReadError, u64
@@ -194,8 +195,7 @@ def walk_fastbin(mem: Memory, layout: Layout, arena: int, index: int, system_mem
     slot = arena + layout.off_fastbins + 8 * index
     walk = ListWalk(f"fastbin[{index}] of arena {arena:#x}", _list_bound(system_mem))
     expected = (index + 2) * MALLOC_ALIGNMENT
-    chunks: list[int] = []
-    sizes: list[int] = []
+    chunks, sizes = array("Q"), array("Q")
     try:
         p = u64(mem, slot)
     except ReadError as exc:
@@ -218,7 +218,7 @@ def walk_fastbin(mem: Memory, layout: Layout, arena: int, index: int, system_mem
         sizes.append(raw_size)
         holder = p
         p = reveal(p + 16, fd) if layout.safe_linking else fd
-    return BinList(BinKind.FAST, index, slot, tuple(chunks), tuple(sizes), walk.complete), walk.findings
+    return BinList(BinKind.FAST, index, slot, chunks, sizes, walk.complete), walk.findings
 
 
 def walk_bin(mem: Memory, layout: Layout, arena: int, index: int, system_mem: int) -> tuple[BinList, list[Finding]]:
@@ -230,8 +230,7 @@ def walk_bin(mem: Memory, layout: Layout, arena: int, index: int, system_mem: in
     head = layout.bin_header(arena, index)
     kind = bin_kind(index)
     walk = ListWalk(f"{kind.value} bin[{index}] of arena {arena:#x}", _list_bound(system_mem), circular=True)
-    chunks: list[int] = []
-    sizes: list[int] = []
+    chunks, sizes = array("Q"), array("Q")
     try:
         p, head_bk = _QQ.unpack(mem.read(head + 16, 16))
     except ReadError as exc:
@@ -271,7 +270,7 @@ def walk_bin(mem: Memory, layout: Layout, arena: int, index: int, system_mem: in
     if walk.complete and head_bk != prev:
         walk.damage(head, f"bk->fd != p: the bin head's bk is {head_bk:#x}, the last chunk is {prev:#x}",
                     Kind.FD_BK, f"{prev:#x}", f"{head_bk:#x}")
-    return BinList(kind, index, head, tuple(chunks), tuple(sizes), walk.complete), walk.findings
+    return BinList(kind, index, head, chunks, sizes, walk.complete), walk.findings
 
 
 def walk_tcache(mem: Memory, layout: Layout, address: int, fill_count: int | None = None) -> Tcache:

@@ -28,7 +28,7 @@ def test_one_chunk_small_bin_is_read_with_its_raw_size():
     s.link_bin(9, [c])
     b, findings = walk_bin(s.mem, s.layout, ARENA, 9, 0x10000)
     assert findings == []
-    assert (b.kind, b.count, b.total, b.raw_total, b.chunks) == (BinKind.SMALL, 1, 0x90, 0x91, (c,))
+    assert (b.kind, b.count, b.total, b.raw_total, tuple(b.chunks)) == (BinKind.SMALL, 1, 0x90, 0x91, (c,))
 
 
 def test_large_bin_with_mixed_sizes():
@@ -36,7 +36,7 @@ def test_large_bin_with_mixed_sizes():
     chunks = [s.chunk(HEAP + off, size | 1) for off, size in ((0x0, 0x470), (0x800, 0x450), (0x1000, 0x440))]
     s.link_bin(65, chunks)
     b, findings = walk_bin(s.mem, s.layout, ARENA, 65, 0x10000)
-    assert findings == [] and b.sizes == (0x470, 0x450, 0x440) and b.kind is BinKind.LARGE
+    assert findings == [] and tuple(b.sizes) == (0x470, 0x450, 0x440) and b.kind is BinKind.LARGE
 
 
 def test_bin_whose_list_loops_not_through_its_head_ends_with_a_finding():
@@ -57,7 +57,7 @@ def test_fastbin_pointer_that_is_misaligned_is_reported_and_the_walk_stops():
     s.w(s.fastbin_slot(0), good)
     s.w(good + 16, s.protect(good + 16, HEAP + 0x88))  # next is 8 mod 16
     fb, findings = walk_fastbin(s.mem, s.layout, ARENA, 0, 0x10000)
-    assert fb.chunks == (good,) and not fb.complete
+    assert tuple(fb.chunks) == (good,) and not fb.complete
     (f,) = findings
     assert (f.kind, f.address, f.found) == (Kind.MISALIGNED, good, hex(HEAP + 0x88)) and "misaligned" in f.message
 
@@ -68,7 +68,7 @@ def test_pointer_into_unreadable_memory_is_a_finding_not_an_exception():
     s.link_bin(9, [c])
     s.w(c + 16, 0x10000)  # fd into nothing
     b, findings = walk_bin(s.mem, s.layout, ARENA, 9, 0x10000)
-    assert b.chunks == (c,) and not b.complete
+    assert tuple(b.chunks) == (c,) and not b.complete
     (f,) = findings
     assert (f.kind, f.address, f.found) == (Kind.UNMAPPED, c, "0x10000") and "not in the target's memory" in f.message
 

@@ -1,0 +1,111 @@
+"""The chunk walk on synthetic heaps: its fast loop must agree with the full treatment of every chunk.
+
+`walk_batches` with every=True gives each chunk the full treatment; without it, runs of chunks whose
+headers are what their neighbours say go through a counting loop.  Both must add up the same bytes,
+counts and findings, on sound heaps and on heaps with damaged headers, whatever the window size.
+"""
+
+from __future__ import annotations
+
+import random
+import struct
+
+import pytest
+
+from heapwalk import chunkwalk
+from heapwalk.chunkwalk import Account, ChunkState, Extent, Listing, walk_batches
+from heapwalk.memory import ImageMemory
+
+BASE = 0x7F0000000000
+LISTED = (ChunkState.TCACHE, ChunkState.FAST, ChunkState.UNSORTED, ChunkState.SMALL, ChunkState.LARGE)
+BINS = (ChunkState.UNSORTED, ChunkState.SMALL, ChunkState.LARGE)
+
+
+def synthetic_heap(rng: random.Random, chunks: int, non_main: bool) -> tuple[bytearray, dict[int, ChunkState], int]:
+    """A heap as glibc leaves it: in-use chunks, tcache and fastbin chunks (which look in use), and binned
+    chunks (the next chunk's PREV_INUSE clear, its prev_size their size), never two free ones together;
+    then top.  Returns the bytes, the listed chunks and top's address."""
+    arena_bit = 4 if non_main else 0
+    heap = bytearray(chunks * 0x1010 + 0x10000)
+    states: dict[int, ChunkState] = {}
+    c, prev_free = 0, False
+    for _ in range(chunks):
+        size = rng.choice((0x20, 0x30, 0x40, 0x90, 0x110, 0x420)) if rng.random() < 0.97 else 0x1010
+        st = rng.choice(LISTED) if rng.random() < 0.35 else None
+        if st in BINS and prev_free:
+            st = None
+        bits = (0 if prev_free else 1) | (arena_bit if st not in BINS else 0)
+        struct.pack_into("<Q", heap, c + 8, size | bits)
+        if st is not None:
+            states[BASE + c] = st
+        prev_free = st in BINS
+        c += size
+        if prev_free:
+            struct.pack_into("<Q", heap, c, size)  # the next chunk's prev_size
+    struct.pack_into("<Q", heap, c + 8, (len(heap) - c) | (0 if prev_free else 1))
+    return heap, states, BASE + c
+
+
+def walk(heap: bytes, states, top: int, non_main: bool, every: bool) -> tuple:
+    acc = Account(BASE, len(heap))
+    listing = Listing.of_states(states)
+    batches = [b for batch in walk_batches(ImageMemory({BASE: bytes(heap)}), Extent(BASE, BASE, BASE + len(heap)),
+                                            top, listing, acc, non_main, every) for b in batch]
+    met = [b for b in batches if every or b[3] is not ChunkState.IN_USE]
+    return (dict(acc.bytes), dict(acc.counts), acc.overhead, acc.unwalked,
+            sorted((f.kind.ident, f.address, f.message) for f in acc.findings)), met
+
+
+def damage(rng: random.Random, heap: bytearray, used: int, count: int) -> None:
+    """Flips a bit or rewrites a byte in the size field or prev_size of COUNT chunks (of the first USED bytes)."""
+    starts, c = [], 0
+    while c < used:
+        starts.append(c)
+        c += struct.unpack_from("<Q", heap, c + 8)[0] & ~7
+    for _ in range(count):
+        at = rng.choice(starts) + rng.choice((0, 8, 8))
+        if rng.random() < 0.5:
+            heap[at + rng.randrange(2)] ^= 1 << rng.randrange(8)
+        else:
+            heap[at] = rng.randrange(256)
+
+
+@pytest.mark.parametrize("non_main", [True, False])
+@pytest.mark.parametrize("seed", range(40))
+def test_fast_loop_agrees_with_the_full_treatment(seed, non_main, monkeypatch):
+    rng = random.Random(seed)
+    heap, states, top = synthetic_heap(rng, 3000, non_main)
+    if seed % 2:
+        damage(rng, heap, top - BASE, 3 + seed % 7)
+    if seed % 3 == 0:
+        monkeypatch.setattr(chunkwalk, "_WINDOW", 4096)  # many windows: headers and prev_size at their edges
+    full, every_chunk = walk(heap, states, top, non_main, every=True)
+    fast, not_plain = walk(heap, states, top, non_main, every=False)
+    assert fast == full
+    assert not_plain == [b for b in every_chunk if b[3] is not ChunkState.IN_USE]
+    if seed % 2 == 0:
+        assert full[4] == [] and full[3] == 0 and sum(full[0].values()) + full[2] == len(heap)
+
+
+def test_sound_heap_accounts_every_listed_chunk_by_its_state():
+    rng = random.Random(99)
+    heap, states, top = synthetic_heap(rng, 2000, True)
+    (by_bytes, by_count, _, _, findings), _ = walk(heap, states, top, True, every=False)
+    assert findings == []
+    for st in LISTED:
+        assert by_count[st] == sum(1 for s in states.values() if s is st)
+    assert by_count[ChunkState.TOP] == 1
+
+
+def test_last_piece_of_an_old_top_is_a_fencepost_not_a_held_chunk():
+    """sysmalloc, moving a thread arena to a new heap, leaves an old top smaller than MINSIZE as a 0x20
+    chunk with a foot and no NON_MAIN_ARENA bit, before the 0-size header that ends the heap."""
+    heap = bytearray(0x1000)
+    struct.pack_into("<QQ", heap, 0, 0, 0x40 | 5)            # an in-use chunk of the thread arena
+    struct.pack_into("<QQ", heap, 0x40, 0, 0x20 | 1)          # the old top's last piece: no arena bit
+    struct.pack_into("<QQ", heap, 0x60, 0x20, 0 | 1)          # its foot, and the header that ends the heap
+    for every in (True, False):
+        (by_bytes, by_count, overhead, _, findings), _ = walk(heap[:0x70] + bytes(0x1000 - 0x70), {}, 0, True, every)
+        assert findings == []
+        assert by_count[ChunkState.FENCEPOST] == 1 and by_count[ChunkState.IN_USE] == 1
+        assert by_bytes[ChunkState.FENCEPOST] == 0x20 and overhead == 0x1000 - 0x60
