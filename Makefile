@@ -18,7 +18,7 @@ SUITES := bullseye trixie sid
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 PYTEST_ARGS ?=
 
-.PHONY: all deps venv sysroots cores demo test unit fuzz clean distclean
+.PHONY: all deps venv sysroots cores demo test unit fuzz bench clean distclean
 
 all: test
 
@@ -68,9 +68,16 @@ FUZZ_ARGS ?=
 fuzz: cores
 	$(PY) tests/fuzz.py $(FUZZ_ARGS)
 
+# The benchmark: heapwalk's commands timed on a core of cores/bench.c (BENCH_SIZE: small, medium, large).
+# Prints a table and writes build/bench/SIZE/bench.json; never fails on a slow machine.
+BENCH_SIZE ?= large
+BENCH_ARGS ?=
+bench: venv
+	$(PY) tests/bench.py --size $(BENCH_SIZE) $(BENCH_ARGS)
+
 # Only the tests that need no gdb or cores.
 unit: venv
-	$(PY) -m pytest -q tests/test_walkers.py tests/test_heuristics.py tests/test_tcachescan.py
+	$(PY) -m pytest -q tests/test_walkers.py tests/test_heuristics.py tests/test_tcachescan.py tests/test_chunkwalk.py
 
 clean:
 	rm -rf $(BUILD)

@@ -241,6 +241,8 @@ def partial(state: HeapState) -> list[str]:
         out.append(f"thread{'s' if len(lost) > 1 else ''} {thread_numbers(lost)}: TLS not in the core, so "
                    f"{'their' if len(lost) > 1 else 'its'} arena is unknown and tcaches found by scanning the "
                    "arenas belong to no known thread")
+    if state.interrupted:
+        out.append("the chunk walk was interrupted (Ctrl-C): the arenas it did not finish count as unwalked")
     if any(f.kind is Kind.ARENA_RING for f in state.findings):
         out.append("the arena ring is broken: arenas after the break are missing")
     if any(f.kind is Kind.MUTEX_HELD for a in state.arenas for f in a.findings):

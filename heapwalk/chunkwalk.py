@@ -85,6 +85,7 @@ class Account:
     counts: dict[ChunkState, int] = field(default_factory=lambda: dict.fromkeys(ChunkState, 0))
     overhead: int = 0           # heap_info, a thread arena's malloc_state, alignment, fenceposts' tails
     unwalked: int = 0           # bytes after damage the walk could not pass
+    reached: int = 0            # the address the walk has reached (for progress reports)
     findings: list[Finding] = field(default_factory=list)
 
     @property
@@ -280,6 +281,7 @@ def walk_batches(mem: Memory, extent: Extent, top: int, listing: Listing, acc: A
     time and parsed as 8-byte words.
     """
     acc.overhead += extent.first - extent.start
+    acc.reached = extent.first
     end = extent.end
     where = f"heap {extent.start:#x}"
     findings = acc.findings
@@ -441,7 +443,8 @@ def walk_batches(mem: Memory, extent: Extent, top: int, listing: Listing, acc: A
                                             f"end {end:#x}", Kind.TOP_SIZE))
                     acc.overhead += max(0, end - c)
                 break
-            if len(out) >= 4096:
+            if len(out) >= 4096 or c - acc.reached >= _WINDOW:
+                acc.reached = c
                 yield out
                 out = []
         if out:
@@ -537,18 +540,23 @@ def _check_after_listed(st: ChunkState, p_addr: int, p_size: int, pinuse: int, c
         _check_prev_size(win.word(c), c, p_addr, p_size, where, findings)
 
 
-def account(mem: Memory, layout: Layout, arena: Arena, listing: Listing, observer=None) -> Account:
+def account(mem: Memory, layout: Layout, arena: Arena, listing: Listing, observer=None, progress=None) -> Account:
     """Walks every chunk of ARENA and sums bytes per state; the identity is `Account.balanced`.
 
     OBSERVER (e.g. `heapwalk.trim.TrimSimulation`) sees the same walk: its ``chunks(batch)`` gets the
     chunks that are not plainly in use, in address order, a batch at a time, and ``extent_done()`` is
     called at the end of each heap, so one walk serves both.  LISTING holds the chunks lists and tcaches hold.
+    PROGRESS(bytes), when given, hears how far into the arena's memory the walk is, now and then.
     """
     acc = Account(arena.address, arena.system_mem)
+    walked = 0
     for extent in extents(arena, layout):
         for batch in walk_batches(mem, extent, arena.top, listing, acc, not arena.is_main):
             if observer is not None:
                 observer.chunks(batch)
+            if progress is not None:
+                progress(walked + acc.reached - extent.start)
+        walked += extent.end - extent.start
         if observer is not None:
             observer.extent_done()
     if acc.accounted != acc.system_mem:

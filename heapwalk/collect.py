@@ -11,8 +11,8 @@ import dataclasses
 import struct
 from dataclasses import dataclass
 
-from .chunkwalk import ChunkState, Listing, account, find_mmapped, list_states, main_regions
-from .trim import TrimSimulation
+from .chunkwalk import Account, ChunkState, Listing, account, find_mmapped, list_states, main_regions
+from .trim import TrimEstimate, TrimSimulation
 from .discovery import Discovery, MallocUnused
 from .layout import MP_INT_FIELDS, NBINS, SIZE_BITS, Layout
 from .memory import Memory, ReadError, u64
@@ -355,7 +355,7 @@ def _require_initialised(mem: Memory, disc: Discovery) -> None:
 
 
 def collect(mem: Memory, disc: Discovery, threads: list[ThreadRegs], target: str = "",
-            walk_chunks: bool = False, regions: list[tuple[int, int]] | None = None) -> HeapState:
+            walk_chunks: bool = False, regions: list[tuple[int, int]] | None = None, progress=None) -> HeapState:
     """Decodes the whole malloc state: every arena in ring order, every thread's tcache.
 
     WALK_CHUNKS also walks every chunk of every heap and accounts for each arena's bytes, and looks
@@ -403,13 +403,39 @@ def collect(mem: Memory, disc: Discovery, threads: list[ThreadRegs], target: str
     if any(t.signal in FATAL_SIGNALS for t in threads):
         state = dataclasses.replace(state, findings=state.findings + tuple(crash_pointers(mem, state, threads)))
     if walk_chunks:
-        listing = Listing.of_state(state)
-        thp = (mp.get("thp_pagesize") or 0) if mp else 0
-        contiguous = not (mp and mp.get("hp_pagesize"))
-        for a in arenas:  # one walk per arena feeds both the accounting and the trim simulation
-            sim = TrimSimulation(mem, disc.layout, a, thp, contiguous and not a.noncontiguous)
-            state.accounts[a.address] = account(mem, disc.layout, a, listing, sim)
-            state.trims[a.address] = sim.result()
-        if regions is not None:
+        _walk_arenas(mem, disc, state, progress)
+        if regions is not None and not state.interrupted:
             state.mmapped.extend(_mmapped(mem, disc, state, regions))
     return state
+
+
+def _walk_arenas(mem: Memory, disc: Discovery, state: HeapState, progress=None) -> None:
+    """Walks every chunk of every arena into STATE's accounts and trim estimates.
+
+    PROGRESS(done, total), when given, hears the bytes walked so far.  Ctrl-C (KeyboardInterrupt) ends the
+    walk: the arenas not walked to the end get an account with all their bytes unwalked, and a finding
+    says where it stopped, so every command prints what it has, marked partial.
+    """
+    listing = Listing.of_state(state)
+    mp = state.mp
+    thp = (mp.get("thp_pagesize") or 0) if mp else 0
+    contiguous = not (mp and mp.get("hp_pagesize"))
+    total = sum(a.system_mem for a in state.arenas)
+    done = 0
+    for i, a in enumerate(state.arenas):  # one walk per arena feeds both the accounting and the trim simulation
+        sim = TrimSimulation(mem, disc.layout, a, thp, contiguous and not a.noncontiguous)
+        tick = None if progress is None else (lambda walked, base=done: progress(base + walked, total))
+        try:
+            state.accounts[a.address] = account(mem, disc.layout, a, listing, sim, tick)
+            state.trims[a.address] = sim.result()
+        except KeyboardInterrupt:
+            for b in state.arenas[i:]:
+                acc = state.accounts[b.address] = Account(b.address, b.system_mem)
+                acc.unwalked = b.system_mem
+                state.trims[b.address] = TrimEstimate(b.address)
+            state.findings_extra.append(Finding(
+                Severity.WARNING, a.address, f"arena {a.number}", f"the chunk walk was interrupted (Ctrl-C) in arena "
+                f"{a.number}: it and the {len(state.arenas) - i - 1} arena(s) after it are not walked, so their "
+                "in-use and free bytes are unknown", Kind.INTERRUPTED))
+            return
+        done += a.system_mem

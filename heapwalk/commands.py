@@ -8,10 +8,13 @@ internal errors show a traceback only with ``set heapwalk debug on``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import time
 import traceback
 
 import gdb  # type: ignore[import-not-found]
+from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 
 from . import check, chunkinfo, jsonout, mallocinfo, render, report
 from .collect import collect
@@ -105,8 +108,9 @@ def load_target(walk_chunks: bool = False):
         try:
             disc = discover(mem, GdbSymbols(), _overrides(), space.mappings,
                             [t.fs_base for t in threads if t.fs_base])
-            state = collect(mem, disc, threads, describe_target(), walk_chunks,
-                            space.regions if walk_chunks else None)
+            with _walk_progress(walk_chunks) as progress:
+                state = collect(mem, disc, threads, describe_target(), walk_chunks,
+                                space.regions if walk_chunks else None, progress)
         except DiscoveryError as exc:
             if other is not None:
                 raise UserError(f"heapwalk: this process allocates with {other[0]} ({other[1]}), not glibc's "
@@ -117,6 +121,47 @@ def load_target(walk_chunks: bool = False):
                 Severity.WARNING, 0, "allocator", f"the process also maps {other[0]} ({other[1]}): memory it "
                 "serves is not in glibc's arenas, and is not counted here", Kind.DISCOVERY))
         return state, mem, disc.layout
+
+
+_PROGRESS_AFTER = 1.0  # seconds a walk runs before its progress bar appears
+
+
+@contextlib.contextmanager
+def _walk_progress(walk_chunks: bool):
+    """A progress bar for the chunk walk (a callable for `collect`), or None: shown only in an interactive
+    gdb (a terminal, and not -batch, which makes the width unlimited), and only once the walk has taken a
+    second; it disappears when the walk ends."""
+    if not walk_chunks or not _interactive() or gdb.parameter("width") is None:
+        yield None
+        return
+    bar = _ProgressBar()
+    try:
+        yield bar
+    finally:
+        bar.close()
+
+
+class _ProgressBar:
+    """rich's progress bar on gdb's terminal, started on the first report after a second."""
+
+    def __init__(self):
+        self.start = time.monotonic()
+        self.progress: Progress | None = None
+        self.task = None
+
+    def __call__(self, done: int, total: int) -> None:
+        if self.progress is None:
+            if time.monotonic() - self.start < _PROGRESS_AFTER:
+                return
+            self.progress = Progress(TextColumn("walking chunks"), BarColumn(), DownloadColumn(binary_units=True),
+                                     TimeRemainingColumn(), console=_console(), transient=True)
+            self.task = self.progress.add_task("walk", total=total)
+            self.progress.start()
+        self.progress.update(self.task, completed=done)
+
+    def close(self) -> None:
+        if self.progress is not None:
+            self.progress.stop()
 
 
 def _is_64bit() -> bool:
@@ -335,6 +380,9 @@ def _arena_address(state: HeapState, text: str) -> int:
     raise UserError(f"no arena at {text} (see 'heapwalk arenas')")
 
 
+_PAGE_ROWS = 100  # rows of 'heapwalk chunks' printed at once
+
+
 class ChunksCommand(_Subcommand):
     name = "chunks"
 
@@ -359,24 +407,32 @@ class ChunksCommand(_Subcommand):
                                     free=args.free, used=args.used, min_size=_size(args.min) if args.min else 0,
                                     max_size=_size(args.max) if args.max else None)
         console = _console_with_header(state)
-        shown, total, count, rows = [], 0, 0, []
+        shown, total, count, page, printed = 0, 0, 0, [], False
         walk_findings: list = []
-        for arena, chunk in chunkinfo.chunks(mem, layout, state, flt, walk_findings):
-            count += 1
-            total += chunk.size
-            if args.json:
-                rows.append(jsonout.chunk_json(arena, chunk))
-            if args.limit == 0 or len(shown) < args.limit:
-                shown.append((arena, chunk))
-        console.print(render.chunks_table(shown, _interactive()))
-        more = f" (first {len(shown)} shown; --limit 0 shows all)" if len(shown) < count else ""
+        writer = jsonout.ChunksWriter(args.json, state) if args.json else None
+        try:  # the listing is printed a page at a time and the JSON written a chunk at a time, as the walk goes
+            for arena, chunk in chunkinfo.chunks(mem, layout, state, flt, walk_findings):
+                count += 1
+                total += chunk.size
+                if writer is not None:
+                    writer.add(arena, chunk)
+                if args.limit == 0 or shown < args.limit:
+                    shown += 1
+                    page.append((arena, chunk))
+                    if len(page) == _PAGE_ROWS:
+                        console.print(render.chunks_table(page, _interactive(), first=not printed))
+                        page, printed = [], True
+        finally:
+            if writer is not None:
+                writer.close()
+        if page or not printed:
+            console.print(render.chunks_table(page, _interactive(), first=not printed))
+        more = f" (first {shown} shown; --limit 0 shows all)" if shown < count else ""
         console.print(f"{count} chunks, {render.human(total)}{more}")
         damaged = [f for f in walk_findings if f.severity is Severity.ERROR]
         if damaged:
             console.print(f"partial results: the walk met {len(damaged)} damaged place(s); "
                           "'heapwalk check' lists them")
-        if args.json:
-            jsonout.dump(jsonout.chunks_document(state, rows), args.json)
 
 
 class ChunkCommand(_Subcommand):

@@ -52,6 +52,25 @@ def chunks_document(state: HeapState, rows: list[dict[str, Any]]) -> dict[str, A
             "main_arena": state.main_arena, "chunks": rows}
 
 
+class ChunksWriter:
+    """Writes `chunks_document` to PATH a chunk at a time, so millions of chunks take no memory."""
+
+    def __init__(self, path: str, state: HeapState):
+        head = json.dumps(chunks_document(state, []), indent=None)
+        self.file = open(path, "w", encoding="utf-8")
+        self.file.write(head[:head.rindex("[") + 1] + "\n")
+        self.tail = head[head.rindex("]"):]
+        self.count = 0
+
+    def add(self, arena: Arena, chunk) -> None:
+        self.file.write(("," if self.count else "") + json.dumps(chunk_json(arena, chunk)) + "\n")
+        self.count += 1
+
+    def close(self) -> None:
+        self.file.write(self.tail + "\n")
+        self.file.close()
+
+
 def account_json(acc) -> dict[str, Any]:
     """An arena's accounting: bytes and chunk counts per state, overhead, and whether it balances."""
     return {

@@ -81,6 +81,7 @@ class Kind(enum.Enum):
     ABORT = ("abort", "glibc aborted the process")
     CRASH_POINTER = ("crash_pointer", "the crashing thread's stack points at a free chunk")
     TLS_LOST = ("thread_tls_lost", "thread's TLS not in the core (its arena and tcache found by scanning)")
+    INTERRUPTED = ("interrupted", "the chunk walk was stopped (Ctrl-C)")
     DISCOVERY = ("discovery", "discovery")
     OTHER = ("other", "other")
 
@@ -299,6 +300,11 @@ class HeapState:
 
     def arena_at(self, address: int) -> Arena | None:
         return next((a for a in self.arenas if a.address == address), None)
+
+    @property
+    def interrupted(self) -> bool:
+        """Was the chunk walk stopped (Ctrl-C), leaving some arenas not walked?"""
+        return any(f.kind is Kind.INTERRUPTED for f in self.findings_extra)
 
     def tcaches(self) -> list[tuple[str, Tcache]]:
         """Every decoded tcache with its owner: each thread's (through its TLS), then those found by

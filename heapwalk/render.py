@@ -180,12 +180,15 @@ def _flags(flags: int) -> str:
     return "".join(c for bit, c in ((1, "P"), (2, "M"), (4, "A")) if flags & bit) or "-"
 
 
-def chunks_table(rows, interactive: bool) -> Table:
-    """One row per (arena, chunk): address, size, state, flags (P prev-in-use, M mmapped, A non-main arena)."""
-    table = Table(title="chunks", box=_box(interactive), title_justify="left")
-    for name, justify in (("address", "left"), ("size", "right"), ("state", "left"), ("flags", "left"),
-                          ("arena", "right")):
-        table.add_column(name, justify=justify, no_wrap=True)
+def chunks_table(rows, interactive: bool, first: bool = True) -> Table:
+    """One row per (arena, chunk): address, size, state, flags (P prev-in-use, M mmapped, A non-main arena).
+
+    Columns have fixed widths, so a long listing can be printed a page at a time as the walk goes (FIRST:
+    the page with the title and header) and the pages line up."""
+    table = Table(title="chunks" if first else None, box=_box(interactive), title_justify="left", show_header=first)
+    for name, justify, width in (("address", "left", 18), ("size", "right", 12), ("state", "left", 13),
+                                 ("flags", "left", 5), ("arena", "right", 5)):
+        table.add_column(name, justify=justify, no_wrap=True, width=width)
     for arena, chunk in rows:
         table.add_row(f"{chunk.address:#x}", f"{chunk.size:#x}", chunk.state.value, _flags(chunk.flags),
                       str(arena.number))

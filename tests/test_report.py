@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import functools
 import json
+import os
+import subprocess
 
 import pytest
 
-from conftest import GLIBCS, capture, glibc, run_gdb
+from conftest import GDBINIT, GLIBCS, capture, glibc, run_gdb
 from harness import REPRODUCERS
 
 pytestmark = pytest.mark.cores
@@ -74,3 +76,42 @@ def test_report_reads_well_in_a_batch_log(report_of):
                  "main_arena 0x"):
         assert line in out, line
     assert max(len(line) for line in out.splitlines()) <= 200
+
+
+def test_ctrl_c_during_the_chunk_walk_leaves_partial_results(tmp_path):
+    """Ctrl-C (KeyboardInterrupt) in the middle of the third arena's walk: the command still prints its
+    report, says the walk was interrupted and which numbers are partial, and exits without a traceback."""
+    cap = capture("system", "thread_arenas")
+    interrupt = ("import heapwalk.chunkwalk as _cw; _walk = _cw.walk_batches; _n = [0]\n"
+                 "def _stop(*a, **k):\n"
+                 "    _n[0] += 1\n"
+                 "    if _n[0] == 3: raise KeyboardInterrupt\n"
+                 "    return _walk(*a, **k)\n"
+                 "_cw.walk_batches = _stop")
+    script = tmp_path / "interrupt.py"
+    script.write_text(interrupt + "\n")
+    out = tmp_path / "report.json"
+    result = run_gdb([str(cap.exe), str(cap.core)], [f"source {script}", f"heapwalk report --json {out}"])
+    output = result.stdout + result.stderr
+    assert "Traceback" not in output and "internal error" not in output, output
+    assert "the chunk walk was interrupted (Ctrl-C)" in result.stdout
+    report = json.loads(out.read_text())
+    assert any("interrupted" in line for line in report["report"]["partial"])
+    walked = [a["accounting"]["unwalked"] == 0 for a in report["arenas"]]
+    assert walked[:2] == [True, True] and not any(walked[2:])
+    assert [f["kind"] for f in report["findings"]].count("interrupted") == 1
+
+
+def test_the_progress_bar_shows_in_an_interactive_gdb_only(tmp_path):
+    """On a terminal (gdb run under script(1)) a walk that takes long enough draws rich's progress bar;
+    gdb -batch output never has it."""
+    cap = capture("system", "thread_arenas")
+    batch = run_gdb([str(cap.exe), str(cap.core)], ["python import heapwalk.commands as c; c._PROGRESS_AFTER = 0",
+                                                     "heapwalk report"])
+    assert "walking chunks" not in batch.stdout + batch.stderr and "where the memory is" in batch.stdout
+    gdb_line = (f"gdb -nx -q -iex 'set pagination off' -iex 'set confirm off' -x {GDBINIT} "
+                "-ex 'python import heapwalk.commands as c; c._PROGRESS_AFTER = 0' "
+                f"-ex 'heapwalk report' -ex quit {cap.exe} {cap.core}")
+    typescript = subprocess.run(["script", "-qc", gdb_line, "/dev/null"], capture_output=True, text=True,
+                                timeout=120, stdin=subprocess.DEVNULL, env={**os.environ, "TERM": "xterm"})
+    assert "walking chunks" in typescript.stdout and "where the memory is" in typescript.stdout

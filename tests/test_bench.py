@@ -1,0 +1,33 @@
+"""The benchmark's smoke test: it runs on the small core and its numbers hang together (not its speed)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import bench
+
+pytestmark = pytest.mark.cores
+
+
+def test_the_small_benchmark_runs_and_counts_what_the_reproducer_holds(tmp_path):
+    out = tmp_path / "bench.json"
+    assert bench.main(["--size", "small", "--runs", "1", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["chunks"] >= 0.9 * result["ledger"]["chunks_requested"] and result["arenas"] == 9
+    assert [r["command"] for r in result["commands"]] == list(bench.COMMANDS)
+    for r in result["commands"]:
+        assert r["command_seconds"] > 0 and r["wall_seconds"] >= r["command_seconds"]
+        assert r["peak_rss_bytes"] > 10 << 20 and r["chunks_per_second"] > 0
+    assert result["floor_seconds"] > 0 and result["walk_seconds"] > 0
+    # each worker's arena holds exactly the allocations the worker still has (the ledger's live_TID)
+    doc = json.loads((bench.BUILD / "bench" / "small" / "arenas.json").read_text())
+    lwp_of = {t["arena"]: t["lwp"] for t in doc["threads"]}
+    live = {int(k[5:]): v for k, v in result["ledger"].items() if k.startswith("live_")}
+    assert len(live) == result["ledger"]["workers"] == 8
+    in_use = {lwp_of[a["address"]]: a["accounting"]["chunks"]["in_use"] for a in doc["arenas"] if not a["number"] == 0}
+    assert in_use == live
+    assert all(a["accounting"]["balanced"] for a in doc["arenas"])
+    kinds = {k for a in doc["arenas"] for k, n in a["accounting"]["chunks"].items() if n}
+    assert {"tcache", "unsorted", "small", "large", "top"} <= kinds
