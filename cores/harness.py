@@ -157,6 +157,22 @@ def run_to_snapshot(exe: Path, directory: Path, env: dict[str, str] | None = Non
     return proc
 
 
+def _run_provable(exe: Path, directory: Path, env: dict[str, str], launcher: list[str] | None,
+                  attempts: int = 3) -> subprocess.Popen:
+    """run_to_snapshot, run again when the reproducer aborted because it could not prove its ledger.
+
+    hw.c aborts rather than write a ledger it cannot prove (for example when another thread's exit put
+    chunks where the proving thread's mallocs find them first); a new run is a new, independent heap.
+    """
+    for attempt in range(attempts):
+        try:
+            return run_to_snapshot(exe, directory, env=env, launcher=launcher)
+        except HarnessError as exc:
+            if attempt == attempts - 1 or "exited before its snapshot (status -6)" not in str(exc):
+                raise
+    raise AssertionError("unreachable")
+
+
 def take_core(pid: int, core: Path, keep_raw: bool = False) -> None:
     """Writes a core of the stopped process PID to CORE with gcore, then makes it sparse.
 
@@ -306,7 +322,7 @@ def capture(name: str, outdir: Path, bindir: Path, keep: bool = False, sysroot: 
     full_env = {**arena_env(), **REPRODUCER_ENV.get(name, {})}
     for key, value in (env or {}).items():  # tunables combine: "a=1:b=2"
         full_env[key] = f"{full_env[key]}:{value}" if key == "GLIBC_TUNABLES" and key in full_env else value
-    proc = run_to_snapshot(exe, directory, env=full_env, launcher=launcher)
+    proc = _run_provable(exe, directory, full_env, launcher)
     gdb_exe = sysroot.ld_so if sysroot is not None else exe
     cap = Capture(name=name, directory=directory, exe=gdb_exe, pid=proc.pid, process=proc)
     try:
