@@ -31,7 +31,8 @@ __all__ = ["ChunkState", "Chunk", "Extent", "Account", "list_states", "Listing",
            "walk_extent", "walk_batches", "account",
            "FREE_STATES", "MmappedChunk", "find_mmapped", "main_regions", "resync"]
 
-_WINDOW = 4 << 20
+_WINDOW = 4 << 20      # bytes of a heap the walk reads at once
+_PROBE_SPAN = 1 << 18  # ... and a resynchronisation or region probe, which looks at little
 
 
 class ChunkState(enum.Enum):
@@ -103,19 +104,9 @@ class Account:
 
 
 def list_states(state: HeapState) -> dict[int, ChunkState]:
-    """Chunk address -> state for every chunk in a free list or tcache, and every tcache struct chunk."""
-    out: dict[int, ChunkState] = {}
-    for arena in state.arenas:
-        for lst in arena.free_lists():
-            st = _LIST_STATE[lst.kind]
-            for c in lst.chunks:
-                out[c] = st
-    for _, tcache in state.tcaches():
-        out[tcache.address - 2 * 8] = ChunkState.TCACHE_STRUCT
-        for b in tcache.bins:
-            for e in b.entries:
-                out[e - 2 * 8] = ChunkState.TCACHE
-    return out
+    """Chunk address -> state for every chunk in a free list or tcache, and every tcache struct chunk
+    (`Listing.of_state` as a dict: where two lists hold a chunk, the state the walk gives it)."""
+    return Listing.of_state(state).as_dict()
 
 
 #: the states of listed chunks, by the code a `Listing` key carries in its low four bits; where two lists hold
@@ -152,6 +143,13 @@ class Listing:
     def of_states(cls, states: dict[int, ChunkState]) -> "Listing":
         return cls(sorted(a | _CODE[st] for a, st in states.items()))
 
+    def as_dict(self) -> dict[int, ChunkState]:
+        """Address -> state; where two keys share an address, the first (the one the walk takes) wins."""
+        return {k & _ADDRESS: _LISTED_STATES[k & 0xF] for k in reversed(self.keys)}
+
+    def addresses(self) -> set[int]:
+        return {k & _ADDRESS for k in self.keys}
+
     def get(self, address: int) -> ChunkState | None:
         """The state of the listed chunk at ADDRESS, or None."""
         i = bisect.bisect_left(self.keys, address)
@@ -181,26 +179,6 @@ def extents(arena: Arena, layout: Layout) -> list[Extent]:
         header = layout.first_chunk_offset if heap.prev == 0 else layout.heap_info_size
         out.append(Extent(heap.address, _align_chunk(heap.address + header), heap.address + heap.size))
     return out
-
-
-class _Words:
-    """Reads 8-byte words of [start, end) through windows of a few hundred KiB: few reads, little memory."""
-
-    def __init__(self, mem: Memory, start: int, end: int):
-        self.mem, self.start, self.end = mem, start, end
-        self.base, self.data = 0, b""
-
-    def __call__(self, address: int) -> int:
-        off = address - self.base
-        if not (0 <= off and off + 8 <= len(self.data)):
-            self.base = address & ~7
-            size = min(_WINDOW, max(self.end - self.base, 8))
-            try:
-                self.data = self.mem.read(self.base, size)
-            except ReadError:
-                self.data = self.mem.read(self.base, 8)
-            off = address - self.base
-        return struct.unpack_from("<Q", self.data, off)[0]
 
 
 _BIN_STATES = frozenset((ChunkState.UNSORTED, ChunkState.SMALL, ChunkState.LARGE))
@@ -240,7 +218,7 @@ def resync(mem: Memory, extent: Extent, bad: int, top: int, listing: Listing) ->
         known.append(top)
     target = min(known, default=None)
     limit = min(target if target is not None else extent.end, bad + _RESYNC_WINDOW)
-    word = _Words(mem, bad, extent.end)
+    word = _Window(mem, extent.end, _PROBE_SPAN).word
     at = _align_chunk(bad + 1)
     while at < limit:
         if _chains(word, at, target if target is not None else extent.end, extent.end):
@@ -297,7 +275,7 @@ def walk_batches(mem: Memory, extent: Extent, top: int, listing: Listing, acc: A
     mask = SIZE_BITS | 8 if check_bit else PREV_INUSE | 8   # header bits the fast loop compares
     plain_want = PREV_INUSE | want_bit                        # ... for an in-use chunk after an in-use one
     limit = top if extent.first <= top < end else end
-    win = _Window(mem, end)
+    win = _Window(mem, end, _WINDOW)
     out: list[tuple[int, int, int, ChunkState]] = []
     p_addr = p_size = 0                  # the chunk before c ...
     p_plain = False                      # ... in use and in no list (counted already)
@@ -461,17 +439,18 @@ _BEYOND = 1 << 65   # an address past every list: the walk's next listed chunk w
 
 
 class _Window:
-    """The words of [base, base + a few MiB) of one heap, read in one piece; moved on as the walk goes."""
+    """The words of [base, base + SPAN) of one heap (up to its END), read in one piece; moved on as the
+    walk goes."""
 
-    def __init__(self, mem: Memory, end: int):
-        self.mem, self.end = mem, end
+    def __init__(self, mem: Memory, end: int, span: int):
+        self.mem, self.end, self.span = mem, end, span
         self.base, self.words = 0, memoryview(b"").cast("Q")
 
     def word(self, address: int) -> int:
         """The 8-byte word at ADDRESS (8-aligned), reading a new window when it is not in this one."""
         i = (address - self.base) >> 3
         if not 0 <= i < len(self.words):
-            data = _read_window(self.mem, address & ~7, self.end)
+            data = _read_window(self.mem, address & ~7, self.end, self.span)
             if len(data) < 8:
                 raise ReadError(address, 8)
             self.base, self.words = address & ~7, memoryview(data)[:len(data) // 8 * 8].cast("Q")
@@ -487,9 +466,9 @@ def _flags_at(win: "_Window", chunk: int) -> int:
         return 0
 
 
-def _read_window(mem: Memory, base: int, end: int) -> bytes:
-    """Up to _WINDOW bytes at BASE, fewer where the target's memory ends (b"" when nothing is readable)."""
-    size = max(16, min(_WINDOW, end - base))
+def _read_window(mem: Memory, base: int, end: int, span: int) -> bytes:
+    """Up to SPAN bytes at BASE, fewer where the target's memory ends (b"" when nothing is readable)."""
+    size = max(16, min(span, end - base))
     while size >= 8:
         try:
             return mem.read(base, size)
@@ -612,7 +591,7 @@ def find_mmapped(mem: Memory, layout: Layout, regions: list[tuple[int, int]], sk
 def _probe_main_region(mem: Memory, start: int, end: int, top: int, top_size: int) -> int | None:
     """The end of a main-arena region that starts at START (an mmap'd piece of a non-contiguous main arena):
     where its chunks reach the end of top, or two fenceposts; None if START does not hold such chunks."""
-    word = _Words(mem, start, end)
+    word = _Window(mem, end, _PROBE_SPAN).word
     c = _align_chunk(start)
     first, fenceposts = True, 0
     while c < end:

@@ -21,7 +21,7 @@ from .model import (Arena, BinKind, BinList, Fact, Finding, Heap, HeapState, Kin
 from .tcachescan import scan_tcaches
 from .walkers import ListWalk, walk_arena_ring, walk_bin, walk_fastbin, walk_heaps, walk_tcache
 
-__all__ = ["ThreadRegs", "collect", "read_mp", "read_arena"]
+__all__ = ["ThreadRegs", "collect", "walk_arenas", "read_mp", "read_arena"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,7 +228,7 @@ def _scan_for_tcaches(mem: Memory, disc: Discovery, state: HeapState) -> HeapSta
         return dataclasses.replace(state, findings=state.findings + notes)
     known = {tc.address for _, tc in state.tcaches()}
     fill = state.mp.get("tcache_count") if state.mp else None
-    scan = scan_tcaches(mem, disc.layout, list(state.arenas), list_states(state), fill, known)
+    scan = scan_tcaches(mem, disc.layout, list(state.arenas), Listing.of_state(state), fill, known)
     why = (f"the TLS of {len(lost)} thread{'s' if len(lost) > 1 else ''} is not in the core" if lost
            else "tcache's TLS offset is unknown")
     text = (f"{why}: the arenas were scanned for tcache structs instead, and {len(scan.tcaches)} found "
@@ -403,13 +403,13 @@ def collect(mem: Memory, disc: Discovery, threads: list[ThreadRegs], target: str
     if any(t.signal in FATAL_SIGNALS for t in threads):
         state = dataclasses.replace(state, findings=state.findings + tuple(crash_pointers(mem, state, threads)))
     if walk_chunks:
-        _walk_arenas(mem, disc, state, progress)
+        walk_arenas(mem, disc.layout, state, progress)
         if regions is not None and not state.interrupted:
             state.mmapped.extend(_mmapped(mem, disc, state, regions))
     return state
 
 
-def _walk_arenas(mem: Memory, disc: Discovery, state: HeapState, progress=None) -> None:
+def walk_arenas(mem: Memory, layout: Layout, state: HeapState, progress=None) -> None:
     """Walks every chunk of every arena into STATE's accounts and trim estimates.
 
     PROGRESS(done, total), when given, hears the bytes walked so far.  Ctrl-C (KeyboardInterrupt) ends the
@@ -423,10 +423,10 @@ def _walk_arenas(mem: Memory, disc: Discovery, state: HeapState, progress=None) 
     total = sum(a.system_mem for a in state.arenas)
     done = 0
     for i, a in enumerate(state.arenas):  # one walk per arena feeds both the accounting and the trim simulation
-        sim = TrimSimulation(mem, disc.layout, a, thp, contiguous and not a.noncontiguous)
+        sim = TrimSimulation(mem, layout, a, thp, contiguous and not a.noncontiguous)
         tick = None if progress is None else (lambda walked, base=done: progress(base + walked, total))
         try:
-            state.accounts[a.address] = account(mem, disc.layout, a, listing, sim, tick)
+            state.accounts[a.address] = account(mem, layout, a, listing, sim, tick)
             state.trims[a.address] = sim.result()
         except KeyboardInterrupt:
             for b in state.arenas[i:]:

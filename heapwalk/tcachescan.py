@@ -38,11 +38,11 @@ class TcacheScan:
     ambiguous: int
 
 
-def scan_tcaches(mem: Memory, layout: Layout, arenas: list[Arena], states: dict[int, ChunkState],
+def scan_tcaches(mem: Memory, layout: Layout, arenas: list[Arena], listing: Listing,
                  fill: int | None, known: set[int]) -> TcacheScan:
     """Every tcache struct in ARENAS' heaps except those at KNOWN (user addresses), by a walk of their chunks.
 
-    STATES are the chunks the free lists and known tcaches hold (`chunkwalk.list_states`); FILL is
+    LISTING holds the chunks the free lists and known tcaches hold (`chunkwalk.Listing.of_state`); FILL is
     mp_.tcache_count.  Walk findings are not kept: the accounting walk reports the same ones.
     """
     if not layout.has_tcache:
@@ -51,8 +51,7 @@ def scan_tcaches(mem: Memory, layout: Layout, arenas: list[Arena], states: dict[
     size = layout.tcache_chunk_size
     found: list[Tcache] = []
     ambiguous = 0
-    claimed = dict(states)  # chunks that lists hold, and then those of the tcaches found so far
-    listing = Listing.of_states(states)
+    claimed = listing.addresses()  # chunks that lists hold, and then those of the tcaches found so far
     for arena in arenas:
         first = True
         for extent in extents(arena, layout):
@@ -64,24 +63,20 @@ def scan_tcaches(mem: Memory, layout: Layout, arenas: list[Arena], states: dict[
                 user = chunk.address + 16
                 if user in known or chunk.address in claimed:
                     continue
-                verdict = _judge(mem, layout, user, fill, claimed)
-                if verdict == "empty" and not layout.tcache_counts_down and not at_start:
+                tcache = _sound(mem, layout, user, fill, claimed)
+                if tcache is None:
+                    continue
+                if not tcache.bins and not layout.tcache_counts_down and not at_start:
                     ambiguous += 1
-                elif verdict is not None:
-                    tcache = _decoded(mem, layout, user, fill, arena.address)
-                    claimed.update({e - 16: ChunkState.TCACHE for b in tcache.bins for e in b.entries})
-                    found.append(tcache)
+                    continue
+                claimed.update(e - 16 for b in tcache.bins for e in b.entries)
+                found.append(Tcache(tcache.address, tcache.bins, tcache.findings, arena.address))
     return TcacheScan(tuple(found), ambiguous)
 
 
-def _decoded(mem: Memory, layout: Layout, user: int, fill: int, arena: int) -> Tcache:
-    tcache = walk_tcache(mem, layout, user, fill)
-    return Tcache(tcache.address, tcache.bins, tcache.findings, arena)
-
-
-def _judge(mem: Memory, layout: Layout, user: int, fill: int, claimed: dict[int, ChunkState]) -> str | None:
-    """'sound' or 'empty' when the struct at USER decodes as a tcache glibc could have left, its entries
-    in no list of CLAIMED; else None."""
+def _sound(mem: Memory, layout: Layout, user: int, fill: int, claimed: set[int]) -> Tcache | None:
+    """The struct at USER decoded, when it is a tcache glibc could have left (empty, or with sound lists
+    whose entries are in no list of CLAIMED); else None."""
     try:
         raw = mem.read(user, layout.tcache_struct_size)
     except ReadError:
@@ -90,7 +85,7 @@ def _judge(mem: Memory, layout: Layout, user: int, fill: int, claimed: dict[int,
     if tcache.findings:
         return None
     if not tcache.bins:
-        return "empty" if layout.tcache_counts_down or not any(raw) else None
+        return tcache if layout.tcache_counts_down or not any(raw) else None
     for b in tcache.bins:
         if not b.complete or b.count > fill and b.index < 64:
             return None
@@ -104,4 +99,4 @@ def _judge(mem: Memory, layout: Layout, user: int, fill: int, claimed: dict[int,
                         return None
                 except ReadError:
                     return None
-    return "sound"
+    return tcache

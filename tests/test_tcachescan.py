@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import struct
 
-from heapwalk.chunkwalk import ChunkState
+from heapwalk.chunkwalk import ChunkState, Listing
 from heapwalk.collect import _blank_arena
 from heapwalk.model import Heap
 from heapwalk.tcachescan import scan_tcaches
@@ -38,7 +38,7 @@ def test_a_sound_tcache_is_found_and_a_zeroed_buffer_elsewhere_is_only_counted()
     first, second, third = (HEAP + 0x20 + size + 0x20 * i for i in range(3))
     h.tcache(tcache, {0: [first + 16, second + 16]})
     h.tcache(HEAP + 0x80 + size + 16, {1: [third + 16]})   # claims a 0x30 entry that is a 0x20 chunk
-    scan = scan_tcaches(h.mem, h.layout, [_arena(top)], {}, 7, set())
+    scan = scan_tcaches(h.mem, h.layout, [_arena(top)], Listing.of_states({}), 7, set())
     (found,) = scan.tcaches
     assert found.address == tcache and found.arena == ARENA
     assert [(b.chunk_size, b.entries) for b in found.bins] == [(0x20, (first + 16, second + 16))]
@@ -52,16 +52,16 @@ def test_entries_already_listed_are_not_taken_again():
     h.tcache(HEAP + 16, {0: [entry]})
     h.tcache(HEAP + 0x2b0 + 16, {0: [entry]})
     h.tcache(HEAP + 0x540 + 16, {0: [entry]})
-    scan = scan_tcaches(h.mem, h.layout, [_arena(top)], {}, 7, set())
+    scan = scan_tcaches(h.mem, h.layout, [_arena(top)], Listing.of_states({}), 7, set())
     assert [tc.address for tc in scan.tcaches] == [HEAP + 16]
     known = {HEAP: ChunkState.TCACHE_STRUCT, entry - 16: ChunkState.TCACHE}
-    assert scan_tcaches(h.mem, h.layout, [_arena(top)], known, 7, {HEAP + 16}).tcaches == ()
-    assert scan_tcaches(h.mem, h.layout, [_arena(top)], {entry - 16: ChunkState.SMALL}, 7, set()).tcaches == ()
+    assert scan_tcaches(h.mem, h.layout, [_arena(top)], Listing.of_states(known), 7, {HEAP + 16}).tcaches == ()
+    assert scan_tcaches(h.mem, h.layout, [_arena(top)], Listing.of_states({entry - 16: ChunkState.SMALL}), 7, set()).tcaches == ()
 
 
 def test_an_all_zero_struct_at_the_arenas_first_chunk_is_an_empty_tcache():
     h, top = _heap((2, 31), [0x290, 0x290])
-    scan = scan_tcaches(h.mem, h.layout, [_arena(top)], {}, 7, set())
+    scan = scan_tcaches(h.mem, h.layout, [_arena(top)], Listing.of_states({}), 7, set())
     assert [tc.address for tc in scan.tcaches] == [HEAP + 16] and scan.tcaches[0].bins == ()
     assert scan.ambiguous == 1
 
@@ -70,9 +70,9 @@ def test_counts_above_the_fill_count_are_not_a_tcache():
     h, top = _heap((2, 36), [0x290, 0x20])
     entry = HEAP + 0x290 + 16
     h.tcache(HEAP + 16, {0: [entry]}, counts={0: 1})
-    assert len(scan_tcaches(h.mem, h.layout, [_arena(top)], {}, 7, set()).tcaches) == 1
+    assert len(scan_tcaches(h.mem, h.layout, [_arena(top)], Listing.of_states({}), 7, set()).tcaches) == 1
     h.tcache(HEAP + 16, {0: [entry]}, counts={0: 9, 1: 0})
-    assert scan_tcaches(h.mem, h.layout, [_arena(top)], {}, 7, set()).tcaches == ()
+    assert scan_tcaches(h.mem, h.layout, [_arena(top)], Listing.of_states({}), 7, set()).tcaches == ()
 
 
 def test_glibc_2_43_empty_tcache_counts_down_from_the_fill_count_anywhere():
@@ -83,5 +83,5 @@ def test_glibc_2_43_empty_tcache_counts_down_from_the_fill_count_anywhere():
     slots = struct.pack(f"<{lay.tcache_bins}H", *[16] * lay.tcache_bins)
     for i in range(0, len(slots), 8):
         h.w(empty + i, struct.unpack_from("<Q", slots.ljust(len(slots) + 8, b"\0"), i)[0])
-    scan = scan_tcaches(h.mem, lay, [_arena(top)], {}, 16, set())
+    scan = scan_tcaches(h.mem, lay, [_arena(top)], Listing.of_states({}), 16, set())
     assert [tc.address for tc in scan.tcaches] == [empty] and scan.ambiguous == 0
