@@ -562,15 +562,14 @@ def find_mmapped(mem: Memory, layout: Layout, regions: list[tuple[int, int]], sk
     A mapping made for one chunk starts with its header: prev_size 0 (the
     front padding, which only memalign'd chunks have) and a size with
     IS_MMAPPED set and NON_MAIN_ARENA clear, spanning whole pages that fit in
-    the region; the kernel may merge neighbouring ones into one region.
-    Regions overlapping SKIP (heaps, libc) are not looked at; chunks with
-    front padding are not found (the totals then disagree with mp_, which
-    the caller reports).
+    the region; the kernel may merge neighbouring ones into one region, and
+    merges one placed right below a thread heap with the heap's first pages.
+    SKIP (heaps, libc) is cut out of the regions, and what is left of each is
+    looked at; chunks with front padding are not found (the totals then
+    disagree with mp_, which the caller reports).
     """
     out: list[MmappedChunk] = []
-    for start, end in regions:
-        if any(lo < end and start < hi for lo, hi in skip):
-            continue
+    for start, end in _without(regions, skip):
         at = start
         while at < end and len(out) < limit:
             try:
@@ -585,6 +584,24 @@ def find_mmapped(mem: Memory, layout: Layout, regions: list[tuple[int, int]], sk
                 break
             out.append(MmappedChunk(at, size, span))
             at += span
+    return out
+
+
+def _without(regions: list[tuple[int, int]], cut: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The pieces of REGIONS outside every range of CUT, in order."""
+    cut = sorted(cut)
+    out = []
+    for start, end in regions:
+        for lo, hi in cut:
+            if hi <= start or lo >= end:
+                continue
+            if lo > start:
+                out.append((start, lo))
+            start = max(start, hi)
+            if start >= end:
+                break
+        if start < end:
+            out.append((start, end))
     return out
 
 
@@ -619,12 +636,11 @@ def main_regions(mem: Memory, arena: Arena, regions: list[tuple[int, int]], skip
     """The pieces [start, end) of a non-contiguous main arena (mmap'd when sbrk could not be used).
 
     Each piece ends at top or with two fenceposts; the kernel may have merged
-    neighbouring pieces into one region, so a region is probed piece after piece.
+    neighbouring pieces into one region, so a region is probed piece after piece
+    (SKIP, the thread heaps and libc, cut out: a piece may merge with a heap).
     """
     out = []
-    for start, end in sorted(regions):
-        if any(lo < end and start < hi for lo, hi in skip):
-            continue
+    for start, end in _without(sorted(regions), skip):
         at = start
         while at < end:
             piece_end = _probe_main_region(mem, at, end, arena.top, arena.top_size)

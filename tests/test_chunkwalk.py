@@ -109,3 +109,23 @@ def test_last_piece_of_an_old_top_is_a_fencepost_not_a_held_chunk():
         assert findings == []
         assert by_count[ChunkState.FENCEPOST] == 1 and by_count[ChunkState.IN_USE] == 1
         assert by_bytes[ChunkState.FENCEPOST] == 0x20 and overhead == 0x1000 - 0x60
+
+
+def test_an_mmapped_chunk_merged_with_the_heap_above_it_is_found():
+    """The kernel places a chunk's mapping in the gap glibc leaves below a thread heap when it aligns the
+    heap, and merges it with the heap's first pages into one region: the chunk is found all the same."""
+    from heapwalk.layout import layout_for
+    chunk, heap = 0x7f0000000000 - 0x3000, 0x7f0000000000
+    region = bytearray(0x3000 + 0x2000)
+    struct.pack_into("<QQ", region, 0, 0, 0x3000 | 2)         # the mmapped chunk, alone in its mapping
+    struct.pack_into("<QQ", region, 0x3000, heap + 0x20, 0)   # the heap's heap_info (ar_ptr, prev)
+    mem = ImageMemory({chunk: region})
+    found = chunkwalk.find_mmapped(mem, layout_for((2, 36)), [(chunk, heap + 0x2000)], [(heap, heap + (64 << 20))])
+    assert [(c.address, c.size, c.span) for c in found] == [(chunk, 0x3000, 0x3000)]
+
+
+def test_without_cuts_ranges_out_of_regions():
+    regions = [(0, 100), (200, 300), (400, 500)]
+    assert chunkwalk._without(regions, [(50, 60), (250, 450)]) == [(0, 50), (60, 100), (200, 250), (450, 500)]
+    assert chunkwalk._without(regions, [(0, 100)]) == [(200, 300), (400, 500)]
+    assert chunkwalk._without(regions, []) == regions
