@@ -276,6 +276,9 @@ def walk_batches(mem: Memory, extent: Extent, top: int, listing: Listing, acc: A
     plain_want = PREV_INUSE | want_bit                        # ... for an in-use chunk after an in-use one
     limit = top if extent.first <= top < end else end
     win = _Window(mem, end, _WINDOW)
+    states, held_states, bin_states, size_mask = _LISTED_STATES, _HELD_STATES, _BIN_STATES, ~SIZE_BITS
+    i_beyond = _BEYOND >> 3
+    code_bytes, code_counts = [0] * len(states), [0] * len(states)   # the fast loop's tallies, by listing code
     out: list[tuple[int, int, int, ChunkState]] = []
     p_addr = p_size = 0                  # the chunk before c ...
     p_plain = False                      # ... in use and in no list (counted already)
@@ -286,58 +289,73 @@ def walk_batches(mem: Memory, extent: Extent, top: int, listing: Listing, acc: A
             if not every and c + 8 >= win.base:
                 # the fast loop: chunks whose headers are what their neighbours say, counted and passed;
                 # it stops at anything else (and at the window's end), which the full treatment handles
+                # it runs in word indices of the window: chunk c's size field is words[i], i = (c - shift) / 8,
+                # and a size field shifted right by 3 is the chunk's length in words, its flag bits dropped
                 words, shift = win.words, win.base - 8
-                c0, p, lp, psz, n, listed_bytes = c, -1, -1, p_size, 0, 0
+                i = i0 = (c - shift) >> 3
+                p, lp, n, listed_bytes = -1, -1, 0, 0
                 if p_st in _BIN_STATES or p_st is ChunkState.FREE_UNLISTED:
                     pass  # the chunk after a free one: the full treatment checks its prev_size
                 else:
+                    i_limit = (limit - shift + 7) >> 3
+                    i_end = (end - shift) >> 3
+                    i_nxt = (nxt - shift) >> 3
+                    append = out.append
+                    bound = i_nxt if i_nxt < i_limit else i_limit  # where the next chunk is not plainly in use
                     try:
-                        while c < limit:
-                            size_field = words[(c - shift) >> 3]
-                            if c < nxt:  # in use: PREV_INUSE set, its arena bit, a sound size
+                        while True:
+                            size_field = words[i]  # IndexError at the window's end
+                            if i < bound:  # in use: PREV_INUSE set, its arena bit, a sound size
                                 if size_field & mask != plain_want or size_field < MINSIZE:
                                     break
                                 n += 1
-                                p = c
-                                c += size_field & ~SIZE_BITS
+                                p = i
+                                i += size_field >> 3
                                 continue
-                            st = _LISTED_STATES[order[at] & 0xF]
-                            size = size_field & ~SIZE_BITS
-                            if c != nxt or size_field & 9 != PREV_INUSE or size_field < MINSIZE or c + size > end \
-                                    or check_bit and st in _HELD_STATES and size_field & NON_MAIN_ARENA != want_bit:
+                            if i >= i_limit:
                                 break
-                            tally_bytes[st] += size
-                            tally_counts[st] += 1
-                            out.append((c, size, size_field & SIZE_BITS, st))
+                            code = order[at] & 0xF
+                            st = states[code]
+                            if i != i_nxt or size_field & 9 != PREV_INUSE or size_field < MINSIZE \
+                                    or i + (size_field >> 3) > i_end \
+                                    or check_bit and st in held_states and size_field & NON_MAIN_ARENA != want_bit:
+                                break
+                            size = size_field & size_mask
+                            code_bytes[code] += size
+                            code_counts[code] += 1
+                            append((shift + (i << 3), size, size_field & SIZE_BITS, st))
                             listed_bytes += size
-                            lp, psz, p_st = c, size, st
+                            lp = i
                             at += 1
-                            nxt = order[at] & _ADDRESS if at < listed else _BEYOND
-                            c += size
-                            if st in _BIN_STATES:
+                            i_nxt = ((order[at] & _ADDRESS) - shift) >> 3 if at < listed else i_beyond
+                            bound = i_nxt if i_nxt < i_limit else i_limit
+                            i += size_field >> 3
+                            if st in bin_states:
                                 # what follows a free chunk: PREV_INUSE clear, prev_size its size; and
                                 # when it is in use, its own header as above
-                                i = (c - shift) >> 3
                                 size_field = words[i]
-                                if c >= limit or c >= nxt or size_field & mask != want_bit or \
+                                if i >= i_limit or i >= i_nxt or size_field & mask != want_bit or \
                                         size_field < MINSIZE or words[i - 1] != size:
                                     break
                                 n += 1
-                                p = c
-                                c += size_field & ~SIZE_BITS
+                                p = i
+                                i += size_field >> 3
                     except IndexError:
                         pass
-                if c != c0:
+                if i != i0:
+                    c0, c = c, shift + (i << 3)
+                    nxt = order[at] & _ADDRESS if at < listed else _BEYOND
                     plain_count += n
                     plain_bytes += c - c0 - listed_bytes
                     if p > lp:
-                        p_addr, p_size, p_plain, p_st = p, c - p, True, None
-                    else:
-                        p_addr, p_size, p_plain = lp, psz, False
+                        p_addr, p_plain, p_st = shift + (p << 3), True, None
+                    else:  # the last chunk met is the listed one at lp, and c is its end
+                        p_addr, p_plain, p_st = shift + (lp << 3), False, states[order[at - 1] & 0xF]
+                    p_size = c - p_addr
                     if c > end:  # the last one runs past the heap: undo it, and give it the full treatment
                         plain_count -= 1
-                        plain_bytes -= c - p
-                        c, p_plain, p_st = p, False, None
+                        plain_bytes -= c - p_addr
+                        c, p_plain, p_st = p_addr, False, None
                 if c >= end:
                     break
             while nxt < c:
@@ -430,6 +448,9 @@ def walk_batches(mem: Memory, extent: Extent, top: int, listing: Listing, acc: A
     finally:
         tally_bytes[ChunkState.IN_USE] += plain_bytes
         tally_counts[ChunkState.IN_USE] += plain_count
+        for code, st in enumerate(states):
+            tally_bytes[st] += code_bytes[code]
+            tally_counts[st] += code_counts[code]
         for st, n in tally_bytes.items():
             acc.bytes[st] += n
             acc.counts[st] += tally_counts[st]
@@ -466,12 +487,13 @@ def _flags_at(win: "_Window", chunk: int) -> int:
         return 0
 
 
-def _read_window(mem: Memory, base: int, end: int, span: int) -> bytes:
+def _read_window(mem: Memory, base: int, end: int, span: int) -> bytes | memoryview:
     """Up to SPAN bytes at BASE, fewer where the target's memory ends (b"" when nothing is readable)."""
     size = max(16, min(span, end - base))
+    read = getattr(mem, "read_buffer", mem.read)
     while size >= 8:
         try:
-            return mem.read(base, size)
+            return read(base, size)
         except ReadError:
             size = size // 2 if size > 4096 else (8 if size > 8 else 0)
     return b""

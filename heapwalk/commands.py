@@ -17,7 +17,7 @@ import gdb  # type: ignore[import-not-found]
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 
 from . import check, chunkinfo, jsonout, mallocinfo, render, report
-from .collect import collect
+from .collect import collect, gc_paused
 from .discovery import DiscoveryError, Overrides, discover, foreign_allocator, parse_version
 from .gdbtarget import (GdbSymbols, describe_target, gdb_memory, has_target, memory_map, preserved_selection,
                         thread_registers)
@@ -260,7 +260,7 @@ class _Subcommand(gdb.Command):
     def invoke(self, argument: str, from_tty: bool) -> None:
         try:
             args = self.parser.parse_args(gdb.string_to_argv(argument))
-            with read_only():
+            with read_only(), gc_paused():
                 self.run(args)
         except _HelpShown:
             return

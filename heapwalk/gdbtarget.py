@@ -41,7 +41,7 @@ def gdb_memory(known: list[tuple[int, int]] | None = None) -> CachedMemory:
     def read(address: int, size: int) -> bytes:
         return inferior.read_memory(address, size).tobytes()
 
-    return CachedMemory(read, max_blocks=_CACHE_BLOCKS, regions=known)
+    return CachedMemory(read, max_blocks=_CACHE_BLOCKS, regions=known, raw_buffer=inferior.read_memory)
 
 
 #: blocks of 64 KiB the cache keeps (128 MiB): enough that the free lists of an arena of two 64 MiB heaps

@@ -63,8 +63,10 @@ class CachedMemory:
     PAGE = 1 << 12
 
     def __init__(self, raw_read: Callable[[int, int], bytes], max_blocks: int = 512,
-                 regions: list[tuple[int, int]] | None = None):
+                 regions: list[tuple[int, int]] | None = None,
+                 raw_buffer: Callable[[int, int], memoryview] | None = None):
         self._raw = raw_read
+        self._raw_buffer = raw_buffer
         self._blocks: OrderedDict[int, bytes | dict[int, bytes | None]] = OrderedDict()
         self._max_blocks = max_blocks
         self.raw_reads = 0
@@ -151,6 +153,21 @@ class CachedMemory:
             raise ReadError(address, size, "not in the target's memory")
         if size >= self.BLOCK * 4:
             return self._read_large(address, size)
+        return self._read_blocks(address, size)
+
+    def read_buffer(self, address: int, size: int) -> bytes | memoryview:
+        """SIZE bytes at ADDRESS for a reader that only looks (the chunk walk's windows): a big span comes
+        straight from the raw reader's own buffer when it has one, saving a copy; else as `read`."""
+        if self._raw_buffer is None or size < self.BLOCK * 4 or address < 0 or size < 0 \
+                or address + size > 1 << 64 or not self._known(address, size):
+            return self.read(address, size)
+        self.raw_reads += 1
+        try:
+            data = self._raw_buffer(address, size)
+            if len(data) == size:
+                return data
+        except Exception:
+            pass
         return self._read_blocks(address, size)
 
     def _read_large(self, address: int, size: int) -> bytes:

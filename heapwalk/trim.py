@@ -29,6 +29,7 @@ __all__ = ["TrimEstimate", "TrimSimulation", "PAGE"]
 PAGE = 4096
 _SPAN = 1 << 20                 # bytes read at once when looking for resident pages
 _LINKS = 48                     # sizeof(struct malloc_chunk): stays resident in a trimmed chunk
+_SUB_PAGE = PAGE - 1 + _LINKS   # a free chunk this size or smaller has no whole page to give back
 _RUN_STATES = frozenset((ChunkState.FAST, ChunkState.UNSORTED, ChunkState.SMALL, ChunkState.LARGE))
 
 
@@ -126,32 +127,42 @@ class TrimSimulation:
 
     def chunks(self, batch) -> None:
         """The next chunks of the walk that are not plainly in use, as (address, size, flags, state) in address
-        order; a gap between two of them is in-use memory, which ends a run."""
+        order; a gap between two of them is in-use memory, which ends a run.  (A closed run with no whole
+        page inside, the common case of a fragmented heap, is summed here rather than through `_close`.)"""
         run_start, run_size, run_has_fast = self.run_start, self.run_size, self.run_has_fast
         run_states = _RUN_STATES if self.consolidate else _RUN_STATES - {ChunkState.FAST}
-        tcache = 0
-        close = self._close
+        tcache = sub_page = 0
+        runs = self.est.runs
+        fast, top, tcache_state = ChunkState.FAST, ChunkState.TOP, ChunkState.TCACHE
         for address, size, _, state in batch:
             if run_start is not None and address != run_start + run_size:
-                close(run_start, run_size)  # an in-use chunk ended the run
+                # an in-use chunk ended the run
+                if run_size <= _SUB_PAGE:
+                    sub_page += run_size
+                else:
+                    runs.append((run_start, run_size))
                 run_start = None
             if state in run_states:
                 if run_start is None:
-                    run_start, run_size, run_has_fast = address, 0, False
-                run_size += size
-                if state is ChunkState.FAST:
-                    run_has_fast = True
+                    run_start, run_size, run_has_fast = address, size, state is fast
+                else:
+                    run_size += size
+                    if state is fast:
+                        run_has_fast = True
                 continue
-            if state is ChunkState.TCACHE:
+            if state is tcache_state:
                 tcache += size
             if run_start is not None:
-                if state is ChunkState.TOP and run_has_fast:  # consolidation merges the run into top
+                if state is top and run_has_fast:  # consolidation merges the run into top
                     self.top_start, self.top_size = run_start, self.top_size + run_size
+                elif run_size <= _SUB_PAGE:
+                    sub_page += run_size
                 else:
-                    close(run_start, run_size)
+                    runs.append((run_start, run_size))
                 run_start = None
         self.run_start, self.run_size, self.run_has_fast = run_start, run_size, run_has_fast
         self.est.kept["tcache"] += tcache
+        self.est.kept["sub_page"] += sub_page
 
     def extent_done(self) -> None:
         if self.run_start is not None:
@@ -160,7 +171,7 @@ class TrimSimulation:
 
     def _close(self, address: int, size: int) -> None:
         """A free chunk as consolidation leaves it: the whole pages inside are given back, the rest is kept."""
-        if size <= PAGE - 1 + _LINKS:  # no whole page inside: the common case of a fragmented heap
+        if size <= _SUB_PAGE:  # no whole page inside: the common case of a fragmented heap
             self.est.kept["sub_page"] += size
             return
         self.est.runs.append((address, size))
