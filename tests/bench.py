@@ -3,7 +3,9 @@
 For each command (report, bins, chunks --free, check) it runs ``gdb -batch`` on the core RUNS times, each a
 whole process, and reports the median wall time, the median time of the command itself inside gdb (without
 gdb's start and the loading of the core), gdb's peak RSS, and chunks walked per second.  The floor to
-compare with is the time to read the same heap bytes once, one bulk read per heap, in the same gdb.
+compare with is the time to read the same heap bytes once, one bulk read per heap, in the same gdb.  Then the
+same program is run again and left at its snapshot, and the walk and ``heapwalk report`` are timed on it live
+(``gdb -p``), where reads go to the process instead of a file.
 
 Sizes: small (300 thousand chunks, for quick runs and the smoke test), medium (1.5 million) and large
 (6 million chunks, over 1 GiB in nine arenas).  Prints a table and writes build/bench/SIZE/bench.json.
@@ -55,12 +57,13 @@ def capture(size: str, bindir: Path) -> harness.Capture:
     return harness.Capture(name="bench", directory=directory, exe=exe, pid=json.loads(meta.read_text())["pid"])
 
 
-def gdb_run(exe: Path, core: Path, commands: list[str]) -> tuple[str, float, int]:
-    """Runs gdb -batch with heapwalk and COMMANDS on the core: (stdout, wall seconds, gdb's peak RSS in bytes)."""
+def gdb_run(exe: Path, core: Path | None, commands: list[str], pid: int | None = None) -> tuple[str, float, int]:
+    """Runs gdb -batch with heapwalk and COMMANDS on the core (or attached to the live process PID):
+    (stdout, wall seconds, gdb's peak RSS in bytes)."""
     cmd = ["gdb", "-nx", "-batch", "-q", "-x", str(GDBINIT)]
     for c in commands:
         cmd += ["-ex", c]
-    cmd += [str(exe), str(core)]
+    cmd += [str(exe), str(core)] if pid is None else ["-p", str(pid)]
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         start = time.perf_counter()
         proc = subprocess.Popen(cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL)
@@ -129,6 +132,26 @@ def measure(cap: harness.Capture, runs: int, workdir: Path) -> dict:
     }
 
 
+def measure_live(size: str, bindir: Path, runs: int, workdir: Path) -> dict:
+    """The walk and `heapwalk report` timed on a live bench process of SIZE (gdb -p; reads go through ptrace
+    and /proc/PID/mem instead of the core file), which is killed afterwards."""
+    exe = harness.build("bench", bindir)
+    proc = harness.run_to_snapshot(exe, workdir / "live", env={"HW_BENCH_CHUNKS": str(SIZES[size])})
+    try:
+        walks = [_value(gdb_run(exe, None, [f"source {ROOT / 'tests' / 'bench_walk.py'}"], proc.pid)[0],
+                        "heapwalk-bench-walk") for _ in range(runs)]
+        reports = [gdb_run(exe, None, [_TIMED.format(command="heapwalk report")], proc.pid) for _ in range(runs)]
+    finally:
+        proc.kill()
+        proc.wait()
+    walk_seconds = statistics.median(float(w[0]) for w in walks)
+    seconds = statistics.median(float(_value(out, "heapwalk-bench-seconds")[0]) for out, _, _ in reports)
+    chunks = int(walks[0][1])
+    return {"chunks": chunks, "walk_seconds": walk_seconds, "walk_chunks_per_second": chunks / walk_seconds,
+            "report_wall_seconds": statistics.median(wall for _, wall, _ in reports),
+            "report_command_seconds": seconds, "report_peak_rss_bytes": max(peak for _, _, peak in reports)}
+
+
 def table(result: dict) -> str:
     """The numbers as a plain-text table."""
     mib = 1 << 20
@@ -144,6 +167,12 @@ def table(result: dict) -> str:
         rate = f"{r['chunks_per_second']:,.0f}" if r["chunks_per_second"] else "-"
         lines.append(f"{r['command']:26} {r['wall_seconds']:8.2f} {r['command_seconds']:10.2f} "
                      f"{r['peak_rss_bytes'] / mib:13,.0f} {rate:>12} {r['times_floor']:8.1f}")
+    live = result.get("live")
+    if live:
+        lines.append(f"live attach (gdb -p, {live['chunks']:,} chunks): the walk {live['walk_seconds']:.2f} s, "
+                     f"{live['walk_chunks_per_second']:,.0f} chunks/s; heapwalk report "
+                     f"{live['report_wall_seconds']:.2f} s wall, {live['report_command_seconds']:.2f} s command, "
+                     f"peak RSS {live['report_peak_rss_bytes'] / mib:,.0f} MiB")
     return "\n".join(lines)
 
 
@@ -151,11 +180,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", choices=SIZES, default="large")
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--no-live", action="store_true", help="skip the live-attach measurement")
     parser.add_argument("--json", type=Path, help="where to write the numbers (default build/bench/SIZE/bench.json)")
     args = parser.parse_args(argv)
     cap = capture(args.size, BUILD / "bin")
     workdir = cap.directory.parent
     result = measure(cap, args.runs, workdir)
+    if not args.no_live:
+        result["live"] = measure_live(args.size, BUILD / "bin", args.runs, workdir)
     result["ledger"] = json.loads(cap.ledger.read_text())["facts"]
     out = args.json or workdir / "bench.json"
     out.write_text(json.dumps(result, indent=2) + "\n")

@@ -21,6 +21,10 @@ def test_the_small_benchmark_runs_and_counts_what_the_reproducer_holds(tmp_path)
         assert r["command_seconds"] > 0 and r["wall_seconds"] >= r["command_seconds"]
         assert r["peak_rss_bytes"] > 10 << 20 and r["chunks_per_second"] > 0
     assert result["floor_seconds"] > 0 and result["walk_seconds"] > 0
+    # the live run is the same program with the same seeds: the same chunks, walked through the process
+    live = result["live"]
+    assert live["chunks"] == result["chunks"] and live["walk_seconds"] > 0
+    assert live["report_wall_seconds"] >= live["report_command_seconds"] > 0
     # each worker's arena holds exactly the allocations the worker still has (the ledger's live_TID)
     doc = json.loads((bench.BUILD / "bench" / "small" / "arenas.json").read_text())
     lwp_of = {t["arena"]: t["lwp"] for t in doc["threads"]}
