@@ -18,7 +18,7 @@ SUITES := bullseye trixie sid
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 PYTEST_ARGS ?=
 
-.PHONY: all deps venv sysroots cores demo test unit fuzz bench clean distclean
+.PHONY: all deps venv sysroots cores demo test unit fuzz bench docs clean distclean
 
 all: test
 
@@ -74,6 +74,10 @@ BENCH_SIZE ?= large
 BENCH_ARGS ?=
 bench: venv
 	$(PY) tests/bench.py --size $(BENCH_SIZE) $(BENCH_ARGS)
+
+# docs/commands.md, from the code's own help (make test fails when it is out of date).
+docs: venv
+	$(PY) tests/commands_doc.py
 
 # Only the tests that need no gdb or cores.
 unit: venv

@@ -1,0 +1,173 @@
+"""What the heapwalk command line needs to know about a core file before gdb opens it, read from the file.
+
+An ELF64 core holds its memory in PT_LOAD segments and its process facts in notes: NT_FILE (the files
+mapped, with their addresses), NT_AUXV (the auxiliary vector: AT_ENTRY is the program's entry point) and
+NT_PRPSINFO (the command name).  From these: which executable the core was made from, and the build-id
+of the copy that was mapped (gcore writes the first pages of each ELF file it finds mapped), to check
+that an executable given for the core is the same build.  Pure Python, no gdb.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["CoreError", "CoreFile", "file_build_id"]
+
+_ET_CORE = 4
+_PT_LOAD, _PT_NOTE = 1, 4
+_NT_PRPSINFO, _NT_AUXV, _NT_FILE, _NT_GNU_BUILD_ID = 3, 6, 0x46494C45, 3
+_AT_ENTRY = 9
+
+
+class CoreError(Exception):
+    """The file is not an ELF64 little-endian core, or is cut short where its headers are."""
+
+
+@dataclass(frozen=True)
+class FileMapping:
+    start: int
+    end: int
+    offset: int          # in the file, bytes
+    path: str
+
+
+def _notes(data: bytes):
+    """(type, name, desc) of each note in DATA (4-byte aligned, as in cores and ELF files)."""
+    at = 0
+    while at + 12 <= len(data):
+        namesz, descsz, kind = struct.unpack_from("<III", data, at)
+        name_at = at + 12
+        desc_at = name_at + (namesz + 3) // 4 * 4
+        end = desc_at + (descsz + 3) // 4 * 4
+        if end > len(data):
+            return
+        yield kind, data[name_at:name_at + namesz].rstrip(b"\0"), data[desc_at:desc_at + descsz]
+        at = end
+
+
+def _build_id_of_image(read, base: int) -> str | None:
+    """The GNU build-id of the ELF image whose first bytes READ(offset, size) returns (from its PT_NOTEs)."""
+    try:
+        head = read(base, 64)
+        if head[:4] != b"\x7fELF" or head[4] != 2:
+            return None
+        phoff, = struct.unpack_from("<Q", head, 32)
+        phentsize, phnum = struct.unpack_from("<HH", head, 54)
+        for i in range(min(phnum, 64)):
+            p_type, _, p_offset, _, _, p_filesz = struct.unpack_from("<IIQQQQ", read(base + phoff + i * phentsize, 56))
+            if p_type != _PT_NOTE or p_filesz > 1 << 16:
+                continue
+            for kind, name, desc in _notes(read(base + p_offset, p_filesz)):
+                if kind == _NT_GNU_BUILD_ID and name == b"GNU":
+                    return desc.hex()
+    except (struct.error, OSError, LookupError):
+        return None
+    return None
+
+
+def file_build_id(path: str | Path) -> str | None:
+    """The GNU build-id of the ELF file at PATH, None when it has none or is not readable ELF."""
+    try:
+        with open(path, "rb") as f:
+            def read(offset: int, size: int) -> bytes:
+                f.seek(offset)
+                data = f.read(size)
+                if len(data) != size:
+                    raise LookupError(offset)
+                return data
+            return _build_id_of_image(read, 0)
+    except OSError:
+        return None
+
+
+class CoreFile:
+    """An ELF64 core file's segments and notes."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        try:
+            self._f = open(self.path, "rb")
+        except OSError as exc:
+            raise CoreError(f"{path}: cannot open: {exc.strerror}") from None
+        head = self._f.read(64)
+        if len(head) < 64 or head[:4] != b"\x7fELF":
+            raise CoreError(f"{path} is not an ELF file, so not a core file")
+        if head[4] != 2 or head[5] != 1:
+            raise CoreError(f"{path} is not a 64-bit little-endian ELF file (heapwalk reads x86-64 cores)")
+        e_type, = struct.unpack_from("<H", head, 16)
+        if e_type != _ET_CORE:
+            raise CoreError(f"{path} is an ELF file but not a core file (it is a program or library)")
+        phoff, = struct.unpack_from("<Q", head, 32)
+        phentsize, phnum = struct.unpack_from("<HH", head, 54)
+        self._f.seek(phoff)
+        table = self._f.read(phentsize * phnum)
+        if len(table) < phentsize * phnum:
+            raise CoreError(f"{path} is cut short: its program headers are missing")
+        self.loads: list[tuple[int, int, int, int]] = []    # (vaddr, memsz, file offset, filesz)
+        self._note_data = b""
+        for i in range(phnum):
+            p_type, _, p_offset, p_vaddr, _, p_filesz, p_memsz = struct.unpack_from("<IIQQQQQ", table, i * phentsize)
+            if p_type == _PT_LOAD:
+                self.loads.append((p_vaddr, p_memsz, p_offset, p_filesz))
+            elif p_type == _PT_NOTE:
+                self._f.seek(p_offset)
+                self._note_data += self._f.read(p_filesz)
+        self.notes = list(_notes(self._note_data))
+
+    def close(self) -> None:
+        self._f.close()
+
+    def read(self, address: int, size: int) -> bytes:
+        """SIZE bytes of the process's memory at ADDRESS as the core holds them (LookupError where it does not)."""
+        for vaddr, _, offset, filesz in self.loads:
+            if vaddr <= address and address + size <= vaddr + filesz:
+                self._f.seek(offset + address - vaddr)
+                data = self._f.read(size)
+                if len(data) == size:
+                    return data
+        raise LookupError(f"{address:#x} is not in the core")
+
+    def file_mappings(self) -> list[FileMapping]:
+        """The NT_FILE note: every file mapping of the process."""
+        for kind, name, desc in self.notes:
+            if kind == _NT_FILE and name == b"CORE" and len(desc) >= 16:
+                count, page = struct.unpack_from("<QQ", desc, 0)
+                table_end = 16 + count * 24
+                names = desc[table_end:].split(b"\0")
+                out = []
+                for i in range(min(count, len(names))):
+                    start, end, pgoff = struct.unpack_from("<QQQ", desc, 16 + i * 24)
+                    out.append(FileMapping(start, end, pgoff * page, names[i].decode(errors="replace")))
+                return out
+        return []
+
+    def auxv(self) -> dict[int, int]:
+        for kind, name, desc in self.notes:
+            if kind == _NT_AUXV and name == b"CORE":
+                return {k: v for k, v in struct.iter_unpack("<QQ", desc[:len(desc) // 16 * 16])}
+        return {}
+
+    def command(self) -> str:
+        """The command line the core's process ran (NT_PRPSINFO's pr_psargs), or ''."""
+        for kind, name, desc in self.notes:
+            if kind == _NT_PRPSINFO and name == b"CORE" and len(desc) >= 136:
+                return desc[56:136].split(b"\0")[0].decode(errors="replace").strip()
+        return ""
+
+    def executable(self) -> FileMapping | None:
+        """The mapping at offset 0 of the file holding the program's entry point (AT_ENTRY): the executable
+        the process ran (the dynamic loader, when the program was started as 'ld.so PROGRAM')."""
+        entry = self.auxv().get(_AT_ENTRY)
+        maps = self.file_mappings()
+        holder = next((m for m in maps if entry is not None and m.start <= entry < m.end), None)
+        if holder is None:
+            return None
+        return min((m for m in maps if m.path == holder.path and m.offset == 0), key=lambda m: m.start,
+                   default=None)
+
+    def executable_build_id(self) -> str | None:
+        """The build-id of the executable as mapped in the process, when the core holds its first pages."""
+        exe = self.executable()
+        return None if exe is None else _build_id_of_image(lambda off, n: self.read(exe.start + off, n), 0)

@@ -1,0 +1,246 @@
+"""The heapwalk command line, end to end: report on cores, capture of a running process, diff of two snapshots,
+and each error a user meets, with its message and exit status."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import BINDIR, NO_SYMBOLS, ROOT, capture, corruption, heapwalk_json
+
+pytestmark = pytest.mark.live
+
+HEAPWALK = Path(sys.executable).parent / "heapwalk"
+
+
+def heapwalk(*args: str, user: str | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    """Runs the installed console script (as USER, through setpriv, when given)."""
+    cmd = [str(HEAPWALK), *args]
+    if user is not None:
+        cmd = ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups", *cmd]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+
+
+@pytest.mark.parametrize("name,symbols", [("thread_arenas", True), ("bins", False), ("many_arenas", True)])
+def test_report_on_a_core_equals_the_report_inside_gdb(name, symbols, tmp_path):
+    cap = capture("system", name)
+    out = tmp_path / "cli.json"
+    args = ["report", str(cap.core), "--json", str(out)] + ([] if symbols else ["--no-symbols"])
+    result = heapwalk(*args)
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stdout + result.stderr
+    exe = cap.exe.resolve()
+    assert f"executable from the core: {exe}" in result.stderr   # EXE was not given: found in the core
+    in_gdb = heapwalk_json([str(exe), str(cap.core)], tmp_path, iex=[] if symbols else [NO_SYMBOLS],
+                           before=[])
+    cli = json.loads(out.read_text())
+    assert cli["report"] and cli == {**in_gdb, "report": cli["report"]}
+    # the text is gdb's own: the same report, line for line
+    gdb_text = subprocess.run(["gdb", "-nx", "-batch", "-q", "-x", str(ROOT / "gdbinit"), *(
+        [] if symbols else ["-iex", NO_SYMBOLS]), "-ex", "heapwalk report", str(exe), str(cap.core)],
+        capture_output=True, text=True, timeout=300).stdout
+    start = gdb_text.index("core file ")
+    assert result.stdout.strip() == gdb_text[start:].strip()
+
+
+def test_report_with_the_executable_and_xml(tmp_path):
+    cap = capture("system", "bins")
+    xml = tmp_path / "mi.xml"
+    result = heapwalk("report", str(cap.core), str(cap.exe), "--xml", str(xml))
+    assert result.returncode == 0, result.stderr
+    assert xml.read_text().startswith("<malloc version=")
+
+
+def test_report_check_exits_1_on_a_damaged_heap():
+    cap = corruption("system", "double_free")
+    damaged = heapwalk("report", str(cap.core), str(cap.exe), "--check")
+    assert damaged.returncode == 1, damaged.stderr
+    assert "heap is damaged" in damaged.stderr
+    assert "heap DAMAGED: 4 error(s)" in damaged.stdout and "double_free          0x" in damaged.stdout
+    clean = heapwalk("report", str(capture("system", "bins").core), "--check")
+    assert clean.returncode == 0, clean.stderr
+
+
+def _grow(tmp_path: Path) -> tuple[subprocess.Popen, Path]:
+    """cores/grow.c, running, with its first state written."""
+    exe = BINDIR / "grow"
+    source = ROOT / "cores" / "grow.c"
+    if not exe.exists() or exe.stat().st_mtime < source.stat().st_mtime:
+        BINDIR.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["gcc", "-O1", "-g", "-pthread", str(source), "-o", str(exe)], check=True)
+    state_dir = tmp_path / "grow"
+    state_dir.mkdir()
+    proc = subprocess.Popen([str(exe), str(state_dir)])
+    _wait_for_step(state_dir, 0)
+    return proc, state_dir
+
+
+def _wait_for_step(state_dir: Path, step: int) -> list[int]:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            values = [int(x) for x in (state_dir / "state").read_text().split()]
+            if values[0] == step:
+                return values
+        except (OSError, ValueError, IndexError):
+            pass
+        time.sleep(0.02)
+    raise AssertionError(f"grow did not reach step {step}")
+
+
+def _process_state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as fh:
+        return fh.read().rsplit(")", 1)[1].split()[0]
+
+
+def test_capture_writes_a_core_and_a_report_and_leaves_the_process_running(tmp_path):
+    proc, state_dir = _grow(tmp_path)
+    try:
+        out = tmp_path / "snap"
+        result = heapwalk("capture", str(proc.pid), "--out", str(out))
+        assert result.returncode == 0, result.stderr
+        assert (out / "core").stat().st_size > 0 and json.loads((out / "report.json").read_text())["report"]
+        record = json.loads((out / "capture.json").read_text())
+        assert record["pid"] == proc.pid and record["threads"] == 3 and record["stopped_seconds"] > 0
+        assert any(m["rss"] > 0 for m in record["smaps"]) and record["resident_runs"]
+        assert f"process {proc.pid} was stopped for" in result.stdout and "RSS" in result.stdout
+        # still running, and still doing its work
+        assert proc.poll() is None and _process_state(proc.pid) in "SR"
+        proc.send_signal(signal.SIGUSR1)
+        _wait_for_step(state_dir, 1)
+        # the report of the core is the report of that core in gdb
+        meta_exe = BINDIR / "grow"
+        assert json.loads((out / "report.json").read_text())["arenas"] == \
+            heapwalk_json([str(meta_exe), str(out / "core")], tmp_path)["arenas"]
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_capture_live_reads_the_process_without_a_core(tmp_path):
+    proc, _ = _grow(tmp_path)
+    try:
+        out = tmp_path / "live"
+        result = heapwalk("capture", str(proc.pid), "--live", "--out", str(out))
+        assert result.returncode == 0, result.stderr
+        assert not (out / "core").exists() and json.loads((out / "report.json").read_text())["target"].startswith(
+            "process ")
+        assert proc.poll() is None and _process_state(proc.pid) in "SR"
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_diff_of_two_snapshots_names_the_arena_that_grew(tmp_path):
+    proc, state_dir = _grow(tmp_path)
+    try:
+        assert heapwalk("capture", str(proc.pid), "--out", str(tmp_path / "a")).returncode == 0
+        for step in (1, 2, 3):
+            proc.send_signal(signal.SIGUSR1)
+            _, grower, steady = _wait_for_step(state_dir, step)
+        assert heapwalk("capture", str(proc.pid), "--out", str(tmp_path / "b")).returncode == 0
+    finally:
+        proc.kill()
+        proc.wait()
+    b = json.loads((tmp_path / "b" / "report.json").read_text())
+    arena_of = {t["lwp"]: t["arena"] for t in b["threads"]}
+    number_of = {a["address"]: a["number"] for a in b["arenas"]}
+    grower_arena, steady_arena = number_of[arena_of[grower]], number_of[arena_of[steady]]
+    # JSON against a core: both kinds of snapshot work
+    result = heapwalk("diff", str(tmp_path / "a" / "report.json"), str(tmp_path / "b" / "core"),
+                      "--json", str(tmp_path / "diff.json"))
+    assert result.returncode == 0, result.stderr
+    d = json.loads((tmp_path / "diff.json").read_text())
+    assert d["grew"] == [grower_arena] and steady_arena not in d["grew"]
+    grown = next(e for e in d["arenas"] if e["number"] == grower_arena)
+    assert grown["in_use_growth"] > 3 * 1000 * 1024 and grown["system_growth"] > 0
+    assert any(c["low"] == 2048 and c["bytes_growth"] > 0 for c in grown["free_classes"])
+    assert f"grew: arena {grower_arena}" in result.stdout
+
+
+# ------------------------------------------------------------------------------------------- errors
+
+
+def _fails(result: subprocess.CompletedProcess, *phrases: str) -> None:
+    assert result.returncode == 2, (result.returncode, result.stdout, result.stderr)
+    assert "Traceback" not in result.stdout + result.stderr
+    message = result.stderr.strip()
+    assert message.startswith("heapwalk: ") and len(message.splitlines()) == 1, message
+    for phrase in phrases:
+        assert phrase in message, message
+
+
+def test_error_gdb_missing():
+    _fails(heapwalk("report", str(capture("system", "bins").core), "--gdb", "/nonexistent/gdb"),
+           "gdb not found", "apt install gdb")
+
+
+def test_error_core_and_executable_do_not_match():
+    cap = capture("system", "bins")
+    other = capture("system", "thread_arenas").exe
+    _fails(heapwalk("report", str(cap.core), str(other)), "does not match the core", "build-id")
+
+
+def test_error_not_a_core(tmp_path):
+    _fails(heapwalk("report", str(capture("system", "bins").exe)), "not a core file")
+    _fails(heapwalk("report", str(tmp_path / "missing")), "no such core file")
+    (tmp_path / "text").write_text("hello")
+    _fails(heapwalk("report", str(tmp_path / "text")), "not an ELF file")
+
+
+def test_error_no_such_process():
+    pid = 4_000_000  # above any pid_max
+    _fails(heapwalk("capture", str(pid)), f"cannot attach to {pid}", "no process")
+
+
+def test_error_process_of_another_user(tmp_path):
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("needs root and setpriv to run heapwalk as another user")
+    proc, _ = _grow(tmp_path)
+    try:
+        result = heapwalk("capture", str(proc.pid), "--out", "/tmp/heapwalk-test-denied", user="65534")
+        _fails(result, f"cannot attach to {proc.pid}", "belongs to user 0", "sudo")
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_error_ptrace_scope_explained(monkeypatch, tmp_path):
+    """A user attaching to their own process under Yama's ptrace_scope 1 (Ubuntu's default) or 3."""
+    from heapwalk import cli
+
+    scope = tmp_path / "ptrace_scope"
+    real_path = cli.Path
+    monkeypatch.setattr(cli, "Path", lambda p, *rest: real_path(scope) if str(p) == "/proc/sys/kernel/yama/ptrace_scope"
+                        else real_path(p, *rest))
+    monkeypatch.setattr(cli.os, "geteuid", lambda: 1000)
+    monkeypatch.setattr(cli.os, "stat", lambda p: os.stat_result((0o40555, 0, 0, 0, 1000, 1000, 0, 0, 0, 0)))
+    scope.write_text("1\n")
+    advice = cli._ptrace_advice(os.getpid())
+    assert "ptrace_scope is 1" in advice and "sysctl kernel.yama.ptrace_scope=0" in advice
+    scope.write_text("3\n")
+    assert "disabled on this machine" in cli._ptrace_advice(os.getpid())
+    scope.write_text("0\n")
+    assert cli._ptrace_advice(os.getpid()) is None
+
+
+def test_help_lists_every_subcommand():
+    result = heapwalk("--help")
+    assert result.returncode == 0
+    for name in ("report", "capture", "diff"):
+        assert name in result.stdout
+
+
+def test_commands_page_is_the_code_s_own_help():
+    """docs/commands.md is what tests/commands_doc.py makes of the gdb commands' and the CLI's help now."""
+    import commands_doc
+
+    assert commands_doc.DOC.read_text() == commands_doc.render(), "docs/commands.md is out of date: run 'make docs'"
