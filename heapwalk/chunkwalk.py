@@ -29,7 +29,7 @@ from .model import Arena, BinKind, Finding, HeapState, Kind, Severity
 
 __all__ = ["ChunkState", "Chunk", "Extent", "Account", "list_states", "Listing", "extents",
            "walk_extent", "walk_batches", "account",
-           "FREE_STATES", "MmappedChunk", "find_mmapped", "main_regions", "resync"]
+           "FREE_STATES", "MmappedChunk", "find_mmapped", "find_mmapped_in_pages", "main_regions", "resync"]
 
 _WINDOW = 4 << 20      # bytes of a heap the walk reads at once
 _PROBE_SPAN = 1 << 18  # ... and a resynchronisation or region probe, which looks at little
@@ -606,6 +606,33 @@ def find_mmapped(mem: Memory, layout: Layout, regions: list[tuple[int, int]], sk
                 break
             out.append(MmappedChunk(at, size, span))
             at += span
+    return out
+
+
+def find_mmapped_in_pages(mem: Memory, layout: Layout, regions: list[tuple[int, int]],
+                          skip: list[tuple[int, int]], budget: int = 1 << 30) -> list[MmappedChunk]:
+    """Mmapped chunks anywhere in REGIONS (less SKIP), looked for at every page: for when `find_mmapped`
+    finds fewer than mp_ counts, because the kernel merged a chunk's mapping with anonymous memory below
+    it (a thread's stack, say), so that it no longer starts a region.  Reads at most BUDGET bytes of
+    pages; the caller keeps what it finds only if the totals then agree with mp_."""
+    out: list[MmappedChunk] = []
+    for start, end in _without(regions, skip):
+        at = (start + 4095) & ~4095
+        while at + 16 <= end and budget > 0:
+            budget -= 4096
+            try:
+                prev_size, size_field = struct.unpack("<QQ", mem.read(at, 16))
+            except ReadError:
+                at += 4096
+                continue
+            size = size_field & ~SIZE_BITS
+            span = layout.mmapped_span(0, size)
+            if prev_size == 0 and size_field & IS_MMAPPED and not size_field & NON_MAIN_ARENA \
+                    and size >= MINSIZE and span % 4096 == 0 and at + span <= end:
+                out.append(MmappedChunk(at, size, span))
+                at += span
+            else:
+                at += 4096
     return out
 
 

@@ -13,7 +13,8 @@ import gc
 import struct
 from dataclasses import dataclass
 
-from .chunkwalk import Account, ChunkState, Listing, account, find_mmapped, list_states, main_regions
+from .chunkwalk import (Account, ChunkState, Listing, account, find_mmapped, find_mmapped_in_pages, list_states,
+                        main_regions)
 from .trim import TrimEstimate, TrimSimulation
 from .discovery import Discovery, MallocUnused
 from .layout import MP_INT_FIELDS, NBINS, SIZE_BITS, Layout
@@ -278,6 +279,13 @@ def _mmapped(mem: Memory, disc: Discovery, state: HeapState, regions: list[tuple
         skip.append(disc.libc_range)
     found = find_mmapped(mem, disc.layout, regions, skip)
     mp = state.mp
+    if mp is not None and len(found) < (mp.get("n_mmaps") or 0):
+        # some chunk does not start its region: look at every page outside the chunks found; keep what
+        # that finds only when it makes the totals mp_'s
+        more = find_mmapped_in_pages(mem, disc.layout, regions, skip + [(c.address, c.address + c.span) for c in found])
+        if len(found) + len(more) == mp.get("n_mmaps") and \
+                sum(c.span for c in found) + sum(c.span for c in more) == mp.get("mmapped_mem"):
+            found = sorted(found + more, key=lambda c: c.address)
     if mp is not None and (len(found) != mp.get("n_mmaps") or sum(c.span for c in found) != mp.get("mmapped_mem")):
         state.findings_extra.append(Finding(
             Severity.WARNING, 0, "mmapped chunks",

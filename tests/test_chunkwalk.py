@@ -129,3 +129,18 @@ def test_without_cuts_ranges_out_of_regions():
     assert chunkwalk._without(regions, [(50, 60), (250, 450)]) == [(0, 50), (60, 100), (200, 250), (450, 500)]
     assert chunkwalk._without(regions, [(0, 100)]) == [(200, 300), (400, 500)]
     assert chunkwalk._without(regions, []) == regions
+
+
+def test_an_mmapped_chunk_merged_with_anonymous_memory_below_it_is_found_page_by_page():
+    """A chunk's mapping placed right above a thread's stack merges with it: the region starts with the
+    stack, so only the page-by-page search finds the chunk (collect keeps it when mp_'s totals agree)."""
+    from heapwalk.layout import layout_for
+    base = 0x7f0000000000
+    region = bytearray(0x2000 + 0x3000)
+    region[:0x2000] = bytes(range(256)) * 32                      # the stack's top pages: any data
+    struct.pack_into("<QQ", region, 0x2000, 0, 0x3000 | 2)      # the chunk, alone in its mapping
+    mem = ImageMemory({base: region})
+    layout = layout_for((2, 31))
+    assert chunkwalk.find_mmapped(mem, layout, [(base, base + len(region))], []) == []
+    found = chunkwalk.find_mmapped_in_pages(mem, layout, [(base, base + len(region))], [])
+    assert [(c.address, c.span) for c in found] == [(base + 0x2000, 0x3000)]
