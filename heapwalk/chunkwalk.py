@@ -594,19 +594,26 @@ def find_mmapped(mem: Memory, layout: Layout, regions: list[tuple[int, int]], sk
     for start, end in _without(regions, skip):
         at = start
         while at < end and len(out) < limit:
-            try:
-                prev_size, size_field = struct.unpack("<QQ", mem.read(at, 16))
-            except ReadError:
+            chunk = _mmapped_at(mem, layout, at, end)
+            if chunk is None:
                 break
-            size = size_field & ~SIZE_BITS
-            if prev_size or not size_field & IS_MMAPPED or size_field & NON_MAIN_ARENA or size < MINSIZE:
-                break
-            span = layout.mmapped_span(0, size)
-            if span % 4096 or at + span > end:
-                break
-            out.append(MmappedChunk(at, size, span))
-            at += span
+            out.append(chunk)
+            at += chunk.span
     return out
+
+
+def _mmapped_at(mem: Memory, layout: Layout, at: int, end: int) -> MmappedChunk | None:
+    """The mmapped chunk whose mapping starts at AT and ends by END, if AT holds such a header: prev_size 0,
+    IS_MMAPPED set, NON_MAIN_ARENA clear, a mapping of whole pages."""
+    try:
+        prev_size, size_field = struct.unpack("<QQ", mem.read(at, 16))
+    except ReadError:
+        return None
+    size = size_field & ~SIZE_BITS
+    if prev_size or not size_field & IS_MMAPPED or size_field & NON_MAIN_ARENA or size < MINSIZE:
+        return None
+    span = layout.mmapped_span(0, size)
+    return MmappedChunk(at, size, span) if span % 4096 == 0 and at + span <= end else None
 
 
 def find_mmapped_in_pages(mem: Memory, layout: Layout, regions: list[tuple[int, int]],
@@ -620,19 +627,12 @@ def find_mmapped_in_pages(mem: Memory, layout: Layout, regions: list[tuple[int, 
         at = (start + 4095) & ~4095
         while at + 16 <= end and budget > 0:
             budget -= 4096
-            try:
-                prev_size, size_field = struct.unpack("<QQ", mem.read(at, 16))
-            except ReadError:
+            chunk = _mmapped_at(mem, layout, at, end)
+            if chunk is None:
                 at += 4096
-                continue
-            size = size_field & ~SIZE_BITS
-            span = layout.mmapped_span(0, size)
-            if prev_size == 0 and size_field & IS_MMAPPED and not size_field & NON_MAIN_ARENA \
-                    and size >= MINSIZE and span % 4096 == 0 and at + span <= end:
-                out.append(MmappedChunk(at, size, span))
-                at += span
             else:
-                at += 4096
+                out.append(chunk)
+                at += chunk.span
     return out
 
 

@@ -357,14 +357,13 @@ def cmd_capture(args) -> int:
 # ---------------------------------------------------------------------------------------------- diff
 
 
-def _snapshot(args, path: Path, workdir: Path) -> dict:
-    """The report JSON of PATH: read as is when it is JSON, computed with gdb when it is a core."""
+def _snapshot(args, path: Path, out: Path) -> dict:
+    """The report JSON of PATH: read as is when it is JSON, computed with gdb (written to OUT) when it is a core."""
     if not path.exists():
         raise CliError(f"heapwalk: no such file: {path}")
     with open(path, "rb") as f:
         head = f.read(4)
     if head == b"\x7fELF":
-        out = workdir / (path.name + f".{abs(hash(str(path)))}.json")
         gdb, _ = _open_core(args, path, None)
         with gdb:
             gdb.run(_report_command(out, None))
@@ -445,7 +444,7 @@ def cmd_diff(args) -> int:
     workdir = Path(os.environ.get("TMPDIR", "/tmp")) / f"heapwalk-diff-{os.getpid()}"
     workdir.mkdir(parents=True, exist_ok=True)
     try:
-        a, b = _snapshot(args, args.a, workdir), _snapshot(args, args.b, workdir)
+        a, b = _snapshot(args, args.a, workdir / "a.json"), _snapshot(args, args.b, workdir / "b.json")
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     d = diff_snapshots(a, b)

@@ -13,6 +13,8 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
+from .elfmem import iter_notes
+
 __all__ = ["CoreError", "CoreFile", "file_build_id"]
 
 _ET_CORE = 4
@@ -33,20 +35,6 @@ class FileMapping:
     path: str
 
 
-def _notes(data: bytes):
-    """(type, name, desc) of each note in DATA (4-byte aligned, as in cores and ELF files)."""
-    at = 0
-    while at + 12 <= len(data):
-        namesz, descsz, kind = struct.unpack_from("<III", data, at)
-        name_at = at + 12
-        desc_at = name_at + (namesz + 3) // 4 * 4
-        end = desc_at + (descsz + 3) // 4 * 4
-        if end > len(data):
-            return
-        yield kind, data[name_at:name_at + namesz].rstrip(b"\0"), data[desc_at:desc_at + descsz]
-        at = end
-
-
 def _build_id_of_image(read, base: int) -> str | None:
     """The GNU build-id of the ELF image whose first bytes READ(offset, size) returns (from its PT_NOTEs)."""
     try:
@@ -59,7 +47,7 @@ def _build_id_of_image(read, base: int) -> str | None:
             p_type, _, p_offset, _, _, p_filesz = struct.unpack_from("<IIQQQQ", read(base + phoff + i * phentsize, 56))
             if p_type != _PT_NOTE or p_filesz > 1 << 16:
                 continue
-            for kind, name, desc in _notes(read(base + p_offset, p_filesz)):
+            for kind, name, desc in iter_notes(read(base + p_offset, p_filesz)):
                 if kind == _NT_GNU_BUILD_ID and name == b"GNU":
                     return desc.hex()
     except (struct.error, OSError, LookupError):
@@ -114,7 +102,7 @@ class CoreFile:
             elif p_type == _PT_NOTE:
                 self._f.seek(p_offset)
                 self._note_data += self._f.read(p_filesz)
-        self.notes = list(_notes(self._note_data))
+        self.notes = list(iter_notes(self._note_data))
 
     def close(self) -> None:
         self._f.close()

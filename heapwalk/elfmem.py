@@ -109,14 +109,9 @@ class LibcImage:
                 data = self.mem.read(seg.address, seg.filesz)
             except ReadError:
                 continue
-            pos = 0
-            while pos + 12 <= len(data):
-                namesz, descsz, ntype = struct.unpack_from("<III", data, pos)
-                name_end = pos + 12 + ((namesz + 3) & ~3)
-                desc = data[name_end:name_end + descsz]
-                if ntype == NT_GNU_BUILD_ID and data[pos + 12:pos + 12 + namesz].rstrip(b"\0") == b"GNU":
+            for ntype, name, desc in iter_notes(data):
+                if ntype == NT_GNU_BUILD_ID and name == b"GNU":
                     return desc.hex()
-                pos = name_end + ((descsz + 3) & ~3)
         return None
 
     def dynamic_symbol(self, name: str) -> int | None:
@@ -172,6 +167,19 @@ class LibcImage:
             if pos >= 0:
                 return seg.address + pos, data[pos:pos + 160]
         return None
+
+
+def iter_notes(data: bytes):
+    """(type, name, desc) of each ELF note in DATA (a PT_NOTE segment of a program, library or core)."""
+    pos = 0
+    while pos + 12 <= len(data):
+        namesz, descsz, ntype = struct.unpack_from("<III", data, pos)
+        name_end = pos + 12 + ((namesz + 3) & ~3)
+        end = name_end + ((descsz + 3) & ~3)
+        if name_end + descsz > len(data):
+            return
+        yield ntype, data[pos + 12:pos + 12 + namesz].rstrip(b"\0"), data[name_end:name_end + descsz]
+        pos = end
 
 
 def find_libc(mappings: list[Mapping]) -> tuple[int, str] | None:

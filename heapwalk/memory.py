@@ -161,20 +161,14 @@ class CachedMemory:
         if self._raw_buffer is None or size < self.BLOCK * 4 or address < 0 or size < 0 \
                 or address + size > 1 << 64 or not self._known(address, size):
             return self.read(address, size)
-        self.raw_reads += 1
-        try:
-            data = self._raw_buffer(address, size)
-            if len(data) == size:
-                return data
-        except Exception:
-            pass
-        return self._read_blocks(address, size)
+        return self._read_large(address, size, self._raw_buffer)
 
-    def _read_large(self, address: int, size: int) -> bytes:
-        """One raw read for big spans (heap segments), falling back to blocks."""
+    def _read_large(self, address: int, size: int, raw=None) -> bytes | memoryview:
+        """One raw read for big spans (heap segments), falling back to blocks; RAW, when given, is a reader
+        whose buffer is returned as it is."""
         self.raw_reads += 1
         try:
-            data = bytes(self._raw(address, size))
+            data = raw(address, size) if raw is not None else bytes(self._raw(address, size))
             if len(data) == size:
                 return data
         except Exception:
