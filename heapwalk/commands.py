@@ -107,7 +107,7 @@ def load_target(walk_chunks: bool = False):
         other = foreign_allocator(space.mappings)
         try:
             disc = discover(mem, GdbSymbols(), _overrides(), space.mappings,
-                            [t.fs_base for t in threads if t.fs_base])
+                            [t.fs_base for t in threads if t.fs_base], core=space.core)
             with _walk_progress(walk_chunks) as progress:
                 state = collect(mem, disc, threads, describe_target(), walk_chunks,
                                 space.regions if walk_chunks else None, progress)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from . import heuristics, x86
-from .elfmem import LIBC_FILE_NAME, LibcImage, Mapping, find_libc, sole_file
+from .elfmem import LIBC_FILE_NAME, PF_W, PT_LOAD, LibcImage, Mapping, find_libc, sole_file
 from .layout import HEAP_MAX_SIZE, Layout, UnsupportedVersion, layout_for
 from .memory import Memory, ReadError, u64
 from .model import Fact, Finding, Kind, Severity
@@ -40,6 +40,9 @@ class SymbolSource(Protocol):
     def tls_offset(self, name: str) -> int | None:
         """Offset of libc's TLS variable NAME from a thread's $fs_base (tcache, thread_arena)."""
 
+    def libc_file(self) -> tuple[str, str | None] | None:
+        """(path, build-id) of the libc file the debugger loaded, whose symbols these are; None if none."""
+
 
 class NoSymbols:
     """A SymbolSource that knows nothing."""
@@ -49,6 +52,23 @@ class NoSymbols:
 
     def tls_offset(self, name: str) -> int | None:
         return None
+
+    def libc_file(self) -> tuple[str, str | None] | None:
+        return None
+
+
+class _Refusing:
+    """Memory with some ranges taken away: reads that touch them fail (pages a core lacks, which gdb would
+    fill from a library file that is not the one the process ran)."""
+
+    def __init__(self, mem: Memory, ranges: list[tuple[int, int]], reason: str):
+        self._mem, self._ranges, self._reason = mem, ranges, reason
+
+    def read(self, address: int, size: int) -> bytes:
+        for start, end in self._ranges:
+            if address < end and start < address + size:
+                raise ReadError(address, size, self._reason)
+        return self._mem.read(address, size)
 
 
 @dataclass
@@ -137,8 +157,10 @@ class _Search:
     """State shared by the discovery steps: what is known so far, and the facts and findings recorded."""
 
     def __init__(self, mem: Memory, symbols: SymbolSource, overrides: Overrides, mappings: list[Mapping],
-                 fs_bases: list[int]):
+                 fs_bases: list[int], core: bool = False):
         self.mem = mem
+        self.core = core
+        self.foreign_libc_file = False   # gdb loaded another build of libc than the process ran
         self.symbols = symbols
         self.overrides = overrides
         self.mappings = mappings
@@ -200,6 +222,31 @@ class _Search:
         build_id = self.image.build_id()
         if build_id:
             self.fact("libc_build_id", build_id, "note in libc's first page")
+            self.check_libc_file(base, build_id)
+
+    def check_libc_file(self, base: int, build_id: str) -> None:
+        """Stops trusting a libc file the debugger loaded that is another build than the process ran (a core
+        opened on a machine with another glibc, or a live process whose libc was upgraded on disk): its
+        symbols would point at the wrong places and, in a core, the pages it fills in would be another
+        libc's."""
+        loaded = self.symbols.libc_file()
+        if loaded is None or not loaded[1] or loaded[1] == build_id:
+            return
+        path, file_id = loaded
+        self.symbols = NoSymbols()
+        self.foreign_libc_file = True
+        what = "its symbols"
+        if self.core:
+            first_page = base + 0x1000
+            kept = [(max(s.address, first_page), s.end) for s in self.image.segments
+                    if s.type == PT_LOAD and not s.flags & PF_W and s.end > first_page]
+            self.mem = _Refusing(self.mem, kept, f"{path} is not the libc the process ran")
+            self.image = LibcImage.read(self.mem, base, self.image.path)
+            what = "its symbols and the read-only pages it would fill in"
+        self.note(Severity.WARNING, base, f"the libc file gdb loaded ({path}, build-id {file_id}) is not the one "
+                  f"the process ran (build-id {build_id}): {what} are not used; open the target with the "
+                  "process's own libc (heapwalk report --sysroot DIR, or 'set sysroot' / 'set solib-search-path' "
+                  "in gdb before loading the core)")
 
     # -- version ------------------------------------------------------------------------------------------
 
@@ -233,6 +280,8 @@ class _Search:
         m = LIBC_FILE_NAME.search(self.image.path)
         if m and m.group(1):
             return (int(m.group(1)), int(m.group(2))), f"file name {self.image.path}"
+        if self.foreign_libc_file:
+            return None, "libc's read-only pages are not in the core and the libc file gdb has is another build"
         return None, "libc's read-only pages are not in the core and its file is not available"
 
 
@@ -293,13 +342,16 @@ def _version_from_memory(family: tuple[int, int], heap_info_size: int | None, tc
 
 
 def discover(mem: Memory, symbols: SymbolSource, overrides: Overrides | None = None,
-             mappings: list[Mapping] | None = None, fs_bases: list[int] | None = None) -> Discovery:
+             mappings: list[Mapping] | None = None, fs_bases: list[int] | None = None,
+             core: bool = False) -> Discovery:
     """Locates version, layout, main_arena, mp_ and the TLS offsets of tcache and thread_arena.
 
     MAPPINGS (the target's address space) lets discovery find libc's image;
     FS_BASES (each thread's thread pointer) lets it recover TLS offsets.
+    CORE: the target is a core file, whose missing pages the debugger reads from the library files.
     """
-    search = _Search(mem, symbols, overrides or Overrides(), mappings or [], [f for f in fs_bases or [] if f])
+    search = _Search(mem, symbols, overrides or Overrides(), mappings or [], [f for f in fs_bases or [] if f],
+                     core)
     search.locate_libc()
     version, version_how = search.version()
     known = version is not None
@@ -343,9 +395,9 @@ def discover(mem: Memory, symbols: SymbolSource, overrides: Overrides | None = N
     layout = _confirm_layout(layout, family, heap_info_size, tcache_chunk, safe_linking, mp_variant, search, known)
 
     thread_arena_tpoff = _find_thread_arena_tpoff(search, ring, layout)
-    free_list = symbols.data_address("free_list")
+    free_list = search.symbols.data_address("free_list")
     heap_max = _heap_max_size(search, layout, mp_address, ring)
-    abort_msg = symbols.data_address("__abort_msg")
+    abort_msg = search.symbols.data_address("__abort_msg")
     if abort_msg is None and search.image is not None:
         abort_msg = search.image.dynamic_symbol("__abort_msg")
     return Discovery(version=layout.version, layout=layout, main_arena=main_arena, mp_address=mp_address,

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from .memory import Memory, ReadError
 
-__all__ = ["Mapping", "Segment", "LibcImage", "find_libc", "LIBC_FILE_NAME"]
+__all__ = ["Mapping", "Segment", "LibcImage", "find_libc", "readable_runs", "LIBC_FILE_NAME"]
 
 PT_LOAD, PT_DYNAMIC, PT_NOTE, PT_TLS = 1, 2, 4, 7
 PF_X, PF_W, PF_R = 1, 2, 4
@@ -159,14 +159,36 @@ class LibcImage:
     def find_bytes(self, needle: bytes) -> tuple[int, bytes] | None:
         """First occurrence of NEEDLE in libc's read-only data: (address, the 160 bytes from there)."""
         for seg in self.readonly_data():
-            try:
-                data = self.mem.read(seg.address, seg.filesz)
-            except ReadError:
-                continue
-            pos = data.find(needle)
-            if pos >= 0:
-                return seg.address + pos, data[pos:pos + 160]
+            for base, data in readable_runs(self.mem, seg.address, seg.filesz):
+                pos = data.find(needle)
+                if pos >= 0:
+                    return base + pos, bytes(data[pos:pos + 160])
         return None
+
+
+def readable_runs(mem: Memory, start: int, size: int) -> list[tuple[int, bytes | bytearray]]:
+    """What can be read of [START, START+SIZE), as (address, bytes) runs: the whole range in one read when it
+    can be, else page by page.  (gdb serves a library's pages that the core lacks from the file's sections
+    when it could not map the file the core names, so the gaps between sections are unreadable then.)"""
+    try:
+        return [(start, mem.read(start, size))]
+    except ReadError:
+        pass
+    runs: list[tuple[int, bytearray]] = []
+    address, end = start, start + size
+    while address < end:
+        step = min(end, (address | 0xfff) + 1) - address
+        try:
+            piece = mem.read(address, step)
+        except ReadError:
+            address += step
+            continue
+        if runs and runs[-1][0] + len(runs[-1][1]) == address:
+            runs[-1][1].extend(piece)
+        else:
+            runs.append((address, bytearray(piece)))
+        address += step
+    return runs
 
 
 def iter_notes(data: bytes):

@@ -108,6 +108,14 @@ class GdbSymbols:
         return None
 
 
+    def libc_file(self) -> tuple[str, str | None] | None:
+        """(path, build-id) of the libc gdb loaded for the selected inferior; None when it loaded none."""
+        for objfile in gdb.objfiles():
+            if getattr(objfile, "owner", None) is None and _is_libc_objfile(objfile):
+                return objfile.filename, getattr(objfile, "build_id", None)
+        return None
+
+
 def thread_registers() -> list[ThreadRegs]:
     """Every thread of the selected inferior with its $fs_base (None where unreadable)."""
     out = []
@@ -157,12 +165,14 @@ class MemoryMap:
 
     ``mappings``: 'info proc mappings'.  ``regions``: where anonymous memory may hold chunks (a core's load
     segments, or a live process's mappings).  ``readable``: everything gdb can read (for a core, also the
-    sections of the files it maps, which gdb reads from the files), None when gdb cannot say.
+    sections of the files it maps, which gdb reads from the files), None when gdb cannot say.  ``core``: the
+    target is a core file.
     """
 
     mappings: list[Mapping]
     regions: list[tuple[int, int]]
     readable: list[tuple[int, int]] | None
+    core: bool = False
 
 
 def memory_map() -> MemoryMap:
@@ -176,9 +186,9 @@ def memory_map() -> MemoryMap:
         sections = [(int(a, 16), int(b, 16), name) for a, b, name in
                     _SECTION.findall(gdb.execute("info files", to_string=True))]
     except gdb.error:
-        return MemoryMap(maps, [], spans or None)
+        return MemoryMap(maps, [], spans or None, True)
     loads = [(a, b) for a, b, name in sections if re.fullmatch(r"load\d+", name)]
-    return MemoryMap(maps, loads, [(a, b) for a, b, _ in sections] + spans or None)
+    return MemoryMap(maps, loads, [(a, b) for a, b, _ in sections] + spans or None, True)
 
 
 def mappings() -> list[Mapping]:

@@ -8,7 +8,7 @@ import pytest
 
 from heapwalk import x86
 from heapwalk.discovery import DiscoveryError, NoSymbols, Overrides, discover
-from heapwalk.elfmem import Mapping, find_libc
+from heapwalk.elfmem import Mapping, find_libc, readable_runs
 from heapwalk.heuristics import tcache_safe_linking, tcache_struct_chunk
 from heapwalk.layout import layout_for
 from heapwalk.memory import ImageMemory
@@ -140,6 +140,66 @@ def test_safe_linking_is_read_from_tcache_links():
 def test_tcache_struct_chunks_may_carry_a_small_remainder():
     assert [tcache_struct_chunk(s) for s in (0x290, 0x2a0, 0x2b0, 0x300, 0x310, 0x250, 0x280, None)] == \
         [0x290, 0x290, None, 0x300, 0x300, 0x250, None, None]
+
+
+class _FileSymbols:
+    """Debug symbols of a libc file with BUILD_ID that put main_arena at ADDRESS."""
+
+    def __init__(self, build_id: str, address: int):
+        self.build_id, self.address = build_id, address
+
+    def data_address(self, name: str) -> int | None:
+        return self.address if name == "main_arena" else None
+
+    def tls_offset(self, name: str) -> int | None:
+        return None
+
+    def libc_file(self) -> tuple[str, str | None]:
+        return "/here/libc.so.6", self.build_id
+
+
+def _process_with_build_id() -> Process:
+    """Process() whose libc has a build-id note in its first page and a banner in a read-only page the
+    core lacks: what gdb fills in there comes from whatever libc file it loaded."""
+    p = Process()
+    note = struct.pack("<III", 4, 4, 3) + b"GNU\0" + bytes.fromhex("c0ffee00")
+    header = _elf_header([(1, 4, 0, 0x2000), (4, 4, 0x400, len(note)), (1, 6, 0x10000, 0x8000)])
+    p.mem.segments[BASE][:len(header)] = header
+    p.mem.segments[BASE][0x400:0x400 + len(note)] = note
+    p.mem.add(BASE + 0x1000, b"GNU C Library (Debian GLIBC 2.36-9) release version 2.36.\n".ljust(0x1000, b"\0"))
+    return p
+
+
+def test_symbols_of_another_libc_build_are_not_used():
+    p = _process_with_build_id()
+    mappings = p.mappings() + [Mapping(BASE + 0x1000, BASE + 0x2000, 0x1000, "/usr/lib/x86_64-linux-gnu/libc.so.6")]
+    same = discover(p.mem, _FileSymbols("c0ffee00", MAIN_ARENA), None, mappings, [FS_BASE], core=True)
+    assert same.found_by("main_arena") == "symbol main_arena" and not [
+        f for f in same.findings if f.severity is Severity.WARNING]
+
+    # a core opened with another build of libc: neither its symbols nor the pages it fills in are used
+    other = discover(p.mem, _FileSymbols("0badf11e", MAIN_ARENA + 0x40), None, mappings, [FS_BASE], core=True)
+    assert other.main_arena == MAIN_ARENA and other.found_by("main_arena").startswith("bin-127 self-link scan")
+    assert other.found_by("glibc_version").startswith("not determined: libc's read-only pages are not in the "
+                                                      "core and the libc file gdb has is another build")
+    (warning,) = [f for f in other.findings if f.severity is Severity.WARNING]
+    assert "(/here/libc.so.6, build-id 0badf11e) is not the one the process ran (build-id c0ffee00)" \
+        in warning.message and "--sysroot" in warning.message
+
+    # a live process whose libc file was replaced on disk: its memory is still its own, only symbols go
+    live = discover(p.mem, _FileSymbols("0badf11e", MAIN_ARENA + 0x40), None, mappings, [FS_BASE])
+    assert live.main_arena == MAIN_ARENA and live.version_label == "2.36"
+    assert live.found_by("glibc_version").startswith("banner in libc's read-only data")
+
+
+def test_a_range_with_unreadable_gaps_is_read_page_by_page():
+    """A library's read-only segment served from its sections only: the pages between sections fail."""
+    mem = ImageMemory({0x10000: b"a" * 0x2000, 0x13000: b"GNU C Library " + b"b" * 0x1ff2})
+    assert readable_runs(mem, 0x10000, 0x2000) == [(0x10000, b"a" * 0x2000)]    # one read when it can
+    runs = readable_runs(mem, 0x10000, 0x5000)
+    assert [(a, len(d)) for a, d in runs] == [(0x10000, 0x2000), (0x13000, 0x2000)]
+    assert runs[1][1].startswith(b"GNU C Library ")
+    assert readable_runs(mem, 0x12000, 0x1000) == []
 
 
 def test_instruction_shapes():
