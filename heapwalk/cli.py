@@ -121,27 +121,36 @@ class Gdb:
 # ---------------------------------------------------------------------------------------------- report
 
 
-def resolve_core(core: Path, exe: Path | None) -> tuple[CoreFile, Path | None, list[str]]:
+def resolve_core(core: Path, exe: Path | None,
+                 sysroot: Path | None = None) -> tuple[CoreFile, Path | None, list[str]]:
     """The core, the executable to open it with, and notes for the user; CliError when they cannot go
-    together (no such file, not a core, an executable of another build than the core's)."""
+    together (no such file, not a core, an executable of another build than the core's).  Without EXE the
+    program the core names is looked for under SYSROOT first (a copy of the machine the core came from),
+    then where the core says it was."""
     if not core.exists():
         raise CliError(f"heapwalk: no such core file: {core}")
+    if sysroot is not None and not sysroot.is_dir():
+        raise CliError(f"heapwalk: no such sysroot folder: {sysroot}")
     try:
         cf = CoreFile(core)
     except CoreError as exc:
         raise CliError(f"heapwalk: {exc}") from None
     notes = []
     mapped = cf.executable()
+    in_core = cf.executable_build_id()
     if exe is None:
-        if mapped is None or not Path(mapped.path).is_file():
-            where = f" ({mapped.path}, not on this machine)" if mapped else ""
+        candidates = _executable_candidates(mapped.path, sysroot) if mapped else []
+        if not candidates:
+            where = f" ({mapped.path}, not on this machine{' nor under ' + str(sysroot) if sysroot else ''})" \
+                if mapped else ""
             notes.append(f"the core's executable is not known{where}: give it as EXE for symbols and libraries")
             return cf, None, notes
-        exe = Path(mapped.path)
+        matching = [c for c in candidates if not in_core or file_build_id(c) in (None, in_core)]
+        exe = (matching or candidates)[0]
         notes.append(f"executable from the core: {exe}")
     if not exe.is_file():
         raise CliError(f"heapwalk: no such executable: {exe}")
-    in_core, in_file = cf.executable_build_id(), file_build_id(exe)
+    in_file = file_build_id(exe)
     if in_core and in_file and in_core != in_file:
         raise CliError(f"heapwalk: {exe} does not match the core: its build-id is {in_file}, the program in the "
                        f"core was built as {in_core}{f' ({mapped.path})' if mapped else ''}; give the executable "
@@ -149,8 +158,15 @@ def resolve_core(core: Path, exe: Path | None) -> tuple[CoreFile, Path | None, l
     return cf, exe, notes
 
 
+def _executable_candidates(recorded: str, sysroot: Path | None) -> list[Path]:
+    """The files that may be the program recorded at path RECORDED: its copy under SYSROOT, then itself."""
+    paths = [sysroot / recorded.lstrip("/")] if sysroot is not None else []
+    paths.append(Path(recorded))
+    return [p for p in paths if p.is_file()]
+
+
 def _open_core(args, core: Path, exe: Path | None) -> tuple[Gdb, list[str]]:
-    cf, exe, notes = resolve_core(core, exe)
+    cf, exe, notes = resolve_core(core, exe, args.sysroot)
     cf.close()
     gdb = Gdb(args.gdb, args.sysroot, not args.no_symbols)
     try:
@@ -473,7 +489,8 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("exe", type=Path, nargs="?", metavar="EXE",
                    help="the program the core is from (default: the one the core names, when it is here)")
     p.add_argument("--sysroot", type=Path, metavar="DIR",
-                   help="where the core's libraries are (a copy of the other machine's /), for cores from elsewhere")
+                   help="a copy of the files of the machine the core is from: the program and libraries under "
+                   "the paths the core records (DIR/usr/lib/...), or the libraries in DIR/lib/x86_64-linux-gnu")
     p.add_argument("--json", type=Path, metavar="FILE", help="also write the report as JSON (docs/json.md)")
     p.add_argument("--xml", type=Path, metavar="FILE", help="also write what malloc_info(3) would have printed")
     p.add_argument("--check", action="store_true", help="also run 'heapwalk check'; exit 1 when the heap is damaged")

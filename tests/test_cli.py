@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -13,7 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from conftest import BINDIR, NO_SYMBOLS, ROOT, capture, corruption, heapwalk_json
+import harness
+import sysroots
+from heapwalk.corefile import file_build_id
+from conftest import BINDIR, NO_SYMBOLS, ROOT, capture, corruption, glibc, heapwalk_json
+from oracle import malloc_info_view, parse_malloc_info
 
 pytestmark = pytest.mark.live
 
@@ -54,6 +59,103 @@ def test_report_with_the_executable_and_xml(tmp_path):
     result = heapwalk("report", str(cap.core), str(cap.exe), "--xml", str(xml))
     assert result.returncode == 0, result.stderr
     assert xml.read_text().startswith("<malloc version=")
+
+
+@pytest.fixture(scope="module")
+def core_from_elsewhere(tmp_path_factory):
+    """A core of the bins reproducer run under trixie's glibc from a folder that is then deleted, as a core
+    from a production machine arrives: its libraries exist here only in copies (trixie's sysroot)."""
+    tmp = tmp_path_factory.mktemp("elsewhere")
+    trixie = glibc("trixie").sysroot
+    machine = tmp / "production"
+    libdir = machine / "usr/lib" / sysroots.MULTIARCH
+    libdir.mkdir(parents=True)
+    for lib in trixie.libdir.glob("*.so*"):
+        shutil.copy2(lib, libdir / lib.name)
+    cap = harness.capture("bins", tmp / "captures", BINDIR, sysroot=sysroots.Sysroot("trixie", machine))
+    shutil.rmtree(machine)
+    return cap, machine, trixie
+
+
+def _copy_of_the_machine(machine: Path, trixie: sysroots.Sysroot, root: Path) -> Path:
+    """ROOT laid out as the production machine's /: its libraries at the paths the core records, and the
+    debug files of its libc package under usr/lib/debug."""
+    libdir = root / str(machine).lstrip("/") / "usr/lib" / sysroots.MULTIARCH
+    libdir.mkdir(parents=True)
+    for lib in trixie.libdir.glob("*.so*"):
+        shutil.copy2(lib, libdir / lib.name)
+    (root / "usr/lib").mkdir(parents=True)
+    (root / "usr/lib/debug").symlink_to(trixie.debug_dir)
+    return root
+
+
+def _version_line(text: str) -> str:
+    return next(line for line in text.splitlines() if line.startswith("glibc "))
+
+
+def test_sysroot_opens_a_core_whose_libraries_are_only_in_a_copy(core_from_elsewhere, tmp_path):
+    cap, machine, trixie = core_from_elsewhere
+    version = trixie.version
+    # without the copy: the recorded program and libc are nowhere here, so only memory speaks
+    bare = heapwalk("report", str(cap.core))
+    assert bare.returncode == 0, bare.stderr
+    assert "the core's executable is not known" in bare.stderr and "not on this machine" in bare.stderr
+    assert "version: not determined" in _version_line(bare.stdout)
+
+    root = _copy_of_the_machine(machine, trixie, tmp_path / "root")
+    out = tmp_path / "cli.json"
+    result = heapwalk("report", str(cap.core), "--sysroot", str(root), "--json", str(out))
+    assert result.returncode == 0, result.stderr
+    exe = root / str(cap.exe).lstrip("/")
+    assert f"executable from the core: {exe}" in result.stderr   # the program, found in the copy
+    assert _version_line(result.stdout) == f"glibc {version} (version: symbol __libc_version)"
+    cli = json.loads(out.read_text())
+    assert malloc_info_view(cli) == parse_malloc_info(cap.malloc_info)
+    in_gdb = heapwalk_json([str(exe), str(cap.core)], tmp_path, iex=[
+        f"set sysroot {root}", f"set debug-file-directory {root / 'usr/lib/debug'}"])
+    assert cli == {**in_gdb, "report": cli["report"]}
+
+    # no debug symbols: libc's own file, read from the copy, still names the version
+    stripped = heapwalk("report", str(cap.core), "--sysroot", str(root), "--no-symbols")
+    assert stripped.returncode == 0, stripped.stderr
+    assert _version_line(stripped.stdout).startswith(f"glibc {version} (version: banner in libc's read-only data")
+
+
+def test_sysroot_with_the_libraries_in_one_folder(core_from_elsewhere, tmp_path):
+    """The libraries copied into DIR/lib/x86_64-linux-gnu, not under the paths the core records, and the
+    program given: found by name."""
+    cap, _, trixie = core_from_elsewhere
+    flat = tmp_path / "flat"
+    shutil.copytree(trixie.libdir, flat / "lib" / sysroots.MULTIARCH, ignore=shutil.ignore_patterns("gconv"))
+    out = tmp_path / "cli.json"
+    result = heapwalk("report", str(cap.core), str(flat / "lib" / sysroots.MULTIARCH / trixie.ld_so.name),
+                      "--sysroot", str(flat), "--no-symbols", "--json", str(out))
+    assert result.returncode == 0, result.stderr
+    assert _version_line(result.stdout).startswith(f"glibc {trixie.version} (version: banner")
+    assert malloc_info_view(json.loads(out.read_text())) == parse_malloc_info(cap.malloc_info)
+
+
+def test_a_libc_of_another_build_is_named_and_not_trusted(core_from_elsewhere, tmp_path):
+    """The copy holds the system's libc where the process ran trixie's (a core read on a machine with another
+    glibc): its symbols would misplace main_arena, so heapwalk says so and decodes from memory."""
+    cap, machine, trixie = core_from_elsewhere
+    root = _copy_of_the_machine(machine, trixie, tmp_path / "root")
+    system_libc = Path("/lib/x86_64-linux-gnu/libc.so.6").resolve()
+    assert file_build_id(system_libc) != file_build_id(trixie.libdir / "libc.so.6")
+    shutil.copy2(system_libc, root / str(machine).lstrip("/") / "usr/lib" / sysroots.MULTIARCH / "libc.so.6")
+    out = tmp_path / "cli.json"
+    result = heapwalk("report", str(cap.core), "--sysroot", str(root), "--json", str(out))
+    assert result.returncode == 0, result.stderr
+    assert "is not the one the process ran" in result.stdout and "Traceback" not in result.stdout
+    assert "version: not determined" in _version_line(result.stdout)
+    assert malloc_info_view(json.loads(out.read_text())) == parse_malloc_info(cap.malloc_info)
+
+
+def test_sysroot_that_does_not_exist(core_from_elsewhere, tmp_path):
+    cap, _, _ = core_from_elsewhere
+    result = heapwalk("report", str(cap.core), "--sysroot", str(tmp_path / "nowhere"))
+    assert result.returncode == 2
+    assert result.stderr.strip() == f"heapwalk: no such sysroot folder: {tmp_path / 'nowhere'}"
 
 
 def test_report_check_exits_1_on_a_damaged_heap():
