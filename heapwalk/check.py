@@ -11,7 +11,9 @@ nextsize links, the binmap and have_fastchunks.  `check` gathers all of it;
 
 from __future__ import annotations
 
+import bisect
 import struct
+from array import array
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -73,6 +75,26 @@ def _inside(spans: list[tuple[int, int]], lo: int, hi: int) -> bool:
     return any(s <= lo and hi <= e for s, e in spans)
 
 
+def _misplaced(chunks, raw_sizes, spans: list[tuple[int, int]], tops: list[tuple[int, int]]):
+    """(chunk, size) of each of CHUNKS (with their size fields RAW_SIZES) that is not plainly inside one of
+    SPANS and clear of TOPS: those need a closer look.  One bisect and a few compares a chunk."""
+    spans = sorted(spans)
+    starts, ends = [s for s, _ in spans], [e for _, e in spans]
+    top_lo, top_hi = [0] * len(spans), [0] * len(spans)      # the top inside each span, if any
+    for lo, hi in tops:
+        for k, (s, e) in enumerate(spans):
+            if lo < e and s < hi:
+                if top_hi[k]:                                 # two tops in one heap: look at every chunk
+                    starts, ends = [], []
+                top_lo[k], top_hi[k] = lo, hi
+    mask, first = ~SIZE_BITS, bisect.bisect_right
+    for chunk, raw in zip(chunks, raw_sizes):
+        size = raw & mask
+        k = first(starts, chunk) - 1
+        if k < 0 or chunk + size > ends[k] or size < 16 or chunk < top_hi[k] and top_lo[k] < chunk + size:
+            yield chunk, size
+
+
 def _listed_chunks(state: HeapState, mem: Memory, layout: Layout) -> list[Finding]:
     """Free-list members: in one list only, inside their arena's heaps, clear of top, of their bin's size."""
     out: list[Finding] = []
@@ -101,27 +123,31 @@ def _listed_chunks(state: HeapState, mem: Memory, layout: Layout) -> list[Findin
                                    f"the top chunk {lo:#x}..{hi:#x}", Kind.OVERLAPS_TOP, "clear of top",
                                    f"{chunk:#x}..{chunk + size:#x}"))
 
+    listed = array("Q")
+    for arena in state.arenas:
+        for lst in arena.free_lists():
+            listed.extend(lst.chunks)
+    for _, tcache in state.tcaches():
+        for b in tcache.bins:
+            listed.extend(entry - 16 for entry in b.entries)
+    twice = len(set(listed)) != len(listed)      # a chunk in two lists: then name them (rare, so slower)
     for arena in state.arenas:
         own = spans[arena.address]
         near_tops = [(lo, hi) for lo, hi in tops if any(lo < e and s < hi for s, e in own)]
-        single = len(own) == 1
-        s0, e0 = own[0] if single else (0, 0)
         for lst in arena.free_lists():
             where = _list_name(arena, lst.kind, lst.index)
-            for chunk, size in zip(lst.chunks, lst.sizes):
-                other = first_list.setdefault(chunk, where)
-                if other != where:
+            if twice:
+                for chunk in lst.chunks:
                     seen(chunk, where)
-                if single and s0 <= chunk and chunk + size <= e0 and size >= 16 and \
-                        not any(chunk < hi and lo < chunk + size for lo, hi in near_tops):
-                    continue  # the common case, decided without a call
+            for chunk, size in _misplaced(lst.chunks, lst.sizes, own, near_tops):
                 placed(chunk, size, where, own, near_tops)
     for owner, tcache in state.tcaches():
         for b in tcache.bins:
             where = f"tcache bin {b.index} of {owner}"
             for i, entry in enumerate(b.entries):
                 chunk = entry - 16
-                seen(chunk, where)
+                if twice:
+                    seen(chunk, where)
                 try:
                     size_field = u64(mem, chunk + 8)
                 except ReadError:

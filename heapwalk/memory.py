@@ -155,6 +155,29 @@ class CachedMemory:
             return self._read_large(address, size)
         return self._read_blocks(address, size)
 
+    def span_at(self, address: int) -> tuple[int, bytes | memoryview]:
+        """(start, bytes) of the readable span around ADDRESS that reads are served from: its cached block,
+        or the readable page of a block with holes, cut to the target's region.  For walkers that parse many
+        small pieces lying near each other without a call per piece.  ReadError when ADDRESS is unreadable."""
+        low, high = self._region
+        if not low <= address < high:
+            if not 0 <= address < 1 << 64 or not self._known(address, 1):
+                raise ReadError(address, 1, "not in the target's memory")
+            low, high = self._region
+        base = address & ~(self.BLOCK - 1)
+        block = self._blocks.get(base)
+        if block is None:
+            block = self._block(base)
+        if not isinstance(block, bytes):
+            base = address & ~(self.PAGE - 1)
+            block = block[base]
+            if block is None:
+                raise ReadError(address, 1)
+        if low <= base and base + len(block) <= high:
+            return base, block
+        start, end = max(base, low), min(base + len(block), high)
+        return start, memoryview(block)[start - base:end - base]
+
     def read_buffer(self, address: int, size: int) -> bytes | memoryview:
         """SIZE bytes at ADDRESS for a reader that only looks (the chunk walk's windows): a big span comes
         straight from the raw reader's own buffer when it has one, saving a copy; else as `read`."""
@@ -199,6 +222,13 @@ class ImageMemory:
             if base <= address and address + size <= base + len(data):
                 return bytes(data[address - base:address - base + size])
         raise ReadError(address, size)
+
+    def span_at(self, address: int) -> tuple[int, memoryview]:
+        """(start, bytes) of the segment holding ADDRESS (see `CachedMemory.span_at`)."""
+        for base, data in self.segments.items():
+            if base <= address < base + len(data):
+                return base, memoryview(data)
+        raise ReadError(address, 1)
 
     def write_u64(self, address: int, value: int) -> None:
         """Test helper: patches a word inside an existing segment."""

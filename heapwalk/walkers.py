@@ -193,8 +193,11 @@ def _list_bound(system_mem: int) -> int:
 def walk_fastbin(mem: Memory, layout: Layout, arena: int, index: int, system_mem: int) -> tuple[BinList, list[Finding]]:
     """Fastbin INDEX of ARENA: a NULL-terminated singly linked list through fd (safe-linked from 2.32)."""
     slot = arena + layout.off_fastbins + 8 * index
-    walk = ListWalk(f"fastbin[{index}] of arena {arena:#x}", _list_bound(system_mem))
     expected = (index + 2) * MALLOC_ALIGNMENT
+    sound = _sound_fastbin(mem, slot, expected, layout.safe_linking, min(_list_bound(system_mem), MAX_LIST))
+    if sound is not None:
+        return BinList(BinKind.FAST, index, slot, *sound, True), []
+    walk = ListWalk(f"fastbin[{index}] of arena {arena:#x}", _list_bound(system_mem))
     chunks, sizes = array("Q"), array("Q")
     try:
         p = u64(mem, slot)
@@ -221,13 +224,62 @@ def walk_fastbin(mem: Memory, layout: Layout, arena: int, index: int, system_mem
     return BinList(BinKind.FAST, index, slot, chunks, sizes, walk.complete), walk.findings
 
 
+def _sound_fastbin(mem: Memory, slot: int, expected: int, safe_linking: bool,
+                   bound: int) -> tuple[array, array] | None:
+    """The chunks and size fields of the fastbin whose head is at SLOT, when every link is aligned and
+    readable, every chunk has the bin's size EXPECTED, there is no cycle and at most BOUND entries; else
+    None (the careful walk then finds what is wrong).  Read like `_sound_bin`."""
+    span_at = getattr(mem, "span_at", None)
+    if span_at is None:
+        return None
+    try:
+        p = u64(mem, slot)
+    except ReadError:
+        return None
+    chunks, sizes = array("Q"), array("Q")
+    add_chunk, add_size, unpack_from = chunks.append, sizes.append, _QQ.unpack_from
+    base, data, limit = 0, b"", -1
+    tortoise, power, steps = -1, 1, 0
+    while p:
+        if p == tortoise or p & (MALLOC_ALIGNMENT - 1):
+            return None
+        off = p + 8 - base
+        if 0 <= off <= limit:
+            raw_size, fd = unpack_from(data, off)
+        else:
+            try:
+                base, data = span_at(p + 8)
+                limit = len(data) - 16
+                off = p + 8 - base
+                raw_size, fd = unpack_from(data, off) if off <= limit else _QQ.unpack(mem.read(p + 8, 16))
+            except ReadError:
+                return None
+        if raw_size & ~SIZE_BITS != expected:
+            return None
+        add_chunk(p)
+        add_size(raw_size)
+        steps += 1
+        if steps >= bound:
+            return None
+        if steps == power:
+            tortoise, power = p, power * 2
+        p = fd ^ ((p + 16) >> 12) if safe_linking else fd
+    return chunks, sizes
+
+
 def walk_bin(mem: Memory, layout: Layout, arena: int, index: int, system_mem: int) -> tuple[BinList, list[Finding]]:
     """Regular bin INDEX (1 = unsorted, 2..63 small, 64..127 large): a circular list through fd.
 
     Each chunk's bk must lead back to the chunk it was reached from, and the
     head's bk to the last chunk (glibc's "fd->bk != p" / "bk->fd != p").
+    A sound list (the common case) is read by `_sound_bin` in one quick pass;
+    any doubt sends the whole list through the careful walk, which says what
+    is wrong and where.
     """
     head = layout.bin_header(arena, index)
+    sound = _sound_bin(mem, head, index, min(_list_bound(system_mem), MAX_LIST))
+    if sound is not None:
+        return BinList(bin_kind(index), index, head, *sound, True), []
     kind = bin_kind(index)
     walk = ListWalk(f"{kind.value} bin[{index}] of arena {arena:#x}", _list_bound(system_mem), circular=True)
     chunks, sizes = array("Q"), array("Q")
@@ -271,6 +323,57 @@ def walk_bin(mem: Memory, layout: Layout, arena: int, index: int, system_mem: in
         walk.damage(head, f"bk->fd != p: the bin head's bk is {head_bk:#x}, the last chunk is {prev:#x}",
                     Kind.FD_BK, f"{prev:#x}", f"{head_bk:#x}")
     return BinList(kind, index, head, chunks, sizes, walk.complete), walk.findings
+
+
+def _sound_bin(mem: Memory, head: int, index: int, bound: int) -> tuple[array, array] | None:
+    """The chunks and size fields of regular bin INDEX at HEAD, when every link is aligned, readable and
+    mirrored by its bk, every size belongs in the bin, the list ends at its head, and it is not longer than
+    BOUND; else None (the careful walk then finds what is wrong).  Reads the chunk headers out of the
+    memory's spans (`span_at`) without a call per chunk, and detects cycles with Brent's method instead of a
+    visited set."""
+    span_at = getattr(mem, "span_at", None)
+    if span_at is None:
+        return None
+    try:
+        p, head_bk = _QQ.unpack(mem.read(head + 16, 16))
+    except ReadError:
+        return None
+    chunks, sizes = array("Q"), array("Q")
+    add_chunk, add_size, unpack_from = chunks.append, sizes.append, _QQQ.unpack_from
+    base, data, limit = 0, b"", -1        # the span read last; a header at offset <= limit lies within it
+    prev, tortoise, power, steps, size_ok = head, -1, 1, 0, -1
+    while p != head:
+        if p == tortoise:
+            return None                  # a cycle that does not pass through the head
+        off = p + 8 - base
+        if 0 <= off <= limit:
+            raw_size, fd, bk = unpack_from(data, off)
+        else:
+            try:
+                base, data = span_at(p + 8)
+                limit = len(data) - 24
+                off = p + 8 - base
+                raw_size, fd, bk = unpack_from(data, off) if off <= limit else _QQQ.unpack(mem.read(p + 8, 24))
+            except ReadError:
+                return None
+        if bk != prev or p & (MALLOC_ALIGNMENT - 1):
+            return None
+        size = raw_size & ~SIZE_BITS
+        if size != size_ok:
+            if size < MINSIZE or size % MALLOC_ALIGNMENT or index >= 2 and bin_index(size) != index:
+                return None
+            size_ok = size
+        add_chunk(p)
+        add_size(raw_size)
+        steps += 1
+        if steps >= bound:
+            return None
+        if steps == power:
+            tortoise, power = p, power * 2
+        prev, p = p, fd
+    if head_bk != prev:
+        return None
+    return chunks, sizes
 
 
 def walk_tcache(mem: Memory, layout: Layout, address: int, fill_count: int | None = None) -> Tcache:

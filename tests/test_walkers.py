@@ -184,3 +184,71 @@ def test_cached_memory_reads_across_blocks_and_reports_holes():
         raise AssertionError("reading past the image must fail")
     big = mem.read(0x10000, 256 * 1024)
     assert len(big) == 256 * 1024 and big[:4] == bytes([0, 1, 2, 3])
+
+
+class _PlainMemory:
+    """Memory with reads only (no spans): the walkers' careful path for every list."""
+
+    def __init__(self, mem):
+        self.read = mem.read
+
+
+def _cached(s: SynthHeap) -> CachedMemory:
+    """S's memory behind a block cache, its arena padded to a whole page (the cache reads whole pages)."""
+    arena = s.mem.segments[ARENA]
+    arena.extend(bytes(-len(arena) % 0x1000))
+    return CachedMemory(s.mem.read)
+
+
+def _scattered(s: SynthHeap, count: int, size: int, block_end: int) -> list[int]:
+    """COUNT chunks of SIZE spread over the heap in a shuffled order, one with its header across the
+    64 KiB block boundary BLOCK_END."""
+    import random
+    spots = [HEAP + 0x100 + k * 0x400 for k in range(count - 1)] + [block_end - 0x10]
+    random.Random(7).shuffle(spots)
+    return [s.chunk(c, size | 1) for c in spots]
+
+
+def test_sound_lists_read_in_one_pass_equal_the_careful_walk():
+    from heapwalk.walkers import _sound_bin, _sound_fastbin
+    s = SynthHeap(heap_size=0x40000)
+    block_end = (HEAP + 0x10000) & ~0xFFFF
+    chunks = _scattered(s, 150, 0x90, block_end)
+    s.link_bin(9, chunks)
+    cached = _cached(s)
+    head = s.layout.bin_header(ARENA, 9)
+    assert _sound_bin(cached, head, 9, 1 << 20) is not None
+    quick, careful = walk_bin(cached, s.layout, ARENA, 9, 0x40000), walk_bin(_PlainMemory(s.mem), s.layout,
+                                                                               ARENA, 9, 0x40000)
+    assert quick == careful and tuple(quick[0].chunks) == tuple(chunks) and quick[1] == []
+
+    t = SynthHeap(heap_size=0x40000)
+    entries = _scattered(t, 150, 0x20, block_end)
+    t.w(t.fastbin_slot(0), entries[0])
+    for e, nxt in zip(entries, entries[1:] + [0]):
+        t.w(e + 16, t.protect(e + 16, nxt))
+    cached = _cached(t)
+    assert _sound_fastbin(cached, t.fastbin_slot(0), 0x20, True, 1 << 20) is not None
+    quick, careful = walk_fastbin(cached, t.layout, ARENA, 0, 0x40000), walk_fastbin(_PlainMemory(t.mem), t.layout,
+                                                                                   ARENA, 0, 0x40000)
+    assert quick == careful and tuple(quick[0].chunks) == tuple(entries) and quick[1] == []
+
+
+def test_a_long_cycle_is_caught_and_reported_by_the_careful_walk():
+    s = SynthHeap(heap_size=0x40000)
+    chunks = [s.chunk(HEAP + 0x100 + k * 0x100, 0x91) for k in range(300)]
+    s.link_bin(9, chunks)
+    s.w(chunks[-1] + 16, chunks[37])      # the last chunk leads back into the middle: 263 chunks go round
+    b, findings = walk_bin(s.mem, s.layout, ARENA, 9, 0x40000)
+    assert b.count == 300 and not b.complete
+    cycle = [f for f in findings if f.kind is Kind.LIST_CYCLE]
+    assert [(f.address, f.found) for f in cycle] == [(chunks[-1], hex(chunks[37]))]
+
+    t = SynthHeap(heap_size=0x40000)
+    entries = [t.chunk(HEAP + 0x100 + k * 0x100, 0x21) for k in range(300)]
+    t.w(t.fastbin_slot(0), entries[0])
+    for e, nxt in zip(entries, entries[1:] + [entries[37]]):
+        t.w(e + 16, t.protect(e + 16, nxt))
+    fb, findings = walk_fastbin(t.mem, t.layout, ARENA, 0, 0x40000)
+    assert fb.count == 300 and not fb.complete
+    assert [(f.address, f.kind) for f in findings] == [(entries[-1], Kind.LIST_CYCLE)]
