@@ -75,9 +75,9 @@ def _inside(spans: list[tuple[int, int]], lo: int, hi: int) -> bool:
     return any(s <= lo and hi <= e for s, e in spans)
 
 
-def _misplaced(chunks, raw_sizes, spans: list[tuple[int, int]], tops: list[tuple[int, int]]):
-    """(chunk, size) of each of CHUNKS (with their size fields RAW_SIZES) that is not plainly inside one of
-    SPANS and clear of TOPS: those need a closer look.  One bisect and a few compares a chunk."""
+def _misplaced(chunks, sizes, spans: list[tuple[int, int]], tops: list[tuple[int, int]]):
+    """(chunk, size) of each of CHUNKS (of SIZES) that is not plainly inside one of SPANS and clear of TOPS:
+    those need a closer look.  One bisect and a few compares a chunk."""
     spans = sorted(spans)
     starts, ends = [s for s, _ in spans], [e for _, e in spans]
     top_lo, top_hi = [0] * len(spans), [0] * len(spans)      # the top inside each span, if any
@@ -87,9 +87,8 @@ def _misplaced(chunks, raw_sizes, spans: list[tuple[int, int]], tops: list[tuple
                 if top_hi[k]:                                 # two tops in one heap: look at every chunk
                     starts, ends = [], []
                 top_lo[k], top_hi[k] = lo, hi
-    mask, first = ~SIZE_BITS, bisect.bisect_right
-    for chunk, raw in zip(chunks, raw_sizes):
-        size = raw & mask
+    first = bisect.bisect_right
+    for chunk, size in zip(chunks, sizes):
         k = first(starts, chunk) - 1
         if k < 0 or chunk + size > ends[k] or size < 16 or chunk < top_hi[k] and top_lo[k] < chunk + size:
             yield chunk, size
@@ -267,7 +266,11 @@ def partial(state: HeapState) -> list[str]:
         out.append(f"thread{'s' if len(lost) > 1 else ''} {thread_numbers(lost)}: TLS not in the core, so "
                    f"{'their' if len(lost) > 1 else 'its'} arena is unknown and tcaches found by scanning the "
                    "arenas belong to no known thread")
-    if state.interrupted:
+    if any(f.kind is Kind.INTERRUPTED and f.message.startswith("reading the free lists")
+           for f in state.findings_extra):
+        out.append("reading the free lists was interrupted (Ctrl-C): the arenas from there on are left out, and "
+                   "no chunk was walked")
+    elif state.interrupted:
         out.append("the chunk walk was interrupted (Ctrl-C): the arenas it did not finish count as unwalked")
     if any(f.kind is Kind.ARENA_RING for f in state.findings):
         out.append("the arena ring is broken: arenas after the break are missing")

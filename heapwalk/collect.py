@@ -395,12 +395,18 @@ def _collect(mem: Memory, disc: Discovery, threads: list[ThreadRegs], target: st
     facts = list(disc.facts)
     facts.append(Fact("arena_free_list", sorted(free_list), fl_how))
     arenas = []
+    stopped = None
     for number, address in enumerate(ring):
         try:
             arenas.append(_decode_arena(mem, disc, address, number, mp, free_list))
         except ReadError as exc:
             findings.append(Finding(Severity.ERROR, address, f"arena {number}", f"cannot read the arena: {exc}",
                                     Kind.ARENA))
+        except KeyboardInterrupt:
+            stopped = Finding(Severity.WARNING, address, f"arena {number}", "reading the free lists was "
+                              f"interrupted (Ctrl-C) in arena {number}: it and the {len(ring) - number - 1} "
+                              "arena(s) after it are left out, and no chunk is walked", Kind.INTERRUPTED)
+            break
     fill = mp.get("tcache_count") if mp else None
     decoded_threads = []
     for regs in sorted(threads, key=lambda t: t.number):
@@ -415,6 +421,11 @@ def _collect(mem: Memory, disc: Discovery, threads: list[ThreadRegs], target: st
     if walk_chunks and regions is not None and arenas and arenas[0].is_main and arenas[0].noncontiguous:
         arenas[0] = _with_main_regions(mem, disc, arenas[0], arenas, regions)
         state = dataclasses.replace(state, arenas=tuple(arenas))
+    if stopped is not None:
+        state.findings_extra.append(stopped)
+        if walk_chunks:
+            _leave_unwalked(state, state.arenas)
+        return state
     state = _scan_for_tcaches(mem, disc, state)
     if any(t.signal in FATAL_SIGNALS for t in threads):
         state = dataclasses.replace(state, findings=state.findings + tuple(crash_pointers(mem, state, threads)))
@@ -445,6 +456,14 @@ def walk_arenas(mem: Memory, layout: Layout, state: HeapState, progress=None) ->
         _walk_arenas(mem, layout, state, progress)
 
 
+def _leave_unwalked(state: HeapState, arenas) -> None:
+    """ARENAS' accounts with all their bytes unwalked, and no trim estimate: a walk stopped short of them."""
+    for b in arenas:
+        acc = state.accounts[b.address] = Account(b.address, b.system_mem)
+        acc.unwalked = b.system_mem
+        state.trims[b.address] = TrimEstimate(b.address)
+
+
 def _walk_arenas(mem: Memory, layout: Layout, state: HeapState, progress=None) -> None:
     """Walks every chunk of every arena into STATE's accounts and trim estimates.
 
@@ -465,10 +484,7 @@ def _walk_arenas(mem: Memory, layout: Layout, state: HeapState, progress=None) -
             state.accounts[a.address] = account(mem, layout, a, listing, sim, tick)
             state.trims[a.address] = sim.result()
         except KeyboardInterrupt:
-            for b in state.arenas[i:]:
-                acc = state.accounts[b.address] = Account(b.address, b.system_mem)
-                acc.unwalked = b.system_mem
-                state.trims[b.address] = TrimEstimate(b.address)
+            _leave_unwalked(state, state.arenas[i:])
             state.findings_extra.append(Finding(
                 Severity.WARNING, a.address, f"arena {a.number}", f"the chunk walk was interrupted (Ctrl-C) in arena "
                 f"{a.number}: it and the {len(state.arenas) - i - 1} arena(s) after it are not walked, so their "

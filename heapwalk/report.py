@@ -14,7 +14,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from .chunkwalk import FREE_STATES, ChunkState
-from .model import HeapState
+from .model import Arena, HeapState
 
 __all__ = ["ArenaRow", "Bucket", "Report", "build_report", "human"]
 
@@ -181,11 +181,28 @@ def _rows(state: HeapState) -> list[ArenaRow]:
         trim = state.trims.get(a.address)
         free = {s.value: acc.bytes[s] for s in FREE_STATES if s is not ChunkState.FREE_UNLISTED}
         free["unsorted"] += acc.bytes[ChunkState.FREE_UNLISTED]
+        top = acc.bytes[ChunkState.TOP]
+        if a.system_mem and acc.unwalked >= a.system_mem:   # not walked (Ctrl-C): what its lists and top hold
+            free, top = _listed_free(state, a), a.top_size
         rows.append(ArenaRow(a.number, a.address, a.kind, users.get(a.address, 0), len(a.heaps), a.system_mem,
                              acc.bytes[ChunkState.IN_USE] + acc.bytes[ChunkState.TCACHE_STRUCT], free,
-                             acc.bytes[ChunkState.TOP], acc.overhead + acc.bytes[ChunkState.FENCEPOST],
+                             top, acc.overhead + acc.bytes[ChunkState.FENCEPOST],
                              trim.resident if trim else 0, acc.balanced))
     return rows
+
+
+def _listed_free(state: HeapState, arena: Arena) -> dict[str, int]:
+    """ARENA's free bytes by kind as its free lists and the tcache entries in its heaps hold them."""
+    free = dict.fromkeys(("tcache", "fast", "unsorted", "small", "large"), 0)
+    for lst in arena.free_lists():
+        free[lst.kind.value] += lst.total
+    find = _arena_of(state)
+    for _, tcache in state.tcaches():
+        for b in tcache.bins:
+            for entry, size in zip(b.entries, b.sizes or (b.chunk_size,) * len(b.entries)):
+                if find(entry) == arena.number:
+                    free["tcache"] += size
+    return free
 
 
 def _pct(part: float, whole: float) -> str:

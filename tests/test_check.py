@@ -10,14 +10,12 @@ TOP = (0x555555570000, 0x55555557A000)
 
 def test_chunks_inside_their_heaps_and_clear_of_top_need_no_closer_look():
     chunks = [0x555555559010, 0x7F0000200000, 0x55555556FFE0]      # the last ends right where top starts
-    raw = [0x91, 0x31, 0x21]                                        # size fields, flag bits and all
-    assert list(_misplaced(chunks, raw, HEAPS, [TOP])) == []
+    assert list(_misplaced(chunks, [0x90, 0x30, 0x20], HEAPS, [TOP])) == []
 
 
-def test_chunks_outside_the_heaps_across_their_end_or_into_top_are_named_with_their_size():
+def test_chunks_outside_the_heaps_across_their_end_or_into_top_are_named():
     chunks = [0x555555550000, 0x7F0003FFFFF0, 0x55555556FFF0, 0x555555572000, 0x555555560000]
-    raw = [0x91, 0x21, 0x21, 0x41, 0x1]
-    assert list(_misplaced(chunks, raw, HEAPS, [TOP])) == [
+    assert list(_misplaced(chunks, [0x90, 0x20, 0x20, 0x40, 0x0], HEAPS, [TOP])) == [
         (0x555555550000, 0x90),    # below every heap
         (0x7F0003FFFFF0, 0x20),    # runs past its heap's end
         (0x55555556FFF0, 0x20),    # runs into top
@@ -28,4 +26,4 @@ def test_chunks_outside_the_heaps_across_their_end_or_into_top_are_named_with_th
 
 def test_two_tops_in_one_heap_send_every_chunk_to_the_closer_look():
     tops = [TOP, (0x555555560000, 0x555555561000)]
-    assert list(_misplaced([0x555555559010], [0x91], HEAPS, tops)) == [(0x555555559010, 0x90)]
+    assert list(_misplaced([0x555555559010], [0x90], HEAPS, tops)) == [(0x555555559010, 0x90)]

@@ -102,6 +102,30 @@ def test_ctrl_c_during_the_chunk_walk_leaves_partial_results(tmp_path):
     assert [f["kind"] for f in report["findings"]].count("interrupted") == 1
 
 
+def test_ctrl_c_while_the_free_lists_are_read_leaves_the_arenas_read_so_far(tmp_path):
+    """Ctrl-C while the fourth arena's bins are read: the report shows the three arenas read, says the rest
+    are left out and nothing was walked, and exits without a traceback."""
+    cap = capture("system", "thread_arenas")
+    interrupt = ("import heapwalk.collect as _c; _decode = _c._decode_arena; _n = [0]\n"
+                 "def _stop(*a, **k):\n"
+                 "    _n[0] += 1\n"
+                 "    if _n[0] == 4: raise KeyboardInterrupt\n"
+                 "    return _decode(*a, **k)\n"
+                 "_c._decode_arena = _stop")
+    script = tmp_path / "interrupt.py"
+    script.write_text(interrupt + "\n")
+    out = tmp_path / "report.json"
+    result = run_gdb([str(cap.exe), str(cap.core)], [f"source {script}", f"heapwalk report --json {out}"])
+    output = result.stdout + result.stderr
+    assert "Traceback" not in output and "internal error" not in output, output
+    assert "reading the free lists was interrupted (Ctrl-C) in arena 3: it and the 5 arena(s) after it are " \
+           "left out" in " ".join(result.stdout.split())
+    report = json.loads(out.read_text())
+    assert [a["number"] for a in report["arenas"]] == [0, 1, 2]
+    assert all(a["accounting"]["unwalked"] == a["system_mem"] for a in report["arenas"])
+    assert any("reading the free lists was interrupted" in line for line in report["report"]["partial"])
+
+
 def test_the_progress_bar_shows_in_an_interactive_gdb_only(tmp_path):
     """On a terminal (gdb run under script(1)) a walk that takes long enough draws rich's progress bar;
     gdb -batch output never has it."""
