@@ -78,24 +78,29 @@ def test_report_reads_well_in_a_batch_log(report_of):
     assert max(len(line) for line in out.splitlines()) <= 200
 
 
-def test_ctrl_c_during_the_chunk_walk_leaves_partial_results(tmp_path):
-    """Ctrl-C (KeyboardInterrupt) in the middle of the third arena's walk: the command still prints its
-    report, says the walk was interrupted and which numbers are partial, and exits without a traceback."""
+def _report_interrupted(tmp_path, module: str, function: str, call: int):
+    """'heapwalk report' on the thread_arenas core with Ctrl-C (a KeyboardInterrupt) raised in the CALLth
+    call of MODULE.FUNCTION: gdb's output, checked free of tracebacks, and the JSON report."""
     cap = capture("system", "thread_arenas")
-    interrupt = ("import heapwalk.chunkwalk as _cw; _walk = _cw.walk_batches; _n = [0]\n"
-                 "def _stop(*a, **k):\n"
-                 "    _n[0] += 1\n"
-                 "    if _n[0] == 3: raise KeyboardInterrupt\n"
-                 "    return _walk(*a, **k)\n"
-                 "_cw.walk_batches = _stop")
     script = tmp_path / "interrupt.py"
-    script.write_text(interrupt + "\n")
+    script.write_text(f"import {module} as _m; _real = _m.{function}; _n = [0]\n"
+                      "def _stop(*a, **k):\n"
+                      "    _n[0] += 1\n"
+                      f"    if _n[0] == {call}: raise KeyboardInterrupt\n"
+                      "    return _real(*a, **k)\n"
+                      f"_m.{function} = _stop\n")
     out = tmp_path / "report.json"
     result = run_gdb([str(cap.exe), str(cap.core)], [f"source {script}", f"heapwalk report --json {out}"])
     output = result.stdout + result.stderr
     assert "Traceback" not in output and "internal error" not in output, output
+    return result, json.loads(out.read_text())
+
+
+def test_ctrl_c_during_the_chunk_walk_leaves_partial_results(tmp_path):
+    """Ctrl-C (KeyboardInterrupt) in the middle of the third arena's walk: the command still prints its
+    report, says the walk was interrupted and which numbers are partial, and exits without a traceback."""
+    result, report = _report_interrupted(tmp_path, "heapwalk.chunkwalk", "walk_batches", 3)
     assert "the chunk walk was interrupted (Ctrl-C)" in result.stdout
-    report = json.loads(out.read_text())
     assert any("interrupted" in line for line in report["report"]["partial"])
     walked = [a["accounting"]["unwalked"] == 0 for a in report["arenas"]]
     assert walked[:2] == [True, True] and not any(walked[2:])
@@ -105,22 +110,9 @@ def test_ctrl_c_during_the_chunk_walk_leaves_partial_results(tmp_path):
 def test_ctrl_c_while_the_free_lists_are_read_leaves_the_arenas_read_so_far(tmp_path):
     """Ctrl-C while the fourth arena's bins are read: the report shows the three arenas read, says the rest
     are left out and nothing was walked, and exits without a traceback."""
-    cap = capture("system", "thread_arenas")
-    interrupt = ("import heapwalk.collect as _c; _decode = _c._decode_arena; _n = [0]\n"
-                 "def _stop(*a, **k):\n"
-                 "    _n[0] += 1\n"
-                 "    if _n[0] == 4: raise KeyboardInterrupt\n"
-                 "    return _decode(*a, **k)\n"
-                 "_c._decode_arena = _stop")
-    script = tmp_path / "interrupt.py"
-    script.write_text(interrupt + "\n")
-    out = tmp_path / "report.json"
-    result = run_gdb([str(cap.exe), str(cap.core)], [f"source {script}", f"heapwalk report --json {out}"])
-    output = result.stdout + result.stderr
-    assert "Traceback" not in output and "internal error" not in output, output
+    result, report = _report_interrupted(tmp_path, "heapwalk.collect", "_decode_arena", 4)
     assert "reading the free lists was interrupted (Ctrl-C) in arena 3: it and the 5 arena(s) after it are " \
            "left out" in " ".join(result.stdout.split())
-    report = json.loads(out.read_text())
     assert [a["number"] for a in report["arenas"]] == [0, 1, 2]
     assert all(a["accounting"]["unwalked"] == a["system_mem"] for a in report["arenas"])
     assert any("reading the free lists was interrupted" in line for line in report["report"]["partial"])
