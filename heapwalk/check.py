@@ -266,8 +266,7 @@ def partial(state: HeapState) -> list[str]:
         out.append(f"thread{'s' if len(lost) > 1 else ''} {thread_numbers(lost)}: TLS not in the core, so "
                    f"{'their' if len(lost) > 1 else 'its'} arena is unknown and tcaches found by scanning the "
                    "arenas belong to no known thread")
-    if any(f.kind is Kind.INTERRUPTED and f.message.startswith("reading the free lists")
-           for f in state.findings_extra):
+    if state.lists_stopped:
         out.append("reading the free lists was interrupted (Ctrl-C): the arenas from there on are left out, and "
                    "no chunk was walked")
     elif state.interrupted:

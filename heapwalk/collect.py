@@ -417,7 +417,7 @@ def _collect(mem: Memory, disc: Discovery, threads: list[ThreadRegs], target: st
                       heap_max_size=disc.heap_max_size,
                       layout_name=disc.layout.name,
                       main_arena=disc.main_arena, mp=mp, arenas=tuple(arenas), threads=tuple(decoded_threads),
-                      facts=tuple(facts), findings=tuple(findings))
+                      facts=tuple(facts), findings=tuple(findings), lists_stopped=stopped is not None)
     if walk_chunks and regions is not None and arenas and arenas[0].is_main and arenas[0].noncontiguous:
         arenas[0] = _with_main_regions(mem, disc, arenas[0], arenas, regions)
         state = dataclasses.replace(state, arenas=tuple(arenas))

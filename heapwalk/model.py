@@ -293,6 +293,7 @@ class HeapState:
     glibc_label: str = ""           # "2.36", or the range memory showed when the version is unknown
     heap_max_size: int = 64 << 20   # size and alignment of a thread arena's heap reservation
     scanned_tcaches: tuple[Tcache, ...] = ()  # tcache structs found in the arenas when threads' TLS is lost
+    lists_stopped: bool = False     # reading the free lists was stopped (Ctrl-C): later arenas are left out
 
     @property
     def version_text(self) -> str:
@@ -303,7 +304,7 @@ class HeapState:
 
     @property
     def interrupted(self) -> bool:
-        """Was the chunk walk stopped (Ctrl-C), leaving some arenas not walked?"""
+        """Was the chunk walk, or the reading of the free lists before it, stopped (Ctrl-C)?"""
         return any(f.kind is Kind.INTERRUPTED for f in self.findings_extra)
 
     def tcaches(self) -> list[tuple[str, Tcache]]:

@@ -140,11 +140,16 @@ def _arena_of(state: HeapState):
 def free_sizes_by_arena(state: HeapState) -> dict[int, Counter]:
     """Arena number -> the sizes of its free chunks (bins, fastbins, and the tcache entries in its heaps),
     as size -> how many."""
-    out: dict[int, Counter] = {}
+    out = _tcache_sizes_by_arena(state)
     for a in state.arenas:
-        sizes = out[a.number] = Counter()
         for lst in a.free_lists():
-            sizes.update(lst.sizes)
+            out[a.number].update(lst.sizes)
+    return out
+
+
+def _tcache_sizes_by_arena(state: HeapState) -> dict[int, Counter]:
+    """Arena number -> the sizes of the tcache entries that lie in its heaps, as size -> how many."""
+    out: dict[int, Counter] = {a.number: Counter() for a in state.arenas}
     find = _arena_of(state)
     for _, tcache in state.tcaches():
         for b in tcache.bins:
@@ -196,12 +201,7 @@ def _listed_free(state: HeapState, arena: Arena) -> dict[str, int]:
     free = dict.fromkeys(("tcache", "fast", "unsorted", "small", "large"), 0)
     for lst in arena.free_lists():
         free[lst.kind.value] += lst.total
-    find = _arena_of(state)
-    for _, tcache in state.tcaches():
-        for b in tcache.bins:
-            for entry, size in zip(b.entries, b.sizes or (b.chunk_size,) * len(b.entries)):
-                if find(entry) == arena.number:
-                    free["tcache"] += size
+    free["tcache"] = sum(size * n for size, n in _tcache_sizes_by_arena(state)[arena.number].items())
     return free
 
 

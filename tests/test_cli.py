@@ -3,6 +3,7 @@ and each error a user meets, with its message and exit status."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -168,8 +169,9 @@ def test_report_check_exits_1_on_a_damaged_heap():
     assert clean.returncode == 0, clean.stderr
 
 
-def _grow(tmp_path: Path) -> tuple[subprocess.Popen, Path]:
-    """cores/grow.c, running, with its first state written."""
+@contextlib.contextmanager
+def _grow(tmp_path: Path):
+    """cores/grow.c, running, with its first state written: (process, its state folder); killed at the end."""
     exe = BINDIR / "grow"
     source = ROOT / "cores" / "grow.c"
     if not exe.exists() or exe.stat().st_mtime < source.stat().st_mtime:
@@ -178,8 +180,12 @@ def _grow(tmp_path: Path) -> tuple[subprocess.Popen, Path]:
     state_dir = tmp_path / "grow"
     state_dir.mkdir()
     proc = subprocess.Popen([str(exe), str(state_dir)])
-    _wait_for_step(state_dir, 0)
-    return proc, state_dir
+    try:
+        _wait_for_step(state_dir, 0)
+        yield proc, state_dir
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def _wait_for_step(state_dir: Path, step: int) -> list[int]:
@@ -201,8 +207,7 @@ def _process_state(pid: int) -> str:
 
 
 def test_capture_writes_a_core_and_a_report_and_leaves_the_process_running(tmp_path):
-    proc, state_dir = _grow(tmp_path)
-    try:
+    with _grow(tmp_path) as (proc, state_dir):
         out = tmp_path / "snap"
         result = heapwalk("capture", str(proc.pid), "--out", str(out))
         assert result.returncode == 0, result.stderr
@@ -219,36 +224,25 @@ def test_capture_writes_a_core_and_a_report_and_leaves_the_process_running(tmp_p
         meta_exe = BINDIR / "grow"
         assert json.loads((out / "report.json").read_text())["arenas"] == \
             heapwalk_json([str(meta_exe), str(out / "core")], tmp_path)["arenas"]
-    finally:
-        proc.kill()
-        proc.wait()
 
 
 def test_capture_live_reads_the_process_without_a_core(tmp_path):
-    proc, _ = _grow(tmp_path)
-    try:
+    with _grow(tmp_path) as (proc, _):
         out = tmp_path / "live"
         result = heapwalk("capture", str(proc.pid), "--live", "--out", str(out))
         assert result.returncode == 0, result.stderr
         assert not (out / "core").exists() and json.loads((out / "report.json").read_text())["target"].startswith(
             "process ")
         assert proc.poll() is None and _process_state(proc.pid) in "SR"
-    finally:
-        proc.kill()
-        proc.wait()
 
 
 def test_diff_of_two_snapshots_names_the_arena_that_grew(tmp_path):
-    proc, state_dir = _grow(tmp_path)
-    try:
+    with _grow(tmp_path) as (proc, state_dir):
         assert heapwalk("capture", str(proc.pid), "--out", str(tmp_path / "a")).returncode == 0
         for step in (1, 2, 3):
             proc.send_signal(signal.SIGUSR1)
             _, grower, steady = _wait_for_step(state_dir, step)
         assert heapwalk("capture", str(proc.pid), "--out", str(tmp_path / "b")).returncode == 0
-    finally:
-        proc.kill()
-        proc.wait()
     b = json.loads((tmp_path / "b" / "report.json").read_text())
     arena_of = {t["lwp"]: t["arena"] for t in b["threads"]}
     number_of = {a["address"]: a["number"] for a in b["arenas"]}
@@ -305,8 +299,7 @@ def test_error_process_of_another_user(tmp_path, monkeypatch, capsys):
     process's owner, with the effective uid made someone else's)."""
     from heapwalk import cli
 
-    proc, _ = _grow(tmp_path)
-    try:
+    with _grow(tmp_path) as (proc, _):
         owner = os.stat(f"/proc/{proc.pid}").st_uid
         monkeypatch.setattr(cli.os, "geteuid", lambda: owner + 1000)
         assert cli.main(["capture", str(proc.pid), "--out", str(tmp_path / "denied")]) == 2
@@ -314,9 +307,6 @@ def test_error_process_of_another_user(tmp_path, monkeypatch, capsys):
         assert message.startswith(f"heapwalk: cannot attach to {proc.pid}: process {proc.pid} belongs to user "
                                   f"{owner}, not to you") and "sudo" in message
         assert not (tmp_path / "denied").exists() and proc.poll() is None
-    finally:
-        proc.kill()
-        proc.wait()
 
 
 def test_error_ptrace_scope_explained(monkeypatch, tmp_path):
