@@ -310,6 +310,105 @@ int main(int argc, char **argv)
         free(x);
         free(x);
         fail("glibc did not abort");
+    } else if (!strcmp(mode, "abort_tcache_double_free")) {
+        void *x = guarded(0x48);
+        expect("abort", chunk_of(x));
+        free(x);
+        free(x); /* its key marks it as in this thread's tcache */
+        fail("glibc did not abort");
+    } else if (!strcmp(mode, "abort_fasttop")) {
+        if (minor >= 43)
+            fail("glibc 2.43 has no fastbins");
+        void *x = guarded(0x28);
+        fill_tcache(0x28);
+        expect("abort", chunk_of(x));
+        free(x); /* the tcache bin is full: the fastbin, whose top it becomes */
+        free(x);
+        fail("glibc did not abort");
+    } else if (!strcmp(mode, "abort_out")) {
+        void *x = guarded(0x500);
+        uintptr_t end = (uintptr_t)sbrk(0); /* the main arena's top ends at the break */
+        words(x)[-1] = ((end - chunk_of(x) + 0x10000) & ~(uintptr_t)15) | 1; /* an overflow rewrote its size */
+        expect("abort", chunk_of(x));
+        free(x);
+        fail("glibc did not abort");
+    } else if (!strcmp(mode, "abort_invalid_pointer")) {
+        void *x = guarded(0x48);
+        words(x)[0] = 0;     /* what free() takes for a size there has no IS_MMAPPED bit */
+        expect("abort", chunk_of(x));
+        char *volatile inside = (char *)x + 8; /* a pointer into the middle of a block, kept as programs do */
+        free(inside);
+        fail("glibc did not abort");
+    } else if (!strcmp(mode, "abort_invalid_size")) {
+        void *x = guarded(0x48);
+        words(x)[-1] = 0x10 | 1; /* an underflow of the block before rewrote its size: under MINSIZE */
+        expect("abort", chunk_of(x));
+        free(x);
+        fail("glibc did not abort");
+    } else if (!strcmp(mode, "abort_munmap")) {
+        void *x = guarded(0x2000);
+        words(x)[-1] |= 2; /* IS_MMAPPED set on a heap chunk */
+        expect("abort", chunk_of(x));
+        free(x);
+        fail("glibc did not abort");
+    } else if (!strcmp(mode, "abort_top_size")) {
+        void *probe = keep(malloc(0x18)); /* carved from top: top starts right after it */
+        uintptr_t top = chunk_of(probe) + 0x20;
+        words((void *)(top + 16))[-1] = 0x7ffffffffff1; /* an overflow rewrote top's size */
+        expect("abort", top);
+        keep(malloc(0x10000));
+        fail("glibc did not abort");
+    } else if (!strcmp(mode, "abort_size_vs_prev_size")) {
+        void *b = keep(malloc(0x500));
+        void *a = keep(malloc(0x500));
+        void *guard = keep(malloc(24));
+        free(a);                    /* into the unsorted bin; guard's prev_size 0x510 */
+        words(guard)[-2] = 0x1230;  /* an underflow of guard rewrote it */
+        expect("abort", chunk_of(a));
+        free(b);                    /* consolidates forward with a: unlink checks a's size */
+        fail("glibc did not abort");
+    } else if (!strcmp(mode, "abort_unsorted")) {
+        void *x = guarded(0x500);
+        free(x);
+        words(x)[0] = 0x4141414141414140; /* a write after free rewrote its fd */
+        expect("abort", chunk_of(x));
+        keep(malloc(0x600)); /* malloc takes it off the unsorted bin */
+        fail("glibc did not abort");
+    } else if (!strcmp(mode, "abort_smallbin")) {
+        void *c[3];
+        small_bin_of_three(c);
+        for (int i = 0; i < fill; i++)
+            keep(malloc(0x100)); /* empties the tcache bin */
+        words(c[2])[1] = chunk_of(c[0]); /* a write after free rewrote the last chunk's bk */
+        expect("abort", chunk_of(c[2]));
+        keep(malloc(0x100)); /* taken from the small bin's end */
+        fail("glibc did not abort");
+    } else if (!strcmp(mode, "abort_free_unsorted")) {
+        void *x = guarded(0x500);
+        void *z = guarded(0x500);
+        free(x);
+        words(x)[1] = 0x4141414141414140; /* a write after free rewrote its bk */
+        expect("abort", chunk_of(x));
+        free(z); /* goes to the unsorted bin's front, after checking the chunk there */
+        fail("glibc did not abort");
+    } else if (!strcmp(mode, "abort_consolidate")) {
+        if (minor >= 43)
+            fail("glibc 2.43 has no fastbins");
+        void *x = guarded(0x28);
+        fill_tcache(0x28);
+        free(x);                 /* the fastbin of 0x30 */
+        words(x)[-1] = 0x41;     /* a write after free rewrote its size */
+        expect("abort", chunk_of(x));
+        keep(malloc(0x500));     /* a large request consolidates the fastbins */
+        fail("glibc did not abort");
+    } else if (!strcmp(mode, "abort_realloc_next_size")) {
+        void *a = keep(malloc(0x48));
+        void *b = keep(malloc(0x48));
+        keep(malloc(24));
+        words(b)[-1] = 0;        /* an overflow of a cleared b's size */
+        expect("abort", chunk_of(a));
+        keep(realloc(a, 0x100));
+        fail("glibc did not abort");
     } else if (!strcmp(mode, "abort_unaligned_tcache")) {
         if (minor < 32)
             fail("no tcache alignment check before 2.32");

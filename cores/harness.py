@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import signal
 import struct
@@ -39,14 +40,35 @@ import sysroots
 
 CORES_DIR = Path(__file__).resolve().parent
 REPRODUCERS = ("bins", "thread_arenas", "small_vectors", "mmapped", "second_heap", "many_arenas", "large_tcache",
-               "leak", "main_regions")
+               "leak", "main_regions", "tuned")
+#: tuned.c's variants, each moving mp_ away from glibc's defaults by one parameter (its own run moves the
+#: dynamic threshold and makes glibc 2.43's mmapped_mem drift): variant -> environment
+TUNED_VARIANTS = {
+    "tunable-mmap_threshold": {"GLIBC_TUNABLES": "glibc.malloc.mmap_threshold=1048576"},
+    "tunable-trim_threshold": {"GLIBC_TUNABLES": "glibc.malloc.trim_threshold=4194304"},
+    "tunable-top_pad": {"GLIBC_TUNABLES": "glibc.malloc.top_pad=1048576"},
+    "tunable-mmap_max": {"GLIBC_TUNABLES": "glibc.malloc.mmap_max=0"},
+    "tunable-arena_max": {"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"},
+    "tunable-arena_test": {"GLIBC_TUNABLES": "glibc.malloc.arena_test=1"},
+    "tunable-tcache_count": {"GLIBC_TUNABLES": "glibc.malloc.tcache_count=3", "HW_TCACHE_FILL": "3"},
+    "tunable-tcache_max": {"GLIBC_TUNABLES": "glibc.malloc.tcache_max=600"},
+    "tunable-hugetlb": {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"},
+    "mallopt-mmap_threshold": {"HW_MALLOPT": "mmap_threshold=262144"},
+    "mallopt-trim_threshold": {"HW_MALLOPT": "trim_threshold=-1"},
+    "mallopt-top_pad": {"HW_MALLOPT": "top_pad=2097152"},
+    "mallopt-mmap_max": {"HW_MALLOPT": "mmap_max=1"},
+    "mallopt-arena_max": {"HW_MALLOPT": "arena_max=3"},
+    "mallopt-arena_test": {"HW_MALLOPT": "arena_test=2"},
+}
 #: environment a reproducer needs to show its situation
 REPRODUCER_ENV = {"large_tcache": {"GLIBC_TUNABLES": "glibc.malloc.tcache_max=2097152"},
                   "main_regions": {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=2"}}
 #: corrupt.c's modes that stop with the damage in place, and those that run on until glibc aborts
 CORRUPTIONS = ("fd_bk", "prev_size", "fastbin_size", "tcache_misaligned", "tcache_count", "double_free",
                "overlaps_top", "list_cycle", "unmapped", "free_unlisted", "chunk_size", "nextsize", "mutex")
-CRASHES = ("abort_double_free", "abort_unaligned_tcache")
+CRASHES = ("abort_double_free", "abort_unaligned_tcache", "abort_tcache_double_free", "abort_fasttop", "abort_out",
+           "abort_invalid_pointer", "abort_invalid_size", "abort_munmap", "abort_top_size", "abort_size_vs_prev_size",
+           "abort_unsorted", "abort_smallbin", "abort_free_unsorted", "abort_consolidate", "abort_realloc_next_size")
 CFLAGS = ("-O1", "-g", "-pthread", "-Wall", "-Wextra", "-Wno-unused-but-set-variable")
 
 
@@ -267,6 +289,18 @@ def blank_thread_stacks(core: Path, pid: int, main_tls: bool = False) -> int:
     return blanked
 
 
+def overwrite(core: Path, vaddr: int, data: bytes) -> None:
+    """Writes DATA, in place, over the bytes CORE holds for addresses VADDR.. (damage of one structure, such
+    as a malloc_par cleared by a stray memset); the range must lie in one segment."""
+    for start, offset, size, _ in _load_segments(core):
+        if start <= vaddr and vaddr + len(data) <= start + size:
+            with core.open("r+b") as f:
+                f.seek(offset + vaddr - start)
+                f.write(data)
+            return
+    raise HarnessError(f"{core} holds no segment with {vaddr:#x}..{vaddr + len(data):#x}")
+
+
 def repair_core(core: Path, pid: int) -> int:
     """Refills readable segments that gcore wrote as all zeros from /proc/PID/mem; returns pages fixed.
 
@@ -341,25 +375,66 @@ def capture(name: str, outdir: Path, bindir: Path, keep: bool = False, sysroot: 
 def corruption_applies(mode: str, version: tuple[int, int]) -> bool:
     """Can corrupt.c's MODE be shown under glibc VERSION? (2.43 has no fastbins; 2.31 has no tcache
     alignment check to abort on.)"""
-    if mode == "fastbin_size":
+    if mode in ("fastbin_size", "abort_fasttop", "abort_consolidate"):
         return version < (2, 43)
     if mode == "abort_unaligned_tcache":
         return version >= (2, 32)
     return True
 
 
-def capture_corruption(mode: str, outdir: Path, bindir: Path, sysroot: sysroots.Sysroot | None = None) -> Capture:
+def _core_pattern_in_cwd() -> None:
+    """Makes the kernel write crash dumps as a file "core..." in the crashing process's directory, as
+    Debian's default does; a pattern that pipes to a handler or names another directory is replaced (this
+    needs root), since the harness must find the dump."""
+    path = Path("/proc/sys/kernel/core_pattern")
+    pattern = path.read_text().strip()
+    if pattern.startswith("core") and "/" not in pattern:
+        return
+    try:
+        path.write_text("core\n")
+    except OSError as exc:
+        raise HarnessError(f"the kernel writes crash dumps by the pattern {pattern!r}, and it cannot be set to "
+                           f"'core' ({exc}): run as root, or set it by hand") from None
+
+
+def _kernel_crash(cmd: list[str], directory: Path, env: dict[str, str]) -> Path:
+    """Runs CMD in DIRECTORY until it dies of a signal and returns the kernel's crash dump of it."""
+    _core_pattern_in_cwd()
+    for stale in directory.glob("core*"):
+        stale.unlink()
+
+    def unlimited_core() -> None:
+        resource.setrlimit(resource.RLIMIT_CORE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+    result = subprocess.run(cmd, cwd=directory, env=env, capture_output=True, text=True, timeout=120,
+                            preexec_fn=unlimited_core)
+    dumps = list(directory.glob("core*"))
+    if result.returncode >= 0 or len(dumps) != 1:
+        raise HarnessError(f"{cmd[-2]} left no kernel crash dump in {directory} (status {result.returncode}, "
+                           f"{len(dumps)} files): {result.stderr.strip()}")
+    return dumps[0]
+
+
+def capture_corruption(mode: str, outdir: Path, bindir: Path, sysroot: sysroots.Sysroot | None = None,
+                       kernel: bool = False) -> Capture:
     """Runs corrupt.c in MODE (under SYSROOT's glibc) and takes its core into OUTDIR/corrupt-MODE/core.
 
-    Corruption modes stop themselves with the damage in place; crash modes run under gdb until glibc
-    aborts, and gdb's gcore takes the core at the abort, as a crash dump would.
+    Corruption modes stop themselves with the damage in place; crash modes run until glibc aborts, under
+    gdb, whose gcore takes the core at the abort, or with KERNEL on their own, and the kernel dumps the core
+    (into OUTDIR/corrupt-MODE-kernel/core), as a crash in production would.
     """
     exe = build("corrupt", bindir, sysroot)
-    directory = outdir / f"corrupt-{mode}"
+    directory = outdir / (f"corrupt-{mode}-kernel" if kernel else f"corrupt-{mode}")
     launcher = sysroot.launcher() if sysroot is not None else []
     gdb_exe = sysroot.ld_so if sysroot is not None else exe
     env = {**os.environ, **arena_env(), "HW_CORRUPT": mode}
-    if mode in CRASHES:
+    if kernel:
+        if mode not in CRASHES:
+            raise HarnessError(f"{mode} does not crash: only crash modes leave a kernel core")
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / "expected.json").unlink(missing_ok=True)
+        _kernel_crash([*launcher, str(exe), str(directory)], directory, env).rename(directory / "core")
+        cap = Capture(name=f"corrupt-{mode}-kernel", directory=directory, exe=gdb_exe, pid=0)
+    elif mode in CRASHES:
         directory.mkdir(parents=True, exist_ok=True)
         for stale in ("core", "expected.json"):
             (directory / stale).unlink(missing_ok=True)

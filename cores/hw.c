@@ -166,13 +166,17 @@ static void learn_key(void)
         if (!x || !guard)
             die("out of memory");
         memset(x, PATTERN, request);
-        uintptr_t where = (uintptr_t)x, key = 0;
+        uintptr_t where = (uintptr_t)x, key = 0, next = 0;
         free(x);
-        if (!peek_word(where + 8, &key))
+        if (!peek_word(where + 8, &key) || !peek_word(where, &next))
             die("cannot read the key probe chunk");
         x = malloc(request);
         memset(x, PATTERN, request);
         if ((uintptr_t)x != where)
+            continue;
+        /* alone in a tcache bin, its link is the list's end (0, or where >> 12 when safe-linked); a
+         * chunk above tcache_max went to the unsorted bin, whose links point at the arena */
+        if (next != 0 && next != where >> 12)
             continue;
         if (key == 0 || key == (uintptr_t)0xA5A5A5A5A5A5A5A5ull)
             die("glibc wrote no tcache key (needs glibc 2.29 or later)");
@@ -263,6 +267,10 @@ static void add_candidate(struct thread_rec *t, uintptr_t (*cand)[TC_CAP], int *
         return;
     int me_index = (int)(t - threads);
     int owner = freed_owner_of(p);
+    /* A chunk another thread's proof holds is that thread's, whoever freed it
+     * (the process-wide key since 2.34 does not tell tcaches apart). */
+    if (owner != me_index && proven_elsewhere(p, t))
+        return;
     /* A chunk nobody freed at this address (a split remainder that glibc
      * stashed into tcache) is taken as ours: the drain below proves it. */
     if (owner == me_index || owner < 0) {
@@ -274,7 +282,7 @@ static void add_candidate(struct thread_rec *t, uintptr_t (*cand)[TC_CAP], int *
         cand[c][ncand[c]++] = p;
         return;
     }
-    if (proven_elsewhere(p, t) || (owner >= 0 && !threads[owner].in_ledger && !threads[owner].exited))
+    if (owner >= 0 && !threads[owner].in_ledger && !threads[owner].exited)
         return;
     fprintf(stderr, "thread %d: chunk %#lx carries the tcache key but nobody can account for it (owner %d)\n",
             t->tid, (unsigned long)p, owner);

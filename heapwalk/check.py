@@ -63,7 +63,8 @@ def check(state: HeapState, mem: Memory, layout: Layout) -> CheckResult:
     for f in findings:
         unique.setdefault((f.kind, f.address, f.structure, f.message), f)
     ordered = sorted(unique.values(), key=lambda f: (f.severity is not Severity.ERROR,
-                                                     f.severity is not Severity.WARNING, f.address))
+                                                     f.severity is not Severity.WARNING, f.kind is not Kind.ABORT,
+                                                     f.address))
     return CheckResult(ordered, partial(state))
 
 

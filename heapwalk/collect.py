@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from .chunkwalk import (Account, ChunkState, Listing, account, find_mmapped, find_mmapped_in_pages, list_states,
                         main_regions)
 from .trim import TrimEstimate, TrimSimulation
-from .discovery import Discovery, MallocUnused
+from .aborts import Candidate, check_for, explain
+from .discovery import Discovery, MallocUnused, main_memory_start
 from .layout import MP_INT_FIELDS, NBINS, SIZE_BITS, Layout
 from .memory import Memory, ReadError, u64
 from .model import (Arena, BinKind, BinList, Fact, Finding, Heap, HeapState, Kind, MallocPar, Severity, Thread,
@@ -24,7 +25,7 @@ from .model import (Arena, BinKind, BinList, Fact, Finding, Heap, HeapState, Kin
 from .tcachescan import scan_tcaches
 from .walkers import ListWalk, walk_arena_ring, walk_bin, walk_fastbin, walk_heaps, walk_tcache
 
-__all__ = ["ThreadRegs", "collect", "walk_arenas", "read_mp", "read_arena"]
+__all__ = ["ThreadRegs", "collect", "walk_arenas", "read_mp", "read_arena", "mmapped_agree"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +37,8 @@ class ThreadRegs:
     fs_base: int | None
     sp: int | None = None       # $rsp
     signal: int | None = None   # the signal that stopped the thread (a core's siginfo), if known
+    registers: tuple[tuple[str, int], ...] = ()  # general registers (name, value) of its newest frame
+    arguments: tuple[tuple[str, int], ...] = ()  # (where, user pointer) given to malloc's functions (symbols)
 
 
 #: signals that end a process with a crash dump
@@ -115,7 +118,8 @@ def _decode_arena(mem: Memory, disc: Discovery, address: int, number: int, mp: M
         top_size = max(0, sbrk + system_mem - top) if sbrk and sbrk <= top < sbrk + system_mem else 0
     if is_main:
         heaps: list[Heap] = []
-        sbrk_base = mp.get("sbrk_base") if mp else None
+        sbrk_base = mp.get("sbrk_base") if mp else main_memory_start(mem, address, top, f["flags"] or 0,
+                                                                     system_mem, layout)
         if sbrk_base and top:
             end = top + top_size
             contiguous = not (f["flags"] or 0) & 2  # NONCONTIGUOUS_BIT: top may be in an mmap'd piece
@@ -283,16 +287,25 @@ def _mmapped(mem: Memory, disc: Discovery, state: HeapState, regions: list[tuple
         # some chunk does not start its region: look at every page outside the chunks found; keep what
         # that finds only when it makes the totals mp_'s
         more = find_mmapped_in_pages(mem, disc.layout, regions, skip + [(c.address, c.address + c.span) for c in found])
-        if len(found) + len(more) == mp.get("n_mmaps") and \
-                sum(c.span for c in found) + sum(c.span for c in more) == mp.get("mmapped_mem"):
+        if mmapped_agree(disc.layout, mp, found + more):
             found = sorted(found + more, key=lambda c: c.address)
-    if mp is not None and (len(found) != mp.get("n_mmaps") or sum(c.span for c in found) != mp.get("mmapped_mem")):
+    if mp is not None and not mmapped_agree(disc.layout, mp, found):
         state.findings_extra.append(Finding(
             Severity.WARNING, 0, "mmapped chunks",
             f"found {len(found)} mmapped chunks of {sum(c.span for c in found)} bytes; mp_ counts "
             f"{mp.get('n_mmaps')} of {mp.get('mmapped_mem')} (chunks with front padding, or regions "
             "missing from the core, are not found)", Kind.MMAPPED))
     return found
+
+
+def mmapped_agree(layout: Layout, mp: MallocPar, chunks) -> bool:
+    """Do CHUNKS (mmapped chunks found in memory) make mp_'s n_mmaps and mmapped_mem?  From glibc 2.43 each
+    mremap of a mmapped chunk (realloc) counts 16 bytes too many in mmapped_mem, for good: the count must
+    match, and the bytes may exceed the mappings' by a multiple of 16."""
+    if len(chunks) != mp.get("n_mmaps"):
+        return False
+    drift = (mp.get("mmapped_mem") or 0) - sum(c.span for c in chunks)
+    return drift == 0 or (layout.mmap_chunk_rule_243 and drift > 0 and drift % 16 == 0)
 
 
 def abort_message(mem: Memory, disc: Discovery) -> Finding | None:
@@ -350,6 +363,71 @@ def crash_pointers(mem: Memory, state: HeapState, threads: list[ThreadRegs], lim
     return out
 
 
+def _without_mp(disc: Discovery) -> Finding:
+    """What is derived otherwise when mp_ is not found (or unreadable)."""
+    parts = ["the main arena's memory is taken to start at its top's end minus its system_mem",
+             "mmapped chunks are those found in memory, not checked against mp_'s counters"]
+    if disc.layout.tcache_counts_down:
+        parts.append("tcache counts use the fill count the tcache structs show")
+    return Finding(Severity.INFO, 0, "mp_", "mp_ (malloc_par) was not found: " + "; ".join(parts),
+                   Kind.DISCOVERY)
+
+
+def _fill_from_tcaches(mem: Memory, disc: Discovery, threads: list[ThreadRegs]) -> int | None:
+    """mp_.tcache_count as the tcache structs show it, for glibc 2.42+ whose num_slots count down from it:
+    every bin starts at the fill count, so the largest num_slots of any thread's tcache is it (a tcache whose
+    every bin holds something shows less).  None when no tcache is readable or counts go up."""
+    layout = disc.layout
+    if not layout.tcache_counts_down or disc.tcache_tpoff is None:
+        return None
+    best = None
+    for regs in threads:
+        try:
+            pointer = u64(mem, regs.fs_base + disc.tcache_tpoff) if regs.fs_base else 0
+            if not pointer or pointer % 16 or disc.is_libc_address(pointer):
+                continue
+            slots = struct.unpack_from(f"<{layout.tcache_bins}H", mem.read(pointer, 2 * layout.tcache_bins))
+        except ReadError:
+            continue
+        best = max(best or 0, max(slots))
+    return best
+
+
+def _crash_candidates(mem: Memory, threads: list[ThreadRegs]) -> list[Candidate]:
+    """The pointers each thread killed by a fatal signal holds: the arguments of malloc's functions in its
+    frames (with libc's symbols), its registers, then its stack from the top."""
+    out = []
+    for regs in threads:
+        if regs.signal not in FATAL_SIGNALS:
+            continue
+        out += [Candidate(value, f"{where} in thread {regs.number}") for where, value in regs.arguments]
+        out += [Candidate(value, f"register {name} of thread {regs.number}") for name, value in regs.registers]
+        if regs.sp:
+            out += [Candidate(word, f"the stack of thread {regs.number} at {regs.sp + 8 * i:#x}")
+                    for i, word in enumerate(_stack_words(mem, regs.sp))]
+    return out
+
+
+def _crash_findings(mem: Memory, state: HeapState, disc: Discovery, threads: list[ThreadRegs],
+                    last_words: Finding | None) -> tuple[Finding, ...]:
+    """What a crash core says about its crash: the chunks that fail the check glibc's abort message names
+    (`aborts.explain`); failing that, glibc's message and the free chunks the crashing thread's stack points
+    at (`crash_pointers`)."""
+    if last_words is not None:
+        named = explain(mem, state, disc.layout, last_words.found, _crash_candidates(mem, threads))
+        if named:
+            return tuple(named)
+        check = check_for(last_words.found)
+        if check is not None:
+            hint = "" if any(t.arguments for t in threads) else \
+                " (with libc's debug symbols the arguments of free and malloc are tried too)"
+            last_words = dataclasses.replace(last_words, expected=check.tested, message=(
+                f"{last_words.message}: {check.tested}; no chunk the crashing thread points at fails that "
+                f"check{hint}"))
+    clues = tuple(crash_pointers(mem, state, threads)) if any(t.signal in FATAL_SIGNALS for t in threads) else ()
+    return ((last_words,) if last_words is not None else ()) + clues
+
+
 def _require_initialised(mem: Memory, disc: Discovery) -> None:
     """Raises MallocUnused when main_arena is still all zeros where malloc_init_state writes (top and the
     bin heads): glibc's malloc was never called, so there is no heap to walk."""
@@ -379,8 +457,6 @@ def _collect(mem: Memory, disc: Discovery, threads: list[ThreadRegs], target: st
              walk_chunks: bool, regions: list[tuple[int, int]] | None, progress) -> HeapState:
     findings: list[Finding] = list(disc.findings)
     last_words = abort_message(mem, disc)
-    if last_words is not None:
-        findings.append(last_words)
     mp = None
     if disc.mp_address is not None:
         try:
@@ -388,6 +464,8 @@ def _collect(mem: Memory, disc: Discovery, threads: list[ThreadRegs], target: st
         except ReadError as exc:
             findings.append(Finding(Severity.ERROR, disc.mp_address, "mp_", f"cannot read: {exc}", Kind.UNMAPPED))
     _require_initialised(mem, disc)
+    if mp is None:
+        findings.append(_without_mp(disc))
     ring, ring_findings = walk_arena_ring(mem, disc.layout, disc.main_arena)
     findings.extend(ring_findings)
     free_list, fl_findings, fl_how = _walk_free_list(mem, disc, ring)
@@ -407,7 +485,7 @@ def _collect(mem: Memory, disc: Discovery, threads: list[ThreadRegs], target: st
                               f"interrupted (Ctrl-C) in arena {number}: it and the {len(ring) - number - 1} "
                               "arena(s) after it are left out, and no chunk is walked", Kind.INTERRUPTED)
             break
-    fill = mp.get("tcache_count") if mp else None
+    fill = mp.get("tcache_count") if mp else _fill_from_tcaches(mem, disc, threads)
     decoded_threads = []
     for regs in sorted(threads, key=lambda t: t.number):
         thread, t_findings = _thread(mem, disc, regs, fill)
@@ -423,12 +501,14 @@ def _collect(mem: Memory, disc: Discovery, threads: list[ThreadRegs], target: st
         state = dataclasses.replace(state, arenas=tuple(arenas))
     if stopped is not None:
         state.findings_extra.append(stopped)
+        if last_words is not None:
+            state.findings_extra.append(last_words)
         if walk_chunks:
             _leave_unwalked(state, state.arenas)
         return state
     state = _scan_for_tcaches(mem, disc, state)
-    if any(t.signal in FATAL_SIGNALS for t in threads):
-        state = dataclasses.replace(state, findings=state.findings + tuple(crash_pointers(mem, state, threads)))
+    state = dataclasses.replace(state, findings=_crash_findings(mem, state, disc, threads, last_words)
+                                + state.findings)
     if walk_chunks:
         walk_arenas(mem, disc.layout, state, progress)
         if regions is not None and not state.interrupted:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import struct
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -23,7 +24,7 @@ from .layout import HEAP_MAX_SIZE, Layout, UnsupportedVersion, layout_for
 from .memory import Memory, ReadError, u64
 from .model import Fact, Finding, Kind, Severity
 
-__all__ = ["MallocUnused", "foreign_allocator", "SymbolSource", "NoSymbols", "Overrides", "Discovery", "DiscoveryError", "discover", "parse_version",
+__all__ = ["MallocUnused", "foreign_allocator", "SymbolSource", "NoSymbols", "Overrides", "Discovery", "DiscoveryError", "discover", "main_memory_start", "parse_version",
            "read_c_string"]
 
 
@@ -454,38 +455,72 @@ def _find_main_arena(search: _Search, version: tuple[int, int] | None) -> tuple[
                          "readable; use 'set heapwalk main-arena ADDRESS'")
 
 
+def _mp_anchors(search: _Search, main_arena: int, ring_layout: Layout) -> heuristics.MpAnchors:
+    """What main_arena and libc's code say about mp_, before mp_ is found."""
+    top = start = None
+    try:
+        top = u64(search.mem, main_arena + ring_layout.off_top)
+        flags = struct.unpack("<i", search.mem.read(main_arena + ring_layout.off_flags, 4))[0]
+        system_mem = u64(search.mem, main_arena + ring_layout.off_system_mem)
+        start = main_memory_start(search.mem, main_arena, top, flags, system_mem, ring_layout)
+    except ReadError:
+        pass
+    code = search.code("malloc_stats", 160)
+    loads = frozenset(r.target for r in x86.rip_loads(*code) if r.opcode == x86.MOV) if code else frozenset()
+    return heuristics.MpAnchors(main_start=start, main_top=top, stats_loads=loads)
+
+
+def main_memory_start(mem: Memory, main_arena: int, top: int, flags: int, system_mem: int,
+                      layout: Layout) -> int | None:
+    """Where the main arena's sbrk memory starts (what mp_.sbrk_base holds), from main_arena alone: 0 when it
+    never grew, else its top's end minus system_mem (glibc counts every byte from the first break, foreign
+    sbrk included, and systrim takes back what it releases); None when the arena is not contiguous (its
+    memory is in mmap'd pieces) or top is unreadable."""
+    if flags & 2:  # NONCONTIGUOUS_BIT
+        return None
+    if system_mem == 0:
+        return 0
+    try:
+        top_size = u64(mem, top + 8) & ~7
+    except ReadError:
+        return None
+    start = top + top_size - system_mem
+    return start if 0 < start <= top else None
+
+
 def _find_mp(search: _Search, main_arena: int, family: tuple[int, int], layout: Layout | None,
              ring_layout: Layout) -> tuple[int | None, tuple[int, int] | None]:
-    """mp_'s address and the mp_ layout variant memory matched (None if memory did not tell)."""
+    """mp_'s address and the mp_ layout variant memory matched (None if memory did not tell).
+
+    No field is expected to hold glibc's default: a candidate is pinned down by what agrees with it
+    (`heuristics.mp_evidence`), and the facts say which of its fields nothing confirmed."""
     variants = list(heuristics.MP_FOR_FAMILY[family])
     if layout is not None:
         own = next(v for v in heuristics.MP_VARIANTS if layout.version >= v)
         variants = [own] + [v for v in variants if v != own]
-    try:
-        top = u64(search.mem, main_arena + ring_layout.off_top)
-    except ReadError:
-        top = None
+    anchors = _mp_anchors(search, main_arena, ring_layout)
     symbol = search.symbols.data_address("mp_")
     if symbol is not None:
         search.fact("mp_", symbol, "symbol mp_")
-        return symbol, heuristics.mp_variant_at(search.mem, symbol, variants, top)
+        fits = heuristics.mp_variant_at(search.mem, symbol, variants, anchors)
+        if fits is None:
+            search.note(Severity.WARNING, symbol, "the mp_ symbol's memory fits no malloc_par layout: its "
+                        "counters are out of range (damaged?)")
+        return symbol, fits.variant if fits else None
     if search.image is None:
         search.unknown("mp_", "no libc image")
         return None, None
-    found = heuristics.find_mp(search.mem, search.image, main_arena, variants, top)
+    found = heuristics.find_mp(search.mem, search.image, main_arena, variants, anchors)
     if found is None:
         search.unknown("mp_", "no malloc_par-shaped data near main_arena")
         return None, None
-    address, variant = found
-    how = "malloc_par signature near main_arena"
-    code = search.code("malloc_stats", 96)
-    loaded = x86.first_load(*code) if code else None
-    if loaded is not None:
-        off = loaded - address
-        if off == layout_for(variant).mp.get("mmapped_mem"):
-            how += "; malloc_stats reads its mmapped_mem"
-    search.fact("mp_", address, how)
-    return address, variant
+    if found.evidence:
+        how = "malloc_par near main_arena: " + "; ".join(found.evidence)
+    else:
+        how = ("the malloc_par-shaped data nearest main_arena; nothing else in memory confirms it (the main "
+               "arena is not contiguous and libc's code is not readable)")
+    search.fact("mp_", found.address, how)
+    return found.address, found.variant
 
 
 def _classify_tcache(search: _Search, expected: set[int]):

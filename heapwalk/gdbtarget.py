@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import gdb  # type: ignore[import-not-found]
 
-from .collect import ThreadRegs
+from .collect import FATAL_SIGNALS, ThreadRegs
 from .elfmem import Mapping
 from .memory import CachedMemory
 
@@ -116,24 +116,77 @@ class GdbSymbols:
         return None
 
 
+#: the general registers that may hold a pointer, callee-saved first (they survive the calls into abort)
+_POINTER_REGISTERS = ("rbx", "rbp", "r12", "r13", "r14", "r15", "rdi", "rsi", "rdx", "rcx", "rax", "r8", "r9",
+                      "r10", "r11")
+
+
+#: arguments of malloc's functions that hold the chunk being worked on: user pointers, then chunk pointers
+_USER_ARGUMENTS = ("mem", "oldmem", "ptr")
+_CHUNK_ARGUMENTS = ("p", "oldp", "victim")
+_MALLOC_FRAMES = ("free", "malloc", "realloc", "munmap_chunk", "malloc_consolidate", "unlink_chunk", "memalign")
+
+
+def _malloc_arguments(depth: int = 16) -> tuple[tuple[str, int], ...]:
+    """(where, user pointer) for the pointer arguments of malloc's functions among the selected thread's
+    newest DEPTH frames (libc's debug symbols are needed; an argument optimised out is taken at its entry
+    value where gdb knows it).  Chunk pointers are given as their user pointers (+ 16)."""
+    out: list[tuple[str, int]] = []
+    frame = gdb.newest_frame()
+    for level in range(depth):
+        if frame is None:
+            break
+        name = frame.name() or ""
+        if any(part in name for part in _MALLOC_FRAMES):
+            for arg in (*_USER_ARGUMENTS, *_CHUNK_ARGUMENTS):
+                value = _argument(frame, arg)
+                if value:
+                    out.append((f"argument {arg} of {name} (frame {level})",
+                                value + (16 if arg in _CHUNK_ARGUMENTS else 0)))
+        try:
+            frame = frame.older()
+        except gdb.error:
+            break
+    return tuple(out)
+
+
+def _argument(frame, name: str) -> int | None:
+    """FRAME's argument NAME as an integer, or its entry value when it is optimised out; None if neither."""
+    for expression in (name, f"{name}@entry"):
+        try:
+            frame.select()
+            value = gdb.parse_and_eval(expression)
+            if value.is_optimized_out:
+                continue
+            return int(value.cast(gdb.lookup_type("unsigned long")))
+        except (gdb.error, ValueError, RuntimeError):
+            continue
+    return None
+
+
 def thread_registers() -> list[ThreadRegs]:
     """Every thread of the selected inferior with its $fs_base (None where unreadable)."""
     out = []
     with preserved_selection():
         for thread in gdb.selected_inferior().threads():
             fs_base = sp = signal = None
+            registers: list[tuple[str, int]] = []
             try:
                 thread.switch()
                 frame = gdb.newest_frame()
                 fs_base = int(frame.read_register("fs_base"))
                 sp = int(frame.read_register("rsp"))
+                for name in _POINTER_REGISTERS:
+                    registers.append((name, int(frame.read_register(name)) & (2**64 - 1)))
             except (gdb.error, ValueError):
                 pass
             try:
                 signal = int(gdb.parse_and_eval("$_siginfo.si_signo"))
             except (gdb.error, ValueError):
                 pass
-            out.append(ThreadRegs(thread.num, thread.ptid[1] or thread.ptid[0], fs_base, sp, signal))
+            arguments = _malloc_arguments() if signal in FATAL_SIGNALS else ()
+            out.append(ThreadRegs(thread.num, thread.ptid[1] or thread.ptid[0], fs_base, sp, signal,
+                                  tuple(registers), arguments))
     return sorted(out, key=lambda t: t.number)
 
 

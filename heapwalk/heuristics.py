@@ -8,8 +8,10 @@ them and records how each fact was found.
   slots point at its own bin header (slot address - 16).  The highest such pair
   in libc's writable segment is main_arena's bin 127; the arena start follows
   from the layout family, and the arena ring must close on it.
-- mp_: a malloc_par whose fields are all plausible, near main_arena, scored
-  by how many fields hold glibc's defaults.
+- mp_: a malloc_par whose fields are all in range, near main_arena, ranked by
+  what else agrees with it (sbrk_base where the main arena's memory starts,
+  malloc_stats's code reading its mmapped_mem); no field is expected to hold
+  glibc's default, since programs and tunables change every one of them.
 - TLS offsets: libc reaches ``tcache`` and ``thread_arena`` through GOT slots
   holding their (negative) offsets from the thread pointer; every negative
   word of libc's writable segment is a candidate, and the one whose per-thread
@@ -25,7 +27,8 @@ from .elfmem import LibcImage
 from .layout import MP_INT_FIELDS, SIZE_BITS, Layout, layout_for
 from .memory import Memory, ReadError, u64
 
-__all__ = ["ARENA_FAMILIES", "MP_VARIANTS", "MP_FOR_FAMILY", "mp_variant_at", "tcache_safe_linking", "ArenaCandidate", "scan_bin127", "find_main_arena", "find_mp",
+__all__ = ["ARENA_FAMILIES", "MP_VARIANTS", "MP_FOR_FAMILY", "mp_variant_at", "mp_plausible", "mp_evidence", "MpAnchors",
+           "MpCandidate", "tcache_safe_linking", "ArenaCandidate", "scan_bin127", "find_main_arena", "find_mp",
            "tls_candidates", "pick_tls_offset", "TCACHE_CHUNK_SIZES", "heap_info_size_of", "tcache_struct_chunk"]
 
 #: one representative version per malloc_state layout, newest first
@@ -144,69 +147,121 @@ def _pow2_or_zero(v: int) -> bool:
     return v == 0 or (v >= _PAGE and v & (v - 1) == 0)
 
 
-def _mp_score(v: dict[str, int], main_top: int | None) -> int | None:
-    """None if V cannot be a malloc_par; else how many fields hold typical values."""
-    if not (1 <= v["arena_test"] <= 1 << 16 and v["arena_max"] <= 1 << 20 and v["mmap_threshold"] <= 1 << 26
-            and v["top_pad"] < 1 << 40 and v["trim_threshold"] < 1 << 62):
-        return None
-    if not (0 <= v["n_mmaps"] <= v["max_n_mmaps"] and v["n_mmaps_max"] >= 0 and v["no_dyn_threshold"] in (0, 1)):
-        return None
-    if v["mmapped_mem"] % _PAGE or v["mmapped_mem"] > v["max_mmapped_mem"] or v["max_mmapped_mem"] % _PAGE:
-        return None
-    if (v["n_mmaps"] == 0) != (v["mmapped_mem"] == 0) or v["sbrk_base"] >= 1 << 47:  # brk need not be aligned
-        return None
-    if "tcache_bins" in v and not (1 <= v["tcache_bins"] <= 76 and v["tcache_max_bytes"] <= (4 << 20) + 64
-                                   and v["tcache_count"] <= 0xFFFF and v["tcache_unsorted_limit"] < 1 << 32):
-        return None
+@dataclass(frozen=True, slots=True)
+class MpAnchors:
+    """What the rest of memory says mp_ must hold, so that a candidate is pinned down by agreement instead of
+    by default values (which programs, mallopt, tunables and glibc's dynamic threshold all change).
+
+    MAIN_START: where the main arena's contiguous memory begins (its top's end minus system_mem), which is
+    mp_.sbrk_base; 0 when the main arena never grew; None when it is not contiguous or unreadable.
+    MAIN_TOP: main_arena's top pointer.  STATS_LOADS: the addresses malloc_stats's code reads with 64-bit
+    loads, one of which is mp_.mmapped_mem (empty when libc's code is not readable).
+    """
+
+    main_start: int | None = None
+    main_top: int | None = None
+    stats_loads: frozenset[int] = frozenset()
+
+
+def mp_plausible(v: dict[str, int]) -> bool:
+    """Could V be a malloc_par of any program?  Only what no parameter can change is required: field types
+    and ranges, and the invariants between the mmap counters (glibc 2.43 counts 16 bytes too many in
+    mmapped_mem for each mremap'd chunk, so it need not be page-granular)."""
+    if not (1 <= v["arena_test"] < 1 << 40 and v["arena_max"] < 1 << 40 and v["mmap_threshold"] <= 1 << 33):
+        return False
+    if not (0 <= v["n_mmaps"] <= v["max_n_mmaps"] and v["no_dyn_threshold"] in (0, 1)):
+        return False
+    if v["mmapped_mem"] % 16 or v["max_mmapped_mem"] % 16 or not v["mmapped_mem"] <= v["max_mmapped_mem"] < 1 << 47:
+        return False
+    if v["mmapped_mem"] < v["n_mmaps"] * _PAGE or v["sbrk_base"] >= 1 << 47:
+        return False
+    if "tcache_bins" in v and not (v["tcache_bins"] <= 76 and v["tcache_max_bytes"] < 1 << 32
+                                   and v["tcache_count"] <= 0xFFFF):
+        return False
     if "hp_pagesize" in v and not (_pow2_or_zero(v["hp_pagesize"]) and _pow2_or_zero(v["thp_pagesize"])
                                    and v["hp_flags"] >= 0):
-        return None
-    if "thp_mode" in v and not 0 <= v["thp_mode"] <= 3:
-        return None
-    score = sum((v["top_pad"] == 0x20000, v["arena_test"] == 8, v["n_mmaps_max"] == 65536,
-                 v.get("tcache_bins") == 64, v.get("tcache_count") in (7, 16), v["max_n_mmaps"] >= v["n_mmaps"] > 0))
-    if main_top and v["sbrk_base"] and v["sbrk_base"] <= main_top < v["sbrk_base"] + (1 << 40):
-        score += 2
-    return score
+        return False
+    return "thp_mode" not in v or 0 <= v["thp_mode"] <= 3
+
+
+def mp_evidence(v: dict[str, int], address: int, layout: Layout, anchors: MpAnchors) -> tuple[str, ...] | None:
+    """What else in memory agrees with the malloc_par V at ADDRESS under LAYOUT, strongest first; None when
+    something contradicts it (its sbrk_base is not where the main arena's memory starts)."""
+    out = []
+    if address + layout.mp["mmapped_mem"] in anchors.stats_loads:
+        out.append("malloc_stats reads its mmapped_mem")
+    if anchors.main_start is not None:
+        if v["sbrk_base"] != anchors.main_start:
+            return None
+        out.append("its sbrk_base is where the main arena's memory starts" if anchors.main_start
+                   else "its sbrk_base is 0 and the main arena never grew")
+    elif anchors.main_top and v["sbrk_base"] and v["sbrk_base"] <= anchors.main_top < v["sbrk_base"] + (1 << 40):
+        out.append("its sbrk_base lies below main_arena's top")
+    return tuple(out)
+
+
+#: how much each kind of agreement counts when candidates are ranked
+_EVIDENCE_WEIGHT = {"malloc_stats": 4, "its sbrk_base is where": 4, "its sbrk_base is 0": 2, "its sbrk_base lies": 1}
+
+
+def _weight(evidence: tuple[str, ...]) -> int:
+    return sum(w for e in evidence for prefix, w in _EVIDENCE_WEIGHT.items() if e.startswith(prefix))
+
+
+@dataclass(frozen=True, slots=True)
+class MpCandidate:
+    """A malloc_par that fits, the mp_ layout it fits under, and what agrees with it."""
+
+    address: int
+    variant: tuple[int, int]
+    evidence: tuple[str, ...]
 
 
 def find_mp(mem: Memory, image: LibcImage, main_arena: int, variants: list[tuple[int, int]],
-            main_top: int | None, window: int = 0x4000) -> tuple[int, tuple[int, int]] | None:
-    """(address, mp_ layout variant) of the best-scoring malloc_par within WINDOW bytes of main_arena."""
-    best: tuple[int, int, int, tuple[int, int]] | None = None
+            anchors: MpAnchors, window: int = 0x4000) -> MpCandidate | None:
+    """The malloc_par within WINDOW bytes of main_arena that most of memory agrees with; among equals, the
+    nearest to main_arena (glibc defines them side by side) and the first of VARIANTS."""
+    best: tuple[tuple[int, int, int], MpCandidate] | None = None
     for seg in image.writable():
         lo = max(seg.address, main_arena - window) & ~7
         hi = min(seg.end, main_arena + window)
         if lo >= hi:
             continue
         raw = _read_segment(mem, lo, hi - lo)
-        for variant in variants:
+        for rank, variant in enumerate(variants):
             layout = layout_for(variant)
             for at in range(0, len(raw) - layout.mp_size + 1, 8):
                 address = lo + at
                 if address <= main_arena < address + layout.mp_size:
                     continue
-                score = _mp_score(_mp_values(raw, layout, at), main_top)
-                if score is None or score < 3:
+                v = _mp_values(raw, layout, at)
+                if not mp_plausible(v):
                     continue
-                key = (score, -abs(main_arena - address), address, variant)
-                if best is None or key[:2] > best[:2]:
-                    best = key
-    return (best[2], best[3]) if best else None
+                evidence = mp_evidence(v, address, layout, anchors)
+                if evidence is None:
+                    continue
+                key = (_weight(evidence), -abs(main_arena - address), -rank)
+                if best is None or key > best[0]:
+                    best = (key, MpCandidate(address, variant, evidence))
+    return best[1] if best else None
 
 
-def mp_variant_at(mem: Memory, address: int, variants, main_top: int | None) -> tuple[int, int] | None:
+def mp_variant_at(mem: Memory, address: int, variants, anchors: MpAnchors) -> MpCandidate | None:
     """Which of VARIANTS (mp_ layouts) the malloc_par at ADDRESS fits best (first wins a tie); None if none fits."""
     best = None
-    for variant in variants:
+    for rank, variant in enumerate(variants):
         layout = layout_for(variant)
         try:
             raw = mem.read(address, layout.mp_size)
         except ReadError:
             continue
-        score = _mp_score(_mp_values(raw, layout, 0), main_top)
-        if score is not None and (best is None or score > best[0]):
-            best = (score, variant)
+        v = _mp_values(raw, layout, 0)
+        if not mp_plausible(v):
+            continue
+        evidence = mp_evidence(v, address, layout, anchors)
+        key = (-1 if evidence is None else _weight(evidence), -rank)
+        if best is None or key > best[0]:
+            best = (key, MpCandidate(address, variant, evidence or ()))
     return best[1] if best else None
 
 

@@ -230,10 +230,18 @@ class ImageMemory:
                 return base, memoryview(data)
         raise ReadError(address, 1)
 
+    def write(self, address: int, data: bytes) -> None:
+        """Test helper: patches bytes inside an existing segment."""
+        for base, seg in self.segments.items():
+            if base <= address and address + len(data) <= base + len(seg):
+                seg[address - base:address - base + len(data)] = data
+                return
+        raise ReadError(address, len(data))
+
     def write_u64(self, address: int, value: int) -> None:
         """Test helper: patches a word inside an existing segment."""
-        for base, data in self.segments.items():
-            if base <= address and address + 8 <= base + len(data):
-                _Q.pack_into(data, address - base, value & (2**64 - 1))
-                return
-        raise ReadError(address, 8)
+        self.write(address, _Q.pack(value & (2**64 - 1)))
+
+    def write_u32(self, address: int, value: int) -> None:
+        """Test helper: patches a 32-bit word inside an existing segment."""
+        self.write(address, (value & 0xFFFFFFFF).to_bytes(4, "little"))

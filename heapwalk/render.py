@@ -51,6 +51,10 @@ def header_text(state: HeapState) -> Text:
     text.append(f"{state.target}\n" if state.target else "")
     text.append(f"glibc {state.version_text} (version: {by.get('glibc_version', '?')})\n")
     text.append(f"main_arena {state.main_arena:#x} ({by.get('main_arena', '?')})\n")
+    if state.mp is not None:
+        text.append(f"mp_ {state.mp.address:#x} ({by.get('mp_', '?')})\n")
+    else:
+        text.append(f"mp_ unknown ({by.get('mp_', 'not read')})\n")
     return text
 
 

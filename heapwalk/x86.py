@@ -13,7 +13,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-__all__ = ["RipLoad", "rip_loads", "first_lea", "first_load", "tls_got_slot"]
+__all__ = ["RipLoad", "rip_loads", "first_lea", "tls_got_slot", "LEA", "MOV"]
 
 LEA, MOV = 0x8D, 0x8B
 FS_PREFIX = 0x64
@@ -48,11 +48,6 @@ def rip_loads(code: bytes, address: int) -> list[RipLoad]:
 def first_lea(code: bytes, address: int) -> int | None:
     """Target of the first RIP-relative lea (the first address a function computes)."""
     return next((r.target for r in rip_loads(code, address) if r.opcode == LEA), None)
-
-
-def first_load(code: bytes, address: int) -> int | None:
-    """Address read by the first RIP-relative 64-bit mov."""
-    return next((r.target for r in rip_loads(code, address) if r.opcode == MOV), None)
 
 
 def tls_got_slot(code: bytes, address: int, window: int = 16) -> int | None:

@@ -83,7 +83,7 @@ def _fresh(directory: Path, name: str) -> bool:
 
 
 #: variants of a capture: extra environment for the reproducer
-VARIANTS = {"": {}, "hugetlb": {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=2"}}
+VARIANTS = {"": {}, "hugetlb": {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=2"}, **harness.TUNED_VARIANTS}
 
 
 @functools.cache
@@ -129,15 +129,16 @@ def version_tuple(text: str) -> tuple[int, int]:
 
 
 @functools.cache
-def corruption(glibc_name: str, mode: str) -> harness.Capture:
-    """corrupt.c's core in MODE under GLIBC_NAME (taken now unless a fresh one exists)."""
+def corruption(glibc_name: str, mode: str, kernel: bool = False) -> harness.Capture:
+    """corrupt.c's core in MODE under GLIBC_NAME (taken now unless a fresh one exists); KERNEL: the kernel's
+    crash dump of a crash mode instead of gcore's."""
     g = glibc(glibc_name)
     outdir = CORES / glibc_name
-    directory = outdir / f"corrupt-{mode}"
+    directory = outdir / (f"corrupt-{mode}-kernel" if kernel else f"corrupt-{mode}")
     if not _fresh_corruption(directory):
-        harness.capture_corruption(mode, outdir, BINDIR, sysroot=g.sysroot)
+        harness.capture_corruption(mode, outdir, BINDIR, sysroot=g.sysroot, kernel=kernel)
     meta = json.loads((directory / "meta.json").read_text())
-    return harness.Capture(name=f"corrupt-{mode}", directory=directory, exe=Path(meta["exe"]), pid=meta["pid"])
+    return harness.Capture(name=directory.name, directory=directory, exe=Path(meta["exe"]), pid=meta["pid"])
 
 
 def run_gdb(target_args: list[str], commands: list[str], iex: list[str] = (), timeout: float = 300,

@@ -91,7 +91,9 @@ def malloc_info_view(doc: dict[str, Any]) -> dict[str, Any]:
         sum_system["max"] += arena["max_system_mem"]
         sum_aspace["total"] += aspace["total"]
         sum_aspace["mprotect"] += aspace["mprotect"]
-    totals = {"rest": tuple(sum_rest), "mmap": (doc["mp"]["n_mmaps"], doc["mp"]["mmapped_mem"])}
+    mmap = (doc["mp"]["n_mmaps"], doc["mp"]["mmapped_mem"]) if doc["mp"] else \
+        (doc["mmapped"]["count"], doc["mmapped"]["bytes"])  # mp_ not found: what memory holds
+    totals = {"rest": tuple(sum_rest), "mmap": mmap}
     if version < (2, 43):
         totals["fast"] = tuple(sum_fast)
     return {"heaps": heaps, "totals": totals, "system": sum_system, "aspace": sum_aspace}

@@ -24,9 +24,9 @@ def _cases(modes):
     return [pytest.param(g, mode, id=f"{g}-{mode}") for g in GLIBCS for mode in modes if _applies(g, mode)]
 
 
-def _run_all(glibc_name: str, mode: str, tmp_path: Path, symbols: bool = False):
+def _run_all(glibc_name: str, mode: str, tmp_path: Path, symbols: bool = False, kernel: bool = False):
     """check --json and report --json, then every other command, in one gdb on the corrupted core."""
-    cap = corruption(glibc_name, mode)
+    cap = corruption(glibc_name, mode, kernel)
     tmp_path.mkdir(parents=True, exist_ok=True)
     checked, reported = tmp_path / "check.json", tmp_path / "report.json"
     result = run_gdb([str(cap.exe), str(cap.core)],
@@ -80,18 +80,62 @@ def test_heap_walk_resynchronises_after_an_overwritten_size(tmp_path):
     assert accounting["chunks"]["in_use"] > 20  # the chunks after the damaged one were walked too
 
 
+#: the message of glibc's abort in each crash mode (the same wording in every glibc of the matrix)
+ABORTS = {"abort_double_free": "double free or corruption (!prev)",
+          "abort_unaligned_tcache": "malloc(): unaligned tcache chunk detected",
+          "abort_tcache_double_free": "free(): double free detected in tcache 2",
+          "abort_fasttop": "double free or corruption (fasttop)",
+          "abort_out": "double free or corruption (out)",
+          "abort_invalid_pointer": "free(): invalid pointer",
+          "abort_invalid_size": "free(): invalid size",
+          "abort_munmap": "munmap_chunk(): invalid pointer",
+          "abort_top_size": "malloc(): corrupted top size",
+          "abort_size_vs_prev_size": "corrupted size vs. prev_size",
+          "abort_unsorted": "malloc(): unsorted double linked list corrupted",
+          "abort_smallbin": "malloc(): smallbin double linked list corrupted",
+          "abort_free_unsorted": "free(): corrupted unsorted chunks",
+          "abort_consolidate": "malloc_consolidate(): invalid chunk size",
+          "abort_realloc_next_size": "realloc(): invalid next size"}
+KERNEL = [pytest.param(False, id="gcore"), pytest.param(True, id="kernel")]
+
+
+@pytest.mark.parametrize("kernel", KERNEL)
 @pytest.mark.parametrize("glibc_name,mode", _cases(harness.CRASHES))
-def test_crash_core_names_glibcs_abort_and_the_damage(glibc_name, mode, tmp_path):
-    expected, checked, _, _ = _run_all(glibc_name, mode, tmp_path)
-    (last_words,) = [f for f in checked["findings"] if f["kind"] == "abort"]
-    want = {"abort_double_free": "double free or corruption (!prev)",
-            "abort_unaligned_tcache": "malloc(): unaligned tcache chunk detected"}[mode]
-    assert last_words["found"] == want
-    if mode == "abort_unaligned_tcache":
+def test_crash_core_names_the_chunk_glibc_aborted_on(glibc_name, mode, kernel, tmp_path):
+    """The first error of check on a crash core is glibc's abort, at the chunk that fails the check the
+    message names, with the evidence; the same on gcore's core at the abort and on the kernel's dump.
+    No debug symbols: the crashing thread's registers and stack are what tells."""
+    expected, checked, _, _ = _run_all(glibc_name, mode, tmp_path, kernel=kernel)
+    if mode == "abort_unaligned_tcache":  # the bad link is in a tcache struct, named as damage
+        (last_words,) = [f for f in checked["findings"] if f["kind"] == "abort"]
+        assert last_words["found"] == ABORTS[mode]
         assert any(_matches(f, expected, 0) for f in checked["findings"]), checked["findings"]
-    else:
-        clues = [f for f in checked["findings"] if f["kind"] == "crash_pointer"]
-        assert any(f["address"] == expected["address"] for f in clues), checked["findings"]
+        return
+    first = checked["findings"][0]
+    assert (first["kind"], first["severity"], first["address"]) == ("abort", "error", expected["address"]), \
+        json.dumps(checked["findings"], indent=1)
+    assert f'"{ABORTS[mode]}"' in first["message"] and "fails it: " in first["message"]
+    assert first["found"] and first["expected"]
+
+
+@pytest.mark.parametrize("mode", ["abort_double_free", "abort_realloc_next_size"])
+def test_with_symbols_the_arguments_of_free_and_realloc_are_cited(mode, tmp_path):
+    """With libc's debug symbols the chunk free() or realloc() was given is read from their frames, and
+    cited first."""
+    expected, checked, _, _ = _run_all("system", mode, tmp_path, symbols=True)
+    first = checked["findings"][0]
+    assert first["address"] == expected["address"]
+    assert "; argument p of _int_free (frame " in first["message"] or \
+        "; argument oldp of _int_realloc (frame " in first["message"]
+
+
+def test_a_crash_core_names_no_chunk_that_passes_the_check(tmp_path):
+    """A double free into the unsorted bin: of the chunks the crashing thread points at, only the one whose
+    next chunk says it is free is named; free chunks the stack also holds (tcache entries) are not."""
+    _, checked, _, _ = _run_all("system", "abort_double_free", tmp_path)
+    aborts = [f for f in checked["findings"] if f["kind"] == "abort"]
+    assert len(aborts) == 1 and "has PREV_INUSE clear" in aborts[0]["message"]
+    assert not [f for f in checked["findings"] if f["kind"] == "crash_pointer"]
 
 
 def test_exit_status_tells_damaged_from_clean(tmp_path):

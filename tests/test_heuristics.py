@@ -10,9 +10,10 @@ from heapwalk import x86
 from heapwalk.discovery import DiscoveryError, NoSymbols, Overrides, discover
 from heapwalk.elfmem import Mapping, find_libc, readable_runs
 from heapwalk.heuristics import tcache_safe_linking, tcache_struct_chunk
-from heapwalk.layout import layout_for
+from heapwalk.collect import ThreadRegs, collect
+from heapwalk.layout import MP_INT_FIELDS, layout_for
 from heapwalk.memory import ImageMemory
-from heapwalk.model import Severity
+from heapwalk.model import Kind, Severity
 
 BASE = 0x7F1230000000          # libc's first mapping
 DATA = BASE + 0x10000          # its writable segment
@@ -209,6 +210,53 @@ def test_instruction_shapes():
     # mov rax,[rip-0x20]; mov rdx,fs:[rax]  -> the GOT slot of an initial-exec TLS variable
     code = bytes.fromhex("90" "488b05e0ffffff" "64488b10")
     assert x86.tls_got_slot(code, 0x2000) == 0x2001 + 7 - 0x20
-    assert x86.first_load(code, 0x2000) == 0x2001 + 7 - 0x20
+    assert [r.target for r in x86.rip_loads(code, 0x2000) if r.opcode == x86.MOV] == [0x2001 + 7 - 0x20]
     # a mov not followed by an fs access is no TLS load
     assert x86.tls_got_slot(bytes.fromhex("488b0500000000" "4889c7c3"), 0) is None
+
+
+def _write_mp(p: Process, at: int, **values) -> None:
+    """A malloc_par at AT of P's layout with VALUES (every other field 0)."""
+    for name, value in values.items():
+        off = p.layout.mp[name]
+        if name in MP_INT_FIELDS:
+            p.mem.write_u32(at + off, value & 0xFFFFFFFF)
+        else:
+            p.mem.write_u64(at + off, value & (2**64 - 1))
+
+
+def test_mp_is_found_when_no_field_holds_its_default():
+    """A long-running service's mp_: the dynamic threshold moved, every tunable set, and glibc 2.43's
+    mmapped_mem drift (16 bytes per mremap) left it off the page grain with no chunk mapped."""
+    p = Process()
+    p.mem.write(MP, bytes(p.layout.mp_size))
+    _write_mp(p, MP, trim_threshold=2**64 - 1, top_pad=3 << 20, mmap_threshold=7 << 20, arena_test=1, arena_max=2,
+              n_mmaps=0, n_mmaps_max=0, max_n_mmaps=9, no_dyn_threshold=1, mmapped_mem=48, max_mmapped_mem=9 << 20,
+              sbrk_base=HEAP, tcache_bins=37, tcache_max_bytes=600, tcache_count=3, tcache_unsorted_limit=5)
+    disc = p.discover()
+    assert disc.mp_address == MP
+    assert disc.found_by("mp_") == "malloc_par near main_arena: its sbrk_base is where the main arena's memory starts"
+
+
+def test_a_malloc_par_shape_that_memory_contradicts_is_not_taken_for_mp():
+    """A decoy nearer main_arena than mp_, in range everywhere, whose sbrk_base is not where the main arena's
+    memory starts, loses to the real mp_ farther away."""
+    p = Process()
+    decoy = MAIN_ARENA - p.layout.mp_size - 0x40
+    _write_mp(p, decoy, arena_test=8, top_pad=0x20000, n_mmaps_max=65536, sbrk_base=HEAP + 0x1000, tcache_bins=64,
+              tcache_count=7)
+    assert p.discover().mp_address == MP
+
+
+def test_without_mp_the_main_arena_is_walked_from_its_top_and_system_mem():
+    p = Process()
+    p.mem.write(MP, bytes(p.layout.mp_size))  # mp_ gone (damaged, or a page missing from the core)
+    disc = p.discover()
+    assert disc.mp_address is None and disc.found_by("mp_").startswith("not determined")
+    state = collect(p.mem, disc, [ThreadRegs(1, 100, FS_BASE)], walk_chunks=True, regions=[])
+    (main,) = state.arenas
+    assert [(h.address, h.size) for h in main.heaps] == [(HEAP, 0x21000)]
+    account = state.accounts[MAIN_ARENA]
+    assert account.balanced and account.unwalked == 0
+    (note,) = [f for f in state.all_findings() if f.kind is Kind.DISCOVERY and f.structure == "mp_"]
+    assert note.severity is Severity.INFO and "top's end minus its system_mem" in note.message
