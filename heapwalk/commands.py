@@ -1,4 +1,4 @@
-"""gdb commands: ``heapwalk arenas|bins|tcache`` and ``set/show heapwalk ...``.
+"""gdb commands: ``heapwalk arenas|bins|tcache|threads|chunks|chunk|report|check`` and ``set/show heapwalk ...``.
 
 Commands parse their arguments, build a `HeapState` through the engine, and
 render it; no heap logic lives here.  Errors the user can cause are one line;
@@ -443,6 +443,7 @@ class ChunkCommand(_Subcommand):
                     "any address inside a chunk): its arena and heap, size and flags, state, the list that "
                     "holds it, and its neighbours.")
         p.add_argument("address", metavar="ADDRESS")
+        _json_option(p)
         return p
 
     def run(self, args) -> None:
@@ -451,6 +452,8 @@ class ChunkCommand(_Subcommand):
         found = chunkinfo.locate(mem, layout, state, address)
         if found is not None:
             _console().print(render.chunk_text(found, address))
+            if args.json:
+                jsonout.dump(jsonout.chunk_document(state, address, located=found), args.json)
             return
         state, mem, layout = load_target(walk_chunks=True)  # finds the mmapped chunks too
         mmapped = next((c for c in state.mmapped if c.address <= address < c.address + c.span), None)
@@ -461,6 +464,8 @@ class ChunkCommand(_Subcommand):
                          f"{mmapped.address:#x} (user memory {mmapped.address + 16:#x})\n"
                          f"  size {mmapped.size:#x}, its own mapping of {render.human(mmapped.span)}"
                          + (f"\n  listed in {listed}" if listed else "\n  state: in use (freeing it unmaps it)"))
+        if args.json:
+            jsonout.dump(jsonout.chunk_document(state, address, mmapped=mmapped, listed=listed), args.json)
 
 
 class ThreadsCommand(_Subcommand):
@@ -556,7 +561,7 @@ Subcommands:
   heapwalk chunks   every chunk of every heap, filtered by arena, state and size
   heapwalk chunk    the chunk holding an address: state, list, neighbours
   heapwalk check    every invariant glibc relies on; damage with its address
-Most take --json FILE. 'help heapwalk SUBCOMMAND' describes its options.
+Each takes --json FILE. 'help heapwalk SUBCOMMAND' describes its options.
 Settings: 'set heapwalk debug on|off', 'set heapwalk glibc-version X.Y',
 'set heapwalk main-arena ADDRESS' ('show heapwalk' lists them)."""
 

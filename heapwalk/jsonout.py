@@ -44,12 +44,35 @@ def chunk_json(arena: Arena, chunk) -> dict[str, Any]:
             "arena": arena.address, "heap": chunk.extent}
 
 
-def chunks_document(state: HeapState, rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """'heapwalk chunks --json': the header fields of the main document and the matching chunks."""
+def _header(state: HeapState) -> dict[str, Any]:
+    """The fields every document starts with: schema, target, glibc and main_arena."""
     return {"schema_version": SCHEMA_VERSION, "target": state.target,
             "glibc": {"version": state.version_text, "layout": state.layout_name,
                       "decoded_as": "%d.%d" % state.glibc_version},
-            "main_arena": state.main_arena, "chunks": rows}
+            "main_arena": state.main_arena}
+
+
+def chunks_document(state: HeapState, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """'heapwalk chunks --json': the header fields of the main document and the matching chunks."""
+    return {**_header(state), "chunks": rows}
+
+
+def chunk_document(state: HeapState, address: int, located=None, mmapped=None,
+                   listed: str | None = None) -> dict[str, Any]:
+    """'heapwalk chunk ADDRESS --json': the chunk holding ADDRESS (a `chunkinfo.Located` in a heap, or a
+    mmapped chunk and the list that holds it, if any) with its list and neighbours."""
+    if located is not None:
+        c = located.chunk
+        chunk = {**chunk_json(located.arena, c), "listed": located.listed, "mmapped": False, "span": c.size}
+        neighbours = {label: None if n is None else chunk_json(located.arena, n)
+                      for label, n in (("previous", located.previous), ("next", located.following))}
+    else:
+        chunk = {"address": mmapped.address, "size": mmapped.size, "flags": 2,
+                 "state": "in_use" if listed is None else "tcache", "arena": None, "heap": None, "listed": listed,
+                 "mmapped": True, "span": mmapped.span}
+        neighbours = {"previous": None, "next": None}
+    return {**_header(state), "address": address, "offset": address - chunk["address"], "chunk": chunk,
+            **neighbours}
 
 
 class ChunksWriter:
@@ -169,11 +192,7 @@ def state_to_json(state: HeapState, arenas: Iterable[int] | None = None, kinds: 
     wanted_threads = set(threads) if threads is not None else None
     facts = {f.name: {"value": f.value, "found_by": f.found_by} for f in state.facts}
     return {
-        "schema_version": SCHEMA_VERSION,
-        "target": state.target,
-        "glibc": {"version": state.version_text, "layout": state.layout_name,
-                  "decoded_as": "%d.%d" % state.glibc_version},
-        "main_arena": state.main_arena,
+        **_header(state),
         "discovery": facts,
         "mp": None if state.mp is None else {"address": state.mp.address, **state.mp.values},
         "arenas": [_arena_json(a, kinds, state.accounts.get(a.address), state.trims.get(a.address),
@@ -223,9 +242,6 @@ def dump(document: dict[str, Any], path: str) -> None:
 
 def check_document(state: HeapState, result, checked: dict[str, int]) -> dict[str, Any]:
     """'heapwalk check --json': whether the heap is clean, the counts, and every finding."""
-    return {"schema_version": SCHEMA_VERSION, "target": state.target,
-            "glibc": {"version": state.version_text, "layout": state.layout_name,
-                      "decoded_as": "%d.%d" % state.glibc_version},
-            "main_arena": state.main_arena, "clean": result.clean, "errors": len(result.errors),
+    return {**_header(state), "clean": result.clean, "errors": len(result.errors),
             "warnings": len(result.warnings), "by_kind": result.by_kind(), "checked": checked,
             "partial": result.partial, "findings": [_finding(f) for f in result.findings]}

@@ -43,24 +43,37 @@ def test_chunks_filters_by_state_size_and_arena(tmp_path):
     assert used and {r["state"] for r in used} <= {"in_use", "tcache_struct"} and len({r["arena"] for r in used}) == 1
 
 
-def test_chunk_describes_a_tcache_entry_and_its_neighbours(cores):
+def test_chunk_describes_a_tcache_entry_and_its_neighbours(cores, tmp_path):
     ledger = json.loads(cores["bins"].ledger.read_text())
     entry = ledger["threads"][0]["tcache"][0]["entries"][0]
-    result = run_gdb([str(cores["bins"].exe), str(cores["bins"].core)], [f"heapwalk chunk {entry + 3:#x}",
-                                                                       "heapwalk chunk 0x10"])
+    out_json = tmp_path / "chunk.json"
+    result = run_gdb([str(cores["bins"].exe), str(cores["bins"].core)],
+                     [f"heapwalk chunk {entry + 3:#x} --json {out_json}", "heapwalk chunk 0x10"])
     out = result.stdout
     assert f"{entry + 3:#x} is 19 bytes into the chunk at {entry - 16:#x}" in out
     assert "state tcache" in out and "listed in tcache bin 0 of thread 1, position 1 of" in out
     assert "previous: " in out and "next: " in out
     assert "0x10 is in no arena's heap and in no mmapped chunk" in result.stderr
+    doc = json.loads(out_json.read_text())
+    assert doc["schema_version"] == 1 and doc["address"] == entry + 3 and doc["offset"] == 19
+    chunk = doc["chunk"]
+    assert (chunk["address"], chunk["state"], chunk["mmapped"]) == (entry - 16, "tcache", False)
+    assert chunk["listed"].startswith("tcache bin 0 of thread 1, position 1 of")
+    assert doc["previous"]["address"] + doc["previous"]["size"] == chunk["address"]
+    assert doc["next"]["address"] == chunk["address"] + chunk["size"]
 
 
-def test_chunk_finds_an_mmapped_chunk(cores):
+def test_chunk_finds_an_mmapped_chunk(cores, tmp_path):
     ledger = json.loads(cores["mmapped"].ledger.read_text())
     mem = ledger["mmapped"][0]["mem"]
-    out = run_gdb([str(cores["mmapped"].exe), str(cores["mmapped"].core)], [f"heapwalk chunk {mem + 100:#x}"]).stdout
+    out_json = tmp_path / "chunk.json"
+    out = run_gdb([str(cores["mmapped"].exe), str(cores["mmapped"].core)],
+                  [f"heapwalk chunk {mem + 100:#x} --json {out_json}"]).stdout
     assert f"{mem + 100:#x} is 116 bytes into the mmapped chunk at {mem - 16:#x}" in out
     assert "state: in use" in out
+    doc = json.loads(out_json.read_text())
+    assert (doc["chunk"]["address"], doc["chunk"]["mmapped"], doc["chunk"]["state"]) == (mem - 16, True, "in_use")
+    assert doc["chunk"]["span"] % 4096 == 0 and doc["previous"] is None and doc["offset"] == 116
 
 
 def test_threads_shows_each_thread_its_arena_and_each_arena_its_users(cores, core_json):
