@@ -513,7 +513,32 @@ def _collect(mem: Memory, disc: Discovery, threads: list[ThreadRegs], target: st
         walk_arenas(mem, disc.layout, state, progress)
         if regions is not None and not state.interrupted:
             state.mmapped.extend(_mmapped(mem, disc, state, regions))
+    if mp is not None:
+        checked = walk_chunks and regions is not None and not state.interrupted
+        state = dataclasses.replace(state, facts=state.facts + (
+            _mp_pinned(mem, disc, state, mp, _fill_from_tcaches(mem, disc, threads), checked),))
     return state
+
+
+def _mp_pinned(mem: Memory, disc: Discovery, state: HeapState, mp: MallocPar, fill_seen: int | None,
+               mmapped_checked: bool) -> Fact:
+    """Which of mp_'s fields the rest of memory confirms, and which are read as they are: sbrk_base against
+    where the main arena's memory starts, n_mmaps and mmapped_mem against the mmapped chunks found (when
+    they were looked for), tcache_count (2.42+) against the fill count the tcache structs show."""
+    confirmed: dict[str, str] = {}
+    main = state.arenas[0] if state.arenas and state.arenas[0].is_main else None
+    if main is not None and main.system_mem:
+        start = main_memory_start(mem, main.address, main.top, main.flags, main.system_mem, disc.layout)
+        if start is not None and start == mp.get("sbrk_base"):
+            confirmed["sbrk_base"] = "where the main arena's memory starts"
+    if mmapped_checked and mmapped_agree(disc.layout, mp, state.mmapped):
+        confirmed["n_mmaps"] = confirmed["mmapped_mem"] = "the mmapped chunks found in memory"
+    if fill_seen is not None and fill_seen == mp.get("tcache_count"):
+        confirmed["tcache_count"] = "the fill count the tcache structs show"
+    unconfirmed = [name for name in mp.values if name not in confirmed]
+    how = "; ".join(f"{name}: {why}" for name, why in confirmed.items()) or "nothing confirms a field"
+    return Fact("mp_fields", {"confirmed": sorted(confirmed), "unconfirmed": unconfirmed},
+                f"{how}; the others are read as they are")
 
 
 @contextlib.contextmanager

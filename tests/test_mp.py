@@ -84,6 +84,20 @@ def test_without_symbols_memory_pins_mp_down(json_of, g, variant):
         "malloc_stats reads its mmapped_mem" in how
 
 
+@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: v or "dynamic")
+@pytest.mark.parametrize("g", GLIBCS)
+def test_the_fields_memory_confirms_are_named(json_of, g, variant):
+    """The discovery says which of mp_'s fields the rest of memory confirmed and which are read as they are."""
+    doc = json_of(g, "tuned", False, variant)
+    fields = doc["discovery"]["mp_fields"]["value"]
+    want = {"sbrk_base", "n_mmaps", "mmapped_mem"}
+    if version_tuple(doc["glibc"]["version"]) >= (2, 42):
+        want.add("tcache_count")
+    assert set(fields["confirmed"]) == want
+    assert set(fields["confirmed"]) | set(fields["unconfirmed"]) == set(doc["mp"]) - {"address"}
+    assert "mmap_threshold" in fields["unconfirmed"]
+
+
 @pytest.mark.parametrize("g", GLIBCS)
 def test_a_core_whose_mp_is_gone_is_still_decoded(json_of, g, tmp_path):
     """mp_ cleared in the core (a stray memset, a page the core lacks): without symbols heapwalk finds no
