@@ -21,6 +21,9 @@
  *   unmapped          a tcache next link points to unmapped memory
  *   free_unlisted     an off-by-one NUL byte clears the next chunk's PREV_INUSE
  *   chunk_size        an overflow writes garbage over the next chunk's size (the heap walk must resynchronise)
+ *   size_zero         a memset one word too long clears the next chunk's size (0 is no chunk mid-heap)
+ *   size_into_next    an overflow enlarges a chunk's own size into the chunk after it (the finding names it)
+ *   heap_page_zeroed  the main heap's first page is zeroed (its tcache struct and first chunks)
  *   nextsize          a write after free rewrites fd_nextsize of a large bin chunk
  *   mutex             a thread blocks in malloc_stats() (stderr is a full pipe) holding main_arena's mutex
  *   abort_double_free       free() of a chunk already in the unsorted bin: "double free or corruption (!prev)"
@@ -155,6 +158,31 @@ static void tcache_of_three(void *order[3])
         fail("the tcache list is not the three chunks");
 }
 
+/* The start of the main arena's heap: the [heap] mapping, where glibc's first break was. */
+static uintptr_t heap_start(void)
+{
+    static char maps[1 << 16];
+    int fd = open("/proc/self/maps", O_RDONLY);
+    ssize_t n = fd < 0 ? -1 : read(fd, maps, sizeof maps - 1);
+    if (fd >= 0)
+        close(fd);
+    if (n <= 0)
+        fail("cannot read /proc/self/maps");
+    maps[n] = 0;
+    for (char *line = maps; line && *line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL) {
+        unsigned long lo, hi;
+        char *end = strchr(line, '\n');
+        if (end)
+            *end = 0;
+        if (strstr(line, "[heap]") && sscanf(line, "%lx-%lx", &lo, &hi) == 2)
+            return lo;
+        if (end)
+            *end = '\n';
+    }
+    fail("no [heap] mapping");
+    return 0;
+}
+
 static sem_t holder_ready;
 static pid_t holder_tid;
 
@@ -275,6 +303,26 @@ int main(int argc, char **argv)
             guarded(0x30);
         memset(a, 0x41, 0x48 + 8); /* runs 8 bytes into b's header: its size */
         expect("chunk_size", chunk_of(b));
+    } else if (!strcmp(mode, "size_zero")) {
+        void *a = keep(malloc(0x48));
+        void *b = keep(malloc(0x128));
+        for (int i = 0; i < 8; i++)
+            guarded(0x30);
+        memset(a, 0, 0x48 + 8); /* a memset one word too long clears b's size */
+        expect("chunk_size", chunk_of(b));
+    } else if (!strcmp(mode, "size_into_next")) {
+        void *a = keep(malloc(0x48));
+        keep(malloc(0x128));
+        for (int i = 0; i < 8; i++)
+            guarded(0x30);
+        words(a)[-1] += 0x20; /* a's size now runs 0x20 bytes into the chunk after it */
+        expect("chunk_size", chunk_of(a));
+    } else if (!strcmp(mode, "heap_page_zeroed")) {
+        uintptr_t start = heap_start();
+        for (int i = 0; i < 64; i++)
+            guarded(0x100); /* chunks well past the first page */
+        expect("chunk_size", start); /* first: the FILE it writes through is in that page */
+        memset((void *)start, 0, 4096);
     } else if (!strcmp(mode, "nextsize")) {
         void *p470 = guarded(0x468), *p440 = guarded(0x438);
         free(p470);

@@ -59,6 +59,7 @@ def check(state: HeapState, mem: Memory, layout: Layout) -> CheckResult:
         findings += _large_bins(mem, arena)
         findings += _arena_flags(mem, layout, arena)
     findings += _tcache_keys(state, mem)
+    findings += _unwalked(state)
     unique: dict[tuple, Finding] = {}
     for f in findings:
         unique.setdefault((f.kind, f.address, f.structure, f.message), f)
@@ -66,6 +67,20 @@ def check(state: HeapState, mem: Memory, layout: Layout) -> CheckResult:
                                                      f.severity is not Severity.WARNING, f.kind is not Kind.ABORT,
                                                      f.address))
     return CheckResult(ordered, partial(state))
+
+
+def _unwalked(state: HeapState) -> list[Finding]:
+    """An error for each arena with bytes the walk could not pass: a heap is consistent only when every byte
+    of it is accounted for (the damage that stopped the walk is named where it lies)."""
+    out = []
+    for arena in state.arenas:
+        acc = state.accounts.get(arena.address)
+        if acc is not None and acc.unwalked:
+            out.append(Finding(Severity.ERROR, arena.address, f"arena {arena.number}",
+                               f"{acc.unwalked:#x} of its {arena.system_mem:#x} bytes could not be walked, so "
+                               "they are accounted for as neither in use nor free", Kind.ACCOUNTING,
+                               "every byte walked", f"{acc.unwalked:#x} bytes not walked"))
+    return out
 
 
 def _arena_spans(state: HeapState, layout: Layout) -> dict[int, list[tuple[int, int]]]:

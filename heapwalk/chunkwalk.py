@@ -371,14 +371,18 @@ def walk_batches(mem: Memory, extent: Extent, top: int, listing: Listing, acc: A
                 break
             size = size_field & ~SIZE_BITS
             pinuse = size_field & PREV_INUSE
-            if p_plain and not pinuse:  # the chunk before is free, yet in no list
+            # a zero size ends a heap that is no longer the newest (the fencepost sysmalloc leaves in the last
+            # bytes of the old top); anywhere else it is damage, as is any size that is not a chunk's
+            fencepost = size == 0 and c != top and end - c <= _FENCEPOST_ROOM and not extent.first <= top < end
+            impossible = not fencepost and (size < 2 * 8 or size % MALLOC_ALIGNMENT or c + size > end)
+            if p_plain and not pinuse and not impossible:  # the chunk before is free, yet in no list
                 plain_count -= 1
                 plain_bytes -= p_size
                 _unlisted(p_addr, p_size, _flags_at(win, p_addr), where, findings, out, every)
                 tally_bytes[ChunkState.FREE_UNLISTED] += p_size
                 tally_counts[ChunkState.FREE_UNLISTED] += 1
                 p_plain, p_st = False, ChunkState.FREE_UNLISTED
-            if size == 0 and c != top:  # the fencepost that ends a heap that is no longer the newest
+            if fencepost:
                 if p_plain and p_addr + p_size == c and p_size < MINSIZE + 16 and win.word(c) == p_size:
                     # the last piece of that heap's old top, too small to free: sysmalloc gave it a size, a
                     # foot and no NON_MAIN_ARENA bit; a fencepost, not a chunk the program holds
@@ -392,13 +396,28 @@ def walk_batches(mem: Memory, extent: Extent, top: int, listing: Listing, acc: A
                         out[-1] = (p_addr, p_size, out[-1][2], ChunkState.FENCEPOST)
                 acc.overhead += end - c
                 break
-            if size < 2 * 8 or size % MALLOC_ALIGNMENT or c + size > end:
+            if impossible:
                 if c == top:
                     findings.append(Finding(Severity.ERROR, c, where, f"top's size {size_field:#x} runs past the "
                                             f"end of its heap {end:#x}", Kind.TOP_SIZE,
                                             f"at most {end - c:#x}", f"{size_field:#x}"))
                     acc.unwalked += end - c
                     break
+                if p_plain and p_addr + p_size == c:
+                    # which of the two sizes lies: when sound headers start between the chunk before and c and
+                    # chain on to a chunk the lists know, c is no chunk at all and the size before overshot
+                    real = resync(mem, extent, p_addr, top, listing)
+                    if real is not None and p_addr < real < c:
+                        plain_count -= 1
+                        plain_bytes -= p_size
+                        if out and out[-1][0] == p_addr:
+                            out.pop()
+                        findings.append(_overshoot(p_addr, win.word(p_addr + 8), real, c, size_field, where))
+                        acc.unwalked += real - p_addr
+                        c, p_plain, p_st = real, False, None
+                        at = bisect.bisect_left(order, c)  # back before c: the listed chunks from there on
+                        nxt = order[at] & _ADDRESS if at < listed else _BEYOND
+                        continue
                 again = resync(mem, extent, c, top, listing)
                 findings.append(Finding(Severity.ERROR, c, where, f"chunk size {size_field:#x} is impossible here "
                                         f"(the heap ends at {end:#x}); "
@@ -457,6 +476,17 @@ def walk_batches(mem: Memory, extent: Extent, top: int, listing: Listing, acc: A
 
 
 _BEYOND = 1 << 65   # an address past every list: the walk's next listed chunk when none is left
+#: how close to a heap's end the zero-size fencepost of an old top lies (glibc puts it 16 to 31 bytes before)
+_FENCEPOST_ROOM = 2 * MINSIZE
+
+
+def _overshoot(chunk: int, size_field: int, real: int, landed: int, landed_field: int, where: str) -> Finding:
+    """The finding for a chunk whose size runs past the next chunk (REAL) to LANDED, where no chunk starts."""
+    return Finding(Severity.ERROR, chunk, where, f"chunk size {size_field:#x} runs {landed - real:#x} bytes into the "
+                   f"chunk at {real:#x}: where it leads ({landed:#x}) no chunk starts (size field "
+                   f"{landed_field:#x}), while sound headers from {real:#x} on lead to chunks the lists hold; "
+                   f"the walk resumes at {real:#x}", Kind.CHUNK_SIZE, f"{real - chunk:#x} (the next chunk's start)",
+                   f"{size_field:#x}")
 
 
 class _Window:
@@ -561,7 +591,7 @@ def account(mem: Memory, layout: Layout, arena: Arena, listing: Listing, observe
         if observer is not None:
             observer.extent_done()
     if acc.accounted != acc.system_mem:
-        acc.findings.append(Finding(Severity.WARNING, arena.address, f"arena {arena.number}",
+        acc.findings.append(Finding(Severity.ERROR, arena.address, f"arena {arena.number}",
                                     f"the walk accounts for {acc.accounted:#x} bytes, system_mem is "
                                     f"{acc.system_mem:#x}", Kind.ACCOUNTING, f"{acc.system_mem:#x}",
                                     f"{acc.accounted:#x}"))

@@ -223,6 +223,8 @@ def report_json(rep) -> dict[str, Any]:
                                         for b in buckets] for n, buckets in rep.per_arena.items()},
         "by_glibc_class": [{"class": name, "count": c, "bytes": b} for name, c, b in rep.classes],
         "free_chunks": rep.free_chunks,
+        "free_listed": rep.free_listed,
+        "lists_match_walk": rep.lists_match_walk,
         "largest_free": rep.largest_free,
         "fragmentation": round(rep.fragmentation, 4),
         "trim_total": rep.trim_total,

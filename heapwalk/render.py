@@ -245,14 +245,18 @@ def report_group(state: HeapState, rep: Report, interactive: bool) -> Group:
                  f"resident; it cannot return {human(kept.get('tcache', 0))} in tcache, "
                  f"{human(kept.get('sub_page', 0))} in pieces under a page, {human(kept.get('thread_top', 0))} in "
                  f"thread-arena tops, {human(kept.get('main_top', 0))} of the main top\n")
-    lines.append(f"free chunks: {rep.free_chunks}, {human(rep.free)}; largest {human(rep.largest_free)}; "
+    lines.append(f"free chunks: {rep.free_chunks}, {human(rep.free_listed)}; largest {human(rep.largest_free)}; "
                  f"fragmentation {rep.fragmentation:.2f} (1 - largest / all free)\n")
+    if not rep.lists_match_walk:
+        lines.append(f"  (the free lists hold {human(rep.free_listed)}, the chunk walk found {human(rep.free)} free: "
+                     "the heap is damaged, so these figures cover only what the lists hold; see the findings)\n",
+                     style="red")
     hist = Table(title="free chunks by size", box=_box(interactive), title_justify="left")
     for name in ("size", "chunks", "bytes", "share"):
         hist.add_column(name, justify="right" if name != "size" else "left", no_wrap=True)
     for b in rep.histogram:
         hist.add_row(f"{human(b.low)} - {human(b.high)}", str(b.count), human(b.bytes),
-                     f"{100 * b.bytes / rep.free:.0f}%" if rep.free else "-")
+                     f"{100 * b.bytes / rep.free_listed:.0f}%" if rep.free_listed else "-")
     classes = Table(title="free chunks by glibc size class", box=_box(interactive), title_justify="left")
     for name in ("class", "chunks", "bytes"):
         classes.add_column(name, justify="right" if name != "class" else "left", no_wrap=True)

@@ -106,9 +106,22 @@ class Report:
         return sum(a.trim for a in self.arenas)
 
     @property
+    def free_listed(self) -> int:
+        """Bytes of the free chunks the lists and tcaches hold: the histogram's total, which its shares, the
+        largest free chunk and the fragmentation are computed from, so they stay within 0-100% even when
+        damage keeps the walk's totals from matching them."""
+        return sum(b.bytes for b in self.histogram)
+
+    @property
     def fragmentation(self) -> float:
-        """1 - largest free chunk / all free bytes (0: one free block; near 1: many small pieces)."""
-        return 1 - self.largest_free / self.free if self.free else 0.0
+        """1 - largest free chunk / all free bytes (0: one free block; near 1: many small pieces), over the
+        free chunks the lists hold."""
+        return 1 - self.largest_free / self.free_listed if self.free_listed else 0.0
+
+    @property
+    def lists_match_walk(self) -> bool:
+        """Do the free lists hold the free bytes the chunk walk found (they differ only on damaged heaps)?"""
+        return self.free_listed == self.free
 
 
 #: glibc's size classes of free chunks (x86_64): fastbin sizes, small bins, then the large-bin spacings
@@ -264,7 +277,9 @@ def build_report(state: HeapState) -> Report:
     arena_max = mp.get("arena_max") if mp else None
     limit = (f"{arena_max} (MALLOC_ARENA_MAX / M_ARENA_MAX)" if arena_max
              else "8 x the CPU count (the default; the core does not record the CPU count)")
-    rep = Report(rows, (mp.get("n_mmaps") or 0) if mp else 0, (mp.get("mmapped_mem") or 0) if mp else 0,
+    mmapped = ((mp.get("n_mmaps") or 0, mp.get("mmapped_mem") or 0) if mp else
+               (len(state.mmapped), sum(c.span for c in state.mmapped)))  # mp_ not found: what memory holds
+    rep = Report(rows, *mmapped,
                  histogram, largest, count, limit, sum(1 for a in state.arenas if a.on_free_list))
     rep.classes = glibc_classes(all_sizes)
     rep.trim_total = sum(t.total for t in state.trims.values())

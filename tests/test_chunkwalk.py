@@ -105,10 +105,50 @@ def test_last_piece_of_an_old_top_is_a_fencepost_not_a_held_chunk():
     struct.pack_into("<QQ", heap, 0x40, 0, 0x20 | 1)          # the old top's last piece: no arena bit
     struct.pack_into("<QQ", heap, 0x60, 0x20, 0 | 1)          # its foot, and the header that ends the heap
     for every in (True, False):
-        (by_bytes, by_count, overhead, _, findings), _ = walk(heap[:0x70] + bytes(0x1000 - 0x70), {}, 0, True, every)
+        (by_bytes, by_count, overhead, _, findings), _ = walk(heap[:0x80], {}, 0, True, every)
         assert findings == []
         assert by_count[ChunkState.FENCEPOST] == 1 and by_count[ChunkState.IN_USE] == 1
-        assert by_bytes[ChunkState.FENCEPOST] == 0x20 and overhead == 0x1000 - 0x60
+        assert by_bytes[ChunkState.FENCEPOST] == 0x20 and overhead == 0x80 - 0x60
+
+
+def test_a_zero_size_inside_a_heap_is_damage_and_the_walk_goes_on():
+    """A size of 0 is a fencepost only in the last bytes of a heap that no longer holds top; in the middle
+    of a heap it is damage at that chunk: named there (not as a free chunk before it, whose PREV_INUSE the
+    zeroed header clears), and the walk resumes after it."""
+    rng = random.Random(5)
+    heap, states, top = synthetic_heap(rng, 400, False)
+    starts, c = [], 0
+    while BASE + c < top:
+        starts.append(c)
+        c += struct.unpack_from("<Q", heap, c + 8)[0] & ~7
+    victim = next(s for s in starts[100:] if BASE + s not in states and BASE + starts[starts.index(s) - 1] not in states
+                  and BASE + starts[starts.index(s) + 1] not in states)
+    struct.pack_into("<Q", heap, victim + 8, 0)
+    for every in (True, False):
+        (by_bytes, _, overhead, unwalked, findings), _ = walk(heap, states, top, False, every)
+        assert [(k, a) for k, a, _ in findings] == [("chunk_size", BASE + victim)]
+        assert 0 < unwalked <= 0x10000 and by_bytes[ChunkState.TOP] == len(heap) - (top - BASE)
+        assert sum(by_bytes.values()) + overhead + unwalked == len(heap)
+
+
+def test_a_size_that_runs_into_the_next_chunk_is_named_at_its_own_chunk():
+    """An overflow that enlarges a chunk's size (by a multiple of 16 short of the chunk after next): the
+    finding names the chunk whose size is wrong, not the place inside the next chunk where the size leads."""
+    rng = random.Random(6)
+    heap, states, top = synthetic_heap(rng, 400, False)
+    starts, c = [], 0
+    while BASE + c < top:
+        starts.append(c)
+        c += struct.unpack_from("<Q", heap, c + 8)[0] & ~7
+    i = next(i for i in range(100, len(starts) - 2) if not {BASE + starts[j] for j in range(i - 1, i + 3)} & set(states)
+             and starts[i + 2] - starts[i + 1] >= 0x40)
+    bad = starts[i]
+    size = starts[i + 1] - bad + 0x20  # 0x20 into the next chunk
+    struct.pack_into("<Q", heap, bad + 8, size | 1)
+    for every in (True, False):
+        (_, _, overhead, unwalked, findings), _ = walk(heap, states, top, False, every)
+        assert [(k, a) for k, a, _ in findings] == [("chunk_size", BASE + bad)], findings
+        assert unwalked == starts[i + 1] - bad
 
 
 def test_an_mmapped_chunk_merged_with_the_heap_above_it_is_found():

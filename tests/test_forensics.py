@@ -62,6 +62,23 @@ def test_check_names_each_corruption_at_its_address(glibc_name, mode, tmp_path):
     assert reported["report"]["partial"] == checked["partial"]
     if checked["partial"]:
         assert "partial results" in result.stdout
+    assert_possible(reported["report"])
+    for arena in reported["arenas"]:  # nothing the walk could not pass hides: check fails on it
+        if arena["accounting"] and arena["accounting"]["unwalked"]:
+            assert not checked["clean"] and any(f["kind"] == "accounting" and f["address"] == arena["address"]
+                                                for f in checked["findings"])
+
+
+def assert_possible(report: dict) -> None:
+    """Every figure of a report is one a heap can have, damaged or not: no negative byte count, no share over
+    100%, a fragmentation between 0 and 1, a largest free chunk no larger than all the free chunks."""
+    for row in [*report["arenas"], report["totals"]]:
+        assert all(v >= 0 for k, v in row.items() if isinstance(v, int) and k != "number"), row
+        free = row["free"] if isinstance(row["free"], dict) else {"all": row["free"]}
+        assert all(v >= 0 for v in free.values()), row
+    assert 0 <= report["fragmentation"] <= 1
+    assert report["largest_free"] <= report["free_listed"] == sum(b["bytes"] for b in report["histogram"])
+    assert all(b["bytes"] >= 0 and b["count"] >= 0 for b in report["histogram"])
 
 
 @pytest.mark.parametrize("mode", ["fd_bk", "tcache_count", "chunk_size", "double_free"])
