@@ -24,6 +24,9 @@
  *   size_zero         a memset one word too long clears the next chunk's size (0 is no chunk mid-heap)
  *   size_into_next    an overflow enlarges a chunk's own size into the chunk after it (the finding names it)
  *   heap_page_zeroed  the main heap's first page is zeroed (its tcache struct and first chunks)
+ *   arena_ring        a stray write over a thread arena's next: the arenas after it in the ring are found by
+ *                     their heaps
+ *   main_arena_next   the same over main_arena's next: every thread arena is found by its heap
  *   nextsize          a write after free rewrites fd_nextsize of a large bin chunk
  *   mutex             a thread blocks in malloc_stats() (stderr is a full pipe) holding main_arena's mutex
  *   abort_double_free       free() of a chunk already in the unsorted bin: "double free or corruption (!prev)"
@@ -183,6 +186,25 @@ static uintptr_t heap_start(void)
     return 0;
 }
 
+static sem_t arena_ready;
+static void *arena_chunks[4];
+
+/* A worker that gets a thread arena of its own (its first malloc) and parks. */
+static void *arena_worker(void *arg)
+{
+    arena_chunks[(intptr_t)arg] = keep(malloc(0x100));
+    sem_post(&arena_ready);
+    for (;;)
+        pause();
+    return NULL;
+}
+
+/* The arena of a thread-arena chunk: its heap (64 MiB-aligned) starts with heap_info, whose ar_ptr is first. */
+static uintptr_t arena_of(void *chunk)
+{
+    return *(uintptr_t *)((uintptr_t)chunk & ~(uintptr_t)(64 * 1024 * 1024 - 1));
+}
+
 static sem_t holder_ready;
 static pid_t holder_tid;
 
@@ -323,6 +345,34 @@ int main(int argc, char **argv)
             guarded(0x100); /* chunks well past the first page */
         expect("chunk_size", start); /* first: the FILE it writes through is in that page */
         memset((void *)start, 0, 4096);
+    } else if (!strcmp(mode, "arena_ring") || !strcmp(mode, "main_arena_next")) {
+        sem_init(&arena_ready, 0, 0);
+        for (intptr_t i = 0; i < 4; i++) { /* one at a time: each creates an arena, inserted after main_arena */
+            pthread_t th;
+            pthread_attr_t attr;
+            pthread_attr_init(&attr);
+            pthread_attr_setstacksize(&attr, 256 * 1024);
+            if (pthread_create(&th, &attr, arena_worker, (void *)i) != 0)
+                fail("pthread_create");
+            sem_wait(&arena_ready);
+        }
+        uintptr_t arenas[4];
+        for (int i = 0; i < 4; i++) {
+            arenas[i] = arena_of(arena_chunks[i]);
+            if (!(words(arena_chunks[i])[-1] & 4) || arena_of(arena_chunks[i]) == 0)
+                fail("a worker did not get a thread arena");
+        }
+        /* the ring is main_arena, then the newest arena first: breaking the third worker's next loses the
+         * first two workers' arenas from the ring */
+        size_t off_next = minor >= 43 ? 2072 : 2160;
+        uintptr_t holder = arenas[2];
+        if (!strcmp(mode, "main_arena_next"))
+            holder = *(uintptr_t *)(arenas[0] + off_next); /* the oldest arena's next is main_arena */
+        uintptr_t *next = (uintptr_t *)(holder + off_next);
+        if (*next != (holder == arenas[2] ? arenas[1] : arenas[3]))
+            fail("the arena ring is not in creation order");
+        *next = 0x4141414141414140; /* a stray write over arena.next */
+        expect("arena_ring", holder);
     } else if (!strcmp(mode, "nextsize")) {
         void *p470 = guarded(0x468), *p440 = guarded(0x438);
         free(p470);

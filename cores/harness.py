@@ -66,7 +66,8 @@ REPRODUCER_ENV = {"large_tcache": {"GLIBC_TUNABLES": "glibc.malloc.tcache_max=20
 #: corrupt.c's modes that stop with the damage in place, and those that run on until glibc aborts
 CORRUPTIONS = ("fd_bk", "prev_size", "fastbin_size", "tcache_misaligned", "tcache_count", "double_free",
                "overlaps_top", "list_cycle", "unmapped", "free_unlisted", "chunk_size", "nextsize", "mutex",
-               "size_zero", "size_into_next", "heap_page_zeroed")
+               "size_zero", "size_into_next", "heap_page_zeroed", "arena_ring",
+               "main_arena_next")
 CRASHES = ("abort_double_free", "abort_unaligned_tcache", "abort_tcache_double_free", "abort_fasttop", "abort_out",
            "abort_invalid_pointer", "abort_invalid_size", "abort_munmap", "abort_top_size", "abort_size_vs_prev_size",
            "abort_unsorted", "abort_smallbin", "abort_free_unsorted", "abort_consolidate", "abort_realloc_next_size")

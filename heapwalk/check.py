@@ -288,7 +288,10 @@ def partial(state: HeapState) -> list[str]:
     elif state.interrupted:
         out.append("the chunk walk was interrupted (Ctrl-C): the arenas it did not finish count as unwalked")
     if any(f.kind is Kind.ARENA_RING for f in state.findings):
-        out.append("the arena ring is broken: arenas after the break are missing")
+        recovered = any(f.kind is Kind.ARENA_RING and f.severity is Severity.WARNING for f in state.findings)
+        out.append("the arena ring is broken: the arenas after the break were found by their heaps, and are "
+                   "numbered after the ring (not as malloc_info numbers them)" if recovered else
+                   "the arena ring is broken: arenas after the break are missing (none was found by its heap)")
     if any(f.kind is Kind.MUTEX_HELD for a in state.arenas for f in a.findings):
         out.append("an arena mutex was held: that arena's lists may be mid-update")
     return out

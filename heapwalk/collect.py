@@ -22,6 +22,7 @@ from .layout import MP_INT_FIELDS, NBINS, SIZE_BITS, Layout
 from .memory import Memory, ReadError, u64
 from .model import (Arena, BinKind, BinList, Fact, Finding, Heap, HeapState, Kind, MallocPar, Severity, Thread,
                     thread_numbers)
+from .heuristics import arenas_by_heaps
 from .tcachescan import scan_tcaches
 from .walkers import ListWalk, walk_arena_ring, walk_bin, walk_fastbin, walk_heaps, walk_tcache
 
@@ -468,6 +469,14 @@ def _collect(mem: Memory, disc: Discovery, threads: list[ThreadRegs], target: st
         findings.append(_without_mp(disc))
     ring, ring_findings = walk_arena_ring(mem, disc.layout, disc.main_arena)
     findings.extend(ring_findings)
+    if ring_findings and regions is not None:
+        lost = [a for a in arenas_by_heaps(mem, disc.layout, regions, disc.heap_max_size) if a not in ring]
+        if lost:
+            ring = ring + lost
+            findings.append(Finding(Severity.WARNING, ring_findings[0].address, "arena ring", (
+                f"the arena ring is broken, and {len(lost)} arena(s) it no longer reaches were found by their "
+                f"heaps ({', '.join(f'{a:#x}' for a in lost)}): they are listed after the ring, numbered on "
+                "from it, so their numbers are not malloc_info's"), Kind.ARENA_RING))
     free_list, fl_findings, fl_how = _walk_free_list(mem, disc, ring)
     findings.extend(fl_findings)
     facts = list(disc.facts)

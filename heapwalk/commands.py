@@ -109,8 +109,7 @@ def load_target(walk_chunks: bool = False):
             disc = discover(mem, GdbSymbols(), _overrides(), space.mappings,
                             [t.fs_base for t in threads if t.fs_base], core=space.core)
             with _walk_progress(walk_chunks) as progress:
-                state = collect(mem, disc, threads, describe_target(), walk_chunks,
-                                space.regions if walk_chunks else None, progress)
+                state = collect(mem, disc, threads, describe_target(), walk_chunks, space.regions, progress)
         except DiscoveryError as exc:
             if other is not None:
                 raise UserError(f"heapwalk: this process allocates with {other[0]} ({other[1]}), not glibc's "

@@ -26,9 +26,10 @@ from dataclasses import dataclass
 from .elfmem import LibcImage
 from .layout import MP_INT_FIELDS, SIZE_BITS, Layout, layout_for
 from .memory import Memory, ReadError, u64
+from .walkers import plausible_arena
 
 __all__ = ["ARENA_FAMILIES", "MP_VARIANTS", "MP_FOR_FAMILY", "mp_variant_at", "mp_plausible", "mp_evidence", "MpAnchors",
-           "MpCandidate", "tcache_safe_linking", "ArenaCandidate", "scan_bin127", "find_main_arena", "find_mp",
+           "MpCandidate", "tcache_safe_linking", "ArenaCandidate", "scan_bin127", "find_main_arena", "find_mp", "arenas_by_heaps",
            "tls_candidates", "pick_tls_offset", "TCACHE_CHUNK_SIZES", "heap_info_size_of", "tcache_struct_chunk"]
 
 #: one representative version per malloc_state layout, newest first
@@ -85,24 +86,29 @@ class ArenaCandidate:
     ring: tuple[int, ...]
 
 
+def arenas_by_heaps(mem: Memory, layout: Layout, regions: list[tuple[int, int]], heap_max_size: int) -> list[int]:
+    """Thread arenas found from their first heaps, whatever the arena ring says: a heap starts at a
+    HEAP_MAX_SIZE-aligned address inside a mapping, and the first heap of an arena holds the arena right
+    after its heap_info, at which heap_info.ar_ptr points.  Ascending."""
+    found = []
+    for start, end in regions:
+        at = (start + heap_max_size - 1) & ~(heap_max_size - 1)
+        while at < end:
+            arena = at + layout.heap_info_size
+            try:
+                ar_ptr = u64(mem, at)
+            except ReadError:
+                ar_ptr = None
+            if ar_ptr == arena and plausible_arena(mem, layout, arena):
+                found.append(arena)
+            at += heap_max_size
+    return found
+
+
 def _valid_arena(mem: Memory, layout: Layout, address: int, image: LibcImage) -> tuple[int, ...] | None:
     """The arena ring from ADDRESS if ADDRESS looks like main_arena under LAYOUT, else None."""
-    try:
-        raw = mem.read(address, layout.arena_size)
-    except ReadError:
+    if not plausible_arena(mem, layout, address):
         return None
-    mutex, flags = struct.unpack_from("<ii", raw, 0)
-    if mutex not in (0, 1, 2) or flags & ~7:
-        return None
-    top, = struct.unpack_from("<Q", raw, layout.off_top)
-    system_mem, = struct.unpack_from("<Q", raw, layout.off_system_mem)
-    if system_mem >= 1 << 47 or top % 16:  # system_mem need not be page-granular: brk may start unaligned
-        return None
-    for index in range(1, 128):  # every bin is empty (self-linked) or points away from the arena
-        fd, bk = struct.unpack_from("<QQ", raw, layout.off_bins + 16 * (index - 1))
-        header = layout.bin_header(address, index)
-        if (fd == header) != (bk == header) or (fd != header and (fd % 16 or bk % 16)):
-            return None
     ring = [address]
     current = address
     for _ in range(1 << 12):

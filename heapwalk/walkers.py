@@ -18,7 +18,7 @@ from .layout import HEAP_MAX_SIZE, IS_MMAPPED, MALLOC_ALIGNMENT, MINSIZE, NSMALL
 from .memory import Memory, ReadError, u64
 from .model import BinKind, BinList, Finding, Heap, Kind, Severity, Tcache, TcacheBin
 
-__all__ = ["ListWalk", "walk_arena_ring", "walk_heaps", "walk_fastbin", "walk_bin", "walk_tcache",
+__all__ = ["ListWalk", "plausible_arena", "walk_arena_ring", "walk_heaps", "walk_fastbin", "walk_bin", "walk_tcache",
            "smallbin_index", "largebin_index", "bin_index", "bin_kind", "reveal", "MAX_LIST"]
 
 #: Hard upper bound on any one list, whatever the arena's size says.
@@ -116,6 +116,28 @@ class ListWalk:
                   expected="a pointer into the heap", found=f"{address:#x}")
 
 
+def plausible_arena(mem: Memory, layout: Layout, address: int) -> bool:
+    """Does the memory at ADDRESS look like a malloc_state under LAYOUT: a mutex and flags glibc can leave, an
+    aligned top, a sane system_mem, and every bin empty (self-linked) or pointing at aligned chunks?"""
+    try:
+        raw = mem.read(address, layout.arena_size)
+    except ReadError:
+        return False
+    mutex, flags = struct.unpack_from("<ii", raw, 0)
+    if mutex not in (0, 1, 2) or flags & ~7:
+        return False
+    top, = struct.unpack_from("<Q", raw, layout.off_top)
+    system_mem, = struct.unpack_from("<Q", raw, layout.off_system_mem)
+    if system_mem >= 1 << 47 or top % 16:  # system_mem need not be page-granular: brk may start unaligned
+        return False
+    for index in range(1, 128):  # every bin is empty (self-linked) or points away from the arena
+        fd, bk = struct.unpack_from("<QQ", raw, layout.off_bins + 16 * (index - 1))
+        header = layout.bin_header(address, index)
+        if (fd == header) != (bk == header) or (fd != header and (fd % 16 or bk % 16)):
+            return False
+    return True
+
+
 def walk_arena_ring(mem: Memory, layout: Layout, main_arena: int, bound: int = 1 << 16
                     ) -> tuple[list[int], list[Finding]]:
     """The arenas in ring order from main_arena (malloc_info's order), following ``next``."""
@@ -143,6 +165,10 @@ def walk_arena_ring(mem: Memory, layout: Layout, main_arena: int, bound: int = 1
         except ReadError:
             walk.unreadable(current, nxt, "arena")
             walk.findings[-1] = dataclasses.replace(walk.findings[-1], kind=Kind.ARENA_RING)
+            break
+        if not plausible_arena(mem, layout, nxt):
+            walk.fail(current, f"arena.next is {nxt:#x}, where no arena is (its mutex, flags, top or bins are not "
+                      "an arena's); the ring is broken", Kind.ARENA_RING, expected="an arena", found=f"{nxt:#x}")
             break
         arenas.append(nxt)
         current = nxt

@@ -81,6 +81,18 @@ def assert_possible(report: dict) -> None:
     assert all(b["bytes"] >= 0 and b["count"] >= 0 for b in report["histogram"])
 
 
+@pytest.mark.parametrize("mode", ["arena_ring", "main_arena_next"])
+@pytest.mark.parametrize("glibc_name", GLIBCS)
+def test_a_broken_arena_ring_loses_no_arena(glibc_name, mode, tmp_path):
+    """A thread arena's (or main_arena's) next overwritten: the bad link is named at its arena, and the
+    arenas the ring no longer reaches are found by their heaps (five arenas: main and the four workers')."""
+    expected, checked, reported, _ = _run_all(glibc_name, mode, tmp_path)
+    arenas = {a["address"] for a in reported["arenas"]}
+    assert len(arenas) == 5 and expected["address"] in arenas
+    assert all(a["accounting"]["balanced"] for a in reported["arenas"])
+    assert any(f["kind"] == "arena_ring" and "found by their heaps" in f["message"] for f in checked["findings"])
+
+
 @pytest.mark.parametrize("mode", ["fd_bk", "tcache_count", "chunk_size", "double_free"])
 def test_check_is_the_same_with_debug_symbols(mode, tmp_path):
     expected, with_symbols, _, _ = _run_all("system", mode, tmp_path / "a", symbols=True)

@@ -73,6 +73,8 @@ class Process:
         for e, nxt in zip(entries, entries[1:] + [0]):
             w(e - 8, 0x21)
             w(e, (e >> 12) ^ nxt)
+        held = HEAP + 0x290 + 0x20 * len(entries)  # one chunk the program holds, up to top
+        w(held + 8, (top - held) | 1)
         w(FS_BASE + TCACHE_TPOFF, tcache)
         w(FS_BASE + ARENA_TPOFF, MAIN_ARENA)
         self.tcache = tcache
