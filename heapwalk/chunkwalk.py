@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from .layout import IS_MMAPPED, MALLOC_ALIGNMENT, MINSIZE, NON_MAIN_ARENA, PREV_INUSE, SIZE_BITS, Layout
-from .memory import Memory, ReadError
+from .memory import Memory, ReadError, ranges_without
 from .model import Arena, BinKind, Finding, HeapState, Kind, Severity
 
 __all__ = ["ChunkState", "Chunk", "Extent", "Account", "list_states", "Listing", "extents",
@@ -621,7 +621,7 @@ def find_mmapped(mem: Memory, layout: Layout, regions: list[tuple[int, int]], sk
     disagree with mp_, which the caller reports).
     """
     out: list[MmappedChunk] = []
-    for start, end in _without(regions, skip):
+    for start, end in ranges_without(regions, skip):
         at = start
         while at < end and len(out) < limit:
             chunk = _mmapped_at(mem, layout, at, end)
@@ -653,7 +653,7 @@ def find_mmapped_in_pages(mem: Memory, layout: Layout, regions: list[tuple[int, 
     it (a thread's stack, say), so that it no longer starts a region.  Reads at most BUDGET bytes of
     pages; the caller keeps what it finds only if the totals then agree with mp_."""
     out: list[MmappedChunk] = []
-    for start, end in _without(regions, skip):
+    for start, end in ranges_without(regions, skip):
         at = (start + 4095) & ~4095
         while at + 16 <= end and budget > 0:
             budget -= 4096
@@ -663,24 +663,6 @@ def find_mmapped_in_pages(mem: Memory, layout: Layout, regions: list[tuple[int, 
             else:
                 out.append(chunk)
                 at += chunk.span
-    return out
-
-
-def _without(regions: list[tuple[int, int]], cut: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    """The pieces of REGIONS outside every range of CUT, in order."""
-    cut = sorted(cut)
-    out = []
-    for start, end in regions:
-        for lo, hi in cut:
-            if hi <= start or lo >= end:
-                continue
-            if lo > start:
-                out.append((start, lo))
-            start = max(start, hi)
-            if start >= end:
-                break
-        if start < end:
-            out.append((start, end))
     return out
 
 
@@ -719,7 +701,7 @@ def main_regions(mem: Memory, arena: Arena, regions: list[tuple[int, int]], skip
     (SKIP, the thread heaps and libc, cut out: a piece may merge with a heap).
     """
     out = []
-    for start, end in _without(sorted(regions), skip):
+    for start, end in ranges_without(sorted(regions), skip):
         at = start
         while at < end:
             piece_end = _probe_main_region(mem, at, end, arena.top, arena.top_size)

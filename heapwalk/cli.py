@@ -18,12 +18,15 @@ import argparse
 import json
 import os
 import shutil
+import struct
+import subprocess
 import sys
+import tempfile
 import time
 from array import array
 from pathlib import Path
 
-from .corefile import CoreError, CoreFile, file_build_id
+from .corefile import MISSING_ENV, CoreError, CoreFile, file_build_id, format_ranges
 
 __all__ = ["main", "make_parser"]
 
@@ -59,6 +62,7 @@ class Gdb:
         self._ctl = GdbController(command=[path, "--nx", "--quiet", "--interpreter=mi3"],
                                   time_to_check_for_additional_output_sec=0.05)
         self.warnings: list[str] = []
+        self.keep = None  # whatever must live as long as this gdb (a padded copy of a truncated core)
         for setting in ["set pagination off", "set confirm off", "set width 0", "set height 0",
                         "set print thread-events off"]:
             self.run(setting)
@@ -110,6 +114,9 @@ class Gdb:
             self._ctl.exit()
         except Exception:
             pass
+        if self.keep is not None:
+            self.keep.cleanup()
+            self.keep = None
 
     def __enter__(self) -> "Gdb":
         return self
@@ -167,8 +174,18 @@ def _executable_candidates(recorded: str, sysroot: Path | None) -> list[Path]:
 
 def _open_core(args, core: Path, exe: Path | None) -> tuple[Gdb, list[str]]:
     cf, exe, notes = resolve_core(core, exe, args.sysroot)
+    truncated = cf.truncation()
     cf.close()
+    padded = None
+    if truncated is not None:
+        notes.append(_truncation_note(core, truncated))
+        padded = tempfile.TemporaryDirectory(prefix="heapwalk-")
+        core = _padded_copy(core, truncated.expected, Path(padded.name))
+        os.environ[MISSING_ENV] = format_ranges(truncated.missing)
+    else:
+        os.environ.pop(MISSING_ENV, None)
     gdb = Gdb(args.gdb, args.sysroot, not args.no_symbols)
+    gdb.keep = padded  # the padded copy lives as long as gdb has it open
     try:
         if exe is not None:
             gdb.run(f"file {exe}")
@@ -177,6 +194,59 @@ def _open_core(args, core: Path, exe: Path | None) -> tuple[Gdb, list[str]]:
         gdb.close()
         raise CliError(f"heapwalk: gdb cannot open {core}: {exc}") from None
     return gdb, notes
+
+
+def _truncation_note(core: Path, t) -> str:
+    """One paragraph on a truncated core: how much is there and which memory is missing."""
+    shown = ", ".join(f"{a:#x}-{b:#x}" for a, b in t.missing[:4]) + (", ..." if len(t.missing) > 4 else "")
+    return (f"{core} is truncated: {t.size} of {t.expected} bytes ({100 * t.size // t.expected}%); "
+            f"{len(t.missing)} memory region(s), {t.missing_bytes} bytes, are missing ({shown}). The report "
+            "covers what the core holds and names what lies in the missing regions as unreadable")
+
+
+def _padded_copy(core: Path, size: int, directory: Path) -> Path:
+    """A sparse copy of CORE padded with a hole to SIZE bytes and without section headers (gdb refuses a
+    core whose headers describe more than the file holds, and gcore puts its section headers last; a core
+    needs none, as the kernel's have none), which gdb opens."""
+    copy = directory / core.name
+    result = subprocess.run(["cp", "--sparse=always", str(core), str(copy)], capture_output=True, text=True)
+    if result.returncode != 0:
+        raise CliError(f"heapwalk: cannot copy {core} to pad it: {result.stderr.strip()}")
+    os.truncate(copy, size)
+    with open(copy, "r+b") as f:
+        f.seek(_E_SHOFF)
+        f.write(bytes(8))
+        f.seek(_E_SHNUM)
+        f.write(bytes(4))  # e_shnum and e_shstrndx
+        _restore_lost_notes(f, size)
+    return copy
+
+
+_E_SHOFF, _E_SHNUM = 40, 60   # ELF64 header: section header table offset, and its count and string index
+_NT_PRSTATUS, _PRSTATUS_SIZE, _PT_NOTE = 1, 336, 4
+
+
+def _restore_lost_notes(f, size: int) -> None:
+    """gcore writes a core's notes last, so a truncated gcore core has lost them, and gdb takes a core
+    without a thread for no core at all: a PT_NOTE whose bytes are gone is pointed at one NT_PRSTATUS with
+    no registers, appended at SIZE (the threads' registers, and so their TLS, are unknown)."""
+    f.seek(0)
+    head = f.read(64)
+    phoff, = struct.unpack_from("<Q", head, 32)
+    phentsize, phnum = struct.unpack_from("<HH", head, 54)
+    note = struct.pack("<III", 5, _PRSTATUS_SIZE, _NT_PRSTATUS) + b"CORE\0\0\0\0" + bytes(_PRSTATUS_SIZE)
+    for i in range(phnum):
+        f.seek(phoff + i * phentsize)
+        p_type, _, p_offset, _, _, p_filesz = struct.unpack("<IIQQQQ", f.read(40))
+        f.seek(p_offset)
+        if p_type == _PT_NOTE and (p_offset + p_filesz > size or not any(f.read(min(p_filesz, 64)))):
+            f.seek(size)
+            f.write(note)
+            f.seek(phoff + i * phentsize + 8)
+            f.write(struct.pack("<Q", size))
+            f.seek(phoff + i * phentsize + 32)
+            f.write(struct.pack("<QQ", len(note), 0))
+            return
 
 
 def _report_command(json_file: Path | None, xml_file: Path | None) -> str:

@@ -19,8 +19,8 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeR
 from . import check, chunkinfo, jsonout, mallocinfo, render, report
 from .collect import collect, gc_paused
 from .discovery import DiscoveryError, Overrides, discover, foreign_allocator, parse_version
-from .gdbtarget import (GdbSymbols, describe_target, gdb_memory, has_target, memory_map, preserved_selection,
-                        thread_registers)
+from .gdbtarget import (GdbSymbols, describe_target, gdb_memory, has_target, memory_map, missing_ranges,
+                        preserved_selection, thread_registers)
 from .model import Finding, HeapState, Kind, Severity
 
 __all__ = ["register"]
@@ -111,6 +111,9 @@ def load_target(walk_chunks: bool = False):
             with _walk_progress(walk_chunks) as progress:
                 state = collect(mem, disc, threads, describe_target(), walk_chunks, space.regions, progress)
         except DiscoveryError as exc:
+            if space.core and missing_ranges():
+                raise UserError(f"heapwalk: the core is truncated, and what heapwalk needs lies in the part that "
+                                f"is missing: {exc}") from None
             if other is not None:
                 raise UserError(f"heapwalk: this process allocates with {other[0]} ({other[1]}), not glibc's "
                                 f"malloc: glibc's arenas hold nothing of interest ({exc})") from None
@@ -119,6 +122,12 @@ def load_target(walk_chunks: bool = False):
             state.findings_extra.append(Finding(
                 Severity.WARNING, 0, "allocator", f"the process also maps {other[0]} ({other[1]}): memory it "
                 "serves is not in glibc's arenas, and is not counted here", Kind.DISCOVERY))
+        missing = missing_ranges() if space.core else []
+        if missing:
+            state.findings_extra.append(Finding(
+                Severity.WARNING, missing[0][0], "core file", f"the core is truncated: {len(missing)} region(s) of "
+                f"the process's memory ({sum(b - a for a, b in missing)} bytes, from {missing[0][0]:#x}) are not "
+                "in it; what lies there is reported as unreadable, never as empty", Kind.UNMAPPED))
         return state, mem, disc.layout
 
 

@@ -15,7 +15,29 @@ from pathlib import Path
 
 from .elfmem import iter_notes
 
-__all__ = ["CoreError", "CoreFile", "file_build_id"]
+__all__ = ["CoreError", "CoreFile", "Truncation", "file_build_id", "MISSING_ENV", "format_ranges", "parse_ranges"]
+
+#: the environment variable through which the command line tells heapwalk in gdb which address ranges a
+#: truncated core lacks ("start-end,..." in hex)
+MISSING_ENV = "HEAPWALK_MISSING"
+
+
+def format_ranges(ranges) -> str:
+    return ",".join(f"{a:x}-{b:x}" for a, b in ranges)
+
+
+def parse_ranges(text: str) -> list[tuple[int, int]]:
+    """'a-b,c-d' (hex) -> [(a, b), (c, d)]; malformed parts are left out."""
+    out = []
+    for part in text.split(","):
+        lo, sep, hi = part.partition("-")
+        try:
+            if sep:
+                out.append((int(lo, 16), int(hi, 16)))
+        except ValueError:
+            continue
+    return out
+
 
 _ET_CORE = 4
 _PT_LOAD, _PT_NOTE = 1, 4
@@ -70,6 +92,20 @@ def file_build_id(path: str | Path) -> str | None:
         return None
 
 
+@dataclass(frozen=True)
+class Truncation:
+    """A core cut short: its size, the size its program headers call for, and the address ranges of the
+    process's memory whose bytes lie past its end."""
+
+    size: int
+    expected: int
+    missing: tuple[tuple[int, int], ...]
+
+    @property
+    def missing_bytes(self) -> int:
+        return sum(end - start for start, end in self.missing)
+
+
 class CoreFile:
     """An ELF64 core file's segments and notes."""
 
@@ -106,6 +142,17 @@ class CoreFile:
 
     def close(self) -> None:
         self._f.close()
+
+    def truncation(self) -> Truncation | None:
+        """How the file falls short of what its program headers describe (as chap's truncation check does),
+        or None when every segment's bytes are there."""
+        size = self.path.stat().st_size
+        expected = max([offset + filesz for _, _, offset, filesz in self.loads] + [size])
+        if expected <= size:
+            return None
+        missing = tuple((vaddr + max(0, size - offset), vaddr + filesz) for vaddr, _, offset, filesz in self.loads
+                        if filesz and offset + filesz > size)
+        return Truncation(size, expected, missing)
 
     def read(self, address: int, size: int) -> bytes:
         """SIZE bytes of the process's memory at ADDRESS as the core holds them (LookupError where it does not)."""

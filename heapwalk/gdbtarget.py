@@ -9,6 +9,7 @@ look at another thread.
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 from dataclasses import dataclass
 
@@ -16,7 +17,8 @@ import gdb  # type: ignore[import-not-found]
 
 from .collect import FATAL_SIGNALS, ThreadRegs
 from .elfmem import Mapping
-from .memory import CachedMemory
+from .corefile import MISSING_ENV, parse_ranges
+from .memory import CachedMemory, ranges_without
 
 __all__ = ["gdb_memory", "GdbSymbols", "thread_registers", "describe_target", "preserved_selection", "has_target",
            "mappings", "MemoryMap", "memory_map"]
@@ -229,7 +231,22 @@ class MemoryMap:
 
 
 def memory_map() -> MemoryMap:
-    """The selected inferior's MemoryMap."""
+    """The selected inferior's MemoryMap, less the ranges a truncated core lacks (`missing_ranges`)."""
+    space = _memory_map()
+    missing = missing_ranges()
+    if not missing or not space.core:
+        return space
+    return MemoryMap(space.mappings, ranges_without(space.regions, missing),
+                     None if space.readable is None else ranges_without(space.readable, missing), True)
+
+
+def missing_ranges() -> list[tuple[int, int]]:
+    """The address ranges the core lacks, as the command line found them when it padded a truncated core
+    for gdb (whose padding would otherwise read as zeros)."""
+    return parse_ranges(os.environ.get(MISSING_ENV, ""))
+
+
+def _memory_map() -> MemoryMap:
     maps = mappings()
     spans = [(m.start, m.end) for m in maps]
     connection = getattr(gdb.selected_inferior(), "connection", None)

@@ -15,7 +15,7 @@ import struct
 from collections import OrderedDict
 from typing import Callable, Protocol
 
-__all__ = ["ReadError", "Memory", "CachedMemory", "ImageMemory", "u64", "u32", "u16"]
+__all__ = ["ReadError", "Memory", "CachedMemory", "ImageMemory", "u64", "u32", "u16", "ranges_without"]
 
 _Q = struct.Struct("<Q")
 _I = struct.Struct("<I")
@@ -245,3 +245,21 @@ class ImageMemory:
     def write_u32(self, address: int, value: int) -> None:
         """Test helper: patches a 32-bit word inside an existing segment."""
         self.write(address, (value & 0xFFFFFFFF).to_bytes(4, "little"))
+
+
+def ranges_without(regions: list[tuple[int, int]], cut: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The pieces of REGIONS outside every range of CUT, in order."""
+    cut = sorted(cut)
+    out = []
+    for start, end in regions:
+        for lo, hi in cut:
+            if hi <= start or lo >= end:
+                continue
+            if lo > start:
+                out.append((start, lo))
+            start = max(start, hi)
+            if start >= end:
+                break
+        if start < end:
+            out.append((start, end))
+    return out

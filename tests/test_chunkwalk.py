@@ -14,7 +14,7 @@ import pytest
 
 from heapwalk import chunkwalk
 from heapwalk.chunkwalk import Account, ChunkState, Extent, Listing, walk_batches
-from heapwalk.memory import ImageMemory
+from heapwalk.memory import ImageMemory, ranges_without
 
 BASE = 0x7F0000000000
 LISTED = (ChunkState.TCACHE, ChunkState.FAST, ChunkState.UNSORTED, ChunkState.SMALL, ChunkState.LARGE)
@@ -166,9 +166,9 @@ def test_an_mmapped_chunk_merged_with_the_heap_above_it_is_found():
 
 def test_without_cuts_ranges_out_of_regions():
     regions = [(0, 100), (200, 300), (400, 500)]
-    assert chunkwalk._without(regions, [(50, 60), (250, 450)]) == [(0, 50), (60, 100), (200, 250), (450, 500)]
-    assert chunkwalk._without(regions, [(0, 100)]) == [(200, 300), (400, 500)]
-    assert chunkwalk._without(regions, []) == regions
+    assert ranges_without(regions, [(50, 60), (250, 450)]) == [(0, 50), (60, 100), (200, 250), (450, 500)]
+    assert ranges_without(regions, [(0, 100)]) == [(200, 300), (400, 500)]
+    assert ranges_without(regions, []) == regions
 
 
 def test_an_mmapped_chunk_merged_with_anonymous_memory_below_it_is_found_page_by_page():

@@ -289,6 +289,25 @@ def test_error_not_a_core(tmp_path):
     _fails(heapwalk("report", str(tmp_path / "text")), "not an ELF file")
 
 
+@pytest.mark.parametrize("kept", [50, 90, 99])
+def test_a_truncated_core_is_named_as_truncated_not_as_no_core(kept, tmp_path):
+    """A core cut short (a full disk, a copy interrupted): the command line says so, with how much is there
+    and which memory is missing, opens a padded copy (never gdb's "not a core dump"), and when what heapwalk
+    needs lies in the missing part says that, in one line."""
+    cap = capture("system", "thread_arenas")
+    core = tmp_path / "core"
+    subprocess.run(["cp", "--sparse=always", str(cap.core), str(core)], check=True)
+    full = core.stat().st_size
+    os.truncate(core, full * kept // 100)
+    result = heapwalk("report", str(core), str(cap.exe))
+    err = result.stderr
+    assert f"{core} is truncated: {full * kept // 100} of " in err and "memory region(s)" in err and "missing" in err
+    assert "not a core dump" not in err and "Traceback" not in err + result.stdout and "internal error" not in err
+    assert "malloc was never used" not in err + result.stdout
+    if result.returncode:
+        assert result.returncode == 2 and "the core is truncated, and what heapwalk needs lies in the part" in err
+
+
 def test_error_no_such_process():
     pid = 4_000_000  # above any pid_max
     _fails(heapwalk("capture", str(pid)), f"cannot attach to {pid}", "no process")
