@@ -186,6 +186,18 @@ static uintptr_t heap_start(void)
     return 0;
 }
 
+/* Starts a detached thread with a small stack (keeps cores small). */
+static void spawn(void *(*fn)(void *), void *arg)
+{
+    pthread_t th;
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setstacksize(&attr, 256 * 1024);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    if (pthread_create(&th, &attr, fn, arg) != 0)
+        fail("pthread_create");
+}
+
 static sem_t arena_ready;
 static void *arena_chunks[4];
 
@@ -348,12 +360,7 @@ int main(int argc, char **argv)
     } else if (!strcmp(mode, "arena_ring") || !strcmp(mode, "main_arena_next")) {
         sem_init(&arena_ready, 0, 0);
         for (intptr_t i = 0; i < 4; i++) { /* one at a time: each creates an arena, inserted after main_arena */
-            pthread_t th;
-            pthread_attr_t attr;
-            pthread_attr_init(&attr);
-            pthread_attr_setstacksize(&attr, 256 * 1024);
-            if (pthread_create(&th, &attr, arena_worker, (void *)i) != 0)
-                fail("pthread_create");
+            spawn(arena_worker, (void *)i);
             sem_wait(&arena_ready);
         }
         uintptr_t arenas[4];
@@ -393,12 +400,7 @@ int main(int argc, char **argv)
         fcntl(fds[1], F_SETFL, 0);
         dup2(fds[1], 2);
         sem_init(&holder_ready, 0, 0);
-        pthread_t th;
-        pthread_attr_t attr;
-        pthread_attr_init(&attr);
-        pthread_attr_setstacksize(&attr, 256 * 1024);
-        if (pthread_create(&th, &attr, hold_main_arena, NULL) != 0)
-            fail("pthread_create");
+        spawn(hold_main_arena, NULL);
         sem_wait(&holder_ready);
         wait_for_write(holder_tid);
         expect("mutex_held", 0);

@@ -202,12 +202,17 @@ def _links(ctx: _Context, chunk: int) -> tuple[int | None, int | None]:
     return ctx.word(chunk + 16), ctx.word(chunk + 24)
 
 
+def _unsorted_head(ctx: _Context, chunk: int) -> int | None:
+    """The unsorted bin's head of the arena whose heap holds CHUNK."""
+    arena = ctx.arena_of(chunk)
+    return None if arena is None else ctx.layout.bin_header(arena.address, 1)
+
+
 def _unsorted_last(ctx: _Context, pointer: int):
     chunk = pointer - 16
-    arena = ctx.arena_of(chunk)
-    if arena is None:
+    head = _unsorted_head(ctx, chunk)
+    if head is None:
         return None
-    head = ctx.layout.bin_header(arena.address, 1)
     fd, bk = _links(ctx, chunk)
     if fd != head:
         return chunk, f"its fd is {fd:#x}, not the unsorted bin's head {head:#x}, though it is the bin's last chunk"
@@ -219,12 +224,9 @@ def _unsorted_last(ctx: _Context, pointer: int):
 
 def _unsorted_first(ctx: _Context, pointer: int):
     chunk = pointer - 16
-    arena = ctx.arena_of(chunk)
-    if arena is None:
-        return None
-    head = ctx.layout.bin_header(arena.address, 1)
+    head = _unsorted_head(ctx, chunk)
     _, bk = _links(ctx, chunk)
-    if bk == head:
+    if head is None or bk == head:
         return None
     return chunk, f"it is the unsorted bin's first chunk, but its bk is {bk:#x}, not the bin's head {head:#x}"
 

@@ -111,16 +111,22 @@ def test_last_piece_of_an_old_top_is_a_fencepost_not_a_held_chunk():
         assert by_bytes[ChunkState.FENCEPOST] == 0x20 and overhead == 0x80 - 0x60
 
 
+def chunk_starts(heap: bytes, top: int) -> list[int]:
+    """The offsets of HEAP's chunks before TOP, by their sizes."""
+    starts, c = [], 0
+    while BASE + c < top:
+        starts.append(c)
+        c += struct.unpack_from("<Q", heap, c + 8)[0] & ~7
+    return starts
+
+
 def test_a_zero_size_inside_a_heap_is_damage_and_the_walk_goes_on():
     """A size of 0 is a fencepost only in the last bytes of a heap that no longer holds top; in the middle
     of a heap it is damage at that chunk: named there (not as a free chunk before it, whose PREV_INUSE the
     zeroed header clears), and the walk resumes after it."""
     rng = random.Random(5)
     heap, states, top = synthetic_heap(rng, 400, False)
-    starts, c = [], 0
-    while BASE + c < top:
-        starts.append(c)
-        c += struct.unpack_from("<Q", heap, c + 8)[0] & ~7
+    starts = chunk_starts(heap, top)
     victim = next(s for s in starts[100:] if BASE + s not in states and BASE + starts[starts.index(s) - 1] not in states
                   and BASE + starts[starts.index(s) + 1] not in states)
     struct.pack_into("<Q", heap, victim + 8, 0)
@@ -136,10 +142,7 @@ def test_a_size_that_runs_into_the_next_chunk_is_named_at_its_own_chunk():
     finding names the chunk whose size is wrong, not the place inside the next chunk where the size leads."""
     rng = random.Random(6)
     heap, states, top = synthetic_heap(rng, 400, False)
-    starts, c = [], 0
-    while BASE + c < top:
-        starts.append(c)
-        c += struct.unpack_from("<Q", heap, c + 8)[0] & ~7
+    starts = chunk_starts(heap, top)
     i = next(i for i in range(100, len(starts) - 2) if not {BASE + starts[j] for j in range(i - 1, i + 3)} & set(states)
              and starts[i + 2] - starts[i + 1] >= 0x40)
     bad = starts[i]
