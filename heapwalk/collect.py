@@ -494,7 +494,8 @@ def _collect(mem: Memory, disc: Discovery, threads: list[ThreadRegs], target: st
                               f"interrupted (Ctrl-C) in arena {number}: it and the {len(ring) - number - 1} "
                               "arena(s) after it are left out, and no chunk is walked", Kind.INTERRUPTED)
             break
-    fill = mp.get("tcache_count") if mp else _fill_from_tcaches(mem, disc, threads)
+    fill_seen = _fill_from_tcaches(mem, disc, threads)
+    fill = mp.get("tcache_count") if mp else fill_seen
     decoded_threads = []
     for regs in sorted(threads, key=lambda t: t.number):
         thread, t_findings = _thread(mem, disc, regs, fill)
@@ -525,7 +526,7 @@ def _collect(mem: Memory, disc: Discovery, threads: list[ThreadRegs], target: st
     if mp is not None:
         checked = walk_chunks and regions is not None and not state.interrupted
         state = dataclasses.replace(state, facts=state.facts + (
-            _mp_pinned(mem, disc, state, mp, _fill_from_tcaches(mem, disc, threads), checked),))
+            _mp_pinned(mem, disc, state, mp, fill_seen, checked),))
     return state
 
 

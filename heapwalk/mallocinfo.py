@@ -79,10 +79,7 @@ def malloc_info_xml(state: HeapState) -> str:
     if has_fast:
         out.append(f'<total type="fast" count="{totals["fast"][0]}" size="{totals["fast"][1]}"/>')
     out.append(f'<total type="rest" count="{totals["rest"][0]}" size="{totals["rest"][1]}"/>')
-    if state.mp is not None:
-        n_mmaps, mmapped = state.mp.get("n_mmaps"), state.mp.get("mmapped_mem")
-    else:  # mp_ not found: what memory holds
-        n_mmaps, mmapped = len(state.mmapped), sum(c.span for c in state.mmapped)
+    n_mmaps, mmapped = state.mmap_counters()
     out.append(f'<total type="mmap" count="{n_mmaps or 0}" size="{mmapped or 0}"/>')
     out.append(f'<system type="current" size="{totals["system"][0]}"/>')
     out.append(f'<system type="max" size="{totals["system"][1]}"/>')

@@ -307,6 +307,13 @@ class HeapState:
         """Was the chunk walk, or the reading of the free lists before it, stopped (Ctrl-C)?"""
         return any(f.kind is Kind.INTERRUPTED for f in self.findings_extra)
 
+    def mmap_counters(self) -> tuple[int, int]:
+        """(count, bytes) of the mmapped chunks as glibc counts them: mp_'s n_mmaps and mmapped_mem, or, when
+        mp_ was not found, the chunks found in memory."""
+        if self.mp is not None:
+            return self.mp.get("n_mmaps") or 0, self.mp.get("mmapped_mem") or 0
+        return len(self.mmapped), sum(c.span for c in self.mmapped)
+
     def tcaches(self) -> list[tuple[str, Tcache]]:
         """Every decoded tcache with its owner: each thread's (through its TLS), then those found by
         scanning the arenas, whose thread is unknown."""

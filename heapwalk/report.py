@@ -277,9 +277,7 @@ def build_report(state: HeapState) -> Report:
     arena_max = mp.get("arena_max") if mp else None
     limit = (f"{arena_max} (MALLOC_ARENA_MAX / M_ARENA_MAX)" if arena_max
              else "8 x the CPU count (the default; the core does not record the CPU count)")
-    mmapped = ((mp.get("n_mmaps") or 0, mp.get("mmapped_mem") or 0) if mp else
-               (len(state.mmapped), sum(c.span for c in state.mmapped)))  # mp_ not found: what memory holds
-    rep = Report(rows, *mmapped,
+    rep = Report(rows, *state.mmap_counters(),
                  histogram, largest, count, limit, sum(1 for a in state.arenas if a.on_free_list))
     rep.classes = glibc_classes(all_sizes)
     rep.trim_total = sum(t.total for t in state.trims.values())
