@@ -283,6 +283,10 @@ def walk_batches(mem: Memory, extent: Extent, top: int, listing: Listing, acc: A
     p_addr = p_size = 0                  # the chunk before c ...
     p_plain = False                      # ... in use and in no list (counted already)
     p_st: ChunkState | None = None       # ... or listed (top, a fencepost), its state
+    anchor, anchor_st = extent.first, None  # the last chunk the walk met that the lists (or a resync) vouch for
+    unlisted: list[int] = []             # the chunks counted free but in no list (damage: rare)
+    first_finding = len(findings)
+    flush_at = 4096                      # how many chunks met before they go to the caller
     c = extent.first
     try:
         while c < end:
@@ -347,10 +351,12 @@ def walk_batches(mem: Memory, extent: Extent, top: int, listing: Listing, acc: A
                     nxt = order[at] & _ADDRESS if at < listed else _BEYOND
                     plain_count += n
                     plain_bytes += c - c0 - listed_bytes
+                    if lp >= 0:
+                        anchor, anchor_st = shift + (lp << 3), states[order[at - 1] & 0xF]
                     if p > lp:
                         p_addr, p_plain, p_st = shift + (p << 3), True, None
                     else:  # the last chunk met is the listed one at lp, and c is its end
-                        p_addr, p_plain, p_st = shift + (lp << 3), False, states[order[at - 1] & 0xF]
+                        p_addr, p_plain, p_st = anchor, False, anchor_st
                     p_size = c - p_addr
                     if c > end:  # the last one runs past the heap: undo it, and give it the full treatment
                         plain_count -= 1
@@ -358,7 +364,9 @@ def walk_batches(mem: Memory, extent: Extent, top: int, listing: Listing, acc: A
                         c, p_plain, p_st = p_addr, False, None
                 if c >= end:
                     break
+            skipped = False  # has the walk passed a chunk the lists hold without landing on it?
             while nxt < c:
+                skipped = skipped or nxt != p_addr
                 at += 1
                 nxt = order[at] & _ADDRESS if at < listed else _BEYOND
             # the full treatment of the chunk at c
@@ -375,12 +383,44 @@ def walk_batches(mem: Memory, extent: Extent, top: int, listing: Listing, acc: A
             # bytes of the old top); anywhere else it is damage, as is any size that is not a chunk's
             fencepost = size == 0 and c != top and end - c <= _FENCEPOST_ROOM and not extent.first <= top < end
             impossible = not fencepost and (size < 2 * 8 or size % MALLOC_ALIGNMENT or c + size > end)
+            if (impossible and c != top or skipped or p_plain and not pinuse
+                    or p_st in _BIN_STATES and (pinuse or win.word(c) != p_size)):
+                # the neighbours disagree: is it because a size before c sent the walk into a chunk's middle?
+                fix = _overrun(_Window(mem, end, _PROBE_SPAN).word, listing, extent, top, anchor, anchor_st, c,
+                               impossible)
+                if fix is not None:
+                    culprit, real, chain = fix
+                    gone = {a for a, _ in chain}
+                    for a in [a for a in unlisted if culprit <= a < c]:
+                        n = dict(chain)[a]
+                        tally_bytes[ChunkState.FREE_UNLISTED] -= n
+                        tally_counts[ChunkState.FREE_UNLISTED] -= 1
+                        gone.discard(a)
+                    if culprit == anchor and anchor_st is not None:
+                        tally_bytes[anchor_st] -= chain[0][1]
+                        tally_counts[anchor_st] -= 1
+                        gone.discard(anchor)
+                    plain_count -= len(gone)
+                    plain_bytes -= sum(n for a, n in chain if a in gone)
+                    findings[first_finding:] = [f for f in findings[first_finding:]
+                                                if not culprit <= f.address <= c]
+                    out = [o for o in out if not culprit <= o[0] < c]
+                    landed = culprit + chain[0][1]
+                    findings.append(_overshoot(culprit, win.word(culprit + 8), real, landed, win.word(landed + 8),
+                                               where))
+                    acc.unwalked += real - culprit
+                    anchor, anchor_st = real, None
+                    c, p_plain, p_st = real, False, None
+                    at = bisect.bisect_left(order, c)  # back before c: the listed chunks from there on
+                    nxt = order[at] & _ADDRESS if at < listed else _BEYOND
+                    continue
             if p_plain and not pinuse and not impossible:  # the chunk before is free, yet in no list
                 plain_count -= 1
                 plain_bytes -= p_size
                 _unlisted(p_addr, p_size, _flags_at(win, p_addr), where, findings, out, every)
                 tally_bytes[ChunkState.FREE_UNLISTED] += p_size
                 tally_counts[ChunkState.FREE_UNLISTED] += 1
+                unlisted.append(p_addr)
                 p_plain, p_st = False, ChunkState.FREE_UNLISTED
             if fencepost:
                 if p_plain and p_addr + p_size == c and p_size < MINSIZE + 16 and win.word(c) == p_size:
@@ -403,21 +443,6 @@ def walk_batches(mem: Memory, extent: Extent, top: int, listing: Listing, acc: A
                                             f"at most {end - c:#x}", f"{size_field:#x}"))
                     acc.unwalked += end - c
                     break
-                if p_plain and p_addr + p_size == c:
-                    # which of the two sizes lies: when sound headers start between the chunk before and c and
-                    # chain on to a chunk the lists know, c is no chunk at all and the size before overshot
-                    real = resync(mem, extent, p_addr, top, listing)
-                    if real is not None and p_addr < real < c:
-                        plain_count -= 1
-                        plain_bytes -= p_size
-                        if out and out[-1][0] == p_addr:
-                            out.pop()
-                        findings.append(_overshoot(p_addr, win.word(p_addr + 8), real, c, size_field, where))
-                        acc.unwalked += real - p_addr
-                        c, p_plain, p_st = real, False, None
-                        at = bisect.bisect_left(order, c)  # back before c: the listed chunks from there on
-                        nxt = order[at] & _ADDRESS if at < listed else _BEYOND
-                        continue
                 again = resync(mem, extent, c, top, listing)
                 findings.append(Finding(Severity.ERROR, c, where, f"chunk size {size_field:#x} is impossible here "
                                         f"(the heap ends at {end:#x}); "
@@ -428,6 +453,7 @@ def walk_batches(mem: Memory, extent: Extent, top: int, listing: Listing, acc: A
                 if again is None:
                     break
                 c, p_plain, p_st = again, False, None
+                anchor, anchor_st = again, None
                 continue
             if p_st is not None:
                 _check_after_listed(p_st, p_addr, p_size, pinuse, c, win, where, findings)
@@ -444,6 +470,7 @@ def walk_batches(mem: Memory, extent: Extent, top: int, listing: Listing, acc: A
                     out.append((c, size, flags, ChunkState.IN_USE))
                 p_plain, p_st = True, None
             else:
+                anchor, anchor_st = c, st
                 tally_bytes[st] += size
                 tally_counts[st] += 1
                 if check_bit and st in _HELD_STATES and (flags & NON_MAIN_ARENA) != want_bit:
@@ -458,10 +485,16 @@ def walk_batches(mem: Memory, extent: Extent, top: int, listing: Listing, acc: A
                                             f"end {end:#x}", Kind.TOP_SIZE))
                     acc.overhead += max(0, end - c)
                 break
-            if len(out) >= 4096 or c - acc.reached >= _WINDOW:
+            if len(out) >= flush_at or c - acc.reached >= _WINDOW:
                 acc.reached = c
-                yield out
-                out = []
+                # what an overrun found later may take back stays: the chunks from the anchor, or near c
+                keep, k = max(anchor, c - _OVERRUN_SPAN), len(out)
+                while k and out[k - 1][0] >= keep:
+                    k -= 1
+                if k:
+                    yield out[:k]
+                    out = out[k:]
+                flush_at = len(out) + 4096
         if out:
             yield out
     finally:
@@ -487,6 +520,81 @@ def _overshoot(chunk: int, size_field: int, real: int, landed: int, landed_field
                    f"{landed_field:#x}), while sound headers from {real:#x} on lead to chunks the lists hold; "
                    f"the walk resumes at {real:#x}", Kind.CHUNK_SIZE, f"{real - chunk:#x} (the next chunk's start)",
                    f"{size_field:#x}")
+
+
+#: how far back from where the neighbours disagree the search for an overrunning size looks, and how many
+#: header steps it may take in all
+_OVERRUN_SPAN = 1 << 20
+_OVERRUN_STEPS = 1 << 17
+
+
+def _overrun(word, listing: Listing, extent: Extent, top: int, anchor: int, anchor_st: ChunkState | None,
+             c: int, dead_end: bool) -> tuple[int, int, list[tuple[int, int]]] | None:
+    """Which chunk's size sent the walk astray before C, where the neighbours disagree.  The walk came from
+    ANCHOR (a chunk the lists vouch for, of state ANCHOR_ST) along sizes to C.  The culprit is the first chunk
+    on that path inside which a chunk starts whose headers lead, all in use as their PREV_INUSE bits say, to
+    the next chunk the lists hold (or top, or the heap's end), or, when C's size is impossible (DEAD_END),
+    past C: where the walk's own path cannot go.  Returns (culprit, where its real next chunk starts, the path [(chunk, size)] from the culprit to C),
+    or None when no size before C explains the disagreement."""
+    path, b = [], anchor
+    while b < c:
+        size = word(b + 8) & ~SIZE_BITS
+        if size < MINSIZE or len(path) >= _OVERRUN_STEPS:
+            return None
+        path.append((b, size))
+        b += size
+    if b != c:
+        return None
+    budget = [_OVERRUN_STEPS]
+    for k, (b, size) in enumerate(path):
+        if b < c - _OVERRUN_SPAN:
+            continue
+        target = listing.first_after(b, extent.end)
+        if b < top < extent.end and (target is None or top < target):
+            target = top
+        freed = k == 0 and anchor_st in _BIN_STATES
+        for r in range(b + MALLOC_ALIGNMENT, b + size, MALLOC_ALIGNMENT):
+            if _leads(word, b, r, freed, target, extent.end, budget, c if dead_end else None):
+                return b, r, path[k:]
+            if budget[0] <= 0:
+                return None
+    return None
+
+
+def _leads(word, prev: int, r: int, freed: bool, target: int | None, end: int, budget: list[int],
+           past: int | None = None) -> bool:
+    """Is R the real next chunk of PREV (free in a bin when FREED): R's header agrees with PREV, and sizes from
+    R lead, through chunks in use, to TARGET (None: to the heap's end or its fencepost), or beyond PAST?"""
+    try:
+        field = word(r + 8)
+        if freed:
+            if field & PREV_INUSE or word(r) != r - prev:
+                return False
+        elif not field & PREV_INUSE:
+            return False
+        if r == target:
+            return True
+        at = r
+        while budget[0] > 0:
+            budget[0] -= 1
+            size = field & ~SIZE_BITS
+            if target is None and size < MINSIZE and end - at <= _FENCEPOST_ROOM:
+                return True
+            if not _plausible(field, at, end):
+                return False
+            at += size
+            if past is not None and past < at < end and (target is None or at < target):
+                return bool(word(at + 8) & PREV_INUSE)
+            if at == (target if target is not None else end):
+                return target is None or bool(word(at + 8) & PREV_INUSE)
+            if target is not None and at > target:
+                return False
+            field = word(at + 8)
+            if not field & PREV_INUSE:
+                return False
+    except ReadError:
+        return False
+    return False
 
 
 class _Window:

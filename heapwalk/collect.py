@@ -99,9 +99,11 @@ def _decode_arena(mem: Memory, disc: Discovery, address: int, number: int, mp: M
         return _blank_arena(address, number, is_main, free_list)
     f = read_arena(mem, layout, address)
     top = f["top"] or 0
+    top_lost = False
     try:
         top_size = u64(mem, top + 8) & ~SIZE_BITS if top else 0
     except ReadError:
+        top_lost = True
         findings.append(Finding(Severity.ERROR, address + layout.off_top, f"arena {address:#x}",
                                 f"top {top:#x} is not in the target's memory", Kind.UNMAPPED,
                                 "a pointer into the heap", f"{top:#x}"))
@@ -123,6 +125,8 @@ def _decode_arena(mem: Memory, disc: Discovery, address: int, number: int, mp: M
                                                                      system_mem, layout)
         if sbrk_base and top:
             end = top + top_size
+            if top_lost and top < sbrk_base + system_mem:  # up to where system_mem says: the walk names the gap
+                end = sbrk_base + system_mem
             contiguous = not (f["flags"] or 0) & 2  # NONCONTIGUOUS_BIT: top may be in an mmap'd piece
             if contiguous and not sbrk_base <= top <= end <= sbrk_base + 2 * system_mem + (64 << 20):
                 findings.append(Finding(Severity.ERROR, address + layout.off_top, f"arena {address:#x}",
@@ -454,6 +458,32 @@ def collect(mem: Memory, disc: Discovery, threads: list[ThreadRegs], target: str
         return _collect(mem, disc, threads, target, walk_chunks, regions, progress)
 
 
+def _next_of(mem: Memory, layout: Layout, arena: int) -> int | None:
+    try:
+        return u64(mem, arena + layout.off_next)
+    except ReadError:
+        return None
+
+
+def _shortcut(mem: Memory, layout: Layout, ring: list[int], lost: list[int]) -> Finding:
+    """The link of a ring that closes but skips LOST arenas (found by their heaps): the ring arena whose next
+    is also a lost arena's next (it jumps over the lost ones to where they lead), else the ring's last arena
+    (its next closes the ring early)."""
+    lost_next = {_next_of(mem, layout, a): a for a in lost}
+    culprit, skipped = ring[-1], lost[0]
+    for arena in ring:
+        nxt = _next_of(mem, layout, arena)
+        if nxt in lost_next:
+            culprit, skipped = arena, lost_next[nxt]
+            break
+    found = _next_of(mem, layout, culprit)
+    where = "arena 0 (main_arena)" if culprit == ring[0] else f"arena {ring.index(culprit)}"
+    return Finding(Severity.ERROR, culprit, where, (
+        f"arena.next is {found:#x}: the ring closes after {len(ring)} arena(s), skipping {len(lost)} arena(s) "
+        f"whose heaps say they exist (such as {skipped:#x}); the ring is broken"), Kind.ARENA_RING,
+        expected=f"{skipped:#x} or an arena before it", found=f"{found:#x}")
+
+
 def _collect(mem: Memory, disc: Discovery, threads: list[ThreadRegs], target: str,
              walk_chunks: bool, regions: list[tuple[int, int]] | None, progress) -> HeapState:
     findings: list[Finding] = list(disc.findings)
@@ -469,9 +499,12 @@ def _collect(mem: Memory, disc: Discovery, threads: list[ThreadRegs], target: st
         findings.append(_without_mp(disc))
     ring, ring_findings = walk_arena_ring(mem, disc.layout, disc.main_arena)
     findings.extend(ring_findings)
-    if ring_findings and regions is not None:
+    if regions is not None:
         lost = [a for a in arenas_by_heaps(mem, disc.layout, regions, disc.heap_max_size) if a not in ring]
         if lost:
+            if not ring_findings:
+                ring_findings = [_shortcut(mem, disc.layout, ring, lost)]
+                findings.extend(ring_findings)
             ring = ring + lost
             findings.append(Finding(Severity.WARNING, ring_findings[0].address, "arena ring", (
                 f"the arena ring is broken, and {len(lost)} arena(s) it no longer reaches were found by their "

@@ -169,6 +169,7 @@ class _Search:
         self.facts: list[Fact] = []
         self.findings: list[Finding] = []
         self.image: LibcImage | None = None
+        self.libc_problem = "no libc.so.6 among the mappings (a static binary?)"  # why image is None
         self._tls_candidates: list[int] | None = None
 
     def libc_range(self) -> tuple[int, int] | None:
@@ -211,13 +212,16 @@ class _Search:
             found = sole_file(self.mappings)
             how = "mappings: the only file mapped, a statically linked program"
         if found is None:
-            self.unknown("libc", "no libc.so.6 or libc-2.NN.so among the mappings (static binary?)")
+            self.libc_problem = "no libc.so.6 or libc-2.NN.so among the mappings (static binary?)"
+            self.unknown("libc", self.libc_problem)
             return
         base, path = found
         try:
             self.image = LibcImage.read(self.mem, base, path)
         except ReadError as exc:
-            self.unknown("libc", f"libc's ELF header at {base:#x} is unreadable ({exc.reason})")
+            self.libc_problem = (f"libc ({path}) is mapped at {base:#x}, but its ELF header there is unreadable "
+                                 f"({exc.reason})")
+            self.unknown("libc", self.libc_problem)
             return
         self.fact("libc", {"base": base, "path": path}, how)
         build_id = self.image.build_id()
@@ -262,7 +266,7 @@ class _Search:
             except (ReadError, ValueError):
                 pass
         if self.image is None:
-            return None, "no libc.so.6 among the mappings (a static binary?)"
+            return None, self.libc_problem
         banner = self.image.find_bytes(b"GNU C Library ")
         if banner is not None and b"release version " in banner[1]:
             try:
@@ -475,7 +479,8 @@ def main_memory_start(mem: Memory, main_arena: int, top: int, flags: int, system
     """Where the main arena's sbrk memory starts (what mp_.sbrk_base holds), from main_arena alone: 0 when it
     never grew, else its top's end minus system_mem (glibc counts every byte from the first break, foreign
     sbrk included, and systrim takes back what it releases); None when the arena is not contiguous (its
-    memory is in mmap'd pieces) or top is unreadable."""
+    memory is in mmap'd pieces), or top is unreadable or damaged (no chunk's size, or what it says leads
+    to no memory)."""
     if flags & 2:  # NONCONTIGUOUS_BIT
         return None
     if system_mem == 0:
@@ -485,7 +490,13 @@ def main_memory_start(mem: Memory, main_arena: int, top: int, flags: int, system
     except ReadError:
         return None
     start = top + top_size - system_mem
-    return start if 0 < start <= top else None
+    if top_size < 4 * 8 or top_size % 16 or not 0 < start <= top:
+        return None
+    try:
+        mem.read(start, 8)
+    except ReadError:
+        return None
+    return start
 
 
 def _find_mp(search: _Search, main_arena: int, family: tuple[int, int], layout: Layout | None,

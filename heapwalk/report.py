@@ -225,7 +225,8 @@ def _pct(part: float, whole: float) -> str:
 def _verdict(rep: Report, state: HeapState) -> list[str]:
     """Plain sentences, each backed by the numbers above it."""
     out = []
-    held = rep.system
+    # what the walk found is the whole when a damaged system_mem says less: shares stay within 100%
+    held = max(rep.system, rep.in_use + rep.free + rep.top + rep.overhead)
     if not held:
         return ["malloc holds no memory in its arenas."]
     idle = rep.free + rep.top

@@ -7,7 +7,10 @@ Two levels:
   opened by a real gdb running every heapwalk command.
 
 A mutant fails when heapwalk raises anything but its one-line refusal, prints a Python traceback or an
-"internal error", or exceeds the time bound.  Every engine mutant that ever failed is kept in
+"internal error", exceeds the time bound, or shows an impossible figure; an aimed damage (a size of 0, a size
+into the next chunk, a zeroed heap page, a broken arena ring, a core cut short) also fails when `check` calls
+it clean or an arena is lost.  The run ends with, per damage kind, how many were detected and how many were
+named at the exact address.  Every engine mutant that ever failed is kept in
 tests/fuzz_regressions.json (by where it lands, so it replays on a fresh capture) and replayed first.
 """
 
@@ -27,6 +30,10 @@ sys.path.insert(0, str(ROOT / "cores"))
 sys.path.insert(0, str(ROOT / "tests"))
 
 import harness  # noqa: E402
+
+#: the values the driver overwrites an arena's next with: NULL, junk, an arena further on (skipping one),
+#: main_arena (closing the ring early), itself, and the middle of the next arena
+RING_LINKS = ("null", "junk", "skip", "main", "self", "interior")
 
 REGRESSIONS = ROOT / "tests" / "fuzz_regressions.json"
 DRIVER = ROOT / "tests" / "fuzz_driver.py"
@@ -70,6 +77,28 @@ def engine_fuzz(exe: Path, core: Path, iex: list[str], count: int, seed: int, wo
     if not out.exists():
         raise RuntimeError(f"the fuzz driver wrote no results:\n{result.stdout}\n{result.stderr}")
     return json.loads(out.read_text())
+
+
+def tally(documents: list[dict]) -> dict[str, list[int]]:
+    """Per aimed damage kind: [mutants, detected (check not clean, or refused), refused with the one line
+    (a truncation that takes libc's memory), named at the exact address] over DOCUMENTS' results."""
+    out: dict[str, list[int]] = {}
+    for document in documents:
+        for r in document["results"]:
+            if "detected" not in r:
+                continue
+            row = out.setdefault(r["mutant"]["op"], [0, 0, 0, 0])
+            row[0] += 1
+            row[1] += r["detected"]
+            row[2] += r.get("refused", False)
+            row[3] += r["exact"]
+    return out
+
+
+def tally_lines(counts: dict[str, list[int]]) -> list[str]:
+    """One line per damage kind: how many mutants were detected, and how many at the exact address."""
+    return [f"  {kind:15} {n:5} mutants  {found:5} detected ({refused} refused)  {exact:5} at the exact address"
+            for kind, (n, found, refused, exact) in sorted(counts.items())]
 
 
 def failures(document: dict) -> list[dict]:
@@ -133,6 +162,7 @@ def main() -> int:
     seed = args.seed if args.seed is not None else random.randrange(1 << 30)
     print(f"seed {seed}")
     failed_total = 0
+    documents = []
     for g in GLIBCS:
         for name in harness.REPRODUCERS:
             if name in ("small_vectors", "main_regions"):
@@ -141,6 +171,7 @@ def main() -> int:
             key = f"{g}/{name}"
             iex = glibc(g).gdb_settings(symbols=(g == "system"))
             doc = engine_fuzz(cap.exe, cap.core, iex, args.count, seed, args.workdir / g / name, regressions(key))
+            documents.append(doc)
             bad = failures(doc)
             failed_total += len(bad)
             if bad:
@@ -156,6 +187,8 @@ def main() -> int:
                     print(f"  core file mutant FAILED: {desc}\n{output[-2000:]}")
                 else:
                     path.unlink()
+    print("aimed damage, every core:")
+    print("\n".join(tally_lines(tally(documents))))
     print("fuzz: " + ("all mutants handled" if not failed_total else f"{failed_total} failures"))
     return 1 if failed_total else 0
 

@@ -11,6 +11,12 @@ address of every field it could mutate) go to "out".
 
 A mutant is described by where it lands relative to the decoded heap ("bin_fd of arena 0, 3rd chunk"), not by
 raw address, so one that failed once can be replayed on a fresh capture of the same reproducer.
+
+Besides the random patches, five kinds of damage are aimed where the sound decode says they hurt, and each
+carries the place heapwalk must name (see DAMAGE): a chunk size set to 0, a size running into the middle of
+the next chunk, a zeroed heap page, an arena's `next` overwritten, a core cut short.  For these a mutant also
+fails when `check` calls the heap clean; whether the finding is at the exact address is counted per kind.
+Every mutant fails when the report shows an impossible figure (tests/figures.py).
 """
 
 from __future__ import annotations
@@ -21,9 +27,13 @@ import os
 import random
 import signal
 import struct
+import sys
 import time
 import traceback
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # gdb sets __file__ for a sourced script
+import figures  # noqa: E402
+from fuzz import RING_LINKS  # noqa: E402
 
 from heapwalk import check, jsonout, mallocinfo, render, report
 from heapwalk.chunkwalk import extents
@@ -32,6 +42,7 @@ from heapwalk.commands import _overrides
 from heapwalk.discovery import DiscoveryError, discover
 from heapwalk.gdbtarget import GdbSymbols, gdb_memory, memory_map, thread_registers
 from heapwalk.memory import ReadError
+from heapwalk.model import Kind, Severity
 
 INTERESTING = (0, 1, 0x10, 0x21, 0xFFFFFFFFFFFFFFFF, 0x4141414141414141, 0x8000000000000000, 0x7FFFFFFFFFFFFFFF,
                0x100000000000)
@@ -128,11 +139,61 @@ def targets(state, disc, mem) -> list[tuple[str, int]]:
     return out
 
 
-def make_mutant(rng: random.Random, names: list[str], heaps: list[tuple[int, int]]) -> dict:
-    """A mutant spec: a patch of one field (a byte, or a whole word) or a truncation."""
-    if rng.random() < 0.1 and heaps:
-        i = rng.randrange(len(heaps))
-        return {"op": "truncate", "heap": i, "fraction": round(rng.random(), 3), "hole": rng.random() < 0.5}
+#: the aimed damage kinds, each drawn this share of the time (the rest are random patches of TARGETS)
+DAMAGE = {"size_zero": 0.08, "size_into_next": 0.08, "zero_page": 0.06, "ring": 0.06, "truncate": 0.08}
+
+
+class Sound:
+    """What the undamaged core holds, for aiming damage and judging what heapwalk says about it."""
+
+    def __init__(self, state, disc, mem):
+        self.mem, self.layout = mem, disc.layout
+        self.fields_list = targets(state, disc, mem)
+        self.fields = dict(self.fields_list)
+        self.names = [n for n, _ in self.fields_list]
+        self.arenas = [a.address for a in state.arenas]
+        self.heaps = []  # (extent, [(chunk, size) ... in address order, top last when it lies there])
+        for a in state.arenas:
+            for e in extents(a, disc.layout):
+                self.heaps.append((e, self._chunks(e, a.top)))
+
+    def _chunks(self, extent, top: int) -> list[tuple[int, int]]:
+        out, at = [], extent.first
+        while at + 16 <= extent.end and len(out) < 100_000:
+            size = struct.unpack("<Q", self.mem.read(at + 8, 8))[0] & ~7
+            if size < 32 or at + size > extent.end:
+                break  # a fencepost, or the end
+            out.append((at, size))
+            if at == top:
+                break
+            at += size
+        return out
+
+    def chunk(self, heap: int, pick: float, room: int = 0) -> tuple[int, list[tuple[int, int]]] | None:
+        """The index of the chunk PICK (0-1) of the way through heap HEAP's chunks, leaving ROOM after it."""
+        if heap >= len(self.heaps):
+            return None
+        chunks = self.heaps[heap][1]
+        if len(chunks) <= room:
+            return None
+        return min(int(pick * (len(chunks) - room)), len(chunks) - room - 1), chunks
+
+
+def make_mutant(rng: random.Random, names: list[str], heaps: int) -> dict:
+    """A mutant spec: aimed damage (DAMAGE), or a patch of one field (a byte, a whole word, a bit)."""
+    draw = rng.random()
+    for kind, share in DAMAGE.items():
+        if draw < share and heaps:
+            heap = rng.randrange(heaps)
+            if kind == "truncate":
+                return {"op": kind, "heap": heap, "fraction": round(rng.random(), 3), "hole": rng.random() < 0.5}
+            if kind == "ring":
+                return {"op": kind, "arena": rng.randrange(8), "link": rng.choice(RING_LINKS)}
+            spec = {"op": kind, "heap": heap, "pick": round(rng.random(), 4)}
+            if kind == "size_into_next":
+                spec["into"] = round(rng.random(), 4)
+            return spec
+        draw -= share
     op = rng.choice(("byte", "byte", "word", "flip"))
     spec = {"op": op, "target": rng.choice(names)}
     if op == "byte":
@@ -144,15 +205,67 @@ def make_mutant(rng: random.Random, names: list[str], heaps: list[tuple[int, int
     return spec
 
 
-def apply(spec: dict, base, fields: dict[str, int], heaps: list[tuple[int, int]]) -> MutatedMemory | None:
-    """The memory of mutant SPEC, or None when SPEC names something this core does not have."""
-    if spec["op"] == "truncate":
-        if spec["heap"] >= len(heaps):
+def _word(address: int, value: int) -> dict[int, bytes]:
+    return {address: struct.pack("<Q", value & (2**64 - 1))}
+
+
+def aim(spec: dict, sound: Sound) -> tuple[MutatedMemory, int | None] | None:
+    """The memory of an aimed-damage SPEC and the address heapwalk must name (None: any error will do),
+    or None when this core has no place for it."""
+    base, op = sound.mem, spec["op"]
+    if op == "truncate":
+        if spec["heap"] >= len(sound.heaps):
             return None
-        lo, hi = heaps[spec["heap"]]
-        cut = (lo + int((hi - lo) * spec["fraction"])) & ~4095
-        return MutatedMemory(base, {}, (cut, hi if spec.get("hole") else 1 << 64))
-    at = fields.get(spec["target"])
+        e, chunks = sound.heaps[spec["heap"]]
+        cut = max((e.start + int((e.end - e.start) * spec["fraction"])) & ~4095, e.start)
+        first_lost = next((a for a, _ in chunks if a + 8 >= cut), None)  # the first chunk whose size is gone
+        if first_lost is None and spec.get("hole"):
+            return None  # the hole is inside top, past its header: nothing of malloc's is missing
+        return MutatedMemory(base, {}, (cut, e.end if spec.get("hole") else 1 << 64)), first_lost
+    if op == "ring":
+        if spec["arena"] >= len(sound.arenas):
+            return None
+        i, ring = spec["arena"], sound.arenas
+        here, after = ring[i], ring[(i + 1) % len(ring)]
+        value = {"null": 0, "junk": 0x4141414141414141, "skip": ring[(i + 2) % len(ring)], "main": ring[0],
+                 "self": here, "interior": after + 0x88}[spec["link"]]
+        if value == after:
+            return None  # the ring is too short for this link to change anything
+        return MutatedMemory(base, _word(here + sound.layout.off_next, value)), here
+    picked = sound.chunk(spec["heap"], spec["pick"], room=1)
+    if picked is None:
+        return None
+    j, chunks = picked
+    c, size = chunks[j]
+    word = struct.unpack("<Q", base.read(c + 8, 8))[0]
+    if op == "size_zero":
+        return MutatedMemory(base, _word(c + 8, 0)), c
+    if op == "size_into_next":
+        nxt_size = chunks[j + 1][1]
+        steps = nxt_size // 16 - 1  # landing 16 .. nxt_size - 16 bytes into the next chunk
+        if steps < 1:
+            return None
+        return MutatedMemory(base, _word(c + 8, word + 16 * (1 + min(int(spec["into"] * steps), steps - 1)))), c
+    if op == "zero_page":
+        extent = sound.heaps[spec["heap"]][0]
+        page = (c + 8) & ~4095
+        first = next((a for a, _ in chunks if a + 8 >= page), None)
+        if page <= extent.start < page + 4096 and extent.start != extent.first:  # heap_info (and its arena)
+            arena = extent.start + sound.layout.heap_info_size
+            named = arena if arena in sound.arenas else extent.start
+        else:
+            named = first if first is not None and first + 8 < page + 4096 else None
+        return MutatedMemory(base, {page: bytes(4096)}), named
+    raise ValueError(op)
+
+
+def apply(spec: dict, sound: Sound) -> tuple[MutatedMemory, int | None] | None:
+    """The memory of mutant SPEC (and, for aimed damage, the address to be named), or None when SPEC names
+    something this core does not have."""
+    if spec["op"] in DAMAGE:
+        return aim(spec, sound)
+    base = sound.mem
+    at = sound.fields.get(spec["target"])
     if at is None:
         return None
     try:
@@ -160,23 +273,24 @@ def apply(spec: dict, base, fields: dict[str, int], heaps: list[tuple[int, int]]
     except ReadError:
         return None
     if spec["op"] == "byte":
-        return MutatedMemory(base, {at + spec["offset"]: bytes([spec["value"]])})
+        return MutatedMemory(base, {at + spec["offset"]: bytes([spec["value"]])}), None
     if spec["op"] == "flip":
         new = word ^ (1 << spec["bit"])
     elif spec["value"] == "near":
-        new = (word + spec["delta"]) & (2**64 - 1)
+        new = word + spec["delta"]
     else:
         new = spec["value"]
-    return MutatedMemory(base, {at: struct.pack("<Q", new)})
+    return MutatedMemory(base, _word(at, new)), None
 
 
-def exercise(mem, symbols, maps, threads, regs, target: str) -> str:
-    """Everything the commands do, on MEM; returns 'ok' or 'refused: <the one line a user sees>'."""
+def exercise(mem, symbols, maps, threads, regs, target: str):
+    """Everything the commands do, on MEM: (the state or None when refused, the check result, the report's
+    JSON document, 'ok' or 'refused: <the one line a user sees>')."""
     try:
         disc = discover(mem, symbols, _overrides(), maps, [t.fs_base for t in threads if t.fs_base])
         state = collect(mem, disc, threads, target, True, regs)
     except DiscoveryError as exc:
-        return f"refused: {exc}"
+        return None, None, None, f"refused: {exc}"
     result = check.check(state, mem, disc.layout)
     rep = report.build_report(state)
     sink = io.StringIO()
@@ -193,7 +307,31 @@ def exercise(mem, symbols, maps, threads, regs, target: str) -> str:
     json.dumps(document)
     json.dumps(jsonout.check_document(state, result, check.scope(state)))
     mallocinfo.malloc_info_xml(state)
-    return "ok" if result.clean else f"ok, {len(result.errors)} errors"
+    return state, result, document["report"], "ok" if result.clean else f"ok, {len(result.errors)} errors"
+
+
+def judge(spec: dict, named: int | None, sound: Sound, state, result, rep) -> tuple[str | None, dict]:
+    """Whether heapwalk's answer on a mutant keeps its promises: (why it fails or None, what it detected).
+    Every mutant: no impossible figure.  Aimed damage: never called clean, and every arena of the sound
+    core still listed; 'exact' says whether an error names the damaged place itself."""
+    if result is None:  # refused with the one line: said, not hidden
+        return None, {"detected": True, "exact": False, "refused": True} if spec["op"] in DAMAGE else {}
+    wrong = figures.impossible(rep)
+    if wrong:
+        return "impossible figures: " + "; ".join(wrong[:3]), {}
+    if spec["op"] not in DAMAGE:
+        return None, {}
+    if result.clean:
+        return "the damage was called clean", {"detected": False, "exact": False}
+    errors = [f for f in result.findings if f.severity is Severity.ERROR]
+    exact = named is not None and any(f.address == named for f in errors)
+    if spec["op"] == "ring":
+        lost = set(sound.arenas) - {a.address for a in state.arenas}
+        exact = exact and any(f.kind is Kind.ARENA_RING for f in errors if f.address == named)
+        if lost:
+            return f"arenas lost with the ring: {', '.join(hex(a) for a in sorted(lost))}", {}
+    seen = {} if exact else {"errors": [str(f) for f in errors[:3]]}
+    return None, {"detected": True, "exact": exact, **seen}
 
 
 def main() -> None:
@@ -207,33 +345,35 @@ def main() -> None:
     threads = thread_registers()
     regs = space.regions
     disc = discover(base, symbols, _overrides(), maps, [t.fs_base for t in threads if t.fs_base])
-    state = collect(base, disc, threads, "", True, regs)
-    field_list = targets(state, disc, base)
-    fields = dict(field_list)
-    names = [n for n, _ in field_list]
-    heaps = [(e.start, e.end) for a in state.arenas for e in extents(a, disc.layout)]
+    sound = Sound(collect(base, disc, threads, "", True, regs), disc, base)
     mutants = list(spec.get("replay", []))
-    mutants += [make_mutant(rng, names, heaps) for _ in range(spec["count"])]
+    mutants += [make_mutant(rng, sound.names, len(sound.heaps)) for _ in range(spec["count"])]
     signal.signal(signal.SIGALRM, _alarm)
     results = []
     for m in mutants:
-        mem = apply(m, base, fields, heaps)
-        if mem is None:
+        made = apply(m, sound)
+        if made is None:
             results.append({"mutant": m, "outcome": "not applicable", "seconds": 0})
             continue
+        mem, named = made
         started = time.monotonic()
         signal.setitimer(signal.ITIMER_REAL, spec["bound"])
+        verdict = {}
         try:
-            outcome = exercise(mem, symbols, maps, threads, regs, "fuzz")
+            state, result, rep, outcome = exercise(mem, symbols, maps, threads, regs, "fuzz")
+            broken, verdict = judge(m, named, sound, state, result, rep)
+            if broken:
+                outcome = f"FAILED: {broken} ({outcome})"
         except Timeout:
             outcome = f"FAILED: took more than {spec['bound']} s, stopped in:\n" + traceback.format_exc()
         except Exception:  # the point: anything here is a bug
             outcome = "FAILED: " + traceback.format_exc()
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
-        results.append({"mutant": m, "outcome": outcome, "seconds": round(time.monotonic() - started, 3)})
+        results.append({"mutant": m, "outcome": outcome, "named": named, **verdict,
+                        "seconds": round(time.monotonic() - started, 3)})
     with open(spec["out"], "w", encoding="utf-8") as fh:
-        json.dump({"fields": field_list, "results": results}, fh, indent=1)
+        json.dump({"fields": sound.fields_list, "results": results}, fh, indent=1)
 
 
 main()

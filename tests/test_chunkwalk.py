@@ -154,6 +154,46 @@ def test_a_size_that_runs_into_the_next_chunk_is_named_at_its_own_chunk():
         assert unwalked == starts[i + 1] - bad
 
 
+def _overrun_case(seed: int, listed_state: ChunkState | None, garbage: int):
+    """A synthetic heap in which one chunk (in use, or held by LISTED_STATE's list) has a size 0x20 too big,
+    and where that size lands, GARBAGE plausible in-use headers chain on before an impossible one, as when
+    an overflow runs into user data that happens to hold small numbers."""
+    rng = random.Random(seed)
+    heap, states, top = synthetic_heap(rng, 400, False)
+    starts = chunk_starts(heap, top)
+    i = next(i for i in range(100, len(starts) - 2) if not {BASE + starts[j] for j in range(i - 1, i + 3)} & set(states)
+             and starts[i + 2] - starts[i + 1] >= 0x20 + 0x20 * garbage + 0x20)
+    bad, nxt = starts[i], starts[i + 1]
+    sound = walk(heap, dict(states), top, False, True)[0]
+    if listed_state is not None:
+        states[BASE + bad] = listed_state
+    sound_listed = walk(heap, dict(states), top, False, True)[0]
+    struct.pack_into("<Q", heap, bad + 8, (nxt - bad + 0x20) | 1)
+    landed = nxt + 0x20
+    for k in range(garbage):  # headers of 0x20-byte "chunks" that look in use
+        struct.pack_into("<QQ", heap, landed + 0x20 * k, 0, 0x21)
+    struct.pack_into("<Q", heap, landed + 0x20 * garbage + 8, 0xA5A5A5A5A5A5A5A5)
+    return heap, states, top, bad, nxt, sound_listed if listed_state is not None else sound
+
+
+@pytest.mark.parametrize("listed_state", [None, ChunkState.TCACHE, ChunkState.FAST])
+@pytest.mark.parametrize("garbage", [0, 3])
+def test_the_size_that_sent_the_walk_astray_is_named_even_chunks_later(listed_state, garbage):
+    """The walk meets the impossible size several chunks after the damaged one (the bad size landed on
+    user data that reads as headers), or the damaged chunk is one the lists hold: the finding still names
+    the chunk whose size is wrong, the walk resumes at its real next chunk, and only that chunk's bytes are
+    left unwalked: every other chunk is counted as the sound heap counts it."""
+    heap, states, top, bad, nxt, sound = _overrun_case(7 + garbage, listed_state, garbage)
+    for every in (True, False):
+        (by_bytes, by_count, overhead, unwalked, findings), met = walk(heap, states, top, False, every)
+        assert [(k, a) for k, a, _ in findings] == [("chunk_size", BASE + bad)], findings
+        assert unwalked == nxt - bad
+        st = listed_state or ChunkState.IN_USE
+        assert by_bytes[st] == sound[0][st] - (nxt - bad) and by_count[st] == sound[1][st] - 1
+        assert all(by_bytes[s] == sound[0][s] for s in ChunkState if s is not st)
+        assert all(m[0] != BASE + bad for m in met)
+
+
 def test_an_mmapped_chunk_merged_with_the_heap_above_it_is_found():
     """The kernel places a chunk's mapping in the gap glibc leaves below a thread heap when it aligns the
     heap, and merges it with the heap's first pages into one region: the chunk is found all the same."""

@@ -44,6 +44,40 @@ def test_engine_survives_mutated_metadata(glibc_name, name, symbols, count, tmp_
         fuzz.remember(key, [r["mutant"] for r in bad])
     assert not bad, f"seed {SEED}: {len(bad)} mutants failed, first:\n{json.dumps(bad[0]['mutant'])}\n" \
                     f"{bad[0]['outcome']}"
+    assert_named_exactly(document)
+
+
+def assert_named_exactly(document: dict) -> None:
+    """Every aimed damage that heapwalk decoded (not refused for a lost libc) is named at its exact address."""
+    for kind, (n, detected, refused, exact) in fuzz.tally([document]).items():
+        assert detected == n and exact == detected - refused, \
+            f"seed {SEED}: {kind}\n" + "\n".join(fuzz.tally_lines(fuzz.tally([document]))) + "\n" + \
+            "\n".join(json.dumps(r) for r in document["results"]
+                      if r["mutant"]["op"] == kind and not r.get("exact") and not r.get("refused"))[:3000]
+
+
+#: each aimed damage kind, in places that matter: the first chunks, the middle, the last before top, every
+#: arena's next link with each kind of bad value, a core cut inside a heap and above it
+AIMED = ([{"op": op, "heap": h, "pick": p, "into": 0.5} for op in ("size_zero", "size_into_next", "zero_page")
+          for h in (0, 1, 2) for p in (0.0, 0.5, 0.999)]
+         + [{"op": "ring", "arena": a, "link": link} for a in (0, 1, 3) for link in fuzz.RING_LINKS]
+         + [{"op": "truncate", "heap": h, "fraction": f, "hole": hole} for h in (0, 2) for f in (0.1, 0.6)
+            for hole in (True, False)])
+
+
+@pytest.mark.parametrize("glibc_name,symbols", [("system", True), ("bullseye", False), ("sid", False)])
+def test_aimed_damage_is_detected_at_its_exact_address(glibc_name, symbols, tmp_path):
+    """The damage the issue names (a size of 0, a size into the next chunk, a zeroed heap page, a broken
+    arena ring, a core cut short) on a core with thread arenas: never called clean, no arena lost, no
+    impossible figure, and named at the exact address of the bad field."""
+    cap = capture(glibc_name, "thread_arenas")
+    document = fuzz.engine_fuzz(cap.exe, cap.core, glibc(glibc_name).gdb_settings(symbols), 0, SEED, tmp_path,
+                                AIMED)
+    decoded = [r for r in document["results"] if r["outcome"] != "not applicable"]
+    assert len(decoded) >= len(AIMED) * 3 // 4
+    bad = fuzz.failures(document)
+    assert not bad, "\n".join(f"{json.dumps(r['mutant'])}: {r['outcome'][:500]}" for r in bad)
+    assert_named_exactly(document)
 
 
 @pytest.mark.parametrize("glibc_name,name,symbols", [("system", "bins", True), ("sid", "thread_arenas", False)])
