@@ -142,12 +142,12 @@ def corruption(glibc_name: str, mode: str, kernel: bool = False) -> harness.Capt
 
 
 def run_gdb(target_args: list[str], commands: list[str], iex: list[str] = (), timeout: float = 300,
-            env: dict | None = None) -> subprocess.CompletedProcess:
-    """Runs gdb -batch with heapwalk loaded and COMMANDS, on TARGET_ARGS (exe core, or -p PID)."""
+            env: dict | None = None, gdbinit: Path = GDBINIT) -> subprocess.CompletedProcess:
+    """Runs gdb -batch with heapwalk loaded (from GDBINIT) and COMMANDS, on TARGET_ARGS (exe core, or -p PID)."""
     cmd = ["gdb", "-nx", "-batch", "-q"]
     for c in iex:
         cmd += ["-iex", c]
-    cmd += ["-x", str(GDBINIT)]
+    cmd += ["-x", str(gdbinit)]
     for c in commands:
         cmd += ["-ex", c]
     cmd += target_args

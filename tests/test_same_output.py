@@ -1,0 +1,62 @@
+"""Moving code must not move output: every command's text, JSON and XML on reproducer cores equals, byte for
+byte, what the code of BASELINE prints on the same cores.  BASELINE is the last commit before a change that
+must keep behaviour (issue 17's restructuring); its package is taken from git, so the comparison holds on any
+machine and any capture."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, capture, corruption, glibc, run_gdb
+
+#: the code whose output is the reference
+BASELINE = "f62d612"
+
+#: every command, each writing its document where it can
+COMMANDS = ("heapwalk arenas --json {d}/arenas.json", "heapwalk bins --json {d}/bins.json",
+            "heapwalk tcache --json {d}/tcache.json", "heapwalk threads --json {d}/threads.json",
+            "heapwalk chunks --limit 20 --json {d}/chunks.json", "heapwalk report --json {d}/report.json",
+            "heapwalk report --xml {d}/malloc_info.xml", "heapwalk check --json {d}/check.json")
+
+#: (glibc, capture, debug symbols): every reproducer on the system glibc, others and damage without symbols
+CASES = ([("system", name, True) for name in ("bins", "thread_arenas", "mmapped", "second_heap", "many_arenas",
+                                              "large_tcache", "leak", "tuned")]
+         + [("bullseye", "thread_arenas", False), ("trixie", "main_regions", False), ("sid", "mmapped", False),
+            ("system", "corrupt-size_into_next", False), ("trixie", "corrupt-arena_ring", False),
+            ("sid", "corrupt-double_free", False)])
+
+
+@pytest.fixture(scope="module")
+def baseline(tmp_path_factory) -> Path:
+    """BASELINE's heapwalk package and gdbinit, unpacked from git."""
+    where = tmp_path_factory.mktemp("baseline")
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", BASELINE, "heapwalk", "gdbinit"],
+                             check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(where)], input=archive, check=True)
+    return where
+
+
+def _outputs(gdbinit: Path, exe: Path, core: Path, iex: list[str], out: Path) -> dict[str, bytes]:
+    out.mkdir(parents=True, exist_ok=True)
+    commands = [c.format(d=out) for c in COMMANDS]
+    result = run_gdb([str(exe), str(core)], commands, iex=iex, env={"HEAPWALK_VENV": str(ROOT / ".venv")},
+                     gdbinit=gdbinit)
+    docs = {p.name: p.read_bytes() for p in sorted(out.iterdir())}
+    docs["stdout"] = result.stdout.replace(str(out), "OUT").encode()
+    return docs
+
+
+@pytest.mark.parametrize("glibc_name,name,symbols", CASES, ids=[f"{g}-{n}" for g, n, _ in CASES])
+def test_every_output_is_what_the_baseline_printed(glibc_name, name, symbols, baseline, tmp_path):
+    cap = corruption(glibc_name, name.removeprefix("corrupt-")) if name.startswith("corrupt-") \
+        else capture(glibc_name, name)
+    iex = glibc(glibc_name).gdb_settings(symbols)
+    before = _outputs(baseline / "gdbinit", cap.exe, cap.core, iex, tmp_path / "before")
+    after = _outputs(ROOT / "gdbinit", cap.exe, cap.core, iex, tmp_path / "after")
+    assert sorted(before) == sorted(after)
+    assert len(before) >= len(COMMANDS)
+    for key in before:
+        assert after[key] == before[key], f"{key} differs from {BASELINE}'s"
