@@ -1,8 +1,10 @@
 """heapwalk: glibc heap forensics for gdb.
 
-The engine (memory, layout, walkers, discovery, collect, model, jsonout,
-render) is plain Python and never imports gdb; `heapwalk.gdbtarget` and
-`heapwalk.commands` are the thin layer that does.  Inside gdb, `load()`
+One folder per part (docs/architecture.md): `target` (memory, ELF images,
+threads, core files), `glibc` (the allocator's decoder), `analysis` (the
+report), `output` (tables, JSON), and the two front ends `gdb` and `cli`.
+Everything is plain Python and never imports gdb but
+`heapwalk.target.gdbadapter` and `heapwalk.gdb.commands`.  Inside gdb, `load()`
 registers the commands.
 """
 
@@ -11,6 +13,6 @@ __version__ = "0.1.0"
 
 def load() -> None:
     """Registers heapwalk's gdb commands (call from gdb's Python)."""
-    from . import commands
+    from heapwalk.gdb import commands
 
     commands.register()

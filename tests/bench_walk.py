@@ -4,8 +4,8 @@ decoded), and prints "heapwalk-bench-walk SECONDS CHUNKS"."""
 
 import time
 
-from heapwalk.collect import walk_arenas
-from heapwalk.commands import load_target
+from heapwalk.glibc.decode import walk_arenas
+from heapwalk.gdb.commands import load_target
 
 
 def _walk() -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from heapwalk import cli  # noqa: E402
+from heapwalk.cli import main as cli  # noqa: E402
 
 DOC = ROOT / "docs" / "commands.md"
 COLUMNS = "100"                      # argparse wraps help to the terminal width: fixed here, in and out of gdb

@@ -35,14 +35,16 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # gdb sets __fil
 import figures  # noqa: E402
 from fuzz import RING_LINKS  # noqa: E402
 
-from heapwalk import check, jsonout, mallocinfo, render, report
-from heapwalk.chunkwalk import extents
-from heapwalk.collect import collect
-from heapwalk.commands import _overrides
-from heapwalk.discovery import DiscoveryError, discover
-from heapwalk.gdbtarget import GdbSymbols, gdb_memory, memory_map, thread_registers
-from heapwalk.memory import ReadError
-from heapwalk.model import Kind, Severity
+from heapwalk.glibc import check, mallocinfo
+from heapwalk.output import jsondoc, tables
+from heapwalk.analysis import report
+from heapwalk.glibc.chunkwalk import extents
+from heapwalk.glibc.decode import collect
+from heapwalk.gdb.commands import _overrides
+from heapwalk.glibc.discovery import DiscoveryError, discover
+from heapwalk.target.gdbadapter import GdbSymbols, gdb_memory, memory_map, thread_registers
+from heapwalk.target.memory import ReadError
+from heapwalk.findings import Kind, Severity
 
 INTERESTING = (0, 1, 0x10, 0x21, 0xFFFFFFFFFFFFFFFF, 0x4141414141414141, 0x8000000000000000, 0x7FFFFFFFFFFFFFFF,
                0x100000000000)
@@ -294,18 +296,18 @@ def exercise(mem, symbols, maps, threads, regs, target: str):
     result = check.check(state, mem, disc.layout)
     rep = report.build_report(state)
     sink = io.StringIO()
-    console = render.make_console(sink, False)
-    console.print(render.header_text(state))
-    console.print(render.report_group(state, rep, False))
-    console.print(render.arenas_table(state, False))
-    console.print(render.bins_tables(state, list(state.arenas), set(jsonout.KINDS), False, True))
-    console.print(render.tcache_tables(state, list(state.threads), False, True, state.scanned_tcaches))
-    console.print(render.threads_group(state, False))
-    console.print(render.check_text(result, check.scope(state)))
-    document = jsonout.state_to_json(state)
-    document["report"] = jsonout.report_json(rep)
+    console = tables.make_console(sink, False)
+    console.print(tables.header_text(state))
+    console.print(tables.report_group(state, rep, False))
+    console.print(tables.arenas_table(state, False))
+    console.print(tables.bins_tables(state, list(state.arenas), set(jsondoc.KINDS), False, True))
+    console.print(tables.tcache_tables(state, list(state.threads), False, True, state.scanned_tcaches))
+    console.print(tables.threads_group(state, False))
+    console.print(tables.check_text(result, check.scope(state)))
+    document = jsondoc.state_to_json(state)
+    document["report"] = jsondoc.report_json(rep)
     json.dumps(document)
-    json.dumps(jsonout.check_document(state, result, check.scope(state)))
+    json.dumps(jsondoc.check_document(state, result, check.scope(state)))
     mallocinfo.malloc_info_xml(state)
     return state, result, document["report"], "ok" if result.clean else f"ok, {len(result.errors)} errors"
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import struct
 
-from heapwalk.layout import Layout, layout_for
-from heapwalk.memory import ImageMemory
+from heapwalk.glibc.layout import Layout, layout_for
+from heapwalk.target.memory import ImageMemory
 
 ARENA = 0x7F0000001000
 HEAP = 0x555555559000

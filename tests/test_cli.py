@@ -17,7 +17,7 @@ import pytest
 
 import harness
 import sysroots
-from heapwalk.corefile import file_build_id
+from heapwalk.target.corefile import file_build_id
 from conftest import BINDIR, NO_SYMBOLS, ROOT, capture, corruption, glibc, heapwalk_json
 from oracle import malloc_info_view, parse_malloc_info
 
@@ -316,7 +316,7 @@ def test_error_no_such_process():
 def test_error_process_of_another_user(tmp_path, monkeypatch, capsys):
     """A user who is not root, attaching to a process of another user (here: heapwalk's own check of the
     process's owner, with the effective uid made someone else's)."""
-    from heapwalk import cli
+    from heapwalk.cli import main as cli
 
     with _grow(tmp_path) as (proc, _):
         owner = os.stat(f"/proc/{proc.pid}").st_uid
@@ -330,7 +330,7 @@ def test_error_process_of_another_user(tmp_path, monkeypatch, capsys):
 
 def test_error_ptrace_scope_explained(monkeypatch, tmp_path):
     """A user attaching to their own process under Yama's ptrace_scope 1 (Ubuntu's default) or 3."""
-    from heapwalk import cli
+    from heapwalk.cli import main as cli
 
     scope = tmp_path / "ptrace_scope"
     real_path = cli.Path

@@ -99,7 +99,7 @@ def _report_interrupted(tmp_path, module: str, function: str, call: int):
 def test_ctrl_c_during_the_chunk_walk_leaves_partial_results(tmp_path):
     """Ctrl-C (KeyboardInterrupt) in the middle of the third arena's walk: the command still prints its
     report, says the walk was interrupted and which numbers are partial, and exits without a traceback."""
-    result, report = _report_interrupted(tmp_path, "heapwalk.chunkwalk", "walk_batches", 3)
+    result, report = _report_interrupted(tmp_path, "heapwalk.glibc.chunkwalk", "walk_batches", 3)
     assert "the chunk walk was interrupted (Ctrl-C)" in result.stdout
     assert any("interrupted" in line for line in report["report"]["partial"])
     walked = [a["accounting"]["unwalked"] == 0 for a in report["arenas"]]
@@ -110,7 +110,7 @@ def test_ctrl_c_during_the_chunk_walk_leaves_partial_results(tmp_path):
 def test_ctrl_c_while_the_free_lists_are_read_leaves_the_arenas_read_so_far(tmp_path):
     """Ctrl-C while the fourth arena's bins are read: the report shows the three arenas read, says the rest
     are left out and nothing was walked, and exits without a traceback."""
-    result, report = _report_interrupted(tmp_path, "heapwalk.collect", "_decode_arena", 4)
+    result, report = _report_interrupted(tmp_path, "heapwalk.glibc.decode", "_decode_arena", 4)
     assert "reading the free lists was interrupted (Ctrl-C) in arena 3: it and the 5 arena(s) after it are " \
            "left out" in " ".join(result.stdout.split())
     assert [a["number"] for a in report["arenas"]] == [0, 1, 2]
@@ -122,11 +122,11 @@ def test_the_progress_bar_shows_in_an_interactive_gdb_only(tmp_path):
     """On a terminal (gdb run under script(1)) a walk that takes long enough draws rich's progress bar;
     gdb -batch output never has it."""
     cap = capture("system", "thread_arenas")
-    batch = run_gdb([str(cap.exe), str(cap.core)], ["python import heapwalk.commands as c; c._PROGRESS_AFTER = 0",
+    batch = run_gdb([str(cap.exe), str(cap.core)], ["python import heapwalk.gdb.commands as c; c._PROGRESS_AFTER = 0",
                                                      "heapwalk report"])
     assert "walking chunks" not in batch.stdout + batch.stderr and "where the memory is" in batch.stdout
     gdb_line = (f"gdb -nx -q -iex 'set pagination off' -iex 'set confirm off' -x {GDBINIT} "
-                "-ex 'python import heapwalk.commands as c; c._PROGRESS_AFTER = 0' "
+                "-ex 'python import heapwalk.gdb.commands as c; c._PROGRESS_AFTER = 0' "
                 f"-ex 'heapwalk report' -ex quit {cap.exe} {cap.core}")
     typescript = subprocess.run(["script", "-qc", gdb_line, "/dev/null"], capture_output=True, text=True,
                                 timeout=120, stdin=subprocess.DEVNULL, env={**os.environ, "TERM": "xterm"})

@@ -5,10 +5,10 @@ from __future__ import annotations
 import dataclasses
 import struct
 
-from heapwalk.chunkwalk import ChunkState, Listing
-from heapwalk.collect import _blank_arena
-from heapwalk.model import Heap
-from heapwalk.tcachescan import scan_tcaches
+from heapwalk.glibc.chunkwalk import ChunkState, Listing
+from heapwalk.glibc.decode import _blank_arena
+from heapwalk.glibc.model import Heap
+from heapwalk.glibc.tcachescan import scan_tcaches
 from synth import ARENA, HEAP, SynthHeap
 
 HEAP_SIZE = 0x2000

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from heapwalk.layout import layout_for
-from heapwalk.memory import CachedMemory, ImageMemory, ReadError
-from heapwalk.model import BinKind, Kind, Severity
-from heapwalk.walkers import (bin_index, largebin_index, reveal, walk_arena_ring, walk_bin, walk_fastbin,
-                              walk_heaps, walk_tcache)
+from heapwalk.glibc.layout import layout_for
+from heapwalk.target.memory import CachedMemory, ImageMemory, ReadError
+from heapwalk.glibc.model import BinKind
+from heapwalk.findings import Kind, Severity
+from heapwalk.glibc.lists import (bin_index, largebin_index, reveal, walk_arena_ring, walk_bin, walk_fastbin,
+                                  walk_heaps, walk_tcache)
 from synth import ARENA, HEAP, SynthHeap
 
 
@@ -210,7 +211,7 @@ def _scattered(s: SynthHeap, count: int, size: int, block_end: int) -> list[int]
 
 
 def test_sound_lists_read_in_one_pass_equal_the_careful_walk():
-    from heapwalk.walkers import _sound_bin, _sound_fastbin
+    from heapwalk.glibc.lists import _sound_bin, _sound_fastbin
     s = SynthHeap(heap_size=0x40000)
     block_end = (HEAP + 0x10000) & ~0xFFFF
     chunks = _scattered(s, 150, 0x90, block_end)

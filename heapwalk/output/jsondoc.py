@@ -9,7 +9,8 @@ from __future__ import annotations
 import json
 from typing import Any, Iterable
 
-from .model import Arena, BinKind, BinList, Finding, HeapState, Tcache, Thread
+from heapwalk.glibc.model import Arena, BinKind, BinList, HeapState, Tcache, Thread
+from heapwalk.findings import Finding
 
 __all__ = ["SCHEMA_VERSION", "state_to_json", "dump", "KINDS"]
 
@@ -109,7 +110,7 @@ def account_json(acc) -> dict[str, Any]:
 
 
 def trim_json(t) -> dict[str, Any]:
-    """What malloc_trim(0) would release from an arena (see heapwalk/trim.py)."""
+    """What malloc_trim(0) would release from an arena (see heapwalk/glibc/trim.py)."""
     return {"total": t.total, "resident": t.resident, "madvise": t.madvise, "madvise_resident": t.madvise_resident,
             "systrim": t.systrim, "systrim_resident": t.systrim_resident, "kept_free": t.kept_free,
             "kept": dict(t.kept)}
@@ -210,7 +211,7 @@ def state_to_json(state: HeapState, arenas: Iterable[int] | None = None, kinds: 
 
 
 def report_json(rep) -> dict[str, Any]:
-    """The report's numbers and verdict (see heapwalk/report.py)."""
+    """The report's numbers and verdict (see heapwalk/analysis/report.py)."""
     return {
         "arenas": [{"number": a.number, "address": a.address, "kind": a.kind, "threads": a.threads, "heaps": a.heaps,
                     "system": a.system, "in_use": a.in_use, "free": a.free, "top": a.top, "overhead": a.overhead,

@@ -1,7 +1,7 @@
 """Finding malloc's state in memory without debug symbols.
 
 Each function here looks at raw memory and libc's image and returns
-candidates that pass structural checks; `heapwalk.discovery` decides between
+candidates that pass structural checks; `heapwalk.glibc.discovery` decides between
 them and records how each fact was found.
 
 - main_arena: bin 127 is never used, so once malloc is initialised its two
@@ -23,10 +23,10 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-from .elfmem import LibcImage
-from .layout import MP_INT_FIELDS, SIZE_BITS, Layout, layout_for
-from .memory import Memory, ReadError, u64
-from .walkers import plausible_arena
+from heapwalk.target.elf import LibcImage
+from heapwalk.glibc.layout import MP_INT_FIELDS, SIZE_BITS, Layout, layout_for
+from heapwalk.target.memory import Memory, ReadError, u64
+from heapwalk.glibc.lists import plausible_arena
 
 __all__ = ["ARENA_FAMILIES", "MP_VARIANTS", "MP_FOR_FAMILY", "mp_variant_at", "mp_plausible", "mp_evidence", "MpAnchors",
            "MpCandidate", "tcache_safe_linking", "ArenaCandidate", "scan_bin127", "find_main_arena", "find_mp", "arenas_by_heaps",

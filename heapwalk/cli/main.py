@@ -26,7 +26,7 @@ import time
 from array import array
 from pathlib import Path
 
-from .corefile import MISSING_ENV, CoreError, CoreFile, file_build_id, format_ranges
+from heapwalk.target.corefile import MISSING_ENV, CoreError, CoreFile, file_build_id, format_ranges
 
 __all__ = ["main", "make_parser"]
 
@@ -375,7 +375,7 @@ def _arena_rss_lines(doc: dict, runs: list[list[int]] | None) -> str:
     """Each arena's resident bytes beside its free bytes: memory free in the heap and still in RAM."""
     if runs is None or "report" not in doc:
         return "RSS per arena: not available (cannot read /proc/PID/pagemap)\n"
-    from .report import human
+    from heapwalk.analysis.report import human
 
     rows = {r["address"]: r for r in doc["report"]["arenas"]}
     lines = [f"{'arena':>6} {'heaps':>5} {'system':>10} {'RSS':>10} {'in use':>10} {'free':>10} {'trim':>10}"]

@@ -13,7 +13,7 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-from .elfmem import iter_notes
+from heapwalk.target.elf import iter_notes
 
 __all__ = ["CoreError", "CoreFile", "Truncation", "file_build_id", "MISSING_ENV", "format_ranges", "parse_ranges"]
 

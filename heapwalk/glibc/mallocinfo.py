@@ -11,7 +11,7 @@ this output; heapwalk's other reports do.
 
 from __future__ import annotations
 
-from .model import Arena, HeapState
+from heapwalk.glibc.model import Arena, HeapState
 
 __all__ = ["malloc_info_xml"]
 

@@ -17,10 +17,11 @@ from array import array
 from collections import Counter
 from dataclasses import dataclass, field
 
-from .chunkwalk import extents
-from .layout import IS_MMAPPED, NBINS, SIZE_BITS, Layout
-from .memory import Memory, ReadError, u64
-from .model import Arena, BinKind, Finding, HeapState, Kind, Severity, thread_numbers
+from heapwalk.glibc.chunkwalk import extents
+from heapwalk.glibc.layout import IS_MMAPPED, NBINS, SIZE_BITS, Layout
+from heapwalk.target.memory import Memory, ReadError, u64
+from heapwalk.glibc.model import Arena, BinKind, HeapState, thread_numbers
+from heapwalk.findings import Finding, Kind, Severity
 
 __all__ = ["CheckResult", "check", "partial", "scope"]
 

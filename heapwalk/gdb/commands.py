@@ -16,12 +16,15 @@ import traceback
 import gdb  # type: ignore[import-not-found]
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 
-from . import check, chunkinfo, jsonout, mallocinfo, render, report
-from .collect import collect, gc_paused
-from .discovery import DiscoveryError, Overrides, discover, foreign_allocator, parse_version
-from .gdbtarget import (GdbSymbols, describe_target, gdb_memory, has_target, memory_map, missing_ranges,
-                        preserved_selection, thread_registers)
-from .model import Finding, HeapState, Kind, Severity
+from heapwalk.glibc import check, chunkinfo, mallocinfo
+from heapwalk.output import jsondoc, tables
+from heapwalk.analysis import report
+from heapwalk.glibc.decode import collect, gc_paused
+from heapwalk.glibc.discovery import DiscoveryError, Overrides, discover, foreign_allocator, parse_version
+from heapwalk.target.gdbadapter import (GdbSymbols, describe_target, gdb_memory, has_target, memory_map,
+                                        missing_ranges, preserved_selection, thread_registers)
+from heapwalk.findings import Finding, Kind, Severity
+from heapwalk.glibc.model import HeapState
 
 __all__ = ["register"]
 
@@ -193,18 +196,18 @@ def load_state(walk_chunks: bool = False) -> HeapState:
 
 
 def _console():
-    return render.make_console(_GdbFile(), _interactive())
+    return tables.make_console(_GdbFile(), _interactive())
 
 
 def _console_with_header(state: HeapState):
     """A console that has printed the target, the glibc and how main_arena was found."""
     console = _console()
-    console.print(render.header_text(state), end="")
+    console.print(tables.header_text(state), end="")
     return console
 
 
 def _print_findings(console, findings) -> None:
-    text = render.findings_text(findings)
+    text = tables.findings_text(findings)
     if text is not None:
         console.print(text)
 
@@ -238,7 +241,7 @@ class read_only:
 
 
 def _print_partial(console, notes: list[str]) -> None:
-    text = render.partial_text(notes)
+    text = tables.partial_text(notes)
     if text is not None:
         console.print(text, end="")
 
@@ -303,10 +306,10 @@ class ArenasCommand(_Subcommand):
     def run(self, args) -> None:
         state = load_state(walk_chunks=True)
         console = _console_with_header(state)
-        console.print(render.arenas_table(state, _interactive()))
+        console.print(tables.arenas_table(state, _interactive()))
         _print_damage(console, state, state.all_findings())
         if args.json:
-            jsonout.dump(jsonout.state_to_json(state), args.json)
+            jsondoc.dump(jsondoc.state_to_json(state), args.json)
 
 
 class BinsCommand(_Subcommand):
@@ -316,7 +319,7 @@ class BinsCommand(_Subcommand):
         p = _Parser(prog="heapwalk bins", description="Show the free lists of each arena: fastbins, the unsorted "
                     "bin, small bins and large bins (chunk sizes, counts, bytes). KIND limits the output to one "
                     "kind: fast, unsorted, small or large.")
-        p.add_argument("kind", nargs="?", choices=jsonout.KINDS, help="only this kind of list")
+        p.add_argument("kind", nargs="?", choices=jsondoc.KINDS, help="only this kind of list")
         p.add_argument("--arena", metavar="ADDR", help="only the arena at ADDR (or its number in the ring)")
         p.add_argument("--chunks", action="store_true", help="list the chunk addresses of each bin")
         _json_option(p)
@@ -330,12 +333,12 @@ class BinsCommand(_Subcommand):
             arenas = [a for a in arenas if a.address == wanted or (wanted < 4096 and a.number == wanted)]
             if not arenas:
                 raise UserError(f"heapwalk bins: no arena at {args.arena} (see 'heapwalk arenas')")
-        kinds = {args.kind} if args.kind else set(jsonout.KINDS)
+        kinds = {args.kind} if args.kind else set(jsondoc.KINDS)
         console = _console_with_header(state)
-        console.print(render.bins_tables(state, arenas, kinds, _interactive(), args.chunks))
+        console.print(tables.bins_tables(state, arenas, kinds, _interactive(), args.chunks))
         _print_damage(console, state, [f for a in arenas for f in a.findings] + list(state.findings))
         if args.json:
-            jsonout.dump(jsonout.state_to_json(state, arenas=[a.address for a in arenas], kinds=kinds,
+            jsondoc.dump(jsondoc.state_to_json(state, arenas=[a.address for a in arenas], kinds=kinds,
                                                threads=[]), args.json)
 
 
@@ -360,12 +363,12 @@ class TcacheCommand(_Subcommand):
                 raise UserError(f"heapwalk tcache: no thread {args.thread} (see 'info threads')")
         console = _console_with_header(state)
         scanned = state.scanned_tcaches if args.thread is None else ()
-        console.print(render.tcache_tables(state, threads, _interactive(), args.entries, scanned))
+        console.print(tables.tcache_tables(state, threads, _interactive(), args.entries, scanned))
         _print_damage(console, state, [f for t in threads if t.tcache for f in t.tcache.findings]
                       + [f for tc in scanned for f in tc.findings]
                       + [f for f in state.findings if f.kind is Kind.TLS_LOST])
         if args.json:
-            jsonout.dump(jsonout.state_to_json(state, arenas=[], threads=[t.number for t in threads]), args.json)
+            jsondoc.dump(jsondoc.state_to_json(state, arenas=[], threads=[t.number for t in threads]), args.json)
 
 
 def _size(text: str) -> int:
@@ -417,7 +420,7 @@ class ChunksCommand(_Subcommand):
         console = _console_with_header(state)
         shown, total, count, page, printed = 0, 0, 0, [], False
         walk_findings: list = []
-        writer = jsonout.ChunksWriter(args.json, state) if args.json else None
+        writer = jsondoc.ChunksWriter(args.json, state) if args.json else None
         try:  # the listing is printed a page at a time and the JSON written a chunk at a time, as the walk goes
             for arena, chunk in chunkinfo.chunks(mem, layout, state, flt, walk_findings):
                 count += 1
@@ -428,15 +431,15 @@ class ChunksCommand(_Subcommand):
                     shown += 1
                     page.append((arena, chunk))
                     if len(page) == _PAGE_ROWS:
-                        console.print(render.chunks_table(page, _interactive(), first=not printed))
+                        console.print(tables.chunks_table(page, _interactive(), first=not printed))
                         page, printed = [], True
         finally:
             if writer is not None:
                 writer.close()
         if page or not printed:
-            console.print(render.chunks_table(page, _interactive(), first=not printed))
+            console.print(tables.chunks_table(page, _interactive(), first=not printed))
         more = f" (first {shown} shown; --limit 0 shows all)" if shown < count else ""
-        console.print(f"{count} chunks, {render.human(total)}{more}")
+        console.print(f"{count} chunks, {tables.human(total)}{more}")
         damaged = [f for f in walk_findings if f.severity is Severity.ERROR]
         if damaged:
             console.print(f"partial results: the walk met {len(damaged)} damaged place(s); "
@@ -459,9 +462,9 @@ class ChunkCommand(_Subcommand):
         state, mem, layout = load_target()
         found = chunkinfo.locate(mem, layout, state, address)
         if found is not None:
-            _console().print(render.chunk_text(found, address))
+            _console().print(tables.chunk_text(found, address))
             if args.json:
-                jsonout.dump(jsonout.chunk_document(state, address, located=found), args.json)
+                jsondoc.dump(jsondoc.chunk_document(state, address, located=found), args.json)
             return
         state, mem, layout = load_target(walk_chunks=True)  # finds the mmapped chunks too
         mmapped = next((c for c in state.mmapped if c.address <= address < c.address + c.span), None)
@@ -470,10 +473,10 @@ class ChunkCommand(_Subcommand):
         listed = chunkinfo.where_listed(state, mmapped.address)
         _console().print(f"{address:#x} is {address - mmapped.address} bytes into the mmapped chunk at "
                          f"{mmapped.address:#x} (user memory {mmapped.address + 16:#x})\n"
-                         f"  size {mmapped.size:#x}, its own mapping of {render.human(mmapped.span)}"
+                         f"  size {mmapped.size:#x}, its own mapping of {tables.human(mmapped.span)}"
                          + (f"\n  listed in {listed}" if listed else "\n  state: in use (freeing it unmaps it)"))
         if args.json:
-            jsonout.dump(jsonout.chunk_document(state, address, mmapped=mmapped, listed=listed), args.json)
+            jsondoc.dump(jsondoc.chunk_document(state, address, mmapped=mmapped, listed=listed), args.json)
 
 
 class ThreadsCommand(_Subcommand):
@@ -489,9 +492,9 @@ class ThreadsCommand(_Subcommand):
     def run(self, args) -> None:
         state = load_state()
         console = _console_with_header(state)
-        console.print(render.threads_group(state, _interactive()))
+        console.print(tables.threads_group(state, _interactive()))
         if args.json:
-            jsonout.dump(jsonout.state_to_json(state, kinds=()), args.json)
+            jsondoc.dump(jsondoc.state_to_json(state, kinds=()), args.json)
 
 
 class ReportCommand(_Subcommand):
@@ -512,14 +515,14 @@ class ReportCommand(_Subcommand):
         rep = report.build_report(state)
         notes = check.partial(state)
         console = _console_with_header(state)
-        console.print(render.report_group(state, rep, _interactive()))
+        console.print(tables.report_group(state, rep, _interactive()))
         _print_partial(console, notes)
         _print_findings(console, state.all_findings())
         if args.json:
-            document = jsonout.state_to_json(state)
-            document["report"] = jsonout.report_json(rep)
+            document = jsondoc.state_to_json(state)
+            document["report"] = jsondoc.report_json(rep)
             document["report"]["partial"] = notes
-            jsonout.dump(document, args.json)
+            jsondoc.dump(document, args.json)
         if args.xml:
             with open(args.xml, "w", encoding="utf-8") as fh:
                 fh.write(mallocinfo.malloc_info_xml(state))
@@ -546,10 +549,10 @@ class CheckCommand(_Subcommand):
         result = check.check(state, mem, layout)
         checked = check.scope(state)
         console = _console_with_header(state)
-        console.print(render.check_text(result, checked, args.limit or len(result.findings)), end="")
+        console.print(tables.check_text(result, checked, args.limit or len(result.findings)), end="")
         _print_partial(console, result.partial)
         if args.json:
-            jsonout.dump(jsonout.check_document(state, result, checked), args.json)
+            jsondoc.dump(jsondoc.check_document(state, result, checked), args.json)
         gdb.set_convenience_variable("heapwalk_errors", len(result.errors))
         gdb.set_convenience_variable("heapwalk_warnings", len(result.warnings))
         if not result.clean:

@@ -14,8 +14,9 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
-from .model import Arena, BinKind, BinList, Finding, HeapState, Severity, Tcache, Thread
-from .report import Report, human
+from heapwalk.glibc.model import Arena, BinKind, BinList, HeapState, Tcache, Thread
+from heapwalk.findings import Finding, Severity
+from heapwalk.analysis.report import Report, human
 
 __all__ = ["make_console", "human", "report_group", "threads_group", "arenas_table", "bins_tables", "tcache_tables", "findings_text", "header_text", "check_text", "partial_text",
            "chunks_table", "chunk_text"]

@@ -3,7 +3,7 @@
 Each fact is looked for in order of trust: the user's override (``set heapwalk
 ...``), debug symbols (a `SymbolSource` from the gdb layer), libc's own image
 (banner, exported functions, file name: needs the libc file or a live
-process), and memory alone (`heapwalk.heuristics`).  Every fact records how it
+process), and memory alone (`heapwalk.glibc.heuristics`).  Every fact records how it
 was found.  The layout that the version implies is then checked against memory
 (arena layout from the bin-127 self-links, heap_info size from thread arena
 addresses, tcache struct size from a thread's tcache chunk); where memory
@@ -18,11 +18,12 @@ import struct
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from . import heuristics, x86
-from .elfmem import LIBC_FILE_NAME, PF_W, PT_LOAD, LibcImage, Mapping, find_libc, sole_file
-from .layout import HEAP_MAX_SIZE, Layout, UnsupportedVersion, layout_for
-from .memory import Memory, ReadError, u64
-from .model import Fact, Finding, Kind, Severity
+from heapwalk.glibc import heuristics
+from heapwalk.target import x86
+from heapwalk.target.elf import LIBC_FILE_NAME, PF_W, PT_LOAD, LibcImage, Mapping, find_libc, sole_file
+from heapwalk.glibc.layout import HEAP_MAX_SIZE, Layout, UnsupportedVersion, layout_for
+from heapwalk.target.memory import Memory, ReadError, u64
+from heapwalk.findings import Fact, Finding, Kind, Severity
 
 __all__ = ["MallocUnused", "foreign_allocator", "SymbolSource", "NoSymbols", "Overrides", "Discovery", "DiscoveryError", "discover", "main_memory_start", "parse_version",
            "read_c_string"]

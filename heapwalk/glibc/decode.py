@@ -13,37 +13,23 @@ import gc
 import struct
 from dataclasses import dataclass
 
-from .chunkwalk import (Account, ChunkState, Listing, account, find_mmapped, find_mmapped_in_pages, list_states,
-                        main_regions)
-from .trim import TrimEstimate, TrimSimulation
-from .aborts import Candidate, check_for, explain
-from .discovery import Discovery, MallocUnused, main_memory_start
-from .layout import MP_INT_FIELDS, NBINS, SIZE_BITS, Layout
-from .memory import Memory, ReadError, u64
-from .model import (Arena, BinKind, BinList, Fact, Finding, Heap, HeapState, Kind, MallocPar, Severity, Thread,
-                    thread_numbers)
-from .heuristics import arenas_by_heaps
-from .tcachescan import scan_tcaches
-from .walkers import ListWalk, walk_arena_ring, walk_bin, walk_fastbin, walk_heaps, walk_tcache
+from heapwalk.glibc.chunkwalk import (Account, ChunkState, Listing, account, find_mmapped, find_mmapped_in_pages,
+                                      list_states, main_regions)
+from heapwalk.glibc.trim import TrimEstimate, TrimSimulation
+from heapwalk.glibc.aborts import Candidate, check_for, explain
+from heapwalk.glibc.discovery import Discovery, MallocUnused, main_memory_start
+from heapwalk.glibc.layout import MP_INT_FIELDS, NBINS, SIZE_BITS, Layout
+from heapwalk.target.memory import Memory, ReadError, u64
+from heapwalk.glibc.model import Arena, BinKind, BinList, Heap, HeapState, MallocPar, Thread, thread_numbers
+from heapwalk.findings import Fact, Finding, Kind, Severity
+from heapwalk.glibc.heuristics import arenas_by_heaps
+from heapwalk.glibc.tcachescan import scan_tcaches
+from heapwalk.target.threads import FATAL_SIGNALS, ThreadRegs
+from heapwalk.glibc.lists import ListWalk, walk_arena_ring, walk_bin, walk_fastbin, walk_heaps, walk_tcache
 
-__all__ = ["ThreadRegs", "collect", "walk_arenas", "read_mp", "read_arena", "mmapped_agree"]
-
-
-@dataclass(frozen=True, slots=True)
-class ThreadRegs:
-    """A target thread as the debugger sees it: gdb's number, its LWP and $fs_base."""
-
-    number: int
-    lwp: int
-    fs_base: int | None
-    sp: int | None = None       # $rsp
-    signal: int | None = None   # the signal that stopped the thread (a core's siginfo), if known
-    registers: tuple[tuple[str, int], ...] = ()  # general registers (name, value) of its newest frame
-    arguments: tuple[tuple[str, int], ...] = ()  # (where, user pointer) given to malloc's functions (symbols)
+__all__ = ["collect", "walk_arenas", "read_mp", "read_arena", "mmapped_agree"]
 
 
-#: signals that end a process with a crash dump
-FATAL_SIGNALS = {4: "SIGILL", 6: "SIGABRT", 7: "SIGBUS", 8: "SIGFPE", 11: "SIGSEGV"}
 _STACK_WINDOW = 1 << 15
 
 

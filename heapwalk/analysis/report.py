@@ -1,8 +1,8 @@
 """The report: where every byte of every arena is, a free-chunk histogram, the trim estimate, and a verdict.
 
 `build_report` reads a `HeapState` decoded with its chunk walk (accounts and
-trim estimates) and returns plain numbers and sentences; `heapwalk.render`
-lays them out and `heapwalk.jsonout` writes them.  The verdict says only what
+trim estimates) and returns plain numbers and sentences; `heapwalk.output.tables`
+lays them out and `heapwalk.output.jsondoc` writes them.  The verdict says only what
 the numbers support: fragmentation (free memory malloc holds) or memory in
 use (live data or a leak), which arenas hold it, what malloc_trim(0) would
 give back, and the remedies that fit.
@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from .chunkwalk import FREE_STATES, ChunkState
-from .model import Arena, HeapState
+from heapwalk.glibc.chunkwalk import FREE_STATES, ChunkState
+from heapwalk.glibc.model import Arena, HeapState
 
 __all__ = ["ArenaRow", "Bucket", "Report", "build_report", "human"]
 

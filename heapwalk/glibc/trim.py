@@ -19,10 +19,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .chunkwalk import ChunkState
-from .layout import MINSIZE, Layout
-from .memory import Memory, ReadError
-from .model import Arena
+from heapwalk.glibc.chunkwalk import ChunkState
+from heapwalk.glibc.layout import MINSIZE, Layout
+from heapwalk.target.memory import Memory, ReadError
+from heapwalk.glibc.model import Arena
 
 __all__ = ["TrimEstimate", "TrimSimulation", "PAGE"]
 

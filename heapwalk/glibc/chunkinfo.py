@@ -5,10 +5,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from .chunkwalk import FREE_STATES, Account, Chunk, ChunkState, Listing, extents, walk_batches, walk_extent
-from .layout import Layout
-from .memory import Memory
-from .model import Arena, HeapState
+from heapwalk.glibc.chunkwalk import (FREE_STATES, Account, Chunk, ChunkState, Listing, extents, walk_batches,
+                                      walk_extent)
+from heapwalk.glibc.layout import Layout
+from heapwalk.target.memory import Memory
+from heapwalk.glibc.model import Arena, HeapState
 
 __all__ = ["ChunkFilter", "chunks", "Located", "locate", "where_listed"]
 

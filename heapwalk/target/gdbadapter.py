@@ -1,6 +1,6 @@
 """The target as gdb shows it: memory, libc's debug symbols, threads.
 
-This module and `heapwalk.commands` are the only ones that import ``gdb``.
+This module and `heapwalk.gdb.commands` are the only ones that import ``gdb``.
 Everything here is read-only: memory is read, never written; no function in
 the target is called; the selected thread and frame are restored after each
 look at another thread.
@@ -15,10 +15,10 @@ from dataclasses import dataclass
 
 import gdb  # type: ignore[import-not-found]
 
-from .collect import FATAL_SIGNALS, ThreadRegs
-from .elfmem import Mapping
-from .corefile import MISSING_ENV, parse_ranges
-from .memory import CachedMemory, ranges_without
+from heapwalk.target.threads import FATAL_SIGNALS, ThreadRegs
+from heapwalk.target.elf import Mapping
+from heapwalk.target.corefile import MISSING_ENV, parse_ranges
+from heapwalk.target.memory import CachedMemory, ranges_without
 
 __all__ = ["gdb_memory", "GdbSymbols", "thread_registers", "describe_target", "preserved_selection", "has_target",
            "mappings", "MemoryMap", "memory_map"]

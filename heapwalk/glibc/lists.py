@@ -14,9 +14,10 @@ import dataclasses
 import struct
 from array import array
 
-from .layout import HEAP_MAX_SIZE, IS_MMAPPED, MALLOC_ALIGNMENT, MINSIZE, NSMALLBINS, SIZE_BITS, Layout
-from .memory import Memory, ReadError, u64
-from .model import BinKind, BinList, Finding, Heap, Kind, Severity, Tcache, TcacheBin
+from heapwalk.glibc.layout import HEAP_MAX_SIZE, IS_MMAPPED, MALLOC_ALIGNMENT, MINSIZE, NSMALLBINS, SIZE_BITS, Layout
+from heapwalk.target.memory import Memory, ReadError, u64
+from heapwalk.glibc.model import BinKind, BinList, Heap, Tcache, TcacheBin
+from heapwalk.findings import Finding, Kind, Severity
 
 __all__ = ["ListWalk", "plausible_arena", "walk_arena_ring", "walk_heaps", "walk_fastbin", "walk_bin", "walk_tcache",
            "smallbin_index", "largebin_index", "bin_index", "bin_kind", "reveal", "MAX_LIST"]

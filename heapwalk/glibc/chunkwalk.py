@@ -23,9 +23,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from .layout import IS_MMAPPED, MALLOC_ALIGNMENT, MINSIZE, NON_MAIN_ARENA, PREV_INUSE, SIZE_BITS, Layout
-from .memory import Memory, ReadError, ranges_without
-from .model import Arena, BinKind, Finding, HeapState, Kind, Severity
+from heapwalk.glibc.layout import IS_MMAPPED, MALLOC_ALIGNMENT, MINSIZE, NON_MAIN_ARENA, PREV_INUSE, SIZE_BITS, Layout
+from heapwalk.target.memory import Memory, ReadError, ranges_without
+from heapwalk.glibc.model import Arena, BinKind, HeapState
+from heapwalk.findings import Finding, Kind, Severity
 
 __all__ = ["ChunkState", "Chunk", "Extent", "Account", "list_states", "Listing", "extents",
            "walk_extent", "walk_batches", "account",
@@ -682,7 +683,7 @@ def _check_after_listed(st: ChunkState, p_addr: int, p_size: int, pinuse: int, c
 def account(mem: Memory, layout: Layout, arena: Arena, listing: Listing, observer=None, progress=None) -> Account:
     """Walks every chunk of ARENA and sums bytes per state; the identity is `Account.balanced`.
 
-    OBSERVER (e.g. `heapwalk.trim.TrimSimulation`) sees the same walk: its ``chunks(batch)`` gets the
+    OBSERVER (e.g. `heapwalk.glibc.trim.TrimSimulation`) sees the same walk: its ``chunks(batch)`` gets the
     chunks that are not plainly in use, in address order, a batch at a time, and ``extent_done()`` is
     called at the end of each heap, so one walk serves both.  LISTING holds the chunks lists and tcaches hold.
     PROGRESS(bytes), when given, hears how far into the arena's memory the walk is, now and then.

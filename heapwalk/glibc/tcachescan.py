@@ -18,11 +18,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .chunkwalk import Account, ChunkState, Listing, extents, walk_extent
-from .layout import SIZE_BITS, Layout
-from .memory import Memory, ReadError, u64
-from .model import Arena, Tcache
-from .walkers import walk_tcache
+from heapwalk.glibc.chunkwalk import Account, ChunkState, Listing, extents, walk_extent
+from heapwalk.glibc.layout import SIZE_BITS, Layout
+from heapwalk.target.memory import Memory, ReadError, u64
+from heapwalk.glibc.model import Arena, Tcache
+from heapwalk.glibc.lists import walk_tcache
 
 __all__ = ["TcacheScan", "scan_tcaches"]
 

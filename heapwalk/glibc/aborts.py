@@ -15,10 +15,11 @@ import struct
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from .chunkinfo import locate, where_listed
-from .layout import IS_MMAPPED, MINSIZE, PREV_INUSE, SIZE_BITS, Layout
-from .memory import Memory, ReadError, u64
-from .model import Arena, BinKind, Finding, HeapState, Kind, Severity
+from heapwalk.glibc.chunkinfo import locate, where_listed
+from heapwalk.glibc.layout import IS_MMAPPED, MINSIZE, PREV_INUSE, SIZE_BITS, Layout
+from heapwalk.target.memory import Memory, ReadError, u64
+from heapwalk.glibc.model import Arena, BinKind, HeapState
+from heapwalk.findings import Finding, Kind, Severity
 
 __all__ = ["Candidate", "AbortCheck", "CHECKS", "check_for", "explain"]
 

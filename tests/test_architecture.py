@@ -1,0 +1,88 @@
+"""The shape of the package (docs/architecture.md), checked on its source: which part may import which, who
+may import gdb, and how big a module or a function may grow."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parent.parent / "heapwalk"
+
+#: part -> the parts it may import (besides itself and the standard library and its dependencies)
+MAY_IMPORT = {
+    "findings": set(),
+    "target": {"findings"},
+    "glibc": {"target", "findings"},
+    "analysis": {"glibc", "target", "findings"},
+    "output": {"analysis", "glibc", "target", "findings"},
+    "gdb": {"output", "analysis", "glibc", "target", "findings"},
+    "cli": {"output", "analysis", "glibc", "target", "findings"},
+    "__init__": {"gdb"},
+}
+#: the only modules that import gdb
+GDB_MODULES = {"target/gdbadapter.py", "gdb/commands.py"}
+MAX_MODULE_LINES, MAX_FUNCTION_LINES = 400, 60
+#: the documented hot loop: one function on purpose (see its docstring)
+HOT_LOOPS = {("glibc/chunkwalk.py", "walk_batches")}
+#: still to be split (issue 17, in progress): each entry must go when its module or function fits
+PENDING_MODULES = {"glibc/lists.py", "cli/main.py", "glibc/decode.py", "gdb/commands.py", "glibc/discovery.py",
+                   "glibc/chunkwalk.py"}
+PENDING_FUNCTIONS = {("glibc/check.py", "_listed_chunks"), ("glibc/decode.py", "_decode_arena"),
+                     ("glibc/decode.py", "_collect"), ("glibc/discovery.py", "discover")}
+
+
+def _modules():
+    for path in sorted(PACKAGE.rglob("*.py")):
+        yield path.relative_to(PACKAGE).as_posix(), ast.parse(path.read_text(), str(path))
+
+
+def _part(relative: str) -> str:
+    return relative.split("/")[0].removesuffix(".py")
+
+
+def _imports(tree: ast.AST, relative: str) -> set[str]:
+    """The modules TREE imports, as absolute dotted names."""
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = ["heapwalk", *relative.split("/")[:-1]][: len(relative.split("/")) + 1 - node.level]
+                out.add(".".join(base + ([node.module] if node.module else [])))
+            else:
+                out.add(node.module)
+    return out
+
+
+def test_each_part_imports_only_the_parts_below_it():
+    wrong = []
+    for relative, tree in _modules():
+        part = _part(relative)
+        for name in _imports(tree, relative):
+            if not name.startswith("heapwalk.") and name != "heapwalk":
+                continue
+            target = name.split(".")[1] if "." in name else "__init__"
+            if target != part and target not in MAY_IMPORT[part]:
+                wrong.append(f"{relative} imports {name}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_only_the_gdb_front_end_and_adapter_import_gdb():
+    importing = {relative for relative, tree in _modules() if any(n == "gdb" or n.startswith("gdb.")
+                                                                   for n in _imports(tree, relative))}
+    assert importing == GDB_MODULES
+
+
+def test_modules_and_functions_stay_small():
+    big_modules, big_functions = set(), set()
+    for relative, tree in _modules():
+        if len((PACKAGE / relative).read_text().splitlines()) > MAX_MODULE_LINES:
+            big_modules.add(relative)
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and \
+                    node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES:
+                big_functions.add((relative, node.name))
+    assert big_modules == PENDING_MODULES, "update PENDING_MODULES: it must list exactly the modules still too big"
+    assert big_functions - HOT_LOOPS == PENDING_FUNCTIONS, \
+        "update PENDING_FUNCTIONS: it must list exactly the functions still too long"
