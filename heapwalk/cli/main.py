@@ -83,7 +83,7 @@ class Gdb:
         """heapwalk and its dependencies on gdb's sys.path (gdb embeds the system Python, not ours)."""
         import rich
 
-        paths = [str(Path(__file__).resolve().parent.parent), str(Path(rich.__file__).resolve().parent.parent)]
+        paths = [str(Path(__file__).resolve().parents[2]), str(Path(rich.__file__).resolve().parent.parent)]
         out = self.run("python import sys; sys.path[:0] = [p for p in %r if p not in sys.path]; "
                        "import heapwalk; heapwalk.load(); print('heapwalk-loaded')" % (paths,))
         if "heapwalk-loaded" not in out:
