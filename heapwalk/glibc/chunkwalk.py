@@ -391,18 +391,15 @@ def walk_batches(mem: Memory, extent: Extent, top: int, listing: Listing, acc: A
                                impossible)
                 if fix is not None:
                     culprit, real, chain = fix
-                    gone = {a for a, _ in chain}
+                    gone = dict(chain)  # what the detour counted as in use, once the rest is taken out
                     for a in [a for a in unlisted if culprit <= a < c]:
-                        n = dict(chain)[a]
-                        tally_bytes[ChunkState.FREE_UNLISTED] -= n
+                        tally_bytes[ChunkState.FREE_UNLISTED] -= gone.pop(a)
                         tally_counts[ChunkState.FREE_UNLISTED] -= 1
-                        gone.discard(a)
                     if culprit == anchor and anchor_st is not None:
-                        tally_bytes[anchor_st] -= chain[0][1]
+                        tally_bytes[anchor_st] -= gone.pop(anchor)
                         tally_counts[anchor_st] -= 1
-                        gone.discard(anchor)
                     plain_count -= len(gone)
-                    plain_bytes -= sum(n for a, n in chain if a in gone)
+                    plain_bytes -= sum(gone.values())
                     findings[first_finding:] = [f for f in findings[first_finding:]
                                                 if not culprit <= f.address <= c]
                     out = [o for o in out if not culprit <= o[0] < c]
