@@ -289,7 +289,7 @@ def exercise(mem, symbols, maps, threads, regs, target: str):
     """Everything the commands do, on MEM: (the state or None when refused, the check result, the report's
     JSON document, 'ok' or 'refused: <the one line a user sees>')."""
     try:
-        disc = discover(mem, symbols, _overrides(), maps, [t.fs_base for t in threads if t.fs_base])
+        disc = discover(mem, symbols, _overrides(), maps, [t.fs_base for t in threads if t.fs_base], regions=regs)
         state = collect(mem, disc, threads, target, True, regs)
     except DiscoveryError as exc:
         return None, None, None, f"refused: {exc}"
@@ -326,7 +326,7 @@ def judge(spec: dict, named: int | None, sound: Sound, state, result, rep) -> tu
     if result.clean:
         return "the damage was called clean", {"detected": False, "exact": False}
     errors = [f for f in result.findings if f.severity is Severity.ERROR]
-    exact = named is not None and any(f.address == named for f in errors)
+    exact = any(f.address == named for f in errors) if named is not None else bool(errors)
     if spec["op"] == "ring":
         lost = set(sound.arenas) - {a.address for a in state.arenas}
         exact = exact and any(f.kind is Kind.ARENA_RING for f in errors if f.address == named)

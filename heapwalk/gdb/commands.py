@@ -110,7 +110,8 @@ def load_target(walk_chunks: bool = False):
         other = foreign_allocator(space.mappings)
         try:
             disc = discover(mem, GdbSymbols(), _overrides(), space.mappings,
-                            [t.fs_base for t in threads if t.fs_base], core=space.core)
+                            [t.fs_base for t in threads if t.fs_base], core=space.core,
+                            regions=space.regions)
             with _walk_progress(walk_chunks) as progress:
                 state = collect(mem, disc, threads, describe_target(), walk_chunks, space.regions, progress)
         except DiscoveryError as exc:

@@ -214,12 +214,16 @@ def resync(mem: Memory, extent: Extent, bad: int, top: int, listing: Listing) ->
     """Where a heap walk broken at BAD can resume: the first place after it from which sound chunk headers
     lead to a chunk known from the lists (or top), searched over the next 64 KiB; else that known chunk;
     None when nothing after BAD is known."""
+    return _resume(_Window(mem, extent.end, _PROBE_SPAN).word, extent, bad, top, listing)
+
+
+def _resume(word, extent: Extent, bad: int, top: int, listing: Listing) -> int | None:
+    """`resync` over the words WORD gives."""
     known = [a for a in (listing.first_after(bad, extent.end),) if a is not None]
     if bad < top < extent.end:
         known.append(top)
     target = min(known, default=None)
     limit = min(target if target is not None else extent.end, bad + _RESYNC_WINDOW)
-    word = _Window(mem, extent.end, _PROBE_SPAN).word
     at = _align_chunk(bad + 1)
     while at < limit:
         if _chains(word, at, target if target is not None else extent.end, extent.end):
@@ -524,6 +528,10 @@ def _overshoot(chunk: int, size_field: int, real: int, landed: int, landed_field
 #: header steps it may take in all
 _OVERRUN_SPAN = 1 << 20
 _OVERRUN_STEPS = 1 << 17
+#: how many sound headers a chain must cross beyond an impossible size before it counts as the real path
+_PAST_STEPS = 8
+#: how many, when the chain meets other damage before the point where the walk resumes
+_PAST_MIN = 2
 
 
 def _overrun(word, listing: Listing, extent: Extent, top: int, anchor: int, anchor_st: ChunkState | None,
@@ -544,6 +552,9 @@ def _overrun(word, listing: Listing, extent: Extent, top: int, anchor: int, anch
     if b != c:
         return None
     budget = [_OVERRUN_STEPS]
+    # past an impossible size, a chain must land no further than where the walk would resume were that size the
+    # damage: a header hidden in a chunk's data may leap over C onto sound chunks, but seldom onto the first one
+    past = (c, _resume(word, extent, c, top, listing) or _BEYOND) if dead_end else None
     for k, (b, size) in enumerate(path):
         if b < c - _OVERRUN_SPAN:
             continue
@@ -552,7 +563,7 @@ def _overrun(word, listing: Listing, extent: Extent, top: int, anchor: int, anch
             target = top
         freed = k == 0 and anchor_st in _BIN_STATES
         for r in range(b + MALLOC_ALIGNMENT, b + size, MALLOC_ALIGNMENT):
-            if _leads(word, b, r, freed, target, extent.end, budget, c if dead_end else None):
+            if _leads(word, b, r, freed, target, extent.end, budget, past):
                 return b, r, path[k:]
             if budget[0] <= 0:
                 return None
@@ -560,9 +571,11 @@ def _overrun(word, listing: Listing, extent: Extent, top: int, anchor: int, anch
 
 
 def _leads(word, prev: int, r: int, freed: bool, target: int | None, end: int, budget: list[int],
-           past: int | None = None) -> bool:
+           past: tuple[int, int] | None = None) -> bool:
     """Is R the real next chunk of PREV (free in a bin when FREED): R's header agrees with PREV, and sizes from
-    R lead, through chunks in use, to TARGET (None: to the heap's end or its fencepost), or beyond PAST?"""
+    R lead, through chunks in use, to TARGET (None: to the heap's end or its fencepost), or, when PAST is
+    (C, LANDING), over C to no further than LANDING and on to LANDING, through _PAST_STEPS sound chunks, or
+    through _PAST_MIN of them to other damage before LANDING?"""
     try:
         field = word(r + 8)
         if freed:
@@ -572,17 +585,22 @@ def _leads(word, prev: int, r: int, freed: bool, target: int | None, end: int, b
             return False
         if r == target:
             return True
-        at = r
+        at, beyond = r, 0
         while budget[0] > 0:
             budget[0] -= 1
             size = field & ~SIZE_BITS
             if target is None and size < MINSIZE and end - at <= _FENCEPOST_ROOM:
                 return True
             if not _plausible(field, at, end):
-                return False
+                # past C, a chain may meet other damage the walk's resumption skips too
+                return past is not None and beyond > _PAST_MIN and at < past[1]
             at += size
-            if past is not None and past < at < end and (target is None or at < target):
-                return bool(word(at + 8) & PREV_INUSE)
+            if past is not None and at > past[0]:
+                if at == past[1] or beyond > _PAST_STEPS:
+                    return True
+                if not beyond and at > past[1]:
+                    return False
+                beyond += 1
             if at == (target if target is not None else end):
                 return target is None or bool(word(at + 8) & PREV_INUSE)
             if target is not None and at > target:

@@ -423,6 +423,8 @@ def _require_initialised(mem: Memory, disc: Discovery) -> None:
     """Raises MallocUnused when main_arena is still all zeros where malloc_init_state writes (top and the
     bin heads): glibc's malloc was never called, so there is no heap to walk."""
     lay = disc.layout
+    if disc.main_arena is None:
+        return
     try:
         top = u64(mem, disc.main_arena + lay.off_top)
         heads = mem.read(lay.bin_header(disc.main_arena, 1) + 16, 16 * 8)
@@ -483,11 +485,14 @@ def _collect(mem: Memory, disc: Discovery, threads: list[ThreadRegs], target: st
     _require_initialised(mem, disc)
     if mp is None:
         findings.append(_without_mp(disc))
-    ring, ring_findings = walk_arena_ring(mem, disc.layout, disc.main_arena)
+    ring, ring_findings = walk_arena_ring(mem, disc.layout, disc.main_arena) if disc.main_arena is not None \
+        else ([], [])
     findings.extend(ring_findings)
     if regions is not None:
         lost = [a for a in arenas_by_heaps(mem, disc.layout, regions, disc.heap_max_size) if a not in ring]
-        if lost:
+        if lost and not ring:
+            ring = [None] + lost  # main_arena's place: where it is, discovery has said it cannot tell
+        elif lost:
             if not ring_findings:
                 ring_findings = [_shortcut(mem, disc.layout, ring, lost)]
                 findings.extend(ring_findings)
@@ -496,13 +501,15 @@ def _collect(mem: Memory, disc: Discovery, threads: list[ThreadRegs], target: st
                 f"the arena ring is broken, and {len(lost)} arena(s) it no longer reaches were found by their "
                 f"heaps ({', '.join(f'{a:#x}' for a in lost)}): they are listed after the ring, numbered on "
                 "from it, so their numbers are not malloc_info's"), Kind.ARENA_RING))
-    free_list, fl_findings, fl_how = _walk_free_list(mem, disc, ring)
+    free_list, fl_findings, fl_how = _walk_free_list(mem, disc, [a for a in ring if a is not None])
     findings.extend(fl_findings)
     facts = list(disc.facts)
     facts.append(Fact("arena_free_list", sorted(free_list), fl_how))
     arenas = []
     stopped = None
     for number, address in enumerate(ring):
+        if address is None:
+            continue
         try:
             arenas.append(_decode_arena(mem, disc, address, number, mp, free_list))
         except ReadError as exc:

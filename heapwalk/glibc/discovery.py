@@ -18,7 +18,7 @@ import struct
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from heapwalk.glibc import heuristics
+from heapwalk.glibc import headless, heuristics
 from heapwalk.target import x86
 from heapwalk.target.elf import LIBC_FILE_NAME, PF_W, PT_LOAD, LibcImage, Mapping, find_libc, sole_file
 from heapwalk.glibc.layout import HEAP_MAX_SIZE, Layout, UnsupportedVersion, layout_for
@@ -87,7 +87,7 @@ class Discovery:
 
     version: tuple[int, int]
     layout: Layout
-    main_arena: int
+    main_arena: int | None      # None: known only to lie where the core is missing (see `headless`)
     mp_address: int | None
     tcache_tpoff: int | None
     thread_arena_tpoff: int | None
@@ -159,8 +159,9 @@ class _Search:
     """State shared by the discovery steps: what is known so far, and the facts and findings recorded."""
 
     def __init__(self, mem: Memory, symbols: SymbolSource, overrides: Overrides, mappings: list[Mapping],
-                 fs_bases: list[int], core: bool = False):
+                 fs_bases: list[int], core: bool = False, regions: list[tuple[int, int]] | None = None):
         self.mem = mem
+        self.regions = regions if regions is not None else [(m.start, m.end) for m in mappings]
         self.core = core
         self.foreign_libc_file = False   # gdb loaded another build of libc than the process ran
         self.symbols = symbols
@@ -212,6 +213,10 @@ class _Search:
         if found is None:
             found = sole_file(self.mappings)
             how = "mappings: the only file mapped, a statically linked program"
+        if found is None and self.core and not self.mappings:
+            self.libc_problem = "the core records no mapped files (its notes are missing: a truncated core?)"
+            self.unknown("libc", self.libc_problem)
+            return
         if found is None:
             self.libc_problem = "no libc.so.6 or libc-2.NN.so among the mappings (static binary?)"
             self.unknown("libc", self.libc_problem)
@@ -349,15 +354,17 @@ def _version_from_memory(family: tuple[int, int], heap_info_size: int | None, tc
 
 def discover(mem: Memory, symbols: SymbolSource, overrides: Overrides | None = None,
              mappings: list[Mapping] | None = None, fs_bases: list[int] | None = None,
-             core: bool = False) -> Discovery:
+             core: bool = False, regions: list[tuple[int, int]] | None = None) -> Discovery:
     """Locates version, layout, main_arena, mp_ and the TLS offsets of tcache and thread_arena.
 
     MAPPINGS (the target's address space) lets discovery find libc's image;
     FS_BASES (each thread's thread pointer) lets it recover TLS offsets.
     CORE: the target is a core file, whose missing pages the debugger reads from the library files.
+    REGIONS (where chunks may lie; MAPPINGS' ranges when None) lets it find thread arenas by their heaps
+    when libc's memory does not show main_arena.
     """
     search = _Search(mem, symbols, overrides or Overrides(), mappings or [], [f for f in fs_bases or [] if f],
-                     core)
+                     core, regions)
     search.locate_libc()
     version, version_how = search.version()
     known = version is not None
@@ -367,12 +374,16 @@ def discover(mem: Memory, symbols: SymbolSource, overrides: Overrides | None = N
         except UnsupportedVersion as exc:
             raise DiscoveryError(str(exc)) from None
 
+    by_heaps = None
     try:
         main_arena, family = _find_main_arena(search, version)
     except DiscoveryError as exc:
-        if version is None:
+        by_heaps = _main_arena_by_heaps(search, version)
+        if by_heaps is None and version is None:
             raise DiscoveryError(f"cannot tell which glibc this is ({version_how}), and {exc}") from None
-        raise
+        if by_heaps is None:
+            raise
+        main_arena, family = by_heaps.main_arena, by_heaps.family
     if version is None and family is None:
         raise DiscoveryError(f"cannot tell which glibc this is ({version_how}) and memory shows no arena; "
                              "use 'set heapwalk glibc-version X.Y' and 'set heapwalk main-arena ADDRESS'")
@@ -380,13 +391,18 @@ def discover(mem: Memory, symbols: SymbolSource, overrides: Overrides | None = N
         layout = layout_for(family)
     family = family or next(f for f in heuristics.ARENA_FAMILIES if layout.version >= f)
     ring_layout = layout if layout_for(family).off_next == layout.off_next else layout_for(family)
-    ring = _ring(mem, ring_layout, main_arena)
+    ring = _ring(mem, ring_layout, main_arena) if main_arena is not None else []
     heap_info_size = next((heuristics.heap_info_size_of(a) for a in ring[1:]
                            if heuristics.heap_info_size_of(a) in (32, 48)), None)
 
-    mp_address, mp_variant = _find_mp(search, main_arena, family, layout if version else None, ring_layout)
+    mp_address, mp_variant = (None, None) if main_arena is None else \
+        _find_mp(search, main_arena, family, layout if version else None, ring_layout)
     tcache_tpoff, tcache_chunk = _find_tcache_tpoff(search, layout if version else None)
     safe_linking = _safe_linking(search, tcache_tpoff, tcache_chunk)
+    if by_heaps is not None:
+        heap_info_size = heap_info_size or by_heaps.heap_info_size
+        tcache_chunk = tcache_chunk or by_heaps.tcache_chunk
+        safe_linking = by_heaps.safe_linking if safe_linking is None else safe_linking
     if version is None:
         version, label = _version_from_memory(family, heap_info_size, tcache_chunk, mp_variant, safe_linking)
         layout = layout_for(version)
@@ -458,6 +474,44 @@ def _find_main_arena(search: _Search, version: tuple[int, int] | None) -> tuple[
     raise DiscoveryError("cannot find main_arena: no libc debug symbols, no self-linked bin 127 in libc's "
                          "writable memory (is malloc initialised? is this glibc?), and libc's code is not "
                          "readable; use 'set heapwalk main-arena ADDRESS'")
+
+
+def _main_arena_by_heaps(search: _Search, version: tuple[int, int] | None) -> headless.HeapArenas | None:
+    """main_arena's address from the ring of the thread arenas found by their heaps, when libc's memory does
+    not show it (a core cut short before libc's segments); None when no heap holds an arena, or the
+    overrides name main_arena."""
+    if search.overrides.main_arena is not None:
+        return None
+    found = headless.arenas_from_heaps(search.mem, search.regions)
+    if found is None:
+        return None
+    if found.main_arena is None:
+        search.unknown("main_arena", f"the ring of the {len(found.arenas)} thread arena(s) found by their heaps "
+                       "leads only to arenas whose memory is missing")
+        search.note(Severity.ERROR, 0, "main_arena is not found: libc's memory is missing (a truncated core?), "
+                    "and the ring of the thread arenas found by their heaps leads only to arenas whose memory is "
+                    "missing too; those found are decoded, the main arena and its heap are not")
+        readable = True
+    else:
+        readable = _readable(search.mem, found.main_arena)
+        search.fact("main_arena", found.main_arena, f"the ring of the {len(found.arenas)} thread arena(s) found "
+                    "by their heaps" + ("" if readable else " (main_arena itself is not in the target's memory)"))
+    if not readable:
+        search.note(Severity.ERROR, found.main_arena, "main_arena is not in the target's memory (libc's "
+                    "writable data is missing: a truncated core?): the thread arenas found by their heaps are "
+                    "decoded, the main arena and its heap are not")
+    for arena in found.lost:
+        search.note(Severity.ERROR, arena, "this thread arena, which the ring leads to, is not in the target's "
+                    "memory (a truncated core?): it is not decoded")
+    return found
+
+
+def _readable(mem: Memory, address: int) -> bool:
+    try:
+        mem.read(address, 8)
+    except ReadError:
+        return False
+    return True
 
 
 def _mp_anchors(search: _Search, main_arena: int, ring_layout: Layout) -> heuristics.MpAnchors:

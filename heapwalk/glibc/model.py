@@ -192,7 +192,7 @@ class HeapState:
     target: str
     glibc_version: tuple[int, int]
     layout_name: str
-    main_arena: int
+    main_arena: int | None      # None: not found (a truncated core lost it; see glibc/headless.py)
     mp: MallocPar | None
     arenas: tuple[Arena, ...]
     threads: tuple[Thread, ...]

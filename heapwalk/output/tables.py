@@ -51,7 +51,8 @@ def header_text(state: HeapState) -> Text:
     text = Text()
     text.append(f"{state.target}\n" if state.target else "")
     text.append(f"glibc {state.version_text} (version: {by.get('glibc_version', '?')})\n")
-    text.append(f"main_arena {state.main_arena:#x} ({by.get('main_arena', '?')})\n")
+    text.append(f"main_arena {'unknown' if state.main_arena is None else f'{state.main_arena:#x}'} "
+                f"({by.get('main_arena', '?')})\n")
     if state.mp is not None:
         text.append(f"mp_ {state.mp.address:#x} ({by.get('mp_', '?')})\n")
     else:
