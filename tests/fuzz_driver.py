@@ -155,9 +155,12 @@ class Sound:
         self.names = [n for n, _ in self.fields_list]
         self.arenas = [a.address for a in state.arenas]
         self.heaps = []  # (extent, [(chunk, size) ... in address order, top last when it lies there])
+        self.owner = {}  # extent start -> its arena, for all but the main arena's sbrk heap (found by its chunks)
         for a in state.arenas:
-            for e in extents(a, disc.layout):
+            for k, e in enumerate(extents(a, disc.layout)):
                 self.heaps.append((e, self._chunks(e, a.top)))
+                if k or not a.is_main:
+                    self.owner[e.start] = a.address
 
     def _chunks(self, extent, top: int) -> list[tuple[int, int]]:
         out, at = [], extent.first
@@ -223,6 +226,11 @@ def aim(spec: dict, sound: Sound) -> tuple[MutatedMemory, int | None] | None:
         first_lost = next((a for a, _ in chunks if a + 8 >= cut), None)  # the first chunk whose size is gone
         if first_lost is None and spec.get("hole"):
             return None  # the hole is inside top, past its header: nothing of malloc's is missing
+        arena, ring = e.start + sound.layout.heap_info_size, sound.arenas
+        if cut <= arena and arena in ring:  # the arena itself is gone: named where the ring links to it
+            first_lost = ring[ring.index(arena) - 1]
+        if sound.owner.get(e.start, 0) >= cut and not spec.get("hole"):
+            first_lost = None  # the heap's arena is gone with the cut: nothing names its heaps, any error will do
         return MutatedMemory(base, {}, (cut, e.end if spec.get("hole") else 1 << 64)), first_lost
     if op == "ring":
         if spec["arena"] >= len(sound.arenas):
@@ -234,7 +242,7 @@ def aim(spec: dict, sound: Sound) -> tuple[MutatedMemory, int | None] | None:
         if value == after:
             return None  # the ring is too short for this link to change anything
         return MutatedMemory(base, _word(here + sound.layout.off_next, value)), here
-    picked = sound.chunk(spec["heap"], spec["pick"], room=1)
+    picked = sound.chunk(spec["heap"], spec["pick"], room=2)  # two sound chunks after: one damage, not two
     if picked is None:
         return None
     j, chunks = picked

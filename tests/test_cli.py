@@ -309,58 +309,69 @@ def test_a_truncated_core_is_named_as_truncated_not_as_no_core(kept, tmp_path):
 
 
 def _arena_figures(arena: dict) -> dict:
-    """What a truncated core must still say of an arena it holds whole: its memory, free bytes by list and top,
-    and in use (with tcache, whose threads a truncated core may have lost)."""
+    """What a truncated core must still say of an arena it holds whole: its memory and top, what is held
+    (in use, or in tcache, whose threads a truncated core may have lost, or in fastbins, which a main arena
+    whose lists are lost cannot tell from in use) and what is free, and for a thread arena each list's bytes."""
     b = arena["accounting"]["bytes"]
-    return {"system_mem": arena["system_mem"], "top": arena["top"],
-            "free": {k: b[k] for k in ("fast", "unsorted", "small", "large", "top")},
-            "in_use": b["in_use"] + b["tcache"] + b["tcache_struct"]}
+    out = {"system_mem": arena["system_mem"], "top": arena["top"],
+           "held": b["in_use"] + b["tcache"] + b["tcache_struct"] + b["fast"],
+           "free": b["unsorted"] + b["small"] + b["large"] + b["free_unlisted"]}
+    if arena["kind"] == "thread":
+        out["lists"] = {k: b[k] for k in ("fast", "unsorted", "small", "large")}
+    return out
 
 
-def _cut_above_heaps(core: Path, heaps: list[tuple[int, int]], share: float) -> int:
-    """The file offset at which a copy of CORE keeps the first SHARE of the thread heaps' segments and loses
-    everything after (libc's data and the notes among it)."""
+def _cut_inside_heaps(core: Path, heaps: list[tuple[int, int]], share: float) -> int:
+    """The file offset at which a copy of CORE keeps SHARE of the bytes of the segments in HEAPS and loses
+    everything after (libc's data, and gcore's notes, among it)."""
     from heapwalk.target.corefile import CoreFile
     cf = CoreFile(core)
-    loads = sorted((off, vaddr, filesz) for vaddr, _, off, filesz in cf.loads if filesz)
+    inside = sorted((off, filesz) for vaddr, _, off, filesz in cf.loads
+                    if filesz and any(a <= vaddr < b for a, b in heaps))
     cf.close()
-    inside = [(off, vaddr, filesz) for off, vaddr, filesz in loads if any(a <= vaddr < b for a, b in heaps)]
-    off, vaddr, filesz = inside[min(len(inside) - 1, int(len(inside) * share))]
-    return off + filesz if share >= 1 else off
+    left = int(sum(filesz for _, filesz in inside) * share)
+    for off, filesz in inside:
+        if left <= filesz:
+            return off + left
+        left -= filesz
+    return inside[-1][0] + inside[-1][1]
 
 
 @pytest.mark.parametrize("g", GLIBCS)
-@pytest.mark.parametrize("share", [1.0, 0.5])
-def test_a_core_cut_before_libc_still_reports_the_thread_arenas_it_holds(g, share, tmp_path):
+@pytest.mark.parametrize("name,share", [("thread_arenas", 1.0), ("thread_arenas", 0.5), ("leak", 1.0),
+                                        ("leak", 0.5)])
+def test_a_core_cut_before_libc_still_reports_the_heaps_it_holds(g, name, share, tmp_path):
     """A core whose cut took libc's data (main_arena, mp_) and gcore's notes (the mapped files, the threads)
-    with it: the arenas in the heaps it still holds are found by their heaps and decoded exactly as in the
-    whole core, the version comes from the layouts memory shows, and main_arena (or the arenas the ring leads
-    to whose memory is gone) is an error at its address: `--check` exits 1."""
-    cap = capture(g, "thread_arenas")
+    with it: the thread arenas in the heaps it still holds are found by their heaps, the main heap by its
+    chunks, and each is decoded as in the whole core when it is whole; the version comes from the layouts
+    memory shows, main_arena (or the arenas the ring leads to whose memory is gone, or the cut inside a heap)
+    is an error at its address, and `--check` exits 1."""
+    cap = capture(g, name)
     sysroot = json.loads((cap.core.parent / "meta.json").read_text())["sysroot"]
     extra = ["--sysroot", sysroot] if sysroot else []
     whole_json = tmp_path / "whole.json"
     assert heapwalk("report", str(cap.core), str(cap.exe), *extra, "--json", str(whole_json)).returncode == 0
     whole = json.loads(whole_json.read_text())
-    threads = [a for a in whole["arenas"] if a["kind"] == "thread"]
-    heaps = [(h["address"], h["address"] + (64 << 20)) for a in threads for h in a["heaps"]]
+    heaps = [(h["address"], h["address"] + (h["size"] if a["kind"] == "main" else 64 << 20))
+             for a in whole["arenas"] for h in a["heaps"]]
     core = tmp_path / "core"
     subprocess.run(["cp", "--sparse=always", str(cap.core), str(core)], check=True)
-    os.truncate(core, _cut_above_heaps(core, heaps, share))
+    os.truncate(core, _cut_inside_heaps(core, heaps, share))
     cut_json = tmp_path / "cut.json"
     result = heapwalk("report", str(core), str(cap.exe), *extra, "--json", str(cut_json), "--check")
     assert result.returncode == 1, result.stderr
     assert "is truncated" in result.stderr and "Traceback" not in result.stdout + result.stderr
     cut = json.loads(cut_json.read_text())
-    found = {a["address"]: a for a in cut["arenas"]}
-    assert found and all(a["kind"] == "thread" for a in found.values())
-    expected = {a["address"]: a for a in threads}
-    whole_here = [a for a in found if not found[a]["accounting"]["unwalked"]]
-    assert whole_here, found
-    for address in whole_here:
-        assert _arena_figures(found[address]) == _arena_figures(expected[address]), hex(address)
+    key = {a["address"] if a["kind"] == "thread" else "main": a for a in cut["arenas"]}
+    expected = {a["address"] if a["kind"] == "thread" else "main": a for a in whole["arenas"]}
+    assert "main" in key and set(key) <= set(expected), sorted(key)
+    whole_here = [k for k in key if not key[k]["accounting"]["unwalked"]
+                  and not any(f["kind"] == "unmapped_pointer" and f["severity"] == "error"
+                              for f in key[k]["findings"] + key[k]["accounting"]["findings"])]
+    for k in whole_here:
+        assert _arena_figures(key[k]) == _arena_figures(expected[k]), k
     if share >= 1:
-        assert set(found) == set(expected)
+        assert set(key) == set(expected) and set(whole_here) == set(key)
     errors = [f for f in cut["findings"] if f["severity"] == "error"]
     assert any(f["address"] == whole["main_arena"] and "main_arena is not in the target's memory" in f["message"]
                for f in errors) or (cut["main_arena"] is None and any(
@@ -369,11 +380,12 @@ def test_a_core_cut_before_libc_still_reports_the_thread_arenas_it_holds(g, shar
 
 
 def _within(version: str, label: str) -> bool:
-    """Is glibc VERSION ("2.36") among those a layout LABEL ("2.35-2.41", "2.43+", "2.31") stands for?"""
+    """Is glibc VERSION ("2.36") among those a layout LABEL ("2.35-2.41", "2.43+", "2.32 or later", "2.31")
+    stands for?"""
     def key(text: str) -> tuple[int, ...]:
         return tuple(int(p) for p in text.split("."))
-    if label.endswith("+"):
-        return key(version) >= key(label[:-1])
+    if label.endswith("+") or label.endswith(" or later"):
+        return key(version) >= key(label.removesuffix("+").removesuffix(" or later"))
     low, _, high = label.partition("-")
     return key(low) <= key(version) <= key(high or low)
 

@@ -80,6 +80,29 @@ def test_aimed_damage_is_detected_at_its_exact_address(glibc_name, symbols, tmp_
     assert_named_exactly(document)
 
 
+#: the same kinds over one big main heap, at many places
+AIMED_MAIN = ([{"op": op, "heap": 0, "pick": p / 16, "into": (p % 5) / 5}
+               for op in ("size_zero", "size_into_next", "zero_page") for p in range(16)]
+              + [{"op": "truncate", "heap": 0, "fraction": f, "hole": hole} for f in (0.05, 0.5, 0.95)
+                 for hole in (True, False)])
+
+
+@pytest.mark.parametrize("glibc_name,symbols", [("system", True), ("trixie", False)])
+def test_aimed_damage_among_data_that_looks_like_sizes(glibc_name, symbols, tmp_path):
+    """The leak core's 30,000 buffers end in partial words of fill (0xa5a5) that read as chunk sizes with
+    PREV_INUSE set: damage among them is still named at the chunk whose size is bad, not at a buffer whose
+    data happens to chain over the break; a cut anywhere in its heap (which also takes libc) is decoded from
+    the heap alone."""
+    cap = capture(glibc_name, "leak")
+    document = fuzz.engine_fuzz(cap.exe, cap.core, glibc(glibc_name).gdb_settings(symbols), 0, SEED, tmp_path,
+                                AIMED_MAIN)
+    decoded = [r for r in document["results"] if r["outcome"] != "not applicable"]
+    assert len(decoded) >= len(AIMED_MAIN) - 3 and not any(r.get("refused") for r in decoded)
+    bad = fuzz.failures(document)
+    assert not bad, "\n".join(f"{json.dumps(r['mutant'])}: {r['outcome'][:500]}" for r in bad)
+    assert_named_exactly(document)
+
+
 @pytest.mark.parametrize("glibc_name,name,symbols", [("system", "bins", True), ("sid", "thread_arenas", False)])
 def test_every_command_survives_damaged_core_files(glibc_name, name, symbols, tmp_path):
     cap = capture(glibc_name, name)

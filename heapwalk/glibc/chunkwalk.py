@@ -193,14 +193,15 @@ def _plausible(size_field: int, at: int, end: int) -> bool:
     return size >= MINSIZE and not size % MALLOC_ALIGNMENT and at + size <= end and not size_field & IS_MMAPPED
 
 
-def _chains(word, at: int, target: int, end: int) -> bool:
-    """Do the chunk headers from AT lead exactly to TARGET (or through _RESYNC_STEPS sound chunks)?"""
+def _chains(word, at: int, target: int, end: int, main: bool = False) -> bool:
+    """Do the chunk headers from AT lead exactly to TARGET (or through _RESYNC_STEPS sound chunks)?  In a MAIN
+    arena no header has NON_MAIN_ARENA set."""
     for _ in range(_RESYNC_STEPS):
         try:
             size_field = word(at + 8)
         except ReadError:
             return False
-        if not _plausible(size_field, at, end):
+        if not _plausible(size_field, at, end) or main and size_field & NON_MAIN_ARENA:
             return False
         at += size_field & ~SIZE_BITS
         if at == target:
@@ -210,14 +211,14 @@ def _chains(word, at: int, target: int, end: int) -> bool:
     return True
 
 
-def resync(mem: Memory, extent: Extent, bad: int, top: int, listing: Listing) -> int | None:
+def resync(mem: Memory, extent: Extent, bad: int, top: int, listing: Listing, main: bool = False) -> int | None:
     """Where a heap walk broken at BAD can resume: the first place after it from which sound chunk headers
-    lead to a chunk known from the lists (or top), searched over the next 64 KiB; else that known chunk;
-    None when nothing after BAD is known."""
-    return _resume(_Window(mem, extent.end, _PROBE_SPAN).word, extent, bad, top, listing)
+    (none with NON_MAIN_ARENA set in a MAIN arena) lead to a chunk known from the lists (or top), searched
+    over the next 64 KiB; else that known chunk; None when nothing after BAD is known."""
+    return _resume(_Window(mem, extent.end, _PROBE_SPAN).word, extent, bad, top, listing, main)
 
 
-def _resume(word, extent: Extent, bad: int, top: int, listing: Listing) -> int | None:
+def _resume(word, extent: Extent, bad: int, top: int, listing: Listing, main: bool = False) -> int | None:
     """`resync` over the words WORD gives."""
     known = [a for a in (listing.first_after(bad, extent.end),) if a is not None]
     if bad < top < extent.end:
@@ -226,7 +227,7 @@ def _resume(word, extent: Extent, bad: int, top: int, listing: Listing) -> int |
     limit = min(target if target is not None else extent.end, bad + _RESYNC_WINDOW)
     at = _align_chunk(bad + 1)
     while at < limit:
-        if _chains(word, at, target if target is not None else extent.end, extent.end):
+        if _chains(word, at, target if target is not None else extent.end, extent.end, main):
             return at
         at += MALLOC_ALIGNMENT
     return target
@@ -241,7 +242,7 @@ def walk_extent(mem: Memory, extent: Extent, top: int, listing: Listing, acc: Ac
 
 
 def walk_batches(mem: Memory, extent: Extent, top: int, listing: Listing, acc: Account,
-                 non_main: bool | None = None, every: bool = False
+                 non_main: bool | None = None, every: bool = False, lists_known: bool = True
                  ) -> Iterator[list[tuple[int, int, int, ChunkState]]]:
     """Walks every chunk of EXTENT in address order, adding each one's bytes and count to ACC under its
     state, with overhead, unwalked bytes and findings; yields the chunks met, a window at a time, as
@@ -260,8 +261,9 @@ def walk_batches(mem: Memory, extent: Extent, top: int, listing: Listing, acc: A
     holding them) go through a loop that only counts them; every other chunk,
     and the one after it, gets the full treatment.  An in-use chunk is counted
     when met and corrected if the next header says it is free.  LISTING holds
-    the chunks the lists and tcaches hold.  The heap is read a few MiB at a
-    time and parsed as 8-byte words.
+    the chunks the lists and tcaches hold; without LISTS_KNOWN (the arena is
+    missing) a free chunk is no sign that a size before it went astray.  The
+    heap is read a few MiB at a time and parsed as 8-byte words.
     """
     acc.overhead += extent.first - extent.start
     acc.reached = extent.first
@@ -388,11 +390,11 @@ def walk_batches(mem: Memory, extent: Extent, top: int, listing: Listing, acc: A
             # bytes of the old top); anywhere else it is damage, as is any size that is not a chunk's
             fencepost = size == 0 and c != top and end - c <= _FENCEPOST_ROOM and not extent.first <= top < end
             impossible = not fencepost and (size < 2 * 8 or size % MALLOC_ALIGNMENT or c + size > end)
-            if (impossible and c != top or skipped or p_plain and not pinuse
+            if (impossible and c != top or skipped or p_plain and not pinuse and lists_known
                     or p_st in _BIN_STATES and (pinuse or win.word(c) != p_size)):
                 # the neighbours disagree: is it because a size before c sent the walk into a chunk's middle?
                 fix = _overrun(_Window(mem, end, _PROBE_SPAN).word, listing, extent, top, anchor, anchor_st, c,
-                               impossible)
+                               impossible, want_bit if check_bit else None)
                 if fix is not None:
                     culprit, real, chain = fix
                     gone = dict(chain)  # what the detour counted as in use, once the rest is taken out
@@ -445,7 +447,7 @@ def walk_batches(mem: Memory, extent: Extent, top: int, listing: Listing, acc: A
                                             f"at most {end - c:#x}", f"{size_field:#x}"))
                     acc.unwalked += end - c
                     break
-                again = resync(mem, extent, c, top, listing)
+                again = resync(mem, extent, c, top, listing, non_main is False)
                 findings.append(Finding(Severity.ERROR, c, where, f"chunk size {size_field:#x} is impossible here "
                                         f"(the heap ends at {end:#x}); "
                                         + (f"the walk resumes at {again:#x}" if again else
@@ -530,17 +532,20 @@ _OVERRUN_SPAN = 1 << 20
 _OVERRUN_STEPS = 1 << 17
 #: how many sound headers a chain must cross beyond an impossible size before it counts as the real path
 _PAST_STEPS = 8
-#: how many, when the chain meets other damage before the point where the walk resumes
+#: how many, when the chain meets other damage before the point where the walk resumes, from a chunk before the
+#: one right before the impossible size
 _PAST_MIN = 2
 
 
 def _overrun(word, listing: Listing, extent: Extent, top: int, anchor: int, anchor_st: ChunkState | None,
-             c: int, dead_end: bool) -> tuple[int, int, list[tuple[int, int]]] | None:
+             c: int, dead_end: bool, arena_bit: int | None = None
+             ) -> tuple[int, int, list[tuple[int, int]]] | None:
     """Which chunk's size sent the walk astray before C, where the neighbours disagree.  The walk came from
     ANCHOR (a chunk the lists vouch for, of state ANCHOR_ST) along sizes to C.  The culprit is the first chunk
     on that path inside which a chunk starts whose headers lead, all in use as their PREV_INUSE bits say, to
     the next chunk the lists hold (or top, or the heap's end), or, when C's size is impossible (DEAD_END),
-    past C: where the walk's own path cannot go.  Returns (culprit, where its real next chunk starts, the path [(chunk, size)] from the culprit to C),
+    past C: where the walk's own path cannot go.  ARENA_BIT (NON_MAIN_ARENA or 0; None: unchecked) is what
+    every chunk in use on such a path carries.  Returns (culprit, where its real next chunk starts, the path [(chunk, size)] from the culprit to C),
     or None when no size before C explains the disagreement."""
     path, b = [], anchor
     while b < c:
@@ -554,7 +559,7 @@ def _overrun(word, listing: Listing, extent: Extent, top: int, anchor: int, anch
     budget = [_OVERRUN_STEPS]
     # past an impossible size, a chain must land no further than where the walk would resume were that size the
     # damage: a header hidden in a chunk's data may leap over C onto sound chunks, but seldom onto the first one
-    past = (c, _resume(word, extent, c, top, listing) or _BEYOND) if dead_end else None
+    past = (c, _resume(word, extent, c, top, listing, arena_bit == 0) or _BEYOND) if dead_end else None
     for k, (b, size) in enumerate(path):
         if b < c - _OVERRUN_SPAN:
             continue
@@ -563,7 +568,8 @@ def _overrun(word, listing: Listing, extent: Extent, top: int, anchor: int, anch
             target = top
         freed = k == 0 and anchor_st in _BIN_STATES
         for r in range(b + MALLOC_ALIGNMENT, b + size, MALLOC_ALIGNMENT):
-            if _leads(word, b, r, freed, target, extent.end, budget, past):
+            if _leads(word, b, r, freed, target, extent.end, budget, past and (*past, k < len(path) - 1),
+                      arena_bit):
                 return b, r, path[k:]
             if budget[0] <= 0:
                 return None
@@ -571,11 +577,13 @@ def _overrun(word, listing: Listing, extent: Extent, top: int, anchor: int, anch
 
 
 def _leads(word, prev: int, r: int, freed: bool, target: int | None, end: int, budget: list[int],
-           past: tuple[int, int] | None = None) -> bool:
+           past: tuple[int, int, bool] | None = None, arena_bit: int | None = None) -> bool:
     """Is R the real next chunk of PREV (free in a bin when FREED): R's header agrees with PREV, and sizes from
     R lead, through chunks in use, to TARGET (None: to the heap's end or its fencepost), or, when PAST is
-    (C, LANDING), over C to no further than LANDING and on to LANDING, through _PAST_STEPS sound chunks, or
-    through _PAST_MIN of them to other damage before LANDING?"""
+    (C, LANDING, FAR), over C to no further than LANDING and on to LANDING, through _PAST_STEPS sound chunks,
+    or to other damage before LANDING, through one sound chunk past the landing first (or _PAST_MIN when PREV
+    is FAR: not the chunk right before C, whose data would have to leap over C from further back)?  Each chunk in use on the way
+    carries ARENA_BIT, when it is given."""
     try:
         field = word(r + 8)
         if freed:
@@ -591,9 +599,9 @@ def _leads(word, prev: int, r: int, freed: bool, target: int | None, end: int, b
             size = field & ~SIZE_BITS
             if target is None and size < MINSIZE and end - at <= _FENCEPOST_ROOM:
                 return True
-            if not _plausible(field, at, end):
+            if not _plausible(field, at, end) or arena_bit is not None and field & NON_MAIN_ARENA != arena_bit:
                 # past C, a chain may meet other damage the walk's resumption skips too
-                return past is not None and beyond > _PAST_MIN and at < past[1]
+                return past is not None and at < past[1] and beyond > (_PAST_MIN if past[2] else 1)
             at += size
             if past is not None and at > past[0]:
                 if at == past[1] or beyond > _PAST_STEPS:
@@ -631,6 +639,12 @@ class _Window:
             self.base, self.words = address & ~7, memoryview(data)[:len(data) // 8 * 8].cast("Q")
             i = 0
         return self.words[i]
+
+
+def word_reader(mem: Memory, end: int):
+    """A function giving the 8-byte word at an address below END, read in windows (ReadError where memory
+    is missing): for scans that step through chunk headers."""
+    return _Window(mem, end, _WINDOW).word
 
 
 def _flags_at(win: "_Window", chunk: int) -> int:
@@ -706,7 +720,8 @@ def account(mem: Memory, layout: Layout, arena: Arena, listing: Listing, observe
     acc = Account(arena.address, arena.system_mem)
     walked = 0
     for extent in extents(arena, layout):
-        for batch in walk_batches(mem, extent, arena.top, listing, acc, not arena.is_main):
+        for batch in walk_batches(mem, extent, arena.top, listing, acc, not arena.is_main,
+                                  lists_known=arena.lists_known):
             if observer is not None:
                 observer.chunks(batch)
             if progress is not None:
@@ -714,12 +729,27 @@ def account(mem: Memory, layout: Layout, arena: Arena, listing: Listing, observe
         walked += extent.end - extent.start
         if observer is not None:
             observer.extent_done()
+    if not arena.lists_known:
+        _unlisted_in_sum(acc, arena)
     if acc.accounted != acc.system_mem:
         acc.findings.append(Finding(Severity.ERROR, arena.address, f"arena {arena.number}",
                                     f"the walk accounts for {acc.accounted:#x} bytes, system_mem is "
                                     f"{acc.system_mem:#x}", Kind.ACCOUNTING, f"{acc.system_mem:#x}",
                                     f"{acc.accounted:#x}"))
     return acc
+
+
+def _unlisted_in_sum(acc: Account, arena: Arena) -> None:
+    """One finding, instead of one per chunk, for the free chunks of an arena whose lists are missing."""
+    unlisted = [f for f in acc.findings if f.kind is Kind.FREE_UNLISTED]
+    if not unlisted:
+        return
+    acc.findings[:] = [f for f in acc.findings if f.kind is not Kind.FREE_UNLISTED]
+    acc.findings.append(Finding(
+        Severity.INFO, arena.address, f"arena {arena.number}", f"{len(unlisted)} free chunk(s), "
+        f"{acc.bytes[ChunkState.FREE_UNLISTED]:#x} bytes, are free by their neighbours' PREV_INUSE bits; the "
+        "arena's lists are missing, so these are counted as free in no list (and chunks in tcache or "
+        "fastbins, whose neighbours call them in use, as in use)", Kind.FREE_UNLISTED))
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,6 +22,7 @@ from heapwalk.glibc.layout import MP_INT_FIELDS, NBINS, SIZE_BITS, Layout
 from heapwalk.target.memory import Memory, ReadError, u64
 from heapwalk.glibc.model import Arena, BinKind, BinList, Heap, HeapState, MallocPar, Thread, thread_numbers
 from heapwalk.findings import Fact, Finding, Kind, Severity
+from heapwalk.glibc import headless
 from heapwalk.glibc.heuristics import arenas_by_heaps
 from heapwalk.glibc.tcachescan import scan_tcaches
 from heapwalk.target.threads import FATAL_SIGNALS, ThreadRegs
@@ -520,6 +521,9 @@ def _collect(mem: Memory, disc: Discovery, threads: list[ThreadRegs], target: st
                               f"interrupted (Ctrl-C) in arena {number}: it and the {len(ring) - number - 1} "
                               "arena(s) after it are left out, and no chunk is walked", Kind.INTERRUPTED)
             break
+    if regions is not None and stopped is None and not (arenas and arenas[0].is_main):
+        main = _main_by_its_heap(mem, disc, regions, arenas)
+        arenas[:0] = [main] if main is not None else []
     fill_seen = _fill_from_tcaches(mem, disc, threads)
     fill = mp.get("tcache_count") if mp else fill_seen
     decoded_threads = []
@@ -554,6 +558,14 @@ def _collect(mem: Memory, disc: Discovery, threads: list[ThreadRegs], target: st
         state = dataclasses.replace(state, facts=state.facts + (
             _mp_pinned(mem, disc, state, mp, fill_seen, checked),))
     return state
+
+
+def _main_by_its_heap(mem: Memory, disc: Discovery, regions: list[tuple[int, int]], arenas: list[Arena]
+                      ) -> Arena | None:
+    """The main arena, when its own memory is missing, as the heap found by its chunks shows it (or None)."""
+    skip = [(h.address, h.address + disc.heap_max_size) for a in arenas for h in a.heaps]
+    heap = headless.main_heap(mem, regions, skip)
+    return None if heap is None else headless.main_arena_of_heap(disc.main_arena or 0, heap)
 
 
 def _mp_pinned(mem: Memory, disc: Discovery, state: HeapState, mp: MallocPar, fill_seen: int | None,

@@ -384,6 +384,13 @@ def discover(mem: Memory, symbols: SymbolSource, overrides: Overrides | None = N
         if by_heaps is None:
             raise
         main_arena, family = by_heaps.main_arena, by_heaps.family
+    if version is None and family is None and main_arena is not None and not _readable(mem, main_arena):
+        by_heaps = _heaps_evidence(search)  # main_arena is known (a symbol) but gone: the heaps tell the layout
+        if by_heaps is not None:
+            family = by_heaps.family
+            search.note(Severity.ERROR, main_arena, "main_arena is not in the target's memory (libc's writable "
+                        "data is missing: a truncated core?): the thread arenas found by their heaps are decoded, "
+                        "and the main heap is walked without the arena's lists, when it is found by its chunks")
     if version is None and family is None:
         raise DiscoveryError(f"cannot tell which glibc this is ({version_how}) and memory shows no arena; "
                              "use 'set heapwalk glibc-version X.Y' and 'set heapwalk main-arena ADDRESS'")
@@ -405,6 +412,8 @@ def discover(mem: Memory, symbols: SymbolSource, overrides: Overrides | None = N
         safe_linking = by_heaps.safe_linking if safe_linking is None else safe_linking
     if version is None:
         version, label = _version_from_memory(family, heap_info_size, tcache_chunk, mp_variant, safe_linking)
+        if by_heaps is not None and not by_heaps.arenas:
+            label = headless.heap_only_label(by_heaps)
         layout = layout_for(version)
         search.fact("glibc_version", None, f"not determined: {version_how}")
         search.fact("layout", f"glibc {label}", "memory: arena layout, heap_info size, tcache chunk size, mp_")
@@ -482,15 +491,18 @@ def _main_arena_by_heaps(search: _Search, version: tuple[int, int] | None) -> he
     overrides name main_arena."""
     if search.overrides.main_arena is not None:
         return None
-    found = headless.arenas_from_heaps(search.mem, search.regions)
+    found = _heaps_evidence(search)
     if found is None:
         return None
     if found.main_arena is None:
         search.unknown("main_arena", f"the ring of the {len(found.arenas)} thread arena(s) found by their heaps "
-                       "leads only to arenas whose memory is missing")
+                       "leads only to arenas whose memory is missing" if found.arenas else
+                       "libc's memory is missing, and no thread arena is left to lead to it")
         search.note(Severity.ERROR, 0, "main_arena is not found: libc's memory is missing (a truncated core?), "
-                    "and the ring of the thread arenas found by their heaps leads only to arenas whose memory is "
-                    "missing too; those found are decoded, the main arena and its heap are not")
+                    + ("and the ring of the thread arenas found by their heaps leads only to arenas whose memory "
+                       "is missing too; those found are decoded" if found.arenas else "and no thread arena is "
+                       "left to lead to it") + "; the main heap is walked without the arena's lists, when it is "
+                    "found by its chunks")
         readable = True
     else:
         readable = _readable(search.mem, found.main_arena)
@@ -499,11 +511,17 @@ def _main_arena_by_heaps(search: _Search, version: tuple[int, int] | None) -> he
     if not readable:
         search.note(Severity.ERROR, found.main_arena, "main_arena is not in the target's memory (libc's "
                     "writable data is missing: a truncated core?): the thread arenas found by their heaps are "
-                    "decoded, the main arena and its heap are not")
+                    "decoded, and the main heap is walked without the arena's lists, when it is found by its "
+                    "chunks")
     for arena in found.lost:
         search.note(Severity.ERROR, arena, "this thread arena, which the ring leads to, is not in the target's "
                     "memory (a truncated core?): it is not decoded")
     return found
+
+
+def _heaps_evidence(search: _Search) -> headless.HeapArenas | None:
+    """The thread arenas found by their heaps, or else the main heap found by its chunks (None: neither)."""
+    return headless.arenas_from_heaps(search.mem, search.regions) or headless.heap_only(search.mem, search.regions)
 
 
 def _readable(mem: Memory, address: int) -> bool:

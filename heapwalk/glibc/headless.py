@@ -13,14 +13,21 @@ import dataclasses
 from dataclasses import dataclass
 
 from heapwalk.glibc import heuristics
-from heapwalk.glibc.layout import HEAP_MAX_SIZE, SIZE_BITS, Layout, layout_for
+from heapwalk.glibc.layout import HEAP_MAX_SIZE, IS_MMAPPED, MALLOC_ALIGNMENT, MINSIZE, PREV_INUSE, SIZE_BITS, \
+    Layout, layout_for
+from heapwalk.glibc.chunkwalk import word_reader
 from heapwalk.glibc.lists import plausible_arena
+from heapwalk.glibc.model import Arena, BinKind, BinList, Heap
+from heapwalk.findings import Finding, Kind, Severity
 from heapwalk.target.memory import Memory, ReadError, u64
 
-__all__ = ["HeapArenas", "arenas_from_heaps"]
+__all__ = ["HeapArenas", "arenas_from_heaps", "heap_only", "heap_only_label", "MainHeap", "main_heap",
+           "main_arena_of_heap"]
 
 #: sizeof(heap_info) in the glibc versions heapwalk knows (the arena follows it in a first heap)
 _HEAP_INFO_SIZES = (32, 48)
+#: how many sound chunk headers from a region's start make it the main heap when the core ends inside it
+_MAIN_HEAP_STEPS = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,7 +56,8 @@ def arenas_from_heaps(mem: Memory, regions: list[tuple[int, int]]) -> HeapArenas
     for family in heuristics.ARENA_FAMILIES:
         for info_size in _HEAP_INFO_SIZES:
             layout = dataclasses.replace(layout_for(family), heap_info_size=info_size)
-            arenas = heuristics.arenas_by_heaps(mem, layout, regions, HEAP_MAX_SIZE)
+            arenas = [a for a in heuristics.arenas_by_heaps(mem, layout, regions, HEAP_MAX_SIZE)
+                      if _bin127_empty(mem, layout, a)]
             if not arenas:
                 continue
             main, lost = _ring_exits(mem, layout, arenas)
@@ -58,6 +66,36 @@ def arenas_from_heaps(mem: Memory, regions: list[tuple[int, int]]) -> HeapArenas
                 return HeapArenas(main, family, info_size, tuple(arenas), lost, tcache_chunk,
                                   _safe_linking(mem, layout, arenas, tcache_chunk))
     return None
+
+
+def heap_only(mem: Memory, regions: list[tuple[int, int]]) -> HeapArenas | None:
+    """What the main heap alone says, when no thread arena is left to tell (a program that never made one):
+    no arena, main_arena unknown, the tcache struct chunk opening the heap and whether its links are mangled;
+    None when no region is a main heap."""
+    heap = main_heap(mem, regions, [])
+    if heap is None:
+        return None
+    first = (heap.start + MALLOC_ALIGNMENT - 1) & ~(MALLOC_ALIGNMENT - 1)
+    try:
+        tcache_chunk = heuristics.tcache_struct_chunk(u64(mem, first + 8) & ~SIZE_BITS)
+    except ReadError:
+        tcache_chunk = None
+    safe = None
+    if tcache_chunk is not None:
+        shape = layout_for(heuristics.TCACHE_CHUNK_SIZES[tcache_chunk])
+        safe = heuristics.tcache_safe_linking(mem, [first + 16], shape.tcache_off_entries, shape.tcache_bins)
+    return HeapArenas(None, (2, 27), 0, (), (), tcache_chunk, safe)
+
+
+def heap_only_label(found: HeapArenas) -> str:
+    """The glibc versions a heap without arenas can be told to be: by its tcache struct and safe-linking."""
+    if found.tcache_chunk == 0x300:
+        return "2.42"
+    if found.tcache_chunk == 0x250:
+        return "2.27-2.29"
+    if found.tcache_chunk is None:
+        return "2.27 or later"
+    return {True: "2.32 or later", False: "2.30-2.31"}.get(found.safe_linking, "2.30 or later")
 
 
 def _ring_exits(mem: Memory, layout: Layout, arenas: list[int]) -> tuple[int | None, tuple[int, ...]]:
@@ -82,6 +120,16 @@ def _ring_exits(mem: Memory, layout: Layout, arenas: list[int]) -> tuple[int | N
         elif main is None and (not _readable(mem, at) or plausible_arena(mem, layout, at)):
             main = at
     return main, tuple(lost)
+
+
+def _bin127_empty(mem: Memory, layout: Layout, arena: int) -> bool:
+    """Is bin 127 of ARENA, which malloc never uses, self-linked under LAYOUT (which tells one arena layout
+    from another, as the looser checks of an arena's shape do not)?"""
+    header = layout.bin_header(arena, 127)
+    try:
+        return u64(mem, header + 16) == header and u64(mem, header + 24) == header
+    except ReadError:
+        return False
 
 
 def _readable(mem: Memory, address: int) -> bool:
@@ -113,3 +161,65 @@ def _safe_linking(mem: Memory, layout: Layout, arenas: list[int], tcache_chunk: 
     shape = layout_for(heuristics.TCACHE_CHUNK_SIZES[tcache_chunk])
     structs = [arena - layout.heap_info_size + layout.first_chunk_offset + 16 for arena in arenas]
     return heuristics.tcache_safe_linking(mem, structs, shape.tcache_off_entries, shape.tcache_bins)
+
+
+@dataclass(frozen=True, slots=True)
+class MainHeap:
+    """The main arena's sbrk heap, found by its chunks: [START, END), and its last chunk TOP; when the core
+    ends inside the heap, at CUT, END is the end of the chunk the cut falls in (or the cut, at a chunk's
+    start) and TOP is 0: what lies beyond is unknown."""
+
+    start: int
+    end: int
+    top: int
+    top_size: int
+    cut: int | None = None
+
+
+def main_heap(mem: Memory, regions: list[tuple[int, int]], skip: list[tuple[int, int]]) -> MainHeap | None:
+    """The region of REGIONS (none of SKIP's) whose chunk headers, from its first aligned address, lead in
+    sound steps exactly to its end (or, when the core ends inside it, through _MAIN_HEAP_STEPS of them to
+    where it ends): the main heap, as sbrk made it; None when no region is such."""
+    for start, end in regions:
+        if any(a < end and start < b for a, b in skip):
+            continue
+        found = _chained_to_end(mem, start, end)
+        if found is not None:
+            return found
+    return None
+
+
+def _chained_to_end(mem: Memory, start: int, end: int) -> MainHeap | None:
+    at = (start + MALLOC_ALIGNMENT - 1) & ~(MALLOC_ALIGNMENT - 1)
+    steps, last, word = 0, 0, word_reader(mem, end)
+    while at < end:
+        try:
+            field = word(at + 8)
+        except ReadError:
+            return MainHeap(start, at, 0, 0, at) if steps >= _MAIN_HEAP_STEPS else None
+        size = field & ~SIZE_BITS
+        if size < MINSIZE or size % MALLOC_ALIGNMENT or field & IS_MMAPPED or steps == 0 and not field & PREV_INUSE:
+            return None
+        if at + size > end:  # sound only when the core ends here, inside the heap's last chunk
+            sound = steps >= _MAIN_HEAP_STEPS and not _readable(mem, end)
+            return MainHeap(start, at + size, 0, 0, end) if sound else None
+        last, at, steps = at, at + size, steps + 1
+    return MainHeap(start, end, last, end - last) if steps > 1 else None
+
+
+def main_arena_of_heap(address: int, heap: MainHeap) -> Arena:
+    """The main arena at ADDRESS (0 when unknown), whose own memory is missing, as its heap shows it: its
+    top and system memory from the heap, no lists (so the walk counts free chunks as free in no list)."""
+    size = heap.end - heap.start
+    findings = [Finding(Severity.WARNING, heap.start, "arena 0 (main_arena)", "main_arena is not in the target's "
+                        f"memory, but its heap is: found by its chunks at {heap.start:#x}-{heap.end:#x}, it is "
+                        "walked without the arena's lists", Kind.UNMAPPED)]
+    if heap.cut is not None:
+        findings.append(Finding(Severity.ERROR, heap.cut, "arena 0 (main_arena)", f"the core ends inside the main "
+                                f"heap, at {heap.cut:#x}: the heap is walked up to {heap.end:#x}, and what lies "
+                                "beyond (its top, and any chunks before it) is missing", Kind.UNMAPPED))
+    return Arena(address=address, number=0, is_main=True, mutex=0, flags=0, have_fastchunks=None, top=heap.top,
+                 top_size=heap.top_size, last_remainder=0, next=0, next_free=0, attached_threads=None,
+                 system_mem=size, max_system_mem=size, heaps=(Heap(heap.start, size, size, address, 0, None),),
+                 fastbins=(), unsorted=BinList(BinKind.UNSORTED, 1, address, (), ()), bins=(),
+                 findings=tuple(findings), lists_known=False)

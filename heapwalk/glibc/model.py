@@ -99,6 +99,7 @@ class Arena:
     bins: tuple[BinList, ...]   # small and large bins 2..127, in index order
     on_free_list: bool = False
     findings: tuple[Finding, ...] = ()
+    lists_known: bool = True    # False: the arena itself is missing, so no list says which chunks are free
 
     @property
     def kind(self) -> str:
