@@ -545,8 +545,8 @@ def _overrun(word, listing: Listing, extent: Extent, top: int, anchor: int, anch
     on that path inside which a chunk starts whose headers lead, all in use as their PREV_INUSE bits say, to
     the next chunk the lists hold (or top, or the heap's end), or, when C's size is impossible (DEAD_END),
     past C: where the walk's own path cannot go.  ARENA_BIT (NON_MAIN_ARENA or 0; None: unchecked) is what
-    every chunk in use on such a path carries.  Returns (culprit, where its real next chunk starts, the path [(chunk, size)] from the culprit to C),
-    or None when no size before C explains the disagreement."""
+    every chunk in use on such a path carries.  Returns (culprit, where its real next chunk starts, the path
+    [(chunk, size)] from the culprit to C), or None when no size before C explains the disagreement."""
     path, b = [], anchor
     while b < c:
         size = word(b + 8) & ~SIZE_BITS
@@ -582,8 +582,8 @@ def _leads(word, prev: int, r: int, freed: bool, target: int | None, end: int, b
     R lead, through chunks in use, to TARGET (None: to the heap's end or its fencepost), or, when PAST is
     (C, LANDING, FAR), over C to no further than LANDING and on to LANDING, through _PAST_STEPS sound chunks,
     or to other damage before LANDING, through one sound chunk past the landing first (or _PAST_MIN when PREV
-    is FAR: not the chunk right before C, whose data would have to leap over C from further back)?  Each chunk in use on the way
-    carries ARENA_BIT, when it is given."""
+    is FAR: not the chunk right before C, whose data would have to leap over C from further back)?  Each
+    chunk in use on the way carries ARENA_BIT, when it is given."""
     try:
         field = word(r + 8)
         if freed:
