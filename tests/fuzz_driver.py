@@ -38,7 +38,7 @@ from fuzz import RING_LINKS  # noqa: E402
 from heapwalk.glibc import check, mallocinfo
 from heapwalk.output import jsondoc, tables
 from heapwalk.analysis import report
-from heapwalk.glibc.chunkwalk import extents
+from heapwalk.glibc.chunks import extents
 from heapwalk.glibc.decode import collect
 from heapwalk.gdb.commands import _overrides
 from heapwalk.glibc.discovery import DiscoveryError, discover

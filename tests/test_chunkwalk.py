@@ -12,8 +12,9 @@ import struct
 
 import pytest
 
-from heapwalk.glibc import chunkwalk
-from heapwalk.glibc.chunkwalk import Account, ChunkState, Extent, Listing, walk_batches
+from heapwalk.glibc import chunkwalk, mmapped
+from heapwalk.glibc.chunks import Account, ChunkState, Extent, Listing
+from heapwalk.glibc.chunkwalk import walk_batches
 from heapwalk.target.memory import ImageMemory, ranges_without
 
 BASE = 0x7F0000000000
@@ -203,7 +204,7 @@ def test_an_mmapped_chunk_merged_with_the_heap_above_it_is_found():
     struct.pack_into("<QQ", region, 0, 0, 0x3000 | 2)         # the mmapped chunk, alone in its mapping
     struct.pack_into("<QQ", region, 0x3000, heap + 0x20, 0)   # the heap's heap_info (ar_ptr, prev)
     mem = ImageMemory({chunk: region})
-    found = chunkwalk.find_mmapped(mem, layout_for((2, 36)), [(chunk, heap + 0x2000)], [(heap, heap + (64 << 20))])
+    found = mmapped.find_mmapped(mem, layout_for((2, 36)), [(chunk, heap + 0x2000)], [(heap, heap + (64 << 20))])
     assert [(c.address, c.size, c.span) for c in found] == [(chunk, 0x3000, 0x3000)]
 
 
@@ -224,6 +225,6 @@ def test_an_mmapped_chunk_merged_with_anonymous_memory_below_it_is_found_page_by
     struct.pack_into("<QQ", region, 0x2000, 0, 0x3000 | 2)      # the chunk, alone in its mapping
     mem = ImageMemory({base: region})
     layout = layout_for((2, 31))
-    assert chunkwalk.find_mmapped(mem, layout, [(base, base + len(region))], []) == []
-    found = chunkwalk.find_mmapped_in_pages(mem, layout, [(base, base + len(region))], [])
+    assert mmapped.find_mmapped(mem, layout, [(base, base + len(region))], []) == []
+    found = mmapped.find_mmapped_in_pages(mem, layout, [(base, base + len(region))], [])
     assert [(c.address, c.span) for c in found] == [(base + 0x2000, 0x3000)]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import struct
 
-from heapwalk.glibc.chunkwalk import ChunkState, Listing
+from heapwalk.glibc.chunks import ChunkState, Listing
 from heapwalk.glibc.decode import _blank_arena
 from heapwalk.glibc.model import Heap
 from heapwalk.glibc.tcachescan import scan_tcaches

@@ -17,7 +17,7 @@ from array import array
 from collections import Counter
 from dataclasses import dataclass, field
 
-from heapwalk.glibc.chunkwalk import extents
+from heapwalk.glibc.chunks import extents
 from heapwalk.glibc.layout import IS_MMAPPED, NBINS, SIZE_BITS, Layout
 from heapwalk.target.memory import Memory, ReadError, u64
 from heapwalk.glibc.model import Arena, BinKind, HeapState, thread_numbers

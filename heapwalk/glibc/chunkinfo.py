@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from heapwalk.glibc.chunkwalk import (FREE_STATES, Account, Chunk, ChunkState, Listing, extents, walk_batches,
-                                      walk_extent)
+from heapwalk.glibc.chunks import FREE_STATES, Account, Chunk, ChunkState, Listing, extents
+from heapwalk.glibc.chunkwalk import walk_batches, walk_extent
 from heapwalk.glibc.layout import Layout
 from heapwalk.target.memory import Memory
 from heapwalk.glibc.model import Arena, HeapState

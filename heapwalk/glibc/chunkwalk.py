@@ -16,221 +16,20 @@ and reported, so the identity is a real check.
 from __future__ import annotations
 
 import bisect
-import enum
-import itertools
-import struct
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from typing import NamedTuple
 
-from heapwalk.glibc.layout import IS_MMAPPED, MALLOC_ALIGNMENT, MINSIZE, NON_MAIN_ARENA, PREV_INUSE, SIZE_BITS, Layout
-from heapwalk.target.memory import Memory, ReadError, ranges_without
-from heapwalk.glibc.model import Arena, BinKind, HeapState
 from heapwalk.findings import Finding, Kind, Severity
+from heapwalk.glibc.chunks import (ADDRESS_MASK, BIN_STATES, HELD_STATES, LISTED_STATES, Account, Chunk, ChunkState,
+                                   Extent, Listing, extents)
+from heapwalk.glibc.model import Arena
+from heapwalk.glibc.layout import MALLOC_ALIGNMENT, MINSIZE, NON_MAIN_ARENA, PREV_INUSE, SIZE_BITS, Layout
+from heapwalk.glibc.resync import BEYOND, FENCEPOST_ROOM, OVERRUN_SPAN, overrun, overshoot_finding, resync
+from heapwalk.target.memory import Memory, ReadError
+from heapwalk.target.words import PROBE_SPAN, Window
 
-__all__ = ["ChunkState", "Chunk", "Extent", "Account", "list_states", "Listing", "extents",
-           "walk_extent", "walk_batches", "account",
-           "FREE_STATES", "MmappedChunk", "find_mmapped", "find_mmapped_in_pages", "main_regions", "resync"]
+__all__ = ["walk_extent", "walk_batches", "account"]
 
 _WINDOW = 4 << 20      # bytes of a heap the walk reads at once
-_PROBE_SPAN = 1 << 18  # ... and a resynchronisation or region probe, which looks at little
-
-
-class ChunkState(enum.Enum):
-    __hash__ = object.__hash__  # members are singletons: identity hashing, without a Python-level call per lookup
-
-    IN_USE = "in_use"
-    TCACHE = "tcache"
-    FAST = "fast"
-    UNSORTED = "unsorted"
-    SMALL = "small"
-    LARGE = "large"
-    TOP = "top"
-    TCACHE_STRUCT = "tcache_struct"
-    FENCEPOST = "fencepost"
-    FREE_UNLISTED = "free_unlisted"
-
-
-#: states whose bytes are free memory held by malloc (top is counted apart)
-FREE_STATES = (ChunkState.TCACHE, ChunkState.FAST, ChunkState.UNSORTED, ChunkState.SMALL, ChunkState.LARGE,
-               ChunkState.FREE_UNLISTED)
-_LIST_STATE = {BinKind.FAST: ChunkState.FAST, BinKind.UNSORTED: ChunkState.UNSORTED,
-               BinKind.SMALL: ChunkState.SMALL, BinKind.LARGE: ChunkState.LARGE}
-
-
-class Chunk(NamedTuple):
-    """One chunk met by the walk: its address, size (flags masked), flag bits and state."""
-
-    address: int
-    size: int
-    flags: int
-    state: ChunkState
-    extent: int                 # the heap (or main-arena region) it lies in
-
-
-@dataclass(frozen=True, slots=True)
-class Extent:
-    """A stretch of one arena's memory that holds chunks: [start, end) of a heap, first chunk at FIRST."""
-
-    start: int
-    first: int
-    end: int
-
-
-@dataclass
-class Account:
-    """Where an arena's system_mem goes, by chunk state, in bytes and counts."""
-
-    arena: int
-    system_mem: int
-    bytes: dict[ChunkState, int] = field(default_factory=lambda: dict.fromkeys(ChunkState, 0))
-    counts: dict[ChunkState, int] = field(default_factory=lambda: dict.fromkeys(ChunkState, 0))
-    overhead: int = 0           # heap_info, a thread arena's malloc_state, alignment, fenceposts' tails
-    unwalked: int = 0           # bytes after damage the walk could not pass
-    reached: int = 0            # the address the walk has reached (for progress reports)
-    findings: list[Finding] = field(default_factory=list)
-
-    @property
-    def accounted(self) -> int:
-        return sum(self.bytes.values()) + self.overhead + self.unwalked
-
-    @property
-    def balanced(self) -> bool:
-        """The identity: system_mem = every state's bytes + overhead, with nothing left unwalked."""
-        return self.accounted == self.system_mem and self.unwalked == 0
-
-    @property
-    def free(self) -> int:
-        return sum(self.bytes[s] for s in FREE_STATES)
-
-
-def list_states(state: HeapState) -> dict[int, ChunkState]:
-    """Chunk address -> state for every chunk in a free list or tcache, and every tcache struct chunk
-    (`Listing.of_state` as a dict: where two lists hold a chunk, the state the walk gives it)."""
-    return Listing.of_state(state).as_dict()
-
-
-#: the states of listed chunks, by the code a `Listing` key carries in its low four bits; where two lists hold
-#: one chunk, the lowest code wins (a tcache over a bin, as glibc's own next malloc would see it)
-_LISTED_STATES = (ChunkState.TCACHE_STRUCT, ChunkState.TCACHE, ChunkState.FAST, ChunkState.UNSORTED,
-                  ChunkState.SMALL, ChunkState.LARGE)
-_CODE = {st: code for code, st in enumerate(_LISTED_STATES)}
-_ADDRESS = ~0xF
-
-
-class Listing:
-    """Every chunk in a free list or tcache, and every tcache struct chunk, sorted by address: what the chunk
-    walk looks up as it goes.  Each is one int, address | code: chunk addresses are 16-aligned, so the low
-    four bits carry the state (`_LISTED_STATES`).  Built with C-level loops; a few ints per chunk."""
-
-    __slots__ = ("keys",)
-
-    def __init__(self, keys: list[int]):
-        self.keys = keys
-
-    @classmethod
-    def of_state(cls, state: HeapState) -> "Listing":
-        parts = []
-        for arena in state.arenas:
-            for lst in arena.free_lists():
-                parts.append(map(_CODE[_LIST_STATE[lst.kind]].__or__, lst.chunks))
-        for _, tcache in state.tcaches():
-            parts.append([tcache.address - 2 * 8 | _CODE[ChunkState.TCACHE_STRUCT]])
-            for b in tcache.bins:
-                parts.append([e - 2 * 8 | _CODE[ChunkState.TCACHE] for e in b.entries])
-        return cls(sorted(itertools.chain.from_iterable(parts)))
-
-    @classmethod
-    def of_states(cls, states: dict[int, ChunkState]) -> "Listing":
-        return cls(sorted(a | _CODE[st] for a, st in states.items()))
-
-    def as_dict(self) -> dict[int, ChunkState]:
-        """Address -> state; where two keys share an address, the first (the one the walk takes) wins."""
-        return {k & _ADDRESS: _LISTED_STATES[k & 0xF] for k in reversed(self.keys)}
-
-    def addresses(self) -> set[int]:
-        return {k & _ADDRESS for k in self.keys}
-
-    def get(self, address: int) -> ChunkState | None:
-        """The state of the listed chunk at ADDRESS, or None."""
-        i = bisect.bisect_left(self.keys, address)
-        if i < len(self.keys) and self.keys[i] & _ADDRESS == address:
-            return _LISTED_STATES[self.keys[i] & 0xF]
-        return None
-
-    def first_after(self, low: int, high: int) -> int | None:
-        """The lowest listed address in (LOW, HIGH), or None."""
-        i = bisect.bisect_left(self.keys, low + 16)
-        if i < len(self.keys) and self.keys[i] & _ADDRESS < high:
-            return self.keys[i] & _ADDRESS
-        return None
-
-
-def _align_chunk(address: int) -> int:
-    """The first address at or after ADDRESS whose user memory (chunk + 16) is aligned."""
-    return address + (-(address + 2 * 8)) % MALLOC_ALIGNMENT
-
-
-def extents(arena: Arena, layout: Layout) -> list[Extent]:
-    """The stretches of memory holding ARENA's chunks: each heap of a thread arena, the main arena's sbrk region."""
-    if arena.is_main:  # the sbrk region, or each mmap'd piece of a non-contiguous main arena
-        return [Extent(h.address, _align_chunk(h.address), h.address + h.size) for h in arena.heaps]
-    out = []
-    for heap in arena.heaps:
-        header = layout.first_chunk_offset if heap.prev == 0 else layout.heap_info_size
-        out.append(Extent(heap.address, _align_chunk(heap.address + header), heap.address + heap.size))
-    return out
-
-
-_BIN_STATES = frozenset((ChunkState.UNSORTED, ChunkState.SMALL, ChunkState.LARGE))
-_HELD_STATES = frozenset((ChunkState.IN_USE, ChunkState.TCACHE, ChunkState.FAST, ChunkState.TCACHE_STRUCT))
-_RESYNC_WINDOW = 1 << 16
-_RESYNC_STEPS = 32
-
-
-def _plausible(size_field: int, at: int, end: int) -> bool:
-    size = size_field & ~SIZE_BITS
-    return size >= MINSIZE and not size % MALLOC_ALIGNMENT and at + size <= end and not size_field & IS_MMAPPED
-
-
-def _chains(word, at: int, target: int, end: int, main: bool = False) -> bool:
-    """Do the chunk headers from AT lead exactly to TARGET (or through _RESYNC_STEPS sound chunks)?  In a MAIN
-    arena no header has NON_MAIN_ARENA set."""
-    for _ in range(_RESYNC_STEPS):
-        try:
-            size_field = word(at + 8)
-        except ReadError:
-            return False
-        if not _plausible(size_field, at, end) or main and size_field & NON_MAIN_ARENA:
-            return False
-        at += size_field & ~SIZE_BITS
-        if at == target:
-            return True
-        if at > target:
-            return False
-    return True
-
-
-def resync(mem: Memory, extent: Extent, bad: int, top: int, listing: Listing, main: bool = False) -> int | None:
-    """Where a heap walk broken at BAD can resume: the first place after it from which sound chunk headers
-    (none with NON_MAIN_ARENA set in a MAIN arena) lead to a chunk known from the lists (or top), searched
-    over the next 64 KiB; else that known chunk; None when nothing after BAD is known."""
-    return _resume(_Window(mem, extent.end, _PROBE_SPAN).word, extent, bad, top, listing, main)
-
-
-def _resume(word, extent: Extent, bad: int, top: int, listing: Listing, main: bool = False) -> int | None:
-    """`resync` over the words WORD gives."""
-    known = [a for a in (listing.first_after(bad, extent.end),) if a is not None]
-    if bad < top < extent.end:
-        known.append(top)
-    target = min(known, default=None)
-    limit = min(target if target is not None else extent.end, bad + _RESYNC_WINDOW)
-    at = _align_chunk(bad + 1)
-    while at < limit:
-        if _chains(word, at, target if target is not None else extent.end, extent.end, main):
-            return at
-        at += MALLOC_ALIGNMENT
-    return target
 
 
 def walk_extent(mem: Memory, extent: Extent, top: int, listing: Listing, acc: Account,
@@ -273,7 +72,7 @@ def walk_batches(mem: Memory, extent: Extent, top: int, listing: Listing, acc: A
     get = listing.get
     order = listing.keys
     at, listed = bisect.bisect_left(order, extent.first), len(order)
-    nxt = order[at] & _ADDRESS if at < listed else _BEYOND
+    nxt = order[at] & ADDRESS_MASK if at < listed else BEYOND
     tally_bytes: dict[ChunkState, int] = dict.fromkeys(ChunkState, 0)
     tally_counts: dict[ChunkState, int] = dict.fromkeys(ChunkState, 0)
     plain_count = plain_bytes = 0        # in-use chunks not in any list (corrected when found free)
@@ -282,9 +81,9 @@ def walk_batches(mem: Memory, extent: Extent, top: int, listing: Listing, acc: A
     mask = SIZE_BITS | 8 if check_bit else PREV_INUSE | 8   # header bits the fast loop compares
     plain_want = PREV_INUSE | want_bit                        # ... for an in-use chunk after an in-use one
     limit = top if extent.first <= top < end else end
-    win = _Window(mem, end, _WINDOW)
-    states, held_states, bin_states, size_mask = _LISTED_STATES, _HELD_STATES, _BIN_STATES, ~SIZE_BITS
-    i_beyond = _BEYOND >> 3
+    win = Window(mem, end, _WINDOW)
+    states, held_states, bin_states, size_mask = LISTED_STATES, HELD_STATES, BIN_STATES, ~SIZE_BITS
+    i_beyond = BEYOND >> 3
     code_bytes, code_counts = [0] * len(states), [0] * len(states)   # the fast loop's tallies, by listing code
     out: list[tuple[int, int, int, ChunkState]] = []
     p_addr = p_size = 0                  # the chunk before c ...
@@ -305,7 +104,7 @@ def walk_batches(mem: Memory, extent: Extent, top: int, listing: Listing, acc: A
                 words, shift = win.words, win.base - 8
                 i = i0 = (c - shift) >> 3
                 p, lp, n, listed_bytes = -1, -1, 0, 0
-                if p_st in _BIN_STATES or p_st is ChunkState.FREE_UNLISTED:
+                if p_st in BIN_STATES or p_st is ChunkState.FREE_UNLISTED:
                     pass  # the chunk after a free one: the full treatment checks its prev_size
                 else:
                     i_limit = (limit - shift + 7) >> 3
@@ -338,7 +137,7 @@ def walk_batches(mem: Memory, extent: Extent, top: int, listing: Listing, acc: A
                             listed_bytes += size
                             lp = i
                             at += 1
-                            i_nxt = ((order[at] & _ADDRESS) - shift) >> 3 if at < listed else i_beyond
+                            i_nxt = ((order[at] & ADDRESS_MASK) - shift) >> 3 if at < listed else i_beyond
                             bound = i_nxt if i_nxt < i_limit else i_limit
                             i += size_field >> 3
                             if st in bin_states:
@@ -355,7 +154,7 @@ def walk_batches(mem: Memory, extent: Extent, top: int, listing: Listing, acc: A
                         pass
                 if i != i0:
                     c0, c = c, shift + (i << 3)
-                    nxt = order[at] & _ADDRESS if at < listed else _BEYOND
+                    nxt = order[at] & ADDRESS_MASK if at < listed else BEYOND
                     plain_count += n
                     plain_bytes += c - c0 - listed_bytes
                     if lp >= 0:
@@ -375,7 +174,7 @@ def walk_batches(mem: Memory, extent: Extent, top: int, listing: Listing, acc: A
             while nxt < c:
                 skipped = skipped or nxt != p_addr
                 at += 1
-                nxt = order[at] & _ADDRESS if at < listed else _BEYOND
+                nxt = order[at] & ADDRESS_MASK if at < listed else BEYOND
             # the full treatment of the chunk at c
             try:
                 size_field = win.word(c + 8)
@@ -388,12 +187,12 @@ def walk_batches(mem: Memory, extent: Extent, top: int, listing: Listing, acc: A
             pinuse = size_field & PREV_INUSE
             # a zero size ends a heap that is no longer the newest (the fencepost sysmalloc leaves in the last
             # bytes of the old top); anywhere else it is damage, as is any size that is not a chunk's
-            fencepost = size == 0 and c != top and end - c <= _FENCEPOST_ROOM and not extent.first <= top < end
+            fencepost = size == 0 and c != top and end - c <= FENCEPOST_ROOM and not extent.first <= top < end
             impossible = not fencepost and (size < 2 * 8 or size % MALLOC_ALIGNMENT or c + size > end)
             if (impossible and c != top or skipped or p_plain and not pinuse and lists_known
-                    or p_st in _BIN_STATES and (pinuse or win.word(c) != p_size)):
+                    or p_st in BIN_STATES and (pinuse or win.word(c) != p_size)):
                 # the neighbours disagree: is it because a size before c sent the walk into a chunk's middle?
-                fix = _overrun(_Window(mem, end, _PROBE_SPAN).word, listing, extent, top, anchor, anchor_st, c,
+                fix = overrun(Window(mem, end, PROBE_SPAN).word, listing, extent, top, anchor, anchor_st, c,
                                impossible, want_bit if check_bit else None)
                 if fix is not None:
                     culprit, real, chain = fix
@@ -410,13 +209,13 @@ def walk_batches(mem: Memory, extent: Extent, top: int, listing: Listing, acc: A
                                                 if not culprit <= f.address <= c]
                     out = [o for o in out if not culprit <= o[0] < c]
                     landed = culprit + chain[0][1]
-                    findings.append(_overshoot(culprit, win.word(culprit + 8), real, landed, win.word(landed + 8),
+                    findings.append(overshoot_finding(culprit, win.word(culprit + 8), real, landed, win.word(landed + 8),
                                                where))
                     acc.unwalked += real - culprit
                     anchor, anchor_st = real, None
                     c, p_plain, p_st = real, False, None
                     at = bisect.bisect_left(order, c)  # back before c: the listed chunks from there on
-                    nxt = order[at] & _ADDRESS if at < listed else _BEYOND
+                    nxt = order[at] & ADDRESS_MASK if at < listed else BEYOND
                     continue
             if p_plain and not pinuse and not impossible:  # the chunk before is free, yet in no list
                 plain_count -= 1
@@ -477,7 +276,7 @@ def walk_batches(mem: Memory, extent: Extent, top: int, listing: Listing, acc: A
                 anchor, anchor_st = c, st
                 tally_bytes[st] += size
                 tally_counts[st] += 1
-                if check_bit and st in _HELD_STATES and (flags & NON_MAIN_ARENA) != want_bit:
+                if check_bit and st in HELD_STATES and (flags & NON_MAIN_ARENA) != want_bit:
                     findings.append(_arena_bit_finding(c, where, non_main))
                 out.append((c, size, flags, st))
                 p_plain, p_st = False, st
@@ -492,7 +291,7 @@ def walk_batches(mem: Memory, extent: Extent, top: int, listing: Listing, acc: A
             if len(out) >= flush_at or c - acc.reached >= _WINDOW:
                 acc.reached = c
                 # what an overrun found later may take back stays: the chunks from the anchor, or near c
-                keep, k = max(anchor, c - _OVERRUN_SPAN), len(out)
+                keep, k = max(anchor, c - OVERRUN_SPAN), len(out)
                 while k and out[k - 1][0] >= keep:
                     k -= 1
                 if k:
@@ -512,159 +311,12 @@ def walk_batches(mem: Memory, extent: Extent, top: int, listing: Listing, acc: A
             acc.counts[st] += tally_counts[st]
 
 
-_BEYOND = 1 << 65   # an address past every list: the walk's next listed chunk when none is left
-#: how close to a heap's end the zero-size fencepost of an old top lies (glibc puts it 16 to 31 bytes before)
-_FENCEPOST_ROOM = 2 * MINSIZE
-
-
-def _overshoot(chunk: int, size_field: int, real: int, landed: int, landed_field: int, where: str) -> Finding:
-    """The finding for a chunk whose size runs past the next chunk (REAL) to LANDED, where no chunk starts."""
-    return Finding(Severity.ERROR, chunk, where, f"chunk size {size_field:#x} runs {landed - real:#x} bytes into the "
-                   f"chunk at {real:#x}: where it leads ({landed:#x}) no chunk starts (size field "
-                   f"{landed_field:#x}), while sound headers from {real:#x} on lead to chunks the lists hold; "
-                   f"the walk resumes at {real:#x}", Kind.CHUNK_SIZE, f"{real - chunk:#x} (the next chunk's start)",
-                   f"{size_field:#x}")
-
-
-#: how far back from where the neighbours disagree the search for an overrunning size looks, and how many
-#: header steps it may take in all
-_OVERRUN_SPAN = 1 << 20
-_OVERRUN_STEPS = 1 << 17
-#: how many sound headers a chain must cross beyond an impossible size before it counts as the real path
-_PAST_STEPS = 8
-#: how many, when the chain meets other damage before the point where the walk resumes, from a chunk before the
-#: one right before the impossible size
-_PAST_MIN = 2
-
-
-def _overrun(word, listing: Listing, extent: Extent, top: int, anchor: int, anchor_st: ChunkState | None,
-             c: int, dead_end: bool, arena_bit: int | None = None
-             ) -> tuple[int, int, list[tuple[int, int]]] | None:
-    """Which chunk's size sent the walk astray before C, where the neighbours disagree.  The walk came from
-    ANCHOR (a chunk the lists vouch for, of state ANCHOR_ST) along sizes to C.  The culprit is the first chunk
-    on that path inside which a chunk starts whose headers lead, all in use as their PREV_INUSE bits say, to
-    the next chunk the lists hold (or top, or the heap's end), or, when C's size is impossible (DEAD_END),
-    past C: where the walk's own path cannot go.  ARENA_BIT (NON_MAIN_ARENA or 0; None: unchecked) is what
-    every chunk in use on such a path carries.  Returns (culprit, where its real next chunk starts, the path
-    [(chunk, size)] from the culprit to C), or None when no size before C explains the disagreement."""
-    path, b = [], anchor
-    while b < c:
-        size = word(b + 8) & ~SIZE_BITS
-        if size < MINSIZE or len(path) >= _OVERRUN_STEPS:
-            return None
-        path.append((b, size))
-        b += size
-    if b != c:
-        return None
-    budget = [_OVERRUN_STEPS]
-    # past an impossible size, a chain must land no further than where the walk would resume were that size the
-    # damage: a header hidden in a chunk's data may leap over C onto sound chunks, but seldom onto the first one
-    past = (c, _resume(word, extent, c, top, listing, arena_bit == 0) or _BEYOND) if dead_end else None
-    for k, (b, size) in enumerate(path):
-        if b < c - _OVERRUN_SPAN:
-            continue
-        target = listing.first_after(b, extent.end)
-        if b < top < extent.end and (target is None or top < target):
-            target = top
-        freed = k == 0 and anchor_st in _BIN_STATES
-        for r in range(b + MALLOC_ALIGNMENT, b + size, MALLOC_ALIGNMENT):
-            if _leads(word, b, r, freed, target, extent.end, budget, past and (*past, k < len(path) - 1),
-                      arena_bit):
-                return b, r, path[k:]
-            if budget[0] <= 0:
-                return None
-    return None
-
-
-def _leads(word, prev: int, r: int, freed: bool, target: int | None, end: int, budget: list[int],
-           past: tuple[int, int, bool] | None = None, arena_bit: int | None = None) -> bool:
-    """Is R the real next chunk of PREV (free in a bin when FREED): R's header agrees with PREV, and sizes from
-    R lead, through chunks in use, to TARGET (None: to the heap's end or its fencepost), or, when PAST is
-    (C, LANDING, FAR), over C to no further than LANDING and on to LANDING, through _PAST_STEPS sound chunks,
-    or to other damage before LANDING, through one sound chunk past the landing first (or _PAST_MIN when PREV
-    is FAR: not the chunk right before C, whose data would have to leap over C from further back)?  Each
-    chunk in use on the way carries ARENA_BIT, when it is given."""
-    try:
-        field = word(r + 8)
-        if freed:
-            if field & PREV_INUSE or word(r) != r - prev:
-                return False
-        elif not field & PREV_INUSE:
-            return False
-        if r == target:
-            return True
-        at, beyond = r, 0
-        while budget[0] > 0:
-            budget[0] -= 1
-            size = field & ~SIZE_BITS
-            if target is None and size < MINSIZE and end - at <= _FENCEPOST_ROOM:
-                return True
-            if not _plausible(field, at, end) or arena_bit is not None and field & NON_MAIN_ARENA != arena_bit:
-                # past C, a chain may meet other damage the walk's resumption skips too
-                return past is not None and at < past[1] and beyond > (_PAST_MIN if past[2] else 1)
-            at += size
-            if past is not None and at > past[0]:
-                if at == past[1] or beyond > _PAST_STEPS:
-                    return True
-                if not beyond and at > past[1]:
-                    return False
-                beyond += 1
-            if at == (target if target is not None else end):
-                return target is None or bool(word(at + 8) & PREV_INUSE)
-            if target is not None and at > target:
-                return False
-            field = word(at + 8)
-            if not field & PREV_INUSE:
-                return False
-    except ReadError:
-        return False
-    return False
-
-
-class _Window:
-    """The words of [base, base + SPAN) of one heap (up to its END), read in one piece; moved on as the
-    walk goes."""
-
-    def __init__(self, mem: Memory, end: int, span: int):
-        self.mem, self.end, self.span = mem, end, span
-        self.base, self.words = 0, memoryview(b"").cast("Q")
-
-    def word(self, address: int) -> int:
-        """The 8-byte word at ADDRESS (8-aligned), reading a new window when it is not in this one."""
-        i = (address - self.base) >> 3
-        if not 0 <= i < len(self.words):
-            data = _read_window(self.mem, address & ~7, self.end, self.span)
-            if len(data) < 8:
-                raise ReadError(address, 8)
-            self.base, self.words = address & ~7, memoryview(data)[:len(data) // 8 * 8].cast("Q")
-            i = 0
-        return self.words[i]
-
-
-def word_reader(mem: Memory, end: int):
-    """A function giving the 8-byte word at an address below END, read in windows (ReadError where memory
-    is missing): for scans that step through chunk headers."""
-    return _Window(mem, end, _WINDOW).word
-
-
-def _flags_at(win: "_Window", chunk: int) -> int:
+def _flags_at(win: "Window", chunk: int) -> int:
     """The flag bits of the chunk at CHUNK, whose header the walk has read (0 if it is gone from memory)."""
     try:
         return win.word(chunk + 8) & SIZE_BITS
     except ReadError:
         return 0
-
-
-def _read_window(mem: Memory, base: int, end: int, span: int) -> bytes | memoryview:
-    """Up to SPAN bytes at BASE, fewer where the target's memory ends (b"" when nothing is readable)."""
-    size = max(16, min(span, end - base))
-    read = getattr(mem, "read_buffer", mem.read)
-    while size >= 8:
-        try:
-            return read(base, size)
-        except ReadError:
-            size = size // 2 if size > 4096 else (8 if size > 8 else 0)
-    return b""
 
 
 def _unlisted(address: int, size: int, flags: int, where: str, findings: list, out: list, every: bool) -> None:
@@ -694,10 +346,10 @@ def _check_prev_size(prev_size: int, c: int, p_addr: int, p_size: int, where: st
                                 f"{prev_size:#x}", Kind.PREV_SIZE, f"{p_size:#x}", f"{prev_size:#x}"))
 
 
-def _check_after_listed(st: ChunkState, p_addr: int, p_size: int, pinuse: int, c: int, win: _Window,
+def _check_after_listed(st: ChunkState, p_addr: int, p_size: int, pinuse: int, c: int, win: Window,
                         where: str, findings: list) -> None:
     """The neighbour checks for a listed chunk (or a fencepost) followed by the chunk at C."""
-    if st in _BIN_STATES and pinuse:
+    if st in BIN_STATES and pinuse:
         findings.append(Finding(Severity.ERROR, p_addr, where, f"chunk {p_addr:#x} is in a {st.value} bin, but the "
                                 f"next chunk {c:#x} has PREV_INUSE set", Kind.FREE_IN_USE, "PREV_INUSE clear",
                                 "PREV_INUSE set"))
@@ -730,137 +382,10 @@ def account(mem: Memory, layout: Layout, arena: Arena, listing: Listing, observe
         if observer is not None:
             observer.extent_done()
     if not arena.lists_known:
-        _unlisted_in_sum(acc, arena)
+        acc.sum_unlisted(f"arena {arena.number}")
     if acc.accounted != acc.system_mem:
         acc.findings.append(Finding(Severity.ERROR, arena.address, f"arena {arena.number}",
                                     f"the walk accounts for {acc.accounted:#x} bytes, system_mem is "
                                     f"{acc.system_mem:#x}", Kind.ACCOUNTING, f"{acc.system_mem:#x}",
                                     f"{acc.accounted:#x}"))
     return acc
-
-
-def _unlisted_in_sum(acc: Account, arena: Arena) -> None:
-    """One finding, instead of one per chunk, for the free chunks of an arena whose lists are missing."""
-    unlisted = [f for f in acc.findings if f.kind is Kind.FREE_UNLISTED]
-    if not unlisted:
-        return
-    acc.findings[:] = [f for f in acc.findings if f.kind is not Kind.FREE_UNLISTED]
-    acc.findings.append(Finding(
-        Severity.INFO, arena.address, f"arena {arena.number}", f"{len(unlisted)} free chunk(s), "
-        f"{acc.bytes[ChunkState.FREE_UNLISTED]:#x} bytes, are free by their neighbours' PREV_INUSE bits; the "
-        "arena's lists are missing, so these are counted as free in no list (and chunks in tcache or "
-        "fastbins, whose neighbours call them in use, as in use)", Kind.FREE_UNLISTED))
-
-
-@dataclass(frozen=True, slots=True)
-class MmappedChunk:
-    """A chunk with a mapping of its own: its address, size field (masked), and the bytes of its mapping."""
-
-    address: int
-    size: int
-    span: int
-
-
-def find_mmapped(mem: Memory, layout: Layout, regions: list[tuple[int, int]], skip: list[tuple[int, int]],
-                 limit: int = 1 << 20) -> list[MmappedChunk]:
-    """Mmapped chunks at the start of anonymous memory regions (and packed after each other within one).
-
-    A mapping made for one chunk starts with its header: prev_size 0 (the
-    front padding, which only memalign'd chunks have) and a size with
-    IS_MMAPPED set and NON_MAIN_ARENA clear, spanning whole pages that fit in
-    the region; the kernel may merge neighbouring ones into one region, and
-    merges one placed right below a thread heap with the heap's first pages.
-    SKIP (heaps, libc) is cut out of the regions, and what is left of each is
-    looked at; chunks with front padding are not found (the totals then
-    disagree with mp_, which the caller reports).
-    """
-    out: list[MmappedChunk] = []
-    for start, end in ranges_without(regions, skip):
-        at = start
-        while at < end and len(out) < limit:
-            chunk = _mmapped_at(mem, layout, at, end)
-            if chunk is None:
-                break
-            out.append(chunk)
-            at += chunk.span
-    return out
-
-
-def _mmapped_at(mem: Memory, layout: Layout, at: int, end: int) -> MmappedChunk | None:
-    """The mmapped chunk whose mapping starts at AT and ends by END, if AT holds such a header: prev_size 0,
-    IS_MMAPPED set, NON_MAIN_ARENA clear, a mapping of whole pages."""
-    try:
-        prev_size, size_field = struct.unpack("<QQ", mem.read(at, 16))
-    except ReadError:
-        return None
-    size = size_field & ~SIZE_BITS
-    if prev_size or not size_field & IS_MMAPPED or size_field & NON_MAIN_ARENA or size < MINSIZE:
-        return None
-    span = layout.mmapped_span(0, size)
-    return MmappedChunk(at, size, span) if span % 4096 == 0 and at + span <= end else None
-
-
-def find_mmapped_in_pages(mem: Memory, layout: Layout, regions: list[tuple[int, int]],
-                          skip: list[tuple[int, int]], budget: int = 1 << 30) -> list[MmappedChunk]:
-    """Mmapped chunks anywhere in REGIONS (less SKIP), looked for at every page: for when `find_mmapped`
-    finds fewer than mp_ counts, because the kernel merged a chunk's mapping with anonymous memory below
-    it (a thread's stack, say), so that it no longer starts a region.  Reads at most BUDGET bytes of
-    pages; the caller keeps what it finds only if the totals then agree with mp_."""
-    out: list[MmappedChunk] = []
-    for start, end in ranges_without(regions, skip):
-        at = (start + 4095) & ~4095
-        while at + 16 <= end and budget > 0:
-            budget -= 4096
-            chunk = _mmapped_at(mem, layout, at, end)
-            if chunk is None:
-                at += 4096
-            else:
-                out.append(chunk)
-                at += chunk.span
-    return out
-
-
-def _probe_main_region(mem: Memory, start: int, end: int, top: int, top_size: int) -> int | None:
-    """The end of a main-arena region that starts at START (an mmap'd piece of a non-contiguous main arena):
-    where its chunks reach the end of top, or two fenceposts; None if START does not hold such chunks."""
-    word = _Window(mem, end, _PROBE_SPAN).word
-    c = _align_chunk(start)
-    first, fenceposts = True, 0
-    while c < end:
-        try:
-            size_field = word(c + 8)
-        except ReadError:
-            return None
-        size = size_field & ~SIZE_BITS
-        if size_field & (IS_MMAPPED | NON_MAIN_ARENA) or size < 2 * 8 or size % MALLOC_ALIGNMENT or c + size > end:
-            return None
-        if first and not size_field & PREV_INUSE:
-            return None
-        first = False
-        if c == top:
-            return c + size if size == top_size else None
-        fenceposts = fenceposts + 1 if size < MINSIZE else 0
-        c += size
-        if fenceposts == 2:
-            return c
-    return None
-
-
-def main_regions(mem: Memory, arena: Arena, regions: list[tuple[int, int]], skip: list[tuple[int, int]]
-                 ) -> list[tuple[int, int]]:
-    """The pieces [start, end) of a non-contiguous main arena (mmap'd when sbrk could not be used).
-
-    Each piece ends at top or with two fenceposts; the kernel may have merged
-    neighbouring pieces into one region, so a region is probed piece after piece
-    (SKIP, the thread heaps and libc, cut out: a piece may merge with a heap).
-    """
-    out = []
-    for start, end in ranges_without(sorted(regions), skip):
-        at = start
-        while at < end:
-            piece_end = _probe_main_region(mem, at, end, arena.top, arena.top_size)
-            if piece_end is None:
-                break
-            out.append((at, piece_end))
-            at = (piece_end + 4095) & ~4095
-    return out

@@ -13,8 +13,9 @@ import gc
 import struct
 from dataclasses import dataclass
 
-from heapwalk.glibc.chunkwalk import (Account, ChunkState, Listing, account, find_mmapped, find_mmapped_in_pages,
-                                      list_states, main_regions)
+from heapwalk.glibc.chunks import Account, ChunkState, Listing, list_states
+from heapwalk.glibc.chunkwalk import account
+from heapwalk.glibc.mmapped import find_mmapped, find_mmapped_in_pages, main_regions
 from heapwalk.glibc.trim import TrimEstimate, TrimSimulation
 from heapwalk.glibc.aborts import Candidate, check_for, explain
 from heapwalk.glibc.discovery import Discovery, MallocUnused, main_memory_start
@@ -26,7 +27,8 @@ from heapwalk.glibc import headless
 from heapwalk.glibc.heuristics import arenas_by_heaps
 from heapwalk.glibc.tcachescan import scan_tcaches
 from heapwalk.target.threads import FATAL_SIGNALS, ThreadRegs
-from heapwalk.glibc.lists import ListWalk, walk_arena_ring, walk_bin, walk_fastbin, walk_heaps, walk_tcache
+from heapwalk.glibc.lists import ListWalk, walk_bin, walk_fastbin, walk_tcache
+from heapwalk.glibc.ring import walk_arena_ring, walk_heaps
 
 __all__ = ["collect", "walk_arenas", "read_mp", "read_arena", "mmapped_agree"]
 

@@ -15,11 +15,11 @@ from dataclasses import dataclass
 from heapwalk.glibc import heuristics
 from heapwalk.glibc.layout import HEAP_MAX_SIZE, IS_MMAPPED, MALLOC_ALIGNMENT, MINSIZE, PREV_INUSE, SIZE_BITS, \
     Layout, layout_for
-from heapwalk.glibc.chunkwalk import word_reader
-from heapwalk.glibc.lists import plausible_arena
+from heapwalk.glibc.ring import plausible_arena
 from heapwalk.glibc.model import Arena, BinKind, BinList, Heap
 from heapwalk.findings import Finding, Kind, Severity
 from heapwalk.target.memory import Memory, ReadError, u64
+from heapwalk.target.words import word_reader
 
 __all__ = ["HeapArenas", "arenas_from_heaps", "heap_only", "heap_only_label", "MainHeap", "main_heap",
            "main_arena_of_heap"]

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from heapwalk.target.elf import LibcImage
 from heapwalk.glibc.layout import MP_INT_FIELDS, SIZE_BITS, Layout, layout_for
 from heapwalk.target.memory import Memory, ReadError, u64
-from heapwalk.glibc.lists import plausible_arena
+from heapwalk.glibc.ring import plausible_arena
 
 __all__ = ["ARENA_FAMILIES", "MP_VARIANTS", "MP_FOR_FAMILY", "mp_variant_at", "mp_plausible", "mp_evidence", "MpAnchors",
            "MpCandidate", "tcache_safe_linking", "ArenaCandidate", "scan_bin127", "find_main_arena", "find_mp", "arenas_by_heaps",

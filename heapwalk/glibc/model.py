@@ -199,9 +199,9 @@ class HeapState:
     threads: tuple[Thread, ...]
     facts: tuple[Fact, ...] = ()
     findings: tuple[Finding, ...] = field(default=())
-    accounts: dict = field(default_factory=dict)  # arena address -> chunkwalk.Account, when walked
+    accounts: dict = field(default_factory=dict)  # arena address -> chunks.Account, when walked
     trims: dict = field(default_factory=dict)     # arena address -> trim.TrimEstimate, when walked
-    mmapped: list = field(default_factory=list)   # chunkwalk.MmappedChunk found in memory, when walked
+    mmapped: list = field(default_factory=list)   # mmapped.MmappedChunk found in memory, when walked
     findings_extra: list = field(default_factory=list)  # findings of the chunk walk not tied to one arena
     glibc_label: str = ""           # "2.36", or the range memory showed when the version is unknown
     heap_max_size: int = 64 << 20   # size and alignment of a thread arena's heap reservation

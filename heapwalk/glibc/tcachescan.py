@@ -18,7 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from heapwalk.glibc.chunkwalk import Account, ChunkState, Listing, extents, walk_extent
+from heapwalk.glibc.chunks import Account, ChunkState, Listing, extents
+from heapwalk.glibc.chunkwalk import walk_extent
 from heapwalk.glibc.layout import SIZE_BITS, Layout
 from heapwalk.target.memory import Memory, ReadError, u64
 from heapwalk.glibc.model import Arena, Tcache
@@ -42,7 +43,7 @@ def scan_tcaches(mem: Memory, layout: Layout, arenas: list[Arena], listing: List
                  fill: int | None, known: set[int]) -> TcacheScan:
     """Every tcache struct in ARENAS' heaps except those at KNOWN (user addresses), by a walk of their chunks.
 
-    LISTING holds the chunks the free lists and known tcaches hold (`chunkwalk.Listing.of_state`); FILL is
+    LISTING holds the chunks the free lists and known tcaches hold (`chunks.Listing.of_state`); FILL is
     mp_.tcache_count.  Walk findings are not kept: the accounting walk reports the same ones.
     """
     if not layout.has_tcache:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from heapwalk.glibc.chunkwalk import ChunkState
+from heapwalk.glibc.chunks import ChunkState
 from heapwalk.glibc.layout import MINSIZE, Layout
 from heapwalk.target.memory import Memory, ReadError
 from heapwalk.glibc.model import Arena

@@ -1,0 +1,129 @@
+"""Chunks with mappings of their own (mmapped chunks), and the pieces of a non-contiguous main arena: found
+in the target's memory, page by page, where no heap holds them."""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+from heapwalk.glibc.chunks import align_chunk
+from heapwalk.glibc.layout import IS_MMAPPED, MALLOC_ALIGNMENT, MINSIZE, NON_MAIN_ARENA, PREV_INUSE, SIZE_BITS, Layout
+from heapwalk.glibc.model import Arena
+from heapwalk.target.memory import Memory, ReadError, ranges_without
+from heapwalk.target.words import PROBE_SPAN, Window
+
+__all__ = ["MmappedChunk", "find_mmapped", "find_mmapped_in_pages", "main_regions"]
+
+
+@dataclass(frozen=True, slots=True)
+class MmappedChunk:
+    """A chunk with a mapping of its own: its address, size field (masked), and the bytes of its mapping."""
+
+    address: int
+    size: int
+    span: int
+
+
+def find_mmapped(mem: Memory, layout: Layout, regions: list[tuple[int, int]], skip: list[tuple[int, int]],
+                 limit: int = 1 << 20) -> list[MmappedChunk]:
+    """Mmapped chunks at the start of anonymous memory regions (and packed after each other within one).
+
+    A mapping made for one chunk starts with its header: prev_size 0 (the
+    front padding, which only memalign'd chunks have) and a size with
+    IS_MMAPPED set and NON_MAIN_ARENA clear, spanning whole pages that fit in
+    the region; the kernel may merge neighbouring ones into one region, and
+    merges one placed right below a thread heap with the heap's first pages.
+    SKIP (heaps, libc) is cut out of the regions, and what is left of each is
+    looked at; chunks with front padding are not found (the totals then
+    disagree with mp_, which the caller reports).
+    """
+    out: list[MmappedChunk] = []
+    for start, end in ranges_without(regions, skip):
+        at = start
+        while at < end and len(out) < limit:
+            chunk = _mmapped_at(mem, layout, at, end)
+            if chunk is None:
+                break
+            out.append(chunk)
+            at += chunk.span
+    return out
+
+
+def _mmapped_at(mem: Memory, layout: Layout, at: int, end: int) -> MmappedChunk | None:
+    """The mmapped chunk whose mapping starts at AT and ends by END, if AT holds such a header: prev_size 0,
+    IS_MMAPPED set, NON_MAIN_ARENA clear, a mapping of whole pages."""
+    try:
+        prev_size, size_field = struct.unpack("<QQ", mem.read(at, 16))
+    except ReadError:
+        return None
+    size = size_field & ~SIZE_BITS
+    if prev_size or not size_field & IS_MMAPPED or size_field & NON_MAIN_ARENA or size < MINSIZE:
+        return None
+    span = layout.mmapped_span(0, size)
+    return MmappedChunk(at, size, span) if span % 4096 == 0 and at + span <= end else None
+
+
+def find_mmapped_in_pages(mem: Memory, layout: Layout, regions: list[tuple[int, int]],
+                          skip: list[tuple[int, int]], budget: int = 1 << 30) -> list[MmappedChunk]:
+    """Mmapped chunks anywhere in REGIONS (less SKIP), looked for at every page: for when `find_mmapped`
+    finds fewer than mp_ counts, because the kernel merged a chunk's mapping with anonymous memory below
+    it (a thread's stack, say), so that it no longer starts a region.  Reads at most BUDGET bytes of
+    pages; the caller keeps what it finds only if the totals then agree with mp_."""
+    out: list[MmappedChunk] = []
+    for start, end in ranges_without(regions, skip):
+        at = (start + 4095) & ~4095
+        while at + 16 <= end and budget > 0:
+            budget -= 4096
+            chunk = _mmapped_at(mem, layout, at, end)
+            if chunk is None:
+                at += 4096
+            else:
+                out.append(chunk)
+                at += chunk.span
+    return out
+
+
+def _probe_main_region(mem: Memory, start: int, end: int, top: int, top_size: int) -> int | None:
+    """The end of a main-arena region that starts at START (an mmap'd piece of a non-contiguous main arena):
+    where its chunks reach the end of top, or two fenceposts; None if START does not hold such chunks."""
+    word = Window(mem, end, PROBE_SPAN).word
+    c = align_chunk(start)
+    first, fenceposts = True, 0
+    while c < end:
+        try:
+            size_field = word(c + 8)
+        except ReadError:
+            return None
+        size = size_field & ~SIZE_BITS
+        if size_field & (IS_MMAPPED | NON_MAIN_ARENA) or size < 2 * 8 or size % MALLOC_ALIGNMENT or c + size > end:
+            return None
+        if first and not size_field & PREV_INUSE:
+            return None
+        first = False
+        if c == top:
+            return c + size if size == top_size else None
+        fenceposts = fenceposts + 1 if size < MINSIZE else 0
+        c += size
+        if fenceposts == 2:
+            return c
+    return None
+
+
+def main_regions(mem: Memory, arena: Arena, regions: list[tuple[int, int]], skip: list[tuple[int, int]]
+                 ) -> list[tuple[int, int]]:
+    """The pieces [start, end) of a non-contiguous main arena (mmap'd when sbrk could not be used).
+
+    Each piece ends at top or with two fenceposts; the kernel may have merged
+    neighbouring pieces into one region, so a region is probed piece after piece
+    (SKIP, the thread heaps and libc, cut out: a piece may merge with a heap).
+    """
+    out = []
+    for start, end in ranges_without(sorted(regions), skip):
+        at = start
+        while at < end:
+            piece_end = _probe_main_region(mem, at, end, arena.top, arena.top_size)
+            if piece_end is None:
+                break
+            out.append((at, piece_end))
+            at = (piece_end + 4095) & ~4095
+    return out

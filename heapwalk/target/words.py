@@ -1,0 +1,51 @@
+"""A target's memory as 8-byte words, read a window at a time: what walks that step through chunk headers
+read, one bulk read per window instead of one per header."""
+
+from __future__ import annotations
+
+from heapwalk.target.memory import Memory, ReadError
+
+__all__ = ["Window", "word_reader", "read_window", "PROBE_SPAN", "SPAN"]
+
+#: bytes a walk reads at once
+SPAN = 4 << 20
+#: bytes a probe (a resynchronisation, a region check) reads at once: it looks at little
+PROBE_SPAN = 1 << 18
+
+
+class Window:
+    """The words of [base, base + SPAN) of one heap (up to its END), read in one piece; moved on as the
+    walk goes."""
+
+    def __init__(self, mem: Memory, end: int, span: int):
+        self.mem, self.end, self.span = mem, end, span
+        self.base, self.words = 0, memoryview(b"").cast("Q")
+
+    def word(self, address: int) -> int:
+        """The 8-byte word at ADDRESS (8-aligned), reading a new window when it is not in this one."""
+        i = (address - self.base) >> 3
+        if not 0 <= i < len(self.words):
+            data = read_window(self.mem, address & ~7, self.end, self.span)
+            if len(data) < 8:
+                raise ReadError(address, 8)
+            self.base, self.words = address & ~7, memoryview(data)[:len(data) // 8 * 8].cast("Q")
+            i = 0
+        return self.words[i]
+
+
+def word_reader(mem: Memory, end: int, span: int = SPAN):
+    """A function giving the 8-byte word at an address below END, read SPAN bytes at a time (ReadError where
+    memory is missing): for scans that step through chunk headers."""
+    return Window(mem, end, span).word
+
+
+def read_window(mem: Memory, base: int, end: int, span: int) -> bytes | memoryview:
+    """Up to SPAN bytes at BASE, fewer where the target's memory ends (b"" when nothing is readable)."""
+    size = max(16, min(span, end - base))
+    read = getattr(mem, "read_buffer", mem.read)
+    while size >= 8:
+        try:
+            return read(base, size)
+        except ReadError:
+            size = size // 2 if size > 4096 else (8 if size > 8 else 0)
+    return b""
