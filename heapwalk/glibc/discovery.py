@@ -22,7 +22,7 @@ from heapwalk.glibc import headless, heuristics
 from heapwalk.target import x86
 from heapwalk.target.elf import LIBC_FILE_NAME, PF_W, PT_LOAD, LibcImage, Mapping, find_libc, sole_file
 from heapwalk.glibc.layout import HEAP_MAX_SIZE, Layout, UnsupportedVersion, layout_for
-from heapwalk.target.memory import Memory, ReadError, u64
+from heapwalk.target.memory import Memory, ReadError, readable, u64
 from heapwalk.findings import Fact, Finding, Kind, Severity
 
 __all__ = ["MallocUnused", "foreign_allocator", "SymbolSource", "NoSymbols", "Overrides", "Discovery", "DiscoveryError", "discover", "main_memory_start", "parse_version",
@@ -384,13 +384,11 @@ def discover(mem: Memory, symbols: SymbolSource, overrides: Overrides | None = N
         if by_heaps is None:
             raise
         main_arena, family = by_heaps.main_arena, by_heaps.family
-    if version is None and family is None and main_arena is not None and not _readable(mem, main_arena):
+    if version is None and family is None and main_arena is not None and not readable(mem, main_arena):
         by_heaps = _heaps_evidence(search)  # main_arena is known (a symbol) but gone: the heaps tell the layout
         if by_heaps is not None:
             family = by_heaps.family
-            search.note(Severity.ERROR, main_arena, "main_arena is not in the target's memory (libc's writable "
-                        "data is missing: a truncated core?): the thread arenas found by their heaps are decoded, "
-                        "and the main heap is walked without the arena's lists, when it is found by its chunks")
+            _main_arena_gone(search, main_arena)
     if version is None and family is None:
         raise DiscoveryError(f"cannot tell which glibc this is ({version_how}) and memory shows no arena; "
                              "use 'set heapwalk glibc-version X.Y' and 'set heapwalk main-arena ADDRESS'")
@@ -503,33 +501,28 @@ def _main_arena_by_heaps(search: _Search, version: tuple[int, int] | None) -> he
                        "is missing too; those found are decoded" if found.arenas else "and no thread arena is "
                        "left to lead to it") + "; the main heap is walked without the arena's lists, when it is "
                     "found by its chunks")
-        readable = True
+        present = True
     else:
-        readable = _readable(search.mem, found.main_arena)
+        present = readable(search.mem, found.main_arena)
         search.fact("main_arena", found.main_arena, f"the ring of the {len(found.arenas)} thread arena(s) found "
-                    "by their heaps" + ("" if readable else " (main_arena itself is not in the target's memory)"))
-    if not readable:
-        search.note(Severity.ERROR, found.main_arena, "main_arena is not in the target's memory (libc's "
-                    "writable data is missing: a truncated core?): the thread arenas found by their heaps are "
-                    "decoded, and the main heap is walked without the arena's lists, when it is found by its "
-                    "chunks")
+                    "by their heaps" + ("" if present else " (main_arena itself is not in the target's memory)"))
+    if not present:
+        _main_arena_gone(search, found.main_arena)
     for arena in found.lost:
         search.note(Severity.ERROR, arena, "this thread arena, which the ring leads to, is not in the target's "
                     "memory (a truncated core?): it is not decoded")
     return found
 
 
+def _main_arena_gone(search: _Search, address: int) -> None:
+    search.note(Severity.ERROR, address, "main_arena is not in the target's memory (libc's writable data is "
+                "missing: a truncated core?): the thread arenas found by their heaps are decoded, and the main "
+                "heap is walked without the arena's lists, when it is found by its chunks")
+
+
 def _heaps_evidence(search: _Search) -> headless.HeapArenas | None:
     """The thread arenas found by their heaps, or else the main heap found by its chunks (None: neither)."""
     return headless.arenas_from_heaps(search.mem, search.regions) or headless.heap_only(search.mem, search.regions)
-
-
-def _readable(mem: Memory, address: int) -> bool:
-    try:
-        mem.read(address, 8)
-    except ReadError:
-        return False
-    return True
 
 
 def _mp_anchors(search: _Search, main_arena: int, ring_layout: Layout) -> heuristics.MpAnchors:

@@ -18,7 +18,7 @@ from heapwalk.glibc.layout import HEAP_MAX_SIZE, IS_MMAPPED, MALLOC_ALIGNMENT, M
 from heapwalk.glibc.ring import plausible_arena
 from heapwalk.glibc.model import Arena, BinKind, BinList, Heap
 from heapwalk.findings import Finding, Kind, Severity
-from heapwalk.target.memory import Memory, ReadError, u64
+from heapwalk.target.memory import Memory, ReadError, readable, u64
 from heapwalk.target.words import word_reader
 
 __all__ = ["HeapArenas", "arenas_from_heaps", "heap_only", "heap_only_label", "MainHeap", "main_heap",
@@ -117,7 +117,7 @@ def _ring_exits(mem: Memory, layout: Layout, arenas: list[int]) -> tuple[int | N
         if at % HEAP_MAX_SIZE == layout.heap_info_size:
             if at not in lost:
                 lost.append(at)
-        elif main is None and (not _readable(mem, at) or plausible_arena(mem, layout, at)):
+        elif main is None and (not readable(mem, at) or plausible_arena(mem, layout, at)):
             main = at
     return main, tuple(lost)
 
@@ -130,14 +130,6 @@ def _bin127_empty(mem: Memory, layout: Layout, arena: int) -> bool:
         return u64(mem, header + 16) == header and u64(mem, header + 24) == header
     except ReadError:
         return False
-
-
-def _readable(mem: Memory, address: int) -> bool:
-    try:
-        mem.read(address, 8)
-    except ReadError:
-        return False
-    return True
 
 
 def _tcache_chunk(mem: Memory, layout: Layout, arenas: list[int]) -> int | None:
@@ -201,7 +193,7 @@ def _chained_to_end(mem: Memory, start: int, end: int) -> MainHeap | None:
         if size < MINSIZE or size % MALLOC_ALIGNMENT or field & IS_MMAPPED or steps == 0 and not field & PREV_INUSE:
             return None
         if at + size > end:  # sound only when the core ends here, inside the heap's last chunk
-            sound = steps >= _MAIN_HEAP_STEPS and not _readable(mem, end)
+            sound = steps >= _MAIN_HEAP_STEPS and not readable(mem, end)
             return MainHeap(start, at + size, 0, 0, end) if sound else None
         last, at, steps = at, at + size, steps + 1
     return MainHeap(start, end, last, end - last) if steps > 1 else None

@@ -15,7 +15,7 @@ import struct
 from collections import OrderedDict
 from typing import Callable, Protocol
 
-__all__ = ["ReadError", "Memory", "CachedMemory", "ImageMemory", "u64", "u32", "u16", "ranges_without"]
+__all__ = ["ReadError", "Memory", "CachedMemory", "ImageMemory", "u64", "u32", "u16", "ranges_without", "readable"]
 
 _Q = struct.Struct("<Q")
 _I = struct.Struct("<I")
@@ -41,6 +41,15 @@ class Memory(Protocol):
 def u64(mem: Memory, address: int) -> int:
     """Reads a little-endian 64-bit word."""
     return _Q.unpack(mem.read(address, 8))[0]
+
+
+def readable(mem: Memory, address: int) -> bool:
+    """Can MEM read the word at ADDRESS?"""
+    try:
+        mem.read(address, 8)
+    except ReadError:
+        return False
+    return True
 
 
 def u32(mem: Memory, address: int) -> int:
