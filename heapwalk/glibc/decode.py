@@ -11,29 +11,25 @@ import contextlib
 import dataclasses
 import gc
 import struct
-from dataclasses import dataclass
 
-from heapwalk.glibc.chunks import Account, ChunkState, Listing, list_states
+from heapwalk.glibc.chunks import Account, Listing
 from heapwalk.glibc.chunkwalk import account
-from heapwalk.glibc.mmapped import find_mmapped, find_mmapped_in_pages, main_regions
+from heapwalk.glibc.crash import abort_message, crash_findings
+from heapwalk.glibc.mmapped import mmapped_agree, mmapped_of_state, with_main_regions
+from heapwalk.glibc.threads import decode_thread, fill_from_tcaches, scan_for_tcaches
 from heapwalk.glibc.trim import TrimEstimate, TrimSimulation
-from heapwalk.glibc.aborts import Candidate, check_for, explain
 from heapwalk.glibc.discovery import Discovery, MallocUnused, main_memory_start
 from heapwalk.glibc.layout import MP_INT_FIELDS, NBINS, SIZE_BITS, Layout
 from heapwalk.target.memory import Memory, ReadError, u64
-from heapwalk.glibc.model import Arena, BinKind, BinList, Heap, HeapState, MallocPar, Thread, thread_numbers
+from heapwalk.glibc.model import Arena, BinKind, BinList, Heap, HeapState, MallocPar
 from heapwalk.findings import Fact, Finding, Kind, Severity
 from heapwalk.glibc import headless
 from heapwalk.glibc.heuristics import arenas_by_heaps
-from heapwalk.glibc.tcachescan import scan_tcaches
-from heapwalk.target.threads import FATAL_SIGNALS, ThreadRegs
-from heapwalk.glibc.lists import ListWalk, walk_bin, walk_fastbin, walk_tcache
-from heapwalk.glibc.ring import walk_arena_ring, walk_heaps
+from heapwalk.target.threads import ThreadRegs
+from heapwalk.glibc.lists import ListWalk, walk_bin, walk_fastbin
+from heapwalk.glibc.ring import ring_shortcut, walk_arena_ring, walk_heaps
 
-__all__ = ["collect", "walk_arenas", "read_mp", "read_arena", "mmapped_agree"]
-
-
-_STACK_WINDOW = 1 << 15
+__all__ = ["collect", "walk_arenas", "read_mp", "read_arena"]
 
 
 def read_mp(mem: Memory, layout: Layout, address: int) -> MallocPar:
@@ -182,181 +178,6 @@ def _walk_free_list(mem: Memory, disc: Discovery, arenas: list[int]) -> tuple[se
     return members, [], "attached_threads == 0"
 
 
-def _tls_intact(mem: Memory, fs_base: int) -> bool:
-    """Does the core hold the thread's TLS?  On x86-64 the thread control block at $fs_base starts with a
-    pointer to itself; a stack written as zeros (where a thread's TLS lives) or left out fails this."""
-    try:
-        return u64(mem, fs_base) == fs_base
-    except ReadError:
-        return False
-
-
-def _thread(mem: Memory, disc: Discovery, regs: ThreadRegs, fill_count: int | None) -> tuple[Thread, list[Finding]]:
-    findings: list[Finding] = []
-    arena = tcache_ptr = None
-    tcache = None
-    if regs.fs_base and not _tls_intact(mem, regs.fs_base):
-        return Thread(regs.number, regs.lwp, regs.fs_base, None, None, None, tls_lost=True), findings
-    if regs.fs_base:
-        for attr, name in (("thread_arena_tpoff", "thread_arena"), ("tcache_tpoff", "tcache")):
-            tpoff = getattr(disc, attr)
-            if tpoff is None:
-                continue
-            try:
-                value = u64(mem, regs.fs_base + tpoff)
-            except ReadError:
-                findings.append(Finding(Severity.WARNING, regs.fs_base + tpoff, f"thread {regs.number}",
-                                        f"cannot read the {name} TLS variable", Kind.UNMAPPED))
-                continue
-            if name == "tcache":
-                tcache_ptr = value
-            else:
-                arena = value
-    if tcache_ptr and not disc.is_libc_address(tcache_ptr):
-        tcache = walk_tcache(mem, disc.layout, tcache_ptr, fill_count)
-    return Thread(regs.number, regs.lwp, regs.fs_base or 0, arena or None, tcache_ptr or None, tcache), findings
-
-
-def _scan_for_tcaches(mem: Memory, disc: Discovery, state: HeapState) -> HeapState:
-    """STATE with the tcaches found by scanning the arenas, when some threads' tcaches cannot be reached
-    through TLS (TLS missing from the core, or tcache's TLS offset unknown); else STATE as it is."""
-    lost = [t for t in state.threads if t.tls_lost]
-    unreachable = disc.tcache_tpoff is None and any(t.fs_base for t in state.threads)
-    notes: tuple[Finding, ...] = ()
-    if lost:
-        notes += (_tls_lost(mem, lost),)
-    if not disc.layout.has_tcache or not (lost or unreachable):
-        return dataclasses.replace(state, findings=state.findings + notes)
-    known = {tc.address for _, tc in state.tcaches()}
-    fill = state.mp.get("tcache_count") if state.mp else None
-    scan = scan_tcaches(mem, disc.layout, list(state.arenas), Listing.of_state(state), fill, known)
-    why = (f"the TLS of {len(lost)} thread{'s' if len(lost) > 1 else ''} is not in the core" if lost
-           else "tcache's TLS offset is unknown")
-    text = (f"{why}: the arenas were scanned for tcache structs instead, and {len(scan.tcaches)} found "
-            f"({sum(tc.count for tc in scan.tcaches)} entries); which thread owns each is unknown")
-    if scan.ambiguous:
-        text += (f"; {scan.ambiguous} more in-use chunk{'s' if scan.ambiguous > 1 else ''} of the struct's size "
-                 "hold only zeros: empty tcaches or program data, not counted")
-    notes += (Finding(Severity.INFO, 0, "tcache scan", text, Kind.TLS_LOST),)
-    return dataclasses.replace(state, scanned_tcaches=scan.tcaches, findings=state.findings + notes)
-
-
-def _tls_lost(mem: Memory, lost: list[Thread]) -> Finding:
-    """One warning for the threads whose TLS the core lacks, at the first one's thread control block."""
-    first = lost[0].fs_base
-    try:
-        seen = f"{u64(mem, first):#x}"
-    except ReadError:
-        seen = "nothing (not in the core)"
-    names = thread_numbers([t.number for t in lost])
-    return Finding(Severity.WARNING, first, f"thread{'s' if len(lost) > 1 else ''} {names}",
-                   f"the core holds no copy of the TLS of {len(lost)} thread{'s' if len(lost) > 1 else ''} "
-                   f"({names}): the thread control block at $fs_base ({first:#x} for thread {lost[0].number}) "
-                   f"reads {seen}, not a pointer to itself, as when gcore writes threads' stacks as zeros or leaves "
-                   "them out; their arenas and tcaches are unknown", Kind.TLS_LOST, f"{first:#x}", seen)
-
-
-def _with_main_regions(mem: Memory, disc: Discovery, main: Arena, arenas: list[Arena],
-                       regions: list[tuple[int, int]]) -> Arena:
-    """MAIN with one heap per piece of its non-contiguous memory (else it keeps its sbrk_base..top heap)."""
-    skip = [(h.address, h.address + disc.heap_max_size) for a in arenas[1:] for h in a.heaps]
-    if disc.libc_range:
-        skip.append(disc.libc_range)
-    pieces = main_regions(mem, main, regions, skip)
-    if not pieces or sum(e - s for s, e in pieces) != main.system_mem:
-        return main
-    heaps = tuple(Heap(s, e - s, e - s, main.address, 0, None) for s, e in pieces)
-    return dataclasses.replace(main, heaps=heaps)
-
-
-def _mmapped(mem: Memory, disc: Discovery, state: HeapState, regions: list[tuple[int, int]]):
-    """The mmapped chunks in REGIONS outside heaps and libc, checked against mp_'s counters."""
-    skip = [(h.address, h.address + (disc.heap_max_size if not a.is_main else h.size))
-            for a in state.arenas for h in a.heaps]
-    if disc.libc_range:
-        skip.append(disc.libc_range)
-    found = find_mmapped(mem, disc.layout, regions, skip)
-    mp = state.mp
-    if mp is not None and len(found) < (mp.get("n_mmaps") or 0):
-        # some chunk does not start its region: look at every page outside the chunks found; keep what
-        # that finds only when it makes the totals mp_'s
-        more = find_mmapped_in_pages(mem, disc.layout, regions, skip + [(c.address, c.address + c.span) for c in found])
-        if mmapped_agree(disc.layout, mp, found + more):
-            found = sorted(found + more, key=lambda c: c.address)
-    if mp is not None and not mmapped_agree(disc.layout, mp, found):
-        state.findings_extra.append(Finding(
-            Severity.WARNING, 0, "mmapped chunks",
-            f"found {len(found)} mmapped chunks of {sum(c.span for c in found)} bytes; mp_ counts "
-            f"{mp.get('n_mmaps')} of {mp.get('mmapped_mem')} (chunks with front padding, or regions "
-            "missing from the core, are not found)", Kind.MMAPPED))
-    return found
-
-
-def mmapped_agree(layout: Layout, mp: MallocPar, chunks) -> bool:
-    """Do CHUNKS (mmapped chunks found in memory) make mp_'s n_mmaps and mmapped_mem?  From glibc 2.43 each
-    mremap of a mmapped chunk (realloc) counts 16 bytes too many in mmapped_mem, for good: the count must
-    match, and the bytes may exceed the mappings' by a multiple of 16."""
-    if len(chunks) != mp.get("n_mmaps"):
-        return False
-    drift = (mp.get("mmapped_mem") or 0) - sum(c.span for c in chunks)
-    return drift == 0 or (layout.mmap_chunk_rule_243 and drift > 0 and drift % 16 == 0)
-
-
-def abort_message(mem: Memory, disc: Discovery) -> Finding | None:
-    """glibc's last words: the message of a glibc abort ("double free or corruption (!prev)"), which
-    __libc_message leaves in a mapping that __abort_msg points to (struct abort_msg_s: size, then text)."""
-    if disc.abort_msg_address is None:
-        return None
-    try:
-        pointer = u64(mem, disc.abort_msg_address)
-        if not pointer:
-            return None
-        size = struct.unpack("<I", mem.read(pointer, 4))[0]
-        text = mem.read(pointer + 4, max(0, min(size - 4, 4096) if size > 4 else 256))
-    except ReadError:
-        return None
-    text = text.split(b"\0", 1)[0].decode(errors="replace").strip()
-    if not text:
-        return None
-    return Finding(Severity.ERROR, pointer, "glibc", f"glibc aborted the process: \"{text}\"", Kind.ABORT,
-                   found=text)
-
-
-def _stack_words(mem: Memory, sp: int) -> tuple[int, ...]:
-    """The words of a stack from SP up to _STACK_WINDOW bytes (fewer where the stack ends)."""
-    data = b""
-    for at in range(sp, sp + _STACK_WINDOW, 4096):
-        try:
-            data += mem.read(at, min(4096, sp + _STACK_WINDOW - at) if at == sp else 4096)
-        except ReadError:
-            break
-    return struct.unpack_from("<%dQ" % (len(data) // 8), data)
-
-
-def crash_pointers(mem: Memory, state: HeapState, threads: list[ThreadRegs], limit: int = 3) -> list[Finding]:
-    """For a thread killed by a fatal signal: the free chunks whose user pointers its stack holds, nearest
-    first.  After a glibc abort in free() or malloc(), the chunk being freed or handed out is usually among
-    them (in a saved register or a local of the caller)."""
-    free = {c: st for c, st in list_states(state).items() if st is not ChunkState.TCACHE_STRUCT}
-    out: list[Finding] = []
-    for regs in threads:
-        if regs.signal not in FATAL_SIGNALS or not regs.sp:
-            continue
-        seen: set[int] = set()
-        for i, word in enumerate(_stack_words(mem, regs.sp)):
-            chunk = word - 16
-            if chunk in free and chunk not in seen:
-                seen.add(chunk)
-                out.append(Finding(Severity.INFO, chunk, f"thread {regs.number} ({FATAL_SIGNALS[regs.signal]})",
-                                   f"the crashing thread's stack at {regs.sp + 8 * i:#x} holds {word:#x}, the user "
-                                   f"pointer of chunk {chunk:#x}, which is free ({free[chunk].value}): likely "
-                                   "the chunk glibc was freeing or handing out", Kind.CRASH_POINTER,
-                                   found=f"{word:#x}"))
-                if len(seen) >= limit:
-                    break
-    return out
-
-
 def _without_mp(disc: Discovery) -> Finding:
     """What is derived otherwise when mp_ is not found (or unreadable)."""
     parts = ["the main arena's memory is taken to start at its top's end minus its system_mem",
@@ -365,61 +186,6 @@ def _without_mp(disc: Discovery) -> Finding:
         parts.append("tcache counts use the fill count the tcache structs show")
     return Finding(Severity.INFO, 0, "mp_", "mp_ (malloc_par) was not found: " + "; ".join(parts),
                    Kind.DISCOVERY)
-
-
-def _fill_from_tcaches(mem: Memory, disc: Discovery, threads: list[ThreadRegs]) -> int | None:
-    """mp_.tcache_count as the tcache structs show it, for glibc 2.42+ whose num_slots count down from it:
-    every bin starts at the fill count, so the largest num_slots of any thread's tcache is it (a tcache whose
-    every bin holds something shows less).  None when no tcache is readable or counts go up."""
-    layout = disc.layout
-    if not layout.tcache_counts_down or disc.tcache_tpoff is None:
-        return None
-    best = None
-    for regs in threads:
-        try:
-            pointer = u64(mem, regs.fs_base + disc.tcache_tpoff) if regs.fs_base else 0
-            if not pointer or pointer % 16 or disc.is_libc_address(pointer):
-                continue
-            slots = struct.unpack_from(f"<{layout.tcache_bins}H", mem.read(pointer, 2 * layout.tcache_bins))
-        except ReadError:
-            continue
-        best = max(best or 0, max(slots))
-    return best
-
-
-def _crash_candidates(mem: Memory, threads: list[ThreadRegs]) -> list[Candidate]:
-    """The pointers each thread killed by a fatal signal holds: the arguments of malloc's functions in its
-    frames (with libc's symbols), its registers, then its stack from the top."""
-    out = []
-    for regs in threads:
-        if regs.signal not in FATAL_SIGNALS:
-            continue
-        out += [Candidate(value, f"{where} in thread {regs.number}") for where, value in regs.arguments]
-        out += [Candidate(value, f"register {name} of thread {regs.number}") for name, value in regs.registers]
-        if regs.sp:
-            out += [Candidate(word, f"the stack of thread {regs.number} at {regs.sp + 8 * i:#x}")
-                    for i, word in enumerate(_stack_words(mem, regs.sp))]
-    return out
-
-
-def _crash_findings(mem: Memory, state: HeapState, disc: Discovery, threads: list[ThreadRegs],
-                    last_words: Finding | None) -> tuple[Finding, ...]:
-    """What a crash core says about its crash: the chunks that fail the check glibc's abort message names
-    (`aborts.explain`); failing that, glibc's message and the free chunks the crashing thread's stack points
-    at (`crash_pointers`)."""
-    if last_words is not None:
-        named = explain(mem, state, disc.layout, last_words.found, _crash_candidates(mem, threads))
-        if named:
-            return tuple(named)
-        check = check_for(last_words.found)
-        if check is not None:
-            hint = "" if any(t.arguments for t in threads) else \
-                " (with libc's debug symbols the arguments of free and malloc are tried too)"
-            last_words = dataclasses.replace(last_words, expected=check.tested, message=(
-                f"{last_words.message}: {check.tested}; no chunk the crashing thread points at fails that "
-                f"check{hint}"))
-    clues = tuple(crash_pointers(mem, state, threads)) if any(t.signal in FATAL_SIGNALS for t in threads) else ()
-    return ((last_words,) if last_words is not None else ()) + clues
 
 
 def _require_initialised(mem: Memory, disc: Discovery) -> None:
@@ -449,32 +215,6 @@ def collect(mem: Memory, disc: Discovery, threads: list[ThreadRegs], target: str
         return _collect(mem, disc, threads, target, walk_chunks, regions, progress)
 
 
-def _next_of(mem: Memory, layout: Layout, arena: int) -> int | None:
-    try:
-        return u64(mem, arena + layout.off_next)
-    except ReadError:
-        return None
-
-
-def _shortcut(mem: Memory, layout: Layout, ring: list[int], lost: list[int]) -> Finding:
-    """The link of a ring that closes but skips LOST arenas (found by their heaps): the ring arena whose next
-    is also a lost arena's next (it jumps over the lost ones to where they lead), else the ring's last arena
-    (its next closes the ring early)."""
-    lost_next = {_next_of(mem, layout, a): a for a in lost}
-    culprit, skipped = ring[-1], lost[0]
-    for arena in ring:
-        nxt = _next_of(mem, layout, arena)
-        if nxt in lost_next:
-            culprit, skipped = arena, lost_next[nxt]
-            break
-    found = _next_of(mem, layout, culprit)
-    where = "arena 0 (main_arena)" if culprit == ring[0] else f"arena {ring.index(culprit)}"
-    return Finding(Severity.ERROR, culprit, where, (
-        f"arena.next is {found:#x}: the ring closes after {len(ring)} arena(s), skipping {len(lost)} arena(s) "
-        f"whose heaps say they exist (such as {skipped:#x}); the ring is broken"), Kind.ARENA_RING,
-        expected=f"{skipped:#x} or an arena before it", found=f"{found:#x}")
-
-
 def _collect(mem: Memory, disc: Discovery, threads: list[ThreadRegs], target: str,
              walk_chunks: bool, regions: list[tuple[int, int]] | None, progress) -> HeapState:
     findings: list[Finding] = list(disc.findings)
@@ -497,7 +237,7 @@ def _collect(mem: Memory, disc: Discovery, threads: list[ThreadRegs], target: st
             ring = [None] + lost  # main_arena's place: where it is, discovery has said it cannot tell
         elif lost:
             if not ring_findings:
-                ring_findings = [_shortcut(mem, disc.layout, ring, lost)]
+                ring_findings = [ring_shortcut(mem, disc.layout, ring, lost)]
                 findings.extend(ring_findings)
             ring = ring + lost
             findings.append(Finding(Severity.WARNING, ring_findings[0].address, "arena ring", (
@@ -526,11 +266,11 @@ def _collect(mem: Memory, disc: Discovery, threads: list[ThreadRegs], target: st
     if regions is not None and stopped is None and not (arenas and arenas[0].is_main):
         main = _main_by_its_heap(mem, disc, regions, arenas)
         arenas[:0] = [main] if main is not None else []
-    fill_seen = _fill_from_tcaches(mem, disc, threads)
+    fill_seen = fill_from_tcaches(mem, disc, threads)
     fill = mp.get("tcache_count") if mp else fill_seen
     decoded_threads = []
     for regs in sorted(threads, key=lambda t: t.number):
-        thread, t_findings = _thread(mem, disc, regs, fill)
+        thread, t_findings = decode_thread(mem, disc, regs, fill)
         decoded_threads.append(thread)
         findings.extend(t_findings)
     state = HeapState(target=target, glibc_version=disc.version, glibc_label=disc.version_label,
@@ -539,7 +279,7 @@ def _collect(mem: Memory, disc: Discovery, threads: list[ThreadRegs], target: st
                       main_arena=disc.main_arena, mp=mp, arenas=tuple(arenas), threads=tuple(decoded_threads),
                       facts=tuple(facts), findings=tuple(findings), lists_stopped=stopped is not None)
     if walk_chunks and regions is not None and arenas and arenas[0].is_main and arenas[0].noncontiguous:
-        arenas[0] = _with_main_regions(mem, disc, arenas[0], arenas, regions)
+        arenas[0] = with_main_regions(mem, disc, arenas[0], arenas, regions)
         state = dataclasses.replace(state, arenas=tuple(arenas))
     if stopped is not None:
         state.findings_extra.append(stopped)
@@ -548,13 +288,13 @@ def _collect(mem: Memory, disc: Discovery, threads: list[ThreadRegs], target: st
         if walk_chunks:
             _leave_unwalked(state, state.arenas)
         return state
-    state = _scan_for_tcaches(mem, disc, state)
-    state = dataclasses.replace(state, findings=_crash_findings(mem, state, disc, threads, last_words)
+    state = scan_for_tcaches(mem, disc, state)
+    state = dataclasses.replace(state, findings=crash_findings(mem, state, disc, threads, last_words)
                                 + state.findings)
     if walk_chunks:
         walk_arenas(mem, disc.layout, state, progress)
         if regions is not None and not state.interrupted:
-            state.mmapped.extend(_mmapped(mem, disc, state, regions))
+            state.mmapped.extend(mmapped_of_state(mem, disc, state, regions))
     if mp is not None:
         checked = walk_chunks and regions is not None and not state.interrupted
         state = dataclasses.replace(state, facts=state.facts + (

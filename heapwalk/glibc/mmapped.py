@@ -3,16 +3,21 @@ in the target's memory, page by page, where no heap holds them."""
 
 from __future__ import annotations
 
+import dataclasses
 import struct
 from dataclasses import dataclass
 
+from heapwalk.findings import Finding, Kind, Severity
+from heapwalk.glibc.discovery import Discovery
+
 from heapwalk.glibc.chunks import align_chunk
 from heapwalk.glibc.layout import IS_MMAPPED, MALLOC_ALIGNMENT, MINSIZE, NON_MAIN_ARENA, PREV_INUSE, SIZE_BITS, Layout
-from heapwalk.glibc.model import Arena
+from heapwalk.glibc.model import Arena, Heap, HeapState, MallocPar
 from heapwalk.target.memory import Memory, ReadError, ranges_without
 from heapwalk.target.words import PROBE_SPAN, Window
 
-__all__ = ["MmappedChunk", "find_mmapped", "find_mmapped_in_pages", "main_regions"]
+__all__ = ["MmappedChunk", "find_mmapped", "find_mmapped_in_pages", "main_regions", "with_main_regions",
+           "mmapped_of_state", "mmapped_agree"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,3 +132,49 @@ def main_regions(mem: Memory, arena: Arena, regions: list[tuple[int, int]], skip
             out.append((at, piece_end))
             at = (piece_end + 4095) & ~4095
     return out
+
+
+def with_main_regions(mem: Memory, disc: Discovery, main: Arena, arenas: list[Arena],
+                       regions: list[tuple[int, int]]) -> Arena:
+    """MAIN with one heap per piece of its non-contiguous memory (else it keeps its sbrk_base..top heap)."""
+    skip = [(h.address, h.address + disc.heap_max_size) for a in arenas[1:] for h in a.heaps]
+    if disc.libc_range:
+        skip.append(disc.libc_range)
+    pieces = main_regions(mem, main, regions, skip)
+    if not pieces or sum(e - s for s, e in pieces) != main.system_mem:
+        return main
+    heaps = tuple(Heap(s, e - s, e - s, main.address, 0, None) for s, e in pieces)
+    return dataclasses.replace(main, heaps=heaps)
+
+
+def mmapped_of_state(mem: Memory, disc: Discovery, state: HeapState, regions: list[tuple[int, int]]):
+    """The mmapped chunks in REGIONS outside heaps and libc, checked against mp_'s counters."""
+    skip = [(h.address, h.address + (disc.heap_max_size if not a.is_main else h.size))
+            for a in state.arenas for h in a.heaps]
+    if disc.libc_range:
+        skip.append(disc.libc_range)
+    found = find_mmapped(mem, disc.layout, regions, skip)
+    mp = state.mp
+    if mp is not None and len(found) < (mp.get("n_mmaps") or 0):
+        # some chunk does not start its region: look at every page outside the chunks found; keep what
+        # that finds only when it makes the totals mp_'s
+        more = find_mmapped_in_pages(mem, disc.layout, regions, skip + [(c.address, c.address + c.span) for c in found])
+        if mmapped_agree(disc.layout, mp, found + more):
+            found = sorted(found + more, key=lambda c: c.address)
+    if mp is not None and not mmapped_agree(disc.layout, mp, found):
+        state.findings_extra.append(Finding(
+            Severity.WARNING, 0, "mmapped chunks",
+            f"found {len(found)} mmapped chunks of {sum(c.span for c in found)} bytes; mp_ counts "
+            f"{mp.get('n_mmaps')} of {mp.get('mmapped_mem')} (chunks with front padding, or regions "
+            "missing from the core, are not found)", Kind.MMAPPED))
+    return found
+
+
+def mmapped_agree(layout: Layout, mp: MallocPar, chunks) -> bool:
+    """Do CHUNKS (mmapped chunks found in memory) make mp_'s n_mmaps and mmapped_mem?  From glibc 2.43 each
+    mremap of a mmapped chunk (realloc) counts 16 bytes too many in mmapped_mem, for good: the count must
+    match, and the bytes may exceed the mappings' by a multiple of 16."""
+    if len(chunks) != mp.get("n_mmaps"):
+        return False
+    drift = (mp.get("mmapped_mem") or 0) - sum(c.span for c in chunks)
+    return drift == 0 or (layout.mmap_chunk_rule_243 and drift > 0 and drift % 16 == 0)

@@ -6,13 +6,13 @@ from __future__ import annotations
 import dataclasses
 import struct
 
-from heapwalk.findings import Finding, Kind
+from heapwalk.findings import Finding, Kind, Severity
 from heapwalk.glibc.layout import HEAP_MAX_SIZE, Layout
 from heapwalk.glibc.lists import ListWalk
 from heapwalk.glibc.model import Heap
 from heapwalk.target.memory import Memory, ReadError, u64
 
-__all__ = ["plausible_arena", "walk_arena_ring", "walk_heaps"]
+__all__ = ["plausible_arena", "walk_arena_ring", "walk_heaps", "ring_shortcut"]
 
 
 def plausible_arena(mem: Memory, layout: Layout, address: int) -> bool:
@@ -108,3 +108,29 @@ def walk_heaps(mem: Memory, layout: Layout, arena: int, top: int, heap_max_size:
         holder = address
         address = prev
     return heaps, walk.findings
+
+
+def _next_of(mem: Memory, layout: Layout, arena: int) -> int | None:
+    try:
+        return u64(mem, arena + layout.off_next)
+    except ReadError:
+        return None
+
+
+def ring_shortcut(mem: Memory, layout: Layout, ring: list[int], lost: list[int]) -> Finding:
+    """The link of a ring that closes but skips LOST arenas (found by their heaps): the ring arena whose next
+    is also a lost arena's next (it jumps over the lost ones to where they lead), else the ring's last arena
+    (its next closes the ring early)."""
+    lost_next = {_next_of(mem, layout, a): a for a in lost}
+    culprit, skipped = ring[-1], lost[0]
+    for arena in ring:
+        nxt = _next_of(mem, layout, arena)
+        if nxt in lost_next:
+            culprit, skipped = arena, lost_next[nxt]
+            break
+    found = _next_of(mem, layout, culprit)
+    where = "arena 0 (main_arena)" if culprit == ring[0] else f"arena {ring.index(culprit)}"
+    return Finding(Severity.ERROR, culprit, where, (
+        f"arena.next is {found:#x}: the ring closes after {len(ring)} arena(s), skipping {len(lost)} arena(s) "
+        f"whose heaps say they exist (such as {skipped:#x}); the ring is broken"), Kind.ARENA_RING,
+        expected=f"{skipped:#x} or an arena before it", found=f"{found:#x}")
