@@ -4,7 +4,8 @@ A core cut short (by a full disk, a core size limit, a killed gcore) loses its l
 those hold libc's writable data (main_arena, mp_), the loader's list of libraries and the stacks.  The
 thread arenas' heaps usually lie below, and each first heap holds its arena, whose ``next`` pointers lead
 round the ring to main_arena: so the arenas, their layout family and main_arena's address are found from
-the heaps alone, and the version from the layouts memory shows.
+the heaps alone, and the version from the layouts memory shows.  The main heap, which sbrk made, is found by
+its chunks (headers that lead from its start to its end) and walked without the arena's lists.
 """
 
 from __future__ import annotations
@@ -35,11 +36,10 @@ class HeapArenas:
     """Thread arenas found by their heaps, and what they say about the rest.
 
     MAIN_ARENA: where the ring leaves the heaps (main_arena's address, readable or not; None when the ring
-    leads only to arenas whose memory is missing); FAMILY and
-    HEAP_INFO_SIZE: the layouts under which the arenas are sound; LOST: thread arenas the ring leads to whose
-    memory is missing; TCACHE_CHUNK: the size of the tcache
-    struct chunk that opens their heaps (None if none does); SAFE_LINKING: whether those tcaches' links are
-    mangled (None when no entry tells)."""
+    leads only to arenas whose memory is missing); FAMILY and HEAP_INFO_SIZE: the layouts under which the
+    arenas are sound; LOST: thread arenas the ring leads to whose memory is missing; TCACHE_CHUNK: the size
+    of the tcache struct chunk that opens their heaps (None if none does); SAFE_LINKING: whether those
+    tcaches' links are mangled (None when no entry tells)."""
 
     main_arena: int | None
     family: tuple[int, int]
