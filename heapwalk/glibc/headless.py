@@ -62,9 +62,8 @@ def arenas_from_heaps(mem: Memory, regions: list[tuple[int, int]]) -> HeapArenas
                 continue
             main, lost = _ring_exits(mem, layout, arenas)
             if main is not None or lost:
-                tcache_chunk = _tcache_chunk(mem, layout, arenas)
-                return HeapArenas(main, family, info_size, tuple(arenas), lost, tcache_chunk,
-                                  _safe_linking(mem, layout, arenas, tcache_chunk))
+                firsts = [a - layout.heap_info_size + layout.first_chunk_offset for a in arenas]
+                return HeapArenas(main, family, info_size, tuple(arenas), lost, *_tcache_evidence(mem, firsts))
     return None
 
 
@@ -76,15 +75,7 @@ def heap_only(mem: Memory, regions: list[tuple[int, int]]) -> HeapArenas | None:
     if heap is None:
         return None
     first = (heap.start + MALLOC_ALIGNMENT - 1) & ~(MALLOC_ALIGNMENT - 1)
-    try:
-        tcache_chunk = heuristics.tcache_struct_chunk(u64(mem, first + 8) & ~SIZE_BITS)
-    except ReadError:
-        tcache_chunk = None
-    safe = None
-    if tcache_chunk is not None:
-        shape = layout_for(heuristics.TCACHE_CHUNK_SIZES[tcache_chunk])
-        safe = heuristics.tcache_safe_linking(mem, [first + 16], shape.tcache_off_entries, shape.tcache_bins)
-    return HeapArenas(None, (2, 27), 0, (), (), tcache_chunk, safe)
+    return HeapArenas(None, (2, 27), 0, (), (), *_tcache_evidence(mem, [first]))
 
 
 def heap_only_label(found: HeapArenas) -> str:
@@ -132,27 +123,24 @@ def _bin127_empty(mem: Memory, layout: Layout, arena: int) -> bool:
         return False
 
 
-def _tcache_chunk(mem: Memory, layout: Layout, arenas: list[int]) -> int | None:
-    """The tcache struct chunk size that opens the arenas' first heaps (the smallest, if they differ)."""
+def _tcache_evidence(mem: Memory, firsts: list[int]) -> tuple[int | None, bool | None]:
+    """What the chunks at FIRSTS (each heap's first) say as tcache structs: the struct's chunk size (the
+    smallest, if they differ; None when none is one) and whether their links are mangled (None: no entry
+    tells)."""
     sizes = set()
-    for arena in arenas:
-        first = arena - layout.heap_info_size + layout.first_chunk_offset
+    for first in firsts:
         try:
             size = heuristics.tcache_struct_chunk(u64(mem, first + 8) & ~SIZE_BITS)
         except ReadError:
             continue
         if size is not None:
             sizes.add(size)
-    return min(sizes, default=None)
-
-
-def _safe_linking(mem: Memory, layout: Layout, arenas: list[int], tcache_chunk: int | None) -> bool | None:
-    """Whether the links of the tcache structs that open the arenas' heaps are mangled."""
-    if tcache_chunk is None:
-        return None
+    if not sizes:
+        return None, None
+    tcache_chunk = min(sizes)
     shape = layout_for(heuristics.TCACHE_CHUNK_SIZES[tcache_chunk])
-    structs = [arena - layout.heap_info_size + layout.first_chunk_offset + 16 for arena in arenas]
-    return heuristics.tcache_safe_linking(mem, structs, shape.tcache_off_entries, shape.tcache_bins)
+    structs = [first + 16 for first in firsts]
+    return tcache_chunk, heuristics.tcache_safe_linking(mem, structs, shape.tcache_off_entries, shape.tcache_bins)
 
 
 @dataclass(frozen=True, slots=True)
