@@ -18,7 +18,8 @@ from heapwalk.glibc.crash import abort_message, crash_findings
 from heapwalk.glibc.mmapped import mmapped_agree, mmapped_of_state, with_main_regions
 from heapwalk.glibc.threads import decode_thread, fill_from_tcaches, scan_for_tcaches
 from heapwalk.glibc.trim import TrimEstimate, TrimSimulation
-from heapwalk.glibc.discovery import Discovery, MallocUnused, main_memory_start
+from heapwalk.glibc.discovery import Discovery, MallocUnused
+from heapwalk.glibc.mainarena import main_memory_start
 from heapwalk.glibc.layout import MP_INT_FIELDS, NBINS, SIZE_BITS, Layout
 from heapwalk.target.memory import Memory, ReadError, u64
 from heapwalk.glibc.model import Arena, BinKind, BinList, Heap, HeapState, MallocPar
