@@ -1,5 +1,5 @@
 """Sourced by tests/bench.py inside gdb: times the full chunk walk alone, as `heapwalk report` does it
-(`collect.walk_arenas`: accounting and the trim simulation of every arena, after the free lists are
+(`decode.walk_arenas`: accounting and the trim simulation of every arena, after the free lists are
 decoded), and prints "heapwalk-bench-walk SECONDS CHUNKS"."""
 
 import time
@@ -11,8 +11,8 @@ from heapwalk.gdb.commands import load_target
 def _walk() -> None:
     state, mem, layout = load_target(False)
     start = time.perf_counter()
-    walk_arenas(mem, layout, state)
-    chunks = sum(sum(acc.counts.values()) for acc in state.accounts.values())
+    walk = walk_arenas(mem, layout, state)
+    chunks = sum(sum(acc.counts.values()) for acc in walk.accounts.values())
     print("heapwalk-bench-walk %.6f %d" % (time.perf_counter() - start, chunks))
 
 

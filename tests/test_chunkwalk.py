@@ -13,7 +13,8 @@ import struct
 import pytest
 
 from heapwalk.glibc import chunkwalk, mmapped
-from heapwalk.glibc.chunks import Account, ChunkState, Extent, Listing
+from heapwalk.glibc.chunks import Extent, Listing, Tally
+from heapwalk.glibc.model import ChunkState
 from heapwalk.glibc.chunkwalk import walk_batches
 from heapwalk.target.memory import ImageMemory, ranges_without
 
@@ -48,7 +49,7 @@ def synthetic_heap(rng: random.Random, chunks: int, non_main: bool) -> tuple[byt
 
 
 def walk(heap: bytes, states, top: int, non_main: bool, every: bool) -> tuple:
-    acc = Account(BASE, len(heap))
+    acc = Tally(BASE, len(heap))
     listing = Listing.of_states(states)
     batches = [b for batch in walk_batches(ImageMemory({BASE: bytes(heap)}), Extent(BASE, BASE, BASE + len(heap)),
                                             top, listing, acc, non_main, every) for b in batch]

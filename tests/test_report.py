@@ -110,7 +110,7 @@ def test_ctrl_c_during_the_chunk_walk_leaves_partial_results(tmp_path):
 def test_ctrl_c_while_the_free_lists_are_read_leaves_the_arenas_read_so_far(tmp_path):
     """Ctrl-C while the fourth arena's bins are read: the report shows the three arenas read, says the rest
     are left out and nothing was walked, and exits without a traceback."""
-    result, report = _report_interrupted(tmp_path, "heapwalk.glibc.decode", "_decode_arena", 4)
+    result, report = _report_interrupted(tmp_path, "heapwalk.glibc.decode", "decode_arena", 4)
     assert "reading the free lists was interrupted (Ctrl-C) in arena 3: it and the 5 arena(s) after it are " \
            "left out" in " ".join(result.stdout.split())
     assert [a["number"] for a in report["arenas"]] == [0, 1, 2]

@@ -5,8 +5,9 @@ from __future__ import annotations
 import dataclasses
 import struct
 
-from heapwalk.glibc.chunks import ChunkState, Listing
-from heapwalk.glibc.decode import _blank_arena
+from heapwalk.glibc.chunks import Listing
+from heapwalk.glibc.model import ChunkState
+from heapwalk.glibc.arenas import blank_arena
 from heapwalk.glibc.model import Heap
 from heapwalk.glibc.tcachescan import scan_tcaches
 from synth import ARENA, HEAP, SynthHeap
@@ -15,7 +16,7 @@ HEAP_SIZE = 0x2000
 
 
 def _arena(top: int):
-    blank = _blank_arena(ARENA, 0, True, set())
+    blank = blank_arena(ARENA, 0, True, set())
     return dataclasses.replace(blank, heaps=(Heap(HEAP, HEAP_SIZE, HEAP_SIZE, ARENA, 0),), top=top, findings=())
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from heapwalk.glibc.chunks import FREE_STATES, ChunkState
+from heapwalk.glibc.model import FREE_STATES, ChunkState
 from heapwalk.glibc.model import Arena, HeapState
 
 __all__ = ["ArenaRow", "Bucket", "Report", "build_report", "human"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import os
 import time
 import traceback
@@ -122,16 +123,18 @@ def load_target(walk_chunks: bool = False):
                 raise UserError(f"heapwalk: this process allocates with {other[0]} ({other[1]}), not glibc's "
                                 f"malloc: glibc's arenas hold nothing of interest ({exc})") from None
             raise
+        extra = []
         if other is not None:
-            state.findings_extra.append(Finding(
+            extra.append(Finding(
                 Severity.WARNING, 0, "allocator", f"the process also maps {other[0]} ({other[1]}): memory it "
                 "serves is not in glibc's arenas, and is not counted here", Kind.DISCOVERY))
         missing = missing_ranges() if space.core else []
         if missing:
-            state.findings_extra.append(Finding(
+            extra.append(Finding(
                 Severity.WARNING, missing[0][0], "core file", f"the core is truncated: {len(missing)} region(s) of "
                 f"the process's memory ({sum(b - a for a, b in missing)} bytes, from {missing[0][0]:#x}) are not "
                 "in it; what lies there is reported as unreadable, never as empty", Kind.UNMAPPED))
+        state = dataclasses.replace(state, target_findings=tuple(extra))
         return state, mem, disc.layout
 
 

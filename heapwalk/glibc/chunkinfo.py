@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from heapwalk.glibc.chunks import FREE_STATES, Account, Chunk, ChunkState, Listing, extents
+from heapwalk.glibc.chunks import Chunk, Listing, Tally, extents
+from heapwalk.glibc.model import FREE_STATES, ChunkState
 from heapwalk.glibc.chunkwalk import walk_batches, walk_extent
 from heapwalk.glibc.layout import Layout
 from heapwalk.target.memory import Memory
@@ -42,7 +43,7 @@ def chunks(mem: Memory, layout: Layout, state: HeapState, flt: ChunkFilter,
     for arena in state.arenas:
         if flt.arena is not None and arena.address != flt.arena:
             continue
-        acc = Account(arena.address, arena.system_mem)
+        acc = Tally(arena.address, arena.system_mem)
         for extent in extents(arena, layout):
             # free chunks only: the walk need not hand over the in-use ones
             for batch in walk_batches(mem, extent, arena.top, listing, acc, every=not flt.free):
@@ -72,7 +73,7 @@ def locate(mem: Memory, layout: Layout, state: HeapState, address: int) -> Locat
         for extent in extents(arena, layout):
             if not extent.start <= address < extent.end:
                 continue
-            acc = Account(arena.address, arena.system_mem)
+            acc = Tally(arena.address, arena.system_mem)
             previous = found = None
             for chunk in walk_extent(mem, extent, arena.top, listing, acc):
                 if found is not None:

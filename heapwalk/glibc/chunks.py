@@ -4,37 +4,19 @@ every chunk the lists and tcaches hold (what the walk looks up as it goes), and 
 from __future__ import annotations
 
 import bisect
-import enum
 import itertools
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import NamedTuple
 
 from heapwalk.findings import Finding, Kind, Severity
 from heapwalk.glibc.layout import MALLOC_ALIGNMENT, Layout
-from heapwalk.glibc.model import Arena, BinKind, HeapState
+from heapwalk.glibc.model import Account, Arena, BinKind, ChunkState, HeapState
 
-__all__ = ["ChunkState", "FREE_STATES", "BIN_STATES", "HELD_STATES", "LISTED_STATES", "LIST_CODES", "ADDRESS_MASK",
-           "Chunk", "Extent", "Account", "list_states", "Listing", "align_chunk", "extents"]
-
-
-class ChunkState(enum.Enum):
-    __hash__ = object.__hash__  # members are singletons: identity hashing, without a Python-level call per lookup
-
-    IN_USE = "in_use"
-    TCACHE = "tcache"
-    FAST = "fast"
-    UNSORTED = "unsorted"
-    SMALL = "small"
-    LARGE = "large"
-    TOP = "top"
-    TCACHE_STRUCT = "tcache_struct"
-    FENCEPOST = "fencepost"
-    FREE_UNLISTED = "free_unlisted"
+__all__ = ["BIN_STATES", "HELD_STATES", "LISTED_STATES", "LIST_CODES", "ADDRESS_MASK", "Chunk", "Extent", "Tally",
+           "list_states", "Listing", "align_chunk", "extents"]
 
 
-#: states whose bytes are free memory held by malloc (top is counted apart)
-FREE_STATES = (ChunkState.TCACHE, ChunkState.FAST, ChunkState.UNSORTED, ChunkState.SMALL, ChunkState.LARGE,
-               ChunkState.FREE_UNLISTED)
 _LIST_STATE = {BinKind.FAST: ChunkState.FAST, BinKind.UNSORTED: ChunkState.UNSORTED,
                BinKind.SMALL: ChunkState.SMALL, BinKind.LARGE: ChunkState.LARGE}
 
@@ -59,8 +41,8 @@ class Extent:
 
 
 @dataclass
-class Account:
-    """Where an arena's system_mem goes, by chunk state, in bytes and counts."""
+class Tally:
+    """An arena's account as the walk builds it (the walk's own state): `account` gives the finished value."""
 
     arena: int
     system_mem: int
@@ -75,15 +57,6 @@ class Account:
     def accounted(self) -> int:
         return sum(self.bytes.values()) + self.overhead + self.unwalked
 
-    @property
-    def balanced(self) -> bool:
-        """The identity: system_mem = every state's bytes + overhead, with nothing left unwalked."""
-        return self.accounted == self.system_mem and self.unwalked == 0
-
-    @property
-    def free(self) -> int:
-        return sum(self.bytes[s] for s in FREE_STATES)
-
     def sum_unlisted(self, where: str) -> None:
         """One finding, instead of one per chunk, for the free chunks in no list of an arena whose lists are
         missing (see `heapwalk.glibc.headless`)."""
@@ -96,6 +69,11 @@ class Account:
             f"{self.bytes[ChunkState.FREE_UNLISTED]:#x} bytes, are free by their neighbours' PREV_INUSE bits; the "
             "arena's lists are missing, so these are counted as free in no list (and chunks in tcache or "
             "fastbins, whose neighbours call them in use, as in use)", Kind.FREE_UNLISTED))
+
+    def account(self) -> Account:
+        """The finished account, frozen."""
+        return Account(self.arena, self.system_mem, MappingProxyType(dict(self.bytes)),
+                       MappingProxyType(dict(self.counts)), self.overhead, self.unwalked, tuple(self.findings))
 
 
 def list_states(state: HeapState) -> dict[int, ChunkState]:

@@ -19,9 +19,9 @@ import bisect
 from collections.abc import Iterator
 
 from heapwalk.findings import Finding, Kind, Severity
-from heapwalk.glibc.chunks import (ADDRESS_MASK, BIN_STATES, HELD_STATES, LISTED_STATES, Account, Chunk, ChunkState,
-                                   Extent, Listing, extents)
-from heapwalk.glibc.model import Arena
+from heapwalk.glibc.chunks import (ADDRESS_MASK, BIN_STATES, HELD_STATES, LISTED_STATES, Chunk, Extent, Listing,
+                                   Tally, extents)
+from heapwalk.glibc.model import Account, Arena, ChunkState
 from heapwalk.glibc.layout import MALLOC_ALIGNMENT, MINSIZE, NON_MAIN_ARENA, PREV_INUSE, SIZE_BITS, Layout
 from heapwalk.glibc.resync import BEYOND, FENCEPOST_ROOM, OVERRUN_SPAN, overrun, overshoot_finding, resync
 from heapwalk.target.memory import Memory, ReadError
@@ -32,7 +32,7 @@ __all__ = ["walk_extent", "walk_batches", "account"]
 _WINDOW = 4 << 20      # bytes of a heap the walk reads at once
 
 
-def walk_extent(mem: Memory, extent: Extent, top: int, listing: Listing, acc: Account,
+def walk_extent(mem: Memory, extent: Extent, top: int, listing: Listing, acc: Tally,
                 non_main: bool | None = None) -> Iterator[Chunk]:
     """Every chunk of EXTENT in address order, as `walk_batches` meets them (see there)."""
     for batch in walk_batches(mem, extent, top, listing, acc, non_main, every=True):
@@ -40,7 +40,7 @@ def walk_extent(mem: Memory, extent: Extent, top: int, listing: Listing, acc: Ac
             yield Chunk(address, size, flags, state, extent.start)
 
 
-def walk_batches(mem: Memory, extent: Extent, top: int, listing: Listing, acc: Account,
+def walk_batches(mem: Memory, extent: Extent, top: int, listing: Listing, acc: Tally,
                  non_main: bool | None = None, every: bool = False, lists_known: bool = True
                  ) -> Iterator[list[tuple[int, int, int, ChunkState]]]:
     """Walks every chunk of EXTENT in address order, adding each one's bytes and count to ACC under its
@@ -369,7 +369,7 @@ def account(mem: Memory, layout: Layout, arena: Arena, listing: Listing, observe
     called at the end of each heap, so one walk serves both.  LISTING holds the chunks lists and tcaches hold.
     PROGRESS(bytes), when given, hears how far into the arena's memory the walk is, now and then.
     """
-    acc = Account(arena.address, arena.system_mem)
+    acc = Tally(arena.address, arena.system_mem)
     walked = 0
     for extent in extents(arena, layout):
         for batch in walk_batches(mem, extent, arena.top, listing, acc, not arena.is_main,
@@ -388,4 +388,4 @@ def account(mem: Memory, layout: Layout, arena: Arena, listing: Listing, observe
                                     f"the walk accounts for {acc.accounted:#x} bytes, system_mem is "
                                     f"{acc.system_mem:#x}", Kind.ACCOUNTING, f"{acc.system_mem:#x}",
                                     f"{acc.accounted:#x}"))
-    return acc
+    return acc.account()

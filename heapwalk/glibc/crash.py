@@ -8,7 +8,8 @@ import struct
 
 from heapwalk.findings import Finding, Kind, Severity
 from heapwalk.glibc.aborts import Candidate, check_for, explain
-from heapwalk.glibc.chunks import ChunkState, list_states
+from heapwalk.glibc.chunks import list_states
+from heapwalk.glibc.model import ChunkState
 from heapwalk.glibc.discovery import Discovery
 from heapwalk.glibc.model import HeapState
 from heapwalk.target.memory import Memory, ReadError, u64

@@ -5,28 +5,18 @@ from __future__ import annotations
 
 import dataclasses
 import struct
-from dataclasses import dataclass
 
 from heapwalk.findings import Finding, Kind, Severity
 from heapwalk.glibc.discovery import Discovery
 
 from heapwalk.glibc.chunks import align_chunk
 from heapwalk.glibc.layout import IS_MMAPPED, MALLOC_ALIGNMENT, MINSIZE, NON_MAIN_ARENA, PREV_INUSE, SIZE_BITS, Layout
-from heapwalk.glibc.model import Arena, Heap, HeapState, MallocPar
+from heapwalk.glibc.model import Arena, Heap, HeapState, MallocPar, MmappedChunk
 from heapwalk.target.memory import Memory, ReadError, ranges_without
 from heapwalk.target.words import PROBE_SPAN, Window
 
-__all__ = ["MmappedChunk", "find_mmapped", "find_mmapped_in_pages", "main_regions", "with_main_regions",
+__all__ = ["find_mmapped", "find_mmapped_in_pages", "main_regions", "with_main_regions",
            "mmapped_of_state", "mmapped_agree"]
-
-
-@dataclass(frozen=True, slots=True)
-class MmappedChunk:
-    """A chunk with a mapping of its own: its address, size field (masked), and the bytes of its mapping."""
-
-    address: int
-    size: int
-    span: int
 
 
 def find_mmapped(mem: Memory, layout: Layout, regions: list[tuple[int, int]], skip: list[tuple[int, int]],
@@ -147,8 +137,10 @@ def with_main_regions(mem: Memory, disc: Discovery, main: Arena, arenas: list[Ar
     return dataclasses.replace(main, heaps=heaps)
 
 
-def mmapped_of_state(mem: Memory, disc: Discovery, state: HeapState, regions: list[tuple[int, int]]):
-    """The mmapped chunks in REGIONS outside heaps and libc, checked against mp_'s counters."""
+def mmapped_of_state(mem: Memory, disc: Discovery, state: HeapState, regions: list[tuple[int, int]]
+                     ) -> tuple[list[MmappedChunk], Finding | None]:
+    """The mmapped chunks in REGIONS outside heaps and libc, and a warning when they do not make mp_'s
+    counters."""
     skip = [(h.address, h.address + (disc.heap_max_size if not a.is_main else h.size))
             for a in state.arenas for h in a.heaps]
     if disc.libc_range:
@@ -161,13 +153,12 @@ def mmapped_of_state(mem: Memory, disc: Discovery, state: HeapState, regions: li
         more = find_mmapped_in_pages(mem, disc.layout, regions, skip + [(c.address, c.address + c.span) for c in found])
         if mmapped_agree(disc.layout, mp, found + more):
             found = sorted(found + more, key=lambda c: c.address)
-    if mp is not None and not mmapped_agree(disc.layout, mp, found):
-        state.findings_extra.append(Finding(
-            Severity.WARNING, 0, "mmapped chunks",
-            f"found {len(found)} mmapped chunks of {sum(c.span for c in found)} bytes; mp_ counts "
-            f"{mp.get('n_mmaps')} of {mp.get('mmapped_mem')} (chunks with front padding, or regions "
-            "missing from the core, are not found)", Kind.MMAPPED))
-    return found
+    if mp is None or mmapped_agree(disc.layout, mp, found):
+        return found, None
+    return found, Finding(Severity.WARNING, 0, "mmapped chunks",
+                          f"found {len(found)} mmapped chunks of {sum(c.span for c in found)} bytes; mp_ counts "
+                          f"{mp.get('n_mmaps')} of {mp.get('mmapped_mem')} (chunks with front padding, or "
+                          "regions missing from the core, are not found)", Kind.MMAPPED)
 
 
 def mmapped_agree(layout: Layout, mp: MallocPar, chunks) -> bool:

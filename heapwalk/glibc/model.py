@@ -1,4 +1,4 @@
-"""The heap as heapwalk found it: plain frozen dataclasses.
+"""The heap as heapwalk found it, and what the walk of its chunks found: plain frozen dataclasses.
 
 Sizes are glibc chunk sizes with the three flag bits masked off, unless a
 field says ``raw`` (the size field as stored, flags included: what
@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import enum
 from array import array
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 
 from heapwalk.findings import Fact, Finding, Kind
 
-__all__ = ["BinKind", "BinList", "Heap", "Arena", "TcacheBin", "Tcache", "Thread", "MallocPar", "HeapState"]
+__all__ = ["BinKind", "BinList", "Heap", "Arena", "TcacheBin", "Tcache", "Thread", "MallocPar", "ChunkState",
+           "FREE_STATES", "Account", "TrimEstimate", "KEPT_REASONS", "MmappedChunk", "ChunkWalk", "HeapState"]
 
 
 class BinKind(enum.Enum):
@@ -186,6 +188,103 @@ class MallocPar:
         return self.values.get(name)
 
 
+class ChunkState(enum.Enum):
+    __hash__ = object.__hash__  # members are singletons: identity hashing, without a Python-level call per lookup
+
+    IN_USE = "in_use"
+    TCACHE = "tcache"
+    FAST = "fast"
+    UNSORTED = "unsorted"
+    SMALL = "small"
+    LARGE = "large"
+    TOP = "top"
+    TCACHE_STRUCT = "tcache_struct"
+    FENCEPOST = "fencepost"
+    FREE_UNLISTED = "free_unlisted"
+
+
+#: states whose bytes are free memory held by malloc (top is counted apart)
+FREE_STATES = (ChunkState.TCACHE, ChunkState.FAST, ChunkState.UNSORTED, ChunkState.SMALL, ChunkState.LARGE,
+               ChunkState.FREE_UNLISTED)
+
+@dataclass(frozen=True, slots=True)
+class Account:
+    """Where an arena's system_mem goes, by chunk state, in bytes and counts: what the chunk walk found."""
+
+    arena: int
+    system_mem: int
+    bytes: Mapping[ChunkState, int] = field(default_factory=lambda: MappingProxyType(dict.fromkeys(ChunkState, 0)))
+    counts: Mapping[ChunkState, int] = field(default_factory=lambda: MappingProxyType(dict.fromkeys(ChunkState, 0)))
+    overhead: int = 0           # heap_info, a thread arena's malloc_state, alignment, fenceposts' tails
+    unwalked: int = 0           # bytes after damage the walk could not pass
+    findings: tuple[Finding, ...] = ()
+
+    @property
+    def accounted(self) -> int:
+        return sum(self.bytes.values()) + self.overhead + self.unwalked
+
+    @property
+    def balanced(self) -> bool:
+        """The identity: system_mem = every state's bytes + overhead, with nothing left unwalked."""
+        return self.accounted == self.system_mem and self.unwalked == 0
+
+    @property
+    def free(self) -> int:
+        return sum(self.bytes[s] for s in FREE_STATES)
+
+
+#: the reasons free bytes stay after malloc_trim(0) (see `TrimEstimate.kept`)
+KEPT_REASONS = ("tcache", "sub_page", "thread_top", "main_top")
+
+
+@dataclass(frozen=True, slots=True)
+class TrimEstimate:
+    """Bytes malloc_trim(0) would release from one arena, and how many of them are resident."""
+
+    arena: int
+    madvise: int = 0            # page interiors of free chunks (address space keeps its mapping)
+    madvise_resident: int = 0
+    systrim: int = 0            # the main arena's top, given back to the kernel
+    systrim_resident: int = 0
+    # free bytes no trim can return, by reason: "tcache" (not flushed), "sub_page" (free chunks, or their
+    # ends and links, smaller than a page), "thread_top" (a thread arena's top is never trimmed), "main_top"
+    # (what stays of the main top: its last partial page, or all of it when the arena is not contiguous)
+    kept: Mapping[str, int] = field(default_factory=lambda: MappingProxyType(dict.fromkeys(KEPT_REASONS, 0)))
+
+    @property
+    def kept_free(self) -> int:
+        return sum(self.kept.values())
+
+    @property
+    def total(self) -> int:
+        return self.madvise + self.systrim
+
+    @property
+    def resident(self) -> int:
+        return self.madvise_resident + self.systrim_resident
+
+
+@dataclass(frozen=True, slots=True)
+class MmappedChunk:
+    """A chunk with a mapping of its own: its address, size field (masked), and the bytes of its mapping."""
+
+    address: int
+    size: int
+    span: int
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkWalk:
+    """What the walk of every chunk found: each arena's account and trim estimate (by arena address), the
+    mmapped chunks, the findings not tied to one arena, and whether Ctrl-C stopped it."""
+
+    accounts: Mapping[int, Account]
+    trims: Mapping[int, TrimEstimate]
+    mmapped: tuple[MmappedChunk, ...] = ()
+    findings: tuple[Finding, ...] = ()
+    interrupted: bool = False
+
+
 @dataclass(frozen=True, slots=True)
 class HeapState:
     """Everything heapwalk decoded from one target at one instant."""
@@ -199,14 +298,13 @@ class HeapState:
     threads: tuple[Thread, ...]
     facts: tuple[Fact, ...] = ()
     findings: tuple[Finding, ...] = field(default=())
-    accounts: dict = field(default_factory=dict)  # arena address -> chunks.Account, when walked
-    trims: dict = field(default_factory=dict)     # arena address -> trim.TrimEstimate, when walked
-    mmapped: list = field(default_factory=list)   # mmapped.MmappedChunk found in memory, when walked
-    findings_extra: list = field(default_factory=list)  # findings of the chunk walk not tied to one arena
+    walk: ChunkWalk | None = None   # the walk of every chunk, when it was asked for
     glibc_label: str = ""           # "2.36", or the range memory showed when the version is unknown
     heap_max_size: int = 64 << 20   # size and alignment of a thread arena's heap reservation
     scanned_tcaches: tuple[Tcache, ...] = ()  # tcache structs found in the arenas when threads' TLS is lost
     lists_stopped: bool = False     # reading the free lists was stopped (Ctrl-C): later arenas are left out
+    stop_findings: tuple[Finding, ...] = ()    # where the lists were stopped, and glibc's last words then
+    target_findings: tuple[Finding, ...] = ()  # what the target lacks or adds (a truncated core, another malloc)
 
     @property
     def version_text(self) -> str:
@@ -218,7 +316,28 @@ class HeapState:
     @property
     def interrupted(self) -> bool:
         """Was the chunk walk, or the reading of the free lists before it, stopped (Ctrl-C)?"""
-        return any(f.kind is Kind.INTERRUPTED for f in self.findings_extra)
+        return self.lists_stopped or (self.walk is not None and self.walk.interrupted)
+
+    @property
+    def accounts(self) -> Mapping[int, Account]:
+        """Each walked arena's account, by arena address (empty when no walk was asked for)."""
+        return self.walk.accounts if self.walk is not None else _NOTHING
+
+    @property
+    def trims(self) -> Mapping[int, TrimEstimate]:
+        """Each walked arena's trim estimate, by arena address (empty when no walk was asked for)."""
+        return self.walk.trims if self.walk is not None else _NOTHING
+
+    @property
+    def mmapped(self) -> tuple[MmappedChunk, ...]:
+        """The mmapped chunks found in memory (none when no walk was asked for)."""
+        return self.walk.mmapped if self.walk is not None else ()
+
+    def loose_findings(self) -> tuple[Finding, ...]:
+        """The findings tied to no arena, thread or list that come after decoding: where it was stopped, what
+        the walk found outside the arenas, what the target lacks."""
+        walked = self.walk.findings if self.walk is not None else ()
+        return self.stop_findings + walked + self.target_findings
 
     def mmap_counters(self) -> tuple[int, int]:
         """(count, bytes) of the mmapped chunks as glibc counts them: mp_'s n_mmaps and mmapped_mem, or, when
@@ -242,5 +361,8 @@ class HeapState:
             out.extend(tcache.findings)
         for acc in self.accounts.values():
             out.extend(acc.findings)
-        out.extend(self.findings_extra)
+        out.extend(self.loose_findings())
         return tuple(out)
+
+
+_NOTHING: Mapping = MappingProxyType({})

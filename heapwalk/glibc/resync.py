@@ -8,7 +8,8 @@ it was (the damaged field, not its victim).
 from __future__ import annotations
 
 from heapwalk.findings import Finding, Kind, Severity
-from heapwalk.glibc.chunks import BIN_STATES, ChunkState, Extent, Listing, align_chunk
+from heapwalk.glibc.chunks import BIN_STATES, Extent, Listing, align_chunk
+from heapwalk.glibc.model import ChunkState
 from heapwalk.glibc.layout import IS_MMAPPED, MALLOC_ALIGNMENT, MINSIZE, NON_MAIN_ARENA, PREV_INUSE, SIZE_BITS
 from heapwalk.target.memory import Memory, ReadError
 from heapwalk.target.words import PROBE_SPAN, Window

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from heapwalk.glibc.chunks import Account, ChunkState, Listing, extents
+from heapwalk.glibc.chunks import Listing, Tally, extents
+from heapwalk.glibc.model import ChunkState
 from heapwalk.glibc.chunkwalk import walk_extent
 from heapwalk.glibc.layout import SIZE_BITS, Layout
 from heapwalk.target.memory import Memory, ReadError, u64
@@ -56,7 +57,7 @@ def scan_tcaches(mem: Memory, layout: Layout, arenas: list[Arena], listing: List
     for arena in arenas:
         first = True
         for extent in extents(arena, layout):
-            scratch = Account(arena.address, 0)
+            scratch = Tally(arena.address, 0)
             for chunk in walk_extent(mem, extent, arena.top, listing, scratch):
                 at_start, first = first, False
                 if chunk.state is not ChunkState.IN_USE or not size <= chunk.size < size + _SLACK:

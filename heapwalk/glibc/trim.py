@@ -17,49 +17,19 @@ the address space released.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from types import MappingProxyType
 
-from heapwalk.glibc.chunks import ChunkState
 from heapwalk.glibc.layout import MINSIZE, Layout
 from heapwalk.target.memory import Memory, ReadError
-from heapwalk.glibc.model import Arena
+from heapwalk.glibc.model import KEPT_REASONS, Arena, ChunkState, TrimEstimate
 
-__all__ = ["TrimEstimate", "TrimSimulation", "PAGE"]
+__all__ = ["TrimSimulation", "PAGE"]
 
 PAGE = 4096
 _SPAN = 1 << 20                 # bytes read at once when looking for resident pages
 _LINKS = 48                     # sizeof(struct malloc_chunk): stays resident in a trimmed chunk
 _SUB_PAGE = PAGE - 1 + _LINKS   # a free chunk this size or smaller has no whole page to give back
 _RUN_STATES = frozenset((ChunkState.FAST, ChunkState.UNSORTED, ChunkState.SMALL, ChunkState.LARGE))
-
-
-@dataclass
-class TrimEstimate:
-    """Bytes malloc_trim(0) would release from one arena, and how many of them are resident."""
-
-    arena: int
-    madvise: int = 0            # page interiors of free chunks (address space keeps its mapping)
-    madvise_resident: int = 0
-    systrim: int = 0            # the main arena's top, given back to the kernel
-    systrim_resident: int = 0
-    # free bytes no trim can return, by reason: "tcache" (not flushed), "sub_page" (free chunks, or their
-    # ends and links, smaller than a page), "thread_top" (a thread arena's top is never trimmed), "main_top"
-    # (what stays of the main top: its last partial page, or all of it when the arena is not contiguous)
-    kept: dict[str, int] = field(default_factory=lambda: dict.fromkeys(("tcache", "sub_page", "thread_top",
-                                                                        "main_top"), 0))
-    runs: list[tuple[int, int]] = field(default_factory=list)  # consolidated free chunks holding a whole page
-
-    @property
-    def kept_free(self) -> int:
-        return sum(self.kept.values())
-
-    @property
-    def total(self) -> int:
-        return self.madvise + self.systrim
-
-    @property
-    def resident(self) -> int:
-        return self.madvise_resident + self.systrim_resident
 
 
 def _resident_bytes(mem: Memory, start: int, length: int) -> int:
@@ -120,7 +90,8 @@ class TrimSimulation:
         self.systrim_allowed = arena.is_main and main_contiguous
         self.consolidate = layout.has_fastbins
         self.top_start, self.top_size = arena.top, arena.top_size
-        self.est = TrimEstimate(arena.address)
+        self.kept = dict.fromkeys(KEPT_REASONS, 0)
+        self.runs: list[tuple[int, int]] = []  # consolidated free chunks holding a whole page
         self.run_start: int | None = None
         self.run_size = 0
         self.run_has_fast = False
@@ -132,7 +103,7 @@ class TrimSimulation:
         run_start, run_size, run_has_fast = self.run_start, self.run_size, self.run_has_fast
         run_states = _RUN_STATES if self.consolidate else _RUN_STATES - {ChunkState.FAST}
         tcache = sub_page = 0
-        runs = self.est.runs
+        runs = self.runs
         fast, top, tcache_state = ChunkState.FAST, ChunkState.TOP, ChunkState.TCACHE
         for address, size, _, state in batch:
             if run_start is not None and address != run_start + run_size:
@@ -161,8 +132,8 @@ class TrimSimulation:
                     runs.append((run_start, run_size))
                 run_start = None
         self.run_start, self.run_size, self.run_has_fast = run_start, run_size, run_has_fast
-        self.est.kept["tcache"] += tcache
-        self.est.kept["sub_page"] += sub_page
+        self.kept["tcache"] += tcache
+        self.kept["sub_page"] += sub_page
 
     def extent_done(self) -> None:
         if self.run_start is not None:
@@ -172,26 +143,28 @@ class TrimSimulation:
     def _close(self, address: int, size: int) -> None:
         """A free chunk as consolidation leaves it: the whole pages inside are given back, the rest is kept."""
         if size <= _SUB_PAGE:  # no whole page inside: the common case of a fragmented heap
-            self.est.kept["sub_page"] += size
+            self.kept["sub_page"] += size
             return
-        self.est.runs.append((address, size))
+        self.runs.append((address, size))
 
     def result(self) -> TrimEstimate:
-        est, mem = self.est, self.mem
-        for address, size in est.runs:
+        """The estimate, once the walk has fed every chunk."""
+        mem, kept = self.mem, dict(self.kept)
+        madvise = madvise_resident = systrim = systrim_resident = 0
+        for address, size in self.runs:
             start, length = _page_interior(address, size)
-            est.madvise += length
-            est.madvise_resident += _resident_bytes(mem, start, length) if length else 0
-            est.kept["sub_page"] += size - length
+            madvise += length
+            madvise_resident += _resident_bytes(mem, start, length) if length else 0
+            kept["sub_page"] += size - length
         if self.systrim_allowed:
             area = self.top_size - MINSIZE - 1
             unit = self.thp_pagesize or PAGE
             if area > 0:
-                extra = area // unit * unit
-                est.systrim = extra
+                systrim = area // unit * unit
                 top_end = self.top_start + self.top_size
-                est.systrim_resident = _resident_bytes(mem, top_end - extra, extra) if extra else 0
-            est.kept["main_top"] += self.top_size - est.systrim
+                systrim_resident = _resident_bytes(mem, top_end - systrim, systrim) if systrim else 0
+            kept["main_top"] += self.top_size - systrim
         else:
-            est.kept["main_top" if self.arena.is_main else "thread_top"] += self.top_size
-        return est
+            kept["main_top" if self.arena.is_main else "thread_top"] += self.top_size
+        return TrimEstimate(self.arena.address, madvise, madvise_resident, systrim, systrim_resident,
+                            MappingProxyType(kept))

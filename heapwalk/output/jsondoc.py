@@ -206,7 +206,7 @@ def state_to_json(state: HeapState, arenas: Iterable[int] | None = None, kinds: 
         "mmapped": None if not state.accounts else {
             "count": len(state.mmapped), "bytes": sum(c.span for c in state.mmapped),
             "chunks": [{"address": c.address, "size": c.size, "span": c.span} for c in state.mmapped]},
-        "findings": [_finding(f) for f in (*state.findings, *state.findings_extra)],
+        "findings": [_finding(f) for f in (*state.findings, *state.loose_findings())],
     }
 
 
