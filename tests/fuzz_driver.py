@@ -40,6 +40,7 @@ from heapwalk.output import jsondoc, tables
 from heapwalk.analysis import report
 from heapwalk.glibc.chunks import extents
 from heapwalk.glibc.decode import collect
+from heapwalk.glibc.summary import heap_view
 from heapwalk.gdb.commands import _overrides
 from heapwalk.glibc.discovery import DiscoveryError, discover
 from heapwalk.target.gdbadapter import GdbSymbols, gdb_memory, memory_map, thread_registers
@@ -302,7 +303,7 @@ def exercise(mem, symbols, maps, threads, regs, target: str):
     except DiscoveryError as exc:
         return None, None, None, f"refused: {exc}"
     result = check.check(state, mem, disc.layout)
-    rep = report.build_report(state)
+    rep = report.build_report(heap_view(state))
     sink = io.StringIO()
     console = tables.make_console(sink, False)
     console.print(tables.header_text(state))

@@ -11,12 +11,13 @@ PACKAGE = Path(__file__).resolve().parent.parent / "heapwalk"
 #: part -> the parts it may import (besides itself and the standard library and its dependencies)
 MAY_IMPORT = {
     "findings": set(),
+    "view": set(),
     "target": {"findings"},
-    "glibc": {"target", "findings"},
-    "analysis": {"glibc", "target", "findings"},
-    "output": {"analysis", "glibc", "target", "findings"},
-    "gdb": {"output", "analysis", "glibc", "target", "findings"},
-    "cli": {"output", "analysis", "glibc", "target", "findings"},
+    "glibc": {"view", "target", "findings"},
+    "analysis": {"view", "target", "findings"},
+    "output": {"analysis", "view", "glibc", "target", "findings"},
+    "gdb": {"output", "analysis", "view", "glibc", "target", "findings"},
+    "cli": {"output", "analysis", "view", "glibc", "target", "findings"},
     "__init__": {"gdb"},
 }
 #: the only modules that import gdb

@@ -1,7 +1,7 @@
 """The report: where every byte of every arena is, a free-chunk histogram, the trim estimate, and a verdict.
 
-`build_report` reads a `HeapState` decoded with its chunk walk (accounts and
-trim estimates) and returns plain numbers and sentences; `heapwalk.output.tables`
+`build_report` reads any allocator's `heapwalk.view.HeapView` (glibc's from a state decoded
+with its chunk walk) and returns plain numbers and sentences; `heapwalk.output.tables`
 lays them out and `heapwalk.output.jsondoc` writes them.  The verdict says only what
 the numbers support: fragmentation (free memory malloc holds) or memory in
 use (live data or a leak), which arenas hold it, what malloc_trim(0) would
@@ -13,10 +13,9 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from heapwalk.glibc.model import FREE_STATES, ChunkState
-from heapwalk.glibc.model import Arena, HeapState
+from heapwalk.view import ArenaView, HeapView, SizeClass
 
-__all__ = ["ArenaRow", "Bucket", "Report", "build_report", "human"]
+__all__ = ["Bucket", "Report", "build_report", "by_class", "human"]
 
 MiB = 1 << 20
 
@@ -34,28 +33,6 @@ def human(n: float) -> str:
 
 
 @dataclass
-class ArenaRow:
-    """One arena's line: where its system memory goes."""
-
-    number: int
-    address: int
-    kind: str
-    threads: int
-    heaps: int
-    system: int
-    in_use: int                  # in-use chunks, tcache structs
-    free: dict[str, int]         # tcache, fast, unsorted, small, large (bytes)
-    top: int
-    overhead: int
-    trim: int                    # resident bytes malloc_trim(0) would return
-    balanced: bool
-
-    @property
-    def free_total(self) -> int:
-        return sum(self.free.values())
-
-
-@dataclass
 class Bucket:
     """Free chunks of sizes [low, high): how many and how many bytes."""
 
@@ -67,7 +44,10 @@ class Bucket:
 
 @dataclass
 class Report:
-    arenas: list[ArenaRow]
+    """The report's numbers and verdict; ARENAS and what is shared between them come from the view."""
+
+    allocator: str
+    arenas: list[ArenaView]
     mmapped_count: int
     mmapped_bytes: int
     histogram: list[Bucket]
@@ -103,7 +83,7 @@ class Report:
 
     @property
     def trim(self) -> int:
-        return sum(a.trim for a in self.arenas)
+        return sum(a.reclaim for a in self.arenas)
 
     @property
     def free_listed(self) -> int:
@@ -124,53 +104,16 @@ class Report:
         return self.free_listed == self.free
 
 
-#: glibc's size classes of free chunks (x86_64): fastbin sizes, small bins, then the large-bin spacings
-GLIBC_CLASSES = ((32, 0x90, "fastbin sizes (32-128 B)"), (0x90, 1024, "small bins (144 B-1 KiB)"),
-                 (1024, 3136, "large bins, 64 B apart"), (3136, 10752, "large bins, 512 B apart"),
-                 (10752, 45056, "large bins, 4 KiB apart"), (45056, 163840, "large bins, 32 KiB apart"),
-                 (163840, 786432, "large bins, 256 KiB apart"), (786432, 1 << 64, "the last large bin"))
-
-
-def glibc_classes(sizes: Counter) -> list[tuple[str, int, int]]:
-    """(class, chunks, bytes) of SIZES (size -> how many) by glibc's bin size classes, non-empty classes only."""
-    counts = {name: [0, 0] for _, _, name in GLIBC_CLASSES}
+def by_class(sizes: Counter, classes: tuple[SizeClass, ...]) -> list[tuple[str, int, int]]:
+    """(class, chunks, bytes) of SIZES (size -> how many) by the allocator's size CLASSES, non-empty classes
+    only; sizes below the first class count in it, sizes above the last in the last."""
+    counts = {c.name: [0, 0] for c in classes}
     for size, n in sizes.items():
-        name = next((c for lo, hi, c in GLIBC_CLASSES if lo <= size < hi), GLIBC_CLASSES[0 if size < 32 else -1][2])
+        name = next((c.name for c in classes if c.low <= size < c.high),
+                    classes[0 if size < classes[0].low else -1].name)
         counts[name][0] += n
         counts[name][1] += size * n
-    return [(name, c, b) for (_, _, name) in GLIBC_CLASSES for c, b in [counts[name]] if c]
-
-
-def _arena_of(state: HeapState):
-    """A function from a chunk address to the number of the arena whose heap holds it (None if none)."""
-    ranges = sorted((h.address, h.address + h.size, a.number) for a in state.arenas for h in a.heaps)
-
-    def find(address: int) -> int | None:
-        return next((n for lo, hi, n in ranges if lo <= address < hi), None)
-    return find
-
-
-def free_sizes_by_arena(state: HeapState) -> dict[int, Counter]:
-    """Arena number -> the sizes of its free chunks (bins, fastbins, and the tcache entries in its heaps),
-    as size -> how many."""
-    out = _tcache_sizes_by_arena(state)
-    for a in state.arenas:
-        for lst in a.free_lists():
-            out[a.number].update(lst.sizes)
-    return out
-
-
-def _tcache_sizes_by_arena(state: HeapState) -> dict[int, Counter]:
-    """Arena number -> the sizes of the tcache entries that lie in its heaps, as size -> how many."""
-    out: dict[int, Counter] = {a.number: Counter() for a in state.arenas}
-    find = _arena_of(state)
-    for _, tcache in state.tcaches():
-        for b in tcache.bins:
-            for entry, size in zip(b.entries, b.sizes or (b.chunk_size,) * len(b.entries)):
-                number = find(entry)
-                if number is not None:
-                    out[number][size] += 1
-    return out
+    return [(c.name, n, b) for c in classes for n, b in [counts[c.name]] if n]
 
 
 def _histogram(sizes: Counter) -> tuple[list[Bucket], int, int]:
@@ -186,43 +129,11 @@ def _histogram(sizes: Counter) -> tuple[list[Bucket], int, int]:
     return [buckets[k] for k in sorted(buckets)], max(sizes, default=0), sum(sizes.values())
 
 
-def _rows(state: HeapState) -> list[ArenaRow]:
-    users: dict[int, int] = {}
-    for t in state.threads:
-        if t.arena:
-            users[t.arena] = users.get(t.arena, 0) + 1
-    if any(t.tls_lost for t in state.threads):  # thread_arena is unknown for some threads: glibc's own count
-        users = {a.address: a.attached_threads for a in state.arenas if a.attached_threads is not None}
-    rows = []
-    for a in state.arenas:
-        acc = state.accounts[a.address]
-        trim = state.trims.get(a.address)
-        free = {s.value: acc.bytes[s] for s in FREE_STATES if s is not ChunkState.FREE_UNLISTED}
-        free["unsorted"] += acc.bytes[ChunkState.FREE_UNLISTED]
-        top = acc.bytes[ChunkState.TOP]
-        if a.system_mem and acc.unwalked >= a.system_mem:   # not walked (Ctrl-C): what its lists and top hold
-            free, top = _listed_free(state, a), a.top_size
-        rows.append(ArenaRow(a.number, a.address, a.kind, users.get(a.address, 0), len(a.heaps), a.system_mem,
-                             acc.bytes[ChunkState.IN_USE] + acc.bytes[ChunkState.TCACHE_STRUCT], free,
-                             top, acc.overhead + acc.bytes[ChunkState.FENCEPOST],
-                             trim.resident if trim else 0, acc.balanced))
-    return rows
-
-
-def _listed_free(state: HeapState, arena: Arena) -> dict[str, int]:
-    """ARENA's free bytes by kind as its free lists and the tcache entries in its heaps hold them."""
-    free = dict.fromkeys(("tcache", "fast", "unsorted", "small", "large"), 0)
-    for lst in arena.free_lists():
-        free[lst.kind.value] += lst.total
-    free["tcache"] = sum(size * n for size, n in _tcache_sizes_by_arena(state)[arena.number].items())
-    return free
-
-
 def _pct(part: float, whole: float) -> str:
     return f"{100 * part / whole:.0f}%" if whole else "0%"
 
 
-def _verdict(rep: Report, state: HeapState) -> list[str]:
+def _verdict(rep: Report) -> list[str]:
     """Plain sentences, each backed by the numbers above it."""
     out = []
     # what the walk found is the whole when a damaged system_mem says less: shares stay within 100%
@@ -268,22 +179,15 @@ def _verdict(rep: Report, state: HeapState) -> list[str]:
     return out
 
 
-def build_report(state: HeapState) -> Report:
-    """The report of a state decoded with walk_chunks=True."""
-    rows = _rows(state)
-    by_arena = free_sizes_by_arena(state)   # the free chunks of the arenas (2.43's tcache'd mmapped ones are
-    all_sizes = sum(by_arena.values(), Counter())                  # counted with the mmapped memory)
+def build_report(view: HeapView) -> Report:
+    """The report of an allocator's view of its heap."""
+    all_sizes = sum(view.free_sizes.values(), Counter())
     histogram, largest, count = _histogram(all_sizes)
-    mp = state.mp
-    arena_max = mp.get("arena_max") if mp else None
-    limit = (f"{arena_max} (MALLOC_ARENA_MAX / M_ARENA_MAX)" if arena_max
-             else "8 x the CPU count (the default; the core does not record the CPU count)")
-    rep = Report(rows, *state.mmap_counters(),
-                 histogram, largest, count, limit, sum(1 for a in state.arenas if a.on_free_list))
-    rep.classes = glibc_classes(all_sizes)
-    rep.trim_total = sum(t.total for t in state.trims.values())
-    rep.trim_kept = {k: sum(t.kept[k] for t in state.trims.values()) for k in ("tcache", "sub_page", "thread_top",
-                                                                             "main_top")}
-    rep.per_arena = {n: _histogram(sizes)[0] for n, sizes in by_arena.items()}
-    rep.verdict = _verdict(rep, state)
+    rep = Report(view.allocator, list(view.arenas), view.large_count, view.large_bytes, histogram, largest, count,
+                 view.arena_limit, view.arenas_idle)
+    rep.classes = by_class(all_sizes, view.size_classes)
+    rep.trim_total = view.reclaim_total
+    rep.trim_kept = dict(view.reclaim_kept)
+    rep.per_arena = {n: _histogram(sizes)[0] for n, sizes in view.free_sizes.items()}
+    rep.verdict = _verdict(rep)
     return rep

@@ -26,6 +26,8 @@ from heapwalk.target.gdbadapter import (GdbSymbols, describe_target, gdb_memory,
                                         missing_ranges, preserved_selection, thread_registers)
 from heapwalk.findings import Finding, Kind, Severity
 from heapwalk.glibc.model import HeapState
+from heapwalk.glibc.partial import partial
+from heapwalk.glibc.summary import heap_view
 
 __all__ = ["register"]
 
@@ -244,7 +246,7 @@ class read_only:
         return False
 
 
-def _print_partial(console, notes: list[str]) -> None:
+def _print_partial(console, notes) -> None:
     text = tables.partial_text(notes)
     if text is not None:
         console.print(text, end="")
@@ -252,7 +254,7 @@ def _print_partial(console, notes: list[str]) -> None:
 
 def _print_damage(console, state: HeapState, findings) -> None:
     """What is partial in STATE, then FINDINGS: the tail of every command that shows decoded numbers."""
-    _print_partial(console, check.partial(state))
+    _print_partial(console, partial(state))
     _print_findings(console, findings)
 
 
@@ -516,17 +518,14 @@ class ReportCommand(_Subcommand):
 
     def run(self, args) -> None:
         state = load_state(walk_chunks=True)
-        rep = report.build_report(state)
-        notes = check.partial(state)
+        rep = report.build_report(heap_view(state))
+        notes = partial(state)
         console = _console_with_header(state)
         console.print(tables.report_group(state, rep, _interactive()))
         _print_partial(console, notes)
         _print_findings(console, state.all_findings())
         if args.json:
-            document = jsondoc.state_to_json(state)
-            document["report"] = jsondoc.report_json(rep)
-            document["report"]["partial"] = notes
-            jsondoc.dump(document, args.json)
+            jsondoc.dump(jsondoc.report_document(state, rep, notes), args.json)
         if args.xml:
             with open(args.xml, "w", encoding="utf-8") as fh:
                 fh.write(mallocinfo.malloc_info_xml(state))

@@ -5,8 +5,8 @@ chunk walk checks neighbours (prev_size, PREV_INUSE, NON_MAIN_ARENA); this
 module adds the checks that need the whole picture: a chunk in two free lists
 (a double free), free chunks outside their arena or overlapping top, tcache
 entries of the wrong size or with an overwritten key, large-bin order and
-nextsize links, the binmap and have_fastchunks.  `check` gathers all of it;
-`partial` says which numbers of a report rest on damaged structures.
+nextsize links, the binmap and have_fastchunks.  `check` gathers all of it,
+with `heapwalk.glibc.partial`'s notes on which numbers rest on damaged structures.
 """
 
 from __future__ import annotations
@@ -15,25 +15,27 @@ import bisect
 import struct
 from array import array
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from heapwalk.glibc.chunks import extents
 from heapwalk.glibc.layout import IS_MMAPPED, NBINS, SIZE_BITS, Layout
 from heapwalk.target.memory import Memory, ReadError, u64
-from heapwalk.glibc.model import Arena, BinKind, HeapState, thread_numbers
+from heapwalk.glibc.model import Arena, BinKind, HeapState, list_name
+from heapwalk.glibc.partial import partial
+from heapwalk.view import Partial
 from heapwalk.findings import Finding, Kind, Severity
 
-__all__ = ["CheckResult", "check", "partial", "scope"]
+__all__ = ["CheckResult", "check", "scope"]
 
 _QQ = struct.Struct("<QQ")
 
 
-@dataclass
+@dataclass(frozen=True)
 class CheckResult:
     """The findings of `check`, errors first then by address, and the numbers they make partial."""
 
-    findings: list[Finding]
-    partial: list[str] = field(default_factory=list)
+    findings: tuple[Finding, ...]
+    partial: tuple[Partial, ...] = ()
 
     @property
     def errors(self) -> list[Finding]:
@@ -67,7 +69,7 @@ def check(state: HeapState, mem: Memory, layout: Layout) -> CheckResult:
     ordered = sorted(unique.values(), key=lambda f: (f.severity is not Severity.ERROR,
                                                      f.severity is not Severity.WARNING, f.kind is not Kind.ABORT,
                                                      f.address))
-    return CheckResult(ordered, partial(state))
+    return CheckResult(tuple(ordered), partial(state))
 
 
 def _unwalked(state: HeapState) -> list[Finding]:
@@ -151,7 +153,7 @@ def _listed_chunks(state: HeapState, mem: Memory, layout: Layout) -> list[Findin
         own = spans[arena.address]
         near_tops = [(lo, hi) for lo, hi in tops if any(lo < e and s < hi for s, e in own)]
         for lst in arena.free_lists():
-            where = _list_name(arena, lst.kind, lst.index)
+            where = list_name(arena, lst.kind, lst.index)
             if twice:
                 for chunk in lst.chunks:
                     seen(chunk, where)
@@ -178,11 +180,6 @@ def _listed_chunks(state: HeapState, mem: Memory, layout: Layout) -> list[Findin
     return out
 
 
-def _list_name(arena: Arena, kind: BinKind, index: int) -> str:
-    name = "fastbin" if kind is BinKind.FAST else f"{kind.value} bin"
-    return f"{name}[{index}] of arena {arena.number}"
-
-
 def _large_bins(mem: Memory, arena: Arena) -> list[Finding]:
     """Large bins are sorted by size, largest first, and the first chunk of each size links to the first of
     the next and previous sizes through fd_nextsize/bk_nextsize (a ring of those leaders)."""
@@ -190,7 +187,7 @@ def _large_bins(mem: Memory, arena: Arena) -> list[Finding]:
     for lst in arena.bins:
         if lst.kind is not BinKind.LARGE or not lst.chunks or not lst.complete:
             continue
-        where = _list_name(arena, lst.kind, lst.index)
+        where = list_name(arena, lst.kind, lst.index)
         sizes = lst.sizes
         unsorted_at = next((i for i in range(1, len(sizes)) if sizes[i] > sizes[i - 1]), None)
         if unsorted_at is not None:
@@ -257,45 +254,6 @@ def _tcache_keys(state: HeapState, mem: Memory) -> list[Finding]:
     return [Finding(Severity.ERROR, entry, where, f"tcache entry {entry:#x} has key {key:#x}, not the tcache key "
                     f"{want:#x}: written to after it was freed", Kind.TCACHE_KEY, f"{want:#x}", f"{key:#x}")
             for entry, key, where, want in keyed if key != want]
-
-
-def partial(state: HeapState) -> list[str]:
-    """Sentences naming the numbers that rest on damaged structures (empty when everything was walked)."""
-    out: list[str] = []
-    for arena in state.arenas:
-        if any(f.kind is Kind.ARENA for f in arena.findings):
-            out.append(f"arena {arena.number}: could not be read; none of its numbers are known")
-            continue
-        cut = [b for b in (*arena.fastbins, arena.unsorted, *arena.bins) if not b.complete]
-        if cut:
-            names = ", ".join(_list_name(arena, b.kind, b.index).split(" of ")[0] for b in cut[:6])
-            more = f" and {len(cut) - 6} more" if len(cut) > 6 else ""
-            out.append(f"arena {arena.number}: free bytes of {names}{more} cover only the part before the damage")
-        acc = state.accounts.get(arena.address)
-        if acc is not None and acc.unwalked:
-            out.append(f"arena {arena.number}: {acc.unwalked} bytes of its heaps could not be walked; in-use and "
-                       "free bytes leave them out")
-    for owner, tcache in state.tcaches():
-        if any(not b.complete for b in tcache.bins):
-            out.append(f"{owner}: its tcache lists are cut at damage")
-    lost = [t.number for t in state.threads if t.tls_lost]
-    if lost:
-        out.append(f"thread{'s' if len(lost) > 1 else ''} {thread_numbers(lost)}: TLS not in the core, so "
-                   f"{'their' if len(lost) > 1 else 'its'} arena is unknown and tcaches found by scanning the "
-                   "arenas belong to no known thread")
-    if state.lists_stopped:
-        out.append("reading the free lists was interrupted (Ctrl-C): the arenas from there on are left out, and "
-                   "no chunk was walked")
-    elif state.interrupted:
-        out.append("the chunk walk was interrupted (Ctrl-C): the arenas it did not finish count as unwalked")
-    if any(f.kind is Kind.ARENA_RING for f in state.findings):
-        recovered = any(f.kind is Kind.ARENA_RING and f.severity is Severity.WARNING for f in state.findings)
-        out.append("the arena ring is broken: the arenas after the break were found by their heaps, and are "
-                   "numbered after the ring (not as malloc_info numbers them)" if recovered else
-                   "the arena ring is broken: arenas after the break are missing (none was found by its heap)")
-    if any(f.kind is Kind.MUTEX_HELD for a in state.arenas for f in a.findings):
-        out.append("an arena mutex was held: that arena's lists may be mid-update")
-    return out
 
 
 def scope(state: HeapState) -> dict[str, int]:

@@ -18,7 +18,7 @@ from types import MappingProxyType
 from heapwalk.findings import Fact, Finding, Kind
 
 __all__ = ["BinKind", "BinList", "Heap", "Arena", "TcacheBin", "Tcache", "Thread", "MallocPar", "ChunkState",
-           "FREE_STATES", "Account", "TrimEstimate", "KEPT_REASONS", "MmappedChunk", "ChunkWalk", "HeapState"]
+           "FREE_STATES", "list_name", "thread_numbers", "Account", "TrimEstimate", "KEPT_REASONS", "MmappedChunk", "ChunkWalk", "HeapState"]
 
 
 class BinKind(enum.Enum):
@@ -175,6 +175,12 @@ def thread_numbers(numbers: list[int]) -> str:
     if len(numbers) > 2 and numbers[-1] - numbers[0] == len(numbers) - 1:
         return f"{numbers[0]}-{numbers[-1]}"
     return ", ".join(map(str, numbers))
+
+
+def list_name(arena: Arena, kind: BinKind, index: int) -> str:
+    """How the output names a free list: 'fastbin[2] of arena 1', 'small bin[5] of arena 0'."""
+    name = "fastbin" if kind is BinKind.FAST else f"{kind.value} bin"
+    return f"{name}[{index}] of arena {arena.number}"
 
 
 @dataclass(frozen=True, slots=True)

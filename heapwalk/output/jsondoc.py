@@ -11,6 +11,7 @@ from typing import Any, Iterable
 
 from heapwalk.glibc.model import Arena, BinKind, BinList, HeapState, Tcache, Thread
 from heapwalk.findings import Finding
+from heapwalk.output.notes import partial_sentences
 
 __all__ = ["SCHEMA_VERSION", "state_to_json", "dump", "KINDS"]
 
@@ -210,12 +211,19 @@ def state_to_json(state: HeapState, arenas: Iterable[int] | None = None, kinds: 
     }
 
 
+def report_document(state: HeapState, rep, notes) -> dict[str, Any]:
+    """'heapwalk report --json': the whole state's document with the report (and its partial NOTES) in it."""
+    document = state_to_json(state)
+    document["report"] = {**report_json(rep), "partial": partial_sentences(notes)}
+    return document
+
+
 def report_json(rep) -> dict[str, Any]:
     """The report's numbers and verdict (see heapwalk/analysis/report.py)."""
     return {
         "arenas": [{"number": a.number, "address": a.address, "kind": a.kind, "threads": a.threads, "heaps": a.heaps,
-                    "system": a.system, "in_use": a.in_use, "free": a.free, "top": a.top, "overhead": a.overhead,
-                    "trim": a.trim, "balanced": a.balanced} for a in rep.arenas],
+                    "system": a.system, "in_use": a.in_use, "free": dict(a.free), "top": a.top, "overhead": a.overhead,
+                    "trim": a.reclaim, "balanced": a.balanced} for a in rep.arenas],
         "totals": {"system": rep.system, "in_use": rep.in_use, "free": rep.free, "top": rep.top,
                    "overhead": rep.overhead, "trim": rep.trim},
         "mmapped": {"count": rep.mmapped_count, "bytes": rep.mmapped_bytes},
@@ -247,4 +255,4 @@ def check_document(state: HeapState, result, checked: dict[str, int]) -> dict[st
     """'heapwalk check --json': whether the heap is clean, the counts, and every finding."""
     return {**_header(state), "clean": result.clean, "errors": len(result.errors),
             "warnings": len(result.warnings), "by_kind": result.by_kind(), "checked": checked,
-            "partial": result.partial, "findings": [_finding(f) for f in result.findings]}
+            "partial": partial_sentences(result.partial), "findings": [_finding(f) for f in result.findings]}

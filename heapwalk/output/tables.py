@@ -17,9 +17,11 @@ from rich.text import Text
 from heapwalk.glibc.model import Arena, BinKind, BinList, HeapState, Tcache, Thread
 from heapwalk.findings import Finding, Severity
 from heapwalk.analysis.report import Report, human
+from heapwalk.output.notes import partial_sentences
+from heapwalk.view import Partial
 
-__all__ = ["make_console", "human", "report_group", "threads_group", "arenas_table", "bins_tables", "tcache_tables", "findings_text", "header_text", "check_text", "partial_text",
-           "chunks_table", "chunk_text"]
+__all__ = ["make_console", "human", "report_group", "threads_group", "arenas_table", "bins_tables", "tcache_tables",
+           "findings_text", "header_text", "check_text", "partial_text", "chunks_table", "chunk_text"]
 
 
 def make_console(file, interactive: bool, width: int | None = None) -> Console:
@@ -235,7 +237,7 @@ def report_group(state: HeapState, rep: Report, interactive: bool) -> Group:
         bins = a.free["unsorted"] + a.free["small"] + a.free["large"]
         table.add_row(str(a.number), f"{a.address:#x}", a.kind, str(a.threads), str(a.heaps), human(a.system),
                       human(a.in_use), human(a.free["tcache"]), human(a.free["fast"]), human(bins), human(a.top),
-                      human(a.overhead), human(a.trim))
+                      human(a.overhead), human(a.reclaim))
     lines = Text()
     lines.append(f"mmapped chunks: {rep.mmapped_count}, {human(rep.mmapped_bytes)}\n")
     lines.append(f"arenas: {len(rep.arenas)} ({rep.arenas_on_free_list} on the free list of exited threads); "
@@ -259,7 +261,7 @@ def report_group(state: HeapState, rep: Report, interactive: bool) -> Group:
     for b in rep.histogram:
         hist.add_row(f"{human(b.low)} - {human(b.high)}", str(b.count), human(b.bytes),
                      f"{100 * b.bytes / rep.free_listed:.0f}%" if rep.free_listed else "-")
-    classes = Table(title="free chunks by glibc size class", box=_box(interactive), title_justify="left")
+    classes = Table(title=f"free chunks by {rep.allocator} size class", box=_box(interactive), title_justify="left")
     for name in ("class", "chunks", "bytes"):
         classes.add_column(name, justify="right" if name != "class" else "left", no_wrap=True)
     for name, count, size in rep.classes:
@@ -341,11 +343,12 @@ def check_text(result, checked: dict[str, int], limit: int = 200) -> Text:
     return text
 
 
-def partial_text(notes: list[str]) -> Text | None:
+def partial_text(notes: Iterable[Partial]) -> Text | None:
     """Which numbers rest on damaged structures; None when all were walked."""
-    if not notes:
+    sentences = partial_sentences(notes)
+    if not sentences:
         return None
     text = Text("partial results:\n", style="bold yellow")
-    for note in notes:
-        text.append(f"  - {note}\n", style="yellow")
+    for sentence in sentences:
+        text.append(f"  - {sentence}\n", style="yellow")
     return text

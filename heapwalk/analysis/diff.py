@@ -1,0 +1,97 @@
+"""What grew between two snapshots of one process: per arena (matched by address) system memory, in-use,
+free and top bytes, and the free pieces of each size class.  The snapshots come from reports
+(`heapwalk.output.jsondoc.read_snapshot` reads them back from their JSON), of any allocator."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from heapwalk.analysis.report import Bucket
+
+__all__ = ["ArenaTotals", "ArenaChange", "ClassChange", "Diff", "diff", "FIGURES"]
+
+#: the figures compared for each arena
+FIGURES = ("system", "in_use", "free", "top")
+
+
+@dataclass(frozen=True, slots=True)
+class ArenaTotals:
+    """One arena of a snapshot: its figures and its free pieces by size."""
+
+    address: int
+    number: int
+    system: int
+    in_use: int
+    free: int
+    top: int
+    histogram: tuple[Bucket, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ClassChange:
+    """The free pieces of sizes [low, high) in A and in B."""
+
+    low: int
+    high: int
+    count: tuple[int, int]
+    bytes: tuple[int, int]
+
+    @property
+    def bytes_growth(self) -> int:
+        return self.bytes[1] - self.bytes[0]
+
+
+@dataclass(frozen=True, slots=True)
+class ArenaChange:
+    """One arena's figures in A and in B ("new": only in B, "gone": only in A, "both")."""
+
+    address: int
+    number: int
+    status: str
+    figures: dict[str, tuple[int, int]]
+    free_classes: tuple[ClassChange, ...]
+
+    def growth(self, figure: str) -> int:
+        a, b = self.figures[figure]
+        return b - a
+
+
+@dataclass(frozen=True, slots=True)
+class Diff:
+    """Every arena's change, the biggest growth of system memory first, and the totals."""
+
+    arenas: tuple[ArenaChange, ...]
+
+    @property
+    def growth(self) -> dict[str, int]:
+        return {k: sum(e.growth(k) for e in self.arenas) for k in FIGURES}
+
+    @property
+    def grew(self) -> list[int]:
+        """The numbers of the arenas whose system memory or in-use bytes grew."""
+        return [e.number for e in self.arenas if e.growth("system") > 0 or e.growth("in_use") > 0]
+
+
+def diff(a: list[ArenaTotals], b: list[ArenaTotals]) -> Diff:
+    """What changed from the arenas of snapshot A to those of snapshot B."""
+    in_a, in_b = {x.address: x for x in a}, {x.address: x for x in b}
+    changes = []
+    for address in list(in_b) + [x for x in in_a if x not in in_b]:
+        ra, rb = in_a.get(address), in_b.get(address)
+        figures = {k: (getattr(ra, k) if ra else 0, getattr(rb, k) if rb else 0) for k in FIGURES}
+        changes.append(ArenaChange(address, (rb or ra).number, "new" if ra is None else "gone" if rb is None
+                                   else "both", figures, _class_changes(ra, rb)))
+    changes.sort(key=lambda e: -e.growth("system"))
+    return Diff(tuple(changes))
+
+
+def _class_changes(ra: ArenaTotals | None, rb: ArenaTotals | None) -> tuple[ClassChange, ...]:
+    """The size classes whose free pieces changed in count or bytes, smallest first."""
+    classes: dict[tuple[int, int], list[int]] = {}
+    for side, arena in ((0, ra), (1, rb)):
+        for h in arena.histogram if arena else ():
+            c = classes.setdefault((h.low, h.high), [0, 0, 0, 0])
+            c[side * 2] += h.count
+            c[side * 2 + 1] += h.bytes
+    return tuple(ClassChange(lo, hi, (c[0], c[2]), (c[1], c[3])) for (lo, hi), c in sorted(classes.items())
+                 if c[3] != c[1] or c[2] != c[0])

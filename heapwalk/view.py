@@ -1,0 +1,78 @@
+"""What any allocator's decoder gives the analysis and the output: its arenas with where their memory is
+(system, in use, free by kind, top, overhead), what the allocator could give back now (glibc's
+malloc_trim(0), jemalloc's decay), and the sizes of the free pieces.
+
+glibc's decoder fills it in `heapwalk.glibc.summary`; the report, its verdict and the tables read only
+this, so a second allocator fills the same fields and gets the same report.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+__all__ = ["ArenaView", "HeapView", "Partial", "SizeClass"]
+
+
+@dataclass(frozen=True, slots=True)
+class ArenaView:
+    """One arena: where its system memory goes."""
+
+    number: int
+    address: int
+    kind: str                    # "main" or "thread" (glibc), the allocator's own words elsewhere
+    threads: int                 # threads that allocate from it
+    heaps: int                   # the pieces of memory it holds (glibc heaps)
+    system: int                  # bytes it holds from the system
+    in_use: int                  # bytes in allocations the program holds, and the allocator's per-thread caches
+    free: Mapping[str, int]      # free bytes by kind (glibc: tcache, fast, unsorted, small, large)
+    top: int                     # free bytes at the end of its memory, where it grows
+    overhead: int                # the allocator's own headers and padding
+    reclaim: int                 # resident bytes the allocator could give back now (glibc: malloc_trim(0))
+    balanced: bool               # do its bytes add up to system, with nothing left unwalked?
+
+    @property
+    def free_total(self) -> int:
+        return sum(self.free.values())
+
+
+@dataclass(frozen=True, slots=True)
+class SizeClass:
+    """A range of free-piece sizes [low, high) the allocator treats alike, and its name."""
+
+    low: int
+    high: int
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class HeapView:
+    """Every arena of one target at one instant, and what is shared between them."""
+
+    allocator: str                               # "glibc"
+    arenas: tuple[ArenaView, ...]
+    free_sizes: Mapping[int, Counter]            # arena number -> free piece size -> how many
+    size_classes: tuple[SizeClass, ...]          # the allocator's size classes, smallest first
+    large_count: int = 0                         # allocations with a mapping of their own (glibc: mmapped chunks)
+    large_bytes: int = 0
+    arena_limit: str = ""                        # how many arenas the allocator may make, and why
+    arenas_idle: int = 0                         # arenas no thread uses (glibc: on the free list)
+    reclaim_total: int = 0                       # address space the allocator would give back now
+    reclaim_kept: Mapping[str, int] = field(default_factory=dict)  # free bytes it would keep, by reason
+
+
+@dataclass(frozen=True, slots=True)
+class Partial:
+    """A number of the output that rests on damaged or unread structures: WHAT happened (a word
+    `heapwalk.output.notes` turns into a sentence), and where."""
+
+    what: str                    # arena_unreadable, lists_cut, unwalked, tcache_cut, tls_lost, lists_stopped,
+    #                              walk_stopped, ring_recovered, ring_broken, mutex_held
+    arena: int | None = None     # the arena's number
+    names: tuple[str, ...] = ()  # the lists cut (the first few)
+    more: int = 0                # how many more lists are cut
+    bytes: int = 0               # bytes the walk could not pass
+    owner: str = ""              # whose tcache
+    threads: str = ""            # which threads ("2-9")
+    count: int = 0               # how many threads
