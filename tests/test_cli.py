@@ -398,11 +398,11 @@ def test_error_no_such_process():
 def test_error_process_of_another_user(tmp_path, monkeypatch, capsys):
     """A user who is not root, attaching to a process of another user (here: heapwalk's own check of the
     process's owner, with the effective uid made someone else's)."""
-    from heapwalk.cli import main as cli
+    from heapwalk.cli import main as cli, proc as procfs
 
     with _grow(tmp_path) as (proc, _):
         owner = os.stat(f"/proc/{proc.pid}").st_uid
-        monkeypatch.setattr(cli.os, "geteuid", lambda: owner + 1000)
+        monkeypatch.setattr(procfs.os, "geteuid", lambda: owner + 1000)
         assert cli.main(["capture", str(proc.pid), "--out", str(tmp_path / "denied")]) == 2
         message = capsys.readouterr().err.strip()
         assert message.startswith(f"heapwalk: cannot attach to {proc.pid}: process {proc.pid} belongs to user "
@@ -412,21 +412,21 @@ def test_error_process_of_another_user(tmp_path, monkeypatch, capsys):
 
 def test_error_ptrace_scope_explained(monkeypatch, tmp_path):
     """A user attaching to their own process under Yama's ptrace_scope 1 (Ubuntu's default) or 3."""
-    from heapwalk.cli import main as cli
+    from heapwalk.cli import proc
 
     scope = tmp_path / "ptrace_scope"
-    real_path = cli.Path
-    monkeypatch.setattr(cli, "Path", lambda p, *rest: real_path(scope) if str(p) == "/proc/sys/kernel/yama/ptrace_scope"
+    real_path = proc.Path
+    monkeypatch.setattr(proc, "Path", lambda p, *rest: real_path(scope) if str(p) == "/proc/sys/kernel/yama/ptrace_scope"
                         else real_path(p, *rest))
-    monkeypatch.setattr(cli.os, "geteuid", lambda: 1000)
-    monkeypatch.setattr(cli.os, "stat", lambda p: os.stat_result((0o40555, 0, 0, 0, 1000, 1000, 0, 0, 0, 0)))
+    monkeypatch.setattr(proc.os, "geteuid", lambda: 1000)
+    monkeypatch.setattr(proc.os, "stat", lambda p: os.stat_result((0o40555, 0, 0, 0, 1000, 1000, 0, 0, 0, 0)))
     scope.write_text("1\n")
-    advice = cli._ptrace_advice(os.getpid())
+    advice = proc.ptrace_advice(os.getpid())
     assert "ptrace_scope is 1" in advice and "sysctl kernel.yama.ptrace_scope=0" in advice
     scope.write_text("3\n")
-    assert "disabled on this machine" in cli._ptrace_advice(os.getpid())
+    assert "disabled on this machine" in proc.ptrace_advice(os.getpid())
     scope.write_text("0\n")
-    assert cli._ptrace_advice(os.getpid()) is None
+    assert proc.ptrace_advice(os.getpid()) is None
 
 
 def test_help_lists_every_subcommand():

@@ -16,7 +16,7 @@ FIGURES = ("system", "in_use", "free", "top")
 
 @dataclass(frozen=True, slots=True)
 class ArenaTotals:
-    """One arena of a snapshot: its figures and its free pieces by size."""
+    """One arena of a snapshot: its figures, its free pieces by size, and where its memory is."""
 
     address: int
     number: int
@@ -25,6 +25,8 @@ class ArenaTotals:
     free: int
     top: int
     histogram: tuple[Bucket, ...]
+    reclaim: int = 0                              # resident bytes the allocator could give back
+    heaps: tuple[tuple[int, int], ...] = ()       # (address, size) of each piece of its memory
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,4 +1,5 @@
-"""The JSON form of a `HeapState` (schema in docs/json.md).
+"""The JSON documents heapwalk writes (schema in docs/json.md), each built here, and the reader that takes a
+report back for `heapwalk diff`.
 
 Bump SCHEMA_VERSION on any change that renames or removes a field or changes
 its meaning; adding a field keeps the version.
@@ -9,11 +10,14 @@ from __future__ import annotations
 import json
 from typing import Any, Iterable
 
+from heapwalk.analysis.diff import FIGURES, ArenaTotals, Diff
+from heapwalk.analysis.report import Bucket
 from heapwalk.glibc.model import Arena, BinKind, BinList, HeapState, Tcache, Thread
 from heapwalk.findings import Finding
 from heapwalk.output.notes import partial_sentences
 
-__all__ = ["SCHEMA_VERSION", "state_to_json", "dump", "KINDS"]
+__all__ = ["SCHEMA_VERSION", "KINDS", "DocumentError", "state_to_json", "report_document", "check_document",
+           "chunk_document", "ChunksWriter", "read_snapshot", "diff_json", "dump"]
 
 SCHEMA_VERSION = 1
 KINDS = ("fast", "unsorted", "small", "large")
@@ -242,6 +246,43 @@ def report_json(rep) -> dict[str, Any]:
         "arenas_on_free_list": rep.arenas_on_free_list,
         "verdict": rep.verdict,
     }
+
+
+class DocumentError(ValueError):
+    """A JSON document that is not what a reader expects; the message says what is missing."""
+
+
+def read_snapshot(doc: dict[str, Any]) -> list[ArenaTotals]:
+    """The arenas of a 'heapwalk report --json' document (`report_document`), read back for the diff and
+    the capture's resident-memory lines."""
+    if not isinstance(doc, dict) or not isinstance(doc.get("report"), dict):
+        raise DocumentError("it has no report: write it with 'heapwalk report --json FILE'")
+    heaps = {a["address"]: tuple((h["address"], h["size"]) for h in a["heaps"]) for a in doc.get("arenas", [])}
+    by_arena = doc["report"].get("histogram_by_arena", {})
+    try:
+        return [ArenaTotals(r["address"], r["number"], r.get("system") or 0, r.get("in_use") or 0,
+                            sum((r.get("free") or {}).values()), r.get("top") or 0,
+                            tuple(Bucket(h["low"], h["high"], h["count"], h["bytes"])
+                                  for h in by_arena.get(str(r["number"]), [])),
+                            r.get("trim") or 0, heaps.get(r["address"], ()))
+                for r in doc["report"]["arenas"]]
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise DocumentError(f"its report is not heapwalk's ({type(exc).__name__}: {exc})") from None
+
+
+def diff_json(d: Diff) -> dict[str, Any]:
+    """'heapwalk diff --json': each arena's figures in A and B and their growth, the size classes whose free
+    pieces changed, the totals, and which arenas grew."""
+    arenas = []
+    for e in d.arenas:
+        entry: dict[str, Any] = {"address": e.address, "number": e.number, "status": e.status}
+        for figure in FIGURES:
+            entry[figure] = list(e.figures[figure])
+            entry[figure + "_growth"] = e.growth(figure)
+        entry["free_classes"] = [{"low": c.low, "high": c.high, "count": list(c.count), "bytes": list(c.bytes),
+                                  "bytes_growth": c.bytes_growth} for c in e.free_classes]
+        arenas.append(entry)
+    return {"arenas": arenas, "growth": d.growth, "grew": d.grew}
 
 
 def dump(document: dict[str, Any], path: str) -> None:

@@ -1,0 +1,83 @@
+"""``heapwalk capture PID``: a core of a running process (or its report read live), what /proc says beside
+it, and each arena's resident memory beside its free bytes."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+from heapwalk.cli.cores import open_core, report_command
+from heapwalk.cli.gdbmi import CliError, Gdb
+from heapwalk.output import jsondoc
+from heapwalk.analysis.report import human
+from heapwalk.cli.proc import environment, ptrace_advice, read_smaps, resident_in, resident_runs
+
+
+def _arena_rss_lines(doc: dict, runs: list[list[int]] | None) -> str:
+    """Each arena's resident bytes beside its free bytes: memory free in the heap and still in RAM."""
+    try:
+        arenas = jsondoc.read_snapshot(doc)
+    except jsondoc.DocumentError:
+        arenas = None
+    if runs is None or arenas is None:
+        return "RSS per arena: not available (cannot read /proc/PID/pagemap)\n"
+    lines = [f"{'arena':>6} {'heaps':>5} {'system':>10} {'RSS':>10} {'in use':>10} {'free':>10} {'trim':>10}"]
+    for a in arenas:
+        rss = sum(resident_in(runs, start, start + size) for start, size in a.heaps)
+        lines.append(f"{a.number:>6} {len(a.heaps):>5} {human(a.system):>10} {human(rss):>10} "
+                     f"{human(a.in_use):>10} {human(a.free + a.top):>10} {human(a.reclaim):>10}")
+    return ("Resident memory per arena (from /proc/PID/pagemap at the capture; free includes top, trim is what "
+            "malloc_trim(0) would give back):\n" + "\n".join(lines) + "\n")
+
+
+def cmd_capture(args) -> int:
+    pid = args.pid
+    advice = ptrace_advice(pid)
+    if advice:
+        raise CliError(f"heapwalk: cannot attach to {pid}: {advice}")
+    out_dir = args.out or Path(f"heapwalk-{pid}-{time.strftime('%Y%m%d-%H%M%S')}")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    exe = Path(os.path.realpath(f"/proc/{pid}/exe"))
+    record = {"pid": pid, "exe": str(exe), "cmdline": Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+              .decode(errors="replace").strip(), "environment": environment(pid),
+              "threads": len(os.listdir(f"/proc/{pid}/task")), "cpus_online": os.cpu_count()}
+    try:
+        record["cpus_allowed"] = len(os.sched_getaffinity(pid))
+    except OSError:
+        record["cpus_allowed"] = None
+    json_file = out_dir / "report.json"
+    core = out_dir / "core"
+    with Gdb(args.gdb, None, not args.no_symbols) as gdb:
+        started = time.monotonic()
+        try:
+            gdb.run(f"attach {pid}", timeout=600)
+        except CliError as exc:
+            raise CliError(f"heapwalk: cannot attach to {pid}: {exc} (see 'man 2 ptrace'; as root, or with "
+                           "kernel.yama.ptrace_scope=0, it works)") from None
+        try:
+            smaps = read_smaps(pid)
+            runs = resident_runs(pid, smaps)
+            if args.live:
+                text = gdb.run(report_command(json_file, None))
+            else:
+                gdb.run(f"generate-core-file {core}", timeout=3600)
+        finally:
+            gdb.run("detach")
+            stopped = time.monotonic() - started
+    record.update(stopped_seconds=round(stopped, 3), smaps=smaps, resident_runs=runs,
+                  core=None if args.live else str(core), time=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+    if not args.live:
+        gdb, _ = open_core(args, core, exe)
+        with gdb:
+            text = gdb.run(report_command(json_file, None))
+    (out_dir / "capture.json").write_text(json.dumps(record, indent=1) + "\n")
+    what = "while heapwalk read it live" if args.live else "while gcore wrote the core"
+    print(f"heapwalk: process {pid} was stopped for {stopped:.2f} s {what}; it is running again")
+    print(f"heapwalk: {record['threads']} threads, {record['cpus_allowed']} of {record['cpus_online']} CPUs allowed; "
+          f"malloc settings: {', '.join(f'{k}={v}' for k, v in record['environment'].items()) or 'none'}")
+    print(text, end="")
+    print(_arena_rss_lines(json.loads(json_file.read_text()), runs), end="")
+    print(f"heapwalk: written to {out_dir}: {'' if args.live else 'core, '}report.json, capture.json")
+    return 0

@@ -1,0 +1,51 @@
+"""``heapwalk diff A B``: which arenas and free-piece size classes grew between two snapshots, each a core
+(reported first) or a report's JSON."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+from heapwalk.analysis.diff import ArenaTotals, diff
+from heapwalk.cli.cores import open_core, report_command
+from heapwalk.cli.gdbmi import CliError
+from heapwalk.output import jsondoc
+from heapwalk.output.difftext import diff_text
+
+
+def _snapshot(args, path: Path, out: Path) -> list[ArenaTotals]:
+    """The arenas of PATH's report: read as is when it is JSON, computed with gdb (written to OUT) when it is a
+    core."""
+    if not path.exists():
+        raise CliError(f"heapwalk: no such file: {path}")
+    with open(path, "rb") as f:
+        head = f.read(4)
+    if head == b"\x7fELF":
+        gdb, _ = open_core(args, path, None)
+        with gdb:
+            gdb.run(report_command(out, None))
+        path = out
+    try:
+        doc = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError):
+        raise CliError(f"heapwalk: {path} is neither a core file nor heapwalk JSON") from None
+    try:
+        return jsondoc.read_snapshot(doc)
+    except jsondoc.DocumentError as exc:
+        raise CliError(f"heapwalk: {path}: {exc}") from None
+
+
+def cmd_diff(args) -> int:
+    workdir = Path(os.environ.get("TMPDIR", "/tmp")) / f"heapwalk-diff-{os.getpid()}"
+    workdir.mkdir(parents=True, exist_ok=True)
+    try:
+        a, b = _snapshot(args, args.a, workdir / "a.json"), _snapshot(args, args.b, workdir / "b.json")
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    d = diff(a, b)
+    print(diff_text(d), end="")
+    if args.json:
+        args.json.write_text(json.dumps(jsondoc.diff_json(d), indent=1) + "\n")
+    return 0

@@ -1,0 +1,105 @@
+"""What /proc tells of a running process that a core cannot hold: whether this user may attach to it, its
+MALLOC_* settings, its mappings with their RSS, and which pages are resident."""
+
+from __future__ import annotations
+
+import os
+from array import array
+from pathlib import Path
+
+
+_PAGE = 4096
+
+
+def ptrace_advice(pid: int) -> str | None:
+    """Why this user cannot attach to PID, and what to do, or None when nothing stands in the way."""
+    try:
+        st = os.stat(f"/proc/{pid}")
+    except FileNotFoundError:
+        return f"no process {pid}"
+    except PermissionError:
+        return f"process {pid} is not visible to this user: run heapwalk as root (sudo)"
+    if os.geteuid() == 0:
+        return None
+    if st.st_uid != os.geteuid():
+        return (f"process {pid} belongs to user {st.st_uid}, not to you: run heapwalk as that user or as root "
+                "(sudo heapwalk capture ...)")
+    try:
+        scope = int(Path("/proc/sys/kernel/yama/ptrace_scope").read_text())
+    except (OSError, ValueError):
+        scope = 0
+    if scope >= 3:
+        return "ptrace is disabled on this machine (kernel.yama.ptrace_scope = 3) until it reboots"
+    if scope >= 1:
+        return ("kernel.yama.ptrace_scope is %d: only root may attach to a process that is not its child: "
+                "run heapwalk as root (sudo), or allow it with 'sudo sysctl kernel.yama.ptrace_scope=0'" % scope)
+    return None
+
+
+def environment(pid: int) -> dict[str, str]:
+    """The MALLOC_* variables and GLIBC_TUNABLES the process started with."""
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return {}
+    out = {}
+    for item in raw.split(b"\0"):
+        name, _, value = item.decode(errors="replace").partition("=")
+        if name.startswith("MALLOC_") or name == "GLIBC_TUNABLES":
+            out[name] = value
+    return out
+
+
+def read_smaps(pid: int) -> list[dict]:
+    """Every mapping of PID with its RSS (/proc/PID/smaps): start, end, perms, rss bytes, name."""
+    out: list[dict] = []
+    try:
+        text = Path(f"/proc/{pid}/smaps").read_text(errors="replace")
+    except OSError:
+        return out
+    for line in text.splitlines():
+        head = line.split(None, 5)
+        if head and "-" in head[0] and len(head) >= 5 and not head[0].endswith(":"):
+            start, _, end = head[0].partition("-")
+            try:
+                out.append({"start": int(start, 16), "end": int(end, 16), "perms": head[1], "rss": 0,
+                            "name": head[5].strip() if len(head) > 5 else ""})
+            except ValueError:
+                continue
+        elif line.startswith("Rss:") and out:
+            out[-1]["rss"] = int(line.split()[1]) * 1024
+    return out
+
+
+def resident_runs(pid: int, mappings: list[dict]) -> list[list[int]] | None:
+    """[start, end) runs of resident pages in PID's writable private mappings (/proc/PID/pagemap's present
+    bit), or None when pagemap cannot be read."""
+    try:
+        f = open(f"/proc/{pid}/pagemap", "rb")
+    except OSError:
+        return None
+    runs: list[list[int]] = []
+    with f:
+        for m in mappings:
+            if "w" not in m["perms"] or "p" not in m["perms"] or m["rss"] == 0:
+                continue
+            for start in range(m["start"], m["end"], 1 << 30):
+                end = min(m["end"], start + (1 << 30))
+                try:
+                    f.seek(start // _PAGE * 8)
+                    entries = array("Q", f.read((end - start) // _PAGE * 8))
+                except (OSError, ValueError):
+                    return None
+                for i, entry in enumerate(entries):
+                    if entry >> 63:
+                        page = start + i * _PAGE
+                        if runs and runs[-1][1] == page:
+                            runs[-1][1] = page + _PAGE
+                        else:
+                            runs.append([page, page + _PAGE])
+    return runs
+
+
+def resident_in(runs: list[list[int]], start: int, end: int) -> int:
+    """Bytes of [start, end) inside the resident RUNS."""
+    return sum(max(0, min(e, end) - max(s, start)) for s, e in runs if s < end and start < e)
