@@ -1,11 +1,12 @@
 """heapwalk: glibc heap forensics for gdb.
 
 One folder per part (docs/architecture.md): `target` (memory, ELF images,
-threads, core files), `glibc` (the allocator's decoder), `analysis` (the
-report), `output` (tables, JSON), and the two front ends `gdb` and `cli`.
+threads, core files), `glibc` (the allocator's decoder), `view` (what any
+allocator's decoder gives the analysis), `analysis` (the report, the diff),
+`output` (tables, JSON), and the two front ends `gdb` and `cli`.
 Everything is plain Python and never imports gdb but
-`heapwalk.target.gdbadapter` and `heapwalk.gdb.commands`.  Inside gdb, `load()`
-registers the commands.
+`heapwalk.target.gdbadapter` and the gdb front end (`heapwalk.gdb`).  Inside
+gdb, `load()` registers the commands.
 """
 
 __version__ = "0.1.0"

@@ -5,7 +5,7 @@ decoded), and prints "heapwalk-bench-walk SECONDS CHUNKS"."""
 import time
 
 from heapwalk.glibc.decode import walk_arenas
-from heapwalk.gdb.commands import load_target
+from heapwalk.gdb.session import load_target
 
 
 def _walk() -> None:

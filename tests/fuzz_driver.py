@@ -41,7 +41,7 @@ from heapwalk.analysis import report
 from heapwalk.glibc.chunks import extents
 from heapwalk.glibc.decode import collect
 from heapwalk.glibc.summary import heap_view
-from heapwalk.gdb.commands import _overrides
+from heapwalk.gdb.session import overrides
 from heapwalk.glibc.discovery import DiscoveryError, discover
 from heapwalk.target.gdbadapter import GdbSymbols, gdb_memory, memory_map, thread_registers
 from heapwalk.target.memory import ReadError
@@ -298,7 +298,7 @@ def exercise(mem, symbols, maps, threads, regs, target: str):
     """Everything the commands do, on MEM: (the state or None when refused, the check result, the report's
     JSON document, 'ok' or 'refused: <the one line a user sees>')."""
     try:
-        disc = discover(mem, symbols, _overrides(), maps, [t.fs_base for t in threads if t.fs_base], regions=regs)
+        disc = discover(mem, symbols, overrides(), maps, [t.fs_base for t in threads if t.fs_base], regions=regs)
         state = collect(mem, disc, threads, target, True, regs)
     except DiscoveryError as exc:
         return None, None, None, f"refused: {exc}"
@@ -355,7 +355,7 @@ def main() -> None:
     maps = space.mappings
     threads = thread_registers()
     regs = space.regions
-    disc = discover(base, symbols, _overrides(), maps, [t.fs_base for t in threads if t.fs_base])
+    disc = discover(base, symbols, overrides(), maps, [t.fs_base for t in threads if t.fs_base])
     sound = Sound(collect(base, disc, threads, "", True, regs), disc, base)
     mutants = list(spec.get("replay", []))
     mutants += [make_mutant(rng, sound.names, len(sound.heaps)) for _ in range(spec["count"])]

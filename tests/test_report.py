@@ -122,11 +122,11 @@ def test_the_progress_bar_shows_in_an_interactive_gdb_only(tmp_path):
     """On a terminal (gdb run under script(1)) a walk that takes long enough draws rich's progress bar;
     gdb -batch output never has it."""
     cap = capture("system", "thread_arenas")
-    batch = run_gdb([str(cap.exe), str(cap.core)], ["python import heapwalk.gdb.commands as c; c._PROGRESS_AFTER = 0",
+    batch = run_gdb([str(cap.exe), str(cap.core)], ["python import heapwalk.gdb.console as c; c._PROGRESS_AFTER = 0",
                                                      "heapwalk report"])
     assert "walking chunks" not in batch.stdout + batch.stderr and "where the memory is" in batch.stdout
     gdb_line = (f"gdb -nx -q -iex 'set pagination off' -iex 'set confirm off' -x {GDBINIT} "
-                "-ex 'python import heapwalk.gdb.commands as c; c._PROGRESS_AFTER = 0' "
+                "-ex 'python import heapwalk.gdb.console as c; c._PROGRESS_AFTER = 0' "
                 f"-ex 'heapwalk report' -ex quit {cap.exe} {cap.core}")
     typescript = subprocess.run(["script", "-qc", gdb_line, "/dev/null"], capture_output=True, text=True,
                                 timeout=120, stdin=subprocess.DEVNULL, env={**os.environ, "TERM": "xterm"})

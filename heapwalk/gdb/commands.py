@@ -8,32 +8,24 @@ internal errors show a traceback only with ``set heapwalk debug on``.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import dataclasses
-import os
-import time
 import traceback
 
 import gdb  # type: ignore[import-not-found]
-from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 
-from heapwalk.glibc import check, chunkinfo, mallocinfo
-from heapwalk.output import jsondoc, tables
 from heapwalk.analysis import report
-from heapwalk.glibc.decode import collect, gc_paused
-from heapwalk.glibc.discovery import DiscoveryError, Overrides, discover, foreign_allocator, parse_version
-from heapwalk.target.gdbadapter import (GdbSymbols, describe_target, gdb_memory, has_target, memory_map,
-                                        missing_ranges, preserved_selection, thread_registers)
-from heapwalk.findings import Finding, Kind, Severity
-from heapwalk.glibc.model import HeapState
+from heapwalk.findings import Kind, Severity
+from heapwalk.gdb.console import (console_with_header, gdb_console, interactive, print_damage, print_findings,
+                                  print_partial, read_only)
+from heapwalk.gdb.session import (DebugParameter, SetPrefix, Settings, StringParameter, UserError, load_state,
+                                  load_target, parse_int, selected_arena)
+from heapwalk.glibc import check, chunkinfo, mallocinfo
+from heapwalk.glibc.decode import gc_paused
+from heapwalk.glibc.discovery import DiscoveryError
 from heapwalk.glibc.partial import partial
 from heapwalk.glibc.summary import heap_view
+from heapwalk.output import jsondoc, tables
 
 __all__ = ["register"]
-
-
-class UserError(Exception):
-    """A mistake in the command line or the target: shown as one line."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -48,214 +40,6 @@ class _Parser(argparse.ArgumentParser):
 
 class _HelpShown(Exception):
     pass
-
-
-class _GdbFile:
-    """A file object that writes through gdb, so output lands in logs and pagers correctly."""
-
-    def write(self, s: str) -> int:
-        gdb.write(s)
-        return len(s)
-
-    def flush(self) -> None:
-        gdb.flush()
-
-    def isatty(self) -> bool:
-        return _interactive()
-
-
-def _interactive() -> bool:
-    """Is gdb's output a terminal? (Logs and pipes get plain text.)"""
-    try:
-        return os.isatty(1)
-    except OSError:
-        return False
-
-
-def _int(text: str) -> int:
-    try:
-        return int(gdb.parse_and_eval(text)) if not text.lower().startswith("0x") else int(text, 16)
-    except (gdb.error, ValueError):
-        raise UserError(f"not an address or number: {text}") from None
-
-
-class _Settings:
-    debug = None
-    glibc_version = None
-    main_arena = None
-
-
-def _overrides() -> Overrides:
-    ov = Overrides()
-    version = _Settings.glibc_version.value if _Settings.glibc_version else ""
-    if version:
-        try:
-            ov.glibc_version = parse_version(version)
-        except ValueError:
-            raise UserError(f"'set heapwalk glibc-version {version}': expected X.Y, e.g. 2.36") from None
-    arena = _Settings.main_arena.value if _Settings.main_arena else ""
-    if arena:
-        ov.main_arena = _int(arena)
-    return ov
-
-
-def load_target(walk_chunks: bool = False):
-    """Discovers and decodes the selected inferior's heap: (state, memory, layout)."""
-    if not has_target():
-        raise UserError("heapwalk: no process or core file: run, attach (gdb -p PID) or load a core first")
-    if not _is_64bit():
-        raise UserError(f"heapwalk: 32-bit targets are not supported yet: this one is {_architecture()}, and "
-                        "heapwalk decodes 64-bit (x86-64) glibc heaps only")
-    with preserved_selection():
-        space = memory_map()
-        mem = gdb_memory(space.readable)
-        threads = thread_registers()
-        other = foreign_allocator(space.mappings)
-        try:
-            disc = discover(mem, GdbSymbols(), _overrides(), space.mappings,
-                            [t.fs_base for t in threads if t.fs_base], core=space.core,
-                            regions=space.regions)
-            with _walk_progress(walk_chunks) as progress:
-                state = collect(mem, disc, threads, describe_target(), walk_chunks, space.regions, progress)
-        except DiscoveryError as exc:
-            if space.core and missing_ranges():
-                raise UserError(f"heapwalk: the core is truncated, and what heapwalk needs lies in the part that "
-                                f"is missing: {exc}") from None
-            if other is not None:
-                raise UserError(f"heapwalk: this process allocates with {other[0]} ({other[1]}), not glibc's "
-                                f"malloc: glibc's arenas hold nothing of interest ({exc})") from None
-            raise
-        extra = []
-        if other is not None:
-            extra.append(Finding(
-                Severity.WARNING, 0, "allocator", f"the process also maps {other[0]} ({other[1]}): memory it "
-                "serves is not in glibc's arenas, and is not counted here", Kind.DISCOVERY))
-        missing = missing_ranges() if space.core else []
-        if missing:
-            extra.append(Finding(
-                Severity.WARNING, missing[0][0], "core file", f"the core is truncated: {len(missing)} region(s) of "
-                f"the process's memory ({sum(b - a for a, b in missing)} bytes, from {missing[0][0]:#x}) are not "
-                "in it; what lies there is reported as unreadable, never as empty", Kind.UNMAPPED))
-        state = dataclasses.replace(state, target_findings=tuple(extra))
-        return state, mem, disc.layout
-
-
-_PROGRESS_AFTER = 1.0  # seconds a walk runs before its progress bar appears
-
-
-@contextlib.contextmanager
-def _walk_progress(walk_chunks: bool):
-    """A progress bar for the chunk walk (a callable for `collect`), or None: shown only in an interactive
-    gdb (a terminal, and not -batch, which makes the width unlimited), and only once the walk has taken a
-    second; it disappears when the walk ends."""
-    if not walk_chunks or not _interactive() or gdb.parameter("width") is None:
-        yield None
-        return
-    bar = _ProgressBar()
-    try:
-        yield bar
-    finally:
-        bar.close()
-
-
-class _ProgressBar:
-    """rich's progress bar on gdb's terminal, started on the first report after a second."""
-
-    def __init__(self):
-        self.start = time.monotonic()
-        self.progress: Progress | None = None
-        self.task = None
-
-    def __call__(self, done: int, total: int) -> None:
-        if self.progress is None:
-            if time.monotonic() - self.start < _PROGRESS_AFTER:
-                return
-            self.progress = Progress(TextColumn("walking chunks"), BarColumn(), DownloadColumn(binary_units=True),
-                                     TimeRemainingColumn(), console=_console(), transient=True)
-            self.task = self.progress.add_task("walk", total=total)
-            self.progress.start()
-        self.progress.update(self.task, completed=done)
-
-    def close(self) -> None:
-        if self.progress is not None:
-            self.progress.stop()
-
-
-def _is_64bit() -> bool:
-    try:
-        return gdb.lookup_type("void").pointer().sizeof == 8
-    except gdb.error:
-        return True
-
-
-def _architecture() -> str:
-    """The selected inferior's architecture as gdb names it ("i386"), or "32-bit" if gdb cannot say."""
-    try:
-        return gdb.selected_inferior().architecture().name()
-    except (gdb.error, AttributeError, RuntimeError):
-        return "32-bit"
-
-
-def load_state(walk_chunks: bool = False) -> HeapState:
-    """Discovers and decodes the selected inferior's heap (with every chunk walked if WALK_CHUNKS)."""
-    return load_target(walk_chunks)[0]
-
-
-def _console():
-    return tables.make_console(_GdbFile(), _interactive())
-
-
-def _console_with_header(state: HeapState):
-    """A console that has printed the target, the glibc and how main_arena was found."""
-    console = _console()
-    console.print(tables.header_text(state), end="")
-    return console
-
-
-def _print_findings(console, findings) -> None:
-    text = tables.findings_text(findings)
-    if text is not None:
-        console.print(text)
-
-
-#: gdb's permission settings that keep a command from changing the target (see "Observer Mode" in gdb's manual)
-_PERMISSIONS = ("may-write-memory", "may-write-registers", "may-call-functions", "may-insert-breakpoints")
-
-
-class read_only:
-    """Turns off gdb's permissions to write memory and registers, call functions and insert breakpoints in
-    the target for the duration of a command, and restores them after: heapwalk only reads, and a bug or
-    a user expression (``heapwalk chunk 'free(p)'``) cannot change the process."""
-
-    def __enter__(self):
-        self.saved = {}
-        for name in _PERMISSIONS:
-            try:
-                self.saved[name] = gdb.parameter(name)
-                gdb.execute(f"set {name} off", to_string=True)
-            except gdb.error:  # some cannot change while a live process runs; gdb keeps them as they are
-                self.saved.pop(name, None)
-        return self
-
-    def __exit__(self, *exc):
-        for name, value in self.saved.items():
-            try:
-                gdb.execute(f"set {name} {'on' if value else 'off'}", to_string=True)
-            except gdb.error:
-                pass
-        return False
-
-
-def _print_partial(console, notes) -> None:
-    text = tables.partial_text(notes)
-    if text is not None:
-        console.print(text, end="")
-
-
-def _print_damage(console, state: HeapState, findings) -> None:
-    """What is partial in STATE, then FINDINGS: the tail of every command that shows decoded numbers."""
-    _print_partial(console, partial(state))
-    _print_findings(console, findings)
 
 
 class _Subcommand(gdb.Command):
@@ -289,7 +73,7 @@ class _Subcommand(gdb.Command):
         except gdb.GdbError:
             raise
         except Exception as exc:  # an internal error: one line unless debugging
-            if _Settings.debug is not None and _Settings.debug.value:
+            if Settings.debug is not None and Settings.debug.value:
                 traceback.print_exc()
             raise gdb.GdbError(f"heapwalk {self.name}: internal error: {type(exc).__name__}: {exc} "
                                "('set heapwalk debug on' shows a traceback)") from None
@@ -311,9 +95,9 @@ class ArenasCommand(_Subcommand):
 
     def run(self, args) -> None:
         state = load_state(walk_chunks=True)
-        console = _console_with_header(state)
-        console.print(tables.arenas_table(state, _interactive()))
-        _print_damage(console, state, state.all_findings())
+        console = console_with_header(state)
+        console.print(tables.arenas_table(state, interactive()))
+        print_damage(console, state, state.all_findings())
         if args.json:
             jsondoc.dump(jsondoc.state_to_json(state), args.json)
 
@@ -333,16 +117,11 @@ class BinsCommand(_Subcommand):
 
     def run(self, args) -> None:
         state = load_state()
-        arenas = list(state.arenas)
-        if args.arena is not None:
-            wanted = _int(args.arena)
-            arenas = [a for a in arenas if a.address == wanted or (wanted < 4096 and a.number == wanted)]
-            if not arenas:
-                raise UserError(f"heapwalk bins: no arena at {args.arena} (see 'heapwalk arenas')")
+        arenas = list(state.arenas) if args.arena is None else [selected_arena(state, args.arena, "bins")]
         kinds = {args.kind} if args.kind else set(jsondoc.KINDS)
-        console = _console_with_header(state)
-        console.print(tables.bins_tables(state, arenas, kinds, _interactive(), args.chunks))
-        _print_damage(console, state, [f for a in arenas for f in a.findings] + list(state.findings))
+        console = console_with_header(state)
+        console.print(tables.bins_tables(state, arenas, kinds, interactive(), args.chunks))
+        print_damage(console, state, [f for a in arenas for f in a.findings] + list(state.findings))
         if args.json:
             jsondoc.dump(jsondoc.state_to_json(state, arenas=[a.address for a in arenas], kinds=kinds,
                                                threads=[]), args.json)
@@ -367,10 +146,10 @@ class TcacheCommand(_Subcommand):
             threads = [t for t in threads if t.number == args.thread]
             if not threads:
                 raise UserError(f"heapwalk tcache: no thread {args.thread} (see 'info threads')")
-        console = _console_with_header(state)
+        console = console_with_header(state)
         scanned = state.scanned_tcaches if args.thread is None else ()
-        console.print(tables.tcache_tables(state, threads, _interactive(), args.entries, scanned))
-        _print_damage(console, state, [f for t in threads if t.tcache for f in t.tcache.findings]
+        console.print(tables.tcache_tables(state, threads, interactive(), args.entries, scanned))
+        print_damage(console, state, [f for t in threads if t.tcache for f in t.tcache.findings]
                       + [f for tc in scanned for f in tc.findings]
                       + [f for f in state.findings if f.kind is Kind.TLS_LOST])
         if args.json:
@@ -387,14 +166,6 @@ def _size(text: str) -> int:
         return int(t, 0) * scale
     except ValueError:
         raise UserError(f"not a size: {text} (e.g. 4096, 0x1000, 64k, 2M)") from None
-
-
-def _arena_address(state: HeapState, text: str) -> int:
-    wanted = _int(text)
-    for a in state.arenas:
-        if a.address == wanted or (wanted < 4096 and a.number == wanted):
-            return a.address
-    raise UserError(f"no arena at {text} (see 'heapwalk arenas')")
 
 
 _PAGE_ROWS = 100  # rows of 'heapwalk chunks' printed at once
@@ -420,10 +191,11 @@ class ChunksCommand(_Subcommand):
 
     def run(self, args) -> None:
         state, mem, layout = load_target()
-        flt = chunkinfo.ChunkFilter(arena=_arena_address(state, args.arena) if args.arena else None,
+        arena = selected_arena(state, args.arena, "chunks").address if args.arena else None
+        flt = chunkinfo.ChunkFilter(arena=arena,
                                     free=args.free, used=args.used, min_size=_size(args.min) if args.min else 0,
                                     max_size=_size(args.max) if args.max else None)
-        console = _console_with_header(state)
+        console = console_with_header(state)
         shown, total, count, page, printed = 0, 0, 0, [], False
         walk_findings: list = []
         writer = jsondoc.ChunksWriter(args.json, state) if args.json else None
@@ -437,13 +209,13 @@ class ChunksCommand(_Subcommand):
                     shown += 1
                     page.append((arena, chunk))
                     if len(page) == _PAGE_ROWS:
-                        console.print(tables.chunks_table(page, _interactive(), first=not printed))
+                        console.print(tables.chunks_table(page, interactive(), first=not printed))
                         page, printed = [], True
         finally:
             if writer is not None:
                 writer.close()
         if page or not printed:
-            console.print(tables.chunks_table(page, _interactive(), first=not printed))
+            console.print(tables.chunks_table(page, interactive(), first=not printed))
         more = f" (first {shown} shown; --limit 0 shows all)" if shown < count else ""
         console.print(f"{count} chunks, {tables.human(total)}{more}")
         damaged = [f for f in walk_findings if f.severity is Severity.ERROR]
@@ -464,11 +236,11 @@ class ChunkCommand(_Subcommand):
         return p
 
     def run(self, args) -> None:
-        address = _int(args.address)
+        address = parse_int(args.address)
         state, mem, layout = load_target()
         found = chunkinfo.locate(mem, layout, state, address)
         if found is not None:
-            _console().print(tables.chunk_text(found, address))
+            gdb_console().print(tables.chunk_text(found, address))
             if args.json:
                 jsondoc.dump(jsondoc.chunk_document(state, address, located=found), args.json)
             return
@@ -477,7 +249,7 @@ class ChunkCommand(_Subcommand):
         if mmapped is None:
             raise UserError(f"heapwalk chunk: {address:#x} is in no arena's heap and in no mmapped chunk")
         listed = chunkinfo.where_listed(state, mmapped.address)
-        _console().print(f"{address:#x} is {address - mmapped.address} bytes into the mmapped chunk at "
+        gdb_console().print(f"{address:#x} is {address - mmapped.address} bytes into the mmapped chunk at "
                          f"{mmapped.address:#x} (user memory {mmapped.address + 16:#x})\n"
                          f"  size {mmapped.size:#x}, its own mapping of {tables.human(mmapped.span)}"
                          + (f"\n  listed in {listed}" if listed else "\n  state: in use (freeing it unmaps it)"))
@@ -497,8 +269,8 @@ class ThreadsCommand(_Subcommand):
 
     def run(self, args) -> None:
         state = load_state()
-        console = _console_with_header(state)
-        console.print(tables.threads_group(state, _interactive()))
+        console = console_with_header(state)
+        console.print(tables.threads_group(state, interactive()))
         if args.json:
             jsondoc.dump(jsondoc.state_to_json(state, kinds=()), args.json)
 
@@ -520,10 +292,10 @@ class ReportCommand(_Subcommand):
         state = load_state(walk_chunks=True)
         rep = report.build_report(heap_view(state))
         notes = partial(state)
-        console = _console_with_header(state)
-        console.print(tables.report_group(state, rep, _interactive()))
-        _print_partial(console, notes)
-        _print_findings(console, state.all_findings())
+        console = console_with_header(state)
+        console.print(tables.report_group(state, rep, interactive()))
+        print_partial(console, notes)
+        print_findings(console, state.all_findings())
         if args.json:
             jsondoc.dump(jsondoc.report_document(state, rep, notes), args.json)
         if args.xml:
@@ -551,9 +323,9 @@ class CheckCommand(_Subcommand):
         state, mem, layout = load_target(walk_chunks=True)
         result = check.check(state, mem, layout)
         checked = check.scope(state)
-        console = _console_with_header(state)
+        console = console_with_header(state)
         console.print(tables.check_text(result, checked, args.limit or len(result.findings)), end="")
-        _print_partial(console, result.partial)
+        print_partial(console, result.partial)
         if args.json:
             jsondoc.dump(jsondoc.check_document(state, result, checked), args.json)
         gdb.set_convenience_variable("heapwalk_errors", len(result.errors))
@@ -588,42 +360,14 @@ Settings: 'set heapwalk debug on|off', 'set heapwalk glibc-version X.Y',
         gdb.execute("help heapwalk")
 
 
-class _SetPrefix(gdb.Command):
-    """Settings of heapwalk."""
-
-    def __init__(self, verb: str):
-        super().__init__(f"{verb} heapwalk", gdb.COMMAND_DATA, prefix=True)
-
-
-class DebugParameter(gdb.Parameter):
-    """When on, heapwalk shows Python tracebacks for its internal errors."""
-
-    set_doc = "Set whether heapwalk shows tracebacks of internal errors."
-    show_doc = "Show whether heapwalk shows tracebacks of internal errors."
-
-    def __init__(self):
-        super().__init__("heapwalk debug", gdb.COMMAND_DATA, gdb.PARAM_BOOLEAN)
-        self.value = False
-
-
-class _StringParameter(gdb.Parameter):
-    """A heapwalk override setting; empty means: discover it from the target."""
-
-    def __init__(self, name: str, what: str):
-        self.set_doc = f"Set {what} (empty: discover it from the target)."
-        self.show_doc = f"Show the {what} override."
-        super().__init__(f"heapwalk {name}", gdb.COMMAND_DATA, gdb.PARAM_STRING)
-        self.value = ""
-
-
 def register() -> None:
     """Creates the commands and settings in gdb (idempotent enough to re-source)."""
     HeapwalkPrefix()
-    _SetPrefix("set")
-    _SetPrefix("show")
-    _Settings.debug = DebugParameter()
-    _Settings.glibc_version = _StringParameter("glibc-version", "the glibc version (X.Y) heapwalk decodes as")
-    _Settings.main_arena = _StringParameter("main-arena", "the address of main_arena")
+    SetPrefix("set")
+    SetPrefix("show")
+    Settings.debug = DebugParameter()
+    Settings.glibc_version = StringParameter("glibc-version", "the glibc version (X.Y) heapwalk decodes as")
+    Settings.main_arena = StringParameter("main-arena", "the address of main_arena")
     ArenasCommand()
     BinsCommand()
     TcacheCommand()

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from heapwalk.glibc.chunks import extents
 from heapwalk.glibc.layout import IS_MMAPPED, NBINS, SIZE_BITS, Layout
 from heapwalk.target.memory import Memory, ReadError, u64
-from heapwalk.glibc.model import Arena, BinKind, HeapState, list_name
+from heapwalk.glibc.model import Arena, BinKind, HeapState, Tcache, list_name
 from heapwalk.glibc.partial import partial
 from heapwalk.view import Partial
 from heapwalk.findings import Finding, Kind, Severity
@@ -115,32 +115,16 @@ def _misplaced(chunks, sizes, spans: list[tuple[int, int]], tops: list[tuple[int
 
 def _listed_chunks(state: HeapState, mem: Memory, layout: Layout) -> list[Finding]:
     """Free-list members: in one list only, inside their arena's heaps, clear of top, of their bin's size."""
-    out: list[Finding] = []
-    spans = _arena_spans(state, layout)
-    every_span = [s for v in spans.values() for s in v]
-    tops = [(a.top, a.top + a.top_size) for a in state.arenas if a.top]
-    first_list: dict[int, str] = {}
+    listed = _Listed(state, layout, _listed_twice(state))
+    for arena in state.arenas:
+        listed.arena_lists(arena)
+    for owner, tcache in state.tcaches():
+        listed.tcache(mem, owner, tcache)
+    return listed.out
 
-    def seen(chunk: int, where: str) -> None:
-        other = first_list.setdefault(chunk, where)
-        if other != where:
-            out.append(Finding(Severity.ERROR, chunk, where, f"double free: chunk {chunk:#x} is in {other} and "
-                               f"in {where}", Kind.DOUBLE_FREE, "one free list", f"{other} and {where}"))
 
-    def placed(chunk: int, size: int, where: str, allowed: list[tuple[int, int]],
-               near_tops: list[tuple[int, int]] | None = None) -> None:
-        """Inside ALLOWED, and clear of every top (of NEAR_TOPS, the tops within ALLOWED, when inside)."""
-        inside = _inside(allowed, chunk, chunk + max(size, 16))
-        if not inside:
-            out.append(Finding(Severity.ERROR, chunk, where, f"free chunk {chunk:#x} (size {size:#x}) is not inside "
-                               "the heaps of its arena", Kind.OUTSIDE_HEAP, "inside the arena's heaps",
-                               f"{chunk:#x}"))
-        for lo, hi in (near_tops if inside and near_tops is not None else tops):
-            if chunk < hi and lo < chunk + size:
-                out.append(Finding(Severity.ERROR, chunk, where, f"free chunk {chunk:#x} (size {size:#x}) overlaps "
-                                   f"the top chunk {lo:#x}..{hi:#x}", Kind.OVERLAPS_TOP, "clear of top",
-                                   f"{chunk:#x}..{chunk + size:#x}"))
-
+def _listed_twice(state: HeapState) -> bool:
+    """Is some chunk in two lists (or twice in tcaches)?  Then the check names them (rare, so slower)."""
     listed = array("Q")
     for arena in state.arenas:
         for lst in arena.free_lists():
@@ -148,36 +132,72 @@ def _listed_chunks(state: HeapState, mem: Memory, layout: Layout) -> list[Findin
     for _, tcache in state.tcaches():
         for b in tcache.bins:
             listed.extend(entry - 16 for entry in b.entries)
-    twice = len(set(listed)) != len(listed)      # a chunk in two lists: then name them (rare, so slower)
-    for arena in state.arenas:
-        own = spans[arena.address]
-        near_tops = [(lo, hi) for lo, hi in tops if any(lo < e and s < hi for s, e in own)]
+    return len(set(listed)) != len(listed)
+
+
+class _Listed:
+    """The checks of free-list members, with what they share: each arena's spans, the tops, and the list
+    each chunk was first met in (when TWICE says some chunk is listed twice)."""
+
+    def __init__(self, state: HeapState, layout: Layout, twice: bool):
+        self.out: list[Finding] = []
+        self.spans = _arena_spans(state, layout)
+        self.every_span = [s for v in self.spans.values() for s in v]
+        self.tops = [(a.top, a.top + a.top_size) for a in state.arenas if a.top]
+        self.twice = twice
+        self.first_list: dict[int, str] = {}
+
+    def seen(self, chunk: int, where: str) -> None:
+        other = self.first_list.setdefault(chunk, where)
+        if other != where:
+            self.out.append(Finding(Severity.ERROR, chunk, where, f"double free: chunk {chunk:#x} is in {other} "
+                                    f"and in {where}", Kind.DOUBLE_FREE, "one free list", f"{other} and {where}"))
+
+    def placed(self, chunk: int, size: int, where: str, allowed: list[tuple[int, int]],
+               near_tops: list[tuple[int, int]] | None = None) -> None:
+        """Inside ALLOWED, and clear of every top (of NEAR_TOPS, the tops within ALLOWED, when inside)."""
+        inside = _inside(allowed, chunk, chunk + max(size, 16))
+        if not inside:
+            self.out.append(Finding(Severity.ERROR, chunk, where, f"free chunk {chunk:#x} (size {size:#x}) is not "
+                                    "inside the heaps of its arena", Kind.OUTSIDE_HEAP, "inside the arena's heaps",
+                                    f"{chunk:#x}"))
+        for lo, hi in (near_tops if inside and near_tops is not None else self.tops):
+            if chunk < hi and lo < chunk + size:
+                self.out.append(Finding(Severity.ERROR, chunk, where, f"free chunk {chunk:#x} (size {size:#x}) "
+                                        f"overlaps the top chunk {lo:#x}..{hi:#x}", Kind.OVERLAPS_TOP,
+                                        "clear of top", f"{chunk:#x}..{chunk + size:#x}"))
+
+    def arena_lists(self, arena: Arena) -> None:
+        """ARENA's bins and fastbins: their chunks inside its heaps and clear of its tops."""
+        own = self.spans[arena.address]
+        near_tops = [(lo, hi) for lo, hi in self.tops if any(lo < e and s < hi for s, e in own)]
         for lst in arena.free_lists():
             where = list_name(arena, lst.kind, lst.index)
-            if twice:
+            if self.twice:
                 for chunk in lst.chunks:
-                    seen(chunk, where)
+                    self.seen(chunk, where)
             for chunk, size in _misplaced(lst.chunks, lst.sizes, own, near_tops):
-                placed(chunk, size, where, own, near_tops)
-    for owner, tcache in state.tcaches():
+                self.placed(chunk, size, where, own, near_tops)
+
+    def tcache(self, mem: Memory, owner: str, tcache: Tcache) -> None:
+        """TCACHE's entries: of their bin's size, and (unless mmapped) inside some arena's heaps."""
         for b in tcache.bins:
             where = f"tcache bin {b.index} of {owner}"
-            for i, entry in enumerate(b.entries):
+            for entry in b.entries:
                 chunk = entry - 16
-                if twice:
-                    seen(chunk, where)
+                if self.twice:
+                    self.seen(chunk, where)
                 try:
                     size_field = u64(mem, chunk + 8)
                 except ReadError:
                     continue  # the walker reported it
                 size = size_field & ~SIZE_BITS
                 if b.index < 64 and size != b.chunk_size:
-                    out.append(Finding(Severity.ERROR, chunk, where, f"tcache entry {entry:#x} has chunk size "
-                                       f"{size:#x}, its bin holds {b.chunk_size:#x}", Kind.TCACHE_SIZE,
-                                       f"{b.chunk_size:#x}", f"{size:#x}"))
+                    self.out.append(Finding(Severity.ERROR, chunk, where, f"tcache entry {entry:#x} has chunk size "
+                                            f"{size:#x}, its bin holds {b.chunk_size:#x}", Kind.TCACHE_SIZE,
+                                            f"{b.chunk_size:#x}", f"{size:#x}"))
                 if not size_field & IS_MMAPPED:
-                    placed(chunk, size, where, every_span)
-    return out
+                    self.placed(chunk, size, where, self.every_span)
 
 
 def _large_bins(mem: Memory, arena: Arena) -> list[Finding]:

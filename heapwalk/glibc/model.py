@@ -319,6 +319,11 @@ class HeapState:
     def arena_at(self, address: int) -> Arena | None:
         return next((a for a in self.arenas if a.address == address), None)
 
+    def arena_named(self, wanted: int) -> Arena | None:
+        """The arena at address WANTED, or numbered WANTED in the ring (a number is below 4096)."""
+        return next((a for a in self.arenas if a.address == wanted or (wanted < 4096 and a.number == wanted)),
+                    None)
+
     @property
     def interrupted(self) -> bool:
         """Was the chunk walk, or the reading of the free lists before it, stopped (Ctrl-C)?"""

@@ -1,6 +1,6 @@
 """The target as gdb shows it: memory, libc's debug symbols, threads.
 
-This module and `heapwalk.gdb.commands` are the only ones that import ``gdb``.
+This module and the gdb front end (`heapwalk.gdb`) are the only ones that import ``gdb``.
 Everything here is read-only: memory is read, never written; no function in
 the target is called; the selected thread and frame are restored after each
 look at another thread.
@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-from dataclasses import dataclass
 
 import gdb  # type: ignore[import-not-found]
 
@@ -19,6 +18,7 @@ from heapwalk.target.threads import FATAL_SIGNALS, ThreadRegs
 from heapwalk.target.elf import Mapping
 from heapwalk.target.corefile import MISSING_ENV, parse_ranges
 from heapwalk.target.memory import CachedMemory, ranges_without
+from heapwalk.target.space import MemoryMap
 
 __all__ = ["gdb_memory", "GdbSymbols", "thread_registers", "describe_target", "preserved_selection", "has_target",
            "mappings", "MemoryMap", "memory_map"]
@@ -212,22 +212,6 @@ def describe_target() -> str:
 
 
 _SECTION = re.compile(r"^\s*(0x[0-9a-f]+) - (0x[0-9a-f]+) is (\S+)", re.M)
-
-
-@dataclass(frozen=True)
-class MemoryMap:
-    """The target's address space, asked of gdb once per command.
-
-    ``mappings``: 'info proc mappings'.  ``regions``: where anonymous memory may hold chunks (a core's load
-    segments, or a live process's mappings).  ``readable``: everything gdb can read (for a core, also the
-    sections of the files it maps, which gdb reads from the files), None when gdb cannot say.  ``core``: the
-    target is a core file.
-    """
-
-    mappings: list[Mapping]
-    regions: list[tuple[int, int]]
-    readable: list[tuple[int, int]] | None
-    core: bool = False
 
 
 def memory_map() -> MemoryMap:

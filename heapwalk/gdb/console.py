@@ -1,0 +1,136 @@
+"""Where heapwalk's commands write in gdb: a rich console on gdb's output (plain in logs and -batch), the
+header, findings and partial-result notes every command ends with, the chunk walk's progress bar, and
+gdb's permissions turned off while a command runs."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+
+import gdb  # type: ignore[import-not-found]
+from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
+
+from heapwalk.glibc.model import HeapState
+from heapwalk.glibc.partial import partial
+from heapwalk.output import tables
+
+
+class _GdbFile:
+    """A file object that writes through gdb, so output lands in logs and pagers correctly."""
+
+    def write(self, s: str) -> int:
+        gdb.write(s)
+        return len(s)
+
+    def flush(self) -> None:
+        gdb.flush()
+
+    def isatty(self) -> bool:
+        return interactive()
+
+
+def interactive() -> bool:
+    """Is gdb's output a terminal? (Logs and pipes get plain text.)"""
+    try:
+        return os.isatty(1)
+    except OSError:
+        return False
+
+
+_PROGRESS_AFTER = 1.0  # seconds a walk runs before its progress bar appears
+
+
+@contextlib.contextmanager
+def walk_progress(walk_chunks: bool):
+    """A progress bar for the chunk walk (a callable for `collect`), or None: shown only in an interactive
+    gdb (a terminal, and not -batch, which makes the width unlimited), and only once the walk has taken a
+    second; it disappears when the walk ends."""
+    if not walk_chunks or not interactive() or gdb.parameter("width") is None:
+        yield None
+        return
+    bar = _ProgressBar()
+    try:
+        yield bar
+    finally:
+        bar.close()
+
+
+class _ProgressBar:
+    """rich's progress bar on gdb's terminal, started on the first report after a second."""
+
+    def __init__(self):
+        self.start = time.monotonic()
+        self.progress: Progress | None = None
+        self.task = None
+
+    def __call__(self, done: int, total: int) -> None:
+        if self.progress is None:
+            if time.monotonic() - self.start < _PROGRESS_AFTER:
+                return
+            self.progress = Progress(TextColumn("walking chunks"), BarColumn(), DownloadColumn(binary_units=True),
+                                     TimeRemainingColumn(), console=gdb_console(), transient=True)
+            self.task = self.progress.add_task("walk", total=total)
+            self.progress.start()
+        self.progress.update(self.task, completed=done)
+
+    def close(self) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+
+
+def gdb_console():
+    return tables.make_console(_GdbFile(), interactive())
+
+
+def console_with_header(state: HeapState):
+    """A console that has printed the target, the glibc and how main_arena was found."""
+    console = gdb_console()
+    console.print(tables.header_text(state), end="")
+    return console
+
+
+def print_findings(console, findings) -> None:
+    text = tables.findings_text(findings)
+    if text is not None:
+        console.print(text)
+
+
+#: gdb's permission settings that keep a command from changing the target (see "Observer Mode" in gdb's manual)
+_PERMISSIONS = ("may-write-memory", "may-write-registers", "may-call-functions", "may-insert-breakpoints")
+
+
+class read_only:
+    """Turns off gdb's permissions to write memory and registers, call functions and insert breakpoints in
+    the target for the duration of a command, and restores them after: heapwalk only reads, and a bug or
+    a user expression (``heapwalk chunk 'free(p)'``) cannot change the process."""
+
+    def __enter__(self):
+        self.saved = {}
+        for name in _PERMISSIONS:
+            try:
+                self.saved[name] = gdb.parameter(name)
+                gdb.execute(f"set {name} off", to_string=True)
+            except gdb.error:  # some cannot change while a live process runs; gdb keeps them as they are
+                self.saved.pop(name, None)
+        return self
+
+    def __exit__(self, *exc):
+        for name, value in self.saved.items():
+            try:
+                gdb.execute(f"set {name} {'on' if value else 'off'}", to_string=True)
+            except gdb.error:
+                pass
+        return False
+
+
+def print_partial(console, notes) -> None:
+    text = tables.partial_text(notes)
+    if text is not None:
+        console.print(text, end="")
+
+
+def print_damage(console, state: HeapState, findings) -> None:
+    """What is partial in STATE, then FINDINGS: the tail of every command that shows decoded numbers."""
+    print_partial(console, partial(state))
+    print_findings(console, findings)

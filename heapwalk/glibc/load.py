@@ -1,0 +1,51 @@
+"""glibc's decoder from end to end: discovery, then the state, on a target as the debugger shows it; with
+what the target itself says (a truncated core, another allocator mapped) as findings or as the reason it
+cannot be decoded."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from heapwalk.findings import Finding, Kind, Severity
+from heapwalk.glibc.decode import collect
+from heapwalk.glibc.discovery import Discovery, DiscoveryError, Overrides, discover, foreign_allocator
+from heapwalk.glibc.model import HeapState
+from heapwalk.target.space import Target
+
+__all__ = ["load"]
+
+
+def load(target: Target, overrides: Overrides, walk_chunks: bool = False, progress=None
+         ) -> tuple[HeapState, Discovery]:
+    """TARGET's glibc heap, decoded (every chunk walked if WALK_CHUNKS; PROGRESS hears the walk), and the
+    discovery it rests on; DiscoveryError, naming why, when there is no glibc heap to decode."""
+    space = target.space
+    other = foreign_allocator(space.mappings)
+    try:
+        disc = discover(target.mem, target.symbols, overrides, space.mappings,
+                        [t.fs_base for t in target.threads if t.fs_base], core=space.core, regions=space.regions)
+        state = collect(target.mem, disc, target.threads, target.description, walk_chunks, space.regions, progress)
+    except DiscoveryError as exc:
+        if space.core and target.missing:
+            raise DiscoveryError(f"heapwalk: the core is truncated, and what heapwalk needs lies in the part that "
+                                 f"is missing: {exc}") from None
+        if other is not None:
+            raise DiscoveryError(f"heapwalk: this process allocates with {other[0]} ({other[1]}), not glibc's "
+                                 f"malloc: glibc's arenas hold nothing of interest ({exc})") from None
+        raise
+    return dataclasses.replace(state, target_findings=_target_findings(target, other)), disc
+
+
+def _target_findings(target: Target, other: tuple[str, str] | None) -> tuple[Finding, ...]:
+    """What the target says of itself: another allocator beside glibc's, and the memory a truncated core lacks."""
+    out = []
+    if other is not None:
+        out.append(Finding(Severity.WARNING, 0, "allocator", f"the process also maps {other[0]} ({other[1]}): "
+                           "memory it serves is not in glibc's arenas, and is not counted here", Kind.DISCOVERY))
+    missing = target.missing if target.space.core else []
+    if missing:
+        out.append(Finding(
+            Severity.WARNING, missing[0][0], "core file", f"the core is truncated: {len(missing)} region(s) of "
+            f"the process's memory ({sum(b - a for a, b in missing)} bytes, from {missing[0][0]:#x}) are not "
+            "in it; what lies there is reported as unreadable, never as empty", Kind.UNMAPPED))
+    return tuple(out)

@@ -1,0 +1,41 @@
+"""What the debugger says of a target, in values the engine reads without gdb: its address space, and the
+whole of what a decoder is given (memory, address space, threads, symbols, what a truncated core lacks)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from heapwalk.target.elf import Mapping
+from heapwalk.target.memory import Memory
+from heapwalk.target.threads import ThreadRegs
+
+__all__ = ["MemoryMap", "Target"]
+
+
+@dataclass(frozen=True)
+class MemoryMap:
+    """The target's address space, asked of gdb once per command.
+
+    ``mappings``: 'info proc mappings'.  ``regions``: where anonymous memory may hold chunks (a core's load
+    segments, or a live process's mappings).  ``readable``: everything gdb can read (for a core, also the
+    sections of the files it maps, which gdb reads from the files), None when gdb cannot say.  ``core``: the
+    target is a core file.
+    """
+
+    mappings: list[Mapping]
+    regions: list[tuple[int, int]]
+    readable: list[tuple[int, int]] | None
+    core: bool = False
+
+
+@dataclass(frozen=True)
+class Target:
+    """One target as the debugger shows it: what a decoder reads, and nothing it must ask gdb for."""
+
+    mem: Memory
+    space: MemoryMap
+    threads: list[ThreadRegs]
+    symbols: Any                # a SymbolSource of the allocator's discovery (debug symbols, or none)
+    description: str            # "core file /x/core of /usr/bin/prog", for the header
+    missing: list[tuple[int, int]]  # the address ranges a truncated core lacks
