@@ -307,7 +307,7 @@ def exercise(mem, symbols, maps, threads, regs, target: str):
     sink = io.StringIO()
     console = tables.make_console(sink, False)
     console.print(tables.header_text(state))
-    console.print(tables.report_group(state, rep, False))
+    console.print(tables.report_group(rep, False))
     console.print(tables.arenas_table(state, False))
     console.print(tables.bins_tables(state, list(state.arenas), set(jsondoc.KINDS), False, True))
     console.print(tables.tcache_tables(state, list(state.threads), False, True, state.scanned_tcaches))

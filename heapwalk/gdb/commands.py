@@ -293,7 +293,7 @@ class ReportCommand(_Subcommand):
         rep = report.build_report(heap_view(state))
         notes = partial(state)
         console = console_with_header(state)
-        console.print(tables.report_group(state, rep, interactive()))
+        console.print(tables.report_group(rep, interactive()))
         print_partial(console, notes)
         print_findings(console, state.all_findings())
         if args.json:

@@ -220,7 +220,7 @@ def chunk_text(found, address: int) -> Text:
     return text
 
 
-def report_group(state: HeapState, rep: Report, interactive: bool) -> Group:
+def report_group(rep: Report, interactive: bool) -> Group:
     """The report: per-arena table with totals, histogram, trim estimate and verdict."""
     table = Table(title="where the memory is", box=_box(interactive), title_justify="left", show_footer=True)
     cols = (("#", "right"), ("arena", "left"), ("kind", "left"), ("threads", "right"), ("heaps", "right"),
