@@ -15,6 +15,8 @@ CORES := $(BUILD)/cores
 SYSROOTS := $(BUILD)/sysroots
 # Debian suites whose glibc the tests also run under (see cores/sysroots.py)
 SUITES := bullseye trixie sid
+# Debian suites whose libjemalloc2 the jemalloc reproducers run on (5.2.1, 5.3.0; see cores/sysroots.py)
+JEMALLOC_SUITES := bullseye bookworm
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 PYTEST_ARGS ?=
 
@@ -42,14 +44,17 @@ $(VENV)/.installed: pyproject.toml | $(BUILD)/.deps
 	$(PY) -m pip install -q -e '.[test]'
 	@touch $@
 
-# Debian's libc6/libc6-dbg of each suite, downloaded once (cached in ~/.cache/heapwalk) and unpacked.
+# Debian's libc6/libc6-dbg of each suite, and libjemalloc2 of the jemalloc suites, downloaded once (cached in
+# ~/.cache/heapwalk) and unpacked.
 sysroots: venv
 	$(PY) cores/sysroots.py $(SYSROOTS) $(SUITES)
+	$(PY) cores/sysroots.py $(SYSROOTS) --jemalloc $(JEMALLOC_SUITES)
 
 # Every reproducer's core under the system glibc and under each sysroot's.
 cores: sysroots
 	$(PY) cores/harness.py $(CORES)/system --bindir $(BUILD)/bin
 	@for s in $(SUITES); do $(PY) cores/harness.py $(CORES)/$$s --bindir $(BUILD)/bin --glibc $$s || exit 1; done
+	@for s in $(JEMALLOC_SUITES); do $(PY) cores/harness.py $(CORES)/jemalloc-$$s --bindir $(BUILD)/bin --jemalloc $$s || exit 1; done
 
 demo: venv
 	@$(PY) cores/harness.py $(BUILD)/demo --bindir $(BUILD)/bin thread_arenas

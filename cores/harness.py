@@ -41,6 +41,9 @@ import sysroots
 CORES_DIR = Path(__file__).resolve().parent
 REPRODUCERS = ("bins", "thread_arenas", "small_vectors", "mmapped", "second_heap", "many_arenas", "large_tcache",
                "leak", "main_regions", "tuned")
+#: reproducers that run on Debian's libjemalloc2 (LD_PRELOAD), with no hw.c: they write stats.json
+#: (malloc_stats_print "J") and ledger.json themselves
+JEMALLOC_REPRODUCERS = ("je_dns",)
 #: tuned.c's variants, each moving mp_ away from glibc's defaults by one parameter (its own run moves the
 #: dynamic threshold and makes glibc 2.43's mmapped_mem drift): variant -> environment
 TUNED_VARIANTS = {
@@ -123,7 +126,7 @@ def build(name: str, bindir: Path, sysroot: sysroots.Sysroot | None = None, stat
         bindir = bindir / "static"
     bindir.mkdir(parents=True, exist_ok=True)
     exe = bindir / name
-    sources = [CORES_DIR / f"{name}.c", CORES_DIR / "hw.c"]
+    sources = [CORES_DIR / f"{name}.c"] + ([] if name in JEMALLOC_REPRODUCERS else [CORES_DIR / "hw.c"])
     if exe.exists() and all(exe.stat().st_mtime >= s.stat().st_mtime for s in sources + [CORES_DIR / "hw.h"]):
         return exe
     extra = sysroot.compile_flags() if sysroot is not None else []
@@ -171,7 +174,7 @@ def run_to_snapshot(exe: Path, directory: Path, env: dict[str, str] | None = Non
                     timeout: float = 120.0, launcher: list[str] | None = None) -> subprocess.Popen:
     """Starts EXE with DIRECTORY as its output folder and waits until it has stopped itself."""
     directory.mkdir(parents=True, exist_ok=True)
-    for stale in ("malloc_info.xml", "ledger.json", "core", "trim.json", "expected.json"):
+    for stale in ("malloc_info.xml", "ledger.json", "core", "trim.json", "expected.json", "stats.json"):
         (directory / stale).unlink(missing_ok=True)
     full_env = dict(os.environ)
     full_env.update(env or {})
@@ -374,6 +377,24 @@ def capture(name: str, outdir: Path, bindir: Path, keep: bool = False, sysroot: 
     return cap
 
 
+def capture_jemalloc(name: str, outdir: Path, bindir: Path, jemalloc: sysroots.Jemalloc,
+                     env: dict[str, str] | None = None) -> Capture:
+    """Builds jemalloc reproducer NAME, runs it on JEMALLOC (LD_PRELOAD) and takes its core into
+    OUTDIR/NAME/core; the process is killed after (it has no trim measurement to make)."""
+    exe = build(name, bindir)
+    directory = outdir / name
+    proc = run_to_snapshot(exe, directory, env={**jemalloc.environment(), **(env or {})})
+    cap = Capture(name=name, directory=directory, exe=exe, pid=proc.pid, process=proc)
+    try:
+        take_core(proc.pid, cap.core)
+        meta = {"name": name, "exe": str(exe), "program": str(exe), "pid": proc.pid, "sysroot": None,
+                "jemalloc": {"version": jemalloc.version, "library": str(jemalloc.library)}, "env": env or {}}
+        (directory / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+    finally:
+        cap.kill()
+    return cap
+
+
 def corruption_applies(mode: str, version: tuple[int, int]) -> bool:
     """Can corrupt.c's MODE be shown under glibc VERSION? (2.43 has no fastbins; 2.31 has no tcache
     alignment check to abort on.)"""
@@ -487,15 +508,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("names", nargs="*", default=list(REPRODUCERS))
     parser.add_argument("--bindir", type=Path, help="where to build (default OUTDIR/bin)")
     parser.add_argument("--glibc", metavar="SUITE", help="run under the Debian glibc of SUITE (see sysroots.py)")
+    parser.add_argument("--jemalloc", metavar="SUITE", help="run the jemalloc reproducers on the Debian "
+                        "libjemalloc2 of SUITE (see sysroots.py)")
     parser.add_argument("--sysroots", type=Path, default=CORES_DIR.parent / "build" / "sysroots",
                         help="where sysroots are unpacked (default build/sysroots)")
     args = parser.parse_intermixed_args(argv)
     bindir = args.bindir or args.outdir / "bin"
     sysroot = sysroots.prepare(args.sysroots, args.glibc) if args.glibc else None
-    for name in args.names:
+    jemalloc = sysroots.prepare_jemalloc(args.sysroots, args.jemalloc) if args.jemalloc else None
+    names = args.names if not jemalloc or args.names != list(REPRODUCERS) else list(JEMALLOC_REPRODUCERS)
+    for name in names:
         start = time.monotonic()
         try:
-            cap = capture(name, args.outdir, bindir, sysroot=sysroot)
+            cap = capture_jemalloc(name, args.outdir, bindir, jemalloc) if jemalloc else \
+                capture(name, args.outdir, bindir, sysroot=sysroot)
         except HarnessError as exc:
             print(f"{name}: {exc}", file=sys.stderr)
             return 1

@@ -29,6 +29,8 @@ from pathlib import Path
 #: suite -> does a reproducer need that glibc's own headers and crt files? (a
 #: program linked against a newer glibc refers to symbol versions an older one lacks)
 SUITES = {"bullseye": True, "trixie": False, "sid": False}
+#: suite -> the jemalloc version Debian's libjemalloc2 of that suite holds (run with LD_PRELOAD)
+JEMALLOC_SUITES = {"bullseye": "5.2.1", "bookworm": "5.3.0"}
 KEYRING = "/usr/share/keyrings/debian-archive-keyring.gpg"
 MULTIARCH = "x86_64-linux-gnu"
 
@@ -132,7 +134,7 @@ def _fetch(cache: Path, package: str, suite: str) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     found = sorted(folder.glob(f"{package}_*_amd64.deb"))
     if not found:
-        _update_lists(cache, list(SUITES))
+        _update_lists(cache, list(dict.fromkeys([*SUITES, *JEMALLOC_SUITES])))
         _run(["apt-get", *_apt_options(cache), "download", f"{package}/{suite}"], cwd=folder)
         found = sorted(folder.glob(f"{package}_*_amd64.deb"))
     if not found:
@@ -174,6 +176,52 @@ def prepare(dest: Path, suite: str, cache: Path | None = None) -> Sysroot:
     return sysroot
 
 
+@dataclass(frozen=True)
+class Jemalloc:
+    """One Debian libjemalloc2 unpacked into a folder."""
+
+    suite: str
+    root: Path
+
+    @property
+    def library(self) -> Path:
+        return self.root / "usr/lib" / MULTIARCH / "libjemalloc.so.2"
+
+    @property
+    def version(self) -> str:
+        return (self.root / "VERSION").read_text().strip()
+
+    def environment(self) -> dict[str, str]:
+        """What runs a program on this jemalloc instead of glibc's malloc."""
+        return {"LD_PRELOAD": str(self.library)}
+
+
+def prepare_jemalloc(dest: Path, suite: str, cache: Path | None = None) -> Jemalloc:
+    """Fetches (or reuses) SUITE's libjemalloc2 and unpacks it into DEST/jemalloc-SUITE."""
+    cache = cache or cache_dir()
+    root = dest / f"jemalloc-{suite}"
+    stamp = root / "VERSION"
+    if stamp.exists():
+        return Jemalloc(suite, root)
+    deb = _fetch(cache, "libjemalloc2", suite)
+    if root.exists():
+        shutil.rmtree(root)
+    root.mkdir(parents=True)
+    _run(["dpkg-deb", "-x", str(deb), str(root)])
+    version = re.search(r"libjemalloc2_(\d+\.\d+\.\d+)", deb.name)
+    jemalloc = Jemalloc(suite, root)
+    if not version or not jemalloc.library.exists():
+        raise SysrootError(f"{deb.name} holds no libjemalloc.so.2 of a known version")
+    stamp.write_text(version.group(1) + "\n")
+    return jemalloc
+
+
+def available_jemallocs(dest: Path) -> list[Jemalloc]:
+    """The jemallocs already unpacked under DEST, oldest first."""
+    return [Jemalloc(s, dest / f"jemalloc-{s}") for s in JEMALLOC_SUITES
+            if (dest / f"jemalloc-{s}" / "VERSION").exists()]
+
+
 def available(dest: Path) -> list[Sysroot]:
     """The sysroots already unpacked under DEST, oldest glibc first."""
     found = [Sysroot(s, dest / s) for s in SUITES if (dest / s / "VERSION").exists()]
@@ -184,7 +232,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("dest", type=Path)
     parser.add_argument("suites", nargs="*", default=list(SUITES))
-    args = parser.parse_args(argv)
+    parser.add_argument("--jemalloc", action="store_true", help="the suites' libjemalloc2 instead of their glibc")
+    args = parser.parse_intermixed_args(argv)
+    if args.jemalloc:
+        for suite in args.suites:
+            try:
+                j = prepare_jemalloc(args.dest, suite)
+            except SysrootError as exc:
+                print(f"{suite}: {exc}", file=sys.stderr)
+                return 1
+            print(f"{suite}: jemalloc {j.version} in {j.root}")
+        return 0
     for suite in args.suites:
         try:
             s = prepare(args.dest, suite)

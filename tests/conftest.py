@@ -82,6 +82,29 @@ def _fresh(directory: Path, name: str) -> bool:
     return min(p.stat().st_mtime for p in needed) >= max(p.stat().st_mtime for p in sources)
 
 
+def _fresh_jemalloc(directory: Path, name: str) -> bool:
+    needed = [directory / f for f in ("core", "stats.json", "ledger.json", "meta.json")]
+    if not all(p.exists() for p in needed):
+        return False
+    sources = [ROOT / "cores" / f"{name}.c", ROOT / "cores" / "harness.py"]
+    return min(p.stat().st_mtime for p in needed) >= max(p.stat().st_mtime for p in sources)
+
+
+#: the jemallocs of the matrix: Debian suite -> jemalloc version (sysroots.JEMALLOC_SUITES)
+JEMALLOCS = tuple(sysroots.JEMALLOC_SUITES)
+
+
+@functools.cache
+def capture_jemalloc(suite: str, name: str) -> harness.Capture:
+    """jemalloc reproducer NAME's capture on SUITE's libjemalloc2 (taken now unless a fresh one exists)."""
+    jemalloc = sysroots.prepare_jemalloc(SYSROOTS, suite)
+    outdir = CORES / f"jemalloc-{suite}"
+    if not _fresh_jemalloc(outdir / name, name):
+        harness.capture_jemalloc(name, outdir, BINDIR, jemalloc)
+    meta = json.loads((outdir / name / "meta.json").read_text())
+    return harness.Capture(name=name, directory=outdir / name, exe=Path(meta["exe"]), pid=meta["pid"])
+
+
 #: variants of a capture: extra environment for the reproducer
 VARIANTS = {"": {}, "hugetlb": {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=2"}, **harness.TUNED_VARIANTS}
 

@@ -14,9 +14,10 @@ MAY_IMPORT = {
     "view": set(),
     "target": {"findings"},
     "glibc": {"view", "target", "findings"},
+    "jemalloc": {"view", "target", "findings"},
     "analysis": {"view", "findings"},
-    "output": {"analysis", "view", "glibc", "target", "findings"},
-    "gdb": {"output", "analysis", "view", "glibc", "target", "findings"},
+    "output": {"analysis", "view", "glibc", "jemalloc", "target", "findings"},
+    "gdb": {"output", "analysis", "view", "glibc", "jemalloc", "target", "findings"},
     "cli": {"output", "analysis", "view", "target", "findings"},
     "__init__": {"gdb"},
 }

@@ -13,7 +13,8 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeR
 
 from heapwalk.glibc.model import HeapState
 from heapwalk.glibc.partial import partial
-from heapwalk.output import tables
+from heapwalk.jemalloc.model import JeState
+from heapwalk.output import jedoc, jsondoc, tables
 
 
 class _GdbFile:
@@ -134,3 +135,14 @@ def print_damage(console, state: HeapState, findings) -> None:
     """What is partial in STATE, then FINDINGS: the tail of every command that shows decoded numbers."""
     print_partial(console, partial(state))
     print_findings(console, findings)
+
+
+def print_jemalloc_arenas(state: JeState, json_path: str | None) -> None:
+    """'heapwalk arenas' of a jemalloc process: the target, the version, the arenas, findings, the JSON."""
+    console = gdb_console()
+    console.print(f"{state.target}\n" if state.target else "", end="")
+    console.print(f"jemalloc {state.version}")
+    console.print(jedoc.jemalloc_arenas_table(state, tables.box_for(interactive())))
+    print_findings(console, state.findings)
+    if json_path:
+        jsondoc.dump(jedoc.jemalloc_document(state), json_path)

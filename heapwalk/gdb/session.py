@@ -9,6 +9,9 @@ from heapwalk.gdb.console import walk_progress
 from heapwalk.glibc.discovery import Overrides, parse_version
 from heapwalk.glibc.load import load
 from heapwalk.glibc.model import Arena, HeapState
+from heapwalk.jemalloc.discovery import JemallocNotFound, find_library
+from heapwalk.jemalloc.load import load_jemalloc
+from heapwalk.jemalloc.model import JeState
 from heapwalk.target.gdbadapter import (GdbSymbols, describe_target, gdb_memory, has_target, memory_map,
                                         missing_ranges, preserved_selection, thread_registers)
 from heapwalk.target.space import Target
@@ -53,12 +56,32 @@ def load_target(walk_chunks: bool = False):
         raise UserError(f"heapwalk: 32-bit targets are not supported yet: this one is {_architecture()}, and "
                         "heapwalk decodes 64-bit (x86-64) glibc heaps only")
     with preserved_selection():
-        space = memory_map()
-        target = Target(gdb_memory(space.readable), space, thread_registers(), GdbSymbols(), describe_target(),
-                        missing_ranges() if space.core else [])
+        target = _target()
         with walk_progress(walk_chunks) as progress:
             state, disc = load(target, overrides(), walk_chunks, progress)
         return state, target.mem, disc.layout
+
+
+def _target() -> Target:
+    """The selected inferior as gdb shows it."""
+    space = memory_map()
+    return Target(gdb_memory(space.readable), space, thread_registers(), GdbSymbols(), describe_target(),
+                  missing_ranges() if space.core else [])
+
+
+def load_jemalloc_state() -> JeState | None:
+    """The selected inferior's jemalloc state when it maps jemalloc (None when it does not); UserError when
+    jemalloc's state cannot be located."""
+    if not has_target():
+        return None
+    with preserved_selection():
+        space = memory_map()
+        if find_library(space.mappings) is None:
+            return None
+        try:
+            return load_jemalloc(_target())
+        except JemallocNotFound as exc:
+            raise UserError(f"heapwalk: this process allocates with jemalloc, and {exc}") from None
 
 
 def _is_64bit() -> bool:

@@ -36,6 +36,11 @@ def _box(interactive: bool):
     return box.ROUNDED if interactive else box.ASCII2
 
 
+def box_for(interactive: bool):
+    """The table box style for a terminal (rounded) or a log (plain ASCII)."""
+    return _box(interactive)
+
+
 def _sum(lists: Iterable[BinList]) -> tuple[int, int]:
     count = total = 0
     for b in lists:

@@ -20,7 +20,8 @@ __all__ = ["Mapping", "Segment", "LibcImage", "find_libc", "readable_runs", "LIB
 
 PT_LOAD, PT_DYNAMIC, PT_NOTE, PT_TLS = 1, 2, 4, 7
 PF_X, PF_W, PF_R = 1, 2, 4
-DT_NULL, DT_STRTAB, DT_SYMTAB = 0, 5, 6
+DT_NULL, DT_STRTAB, DT_SYMTAB, DT_RELA, DT_RELASZ = 0, 5, 6, 7, 8
+R_X86_64_TPOFF64 = 18
 NT_GNU_BUILD_ID = 3
 
 #: libc.so.6 (2.34+, and the soname everywhere) or libc-2.NN.so (up to 2.33)
@@ -154,6 +155,31 @@ class LibcImage:
             end = strings.find(b"\0", st_name)
             sym = strings[st_name:end].decode(errors="replace")
             out.setdefault(sym.split("@")[0], self.bias + value)
+        return out
+
+    def relocations(self, rtype: int) -> list[tuple[int, int, int]]:
+        """(runtime address of the slot, symbol index, addend) of each dynamic relocation of type RTYPE
+        (DT_RELA's table); empty when the dynamic section or the table is not readable."""
+        dyn = [s for s in self.segments if s.type == PT_DYNAMIC]
+        try:
+            raw = self.mem.read(dyn[0].address, dyn[0].memsz) if dyn else b""
+            tags: dict[int, int] = {}
+            for pos in range(0, len(raw) - 15, 16):
+                tag, value = struct.unpack_from("<qQ", raw, pos)
+                if tag == DT_NULL:
+                    break
+                tags.setdefault(tag, value)
+            if DT_RELA not in tags or DT_RELASZ not in tags or tags[DT_RELASZ] > 1 << 24:
+                return []
+            start = tags[DT_RELA] if tags[DT_RELA] >= self.base else tags[DT_RELA] + self.bias
+            table = self.mem.read(start, tags[DT_RELASZ])
+        except ReadError:
+            return []
+        out = []
+        for pos in range(0, len(table) - 23, 24):
+            offset, info, addend = struct.unpack_from("<QQq", table, pos)
+            if info & 0xFFFFFFFF == rtype:
+                out.append((self.bias + offset, info >> 32, addend))
         return out
 
     def find_bytes(self, needle: bytes) -> tuple[int, bytes] | None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-__all__ = ["RipLoad", "rip_loads", "first_lea", "tls_got_slot", "LEA", "MOV"]
+__all__ = ["RipLoad", "rip_loads", "rip_loads32", "first_lea", "tls_got_slot", "LEA", "MOV"]
 
 LEA, MOV = 0x8D, 0x8B
 FS_PREFIX = 0x64
@@ -42,6 +42,17 @@ def rip_loads(code: bytes, address: int) -> list[RipLoad]:
         if rex & 0xF8 == 0x48 and op in (LEA, MOV) and modrm & 0xC7 == 0x05:
             disp, = struct.unpack_from("<i", code, i + 3)
             out.append(RipLoad(i, op, address + i + 7 + disp))
+    return out
+
+
+def rip_loads32(code: bytes, address: int) -> list[RipLoad]:
+    """Every 32-bit ``mov r32, [rip+disp]`` (opcode 8B with no REX prefix) in CODE (which starts at ADDRESS):
+    how a compiler reads an ``unsigned`` global."""
+    out = []
+    for i in range(1, len(code) - 5):
+        if code[i] == MOV and code[i + 1] & 0xC7 == 0x05 and code[i - 1] & 0xF0 != 0x40:
+            disp, = struct.unpack_from("<i", code, i + 2)
+            out.append(RipLoad(i, MOV, address + i + 6 + disp, 6))
     return out
 
 

@@ -1,0 +1,110 @@
+"""Builds a `JeState` from a target's memory and a `JeDiscovery`: every arena of arenas[] with its page
+counters, decay settings and counters, and small bins; every thread's tsd.  Reads that fail become findings
+at the address that could not be read; whatever could be decoded is kept."""
+
+from __future__ import annotations
+
+import struct
+
+from heapwalk.findings import Finding, Kind, Severity
+from heapwalk.jemalloc.discovery import JeDiscovery
+from heapwalk.jemalloc.layout import BIN_CLASSES, BIN_STATS, NBINS, PAGE, JeLayout
+from heapwalk.jemalloc.model import JeArena, JeBin, JeState, JeThread
+from heapwalk.target.memory import Memory, ReadError
+from heapwalk.target.threads import ThreadRegs
+
+__all__ = ["collect_jemalloc"]
+
+_STATS = struct.Struct("<%dQ" % len(BIN_STATS))
+_STATE_UNINITIALIZED = 6
+
+
+def collect_jemalloc(mem: Memory, disc: JeDiscovery, threads: list[ThreadRegs], target: str = "") -> JeState:
+    """Decodes every arena in arenas[] and every thread's tsd."""
+    findings: list[Finding] = []
+    pointers = _arena_pointers(mem, disc, findings)
+    arenas = []
+    for index, address in enumerate(pointers):
+        if not address:
+            continue
+        try:
+            arenas.append(_arena(mem, disc.layout, index, address))
+        except ReadError as exc:
+            findings.append(Finding(Severity.ERROR, exc.address, f"arena {index}", f"cannot read arena {index} "
+                                    f"({address:#x}): {exc.reason}", Kind.ARENA))
+    by_address = {address: index for index, address in enumerate(pointers) if address}
+    decoded = tuple(_thread(mem, disc, regs, by_address) for regs in sorted(threads, key=lambda t: t.number))
+    return JeState(target, disc.version_text, disc.layout.name, tuple(arenas), decoded, disc.facts, tuple(findings))
+
+
+def _arena_pointers(mem: Memory, disc: JeDiscovery, findings: list[Finding]) -> list[int]:
+    """arenas[0 .. narenas_total), 0 for the slots not in use."""
+    try:
+        raw = mem.read(disc.arenas, 8 * disc.narenas_total)
+    except ReadError as exc:
+        findings.append(Finding(Severity.ERROR, disc.arenas, "arenas[]", f"cannot read the arena array: {exc}",
+                                Kind.UNMAPPED))
+        return []
+    return list(struct.unpack(f"<{disc.narenas_total}Q", raw))
+
+
+def _i64(value: int) -> int:
+    return value - (1 << 64) if value >> 63 else value
+
+
+def _arena(mem: Memory, layout: JeLayout, index: int, address: int) -> JeArena:
+    """arenas[INDEX] at ADDRESS: its counters (ReadError when its memory is not there)."""
+    raw = mem.read(address, layout.arena_size)
+
+    def word(off: int) -> int:
+        return struct.unpack_from("<Q", raw, off)[0]
+
+    def pages(offsets: tuple[int, ...]) -> int:
+        return sum(word(off) for off in offsets)
+
+    nthreads = struct.unpack_from("<I", raw, layout.nthreads)[0]
+    dirty = struct.unpack_from("<3Q", raw, layout.stats_dirty)
+    muzzy = struct.unpack_from("<3Q", raw, layout.stats_muzzy)
+    return JeArena(index, address, nthreads, word(layout.nactive), pages(layout.dirty_npages),
+                   pages(layout.muzzy_npages), pages(layout.retained_npages) * PAGE,
+                   _i64(word(layout.dirty_decay_ms)), _i64(word(layout.muzzy_decay_ms)), *dirty, *muzzy,
+                   _bins(mem, layout, address, raw))
+
+
+def _bins(mem: Memory, layout: JeLayout, address: int, raw: bytes) -> tuple[JeBin, ...]:
+    """The arena's small bins with their statistics (one shard each: jemalloc's default)."""
+    out = []
+    for i in range(NBINS):
+        if layout.bins_inline:
+            at = address + layout.bins + i * layout.bin_size
+        else:
+            at = struct.unpack_from("<Q", raw, layout.bins + 8 * i)[0]
+        stats = dict(zip(BIN_STATS, _STATS.unpack(mem.read(at + layout.bin_stats, _STATS.size))))
+        cls = BIN_CLASSES[i]
+        out.append(JeBin(i, cls.size, cls.nregs, stats["nmalloc"], stats["ndalloc"], stats["nrequests"],
+                         stats["curregs"], stats["nfills"], stats["nflushes"], stats["nslabs"], stats["reslabs"],
+                         stats["curslabs"], stats["nonfull_slabs"]))
+    return tuple(out)
+
+
+def _thread(mem: Memory, disc: JeDiscovery, regs: ThreadRegs, arenas: dict[int, int]) -> JeThread:
+    """REGS' thread through its tsd: state, arena, byte counters, and whether its decay ticker exists."""
+    layout = disc.layout
+    if disc.tsd_tpoff is None or not regs.fs_base:
+        return JeThread(regs.number, regs.lwp, None, None, None, 0, 0, None)
+    tsd = regs.fs_base + disc.tsd_tpoff
+    try:
+        raw = mem.read(tsd, layout.tsd_size)
+    except ReadError:
+        return JeThread(regs.number, regs.lwp, tsd, None, None, 0, 0, None)
+    state = raw[layout.tsd_state]
+    arena = arenas.get(struct.unpack_from("<Q", raw, layout.tsd_arena)[0])
+    allocated, = struct.unpack_from("<Q", raw, layout.tsd_allocated)
+    deallocated, = struct.unpack_from("<Q", raw, layout.tsd_deallocated)
+    if layout.tsd_tdata is not None:   # 5.2.1: a ticker per arena, in an array made on the first tick
+        tdata, = struct.unpack_from("<Q", raw, layout.tsd_tdata)
+        ntdata, = struct.unpack_from("<I", raw, layout.tsd_ntdata)
+        ticker = arena is not None and tdata != 0 and arena < ntdata
+    else:                              # 5.3.0: one ticker in the tsd, set up with it
+        ticker = state != _STATE_UNINITIALIZED
+    return JeThread(regs.number, regs.lwp, tsd, state, arena, allocated, deallocated, ticker)

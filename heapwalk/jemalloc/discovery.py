@@ -1,0 +1,146 @@
+"""Finding jemalloc's state in a target without debug symbols: the library, its version, the arena array and
+its length, and the TLS offset of each thread's tsd.
+
+- the library: the mapping of a file named libjemalloc* at file offset 0;
+- the version: the string jemalloc keeps in its read-only data ("5.3.0-0-g<commit>");
+- ``arenas`` and ``narenas_total``: the function that follows the exported ``malloc_stats_print`` (its
+  atexit hook) loops over the arenas: the first ``mov ecx, [rip+disp]`` from there reads ``narenas_total``,
+  the first RIP-relative ``lea`` after it computes ``arenas``;
+- the tsd: the one initial-exec TLS relocation of the library (R_X86_64_TPOFF64 against no symbol) is the
+  GOT slot that holds the TLS block's offset from each thread's thread pointer; the block is the tsd.
+
+Each fact is checked against memory (arena 0 exists and its extent containers carry their states; the TLS
+block's size is the version's tsd size), and recorded with how it was found.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from heapwalk.findings import Fact
+from heapwalk.jemalloc.layout import JeLayout, UnsupportedJemalloc, layout_for
+from heapwalk.target import x86
+from heapwalk.target.elf import R_X86_64_TPOFF64, LibcImage, Mapping, readable_runs
+from heapwalk.target.memory import Memory, ReadError, u64
+
+__all__ = ["JeDiscovery", "JemallocNotFound", "discover_jemalloc", "find_library"]
+
+_VERSION = re.compile(rb"(\d+)\.(\d+)\.(\d+)-\d+-g[0-9a-f]{40}")
+_HOOK_SPAN = 0x600      # bytes after malloc_stats_print searched for its atexit hook's loads
+
+
+class JemallocNotFound(Exception):
+    """jemalloc's state could not be located; the message says what is missing."""
+
+
+@dataclass(frozen=True)
+class JeDiscovery:
+    """What heapwalk needs to decode jemalloc, with how each part was found."""
+
+    version: tuple[int, int, int]
+    version_text: str               # the library's own string, "5.3.0-0-g54eaed1d..."
+    layout: JeLayout
+    library: str
+    base: int
+    arenas: int                     # address of arenas[]
+    narenas_total: int              # how many slots of arenas[] are in use
+    tsd_tpoff: int | None           # the tsd's offset from a thread's thread pointer (None: unknown)
+    facts: tuple[Fact, ...] = field(default=())
+
+
+def find_library(mappings: list[Mapping]) -> tuple[int, str] | None:
+    """(base, path) of libjemalloc among MAPPINGS: its lowest mapping at file offset 0."""
+    found = [(m.start, m.path) for m in mappings if m.offset == 0 and
+             m.path.rsplit("/", 1)[-1].startswith("libjemalloc")]
+    return min(found) if found else None
+
+
+def discover_jemalloc(mem: Memory, mappings: list[Mapping]) -> JeDiscovery:
+    """Locates jemalloc's version, arenas[], narenas_total and the tsd's TLS offset (JemallocNotFound when the
+    target does not map jemalloc, or its image does not show them)."""
+    found = find_library(mappings)
+    if found is None:
+        raise JemallocNotFound("no libjemalloc among the mappings")
+    base, path = found
+    try:
+        image = LibcImage.read(mem, base, path)
+    except ReadError as exc:
+        raise JemallocNotFound(f"{path} is mapped at {base:#x}, but its ELF header is unreadable ({exc.reason})") \
+            from None
+    facts = [Fact("jemalloc", {"base": base, "path": path}, "mappings")]
+    version, text, where = _version(image)
+    try:
+        layout = layout_for(version)
+    except UnsupportedJemalloc as exc:
+        raise JemallocNotFound(str(exc)) from None
+    facts.append(Fact("jemalloc_version", text, f"version string in the library's read-only data at {where:#x}"))
+    arenas, narenas, how = _arena_array(image)
+    facts += [Fact("arenas", arenas, how), Fact("narenas_total", narenas, how)]
+    count = _u32(mem, narenas)
+    if not 0 < count <= 4095:
+        raise JemallocNotFound(f"narenas_total at {narenas:#x} reads {count}: not jemalloc {layout.name}'s")
+    _check_arena0(mem, layout, arenas)
+    tpoff, how = _tsd_tpoff(image, layout)
+    facts.append(Fact("tsd_tls_offset", tpoff, how))
+    return JeDiscovery(version, text, layout, path, base, arenas, count, tpoff, tuple(facts))
+
+
+def _version(image: LibcImage) -> tuple[tuple[int, int, int], str, int]:
+    """The version, its string and where the string is."""
+    for seg in image.readonly_data():
+        for start, data in readable_runs(image.mem, seg.address, seg.filesz):
+            m = _VERSION.search(bytes(data))
+            if m:
+                return (int(m[1]), int(m[2]), int(m[3])), m[0].decode(), start + m.start()
+    raise JemallocNotFound(f"no version string in {image.path}'s read-only data (is the library file at hand?)")
+
+
+def _arena_array(image: LibcImage) -> tuple[int, int, str]:
+    """(arenas, narenas_total, how) from the code after malloc_stats_print."""
+    start = image.dynamic_symbol("malloc_stats_print")
+    if start is None:
+        raise JemallocNotFound(f"{image.path} exports no malloc_stats_print")
+    try:
+        code = image.mem.read(start, _HOOK_SPAN)
+    except ReadError as exc:
+        raise JemallocNotFound(f"the code of malloc_stats_print is unreadable ({exc.reason})") from None
+    counts = [r for r in x86.rip_loads32(code, start) if code[r.offset + 1] == 0x0D]  # mov ecx, [rip+disp]
+    if not counts:
+        raise JemallocNotFound("no 32-bit load of narenas_total after malloc_stats_print")
+    narenas = counts[0]
+    leas = [r for r in x86.rip_loads(code, start) if r.opcode == x86.LEA and r.offset > narenas.offset]
+    if not leas:
+        raise JemallocNotFound("no lea of arenas[] after the load of narenas_total")
+    return leas[0].target, narenas.target, \
+        f"the arena loop after malloc_stats_print (code at {start + narenas.offset:#x})"
+
+
+def _u32(mem: Memory, address: int) -> int:
+    return int.from_bytes(mem.read(address, 4), "little")
+
+
+def _check_arena0(mem: Memory, layout: JeLayout, arenas: int) -> None:
+    """arenas[0] exists and its dirty, muzzy and retained containers say so (states 1, 2, 3)."""
+    try:
+        arena0 = u64(mem, arenas)
+        states = [_u32(mem, arena0 + off) for off in (layout.dirty_state, layout.muzzy_state, layout.retained_state)]
+    except ReadError as exc:
+        raise JemallocNotFound(f"arenas[0] at {arenas:#x} is unreadable ({exc.reason})") from None
+    if states != [1, 2, 3]:
+        raise JemallocNotFound(f"arena 0 ({arena0:#x}) does not have the {layout.name} layout: its extent "
+                               f"containers' states read {states}, not [1, 2, 3]")
+
+
+def _tsd_tpoff(image: LibcImage, layout: JeLayout) -> tuple[int | None, str]:
+    """The tsd's offset from the thread pointer, read from the GOT slot of the library's TLS relocation."""
+    if image.tls_size() not in (None, layout.tsd_size):
+        return None, f"the TLS block is {image.tls_size():#x} bytes, not {layout.name}'s tsd ({layout.tsd_size:#x})"
+    slots = [slot for slot, sym, addend in image.relocations(R_X86_64_TPOFF64) if sym == 0 and addend == 0]
+    if len(slots) != 1:
+        return None, f"not determined: {len(slots)} TLS relocations against no symbol, not one"
+    try:
+        value = u64(image.mem, slots[0])
+    except ReadError as exc:
+        return None, f"not determined: the GOT slot {slots[0]:#x} is unreadable ({exc.reason})"
+    return value - (1 << 64) if value >> 63 else value, f"GOT slot {slots[0]:#x} of the TPOFF64 relocation"

@@ -1,0 +1,117 @@
+"""jemalloc's structures per version, as data: the offsets heapwalk reads in arena_t, its extent containers,
+decay state, statistics and bins, and in each thread's tsd (the TLS block).
+
+Measured on Debian's libjemalloc2 builds (5.2.1-3 in bullseye, 5.3.0-1 in bookworm and trixie) against
+rebuilds of the same tags with debug information; every offset is checked against memory when a target is
+decoded (`heapwalk.jemalloc.discovery`).  Byte offsets, x86-64.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["JeLayout", "LAYOUTS", "layout_for", "UnsupportedJemalloc", "NBINS", "PAGE", "BIN_STATS", "BIN_CLASSES",
+           "BinClass"]
+
+NBINS = 36          # small size classes (SC_NBINS) with 4 KiB pages and a 16-byte quantum
+PAGE = 4096
+
+
+class UnsupportedJemalloc(ValueError):
+    """No layout is known for this jemalloc version."""
+
+
+@dataclass(frozen=True)
+class JeLayout:
+    """Where jemalloc keeps what heapwalk reads, in one version."""
+
+    version: tuple[int, int, int]
+    arena_size: int                       # arena_t up to its bins
+    nthreads: int                         # u32[2]: threads using the arena (external, internal)
+    nactive: int                          # pages in active extents
+    dirty_npages: tuple[int, ...]         # the dirty extent containers' page counts (5.3.0: eset + guarded eset)
+    muzzy_npages: tuple[int, ...]
+    retained_npages: tuple[int, ...]
+    dirty_state: int                      # the dirty container's state field (1), a check of the layout
+    muzzy_state: int                      # (2)
+    retained_state: int                   # (3)
+    dirty_decay_ms: int                   # decay_t.time_ms of the dirty and muzzy decay
+    muzzy_decay_ms: int
+    stats: int                            # arena_stats_t
+    stats_dirty: int                      # {npurge, nmadvise, purged} of dirty decay, in arena_stats_t
+    stats_muzzy: int
+    bins: int                             # 5.2.1: bins_t[36] (pointers to shard arrays); 5.3.0: bin_t inline
+    bins_inline: bool
+    bin_size: int                         # bin_t
+    bin_stats: int                        # bin_stats_t in bin_t: nmalloc, ndalloc, nrequests, curregs,
+    #                                       nfills, nflushes, nslabs, reslabs, curslabs, nonfull_slabs
+    index_field: int | None               # arena_t.ind (5.3.0); None: the index is base_t.ind
+    base: int                             # arena_t.base
+    base_ind: int | None                  # base_t.ind (5.2.1)
+    tsd_state: int                        # tsd_t.state (u8; 0 nominal, 6 never initialised)
+    tsd_arena: int                        # tsd_t.arena (arena_t *)
+    tsd_allocated: int                    # thread_allocated, then thread_deallocated 8 bytes... apart
+    tsd_deallocated: int
+    tsd_tdata: int | None                 # 5.2.1: arenas_tdata (per-arena decay tickers) and narenas_tdata
+    tsd_ntdata: int | None
+    tsd_ticker: int | None                # 5.3.0: the one decay ticker {tick, nticks}
+    tsd_size: int                         # the whole TLS block (PT_TLS memsz): checks the version
+
+    @property
+    def name(self) -> str:
+        return "jemalloc %d.%d.%d" % self.version
+
+
+@dataclass(frozen=True, slots=True)
+class BinClass:
+    """A small size class: its region size, regions per slab, and the slab's pages."""
+
+    size: int
+    nregs: int
+    pages: int
+
+
+#: the 36 small size classes of jemalloc 5.x with 4 KiB pages and a 16-byte quantum (both versions; what
+#: malloc_stats_print lists as arenas.bin), as region size / regions per slab / slab pages
+BIN_CLASSES = tuple(BinClass(*map(int, c.split("/"))) for c in (
+    "8/512/1 16/256/1 32/128/1 48/256/3 64/64/1 80/256/5 96/128/3 112/256/7 128/32/1 160/128/5 192/64/3 "
+    "224/128/7 256/16/1 320/64/5 384/32/3 448/64/7 512/8/1 640/32/5 768/16/3 896/32/7 1024/4/1 1280/16/5 "
+    "1536/8/3 1792/16/7 2048/2/1 2560/8/5 3072/4/3 3584/8/7 4096/1/1 5120/4/5 6144/2/3 7168/4/7 8192/1/2 "
+    "10240/2/5 12288/1/3 14336/2/7").split())
+
+#: bin_stats_t's fields, in order, 8 bytes each (both versions)
+BIN_STATS = ("nmalloc", "ndalloc", "nrequests", "curregs", "nfills", "nflushes", "nslabs", "reslabs", "curslabs",
+             "nonfull_slabs")
+
+LAYOUTS = {
+    (5, 2, 1): JeLayout(
+        version=(5, 2, 1), arena_size=29496, nthreads=0, nactive=10344,
+        dirty_npages=(10472 + 4952,), muzzy_npages=(15440 + 4952,), retained_npages=(20408 + 4952,),
+        dirty_state=10472 + 4960, muzzy_state=15440 + 4960, retained_state=20408 + 4960,
+        dirty_decay_ms=25376 + 120, muzzy_decay_ms=27160 + 120,
+        stats=24, stats_dirty=24 + 24, stats_muzzy=24 + 48,
+        bins=29192, bins_inline=False, bin_size=280, bin_stats=136,
+        index_field=None, base=29480, base_ind=0,
+        tsd_state=0, tsd_arena=440, tsd_allocated=16, tsd_deallocated=24, tsd_tdata=448, tsd_ntdata=4,
+        tsd_ticker=None, tsd_size=0x1848),
+    (5, 3, 0): JeLayout(
+        version=(5, 3, 0), arena_size=78952, nthreads=0, nactive=10656,
+        dirty_npages=(20480, 30136), muzzy_npages=(39920, 49576), retained_npages=(59360,),
+        dirty_state=10728 + 19424, muzzy_state=30168 + 19424, retained_state=49608 + 19424,
+        dirty_decay_ms=10672 + 58648 + 120, muzzy_decay_ms=10672 + 60432 + 120,
+        stats=24, stats_dirty=24 + 96, stats_muzzy=24 + 120,
+        bins=78952, bins_inline=True, bin_size=224, bin_stats=112,
+        index_field=78928, base=78936, base_ind=None,
+        tsd_state=816, tsd_arena=144, tsd_allocated=824, tsd_deallocated=840, tsd_tdata=None, tsd_ntdata=None,
+        tsd_ticker=152, tsd_size=0xa48),
+}
+
+
+def layout_for(version: tuple[int, int, int]) -> JeLayout:
+    """The layout of VERSION (UnsupportedJemalloc when heapwalk has none for it)."""
+    try:
+        return LAYOUTS[version]
+    except KeyError:
+        known = ", ".join(layout.name.split()[1] for layout in LAYOUTS.values())
+        raise UnsupportedJemalloc(f"jemalloc {'.'.join(map(str, version))} is not supported yet "
+                                  f"(heapwalk knows {known})") from None

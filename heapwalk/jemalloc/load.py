@@ -1,0 +1,21 @@
+"""jemalloc's decoder from end to end on a target as the debugger shows it: discovery, then the state."""
+
+from __future__ import annotations
+
+from heapwalk.jemalloc.decode import collect_jemalloc
+from heapwalk.jemalloc.discovery import discover_jemalloc, find_library
+from heapwalk.jemalloc.model import JeState
+from heapwalk.target.space import Target
+
+__all__ = ["maps_jemalloc", "load_jemalloc"]
+
+
+def maps_jemalloc(target: Target) -> bool:
+    """Does TARGET map a libjemalloc?"""
+    return find_library(target.space.mappings) is not None
+
+
+def load_jemalloc(target: Target) -> JeState:
+    """TARGET's jemalloc state (JemallocNotFound, naming why, when it cannot be located)."""
+    disc = discover_jemalloc(target.mem, target.space.mappings)
+    return collect_jemalloc(target.mem, disc, target.threads, target.description)

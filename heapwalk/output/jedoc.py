@@ -1,0 +1,57 @@
+"""The JSON and the tables of a jemalloc process: field names as malloc_stats_print's JSON ("J") names them
+under stats.arenas.<i>, so that readers who know jemalloc's statistics read these without a glossary."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.table import Table
+
+from heapwalk.analysis.report import human
+from heapwalk.jemalloc.layout import PAGE
+from heapwalk.jemalloc.model import JeArena, JeBin, JeState, JeThread
+from heapwalk.output.jsondoc import SCHEMA_VERSION
+
+__all__ = ["jemalloc_document", "jemalloc_arenas_table"]
+
+_ARENA_FIELDS = ("nthreads", "pactive", "pdirty", "pmuzzy", "retained", "dirty_decay_ms", "muzzy_decay_ms",
+                 "dirty_npurge", "dirty_nmadvise", "dirty_purged", "muzzy_npurge", "muzzy_nmadvise", "muzzy_purged")
+_BIN_FIELDS = ("nmalloc", "ndalloc", "curregs", "nrequests", "nfills", "nflushes", "nreslabs", "curslabs",
+               "nonfull_slabs")
+
+
+def _bin(b: JeBin) -> dict[str, Any]:
+    return {"size": b.size, "nregs": b.nregs, **{k: getattr(b, k) for k in _BIN_FIELDS},
+            "utilization": round(b.utilization, 4)}
+
+
+def _arena(a: JeArena) -> dict[str, Any]:
+    return {"index": a.index, "address": a.address, **{k: getattr(a, k) for k in _ARENA_FIELDS},
+            "bins": [_bin(b) for b in a.bins]}
+
+
+def _thread(t: JeThread) -> dict[str, Any]:
+    return {"number": t.number, "lwp": t.lwp, "tsd": t.tsd, "state": t.state, "arena": t.arena,
+            "allocated": t.allocated, "deallocated": t.deallocated, "decay_ticker": t.ticker}
+
+
+def jemalloc_document(state: JeState) -> dict[str, Any]:
+    """'heapwalk arenas --json' of a jemalloc process."""
+    return {"schema_version": SCHEMA_VERSION, "target": state.target, "allocator": "jemalloc",
+            "jemalloc": {"version": state.version, "layout": state.layout_name,
+                         "arenas": [_arena(a) for a in state.arenas],
+                         "threads": [_thread(t) for t in state.threads]},
+            "discovery": {f.name: {"value": f.value, "found_by": f.found_by} for f in state.facts},
+            "findings": [{"severity": f.severity.value, "kind": f.kind.ident, "address": f.address,
+                          "structure": f.structure, "message": f.message} for f in state.findings]}
+
+
+def jemalloc_arenas_table(state: JeState, box) -> Table:
+    """Every arena: threads, active, dirty, muzzy and retained memory, its decay time and purges."""
+    table = Table(title=f"jemalloc arenas ({state.version.split('-')[0]})", box=box, title_justify="left")
+    for name in ("arena", "threads", "active", "dirty", "muzzy", "retained", "dirty_decay_ms", "dirty_npurge"):
+        table.add_column(name, justify="right", no_wrap=True)
+    for a in state.arenas:
+        table.add_row(str(a.index), str(a.nthreads), human(a.pactive * PAGE), human(a.pdirty * PAGE),
+                      human(a.pmuzzy * PAGE), human(a.retained), str(a.dirty_decay_ms), str(a.dirty_npurge))
+    return table

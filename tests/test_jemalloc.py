@@ -1,0 +1,109 @@
+"""jemalloc, decoded from cores of processes run on Debian's libjemalloc2 (5.2.1 from bullseye, 5.3.0 from
+bookworm) with no debug symbols: every arena's page counters, decay settings and purge counters, and every
+small bin's statistics equal what malloc_stats_print(..., "J") printed at the snapshot; each thread's
+arena and decay ticker match the reproducer's ledger."""
+
+from __future__ import annotations
+
+import functools
+import json
+import struct
+
+import pytest
+
+from conftest import JEMALLOCS, NO_SYMBOLS, capture_jemalloc, run_gdb
+from heapwalk.findings import Kind, Severity
+from heapwalk.jemalloc.decode import collect_jemalloc
+from heapwalk.jemalloc.discovery import JeDiscovery
+from heapwalk.jemalloc.layout import BIN_CLASSES, LAYOUTS
+from heapwalk.target.memory import ImageMemory
+from heapwalk.target.threads import ThreadRegs
+
+pytestmark = pytest.mark.cores
+
+ARENA_FIELDS = ("nthreads", "pactive", "pdirty", "pmuzzy", "retained", "dirty_decay_ms", "muzzy_decay_ms",
+                "dirty_npurge", "dirty_nmadvise", "dirty_purged", "muzzy_npurge", "muzzy_nmadvise", "muzzy_purged")
+BIN_FIELDS = ("nmalloc", "ndalloc", "curregs", "nrequests", "nfills", "nflushes", "nreslabs", "curslabs",
+              "nonfull_slabs")
+
+
+@pytest.fixture(scope="module")
+def decoded(tmp_path_factory):
+    """decoded(suite) -> (heapwalk's JSON, the printed statistics, the ledger) of je_dns on SUITE's jemalloc."""
+    tmp = tmp_path_factory.mktemp("jemalloc")
+
+    @functools.cache
+    def compute(suite: str):
+        cap = capture_jemalloc(suite, "je_dns")
+        out = tmp / f"{suite}.json"
+        result = run_gdb([str(cap.exe), str(cap.core)], [f"heapwalk arenas --json {out}"], iex=[NO_SYMBOLS])
+        assert result.returncode == 0 and out.exists(), result.stderr
+        assert "Traceback" not in result.stdout + result.stderr
+        stats = json.loads((cap.directory / "stats.json").read_text())["jemalloc"]
+        return json.loads(out.read_text()), stats, json.loads((cap.directory / "ledger.json").read_text())
+    return compute
+
+
+@pytest.mark.parametrize("suite", JEMALLOCS)
+def test_the_version_and_every_arena_are_found_without_symbols(decoded, suite):
+    doc, stats, ledger = decoded(suite)
+    assert doc["allocator"] == "jemalloc"
+    assert doc["jemalloc"]["version"] == stats["version"]
+    printed = sorted(int(i) for i in stats["stats.arenas"] if i.isdigit())
+    assert [a["index"] for a in doc["jemalloc"]["arenas"]] == printed
+    assert doc["discovery"]["narenas_total"]["found_by"].startswith("the arena loop after malloc_stats_print")
+
+
+@pytest.mark.parametrize("suite", JEMALLOCS)
+def test_every_arena_and_bin_is_what_malloc_stats_print_printed(decoded, suite):
+    """Per arena and per bin, to the page and the region; the arena the reproducer printed from is left out
+    (printing changed it after its figures were taken)."""
+    doc, stats, ledger = decoded(suite)
+    compared = 0
+    for arena in doc["jemalloc"]["arenas"]:
+        if arena["index"] == ledger["stats_arena"]:
+            continue
+        printed = stats["stats.arenas"][str(arena["index"])]
+        assert {k: arena[k] for k in ARENA_FIELDS} == {k: printed[k] for k in ARENA_FIELDS}, arena["index"]
+        assert len(arena["bins"]) == len(printed["bins"]) == len(BIN_CLASSES)
+        for mine, theirs in zip(arena["bins"], printed["bins"]):
+            assert {k: mine[k] for k in BIN_FIELDS} == {k: theirs[k] for k in BIN_FIELDS}
+        compared += 1
+    assert compared >= 7
+    assert [(b["size"], b["nregs"]) for b in doc["jemalloc"]["arenas"][0]["bins"]] == \
+        [(b["size"], b["nregs"]) for b in stats["arenas"]["bin"]]
+
+
+@pytest.mark.parametrize("suite", JEMALLOCS)
+def test_each_thread_has_its_arena_and_the_decay_ticker_the_version_gives_it(decoded, suite):
+    """jemalloc 5.2.1 sets up a thread's decay ticker on its first allocation that ticks, so a thread whose
+    first call was free() has none; 5.3.0 keeps one ticker in every initialised tsd."""
+    doc, stats, ledger = decoded(suite)
+    threads = {t["lwp"]: t for t in doc["jemalloc"]["threads"]}
+    for entry in ledger["threads"]:
+        t = threads[entry["lwp"]]
+        if entry["role"] == "idle":
+            assert t["state"] == 6 and t["arena"] is None and not t["decay_ticker"]
+            continue
+        if entry["role"] == "main":
+            assert t["arena"] == ledger["stats_arena"]
+            continue
+        assert t["state"] == 0 and t["arena"] == entry["arena"]
+        assert t["allocated"] > 4_000_000 and t["deallocated"] >= t["allocated"]
+        expected = entry["role"] == "malloc_first" if suite == "bullseye" else True
+        assert t["decay_ticker"] is expected, entry
+
+
+def test_an_arena_whose_memory_is_gone_is_a_finding_at_its_address():
+    """arenas[] naming an arena the target does not hold: a finding at that address, the others decoded."""
+    layout = LAYOUTS[(5, 3, 0)]
+    arenas_at, gone, good = 0x10000, 0x7f0000000000, 0x20000
+    arena = bytearray(layout.arena_size + 36 * layout.bin_size)
+    struct.pack_into("<I", arena, layout.nthreads, 3)
+    struct.pack_into("<Q", arena, layout.nactive, 17)
+    mem = ImageMemory({arenas_at: struct.pack("<3Q", good, gone, 0), good: arena})
+    disc = JeDiscovery((5, 3, 0), "5.3.0-test", layout, "libjemalloc.so.2", 0, arenas_at, 3, None)
+    state = collect_jemalloc(mem, disc, [ThreadRegs(1, 100, 0x1000)])
+    assert [(a.index, a.nthreads, a.pactive) for a in state.arenas] == [(0, 3, 17)]
+    assert [(f.severity, f.kind, f.address) for f in state.findings] == [(Severity.ERROR, Kind.ARENA, gone)]
+    assert state.threads[0].arena is None and state.threads[0].ticker is None
