@@ -8,8 +8,9 @@ import struct
 
 from heapwalk.findings import Finding, Kind, Severity
 from heapwalk.jemalloc.discovery import JeDiscovery
-from heapwalk.jemalloc.layout import BIN_CLASSES, BIN_STATS, NBINS, PAGE, JeLayout
-from heapwalk.jemalloc.model import JeArena, JeBin, JeState, JeThread
+from heapwalk.jemalloc.layout import (BIN_CLASSES, BIN_STATS, NBINS, NLEXTENTS, NPSIZES, PAGE, JeLayout,
+                                      large_size)
+from heapwalk.jemalloc.model import JeArena, JeBin, JeExtents, JeLarge, JeState, JeThread
 from heapwalk.target.memory import Memory, ReadError
 from heapwalk.target.threads import ThreadRegs
 
@@ -68,7 +69,30 @@ def _arena(mem: Memory, layout: JeLayout, index: int, address: int) -> JeArena:
     return JeArena(index, address, nthreads, word(layout.nactive), pages(layout.dirty_npages),
                    pages(layout.muzzy_npages), pages(layout.retained_npages) * PAGE,
                    _i64(word(layout.dirty_decay_ms)), _i64(word(layout.muzzy_decay_ms)), *dirty, *muzzy,
-                   _bins(mem, layout, address, raw))
+                   _bins(mem, layout, address, raw), _large(layout, raw), _extents(layout, raw))
+
+
+def _large(layout: JeLayout, raw: bytes) -> tuple[JeLarge, ...]:
+    """The arena's large size classes: arena_stats_large_t {nmalloc, ndalloc, nrequests, nfills, nflushes, ...}."""
+    out = []
+    for i in range(NLEXTENTS):
+        nmalloc, ndalloc, nrequests, _nfills, nflushes = struct.unpack_from("<5Q", raw, layout.lstats + 48 * i)
+        out.append(JeLarge(large_size(i), nmalloc, ndalloc, nrequests, nflushes))
+    return tuple(out)
+
+
+def _extents(layout: JeLayout, raw: bytes) -> tuple[JeExtents, ...]:
+    """The free extents by page size class, from the dirty, muzzy and retained containers' counters."""
+    counts = []
+    for container in layout.extent_stats:     # dirty, muzzy, retained
+        n, b = [0] * NPSIZES, [0] * NPSIZES
+        for nextents, nbytes, stride in container:
+            for i in range(NPSIZES):
+                n[i] += struct.unpack_from("<Q", raw, nextents + stride * i)[0]
+                b[i] += struct.unpack_from("<Q", raw, nbytes + stride * i)[0]
+        counts.append((n, b))
+    (nd, bd), (nm, bm), (nr, br) = counts
+    return tuple(JeExtents(nd[i], nm[i], nr[i], bd[i], bm[i], br[i]) for i in range(NPSIZES))
 
 
 def _bins(mem: Memory, layout: JeLayout, address: int, raw: bytes) -> tuple[JeBin, ...]:

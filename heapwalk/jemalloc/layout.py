@@ -10,10 +10,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["JeLayout", "LAYOUTS", "layout_for", "UnsupportedJemalloc", "NBINS", "PAGE", "BIN_STATS", "BIN_CLASSES",
-           "BinClass"]
+__all__ = ["JeLayout", "LAYOUTS", "layout_for", "UnsupportedJemalloc", "NBINS", "NLEXTENTS", "NPSIZES", "PAGE",
+           "BIN_STATS", "BIN_CLASSES", "BinClass", "large_size"]
 
 NBINS = 36          # small size classes (SC_NBINS) with 4 KiB pages and a 16-byte quantum
+NLEXTENTS = 196     # large size classes (SC_NSIZES - SC_NBINS)
+NPSIZES = 199       # page size classes (SC_NPSIZES): the extents' classes
 PAGE = 4096
 
 
@@ -40,6 +42,9 @@ class JeLayout:
     stats: int                            # arena_stats_t
     stats_dirty: int                      # {npurge, nmadvise, purged} of dirty decay, in arena_stats_t
     stats_muzzy: int
+    lstats: int                           # arena_stats_large_t[196] (48 bytes each) in arena_t
+    extent_stats: tuple[tuple[tuple[int, int, int], ...], ...]  # dirty, muzzy, retained: per container
+    #                                       (nextents[], nbytes[], stride) of its extents by page size class
     bins: int                             # 5.2.1: bins_t[36] (pointers to shard arrays); 5.3.0: bin_t inline
     bins_inline: bool
     bin_size: int                         # bin_t
@@ -79,6 +84,21 @@ BIN_CLASSES = tuple(BinClass(*map(int, c.split("/"))) for c in (
     "1536/8/3 1792/16/7 2048/2/1 2560/8/5 3072/4/3 3584/8/7 4096/1/1 5120/4/5 6144/2/3 7168/4/7 8192/1/2 "
     "10240/2/5 12288/1/3 14336/2/7").split())
 
+def large_size(index: int) -> int:
+    """The size of large class INDEX (0: 16 KiB; four classes to each doubling), as sz_index2size gives it."""
+    group, step = divmod(index, 4)
+    return (1 << (14 + group)) * (4 + step) // 4
+
+
+def _extents_521(container: int) -> tuple[int, int, int]:
+    return container + 1712, container + 3312, 8    # extents_t.nextents[], .nbytes[]
+
+
+def _extents_530(ecache: int) -> tuple[tuple[int, int, int], ...]:
+    """An ecache's eset and guarded eset: their bin_stats[] {nextents, nbytes}."""
+    return tuple((ecache + eset + 6432, ecache + eset + 6440, 16) for eset in (112, 9768))
+
+
 #: bin_stats_t's fields, in order, 8 bytes each (both versions)
 BIN_STATS = ("nmalloc", "ndalloc", "nrequests", "curregs", "nfills", "nflushes", "nslabs", "reslabs", "curslabs",
              "nonfull_slabs")
@@ -89,7 +109,8 @@ LAYOUTS = {
         dirty_npages=(10472 + 4952,), muzzy_npages=(15440 + 4952,), retained_npages=(20408 + 4952,),
         dirty_state=10472 + 4960, muzzy_state=15440 + 4960, retained_state=20408 + 4960,
         dirty_decay_ms=25376 + 120, muzzy_decay_ms=27160 + 120,
-        stats=24, stats_dirty=24 + 24, stats_muzzy=24 + 48,
+        stats=24, stats_dirty=24 + 24, stats_muzzy=24 + 48, lstats=24 + 744,
+        extent_stats=((_extents_521(10472),), (_extents_521(15440),), (_extents_521(20408),)),
         bins=29192, bins_inline=False, bin_size=280, bin_stats=136,
         index_field=None, base=29480, base_ind=0,
         tsd_state=0, tsd_arena=440, tsd_allocated=16, tsd_deallocated=24, tsd_tdata=448, tsd_ntdata=4,
@@ -99,7 +120,8 @@ LAYOUTS = {
         dirty_npages=(20480, 30136), muzzy_npages=(39920, 49576), retained_npages=(59360,),
         dirty_state=10728 + 19424, muzzy_state=30168 + 19424, retained_state=49608 + 19424,
         dirty_decay_ms=10672 + 58648 + 120, muzzy_decay_ms=10672 + 60432 + 120,
-        stats=24, stats_dirty=24 + 96, stats_muzzy=24 + 120,
+        stats=24, stats_dirty=24 + 96, stats_muzzy=24 + 120, lstats=24 + 952,
+        extent_stats=(_extents_530(10728), _extents_530(30168), _extents_530(49608)),
         bins=78952, bins_inline=True, bin_size=224, bin_stats=112,
         index_field=78928, base=78936, base_ind=None,
         tsd_state=816, tsd_arena=144, tsd_allocated=824, tsd_deallocated=840, tsd_tdata=None, tsd_ntdata=None,

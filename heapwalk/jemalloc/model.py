@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from heapwalk.findings import Fact, Finding
 
-__all__ = ["JeBin", "JeArena", "JeThread", "JeState"]
+__all__ = ["JeBin", "JeLarge", "JeExtents", "JeArena", "JeThread", "JeState"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +35,34 @@ class JeBin:
 
 
 @dataclass(frozen=True, slots=True)
+class JeLarge:
+    """One large size class of one arena: its counters as the arena keeps them."""
+
+    size: int
+    nmalloc: int                # served by the arena (tcache fills included)
+    ndalloc: int
+    nrequests: int              # requests the tcache merged in, beyond nmalloc
+    nflushes: int
+
+    @property
+    def curlextents(self) -> int:
+        """Allocations of this class alive now."""
+        return self.nmalloc - self.ndalloc
+
+
+@dataclass(frozen=True, slots=True)
+class JeExtents:
+    """The free extents of one page size class: how many, and their bytes, dirty, muzzy and retained."""
+
+    ndirty: int
+    nmuzzy: int
+    nretained: int
+    dirty_bytes: int
+    muzzy_bytes: int
+    retained_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
 class JeArena:
     """One arena (arenas[index]) and what its statistics and extent containers hold."""
 
@@ -54,7 +82,22 @@ class JeArena:
     muzzy_nmadvise: int
     muzzy_purged: int
     bins: tuple[JeBin, ...]
+    large: tuple[JeLarge, ...] = ()
+    extents: tuple[JeExtents, ...] = ()     # by page size class
     findings: tuple[Finding, ...] = ()
+
+    def small(self) -> dict[str, int]:
+        """The small classes together, as malloc_stats_print sums them: bytes in use and the counters."""
+        return {"allocated": sum(b.curregs * b.size for b in self.bins),
+                **{k: sum(getattr(b, k) for b in self.bins)
+                   for k in ("nmalloc", "ndalloc", "nrequests", "nfills", "nflushes")}}
+
+    def large_totals(self) -> dict[str, int]:
+        """The large classes together, as malloc_stats_print sums them (a tcache fill is one nmalloc)."""
+        return {"allocated": sum(c.curlextents * c.size for c in self.large),
+                "nmalloc": sum(c.nmalloc for c in self.large), "ndalloc": sum(c.ndalloc for c in self.large),
+                "nrequests": sum(c.nmalloc + c.nrequests for c in self.large),
+                "nfills": sum(c.nmalloc for c in self.large), "nflushes": sum(c.nflushes for c in self.large)}
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,7 +27,11 @@ def _bin(b: JeBin) -> dict[str, Any]:
 
 def _arena(a: JeArena) -> dict[str, Any]:
     return {"index": a.index, "address": a.address, **{k: getattr(a, k) for k in _ARENA_FIELDS},
-            "bins": [_bin(b) for b in a.bins]}
+            "small": a.small(), "large": a.large_totals(), "bins": [_bin(b) for b in a.bins],
+            "lextents": [{"size": c.size, "curlextents": c.curlextents} for c in a.large],
+            "extents": [{"ndirty": e.ndirty, "nmuzzy": e.nmuzzy, "nretained": e.nretained,
+                         "dirty_bytes": e.dirty_bytes, "muzzy_bytes": e.muzzy_bytes,
+                         "retained_bytes": e.retained_bytes} for e in a.extents]}
 
 
 def _thread(t: JeThread) -> dict[str, Any]:
