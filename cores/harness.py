@@ -44,6 +44,11 @@ REPRODUCERS = ("bins", "thread_arenas", "small_vectors", "mmapped", "second_heap
 #: reproducers that run on Debian's libjemalloc2 (LD_PRELOAD), with no hw.c: they write stats.json
 #: (malloc_stats_print "J") and ledger.json themselves
 JEMALLOC_REPRODUCERS = ("je_dns",)
+#: their environment: je_dns builds four zones per worker 150 ms apart with a 100 ms decay time, so that the
+#: arenas whose threads hold a decay ticker purge in the run (and, on 5.2.1, those whose threads began with
+#: free() do not); eight arenas whatever the CPU count, so that each thread has its own
+JEMALLOC_ENV = {"je_dns": {"MALLOC_CONF": "narenas:8,dirty_decay_ms:100", "JE_DNS_ROUNDS": "4",
+                           "JE_DNS_PAUSE_MS": "150"}}
 #: tuned.c's variants, each moving mp_ away from glibc's defaults by one parameter (its own run moves the
 #: dynamic threshold and makes glibc 2.43's mmapped_mem drift): variant -> environment
 TUNED_VARIANTS = {
@@ -383,7 +388,7 @@ def capture_jemalloc(name: str, outdir: Path, bindir: Path, jemalloc: sysroots.J
     OUTDIR/NAME/core; the process is killed after (it has no trim measurement to make)."""
     exe = build(name, bindir)
     directory = outdir / name
-    proc = run_to_snapshot(exe, directory, env={**jemalloc.environment(), **(env or {})})
+    proc = run_to_snapshot(exe, directory, env={**jemalloc.environment(), **JEMALLOC_ENV.get(name, {}), **(env or {})})
     cap = Capture(name=name, directory=directory, exe=exe, pid=proc.pid, process=proc)
     try:
         take_core(proc.pid, cap.core)

@@ -6,7 +6,9 @@
  * first call into the allocator frees a block the main thread allocated for
  * them (in jemalloc <= 5.2.1 such a thread never sets up the ticker that
  * drives decay, so its arena's dirty pages are not purged).  A last thread
- * never allocates.
+ * never allocates.  JE_DNS_ROUNDS (default 1) zones are built by each worker,
+ * JE_DNS_PAUSE_MS apart, so that with a short dirty_decay_ms time passes and
+ * the arenas whose threads hold a decay ticker purge.
  *
  * At the snapshot the workers are parked; the main thread binds itself to an
  * arena of its own (so the buffer malloc_stats_print allocates lands there),
@@ -101,12 +103,19 @@ static void build_and_serialise(unsigned seed) {
     free(buffer);
 }
 
+static int rounds = 1;       /* JE_DNS_ROUNDS: zones each worker builds, JE_DNS_PAUSE_MS apart */
+static int pause_ms;
+
 static void *worker(void *arg) {
     long id = (long)arg;
     int free_first = id % 2 == 0;
     if (free_first)
         free(first_blocks[id]);  /* the thread's first call into the allocator */
-    build_and_serialise((unsigned)id + 1);
+    for (int r = 0; r < rounds; r++) {
+        if (r > 0 && pause_ms > 0)
+            usleep((useconds_t)pause_ms * 1000);
+        build_and_serialise((unsigned)(id + 1 + r * WORKERS));
+    }
     if (!free_first)
         free(first_blocks[id]);
     note_thread(free_first ? "free_first" : "malloc_first", thread_arena());
@@ -150,6 +159,10 @@ int main(int argc, char **argv) {
     je_stats_print = (stats_fn)dlsym(RTLD_DEFAULT, "malloc_stats_print");
     if (je_mallctl == NULL || je_stats_print == NULL)
         die("jemalloc is not loaded (run with LD_PRELOAD=libjemalloc.so.2)");
+    if (getenv("JE_DNS_ROUNDS"))
+        rounds = atoi(getenv("JE_DNS_ROUNDS"));
+    if (getenv("JE_DNS_PAUSE_MS"))
+        pause_ms = atoi(getenv("JE_DNS_PAUSE_MS"));
     int stats_fd = open_out(argv[1], "stats.json"), ledger_fd = open_out(argv[1], "ledger.json");
     for (long i = 0; i < WORKERS; i++)
         first_blocks[i] = malloc(64 + 16 * (size_t)i);

@@ -64,6 +64,7 @@ class Kind(enum.Enum):
     CRASH_POINTER = ("crash_pointer", "the crashing thread's stack points at a free chunk")
     TLS_LOST = ("thread_tls_lost", "thread's TLS not in the core (its arena and tcache found by scanning)")
     INTERRUPTED = ("interrupted", "the chunk walk was stopped (Ctrl-C)")
+    NO_DECAY = ("no_decay", "dirty pages that never decay: no thread of the arena holds a decay ticker")
     DISCOVERY = ("discovery", "discovery")
     OTHER = ("other", "other")
 

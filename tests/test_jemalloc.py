@@ -113,6 +113,25 @@ def test_each_thread_has_its_arena_and_the_decay_ticker_the_version_gives_it(dec
         assert t["decay_ticker"] is expected, entry
 
 
+@pytest.mark.parametrize("suite", JEMALLOCS)
+def test_arenas_purge_only_where_a_thread_holds_the_decay_ticker(decoded, suite):
+    """The DNS server's bug, in numbers: with a 100 ms decay time and time passing, the arenas of threads
+    that began with free() never purge under 5.2.1 (dirty_npurge 0, their dirty pages kept); under 5.3.0
+    every worker's arena purges."""
+    doc, stats, ledger = decoded(suite)
+    arenas = {a["index"]: a for a in doc["jemalloc"]["arenas"]}
+    workers = [t for t in ledger["threads"] if t["role"] in ("free_first", "malloc_first")]
+    assert len({t["arena"] for t in workers}) == len(workers) == 6
+    for t in workers:
+        arena = arenas[t["arena"]]
+        assert arena["dirty_decay_ms"] == 100
+        purges = suite != "bullseye" or t["role"] == "malloc_first"
+        assert (arena["dirty_npurge"] > 0) is purges, (t, arena["dirty_npurge"])
+    never = sorted(f["address"] for f in doc["findings"] if f["kind"] == "no_decay")
+    assert never == sorted(arenas[t["arena"]]["address"] for t in workers
+                           if suite == "bullseye" and t["role"] == "free_first")
+
+
 def test_an_arena_whose_memory_is_gone_is_a_finding_at_its_address():
     """arenas[] naming an arena the target does not hold: a finding at that address, the others decoded."""
     layout = LAYOUTS[(5, 3, 0)]
@@ -126,3 +145,21 @@ def test_an_arena_whose_memory_is_gone_is_a_finding_at_its_address():
     assert [(a.index, a.nthreads, a.pactive) for a in state.arenas] == [(0, 3, 17)]
     assert [(f.severity, f.kind, f.address) for f in state.findings] == [(Severity.ERROR, Kind.ARENA, gone)]
     assert state.threads[0].arena is None and state.threads[0].ticker is None
+
+
+@pytest.mark.parametrize("suite", JEMALLOCS)
+def test_threads_and_arenas_say_it_in_text(decoded, suite):
+    """'heapwalk threads' lists each thread's arena and ticker; 'heapwalk arenas' ends with the arenas that
+    never decay, named with their remedy (5.2.1), and with none under 5.3.0."""
+    cap = capture_jemalloc(suite, "je_dns")
+    result = run_gdb([str(cap.exe), str(cap.core)], ["heapwalk threads", "heapwalk arenas"], iex=[NO_SYMBOLS])
+    out = " ".join(result.stdout.split())
+    assert result.returncode == 0 and "Traceback" not in out + result.stderr
+    assert "jemalloc threads" in out and "never initialised" in out and "decay ticker" in out
+    doc, stats, ledger = decoded(suite)
+    free_first = [t for t in ledger["threads"] if t["role"] == "free_first"]
+    warned = [f"arena {t['arena']} at " for t in free_first if f"warning: arena {t['arena']} at " in out]
+    if suite == "bullseye":
+        assert len(warned) == len(free_first) == 3 and "MALLOC_CONF=dirty_decay_ms:0" in out
+    else:
+        assert not warned and "never been purged" not in out

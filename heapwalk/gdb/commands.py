@@ -15,9 +15,9 @@ import gdb  # type: ignore[import-not-found]
 from heapwalk.analysis import report
 from heapwalk.findings import Kind, Severity
 from heapwalk.gdb.console import (console_with_header, gdb_console, interactive, print_damage, print_findings,
-                                  print_jemalloc_arenas, print_partial, read_only)
+                                  print_jemalloc_arenas, print_jemalloc_threads, print_partial, read_only)
 from heapwalk.gdb.session import (DebugParameter, SetPrefix, Settings, StringParameter, UserError,
-                                  load_jemalloc_state, load_state, load_target, parse_int, selected_arena)
+                                  glibc_unless_jemalloc, load_state, load_target, parse_int, selected_arena)
 from heapwalk.glibc import check, chunkinfo, mallocinfo
 from heapwalk.glibc.decode import gc_paused
 from heapwalk.glibc.discovery import DiscoveryError
@@ -94,19 +94,9 @@ class ArenasCommand(_Subcommand):
         return p
 
     def run(self, args) -> None:
-        try:
-            je, je_error = load_jemalloc_state(), None
-        except UserError as exc:  # jemalloc is mapped but not found: glibc's heap may still be the one in use
-            je, je_error = None, exc
-        if je is not None:
-            print_jemalloc_arenas(je, args.json)
+        state = glibc_unless_jemalloc(args, print_jemalloc_arenas, walk_chunks=True)
+        if state is None:
             return
-        try:
-            state = load_state(walk_chunks=True)
-        except (UserError, DiscoveryError):
-            if je_error is not None:
-                raise je_error from None
-            raise
         console = console_with_header(state)
         console.print(tables.arenas_table(state, interactive()))
         print_damage(console, state, state.all_findings())
@@ -280,7 +270,9 @@ class ThreadsCommand(_Subcommand):
         return p
 
     def run(self, args) -> None:
-        state = load_state()
+        state = glibc_unless_jemalloc(args, print_jemalloc_threads)
+        if state is None:
+            return
         console = console_with_header(state)
         console.print(tables.threads_group(state, interactive()))
         if args.json:

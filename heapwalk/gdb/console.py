@@ -139,10 +139,19 @@ def print_damage(console, state: HeapState, findings) -> None:
 
 def print_jemalloc_arenas(state: JeState, json_path: str | None) -> None:
     """'heapwalk arenas' of a jemalloc process: the target, the version, the arenas, findings, the JSON."""
+    _print_jemalloc(state, jedoc.jemalloc_arenas_table(state, tables.box_for(interactive())), json_path)
+
+
+def print_jemalloc_threads(state: JeState, json_path: str | None) -> None:
+    """'heapwalk threads' of a jemalloc process: each thread's arena, byte counters and decay ticker."""
+    _print_jemalloc(state, jedoc.jemalloc_threads_table(state, tables.box_for(interactive())), json_path)
+
+
+def _print_jemalloc(state: JeState, table, json_path: str | None) -> None:
     console = gdb_console()
     console.print(f"{state.target}\n" if state.target else "", end="")
     console.print(f"jemalloc {state.version}")
-    console.print(jedoc.jemalloc_arenas_table(state, tables.box_for(interactive())))
+    console.print(table)
     print_findings(console, state.findings)
     if json_path:
         jsondoc.dump(jedoc.jemalloc_document(state), json_path)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import gdb  # type: ignore[import-not-found]
 
 from heapwalk.gdb.console import walk_progress
-from heapwalk.glibc.discovery import Overrides, parse_version
+from heapwalk.glibc.discovery import DiscoveryError, Overrides, parse_version
 from heapwalk.glibc.load import load
 from heapwalk.glibc.model import Arena, HeapState
 from heapwalk.jemalloc.discovery import JemallocNotFound, find_library
@@ -138,3 +138,22 @@ class StringParameter(gdb.Parameter):
         self.show_doc = f"Show the {what} override."
         super().__init__(f"heapwalk {name}", gdb.COMMAND_DATA, gdb.PARAM_STRING)
         self.value = ""
+
+
+def glibc_unless_jemalloc(args, show_jemalloc, walk_chunks: bool = False):
+    """The glibc state, or None once SHOW_JEMALLOC(state, json file) has shown a target that allocates with
+    jemalloc.  When jemalloc is mapped but not found, glibc's heap may still be the one in use: its error is
+    raised only if glibc's is not found either."""
+    try:
+        je, je_error = load_jemalloc_state(), None
+    except UserError as exc:
+        je, je_error = None, exc
+    if je is not None:
+        show_jemalloc(je, args.json)
+        return None
+    try:
+        return load_state(walk_chunks)
+    except (UserError, DiscoveryError):
+        if je_error is not None:
+            raise je_error from None
+        raise

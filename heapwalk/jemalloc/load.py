@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+
+from heapwalk.jemalloc.decay import decay_findings
 from heapwalk.jemalloc.decode import collect_jemalloc
 from heapwalk.jemalloc.discovery import discover_jemalloc, find_library
 from heapwalk.jemalloc.model import JeState
@@ -16,6 +19,8 @@ def maps_jemalloc(target: Target) -> bool:
 
 
 def load_jemalloc(target: Target) -> JeState:
-    """TARGET's jemalloc state (JemallocNotFound, naming why, when it cannot be located)."""
+    """TARGET's jemalloc state, with the arenas whose dirty pages never decay named (JemallocNotFound, naming
+    why, when it cannot be located)."""
     disc = discover_jemalloc(target.mem, target.space.mappings)
-    return collect_jemalloc(target.mem, disc, target.threads, target.description)
+    state = collect_jemalloc(target.mem, disc, target.threads, target.description)
+    return dataclasses.replace(state, findings=state.findings + decay_findings(state))

@@ -12,7 +12,7 @@ from heapwalk.jemalloc.layout import PAGE
 from heapwalk.jemalloc.model import JeArena, JeBin, JeState, JeThread
 from heapwalk.output.jsondoc import SCHEMA_VERSION
 
-__all__ = ["jemalloc_document", "jemalloc_arenas_table"]
+__all__ = ["jemalloc_document", "jemalloc_arenas_table", "jemalloc_threads_table"]
 
 _ARENA_FIELDS = ("nthreads", "pactive", "pdirty", "pmuzzy", "retained", "dirty_decay_ms", "muzzy_decay_ms",
                  "dirty_npurge", "dirty_nmadvise", "dirty_purged", "muzzy_npurge", "muzzy_nmadvise", "muzzy_purged")
@@ -58,4 +58,21 @@ def jemalloc_arenas_table(state: JeState, box) -> Table:
     for a in state.arenas:
         table.add_row(str(a.index), str(a.nthreads), human(a.pactive * PAGE), human(a.pdirty * PAGE),
                       human(a.pmuzzy * PAGE), human(a.retained), str(a.dirty_decay_ms), str(a.dirty_npurge))
+    return table
+
+
+_STATES = {0: "nominal", 1: "nominal (slow)", 2: "nominal (recompute)", 3: "minimal", 4: "purgatory",
+           5: "reincarnated", 6: "never initialised"}
+
+
+def jemalloc_threads_table(state: JeState, box) -> Table:
+    """Every thread: its arena, its tsd's state, the bytes it allocated and freed, and its decay ticker."""
+    table = Table(title="jemalloc threads", box=box, title_justify="left")
+    for name in ("thread", "lwp", "arena", "state", "allocated", "freed", "decay ticker"):
+        table.add_column(name, justify="left" if name in ("state", "decay ticker") else "right", no_wrap=True)
+    for t in state.threads:
+        ticker = "unknown" if t.ticker is None else "yes" if t.ticker else "none"
+        table.add_row(str(t.number), str(t.lwp), "-" if t.arena is None else str(t.arena),
+                      "unknown" if t.state is None else _STATES.get(t.state, str(t.state)),
+                      human(t.allocated), human(t.deallocated), ticker)
     return table

@@ -1,0 +1,39 @@
+"""Which arenas do not give their dirty pages back, and why: jemalloc purges an arena's dirty pages as time
+passes, but only when its threads tick (allocate and free), and in jemalloc 5.2.1 a thread whose first call
+into jemalloc was free() never gets a ticker.  An arena that holds dirty pages, has a decay time, has never
+purged, and whose threads all lack a ticker keeps those pages until something else purges it."""
+
+from __future__ import annotations
+
+from heapwalk.findings import Finding, Kind, Severity
+from heapwalk.jemalloc.layout import PAGE
+from heapwalk.jemalloc.model import JeArena, JeState
+
+__all__ = ["decay_findings"]
+
+
+def decay_findings(state: JeState) -> tuple[Finding, ...]:
+    """A warning for each arena whose dirty pages no thread's ticker will ever decay."""
+    out = []
+    for arena in state.arenas:
+        users = [t for t in state.threads if t.arena == arena.index]
+        if not (arena.pdirty and arena.dirty_decay_ms > 0 and arena.dirty_npurge == 0 and users):
+            continue
+        if any(t.ticker is not False for t in users):
+            continue
+        out.append(_never_decays(arena, [t.number for t in users]))
+    return tuple(out)
+
+
+def _never_decays(arena: JeArena, threads: list[int]) -> Finding:
+    dirty = arena.pdirty * PAGE
+    names = ", ".join(map(str, threads))
+    return Finding(
+        Severity.WARNING, arena.address, f"arena {arena.index}",
+        f"{dirty / 2**20:.1f} MiB of dirty pages ({arena.pdirty} pages) have never been purged "
+        f"(dirty_npurge 0) although dirty_decay_ms is {arena.dirty_decay_ms}: no thread using the arena "
+        f"(gdb thread{'s' if len(threads) > 1 else ''} {names}) holds a decay ticker, so none of them makes it "
+        "decay. In jemalloc 5.2.1 a thread whose first call was free() never gets one. Remedies: "
+        "MALLOC_CONF=dirty_decay_ms:0 (purge at once), background_thread:true (a thread that purges), an "
+        "allocation at each thread's start, or jemalloc 5.3", Kind.NO_DECAY, "dirty pages purged over time",
+        f"{arena.pdirty} pages, never purged")
