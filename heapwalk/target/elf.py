@@ -124,17 +124,21 @@ class LibcImage:
                 self._dynsym = {}
         return self._dynsym.get(name)
 
-    def _read_dynsym(self) -> dict[str, int]:
+    def _dynamic_tags(self) -> dict[int, int]:
+        """The dynamic section's tags and their values (the first of each), empty when there is none
+        (ReadError when it cannot be read)."""
         dyn = [s for s in self.segments if s.type == PT_DYNAMIC]
-        if not dyn:
-            return {}
-        raw = self.mem.read(dyn[0].address, dyn[0].memsz)
+        raw = self.mem.read(dyn[0].address, dyn[0].memsz) if dyn else b""
         tags: dict[int, int] = {}
         for pos in range(0, len(raw) - 15, 16):
             tag, value = struct.unpack_from("<qQ", raw, pos)
             if tag == DT_NULL:
                 break
             tags.setdefault(tag, value)
+        return tags
+
+    def _read_dynsym(self) -> dict[str, int]:
+        tags = self._dynamic_tags()
         if DT_SYMTAB not in tags or DT_STRTAB not in tags:
             return {}
         # ld.so relocates these entries in place on x86_64; the file has them unrelocated.
@@ -160,15 +164,8 @@ class LibcImage:
     def relocations(self, rtype: int) -> list[tuple[int, int, int]]:
         """(runtime address of the slot, symbol index, addend) of each dynamic relocation of type RTYPE
         (DT_RELA's table); empty when the dynamic section or the table is not readable."""
-        dyn = [s for s in self.segments if s.type == PT_DYNAMIC]
         try:
-            raw = self.mem.read(dyn[0].address, dyn[0].memsz) if dyn else b""
-            tags: dict[int, int] = {}
-            for pos in range(0, len(raw) - 15, 16):
-                tag, value = struct.unpack_from("<qQ", raw, pos)
-                if tag == DT_NULL:
-                    break
-                tags.setdefault(tag, value)
+            tags = self._dynamic_tags()
             if DT_RELA not in tags or DT_RELASZ not in tags or tags[DT_RELASZ] > 1 << 24:
                 return []
             start = tags[DT_RELA] if tags[DT_RELA] >= self.base else tags[DT_RELA] + self.bias
