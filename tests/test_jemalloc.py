@@ -8,6 +8,9 @@ from __future__ import annotations
 import functools
 import json
 import struct
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -163,3 +166,22 @@ def test_threads_and_arenas_say_it_in_text(decoded, suite):
         assert len(warned) == len(free_first) == 3 and "MALLOC_CONF=dirty_decay_ms:0" in out
     else:
         assert not warned and "never been purged" not in out
+
+
+@pytest.mark.parametrize("suite", JEMALLOCS)
+def test_the_command_line_reports_a_jemalloc_core(suite, tmp_path):
+    """'heapwalk report CORE' on a jemalloc core: the arenas, threads and totals, the JSON of 'heapwalk
+    arenas', and --xml refused in one line (malloc_info's XML is glibc's)."""
+    cap = capture_jemalloc(suite, "je_dns")
+    cli = Path(sys.executable).with_name("heapwalk")
+    out = tmp_path / "report.json"
+    result = subprocess.run([str(cli), "report", str(cap.core), "--no-symbols", "--json", str(out)],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    text = " ".join(result.stdout.split())
+    assert "jemalloc arenas" in text and "jemalloc threads" in text and "of pages:" in text
+    doc = json.loads(out.read_text())
+    assert doc["allocator"] == "jemalloc" and len(doc["jemalloc"]["arenas"]) == 8
+    refused = subprocess.run([str(cli), "report", str(cap.core), "--xml", str(tmp_path / "x.xml")],
+                             capture_output=True, text=True, timeout=300)
+    assert refused.returncode == 2 and "malloc_info XML" in refused.stderr and "Traceback" not in refused.stderr

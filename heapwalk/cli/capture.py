@@ -17,6 +17,8 @@ from heapwalk.cli.proc import environment, ptrace_advice, read_smaps, resident_i
 
 def _arena_rss_lines(doc: dict, runs: list[list[int]] | None) -> str:
     """Each arena's resident bytes beside its free bytes: memory free in the heap and still in RAM."""
+    if doc.get("allocator") == "jemalloc":
+        return "RSS per arena: not shown for jemalloc yet (docs/jemalloc.md)\n"
     try:
         arenas = jsondoc.read_snapshot(doc)
     except jsondoc.DocumentError:

@@ -15,9 +15,11 @@ import gdb  # type: ignore[import-not-found]
 from heapwalk.analysis import report
 from heapwalk.findings import Kind, Severity
 from heapwalk.gdb.console import (console_with_header, gdb_console, interactive, print_damage, print_findings,
-                                  print_jemalloc_arenas, print_jemalloc_threads, print_partial, read_only)
+                                  print_jemalloc_arenas, print_jemalloc_report, print_jemalloc_threads,
+                                  print_partial, read_only)
 from heapwalk.gdb.session import (DebugParameter, SetPrefix, Settings, StringParameter, UserError,
-                                  glibc_unless_jemalloc, load_state, load_target, parse_int, selected_arena)
+                                  glibc_unless_jemalloc, load_jemalloc_state, load_state, load_target, parse_int,
+                                  selected_arena)
 from heapwalk.glibc import check, chunkinfo, mallocinfo
 from heapwalk.glibc.decode import gc_paused
 from heapwalk.glibc.discovery import DiscoveryError
@@ -293,7 +295,12 @@ class ReportCommand(_Subcommand):
         return p
 
     def run(self, args) -> None:
-        state = load_state(walk_chunks=True)
+        if args.xml and load_jemalloc_state() is not None:
+            raise UserError("heapwalk report: --xml writes glibc's malloc_info XML, and this process allocates "
+                            "with jemalloc (--json has its statistics)")
+        state = glibc_unless_jemalloc(args, print_jemalloc_report, walk_chunks=True)
+        if state is None:
+            return
         rep = report.build_report(heap_view(state))
         notes = partial(state)
         console = console_with_header(state)

@@ -147,11 +147,21 @@ def print_jemalloc_threads(state: JeState, json_path: str | None) -> None:
     _print_jemalloc(state, jedoc.jemalloc_threads_table(state, tables.box_for(interactive())), json_path)
 
 
-def _print_jemalloc(state: JeState, table, json_path: str | None) -> None:
+def print_jemalloc_report(state: JeState, json_path: str | None) -> None:
+    """'heapwalk report' of a jemalloc process, until jemalloc has a report of its own: where its pages are,
+    the arenas, the threads, and the arenas that never decay."""
+    box = tables.box_for(interactive())
+    _print_jemalloc(state, jedoc.jemalloc_arenas_table(state, box), json_path,
+                    jedoc.jemalloc_threads_table(state, box), jedoc.jemalloc_totals_text(state))
+
+
+def _print_jemalloc(state: JeState, table, json_path: str | None, *more) -> None:
     console = gdb_console()
     console.print(f"{state.target}\n" if state.target else "", end="")
     console.print(f"jemalloc {state.version}")
     console.print(table)
+    for part in more:
+        console.print(part)
     print_findings(console, state.findings)
     if json_path:
         jsondoc.dump(jedoc.jemalloc_document(state), json_path)

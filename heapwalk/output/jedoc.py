@@ -12,7 +12,7 @@ from heapwalk.jemalloc.layout import PAGE
 from heapwalk.jemalloc.model import JeArena, JeBin, JeState, JeThread
 from heapwalk.output.jsondoc import SCHEMA_VERSION
 
-__all__ = ["jemalloc_document", "jemalloc_arenas_table", "jemalloc_threads_table"]
+__all__ = ["jemalloc_document", "jemalloc_arenas_table", "jemalloc_threads_table", "jemalloc_totals_text"]
 
 _ARENA_FIELDS = ("nthreads", "pactive", "pdirty", "pmuzzy", "retained", "dirty_decay_ms", "muzzy_decay_ms",
                  "dirty_npurge", "dirty_nmadvise", "dirty_purged", "muzzy_npurge", "muzzy_nmadvise", "muzzy_purged")
@@ -76,3 +76,17 @@ def jemalloc_threads_table(state: JeState, box) -> Table:
                       "unknown" if t.state is None else _STATES.get(t.state, str(t.state)),
                       human(t.allocated), human(t.deallocated), ticker)
     return table
+
+
+def jemalloc_totals_text(state: JeState) -> str:
+    """One paragraph: the arenas' pages in use, dirty, muzzy and retained, and what is allocated in them."""
+    active = sum(a.pactive for a in state.arenas) * PAGE
+    dirty = sum(a.pdirty for a in state.arenas) * PAGE
+    muzzy = sum(a.pmuzzy for a in state.arenas) * PAGE
+    retained = sum(a.retained for a in state.arenas)
+    small = sum(a.small()["allocated"] for a in state.arenas)
+    large = sum(a.large_totals()["allocated"] for a in state.arenas)
+    return (f"jemalloc's {len(state.arenas)} arenas hold {human(active + dirty + muzzy)} of pages: {human(active)} "
+            f"active ({human(small)} in small regions, thread caches included, {human(large)} in large "
+            f"allocations, the rest free regions of slabs), {human(dirty)} dirty (freed, resident until decay purges "
+            f"them), {human(muzzy)} muzzy; and {human(retained)} retained (address space only, not resident).")
