@@ -229,3 +229,17 @@ def test_an_mmapped_chunk_merged_with_anonymous_memory_below_it_is_found_page_by
     assert mmapped.find_mmapped(mem, layout, [(base, base + len(region))], []) == []
     found = mmapped.find_mmapped_in_pages(mem, layout, [(base, base + len(region))], [])
     assert [(c.address, c.span) for c in found] == [(base + 0x2000, 0x3000)]
+
+
+def test_without_mp_only_a_merged_chunk_that_ends_its_region_is_kept():
+    """With no mp_ to count against, a chunk found page by page is kept only when its mapping ends the range
+    that holds it (or ends where the next kept chunk starts): a header-shaped pair of words in the middle of
+    other data is not taken for a chunk."""
+    from heapwalk.glibc.model import MmappedChunk
+    base = 0x7f0000000000
+    ends = MmappedChunk(base + 0x5000, 0x2ff0, 0x3000)
+    below = MmappedChunk(base + 0x3000, 0x1ff0, 0x2000)
+    stray = MmappedChunk(base + 0x1000, 0xff0, 0x1000)
+    kept = mmapped._ending_their_ranges([stray, below, ends], [(base, base + 0x8000)])
+    assert sorted(c.address for c in kept) == [below.address, ends.address]
+    assert mmapped._ending_their_ranges([stray], [(base, base + 0x8000)]) == []

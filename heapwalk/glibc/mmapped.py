@@ -147,6 +147,12 @@ def mmapped_of_state(mem: Memory, disc: Discovery, state: HeapState, regions: li
         skip.append(disc.libc_range)
     found = find_mmapped(mem, disc.layout, regions, skip)
     mp = state.mp
+    if mp is None:
+        # no count to check against: of the chunks that do not start a region, keep those whose mappings end
+        # it, as the kernel leaves a mapping merged with the anonymous memory below it
+        taken = skip + [(c.address, c.address + c.span) for c in found]
+        more = find_mmapped_in_pages(mem, disc.layout, regions, taken)
+        found = sorted(found + _ending_their_ranges(more, ranges_without(regions, taken)), key=lambda c: c.address)
     if mp is not None and len(found) < (mp.get("n_mmaps") or 0):
         # some chunk does not start its region: look at every page outside the chunks found; keep what
         # that finds only when it makes the totals mp_'s
@@ -159,6 +165,20 @@ def mmapped_of_state(mem: Memory, disc: Discovery, state: HeapState, regions: li
                           f"found {len(found)} mmapped chunks of {sum(c.span for c in found)} bytes; mp_ counts "
                           f"{mp.get('n_mmaps')} of {mp.get('mmapped_mem')} (chunks with front padding, or "
                           "regions missing from the core, are not found)", Kind.MMAPPED)
+
+
+def _ending_their_ranges(chunks: list[MmappedChunk], ranges: list[tuple[int, int]]) -> list[MmappedChunk]:
+    """Of CHUNKS (found at page starts), those packed against the end of the range that holds them, from the
+    end down: what a mapping merged with the memory below it looks like."""
+    out = []
+    for start, end in ranges:
+        inside = sorted((c for c in chunks if start <= c.address < end), key=lambda c: -c.address)
+        for c in inside:
+            if c.address + c.span != end:
+                break
+            out.append(c)
+            end = c.address
+    return out
 
 
 def mmapped_agree(layout: Layout, mp: MallocPar, chunks) -> bool:
