@@ -21,7 +21,9 @@
  * than the statistics printed.  The reproducer takes the same buffer from
  * arena 0 again (mallocx, no tcache), which puts arena 0's pages back as they
  * were printed; the ledger says so ("stats_buffer"), because arena 0's large
- * counters then count that one allocation and the printer's free on top.
+ * counters then count that one allocation and the printer's free on top, and
+ * its "internal" bytes counted the buffer while it printed, and no longer do
+ * ("internal": true in the ledger).
  * Everything is written with write(2) from static buffers.
  */
 #define _GNU_SOURCE
@@ -199,7 +201,8 @@ int main(int argc, char **argv) {
     }
     char tail[256];
     int n = snprintf(tail, sizeof tail, "\n ],\n \"stats_arena\": %u,\n \"stats_buffer\": %s\n}\n", own,
-                     buffer_taken ? "{\"arena\": 0, \"size\": 65536}" : "null");
+                     buffer_taken ? "{\"arena\": 0, \"size\": 65536, \"internal\": true, \"retaken\": true}"
+                                  : "null");
     write_stats((void *)(long)ledger_fd, "{\n \"threads\": [\n  ");
     write_stats((void *)(long)ledger_fd, ledger);
     write(ledger_fd, tail, (size_t)n);

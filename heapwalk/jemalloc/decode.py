@@ -69,7 +69,24 @@ def _arena(mem: Memory, layout: JeLayout, index: int, address: int) -> JeArena:
     return JeArena(index, address, nthreads, word(layout.nactive), pages(layout.dirty_npages),
                    pages(layout.muzzy_npages), pages(layout.retained_npages) * PAGE,
                    _i64(word(layout.dirty_decay_ms)), _i64(word(layout.muzzy_decay_ms)), *dirty, *muzzy,
-                   _bins(mem, layout, address, raw), _large(layout, raw), _extents(layout, raw))
+                   _bins(mem, layout, address, raw), *_memory(mem, layout, raw), _large(layout, raw),
+                   _extents(layout, raw))
+
+
+def _memory(mem: Memory, layout: JeLayout, raw: bytes) -> tuple[int, int, int, int, int]:
+    """(mapped, base, internal, resident, metadata_thp) as malloc_stats_print merges them from the arena's
+    statistics, its base's counters and its pages."""
+    base = struct.unpack_from("<Q", raw, layout.base)[0]
+    allocated, resident, mapped, n_thp = struct.unpack("<4Q", mem.read(base + layout.base_counters, 32))
+
+    def word(off: int) -> int:
+        return struct.unpack_from("<Q", raw, off)[0]
+
+    pages = word(layout.nactive) + sum(word(off) for off in layout.dirty_npages)
+    if layout.resident_muzzy:
+        pages += sum(word(off) for off in layout.muzzy_npages)
+    return (mapped + word(layout.stats_mapped), allocated, word(layout.stats_internal), resident + pages * PAGE,
+            n_thp)
 
 
 def _large(layout: JeLayout, raw: bytes) -> tuple[JeLarge, ...]:

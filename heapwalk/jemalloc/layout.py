@@ -43,6 +43,10 @@ class JeLayout:
     stats_dirty: int                      # {npurge, nmadvise, purged} of dirty decay, in arena_stats_t
     stats_muzzy: int
     lstats: int                           # arena_stats_large_t[196] (48 bytes each) in arena_t
+    stats_mapped: int                     # the arena's mapped bytes (5.3.0: its page allocator's, pac_mapped)
+    stats_internal: int                   # bytes of internal allocations (arena_internal_get)
+    base_counters: int                    # base_t {allocated, resident, mapped, n_thp}, 8 bytes each
+    resident_muzzy: bool                  # does malloc_stats_print count muzzy pages as resident? (5.2.1)
     extent_stats: tuple[tuple[tuple[int, int, int], ...], ...]  # dirty, muzzy, retained: per container
     #                                       (nextents[], nbytes[], stride) of its extents by page size class
     bins: int                             # 5.2.1: bins_t[36] (pointers to shard arrays); 5.3.0: bin_t inline
@@ -110,6 +114,7 @@ LAYOUTS = {
         dirty_state=10472 + 4960, muzzy_state=15440 + 4960, retained_state=20408 + 4960,
         dirty_decay_ms=25376 + 120, muzzy_decay_ms=27160 + 120,
         stats=24, stats_dirty=24 + 24, stats_muzzy=24 + 48, lstats=24 + 744,
+        stats_mapped=24, stats_internal=24 + 80, base_counters=2008, resident_muzzy=True,
         extent_stats=((_extents_521(10472),), (_extents_521(15440),), (_extents_521(20408),)),
         bins=29192, bins_inline=False, bin_size=280, bin_stats=136,
         index_field=None, base=29480, base_ind=0,
@@ -121,6 +126,7 @@ LAYOUTS = {
         dirty_state=10728 + 19424, muzzy_state=30168 + 19424, retained_state=49608 + 19424,
         dirty_decay_ms=10672 + 58648 + 120, muzzy_decay_ms=10672 + 60432 + 120,
         stats=24, stats_dirty=24 + 96, stats_muzzy=24 + 120, lstats=24 + 952,
+        stats_mapped=24 + 152, stats_internal=24 + 32, base_counters=3880, resident_muzzy=False,
         extent_stats=(_extents_530(10728), _extents_530(30168), _extents_530(49608)),
         bins=78952, bins_inline=True, bin_size=224, bin_stats=112,
         index_field=78928, base=78936, base_ind=None,

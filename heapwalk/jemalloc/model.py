@@ -82,6 +82,11 @@ class JeArena:
     muzzy_nmadvise: int
     muzzy_purged: int
     bins: tuple[JeBin, ...]
+    mapped: int = 0             # bytes mapped: the arena's extents and its base's metadata blocks
+    base: int = 0               # bytes of metadata allocated from the arena's base
+    internal: int = 0           # bytes of jemalloc's internal allocations in the arena
+    resident: int = 0           # resident bytes: metadata, active and dirty pages (5.2.1: and muzzy)
+    metadata_thp: int = 0       # the base's transparent huge pages
     large: tuple[JeLarge, ...] = ()
     extents: tuple[JeExtents, ...] = ()     # by page size class
     findings: tuple[Finding, ...] = ()

@@ -15,7 +15,8 @@ from heapwalk.output.jsondoc import SCHEMA_VERSION
 __all__ = ["jemalloc_document", "jemalloc_arenas_table", "jemalloc_threads_table", "jemalloc_totals_text"]
 
 _ARENA_FIELDS = ("nthreads", "pactive", "pdirty", "pmuzzy", "retained", "dirty_decay_ms", "muzzy_decay_ms",
-                 "dirty_npurge", "dirty_nmadvise", "dirty_purged", "muzzy_npurge", "muzzy_nmadvise", "muzzy_purged")
+                 "dirty_npurge", "dirty_nmadvise", "dirty_purged", "muzzy_npurge", "muzzy_nmadvise", "muzzy_purged",
+                 "mapped", "base", "internal", "resident", "metadata_thp")
 _BIN_FIELDS = ("nmalloc", "ndalloc", "curregs", "nrequests", "nfills", "nflushes", "nreslabs", "curslabs",
                "nonfull_slabs")
 
