@@ -162,6 +162,25 @@ def test_an_arena_whose_memory_is_gone_is_a_finding_at_its_address():
     assert state.threads[0].arena is None and state.threads[0].ticker is None
 
 
+def test_an_arena_whose_base_and_bins_are_gone_keeps_its_pages_and_names_them():
+    """jemalloc 5.2.1's arena with its base and one bin shard where the target has nothing: its page counters
+    are decoded, and a finding at the base and at the bin says which figures leave them out."""
+    layout = LAYOUTS[(5, 2, 1)]
+    arenas_at, arena_at, shards, gone_base, gone_bin = 0x10000, 0x20000, 0x90000, 0x7f0000000000, 0x7f1000000000
+    arena = bytearray(layout.arena_size)
+    struct.pack_into("<Q", arena, layout.nactive, 5)
+    struct.pack_into("<Q", arena, layout.base, gone_base)
+    for i in range(36):
+        struct.pack_into("<Q", arena, layout.bins + 8 * i, gone_bin if i == 7 else shards)
+    mem = ImageMemory({arenas_at: struct.pack("<Q", arena_at), arena_at: arena, shards: bytes(layout.bin_size)})
+    disc = JeDiscovery((5, 2, 1), "5.2.1-test", layout, "libjemalloc.so.2", 0, arenas_at, 1, None)
+    state = collect_jemalloc(mem, disc, [])
+    (a,) = state.arenas
+    assert a.pactive == 5 and a.resident == 5 * 4096 and a.mapped == 0
+    assert sorted(f.address for f in state.all_findings()) == [gone_base, gone_bin]
+    assert all(f.severity is Severity.ERROR and f.kind is Kind.ARENA for f in state.all_findings())
+
+
 @pytest.mark.parametrize("suite", JEMALLOCS)
 def test_threads_and_arenas_say_it_in_text(decoded, suite):
     """'heapwalk threads' lists each thread's arena and ticker; 'heapwalk arenas' ends with the arenas that

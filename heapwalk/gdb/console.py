@@ -162,6 +162,6 @@ def _print_jemalloc(state: JeState, table, json_path: str | None, *more) -> None
     console.print(table)
     for part in more:
         console.print(part)
-    print_findings(console, state.findings)
+    print_findings(console, state.all_findings())
     if json_path:
         jsondoc.dump(jedoc.jemalloc_document(state), json_path)

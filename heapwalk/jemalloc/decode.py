@@ -66,18 +66,27 @@ def _arena(mem: Memory, layout: JeLayout, index: int, address: int) -> JeArena:
     nthreads = struct.unpack_from("<I", raw, layout.nthreads)[0]
     dirty = struct.unpack_from("<3Q", raw, layout.stats_dirty)
     muzzy = struct.unpack_from("<3Q", raw, layout.stats_muzzy)
+    findings: list[Finding] = []
     return JeArena(index, address, nthreads, word(layout.nactive), pages(layout.dirty_npages),
                    pages(layout.muzzy_npages), pages(layout.retained_npages) * PAGE,
                    _i64(word(layout.dirty_decay_ms)), _i64(word(layout.muzzy_decay_ms)), *dirty, *muzzy,
-                   _bins(mem, layout, address, raw), *_memory(mem, layout, raw), _large(layout, raw),
-                   _extents(layout, raw))
+                   _bins(mem, layout, index, address, raw, findings), *_memory(mem, layout, index, raw, findings),
+                   _large(layout, raw), _extents(layout, raw), tuple(findings))
 
 
-def _memory(mem: Memory, layout: JeLayout, raw: bytes) -> tuple[int, int, int, int, int]:
+def _memory(mem: Memory, layout: JeLayout, index: int, raw: bytes, findings: list[Finding]
+            ) -> tuple[int, int, int, int, int]:
     """(mapped, base, internal, resident, metadata_thp) as malloc_stats_print merges them from the arena's
-    statistics, its base's counters and its pages."""
+    statistics, its base's counters and its pages; without the base's counters when they are unreadable (a
+    finding at the base says so)."""
     base = struct.unpack_from("<Q", raw, layout.base)[0]
-    allocated, resident, mapped, n_thp = struct.unpack("<4Q", mem.read(base + layout.base_counters, 32))
+    try:
+        allocated, resident, mapped, n_thp = struct.unpack("<4Q", mem.read(base + layout.base_counters, 32))
+    except ReadError as exc:
+        allocated = resident = mapped = n_thp = 0
+        findings.append(Finding(Severity.ERROR, base, f"arena {index}", f"the arena's base (its metadata) at "
+                                f"{base:#x} is unreadable ({exc.reason}): mapped, base, resident and metadata_thp "
+                                "leave the base's counters out", Kind.ARENA))
 
     def word(off: int) -> int:
         return struct.unpack_from("<Q", raw, off)[0]
@@ -112,15 +121,24 @@ def _extents(layout: JeLayout, raw: bytes) -> tuple[JeExtents, ...]:
     return tuple(JeExtents(nd[i], nm[i], nr[i], bd[i], bm[i], br[i]) for i in range(NPSIZES))
 
 
-def _bins(mem: Memory, layout: JeLayout, address: int, raw: bytes) -> tuple[JeBin, ...]:
-    """The arena's small bins with their statistics (one shard each: jemalloc's default)."""
+def _bins(mem: Memory, layout: JeLayout, index: int, address: int, raw: bytes, findings: list[Finding]
+          ) -> tuple[JeBin, ...]:
+    """The arena's small bins with their statistics (one shard each: jemalloc's default); a bin whose memory
+    is unreadable counts nothing, and a finding at it says so."""
     out = []
     for i in range(NBINS):
         if layout.bins_inline:
             at = address + layout.bins + i * layout.bin_size
         else:
             at = struct.unpack_from("<Q", raw, layout.bins + 8 * i)[0]
-        stats = dict(zip(BIN_STATS, _STATS.unpack(mem.read(at + layout.bin_stats, _STATS.size))))
+        try:
+            values = _STATS.unpack(mem.read(at + layout.bin_stats, _STATS.size))
+        except ReadError as exc:
+            values = (0,) * len(BIN_STATS)
+            findings.append(Finding(Severity.ERROR, at, f"arena {index}", f"bin {i} ({BIN_CLASSES[i].size} B) at "
+                                    f"{at:#x} is unreadable ({exc.reason}): its statistics are left out",
+                                    Kind.ARENA))
+        stats = dict(zip(BIN_STATS, values))
         cls = BIN_CLASSES[i]
         out.append(JeBin(i, cls.size, cls.nregs, stats["nmalloc"], stats["ndalloc"], stats["nrequests"],
                          stats["curregs"], stats["nfills"], stats["nflushes"], stats["nslabs"], stats["reslabs"],

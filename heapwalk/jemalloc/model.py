@@ -133,3 +133,7 @@ class JeState:
 
     def arena(self, index: int) -> JeArena | None:
         return next((a for a in self.arenas if a.index == index), None)
+
+    def all_findings(self) -> tuple[Finding, ...]:
+        """The state's findings, then each arena's."""
+        return self.findings + tuple(f for a in self.arenas for f in a.findings)

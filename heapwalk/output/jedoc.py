@@ -48,7 +48,7 @@ def jemalloc_document(state: JeState) -> dict[str, Any]:
                          "threads": [_thread(t) for t in state.threads]},
             "discovery": {f.name: {"value": f.value, "found_by": f.found_by} for f in state.facts},
             "findings": [{"severity": f.severity.value, "kind": f.kind.ident, "address": f.address,
-                          "structure": f.structure, "message": f.message} for f in state.findings]}
+                          "structure": f.structure, "message": f.message} for f in state.all_findings()]}
 
 
 def jemalloc_arenas_table(state: JeState, box) -> Table:
