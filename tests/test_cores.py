@@ -147,7 +147,14 @@ def test_the_trim_estimate_is_the_rss_malloc_trim_gave_back(json_of, g, name, va
     measured = json.loads(capture(g, name, variant).trim.read_text())
     drop = measured["rss_anon_before"] - measured["rss_anon_after"]
     estimate = sum(a["trim"]["resident"] for a in doc["arenas"])
-    assert abs(estimate - drop) <= max(0.01 * drop, 8192), (estimate, drop)
+    if doc["mp"] and doc["mp"].get("thp_pagesize"):
+        # glibc.malloc.hugetlb=1 madvises the heap for transparent huge pages: whether the kernel backed the
+        # trimmed range with a huge page (all of it resident) or with the pages the core shows is not in the
+        # core, so the drop lies between what the core shows resident and all that trim releases
+        released = sum(a["trim"]["total"] for a in doc["arenas"])
+        assert estimate - 8192 <= drop <= released + 8192, (estimate, released, drop)
+    else:
+        assert abs(estimate - drop) <= max(0.01 * drop, 8192), (estimate, drop)
     for a in doc["arenas"]:
         trim, acc = a["trim"], a["accounting"]
         assert trim["resident"] <= trim["total"]
