@@ -18,7 +18,7 @@ from heapwalk.gdb.console import (console_with_header, gdb_console, interactive,
                                   print_jemalloc_arenas, print_jemalloc_report, print_jemalloc_threads,
                                   print_partial, read_only)
 from heapwalk.gdb.session import (DebugParameter, SetPrefix, Settings, StringParameter, UserError,
-                                  glibc_unless_jemalloc, load_jemalloc_state, load_state, load_target, parse_int,
+                                  glibc_unless_jemalloc, load_state, load_target, parse_int,
                                   selected_arena)
 from heapwalk.glibc import check, chunkinfo, mallocinfo
 from heapwalk.glibc.decode import gc_paused
@@ -295,10 +295,8 @@ class ReportCommand(_Subcommand):
         return p
 
     def run(self, args) -> None:
-        if args.xml and load_jemalloc_state() is not None:
-            raise UserError("heapwalk report: --xml writes glibc's malloc_info XML, and this process allocates "
-                            "with jemalloc (--json has its statistics)")
-        state = glibc_unless_jemalloc(args, print_jemalloc_report, walk_chunks=True)
+        state = glibc_unless_jemalloc(args, print_jemalloc_report if args.xml is None else _no_xml,
+                                      walk_chunks=True)
         if state is None:
             return
         rep = report.build_report(heap_view(state))
@@ -312,6 +310,12 @@ class ReportCommand(_Subcommand):
         if args.xml:
             with open(args.xml, "w", encoding="utf-8") as fh:
                 fh.write(mallocinfo.malloc_info_xml(state))
+
+
+def _no_xml(state, json_path) -> None:
+    """What 'heapwalk report --xml' does on a jemalloc process: refuses, in one line."""
+    raise UserError("heapwalk report: --xml writes glibc's malloc_info XML, and this process allocates with "
+                    "jemalloc (--json has its statistics)")
 
 
 class CheckCommand(_Subcommand):

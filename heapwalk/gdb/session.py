@@ -11,7 +11,6 @@ from heapwalk.glibc.load import load
 from heapwalk.glibc.model import Arena, HeapState
 from heapwalk.jemalloc.discovery import JemallocNotFound, find_library
 from heapwalk.jemalloc.load import load_jemalloc
-from heapwalk.jemalloc.model import JeState
 from heapwalk.target.gdbadapter import (GdbSymbols, describe_target, gdb_memory, has_target, memory_map,
                                         missing_ranges, preserved_selection, thread_registers)
 from heapwalk.target.space import Target
@@ -50,16 +49,25 @@ def overrides() -> Overrides:
 
 def load_target(walk_chunks: bool = False):
     """Discovers and decodes the selected inferior's heap: (state, memory, layout)."""
+    _require_target()
+    with preserved_selection():
+        return _load_glibc(_target(), walk_chunks)
+
+
+def _require_target() -> None:
+    """UserError unless gdb has a 64-bit process or core selected."""
     if not has_target():
         raise UserError("heapwalk: no process or core file: run, attach (gdb -p PID) or load a core first")
     if not _is_64bit():
         raise UserError(f"heapwalk: 32-bit targets are not supported yet: this one is {_architecture()}, and "
                         "heapwalk decodes 64-bit (x86-64) glibc heaps only")
-    with preserved_selection():
-        target = _target()
-        with walk_progress(walk_chunks) as progress:
-            state, disc = load(target, overrides(), walk_chunks, progress)
-        return state, target.mem, disc.layout
+
+
+def _load_glibc(target: Target, walk_chunks: bool):
+    """TARGET's glibc heap: (state, memory, layout)."""
+    with walk_progress(walk_chunks) as progress:
+        state, disc = load(target, overrides(), walk_chunks, progress)
+    return state, target.mem, disc.layout
 
 
 def _target() -> Target:
@@ -67,21 +75,6 @@ def _target() -> Target:
     space = memory_map()
     return Target(gdb_memory(space.readable), space, thread_registers(), GdbSymbols(), describe_target(),
                   missing_ranges() if space.core else [])
-
-
-def load_jemalloc_state() -> JeState | None:
-    """The selected inferior's jemalloc state when it maps jemalloc (None when it does not); UserError when
-    jemalloc's state cannot be located."""
-    if not has_target():
-        return None
-    with preserved_selection():
-        space = memory_map()
-        if find_library(space.mappings) is None:
-            return None
-        try:
-            return load_jemalloc(_target())
-        except JemallocNotFound as exc:
-            raise UserError(f"heapwalk: this process allocates with jemalloc, and {exc}") from None
 
 
 def _is_64bit() -> bool:
@@ -143,17 +136,22 @@ class StringParameter(gdb.Parameter):
 def glibc_unless_jemalloc(args, show_jemalloc, walk_chunks: bool = False):
     """The glibc state, or None once SHOW_JEMALLOC(state, json file) has shown a target that allocates with
     jemalloc.  When jemalloc is mapped but not found, glibc's heap may still be the one in use: its error is
-    raised only if glibc's is not found either."""
-    try:
-        je, je_error = load_jemalloc_state(), None
-    except UserError as exc:
-        je, je_error = None, exc
-    if je is not None:
-        show_jemalloc(je, args.json)
-        return None
-    try:
-        return load_state(walk_chunks)
-    except (UserError, DiscoveryError):
-        if je_error is not None:
-            raise je_error from None
-        raise
+    raised only if glibc's is not found either.  The target is asked of gdb once."""
+    _require_target()
+    with preserved_selection():
+        target = _target()
+        je_error = None
+        if find_library(target.space.mappings) is not None:
+            try:
+                state = load_jemalloc(target)
+            except JemallocNotFound as exc:
+                je_error = UserError(f"heapwalk: this process allocates with jemalloc, and {exc}")
+            else:
+                show_jemalloc(state, args.json)
+                return None
+        try:
+            return _load_glibc(target, walk_chunks)[0]
+        except (UserError, DiscoveryError):
+            if je_error is not None:
+                raise je_error from None
+            raise
