@@ -199,8 +199,13 @@ int main(int argc, char **argv) {
         if (je_mallocx == NULL || je_mallocx(STATS_BUFFER, ARENA_0_NO_TCACHE) == NULL)
             die("mallocx of the statistics buffer failed");
     }
-    char tail[256];
-    int n = snprintf(tail, sizeof tail, "\n ],\n \"stats_arena\": %u,\n \"stats_buffer\": %s\n}\n", own,
+    size_t max_background_threads = 0;
+    len = sizeof max_background_threads;
+    if (je_mallctl("opt.max_background_threads", &max_background_threads, &len, NULL, 0) != 0)
+        die("mallctl opt.max_background_threads failed");
+    char tail[320];
+    int n = snprintf(tail, sizeof tail, "\n ],\n \"stats_arena\": %u,\n \"opt.max_background_threads\": %zu,"
+                     "\n \"stats_buffer\": %s\n}\n", own, max_background_threads,
                      buffer_taken ? "{\"arena\": 0, \"size\": 65536, \"internal\": true, \"retaken\": true}"
                                   : "null");
     write_stats((void *)(long)ledger_fd, "{\n \"threads\": [\n  ");

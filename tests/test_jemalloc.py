@@ -146,6 +146,69 @@ def test_arenas_purge_only_where_a_thread_holds_the_decay_ticker(decoded, suite)
                            if suite == "bullseye" and t["role"] == "free_first")
 
 
+@pytest.mark.parametrize("suite", JEMALLOCS)
+def test_the_options_are_what_mallctl_says_without_symbols(decoded, suite):
+    """opt.*, read through mallctl's own table of names: every option malloc_stats_print printed, with its
+    value, and opt.max_background_threads (which it does not print) as the reproducer read it with mallctl."""
+    doc, stats, ledger = decoded(suite)
+    opt = doc["jemalloc"]["opt"]
+    assert {k: opt.get(k, "missing") for k in stats["opt"]} == stats["opt"]
+    assert opt["max_background_threads"] == ledger["opt.max_background_threads"]
+    assert opt["dirty_decay_ms"] == 100 and opt["narenas"] == 8     # MALLOC_CONF of the reproducer
+    assert doc["discovery"]["opt"]["found_by"].startswith("mallctl's \"opt\" node at ")
+
+
+@pytest.mark.parametrize("suite", JEMALLOCS)
+def test_thread_caches_hold_what_tcache_bytes_counts(decoded, suite):
+    """Per arena, tcache_bytes equals the printed figure; per thread, the cache's bins add up to it for the
+    arena the cache is registered with, which is the thread's arena."""
+    doc, stats, ledger = decoded(suite)
+    threads = doc["jemalloc"]["threads"]
+    cached = 0
+    for arena in doc["jemalloc"]["arenas"]:
+        printed = stats["stats.arenas"][str(arena["index"])]["tcache_bytes"]
+        assert arena["tcache_bytes"] == printed
+        assert sum(t["tcache"]["bytes"] for t in threads if t["tcache"]["arena"] == arena["index"]) == printed
+        cached += printed
+    assert cached > 500_000
+    for t in threads:
+        assert t["tcache"]["bytes"] == sum(b["size"] * b["ncached"] for b in t["tcache"]["bins"])
+        assert t["tcache"]["arena"] == t["arena"]
+        assert all(b["ncached"] > 0 for b in t["tcache"]["bins"])
+
+
+def test_a_thread_cache_list_that_loops_is_a_finding_not_a_hang():
+    """An arena whose list of thread caches loops without returning to its head: tcache_bytes unknown, and a
+    finding at the descriptor the loop returns to."""
+    layout = LAYOUTS[(5, 3, 0)]
+    arenas_at, arena_at, base = 0x10000, 0x40000, 0x90000
+    d1, d2, d3, bins = 0x20000, 0x20100, 0x20200, 0x30000
+    arena = bytearray(layout.arena_size + 36 * layout.bin_size)
+    struct.pack_into("<Q", arena, layout.base, base)
+    struct.pack_into("<Q", arena, layout.tcache_descriptors, d1)
+    mem = ImageMemory({arenas_at: struct.pack("<Q", arena_at), arena_at: arena, base: bytes(4096),
+                       d1: struct.pack("<3Q", d2, 0, bins) + bytes(232), d2: struct.pack("<3Q", d3, 0, bins)
+                       + bytes(232), d3: struct.pack("<3Q", d2, 0, bins), bins: bytes(73 * 24)})
+    disc = JeDiscovery((5, 3, 0), "5.3.0-test", layout, "libjemalloc.so.2", 0, arenas_at, 1, None,
+                       opt={"tcache_max": 32768})
+    (a,) = collect_jemalloc(mem, disc, []).arenas
+    assert a.tcache_bytes is None
+    assert [(f.kind, f.address) for f in a.findings] == [(Kind.ARENA, d2)]
+
+
+def test_option_values_read_as_jemalloc_prints_them():
+    """A 16.16 fixed-point option as malloc_stats_print writes it, and nhbins from each version's option."""
+    from heapwalk.jemalloc.opt import fixed_point_text
+    from heapwalk.jemalloc.tcache import nhbins
+    assert [fixed_point_text(v) for v in (0x4000, 0x10000, 3276, 0xFFFFFFFF, 0x28000)] == \
+        ["0.25", "1.0", "0.04998779296875", "-1", "2.5"]
+    assert nhbins(LAYOUTS[(5, 2, 1)], {"lg_tcache_max": 15}) == 41
+    assert nhbins(LAYOUTS[(5, 2, 1)], {"lg_tcache_max": 3}) == 36
+    assert nhbins(LAYOUTS[(5, 3, 0)], {"tcache_max": 32768}) == 41
+    assert nhbins(LAYOUTS[(5, 3, 0)], {"tcache_max": 1000}) == 21
+    assert nhbins(LAYOUTS[(5, 3, 0)], {}) is None
+
+
 def test_an_arena_whose_memory_is_gone_is_a_finding_at_its_address():
     """arenas[] naming an arena the target does not hold: a finding at that address, the others decoded."""
     layout = LAYOUTS[(5, 3, 0)]

@@ -9,8 +9,9 @@ import struct
 from heapwalk.findings import Finding, Kind, Severity
 from heapwalk.jemalloc.discovery import JeDiscovery
 from heapwalk.jemalloc.layout import (BIN_CLASSES, BIN_STATS, NBINS, NLEXTENTS, NPSIZES, PAGE, JeLayout,
-                                      large_size)
+                                      class_size, large_size)
 from heapwalk.jemalloc.model import JeArena, JeBin, JeExtents, JeLarge, JeState, JeThread
+from heapwalk.jemalloc.tcache import arena_tcache_bytes, cache_bins, nhbins
 from heapwalk.target.memory import Memory, ReadError
 from heapwalk.target.threads import ThreadRegs
 
@@ -24,18 +25,21 @@ def collect_jemalloc(mem: Memory, disc: JeDiscovery, threads: list[ThreadRegs], 
     """Decodes every arena in arenas[] and every thread's tsd."""
     findings: list[Finding] = []
     pointers = _arena_pointers(mem, disc, findings)
+    cached = nhbins(disc.layout, disc.opt)
     arenas = []
     for index, address in enumerate(pointers):
         if not address:
             continue
         try:
-            arenas.append(_arena(mem, disc.layout, index, address))
+            arenas.append(_arena(mem, disc.layout, index, address, cached))
         except ReadError as exc:
             findings.append(Finding(Severity.ERROR, exc.address, f"arena {index}", f"cannot read arena {index} "
                                     f"({address:#x}): {exc.reason}", Kind.ARENA))
     by_address = {address: index for index, address in enumerate(pointers) if address}
-    decoded = tuple(_thread(mem, disc, regs, by_address) for regs in sorted(threads, key=lambda t: t.number))
-    return JeState(target, disc.version_text, disc.layout.name, tuple(arenas), decoded, disc.facts, tuple(findings))
+    decoded = tuple(_thread(mem, disc, regs, by_address, cached)
+                    for regs in sorted(threads, key=lambda t: t.number))
+    return JeState(target, disc.version_text, disc.layout.name, tuple(arenas), decoded, disc.facts, tuple(findings),
+                   dict(disc.opt))
 
 
 def _arena_pointers(mem: Memory, disc: JeDiscovery, findings: list[Finding]) -> list[int]:
@@ -53,8 +57,9 @@ def _i64(value: int) -> int:
     return value - (1 << 64) if value >> 63 else value
 
 
-def _arena(mem: Memory, layout: JeLayout, index: int, address: int) -> JeArena:
-    """arenas[INDEX] at ADDRESS: its counters (ReadError when its memory is not there)."""
+def _arena(mem: Memory, layout: JeLayout, index: int, address: int, cached: int | None) -> JeArena:
+    """arenas[INDEX] at ADDRESS: its counters, and the bytes in the CACHED bins of its thread caches (ReadError
+    when its memory is not there)."""
     raw = mem.read(address, layout.arena_size)
 
     def word(off: int) -> int:
@@ -67,11 +72,14 @@ def _arena(mem: Memory, layout: JeLayout, index: int, address: int) -> JeArena:
     dirty = struct.unpack_from("<3Q", raw, layout.stats_dirty)
     muzzy = struct.unpack_from("<3Q", raw, layout.stats_muzzy)
     findings: list[Finding] = []
+    bins = _bins(mem, layout, index, address, raw, findings)
+    memory = _memory(mem, layout, index, raw, findings)
+    tcache_bytes, lost = arena_tcache_bytes(mem, layout, index, address, word(layout.tcache_descriptors), cached)
     return JeArena(index, address, nthreads, word(layout.nactive), pages(layout.dirty_npages),
                    pages(layout.muzzy_npages), pages(layout.retained_npages) * PAGE,
                    _i64(word(layout.dirty_decay_ms)), _i64(word(layout.muzzy_decay_ms)), *dirty, *muzzy,
-                   _bins(mem, layout, index, address, raw, findings), *_memory(mem, layout, index, raw, findings),
-                   _large(layout, raw), _extents(layout, raw), tuple(findings))
+                   bins, *memory, _large(layout, raw), _extents(layout, raw), tcache_bytes,
+                   tuple(findings + lost))
 
 
 def _memory(mem: Memory, layout: JeLayout, index: int, raw: bytes, findings: list[Finding]
@@ -146,8 +154,10 @@ def _bins(mem: Memory, layout: JeLayout, index: int, address: int, raw: bytes, f
     return tuple(out)
 
 
-def _thread(mem: Memory, disc: JeDiscovery, regs: ThreadRegs, arenas: dict[int, int]) -> JeThread:
-    """REGS' thread through its tsd: state, arena, byte counters, and whether its decay ticker exists."""
+def _thread(mem: Memory, disc: JeDiscovery, regs: ThreadRegs, arenas: dict[int, int], cached: int | None
+            ) -> JeThread:
+    """REGS' thread through its tsd: state, arena, byte counters, whether its decay ticker exists, and what
+    the CACHED bins of its thread cache hold."""
     layout = disc.layout
     if disc.tsd_tpoff is None or not regs.fs_base:
         return JeThread(regs.number, regs.lwp, None, None, None, 0, 0, None)
@@ -166,4 +176,14 @@ def _thread(mem: Memory, disc: JeDiscovery, regs: ThreadRegs, arenas: dict[int, 
         ticker = arena is not None and tdata != 0 and arena < ntdata
     else:                              # 5.3.0: one ticker in the tsd, set up with it
         ticker = state != _STATE_UNINITIALIZED
-    return JeThread(regs.number, regs.lwp, tsd, state, arena, allocated, deallocated, ticker)
+    tcache_arena = arenas.get(struct.unpack_from("<Q", raw, layout.tsd_tcache_arena)[0])
+    return JeThread(regs.number, regs.lwp, tsd, state, arena, allocated, deallocated, ticker, tcache_arena,
+                    _tcache(mem, layout, tsd, cached if tcache_arena is not None else 0))
+
+
+def _tcache(mem: Memory, layout: JeLayout, tsd: int, cached: int | None) -> tuple[tuple[int, int], ...]:
+    """(class size, count) of each non-empty bin of the thread cache in the tsd at TSD (all bins the version
+    has when nhbins is unknown: the ones never used are empty)."""
+    counts = cache_bins(mem, layout, tuple(tsd + off for off in layout.tsd_tcache_bins),
+                        layout.cache_bins if cached is None else cached)
+    return tuple((class_size(i), c) for i, c in enumerate(counts) if c)

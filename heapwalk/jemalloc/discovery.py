@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from heapwalk.findings import Fact
 from heapwalk.jemalloc.layout import JeLayout, UnsupportedJemalloc, layout_for
+from heapwalk.jemalloc.opt import OptionsNotFound, read_opts
 from heapwalk.target import x86
 from heapwalk.target.elf import R_X86_64_TPOFF64, LibcImage, Mapping, readable_runs
 from heapwalk.target.memory import Memory, ReadError, u64
@@ -47,6 +48,7 @@ class JeDiscovery:
     narenas_total: int              # how many slots of arenas[] are in use
     tsd_tpoff: int | None           # the tsd's offset from a thread's thread pointer (None: unknown)
     facts: tuple[Fact, ...] = field(default=())
+    opt: dict = field(default_factory=dict)     # the run-time options by mallctl name (empty: not found)
 
 
 def find_library(mappings: list[Mapping]) -> tuple[int, str] | None:
@@ -83,7 +85,17 @@ def discover_jemalloc(mem: Memory, mappings: list[Mapping]) -> JeDiscovery:
     _check_arena0(mem, layout, arenas)
     tpoff, how = _tsd_tpoff(image, layout)
     facts.append(Fact("tsd_tls_offset", tpoff, how))
-    return JeDiscovery(version, text, layout, path, base, arenas, count, tpoff, tuple(facts))
+    opt, how = _options(image)
+    facts.append(Fact("opt", len(opt) or None, how))
+    return JeDiscovery(version, text, layout, path, base, arenas, count, tpoff, tuple(facts), opt)
+
+
+def _options(image: LibcImage) -> tuple[dict, str]:
+    """The options and how they were found; none, and why, when mallctl's table cannot be read."""
+    try:
+        return read_opts(image)
+    except (OptionsNotFound, ReadError) as exc:
+        return {}, f"not determined: {exc}"
 
 
 def _version(image: LibcImage) -> tuple[tuple[int, int, int], str, int]:

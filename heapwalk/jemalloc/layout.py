@@ -11,7 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 __all__ = ["JeLayout", "LAYOUTS", "layout_for", "UnsupportedJemalloc", "NBINS", "NLEXTENTS", "NPSIZES", "PAGE",
-           "BIN_STATS", "BIN_CLASSES", "BinClass", "large_size"]
+           "BIN_STATS", "BIN_CLASSES", "BinClass", "large_size",
+           "size_index", "class_size"]
 
 NBINS = 36          # small size classes (SC_NBINS) with 4 KiB pages and a 16-byte quantum
 NLEXTENTS = 196     # large size classes (SC_NSIZES - SC_NBINS)
@@ -65,6 +66,20 @@ class JeLayout:
     tsd_ntdata: int | None
     tsd_ticker: int | None                # 5.3.0: the one decay ticker {tick, nticks}
     tsd_size: int                         # the whole TLS block (PT_TLS memsz): checks the version
+    tcache_descriptors: int               # arena_t.cache_bin_array_descriptor_ql: the arena's thread caches
+    descriptor_bins: tuple[int, ...]      # in a descriptor {next, prev, bins...}: its pointers to cache_bin_t
+    #                                       arrays (5.2.1: small, large; 5.3.0: one array)
+    tsd_tcache_bins: tuple[int, ...]      # the same arrays in the tsd's own tcache
+    tsd_tcache_arena: int                 # the arena its tcache is associated with (arena_t *)
+    cache_bins: int                       # cache_bin_t slots in the tsd's tcache (5.2.1: 36 small, 196 large)
+    stack_cache_bins: bool                # 5.3.0: ncached from stack_head's low 16 bits and low_bits_empty;
+    #                                       5.2.1: the i32 ncached field
+
+    def tcache_slots(self, binind: int) -> tuple[int, int]:
+        """(which array, which slot) holds cache bin BININD (5.2.1 keeps the large ones in a second array)."""
+        if len(self.tsd_tcache_bins) == 1 or binind < NBINS:
+            return 0, binind
+        return 1, binind - NBINS
 
     @property
     def name(self) -> str:
@@ -94,6 +109,22 @@ def large_size(index: int) -> int:
     return (1 << (14 + group)) * (4 + step) // 4
 
 
+def size_index(size: int) -> int:
+    """The index of the smallest size class that holds SIZE bytes (small classes 0-35, then large)."""
+    for cls_index, cls in enumerate(BIN_CLASSES):
+        if size <= cls.size:
+            return cls_index
+    index = 0
+    while large_size(index) < size:
+        index += 1
+    return NBINS + index
+
+
+def class_size(index: int) -> int:
+    """The size of class INDEX (sz_index2size)."""
+    return BIN_CLASSES[index].size if index < NBINS else large_size(index - NBINS)
+
+
 def _extents_521(container: int) -> tuple[int, int, int]:
     return container + 1712, container + 3312, 8    # extents_t.nextents[], .nbytes[]
 
@@ -119,7 +150,9 @@ LAYOUTS = {
         bins=29192, bins_inline=False, bin_size=280, bin_stats=136,
         index_field=None, base=29480, base_ind=0,
         tsd_state=0, tsd_arena=440, tsd_allocated=16, tsd_deallocated=24, tsd_tdata=448, tsd_ntdata=4,
-        tsd_ticker=None, tsd_size=0x1848),
+        tsd_ticker=None, tsd_size=0x1848, tcache_descriptors=10192, descriptor_bins=(16, 24),
+        tsd_tcache_bins=(496 + 16, 496 + 1000), tsd_tcache_arena=496 + 952, cache_bins=NBINS + NLEXTENTS,
+        stack_cache_bins=False),
     (5, 3, 0): JeLayout(
         version=(5, 3, 0), arena_size=78952, nthreads=0, nactive=10656,
         dirty_npages=(20480, 30136), muzzy_npages=(39920, 49576), retained_npages=(59360,),
@@ -131,7 +164,8 @@ LAYOUTS = {
         bins=78952, bins_inline=True, bin_size=224, bin_stats=112,
         index_field=78928, base=78936, base_ind=None,
         tsd_state=816, tsd_arena=144, tsd_allocated=824, tsd_deallocated=840, tsd_tdata=None, tsd_ntdata=None,
-        tsd_ticker=152, tsd_size=0xa48),
+        tsd_ticker=152, tsd_size=0xa48, tcache_descriptors=10400, descriptor_bins=(16,),
+        tsd_tcache_bins=(856 + 8,), tsd_tcache_arena=256 + 40, cache_bins=73, stack_cache_bins=True),
 }
 
 

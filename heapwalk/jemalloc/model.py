@@ -3,7 +3,7 @@ they hold (pactive, pdirty, curregs, ...)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from heapwalk.findings import Fact, Finding
 
@@ -89,6 +89,7 @@ class JeArena:
     metadata_thp: int = 0       # the base's transparent huge pages
     large: tuple[JeLarge, ...] = ()
     extents: tuple[JeExtents, ...] = ()     # by page size class
+    tcache_bytes: int | None = None         # bytes cached by the thread caches registered with the arena
     findings: tuple[Finding, ...] = ()
 
     def small(self) -> dict[str, int]:
@@ -117,6 +118,13 @@ class JeThread:
     allocated: int              # bytes it has allocated, and freed, since it started
     deallocated: int
     ticker: bool | None         # does it hold the decay ticker of its arena? (None: unknown)
+    tcache_arena: int | None = None         # the arena its thread cache is registered with
+    tcache: tuple[tuple[int, int], ...] = ()    # (class size, regions cached) of each non-empty cache bin
+
+    @property
+    def tcache_bytes(self) -> int:
+        """The bytes its thread cache holds."""
+        return sum(size * count for size, count in self.tcache)
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +138,7 @@ class JeState:
     threads: tuple[JeThread, ...]
     facts: tuple[Fact, ...] = ()
     findings: tuple[Finding, ...] = ()
+    opt: dict = field(default_factory=dict)     # run-time options by mallctl name (opt.narenas, ...)
 
     def arena(self, index: int) -> JeArena | None:
         return next((a for a in self.arenas if a.index == index), None)

@@ -16,7 +16,7 @@ __all__ = ["jemalloc_document", "jemalloc_arenas_table", "jemalloc_threads_table
 
 _ARENA_FIELDS = ("nthreads", "pactive", "pdirty", "pmuzzy", "retained", "dirty_decay_ms", "muzzy_decay_ms",
                  "dirty_npurge", "dirty_nmadvise", "dirty_purged", "muzzy_npurge", "muzzy_nmadvise", "muzzy_purged",
-                 "mapped", "base", "internal", "resident", "metadata_thp")
+                 "mapped", "base", "internal", "resident", "metadata_thp", "tcache_bytes")
 _BIN_FIELDS = ("nmalloc", "ndalloc", "curregs", "nrequests", "nfills", "nflushes", "nreslabs", "curslabs",
                "nonfull_slabs")
 
@@ -37,13 +37,15 @@ def _arena(a: JeArena) -> dict[str, Any]:
 
 def _thread(t: JeThread) -> dict[str, Any]:
     return {"number": t.number, "lwp": t.lwp, "tsd": t.tsd, "state": t.state, "arena": t.arena,
-            "allocated": t.allocated, "deallocated": t.deallocated, "decay_ticker": t.ticker}
+            "allocated": t.allocated, "deallocated": t.deallocated, "decay_ticker": t.ticker,
+            "tcache": {"arena": t.tcache_arena, "bytes": t.tcache_bytes,
+                       "bins": [{"size": size, "ncached": count} for size, count in t.tcache]}}
 
 
 def jemalloc_document(state: JeState) -> dict[str, Any]:
     """'heapwalk arenas --json' of a jemalloc process."""
     return {"schema_version": SCHEMA_VERSION, "target": state.target, "allocator": "jemalloc",
-            "jemalloc": {"version": state.version, "layout": state.layout_name,
+            "jemalloc": {"version": state.version, "layout": state.layout_name, "opt": dict(state.opt),
                          "arenas": [_arena(a) for a in state.arenas],
                          "threads": [_thread(t) for t in state.threads]},
             "discovery": {f.name: {"value": f.value, "found_by": f.found_by} for f in state.facts},
@@ -67,15 +69,16 @@ _STATES = {0: "nominal", 1: "nominal (slow)", 2: "nominal (recompute)", 3: "mini
 
 
 def jemalloc_threads_table(state: JeState, box) -> Table:
-    """Every thread: its arena, its tsd's state, the bytes it allocated and freed, and its decay ticker."""
+    """Every thread: its arena, its tsd's state, the bytes it allocated and freed, what its thread cache
+    holds, and its decay ticker."""
     table = Table(title="jemalloc threads", box=box, title_justify="left")
-    for name in ("thread", "lwp", "arena", "state", "allocated", "freed", "decay ticker"):
+    for name in ("thread", "lwp", "arena", "state", "allocated", "freed", "tcache", "decay ticker"):
         table.add_column(name, justify="left" if name in ("state", "decay ticker") else "right", no_wrap=True)
     for t in state.threads:
         ticker = "unknown" if t.ticker is None else "yes" if t.ticker else "none"
         table.add_row(str(t.number), str(t.lwp), "-" if t.arena is None else str(t.arena),
                       "unknown" if t.state is None else _STATES.get(t.state, str(t.state)),
-                      human(t.allocated), human(t.deallocated), ticker)
+                      human(t.allocated), human(t.deallocated), human(t.tcache_bytes), ticker)
     return table
 
 

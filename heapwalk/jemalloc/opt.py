@@ -1,0 +1,141 @@
+"""jemalloc's run-time options (``opt.*``) read from a target without symbols, through mallctl's own tables.
+
+mallctl resolves a name like ``opt.dirty_decay_ms`` by walking a tree of named nodes kept in the library's
+relocated read-only data: each node is {named, name, nchildren, children, ctl}, 40 bytes.  The node named
+"opt" lists one child per option, and each child's ctl function copies its option out of a global: the first
+RIP-relative ``lea`` in that function is the global's address (for an option shown by name, such as
+``thp``, the second ``lea`` is the table of names it indexes).  How each option is stored (bool, unsigned,
+size_t, a string...) is the type its ctl function copies, listed below as data; an option whose type is not
+listed is not read.
+"""
+
+from __future__ import annotations
+
+import re
+import struct
+
+from heapwalk.target import x86
+from heapwalk.target.elf import LibcImage, readable_runs
+from heapwalk.target.memory import ReadError
+
+__all__ = ["OPT_TYPES", "OPT_FIELDS", "read_opts", "OptionsNotFound", "fixed_point_text"]
+
+_NODE = 40                  # ctl_named_node_t
+_CTL_SPAN = 0x80            # bytes of a ctl function searched for its loads
+_MAX_STRING = 4096
+
+#: how each option is stored, as the ctl function that reads it copies it (identical in 5.2.1 and 5.3.0)
+OPT_TYPES: dict[str, str] = {
+    **dict.fromkeys(
+        "abort abort_conf cache_oblivious confirm_conf hpa retain background_thread stats_print zero "
+        "tcache prof prof_active prof_thread_active_init prof_accum prof_gdump prof_final prof_leak prof_leak_error "
+        "experimental_infallible_new".split(), "bool"),
+    **dict.fromkeys("narenas tcache_nslots_small_min tcache_nslots_small_max tcache_nslots_large "
+                    "lg_tcache_flush_small_div lg_tcache_flush_large_div".split(), "unsigned"),
+    **dict.fromkeys("oversize_threshold max_background_threads lg_extent_max_active_fit lg_prof_sample tcache_max "
+                    "hpa_hugification_threshold hpa_hugify_delay_ms hpa_min_purge_interval_ms hpa_slab_max_alloc "
+                    "hpa_sec_nshards hpa_sec_max_alloc hpa_sec_max_bytes hpa_sec_bytes_after_flush "
+                    "hpa_sec_batch_fill_extra tcache_gc_incr_bytes tcache_gc_delay_bytes".split(), "size"),
+    **dict.fromkeys("dirty_decay_ms muzzy_decay_ms lg_tcache_max lg_prof_interval mutex_max_spin stats_interval "
+                    "lg_tcache_nslots_mul".split(), "signed"),
+    **dict.fromkeys("dss junk".split(), "string pointer"),
+    **dict.fromkeys("prof_prefix stats_print_opts stats_interval_opts".split(), "string"),
+    **dict.fromkeys("metadata_thp percpu_arena thp zero_realloc".split(), "name"),
+    "hpa_dirty_mult": "fixed point",
+}
+
+#: options kept in a struct whose address the ctl function computes: their offset in it (5.3.0's
+#: opt_hpa_opts {slab_max_alloc, hugification_threshold, dirty_mult, deferral_allowed, hugify_delay_ms,
+#: min_purge_interval_ms} and opt_hpa_sec_opts {nshards, max_alloc, max_bytes, bytes_after_flush,
+#: batch_fill_extra})
+OPT_FIELDS: dict[str, int] = {"hpa_hugification_threshold": 8, "hpa_dirty_mult": 16, "hpa_hugify_delay_ms": 24,
+                              "hpa_min_purge_interval_ms": 32, "hpa_sec_max_alloc": 8, "hpa_sec_max_bytes": 16,
+                              "hpa_sec_bytes_after_flush": 24, "hpa_sec_batch_fill_extra": 32}
+
+
+class OptionsNotFound(Exception):
+    """mallctl's "opt" node could not be found; the message says where the search stopped."""
+
+
+def read_opts(image: LibcImage) -> tuple[dict[str, bool | int | str], str]:
+    """Every option of OPT_TYPES the library has, in mallctl's order, and how the table was found
+    (OptionsNotFound when it was not)."""
+    node = _opt_node(image)
+    nchildren, children = struct.unpack("<QQ", image.mem.read(node + 16, 16))
+    out: dict[str, bool | int | str] = {}
+    for i in range(nchildren):
+        _named, name_at, _n, _c, ctl = struct.unpack("<QQQQQ", image.mem.read(children + _NODE * i, _NODE))
+        name = _cstring(image, name_at)
+        kind = OPT_TYPES.get(name)
+        if kind is None or not ctl:
+            continue
+        try:
+            out[name] = _value(image, kind, ctl, OPT_FIELDS.get(name, 0))
+        except (ReadError, ValueError):
+            continue
+    return out, f"mallctl's \"opt\" node at {node:#x} ({nchildren} options)"
+
+
+def _opt_node(image: LibcImage) -> int:
+    """The named node "opt": a 40-byte node in writable data whose name is a string "opt" of read-only data,
+    with children (a pointer into the same data) and no ctl function of its own."""
+    names = {start + m.start() for seg in image.readonly_data()
+             for start, data in readable_runs(image.mem, seg.address, seg.filesz)
+             for m in re.finditer(rb"opt\0", bytes(data))}
+    for seg in image.writable():
+        for start, data in readable_runs(image.mem, seg.address, seg.filesz):
+            for pos in range(8, len(data) - 32, 8):
+                named, name_at, nchildren, children, ctl = struct.unpack_from("<QQQQQ", data, pos - 8)
+                if name_at in names and named & 0xFF == 1 and 0 < nchildren < 256 and ctl == 0 \
+                        and seg.address <= children < seg.address + seg.memsz:
+                    return start + pos - 8
+    raise OptionsNotFound(f"no mallctl node named \"opt\" in {image.path}'s data")
+
+
+def _value(image: LibcImage, kind: str, ctl: int, field: int) -> bool | int | str:
+    """The option a ctl function at CTL copies out, read as KIND, FIELD bytes into what it computes."""
+    leas = [r.target for r in x86.rip_loads(image.mem.read(ctl, _CTL_SPAN), ctl) if r.opcode == x86.LEA]
+    if not leas:
+        raise ValueError(f"no lea in the ctl function at {ctl:#x}")
+    mem, at = image.mem, leas[0] + field
+    if kind == "bool":
+        return mem.read(at, 1)[0] != 0
+    if kind in ("unsigned", "fixed point", "name"):
+        value = struct.unpack("<I", mem.read(at, 4))[0]
+        if kind == "fixed point":
+            return fixed_point_text(value)
+        if kind == "name":
+            if len(leas) < 2:
+                raise ValueError(f"no table of names in the ctl function at {ctl:#x}")
+            return _cstring(image, struct.unpack("<Q", mem.read(leas[1] + 8 * value, 8))[0])
+        return value
+    if kind == "size":
+        return struct.unpack("<Q", mem.read(at, 8))[0]
+    if kind == "signed":
+        return struct.unpack("<q", mem.read(at, 8))[0]
+    if kind == "string pointer":
+        at = struct.unpack("<Q", mem.read(at, 8))[0]
+    return _cstring(image, at)
+
+
+def _cstring(image: LibcImage, address: int) -> str:
+    """The NUL-terminated string at ADDRESS (ValueError when it does not end within 4 KiB)."""
+    out = bytearray()
+    while len(out) < _MAX_STRING:
+        chunk = image.mem.read(address + len(out), 64 - (address + len(out)) % 64)
+        end = chunk.find(b"\0")
+        if end >= 0:
+            return (out + chunk[:end]).decode(errors="replace")
+        out += chunk
+    raise ValueError(f"no string at {address:#x}")
+
+
+def fixed_point_text(value: int) -> str:
+    """A 16.16 fixed-point option as jemalloc prints it: "-1" for all ones, else the integer part, a point,
+    and the fraction's decimal digits (14 at most) without trailing zeros."""
+    if value == 0xFFFFFFFF:
+        return "-1"
+    fraction = value & 0xFFFF
+    digits = (fraction * 10 ** 14) >> 16
+    text = str(digits).rjust(14, "0").rstrip("0") if digits else "0"
+    return f"{value >> 16}.{text}"

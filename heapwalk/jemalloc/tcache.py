@@ -1,0 +1,111 @@
+"""jemalloc's thread caches: what each thread's tcache holds, and the bytes cached per arena as
+malloc_stats_print counts them (tcache_bytes).
+
+Each tcache has one cache bin per cached size class (nhbins of them, set by opt.lg_tcache_max in 5.2.1 and
+opt.tcache_max in 5.3.0) and registers a descriptor of its bins on its arena's list; the arena's
+tcache_bytes is the sum over that list of each bin's count times its class size.  A bin's count is a field
+in 5.2.1; in 5.3.0 it is the distance between the low 16 bits of the bin's stack head and of its empty
+position, in pointers.  jemalloc 5.2.1's statistics read its large bins at the class index rather than from
+the first large bin, so they count the small bins only unless nhbins exceeds 72: `arena_tcache_bytes`
+reproduces that, and a thread's own figures count every bin.
+"""
+
+from __future__ import annotations
+
+import struct
+
+from heapwalk.findings import Finding, Kind, Severity
+from heapwalk.jemalloc.layout import NBINS, JeLayout, class_size, size_index
+from heapwalk.target.memory import Memory, ReadError
+
+__all__ = ["cache_bins", "nhbins", "bin_counts", "arena_tcache_bytes"]
+
+_CACHE_BIN = 24
+_MAX_TCACHES = 1 << 16       # descriptors followed on one arena's list before it is called a cycle
+_SMALL_MAXCLASS = 14336
+
+
+def nhbins(layout: JeLayout, opt: dict) -> int | None:
+    """How many size classes the thread caches hold, from the options (None when they are unknown)."""
+    if layout.stack_cache_bins:
+        tcache_max = opt.get("tcache_max")
+        return None if not isinstance(tcache_max, int) else size_index(max(tcache_max, 1)) + 1
+    lg = opt.get("lg_tcache_max")
+    if not isinstance(lg, int) or isinstance(lg, bool):
+        return None
+    maxclass = _SMALL_MAXCLASS if lg < 0 or lg >= 64 or (1 << lg) < _SMALL_MAXCLASS else 1 << lg
+    return size_index(maxclass) + 1
+
+
+def bin_counts(layout: JeLayout, raw: bytes, count: int) -> list[int]:
+    """The number of cached regions in each of the COUNT cache bins in RAW (an array of cache_bin_t)."""
+    out = []
+    for i in range(count):
+        if layout.stack_cache_bins:
+            head, = struct.unpack_from("<Q", raw, _CACHE_BIN * i)
+            empty, = struct.unpack_from("<H", raw, _CACHE_BIN * i + 20)
+            out.append(((empty - head) & 0xFFFF) // 8)
+        else:
+            out.append(struct.unpack_from("<i", raw, _CACHE_BIN * i + 4)[0])
+    return out
+
+
+def cache_bins(mem: Memory, layout: JeLayout, arrays: tuple[int, ...], n: int) -> list[int]:
+    """The counts of the first N cache bins of a tcache whose cache_bin_t arrays are at ARRAYS."""
+    out = []
+    for array, (first, last) in zip(arrays, _array_spans(layout, n)):
+        if last > first:
+            out += bin_counts(layout, mem.read(array + _CACHE_BIN * first, _CACHE_BIN * (last - first)),
+                              last - first)
+    return out
+
+
+def _array_spans(layout: JeLayout, n: int) -> list[tuple[int, int]]:
+    """For each cache-bin array, the slots of the first N bins it holds."""
+    if len(layout.tsd_tcache_bins) == 1:
+        return [(0, n)]
+    return [(0, min(n, NBINS)), (0, max(0, n - NBINS))]
+
+
+def arena_tcache_bytes(mem: Memory, layout: JeLayout, index: int, arena: int, first: int, n: int | None
+                       ) -> tuple[int | None, list[Finding]]:
+    """tcache_bytes of arena INDEX (at ARENA) as its statistics compute it, from the descriptor list whose
+    first element is FIRST; None, with a finding, when the list cannot be followed or nhbins is unknown."""
+    if not first:
+        return 0, []
+    if n is None:
+        return None, []
+    total, at, seen = 0, first, set()
+    while at and len(seen) < _MAX_TCACHES:
+        try:
+            words = struct.unpack("<%dQ" % (2 + len(layout.descriptor_bins)),
+                                  mem.read(at, 16 + 8 * len(layout.descriptor_bins)))
+            total += _descriptor_bytes(mem, layout, words[2:], n)
+        except ReadError as exc:
+            return None, [_finding(index, exc.address, f"the thread cache registered at {at:#x} is unreadable "
+                                   f"({exc.reason})")]
+        seen.add(at)
+        at = words[0] if words[0] != first else 0
+        if at in seen:
+            return None, [_finding(index, at, f"the arena's list of thread caches loops back to {at:#x} "
+                                   f"without returning to its head {first:#x}")]
+    if at:
+        return None, [_finding(index, at, f"the arena's list of thread caches goes on past {_MAX_TCACHES}")]
+    return total, []
+
+
+def _descriptor_bytes(mem: Memory, layout: JeLayout, arrays: tuple[int, ...], n: int) -> int:
+    """The bytes one descriptor's bins hold, counted as the version's statistics count them."""
+    if len(arrays) == 1:
+        return sum(c * class_size(i) for i, c in enumerate(cache_bins(mem, layout, arrays, n)))
+    small = bin_counts(layout, mem.read(arrays[0], _CACHE_BIN * NBINS), NBINS)
+    total = sum(c * class_size(i) for i, c in enumerate(small[:n]))
+    if n > NBINS:      # 5.2.1 reads bins_large[i] for class i, not bins_large[i - 36]
+        large = bin_counts(layout, mem.read(arrays[1] + _CACHE_BIN * NBINS, _CACHE_BIN * (n - NBINS)), n - NBINS)
+        total += sum(c * class_size(NBINS + i) for i, c in enumerate(large))
+    return total
+
+
+def _finding(index: int, address: int, message: str) -> Finding:
+    return Finding(Severity.ERROR, address, f"arena {index}", f"{message}: tcache_bytes is not known",
+                   Kind.ARENA)
