@@ -14,7 +14,7 @@ MAY_IMPORT = {
     "view": set(),
     "target": {"findings"},
     "glibc": {"view", "target", "findings"},
-    "jemalloc": {"view", "target", "findings"},
+    "jemalloc": {"view", "analysis", "target", "findings"},
     "analysis": {"view", "findings"},
     "output": {"analysis", "view", "glibc", "jemalloc", "target", "findings"},
     "gdb": {"output", "analysis", "view", "glibc", "jemalloc", "target", "findings"},

@@ -264,8 +264,8 @@ def test_threads_and_arenas_say_it_in_text(decoded, suite):
 
 @pytest.mark.parametrize("suite", JEMALLOCS)
 def test_the_command_line_reports_a_jemalloc_core(suite, tmp_path):
-    """'heapwalk report CORE' on a jemalloc core: the arenas, threads and totals, the JSON of 'heapwalk
-    arenas', and --xml refused in one line (malloc_info's XML is glibc's)."""
+    """'heapwalk report CORE' on a jemalloc core: where the memory is, the threads and the verdict, the JSON
+    with the report in it, and --xml refused in one line (malloc_info's XML is glibc's)."""
     cap = capture_jemalloc(suite, "je_dns")
     cli = Path(sys.executable).with_name("heapwalk")
     out = tmp_path / "report.json"
@@ -273,9 +273,95 @@ def test_the_command_line_reports_a_jemalloc_core(suite, tmp_path):
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     text = " ".join(result.stdout.split())
-    assert "jemalloc arenas" in text and "jemalloc threads" in text and "of pages:" in text
+    assert "where the memory is" in text and "jemalloc threads" in text and "verdict:" in text
     doc = json.loads(out.read_text())
     assert doc["allocator"] == "jemalloc" and len(doc["jemalloc"]["arenas"]) == 8
+    assert doc["report"]["verdict"][0].startswith("Held free by jemalloc")
     refused = subprocess.run([str(cli), "report", str(cap.core), "--xml", str(tmp_path / "x.xml")],
                              capture_output=True, text=True, timeout=300)
     assert refused.returncode == 2 and "malloc_info XML" in refused.stderr and "Traceback" not in refused.stderr
+
+
+@pytest.fixture(scope="module")
+def reported(tmp_path_factory):
+    """reported(suite) -> (the report's text, its JSON) of je_dns on SUITE's jemalloc."""
+    tmp = tmp_path_factory.mktemp("jereport")
+
+    @functools.cache
+    def compute(suite: str):
+        cap = capture_jemalloc(suite, "je_dns")
+        out = tmp / f"{suite}.json"
+        result = run_gdb([str(cap.exe), str(cap.core)], [f"heapwalk report --json {out}"], iex=[NO_SYMBOLS])
+        assert result.returncode == 0 and "Traceback" not in result.stdout + result.stderr, result.stderr
+        return " ".join(result.stdout.split()), json.loads(out.read_text())
+    return compute
+
+
+@pytest.mark.parametrize("suite", JEMALLOCS)
+def test_the_report_puts_every_mapped_byte_of_every_arena_somewhere(reported, decoded, suite):
+    """Per arena: in use, free in thread caches, slabs, dirty and muzzy pages, and metadata add up to what
+    malloc_stats_print calls mapped; the regions the caches hold count in the arena they came from (the
+    workers freed all they allocated, so their arenas have nothing in use; the blocks the main thread
+    allocated for them sit in their caches, counted in arena 0)."""
+    text, doc = reported(suite)
+    _, stats, ledger = decoded(suite)
+    rows = {a["number"]: a for a in doc["report"]["arenas"]}
+    for index, row in rows.items():
+        assert row["balanced"], row
+        assert row["in_use"] + sum(row["free"].values()) + row["overhead"] == row["system"]
+        assert row["system"] == stats["stats.arenas"][str(index)]["mapped"] or index in (0, ledger["stats_arena"])
+        printed = stats["stats.arenas"][str(index)]
+        assert row["free"]["dirty"] == printed["pdirty"] * 4096
+    workers = [t for t in ledger["threads"] if t["role"] in ("free_first", "malloc_first")]
+    assert all(rows[t["arena"]]["in_use"] == 0 for t in workers)
+    threads = doc["jemalloc"]["threads"]
+    assert sum(r["free"]["tcache"] for r in rows.values()) == sum(t["tcache"]["bytes"] for t in threads)
+    from_main = sum(o["bytes"] for t in threads for o in t["tcache"]["from_arenas"] if o["arena"] == 0)
+    assert rows[0]["free"]["tcache"] == from_main > 0
+    assert doc["report"]["totals"]["trim"] == sum(a["pdirty"] + a["pmuzzy"] for a in doc["jemalloc"]["arenas"]) * 4096
+    assert "where the memory is" in text and "decay frees" in text and "slabs by size class" in text
+
+
+@pytest.mark.parametrize("suite", JEMALLOCS)
+def test_the_verdict_names_the_arenas_that_do_not_decay_and_the_remedies(reported, decoded, suite):
+    """Under 5.2.1 the verdict says which arenas never purge, why, and dirty_decay_ms among the remedies with
+    their cost; under 5.3.0 every worker arena's dirty pages are said to decay."""
+    text, doc = reported(suite)
+    _, _, ledger = decoded(suite)
+    verdict = doc["report"]["verdict"]
+    assert verdict[0].startswith("Held free by jemalloc, not a leak")
+    free_first = sorted(t["arena"] for t in ledger["threads"] if t["role"] == "free_first")
+    stuck = [s for s in verdict if s.startswith("Not decaying")]
+    if suite == "bullseye":
+        (sentence,) = stuck
+        assert f"arenas {', '.join(map(str, free_first))} have never been purged" in sentence
+        assert "MALLOC_CONF=dirty_decay_ms:0" in sentence and "background_thread:true" in sentence
+        assert "at each thread's start" in sentence and "jemalloc 5.3" in sentence
+    else:
+        assert not stuck
+        assert any("will be returned gradually over dirty_decay_ms (100 ms)" in s for s in verdict)
+    assert any("retained (opt.retain)" in s for s in verdict)
+    assert "verdict:" in text
+
+
+def test_the_command_line_diffs_jemalloc_snapshots(reported, tmp_path):
+    """'heapwalk diff' on two jemalloc reports: the same one twice shows nothing grown; an arena whose dirty
+    pages grew in B is named with its growth."""
+    _, doc = reported("bookworm")
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps(doc))
+    grown = json.loads(json.dumps(doc))
+    row = grown["report"]["arenas"][2]
+    row["free"]["dirty"] += 8 << 20
+    row["system"] += 8 << 20
+    b.write_text(json.dumps(grown))
+    cli = Path(sys.executable).with_name("heapwalk")
+    same = subprocess.run([str(cli), "diff", str(a), str(a), "--json", str(tmp_path / "same.json")],
+                          capture_output=True, text=True, timeout=120)
+    assert same.returncode == 0, same.stderr
+    assert json.loads((tmp_path / "same.json").read_text())["grew"] == []
+    diffed = subprocess.run([str(cli), "diff", str(a), str(b), "--json", str(tmp_path / "d.json")],
+                            capture_output=True, text=True, timeout=120)
+    assert diffed.returncode == 0, diffed.stderr
+    d = json.loads((tmp_path / "d.json").read_text())
+    assert d["grew"] == [row["number"]] and d["growth"]["system"] == d["growth"]["free"] == 8 << 20

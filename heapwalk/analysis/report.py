@@ -107,6 +107,8 @@ class Report:
 def by_class(sizes: Counter, classes: tuple[SizeClass, ...]) -> list[tuple[str, int, int]]:
     """(class, chunks, bytes) of SIZES (size -> how many) by the allocator's size CLASSES, non-empty classes
     only; sizes below the first class count in it, sizes above the last in the last."""
+    if not classes:
+        return []
     counts = {c.name: [0, 0] for c in classes}
     for size, n in sizes.items():
         name = next((c.name for c in classes if c.low <= size < c.high),
@@ -189,5 +191,5 @@ def build_report(view: HeapView) -> Report:
     rep.trim_total = view.reclaim_total
     rep.trim_kept = dict(view.reclaim_kept)
     rep.per_arena = {n: _histogram(sizes)[0] for n, sizes in view.free_sizes.items()}
-    rep.verdict = _verdict(rep)
+    rep.verdict = list(view.advice) or _verdict(rep)
     return rep

@@ -148,11 +148,24 @@ def print_jemalloc_threads(state: JeState, json_path: str | None) -> None:
 
 
 def print_jemalloc_report(state: JeState, json_path: str | None) -> None:
-    """'heapwalk report' of a jemalloc process, until jemalloc has a report of its own: where its pages are,
-    the arenas, the threads, and the arenas that never decay."""
+    """'heapwalk report' of a jemalloc process: where its pages are arena by arena, the free pieces by size,
+    the slabs with the most free room, the threads, the verdict, and the findings."""
     box = tables.box_for(interactive())
-    _print_jemalloc(state, jedoc.jemalloc_arenas_table(state, box), json_path,
-                    jedoc.jemalloc_threads_table(state, box), jedoc.jemalloc_totals_text(state))
+    rep = jedoc.jemalloc_report(state)
+    console = gdb_console()
+    console.print(f"{state.target}\n" if state.target else "", end="")
+    console.print(f"jemalloc {state.version}")
+    group = tables.report_group(rep, interactive())
+    *parts, verdict = group.renderables
+    for part in parts:
+        console.print(part)
+    for extra in (jedoc.jemalloc_slabs_table(state, box), jedoc.jemalloc_threads_table(state, box)):
+        if extra is not None:
+            console.print(extra)
+    console.print(verdict)
+    print_findings(console, state.all_findings())
+    if json_path:
+        jsondoc.dump(jedoc.jemalloc_report_document(state, rep), json_path)
 
 
 def _print_jemalloc(state: JeState, table, json_path: str | None, *more) -> None:

@@ -9,11 +9,12 @@ from heapwalk.findings import Finding, Kind, Severity
 from heapwalk.jemalloc.layout import PAGE
 from heapwalk.jemalloc.model import JeArena, JeState
 
-__all__ = ["decay_findings"]
+__all__ = ["decay_findings", "never_decaying"]
 
 
-def decay_findings(state: JeState) -> tuple[Finding, ...]:
-    """A warning for each arena whose dirty pages no thread's ticker will ever decay."""
+def never_decaying(state: JeState) -> list[tuple[JeArena, list[int]]]:
+    """Each arena whose dirty pages no thread's ticker will ever decay, with the gdb numbers of the threads
+    that use it (none of which holds a ticker)."""
     out = []
     for arena in state.arenas:
         users = [t for t in state.threads if t.arena == arena.index]
@@ -21,8 +22,13 @@ def decay_findings(state: JeState) -> tuple[Finding, ...]:
             continue
         if any(t.ticker is not False for t in users):
             continue
-        out.append(_never_decays(arena, [t.number for t in users]))
-    return tuple(out)
+        out.append((arena, [t.number for t in users]))
+    return out
+
+
+def decay_findings(state: JeState) -> tuple[Finding, ...]:
+    """A warning for each arena whose dirty pages no thread's ticker will ever decay."""
+    return tuple(_never_decays(arena, threads) for arena, threads in never_decaying(state))
 
 
 def _never_decays(arena: JeArena, threads: list[int]) -> Finding:

@@ -11,7 +11,8 @@ from heapwalk.jemalloc.discovery import JeDiscovery
 from heapwalk.jemalloc.layout import (BIN_CLASSES, BIN_STATS, NBINS, NLEXTENTS, NPSIZES, PAGE, JeLayout,
                                       class_size, large_size)
 from heapwalk.jemalloc.model import JeArena, JeBin, JeExtents, JeLarge, JeState, JeThread
-from heapwalk.jemalloc.tcache import arena_tcache_bytes, cache_bins, nhbins
+from heapwalk.jemalloc.rtree import ExtentMap
+from heapwalk.jemalloc.tcache import arena_tcache_bytes, cache_bins, cached_regions, nhbins
 from heapwalk.target.memory import Memory, ReadError
 from heapwalk.target.threads import ThreadRegs
 
@@ -36,7 +37,8 @@ def collect_jemalloc(mem: Memory, disc: JeDiscovery, threads: list[ThreadRegs], 
             findings.append(Finding(Severity.ERROR, exc.address, f"arena {index}", f"cannot read arena {index} "
                                     f"({address:#x}): {exc.reason}", Kind.ARENA))
     by_address = {address: index for index, address in enumerate(pointers) if address}
-    decoded = tuple(_thread(mem, disc, regs, by_address, cached)
+    extents = ExtentMap(mem, disc.layout, disc.rtree)
+    decoded = tuple(_thread(mem, disc, regs, by_address, cached, extents)
                     for regs in sorted(threads, key=lambda t: t.number))
     return JeState(target, disc.version_text, disc.layout.name, tuple(arenas), decoded, disc.facts, tuple(findings),
                    dict(disc.opt))
@@ -74,7 +76,7 @@ def _arena(mem: Memory, layout: JeLayout, index: int, address: int, cached: int 
     findings: list[Finding] = []
     bins = _bins(mem, layout, index, address, raw, findings)
     memory = _memory(mem, layout, index, raw, findings)
-    tcache_bytes, lost = arena_tcache_bytes(mem, layout, index, address, word(layout.tcache_descriptors), cached)
+    tcache_bytes, lost = arena_tcache_bytes(mem, layout, index, word(layout.tcache_descriptors), cached)
     return JeArena(index, address, nthreads, word(layout.nactive), pages(layout.dirty_npages),
                    pages(layout.muzzy_npages), pages(layout.retained_npages) * PAGE,
                    _i64(word(layout.dirty_decay_ms)), _i64(word(layout.muzzy_decay_ms)), *dirty, *muzzy,
@@ -150,12 +152,12 @@ def _bins(mem: Memory, layout: JeLayout, index: int, address: int, raw: bytes, f
         cls = BIN_CLASSES[i]
         out.append(JeBin(i, cls.size, cls.nregs, stats["nmalloc"], stats["ndalloc"], stats["nrequests"],
                          stats["curregs"], stats["nfills"], stats["nflushes"], stats["nslabs"], stats["reslabs"],
-                         stats["curslabs"], stats["nonfull_slabs"]))
+                         stats["curslabs"], stats["nonfull_slabs"], cls.pages))
     return tuple(out)
 
 
-def _thread(mem: Memory, disc: JeDiscovery, regs: ThreadRegs, arenas: dict[int, int], cached: int | None
-            ) -> JeThread:
+def _thread(mem: Memory, disc: JeDiscovery, regs: ThreadRegs, arenas: dict[int, int], cached: int | None,
+            extents: ExtentMap) -> JeThread:
     """REGS' thread through its tsd: state, arena, byte counters, whether its decay ticker exists, and what
     the CACHED bins of its thread cache hold."""
     layout = disc.layout
@@ -177,13 +179,28 @@ def _thread(mem: Memory, disc: JeDiscovery, regs: ThreadRegs, arenas: dict[int, 
     else:                              # 5.3.0: one ticker in the tsd, set up with it
         ticker = state != _STATE_UNINITIALIZED
     tcache_arena = arenas.get(struct.unpack_from("<Q", raw, layout.tsd_tcache_arena)[0])
+    bins = cached if tcache_arena is not None else 0
+    arrays = tuple(tsd + off for off in layout.tsd_tcache_bins)
+    counts = cache_bins(mem, layout, arrays, layout.cache_bins if bins is None else bins)
     return JeThread(regs.number, regs.lwp, tsd, state, arena, allocated, deallocated, ticker, tcache_arena,
-                    _tcache(mem, layout, tsd, cached if tcache_arena is not None else 0))
+                    tuple((class_size(i), c) for i, c in enumerate(counts) if c),
+                    _origins(mem, layout, arrays, len(counts), tcache_arena, extents))
 
 
-def _tcache(mem: Memory, layout: JeLayout, tsd: int, cached: int | None) -> tuple[tuple[int, int], ...]:
-    """(class size, count) of each non-empty bin of the thread cache in the tsd at TSD (all bins the version
-    has when nhbins is unknown: the ones never used are empty)."""
-    counts = cache_bins(mem, layout, tuple(tsd + off for off in layout.tsd_tcache_bins),
-                        layout.cache_bins if cached is None else cached)
-    return tuple((class_size(i), c) for i, c in enumerate(counts) if c)
+def _origins(mem: Memory, layout: JeLayout, arrays: tuple[int, ...], n: int, own: int | None,
+             extents: ExtentMap) -> tuple[tuple[int, int], ...]:
+    """(arena, bytes) of the regions a thread cache holds, by the arena each came from (its own arena OWN
+    for those whose extent cannot be looked up)."""
+    if own is None or not n:
+        return ()
+    try:
+        regions = cached_regions(mem, layout, arrays, n)
+    except ReadError:
+        regions = []
+    by_arena: dict[int, int] = {}
+    for index, addresses in regions:
+        for address in addresses:
+            origin = extents.arena_of(address)
+            key = own if origin is None else origin
+            by_arena[key] = by_arena.get(key, 0) + class_size(index)
+    return tuple(sorted(by_arena.items()))

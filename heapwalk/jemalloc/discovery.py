@@ -49,6 +49,7 @@ class JeDiscovery:
     tsd_tpoff: int | None           # the tsd's offset from a thread's thread pointer (None: unknown)
     facts: tuple[Fact, ...] = field(default=())
     opt: dict = field(default_factory=dict)     # the run-time options by mallctl name (empty: not found)
+    rtree: int | None = None        # the radix tree of extents (None: not found)
 
 
 def find_library(mappings: list[Mapping]) -> tuple[int, str] | None:
@@ -87,7 +88,26 @@ def discover_jemalloc(mem: Memory, mappings: list[Mapping]) -> JeDiscovery:
     facts.append(Fact("tsd_tls_offset", tpoff, how))
     opt, how = _options(image)
     facts.append(Fact("opt", len(opt) or None, how))
-    return JeDiscovery(version, text, layout, path, base, arenas, count, tpoff, tuple(facts), opt)
+    rtree, how = _rtree(image)
+    facts.append(Fact("rtree", rtree, how))
+    return JeDiscovery(version, text, layout, path, base, arenas, count, tpoff, tuple(facts), opt, rtree)
+
+
+def _rtree(image: LibcImage) -> tuple[int | None, str]:
+    """The radix tree of extents: the first ``lea rsi, [rip+disp]`` of malloc_usable_size, the tree it passes
+    to the lookup of a pointer's extent."""
+    start = image.dynamic_symbol("malloc_usable_size")
+    if start is None:
+        return None, "not determined: the library exports no malloc_usable_size"
+    try:
+        code = image.mem.read(start, 0x400)
+    except ReadError as exc:
+        return None, f"not determined: malloc_usable_size is unreadable ({exc.reason})"
+    leas = [r for r in x86.rip_loads(code, start) if r.opcode == x86.LEA and code[r.offset] == 0x48
+            and code[r.offset + 2] == 0x35]
+    if not leas:
+        return None, "not determined: no lea rsi in malloc_usable_size"
+    return leas[0].target, f"the lookup's tree in malloc_usable_size (code at {start + leas[0].offset:#x})"
 
 
 def _options(image: LibcImage) -> tuple[dict, str]:

@@ -74,6 +74,9 @@ class JeLayout:
     cache_bins: int                       # cache_bin_t slots in the tsd's tcache (5.2.1: 36 small, 196 large)
     stack_cache_bins: bool                # 5.3.0: ncached from stack_head's low 16 bits and low_bits_empty;
     #                                       5.2.1: the i32 ncached field
+    rtree_root: int                       # the radix tree of extents (5.2.1 extents_rtree, 5.3.0 the emap's):
+    #                                       its root[] of leaf pointers
+    rtree_extent_mask: int                # low bits of a leaf entry that are not the extent's address
 
     def tcache_slots(self, binind: int) -> tuple[int, int]:
         """(which array, which slot) holds cache bin BININD (5.2.1 keeps the large ones in a second array)."""
@@ -152,7 +155,7 @@ LAYOUTS = {
         tsd_state=0, tsd_arena=440, tsd_allocated=16, tsd_deallocated=24, tsd_tdata=448, tsd_ntdata=4,
         tsd_ticker=None, tsd_size=0x1848, tcache_descriptors=10192, descriptor_bins=(16, 24),
         tsd_tcache_bins=(496 + 16, 496 + 1000), tsd_tcache_arena=496 + 952, cache_bins=NBINS + NLEXTENTS,
-        stack_cache_bins=False),
+        stack_cache_bins=False, rtree_root=112, rtree_extent_mask=1),
     (5, 3, 0): JeLayout(
         version=(5, 3, 0), arena_size=78952, nthreads=0, nactive=10656,
         dirty_npages=(20480, 30136), muzzy_npages=(39920, 49576), retained_npages=(59360,),
@@ -165,7 +168,8 @@ LAYOUTS = {
         index_field=78928, base=78936, base_ind=None,
         tsd_state=816, tsd_arena=144, tsd_allocated=824, tsd_deallocated=840, tsd_tdata=None, tsd_ntdata=None,
         tsd_ticker=152, tsd_size=0xa48, tcache_descriptors=10400, descriptor_bins=(16,),
-        tsd_tcache_bins=(856 + 8,), tsd_tcache_arena=256 + 40, cache_bins=73, stack_cache_bins=True),
+        tsd_tcache_bins=(856 + 8,), tsd_tcache_arena=256 + 40, cache_bins=73, stack_cache_bins=True,
+        rtree_root=120, rtree_extent_mask=127),
 }
 
 

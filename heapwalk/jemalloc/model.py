@@ -27,6 +27,7 @@ class JeBin:
     nreslabs: int
     curslabs: int               # slabs in use
     nonfull_slabs: int
+    slab_pages: int = 1         # pages of one slab
 
     @property
     def utilization(self) -> float:
@@ -89,7 +90,8 @@ class JeArena:
     metadata_thp: int = 0       # the base's transparent huge pages
     large: tuple[JeLarge, ...] = ()
     extents: tuple[JeExtents, ...] = ()     # by page size class
-    tcache_bytes: int | None = None         # bytes cached by the thread caches registered with the arena
+    tcache_bytes: int | None = None         # bytes cached by the thread caches registered with the arena, as
+    #                                         its statistics count them (5.2.1: the small bins only)
     findings: tuple[Finding, ...] = ()
 
     def small(self) -> dict[str, int]:
@@ -97,6 +99,10 @@ class JeArena:
         return {"allocated": sum(b.curregs * b.size for b in self.bins),
                 **{k: sum(getattr(b, k) for b in self.bins)
                    for k in ("nmalloc", "ndalloc", "nrequests", "nfills", "nflushes")}}
+
+    def slab_bytes(self) -> int:
+        """The bytes of its slabs: each bin's slabs in use times the pages of one."""
+        return sum(b.curslabs * b.slab_pages * 4096 for b in self.bins)
 
     def large_totals(self) -> dict[str, int]:
         """The large classes together, as malloc_stats_print sums them (a tcache fill is one nmalloc)."""
@@ -120,6 +126,7 @@ class JeThread:
     ticker: bool | None         # does it hold the decay ticker of its arena? (None: unknown)
     tcache_arena: int | None = None         # the arena its thread cache is registered with
     tcache: tuple[tuple[int, int], ...] = ()    # (class size, regions cached) of each non-empty cache bin
+    tcache_origin: tuple[tuple[int, int], ...] = ()     # (arena, bytes): where the cached regions came from
 
     @property
     def tcache_bytes(self) -> int:
@@ -139,6 +146,15 @@ class JeState:
     facts: tuple[Fact, ...] = ()
     findings: tuple[Finding, ...] = ()
     opt: dict = field(default_factory=dict)     # run-time options by mallctl name (opt.narenas, ...)
+
+    def cached_from(self, index: int) -> int:
+        """The bytes of arena INDEX's regions that the threads' caches hold (whichever thread's)."""
+        return sum(size for t in self.threads for arena, size in t.tcache_origin if arena == index)
+
+    def in_use(self, a: JeArena) -> int:
+        """The bytes of arena A's regions the program holds: its small and large allocations, less what the
+        thread caches hold of them."""
+        return max(0, a.small()["allocated"] + a.large_totals()["allocated"] - self.cached_from(a.index))
 
     def arena(self, index: int) -> JeArena | None:
         return next((a for a in self.arenas if a.index == index), None)

@@ -18,7 +18,7 @@ from heapwalk.findings import Finding, Kind, Severity
 from heapwalk.jemalloc.layout import NBINS, JeLayout, class_size, size_index
 from heapwalk.target.memory import Memory, ReadError
 
-__all__ = ["cache_bins", "nhbins", "bin_counts", "arena_tcache_bytes"]
+__all__ = ["cache_bins", "nhbins", "bin_counts", "arena_tcache_bytes", "cached_regions"]
 
 _CACHE_BIN = 24
 _MAX_TCACHES = 1 << 16       # descriptors followed on one arena's list before it is called a cycle
@@ -60,6 +60,25 @@ def cache_bins(mem: Memory, layout: JeLayout, arrays: tuple[int, ...], n: int) -
     return out
 
 
+def cached_regions(mem: Memory, layout: JeLayout, arrays: tuple[int, ...], n: int) -> list[tuple[int, list[int]]]:
+    """(class index, the addresses of the regions it caches) of each non-empty bin among the first N of a
+    tcache whose cache_bin_t arrays are at ARRAYS (5.2.1: avail[-ncached..-1]; 5.3.0: stack_head[0..ncached-1]);
+    ReadError when a bin's stack is unreadable."""
+    out = []
+    index = 0
+    for array, (first, last) in zip(arrays, _array_spans(layout, n)):
+        raw = mem.read(array + _CACHE_BIN * first, _CACHE_BIN * (last - first)) if last > first else b""
+        for slot, count in enumerate(bin_counts(layout, raw, last - first)):
+            if count > 0:
+                if layout.stack_cache_bins:
+                    stack, = struct.unpack_from("<Q", raw, _CACHE_BIN * slot)
+                else:
+                    stack = struct.unpack_from("<Q", raw, _CACHE_BIN * slot + 16)[0] - 8 * count
+                out.append((index + slot, list(struct.unpack("<%dQ" % count, mem.read(stack, 8 * count)))))
+        index += last - first
+    return out
+
+
 def _array_spans(layout: JeLayout, n: int) -> list[tuple[int, int]]:
     """For each cache-bin array, the slots of the first N bins it holds."""
     if len(layout.tsd_tcache_bins) == 1:
@@ -67,10 +86,10 @@ def _array_spans(layout: JeLayout, n: int) -> list[tuple[int, int]]:
     return [(0, min(n, NBINS)), (0, max(0, n - NBINS))]
 
 
-def arena_tcache_bytes(mem: Memory, layout: JeLayout, index: int, arena: int, first: int, n: int | None
+def arena_tcache_bytes(mem: Memory, layout: JeLayout, index: int, first: int, n: int | None
                        ) -> tuple[int | None, list[Finding]]:
-    """tcache_bytes of arena INDEX (at ARENA) as its statistics compute it, from the descriptor list whose
-    first element is FIRST; None, with a finding, when the list cannot be followed or nhbins is unknown."""
+    """tcache_bytes of arena INDEX as its statistics compute it, from the descriptor list whose first element
+    is FIRST; None, with a finding, when the list cannot be followed (None alone when nhbins is unknown)."""
     if not first:
         return 0, []
     if n is None:
@@ -95,7 +114,7 @@ def arena_tcache_bytes(mem: Memory, layout: JeLayout, index: int, arena: int, fi
 
 
 def _descriptor_bytes(mem: Memory, layout: JeLayout, arrays: tuple[int, ...], n: int) -> int:
-    """The bytes one descriptor's bins hold, counted as the version's statistics count them."""
+    """The bytes one descriptor's bins hold, as the version's statistics count them."""
     if len(arrays) == 1:
         return sum(c * class_size(i) for i, c in enumerate(cache_bins(mem, layout, arrays, n)))
     small = bin_counts(layout, mem.read(arrays[0], _CACHE_BIN * NBINS), NBINS)

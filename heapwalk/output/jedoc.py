@@ -7,12 +7,13 @@ from typing import Any
 
 from rich.table import Table
 
-from heapwalk.analysis.report import human
+from heapwalk.analysis.report import Report, build_report, human
 from heapwalk.jemalloc.layout import PAGE
 from heapwalk.jemalloc.model import JeArena, JeBin, JeState, JeThread
-from heapwalk.output.jsondoc import SCHEMA_VERSION
+from heapwalk.jemalloc.summary import heap_view
+from heapwalk.output.jsondoc import SCHEMA_VERSION, report_json
 
-__all__ = ["jemalloc_document", "jemalloc_arenas_table", "jemalloc_threads_table", "jemalloc_totals_text"]
+__all__ = ["jemalloc_document", "jemalloc_arenas_table", "jemalloc_threads_table", "jemalloc_report", "jemalloc_report_document", "jemalloc_slabs_table"]
 
 _ARENA_FIELDS = ("nthreads", "pactive", "pdirty", "pmuzzy", "retained", "dirty_decay_ms", "muzzy_decay_ms",
                  "dirty_npurge", "dirty_nmadvise", "dirty_purged", "muzzy_npurge", "muzzy_nmadvise", "muzzy_purged",
@@ -39,7 +40,8 @@ def _thread(t: JeThread) -> dict[str, Any]:
     return {"number": t.number, "lwp": t.lwp, "tsd": t.tsd, "state": t.state, "arena": t.arena,
             "allocated": t.allocated, "deallocated": t.deallocated, "decay_ticker": t.ticker,
             "tcache": {"arena": t.tcache_arena, "bytes": t.tcache_bytes,
-                       "bins": [{"size": size, "ncached": count} for size, count in t.tcache]}}
+                       "bins": [{"size": size, "ncached": count} for size, count in t.tcache],
+                       "from_arenas": [{"arena": arena, "bytes": size} for arena, size in t.tcache_origin]}}
 
 
 def jemalloc_document(state: JeState) -> dict[str, Any]:
@@ -82,15 +84,34 @@ def jemalloc_threads_table(state: JeState, box) -> Table:
     return table
 
 
-def jemalloc_totals_text(state: JeState) -> str:
-    """One paragraph: the arenas' pages in use, dirty, muzzy and retained, and what is allocated in them."""
-    active = sum(a.pactive for a in state.arenas) * PAGE
-    dirty = sum(a.pdirty for a in state.arenas) * PAGE
-    muzzy = sum(a.pmuzzy for a in state.arenas) * PAGE
-    retained = sum(a.retained for a in state.arenas)
-    small = sum(a.small()["allocated"] for a in state.arenas)
-    large = sum(a.large_totals()["allocated"] for a in state.arenas)
-    return (f"jemalloc's {len(state.arenas)} arenas hold {human(active + dirty + muzzy)} of pages: {human(active)} "
-            f"active ({human(small)} in small regions, thread caches included, {human(large)} in large "
-            f"allocations, the rest free regions of slabs), {human(dirty)} dirty (freed, resident until decay purges "
-            f"them), {human(muzzy)} muzzy; and {human(retained)} retained (address space only, not resident).")
+def jemalloc_report(state: JeState) -> Report:
+    """The report of a jemalloc state: its view's numbers and jemalloc's verdict."""
+    return build_report(heap_view(state))
+
+
+def jemalloc_report_document(state: JeState, rep: Report) -> dict[str, Any]:
+    """'heapwalk report --json' of a jemalloc process: the arenas' document with the report in it (the same
+    "report" object as glibc's, which 'heapwalk diff' reads)."""
+    return {**jemalloc_document(state), "report": {**report_json(rep), "partial": []}}
+
+
+def jemalloc_slabs_table(state: JeState, box, limit: int = 12) -> Table | None:
+    """The size classes whose slabs hold the most free bytes, over all arenas: slabs, how many are not full,
+    and the share of their regions in use (None when no slab is in use)."""
+    rows: dict[int, list[int]] = {}
+    for b in (b for a in state.arenas for b in a.bins if b.curslabs):
+        row = rows.setdefault(b.size, [0, 0, 0, 0, 0])
+        for i, value in enumerate((b.curslabs, b.nonfull_slabs, b.curregs, b.curslabs * b.nregs,
+                                   b.curslabs * b.slab_pages * PAGE - b.curregs * b.size)):
+            row[i] += value
+    if not rows:
+        return None
+    worst = sorted(rows.items(), key=lambda item: (-item[1][4], item[0]))
+    title = "slabs by size class, most free first" + (f" (the first {limit} of {len(rows)})"
+                                                      if len(rows) > limit else "")
+    table = Table(title=title, box=box, title_justify="left")
+    for name in ("size", "curslabs", "nonfull_slabs", "curregs", "utilization", "free in slabs"):
+        table.add_column(name, justify="right", no_wrap=True)
+    for size, (slabs, nonfull, used, regions, free) in worst[:limit]:
+        table.add_row(human(size), str(slabs), str(nonfull), str(used), f"{100 * used / regions:.0f}%", human(free))
+    return table

@@ -225,24 +225,36 @@ def chunk_text(found, address: int) -> Text:
     return text
 
 
-def report_group(rep: Report, interactive: bool) -> Group:
-    """The report: per-arena table with totals, histogram, trim estimate and verdict."""
+#: the report's arena columns per allocator: (header, justify, the figure of one arena)
+_GLIBC_COLUMNS = (
+    ("free: tcache", lambda a: a.free["tcache"]), ("fast", lambda a: a.free["fast"]),
+    ("bins", lambda a: a.free["unsorted"] + a.free["small"] + a.free["large"]), ("top", lambda a: a.top),
+    ("overhead", lambda a: a.overhead), ("trim frees", lambda a: a.reclaim))
+_JEMALLOC_COLUMNS = (
+    ("free: tcache", lambda a: a.free["tcache"]), ("slabs", lambda a: a.free["slabs"]),
+    ("dirty", lambda a: a.free["dirty"]), ("muzzy", lambda a: a.free["muzzy"]),
+    ("metadata", lambda a: a.overhead), ("decay frees", lambda a: a.reclaim))
+
+
+def _arena_table(rep: Report, interactive: bool) -> Table:
+    """Each arena's bytes by what holds them, with a footer of totals."""
     table = Table(title="where the memory is", box=_box(interactive), title_justify="left", show_footer=True)
-    cols = (("#", "right"), ("arena", "left"), ("kind", "left"), ("threads", "right"), ("heaps", "right"),
-            ("system", "right"), ("in use", "right"), ("free: tcache", "right"), ("fast", "right"),
-            ("bins", "right"), ("top", "right"), ("overhead", "right"), ("trim frees", "right"))
-    totals = {"arena": f"{len(rep.arenas)} arenas", "system": human(rep.system), "in use": human(rep.in_use),
-              "free: tcache": human(sum(a.free["tcache"] for a in rep.arenas)),
-              "fast": human(sum(a.free["fast"] for a in rep.arenas)),
-              "bins": human(sum(a.free["unsorted"] + a.free["small"] + a.free["large"] for a in rep.arenas)),
-              "top": human(rep.top), "overhead": human(rep.overhead), "trim frees": human(rep.trim)}
-    for name, justify in cols:
-        table.add_column(name, justify=justify, no_wrap=True, footer=totals.get(name, ""))
+    glibc = rep.allocator == "glibc"
+    figures = _GLIBC_COLUMNS if glibc else _JEMALLOC_COLUMNS
+    fixed = (("#", "right"), ("arena", "left"), ("kind", "left"), ("threads", "right"),
+             ("heaps" if glibc else "extents", "right"), ("system" if glibc else "mapped", "right"),
+             ("in use", "right"))
+    totals = [f"{len(rep.arenas)} arenas", "", "", "", human(rep.system), human(rep.in_use)]
+    totals += [human(sum(get(a) for a in rep.arenas)) for _, get in figures]
+    for (name, justify), footer in zip(fixed + tuple((name, "right") for name, _ in figures), ["", *totals]):
+        table.add_column(name, justify=justify, no_wrap=True, footer=footer)
     for a in rep.arenas:
-        bins = a.free["unsorted"] + a.free["small"] + a.free["large"]
         table.add_row(str(a.number), f"{a.address:#x}", a.kind, str(a.threads), str(a.heaps), human(a.system),
-                      human(a.in_use), human(a.free["tcache"]), human(a.free["fast"]), human(bins), human(a.top),
-                      human(a.overhead), human(a.reclaim))
+                      human(a.in_use), *(human(get(a)) for _, get in figures))
+    return table
+
+
+def _glibc_lines(rep: Report) -> Text:
     lines = Text()
     lines.append(f"mmapped chunks: {rep.mmapped_count}, {human(rep.mmapped_bytes)}\n")
     lines.append(f"arenas: {len(rep.arenas)} ({rep.arenas_on_free_list} on the free list of exited threads); "
@@ -260,21 +272,46 @@ def report_group(rep: Report, interactive: bool) -> Group:
         lines.append(f"  (the free lists hold {human(rep.free_listed)}, the chunk walk found {human(rep.free)} free: "
                      "the heap is damaged, so these figures cover only what the lists hold; see the findings)\n",
                      style="red")
-    hist = Table(title="free chunks by size", box=_box(interactive), title_justify="left")
-    for name in ("size", "chunks", "bytes", "share"):
+    return lines
+
+
+def _jemalloc_lines(rep: Report) -> Text:
+    lines = Text()
+    lines.append(f"large allocations: {rep.mmapped_count}, {human(rep.mmapped_bytes)}\n")
+    lines.append(f"arenas: {len(rep.arenas)} ({rep.arenas_on_free_list} with no thread); {rep.arena_limit}\n")
+    if not all(a.balanced for a in rep.arenas):
+        lines.append("accounting: some arenas' counters do not agree with their pages (see the findings)\n",
+                     style="red")
+    lines.append(f"decay would give back {human(rep.trim_total)}: the dirty and muzzy pages\n")
+    lines.append(f"free pieces (free slab regions, cached regions, dirty and muzzy extents): {rep.free_chunks}, "
+                 f"{human(rep.free_listed)}; largest {human(rep.largest_free)}\n")
+    return lines
+
+
+def report_group(rep: Report, interactive: bool) -> Group:
+    """The report: per-arena table with totals, histogram, what the allocator would give back, and verdict."""
+    glibc = rep.allocator == "glibc"
+    lines = _glibc_lines(rep) if glibc else _jemalloc_lines(rep)
+    hist = Table(title="free chunks by size" if glibc else "free pieces by size", box=_box(interactive),
+                 title_justify="left")
+    for name in ("size", "chunks" if glibc else "pieces", "bytes", "share"):
         hist.add_column(name, justify="right" if name != "size" else "left", no_wrap=True)
     for b in rep.histogram:
         hist.add_row(f"{human(b.low)} - {human(b.high)}", str(b.count), human(b.bytes),
                      f"{100 * b.bytes / rep.free_listed:.0f}%" if rep.free_listed else "-")
-    classes = Table(title=f"free chunks by {rep.allocator} size class", box=_box(interactive), title_justify="left")
-    for name in ("class", "chunks", "bytes"):
-        classes.add_column(name, justify="right" if name != "class" else "left", no_wrap=True)
-    for name, count, size in rep.classes:
-        classes.add_row(name, str(count), human(size))
+    parts = [_arena_table(rep, interactive), lines, hist]
+    if glibc or rep.classes:
+        classes = Table(title=f"free chunks by {rep.allocator} size class", box=_box(interactive),
+                        title_justify="left")
+        for name in ("class", "chunks", "bytes"):
+            classes.add_column(name, justify="right" if name != "class" else "left", no_wrap=True)
+        for name, count, size in rep.classes:
+            classes.add_row(name, str(count), human(size))
+        parts.append(classes)
     verdict = Text("verdict:\n", style="bold")
     for sentence in rep.verdict:
         verdict.append(f"  - {sentence}\n")
-    return Group(table, lines, hist, classes, verdict)
+    return Group(*parts, verdict)
 
 
 def threads_group(state: HeapState, interactive: bool) -> Group:

@@ -1,0 +1,145 @@
+"""jemalloc's verdict: plain sentences, each with its numbers, on where the pages jemalloc holds are and
+what would give them back: dirty and muzzy pages that decay returns and when, arenas that never decay and
+why, retained address space, partly used slabs, thread caches, and the remedies with what each costs."""
+
+from __future__ import annotations
+
+from heapwalk.analysis.report import human
+from heapwalk.jemalloc.decay import never_decaying
+from heapwalk.jemalloc.layout import PAGE
+from heapwalk.jemalloc.model import JeArena, JeState
+
+__all__ = ["advice"]
+
+MiB = 1 << 20
+
+
+def _pct(part: int, whole: int) -> str:
+    return f"{100 * part / whole:.0f}%" if whole else "0%"
+
+
+def _names(arenas: list[JeArena]) -> str:
+    numbers = [str(a.index) for a in arenas]
+    return ("arena " if len(numbers) == 1 else "arenas ") + ", ".join(numbers)
+
+
+def advice(state: JeState) -> tuple[str, ...]:
+    """The verdict on STATE, the most telling sentence first."""
+    if not state.arenas:
+        return ("jemalloc holds no arenas.",)
+    return tuple(s for s in (_headline(state), *_decay(state), _muzzy(state), _retained(state), _slabs(state),
+                             _tcache(state)) if s)
+
+
+def _headline(state: JeState) -> str:
+    """Held free by the allocator, in use by the program, or neither."""
+    arenas = state.arenas
+    dirty = sum(a.pdirty for a in arenas) * PAGE
+    muzzy = sum(a.pmuzzy for a in arenas) * PAGE
+    held = sum(a.pactive for a in arenas) * PAGE + dirty + muzzy
+    in_use = sum(state.in_use(a) for a in arenas)
+    slabs = sum(max(0, a.slab_bytes() - a.small()["allocated"]) for a in arenas)
+    cached = sum(state.cached_from(a.index) for a in arenas)
+    idle = dirty + muzzy + slabs + cached
+    if not held:
+        return "jemalloc's arenas hold no pages."
+    if idle >= 0.25 * held and idle >= MiB:
+        return (f"Held free by jemalloc, not a leak: {human(idle)} of the {human(held)} of pages its arenas hold "
+                f"({_pct(idle, held)}) is free: {human(dirty)} in dirty pages (freed, still resident until decay "
+                f"purges them), {human(muzzy)} muzzy, {human(slabs)} in partly used slabs, {human(cached)} in "
+                f"thread caches; {human(in_use)} is in use.")
+    if in_use >= 0.75 * held:
+        return (f"Memory in use, not held free: {human(in_use)} of the {human(held)} of pages jemalloc holds "
+                f"({_pct(in_use, held)}) is in allocations the program holds. That is live data or a leak: two "
+                "captures some time apart and 'heapwalk diff' show which arenas grow.")
+    return (f"{human(in_use)} in use and {human(idle)} free of the {human(held)} of pages jemalloc holds: "
+            "neither free pages nor growth stands out.")
+
+
+def _decay(state: JeState) -> list[str]:
+    """Dirty pages: those no thread will ever decay (and the remedies), those decay will return, and those
+    kept because decay is off."""
+    out = []
+    stuck = [arena for arena, _ in never_decaying(state)]
+    if stuck:
+        out.append(_stuck(state, stuck))
+    rest = [a for a in state.arenas if a.pdirty and a not in stuck]
+    decaying = [a for a in rest if a.dirty_decay_ms > 0]
+    if decaying:
+        dirty = sum(a.pdirty for a in decaying) * PAGE
+        times = sorted({a.dirty_decay_ms for a in decaying})
+        background = state.opt.get("background_thread")
+        driver = ("jemalloc's background threads purge them on time" if background is True else
+                  "decay advances only while threads of the arena call the allocator (background_thread is "
+                  f"{'off' if background is False else 'not known'}; background_thread:true purges them on time "
+                  "even while the threads are idle)")
+        out.append(f"{human(dirty)} of dirty pages in {_names(decaying)} will be returned gradually over "
+                   f"dirty_decay_ms ({' / '.join(map(str, times))} ms) after they were freed: {driver}.")
+    off = [a for a in rest if a.dirty_decay_ms < 0]
+    if off:
+        out.append(f"{human(sum(a.pdirty for a in off) * PAGE)} of dirty pages in {_names(off)} are never "
+                   "purged: dirty_decay_ms is -1 (decay off). MALLOC_CONF=dirty_decay_ms:N (milliseconds) turns "
+                   "it on.")
+    return out
+
+
+def _stuck(state: JeState, stuck: list[JeArena]) -> str:
+    """The 5.2.1 bug in numbers, and the remedies with what each costs."""
+    dirty = sum(a.pdirty for a in stuck) * PAGE
+    times = " / ".join(map(str, sorted({a.dirty_decay_ms for a in stuck})))
+    workers = state.opt.get("max_background_threads")
+    threads = f"up to {workers} threads" if isinstance(workers, int) else "a few threads"
+    return (f"Not decaying: {human(dirty)} of dirty pages in {_names(stuck)} have never been purged "
+            f"(dirty_npurge 0) although dirty_decay_ms is {times}: no thread using them holds a decay ticker, "
+            "and in jemalloc 5.2.1 a thread whose first call was free() never gets one. Remedies: "
+            "MALLOC_CONF=dirty_decay_ms:0 returns freed pages at once (an madvise call per freed page run and a "
+            f"page fault when one is reused); background_thread:true purges on time ({threads} of jemalloc's "
+            "own); a malloc and free at each thread's start gives it a ticker at no run-time cost; "
+            "jemalloc 5.3 sets the ticker up with each thread.")
+
+
+def _muzzy(state: JeState) -> str:
+    muzzy = [a for a in state.arenas if a.pmuzzy]
+    if not muzzy:
+        return ""
+    times = " / ".join(map(str, sorted({a.muzzy_decay_ms for a in muzzy})))
+    return (f"{human(sum(a.pmuzzy for a in muzzy) * PAGE)} of muzzy pages in {_names(muzzy)} were given back "
+            "lazily (MADV_FREE): the kernel takes them when memory runs short and counts them in RSS until then; "
+            f"muzzy_decay_ms ({times}) purges them for good, MALLOC_CONF=muzzy_decay_ms:0 at once.")
+
+
+def _retained(state: JeState) -> str:
+    retained = sum(a.retained for a in state.arenas)
+    if retained < MiB:
+        return ""
+    return (f"{human(retained)} of address space is retained (opt.retain): purged pages jemalloc keeps mapped "
+            "to reuse. It is not resident and costs virtual size only.")
+
+
+def _slabs(state: JeState) -> str:
+    """Partly used slabs: the size classes with the most free bytes in their slabs."""
+    by_size: dict[int, list[int]] = {}          # size -> [free bytes, nonfull slabs, slabs, regions used, regions]
+    for b in (b for a in state.arenas for b in a.bins if b.curslabs):
+        row = by_size.setdefault(b.size, [0, 0, 0, 0, 0])
+        for i, value in enumerate((b.curslabs * b.slab_pages * PAGE - b.curregs * b.size, b.nonfull_slabs,
+                                   b.curslabs, b.curregs, b.curslabs * b.nregs)):
+            row[i] += value
+    free = sum(row[0] for row in by_size.values())
+    slabs = sum(a.slab_bytes() for a in state.arenas)
+    if free < MiB or free < 0.25 * slabs:
+        return ""
+    worst = sorted(by_size.items(), key=lambda item: -item[1][0])[:3]
+    named = "; ".join(f"{size} B: {nonfull} of {count} slabs not full, {_pct(used, regions)} of regions used"
+                      for size, (_, nonfull, count, used, regions) in worst)
+    return (f"{human(free)} of the {human(slabs)} in slabs is free regions ({named}): a slab goes back to its "
+            "arena only when its last region is freed, so long-lived small objects among short-lived ones keep "
+            "whole slabs.")
+
+
+def _tcache(state: JeState) -> str:
+    cached = sum(t.tcache_bytes for t in state.threads)
+    users = sum(1 for t in state.threads if t.tcache)
+    if cached < MiB:
+        return ""
+    return (f"{human(cached)} sits in the thread caches of {users} threads: freed regions each keeps for reuse, "
+            "flushed as the thread goes on allocating or when it exits; opt.tcache_max lowers what they may hold.")
