@@ -365,3 +365,64 @@ def test_the_command_line_diffs_jemalloc_snapshots(reported, tmp_path):
     assert diffed.returncode == 0, diffed.stderr
     d = json.loads((tmp_path / "d.json").read_text())
     assert d["grew"] == [row["number"]] and d["growth"]["system"] == d["growth"]["free"] == 8 << 20
+
+
+@pytest.mark.parametrize("suite", JEMALLOCS)
+def test_check_finds_a_real_jemalloc_core_consistent(suite, tmp_path):
+    """'heapwalk check' on je_dns: every counter agrees and every cached region lies in a slab (or a large
+    extent) of its bin's class; warnings (the arenas that never decay) do not make it damaged."""
+    cap = capture_jemalloc(suite, "je_dns")
+    out = tmp_path / "check.json"
+    result = run_gdb([str(cap.exe), str(cap.core)], [f"heapwalk check --json {out}", "p $heapwalk_errors"],
+                     iex=[NO_SYMBOLS])
+    assert result.returncode == 0 and "Traceback" not in result.stdout + result.stderr, result.stderr
+    doc = json.loads(out.read_text())
+    assert doc["allocator"] == "jemalloc" and doc["clean"] and doc["errors"] == 0
+    assert doc["checked"]["cached_regions"] > 5000 and doc["checked"]["arenas"] == 8
+    assert doc["warnings"] == (3 if suite == "bullseye" else 0)
+    assert "$1 = 0" in result.stdout
+
+
+def test_check_names_a_double_free_and_a_counter_that_disagrees():
+    """A region cached by two threads is a double free at its address, a region whose extent is of another
+    size class (a 64-byte bin's region in a 32-byte slab) is named with both classes, and a bin whose regions in use are not its allocations less its
+    frees is an error at its arena."""
+    from heapwalk.jemalloc.check import check_jemalloc
+    layout = LAYOUTS[(5, 3, 0)]
+    arenas_at, arena_at, base, rtree, leaf, extent, slab = 0x10000, 0x40000, 0x90000, 0x1000000, 0x2000000, \
+        0x3000000, 0x7f0000400000
+    arena = bytearray(layout.arena_size + 36 * layout.bin_size)
+    struct.pack_into("<Q", arena, layout.base, base)
+    bin3 = layout.bins + 3 * layout.bin_size + layout.bin_stats
+    struct.pack_into("<4Q", arena, bin3, 10, 2, 10, 7)         # nmalloc 10, ndalloc 2, nrequests, curregs 7
+    struct.pack_into("<Q", arena, bin3 + 64, 1)                # curslabs 1
+    root = bytearray(8 * 0x40000)
+    struct.pack_into("<Q", root, 8 * ((slab >> 30) & 0x3FFFF), leaf)
+    leaf_bytes = bytearray(8 * 0x40000)
+    struct.pack_into("<Q", leaf_bytes, 8 * ((slab >> 12) & 0x3FFFF), (2 << 48) | extent | 1)   # class 2 slab
+    mem = ImageMemory({arenas_at: struct.pack("<Q", arena_at), arena_at: arena, base: bytes(4096),
+                       rtree: bytes(layout.rtree_root) + root, leaf: leaf_bytes, extent: struct.pack("<Q", 0)})
+    threads, stacks = [], 0x500000
+    for number in (1, 2):
+        fs = 0x800000 * number
+        tsd = bytearray(layout.tsd_size)
+        tsd[layout.tsd_state] = 0
+        struct.pack_into("<Q", tsd, layout.tsd_arena, arena_at)
+        struct.pack_into("<Q", tsd, layout.tsd_tcache_arena, arena_at)
+        stack = stacks + 0x1000 * number
+        struct.pack_into("<Q", tsd, layout.tsd_tcache_bins[0] + 24 * 2, stack)            # bin 2 (32 B)
+        struct.pack_into("<H", tsd, layout.tsd_tcache_bins[0] + 24 * 2 + 20, (stack + 8) & 0xFFFF)
+        struct.pack_into("<Q", tsd, layout.tsd_tcache_bins[0] + 24 * 4, stack + 0x100)    # bin 4 (64 B)
+        struct.pack_into("<H", tsd, layout.tsd_tcache_bins[0] + 24 * 4 + 20, (stack + 0x108) & 0xFFFF)
+        mem.add(fs - 0x1000, bytes(tsd))
+        mem.add(stack, struct.pack("<Q", slab) + bytes(0xF8) + struct.pack("<Q", slab + 0x40))
+        threads.append(ThreadRegs(number, 100 + number, fs))
+    disc = JeDiscovery((5, 3, 0), "5.3.0-test", layout, "libjemalloc.so.2", 0, arenas_at, 1, -0x1000,
+                       opt={"tcache_max": 32768}, rtree=rtree)
+    state = collect_jemalloc(mem, disc, threads)
+    findings = check_jemalloc(state)
+    kinds = {(f.kind, f.address) for f in findings}
+    assert (Kind.DOUBLE_FREE, slab) in kinds and (Kind.DOUBLE_FREE, slab + 0x40) in kinds
+    assert (Kind.TCACHE_SIZE, slab + 0x40) in kinds and (Kind.TCACHE_SIZE, slab) not in kinds
+    assert (Kind.ARENA, arena_at) in kinds
+    assert all(f.severity is Severity.ERROR for f in findings)

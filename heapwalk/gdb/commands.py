@@ -15,8 +15,8 @@ import gdb  # type: ignore[import-not-found]
 from heapwalk.analysis import report
 from heapwalk.findings import Kind, Severity
 from heapwalk.gdb.console import (console_with_header, gdb_console, interactive, print_damage, print_findings,
-                                  print_jemalloc_arenas, print_jemalloc_report, print_jemalloc_threads,
-                                  print_partial, read_only)
+                                  print_jemalloc_arenas, print_jemalloc_check, print_jemalloc_report,
+                                  print_jemalloc_threads, print_partial, read_only)
 from heapwalk.gdb.session import (DebugParameter, SetPrefix, Settings, StringParameter, UserError,
                                   glibc_unless_jemalloc, load_state, load_target, parse_int,
                                   selected_arena)
@@ -335,7 +335,14 @@ class CheckCommand(_Subcommand):
     def run(self, args) -> None:
         for name in ("heapwalk_errors", "heapwalk_warnings"):
             gdb.set_convenience_variable(name, None)
-        state, mem, layout = load_target(walk_chunks=True)
+        errors: list[int] = []
+        loaded = glibc_unless_jemalloc(args, lambda state, path: errors.append(
+            print_jemalloc_check(state, path, args.limit)), walk_chunks=True, with_memory=True)
+        if loaded is None:
+            if errors and errors[0]:
+                raise UserError(f"heapwalk check: jemalloc's state is damaged ({errors[0]} error(s))")
+            return
+        state, mem, layout = loaded
         result = check.check(state, mem, layout)
         checked = check.scope(state)
         console = console_with_header(state)

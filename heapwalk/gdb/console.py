@@ -13,6 +13,7 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeR
 
 from heapwalk.glibc.model import HeapState
 from heapwalk.glibc.partial import partial
+from heapwalk.jemalloc import check as je_check
 from heapwalk.jemalloc.model import JeState
 from heapwalk.output import jedoc, jsondoc, tables
 
@@ -178,3 +179,20 @@ def _print_jemalloc(state: JeState, table, json_path: str | None, *more) -> None
     print_findings(console, state.all_findings())
     if json_path:
         jsondoc.dump(jedoc.jemalloc_document(state), json_path)
+
+
+def print_jemalloc_check(state: JeState, json_path: str | None, limit: int) -> int:
+    """'heapwalk check' of a jemalloc process: its findings and counters, and the same convenience
+    variables; returns the number of errors."""
+    findings = je_check.check_jemalloc(state)
+    checked = je_check.scope(state)
+    console = gdb_console()
+    console.print(f"{state.target}\n" if state.target else "", end="")
+    console.print(f"jemalloc {state.version}")
+    console.print(jedoc.jemalloc_check_text(findings, checked, limit or len(findings)), end="")
+    if json_path:
+        jsondoc.dump(jedoc.jemalloc_check_document(state, findings, checked), json_path)
+    errors = sum(1 for f in findings if f.severity.value == "error")
+    gdb.set_convenience_variable("heapwalk_errors", errors)
+    gdb.set_convenience_variable("heapwalk_warnings", sum(1 for f in findings if f.severity.value == "warning"))
+    return errors

@@ -133,9 +133,9 @@ class StringParameter(gdb.Parameter):
         self.value = ""
 
 
-def glibc_unless_jemalloc(args, show_jemalloc, walk_chunks: bool = False):
-    """The glibc state, or None once SHOW_JEMALLOC(state, json file) has shown a target that allocates with
-    jemalloc.  When jemalloc is mapped but not found, glibc's heap may still be the one in use: its error is
+def glibc_unless_jemalloc(args, show_jemalloc, walk_chunks: bool = False, with_memory: bool = False):
+    """The glibc state (with WITH_MEMORY: (state, memory, layout)), or None once SHOW_JEMALLOC(state, json
+    file) has shown a target that allocates with jemalloc.  When jemalloc is mapped but not found, glibc's heap may still be the one in use: its error is
     raised only if glibc's is not found either.  The target is asked of gdb once."""
     _require_target()
     with preserved_selection():
@@ -150,7 +150,8 @@ def glibc_unless_jemalloc(args, show_jemalloc, walk_chunks: bool = False):
                 show_jemalloc(state, args.json)
                 return None
         try:
-            return _load_glibc(target, walk_chunks)[0]
+            loaded = _load_glibc(target, walk_chunks)
+            return loaded if with_memory else loaded[0]
         except (UserError, DiscoveryError):
             if je_error is not None:
                 raise je_error from None

@@ -38,7 +38,8 @@ def collect_jemalloc(mem: Memory, disc: JeDiscovery, threads: list[ThreadRegs], 
                                     f"({address:#x}): {exc.reason}", Kind.ARENA))
     by_address = {address: index for index, address in enumerate(pointers) if address}
     extents = ExtentMap(mem, disc.layout, disc.rtree)
-    decoded = tuple(_thread(mem, disc, regs, by_address, cached, extents)
+    seen: dict[int, int] = {}
+    decoded = tuple(_thread(mem, disc, regs, by_address, cached, extents, seen, findings)
                     for regs in sorted(threads, key=lambda t: t.number))
     return JeState(target, disc.version_text, disc.layout.name, tuple(arenas), decoded, disc.facts, tuple(findings),
                    dict(disc.opt))
@@ -157,7 +158,7 @@ def _bins(mem: Memory, layout: JeLayout, index: int, address: int, raw: bytes, f
 
 
 def _thread(mem: Memory, disc: JeDiscovery, regs: ThreadRegs, arenas: dict[int, int], cached: int | None,
-            extents: ExtentMap) -> JeThread:
+            extents: ExtentMap, seen: dict[int, int], findings: list[Finding]) -> JeThread:
     """REGS' thread through its tsd: state, arena, byte counters, whether its decay ticker exists, and what
     the CACHED bins of its thread cache hold."""
     layout = disc.layout
@@ -184,22 +185,50 @@ def _thread(mem: Memory, disc: JeDiscovery, regs: ThreadRegs, arenas: dict[int, 
     counts = cache_bins(mem, layout, arrays, layout.cache_bins if bins is None else bins)
     return JeThread(regs.number, regs.lwp, tsd, state, arena, allocated, deallocated, ticker, tcache_arena,
                     tuple((class_size(i), c) for i, c in enumerate(counts) if c),
-                    _origins(mem, layout, arrays, len(counts), tcache_arena, extents))
+                    _origins(mem, layout, arrays, len(counts), tcache_arena, extents,
+                             _Seen(regs.number, seen, findings)))
+
+
+class _Seen:
+    """The regions the thread caches hold, checked as they are read: each must lie in a slab (or a large
+    extent) of its bin's size class, and be cached once."""
+
+    def __init__(self, thread: int, seen: dict[int, int], findings: list[Finding]):
+        self.thread, self.seen, self.findings = thread, seen, findings
+
+    def region(self, index: int, address: int, entry) -> None:
+        where = f"tcache of thread {self.thread}, bin {class_size(index)} B"
+        if address in self.seen:
+            self.findings.append(Finding(Severity.ERROR, address, where, f"region {address:#x} is cached twice "
+                                         f"(also by thread {self.seen[address]}): a double free", Kind.DOUBLE_FREE))
+        self.seen.setdefault(address, self.thread)
+        if entry is None:
+            self.findings.append(Finding(Severity.ERROR, address, where, f"region {address:#x} lies in no extent "
+                                         "jemalloc knows", Kind.TCACHE))
+        elif entry[1] != index or entry[2] != (index < NBINS):
+            self.findings.append(Finding(Severity.ERROR, address, where, f"region {address:#x} lies in an extent of "
+                                         f"size class {entry[1]}, not {index}", Kind.TCACHE_SIZE,
+                                         f"class {index}", f"class {entry[1]}"))
 
 
 def _origins(mem: Memory, layout: JeLayout, arrays: tuple[int, ...], n: int, own: int | None,
-             extents: ExtentMap) -> tuple[tuple[int, int], ...]:
+             extents: ExtentMap, seen: _Seen) -> tuple[tuple[int, int], ...]:
     """(arena, bytes) of the regions a thread cache holds, by the arena each came from (its own arena OWN
-    for those whose extent cannot be looked up)."""
+    for those whose extent cannot be looked up), each region checked by SEEN when the tree is known."""
     if own is None or not n:
         return ()
     try:
         regions = cached_regions(mem, layout, arrays, n)
-    except ReadError:
+    except ReadError as exc:
+        seen.findings.append(Finding(Severity.ERROR, exc.address, f"tcache of thread {seen.thread}",
+                                     f"a cache bin's stack is unreadable ({exc.reason}): its regions are counted "
+                                     "in the cache's own arena", Kind.TCACHE))
         regions = []
     by_arena: dict[int, int] = {}
     for index, addresses in regions:
         for address in addresses:
+            if extents.rtree is not None:
+                seen.region(index, address, extents.lookup(address))
             origin = extents.arena_of(address)
             key = own if origin is None else origin
             by_arena[key] = by_arena.get(key, 0) + class_size(index)

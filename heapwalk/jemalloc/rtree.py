@@ -25,28 +25,38 @@ class ExtentMap:
 
     def arena_of(self, address: int) -> int | None:
         """The index of the arena whose extent holds ADDRESS (None: no tree, no extent, or unreadable)."""
+        entry = self.lookup(address)
+        if entry is None:
+            return None
+        extent = entry[0]
+        try:
+            if extent not in self._arenas:
+                self._arenas[extent] = struct.unpack("<Q", self.mem.read(extent, 8))[0] & 0xFFF
+        except ReadError:
+            return None
+        return self._arenas[extent]
+
+    def lookup(self, address: int) -> tuple[int, int, bool] | None:
+        """(extent, size class index, is a slab) the tree maps ADDRESS's page to (None: no tree, no extent,
+        or unreadable)."""
         if self.rtree is None:
             return None
         try:
-            extent = self._extent(address)
-            if not extent:
-                return None
-            if extent not in self._arenas:
-                self._arenas[extent] = struct.unpack("<Q", self.mem.read(extent, 8))[0] & 0xFFF
-            return self._arenas[extent]
+            return self._entry(address)
         except ReadError:
             return None
 
-    def _extent(self, address: int) -> int:
+    def _entry(self, address: int) -> tuple[int, int, bool] | None:
         key = (address >> 30) & _LEVEL
         if key not in self._leaves:
             self._leaves[key] = struct.unpack("<Q", self.mem.read(self.rtree + self.layout.rtree_root + 8 * key,
                                                                   8))[0]
         leaf = self._leaves[key]
         if not leaf:
-            return 0
-        bits, = struct.unpack("<q", self.mem.read(leaf + 8 * ((address >> 12) & _LEVEL), 8))
-        low48 = ((bits << 16) & (2**64 - 1)) >> 16
+            return None
+        bits, = struct.unpack("<Q", self.mem.read(leaf + 8 * ((address >> 12) & _LEVEL), 8))
+        low48 = bits & (2**48 - 1)
         if low48 >> 47:
             low48 |= 0xFFFF << 48
-        return low48 & ~self.layout.rtree_extent_mask
+        extent = low48 & ~self.layout.rtree_extent_mask
+        return (extent, bits >> 48, bool(bits & 1)) if extent else None

@@ -115,3 +115,34 @@ def jemalloc_slabs_table(state: JeState, box, limit: int = 12) -> Table | None:
     for size, (slabs, nonfull, used, regions, free) in worst[:limit]:
         table.add_row(human(size), str(slabs), str(nonfull), str(used), f"{100 * used / regions:.0f}%", human(free))
     return table
+
+
+def jemalloc_check_text(findings, checked: dict[str, int], limit: int) -> str:
+    """'heapwalk check' on jemalloc: a summary line, then each finding."""
+    errors = sum(1 for f in findings if f.severity.value == "error")
+    warnings = sum(1 for f in findings if f.severity.value == "warning")
+    scope = (f"{checked['arenas']} arenas, {checked['bins']} bins, {checked['tcaches']} thread caches, "
+             f"{checked['cached_regions']} cached regions")
+    if not errors and not warnings:
+        return f"jemalloc consistent: no violations in {scope}\n"
+    head = "jemalloc DAMAGED" if errors else "jemalloc consistent, with warnings"
+    lines = [f"{head}: {errors} error(s), {warnings} warning(s) in {scope}"]
+    for f in findings[:limit]:
+        lines.append(f"{f.severity.value.upper():7} {f.kind.ident:20} {f.address:#x}  {f.structure}")
+        lines.append(f"        {f.message}")
+        if f.expected:
+            lines.append(f"        expected {f.expected}, found {f.found or '?'}")
+    if len(findings) > limit:
+        lines.append(f"... and {len(findings) - limit} more ('heapwalk check --json FILE' has them all)")
+    return "\n".join(lines) + "\n"
+
+
+def jemalloc_check_document(state: JeState, findings, checked: dict[str, int]) -> dict[str, Any]:
+    """'heapwalk check --json' on jemalloc."""
+    errors = sum(1 for f in findings if f.severity.value == "error")
+    return {"schema_version": SCHEMA_VERSION, "target": state.target, "allocator": "jemalloc",
+            "clean": not errors, "errors": errors,
+            "warnings": sum(1 for f in findings if f.severity.value == "warning"), "checked": checked,
+            "findings": [{"severity": f.severity.value, "kind": f.kind.ident, "address": f.address,
+                          "structure": f.structure, "message": f.message, "expected": f.expected,
+                          "found": f.found} for f in findings]}

@@ -1,0 +1,71 @@
+"""'heapwalk check' on jemalloc: the findings of decoding (unreadable arenas, bins and bases, thread caches that
+hold a region twice or of the wrong size class, lists that loop), and the counters that must agree with each
+other in every arena: the free extents of each page size class add up to the container's page count (dirty,
+muzzy, retained); each bin's regions in use are its allocations less its frees and fit in its slabs; no large
+class has freed more than it allocated; the active pages hold exactly the slabs and the large allocations
+(each with one page more when cache_oblivious is on)."""
+
+from __future__ import annotations
+
+from heapwalk.findings import Finding, Kind, Severity
+from heapwalk.jemalloc.layout import PAGE
+from heapwalk.jemalloc.model import JeArena, JeState
+
+__all__ = ["check_jemalloc", "scope"]
+
+
+def check_jemalloc(state: JeState) -> tuple[Finding, ...]:
+    """Every violation found in STATE, errors first, then by address."""
+    findings = list(state.all_findings())
+    for a in state.arenas:
+        findings += _extents(a) + _bins(a) + _active(a)
+    return tuple(sorted(findings, key=lambda f: (f.severity is not Severity.ERROR,
+                                                 f.severity is not Severity.WARNING, f.address)))
+
+
+def scope(state: JeState) -> dict[str, int]:
+    """What the check looked at."""
+    return {"arenas": len(state.arenas), "bins": sum(1 for a in state.arenas for b in a.bins if b.nmalloc),
+            "tcaches": sum(1 for t in state.threads if t.tcache_arena is not None),
+            "cached_regions": sum(c for t in state.threads for _, c in t.tcache)}
+
+
+def _error(a: JeArena, message: str, expected: str, found: str, kind: Kind = Kind.ACCOUNTING) -> Finding:
+    return Finding(Severity.ERROR, a.address, f"arena {a.index}", message, kind, expected, found)
+
+
+def _extents(a: JeArena) -> list[Finding]:
+    out = []
+    for name, pages, nbytes in (("dirty", a.pdirty * PAGE, sum(e.dirty_bytes for e in a.extents)),
+                                ("muzzy", a.pmuzzy * PAGE, sum(e.muzzy_bytes for e in a.extents)),
+                                ("retained", a.retained, sum(e.retained_bytes for e in a.extents))):
+        if a.extents and pages != nbytes:
+            out.append(_error(a, f"the {name} extents by size class hold {nbytes} bytes, the {name} container "
+                              f"counts {pages}", f"{pages} bytes", f"{nbytes} bytes", Kind.ARENA))
+    return out
+
+
+def _bins(a: JeArena) -> list[Finding]:
+    out = []
+    for b in a.bins:
+        if b.curregs != b.nmalloc - b.ndalloc or b.curregs > b.curslabs * b.nregs or b.nonfull_slabs > b.curslabs:
+            out.append(_error(a, f"bin {b.index} ({b.size} B): curregs {b.curregs}, nmalloc {b.nmalloc}, ndalloc "
+                              f"{b.ndalloc}, curslabs {b.curslabs} of {b.nregs} regions, nonfull_slabs "
+                              f"{b.nonfull_slabs} do not agree", "curregs = nmalloc - ndalloc <= curslabs x nregs",
+                              f"{b.curregs}", Kind.ARENA))
+    for c in a.large:
+        if c.ndalloc > c.nmalloc:
+            out.append(_error(a, f"large class {c.size} B freed {c.ndalloc} allocations of {c.nmalloc}",
+                              "ndalloc <= nmalloc", f"{c.ndalloc} > {c.nmalloc}", Kind.ARENA))
+    return out
+
+
+def _active(a: JeArena) -> list[Finding]:
+    large = sum(c.curlextents * c.size for c in a.large)
+    extents = sum(c.curlextents for c in a.large if c.curlextents > 0)
+    padding = a.pactive * PAGE - a.slab_bytes() - large
+    if 0 <= padding <= extents * PAGE:
+        return []
+    return [_error(a, f"{a.pactive} active pages ({a.pactive * PAGE} bytes) do not hold its slabs "
+                   f"({a.slab_bytes()} bytes) and large allocations ({large} bytes, {extents} extents)",
+                   "slabs + large allocations + at most a page each", f"{padding} bytes left over")]
