@@ -31,6 +31,17 @@ BIN_FIELDS = ("nmalloc", "ndalloc", "curregs", "nrequests", "nfills", "nflushes"
               "nonfull_slabs")
 
 
+def _gdb_json(tmp: Path, suite: str, command: str) -> tuple[str, dict]:
+    """(the text, the JSON) of 'heapwalk COMMAND --json' on je_dns's core under SUITE's jemalloc, symbols
+    hidden; the command must succeed without a traceback."""
+    cap = capture_jemalloc(suite, "je_dns")
+    out = tmp / f"{suite}-{command}.json"
+    result = run_gdb([str(cap.exe), str(cap.core)], [f"heapwalk {command} --json {out}"], iex=[NO_SYMBOLS])
+    assert result.returncode == 0 and out.exists(), result.stderr
+    assert "Traceback" not in result.stdout + result.stderr
+    return " ".join(result.stdout.split()), json.loads(out.read_text())
+
+
 @pytest.fixture(scope="module")
 def decoded(tmp_path_factory):
     """decoded(suite) -> (heapwalk's JSON, the printed statistics, the ledger) of je_dns on SUITE's jemalloc."""
@@ -38,13 +49,9 @@ def decoded(tmp_path_factory):
 
     @functools.cache
     def compute(suite: str):
-        cap = capture_jemalloc(suite, "je_dns")
-        out = tmp / f"{suite}.json"
-        result = run_gdb([str(cap.exe), str(cap.core)], [f"heapwalk arenas --json {out}"], iex=[NO_SYMBOLS])
-        assert result.returncode == 0 and out.exists(), result.stderr
-        assert "Traceback" not in result.stdout + result.stderr
-        stats = json.loads((cap.directory / "stats.json").read_text())["jemalloc"]
-        return json.loads(out.read_text()), stats, json.loads((cap.directory / "ledger.json").read_text())
+        directory = capture_jemalloc(suite, "je_dns").directory
+        stats = json.loads((directory / "stats.json").read_text())["jemalloc"]
+        return _gdb_json(tmp, suite, "arenas")[1], stats, json.loads((directory / "ledger.json").read_text())
     return compute
 
 
@@ -289,11 +296,7 @@ def reported(tmp_path_factory):
 
     @functools.cache
     def compute(suite: str):
-        cap = capture_jemalloc(suite, "je_dns")
-        out = tmp / f"{suite}.json"
-        result = run_gdb([str(cap.exe), str(cap.core)], [f"heapwalk report --json {out}"], iex=[NO_SYMBOLS])
-        assert result.returncode == 0 and "Traceback" not in result.stdout + result.stderr, result.stderr
-        return " ".join(result.stdout.split()), json.loads(out.read_text())
+        return _gdb_json(tmp, suite, "report")
     return compute
 
 

@@ -61,9 +61,7 @@ def _bins(a: JeArena) -> list[Finding]:
 
 
 def _active(a: JeArena) -> list[Finding]:
-    large = sum(c.curlextents * c.size for c in a.large)
-    extents = sum(c.curlextents for c in a.large if c.curlextents > 0)
-    padding = a.pactive * PAGE - a.slab_bytes() - large
+    large, extents, padding = a.large_totals()["allocated"], a.large_extents(), a.active_slack()
     if 0 <= padding <= extents * PAGE:
         return []
     return [_error(a, f"{a.pactive} active pages ({a.pactive * PAGE} bytes) do not hold its slabs "

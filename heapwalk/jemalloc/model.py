@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from heapwalk.findings import Fact, Finding
 
-__all__ = ["JeBin", "JeLarge", "JeExtents", "JeArena", "JeThread", "JeState"]
+__all__ = ["JeBin", "JeLarge", "JeExtents", "JeArena", "JeThread", "JeState", "SlabTotals"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,12 +104,32 @@ class JeArena:
         """The bytes of its slabs: each bin's slabs in use times the pages of one."""
         return sum(b.curslabs * b.slab_pages * 4096 for b in self.bins)
 
+    def large_extents(self) -> int:
+        """Large allocations alive now."""
+        return sum(c.curlextents for c in self.large)
+
+    def active_slack(self) -> int:
+        """Active bytes beyond its slabs and large allocations: with cache_oblivious, one page on each large
+        allocation, so between 0 and large_extents() pages when the counters agree."""
+        return self.pactive * 4096 - self.slab_bytes() - self.large_totals()["allocated"]
+
     def large_totals(self) -> dict[str, int]:
         """The large classes together, as malloc_stats_print sums them (a tcache fill is one nmalloc)."""
         return {"allocated": sum(c.curlextents * c.size for c in self.large),
                 "nmalloc": sum(c.nmalloc for c in self.large), "ndalloc": sum(c.ndalloc for c in self.large),
                 "nrequests": sum(c.nmalloc + c.nrequests for c in self.large),
                 "nfills": sum(c.nmalloc for c in self.large), "nflushes": sum(c.nflushes for c in self.large)}
+
+
+@dataclass(frozen=True, slots=True)
+class SlabTotals:
+    """The slabs of one size class: how many, how many not full, regions used and regions, free bytes."""
+
+    slabs: int
+    nonfull: int
+    used: int
+    regions: int
+    free: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,6 +175,16 @@ class JeState:
         """The bytes of arena A's regions the program holds: its small and large allocations, less what the
         thread caches hold of them."""
         return max(0, a.small()["allocated"] + a.large_totals()["allocated"] - self.cached_from(a.index))
+
+    def slabs_by_size(self) -> dict[int, SlabTotals]:
+        """Every arena's slabs together, by region size (sizes with a slab in use only)."""
+        out: dict[int, SlabTotals] = {}
+        for b in (b for a in self.arenas for b in a.bins if b.curslabs):
+            row = out.get(b.size, SlabTotals(0, 0, 0, 0, 0))
+            out[b.size] = SlabTotals(row.slabs + b.curslabs, row.nonfull + b.nonfull_slabs, row.used + b.curregs,
+                                     row.regions + b.curslabs * b.nregs,
+                                     row.free + b.curslabs * b.slab_pages * 4096 - b.curregs * b.size)
+        return out
 
     def arena(self, index: int) -> JeArena | None:
         return next((a for a in self.arenas if a.index == index), None)

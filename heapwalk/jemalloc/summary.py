@@ -32,12 +32,13 @@ def heap_view(state: JeState) -> HeapView:
     limit = (f"opt.narenas {narenas} automatic arenas, {manual} more made with arenas.create"
              if isinstance(narenas, int) else "opt.narenas is not known")
     large = [c for a in state.arenas for c in a.large]
+    rows = tuple(_row(state, a) for a in state.arenas)
     return HeapView(
-        allocator="jemalloc", arenas=tuple(_row(state, a) for a in state.arenas),
+        allocator="jemalloc", arenas=rows,
         free_sizes=MappingProxyType({a.index: _free_sizes(state, a) for a in state.arenas}), size_classes=(),
         large_count=sum(c.curlextents for c in large), large_bytes=sum(c.curlextents * c.size for c in large),
         arena_limit=limit, arenas_idle=sum(1 for a in state.arenas if not a.nthreads),
-        reclaim_total=sum((a.pdirty + a.pmuzzy) * PAGE for a in state.arenas), advice=advice(state))
+        reclaim_total=sum(r.reclaim for r in rows), advice=advice(state, rows))
 
 
 def arena_kind(state: JeState, index: int) -> str:
@@ -53,11 +54,9 @@ def _row(state: JeState, a: JeArena) -> ArenaView:
     """One arena's bytes by what holds them; balanced when its counters agree with its active pages."""
     small, large = a.small()["allocated"], a.large_totals()["allocated"]
     cached = state.cached_from(a.index)
-    slabs = a.slab_bytes()
     pages = (a.pactive + a.pdirty + a.pmuzzy) * PAGE
-    padding = a.pactive * PAGE - slabs - large          # cache_oblivious: one page on each large allocation
-    extents = sum(c.curlextents for c in a.large)
-    free = {"tcache": cached, "slabs": slabs - small, "dirty": a.pdirty * PAGE, "muzzy": a.pmuzzy * PAGE}
+    padding, extents = a.active_slack(), a.large_extents()
+    free = {"tcache": cached, "slabs": a.slab_bytes() - small, "dirty": a.pdirty * PAGE, "muzzy": a.pmuzzy * PAGE}
     balanced = (0 <= padding <= extents * PAGE and a.mapped >= pages and min(free.values()) >= 0
                 and small + large >= cached)
     return ArenaView(a.index, a.address, arena_kind(state, a.index), a.nthreads,

@@ -8,6 +8,7 @@ from heapwalk.analysis.report import human
 from heapwalk.jemalloc.decay import never_decaying
 from heapwalk.jemalloc.layout import PAGE
 from heapwalk.jemalloc.model import JeArena, JeState
+from heapwalk.view import ArenaView
 
 __all__ = ["advice"]
 
@@ -23,23 +24,20 @@ def _names(arenas: list[JeArena]) -> str:
     return ("arena " if len(numbers) == 1 else "arenas ") + ", ".join(numbers)
 
 
-def advice(state: JeState) -> tuple[str, ...]:
-    """The verdict on STATE, the most telling sentence first."""
+def advice(state: JeState, rows: tuple[ArenaView, ...]) -> tuple[str, ...]:
+    """The verdict on STATE, whose arenas' bytes by what holds them are ROWS, the most telling sentence first."""
     if not state.arenas:
         return ("jemalloc holds no arenas.",)
-    return tuple(s for s in (_headline(state), *_decay(state), _muzzy(state), _retained(state), _slabs(state),
+    return tuple(s for s in (_headline(state, rows), *_decay(state), _muzzy(state), _retained(state), _slabs(state),
                              _tcache(state)) if s)
 
 
-def _headline(state: JeState) -> str:
-    """Held free by the allocator, in use by the program, or neither."""
-    arenas = state.arenas
-    dirty = sum(a.pdirty for a in arenas) * PAGE
-    muzzy = sum(a.pmuzzy for a in arenas) * PAGE
-    held = sum(a.pactive for a in arenas) * PAGE + dirty + muzzy
-    in_use = sum(state.in_use(a) for a in arenas)
-    slabs = sum(max(0, a.slab_bytes() - a.small()["allocated"]) for a in arenas)
-    cached = sum(state.cached_from(a.index) for a in arenas)
+def _headline(state: JeState, rows: tuple[ArenaView, ...]) -> str:
+    """Held free by the allocator, in use by the program, or neither: the ROWS' figures, of the pages the
+    arenas hold (active, dirty and muzzy)."""
+    dirty, muzzy, slabs, cached = (sum(r.free[k] for r in rows) for k in ("dirty", "muzzy", "slabs", "tcache"))
+    in_use = sum(r.in_use for r in rows)
+    held = sum(a.pactive for a in state.arenas) * PAGE + dirty + muzzy
     idle = dirty + muzzy + slabs + cached
     if not held:
         return "jemalloc's arenas hold no pages."
@@ -118,19 +116,14 @@ def _retained(state: JeState) -> str:
 
 def _slabs(state: JeState) -> str:
     """Partly used slabs: the size classes with the most free bytes in their slabs."""
-    by_size: dict[int, list[int]] = {}          # size -> [free bytes, nonfull slabs, slabs, regions used, regions]
-    for b in (b for a in state.arenas for b in a.bins if b.curslabs):
-        row = by_size.setdefault(b.size, [0, 0, 0, 0, 0])
-        for i, value in enumerate((b.curslabs * b.slab_pages * PAGE - b.curregs * b.size, b.nonfull_slabs,
-                                   b.curslabs, b.curregs, b.curslabs * b.nregs)):
-            row[i] += value
-    free = sum(row[0] for row in by_size.values())
+    by_size = state.slabs_by_size()
+    free = sum(row.free for row in by_size.values())
     slabs = sum(a.slab_bytes() for a in state.arenas)
     if free < MiB or free < 0.25 * slabs:
         return ""
-    worst = sorted(by_size.items(), key=lambda item: -item[1][0])[:3]
-    named = "; ".join(f"{size} B: {nonfull} of {count} slabs not full, {_pct(used, regions)} of regions used"
-                      for size, (_, nonfull, count, used, regions) in worst)
+    worst = sorted(by_size.items(), key=lambda item: -item[1].free)[:3]
+    named = "; ".join(f"{size} B: {row.nonfull} of {row.slabs} slabs not full, {_pct(row.used, row.regions)} of "
+                      "regions used" for size, row in worst)
     return (f"{human(free)} of the {human(slabs)} in slabs is free regions ({named}): a slab goes back to its "
             "arena only when its last region is freed, so long-lived small objects among short-lived ones keep "
             "whole slabs.")

@@ -6,12 +6,15 @@ from __future__ import annotations
 from typing import Any
 
 from rich.table import Table
+from rich.text import Text
 
 from heapwalk.analysis.report import Report, build_report, human
 from heapwalk.jemalloc.layout import PAGE
 from heapwalk.jemalloc.model import JeArena, JeBin, JeState, JeThread
 from heapwalk.jemalloc.summary import heap_view
+from heapwalk.glibc.check import CheckResult
 from heapwalk.output.jsondoc import SCHEMA_VERSION, report_json
+from heapwalk.output.tables import check_text
 
 __all__ = ["jemalloc_document", "jemalloc_arenas_table", "jemalloc_threads_table", "jemalloc_report", "jemalloc_report_document", "jemalloc_slabs_table"]
 
@@ -98,43 +101,26 @@ def jemalloc_report_document(state: JeState, rep: Report) -> dict[str, Any]:
 def jemalloc_slabs_table(state: JeState, box, limit: int = 12) -> Table | None:
     """The size classes whose slabs hold the most free bytes, over all arenas: slabs, how many are not full,
     and the share of their regions in use (None when no slab is in use)."""
-    rows: dict[int, list[int]] = {}
-    for b in (b for a in state.arenas for b in a.bins if b.curslabs):
-        row = rows.setdefault(b.size, [0, 0, 0, 0, 0])
-        for i, value in enumerate((b.curslabs, b.nonfull_slabs, b.curregs, b.curslabs * b.nregs,
-                                   b.curslabs * b.slab_pages * PAGE - b.curregs * b.size)):
-            row[i] += value
+    rows = state.slabs_by_size()
     if not rows:
         return None
-    worst = sorted(rows.items(), key=lambda item: (-item[1][4], item[0]))
+    worst = sorted(rows.items(), key=lambda item: (-item[1].free, item[0]))
     title = "slabs by size class, most free first" + (f" (the first {limit} of {len(rows)})"
                                                       if len(rows) > limit else "")
     table = Table(title=title, box=box, title_justify="left")
     for name in ("size", "curslabs", "nonfull_slabs", "curregs", "utilization", "free in slabs"):
         table.add_column(name, justify="right", no_wrap=True)
-    for size, (slabs, nonfull, used, regions, free) in worst[:limit]:
-        table.add_row(human(size), str(slabs), str(nonfull), str(used), f"{100 * used / regions:.0f}%", human(free))
+    for size, row in worst[:limit]:
+        table.add_row(human(size), str(row.slabs), str(row.nonfull), str(row.used),
+                      f"{100 * row.used / row.regions:.0f}%", human(row.free))
     return table
 
 
-def jemalloc_check_text(findings, checked: dict[str, int], limit: int) -> str:
-    """'heapwalk check' on jemalloc: a summary line, then each finding."""
-    errors = sum(1 for f in findings if f.severity.value == "error")
-    warnings = sum(1 for f in findings if f.severity.value == "warning")
+def jemalloc_check_text(findings, checked: dict[str, int], limit: int) -> Text:
+    """'heapwalk check' on jemalloc: a summary line, then each finding (as glibc's check lists them)."""
     scope = (f"{checked['arenas']} arenas, {checked['bins']} bins, {checked['tcaches']} thread caches, "
              f"{checked['cached_regions']} cached regions")
-    if not errors and not warnings:
-        return f"jemalloc consistent: no violations in {scope}\n"
-    head = "jemalloc DAMAGED" if errors else "jemalloc consistent, with warnings"
-    lines = [f"{head}: {errors} error(s), {warnings} warning(s) in {scope}"]
-    for f in findings[:limit]:
-        lines.append(f"{f.severity.value.upper():7} {f.kind.ident:20} {f.address:#x}  {f.structure}")
-        lines.append(f"        {f.message}")
-        if f.expected:
-            lines.append(f"        expected {f.expected}, found {f.found or '?'}")
-    if len(findings) > limit:
-        lines.append(f"... and {len(findings) - limit} more ('heapwalk check --json FILE' has them all)")
-    return "\n".join(lines) + "\n"
+    return check_text(CheckResult(tuple(findings)), checked, limit, "jemalloc", scope)
 
 
 def jemalloc_check_document(state: JeState, findings, checked: dict[str, int]) -> dict[str, Any]:

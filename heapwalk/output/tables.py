@@ -362,16 +362,19 @@ def findings_text(findings: Iterable[Finding], limit: int = 50) -> Text | None:
     return text
 
 
-def check_text(result, checked: dict[str, int], limit: int = 200) -> Text:
-    """`heapwalk check`: a summary line, then each finding with its kind, address, place, expected and found."""
+def check_text(result, checked: dict[str, int], limit: int = 200, subject: str = "heap",
+               scope: str | None = None) -> Text:
+    """`heapwalk check`: a summary line on SUBJECT (glibc's heap unless told) and what was checked (SCOPE, or
+    glibc's counts), then each finding with its kind, address, place, expected and found."""
     errors, warnings = len(result.errors), len(result.warnings)
-    scope = (f"{checked['arenas']} arenas, {checked['heaps']} heaps, {checked['chunks']} chunks, "
-             f"{checked['listed']} free-list entries, {checked['tcaches']} tcaches")
+    if scope is None:
+        scope = (f"{checked['arenas']} arenas, {checked['heaps']} heaps, {checked['chunks']} chunks, "
+                 f"{checked['listed']} free-list entries, {checked['tcaches']} tcaches")
     text = Text()
     if result.clean and not warnings:
-        text.append(f"heap consistent: no violations in {scope}\n", style="green")
+        text.append(f"{subject} consistent: no violations in {scope}\n", style="green")
         return text
-    verdict = "heap DAMAGED" if errors else "heap consistent, with warnings"
+    verdict = f"{subject} DAMAGED" if errors else f"{subject} consistent, with warnings"
     text.append(f"{verdict}: {errors} error(s), {warnings} warning(s) in {scope}\n",
                 style="bold red" if errors else "yellow")
     for f in result.findings[:limit]:
