@@ -43,7 +43,7 @@ REPRODUCERS = ("bins", "thread_arenas", "small_vectors", "mmapped", "second_heap
                "leak", "main_regions", "tuned")
 #: reproducers that run on Debian's libjemalloc2 (LD_PRELOAD), with no hw.c: they write stats.json
 #: (malloc_stats_print "J") and ledger.json themselves
-JEMALLOC_REPRODUCERS = ("je_dns",)
+JEMALLOC_REPRODUCERS = ("je_dns", "je_both")
 #: their environment: je_dns builds four zones per worker 150 ms apart with a 100 ms decay time, so that the
 #: arenas whose threads hold a decay ticker purge in the run (and, on 5.2.1, those whose threads began with
 #: free() do not); eight arenas whatever the CPU count, so that each thread has its own
@@ -132,7 +132,9 @@ def build(name: str, bindir: Path, sysroot: sysroots.Sysroot | None = None, stat
     bindir.mkdir(parents=True, exist_ok=True)
     exe = bindir / name
     sources = [CORES_DIR / f"{name}.c"] + ([] if name in JEMALLOC_REPRODUCERS else [CORES_DIR / "hw.c"])
-    if exe.exists() and all(exe.stat().st_mtime >= s.stat().st_mtime for s in sources + [CORES_DIR / "hw.h"]):
+    if name in JEMALLOC_REPRODUCERS:
+        _build_plugin(name, bindir)
+    if exe.exists() and all(exe.stat().st_mtime >= s.stat().st_mtime for s in sources + headers(name)):
         return exe
     extra = sysroot.compile_flags() if sysroot is not None else []
     if static:
@@ -142,6 +144,25 @@ def build(name: str, bindir: Path, sysroot: sysroots.Sysroot | None = None, stat
     if result.returncode != 0:
         raise HarnessError(f"building {name} failed:\n{result.stderr}")
     return exe
+
+
+def headers(name: str) -> list[Path]:
+    """The headers and libraries reproducer NAME is built with, beside its own source."""
+    if name not in JEMALLOC_REPRODUCERS:
+        return [CORES_DIR / "hw.h"]
+    plugin = CORES_DIR / f"{name}_plugin.c"
+    return [CORES_DIR / "je_common.h"] + ([plugin] if plugin.exists() else [])
+
+
+def _build_plugin(name: str, bindir: Path) -> None:
+    """Compiles cores/NAME_plugin.c, when there is one, into BINDIR/libNAME_plugin.so (NAME loads it)."""
+    source, lib = CORES_DIR / f"{name}_plugin.c", bindir / f"lib{name}_plugin.so"
+    if not source.exists() or (lib.exists() and lib.stat().st_mtime >= source.stat().st_mtime):
+        return
+    cmd = ["gcc", *CFLAGS, "-shared", "-fPIC", str(source), "-o", str(lib)]
+    result = subprocess.run(cmd, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise HarnessError(f"building lib{name}_plugin.so failed:\n{result.stderr}")
 
 
 def build_32bit(bindir: Path) -> Path:

@@ -86,7 +86,7 @@ def _fresh_jemalloc(directory: Path, name: str) -> bool:
     needed = [directory / f for f in ("core", "stats.json", "ledger.json", "meta.json")]
     if not all(p.exists() for p in needed):
         return False
-    sources = [ROOT / "cores" / f"{name}.c", ROOT / "cores" / "harness.py"]
+    sources = [ROOT / "cores" / f"{name}.c", ROOT / "cores" / "harness.py", *harness.headers(name)]
     return min(p.stat().st_mtime for p in needed) >= max(p.stat().st_mtime for p in sources)
 
 

@@ -1,6 +1,6 @@
 """Mutation fuzzing of heapwalk on reproducer cores: `make fuzz`, and a bounded share of it in `make test`.
 
-Two levels:
+Two levels, on cores of glibc reproducers and of processes on jemalloc (tests/je_fuzz_driver.py):
 - engine: gdb loads a core once and tests/fuzz_driver.py runs every command's work on hundreds of mutants
   of its memory (patched malloc metadata, hidden tails as in a truncated core);
 - files: mutated copies of the core file (the same fields patched in the file) and truncated copies, each
@@ -37,6 +37,7 @@ RING_LINKS = ("null", "junk", "skip", "main", "self", "interior")
 
 REGRESSIONS = ROOT / "tests" / "fuzz_regressions.json"
 DRIVER = ROOT / "tests" / "fuzz_driver.py"
+JE_DRIVER = ROOT / "tests" / "je_fuzz_driver.py"
 COMMANDS = ("heapwalk check", "heapwalk report", "heapwalk arenas", "heapwalk bins", "heapwalk tcache",
             "heapwalk threads", "heapwalk chunks --limit 3")
 #: seconds one engine mutant may take (the cores fuzzed are small: a sound one decodes in well under this)
@@ -60,8 +61,9 @@ def remember(core_key: str, failed: list[dict]) -> None:
 
 
 def engine_fuzz(exe: Path, core: Path, iex: list[str], count: int, seed: int, workdir: Path,
-                replay: list[dict] = (), timeout: float = 1800) -> dict:
-    """Runs COUNT mutants (after REPLAY) of CORE in one gdb; returns the driver's results document."""
+                replay: list[dict] = (), timeout: float = 1800, driver: Path = DRIVER) -> dict:
+    """Runs COUNT mutants (after REPLAY) of CORE in one gdb with DRIVER (glibc's, or JE_DRIVER for a core of
+    a process on jemalloc); returns the driver's results document."""
     workdir.mkdir(parents=True, exist_ok=True)
     spec = workdir / "spec.json"
     out = workdir / "results.json"
@@ -71,7 +73,7 @@ def engine_fuzz(exe: Path, core: Path, iex: list[str], count: int, seed: int, wo
     cmd = ["gdb", "-nx", "-batch", "-q"]
     for c in iex:
         cmd += ["-iex", c]
-    cmd += ["-x", str(ROOT / "gdbinit"), "-x", str(DRIVER), str(exe), str(core)]
+    cmd += ["-x", str(ROOT / "gdbinit"), "-x", str(driver), str(exe), str(core)]
     env = {**os.environ, "HEAPWALK_FUZZ_SPEC": str(spec)}
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     if not out.exists():
@@ -150,8 +152,30 @@ def run_commands(exe: Path, core: Path, iex: list[str], timeout: float = 120) ->
     return clean, output
 
 
+def _report(key: str, doc: dict, documents: list[dict]) -> int:
+    """Prints the engine run DOC of core KEY, keeps its failed mutants, adds it to DOCUMENTS; its failures."""
+    documents.append(doc)
+    bad = failures(doc)
+    if bad:
+        remember(key, [r["mutant"] for r in bad])
+    print(f"{key}: {len(doc['results'])} mutants, {len(bad)} failed")
+    for r in bad:
+        print(f"  {json.dumps(r['mutant'])}\n    {r['outcome'].splitlines()[-1]}")
+    return len(bad)
+
+
+def _file_mutant(exe: Path, path: Path, desc: str, iex: list[str]) -> int:
+    """Every command on the damaged core file PATH: 1 when it failed (and is kept), 0 when not (removed)."""
+    ok, output = run_commands(exe, path, iex)
+    if not ok:
+        print(f"  core file mutant FAILED: {desc}\n{output[-2000:]}")
+        return 1
+    path.unlink()
+    return 0
+
+
 def main() -> int:
-    from conftest import GLIBCS, capture, glibc  # the same captures as the tests
+    from conftest import GLIBCS, JEMALLOCS, NO_SYMBOLS, capture, capture_jemalloc, glibc  # the tests' captures
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--count", type=int, default=300, help="engine mutants per core (default 300)")
@@ -171,22 +195,19 @@ def main() -> int:
             key = f"{g}/{name}"
             iex = glibc(g).gdb_settings(symbols=(g == "system"))
             doc = engine_fuzz(cap.exe, cap.core, iex, args.count, seed, args.workdir / g / name, regressions(key))
-            documents.append(doc)
-            bad = failures(doc)
-            failed_total += len(bad)
-            if bad:
-                remember(key, [r["mutant"] for r in bad])
-            print(f"{key}: {len(doc['results'])} mutants, {len(bad)} failed")
-            for r in bad:
-                print(f"  {json.dumps(r['mutant'])}\n    {r['outcome'].splitlines()[-1]}")
+            failed_total += _report(key, doc, documents)
             for desc, path in file_mutants(cap.core, [tuple(f) for f in doc["fields"]], args.files, seed,
                                            args.workdir / g / name):
-                ok, output = run_commands(cap.exe, path, iex)
-                if not ok:
-                    failed_total += 1
-                    print(f"  core file mutant FAILED: {desc}\n{output[-2000:]}")
-                else:
-                    path.unlink()
+                failed_total += _file_mutant(cap.exe, path, desc, iex)
+    for suite in JEMALLOCS:
+        for name in harness.JEMALLOC_REPRODUCERS:
+            cap, key = capture_jemalloc(suite, name), f"jemalloc-{suite}/{name}"
+            doc = engine_fuzz(cap.exe, cap.core, [NO_SYMBOLS], args.count, seed, args.workdir / key, regressions(key),
+                              driver=JE_DRIVER)
+            failed_total += _report(key, doc, documents)
+            for desc, path in file_mutants(cap.core, [tuple(f) for f in doc["fields"]], args.files, seed,
+                                           args.workdir / key):
+                failed_total += _file_mutant(cap.exe, path, desc, [NO_SYMBOLS])
     print("aimed damage, every core:")
     print("\n".join(tally_lines(tally(documents))))
     print("fuzz: " + ("all mutants handled" if not failed_total else f"{failed_total} failures"))

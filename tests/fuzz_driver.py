@@ -387,4 +387,5 @@ def main() -> None:
         json.dump({"fields": sound.fields_list, "results": results}, fh, indent=1)
 
 
-main()
+if __name__ == "__main__":  # sourced by gdb; tests/je_fuzz_driver.py imports its pieces
+    main()

@@ -97,3 +97,39 @@ def malloc_info_view(doc: dict[str, Any]) -> dict[str, Any]:
     if version < (2, 43):
         totals["fast"] = tuple(sum_fast)
     return {"heaps": heaps, "totals": totals, "system": sum_system, "aspace": sum_aspace}
+
+
+#: the per-arena figures of malloc_stats_print's "J" that heapwalk's jemalloc JSON carries under the same names
+JE_ARENA_FIELDS = ("nthreads", "pactive", "pdirty", "pmuzzy", "retained", "dirty_decay_ms", "muzzy_decay_ms",
+                   "dirty_npurge", "dirty_nmadvise", "dirty_purged", "muzzy_npurge", "muzzy_nmadvise",
+                   "muzzy_purged", "mapped", "base", "internal", "resident", "metadata_thp")
+JE_BIN_FIELDS = ("nmalloc", "ndalloc", "curregs", "nrequests", "nfills", "nflushes", "nreslabs", "curslabs",
+                 "nonfull_slabs")
+_JE_LARGE = ("allocated", "nmalloc", "ndalloc", "nrequests", "nfills", "nflushes")
+
+
+def jemalloc_arena_view(arena: dict[str, Any]) -> dict[str, Any]:
+    """One arena of heapwalk's jemalloc JSON as the fields malloc_stats_print prints for it."""
+    return {"fields": {k: arena[k] for k in JE_ARENA_FIELDS},
+            "bins": [{k: b[k] for k in JE_BIN_FIELDS} for b in arena["bins"]],
+            "small": arena["small"], "large": {k: arena["large"][k] for k in _JE_LARGE},
+            "curlextents": [c["curlextents"] for c in arena["lextents"]], "extents": arena["extents"]}
+
+
+def jemalloc_printed_view(printed: dict[str, Any], index: int, ledger: dict[str, Any]) -> dict[str, Any]:
+    """Arena INDEX of what malloc_stats_print printed ("J", stats.arenas.<i>), as the reproducer left it
+    after printing (cores/je_common.h): jemalloc 5.3's printer buffer was counted in arena 0's internal
+    bytes while it printed and no longer is, and taking it back counts one more large allocation and the
+    printer's free."""
+    fields = {k: printed[k] for k in JE_ARENA_FIELDS}
+    large = {k: printed["large"][k] for k in _JE_LARGE}
+    buffer = ledger["stats_buffer"]
+    if buffer is not None and buffer["arena"] == index:
+        if buffer["internal"]:
+            fields["internal"] -= buffer["size"]
+        if buffer["retaken"]:
+            for k in ("nmalloc", "ndalloc", "nrequests", "nfills"):
+                large[k] += 1
+    return {"fields": fields, "bins": [{k: b[k] for k in JE_BIN_FIELDS} for b in printed["bins"]],
+            "small": printed["small"], "large": large,
+            "curlextents": [c["curlextents"] for c in printed["lextents"]], "extents": printed["extents"]}

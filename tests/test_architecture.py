@@ -22,7 +22,8 @@ MAY_IMPORT = {
     "__init__": {"gdb"},
 }
 #: the only modules that import gdb
-GDB_MODULES = {"target/gdbadapter.py", "gdb/commands.py", "gdb/console.py", "gdb/session.py"}
+GDB_MODULES = {"target/gdbadapter.py", "gdb/commands.py", "gdb/console.py", "gdb/session.py",
+               "gdb/subcommand.py"}
 MAX_MODULE_LINES, MAX_FUNCTION_LINES = 400, 60
 #: the documented hot loop: one function on purpose (see its docstring)
 HOT_LOOPS = {("glibc/chunkwalk.py", "walk_batches")}

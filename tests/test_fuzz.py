@@ -14,7 +14,7 @@ import random
 import pytest
 
 import fuzz
-from conftest import capture, corruption, glibc
+from conftest import JEMALLOCS, NO_SYMBOLS, capture, capture_jemalloc, corruption, glibc
 
 #: fresh mutants on every local run; CI (CI=true) uses a fixed seed so that its verdict is reproducible
 SEED = int(os.environ.get("HEAPWALK_FUZZ_SEED") or (20261121 if os.environ.get("CI") else random.randrange(1 << 30)))
@@ -112,4 +112,43 @@ def test_every_command_survives_damaged_core_files(glibc_name, name, symbols, tm
         ok, output = fuzz.run_commands(cap.exe, path, iex)
         assert ok, f"seed {SEED}: {description}\n{output[-3000:]}"
         assert "heapwalk check" in output or "heap" in output
+        path.unlink()
+
+
+#: (jemalloc suite, reproducer, mutants): jemalloc's metadata (arenas, bins, bases, thread caches, the radix tree,
+#: the options) in cores of processes on Debian's jemallocs, glibc's heap beside it in je_both
+JEMALLOC_ENGINE = [(suite, name, 120) for suite in JEMALLOCS for name in ("je_dns", "je_both")]
+
+
+@pytest.mark.parametrize("suite,name,count", JEMALLOC_ENGINE, ids=[f"{s}-{n}" for s, n, _ in JEMALLOC_ENGINE])
+def test_jemalloc_decoder_survives_mutated_metadata(suite, name, count, tmp_path):
+    """Every word jemalloc's decoder reads in writable memory, patched; an arena's pages missing, a thread cache
+    holding a region twice or a wild pointer, a core cut inside what it reads: never a traceback, a hang or an
+    impossible figure, and the aimed damage named at its address (or the core refused in one line)."""
+    cap = capture_jemalloc(suite, name)
+    key = f"jemalloc-{suite}/{name}"
+    document = fuzz.engine_fuzz(cap.exe, cap.core, [NO_SYMBOLS], count, SEED, tmp_path, fuzz.regressions(key),
+                                driver=fuzz.JE_DRIVER)
+    results = document["results"]
+    assert len(results) >= count and len(document["fields"]) > 50
+    assert sum(r["outcome"].startswith("ok") for r in results) > count // 2
+    bad = fuzz.failures(document)
+    if bad:
+        fuzz.remember(key, [r["mutant"] for r in bad])
+    assert not bad, f"seed {SEED}: {len(bad)} mutants failed, first:\n{json.dumps(bad[0]['mutant'])}\n" \
+                    f"{bad[0]['outcome']}"
+    assert_named_exactly(document)
+    assert {"arena_hidden", "cache_twice", "cache_wild"} <= set(fuzz.tally([document]))
+
+
+@pytest.mark.parametrize("suite", JEMALLOCS)
+def test_every_command_survives_damaged_jemalloc_core_files(suite, tmp_path):
+    """Core files of the process with both allocators, a word of jemalloc's or glibc's metadata overwritten
+    in the file, or cut short: every command in a real gdb, no traceback, no internal error."""
+    cap = capture_jemalloc(suite, "je_both")
+    fields = fuzz.engine_fuzz(cap.exe, cap.core, [NO_SYMBOLS], 0, SEED, tmp_path / "fields",
+                              driver=fuzz.JE_DRIVER)["fields"]
+    for description, path in fuzz.file_mutants(cap.core, [tuple(f) for f in fields], 6, SEED, tmp_path):
+        ok, output = fuzz.run_commands(cap.exe, path, [NO_SYMBOLS])
+        assert ok, f"seed {SEED}: {description}\n{output[-3000:]}"
         path.unlink()

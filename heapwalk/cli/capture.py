@@ -18,7 +18,9 @@ from heapwalk.cli.proc import environment, ptrace_advice, read_smaps, resident_i
 def _arena_rss_lines(doc: dict, runs: list[list[int]] | None) -> str:
     """Each arena's resident bytes beside its free bytes: memory free in the heap and still in RAM."""
     if doc.get("allocator") == "jemalloc":
-        return "RSS per arena: not shown for jemalloc yet (docs/jemalloc.md)\n"
+        note = "RSS per arena: not shown for jemalloc's arenas yet (docs/jemalloc.md)\n"
+        return note if "glibc_malloc" not in doc else note + "glibc's malloc, beside jemalloc: " + \
+            _arena_rss_lines(doc["glibc_malloc"], runs)
     try:
         arenas = jsondoc.read_snapshot(doc)
     except jsondoc.DocumentError:

@@ -7,116 +7,59 @@ internal errors show a traceback only with ``set heapwalk debug on``.
 
 from __future__ import annotations
 
-import argparse
-import traceback
-
 import gdb  # type: ignore[import-not-found]
 
 from heapwalk.analysis import report
 from heapwalk.findings import Kind, Severity
 from heapwalk.gdb.console import (console_with_header, gdb_console, interactive, print_damage, print_findings,
                                   print_jemalloc_arenas, print_jemalloc_check, print_jemalloc_report,
-                                  print_jemalloc_threads, print_partial, read_only)
+                                  print_jemalloc_threads, print_partial, write_json)
 from heapwalk.gdb.session import (DebugParameter, SetPrefix, Settings, StringParameter, UserError,
-                                  glibc_unless_jemalloc, load_state, load_target, parse_int,
-                                  selected_arena)
+                                  load_allocators, load_state, load_target, parse_int, selected_arena)
+from heapwalk.gdb.subcommand import Parser, Subcommand, json_option
 from heapwalk.glibc import check, chunkinfo, mallocinfo
-from heapwalk.glibc.decode import gc_paused
-from heapwalk.glibc.discovery import DiscoveryError
 from heapwalk.glibc.partial import partial
 from heapwalk.glibc.summary import heap_view
 from heapwalk.output import jsondoc, tables
+from heapwalk.output.jedoc import both_text
 
 __all__ = ["register"]
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # argparse would exit gdb
-        raise UserError(f"{self.prog}: {message} (see 'help {self.prog}')")
-
-    def exit(self, status: int = 0, message: str | None = None):
-        if message:
-            gdb.write(message)
-        raise _HelpShown()
-
-
-class _HelpShown(Exception):
-    pass
-
-
-class _Subcommand(gdb.Command):
-    """Base: argparse-based subcommand of ``heapwalk``."""
-
-    name = ""
-
-    def __init__(self):
-        self.parser = self.make_parser()
-        self.__doc__ = self.parser.format_help()
-        super().__init__(f"heapwalk {self.name}", gdb.COMMAND_DATA)
-
-    def make_parser(self) -> argparse.ArgumentParser:
-        raise NotImplementedError
-
-    def run(self, args) -> None:
-        raise NotImplementedError
-
-    def invoke(self, argument: str, from_tty: bool) -> None:
-        try:
-            args = self.parser.parse_args(gdb.string_to_argv(argument))
-            with read_only(), gc_paused():
-                self.run(args)
-        except _HelpShown:
-            return
-        except (UserError, DiscoveryError) as exc:
-            raise gdb.GdbError(str(exc)) from None
-        except OSError as exc:  # a --json/--xml FILE that cannot be written, mostly
-            where = f"cannot write {exc.filename}" if exc.filename else "system error"
-            raise gdb.GdbError(f"heapwalk {self.name}: {where}: {exc.strerror or exc}") from None
-        except gdb.GdbError:
-            raise
-        except Exception as exc:  # an internal error: one line unless debugging
-            if Settings.debug is not None and Settings.debug.value:
-                traceback.print_exc()
-            raise gdb.GdbError(f"heapwalk {self.name}: internal error: {type(exc).__name__}: {exc} "
-                               "('set heapwalk debug on' shows a traceback)") from None
-
-
-def _json_option(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--json", metavar="FILE", help="also write the result as JSON (schema: docs/json.md)")
-
-
-class ArenasCommand(_Subcommand):
+class ArenasCommand(Subcommand):
     name = "arenas"
 
     def make_parser(self):
-        p = _Parser(prog="heapwalk arenas", description="List every arena (main and thread arenas, in ring "
-                    "order) with its system memory, top chunk, and the free bytes (chunk count) held in each "
-                    "kind of free list: tcache (of the threads using the arena), fastbins, unsorted, small, large.")
-        _json_option(p)
+        p = Parser(prog="heapwalk arenas", description="List every arena (main and thread arenas, in ring "
+                   "order) with its system memory, top chunk, and the free bytes (chunk count) held in each "
+                   "kind of free list: tcache (of the threads using the arena), fastbins, unsorted, small, large.")
+        json_option(p)
         return p
 
     def run(self, args) -> None:
-        state = glibc_unless_jemalloc(args, print_jemalloc_arenas, walk_chunks=True)
-        if state is None:
-            return
-        console = console_with_header(state)
-        console.print(tables.arenas_table(state, interactive()))
-        print_damage(console, state, state.all_findings())
-        if args.json:
-            jsondoc.dump(jsondoc.state_to_json(state), args.json)
+        found = load_allocators(walk_chunks=True)
+        je_doc = print_jemalloc_arenas(found.jemalloc) if found.jemalloc else None
+        glibc_doc = None
+        if found.glibc:
+            state = found.glibc[0]
+            console = console_with_header(state, beside_jemalloc=je_doc is not None)
+            console.print(tables.arenas_table(state, interactive()))
+            print_damage(console, state, state.all_findings())
+            glibc_doc = jsondoc.state_to_json(state) if args.json else None
+        write_json(args.json, je_doc, glibc_doc)
 
 
-class BinsCommand(_Subcommand):
+class BinsCommand(Subcommand):
     name = "bins"
 
     def make_parser(self):
-        p = _Parser(prog="heapwalk bins", description="Show the free lists of each arena: fastbins, the unsorted "
-                    "bin, small bins and large bins (chunk sizes, counts, bytes). KIND limits the output to one "
-                    "kind: fast, unsorted, small or large.")
+        p = Parser(prog="heapwalk bins", description="Show the free lists of each arena: fastbins, the unsorted "
+                   "bin, small bins and large bins (chunk sizes, counts, bytes). KIND limits the output to one "
+                   "kind: fast, unsorted, small or large.")
         p.add_argument("kind", nargs="?", choices=jsondoc.KINDS, help="only this kind of list")
         p.add_argument("--arena", metavar="ADDR", help="only the arena at ADDR (or its number in the ring)")
         p.add_argument("--chunks", action="store_true", help="list the chunk addresses of each bin")
-        _json_option(p)
+        json_option(p)
         return p
 
     def run(self, args) -> None:
@@ -131,16 +74,16 @@ class BinsCommand(_Subcommand):
                                                threads=[]), args.json)
 
 
-class TcacheCommand(_Subcommand):
+class TcacheCommand(Subcommand):
     name = "tcache"
 
     def make_parser(self):
-        p = _Parser(prog="heapwalk tcache", description="Show the tcache of every thread (or of thread N): "
-                    "the thread's arena, and each non-empty tcache bin with its chunk size, count and entries "
-                    "(user-memory addresses, list head first).")
+        p = Parser(prog="heapwalk tcache", description="Show the tcache of every thread (or of thread N): "
+                   "the thread's arena, and each non-empty tcache bin with its chunk size, count and entries "
+                   "(user-memory addresses, list head first).")
         p.add_argument("--thread", metavar="N", type=int, help="only gdb thread number N")
         p.add_argument("--entries", action="store_true", help="list every entry, not only the first few")
-        _json_option(p)
+        json_option(p)
         return p
 
     def run(self, args) -> None:
@@ -175,13 +118,13 @@ def _size(text: str) -> int:
 _PAGE_ROWS = 100  # rows of 'heapwalk chunks' printed at once
 
 
-class ChunksCommand(_Subcommand):
+class ChunksCommand(Subcommand):
     name = "chunks"
 
     def make_parser(self):
-        p = _Parser(prog="heapwalk chunks", description="Walk every chunk of every heap in address order and "
-                    "list those that match: address, size, state (in_use, tcache, fast, unsorted, small, large, "
-                    "top, tcache_struct, fencepost), flags and arena.")
+        p = Parser(prog="heapwalk chunks", description="Walk every chunk of every heap in address order and "
+                   "list those that match: address, size, state (in_use, tcache, fast, unsorted, small, large, "
+                   "top, tcache_struct, fencepost), flags and arena.")
         p.add_argument("--arena", metavar="ADDR", help="only the arena at ADDR (or its number in the ring)")
         which = p.add_mutually_exclusive_group()
         which.add_argument("--free", action="store_true", help="only free chunks (tcache, fastbins, bins)")
@@ -190,7 +133,7 @@ class ChunksCommand(_Subcommand):
         p.add_argument("--max", metavar="SIZE", help="only chunks of at most SIZE bytes")
         p.add_argument("--limit", metavar="N", type=int, default=200,
                        help="print at most N chunks (default 200; 0: all); --json has them all")
-        _json_option(p)
+        json_option(p)
         return p
 
     def run(self, args) -> None:
@@ -228,15 +171,15 @@ class ChunksCommand(_Subcommand):
                           "'heapwalk check' lists them")
 
 
-class ChunkCommand(_Subcommand):
+class ChunkCommand(Subcommand):
     name = "chunk"
 
     def make_parser(self):
-        p = _Parser(prog="heapwalk chunk", description="Describe the chunk holding ADDRESS (a user pointer or "
-                    "any address inside a chunk): its arena and heap, size and flags, state, the list that "
-                    "holds it, and its neighbours.")
+        p = Parser(prog="heapwalk chunk", description="Describe the chunk holding ADDRESS (a user pointer or "
+                   "any address inside a chunk): its arena and heap, size and flags, state, the list that "
+                   "holds it, and its neighbours.")
         p.add_argument("address", metavar="ADDRESS")
-        _json_option(p)
+        json_option(p)
         return p
 
     def run(self, args) -> None:
@@ -261,99 +204,101 @@ class ChunkCommand(_Subcommand):
             jsondoc.dump(jsondoc.chunk_document(state, address, mmapped=mmapped, listed=listed), args.json)
 
 
-class ThreadsCommand(_Subcommand):
+class ThreadsCommand(Subcommand):
     name = "threads"
 
     def make_parser(self):
-        p = _Parser(prog="heapwalk threads", description="Every thread: its arena and the chunks and bytes its "
-                    "tcache holds; every arena: how many threads use it, attached_threads, and whether it waits "
-                    "on the free list of exited threads; the arena limit.")
-        _json_option(p)
+        p = Parser(prog="heapwalk threads", description="Every thread: its arena and the chunks and bytes its "
+                   "tcache holds; every arena: how many threads use it, attached_threads, and whether it waits "
+                   "on the free list of exited threads; the arena limit.")
+        json_option(p)
         return p
 
     def run(self, args) -> None:
-        state = glibc_unless_jemalloc(args, print_jemalloc_threads)
-        if state is None:
-            return
-        console = console_with_header(state)
-        console.print(tables.threads_group(state, interactive()))
-        if args.json:
-            jsondoc.dump(jsondoc.state_to_json(state, kinds=()), args.json)
+        found = load_allocators()
+        je_doc = print_jemalloc_threads(found.jemalloc) if found.jemalloc else None
+        glibc_doc = None
+        if found.glibc:
+            state = found.glibc[0]
+            console = console_with_header(state, beside_jemalloc=je_doc is not None)
+            console.print(tables.threads_group(state, interactive()))
+            glibc_doc = jsondoc.state_to_json(state, kinds=()) if args.json else None
+        write_json(args.json, je_doc, glibc_doc)
 
 
-class ReportCommand(_Subcommand):
+class ReportCommand(Subcommand):
     name = "report"
 
     def make_parser(self):
-        p = _Parser(prog="heapwalk report", description="Where every byte of every arena is: per arena the "
-                    "system memory, in-use bytes, free bytes by kind, top and overhead, which add up to "
-                    "system_mem; a free-chunk size histogram; what malloc_trim(0) would give back; and a verdict "
-                    "(leak or fragmentation, and the remedies the numbers support).")
-        _json_option(p)
+        p = Parser(prog="heapwalk report", description="Where every byte of every arena is: per arena the "
+                   "system memory, in-use bytes, free bytes by kind, top and overhead, which add up to "
+                   "system_mem; a free-chunk size histogram; what malloc_trim(0) would give back; and a verdict "
+                   "(leak or fragmentation, and the remedies the numbers support).")
+        json_option(p)
         p.add_argument("--xml", metavar="FILE", help="also write glibc's malloc_info XML for this heap "
                        "(what the process would have printed: no tcache)")
         return p
 
     def run(self, args) -> None:
-        state = glibc_unless_jemalloc(args, print_jemalloc_report if args.xml is None else _no_xml,
-                                      walk_chunks=True)
-        if state is None:
-            return
-        rep = report.build_report(heap_view(state))
-        notes = partial(state)
-        console = console_with_header(state)
-        console.print(tables.report_group(rep, interactive()))
-        print_partial(console, notes)
-        print_findings(console, state.all_findings())
-        if args.json:
-            jsondoc.dump(jsondoc.report_document(state, rep, notes), args.json)
-        if args.xml:
-            with open(args.xml, "w", encoding="utf-8") as fh:
-                fh.write(mallocinfo.malloc_info_xml(state))
+        found = load_allocators(walk_chunks=True)
+        if args.xml and found.glibc is None:
+            raise UserError("heapwalk report: --xml writes glibc's malloc_info XML, and this process allocates "
+                            "with jemalloc (--json has its statistics)")
+        je_rep, je_doc = print_jemalloc_report(found.jemalloc) if found.jemalloc else (None, None)
+        glibc_doc = None
+        if found.glibc:
+            state = found.glibc[0]
+            rep = report.build_report(heap_view(state))
+            notes = partial(state)
+            console = console_with_header(state, beside_jemalloc=je_rep is not None)
+            console.print(tables.report_group(rep, interactive()))
+            print_partial(console, notes)
+            print_findings(console, state.all_findings())
+            if je_rep is not None:
+                console.print(f"\n{both_text(je_rep, rep)}")
+            glibc_doc = jsondoc.report_document(state, rep, notes) if args.json else None
+            if args.xml:
+                with open(args.xml, "w", encoding="utf-8") as fh:
+                    fh.write(mallocinfo.malloc_info_xml(state))
+        write_json(args.json, je_doc, glibc_doc)
 
 
-def _no_xml(state, json_path) -> None:
-    """What 'heapwalk report --xml' does on a jemalloc process: refuses, in one line."""
-    raise UserError("heapwalk report: --xml writes glibc's malloc_info XML, and this process allocates with "
-                    "jemalloc (--json has its statistics)")
-
-
-class CheckCommand(_Subcommand):
+class CheckCommand(Subcommand):
     name = "check"
 
     def make_parser(self):
-        p = _Parser(prog="heapwalk check", description="Validate every invariant glibc relies on, in every "
-                    "arena, heap, bin and tcache, and list each violation: kind, address, structure, what was "
-                    "expected and what was found. Sets $heapwalk_errors and $heapwalk_warnings; when the heap "
-                    "is damaged the command ends with an error, so 'gdb -batch' exits with status 1 when it is "
-                    "the last command (see docs/forensics.md).")
+        p = Parser(prog="heapwalk check", description="Validate every invariant glibc relies on, in every "
+                   "arena, heap, bin and tcache, and list each violation: kind, address, structure, what was "
+                   "expected and what was found. Sets $heapwalk_errors and $heapwalk_warnings; when the heap "
+                   "is damaged the command ends with an error, so 'gdb -batch' exits with status 1 when it is "
+                   "the last command (see docs/forensics.md).")
         p.add_argument("--limit", metavar="N", type=int, default=200,
                        help="print at most N findings (default 200; 0: all); --json has them all")
-        _json_option(p)
+        json_option(p)
         return p
 
     def run(self, args) -> None:
         for name in ("heapwalk_errors", "heapwalk_warnings"):
             gdb.set_convenience_variable(name, None)
-        errors: list[int] = []
-        loaded = glibc_unless_jemalloc(args, lambda state, path: errors.append(
-            print_jemalloc_check(state, path, args.limit)), walk_chunks=True, with_memory=True)
-        if loaded is None:
-            if errors and errors[0]:
-                raise UserError(f"heapwalk check: jemalloc's state is damaged ({errors[0]} error(s))")
-            return
-        state, mem, layout = loaded
-        result = check.check(state, mem, layout)
-        checked = check.scope(state)
-        console = console_with_header(state)
-        console.print(tables.check_text(result, checked, args.limit or len(result.findings)), end="")
-        print_partial(console, result.partial)
-        if args.json:
-            jsondoc.dump(jsondoc.check_document(state, result, checked), args.json)
-        gdb.set_convenience_variable("heapwalk_errors", len(result.errors))
-        gdb.set_convenience_variable("heapwalk_warnings", len(result.warnings))
-        if not result.clean:
-            raise UserError(f"heapwalk check: the heap is damaged ({len(result.errors)} error(s))")
+        found = load_allocators(walk_chunks=True)
+        errors, warnings, je_doc = print_jemalloc_check(found.jemalloc, args.limit) if found.jemalloc \
+            else (0, 0, None)
+        glibc_doc = None
+        if found.glibc:
+            state, mem, layout = found.glibc
+            result = check.check(state, mem, layout)
+            checked = check.scope(state)
+            console = console_with_header(state, beside_jemalloc=je_doc is not None)
+            console.print(tables.check_text(result, checked, args.limit or len(result.findings)), end="")
+            print_partial(console, result.partial)
+            glibc_doc = jsondoc.check_document(state, result, checked) if args.json else None
+            errors, warnings = errors + len(result.errors), warnings + len(result.warnings)
+        write_json(args.json, je_doc, glibc_doc)
+        gdb.set_convenience_variable("heapwalk_errors", errors)
+        gdb.set_convenience_variable("heapwalk_warnings", warnings)
+        if errors:
+            what = "the heap is" if found.glibc else "jemalloc's state is"
+            raise UserError(f"heapwalk check: {what} damaged ({errors} error(s))")
 
 
 class HeapwalkPrefix(gdb.Command):

@@ -11,6 +11,7 @@ import time
 import gdb  # type: ignore[import-not-found]
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 
+from heapwalk.analysis.report import Report
 from heapwalk.glibc.model import HeapState
 from heapwalk.glibc.partial import partial
 from heapwalk.jemalloc import check as je_check
@@ -85,10 +86,13 @@ def gdb_console():
     return tables.make_console(_GdbFile(), interactive())
 
 
-def console_with_header(state: HeapState):
-    """A console that has printed the target, the glibc and how main_arena was found."""
+def console_with_header(state: HeapState, beside_jemalloc: bool = False):
+    """A console that has printed the target, the glibc and how main_arena was found; BESIDE_JEMALLOC (a
+    process with both allocators, whose jemalloc part was printed above): a heading instead of the target."""
     console = gdb_console()
-    console.print(tables.header_text(state), end="")
+    if beside_jemalloc:
+        console.print("\nglibc's malloc, in use beside jemalloc:")
+    console.print(tables.header_text(state, with_target=not beside_jemalloc), end="")
     return console
 
 
@@ -138,24 +142,27 @@ def print_damage(console, state: HeapState, findings) -> None:
     print_findings(console, findings)
 
 
-def print_jemalloc_arenas(state: JeState, json_path: str | None) -> None:
-    """'heapwalk arenas' of a jemalloc process: the target, the version, the arenas, findings, the JSON."""
-    _print_jemalloc(state, jedoc.jemalloc_arenas_table(state, tables.box_for(interactive())), json_path)
+def print_jemalloc_arenas(state: JeState) -> dict:
+    """'heapwalk arenas' of a jemalloc process: the target, the version, the arenas, findings; returns the
+    JSON document."""
+    _print_jemalloc(state, jedoc.jemalloc_arenas_table(state, tables.box_for(interactive())))
+    return jedoc.jemalloc_document(state)
 
 
-def print_jemalloc_threads(state: JeState, json_path: str | None) -> None:
-    """'heapwalk threads' of a jemalloc process: each thread's arena, byte counters and decay ticker."""
-    _print_jemalloc(state, jedoc.jemalloc_threads_table(state, tables.box_for(interactive())), json_path)
+def print_jemalloc_threads(state: JeState) -> dict:
+    """'heapwalk threads' of a jemalloc process: each thread's arena, byte counters and decay ticker; returns
+    the JSON document."""
+    _print_jemalloc(state, jedoc.jemalloc_threads_table(state, tables.box_for(interactive())))
+    return jedoc.jemalloc_document(state)
 
 
-def print_jemalloc_report(state: JeState, json_path: str | None) -> None:
+def print_jemalloc_report(state: JeState) -> tuple[Report, dict]:
     """'heapwalk report' of a jemalloc process: where its pages are arena by arena, the free pieces by size,
-    the slabs with the most free room, the threads, the verdict, and the findings."""
+    the slabs with the most free room, the threads, the verdict, and the findings; returns the report and
+    the JSON document."""
     box = tables.box_for(interactive())
     rep = jedoc.jemalloc_report(state)
-    console = gdb_console()
-    console.print(f"{state.target}\n" if state.target else "", end="")
-    console.print(f"jemalloc {state.version}")
+    console = _jemalloc_console(state)
     group = tables.report_group(rep, interactive())
     *parts, verdict = group.renderables
     for part in parts:
@@ -165,34 +172,36 @@ def print_jemalloc_report(state: JeState, json_path: str | None) -> None:
             console.print(extra)
     console.print(verdict)
     print_findings(console, state.all_findings())
-    if json_path:
-        jsondoc.dump(jedoc.jemalloc_report_document(state, rep), json_path)
+    return rep, jedoc.jemalloc_report_document(state, rep)
 
 
-def _print_jemalloc(state: JeState, table, json_path: str | None, *more) -> None:
+def _jemalloc_console(state: JeState):
+    """A console that has printed the target and jemalloc's version."""
     console = gdb_console()
     console.print(f"{state.target}\n" if state.target else "", end="")
     console.print(f"jemalloc {state.version}")
+    return console
+
+
+def _print_jemalloc(state: JeState, table) -> None:
+    console = _jemalloc_console(state)
     console.print(table)
-    for part in more:
-        console.print(part)
     print_findings(console, state.all_findings())
-    if json_path:
-        jsondoc.dump(jedoc.jemalloc_document(state), json_path)
 
 
-def print_jemalloc_check(state: JeState, json_path: str | None, limit: int) -> int:
-    """'heapwalk check' of a jemalloc process: its findings and counters, and the same convenience
-    variables; returns the number of errors."""
+def print_jemalloc_check(state: JeState, limit: int) -> tuple[int, int, dict]:
+    """'heapwalk check' of a jemalloc process: its findings and counters; returns the number of errors and
+    of warnings, and the JSON document."""
     findings = je_check.check_jemalloc(state)
     checked = je_check.scope(state)
-    console = gdb_console()
-    console.print(f"{state.target}\n" if state.target else "", end="")
-    console.print(f"jemalloc {state.version}")
+    console = _jemalloc_console(state)
     console.print(jedoc.jemalloc_check_text(findings, checked, limit or len(findings)), end="")
-    if json_path:
-        jsondoc.dump(jedoc.jemalloc_check_document(state, findings, checked), json_path)
     errors = sum(1 for f in findings if f.severity.value == "error")
-    gdb.set_convenience_variable("heapwalk_errors", errors)
-    gdb.set_convenience_variable("heapwalk_warnings", sum(1 for f in findings if f.severity.value == "warning"))
-    return errors
+    warnings = sum(1 for f in findings if f.severity.value == "warning")
+    return errors, warnings, jedoc.jemalloc_check_document(state, findings, checked)
+
+
+def write_json(path: str | None, jemalloc_doc: dict | None, glibc_doc: dict | None) -> None:
+    """Writes a command's JSON document to PATH (when given): one allocator's, or both (`jedoc.beside`)."""
+    if path:
+        jsondoc.dump(jedoc.beside(jemalloc_doc, glibc_doc), path)

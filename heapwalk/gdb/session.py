@@ -3,14 +3,18 @@ shows it, and glibc's decoder run on it; mistakes the user can make are `UserErr
 
 from __future__ import annotations
 
+import dataclasses
+
 import gdb  # type: ignore[import-not-found]
 
 from heapwalk.gdb.console import walk_progress
-from heapwalk.glibc.discovery import DiscoveryError, Overrides, parse_version
+from heapwalk.findings import Finding, Kind, Severity
+from heapwalk.glibc.discovery import DiscoveryError, MallocUnused, Overrides, parse_version
 from heapwalk.glibc.load import load
 from heapwalk.glibc.model import Arena, HeapState
 from heapwalk.jemalloc.discovery import JemallocNotFound, find_library
 from heapwalk.jemalloc.load import load_jemalloc
+from heapwalk.jemalloc.model import JeState
 from heapwalk.target.gdbadapter import (GdbSymbols, describe_target, gdb_memory, has_target, memory_map,
                                         missing_ranges, preserved_selection, thread_registers)
 from heapwalk.target.space import Target
@@ -133,26 +137,50 @@ class StringParameter(gdb.Parameter):
         self.value = ""
 
 
-def glibc_unless_jemalloc(args, show_jemalloc, walk_chunks: bool = False, with_memory: bool = False):
-    """The glibc state (with WITH_MEMORY: (state, memory, layout)), or None once SHOW_JEMALLOC(state, json
-    file) has shown a target that allocates with jemalloc.  When jemalloc is mapped but not found, glibc's heap may still be the one in use: its error is
-    raised only if glibc's is not found either.  The target is asked of gdb once."""
+@dataclasses.dataclass
+class Allocators:
+    """What the selected inferior allocates with: jemalloc's state when it maps jemalloc and it was found,
+    and glibc's (state, memory, layout) when glibc's malloc holds memory (alone, or beside jemalloc)."""
+
+    jemalloc: JeState | None = None
+    glibc: tuple | None = None
+
+
+def load_allocators(walk_chunks: bool = False) -> Allocators:
+    """Decodes every allocator of the selected inferior, asking gdb for the target once.  A process that maps
+    jemalloc may use glibc's malloc too (a library bound to it with RTLD_DEEPBIND): both are decoded.  When
+    jemalloc is mapped but not found, glibc's heap may still be the one in use: jemalloc's error is raised
+    only if glibc's is not found either; when jemalloc is found and glibc's malloc holds something heapwalk
+    cannot decode, that is one of jemalloc's findings."""
     _require_target()
     with preserved_selection():
         target = _target()
         je_error = None
         if find_library(target.space.mappings) is not None:
             try:
-                state = load_jemalloc(target)
+                je = load_jemalloc(target)
             except JemallocNotFound as exc:
                 je_error = UserError(f"heapwalk: this process allocates with jemalloc, and {exc}")
             else:
-                show_jemalloc(state, args.json)
-                return None
+                return _glibc_beside(je, target, walk_chunks)
         try:
-            loaded = _load_glibc(target, walk_chunks)
-            return loaded if with_memory else loaded[0]
+            return Allocators(glibc=_load_glibc(target, walk_chunks))
         except (UserError, DiscoveryError):
             if je_error is not None:
                 raise je_error from None
             raise
+
+
+def _glibc_beside(je: JeState, target: Target, walk_chunks: bool) -> Allocators:
+    """JE with glibc's heap beside it when glibc's malloc was used (without its finding that another allocator
+    is mapped: it is decoded too)."""
+    try:
+        state, mem, layout = _load_glibc(target, walk_chunks)
+    except MallocUnused:
+        return Allocators(jemalloc=je)
+    except (UserError, DiscoveryError) as exc:
+        note = Finding(Severity.WARNING, 0, "glibc's malloc", f"not decoded beside jemalloc: {exc}",
+                       Kind.DISCOVERY)
+        return Allocators(jemalloc=dataclasses.replace(je, findings=je.findings + (note,)))
+    kept = tuple(f for f in state.target_findings if f.structure != "allocator")
+    return Allocators(jemalloc=je, glibc=(dataclasses.replace(state, target_findings=kept), mem, layout))

@@ -30,7 +30,7 @@ def load(target: Target, overrides: Overrides, walk_chunks: bool = False, progre
             raise DiscoveryError(f"heapwalk: the core is truncated, and what heapwalk needs lies in the part that "
                                  f"is missing: {exc}") from None
         if other is not None:
-            raise DiscoveryError(f"heapwalk: this process allocates with {other[0]} ({other[1]}), not glibc's "
+            raise type(exc)(f"heapwalk: this process allocates with {other[0]} ({other[1]}), not glibc's "
                                  f"malloc: glibc's arenas hold nothing of interest ({exc})") from None
         raise
     return dataclasses.replace(state, target_findings=_target_findings(target, other)), disc
@@ -42,10 +42,5 @@ def _target_findings(target: Target, other: tuple[str, str] | None) -> tuple[Fin
     if other is not None:
         out.append(Finding(Severity.WARNING, 0, "allocator", f"the process also maps {other[0]} ({other[1]}): "
                            "memory it serves is not in glibc's arenas, and is not counted here", Kind.DISCOVERY))
-    missing = target.missing if target.space.core else []
-    if missing:
-        out.append(Finding(
-            Severity.WARNING, missing[0][0], "core file", f"the core is truncated: {len(missing)} region(s) of "
-            f"the process's memory ({sum(b - a for a, b in missing)} bytes, from {missing[0][0]:#x}) are not "
-            "in it; what lies there is reported as unreadable, never as empty", Kind.UNMAPPED))
-    return tuple(out)
+    truncated = target.truncation()
+    return tuple(out + ([truncated] if truncated else []))

@@ -7,12 +7,13 @@ from __future__ import annotations
 import struct
 
 from heapwalk.findings import Finding, Kind, Severity
-from heapwalk.jemalloc.discovery import JeDiscovery
+from heapwalk.jemalloc.discovery import CONTAINER_STATES, JeDiscovery
 from heapwalk.jemalloc.layout import (BIN_CLASSES, BIN_STATS, NBINS, NLEXTENTS, NPSIZES, PAGE, JeLayout,
                                       class_size, large_size)
 from heapwalk.jemalloc.model import JeArena, JeBin, JeExtents, JeLarge, JeState, JeThread
 from heapwalk.jemalloc.rtree import ExtentMap
-from heapwalk.jemalloc.tcache import arena_tcache_bytes, cache_bins, cached_regions, nhbins
+from heapwalk.jemalloc.tcache import (MAX_NCACHED, arena_tcache_bytes, cache_bins, cached_regions, nhbins,
+                                     plausible)
 from heapwalk.target.memory import Memory, ReadError
 from heapwalk.target.threads import ThreadRegs
 
@@ -24,7 +25,8 @@ _STATE_UNINITIALIZED = 6
 
 def collect_jemalloc(mem: Memory, disc: JeDiscovery, threads: list[ThreadRegs], target: str = "") -> JeState:
     """Decodes every arena in arenas[] and every thread's tsd."""
-    findings: list[Finding] = []
+    findings = [Finding(Severity.ERROR, address, "jemalloc", f"{what}: what depends on it is not known",
+                        Kind.UNMAPPED) for address, what in disc.unread]
     pointers = _arena_pointers(mem, disc, findings)
     cached = nhbins(disc.layout, disc.opt)
     arenas = []
@@ -74,7 +76,7 @@ def _arena(mem: Memory, layout: JeLayout, index: int, address: int, cached: int 
     nthreads = struct.unpack_from("<I", raw, layout.nthreads)[0]
     dirty = struct.unpack_from("<3Q", raw, layout.stats_dirty)
     muzzy = struct.unpack_from("<3Q", raw, layout.stats_muzzy)
-    findings: list[Finding] = []
+    findings = _states(layout, index, address, raw)
     bins = _bins(mem, layout, index, address, raw, findings)
     memory = _memory(mem, layout, index, raw, findings)
     tcache_bytes, lost = arena_tcache_bytes(mem, layout, index, word(layout.tcache_descriptors), cached)
@@ -83,6 +85,19 @@ def _arena(mem: Memory, layout: JeLayout, index: int, address: int, cached: int 
                    _i64(word(layout.dirty_decay_ms)), _i64(word(layout.muzzy_decay_ms)), *dirty, *muzzy,
                    bins, *memory, _large(layout, raw), _extents(layout, raw), tcache_bytes,
                    tuple(findings + lost))
+
+
+def _states(layout: JeLayout, index: int, address: int, raw: bytes) -> list[Finding]:
+    """A finding when the arena's dirty, muzzy and retained containers do not say which they are: the
+    arena's structure is overwritten there, and its counters may be too."""
+    states = [struct.unpack_from("<I", raw, off)[0] for off in (layout.dirty_state, layout.muzzy_state,
+                                                                 layout.retained_state)]
+    if states == CONTAINER_STATES:
+        return []
+    return [Finding(Severity.ERROR, address + layout.dirty_state, f"arena {index}", f"the states of arena {index}'s "
+                    f"dirty, muzzy and retained extent containers read {states}, not {CONTAINER_STATES}: the "
+                    "arena's structure is overwritten, and its figures may be wrong", Kind.ARENA,
+                    str(CONTAINER_STATES), str(states))]
 
 
 def _memory(mem: Memory, layout: JeLayout, index: int, raw: bytes, findings: list[Finding]
@@ -182,11 +197,22 @@ def _thread(mem: Memory, disc: JeDiscovery, regs: ThreadRegs, arenas: dict[int, 
     tcache_arena = arenas.get(struct.unpack_from("<Q", raw, layout.tsd_tcache_arena)[0])
     bins = cached if tcache_arena is not None else 0
     arrays = tuple(tsd + off for off in layout.tsd_tcache_bins)
-    counts = cache_bins(mem, layout, arrays, layout.cache_bins if bins is None else bins)
+    counts = _plausible_counts(cache_bins(mem, layout, arrays, layout.cache_bins if bins is None else bins),
+                               regs.number, arrays[0], findings)
     return JeThread(regs.number, regs.lwp, tsd, state, arena, allocated, deallocated, ticker, tcache_arena,
                     tuple((class_size(i), c) for i, c in enumerate(counts) if c),
                     _origins(mem, layout, arrays, len(counts), tcache_arena, extents,
                              _Seen(regs.number, seen, findings)))
+
+
+def _plausible_counts(counts: list[int], thread: int, array: int, findings: list[Finding]) -> list[int]:
+    """COUNTS with those no cache bin can hold as 0, and a finding at the thread's cache bins for each."""
+    for index, count in enumerate(counts):
+        if not plausible(count):
+            findings.append(Finding(Severity.ERROR, array, f"tcache of thread {thread}", f"cache bin {index} "
+                                    f"({class_size(index)} B) counts {count} regions: a cache bin holds 0 to "
+                                    f"{MAX_NCACHED}", Kind.TCACHE_COUNT, f"0-{MAX_NCACHED}", str(count)))
+    return [count if plausible(count) else 0 for count in counts]
 
 
 class _Seen:

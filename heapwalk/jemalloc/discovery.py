@@ -50,6 +50,7 @@ class JeDiscovery:
     facts: tuple[Fact, ...] = field(default=())
     opt: dict = field(default_factory=dict)     # the run-time options by mallctl name (empty: not found)
     rtree: int | None = None        # the radix tree of extents (None: not found)
+    unread: tuple[tuple[int, str], ...] = ()    # (address, what) of what was found but cannot be read
 
 
 def find_library(mappings: list[Mapping]) -> tuple[int, str] | None:
@@ -80,17 +81,23 @@ def discover_jemalloc(mem: Memory, mappings: list[Mapping]) -> JeDiscovery:
     facts.append(Fact("jemalloc_version", text, f"version string in the library's read-only data at {where:#x}"))
     arenas, narenas, how = _arena_array(image)
     facts += [Fact("arenas", arenas, how), Fact("narenas_total", narenas, how)]
-    count = _u32(mem, narenas)
+    try:
+        count = _u32(mem, narenas)
+    except ReadError as exc:
+        raise JemallocNotFound(f"narenas_total at {narenas:#x} is unreadable ({exc.reason})") from None
     if not 0 < count <= 4095:
         raise JemallocNotFound(f"narenas_total at {narenas:#x} reads {count}: not jemalloc {layout.name}'s")
-    _check_arena0(mem, layout, arenas)
+    _check_layout(mem, layout, arenas, count)
     tpoff, how = _tsd_tpoff(image, layout)
     facts.append(Fact("tsd_tls_offset", tpoff, how))
-    opt, how = _options(image)
+    unread = [] if tpoff is not None or "unreadable" not in how else \
+        [(int(how.split("GOT slot ")[1].split()[0], 16), f"the tsd's TLS offset: {how}")]
+    opt, how, lost = _options(image)
     facts.append(Fact("opt", len(opt) or None, how))
     rtree, how = _rtree(image)
     facts.append(Fact("rtree", rtree, how))
-    return JeDiscovery(version, text, layout, path, base, arenas, count, tpoff, tuple(facts), opt, rtree)
+    return JeDiscovery(version, text, layout, path, base, arenas, count, tpoff, tuple(facts), opt, rtree,
+                       tuple(unread + lost))
 
 
 def _rtree(image: LibcImage) -> tuple[int | None, str]:
@@ -110,12 +117,15 @@ def _rtree(image: LibcImage) -> tuple[int | None, str]:
     return leas[0].target, f"the lookup's tree in malloc_usable_size (code at {start + leas[0].offset:#x})"
 
 
-def _options(image: LibcImage) -> tuple[dict, str]:
-    """The options and how they were found; none, and why, when mallctl's table cannot be read."""
+def _options(image: LibcImage) -> tuple[dict, str, list[tuple[int, str]]]:
+    """The options, how they were found, and what of them is unreadable; none, and why, when mallctl's table
+    cannot be found or read."""
     try:
         return read_opts(image)
-    except (OptionsNotFound, ReadError) as exc:
-        return {}, f"not determined: {exc}"
+    except OptionsNotFound as exc:
+        return {}, f"not determined: {exc}", []
+    except ReadError as exc:
+        return {}, f"not determined: {exc}", [(exc.address, f"mallctl's table of options is unreadable ({exc.reason})")]
 
 
 def _version(image: LibcImage) -> tuple[tuple[int, int, int], str, int]:
@@ -152,16 +162,33 @@ def _u32(mem: Memory, address: int) -> int:
     return int.from_bytes(mem.read(address, 4), "little")
 
 
-def _check_arena0(mem: Memory, layout: JeLayout, arenas: int) -> None:
-    """arenas[0] exists and its dirty, muzzy and retained containers say so (states 1, 2, 3)."""
-    try:
-        arena0 = u64(mem, arenas)
-        states = [_u32(mem, arena0 + off) for off in (layout.dirty_state, layout.muzzy_state, layout.retained_state)]
-    except ReadError as exc:
-        raise JemallocNotFound(f"arenas[0] at {arenas:#x} is unreadable ({exc.reason})") from None
-    if states != [1, 2, 3]:
-        raise JemallocNotFound(f"arena 0 ({arena0:#x}) does not have the {layout.name} layout: its extent "
-                               f"containers' states read {states}, not [1, 2, 3]")
+def _check_layout(mem: Memory, layout: JeLayout, arenas: int, count: int) -> None:
+    """One of the first arenas in arenas[] shows LAYOUT: its dirty, muzzy and retained containers' states read
+    1, 2, 3 (arena 0 normally; a later one when arena 0 is damaged, which the decoder then reports)."""
+    said = []
+    for index in range(min(count, 8)):
+        try:
+            arena = u64(mem, arenas + 8 * index)
+            if not arena:
+                continue
+            states = container_states(mem, layout, arena)
+        except ReadError as exc:
+            said.append(f"arena {index} is unreadable ({exc.reason})")
+            continue
+        if states == CONTAINER_STATES:
+            return
+        said.append(f"arena {index} ({arena:#x}) has extent containers whose states read {states}, not "
+                    f"{list(CONTAINER_STATES)}")
+    raise JemallocNotFound(f"no arena shows the {layout.name} layout: " + "; ".join(said or ["arenas[] is empty"]))
+
+
+def container_states(mem: Memory, layout: JeLayout, arena: int) -> list[int]:
+    """The states of the arena at ARENA's dirty, muzzy and retained extent containers (ReadError when gone)."""
+    return [_u32(mem, arena + off) for off in (layout.dirty_state, layout.muzzy_state, layout.retained_state)]
+
+
+#: what the dirty, muzzy and retained containers' states read in every sound arena
+CONTAINER_STATES = [1, 2, 3]
 
 
 def _tsd_tpoff(image: LibcImage, layout: JeLayout) -> tuple[int | None, str]:

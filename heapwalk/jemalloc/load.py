@@ -23,4 +23,6 @@ def load_jemalloc(target: Target) -> JeState:
     why, when it cannot be located)."""
     disc = discover_jemalloc(target.mem, target.space.mappings)
     state = collect_jemalloc(target.mem, disc, target.threads, target.description)
-    return dataclasses.replace(state, findings=state.findings + decay_findings(state))
+    truncated = target.truncation()
+    return dataclasses.replace(state, findings=state.findings + decay_findings(state) +
+                               ((truncated,) if truncated else ()))

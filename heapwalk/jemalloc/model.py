@@ -47,8 +47,9 @@ class JeLarge:
 
     @property
     def curlextents(self) -> int:
-        """Allocations of this class alive now."""
-        return self.nmalloc - self.ndalloc
+        """Allocations of this class alive now (none when the counters are damaged so that more were freed than
+        allocated: check reports that)."""
+        return max(0, self.nmalloc - self.ndalloc)
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,16 +175,18 @@ class JeState:
     def in_use(self, a: JeArena) -> int:
         """The bytes of arena A's regions the program holds: its small and large allocations, less what the
         thread caches hold of them."""
-        return max(0, a.small()["allocated"] + a.large_totals()["allocated"] - self.cached_from(a.index))
+        held = a.small()["allocated"] + a.large_totals()["allocated"] - self.cached_from(a.index)
+        return max(0, min(held, a.pactive * 4096))    # never more than its active pages, damaged counters or not
 
     def slabs_by_size(self) -> dict[int, SlabTotals]:
         """Every arena's slabs together, by region size (sizes with a slab in use only)."""
         out: dict[int, SlabTotals] = {}
         for b in (b for a in self.arenas for b in a.bins if b.curslabs):
             row = out.get(b.size, SlabTotals(0, 0, 0, 0, 0))
-            out[b.size] = SlabTotals(row.slabs + b.curslabs, row.nonfull + b.nonfull_slabs, row.used + b.curregs,
-                                     row.regions + b.curslabs * b.nregs,
-                                     row.free + b.curslabs * b.slab_pages * 4096 - b.curregs * b.size)
+            used = max(0, min(b.curregs, b.curslabs * b.nregs))   # damaged counters stay within their slabs
+            out[b.size] = SlabTotals(row.slabs + b.curslabs, row.nonfull + min(b.nonfull_slabs, b.curslabs),
+                                     row.used + used, row.regions + b.curslabs * b.nregs,
+                                     row.free + b.curslabs * b.slab_pages * 4096 - used * b.size)
         return out
 
     def arena(self, index: int) -> JeArena | None:

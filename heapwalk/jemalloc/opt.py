@@ -57,23 +57,27 @@ class OptionsNotFound(Exception):
     """mallctl's "opt" node could not be found; the message says where the search stopped."""
 
 
-def read_opts(image: LibcImage) -> tuple[dict[str, bool | int | str], str]:
-    """Every option of OPT_TYPES the library has, in mallctl's order, and how the table was found
-    (OptionsNotFound when it was not)."""
+def read_opts(image: LibcImage) -> tuple[dict[str, bool | int | str], str, list[tuple[int, str]]]:
+    """Every option of OPT_TYPES the library has, in mallctl's order, how the table was found, and (address,
+    what) of each option whose memory is unreadable (OptionsNotFound when the table was not found; ReadError
+    when it is unreadable)."""
     node = _opt_node(image)
     nchildren, children = struct.unpack("<QQ", image.mem.read(node + 16, 16))
     out: dict[str, bool | int | str] = {}
+    unread: list[tuple[int, str]] = []
     for i in range(nchildren):
-        _named, name_at, _n, _c, ctl = struct.unpack("<QQQQQ", image.mem.read(children + _NODE * i, _NODE))
-        name = _cstring(image, name_at)
-        kind = OPT_TYPES.get(name)
-        if kind is None or not ctl:
-            continue
+        name = f"#{i}"
         try:
-            out[name] = _value(image, kind, ctl, OPT_FIELDS.get(name, 0))
-        except (ReadError, ValueError):
+            _named, name_at, _n, _c, ctl = struct.unpack("<QQQQQ", image.mem.read(children + _NODE * i, _NODE))
+            name = _cstring(image, name_at)
+            kind = OPT_TYPES.get(name)
+            if kind is not None and ctl:
+                out[name] = _value(image, kind, ctl, OPT_FIELDS.get(name, 0))
+        except ReadError as exc:
+            unread.append((exc.address, f"option {name} is unreadable ({exc.reason})"))
+        except ValueError:
             continue
-    return out, f"mallctl's \"opt\" node at {node:#x} ({nchildren} options)"
+    return out, f"mallctl's \"opt\" node at {node:#x} ({nchildren} options)", unread
 
 
 def _opt_node(image: LibcImage) -> int:

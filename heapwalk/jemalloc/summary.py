@@ -56,7 +56,9 @@ def _row(state: JeState, a: JeArena) -> ArenaView:
     cached = state.cached_from(a.index)
     pages = (a.pactive + a.pdirty + a.pmuzzy) * PAGE
     padding, extents = a.active_slack(), a.large_extents()
-    free = {"tcache": cached, "slabs": a.slab_bytes() - small, "dirty": a.pdirty * PAGE, "muzzy": a.pmuzzy * PAGE}
+    room = max(0, a.pactive * PAGE - small - large)       # what active pages leave free: more is damage
+    free = {"tcache": min(cached, small + large, a.pactive * PAGE), "slabs": min(a.slab_bytes() - small, room),
+            "dirty": a.pdirty * PAGE, "muzzy": a.pmuzzy * PAGE}
     balanced = (0 <= padding <= extents * PAGE and a.mapped >= pages and min(free.values()) >= 0
                 and small + large >= cached)
     return ArenaView(a.index, a.address, arena_kind(state, a.index), a.nthreads,

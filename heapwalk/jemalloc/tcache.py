@@ -18,11 +18,14 @@ from heapwalk.findings import Finding, Kind, Severity
 from heapwalk.jemalloc.layout import NBINS, JeLayout, class_size, size_index
 from heapwalk.target.memory import Memory, ReadError
 
-__all__ = ["cache_bins", "nhbins", "bin_counts", "arena_tcache_bytes", "cached_regions"]
+__all__ = ["cache_bins", "nhbins", "bin_counts", "arena_tcache_bytes", "cached_regions", "plausible",
+           "MAX_NCACHED"]
 
 _CACHE_BIN = 24
 _MAX_TCACHES = 1 << 16       # descriptors followed on one arena's list before it is called a cycle
 _SMALL_MAXCLASS = 14336
+#: the most regions one cache bin holds (5.3.0: 16 bits of pointers; 5.2.1's are far fewer)
+MAX_NCACHED = 8191
 
 
 def nhbins(layout: JeLayout, opt: dict) -> int | None:
@@ -38,7 +41,8 @@ def nhbins(layout: JeLayout, opt: dict) -> int | None:
 
 
 def bin_counts(layout: JeLayout, raw: bytes, count: int) -> list[int]:
-    """The number of cached regions in each of the COUNT cache bins in RAW (an array of cache_bin_t)."""
+    """The number of cached regions in each of the COUNT cache bins in RAW (an array of cache_bin_t), as
+    stored: a count below 0 or above MAX_NCACHED is damage (`plausible` sorts them out)."""
     out = []
     for i in range(count):
         if layout.stack_cache_bins:
@@ -48,6 +52,11 @@ def bin_counts(layout: JeLayout, raw: bytes, count: int) -> list[int]:
         else:
             out.append(struct.unpack_from("<i", raw, _CACHE_BIN * i + 4)[0])
     return out
+
+
+def plausible(count: int) -> bool:
+    """Can a cache bin hold COUNT regions?"""
+    return 0 <= count <= MAX_NCACHED
 
 
 def cache_bins(mem: Memory, layout: JeLayout, arrays: tuple[int, ...], n: int) -> list[int]:
@@ -69,7 +78,7 @@ def cached_regions(mem: Memory, layout: JeLayout, arrays: tuple[int, ...], n: in
     for array, (first, last) in zip(arrays, _array_spans(layout, n)):
         raw = mem.read(array + _CACHE_BIN * first, _CACHE_BIN * (last - first)) if last > first else b""
         for slot, count in enumerate(bin_counts(layout, raw, last - first)):
-            if count > 0:
+            if 0 < count <= MAX_NCACHED:
                 if layout.stack_cache_bins:
                     stack, = struct.unpack_from("<Q", raw, _CACHE_BIN * slot)
                 else:
@@ -116,12 +125,12 @@ def arena_tcache_bytes(mem: Memory, layout: JeLayout, index: int, first: int, n:
 def _descriptor_bytes(mem: Memory, layout: JeLayout, arrays: tuple[int, ...], n: int) -> int:
     """The bytes one descriptor's bins hold, as the version's statistics count them."""
     if len(arrays) == 1:
-        return sum(c * class_size(i) for i, c in enumerate(cache_bins(mem, layout, arrays, n)))
+        return sum(c * class_size(i) for i, c in enumerate(cache_bins(mem, layout, arrays, n)) if plausible(c))
     small = bin_counts(layout, mem.read(arrays[0], _CACHE_BIN * NBINS), NBINS)
-    total = sum(c * class_size(i) for i, c in enumerate(small[:n]))
+    total = sum(c * class_size(i) for i, c in enumerate(small[:n]) if plausible(c))
     if n > NBINS:      # 5.2.1 reads bins_large[i] for class i, not bins_large[i - 36]
         large = bin_counts(layout, mem.read(arrays[1] + _CACHE_BIN * NBINS, _CACHE_BIN * (n - NBINS)), n - NBINS)
-        total += sum(c * class_size(NBINS + i) for i, c in enumerate(large))
+        total += sum(c * class_size(NBINS + i) for i, c in enumerate(large) if plausible(c))
     return total
 
 

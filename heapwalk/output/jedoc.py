@@ -132,3 +132,20 @@ def jemalloc_check_document(state: JeState, findings, checked: dict[str, int]) -
             "findings": [{"severity": f.severity.value, "kind": f.kind.ident, "address": f.address,
                           "structure": f.structure, "message": f.message, "expected": f.expected,
                           "found": f.found} for f in findings]}
+
+
+def beside(jemalloc_doc: dict[str, Any] | None, glibc_doc: dict[str, Any] | None) -> dict[str, Any]:
+    """One command's JSON document for a process with either allocator or both: with both, jemalloc's
+    document (the program's allocator) holding glibc's under "glibc_malloc", and "allocators" naming both."""
+    if jemalloc_doc is None or glibc_doc is None:
+        return jemalloc_doc if glibc_doc is None else glibc_doc
+    inner = {k: v for k, v in glibc_doc.items() if k not in ("schema_version", "target")}
+    return {**jemalloc_doc, "allocators": ["jemalloc", "glibc"], "glibc_malloc": inner}
+
+
+def both_text(jemalloc: Report, glibc: Report) -> str:
+    """The sentence a report of a process with both allocators ends with: what each holds."""
+    def holds(rep: Report) -> str:
+        return f"{human(rep.system)} ({human(rep.in_use)} in use, {human(rep.free)} free)"
+    return (f"This process allocates with both: jemalloc maps {holds(jemalloc)}, and glibc's malloc holds "
+            f"{holds(glibc)} in its arenas; each verdict above is about its own allocator.")

@@ -53,10 +53,10 @@ def _cell(count: int, total: int) -> str:
     return "-" if not count else f"{human(total)} ({count})"
 
 
-def header_text(state: HeapState) -> Text:
+def header_text(state: HeapState, with_target: bool = True) -> Text:
     by = {f.name: f.found_by for f in state.facts}
     text = Text()
-    text.append(f"{state.target}\n" if state.target else "")
+    text.append(f"{state.target}\n" if state.target and with_target else "")
     text.append(f"glibc {state.version_text} (version: {by.get('glibc_version', '?')})\n")
     text.append(f"main_arena {'unknown' if state.main_arena is None else f'{state.main_arena:#x}'} "
                 f"({by.get('main_arena', '?')})\n")

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from heapwalk.findings import Finding, Kind, Severity
 from heapwalk.target.elf import Mapping
 from heapwalk.target.memory import Memory
 from heapwalk.target.threads import ThreadRegs
@@ -39,3 +40,13 @@ class Target:
     symbols: Any                # a SymbolSource of the allocator's discovery (debug symbols, or none)
     description: str            # "core file /x/core of /usr/bin/prog", for the header
     missing: list[tuple[int, int]]  # the address ranges a truncated core lacks
+
+    def truncation(self) -> Finding | None:
+        """The finding that a core lacks part of the process's memory (None for a whole core or a process)."""
+        missing = self.missing if self.space.core else []
+        if not missing:
+            return None
+        return Finding(Severity.WARNING, missing[0][0], "core file", f"the core is truncated: {len(missing)} "
+                       f"region(s) of the process's memory ({sum(b - a for a, b in missing)} bytes, from "
+                       f"{missing[0][0]:#x}) are not in it; what lies there is reported as unreadable, never as "
+                       "empty", Kind.UNMAPPED)

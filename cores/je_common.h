@@ -1,0 +1,132 @@
+/* What the jemalloc reproducers share: jemalloc's entry points found at run time (they run with
+ * LD_PRELOAD=libjemalloc.so.2), a ledger of the threads, and the snapshot: the main thread moves to an
+ * arena of its own, writes malloc_stats_print(..., "J") into stats.json and the ledger into ledger.json,
+ * and stops itself with SIGSTOP for gcore.
+ *
+ * malloc_stats_print is called twice and the second output kept: the first sets up what the statistics
+ * code allocates once.  jemalloc 5.3's malloc_stats_print writes through a 64 KiB buffer it takes from
+ * arena 0 and frees when done, so arena 0 would hold 16 dirty pages more than the statistics printed.
+ * The snapshot takes the same buffer from arena 0 again (mallocx, no tcache), which puts arena 0's pages
+ * back as they were printed; the ledger says so ("stats_buffer"), because arena 0's large counters then
+ * count that one allocation and the printer's free on top, and its "internal" bytes counted the buffer
+ * while it printed, and no longer do ("internal": true in the ledger).
+ * Everything is written with write(2) from static buffers.
+ */
+#ifndef JE_COMMON_H
+#define JE_COMMON_H
+
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+typedef int (*mallctl_fn)(const char *, void *, size_t *, void *, size_t);
+typedef void (*stats_fn)(void (*)(void *, const char *), void *, const char *);
+typedef void *(*mallocx_fn)(size_t, int);
+
+#define STATS_BUFFER 65536                    /* jemalloc 5.3's STATS_PRINT_BUFSIZE */
+#define ARENA_0_NO_TCACHE ((1 << 20) | (1 << 8)) /* MALLOCX_ARENA(0) | MALLOCX_TCACHE_NONE */
+
+static mallctl_fn je_mallctl;
+static stats_fn je_stats_print;
+static char ledger[16384];
+static size_t ledger_len;
+static pthread_mutex_t ledger_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void die(const char *what) {
+    write(2, what, strlen(what));
+    write(2, "\n", 1);
+    _exit(3);
+}
+
+/* Finds mallctl and malloc_stats_print, or dies saying jemalloc is not loaded. */
+static void je_find(void) {
+    je_mallctl = (mallctl_fn)dlsym(RTLD_DEFAULT, "mallctl");
+    je_stats_print = (stats_fn)dlsym(RTLD_DEFAULT, "malloc_stats_print");
+    if (je_mallctl == NULL || je_stats_print == NULL)
+        die("jemalloc is not loaded (run with LD_PRELOAD=libjemalloc.so.2)");
+}
+
+static unsigned thread_arena(void) {
+    unsigned arena = 0;
+    size_t len = sizeof arena;
+    if (je_mallctl("thread.arena", &arena, &len, NULL, 0) != 0)
+        die("mallctl thread.arena failed");
+    return arena;
+}
+
+static void note_thread(const char *role, long arena) {
+    pthread_mutex_lock(&ledger_lock);
+    ledger_len += (size_t)snprintf(ledger + ledger_len, sizeof ledger - ledger_len,
+                                   "%s{\"role\": \"%s\", \"lwp\": %ld, \"arena\": %ld}",
+                                   ledger_len ? ",\n  " : "", role, (long)syscall(SYS_gettid), arena);
+    pthread_mutex_unlock(&ledger_lock);
+}
+
+static void write_stats(void *fd, const char *text) {
+    size_t n = strlen(text);
+    while (n) {
+        ssize_t w = write((int)(long)fd, text, n);
+        if (w <= 0)
+            die("write failed");
+        text += w;
+        n -= (size_t)w;
+    }
+}
+
+static int open_out(const char *dir, const char *name) {
+    static char path[4096];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0)
+        die("cannot open an output file");
+    return fd;
+}
+
+/* The main thread's snapshot (see the top of this file), into STATS_FD and LEDGER_FD; stops the process. */
+static void je_snapshot(int stats_fd, int ledger_fd) {
+    unsigned own = 0;
+    size_t len = sizeof own;
+    if (je_mallctl("arenas.create", &own, &len, NULL, 0) != 0)
+        die("mallctl arenas.create failed");
+    note_thread("main", thread_arena());
+    if (je_mallctl("thread.arena", NULL, NULL, &own, sizeof own) != 0)
+        die("mallctl thread.arena (write) failed");
+    je_stats_print(write_stats, (void *)(long)stats_fd, "J");
+    if (ftruncate(stats_fd, 0) != 0 || lseek(stats_fd, 0, SEEK_SET) != 0)
+        die("cannot rewrite stats.json");
+    je_stats_print(write_stats, (void *)(long)stats_fd, "J");
+    close(stats_fd);
+    const char *version = NULL;
+    size_t vlen = sizeof version;
+    if (je_mallctl("version", &version, &vlen, NULL, 0) != 0)
+        die("mallctl version failed");
+    int buffer_taken = strncmp(version, "5.2.", 4) != 0;
+    if (buffer_taken) {
+        mallocx_fn je_mallocx = (mallocx_fn)dlsym(RTLD_DEFAULT, "mallocx");
+        if (je_mallocx == NULL || je_mallocx(STATS_BUFFER, ARENA_0_NO_TCACHE) == NULL)
+            die("mallocx of the statistics buffer failed");
+    }
+    size_t max_background_threads = 0;
+    len = sizeof max_background_threads;
+    if (je_mallctl("opt.max_background_threads", &max_background_threads, &len, NULL, 0) != 0)
+        die("mallctl opt.max_background_threads failed");
+    char tail[320];
+    int n = snprintf(tail, sizeof tail, "\n ],\n \"stats_arena\": %u,\n \"opt.max_background_threads\": %zu,"
+                     "\n \"stats_buffer\": %s\n}\n", own, max_background_threads,
+                     buffer_taken ? "{\"arena\": 0, \"size\": 65536, \"internal\": true, \"retaken\": true}"
+                                  : "null");
+    write_stats((void *)(long)ledger_fd, "{\n \"threads\": [\n  ");
+    write_stats((void *)(long)ledger_fd, ledger);
+    write(ledger_fd, tail, (size_t)n);
+    close(ledger_fd);
+    raise(SIGSTOP);
+}
+
+#endif
