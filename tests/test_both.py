@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import JEMALLOCS, NO_SYMBOLS, capture_jemalloc, run_gdb
+import harness
+import sysroots
+from conftest import BINDIR, JEMALLOCS, NO_SYMBOLS, SYSROOTS, capture_jemalloc, run_gdb
 from heapwalk.output.jedoc import beside
 from oracle import jemalloc_arena_view, jemalloc_printed_view, malloc_info_view, parse_malloc_info
 
@@ -85,6 +87,8 @@ def test_report_threads_and_check_show_both(both, suite, tmp_path):
     assert "fastbins" in text or "small bins" in text
     doc = json.loads(report.read_text())
     assert doc["report"]["verdict"][0].startswith("Held free by jemalloc")
+    assert any("slabs not full" in line and "a slab goes back to its arena only when its last region is freed"
+               in line for line in doc["report"]["verdict"])      # the objects half freed: slabs half used
     assert doc["glibc_malloc"]["report"]["verdict"] and doc["glibc_malloc"]["report"]["partial"] == []
     checked = json.loads(check.read_text())
     assert checked["clean"] and checked["glibc_malloc"]["clean"] and checked["glibc_malloc"]["checked"]["chunks"] > 6000
@@ -113,6 +117,34 @@ def test_a_process_on_jemalloc_alone_shows_no_glibc(suite, tmp_path):
     assert result.returncode == 0 and "glibc" not in result.stdout
     doc = json.loads(out.read_text())
     assert "glibc_malloc" not in doc and "allocators" not in doc
+
+
+@pytest.mark.parametrize("suite", JEMALLOCS[:1])
+def test_capture_reads_a_live_process_with_both(suite, tmp_path):
+    """'heapwalk capture PID --live' on je_both at its snapshot (stopped, as it printed its statistics): each
+    allocator read from the live process equals what it printed, and the process is left as it was."""
+    jemalloc = sysroots.prepare_jemalloc(SYSROOTS, suite)
+    exe = harness.build("je_both", BINDIR)
+    proc = harness.run_to_snapshot(exe, tmp_path / "run", env=jemalloc.environment())
+    try:
+        cli = Path(sys.executable).with_name("heapwalk")
+        result = subprocess.run([str(cli), "capture", str(proc.pid), "--live", "--no-symbols", "--out",
+                                 str(tmp_path / "snap")], capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, result.stderr
+        text = " ".join(result.stdout.split())
+        assert "RSS per arena: not shown for jemalloc's arenas yet" in text and "glibc's malloc, beside jemalloc" in text
+        doc = json.loads((tmp_path / "snap" / "report.json").read_text())
+        stats = json.loads((tmp_path / "run" / "stats.json").read_text())["jemalloc"]
+        ledger = json.loads((tmp_path / "run" / "ledger.json").read_text())
+        for arena in doc["jemalloc"]["arenas"]:
+            if arena["index"] != ledger["stats_arena"]:
+                printed = stats["stats.arenas"][str(arena["index"])]
+                assert jemalloc_arena_view(arena) == jemalloc_printed_view(printed, arena["index"], ledger)
+        assert malloc_info_view(doc["glibc_malloc"]) == parse_malloc_info(tmp_path / "run" / "malloc_info.xml")
+        assert proc.poll() is None
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def test_one_document_holds_both_allocators():
