@@ -13,6 +13,12 @@
  * small and large bins on the way), and frees a last few chunks, which stay in
  * the unsorted bin.
  *
+ * With HW_BENCH_SHAPE=random the heap is fragmented as real programs leave it: a
+ * chunk in fifty (of under 1 KiB) grows twice with realloc as it is made (a
+ * buffer being filled), and then half of the chunks, picked in random order,
+ * are freed: free chunks coalesce with their neighbours, and every free list
+ * runs back and forth across the arena's heaps.
+ *
  * Workers are plain pthreads (no hw_spawn key probe), so a worker's arena
  * holds exactly its live allocations, which the ledger records as facts
  * "live_TID" (the oracle for the benchmark's chunk count); the main arena also
@@ -32,6 +38,7 @@
 #define LAST_FREES 40
 
 static long share;
+static int random_shape;     /* HW_BENCH_SHAPE=random */
 static void *volatile sink;  /* stores through it keep gcc from eliding a malloc whose result looks unused */
 
 static size_t pick(unsigned *seed)
@@ -44,6 +51,75 @@ static size_t pick(unsigned *seed)
     if (r < 999)
         return 1024 + (size_t)(rand_r(seed) % 3072);    /* large bins, 64 and 512 bytes apart */
     return 16384 + (size_t)(rand_r(seed) % 32768);      /* large bins, 4 KiB apart */
+}
+
+/* Frees up to LAST_FREES live chunks spread over P (after the unsorted bin was sorted: they stay in it, or
+ * in the tcache and fastbins); returns how many it freed. */
+static long free_last_few(void **p)
+{
+    long freed = 0;
+    for (long i = 1; i < share && freed < LAST_FREES; i += share / LAST_FREES + 1) {
+        if (p[i]) {
+            free(p[i]);
+            p[i] = NULL;
+            freed++;
+        }
+    }
+    return freed;
+}
+
+/* A random index below N from SEED (rand_r gives 31 bits; two of them cover any share). */
+static long below(long n, unsigned *seed)
+{
+    unsigned long r = ((unsigned long)rand_r(seed) << 31) ^ (unsigned long)rand_r(seed);
+    return (long)(r % (unsigned long)n);
+}
+
+/* The random shape: allocates this thread's share (a chunk in fifty grown twice by realloc), then frees
+ * half of the chunks in random order; returns how many of its allocations stay live. */
+static long build_random(unsigned seed)
+{
+    void **p = calloc((size_t)share, sizeof *p);
+    long *order = malloc((size_t)share * sizeof *order);
+    if (!p || !order) {
+        fprintf(stderr, "bench: out of memory\n");
+        abort();
+    }
+    long live = 0;
+    for (long i = 0; i < share; i++) {
+        size_t n = pick(&seed);
+        p[i] = malloc(n);
+        if (p[i] && i % 50 == 49 && n < 1024) {
+            p[i] = realloc(p[i], n * 3);
+            n *= 3;
+            if (p[i])
+                p[i] = realloc(p[i], n * 2);
+        }
+        if (!p[i]) {
+            fprintf(stderr, "bench: out of memory\n");
+            abort();
+        }
+        memset(p[i], 0x5A, n < 32 ? n : 32);
+        live++;
+        order[i] = i;
+    }
+    for (long i = share - 1; i > 0; i--) {
+        long j = below(i + 1, &seed), t = order[i];
+        order[i] = order[j];
+        order[j] = t;
+    }
+    for (long k = 0; k < share / 2; k++) {
+        free(p[order[k]]);
+        p[order[k]] = NULL;
+        live--;
+    }
+    free(order);
+    sink = malloc(120000);
+    live++;
+    live -= free_last_few(p);
+    if ((size_t)share * sizeof *p < 128 * 1024)
+        live++;  /* the pointer array is an arena chunk when it is under the mmap threshold */
+    return live;
 }
 
 /* Allocates this thread's share, frees every third chunk, sorts the unsorted bin, frees a few more;
@@ -73,14 +149,7 @@ static long build(unsigned seed)
     }
     sink = malloc(120000);  /* larger than any free chunk: malloc sorts the unsorted bin */
     live++;
-    for (long i = 1, freed = 0; i < share && freed < LAST_FREES; i += share / LAST_FREES + 1) {
-        if (p[i]) {
-            free(p[i]);
-            p[i] = NULL;
-            live--;
-            freed++;
-        }
-    }
+    live -= free_last_few(p);
     if ((size_t)share * sizeof *p >= 128 * 1024)
         live--;  /* calloc of the array was mmapped (above the mmap threshold): not an arena chunk */
     return live;
@@ -88,7 +157,8 @@ static long build(unsigned seed)
 
 static void *worker(void *arg)
 {
-    long live = build((unsigned)(uintptr_t)arg * 7919u + 17u);
+    unsigned seed = (unsigned)(uintptr_t)arg * 7919u + 17u;
+    long live = random_shape ? build_random(seed) : build(seed);
     char key[48];
     snprintf(key, sizeof key, "live_%d", (int)gettid());
     hw_note_fact(key, live);
@@ -102,6 +172,8 @@ int main(int argc, char **argv)
     const char *n = getenv("HW_BENCH_CHUNKS");
     long total = n ? atol(n) : 300000;
     share = total / (WORKERS + 1);
+    const char *shape = getenv("HW_BENCH_SHAPE");
+    random_shape = shape != NULL && strcmp(shape, "random") == 0;
     pthread_attr_t attr;
     pthread_attr_init(&attr);
     pthread_attr_setstacksize(&attr, 256 * 1024);
@@ -114,7 +186,10 @@ int main(int argc, char **argv)
         pthread_detach(t);
     }
     hw_wait_arrivals(WORKERS);
-    build(1);
+    if (random_shape)
+        build_random(1);
+    else
+        build(1);
     hw_note_fact("workers", WORKERS);
     hw_note_fact("chunks_requested", share * (WORKERS + 1));
     hw_snapshot();

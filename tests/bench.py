@@ -8,7 +8,10 @@ same program is run again and left at its snapshot, and the walk and ``heapwalk 
 (``gdb -p``), where reads go to the process instead of a file.
 
 Sizes: small (300 thousand chunks, for quick runs and the smoke test), medium (1.5 million) and large
-(6 million chunks, over 1 GiB in nine arenas).  Prints a table and writes build/bench/SIZE/bench.json.
+(6 million chunks, over 1 GiB in nine arenas).  Two shapes of each: ordered (every third chunk freed in
+address order, so the free lists run through memory in order) and random (half of the chunks freed in
+random order after realloc churn, so the lists hop across the heaps, as in real programs).  Prints a table
+per shape and writes build/bench/bench-SIZE.json (and each shape's numbers beside its core).
 Nothing here fails on a slow machine: the numbers are reported, not judged.
 """
 
@@ -43,18 +46,29 @@ _FLOOR = ("python import time as _t, json as _j; _h = _j.load(open({heaps!r})); 
           "print('heapwalk-bench-floor %.6f %d' % (_t.perf_counter() - _s, _n))")
 
 
-def capture(size: str, bindir: Path) -> harness.Capture:
-    """The bench core of SIZE, taken now unless one of that size is already there and newer than its sources."""
-    outdir = BUILD / "bench" / size
+def capture(size: str, bindir: Path, shape: str = "ordered") -> harness.Capture:
+    """The bench core of SIZE and SHAPE, taken now unless one is already there and newer than its sources."""
+    outdir = workdir_of(size, shape)
     directory = outdir / "bench"
     meta = directory / "meta.json"
     sources = [harness.CORES_DIR / f for f in ("bench.c", "hw.c", "hw.h", "harness.py")]
     fresh = meta.exists() and (directory / "core").exists() and \
         meta.stat().st_mtime >= max(s.stat().st_mtime for s in sources)
     if not fresh:
-        harness.capture("bench", outdir, bindir, env={"HW_BENCH_CHUNKS": str(SIZES[size])})
+        harness.capture("bench", outdir, bindir, env=environment(size, shape))
     exe = Path(json.loads(meta.read_text())["exe"])
     return harness.Capture(name="bench", directory=directory, exe=exe, pid=json.loads(meta.read_text())["pid"])
+
+
+def workdir_of(size: str, shape: str) -> Path:
+    """Where the bench core of SIZE and SHAPE and its numbers live: build/bench/SIZE for the ordered shape
+    (as before there were two), build/bench/SHAPE-SIZE for the others."""
+    return BUILD / "bench" / (size if shape == "ordered" else f"{shape}-{size}")
+
+
+def environment(size: str, shape: str) -> dict[str, str]:
+    """cores/bench.c's environment for SIZE and SHAPE."""
+    return {"HW_BENCH_CHUNKS": str(SIZES[size]), "HW_BENCH_SHAPE": shape}
 
 
 def gdb_run(exe: Path, core: Path | None, commands: list[str], pid: int | None = None) -> tuple[str, float, int]:
@@ -120,7 +134,7 @@ def measure(cap: harness.Capture, runs: int, workdir: Path) -> dict:
                         "chunks_per_second": chunks / seconds if seconds else None,
                         "times_floor": seconds / statistics.median(floor_runs)})
     return {
-        "size": cap.directory.parent.name, "chunks": chunks,
+        "chunks": chunks,
         "heap_bytes": sum(n for _, n in heaps), "heaps": len(heaps), "arenas": len(doc["arenas"]),
         "largest_heap_bytes": max(n for _, n in heaps),
         "core_bytes": cap.core.stat().st_size, "runs": runs,
@@ -132,11 +146,11 @@ def measure(cap: harness.Capture, runs: int, workdir: Path) -> dict:
     }
 
 
-def measure_live(size: str, bindir: Path, runs: int, workdir: Path) -> dict:
-    """The walk and `heapwalk report` timed on a live bench process of SIZE (gdb -p; reads go through ptrace
-    and /proc/PID/mem instead of the core file), which is killed afterwards."""
+def measure_live(size: str, shape: str, bindir: Path, runs: int, workdir: Path) -> dict:
+    """The walk and `heapwalk report` timed on a live bench process of SIZE and SHAPE (gdb -p; reads go
+    through ptrace and /proc/PID/mem instead of the core file), which is killed afterwards."""
     exe = harness.build("bench", bindir)
-    proc = harness.run_to_snapshot(exe, workdir / "live", env={"HW_BENCH_CHUNKS": str(SIZES[size])})
+    proc = harness.run_to_snapshot(exe, workdir / "live", env=environment(size, shape))
     try:
         walks = [_value(gdb_run(exe, None, [f"source {ROOT / 'tests' / 'bench_walk.py'}"], proc.pid)[0],
                         "heapwalk-bench-walk") for _ in range(runs)]
@@ -155,7 +169,7 @@ def measure_live(size: str, bindir: Path, runs: int, workdir: Path) -> dict:
 def table(result: dict) -> str:
     """The numbers as a plain-text table."""
     mib = 1 << 20
-    lines = [f"bench {result['size']}: {result['chunks']:,} chunks, {result['heap_bytes'] / mib:,.0f} MiB in "
+    lines = [f"bench {result['size']}, {result['shape']} shape: {result['chunks']:,} chunks, {result['heap_bytes'] / mib:,.0f} MiB in "
              f"{result['heaps']} heaps of {result['arenas']} arenas (largest heap "
              f"{result['largest_heap_bytes'] / mib:,.0f} MiB); median of {result['runs']} runs",
              f"gdb start and core load alone: {result['gdb_load_seconds']:.2f} s; floor (one bulk read per heap): "
@@ -179,21 +193,32 @@ def table(result: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", choices=SIZES, default="large")
+    parser.add_argument("--shape", choices=("ordered", "random", "both"), default="both",
+                        help="every third chunk freed in address order, half of them in random order with "
+                        "realloc churn, or both (default)")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--no-live", action="store_true", help="skip the live-attach measurement")
     parser.add_argument("--json", type=Path, help="where to write the numbers (default build/bench/SIZE/bench.json)")
     args = parser.parse_args(argv)
-    cap = capture(args.size, BUILD / "bin")
-    workdir = cap.directory.parent
-    result = measure(cap, args.runs, workdir)
-    if not args.no_live:
-        result["live"] = measure_live(args.size, BUILD / "bin", args.runs, workdir)
-    result["ledger"] = json.loads(cap.ledger.read_text())["facts"]
-    out = args.json or workdir / "bench.json"
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    print(table(result))
+    shapes = ("ordered", "random") if args.shape == "both" else (args.shape,)
+    results = [measure_shape(args.size, shape, args.runs, not args.no_live) for shape in shapes]
+    out = args.json or BUILD / "bench" / f"bench-{args.size}.json"
+    out.write_text(json.dumps({"size": args.size, "shapes": results}, indent=2) + "\n")
+    print("\n\n".join(table(r) for r in results))
     print(f"numbers written to {out}")
     return 0
+
+
+def measure_shape(size: str, shape: str, runs: int, live: bool) -> dict:
+    """The numbers of the bench core of SIZE and SHAPE (and of its live process when LIVE)."""
+    cap = capture(size, BUILD / "bin", shape)
+    workdir = cap.directory.parent
+    result = {"size": size, "shape": shape, **measure(cap, runs, workdir)}
+    if live:
+        result["live"] = measure_live(size, shape, BUILD / "bin", runs, workdir)
+    result["ledger"] = json.loads(cap.ledger.read_text())["facts"]
+    (workdir / "bench.json").write_text(json.dumps(result, indent=2) + "\n")
+    return result
 
 
 if __name__ == "__main__":

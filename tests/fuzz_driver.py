@@ -345,6 +345,41 @@ def judge(spec: dict, named: int | None, sound: Sound, state, result, rep) -> tu
     return None, {"detected": True, "exact": exact, **seen}
 
 
+def _run(m: dict, mem, named, sound: Sound, symbols, maps, threads, regs) -> tuple[str, dict]:
+    """Mutant M's outcome and what it detected (see `judge`)."""
+    state, result, rep, outcome = exercise(mem, symbols, maps, threads, regs, "fuzz")
+    broken, verdict = judge(m, named, sound, state, result, rep)
+    return (f"FAILED: {broken} ({outcome})" if broken else outcome), verdict
+
+
+def run_mutants(mutants: list[dict], make, bound: float, run) -> list[dict]:
+    """Each of MUTANTS made by MAKE (its memory and the address to be named, or None when the core has no
+    place for it) and judged by RUN(mutant, memory, named) -> (outcome, verdict) within BOUND seconds; any
+    exception or overrun is a failed outcome.  The results, one per mutant."""
+    signal.signal(signal.SIGALRM, _alarm)
+    results = []
+    for m in mutants:
+        made = make(m)
+        if made is None:
+            results.append({"mutant": m, "outcome": "not applicable", "seconds": 0})
+            continue
+        mem, named = made
+        started = time.monotonic()
+        signal.setitimer(signal.ITIMER_REAL, bound)
+        verdict = {}
+        try:
+            outcome, verdict = run(m, mem, named)
+        except Timeout:
+            outcome = f"FAILED: took more than {bound} s, stopped in:\n" + traceback.format_exc()
+        except Exception:  # the point: anything here is a bug
+            outcome = "FAILED: " + traceback.format_exc()
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+        results.append({"mutant": m, "outcome": outcome, "named": named, **verdict,
+                        "seconds": round(time.monotonic() - started, 3)})
+    return results
+
+
 def main() -> None:
     with open(os.environ["HEAPWALK_FUZZ_SPEC"], encoding="utf-8") as fh:
         spec = json.load(fh)
@@ -359,30 +394,8 @@ def main() -> None:
     sound = Sound(collect(base, disc, threads, "", True, regs), disc, base)
     mutants = list(spec.get("replay", []))
     mutants += [make_mutant(rng, sound.names, len(sound.heaps)) for _ in range(spec["count"])]
-    signal.signal(signal.SIGALRM, _alarm)
-    results = []
-    for m in mutants:
-        made = apply(m, sound)
-        if made is None:
-            results.append({"mutant": m, "outcome": "not applicable", "seconds": 0})
-            continue
-        mem, named = made
-        started = time.monotonic()
-        signal.setitimer(signal.ITIMER_REAL, spec["bound"])
-        verdict = {}
-        try:
-            state, result, rep, outcome = exercise(mem, symbols, maps, threads, regs, "fuzz")
-            broken, verdict = judge(m, named, sound, state, result, rep)
-            if broken:
-                outcome = f"FAILED: {broken} ({outcome})"
-        except Timeout:
-            outcome = f"FAILED: took more than {spec['bound']} s, stopped in:\n" + traceback.format_exc()
-        except Exception:  # the point: anything here is a bug
-            outcome = "FAILED: " + traceback.format_exc()
-        finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-        results.append({"mutant": m, "outcome": outcome, "named": named, **verdict,
-                        "seconds": round(time.monotonic() - started, 3)})
+    results = run_mutants(mutants, lambda m: apply(m, sound), spec["bound"], lambda m, mem, named: _run(
+        m, mem, named, sound, symbols, maps, threads, regs))
     with open(spec["out"], "w", encoding="utf-8") as fh:
         json.dump({"fields": sound.fields_list, "results": results}, fh, indent=1)
 

@@ -24,15 +24,12 @@ import io
 import json
 import os
 import random
-import signal
 import struct
 import sys
-import time
-import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # gdb sets __file__ for a sourced script
 import figures  # noqa: E402
-from fuzz_driver import INTERESTING, MutatedMemory, Timeout, _alarm  # noqa: E402
+from fuzz_driver import INTERESTING, MutatedMemory, run_mutants  # noqa: E402
 
 from heapwalk.analysis.report import build_report
 from heapwalk.findings import Kind, Severity
@@ -220,6 +217,13 @@ def judge(spec: dict, named: int | None, state, findings, rep) -> tuple[str | No
     return None, {"detected": True, "exact": exact, **({} if exact else {"errors": [str(f) for f in errors[:3]]})}
 
 
+def _run(m: dict, mem, named, maps, threads) -> tuple[str, dict]:
+    """Mutant M's outcome and what it detected (see `judge`)."""
+    state, findings, rep, outcome = exercise(mem, maps, threads)
+    broken, verdict = judge(m, named, state, findings, rep)
+    return (f"FAILED: {broken} ({outcome})" if broken else outcome), verdict
+
+
 def main() -> None:
     with open(os.environ["HEAPWALK_FUZZ_SPEC"], encoding="utf-8") as fh:
         spec = json.load(fh)
@@ -230,30 +234,8 @@ def main() -> None:
     sound = Sound(base, maps, threads)
     mutants = list(spec.get("replay", []))
     mutants += [make_mutant(rng, len(sound.reads)) for _ in range(spec["count"])]
-    signal.signal(signal.SIGALRM, _alarm)
-    results = []
-    for m in mutants:
-        made = apply(m, sound)
-        if made is None:
-            results.append({"mutant": m, "outcome": "not applicable", "seconds": 0})
-            continue
-        mem, named = made
-        started = time.monotonic()
-        signal.setitimer(signal.ITIMER_REAL, spec["bound"])
-        verdict = {}
-        try:
-            state, findings, rep, outcome = exercise(mem, maps, threads)
-            broken, verdict = judge(m, named, state, findings, rep)
-            if broken:
-                outcome = f"FAILED: {broken} ({outcome})"
-        except Timeout:
-            outcome = f"FAILED: took more than {spec['bound']} s, stopped in:\n" + traceback.format_exc()
-        except Exception:  # the point: anything here is a bug
-            outcome = "FAILED: " + traceback.format_exc()
-        finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-        results.append({"mutant": m, "outcome": outcome, "named": named, **verdict,
-                        "seconds": round(time.monotonic() - started, 3)})
+    results = run_mutants(mutants, lambda m: apply(m, sound), spec["bound"], lambda m, mem, named: _run(
+        m, mem, named, maps, threads))
     fields = [(f"read {i}", a) for i, (a, _) in enumerate(sound.reads)]
     with open(spec["out"], "w", encoding="utf-8") as fh:
         json.dump({"fields": fields, "results": results}, fh, indent=1)
