@@ -88,10 +88,8 @@ def discover_jemalloc(mem: Memory, mappings: list[Mapping]) -> JeDiscovery:
     if not 0 < count <= 4095:
         raise JemallocNotFound(f"narenas_total at {narenas:#x} reads {count}: not jemalloc {layout.name}'s")
     _check_layout(mem, layout, arenas, count)
-    tpoff, how = _tsd_tpoff(image, layout)
+    tpoff, how, unread = _tsd_tpoff(image, layout)
     facts.append(Fact("tsd_tls_offset", tpoff, how))
-    unread = [] if tpoff is not None or "unreadable" not in how else \
-        [(int(how.split("GOT slot ")[1].split()[0], 16), f"the tsd's TLS offset: {how}")]
     opt, how, lost = _options(image)
     facts.append(Fact("opt", len(opt) or None, how))
     rtree, how = _rtree(image)
@@ -191,15 +189,17 @@ def container_states(mem: Memory, layout: JeLayout, arena: int) -> list[int]:
 CONTAINER_STATES = [1, 2, 3]
 
 
-def _tsd_tpoff(image: LibcImage, layout: JeLayout) -> tuple[int | None, str]:
-    """The tsd's offset from the thread pointer, read from the GOT slot of the library's TLS relocation."""
+def _tsd_tpoff(image: LibcImage, layout: JeLayout) -> tuple[int | None, str, list[tuple[int, str]]]:
+    """The tsd's offset from the thread pointer, read from the GOT slot of the library's TLS relocation; how it
+    was found; and (address, what) when the slot is there but unreadable."""
     if image.tls_size() not in (None, layout.tsd_size):
-        return None, f"the TLS block is {image.tls_size():#x} bytes, not {layout.name}'s tsd ({layout.tsd_size:#x})"
+        return None, f"the TLS block is {image.tls_size():#x} bytes, not {layout.name}'s tsd ({layout.tsd_size:#x})", []
     slots = [slot for slot, sym, addend in image.relocations(R_X86_64_TPOFF64) if sym == 0 and addend == 0]
     if len(slots) != 1:
-        return None, f"not determined: {len(slots)} TLS relocations against no symbol, not one"
+        return None, f"not determined: {len(slots)} TLS relocations against no symbol, not one", []
     try:
         value = u64(image.mem, slots[0])
     except ReadError as exc:
-        return None, f"not determined: the GOT slot {slots[0]:#x} is unreadable ({exc.reason})"
-    return value - (1 << 64) if value >> 63 else value, f"GOT slot {slots[0]:#x} of the TPOFF64 relocation"
+        how = f"not determined: the GOT slot {slots[0]:#x} is unreadable ({exc.reason})"
+        return None, how, [(slots[0], f"the tsd's TLS offset: {how}")]
+    return value - (1 << 64) if value >> 63 else value, f"GOT slot {slots[0]:#x} of the TPOFF64 relocation", []
