@@ -166,6 +166,23 @@ def test_heap_chain_is_checked_against_its_arena():
     assert heaps == [] and "ar_ptr" in findings[0].message
 
 
+def test_the_arena_s_own_heap_is_kept_when_the_heap_of_top_is_gone():
+    """A core cut above the arena's first heap, taking the newer heap that holds top: the chain from top is an
+    error at the missing heap_info, and the heap holding the arena is still walked (its chunks, and where
+    they stop, named) instead of none of the arena's."""
+    s = SynthHeap()
+    lay = s.layout
+    heap, newer = 0x7F1000000000, 0x7F1004000000
+    s.mem.add(heap, bytes(0x1000))
+    arena = heap + lay.heap_info_size
+    s.w(heap, arena)
+    s.w(heap + 16, 0x21000)
+    s.w(heap + 24, 0x21000)
+    heaps, findings = walk_heaps(s.mem, lay, arena, newer + 0x900)
+    assert [(h.address, h.size, h.prev) for h in heaps] == [(heap, 0x21000, 0)]
+    assert [(f.kind, f.address) for f in findings] == [(Kind.HEAP_INFO, newer)]
+
+
 def test_bin_index_functions_follow_glibc():
     assert bin_index(0x20) == 2 and bin_index(0x3f0) == 63
     assert [largebin_index(s) for s in (0x400, 0x440, 0xc40, 0x1000, 0x3000, 0x10000, 0x100000)] == \

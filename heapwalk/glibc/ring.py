@@ -107,7 +107,26 @@ def walk_heaps(mem: Memory, layout: Layout, arena: int, top: int, heap_max_size:
         heaps.append(Heap(address, size, mprotect_size, ar_ptr, prev, pagesize))
         holder = address
         address = prev
+    if walk.findings:
+        heaps += _own_heap(mem, layout, arena, heap_max_size, heaps)
     return heaps, walk.findings
+
+
+def _own_heap(mem: Memory, layout: Layout, arena: int, heap_max_size: int, found: list[Heap]) -> list[Heap]:
+    """The heap that holds the arena itself (its first, oldest one), when the chain from top broke before it
+    and its heap_info is readable and names the arena: its chunks are then walked too (and where they stop,
+    named), rather than none of the arena's."""
+    address = arena - layout.heap_info_size
+    if address % heap_max_size or any(h.address == address for h in found):
+        return []
+    try:
+        ar_ptr, prev, size, mprotect_size = struct.unpack("<QQQQ", mem.read(address, 32))
+        pagesize = u64(mem, address + 32) if layout.heap_info_size >= 48 else None
+    except ReadError:
+        return []
+    if ar_ptr != arena or prev or not layout.heap_info_size <= size <= heap_max_size or mprotect_size > heap_max_size:
+        return []
+    return [Heap(address, size, mprotect_size, ar_ptr, prev, pagesize)]
 
 
 def _next_of(mem: Memory, layout: Layout, arena: int) -> int | None:
