@@ -33,7 +33,7 @@ def _heapwalk_boot():
         if p not in sys.path:
             sys.path.insert(0, p)
     missing = []
-    for module in ("rich",):
+    for module in ("rich", "numpy"):
         try:
             __import__(module)
         except ImportError:

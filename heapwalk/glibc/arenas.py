@@ -3,6 +3,7 @@ or a thread arena's heap chain), its free lists; and which arenas wait on glibc'
 
 from __future__ import annotations
 
+import dataclasses
 import struct
 
 from heapwalk.findings import Finding, Kind, Severity
@@ -48,12 +49,14 @@ def blank_arena(address: int, number: int, is_main: bool, free_list: set[int]) -
 
 
 def decode_arena(mem: Memory, disc: Discovery, address: int, number: int, mp: MallocPar | None,
-                 free_list: set[int]) -> Arena:
+                 free_list: set[int], one_pass=None) -> Arena:
     """The arena at ADDRESS, number NUMBER in the ring, with its heaps and free lists; what is wrong with
-    them is in its findings."""
+    them is in its findings.  ONE_PASS (`onepass.OnePass`), when given, sweeps the arena's heaps and follows
+    its lists there; where it cannot vouch for them, they are walked through memory."""
     layout = disc.layout
     is_main = address == disc.main_arena
-    if not any(mem.read(address, layout.arena_size)):
+    raw = mem.read(address, layout.arena_size)
+    if not any(raw):
         return blank_arena(address, number, is_main, free_list)
     f = read_arena(mem, layout, address)
     findings: list[Finding] = []
@@ -70,13 +73,19 @@ def decode_arena(mem: Memory, disc: Discovery, address: int, number: int, mp: Ma
     else:
         heaps, heap_findings = walk_heaps(mem, layout, address, top, disc.heap_max_size)
         findings.extend(heap_findings)
-    fastbins, unsorted, bins = _free_lists(mem, layout, address, system_mem, findings)
-    return Arena(address=address, number=number, is_main=is_main, mutex=f["mutex"] or 0, flags=f["flags"] or 0,
-                 have_fastchunks=f["have_fastchunks"], top=top, top_size=top_size,
-                 last_remainder=f["last_remainder"] or 0, next=f["next"] or 0, next_free=f["next_free"] or 0,
-                 attached_threads=f["attached_threads"], system_mem=system_mem,
-                 max_system_mem=f["max_system_mem"] or 0, heaps=tuple(heaps), fastbins=fastbins,
-                 unsorted=unsorted, bins=bins, on_free_list=address in free_list, findings=tuple(findings))
+    arena = Arena(address=address, number=number, is_main=is_main, mutex=f["mutex"] or 0, flags=f["flags"] or 0,
+                  have_fastchunks=f["have_fastchunks"], top=top, top_size=top_size,
+                  last_remainder=f["last_remainder"] or 0, next=f["next"] or 0, next_free=f["next_free"] or 0,
+                  attached_threads=f["attached_threads"], system_mem=system_mem,
+                  max_system_mem=f["max_system_mem"] or 0, heaps=tuple(heaps), fastbins=(),
+                  unsorted=BinList(BinKind.UNSORTED, 1, layout.bin_header(address, 1), (), ()), bins=(),
+                  on_free_list=address in free_list)
+    swept = one_pass.lists(arena, raw) if one_pass is not None else None
+    if swept is not None:
+        fastbins, unsorted, bins = swept.fastbins, swept.unsorted, swept.bins
+    else:
+        fastbins, unsorted, bins = _free_lists(mem, layout, address, system_mem, findings)
+    return dataclasses.replace(arena, fastbins=fastbins, unsorted=unsorted, bins=bins, findings=tuple(findings))
 
 
 def _top_size(mem: Memory, layout: Layout, address: int, top: int, system_mem: int, sbrk: int,

@@ -22,6 +22,7 @@ from heapwalk.glibc.threads import decode_thread, fill_from_tcaches, scan_for_tc
 from heapwalk.glibc.trim import TrimSimulation
 from heapwalk.glibc.discovery import Discovery, MallocUnused
 from heapwalk.glibc.mainarena import main_memory_start
+from heapwalk.glibc.onepass import OnePass
 from heapwalk.glibc.layout import MP_INT_FIELDS, Layout
 from heapwalk.target.memory import Memory, ReadError, u64
 from heapwalk.glibc.model import Account, Arena, ChunkWalk, HeapState, MallocPar, TrimEstimate
@@ -71,18 +72,21 @@ def _require_initialised(mem: Memory, disc: Discovery) -> None:
 
 
 def collect(mem: Memory, disc: Discovery, threads: list[ThreadRegs], target: str = "",
-            walk_chunks: bool = False, regions: list[tuple[int, int]] | None = None, progress=None) -> HeapState:
+            walk_chunks: bool = False, regions: list[tuple[int, int]] | None = None, progress=None,
+            sweep: bool = True) -> HeapState:
     """Decodes the whole malloc state: every arena in ring order, every thread's tcache.
 
     WALK_CHUNKS also walks every chunk of every heap and accounts for each arena's bytes, and looks
-    for mmapped chunks at the start of the target's memory REGIONS.
+    for mmapped chunks at the start of the target's memory REGIONS.  It does so in one pass over each
+    arena's heaps (`onepass`) unless SWEEP is False, or the pass finds anything a sound heap does not
+    have: then the careful walkers follow the lists through memory and walk the heaps after them.
     """
     with gc_paused():
-        return _collect(mem, disc, threads, target, walk_chunks, regions, progress)
+        return _collect(mem, disc, threads, target, walk_chunks, regions, progress, sweep)
 
 
 def _collect(mem: Memory, disc: Discovery, threads: list[ThreadRegs], target: str,
-             walk_chunks: bool, regions: list[tuple[int, int]] | None, progress) -> HeapState:
+             walk_chunks: bool, regions: list[tuple[int, int]] | None, progress, sweep: bool) -> HeapState:
     findings: list[Finding] = list(disc.findings)
     last_words = abort_message(mem, disc)
     mp = _read_mp(mem, disc, findings)
@@ -90,19 +94,21 @@ def _collect(mem: Memory, disc: Discovery, threads: list[ThreadRegs], target: st
     free_list, fl_findings, fl_how = walk_free_list(mem, disc, [a for a in ring if a is not None])
     findings.extend(fl_findings)
     facts = (*disc.facts, Fact("arena_free_list", sorted(free_list), fl_how))
-    arenas, stopped = _decode_arenas(mem, disc, ring, mp, free_list, findings)
+    fill_seen = fill_from_tcaches(mem, disc, threads)
+    fill = mp.get("tcache_count") if mp else fill_seen
+    decoded_threads, thread_findings = [], []
+    for regs in sorted(threads, key=lambda t: t.number):
+        thread, t_findings = decode_thread(mem, disc, regs, fill)
+        decoded_threads.append(thread)
+        thread_findings.extend(t_findings)
+    one_pass = _one_pass(mem, disc, mp, ring, decoded_threads, progress) if walk_chunks and sweep else None
+    arenas, stopped = _decode_arenas(mem, disc, ring, mp, free_list, findings, one_pass)
     if regions is not None and stopped is None and not (arenas and arenas[0].is_main):
         main = _main_by_its_heap(mem, disc, regions, arenas)
         arenas[:0] = [main] if main is not None else []
     if walk_chunks and regions is not None and arenas and arenas[0].is_main and arenas[0].noncontiguous:
         arenas[0] = with_main_regions(mem, disc, arenas[0], arenas, regions)
-    fill_seen = fill_from_tcaches(mem, disc, threads)
-    fill = mp.get("tcache_count") if mp else fill_seen
-    decoded_threads = []
-    for regs in sorted(threads, key=lambda t: t.number):
-        thread, t_findings = decode_thread(mem, disc, regs, fill)
-        decoded_threads.append(thread)
-        findings.extend(t_findings)
+    findings.extend(thread_findings)
     state = HeapState(target=target, glibc_version=disc.version, glibc_label=disc.version_label,
                       heap_max_size=disc.heap_max_size, layout_name=disc.layout.name,
                       main_arena=disc.main_arena, mp=mp, arenas=tuple(arenas), threads=tuple(decoded_threads),
@@ -116,7 +122,8 @@ def _collect(mem: Memory, disc: Discovery, threads: list[ThreadRegs], target: st
     if not walk_chunks:
         return state if mp is None else dataclasses.replace(
             state, facts=state.facts + (_mp_pinned(mem, disc, state, mp, fill_seen, False),))
-    walk = walk_arenas(mem, disc.layout, state, progress)
+    swept = None if one_pass is None or state.scanned_tcaches else one_pass.results(state.arenas)
+    walk = walk_arenas(mem, disc.layout, state, progress, swept)
     if regions is not None and not walk.interrupted:
         mmapped, disagree = mmapped_of_state(mem, disc, state, regions)
         walk = dataclasses.replace(walk, mmapped=tuple(mmapped),
@@ -168,14 +175,16 @@ def _ring(mem: Memory, disc: Discovery, regions: list[tuple[int, int]] | None,
 
 
 def _decode_arenas(mem: Memory, disc: Discovery, ring: list[int | None], mp: MallocPar | None,
-                   free_list: set[int], findings: list[Finding]) -> tuple[list[Arena], Finding | None]:
-    """Each arena of RING with its heaps and lists, and where Ctrl-C stopped the reading (None: it was not)."""
+                   free_list: set[int], findings: list[Finding], one_pass: OnePass | None = None
+                   ) -> tuple[list[Arena], Finding | None]:
+    """Each arena of RING with its heaps and lists, and where Ctrl-C stopped the reading (None: it was not);
+    through ONE_PASS when given (see `onepass`)."""
     arenas = []
     for number, address in enumerate(ring):
         if address is None:
             continue
         try:
-            arenas.append(decode_arena(mem, disc, address, number, mp, free_list))
+            arenas.append(decode_arena(mem, disc, address, number, mp, free_list, one_pass))
         except ReadError as exc:
             findings.append(Finding(Severity.ERROR, address, f"arena {number}", f"cannot read the arena: {exc}",
                                     Kind.ARENA))
@@ -184,6 +193,20 @@ def _decode_arenas(mem: Memory, disc: Discovery, ring: list[int | None], mp: Mal
                                    f"interrupted (Ctrl-C) in arena {number}: it and the {len(ring) - number - 1} "
                                    "arena(s) after it are left out, and no chunk is walked", Kind.INTERRUPTED)
     return arenas, None
+
+
+def _one_pass(mem: Memory, disc: Discovery, mp: MallocPar | None, ring: list[int | None], threads: list,
+              progress) -> OnePass:
+    """The one-pass path for a decode that walks chunks: the threads' tcaches, mp_'s page sizes, and the
+    bytes the arenas of RING hold (for PROGRESS)."""
+    thp = (mp.get("thp_pagesize") or 0) if mp else 0
+    contiguous = not (mp and mp.get("hp_pagesize"))
+    total = 0
+    for address in ring:
+        with contextlib.suppress(ReadError):
+            total += u64(mem, address + disc.layout.off_system_mem) if address is not None else 0
+    tcaches = [t.tcache for t in threads if t.tcache is not None]
+    return OnePass(mem, disc.layout, tcaches, thp, contiguous, progress, total)
 
 
 def _main_by_its_heap(mem: Memory, disc: Discovery, regions: list[tuple[int, int]], arenas: list[Arena]
@@ -228,9 +251,12 @@ def gc_paused():
             gc.enable()
 
 
-def walk_arenas(mem: Memory, layout: Layout, state: HeapState, progress=None) -> ChunkWalk:
+def walk_arenas(mem: Memory, layout: Layout, state: HeapState, progress=None, swept=None) -> ChunkWalk:
     """Walks every chunk of every arena of STATE: their accounts and trim estimates (see `_walk_arenas`), with
-    the garbage collector paused."""
+    the garbage collector paused; SWEPT, when given, has them already for every arena (`OnePass.results`)."""
+    if swept is not None:
+        return ChunkWalk(MappingProxyType({a.address: swept[a.address][0] for a in state.arenas}),
+                         MappingProxyType({a.address: swept[a.address][1] for a in state.arenas}))
     with gc_paused():
         return _walk_arenas(mem, layout, state, progress)
 

@@ -23,12 +23,12 @@ from heapwalk.glibc.layout import MINSIZE, Layout
 from heapwalk.target.memory import Memory, ReadError
 from heapwalk.glibc.model import KEPT_REASONS, Arena, ChunkState, TrimEstimate
 
-__all__ = ["TrimSimulation", "PAGE"]
+__all__ = ["TrimSimulation", "PAGE", "SUB_PAGE"]
 
 PAGE = 4096
 _SPAN = 1 << 20                 # bytes read at once when looking for resident pages
 _LINKS = 48                     # sizeof(struct malloc_chunk): stays resident in a trimmed chunk
-_SUB_PAGE = PAGE - 1 + _LINKS   # a free chunk this size or smaller has no whole page to give back
+SUB_PAGE = _SUB_PAGE = PAGE - 1 + _LINKS   # a free chunk this size or smaller has no whole page to give back
 _RUN_STATES = frozenset((ChunkState.FAST, ChunkState.UNSORTED, ChunkState.SMALL, ChunkState.LARGE))
 
 
@@ -134,6 +134,13 @@ class TrimSimulation:
         self.run_start, self.run_size, self.run_has_fast = run_start, run_size, run_has_fast
         self.kept["tcache"] += tcache
         self.kept["sub_page"] += sub_page
+
+    def take(self, runs: list[tuple[int, int]], sub_page: int, tcache: int) -> None:
+        """What `chunks` would have gathered from a whole arena, summed elsewhere (`sweepwalk`): the closed
+        RUNS holding a whole page, the bytes of the others (SUB_PAGE), and the bytes of the tcache chunks."""
+        self.runs.extend(runs)
+        self.kept["sub_page"] += sub_page
+        self.kept["tcache"] += tcache
 
     def extent_done(self) -> None:
         if self.run_start is not None:

@@ -1,0 +1,85 @@
+"""The one-pass path of a whole decode: each arena's heaps swept once, its lists followed in the sweep, its
+account and trim estimate summed from it, then the sweep dropped.
+
+`decode.collect` hands each arena to `OnePass.lists` as it decodes it; the lists it returns are the
+arena's, the careful walkers' otherwise.  The accounts are kept, and `results` gives them to the chunk walk
+only when every arena was swept soundly (then the careful walk, which looks at every arena's lists at once,
+would have found exactly this); if any arena was not, the careful walk takes them all.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from heapwalk.glibc.chunks import extents
+from heapwalk.glibc.indexlists import IndexedLists, lists_of_sweep
+from heapwalk.glibc.layout import Layout
+from heapwalk.glibc.model import Account, Arena, Tcache, TrimEstimate
+from heapwalk.glibc.sweep import sweep_extents
+from heapwalk.glibc.sweepwalk import TCACHE_CODE, TCACHE_STRUCT_CODE, walk_of_sweep
+from heapwalk.target.memory import Memory
+
+__all__ = ["OnePass"]
+
+
+class OnePass:
+    """Sweeps arenas as they are decoded and keeps what they give (see the module)."""
+
+    def __init__(self, mem: Memory, layout: Layout, tcaches: list[Tcache], thp_pagesize: int,
+                 main_contiguous: bool, progress=None, total: int = 0):
+        self.mem, self.layout = mem, layout
+        self.tcached = _tcached(tcaches)
+        self.thp_pagesize, self.main_contiguous = thp_pagesize, main_contiguous
+        self.progress, self.total, self.done = progress, total, 0
+        self.accounts: dict[int, tuple[Account, TrimEstimate]] = {}
+        self.failed: set[int] = set()
+        self.spans: list[tuple[int, int]] = []
+
+    def lists(self, arena: Arena, raw_arena: bytes) -> IndexedLists | None:
+        """ARENA's lists (ARENA as decoded so far, without them; RAW_ARENA its malloc_state's bytes) from a
+        sweep of its heaps, its account and trim estimate kept; None when the sweep cannot vouch for them."""
+        lists = None
+        if arena.is_main and arena.noncontiguous or not arena.lists_known:
+            self.failed.add(arena.address)
+            return None
+        arena_extents = extents(arena, self.layout)
+        self.spans.extend((e.start, e.end) for e in arena_extents)
+        tick = None if self.progress is None else (lambda walked, base=self.done: self.progress(base + walked,
+                                                                                             self.total))
+        sweep = sweep_extents(self.mem, arena_extents, arena.top, tick)
+        self.done += sum(e.end - e.start for e in arena_extents)
+        if sweep is not None:
+            lists = lists_of_sweep(sweep, self.layout, arena.address, raw_arena, arena.system_mem)
+        walked = None
+        if lists is not None:
+            walked = walk_of_sweep(self.mem, self.layout, arena, sweep, lists.codes.copy(), self.tcached,
+                                   self.thp_pagesize, self.main_contiguous)
+        if walked is None:
+            self.failed.add(arena.address)
+        else:
+            self.accounts[arena.address] = walked
+        return lists
+
+    def results(self, arenas: tuple[Arena, ...]) -> dict[int, tuple[Account, TrimEstimate]] | None:
+        """The accounts and trim estimates of ARENAS (the state's, as finally decoded), when each was swept
+        soundly, no two arenas share memory and nothing else claims chunks; else None."""
+        if self.failed or {a.address for a in arenas} != set(self.accounts):
+            return None
+        spans = sorted(self.spans)
+        if any(b[0] < a[1] for a, b in zip(spans, spans[1:])):
+            return None
+        return self.accounts
+
+
+def _tcached(tcaches: list[Tcache]) -> tuple[np.ndarray, np.ndarray]:
+    """The chunk of every tcache entry and tcache struct, sorted, and each one's listing code (a struct's chunk
+    wins over an entry at the same address, as the careful walk's listing has it)."""
+    chunks: dict[int, int] = {}
+    for tcache in tcaches:
+        for b in tcache.bins:
+            for entry in b.entries:
+                chunks.setdefault(entry - 16, TCACHE_CODE)
+    for tcache in tcaches:
+        chunks[tcache.address - 16] = TCACHE_STRUCT_CODE
+    keys = sorted(chunks)
+    return np.array(keys, dtype=np.uint64), np.array([chunks[k] for k in keys], dtype=np.uint8)

@@ -1,0 +1,85 @@
+"""Decodes each core twice, through the one pass (`heapwalk.glibc.onepass`) and through the careful
+walkers alone, and prints one JSON line per core saying whether the two agree (sourced by tests/test_onepass.py).
+The cores are the [program, core] pairs of the JSON list in $HEAPWALK_ONEPASS_CORES, opened one after the
+other in this gdb; with none, the core gdb has loaded.
+
+Agreeing means the same arenas (every list, chunk by chunk, and every finding), the same accounts and trim
+estimates, and the same findings of the walk.  The line also says which arenas the one pass vouched for, so
+the test can tell a sound core (all of them) from a damaged one (the careful walkers took it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import gdb
+
+from heapwalk.gdb.session import _target, overrides
+from heapwalk.glibc import onepass
+from heapwalk.glibc.decode import collect
+from heapwalk.glibc.discovery import discover
+
+
+def _decode(target, disc, sweep: bool):
+    space = target.space
+    return collect(target.mem, disc, target.threads, target.description, True, space.regions, sweep=sweep)
+
+
+def _differences(fast, slow) -> list[str]:
+    out = []
+    if fast.arenas != slow.arenas:
+        for a, b in zip(fast.arenas, slow.arenas):
+            if a != b:
+                out.append(f"arena {a.number} differs")
+        if len(fast.arenas) != len(slow.arenas):
+            out.append("arena counts differ")
+    if dict(fast.walk.accounts) != dict(slow.walk.accounts):
+        out += [f"account of {k:#x} differs: {fast.walk.accounts.get(k)} != {slow.walk.accounts.get(k)}"
+                for k in slow.walk.accounts if fast.walk.accounts.get(k) != slow.walk.accounts[k]]
+    if dict(fast.walk.trims) != dict(slow.walk.trims):
+        out += [f"trim of {k:#x} differs: {fast.walk.trims.get(k)} != {slow.walk.trims[k]}"
+                for k in slow.walk.trims if fast.walk.trims.get(k) != slow.walk.trims[k]]
+    for name in ("findings", "mmapped", "interrupted"):
+        if getattr(fast.walk, name) != getattr(slow.walk, name):
+            out.append(f"walk.{name} differs")
+    if fast.all_findings() != slow.all_findings():
+        out.append("findings differ")
+    return out
+
+
+def _compare(vouched: list[int]) -> dict:
+    vouched.clear()
+    target = _target()
+    disc = discover(target.mem, target.symbols, overrides(), target.space.mappings,
+                    [t.fs_base for t in target.threads if t.fs_base], core=target.space.core,
+                    regions=target.space.regions)
+    fast = _decode(target, disc, True)
+    slow = _decode(target, disc, False)
+    return {"arenas": len(slow.arenas), "vouched": len(vouched), "differences": _differences(fast, slow)}
+
+
+def main() -> None:
+    vouched: list[int] = []
+    real = onepass.OnePass.results
+
+    def spy(self, arenas):
+        result = real(self, arenas)
+        vouched.extend(sorted(result) if result else [])
+        return result
+
+    onepass.OnePass.results = spy
+    pairs = json.loads(os.environ.get("HEAPWALK_ONEPASS_CORES", "[]")) or [None]
+    for pair in pairs:
+        if pair is not None:
+            gdb.execute(f"file {pair[0]}", to_string=True)
+            gdb.execute(f"core-file {pair[1]}", to_string=True)
+        try:
+            line = _compare(vouched)
+        except Exception as exc:  # the test shows it, with the core it came from
+            line = {"error": f"{type(exc).__name__}: {exc}"}
+        line["core"] = pair[1] if pair else ""
+        print("heapwalk-onepass " + json.dumps(line))
+
+
+main()

@@ -1,0 +1,43 @@
+"""The one pass (`heapwalk.glibc.onepass`) against the careful walkers: on every reproducer's core and every
+corruption's, under every glibc of the matrix, decoding through the one pass must give exactly what the
+careful walkers give (every list, account, trim estimate and finding), and on the sound cores the one pass
+must have vouched for every arena (else it would only be the slow path again)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from conftest import GLIBCS, ROOT, capture, corruption, glibc, run_gdb, version_tuple
+
+import harness
+
+pytestmark = pytest.mark.cores
+
+
+def _lines(glibc_name: str, captures) -> dict[str, dict]:
+    pairs = [[str(c.exe), str(c.core)] for c in captures]
+    result = run_gdb([], ["source " + str(ROOT / "tests" / "onepass_driver.py")],
+                     iex=glibc(glibc_name).gdb_settings(symbols=False), timeout=900,
+                     env={"HEAPWALK_ONEPASS_CORES": json.dumps(pairs)})
+    lines = [json.loads(line.split(" ", 1)[1]) for line in result.stdout.splitlines()
+             if line.startswith("heapwalk-onepass ")]
+    assert len(lines) == len(pairs), result.stdout[-3000:] + result.stderr[-3000:]
+    return {os.path.basename(os.path.dirname(line["core"])): line for line in lines}
+
+
+@pytest.mark.parametrize("glibc_name", GLIBCS)
+def test_one_pass_gives_what_the_careful_walkers_give(glibc_name):
+    sound = [capture(glibc_name, name) for name in harness.REPRODUCERS]
+    version = version_tuple(glibc(glibc_name).version)
+    damaged = [corruption(glibc_name, mode) for mode in harness.CORRUPTIONS + harness.CRASHES
+               if harness.corruption_applies(mode, version)]
+    lines = _lines(glibc_name, sound + damaged)
+    wrong = {name: line for name, line in lines.items() if line.get("error") or line["differences"]}
+    assert not wrong, json.dumps(wrong, indent=1)
+    unvouched = {c.name: lines[c.name] for c in sound
+                 if lines[c.name]["vouched"] != lines[c.name]["arenas"] and c.name != "main_regions"}
+    assert not unvouched, json.dumps(unvouched, indent=1)
+    assert sum(line["vouched"] for line in lines.values()) > len(sound)
