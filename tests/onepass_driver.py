@@ -21,9 +21,9 @@ from heapwalk.glibc.decode import collect
 from heapwalk.glibc.discovery import discover
 
 
-def _decode(target, disc, sweep: bool):
+def _decode(target, disc, sweep: bool, walk: bool = True):
     space = target.space
-    return collect(target.mem, disc, target.threads, target.description, True, space.regions, sweep=sweep)
+    return collect(target.mem, disc, target.threads, target.description, walk, space.regions, sweep=sweep)
 
 
 def _differences(fast, slow) -> list[str]:
@@ -56,7 +56,17 @@ def _compare(vouched: list[int]) -> dict:
                     regions=target.space.regions)
     fast = _decode(target, disc, True)
     slow = _decode(target, disc, False)
-    return {"arenas": len(slow.arenas), "vouched": len(vouched), "differences": _differences(fast, slow)}
+    differences = _differences(fast, slow)
+    # the lists alone, every arena swept however small (a decode without the walk sweeps only big ones)
+    onepass.LISTS_SWEPT_FROM, kept = 0, onepass.LISTS_SWEPT_FROM
+    try:
+        lists = _decode(target, disc, True, walk=False)
+    finally:
+        onepass.LISTS_SWEPT_FROM = kept
+    unswept = _decode(target, disc, False, walk=False)
+    if lists.arenas != unswept.arenas or lists.all_findings() != unswept.all_findings():
+        differences.append("the lists alone differ")
+    return {"arenas": len(slow.arenas), "vouched": len(vouched), "differences": differences}
 
 
 def main() -> None:

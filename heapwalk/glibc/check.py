@@ -11,11 +11,11 @@ with `heapwalk.glibc.partial`'s notes on which numbers rest on damaged structure
 
 from __future__ import annotations
 
-import bisect
 import struct
-from array import array
 from collections import Counter
 from dataclasses import dataclass
+
+import numpy as np
 
 from heapwalk.glibc.chunks import extents
 from heapwalk.glibc.layout import IS_MMAPPED, NBINS, SIZE_BITS, Layout
@@ -96,7 +96,7 @@ def _inside(spans: list[tuple[int, int]], lo: int, hi: int) -> bool:
 
 def _misplaced(chunks, sizes, spans: list[tuple[int, int]], tops: list[tuple[int, int]]):
     """(chunk, size) of each of CHUNKS (of SIZES) that is not plainly inside one of SPANS and clear of TOPS:
-    those need a closer look.  One bisect and a few compares a chunk."""
+    those need a closer look.  Looked at all at once: a binary search and a few compares a chunk."""
     spans = sorted(spans)
     starts, ends = [s for s, _ in spans], [e for _, e in spans]
     top_lo, top_hi = [0] * len(spans), [0] * len(spans)      # the top inside each span, if any
@@ -106,11 +106,18 @@ def _misplaced(chunks, sizes, spans: list[tuple[int, int]], tops: list[tuple[int
                 if top_hi[k]:                                 # two tops in one heap: look at every chunk
                     starts, ends = [], []
                 top_lo[k], top_hi[k] = lo, hi
-    first = bisect.bisect_right
-    for chunk, size in zip(chunks, sizes):
-        k = first(starts, chunk) - 1
-        if k < 0 or chunk + size > ends[k] or size < 16 or chunk < top_hi[k] and top_lo[k] < chunk + size:
-            yield chunk, size
+    c, n = np.asarray(chunks, dtype=np.uint64), np.asarray(sizes, dtype=np.uint64)
+    if not len(c):
+        return
+    if starts:
+        k = np.searchsorted(np.array(starts, dtype=np.uint64), c, side="right") - 1
+        at = np.maximum(k, 0)
+        end, lo, hi = (np.array(v, dtype=np.uint64)[at] for v in (ends, top_lo, top_hi))
+        look = (k < 0) | (n >= np.uint64(1 << 47)) | (c + n > end) | (n < 16) | ((c < hi) & (lo < c + n))
+    else:
+        look = np.ones(len(c), dtype=bool)
+    where = np.flatnonzero(look)
+    yield from zip(c[where].tolist(), n[where].tolist())
 
 
 def _listed_chunks(state: HeapState, mem: Memory, layout: Layout) -> list[Finding]:
@@ -125,14 +132,11 @@ def _listed_chunks(state: HeapState, mem: Memory, layout: Layout) -> list[Findin
 
 def _listed_twice(state: HeapState) -> bool:
     """Is some chunk in two lists (or twice in tcaches)?  Then the check names them (rare, so slower)."""
-    listed = array("Q")
-    for arena in state.arenas:
-        for lst in arena.free_lists():
-            listed.extend(lst.chunks)
-    for _, tcache in state.tcaches():
-        for b in tcache.bins:
-            listed.extend(entry - 16 for entry in b.entries)
-    return len(set(listed)) != len(listed)
+    listed = [np.asarray(lst.chunks, dtype=np.uint64) for arena in state.arenas for lst in arena.free_lists()]
+    listed += [np.array([e - 16 for b in tcache.bins for e in b.entries], dtype=np.uint64)
+               for _, tcache in state.tcaches()]
+    every = np.concatenate(listed) if listed else np.zeros(0, dtype=np.uint64)
+    return len(np.unique(every)) != len(every)
 
 
 class _Listed:

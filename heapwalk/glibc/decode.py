@@ -79,7 +79,8 @@ def collect(mem: Memory, disc: Discovery, threads: list[ThreadRegs], target: str
     WALK_CHUNKS also walks every chunk of every heap and accounts for each arena's bytes, and looks
     for mmapped chunks at the start of the target's memory REGIONS.  It does so in one pass over each
     arena's heaps (`onepass`) unless SWEEP is False, or the pass finds anything a sound heap does not
-    have: then the careful walkers follow the lists through memory and walk the heaps after them.
+    have: then the careful walkers follow the lists through memory and walk the heaps after them.  Without
+    WALK_CHUNKS only arenas bigger than `onepass.LISTS_SWEPT_FROM` are swept for their lists.
     """
     with gc_paused():
         return _collect(mem, disc, threads, target, walk_chunks, regions, progress, sweep)
@@ -101,7 +102,7 @@ def _collect(mem: Memory, disc: Discovery, threads: list[ThreadRegs], target: st
         thread, t_findings = decode_thread(mem, disc, regs, fill)
         decoded_threads.append(thread)
         thread_findings.extend(t_findings)
-    one_pass = _one_pass(mem, disc, mp, ring, decoded_threads, progress) if walk_chunks and sweep else None
+    one_pass = _one_pass(mem, disc, mp, ring, decoded_threads, progress, not walk_chunks) if sweep else None
     arenas, stopped = _decode_arenas(mem, disc, ring, mp, free_list, findings, one_pass)
     if regions is not None and stopped is None and not (arenas and arenas[0].is_main):
         main = _main_by_its_heap(mem, disc, regions, arenas)
@@ -196,9 +197,9 @@ def _decode_arenas(mem: Memory, disc: Discovery, ring: list[int | None], mp: Mal
 
 
 def _one_pass(mem: Memory, disc: Discovery, mp: MallocPar | None, ring: list[int | None], threads: list,
-              progress) -> OnePass:
-    """The one-pass path for a decode that walks chunks: the threads' tcaches, mp_'s page sizes, and the
-    bytes the arenas of RING hold (for PROGRESS)."""
+              progress, lists_only: bool) -> OnePass:
+    """The one-pass path of a decode: the threads' tcaches, mp_'s page sizes, and the bytes the arenas of
+    RING hold (for PROGRESS); LISTS_ONLY for a decode without the chunk walk."""
     thp = (mp.get("thp_pagesize") or 0) if mp else 0
     contiguous = not (mp and mp.get("hp_pagesize"))
     total = 0
@@ -206,7 +207,7 @@ def _one_pass(mem: Memory, disc: Discovery, mp: MallocPar | None, ring: list[int
         with contextlib.suppress(ReadError):
             total += u64(mem, address + disc.layout.off_system_mem) if address is not None else 0
     tcaches = [t.tcache for t in threads if t.tcache is not None]
-    return OnePass(mem, disc.layout, tcaches, thp, contiguous, progress, total)
+    return OnePass(mem, disc.layout, tcaches, thp, contiguous, progress, total, lists_only)
 
 
 def _main_by_its_heap(mem: Memory, disc: Discovery, regions: list[tuple[int, int]], arenas: list[Arena]

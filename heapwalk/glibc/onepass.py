@@ -19,15 +19,20 @@ from heapwalk.glibc.sweep import sweep_extents
 from heapwalk.glibc.sweepwalk import TCACHE_CODE, TCACHE_STRUCT_CODE, walk_of_sweep
 from heapwalk.target.memory import Memory
 
-__all__ = ["OnePass"]
+__all__ = ["OnePass", "LISTS_SWEPT_FROM"]
+
+#: a decode of the lists alone (no chunk walk) sweeps an arena only when its heaps hold more than this: the
+#: careful walkers read through a block cache of this size (`target.gdbadapter`), which serves lists hopping
+#: across a smaller arena at most one read per block, whereas beyond it they reload blocks again and again
+LISTS_SWEPT_FROM = 128 << 20
 
 
 class OnePass:
     """Sweeps arenas as they are decoded and keeps what they give (see the module)."""
 
     def __init__(self, mem: Memory, layout: Layout, tcaches: list[Tcache], thp_pagesize: int,
-                 main_contiguous: bool, progress=None, total: int = 0):
-        self.mem, self.layout = mem, layout
+                 main_contiguous: bool, progress=None, total: int = 0, lists_only: bool = False):
+        self.mem, self.layout, self.lists_only = mem, layout, lists_only
         self.tcached = _tcached(tcaches)
         self.thp_pagesize, self.main_contiguous = thp_pagesize, main_contiguous
         self.progress, self.total, self.done = progress, total, 0
@@ -43,6 +48,9 @@ class OnePass:
             self.failed.add(arena.address)
             return None
         arena_extents = extents(arena, self.layout)
+        if self.lists_only and sum(e.end - e.start for e in arena_extents) <= LISTS_SWEPT_FROM:
+            self.failed.add(arena.address)
+            return None
         self.spans.extend((e.start, e.end) for e in arena_extents)
         tick = None if self.progress is None else (lambda walked, base=self.done: self.progress(base + walked,
                                                                                              self.total))
@@ -51,7 +59,7 @@ class OnePass:
         if sweep is not None:
             lists = lists_of_sweep(sweep, self.layout, arena.address, raw_arena, arena.system_mem)
         walked = None
-        if lists is not None:
+        if lists is not None and not self.lists_only:
             walked = walk_of_sweep(self.mem, self.layout, arena, sweep, lists.codes.copy(), self.tcached,
                                    self.thp_pagesize, self.main_contiguous)
         if walked is None:

@@ -1,0 +1,181 @@
+"""The one pass (`sweep`, `indexlists`, `sweepwalk`) on synthetic heaps, without gdb: on a sound heap it gives
+exactly the careful walkers' lists, account and trim estimate; on a damaged one it either steps aside (the
+careful walkers then name the damage) or, when the damage is not of malloc's bookkeeping, gives the careful
+walkers' numbers while they find nothing either.  It never vouches for a heap the careful walkers fault."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import struct
+
+import pytest
+
+from heapwalk.glibc import arenas as arenas_module
+from heapwalk.glibc.chunkwalk import account
+from heapwalk.glibc.chunks import Listing
+from heapwalk.glibc.layout import layout_for
+from heapwalk.glibc.lists import bin_index, walk_tcache
+from heapwalk.glibc.model import Arena, BinKind, BinList, ChunkState, Heap
+from heapwalk.glibc.onepass import OnePass
+from heapwalk.glibc.trim import TrimSimulation
+from heapwalk.target.memory import ImageMemory
+
+ARENA = 0x7F0000001000
+HEAP = 0x555555559000
+
+
+@dataclasses.dataclass
+class Synth:
+    mem: ImageMemory
+    layout: object
+    arena: Arena
+    tcaches: list
+    words: list[int]         # addresses of the words a damage test may change
+
+
+def _synth(seed: int, version: tuple[int, int], chunks: int = 3000) -> Synth:
+    """A main arena whose heap holds CHUNKS chunks as glibc leaves them: in use, in a tcache, in fastbins, in
+    the unsorted, small and large bins (never two binned ones side by side), then top."""
+    rng = random.Random(seed)
+    lay = layout_for(version)
+    sizes = [rng.choice((0x20, 0x30, 0x50, 0x80, 0x110, 0x420, 0x1010, 0x3000)) for _ in range(chunks)]
+    heap = bytearray(sum(sizes) + 0x2000)
+    mem = ImageMemory({ARENA: bytes(lay.arena_size + 64)})
+    tstruct_size = lay.tcache_chunk_size if lay.has_tcache else 0
+    c, prev_binned = 0, False
+    states: list[tuple[int, int, str]] = []
+    if tstruct_size:
+        struct.pack_into("<Q", heap, 8, tstruct_size | 1)
+        states.append((HEAP, tstruct_size, "struct"))
+        c = tstruct_size
+    for size in sizes:
+        kind = rng.choice(("used", "used", "used", "tcache", "fast", "unsorted", "bin"))
+        if kind == "fast" and (not lay.has_fastbins or size > 0x80) or kind == "tcache" and (
+                not lay.has_tcache or size > 0x410):
+            kind = "used"
+        if kind in ("unsorted", "bin") and prev_binned:
+            kind = "used"
+        binned = kind in ("unsorted", "bin")
+        struct.pack_into("<Q", heap, c + 8, size | (0 if prev_binned else 1))
+        if binned:
+            struct.pack_into("<Q", heap, c + size, size)
+        states.append((HEAP + c, size, kind))
+        prev_binned, c = binned, c + size
+    top = HEAP + c
+    struct.pack_into("<Q", heap, c + 8, (len(heap) - c) | (0 if prev_binned else 1))
+    mem.add(HEAP, heap)
+    _link(mem, lay, states, rng)
+    tcaches = [walk_tcache(mem, lay, HEAP + 16)] if tstruct_size else []
+    mem.write_u64(ARENA + lay.off_top, top)
+    mem.write_u64(ARENA + lay.off_system_mem, len(heap))
+    mem.write_u64(ARENA + lay.off_next, ARENA)
+    arena = Arena(address=ARENA, number=0, is_main=True, mutex=0, flags=0, have_fastchunks=None, top=top,
+                  top_size=len(heap) - c, last_remainder=0, next=ARENA, next_free=0, attached_threads=1,
+                  system_mem=len(heap), max_system_mem=len(heap), heaps=(Heap(HEAP, len(heap), len(heap), ARENA, 0),),
+                  fastbins=(), unsorted=BinList(BinKind.UNSORTED, 1, lay.bin_header(ARENA, 1), (), ()), bins=())
+    words = [a + off for a, size, _ in states for off in (8, 16, 24) if off < size] + [ARENA + lay.off_top]
+    return Synth(mem, lay, arena, tcaches, words)
+
+
+def _link(mem: ImageMemory, lay, states: list[tuple[int, int, str]], rng: random.Random) -> None:
+    """The lists of STATES' free chunks, each in random order: the tcache (struct at the heap's start), the
+    fastbins (safe-linked where the layout is) and the regular bins."""
+    def protect(field: int, target: int) -> int:
+        return (field >> 12) ^ target if lay.safe_linking else target
+
+    groups: dict[tuple[str, int], list[int]] = {}
+    for address, size, kind in states:
+        if kind in ("tcache", "fast", "bin"):
+            index = size // 16 - 2 if kind != "bin" else bin_index(size)
+            groups.setdefault((kind, index), []).append(address)
+        elif kind == "unsorted":
+            groups.setdefault(("bin", 1), []).append(address)
+    for (kind, index), chunks in sorted(groups.items()):
+        rng.shuffle(chunks)
+        if kind == "tcache":
+            chunks = chunks[:7]
+            raw = bytearray(mem.read(HEAP + 16, lay.tcache_struct_size))
+            count = lay.tcache_fill_count - len(chunks) if lay.tcache_counts_down else len(chunks)
+            struct.pack_into("<H" if lay.tcache_count_size == 2 else "<B", raw, index * lay.tcache_count_size, count)
+            struct.pack_into("<Q", raw, lay.tcache_off_entries + 8 * index, chunks[0] + 16)
+            mem.write(HEAP + 16, bytes(raw))
+            for e, nxt in zip(chunks, chunks[1:] + [None]):
+                mem.write_u64(e + 16, protect(e + 16, nxt + 16 if nxt else 0))
+        elif kind == "fast":
+            mem.write_u64(ARENA + lay.off_fastbins + 8 * index, chunks[0])
+            for e, nxt in zip(chunks, chunks[1:] + [None]):
+                mem.write_u64(e + 16, protect(e + 16, nxt or 0))
+        else:
+            head = lay.bin_header(ARENA, index)
+            ring = [head] + chunks
+            for i, c in enumerate(ring):
+                mem.write_u64(c + 16, ring[(i + 1) % len(ring)])
+                mem.write_u64(c + 24, ring[i - 1])
+    for i in range(1, 128):
+        head = lay.bin_header(ARENA, i)
+        if ("bin", i) not in groups:
+            mem.write_u64(head + 16, head)
+            mem.write_u64(head + 24, head)
+
+
+def _careful(s: Synth):
+    findings: list = []
+    fastbins, unsorted, bins = arenas_module._free_lists(s.mem, s.layout, ARENA, s.arena.system_mem, findings)
+    arena = dataclasses.replace(s.arena, fastbins=fastbins, unsorted=unsorted, bins=bins)
+    listed = {}
+    for lst in arena.free_lists():
+        state = {BinKind.FAST: ChunkState.FAST, BinKind.UNSORTED: ChunkState.UNSORTED,
+                 BinKind.SMALL: ChunkState.SMALL, BinKind.LARGE: ChunkState.LARGE}[lst.kind]
+        for c in lst.chunks:
+            listed.setdefault(c, state)
+    for tcache in s.tcaches:
+        for b in tcache.bins:
+            for e in b.entries:
+                listed[e - 16] = ChunkState.TCACHE
+        listed[tcache.address - 16] = ChunkState.TCACHE_STRUCT
+    sim = TrimSimulation(s.mem, s.layout, arena, 0, True)
+    acc = account(s.mem, s.layout, arena, Listing.of_states(listed), sim)
+    return (fastbins, unsorted, bins), findings, acc, sim.result()
+
+
+def _one_pass(s: Synth):
+    one = OnePass(s.mem, s.layout, s.tcaches, 0, True)
+    lists = one.lists(s.arena, s.mem.read(ARENA, s.layout.arena_size))
+    results = one.results((s.arena,))
+    return (None if lists is None else (lists.fastbins, lists.unsorted, lists.bins)), results
+
+
+VERSIONS = [(2, 31), (2, 36), (2, 43)]
+
+
+@pytest.mark.parametrize("version", VERSIONS, ids=lambda v: "%d.%d" % v)
+@pytest.mark.parametrize("seed", range(4))
+def test_a_sound_heap_is_vouched_for_with_the_careful_walkers_numbers(seed, version):
+    s = _synth(seed, version)
+    lists, findings, acc, trim = _careful(s)
+    assert not findings and not acc.findings and acc.bytes[ChunkState.FAST] + acc.bytes[ChunkState.SMALL] > 0
+    swept, results = _one_pass(s)
+    assert swept == lists
+    assert results == {ARENA: (acc, trim)}
+
+
+@pytest.mark.parametrize("version", VERSIONS, ids=lambda v: "%d.%d" % v)
+def test_damage_is_left_to_the_careful_walkers(version):
+    rng = random.Random(7)
+    vouched = stepped_aside = 0
+    for trial in range(150):
+        s = _synth(trial % 3, version, chunks=400)
+        at = rng.choice(s.words)
+        value = rng.choice((0, 1, 0x21, 0x31, at & ~0xF, s.mem.read(at, 8)[0] ^ 0x10, 0x4141414141414141,
+                            int.from_bytes(s.mem.read(at, 8), "little") + 0x10))
+        s.mem.write_u64(at, value)
+        swept, results = _one_pass(s)
+        lists, findings, acc, trim = _careful(s)
+        if results is None:
+            stepped_aside += 1
+            continue
+        vouched += 1
+        assert swept == lists and not findings and not acc.findings, f"trial {trial}: {at:#x} = {value:#x}"
+        assert results == {ARENA: (acc, trim)}, f"trial {trial}: {at:#x} = {value:#x}"
+    assert stepped_aside > 50 and vouched > 5, (stepped_aside, vouched)
