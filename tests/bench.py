@@ -115,9 +115,10 @@ def measure(cap: harness.Capture, runs: int, workdir: Path) -> dict:
     floor_runs = [float(_value(gdb_run(cap.exe, cap.core, [_FLOOR.format(heaps=str(heap_file))])[0],
                                "heapwalk-bench-floor")[0]) for _ in range(runs)]
     load_runs = [gdb_run(cap.exe, cap.core, [])[1] for _ in range(runs)]
-    walks = [_value(gdb_run(cap.exe, cap.core, [f"source {ROOT / 'tests' / 'bench_walk.py'}"])[0],
-                    "heapwalk-bench-walk") for _ in range(runs)]
+    outs = [gdb_run(cap.exe, cap.core, [f"source {ROOT / 'tests' / 'bench_walk.py'}"])[0] for _ in range(runs)]
+    walks = [_value(out, "heapwalk-bench-walk") for out in outs]
     walk_seconds = statistics.median(float(w[0]) for w in walks)
+    careful_seconds = statistics.median(float(_value(out, "heapwalk-bench-careful")[0]) for out in outs)
     if int(walks[0][1]) != chunks:
         raise RuntimeError(f"the walk met {walks[0][1]} chunks, 'heapwalk arenas' {chunks}")
     results = []
@@ -142,6 +143,7 @@ def measure(cap: harness.Capture, runs: int, workdir: Path) -> dict:
         "floor_seconds": statistics.median(floor_runs),
         "walk_seconds": walk_seconds, "walk_chunks_per_second": chunks / walk_seconds,
         "walk_times_floor": walk_seconds / statistics.median(floor_runs),
+        "careful_seconds": careful_seconds, "careful_times_floor": careful_seconds / statistics.median(floor_runs),
         "commands": results,
     }
 
@@ -153,7 +155,7 @@ def measure_live(size: str, shape: str, bindir: Path, runs: int, workdir: Path) 
     proc = harness.run_to_snapshot(exe, workdir / "live", env=environment(size, shape))
     try:
         walks = [_value(gdb_run(exe, None, [f"source {ROOT / 'tests' / 'bench_walk.py'}"], proc.pid)[0],
-                        "heapwalk-bench-walk") for _ in range(runs)]
+                        "heapwalk-bench-walk") for _ in range(runs)]  # the one pass, live
         reports = [gdb_run(exe, None, [_TIMED.format(command="heapwalk report")], proc.pid) for _ in range(runs)]
     finally:
         proc.kill()
@@ -174,8 +176,10 @@ def table(result: dict) -> str:
              f"{result['largest_heap_bytes'] / mib:,.0f} MiB); median of {result['runs']} runs",
              f"gdb start and core load alone: {result['gdb_load_seconds']:.2f} s; floor (one bulk read per heap): "
              f"{result['floor_seconds']:.3f} s",
-             f"the chunk walk alone (accounting and trim, every arena): {result['walk_seconds']:.2f} s, "
-             f"{result['walk_chunks_per_second']:,.0f} chunks/s, {result['walk_times_floor']:.1f} x the floor",
+             f"the one pass alone (every heap swept, lists, accounting and trim): {result['walk_seconds']:.2f} s, "
+             f"{result['walk_chunks_per_second']:,.0f} chunks/s, {result['walk_times_floor']:.1f} x the floor; "
+             f"the careful walkers alone: {result['careful_seconds']:.2f} s, "
+             f"{result['careful_times_floor']:.1f} x the floor",
              f"{'command':26} {'wall s':>8} {'command s':>10} {'peak RSS MiB':>13} {'chunks/s':>12} {'x floor':>8}"]
     for r in result["commands"]:
         rate = f"{r['chunks_per_second']:,.0f}" if r["chunks_per_second"] else "-"

@@ -1,19 +1,31 @@
-"""Sourced by tests/bench.py inside gdb: times the full chunk walk alone, as `heapwalk report` does it
-(`decode.walk_arenas`: accounting and the trim simulation of every arena, after the free lists are
-decoded), and prints "heapwalk-bench-walk SECONDS CHUNKS"."""
+"""Sourced by tests/bench.py inside gdb: times the decode with the chunk walk as `heapwalk report` does it (the
+one pass: every heap swept once, the lists followed and every arena accounted and trimmed from the sweep),
+then the same through the careful walkers alone (the lists followed through memory, then every chunk
+walked), each without discovery; prints "heapwalk-bench-walk SECONDS CHUNKS" and
+"heapwalk-bench-careful SECONDS CHUNKS"."""
 
 import time
 
-from heapwalk.glibc.decode import walk_arenas
-from heapwalk.gdb.session import load_target
+from heapwalk.gdb.session import _target, overrides
+from heapwalk.glibc.decode import collect
+from heapwalk.glibc.discovery import discover
+
+
+def _timed(target, disc, sweep: bool) -> tuple[float, int]:
+    start = time.perf_counter()
+    state = collect(target.mem, disc, target.threads, target.description, True, target.space.regions,
+                    sweep=sweep)
+    seconds = time.perf_counter() - start
+    return seconds, sum(sum(acc.counts.values()) for acc in state.walk.accounts.values())
 
 
 def _walk() -> None:
-    state, mem, layout = load_target(False)
-    start = time.perf_counter()
-    walk = walk_arenas(mem, layout, state)
-    chunks = sum(sum(acc.counts.values()) for acc in walk.accounts.values())
-    print("heapwalk-bench-walk %.6f %d" % (time.perf_counter() - start, chunks))
+    target = _target()
+    disc = discover(target.mem, target.symbols, overrides(), target.space.mappings,
+                    [t.fs_base for t in target.threads if t.fs_base], core=target.space.core,
+                    regions=target.space.regions)
+    print("heapwalk-bench-walk %.6f %d" % _timed(target, disc, True))
+    print("heapwalk-bench-careful %.6f %d" % _timed(_target(), disc, False))
 
 
 _walk()
