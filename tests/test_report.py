@@ -78,12 +78,14 @@ def test_report_reads_well_in_a_batch_log(report_of):
     assert max(len(line) for line in out.splitlines()) <= 200
 
 
-def _report_interrupted(tmp_path, module: str, function: str, call: int):
+def _report_interrupted(tmp_path, module: str, function: str, call: int, careful: bool = False):
     """'heapwalk report' on the thread_arenas core with Ctrl-C (a KeyboardInterrupt) raised in the CALLth
-    call of MODULE.FUNCTION: gdb's output, checked free of tracebacks, and the JSON report."""
+    call of MODULE.FUNCTION: gdb's output, checked free of tracebacks, and the JSON report.  CAREFUL: with
+    the one pass turned off, as on a damaged heap, so the careful walkers walk the chunks."""
     cap = capture("system", "thread_arenas")
     script = tmp_path / "interrupt.py"
-    script.write_text(f"import {module} as _m; _real = _m.{function}; _n = [0]\n"
+    off = "import heapwalk.glibc.onepass as _o; _o.OnePass.lists = lambda self, arena, raw: None\n"
+    script.write_text((off if careful else "") + f"import {module} as _m; _real = _m.{function}; _n = [0]\n"
                       "def _stop(*a, **k):\n"
                       "    _n[0] += 1\n"
                       f"    if _n[0] == {call}: raise KeyboardInterrupt\n"
@@ -99,7 +101,7 @@ def _report_interrupted(tmp_path, module: str, function: str, call: int):
 def test_ctrl_c_during_the_chunk_walk_leaves_partial_results(tmp_path):
     """Ctrl-C (KeyboardInterrupt) in the middle of the third arena's walk: the command still prints its
     report, says the walk was interrupted and which numbers are partial, and exits without a traceback."""
-    result, report = _report_interrupted(tmp_path, "heapwalk.glibc.chunkwalk", "walk_batches", 3)
+    result, report = _report_interrupted(tmp_path, "heapwalk.glibc.chunkwalk", "walk_batches", 3, careful=True)
     assert "the chunk walk was interrupted (Ctrl-C)" in result.stdout
     assert any("interrupted" in line for line in report["report"]["partial"])
     walked = [a["accounting"]["unwalked"] == 0 for a in report["arenas"]]
@@ -131,3 +133,11 @@ def test_the_progress_bar_shows_in_an_interactive_gdb_only(tmp_path):
     typescript = subprocess.run(["script", "-qc", gdb_line, "/dev/null"], capture_output=True, text=True,
                                 timeout=120, stdin=subprocess.DEVNULL, env={**os.environ, "TERM": "xterm"})
     assert "walking chunks" in typescript.stdout and "where the memory is" in typescript.stdout
+
+
+def test_ctrl_c_during_the_one_pass_leaves_the_arenas_swept_so_far(tmp_path):
+    """Ctrl-C while the one pass sweeps the fourth arena's heaps (where its lists are read): as while the
+    lists are read, the three arenas before it are shown, and the command exits without a traceback."""
+    result, report = _report_interrupted(tmp_path, "heapwalk.glibc.onepass", "sweep_extents", 4)
+    assert "reading the free lists was interrupted (Ctrl-C) in arena 3" in " ".join(result.stdout.split())
+    assert [a["number"] for a in report["arenas"]] == [0, 1, 2]
