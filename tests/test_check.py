@@ -27,3 +27,9 @@ def test_chunks_outside_the_heaps_across_their_end_or_into_top_are_named():
 def test_two_tops_in_one_heap_send_every_chunk_to_the_closer_look():
     tops = [TOP, (0x555555560000, 0x555555561000)]
     assert list(_misplaced([0x555555559010], [0x90], HEAPS, tops)) == [(0x555555559010, 0x90)]
+
+
+def test_heap_bounds_past_the_address_space_send_every_chunk_to_the_closer_look():
+    """A damaged sbrk_base (all ones) puts the main heap's bounds past 2**64: no error, every chunk looked at."""
+    heaps = HEAPS + [((1 << 64) - 1, (1 << 64) + 0x21000)]
+    assert list(_misplaced([0x555555559010], [0x90], heaps, [TOP])) == [(0x555555559010, 0x90)]

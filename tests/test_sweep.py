@@ -179,3 +179,10 @@ def test_damage_is_left_to_the_careful_walkers(version):
         assert swept == lists and not findings and not acc.findings, f"trial {trial}: {at:#x} = {value:#x}"
         assert results == {ARENA: (acc, trim)}, f"trial {trial}: {at:#x} = {value:#x}"
     assert stepped_aside > 50 and vouched > 5, (stepped_aside, vouched)
+
+
+def test_heap_bounds_from_damaged_fields_are_left_to_the_careful_walkers():
+    """A heap whose bounds lie past the address space (a damaged sbrk_base) is not swept."""
+    s = _synth(0, (2, 36), chunks=50)
+    s.arena = dataclasses.replace(s.arena, heaps=(Heap((1 << 64) - 1, 0x21000, 0x21000, ARENA, 0),))
+    assert _one_pass(s) == (None, None)

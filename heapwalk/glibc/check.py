@@ -109,7 +109,7 @@ def _misplaced(chunks, sizes, spans: list[tuple[int, int]], tops: list[tuple[int
     c, n = np.asarray(chunks, dtype=np.uint64), np.asarray(sizes, dtype=np.uint64)
     if not len(c):
         return
-    if starts:
+    if starts and max(starts + ends + top_lo + top_hi) < 1 << 64:  # else damaged bounds: look at all
         k = np.searchsorted(np.array(starts, dtype=np.uint64), c, side="right") - 1
         at = np.maximum(k, 0)
         end, lo, hi = (np.array(v, dtype=np.uint64)[at] for v in (ends, top_lo, top_hi))

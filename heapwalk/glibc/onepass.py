@@ -48,6 +48,9 @@ class OnePass:
             self.failed.add(arena.address)
             return None
         arena_extents = extents(arena, self.layout)
+        if any(not 0 <= e.start <= e.first <= e.end < 1 << 64 for e in arena_extents):
+            self.failed.add(arena.address)   # bounds from damaged fields: the careful walkers say which
+            return None
         if self.lists_only and sum(e.end - e.start for e in arena_extents) <= LISTS_SWEPT_FROM:
             self.failed.add(arena.address)
             return None
@@ -60,7 +63,7 @@ class OnePass:
             lists = lists_of_sweep(sweep, self.layout, arena.address, raw_arena, arena.system_mem)
         walked = None
         if lists is not None and not self.lists_only:
-            walked = walk_of_sweep(self.mem, self.layout, arena, sweep, lists.codes.copy(), self.tcached,
+            walked = walk_of_sweep(self.mem, self.layout, arena, sweep, lists.codes, self.tcached,
                                    self.thp_pagesize, self.main_contiguous)
         if walked is None:
             self.failed.add(arena.address)
