@@ -55,20 +55,21 @@ def lists_of_sweep(sweep: Sweep, layout: Layout, arena: int, raw_arena: bytes, s
     address, n = sweep.address, sweep.count
     codes = np.full(n, PLAIN, dtype=np.uint8)
     sizes = sweep.field & _SIZE_MASK
+    tables = _tables(sweep)
     free = np.zeros(n, dtype=bool)       # the chunks whose next chunk says they are free: all a bin may hold
     free[:-1] = (sweep.field[1:] & np.uint64(1)) == 0
     fastbins = []
     if layout.nfastbins:
         heads = struct.unpack_from(f"<{layout.nfastbins}Q", raw_arena, layout.off_fastbins)
         nexts = sweep.fd ^ ((address + np.uint64(16)) >> np.uint64(12)) if layout.safe_linking else sweep.fd
-        follow = _successors(sweep, nexts, np.flatnonzero(~free & (sizes <= (layout.nfastbins + 1) * 16)))
+        follow = _successors(n, tables, nexts, np.flatnonzero(~free & (sizes <= (layout.nfastbins + 1) * 16)))
         for i, head in enumerate(heads):
             order = _follow(address, follow, nexts, head, 0, bound)
             if order is None or np.any(sizes[order] != (i + 2) * 16) or not _claim(codes, order, _FAST_CODE):
                 return None
             fastbins.append(_bin_list(BinKind.FAST, i, address, sweep.field, order,
                                       arena + layout.off_fastbins + 8 * i))
-    follow = _successors(sweep, sweep.fd, np.flatnonzero(free))
+    follow = _successors(n, tables, sweep.fd, np.flatnonzero(free))
     regular = []
     for index in range(1, NBINS):
         head = layout.bin_header(arena, index)
@@ -86,21 +87,32 @@ def lists_of_sweep(sweep: Sweep, layout: Layout, arena: int, raw_arena: bytes, s
     return IndexedLists(tuple(fastbins), regular[0], tuple(regular[1:]), codes)
 
 
-def _successors(sweep: Sweep, links: np.ndarray, rows: np.ndarray) -> list[int]:
-    """For each chunk, the index of the chunk its link in LINKS points to; -1 when that is no chunk's start,
-    or the chunk is not among ROWS (those that may be in the lists followed).  Looked up in a table per heap,
-    a slot per 16 bytes: one random access a link instead of a binary search."""
-    out = np.full(sweep.count, -1, dtype=np.int64)
-    targets = links[rows]
+def _tables(sweep: Sweep) -> list[tuple[int, int, np.ndarray]]:
+    """Per heap of SWEEP with chunks: (first, end, table), the table holding, a slot per 16 bytes from
+    first, the index of the chunk that starts there (-1 where none does)."""
+    out = []
     for segment in sweep.segments:
         first, end, lo, hi = segment.extent.first, segment.extent.end, segment.lo, segment.hi
-        inside = (targets >= np.uint64(first)) & (targets < np.uint64(end))
-        inside &= (targets & np.uint64(15)) == np.uint64(first & 15)
-        if lo == hi or not inside.any():
+        if lo == hi:
             continue
         table = np.full((end - first + 15) >> 4, -1, dtype=np.int32)
         table[((sweep.address[lo:hi] - np.uint64(first)) >> np.uint64(4)).astype(np.intp)] = np.arange(lo, hi)
-        out[rows[inside]] = table[((targets[inside] - np.uint64(first)) >> np.uint64(4)).astype(np.intp)]
+        out.append((first, end, table))
+    return out
+
+
+def _successors(count: int, tables: list[tuple[int, int, np.ndarray]], links: np.ndarray, rows: np.ndarray
+                ) -> list[int]:
+    """For each of COUNT chunks, the index of the chunk its link in LINKS points to; -1 when that is no
+    chunk's start, or the chunk is not among ROWS (those that may be in the lists followed).  Looked up in
+    TABLES (`_tables`): one random access a link instead of a binary search."""
+    out = np.full(count, -1, dtype=np.int64)
+    targets = links[rows]
+    for first, end, table in tables:
+        inside = (targets >= np.uint64(first)) & (targets < np.uint64(end))
+        inside &= (targets & np.uint64(15)) == np.uint64(first & 15)
+        if inside.any():
+            out[rows[inside]] = table[((targets[inside] - np.uint64(first)) >> np.uint64(4)).astype(np.intp)]
     return out.tolist()
 
 

@@ -28,7 +28,7 @@ __all__ = ["TrimSimulation", "PAGE", "SUB_PAGE"]
 PAGE = 4096
 _SPAN = 1 << 20                 # bytes read at once when looking for resident pages
 _LINKS = 48                     # sizeof(struct malloc_chunk): stays resident in a trimmed chunk
-SUB_PAGE = _SUB_PAGE = PAGE - 1 + _LINKS   # a free chunk this size or smaller has no whole page to give back
+SUB_PAGE = PAGE - 1 + _LINKS   # a free chunk this size or smaller has no whole page to give back
 _RUN_STATES = frozenset((ChunkState.FAST, ChunkState.UNSORTED, ChunkState.SMALL, ChunkState.LARGE))
 
 
@@ -108,7 +108,7 @@ class TrimSimulation:
         for address, size, _, state in batch:
             if run_start is not None and address != run_start + run_size:
                 # an in-use chunk ended the run
-                if run_size <= _SUB_PAGE:
+                if run_size <= SUB_PAGE:
                     sub_page += run_size
                 else:
                     runs.append((run_start, run_size))
@@ -126,7 +126,7 @@ class TrimSimulation:
             if run_start is not None:
                 if state is top and run_has_fast:  # consolidation merges the run into top
                     self.top_start, self.top_size = run_start, self.top_size + run_size
-                elif run_size <= _SUB_PAGE:
+                elif run_size <= SUB_PAGE:
                     sub_page += run_size
                 else:
                     runs.append((run_start, run_size))
@@ -149,7 +149,7 @@ class TrimSimulation:
 
     def _close(self, address: int, size: int) -> None:
         """A free chunk as consolidation leaves it: the whole pages inside are given back, the rest is kept."""
-        if size <= _SUB_PAGE:  # no whole page inside: the common case of a fragmented heap
+        if size <= SUB_PAGE:  # no whole page inside: the common case of a fragmented heap
             self.kept["sub_page"] += size
             return
         self.runs.append((address, size))
