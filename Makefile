@@ -38,7 +38,7 @@ $(BUILD)/.deps:
 	@mkdir -p $(BUILD) && touch $@
 
 venv: $(VENV)/.installed
-$(VENV)/.installed: pyproject.toml | $(BUILD)/.deps
+$(VENV)/.installed: pyproject.toml setup.py heapwalk/glibc/_native.c | $(BUILD)/.deps
 	$(SYSTEM_PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[test]'

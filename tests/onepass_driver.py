@@ -16,7 +16,7 @@ import os
 import gdb
 
 from heapwalk.gdb.session import _target, overrides
-from heapwalk.glibc import onepass
+from heapwalk.glibc import native, onepass
 from heapwalk.glibc.decode import collect
 from heapwalk.glibc.discovery import discover
 
@@ -89,6 +89,7 @@ def main() -> None:
         except Exception as exc:  # the test shows it, with the core it came from
             line = {"error": f"{type(exc).__name__}: {exc}"}
         line["core"] = pair[1] if pair else ""
+        line["native"] = native.NATIVE
         print("heapwalk-onepass " + json.dumps(line))
 
 

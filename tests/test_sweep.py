@@ -12,6 +12,7 @@ import struct
 import pytest
 
 from heapwalk.glibc import arenas as arenas_module
+from heapwalk.glibc import native
 from heapwalk.glibc.chunkwalk import account
 from heapwalk.glibc.chunks import Listing
 from heapwalk.glibc.layout import layout_for
@@ -149,9 +150,17 @@ def _one_pass(s: Synth):
 VERSIONS = [(2, 31), (2, 36), (2, 43)]
 
 
+@pytest.fixture(params=["c", "python"])
+def loops(request, monkeypatch):
+    """The one pass with its loops in C, then with the Python fallback."""
+    if request.param == "python":
+        monkeypatch.setattr(native, "_LIB", None)
+    return request.param
+
+
 @pytest.mark.parametrize("version", VERSIONS, ids=lambda v: "%d.%d" % v)
 @pytest.mark.parametrize("seed", range(4))
-def test_a_sound_heap_is_vouched_for_with_the_careful_walkers_numbers(seed, version):
+def test_a_sound_heap_is_vouched_for_with_the_careful_walkers_numbers(seed, version, loops):
     s = _synth(seed, version)
     lists, findings, acc, trim = _careful(s)
     assert not findings and not acc.findings and acc.bytes[ChunkState.FAST] + acc.bytes[ChunkState.SMALL] > 0
@@ -161,7 +170,7 @@ def test_a_sound_heap_is_vouched_for_with_the_careful_walkers_numbers(seed, vers
 
 
 @pytest.mark.parametrize("version", VERSIONS, ids=lambda v: "%d.%d" % v)
-def test_damage_is_left_to_the_careful_walkers(version):
+def test_damage_is_left_to_the_careful_walkers(version, loops):
     rng = random.Random(7)
     vouched = stepped_aside = 0
     for trial in range(150):

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from array import array
+
 from heapwalk.glibc.layout import layout_for
 from heapwalk.target.memory import CachedMemory, ImageMemory, ReadError
-from heapwalk.glibc.model import BinKind
+from heapwalk.glibc.model import BinKind, BinList
 from heapwalk.findings import Kind, Severity
 from heapwalk.glibc.lists import bin_index, largebin_index, reveal, walk_bin, walk_fastbin, walk_tcache
 from heapwalk.glibc.ring import walk_arena_ring, walk_heaps
@@ -270,3 +272,13 @@ def test_a_long_cycle_is_caught_and_reported_by_the_careful_walk():
     fb, findings = walk_fastbin(t.mem, t.layout, ARENA, 0, 0x40000)
     assert fb.count == 300 and not fb.complete
     assert [(f.address, f.kind) for f in findings] == [(entries[-1], Kind.LIST_CYCLE)]
+
+
+def test_a_bin_lists_sizes_are_the_same_from_an_array_or_a_tuple():
+    """BinList masks the flags off its raw sizes on whole arrays when given array('Q'), one by one otherwise."""
+    raw = (0x21, 0x7FFFFFFFFFFFFFF5, 0xFFFFFFFFFFFFFFFF, 0x30, 0x457)
+    from_array = BinList(BinKind.SMALL, 2, 0, array("Q", [1] * 5), array("Q", raw))
+    from_tuple = BinList(BinKind.SMALL, 2, 0, (1,) * 5, raw)
+    assert list(from_array.sizes) == list(from_tuple.sizes) == [s & ~7 for s in raw]
+    assert (from_array.total, from_array.raw_total, from_array.min_size, from_array.max_size) == \
+        (from_tuple.total, from_tuple.raw_total, 0x20, 0xFFFFFFFFFFFFFFF8)

@@ -135,8 +135,8 @@ def _listed_twice(state: HeapState) -> bool:
     listed = [np.asarray(lst.chunks, dtype=np.uint64) for arena in state.arenas for lst in arena.free_lists()]
     listed += [np.array([e - 16 for b in tcache.bins for e in b.entries], dtype=np.uint64)
                for _, tcache in state.tcaches()]
-    every = np.concatenate(listed) if listed else np.zeros(0, dtype=np.uint64)
-    return len(np.unique(every)) != len(every)
+    every = np.sort(np.concatenate(listed)) if listed else np.zeros(0, dtype=np.uint64)
+    return bool(np.any(every[1:] == every[:-1]))
 
 
 class _Listed:

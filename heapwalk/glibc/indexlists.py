@@ -18,6 +18,7 @@ import numpy as np
 from heapwalk.glibc.layout import MINSIZE, NBINS, NSMALLBINS, Layout
 from heapwalk.glibc.lists import MAX_LIST, bin_kind
 from heapwalk.glibc.model import BinKind, BinList
+from heapwalk.glibc.native import follow, successors
 from heapwalk.glibc.sweep import Sweep
 
 __all__ = ["IndexedLists", "lists_of_sweep", "PLAIN", "bin_indices"]
@@ -62,19 +63,19 @@ def lists_of_sweep(sweep: Sweep, layout: Layout, arena: int, raw_arena: bytes, s
     if layout.nfastbins:
         heads = struct.unpack_from(f"<{layout.nfastbins}Q", raw_arena, layout.off_fastbins)
         nexts = sweep.fd ^ ((address + np.uint64(16)) >> np.uint64(12)) if layout.safe_linking else sweep.fd
-        follow = _successors(n, tables, nexts, np.flatnonzero(~free & (sizes <= (layout.nfastbins + 1) * 16)))
+        links = _successors(address, tables, nexts, np.flatnonzero(~free & (sizes <= (layout.nfastbins + 1) * 16)))
         for i, head in enumerate(heads):
-            order = _follow(address, follow, nexts, head, 0, bound)
+            order = _follow(address, links, nexts, head, 0, bound)
             if order is None or np.any(sizes[order] != (i + 2) * 16) or not _claim(codes, order, _FAST_CODE):
                 return None
             fastbins.append(_bin_list(BinKind.FAST, i, address, sweep.field, order,
                                       arena + layout.off_fastbins + 8 * i))
-    follow = _successors(n, tables, sweep.fd, np.flatnonzero(free))
+    links = _successors(address, tables, sweep.fd, np.flatnonzero(free))
     regular = []
     for index in range(1, NBINS):
         head = layout.bin_header(arena, index)
         fd, bk = struct.unpack_from("<QQ", raw_arena, head + 16 - arena)
-        order = _follow(address, follow, sweep.fd, fd, head, bound)
+        order = _follow(address, links, sweep.fd, fd, head, bound)
         if order is None or not _mirrored(address, sweep.bk, order, head, bk):
             return None
         if len(order) and (np.any(sizes[order] < MINSIZE) if index == 1 else
@@ -89,56 +90,52 @@ def lists_of_sweep(sweep: Sweep, layout: Layout, arena: int, raw_arena: bytes, s
 
 def _tables(sweep: Sweep) -> list[tuple[int, int, np.ndarray]]:
     """Per heap of SWEEP with chunks: (first, end, table), the table holding, a slot per 16 bytes from
-    first, the index of the chunk that starts there (-1 where none does)."""
+    first, the index of the chunk that starts there.  Slots where no chunk starts are left as they were
+    allocated (filling them would cost a write per 16 bytes): a lookup checks the chunk's address."""
     out = []
     for segment in sweep.segments:
         first, end, lo, hi = segment.extent.first, segment.extent.end, segment.lo, segment.hi
         if lo == hi:
             continue
-        table = np.full((end - first + 15) >> 4, -1, dtype=np.int32)
+        table = np.empty((end - first + 15) >> 4, dtype=np.int32)
         table[((sweep.address[lo:hi] - np.uint64(first)) >> np.uint64(4)).astype(np.intp)] = np.arange(lo, hi)
         out.append((first, end, table))
     return out
 
 
-def _successors(count: int, tables: list[tuple[int, int, np.ndarray]], links: np.ndarray, rows: np.ndarray
-                ) -> list[int]:
-    """For each of COUNT chunks, the index of the chunk its link in LINKS points to; -1 when that is no
+def _successors(address: np.ndarray, tables: list[tuple[int, int, np.ndarray]], links: np.ndarray,
+                rows: np.ndarray):
+    """For each chunk of ADDRESS, the index of the chunk its link in LINKS points to; -1 when that is no
     chunk's start, or the chunk is not among ROWS (those that may be in the lists followed).  Looked up in
-    TABLES (`_tables`): one random access a link instead of a binary search."""
-    out = np.full(count, -1, dtype=np.int64)
+    TABLES (`_tables`): one random access a link instead of a binary search.  In the form `native.follow`
+    takes."""
+    out = np.full(len(address), -1, dtype=np.int64)
     targets = links[rows]
     for first, end, table in tables:
-        inside = (targets >= np.uint64(first)) & (targets < np.uint64(end))
-        inside &= (targets & np.uint64(15)) == np.uint64(first & 15)
-        if inside.any():
-            out[rows[inside]] = table[((targets[inside] - np.uint64(first)) >> np.uint64(4)).astype(np.intp)]
-    return out.tolist()
+        inside = np.flatnonzero((targets >= np.uint64(first)) & (targets < np.uint64(end))
+                                & ((targets & np.uint64(15)) == np.uint64(first & 15)))
+        if not len(inside):
+            continue
+        found = table[((targets[inside] - np.uint64(first)) >> np.uint64(4)).astype(np.intp)].astype(np.int64)
+        found[(found < 0) | (found >= len(address))] = 0
+        hit = address[found] == targets[inside]
+        out[rows[inside[hit]]] = found[hit]
+    return successors(out)
 
 
-def _follow(address: np.ndarray, follow: list[int], links: np.ndarray, first: int, end: int,
+def _follow(address: np.ndarray, links, next_links: np.ndarray, first: int, end: int,
             bound: int) -> np.ndarray | None:
-    """The indices of the list's chunks from FIRST, through FOLLOW, until a link is END; None when a link
-    leads elsewhere, or the list is BOUND long (or loops)."""
+    """The indices of the list's chunks from FIRST, through LINKS (`native.successors`), until a link in
+    NEXT_LINKS is END; None when a link leads elsewhere, or the list is BOUND long (or loops)."""
     if first == end:
         return np.zeros(0, dtype=np.int64)
     j = int(np.searchsorted(address, np.uint64(first)))
     if j >= len(address) or int(address[j]) != first:
         return None
-    order = array("q")
-    append = order.append
-    steps = min(bound, len(address) + 1)
-    while True:
-        append(j)
-        j, last = follow[j], j
-        if j < 0:
-            break
-        steps -= 1
-        if not steps:
-            return None
-    if int(links[last]) != end or len(order) >= bound:
+    order = follow(links, j, min(bound, len(address) + 1))
+    if order is None or int(next_links[order[-1]]) != end or len(order) >= bound:
         return None
-    return np.frombuffer(order, dtype=np.int64)
+    return order
 
 
 def _mirrored(address: np.ndarray, bk: np.ndarray, order: np.ndarray, head: int, head_bk: int) -> bool:

@@ -15,10 +15,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+import numpy as np
+
 from heapwalk.findings import Fact, Finding
 
 __all__ = ["BinKind", "BinList", "Heap", "Arena", "TcacheBin", "Tcache", "Thread", "MallocPar", "ChunkState",
            "FREE_STATES", "list_name", "thread_numbers", "Account", "TrimEstimate", "KEPT_REASONS", "MmappedChunk", "ChunkWalk", "HeapState"]
+
+
+_SIZE_MASK = np.uint64(2 ** 64 - 8)
 
 
 class BinKind(enum.Enum):
@@ -55,7 +60,11 @@ class BinList:
     max_size: int = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        sizes = array("Q", [s & ~7 for s in self.raw_sizes])
+        sizes = array("Q")
+        if isinstance(self.raw_sizes, array) and self.raw_sizes.typecode == "Q":
+            sizes.frombytes((np.frombuffer(self.raw_sizes, dtype=np.uint64) & _SIZE_MASK).tobytes())
+        else:
+            sizes.extend(s & ~7 for s in self.raw_sizes)
         for name, value in (("sizes", sizes), ("total", sum(sizes)), ("raw_total", sum(self.raw_sizes)),
                             ("min_size", min(sizes, default=0)), ("max_size", max(sizes, default=0))):
             object.__setattr__(self, name, value)

@@ -15,13 +15,13 @@ so it gives up (None), and the careful walkers take the arena instead: they name
 
 from __future__ import annotations
 
-from array import array
 from dataclasses import dataclass
 
 import numpy as np
 
 from heapwalk.glibc.chunks import Extent
 from heapwalk.glibc.layout import MINSIZE
+from heapwalk.glibc.native import chase
 from heapwalk.glibc.resync import FENCEPOST_ROOM
 from heapwalk.target.memory import Memory
 from heapwalk.target.words import SPAN, read_window
@@ -93,21 +93,6 @@ def sweep_extents(mem: Memory, extents: list[Extent], top: int, progress=None) -
     return Sweep(*columns, tuple(segments))
 
 
-def _chase(words, j: int, out: array) -> int:
-    """Steps from the size field at word J by each chunk's size while the field is within WORDS and a chunk's
-    (at least MINSIZE, a multiple of 16); appends each field's index to OUT; returns where it stopped."""
-    append = out.append
-    try:
-        while True:
-            size_field = words[j]
-            if size_field & 8 or size_field < MINSIZE:
-                return j
-            append(j)
-            j += size_field >> 3
-    except IndexError:
-        return j
-
-
 def _sweep_extent(mem: Memory, extent: Extent, top: int) -> tuple[list[tuple[np.ndarray, ...]], int, int] | None:
     """The chunks of EXTENT a window at a time, as (address, field, fd, bk) arrays per window, with the tail
     bytes and kind; None at anything a sound heap does not have."""
@@ -122,11 +107,10 @@ def _sweep_extent(mem: Memory, extent: Extent, top: int) -> tuple[list[tuple[np.
             return None                  # not in memory
         last = c + 8 * n >= end
         words = memoryview(data)[:8 * n].cast("Q")
-        found = array("q")
-        j = _chase(words if last else words[:n - _MARGIN], 1, found)
-        if found:
-            part = _gather(np.frombuffer(data, dtype=np.uint64, count=n), np.frombuffer(found, dtype=np.int64),
-                           c, before)
+        array64 = np.frombuffer(data, dtype=np.uint64, count=n)
+        found, j = chase(array64 if last else array64[:n - _MARGIN], 1, MINSIZE)
+        if len(found):
+            part = _gather(array64, found, c, before)
             if part is None:
                 return None
             parts.append(part)

@@ -1,0 +1,107 @@
+"""The one pass's two pointer-chasing loops, in C when `pip install` built heapwalk's small library, in Python
+otherwise.
+
+Stepping from chunk to chunk by their sizes, and from list member to list member, cannot be done on whole
+arrays: each step needs the one before.  In Python they cost about a quarter of a microsecond a step, most of a
+big heap's walk; in C (`_native.c`, loaded with ctypes, no Python headers needed) a few nanoseconds.  Both
+forms give the same answers (tests/test_native.py holds them equal); HEAPWALK_PURE=1 in the environment turns
+the library off.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from array import array
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["chase", "follow", "successors", "NATIVE"]
+
+_INT64_P = ctypes.POINTER(ctypes.c_int64)
+
+
+def _load():
+    """The built library's two functions, or None (not built, cannot load, or turned off)."""
+    if os.environ.get("HEAPWALK_PURE"):
+        return None
+    for path in sorted(Path(__file__).parent.glob("_native*.so")):
+        try:
+            lib = ctypes.CDLL(str(path))
+        except OSError:
+            continue
+        lib.hw_chase.restype = ctypes.c_int64
+        lib.hw_chase.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint64,
+                                 ctypes.c_void_p, _INT64_P]
+        lib.hw_follow.restype = ctypes.c_int64
+        lib.hw_follow.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
+                                  ctypes.c_void_p]
+        return lib
+    return None
+
+
+_LIB = _load()
+#: whether the C loops are in use
+NATIVE = _LIB is not None
+
+
+def chase(words: np.ndarray, j: int, min_size: int) -> tuple[np.ndarray, int]:
+    """Steps through WORDS (uint64) from the size field at word J by each chunk's size while the field is
+    within WORDS and a chunk's (at least MIN_SIZE, a multiple of 16): the index of each field stepped on
+    (int64) and the index where it stopped."""
+    if _LIB is None:
+        return _chase_python(words, j, min_size)
+    words = np.ascontiguousarray(words, dtype=np.uint64)
+    out = np.empty(len(words) // 4 + 1, dtype=np.int64)
+    count = ctypes.c_int64()
+    stop = _LIB.hw_chase(words.ctypes.data, len(words), j, min_size, out.ctypes.data, ctypes.byref(count))
+    return out[:count.value], int(stop)
+
+
+def successors(successor: np.ndarray):
+    """SUCCESSOR (each chunk's next chunk's index, negative for none) in the form `follow` takes."""
+    if _LIB is None:
+        return successor.tolist()
+    return np.ascontiguousarray(successor, dtype=np.int64)
+
+
+def follow(links, j: int, steps: int) -> np.ndarray | None:
+    """The indices (int64) of a list's chunks from chunk J, each next one given by LINKS (`successors`);
+    None when the list goes on past STEPS links (STEPS at least 1)."""
+    if _LIB is None:
+        return _follow_python(links, j, steps)
+    out = np.empty(min(steps, len(links) + 1), dtype=np.int64)
+    count = _LIB.hw_follow(links.ctypes.data, len(links), j, len(out), out.ctypes.data)
+    return None if count < 0 else out[:count].copy()
+
+
+def _chase_python(words: np.ndarray, j: int, min_size: int) -> tuple[np.ndarray, int]:
+    found = array("q")
+    append = found.append
+    view = memoryview(np.ascontiguousarray(words, dtype=np.uint64)).cast("B").cast("Q")
+    try:
+        while j >= 0:
+            size_field = view[j]
+            if size_field & 8 or size_field < min_size:
+                break
+            append(j)
+            j += size_field >> 3
+    except IndexError:
+        pass
+    return np.frombuffer(found, dtype=np.int64), j
+
+
+def _follow_python(links: list[int], j: int, steps: int) -> np.ndarray | None:
+    order = array("q")
+    append = order.append
+    while True:
+        append(j)
+        if not 0 <= j < len(links):
+            return None
+        j = links[j]
+        if j < 0:
+            return np.frombuffer(order, dtype=np.int64)
+        steps -= 1
+        if steps <= 0:
+            return None

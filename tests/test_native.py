@@ -1,0 +1,89 @@
+"""The one pass's two loops (`heapwalk.glibc.native`): the C library `pip install` builds is in use, and it
+gives exactly what the Python fallback gives, on heaps of words and lists of links made to end in every way
+they can."""
+
+from __future__ import annotations
+
+import os
+import random
+
+import numpy as np
+import pytest
+
+from heapwalk.glibc import native
+
+
+@pytest.fixture
+def pure(monkeypatch):
+    """The Python fallback, as when the library was not built."""
+    monkeypatch.setattr(native, "_LIB", None)
+
+
+def test_the_library_is_built_and_loaded():
+    assert native.NATIVE or os.environ.get("HEAPWALK_PURE"), "make venv builds heapwalk/glibc/_native*.so"
+
+
+def _words(rng: random.Random, n: int) -> np.ndarray:
+    """N words where a chase from word 1 meets chunk sizes, then maybe a misaligned or too small one."""
+    out = [rng.getrandbits(64) for _ in range(n)]
+    j = 1
+    while j < n:
+        if rng.random() < 0.01:
+            out[j] = rng.choice((0, 0x10, 0x19, 0x28, 0x1f, (1 << 64) - 1, 0x20))
+            if out[j] != 0x20:
+                break
+        size = rng.choice((0x20, 0x30, 0x40, 0x90, 0x400, 0x1010)) | rng.randrange(8)
+        out[j] = size
+        j += size >> 3
+    return np.array(out, dtype=np.uint64)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_chase_is_the_same_in_c_and_python(seed, monkeypatch):
+    rng = random.Random(seed)
+    words = _words(rng, rng.choice((0, 1, 2, 5, 64, 3000)))
+    start = rng.choice((0, 1, 3))
+    found, stop = native.chase(words, start, 32)
+    monkeypatch.setattr(native, "_LIB", None)
+    found_python, stop_python = native.chase(words, start, 32)
+    assert stop == stop_python and found.tolist() == found_python.tolist()
+    assert all(int(words[j]) & 0xF == int(words[j]) & 7 and int(words[j]) >= 32 for j in found_python.tolist())
+
+
+def test_chase_stops_where_the_words_end_or_a_size_is_no_chunks(pure):
+    words = np.array([0, 0x21, 0, 0, 0, 0x31, 0, 0, 0, 0, 0, 0x18], dtype=np.uint64)
+    found, stop = native.chase(words, 1, 32)
+    assert found.tolist() == [1, 5] and stop == 11
+    found, stop = native.chase(words[:10], 1, 32)
+    assert found.tolist() == [1, 5] and stop == 11
+
+
+def _links(rng: random.Random, n: int) -> np.ndarray:
+    """Successors of N chunks: some chains ending at -1, some loops, some pointing past the end."""
+    out = np.full(n, -1, dtype=np.int64)
+    for i in range(n):
+        r = rng.random()
+        out[i] = -1 if r < 0.2 else rng.randrange(n) if r < 0.9 else n + rng.randrange(3)
+    return out
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_follow_is_the_same_in_c_and_python(seed, monkeypatch):
+    rng = random.Random(seed)
+    links = _links(rng, rng.choice((1, 2, 10, 500)))
+    starts = [rng.randrange(len(links)) for _ in range(20)]
+    bounds = [rng.choice((1, 2, 5, 1000)) for _ in starts]
+    native_orders = [native.follow(native.successors(links), j, b) for j, b in zip(starts, bounds)]
+    monkeypatch.setattr(native, "_LIB", None)
+    for j, b, order in zip(starts, bounds, native_orders):
+        python = native.follow(native.successors(links), j, b)
+        assert (order is None) == (python is None)
+        if order is not None:
+            assert order.tolist() == python.tolist()
+
+
+def test_follow_gives_up_at_a_loop_or_a_list_longer_than_its_bound(pure):
+    links = native.successors(np.array([1, 2, -1, 3], dtype=np.int64))
+    assert native.follow(links, 0, 3).tolist() == [0, 1, 2]
+    assert native.follow(links, 0, 2) is None
+    assert native.follow(links, 3, 100) is None
