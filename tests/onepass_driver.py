@@ -16,7 +16,7 @@ import os
 import gdb
 
 from heapwalk.gdb.session import _target, overrides
-from heapwalk.glibc import native, onepass
+from heapwalk.glibc import chunkinfo, native, onepass
 from heapwalk.glibc.decode import collect
 from heapwalk.glibc.discovery import discover
 
@@ -66,7 +66,38 @@ def _compare(vouched: list[int]) -> dict:
     unswept = _decode(target, disc, False, walk=False)
     if lists.arenas != unswept.arenas or lists.all_findings() != unswept.all_findings():
         differences.append("the lists alone differ")
-    return {"arenas": len(slow.arenas), "vouched": len(vouched), "differences": differences}
+    swept_arenas = 0
+    for flt in (chunkinfo.ChunkFilter(), chunkinfo.ChunkFilter(free=True, min_size=0x30, max_size=0x400)):
+        rows, swept_arenas = _chunk_rows(target, disc, unswept, flt, sweep=True)
+        if rows != _chunk_rows(target, disc, unswept, flt, sweep=False)[0]:
+            differences.append(f"heapwalk chunks differs ({flt})")
+    return {"arenas": len(slow.arenas), "vouched": len(vouched), "differences": differences,
+            "chunks_swept": swept_arenas}
+
+
+def _chunk_rows(target, disc, state, flt, sweep: bool) -> tuple[tuple, int]:
+    """What `heapwalk chunks` lists of STATE (every arena's chunks FLT admits, the batch counts and sums, the
+    walk's findings), with arenas swept where they can be or all walked carefully; and how many were swept."""
+    real, swept = chunkinfo.swept_chunks, []
+
+    def spy(*args):
+        result = real(*args) if sweep else None
+        swept.extend([] if result is None else [1])
+        return result
+
+    chunkinfo.swept_chunks = spy
+    try:
+        findings: list = []
+        batches = [(m.arena.address, m.count, m.total, tuple(m.chunks()), tuple(m.chunks(2)))
+                   for m in chunkinfo.matching(target.mem, disc.layout, state, flt, findings)]
+        counts = [(address, sum(b[1] for b in batches if b[0] == address),
+                   sum(b[2] for b in batches if b[0] == address)) for address in dict.fromkeys(b[0] for b in batches)]
+        rows = tuple(c for b in batches for c in b[3])
+        firsts = all(b[4] == b[3][:2] and b[1] == len(b[3]) and b[2] == sum(c.size for c in b[3])
+                     for b in batches)
+        return (rows, tuple(counts), firsts, tuple(findings)), len(swept)
+    finally:
+        chunkinfo.swept_chunks = real
 
 
 def main() -> None:

@@ -12,13 +12,15 @@ import struct
 import pytest
 
 from heapwalk.glibc import arenas as arenas_module
-from heapwalk.glibc import native
+from heapwalk.glibc import chunkinfo, native
+from heapwalk.glibc.chunkinfo import ChunkFilter
 from heapwalk.glibc.chunkwalk import account
 from heapwalk.glibc.chunks import Listing
 from heapwalk.glibc.layout import layout_for
 from heapwalk.glibc.lists import bin_index, walk_tcache
 from heapwalk.glibc.model import Arena, BinKind, BinList, ChunkState, Heap
 from heapwalk.glibc.onepass import OnePass
+from heapwalk.glibc.sweptchunks import listing_arrays, swept_chunks
 from heapwalk.glibc.trim import TrimSimulation
 from heapwalk.target.memory import ImageMemory
 
@@ -140,6 +142,26 @@ def _careful(s: Synth):
     return (fastbins, unsorted, bins), findings, acc, sim.result()
 
 
+def _chunk_rows(s: Synth, flt: ChunkFilter, sweep: bool):
+    """What `heapwalk chunks` lists of the synthetic arena (its lists walked carefully): the chunks FLT
+    admits, swept when SWEEP and the sweep vouches (else None), walked carefully otherwise, with the walk's
+    findings."""
+    fastbins, unsorted, bins = arenas_module._free_lists(s.mem, s.layout, ARENA, s.arena.system_mem, [])
+    arena = dataclasses.replace(s.arena, fastbins=fastbins, unsorted=unsorted, bins=bins)
+    listed = {c: st for lst in arena.free_lists() for c, st in zip(lst.chunks, [_STATES[lst.kind]] * lst.count)}
+    for tcache in s.tcaches:
+        listed.update((e - 16, ChunkState.TCACHE) for b in tcache.bins for e in b.entries)
+        listed[tcache.address - 16] = ChunkState.TCACHE_STRUCT
+    listing = Listing.of_states(listed)
+    if sweep:
+        swept = swept_chunks(s.mem, s.layout, arena, listing_arrays(listing))
+        if swept is None:
+            return None
+        return list(swept.chunks(swept.select(flt.free, flt.used, flt.min_size, flt.max_size))), []
+    findings: list = []
+    return [c for m in chunkinfo._walked(s.mem, s.layout, arena, listing, flt, findings) for c in m.chunks()], findings
+
+
 def _one_pass(s: Synth):
     one = OnePass(s.mem, s.layout, s.tcaches, 0, True)
     lists = one.lists(s.arena, s.mem.read(ARENA, s.layout.arena_size))
@@ -148,6 +170,9 @@ def _one_pass(s: Synth):
 
 
 VERSIONS = [(2, 31), (2, 36), (2, 43)]
+_STATES = {BinKind.FAST: ChunkState.FAST, BinKind.UNSORTED: ChunkState.UNSORTED, BinKind.SMALL: ChunkState.SMALL,
+           BinKind.LARGE: ChunkState.LARGE}
+_FILTERS = (ChunkFilter(), ChunkFilter(free=True), ChunkFilter(used=True, min_size=0x50, max_size=0x1010))
 
 
 @pytest.fixture(params=["c", "python"])
@@ -167,6 +192,9 @@ def test_a_sound_heap_is_vouched_for_with_the_careful_walkers_numbers(seed, vers
     swept, results = _one_pass(s)
     assert swept == lists
     assert results == {ARENA: (acc, trim)}
+    for flt in _FILTERS:
+        rows = _chunk_rows(s, flt, sweep=True)
+        assert rows is not None and rows == _chunk_rows(s, flt, sweep=False) and rows[0]
 
 
 @pytest.mark.parametrize("version", VERSIONS, ids=lambda v: "%d.%d" % v)
@@ -187,6 +215,13 @@ def test_damage_is_left_to_the_careful_walkers(version, loops):
         vouched += 1
         assert swept == lists and not findings and not acc.findings, f"trial {trial}: {at:#x} = {value:#x}"
         assert results == {ARENA: (acc, trim)}, f"trial {trial}: {at:#x} = {value:#x}"
+    for trial in range(60):
+        s = _synth(trial % 3, version, chunks=300)
+        at = rng.choice(s.words)
+        s.mem.write_u64(at, rng.choice((0, 1, 0x21, 0x31, at & ~0xF, 0x4141414141414141)))
+        flt = _FILTERS[trial % 3]
+        rows = _chunk_rows(s, flt, sweep=True)
+        assert rows is None or rows == _chunk_rows(s, flt, sweep=False), f"trial {trial}: {at:#x}"
     assert stepped_aside > 50 and vouched > 5, (stepped_aside, vouched)
 
 

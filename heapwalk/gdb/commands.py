@@ -147,17 +147,21 @@ class ChunksCommand(Subcommand):
         walk_findings: list = []
         writer = jsondoc.ChunksWriter(args.json, state) if args.json else None
         try:  # the listing is printed a page at a time and the JSON written a chunk at a time, as the walk goes
-            for arena, chunk in chunkinfo.chunks(mem, layout, state, flt, walk_findings):
-                count += 1
-                total += chunk.size
-                if writer is not None:
-                    writer.add(arena, chunk)
-                if args.limit == 0 or shown < args.limit:
-                    shown += 1
-                    page.append((arena, chunk))
-                    if len(page) == _PAGE_ROWS:
-                        console.print(tables.chunks_table(page, interactive(), first=not printed))
-                        page, printed = [], True
+            for matches in chunkinfo.matching(mem, layout, state, flt, walk_findings):
+                count += matches.count
+                total += matches.total
+                wanted = None if writer is not None or args.limit == 0 else max(0, args.limit - shown)
+                if wanted == 0:
+                    continue
+                for chunk in matches.chunks(wanted):
+                    if writer is not None:
+                        writer.add(matches.arena, chunk)
+                    if args.limit == 0 or shown < args.limit:
+                        shown += 1
+                        page.append((matches.arena, chunk))
+                        if len(page) == _PAGE_ROWS:
+                            console.print(tables.chunks_table(page, interactive(), first=not printed))
+                            page, printed = [], True
         finally:
             if writer is not None:
                 writer.close()

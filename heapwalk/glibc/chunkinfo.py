@@ -9,10 +9,11 @@ from heapwalk.glibc.chunks import Chunk, Listing, Tally, extents
 from heapwalk.glibc.model import FREE_STATES, ChunkState
 from heapwalk.glibc.chunkwalk import walk_batches, walk_extent
 from heapwalk.glibc.layout import Layout
+from heapwalk.glibc.sweptchunks import listing_arrays, swept_chunks
 from heapwalk.target.memory import Memory
 from heapwalk.glibc.model import Arena, HeapState
 
-__all__ = ["ChunkFilter", "chunks", "Located", "locate", "where_listed"]
+__all__ = ["ChunkFilter", "chunks", "matching", "Matches", "Located", "locate", "where_listed"]
 
 
 @dataclass(frozen=True)
@@ -33,26 +34,63 @@ class ChunkFilter:
         return chunk.size >= self.min_size and (self.max_size is None or chunk.size <= self.max_size)
 
 
+class Matches:
+    """Some chunks of one arena that a filter admits: how many, their bytes, and the chunks themselves."""
+
+    def __init__(self, arena: Arena, count: int, total: int, rows):
+        self.arena, self.count, self.total, self._rows = arena, count, total, rows
+
+    def chunks(self, limit: int | None = None) -> Iterator[Chunk]:
+        """The chunks in address order, the first LIMIT of them when given."""
+        return self._rows(limit)
+
+
 def chunks(mem: Memory, layout: Layout, state: HeapState, flt: ChunkFilter,
            findings: list | None = None) -> Iterator[tuple[Arena, Chunk]]:
     """Every chunk of every arena (or of FLT.arena) in address order per heap, as FLT admits.
 
     What the walk finds wrong (and where it had to skip damage) is added to FINDINGS.
     """
+    for matches in matching(mem, layout, state, flt, findings):
+        for chunk in matches.chunks():
+            yield matches.arena, chunk
+
+
+def matching(mem: Memory, layout: Layout, state: HeapState, flt: ChunkFilter,
+             findings: list | None = None) -> Iterator[Matches]:
+    """The chunks `chunks` yields, a batch at a time, counted and summed without making each one an object:
+    an arena the sweep vouches for (`sweptchunks`) is one batch, the careful walk's batches otherwise."""
     listing = Listing.of_state(state)
+    listed = None
     for arena in state.arenas:
         if flt.arena is not None and arena.address != flt.arena:
             continue
-        acc = Tally(arena.address, arena.system_mem)
-        for extent in extents(arena, layout):
-            # free chunks only: the walk need not hand over the in-use ones
-            for batch in walk_batches(mem, extent, arena.top, listing, acc, every=not flt.free):
-                for address, size, flags, st in batch:
-                    chunk = Chunk(address, size, flags, st, extent.start)
-                    if flt.admits(chunk):
-                        yield arena, chunk
-        if findings is not None:
-            findings.extend(acc.findings)
+        if listed is None:
+            listed = listing_arrays(listing)
+        swept = swept_chunks(mem, layout, arena, listed)
+        if swept is not None:
+            rows = swept.select(flt.free, flt.used, flt.min_size, flt.max_size)
+            if len(rows):
+                yield Matches(arena, len(rows), int(swept.sizes[rows].sum()),
+                              lambda limit, swept=swept, rows=rows: swept.chunks(rows[:limit]))
+            continue
+        yield from _walked(mem, layout, arena, listing, flt, findings)
+
+
+def _walked(mem: Memory, layout: Layout, arena: Arena, listing: Listing, flt: ChunkFilter,
+            findings: list | None) -> Iterator[Matches]:
+    """ARENA's chunks that FLT admits, through the careful walk, a batch at a time."""
+    acc = Tally(arena.address, arena.system_mem)
+    for extent in extents(arena, layout):
+        # free chunks only: the walk need not hand over the in-use ones
+        for batch in walk_batches(mem, extent, arena.top, listing, acc, every=not flt.free):
+            admitted = [chunk for chunk in (Chunk(address, size, flags, st, extent.start)
+                                            for address, size, flags, st in batch) if flt.admits(chunk)]
+            if admitted:
+                yield Matches(arena, len(admitted), sum(c.size for c in admitted),
+                              lambda limit, admitted=admitted: iter(admitted[:limit]))
+    if findings is not None:
+        findings.extend(acc.findings)
 
 
 @dataclass(frozen=True)

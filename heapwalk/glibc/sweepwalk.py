@@ -22,10 +22,11 @@ from heapwalk.glibc.sweep import TAIL_FENCEPOST, TAIL_LEFTOVER, TAIL_ZERO, Sweep
 from heapwalk.glibc.trim import SUB_PAGE, TrimSimulation
 from heapwalk.target.memory import Memory
 
-__all__ = ["walk_of_sweep", "TCACHE_STRUCT_CODE", "TCACHE_CODE"]
+__all__ = ["walk_of_sweep", "tally_of_sweep", "sizes_of", "STATE_OF_CODE", "TCACHE_STRUCT_CODE", "TCACHE_CODE"]
 
 TCACHE_STRUCT_CODE, TCACHE_CODE, _FAST, _TOP, _FENCEPOST = 0, 1, 2, 6, 7
-_STATE_OF_CODE = {PLAIN: ChunkState.IN_USE, 0: ChunkState.TCACHE_STRUCT, 1: ChunkState.TCACHE, 2: ChunkState.FAST,
+#: each listing code's chunk state
+STATE_OF_CODE = {PLAIN: ChunkState.IN_USE, 0: ChunkState.TCACHE_STRUCT, 1: ChunkState.TCACHE, 2: ChunkState.FAST,
                   3: ChunkState.UNSORTED, 4: ChunkState.SMALL, 5: ChunkState.LARGE, _TOP: ChunkState.TOP,
                   _FENCEPOST: ChunkState.FENCEPOST}
 
@@ -36,23 +37,38 @@ def walk_of_sweep(mem: Memory, layout: Layout, arena: Arena, sweep: Sweep, codes
     """ARENA's account and trim estimate from SWEEP and CODES (each chunk's listing code, changed in place),
     with the tcache chunks TCACHED (sorted chunk addresses, and each one's code); None where the careful walk
     has something to say."""
-    if not _mark_tcached(sweep, codes, tcached) or not _mark_top_and_tails(sweep, codes, arena.top):
+    if not _mark_tcached(sweep, codes, tcached):
         return None
-    sizes = (sweep.field & np.uint64(~7 & (2 ** 64 - 1))).astype(np.int64)
+    sizes = sizes_of(sweep)
+    tally = tally_of_sweep(arena, sweep, codes, sizes)
+    if tally is None:
+        return None
+    sim = TrimSimulation(mem, layout, arena, thp_pagesize, main_contiguous and not arena.noncontiguous)
+    _feed_runs(sim, sweep, codes, sizes, layout.has_fastbins)
+    return tally.account(), sim.result()
+
+
+def sizes_of(sweep: Sweep) -> np.ndarray:
+    """Each swept chunk's size, flags masked (int64)."""
+    return (sweep.field & np.uint64(~7 & (2 ** 64 - 1))).astype(np.int64)
+
+
+def tally_of_sweep(arena: Arena, sweep: Sweep, codes: np.ndarray, sizes: np.ndarray) -> Tally | None:
+    """ARENA's bytes and counts per state from SWEEP, CODES (each chunk's listing code, tcache chunks marked
+    already; top and fenceposts are marked here) and SIZES; None when top or a fencepost is not where glibc
+    leaves it, neighbours disagree (`_neighbours_agree`) or the bytes do not add up to system_mem."""
+    if not _mark_top_and_tails(sweep, codes, arena.top):
+        return None
     if not _neighbours_agree(sweep, codes, 0 if arena.is_main else NON_MAIN_ARENA):
         return None
     tally = Tally(arena.address, arena.system_mem)
     tally.overhead = sum(s.extent.first - s.extent.start + s.tail for s in sweep.segments)
     present = np.bincount(codes, minlength=256)
     for code in np.flatnonzero(present).tolist():
-        state = _STATE_OF_CODE[code]
+        state = STATE_OF_CODE[code]
         tally.counts[state] += int(present[code])
         tally.bytes[state] += int(sizes[codes == code].sum())
-    if tally.accounted != arena.system_mem:
-        return None
-    sim = TrimSimulation(mem, layout, arena, thp_pagesize, main_contiguous and not arena.noncontiguous)
-    _feed_runs(sim, sweep, codes, sizes, layout.has_fastbins)
-    return tally.account(), sim.result()
+    return tally if tally.accounted == arena.system_mem else None
 
 
 def _mark_tcached(sweep: Sweep, codes: np.ndarray, tcached: tuple[np.ndarray, np.ndarray]) -> bool:
