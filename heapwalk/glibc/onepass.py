@@ -21,10 +21,12 @@ from heapwalk.target.memory import Memory
 
 __all__ = ["OnePass", "LISTS_SWEPT_FROM"]
 
-#: a decode of the lists alone (no chunk walk) sweeps an arena only when its heaps hold more than this: the
-#: careful walkers read through a block cache of this size (`target.gdbadapter`), which serves lists hopping
-#: across a smaller arena at most one read per block, whereas beyond it they reload blocks again and again
-LISTS_SWEPT_FROM = 128 << 20
+#: a decode of the lists alone (no chunk walk) sweeps an arena only when its heaps hold more than this.  Below
+#: it, following the lists through memory costs a few tens of milliseconds either way, and less when few chunks
+#: are free; above it, a sweep costs at most about a second a GiB, while the careful walkers pay about half a
+#: microsecond a listed chunk, and more when lists hop across an arena bigger than their block cache
+#: (measured in docs/performance.md)
+LISTS_SWEPT_FROM = 16 << 20
 
 
 class OnePass:
