@@ -8,7 +8,9 @@ import os
 import time
 from pathlib import Path
 
+from heapwalk.cli import ptrace
 from heapwalk.cli.cores import open_core, report_command
+from heapwalk.cli.corewriter import write_core
 from heapwalk.cli.gdbmi import CliError, Gdb
 from heapwalk.output import jsondoc
 from heapwalk.analysis.report import human
@@ -36,23 +38,10 @@ def _arena_rss_lines(doc: dict, runs: list[list[int]] | None) -> str:
             "malloc_trim(0) would give back):\n" + "\n".join(lines) + "\n")
 
 
-def cmd_capture(args) -> int:
-    pid = args.pid
-    advice = ptrace_advice(pid)
-    if advice:
-        raise CliError(f"heapwalk: cannot attach to {pid}: {advice}")
-    out_dir = args.out or Path(f"heapwalk-{pid}-{time.strftime('%Y%m%d-%H%M%S')}")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    exe = Path(os.path.realpath(f"/proc/{pid}/exe"))
-    record = {"pid": pid, "exe": str(exe), "cmdline": Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
-              .decode(errors="replace").strip(), "environment": environment(pid),
-              "threads": len(os.listdir(f"/proc/{pid}/task")), "cpus_online": os.cpu_count()}
-    try:
-        record["cpus_allowed"] = len(os.sched_getaffinity(pid))
-    except OSError:
-        record["cpus_allowed"] = None
-    json_file = out_dir / "report.json"
-    core = out_dir / "core"
+def _through_gdb(args, pid: int, core: Path, json_file: Path):
+    """gdb attached: the live report, or gcore's whole core; (seconds stopped, smaps, resident runs, the
+    report's text or None)."""
+    text = None
     with Gdb(args.gdb, None, not args.no_symbols) as gdb:
         started = time.monotonic()
         try:
@@ -70,14 +59,61 @@ def cmd_capture(args) -> int:
         finally:
             gdb.run("detach")
             stopped = time.monotonic() - started
+    return stopped, smaps, runs, text
+
+
+def _stopped_briefly(pid: int, core: Path):
+    """PID stopped with ptrace while its core is written (`corewriter`); (seconds stopped, smaps, resident
+    runs, the core's `CoreSummary`)."""
+    started = time.monotonic()
+    try:
+        with ptrace.stop(pid) as stopped:
+            smaps = read_smaps(pid)
+            runs = resident_runs(pid, smaps)
+            written = write_core(stopped, core)
+    except ptrace.PtraceError as exc:
+        raise CliError(f"heapwalk: cannot capture {pid}: {exc} (see 'man 2 ptrace'; as root, or with "
+                       "kernel.yama.ptrace_scope=0, it works)") from None
+    except OSError as exc:
+        raise CliError(f"heapwalk: cannot write the core of {pid} to {core}: {exc.strerror}") from None
+    return time.monotonic() - started, smaps, runs, written
+
+
+def cmd_capture(args) -> int:
+    pid = args.pid
+    advice = ptrace_advice(pid)
+    if advice:
+        raise CliError(f"heapwalk: cannot attach to {pid}: {advice}")
+    out_dir = args.out or Path(f"heapwalk-{pid}-{time.strftime('%Y%m%d-%H%M%S')}")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    exe = Path(os.path.realpath(f"/proc/{pid}/exe"))
+    record = {"pid": pid, "exe": str(exe), "cmdline": Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+              .decode(errors="replace").strip(), "environment": environment(pid),
+              "threads": len(os.listdir(f"/proc/{pid}/task")), "cpus_online": os.cpu_count()}
+    try:
+        record["cpus_allowed"] = len(os.sched_getaffinity(pid))
+    except OSError:
+        record["cpus_allowed"] = None
+    json_file = out_dir / "report.json"
+    core = out_dir / "core"
+    written = None
+    if args.live or args.full:
+        stopped, smaps, runs, text = _through_gdb(args, pid, core, json_file)
+    else:
+        stopped, smaps, runs, written = _stopped_briefly(pid, core)
     record.update(stopped_seconds=round(stopped, 3), smaps=smaps, resident_runs=runs,
-                  core=None if args.live else str(core), time=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+                  core=None if args.live else str(core), time=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                  core_writer="gcore" if args.full else None if args.live else "heapwalk")
+    if written is not None:
+        record.update(core_size=written.size, core_bytes_written=written.written)
     if not args.live:
         gdb, _ = open_core(args, core, exe)
         with gdb:
             text = gdb.run(report_command(json_file, None))
     (out_dir / "capture.json").write_text(json.dumps(record, indent=1) + "\n")
-    what = "while heapwalk read it live" if args.live else "while gcore wrote the core"
+    what = "while heapwalk read it live" if args.live else "while gcore wrote the core" if args.full else \
+        (f"while heapwalk read its memory ({human(written.written)} that is not zeros, written to a sparse core "
+         f"of {human(written.size)})")
     print(f"heapwalk: process {pid} was stopped for {stopped:.2f} s {what}; it is running again")
     print(f"heapwalk: {record['threads']} threads, {record['cpus_allowed']} of {record['cpus_online']} CPUs allowed; "
           f"malloc settings: {', '.join(f'{k}={v}' for k, v in record['environment'].items()) or 'none'}")

@@ -70,13 +70,18 @@ def make_parser() -> argparse.ArgumentParser:
     p.set_defaults(run=cmd_report)
 
     p = sub.add_parser("capture", parents=[common], help="a core of a running process, and its report",
-                       description="Stops process PID as briefly as gcore needs, writes its core and what the core "
-                       "cannot hold (RSS per mapping, resident pages, MALLOC_* and GLIBC_TUNABLES, threads, CPUs), "
-                       "then prints the report and each arena's resident memory beside its free bytes.")
+                       description="Stops process PID only while heapwalk reads the memory that holds anything (resident "
+                       "or swapped-out pages, and the pages of its files it wrote) and what a core cannot hold (RSS "
+                       "per mapping, resident pages, MALLOC_* and GLIBC_TUNABLES, threads, CPUs), lets it go on, "
+                       "writes a sparse core gdb opens, then prints the report and each arena's resident memory "
+                       "beside its free bytes.")
     p.add_argument("pid", type=int, metavar="PID")
     p.add_argument("--out", type=Path, metavar="DIR", help="where to write (default: heapwalk-PID-DATE-TIME)")
     p.add_argument("--live", action="store_true",
                    help="no core: read the process itself (it stays stopped while the report runs)")
+    p.add_argument("--full", action="store_true",
+                   help="gcore's whole core instead (every readable mapping written whole: a longer pause, a "
+                   "much bigger file)")
     p.set_defaults(run=cmd_capture, sysroot=None)
 
     p = sub.add_parser("diff", parents=[common], help="what grew between two snapshots of one process",

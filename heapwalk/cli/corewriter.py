@@ -1,0 +1,273 @@
+"""An ELF core of a stopped process, written from /proc/PID/mem: only the memory that holds anything.
+
+gcore writes every readable mapping whole, so each thread arena's 64 MiB reservation goes into the core even
+where it was never touched.  Here, with the process's threads stopped (`ptrace.Stopped`), each private
+mapping is written page run by page run, only the pages whose bytes the process made (/proc/PID/pagemap):
+- in an anonymous mapping (heaps, arenas, stacks, mmapped chunks), the pages resident or swapped out; the
+  rest are zero-filled segments with no bytes in the file, as never-touched memory reads as zeros;
+- in a mapping of a file (code, data, RELRO), the pages the process wrote (no longer the file's own), and the
+  first page of an ELF image, as the kernel's cores have; gdb reads the rest from the file the NT_FILE note
+  names.
+Shared mappings and [vdso] are written whole.  PROT_NONE ranges (guard pages, the unused part of a heap's
+reservation), [vvar] and [vsyscall] are left out.
+
+The notes are those of a kernel core: each thread's NT_PRSTATUS and NT_FPREGSET (the thread group leader
+first, which gdb makes the current thread), NT_PRPSINFO, NT_AUXV and NT_FILE.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from array import array
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from heapwalk.cli.ptrace import Stopped
+
+__all__ = ["Mapping", "Segment", "CoreSummary", "read_maps", "plan_segments", "write_core"]
+
+PAGE = 4096
+_READ = 8 << 20                          # bytes read from /proc/PID/mem at once
+_MERGE_PAGES = 16                        # resident runs this close are written as one (fewer segments)
+_MAX_SEGMENTS = 60000                    # under ELF's 65535 program headers, with room for the note
+_NT_PRSTATUS, _NT_FPREGSET, _NT_PRPSINFO, _NT_AUXV, _NT_FILE = 1, 2, 3, 6, 0x46494C45
+_PT_LOAD, _PT_NOTE = 1, 4
+_SKIPPED = ("[vvar]", "[vvar_vclock]", "[vsyscall]")
+
+
+@dataclass(frozen=True)
+class Mapping:
+    """One line of /proc/PID/maps."""
+
+    start: int
+    end: int
+    perms: str
+    offset: int
+    inode: int
+    name: str
+
+    @property
+    def file_backed(self) -> bool:
+        return self.inode != 0 and self.name.startswith("/")
+
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A PT_LOAD: [start, end) of memory with FLAGS (ELF's R=4, W=2, X=1), its first FILESZ bytes stored."""
+
+    start: int
+    end: int
+    flags: int
+    filesz: int
+
+
+@dataclass(frozen=True)
+class CoreSummary:
+    """What was written: the core's size, the bytes of memory in it that are not zeros (what it takes on disk,
+    besides its headers), and the segments."""
+
+    size: int
+    written: int
+    segments: int
+
+
+def read_maps(pid: int) -> list[Mapping]:
+    """PID's mappings (/proc/PID/maps)."""
+    out = []
+    for line in Path(f"/proc/{pid}/maps").read_text(errors="replace").splitlines():
+        fields = line.split(None, 5)
+        if len(fields) < 5:
+            continue
+        start, _, end = fields[0].partition("-")
+        out.append(Mapping(int(start, 16), int(end, 16), fields[1], int(fields[2], 16), int(fields[4]),
+                           fields[5].strip() if len(fields) > 5 else ""))
+    return out
+
+
+def _flags(perms: str) -> int:
+    return (4 if perms[0] == "r" else 0) | (2 if perms[1] == "w" else 0) | (1 if perms[2] == "x" else 0)
+
+
+def _runs(pagemap: int, start: int, end: int, merge: int, private_file: bool) -> list[tuple[int, int]]:
+    """[start, end) runs of the pages of [START, END) whose bytes the core must hold, runs fewer than MERGE
+    pages apart joined: pages resident or swapped out, or, in a private mapping of a file (PRIVATE_FILE), only
+    those the process has written (resident but no longer the file's page, or swapped out)."""
+    runs: list[tuple[int, int]] = []
+    for lo in range(start, end, 1 << 30):
+        hi = min(end, lo + (1 << 30))
+        try:
+            entries = array("Q", os.pread(pagemap, (hi - lo) // PAGE * 8, lo // PAGE * 8))
+        except OSError:
+            return [(start, end)]        # cannot tell: keep it all
+        if len(entries) * PAGE != hi - lo:
+            return [(start, end)]
+        page = lo
+        for entry in entries:
+            if entry >> 62 & 1 or entry >> 63 and not (private_file and entry >> 61 & 1):
+                if runs and page - runs[-1][1] <= merge * PAGE:
+                    runs[-1] = (runs[-1][0], page + PAGE)
+                else:
+                    runs.append((page, page + PAGE))
+            page += PAGE
+    return runs
+
+
+def plan_segments(pid: int, maps: list[Mapping], elf_start: dict[int, bool], merge: int = _MERGE_PAGES
+                  ) -> list[Segment]:
+    """The PT_LOAD segments of PID's core (see the module); ELF_START says which file mappings begin with an
+    ELF header (by start address): their first page is kept whole."""
+    out: list[Segment] = []
+    with open(f"/proc/{pid}/pagemap", "rb", buffering=0) as pagemap:
+        for m in maps:
+            if m.perms[0] != "r" or m.name in _SKIPPED:
+                continue
+            flags = _flags(m.perms)
+            if m.perms[3] != "p" or m.name == "[vdso]":
+                out.append(Segment(m.start, m.end, flags, m.end - m.start))
+                continue
+            runs = _runs(pagemap.fileno(), m.start, m.end, merge, m.file_backed)
+            if elf_start.get(m.start):
+                runs = _joined([(m.start, m.start + PAGE)] + runs, merge)
+            at = m.start
+            for lo, hi in runs:
+                if lo > at:
+                    out.append(Segment(at, lo, flags, 0))
+                out.append(Segment(lo, hi, flags, hi - lo))
+                at = hi
+            if at < m.end:
+                out.append(Segment(at, m.end, flags, 0))
+    if len(out) > _MAX_SEGMENTS:
+        return plan_segments(pid, maps, elf_start, merge * 4)
+    return out
+
+
+def _joined(runs: list[tuple[int, int]], merge: int) -> list[tuple[int, int]]:
+    """Sorted RUNS with overlapping or close ones (fewer than MERGE pages apart) joined."""
+    out: list[tuple[int, int]] = []
+    for lo, hi in sorted(runs):
+        if out and lo - out[-1][1] <= merge * PAGE:
+            out[-1] = (out[-1][0], max(out[-1][1], hi))
+        else:
+            out.append((lo, hi))
+    return out
+
+
+def _note(kind: int, desc: bytes, name: bytes = b"CORE") -> bytes:
+    name0 = name + b"\0"
+    pad = lambda b: b + bytes(-len(b) % 4)  # noqa: E731
+    return struct.pack("<III", len(name0), len(desc), kind) + pad(name0) + pad(desc)
+
+
+def _stat(pid: int, tid: int) -> tuple[str, int, int, int]:
+    """(state, ppid, pgrp, session) of TID from /proc/PID/task/TID/stat."""
+    text = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+    fields = text.rsplit(")", 1)[1].split()
+    return fields[0], int(fields[1]), int(fields[2]), int(fields[3])
+
+
+def _prstatus(pid: int, tid: int, regs: bytes, fpvalid: bool) -> bytes:
+    _, ppid, pgrp, sid = _stat(pid, tid)
+    head = struct.pack("<3ih2xQQ4i", 0, 0, 0, 0, 0, 0, tid, ppid, pgrp, sid) + bytes(64)  # times left at zero
+    return head + regs + struct.pack("<i4x", 1 if fpvalid else 0)
+
+
+def _prpsinfo(pid: int) -> bytes:
+    state, ppid, pgrp, sid = _stat(pid, pid)
+    comm = Path(f"/proc/{pid}/comm").read_bytes().rstrip(b"\n")[:15]
+    args = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").strip()[:79]
+    st = os.stat(f"/proc/{pid}")
+    code = "RSDTZW".find(state) if state in "RSDTZW" else 0
+    return struct.pack("<BcBB4xQII4i16s80s", code, state.encode()[:1] or b"R", 0, 0, 0, st.st_uid, st.st_gid,
+                       pid, ppid, pgrp, sid, comm, args)
+
+
+def _file_note(maps: list[Mapping]) -> bytes:
+    files = [m for m in maps if m.file_backed]
+    body = struct.pack("<QQ", len(files), PAGE)
+    body += b"".join(struct.pack("<QQQ", m.start, m.end, m.offset // PAGE) for m in files)
+    return body + b"".join(m.name.encode() + b"\0" for m in files)
+
+
+def _notes(stopped: Stopped, maps: list[Mapping]) -> bytes:
+    pid = stopped.pid
+    parts = []
+    for i, thread in enumerate(stopped.threads):
+        parts.append(_note(_NT_PRSTATUS, _prstatus(pid, thread.tid, thread.regs, bool(thread.fpregs))))
+        if i == 0:
+            parts.append(_note(_NT_PRPSINFO, _prpsinfo(pid)))
+            parts.append(_note(_NT_AUXV, Path(f"/proc/{pid}/auxv").read_bytes()))
+            parts.append(_note(_NT_FILE, _file_note(maps)))
+        if thread.fpregs:
+            parts.append(_note(_NT_FPREGSET, thread.fpregs))
+    return b"".join(parts)
+
+
+def _elf_starts(mem: int, maps: list[Mapping]) -> dict[int, bool]:
+    """Which file mappings at offset 0 begin with an ELF header."""
+    out = {}
+    for m in maps:
+        if m.file_backed and m.offset == 0 and m.perms[0] == "r":
+            try:
+                out[m.start] = os.pread(mem, 4, m.start) == b"\x7fELF"
+            except OSError:
+                out[m.start] = False
+    return out
+
+
+def write_core(stopped: Stopped, path: Path) -> CoreSummary:
+    """Writes the core of the process STOPPED holds to PATH (see the module)."""
+    pid = stopped.pid
+    maps = read_maps(pid)
+    mem = os.open(f"/proc/{pid}/mem", os.O_RDONLY)
+    try:
+        segments = plan_segments(pid, maps, _elf_starts(mem, maps))
+        notes = _notes(stopped, maps)
+        phnum = len(segments) + 1
+        notes_at = 64 + 56 * phnum
+        data_at = -(-(notes_at + len(notes)) // PAGE) * PAGE
+        header = struct.pack("<4sBBBB8xHHIQQQIHHHHHH", b"\x7fELF", 2, 1, 1, 0, 4, 62, 1, 0, 64, 0, 0, 64, 56,
+                             phnum, 0, 0, 0)
+        table = [struct.pack("<IIQQQQQQ", _PT_NOTE, 0, notes_at, 0, 0, len(notes), 0, 4)]
+        offset = data_at
+        for s in segments:
+            table.append(struct.pack("<IIQQQQQQ", _PT_LOAD, s.flags, offset if s.filesz else 0, s.start, 0,
+                                     s.filesz, s.end - s.start, PAGE))
+            offset += s.filesz
+        written = 0
+        with open(path, "wb") as out:
+            out.write(header + b"".join(table) + notes)
+            out.truncate(offset)
+            at = data_at
+            for s in segments:
+                written += _copy(mem, out.fileno(), s.start, s.filesz, at)
+                at += s.filesz
+    finally:
+        os.close(mem)
+    return CoreSummary(offset, written, len(segments))
+
+
+def _copy(mem: int, out: int, start: int, length: int, at: int) -> int:
+    """LENGTH bytes of memory from START into file OUT at offset AT, pages of zeros (the kernel's zero page,
+    mapped where untouched memory was only read) and what cannot be read (a page unmapped meanwhile) left as
+    holes, which read as zeros and take no disk; the bytes actually written."""
+    written = done = 0
+    while done < length:
+        n = min(_READ, length - done)
+        try:
+            data = os.pread(mem, n, start + done)
+        except OSError:
+            data = b""
+        pages = len(data) // PAGE
+        if pages:
+            nonzero = np.frombuffer(data, dtype=np.uint64, count=pages * PAGE // 8).reshape(pages, -1).any(axis=1)
+            edges = np.flatnonzero(np.diff(np.concatenate(([False], nonzero, [False])).view(np.int8)))
+            view = memoryview(data)
+            for lo, hi in zip(edges[::2].tolist(), edges[1::2].tolist()):
+                os.pwrite(out, view[lo * PAGE:hi * PAGE], at + done + lo * PAGE)
+                written += (hi - lo) * PAGE
+        done += n
+    return written

@@ -1,0 +1,133 @@
+"""Stopping every thread of a process for a moment with ptrace(2), reading their registers, and letting them go:
+what `heapwalk capture` needs to take a core without gdb's attach.
+
+Each thread is seized (PTRACE_SEIZE, which sends no signal) and interrupted; the list of threads is read again
+until no new one appears, so a thread being created is caught too.  Detaching lets each go on where it was;
+a system call it was in is restarted by the kernel.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+from dataclasses import dataclass
+
+__all__ = ["PtraceError", "StoppedThread", "Stopped", "stop"]
+
+_PTRACE_GETREGS, _PTRACE_GETFPREGS, _PTRACE_DETACH = 12, 14, 17
+_PTRACE_SEIZE, _PTRACE_INTERRUPT = 0x4206, 0x4207
+_WALL = 0x40000000
+_USER_REGS_SIZE, _USER_FPREGS_SIZE = 27 * 8, 512
+
+
+class PtraceError(Exception):
+    """The process could not be stopped (no permission, gone, not ptrace-able)."""
+
+
+@dataclass(frozen=True)
+class StoppedThread:
+    """A stopped thread: its id, its general registers (user_regs_struct, 216 bytes, as the kernel gives
+    them) and its floating-point registers (user_fpregs_struct, 512 bytes; empty when they cannot be read)."""
+
+    tid: int
+    regs: bytes
+    fpregs: bytes
+
+
+def _libc():
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.ptrace.restype = ctypes.c_long
+    libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
+    return libc
+
+
+class Stopped:
+    """PID with every thread stopped, as a context manager: `threads` holds them (the thread group leader
+    first); leaving the context lets them all go on."""
+
+    def __init__(self, pid: int):
+        self.pid = pid
+        self.threads: list[StoppedThread] = []
+        self._seized: list[int] = []
+        self._libc = _libc()
+
+    def _call(self, request: int, tid: int, addr=None, data=None) -> int:
+        ctypes.set_errno(0)
+        result = self._libc.ptrace(request, tid, addr, data)
+        if result == -1 and ctypes.get_errno():
+            err = ctypes.get_errno()
+            raise OSError(err, os.strerror(err))
+        return result
+
+    def __enter__(self) -> "Stopped":
+        try:
+            self._stop_all()
+            self.threads = [self._registers(tid) for tid in sorted(self._seized, key=lambda t: t != self.pid)]
+        except OSError as exc:
+            self._release()
+            raise PtraceError(f"cannot stop process {self.pid}: {exc.strerror}") from None
+        except BaseException:
+            self._release()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._release()
+
+    def _stop_all(self) -> None:
+        while True:
+            try:
+                tids = {int(t) for t in os.listdir(f"/proc/{self.pid}/task")}
+            except FileNotFoundError:
+                raise PtraceError(f"no process {self.pid}") from None
+            new = sorted(tids - set(self._seized))
+            if not new:
+                return
+            for tid in new:
+                try:
+                    self._call(_PTRACE_SEIZE, tid)
+                except OSError as exc:
+                    if exc.errno == errno.ESRCH:
+                        continue         # the thread has just exited
+                    raise PtraceError(f"cannot stop thread {tid} of process {self.pid}: {exc.strerror}") from None
+                self._seized.append(tid)
+                self._call(_PTRACE_INTERRUPT, tid)
+                _wait_stopped(tid)
+
+    def _registers(self, tid: int) -> StoppedThread:
+        regs = ctypes.create_string_buffer(_USER_REGS_SIZE)
+        self._call(_PTRACE_GETREGS, tid, None, ctypes.addressof(regs))
+        fpregs = ctypes.create_string_buffer(_USER_FPREGS_SIZE)
+        try:
+            self._call(_PTRACE_GETFPREGS, tid, None, ctypes.addressof(fpregs))
+            fp = fpregs.raw
+        except OSError:
+            fp = b""
+        return StoppedThread(tid, regs.raw, fp)
+
+    def _release(self) -> None:
+        for tid in self._seized:
+            try:
+                self._call(_PTRACE_DETACH, tid)
+            except OSError:
+                pass                     # gone meanwhile
+        self._seized = []
+
+
+def _wait_stopped(tid: int) -> None:
+    """Waits until TID reports its ptrace stop (or has exited)."""
+    while True:
+        try:
+            _, status = os.waitpid(tid, _WALL)
+        except ChildProcessError:
+            return
+        except InterruptedError:
+            continue
+        if os.WIFSTOPPED(status) or os.WIFEXITED(status) or os.WIFSIGNALED(status):
+            return
+
+
+def stop(pid: int) -> Stopped:
+    """PID's threads, stopped while the returned context is open."""
+    return Stopped(pid)
