@@ -5,7 +5,8 @@ whole process, and reports the median wall time, the median time of the command 
 gdb's start and the loading of the core), gdb's peak RSS, and chunks walked per second.  The floor to
 compare with is the time to read the same heap bytes once, one bulk read per heap, in the same gdb.  Then the
 same program is run again and left at its snapshot, and the walk and ``heapwalk report`` are timed on it live
-(``gdb -p``), where reads go to the process instead of a file.
+(``gdb -p``), where reads go to the process instead of a file, and ``heapwalk capture`` is timed on it beside
+gcore's whole core (tests/bench_capture.py).
 
 Sizes: small (300 thousand chunks, for quick runs and the smoke test), medium (1.5 million) and large
 (6 million chunks, over 1 GiB in nine arenas).  Two shapes of each: ordered (every third chunk freed in
@@ -31,6 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "cores"))
 
 import harness  # noqa: E402
+from bench_capture import capture_line, measure_capture  # noqa: E402
 
 SIZES = {"small": 300_000, "medium": 1_500_000, "large": 6_000_000}
 COMMANDS = ("heapwalk report", "heapwalk bins", "heapwalk chunks --free", "heapwalk check")
@@ -157,6 +159,7 @@ def measure_live(size: str, shape: str, bindir: Path, runs: int, workdir: Path) 
         walks = [_value(gdb_run(exe, None, [f"source {ROOT / 'tests' / 'bench_walk.py'}"], proc.pid)[0],
                         "heapwalk-bench-walk") for _ in range(runs)]  # the one pass, live
         reports = [gdb_run(exe, None, [_TIMED.format(command="heapwalk report")], proc.pid) for _ in range(runs)]
+        captured = measure_capture(proc.pid, workdir)
     finally:
         proc.kill()
         proc.wait()
@@ -165,7 +168,8 @@ def measure_live(size: str, shape: str, bindir: Path, runs: int, workdir: Path) 
     chunks = int(walks[0][1])
     return {"chunks": chunks, "walk_seconds": walk_seconds, "walk_chunks_per_second": chunks / walk_seconds,
             "report_wall_seconds": statistics.median(wall for _, wall, _ in reports),
-            "report_command_seconds": seconds, "report_peak_rss_bytes": max(peak for _, _, peak in reports)}
+            "report_command_seconds": seconds, "report_peak_rss_bytes": max(peak for _, _, peak in reports),
+            "capture": captured}
 
 
 def table(result: dict) -> str:
@@ -191,6 +195,7 @@ def table(result: dict) -> str:
                      f"{live['walk_chunks_per_second']:,.0f} chunks/s; heapwalk report "
                      f"{live['report_wall_seconds']:.2f} s wall, {live['report_command_seconds']:.2f} s command, "
                      f"peak RSS {live['report_peak_rss_bytes'] / mib:,.0f} MiB")
+        lines.append(capture_line(live["capture"]))
     return "\n".join(lines)
 
 

@@ -65,18 +65,18 @@ def _through_gdb(args, pid: int, core: Path, json_file: Path):
 def _stopped_briefly(pid: int, core: Path):
     """PID stopped with ptrace while its core is written (`corewriter`); (seconds stopped, smaps, resident
     runs, the core's `CoreSummary`)."""
-    started = time.monotonic()
     try:
+        started = time.monotonic()
         with ptrace.stop(pid) as stopped:
             smaps = read_smaps(pid)
             runs = resident_runs(pid, smaps)
             written = write_core(stopped, core)
+        return time.monotonic() - started, smaps, runs, written
     except ptrace.PtraceError as exc:
         raise CliError(f"heapwalk: cannot capture {pid}: {exc} (see 'man 2 ptrace'; as root, or with "
                        "kernel.yama.ptrace_scope=0, it works)") from None
     except OSError as exc:
         raise CliError(f"heapwalk: cannot write the core of {pid} to {core}: {exc.strerror}") from None
-    return time.monotonic() - started, smaps, runs, written
 
 
 def cmd_capture(args) -> int:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import os
 import struct
-from array import array
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,7 +30,7 @@ __all__ = ["Mapping", "Segment", "CoreSummary", "read_maps", "plan_segments", "w
 
 PAGE = 4096
 _READ = 8 << 20                          # bytes read from /proc/PID/mem at once
-_MERGE_PAGES = 16                        # resident runs this close are written as one (fewer segments)
+_MERGE_PAGES = 0                         # resident runs this close are written as one (fewer segments)
 _MAX_SEGMENTS = 60000                    # under ELF's 65535 program headers, with room for the note
 _NT_PRSTATUS, _NT_FPREGSET, _NT_PRPSINFO, _NT_AUXV, _NT_FILE = 1, 2, 3, 6, 0x46494C45
 _PT_LOAD, _PT_NOTE = 1, 4
@@ -57,12 +56,14 @@ class Mapping:
 
 @dataclass(frozen=True)
 class Segment:
-    """A PT_LOAD: [start, end) of memory with FLAGS (ELF's R=4, W=2, X=1), its first FILESZ bytes stored."""
+    """A PT_LOAD: [start, end) of memory with FLAGS (ELF's R=4, W=2, X=1), its first FILESZ bytes stored;
+    MAYBE_ZEROS when some of its pages are not the process's alone (they may be the kernel's zero page)."""
 
     start: int
     end: int
     flags: int
     filesz: int
+    maybe_zeros: bool
 
 
 @dataclass(frozen=True)
@@ -92,27 +93,34 @@ def _flags(perms: str) -> int:
     return (4 if perms[0] == "r" else 0) | (2 if perms[1] == "w" else 0) | (1 if perms[2] == "x" else 0)
 
 
-def _runs(pagemap: int, start: int, end: int, merge: int, private_file: bool) -> list[tuple[int, int]]:
-    """[start, end) runs of the pages of [START, END) whose bytes the core must hold, runs fewer than MERGE
-    pages apart joined: pages resident or swapped out, or, in a private mapping of a file (PRIVATE_FILE), only
-    those the process has written (resident but no longer the file's page, or swapped out)."""
-    runs: list[tuple[int, int]] = []
+def _runs(pagemap: int, start: int, end: int, merge: int, private_file: bool) -> list[tuple[int, int, bool]]:
+    """(start, end, shared) runs of the pages of [START, END) whose bytes the core must hold, runs at most
+    MERGE pages apart joined: pages resident or swapped out, or, in a private mapping of a file
+    (PRIVATE_FILE), only those the process has written (resident but no longer the file's page, or swapped
+    out).  SHARED says a page of the run is not this process's alone (the kernel's zero page, mapped where
+    untouched memory was only read, or a page shared with a parent since fork): it may be zeros."""
+    runs: list[tuple[int, int, bool]] = []
     for lo in range(start, end, 1 << 30):
         hi = min(end, lo + (1 << 30))
         try:
-            entries = array("Q", os.pread(pagemap, (hi - lo) // PAGE * 8, lo // PAGE * 8))
+            entries = np.frombuffer(os.pread(pagemap, (hi - lo) // PAGE * 8, lo // PAGE * 8), dtype=np.uint64)
         except OSError:
-            return [(start, end)]        # cannot tell: keep it all
+            return [(start, end, True)]  # cannot tell: keep it all
         if len(entries) * PAGE != hi - lo:
-            return [(start, end)]
-        page = lo
-        for entry in entries:
-            if entry >> 62 & 1 or entry >> 63 and not (private_file and entry >> 61 & 1):
-                if runs and page - runs[-1][1] <= merge * PAGE:
-                    runs[-1] = (runs[-1][0], page + PAGE)
-                else:
-                    runs.append((page, page + PAGE))
-            page += PAGE
+            return [(start, end, True)]
+        bit = lambda n: ((entries >> np.uint64(n)) & np.uint64(1)).astype(bool)  # noqa: E731
+        present = bit(63) & ~bit(61) if private_file else bit(63)
+        keep = bit(62) | present
+        edges = np.flatnonzero(np.diff(np.concatenate(([False], keep, [False])).view(np.int8)))
+        firsts, lasts = edges[::2], edges[1::2]
+        if not len(firsts):
+            continue
+        joined = np.concatenate(([True], firsts[1:] - lasts[:-1] > merge))
+        starts, ends = firsts[joined], np.concatenate((lasts[:-1][joined[1:]], lasts[-1:]))
+        alone = np.concatenate(([0], np.cumsum(keep & ~bit(56))))
+        shared = alone[ends] > alone[starts]
+        runs += [(lo + a * PAGE, lo + b * PAGE, bool(c)) for a, b, c in zip(starts.tolist(), ends.tolist(),
+                                                                           shared.tolist())]
     return runs
 
 
@@ -127,32 +135,32 @@ def plan_segments(pid: int, maps: list[Mapping], elf_start: dict[int, bool], mer
                 continue
             flags = _flags(m.perms)
             if m.perms[3] != "p" or m.name == "[vdso]":
-                out.append(Segment(m.start, m.end, flags, m.end - m.start))
+                out.append(Segment(m.start, m.end, flags, m.end - m.start, True))
                 continue
             runs = _runs(pagemap.fileno(), m.start, m.end, merge, m.file_backed)
             if elf_start.get(m.start):
-                runs = _joined([(m.start, m.start + PAGE)] + runs, merge)
+                runs = _joined([(m.start, m.start + PAGE, True)] + runs, merge)
             at = m.start
-            for lo, hi in runs:
+            for lo, hi, shared in runs:
                 if lo > at:
-                    out.append(Segment(at, lo, flags, 0))
-                out.append(Segment(lo, hi, flags, hi - lo))
+                    out.append(Segment(at, lo, flags, 0, False))
+                out.append(Segment(lo, hi, flags, hi - lo, shared))
                 at = hi
             if at < m.end:
-                out.append(Segment(at, m.end, flags, 0))
+                out.append(Segment(at, m.end, flags, 0, False))
     if len(out) > _MAX_SEGMENTS:
-        return plan_segments(pid, maps, elf_start, merge * 4)
+        return plan_segments(pid, maps, elf_start, max(16, merge * 4))
     return out
 
 
-def _joined(runs: list[tuple[int, int]], merge: int) -> list[tuple[int, int]]:
+def _joined(runs: list[tuple[int, int, bool]], merge: int) -> list[tuple[int, int, bool]]:
     """Sorted RUNS with overlapping or close ones (fewer than MERGE pages apart) joined."""
-    out: list[tuple[int, int]] = []
-    for lo, hi in sorted(runs):
+    out: list[tuple[int, int, bool]] = []
+    for lo, hi, shared in sorted(runs):
         if out and lo - out[-1][1] <= merge * PAGE:
-            out[-1] = (out[-1][0], max(out[-1][1], hi))
+            out[-1] = (out[-1][0], max(out[-1][1], hi), out[-1][2] or shared)
         else:
-            out.append((lo, hi))
+            out.append((lo, hi, shared))
     return out
 
 
@@ -237,37 +245,48 @@ def write_core(stopped: Stopped, path: Path) -> CoreSummary:
             table.append(struct.pack("<IIQQQQQQ", _PT_LOAD, s.flags, offset if s.filesz else 0, s.start, 0,
                                      s.filesz, s.end - s.start, PAGE))
             offset += s.filesz
-        written = 0
-        with open(path, "wb") as out:
-            out.write(header + b"".join(table) + notes)
-            out.truncate(offset)
-            at = data_at
+        path.unlink(missing_ok=True)     # a new file: rewriting an old one makes some file systems flush it
+        out = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.pwrite(out, header + b"".join(table) + notes, 0)
+            os.ftruncate(out, offset)
+            written, at, buffer = 0, data_at, memoryview(bytearray(_READ))
             for s in segments:
-                written += _copy(mem, out.fileno(), s.start, s.filesz, at)
+                written += _copy(mem, out, s, at, buffer)
                 at += s.filesz
+        finally:
+            os.close(out)
     finally:
         os.close(mem)
     return CoreSummary(offset, written, len(segments))
 
 
-def _copy(mem: int, out: int, start: int, length: int, at: int) -> int:
-    """LENGTH bytes of memory from START into file OUT at offset AT, pages of zeros (the kernel's zero page,
-    mapped where untouched memory was only read) and what cannot be read (a page unmapped meanwhile) left as
-    holes, which read as zeros and take no disk; the bytes actually written."""
-    written = done = 0
-    while done < length:
-        n = min(_READ, length - done)
+def _copy(mem: int, out: int, segment: Segment, at: int, buffer: memoryview) -> int:
+    """SEGMENT's bytes from memory into file OUT at offset AT, read through BUFFER; what cannot be read (a
+    page unmapped meanwhile) and, where the segment may hold the zero page, pages of zeros are left holes,
+    which read as zeros and take no disk.  The bytes written."""
+    written = 0
+    for done in range(0, segment.filesz, len(buffer)):
+        n = min(len(buffer), segment.filesz - done)
         try:
-            data = os.pread(mem, n, start + done)
+            got = os.preadv(mem, [buffer[:n]], segment.start + done)
         except OSError:
-            data = b""
-        pages = len(data) // PAGE
-        if pages:
-            nonzero = np.frombuffer(data, dtype=np.uint64, count=pages * PAGE // 8).reshape(pages, -1).any(axis=1)
-            edges = np.flatnonzero(np.diff(np.concatenate(([False], nonzero, [False])).view(np.int8)))
-            view = memoryview(data)
-            for lo, hi in zip(edges[::2].tolist(), edges[1::2].tolist()):
-                os.pwrite(out, view[lo * PAGE:hi * PAGE], at + done + lo * PAGE)
-                written += (hi - lo) * PAGE
-        done += n
+            got = 0
+        if segment.maybe_zeros:
+            written += _write_nonzero(out, buffer[:got], at + done)
+        elif got:
+            written += os.pwrite(out, buffer[:got], at + done)
+    return written
+
+
+def _write_nonzero(fd: int, data: memoryview, at: int) -> int:
+    """Writes DATA at file offset AT but for its pages of zeros, which stay holes; the bytes written."""
+    pages = len(data) // PAGE
+    if not pages:
+        return 0
+    nonzero = np.frombuffer(data, dtype=np.uint64, count=pages * PAGE // 8).reshape(pages, -1).any(axis=1)
+    edges = np.flatnonzero(np.diff(np.concatenate(([False], nonzero, [False])).view(np.int8)))
+    written = 0
+    for lo, hi in zip(edges[::2].tolist(), edges[1::2].tolist()):
+        written += os.pwrite(fd, data[lo * PAGE:hi * PAGE], at + lo * PAGE)
     return written

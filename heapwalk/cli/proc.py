@@ -7,6 +7,8 @@ import os
 from array import array
 from pathlib import Path
 
+import numpy as np
+
 
 _PAGE = 4096
 
@@ -90,13 +92,13 @@ def resident_runs(pid: int, mappings: list[dict]) -> list[list[int]] | None:
                     entries = array("Q", f.read((end - start) // _PAGE * 8))
                 except (OSError, ValueError):
                     return None
-                for i, entry in enumerate(entries):
-                    if entry >> 63:
-                        page = start + i * _PAGE
-                        if runs and runs[-1][1] == page:
-                            runs[-1][1] = page + _PAGE
-                        else:
-                            runs.append([page, page + _PAGE])
+                present = np.frombuffer(entries, dtype=np.uint64) >> np.uint64(63) == 1
+                edges = np.flatnonzero(np.diff(np.concatenate(([False], present, [False])).view(np.int8)))
+                for lo, hi in zip(edges[::2].tolist(), edges[1::2].tolist()):
+                    if runs and runs[-1][1] == start + lo * _PAGE:
+                        runs[-1][1] = start + hi * _PAGE
+                    else:
+                        runs.append([start + lo * _PAGE, start + hi * _PAGE])
     return runs
 
 
