@@ -414,9 +414,31 @@ def _within(version: str, label: str) -> bool:
     return key(low) <= key(version) <= key(high or low)
 
 
+def test_text_into_a_file_or_a_pipe_is_not_wrapped():
+    """Out of a terminal, no line is broken for a width: each sentence of the report is one line (copy and
+    paste, grep)."""
+    cap = capture("system", "thread_arenas")
+    result = heapwalk("report", str(cap.core), str(cap.exe))
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("malloc_trim(0) would release"))
+    assert len(lines[at]) > 200 and lines[at + 1].startswith("free chunks:"), lines[at:at + 2]
+    assert all(line == line.rstrip() for line in lines)
+
+
 def test_error_no_such_process():
     pid = 4_000_000  # above any pid_max
     _fails(heapwalk("capture", str(pid)), f"cannot attach to {pid}", "no process")
+
+
+def test_error_capture_folder_that_cannot_be_made(tmp_path):
+    """--out where no folder can be made: one line saying so and what to do, the process not touched."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    with _grow(tmp_path) as (proc, _):
+        _fails(heapwalk("capture", str(proc.pid), "--out", str(blocker / "snap")),
+               f"cannot create the folder {blocker / 'snap'}", "give --out a folder")
+        assert _process_state(proc.pid) in "SR"
 
 
 def test_error_process_of_another_user(tmp_path, monkeypatch, capsys):

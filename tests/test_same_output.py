@@ -1,10 +1,15 @@
 """Moving code must not move output: every command's text, JSON and XML on reproducer cores equals, byte for
 byte, what the code of BASELINE prints on the same cores.  BASELINE is the last commit before a change that
 must keep behaviour (issue 17's restructuring); its package is taken from git, so the comparison holds on any
-machine and any capture."""
+machine and any capture.
+
+Since then the text has changed on purpose in two ways, which the comparison undoes and nothing else: out of
+a terminal no line is wrapped or padded to a width (issue 20), so the text is compared without its spaces and
+line breaks and with each run of a table's dashes as one; and some words were changed (`RENAMED`)."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 from pathlib import Path
 
@@ -39,6 +44,18 @@ def baseline(tmp_path_factory) -> Path:
     return where
 
 
+#: what BASELINE printed -> what is printed now, on purpose (issue 20: words, not field names; commands that exist)
+RENAMED = {b"attached_threads |": b"threads glibc counts |",
+           b"'heapwalk chunks --used --min SIZE' shows the largest holders; two cores taken some time apart show "
+           b"what grows.": b"'heapwalk chunks --used --min SIZE' in gdb shows the largest holders; two snapshots "
+           b"taken some time apart ('heapwalk diff A B') show what grows."}
+
+
+def _as_laid_out(text: bytes) -> bytes:
+    """TEXT without its layout: no spaces or line breaks, each run of dashes one dash."""
+    return re.sub(rb"-+", b"-", re.sub(rb"\s+", b"", text))
+
+
 def _outputs(gdbinit: Path, exe: Path, core: Path, iex: list[str], out: Path) -> dict[str, bytes]:
     out.mkdir(parents=True, exist_ok=True)
     commands = [c.format(d=out) for c in COMMANDS]
@@ -59,4 +76,8 @@ def test_every_output_is_what_the_baseline_printed(glibc_name, name, symbols, ba
     assert sorted(before) == sorted(after)
     assert len(before) >= len(COMMANDS)
     for key in before:
-        assert after[key] == before[key], f"{key} differs from {BASELINE}'s"
+        laid_out = _as_laid_out if key == "stdout" else (lambda text: text)
+        was = laid_out(before[key])
+        for old, new in RENAMED.items():
+            was = was.replace(laid_out(old), laid_out(new))
+        assert laid_out(after[key]) == was, f"{key} differs from {BASELINE}'s"

@@ -170,8 +170,8 @@ def _verdict(rep: Report) -> list[str]:
     elif rep.in_use >= 0.75 * held:
         out.append(f"Memory in use, not fragmentation: {human(rep.in_use)} of the {human(held)} malloc holds "
                    f"({_pct(rep.in_use, held)}) is in chunks the program still holds, and only {human(idle)} is "
-                   "free. That is live data or a leak: 'heapwalk chunks --used --min SIZE' shows the largest "
-                   "holders; two cores taken some time apart show what grows.")
+                   "free. That is live data or a leak: 'heapwalk chunks --used --min SIZE' in gdb shows the "
+                   "largest holders; two snapshots taken some time apart ('heapwalk diff A B') show what grows.")
     else:
         out.append(f"{human(rep.in_use)} in use and {human(idle)} free of the {human(held)} malloc holds: "
                    "neither fragmentation nor growth stands out.")

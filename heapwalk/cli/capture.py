@@ -79,17 +79,35 @@ def _stopped_briefly(pid: int, core: Path):
         raise CliError(f"heapwalk: cannot write the core of {pid} to {core}: {exc.strerror}") from None
 
 
+def _process_record(pid: int) -> dict:
+    """What /proc says of PID that the capture records: its program, command line, MALLOC_* settings and
+    threads; CliError when /proc does not let this user read them."""
+    try:
+        exe = os.readlink(f"/proc/{pid}/exe")
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+        threads = len(os.listdir(f"/proc/{pid}/task"))
+    except FileNotFoundError:
+        raise CliError(f"heapwalk: no process {pid}") from None
+    except OSError as exc:
+        raise CliError(f"heapwalk: cannot read /proc/{pid} ({exc.strerror}): run heapwalk as the process's user "
+                       "or as root") from None
+    return {"pid": pid, "exe": exe, "cmdline": cmdline, "environment": environment(pid), "threads": threads,
+            "cpus_online": os.cpu_count()}
+
+
 def cmd_capture(args) -> int:
     pid = args.pid
     advice = ptrace_advice(pid)
     if advice:
         raise CliError(f"heapwalk: cannot attach to {pid}: {advice}")
     out_dir = args.out or Path(f"heapwalk-{pid}-{time.strftime('%Y%m%d-%H%M%S')}")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    exe = Path(os.path.realpath(f"/proc/{pid}/exe"))
-    record = {"pid": pid, "exe": str(exe), "cmdline": Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
-              .decode(errors="replace").strip(), "environment": environment(pid),
-              "threads": len(os.listdir(f"/proc/{pid}/task")), "cpus_online": os.cpu_count()}
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise CliError(f"heapwalk: cannot create the folder {out_dir} for the capture: {exc.strerror}; give --out a "
+                       "folder you may write to") from None
+    record = _process_record(pid)
+    exe = Path(record["exe"])
     try:
         record["cpus_allowed"] = len(os.sched_getaffinity(pid))
     except OSError:

@@ -24,12 +24,17 @@ __all__ = ["make_console", "human", "report_group", "threads_group", "arenas_tab
            "findings_text", "header_text", "check_text", "partial_text", "chunks_table", "chunk_text"]
 
 
+#: the width a console that is not a terminal lays tables out in: wide enough that nothing wraps
+_UNWRAPPED = 100_000
+
+
 def make_console(file, interactive: bool, width: int | None = None) -> Console:
-    """A console writing to FILE: colour and boxes when INTERACTIVE, plain ASCII otherwise."""
+    """A console writing to FILE: colour and boxes when INTERACTIVE, plain ASCII otherwise, its lines never
+    wrapped (a log or a file is read with copy and paste, and grep, not at a terminal's width)."""
     if interactive:
         return Console(file=file, force_terminal=True, width=width)
-    return Console(file=file, force_terminal=False, no_color=True, width=width or 200, highlight=False,
-                   emoji=False, soft_wrap=False)
+    return Console(file=file, force_terminal=False, no_color=True, width=width or _UNWRAPPED, highlight=False,
+                   emoji=False, soft_wrap=True)
 
 
 def _box(interactive: bool):
@@ -315,7 +320,8 @@ def report_group(rep: Report, interactive: bool) -> Group:
 
 
 def threads_group(state: HeapState, interactive: bool) -> Group:
-    """Every thread with its arena and tcache; then the arenas with their users and attached_threads."""
+    """Every thread with its arena and tcache; then the arenas with their users, and the users glibc counts
+    (its attached_threads)."""
     numbers = {a.address: a.number for a in state.arenas}
     table = Table(title="threads", box=_box(interactive), title_justify="left")
     for name, justify in (("thread", "right"), ("lwp", "right"), ("arena", "left"), ("tcache chunks", "right"),
@@ -333,7 +339,7 @@ def threads_group(state: HeapState, interactive: bool) -> Group:
         table.add_row(str(t.number), str(t.lwp), arena, count, human(t.tcache.total) if t.tcache else "-")
     arenas = Table(title="arenas and their threads", box=_box(interactive), title_justify="left")
     for name, justify in (("#", "right"), ("arena", "left"), ("kind", "left"), ("threads using it", "right"),
-                          ("attached_threads", "right"), ("on free list", "left")):
+                          ("threads glibc counts", "right"), ("on free list", "left")):
         arenas.add_column(name, justify=justify, no_wrap=True)
     for a in state.arenas:
         arenas.add_row(str(a.number), f"{a.address:#x}", a.kind, str(users.get(a.address, 0)),
