@@ -30,18 +30,22 @@ $(BUILD)/.deps:
 	@missing=""; for p in $(DEB_PACKAGES); do \
 	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "install ok installed" || missing="$$missing $$p"; \
 	done; \
+	mkdir -p $(BUILD); \
 	if [ -n "$$missing" ]; then \
-	  echo "installing Debian packages:$$missing"; \
-	  $(SUDO) apt-get update -qq && \
-	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends $$missing; \
+	  echo "installing Debian packages:$$missing (apt's output in $(BUILD)/apt.log)"; \
+	  { $(SUDO) apt-get update -qq && \
+	    DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends $$missing; \
+	  } > $(BUILD)/apt.log 2>&1 || { cat $(BUILD)/apt.log; exit 1; }; \
 	fi
-	@mkdir -p $(BUILD) && touch $@
+	@touch $@
 
 venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml setup.py heapwalk/glibc/_native.c | $(BUILD)/.deps
-	$(SYSTEM_PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test]'
+	@echo "making the virtualenv $(VENV) (pip's output in $(BUILD)/pip.log)"
+	@$(SYSTEM_PYTHON) -m venv $(VENV)
+	@mkdir -p $(BUILD) && : > $(BUILD)/pip.log
+	@$(PY) -m pip install -q --upgrade pip >> $(BUILD)/pip.log 2>&1 || { cat $(BUILD)/pip.log; exit 1; }
+	@$(PY) -m pip install -q -e '.[test]' >> $(BUILD)/pip.log 2>&1 || { cat $(BUILD)/pip.log; exit 1; }
 	@touch $@
 
 # Debian's libc6/libc6-dbg of each suite, and libjemalloc2 of the jemalloc suites, downloaded once (cached in

@@ -240,9 +240,14 @@ def test_capture_writes_only_what_holds_anything_and_gives_gcores_report(tmp_pat
     record = json.loads((ours / "capture.json").read_text())
     assert record["core_writer"] == "heapwalk" and "while heapwalk read its memory" in result.stdout
     a, b = (json.loads((d / "report.json").read_text()) for d in (ours, full))
+    limits = [doc["report"].pop("arena_limit") for doc in (a, b)]
     for doc in (a, b):
         doc.pop("target")
     assert a == b
+    # the CPU count, which a core does not hold, comes with heapwalk's core: the arena limit is known
+    cpus = os.cpu_count()
+    assert limits[0].startswith(f"{8 * cpus} (the default: 8 x {cpus} CPUs online)") and "3 made" in limits[0]
+    assert "the core does not record the CPU count" in limits[1] and f"limit {8 * cpus} (" in result.stdout
     resident = sum(m["rss"] for m in smaps)
     on_disk = (ours / "core").stat().st_blocks * 512
     assert on_disk <= 1.2 * resident + (4 << 20), (on_disk, resident)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
@@ -11,6 +12,9 @@ import pytest
 
 from conftest import GDBINIT, GLIBCS, capture, glibc, run_gdb
 from harness import REPRODUCERS
+
+from heapwalk.glibc.model import HeapState
+from heapwalk.glibc.summary import arena_limit
 
 pytestmark = pytest.mark.cores
 
@@ -141,3 +145,16 @@ def test_ctrl_c_during_the_one_pass_leaves_the_arenas_swept_so_far(tmp_path):
     result, report = _report_interrupted(tmp_path, "heapwalk.glibc.onepass", "sweep_extents", 4)
     assert "reading the free lists was interrupted (Ctrl-C) in arena 3" in " ".join(result.stdout.split())
     assert [a["number"] for a in report["arenas"]] == [0, 1, 2]
+
+
+def test_the_arena_limit_says_when_it_is_reached():
+    """glibc's limit is 8 arenas per CPU unless MALLOC_ARENA_MAX says otherwise; with the CPU count known (a
+    live process, or heapwalk's core) the report says how many were made, and when every one was."""
+    state = HeapState("t", (2, 36), "2.36", None, None, (object(),) * 16, ())
+    assert "does not record the CPU count" in arena_limit(state)
+    assert arena_limit(dataclasses.replace(state, cpus=(2, 2))).startswith("16 (the default: 8 x 2 CPUs online): reached")
+    assert arena_limit(dataclasses.replace(state, cpus=(4, 1))) == (
+        "32 (the default: 8 x 4 CPUs online; 8 on glibc 2.35-2.38 builds that count the 1 CPU the process may "
+        "use), 16 made")
+    assert arena_limit(dataclasses.replace(state, mp={"arena_max": 2}, cpus=(4, 4))).startswith(
+        "2 (MALLOC_ARENA_MAX / M_ARENA_MAX): reached")

@@ -44,11 +44,17 @@ def baseline(tmp_path_factory) -> Path:
     return where
 
 
-#: what BASELINE printed -> what is printed now, on purpose (issue 20: words, not field names; commands that exist)
+#: what BASELINE printed -> what is printed now, on purpose (issue 20: words, not field names; commands that
+#: exist; what the arena limit is)
 RENAMED = {b"attached_threads |": b"threads glibc counts |",
            b"'heapwalk chunks --used --min SIZE' shows the largest holders; two cores taken some time apart show "
            b"what grows.": b"'heapwalk chunks --used --min SIZE' in gdb shows the largest holders; two snapshots "
-           b"taken some time apart ('heapwalk diff A B') show what grows."}
+           b"taken some time apart ('heapwalk diff A B') show what grows.",
+           b"8 x the CPU count (the default; the core does not record the CPU count)":
+           b"8 x the CPU count (the default; the core does not record the CPU count: 'heapwalk capture' does)",
+           b"arena limit 8 x the CPU count (default)":
+           b"arena limit 8 x the CPU count (the default; the core does not record the CPU count: 'heapwalk "
+           b"capture' does)"}
 
 
 def _as_laid_out(text: bytes) -> bytes:

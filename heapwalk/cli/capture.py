@@ -62,15 +62,15 @@ def _through_gdb(args, pid: int, core: Path, json_file: Path):
     return stopped, smaps, runs, text
 
 
-def _stopped_briefly(pid: int, core: Path):
-    """PID stopped with ptrace while its core is written (`corewriter`); (seconds stopped, smaps, resident
-    runs, the core's `CoreSummary`)."""
+def _stopped_briefly(pid: int, core: Path, facts: dict):
+    """PID stopped with ptrace while its core is written (`corewriter`, FACTS in its HEAPWALK note);
+    (seconds stopped, smaps, resident runs, the core's `CoreSummary`)."""
     try:
         started = time.monotonic()
         with ptrace.stop(pid) as stopped:
             smaps = read_smaps(pid)
             runs = resident_runs(pid, smaps)
-            written = write_core(stopped, core)
+            written = write_core(stopped, core, facts)
         return time.monotonic() - started, smaps, runs, written
     except ptrace.PtraceError as exc:
         raise CliError(f"heapwalk: cannot capture {pid}: {exc} (see 'man 2 ptrace'; as root, or with "
@@ -118,7 +118,8 @@ def cmd_capture(args) -> int:
     if args.live or args.full:
         stopped, smaps, runs, text = _through_gdb(args, pid, core, json_file)
     else:
-        stopped, smaps, runs, written = _stopped_briefly(pid, core)
+        stopped, smaps, runs, written = _stopped_briefly(pid, core, {
+            "cpus_online": record["cpus_online"], "cpus_allowed": record["cpus_allowed"]})
     record.update(stopped_seconds=round(stopped, 3), smaps=smaps, resident_runs=runs,
                   core=None if args.live else str(core), time=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                   core_writer="gcore" if args.full else None if args.live else "heapwalk")

@@ -12,11 +12,14 @@ Shared mappings and [vdso] are written whole.  PROT_NONE ranges (guard pages, th
 reservation), [vvar] and [vsyscall] are left out.
 
 The notes are those of a kernel core: each thread's NT_PRSTATUS and NT_FPREGSET (the thread group leader
-first, which gdb makes the current thread), NT_PRPSINFO, NT_AUXV and NT_FILE.
+first, which gdb makes the current thread), NT_PRPSINFO, NT_AUXV and NT_FILE; and one of heapwalk's own,
+"HEAPWALK", with what the capture knew beside the memory (the CPU counts the arena limit depends on), which
+`target.corefile.CoreFile.capture_facts` reads back.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import struct
 from dataclasses import dataclass
@@ -34,6 +37,8 @@ _MERGE_PAGES = 0                         # resident runs this close are written 
 _MAX_SEGMENTS = 60000                    # under ELF's 65535 program headers, with room for the note
 _NT_PRSTATUS, _NT_FPREGSET, _NT_PRPSINFO, _NT_AUXV, _NT_FILE = 1, 2, 3, 6, 0x46494C45
 _PT_LOAD, _PT_NOTE = 1, 4
+#: the note of what the capture knew of the process beside its memory (JSON; gdb skips notes it does not know)
+HEAPWALK_NOTE, NT_HEAPWALK = b"HEAPWALK", 1
 _SKIPPED = ("[vvar]", "[vvar_vclock]", "[vsyscall]")
 
 
@@ -97,8 +102,9 @@ def _runs(pagemap: int, start: int, end: int, merge: int, private_file: bool) ->
     """(start, end, shared) runs of the pages of [START, END) whose bytes the core must hold, runs at most
     MERGE pages apart joined: pages resident or swapped out, or, in a private mapping of a file
     (PRIVATE_FILE), only those the process has written (resident but no longer the file's page, or swapped
-    out).  SHARED says a page of the run is not this process's alone (the kernel's zero page, mapped where
-    untouched memory was only read, or a page shared with a parent since fork): it may be zeros."""
+    out).  SHARED says a page of the run is swapped out or not this process's alone (the kernel's zero page,
+    mapped where untouched memory was only read, or a page shared with a parent since fork): it may be
+    zeros."""
     runs: list[tuple[int, int, bool]] = []
     for lo in range(start, end, 1 << 30):
         hi = min(end, lo + (1 << 30))
@@ -200,9 +206,9 @@ def _file_note(maps: list[Mapping]) -> bytes:
     return body + b"".join(m.name.encode() + b"\0" for m in files)
 
 
-def _notes(stopped: Stopped, maps: list[Mapping]) -> bytes:
+def _notes(stopped: Stopped, maps: list[Mapping], facts: dict | None) -> bytes:
     pid = stopped.pid
-    parts = []
+    parts = [_note(NT_HEAPWALK, json.dumps(facts).encode(), HEAPWALK_NOTE)] if facts else []
     for i, thread in enumerate(stopped.threads):
         parts.append(_note(_NT_PRSTATUS, _prstatus(pid, thread.tid, thread.regs, bool(thread.fpregs))))
         if i == 0:
@@ -226,14 +232,15 @@ def _elf_starts(mem: int, maps: list[Mapping]) -> dict[int, bool]:
     return out
 
 
-def write_core(stopped: Stopped, path: Path) -> CoreSummary:
-    """Writes the core of the process STOPPED holds to PATH (see the module)."""
+def write_core(stopped: Stopped, path: Path, facts: dict | None = None) -> CoreSummary:
+    """Writes the core of the process STOPPED holds to PATH (see the module), with FACTS (what the capture
+    knows of the process that a core does not hold: its CPU counts) as a HEAPWALK note."""
     pid = stopped.pid
     maps = read_maps(pid)
     mem = os.open(f"/proc/{pid}/mem", os.O_RDONLY)
     try:
         segments = plan_segments(pid, maps, _elf_starts(mem, maps))
-        notes = _notes(stopped, maps)
+        notes = _notes(stopped, maps, facts)
         phnum = len(segments) + 1
         notes_at = 64 + 56 * phnum
         data_at = -(-(notes_at + len(notes)) // PAGE) * PAGE

@@ -33,7 +33,7 @@ def load(target: Target, overrides: Overrides, walk_chunks: bool = False, progre
             raise type(exc)(f"heapwalk: this process allocates with {other[0]} ({other[1]}), not glibc's "
                                  f"malloc: glibc's arenas hold nothing of interest ({exc})") from None
         raise
-    return dataclasses.replace(state, target_findings=_target_findings(target, other)), disc
+    return dataclasses.replace(state, target_findings=_target_findings(target, other), cpus=target.cpus), disc
 
 
 def _target_findings(target: Target, other: tuple[str, str] | None) -> tuple[Finding, ...]:

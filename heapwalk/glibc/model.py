@@ -320,6 +320,7 @@ class HeapState:
     lists_stopped: bool = False     # reading the free lists was stopped (Ctrl-C): later arenas are left out
     stop_findings: tuple[Finding, ...] = ()    # where the lists were stopped, and glibc's last words then
     target_findings: tuple[Finding, ...] = ()  # what the target lacks or adds (a truncated core, another malloc)
+    cpus: tuple[int, int] | None = None  # CPUs online and those the process may use, when the target says
 
     @property
     def version_text(self) -> str:

@@ -9,7 +9,7 @@ from types import MappingProxyType
 from heapwalk.glibc.model import FREE_STATES, KEPT_REASONS, Arena, ChunkState, HeapState
 from heapwalk.view import ArenaView, HeapView, SizeClass
 
-__all__ = ["GLIBC_CLASSES", "heap_view", "free_sizes_by_arena"]
+__all__ = ["arena_limit", "GLIBC_CLASSES", "heap_view", "free_sizes_by_arena"]
 
 #: glibc's size classes of free chunks (x86_64): fastbin sizes, small bins, then the large-bin spacings
 GLIBC_CLASSES = (SizeClass(32, 0x90, "fastbin sizes (32-128 B)"), SizeClass(0x90, 1024, "small bins (144 B-1 KiB)"),
@@ -22,10 +22,7 @@ GLIBC_CLASSES = (SizeClass(32, 0x90, "fastbin sizes (32-128 B)"), SizeClass(0x90
 
 def heap_view(state: HeapState) -> HeapView:
     """The view of a state decoded with its chunk walk."""
-    mp = state.mp
-    arena_max = mp.get("arena_max") if mp else None
-    limit = (f"{arena_max} (MALLOC_ARENA_MAX / M_ARENA_MAX)" if arena_max
-             else "8 x the CPU count (the default; the core does not record the CPU count)")
+    limit = arena_limit(state)
     trims = state.trims.values()
     count, size = state.mmap_counters()
     return HeapView(
@@ -33,6 +30,27 @@ def heap_view(state: HeapState) -> HeapView:
         size_classes=GLIBC_CLASSES, large_count=count, large_bytes=size, arena_limit=limit,
         arenas_idle=sum(1 for a in state.arenas if a.on_free_list), reclaim_total=sum(t.total for t in trims),
         reclaim_kept=MappingProxyType({k: sum(t.kept[k] for t in trims) for k in KEPT_REASONS}))
+
+
+def arena_limit(state: HeapState) -> str:
+    """How many arenas glibc may make in STATE's process and why, and whether it has made them all."""
+    mp = state.mp
+    arena_max = mp.get("arena_max") if mp else None
+    count = len(state.arenas)
+    if arena_max:
+        limit, why = arena_max, "MALLOC_ARENA_MAX / M_ARENA_MAX"
+    elif state.cpus is None:
+        return "8 x the CPU count (the default; the core does not record the CPU count: 'heapwalk capture' does)"
+    else:
+        online, allowed = state.cpus
+        # glibc counts the CPUs online; its 2.35-2.38 releases (before a backport) counted those allowed
+        cpus = lambda n: f"{n} CPU{'s' if n != 1 else ''}"  # noqa: E731
+        limit, why = 8 * online, f"the default: 8 x {cpus(online)} online"
+        if allowed != online:
+            why += f"; {8 * allowed} on glibc 2.35-2.38 builds that count the {cpus(allowed)} the process may use"
+    reached = (f": reached, so a thread that finds every arena busy waits for one ({count} arenas)"
+               if count >= limit else f", {count} made")
+    return f"{limit} ({why}){reached}"
 
 
 def _arena_of(state: HeapState):

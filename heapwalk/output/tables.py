@@ -9,12 +9,13 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from rich import box
-from rich.console import Console, Group
+from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
 from heapwalk.glibc.model import Arena, BinKind, BinList, HeapState, Tcache, Thread
+from heapwalk.glibc.summary import arena_limit
+from heapwalk.output.consoles import box_for, make_console
 from heapwalk.findings import Finding, Severity
 from heapwalk.analysis.report import Report, human
 from heapwalk.output.notes import partial_sentences
@@ -22,28 +23,6 @@ from heapwalk.view import Partial
 
 __all__ = ["make_console", "human", "report_group", "threads_group", "arenas_table", "bins_tables", "tcache_tables",
            "findings_text", "header_text", "check_text", "partial_text", "chunks_table", "chunk_text"]
-
-
-#: the width a console that is not a terminal lays tables out in: wide enough that nothing wraps
-_UNWRAPPED = 100_000
-
-
-def make_console(file, interactive: bool, width: int | None = None) -> Console:
-    """A console writing to FILE: colour and boxes when INTERACTIVE, plain ASCII otherwise, its lines never
-    wrapped (a log or a file is read with copy and paste, and grep, not at a terminal's width)."""
-    if interactive:
-        return Console(file=file, force_terminal=True, width=width)
-    return Console(file=file, force_terminal=False, no_color=True, width=width or _UNWRAPPED, highlight=False,
-                   emoji=False, soft_wrap=True)
-
-
-def _box(interactive: bool):
-    return box.ROUNDED if interactive else box.ASCII2
-
-
-def box_for(interactive: bool):
-    """The table box style for a terminal (rounded) or a log (plain ASCII)."""
-    return _box(interactive)
 
 
 def _sum(lists: Iterable[BinList]) -> tuple[int, int]:
@@ -79,7 +58,7 @@ def arenas_table(state: HeapState, interactive: bool) -> Table:
     for arena, tcache in owned + [(tc.arena, tc) for tc in state.scanned_tcaches]:
         c, b = tcache_by_arena.get(arena, (0, 0))
         tcache_by_arena[arena] = (c + tcache.count, b + tcache.total)
-    table = Table(title="arenas", box=_box(interactive), title_justify="left")
+    table = Table(title="arenas", box=box_for(interactive), title_justify="left")
     for name, justify in (("#", "right"), ("arena", "left"), ("kind", "left"), ("threads", "right"),
                           ("heaps", "right"), ("system", "right"), ("top", "right"), ("tcache", "right"),
                           ("fastbins", "right"), ("unsorted", "right"), ("small", "right"), ("large", "right")):
@@ -125,7 +104,7 @@ def bins_tables(state: HeapState, arenas: Iterable[Arena], kinds: set[str], inte
     """For each arena, a table of its non-empty free lists of the given KINDS."""
     parts = []
     for a in arenas:
-        table = Table(title=f"arena {a.number} ({a.kind}) at {a.address:#x}: free lists", box=_box(interactive),
+        table = Table(title=f"arena {a.number} ({a.kind}) at {a.address:#x}: free lists", box=box_for(interactive),
                       title_justify="left")
         for name, justify in (("kind", "left"), ("bin", "right"), ("chunk sizes", "right"), ("count", "right"),
                               ("bytes", "right"), ("chunks" if show_chunks else "note", "left")):
@@ -153,7 +132,7 @@ def tcache_tables(state: HeapState, threads: Iterable[Thread], interactive: bool
     """A summary row per thread and per tcache found by scanning (SCANNED), then each non-empty tcache bin
     (with entries if asked)."""
     threads, scanned = list(threads), list(scanned)
-    summary = Table(title="tcache per thread", box=_box(interactive), title_justify="left")
+    summary = Table(title="tcache per thread", box=box_for(interactive), title_justify="left")
     for name, justify in (("thread", "right"), ("lwp", "right"), ("arena", "left"), ("tcache", "left"),
                           ("chunks", "right"), ("bytes", "right")):
         summary.add_column(name, justify=justify, no_wrap=True)
@@ -178,7 +157,7 @@ def tcache_tables(state: HeapState, threads: Iterable[Thread], interactive: bool
     for title, tcache in titled:
         if not tcache.bins:
             continue
-        table = Table(title=title, box=_box(interactive), title_justify="left")
+        table = Table(title=title, box=box_for(interactive), title_justify="left")
         for name, justify in (("bin", "right"), ("chunk size", "right"), ("count", "right"),
                               ("entries" if show_entries else "first entries", "left")):
             table.add_column(name, justify=justify, no_wrap=name == "bin")
@@ -203,7 +182,7 @@ def chunks_table(rows, interactive: bool, first: bool = True) -> Table:
 
     Columns have fixed widths, so a long listing can be printed a page at a time as the walk goes (FIRST:
     the page with the title and header) and the pages line up."""
-    table = Table(title="chunks" if first else None, box=_box(interactive), title_justify="left", show_header=first)
+    table = Table(title="chunks" if first else None, box=box_for(interactive), title_justify="left", show_header=first)
     for name, justify, width in (("address", "left", 18), ("size", "right", 12), ("state", "left", 13),
                                  ("flags", "left", 5), ("arena", "right", 5)):
         table.add_column(name, justify=justify, no_wrap=True, width=width)
@@ -243,7 +222,7 @@ _JEMALLOC_COLUMNS = (
 
 def _arena_table(rep: Report, interactive: bool) -> Table:
     """Each arena's bytes by what holds them, with a footer of totals."""
-    table = Table(title="where the memory is", box=_box(interactive), title_justify="left", show_footer=True)
+    table = Table(title="where the memory is", box=box_for(interactive), title_justify="left", show_footer=True)
     glibc = rep.allocator == "glibc"
     figures = _GLIBC_COLUMNS if glibc else _JEMALLOC_COLUMNS
     fixed = (("#", "right"), ("arena", "left"), ("kind", "left"), ("threads", "right"),
@@ -297,7 +276,7 @@ def report_group(rep: Report, interactive: bool) -> Group:
     """The report: per-arena table with totals, histogram, what the allocator would give back, and verdict."""
     glibc = rep.allocator == "glibc"
     lines = _glibc_lines(rep) if glibc else _jemalloc_lines(rep)
-    hist = Table(title="free chunks by size" if glibc else "free pieces by size", box=_box(interactive),
+    hist = Table(title="free chunks by size" if glibc else "free pieces by size", box=box_for(interactive),
                  title_justify="left")
     for name in ("size", "chunks" if glibc else "pieces", "bytes", "share"):
         hist.add_column(name, justify="right" if name != "size" else "left", no_wrap=True)
@@ -306,7 +285,7 @@ def report_group(rep: Report, interactive: bool) -> Group:
                      f"{100 * b.bytes / rep.free_listed:.0f}%" if rep.free_listed else "-")
     parts = [_arena_table(rep, interactive), lines, hist]
     if glibc or rep.classes:
-        classes = Table(title=f"free chunks by {rep.allocator} size class", box=_box(interactive),
+        classes = Table(title=f"free chunks by {rep.allocator} size class", box=box_for(interactive),
                         title_justify="left")
         for name in ("class", "chunks", "bytes"):
             classes.add_column(name, justify="right" if name != "class" else "left", no_wrap=True)
@@ -323,7 +302,7 @@ def threads_group(state: HeapState, interactive: bool) -> Group:
     """Every thread with its arena and tcache; then the arenas with their users, and the users glibc counts
     (its attached_threads)."""
     numbers = {a.address: a.number for a in state.arenas}
-    table = Table(title="threads", box=_box(interactive), title_justify="left")
+    table = Table(title="threads", box=box_for(interactive), title_justify="left")
     for name, justify in (("thread", "right"), ("lwp", "right"), ("arena", "left"), ("tcache chunks", "right"),
                           ("tcache bytes", "right")):
         table.add_column(name, justify=justify, no_wrap=True)
@@ -337,7 +316,7 @@ def threads_group(state: HeapState, interactive: bool) -> Group:
             arena = "unknown (TLS not in the core)"
         count = str(t.tcache.count) if t.tcache else "-"
         table.add_row(str(t.number), str(t.lwp), arena, count, human(t.tcache.total) if t.tcache else "-")
-    arenas = Table(title="arenas and their threads", box=_box(interactive), title_justify="left")
+    arenas = Table(title="arenas and their threads", box=box_for(interactive), title_justify="left")
     for name, justify in (("#", "right"), ("arena", "left"), ("kind", "left"), ("threads using it", "right"),
                           ("threads glibc counts", "right"), ("on free list", "left")):
         arenas.add_column(name, justify=justify, no_wrap=True)
@@ -345,10 +324,7 @@ def threads_group(state: HeapState, interactive: bool) -> Group:
         arenas.add_row(str(a.number), f"{a.address:#x}", a.kind, str(users.get(a.address, 0)),
                        "-" if a.attached_threads is None else str(a.attached_threads),
                        "yes" if a.on_free_list else "")
-    mp = state.mp
-    limit = mp.get("arena_max") if mp else None
-    text = Text(f"{len(state.threads)} threads, {len(state.arenas)} arenas; arena limit "
-                + (f"{limit} (MALLOC_ARENA_MAX)" if limit else "8 x the CPU count (default)") + "\n")
+    text = Text(f"{len(state.threads)} threads, {len(state.arenas)} arenas; arena limit {arena_limit(state)}\n")
     lost = sum(1 for t in state.threads if t.tls_lost)
     if lost:
         text.append(f"{lost} thread{'s' if lost > 1 else ''} not counted in 'threads using it': TLS not in the core\n")

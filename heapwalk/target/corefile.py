@@ -9,6 +9,7 @@ that an executable given for the core is the same build.  Pure Python, no gdb.
 
 from __future__ import annotations
 
+import json
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -182,6 +183,17 @@ class CoreFile:
         for kind, name, desc in self.notes:
             if kind == _NT_AUXV and name == b"CORE":
                 return {k: v for k, v in struct.iter_unpack("<QQ", desc[:len(desc) // 16 * 16])}
+        return {}
+
+    def capture_facts(self) -> dict:
+        """What `heapwalk capture` recorded beside the memory (its HEAPWALK note: the CPU counts), or {}."""
+        for kind, name, desc in self.notes:
+            if kind == 1 and name == b"HEAPWALK":
+                try:
+                    facts = json.loads(desc)
+                except ValueError:
+                    return {}
+                return facts if isinstance(facts, dict) else {}
         return {}
 
     def command(self) -> str:

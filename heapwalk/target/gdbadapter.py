@@ -16,7 +16,7 @@ import gdb  # type: ignore[import-not-found]
 
 from heapwalk.target.threads import FATAL_SIGNALS, ThreadRegs
 from heapwalk.target.elf import Mapping
-from heapwalk.target.corefile import MISSING_ENV, parse_ranges
+from heapwalk.target.corefile import MISSING_ENV, CoreError, CoreFile, parse_ranges
 from heapwalk.target.memory import CachedMemory, ranges_without
 from heapwalk.target.space import MemoryMap
 
@@ -192,6 +192,41 @@ def thread_registers() -> list[ThreadRegs]:
     return sorted(out, key=lambda t: t.number)
 
 
+def cpu_counts() -> tuple[int, int] | None:
+    """The CPUs online and the CPUs the process may run on (glibc's arena limit is 8 per CPU), when known: a
+    live process's from this machine, a core's from the note `heapwalk capture` writes; None otherwise."""
+    inferior = gdb.selected_inferior()
+    connection = getattr(inferior, "connection", None)
+    if getattr(connection, "type", None) == "core":
+        path = core_path()
+        if path is None:
+            return None
+        try:
+            core = CoreFile(path)
+        except CoreError:
+            return None
+        try:
+            facts = core.capture_facts()
+        finally:
+            core.close()
+        online, allowed = facts.get("cpus_online"), facts.get("cpus_allowed")
+        return (online, allowed or online) if isinstance(online, int) and online > 0 else None
+    try:
+        return os.cpu_count() or 1, len(os.sched_getaffinity(inferior.pid))
+    except (OSError, ValueError):
+        return None
+
+
+def core_path() -> str | None:
+    """The core file gdb has open, or None."""
+    try:
+        info = gdb.execute("info target", to_string=True)
+    except gdb.error:
+        return None
+    m = re.search(r"Local core dump file:\s*\n?\s*`([^']+)'", info)
+    return m.group(1) if m else None
+
+
 def describe_target() -> str:
     """'core file /x/core of /x/exe' or 'process 1234 (/x/exe)'."""
     inferior = gdb.selected_inferior()
@@ -199,15 +234,7 @@ def describe_target() -> str:
     connection = getattr(inferior, "connection", None)
     kind = getattr(connection, "type", None) if connection is not None else None
     if kind == "core":
-        core = "?"
-        try:
-            info = gdb.execute("info target", to_string=True)
-            m = re.search(r"Local core dump file:\s*\n?\s*`([^']+)'", info)
-            if m:
-                core = m.group(1)
-        except gdb.error:
-            pass
-        return f"core file {core} of {exe}"
+        return f"core file {core_path() or '?'} of {exe}"
     return f"process {inferior.pid} ({exe})"
 
 

@@ -40,6 +40,7 @@ class Target:
     symbols: Any                # a SymbolSource of the allocator's discovery (debug symbols, or none)
     description: str            # "core file /x/core of /usr/bin/prog", for the header
     missing: list[tuple[int, int]]  # the address ranges a truncated core lacks
+    cpus: tuple[int, int] | None = None  # the CPUs online and those the process may run on, when known
 
     def truncation(self) -> Finding | None:
         """The finding that a core lacks part of the process's memory (None for a whole core or a process)."""
