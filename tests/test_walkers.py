@@ -153,18 +153,24 @@ def test_arena_ring_that_never_returns_to_main_arena_is_cut():
     assert ring == [ARENA, other] and "loops" in findings[0].message
 
 
-def test_heap_chain_is_checked_against_its_arena():
+def _first_heap():
+    """A synthetic thread arena's first heap (0x21000 bytes, its heap_info and the arena at its start):
+    (the SynthHeap, the heap's address, the arena's)."""
     s = SynthHeap()
-    lay = s.layout
     heap = 0x7F1000000000
     s.mem.add(heap, bytes(0x1000))
-    arena = heap + lay.heap_info_size
+    arena = heap + s.layout.heap_info_size
     s.w(heap, arena)
     s.w(heap + 16, 0x21000)
     s.w(heap + 24, 0x21000)
-    heaps, findings = walk_heaps(s.mem, lay, arena, heap + 0x900)
+    return s, heap, arena
+
+
+def test_heap_chain_is_checked_against_its_arena():
+    s, heap, arena = _first_heap()
+    heaps, findings = walk_heaps(s.mem, s.layout, arena, heap + 0x900)
     assert [(h.address, h.size, h.prev) for h in heaps] == [(heap, 0x21000, 0)] and findings == []
-    heaps, findings = walk_heaps(s.mem, lay, arena + 0x10, heap + 0x900)
+    heaps, findings = walk_heaps(s.mem, s.layout, arena + 0x10, heap + 0x900)
     assert heaps == [] and "ar_ptr" in findings[0].message
 
 
@@ -172,15 +178,9 @@ def test_the_arena_s_own_heap_is_kept_when_the_heap_of_top_is_gone():
     """A core cut above the arena's first heap, taking the newer heap that holds top: the chain from top is an
     error at the missing heap_info, and the heap holding the arena is still walked (its chunks, and where
     they stop, named) instead of none of the arena's."""
-    s = SynthHeap()
-    lay = s.layout
-    heap, newer = 0x7F1000000000, 0x7F1004000000
-    s.mem.add(heap, bytes(0x1000))
-    arena = heap + lay.heap_info_size
-    s.w(heap, arena)
-    s.w(heap + 16, 0x21000)
-    s.w(heap + 24, 0x21000)
-    heaps, findings = walk_heaps(s.mem, lay, arena, newer + 0x900)
+    s, heap, arena = _first_heap()
+    newer = heap + 0x4000000
+    heaps, findings = walk_heaps(s.mem, s.layout, arena, newer + 0x900)
     assert [(h.address, h.size, h.prev) for h in heaps] == [(heap, 0x21000, 0)]
     assert [(f.kind, f.address) for f in findings] == [(Kind.HEAP_INFO, newer)]
 

@@ -36,8 +36,6 @@ class SweptChunks:
 
     def __init__(self, sweep: Sweep, codes: np.ndarray, sizes: np.ndarray):
         self.sweep, self.codes, self.sizes = sweep, codes, sizes
-        self.extent_start = np.repeat(np.array([s.extent.start for s in sweep.segments], dtype=np.uint64),
-                                      [s.hi - s.lo for s in sweep.segments])
 
     def select(self, free: bool, used: bool, min_size: int, max_size: int | None) -> np.ndarray:
         """The indices of the chunks that are free (or used, or either) and of a size in range."""
@@ -54,8 +52,11 @@ class SweptChunks:
 
     def chunks(self, rows: np.ndarray) -> Iterator[Chunk]:
         """The chunks at ROWS, as the careful walk would give them."""
+        segments = self.sweep.segments
+        heap = np.searchsorted(np.array([s.hi for s in segments], dtype=np.int64), rows, side="right")
+        starts = np.array([s.extent.start for s in segments], dtype=np.uint64)[heap].tolist()
         address, field = self.sweep.address[rows].tolist(), self.sweep.field[rows].tolist()
-        codes, starts = self.codes[rows].tolist(), self.extent_start[rows].tolist()
+        codes = self.codes[rows].tolist()
         for a, f, code, start in zip(address, field, codes, starts):
             yield Chunk(a, f & ~7, f & 7, STATE_OF_CODE[code], start)
 
