@@ -31,10 +31,25 @@ class ArenaView:
     overhead: int                # the allocator's own headers and padding
     reclaim: int                 # resident bytes the allocator could give back now (glibc: malloc_trim(0))
     balanced: bool               # do its bytes add up to system, with nothing left unwalked?
+    resident: int | None = None          # bytes of its memory in RAM (None: the target cannot say)
+    free_resident: int | None = None     # bytes of its free pieces in RAM
+    top_resident: int | None = None      # bytes of its top in RAM
 
     @property
     def free_total(self) -> int:
         return sum(self.free.values())
+
+    @property
+    def idle(self) -> int:
+        """Free bytes, top included."""
+        return self.free_total + self.top
+
+    @property
+    def idle_resident(self) -> int | None:
+        """Free bytes in RAM, top included (None: unknown); never more than the free bytes."""
+        if self.free_resident is None:
+            return None
+        return min(self.free_resident, self.free_total) + min(self.top_resident or 0, self.top)
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +76,8 @@ class HeapView:
     reclaim_total: int = 0                       # address space the allocator would give back now
     reclaim_kept: Mapping[str, int] = field(default_factory=dict)  # free bytes it would keep, by reason
     advice: tuple[str, ...] = ()                 # the allocator's own verdict, when it has one (jemalloc's)
+    residency: str = ""                          # where the arenas' resident bytes come from ("": unknown)
+    large_resident: int | None = None            # resident bytes of the large allocations, when known
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,14 +3,12 @@ and each error a user meets, with its message and exit status."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -20,6 +18,7 @@ import sysroots
 from heapwalk.target.corefile import file_build_id
 from conftest import BINDIR, GLIBCS, NO_SYMBOLS, ROOT, capture, corruption, glibc, heapwalk_json
 from oracle import malloc_info_view, parse_malloc_info
+from services import process_state, running, wait_for_step
 
 pytestmark = pytest.mark.live
 
@@ -169,45 +168,8 @@ def test_report_check_exits_1_on_a_damaged_heap():
     assert clean.returncode == 0, clean.stderr
 
 
-@contextlib.contextmanager
-def _grow(tmp_path: Path):
-    """cores/grow.c, running, with its first state written: (process, its state folder); killed at the end."""
-    exe = BINDIR / "grow"
-    source = ROOT / "cores" / "grow.c"
-    if not exe.exists() or exe.stat().st_mtime < source.stat().st_mtime:
-        BINDIR.mkdir(parents=True, exist_ok=True)
-        subprocess.run(["gcc", "-O1", "-g", "-pthread", str(source), "-o", str(exe)], check=True)
-    state_dir = tmp_path / "grow"
-    state_dir.mkdir()
-    proc = subprocess.Popen([str(exe), str(state_dir)])
-    try:
-        _wait_for_step(state_dir, 0)
-        yield proc, state_dir
-    finally:
-        proc.kill()
-        proc.wait()
-
-
-def _wait_for_step(state_dir: Path, step: int) -> list[int]:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            values = [int(x) for x in (state_dir / "state").read_text().split()]
-            if values[0] == step:
-                return values
-        except (OSError, ValueError, IndexError):
-            pass
-        time.sleep(0.02)
-    raise AssertionError(f"grow did not reach step {step}")
-
-
-def _process_state(pid: int) -> str:
-    with open(f"/proc/{pid}/stat") as fh:
-        return fh.read().rsplit(")", 1)[1].split()[0]
-
-
 def test_capture_writes_a_core_and_a_report_and_leaves_the_process_running(tmp_path):
-    with _grow(tmp_path) as (proc, state_dir):
+    with running(tmp_path, "grow") as (proc, state_dir):
         out = tmp_path / "snap"
         result = heapwalk("capture", str(proc.pid), "--out", str(out))
         assert result.returncode == 0, result.stderr
@@ -217,9 +179,9 @@ def test_capture_writes_a_core_and_a_report_and_leaves_the_process_running(tmp_p
         assert any(m["rss"] > 0 for m in record["smaps"]) and record["resident_runs"]
         assert f"process {proc.pid} was stopped for" in result.stdout and "RSS" in result.stdout
         # still running, and still doing its work
-        assert proc.poll() is None and _process_state(proc.pid) in "SR"
+        assert proc.poll() is None and process_state(proc.pid) in "SR"
         proc.send_signal(signal.SIGUSR1)
-        _wait_for_step(state_dir, 1)
+        wait_for_step(state_dir, 1)
         # the report of the core is the report of that core in gdb
         meta_exe = BINDIR / "grow"
         assert json.loads((out / "report.json").read_text())["arenas"] == \
@@ -230,20 +192,24 @@ def test_capture_writes_only_what_holds_anything_and_gives_gcores_report(tmp_pat
     """The default capture stops the process with ptrace and writes only the memory that holds anything: its
     core opens in gdb with exactly the report of gcore's whole core of the same moment (grow's threads are
     idle), takes far less disk, and the pause is short."""
-    with _grow(tmp_path) as (proc, _):
+    with running(tmp_path, "grow") as (proc, _):
         ours, full = tmp_path / "ours", tmp_path / "full"
         result = heapwalk("capture", str(proc.pid), "--out", str(ours))
         assert result.returncode == 0, result.stderr
         assert heapwalk("capture", str(proc.pid), "--full", "--out", str(full)).returncode == 0
-        assert proc.poll() is None and _process_state(proc.pid) in "SR"
+        assert proc.poll() is None and process_state(proc.pid) in "SR"
         smaps = json.loads((ours / "capture.json").read_text())["smaps"]
     record = json.loads((ours / "capture.json").read_text())
     assert record["core_writer"] == "heapwalk" and "while heapwalk read its memory" in result.stdout
     a, b = (json.loads((d / "report.json").read_text()) for d in (ours, full))
     limits = [doc["report"].pop("arena_limit") for doc in (a, b)]
+    # which pages were resident: from heapwalk's core, and from what the capture read beside gcore's
+    assert [doc["report"].pop("residency") for doc in (a, b)] == [
+        "the page map the capture recorded in its core", "the page map the capture recorded in capture.json"]
     for doc in (a, b):
         doc.pop("target")
     assert a == b
+    assert all(r["rss"] > 0 and r["free_resident"] is not None for r in a["report"]["arenas"])
     # the CPU count, which a core does not hold, comes with heapwalk's core: the arena limit is known
     cpus = os.cpu_count()
     assert limits[0].startswith(f"{8 * cpus} (the default: 8 x {cpus} CPUs online)") and "3 made" in limits[0]
@@ -256,21 +222,21 @@ def test_capture_writes_only_what_holds_anything_and_gives_gcores_report(tmp_pat
 
 
 def test_capture_live_reads_the_process_without_a_core(tmp_path):
-    with _grow(tmp_path) as (proc, _):
+    with running(tmp_path, "grow") as (proc, _):
         out = tmp_path / "live"
         result = heapwalk("capture", str(proc.pid), "--live", "--out", str(out))
         assert result.returncode == 0, result.stderr
         assert not (out / "core").exists() and json.loads((out / "report.json").read_text())["target"].startswith(
             "process ")
-        assert proc.poll() is None and _process_state(proc.pid) in "SR"
+        assert proc.poll() is None and process_state(proc.pid) in "SR"
 
 
 def test_diff_of_two_snapshots_names_the_arena_that_grew(tmp_path):
-    with _grow(tmp_path) as (proc, state_dir):
+    with running(tmp_path, "grow") as (proc, state_dir):
         assert heapwalk("capture", str(proc.pid), "--out", str(tmp_path / "a")).returncode == 0
         for step in (1, 2, 3):
             proc.send_signal(signal.SIGUSR1)
-            _, grower, steady = _wait_for_step(state_dir, step)
+            _, grower, steady = wait_for_step(state_dir, step)
         assert heapwalk("capture", str(proc.pid), "--out", str(tmp_path / "b")).returncode == 0
     b = json.loads((tmp_path / "b" / "report.json").read_text())
     arena_of = {t["lwp"]: t["arena"] for t in b["threads"]}
@@ -440,10 +406,10 @@ def test_error_capture_folder_that_cannot_be_made(tmp_path):
     """--out where no folder can be made: one line saying so and what to do, the process not touched."""
     blocker = tmp_path / "a-file"
     blocker.write_text("")
-    with _grow(tmp_path) as (proc, _):
+    with running(tmp_path, "grow") as (proc, _):
         _fails(heapwalk("capture", str(proc.pid), "--out", str(blocker / "snap")),
                f"cannot create the folder {blocker / 'snap'}", "give --out a folder")
-        assert _process_state(proc.pid) in "SR"
+        assert process_state(proc.pid) in "SR"
 
 
 def test_error_process_of_another_user(tmp_path, monkeypatch, capsys):
@@ -451,7 +417,7 @@ def test_error_process_of_another_user(tmp_path, monkeypatch, capsys):
     process's owner, with the effective uid made someone else's)."""
     from heapwalk.cli import main as cli, proc as procfs
 
-    with _grow(tmp_path) as (proc, _):
+    with running(tmp_path, "grow") as (proc, _):
         owner = os.stat(f"/proc/{proc.pid}").st_uid
         monkeypatch.setattr(procfs.os, "geteuid", lambda: owner + 1000)
         assert cli.main(["capture", str(proc.pid), "--out", str(tmp_path / "denied")]) == 2

@@ -27,6 +27,7 @@ class ArenaTotals:
     histogram: tuple[Bucket, ...]
     reclaim: int = 0                              # resident bytes the allocator could give back
     heaps: tuple[tuple[int, int], ...] = ()       # (address, size) of each piece of its memory
+    rss: int | None = None                        # bytes of its memory in RAM (None: the snapshot cannot say)
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,7 +51,7 @@ class ArenaChange:
     address: int
     number: int
     status: str
-    figures: dict[str, tuple[int, int]]
+    figures: dict[str, tuple[int, int]]           # FIGURES, and "rss" when both snapshots know it
     free_classes: tuple[ClassChange, ...]
 
     def growth(self, figure: str) -> int:
@@ -63,10 +64,11 @@ class Diff:
     """Every arena's change, the biggest growth of system memory first, and the totals."""
 
     arenas: tuple[ArenaChange, ...]
+    rss_known: bool = False                       # both snapshots say how much of each arena was in RAM
 
     @property
     def growth(self) -> dict[str, int]:
-        return {k: sum(e.growth(k) for e in self.arenas) for k in FIGURES}
+        return {k: sum(e.growth(k) for e in self.arenas) for k in FIGURES + (("rss",) if self.rss_known else ())}
 
     @property
     def grew(self) -> list[int]:
@@ -77,14 +79,16 @@ class Diff:
 def diff(a: list[ArenaTotals], b: list[ArenaTotals]) -> Diff:
     """What changed from the arenas of snapshot A to those of snapshot B."""
     in_a, in_b = {x.address: x for x in a}, {x.address: x for x in b}
+    rss_known = bool(a and b) and all(x.rss is not None for x in a + b)
+    names = FIGURES + (("rss",) if rss_known else ())
     changes = []
     for address in list(in_b) + [x for x in in_a if x not in in_b]:
         ra, rb = in_a.get(address), in_b.get(address)
-        figures = {k: (getattr(ra, k) if ra else 0, getattr(rb, k) if rb else 0) for k in FIGURES}
+        figures = {k: (getattr(ra, k) if ra else 0, getattr(rb, k) if rb else 0) for k in names}
         changes.append(ArenaChange(address, (rb or ra).number, "new" if ra is None else "gone" if rb is None
                                    else "both", figures, _class_changes(ra, rb)))
     changes.sort(key=lambda e: -e.growth("system"))
-    return Diff(tuple(changes))
+    return Diff(tuple(changes), rss_known)
 
 
 def _class_changes(ra: ArenaTotals | None, rb: ArenaTotals | None) -> tuple[ClassChange, ...]:

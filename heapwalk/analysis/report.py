@@ -60,6 +60,8 @@ class Report:
     trim_total: int = 0                                                     # address space trim releases
     trim_kept: dict[str, int] = field(default_factory=dict)                 # free bytes trim keeps, by reason
     per_arena: dict[int, list[Bucket]] = field(default_factory=dict)       # arena number -> its histogram
+    residency: str = ""                     # where the resident figures come from ("": the target cannot say)
+    mmapped_resident: int | None = None
 
     @property
     def system(self) -> int:
@@ -84,6 +86,16 @@ class Report:
     @property
     def trim(self) -> int:
         return sum(a.reclaim for a in self.arenas)
+
+    @property
+    def resident(self) -> int | None:
+        """Bytes of the arenas' memory in RAM, when known."""
+        return sum(a.resident or 0 for a in self.arenas) if self.residency else None
+
+    @property
+    def idle_resident(self) -> int | None:
+        """Free bytes in RAM (top included), when known."""
+        return sum(a.idle_resident or 0 for a in self.arenas) if self.residency else None
 
     @property
     def free_listed(self) -> int:
@@ -135,46 +147,116 @@ def _pct(part: float, whole: float) -> str:
     return f"{100 * part / whole:.0f}%" if whole else "0%"
 
 
+def _costs(a: ArenaView, ram: bool) -> tuple[int, int]:
+    """(bytes held, bytes free with top) of arena A that cost memory: those in RAM when RAM is known, else all."""
+    return (a.resident or 0, a.idle_resident or 0) if ram else (a.system, a.idle)
+
+
+def arena_max_saving(rep: Report, cap: int) -> tuple[int, int, int] | None:
+    """What MALLOC_ARENA_MAX=CAP would have saved: (how many arenas it leaves out, the least and the most
+    their free memory could be), over the free bytes in RAM when known; None when there are not more
+    arenas.  A range, because which thread arenas a cap leaves out depends on the order threads came in
+    (the main arena is always there)."""
+    ram = bool(rep.residency)
+    idle = sorted(_costs(a, ram)[1] for a in rep.arenas if a.kind == "thread")
+    beyond = len(idle) + 1 - cap
+    if beyond <= 0:
+        return None
+    return beyond, sum(idle[:beyond]), sum(idle[-beyond:])
+
+
+def _arena_max_sentence(rep: Report) -> str:
+    """The thread arenas' share of the free memory, and what capping their number would have saved."""
+    ram = bool(rep.residency)
+    threads = [a for a in rep.arenas if a.kind == "thread"]
+    held, idle = (sum(x) for x in zip(*(_costs(a, ram) for a in threads)))
+    where = " in RAM" if ram else ""
+    text = (f"{len(threads)} thread arenas hold {human(held)}{where}, {human(idle)} of it free: each thread that "
+            "hits a locked arena gets its own, and their free memory is not shared. MALLOC_ARENA_MAX=2 (or 4) "
+            "caps the arena count")
+    savings = [(cap, arena_max_saving(rep, cap)) for cap in (2, 4)]
+    parts = [f"with {cap}, {n} arena{'s' if n > 1 else ''} fewer, {human(lo)}" + (f" to {human(hi)}" if hi != lo
+             else "") for cap, found in savings if found for n, lo, hi in [found]]
+    if parts:
+        text += (f"; it would have saved the free memory{where} of the arenas beyond the cap: " + "; ".join(parts)
+                 + (" (a range: which arenas are left out depends on the order threads came in)" if len(threads) > 1
+                    else ""))
+    return text + "."
+
+
+def _fragmentation(rep: Report, held: int, idle: int, ram: bool) -> list[str]:
+    """The sentences of a heap whose free memory (in RAM, when known) is a quarter or more of what it holds."""
+    if ram:
+        free_res = sum(min(a.free_resident or 0, a.free_total) for a in rep.arenas)
+        out = [f"Fragmentation, not a leak: {human(idle)} of the {human(held)} of malloc's arenas in RAM "
+               f"({_pct(idle, held)}) is free (free chunks {human(free_res)}, top chunks {human(idle - free_res)}); "
+               f"{human(rep.in_use)} is in use."]
+    else:
+        out = [f"Fragmentation, not a leak: {human(idle)} of the {human(held)} malloc holds in its arenas "
+               f"({_pct(idle, held)}) is free (free chunks {human(rep.free)}, top chunks {human(rep.top)}); "
+               f"{human(rep.in_use)} is in use."]
+    threads = [a for a in rep.arenas if a.kind == "thread"]
+    if len(threads) > 1 and sum(_costs(a, ram)[0] for a in threads) >= 0.5 * held:
+        out.append(_arena_max_sentence(rep))
+    small_free = sum(b.bytes for b in rep.histogram if b.high <= 4096)
+    if rep.trim >= 0.1 * idle and rep.trim >= MiB:
+        out.append(f"malloc_trim(0) would give back {human(rep.trim)} now. Calling it periodically (or after "
+                   "peaks), or a lower M_TRIM_THRESHOLD, returns such memory without a restart.")
+    elif ram and rep.trim_kept.get("sub_page", 0) >= 0.5 * idle:
+        out.append(f"{human(rep.trim_kept['sub_page'])} of free memory lies in pieces under a page (small free "
+                   "chunks, and the ends and links of larger ones), which malloc_trim(0) cannot return: it would "
+                   f"give back only {human(rep.trim)}. Fewer arenas (above), fewer long-lived small allocations, "
+                   "or an allocator that returns small-object pages (jemalloc, tcmalloc) would shrink it.")
+    elif small_free >= 0.5 * rep.free:
+        out.append(f"{human(small_free)} of the free memory is in chunks under 4 KiB "
+                   f"({rep.free_chunks} free chunks; fragmentation {rep.fragmentation:.2f}): malloc_trim(0) "
+                   f"would return only {human(rep.trim)}. Only fewer long-lived small allocations, or an "
+                   "allocator that returns small-object pages (jemalloc, tcmalloc), would shrink it.")
+    main = next((a for a in rep.arenas if a.kind == "main"), None)
+    top = (min(main.top_resident or 0, main.top) if ram else main.top) if main else 0
+    if main and top >= 0.25 * held and main.reclaim < top // 2:
+        out.append(f"The main arena's top chunk holds {human(top)}{' in RAM' if ram else ''} that trim cannot "
+                   "lower: in-use chunks above it pin the break.")
+    return out
+
+
 def _verdict(rep: Report) -> list[str]:
-    """Plain sentences, each backed by the numbers above it."""
-    out = []
+    """Plain sentences, each backed by the numbers above it.  Where the target says which pages are in RAM,
+    free memory counts only where it is in RAM: what is not costs address space, not memory."""
     # what the walk found is the whole when a damaged system_mem says less: shares stay within 100%
     held = max(rep.system, rep.in_use + rep.free + rep.top + rep.overhead)
     if not held:
         return ["malloc holds no memory in its arenas."]
+    ram = bool(rep.residency)
     idle = rep.free + rep.top
-    threads = [a for a in rep.arenas if a.kind == "thread"]
-    thread_system = sum(a.system for a in threads)
-    small_free = sum(b.bytes for b in rep.histogram if b.high <= 4096)
-    if idle >= 0.25 * held and idle >= MiB:
-        out.append(f"Fragmentation, not a leak: {human(idle)} of the {human(held)} malloc holds in its arenas "
-                   f"({_pct(idle, held)}) is free (free chunks {human(rep.free)}, top chunks {human(rep.top)}); "
-                   f"{human(rep.in_use)} is in use.")
-        if len(threads) > 1 and thread_system >= 0.5 * held:
-            thread_idle = sum(a.free_total + a.top for a in threads)
-            out.append(f"{len(threads)} thread arenas hold {human(thread_system)}, {human(thread_idle)} of it free: "
-                       "each thread that hits a locked arena gets its own, and their free memory is not shared. "
-                       "MALLOC_ARENA_MAX=2 (or 4) caps the arena count.")
-        if rep.trim >= 0.1 * idle and rep.trim >= MiB:
-            out.append(f"malloc_trim(0) would give back {human(rep.trim)} now. Calling it periodically (or after "
-                       "peaks), or a lower M_TRIM_THRESHOLD, returns such memory without a restart.")
-        elif small_free >= 0.5 * rep.free:
-            out.append(f"{human(small_free)} of the free memory is in chunks under 4 KiB "
-                       f"({rep.free_chunks} free chunks; fragmentation {rep.fragmentation:.2f}): malloc_trim(0) "
-                       f"would return only {human(rep.trim)}. Only fewer long-lived small allocations, or an "
-                       "allocator that returns small-object pages (jemalloc, tcmalloc), would shrink it.")
-        main = next((a for a in rep.arenas if a.kind == "main"), None)
-        if main and main.top >= 0.25 * held and main.trim < main.top // 2:
-            out.append(f"The main arena's top chunk holds {human(main.top)} that trim cannot lower: "
-                       "in-use chunks above it pin the break.")
+    held_cost, idle_cost = (rep.resident or 0, rep.idle_resident or 0) if ram else (held, idle)
+    gone = idle - idle_cost
+    out = []
+    fragmented = idle_cost >= 0.25 * held_cost and idle_cost >= MiB
+    if fragmented and idle_cost >= gone:
+        out += _fragmentation(rep, held_cost, idle_cost, ram)
+    elif ram and gone >= 0.25 * held and gone >= MiB:
+        out.append(f"Free memory, but not in RAM: {human(gone)} of the {human(idle)} free in malloc's arenas is "
+                   "no longer resident (given back by malloc_trim or free, or never touched), so it takes address "
+                   "space, not memory, and needs no remedy; of the "
+                   f"{human(held_cost)} of the arenas in RAM, {human(idle_cost)} is free and {human(rep.in_use)} is "
+                   "in use. If RSS still grows, two snapshots taken some time apart ('heapwalk diff A B') show what "
+                   "grows.")
+        if fragmented:          # what is still in RAM of the free memory, and its remedies
+            out += _fragmentation(rep, held_cost, idle_cost, ram)[1:]
     elif rep.in_use >= 0.75 * held:
+        free_part = f"only {human(idle_cost)} of free memory is in RAM" if ram else f"only {human(idle)} is free"
         out.append(f"Memory in use, not fragmentation: {human(rep.in_use)} of the {human(held)} malloc holds "
-                   f"({_pct(rep.in_use, held)}) is in chunks the program still holds, and only {human(idle)} is "
-                   "free. That is live data or a leak: 'heapwalk chunks --used --min SIZE' in gdb shows the "
-                   "largest holders; two snapshots taken some time apart ('heapwalk diff A B') show what grows.")
+                   f"({_pct(rep.in_use, held)}) is in chunks the program still holds, and {free_part}. That is live "
+                   "data or a leak: 'heapwalk chunks --used --min SIZE' in gdb shows the largest holders; two "
+                   "snapshots taken some time apart ('heapwalk diff A B') show what grows.")
     else:
-        out.append(f"{human(rep.in_use)} in use and {human(idle)} free of the {human(held)} malloc holds: "
-                   "neither fragmentation nor growth stands out.")
+        free_part = f"{human(idle_cost)} free in RAM" if ram else f"{human(idle)} free"
+        out.append(f"{human(rep.in_use)} in use and {free_part} of the {human(held_cost if ram else held)} "
+                   f"malloc holds{' in RAM' if ram else ''}: neither fragmentation nor growth stands out.")
+    if ram and out[0].startswith("Fragmentation") and gone >= MiB:
+        out.insert(1, f"A further {human(gone)} is free but not in RAM (given back, or never touched): address "
+                      "space, not memory.")
     if rep.mmapped_bytes >= 0.25 * (held + rep.mmapped_bytes) and rep.mmapped_bytes >= MiB:
         out.append(f"{human(rep.mmapped_bytes)} is in {rep.mmapped_count} mmapped chunks (requests above "
                    "M_MMAP_THRESHOLD): they return to the system when freed.")
@@ -191,5 +273,6 @@ def build_report(view: HeapView) -> Report:
     rep.trim_total = view.reclaim_total
     rep.trim_kept = dict(view.reclaim_kept)
     rep.per_arena = {n: _histogram(sizes)[0] for n, sizes in view.free_sizes.items()}
+    rep.residency, rep.mmapped_resident = view.residency, view.large_resident
     rep.verdict = list(view.advice) or _verdict(rep)
     return rep

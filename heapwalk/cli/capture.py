@@ -1,5 +1,6 @@
-"""``heapwalk capture PID``: a core of a running process (or its report read live), what /proc says beside
-it, and each arena's resident memory beside its free bytes."""
+"""``heapwalk capture PID``: a core of a running process (or its report read live) and what /proc says
+beside it; the report then knows which pages were resident (from the core, or from capture.json beside
+gcore's core)."""
 
 from __future__ import annotations
 
@@ -12,30 +13,18 @@ from heapwalk.cli import ptrace
 from heapwalk.cli.cores import open_core, report_command
 from heapwalk.cli.corewriter import write_core
 from heapwalk.cli.gdbmi import CliError, Gdb
-from heapwalk.output import jsondoc
 from heapwalk.analysis.report import human
-from heapwalk.cli.proc import environment, ptrace_advice, read_smaps, resident_in, resident_runs
+from heapwalk.cli.proc import environment, ptrace_advice, read_smaps, resident_runs
+from heapwalk.target.residency import RESIDENT_ENV
 
 
-def _arena_rss_lines(doc: dict, runs: list[list[int]] | None) -> str:
-    """Each arena's resident bytes beside its free bytes: memory free in the heap and still in RAM."""
+def _residency_note(doc: dict) -> str:
+    """A line when the report could not say how much of each arena was in RAM (its table says it otherwise)."""
     if doc.get("allocator") == "jemalloc":
-        note = "RSS per arena: not shown for jemalloc's arenas yet (docs/jemalloc.md)\n"
-        return note if "glibc_malloc" not in doc else note + "glibc's malloc, beside jemalloc: " + \
-            _arena_rss_lines(doc["glibc_malloc"], runs)
-    try:
-        arenas = jsondoc.read_snapshot(doc)
-    except jsondoc.DocumentError:
-        arenas = None
-    if runs is None or arenas is None:
+        return "RSS per arena: not shown for jemalloc's arenas yet (docs/jemalloc.md)\n"
+    if not (doc.get("report") or {}).get("residency"):
         return "RSS per arena: not available (cannot read /proc/PID/pagemap)\n"
-    lines = [f"{'arena':>6} {'heaps':>5} {'system':>10} {'RSS':>10} {'in use':>10} {'free':>10} {'trim':>10}"]
-    for a in arenas:
-        rss = sum(resident_in(runs, start, start + size) for start, size in a.heaps)
-        lines.append(f"{a.number:>6} {len(a.heaps):>5} {human(a.system):>10} {human(rss):>10} "
-                     f"{human(a.in_use):>10} {human(a.free + a.top):>10} {human(a.reclaim):>10}")
-    return ("Resident memory per arena (from /proc/PID/pagemap at the capture; free includes top, trim is what "
-            "malloc_trim(0) would give back):\n" + "\n".join(lines) + "\n")
+    return ""
 
 
 def _through_gdb(args, pid: int, core: Path, json_file: Path):
@@ -125,11 +114,16 @@ def cmd_capture(args) -> int:
                   core_writer="gcore" if args.full else None if args.live else "heapwalk")
     if written is not None:
         record.update(core_size=written.size, core_bytes_written=written.written)
-    if not args.live:
-        gdb, _ = open_core(args, core, exe)
-        with gdb:
-            text = gdb.run(report_command(json_file, None))
     (out_dir / "capture.json").write_text(json.dumps(record, indent=1) + "\n")
+    if not args.live:
+        if args.full and runs is not None:       # gcore's core does not say which pages were resident
+            os.environ[RESIDENT_ENV] = str((out_dir / "capture.json").resolve())
+        try:
+            gdb, _ = open_core(args, core, exe)
+            with gdb:
+                text = gdb.run(report_command(json_file, None))
+        finally:
+            os.environ.pop(RESIDENT_ENV, None)
     what = "while heapwalk read it live" if args.live else "while gcore wrote the core" if args.full else \
         (f"while heapwalk read its memory ({human(written.written)} that is not zeros, written to a sparse core "
          f"of {human(written.size)})")
@@ -137,6 +131,6 @@ def cmd_capture(args) -> int:
     print(f"heapwalk: {record['threads']} threads, {record['cpus_allowed']} of {record['cpus_online']} CPUs allowed; "
           f"malloc settings: {', '.join(f'{k}={v}' for k, v in record['environment'].items()) or 'none'}")
     print(text, end="")
-    print(_arena_rss_lines(json.loads(json_file.read_text()), runs), end="")
+    print(_residency_note(json.loads(json_file.read_text())), end="")
     print(f"heapwalk: written to {out_dir}: {'' if args.live else 'core, '}report.json, capture.json")
     return 0

@@ -13,8 +13,9 @@ reservation), [vvar] and [vsyscall] are left out.
 
 The notes are those of a kernel core: each thread's NT_PRSTATUS and NT_FPREGSET (the thread group leader
 first, which gdb makes the current thread), NT_PRPSINFO, NT_AUXV and NT_FILE; and one of heapwalk's own,
-"HEAPWALK", with what the capture knew beside the memory (the CPU counts the arena limit depends on), which
-`target.corefile.CoreFile.capture_facts` reads back.
+"HEAPWALK", with what the capture knew beside the memory (the CPU counts the arena limit depends on, and
+which pages were resident: those of private mappings the core holds, less the runs it lists as
+"not_resident"), which `target.corefile.CoreFile.capture_facts` and `target.residency.of_core` read back.
 """
 
 from __future__ import annotations
@@ -98,13 +99,14 @@ def _flags(perms: str) -> int:
     return (4 if perms[0] == "r" else 0) | (2 if perms[1] == "w" else 0) | (1 if perms[2] == "x" else 0)
 
 
-def _runs(pagemap: int, start: int, end: int, merge: int, private_file: bool) -> list[tuple[int, int, bool]]:
+def _runs(pagemap: int, start: int, end: int, merge: int, private_file: bool,
+          not_resident: list[tuple[int, int]] | None = None) -> list[tuple[int, int, bool]]:
     """(start, end, shared) runs of the pages of [START, END) whose bytes the core must hold, runs at most
     MERGE pages apart joined: pages resident or swapped out, or, in a private mapping of a file
     (PRIVATE_FILE), only those the process has written (resident but no longer the file's page, or swapped
     out).  SHARED says a page of the run is swapped out or not this process's alone (the kernel's zero page,
     mapped where untouched memory was only read, or a page shared with a parent since fork): it may be
-    zeros."""
+    zeros.  The runs' pages that are not resident (swapped out, or joined across) go to NOT_RESIDENT."""
     runs: list[tuple[int, int, bool]] = []
     for lo in range(start, end, 1 << 30):
         hi = min(end, lo + (1 << 30))
@@ -125,16 +127,35 @@ def _runs(pagemap: int, start: int, end: int, merge: int, private_file: bool) ->
         starts, ends = firsts[joined], np.concatenate((lasts[:-1][joined[1:]], lasts[-1:]))
         alone = np.concatenate(([0], np.cumsum(keep & ~bit(56))))
         shared = alone[ends] > alone[starts]
+        if not_resident is not None:
+            not_resident += _runs_of(_inside(starts, ends, len(keep)) & ~bit(63), lo)
         runs += [(lo + a * PAGE, lo + b * PAGE, bool(c)) for a, b, c in zip(starts.tolist(), ends.tolist(),
                                                                            shared.tolist())]
     return runs
 
 
-def plan_segments(pid: int, maps: list[Mapping], elf_start: dict[int, bool], merge: int = _MERGE_PAGES
-                  ) -> list[Segment]:
+def _inside(starts: np.ndarray, ends: np.ndarray, n: int) -> np.ndarray:
+    """A mask of N pages, true inside the runs [STARTS[i], ENDS[i])."""
+    steps = np.zeros(n + 1, dtype=np.int64)
+    np.add.at(steps, starts, 1)
+    np.add.at(steps, ends, -1)
+    return np.cumsum(steps[:-1]) > 0
+
+
+def _runs_of(mask: np.ndarray, base: int) -> list[tuple[int, int]]:
+    """[start, end) address runs of the true pages of MASK, whose first page is at BASE."""
+    edges = np.flatnonzero(np.diff(np.concatenate(([False], mask, [False])).view(np.int8)))
+    return [(base + a * PAGE, base + b * PAGE) for a, b in zip(edges[::2].tolist(), edges[1::2].tolist())]
+
+
+def plan_segments(pid: int, maps: list[Mapping], elf_start: dict[int, bool], merge: int = _MERGE_PAGES,
+                  not_resident: list[tuple[int, int]] | None = None) -> list[Segment]:
     """The PT_LOAD segments of PID's core (see the module); ELF_START says which file mappings begin with an
-    ELF header (by start address): their first page is kept whole."""
+    ELF header (by start address): their first page is kept whole.  The pages of private mappings the core
+    holds that were not resident (swapped out, or joined across) go to NOT_RESIDENT."""
     out: list[Segment] = []
+    if not_resident is not None:
+        not_resident.clear()
     with open(f"/proc/{pid}/pagemap", "rb", buffering=0) as pagemap:
         for m in maps:
             if m.perms[0] != "r" or m.name in _SKIPPED:
@@ -143,7 +164,7 @@ def plan_segments(pid: int, maps: list[Mapping], elf_start: dict[int, bool], mer
             if m.perms[3] != "p" or m.name == "[vdso]":
                 out.append(Segment(m.start, m.end, flags, m.end - m.start, True))
                 continue
-            runs = _runs(pagemap.fileno(), m.start, m.end, merge, m.file_backed)
+            runs = _runs(pagemap.fileno(), m.start, m.end, merge, m.file_backed, not_resident)
             if elf_start.get(m.start):
                 runs = _joined([(m.start, m.start + PAGE, True)] + runs, merge)
             at = m.start
@@ -155,7 +176,7 @@ def plan_segments(pid: int, maps: list[Mapping], elf_start: dict[int, bool], mer
             if at < m.end:
                 out.append(Segment(at, m.end, flags, 0, False))
     if len(out) > _MAX_SEGMENTS:
-        return plan_segments(pid, maps, elf_start, max(16, merge * 4))
+        return plan_segments(pid, maps, elf_start, max(16, merge * 4), not_resident)
     return out
 
 
@@ -239,8 +260,9 @@ def write_core(stopped: Stopped, path: Path, facts: dict | None = None) -> CoreS
     maps = read_maps(pid)
     mem = os.open(f"/proc/{pid}/mem", os.O_RDONLY)
     try:
-        segments = plan_segments(pid, maps, _elf_starts(mem, maps))
-        notes = _notes(stopped, maps, facts)
+        not_resident: list[tuple[int, int]] = []
+        segments = plan_segments(pid, maps, _elf_starts(mem, maps), not_resident=not_resident)
+        notes = _notes(stopped, maps, dict(facts or {}, residency="segments", not_resident=not_resident))
         phnum = len(segments) + 1
         notes_at = 64 + 56 * phnum
         data_at = -(-(notes_at + len(notes)) // PAGE) * PAGE

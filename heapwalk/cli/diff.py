@@ -1,5 +1,5 @@
 """``heapwalk diff A B``: which arenas and free-piece size classes grew between two snapshots, each a core
-(reported first) or a report's JSON."""
+(reported first), a report's JSON or a capture's folder; with their RSS where the snapshots recorded it."""
 
 from __future__ import annotations
 
@@ -15,9 +15,21 @@ from heapwalk.output import jsondoc
 from heapwalk.output.difftext import diff_text
 
 
+def process_rss(path: Path) -> int | None:
+    """The process's RSS at the capture whose folder holds PATH (capture.json's mappings), or None."""
+    record = path.parent / "capture.json"
+    try:
+        smaps = json.loads(record.read_text()).get("smaps") or []
+        return sum(int(m.get("rss") or 0) for m in smaps) if smaps else None
+    except (OSError, ValueError, AttributeError, TypeError):
+        return None
+
+
 def _snapshot(args, path: Path, out: Path) -> list[ArenaTotals]:
     """The arenas of PATH's report: read as is when it is JSON, computed with gdb (written to OUT) when it is a
-    core."""
+    core; a capture's folder stands for its report.json."""
+    if path.is_dir() and (path / "report.json").exists():
+        path = path / "report.json"
     if not path.exists():
         raise CliError(f"heapwalk: no such file: {path}")
     with open(path, "rb") as f:
@@ -46,6 +58,11 @@ def cmd_diff(args) -> int:
         shutil.rmtree(workdir, ignore_errors=True)
     d = diff(a, b)
     print(diff_text(d), end="")
+    rss = [process_rss(p / "report.json" if p.is_dir() else p) for p in (args.a, args.b)]
+    if None not in rss:
+        print(f"RSS of the process (capture.json): {rss[0] / (1 << 20):.1f} MiB -> {rss[1] / (1 << 20):.1f} MiB "
+              f"({(rss[1] - rss[0]) / (1 << 20):+.1f})")
     if args.json:
-        args.json.write_text(json.dumps(jsondoc.diff_json(d), indent=1) + "\n")
+        args.json.write_text(json.dumps({**jsondoc.diff_json(d), "process_rss": None if None in rss else rss},
+                                        indent=1) + "\n")
     return 0

@@ -86,7 +86,9 @@ def make_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("diff", parents=[common], help="what grew between two snapshots of one process",
                        description="Which arenas and free-chunk size classes grew from A to B; each is a core "
-                       "(reported first) or a 'heapwalk report --json' file.")
+                       "(reported first), a 'heapwalk report --json' file or a 'heapwalk capture' folder. The "
+                       "arenas' RSS is compared when both snapshots recorded it (captures do), and the process's "
+                       "RSS when both are captures.")
     p.add_argument("a", type=Path, metavar="A")
     p.add_argument("b", type=Path, metavar="B")
     p.add_argument("--json", type=Path, metavar="FILE", help="also write the differences as JSON")

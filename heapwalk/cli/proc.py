@@ -100,8 +100,3 @@ def resident_runs(pid: int, mappings: list[dict]) -> list[list[int]] | None:
                     else:
                         runs.append([start + lo * _PAGE, start + hi * _PAGE])
     return runs
-
-
-def resident_in(runs: list[list[int]], start: int, end: int) -> int:
-    """Bytes of [start, end) inside the resident RUNS."""
-    return sum(max(0, min(e, end) - max(s, start)) for s, e in runs if s < end and start < e)

@@ -16,7 +16,8 @@ from heapwalk.jemalloc.discovery import JemallocNotFound, find_library
 from heapwalk.jemalloc.load import load_jemalloc
 from heapwalk.jemalloc.model import JeState
 from heapwalk.target.gdbadapter import (GdbSymbols, cpu_counts, describe_target, gdb_memory, has_target,
-                                        memory_map, missing_ranges, preserved_selection, thread_registers)
+                                        memory_map, missing_ranges, preserved_selection, residency,
+                                        thread_registers)
 from heapwalk.target.space import Target
 
 
@@ -78,7 +79,7 @@ def _target() -> Target:
     """The selected inferior as gdb shows it."""
     space = memory_map()
     return Target(gdb_memory(space.readable), space, thread_registers(), GdbSymbols(), describe_target(),
-                  missing_ranges() if space.core else [], cpu_counts())
+                  missing_ranges() if space.core else [], cpu_counts(), residency())
 
 
 def _is_64bit() -> bool:

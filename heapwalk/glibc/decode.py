@@ -25,6 +25,7 @@ from heapwalk.glibc.mainarena import main_memory_start
 from heapwalk.glibc.onepass import OnePass
 from heapwalk.glibc.layout import MP_INT_FIELDS, Layout
 from heapwalk.target.memory import Memory, ReadError, u64
+from heapwalk.target.residency import Residency
 from heapwalk.glibc.model import Account, Arena, ChunkWalk, HeapState, MallocPar, TrimEstimate
 from heapwalk.findings import Fact, Finding, Kind, Severity
 from heapwalk.glibc import headless
@@ -73,21 +74,23 @@ def _require_initialised(mem: Memory, disc: Discovery) -> None:
 
 def collect(mem: Memory, disc: Discovery, threads: list[ThreadRegs], target: str = "",
             walk_chunks: bool = False, regions: list[tuple[int, int]] | None = None, progress=None,
-            sweep: bool = True) -> HeapState:
+            sweep: bool = True, residency: Residency | None = None) -> HeapState:
     """Decodes the whole malloc state: every arena in ring order, every thread's tcache.
 
     WALK_CHUNKS also walks every chunk of every heap and accounts for each arena's bytes, and looks
     for mmapped chunks at the start of the target's memory REGIONS.  It does so in one pass over each
     arena's heaps (`onepass`) unless SWEEP is False, or the pass finds anything a sound heap does not
     have: then the careful walkers follow the lists through memory and walk the heaps after them.  Without
-    WALK_CHUNKS only arenas bigger than `onepass.LISTS_SWEPT_FROM` are swept for their lists.
+    WALK_CHUNKS only arenas bigger than `onepass.LISTS_SWEPT_FROM` are swept for their lists.  RESIDENCY,
+    when known, says which pages were in RAM (the trim estimates count those).
     """
     with gc_paused():
-        return _collect(mem, disc, threads, target, walk_chunks, regions, progress, sweep)
+        return _collect(mem, disc, threads, target, walk_chunks, regions, progress, sweep, residency)
 
 
-def _collect(mem: Memory, disc: Discovery, threads: list[ThreadRegs], target: str,
-             walk_chunks: bool, regions: list[tuple[int, int]] | None, progress, sweep: bool) -> HeapState:
+def _collect(mem: Memory, disc: Discovery, threads: list[ThreadRegs], target: str, walk_chunks: bool,
+             regions: list[tuple[int, int]] | None, progress, sweep: bool, residency: Residency | None
+             ) -> HeapState:
     findings: list[Finding] = list(disc.findings)
     last_words = abort_message(mem, disc)
     mp = _read_mp(mem, disc, findings)
@@ -102,7 +105,8 @@ def _collect(mem: Memory, disc: Discovery, threads: list[ThreadRegs], target: st
         thread, t_findings = decode_thread(mem, disc, regs, fill)
         decoded_threads.append(thread)
         thread_findings.extend(t_findings)
-    one_pass = _one_pass(mem, disc, mp, ring, decoded_threads, progress, not walk_chunks) if sweep else None
+    one_pass = _one_pass(mem, disc, mp, ring, decoded_threads, progress, not walk_chunks, residency) \
+        if sweep else None
     arenas, stopped = _decode_arenas(mem, disc, ring, mp, free_list, findings, one_pass)
     if regions is not None and stopped is None and not (arenas and arenas[0].is_main):
         main = _main_by_its_heap(mem, disc, regions, arenas)
@@ -113,7 +117,7 @@ def _collect(mem: Memory, disc: Discovery, threads: list[ThreadRegs], target: st
     state = HeapState(target=target, glibc_version=disc.version, glibc_label=disc.version_label,
                       heap_max_size=disc.heap_max_size, layout_name=disc.layout.name,
                       main_arena=disc.main_arena, mp=mp, arenas=tuple(arenas), threads=tuple(decoded_threads),
-                      facts=facts, findings=tuple(findings), lists_stopped=stopped is not None)
+                      facts=facts, findings=tuple(findings), lists_stopped=stopped is not None, residency=residency)
     if stopped is not None:
         return dataclasses.replace(state, stop_findings=(stopped,) + ((last_words,) if last_words else ()),
                                    walk=_unwalked(state.arenas) if walk_chunks else None)
@@ -197,9 +201,9 @@ def _decode_arenas(mem: Memory, disc: Discovery, ring: list[int | None], mp: Mal
 
 
 def _one_pass(mem: Memory, disc: Discovery, mp: MallocPar | None, ring: list[int | None], threads: list,
-              progress, lists_only: bool) -> OnePass:
+              progress, lists_only: bool, residency: Residency | None) -> OnePass:
     """The one-pass path of a decode: the threads' tcaches, mp_'s page sizes, and the bytes the arenas of
-    RING hold (for PROGRESS); LISTS_ONLY for a decode without the chunk walk."""
+    RING hold (for PROGRESS); LISTS_ONLY for a decode without the chunk walk; RESIDENCY for the trim estimates."""
     thp = (mp.get("thp_pagesize") or 0) if mp else 0
     contiguous = not (mp and mp.get("hp_pagesize"))
     total = 0
@@ -207,7 +211,7 @@ def _one_pass(mem: Memory, disc: Discovery, mp: MallocPar | None, ring: list[int
         with contextlib.suppress(ReadError):
             total += u64(mem, address + disc.layout.off_system_mem) if address is not None else 0
     tcaches = [t.tcache for t in threads if t.tcache is not None]
-    return OnePass(mem, disc.layout, tcaches, thp, contiguous, progress, total, lists_only)
+    return OnePass(mem, disc.layout, tcaches, thp, contiguous, progress, total, lists_only, residency)
 
 
 def _main_by_its_heap(mem: Memory, disc: Discovery, regions: list[tuple[int, int]], arenas: list[Arena]
@@ -288,7 +292,7 @@ def _walk_arenas(mem: Memory, layout: Layout, state: HeapState, progress=None) -
     done = 0
     accounts, trims = {}, {}
     for i, a in enumerate(state.arenas):  # one walk per arena feeds both the accounting and the trim simulation
-        sim = TrimSimulation(mem, layout, a, thp, contiguous and not a.noncontiguous)
+        sim = TrimSimulation(mem, layout, a, thp, contiguous and not a.noncontiguous, state.residency)
         tick = None if progress is None else (lambda walked, base=done: progress(base + walked, total))
         try:
             accounts[a.address] = account(mem, layout, a, listing, sim, tick)

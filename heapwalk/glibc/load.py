@@ -24,7 +24,8 @@ def load(target: Target, overrides: Overrides, walk_chunks: bool = False, progre
     try:
         disc = discover(target.mem, target.symbols, overrides, space.mappings,
                         [t.fs_base for t in target.threads if t.fs_base], core=space.core, regions=space.regions)
-        state = collect(target.mem, disc, target.threads, target.description, walk_chunks, space.regions, progress)
+        state = collect(target.mem, disc, target.threads, target.description, walk_chunks, space.regions, progress,
+                        residency=target.residency)
     except DiscoveryError as exc:
         if space.core and target.missing:
             raise DiscoveryError(f"heapwalk: the core is truncated, and what heapwalk needs lies in the part that "

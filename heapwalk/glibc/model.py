@@ -18,6 +18,7 @@ from types import MappingProxyType
 import numpy as np
 
 from heapwalk.findings import Fact, Finding
+from heapwalk.target.residency import Residency
 
 __all__ = ["BinKind", "BinList", "Heap", "Arena", "TcacheBin", "Tcache", "Thread", "MallocPar", "ChunkState",
            "FREE_STATES", "list_name", "thread_numbers", "Account", "TrimEstimate", "KEPT_REASONS", "MmappedChunk", "ChunkWalk", "HeapState"]
@@ -321,6 +322,7 @@ class HeapState:
     stop_findings: tuple[Finding, ...] = ()    # where the lists were stopped, and glibc's last words then
     target_findings: tuple[Finding, ...] = ()  # what the target lacks or adds (a truncated core, another malloc)
     cpus: tuple[int, int] | None = None  # CPUs online and those the process may use, when the target says
+    residency: Residency | None = None   # which pages were in RAM, when the target says
 
     @property
     def version_text(self) -> str:

@@ -18,6 +18,7 @@ from heapwalk.glibc.model import Account, Arena, Tcache, TrimEstimate
 from heapwalk.glibc.sweep import sweep_extents
 from heapwalk.glibc.sweepwalk import TCACHE_CODE, TCACHE_STRUCT_CODE, walk_of_sweep
 from heapwalk.target.memory import Memory
+from heapwalk.target.residency import Residency
 
 __all__ = ["OnePass", "LISTS_SWEPT_FROM"]
 
@@ -33,8 +34,9 @@ class OnePass:
     """Sweeps arenas as they are decoded and keeps what they give (see the module)."""
 
     def __init__(self, mem: Memory, layout: Layout, tcaches: list[Tcache], thp_pagesize: int,
-                 main_contiguous: bool, progress=None, total: int = 0, lists_only: bool = False):
-        self.mem, self.layout, self.lists_only = mem, layout, lists_only
+                 main_contiguous: bool, progress=None, total: int = 0, lists_only: bool = False,
+                 residency: Residency | None = None):
+        self.mem, self.layout, self.lists_only, self.residency = mem, layout, lists_only, residency
         self.tcached = _tcached(tcaches)
         self.thp_pagesize, self.main_contiguous = thp_pagesize, main_contiguous
         self.progress, self.total, self.done = progress, total, 0
@@ -66,7 +68,7 @@ class OnePass:
         walked = None
         if lists is not None and not self.lists_only:
             walked = walk_of_sweep(self.mem, self.layout, arena, sweep, lists.codes, self.tcached,
-                                   self.thp_pagesize, self.main_contiguous)
+                                   self.thp_pagesize, self.main_contiguous, self.residency)
         if walked is None:
             self.failed.add(arena.address)
         else:

@@ -7,6 +7,7 @@ from collections import Counter
 from types import MappingProxyType
 
 from heapwalk.glibc.model import FREE_STATES, KEPT_REASONS, Arena, ChunkState, HeapState
+from heapwalk.glibc.resident import ArenaResidency, arena_residency, mmapped_resident
 from heapwalk.view import ArenaView, HeapView, SizeClass
 
 __all__ = ["arena_limit", "GLIBC_CLASSES", "heap_view", "free_sizes_by_arena"]
@@ -25,11 +26,15 @@ def heap_view(state: HeapState) -> HeapView:
     limit = arena_limit(state)
     trims = state.trims.values()
     count, size = state.mmap_counters()
+    resident = arena_residency(state, _tcache_chunks_by_arena(state))
     return HeapView(
-        allocator="glibc", arenas=tuple(_rows(state)), free_sizes=MappingProxyType(free_sizes_by_arena(state)),
+        allocator="glibc", arenas=tuple(_rows(state, resident)),
+        free_sizes=MappingProxyType(free_sizes_by_arena(state)),
         size_classes=GLIBC_CLASSES, large_count=count, large_bytes=size, arena_limit=limit,
         arenas_idle=sum(1 for a in state.arenas if a.on_free_list), reclaim_total=sum(t.total for t in trims),
-        reclaim_kept=MappingProxyType({k: sum(t.kept[k] for t in trims) for k in KEPT_REASONS}))
+        reclaim_kept=MappingProxyType({k: sum(t.kept[k] for t in trims) for k in KEPT_REASONS}),
+        residency=state.residency.source if state.residency is not None else "",
+        large_resident=mmapped_resident(state, state.residency))
 
 
 def arena_limit(state: HeapState) -> str:
@@ -74,19 +79,25 @@ def free_sizes_by_arena(state: HeapState) -> dict[int, Counter]:
 
 def _tcache_sizes_by_arena(state: HeapState) -> dict[int, Counter]:
     """Arena number -> the sizes of the tcache entries that lie in its heaps, as size -> how many."""
-    out: dict[int, Counter] = {a.number: Counter() for a in state.arenas}
+    return {n: Counter(size for _, size in chunks) for n, chunks in _tcache_chunks_by_arena(state).items()}
+
+
+def _tcache_chunks_by_arena(state: HeapState) -> dict[int, list[tuple[int, int]]]:
+    """Arena number -> (chunk address, size) of the tcache entries that lie in its heaps."""
+    out: dict[int, list[tuple[int, int]]] = {a.number: [] for a in state.arenas}
     find = _arena_of(state)
     for _, tcache in state.tcaches():
         for b in tcache.bins:
             for entry, size in zip(b.entries, b.sizes or (b.chunk_size,) * len(b.entries)):
                 number = find(entry)
                 if number is not None:
-                    out[number][size] += 1
+                    out[number].append((entry - 16, size))
     return out
 
 
-def _rows(state: HeapState) -> list[ArenaView]:
-    """Each arena's bytes from its account (or, where Ctrl-C left it unwalked, from its lists and top)."""
+def _rows(state: HeapState, resident: dict[int, ArenaResidency]) -> list[ArenaView]:
+    """Each arena's bytes from its account (or, where Ctrl-C left it unwalked, from its lists and top), and in
+    RAM (RESIDENT, by arena number, when known)."""
     users: dict[int, int] = {}
     for t in state.threads:
         if t.arena:
@@ -102,10 +113,11 @@ def _rows(state: HeapState) -> list[ArenaView]:
         top = acc.bytes[ChunkState.TOP]
         if a.system_mem and acc.unwalked >= a.system_mem:   # not walked (Ctrl-C): what its lists and top hold
             free, top = _listed_free(state, a), a.top_size
+        r = resident.get(a.number)
         rows.append(ArenaView(a.number, a.address, a.kind, users.get(a.address, 0), len(a.heaps), a.system_mem,
                               acc.bytes[ChunkState.IN_USE] + acc.bytes[ChunkState.TCACHE_STRUCT],
                               MappingProxyType(free), top, acc.overhead + acc.bytes[ChunkState.FENCEPOST],
-                              trim.resident if trim else 0, acc.balanced))
+                              trim.resident if trim else 0, acc.balanced, r and r.heaps, r and r.free, r and r.top))
     return rows
 
 

@@ -21,6 +21,7 @@ from heapwalk.glibc.model import Account, Arena, ChunkState, TrimEstimate
 from heapwalk.glibc.sweep import TAIL_FENCEPOST, TAIL_LEFTOVER, TAIL_ZERO, Sweep
 from heapwalk.glibc.trim import SUB_PAGE, TrimSimulation
 from heapwalk.target.memory import Memory
+from heapwalk.target.residency import Residency
 
 __all__ = ["walk_of_sweep", "tally_of_sweep", "sizes_of", "STATE_OF_CODE", "TCACHE_STRUCT_CODE", "TCACHE_CODE"]
 
@@ -32,18 +33,18 @@ STATE_OF_CODE = {PLAIN: ChunkState.IN_USE, 0: ChunkState.TCACHE_STRUCT, 1: Chunk
 
 
 def walk_of_sweep(mem: Memory, layout: Layout, arena: Arena, sweep: Sweep, codes: np.ndarray,
-                  tcached: tuple[np.ndarray, np.ndarray], thp_pagesize: int, main_contiguous: bool
-                  ) -> tuple[Account, TrimEstimate] | None:
+                  tcached: tuple[np.ndarray, np.ndarray], thp_pagesize: int, main_contiguous: bool,
+                  residency: Residency | None = None) -> tuple[Account, TrimEstimate] | None:
     """ARENA's account and trim estimate from SWEEP and CODES (each chunk's listing code, changed in place),
-    with the tcache chunks TCACHED (sorted chunk addresses, and each one's code); None where the careful walk
-    has something to say."""
+    with the tcache chunks TCACHED (sorted chunk addresses, and each one's code) and RESIDENCY (which pages
+    were in RAM, when known); None where the careful walk has something to say."""
     if not _mark_tcached(sweep, codes, tcached):
         return None
     sizes = sizes_of(sweep)
     tally = tally_of_sweep(arena, sweep, codes, sizes)
     if tally is None:
         return None
-    sim = TrimSimulation(mem, layout, arena, thp_pagesize, main_contiguous and not arena.noncontiguous)
+    sim = TrimSimulation(mem, layout, arena, thp_pagesize, main_contiguous and not arena.noncontiguous, residency)
     _feed_runs(sim, sweep, codes, sizes, layout.has_fastbins)
     return tally.account(), sim.result()
 

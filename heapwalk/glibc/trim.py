@@ -9,10 +9,11 @@ contiguous, it then lowers the break: top minus MINSIZE, rounded down to pages
 (or to the transparent huge page size when one is set).  tcache is not
 flushed, and a thread arena's top is never trimmed.
 
-The core cannot say which of those pages are resident.  An all-zero page is
-counted as not resident (never touched, or already given back), so
-`TrimEstimate.resident` is the drop in RSS to expect and `TrimEstimate.total`
-the address space released.
+Which of those pages are resident comes from the target's residency where it
+is known (a live process's page map, a core `heapwalk capture` wrote); elsewhere
+an all-zero page is counted as not resident (never touched, or already given
+back).  So `TrimEstimate.resident` is the drop in RSS to expect and
+`TrimEstimate.total` the address space released.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from types import MappingProxyType
 
 from heapwalk.glibc.layout import MINSIZE, Layout
 from heapwalk.target.memory import Memory, ReadError
+from heapwalk.target.residency import Residency
 from heapwalk.glibc.model import KEPT_REASONS, Arena, ChunkState, TrimEstimate
 
 __all__ = ["TrimSimulation", "PAGE", "SUB_PAGE"]
@@ -85,8 +87,8 @@ class TrimSimulation:
     """
 
     def __init__(self, mem: Memory, layout: Layout, arena: Arena, thp_pagesize: int = 0,
-                 main_contiguous: bool = True):
-        self.mem, self.arena, self.thp_pagesize = mem, arena, thp_pagesize
+                 main_contiguous: bool = True, residency: Residency | None = None):
+        self.mem, self.arena, self.thp_pagesize, self.residency = mem, arena, thp_pagesize, residency
         self.systrim_allowed = arena.is_main and main_contiguous
         self.consolidate = layout.has_fastbins
         self.top_start, self.top_size = arena.top, arena.top_size
@@ -156,22 +158,36 @@ class TrimSimulation:
 
     def result(self) -> TrimEstimate:
         """The estimate, once the walk has fed every chunk."""
-        mem, kept = self.mem, dict(self.kept)
-        madvise = madvise_resident = systrim = systrim_resident = 0
+        kept = dict(self.kept)
+        madvise = systrim = 0
+        interiors = []
         for address, size in self.runs:
             start, length = _page_interior(address, size)
             madvise += length
-            madvise_resident += _resident_bytes(mem, start, length) if length else 0
+            if length:
+                interiors.append((start, start + length))
             kept["sub_page"] += size - length
         if self.systrim_allowed:
             area = self.top_size - MINSIZE - 1
             unit = self.thp_pagesize or PAGE
             if area > 0:
                 systrim = area // unit * unit
-                top_end = self.top_start + self.top_size
-                systrim_resident = _resident_bytes(mem, top_end - systrim, systrim) if systrim else 0
             kept["main_top"] += self.top_size - systrim
         else:
             kept["main_top" if self.arena.is_main else "thread_top"] += self.top_size
-        return TrimEstimate(self.arena.address, madvise, madvise_resident, systrim, systrim_resident,
-                            MappingProxyType(kept))
+        top_end = self.top_start + self.top_size
+        released = [(top_end - systrim, top_end)] if systrim else []
+        return TrimEstimate(self.arena.address, madvise, self._resident(interiors), systrim,
+                            self._resident(released), MappingProxyType(kept))
+
+    def _resident(self, ranges: list[tuple[int, int]]) -> int:
+        """Resident bytes of the page-aligned RANGES: from the residency when known, else the pages that are
+        not all zeros."""
+        if not ranges:
+            return 0
+        if self.residency is None:
+            return sum(_resident_bytes(self.mem, start, end - start) for start, end in ranges)
+        known = self.residency.covering([(h.address, h.address + max(h.size, h.mprotect_size))
+                                         for h in self.arena.heaps] + ranges)
+        starts, ends = zip(*ranges)
+        return known.resident_sum(starts, ends)

@@ -15,14 +15,22 @@ def _signed(n: int) -> str:
 
 
 def diff_text(d: Diff) -> str:
-    """The table of arenas (largest growth of system memory first), then what grew."""
-    lines = [f"{'arena':>6} {'address':>16} {'system MiB':>16} {'in use MiB':>16} {'free MiB':>16}  status"]
+    """The table of arenas (largest growth of system memory first, with their RSS when both snapshots know
+    it), then what grew."""
+    figures = ("system", "rss", "in_use", "free") if d.rss_known else ("system", "in_use", "free")
+    names = {"system": "system MiB", "rss": "RSS MiB", "in_use": "in use MiB", "free": "free MiB"}
+    lines = [f"{'arena':>6} {'address':>16} " + " ".join(f"{names[f]:>16}" for f in figures) + "  status"]
     for e in d.arenas:
-        lines.append(f"{e.number:>6} {e.address:#16x} {_signed(e.growth('system')):>16} "
-                     f"{_signed(e.growth('in_use')):>16} {_signed(e.growth('free')):>16}  {e.status}")
+        lines.append(f"{e.number:>6} {e.address:#16x} " + " ".join(f"{_signed(e.growth(f)):>16}" for f in figures)
+                     + f"  {e.status}")
     g = d.growth
-    lines.append(f"{'total':>6} {'':16} {_signed(g['system']):>16} {_signed(g['in_use']):>16} "
-                 f"{_signed(g['free']):>16}")
+    lines.append(f"{'total':>6} {'':16} " + " ".join(f"{_signed(g[f]):>16}" for f in figures))
+    if d.rss_known:
+        before, after = (sum(e.figures["rss"][i] for e in d.arenas) for i in (0, 1))
+        lines.append(f"RSS of the arenas: {before / _MIB:.1f} MiB -> {after / _MIB:.1f} MiB")
+    else:
+        lines.append("RSS: not compared (a snapshot does not say which pages were in RAM: take both with "
+                     "'heapwalk capture')")
     for e in d.arenas:
         grown = sorted((c for c in e.free_classes if c.bytes_growth > 0), key=lambda c: -c.bytes_growth)
         if grown:

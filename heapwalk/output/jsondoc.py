@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any, Iterable
 
-from heapwalk.analysis.diff import FIGURES, ArenaTotals, Diff
+from heapwalk.analysis.diff import ArenaTotals, Diff
 from heapwalk.analysis.report import Bucket
 from heapwalk.glibc.model import Arena, BinKind, BinList, HeapState, Tcache, Thread
 from heapwalk.findings import Finding
@@ -227,10 +227,13 @@ def report_json(rep) -> dict[str, Any]:
     return {
         "arenas": [{"number": a.number, "address": a.address, "kind": a.kind, "threads": a.threads, "heaps": a.heaps,
                     "system": a.system, "in_use": a.in_use, "free": dict(a.free), "top": a.top, "overhead": a.overhead,
-                    "trim": a.reclaim, "balanced": a.balanced} for a in rep.arenas],
+                    "trim": a.reclaim, "balanced": a.balanced, "rss": a.resident, "free_resident": a.free_resident,
+                    "top_resident": a.top_resident} for a in rep.arenas],
         "totals": {"system": rep.system, "in_use": rep.in_use, "free": rep.free, "top": rep.top,
-                   "overhead": rep.overhead, "trim": rep.trim},
-        "mmapped": {"count": rep.mmapped_count, "bytes": rep.mmapped_bytes},
+                   "overhead": rep.overhead, "trim": rep.trim, "rss": rep.resident,
+                   "free_resident": rep.idle_resident},
+        "residency": rep.residency or None,
+        "mmapped": {"count": rep.mmapped_count, "bytes": rep.mmapped_bytes, "resident": rep.mmapped_resident},
         "histogram": [{"low": b.low, "high": b.high, "count": b.count, "bytes": b.bytes} for b in rep.histogram],
         "histogram_by_arena": {str(n): [{"low": b.low, "high": b.high, "count": b.count, "bytes": b.bytes}
                                         for b in buckets] for n, buckets in rep.per_arena.items()},
@@ -264,7 +267,7 @@ def read_snapshot(doc: dict[str, Any]) -> list[ArenaTotals]:
                             sum((r.get("free") or {}).values()), r.get("top") or 0,
                             tuple(Bucket(h["low"], h["high"], h["count"], h["bytes"])
                                   for h in by_arena.get(str(r["number"]), [])),
-                            r.get("trim") or 0, heaps.get(r["address"], ()))
+                            r.get("trim") or 0, heaps.get(r["address"], ()), r.get("rss"))
                 for r in doc["report"]["arenas"]]
     except (KeyError, TypeError, AttributeError) as exc:
         raise DocumentError(f"its report is not heapwalk's ({type(exc).__name__}: {exc})") from None
@@ -276,7 +279,7 @@ def diff_json(d: Diff) -> dict[str, Any]:
     arenas = []
     for e in d.arenas:
         entry: dict[str, Any] = {"address": e.address, "number": e.number, "status": e.status}
-        for figure in FIGURES:
+        for figure in e.figures:
             entry[figure] = list(e.figures[figure])
             entry[figure + "_growth"] = e.growth(figure)
         entry["free_classes"] = [{"low": c.low, "high": c.high, "count": list(c.count), "bytes": list(c.bytes),

@@ -224,17 +224,19 @@ def _arena_table(rep: Report, interactive: bool) -> Table:
     """Each arena's bytes by what holds them, with a footer of totals."""
     table = Table(title="where the memory is", box=box_for(interactive), title_justify="left", show_footer=True)
     glibc = rep.allocator == "glibc"
-    figures = _GLIBC_COLUMNS if glibc else _JEMALLOC_COLUMNS
+    figures = (_GLIBC_COLUMNS if glibc else _JEMALLOC_COLUMNS)
+    figures = (("system" if glibc else "mapped", lambda a: a.system),) + \
+        ((("RSS", lambda a: a.resident),) if rep.residency else ()) + (("in use", lambda a: a.in_use),) + \
+        figures[:4] + ((("free in RAM", lambda a: a.idle_resident),) if rep.residency else ()) + figures[4:]
     fixed = (("#", "right"), ("arena", "left"), ("kind", "left"), ("threads", "right"),
-             ("heaps" if glibc else "extents", "right"), ("system" if glibc else "mapped", "right"),
-             ("in use", "right"))
-    totals = [f"{len(rep.arenas)} arenas", "", "", "", human(rep.system), human(rep.in_use)]
-    totals += [human(sum(get(a) for a in rep.arenas)) for _, get in figures]
+             ("heaps" if glibc else "extents", "right"))
+    totals = [f"{len(rep.arenas)} arenas", "", "", ""]
+    totals += [human(sum(get(a) or 0 for a in rep.arenas)) for _, get in figures]
     for (name, justify), footer in zip(fixed + tuple((name, "right") for name, _ in figures), ["", *totals]):
         table.add_column(name, justify=justify, no_wrap=True, footer=footer)
     for a in rep.arenas:
-        table.add_row(str(a.number), f"{a.address:#x}", a.kind, str(a.threads), str(a.heaps), human(a.system),
-                      human(a.in_use), *(human(get(a)) for _, get in figures))
+        table.add_row(str(a.number), f"{a.address:#x}", a.kind, str(a.threads), str(a.heaps),
+                      *(human(get(a) or 0) for _, get in figures))
     return table
 
 
@@ -252,6 +254,13 @@ def _glibc_lines(rep: Report) -> Text:
                  f"thread-arena tops, {human(kept.get('main_top', 0))} of the main top\n")
     lines.append(f"free chunks: {rep.free_chunks}, {human(rep.free_listed)}; largest {human(rep.largest_free)}; "
                  f"fragmentation {rep.fragmentation:.2f} (1 - largest / all free)\n")
+    if rep.residency:
+        lines.append(f"in RAM (from {rep.residency}): the arenas {human(rep.resident)}, {human(rep.idle_resident)} "
+                     f"of it free (top included), {human(rep.free + rep.top - rep.idle_resident)} free but not in "
+                     f"RAM; mmapped chunks {human(rep.mmapped_resident or 0)}\n")
+    else:
+        lines.append("in RAM: unknown (this core does not say which pages were resident; 'heapwalk capture' "
+                     "records it, as does a live process)\n")
     if not rep.lists_match_walk:
         lines.append(f"  (the free lists hold {human(rep.free_listed)}, the chunk walk found {human(rep.free)} free: "
                      "the heap is damaged, so these figures cover only what the lists hold; see the findings)\n",

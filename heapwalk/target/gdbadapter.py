@@ -18,6 +18,7 @@ from heapwalk.target.threads import FATAL_SIGNALS, ThreadRegs
 from heapwalk.target.elf import Mapping
 from heapwalk.target.corefile import MISSING_ENV, CoreError, CoreFile, parse_ranges
 from heapwalk.target.memory import CachedMemory, ranges_without
+from heapwalk.target.residency import RESIDENT_ENV, Pagemap, Residency, load_runs, of_core
 from heapwalk.target.space import MemoryMap
 
 __all__ = ["gdb_memory", "GdbSymbols", "thread_registers", "describe_target", "preserved_selection", "has_target",
@@ -192,29 +193,58 @@ def thread_registers() -> list[ThreadRegs]:
     return sorted(out, key=lambda t: t.number)
 
 
+def _connection_type() -> str | None:
+    """'core', 'native' (a process on this machine), 'remote'... for the selected inferior."""
+    return getattr(getattr(gdb.selected_inferior(), "connection", None), "type", None)
+
+
+@contextlib.contextmanager
+def _open_core():
+    """The core file gdb has open, as a `CoreFile` (None when there is none or it cannot be read)."""
+    path = core_path() if _connection_type() == "core" else None
+    try:
+        core = CoreFile(path) if path is not None else None
+    except CoreError:
+        core = None
+    try:
+        yield core
+    finally:
+        if core is not None:
+            core.close()
+
+
 def cpu_counts() -> tuple[int, int] | None:
     """The CPUs online and the CPUs the process may run on (glibc's arena limit is 8 per CPU), when known: a
     live process's from this machine, a core's from the note `heapwalk capture` writes; None otherwise."""
-    inferior = gdb.selected_inferior()
-    connection = getattr(inferior, "connection", None)
-    if getattr(connection, "type", None) == "core":
-        path = core_path()
-        if path is None:
-            return None
-        try:
-            core = CoreFile(path)
-        except CoreError:
-            return None
-        try:
-            facts = core.capture_facts()
-        finally:
-            core.close()
+    if _connection_type() == "core":
+        with _open_core() as core:
+            facts = core.capture_facts() if core is not None else {}
         online, allowed = facts.get("cpus_online"), facts.get("cpus_allowed")
         return (online, allowed or online) if isinstance(online, int) and online > 0 else None
     try:
-        return os.cpu_count() or 1, len(os.sched_getaffinity(inferior.pid))
+        return os.cpu_count() or 1, len(os.sched_getaffinity(gdb.selected_inferior().pid))
     except (OSError, ValueError):
         return None
+
+
+def residency() -> Residency | None:
+    """Which pages were resident, where that is known: a process on this machine's from its page map, a
+    core's from what `heapwalk capture` recorded (in the core, or beside gcore's core); None otherwise."""
+    kind = _connection_type()
+    if kind == "core":
+        with _open_core() as core:
+            found = of_core(core) if core is not None else None
+        recorded = os.environ.get(RESIDENT_ENV)
+        return found if found is not None or not recorded else load_runs(recorded)
+    if kind != "native":
+        return None
+    pid = gdb.selected_inferior().pid
+    try:
+        with open(f"/proc/{pid}/pagemap", "rb", buffering=0) as f:
+            os.pread(f.fileno(), 8, 0)
+    except OSError:
+        return None
+    return Pagemap(pid)
 
 
 def core_path() -> str | None:
@@ -231,9 +261,7 @@ def describe_target() -> str:
     """'core file /x/core of /x/exe' or 'process 1234 (/x/exe)'."""
     inferior = gdb.selected_inferior()
     exe = gdb.current_progspace().filename or "?"
-    connection = getattr(inferior, "connection", None)
-    kind = getattr(connection, "type", None) if connection is not None else None
-    if kind == "core":
+    if _connection_type() == "core":
         return f"core file {core_path() or '?'} of {exe}"
     return f"process {inferior.pid} ({exe})"
 

@@ -9,6 +9,7 @@ from typing import Any
 from heapwalk.findings import Finding, Kind, Severity
 from heapwalk.target.elf import Mapping
 from heapwalk.target.memory import Memory
+from heapwalk.target.residency import Residency
 from heapwalk.target.threads import ThreadRegs
 
 __all__ = ["MemoryMap", "Target"]
@@ -41,6 +42,7 @@ class Target:
     description: str            # "core file /x/core of /usr/bin/prog", for the header
     missing: list[tuple[int, int]]  # the address ranges a truncated core lacks
     cpus: tuple[int, int] | None = None  # the CPUs online and those the process may run on, when known
+    residency: Residency | None = None   # which pages were in RAM, when known
 
     def truncation(self) -> Finding | None:
         """The finding that a core lacks part of the process's memory (None for a whole core or a process)."""

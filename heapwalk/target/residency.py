@@ -1,0 +1,154 @@
+"""Which pages of the target were in RAM at the instant heapwalk read it, where that is known.
+
+Free memory costs RAM only where its pages are resident: a heap emptied by malloc_trim(0), or never touched
+past its first pages, holds address space and nothing more.  Three sources know:
+- a live process: /proc/PID/pagemap's present bit, read for the ranges asked about (`Pagemap`);
+- a core `heapwalk capture` wrote: of its private mappings it holds the bytes of the pages that were
+  resident or swapped out and leaves the others out (segments with no file bytes), and its HEAPWALK note
+  lists the runs it holds that were not resident (`of_core`; what it says of anonymous memory is exact);
+- the resident runs the capture recorded while gcore wrote a whole core (`of_runs`, from capture.json).
+gcore's and the kernel's cores alone cannot say.  Pure Python and numpy, no gdb.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+import numpy as np
+
+from heapwalk.target.corefile import CoreFile
+
+__all__ = ["Residency", "Pagemap", "of_core", "of_runs", "load_runs", "RESIDENT_ENV", "PAGE"]
+
+PAGE = 4096
+#: the environment variable through which the command line names, for a whole core gcore wrote, a JSON file of
+#: the resident runs it read from /proc/PID/pagemap at the capture ({"resident_runs": [[start, end], ...]})
+RESIDENT_ENV = "HEAPWALK_RESIDENT"
+_TOP = (1 << 63) - 1             # addresses are compared as int64: a damaged one above is clipped here
+
+
+class Residency:
+    """Resident memory as sorted, disjoint [start, end) runs, and where that was learnt (SOURCE: a phrase
+    such as "the process's page map")."""
+
+    def __init__(self, runs: Iterable[tuple[int, int]], source: str):
+        pairs = np.array(sorted(runs), dtype=np.int64).reshape(-1, 2)
+        self.starts, self.ends = pairs[:, 0].copy(), pairs[:, 1].copy()
+        self._below_run = np.concatenate(([0], np.cumsum(self.ends - self.starts)))
+        self.source = source
+
+    def covering(self, ranges: Iterable[tuple[int, int]]) -> Residency:
+        """This residency, knowing at least RANGES (a live source reads them; a recorded one knows all)."""
+        return self
+
+    def _below(self, x: np.ndarray) -> np.ndarray:
+        """Resident bytes below each address of X."""
+        i = np.searchsorted(self.starts, x, side="right") - 1
+        inside = np.minimum(x - self.starts[np.maximum(i, 0)], (self.ends - self.starts)[np.maximum(i, 0)])
+        return np.where(i >= 0, self._below_run[np.maximum(i, 0)] + np.maximum(inside, 0), 0)
+
+    def resident(self, start: int, end: int) -> int:
+        """Resident bytes of [START, END)."""
+        return self.resident_sum(np.array([start]), np.array([end]))
+
+    def resident_sum(self, starts, ends) -> int:
+        """Resident bytes of the ranges [STARTS[i], ENDS[i]) (arrays of addresses), summed (a byte in two
+        ranges counts twice)."""
+        if not len(self.starts):
+            return 0
+        lo = np.clip(np.asarray(starts, dtype=np.uint64), 0, _TOP).astype(np.int64)
+        hi = np.maximum(np.clip(np.asarray(ends, dtype=np.uint64), 0, _TOP).astype(np.int64), lo)
+        return int((self._below(hi) - self._below(lo)).sum())
+
+    @property
+    def total(self) -> int:
+        return int(self._below_run[-1])
+
+
+class Pagemap(Residency):
+    """A live process's resident pages, read from /proc/PID/pagemap for the ranges asked about (reading it
+    changes nothing in the process)."""
+
+    def __init__(self, pid: int):
+        super().__init__((), "the process's page map, /proc/PID/pagemap")
+        self.pid = pid
+
+    def covering(self, ranges: Iterable[tuple[int, int]]) -> Residency:
+        runs: list[tuple[int, int]] = []
+        spans = _merged((lo // PAGE * PAGE, -(-hi // PAGE) * PAGE) for lo, hi in ranges if 0 <= lo < hi <= _TOP)
+        with open(f"/proc/{self.pid}/pagemap", "rb", buffering=0) as f:
+            for lo, hi in spans:
+                for at in range(lo, hi, 1 << 30):
+                    runs.extend(_present_runs(f.fileno(), at, min(hi, at + (1 << 30))))
+        return Residency(runs, self.source)
+
+
+def _merged(ranges: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
+    out: list[tuple[int, int]] = []
+    for lo, hi in sorted(ranges):
+        if out and lo <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], hi))
+        else:
+            out.append((lo, hi))
+    return out
+
+
+def _present_runs(pagemap: int, lo: int, hi: int) -> list[tuple[int, int]]:
+    """[start, end) runs of the present pages of [LO, HI) (page-aligned), from the pagemap file PAGEMAP."""
+    try:
+        entries = np.frombuffer(os.pread(pagemap, (hi - lo) // PAGE * 8, lo // PAGE * 8), dtype=np.uint64)
+    except OSError:
+        return []
+    present = (entries >> np.uint64(63)).astype(bool)
+    edges = np.flatnonzero(np.diff(np.concatenate(([False], present, [False])).view(np.int8)))
+    return [(lo + a * PAGE, lo + b * PAGE) for a, b in zip(edges[::2].tolist(), edges[1::2].tolist())]
+
+
+def of_core(core: CoreFile) -> Residency | None:
+    """The residency a core `heapwalk capture` wrote records (its segments with bytes, less the runs its
+    HEAPWALK note lists as not resident), or None for any other core."""
+    facts = core.capture_facts()
+    if facts.get("residency") != "segments":
+        return None
+    kept = [(vaddr, vaddr + filesz) for vaddr, _, _, filesz in core.loads if filesz]
+    absent = [(a, b) for a, b in facts.get("not_resident", ()) if isinstance(a, int) and isinstance(b, int)]
+    return Residency(_without(_merged(kept), _merged(absent)), "the page map the capture recorded in its core")
+
+
+def _without(runs: list[tuple[int, int]], cut: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """RUNS less CUT (both sorted and disjoint)."""
+    out, j = [], 0
+    for lo, hi in runs:
+        while j < len(cut) and cut[j][1] <= lo:
+            j += 1
+        k = j
+        while k < len(cut) and cut[k][0] < hi:
+            if cut[k][0] > lo:
+                out.append((lo, cut[k][0]))
+            lo = max(lo, cut[k][1])
+            k += 1
+        if lo < hi:
+            out.append((lo, hi))
+    return out
+
+
+def of_runs(runs: Iterable) -> Residency:
+    """The residency of the resident RUNS ([start, end) pairs) the capture read while gcore wrote the core."""
+    return Residency(((int(a), int(b)) for a, b in runs), "the page map the capture recorded in capture.json")
+
+
+def load_runs(path: str | Path) -> Residency | None:
+    """The residency in the JSON file PATH names ({"resident_runs": [...]}), or None when it has none."""
+    try:
+        runs = json.loads(Path(path).read_text()).get("resident_runs")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if not isinstance(runs, list):
+        return None
+    try:
+        return of_runs(runs)
+    except (TypeError, ValueError):
+        return None

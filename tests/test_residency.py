@@ -1,0 +1,161 @@
+"""Which pages were in RAM (`heapwalk.target.residency`): the arithmetic over resident runs, a live process's
+page map (this test's own), a core heapwalk's capture wrote, and what the report makes of it (the verdict,
+what MALLOC_ARENA_MAX would have saved), without gdb."""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+from collections import Counter
+from types import MappingProxyType
+
+import numpy as np
+import pytest
+
+from heapwalk.analysis.report import arena_max_saving, build_report
+from heapwalk.cli.corewriter import PAGE, _runs
+from heapwalk.target.residency import Pagemap, Residency, _without, load_runs, of_core
+from heapwalk.view import ArenaView, HeapView
+
+MiB = 1 << 20
+BASE = 0x7F0000000000
+
+
+def test_resident_bytes_of_a_range_count_each_byte_inside_a_resident_run():
+    r = Residency([(0x3000, 0x5000), (0x1000, 0x2000)], "test")
+    assert r.total == 0x3000
+    assert r.resident(0, 0x10000) == 0x3000
+    assert r.resident(0x1800, 0x3800) == 0x800 + 0x800       # partial pages at both ends
+    assert r.resident(0x2000, 0x3000) == 0 and r.resident(0x5000, 0x6000) == 0
+    assert r.resident_sum([0x1000, 0x1000, 0x4000], [0x2000, 0x2000, 0x4010]) == 0x2000 + 0x10
+    # ranges from damaged fields: an end before its start, addresses past the user half, hold nothing
+    assert r.resident_sum(np.array([0x4000, 1 << 63], dtype=np.uint64), np.array([0x3000, (1 << 64) - 1],
+                                                                                  dtype=np.uint64)) == 0
+    assert Residency([], "none").resident(0, 1 << 40) == 0
+
+
+def test_runs_less_the_runs_cut_from_them():
+    assert _without([(0, 100), (200, 300)], [(50, 60), (90, 210), (290, 400)]) == [(0, 50), (60, 90), (210, 290)]
+    assert _without([(0, 100)], []) == [(0, 100)]
+
+
+def test_a_live_page_map_says_which_pages_were_touched():
+    area = mmap.mmap(-1, 16 * PAGE)
+    base = np.frombuffer(area, dtype=np.uint8).ctypes.data
+    for page in (0, 1, 5, 15):
+        area[page * PAGE] = 1
+    known = Pagemap(os.getpid()).covering([(base, base + 16 * PAGE)])
+    assert known.resident(base, base + 16 * PAGE) == 4 * PAGE
+    assert known.resident(base + 2 * PAGE, base + 5 * PAGE) == 0
+    assert known.resident(base + 5 * PAGE + 100, base + 6 * PAGE) == PAGE - 100
+    area.close()
+
+
+class _Core:
+    """What `of_core` reads of a core: its load segments and its HEAPWALK note."""
+
+    def __init__(self, loads, facts):
+        self.loads, self.facts = loads, facts
+
+    def capture_facts(self):
+        return self.facts
+
+
+def test_a_heapwalk_core_holds_what_was_resident_and_lists_what_it_holds_that_was_not():
+    loads = [(BASE, 4 * PAGE, 0x1000, 2 * PAGE), (BASE + 4 * PAGE, 4 * PAGE, 0, 0),
+             (BASE + 8 * PAGE, 2 * PAGE, 0x3000, 2 * PAGE)]
+    r = of_core(_Core(loads, {"residency": "segments", "not_resident": [[BASE + 9 * PAGE, BASE + 10 * PAGE]]}))
+    assert r.resident(BASE, BASE + 16 * PAGE) == 3 * PAGE
+    assert r.resident(BASE + 9 * PAGE, BASE + 10 * PAGE) == 0
+    assert of_core(_Core(loads, {"cpus_online": 2})) is None      # gcore's, or an older capture's
+
+
+def test_the_core_writer_lists_the_pages_it_keeps_that_were_not_resident(tmp_path):
+    present, swapped = (1 << 63) | (1 << 56), 1 << 62
+    path = tmp_path / "pagemap"
+    with open(path, "wb") as f:
+        f.seek(BASE // PAGE * 8)
+        f.write(struct.pack("<8Q", present, swapped, 0, present, 0, 0, 0, present))
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        absent: list = []
+        runs = _runs(fd, BASE, BASE + 8 * PAGE, 2, False, absent)
+        assert [(lo, hi) for lo, hi, _ in runs] == [(BASE, BASE + 4 * PAGE), (BASE + 7 * PAGE, BASE + 8 * PAGE)]
+        # the swapped page, and the page joined across between two kept runs
+        assert absent == [(BASE + PAGE, BASE + 3 * PAGE)]
+    finally:
+        os.close(fd)
+
+
+def test_recorded_runs_are_read_back_from_capture_json(tmp_path):
+    path = tmp_path / "capture.json"
+    path.write_text('{"resident_runs": [[4096, 12288]]}')
+    assert load_runs(path).resident(0, 1 << 20) == 8192
+    path.write_text('{"resident_runs": null}')
+    assert load_runs(path) is None and load_runs(tmp_path / "missing.json") is None
+
+
+def _arena(number: int, kind: str, system: int, in_use: int, free: int, free_resident: int | None,
+           resident: int | None = None, top: int = 0, reclaim: int = 0) -> ArenaView:
+    return ArenaView(number, 0x1000 * (number + 1), kind, 1, 1, system, in_use,
+                     MappingProxyType({"tcache": 0, "fast": 0, "unsorted": 0, "small": 0, "large": free}), top, 0,
+                     reclaim, True, resident if resident is not None else None if free_resident is None else
+                     in_use + free_resident, free_resident, None if free_resident is None else 0)
+
+
+def _view(arenas, residency: str = "the process's page map") -> HeapView:
+    return HeapView("glibc", tuple(arenas), {a.number: Counter({a.free_total: 1}) for a in arenas}, (),
+                    residency=residency)
+
+
+def test_free_memory_no_longer_in_ram_is_not_called_a_problem():
+    """After malloc_trim(0): 57 MiB free in the arenas, but only 1 MiB of it in RAM."""
+    arenas = [_arena(0, "main", 2 * MiB, MiB, MiB, 0)] + \
+        [_arena(n, "thread", 8 * MiB, MiB // 2, 7 * MiB, MiB // 8) for n in range(1, 9)]
+    rep = build_report(_view(arenas))
+    text = " ".join(rep.verdict)
+    assert rep.verdict[0].startswith("Free memory, but not in RAM: 56 MiB of the 57 MiB free")
+    assert "Fragmentation" not in text and "MALLOC_ARENA_MAX" not in text and "malloc_trim(0) would" not in text
+    # the same heap where the target cannot say is fragmentation, with the arena cap advised
+    blind = build_report(_view([_arena(a.number, a.kind, a.system, a.in_use, a.free_total, None) for a in arenas],
+                               ""))
+    assert blind.verdict[0].startswith("Fragmentation, not a leak") and "MALLOC_ARENA_MAX=2" in blind.verdict[1]
+
+
+def test_fragmentation_in_ram_is_counted_in_ram_with_what_capping_arenas_would_have_saved():
+    frees = [3, 4, 5, 6, 7]
+    arenas = [_arena(0, "main", 2 * MiB, MiB, MiB, MiB // 2)] + \
+        [_arena(n, "thread", 8 * MiB, MiB, 7 * MiB, f * MiB) for n, f in enumerate(frees, 1)]
+    rep = build_report(_view(arenas))
+    assert rep.verdict[0].startswith(f"Fragmentation, not a leak: {sum(frees) + 0.5:.3g} MiB of the ")
+    assert rep.verdict[1].startswith("A further 10.5 MiB is free but not in RAM")
+    # with 2 arenas, 4 of the 5 thread arenas are left out: the 4 smallest or the 4 largest
+    assert arena_max_saving(rep, 2) == (4, (3 + 4 + 5 + 6) * MiB, (4 + 5 + 6 + 7) * MiB)
+    assert arena_max_saving(rep, 4) == (2, (3 + 4) * MiB, (6 + 7) * MiB)
+    assert arena_max_saving(rep, 6) is None
+    assert "with 2, 4 arenas fewer, 18 MiB to 22 MiB; with 4, 2 arenas fewer, 7 MiB to 13 MiB" in rep.verdict[2]
+
+
+def test_what_stays_in_ram_after_a_trim_is_said_after_what_was_given_back():
+    """Most of the free memory given back, but pieces under a page still in RAM: the lead says the former,
+    then the remedies for the latter, in RAM figures."""
+    arenas = [_arena(0, "main", 2 * MiB, MiB, MiB, 0)] + \
+        [_arena(n, "thread", 8 * MiB, MiB, 7 * MiB, 2 * MiB) for n in range(1, 5)]
+    view = _view(arenas)
+    view = HeapView(view.allocator, view.arenas, view.free_sizes, (), residency=view.residency,
+                    reclaim_kept={"tcache": 0, "sub_page": 8 * MiB, "thread_top": 0, "main_top": 0})
+    rep = build_report(view)
+    assert rep.verdict[0].startswith("Free memory, but not in RAM: 21 MiB of the 29 MiB free")
+    assert rep.verdict[1].startswith("4 thread arenas hold 12 MiB in RAM, 8 MiB of it free")
+    assert rep.verdict[2].startswith("8 MiB of free memory lies in pieces under a page")
+
+
+@pytest.mark.parametrize("free_resident", [0, 3 * MiB, 9 * MiB])
+def test_no_share_is_over_100_percent_even_when_residency_says_more_than_the_walk(free_resident):
+    """A damaged list can hold a chunk twice: its resident bytes are capped at the free bytes."""
+    rep = build_report(_view([_arena(0, "main", 8 * MiB, 4 * MiB, 4 * MiB, free_resident, resident=8 * MiB)]))
+    for sentence in rep.verdict:
+        for pct in (int(w.strip("(%),")) for w in sentence.split() if w.startswith("(") and w.endswith("%)")):
+            assert 0 <= pct <= 100
+    assert rep.idle_resident <= rep.free + rep.top

@@ -1,0 +1,118 @@
+"""`heapwalk capture` on a running multi-threaded service (cores/service.c: 16 workers whose arenas fill with
+free memory) and a real malloc_trim(0) in it: the core's size beside the process's resident memory, its
+report beside gcore's of the same instant, the trim estimate beside the RSS the trim gave back, the verdict
+after the trim, and `heapwalk diff` of the two captures.  The service writes its own ledger (RSS just before
+and after malloc_trim)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from services import process_state, running, wait_for_step
+
+pytestmark = pytest.mark.live
+
+HEAPWALK = Path(sys.executable).parent / "heapwalk"
+WORKERS = 16
+MiB = 1 << 20
+
+
+def _heapwalk(*args) -> str:
+    result = subprocess.run([str(HEAPWALK), *map(str, args)], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "Traceback" not in result.stdout + result.stderr and "internal error" not in result.stderr
+    return result.stdout
+
+
+def _report(folder: Path) -> dict:
+    return json.loads((folder / "report.json").read_text())["report"]
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory):
+    """Captures of the service before and after malloc_trim(0), gcore's whole core of the moment before, and
+    the service's ledger of the trim: (folder, its ledger [step, RSS before, RSS after, trim's result])."""
+    tmp = tmp_path_factory.mktemp("service")
+    with running(tmp, "service", str(WORKERS)) as (proc, state_dir):
+        printed = {"before": _heapwalk("capture", proc.pid, "--out", tmp / "before")}
+        _heapwalk("capture", proc.pid, "--full", "--out", tmp / "full")
+        assert proc.poll() is None and process_state(proc.pid) in "SR"
+        os.kill(proc.pid, signal.SIGUSR2)
+        ledger = wait_for_step(state_dir, 1)
+        printed["after"] = _heapwalk("capture", proc.pid, "--out", tmp / "after")
+    (tmp / "printed.json").write_text(json.dumps(printed))
+    return tmp, ledger
+
+
+def test_the_core_holds_the_resident_memory_and_reports_as_gcores_does(service):
+    tmp, _ = service
+    record = json.loads((tmp / "before" / "capture.json").read_text())
+    assert record["threads"] == WORKERS + 1 and record["core_writer"] == "heapwalk"
+    resident = sum(m["rss"] for m in record["smaps"])
+    on_disk = (tmp / "before" / "core").stat().st_blocks * 512
+    assert on_disk <= 1.2 * resident + 4 * MiB, (on_disk, resident)
+    assert on_disk * 10 < (tmp / "full" / "core").stat().st_blocks * 512
+    ours, full = _report(tmp / "before"), _report(tmp / "full")
+    for rep in (ours, full):
+        rep.pop("residency"), rep.pop("arena_limit")
+    assert ours == full                   # exact, per arena, RSS included
+    assert len(ours["arenas"]) == min(WORKERS + 1, 8 * os.cpu_count())
+
+
+def test_the_trim_estimate_is_what_malloc_trim_gave_back(service):
+    tmp, (_, rss_before, rss_after, trimmed) = service
+    rep = _report(tmp / "before")
+    assert trimmed == 1
+    assert abs(rep["totals"]["trim"] - (rss_before - rss_after)) <= MiB // 5, (rep["totals"]["trim"],
+                                                                               rss_before - rss_after)
+    assert rep["totals"]["trim"] > 10 * MiB
+    # and after it, nothing is left that trim would give back
+    assert _report(tmp / "after")["totals"]["trim"] <= 64 << 10
+
+
+def test_the_verdict_counts_free_memory_in_ram(service):
+    tmp, (_, rss_before, rss_after, _) = service
+    before, after = _report(tmp / "before"), _report(tmp / "after")
+    assert before["verdict"][0].startswith("Fragmentation, not a leak") and " in RAM " in before["verdict"][0]
+    assert any("malloc_trim(0) would give back" in s for s in before["verdict"])
+    arena_max = next(s for s in before["verdict"] if "MALLOC_ARENA_MAX=2" in s)
+    assert "it would have saved the free memory in RAM of the arenas beyond the cap: with 2, " in arena_max
+    # after the trim the lead says the free memory is no longer in RAM, with the figures in RAM after it
+    lead = after["verdict"][0]
+    assert lead.startswith("Free memory, but not in RAM: ") and "needs no remedy" in lead
+    assert not any("malloc_trim(0) would give back" in s for s in after["verdict"])
+    assert after["totals"]["free_resident"] < before["totals"]["free_resident"] - 10 * MiB
+    # each arena's RSS fell by what the trim gave back
+    drop = before["totals"]["rss"] - after["totals"]["rss"]
+    assert abs(drop - (rss_before - rss_after)) <= MiB // 5, (drop, rss_before - rss_after)
+    for rep in (before, after):
+        for a in rep["arenas"]:
+            assert 0 <= a["free_resident"] + a["top_resident"] <= a["rss"] <= a["system"] + 4096
+
+
+def test_the_arena_limit_is_said_and_reached(service):
+    tmp, _ = service
+    printed = json.loads((tmp / "printed.json").read_text())["before"]
+    cpus = os.cpu_count()
+    assert f"limit {8 * cpus} (the default: 8 x {cpus} CPU" in printed
+    assert ("reached" in printed) == (WORKERS + 1 >= 8 * cpus)
+    assert "RSS" in printed and "free in RAM" in printed and "the page map the capture recorded" in printed
+
+
+def test_diff_of_the_two_captures_shows_the_rss_given_back(service, tmp_path):
+    tmp, (_, rss_before, rss_after, _) = service
+    out = tmp_path / "diff.json"
+    text = _heapwalk("diff", tmp / "before", tmp / "after", "--json", out)
+    d = json.loads(out.read_text())
+    assert "RSS MiB" in text.splitlines()[0] and "RSS of the arenas: " in text
+    assert abs(-d["growth"]["rss"] - (rss_before - rss_after)) <= MiB // 5
+    assert all(e["rss_growth"] <= 0 for e in d["arenas"]) and d["grew"] == []
+    assert d["process_rss"][0] - d["process_rss"][1] >= 0.9 * (rss_before - rss_after)
+    assert "RSS of the process (capture.json): " in text
