@@ -232,6 +232,8 @@ def take_core(pid: int, core: Path, keep_raw: bool = False) -> None:
     With KEEP_RAW, gcore's own output, before `repair_core`, is kept beside it as CORE.raw.
     """
     prefix = core.with_name(core.name + ".gcore")
+    for stale in core.parent.glob(f"{prefix.name}.*"):   # left by a capture that was interrupted
+        stale.unlink()
     result = subprocess.run(["gcore", "-o", str(prefix), str(pid)], capture_output=True, text=True, timeout=600)
     written = Path(f"{prefix}.{pid}")
     if result.returncode != 0 or not written.exists():

@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "cores"))
 
 import harness  # noqa: E402
-from bench_capture import capture_line, measure_capture  # noqa: E402
+from bench_capture import capture_line, measure_capture, measure_service  # noqa: E402
 
 SIZES = {"small": 300_000, "medium": 1_500_000, "large": 6_000_000}
 COMMANDS = ("heapwalk report", "heapwalk bins", "heapwalk chunks --free", "heapwalk check")
@@ -211,9 +211,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     shapes = ("ordered", "random") if args.shape == "both" else (args.shape,)
     results = [measure_shape(args.size, shape, args.runs, not args.no_live) for shape in shapes]
+    service = None if args.no_live else measure_service(BUILD / "bin", BUILD / "bench")
     out = args.json or BUILD / "bench" / f"bench-{args.size}.json"
-    out.write_text(json.dumps({"size": args.size, "shapes": results}, indent=2) + "\n")
+    out.write_text(json.dumps({"size": args.size, "shapes": results, "service_capture": service}, indent=2) + "\n")
     print("\n\n".join(table(r) for r in results))
+    if service is not None:
+        print(f"\n16-arena service (cores/service.c, {service['workers']} workers): " + capture_line(service))
     print(f"numbers written to {out}")
     return 0
 

@@ -79,6 +79,28 @@ def measure_capture(pid: int, workdir: Path) -> dict:
             "disk_times_resident": ours["core_disk_bytes"] / resident if resident else None}
 
 
+def measure_service(bindir: Path, workdir: Path, workers: int = 16) -> dict:
+    """`measure_capture` on cores/service.c with WORKERS threads, each in an arena of its own (16 arenas on 2
+    CPUs: glibc's limit), idle once it has filled its arena with free memory."""
+    exe, source = bindir / "service", ROOT / "cores" / "service.c"
+    if not exe.exists() or exe.stat().st_mtime < source.stat().st_mtime:
+        subprocess.run(["gcc", "-O1", "-g", "-pthread", str(source), "-o", str(exe)], check=True)
+    state = workdir / "service"
+    shutil.rmtree(state, ignore_errors=True)
+    state.mkdir(parents=True)
+    proc = subprocess.Popen([str(exe), str(state), str(workers)])
+    try:
+        deadline = time.monotonic() + 60
+        while not (state / "state").exists():
+            if time.monotonic() > deadline or proc.poll() is not None:
+                raise RuntimeError("the service did not start")
+            time.sleep(0.05)
+        return {"workers": workers, **measure_capture(proc.pid, workdir)}
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 def capture_line(c: dict) -> str:
     """The capture's numbers as one line of the bench's table."""
     mib = 1 << 20

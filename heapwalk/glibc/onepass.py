@@ -51,8 +51,10 @@ class OnePass:
         if arena.is_main and arena.noncontiguous or not arena.lists_known:
             self.failed.add(arena.address)
             return None
-        arena_extents = extents(arena, self.layout)
-        if any(not 0 <= e.start <= e.first <= e.end < 1 << 64 for e in arena_extents):
+        # in address order, so that the sweep's arrays are sorted (a newer heap may lie below an older one)
+        arena_extents = sorted(extents(arena, self.layout), key=lambda e: e.start)
+        if any(not 0 <= e.start <= e.first <= e.end < 1 << 64 for e in arena_extents) or \
+                any(b.start < a.end for a, b in zip(arena_extents, arena_extents[1:])):
             self.failed.add(arena.address)   # bounds from damaged fields: the careful walkers say which
             return None
         if self.lists_only and sum(e.end - e.start for e in arena_extents) <= LISTS_SWEPT_FROM:
