@@ -7,6 +7,7 @@ and after malloc_trim)."""
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import signal
 import subprocess
@@ -15,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from heapwalk.cli import ptrace
+from heapwalk.cli.corewriter import write_core
 from services import process_state, running, wait_for_step
 
 pytestmark = pytest.mark.live
@@ -116,3 +119,15 @@ def test_diff_of_the_two_captures_shows_the_rss_given_back(service, tmp_path):
     assert all(e["rss_growth"] <= 0 for e in d["arenas"]) and d["grew"] == []
     assert d["process_rss"][0] - d["process_rss"][1] >= 0.9 * (rss_before - rss_after)
     assert "RSS of the process (capture.json): " in text
+
+
+def test_a_core_read_partly_into_memory_held_for_it_is_the_same_core(tmp_path):
+    """The capture reads the process into memory made ready before the stop, and what does not fit into the
+    file while the process is stopped: the core is the same byte for byte whichever way each part went."""
+    with running(tmp_path, "service", "4") as (proc, _):
+        with ptrace.stop(proc.pid) as stopped:
+            direct = write_core(stopped, tmp_path / "direct", {"cpus_online": 1})
+            held = write_core(stopped, tmp_path / "held", {"cpus_online": 1}, mmap.mmap(-1, 8 * MiB))
+            assert held.held and len(held.held) < held.segments    # some held, some written at once
+        assert direct.finish() == held.finish()
+    assert (tmp_path / "direct").read_bytes() == (tmp_path / "held").read_bytes()

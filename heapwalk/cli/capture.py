@@ -11,7 +11,7 @@ from pathlib import Path
 
 from heapwalk.cli import ptrace
 from heapwalk.cli.cores import open_core, report_command
-from heapwalk.cli.corewriter import write_core
+from heapwalk.cli.corewriter import hold_for, write_core
 from heapwalk.cli.gdbmi import CliError, Gdb
 from heapwalk.analysis.report import human
 from heapwalk.cli.proc import environment, ptrace_advice, read_smaps, resident_runs
@@ -55,12 +55,14 @@ def _stopped_briefly(pid: int, core: Path, facts: dict):
     """PID stopped with ptrace while its core is written (`corewriter`, FACTS in its HEAPWALK note);
     (seconds stopped, smaps, resident runs, the core's `CoreSummary`)."""
     try:
+        hold = hold_for(pid)
         started = time.monotonic()
         with ptrace.stop(pid) as stopped:
             smaps = read_smaps(pid)
             runs = resident_runs(pid, smaps)
-            written = write_core(stopped, core, facts)
-        return time.monotonic() - started, smaps, runs, written
+            pending = write_core(stopped, core, facts, hold)
+        stopped_for = time.monotonic() - started
+        return stopped_for, smaps, runs, pending.finish()
     except ptrace.PtraceError as exc:
         raise CliError(f"heapwalk: cannot capture {pid}: {exc} (see 'man 2 ptrace'; as root, or with "
                        "kernel.yama.ptrace_scope=0, it works)") from None

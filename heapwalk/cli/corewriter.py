@@ -9,7 +9,9 @@ mapping is written page run by page run, only the pages whose bytes the process 
   first page of an ELF image, as the kernel's cores have; gdb reads the rest from the file the NT_FILE note
   names.
 Shared mappings and [vdso] are written whole.  PROT_NONE ranges (guard pages, the unused part of a heap's
-reservation), [vvar] and [vsyscall] are left out.
+reservation), [vvar] and [vsyscall] are left out.  While the process is stopped its pages are read into
+memory made ready beforehand (`hold_for`), as far as it goes, and written to the file once it runs again:
+writing the file while it is stopped would double the pause.
 
 The notes are those of a kernel core: each thread's NT_PRSTATUS and NT_FPREGSET (the thread group leader
 first, which gdb makes the current thread), NT_PRPSINFO, NT_AUXV and NT_FILE; and one of heapwalk's own,
@@ -21,6 +23,7 @@ which pages were resident: those of private mappings the core holds, less the ru
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import struct
 from dataclasses import dataclass
@@ -30,12 +33,14 @@ import numpy as np
 
 from heapwalk.cli.ptrace import Stopped
 
-__all__ = ["Mapping", "Segment", "CoreSummary", "read_maps", "plan_segments", "write_core"]
+__all__ = ["Mapping", "Segment", "CoreSummary", "PendingCore", "read_maps", "plan_segments", "hold_for",
+           "write_core"]
 
 PAGE = 4096
 _READ = 8 << 20                          # bytes read from /proc/PID/mem at once
 _MERGE_PAGES = 0                         # resident runs this close are written as one (fewer segments)
 _MAX_SEGMENTS = 60000                    # under ELF's 65535 program headers, with room for the note
+_HOLD_MAX = 8 << 30                      # the most memory made ready to read the process into (`hold_for`)
 _NT_PRSTATUS, _NT_FPREGSET, _NT_PRPSINFO, _NT_AUXV, _NT_FILE = 1, 2, 3, 6, 0x46494C45
 _PT_LOAD, _PT_NOTE = 1, 4
 #: the note of what the capture knew of the process beside its memory (JSON; gdb skips notes it does not know)
@@ -253,9 +258,57 @@ def _elf_starts(mem: int, maps: list[Mapping]) -> dict[int, bool]:
     return out
 
 
-def write_core(stopped: Stopped, path: Path, facts: dict | None = None) -> CoreSummary:
-    """Writes the core of the process STOPPED holds to PATH (see the module), with FACTS (what the capture
-    knows of the process that a core does not hold: its CPU counts) as a HEAPWALK note."""
+def hold_for(pid: int) -> mmap.mmap | None:
+    """Memory made resident before PID is stopped, to read its pages into while it is stopped: reading into
+    pages already there is as fast as reading can be, where writing the file meanwhile would double the
+    pause.  Sized from the pages PID would have written now, and at most a quarter of the memory available
+    (the rest is then written to the file while the process is stopped); None when that is too little."""
+    try:
+        planned = sum(s.filesz for s in plan_segments(pid, read_maps(pid), {}))
+        available = next(int(line.split()[1]) * 1024 for line in Path("/proc/meminfo").read_text().splitlines()
+                         if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError):
+        return None
+    size = min(planned + planned // 8 + (8 << 20), available // 4, _HOLD_MAX) // PAGE * PAGE
+    if size < _READ:
+        return None
+    try:
+        return mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_POPULATE", 0))
+    except OSError:
+        return None
+
+
+class PendingCore:
+    """A core whose memory has been read (the process may go on) and whose file is not yet complete: what
+    was read into the memory held for it is written by `finish`."""
+
+    def __init__(self, out: int, hold: mmap.mmap | None, size: int, segments: int):
+        self.out, self.hold, self.size, self.segments = out, hold, size, segments
+        self.written = 0
+        self.held: list[tuple[Segment, int, memoryview]] = []      # segment, file offset, its bytes
+
+    def finish(self) -> CoreSummary:
+        """Writes what was held into the file, closes it, and says what was written."""
+        try:
+            for segment, at, data in self.held:
+                for done in range(0, len(data), _READ):
+                    with data[done:done + _READ] as piece:
+                        self.written += _write_nonzero(self.out, piece, at + done) if segment.maybe_zeros else \
+                            os.pwrite(self.out, piece, at + done)
+                data.release()
+        finally:
+            os.close(self.out)
+            if self.hold is not None:
+                self.hold.close()
+        return CoreSummary(self.size, self.written, self.segments)
+
+
+def write_core(stopped: Stopped, path: Path, facts: dict | None = None, hold: mmap.mmap | None = None
+               ) -> PendingCore:
+    """Reads the memory of the process STOPPED holds for its core at PATH (see the module), with FACTS (what
+    the capture knows of the process that a core does not hold: its CPU counts) as a HEAPWALK note: into HOLD
+    (`hold_for`) as far as it goes, the rest into the file.  `PendingCore.finish`, once the process goes on,
+    completes the file."""
     pid = stopped.pid
     maps = read_maps(pid)
     mem = os.open(f"/proc/{pid}/mem", os.O_RDONLY)
@@ -276,18 +329,40 @@ def write_core(stopped: Stopped, path: Path, facts: dict | None = None) -> CoreS
             offset += s.filesz
         path.unlink(missing_ok=True)     # a new file: rewriting an old one makes some file systems flush it
         out = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        pending = PendingCore(out, hold, offset, len(segments))
         try:
             os.pwrite(out, header + b"".join(table) + notes, 0)
             os.ftruncate(out, offset)
-            written, at, buffer = 0, data_at, memoryview(bytearray(_READ))
-            for s in segments:
-                written += _copy(mem, out, s, at, buffer)
-                at += s.filesz
-        finally:
+            _read_segments(mem, pending, segments, data_at)
+        except BaseException:
             os.close(out)
+            raise
     finally:
         os.close(mem)
-    return CoreSummary(offset, written, len(segments))
+    return pending
+
+
+def _read_segments(mem: int, pending: PendingCore, segments: list[Segment], data_at: int) -> None:
+    """Each segment's bytes from memory: into the memory PENDING holds while it has room, else into its file
+    (from offset DATA_AT on)."""
+    view = memoryview(pending.hold) if pending.hold is not None else None
+    used, at, buffer = 0, data_at, None
+    for s in segments:
+        if view is not None and s.filesz and used + s.filesz <= len(view):
+            data = view[used:used + s.filesz]
+            for done in range(0, s.filesz, _READ):
+                try:
+                    os.preadv(mem, [data[done:done + min(_READ, s.filesz - done)]], s.start + done)
+                except OSError:
+                    pass            # unmapped meanwhile: zeros, as a hole would read
+            pending.held.append((s, at, data))
+            used += s.filesz
+        elif s.filesz:
+            buffer = buffer or memoryview(bytearray(_READ))
+            pending.written += _copy(mem, pending.out, s, at, buffer)
+        at += s.filesz
+    if view is not None:
+        view.release()
 
 
 def _copy(mem: int, out: int, segment: Segment, at: int, buffer: memoryview) -> int:
