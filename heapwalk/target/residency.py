@@ -28,6 +28,7 @@ PAGE = 4096
 #: the resident runs it read from /proc/PID/pagemap at the capture ({"resident_runs": [[start, end], ...]})
 RESIDENT_ENV = "HEAPWALK_RESIDENT"
 _TOP = (1 << 63) - 1             # addresses are compared as int64: a damaged one above is clipped here
+_SPAN_MAX = 1 << 40              # a range asked of a live page map wider than this comes from a damaged size
 
 
 class Residency:
@@ -78,7 +79,8 @@ class Pagemap(Residency):
 
     def covering(self, ranges: Iterable[tuple[int, int]]) -> Residency:
         runs: list[tuple[int, int]] = []
-        spans = _merged((lo // PAGE * PAGE, -(-hi // PAGE) * PAGE) for lo, hi in ranges if 0 <= lo < hi <= _TOP)
+        spans = _merged((lo // PAGE * PAGE, -(-hi // PAGE) * PAGE) for lo, hi in ranges
+                        if 0 <= lo < hi <= _TOP and hi - lo <= _SPAN_MAX)    # wider: a damaged size
         with open(f"/proc/{self.pid}/pagemap", "rb", buffering=0) as f:
             for lo, hi in spans:
                 for at in range(lo, hi, 1 << 30):
