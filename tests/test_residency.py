@@ -15,7 +15,8 @@ import pytest
 
 from heapwalk.analysis.report import arena_max_saving, build_report
 from heapwalk.cli.corewriter import PAGE, _runs
-from heapwalk.target.residency import Pagemap, Residency, _without, load_runs, of_core
+from heapwalk.target.memory import ranges_without
+from heapwalk.target.residency import Pagemap, Residency, load_runs, of_core
 from heapwalk.view import ArenaView, HeapView
 
 MiB = 1 << 20
@@ -36,8 +37,11 @@ def test_resident_bytes_of_a_range_count_each_byte_inside_a_resident_run():
 
 
 def test_runs_less_the_runs_cut_from_them():
-    assert _without([(0, 100), (200, 300)], [(50, 60), (90, 210), (290, 400)]) == [(0, 50), (60, 90), (210, 290)]
-    assert _without([(0, 100)], []) == [(0, 100)]
+    assert ranges_without([(0, 100), (200, 300)], [(50, 60), (90, 210), (290, 400)]) == [(0, 50), (60, 90), (210, 290)]
+    assert ranges_without([(0, 100)], []) == [(0, 100)]
+    # overlapping cuts, and regions out of order, as the address space's may come
+    assert ranges_without([(200, 300), (0, 100)], [(40, 60), (50, 70), (250, 260)]) == [
+        (200, 250), (260, 300), (0, 40), (70, 100)]
 
 
 def test_a_live_page_map_says_which_pages_were_touched():

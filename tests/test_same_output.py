@@ -62,8 +62,8 @@ RENAMED = {b"attached_threads |": b"threads glibc counts |",
 
 #: what is printed now and BASELINE did not print at all, on purpose (issue 20: how much is in RAM, which these
 #: cores cannot say): text lines, and the keys of report.json's report, its arenas, totals and mmapped chunks
-ADDED_LINES = (b"in RAM: unknown (this core does not say which pages were resident; 'heapwalk capture' records it, "
-               b"as does a live process)\n",)
+ADDED_LINES = (b"in RAM: unknown (this core does not say which pages were resident: a core 'heapwalk capture' wrote "
+               b"does, and a live process)\n",)
 ADDED_KEYS = {"report": ("residency",), "arenas": ("rss", "free_resident", "top_resident"),
               "totals": ("rss", "free_resident"), "mmapped": ("resident",)}
 

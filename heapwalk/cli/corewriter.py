@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from heapwalk.cli.ptrace import Stopped
+from heapwalk.target.residency import runs_of
 
 __all__ = ["Mapping", "Segment", "CoreSummary", "PendingCore", "read_maps", "plan_segments", "hold_for",
            "write_core"]
@@ -133,7 +134,7 @@ def _runs(pagemap: int, start: int, end: int, merge: int, private_file: bool,
         alone = np.concatenate(([0], np.cumsum(keep & ~bit(56))))
         shared = alone[ends] > alone[starts]
         if not_resident is not None:
-            not_resident += _runs_of(_inside(starts, ends, len(keep)) & ~bit(63), lo)
+            not_resident += runs_of(_inside(starts, ends, len(keep)) & ~bit(63), lo)
         runs += [(lo + a * PAGE, lo + b * PAGE, bool(c)) for a, b, c in zip(starts.tolist(), ends.tolist(),
                                                                            shared.tolist())]
     return runs
@@ -145,12 +146,6 @@ def _inside(starts: np.ndarray, ends: np.ndarray, n: int) -> np.ndarray:
     np.add.at(steps, starts, 1)
     np.add.at(steps, ends, -1)
     return np.cumsum(steps[:-1]) > 0
-
-
-def _runs_of(mask: np.ndarray, base: int) -> list[tuple[int, int]]:
-    """[start, end) address runs of the true pages of MASK, whose first page is at BASE."""
-    edges = np.flatnonzero(np.diff(np.concatenate(([False], mask, [False])).view(np.int8)))
-    return [(base + a * PAGE, base + b * PAGE) for a, b in zip(edges[::2].tolist(), edges[1::2].tolist())]
 
 
 def plan_segments(pid: int, maps: list[Mapping], elf_start: dict[int, bool], merge: int = _MERGE_PAGES,
@@ -389,8 +384,7 @@ def _write_nonzero(fd: int, data: memoryview, at: int) -> int:
     if not pages:
         return 0
     nonzero = np.frombuffer(data, dtype=np.uint64, count=pages * PAGE // 8).reshape(pages, -1).any(axis=1)
-    edges = np.flatnonzero(np.diff(np.concatenate(([False], nonzero, [False])).view(np.int8)))
     written = 0
-    for lo, hi in zip(edges[::2].tolist(), edges[1::2].tolist()):
-        written += os.pwrite(fd, data[lo * PAGE:hi * PAGE], at + lo * PAGE)
+    for lo, hi in runs_of(nonzero, 0):
+        written += os.pwrite(fd, data[lo:hi], at + lo)
     return written

@@ -4,13 +4,10 @@ MALLOC_* settings, its mappings with their RSS, and which pages are resident."""
 from __future__ import annotations
 
 import os
-from array import array
 from pathlib import Path
 
-import numpy as np
-
-
-_PAGE = 4096
+from heapwalk.target.memory import merged
+from heapwalk.target.residency import present_runs
 
 
 def ptrace_advice(pid: int) -> str | None:
@@ -77,26 +74,14 @@ def resident_runs(pid: int, mappings: list[dict]) -> list[list[int]] | None:
     """[start, end) runs of resident pages in PID's writable private mappings (/proc/PID/pagemap's present
     bit), or None when pagemap cannot be read."""
     try:
-        f = open(f"/proc/{pid}/pagemap", "rb")
+        f = open(f"/proc/{pid}/pagemap", "rb", buffering=0)
     except OSError:
         return None
-    runs: list[list[int]] = []
+    runs: list[tuple[int, int]] = []
     with f:
         for m in mappings:
             if "w" not in m["perms"] or "p" not in m["perms"] or m["rss"] == 0:
                 continue
             for start in range(m["start"], m["end"], 1 << 30):
-                end = min(m["end"], start + (1 << 30))
-                try:
-                    f.seek(start // _PAGE * 8)
-                    entries = array("Q", f.read((end - start) // _PAGE * 8))
-                except (OSError, ValueError):
-                    return None
-                present = np.frombuffer(entries, dtype=np.uint64) >> np.uint64(63) == 1
-                edges = np.flatnonzero(np.diff(np.concatenate(([False], present, [False])).view(np.int8)))
-                for lo, hi in zip(edges[::2].tolist(), edges[1::2].tolist()):
-                    if runs and runs[-1][1] == start + lo * _PAGE:
-                        runs[-1][1] = start + hi * _PAGE
-                    else:
-                        runs.append([start + lo * _PAGE, start + hi * _PAGE])
-    return runs
+                runs += present_runs(f.fileno(), start, min(m["end"], start + (1 << 30)))
+    return [list(run) for run in merged(runs)]

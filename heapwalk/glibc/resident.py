@@ -34,9 +34,9 @@ def arena_residency(state: HeapState, tcached: dict[int, list[tuple[int, int]]])
         return {}
     out = {}
     for a in state.arenas:
-        known = state.residency.covering(_spans(a))
-        starts, ends = _free_ranges(a, tcached.get(a.number, []))
         spans = _spans(a)
+        known = state.residency.covering(spans)
+        starts, ends = _free_ranges(a, tcached.get(a.number, []))
         out[a.number] = ArenaResidency(
             known.resident_sum([lo for lo, _ in spans], [hi for _, hi in spans]),
             known.resident_sum(starts, ends),

@@ -26,7 +26,7 @@ def heap_view(state: HeapState) -> HeapView:
     limit = arena_limit(state)
     trims = state.trims.values()
     count, size = state.mmap_counters()
-    resident = arena_residency(state, _tcache_chunks_by_arena(state))
+    resident = arena_residency(state, _tcache_chunks_by_arena(state)) if state.residency is not None else {}
     return HeapView(
         allocator="glibc", arenas=tuple(_rows(state, resident)),
         free_sizes=MappingProxyType(free_sizes_by_arena(state)),

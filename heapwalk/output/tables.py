@@ -259,8 +259,8 @@ def _glibc_lines(rep: Report) -> Text:
                      f"of it free (top included), {human(rep.free + rep.top - rep.idle_resident)} free but not in "
                      f"RAM; mmapped chunks {human(rep.mmapped_resident or 0)}\n")
     else:
-        lines.append("in RAM: unknown (this core does not say which pages were resident; 'heapwalk capture' "
-                     "records it, as does a live process)\n")
+        lines.append("in RAM: unknown (this core does not say which pages were resident: a core 'heapwalk "
+                     "capture' wrote does, and a live process)\n")
     if not rep.lists_match_walk:
         lines.append(f"  (the free lists hold {human(rep.free_listed)}, the chunk walk found {human(rep.free)} free: "
                      "the heap is damaged, so these figures cover only what the lists hold; see the findings)\n",

@@ -13,9 +13,10 @@ from __future__ import annotations
 import bisect
 import struct
 from collections import OrderedDict
-from typing import Callable, Protocol
+from typing import Callable, Iterable, Protocol
 
-__all__ = ["ReadError", "Memory", "CachedMemory", "ImageMemory", "u64", "u32", "u16", "ranges_without", "readable"]
+__all__ = ["ReadError", "Memory", "CachedMemory", "ImageMemory", "u64", "u32", "u16", "merged", "ranges_without",
+           "readable"]
 
 _Q = struct.Struct("<Q")
 _I = struct.Struct("<I")
@@ -256,19 +257,29 @@ class ImageMemory:
         self.write(address, (value & 0xFFFFFFFF).to_bytes(4, "little"))
 
 
-def ranges_without(regions: list[tuple[int, int]], cut: list[tuple[int, int]]) -> list[tuple[int, int]]:
+def merged(ranges: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
+    """RANGES sorted, with those that overlap or touch joined into one."""
+    out: list[tuple[int, int]] = []
+    for lo, hi in sorted(ranges):
+        if out and lo <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], hi))
+        else:
+            out.append((lo, hi))
+    return out
+
+
+def ranges_without(regions: Iterable[tuple[int, int]], cut: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
     """The pieces of REGIONS outside every range of CUT, in order."""
-    cut = sorted(cut)
+    cut = merged(cut)
+    ends = [hi for _, hi in cut]
     out = []
     for start, end in regions:
-        for lo, hi in cut:
-            if hi <= start or lo >= end:
-                continue
-            if lo > start:
-                out.append((start, lo))
-            start = max(start, hi)
-            if start >= end:
-                break
+        i = bisect.bisect_right(ends, start)            # the first range of CUT that ends past START
+        while i < len(cut) and cut[i][0] < end and start < end:
+            if cut[i][0] > start:
+                out.append((start, cut[i][0]))
+            start = max(start, cut[i][1])
+            i += 1
         if start < end:
             out.append((start, end))
     return out

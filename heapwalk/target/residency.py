@@ -20,8 +20,10 @@ from pathlib import Path
 import numpy as np
 
 from heapwalk.target.corefile import CoreFile
+from heapwalk.target.memory import merged, ranges_without
 
-__all__ = ["Residency", "Pagemap", "of_core", "of_runs", "load_runs", "RESIDENT_ENV", "PAGE"]
+__all__ = ["Residency", "Pagemap", "of_core", "of_runs", "load_runs", "present_runs", "runs_of", "RESIDENT_ENV",
+           "PAGE"]
 
 PAGE = 4096
 #: the environment variable through which the command line names, for a whole core gcore wrote, a JSON file of
@@ -79,34 +81,29 @@ class Pagemap(Residency):
 
     def covering(self, ranges: Iterable[tuple[int, int]]) -> Residency:
         runs: list[tuple[int, int]] = []
-        spans = _merged((lo // PAGE * PAGE, -(-hi // PAGE) * PAGE) for lo, hi in ranges
+        spans = merged((lo // PAGE * PAGE, -(-hi // PAGE) * PAGE) for lo, hi in ranges
                         if 0 <= lo < hi <= _TOP and hi - lo <= _SPAN_MAX)    # wider: a damaged size
         with open(f"/proc/{self.pid}/pagemap", "rb", buffering=0) as f:
             for lo, hi in spans:
                 for at in range(lo, hi, 1 << 30):
-                    runs.extend(_present_runs(f.fileno(), at, min(hi, at + (1 << 30))))
+                    runs.extend(present_runs(f.fileno(), at, min(hi, at + (1 << 30))))
         return Residency(runs, self.source)
 
 
-def _merged(ranges: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
-    out: list[tuple[int, int]] = []
-    for lo, hi in sorted(ranges):
-        if out and lo <= out[-1][1]:
-            out[-1] = (out[-1][0], max(out[-1][1], hi))
-        else:
-            out.append((lo, hi))
-    return out
+def runs_of(mask: np.ndarray, base: int, unit: int = PAGE) -> list[tuple[int, int]]:
+    """[start, end) runs of the true entries of MASK, entry i covering [BASE + i * UNIT, BASE + (i + 1) * UNIT)."""
+    edges = np.flatnonzero(np.diff(np.concatenate(([False], mask, [False])).view(np.int8)))
+    return [(base + a * unit, base + b * unit) for a, b in zip(edges[::2].tolist(), edges[1::2].tolist())]
 
 
-def _present_runs(pagemap: int, lo: int, hi: int) -> list[tuple[int, int]]:
-    """[start, end) runs of the present pages of [LO, HI) (page-aligned), from the pagemap file PAGEMAP."""
+def present_runs(pagemap: int, lo: int, hi: int) -> list[tuple[int, int]]:
+    """[start, end) runs of the present pages of [LO, HI) (page-aligned), from the pagemap file PAGEMAP (none
+    where it cannot be read)."""
     try:
         entries = np.frombuffer(os.pread(pagemap, (hi - lo) // PAGE * 8, lo // PAGE * 8), dtype=np.uint64)
     except OSError:
         return []
-    present = (entries >> np.uint64(63)).astype(bool)
-    edges = np.flatnonzero(np.diff(np.concatenate(([False], present, [False])).view(np.int8)))
-    return [(lo + a * PAGE, lo + b * PAGE) for a, b in zip(edges[::2].tolist(), edges[1::2].tolist())]
+    return runs_of((entries >> np.uint64(63)).astype(bool), lo)
 
 
 def of_core(core: CoreFile) -> Residency | None:
@@ -117,24 +114,7 @@ def of_core(core: CoreFile) -> Residency | None:
         return None
     kept = [(vaddr, vaddr + filesz) for vaddr, _, _, filesz in core.loads if filesz]
     absent = [(a, b) for a, b in facts.get("not_resident", ()) if isinstance(a, int) and isinstance(b, int)]
-    return Residency(_without(_merged(kept), _merged(absent)), "the page map the capture recorded in its core")
-
-
-def _without(runs: list[tuple[int, int]], cut: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    """RUNS less CUT (both sorted and disjoint)."""
-    out, j = [], 0
-    for lo, hi in runs:
-        while j < len(cut) and cut[j][1] <= lo:
-            j += 1
-        k = j
-        while k < len(cut) and cut[k][0] < hi:
-            if cut[k][0] > lo:
-                out.append((lo, cut[k][0]))
-            lo = max(lo, cut[k][1])
-            k += 1
-        if lo < hi:
-            out.append((lo, hi))
-    return out
+    return Residency(ranges_without(merged(kept), absent), "the page map the capture recorded in its core")
 
 
 def of_runs(runs: Iterable) -> Residency:
