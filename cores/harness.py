@@ -40,7 +40,7 @@ import sysroots
 
 CORES_DIR = Path(__file__).resolve().parent
 REPRODUCERS = ("bins", "thread_arenas", "small_vectors", "mmapped", "second_heap", "many_arenas", "large_tcache",
-               "leak", "main_regions", "tuned")
+               "leak", "main_regions", "tuned", "reach")
 #: reproducers that run on Debian's libjemalloc2 (LD_PRELOAD), with no hw.c: they write stats.json
 #: (malloc_stats_print "J") and ledger.json themselves
 JEMALLOC_REPRODUCERS = ("je_dns", "je_both")

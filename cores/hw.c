@@ -30,6 +30,8 @@ struct thread_rec {
     char label[32];
     uintptr_t key;           /* glibc's tcache key as seen by this thread */
     uintptr_t held;          /* a chunk the thread allocated and still holds */
+    uintptr_t kept[8];       /* the key probe's guards and failed tries: held, so that hw leaks nothing */
+    int nkept;
     int non_main_arena;      /* NON_MAIN_ARENA bit of that chunk's header */
     int in_ledger;
     int exited;
@@ -156,7 +158,8 @@ static struct thread_rec *me(void)
  * into its second word.  Taking it back must return the same chunk, which
  * proves it was the list head.  The bin may already be full (a first malloc in
  * a shared arena can stash chunks into a new tcache), so other size classes are
- * tried until one works; chunks of failed tries stay allocated. */
+ * tried until one works; chunks of failed tries stay allocated, held in the
+ * thread's record with the guards, so that hw itself leaks nothing. */
 static void learn_key(void)
 {
     struct thread_rec *t = me();
@@ -166,18 +169,26 @@ static void learn_key(void)
         if (!x || !guard)
             die("out of memory");
         memset(x, PATTERN, request);
+        if (t->nkept < 8)
+            t->kept[t->nkept++] = (uintptr_t)guard;
         uintptr_t where = (uintptr_t)x, key = 0, next = 0;
         free(x);
         if (!peek_word(where + 8, &key) || !peek_word(where, &next))
             die("cannot read the key probe chunk");
         x = malloc(request);
         memset(x, PATTERN, request);
-        if ((uintptr_t)x != where)
+        if ((uintptr_t)x != where) {
+            if (t->nkept < 8)
+                t->kept[t->nkept++] = (uintptr_t)x;
             continue;
+        }
         /* alone in a tcache bin, its link is the list's end (0, or where >> 12 when safe-linked); a
          * chunk above tcache_max went to the unsorted bin, whose links point at the arena */
-        if (next != 0 && next != where >> 12)
+        if (next != 0 && next != where >> 12) {
+            if (t->nkept < 8)
+                t->kept[t->nkept++] = (uintptr_t)x;
             continue;
+        }
         if (key == 0 || key == (uintptr_t)0xA5A5A5A5A5A5A5A5ull)
             die("glibc wrote no tcache key (needs glibc 2.29 or later)");
         t->key = key;
@@ -320,6 +331,8 @@ static void scan_mapping_of(uintptr_t addr, struct thread_rec *t, uintptr_t (*ca
                     if (scan_buf[w] == t->key)
                         add_candidate(t, cand, ncand, base + (w - 1) * sizeof(uintptr_t));
             }
+            /* the copy holds the heap's pointers: a leak scan of the core must not see them twice */
+            memset(scan_buf, 0, sizeof scan_buf);
             return;
         }
         if (!next)

@@ -11,8 +11,9 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
-__all__ = ["ArenaView", "HeapView", "Partial", "SizeClass"]
+__all__ = ["ArenaView", "Blocks", "HeapView", "Partial", "SizeClass"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,3 +95,36 @@ class Partial:
     owner: str = ""              # whose tcache
     threads: str = ""            # which threads ("2-9")
     count: int = 0               # how many threads
+
+
+@dataclass(frozen=True)
+class Blocks:
+    """Every allocation the program holds in an allocator's heaps, as the leak scan needs them: the first and
+    one-past-last usable byte of each (sorted, never overlapping), the arena each lies in, and which memory is
+    the allocator's own, so that it is never taken for a root.
+
+    An allocation's address as the allocator names it (glibc: the chunk) is ``start - header``; its size as
+    the allocator counts it (glibc: the chunk size) is ``end - start + header - tail``.
+    """
+
+    starts: Any                               # numpy uint64, sorted
+    ends: Any                                 # numpy uint64
+    arena: Any                                # numpy int32: the arena's number (ArenaView.number)
+    header: int
+    tail: int
+    heaps: tuple[tuple[int, int], ...]        # the allocator's memory that holds the blocks: scanned only in blocks
+    private: tuple[tuple[int, int], ...] = ()  # its bookkeeping elsewhere (glibc: main_arena, mp_): never a root
+    large: tuple[tuple[int, int], ...] = ()   # allocations with a mapping of their own: roots, never judged
+    unknown: tuple[tuple[int, int], ...] = ()  # heap memory whose chunks damage hides: scanned as a root
+
+    @property
+    def count(self) -> int:
+        return len(self.starts)
+
+    def addresses(self, rows) -> Any:
+        """The allocator's address of the blocks at ROWS (numpy uint64)."""
+        return self.starts[rows] - self.header if self.header else self.starts[rows]
+
+    def sizes(self, rows=slice(None)) -> Any:
+        """The allocator's size of the blocks at ROWS (numpy int64)."""
+        return (self.ends[rows] - self.starts[rows]).astype("int64") + (self.header - self.tail)

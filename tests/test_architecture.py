@@ -15,7 +15,7 @@ MAY_IMPORT = {
     "target": {"findings"},
     "glibc": {"view", "target", "findings"},
     "jemalloc": {"view", "analysis", "target", "findings"},
-    "analysis": {"view", "findings"},
+    "analysis": {"view", "target", "findings"},
     "output": {"analysis", "view", "glibc", "jemalloc", "target", "findings"},
     "gdb": {"output", "analysis", "view", "glibc", "jemalloc", "target", "findings"},
     "cli": {"output", "analysis", "view", "target", "findings"},

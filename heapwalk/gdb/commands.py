@@ -11,6 +11,7 @@ import gdb  # type: ignore[import-not-found]
 
 from heapwalk.analysis import report
 from heapwalk.findings import Kind, Severity
+from heapwalk.gdb.leakcommands import LeaksCommand, reach_text, scan_leaks
 from heapwalk.gdb.console import (console_with_header, gdb_console, interactive, print_damage, print_findings,
                                   print_jemalloc_arenas, print_jemalloc_check, print_jemalloc_report,
                                   print_jemalloc_threads, print_partial, write_json)
@@ -18,6 +19,7 @@ from heapwalk.gdb.session import (DebugParameter, SetPrefix, Settings, StringPar
                                   load_allocators, load_state, load_target, parse_int, selected_arena)
 from heapwalk.gdb.subcommand import Parser, Subcommand, json_option
 from heapwalk.glibc import check, chunkinfo, mallocinfo
+from heapwalk.glibc.model import ChunkState
 from heapwalk.glibc.partial import partial
 from heapwalk.glibc.summary import heap_view
 from heapwalk.output import jsondoc, tables
@@ -181,7 +183,8 @@ class ChunkCommand(Subcommand):
     def make_parser(self):
         p = Parser(prog="heapwalk chunk", description="Describe the chunk holding ADDRESS (a user pointer or "
                    "any address inside a chunk): its arena and heap, size and flags, state, the list that "
-                   "holds it, and its neighbours.")
+                   "holds it, and its neighbours; for a chunk in use, whether anything still points to it "
+                   "(one path from a root, or leaked: see 'heapwalk leaks').")
         p.add_argument("address", metavar="ADDRESS")
         json_option(p)
         return p
@@ -191,9 +194,13 @@ class ChunkCommand(Subcommand):
         state, mem, layout = load_target()
         found = chunkinfo.locate(mem, layout, state, address)
         if found is not None:
-            gdb_console().print(tables.chunk_text(found, address))
+            console = gdb_console()
+            console.print(tables.chunk_text(found, address))
+            reach = self._reach(found.chunk.address) if found.chunk.state is ChunkState.IN_USE else None
+            if reach is not None:
+                console.print(f"  {reach}")
             if args.json:
-                jsondoc.dump(jsondoc.chunk_document(state, address, located=found), args.json)
+                jsondoc.dump(jsondoc.chunk_document(state, address, located=found, reach=reach), args.json)
             return
         state, mem, layout = load_target(walk_chunks=True)  # finds the mmapped chunks too
         mmapped = next((c for c in state.mmapped if c.address <= address < c.address + c.span), None)
@@ -206,6 +213,13 @@ class ChunkCommand(Subcommand):
                          + (f"\n  listed in {listed}" if listed else "\n  state: in use (freeing it unmaps it)"))
         if args.json:
             jsondoc.dump(jsondoc.chunk_document(state, address, mmapped=mmapped, listed=listed), args.json)
+
+
+    @staticmethod
+    def _reach(chunk: int) -> str | None:
+        """Whether the in-use chunk at CHUNK is reached from a root, and how (a scan of the whole heap)."""
+        found = load_allocators(walk_chunks=True)
+        return reach_text(scan_leaks(found), chunk, found.target.threads) if found.glibc else None
 
 
 class ThreadsCommand(Subcommand):
@@ -318,6 +332,7 @@ Subcommands:
   heapwalk chunks   every chunk of every heap, filtered by arena, state and size
   heapwalk chunk    the chunk holding an address: state, list, neighbours
   heapwalk check    every invariant glibc relies on; damage with its address
+  heapwalk leaks    the chunks in use nothing points to any more, by a scan from the roots
 Each takes --json FILE. 'help heapwalk SUBCOMMAND' describes its options.
 Settings: 'set heapwalk debug on|off', 'set heapwalk glibc-version X.Y',
 'set heapwalk main-arena ADDRESS' ('show heapwalk' lists them)."""
@@ -347,3 +362,4 @@ def register() -> None:
     ReportCommand()
     ThreadsCommand()
     CheckCommand()
+    LeaksCommand()

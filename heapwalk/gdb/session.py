@@ -145,6 +145,7 @@ class Allocators:
 
     jemalloc: JeState | None = None
     glibc: tuple | None = None
+    target: Target | None = None   # the target as gdb showed it when they were decoded
 
 
 def load_allocators(walk_chunks: bool = False) -> Allocators:
@@ -163,9 +164,9 @@ def load_allocators(walk_chunks: bool = False) -> Allocators:
             except JemallocNotFound as exc:
                 je_error = UserError(f"heapwalk: this process allocates with jemalloc, and {exc}")
             else:
-                return _glibc_beside(je, target, walk_chunks)
+                return dataclasses.replace(_glibc_beside(je, target, walk_chunks), target=target)
         try:
-            return Allocators(glibc=_load_glibc(target, walk_chunks))
+            return Allocators(glibc=_load_glibc(target, walk_chunks), target=target)
         except (UserError, DiscoveryError):
             if je_error is not None:
                 raise je_error from None

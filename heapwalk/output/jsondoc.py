@@ -17,7 +17,7 @@ from heapwalk.findings import Finding
 from heapwalk.output.notes import partial_sentences
 
 __all__ = ["SCHEMA_VERSION", "KINDS", "DocumentError", "state_to_json", "report_document", "check_document",
-           "chunk_document", "ChunksWriter", "read_snapshot", "diff_json", "dump"]
+           "chunk_document", "ChunksWriter", "header", "read_snapshot", "diff_json", "dump"]
 
 SCHEMA_VERSION = 1
 KINDS = ("fast", "unsorted", "small", "large")
@@ -50,7 +50,7 @@ def chunk_json(arena: Arena, chunk) -> dict[str, Any]:
             "arena": arena.address, "heap": chunk.extent}
 
 
-def _header(state: HeapState) -> dict[str, Any]:
+def header(state: HeapState) -> dict[str, Any]:
     """The fields every document starts with: schema, target, glibc and main_arena."""
     return {"schema_version": SCHEMA_VERSION, "target": state.target,
             "glibc": {"version": state.version_text, "layout": state.layout_name,
@@ -60,13 +60,14 @@ def _header(state: HeapState) -> dict[str, Any]:
 
 def chunks_document(state: HeapState, rows: list[dict[str, Any]]) -> dict[str, Any]:
     """'heapwalk chunks --json': the header fields of the main document and the matching chunks."""
-    return {**_header(state), "chunks": rows}
+    return {**header(state), "chunks": rows}
 
 
 def chunk_document(state: HeapState, address: int, located=None, mmapped=None,
-                   listed: str | None = None) -> dict[str, Any]:
+                   listed: str | None = None, reach: str | None = None) -> dict[str, Any]:
     """'heapwalk chunk ADDRESS --json': the chunk holding ADDRESS (a `chunkinfo.Located` in a heap, or a
-    mmapped chunk and the list that holds it, if any) with its list and neighbours."""
+    mmapped chunk and the list that holds it, if any) with its list and neighbours; for a chunk in use, REACH:
+    whether the leak scan reached it and how."""
     if located is not None:
         c = located.chunk
         chunk = {**chunk_json(located.arena, c), "listed": located.listed, "mmapped": False, "span": c.size}
@@ -77,7 +78,10 @@ def chunk_document(state: HeapState, address: int, located=None, mmapped=None,
                  "state": "in_use" if listed is None else "tcache", "arena": None, "heap": None, "listed": listed,
                  "mmapped": True, "span": mmapped.span}
         neighbours = {"previous": None, "next": None}
-    return {**_header(state), "address": address, "offset": address - chunk["address"], "chunk": chunk,
+    if reach is not None:
+        chunk["reached"] = reach.startswith("reached")
+        chunk["reach"] = reach
+    return {**header(state), "address": address, "offset": address - chunk["address"], "chunk": chunk,
             **neighbours}
 
 
@@ -198,7 +202,7 @@ def state_to_json(state: HeapState, arenas: Iterable[int] | None = None, kinds: 
     wanted_threads = set(threads) if threads is not None else None
     facts = {f.name: {"value": f.value, "found_by": f.found_by} for f in state.facts}
     return {
-        **_header(state),
+        **header(state),
         "discovery": facts,
         "mp": None if state.mp is None else {"address": state.mp.address, **state.mp.values},
         "arenas": [_arena_json(a, kinds, state.accounts.get(a.address), state.trims.get(a.address),
@@ -297,6 +301,6 @@ def dump(document: dict[str, Any], path: str) -> None:
 
 def check_document(state: HeapState, result, checked: dict[str, int]) -> dict[str, Any]:
     """'heapwalk check --json': whether the heap is clean, the counts, and every finding."""
-    return {**_header(state), "clean": result.clean, "errors": len(result.errors),
+    return {**header(state), "clean": result.clean, "errors": len(result.errors),
             "warnings": len(result.warnings), "by_kind": result.by_kind(), "checked": checked,
             "partial": partial_sentences(result.partial), "findings": [_finding(f) for f in result.findings]}

@@ -42,6 +42,7 @@ def parse_ranges(text: str) -> list[tuple[int, int]]:
 
 _ET_CORE = 4
 _PT_LOAD, _PT_NOTE = 1, 4
+_PF_W = 2
 _NT_PRPSINFO, _NT_AUXV, _NT_FILE, _NT_GNU_BUILD_ID = 3, 6, 0x46494C45, 3
 _AT_ENTRY = 9
 
@@ -131,11 +132,15 @@ class CoreFile:
         if len(table) < phentsize * phnum:
             raise CoreError(f"{path} is cut short: its program headers are missing")
         self.loads: list[tuple[int, int, int, int]] = []    # (vaddr, memsz, file offset, filesz)
+        self.writable: list[tuple[int, int]] = []            # the load segments the process could write
         self._note_data = b""
         for i in range(phnum):
-            p_type, _, p_offset, p_vaddr, _, p_filesz, p_memsz = struct.unpack_from("<IIQQQQQ", table, i * phentsize)
+            p_type, p_flags, p_offset, p_vaddr, _, p_filesz, p_memsz = struct.unpack_from("<IIQQQQQ", table,
+                                                                                          i * phentsize)
             if p_type == _PT_LOAD:
                 self.loads.append((p_vaddr, p_memsz, p_offset, p_filesz))
+                if p_flags & _PF_W:
+                    self.writable.append((p_vaddr, p_vaddr + p_memsz))
             elif p_type == _PT_NOTE:
                 self._f.seek(p_offset)
                 self._note_data += self._f.read(p_filesz)

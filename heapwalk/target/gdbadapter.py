@@ -22,6 +22,7 @@ from heapwalk.target.residency import RESIDENT_ENV, Pagemap, Residency, load_run
 from heapwalk.target.space import MemoryMap
 
 __all__ = ["gdb_memory", "GdbSymbols", "thread_registers", "describe_target", "preserved_selection", "has_target",
+           "symbol_at", "stack_frame",
            "mappings", "MemoryMap", "memory_map"]
 
 _MAPPING_LINE = re.compile(r"^\s*(0x[0-9a-f]+)\s+(0x[0-9a-f]+)\s+0x[0-9a-f]+\s+(0x[0-9a-f]+)"
@@ -276,7 +277,8 @@ def memory_map() -> MemoryMap:
     if not missing or not space.core:
         return space
     return MemoryMap(space.mappings, ranges_without(space.regions, missing),
-                     None if space.readable is None else ranges_without(space.readable, missing), True)
+                     None if space.readable is None else ranges_without(space.readable, missing), True,
+                     None if space.writable is None else ranges_without(space.writable, missing))
 
 
 def missing_ranges() -> list[tuple[int, int]]:
@@ -290,14 +292,34 @@ def _memory_map() -> MemoryMap:
     spans = [(m.start, m.end) for m in maps]
     connection = getattr(gdb.selected_inferior(), "connection", None)
     if getattr(connection, "type", None) != "core":
-        return MemoryMap(maps, spans, spans or None)
+        return MemoryMap(maps, spans, spans or None, writable=_live_writable())
+    with _open_core() as core:
+        writable = list(core.writable) if core is not None else None
     try:
         sections = [(int(a, 16), int(b, 16), name) for a, b, name in
                     _SECTION.findall(gdb.execute("info files", to_string=True))]
     except gdb.error:
-        return MemoryMap(maps, [], spans or None, True)
+        return MemoryMap(maps, [], spans or None, True, writable)
     loads = [(a, b) for a, b, name in sections if re.fullmatch(r"load\d+", name)]
-    return MemoryMap(maps, loads, [(a, b) for a, b, _ in sections] + spans or None, True)
+    return MemoryMap(maps, loads, [(a, b) for a, b, _ in sections] + spans or None, True, writable)
+
+
+def _live_writable() -> list[tuple[int, int]] | None:
+    """The writable mappings of a process on this machine (/proc/PID/maps); None for any other target."""
+    if _connection_type() != "native":
+        return None
+    try:
+        with open(f"/proc/{gdb.selected_inferior().pid}/maps") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    out = []
+    for line in lines:
+        fields = line.split(None, 2)
+        if len(fields) >= 2 and fields[1][1:2] == "w":
+            start, _, end = fields[0].partition("-")
+            out.append((int(start, 16), int(end, 16)))
+    return out
 
 
 def mappings() -> list[Mapping]:
@@ -312,3 +334,37 @@ def mappings() -> list[Mapping]:
         if m:
             out.append(Mapping(int(m.group(1), 16), int(m.group(2), 16), int(m.group(3), 16), m.group(4) or ""))
     return out
+
+
+def symbol_at(address: int) -> str | None:
+    """The symbol gdb knows at ADDRESS, with its offset ("vtable for Shape + 16"); None when it knows none."""
+    try:
+        text = gdb.execute(f"info symbol {address:#x}", to_string=True)
+    except gdb.error:
+        return None
+    if not text or text.startswith("No symbol"):
+        return None
+    return text.split(" in section ")[0].strip()
+
+
+def stack_frame(thread_number: int, address: int, depth: int = 256) -> tuple[int, bool] | None:
+    """The level of the frame of thread THREAD_NUMBER whose part of the stack holds ADDRESS (each frame's from
+    its stack pointer up to its caller's), and whether it is the outermost frame gdb knows (ADDRESS may then
+    lie above the stack, in the thread's TLS); None when gdb cannot unwind to it."""
+    with preserved_selection():
+        thread = next((t for t in gdb.selected_inferior().threads() if t.num == thread_number), None)
+        if thread is None:
+            return None
+        found = None
+        try:
+            thread.switch()
+            frame, level = gdb.newest_frame(), 0
+            while frame is not None and level < depth:
+                if int(frame.read_register("rsp")) > address:
+                    break
+                older = frame.older()
+                found = (level, older is None)
+                frame, level = older, level + 1
+        except (gdb.error, ValueError):
+            pass
+    return found

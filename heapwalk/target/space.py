@@ -22,13 +22,15 @@ class MemoryMap:
     ``mappings``: 'info proc mappings'.  ``regions``: where anonymous memory may hold chunks (a core's load
     segments, or a live process's mappings).  ``readable``: everything gdb can read (for a core, also the
     sections of the files it maps, which gdb reads from the files), None when gdb cannot say.  ``core``: the
-    target is a core file.
+    target is a core file.  ``writable``: the ranges the process could write (a core's writable load
+    segments, a live process's writable mappings), None when unknown.
     """
 
     mappings: list[Mapping]
     regions: list[tuple[int, int]]
     readable: list[tuple[int, int]] | None
     core: bool = False
+    writable: list[tuple[int, int]] | None = None
 
 
 @dataclass(frozen=True)

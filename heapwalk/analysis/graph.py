@@ -1,0 +1,88 @@
+"""Which blocks point to which, as a graph in compressed rows, and the search that follows it: in C when
+`pip install` built heapwalk's small library (`_reach.c`, loaded with ctypes), in numpy otherwise.
+
+A chain of a million blocks (a linked list) is a million steps that each need the one before: in C a few
+nanoseconds each; numpy's search goes a level at a time, fast on wide graphs and slow on long chains, so it
+is the fallback.  Both visit the same nodes (tests/test_leaks.py holds them equal); HEAPWALK_PURE=1 in the
+environment turns the library off.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["Graph", "NATIVE"]
+
+
+def _load():
+    """The built library's search, or None (not built, cannot load, or turned off)."""
+    if os.environ.get("HEAPWALK_PURE"):
+        return None
+    for path in sorted(Path(__file__).parent.glob("_reach*.so")):
+        try:
+            lib = ctypes.CDLL(str(path))
+        except OSError:
+            continue
+        lib.hw_reach.restype = ctypes.c_int64
+        lib.hw_reach.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
+                                 ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+        return lib
+    return None
+
+
+_LIB = _load()
+#: whether the C search is in use
+NATIVE = _LIB is not None
+
+
+class Graph:
+    """N nodes and the edges SOURCES[i] -> TARGETS[i] (int32 arrays), kept in compressed rows."""
+
+    def __init__(self, n: int, sources: np.ndarray, targets: np.ndarray):
+        self.n = n
+        order = np.argsort(sources, kind="stable")
+        self.targets = np.ascontiguousarray(targets[order], dtype=np.int32)
+        self.offsets = np.searchsorted(sources[order], np.arange(n + 1, dtype=np.int64)).astype(np.int64)
+        self.sources = np.ascontiguousarray(sources, dtype=np.int32)
+        self.edge_targets = np.ascontiguousarray(targets, dtype=np.int32)
+
+    def reach(self, seeds: np.ndarray, seen: np.ndarray, parent: np.ndarray) -> np.ndarray:
+        """Visits every node reachable from SEEDS, skipping and marking nodes in SEEN (uint8, changed in
+        place); a node reached along an edge gets in PARENT (int32, changed in place) the node it came from.
+        Returns the nodes visited, seeds first."""
+        seeds = np.ascontiguousarray(seeds, dtype=np.int32)
+        if _LIB is None:
+            return self._reach_numpy(seeds, seen, parent)
+        order = np.empty(self.n, dtype=np.int32)
+        count = _LIB.hw_reach(self.offsets.ctypes.data, self.targets.ctypes.data, seeds.ctypes.data, len(seeds),
+                              seen.ctypes.data, parent.ctypes.data, order.ctypes.data)
+        return order[:count]
+
+    def _reach_numpy(self, seeds: np.ndarray, seen: np.ndarray, parent: np.ndarray) -> np.ndarray:
+        """`reach` a level at a time on whole arrays."""
+        _, first = np.unique(seeds, return_index=True)
+        frontier = seeds[np.sort(first)]
+        frontier = frontier[seen[frontier] == 0]
+        seen[frontier] = 1
+        visited = [frontier]
+        while len(frontier):
+            begin, end = self.offsets[frontier], self.offsets[frontier + 1]
+            counts = end - begin
+            total = int(counts.sum())
+            if not total:
+                break
+            shift = np.repeat(begin - np.cumsum(counts) + counts, counts)
+            edges = shift + np.arange(total, dtype=np.int64)
+            reached, came_from = self.targets[edges], np.repeat(frontier, counts)
+            new = seen[reached] == 0
+            reached, came_from = reached[new], came_from[new]
+            reached, first = np.unique(reached, return_index=True)
+            parent[reached] = came_from[first]
+            seen[reached] = 1
+            frontier = reached
+            visited.append(frontier)
+        return np.concatenate(visited).astype(np.int32)

@@ -1,0 +1,198 @@
+"""Leaked allocations, from a reachability scan (`reach.scan`): the blocks no root leads to, which of them
+nothing else leaked points to (the unreferenced: where a leaked structure starts) and what each of those
+holds, per arena and in total; and what any set of blocks is, by size and by signature (the first word,
+when it points into a loaded file's read-only data: a C++ vtable, a type object; or text).
+
+A conservative scan can only miss a leak (a stale word keeps a block reached), never invent one, unless a
+pointer is hidden from it: XOR'd, compressed, tagged, or held only in a file or another process.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from heapwalk.analysis.reach import Reach, scan
+from heapwalk.target.roots import register_roots, root_regions
+
+__all__ = ["Leaks", "ArenaLeaks", "Group", "find_leaks", "leaks_of", "signatures", "signature_name", "TEXT", "by_size", "by_signature", "HIDDEN_POINTERS"]
+
+#: the one line that says what a conservative scan cannot see
+HIDDEN_POINTERS = ("A conservative scan can only miss a leak (a stale word keeps a chunk reached), never invent one, "
+                   "unless the program hides its pointers (XOR'd, compressed, tagged, or kept only in a file or "
+                   "in another process).")
+
+
+@dataclass(frozen=True, slots=True)
+class ArenaLeaks:
+    """One arena's blocks in use and leaked: counts and bytes."""
+
+    number: int
+    in_use_count: int
+    in_use_bytes: int
+    leaked_count: int
+    leaked_bytes: int
+    unreferenced_count: int
+
+
+@dataclass(frozen=True)
+class Leaks:
+    """The leaked blocks (indices, in address order), the unreferenced among them (largest first) with the
+    count and bytes each holds (itself included; a block two of them reach counts for the larger), and how
+    many leaked blocks only rings of leaked blocks hold."""
+
+    reach: Reach
+    leaked: np.ndarray
+    unreferenced: np.ndarray
+    holds_count: np.ndarray
+    holds_bytes: np.ndarray
+    in_rings: int
+    in_rings_bytes: int
+    arenas: tuple[ArenaLeaks, ...]
+
+    @property
+    def in_use_count(self) -> int:
+        return self.reach.blocks.count
+
+    @property
+    def in_use_bytes(self) -> int:
+        return sum(a.in_use_bytes for a in self.arenas)
+
+    @property
+    def leaked_count(self) -> int:
+        return len(self.leaked)
+
+    @property
+    def leaked_bytes(self) -> int:
+        return sum(a.leaked_bytes for a in self.arenas)
+
+    @property
+    def unreferenced_count(self) -> int:
+        return len(self.unreferenced)
+
+    def is_unreferenced(self) -> np.ndarray:
+        """A bool per leaked block (in the order of `leaked`): is it unreferenced?"""
+        return np.isin(self.leaked, self.unreferenced)
+
+
+def find_leaks(reach: Reach) -> Leaks:
+    """The leaked and unreferenced blocks of REACH, and what each unreferenced block holds."""
+    blocks, graph = reach.blocks, reach.graph
+    sizes = blocks.sizes()
+    leaked_mask = ~reach.reached
+    leaked = np.flatnonzero(leaked_mask)
+    inner = leaked_mask[graph.sources] & leaked_mask[graph.edge_targets]
+    pointed = np.zeros(blocks.count, dtype=bool)
+    pointed[graph.edge_targets[inner]] = True
+    unreferenced = np.flatnonzero(leaked_mask & ~pointed)
+    unreferenced = unreferenced[np.lexsort((unreferenced, -sizes[unreferenced]))]
+    has_leaked_child = np.zeros(blocks.count, dtype=bool)
+    has_leaked_child[graph.sources[inner]] = True
+    holds_count, holds_bytes = _holds(reach, unreferenced, leaked_mask, has_leaked_child, sizes)
+    held = int(holds_count.sum())
+    return Leaks(reach, leaked, unreferenced, holds_count, holds_bytes, len(leaked) - held,
+                 int(sizes[leaked].sum()) - int(holds_bytes.sum()), _per_arena(reach, leaked_mask, unreferenced, sizes))
+
+
+def _holds(reach: Reach, unreferenced: np.ndarray, leaked_mask: np.ndarray, has_leaked_child: np.ndarray,
+           sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Count and bytes of the leaked blocks each unreferenced block leads to (itself included), taken in
+    order so that a block two of them lead to counts once, for the first."""
+    counts = np.ones(len(unreferenced), dtype=np.int64)
+    total = sizes[unreferenced].astype(np.int64)
+    seen = (~leaked_mask).astype(np.uint8)
+    parent = np.full(reach.blocks.count, -1, dtype=np.int32)
+    for i in np.flatnonzero(has_leaked_child[unreferenced]).tolist():
+        visited = reach.graph.reach(unreferenced[i:i + 1], seen, parent)
+        counts[i], total[i] = len(visited), int(sizes[visited].sum())
+    return counts, total
+
+
+def _per_arena(reach: Reach, leaked_mask: np.ndarray, unreferenced: np.ndarray,
+               sizes: np.ndarray) -> tuple[ArenaLeaks, ...]:
+    arena = reach.blocks.arena
+    numbers = np.unique(arena).tolist()
+    out = []
+    for number in numbers:
+        mine = arena == number
+        gone = mine & leaked_mask
+        out.append(ArenaLeaks(number, int(mine.sum()), int(sizes[mine].sum()), int(gone.sum()),
+                              int(sizes[gone].sum()), int((arena[unreferenced] == number).sum())))
+    return tuple(out)
+
+
+@dataclass(frozen=True, slots=True)
+class Group:
+    """Blocks alike (one size, or one signature): a KEY, how many, their bytes, and the first one (a row)."""
+
+    key: object
+    count: int
+    bytes: int
+    example: int
+
+
+def by_size(sizes: np.ndarray, rows: np.ndarray) -> list[Group]:
+    """The blocks at ROWS grouped by size (SIZES of every block), most bytes first."""
+    if not len(rows):
+        return []
+    values, first, counts = np.unique(sizes[rows], return_index=True, return_counts=True)
+    out = [Group(int(v), int(c), int(v) * int(c), int(rows[f])) for v, f, c in zip(values, first, counts)]
+    return sorted(out, key=lambda g: (-g.bytes, g.key))
+
+
+#: the key of the group of blocks that begin with text
+TEXT = "text"
+
+
+def signatures(first_words: np.ndarray, images: Sequence[tuple[int, int, str]]) -> np.ndarray:
+    """Each block's signature as a number: its first word when that points into a read-only mapping of a
+    loaded file (IMAGES: start, end, name, in order), 1 when it begins with text, 0 otherwise."""
+    out = np.zeros(len(first_words), dtype=np.uint64)
+    if images:
+        starts = np.array([lo for lo, _, _ in images], dtype=np.uint64)
+        ends = np.array([hi for _, hi, _ in images], dtype=np.uint64)
+        i = np.searchsorted(starts, first_words, side="right") - 1
+        inside = (i >= 0) & (first_words < ends[np.maximum(i, 0)])
+        out[inside] = first_words[inside]
+    as_bytes = first_words.view(np.uint8).reshape(-1, 8)
+    printable = (as_bytes >= 0x20) & (as_bytes < 0x7f)
+    text = printable[:, :4].all(axis=1) & (printable | (as_bytes == 0)).all(axis=1)
+    out[text & (out == 0)] = 1
+    return out
+
+
+def by_signature(sigs: np.ndarray, sizes: np.ndarray, rows: np.ndarray) -> list[Group]:
+    """The blocks at ROWS that have a signature (SIGS of every block), grouped by it, most bytes first; the
+    text group's key is TEXT, the others' the address their first word holds."""
+    rows = rows[sigs[rows] != 0]
+    if not len(rows):
+        return []
+    values, first, inverse = np.unique(sigs[rows], return_index=True, return_inverse=True)
+    counts = np.bincount(inverse, minlength=len(values))
+    total = np.bincount(inverse, weights=sizes[rows].astype(np.float64), minlength=len(values))
+    out = [Group(TEXT if int(v) == 1 else int(v), int(c), int(b), int(rows[f]))
+           for v, f, c, b in zip(values, first, counts, total)]
+    return sorted(out, key=lambda g: (-g.bytes, str(g.key)))
+
+
+def signature_name(key: object, images: Sequence[tuple[int, int, str]],
+                   symbol: Callable[[int], str | None] | None = None) -> str:
+    """How a signature reads: the symbol at its address when there is one, else file+offset; "text"."""
+    if key == TEXT:
+        return "text"
+    address = int(key)
+    name = symbol(address) if symbol is not None else None
+    if name:
+        return name
+    for lo, hi, file in images:
+        if lo <= address < hi:
+            return f"{file}+{address - lo:#x}"
+    return f"{address:#x}"
+
+
+def leaks_of(mem, blocks, space, threads, progress=None) -> Leaks:
+    """The leaks of a target: its roots (`target.roots`) around BLOCKS, scanned in MEM, then judged."""
+    roots = root_regions(space, threads, list(blocks.heaps) + list(blocks.private), blocks.large, blocks.unknown)
+    return find_leaks(scan(mem, blocks, roots, register_roots(threads), progress))

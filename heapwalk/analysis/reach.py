@@ -1,0 +1,180 @@
+"""Which allocations the program can still reach: a conservative scan, as chap makes on cores.
+
+Every aligned 8-byte word of a root (`heapwalk.target.roots`: stacks, registers, TLS, writable data,
+anonymous mappings, allocations with their own mapping) that points into an allocation (its first byte or
+anywhere before its end) marks that allocation reached, and so does every such word of a reached
+allocation.  Memory is read once, a window at a time: the roots, then the allocator's heaps, where each
+word that points into a block from inside another block becomes an edge of a graph (`graph.Graph`); the
+closure over that graph from the blocks the roots reach gives every reached block.  The words of free
+memory and of the allocator's bookkeeping are never roots.
+
+Each lookup is vectorised: a window's words are compared with the span of all blocks, and those inside it
+are looked up in the sorted block starts at once (numpy's searchsorted).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from heapwalk.analysis.graph import Graph
+from heapwalk.target.memory import Memory, merged
+from heapwalk.target.roots import RegisterRoot, Root
+from heapwalk.target.words import read_window
+from heapwalk.view import Blocks
+
+__all__ = ["Reach", "scan", "WINDOW"]
+
+#: bytes of memory looked at at once
+WINDOW = 8 << 20
+_PAGE = 4096
+_EMPTY = np.zeros(0, dtype=np.int64)
+
+
+@dataclass(frozen=True)
+class Reach:
+    """What the scan found: each block reached or not, how (PARENT: the block that led to it, -1 a root,
+    -2 never reached; for blocks a root reached, the word and the root), each block's first word, the graph
+    of blocks, the roots and what could not be read."""
+
+    blocks: Blocks
+    reached: np.ndarray          # bool per block
+    parent: np.ndarray           # int32 per block
+    root_blocks: np.ndarray      # int32, sorted: the blocks a root points into
+    root_words: np.ndarray       # uint64: the address of that root word (a register: its value)
+    root_index: np.ndarray       # int32: the root (an index of roots, then of registers)
+    first_words: np.ndarray      # uint64 per block (0 where unread)
+    graph: Graph
+    roots: tuple[Root, ...]
+    registers: tuple[RegisterRoot, ...]
+    root_bytes: int              # bytes of root memory read
+    unread: tuple[tuple[int, int], ...]   # memory the scan wanted and could not read
+
+    def root_of(self, block: int) -> tuple[Root | RegisterRoot, int] | None:
+        """The root that points into BLOCK and the address of its word (a register's value), or None."""
+        i = int(np.searchsorted(self.root_blocks, block))
+        if i >= len(self.root_blocks) or self.root_blocks[i] != block:
+            return None
+        k = int(self.root_index[i])
+        root = self.roots[k] if k < len(self.roots) else self.registers[k - len(self.roots)]
+        return root, int(self.root_words[i])
+
+    def path(self, block: int) -> list[int]:
+        """The blocks from one a root points into down to BLOCK (BLOCK last); [] when it was not reached."""
+        if not self.reached[block]:
+            return []
+        out = [block]
+        while self.parent[out[-1]] >= 0 and len(out) <= self.blocks.count:
+            out.append(int(self.parent[out[-1]]))
+        return out[::-1]
+
+
+class _Scanner:
+    """The scan's running state: the blocks' bounds, the edges and root hits found so far."""
+
+    def __init__(self, mem: Memory, blocks: Blocks, progress: Callable[[int, int], None] | None, total: int):
+        self.mem, self.blocks = mem, blocks
+        self.starts, self.ends = blocks.starts, blocks.ends
+        self.lo = int(self.starts[0]) if blocks.count else 1
+        self.hi = int(self.ends[-1]) if blocks.count else 0
+        self.first = np.zeros(blocks.count, dtype=np.uint64)
+        self.sources: list[np.ndarray] = []
+        self.targets: list[np.ndarray] = []
+        self.hits: list[tuple[np.ndarray, np.ndarray, int]] = []
+        self.unread: list[tuple[int, int]] = []
+        self.progress, self.total, self.done = progress, total, 0
+
+    def pointing(self, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The indices of VALUES that point into a block, and each one's block."""
+        where = np.flatnonzero((values >= np.uint64(self.lo)) & (values < np.uint64(self.hi)))
+        if not len(where):
+            return where, where
+        v = values[where]
+        block = np.searchsorted(self.starts, v, side="right") - 1
+        ok = v < self.ends[block]
+        return where[ok], block[ok]
+
+    def windows(self, lo: int, hi: int):
+        """(base, words) of [LO, HI) a window at a time; what cannot be read is noted and passed by."""
+        base = lo & ~7
+        while base < hi:
+            data = read_window(self.mem, base, hi, WINDOW)
+            n = len(data) // 8
+            if n == 0:
+                skip = min(hi, (base | (_PAGE - 1)) + 1)
+                self.unread.append((base, skip))
+                base = skip
+                continue
+            yield base, np.frombuffer(data, dtype="<u8", count=n)
+            base += n * 8
+            self.done += n * 8
+            if self.progress is not None:
+                self.progress(self.done, self.total)
+
+    def root(self, index: int, root: Root) -> None:
+        for base, words in self.windows(root.start, root.end):
+            where, block = self.pointing(words)
+            if len(where):
+                self.hits.append((block, base + 8 * where.astype(np.uint64), index))
+
+    def registers(self, first: int, registers: Sequence[RegisterRoot]) -> None:
+        values = np.array([r.value for r in registers], dtype=np.uint64)
+        where, block = self.pointing(values)
+        for w, b in zip(where.tolist(), block.tolist()):
+            self.hits.append((np.array([b]), np.array([registers[w].value], dtype=np.uint64), first + w))
+
+    def heap(self, lo: int, hi: int) -> None:
+        for base, words in self.windows(lo, hi):
+            self._first_words(base, words)
+            where, block = self.pointing(words)
+            if not len(where):
+                continue
+            at = np.uint64(base) + where.astype(np.uint64) * np.uint64(8)
+            source = np.searchsorted(self.starts, at, side="right") - 1
+            ok = (source >= 0) & (at < self.ends[np.maximum(source, 0)]) & (source != block)
+            self.sources.append(source[ok].astype(np.int32))
+            self.targets.append(block[ok].astype(np.int32))
+
+    def _first_words(self, base: int, words: np.ndarray) -> None:
+        i0 = int(np.searchsorted(self.starts, np.uint64(base)))
+        i1 = int(np.searchsorted(self.starts, np.uint64(base + 8 * len(words) - 7)))
+        if i1 > i0:
+            self.first[i0:i1] = words[((self.starts[i0:i1] - np.uint64(base)) >> np.uint64(3)).astype(np.int64)]
+
+
+def scan(mem: Memory, blocks: Blocks, roots: Sequence[Root], registers: Sequence[RegisterRoot] = (),
+         progress: Callable[[int, int], None] | None = None) -> Reach:
+    """Scans ROOTS, REGISTERS and BLOCKS' heaps in MEM once, and follows the graph (see the module)."""
+    heaps = merged(blocks.heaps)
+    root_bytes = sum(r.end - r.start for r in roots)
+    s = _Scanner(mem, blocks, progress, root_bytes + sum(hi - lo for lo, hi in heaps))
+    for i, root in enumerate(roots):
+        s.root(i, root)
+    s.registers(len(roots), registers)
+    for lo, hi in heaps:
+        s.heap(lo, hi)
+    graph = Graph(blocks.count, _joined(s.sources), _joined(s.targets))
+    root_blocks, root_words, root_index = _first_hits(s.hits)
+    seen = np.zeros(blocks.count, dtype=np.uint8)
+    parent = np.full(blocks.count, -2, dtype=np.int32)
+    parent[root_blocks] = -1
+    graph.reach(root_blocks, seen, parent)
+    return Reach(blocks, seen.astype(bool), parent, root_blocks, root_words, root_index, s.first, graph,
+                 tuple(roots), tuple(registers), root_bytes, tuple(merged(s.unread)))
+
+
+def _joined(parts: list[np.ndarray]) -> np.ndarray:
+    return np.concatenate(parts).astype(np.int32) if parts else _EMPTY.astype(np.int32)
+
+
+def _first_hits(hits: list[tuple[np.ndarray, np.ndarray, int]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For each block a root points into: the block, the first such word's address, and its root."""
+    if not hits:
+        return _EMPTY.astype(np.int32), _EMPTY.astype(np.uint64), _EMPTY.astype(np.int32)
+    block = np.concatenate([h[0] for h in hits]).astype(np.int32)
+    word = np.concatenate([h[1] for h in hits]).astype(np.uint64)
+    index = np.concatenate([np.full(len(h[0]), h[2], dtype=np.int32) for h in hits])
+    block, first = np.unique(block, return_index=True)
+    return block, word[first], index[first]

@@ -1,0 +1,94 @@
+"""gdb command ``heapwalk leaks``, and the leak scan other commands share (``heapwalk chunk`` says whether a
+chunk is reached and how).  The scan itself is the engine's (`analysis.reach`, `analysis.leaks`); here the
+target's parts are put together and the result printed."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from heapwalk.analysis.leakreport import describe
+from heapwalk.analysis.leaks import Leaks, leaks_of
+from heapwalk.gdb.console import console_with_header, interactive, write_json
+from heapwalk.gdb.session import UserError, load_allocators
+from heapwalk.gdb.subcommand import Parser, Subcommand, json_option
+from heapwalk.glibc.blocks import blocks_of
+from heapwalk.output import jsondoc
+from heapwalk.output.leakdoc import leaks_group, leaks_json
+from heapwalk.target.gdbadapter import stack_frame, symbol_at
+from heapwalk.target.roots import RegisterRoot, readonly_images
+
+__all__ = ["LeaksCommand", "scan_leaks", "reach_text"]
+
+
+def scan_leaks(found) -> Leaks:
+    """The leaks of the glibc heap FOUND (`load_allocators`' answer, walked) holds."""
+    state, mem, layout = found.glibc
+    target = found.target
+    return leaks_of(mem, blocks_of(mem, layout, state), target.space, target.threads)
+
+
+def reach_text(lk: Leaks, chunk: int, threads=()) -> str | None:
+    """Whether the in-use chunk at CHUNK is reached, and one path from a root to it ("reached: stack of
+    thread 3, frame 2 (0x7ffe...) -> 0x55... -> this chunk"), or why it is leaked; None when no block
+    starts there."""
+    blocks, reach = lk.reach.blocks, lk.reach
+    i = int(np.searchsorted(blocks.starts, np.uint64(chunk + blocks.header)))
+    if i >= blocks.count or int(blocks.starts[i]) != chunk + blocks.header:
+        return None
+    if not reach.reached[i]:
+        if i in set(lk.unreferenced.tolist()):
+            return "leaked: nothing reachable points to it, and no other leaked chunk either (unreferenced)"
+        return "leaked: only other leaked chunks point to it"
+    path = reach.path(i)
+    root, word = reach.root_of(path[0])
+    if isinstance(root, RegisterRoot):
+        start = root.label
+    elif root.kind == "stack":
+        start = f"{_stack_place(root, word, threads)} ({word:#x})"
+    else:
+        name = symbol_at(word) if root.kind in ("data", "bss") else None
+        start = f"{root.label} ({word:#x}{f' {name}' if name else ''})"
+    hops = [f"{int(blocks.addresses(j)):#x}" for j in path[:-1]]
+    return "reached: " + " -> ".join([start, *hops, "this chunk"])
+
+
+def _stack_place(root, word: int, threads) -> str:
+    """Where in a thread's stack mapping WORD lies: a frame of its stack, or its TLS (above the outermost
+    frame, near $fs_base: the static TLS lies below it, the thread descriptor at it)."""
+    where = stack_frame(root.thread, word)
+    fs_base = next((t.fs_base for t in threads if t.number == root.thread), None)
+    if (where is None or where[1]) and fs_base is not None and fs_base - _TLS_ROOM <= word < fs_base + 4096:
+        return f"TLS of thread {root.thread}"
+    return root.label if where is None else f"{root.label}, frame {where[0]}"
+
+
+#: bytes below $fs_base taken for a thread's static TLS when telling it from the stack
+_TLS_ROOM = 64 << 10
+
+
+class LeaksCommand(Subcommand):
+    name = "leaks"
+
+    def make_parser(self):
+        p = Parser(prog="heapwalk leaks", description="Find the chunks in use that nothing points to any more: "
+                   "a conservative scan from the roots (threads' stacks and registers, TLS, the program's and "
+                   "libraries' writable data, anonymous mappings, mmapped chunks) through every chunk in use. "
+                   "Shows the leaked chunks per arena, by size and by signature (a vtable, a type, text), and "
+                   "the unreferenced ones (where each leaked structure starts) with what they hold.")
+        p.add_argument("--limit", metavar="N", type=int, default=20,
+                       help="show at most N rows of each table (default 20); --json has every leaked chunk")
+        json_option(p)
+        return p
+
+    def run(self, args) -> None:
+        found = load_allocators(walk_chunks=True)
+        if not found.glibc:
+            raise UserError("heapwalk leaks: only glibc's heap is scanned for leaks so far; this process "
+                            "allocates with jemalloc")
+        state, mem, _ = found.glibc
+        lk = scan_leaks(found)
+        rep = describe(lk, mem, readonly_images(found.target.space), symbol_at, max(args.limit, 0))
+        console = console_with_header(state)
+        console.print(leaks_group(rep, interactive()), end="")
+        if args.json:
+            write_json(args.json, None, leaks_json(jsondoc.header(state), rep))

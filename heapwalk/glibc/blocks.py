@@ -1,0 +1,96 @@
+"""glibc's side of the leak scan: every chunk the program holds, as the neutral `view.Blocks`.
+
+An arena the sweep vouches for (`sweptchunks`) gives its in-use chunks as arrays; any other goes through the
+careful walk, and the stretches of its heaps that walk could not pass are handed over as memory of unknown
+chunks, which the scan takes as a root (whatever they point to stays reached).  The tcache structs, the
+arenas, heap_info and mp_ are malloc's own and never roots; the mmapped chunks in use are roots.
+
+A chunk's usable memory, the range a pointer into it may point to, is [chunk + 16, chunk + size + 8): its
+user memory and the next chunk's prev_size field, which an in-use chunk owns.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from heapwalk.glibc.chunks import Listing, Tally, extents
+from heapwalk.glibc.chunkwalk import walk_batches
+from heapwalk.glibc.indexlists import PLAIN
+from heapwalk.glibc.layout import Layout
+from heapwalk.glibc.model import Arena, ChunkState, HeapState
+from heapwalk.glibc.sweptchunks import listing_arrays, swept_chunks
+from heapwalk.target.memory import Memory, merged, ranges_without
+from heapwalk.view import Blocks
+
+__all__ = ["blocks_of", "HEADER", "TAIL"]
+
+#: a chunk's header before its user memory, and the part of the next chunk's header it owns
+HEADER, TAIL = 16, 8
+
+
+def blocks_of(mem: Memory, layout: Layout, state: HeapState) -> Blocks:
+    """Every in-use chunk of STATE's arenas (mmapped chunks aside), and which memory is malloc's (see the
+    module)."""
+    listing = Listing.of_state(state)
+    listed = listing_arrays(listing)
+    addresses, sizes, numbers, unknown = [], [], [], []
+    for arena in state.arenas:
+        if not arena.lists_known and not arena.heaps:
+            continue
+        swept = swept_chunks(mem, layout, arena, listed)
+        if swept is not None:
+            rows = np.flatnonzero(swept.codes == PLAIN)
+            found = swept.sweep.address[rows], swept.sizes[rows].astype(np.uint64)
+        else:
+            found, gaps = _walked(mem, layout, arena, listing)
+            unknown.extend(gaps)
+        addresses.append(found[0])
+        sizes.append(found[1])
+        numbers.append(np.full(len(found[0]), arena.number, dtype=np.int32))
+    address = np.concatenate(addresses) if addresses else np.zeros(0, dtype=np.uint64)
+    size = np.concatenate(sizes) if sizes else np.zeros(0, dtype=np.uint64)
+    number = np.concatenate(numbers) if numbers else np.zeros(0, dtype=np.int32)
+    order = np.argsort(address, kind="stable")
+    address, size, number = address[order], size[order], number[order]
+    return Blocks(address + np.uint64(HEADER), address + size + np.uint64(TAIL), number, HEADER, TAIL,
+                  heaps=tuple(_heaps(layout, state)), private=tuple(_private(layout, state)),
+                  large=tuple(merged((c.address, c.address + c.size) for c in state.mmapped)),
+                  unknown=tuple(merged(unknown)))
+
+
+def _walked(mem: Memory, layout: Layout, arena: Arena, listing: Listing
+            ) -> tuple[tuple[np.ndarray, np.ndarray], list[tuple[int, int]]]:
+    """ARENA's in-use chunks (addresses, sizes) through the careful walk, and the stretches it could not pass."""
+    acc = Tally(arena.address, arena.system_mem)
+    used: list[tuple[int, int]] = []
+    gaps: list[tuple[int, int]] = []
+    for extent in extents(arena, layout):
+        seen: list[tuple[int, int]] = []
+        for batch in walk_batches(mem, extent, arena.top, listing, acc, every=True,
+                                   lists_known=arena.lists_known):
+            for address, size, _, st in batch:
+                seen.append((address, address + max(size, 16)))
+                if st is ChunkState.IN_USE:
+                    used.append((address, size))
+        gaps.extend(ranges_without([(extent.first, extent.end)], seen))
+    used.sort()
+    return (np.array([a for a, _ in used], dtype=np.uint64), np.array([s for _, s in used], dtype=np.uint64)), gaps
+
+
+def _heaps(layout: Layout, state: HeapState) -> list[tuple[int, int]]:
+    """The memory of every arena's heaps (each main-arena piece, each thread heap up to its size)."""
+    return merged((e.start, e.end) for arena in state.arenas for e in extents(arena, layout))
+
+
+def _private(layout: Layout, state: HeapState) -> list[tuple[int, int]]:
+    """malloc's bookkeeping outside the heaps' chunks: main_arena, mp_, and the rest of each thread heap's
+    reservation (made writable once and kept, or not yet used)."""
+    out = []
+    if state.main_arena is not None:
+        out.append((state.main_arena, state.main_arena + layout.arena_size))
+    if state.mp is not None and layout.mp_size:
+        out.append((state.mp.address, state.mp.address + layout.mp_size))
+    for arena in state.arenas:
+        if not arena.is_main:
+            out.extend((h.address, h.address + state.heap_max_size) for h in arena.heaps)
+    return merged(out)

@@ -1,0 +1,184 @@
+"""The leak scan: which chunks in use nothing points to any more (`heapwalk leaks`).
+
+On synthetic memory: roots, interior pointers, chains, rings, trees, pointers in free memory, what each
+unreferenced block holds, the C search against numpy's, the stacks of several threads in one mapping.  On
+the `reach` reproducer's cores under every glibc of the matrix, with libc's symbols hidden: the leaked and
+unreferenced chunks, and what each holds, equal the ledger the program wrote.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from conftest import GLIBCS, capture, glibc, run_gdb
+from heapwalk.analysis.graph import Graph
+from heapwalk.analysis.leaks import find_leaks, signatures
+from heapwalk.analysis.reach import scan
+from heapwalk.target.elf import Mapping
+from heapwalk.target.memory import ImageMemory
+from heapwalk.target.roots import Root, RegisterRoot, root_regions
+from heapwalk.target.space import MemoryMap
+from heapwalk.target.threads import ThreadRegs
+from heapwalk.view import Blocks
+
+HEAP, DATA = 0x10000, 0x80000
+
+
+def _image(chunks: dict[int, int], words: dict[int, int], data_words: dict[int, int] = None):
+    """A heap at HEAP whose in-use chunks are CHUNKS (offset -> chunk size), WORDS written into it (address ->
+    value), and a data page at DATA holding DATA_WORDS: the memory, the blocks, and the data root."""
+    mem = ImageMemory({HEAP: bytearray(0x4000), DATA: bytearray(0x1000)})
+    for address, value in {**words, **(data_words or {})}.items():
+        mem.write_u64(address, value)
+    offsets = sorted(chunks)
+    starts = np.array([HEAP + o + 16 for o in offsets], dtype=np.uint64)
+    ends = np.array([HEAP + o + chunks[o] + 8 for o in offsets], dtype=np.uint64)
+    blocks = Blocks(starts, ends, np.zeros(len(offsets), dtype=np.int32), 16, 8, heaps=((HEAP, HEAP + 0x4000),))
+    return mem, blocks, [Root(DATA, DATA + 0x1000, "data", "prog")]
+
+
+def _leaked(blocks, lk):
+    return sorted(int(a) - HEAP for a in blocks.addresses(lk.leaked))
+
+
+def test_roots_chains_and_interior_pointers_reach_their_blocks():
+    chunks = {0x0: 0x40, 0x40: 0x40, 0x80: 0x40, 0xc0: 0x40}
+    words = {HEAP + 0x10: HEAP + 0x50,          # block 0 -> block 1
+             HEAP + 0x58: HEAP + 0x80 + 0x30}    # block 1 -> inside block 2
+    mem, blocks, roots = _image(chunks, words, {DATA + 8: HEAP + 0x10})
+    lk = find_leaks(scan(mem, blocks, roots))
+    assert _leaked(blocks, lk) == [0xc0]
+    assert lk.reach.path(2) == [0, 1, 2]
+    root, word = lk.reach.root_of(0)
+    assert root.kind == "data" and word == DATA + 8
+
+
+def test_a_ring_is_leaked_but_not_unreferenced_and_a_tree_is_held_by_its_root():
+    chunks = {o: 0x40 for o in range(0, 0x400, 0x40)}
+    ring = [0x000, 0x040, 0x080]
+    words = {HEAP + a + 0x10: HEAP + ring[(i + 1) % 3] + 0x10 for i, a in enumerate(ring)}
+    # a tree: 0x100 -> 0x140, 0x180; 0x140 -> 0x1c0
+    words.update({HEAP + 0x110: HEAP + 0x150, HEAP + 0x118: HEAP + 0x190, HEAP + 0x150: HEAP + 0x1d0})
+    mem, blocks, roots = _image(chunks, words, {DATA: HEAP + 0x210})
+    lk = find_leaks(scan(mem, blocks, roots))
+    assert _leaked(blocks, lk) == [o for o in range(0, 0x400, 0x40) if o != 0x200]
+    unreferenced = {int(a) - HEAP for a in blocks.addresses(lk.unreferenced)}
+    assert unreferenced == {o for o in range(0x240, 0x400, 0x40)} | {0xc0, 0x100}
+    held = dict(zip((int(a) - HEAP for a in blocks.addresses(lk.unreferenced)), lk.holds_count.tolist()))
+    assert held[0x100] == 4 and held[0x240] == 1
+    assert lk.in_rings == 3 and lk.in_rings_bytes == 3 * 0x40
+
+
+def test_free_memory_and_the_allocators_own_memory_are_not_roots():
+    chunks = {0x0: 0x40, 0x100: 0x40}
+    # the word at 0x60 lies in free memory between the blocks: it points to block 1, which stays leaked
+    mem, blocks, roots = _image(chunks, {HEAP + 0x60: HEAP + 0x110})
+    lk = find_leaks(scan(mem, blocks, roots))
+    assert _leaked(blocks, lk) == [0x0, 0x100]
+
+
+def test_a_pointer_just_past_a_block_reaches_nothing_and_the_next_header_is_the_blocks_own():
+    chunks = {0x0: 0x40, 0x40: 0x40}
+    # one past block 0's usable end (0x48) is block 1's size field: no block; 0x40 (block 1's prev_size)
+    # belongs to block 0
+    mem, blocks, roots = _image(chunks, {}, {DATA: HEAP + 0x48, DATA + 8: HEAP + 0x40})
+    lk = find_leaks(scan(mem, blocks, roots))
+    assert _leaked(blocks, lk) == [0x40]
+
+
+def test_registers_are_roots():
+    mem, blocks, roots = _image({0x0: 0x40, 0x40: 0x40}, {})
+    lk = find_leaks(scan(mem, blocks, roots, [RegisterRoot(1, "rbx", HEAP + 0x58)]))
+    assert _leaked(blocks, lk) == [0x0]
+    root, value = lk.reach.root_of(1)
+    assert root.label == "register rbx of thread 1" and value == HEAP + 0x58
+
+
+def test_unreadable_memory_is_reported_not_skipped_silently():
+    mem, blocks, roots = _image({0x0: 0x40}, {})
+    lk = find_leaks(scan(mem, blocks, roots + [Root(0x200000, 0x202000, "anonymous")]))
+    assert lk.reach.unread == ((0x200000, 0x202000),)
+
+
+def test_the_c_search_and_numpys_visit_the_same_blocks():
+    rng = np.random.default_rng(7)
+    n = 5000
+    sources = rng.integers(0, n, 12000).astype(np.int32)
+    targets = rng.integers(0, n, 12000).astype(np.int32)
+    chain = np.arange(n - 1, dtype=np.int32)           # and one long chain through all of them
+    graph = Graph(n, np.concatenate([sources, chain]), np.concatenate([targets, chain + 1]))
+    seeds = np.array([3, 17], dtype=np.int32)
+    results = []
+    for search in (graph.reach, graph._reach_numpy):
+        seen, parent = np.zeros(n, dtype=np.uint8), np.full(n, -1, dtype=np.int32)
+        visited = search(seeds, seen, parent)
+        results.append((set(visited.tolist()), seen.copy()))
+        assert all(parent[v] >= 0 for v in visited.tolist() if v not in (3, 17))
+    assert results[0][0] == results[1][0] and (results[0][1] == results[1][1]).all()
+
+
+def test_signatures_are_read_only_pointers_or_text():
+    images = [(0x400000, 0x401000, "prog")]
+    words = np.array([0x400010, 0x402000, int.from_bytes(b"GET /ind", "little"),
+                      int.from_bytes(b"abcd\0\0\0\0", "little"), 0], dtype=np.uint64)
+    assert signatures(words, images).tolist() == [0x400010, 0, 1, 1, 0]
+
+
+def test_several_threads_stacks_in_one_mapping_are_each_scanned_from_their_stack_pointer():
+    threads = [ThreadRegs(2, 2, 0x20f6c0, sp=0x20e000), ThreadRegs(3, 3, 0x2206c0, sp=0x21f000)]
+    space = MemoryMap([Mapping(0x300000, 0x301000, 0, "/usr/lib/libfoo.so")], [(0x200000, 0x221000),
+                      (0x300000, 0x301000)], None, True, [(0x200000, 0x221000), (0x300000, 0x301000)])
+    roots = root_regions(space, threads, owned=[])
+    stacks = [(r.start, r.end, r.thread) for r in roots if r.kind == "stack"]
+    assert stacks == [(0x20e000 - 128, 0x211000, 2), (0x21f000 - 128, 0x221000, 3)]
+    assert [r.label for r in roots if r.kind == "data"] == ["data of libfoo.so"]
+
+
+@pytest.mark.cores
+@pytest.mark.parametrize("g", GLIBCS)
+def test_the_leaked_and_unreferenced_chunks_equal_the_reach_ledger(g, tmp_path):
+    c = capture(g, "reach")
+    out = tmp_path / "leaks.json"
+    result = run_gdb([str(c.exe), str(c.core)], [f"heapwalk leaks --json {out}"], iex=glibc(g).gdb_settings(False))
+    assert out.exists(), result.stdout + result.stderr
+    assert "Traceback" not in result.stdout + result.stderr
+    doc = json.loads(out.read_text())
+    lines = [line.split() for line in (c.directory / "reach.txt").read_text().splitlines()]
+    leaked = {int(w[2], 16) - 16: w for w in lines if w[0] == "leaked"}
+    reached = {int(w[2], 16) - 16 for w in lines if w[0] == "reached"}
+    found = {b["address"]: b for b in doc["leaked"]}
+    assert set(found) == set(leaked)
+    assert not reached & set(found)
+    assert {a for a, b in found.items() if b["unreferenced"]} == {a for a, w in leaked.items() if w[3] == "1"}
+    for address, w in leaked.items():
+        if w[3] == "1":
+            assert (found[address]["holds_count"], found[address]["holds_bytes"]) == (int(w[4]), int(w[5])), w
+    summary = doc["summary"]
+    assert summary["leaked_count"] == len(leaked)
+    assert summary["leaked_bytes"] == sum(b["size"] for b in doc["leaked"])
+    assert summary["unreferenced_count"] == sum(w[3] == "1" for w in leaked.values())
+    assert summary["in_rings_count"] == sum(w[1] == "ring" for w in leaked.values())
+    assert "leaked: 20 chunks" in result.stdout
+
+
+@pytest.mark.cores
+def test_chunk_says_how_a_chunk_is_reached_or_why_it_is_leaked():
+    c = capture("system", "reach")
+    lines = [line.split() for line in (c.directory / "reach.txt").read_text().splitlines()]
+    first = {}
+    for w in lines:
+        first.setdefault(w[1], w[2])
+    kinds = ("global", "chain", "tls", "thread_stack", "live_stack", "mmapped", "anonymous", "ring", "tree")
+    result = run_gdb([str(c.exe), str(c.core)], [f"heapwalk chunk {first[k]}" for k in kinds],
+                     iex=glibc("system").gdb_settings(False))
+    said = [line.strip() for line in result.stdout.splitlines() if line.strip().startswith(("reached", "leaked"))]
+    assert len(said) == len(kinds), result.stdout + result.stderr
+    expect = ("reached: data of reach (", "reached: data of reach (", "reached: TLS of thread ",
+              "reached: stack of thread ", "reached: stack of thread 1, frame ", "reached: mmapped chunk ",
+              "reached: anonymous mapping ", "leaked: only other leaked chunks", "leaked: nothing reachable")
+    for text, start in zip(said, expect):
+        assert text.startswith(start), (text, start)
+    assert "g_single" in said[0] and "g_chain" in said[1] and said[1].endswith("-> this chunk")
