@@ -35,7 +35,7 @@ import harness  # noqa: E402
 from bench_capture import capture_line, measure_capture, measure_service  # noqa: E402
 
 SIZES = {"small": 300_000, "medium": 1_500_000, "large": 6_000_000}
-COMMANDS = ("heapwalk report", "heapwalk bins", "heapwalk chunks --free", "heapwalk check")
+COMMANDS = ("heapwalk report", "heapwalk bins", "heapwalk chunks --free", "heapwalk check", "heapwalk leaks")
 BUILD = ROOT / "build"
 GDBINIT = ROOT / "gdbinit"
 
@@ -121,6 +121,7 @@ def measure(cap: harness.Capture, runs: int, workdir: Path) -> dict:
     walks = [_value(out, "heapwalk-bench-walk") for out in outs]
     walk_seconds = statistics.median(float(w[0]) for w in walks)
     careful_seconds = statistics.median(float(_value(out, "heapwalk-bench-careful")[0]) for out in outs)
+    scan_seconds = statistics.median(float(_value(out, "heapwalk-bench-leakscan")[0]) for out in outs)
     if int(walks[0][1]) != chunks:
         raise RuntimeError(f"the walk met {walks[0][1]} chunks, 'heapwalk arenas' {chunks}")
     results = []
@@ -146,6 +147,7 @@ def measure(cap: harness.Capture, runs: int, workdir: Path) -> dict:
         "walk_seconds": walk_seconds, "walk_chunks_per_second": chunks / walk_seconds,
         "walk_times_floor": walk_seconds / statistics.median(floor_runs),
         "careful_seconds": careful_seconds, "careful_times_floor": careful_seconds / statistics.median(floor_runs),
+        "leak_scan_seconds": scan_seconds, "leak_scan_times_floor": scan_seconds / statistics.median(floor_runs),
         "commands": results,
     }
 
@@ -184,6 +186,8 @@ def table(result: dict) -> str:
              f"{result['walk_chunks_per_second']:,.0f} chunks/s, {result['walk_times_floor']:.1f} x the floor; "
              f"the careful walkers alone: {result['careful_seconds']:.2f} s, "
              f"{result['careful_times_floor']:.1f} x the floor",
+             f"the leak scan alone (blocks, roots, scan, search): {result['leak_scan_seconds']:.2f} s, "
+             f"{result['leak_scan_times_floor']:.1f} x the floor",
              f"{'command':26} {'wall s':>8} {'command s':>10} {'peak RSS MiB':>13} {'chunks/s':>12} {'x floor':>8}"]
     for r in result["commands"]:
         rate = f"{r['chunks_per_second']:,.0f}" if r["chunks_per_second"] else "-"

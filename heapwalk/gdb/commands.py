@@ -218,7 +218,7 @@ class ChunkCommand(Subcommand):
     @staticmethod
     def _reach(chunk: int) -> str | None:
         """Whether the in-use chunk at CHUNK is reached from a root, and how (a scan of the whole heap)."""
-        found = load_allocators(walk_chunks=True)
+        found = load_allocators(walk_chunks=True, keep_used=True)
         return reach_text(scan_leaks(found), chunk, found.target.threads) if found.glibc else None
 
 

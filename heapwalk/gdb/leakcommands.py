@@ -81,7 +81,7 @@ class LeaksCommand(Subcommand):
         return p
 
     def run(self, args) -> None:
-        found = load_allocators(walk_chunks=True)
+        found = load_allocators(walk_chunks=True, keep_used=True)
         if not found.glibc:
             raise UserError("heapwalk leaks: only glibc's heap is scanned for leaks so far; this process "
                             "allocates with jemalloc")

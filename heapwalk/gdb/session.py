@@ -68,10 +68,10 @@ def _require_target() -> None:
                         "heapwalk decodes 64-bit (x86-64) glibc heaps only")
 
 
-def _load_glibc(target: Target, walk_chunks: bool):
-    """TARGET's glibc heap: (state, memory, layout)."""
+def _load_glibc(target: Target, walk_chunks: bool, keep_used: bool = False):
+    """TARGET's glibc heap: (state, memory, layout); KEEP_USED keeps the in-use chunks the walk met."""
     with walk_progress(walk_chunks) as progress:
-        state, disc = load(target, overrides(), walk_chunks, progress)
+        state, disc = load(target, overrides(), walk_chunks, progress, keep_used)
     return state, target.mem, disc.layout
 
 
@@ -148,7 +148,7 @@ class Allocators:
     target: Target | None = None   # the target as gdb showed it when they were decoded
 
 
-def load_allocators(walk_chunks: bool = False) -> Allocators:
+def load_allocators(walk_chunks: bool = False, keep_used: bool = False) -> Allocators:
     """Decodes every allocator of the selected inferior, asking gdb for the target once.  A process that maps
     jemalloc may use glibc's malloc too (a library bound to it with RTLD_DEEPBIND): both are decoded.  When
     jemalloc is mapped but not found, glibc's heap may still be the one in use: jemalloc's error is raised
@@ -164,20 +164,20 @@ def load_allocators(walk_chunks: bool = False) -> Allocators:
             except JemallocNotFound as exc:
                 je_error = UserError(f"heapwalk: this process allocates with jemalloc, and {exc}")
             else:
-                return dataclasses.replace(_glibc_beside(je, target, walk_chunks), target=target)
+                return dataclasses.replace(_glibc_beside(je, target, walk_chunks, keep_used), target=target)
         try:
-            return Allocators(glibc=_load_glibc(target, walk_chunks), target=target)
+            return Allocators(glibc=_load_glibc(target, walk_chunks, keep_used), target=target)
         except (UserError, DiscoveryError):
             if je_error is not None:
                 raise je_error from None
             raise
 
 
-def _glibc_beside(je: JeState, target: Target, walk_chunks: bool) -> Allocators:
+def _glibc_beside(je: JeState, target: Target, walk_chunks: bool, keep_used: bool = False) -> Allocators:
     """JE with glibc's heap beside it when glibc's malloc was used (without its finding that another allocator
     is mapped: it is decoded too)."""
     try:
-        state, mem, layout = _load_glibc(target, walk_chunks)
+        state, mem, layout = _load_glibc(target, walk_chunks, keep_used)
     except MallocUnused:
         return Allocators(jemalloc=je)
     except (UserError, DiscoveryError) as exc:

@@ -1,6 +1,7 @@
 """glibc's side of the leak scan: every chunk the program holds, as the neutral `view.Blocks`.
 
-An arena the sweep vouches for (`sweptchunks`) gives its in-use chunks as arrays; any other goes through the
+An arena the sweep vouches for gives its in-use chunks as arrays (those the one pass kept, `ChunkWalk.used`, or
+from a sweep now, `sweptchunks`); any other goes through the
 careful walk, and the stretches of its heaps that walk could not pass are handed over as memory of unknown
 chunks, which the scan takes as a root (whatever they point to stays reached).  The tcache structs, the
 arenas, heap_info and mp_ are malloc's own and never roots; the mmapped chunks in use are roots.
@@ -31,31 +32,47 @@ HEADER, TAIL = 16, 8
 def blocks_of(mem: Memory, layout: Layout, state: HeapState) -> Blocks:
     """Every in-use chunk of STATE's arenas (mmapped chunks aside), and which memory is malloc's (see the
     module)."""
-    listing = Listing.of_state(state)
-    listed = listing_arrays(listing)
+    listing, listed = None, None
     addresses, sizes, numbers, unknown = [], [], [], []
     for arena in state.arenas:
         if not arena.lists_known and not arena.heaps:
             continue
-        swept = swept_chunks(mem, layout, arena, listed)
-        if swept is not None:
-            rows = np.flatnonzero(swept.codes == PLAIN)
-            found = swept.sweep.address[rows], swept.sizes[rows].astype(np.uint64)
-        else:
-            found, gaps = _walked(mem, layout, arena, listing)
-            unknown.extend(gaps)
+        found = state.walk.used.get(arena.address) if state.walk is not None and state.walk.used else None
+        if found is None:
+            if listing is None:   # every list of every arena, as the careful walk sees them: made once, if needed
+                listing = Listing.of_state(state)
+                listed = listing_arrays(listing)
+            swept = swept_chunks(mem, layout, arena, listed)
+            if swept is not None:
+                rows = np.flatnonzero(swept.codes == PLAIN)
+                found = swept.sweep.address[rows], swept.sizes[rows].astype(np.uint64)
+            else:
+                found, gaps = _walked(mem, layout, arena, listing)
+                unknown.extend(gaps)
         addresses.append(found[0])
         sizes.append(found[1])
         numbers.append(np.full(len(found[0]), arena.number, dtype=np.int32))
-    address = np.concatenate(addresses) if addresses else np.zeros(0, dtype=np.uint64)
-    size = np.concatenate(sizes) if sizes else np.zeros(0, dtype=np.uint64)
-    number = np.concatenate(numbers) if numbers else np.zeros(0, dtype=np.int32)
-    order = np.argsort(address, kind="stable")
-    address, size, number = address[order], size[order], number[order]
+    address, size, number = _sorted(addresses, sizes, numbers)
     return Blocks(address + np.uint64(HEADER), address + size + np.uint64(TAIL), number, HEADER, TAIL,
                   heaps=tuple(_heaps(layout, state)), private=tuple(_private(layout, state)),
                   large=tuple(merged((c.address, c.address + c.size) for c in state.mmapped)),
                   unknown=tuple(merged(unknown)))
+
+
+def _sorted(addresses: list[np.ndarray], sizes: list[np.ndarray], numbers: list[np.ndarray]
+            ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each arena's chunks (each arena's sorted) joined in address order: arenas' memory does not interleave,
+    so ordering the arenas is enough, unless damage says otherwise (then every chunk is sorted)."""
+    if not addresses:
+        return np.zeros(0, dtype=np.uint64), np.zeros(0, dtype=np.uint64), np.zeros(0, dtype=np.int32)
+    order = sorted((i for i in range(len(addresses)) if len(addresses[i])), key=lambda i: int(addresses[i][0]))
+    address = np.concatenate([addresses[i] for i in order] or [addresses[0]])
+    size = np.concatenate([sizes[i] for i in order] or [sizes[0]])
+    number = np.concatenate([numbers[i] for i in order] or [numbers[0]])
+    if len(address) > 1 and not bool(np.all(address[1:] > address[:-1])):
+        rows = np.argsort(address, kind="stable")
+        address, size, number = address[rows], size[rows], number[rows]
+    return address, size, number
 
 
 def _walked(mem: Memory, layout: Layout, arena: Arena, listing: Listing

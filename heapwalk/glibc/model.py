@@ -299,6 +299,7 @@ class ChunkWalk:
     mmapped: tuple[MmappedChunk, ...] = ()
     findings: tuple[Finding, ...] = ()
     interrupted: bool = False
+    used: Mapping[int, tuple] | None = None  # arena address -> its in-use chunks (addresses, sizes), when kept
 
 
 @dataclass(frozen=True, slots=True)

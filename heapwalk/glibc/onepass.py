@@ -12,11 +12,11 @@ from __future__ import annotations
 import numpy as np
 
 from heapwalk.glibc.chunks import extents
-from heapwalk.glibc.indexlists import IndexedLists, lists_of_sweep
+from heapwalk.glibc.indexlists import PLAIN, IndexedLists, lists_of_sweep
 from heapwalk.glibc.layout import Layout
 from heapwalk.glibc.model import Account, Arena, Tcache, TrimEstimate
 from heapwalk.glibc.sweep import sweep_extents
-from heapwalk.glibc.sweepwalk import TCACHE_CODE, TCACHE_STRUCT_CODE, walk_of_sweep
+from heapwalk.glibc.sweepwalk import TCACHE_CODE, TCACHE_STRUCT_CODE, sizes_of, walk_of_sweep
 from heapwalk.target.memory import Memory
 from heapwalk.target.residency import Residency
 
@@ -35,12 +35,14 @@ class OnePass:
 
     def __init__(self, mem: Memory, layout: Layout, tcaches: list[Tcache], thp_pagesize: int,
                  main_contiguous: bool, progress=None, total: int = 0, lists_only: bool = False,
-                 residency: Residency | None = None):
+                 residency: Residency | None = None, keep_used: bool = False):
         self.mem, self.layout, self.lists_only, self.residency = mem, layout, lists_only, residency
         self.tcached = _tcached(tcaches)
         self.thp_pagesize, self.main_contiguous = thp_pagesize, main_contiguous
         self.progress, self.total, self.done = progress, total, 0
         self.accounts: dict[int, tuple[Account, TrimEstimate]] = {}
+        self.keep_used = keep_used
+        self.used: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self.failed: set[int] = set()
         self.spans: list[tuple[int, int]] = []
 
@@ -75,6 +77,9 @@ class OnePass:
             self.failed.add(arena.address)
         else:
             self.accounts[arena.address] = walked
+            if self.keep_used:
+                rows = np.flatnonzero(lists.codes == PLAIN)
+                self.used[arena.address] = (sweep.address[rows], sizes_of(sweep)[rows].astype(np.uint64))
         return lists
 
     def results(self, arenas: tuple[Arena, ...]) -> dict[int, tuple[Account, TrimEstimate]] | None:
