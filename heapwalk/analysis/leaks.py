@@ -15,7 +15,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from heapwalk.analysis.reach import Reach, scan
+from heapwalk.target.memory import Memory
 from heapwalk.target.roots import register_roots, root_regions
+from heapwalk.target.space import MemoryMap
+from heapwalk.target.threads import ThreadRegs
+from heapwalk.view import Blocks
 
 __all__ = ["Leaks", "ArenaLeaks", "Group", "find_leaks", "leaks_of", "signatures", "signature_name", "TEXT", "by_size", "by_signature", "HIDDEN_POINTERS"]
 
@@ -192,7 +196,8 @@ def signature_name(key: object, images: Sequence[tuple[int, int, str]],
     return f"{address:#x}"
 
 
-def leaks_of(mem, blocks, space, threads, progress=None) -> Leaks:
+def leaks_of(mem: Memory, blocks: Blocks, space: MemoryMap, threads: Sequence[ThreadRegs],
+             progress: Callable[[int, int], None] | None = None) -> Leaks:
     """The leaks of a target: its roots (`target.roots`) around BLOCKS, scanned in MEM, then judged."""
     roots = root_regions(space, threads, list(blocks.heaps) + list(blocks.private), blocks.large, blocks.unknown)
     return find_leaks(scan(mem, blocks, roots, register_roots(threads), progress))
