@@ -434,6 +434,20 @@ void hw_note_fact(const char *key, long long value)
 
 /* ---- outputs -------------------------------------------------------------- */
 
+static const char *out_dir = ".";
+
+int hw_output_fd(const char *name)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", out_dir, name);
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0) {
+        perror(path);
+        exit(2);
+    }
+    return fd;
+}
+
 static FILE *open_output(const char *dir, const char *name, char *buf, size_t size)
 {
     char path[4096];
@@ -451,6 +465,7 @@ void hw_init(int argc, char **argv, const char *reproducer_name)
 {
     repro_name = reproducer_name;
     const char *dir = argc > 1 ? argv[1] : ".";
+    out_dir = dir;
     if (sscanf(gnu_get_libc_version(), "%d.%d", &glibc_major, &glibc_minor) != 2)
         die("cannot parse gnu_get_libc_version()");
     fill_count = (glibc_major > 2 || glibc_minor >= 43) ? 16 : 7;
@@ -460,15 +475,7 @@ void hw_init(int argc, char **argv, const char *reproducer_name)
     sem_init(&arrivals, 0, 0);
     mi_file = open_output(dir, "malloc_info.xml", mi_buf, sizeof mi_buf);
     ledger_file = open_output(dir, "ledger.json", ledger_buf, sizeof ledger_buf);
-    {
-        char path[4096];
-        snprintf(path, sizeof path, "%s/trim.json", dir);
-        trim_fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        if (trim_fd < 0) {
-            perror(path);
-            exit(2);
-        }
-    }
+    trim_fd = hw_output_fd("trim.json");
     if (glibc_major == 2 && glibc_minor < 29)
         die("the tcache ledger needs glibc 2.29 or later");
     learn_key();

@@ -50,6 +50,10 @@ void *hw_malloc_cold(size_t n);
  * parks (workers) or before hw_snapshot (main thread). */
 void hw_ledger(const char *label);
 
+/* A file NAME in the output directory, opened for write(2) (which allocates
+ * nothing); exits when it cannot be created. */
+int hw_output_fd(const char *name);
+
 /* Records an mmapped chunk the program keeps until the snapshot. */
 void hw_note_mmapped(void *p, size_t request);
 

@@ -17,10 +17,8 @@
  */
 #include "hw.h"
 
-#include <fcntl.h>
 #include <malloc.h>
 #include <stdint.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -209,21 +207,10 @@ static void *worker(void *arg)
     (void)on_stack;
 }
 
-static void open_ledger(const char *dir)
-{
-    char path[4096];
-    snprintf(path, sizeof path, "%s/reach.txt", dir);
-    ledger_fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (ledger_fd < 0) {
-        perror(path);
-        exit(2);
-    }
-}
-
 int main(int argc, char **argv)
 {
     hw_init(argc, argv, "reach");
-    open_ledger(argc > 1 ? argv[1] : ".");
+    ledger_fd = hw_output_fd("reach.txt");
     void *volatile on_main_stack = block(56);
     note("reached", "live_stack", on_main_stack, 0, 0, 0);
     build_reached();

@@ -7,8 +7,6 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-import numpy as np
-
 from heapwalk.analysis.leaks import (HIDDEN_POINTERS, TEXT, ArenaLeaks, Group, Leaks, by_signature, by_size,
                                      signature_name, signatures)
 from heapwalk.target.memory import Memory, ReadError
@@ -141,9 +139,3 @@ def _text(mem: Memory, address: int, size: int = 48) -> str:
         out.append(chr(byte))
     return "".join(out)
 
-
-def in_use_groups(lk: Leaks, images: Sequence[tuple[int, int, str]]) -> tuple[list[Group], list[Group]]:
-    """Every block in use grouped by size and by signature (keys: sizes; signature numbers or TEXT)."""
-    sizes = lk.reach.blocks.sizes()
-    rows = np.arange(lk.reach.blocks.count)
-    return by_size(sizes, rows), by_signature(signatures(lk.reach.first_words, images), sizes, rows)

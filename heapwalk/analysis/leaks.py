@@ -76,10 +76,6 @@ class Leaks:
     def unreferenced_count(self) -> int:
         return len(self.unreferenced)
 
-    def is_unreferenced(self) -> np.ndarray:
-        """A bool per leaked block (in the order of `leaked`): is it unreferenced?"""
-        return np.isin(self.leaked, self.unreferenced)
-
 
 def find_leaks(reach: Reach) -> Leaks:
     """The leaked and unreferenced blocks of REACH, and what each unreferenced block holds."""
@@ -116,15 +112,16 @@ def _holds(reach: Reach, unreferenced: np.ndarray, leaked_mask: np.ndarray, has_
 
 def _per_arena(reach: Reach, leaked_mask: np.ndarray, unreferenced: np.ndarray,
                sizes: np.ndarray) -> tuple[ArenaLeaks, ...]:
-    arena = reach.blocks.arena
-    numbers = np.unique(arena).tolist()
-    out = []
-    for number in numbers:
-        mine = arena == number
-        gone = mine & leaked_mask
-        out.append(ArenaLeaks(number, int(mine.sum()), int(sizes[mine].sum()), int(gone.sum()),
-                              int(sizes[gone].sum()), int((arena[unreferenced] == number).sum())))
-    return tuple(out)
+    """Each arena's blocks in use and leaked, counted and summed at once."""
+    numbers, arena = np.unique(reach.blocks.arena, return_inverse=True)
+    n = len(numbers)
+    counts = np.bincount(arena, minlength=n)
+    total = np.bincount(arena, weights=sizes, minlength=n)
+    gone = np.bincount(arena[leaked_mask], minlength=n)
+    gone_bytes = np.bincount(arena[leaked_mask], weights=sizes[leaked_mask], minlength=n)
+    unref = np.bincount(arena[unreferenced], minlength=n)
+    return tuple(ArenaLeaks(int(numbers[i]), int(counts[i]), int(total[i]), int(gone[i]), int(gone_bytes[i]),
+                            int(unref[i])) for i in range(n))
 
 
 @dataclass(frozen=True, slots=True)

@@ -42,7 +42,7 @@ def _summary(rep: LeakReport) -> Text:
 
 def _arenas(rep: LeakReport, interactive: bool) -> Table:
     table = Table(title="leaked by arena", box=box_for(interactive), title_justify="left")
-    for name in ("arena", "in use", "chunks", "leaked", "chunks ", "share", "unreferenced"):
+    for name in ("arena", "in use", "in-use chunks", "leaked", "leaked chunks", "share", "unreferenced"):
         table.add_column(name, justify="right", no_wrap=True)
     for a in rep.arenas:
         table.add_row(str(a.number), human(a.in_use_bytes), str(a.in_use_count), human(a.leaked_bytes),
