@@ -18,6 +18,7 @@
 #include "hw.h"
 
 #include <malloc.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,6 +30,7 @@
 
 static int ledger_fd = -1;
 static char line[160];
+static pthread_mutex_t line_lock = PTHREAD_MUTEX_INITIALIZER;   /* the workers write lines too */
 
 void *volatile g_single;                  /* a global */
 static void *volatile g_array[4];         /* a static array */
@@ -78,6 +80,7 @@ static long chunk_size(void *p) { return (long)malloc_usable_size(p) + 8; }
 
 static NOINLINE void note(const char *verdict, const char *kind, void *p, int unreferenced, long count, long bytes)
 {
+    pthread_mutex_lock(&line_lock);
     char *o = put(line, verdict);
     o = put(put(o, " "), kind);
     o = put_number(put(o, " "), (unsigned long)(uintptr_t)p, 16);
@@ -90,6 +93,7 @@ static NOINLINE void note(const char *verdict, const char *kind, void *p, int un
     if (write(ledger_fd, line, (size_t)(o - line)) != o - line)
         abort();
     scrub(line, sizeof line);
+    pthread_mutex_unlock(&line_lock);
 }
 
 /* A fresh block of N bytes filled with a pattern that is no pointer. */

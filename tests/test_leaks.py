@@ -25,6 +25,10 @@ from heapwalk.target.threads import ThreadRegs
 from heapwalk.view import Blocks
 
 HEAP, DATA = 0x10000, 0x80000
+#: every kind of block cores/reach.c writes to its ledger
+LEDGER_KINDS = {"live_stack", "global", "static_array", "interior", "chain", "anonymous", "mmapped", "tls",
+                "thread_stack", "single", "ring", "tree", "in_freed_chunk", "points_to_reached", "thread_single",
+                "thread_chain"}
 
 
 def _image(chunks: dict[int, int], words: dict[int, int], data_words: dict[int, int] = None):
@@ -147,6 +151,7 @@ def test_the_leaked_and_unreferenced_chunks_equal_the_reach_ledger(g, tmp_path):
     assert "Traceback" not in result.stdout + result.stderr
     doc = json.loads(out.read_text())
     lines = [line.split() for line in (c.directory / "reach.txt").read_text().splitlines()]
+    assert {w[1] for w in lines} == LEDGER_KINDS and all(len(w) in (3, 6) for w in lines)
     leaked = {int(w[2], 16) - 16: w for w in lines if w[0] == "leaked"}
     reached = {int(w[2], 16) - 16 for w in lines if w[0] == "reached"}
     found = {b["address"]: b for b in doc["leaked"]}
