@@ -21,6 +21,7 @@
 #define MAX_FACTS 64
 #define MAX_MMAPPED 256
 #define FREED_SLOTS (1u << 21)  /* open-addressing set of freed tcache-range chunks */
+#define LIVE_SLOTS (1u << 21)   /* and of the chunks hw_malloc gave out and the program holds */
 #define KEY_PROBE_REQUEST 1000  /* a size class the programs never use */
 #define PATTERN 0xA5
 
@@ -85,54 +86,95 @@ static int peek_word(uintptr_t addr, uintptr_t *out)
     return process_vm_readv(getpid(), &local, 1, &remote, 1, 0) == (ssize_t)sizeof *out;
 }
 
-/* ---- the set of chunks the program freed and has not got back ---------- */
+/* ---- sets of chunk addresses (open addressing, no allocation) ---------- */
 
-static size_t slot_of(uintptr_t p) { return (size_t)((p >> 4) * 0x9E3779B97F4A7C15ull >> 43) & (FREED_SLOTS - 1); }
+struct ptr_set {
+    uintptr_t *keys;
+    size_t mask, count;
+    const char *name;
+    void (*moved)(size_t to, size_t from);   /* satellite data follows its key */
+};
 
-static size_t freed_count;
-
-static void freed_add(uintptr_t p, int owner, int cls)
+static size_t set_slot(const struct ptr_set *s, uintptr_t p)
 {
-    size_t i = slot_of(p);
-    if (++freed_count > FREED_SLOTS / 4 * 3)
-        die("too many freed chunks tracked");
-    while (freed[i] && freed[i] != p)
-        i = (i + 1) & (FREED_SLOTS - 1);
-    if (freed[i] == p)
-        freed_count--;
-    freed[i] = p;
-    freed_owner[i] = (unsigned char)owner;
-    freed_class[i] = (unsigned char)cls;
+    return (size_t)((p >> 4) * 0x9E3779B97F4A7C15ull >> 32) & s->mask;
 }
 
-static void freed_remove(uintptr_t p)
+/* Adds P (if not there) and returns its slot. */
+static size_t set_add(struct ptr_set *s, uintptr_t p)
 {
-    size_t i = slot_of(p);
-    while (freed[i] != p) {
-        if (!freed[i])
-            return;
-        i = (i + 1) & (FREED_SLOTS - 1);
+    size_t i = set_slot(s, p);
+    while (s->keys[i] && s->keys[i] != p)
+        i = (i + 1) & s->mask;
+    if (!s->keys[i]) {
+        if (++s->count > (s->mask + 1) / 4 * 3)
+            die(s->name);
+        s->keys[i] = p;
     }
-    freed_count--;
+    return i;
+}
+
+/* P's slot, or -1. */
+static long set_find(const struct ptr_set *s, uintptr_t p)
+{
+    size_t i = set_slot(s, p);
+    while (s->keys[i]) {
+        if (s->keys[i] == p)
+            return (long)i;
+        i = (i + 1) & s->mask;
+    }
+    return -1;
+}
+
+static void set_remove(struct ptr_set *s, uintptr_t p)
+{
+    long found = set_find(s, p);
+    if (found < 0)
+        return;
+    s->count--;
     /* backward-shift deletion keeps probe chains intact without tombstones */
-    size_t j = i;
+    size_t i = (size_t)found, j = i;
     for (;;) {
-        freed[i] = 0;
+        s->keys[i] = 0;
         for (;;) {
-            j = (j + 1) & (FREED_SLOTS - 1);
-            if (!freed[j])
+            j = (j + 1) & s->mask;
+            if (!s->keys[j])
                 return;
-            size_t k = slot_of(freed[j]);
+            size_t k = set_slot(s, s->keys[j]);
             if (i <= j ? (i < k && k <= j) : (i < k || k <= j))
                 continue;
             break;
         }
-        freed[i] = freed[j];
-        freed_owner[i] = freed_owner[j];
-        freed_class[i] = freed_class[j];
+        s->keys[i] = s->keys[j];
+        if (s->moved)
+            s->moved(i, j);
         i = j;
     }
 }
+
+/* The chunks the program freed and has not got back, with who freed them. */
+static void freed_moved(size_t to, size_t from)
+{
+    freed_owner[to] = freed_owner[from];
+    freed_class[to] = freed_class[from];
+}
+
+static struct ptr_set freed_set = {freed, FREED_SLOTS - 1, 0, "too many freed chunks tracked", freed_moved};
+
+static void freed_add(uintptr_t p, int owner, int cls)
+{
+    size_t i = set_add(&freed_set, p);
+    freed_owner[i] = (unsigned char)owner;
+    freed_class[i] = (unsigned char)cls;
+}
+
+static void freed_remove(uintptr_t p) { set_remove(&freed_set, p); }
+
+/* The chunks hw_malloc gave and hw_free has not taken back: the program holds
+ * them through this set (a root in its bss), so that a reproducer leaks only
+ * what it drops on purpose, with plain malloc. */
+static uintptr_t live[LIVE_SLOTS];
+static struct ptr_set live_set = {live, LIVE_SLOTS - 1, 0, "too many live chunks tracked", NULL};
 
 /* ---- threads ------------------------------------------------------------ */
 
@@ -204,11 +246,11 @@ static void *malloc_tracked(size_t n, size_t touch)
     void *p = malloc(n);
     if (!p)
         die("out of memory");
-    if (tcache_class(n) >= 0) {
-        pthread_mutex_lock(&lock);
+    pthread_mutex_lock(&lock);
+    if (tcache_class(n) >= 0)
         freed_remove((uintptr_t)p);
-        pthread_mutex_unlock(&lock);
-    }
+    set_add(&live_set, (uintptr_t)p);
+    pthread_mutex_unlock(&lock);
     memset(p, PATTERN, touch < n ? touch : n);
     return p;
 }
@@ -219,12 +261,12 @@ void *hw_malloc_cold(size_t n) { return malloc_tracked(n, 64); }
 void hw_free(void *p)
 {
     int c = tcache_class(malloc_usable_size(p));
-    if (c >= 0) {
-        struct thread_rec *t = me();
-        pthread_mutex_lock(&lock);
+    struct thread_rec *t = me();
+    pthread_mutex_lock(&lock);
+    set_remove(&live_set, (uintptr_t)p);
+    if (c >= 0)
         freed_add((uintptr_t)p, (int)(t - threads), c);
-        pthread_mutex_unlock(&lock);
-    }
+    pthread_mutex_unlock(&lock);
     free(p);
 }
 
@@ -237,13 +279,8 @@ static uintptr_t scan_buf[(1 << 20) / sizeof(uintptr_t)];
 /* Is P a freed chunk recorded in the set? Returns its owner index or -1. */
 static int freed_owner_of(uintptr_t p)
 {
-    size_t i = slot_of(p);
-    while (freed[i]) {
-        if (freed[i] == p)
-            return freed_owner[i];
-        i = (i + 1) & (FREED_SLOTS - 1);
-    }
-    return -1;
+    long i = set_find(&freed_set, p);
+    return i < 0 ? -1 : freed_owner[i];
 }
 
 static int proven_elsewhere(uintptr_t p, const struct thread_rec *t)

@@ -252,6 +252,15 @@ def test_diff_of_two_snapshots_names_the_arena_that_grew(tmp_path):
     assert grown["in_use_growth"] > 3 * 1000 * 1024 and grown["system_growth"] > 0
     assert any(c["low"] == 2048 and c["bytes_growth"] > 0 for c in grown["free_classes"])
     assert f"grew: arena {grower_arena}" in result.stdout
+    # the grower kept every other chunk of 1-4 KiB it made, each begun with 'GGGG...' (text): 3000 of them
+    kept = sum(c["count"][1] - c["count"][0] for c in grown["in_use_classes"] if c["low"] in (1024, 2048, 4096))
+    assert kept == 3 * 1000 and sum(c["bytes_growth"] for c in grown["in_use_classes"]) == grown["in_use_growth"]
+    steady = next(e for e in d["arenas"] if e["number"] == steady_arena)
+    assert steady["in_use_classes"] == [] and steady["in_use_growth"] == 0
+    text = next(c for c in d["signatures"] if c["signature"] == "text")
+    assert text["count"][1] - text["count"][0] == kept and d["signatures"][0] == text
+    assert f"arena {grower_arena}: chunks in use grew in " in result.stdout
+    assert "chunks in use grew by signature: text (" in result.stdout
 
 
 # ------------------------------------------------------------------------------------------- errors

@@ -11,7 +11,7 @@ from heapwalk.analysis.leaks import (HIDDEN_POINTERS, TEXT, ArenaLeaks, Group, L
                                      signature_name, signatures)
 from heapwalk.target.memory import Memory, ReadError
 
-__all__ = ["LeakReport", "Unreferenced", "SignatureGroup", "LeakedBlock", "describe", "HEAD_BYTES"]
+__all__ = ["LeakReport", "Unreferenced", "SignatureGroup", "LeakedBlock", "describe", "text_at", "HEAD_BYTES"]
 
 #: bytes of each biggest unreferenced block shown
 HEAD_BYTES = 32
@@ -89,7 +89,7 @@ def describe(lk: Leaks, mem: Memory, images: Sequence[tuple[int, int, str]],
         return names[key]
 
     groups = tuple(SignatureGroup(name(g.key), g.count, g.bytes, int(blocks.addresses(g.example)),
-                                  _text(mem, int(blocks.starts[g.example])) if g.key == TEXT else "")
+                                  text_at(mem, int(blocks.starts[g.example])) if g.key == TEXT else "")
                    for g in by_signature(sigs, sizes, lk.leaked)[:limit])
     holds = dict(zip(lk.unreferenced.tolist(), zip(lk.holds_count.tolist(), lk.holds_bytes.tolist())))
     biggest = tuple(Unreferenced(int(blocks.addresses(i)), int(sizes[i]), int(blocks.arena[i]), *holds[i],
@@ -129,7 +129,7 @@ def _head(mem: Memory, address: int, size: int) -> bytes:
         return b""
 
 
-def _text(mem: Memory, address: int, size: int = 48) -> str:
+def text_at(mem: Memory, address: int, size: int = 48) -> str:
     """The printable characters a block begins with."""
     data = _head(mem, address, size)
     out = []

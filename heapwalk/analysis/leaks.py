@@ -149,19 +149,29 @@ TEXT = "text"
 
 def signatures(first_words: np.ndarray, images: Sequence[tuple[int, int, str]]) -> np.ndarray:
     """Each block's signature as a number: its first word when that points into a read-only mapping of a
-    loaded file (IMAGES: start, end, name, in order), 1 when it begins with text, 0 otherwise."""
+    loaded file (IMAGES: start, end, name, in order) other than the file's first byte (a load address, as in
+    a link_map, not a type), 1 when it begins with text, 0 otherwise."""
     out = np.zeros(len(first_words), dtype=np.uint64)
     if images:
         starts = np.array([lo for lo, _, _ in images], dtype=np.uint64)
         ends = np.array([hi for _, hi, _ in images], dtype=np.uint64)
         i = np.searchsorted(starts, first_words, side="right") - 1
         inside = (i >= 0) & (first_words < ends[np.maximum(i, 0)])
+        inside &= ~np.isin(first_words, np.array(_load_addresses(images), dtype=np.uint64))
         out[inside] = first_words[inside]
     as_bytes = first_words.view(np.uint8).reshape(-1, 8)
     printable = (as_bytes >= 0x20) & (as_bytes < 0x7f)
     text = printable[:, :4].all(axis=1) & (printable | (as_bytes == 0)).all(axis=1)
     out[text & (out == 0)] = 1
     return out
+
+
+def _load_addresses(images: Sequence[tuple[int, int, str]]) -> list[int]:
+    """The lowest address of each file among IMAGES."""
+    first: dict[str, int] = {}
+    for lo, _, name in images:
+        first[name] = min(lo, first.get(name, lo))
+    return sorted(first.values())
 
 
 def by_signature(sigs: np.ndarray, sizes: np.ndarray, rows: np.ndarray) -> list[Group]:

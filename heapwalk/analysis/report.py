@@ -5,7 +5,9 @@ with its chunk walk) and returns plain numbers and sentences; `heapwalk.output.t
 lays them out and `heapwalk.output.jsondoc` writes them.  The verdict says only what
 the numbers support: fragmentation (free memory malloc holds) or memory in
 use (live data or a leak), which arenas hold it, what malloc_trim(0) would
-give back, and the remedies that fit.
+give back, and the remedies that fit.  When a leak scan ran (`heapwalk.analysis.leaks`), the verdict
+weighs what it found too: a leak, fragmentation, both or neither, each with its bytes; and what the memory in
+use is (`heapwalk.analysis.inuse`) rides along for the tables and the JSON.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
+from heapwalk.analysis.inuse import InUse, LeakTotals
 from heapwalk.view import ArenaView, HeapView, SizeClass
 
 __all__ = ["Bucket", "Report", "build_report", "by_class", "human"]
@@ -62,6 +65,8 @@ class Report:
     per_arena: dict[int, list[Bucket]] = field(default_factory=dict)       # arena number -> its histogram
     residency: str = ""                     # where the resident figures come from ("": the target cannot say)
     mmapped_resident: int | None = None
+    in_use_groups: InUse | None = None      # the program's blocks by size and signature (None: not grouped)
+    leaks: LeakTotals | None = None         # what a leak scan found (None: no scan)
 
     @property
     def system(self) -> int:
@@ -109,6 +114,12 @@ class Report:
         """1 - largest free chunk / all free bytes (0: one free block; near 1: many small pieces), over the
         free chunks the lists hold."""
         return 1 - self.largest_free / self.free_listed if self.free_listed else 0.0
+
+    @property
+    def leaking(self) -> bool:
+        """Does the leak scan find enough leaked to be a cause: a MiB or more, and 5% or more of what is in use?"""
+        lt = self.leaks
+        return lt is not None and lt.leaked_bytes >= MiB and lt.leaked_bytes >= 0.05 * lt.in_use_bytes
 
     @property
     def lists_match_walk(self) -> bool:
@@ -188,11 +199,11 @@ def _fragmentation(rep: Report, held: int, idle: int, ram: bool) -> list[str]:
     """The sentences of a heap whose free memory (in RAM, when known) is a quarter or more of what it holds."""
     if ram:
         free_res = sum(min(a.free_resident or 0, a.free_total) for a in rep.arenas)
-        out = [f"Fragmentation, not a leak: {human(idle)} of the {human(held)} of malloc's arenas in RAM "
+        out = [f"{_fragmentation_title(rep)}: {human(idle)} of the {human(held)} of malloc's arenas in RAM "
                f"({_pct(idle, held)}) is free (free chunks {human(free_res)}, top chunks {human(idle - free_res)}); "
                f"{human(rep.in_use)} is in use."]
     else:
-        out = [f"Fragmentation, not a leak: {human(idle)} of the {human(held)} malloc holds in its arenas "
+        out = [f"{_fragmentation_title(rep)}: {human(idle)} of the {human(held)} malloc holds in its arenas "
                f"({_pct(idle, held)}) is free (free chunks {human(rep.free)}, top chunks {human(rep.top)}); "
                f"{human(rep.in_use)} is in use."]
     threads = [a for a in rep.arenas if a.kind == "thread"]
@@ -218,6 +229,55 @@ def _fragmentation(rep: Report, held: int, idle: int, ram: bool) -> list[str]:
         out.append(f"The main arena's top chunk holds {human(top)}{' in RAM' if ram else ''} that trim cannot "
                    "lower: in-use chunks above it pin the break.")
     return out
+
+
+def _fragmentation_title(rep: Report) -> str:
+    return "Fragmentation and a leak" if rep.leaking else "Fragmentation, not a leak"
+
+
+def _leaked_part(rep: Report) -> str:
+    """How much of the memory in use the leak scan found leaked, as a clause."""
+    lt = rep.leaks
+    assert lt is not None
+    return (f"{human(lt.leaked_bytes)} of the {human(lt.in_use_bytes)} in the program's chunks "
+            f"({_pct(lt.leaked_bytes, lt.in_use_bytes)}) is in {lt.leaked_count} chunks that nothing reachable "
+            "points to any more")
+
+
+def _in_use_sentence(rep: Report, held: int, free_part: str) -> str:
+    """The sentence of a heap mostly in use: live data or a leak, as far as the leak scan (if any) tells."""
+    share = f"{human(rep.in_use)} of the {human(held)} malloc holds ({_pct(rep.in_use, held)}) is in use"
+    if rep.leaks is None:
+        return (f"Memory in use, not fragmentation: {human(rep.in_use)} of the {human(held)} malloc holds "
+                f"({_pct(rep.in_use, held)}) is in chunks the program still holds, and {free_part}. "
+                "That is live data or a leak: 'heapwalk leaks' in gdb finds the chunks nothing points to; two "
+                "snapshots taken some time apart ('heapwalk diff A B') show what grows.")
+    if rep.leaking:
+        return f"A leak, not fragmentation: {share} and {free_part}; {_leaked_part(rep)}."
+    return (f"Live data, neither a leak nor fragmentation: {share} and {free_part}, and the leak scan reaches "
+            "nearly all of it from the program's roots. What it is shows above, by size and signature; two snapshots "
+            "taken some time apart ('heapwalk diff A B') show which of them grows.")
+
+
+def _scan_sentence(rep: Report) -> str:
+    """What the leak scan found, and where to look next."""
+    lt = rep.leaks
+    assert lt is not None
+    unread = (f" ({human(lt.unread_bytes)} of memory could not be read: chunks reached only through it count as "
+              "leaked)") if lt.unread_bytes else ""
+    if not lt.leaked_count:
+        return f"The leak scan reached every chunk in use from the program's roots: nothing leaked{unread}."
+    where = ""
+    per_arena = sorted(lt.per_arena.items(), key=lambda kv: -kv[1][1])
+    if len(per_arena) > 1 and per_arena[0][1][1]:
+        number, (_, size) = per_arena[0]
+        where = f"; arena {number} holds {human(size)} of it"
+    text = (f"The leak scan found {human(lt.leaked_bytes)} in {lt.leaked_count} chunks nothing reachable points to "
+            f"({_pct(lt.leaked_bytes, lt.in_use_bytes)} of the memory in use), {lt.unreferenced_count} of them "
+            f"unreferenced (where each leaked structure starts){where}{unread}")
+    if rep.leaking:
+        return text + ": 'heapwalk leaks' lists them by size and signature, with the biggest unreferenced."
+    return text + ": too little to explain the memory held; 'heapwalk leaks' lists them."
 
 
 def _verdict(rep: Report) -> list[str]:
@@ -246,14 +306,16 @@ def _verdict(rep: Report) -> list[str]:
             out += _fragmentation(rep, held_cost, idle_cost, ram)[1:]
     elif rep.in_use >= 0.75 * held:
         free_part = f"only {human(idle_cost)} of free memory is in RAM" if ram else f"only {human(idle)} is free"
-        out.append(f"Memory in use, not fragmentation: {human(rep.in_use)} of the {human(held)} malloc holds "
-                   f"({_pct(rep.in_use, held)}) is in chunks the program still holds, and {free_part}. That is live "
-                   "data or a leak: 'heapwalk chunks --used --min SIZE' in gdb shows the largest holders; two "
-                   "snapshots taken some time apart ('heapwalk diff A B') show what grows.")
+        out.append(_in_use_sentence(rep, held, free_part))
+    elif rep.leaking:
+        out.append(f"A leak, not fragmentation: {_leaked_part(rep)}.")
     else:
         free_part = f"{human(idle_cost)} free in RAM" if ram else f"{human(idle)} free"
         out.append(f"{human(rep.in_use)} in use and {free_part} of the {human(held_cost if ram else held)} "
-                   f"malloc holds{' in RAM' if ram else ''}: neither fragmentation nor growth stands out.")
+                   f"malloc holds{' in RAM' if ram else ''}: neither fragmentation nor "
+                   f"{'growth' if rep.leaks is None else 'a leak'} stands out.")
+    if rep.leaks is not None:
+        out.insert(1, _scan_sentence(rep))
     if ram and out[0].startswith("Fragmentation") and gone >= MiB:
         out.insert(1, f"A further {human(gone)} is free but not in RAM (given back, or never touched): address "
                       "space, not memory.")
@@ -263,8 +325,9 @@ def _verdict(rep: Report) -> list[str]:
     return out
 
 
-def build_report(view: HeapView) -> Report:
-    """The report of an allocator's view of its heap."""
+def build_report(view: HeapView, in_use: InUse | None = None, leaks: LeakTotals | None = None) -> Report:
+    """The report of an allocator's view of its heap; IN_USE and LEAKS when the blocks in use were grouped and
+    scanned for leaks."""
     all_sizes = sum(view.free_sizes.values(), Counter())
     histogram, largest, count = _histogram(all_sizes)
     rep = Report(view.allocator, list(view.arenas), view.large_count, view.large_bytes, histogram, largest, count,
@@ -274,5 +337,6 @@ def build_report(view: HeapView) -> Report:
     rep.trim_kept = dict(view.reclaim_kept)
     rep.per_arena = {n: _histogram(sizes)[0] for n, sizes in view.free_sizes.items()}
     rep.residency, rep.mmapped_resident = view.residency, view.large_resident
+    rep.in_use_groups, rep.leaks = in_use, leaks
     rep.verdict = list(view.advice) or _verdict(rep)
     return rep

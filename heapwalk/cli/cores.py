@@ -134,8 +134,9 @@ def _restore_lost_notes(f, size: int) -> None:
             return
 
 
-def report_command(json_file: Path | None, xml_file: Path | None) -> str:
-    command = "heapwalk report"
+def report_command(json_file: Path | None, xml_file: Path | None, leaks: bool = True) -> str:
+    """The gdb command of a report (with its leak scan unless LEAKS is false)."""
+    command = "heapwalk report" + ("" if leaks else " --no-leaks")
     if json_file is not None:
         command += f" --json {json_file}"
     if xml_file is not None:

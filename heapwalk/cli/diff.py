@@ -1,5 +1,6 @@
-"""``heapwalk diff A B``: which arenas and free-piece size classes grew between two snapshots, each a core
-(reported first), a report's JSON or a capture's folder; with their RSS where the snapshots recorded it."""
+"""``heapwalk diff A B``: which arenas grew between two snapshots, and in them which size classes of free
+pieces and of chunks in use, and which signatures of chunks in use; each snapshot a core (reported first), a
+report's JSON or a capture's folder; with their RSS where the snapshots recorded it."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import os
 import shutil
 from pathlib import Path
 
-from heapwalk.analysis.diff import ArenaTotals, diff
+from heapwalk.analysis.diff import ArenaTotals, Signatures, diff
 from heapwalk.cli.cores import open_core, report_command
 from heapwalk.cli.gdbmi import CliError
 from heapwalk.output import jsondoc
@@ -25,9 +26,9 @@ def process_rss(path: Path) -> int | None:
         return None
 
 
-def _snapshot(args, path: Path, out: Path) -> list[ArenaTotals]:
-    """The arenas of PATH's report: read as is when it is JSON, computed with gdb (written to OUT) when it is a
-    core; a capture's folder stands for its report.json."""
+def _snapshot(args, path: Path, out: Path) -> tuple[list[ArenaTotals], Signatures | None]:
+    """The arenas of PATH's report and its chunks in use by signature: read as is when it is JSON, computed
+    with gdb (written to OUT) when it is a core; a capture's folder stands for its report.json."""
     if path.is_dir() and (path / "report.json").exists():
         path = path / "report.json"
     if not path.exists():
@@ -44,7 +45,7 @@ def _snapshot(args, path: Path, out: Path) -> list[ArenaTotals]:
     except (ValueError, UnicodeDecodeError):
         raise CliError(f"heapwalk: {path} is neither a core file nor heapwalk JSON") from None
     try:
-        return jsondoc.read_snapshot(doc)
+        return jsondoc.read_snapshot(doc), jsondoc.read_signatures(doc)
     except jsondoc.DocumentError as exc:
         raise CliError(f"heapwalk: {path}: {exc}") from None
 
@@ -56,7 +57,7 @@ def cmd_diff(args) -> int:
         a, b = _snapshot(args, args.a, workdir / "a.json"), _snapshot(args, args.b, workdir / "b.json")
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    d = diff(a, b)
+    d = diff(a[0], b[0], a[1], b[1])
     print(diff_text(d), end="")
     rss = [process_rss(p / "report.json" if p.is_dir() else p) for p in (args.a, args.b)]
     if None not in rss:

@@ -32,7 +32,7 @@ def cmd_report(args) -> int:
     with gdb:
         for note in notes:
             print(f"heapwalk: {note}", file=sys.stderr)
-        print(gdb.run(report_command(args.json, args.xml)), end="")
+        print(gdb.run(report_command(args.json, args.xml, not args.no_leaks)), end="")
         if args.check:
             try:
                 print(gdb.run("heapwalk check"), end="")
@@ -44,6 +44,12 @@ def cmd_report(args) -> int:
 
 
 
+
+
+def leaks_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--no-leaks", action="store_true", help="skip the leak scan and the tables of in-use chunks "
+                        "(faster on big heaps; with --live, a shorter stop): the verdict cannot then tell live data "
+                        "from a leak")
 
 
 def make_parser() -> argparse.ArgumentParser:
@@ -67,6 +73,7 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", type=Path, metavar="FILE", help="also write the report as JSON (docs/json.md)")
     p.add_argument("--xml", type=Path, metavar="FILE", help="also write what malloc_info(3) would have printed")
     p.add_argument("--check", action="store_true", help="also run 'heapwalk check'; exit 1 when the heap is damaged")
+    leaks_option(p)
     p.set_defaults(run=cmd_report)
 
     p = sub.add_parser("capture", parents=[common], help="a core of a running process, and its report",
@@ -82,10 +89,12 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--full", action="store_true",
                    help="gcore's whole core instead (every readable mapping written whole: a longer pause, a "
                    "much bigger file)")
+    leaks_option(p)
     p.set_defaults(run=cmd_capture, sysroot=None)
 
     p = sub.add_parser("diff", parents=[common], help="what grew between two snapshots of one process",
-                       description="Which arenas and free-chunk size classes grew from A to B; each is a core "
+                       description="Which arenas grew from A to B, and in them which size classes of free "
+                       "chunks and of chunks in use, and which signatures of chunks in use; each is a core "
                        "(reported first), a 'heapwalk report --json' file or a 'heapwalk capture' folder. The "
                        "arenas' RSS is compared when both snapshots recorded it (captures do), and the process's "
                        "RSS when both are captures.")

@@ -11,7 +11,7 @@ import gdb  # type: ignore[import-not-found]
 
 from heapwalk.analysis import report
 from heapwalk.findings import Kind, Severity
-from heapwalk.gdb.leakcommands import LeaksCommand, reach_text, scan_leaks
+from heapwalk.gdb.leakcommands import LeaksCommand, in_use_and_leaks, reach_text, scan_leaks
 from heapwalk.gdb.console import (console_with_header, gdb_console, interactive, print_damage, print_findings,
                                   print_jemalloc_arenas, print_jemalloc_check, print_jemalloc_report,
                                   print_jemalloc_threads, print_partial, write_json)
@@ -255,10 +255,12 @@ class ReportCommand(Subcommand):
         json_option(p)
         p.add_argument("--xml", metavar="FILE", help="also write glibc's malloc_info XML for this heap "
                        "(what the process would have printed: no tcache)")
+        p.add_argument("--no-leaks", action="store_true", help="skip the leak scan and the tables of in-use "
+                       "chunks (faster on big heaps): the verdict then cannot tell live data from a leak")
         return p
 
     def run(self, args) -> None:
-        found = load_allocators(walk_chunks=True)
+        found = load_allocators(walk_chunks=True, keep_used=not args.no_leaks)
         if args.xml and found.glibc is None:
             raise UserError("heapwalk report: --xml writes glibc's malloc_info XML, and this process allocates "
                             "with jemalloc (--json has its statistics)")
@@ -266,7 +268,7 @@ class ReportCommand(Subcommand):
         glibc_doc = None
         if found.glibc:
             state = found.glibc[0]
-            rep = report.build_report(heap_view(state))
+            rep = report.build_report(heap_view(state), *(in_use_and_leaks(found) if not args.no_leaks else ()))
             notes = partial(state)
             console = console_with_header(state, beside_jemalloc=je_rep is not None)
             console.print(tables.report_group(rep, interactive()))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from heapwalk.analysis.inuse import InUse, LeakTotals, in_use_of, leak_totals
 from heapwalk.analysis.leakreport import describe
 from heapwalk.analysis.leaks import Leaks, leaks_of
 from heapwalk.gdb.console import console_with_header, interactive, write_json
@@ -17,7 +18,7 @@ from heapwalk.output.leakdoc import leaks_group, leaks_json
 from heapwalk.target.gdbadapter import stack_frame, symbol_at
 from heapwalk.target.roots import RegisterRoot, readonly_images
 
-__all__ = ["LeaksCommand", "scan_leaks", "reach_text"]
+__all__ = ["LeaksCommand", "scan_leaks", "reach_text", "in_use_and_leaks"]
 
 
 def scan_leaks(found) -> Leaks:
@@ -25,6 +26,16 @@ def scan_leaks(found) -> Leaks:
     state, mem, layout = found.glibc
     target = found.target
     return leaks_of(mem, blocks_of(mem, layout, state), target.space, target.threads)
+
+
+def in_use_and_leaks(found) -> tuple[InUse, LeakTotals]:
+    """What the glibc heap FOUND holds in use, by size and signature, and what of it is leaked."""
+    state, mem, layout = found.glibc
+    blocks = blocks_of(mem, layout, state)
+    target = found.target
+    lk = leaks_of(mem, blocks, target.space, target.threads)
+    return (in_use_of(blocks, ~lk.reach.reached, lk.reach.first_words, readonly_images(target.space), symbol_at, mem),
+            leak_totals(lk))
 
 
 def reach_text(lk: Leaks, chunk: int, threads=()) -> str | None:

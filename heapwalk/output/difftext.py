@@ -1,5 +1,5 @@
-"""`heapwalk diff`'s text: each arena's growth in MiB, the totals, the free-piece size classes that grew
-most, and which arenas grew."""
+"""`heapwalk diff`'s text: each arena's growth in MiB, the totals, the size classes of free pieces and of
+chunks in use that grew most, the signatures of chunks in use that grew most, and which arenas grew."""
 
 from __future__ import annotations
 
@@ -32,11 +32,17 @@ def diff_text(d: Diff) -> str:
         lines.append("RSS: not compared (a snapshot does not say which pages were in RAM: take both with "
                      "'heapwalk capture')")
     for e in d.arenas:
-        grown = sorted((c for c in e.free_classes if c.bytes_growth > 0), key=lambda c: -c.bytes_growth)
-        if grown:
-            lines.append(f"arena {e.number}: free chunks grew in " + ", ".join(
-                f"{c.low}-{c.high} B ({c.count[0]} -> {c.count[1]} chunks, {c.bytes_growth / 1024:+,.0f} KiB)"
-                for c in grown[:4]))
+        for what, classes in (("free chunks", e.free_classes), ("chunks in use", e.in_use_classes)):
+            grown = sorted((c for c in classes if c.bytes_growth > 0), key=lambda c: -c.bytes_growth)
+            if grown:
+                lines.append(f"arena {e.number}: {what} grew in " + ", ".join(
+                    f"{c.low}-{c.high} B ({c.count[0]} -> {c.count[1]} chunks, {c.bytes_growth / 1024:+,.0f} KiB)"
+                    for c in grown[:4]))
+    grown_signatures = [c for c in d.signatures if c.bytes_growth > 0]
+    if grown_signatures:
+        lines.append("chunks in use grew by signature: " + ", ".join(
+            f"{c.name} ({c.count[0]} -> {c.count[1]} chunks, {c.bytes_growth / 1024:+,.0f} KiB)"
+            for c in grown_signatures[:6]))
     if d.grew:
         lines.append("grew: arena " + ", ".join(map(str, d.grew)) + " (system memory or in-use bytes)")
     else:

@@ -10,14 +10,15 @@ from __future__ import annotations
 import json
 from typing import Any, Iterable
 
-from heapwalk.analysis.diff import ArenaTotals, Diff
+from heapwalk.analysis.diff import ArenaTotals, Diff, Signatures
 from heapwalk.analysis.report import Bucket
 from heapwalk.glibc.model import Arena, BinKind, BinList, HeapState, Tcache, Thread
 from heapwalk.findings import Finding
+from heapwalk.output.inusedoc import in_use_json, leaks_totals_json
 from heapwalk.output.notes import partial_sentences
 
 __all__ = ["SCHEMA_VERSION", "KINDS", "DocumentError", "state_to_json", "report_document", "check_document",
-           "chunk_document", "ChunksWriter", "header", "read_snapshot", "diff_json", "dump"]
+           "chunk_document", "ChunksWriter", "header", "read_snapshot", "read_signatures", "diff_json", "dump"]
 
 SCHEMA_VERSION = 1
 KINDS = ("fast", "unsorted", "small", "large")
@@ -251,6 +252,8 @@ def report_json(rep) -> dict[str, Any]:
         "trim_kept": rep.trim_kept,
         "arena_limit": rep.arena_limit,
         "arenas_on_free_list": rep.arenas_on_free_list,
+        "in_use": in_use_json(rep.in_use_groups),
+        "leaks": leaks_totals_json(rep.leaks),
         "verdict": rep.verdict,
     }
 
@@ -266,30 +269,57 @@ def read_snapshot(doc: dict[str, Any]) -> list[ArenaTotals]:
         raise DocumentError("it has no report: write it with 'heapwalk report --json FILE'")
     heaps = {a["address"]: tuple((h["address"], h["size"]) for h in a["heaps"]) for a in doc.get("arenas", [])}
     by_arena = doc["report"].get("histogram_by_arena", {})
+    in_use = doc["report"].get("in_use")
     try:
+        used = in_use["histogram_by_arena"] if in_use else None
         return [ArenaTotals(r["address"], r["number"], r.get("system") or 0, r.get("in_use") or 0,
                             sum((r.get("free") or {}).values()), r.get("top") or 0,
-                            tuple(Bucket(h["low"], h["high"], h["count"], h["bytes"])
-                                  for h in by_arena.get(str(r["number"]), [])),
-                            r.get("trim") or 0, heaps.get(r["address"], ()), r.get("rss"))
+                            _buckets(by_arena.get(str(r["number"]), [])), r.get("trim") or 0,
+                            heaps.get(r["address"], ()), r.get("rss"),
+                            None if used is None else _buckets(used.get(str(r["number"]), [])))
                 for r in doc["report"]["arenas"]]
     except (KeyError, TypeError, AttributeError) as exc:
         raise DocumentError(f"its report is not heapwalk's ({type(exc).__name__}: {exc})") from None
 
 
+def _buckets(rows: list[dict[str, Any]]) -> tuple[Bucket, ...]:
+    return tuple(Bucket(h["low"], h["high"], h["count"], h["bytes"]) for h in rows)
+
+
+def read_signatures(doc: dict[str, Any]) -> Signatures | None:
+    """The chunks in use by signature of a 'heapwalk report --json' document, or None when its report has
+    none (no leak scan, or another allocator)."""
+    in_use = (doc.get("report") or {}).get("in_use") if isinstance(doc, dict) else None
+    if not in_use or in_use.get("by_signature") is None:
+        return None
+    try:
+        return Signatures({g["signature"]: (g["count"], g["bytes"]) for g in in_use["by_signature"]},
+                          bool(in_use.get("signatures_truncated")))
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise DocumentError(f"its signatures are not heapwalk's ({type(exc).__name__}: {exc})") from None
+
+
 def diff_json(d: Diff) -> dict[str, Any]:
     """'heapwalk diff --json': each arena's figures in A and B and their growth, the size classes whose free
-    pieces changed, the totals, and which arenas grew."""
+    pieces and chunks in use changed, the totals, which arenas grew, and the signatures whose chunks in use
+    changed."""
     arenas = []
     for e in d.arenas:
         entry: dict[str, Any] = {"address": e.address, "number": e.number, "status": e.status}
         for figure in e.figures:
             entry[figure] = list(e.figures[figure])
             entry[figure + "_growth"] = e.growth(figure)
-        entry["free_classes"] = [{"low": c.low, "high": c.high, "count": list(c.count), "bytes": list(c.bytes),
-                                  "bytes_growth": c.bytes_growth} for c in e.free_classes]
+        entry["free_classes"] = [_class_json(c) for c in e.free_classes]
+        entry["in_use_classes"] = [_class_json(c) for c in e.in_use_classes]
         arenas.append(entry)
-    return {"arenas": arenas, "growth": d.growth, "grew": d.grew}
+    return {"arenas": arenas, "growth": d.growth, "grew": d.grew,
+            "signatures": [{"signature": c.name, "count": list(c.count), "bytes": list(c.bytes),
+                            "bytes_growth": c.bytes_growth} for c in d.signatures]}
+
+
+def _class_json(c) -> dict[str, Any]:
+    return {"low": c.low, "high": c.high, "count": list(c.count), "bytes": list(c.bytes),
+            "bytes_growth": c.bytes_growth}
 
 
 def dump(document: dict[str, Any], path: str) -> None:

@@ -18,6 +18,7 @@ from heapwalk.glibc.summary import arena_limit
 from heapwalk.output.consoles import box_for, make_console
 from heapwalk.findings import Finding, Severity
 from heapwalk.analysis.report import Report, human
+from heapwalk.output.inusedoc import in_use_tables
 from heapwalk.output.notes import partial_sentences
 from heapwalk.view import Partial
 
@@ -301,6 +302,7 @@ def report_group(rep: Report, interactive: bool) -> Group:
         for name, count, size in rep.classes:
             classes.add_row(name, str(count), human(size))
         parts.append(classes)
+    parts += in_use_tables(rep.in_use_groups, rep.leaks, interactive)
     verdict = Text("verdict:\n", style="bold")
     for sentence in rep.verdict:
         verdict.append(f"  - {sentence}\n")

@@ -1,0 +1,152 @@
+"""What the memory in use is: the program's blocks grouped by size (powers of two, in all and per arena) and
+by signature (`leaks.signatures`: a vtable, a type object, text), each group with how much of it is leaked
+when a leak scan ran; and the scan's totals the report's verdict weighs.  The report shows these, its JSON
+carries them, and `heapwalk diff` compares them between two snapshots."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from heapwalk.analysis.leakreport import text_at
+from heapwalk.analysis.leaks import TEXT, Leaks, signature_name, signatures
+from heapwalk.target.memory import Memory
+from heapwalk.view import Blocks
+
+__all__ = ["UsedBucket", "UsedSignature", "LeakTotals", "InUse", "in_use_of", "leak_totals", "size_buckets",
+           "SIGNATURES_KEPT"]
+
+#: the signature groups a report keeps (the biggest by bytes); the text shows fewer
+SIGNATURES_KEPT = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class UsedBucket:
+    """Blocks in use of sizes [low, high): how many and their bytes, and how many of them are leaked."""
+
+    low: int
+    high: int
+    count: int
+    bytes: int
+    leaked_count: int = 0
+    leaked_bytes: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class UsedSignature:
+    """Blocks in use that begin alike (NAME: the symbol or file+offset their first word points to, or
+    "text"): how many, their bytes, how many are leaked, and one of them."""
+
+    name: str
+    count: int
+    bytes: int
+    leaked_count: int
+    leaked_bytes: int
+    example: int
+    text: str = ""            # the text group's example: its first characters
+
+
+@dataclass(frozen=True, slots=True)
+class LeakTotals:
+    """What a leak scan found, in numbers: blocks in use and leaked (count, bytes), the unreferenced among
+    the leaked, each arena's leaked (number -> count, bytes), and the bytes of roots and heaps it could not
+    read (chunks reached only through them count as leaked)."""
+
+    in_use_count: int
+    in_use_bytes: int
+    leaked_count: int
+    leaked_bytes: int
+    unreferenced_count: int
+    per_arena: dict[int, tuple[int, int]] = field(default_factory=dict)
+    unread_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class InUse:
+    """The blocks in use by size (in all, and per arena number) and by signature (the biggest
+    SIGNATURES_KEPT groups; TRUNCATED when there were more).  Signatures are known only when the
+    blocks' first words were read (by a leak scan)."""
+
+    count: int
+    bytes: int
+    histogram: tuple[UsedBucket, ...]
+    per_arena: dict[int, tuple[UsedBucket, ...]]
+    signatures: tuple[UsedSignature, ...] | None = None
+    truncated: bool = False
+
+
+def leak_totals(lk: Leaks) -> LeakTotals:
+    """LK's totals (see `LeakTotals`)."""
+    unread = sum(hi - lo for lo, hi in lk.reach.unread)
+    return LeakTotals(lk.in_use_count, lk.in_use_bytes, lk.leaked_count, lk.leaked_bytes, lk.unreferenced_count,
+                      {a.number: (a.leaked_count, a.leaked_bytes) for a in lk.arenas}, unread)
+
+
+def size_buckets(sizes: np.ndarray, leaked: np.ndarray | None = None) -> tuple[UsedBucket, ...]:
+    """SIZES (int64) in power-of-two buckets (the smallest [32, 64)), each with how many of them LEAKED
+    (a mask) holds."""
+    if not len(sizes):
+        return ()
+    _, exponent = np.frexp(sizes.astype(np.float64))
+    exps = np.maximum(exponent.astype(np.int64) - 1, 5)
+    values, inverse = np.unique(exps, return_inverse=True)
+    counts = np.bincount(inverse, minlength=len(values))
+    total = np.bincount(inverse, weights=sizes, minlength=len(values))
+    if leaked is not None and leaked.any():
+        gone = np.bincount(inverse[leaked], minlength=len(values))
+        gone_bytes = np.bincount(inverse[leaked], weights=sizes[leaked], minlength=len(values))
+    else:
+        gone = gone_bytes = np.zeros(len(values), dtype=np.int64)
+    return tuple(UsedBucket(1 << int(e), 2 << int(e), int(c), int(b), int(g), int(gb))
+                 for e, c, b, g, gb in zip(values, counts, total, gone, gone_bytes))
+
+
+def in_use_of(blocks: Blocks, leaked: np.ndarray | None = None, first_words: np.ndarray | None = None,
+              images: Sequence[tuple[int, int, str]] = (), symbol: Callable[[int], str | None] | None = None,
+              mem: Memory | None = None) -> InUse:
+    """BLOCKS grouped by size and (when FIRST_WORDS are given) by signature, with the LEAKED mask's share of
+    each group; IMAGES are the loaded files' read-only mappings, SYMBOL names an address, MEM gives the text
+    group's example its first characters."""
+    sizes = blocks.sizes()
+    numbers, arena = np.unique(blocks.arena, return_inverse=True)
+    per_arena = {int(n): size_buckets(sizes[arena == i], None if leaked is None else leaked[arena == i])
+                 for i, n in enumerate(numbers)}
+    sigs, truncated = None, False
+    if first_words is not None:
+        sigs, truncated = _signature_groups(blocks, signatures(first_words, images), sizes, leaked, images, symbol)
+        if mem is not None:
+            sigs = tuple(_with_text(g, mem, blocks.header) for g in sigs)
+    return InUse(blocks.count, int(sizes.sum()), size_buckets(sizes, leaked), per_arena, sigs, truncated)
+
+
+def _with_text(g: UsedSignature, mem: Memory, header: int) -> UsedSignature:
+    return replace(g, text=text_at(mem, g.example + header)) if g.name == TEXT else g
+
+
+def _signature_groups(blocks: Blocks, sigs: np.ndarray, sizes: np.ndarray, leaked: np.ndarray | None,
+                      images: Sequence[tuple[int, int, str]], symbol: Callable[[int], str | None] | None
+                      ) -> tuple[tuple[UsedSignature, ...], bool]:
+    """The BLOCKS with a signature (SIGS) grouped by it, most bytes first, the biggest SIGNATURES_KEPT of
+    them named; and whether there were more."""
+    rows = np.flatnonzero(sigs)
+    if not len(rows):
+        return (), False
+    values, first, inverse = np.unique(sigs[rows], return_index=True, return_inverse=True)
+    n = len(values)
+    counts = np.bincount(inverse, minlength=n)
+    total = np.bincount(inverse, weights=sizes[rows], minlength=n)
+    if leaked is not None:
+        mask = leaked[rows]
+        gone = np.bincount(inverse[mask], minlength=n)
+        gone_bytes = np.bincount(inverse[mask], weights=sizes[rows][mask], minlength=n)
+    else:
+        gone = gone_bytes = np.zeros(n, dtype=np.int64)
+    order = np.lexsort((values, -total))[:SIGNATURES_KEPT]
+    out = []
+    for i in order.tolist():
+        key = TEXT if int(values[i]) == 1 else int(values[i])
+        out.append(UsedSignature(signature_name(key, images, symbol), int(counts[i]), int(total[i]), int(gone[i]),
+                                 int(gone_bytes[i]), int(blocks.addresses(rows[first[i]]))))
+    return tuple(out), n > SIGNATURES_KEPT

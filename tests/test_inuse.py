@@ -1,0 +1,147 @@
+"""What the memory in use is, and the verdict that weighs the leak scan: on values, without gdb (the real
+cores are in test_report.py, test_leaks.py and test_cli.py)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from heapwalk.analysis import inuse
+from heapwalk.analysis.diff import ArenaTotals, Signatures, diff
+from heapwalk.analysis.inuse import LeakTotals, in_use_of, size_buckets
+from heapwalk.analysis.report import Bucket, build_report
+from heapwalk.output import jsondoc
+from heapwalk.output.difftext import diff_text
+from heapwalk.view import ArenaView, Blocks, HeapView
+
+MiB = 1 << 20
+
+
+def _blocks(chunks: list[tuple[int, int, int]]) -> Blocks:
+    """Blocks of CHUNKS (address, chunk size, arena number), glibc's header and tail."""
+    address = np.array([a for a, _, _ in chunks], dtype=np.uint64)
+    size = np.array([s for _, s, _ in chunks], dtype=np.uint64)
+    return Blocks(address + np.uint64(16), address + size + np.uint64(8),
+                  np.array([n for _, _, n in chunks], dtype=np.int32), 16, 8, heaps=())
+
+
+def test_size_buckets_are_powers_of_two_with_their_leaked_share():
+    sizes = np.array([32, 48, 64, 1600, 4096, 4080], dtype=np.int64)
+    leaked = np.array([True, False, False, True, False, True])
+    got = [(b.low, b.high, b.count, b.bytes, b.leaked_count, b.leaked_bytes) for b in size_buckets(sizes, leaked)]
+    assert got == [(32, 64, 2, 80, 1, 32), (64, 128, 1, 64, 0, 0), (1024, 2048, 1, 1600, 1, 1600),
+                   (2048, 4096, 1, 4080, 1, 4080), (4096, 8192, 1, 4096, 0, 0)]
+    assert size_buckets(np.zeros(0, dtype=np.int64)) == ()
+
+
+IMAGES = [(0x400000, 0x401000, "prog"), (0x402000, 0x403000, "prog"), (0x7f0000, 0x7f1000, "libx.so")]
+
+
+def test_in_use_groups_by_size_arena_and_signature():
+    blocks = _blocks([(0x1000, 48, 0), (0x1030, 48, 0), (0x1060, 96, 0), (0x2000, 64, 1), (0x2040, 1040, 1)])
+    first = np.array([0x402010, 0x402010, int.from_bytes(b"hello wo", "little"), 0x400000, 0x7f0020],
+                     dtype=np.uint64)
+    leaked = np.array([False, True, False, False, True])
+    names = {0x402010: "vtable for Shape + 16"}
+    got = in_use_of(blocks, leaked, first, IMAGES, names.get)
+    assert (got.count, got.bytes) == (5, 48 + 48 + 96 + 64 + 1040)
+    assert {n: sum(b.bytes for b in rows) for n, rows in got.per_arena.items()} == {0: 192, 1: 1104}
+    assert [(g.name, g.count, g.bytes, g.leaked_count, g.leaked_bytes, g.example) for g in got.signatures] == [
+        ("libx.so+0x20", 1, 1040, 1, 1040, 0x2040), ("text", 1, 96, 0, 0, 0x1060),
+        ("vtable for Shape + 16", 2, 96, 1, 48, 0x1000)]   # 0x400000, the program's first byte, is no type
+    assert not got.truncated
+    assert in_use_of(blocks).signatures is None
+
+
+def test_only_the_biggest_signatures_are_kept(monkeypatch):
+    monkeypatch.setattr(inuse, "SIGNATURES_KEPT", 2)
+    blocks = _blocks([(0x1000 + 0x100 * i, 32 + 16 * i, 0) for i in range(4)])
+    first = np.array([0x402000 + 8 * i for i in range(4)], dtype=np.uint64)
+    got = in_use_of(blocks, None, first, IMAGES)
+    assert [g.bytes for g in got.signatures] == [80, 64] and got.truncated
+
+
+def _view(system: int, in_use: int, free: int, top: int) -> HeapView:
+    arena = ArenaView(0, 0x7f00, "main", 1, 1, system, in_use, {"small": free}, top, system - in_use - free - top,
+                      0, True)
+    return HeapView("glibc", (arena,), {0: Counter({free: 1}) if free else Counter()}, ())
+
+
+def _leaks(in_use: int, leaked: int, count: int = 10) -> LeakTotals:
+    return LeakTotals(1000, in_use, count if leaked else 0, leaked, count // 2 if leaked else 0,
+                      {0: (count if leaked else 0, leaked)})
+
+
+@pytest.mark.parametrize("view,leaked,first", [
+    ((40 * MiB, 36 * MiB, 2 * MiB, 2 * MiB), 20 * MiB, "A leak, not fragmentation: 36 MiB"),
+    ((40 * MiB, 36 * MiB, 2 * MiB, 2 * MiB), 1 * MiB, "Live data, neither a leak nor fragmentation: 36 MiB"),
+    ((40 * MiB, 36 * MiB, 2 * MiB, 2 * MiB), None, "Memory in use, not fragmentation: 36 MiB"),
+    ((40 * MiB, 20 * MiB, 18 * MiB, 2 * MiB), 8 * MiB, "Fragmentation and a leak: 20 MiB"),
+    ((40 * MiB, 20 * MiB, 18 * MiB, 2 * MiB), 512 << 10, "Fragmentation, not a leak: 20 MiB"),
+    ((40 * MiB, 28 * MiB, 2 * MiB, 2 * MiB), 4 * MiB, "A leak, not fragmentation: 4 MiB of the 28 MiB"),
+    ((40 * MiB, 28 * MiB, 2 * MiB, 2 * MiB), 0, "28 MiB in use and 4 MiB free of the 40 MiB malloc holds: neither "
+                                                "fragmentation nor a leak stands out."),
+])
+def test_the_verdict_weighs_the_leak_scan(view, leaked, first):
+    rep = build_report(_view(*view), None, None if leaked is None else _leaks(view[1], leaked))
+    assert rep.verdict[0].startswith(first), rep.verdict
+    if leaked is None:
+        assert not any("leak scan" in v for v in rep.verdict)
+    elif leaked == 0:
+        assert rep.verdict[1] == "The leak scan reached every chunk in use from the program's roots: nothing leaked."
+    else:
+        assert rep.verdict[1].startswith("The leak scan found ") and "10 chunks" in rep.verdict[1]
+        assert ("lists them by size and signature" in rep.verdict[1]) == rep.leaking
+
+
+def test_the_leak_sentence_says_what_could_not_be_read():
+    lt = LeakTotals(10, 4 * MiB, 3, 2 * MiB, 1, {0: (3, 2 * MiB)}, unread_bytes=8192)
+    rep = build_report(_view(8 * MiB, 4 * MiB, 2 * MiB, 2 * MiB), None, lt)
+    assert "(8 KiB of memory could not be read: chunks reached only through it count as leaked)" in rep.verdict[1]
+
+
+def _arena(in_use: int, used: tuple[tuple[int, int, int, int], ...] | None) -> ArenaTotals:
+    return ArenaTotals(0x10, 0, 100 + in_use, in_use, 0, 0, (), in_use_histogram=None if used is None else
+                       tuple(Bucket(*b) for b in used))
+
+
+def test_the_diff_compares_chunks_in_use_by_size_and_signature():
+    a = [_arena(96, ((32, 64, 2, 96),))]
+    b = [_arena(2096, ((32, 64, 2, 96), (1024, 2048, 1, 2000)))]
+    sa = Signatures({"vtable for Shape + 16": (2, 96), "text": (5, 500), "gone": (1, 32)})
+    sb = Signatures({"vtable for Shape + 16": (40, 1920), "text": (5, 500)})
+    d = diff(a, b, sa, sb)
+    assert [(c.low, c.count, c.bytes_growth) for c in d.arenas[0].in_use_classes] == [(1024, (0, 1), 2000)]
+    assert [(c.name, c.count, c.bytes_growth) for c in d.signatures] == [
+        ("vtable for Shape + 16", (2, 40), 1824), ("gone", (1, 0), -32)]
+    text = diff_text(d)
+    assert "arena 0: chunks in use grew in 1024-2048 B (0 -> 1 chunks, +2 KiB)" in text
+    assert "chunks in use grew by signature: vtable for Shape + 16 (2 -> 40 chunks, +2 KiB)" in text
+    doc = jsondoc.diff_json(d)
+    assert doc["arenas"][0]["in_use_classes"][0]["bytes"] == [0, 2000]
+    assert doc["signatures"][0] == {"signature": "vtable for Shape + 16", "count": [2, 40], "bytes": [96, 1920],
+                                    "bytes_growth": 1824}
+    # a signature a truncated list leaves out is unknown there; a snapshot without groups compares none
+    d = diff(a, b, Signatures(sa.groups, truncated=True), Signatures({"new": (1, 64)}, truncated=True))
+    assert d.signatures == ()
+    d = diff([_arena(96, None)], b, None, sb)
+    assert d.arenas[0].in_use_classes == () and d.signatures == ()
+
+
+def test_the_reader_takes_back_in_use_groups_and_signatures():
+    doc = {"arenas": [{"address": 0x10, "heaps": []}],
+           "report": {"arenas": [{"address": 0x10, "number": 0, "system": 200, "in_use": 96, "free": {}, "top": 0}],
+                      "in_use": {"histogram_by_arena": {"0": [{"low": 32, "high": 64, "count": 2, "bytes": 96,
+                                                               "leaked_count": 0, "leaked_bytes": 0}]},
+                                 "by_signature": [{"signature": "text", "count": 2, "bytes": 96}],
+                                 "signatures_truncated": False}}}
+    arenas = jsondoc.read_snapshot(doc)
+    assert arenas[0].in_use_histogram == (Bucket(32, 64, 2, 96),)
+    assert jsondoc.read_signatures(doc) == Signatures({"text": (2, 96)}, False)
+    doc["report"]["in_use"] = None
+    assert jsondoc.read_snapshot(doc)[0].in_use_histogram is None and jsondoc.read_signatures(doc) is None
+    doc["report"]["in_use"] = {"histogram_by_arena": {}, "by_signature": [{"count": 1}]}
+    with pytest.raises(jsondoc.DocumentError):
+        jsondoc.read_signatures(doc)
