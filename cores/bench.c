@@ -17,7 +17,10 @@
  * chunk in fifty (of under 1 KiB) grows twice with realloc as it is made (a
  * buffer being filled), and then half of the chunks, picked in random order,
  * are freed: free chunks coalesce with their neighbours, and every free list
- * runs back and forth across the arena's heaps.
+ * runs back and forth across the arena's heaps.  Its chunks point to one another,
+ * as a program's objects do: each to the one made before it and to one made
+ * earlier at random, whether or not that one is freed later (the leak scan then
+ * has millions of edges to follow and of dangling pointers to drop).
  *
  * Workers are plain pthreads (no hw_spawn key probe), so a worker's arena
  * holds exactly its live allocations, which the ledger records as facts
@@ -75,6 +78,18 @@ static long below(long n, unsigned *seed)
     return (long)(r % (unsigned long)n);
 }
 
+/* Makes chunk I of P an object of a pointer-rich program: its first word points to the chunk made before it,
+ * its second to one made earlier at random (either may be freed later: a dangling pointer the leak scan must
+ * look up and drop). */
+static void link_objects(void **p, long i, unsigned *seed)
+{
+    void **words = p[i];
+    if (i > 0)
+        words[0] = p[i - 1];
+    if (i > 1)
+        words[1] = p[below(i, seed)];
+}
+
 /* The random shape: allocates this thread's share (a chunk in fifty grown twice by realloc), then frees
  * half of the chunks in random order; returns how many of its allocations stay live. */
 static long build_random(unsigned seed)
@@ -100,6 +115,7 @@ static long build_random(unsigned seed)
             abort();
         }
         memset(p[i], 0x5A, n < 32 ? n : 32);
+        link_objects(p, i, &seed);
         live++;
         order[i] = i;
     }

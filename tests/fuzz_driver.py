@@ -38,6 +38,10 @@ from fuzz import RING_LINKS  # noqa: E402
 from heapwalk.glibc import check, mallocinfo
 from heapwalk.output import jsondoc, tables
 from heapwalk.analysis import report
+from heapwalk.analysis.inuse import in_use_of, leak_totals
+from heapwalk.analysis.leakreport import describe
+from heapwalk.analysis.leaks import leaks_of
+from heapwalk.glibc.blocks import blocks_of
 from heapwalk.glibc.chunks import extents
 from heapwalk.glibc.decode import collect
 from heapwalk.glibc.summary import heap_view
@@ -45,6 +49,8 @@ from heapwalk.gdb.session import overrides
 from heapwalk.glibc.discovery import DiscoveryError, discover
 from heapwalk.target.gdbadapter import GdbSymbols, gdb_memory, memory_map, thread_registers
 from heapwalk.target.memory import ReadError
+from heapwalk.target.roots import readonly_images
+from heapwalk.output.leakdoc import leaks_group, leaks_json
 from heapwalk.findings import Kind, Severity
 
 INTERESTING = (0, 1, 0x10, 0x21, 0xFFFFFFFFFFFFFFFF, 0x4141414141414141, 0x8000000000000000, 0x7FFFFFFFFFFFFFFF,
@@ -294,16 +300,17 @@ def apply(spec: dict, sound: Sound) -> tuple[MutatedMemory, int | None] | None:
     return MutatedMemory(base, _word(at, new)), None
 
 
-def exercise(mem, symbols, maps, threads, regs, target: str):
+def exercise(mem, symbols, maps, threads, regs, target: str, space=None):
     """Everything the commands do, on MEM: (the state or None when refused, the check result, the report's
-    JSON document, 'ok' or 'refused: <the one line a user sees>')."""
+    JSON document, 'ok' or 'refused: <the one line a user sees>').  With SPACE (the target's MemoryMap), the
+    report's leak scan too, and 'heapwalk leaks' laid out."""
     try:
         disc = discover(mem, symbols, overrides(), maps, [t.fs_base for t in threads if t.fs_base], regions=regs)
-        state = collect(mem, disc, threads, target, True, regs)
+        state = collect(mem, disc, threads, target, True, regs, keep_used=space is not None)
     except DiscoveryError as exc:
         return None, None, None, f"refused: {exc}"
     result = check.check(state, mem, disc.layout)
-    rep = report.build_report(heap_view(state))
+    rep = report.build_report(heap_view(state), *_leak_scan(mem, disc.layout, state, space, threads))
     sink = io.StringIO()
     console = tables.make_console(sink, False)
     console.print(tables.header_text(state))
@@ -319,6 +326,20 @@ def exercise(mem, symbols, maps, threads, regs, target: str):
     json.dumps(jsondoc.check_document(state, result, check.scope(state)))
     mallocinfo.malloc_info_xml(state)
     return state, result, document["report"], "ok" if result.clean else f"ok, {len(result.errors)} errors"
+
+
+def _leak_scan(mem, layout, state, space, threads) -> tuple:
+    """The report's in-use groups and leak totals, as 'heapwalk report' makes them, with 'heapwalk leaks'
+    laid out and written as JSON on the way; () without SPACE."""
+    if space is None:
+        return ()
+    blocks = blocks_of(mem, layout, state)
+    lk = leaks_of(mem, blocks, space, threads)
+    images = readonly_images(space)
+    laid_out = describe(lk, mem, images, None, 20)
+    tables.make_console(io.StringIO(), False).print(leaks_group(laid_out, False))
+    json.dumps(leaks_json(jsondoc.header(state), laid_out))
+    return in_use_of(blocks, ~lk.reach.reached, lk.reach.first_words, images, None, mem), leak_totals(lk)
 
 
 def judge(spec: dict, named: int | None, sound: Sound, state, result, rep) -> tuple[str | None, dict]:
@@ -345,9 +366,9 @@ def judge(spec: dict, named: int | None, sound: Sound, state, result, rep) -> tu
     return None, {"detected": True, "exact": exact, **seen}
 
 
-def _run(m: dict, mem, named, sound: Sound, symbols, maps, threads, regs) -> tuple[str, dict]:
+def _run(m: dict, mem, named, sound: Sound, symbols, maps, threads, regs, space=None) -> tuple[str, dict]:
     """Mutant M's outcome and what it detected (see `judge`)."""
-    state, result, rep, outcome = exercise(mem, symbols, maps, threads, regs, "fuzz")
+    state, result, rep, outcome = exercise(mem, symbols, maps, threads, regs, "fuzz", space)
     broken, verdict = judge(m, named, sound, state, result, rep)
     return (f"FAILED: {broken} ({outcome})" if broken else outcome), verdict
 
@@ -395,7 +416,7 @@ def main() -> None:
     mutants = list(spec.get("replay", []))
     mutants += [make_mutant(rng, sound.names, len(sound.heaps)) for _ in range(spec["count"])]
     results = run_mutants(mutants, lambda m: apply(m, sound), spec["bound"], lambda m, mem, named: _run(
-        m, mem, named, sound, symbols, maps, threads, regs))
+        m, mem, named, sound, symbols, maps, threads, regs, space))
     with open(spec["out"], "w", encoding="utf-8") as fh:
         json.dump({"fields": sound.fields_list, "results": results}, fh, indent=1)
 

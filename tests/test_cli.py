@@ -231,6 +231,31 @@ def test_capture_live_reads_the_process_without_a_core(tmp_path):
         assert proc.poll() is None and process_state(proc.pid) in "SR"
 
 
+#: an idle CPython with a few modules loaded and live objects, that says when it is ready
+IDLE_PYTHON = ("import json, asyncio, http.server, decimal, sqlite3, signal, sys\n"
+               "live = [{'n': i, 's': str(i)} for i in range(20000)]\n"
+               "print('ready', flush=True)\n"
+               "signal.pause()\n")
+
+
+def test_an_idle_cpython_leaks_nothing(tmp_path):
+    """A capture of the system's python3 at idle (docs/leaks.md): the report's leak scan reaches every chunk
+    in use from its roots (module dicts, interpreter state, pymalloc's arenas), and its verdict says so."""
+    proc = subprocess.Popen(["/usr/bin/python3", "-c", IDLE_PYTHON], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        result = heapwalk("capture", str(proc.pid), "--out", str(tmp_path / "py"))
+        assert result.returncode == 0, result.stderr
+    finally:
+        proc.kill()
+        proc.wait()
+    rep = json.loads((tmp_path / "py" / "report.json").read_text())["report"]
+    assert rep["leaks"]["in_use_count"] > 1000 and rep["leaks"]["unread_bytes"] == 0
+    assert (rep["leaks"]["leaked_count"], rep["leaks"]["leaked_bytes"]) == (0, 0)
+    assert "The leak scan reached every chunk in use from the program's roots: nothing leaked." in rep["verdict"]
+    assert "in-use chunks by size" in result.stdout
+
+
 def test_diff_of_two_snapshots_names_the_arena_that_grew(tmp_path):
     with running(tmp_path, "grow") as (proc, state_dir):
         assert heapwalk("capture", str(proc.pid), "--out", str(tmp_path / "a")).returncode == 0

@@ -124,6 +124,48 @@ def test_the_c_search_and_numpys_visit_the_same_blocks():
     assert results[0][0] == results[1][0] and (results[0][1] == results[1][1]).all()
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_the_scan_finds_every_edge_a_word_by_word_search_finds(seed, monkeypatch):
+    """Random chunks, free gaps and words (pointers to chunk starts, insides, ends, headers, free memory),
+    scanned through windows of a few words that cut chunks anywhere: the same edges and reached set as a
+    plain search word by word."""
+    from heapwalk.analysis import reach as reach_module
+    monkeypatch.setattr(reach_module, "WINDOW", 8 * (3 + seed))
+    rng = np.random.default_rng(seed)
+    chunks, offset = {}, 0
+    while offset < 0x3800:
+        size = int(rng.integers(2, 12)) * 16
+        if rng.random() < 0.7:
+            chunks[offset] = size
+        offset += size
+    targets = [HEAP + o + int(rng.integers(0, chunks[o] // 8 + 2)) * 8 for o in chunks] + [HEAP + 0x3ff8, HEAP]
+    words = {HEAP + 8 * int(i): int(rng.choice(targets)) for i in rng.integers(0, 0x700, 400)}
+    mem, blocks, roots = _image(chunks, words, {DATA + 8 * i: int(rng.choice(targets)) for i in range(3)})
+    lk = find_leaks(scan(mem, blocks, roots))
+    starts, ends = blocks.starts.tolist(), blocks.ends.tolist()
+
+    def word(address: int) -> int:
+        return int.from_bytes(mem.read(address, 8), "little")
+
+    def block_of(address: int) -> int:
+        return next((i for i, (lo, hi) in enumerate(zip(starts, ends)) if lo <= address < hi), -1)
+    edges = set()
+    for address in range(HEAP, HEAP + 0x4000, 8):
+        source, target = block_of(address), block_of(word(address))
+        if source >= 0 and target >= 0 and source != target:
+            edges.add((source, target))
+    assert set(zip(lk.reach.graph.sources.tolist(), lk.reach.graph.edge_targets.tolist())) == edges
+    reached = {block_of(word(DATA + 8 * i)) for i in range(3)} - {-1}
+    todo = list(reached)
+    while todo:
+        b = todo.pop()
+        for s_, t in edges:
+            if s_ == b and t not in reached:
+                reached.add(t)
+                todo.append(t)
+    assert set(np.flatnonzero(lk.reach.reached).tolist()) == reached
+
+
 def test_signatures_are_read_only_pointers_or_text():
     images = [(0x400000, 0x401000, "prog")]
     words = np.array([0x400010, 0x402000, int.from_bytes(b"GET /ind", "little"),

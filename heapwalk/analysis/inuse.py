@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from heapwalk.analysis.leakreport import text_at
-from heapwalk.analysis.leaks import TEXT, Leaks, signature_name, signatures
+from heapwalk.analysis.leaks import TEXT, Leaks, arena_index, signature_name, signatures
 from heapwalk.target.memory import Memory
 from heapwalk.view import Blocks
 
@@ -110,7 +110,7 @@ def in_use_of(blocks: Blocks, leaked: np.ndarray | None = None, first_words: np.
     each group; IMAGES are the loaded files' read-only mappings, SYMBOL names an address, MEM gives the text
     group's example its first characters."""
     sizes = blocks.sizes()
-    numbers, arena = np.unique(blocks.arena, return_inverse=True)
+    numbers, arena = arena_index(blocks.arena)
     per_arena = {int(n): size_buckets(sizes[arena == i], None if leaked is None else leaked[arena == i])
                  for i, n in enumerate(numbers)}
     sigs, truncated = None, False

@@ -21,7 +21,8 @@ from heapwalk.target.space import MemoryMap
 from heapwalk.target.threads import ThreadRegs
 from heapwalk.view import Blocks
 
-__all__ = ["Leaks", "ArenaLeaks", "Group", "find_leaks", "leaks_of", "signatures", "signature_name", "TEXT", "by_size", "by_signature", "HIDDEN_POINTERS"]
+__all__ = ["Leaks", "ArenaLeaks", "Group", "find_leaks", "arena_index", "leaks_of", "signatures", "signature_name",
+           "TEXT", "by_size", "by_signature", "HIDDEN_POINTERS"]
 
 #: the one line that says what a conservative scan cannot see
 HIDDEN_POINTERS = ("A conservative scan can only miss a leak (a stale word keeps a chunk reached), never invent one, "
@@ -113,7 +114,7 @@ def _holds(reach: Reach, unreferenced: np.ndarray, leaked_mask: np.ndarray, has_
 def _per_arena(reach: Reach, leaked_mask: np.ndarray, unreferenced: np.ndarray,
                sizes: np.ndarray) -> tuple[ArenaLeaks, ...]:
     """Each arena's blocks in use and leaked, counted and summed at once."""
-    numbers, arena = np.unique(reach.blocks.arena, return_inverse=True)
+    numbers, arena = arena_index(reach.blocks.arena)
     n = len(numbers)
     counts = np.bincount(arena, minlength=n)
     total = np.bincount(arena, weights=sizes, minlength=n)
@@ -122,6 +123,17 @@ def _per_arena(reach: Reach, leaked_mask: np.ndarray, unreferenced: np.ndarray,
     unref = np.bincount(arena[unreferenced], minlength=n)
     return tuple(ArenaLeaks(int(numbers[i]), int(counts[i]), int(total[i]), int(gone[i]), int(gone_bytes[i]),
                             int(unref[i])) for i in range(n))
+
+
+def arena_index(arena: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The arena numbers ARENA (one per block) holds, in order, and each block's index among them: as
+    np.unique(return_inverse=True) would give, without sorting millions of small numbers."""
+    if not len(arena) or int(arena.min()) < 0:
+        return np.unique(arena, return_inverse=True)
+    present = np.flatnonzero(np.bincount(arena))
+    lookup = np.zeros(int(present[-1]) + 1, dtype=np.int64)
+    lookup[present] = np.arange(len(present))
+    return present, lookup[arena]
 
 
 @dataclass(frozen=True, slots=True)

@@ -128,14 +128,36 @@ class _Scanner:
     def heap(self, lo: int, hi: int) -> None:
         for base, words in self.windows(lo, hi):
             self._first_words(base, words)
-            where, block = self.pointing(words)
+            inside = np.flatnonzero(self._held(base, len(words)) & (words >= np.uint64(self.lo))
+                                    & (words < np.uint64(self.hi)))
+            if not len(inside):
+                continue
+            where, block = self.pointing(words[inside])
             if not len(where):
                 continue
+            where = inside[where]
             at = np.uint64(base) + where.astype(np.uint64) * np.uint64(8)
             source = np.searchsorted(self.starts, at, side="right") - 1
-            ok = (source >= 0) & (at < self.ends[np.maximum(source, 0)]) & (source != block)
+            ok = source != block
             self.sources.append(source[ok].astype(np.int32))
             self.targets.append(block[ok].astype(np.int32))
+
+    def _held(self, base: int, n: int) -> np.ndarray:
+        """Which of the N words from BASE lie inside a block (free memory and headers do not count): the
+        blocks cut the window into runs, outside and inside by turns, each repeated for its length."""
+        end = base + 8 * n
+        i0 = max(int(np.searchsorted(self.starts, np.uint64(base), side="right")) - 1, 0)
+        i1 = int(np.searchsorted(self.starts, np.uint64(end)))
+        if i1 <= i0:
+            return np.zeros(n, dtype=bool)
+        lo, hi = np.uint64(base), np.uint64(end)
+        cuts = np.empty(2 * (i1 - i0) + 2, dtype=np.int64)
+        cuts[0], cuts[-1] = 0, n
+        cuts[1:-1:2] = (np.minimum(np.maximum(self.starts[i0:i1], lo), hi) - lo) >> np.uint64(3)
+        cuts[2:-1:2] = (np.minimum(np.maximum(self.ends[i0:i1], lo), hi) - lo) >> np.uint64(3)
+        turns = np.zeros(len(cuts) - 1, dtype=bool)
+        turns[1::2] = True
+        return np.repeat(turns, np.diff(cuts))
 
     def _first_words(self, base: int, words: np.ndarray) -> None:
         i0 = int(np.searchsorted(self.starts, np.uint64(base)))
