@@ -87,20 +87,34 @@ def leak_totals(lk: Leaks) -> LeakTotals:
 def size_buckets(sizes: np.ndarray, leaked: np.ndarray | None = None) -> tuple[UsedBucket, ...]:
     """SIZES (int64) in power-of-two buckets (the smallest [32, 64)), each with how many of them LEAKED
     (a mask) holds."""
-    if not len(sizes):
-        return ()
+    return _bucketed(sizes, np.zeros(len(sizes), dtype=np.int64), 1, leaked)[0]
+
+
+def _exponents(sizes: np.ndarray) -> np.ndarray:
+    """Each size's power-of-two bucket, as the exponent of its low end (5 at least: [32, 64))."""
     _, exponent = np.frexp(sizes.astype(np.float64))
-    exps = np.maximum(exponent.astype(np.int64) - 1, 5)
-    values, inverse = np.unique(exps, return_inverse=True)
-    counts = np.bincount(inverse, minlength=len(values))
-    total = np.bincount(inverse, weights=sizes, minlength=len(values))
+    return np.maximum(exponent.astype(np.int64) - 1, 5)
+
+
+def _bucketed(sizes: np.ndarray, group: np.ndarray, groups: int, leaked: np.ndarray | None
+              ) -> list[tuple[UsedBucket, ...]]:
+    """SIZES in power-of-two buckets for each of GROUPS groups (GROUP: each size's, 0 to GROUPS - 1), counted
+    at once with bincount (one slot per group and exponent), with LEAKED's share."""
+    key = group * 64 + _exponents(sizes) if len(sizes) else np.zeros(0, dtype=np.int64)
+    slots = 64 * groups
+    counts = np.bincount(key, minlength=slots)
+    total = np.bincount(key, weights=sizes, minlength=slots)
     if leaked is not None and leaked.any():
-        gone = np.bincount(inverse[leaked], minlength=len(values))
-        gone_bytes = np.bincount(inverse[leaked], weights=sizes[leaked], minlength=len(values))
+        gone = np.bincount(key[leaked], minlength=slots)
+        gone_bytes = np.bincount(key[leaked], weights=sizes[leaked], minlength=slots)
     else:
-        gone = gone_bytes = np.zeros(len(values), dtype=np.int64)
-    return tuple(UsedBucket(1 << int(e), 2 << int(e), int(c), int(b), int(g), int(gb))
-                 for e, c, b, g, gb in zip(values, counts, total, gone, gone_bytes))
+        gone = gone_bytes = np.zeros(slots, dtype=np.int64)
+    out: list[list[UsedBucket]] = [[] for _ in range(groups)]
+    for k in np.flatnonzero(counts).tolist():
+        e = k % 64
+        out[k // 64].append(UsedBucket(1 << e, 2 << e, int(counts[k]), int(total[k]), int(gone[k]),
+                                       int(gone_bytes[k])))
+    return [tuple(rows) for rows in out]
 
 
 def in_use_of(blocks: Blocks, leaked: np.ndarray | None = None, first_words: np.ndarray | None = None,
@@ -111,14 +125,24 @@ def in_use_of(blocks: Blocks, leaked: np.ndarray | None = None, first_words: np.
     group's example its first characters."""
     sizes = blocks.sizes()
     numbers, arena = arena_index(blocks.arena)
-    per_arena = {int(n): size_buckets(sizes[arena == i], None if leaked is None else leaked[arena == i])
-                 for i, n in enumerate(numbers)}
+    per_arena = dict(zip(numbers.tolist(), _bucketed(sizes, arena, len(numbers), leaked)))
     sigs, truncated = None, False
     if first_words is not None:
         sigs, truncated = _signature_groups(blocks, signatures(first_words, images), sizes, leaked, images, symbol)
         if mem is not None:
             sigs = tuple(_with_text(g, mem, blocks.header) for g in sigs)
-    return InUse(blocks.count, int(sizes.sum()), size_buckets(sizes, leaked), per_arena, sigs, truncated)
+    return InUse(blocks.count, int(sizes.sum()), _merged(per_arena.values()), per_arena, sigs, truncated)
+
+
+def _merged(parts) -> tuple[UsedBucket, ...]:
+    """The buckets of every arena's PARTS added up."""
+    out: dict[int, list[int]] = {}
+    for rows in parts:
+        for b in rows:
+            row = out.setdefault(b.low, [0, 0, 0, 0])
+            for i, v in enumerate((b.count, b.bytes, b.leaked_count, b.leaked_bytes)):
+                row[i] += v
+    return tuple(UsedBucket(low, 2 * low, *row) for low, row in sorted(out.items()))
 
 
 def _with_text(g: UsedSignature, mem: Memory, header: int) -> UsedSignature:
@@ -130,10 +154,16 @@ def _signature_groups(blocks: Blocks, sigs: np.ndarray, sizes: np.ndarray, leake
                       ) -> tuple[tuple[UsedSignature, ...], bool]:
     """The BLOCKS with a signature (SIGS) grouped by it, most bytes first, the biggest SIGNATURES_KEPT of
     them named; and whether there were more."""
-    rows = np.flatnonzero(sigs)
-    if not len(rows):
+    rows = np.flatnonzero(sigs > 1)
+    text = np.flatnonzero(sigs == 1)
+    if not len(rows) and not len(text):
         return (), False
+    # the text group needs no sort: it is put first, as one more value
     values, first, inverse = np.unique(sigs[rows], return_index=True, return_inverse=True)
+    if len(text):
+        values, first = np.concatenate(([1], values)).astype(np.uint64), np.concatenate(([0], first + len(text)))
+        inverse = np.concatenate((np.zeros(len(text), dtype=np.int64), inverse + 1))
+        rows = np.concatenate((text, rows))
     n = len(values)
     counts = np.bincount(inverse, minlength=n)
     total = np.bincount(inverse, weights=sizes[rows], minlength=n)

@@ -195,8 +195,11 @@ def _first_hits(hits: list[tuple[np.ndarray, np.ndarray, int]]) -> tuple[np.ndar
     """For each block a root points into: the block, the first such word's address, and its root."""
     if not hits:
         return _EMPTY.astype(np.int32), _EMPTY.astype(np.uint64), _EMPTY.astype(np.int32)
-    block = np.concatenate([h[0] for h in hits]).astype(np.int32)
+    block = np.concatenate([h[0] for h in hits]).astype(np.int64)
     word = np.concatenate([h[1] for h in hits]).astype(np.uint64)
     index = np.concatenate([np.full(len(h[0]), h[2], dtype=np.int32) for h in hits])
-    block, first = np.unique(block, return_index=True)
-    return block, word[first], index[first]
+    first = np.full(int(block.max()) + 1, len(block), dtype=np.int64)
+    np.minimum.at(first, block, np.arange(len(block), dtype=np.int64))     # each block's first hit, no sort
+    reached = np.flatnonzero(first < len(block))
+    first = first[reached]
+    return reached.astype(np.int32), word[first], index[first]
