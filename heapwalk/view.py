@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["ArenaView", "Blocks", "HeapView", "Partial", "SizeClass"]
+__all__ = ["ArenaView", "Blocks", "HeapStrip", "HeapView", "MAP_KINDS", "Partial", "SizeClass"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,3 +128,27 @@ class Blocks:
     def sizes(self, rows=slice(None)) -> Any:
         """The allocator's size of the blocks at ROWS (numpy int64)."""
         return (self.ends[rows] - self.starts[rows]).astype("int64") + (self.header - self.tail)
+
+
+#: what holds each byte of a heap map, in drawing order (`HeapStrip.kinds` indexes this)
+MAP_KINDS = ("in_use", "tcache", "fast", "unsorted", "small", "large", "top", "tcache_struct", "overhead",
+             "unwalked", "unused", "reserved")
+
+
+@dataclass(frozen=True)
+class HeapStrip:
+    """One heap of one arena as a heap map draws it: [start, end) cut into runs (sorted, never overlapping,
+    covering it all), each of a kind (MAP_KINDS: in use, free by list, top, the allocator's own headers,
+    bytes a damaged walk could not pass, a mapped but unused tail, a reservation never mapped), the runs a
+    trim would give back, and the resident ranges when the target says which pages are in RAM."""
+
+    arena: int                                # the arena's number
+    label: str                                # "main arena", "arena 3 heap 2", ...
+    start: int
+    end: int
+    run_starts: Any                           # numpy uint64
+    run_ends: Any                             # numpy uint64
+    kinds: Any                                # numpy uint8, an index into MAP_KINDS
+    trimmable: tuple[tuple[int, int], ...] = ()
+    resident: tuple[tuple[int, int], ...] | None = None
+    beyond: int = 0                           # bytes of its reservation after END, left out of the strip

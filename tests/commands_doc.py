@@ -21,7 +21,7 @@ from heapwalk.cli import main as cli  # noqa: E402
 
 DOC = ROOT / "docs" / "commands.md"
 COLUMNS = "100"                      # argparse wraps help to the terminal width: fixed here, in and out of gdb
-GDB_COMMANDS = ("report", "arenas", "bins", "tcache", "threads", "chunks", "chunk", "check", "leaks")
+GDB_COMMANDS = ("report", "arenas", "bins", "tcache", "threads", "chunks", "chunk", "check", "leaks", "map")
 SETTINGS = ("glibc-version", "main-arena", "debug")
 
 _INTRO = """# heapwalk commands

@@ -42,6 +42,8 @@ from heapwalk.analysis.inuse import in_use_of, leak_totals
 from heapwalk.analysis.leakreport import describe
 from heapwalk.analysis.leaks import leaks_of
 from heapwalk.glibc.blocks import blocks_of
+from heapwalk.glibc.heapmap import heap_strips
+from heapwalk.output.heapmaps import svg_maps, text_maps
 from heapwalk.glibc.chunks import extents
 from heapwalk.glibc.decode import collect
 from heapwalk.glibc.summary import heap_view
@@ -303,7 +305,7 @@ def apply(spec: dict, sound: Sound) -> tuple[MutatedMemory, int | None] | None:
 def exercise(mem, symbols, maps, threads, regs, target: str, space=None):
     """Everything the commands do, on MEM: (the state or None when refused, the check result, the report's
     JSON document, 'ok' or 'refused: <the one line a user sees>').  With SPACE (the target's MemoryMap), the
-    report's leak scan too, and 'heapwalk leaks' laid out."""
+    report's leak scan too, and 'heapwalk leaks' laid out; and the heap maps, as text and SVG."""
     try:
         disc = discover(mem, symbols, overrides(), maps, [t.fs_base for t in threads if t.fs_base], regions=regs)
         state = collect(mem, disc, threads, target, True, regs, keep_used=space is not None)
@@ -311,6 +313,9 @@ def exercise(mem, symbols, maps, threads, regs, target: str, space=None):
         return None, None, None, f"refused: {exc}"
     result = check.check(state, mem, disc.layout)
     rep = report.build_report(heap_view(state), *_leak_scan(mem, disc.layout, state, space, threads))
+    strips = heap_strips(mem, disc.layout, state)
+    tables.make_console(io.StringIO(), False).print(text_maps(strips, 80, False))
+    svg_maps(strips, 256)
     sink = io.StringIO()
     console = tables.make_console(sink, False)
     console.print(tables.header_text(state))

@@ -34,8 +34,9 @@ def _plain_core(tmp_path, env: dict[str, str]):
     return exe, tmp_path / "core"
 
 
-def test_no_process_and_no_core():
-    _one_line_refusal(run_gdb([], ["heapwalk report"]), "no process or core file")
+@pytest.mark.parametrize("command", ["heapwalk report", "heapwalk map", "heapwalk leaks"])
+def test_no_process_and_no_core(command):
+    _one_line_refusal(run_gdb([], [command]), "no process or core file")
 
 
 @pytest.mark.parametrize("symbols", [True, False])
@@ -55,6 +56,8 @@ def test_process_using_another_allocator_is_named(tmp_path, library, name):
         _one_line_refusal(run_gdb([str(exe), str(core)], [command]), f"allocates with {name}",
                           "glibc's arenas hold nothing of interest")
     if name == "jemalloc":
+        for command in ("heapwalk map", "heapwalk leaks"):
+            _one_line_refusal(run_gdb([str(exe), str(core)], [command]), "allocates with jemalloc")
         result = run_gdb([str(exe), str(core)], ["heapwalk report", "heapwalk check"])
         assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
         assert "where the memory is" in result.stdout and "jemalloc consistent" in result.stdout

@@ -12,6 +12,7 @@ import gdb  # type: ignore[import-not-found]
 from heapwalk.analysis import report
 from heapwalk.findings import Kind, Severity
 from heapwalk.gdb.leakcommands import LeaksCommand, in_use_and_leaks, reach_text, scan_leaks
+from heapwalk.gdb.mapcommands import MapCommand
 from heapwalk.gdb.console import (console_with_header, gdb_console, interactive, print_damage, print_findings,
                                   print_jemalloc_arenas, print_jemalloc_check, print_jemalloc_report,
                                   print_jemalloc_threads, print_partial, write_json)
@@ -335,6 +336,7 @@ Subcommands:
   heapwalk chunk    the chunk holding an address: state, list, neighbours
   heapwalk check    every invariant glibc relies on; damage with its address
   heapwalk leaks    the chunks in use nothing points to any more, by a scan from the roots
+  heapwalk map      each heap as a strip, coloured by what holds each byte (--svg FILE)
 Each takes --json FILE. 'help heapwalk SUBCOMMAND' describes its options.
 Settings: 'set heapwalk debug on|off', 'set heapwalk glibc-version X.Y',
 'set heapwalk main-arena ADDRESS' ('show heapwalk' lists them)."""
@@ -365,3 +367,4 @@ def register() -> None:
     ThreadsCommand()
     CheckCommand()
     LeaksCommand()
+    MapCommand()

@@ -1,0 +1,113 @@
+"""glibc's heaps as the strips of a heap map (`view.HeapStrip`): the main arena's memory, and each heap of a
+thread arena from its heap_info up to the end of its reservation, every byte given to what holds it.
+
+An arena the sweep vouches for gives its chunks and their states as arrays (`sweptchunks`); any other goes
+through the careful walk, and what that walk cannot pass is drawn as unwalked.  Between and around the
+chunks: the heap's own headers (heap_info, a thread arena's malloc_state, alignment) and fenceposts are
+overhead; after a thread heap's size comes the part made writable but not used yet (mprotect_size), then
+the rest of the reservation, never made writable.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from heapwalk.glibc.chunks import Extent, Listing, Tally, extents
+from heapwalk.glibc.chunkwalk import walk_batches
+from heapwalk.glibc.layout import Layout
+from heapwalk.glibc.model import Arena, ChunkState, HeapState
+from heapwalk.glibc.sweepwalk import STATE_OF_CODE
+from heapwalk.glibc.sweptchunks import listing_arrays, swept_chunks
+from heapwalk.target.memory import Memory
+from heapwalk.view import MAP_KINDS, HeapStrip
+
+__all__ = ["heap_strips", "KIND_OF_STATE"]
+
+KIND = {name: i for i, name in enumerate(MAP_KINDS)}
+#: each chunk state's kind on the map
+KIND_OF_STATE = {ChunkState.IN_USE: KIND["in_use"], ChunkState.TCACHE: KIND["tcache"], ChunkState.FAST: KIND["fast"],
+                 ChunkState.UNSORTED: KIND["unsorted"], ChunkState.SMALL: KIND["small"],
+                 ChunkState.LARGE: KIND["large"], ChunkState.TOP: KIND["top"],
+                 ChunkState.TCACHE_STRUCT: KIND["tcache_struct"], ChunkState.FENCEPOST: KIND["overhead"],
+                 ChunkState.FREE_UNLISTED: KIND["unwalked"]}
+_KIND_OF_CODE = np.zeros(256, dtype=np.uint8)
+for _code, _state in STATE_OF_CODE.items():
+    _KIND_OF_CODE[_code] = KIND_OF_STATE[_state]
+
+
+def heap_strips(mem: Memory, layout: Layout, state: HeapState, reserved: bool = False) -> list[HeapStrip]:
+    """Every heap of every arena of STATE as a strip, in arena order; a thread heap's strip ends where its
+    memory made writable ends, unless RESERVED asks for the whole reservation (the rest is `beyond`)."""
+    listing = Listing.of_state(state)
+    listed = listing_arrays(listing)
+    out = []
+    for arena in state.arenas:
+        if not arena.heaps:
+            continue
+        chunks = _chunks(mem, layout, arena, listing, listed)
+        for n, (heap, extent) in enumerate(zip(arena.heaps, extents(arena, layout))):
+            label = "main arena" if arena.is_main else f"arena {arena.number} heap {n + 1}"
+            if arena.is_main:
+                out.append(_strip(arena.number, label, extent, chunks, [], extent.end))
+                continue
+            writable = max(extent.end, heap.address + heap.mprotect_size)
+            limit = max(writable, heap.address + state.heap_max_size)
+            end = limit if reserved else writable
+            tail = [(extent.end, writable, KIND["unused"]), (writable, end, KIND["reserved"])]
+            out.append(replace(_strip(arena.number, label, extent, chunks, tail, end), beyond=limit - end))
+    return out
+
+
+def _chunks(mem: Memory, layout: Layout, arena: Arena, listing: Listing, listed
+            ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """ARENA's chunks: (addresses, ends, kinds), in address order; the stretches the careful walk could not
+    pass are left out (drawn as unwalked)."""
+    swept = swept_chunks(mem, layout, arena, listed)
+    if swept is not None:
+        address = swept.sweep.address.astype(np.uint64)
+        # the last fencepost's size field is 0: its header still takes 16 bytes
+        sizes = np.maximum(swept.sizes.astype(np.uint64), np.uint64(16))
+        kinds = _KIND_OF_CODE[swept.codes]
+        if len(address) > 1 and not bool(np.all(address[1:] > address[:-1])):   # heaps swept out of order
+            order = np.argsort(address, kind="stable")
+            address, sizes, kinds = address[order], sizes[order], kinds[order]
+        return address, address + sizes, kinds
+    rows: list[tuple[int, int, int]] = []
+    acc = Tally(arena.address, arena.system_mem)
+    for extent in extents(arena, layout):
+        for batch in walk_batches(mem, extent, arena.top, listing, acc, every=True, lists_known=arena.lists_known):
+            rows.extend((address, address + max(size, 16), KIND_OF_STATE[st]) for address, size, _, st in batch)
+    rows.sort()
+    return (np.array([r[0] for r in rows], dtype=np.uint64), np.array([r[1] for r in rows], dtype=np.uint64),
+            np.array([r[2] for r in rows], dtype=np.uint8))
+
+
+def _strip(arena: int, label: str, extent: Extent, chunks, tail: list[tuple[int, int, int]], end: int
+           ) -> HeapStrip:
+    """The strip of one heap: its header, its chunks (clipped to it), what no chunk covers, and its TAIL."""
+    address, ends, kinds = chunks
+    lo, hi = np.searchsorted(address, np.uint64(extent.first)), np.searchsorted(address, np.uint64(extent.end))
+    starts = np.clip(address[lo:hi], extent.first, extent.end).astype(np.uint64)
+    stops = np.clip(ends[lo:hi], extent.first, extent.end).astype(np.uint64)
+    keep = stops > starts
+    starts, stops, kinds = starts[keep], stops[keep], kinds[lo:hi][keep]
+    if len(starts) > 1:     # overlapping chunks (damage): each ends where the next begins
+        stops[:-1] = np.minimum(stops[:-1], starts[1:])
+    gap_starts = np.concatenate(([np.uint64(extent.first)], stops))
+    gap_ends = np.concatenate((starts, [np.uint64(extent.end)]))
+    gaps = gap_ends > gap_starts
+    # what no chunk covers is what the walk could not pass, but for the header of the fencepost that closes
+    # an older heap (size 0, its 16 bytes at the very end), which is overhead as in the report
+    gap_kinds = np.full(len(gap_starts), KIND["unwalked"], dtype=np.uint8)
+    if len(kinds) and kinds[-1] == KIND["overhead"] and int(gap_ends[-1] - gap_starts[-1]) <= 16:
+        gap_kinds[-1] = KIND["overhead"]
+    extra = [(extent.start, extent.first, KIND["overhead"])] + [r for r in tail if r[1] > r[0]]
+    all_starts = np.concatenate((starts, gap_starts[gaps], np.array([r[0] for r in extra], dtype=np.uint64)))
+    all_ends = np.concatenate((stops, gap_ends[gaps], np.array([r[1] for r in extra], dtype=np.uint64)))
+    all_kinds = np.concatenate((kinds, gap_kinds[gaps], np.array([r[2] for r in extra], dtype=np.uint8)))
+    keep = all_ends > all_starts
+    order = np.argsort(all_starts[keep], kind="stable")
+    return HeapStrip(arena, label, extent.start, end, all_starts[keep][order], all_ends[keep][order],
+                     all_kinds[keep][order])
