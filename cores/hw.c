@@ -458,6 +458,18 @@ void hw_note_large_tcache(void *p)
     pthread_mutex_unlock(&lock);
 }
 
+__attribute__((noinline)) void hw_scrub(void *p, size_t n)
+{
+    memset(p, 0, n);
+    __asm__ volatile("" : : "r"(p) : "memory");
+}
+
+__attribute__((noinline)) void hw_scrub_stack(void)
+{
+    char pad[64 << 10];
+    hw_scrub(pad, sizeof pad);
+}
+
 void hw_note_fact(const char *key, long long value)
 {
     pthread_mutex_lock(&lock);

@@ -54,6 +54,13 @@ void hw_ledger(const char *label);
  * nothing); exits when it cannot be created. */
 int hw_output_fd(const char *name);
 
+/* Writes zeros over N bytes at P in a way the compiler cannot drop, so that no
+ * stray copy of a pointer survives there for a leak scan to see. */
+void hw_scrub(void *p, size_t n);
+/* Writes zeros over 64 KiB of the stack below the caller: the dead frames of
+ * the functions it called. */
+void hw_scrub_stack(void);
+
 /* Records an mmapped chunk the program keeps until the snapshot. */
 void hw_note_mmapped(void *p, size_t request);
 

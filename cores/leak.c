@@ -19,19 +19,6 @@
 
 #define NOINLINE __attribute__((noinline))
 
-static NOINLINE void scrub(void *p, size_t n)
-{
-    memset(p, 0, n);
-    __asm__ volatile("" : : "r"(p) : "memory");
-}
-
-/* Writes zeros over the stack below the caller: the dead frame of leak_all. */
-static NOINLINE void scrub_stack(void)
-{
-    char pad[16 << 10];
-    scrub(pad, sizeof pad);
-}
-
 static NOINLINE void leak_all(long long *count, long long *bytes)
 {
     unsigned seed = 12345;
@@ -52,7 +39,7 @@ int main(int argc, char **argv)
     hw_init(argc, argv, "leak");
     long long count = 0, bytes = 0;
     leak_all(&count, &bytes);
-    scrub_stack();
+    hw_scrub_stack();
     hw_note_fact("leaked_count", count);
     hw_note_fact("leaked_bytes", bytes);
     hw_ledger("main");

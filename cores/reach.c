@@ -40,19 +40,6 @@ static void *volatile *volatile g_anon;   /* an anonymous mapping holding a poin
 static void *volatile g_big;              /* an mmapped chunk holding a pointer */
 static __thread void *volatile tls_keep;  /* a parked thread's TLS */
 
-static NOINLINE void scrub(void *p, size_t n)
-{
-    memset(p, 0, n);
-    __asm__ volatile("" : : "r"(p) : "memory");
-}
-
-/* Writes zeros over the stack below the caller: the dead frames of the builders. */
-static NOINLINE void scrub_stack(void)
-{
-    char pad[64 << 10];
-    scrub(pad, sizeof pad);
-}
-
 static char *put(char *o, const char *s)
 {
     while (*s)
@@ -72,7 +59,7 @@ static char *put_number(char *o, unsigned long v, unsigned base)
         o = put(o, "0x");
     while (n)
         *o++ = digits[--n];
-    scrub(digits, sizeof digits);
+    hw_scrub(digits, sizeof digits);
     return o;
 }
 
@@ -92,7 +79,7 @@ static NOINLINE void note(const char *verdict, const char *kind, void *p, int un
     o = put(o, "\n");
     if (write(ledger_fd, line, (size_t)(o - line)) != o - line)
         abort();
-    scrub(line, sizeof line);
+    hw_scrub(line, sizeof line);
     pthread_mutex_unlock(&line_lock);
 }
 
@@ -155,7 +142,7 @@ static NOINLINE void build_leaked(void)
         ring[i][0] = ring[(i + 1) % 5];
         note("leaked", "ring", ring[i], 0, 0, 0);
     }
-    scrub(ring, sizeof ring);
+    hw_scrub(ring, sizeof ring);
     void **tree[7];
     long bytes = 0;
     for (int i = 0; i < 7; i++) {
@@ -168,7 +155,7 @@ static NOINLINE void build_leaked(void)
     }
     for (int i = 0; i < 7; i++)
         note("leaked", "tree", tree[i], i == 0, i == 0 ? 7 : 0, i == 0 ? bytes : 0);
-    scrub(tree, sizeof tree);
+    hw_scrub(tree, sizeof tree);
     void *only = block(120);
     void **freed = block(256);
     freed[6] = only;
@@ -203,9 +190,9 @@ static void *worker(void *arg)
         note("reached", "thread_stack", on_stack, 0, 0, 0);
     }
     worker_blocks(role);
-    scrub_stack();
+    hw_scrub_stack();
     hw_ledger("worker");
-    scrub_stack();
+    hw_scrub_stack();
     hw_arrive();
     hw_park();
     (void)on_stack;
@@ -222,9 +209,9 @@ int main(int argc, char **argv)
     for (long i = 0; i < WORKERS; i++)
         hw_spawn(worker, (void *)i);
     hw_wait_arrivals(WORKERS);
-    scrub_stack();
+    hw_scrub_stack();
     hw_ledger("main");
-    scrub_stack();
+    hw_scrub_stack();
     hw_snapshot();
     (void)on_main_stack;
     return 0;

@@ -75,6 +75,9 @@ def test_verdict_names_fragmentation_only_where_memory_is_free(report_of, g):
 
 #: the reproducers that drop blocks on purpose: every other one holds all it allocated (cores/hw.c's live set)
 LEAKING = ("leak", "reach")
+#: reproducers whose threads exit around the snapshot: glibc 2.43 may leave the dynamic thread vector of one
+#: (a chunk of a few hundred bytes that no word of the core points to), at most one per exited thread
+EXITING = {"many_arenas": 7}
 
 
 @pytest.mark.parametrize("g,name", CASES)
@@ -87,6 +90,8 @@ def test_the_leak_scan_in_the_report_finds_what_each_reproducer_dropped(report_o
     if name == "leak":
         assert (leaks["leaked_count"], leaks["leaked_bytes"]) == (facts["leaked_count"], facts["leaked_bytes"])
         assert leaks["unreferenced_count"] == facts["leaked_count"]
+    elif name in EXITING:
+        assert leaks["leaked_count"] <= EXITING[name] and leaks["leaked_bytes"] <= 1024 * leaks["leaked_count"]
     elif name not in LEAKING:
         assert (leaks["leaked_count"], leaks["leaked_bytes"], leaks["unreferenced_count"]) == (0, 0, 0)
         assert not any("leak scan found" in v for v in rep["verdict"])
