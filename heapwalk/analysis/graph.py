@@ -10,28 +10,23 @@ environment turns the library off.
 from __future__ import annotations
 
 import ctypes
-import os
 from pathlib import Path
 
 import numpy as np
+
+from heapwalk.target.clib import built_library
 
 __all__ = ["Graph", "NATIVE"]
 
 
 def _load():
-    """The built library's search, or None (not built, cannot load, or turned off)."""
-    if os.environ.get("HEAPWALK_PURE"):
-        return None
-    for path in sorted(Path(__file__).parent.glob("_reach*.so")):
-        try:
-            lib = ctypes.CDLL(str(path))
-        except OSError:
-            continue
+    """The built library's search, or None (see `target.clib`)."""
+    lib = built_library(Path(__file__).parent, "_reach")
+    if lib is not None:
         lib.hw_reach.restype = ctypes.c_int64
         lib.hw_reach.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
                                  ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
-        return lib
-    return None
+    return lib
 
 
 _LIB = _load()

@@ -67,8 +67,7 @@ def _chunks(mem: Memory, layout: Layout, arena: Arena, listing: Listing, listed
     swept = swept_chunks(mem, layout, arena, listed)
     if swept is not None:
         address = swept.sweep.address.astype(np.uint64)
-        # the last fencepost's size field is 0: its header still takes 16 bytes
-        sizes = np.maximum(swept.sizes.astype(np.uint64), np.uint64(16))
+        sizes = swept.sizes.astype(np.uint64)
         kinds = _KIND_OF_CODE[swept.codes]
         if len(address) > 1 and not bool(np.all(address[1:] > address[:-1])):   # heaps swept out of order
             order = np.argsort(address, kind="stable")
@@ -97,17 +96,25 @@ def _strip(arena: int, label: str, extent: Extent, chunks, tail: list[tuple[int,
         stops[:-1] = np.minimum(stops[:-1], starts[1:])
     gap_starts = np.concatenate(([np.uint64(extent.first)], stops))
     gap_ends = np.concatenate((starts, [np.uint64(extent.end)]))
-    gaps = gap_ends > gap_starts
     # what no chunk covers is what the walk could not pass, but for the header of the fencepost that closes
     # an older heap (size 0, its 16 bytes at the very end), which is overhead as in the report
     gap_kinds = np.full(len(gap_starts), KIND["unwalked"], dtype=np.uint8)
     if len(kinds) and kinds[-1] == KIND["overhead"] and int(gap_ends[-1] - gap_starts[-1]) <= 16:
         gap_kinds[-1] = KIND["overhead"]
-    extra = [(extent.start, extent.first, KIND["overhead"])] + [r for r in tail if r[1] > r[0]]
-    all_starts = np.concatenate((starts, gap_starts[gaps], np.array([r[0] for r in extra], dtype=np.uint64)))
-    all_ends = np.concatenate((stops, gap_ends[gaps], np.array([r[1] for r in extra], dtype=np.uint64)))
-    all_kinds = np.concatenate((kinds, gap_kinds[gaps], np.array([r[2] for r in extra], dtype=np.uint8)))
-    keep = all_ends > all_starts
-    order = np.argsort(all_starts[keep], kind="stable")
-    return HeapStrip(arena, label, extent.start, end, all_starts[keep][order], all_ends[keep][order],
-                     all_kinds[keep][order])
+    around = [(extent.start, extent.first, KIND["overhead"])] + tail      # the header first, the tail last
+
+    def runs(column: int, middle: np.ndarray, dtype) -> np.ndarray:
+        edge = [np.array([r[column] for r in part], dtype=dtype) for part in (around[:1], around[1:])]
+        return np.concatenate((edge[0], middle.astype(dtype), edge[1]))
+    run_starts = runs(0, _alternate(gap_starts, starts), np.uint64)
+    run_ends = runs(1, _alternate(gap_ends, stops), np.uint64)
+    run_kinds = runs(2, _alternate(gap_kinds, kinds), np.uint8)
+    keep = run_ends > run_starts       # header, gap, chunk, gap, ..., chunk, gap, tail: in order as they are
+    return HeapStrip(arena, label, extent.start, end, run_starts[keep], run_ends[keep], run_kinds[keep])
+
+
+def _alternate(gaps: np.ndarray, chunks: np.ndarray) -> np.ndarray:
+    """GAPS (one more than CHUNKS) and CHUNKS taken by turns: gap, chunk, gap, ..., chunk, gap."""
+    out = np.empty(len(gaps) + len(chunks), dtype=gaps.dtype)
+    out[0::2], out[1::2] = gaps, chunks
+    return out

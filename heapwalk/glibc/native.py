@@ -11,11 +11,12 @@ the library off.
 from __future__ import annotations
 
 import ctypes
-import os
 from array import array
 from pathlib import Path
 
 import numpy as np
+
+from heapwalk.target.clib import built_library
 
 __all__ = ["chase", "follow", "successors", "NATIVE"]
 
@@ -23,22 +24,16 @@ _INT64_P = ctypes.POINTER(ctypes.c_int64)
 
 
 def _load():
-    """The built library's two functions, or None (not built, cannot load, or turned off)."""
-    if os.environ.get("HEAPWALK_PURE"):
-        return None
-    for path in sorted(Path(__file__).parent.glob("_native*.so")):
-        try:
-            lib = ctypes.CDLL(str(path))
-        except OSError:
-            continue
+    """The built library's two functions, or None (see `target.clib`)."""
+    lib = built_library(Path(__file__).parent, "_native")
+    if lib is not None:
         lib.hw_chase.restype = ctypes.c_int64
         lib.hw_chase.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint64,
                                  ctypes.c_void_p, _INT64_P]
         lib.hw_follow.restype = ctypes.c_int64
         lib.hw_follow.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
                                   ctypes.c_void_p]
-        return lib
-    return None
+    return lib
 
 
 _LIB = _load()
