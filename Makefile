@@ -3,8 +3,9 @@
 #   make test   the test suite (reproducer cores are captured on the way)
 
 SHELL := /bin/bash
+# chromium: the tests open the HTML report in a real browser (headless)
 DEB_PACKAGES := gdb gcc make libc6-dbg libc6-dev python3 python3-venv util-linux debian-archive-keyring \
-  libjemalloc2 libtcmalloc-minimal4
+  libjemalloc2 libtcmalloc-minimal4 chromium
 # gdb embeds the system Python: the virtualenv is made with that interpreter, so
 # gdbinit can put its site-packages on gdb's sys.path.
 SYSTEM_PYTHON := /usr/bin/python3
@@ -24,9 +25,9 @@ PYTEST_ARGS ?=
 
 all: test
 
-# Debian packages, installed only when missing.
+# Debian packages, installed only when missing (checked again whenever this Makefile changes).
 deps: $(BUILD)/.deps
-$(BUILD)/.deps:
+$(BUILD)/.deps: Makefile
 	@missing=""; for p in $(DEB_PACKAGES); do \
 	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "install ok installed" || missing="$$missing $$p"; \
 	done; \
@@ -63,9 +64,13 @@ cores: sysroots
 demo: venv
 	@$(PY) cores/harness.py $(BUILD)/demo --bindir $(BUILD)/bin thread_arenas
 	@echo
-	@echo "== gdb -batch -x gdbinit -ex 'heapwalk report' -ex 'heapwalk tcache --thread 2' EXE CORE"
-	@gdb -nx -batch -q -x gdbinit -ex 'heapwalk report' -ex 'heapwalk tcache --thread 2' \
+	@echo "== gdb -batch -x gdbinit -ex 'heapwalk report --html $(BUILD)/demo/report.html' -ex 'heapwalk map' -ex 'heapwalk tcache --thread 2' EXE CORE"
+	@gdb -nx -batch -q -x gdbinit -ex 'heapwalk report --html $(BUILD)/demo/report.html' -ex 'heapwalk map' \
+	  -ex 'heapwalk tcache --thread 2' \
 	  $(BUILD)/bin/thread_arenas $(BUILD)/demo/thread_arenas/core 2>&1 | grep -v -e '^\[New LWP' -e '^\[Thread debugging' -e '^Using host libthread_db'
+	@echo
+	@echo "== the report as one page, maps and charts inline, to open in a browser or attach to a ticket:"
+	@echo "   $(abspath $(BUILD)/demo/report.html)"
 
 # The whole suite: unit tests, reproducer cores against malloc_info and ledgers, live attach.
 test: cores

@@ -149,6 +149,6 @@ class HeapStrip:
     run_starts: Any                           # numpy uint64
     run_ends: Any                             # numpy uint64
     kinds: Any                                # numpy uint8, an index into MAP_KINDS
-    trimmable: tuple[tuple[int, int], ...] = ()
-    resident: tuple[tuple[int, int], ...] | None = None
+    trimmable: Any = None                     # (n, 2) uint64 [start, end): what malloc_trim(0) gives back
+    resident: Any = None                      # (n, 2) uint64 [start, end) in RAM; None: the target cannot say
     beyond: int = 0                           # bytes of its reservation after END, left out of the strip

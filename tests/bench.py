@@ -35,7 +35,8 @@ import harness  # noqa: E402
 from bench_capture import capture_line, measure_capture, measure_service  # noqa: E402
 
 SIZES = {"small": 300_000, "medium": 1_500_000, "large": 6_000_000}
-COMMANDS = ("heapwalk report", "heapwalk bins", "heapwalk chunks --free", "heapwalk check", "heapwalk leaks")
+COMMANDS = ("heapwalk report", "heapwalk bins", "heapwalk chunks --free", "heapwalk check", "heapwalk leaks",
+            "heapwalk map --svg /dev/null --png /dev/null")
 BUILD = ROOT / "build"
 GDBINIT = ROOT / "gdbinit"
 

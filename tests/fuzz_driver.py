@@ -43,6 +43,8 @@ from heapwalk.analysis.leakreport import describe
 from heapwalk.analysis.leaks import leaks_of
 from heapwalk.glibc.blocks import blocks_of
 from heapwalk.glibc.heapmap import heap_strips
+from heapwalk.output.htmlreport import report_html
+from heapwalk.output.pngmaps import png_maps
 from heapwalk.output.heapmaps import svg_maps, text_maps
 from heapwalk.glibc.chunks import extents
 from heapwalk.glibc.decode import collect
@@ -305,7 +307,7 @@ def apply(spec: dict, sound: Sound) -> tuple[MutatedMemory, int | None] | None:
 def exercise(mem, symbols, maps, threads, regs, target: str, space=None):
     """Everything the commands do, on MEM: (the state or None when refused, the check result, the report's
     JSON document, 'ok' or 'refused: <the one line a user sees>').  With SPACE (the target's MemoryMap), the
-    report's leak scan too, and 'heapwalk leaks' laid out; and the heap maps, as text and SVG."""
+    report's leak scan too, and 'heapwalk leaks' laid out; and the heap maps, as text, SVG and PNG, and the report's page."""
     try:
         disc = discover(mem, symbols, overrides(), maps, [t.fs_base for t in threads if t.fs_base], regions=regs)
         state = collect(mem, disc, threads, target, True, regs, keep_used=space is not None)
@@ -316,6 +318,7 @@ def exercise(mem, symbols, maps, threads, regs, target: str, space=None):
     strips = heap_strips(mem, disc.layout, state)
     tables.make_console(io.StringIO(), False).print(text_maps(strips, 80, False))
     svg_maps(strips, 256)
+    png_maps(strips, 128)
     sink = io.StringIO()
     console = tables.make_console(sink, False)
     console.print(tables.header_text(state))
@@ -328,6 +331,7 @@ def exercise(mem, symbols, maps, threads, regs, target: str, space=None):
     document = jsondoc.state_to_json(state)
     document["report"] = jsondoc.report_json(rep)
     json.dumps(document)
+    report_html({**document, "report": {**document["report"], "partial": []}}, strips)
     json.dumps(jsondoc.check_document(state, result, check.scope(state)))
     mallocinfo.malloc_info_xml(state)
     return state, result, document["report"], "ok" if result.clean else f"ok, {len(result.errors)} errors"

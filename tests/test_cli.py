@@ -16,6 +16,7 @@ import pytest
 import harness
 import sysroots
 from heapwalk.target.corefile import file_build_id
+from browser import Browser, heap_groups, png_pixels
 from conftest import BINDIR, GLIBCS, NO_SYMBOLS, ROOT, capture, corruption, glibc, heapwalk_json
 from oracle import malloc_info_view, parse_malloc_info
 from services import process_state, running, wait_for_step
@@ -210,6 +211,13 @@ def test_capture_writes_only_what_holds_anything_and_gives_gcores_report(tmp_pat
         doc.pop("target")
     assert a == b
     assert all(r["rss"] > 0 and r["free_resident"] is not None for r in a["report"]["arenas"])
+    # the page beside each: its heap maps mark the resident pages, each arena's adding up to its RSS
+    for folder, doc in ((ours, a), (full, b)):
+        resident: dict[int, int] = {}
+        for group in heap_groups((folder / "report.html").read_text()):
+            band = sum(int(r["data-bytes"]) for r in group["rects"] if r.get("class") == "resident")
+            resident[int(group["data-arena"])] = resident.get(int(group["data-arena"]), 0) + band
+        assert resident == {r["number"]: r["rss"] for r in doc["report"]["arenas"]}
     # the CPU count, which a core does not hold, comes with heapwalk's core: the arena limit is known
     cpus = os.cpu_count()
     assert limits[0].startswith(f"{8 * cpus} (the default: 8 x {cpus} CPUs online)") and "3 made" in limits[0]
@@ -269,7 +277,7 @@ def test_diff_of_two_snapshots_names_the_arena_that_grew(tmp_path):
     grower_arena, steady_arena = number_of[arena_of[grower]], number_of[arena_of[steady]]
     # JSON against a core: both kinds of snapshot work
     result = heapwalk("diff", str(tmp_path / "a" / "report.json"), str(tmp_path / "b" / "core"),
-                      "--json", str(tmp_path / "diff.json"))
+                      "--json", str(tmp_path / "diff.json"), "--html", str(tmp_path / "diff.html"))
     assert result.returncode == 0, result.stderr
     d = json.loads((tmp_path / "diff.json").read_text())
     assert d["grew"] == [grower_arena] and steady_arena not in d["grew"]
@@ -286,6 +294,19 @@ def test_diff_of_two_snapshots_names_the_arena_that_grew(tmp_path):
     assert text["count"][1] - text["count"][0] == kept and d["signatures"][0] == text
     assert f"arena {grower_arena}: chunks in use grew in " in result.stdout
     assert "chunks in use grew by signature: text (" in result.stdout
+    # the page of the same differences, in a browser: drawn, the grower's chart of chunks in use that grew
+    # holding that growth, and no sideways scrolling in a narrow window
+    assert f"the differences as a page: {tmp_path / 'diff.html'}" in result.stdout
+    with Browser() as browser:
+        browser.open(tmp_path / "diff.html", 1200)
+        width, _, rows = png_pixels(browser.screenshot())
+        assert len({bytes(row[i:i + 3]) for row in rows[::8] for i in range(0, len(row), 12)}) > 20
+        charted = browser.evaluate(f"[...document.querySelectorAll('#arena-{grower_arena} svg')].map(s => "
+                                   "[...s.querySelectorAll('rect.bar')].reduce((n, r) => n + Number(r.dataset.bytes), 0))")
+        assert charted[-1] == sum(c["bytes_growth"] for c in grown["in_use_classes"] if c["bytes_growth"] > 0)
+        assert browser.evaluate("document.querySelectorAll('#arenas tbody tr').length") == len(d["arenas"])
+        browser.resize(380)
+        assert browser.evaluate("document.documentElement.scrollWidth") <= 380
 
 
 # ------------------------------------------------------------------------------------------- errors

@@ -4,16 +4,20 @@ parses, whose rectangles add up to each heap's bytes, and whose bytes of each ki
 from __future__ import annotations
 
 import functools
+import html
 import json
+import re
 import xml.etree.ElementTree as ET
 
 import numpy as np
 import pytest
 
+from browser import chunks_per_arena, heap_groups, png_pixels
 from conftest import GLIBCS, capture, glibc, run_gdb
 from harness import REPRODUCERS
 
-from heapwalk.output.heapmaps import PINNED, columns, kind_bytes, svg_maps, text_maps
+from heapwalk.output.heapmaps import BAND_COLOURS, COLOURS, PINNED, columns, kind_bytes, svg_maps, text_maps
+from heapwalk.output.pngmaps import png_maps
 from heapwalk.view import MAP_KINDS, HeapStrip
 
 K = {name: i for i, name in enumerate(MAP_KINDS)}
@@ -70,24 +74,37 @@ def test_the_svg_parses_and_its_rectangles_add_up():
     assert len(groups[0]) < 64 * 3    # columns of one kind side by side are one rectangle
 
 
+def _colours(png: bytes) -> tuple[int, int, set[str]]:
+    width, height, rows = png_pixels(png)
+    return width, height, {"#" + bytes(row[i:i + 3]).hex() for row in rows for i in range(0, len(row), 3)}
+
+
+def test_the_png_paints_each_kind_in_its_colour():
+    trimmed = HeapStrip(**{**STRIP.__dict__, "trimmable": np.array([[0x2000, 0x3000]], dtype=np.uint64)})
+    width, height, colours = _colours(png_maps([STRIP, trimmed], 256))
+    assert width == 256 + 16 and height > 2 * 60
+    assert {COLOURS[k] for k in kind_bytes(STRIP)} <= colours and BAND_COLOURS["trim"] in colours
+    assert COLOURS["unwalked"] not in colours and COLOURS["reserved"] not in colours     # no damage, no reservation
+
+
 CASES = [pytest.param(g, n, id=f"{g}-{n}") for g in GLIBCS for n in REPRODUCERS]
 
 
 @pytest.fixture(scope="module")
 def mapped(tmp_path_factory):
-    """mapped(glibc, name) -> (the SVG's root, the report's JSON, gdb's stdout) of 'heapwalk map' and
-    'heapwalk report --no-leaks' on the core, symbols hidden."""
+    """mapped(glibc, name) -> (the SVG's root, the report's JSON, gdb's stdout, the HTML page's path) of
+    'heapwalk map' and 'heapwalk report --no-leaks --html' on the core, symbols hidden."""
     tmp = tmp_path_factory.mktemp("maps")
 
     @functools.cache
     def compute(g: str, name: str):
         c = capture(g, name)
-        svg, js = tmp / f"{g}-{name}.svg", tmp / f"{g}-{name}.json"
-        result = run_gdb([str(c.exe), str(c.core)], [f"heapwalk map --svg {svg}",
-                                                     f"heapwalk report --no-leaks --json {js}"],
+        svg, js, page = tmp / f"{g}-{name}.svg", tmp / f"{g}-{name}.json", tmp / f"{g}-{name}.html"
+        result = run_gdb([str(c.exe), str(c.core)], [f"heapwalk map --svg {svg} --png {svg.with_suffix('.png')}",
+                                                     f"heapwalk report --no-leaks --json {js} --html {page}"],
                          iex=glibc(g).gdb_settings(False))
-        assert result.returncode == 0 and svg.exists(), result.stderr
-        return ET.parse(svg).getroot(), json.loads(js.read_text()), result.stdout
+        assert result.returncode == 0 and svg.exists() and page.exists(), result.stderr
+        return ET.parse(svg).getroot(), json.loads(js.read_text()), result.stdout, page
     return compute
 
 
@@ -97,10 +114,11 @@ def test_the_maps_hold_every_byte_the_report_counts(mapped, g, name):
     """Each heap's rectangles add up to its bytes; per arena, the map's bytes of each kind are the report's:
     in use (the tcache structs with it), each kind of free chunk, top, headers, and all but the mapped tail
     add up to system_mem."""
-    root, doc, out = mapped(g, name)
+    root, doc, out, page = mapped(g, name)
+    svg = page.with_suffix(".svg")
     kinds: dict[int, dict[str, int]] = {}
     for group in root.findall("{http://www.w3.org/2000/svg}g"):
-        rects = group.findall("{http://www.w3.org/2000/svg}rect")
+        rects = [r for r in group.findall("{http://www.w3.org/2000/svg}rect") if r.get("data-kind")]
         assert sum(int(r.get("data-bytes")) for r in rects) == int(group.get("data-bytes"))
         arena = kinds.setdefault(int(group.get("data-arena")), {})
         for r in rects:
@@ -116,3 +134,60 @@ def test_the_maps_hold_every_byte_the_report_counts(mapped, g, name):
         assert "unwalked" not in got and "reserved" not in got
         assert sum(got.values()) - got.get("unused", 0) == row["system"], number
     assert out.count(" heap ") + out.count("main arena ") >= len(kinds)
+    # the PNG of the same strips: a strip of 1024 pixels each, painted in the colours of the kinds that hold
+    # at least a hundredth of the bytes
+    width, _, colours = _colours(svg.with_suffix(".png").read_bytes())
+    total = sum(sum(k.values()) for k in kinds.values())
+    big = {COLOURS[kind] for arena in kinds.values() for kind, n in arena.items() if n >= total / 100}
+    assert width == 1024 + 16 and big <= colours
+
+
+def _per_arena(root) -> dict[int, dict[str, int]]:
+    """Arena number -> its strips' chunks per kind (data-chunks), trimmable bytes (the "trim" band's
+    rectangles) and "strips", from a maps SVG's root."""
+    out: dict[int, dict[str, int]] = {}
+    for group in root.findall("{http://www.w3.org/2000/svg}g"):
+        arena = out.setdefault(int(group.get("data-arena")), {"trim": 0, "strips": 0})
+        arena["strips"] += 1
+        for pair in group.get("data-chunks").split():
+            kind, n = pair.split("=")
+            arena[kind] = arena.get(kind, 0) + int(n)
+        band = sum(int(r.get("data-bytes")) for r in group.findall("{http://www.w3.org/2000/svg}rect")
+                   if r.get("class") == "trim")
+        assert band == int(group.get("data-trim"))
+        arena["trim"] += band
+    return out
+
+
+@pytest.mark.cores
+@pytest.mark.parametrize("g,name", CASES)
+def test_the_maps_count_the_walks_chunks_and_what_trim_gives_back(mapped, g, name):
+    """Per arena, the strips hold as many chunks of each state as the walk counted (fenceposts aside), one
+    strip per heap, and the trim band marks exactly the bytes of the trim estimate: the pages madvise would
+    give back inside free runs and the end of the main arena's top."""
+    root, doc, _, _ = mapped(g, name)
+    got = _per_arena(root)
+    for arena in doc["arenas"]:
+        mine = dict(got[arena["number"]])
+        assert mine.pop("strips") == len(arena["heaps"]), arena["number"]
+        assert mine.pop("trim") == arena["trim"]["madvise"] + arena["trim"]["systrim"], arena["number"]
+        want = {k: n for k, n in arena["accounting"]["chunks"].items() if n and k != "fencepost"}
+        assert mine == want, arena["number"]
+
+
+@pytest.mark.cores
+@pytest.mark.parametrize("g,name", CASES)
+def test_the_report_page_stands_alone_and_says_what_the_json_says(mapped, g, name):
+    """'heapwalk report --html': one file that fetches nothing (no script, no link, no image or style from
+    elsewhere), whose verdict is the JSON's, and whose maps hold each arena's chunks as the walk counted them."""
+    _, doc, out, page = mapped(g, name)
+    text = page.read_text()
+    assert not re.search(r"<script|<link|<img|<iframe|\bsrc=|url\(|@import", text)
+    assert set(re.findall(r"https?://[^\"' <]+", text)) <= {"http://www.w3.org/2000/svg"}
+    for sentence in doc["report"]["verdict"]:
+        assert html.escape(sentence, quote=True) in text
+    got = chunks_per_arena(heap_groups(text))
+    for arena in doc["arenas"]:
+        want = {k: n for k, n in arena["accounting"]["chunks"].items() if n and k != "fencepost"}
+        assert got[arena["number"]] == want, arena["number"]
+    assert f"the report as a page: {page}" in out

@@ -63,6 +63,13 @@ def test_process_using_another_allocator_is_named(tmp_path, library, name):
         assert "where the memory is" in result.stdout and "jemalloc consistent" in result.stdout
 
 
+@pytest.mark.parametrize("command", ["heapwalk report --html {}", "heapwalk map --png {}", "heapwalk map --svg {}"])
+def test_a_file_that_cannot_be_written_is_said_in_one_line(command):
+    cap = capture("system", "thread_arenas")
+    _one_line_refusal(run_gdb([str(cap.exe), str(cap.core)], [command.format("/nonexistent/dir/out")]),
+                      "cannot write /nonexistent/dir/out", "No such file or directory")
+
+
 def test_core_cut_short_is_refused_in_one_line(tmp_path):
     """gcore writes its notes last: a core cut short loses them, and gdb cannot open it at all."""
     cap = capture("system", "thread_arenas")

@@ -42,7 +42,7 @@ def _through_gdb(args, pid: int, core: Path, json_file: Path):
             smaps = read_smaps(pid)
             runs = resident_runs(pid, smaps)
             if args.live:
-                text = gdb.run(report_command(json_file, None, not args.no_leaks))
+                text = gdb.run(report_command(json_file, None, not args.no_leaks, json_file.with_suffix(".html")))
             else:
                 gdb.run(f"generate-core-file {core}", timeout=3600)
         finally:
@@ -123,7 +123,7 @@ def cmd_capture(args) -> int:
         try:
             gdb, _ = open_core(args, core, exe)
             with gdb:
-                text = gdb.run(report_command(json_file, None, not args.no_leaks))
+                text = gdb.run(report_command(json_file, None, not args.no_leaks, json_file.with_suffix(".html")))
         finally:
             os.environ.pop(RESIDENT_ENV, None)
     what = "while heapwalk read it live" if args.live else "while gcore wrote the core" if args.full else \
@@ -134,5 +134,5 @@ def cmd_capture(args) -> int:
           f"malloc settings: {', '.join(f'{k}={v}' for k, v in record['environment'].items()) or 'none'}")
     print(text, end="")
     print(_residency_note(json.loads(json_file.read_text())), end="")
-    print(f"heapwalk: written to {out_dir}: {'' if args.live else 'core, '}report.json, capture.json")
+    print(f"heapwalk: written to {out_dir}: {'' if args.live else 'core, '}report.json, report.html, capture.json")
     return 0

@@ -134,11 +134,11 @@ def _restore_lost_notes(f, size: int) -> None:
             return
 
 
-def report_command(json_file: Path | None, xml_file: Path | None, leaks: bool = True) -> str:
-    """The gdb command of a report (with its leak scan unless LEAKS is false)."""
+def report_command(json_file: Path | None, xml_file: Path | None, leaks: bool = True,
+                   html_file: Path | None = None) -> str:
+    """The gdb command of a report (with its leak scan unless LEAKS is false), writing the files given."""
     command = "heapwalk report" + ("" if leaks else " --no-leaks")
-    if json_file is not None:
-        command += f" --json {json_file}"
-    if xml_file is not None:
-        command += f" --xml {xml_file}"
+    for option, path in (("--json", json_file), ("--xml", xml_file), ("--html", html_file)):
+        if path is not None:
+            command += f" {option} {path}"
     return command

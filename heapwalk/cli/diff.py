@@ -14,6 +14,8 @@ from heapwalk.cli.cores import open_core, report_command
 from heapwalk.cli.gdbmi import CliError
 from heapwalk.output import jsondoc
 from heapwalk.output.difftext import diff_text
+from heapwalk.output.htmldiff import diff_html
+from heapwalk.output.htmlpage import made_by
 
 
 def process_rss(path: Path) -> int | None:
@@ -63,7 +65,17 @@ def cmd_diff(args) -> int:
     if None not in rss:
         print(f"RSS of the process (capture.json): {rss[0] / (1 << 20):.1f} MiB -> {rss[1] / (1 << 20):.1f} MiB "
               f"({(rss[1] - rss[0]) / (1 << 20):+.1f})")
+    document = {**jsondoc.diff_json(d), "process_rss": None if None in rss else rss}
     if args.json:
-        args.json.write_text(json.dumps({**jsondoc.diff_json(d), "process_rss": None if None in rss else rss},
-                                        indent=1) + "\n")
+        _write(args.json, json.dumps(document, indent=1) + "\n")
+    if args.html:
+        _write(args.html, diff_html(document, str(args.a), str(args.b), made_by("heapwalk diff --html")))
+        print(f"heapwalk: the differences as a page: {args.html}")
     return 0
+
+
+def _write(path: Path, text: str) -> None:
+    try:
+        path.write_text(text)
+    except OSError as exc:
+        raise CliError(f"heapwalk: cannot write {path}: {exc.strerror}") from None

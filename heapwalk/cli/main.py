@@ -3,7 +3,7 @@
 It drives gdb through its machine interface (pygdbmi), loads heapwalk into it, and runs the same
 commands a gdb user would, so the text and the JSON are the same as inside gdb.
 
-    heapwalk report CORE [EXE]    the report of a core (EXE found from the core when not given)
+    heapwalk report CORE [EXE]    the report of a core (EXE found from the core when not given); --html a page
     heapwalk capture PID          a core of a running process, what the core cannot hold, and the report
     heapwalk capture PID --live   the report of the running process itself, no core
     heapwalk diff A B             which arenas and size classes grew between two snapshots
@@ -32,7 +32,7 @@ def cmd_report(args) -> int:
     with gdb:
         for note in notes:
             print(f"heapwalk: {note}", file=sys.stderr)
-        print(gdb.run(report_command(args.json, args.xml, not args.no_leaks)), end="")
+        print(gdb.run(report_command(args.json, args.xml, not args.no_leaks, args.html)), end="")
         if args.check:
             try:
                 print(gdb.run("heapwalk check"), end="")
@@ -72,6 +72,8 @@ def make_parser() -> argparse.ArgumentParser:
                    "the paths the core records (DIR/usr/lib/...), or the libraries in DIR/lib/x86_64-linux-gnu")
     p.add_argument("--json", type=Path, metavar="FILE", help="also write the report as JSON (docs/json.md)")
     p.add_argument("--xml", type=Path, metavar="FILE", help="also write what malloc_info(3) would have printed")
+    p.add_argument("--html", type=Path, metavar="FILE", help="also write the report as one self-contained HTML page "
+                   "(heap maps and charts inline) to attach to a ticket")
     p.add_argument("--check", action="store_true", help="also run 'heapwalk check'; exit 1 when the heap is damaged")
     leaks_option(p)
     p.set_defaults(run=cmd_report)
@@ -81,7 +83,8 @@ def make_parser() -> argparse.ArgumentParser:
                        "or swapped-out pages, and the pages of its files it wrote) and what a core cannot hold (RSS "
                        "per mapping, resident pages, MALLOC_* and GLIBC_TUNABLES, threads, CPUs), lets it go on, "
                        "writes a sparse core gdb opens, then prints the report and each arena's resident memory "
-                       "beside its free bytes.")
+                       "beside its free bytes. The folder gets the core, report.json, report.html (the report as a "
+                       "page, resident pages on its heap maps) and capture.json.")
     p.add_argument("pid", type=int, metavar="PID")
     p.add_argument("--out", type=Path, metavar="DIR", help="where to write (default: heapwalk-PID-DATE-TIME)")
     p.add_argument("--live", action="store_true",
@@ -101,6 +104,8 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("a", type=Path, metavar="A")
     p.add_argument("b", type=Path, metavar="B")
     p.add_argument("--json", type=Path, metavar="FILE", help="also write the differences as JSON")
+    p.add_argument("--html", type=Path, metavar="FILE", help="also write the differences as one self-contained "
+                   "HTML page (charts inline)")
     p.set_defaults(run=cmd_diff, sysroot=None)
     return parser
 

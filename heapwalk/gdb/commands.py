@@ -12,7 +12,7 @@ import gdb  # type: ignore[import-not-found]
 from heapwalk.analysis import report
 from heapwalk.findings import Kind, Severity
 from heapwalk.gdb.leakcommands import LeaksCommand, in_use_and_leaks, reach_text, scan_leaks
-from heapwalk.gdb.mapcommands import MapCommand
+from heapwalk.gdb.mapcommands import MapCommand, write_report_html
 from heapwalk.gdb.console import (console_with_header, gdb_console, interactive, print_damage, print_findings,
                                   print_jemalloc_arenas, print_jemalloc_check, print_jemalloc_report,
                                   print_jemalloc_threads, print_partial, write_json)
@@ -258,6 +258,8 @@ class ReportCommand(Subcommand):
                        "(what the process would have printed: no tcache)")
         p.add_argument("--no-leaks", action="store_true", help="skip the leak scan and the tables of in-use "
                        "chunks (faster on big heaps): the verdict then cannot tell live data from a leak")
+        p.add_argument("--html", metavar="FILE", help="also write the report as one self-contained HTML page (heap "
+                       "maps and charts inline) to attach to a ticket")
         return p
 
     def run(self, args) -> None:
@@ -277,10 +279,15 @@ class ReportCommand(Subcommand):
             print_findings(console, state.all_findings())
             if je_rep is not None:
                 console.print(f"\n{both_text(je_rep, rep)}")
-            glibc_doc = jsondoc.report_document(state, rep, notes) if args.json else None
+            glibc_doc = jsondoc.report_document(state, rep, notes) if args.json or args.html else None
+            if args.html:
+                write_report_html(args.html, found.glibc, glibc_doc, console, je_doc,
+                                  both_text(je_rep, rep) if je_rep is not None else "")
             if args.xml:
                 with open(args.xml, "w", encoding="utf-8") as fh:
                     fh.write(mallocinfo.malloc_info_xml(state))
+        if args.html and not found.glibc:
+            write_report_html(args.html, None, je_doc, gdb_console())
         write_json(args.json, je_doc, glibc_doc)
 
 

@@ -1,15 +1,20 @@
 """gdb command ``heapwalk map``: each heap of each arena as a strip, address left to right, coloured by what
-holds each byte (`glibc.heapmap` cuts the heaps into runs, `output.heapmaps` draws them)."""
+holds each byte (`glibc.heapmap` cuts the heaps into runs, `output.heapmaps` draws them); and the HTML page
+'heapwalk report --html' writes, with those maps in it (`output.htmlreport`)."""
 
 from __future__ import annotations
+
 
 from heapwalk.gdb.console import console_with_header, interactive
 from heapwalk.gdb.session import UserError, load_allocators
 from heapwalk.gdb.subcommand import Parser, Subcommand
 from heapwalk.glibc.heapmap import heap_strips
 from heapwalk.output.heapmaps import svg_maps, text_maps
+from heapwalk.output.htmlpage import made_by
+from heapwalk.output.htmlreport import report_html
+from heapwalk.output.pngmaps import png_maps
 
-__all__ = ["MapCommand", "TEXT_WIDTH", "SVG_WIDTH"]
+__all__ = ["MapCommand", "TEXT_WIDTH", "SVG_WIDTH", "write_report_html"]
 
 #: columns of a strip in a log (a terminal's strips take its width)
 TEXT_WIDTH = 100
@@ -32,6 +37,8 @@ class MapCommand(Subcommand):
                        "(by default a strip ends where the heap's writable memory ends)")
         p.add_argument("--svg", metavar="FILE", help=f"also write the maps as SVG ({SVG_WIDTH} columns a strip, "
                        "each a stack of the kinds it holds)")
+        p.add_argument("--png", metavar="FILE", help=f"also write the maps as a PNG picture ({SVG_WIDTH} pixels a "
+                       "strip)")
         return p
 
     def run(self, args) -> None:
@@ -47,5 +54,25 @@ class MapCommand(Subcommand):
         width = args.width or (max(20, console.width - 2) if interactive() else TEXT_WIDTH)
         console.print(text_maps(strips, width, interactive()), end="")
         if args.svg:
-            with open(args.svg, "w", encoding="utf-8") as fh:
-                fh.write(svg_maps(strips, SVG_WIDTH, f"heap map: {state.target}"))
+            _write(args.svg, svg_maps(strips, SVG_WIDTH, f"heap map: {state.target}").encode())
+        if args.png:
+            _write(args.png, png_maps(strips, SVG_WIDTH))
+
+
+def _write(path: str, data: bytes, command: str = "heapwalk map") -> None:
+    """DATA written to PATH, or a one-line error that says why not."""
+    try:
+        with open(path, "wb") as fh:
+            fh.write(data)
+    except OSError as exc:
+        raise UserError(f"{command}: cannot write {path}: {exc.strerror}") from None
+
+
+def write_report_html(path: str, glibc, doc: dict, console, beside: dict | None = None, both: str = "") -> None:
+    """Writes to PATH the report page of the report document DOC, with the heap maps of GLIBC (state, memory,
+    layout; None for jemalloc's) and, for a process with both allocators, jemalloc's document BESIDE with the
+    sentence BOTH; and says where on CONSOLE."""
+    strips = heap_strips(glibc[1], glibc[2], glibc[0]) if glibc else []
+    page = report_html(doc, strips, made_by("heapwalk report --html", doc.get("target") or ""), beside, both)
+    _write(path, page.encode(), "heapwalk report")
+    console.print(f"\nthe report as a page: {path}")

@@ -19,7 +19,7 @@ from heapwalk.glibc.chunkwalk import account
 from heapwalk.glibc.crash import abort_message, crash_findings
 from heapwalk.glibc.mmapped import mmapped_agree, mmapped_of_state, with_main_regions
 from heapwalk.glibc.threads import decode_thread, fill_from_tcaches, scan_for_tcaches
-from heapwalk.glibc.trim import TrimSimulation
+from heapwalk.glibc.trim import TrimSimulation, trim_settings
 from heapwalk.glibc.discovery import Discovery, MallocUnused
 from heapwalk.glibc.mainarena import main_memory_start
 from heapwalk.glibc.onepass import OnePass
@@ -207,8 +207,7 @@ def _one_pass(mem: Memory, disc: Discovery, mp: MallocPar | None, ring: list[int
               progress, lists_only: bool, residency: Residency | None, keep_used: bool = False) -> OnePass:
     """The one-pass path of a decode: the threads' tcaches, mp_'s page sizes, and the bytes the arenas of
     RING hold (for PROGRESS); LISTS_ONLY for a decode without the chunk walk; RESIDENCY for the trim estimates."""
-    thp = (mp.get("thp_pagesize") or 0) if mp else 0
-    contiguous = not (mp and mp.get("hp_pagesize"))
+    thp, contiguous = trim_settings(mp)
     total = 0
     for address in ring:
         with contextlib.suppress(ReadError):
@@ -289,8 +288,7 @@ def _walk_arenas(mem: Memory, layout: Layout, state: HeapState, progress=None) -
     """
     listing = Listing.of_state(state)
     mp = state.mp
-    thp = (mp.get("thp_pagesize") or 0) if mp else 0
-    contiguous = not (mp and mp.get("hp_pagesize"))
+    thp, contiguous = trim_settings(mp)
     total = sum(a.system_mem for a in state.arenas)
     done = 0
     accounts, trims = {}, {}

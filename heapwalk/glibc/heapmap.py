@@ -5,7 +5,9 @@ An arena the sweep vouches for gives its chunks and their states as arrays (`swe
 through the careful walk, and what that walk cannot pass is drawn as unwalked.  Between and around the
 chunks: the heap's own headers (heap_info, a thread arena's malloc_state, alignment) and fenceposts are
 overhead; after a thread heap's size comes the part made writable but not used yet (mprotect_size), then
-the rest of the reservation, never made writable.
+the rest of the reservation, never made writable.  What malloc_trim(0) would give back comes from the same
+runs through `trim.TrimSimulation` (the report's estimate, as ranges); resident pages from the target's
+residency, where it is known.
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ from heapwalk.glibc.layout import Layout
 from heapwalk.glibc.model import Arena, ChunkState, HeapState
 from heapwalk.glibc.sweepwalk import STATE_OF_CODE
 from heapwalk.glibc.sweptchunks import listing_arrays, swept_chunks
+from heapwalk.glibc.trim import SUB_PAGE, TrimSimulation, trim_settings
 from heapwalk.target.memory import Memory
+from heapwalk.target.residency import Residency
 from heapwalk.view import MAP_KINDS, HeapStrip
 
 __all__ = ["heap_strips", "KIND_OF_STATE"]
@@ -39,7 +43,8 @@ for _code, _state in STATE_OF_CODE.items():
 
 def heap_strips(mem: Memory, layout: Layout, state: HeapState, reserved: bool = False) -> list[HeapStrip]:
     """Every heap of every arena of STATE as a strip, in arena order; a thread heap's strip ends where its
-    memory made writable ends, unless RESERVED asks for the whole reservation (the rest is `beyond`)."""
+    memory made writable ends, unless RESERVED asks for the whole reservation (the rest is `beyond`).  Each
+    strip carries the ranges malloc_trim(0) would give back and, where the target says, its resident pages."""
     listing = Listing.of_state(state)
     listed = listing_arrays(listing)
     out = []
@@ -47,17 +52,65 @@ def heap_strips(mem: Memory, layout: Layout, state: HeapState, reserved: bool = 
         if not arena.heaps:
             continue
         chunks = _chunks(mem, layout, arena, listing, listed)
+        strips = []
         for n, (heap, extent) in enumerate(zip(arena.heaps, extents(arena, layout))):
             label = "main arena" if arena.is_main else f"arena {arena.number} heap {n + 1}"
             if arena.is_main:
-                out.append(_strip(arena.number, label, extent, chunks, [], extent.end))
+                strips.append(_strip(arena.number, label, extent, chunks, [], extent.end))
                 continue
             writable = max(extent.end, heap.address + heap.mprotect_size)
             limit = max(writable, heap.address + state.heap_max_size)
             end = limit if reserved else writable
             tail = [(extent.end, writable, KIND["unused"]), (writable, end, KIND["reserved"])]
-            out.append(replace(_strip(arena.number, label, extent, chunks, tail, end), beyond=limit - end))
+            strips.append(replace(_strip(arena.number, label, extent, chunks, tail, end), beyond=limit - end))
+        out.extend(_with_trim(strips, _trimmed(mem, layout, state, arena, strips)))
+    return _with_residency(out, state.residency)
+
+
+def _trimmed(mem: Memory, layout: Layout, state: HeapState, arena: Arena, strips: list[HeapStrip]
+             ) -> np.ndarray:
+    """The [start, end) ranges malloc_trim(0) would give back from ARENA, as (n, 2) uint64, sorted: its
+    STRIPS' runs of free chunks as consolidation merges them, fed to `TrimSimulation`."""
+    thp, contiguous = trim_settings(state.mp)
+    sim = TrimSimulation(mem, layout, arena, thp, contiguous and not arena.noncontiguous, state.residency)
+    runnable = np.zeros(len(MAP_KINDS), dtype=bool)
+    runnable[[KIND["unsorted"], KIND["small"], KIND["large"]] + ([KIND["fast"]] if layout.has_fastbins else [])] = True
+    runs = []
+    for strip in strips:
+        edges = np.diff(np.concatenate(([0], runnable[strip.kinds].view(np.int8), [0])))
+        firsts, lasts = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)   # lasts: one past each run
+        if not len(firsts):
+            continue
+        starts, ends = strip.run_starts[firsts], strip.run_ends[lasts - 1]
+        fast = np.concatenate(([0], np.cumsum(strip.kinds == KIND["fast"])))
+        n = len(firsts)
+        if (lasts[-1] < len(strip.kinds) and strip.kinds[lasts[-1]] == KIND["top"]
+                and fast[lasts[-1]] > fast[firsts[-1]]):
+            sim.top_start, sim.top_size = int(starts[-1]), sim.top_size + int(ends[-1] - starts[-1])
+            n -= 1                       # consolidation takes the last run into top
+        sizes = (ends[:n] - starts[:n]).astype(np.int64)
+        whole = sizes > SUB_PAGE
+        runs.extend(zip(starts[:n][whole].tolist(), sizes[whole].tolist()))
+    sim.take(runs, 0, 0)
+    released = sorted(sim.released())
+    return np.array(released, dtype=np.uint64).reshape(-1, 2)
+
+
+def _with_trim(strips: list[HeapStrip], released: np.ndarray) -> list[HeapStrip]:
+    """STRIPS, each with the RELEASED ranges that fall in it."""
+    out = []
+    for strip in strips:
+        inside = (released[:, 0] >= strip.start) & (released[:, 1] <= strip.end)
+        out.append(replace(strip, trimmable=released[inside]))
     return out
+
+
+def _with_residency(strips: list[HeapStrip], residency: Residency | None) -> list[HeapStrip]:
+    """STRIPS, each with its resident runs when RESIDENCY knows them."""
+    if residency is None:
+        return strips
+    known = residency.covering([(s.start, s.end) for s in strips])
+    return [replace(s, resident=known.within(s.start, s.end).astype(np.uint64)) for s in strips]
 
 
 def _chunks(mem: Memory, layout: Layout, arena: Arena, listing: Listing, listed

@@ -25,7 +25,7 @@ from heapwalk.target.memory import Memory, ReadError
 from heapwalk.target.residency import Residency
 from heapwalk.glibc.model import KEPT_REASONS, Arena, ChunkState, TrimEstimate
 
-__all__ = ["TrimSimulation", "PAGE", "SUB_PAGE"]
+__all__ = ["TrimSimulation", "trim_settings", "PAGE", "SUB_PAGE"]
 
 PAGE = 4096
 _SPAN = 1 << 20                 # bytes read at once when looking for resident pages
@@ -75,6 +75,13 @@ def _page_interior(address: int, size: int) -> tuple[int, int]:
     start = (address + _LINKS + PAGE - 1) & ~(PAGE - 1)
     rest = address + size - start
     return (start, rest & ~(PAGE - 1)) if rest > PAGE - 1 else (0, 0)
+
+
+def trim_settings(mp) -> tuple[int, bool]:
+    """From mp_ (its values, or None when not found): the transparent huge page size the main top is trimmed
+    by (0: pages), and whether the main arena may lower the break (not when huge pages back it)."""
+    thp = (mp.get("thp_pagesize") or 0) if mp else 0
+    return thp, not (mp and mp.get("hp_pagesize"))
 
 
 class TrimSimulation:
@@ -159,26 +166,40 @@ class TrimSimulation:
     def result(self) -> TrimEstimate:
         """The estimate, once the walk has fed every chunk."""
         kept = dict(self.kept)
-        madvise = systrim = 0
-        interiors = []
-        for address, size in self.runs:
-            start, length = _page_interior(address, size)
-            madvise += length
-            if length:
-                interiors.append((start, start + length))
-            kept["sub_page"] += size - length
+        interiors, released = self._interiors(), self._released_top()
+        madvise = sum(end - start for start, end in interiors)
+        kept["sub_page"] += sum(size for _, size in self.runs) - madvise
+        systrim = sum(end - start for start, end in released)
         if self.systrim_allowed:
-            area = self.top_size - MINSIZE - 1
-            unit = self.thp_pagesize or PAGE
-            if area > 0:
-                systrim = area // unit * unit
             kept["main_top"] += self.top_size - systrim
         else:
             kept["main_top" if self.arena.is_main else "thread_top"] += self.top_size
-        top_end = self.top_start + self.top_size
-        released = [(top_end - systrim, top_end)] if systrim else []
         return TrimEstimate(self.arena.address, madvise, self._resident(interiors), systrim,
                             self._resident(released), MappingProxyType(kept))
+
+    def released(self) -> list[tuple[int, int]]:
+        """The [start, end) ranges the trim gives back, once the walk has fed every chunk: the pages madvised
+        inside free chunks, then the end of the main arena's top (in address order within each)."""
+        return self._interiors() + self._released_top()
+
+    def _interiors(self) -> list[tuple[int, int]]:
+        """The whole pages inside the consolidated free runs, which madvise gives back."""
+        out = []
+        for address, size in self.runs:
+            start, length = _page_interior(address, size)
+            if length:
+                out.append((start, start + length))
+        return out
+
+    def _released_top(self) -> list[tuple[int, int]]:
+        """The end of the main arena's top that lowering the break gives back (nothing elsewhere)."""
+        if not self.systrim_allowed:
+            return []
+        area = self.top_size - MINSIZE - 1
+        unit = self.thp_pagesize or PAGE
+        systrim = area // unit * unit if area > 0 else 0
+        top_end = self.top_start + self.top_size
+        return [(top_end - systrim, top_end)] if systrim else []
 
     def _resident(self, ranges: list[tuple[int, int]]) -> int:
         """Resident bytes of the page-aligned RANGES: from the residency when known, else the pages that are

@@ -15,7 +15,8 @@ from rich.text import Text
 from heapwalk.analysis.report import human
 from heapwalk.view import MAP_KINDS, HeapStrip
 
-__all__ = ["columns", "kind_bytes", "text_maps", "svg_maps", "LEGEND", "COLOURS"]
+__all__ = ["columns", "coverage", "marks", "kind_bytes", "chunk_counts", "trim_bytes", "text_maps", "svg_maps",
+           "svg_strip", "LEGEND", "COLOURS", "NAMES", "CHUNK_KINDS", "STRIP_HEIGHT", "BAND_COLOURS"]
 
 #: each kind's character in a plain strip, and its colour (terminal and SVG)
 LEGEND = {"in_use": "#", "tcache": "t", "fast": "f", "unsorted": "u", "small": "s", "large": "l", "top": "T",
@@ -35,6 +36,21 @@ def kind_bytes(strip: HeapStrip) -> dict[str, int]:
     return {MAP_KINDS[i]: int(totals[i]) for i in np.flatnonzero(totals).tolist()}
 
 
+def coverage(starts: np.ndarray, ends: np.ndarray, edges: np.ndarray) -> np.ndarray:
+    """Bytes of the sorted, disjoint runs [STARTS[i], ENDS[i]) inside each column between neighbouring EDGES
+    (int64, one fewer than EDGES)."""
+    starts, ends = np.asarray(starts, dtype=np.int64), np.asarray(ends, dtype=np.int64)
+    at = np.asarray(edges, dtype=np.uint64).astype(np.int64)
+    if not len(starts):
+        return np.zeros(len(at) - 1, dtype=np.int64)
+    lengths = ends - starts
+    before = np.concatenate(([0], np.cumsum(lengths)))
+    i = np.searchsorted(starts, at, side="right") - 1
+    j = np.maximum(i, 0)
+    upto = np.where(i >= 0, before[j] + np.clip(at - starts[j], 0, lengths[j]), 0)
+    return upto[1:] - upto[:-1]
+
+
 def columns(strip: HeapStrip, width: int) -> tuple[np.ndarray, np.ndarray]:
     """STRIP cut into WIDTH columns of (nearly) equal spans: the column edges (WIDTH + 1 addresses) and the
     bytes of each kind in each column (WIDTH x len(MAP_KINDS), int64; each row sums to its span)."""
@@ -44,18 +60,37 @@ def columns(strip: HeapStrip, width: int) -> tuple[np.ndarray, np.ndarray]:
     out = np.zeros((width, len(MAP_KINDS)), dtype=np.int64)
     for k in np.unique(strip.kinds).tolist():
         mask = strip.kinds == k
-        starts, ends = strip.run_starts[mask], strip.run_ends[mask]
-        lengths = (ends - starts).astype(np.int64)
-        before = np.concatenate(([0], np.cumsum(lengths)))
-
-        def upto(x: np.ndarray) -> np.ndarray:
-            i = np.searchsorted(starts, x, side="right") - 1
-            inside = np.clip(x.astype(np.int64) - starts[np.maximum(i, 0)].astype(np.int64), 0,
-                             lengths[np.maximum(i, 0)])
-            return np.where(i >= 0, before[np.maximum(i, 0)] + inside, 0)
-        covered = upto(edges)
-        out[:, k] = covered[1:] - covered[:-1]
+        out[:, k] = coverage(strip.run_starts[mask], strip.run_ends[mask], edges)
     return edges, out
+
+
+def marks(strip: HeapStrip, edges: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+    """Per column between EDGES: the bytes malloc_trim(0) gives back, and the resident bytes (None when the
+    target cannot say)."""
+    trim = _pairs(strip.trimmable)
+    resident = None if strip.resident is None else _pairs(strip.resident)
+    return (coverage(trim[:, 0], trim[:, 1], edges),
+            None if resident is None else coverage(resident[:, 0], resident[:, 1], edges))
+
+
+def _pairs(ranges) -> np.ndarray:
+    return np.zeros((0, 2), dtype=np.uint64) if ranges is None else np.asarray(ranges, dtype=np.uint64).reshape(-1, 2)
+
+
+def trim_bytes(strip: HeapStrip) -> int:
+    """Bytes of STRIP that malloc_trim(0) would give back."""
+    pairs = _pairs(strip.trimmable).astype(np.int64)
+    return int((pairs[:, 1] - pairs[:, 0]).sum())
+
+
+#: the kinds that are chunks, each run of them one chunk
+CHUNK_KINDS = ("in_use", "tcache", "fast", "unsorted", "small", "large", "top", "tcache_struct")
+
+
+def chunk_counts(strip: HeapStrip) -> dict[str, int]:
+    """How many chunks of each kind STRIP holds (kinds with none left out)."""
+    present = np.bincount(strip.kinds, minlength=len(MAP_KINDS))
+    return {name: int(present[MAP_KINDS.index(name)]) for name in CHUNK_KINDS if present[MAP_KINDS.index(name)]}
 
 
 def _characters(counts: np.ndarray, colour: bool) -> tuple[Text, bool]:
@@ -81,20 +116,59 @@ def _characters(counts: np.ndarray, colour: bool) -> tuple[Text, bool]:
 PINNED = "+"
 
 
+#: a plain row under a strip: trim gives back part of the column / most of it
+TRIM_MARKS = ("~", "=")
+#: a plain row under a strip: some of the column resident / most / all
+RESIDENT_MARKS = (".", ":", "|")
+
+
+def _trim_row(trim: np.ndarray, spans: np.ndarray, colour: bool) -> Text:
+    """A character per column: blank where trim gives nothing back, else part or most of the column."""
+    out = Text()
+    for n, span in zip(trim.tolist(), spans.tolist()):
+        mark = " " if not n else TRIM_MARKS[2 * n >= span]
+        out.append(mark, style=_TRIM_COLOUR if colour and n else "")
+    return out
+
+
+def _resident_row(resident: np.ndarray, spans: np.ndarray, colour: bool) -> Text:
+    """A character per column: blank where none of it is resident, else some, most or all of it."""
+    out = Text()
+    for n, span in zip(resident.tolist(), spans.tolist()):
+        mark = " " if not n else RESIDENT_MARKS[2 if n == span else 1 if 2 * n >= span else 0]
+        out.append(mark, style=_RESIDENT_COLOUR if colour and n else "")
+    return out
+
+
 def text_maps(strips: Sequence[HeapStrip], width: int, colour: bool) -> Text:
-    """A line per heap: its label and span, then WIDTH characters (`_characters`), then a legend of the
-    kinds drawn with their bytes."""
+    """A line per heap: its label and span, then WIDTH characters (`_characters`), then under it a row for
+    what trim would give back (when it gives back any) and one for its resident pages (when known); then a
+    legend of the kinds drawn with their bytes."""
     text = Text()
     seen: dict[str, int] = {}
     any_pinned = False
+    any_trim = any(trim_bytes(s) for s in strips)      # every strip gets the rows any strip needs
+    any_resident = any(s.resident is not None for s in strips)
+    trimmed = resident_total = 0
     for strip in strips:
-        _, counts = columns(strip, width)
+        edges, counts = columns(strip, width)
         characters, pinned = _characters(counts, colour)
         any_pinned |= pinned
         text.append(f"{strip.label}  {strip.start:#x}-{strip.end:#x}  {human(strip.end - strip.start)}"
                     + (f" (and {human(strip.beyond)} reserved, never mapped)" if strip.beyond else "") + "\n")
         text.append_text(characters)
         text.append("\n")
+        trim, resident = marks(strip, edges)
+        spans = np.diff(edges.astype(np.int64))
+        if any_trim:
+            trimmed += int(trim.sum())
+            text.append_text(_trim_row(trim, spans, colour))
+            text.append("\n")
+        if any_resident:
+            resident = np.zeros(len(spans), dtype=np.int64) if resident is None else resident
+            resident_total += int(resident.sum())
+            text.append_text(_resident_row(resident, spans, colour))
+            text.append("\n")
         for name, n in kind_bytes(strip).items():
             seen[name] = seen.get(name, 0) + n
     text.append("\n")
@@ -106,9 +180,21 @@ def text_maps(strips: Sequence[HeapStrip], width: int, colour: bool) -> Text:
     if any_pinned:
         text.append(("\u2593" if colour else PINNED) + " mostly free, with chunks in use")
     text.append("\n")
+    rows = []
+    if any_trim:
+        rows.append(f"{' '.join(TRIM_MARKS)} malloc_trim(0) gives back part, most of the column "
+                    f"({human(trimmed)} in all)")
+    if any_resident:
+        rows.append(f"{' '.join(RESIDENT_MARKS)} some, most, all of the column resident "
+                    f"({human(resident_total)} in all)")
+    if rows:
+        text.append("under each strip: " + "; then ".join(rows) + "\n")
     return text
 
 
+_TRIM_COLOUR, _RESIDENT_COLOUR = "#ff7f0e", "#555555"
+#: the bands under a strip: what malloc_trim(0) gives back, resident pages
+BAND_COLOURS = {"trim": _TRIM_COLOUR, "resident": _RESIDENT_COLOUR}
 _ROW, _GAP, _LEFT = 28, 34, 8
 
 
@@ -127,38 +213,104 @@ def _stacks(counts: np.ndarray) -> list[tuple[int, int, list[tuple[int, int]]]]:
     return out
 
 
+def _band(values: np.ndarray, spans: np.ndarray) -> list[tuple[int, int, int, float]]:
+    """The columns with bytes in VALUES as (first column, how many, bytes, share of their span): neighbouring
+    columns that are full, one rectangle."""
+    out: list[tuple[int, int, int, float]] = []
+    for col in np.flatnonzero(values).tolist():
+        n, share = int(values[col]), float(values[col] / spans[col])
+        if out and share == 1.0 and out[-1][3] == 1.0 and out[-1][0] + out[-1][1] == col:
+            first, cols, total, _ = out[-1]
+            out[-1] = (first, cols + 1, total + n, 1.0)
+        else:
+            out.append((col, 1, n, share))
+    return out
+
+
+def _band_rects(values: np.ndarray | None, spans: np.ndarray, y: int, kind: str, fill: str, left: int) -> list[str]:
+    """A thin band of rectangles under a strip, one per `_band` entry, darker where more of a column counts."""
+    if values is None:
+        return []
+    return [f'<rect class="{kind}" x="{left + col}" y="{y}" width="{cols}" height="{_BAND}" fill="{fill}" '
+            f'fill-opacity="{0.3 + 0.7 * share:.2f}" data-bytes="{n}"/>' for col, cols, n, share in _band(values, spans)]
+
+
+def _svg_strip(strip: HeapStrip, width: int, y: int, left: int = _LEFT, label: bool = True) -> str:
+    """One strip's group: its label (when LABEL), a stack of rectangles per column from x = LEFT, and the trim
+    and resident bands."""
+    edges, counts = columns(strip, width)
+    span = strip.end - strip.start
+    chunks = " ".join(f"{k}={n}" for k, n in chunk_counts(strip).items())
+    parts = [f'<g class="heap" data-arena="{strip.arena}" data-label="{escape(strip.label)}" '
+             f'data-start="{strip.start}" data-end="{strip.end}" data-bytes="{span}" data-chunks="{chunks}" '
+             f'data-trim="{trim_bytes(strip)}">']
+    if label:
+        parts.append(f'<text x="{left}" y="{y - 4}" font-size="11">{escape(strip.label)} '
+                     f'{strip.start:#x}-{strip.end:#x} ({human(span)}'
+                     + (f'; and {human(strip.beyond)} reserved, never mapped' if strip.beyond else '') + ')</text>')
+    for col, col_width, stack in _stacks(counts):
+        top = float(y)
+        total = sum(n for _, n in stack)
+        for k, n in stack:
+            height = _ROW * n / total
+            parts.append(f'<rect x="{left + col}" y="{top:.3f}" width="{col_width}" height="{height:.3f}" '
+                         f'fill="{COLOURS[MAP_KINDS[k]]}" data-kind="{MAP_KINDS[k]}" data-bytes="{n}"/>')
+            top += height
+    parts += _damage_marks(counts[:, MAP_KINDS.index("unwalked")], y, left)
+    trim, resident = marks(strip, edges)
+    spans = np.diff(edges.astype(np.int64))
+    parts += _band_rects(trim, spans, y + _ROW + 2, "trim", _TRIM_COLOUR, left)
+    parts += _band_rects(resident, spans, y + _ROW + 3 + _BAND, "resident", _RESIDENT_COLOUR, left)
+    parts.append("</g>")
+    return "\n".join(parts)
+
+
+def _damage_marks(unwalked: np.ndarray, y: int, left: int) -> list[str]:
+    """A mark over each column holding bytes the walk could not pass, however few: the whole column's height
+    and at least three columns wide, so that damage shows at any scale."""
+    return [f'<rect class="damage" x="{left + col - 1}" y="{y}" width="3" height="{_ROW}" '
+            f'fill="{COLOURS["unwalked"]}" data-bytes="{int(unwalked[col])}"/>' for col in np.flatnonzero(unwalked).tolist()]
+
+
+_BAND = 5
+#: a strip's height in an SVG of its own: the strip and its two bands
+STRIP_HEIGHT = _ROW + 3 + 2 * _BAND + 1
+
+
+def svg_strip(strip: HeapStrip, width: int = 1024) -> str:
+    """STRIP as an SVG of its own with no label (a page writes it beside), its group as in `svg_maps`;
+    stretched to any width, its height kept."""
+    return (f'<svg class="strip" xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {STRIP_HEIGHT}" '
+            f'width="{width}" height="{STRIP_HEIGHT}" preserveAspectRatio="none" role="img">'
+            f'<title>{escape(strip.label)}</title>' + _svg_strip(strip, width, 0, 0, False) + "</svg>")
+#: the legend's entries after the kinds: the bands under a strip
+_BANDS = (("trim", _TRIM_COLOUR, "malloc_trim(0) gives back"), ("resident", _RESIDENT_COLOUR, "resident"))
+
+
 def svg_maps(strips: Sequence[HeapStrip], width: int = 1024, title: str = "heap map") -> str:
     """An SVG of STRIPS, one row each, WIDTH columns wide: each column a stack of rectangles (one per kind
-    it holds, heights by share) carrying data-kind and data-bytes; each row a group carrying its strip's
-    address span and bytes; then a legend."""
+    it holds, heights by share) carrying data-kind and data-bytes; under it a band for what malloc_trim(0)
+    gives back and one for the resident pages (when known), class "trim" and "resident", with data-bytes;
+    each row a group carrying its strip's address span, bytes, chunks per kind and trimmable bytes; then a
+    legend of what is drawn."""
     rows = []
     y = 20
     for strip in strips:
-        edges, counts = columns(strip, width)
-        span = strip.end - strip.start
-        parts = [f'<g class="heap" data-arena="{strip.arena}" data-label="{escape(strip.label)}" '
-                 f'data-start="{strip.start}" data-end="{strip.end}" data-bytes="{span}">',
-                 f'<text x="{_LEFT}" y="{y - 4}" font-size="11">{escape(strip.label)} '
-                 f'{strip.start:#x}-{strip.end:#x} ({human(span)}'
-                 + (f'; and {human(strip.beyond)} reserved, never mapped' if strip.beyond else '') + ')</text>']
-        for col, col_width, stack in _stacks(counts):
-            top = float(y)
-            total = sum(n for _, n in stack)
-            for k, n in stack:
-                height = _ROW * n / total
-                parts.append(f'<rect x="{_LEFT + col}" y="{top:.3f}" width="{col_width}" height="{height:.3f}" '
-                             f'fill="{COLOURS[MAP_KINDS[k]]}" data-kind="{MAP_KINDS[k]}" data-bytes="{n}"/>')
-                top += height
-        parts.append("</g>")
-        rows.append("\n".join(parts))
+        rows.append(_svg_strip(strip, width, y))
         y += _ROW + _GAP
+    drawn = {MAP_KINDS[k] for s in strips for k in np.unique(s.kinds).tolist()}
+    entries = [(name, COLOURS[name], NAMES[name]) for name in MAP_KINDS if name in drawn]
+    entries += [band for band in _BANDS if band[0] != "resident" or any(s.resident is not None for s in strips)]
     legend = []
-    x = _LEFT
-    for name in MAP_KINDS:
-        legend.append(f'<rect x="{x}" y="{y - 10}" width="10" height="10" fill="{COLOURS[name]}" stroke="#999" '
-                      f'stroke-width="0.5"/><text x="{x + 14}" y="{y - 1}" font-size="11">{NAMES[name]}</text>')
-        x += 14 + 7 * len(NAMES[name]) + 16
-    full = max(width + 2 * _LEFT, x)
-    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{full}" height="{y + 10}" '
-            f'viewBox="0 0 {full} {y + 10}" font-family="sans-serif">\n<title>{escape(title)}</title>\n'
+    x, line = _LEFT, y
+    for name, fill, words in entries:
+        size = 14 + 7 * len(words) + 16
+        if x + size > width + _LEFT and x > _LEFT:
+            x, line = _LEFT, line + 16
+        legend.append(f'<rect x="{x}" y="{line - 10}" width="10" height="10" fill="{fill}" stroke="#999" '
+                      f'stroke-width="0.5"/><text x="{x + 14}" y="{line - 1}" font-size="11">{escape(words)}</text>')
+        x += size
+    full = width + 2 * _LEFT
+    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{full}" height="{line + 10}" '
+            f'viewBox="0 0 {full} {line + 10}" font-family="sans-serif">\n<title>{escape(title)}</title>\n'
             + "\n".join(rows) + "\n" + "\n".join(legend) + "\n</svg>\n")

@@ -66,6 +66,12 @@ class Residency:
         hi = np.maximum(np.clip(np.asarray(ends, dtype=np.uint64), 0, _TOP).astype(np.int64), lo)
         return int((self._below(hi) - self._below(lo)).sum())
 
+    def within(self, start: int, end: int) -> np.ndarray:
+        """The resident runs clipped to [START, END), in order, as an (n, 2) int64 array of [start, end)."""
+        lo = int(np.searchsorted(self.ends, start, side="right"))
+        hi = int(np.searchsorted(self.starts, end, side="left"))
+        return np.stack((np.maximum(self.starts[lo:hi], start), np.minimum(self.ends[lo:hi], end)), axis=1)
+
     @property
     def total(self) -> int:
         return int(self._below_run[-1])

@@ -1,0 +1,74 @@
+"""The parts of the report page (`htmlreport`) a jemalloc process fills from its own document
+(`jedoc.jemalloc_report_document`): the header with jemalloc's version and the options that decide what it
+keeps, what decay would give back arena by arena, and the threads with their arenas and caches."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from heapwalk.analysis.report import human
+from heapwalk.output.charts import stacked_chart
+from heapwalk.output.htmlpage import e, section, table
+
+__all__ = ["jemalloc_facts", "decay_section", "jemalloc_threads", "JE_COLOURS", "JE_NAMES"]
+
+PAGE = 4096
+#: jemalloc's kinds of free memory on the page's charts (the glibc kinds keep theirs)
+JE_COLOURS = {"slabs": "#9467bd", "dirty": "#ff9896", "muzzy": "#c5b0d5", "retained": "#e7e7e7"}
+JE_NAMES = {"slabs": "free regions in slabs", "dirty": "dirty pages", "muzzy": "muzzy pages",
+            "retained": "retained (not resident)"}
+#: the options the header shows: those that decide what jemalloc keeps and gives back
+_OPTIONS = ("narenas", "dirty_decay_ms", "muzzy_decay_ms", "background_thread", "retain", "tcache", "tcache_max",
+            "percpu_arena", "thp", "metadata_thp", "oversize_threshold")
+_STATES = {0: "nominal", 1: "nominal (slow)", 2: "nominal (recompute)", 3: "minimal", 4: "purgatory",
+           5: "reincarnated", 6: "never initialised"}
+
+
+def jemalloc_facts(doc: dict[str, Any]) -> list[tuple[str, str]]:
+    """The header's rows of a jemalloc document: its version and how it was found, its layout, its options."""
+    je = doc.get("jemalloc") or {}
+    found = (doc.get("discovery") or {}).get("jemalloc_version") or {}
+    how = f' <span class="muted">({e(found["found_by"])})</span>' if found.get("found_by") else ""
+    opt = je.get("opt") or {}
+    options = ", ".join(f"{name}:{_option(opt[name])}" for name in _OPTIONS if name in opt)
+    return [("jemalloc", f"{e(je.get('version') or '?')}{how}"),
+            ("decoded as", f"layout <code>{e(je.get('layout') or '?')}</code>"),
+            ("options", f"<code>{e(options) or 'not read'}</code>")]
+
+
+def _option(value) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def decay_section(doc: dict[str, Any]) -> str:
+    """What decay would give back: each arena's dirty and muzzy pages (resident until purged), what it
+    retains (mapped, not resident), its decay times and how often it has purged."""
+    arenas = (doc.get("jemalloc") or {}).get("arenas") or []
+    if not arenas:
+        return ""
+    chart = stacked_chart([(f"arena {a['index']}", [("dirty", a["pdirty"] * PAGE), ("muzzy", a["pmuzzy"] * PAGE)])
+                           for a in arenas], JE_COLOURS, JE_NAMES, "dirty and muzzy pages by arena")
+    rows = [(str(a["index"]), str(a["nthreads"]), human(a["pactive"] * PAGE), human(a["pdirty"] * PAGE),
+             human(a["pmuzzy"] * PAGE), human(a["retained"]), str(a["dirty_decay_ms"]), str(a["muzzy_decay_ms"]),
+             str(a["dirty_npurge"]), human(a["dirty_purged"] * PAGE)) for a in arenas]
+    dirty = sum(a["pdirty"] for a in arenas) * PAGE
+    muzzy = sum(a["pmuzzy"] for a in arenas) * PAGE
+    words = (f"<p>Dirty pages ({human(dirty)}) are freed memory still resident; decay purges them over "
+             f"dirty_decay_ms, then muzzy pages ({human(muzzy)}) over muzzy_decay_ms. Retained memory is mapped "
+             "but not resident.</p>")
+    return section("decay", "What decay would give back", words, chart,
+                   table(["arena", "threads", "active", "dirty", "muzzy", "retained", "dirty_decay_ms",
+                          "muzzy_decay_ms", "purges", "purged"], rows))
+
+
+def jemalloc_threads(doc: dict[str, Any]) -> str:
+    """Every thread: its arena, its state, what it allocated and freed, and what its cache holds."""
+    threads = (doc.get("jemalloc") or {}).get("threads") or []
+    if not threads:
+        return ""
+    rows = [(str(t["number"]), str(t.get("lwp") or "-"), "-" if t.get("arena") is None else str(t["arena"]),
+             e("unknown" if t.get("state") is None else _STATES.get(t["state"], str(t["state"]))),
+             human(t.get("allocated") or 0), human(t.get("deallocated") or 0),
+             human((t.get("tcache") or {}).get("bytes") or 0)) for t in threads]
+    return section("threads", "Threads and their arenas",
+                   table(["thread", "LWP", "arena", "state", "allocated", "freed", "thread cache"], rows, (0, 3)))

@@ -1,0 +1,128 @@
+"""Heap maps as a PNG ('heapwalk map --png FILE'), for a ticket or a chat where an SVG will not show: the
+strips of `heapmaps.svg_maps` painted pixel by pixel (each column a stack of its kinds' colours, damage marked
+over its column, the trim and resident bands under each strip) with their labels and a legend, in pure Python
+and numpy: a tiny built-in font of capitals, digits and signs, and the PNG written with zlib."""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from collections.abc import Sequence
+
+import numpy as np
+
+from heapwalk.analysis.report import human
+from heapwalk.output.heapmaps import BAND_COLOURS, COLOURS, NAMES, columns, marks
+from heapwalk.view import MAP_KINDS, HeapStrip
+
+__all__ = ["png_maps", "png_bytes"]
+
+#: 3 x 5 glyphs, a string of five rows each ('#' on); letters are drawn as capitals, but for the x of 0x
+_GLYPHS = {
+    "0": "###/#.#/#.#/#.#/###", "1": ".#./##./.#./.#./###", "2": "###/..#/###/#../###", "3": "###/..#/.##/..#/###",
+    "4": "#.#/#.#/###/..#/..#", "5": "###/#../###/..#/###", "6": "###/#../###/#.#/###", "7": "###/..#/.#./.#./.#.",
+    "8": "###/#.#/###/#.#/###", "9": "###/#.#/###/..#/###",
+    "A": ".#./#.#/###/#.#/#.#", "B": "##./#.#/##./#.#/##.", "C": ".##/#../#../#../.##", "D": "##./#.#/#.#/#.#/##.",
+    "E": "###/#../##./#../###", "F": "###/#../##./#../#..", "G": ".##/#../#.#/#.#/.##", "H": "#.#/#.#/###/#.#/#.#",
+    "I": "###/.#./.#./.#./###", "J": "..#/..#/..#/#.#/.#.", "K": "#.#/#.#/##./#.#/#.#", "L": "#../#../#../#../###",
+    "M": "#.#/###/###/#.#/#.#", "N": "##./#.#/#.#/#.#/#.#", "O": ".#./#.#/#.#/#.#/.#.", "P": "##./#.#/##./#../#..",
+    "Q": ".#./#.#/#.#/##./.##", "R": "##./#.#/##./#.#/#.#", "S": ".##/#../.#./..#/##.", "T": "###/.#./.#./.#./.#.",
+    "U": "#.#/#.#/#.#/#.#/###", "V": "#.#/#.#/#.#/#.#/.#.", "W": "#.#/#.#/###/###/#.#", "X": "#.#/#.#/.#./#.#/#.#",
+    "Y": "#.#/#.#/.#./.#./.#.", "Z": "###/..#/.#./#../###",
+    " ": ".../.../.../.../...", "-": ".../.../###/.../...", ".": ".../.../.../.../.#.", ",": ".../.../.../.#./#..",
+    ":": ".../.#./.../.#./...", "(": ".#./#../#../#../.#.", ")": ".#./..#/..#/..#/.#.", "/": "..#/..#/.#./#../#..",
+    "_": ".../.../.../.../###", "+": ".../.#./###/.#./...", "=": ".../###/.../###/...", "?": "###/..#/.#./.../.#.",
+    "x": ".../.../#.#/.#./#.#", "'": ".#./.#./.../.../...", ";": ".../.#./.../.#./#..", "%": "#.#/..#/.#./#../#.#",
+}
+_FONT = {ch: np.array([[c == "#" for c in row] for row in rows.split("/")], dtype=bool)
+         for ch, rows in _GLYPHS.items()}
+_SCALE, _LEFT, _ROW, _BAND = 2, 8, 28, 5
+_TEXT = 5 * _SCALE                      # a line of text's height
+_STRIP = _TEXT + 6 + _ROW + 2 + 2 * _BAND + 1 + 12   # label, strip, bands, gap
+
+
+def _rgb(colour: str) -> np.ndarray:
+    return np.array([int(colour[i:i + 2], 16) for i in (1, 3, 5)], dtype=np.uint8)
+
+
+def _text(img: np.ndarray, x: int, y: int, text: str, colour: str = "#222222") -> int:
+    """Writes TEXT at (X, Y) (its top left) in the built-in font; returns the x after it."""
+    ink = _rgb(colour)
+    for ch in text:
+        ch = ch if ch in _FONT else ch.upper()
+        glyph = np.repeat(np.repeat(_FONT.get(ch, _FONT["?"]), _SCALE, 0), _SCALE, 1)
+        h, w = glyph.shape
+        if x + w > img.shape[1]:
+            break
+        img[y:y + h, x:x + w][glyph] = ink
+        x += w + _SCALE
+    return x
+
+
+def _paint_strip(img: np.ndarray, strip: HeapStrip, width: int, y: int) -> None:
+    """One strip's label, its columns (each a stack of its kinds, top down in MAP_KINDS order), damage marks
+    and bands, from row Y."""
+    label = f"{strip.label}  {strip.start:#x}-{strip.end:#x}  {human(strip.end - strip.start)}"
+    _text(img, _LEFT, y, label + (f" (and {human(strip.beyond)} reserved)" if strip.beyond else ""))
+    top = y + _TEXT + 6
+    edges, counts = columns(strip, width)
+    palette = np.array([_rgb(COLOURS[k]) for k in MAP_KINDS])
+    cuts = np.rint(np.cumsum(counts, axis=1) * _ROW / np.maximum(counts.sum(axis=1, keepdims=True), 1)).astype(int)
+    for col in range(len(counts)):
+        lo = 0
+        x = _LEFT + col * width // len(counts)
+        x_end = _LEFT + (col + 1) * width // len(counts)
+        for k in np.flatnonzero(counts[col]).tolist():
+            hi = cuts[col, k]
+            img[top + lo:top + hi, x:x_end] = palette[k]
+            lo = hi
+        if counts[col, MAP_KINDS.index("unwalked")]:
+            img[top:top + _ROW, max(_LEFT, x - 1):x_end + 1] = palette[MAP_KINDS.index("unwalked")]
+    trim, resident = marks(strip, edges)
+    spans = np.diff(edges.astype(np.int64))
+    for row, values, colour in ((top + _ROW + 2, trim, BAND_COLOURS["trim"]),
+                                (top + _ROW + 3 + _BAND, resident, BAND_COLOURS["resident"])):
+        if values is None:
+            continue
+        ink = _rgb(colour).astype(float)
+        for col in np.flatnonzero(values).tolist():
+            share = 0.3 + 0.7 * values[col] / spans[col]
+            x = _LEFT + col * width // len(counts)
+            x_end = max(x + 1, _LEFT + (col + 1) * width // len(counts))
+            img[row:row + _BAND, x:x_end] = (255 - share * (255 - ink)).astype(np.uint8)
+
+
+def _legend(img: np.ndarray, y: int, kinds: list[str], width: int) -> None:
+    x = _LEFT
+    for name, colour in kinds:
+        size = 14 + (len(name) * 4 * _SCALE) + 14
+        if x + size > width + _LEFT:
+            x, y = _LEFT, y + _TEXT + 8
+        img[y:y + _TEXT, x:x + _TEXT] = _rgb(colour)
+        x = _text(img, x + _TEXT + 4, y, name) + 14
+
+
+def png_maps(strips: Sequence[HeapStrip], width: int = 1024) -> bytes:
+    """A PNG of STRIPS, WIDTH columns each (one pixel a column), labelled, with a legend of what is drawn."""
+    drawn = [k for k in MAP_KINDS if any(k == MAP_KINDS[i] for s in strips for i in np.unique(s.kinds).tolist())]
+    entries = [(NAMES[k], COLOURS[k]) for k in drawn] + [("malloc_trim(0) gives back", BAND_COLOURS["trim"])]
+    if any(s.resident is not None for s in strips):
+        entries.append(("resident", BAND_COLOURS["resident"]))
+    rows_of_legend = 1 + sum(14 + len(n) * 4 * _SCALE + 14 for n, _ in entries) // max(width, 1)
+    height = 8 + len(strips) * _STRIP + rows_of_legend * (_TEXT + 8) + 8
+    img = np.full((height, width + 2 * _LEFT, 3), 255, dtype=np.uint8)
+    for i, strip in enumerate(strips):
+        _paint_strip(img, strip, width, 8 + i * _STRIP)
+    _legend(img, 8 + len(strips) * _STRIP, entries, width)
+    return png_bytes(img)
+
+
+def png_bytes(img: np.ndarray) -> bytes:
+    """An RGB image (height x width x 3, uint8) as the bytes of a PNG file."""
+    height, width, _ = img.shape
+    raw = np.concatenate((np.zeros((height, 1), dtype=np.uint8), img.reshape(height, width * 3)), axis=1)
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
+            + chunk(b"IDAT", zlib.compress(raw.tobytes(), 6)) + chunk(b"IEND", b""))
