@@ -85,6 +85,8 @@ def test_the_png_paints_each_kind_in_its_colour():
     assert width == 256 + 16 and height > 2 * 60
     assert {COLOURS[k] for k in kind_bytes(STRIP)} <= colours and BAND_COLOURS["trim"] in colours
     assert COLOURS["unwalked"] not in colours and COLOURS["reserved"] not in colours     # no damage, no reservation
+    for narrow in (1, 16, 100):        # labels and legend wrapped or cut at the picture's edges
+        assert _colours(png_maps([STRIP, trimmed], narrow))[0] == narrow + 16
 
 
 CASES = [pytest.param(g, n, id=f"{g}-{n}") for g in GLIBCS for n in REPRODUCERS]

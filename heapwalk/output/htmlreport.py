@@ -93,11 +93,11 @@ def _verdict(r: dict[str, Any], jemalloc: bool = False) -> str:
     t = r["totals"]
     if jemalloc:
         figures = [("jemalloc's arenas hold", human(t["system"])), ("in use", human(t["in_use"])),
-                   ("free", human(t["free"])), ("decay gives back", human(r.get("trim_total") or 0))]
+                   ("free", human(t["free"])), ("decay gives back", human(t["trim"]))]
     else:
         figures = [("malloc's arenas hold", human(t["system"])), ("in use", human(t["in_use"])),
                    ("free in chunks", human(t["free"])), ("top chunks", human(t["top"])),
-                   ("malloc_trim(0) gives back", human(r.get("trim_total") or 0))]
+                   ("malloc_trim(0) gives back" + (" (RSS)" if r.get("residency") else ""), human(t["trim"]))]
     if t.get("rss") is not None and r.get("residency"):
         figures.insert(1, ("resident (RSS)", human(t["rss"])))
     leaks = r.get("leaks")

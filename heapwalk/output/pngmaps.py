@@ -52,7 +52,7 @@ def _text(img: np.ndarray, x: int, y: int, text: str, colour: str = "#222222") -
         ch = ch if ch in _FONT else ch.upper()
         glyph = np.repeat(np.repeat(_FONT.get(ch, _FONT["?"]), _SCALE, 0), _SCALE, 1)
         h, w = glyph.shape
-        if x + w > img.shape[1]:
+        if x + w > img.shape[1] or y + h > img.shape[0]:
             break
         img[y:y + h, x:x + w][glyph] = ink
         x += w + _SCALE
@@ -92,14 +92,27 @@ def _paint_strip(img: np.ndarray, strip: HeapStrip, width: int, y: int) -> None:
             img[row:row + _BAND, x:x_end] = (255 - share * (255 - ink)).astype(np.uint8)
 
 
-def _legend(img: np.ndarray, y: int, kinds: list[str], width: int) -> None:
-    x = _LEFT
-    for name, colour in kinds:
-        size = 14 + (len(name) * 4 * _SCALE) + 14
-        if x + size > width + _LEFT:
-            x, y = _LEFT, y + _TEXT + 8
-        img[y:y + _TEXT, x:x + _TEXT] = _rgb(colour)
-        x = _text(img, x + _TEXT + 4, y, name) + 14
+def _text_width(text: str) -> int:
+    return len(text) * 4 * _SCALE
+
+
+def _legend_places(entries: list[tuple[str, str]], width: int) -> list[tuple[int, int]]:
+    """Where each legend entry starts, (x, line), wrapped at WIDTH."""
+    places, x, line = [], _LEFT, 0
+    for name, _ in entries:
+        size = _TEXT + 4 + _text_width(name) + 14
+        if x + size > width + _LEFT and x > _LEFT:
+            x, line = _LEFT, line + 1
+        places.append((x, line))
+        x += size
+    return places
+
+
+def _legend(img: np.ndarray, y: int, entries: list[tuple[str, str]], places: list[tuple[int, int]]) -> None:
+    for (name, colour), (x, line) in zip(entries, places):
+        top = y + line * (_TEXT + 8)
+        img[top:top + _TEXT, x:x + _TEXT] = _rgb(colour)
+        _text(img, x + _TEXT + 4, top, name)
 
 
 def png_maps(strips: Sequence[HeapStrip], width: int = 1024) -> bytes:
@@ -108,12 +121,12 @@ def png_maps(strips: Sequence[HeapStrip], width: int = 1024) -> bytes:
     entries = [(NAMES[k], COLOURS[k]) for k in drawn] + [("malloc_trim(0) gives back", BAND_COLOURS["trim"])]
     if any(s.resident is not None for s in strips):
         entries.append(("resident", BAND_COLOURS["resident"]))
-    rows_of_legend = 1 + sum(14 + len(n) * 4 * _SCALE + 14 for n, _ in entries) // max(width, 1)
-    height = 8 + len(strips) * _STRIP + rows_of_legend * (_TEXT + 8) + 8
+    places = _legend_places(entries, width)
+    height = 8 + len(strips) * _STRIP + (1 + places[-1][1]) * (_TEXT + 8) + 8
     img = np.full((height, width + 2 * _LEFT, 3), 255, dtype=np.uint8)
     for i, strip in enumerate(strips):
         _paint_strip(img, strip, width, 8 + i * _STRIP)
-    _legend(img, 8 + len(strips) * _STRIP, entries, width)
+    _legend(img, 8 + len(strips) * _STRIP, entries, places)
     return png_bytes(img)
 
 
