@@ -37,10 +37,14 @@ from heapwalk.jemalloc import check as je_check
 from heapwalk.jemalloc.decay import decay_findings
 from heapwalk.jemalloc.decode import collect_jemalloc
 from heapwalk.jemalloc.discovery import JemallocNotFound, discover_jemalloc, find_library
+from heapwalk.jemalloc.heapmap import extent_strips
 from heapwalk.jemalloc.summary import heap_view
 from heapwalk.jemalloc.tcache import _array_spans, bin_counts
 from heapwalk.output import jedoc, tables
+from heapwalk.output.heapmaps import svg_maps, text_maps
+from heapwalk.output.htmlreport import report_html
 from heapwalk.output.jsondoc import report_json
+from heapwalk.output.pngmaps import png_maps
 from heapwalk.target.elf import LibcImage
 from heapwalk.target.gdbadapter import gdb_memory, memory_map, thread_registers
 
@@ -65,7 +69,7 @@ class Recording:
 
 def exercise(mem, maps, threads):
     """Everything the commands do on MEM: (the state or None when refused, the check's findings, the report's
-    JSON, 'ok' or 'refused: <the one line>')."""
+    JSON, 'ok' or 'refused: <the one line>'); the maps of its extents and the report's page drawn too."""
     try:
         disc = discover_jemalloc(mem, maps)
     except JemallocNotFound as exc:
@@ -81,8 +85,15 @@ def exercise(mem, maps, threads):
                  jedoc.jemalloc_check_text(findings, je_check.scope(state), 50)):
         if part is not None:
             console.print(part)
-    json.dumps(jedoc.jemalloc_report_document(state, rep))
+    document = jedoc.jemalloc_report_document(state, rep)
+    json.dumps(document)
     json.dumps(jedoc.jemalloc_check_document(state, findings, je_check.scope(state)))
+    if state.extents is not None:
+        strips = extent_strips(state.extents)
+        console.print(text_maps(strips, 80, False))
+        svg_maps(strips, 256)
+        png_maps(strips, 128)
+        report_html(document, strips)
     errors = [f for f in findings if f.severity is Severity.ERROR]
     return state, findings, report_json(rep), "ok" if not errors else f"ok, {len(errors)} errors"
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from browser import chunks_per_arena, heap_groups, png_pixels
-from conftest import GLIBCS, capture, glibc, run_gdb
+from conftest import GLIBCS, JEMALLOCS, NO_SYMBOLS, capture, capture_jemalloc, glibc, run_gdb
 from harness import REPRODUCERS
 
 from heapwalk.output.heapmaps import BAND_COLOURS, COLOURS, PINNED, columns, kind_bytes, svg_maps, text_maps
@@ -87,6 +87,7 @@ def test_the_png_paints_each_kind_in_its_colour():
     assert COLOURS["unwalked"] not in colours and COLOURS["reserved"] not in colours     # no damage, no reservation
     for narrow in (1, 16, 100):        # labels and legend wrapped or cut at the picture's edges
         assert _colours(png_maps([STRIP, trimmed], narrow))[0] == narrow + 16
+    assert _colours(png_maps([], 64))[:2] == (80, 16)       # nothing to draw: a blank picture, not an error
 
 
 CASES = [pytest.param(g, n, id=f"{g}-{n}") for g in GLIBCS for n in REPRODUCERS]
@@ -193,3 +194,70 @@ def test_the_report_page_stands_alone_and_says_what_the_json_says(mapped, g, nam
         want = {k: n for k, n in arena["accounting"]["chunks"].items() if n and k != "fencepost"}
         assert got[arena["number"]] == want, arena["number"]
     assert f"the report as a page: {page}" in out
+
+
+@pytest.fixture(scope="module")
+def je_mapped(tmp_path_factory):
+    """je_mapped(suite, name) -> (the SVG's root, gdb's stdout) of 'heapwalk map --svg' on a jemalloc
+    reproducer's core, symbols hidden."""
+    tmp = tmp_path_factory.mktemp("je-maps")
+
+    @functools.cache
+    def compute(suite: str, name: str):
+        cap = capture_jemalloc(suite, name)
+        svg = tmp / f"{suite}-{name}.svg"
+        result = run_gdb([str(cap.exe), str(cap.core)], [f"heapwalk map --svg {svg} --png {svg.with_suffix('.png')}"],
+                         iex=[NO_SYMBOLS])
+        assert result.returncode == 0 and svg.exists(), result.stdout + result.stderr
+        return ET.parse(svg).getroot(), result.stdout
+    return compute
+
+
+def _kinds_per_arena(root, prefix: str) -> dict[int, dict[str, int]]:
+    """Arena number -> bytes per kind of the strips whose label starts with PREFIX."""
+    out: dict[int, dict[str, int]] = {}
+    for group in root.findall("{http://www.w3.org/2000/svg}g"):
+        if not group.get("data-label").startswith(prefix):
+            continue
+        rects = [r for r in group.findall("{http://www.w3.org/2000/svg}rect") if r.get("data-kind")]
+        assert sum(int(r.get("data-bytes")) for r in rects) == int(group.get("data-bytes"))
+        arena = out.setdefault(int(group.get("data-arena")), {})
+        for r in rects:
+            arena[r.get("data-kind")] = arena.get(r.get("data-kind"), 0) + int(r.get("data-bytes"))
+    return out
+
+
+@pytest.mark.cores
+@pytest.mark.parametrize("suite", JEMALLOCS)
+def test_the_maps_of_jemalloc_hold_what_malloc_stats_print_counts(je_mapped, suite):
+    """je_dns's extents, from the radix tree with symbols hidden: per arena, the bytes the map draws in use
+    are the small and large allocations malloc_stats_print printed; in use, free regions in slabs and the
+    padding pages of large ones are its active pages; dirty, muzzy and retained are its counters, to the
+    page (the arena the reproducer printed from is left out: printing changed it)."""
+    root, out = je_mapped(suite, "je_dns")
+    directory = capture_jemalloc(suite, "je_dns").directory
+    stats = json.loads((directory / "stats.json").read_text())["jemalloc"]["stats.arenas"]
+    ledger = json.loads((directory / "ledger.json").read_text())
+    drawn = _kinds_per_arena(root, "jemalloc arena ")
+    compared = 0
+    for index, printed in stats.items():
+        if not index.isdigit() or int(index) == ledger["stats_arena"]:
+            continue
+        got = drawn.get(int(index), {})
+        assert got.get("in_use", 0) == printed["small"]["allocated"] + printed["large"]["allocated"], index
+        assert got.get("in_use", 0) + got.get("slab_free", 0) + got.get("overhead", 0) == printed["pactive"] * 4096
+        assert (got.get("dirty", 0), got.get("muzzy", 0)) == (printed["pdirty"] * 4096, printed["pmuzzy"] * 4096)
+        assert got.get("retained", 0) == printed["retained"], index
+        assert "unwalked" not in got
+        compared += 1
+    assert compared >= 7 and "jemalloc arena 1 extents 1" in out
+
+
+@pytest.mark.cores
+@pytest.mark.parametrize("suite", JEMALLOCS)
+def test_a_process_with_both_allocators_has_both_maps(je_mapped, suite):
+    """je_both: glibc's heaps, then jemalloc's extents, each strip's rectangles adding up to its bytes."""
+    root, out = je_mapped(suite, "je_both")
+    glibc_part, jemalloc_part = _kinds_per_arena(root, "main arena"), _kinds_per_arena(root, "jemalloc arena ")
+    assert glibc_part and jemalloc_part and "main arena  0x" in out and "jemalloc arena 0 extents 1" in out
+    assert sum(n for arena in jemalloc_part.values() for k, n in arena.items() if k == "in_use") > 0

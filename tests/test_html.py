@@ -136,6 +136,13 @@ def test_a_jemalloc_page_has_its_arenas_decay_and_threads(browser, pages, suite)
                              ".reduce((n, r) => n + Number(r.dataset.bytes), 0)")
     assert dirty == sum(a["pdirty"] for a in doc["jemalloc"]["arenas"]) * 4096
     assert browser.evaluate("document.querySelectorAll('#threads tbody tr').length") == len(doc["jemalloc"]["threads"])
+    # the maps of its extents: each arena's dirty pages, as its counters have them
+    mapped = browser.evaluate("""(() => { const out = {};
+      for (const g of document.querySelectorAll('#maps g.heap'))
+        for (const r of g.querySelectorAll('rect[data-kind=dirty]'))
+          out[g.dataset.arena] = (out[g.dataset.arena] || 0) + Number(r.dataset.bytes);
+      return out; })()""")
+    assert mapped == {str(a["index"]): a["pdirty"] * 4096 for a in doc["jemalloc"]["arenas"] if a["pdirty"]}
     browser.resize(380)
     assert browser.evaluate("document.documentElement.scrollWidth") <= 380
 
@@ -153,5 +160,6 @@ def test_a_process_with_both_allocators_gets_both_on_its_page(browser, pages, su
         doc["glibc_malloc"]["report"]["arenas"])
     assert browser.evaluate("document.querySelectorAll('#jemalloc-arenas tbody tr').length") == len(
         doc["report"]["arenas"])
-    assert browser.evaluate("document.querySelectorAll('figure.heap').length") >= 1
+    assert browser.evaluate("document.querySelectorAll('#maps figure.heap').length") >= 2
+    assert browser.evaluate("document.querySelectorAll('#jemalloc-maps figure.heap').length") >= 1
     assert "This process allocates with both" in browser.evaluate("document.body.textContent")

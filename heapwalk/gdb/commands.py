@@ -282,12 +282,12 @@ class ReportCommand(Subcommand):
             glibc_doc = jsondoc.report_document(state, rep, notes) if args.json or args.html else None
             if args.html:
                 write_report_html(args.html, found.glibc, glibc_doc, console, je_doc,
-                                  both_text(je_rep, rep) if je_rep is not None else "")
+                                  both_text(je_rep, rep) if je_rep is not None else "", found.jemalloc)
             if args.xml:
                 with open(args.xml, "w", encoding="utf-8") as fh:
                     fh.write(mallocinfo.malloc_info_xml(state))
         if args.html and not found.glibc:
-            write_report_html(args.html, None, je_doc, gdb_console())
+            write_report_html(args.html, None, je_doc, gdb_console(), jemalloc=found.jemalloc)
         write_json(args.json, je_doc, glibc_doc)
 
 

@@ -5,10 +5,11 @@ holds each byte (`glibc.heapmap` cuts the heaps into runs, `output.heapmaps` dra
 from __future__ import annotations
 
 
-from heapwalk.gdb.console import console_with_header, interactive
+from heapwalk.gdb.console import console_with_header, gdb_console, interactive
 from heapwalk.gdb.session import UserError, load_allocators
 from heapwalk.gdb.subcommand import Parser, Subcommand
 from heapwalk.glibc.heapmap import heap_strips
+from heapwalk.jemalloc.heapmap import extent_strips
 from heapwalk.output.heapmaps import svg_maps, text_maps
 from heapwalk.output.htmlpage import made_by
 from heapwalk.output.htmlreport import report_html
@@ -29,8 +30,10 @@ class MapCommand(Subcommand):
         p = Parser(prog="heapwalk map", description="Each heap of each arena as a strip, address left to right, "
                    "each column shown by what holds most of its bytes: in use, tcache, fastbin, unsorted, small, "
                    "large, top, the tcache struct, headers, a thread heap's mapped but unused tail (and with "
-                   "--reserved its reservation never mapped). A column mostly free that holds chunks in use too is marked: "
-                   "those chunks pin the free memory around them.")
+                   "--reserved its reservation never mapped); under each strip what malloc_trim(0) would give back "
+                   "and, where the target says, the resident pages. A column mostly free that holds chunks in use "
+                   "too is marked: those chunks pin the free memory around them. For jemalloc, each arena's "
+                   "extents: in use, free regions in slabs, dirty, muzzy and retained pages.")
         p.add_argument("--width", metavar="N", type=int, default=0,
                        help=f"columns per strip (default: the terminal's width, {TEXT_WIDTH} in a log)")
         p.add_argument("--reserved", action="store_true", help="draw each thread heap's whole reservation "
@@ -45,18 +48,35 @@ class MapCommand(Subcommand):
         if args.width < 0:
             raise UserError("heapwalk map: --width must be positive")
         found = load_allocators(walk_chunks=True)   # walked: a non-contiguous main arena's pieces are found
-        if not found.glibc:
-            raise UserError("heapwalk map: only glibc's heaps are drawn so far; this process allocates with "
-                            "jemalloc")
-        state, mem, layout = found.glibc
-        strips = heap_strips(mem, layout, state, args.reserved)
-        console = console_with_header(state)
+        je = found.jemalloc
+        strips = jemalloc_strips(je) if je is not None and (je.extents is not None or not found.glibc) else []
+        if found.glibc:
+            state, mem, layout = found.glibc
+            strips = heap_strips(mem, layout, state, args.reserved) + strips
+            console = console_with_header(state)
+            if je is not None and je.extents is None:
+                console.print("jemalloc's extents are not drawn: its radix tree of extents was not found")
+        else:
+            console = gdb_console()
+            console.print(f"{found.jemalloc.target}\njemalloc {found.jemalloc.version}" if found.jemalloc.target
+                          else f"jemalloc {found.jemalloc.version}")
         width = args.width or (max(20, console.width - 2) if interactive() else TEXT_WIDTH)
         console.print(text_maps(strips, width, interactive()), end="")
+        title = f"heap map: {(found.jemalloc or found.glibc[0]).target}"
         if args.svg:
-            _write(args.svg, svg_maps(strips, SVG_WIDTH, f"heap map: {state.target}").encode())
+            _write(args.svg, svg_maps(strips, SVG_WIDTH, title).encode())
         if args.png:
             _write(args.png, png_maps(strips, SVG_WIDTH))
+
+
+def jemalloc_strips(state) -> list:
+    """The strips of jemalloc's extents (none without jemalloc); UserError when its radix tree was not found."""
+    if state is None:
+        return []
+    if state.extents is None:
+        raise UserError("heapwalk map: jemalloc's radix tree of extents was not found, so its extents cannot be "
+                        "drawn (its statistics are in 'heapwalk report')")
+    return extent_strips(state.extents, state.residency)
 
 
 def _write(path: str, data: bytes, command: str = "heapwalk map") -> None:
@@ -68,11 +88,16 @@ def _write(path: str, data: bytes, command: str = "heapwalk map") -> None:
         raise UserError(f"{command}: cannot write {path}: {exc.strerror}") from None
 
 
-def write_report_html(path: str, glibc, doc: dict, console, beside: dict | None = None, both: str = "") -> None:
+def write_report_html(path: str, glibc, doc: dict, console, beside: dict | None = None, both: str = "",
+                      jemalloc=None) -> None:
     """Writes to PATH the report page of the report document DOC, with the heap maps of GLIBC (state, memory,
-    layout; None for jemalloc's) and, for a process with both allocators, jemalloc's document BESIDE with the
-    sentence BOTH; and says where on CONSOLE."""
+    layout; None for jemalloc's) and JEMALLOC's extents (its state, or None) and, for a process with both
+    allocators, jemalloc's document BESIDE with the sentence BOTH; and says where on CONSOLE."""
     strips = heap_strips(glibc[1], glibc[2], glibc[0]) if glibc else []
-    page = report_html(doc, strips, made_by("heapwalk report --html", doc.get("target") or ""), beside, both)
+    je_strips = jemalloc_strips(jemalloc) if jemalloc is not None and jemalloc.extents is not None else []
+    if glibc is None:
+        strips, je_strips = je_strips, []
+    page = report_html(doc, strips, made_by("heapwalk report --html", doc.get("target") or ""), beside, both,
+                       je_strips)
     _write(path, page.encode(), "heapwalk report")
     console.print(f"\nthe report as a page: {path}")

@@ -3,11 +3,15 @@ hold a region twice or of the wrong size class, lists that loop), and the counte
 other in every arena: the free extents of each page size class add up to the container's page count (dirty,
 muzzy, retained); each bin's regions in use are its allocations less its frees and fit in its slabs; no large
 class has freed more than it allocated; the active pages hold exactly the slabs and the large allocations
-(each with one page more when cache_oblivious is on)."""
+(each with one page more when cache_oblivious is on); and the extents the radix tree maps hold, arena by arena,
+what the counters say: the active, dirty, muzzy and retained bytes, and in the active ones the regions and
+large allocations in use."""
 
 from __future__ import annotations
 
 from heapwalk.findings import Finding, Kind, Severity
+from heapwalk.jemalloc.extents import ACTIVE, DIRTY, MUZZY, RETAINED
+from heapwalk.jemalloc.heapmap import held_bytes
 from heapwalk.jemalloc.layout import PAGE
 from heapwalk.jemalloc.model import JeArena, JeState
 
@@ -18,7 +22,7 @@ def check_jemalloc(state: JeState) -> tuple[Finding, ...]:
     """Every violation found in STATE, errors first, then by address."""
     findings = list(state.all_findings())
     for a in state.arenas:
-        findings += _extents(a) + _bins(a) + _active(a)
+        findings += _extents(a) + _bins(a) + _active(a) + _walked(state, a)
     return tuple(sorted(findings, key=lambda f: (f.severity is not Severity.ERROR,
                                                  f.severity is not Severity.WARNING, f.address)))
 
@@ -26,6 +30,7 @@ def check_jemalloc(state: JeState) -> tuple[Finding, ...]:
 def scope(state: JeState) -> dict[str, int]:
     """What the check looked at."""
     return {"arenas": len(state.arenas), "bins": sum(1 for a in state.arenas for b in a.bins if b.nmalloc),
+            "extents": 0 if state.extents is None else len(state.extents),
             "tcaches": sum(1 for t in state.threads if t.tcache_arena is not None),
             "cached_regions": sum(c for t in state.threads for _, c in t.tcache)}
 
@@ -67,3 +72,26 @@ def _active(a: JeArena) -> list[Finding]:
     return [_error(a, f"{a.pactive} active pages ({a.pactive * PAGE} bytes) do not hold its slabs "
                    f"({a.slab_bytes()} bytes) and large allocations ({large} bytes, {extents} extents)",
                    "slabs + large allocations + at most a page each", f"{padding} bytes left over")]
+
+
+def _walked(state: JeState, a: JeArena) -> list[Finding]:
+    """The arena's extents found through the radix tree against its counters (none when the tree was not
+    found)."""
+    table = state.extents
+    if table is None:
+        return []
+    mine = table.arena == a.index
+    held = int(held_bytes(table)[mine & (table.state == ACTIVE)].sum())
+    want = a.small()["allocated"] + a.large_totals()["allocated"]
+    out = []
+    for name, state_code, counted in (("active", ACTIVE, a.pactive * PAGE), ("dirty", DIRTY, a.pdirty * PAGE),
+                                      ("muzzy", MUZZY, a.pmuzzy * PAGE), ("retained", RETAINED, a.retained)):
+        walked = table.bytes_of(a.index, state_code)
+        if walked != counted:
+            out.append(_error(a, f"the {name} extents the radix tree maps hold {walked} bytes, the arena counts "
+                              f"{counted}", f"{counted} bytes", f"{walked} bytes", Kind.ARENA))
+    if held != want:
+        out.append(_error(a, f"the active extents hold {held} bytes of regions and large allocations in use, the "
+                          f"arena's bins and large classes count {want}", f"{want} bytes", f"{held} bytes",
+                          Kind.ARENA))
+    return out

@@ -11,6 +11,7 @@ from heapwalk.jemalloc.discovery import CONTAINER_STATES, JeDiscovery
 from heapwalk.jemalloc.layout import (BIN_CLASSES, BIN_STATS, NBINS, NLEXTENTS, NPSIZES, PAGE, JeLayout,
                                       class_size, large_size)
 from heapwalk.jemalloc.model import JeArena, JeBin, JeExtents, JeLarge, JeState, JeThread
+from heapwalk.jemalloc.extents import walk_extents
 from heapwalk.jemalloc.rtree import ExtentMap
 from heapwalk.jemalloc.tcache import (MAX_NCACHED, arena_tcache_bytes, cache_bins, cached_regions, nhbins,
                                      plausible)
@@ -43,8 +44,12 @@ def collect_jemalloc(mem: Memory, disc: JeDiscovery, threads: list[ThreadRegs], 
     seen: dict[int, int] = {}
     decoded = tuple(_thread(mem, disc, regs, by_address, cached, extents, seen, findings)
                     for regs in sorted(threads, key=lambda t: t.number))
+    table = None
+    if disc.rtree is not None:
+        table, extent_findings = walk_extents(mem, disc.layout, disc.rtree)
+        findings.extend(extent_findings)
     return JeState(target, disc.version_text, disc.layout.name, tuple(arenas), decoded, disc.facts, tuple(findings),
-                   dict(disc.opt))
+                   dict(disc.opt), table)
 
 
 def _arena_pointers(mem: Memory, disc: JeDiscovery, findings: list[Finding]) -> list[int]:

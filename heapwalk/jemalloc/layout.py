@@ -77,6 +77,10 @@ class JeLayout:
     rtree_root: int                       # the radix tree of extents (5.2.1 extents_rtree, 5.3.0 the emap's):
     #                                       its root[] of leaf pointers
     rtree_extent_mask: int                # low bits of a leaf entry that are not the extent's address
+    extent_state_shift: int = 16          # an extent's e_bits: its state (0 active, 1 dirty, 2 muzzy, 3 retained)
+    extent_state_mask: int = 3
+    extent_szind_shift: int = 18          # its size class (8 bits) and its slab's free regions (10 bits); its
+    extent_nfree_shift: int = 26          # arena is bits 0-11 and the slab bit 12 in both versions
 
     def tcache_slots(self, binind: int) -> tuple[int, int]:
         """(which array, which slot) holds cache bin BININD (5.2.1 keeps the large ones in a second array)."""
@@ -169,7 +173,8 @@ LAYOUTS = {
         tsd_state=816, tsd_arena=144, tsd_allocated=824, tsd_deallocated=840, tsd_tdata=None, tsd_ntdata=None,
         tsd_ticker=152, tsd_size=0xa48, tcache_descriptors=10400, descriptor_bins=(16,),
         tsd_tcache_bins=(856 + 8,), tsd_tcache_arena=256 + 40, cache_bins=73, stack_cache_bins=True,
-        rtree_root=120, rtree_extent_mask=127),
+        rtree_root=120, rtree_extent_mask=127, extent_state_shift=17, extent_state_mask=7, extent_szind_shift=20,
+        extent_nfree_shift=28),
 }
 
 

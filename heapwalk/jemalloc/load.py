@@ -25,4 +25,4 @@ def load_jemalloc(target: Target) -> JeState:
     state = collect_jemalloc(target.mem, disc, target.threads, target.description)
     truncated = target.truncation()
     return dataclasses.replace(state, findings=state.findings + decay_findings(state) +
-                               ((truncated,) if truncated else ()))
+                               ((truncated,) if truncated else ()), residency=target.residency)

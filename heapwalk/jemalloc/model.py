@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from heapwalk.findings import Fact, Finding
+from heapwalk.jemalloc.extents import ExtentTable
+from heapwalk.target.residency import Residency
 
 __all__ = ["JeBin", "JeLarge", "JeExtents", "JeArena", "JeThread", "JeState", "SlabTotals"]
 
@@ -167,6 +169,8 @@ class JeState:
     facts: tuple[Fact, ...] = ()
     findings: tuple[Finding, ...] = ()
     opt: dict = field(default_factory=dict)     # run-time options by mallctl name (opt.narenas, ...)
+    extents: ExtentTable | None = None          # every extent, from the radix tree (None: the tree was not found)
+    residency: Residency | None = None          # which pages were in RAM, when the target says
 
     def cached_from(self, index: int) -> int:
         """The bytes of arena INDEX's regions that the threads' caches hold (whichever thread's)."""

@@ -20,13 +20,17 @@ __all__ = ["columns", "coverage", "marks", "kind_bytes", "chunk_counts", "trim_b
 
 #: each kind's character in a plain strip, and its colour (terminal and SVG)
 LEGEND = {"in_use": "#", "tcache": "t", "fast": "f", "unsorted": "u", "small": "s", "large": "l", "top": "T",
-          "tcache_struct": "c", "overhead": "h", "unwalked": "!", "unused": ":", "reserved": "."}
+          "tcache_struct": "c", "overhead": "h", "unwalked": "!", "unused": ":", "reserved": ".", "slab_free": "r",
+          "dirty": "d", "muzzy": "m", "retained": ","}
 COLOURS = {"in_use": "#d62728", "tcache": "#9edae5", "fast": "#17becf", "unsorted": "#bcbd22", "small": "#2ca02c",
            "large": "#98df8a", "top": "#1f77b4", "tcache_struct": "#8c564b", "overhead": "#7f7f7f",
-           "unwalked": "#000000", "unused": "#dbdbdb", "reserved": "#f5f5f5"}
+           "unwalked": "#000000", "unused": "#dbdbdb", "reserved": "#f5f5f5", "slab_free": "#9467bd",
+           "dirty": "#ff9896", "muzzy": "#c5b0d5", "retained": "#e7e7e7"}
 NAMES = {"in_use": "in use", "tcache": "tcache", "fast": "fastbin", "unsorted": "unsorted", "small": "small bin",
          "large": "large bin", "top": "top", "tcache_struct": "tcache struct", "overhead": "headers",
-         "unwalked": "not walked (damage)", "unused": "mapped, unused", "reserved": "reserved, never mapped"}
+         "unwalked": "not walked (damage)", "unused": "mapped, unused", "reserved": "reserved, never mapped",
+         "slab_free": "free regions in slabs", "dirty": "dirty pages", "muzzy": "muzzy pages",
+         "retained": "retained (not resident)"}
 
 
 def kind_bytes(strip: HeapStrip) -> dict[str, int]:
@@ -300,7 +304,8 @@ def svg_maps(strips: Sequence[HeapStrip], width: int = 1024, title: str = "heap 
         y += _ROW + _GAP
     drawn = {MAP_KINDS[k] for s in strips for k in np.unique(s.kinds).tolist()}
     entries = [(name, COLOURS[name], NAMES[name]) for name in MAP_KINDS if name in drawn]
-    entries += [band for band in _BANDS if band[0] != "resident" or any(s.resident is not None for s in strips)]
+    entries += [band for band in _BANDS if any((s.resident if band[0] == "resident" else s.trimmable) is not None
+                                               for s in strips)]
     legend = []
     x, line = _LEFT, y
     for name, fill, words in entries:

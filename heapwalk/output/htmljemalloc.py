@@ -8,15 +8,17 @@ from typing import Any
 
 from heapwalk.analysis.report import human
 from heapwalk.output.charts import stacked_chart
+from heapwalk.output.heapmaps import COLOURS, NAMES
 from heapwalk.output.htmlpage import e, section, table
 
 __all__ = ["jemalloc_facts", "decay_section", "jemalloc_threads", "JE_COLOURS", "JE_NAMES"]
 
 PAGE = 4096
 #: jemalloc's kinds of free memory on the page's charts (the glibc kinds keep theirs)
-JE_COLOURS = {"slabs": "#9467bd", "dirty": "#ff9896", "muzzy": "#c5b0d5", "retained": "#e7e7e7"}
-JE_NAMES = {"slabs": "free regions in slabs", "dirty": "dirty pages", "muzzy": "muzzy pages",
-            "retained": "retained (not resident)"}
+JE_COLOURS = {"slabs": COLOURS["slab_free"], "dirty": COLOURS["dirty"], "muzzy": COLOURS["muzzy"],
+              "retained": COLOURS["retained"]}
+JE_NAMES = {"slabs": NAMES["slab_free"], "dirty": NAMES["dirty"], "muzzy": NAMES["muzzy"],
+            "retained": NAMES["retained"]}
 #: the options the header shows: those that decide what jemalloc keeps and gives back
 _OPTIONS = ("narenas", "dirty_decay_ms", "muzzy_decay_ms", "background_thread", "retain", "tcache", "tcache_max",
             "percpu_arena", "thp", "metadata_thp", "oversize_threshold")

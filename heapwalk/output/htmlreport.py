@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
 from heapwalk.analysis.report import human
 from heapwalk.output.charts import bar_chart, stacked_chart
 from heapwalk.output.heapmaps import BAND_COLOURS, COLOURS, NAMES, chunk_counts, kind_bytes, svg_strip, trim_bytes
@@ -28,14 +30,15 @@ _KEPT = {"tcache": "in tcache (never flushed)", "sub_page": "in free pieces unde
 
 
 def report_html(doc: dict[str, Any], strips: Sequence[HeapStrip], made_by: str = "",
-                beside: dict[str, Any] | None = None, both: str = "") -> str:
-    """The page for the report document DOC with the heap maps of STRIPS; MADE_BY says how it was made (the
-    command, the time), in the footer.  For a process that allocates with both jemalloc and glibc's malloc,
-    BESIDE is jemalloc's report document, drawn after glibc's with BOTH, the sentence of what each holds."""
+                beside: dict[str, Any] | None = None, both: str = "", beside_strips: Sequence[HeapStrip] = ()) -> str:
+    """The page for the report document DOC with the heap maps of STRIPS (a glibc heap's, or jemalloc's
+    extents); MADE_BY says how it was made (the command, the time), in the footer.  For a process that
+    allocates with both jemalloc and glibc's malloc, BESIDE is jemalloc's report document and BESIDE_STRIPS its
+    extents, drawn after glibc's with BOTH, the sentence of what each holds."""
     r = doc["report"]
     if "jemalloc" in doc:
-        body = [_header(doc), _verdict(r, True), _arenas(doc, r), _no_maps(), _histogram(r, True), decay_section(doc),
-                jemalloc_threads(doc), _findings(doc)]
+        body = [_header(doc), _verdict(r, True), _arenas(doc, r), _maps(strips, "extents") if strips else _no_maps(),
+                _histogram(r, True), decay_section(doc), jemalloc_threads(doc), _findings(doc)]
     else:
         body = [_header(doc), _verdict(r), _arenas(doc, r), _maps(strips), _histogram(r), _trim(doc, r), _in_use(r),
                 _threads(doc), _findings(doc)]
@@ -43,7 +46,8 @@ def report_html(doc: dict[str, Any], strips: Sequence[HeapStrip], made_by: str =
         body.insert(2, f'<p class="warn">{e(both)} jemalloc\'s part follows glibc\'s, below.</p>')
         body.append('<div class="beside"><h1>jemalloc, the program\'s allocator</h1>')
         body += [part.replace('<section id="', '<section id="jemalloc-') for part in (
-            _verdict(beside["report"], True), _arenas(beside, beside["report"]), _histogram(beside["report"], True),
+            _verdict(beside["report"], True), _arenas(beside, beside["report"]),
+            _maps(beside_strips, "extents") if beside_strips else _no_maps(), _histogram(beside["report"], True),
             decay_section(beside), jemalloc_threads(beside), _findings(beside))]
         body.append("</div>")
     if made_by:
@@ -143,11 +147,17 @@ def _arenas(doc: dict[str, Any], r: dict[str, Any]) -> str:
 
 
 def _no_maps() -> str:
-    return section("maps", "Heap maps", "<p>Maps of jemalloc's extents are not drawn yet: heapwalk reads jemalloc's "
-                   "statistics, arena by arena and size by size, not each extent's address.</p>")
+    return section("maps", "Heap maps", "<p>No map of jemalloc's extents: its radix tree of extents was not found, "
+                   "or maps none (see the findings).</p>")
 
 
-def _maps(strips: Sequence[HeapStrip]) -> str:
+#: the kinds that stand for one extent each on a map of jemalloc's extents
+_EXTENT_KINDS = ("in_use", "dirty", "muzzy", "retained", "unwalked")
+
+
+def _maps(strips: Sequence[HeapStrip], unit: str = "chunks") -> str:
+    """The heap maps: a figure per strip, its caption with its figures; UNIT is what a strip is made of
+    ("chunks" of a glibc heap, jemalloc's "extents")."""
     if not strips:
         return section("maps", "Heap maps", "<p>No heap to draw.</p>")
     drawn = _drawn(strips)
@@ -158,9 +168,13 @@ def _maps(strips: Sequence[HeapStrip]) -> str:
         for k, n in held.items():
             seen[k] = seen.get(k, 0) + n
         free = sum(held.get(k, 0) for k in FREE_KINDS)
-        bits = [f"{human(strip.end - strip.start)}", f"in use {human(held.get('in_use', 0))}",
-                f"free {human(free)}", f"top {human(held.get('top', 0))}",
-                f"trim gives back {human(trim_bytes(strip))}"]
+        if unit == "extents":
+            bits = [f"{human(strip.end - strip.start)}", f"in use {human(held.get('in_use', 0))}"] + [
+                f"{NAMES[k]} {human(held[k])}" for k in ("slab_free", "dirty", "muzzy", "retained") if held.get(k)]
+        else:
+            bits = [f"{human(strip.end - strip.start)}", f"in use {human(held.get('in_use', 0))}",
+                    f"free {human(free)}", f"top {human(held.get('top', 0))}",
+                    f"trim gives back {human(trim_bytes(strip))}"]
         if strip.resident is not None:
             res = strip.resident.astype("int64")
             bits.append(f"resident {human(int((res[:, 1] - res[:, 0]).sum()))}")
@@ -168,16 +182,25 @@ def _maps(strips: Sequence[HeapStrip]) -> str:
             bits.append(f"and {human(strip.beyond)} reserved, never mapped")
         if held.get("unwalked"):
             bits.append(f"NOT WALKED (damage) {human(held['unwalked'])}")
-        chunks = sum(chunk_counts(strip).values())
+        if unit == "extents":
+            pieces = int(np.isin(strip.kinds, [MAP_KINDS.index(k) for k in _EXTENT_KINDS]).sum())
+        else:
+            pieces = sum(chunk_counts(strip).values())
+        named = unit if pieces != 1 else unit[:-1]
         figures.append(f'<figure class="heap"><figcaption><b>{e(strip.label)}</b> '
-                       f'<code>{strip.start:#x}-{strip.end:#x}</code> · {chunks} chunks · {e(" · ".join(bits))}'
+                       f'<code>{strip.start:#x}-{strip.end:#x}</code> · {pieces} {named} · {e(" · ".join(bits))}'
                        f"</figcaption>{svg_strip(strip)}</figure>")
     legend = [f"<span>{swatch(COLOURS[k])}{e(NAMES[k])}</span>" for k in MAP_KINDS if k in seen]
-    legend.append(f"<span>{swatch(BAND_COLOURS['trim'])}under a strip: malloc_trim(0) gives back</span>")
+    if unit != "extents":
+        legend.append(f"<span>{swatch(BAND_COLOURS['trim'])}under a strip: malloc_trim(0) gives back</span>")
     if any(s.resident is not None for s in drawn):
-        legend.append(f"<span>{swatch(BAND_COLOURS['resident'])}under that: resident pages</span>")
+        legend.append(f"<span>{swatch(BAND_COLOURS['resident'])}"
+                      f"{'under a strip' if unit == 'extents' else 'under that'}: resident pages</span>")
     intro = ("<p>Each heap of each arena, address left to right: each column is a stack of what holds its bytes. "
-             "Free memory with chunks in use scattered through it is memory those chunks pin.</p>")
+             "Free memory with chunks in use scattered through it is memory those chunks pin.</p>") if unit != \
+        "extents" else ("<p>Each arena's extents, address left to right, a strip for each stretch without a gap: "
+                        "each column is a stack of what holds its bytes. A slab's free regions are drawn after its "
+                        "regions in use; dirty pages are what decay gives back.</p>")
     left = len(strips) - len(drawn)
     more = (f"<p class=\"warn\">{left} more heaps are not drawn here: 'heapwalk map --svg FILE' draws them "
             "all.</p>") if left else ""

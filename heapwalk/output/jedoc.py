@@ -119,7 +119,8 @@ def jemalloc_slabs_table(state: JeState, box, limit: int = 12) -> Table | None:
 def jemalloc_check_text(findings, checked: dict[str, int], limit: int) -> Text:
     """'heapwalk check' on jemalloc: a summary line, then each finding (as glibc's check lists them)."""
     scope = (f"{checked['arenas']} arenas, {checked['bins']} bins, {checked['tcaches']} thread caches, "
-             f"{checked['cached_regions']} cached regions")
+             f"{checked['cached_regions']} cached regions" + (f", {checked['extents']} extents"
+                                                              if checked.get("extents") else ""))
     return check_text(CheckResult(tuple(findings)), checked, limit, "jemalloc", scope)
 
 

@@ -118,11 +118,13 @@ def _legend(img: np.ndarray, y: int, entries: list[tuple[str, str]], places: lis
 def png_maps(strips: Sequence[HeapStrip], width: int = 1024) -> bytes:
     """A PNG of STRIPS, WIDTH columns each (one pixel a column), labelled, with a legend of what is drawn."""
     drawn = [k for k in MAP_KINDS if any(k == MAP_KINDS[i] for s in strips for i in np.unique(s.kinds).tolist())]
-    entries = [(NAMES[k], COLOURS[k]) for k in drawn] + [("malloc_trim(0) gives back", BAND_COLOURS["trim"])]
+    entries = [(NAMES[k], COLOURS[k]) for k in drawn]
+    if any(s.trimmable is not None for s in strips):
+        entries.append(("malloc_trim(0) gives back", BAND_COLOURS["trim"]))
     if any(s.resident is not None for s in strips):
         entries.append(("resident", BAND_COLOURS["resident"]))
     places = _legend_places(entries, width)
-    height = 8 + len(strips) * _STRIP + (1 + places[-1][1]) * (_TEXT + 8) + 8
+    height = 8 + len(strips) * _STRIP + ((1 + places[-1][1]) if places else 0) * (_TEXT + 8) + 8
     img = np.full((height, width + 2 * _LEFT, 3), 255, dtype=np.uint8)
     for i, strip in enumerate(strips):
         _paint_strip(img, strip, width, 8 + i * _STRIP)

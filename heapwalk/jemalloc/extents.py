@@ -1,0 +1,106 @@
+"""Every extent of every arena, found through jemalloc's radix tree of extents: the tree maps pages of each
+extent (every page of a slab, the first and last of any other) to its header, so the distinct headers the
+leaves name are the extents, active or not.  A header counts only where the tree maps its own first and last
+pages back to it (a leaf entry left stale names a header that no longer describes that memory).
+
+Each extent: where its pages start, its size, where its allocation starts in them, its arena, its state
+(0 active, 1 dirty, 2 muzzy, 3 retained; 5.3.0 also 4 and 5 while it is being split or merged), whether it is
+a slab, its size class and, for a slab, how many regions are free.
+What a heap map of jemalloc draws (`jemalloc.heapmap`), and what the arenas' page counters must add up to."""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+
+from heapwalk.findings import Finding, Kind, Severity
+from heapwalk.jemalloc.layout import JeLayout, PAGE
+from heapwalk.target.memory import Memory, ReadError
+
+__all__ = ["ExtentTable", "walk_extents", "ACTIVE", "DIRTY", "MUZZY", "RETAINED"]
+
+ACTIVE, DIRTY, MUZZY, RETAINED = 0, 1, 2, 3
+_LEVEL_ENTRIES = 1 << 18
+_ADDRESS = (1 << 48) - 1
+
+
+@dataclass(frozen=True)
+class ExtentTable:
+    """The extents, one entry each in parallel arrays, in address order."""
+
+    address: np.ndarray     # uint64: where its pages start
+    size: np.ndarray        # int64
+    offset: np.ndarray      # int64: where its allocation starts in its first page (cache_oblivious large ones)
+    arena: np.ndarray       # int32
+    state: np.ndarray       # uint8
+    slab: np.ndarray        # bool
+    szind: np.ndarray       # int32
+    nfree: np.ndarray       # int32
+
+    def __len__(self) -> int:
+        return len(self.address)
+
+    def bytes_of(self, arena: int, state: int) -> int:
+        """The bytes of ARENA's extents in STATE."""
+        return int(self.size[(self.arena == arena) & (self.state == state)].sum())
+
+
+def walk_extents(mem: Memory, layout: JeLayout, rtree: int) -> tuple[ExtentTable, list[Finding]]:
+    """Every extent the radix tree at RTREE maps, and findings for what could not be read or does not agree."""
+    findings: list[Finding] = []
+    leaves = _leaves(mem, layout, rtree, findings)
+    mask = np.uint64(_ADDRESS & ~layout.rtree_extent_mask)
+    headers = np.unique(np.concatenate([leaf & mask for leaf in leaves.values()] or [np.zeros(0, dtype=np.uint64)]))
+    headers = headers[headers != 0]       # pages no extent holds (an entry may keep bits besides the header's)
+    rows = []
+    stale = 0
+    for header in headers.tolist():
+        try:
+            bits, address, size_esn = struct.unpack("<QQQ", mem.read(header, 24))
+        except ReadError as exc:
+            findings.append(Finding(Severity.ERROR, exc.address, "jemalloc extents", f"cannot read the extent "
+                                    f"header at {header:#x} the radix tree names: {exc.reason}", Kind.UNMAPPED))
+            continue
+        size = size_esn & ~(PAGE - 1)
+        if not size or not (_maps(leaves, address, mask) == header == _maps(leaves, address + size - PAGE, mask)):
+            stale += 1
+            continue
+        rows.append((address & ~(PAGE - 1), size, address & (PAGE - 1), bits & 0xFFF,
+                     (bits >> layout.extent_state_shift) & layout.extent_state_mask,
+                     (bits >> 12) & 1, (bits >> layout.extent_szind_shift) & 0xFF,
+                     (bits >> layout.extent_nfree_shift) & 0x3FF))
+    if stale:
+        findings.append(Finding(Severity.WARNING, rtree, "jemalloc extents", f"{stale} extent header(s) the radix "
+                                "tree names are not mapped back by their own first and last pages: left out of the "
+                                "maps", Kind.ARENA))
+    rows.sort()
+    columns = list(zip(*rows)) if rows else [()] * 8
+    table = ExtentTable(*(np.array(c, dtype=t) for c, t in zip(columns, (
+        np.uint64, np.int64, np.int64, np.int32, np.uint8, bool, np.int32, np.int32))))
+    return table, findings
+
+
+def _leaves(mem: Memory, layout: JeLayout, rtree: int, findings: list[Finding]) -> dict[int, np.ndarray]:
+    """The tree's leaves by their key (address bits 30-47): each an array of one entry per page."""
+    try:
+        root = np.frombuffer(mem.read(rtree + layout.rtree_root, 8 * _LEVEL_ENTRIES), dtype=np.uint64)
+    except ReadError as exc:
+        findings.append(Finding(Severity.ERROR, exc.address, "jemalloc extents", f"cannot read the radix tree's "
+                                f"root: {exc.reason}", Kind.UNMAPPED))
+        return {}
+    out = {}
+    for key in np.flatnonzero(root).tolist():
+        try:
+            out[key] = np.frombuffer(mem.read(int(root[key]), 8 * _LEVEL_ENTRIES), dtype=np.uint64)
+        except ReadError as exc:
+            findings.append(Finding(Severity.ERROR, exc.address, "jemalloc extents", f"cannot read a leaf of the "
+                                    f"radix tree ({int(root[key]):#x}): {exc.reason}", Kind.UNMAPPED))
+    return out
+
+
+def _maps(leaves: dict[int, np.ndarray], address: int, mask: np.uint64) -> int | None:
+    """The header the tree maps ADDRESS's page to (None: no leaf)."""
+    leaf = leaves.get((address >> 30) & (_LEVEL_ENTRIES - 1))
+    return None if leaf is None else int(leaf[(address >> 12) & (_LEVEL_ENTRIES - 1)] & mask)

@@ -1,0 +1,77 @@
+"""jemalloc's extents as the strips of a heap map (`view.HeapStrip`): each arena's extents in address order,
+a strip for each stretch of them that follows on without a gap (what the arena mapped in one piece and
+split).  An extent is drawn by its state: a large allocation in use (and the padding page cache_oblivious gives
+it, as headers), a slab (its regions in use first, then its free regions: their bytes are exact, their
+order inside the slab is not), dirty pages (freed, resident
+until decay purges them), muzzy pages (purged lazily), retained address space (mapped, not resident).  The
+resident pages come from the target's residency where it is known; trim has no meaning here (the dirty and
+muzzy extents are what decay would give back)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from heapwalk.jemalloc.extents import ACTIVE, DIRTY, MUZZY, RETAINED, ExtentTable
+from heapwalk.jemalloc.layout import BIN_CLASSES, NBINS, large_size
+from heapwalk.target.residency import Residency
+from heapwalk.view import MAP_KINDS, HeapStrip
+
+__all__ = ["extent_strips", "held_bytes"]
+
+KIND = {name: i for i, name in enumerate(MAP_KINDS)}
+_OF_STATE = {ACTIVE: KIND["in_use"], DIRTY: KIND["dirty"], MUZZY: KIND["muzzy"], RETAINED: KIND["retained"]}
+_REGION = np.array([c.size for c in BIN_CLASSES], dtype=np.int64)
+_NREGS = np.array([c.nregs for c in BIN_CLASSES], dtype=np.int64)
+
+
+def held_bytes(table: ExtentTable) -> np.ndarray:
+    """The bytes of each extent the program's allocation holds: an active slab's regions in use, an active large
+    extent's size class (the rest of its pages is the page cache_oblivious adds), any other extent's size."""
+    slab = table.slab & (table.state == ACTIVE) & (table.szind < NBINS)
+    large = ~table.slab & (table.state == ACTIVE) & (table.szind >= NBINS)
+    index = np.clip(table.szind, 0, NBINS - 1)
+    used = (_NREGS[index] - np.clip(table.nfree, 0, _NREGS[index])) * _REGION[index]
+    usize = np.array([large_size(int(i) - NBINS) if big else 0 for i, big in zip(table.szind.tolist(), large.tolist())],
+                     dtype=np.int64)
+    room = table.size - table.offset
+    return np.where(slab, np.minimum(used, table.size), np.where(large, np.minimum(usize, room), table.size))
+
+
+def extent_strips(table: ExtentTable, residency: Residency | None = None) -> list[HeapStrip]:
+    """Every arena's extents as strips, arena by arena, each stretch without a gap a strip."""
+    out = []
+    used = held_bytes(table)
+    for arena in np.unique(table.arena).tolist():
+        rows = np.flatnonzero(table.arena == arena)
+        starts = table.address[rows]
+        ends = starts + table.size[rows].astype(np.uint64)
+        breaks = np.flatnonzero(starts[1:] != ends[:-1]) + 1
+        for n, (lo, hi) in enumerate(zip(np.concatenate(([0], breaks)).tolist(),
+                                         np.concatenate((breaks, [len(rows)])).tolist())):
+            out.append(_strip(table, rows[lo:hi], used, arena, f"jemalloc arena {arena} extents {n + 1}"))
+    if residency is None:
+        return out
+    known = residency.covering([(s.start, s.end) for s in out])
+    return [replace(s, resident=known.within(s.start, s.end).astype(np.uint64)) for s in out]
+
+
+def _strip(table: ExtentTable, rows: np.ndarray, used: np.ndarray, arena: int, label: str) -> HeapStrip:
+    """The strip of the extents ROWS (following one another): a run per extent by its state; an active one in
+    up to three: the page cache_oblivious puts before a large allocation, what the program holds, and the rest
+    (a slab's free regions, a large extent's padding)."""
+    starts, sizes = table.address[rows], table.size[rows].astype(np.uint64)
+    offsets, held = table.offset[rows].astype(np.uint64), used[rows].astype(np.uint64)
+    kinds = np.array([_OF_STATE.get(int(s), KIND["unwalked"]) for s in table.state[rows].tolist()], dtype=np.uint8)
+    rest = np.where(table.slab[rows], KIND["slab_free"], KIND["overhead"]).astype(np.uint8)
+    begin = starts + offsets
+    pieces = [(starts, begin, np.full(len(rows), KIND["overhead"], dtype=np.uint8)),
+              (begin, begin + held, kinds), (begin + held, starts + sizes, rest)]
+    run_starts = np.concatenate([p[0] for p in pieces])
+    run_ends = np.concatenate([p[1] for p in pieces])
+    run_kinds = np.concatenate([p[2] for p in pieces])
+    keep = run_ends > run_starts
+    order = np.argsort(run_starts[keep], kind="stable")
+    return HeapStrip(arena, label, int(starts[0]), int(starts[-1] + sizes[-1]), run_starts[keep][order],
+                     run_ends[keep][order], run_kinds[keep][order])
