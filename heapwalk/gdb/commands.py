@@ -263,7 +263,7 @@ class ReportCommand(Subcommand):
         return p
 
     def run(self, args) -> None:
-        found = load_allocators(walk_chunks=True, keep_used=not args.no_leaks)
+        found = load_allocators(walk_chunks=True, keep_used=not args.no_leaks, keep_chunks=bool(args.html))
         if args.xml and found.glibc is None:
             raise UserError("heapwalk report: --xml writes glibc's malloc_info XML, and this process allocates "
                             "with jemalloc (--json has its statistics)")

@@ -47,7 +47,8 @@ class MapCommand(Subcommand):
     def run(self, args) -> None:
         if args.width < 0:
             raise UserError("heapwalk map: --width must be positive")
-        found = load_allocators(walk_chunks=True)   # walked: a non-contiguous main arena's pieces are found
+        found = load_allocators(walk_chunks=True, keep_chunks=True)   # walked: a non-contiguous main arena's
+        #                                                               pieces are found; kept: the strips' chunks
         je = found.jemalloc
         strips = jemalloc_strips(je) if je is not None and (je.extents is not None or not found.glibc) else []
         if found.glibc:

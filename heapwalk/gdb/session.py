@@ -68,10 +68,11 @@ def _require_target() -> None:
                         "heapwalk decodes 64-bit (x86-64) glibc heaps only")
 
 
-def _load_glibc(target: Target, walk_chunks: bool, keep_used: bool = False):
-    """TARGET's glibc heap: (state, memory, layout); KEEP_USED keeps the in-use chunks the walk met."""
+def _load_glibc(target: Target, walk_chunks: bool, keep_used: bool = False, keep_chunks: bool = False):
+    """TARGET's glibc heap: (state, memory, layout); KEEP_USED keeps the in-use chunks the walk met, KEEP_CHUNKS
+    all of them (for the heap maps)."""
     with walk_progress(walk_chunks) as progress:
-        state, disc = load(target, overrides(), walk_chunks, progress, keep_used)
+        state, disc = load(target, overrides(), walk_chunks, progress, keep_used, keep_chunks)
     return state, target.mem, disc.layout
 
 
@@ -148,7 +149,7 @@ class Allocators:
     target: Target | None = None   # the target as gdb showed it when they were decoded
 
 
-def load_allocators(walk_chunks: bool = False, keep_used: bool = False) -> Allocators:
+def load_allocators(walk_chunks: bool = False, keep_used: bool = False, keep_chunks: bool = False) -> Allocators:
     """Decodes every allocator of the selected inferior, asking gdb for the target once.  A process that maps
     jemalloc may use glibc's malloc too (a library bound to it with RTLD_DEEPBIND): both are decoded.  When
     jemalloc is mapped but not found, glibc's heap may still be the one in use: jemalloc's error is raised
@@ -164,20 +165,22 @@ def load_allocators(walk_chunks: bool = False, keep_used: bool = False) -> Alloc
             except JemallocNotFound as exc:
                 je_error = UserError(f"heapwalk: this process allocates with jemalloc, and {exc}")
             else:
-                return dataclasses.replace(_glibc_beside(je, target, walk_chunks, keep_used), target=target)
+                return dataclasses.replace(_glibc_beside(je, target, walk_chunks, keep_used, keep_chunks),
+                                           target=target)
         try:
-            return Allocators(glibc=_load_glibc(target, walk_chunks, keep_used), target=target)
+            return Allocators(glibc=_load_glibc(target, walk_chunks, keep_used, keep_chunks), target=target)
         except (UserError, DiscoveryError):
             if je_error is not None:
                 raise je_error from None
             raise
 
 
-def _glibc_beside(je: JeState, target: Target, walk_chunks: bool, keep_used: bool = False) -> Allocators:
+def _glibc_beside(je: JeState, target: Target, walk_chunks: bool, keep_used: bool = False,
+                  keep_chunks: bool = False) -> Allocators:
     """JE with glibc's heap beside it when glibc's malloc was used (without its finding that another allocator
     is mapped: it is decoded too)."""
     try:
-        state, mem, layout = _load_glibc(target, walk_chunks, keep_used)
+        state, mem, layout = _load_glibc(target, walk_chunks, keep_used, keep_chunks)
     except MallocUnused:
         return Allocators(jemalloc=je)
     except (UserError, DiscoveryError) as exc:

@@ -74,7 +74,8 @@ def _require_initialised(mem: Memory, disc: Discovery) -> None:
 
 def collect(mem: Memory, disc: Discovery, threads: list[ThreadRegs], target: str = "",
             walk_chunks: bool = False, regions: list[tuple[int, int]] | None = None, progress=None,
-            sweep: bool = True, residency: Residency | None = None, keep_used: bool = False) -> HeapState:
+            sweep: bool = True, residency: Residency | None = None, keep_used: bool = False,
+            keep_chunks: bool = False) -> HeapState:
     """Decodes the whole malloc state: every arena in ring order, every thread's tcache.
 
     WALK_CHUNKS also walks every chunk of every heap and accounts for each arena's bytes, and looks
@@ -83,15 +84,17 @@ def collect(mem: Memory, disc: Discovery, threads: list[ThreadRegs], target: str
     have: then the careful walkers follow the lists through memory and walk the heaps after them.  Without
     WALK_CHUNKS only arenas bigger than `onepass.LISTS_SWEPT_FROM` are swept for their lists.  RESIDENCY,
     when known, says which pages were in RAM (the trim estimates count those).  KEEP_USED keeps each swept
-    arena's in-use chunks in the walk (`ChunkWalk.used`), for the leak scan.
+    arena's in-use chunks in the walk (`ChunkWalk.used`), for the leak scan; KEEP_CHUNKS all its chunks and their
+    states (`ChunkWalk.chunks`), for the heap maps.
     """
     with gc_paused():
-        return _collect(mem, disc, threads, target, walk_chunks, regions, progress, sweep, residency, keep_used)
+        return _collect(mem, disc, threads, target, walk_chunks, regions, progress, sweep, residency, keep_used,
+                        keep_chunks)
 
 
 def _collect(mem: Memory, disc: Discovery, threads: list[ThreadRegs], target: str, walk_chunks: bool,
              regions: list[tuple[int, int]] | None, progress, sweep: bool, residency: Residency | None,
-             keep_used: bool = False) -> HeapState:
+             keep_used: bool = False, keep_chunks: bool = False) -> HeapState:
     findings: list[Finding] = list(disc.findings)
     last_words = abort_message(mem, disc)
     mp = _read_mp(mem, disc, findings)
@@ -106,7 +109,8 @@ def _collect(mem: Memory, disc: Discovery, threads: list[ThreadRegs], target: st
         thread, t_findings = decode_thread(mem, disc, regs, fill)
         decoded_threads.append(thread)
         thread_findings.extend(t_findings)
-    one_pass = _one_pass(mem, disc, mp, ring, decoded_threads, progress, not walk_chunks, residency, keep_used) \
+    one_pass = _one_pass(mem, disc, mp, ring, decoded_threads, progress, not walk_chunks, residency, keep_used,
+                         keep_chunks) \
         if sweep else None
     arenas, stopped = _decode_arenas(mem, disc, ring, mp, free_list, findings, one_pass)
     if regions is not None and stopped is None and not (arenas and arenas[0].is_main):
@@ -132,6 +136,8 @@ def _collect(mem: Memory, disc: Discovery, threads: list[ThreadRegs], target: st
     walk = walk_arenas(mem, disc.layout, state, progress, swept)
     if swept is not None and keep_used:
         walk = dataclasses.replace(walk, used=MappingProxyType(one_pass.used))
+    if swept is not None and keep_chunks:
+        walk = dataclasses.replace(walk, chunks=MappingProxyType(one_pass.chunks))
     if regions is not None and not walk.interrupted:
         mmapped, disagree = mmapped_of_state(mem, disc, state, regions)
         walk = dataclasses.replace(walk, mmapped=tuple(mmapped),
@@ -204,7 +210,8 @@ def _decode_arenas(mem: Memory, disc: Discovery, ring: list[int | None], mp: Mal
 
 
 def _one_pass(mem: Memory, disc: Discovery, mp: MallocPar | None, ring: list[int | None], threads: list,
-              progress, lists_only: bool, residency: Residency | None, keep_used: bool = False) -> OnePass:
+              progress, lists_only: bool, residency: Residency | None, keep_used: bool = False,
+              keep_chunks: bool = False) -> OnePass:
     """The one-pass path of a decode: the threads' tcaches, mp_'s page sizes, and the bytes the arenas of
     RING hold (for PROGRESS); LISTS_ONLY for a decode without the chunk walk; RESIDENCY for the trim estimates."""
     thp, contiguous = trim_settings(mp)
@@ -213,7 +220,8 @@ def _one_pass(mem: Memory, disc: Discovery, mp: MallocPar | None, ring: list[int
         with contextlib.suppress(ReadError):
             total += u64(mem, address + disc.layout.off_system_mem) if address is not None else 0
     tcaches = [t.tcache for t in threads if t.tcache is not None]
-    return OnePass(mem, disc.layout, tcaches, thp, contiguous, progress, total, lists_only, residency, keep_used)
+    return OnePass(mem, disc.layout, tcaches, thp, contiguous, progress, total, lists_only, residency, keep_used,
+                   keep_chunks)
 
 
 def _main_by_its_heap(mem: Memory, disc: Discovery, regions: list[tuple[int, int]], arenas: list[Arena]

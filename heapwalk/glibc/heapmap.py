@@ -1,9 +1,9 @@
 """glibc's heaps as the strips of a heap map (`view.HeapStrip`): the main arena's memory, and each heap of a
 thread arena from its heap_info up to the end of its reservation, every byte given to what holds it.
 
-An arena the sweep vouches for gives its chunks and their states as arrays (`sweptchunks`); any other goes
-through the careful walk, and what that walk cannot pass is drawn as unwalked.  Between and around the
-chunks: the heap's own headers (heap_info, a thread arena's malloc_state, alignment) and fenceposts are
+An arena the decode's one pass swept gives the chunks and states it kept (`ChunkWalk.chunks`), or, when
+it kept none, a sweep of its own (`sweptchunks`); any other goes through the careful walk, and what that
+walk cannot pass is drawn as unwalked.  Between and around the chunks: the heap's own headers (heap_info, a thread arena's malloc_state, alignment) and fenceposts are
 overhead; after a thread heap's size comes the part made writable but not used yet (mprotect_size), then
 the rest of the reservation, never made writable.  What malloc_trim(0) would give back comes from the same
 runs through `trim.TrimSimulation` (the report's estimate, as ranges); resident pages from the target's
@@ -45,13 +45,19 @@ def heap_strips(mem: Memory, layout: Layout, state: HeapState, reserved: bool = 
     """Every heap of every arena of STATE as a strip, in arena order; a thread heap's strip ends where its
     memory made writable ends, unless RESERVED asks for the whole reservation (the rest is `beyond`).  Each
     strip carries the ranges malloc_trim(0) would give back and, where the target says, its resident pages."""
-    listing = Listing.of_state(state)
-    listed = listing_arrays(listing)
+    kept = (state.walk.chunks if state.walk is not None else None) or {}
+    listings: list = []          # the state's listing, made only for an arena the walk kept no chunks of
+
+    def listed() -> tuple:
+        if not listings:
+            listing = Listing.of_state(state)
+            listings.extend((listing, listing_arrays(listing)))
+        return listings[0], listings[1]
     out = []
     for arena in state.arenas:
         if not arena.heaps:
             continue
-        chunks = _chunks(mem, layout, arena, listing, listed)
+        chunks = _in_order(*kept[arena.address]) if arena.address in kept else _chunks(mem, layout, arena, *listed())
         strips = []
         for n, (heap, extent) in enumerate(zip(arena.heaps, extents(arena, layout))):
             label = "main arena" if arena.is_main else f"arena {arena.number} heap {n + 1}"
@@ -119,13 +125,7 @@ def _chunks(mem: Memory, layout: Layout, arena: Arena, listing: Listing, listed
     pass are left out (drawn as unwalked)."""
     swept = swept_chunks(mem, layout, arena, listed)
     if swept is not None:
-        address = swept.sweep.address.astype(np.uint64)
-        sizes = swept.sizes.astype(np.uint64)
-        kinds = _KIND_OF_CODE[swept.codes]
-        if len(address) > 1 and not bool(np.all(address[1:] > address[:-1])):   # heaps swept out of order
-            order = np.argsort(address, kind="stable")
-            address, sizes, kinds = address[order], sizes[order], kinds[order]
-        return address, address + sizes, kinds
+        return _in_order(swept.sweep.address, swept.sizes, swept.codes)
     rows: list[tuple[int, int, int]] = []
     acc = Tally(arena.address, arena.system_mem)
     for extent in extents(arena, layout):
@@ -134,6 +134,16 @@ def _chunks(mem: Memory, layout: Layout, arena: Arena, listing: Listing, listed
     rows.sort()
     return (np.array([r[0] for r in rows], dtype=np.uint64), np.array([r[1] for r in rows], dtype=np.uint64),
             np.array([r[2] for r in rows], dtype=np.uint8))
+
+
+def _in_order(address: np.ndarray, sizes: np.ndarray, codes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Swept chunks (addresses, sizes, listing codes as the walk left them) as (addresses, ends, kinds), in
+    address order."""
+    address, sizes, kinds = address.astype(np.uint64), sizes.astype(np.uint64), _KIND_OF_CODE[codes]
+    if len(address) > 1 and not bool(np.all(address[1:] > address[:-1])):   # heaps swept out of order
+        order = np.argsort(address, kind="stable")
+        address, sizes, kinds = address[order], sizes[order], kinds[order]
+    return address, address + sizes, kinds
 
 
 def _strip(arena: int, label: str, extent: Extent, chunks, tail: list[tuple[int, int, int]], end: int

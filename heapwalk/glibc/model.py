@@ -300,6 +300,7 @@ class ChunkWalk:
     findings: tuple[Finding, ...] = ()
     interrupted: bool = False
     used: Mapping[int, tuple] | None = None  # arena address -> its in-use chunks (addresses, sizes), when kept
+    chunks: Mapping[int, tuple] | None = None  # arena address -> all its chunks (addresses, sizes, listing codes)
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,7 +35,7 @@ class OnePass:
 
     def __init__(self, mem: Memory, layout: Layout, tcaches: list[Tcache], thp_pagesize: int,
                  main_contiguous: bool, progress=None, total: int = 0, lists_only: bool = False,
-                 residency: Residency | None = None, keep_used: bool = False):
+                 residency: Residency | None = None, keep_used: bool = False, keep_chunks: bool = False):
         self.mem, self.layout, self.lists_only, self.residency = mem, layout, lists_only, residency
         self.tcached = _tcached(tcaches)
         self.thp_pagesize, self.main_contiguous = thp_pagesize, main_contiguous
@@ -43,6 +43,8 @@ class OnePass:
         self.accounts: dict[int, tuple[Account, TrimEstimate]] = {}
         self.keep_used = keep_used
         self.used: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self.keep_chunks = keep_chunks
+        self.chunks: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         self.failed: set[int] = set()
         self.spans: list[tuple[int, int]] = []
 
@@ -80,6 +82,8 @@ class OnePass:
             if self.keep_used:
                 rows = np.flatnonzero(lists.codes == PLAIN)
                 self.used[arena.address] = (sweep.address[rows], sizes_of(sweep)[rows].astype(np.uint64))
+            if self.keep_chunks:       # the codes as the walk left them: tcache, top and fenceposts marked
+                self.chunks[arena.address] = (sweep.address, sizes_of(sweep), lists.codes)
         return lists
 
     def results(self, arenas: tuple[Arena, ...]) -> dict[int, tuple[Account, TrimEstimate]] | None:
