@@ -10,6 +10,7 @@ from heapwalk.analysis.report import human
 from heapwalk.output.charts import stacked_chart
 from heapwalk.output.heapmaps import COLOURS, NAMES
 from heapwalk.output.htmlpage import e, section, table
+from heapwalk.output.jedoc import THREAD_STATES
 
 __all__ = ["jemalloc_facts", "decay_section", "jemalloc_threads", "JE_COLOURS", "JE_NAMES"]
 
@@ -22,8 +23,6 @@ JE_NAMES = {"slabs": NAMES["slab_free"], "dirty": NAMES["dirty"], "muzzy": NAMES
 #: the options the header shows: those that decide what jemalloc keeps and gives back
 _OPTIONS = ("narenas", "dirty_decay_ms", "muzzy_decay_ms", "background_thread", "retain", "tcache", "tcache_max",
             "percpu_arena", "thp", "metadata_thp", "oversize_threshold")
-_STATES = {0: "nominal", 1: "nominal (slow)", 2: "nominal (recompute)", 3: "minimal", 4: "purgatory",
-           5: "reincarnated", 6: "never initialised"}
 
 
 def jemalloc_facts(doc: dict[str, Any]) -> list[tuple[str, str]]:
@@ -69,7 +68,7 @@ def jemalloc_threads(doc: dict[str, Any]) -> str:
     if not threads:
         return ""
     rows = [(str(t["number"]), str(t.get("lwp") or "-"), "-" if t.get("arena") is None else str(t["arena"]),
-             e("unknown" if t.get("state") is None else _STATES.get(t["state"], str(t["state"]))),
+             e("unknown" if t.get("state") is None else THREAD_STATES.get(t["state"], str(t["state"]))),
              human(t.get("allocated") or 0), human(t.get("deallocated") or 0),
              human((t.get("tcache") or {}).get("bytes") or 0)) for t in threads]
     return section("threads", "Threads and their arenas",

@@ -16,7 +16,8 @@ from heapwalk.glibc.check import CheckResult
 from heapwalk.output.jsondoc import SCHEMA_VERSION, report_json
 from heapwalk.output.tables import check_text
 
-__all__ = ["jemalloc_document", "jemalloc_arenas_table", "jemalloc_threads_table", "jemalloc_report", "jemalloc_report_document", "jemalloc_slabs_table"]
+__all__ = ["jemalloc_document", "jemalloc_arenas_table", "jemalloc_threads_table", "jemalloc_report", "jemalloc_report_document", "jemalloc_slabs_table",
+           "THREAD_STATES"]
 
 _ARENA_FIELDS = ("nthreads", "pactive", "pdirty", "pmuzzy", "retained", "dirty_decay_ms", "muzzy_decay_ms",
                  "dirty_npurge", "dirty_nmadvise", "dirty_purged", "muzzy_npurge", "muzzy_nmadvise", "muzzy_purged",
@@ -69,7 +70,8 @@ def jemalloc_arenas_table(state: JeState, box) -> Table:
     return table
 
 
-_STATES = {0: "nominal", 1: "nominal (slow)", 2: "nominal (recompute)", 3: "minimal", 4: "purgatory",
+#: a tsd's state byte, named
+THREAD_STATES = {0: "nominal", 1: "nominal (slow)", 2: "nominal (recompute)", 3: "minimal", 4: "purgatory",
            5: "reincarnated", 6: "never initialised"}
 
 
@@ -82,7 +84,7 @@ def jemalloc_threads_table(state: JeState, box) -> Table:
     for t in state.threads:
         ticker = "unknown" if t.ticker is None else "yes" if t.ticker else "none"
         table.add_row(str(t.number), str(t.lwp), "-" if t.arena is None else str(t.arena),
-                      "unknown" if t.state is None else _STATES.get(t.state, str(t.state)),
+                      "unknown" if t.state is None else THREAD_STATES.get(t.state, str(t.state)),
                       human(t.allocated), human(t.deallocated), human(t.tcache_bytes), ticker)
     return table
 
