@@ -44,6 +44,34 @@ def test_every_column_holds_its_span_and_the_kinds_add_up(width):
         "in_use": 0x120, "large": 0x700, "small": 0x17d0, "top": 0x1000, "overhead": 0x10, "unused": 0x2000}
 
 
+def _columns_by_byte(strip: HeapStrip, width: int) -> np.ndarray:
+    """`columns`' counts the slow way: each byte of the strip looked up in its run and its column."""
+    span = strip.end - strip.start
+    width = max(1, min(width, span))
+    out = np.zeros((width, len(MAP_KINDS)), dtype=np.int64)
+    for start, end, kind in zip(strip.run_starts.tolist(), strip.run_ends.tolist(), strip.kinds.tolist()):
+        for address in range(max(start, strip.start), min(end, strip.end)):
+            column = next(c for c in range(width) if address < strip.start + span * (c + 1) // width)
+            out[column, kind] += 1
+    return out
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_the_columns_count_every_byte_where_it_lies(seed):
+    """Runs of every length, across one edge or many, and runs that begin before the strip or end after it:
+    each byte counts once, in its own column, under its own kind."""
+    rng = np.random.default_rng(seed)
+    sizes = rng.choice([1, 3, 16, 40, 200, 700], size=int(rng.integers(1, 40)))
+    starts = 0x5000 + np.concatenate(([0], np.cumsum(sizes)[:-1]))
+    ends = starts + sizes
+    kinds = rng.integers(0, len(MAP_KINDS), size=len(sizes)).astype(np.uint8)
+    start = int(starts[0] + rng.integers(0, sizes[0]))
+    end = max(start + 1, int(ends[-1] - rng.integers(0, sizes[-1])))
+    strip = HeapStrip(1, "runs", start, end, starts.astype(np.uint64), ends.astype(np.uint64), kinds)
+    for width in (1, 2, 7, 64, 5000):
+        assert (columns(strip, width)[1] == _columns_by_byte(strip, width)).all()
+
+
 def test_the_plain_strip_marks_free_columns_that_hold_chunks_in_use():
     text = text_maps([STRIP], 5, False).plain
     lines = text.splitlines()
@@ -88,6 +116,17 @@ def test_the_png_paints_each_kind_in_its_colour():
     for narrow in (1, 16, 100):        # labels and legend wrapped or cut at the picture's edges
         assert _colours(png_maps([STRIP, trimmed], narrow))[0] == narrow + 16
     assert _colours(png_maps([], 64))[:2] == (80, 16)       # nothing to draw: a blank picture, not an error
+
+
+def test_the_png_marks_damage_three_pixels_wide():
+    """Sixteen bytes the walk could not pass, in one column of 256: a black mark over the whole strip's height
+    on that column and on each neighbour, so that it shows at any scale; nowhere else."""
+    strip = _strip([(0x1000, 0x1ff0, "in_use"), (0x1ff0, 0x2000, "unwalked"), (0x2000, 0x3000, "top")])
+    _, _, rows = png_pixels(png_maps([strip], 256))
+    black = [{i // 3 for i in range(0, len(row), 3) if bytes(row[i:i + 3]) == bytes(3)} for row in rows]
+    column = 8 + (0x1ff0 - 0x1000) * 256 // 0x2000
+    marked = [row for row in black if row == {column - 1, column, column + 1}]
+    assert len(marked) == 28, black
 
 
 CASES = [pytest.param(g, n, id=f"{g}-{n}") for g in GLIBCS for n in REPRODUCERS]

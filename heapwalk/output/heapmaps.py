@@ -16,7 +16,7 @@ from heapwalk.analysis.report import human
 from heapwalk.view import MAP_KINDS, HeapStrip
 
 __all__ = ["columns", "coverage", "marks", "kind_bytes", "chunk_counts", "trim_bytes", "text_maps", "svg_maps",
-           "svg_strip", "LEGEND", "COLOURS", "NAMES", "CHUNK_KINDS", "STRIP_HEIGHT", "BAND_COLOURS"]
+           "svg_strip", "kinds_drawn", "LEGEND", "COLOURS", "NAMES", "CHUNK_KINDS", "STRIP_HEIGHT", "BAND_COLOURS"]
 
 #: each kind's character in a plain strip, and its colour (terminal and SVG)
 LEGEND = {"in_use": "#", "tcache": "t", "fast": "f", "unsorted": "u", "small": "s", "large": "l", "top": "T",
@@ -57,15 +57,40 @@ def coverage(starts: np.ndarray, ends: np.ndarray, edges: np.ndarray) -> np.ndar
 
 def columns(strip: HeapStrip, width: int) -> tuple[np.ndarray, np.ndarray]:
     """STRIP cut into WIDTH columns of (nearly) equal spans: the column edges (WIDTH + 1 addresses) and the
-    bytes of each kind in each column (WIDTH x len(MAP_KINDS), int64; each row sums to its span)."""
+    bytes of each kind in each column (WIDTH x len(MAP_KINDS), int64; each row sums to its span).  Each run
+    counts whole in the column it starts in (its column from where the edges fall among the sorted runs,
+    not a search per run); then a run across an edge moves what lies past the edge to the next column, which
+    adds up to whole spans for the columns a long run crosses."""
     span = strip.end - strip.start
     width = max(1, min(width, span))
-    edges = np.array([strip.start + span * i // width for i in range(width + 1)], dtype=np.uint64)
-    out = np.zeros((width, len(MAP_KINDS)), dtype=np.int64)
-    for k in np.unique(strip.kinds).tolist():
-        mask = strip.kinds == k
-        out[:, k] = coverage(strip.run_starts[mask], strip.run_ends[mask], edges)
-    return edges, out
+    at = (strip.start + span * np.arange(width + 1, dtype=np.int64) // width if span < 1 << 52 else
+          np.array([strip.start + span * i // width for i in range(width + 1)], dtype=np.uint64).view(np.int64))
+    n_kinds = len(MAP_KINDS)
+    starts, ends = _signed(strip.run_starts), _signed(strip.run_ends)
+    lo, hi = np.searchsorted(ends, at[0], side="right"), np.searchsorted(starts, at[-1], side="left")
+    starts, ends, kinds = starts[lo:hi], ends[lo:hi], strip.kinds[lo:hi]
+    lengths = ends - starts
+    if len(lengths):
+        lengths[0] -= max(0, at[0] - starts[0])
+        lengths[-1] -= max(0, ends[-1] - at[-1])
+    column = np.cumsum(np.bincount(np.searchsorted(starts, at[1:-1], side="left"), minlength=len(starts) + 1))
+    out = np.bincount(column[:len(starts)] * n_kinds + kinds, weights=lengths,
+                      minlength=width * n_kinds).astype(np.int64).reshape(width, n_kinds)
+    inner = at[1:-1]
+    holder = np.searchsorted(starts, inner, side="left") - 1
+    held = holder >= 0
+    past = np.where(held, np.minimum(ends[np.maximum(holder, 0)], at[-1]) - inner, 0)
+    cross = np.flatnonzero(held & (past > 0))
+    kind = kinds[holder[cross]]
+    np.add.at(out, (cross, kind), -past[cross])
+    np.add.at(out, (cross + 1, kind), past[cross])
+    return at.astype(np.uint64), out
+
+
+def _signed(addresses: np.ndarray) -> np.ndarray:
+    """ADDRESSES (user-space, below 2**63) as int64, without a copy where they are uint64 already."""
+    addresses = np.asarray(addresses)
+    return addresses.view(np.int64) if addresses.dtype == np.uint64 else addresses.astype(np.int64)
 
 
 def marks(strip: HeapStrip, edges: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
@@ -89,6 +114,12 @@ def trim_bytes(strip: HeapStrip) -> int:
 
 #: the kinds that are chunks, each run of them one chunk
 CHUNK_KINDS = ("in_use", "tcache", "fast", "unsorted", "small", "large", "top", "tcache_struct")
+
+
+def kinds_drawn(strips: Sequence[HeapStrip]) -> list[str]:
+    """The kinds any of STRIPS holds, in MAP_KINDS order."""
+    present = sum((np.bincount(s.kinds, minlength=len(MAP_KINDS)) for s in strips), np.zeros(len(MAP_KINDS), int))
+    return [name for name, n in zip(MAP_KINDS, present.tolist()) if n]
 
 
 def chunk_counts(strip: HeapStrip) -> dict[str, int]:
@@ -202,19 +233,31 @@ BAND_COLOURS = {"trim": _TRIM_COLOUR, "resident": _RESIDENT_COLOUR}
 _ROW, _GAP, _LEFT = 28, 34, 8
 
 
-def _stacks(counts: np.ndarray) -> list[tuple[int, int, list[tuple[int, int]]]]:
-    """The columns as (first column, how many, [(kind, bytes)]): neighbouring columns that hold one kind
-    only, the same, drawn as one rectangle."""
-    out: list[tuple[int, int, list[tuple[int, int]]]] = []
-    for col in range(len(counts)):
-        stack = [(k, int(counts[col, k])) for k in np.flatnonzero(counts[col]).tolist()]
-        if (len(stack) == 1 and out and len(out[-1][2]) == 1 and out[-1][2][0][0] == stack[0][0]
-                and out[-1][0] + out[-1][1] == col):
-            first, n, ((k, total),) = out[-1]
-            out[-1] = (first, n + 1, [(k, total + stack[0][1])])
-        else:
-            out.append((col, 1, stack))
-    return out
+def _stacks(counts: np.ndarray, y: int) -> tuple[list, ...]:
+    """The columns' rectangles as lists (first column, columns, kind, bytes, top, height), from row Y down:
+    a column holding several kinds, a rectangle per kind, stacked in MAP_KINDS order with heights by share;
+    neighbouring columns that hold one kind only, the same, one rectangle of the whole height."""
+    present = counts > 0
+    alone = present.sum(axis=1) == 1
+    kind = present.argmax(axis=1)
+    joined = np.zeros(len(counts), dtype=bool)
+    joined[1:] = alone[1:] & alone[:-1] & (kind[1:] == kind[:-1])
+    first = np.flatnonzero(~joined)
+    cols = np.diff(np.append(first, len(counts)))
+    single = alone[first]
+    one = first[single]
+    mixed = first[~single]
+    totals = counts.sum(axis=1)
+    heights = np.where(present[mixed], _ROW * counts[mixed] / np.maximum(totals[mixed], 1)[:, None], 0.0)
+    tops = np.cumsum(np.concatenate((np.full((len(mixed), 1), float(y)), heights[:, :-1]), axis=1), axis=1)
+    at, k = np.nonzero(present[mixed])
+    x = np.concatenate((one, mixed[at]))
+    order = np.lexsort((np.concatenate((kind[one], k)), x))
+    parts = (x, np.concatenate((cols[single], np.ones(len(at), dtype=np.int64))), np.concatenate((kind[one], k)),
+             np.concatenate((np.add.reduceat(totals, first)[single] if len(first) else first, counts[mixed][at, k])),
+             np.concatenate((np.full(len(one), float(y)), tops[at, k])),
+             np.concatenate((np.full(len(one), float(_ROW)), heights[at, k])))
+    return tuple(part[order].tolist() for part in parts)
 
 
 def _band(values: np.ndarray, spans: np.ndarray) -> list[tuple[int, int, int, float]]:
@@ -252,14 +295,9 @@ def _svg_strip(strip: HeapStrip, width: int, y: int, left: int = _LEFT, label: b
         parts.append(f'<text x="{left}" y="{y - 4}" font-size="11">{escape(strip.label)} '
                      f'{strip.start:#x}-{strip.end:#x} ({human(span)}'
                      + (f'; and {human(strip.beyond)} reserved, never mapped' if strip.beyond else '') + ')</text>')
-    for col, col_width, stack in _stacks(counts):
-        top = float(y)
-        total = sum(n for _, n in stack)
-        for k, n in stack:
-            height = _ROW * n / total
-            parts.append(f'<rect x="{left + col}" y="{top:.3f}" width="{col_width}" height="{height:.3f}" '
-                         f'fill="{COLOURS[MAP_KINDS[k]]}" data-kind="{MAP_KINDS[k]}" data-bytes="{n}"/>')
-            top += height
+    parts += [f'<rect x="{left + col}" y="{top:.3f}" width="{cols}" height="{height:.3f}" '
+              f'fill="{COLOURS[MAP_KINDS[k]]}" data-kind="{MAP_KINDS[k]}" data-bytes="{n}"/>'
+              for col, cols, k, n, top, height in zip(*_stacks(counts, y))]
     parts += _damage_marks(counts[:, MAP_KINDS.index("unwalked")], y, left)
     trim, resident = marks(strip, edges)
     spans = np.diff(edges.astype(np.int64))
@@ -302,8 +340,7 @@ def svg_maps(strips: Sequence[HeapStrip], width: int = 1024, title: str = "heap 
     for strip in strips:
         rows.append(_svg_strip(strip, width, y))
         y += _ROW + _GAP
-    drawn = {MAP_KINDS[k] for s in strips for k in np.unique(s.kinds).tolist()}
-    entries = [(name, COLOURS[name], NAMES[name]) for name in MAP_KINDS if name in drawn]
+    entries = [(name, COLOURS[name], NAMES[name]) for name in kinds_drawn(strips)]
     entries += [band for band in _BANDS if any((s.resident if band[0] == "resident" else s.trimmable) is not None
                                                for s in strips)]
     legend = []

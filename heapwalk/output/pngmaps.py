@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from heapwalk.analysis.report import human
-from heapwalk.output.heapmaps import BAND_COLOURS, COLOURS, NAMES, columns, marks
+from heapwalk.output.heapmaps import BAND_COLOURS, COLOURS, NAMES, columns, kinds_drawn, marks
 from heapwalk.view import MAP_KINDS, HeapStrip
 
 __all__ = ["png_maps", "png_bytes"]
@@ -45,6 +45,11 @@ def _rgb(colour: str) -> np.ndarray:
     return np.array([int(colour[i:i + 2], 16) for i in (1, 3, 5)], dtype=np.uint8)
 
 
+#: each kind's colour, by its index in MAP_KINDS, and white after them (a pixel no kind reaches)
+_PALETTE = np.array([_rgb(COLOURS[k]) for k in MAP_KINDS] + [_rgb("#ffffff")])
+_UNWALKED = MAP_KINDS.index("unwalked")
+
+
 def _text(img: np.ndarray, x: int, y: int, text: str, colour: str = "#222222") -> int:
     """Writes TEXT at (X, Y) (its top left) in the built-in font; returns the x after it."""
     ink = _rgb(colour)
@@ -66,18 +71,19 @@ def _paint_strip(img: np.ndarray, strip: HeapStrip, width: int, y: int) -> None:
     _text(img, _LEFT, y, label + (f" (and {human(strip.beyond)} reserved)" if strip.beyond else ""))
     top = y + _TEXT + 6
     edges, counts = columns(strip, width)
-    palette = np.array([_rgb(COLOURS[k]) for k in MAP_KINDS])
+    xs = _LEFT + np.arange(len(counts) + 1) * width // len(counts)
+    repeat = np.diff(xs)
     cuts = np.rint(np.cumsum(counts, axis=1) * _ROW / np.maximum(counts.sum(axis=1, keepdims=True), 1)).astype(int)
-    for col in range(len(counts)):
-        lo = 0
-        x = _LEFT + col * width // len(counts)
-        x_end = _LEFT + (col + 1) * width // len(counts)
-        for k in np.flatnonzero(counts[col]).tolist():
-            hi = cuts[col, k]
-            img[top + lo:top + hi, x:x_end] = palette[k]
-            lo = hi
-        if counts[col, MAP_KINDS.index("unwalked")]:
-            img[top:top + _ROW, max(_LEFT, x - 1):x_end + 1] = palette[MAP_KINDS.index("unwalked")]
+    kind_at = (cuts[:, None, :] <= np.arange(_ROW)[None, :, None]).sum(axis=2)   # column x pixel row
+    img[top:top + _ROW, xs[0]:xs[-1]] = np.repeat(_PALETTE[kind_at], repeat, axis=0).transpose(1, 0, 2)
+    damaged = np.repeat(counts[:, _UNWALKED] > 0, repeat)
+    if damaged.any():
+        wide = damaged.copy()
+        wide[1:] |= damaged[:-1]
+        wide[:-1] |= damaged[1:]
+        right = min(xs[-1] + 1, img.shape[1])
+        wide = np.concatenate((wide, damaged[-1:]))[:right - xs[0]]
+        img[top:top + _ROW, xs[0]:right][:, wide] = _PALETTE[_UNWALKED]
     trim, resident = marks(strip, edges)
     spans = np.diff(edges.astype(np.int64))
     for row, values, colour in ((top + _ROW + 2, trim, BAND_COLOURS["trim"]),
@@ -85,11 +91,10 @@ def _paint_strip(img: np.ndarray, strip: HeapStrip, width: int, y: int) -> None:
         if values is None:
             continue
         ink = _rgb(colour).astype(float)
-        for col in np.flatnonzero(values).tolist():
-            share = 0.3 + 0.7 * values[col] / spans[col]
-            x = _LEFT + col * width // len(counts)
-            x_end = max(x + 1, _LEFT + (col + 1) * width // len(counts))
-            img[row:row + _BAND, x:x_end] = (255 - share * (255 - ink)).astype(np.uint8)
+        share = 0.3 + 0.7 * values / spans
+        shade = (255 - share[:, None] * (255 - ink)).astype(np.uint8)
+        shade[values == 0] = 255
+        img[row:row + _BAND, xs[0]:xs[-1]] = np.repeat(shade, repeat, axis=0)
 
 
 def _text_width(text: str) -> int:
@@ -117,8 +122,7 @@ def _legend(img: np.ndarray, y: int, entries: list[tuple[str, str]], places: lis
 
 def png_maps(strips: Sequence[HeapStrip], width: int = 1024) -> bytes:
     """A PNG of STRIPS, WIDTH columns each (one pixel a column), labelled, with a legend of what is drawn."""
-    drawn = [k for k in MAP_KINDS if any(k == MAP_KINDS[i] for s in strips for i in np.unique(s.kinds).tolist())]
-    entries = [(NAMES[k], COLOURS[k]) for k in drawn]
+    entries = [(NAMES[k], COLOURS[k]) for k in kinds_drawn(strips)]
     if any(s.trimmable is not None for s in strips):
         entries.append(("malloc_trim(0) gives back", BAND_COLOURS["trim"]))
     if any(s.resident is not None for s in strips):
