@@ -12,7 +12,7 @@ import struct
 
 import pytest
 
-from heapwalk.glibc import chunkwalk, mmapped
+from heapwalk.glibc import chunkwalk, mmapped, resync
 from heapwalk.glibc.chunks import Extent, Listing, Tally
 from heapwalk.glibc.model import ChunkState
 from heapwalk.glibc.chunkwalk import walk_batches
@@ -243,3 +243,39 @@ def test_without_mp_only_a_merged_chunk_that_ends_its_region_is_kept():
     kept = mmapped._ending_their_ranges([stray, below, ends], [(base, base + 0x8000)])
     assert sorted(c.address for c in kept) == [below.address, ends.address]
     assert mmapped._ending_their_ranges([stray], [(base, base + 0x8000)]) == []
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_the_kept_path_from_an_anchor_is_the_path_read_afresh(seed):
+    """`resync.Chain` keeps the chunks from an anchor between the overruns a walk asks of it: for breaks
+    asked in any order (on a chunk, past the end of the steps, inside a chunk, past a size too small to be
+    a chunk's), its answer is the path read from the anchor each time."""
+    rng = random.Random(seed)
+    heap, starts = bytearray(0x4000), []
+    c = 0
+    while c < 0x3000:
+        size = rng.choice((0x20, 0x30, 0x90, 0x110)) if rng.random() < 0.98 else rng.choice((0, 8))
+        struct.pack_into("<Q", heap, c + 8, size | 1)
+        starts.append(BASE + c)
+        c += size or 0x10
+    word = lambda address: struct.unpack_from("<Q", heap, address - BASE)[0]    # noqa: E731
+
+    def afresh(anchor: int, c: int):
+        path, b = [], anchor
+        while b < c:
+            size = word(b + 8) & ~7
+            if size < 0x20:
+                return None
+            path.append((b, size))
+            b += size
+        return path if b == c else None
+    kept, anchor, found = resync.Chain(), starts[0], 0
+    for _ in range(400):
+        if rng.random() < 0.05:
+            anchor = rng.choice(starts)
+        c = rng.choice([s for s in starts if s >= anchor][:80]) if rng.random() < 0.6 else \
+            anchor + rng.randrange(0, 0x1000, 16)
+        path = kept.to(word, anchor, c)
+        assert path == afresh(anchor, c)
+        found += path is not None
+    assert found > 50

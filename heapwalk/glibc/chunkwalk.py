@@ -23,7 +23,7 @@ from heapwalk.glibc.chunks import (ADDRESS_MASK, BIN_STATES, HELD_STATES, LISTED
                                    Tally, extents)
 from heapwalk.glibc.model import Account, Arena, ChunkState
 from heapwalk.glibc.layout import MALLOC_ALIGNMENT, MINSIZE, NON_MAIN_ARENA, PREV_INUSE, SIZE_BITS, Layout
-from heapwalk.glibc.resync import BEYOND, FENCEPOST_ROOM, OVERRUN_SPAN, overrun, overshoot_finding, resync
+from heapwalk.glibc.resync import BEYOND, FENCEPOST_ROOM, OVERRUN_SPAN, Chain, overrun, overshoot_finding, resync
 from heapwalk.target.memory import Memory, ReadError
 from heapwalk.target.words import PROBE_SPAN, Window
 
@@ -90,6 +90,7 @@ def walk_batches(mem: Memory, extent: Extent, top: int, listing: Listing, acc: T
     p_plain = False                      # ... in use and in no list (counted already)
     p_st: ChunkState | None = None       # ... or listed (top, a fencepost), its state
     anchor, anchor_st = extent.first, None  # the last chunk the walk met that the lists (or a resync) vouch for
+    anchor_path = Chain()                # the path from the anchor, as overrun reads it
     unlisted: list[int] = []             # the chunks counted free but in no list (damage: rare)
     first_finding = len(findings)
     flush_at = 4096                      # how many chunks met before they go to the caller
@@ -192,8 +193,9 @@ def walk_batches(mem: Memory, extent: Extent, top: int, listing: Listing, acc: T
             if (impossible and c != top or skipped or p_plain and not pinuse and lists_known
                     or p_st in BIN_STATES and (pinuse or win.word(c) != p_size)):
                 # the neighbours disagree: is it because a size before c sent the walk into a chunk's middle?
-                fix = overrun(Window(mem, end, PROBE_SPAN).word, listing, extent, top, anchor, anchor_st, c,
-                               impossible, want_bit if check_bit else None)
+                probe = Window(mem, end, PROBE_SPAN)
+                fix = overrun(probe.word, listing, extent, top, anchor, anchor_st, c, impossible,
+                              want_bit if check_bit else None, probe.many, anchor_path)
                 if fix is not None:
                     culprit, real, chain = fix
                     gone = dict(chain)  # what the detour counted as in use, once the rest is taken out

@@ -7,6 +7,10 @@ it was (the damaged field, not its victim).
 
 from __future__ import annotations
 
+import bisect
+
+import numpy as np
+
 from heapwalk.findings import Finding, Kind, Severity
 from heapwalk.glibc.chunks import BIN_STATES, Extent, Listing, align_chunk
 from heapwalk.glibc.model import ChunkState
@@ -15,7 +19,7 @@ from heapwalk.target.memory import Memory, ReadError
 from heapwalk.target.words import PROBE_SPAN, Window
 
 __all__ = ["plausible", "resync", "resume_point", "BEYOND", "FENCEPOST_ROOM", "OVERRUN_SPAN", "overshoot_finding",
-           "overrun"]
+           "overrun", "Chain"]
 
 
 _RESYNC_WINDOW = 1 << 16
@@ -92,43 +96,88 @@ _PAST_STEPS = 8
 _PAST_MIN = 2
 
 
+class Chain:
+    """The chunks from an anchor on, as their sizes lead, kept between the `overrun`s a walk asks from one
+    anchor: each asks for the path to a later break, and the path is read once, not from the anchor each
+    time."""
+
+    def __init__(self):
+        self.anchor: int | None = None
+        self.steps: list[tuple[int, int]] = []   # (chunk, size) from the anchor on
+        self.next = 0                              # where the last step leads
+        self.dead = False                          # the header at NEXT is no chunk's, or the steps ran out
+
+    def to(self, word, anchor: int, c: int) -> list[tuple[int, int]] | None:
+        """The path [(chunk, size)] from ANCHOR along sizes to C, or None when sizes do not lead there (a size
+        below MINSIZE, more than _OVERRUN_STEPS chunks, or a step over C); WORD reads the headers."""
+        if anchor != self.anchor:
+            self.anchor, self.steps, self.next, self.dead = anchor, [], anchor, False
+        steps = self.steps
+        while self.next < c and not self.dead:
+            size = word(self.next + 8) & ~SIZE_BITS
+            if size < MINSIZE or len(steps) >= _OVERRUN_STEPS:
+                self.dead = True
+                break
+            steps.append((self.next, size))
+            self.next += size
+        i = bisect.bisect_left(steps, (c,))
+        if i < len(steps):
+            return steps[:i] if steps[i][0] == c else None
+        return steps[:] if self.next == c else None
+
+
 def overrun(word, listing: Listing, extent: Extent, top: int, anchor: int, anchor_st: ChunkState | None,
-             c: int, dead_end: bool, arena_bit: int | None = None
+             c: int, dead_end: bool, arena_bit: int | None = None, many=None, chain: Chain | None = None
              ) -> tuple[int, int, list[tuple[int, int]]] | None:
     """Which chunk's size sent the walk astray before C, where the neighbours disagree.  The walk came from
     ANCHOR (a chunk the lists vouch for, of state ANCHOR_ST) along sizes to C.  The culprit is the first chunk
     on that path inside which a chunk starts whose headers lead, all in use as their PREV_INUSE bits say, to
     the next chunk the lists hold (or top, or the heap's end), or, when C's size is impossible (DEAD_END),
     past C: where the walk's own path cannot go.  ARENA_BIT (NON_MAIN_ARENA or 0; None: unchecked) is what
-    every chunk in use on such a path carries.  Returns (culprit, where its real next chunk starts, the path
-    [(chunk, size)] from the culprit to C), or None when no size before C explains the disagreement."""
-    path, b = [], anchor
-    while b < c:
-        size = word(b + 8) & ~SIZE_BITS
-        if size < MINSIZE or len(path) >= _OVERRUN_STEPS:
-            return None
-        path.append((b, size))
-        b += size
-    if b != c:
+    every chunk in use on such a path carries.  MANY(address, count), when given, reads words in bulk (as
+    `Window.many`), so that the places inside a chunk whose own header already rules them out are passed over
+    without a look each.  CHAIN, kept by the walk, keeps the path from ANCHOR between calls.  Returns
+    (culprit, where its real next chunk starts, the path [(chunk, size)] from the culprit to C), or None when
+    no size before C explains the disagreement."""
+    path = (chain if chain is not None else Chain()).to(word, anchor, c)
+    if path is None:
         return None
     budget = [_OVERRUN_STEPS]
     # past an impossible size, a chain must land no further than where the walk would resume were that size the
     # damage: a header hidden in a chunk's data may leap over C onto sound chunks, but seldom onto the first one
     past = (c, resume_point(word, extent, c, top, listing, arena_bit == 0) or BEYOND) if dead_end else None
-    for k, (b, size) in enumerate(path):
-        if b < c - OVERRUN_SPAN:
-            continue
+    for k in range(bisect.bisect_left(path, (c - OVERRUN_SPAN,)), len(path)):
+        b, size = path[k]
         target = listing.first_after(b, extent.end)
         if b < top < extent.end and (target is None or top < target):
             target = top
         freed = k == 0 and anchor_st in BIN_STATES
-        for r in range(b + MALLOC_ALIGNMENT, b + size, MALLOC_ALIGNMENT):
+        for r in _inside(many, b, size, freed):
             if _leads(word, b, r, freed, target, extent.end, budget, past and (*past, k < len(path) - 1),
                       arena_bit):
                 return b, r, path[k:]
             if budget[0] <= 0:
                 return None
     return None
+
+
+def _inside(many, b: int, size: int, freed: bool):
+    """The places inside the chunk at B of SIZE, in address order, where a real next chunk could start: with
+    MANY, only those whose header agrees with the chunk at B (PREV_INUSE clear and prev_size right when it is
+    FREED, else PREV_INUSE set), as `_leads` checks first; where the words cannot be read at once, and without
+    MANY, every place."""
+    places = range(b + MALLOC_ALIGNMENT, b + size, MALLOC_ALIGNMENT)
+    if many is None or not places:
+        return places
+    words = many(places[0], 2 * len(places))
+    read = len(words) // 2
+    prev_sizes, fields = words[0:2 * read:2], words[1:2 * read:2]
+    if freed:
+        steps = np.arange(1, read + 1, dtype=np.uint64) * np.uint64(MALLOC_ALIGNMENT)
+        agree = (fields & np.uint64(PREV_INUSE) == 0) & (prev_sizes == steps)
+    else:
+        agree = fields & np.uint64(PREV_INUSE) != 0
+    return [b + MALLOC_ALIGNMENT * (i + 1) for i in np.flatnonzero(agree).tolist()] + list(places[read:])
 
 
 def _leads(word, prev: int, r: int, freed: bool, target: int | None, end: int, budget: list[int],

@@ -3,6 +3,8 @@ read, one bulk read per window instead of one per header."""
 
 from __future__ import annotations
 
+import numpy as np
+
 from heapwalk.target.memory import Memory, ReadError
 
 __all__ = ["Window", "word_reader", "read_window", "PROBE_SPAN", "SPAN"]
@@ -31,6 +33,12 @@ class Window:
             self.base, self.words = address & ~7, memoryview(data)[:len(data) // 8 * 8].cast("Q")
             i = 0
         return self.words[i]
+
+    def many(self, address: int, count: int) -> np.ndarray:
+        """Up to COUNT words from ADDRESS (8-aligned) in one read, as uint64: fewer where the heap or the
+        target's memory ends first (`word` says what lies there, or raises).  The window is left as it is."""
+        data = read_window(self.mem, address, min(self.end, address + 8 * count), 8 * count) if count > 0 else b""
+        return np.frombuffer(data, dtype=np.uint64, count=min(count, len(data) // 8))
 
 
 def word_reader(mem: Memory, end: int, span: int = SPAN):
