@@ -9,6 +9,7 @@ unreferenced chunks, and what each holds, equal the ledger the program wrote.
 from __future__ import annotations
 
 import json
+import struct
 
 import numpy as np
 import pytest
@@ -19,7 +20,7 @@ from heapwalk.analysis.leaks import find_leaks, signatures
 from heapwalk.analysis.reach import scan
 from heapwalk.target.elf import Mapping
 from heapwalk.target.memory import ImageMemory
-from heapwalk.target.roots import Root, RegisterRoot, root_regions
+from heapwalk.target.roots import Root, RegisterRoot, image_data, root_regions
 from heapwalk.target.space import MemoryMap
 from heapwalk.target.threads import ThreadRegs
 from heapwalk.view import Blocks
@@ -181,6 +182,33 @@ def test_several_threads_stacks_in_one_mapping_are_each_scanned_from_their_stack
     stacks = [(r.start, r.end, r.thread) for r in roots if r.kind == "stack"]
     assert stacks == [(0x20e000 - 128, 0x211000, 2), (0x21f000 - 128, 0x221000, 3)]
     assert [r.label for r in roots if r.kind == "data"] == ["data of libfoo.so"]
+
+
+def _program(base: int) -> bytes:
+    """The first page of a program whose headers put its code at BASE and its data (0x100 bytes from the
+    file) and bss at BASE + 0x1000 to BASE + 0x3800."""
+    ehdr = b"\x7fELF\x02\x01\x01" + bytes(9) + struct.pack("<HHIQQQIHHHHHH", 3, 62, 1, 0, 64, 0, 0, 64, 56, 2, 64, 0, 0)
+    code = struct.pack("<IIQQQQQQ", 1, 5, 0, 0, 0, 0x1000, 0x1000, 0x1000)
+    data = struct.pack("<IIQQQQQQ", 1, 6, 0x1000, 0x1000, 0x1000, 0x100, 0x2800, 0x1000)
+    return (ehdr + code + data).ljust(0x1000, b"\0")
+
+
+def test_a_programs_bss_next_to_a_threads_stack_is_a_root_whole():
+    """glibc 2.42+ guards a thread's stack inside its mapping, so a stack mapped right above the program's
+    bss makes one writable stretch with it: the bss is still a root, whole, and only the stack below its
+    thread's stack pointer is dead."""
+    base = 0x555555554000
+    space = MemoryMap([Mapping(base, base + 0x2000, 0, "/opt/prog")], [(base, base + 0x20000)], None, True,
+                      [(base + 0x1000, base + 0x20000)])
+    thread = ThreadRegs(2, 2, base + 0x1f6c0, sp=base + 0x1e000)
+    images = image_data(ImageMemory({base: _program(base)}), space)
+    assert images == [(base + 0x1000, base + 0x4000, "prog")]
+    roots = root_regions(space, [thread], owned=[], images=images)
+    assert [(r.start - base, r.end - base, r.kind) for r in roots] == [
+        (0x1000, 0x4000, "data"), (0x1e000 - 128, 0x20000, "stack")]
+    assert roots[0].label == "data of prog"
+    unaware = root_regions(space, [thread], owned=[])        # what the stack's rule alone would keep
+    assert [(r.start - base, r.kind) for r in unaware] == [(0x1e000 - 128, "stack")]
 
 
 @pytest.mark.cores

@@ -16,7 +16,7 @@ import numpy as np
 
 from heapwalk.analysis.reach import Reach, scan
 from heapwalk.target.memory import Memory
-from heapwalk.target.roots import register_roots, root_regions
+from heapwalk.target.roots import image_data, register_roots, root_regions
 from heapwalk.target.space import MemoryMap
 from heapwalk.target.threads import ThreadRegs
 from heapwalk.view import Blocks
@@ -218,5 +218,6 @@ def signature_name(key: object, images: Sequence[tuple[int, int, str]],
 def leaks_of(mem: Memory, blocks: Blocks, space: MemoryMap, threads: Sequence[ThreadRegs],
              progress: Callable[[int, int], None] | None = None) -> Leaks:
     """The leaks of a target: its roots (`target.roots`) around BLOCKS, scanned in MEM, then judged."""
-    roots = root_regions(space, threads, list(blocks.heaps) + list(blocks.private), blocks.large, blocks.unknown)
+    roots = root_regions(space, threads, list(blocks.heaps) + list(blocks.private), blocks.large, blocks.unknown,
+                         images=image_data(mem, space))
     return find_leaks(scan(mem, blocks, roots, register_roots(threads), progress))

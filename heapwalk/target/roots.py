@@ -8,14 +8,16 @@ from __future__ import annotations
 
 import bisect
 import os
+import struct
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from heapwalk.target.memory import merged, ranges_without
+from heapwalk.target.elf import PF_W, PT_LOAD, LibcImage
+from heapwalk.target.memory import Memory, ReadError, merged, ranges_without
 from heapwalk.target.space import MemoryMap
 from heapwalk.target.threads import ThreadRegs
 
-__all__ = ["Root", "RegisterRoot", "root_regions", "register_roots", "readonly_images", "intersect",
+__all__ = ["Root", "RegisterRoot", "root_regions", "register_roots", "readonly_images", "image_data", "intersect",
            "RED_ZONE"]
 
 #: bytes below a thread's stack pointer that a leaf function may still use (the x86-64 ABI's red zone)
@@ -82,17 +84,19 @@ def intersect(a: Iterable[tuple[int, int]], b: Iterable[tuple[int, int]]) -> lis
 
 def root_regions(space: MemoryMap, threads: Sequence[ThreadRegs], owned: Iterable[tuple[int, int]],
                  large: Iterable[tuple[int, int]] = (), unknown: Iterable[tuple[int, int]] = (),
-                 large_name: str = "mmapped chunk") -> list[Root]:
+                 large_name: str = "mmapped chunk", images: Sequence[tuple[int, int, str]] = ()) -> list[Root]:
     """Every root region of the target: its writable memory (all it has when the target cannot say what is
     writable) that can be read, less OWNED (the allocator's heaps and bookkeeping) and less the part of each
     thread's stack below its stack pointer (and red zone); LARGE (allocations with their own mapping, named
-    LARGE_NAME) and UNKNOWN (heap memory whose chunks damage hides) are roots of their own kinds."""
+    LARGE_NAME) and UNKNOWN (heap memory whose chunks damage hides) are roots of their own kinds.  IMAGES
+    (`image_data`: the loaded files' data and bss as their program headers place them) are roots whole,
+    whatever lies next to them: a thread's stack in the same mapping takes no part of them."""
     writable = space.writable if space.writable is not None else space.regions
     if space.readable is not None:
         writable = intersect(writable, space.readable)
     large, unknown = merged(large), merged(unknown)
     pieces = ranges_without(merged(writable), list(owned) + large + unknown)
-    named = _Namer(space, threads)
+    named = _Namer(space, threads, images)
     out = [root for lo, hi in pieces for root in named.roots(lo, hi)]
     out += [Root(lo, hi, "large", large_name) for lo, hi in large]
     out += [Root(lo, hi, "unknown") for lo, hi in unknown]
@@ -116,13 +120,32 @@ def readonly_images(space: MemoryMap) -> list[tuple[int, int, str]]:
     return sorted(out)
 
 
+def image_data(mem: Memory, space: MemoryMap) -> list[tuple[int, int, str]]:
+    """Where each loaded file's writable segments (.data, .bss, the GOT) lie, to the end of their last page,
+    as their program headers say (read from the file's first page in MEM): (start, end, file name), in order;
+    a file whose headers cannot be read is left out."""
+    out = set()
+    for m in space.mappings:
+        if m.offset or not m.path or m.path.startswith(("[", "/dev/", "/SYSV")):
+            continue
+        try:
+            image = LibcImage.read(mem, m.start, m.path)
+        except (ReadError, ValueError, struct.error):
+            continue
+        for seg in image.segments:
+            if seg.type == PT_LOAD and seg.flags & PF_W and seg.memsz and seg.address >= m.start:
+                out.add((seg.address, (seg.end + _PAGE - 1) & ~(_PAGE - 1), os.path.basename(m.path)))
+    return sorted(out)
+
+
 class _Namer:
     """Names the pieces of writable memory: a thread's stack or TLS, a file's data or bss, or anonymous."""
 
-    def __init__(self, space: MemoryMap, threads: Sequence[ThreadRegs]):
+    def __init__(self, space: MemoryMap, threads: Sequence[ThreadRegs], images: Sequence[tuple[int, int, str]] = ()):
         self.threads = threads
         self.files = sorted((m.start, m.end, m.path) for m in space.mappings if m.path)
         self.starts = [f[0] for f in self.files]
+        self.images = sorted(images)
 
     def _file_at(self, address: int) -> tuple[int, int, str] | None:
         i = bisect.bisect_right(self.starts, address) - 1
@@ -131,7 +154,22 @@ class _Namer:
         return None
 
     def roots(self, lo: int, hi: int) -> list[Root]:
-        """The root(s) of the writable piece [LO, HI)."""
+        """The root(s) of the writable piece [LO, HI): the parts that are a loaded file's data or bss, whole,
+        and each part between them as `_part` names it."""
+        out, at = [], lo
+        for start, end, name in self.images:
+            start, end = max(start, lo), min(end, hi)
+            if start >= end:
+                continue
+            if at < start:
+                out += self._part(at, start)
+            found = self._file_at(start)
+            out.append(Root(start, end, "data" if found is not None and found[2].endswith(name) else "bss", name))
+            at = end
+        return out + (self._part(at, hi) if at < hi else [])
+
+    def _part(self, lo: int, hi: int) -> list[Root]:
+        """The root(s) of [LO, HI), writable memory that is no file's data or bss by its headers."""
         stacks = sorted((t for t in self.threads if t.sp is not None and lo <= t.sp < hi + RED_ZONE),
                         key=lambda t: t.sp)
         if stacks:
