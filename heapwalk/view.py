@@ -130,9 +130,9 @@ class Blocks:
         return (self.ends[rows] - self.starts[rows]).astype("int64") + (self.header - self.tail)
 
 
-#: what holds each byte of a heap map, in drawing order (`HeapStrip.kinds` indexes this): glibc's kinds, then
-#: those only jemalloc's extents have
-MAP_KINDS = ("in_use", "tcache", "fast", "unsorted", "small", "large", "top", "tcache_struct", "overhead",
+#: what holds each byte of a heap map, in drawing order (`HeapStrip.kinds` indexes this): glibc's kinds (a chunk
+#: in use that the leak scan found leaked, when it ran, is "leaked"), then those only jemalloc's extents have
+MAP_KINDS = ("in_use", "leaked", "tcache", "fast", "unsorted", "small", "large", "top", "tcache_struct", "overhead",
              "unwalked", "unused", "reserved", "slab_free", "dirty", "muzzy", "retained")
 
 

@@ -314,8 +314,9 @@ def exercise(mem, symbols, maps, threads, regs, target: str, space=None):
     except DiscoveryError as exc:
         return None, None, None, f"refused: {exc}"
     result = check.check(state, mem, disc.layout)
-    rep = report.build_report(heap_view(state), *_leak_scan(mem, disc.layout, state, space, threads))
-    strips = heap_strips(mem, disc.layout, state)
+    scanned = _leak_scan(mem, disc.layout, state, space, threads)
+    rep = report.build_report(heap_view(state), *scanned[:2])
+    strips = heap_strips(mem, disc.layout, state, leaked=scanned[2] if scanned else None)
     tables.make_console(io.StringIO(), False).print(text_maps(strips, 80, False))
     svg_maps(strips, 256)
     png_maps(strips, 128)
@@ -338,8 +339,8 @@ def exercise(mem, symbols, maps, threads, regs, target: str, space=None):
 
 
 def _leak_scan(mem, layout, state, space, threads) -> tuple:
-    """The report's in-use groups and leak totals, as 'heapwalk report' makes them, with 'heapwalk leaks'
-    laid out and written as JSON on the way; () without SPACE."""
+    """The report's in-use groups and leak totals, as 'heapwalk report' makes them, and the leaked chunks (for
+    the maps), with 'heapwalk leaks' laid out and written as JSON on the way; () without SPACE."""
     if space is None:
         return ()
     blocks = blocks_of(mem, layout, state)
@@ -348,7 +349,8 @@ def _leak_scan(mem, layout, state, space, threads) -> tuple:
     laid_out = describe(lk, mem, images, None, 20)
     tables.make_console(io.StringIO(), False).print(leaks_group(laid_out, False))
     json.dumps(leaks_json(jsondoc.header(state), laid_out))
-    return in_use_of(blocks, ~lk.reach.reached, lk.reach.first_words, images, None, mem), leak_totals(lk)
+    return (in_use_of(blocks, ~lk.reach.reached, lk.reach.first_words, images, None, mem), leak_totals(lk),
+            lk.leaked_chunks())
 
 
 def judge(spec: dict, named: int | None, sound: Sound, state, result, rep) -> tuple[str | None, dict]:

@@ -235,6 +235,38 @@ def test_the_report_page_stands_alone_and_says_what_the_json_says(mapped, g, nam
     assert f"the report as a page: {page}" in out
 
 
+def _leaked_bytes(root) -> int:
+    return sum(int(r.get("data-bytes")) for r in root.iter("{http://www.w3.org/2000/svg}rect")
+               if r.get("data-kind") == "leaked")
+
+
+@pytest.mark.cores
+@pytest.mark.parametrize("g", GLIBCS)
+def test_the_maps_mark_the_chunks_the_leak_scan_finds_leaked(g, tmp_path):
+    """'heapwalk map --leaks' and the report's page mark as leaked exactly the chunks the leak reproducer
+    dropped (its ledger: count and bytes), the rest of the chunks in use as in use; on a reproducer that
+    keeps all it allocates, nothing."""
+    for name in ("leak", "thread_arenas"):
+        c = capture(g, name)
+        svg, js, page = tmp_path / f"{name}.svg", tmp_path / f"{name}.json", tmp_path / f"{name}.html"
+        result = run_gdb([str(c.exe), str(c.core)], [f"heapwalk map --leaks --svg {svg}",
+                                                     f"heapwalk report --json {js} --html {page}"],
+                         iex=glibc(g).gdb_settings(False))
+        assert result.returncode == 0, result.stderr
+        facts = json.loads(c.ledger.read_text())["facts"]
+        doc, root = json.loads(js.read_text()), ET.parse(svg).getroot()
+        leaked = (facts["leaked_count"], facts["leaked_bytes"]) if name == "leak" else (0, 0)
+        assert (doc["report"]["leaks"]["leaked_count"], doc["report"]["leaks"]["leaked_bytes"]) == leaked
+        on_map, on_page = _per_arena(root), chunks_per_arena(heap_groups(page.read_text()))
+        assert (sum(a.get("leaked", 0) for a in on_map.values()), _leaked_bytes(root)) == leaked
+        assert sum(a.get("leaked", 0) for a in on_page.values()) == leaked[0]
+        for arena in doc["arenas"]:
+            in_use = arena["accounting"]["chunks"]["in_use"]
+            for counted in (on_map[arena["number"]], on_page[arena["number"]]):
+                assert counted.get("in_use", 0) + counted.get("leaked", 0) == in_use, (name, arena["number"])
+        assert ("x leaked (in use, nothing reaches it)" in result.stdout) == (name == "leak")
+
+
 @pytest.fixture(scope="module")
 def je_mapped(tmp_path_factory):
     """je_mapped(suite, name) -> (the SVG's root, gdb's stdout) of 'heapwalk map --svg' on a jemalloc

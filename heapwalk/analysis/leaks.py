@@ -77,6 +77,11 @@ class Leaks:
     def unreferenced_count(self) -> int:
         return len(self.unreferenced)
 
+    def leaked_chunks(self) -> np.ndarray:
+        """The leaked blocks' chunk addresses (their headers'), sorted (uint64)."""
+        blocks = self.reach.blocks
+        return np.sort(blocks.starts[self.leaked] - np.uint64(blocks.header))
+
 
 def find_leaks(reach: Reach) -> Leaks:
     """The leaked and unreferenced blocks of REACH, and what each unreferenced block holds."""

@@ -271,7 +271,8 @@ class ReportCommand(Subcommand):
         glibc_doc = None
         if found.glibc:
             state = found.glibc[0]
-            rep = report.build_report(heap_view(state), *(in_use_and_leaks(found) if not args.no_leaks else ()))
+            scanned = in_use_and_leaks(found) if not args.no_leaks else None
+            rep = report.build_report(heap_view(state), *(scanned[:2] if scanned else ()))
             notes = partial(state)
             console = console_with_header(state, beside_jemalloc=je_rep is not None)
             console.print(tables.report_group(rep, interactive()))
@@ -282,7 +283,8 @@ class ReportCommand(Subcommand):
             glibc_doc = jsondoc.report_document(state, rep, notes) if args.json or args.html else None
             if args.html:
                 write_report_html(args.html, found.glibc, glibc_doc, console, je_doc,
-                                  both_text(je_rep, rep) if je_rep is not None else "", found.jemalloc)
+                                  both_text(je_rep, rep) if je_rep is not None else "", found.jemalloc,
+                                  scanned[2] if scanned else None)
             if args.xml:
                 with open(args.xml, "w", encoding="utf-8") as fh:
                     fh.write(mallocinfo.malloc_info_xml(state))

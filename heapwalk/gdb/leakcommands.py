@@ -28,14 +28,15 @@ def scan_leaks(found) -> Leaks:
     return leaks_of(mem, blocks_of(mem, layout, state), target.space, target.threads)
 
 
-def in_use_and_leaks(found) -> tuple[InUse, LeakTotals]:
-    """What the glibc heap FOUND holds in use, by size and signature, and what of it is leaked."""
+def in_use_and_leaks(found) -> tuple[InUse, LeakTotals, np.ndarray]:
+    """What the glibc heap FOUND holds in use, by size and signature, what of it is leaked, and the leaked
+    chunks' addresses (for the heap maps)."""
     state, mem, layout = found.glibc
     blocks = blocks_of(mem, layout, state)
     target = found.target
     lk = leaks_of(mem, blocks, target.space, target.threads)
     return (in_use_of(blocks, ~lk.reach.reached, lk.reach.first_words, readonly_images(target.space), symbol_at, mem),
-            leak_totals(lk))
+            leak_totals(lk), lk.leaked_chunks())
 
 
 def reach_text(lk: Leaks, chunk: int, threads=()) -> str | None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 
 from heapwalk.gdb.console import console_with_header, gdb_console, interactive
+from heapwalk.gdb.leakcommands import scan_leaks
 from heapwalk.gdb.session import UserError, load_allocators
 from heapwalk.gdb.subcommand import Parser, Subcommand
 from heapwalk.glibc.heapmap import heap_strips
@@ -42,18 +43,21 @@ class MapCommand(Subcommand):
                        "each a stack of the kinds it holds)")
         p.add_argument("--png", metavar="FILE", help=f"also write the maps as a PNG picture ({SVG_WIDTH} pixels a "
                        "strip)")
+        p.add_argument("--leaks", action="store_true", help="also run the leak scan ('heapwalk leaks') and mark "
+                       "the chunks in use that nothing reaches as leaked")
         return p
 
     def run(self, args) -> None:
         if args.width < 0:
             raise UserError("heapwalk map: --width must be positive")
-        found = load_allocators(walk_chunks=True, keep_chunks=True)   # walked: a non-contiguous main arena's
-        #                                                               pieces are found; kept: the strips' chunks
+        # walked: a non-contiguous main arena's pieces are found; kept: the strips' chunks (and the leak scan's)
+        found = load_allocators(walk_chunks=True, keep_chunks=True, keep_used=args.leaks)
         je = found.jemalloc
         strips = jemalloc_strips(je) if je is not None and (je.extents is not None or not found.glibc) else []
         if found.glibc:
             state, mem, layout = found.glibc
-            strips = heap_strips(mem, layout, state, args.reserved) + strips
+            leaked = scan_leaks(found).leaked_chunks() if args.leaks else None
+            strips = heap_strips(mem, layout, state, args.reserved, leaked) + strips
             console = console_with_header(state)
             if je is not None and je.extents is None:
                 console.print("jemalloc's extents are not drawn: its radix tree of extents was not found")
@@ -90,11 +94,12 @@ def _write(path: str, data: bytes, command: str = "heapwalk map") -> None:
 
 
 def write_report_html(path: str, glibc, doc: dict, console, beside: dict | None = None, both: str = "",
-                      jemalloc=None) -> None:
+                      jemalloc=None, leaked=None) -> None:
     """Writes to PATH the report page of the report document DOC, with the heap maps of GLIBC (state, memory,
-    layout; None for jemalloc's) and JEMALLOC's extents (its state, or None) and, for a process with both
-    allocators, jemalloc's document BESIDE with the sentence BOTH; and says where on CONSOLE."""
-    strips = heap_strips(glibc[1], glibc[2], glibc[0]) if glibc else []
+    layout; None for jemalloc's), the chunks at LEAKED (the leak scan's, when it ran) marked leaked, and
+    JEMALLOC's extents (its state, or None) and, for a process with both allocators, jemalloc's document
+    BESIDE with the sentence BOTH; and says where on CONSOLE."""
+    strips = heap_strips(glibc[1], glibc[2], glibc[0], leaked=leaked) if glibc else []
     je_strips = jemalloc_strips(jemalloc) if jemalloc is not None and jemalloc.extents is not None else []
     if glibc is None:
         strips, je_strips = je_strips, []

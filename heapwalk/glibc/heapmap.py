@@ -41,10 +41,12 @@ for _code, _state in STATE_OF_CODE.items():
     _KIND_OF_CODE[_code] = KIND_OF_STATE[_state]
 
 
-def heap_strips(mem: Memory, layout: Layout, state: HeapState, reserved: bool = False) -> list[HeapStrip]:
+def heap_strips(mem: Memory, layout: Layout, state: HeapState, reserved: bool = False, leaked=None
+                ) -> list[HeapStrip]:
     """Every heap of every arena of STATE as a strip, in arena order; a thread heap's strip ends where its
     memory made writable ends, unless RESERVED asks for the whole reservation (the rest is `beyond`).  Each
-    strip carries the ranges malloc_trim(0) would give back and, where the target says, its resident pages."""
+    strip carries the ranges malloc_trim(0) would give back and, where the target says, its resident pages;
+    the chunks in use at the addresses LEAKED holds (the leak scan's, when it ran) are of kind "leaked"."""
     kept = (state.walk.chunks if state.walk is not None else None) or {}
     listings: list = []          # the state's listing, made only for an arena the walk kept no chunks of
 
@@ -70,7 +72,25 @@ def heap_strips(mem: Memory, layout: Layout, state: HeapState, reserved: bool = 
             tail = [(extent.end, writable, KIND["unused"]), (writable, end, KIND["reserved"])]
             strips.append(replace(_strip(arena.number, label, extent, chunks, tail, end), beyond=limit - end))
         out.extend(_with_trim(strips, _trimmed(mem, layout, state, arena, strips)))
-    return _with_residency(out, state.residency)
+    return _with_leaks(_with_residency(out, state.residency), leaked)
+
+
+def _with_leaks(strips: list[HeapStrip], leaked) -> list[HeapStrip]:
+    """STRIPS, with each chunk in use whose address LEAKED holds (None: no leak scan ran) made "leaked"."""
+    if leaked is None or not len(leaked):
+        return strips
+    leaked = np.sort(np.asarray(leaked, dtype=np.uint64))
+    out = []
+    for strip in strips:
+        rows = np.flatnonzero(strip.kinds == KIND["in_use"])
+        at = np.minimum(np.searchsorted(leaked, strip.run_starts[rows]), len(leaked) - 1)
+        hit = rows[leaked[at] == strip.run_starts[rows]]
+        if len(hit):
+            kinds = strip.kinds.copy()
+            kinds[hit] = KIND["leaked"]
+            strip = replace(strip, kinds=kinds)
+        out.append(strip)
+    return out
 
 
 def _trimmed(mem: Memory, layout: Layout, state: HeapState, arena: Arena, strips: list[HeapStrip]

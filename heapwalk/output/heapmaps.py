@@ -19,14 +19,14 @@ __all__ = ["columns", "coverage", "marks", "kind_bytes", "chunk_counts", "trim_b
            "svg_strip", "kinds_drawn", "LEGEND", "COLOURS", "NAMES", "CHUNK_KINDS", "STRIP_HEIGHT", "BAND_COLOURS"]
 
 #: each kind's character in a plain strip, and its colour (terminal and SVG)
-LEGEND = {"in_use": "#", "tcache": "t", "fast": "f", "unsorted": "u", "small": "s", "large": "l", "top": "T",
+LEGEND = {"in_use": "#", "leaked": "x", "tcache": "t", "fast": "f", "unsorted": "u", "small": "s", "large": "l", "top": "T",
           "tcache_struct": "c", "overhead": "h", "unwalked": "!", "unused": ":", "reserved": ".", "slab_free": "r",
           "dirty": "d", "muzzy": "m", "retained": ","}
-COLOURS = {"in_use": "#d62728", "tcache": "#9edae5", "fast": "#17becf", "unsorted": "#bcbd22", "small": "#2ca02c",
+COLOURS = {"in_use": "#d62728", "leaked": "#e377c2", "tcache": "#9edae5", "fast": "#17becf", "unsorted": "#bcbd22", "small": "#2ca02c",
            "large": "#98df8a", "top": "#1f77b4", "tcache_struct": "#8c564b", "overhead": "#7f7f7f",
            "unwalked": "#000000", "unused": "#dbdbdb", "reserved": "#f5f5f5", "slab_free": "#9467bd",
            "dirty": "#ff9896", "muzzy": "#c5b0d5", "retained": "#e7e7e7"}
-NAMES = {"in_use": "in use", "tcache": "tcache", "fast": "fastbin", "unsorted": "unsorted", "small": "small bin",
+NAMES = {"in_use": "in use", "leaked": "leaked (in use, nothing reaches it)", "tcache": "tcache", "fast": "fastbin", "unsorted": "unsorted", "small": "small bin",
          "large": "large bin", "top": "top", "tcache_struct": "tcache struct", "overhead": "headers",
          "unwalked": "not walked (damage)", "unused": "mapped, unused", "reserved": "reserved, never mapped",
          "slab_free": "free regions in slabs", "dirty": "dirty pages", "muzzy": "muzzy pages",
@@ -113,7 +113,7 @@ def trim_bytes(strip: HeapStrip) -> int:
 
 
 #: the kinds that are chunks, each run of them one chunk
-CHUNK_KINDS = ("in_use", "tcache", "fast", "unsorted", "small", "large", "top", "tcache_struct")
+CHUNK_KINDS = ("in_use", "leaked", "tcache", "fast", "unsorted", "small", "large", "top", "tcache_struct")
 
 
 def kinds_drawn(strips: Sequence[HeapStrip]) -> list[str]:
@@ -133,12 +133,12 @@ def _characters(counts: np.ndarray, colour: bool) -> tuple[Text, bool]:
     however few, take the column: damage is never hidden), or, for a column mostly free that holds chunks
     in use too (they pin the free memory around them), the free kind's colour with a lighter block in
     colour, '+' in plain text; and whether any column is so marked."""
-    in_use, unwalked = MAP_KINDS.index("in_use"), MAP_KINDS.index("unwalked")
+    in_use, leaked, unwalked = MAP_KINDS.index("in_use"), MAP_KINDS.index("leaked"), MAP_KINDS.index("unwalked")
     out = Text()
     any_pinned = False
     for row in counts:
         name = MAP_KINDS[unwalked if row[unwalked] else int(row.argmax())]
-        pinned = name not in ("in_use", "unwalked") and row[in_use] > 0
+        pinned = name not in ("in_use", "leaked", "unwalked") and row[in_use] + row[leaked] > 0
         any_pinned |= bool(pinned)
         if colour:
             out.append("\u2593" if pinned else "\u2588", style=COLOURS[name])

@@ -172,9 +172,10 @@ def _maps(strips: Sequence[HeapStrip], unit: str = "chunks") -> str:
             bits = [f"{human(strip.end - strip.start)}", f"in use {human(held.get('in_use', 0))}"] + [
                 f"{NAMES[k]} {human(held[k])}" for k in ("slab_free", "dirty", "muzzy", "retained") if held.get(k)]
         else:
-            bits = [f"{human(strip.end - strip.start)}", f"in use {human(held.get('in_use', 0))}",
-                    f"free {human(free)}", f"top {human(held.get('top', 0))}",
-                    f"trim gives back {human(trim_bytes(strip))}"]
+            bits = [f"{human(strip.end - strip.start)}",
+                    f"in use {human(held.get('in_use', 0) + held.get('leaked', 0))}"] + (
+                [f"leaked {human(held['leaked'])}"] if held.get("leaked") else []) + [
+                f"free {human(free)}", f"top {human(held.get('top', 0))}", f"trim gives back {human(trim_bytes(strip))}"]
         if strip.resident is not None:
             res = strip.resident.astype("int64")
             bits.append(f"resident {human(int((res[:, 1] - res[:, 0]).sum()))}")
