@@ -21,8 +21,9 @@ __all__ = ["check_jemalloc", "scope"]
 def check_jemalloc(state: JeState) -> tuple[Finding, ...]:
     """Every violation found in STATE, errors first, then by address."""
     findings = list(state.all_findings())
+    held = None if state.extents is None else held_bytes(state.extents)
     for a in state.arenas:
-        findings += _extents(a) + _bins(a) + _active(a) + _walked(state, a)
+        findings += _extents(a) + _bins(a) + _active(a) + _walked(state, a, held)
     return tuple(sorted(findings, key=lambda f: (f.severity is not Severity.ERROR,
                                                  f.severity is not Severity.WARNING, f.address)))
 
@@ -74,14 +75,14 @@ def _active(a: JeArena) -> list[Finding]:
                    "slabs + large allocations + at most a page each", f"{padding} bytes left over")]
 
 
-def _walked(state: JeState, a: JeArena) -> list[Finding]:
+def _walked(state: JeState, a: JeArena, held_by_extent) -> list[Finding]:
     """The arena's extents found through the radix tree against its counters (none when the tree was not
-    found)."""
+    found); HELD_BY_EXTENT is `held_bytes` of the state's extents."""
     table = state.extents
     if table is None:
         return []
     mine = table.arena == a.index
-    held = int(held_bytes(table)[mine & (table.state == ACTIVE)].sum())
+    held = int(held_by_extent[mine & (table.state == ACTIVE)].sum())
     want = a.small()["allocated"] + a.large_totals()["allocated"]
     out = []
     for name, state_code, counted in (("active", ACTIVE, a.pactive * PAGE), ("dirty", DIRTY, a.pdirty * PAGE),

@@ -72,7 +72,7 @@ def jemalloc_arenas_table(state: JeState, box) -> Table:
 
 #: a tsd's state byte, named
 THREAD_STATES = {0: "nominal", 1: "nominal (slow)", 2: "nominal (recompute)", 3: "minimal", 4: "purgatory",
-           5: "reincarnated", 6: "never initialised"}
+                 5: "reincarnated", 6: "never initialised"}
 
 
 def jemalloc_threads_table(state: JeState, box) -> Table:
