@@ -15,7 +15,7 @@ from heapwalk.cli.corewriter import hold_for, write_core
 from heapwalk.cli.gdbmi import CliError, Gdb
 from heapwalk.analysis.report import human
 from heapwalk.cli.proc import environment, ptrace_advice, read_smaps, resident_runs
-from heapwalk.target.residency import RESIDENT_ENV
+from heapwalk.target.pages import PagesUnknown
 
 
 def _residency_note(doc: dict) -> str:
@@ -27,9 +27,8 @@ def _residency_note(doc: dict) -> str:
     return ""
 
 
-def _through_gdb(args, pid: int, core: Path, json_file: Path):
-    """gdb attached: the live report, or gcore's whole core; (seconds stopped, smaps, resident runs, the
-    report's text or None)."""
+def _live(args, pid: int, json_file: Path):
+    """gdb attached, the live report; (seconds stopped, smaps, resident runs, the report's text)."""
     text = None
     with Gdb(args.gdb, None, not args.no_symbols) as gdb:
         started = time.monotonic()
@@ -41,31 +40,32 @@ def _through_gdb(args, pid: int, core: Path, json_file: Path):
         try:
             smaps = read_smaps(pid)
             runs = resident_runs(pid, smaps)
-            if args.live:
-                text = gdb.run(report_command(json_file, None, not args.no_leaks, json_file.with_suffix(".html")))
-            else:
-                gdb.run(f"generate-core-file {core}", timeout=3600)
+            text = gdb.run(report_command(json_file, None, not args.no_leaks, json_file.with_suffix(".html")))
         finally:
             gdb.run("detach")
             stopped = time.monotonic() - started
     return stopped, smaps, runs, text
 
 
-def _stopped_briefly(pid: int, core: Path, facts: dict):
-    """PID stopped with ptrace while its core is written (`corewriter`, FACTS in its HEAPWALK note);
-    (seconds stopped, smaps, resident runs, the core's `CoreSummary`)."""
+def _stopped_briefly(pid: int, core: Path, facts: dict, whole_files: bool):
+    """PID stopped with ptrace while its core is written (`corewriter`, FACTS in its HEAPWALK note,
+    WHOLE_FILES: the pages of its files too); (seconds stopped, smaps, resident runs, the core's
+    `CoreSummary`)."""
     try:
-        hold = hold_for(pid)
+        hold = hold_for(pid, whole_files)
         started = time.monotonic()
         with ptrace.stop(pid) as stopped:
             smaps = read_smaps(pid)
             runs = resident_runs(pid, smaps)
-            pending = write_core(stopped, core, facts, hold)
+            pending = write_core(stopped, core, facts, hold, whole_files)
         stopped_for = time.monotonic() - started
         return stopped_for, smaps, runs, pending.finish()
     except ptrace.PtraceError as exc:
         raise CliError(f"heapwalk: cannot capture {pid}: {exc} (see 'man 2 ptrace'; as root, or with "
                        "kernel.yama.ptrace_scope=0, it works)") from None
+    except PagesUnknown as exc:
+        raise CliError(f"heapwalk: cannot capture {pid}: {exc}: heapwalk reads a process only where its page map "
+                       "says a read allocates nothing in it; run heapwalk as the process's user or as root") from None
     except OSError as exc:
         raise CliError(f"heapwalk: cannot write the core of {pid} to {core}: {exc.strerror}") from None
 
@@ -82,8 +82,35 @@ def _process_record(pid: int) -> dict:
     except OSError as exc:
         raise CliError(f"heapwalk: cannot read /proc/{pid} ({exc.strerror}): run heapwalk as the process's user "
                        "or as root") from None
-    return {"pid": pid, "exe": exe, "cmdline": cmdline, "environment": environment(pid), "threads": threads,
-            "cpus_online": os.cpu_count()}
+    settings, unknown = environment(pid)
+    return {"pid": pid, "exe": exe, "cmdline": cmdline, "environment": settings, "environment_unknown": unknown,
+            "threads": threads, "cpus_online": os.cpu_count()}
+
+
+#: the fields of glibc's mp_ that the MALLOC_* variables, GLIBC_TUNABLES and mallopt set, as the capture names them
+_MP_SETTINGS = (("arena_max", "arena_max", False), ("arena_test", "arena_test", False),
+                ("trim_threshold", "trim_threshold", True), ("mmap_threshold", "mmap_threshold", True),
+                ("top_pad", "top_pad", True), ("n_mmaps_max", "mmap_max", False),
+                ("tcache_count", "tcache_count", False), ("tcache_max_bytes", "tcache_max", True))
+
+
+def malloc_settings(record: dict, doc: dict) -> str:
+    """The line that says the process's malloc settings and where they come from: its environment block
+    (RECORD), and glibc's own state (the report's DOC: mp_), which holds them however they were set."""
+    env = record.get("environment") or {}
+    if record.get("environment_unknown"):
+        said = f"not known from its environment: {record['environment_unknown']}"
+    else:
+        said = (", ".join(f"{k}={v}" for k, v in env.items()) or "none") + " (its environment block)"
+    mp = doc.get("mp") if isinstance(doc.get("mp"), dict) else None
+    if mp:
+        values = [f"{label} {human(mp[key]) if size else mp[key]}" for key, label, size in _MP_SETTINGS
+                  if isinstance(mp.get(key), int)]
+        if isinstance(mp.get("no_dyn_threshold"), int):
+            values.append("thresholds " + ("pinned (set by a variable or mallopt)" if mp["no_dyn_threshold"]
+                                           else "dynamic (raised as large blocks are freed)"))
+        said += "; malloc's own state (mp_): " + ", ".join(values)
+    return f"heapwalk: malloc settings: {said}"
 
 
 def cmd_capture(args) -> int:
@@ -106,33 +133,34 @@ def cmd_capture(args) -> int:
     json_file = out_dir / "report.json"
     core = out_dir / "core"
     written = None
-    if args.live or args.full:
-        stopped, smaps, runs, text = _through_gdb(args, pid, core, json_file)
+    if args.live:
+        stopped, smaps, runs, text = _live(args, pid, json_file)
     else:
         stopped, smaps, runs, written = _stopped_briefly(pid, core, {
-            "cpus_online": record["cpus_online"], "cpus_allowed": record["cpus_allowed"]})
+            "cpus_online": record["cpus_online"], "cpus_allowed": record["cpus_allowed"]}, args.full)
     record.update(stopped_seconds=round(stopped, 3), smaps=smaps, resident_runs=runs,
                   core=None if args.live else str(core), time=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                  core_writer="gcore" if args.full else None if args.live else "heapwalk")
+                  core_writer=None if args.live else "heapwalk")
     if written is not None:
-        record.update(core_size=written.size, core_bytes_written=written.written)
+        record.update(core_size=written.size, core_bytes_written=written.written, not_read=[
+            {"start": lo, "end": hi, "why": why} for lo, hi, why in written.not_read])
     (out_dir / "capture.json").write_text(json.dumps(record, indent=1) + "\n")
     if not args.live:
-        if args.full and runs is not None:       # gcore's core does not say which pages were resident
-            os.environ[RESIDENT_ENV] = str((out_dir / "capture.json").resolve())
-        try:
-            gdb, _ = open_core(args, core, exe)
-            with gdb:
-                text = gdb.run(report_command(json_file, None, not args.no_leaks, json_file.with_suffix(".html")))
-        finally:
-            os.environ.pop(RESIDENT_ENV, None)
-    what = "while heapwalk read it live" if args.live else "while gcore wrote the core" if args.full else \
+        gdb, _ = open_core(args, core, exe)
+        with gdb:
+            text = gdb.run(report_command(json_file, None, not args.no_leaks, json_file.with_suffix(".html")))
+    what = "while heapwalk read it live" if args.live else \
         (f"while heapwalk read its memory ({human(written.written)} that is not zeros, written to a sparse core "
          f"of {human(written.size)})")
     print(f"heapwalk: process {pid} was stopped for {stopped:.2f} s {what}; it is running again")
-    print(f"heapwalk: {record['threads']} threads, {record['cpus_allowed']} of {record['cpus_online']} CPUs allowed; "
-          f"malloc settings: {', '.join(f'{k}={v}' for k, v in record['environment'].items()) or 'none'}")
+    if written is not None and written.not_read:
+        print(f"heapwalk: not read, so not in the core: {human(written.not_read_bytes)} of mappings no read may touch "
+              "without allocating or mapping a page in the process (untouched shared memory, devices); "
+              "capture.json lists them")
+    doc = json.loads(json_file.read_text())
+    print(f"heapwalk: {record['threads']} threads, {record['cpus_allowed']} of {record['cpus_online']} CPUs allowed")
+    print(malloc_settings(record, doc))
     print(text, end="")
-    print(_residency_note(json.loads(json_file.read_text())), end="")
+    print(_residency_note(doc), end="")
     print(f"heapwalk: written to {out_dir}: {'' if args.live else 'core, '}report.json, report.html, capture.json")
     return 0

@@ -1,23 +1,33 @@
-"""An ELF core of a stopped process, written from /proc/PID/mem: only the memory that holds anything.
+"""An ELF core of a stopped process, written from /proc/PID/mem: only the memory that holds anything, and
+nothing read that would make the kernel allocate or map a page in the process.
 
 gcore writes every readable mapping whole, so each thread arena's 64 MiB reservation goes into the core even
-where it was never touched.  Here, with the process's threads stopped (`ptrace.Stopped`), each private
-mapping is written page run by page run, only the pages whose bytes the process made (/proc/PID/pagemap):
-- in an anonymous mapping (heaps, arenas, stacks, mmapped chunks), the pages resident or swapped out; the
-  rest are zero-filled segments with no bytes in the file, as never-touched memory reads as zeros;
-- in a mapping of a file (code, data, RELRO), the pages the process wrote (no longer the file's own), and the
-  first page of an ELF image, as the kernel's cores have; gdb reads the rest from the file the NT_FILE note
-  names.
-Shared mappings and [vdso] are written whole.  PROT_NONE ranges (guard pages, the unused part of a heap's
-reservation), [vvar] and [vsyscall] are left out.  While the process is stopped its pages are read into
-memory made ready beforehand (`hold_for`), as far as it goes, and written to the file once it runs again:
-writing the file while it is stopped would double the pause.
+where it was never touched, and its reads fault in every page they touch: untouched shared memory gets RAM
+allocated, untouched private memory the zero page.  Here, with the process's threads stopped
+(`ptrace.Stopped`), each mapping is planned page by page from /proc/PID/pagemap with the rules of
+`heapwalk.target.pages` (a page is read from the process only when present or swapped out):
+- anonymous memory (heaps, arenas, stacks, mmapped chunks): its present and swapped-out pages are written;
+  the untouched ones are zero-filled segments with no bytes in the file, as they read as zeros;
+- a private mapping of a file: the pages the process wrote; and where the mapping is writable or was
+  written at all (a library's .data, .bss and relocated GOT: what decoders read), every page, those it did not
+  write taken from the file itself; elsewhere (code, read-only data) zero-filled segments with no bytes, which
+  gdb fills from the file the NT_FILE note names, as for the kernel's cores; the first page of an ELF image
+  is kept whole, as the kernel's cores have it;
+- shared memory (anonymous, memfd, tmpfs, System V): the pages the process has in its page tables;
+- what no rule may read (shared memory the process never touched, devices, pages past a file's end, a file
+  that cannot be opened): no segment at all, so that a reader of the core finds no bytes there rather than
+  zeros, and the HEAPWALK note lists each such run with its reason ("not_read").
+[vdso] is written whole; [vvar] and [vsyscall] and PROT_NONE ranges (guard pages, the unused part of a heap's
+reservation) are left out.  While the process is stopped its pages are read into memory made ready
+beforehand (`hold_for`), as far as it goes, and written to the file once it runs again: writing the file
+while it is stopped would double the pause.
 
 The notes are those of a kernel core: each thread's NT_PRSTATUS and NT_FPREGSET (the thread group leader
 first, which gdb makes the current thread), NT_PRPSINFO, NT_AUXV and NT_FILE; and one of heapwalk's own,
-"HEAPWALK", with what the capture knew beside the memory (the CPU counts the arena limit depends on, and
-which pages were resident: those of private mappings the core holds, less the runs it lists as
-"not_resident"), which `target.corefile.CoreFile.capture_facts` and `target.residency.of_core` read back.
+"HEAPWALK", with what the capture knew beside the memory (the CPU counts the arena limit depends on, which
+pages were resident: those of private mappings the core holds, less the runs it lists as "not_resident", and
+the runs it did not read, "not_read"), which `target.corefile.CoreFile.capture_facts` and
+`target.residency.of_core` read back.
 """
 
 from __future__ import annotations
@@ -28,166 +38,166 @@ import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional, Tuple
 
 import numpy as np
 
 from heapwalk.cli.ptrace import Stopped
+from heapwalk.target.memory import ReadError
+from heapwalk.target.pages import SPECIAL, LivePages, MapsLine, Page, PagesUnknown, absent_reason
 from heapwalk.target.residency import runs_of
 
-__all__ = ["Mapping", "Segment", "CoreSummary", "PendingCore", "read_maps", "plan_segments", "hold_for",
-           "write_core"]
+__all__ = ["Segment", "CoreSummary", "PendingCore", "plan_segments", "hold_for", "write_core", "Piece"]
 
 PAGE = 4096
 _READ = 8 << 20                          # bytes read from /proc/PID/mem at once
-_MERGE_PAGES = 0                         # resident runs this close are written as one (fewer segments)
+_MERGE_PAGES = 0                         # stored runs this close (across known zeros) are written as one
 _MAX_SEGMENTS = 60000                    # under ELF's 65535 program headers, with room for the note
 _HOLD_MAX = 8 << 30                      # the most memory made ready to read the process into (`hold_for`)
 _NT_PRSTATUS, _NT_FPREGSET, _NT_PRPSINFO, _NT_AUXV, _NT_FILE = 1, 2, 3, 6, 0x46494C45
 _PT_LOAD, _PT_NOTE = 1, 4
 #: the note of what the capture knew of the process beside its memory (JSON; gdb skips notes it does not know)
 HEAPWALK_NOTE, NT_HEAPWALK = b"HEAPWALK", 1
-_SKIPPED = ("[vvar]", "[vvar_vclock]", "[vsyscall]")
 
+#: what the core holds of a page: nothing (not read), a zero-filled segment (zeros, or the file's bytes
+#: that gdb reads from the file), or bytes read from the process's memory, from its file, or known zeros
+#: inside a stored segment
+_NONE, _FILL, _MEM, _FROM_FILE, _ZEROS = 0, 1, 2, 3, 4
+_SOURCES = {_MEM: "mem", _FROM_FILE: "file", _ZEROS: "zeros"}
 
-@dataclass(frozen=True)
-class Mapping:
-    """One line of /proc/PID/maps."""
-
-    start: int
-    end: int
-    perms: str
-    offset: int
-    inode: int
-    name: str
-
-    @property
-    def file_backed(self) -> bool:
-        return self.inode != 0 and self.name.startswith("/")
-
+#: a piece of a stored segment: [start, end) and where its bytes come from ("mem", "file" or "zeros")
+Piece = Tuple[int, int, str]
 
 
 @dataclass(frozen=True)
 class Segment:
-    """A PT_LOAD: [start, end) of memory with FLAGS (ELF's R=4, W=2, X=1), its first FILESZ bytes stored;
-    MAYBE_ZEROS when some of its pages are not the process's alone (they may be the kernel's zero page)."""
+    """A PT_LOAD: [start, end) of MAPPING with FLAGS (ELF's R=4, W=2, X=1), its first FILESZ bytes stored
+    (its pages of zeros left holes in the file), read piece by piece (PIECES; none for a zero-filled
+    segment)."""
 
     start: int
     end: int
     flags: int
     filesz: int
-    maybe_zeros: bool
+    pieces: Tuple[Piece, ...] = ()
+    mapping: Optional[MapsLine] = None
 
 
 @dataclass(frozen=True)
 class CoreSummary:
     """What was written: the core's size, the bytes of memory in it that are not zeros (what it takes on disk,
-    besides its headers), and the segments."""
+    besides its headers), the segments, and the runs of the process's mappings it did not read, with why."""
 
     size: int
     written: int
     segments: int
+    not_read: Tuple[Tuple[int, int, str], ...] = ()
 
-
-def read_maps(pid: int) -> list[Mapping]:
-    """PID's mappings (/proc/PID/maps)."""
-    out = []
-    for line in Path(f"/proc/{pid}/maps").read_text(errors="replace").splitlines():
-        fields = line.split(None, 5)
-        if len(fields) < 5:
-            continue
-        start, _, end = fields[0].partition("-")
-        out.append(Mapping(int(start, 16), int(end, 16), fields[1], int(fields[2], 16), int(fields[4]),
-                           fields[5].strip() if len(fields) > 5 else ""))
-    return out
+    @property
+    def not_read_bytes(self) -> int:
+        return sum(hi - lo for lo, hi, _ in self.not_read)
 
 
 def _flags(perms: str) -> int:
     return (4 if perms[0] == "r" else 0) | (2 if perms[1] == "w" else 0) | (1 if perms[2] == "x" else 0)
 
 
-def _runs(pagemap: int, start: int, end: int, merge: int, private_file: bool,
-          not_resident: list[tuple[int, int]] | None = None) -> list[tuple[int, int, bool]]:
-    """(start, end, shared) runs of the pages of [START, END) whose bytes the core must hold, runs at most
-    MERGE pages apart joined: pages resident or swapped out, or, in a private mapping of a file
-    (PRIVATE_FILE), only those the process has written (resident but no longer the file's page, or swapped
-    out).  SHARED says a page of the run is swapped out or not this process's alone (the kernel's zero page,
-    mapped where untouched memory was only read, or a page shared with a parent since fork): it may be
-    zeros.  The runs' pages that are not resident (swapped out, or joined across) go to NOT_RESIDENT."""
-    runs: list[tuple[int, int, bool]] = []
-    for lo in range(start, end, 1 << 30):
-        hi = min(end, lo + (1 << 30))
-        try:
-            entries = np.frombuffer(os.pread(pagemap, (hi - lo) // PAGE * 8, lo // PAGE * 8), dtype=np.uint64)
-        except OSError:
-            return [(start, end, True)]  # cannot tell: keep it all
-        if len(entries) * PAGE != hi - lo:
-            return [(start, end, True)]
-        bit = lambda n: ((entries >> np.uint64(n)) & np.uint64(1)).astype(bool)  # noqa: E731
-        present = bit(63) & ~bit(61) if private_file else bit(63)
-        keep = bit(62) | present
-        edges = np.flatnonzero(np.diff(np.concatenate(([False], keep, [False])).view(np.int8)))
-        firsts, lasts = edges[::2], edges[1::2]
-        if not len(firsts):
-            continue
-        joined = np.concatenate(([True], firsts[1:] - lasts[:-1] > merge))
-        starts, ends = firsts[joined], np.concatenate((lasts[:-1][joined[1:]], lasts[-1:]))
-        alone = np.concatenate(([0], np.cumsum(keep & ~bit(56))))
-        shared = alone[ends] > alone[starts]
-        if not_resident is not None:
-            not_resident += runs_of(_inside(starts, ends, len(keep)) & ~bit(63), lo)
-        runs += [(lo + a * PAGE, lo + b * PAGE, bool(c)) for a, b, c in zip(starts.tolist(), ends.tolist(),
-                                                                           shared.tolist())]
-    return runs
+def _is_elf(pages: LivePages, m: MapsLine, mem: int | None) -> bool:
+    """Does the file mapping M begin with an ELF header (read without faulting anything in)?"""
+    if not m.file_backed or m.offset != 0 or m.shared:
+        return False
+    try:
+        return pages.read(m.start, 4, lambda at, n: os.pread(mem, n, at) if mem is not None else b"") == b"\x7fELF"
+    except (ReadError, OSError):
+        return False
 
 
-def _inside(starts: np.ndarray, ends: np.ndarray, n: int) -> np.ndarray:
-    """A mask of N pages, true inside the runs [STARTS[i], ENDS[i])."""
-    steps = np.zeros(n + 1, dtype=np.int64)
-    np.add.at(steps, starts, 1)
-    np.add.at(steps, ends, -1)
-    return np.cumsum(steps[:-1]) > 0
+def _codes(pages: LivePages, m: MapsLine, kinds: np.ndarray, elf: bool, whole_files: bool = False) -> np.ndarray:
+    """What the core holds of each page of mapping M (the `_NONE`... codes) from its `Page` KINDS; WHOLE_FILES
+    keeps every page of a private file mapping, as for the writable ones."""
+    code = np.full(len(kinds), _NONE, dtype=np.int8)
+    from_process = kinds <= int(Page.SWAPPED)
+    if m.name == "[vdso]":
+        code[:] = _MEM
+    elif m.shared or pages.device(m):
+        code[from_process] = _MEM
+    elif m.anonymous:
+        code[from_process] = _MEM
+        code[(kinds == int(Page.ZEROS)) | (kinds == int(Page.ZERO_PAGE))] = _FILL
+    else:
+        written = (kinds == int(Page.OWN)) | (kinds == int(Page.SWAPPED))
+        whole = whole_files or m.perms[1] == "w" or bool(written.any())
+        code[written] = _MEM
+        unwritten_in_ram, from_file = kinds == int(Page.FILE_PAGE), kinds == int(Page.FILE)
+        if whole:
+            code[unwritten_in_ram] = _MEM
+            code[from_file] = _FROM_FILE
+        else:
+            code[unwritten_in_ram | from_file] = _FILL
+            if elf and len(code):
+                code[0] = _MEM if unwritten_in_ram[0] else _FROM_FILE if from_file[0] else code[0]
+    return code
 
 
-def plan_segments(pid: int, maps: list[Mapping], elf_start: dict[int, bool], merge: int = _MERGE_PAGES,
-                  not_resident: list[tuple[int, int]] | None = None) -> list[Segment]:
-    """The PT_LOAD segments of PID's core (see the module); ELF_START says which file mappings begin with an
-    ELF header (by start address): their first page is kept whole.  The pages of private mappings the core
-    holds that were not resident (swapped out, or joined across) go to NOT_RESIDENT."""
+def _runs_of_codes(code: np.ndarray) -> list[tuple[int, int, int]]:
+    """(first page, end page, code) runs of equal codes."""
+    bounds = [0, *(np.flatnonzero(np.diff(code)) + 1).tolist(), len(code)]
+    return [(a, b, int(code[a])) for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+def _mapping_segments(m: MapsLine, code: np.ndarray, kinds: np.ndarray, merge: int,
+                      not_resident: list[tuple[int, int]], not_read: list[tuple[int, int, str]]) -> list[Segment]:
+    """The segments of mapping M from its pages' CODES; stored runs at most MERGE pages of known zeros apart
+    are joined; the stored pages that were not resident go to NOT_RESIDENT, the runs not read to NOT_READ."""
+    if merge and m.anonymous and not m.shared:
+        runs = _runs_of_codes(code)
+        for i in range(1, len(runs) - 1):
+            a, b, c = runs[i]
+            if c == _FILL and b - a <= merge and runs[i - 1][2] >= _MEM and runs[i + 1][2] >= _MEM:
+                code[a:b] = _ZEROS
+    flags = _flags(m.perms)
     out: list[Segment] = []
-    if not_resident is not None:
-        not_resident.clear()
-    with open(f"/proc/{pid}/pagemap", "rb", buffering=0) as pagemap:
-        for m in maps:
-            if m.perms[0] != "r" or m.name in _SKIPPED:
-                continue
-            flags = _flags(m.perms)
-            if m.perms[3] != "p" or m.name == "[vdso]":
-                out.append(Segment(m.start, m.end, flags, m.end - m.start, True))
-                continue
-            runs = _runs(pagemap.fileno(), m.start, m.end, merge, m.file_backed, not_resident)
-            if elf_start.get(m.start):
-                runs = _joined([(m.start, m.start + PAGE, True)] + runs, merge)
-            at = m.start
-            for lo, hi, shared in runs:
-                if lo > at:
-                    out.append(Segment(at, lo, flags, 0, False))
-                out.append(Segment(lo, hi, flags, hi - lo, shared))
-                at = hi
-            if at < m.end:
-                out.append(Segment(at, m.end, flags, 0, False))
-    if len(out) > _MAX_SEGMENTS:
-        return plan_segments(pid, maps, elf_start, max(16, merge * 4), not_resident)
+    stored = code >= _MEM
+    runs = _runs_of_codes(np.where(stored, _MEM, code).astype(np.int8))
+    for a, b, c in runs:
+        lo, hi = m.start + a * PAGE, m.start + b * PAGE
+        if c == _NONE:
+            not_read.append((lo, hi, absent_reason(m)))
+        elif c == _FILL:
+            out.append(Segment(lo, hi, flags, 0, (), m))
+        else:
+            pieces = tuple((m.start + pa * PAGE, m.start + pb * PAGE, _SOURCES[pc])
+                           for pa, pb, pc in _runs_of_codes(code[a:b]) for pa, pb in [(pa + a, pb + a)])
+            part = kinds[a:b]
+            out.append(Segment(lo, hi, flags, hi - lo, pieces, m))
+            away = (part == int(Page.SWAPPED)) | (part == int(Page.FILE)) | (code[a:b] == _ZEROS)
+            not_resident += runs_of(away, lo)
     return out
 
 
-def _joined(runs: list[tuple[int, int, bool]], merge: int) -> list[tuple[int, int, bool]]:
-    """Sorted RUNS with overlapping or close ones (fewer than MERGE pages apart) joined."""
-    out: list[tuple[int, int, bool]] = []
-    for lo, hi, shared in sorted(runs):
-        if out and lo - out[-1][1] <= merge * PAGE:
-            out[-1] = (out[-1][0], max(out[-1][1], hi), out[-1][2] or shared)
-        else:
-            out.append((lo, hi, shared))
+def plan_segments(pages: LivePages, mem: int | None = None, merge: int = _MERGE_PAGES,
+                  not_resident: list[tuple[int, int]] | None = None,
+                  not_read: list[tuple[int, int, str]] | None = None, whole_files: bool = False) -> list[Segment]:
+    """The PT_LOAD segments of the core of the process PAGES reads (see the module), MEM an open
+    /proc/PID/mem (to tell ELF images from their first bytes; None: from their files only); WHOLE_FILES keeps
+    every page of the files it maps privately (code and read-only data too: a core that needs no files).  The pages of
+    private mappings the core holds that were not resident go to NOT_RESIDENT, the runs not read, with why,
+    to NOT_READ."""
+    out: list[Segment] = []
+    resident_out: list[tuple[int, int]] = []
+    read_out: list[tuple[int, int, str]] = []
+    for m in pages.maps:
+        if m.perms[0] != "r" or m.name in SPECIAL:
+            continue
+        kinds = pages.pages(m)
+        code = _codes(pages, m, kinds, _is_elf(pages, m, mem), whole_files)
+        out += _mapping_segments(m, code, kinds, merge, resident_out, read_out)
+    if len(out) > _MAX_SEGMENTS:
+        return plan_segments(pages, mem, max(16, merge * 4), not_resident, not_read, whole_files)
+    if not_resident is not None:
+        not_resident[:] = resident_out
+    if not_read is not None:
+        not_read[:] = read_out
     return out
 
 
@@ -220,16 +230,17 @@ def _prpsinfo(pid: int) -> bytes:
                        pid, ppid, pgrp, sid, comm, args)
 
 
-def _file_note(maps: list[Mapping]) -> bytes:
+def _file_note(maps: list[MapsLine]) -> bytes:
     files = [m for m in maps if m.file_backed]
     body = struct.pack("<QQ", len(files), PAGE)
     body += b"".join(struct.pack("<QQQ", m.start, m.end, m.offset // PAGE) for m in files)
     return body + b"".join(m.name.encode() + b"\0" for m in files)
 
 
-def _notes(stopped: Stopped, maps: list[Mapping], facts: dict | None) -> bytes:
+def _notes(stopped: Stopped, maps: list[MapsLine]) -> bytes:
+    """The notes of a kernel core for the process STOPPED holds (read while it is stopped)."""
     pid = stopped.pid
-    parts = [_note(NT_HEAPWALK, json.dumps(facts).encode(), HEAPWALK_NOTE)] if facts else []
+    parts = []
     for i, thread in enumerate(stopped.threads):
         parts.append(_note(_NT_PRSTATUS, _prstatus(pid, thread.tid, thread.regs, bool(thread.fpregs))))
         if i == 0:
@@ -241,28 +252,17 @@ def _notes(stopped: Stopped, maps: list[Mapping], facts: dict | None) -> bytes:
     return b"".join(parts)
 
 
-def _elf_starts(mem: int, maps: list[Mapping]) -> dict[int, bool]:
-    """Which file mappings at offset 0 begin with an ELF header."""
-    out = {}
-    for m in maps:
-        if m.file_backed and m.offset == 0 and m.perms[0] == "r":
-            try:
-                out[m.start] = os.pread(mem, 4, m.start) == b"\x7fELF"
-            except OSError:
-                out[m.start] = False
-    return out
-
-
-def hold_for(pid: int) -> mmap.mmap | None:
+def hold_for(pid: int, whole_files: bool = False) -> mmap.mmap | None:
     """Memory made resident before PID is stopped, to read its pages into while it is stopped: reading into
     pages already there is as fast as reading can be, where writing the file meanwhile would double the
     pause.  Sized from the pages PID would have written now, and at most a quarter of the memory available
     (the rest is then written to the file while the process is stopped); None when that is too little."""
     try:
-        planned = sum(s.filesz for s in plan_segments(pid, read_maps(pid), {}))
+        with LivePages(pid) as pages:
+            planned = sum(s.filesz for s in plan_segments(pages, whole_files=whole_files))
         available = next(int(line.split()[1]) * 1024 for line in Path("/proc/meminfo").read_text().splitlines()
                          if line.startswith("MemAvailable:"))
-    except (OSError, StopIteration, ValueError):
+    except (OSError, StopIteration, ValueError, PagesUnknown):
         return None
     size = min(planned + planned // 8 + (8 << 20), available // 4, _HOLD_MAX) // PAGE * PAGE
     if size < _READ:
@@ -275,107 +275,138 @@ def hold_for(pid: int) -> mmap.mmap | None:
 
 class PendingCore:
     """A core whose memory has been read (the process may go on) and whose file is not yet complete: what
-    was read into the memory held for it is written by `finish`."""
+    was read into the memory held for it, and the notes (which end the file), are written by `finish`."""
 
-    def __init__(self, out: int, hold: mmap.mmap | None, size: int, segments: int):
+    def __init__(self, out: int, hold: mmap.mmap | None, size: int, segments: int, notes, not_read):
         self.out, self.hold, self.size, self.segments = out, hold, size, segments
         self.written = 0
         self.held: list[tuple[Segment, int, memoryview]] = []      # segment, file offset, its bytes
+        self._notes = notes            # not_read -> the notes' bytes
+        self.not_read: list[tuple[int, int, str]] = not_read
+
+    def unread(self, lo: int, hi: int, why: str) -> None:
+        """[LO, HI) of a stored segment could not be read after all: the note says so (it stays zeros)."""
+        self.not_read.append((lo, hi, why))
 
     def finish(self) -> CoreSummary:
-        """Writes what was held into the file, closes it, and says what was written."""
+        """Writes what was held and the notes into the file, closes it, and says what was written."""
         try:
             for segment, at, data in self.held:
                 for done in range(0, len(data), _READ):
                     with data[done:done + _READ] as piece:
-                        self.written += _write_nonzero(self.out, piece, at + done) if segment.maybe_zeros else \
-                            os.pwrite(self.out, piece, at + done)
+                        self.written += _write_nonzero(self.out, piece, at + done)
                 data.release()
+            notes = self._notes(self.not_read)
+            os.pwrite(self.out, notes, self.size)
+            os.pwrite(self.out, struct.pack("<IIQQQQQQ", _PT_NOTE, 0, self.size, 0, 0, len(notes), 0, 4), 64)
+            self.size += len(notes)
         finally:
             os.close(self.out)
             if self.hold is not None:
                 self.hold.close()
-        return CoreSummary(self.size, self.written, self.segments)
+        return CoreSummary(self.size, self.written, self.segments, tuple(self.not_read))
 
 
-def write_core(stopped: Stopped, path: Path, facts: dict | None = None, hold: mmap.mmap | None = None
-               ) -> PendingCore:
+def write_core(stopped: Stopped, path: Path, facts: dict | None = None, hold: mmap.mmap | None = None,
+               whole_files: bool = False) -> PendingCore:
     """Reads the memory of the process STOPPED holds for its core at PATH (see the module), with FACTS (what
     the capture knows of the process that a core does not hold: its CPU counts) as a HEAPWALK note: into HOLD
     (`hold_for`) as far as it goes, the rest into the file.  `PendingCore.finish`, once the process goes on,
-    completes the file."""
+    completes the file; WHOLE_FILES stores the pages of its files too (see `plan_segments`).  PagesUnknown
+    when the process's page map cannot be read."""
     pid = stopped.pid
-    maps = read_maps(pid)
     mem = os.open(f"/proc/{pid}/mem", os.O_RDONLY)
     try:
-        not_resident: list[tuple[int, int]] = []
-        segments = plan_segments(pid, maps, _elf_starts(mem, maps), not_resident=not_resident)
-        notes = _notes(stopped, maps, dict(facts or {}, residency="segments", not_resident=not_resident))
-        phnum = len(segments) + 1
-        notes_at = 64 + 56 * phnum
-        data_at = -(-(notes_at + len(notes)) // PAGE) * PAGE
-        header = struct.pack("<4sBBBB8xHHIQQQIHHHHHH", b"\x7fELF", 2, 1, 1, 0, 4, 62, 1, 0, 64, 0, 0, 64, 56,
-                             phnum, 0, 0, 0)
-        table = [struct.pack("<IIQQQQQQ", _PT_NOTE, 0, notes_at, 0, 0, len(notes), 0, 4)]
-        offset = data_at
-        for s in segments:
-            table.append(struct.pack("<IIQQQQQQ", _PT_LOAD, s.flags, offset if s.filesz else 0, s.start, 0,
-                                     s.filesz, s.end - s.start, PAGE))
-            offset += s.filesz
-        path.unlink(missing_ok=True)     # a new file: rewriting an old one makes some file systems flush it
-        out = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        pending = PendingCore(out, hold, offset, len(segments))
-        try:
-            os.pwrite(out, header + b"".join(table) + notes, 0)
-            os.ftruncate(out, offset)
-            _read_segments(mem, pending, segments, data_at)
-        except BaseException:
-            os.close(out)
-            raise
+        with LivePages(pid) as pages:
+            not_resident: list[tuple[int, int]] = []
+            not_read: list[tuple[int, int, str]] = []
+            segments = plan_segments(pages, mem, not_resident=not_resident, not_read=not_read,
+                                     whole_files=whole_files)
+            maps = pages.maps
+
+            process_notes = _notes(stopped, maps)
+
+            def notes(unread: list[tuple[int, int, str]]) -> bytes:
+                known = dict(facts or {}, residency="segments", not_resident=not_resident,
+                             not_read=[list(r) for r in unread])
+                return _note(NT_HEAPWALK, json.dumps(known).encode(), HEAPWALK_NOTE) + process_notes
+
+            phnum = len(segments) + 1
+            data_at = -(-(64 + 56 * phnum) // PAGE) * PAGE
+            header = struct.pack("<4sBBBB8xHHIQQQIHHHHHH", b"\x7fELF", 2, 1, 1, 0, 4, 62, 1, 0, 64, 0, 0, 64, 56,
+                                 phnum, 0, 0, 0)
+            table = [struct.pack("<IIQQQQQQ", _PT_NOTE, 0, 0, 0, 0, 0, 0, 4)]     # written by `finish`
+            offset = data_at
+            for s in segments:
+                table.append(struct.pack("<IIQQQQQQ", _PT_LOAD, s.flags, offset if s.filesz else 0, s.start, 0,
+                                         s.filesz, s.end - s.start, PAGE))
+                offset += s.filesz
+            path.unlink(missing_ok=True)     # a new file: rewriting an old one makes some file systems flush it
+            out = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            pending = PendingCore(out, hold, offset, len(segments), notes, not_read)
+            try:
+                os.pwrite(out, header + b"".join(table), 0)
+                os.ftruncate(out, offset)
+                _read_segments(mem, pages, pending, segments, data_at)
+            except BaseException:
+                os.close(out)
+                raise
     finally:
         os.close(mem)
     return pending
 
 
-def _read_segments(mem: int, pending: PendingCore, segments: list[Segment], data_at: int) -> None:
-    """Each segment's bytes from memory: into the memory PENDING holds while it has room, else into its file
-    (from offset DATA_AT on)."""
+def _read_piece(mem: int, pages: LivePages, pending: PendingCore, segment: Segment, piece: Piece,
+                into: memoryview) -> int:
+    """PIECE of SEGMENT into INTO (its bytes from the piece's start on): from the process's memory, from the
+    mapping's file, or nothing for known zeros; a read that fails is noted as not read.  The bytes got."""
+    lo, hi, source = piece
+    if source == "zeros":
+        return 0
+    try:
+        if source == "file" and segment.mapping is not None:
+            data = pages.read_file(segment.mapping, lo, hi - lo)
+            into[:len(data)] = data
+            return len(data)
+        got = os.preadv(mem, [into[:hi - lo]], lo)
+    except (OSError, ReadError) as exc:
+        pending.unread(lo, hi, f"a read failed: {getattr(exc, 'strerror', None) or exc}")
+        return 0
+    if got < hi - lo:
+        pending.unread(lo + got, hi, "a read came back short")
+    return got
+
+
+def _read_segments(mem: int, pages: LivePages, pending: PendingCore, segments: list[Segment],
+                   data_at: int) -> None:
+    """Each stored segment's bytes: into the memory PENDING holds while it has room, else into its file (from
+    offset DATA_AT on)."""
     view = memoryview(pending.hold) if pending.hold is not None else None
     used, at, buffer = 0, data_at, None
     for s in segments:
-        if view is not None and s.filesz and used + s.filesz <= len(view):
+        if not s.filesz:
+            continue
+        if view is not None and used + s.filesz <= len(view):
             data = view[used:used + s.filesz]
-            for done in range(0, s.filesz, _READ):
-                try:
-                    os.preadv(mem, [data[done:done + min(_READ, s.filesz - done)]], s.start + done)
-                except OSError:
-                    pass            # unmapped meanwhile: zeros, as a hole would read
+            for piece in _split(s.pieces):
+                _read_piece(mem, pages, pending, s, piece, data[piece[0] - s.start:])
             pending.held.append((s, at, data))
             used += s.filesz
-        elif s.filesz:
+        else:
             buffer = buffer or memoryview(bytearray(_READ))
-            pending.written += _copy(mem, pending.out, s, at, buffer)
+            for piece in _split(s.pieces):
+                got = _read_piece(mem, pages, pending, s, piece, buffer)
+                pending.written += _write_nonzero(pending.out, buffer[:got], at + piece[0] - s.start)
         at += s.filesz
     if view is not None:
         view.release()
 
 
-def _copy(mem: int, out: int, segment: Segment, at: int, buffer: memoryview) -> int:
-    """SEGMENT's bytes from memory into file OUT at offset AT, read through BUFFER; what cannot be read (a
-    page unmapped meanwhile) and, where the segment may hold the zero page, pages of zeros are left holes,
-    which read as zeros and take no disk.  The bytes written."""
-    written = 0
-    for done in range(0, segment.filesz, len(buffer)):
-        n = min(len(buffer), segment.filesz - done)
-        try:
-            got = os.preadv(mem, [buffer[:n]], segment.start + done)
-        except OSError:
-            got = 0
-        if segment.maybe_zeros:
-            written += _write_nonzero(out, buffer[:got], at + done)
-        elif got:
-            written += os.pwrite(out, buffer[:got], at + done)
-    return written
+def _split(pieces: Tuple[Piece, ...]):
+    """PIECES cut to at most `_READ` bytes each."""
+    for lo, hi, source in pieces:
+        for at in range(lo, hi, _READ):
+            yield at, min(hi, at + _READ), source
 
 
 def _write_nonzero(fd: int, data: memoryview, at: int) -> int:

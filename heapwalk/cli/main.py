@@ -90,8 +90,8 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--live", action="store_true",
                    help="no core: read the process itself (it stays stopped while the report runs)")
     p.add_argument("--full", action="store_true",
-                   help="gcore's whole core instead (every readable mapping written whole: a longer pause, a "
-                   "much bigger file)")
+                   help="also keep the pages of the files the process maps (code, read-only data), read from the "
+                   "files, so the core opens on a machine without them: a bigger file, a little longer pause")
     leaks_option(p)
     p.set_defaults(run=cmd_capture, sysroot=None)
 

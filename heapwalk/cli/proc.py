@@ -4,6 +4,7 @@ MALLOC_* settings, its mappings with their RSS, and which pages are resident."""
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 from heapwalk.target.memory import merged
@@ -35,18 +36,29 @@ def ptrace_advice(pid: int) -> str | None:
     return None
 
 
-def environment(pid: int) -> dict[str, str]:
-    """The MALLOC_* variables and GLIBC_TUNABLES the process started with."""
+_ENV_ITEM = re.compile(rb"[A-Za-z_][A-Za-z0-9_.-]*=")
+
+
+def environment(pid: int) -> tuple[dict[str, str], str | None]:
+    """The MALLOC_* variables and GLIBC_TUNABLES the process started with, from its environment block (the
+    strings the kernel put on its stack at exec, /proc/PID/environ), and None; or ({}, why) when the block
+    cannot be read or no longer holds an environment (a process that wrote its title over it, as php-fpm
+    and others do: then only the allocator's own state tells)."""
     try:
         raw = Path(f"/proc/{pid}/environ").read_bytes()
-    except OSError:
-        return {}
+    except OSError as exc:
+        return {}, f"its environment block cannot be read ({exc.strerror})"
+    items = [item for item in raw.rstrip(b"\0").split(b"\0")]
+    if raw and not all(_ENV_ITEM.match(item) for item in items):
+        first = next((item for item in items if item and not _ENV_ITEM.match(item)), b"")
+        return {}, (f"the process wrote over its environment block (it now holds "
+                    f"\"{first[:40].decode(errors='replace')}\")")
     out = {}
-    for item in raw.split(b"\0"):
+    for item in items:
         name, _, value = item.decode(errors="replace").partition("=")
         if name.startswith("MALLOC_") or name == "GLIBC_TUNABLES":
             out[name] = value
-    return out
+    return out, None
 
 
 def read_smaps(pid: int) -> list[dict]:

@@ -12,6 +12,7 @@ from heapwalk.gdb.console import read_only
 from heapwalk.gdb.session import Settings, UserError
 from heapwalk.glibc.decode import gc_paused
 from heapwalk.glibc.discovery import DiscoveryError
+from heapwalk.target.pages import PagesUnknown
 
 __all__ = ["Parser", "Subcommand", "json_option"]
 
@@ -55,6 +56,10 @@ class Subcommand(gdb.Command):
             return
         except (UserError, DiscoveryError) as exc:
             raise gdb.GdbError(str(exc)) from None
+        except PagesUnknown as exc:
+            raise gdb.GdbError(f"heapwalk {self.name}: {exc}: heapwalk reads a running process only where its "
+                               "page map says a read allocates nothing in it; run gdb as the process's user "
+                               "or as root") from None
         except OSError as exc:  # a --json/--xml FILE that cannot be written, mostly
             where = f"cannot write {exc.filename}" if exc.filename else "system error"
             raise gdb.GdbError(f"heapwalk {self.name}: {where}: {exc.strerror or exc}") from None

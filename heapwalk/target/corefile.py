@@ -9,6 +9,7 @@ that an executable given for the core is the same build.  Pure Python, no gdb.
 
 from __future__ import annotations
 
+import bisect
 import json
 import struct
 from dataclasses import dataclass
@@ -94,6 +95,21 @@ def file_build_id(path: str | Path) -> str | None:
         return None
 
 
+def _overlaps(a: list[tuple[int, int]], b: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The non-empty intersections of the ranges of A with those of B."""
+    b = sorted(b)
+    starts = [lo for lo, _ in b]
+    out = []
+    for lo, hi in a:
+        i = max(bisect.bisect_right(starts, lo) - 1, 0)
+        while i < len(b) and b[i][0] < hi:
+            x, y = max(lo, b[i][0]), min(hi, b[i][1])
+            if x < y:
+                out.append((x, y))
+            i += 1
+    return out
+
+
 @dataclass(frozen=True)
 class Truncation:
     """A core cut short: its size, the size its program headers call for, and the address ranges of the
@@ -133,12 +149,14 @@ class CoreFile:
             raise CoreError(f"{path} is cut short: its program headers are missing")
         self.loads: list[tuple[int, int, int, int]] = []    # (vaddr, memsz, file offset, filesz)
         self.writable: list[tuple[int, int]] = []            # the load segments the process could write
+        self.load_flags: list[int] = []                      # each load segment's p_flags
         self._note_data = b""
         for i in range(phnum):
             p_type, p_flags, p_offset, p_vaddr, _, p_filesz, p_memsz = struct.unpack_from("<IIQQQQQ", table,
                                                                                           i * phentsize)
             if p_type == _PT_LOAD:
                 self.loads.append((p_vaddr, p_memsz, p_offset, p_filesz))
+                self.load_flags.append(p_flags)
                 if p_flags & _PF_W:
                     self.writable.append((p_vaddr, p_vaddr + p_memsz))
             elif p_type == _PT_NOTE:
@@ -169,6 +187,31 @@ class CoreFile:
                 if len(data) == size:
                     return data
         raise LookupError(f"{address:#x} is not in the core")
+
+    def regions(self) -> list[tuple[int, int]]:
+        """The load segments as [start, end) ranges, those that touch with the same flags joined: one mapping
+        the capture wrote as several segments (pages stored, pages zero-filled) is one region again, as the
+        kernel's and gcore's cores have it."""
+        out: list[tuple[int, int, int]] = []
+        for (vaddr, memsz, _, _), flags in sorted(zip(self.loads, self.load_flags)):
+            if out and out[-1][1] == vaddr and out[-1][2] == flags:
+                out[-1] = (out[-1][0], vaddr + memsz, flags)
+            else:
+                out.append((vaddr, vaddr + memsz, flags))
+        return [(lo, hi) for lo, hi, _ in out]
+
+    def holes(self, have_file) -> list[tuple[int, int]]:
+        """The ranges of the process's memory whose bytes the core does not hold, though a reader may get
+        zeros there: the runs `heapwalk capture` did not read (its note's "not_read"), and the zero-filled
+        parts of load segments that lie in a mapped file HAVE_FILE(path) says the reader cannot read (gdb
+        fills those from the file, or with zeros when it has none)."""
+        out = [(a, b) for a, b, *_ in self.capture_facts().get("not_read", ())
+               if isinstance(a, int) and isinstance(b, int)]
+        unbacked = [(m.start, m.end) for m in self.file_mappings() if not have_file(m.path)]
+        if unbacked:
+            filled = [(vaddr + filesz, vaddr + memsz) for vaddr, memsz, _, filesz in self.loads if filesz < memsz]
+            out += _overlaps(filled, unbacked)
+        return sorted(out)
 
     def file_mappings(self) -> list[FileMapping]:
         """The NT_FILE note: every file mapping of the process."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import weakref
 
 import gdb  # type: ignore[import-not-found]
 
@@ -18,6 +19,7 @@ from heapwalk.target.threads import FATAL_SIGNALS, ThreadRegs
 from heapwalk.target.elf import Mapping
 from heapwalk.target.corefile import MISSING_ENV, CoreError, CoreFile, parse_ranges
 from heapwalk.target.memory import CachedMemory, ranges_without
+from heapwalk.target.pages import LivePages
 from heapwalk.target.residency import RESIDENT_ENV, Pagemap, Residency, load_runs, of_core
 from heapwalk.target.space import MemoryMap
 
@@ -39,13 +41,30 @@ def has_target() -> bool:
 
 def gdb_memory(known: list[tuple[int, int]] | None = None) -> CachedMemory:
     """A block-cached Memory over the selected inferior; reads outside KNOWN regions (when given) fail
-    at once, without asking gdb, so damaged pointers cost nothing."""
+    at once, without asking gdb, so damaged pointers cost nothing.  A process on this machine is read only
+    where its page map says a read faults nothing in (`heapwalk.target.pages`); PagesUnknown when that
+    cannot be known."""
     inferior = gdb.selected_inferior()
 
     def read(address: int, size: int) -> bytes:
         return inferior.read_memory(address, size).tobytes()
 
-    return CachedMemory(read, max_blocks=_CACHE_BLOCKS, regions=known, raw_buffer=inferior.read_memory)
+    if _connection_type() != "native":
+        return CachedMemory(read, max_blocks=_CACHE_BLOCKS, regions=known, raw_buffer=inferior.read_memory)
+    pages = LivePages(inferior.pid)
+
+    def guarded(address: int, size: int) -> bytes:
+        return pages.read(address, size, read)
+
+    def guarded_buffer(address: int, size: int):
+        plan = pages.plan(address, size)
+        if len(plan) == 1 and plan[0][2].from_process:
+            return inferior.read_memory(address, size)
+        return pages.read(address, size, read, plan)
+
+    memory = CachedMemory(guarded, max_blocks=_CACHE_BLOCKS, regions=known, raw_buffer=guarded_buffer)
+    weakref.finalize(memory, pages.close)
+    return memory
 
 
 #: blocks of 64 KiB the cache keeps (128 MiB): enough that the free lists of an arena of two 64 MiB heaps
@@ -271,10 +290,11 @@ _SECTION = re.compile(r"^\s*(0x[0-9a-f]+) - (0x[0-9a-f]+) is (\S+)", re.M)
 
 
 def memory_map() -> MemoryMap:
-    """The selected inferior's MemoryMap, less the ranges a truncated core lacks (`missing_ranges`)."""
+    """The selected inferior's MemoryMap, less the ranges whose bytes a core does not hold (`core_holes`):
+    what a truncated core lacks, what a capture did not read, and the zero-filled pages of files gdb has not."""
     space = _memory_map()
-    missing = missing_ranges()
-    if not missing or not space.core:
+    missing = core_holes() if space.core else []
+    if not missing:
         return space
     return MemoryMap(space.mappings, ranges_without(space.regions, missing),
                      None if space.readable is None else ranges_without(space.readable, missing), True,
@@ -287,20 +307,48 @@ def missing_ranges() -> list[tuple[int, int]]:
     return parse_ranges(os.environ.get(MISSING_ENV, ""))
 
 
+def core_holes() -> list[tuple[int, int]]:
+    """Every range of the core gdb has open whose bytes it does not hold, though gdb may read zeros there:
+    `missing_ranges`, and `CoreFile.holes` with the files gdb can read."""
+    with _open_core() as core:
+        holes = core.holes(_gdb_has_file) if core is not None else []
+    return sorted(missing_ranges() + holes)
+
+
+def _gdb_has_file(path: str) -> bool:
+    """Can gdb read the file the core names PATH (under its sysroot, or as one of the files it loaded)?"""
+    name = os.path.basename(path)
+    if any(os.path.basename(o.filename or "") == name for o in gdb.objfiles()):
+        return True
+    try:
+        sysroot = gdb.parameter("sysroot") or ""
+    except (gdb.error, RuntimeError):
+        sysroot = ""
+    if sysroot.startswith("target:"):
+        sysroot = sysroot[len("target:"):]
+    return os.path.isfile(os.path.join(sysroot, path.lstrip("/")) if sysroot else path)
+
+
 def _memory_map() -> MemoryMap:
     maps = mappings()
     spans = [(m.start, m.end) for m in maps]
     connection = getattr(gdb.selected_inferior(), "connection", None)
     if getattr(connection, "type", None) != "core":
-        return MemoryMap(maps, spans, spans or None, writable=_live_writable())
+        readable = spans
+        if _connection_type() == "native":
+            with LivePages(gdb.selected_inferior().pid) as pages:
+                readable = ranges_without(spans, pages.absent())
+        return MemoryMap(maps, spans, readable or None, writable=_live_writable())
     with _open_core() as core:
         writable = list(core.writable) if core is not None else None
+        loads = core.regions() if core is not None else None
     try:
         sections = [(int(a, 16), int(b, 16), name) for a, b, name in
                     _SECTION.findall(gdb.execute("info files", to_string=True))]
     except gdb.error:
-        return MemoryMap(maps, [], spans or None, True, writable)
-    loads = [(a, b) for a, b, name in sections if re.fullmatch(r"load\d+", name)]
+        return MemoryMap(maps, loads or [], spans or None, True, writable)
+    if loads is None:
+        loads = [(a, b) for a, b, name in sections if re.fullmatch(r"load\d+", name)]
     return MemoryMap(maps, loads, [(a, b) for a, b, _ in sections] + spans or None, True, writable)
 
 

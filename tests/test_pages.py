@@ -1,0 +1,87 @@
+"""Reading a running process without faulting a page in (`heapwalk.target.pages`), on this very process: its
+own untouched private, shared and file memory, read through the rules, stays untouched."""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+
+import numpy as np
+import pytest
+
+from heapwalk.target.memory import ReadError
+from heapwalk.target.pages import PAGE, LivePages, Page
+
+MiB = 1 << 20
+
+
+def _address(area: mmap.mmap) -> int:
+    return ctypes.addressof(ctypes.c_char.from_buffer(area))
+
+
+def _present(address: int, size: int) -> int:
+    with open("/proc/self/pagemap", "rb", buffering=0) as f:
+        entries = np.frombuffer(os.pread(f.fileno(), size // PAGE * 8, address // PAGE * 8), dtype=np.uint64)
+    return int(((entries >> np.uint64(63)) & np.uint64(1)).sum())
+
+
+def _raw(address: int, size: int) -> bytes:
+    fd = os.open("/proc/self/mem", os.O_RDONLY)
+    try:
+        return os.pread(fd, size, address)
+    finally:
+        os.close(fd)
+
+
+@pytest.fixture
+def areas(tmp_path):
+    """Private anonymous, shared anonymous and private file memory of this process, 2 pages of each written
+    or read in; and the file's bytes."""
+    content = bytes(range(256)) * (3 * PAGE // 256) + b"tail"
+    (tmp_path / "data").write_bytes(content)
+    private = mmap.mmap(-1, 64 * PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    shared = mmap.mmap(-1, 64 * PAGE, flags=mmap.MAP_SHARED | mmap.MAP_ANONYMOUS)
+    with open(tmp_path / "data", "rb") as f:
+        filemap = mmap.mmap(f.fileno(), len(content), flags=mmap.MAP_PRIVATE,
+                            prot=mmap.PROT_READ | mmap.PROT_WRITE)
+    private[:2 * PAGE] = b"p" * 2 * PAGE
+    shared[:2 * PAGE] = b"s" * 2 * PAGE
+    filemap[:1] = b"X"                                    # one page written: the rest is still the file's
+    for area in (private, shared):
+        area.madvise(mmap.MADV_NOHUGEPAGE)
+    yield {"private": private, "shared": shared, "file": filemap, "content": content}
+    for area in (private, shared, filemap):
+        area.close()
+
+
+def test_reads_through_the_rules_fault_nothing_in(areas):
+    private, shared, filemap = (areas[k] for k in ("private", "shared", "file"))
+    before = {k: _present(_address(a), len(a) // PAGE * PAGE) for k, a in (("private", private),
+                                                                              ("shared", shared))}
+    with LivePages(os.getpid()) as pages:
+        # private anonymous memory: the written pages read, the untouched ones zeros without a read
+        data = pages.read(_address(private), 64 * PAGE, _raw)
+        assert data == b"p" * 2 * PAGE + bytes(62 * PAGE)
+        # shared memory: the touched pages read, the rest never (ReadError at its first byte)
+        assert pages.read(_address(shared), 2 * PAGE, _raw) == b"s" * 2 * PAGE
+        with pytest.raises(ReadError) as caught:
+            pages.read(_address(shared), 4 * PAGE, _raw)
+        assert caught.value.address == _address(shared) + 2 * PAGE and "shared memory" in caught.value.reason
+        assert (_address(shared) + 2 * PAGE, _address(shared) + 64 * PAGE) in pages.absent()
+        # a private file mapping: the written page from memory, the others from the file, zeros after its end
+        content = areas["content"]
+        got = pages.read(_address(filemap), len(content), _raw)
+        assert got == b"X" + content[1:]
+    after = {k: _present(_address(a), len(a) // PAGE * PAGE) for k, a in (("private", private),
+                                                                            ("shared", shared))}
+    assert before == after == {"private": 2, "shared": 2}
+
+
+def test_pages_are_classified_from_the_page_map(areas):
+    with LivePages(os.getpid()) as pages:
+        m = pages.mapping_at(_address(areas["private"]))
+        kinds = pages.pages(m, _address(areas["private"]), _address(areas["private"]) + 4 * PAGE)
+        assert kinds.tolist() == [Page.OWN, Page.OWN, Page.ZEROS, Page.ZEROS]
+        m = pages.mapping_at(_address(areas["file"]))
+        assert pages.pages(m).tolist() == [Page.OWN, Page.FILE, Page.FILE, Page.FILE]
