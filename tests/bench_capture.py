@@ -1,5 +1,5 @@
 """`heapwalk capture` in the benchmark (tests/bench.py): on the live bench process at its snapshot, the pause
-and the core's size on disk of heapwalk's capture and of gcore's (`--full`), beside the floor: the time to
+and the core's size on disk of heapwalk's capture and of gdb's gcore, beside the floor: the time to
 read the process's resident memory once through /proc/PID/mem (every resident or swapped-out page of its
 private anonymous mappings, which hold the heaps, read 8 MiB at a time as the capture reads)."""
 
@@ -61,6 +61,19 @@ def _capture(pid: int, out: Path, *extra: str) -> dict:
             "core_size_bytes": stat.st_size}
 
 
+def _gcore(pid: int, out: Path) -> dict:
+    """gdb's gcore of PID into OUT: the process is stopped for the whole of it."""
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    result = subprocess.run(["gcore", "-o", str(out / "core"), str(pid)], capture_output=True, text=True,
+                            timeout=3600)
+    pause = time.perf_counter() - started
+    if result.returncode != 0:
+        raise RuntimeError(result.stderr[-2000:])
+    stat = (out / f"core.{pid}").stat()
+    return {"pause_seconds": pause, "core_disk_bytes": stat.st_blocks * 512, "core_size_bytes": stat.st_size}
+
+
 def measure_capture(pid: int, workdir: Path) -> dict:
     """heapwalk's capture and gcore's of the live process PID, and the floor (see the module)."""
     runs = resident_anonymous(pid)
@@ -71,7 +84,7 @@ def measure_capture(pid: int, workdir: Path) -> dict:
         shutil.rmtree(out, ignore_errors=True)
         ours = _capture(pid, out / "heapwalk")
         shutil.rmtree(out / "heapwalk", ignore_errors=True)
-        gcore = _capture(pid, out / "gcore", "--full")
+        gcore = _gcore(pid, out / "gcore")
     finally:
         shutil.rmtree(out, ignore_errors=True)
     return {"resident_bytes": resident, "read_floor_seconds": floor, "heapwalk": ours, "gcore": gcore,
@@ -108,6 +121,6 @@ def capture_line(c: dict) -> str:
     return (f"capture (live, {c['resident_bytes'] / mib:,.0f} MiB of anonymous memory resident, read once in "
             f"{c['read_floor_seconds']:.3f} s): heapwalk paused it {ours['pause_seconds']:.2f} s "
             f"({c['pause_times_floor']:.1f} x that), core {ours['core_disk_bytes'] / mib:,.0f} MiB on disk "
-            f"({c['disk_times_resident']:.2f} x resident); gcore (--full) paused it {gcore['pause_seconds']:.2f} s, "
+            f"({c['disk_times_resident']:.2f} x resident); gcore paused it {gcore['pause_seconds']:.2f} s, "
             f"core {gcore['core_disk_bytes'] / mib:,.0f} MiB on disk, {gcore['core_size_bytes'] / mib:,.0f} MiB "
             "in size")

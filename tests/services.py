@@ -4,19 +4,22 @@ built when their source is newer, started, and waited for through the state file
 from __future__ import annotations
 
 import contextlib
+import json
+import os
 import subprocess
 import time
 from pathlib import Path
 
 from conftest import BINDIR, ROOT
 
-__all__ = ["running", "wait_for_step", "process_state"]
+__all__ = ["running", "wait_for_step", "process_state", "gcore_report"]
 
 
 @contextlib.contextmanager
-def running(tmp_path: Path, name: str, *args: str):
-    """cores/NAME.c, a service that writes its state into a folder, running with ARGS once it has written its
-    first state: (process, its state folder); killed at the end."""
+def running(tmp_path: Path, name: str, *args: str, env: dict[str, str] | None = None):
+    """cores/NAME.c, a service that writes its state into a folder, running with ARGS (and ENV, the whole
+    environment, when given) once it has written its first state: (process, its state folder); killed at
+    the end."""
     exe = BINDIR / name
     source = ROOT / "cores" / f"{name}.c"
     if not exe.exists() or exe.stat().st_mtime < source.stat().st_mtime:
@@ -24,7 +27,7 @@ def running(tmp_path: Path, name: str, *args: str):
         subprocess.run(["gcc", "-O1", "-g", "-pthread", str(source), "-o", str(exe)], check=True)
     state_dir = tmp_path / name
     state_dir.mkdir()
-    proc = subprocess.Popen([str(exe), str(state_dir), *args])
+    proc = subprocess.Popen([str(exe), str(state_dir), *args], env=env)
     try:
         wait_for_step(state_dir, 0)
         yield proc, state_dir
@@ -51,3 +54,22 @@ def process_state(pid: int) -> str:
     """PID's state letter (/proc/PID/stat): R, S, T..."""
     with open(f"/proc/{pid}/stat") as fh:
         return fh.read().rsplit(")", 1)[1].split()[0]
+
+
+def gcore_report(pid: int, folder: Path, resident_from: Path | None = None) -> dict:
+    """gdb's gcore core of the running process PID in FOLDER, and heapwalk's report of it (its JSON document):
+    the oracle a capture's core is held equal to.  gcore faults in every page it reads, so take it after
+    whatever measures the process.  RESIDENT_FROM, a capture.json, tells the report which pages were in RAM
+    (a gcore core cannot)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    result = subprocess.run(["gcore", "-o", str(folder / "core"), str(pid)], capture_output=True, text=True,
+                            timeout=600)
+    core = folder / f"core.{pid}"
+    assert result.returncode == 0 and core.exists(), result.stderr
+    env = dict(os.environ)
+    if resident_from is not None:
+        env["HEAPWALK_RESIDENT"] = str(resident_from)
+    report = subprocess.run([str(ROOT / ".venv" / "bin" / "heapwalk"), "report", str(core), "--json",
+                             str(folder / "report.json")], capture_output=True, text=True, timeout=600, env=env)
+    assert report.returncode == 0, report.stderr
+    return json.loads((folder / "report.json").read_text())

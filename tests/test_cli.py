@@ -15,11 +15,11 @@ import pytest
 
 import harness
 import sysroots
-from heapwalk.target.corefile import file_build_id
+from heapwalk.target.corefile import CoreFile, file_build_id
 from browser import Browser, heap_groups, png_pixels
 from conftest import BINDIR, GLIBCS, NO_SYMBOLS, ROOT, capture, corruption, glibc, heapwalk_json
 from oracle import malloc_info_view, parse_malloc_info
-from services import process_state, running, wait_for_step
+from services import gcore_report, process_state, running, wait_for_step
 
 pytestmark = pytest.mark.live
 
@@ -198,21 +198,23 @@ def test_capture_writes_only_what_holds_anything_and_gives_gcores_report(tmp_pat
         result = heapwalk("capture", str(proc.pid), "--out", str(ours))
         assert result.returncode == 0, result.stderr
         assert heapwalk("capture", str(proc.pid), "--full", "--out", str(full)).returncode == 0
+        b = gcore_report(proc.pid, tmp_path / "gcore", ours / "capture.json")
         assert proc.poll() is None and process_state(proc.pid) in "SR"
         smaps = json.loads((ours / "capture.json").read_text())["smaps"]
     record = json.loads((ours / "capture.json").read_text())
     assert record["core_writer"] == "heapwalk" and "while heapwalk read its memory" in result.stdout
-    a, b = (json.loads((d / "report.json").read_text()) for d in (ours, full))
-    limits = [doc["report"].pop("arena_limit") for doc in (a, b)]
+    a, c = (json.loads((d / "report.json").read_text()) for d in (ours, full))
+    limits = [doc["report"].pop("arena_limit") for doc in (a, b, c)]
     # which pages were resident: from heapwalk's core, and from what the capture read beside gcore's
-    assert [doc["report"].pop("residency") for doc in (a, b)] == [
-        "the page map the capture recorded in its core", "the page map the capture recorded in capture.json"]
-    for doc in (a, b):
+    assert [doc["report"].pop("residency") for doc in (a, b, c)] == [
+        "the page map the capture recorded in its core", "the page map the capture recorded in capture.json",
+        "the page map the capture recorded in its core"]
+    for doc in (a, b, c):
         doc.pop("target")
-    assert a == b
+    assert a == b == c
     assert all(r["rss"] > 0 and r["free_resident"] is not None for r in a["report"]["arenas"])
     # the page beside each: its heap maps mark the resident pages, each arena's adding up to its RSS
-    for folder, doc in ((ours, a), (full, b)):
+    for folder, doc in ((ours, a), (full, c)):
         resident: dict[int, int] = {}
         for group in heap_groups((folder / "report.html").read_text()):
             band = sum(int(r["data-bytes"]) for r in group["rects"] if r.get("class") == "resident")
@@ -220,13 +222,22 @@ def test_capture_writes_only_what_holds_anything_and_gives_gcores_report(tmp_pat
         assert resident == {r["number"]: r["rss"] for r in doc["report"]["arenas"]}
     # the CPU count, which a core does not hold, comes with heapwalk's core: the arena limit is known
     cpus = os.cpu_count()
-    assert limits[0].startswith(f"{8 * cpus} (the default: 8 x {cpus} CPUs online)") and "3 made" in limits[0]
+    assert limits[0] == limits[2] and limits[0].startswith(f"{8 * cpus} (the default: 8 x {cpus} CPUs online)") \
+        and "3 made" in limits[0]
     assert "the core does not record the CPU count" in limits[1] and f"limit {8 * cpus} (" in result.stdout
     resident = sum(m["rss"] for m in smaps)
     on_disk = (ours / "core").stat().st_blocks * 512
     assert on_disk <= 1.2 * resident + (4 << 20), (on_disk, resident)
-    assert on_disk * 10 < (full / "core").stat().st_blocks * 512
+    assert on_disk * 10 < (tmp_path / "gcore" / f"core.{proc.pid}").stat().st_blocks * 512
     assert record["core_bytes_written"] <= on_disk and record["stopped_seconds"] < 2
+    # --full holds the files' pages too: the program's code is in its core, not in the default one
+    exe_text = next(m for m in CoreFile(full / "core").file_mappings() if m.path.endswith("/grow") and m.offset)
+    with open(exe_text.path, "rb") as f:
+        f.seek(exe_text.offset)
+        code = f.read(64)
+    assert CoreFile(full / "core").read(exe_text.start, 64) == code
+    with pytest.raises(LookupError):
+        CoreFile(ours / "core").read(exe_text.start, 64)
 
 
 def test_capture_live_reads_the_process_without_a_core(tmp_path):
@@ -374,7 +385,6 @@ def _arena_figures(arena: dict) -> dict:
 def _cut_inside_heaps(core: Path, heaps: list[tuple[int, int]], share: float) -> int:
     """The file offset at which a copy of CORE keeps SHARE of the bytes of the segments in HEAPS and loses
     everything after (libc's data, and gcore's notes, among it)."""
-    from heapwalk.target.corefile import CoreFile
     cf = CoreFile(core)
     inside = sorted((off, filesz) for vaddr, _, off, filesz in cf.loads
                     if filesz and any(a <= vaddr < b for a, b in heaps))

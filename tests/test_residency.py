@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from heapwalk.analysis.report import arena_max_saving, build_report
-from heapwalk.cli.corewriter import PAGE, _runs
+from heapwalk.cli.corewriter import PAGE, _codes, _mapping_segments
+from heapwalk.target.pages import MapsLine, classify
 from heapwalk.target.memory import ranges_without
 from heapwalk.target.residency import Pagemap, Residency, load_runs, of_core
 from heapwalk.view import ArenaView, HeapView
@@ -75,21 +76,15 @@ def test_a_heapwalk_core_holds_what_was_resident_and_lists_what_it_holds_that_wa
     assert of_core(_Core(loads, {"cpus_online": 2})) is None      # gcore's, or an older capture's
 
 
-def test_the_core_writer_lists_the_pages_it_keeps_that_were_not_resident(tmp_path):
+def test_the_core_writer_lists_the_pages_it_keeps_that_were_not_resident():
     present, swapped = (1 << 63) | (1 << 56), 1 << 62
-    path = tmp_path / "pagemap"
-    with open(path, "wb") as f:
-        f.seek(BASE // PAGE * 8)
-        f.write(struct.pack("<8Q", present, swapped, 0, present, 0, 0, 0, present))
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        absent: list = []
-        runs = _runs(fd, BASE, BASE + 8 * PAGE, 2, False, absent)
-        assert [(lo, hi) for lo, hi, _ in runs] == [(BASE, BASE + 4 * PAGE), (BASE + 7 * PAGE, BASE + 8 * PAGE)]
-        # the swapped page, and the page joined across between two kept runs
-        assert absent == [(BASE + PAGE, BASE + 3 * PAGE)]
-    finally:
-        os.close(fd)
+    m = MapsLine(BASE, BASE + 8 * PAGE, "rw-p", 0, "00:00", 0, "")
+    kinds = classify(np.array([present, swapped, 0, present, 0, 0, 0, present], dtype=np.uint64), m, False)
+    absent: list = []
+    segments = _mapping_segments(m, _codes(None, m, kinds, False), kinds, 2, absent, [])
+    assert [(s.start, s.end) for s in segments if s.filesz] == [(BASE, BASE + 4 * PAGE), (BASE + 7 * PAGE, BASE + 8 * PAGE)]
+    # the swapped page, and the page of zeros joined across between two kept runs
+    assert absent == [(BASE + PAGE, BASE + 3 * PAGE)]
 
 
 def test_recorded_runs_are_read_back_from_capture_json(tmp_path):

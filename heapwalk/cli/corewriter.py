@@ -119,11 +119,11 @@ def _codes(pages: LivePages, m: MapsLine, kinds: np.ndarray, elf: bool, whole_fi
     from_process = kinds <= int(Page.SWAPPED)
     if m.name == "[vdso]":
         code[:] = _MEM
-    elif m.shared or pages.device(m):
-        code[from_process] = _MEM
     elif m.anonymous:
         code[from_process] = _MEM
         code[(kinds == int(Page.ZEROS)) | (kinds == int(Page.ZERO_PAGE))] = _FILL
+    elif m.shared or pages.device(m):
+        code[from_process] = _MEM
     else:
         written = (kinds == int(Page.OWN)) | (kinds == int(Page.SWAPPED))
         whole = whole_files or m.perms[1] == "w" or bool(written.any())

@@ -1,0 +1,153 @@
+"""A capture, a live capture and heapwalk's commands in `gdb -p` never change the process they read
+(docs/runbook.md, "What a capture guarantees"): on cores/untouched.c, which mapped memory it barely touched
+(128 MiB of shared anonymous memory and a 64 MiB memfd with 1 MiB written each, private memory with 8 pages
+written, a file mapped writable and never written, mmapped chunks whose tails were never written) and wrote
+its title over its environment block, its RSS, RssShmem, the machine's Shmem and the pages present in each
+of those mappings are the same before and after; the capture's core decodes as gcore's core of the same
+instant, holds the file's bytes, and reads no zeros where it holds nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import ROOT
+from heapwalk.target.corefile import CoreFile
+from services import gcore_report, process_state, running
+
+pytestmark = pytest.mark.live
+
+HEAPWALK = Path(sys.executable).parent / "heapwalk"
+PAGE, MiB = 4096, 1 << 20
+
+
+def _present(pid: int, start: int, size: int) -> int:
+    """Pages of [START, START+SIZE) present in PID's page tables."""
+    size = -(-size // PAGE) * PAGE
+    with open(f"/proc/{pid}/pagemap", "rb", buffering=0) as f:
+        entries = np.frombuffer(os.pread(f.fileno(), size // PAGE * 8, start // PAGE * 8), dtype=np.uint64)
+    return int((entries >> np.uint64(63)).sum())
+
+
+def measure(pid: int, ledger: dict) -> dict:
+    """What a read that faults pages in would change: PID's RSS and RssShmem (KiB), the machine's Shmem (KiB),
+    and the pages present in each mapping of LEDGER."""
+    status = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines())
+    meminfo = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines())
+    out = {"VmRSS": int(status["VmRSS"].split()[0]), "RssShmem": int(status["RssShmem"].split()[0]),
+           "Shmem": int(meminfo["Shmem"].split()[0])}
+    for name in ("shared", "memfd", "private", "file"):
+        out[name] = _present(pid, ledger[name][0], ledger[name][1])
+    for i, (start, size) in enumerate(ledger["mmapped"]):
+        out[f"mmapped{i}"] = _present(pid, start, size)
+    return out
+
+
+def assert_unchanged(before: dict, after: dict) -> None:
+    """The pages present and RssShmem exactly as they were; RSS and the machine's Shmem within a few pages
+    (the kernel's own bookkeeping, and the rest of the machine, move them a little)."""
+    assert {k: v for k, v in after.items() if k not in ("VmRSS", "Shmem")} == \
+        {k: v for k, v in before.items() if k not in ("VmRSS", "Shmem")}
+    assert abs(after["VmRSS"] - before["VmRSS"]) <= 8, (before, after)
+    assert abs(after["Shmem"] - before["Shmem"]) <= 256, (before, after)
+
+
+@pytest.fixture
+def untouched(tmp_path):
+    """cores/untouched.c running with MALLOC_ARENA_MAX=2 and a data file mapped: (process, its ledger, the
+    file's bytes)."""
+    data = bytes(range(251)) * 800 + b"end"                     # 200,803 bytes: 50 pages, the last partial
+    (tmp_path / "data.bin").write_bytes(data)
+    env = {**os.environ, "MALLOC_ARENA_MAX": "2"}
+    with running(tmp_path, "untouched", str(tmp_path / "data.bin"), env=env) as (proc, state_dir):
+        ledger = json.loads((state_dir / "ledger.json").read_text())
+        assert ledger["shared"][2] == MiB and ledger["file"][1] == len(data)
+        yield proc, ledger, data
+
+
+def _heapwalk(*args) -> subprocess.CompletedProcess:
+    result = subprocess.run([str(HEAPWALK), *map(str, args)], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "Traceback" not in result.stdout + result.stderr and "internal error" not in result.stderr
+    return result
+
+
+def _comparable(doc: dict) -> dict:
+    """A report's JSON without what says how it was read (target, residency source, the arena limit's CPU
+    count, which a gcore core lacks)."""
+    doc = json.loads(json.dumps(doc))
+    doc.pop("target")
+    doc["report"].pop("residency")
+    doc["report"].pop("arena_limit")
+    return doc
+
+
+def test_capture_changes_nothing_and_decodes_as_gcore(untouched, tmp_path):
+    proc, ledger, data = untouched
+    before = measure(proc.pid, ledger)
+    for name, extra in (("ours", ()), ("full", ("--full",)), ("live", ("--live",))):
+        result = _heapwalk("capture", proc.pid, "--out", tmp_path / name, *extra)
+        assert_unchanged(before, measure(proc.pid, ledger))
+        assert proc.poll() is None and process_state(proc.pid) in "SR"
+    printed = result.stdout
+    ours = _heapwalk("capture", proc.pid, "--out", tmp_path / "again").stdout
+    assert_unchanged(before, measure(proc.pid, ledger))
+    # what the capture did not read: the untouched shared memory, to the page
+    record = json.loads((tmp_path / "ours" / "capture.json").read_text())
+    shared, memfd = ledger["shared"], ledger["memfd"]
+    assert sorted((r["start"], r["end"]) for r in record["not_read"]) == sorted([
+        (shared[0] + MiB, shared[0] + shared[1]), (memfd[0] + MiB, memfd[0] + memfd[1])])
+    assert "not read, so not in the core: 190 MiB" in ours
+    # where malloc's settings come from, when the process wrote over its environment block
+    assert 'the process wrote over its environment block (it now holds "untouched: serving")' in ours
+    assert "malloc's own state (mp_): arena_max 2," in ours and "limit 2 (MALLOC_ARENA_MAX" in printed
+    # the same decode as gcore's core of the same instant (gcore faults pages in: it comes last)
+    oracle = gcore_report(proc.pid, tmp_path / "gcore", tmp_path / "ours" / "capture.json")
+    docs = {name: json.loads((tmp_path / name / "report.json").read_text()) for name in ("ours", "full")}
+    assert _comparable(docs["ours"]) == _comparable(docs["full"]) == _comparable(oracle)
+    # the mmapped chunks, whose untouched tails are not in the core, found as in gcore's: the ledger's
+    chunks = {c["address"]: c["size"] for c in docs["ours"]["mmapped"]["chunks"]}
+    assert sorted(chunks) == sorted(start for start, _ in ledger["mmapped"])
+    assert all(request < chunks[start] <= request + PAGE for start, request in ledger["mmapped"])
+    assert "found 0 mmapped chunks" not in ours
+
+
+def test_a_capture_core_holds_the_files_bytes_and_no_zeros_where_it_holds_nothing(untouched, tmp_path):
+    proc, ledger, data = untouched
+    _heapwalk("capture", proc.pid, "--out", tmp_path / "cap")
+    core = CoreFile(tmp_path / "cap" / "core")
+    # the file mapped writable and never written: its bytes are in the core, read from the file
+    start, size = ledger["file"]
+    assert core.read(start, size) == data and core.read(start + size, PAGE - size % PAGE) == bytes(PAGE - size % PAGE)
+    (tmp_path / "data.bin").unlink()
+    # the touched shared memory is there; past it, gdb finds no bytes (an error, never zeros)
+    shared = ledger["shared"][0]
+    out = subprocess.run(["gdb", "-nx", "-batch", "-ex", f"x/gx {shared:#x}", "-ex", f"x/gx {shared + 2 * MiB:#x}",
+                          "-ex", f"x/gx {ledger['memfd'][0] + 8 * MiB:#x}", str(ROOT / "build" / "bin" / "untouched"),
+                          str(tmp_path / "cap" / "core")], capture_output=True, text=True, timeout=120)
+    text = out.stdout + out.stderr
+    assert "0x5a5a5a5a5a5a5a5a" in text
+    assert text.count("Cannot access memory at address") == 2, text
+    # heapwalk's map of the core leaves those ranges out of what it may read
+    holes = core.holes(lambda path: True)
+    assert (shared + MiB, shared + ledger["shared"][1]) in holes
+
+
+def test_live_commands_in_gdb_change_nothing(untouched, tmp_path):
+    proc, ledger, _ = untouched
+    before = measure(proc.pid, ledger)
+    commands = ["report", "leaks", "check", "map", "chunks --free", "threads", "arenas"]
+    args = ["gdb", "-nx", "-batch", "-q", "-x", str(ROOT / "gdbinit")]
+    for command in commands:
+        args += ["-ex", f"heapwalk {command}"]
+    out = subprocess.run(args + ["-p", str(proc.pid)], capture_output=True, text=True, timeout=600)
+    text = out.stdout + out.stderr
+    assert "internal error" not in text and "Traceback" not in text, text
+    assert "mmapped chunks: 2, 11 MiB" in text and "nothing leaked" in text
+    assert_unchanged(before, measure(proc.pid, ledger))
