@@ -12,7 +12,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from heapwalk.cli.corewriter import read_maps
+from heapwalk.target.pages import read_maps
 
 ROOT = Path(__file__).resolve().parent.parent
 _PAGE = 4096
