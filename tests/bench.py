@@ -33,6 +33,8 @@ sys.path.insert(0, str(ROOT / "cores"))
 
 import harness  # noqa: E402
 from bench_capture import capture_line, measure_capture, measure_service  # noqa: E402
+from busy import stress, stress_line  # noqa: E402
+from services import build_service  # noqa: E402
 
 SIZES = {"small": 300_000, "medium": 1_500_000, "large": 6_000_000}
 COMMANDS = ("heapwalk report", "heapwalk bins", "heapwalk chunks --free", "heapwalk check", "heapwalk leaks",
@@ -213,15 +215,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--no-live", action="store_true", help="skip the live-attach measurement")
     parser.add_argument("--json", type=Path, help="where to write the numbers (default build/bench/SIZE/bench.json)")
+    parser.add_argument("--stress-rounds", type=int, default=200,
+                        help="captures of the busy service (cores/busy.c) in the stress run (0: none)")
     args = parser.parse_args(argv)
     shapes = ("ordered", "random") if args.shape == "both" else (args.shape,)
     results = [measure_shape(args.size, shape, args.runs, not args.no_live) for shape in shapes]
     service = None if args.no_live else measure_service(BUILD / "bin", BUILD / "bench")
+    busy = None if args.no_live or not args.stress_rounds else \
+        stress(build_service("busy"), BUILD / "bench" / "stress", args.stress_rounds, 1200, args.stress_rounds // 7)
     out = args.json or BUILD / "bench" / f"bench-{args.size}.json"
-    out.write_text(json.dumps({"size": args.size, "shapes": results, "service_capture": service}, indent=2) + "\n")
+    out.write_text(json.dumps({"size": args.size, "shapes": results, "service_capture": service, "stress": busy},
+                              indent=2) + "\n")
     print("\n\n".join(table(r) for r in results))
     if service is not None:
         print(f"\n16-arena service (cores/service.c, {service['workers']} workers): " + capture_line(service))
+    if busy is not None:
+        print("\n" + stress_line(busy))
     print(f"numbers written to {out}")
     return 0
 

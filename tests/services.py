@@ -12,7 +12,17 @@ from pathlib import Path
 
 from conftest import BINDIR, ROOT
 
-__all__ = ["running", "wait_for_step", "process_state", "gcore_report"]
+__all__ = ["running", "wait_for_step", "process_state", "gcore_report", "build_service"]
+
+
+def build_service(name: str) -> Path:
+    """cores/NAME.c built into build/bin when its source is newer: the path of the program."""
+    exe = BINDIR / name
+    source = ROOT / "cores" / f"{name}.c"
+    if not exe.exists() or exe.stat().st_mtime < source.stat().st_mtime:
+        BINDIR.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["gcc", "-O1", "-g", "-pthread", str(source), "-o", str(exe)], check=True)
+    return exe
 
 
 @contextlib.contextmanager
@@ -20,11 +30,7 @@ def running(tmp_path: Path, name: str, *args: str, env: dict[str, str] | None = 
     """cores/NAME.c, a service that writes its state into a folder, running with ARGS (and ENV, the whole
     environment, when given) once it has written its first state: (process, its state folder); killed at
     the end."""
-    exe = BINDIR / name
-    source = ROOT / "cores" / f"{name}.c"
-    if not exe.exists() or exe.stat().st_mtime < source.stat().st_mtime:
-        BINDIR.mkdir(parents=True, exist_ok=True)
-        subprocess.run(["gcc", "-O1", "-g", "-pthread", str(source), "-o", str(exe)], check=True)
+    exe = build_service(name)
     state_dir = tmp_path / name
     state_dir.mkdir()
     proc = subprocess.Popen([str(exe), str(state_dir), *args], env=env)

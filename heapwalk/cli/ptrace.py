@@ -2,8 +2,10 @@
 what `heapwalk capture` needs to take a core without gdb's attach.
 
 Each thread is seized (PTRACE_SEIZE, which sends no signal) and interrupted; the list of threads is read again
-until no new one appears, so a thread being created is caught too.  Detaching lets each go on where it was;
-a system call it was in is restarted by the kernel.
+until no new one appears, so a thread being created is caught too.  A thread may report a signal sent to it
+meanwhile before it reports the interrupt: it then stays stopped there, and the signal is handed back to it
+when it is let go, so that none is lost.  Detaching lets each go on where it was; a system call it was in
+is restarted by the kernel (but see signal(7): epoll_wait and a few others return EINTR after any stop).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ __all__ = ["PtraceError", "StoppedThread", "Stopped", "stop"]
 _PTRACE_GETREGS, _PTRACE_GETFPREGS, _PTRACE_DETACH = 12, 14, 17
 _PTRACE_SEIZE, _PTRACE_INTERRUPT = 0x4206, 0x4207
 _WALL = 0x40000000
+_PTRACE_EVENT_STOP = 128
 _USER_REGS_SIZE, _USER_FPREGS_SIZE = 27 * 8, 512
 
 
@@ -50,6 +53,7 @@ class Stopped:
         self.pid = pid
         self.threads: list[StoppedThread] = []
         self._seized: list[int] = []
+        self._signals: dict[int, int] = {}     # tid -> the signal it stopped with, to hand back
         self._libc = _libc()
 
     def _call(self, request: int, tid: int, addr=None, data=None) -> int:
@@ -93,7 +97,7 @@ class Stopped:
                     raise PtraceError(f"cannot stop thread {tid} of process {self.pid}: {exc.strerror}") from None
                 self._seized.append(tid)
                 self._call(_PTRACE_INTERRUPT, tid)
-                _wait_stopped(tid)
+                self._signals[tid] = _wait_stopped(tid)
 
     def _registers(self, tid: int) -> StoppedThread:
         regs = ctypes.create_string_buffer(_USER_REGS_SIZE)
@@ -109,23 +113,27 @@ class Stopped:
     def _release(self) -> None:
         for tid in self._seized:
             try:
-                self._call(_PTRACE_DETACH, tid)
+                self._call(_PTRACE_DETACH, tid, None, self._signals.get(tid, 0) or None)
             except OSError:
                 pass                     # gone meanwhile
         self._seized = []
+        self._signals = {}
 
 
-def _wait_stopped(tid: int) -> None:
-    """Waits until TID reports its ptrace stop (or has exited)."""
+def _wait_stopped(tid: int) -> int:
+    """Waits until TID reports a ptrace stop (or has exited); the signal it stopped to deliver, which it must
+    be given back, or 0 (the interrupt, or a group stop: PTRACE_EVENT_STOP)."""
     while True:
         try:
             _, status = os.waitpid(tid, _WALL)
         except ChildProcessError:
-            return
+            return 0
         except InterruptedError:
             continue
-        if os.WIFSTOPPED(status) or os.WIFEXITED(status) or os.WIFSIGNALED(status):
-            return
+        if os.WIFEXITED(status) or os.WIFSIGNALED(status):
+            return 0
+        if os.WIFSTOPPED(status):
+            return 0 if status >> 16 == _PTRACE_EVENT_STOP else os.WSTOPSIG(status)
 
 
 def stop(pid: int) -> Stopped:
