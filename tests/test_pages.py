@@ -85,3 +85,30 @@ def test_pages_are_classified_from_the_page_map(areas):
         assert kinds.tolist() == [Page.OWN, Page.OWN, Page.ZEROS, Page.ZEROS]
         m = pages.mapping_at(_address(areas["file"]))
         assert pages.pages(m).tolist() == [Page.OWN, Page.FILE, Page.FILE, Page.FILE]
+
+
+def test_the_zero_page_mapped_by_a_read_is_not_resident():
+    """A page only ever read (by the process, or by a tool that faulted it in) maps the kernel's zero page:
+    present in the page map, but no RAM of the process's (known from /proc/kpageflags: the tests run as
+    root)."""
+    from heapwalk.target.residency import present_runs
+    from heapwalk.target.pages import ZeroPages
+
+    area = mmap.mmap(-1, 8 * PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    try:
+        area.madvise(mmap.MADV_NOHUGEPAGE)
+        start = _address(area)
+        area[0:1] = b"w"                                   # written: the process's own page
+        assert area[PAGE * 3] == 0                          # read: the zero page
+        assert _present(start, 8 * PAGE) == 2
+        with LivePages(os.getpid()) as pages:
+            kinds = pages.pages(pages.mapping_at(start), start, start + 4 * PAGE)
+            assert kinds.tolist() == [Page.OWN, Page.ZEROS, Page.ZEROS, Page.ZERO_PAGE]
+        zero = ZeroPages()
+        with open("/proc/self/pagemap", "rb", buffering=0) as f:
+            assert present_runs(f.fileno(), start, start + 8 * PAGE, zero) == [(start, start + PAGE)]
+            assert present_runs(f.fileno(), start, start + 8 * PAGE) == [(start, start + PAGE),
+                                                                      (start + 3 * PAGE, start + 4 * PAGE)]
+        zero.close()
+    finally:
+        area.close()

@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 from heapwalk.target.memory import merged
+from heapwalk.target.pages import ZeroPages
 from heapwalk.target.residency import present_runs
 
 
@@ -84,16 +85,18 @@ def read_smaps(pid: int) -> list[dict]:
 
 def resident_runs(pid: int, mappings: list[dict]) -> list[list[int]] | None:
     """[start, end) runs of resident pages in PID's writable private mappings (/proc/PID/pagemap's present
-    bit), or None when pagemap cannot be read."""
+    bit, less the kernel's zero page), or None when pagemap cannot be read."""
     try:
         f = open(f"/proc/{pid}/pagemap", "rb", buffering=0)
     except OSError:
         return None
     runs: list[tuple[int, int]] = []
+    zero = ZeroPages()
     with f:
         for m in mappings:
             if "w" not in m["perms"] or "p" not in m["perms"] or m["rss"] == 0:
                 continue
             for start in range(m["start"], m["end"], 1 << 30):
-                runs += present_runs(f.fileno(), start, min(m["end"], start + (1 << 30)))
+                runs += present_runs(f.fileno(), start, min(m["end"], start + (1 << 30)), zero)
+    zero.close()
     return [list(run) for run in merged(runs)]

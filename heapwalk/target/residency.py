@@ -21,6 +21,7 @@ import numpy as np
 
 from heapwalk.target.corefile import CoreFile
 from heapwalk.target.memory import merged, ranges_without
+from heapwalk.target.pages import EXCLUSIVE, FILE_PAGE, ZeroPages
 
 __all__ = ["Residency", "Pagemap", "of_core", "of_runs", "load_runs", "present_runs", "runs_of", "RESIDENT_ENV",
            "PAGE"]
@@ -89,10 +90,14 @@ class Pagemap(Residency):
         runs: list[tuple[int, int]] = []
         spans = merged((lo // PAGE * PAGE, -(-hi // PAGE) * PAGE) for lo, hi in ranges
                         if 0 <= lo < hi <= _TOP and hi - lo <= _SPAN_MAX)    # wider: a damaged size
-        with open(f"/proc/{self.pid}/pagemap", "rb", buffering=0) as f:
-            for lo, hi in spans:
-                for at in range(lo, hi, 1 << 30):
-                    runs.extend(present_runs(f.fileno(), at, min(hi, at + (1 << 30))))
+        zero = ZeroPages()
+        try:
+            with open(f"/proc/{self.pid}/pagemap", "rb", buffering=0) as f:
+                for lo, hi in spans:
+                    for at in range(lo, hi, 1 << 30):
+                        runs.extend(present_runs(f.fileno(), at, min(hi, at + (1 << 30)), zero))
+        finally:
+            zero.close()
         return Residency(runs, self.source)
 
 
@@ -102,14 +107,19 @@ def runs_of(mask: np.ndarray, base: int, unit: int = PAGE) -> list[tuple[int, in
     return [(base + a * unit, base + b * unit) for a, b in zip(edges[::2].tolist(), edges[1::2].tolist())]
 
 
-def present_runs(pagemap: int, lo: int, hi: int) -> list[tuple[int, int]]:
+def present_runs(pagemap: int, lo: int, hi: int, zero: "ZeroPages | None" = None) -> list[tuple[int, int]]:
     """[start, end) runs of the present pages of [LO, HI) (page-aligned), from the pagemap file PAGEMAP (none
-    where it cannot be read)."""
+    where it cannot be read), less the kernel's zero page where ZERO tells it (a page only ever read, by the
+    process or by a tool before heapwalk, is mapped to it: present, but no RAM of the process's)."""
     try:
         entries = np.frombuffer(os.pread(pagemap, (hi - lo) // PAGE * 8, lo // PAGE * 8), dtype=np.uint64)
     except OSError:
         return []
-    return runs_of((entries >> np.uint64(63)).astype(bool), lo)
+    present = (entries >> np.uint64(63)).astype(bool)
+    if zero is not None:
+        shared = present & ((entries & np.uint64(FILE_PAGE | EXCLUSIVE)) == 0)
+        present &= ~zero.mask(entries, shared)
+    return runs_of(present, lo)
 
 
 def of_core(core: CoreFile) -> Residency | None:
