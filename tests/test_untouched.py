@@ -17,7 +17,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import ROOT
+import harness
+import sysroots
+from conftest import BINDIR, JEMALLOCS, ROOT, SYSROOTS
 from heapwalk.target.corefile import CoreFile
 from services import gcore_report, process_state, running
 
@@ -151,3 +153,27 @@ def test_live_commands_in_gdb_change_nothing(untouched, tmp_path):
     assert "internal error" not in text and "Traceback" not in text, text
     assert "mmapped chunks: 2, 11 MiB" in text and "nothing leaked" in text
     assert_unchanged(before, measure(proc.pid, ledger))
+
+
+@pytest.mark.parametrize("suite", JEMALLOCS)
+def test_a_jemalloc_process_captured_decodes_as_gcores_core(suite, tmp_path):
+    """A process on Debian's shared libjemalloc2 (je_dns at its snapshot): jemalloc's data pages that the
+    process never wrote (its options, read by the decoder) are in the capture's core, which decodes exactly
+    as gcore's core of the same instant, its figures equal to what malloc_stats_print printed."""
+    jemalloc = sysroots.prepare_jemalloc(SYSROOTS, suite)
+    exe = harness.build("je_dns", BINDIR)
+    directory = tmp_path / "je_dns"
+    proc = harness.run_to_snapshot(exe, directory, env={**jemalloc.environment(), **harness.JEMALLOC_ENV["je_dns"]})
+    try:
+        _heapwalk("capture", proc.pid, "--out", tmp_path / "cap")
+        oracle = gcore_report(proc.pid, tmp_path / "gcore")
+    finally:
+        proc.kill()
+        proc.wait()
+    ours = json.loads((tmp_path / "cap" / "report.json").read_text())
+    ours.pop("target"), oracle.pop("target")
+    assert ours == oracle
+    # what the named capture of the issue lost: the options, each thread's tsd, its tcache
+    je = ours["jemalloc"]
+    assert ours["allocator"] == "jemalloc" and je["opt"]["narenas"] == 8 and je["opt"]["dirty_decay_ms"] == 100
+    assert je["threads"] and all(t["tsd"] and t["tcache"]["bytes"] > 0 for t in je["threads"] if t.get("tcache"))
