@@ -112,3 +112,12 @@ def test_the_zero_page_mapped_by_a_read_is_not_resident():
         zero.close()
     finally:
         area.close()
+
+
+def test_no_page_map_means_nothing_is_read():
+    """Where the page map cannot be read (no such process here; a process this user may not read), nothing
+    is read at all, and the reason is said."""
+    from heapwalk.target.pages import PagesUnknown
+
+    with pytest.raises(PagesUnknown, match=r"cannot read /proc/\d+/pagemap"):
+        LivePages(2 ** 22 + 12345)

@@ -15,7 +15,7 @@ from heapwalk.glibc.model import Arena, HeapState
 from heapwalk.jemalloc.discovery import JemallocNotFound, find_library
 from heapwalk.jemalloc.load import load_jemalloc
 from heapwalk.jemalloc.model import JeState
-from heapwalk.target.gdbadapter import (GdbSymbols, cpu_counts, describe_target, gdb_memory, has_target,
+from heapwalk.target.gdbadapter import (GdbSymbols, core_not_read, cpu_counts, describe_target, gdb_memory, has_target,
                                         memory_map, missing_ranges, preserved_selection, residency,
                                         thread_registers)
 from heapwalk.target.space import Target
@@ -80,7 +80,7 @@ def _target() -> Target:
     """The selected inferior as gdb shows it."""
     space = memory_map()
     return Target(gdb_memory(space.readable), space, thread_registers(), GdbSymbols(), describe_target(),
-                  missing_ranges() if space.core else [], cpu_counts(), residency())
+                  missing_ranges() if space.core else [], cpu_counts(), residency(), core_not_read())
 
 
 def _is_64bit() -> bool:

@@ -43,5 +43,4 @@ def _target_findings(target: Target, other: tuple[str, str] | None) -> tuple[Fin
     if other is not None:
         out.append(Finding(Severity.WARNING, 0, "allocator", f"the process also maps {other[0]} ({other[1]}): "
                            "memory it serves is not in glibc's arenas, and is not counted here", Kind.DISCOVERY))
-    truncated = target.truncation()
-    return tuple(out + ([truncated] if truncated else []))
+    return tuple(out) + target.findings()

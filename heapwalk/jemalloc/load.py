@@ -23,6 +23,5 @@ def load_jemalloc(target: Target) -> JeState:
     why, when it cannot be located)."""
     disc = discover_jemalloc(target.mem, target.space.mappings)
     state = collect_jemalloc(target.mem, disc, target.threads, target.description)
-    truncated = target.truncation()
-    return dataclasses.replace(state, findings=state.findings + decay_findings(state) +
-                               ((truncated,) if truncated else ()), residency=target.residency)
+    return dataclasses.replace(state, findings=state.findings + decay_findings(state) + target.findings(),
+                               residency=target.residency)

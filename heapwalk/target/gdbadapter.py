@@ -315,6 +315,16 @@ def core_holes() -> list[tuple[int, int]]:
     return sorted(missing_ranges() + holes)
 
 
+def core_not_read() -> tuple[tuple[int, int, str], ...]:
+    """The (start, end, why) runs a capture's core says it did not read (none for any other target)."""
+    if _connection_type() != "core":
+        return ()
+    with _open_core() as core:
+        runs = core.capture_facts().get("not_read", ()) if core is not None else ()
+    return tuple((a, b, str(why)) for a, b, why in (r for r in runs if isinstance(r, list) and len(r) == 3)
+                 if isinstance(a, int) and isinstance(b, int))
+
+
 def _gdb_has_file(path: str) -> bool:
     """Can gdb read the file the core names PATH (under its sysroot, or as one of the files it loaded)?"""
     name = os.path.basename(path)

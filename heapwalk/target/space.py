@@ -45,6 +45,23 @@ class Target:
     missing: list[tuple[int, int]]  # the address ranges a truncated core lacks
     cpus: tuple[int, int] | None = None  # the CPUs online and those the process may run on, when known
     residency: Residency | None = None   # which pages were in RAM, when known
+    not_read: tuple = ()                 # (start, end, why) of the memory a capture did not read
+
+    def findings(self) -> tuple[Finding, ...]:
+        """What the target says of itself: the memory a truncated core lacks, and what a capture left out."""
+        out = [f for f in (self.truncation(), self.unread()) if f is not None]
+        return tuple(out)
+
+    def unread(self) -> Finding | None:
+        """The finding that a capture's core holds no bytes of memory it did not read (None when it read all)."""
+        if not self.not_read:
+            return None
+        total = sum(end - start for start, end, _ in self.not_read)
+        why = self.not_read[0][2]
+        return Finding(Severity.INFO, self.not_read[0][0], "core file", f"the capture did not read "
+                       f"{len(self.not_read)} range(s) of the process's memory ({total} bytes, from "
+                       f"{self.not_read[0][0]:#x}: {why}), as a read would have allocated or mapped pages in the "
+                       "process; what lies there is reported as unreadable, never as empty", Kind.UNMAPPED)
 
     def truncation(self) -> Finding | None:
         """The finding that a core lacks part of the process's memory (None for a whole core or a process)."""
