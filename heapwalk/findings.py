@@ -69,7 +69,7 @@ class Kind(enum.Enum):
     OTHER = ("other", "other")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Finding:
     """Something wrong or notable at ADDRESS, in STRUCTURE, said in a plain sentence.
 
@@ -91,7 +91,7 @@ class Finding:
         return f"{self.severity.value}: {self.structure}{where}: {self.message}"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Fact:
     """A discovered fact and how it was found (symbol, heuristic, override)."""
 

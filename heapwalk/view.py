@@ -16,7 +16,7 @@ from typing import Any
 __all__ = ["ArenaView", "Blocks", "HeapStrip", "HeapView", "MAP_KINDS", "Partial", "SizeClass"]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class ArenaView:
     """One arena: where its system memory goes."""
 
@@ -53,7 +53,7 @@ class ArenaView:
         return min(self.free_resident, self.free_total) + min(self.top_resident or 0, self.top)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class SizeClass:
     """A range of free-piece sizes [low, high) the allocator treats alike, and its name."""
 
@@ -62,7 +62,7 @@ class SizeClass:
     name: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class HeapView:
     """Every arena of one target at one instant, and what is shared between them."""
 
@@ -81,7 +81,7 @@ class HeapView:
     large_resident: int | None = None            # resident bytes of the large allocations, when known
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Partial:
     """A number of the output that rests on damaged or unread structures: WHAT happened (a word
     `heapwalk.output.notes` turns into a sentence), and where."""

@@ -15,7 +15,7 @@ __all__ = ["ArenaTotals", "ArenaChange", "ClassChange", "SignatureChange", "Sign
 FIGURES = ("system", "in_use", "free", "top")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class ArenaTotals:
     """One arena of a snapshot: its figures, its free pieces by size, and where its memory is."""
 
@@ -32,7 +32,7 @@ class ArenaTotals:
     in_use_histogram: tuple[Bucket, ...] | None = None   # its chunks in use by size (None: not grouped)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class ClassChange:
     """The free pieces of sizes [low, high) in A and in B."""
 
@@ -46,7 +46,7 @@ class ClassChange:
         return self.bytes[1] - self.bytes[0]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Signatures:
     """A snapshot's chunks in use by signature: name -> (count, bytes), and whether it lists only the
     biggest (a signature missing from a TRUNCATED list is unknown there, not absent)."""
@@ -55,7 +55,7 @@ class Signatures:
     truncated: bool = False
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class SignatureChange:
     """The chunks in use of one signature in A and in B."""
 
@@ -68,7 +68,7 @@ class SignatureChange:
         return self.bytes[1] - self.bytes[0]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class ArenaChange:
     """One arena's figures in A and in B ("new": only in B, "gone": only in A, "both")."""
 
@@ -84,7 +84,7 @@ class ArenaChange:
         return b - a
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Diff:
     """Every arena's change, the biggest growth of system memory first, the totals, and the signatures whose
     chunks in use changed (the biggest growth first; empty when a snapshot has no signatures)."""

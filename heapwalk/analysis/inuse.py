@@ -22,7 +22,7 @@ __all__ = ["UsedBucket", "UsedSignature", "LeakTotals", "InUse", "in_use_of", "l
 SIGNATURES_KEPT = 1000
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class UsedBucket:
     """Blocks in use of sizes [low, high): how many and their bytes, and how many of them are leaked."""
 
@@ -34,7 +34,7 @@ class UsedBucket:
     leaked_bytes: int = 0
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class UsedSignature:
     """Blocks in use that begin alike (NAME: the symbol or file+offset their first word points to, or
     "text"): how many, their bytes, how many are leaked, and one of them."""
@@ -48,7 +48,7 @@ class UsedSignature:
     text: str = ""            # the text group's example: its first characters
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class LeakTotals:
     """What a leak scan found, in numbers: blocks in use and leaked (count, bytes), the unreferenced among
     the leaked, each arena's leaked (number -> count, bytes), and the bytes of roots and heaps it could not

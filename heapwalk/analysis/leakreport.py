@@ -17,7 +17,7 @@ __all__ = ["LeakReport", "Unreferenced", "SignatureGroup", "LeakedBlock", "descr
 HEAD_BYTES = 32
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class SignatureGroup:
     """Leaked blocks alike by signature: its name, how many, their bytes, and one of them (its address and,
     for text, its first characters)."""
@@ -29,7 +29,7 @@ class SignatureGroup:
     text: str = ""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Unreferenced:
     """An unreferenced leaked block: where, its size and arena, what it holds, and its first bytes."""
 
@@ -41,7 +41,7 @@ class Unreferenced:
     head: bytes
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class LeakedBlock:
     """One leaked block, for the JSON document."""
 

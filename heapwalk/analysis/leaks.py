@@ -30,7 +30,7 @@ HIDDEN_POINTERS = ("A conservative scan can only miss a leak (a stale word keeps
                    "in another process).")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class ArenaLeaks:
     """One arena's blocks in use and leaked: counts and bytes."""
 
@@ -141,7 +141,7 @@ def arena_index(arena: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return present, lookup[arena]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Group:
     """Blocks alike (one size, or one signature): a KEY, how many, their bytes, and the first one (a row)."""
 

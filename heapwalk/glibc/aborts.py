@@ -27,7 +27,7 @@ _PAGE = 4096
 _MAX_FAST = 0x80  # the largest fastbin chunk size glibc uses by default (64-bit)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Candidate:
     """A pointer the crashing thread holds, and where it was seen ("register rbx of thread 1")."""
 
@@ -69,7 +69,7 @@ class _Context:
 _Test = Callable[[_Context, int], "tuple[int, str] | None"]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class AbortCheck:
     """One check of malloc that aborts: its messages, what it tested, and the test.
 

@@ -31,7 +31,7 @@ class Chunk(NamedTuple):
     extent: int                 # the heap (or main-arena region) it lies in
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Extent:
     """A stretch of one arena's memory that holds chunks: [start, end) of a heap, first chunk at FIRST."""
 

@@ -31,7 +31,7 @@ _HEAP_INFO_SIZES = (32, 48)
 _MAIN_HEAP_STEPS = 64
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class HeapArenas:
     """Thread arenas found by their heaps, and what they say about the rest.
 
@@ -143,7 +143,7 @@ def _tcache_evidence(mem: Memory, firsts: list[int]) -> tuple[int | None, bool |
     return tcache_chunk, heuristics.tcache_safe_linking(mem, structs, shape.tcache_off_entries, shape.tcache_bins)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class MainHeap:
     """The main arena's sbrk heap, found by its chunks: [START, END), and its last chunk TOP; when the core
     ends inside the heap, at CUT, END is the end of the chunk the cut falls in (or the cut, at a chunk's

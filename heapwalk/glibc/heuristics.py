@@ -77,7 +77,7 @@ def scan_bin127(mem: Memory, image: LibcImage) -> list[int]:
     return found
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class ArenaCandidate:
     """A main_arena that validated, and the malloc_state layout it validated with."""
 
@@ -153,7 +153,7 @@ def _pow2_or_zero(v: int) -> bool:
     return v == 0 or (v >= _PAGE and v & (v - 1) == 0)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class MpAnchors:
     """What the rest of memory says mp_ must hold, so that a candidate is pinned down by agreement instead of
     by default values (which programs, mallopt, tunables and glibc's dynamic threshold all change).
@@ -214,7 +214,7 @@ def _weight(evidence: tuple[str, ...]) -> int:
     return sum(w for e in evidence for prefix, w in _EVIDENCE_WEIGHT.items() if e.startswith(prefix))
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class MpCandidate:
     """A malloc_par that fits, the mp_ layout it fits under, and what agrees with it."""
 

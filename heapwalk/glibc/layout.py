@@ -34,7 +34,7 @@ class UnsupportedVersion(ValueError):
     """No layout is known for this glibc version."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Layout:
     """Offsets (bytes) and behaviours of one glibc version's malloc on x86_64."""
 

@@ -37,7 +37,7 @@ class BinKind(enum.Enum):
     LARGE = "large"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class BinList:
     """One free list of an arena (a fastbin, the unsorted bin, a small or large bin).
 
@@ -75,7 +75,7 @@ class BinList:
         return len(self.chunks)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Heap:
     """A heap_info-headed mapping of a thread arena (or the main arena's sbrk region)."""
 
@@ -87,7 +87,7 @@ class Heap:
     pagesize: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Arena:
     """One malloc_state and what hangs from it."""
 
@@ -130,7 +130,7 @@ class Arena:
         return tuple(lists)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class TcacheBin:
     """One tcache bin of one thread: ``entries`` are user-memory addresses, head first."""
 
@@ -149,7 +149,7 @@ class TcacheBin:
         return sum(self.spans) if self.spans else len(self.entries) * self.chunk_size
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Tcache:
     """A tcache_perthread_struct at ``address`` (user memory of its chunk)."""
 
@@ -167,7 +167,7 @@ class Tcache:
         return sum(b.total for b in self.bins)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Thread:
     """A thread of the target, its arena and its tcache."""
 
@@ -193,7 +193,7 @@ def list_name(arena: Arena, kind: BinKind, index: int) -> str:
     return f"{name}[{index}] of arena {arena.number}"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class MallocPar:
     """The fields of glibc's ``mp_`` that heapwalk reads (None where the version lacks them)."""
 
@@ -223,7 +223,7 @@ class ChunkState(enum.Enum):
 FREE_STATES = (ChunkState.TCACHE, ChunkState.FAST, ChunkState.UNSORTED, ChunkState.SMALL, ChunkState.LARGE,
                ChunkState.FREE_UNLISTED)
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Account:
     """Where an arena's system_mem goes, by chunk state, in bytes and counts: what the chunk walk found."""
 
@@ -253,7 +253,7 @@ class Account:
 KEPT_REASONS = ("tcache", "sub_page", "thread_top", "main_top")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class TrimEstimate:
     """Bytes malloc_trim(0) would release from one arena, and how many of them are resident."""
 
@@ -280,7 +280,7 @@ class TrimEstimate:
         return self.madvise_resident + self.systrim_resident
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class MmappedChunk:
     """A chunk with a mapping of its own: its address, size field (masked), and the bytes of its mapping."""
 
@@ -289,7 +289,7 @@ class MmappedChunk:
     span: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class ChunkWalk:
     """What the walk of every chunk found: each arena's account and trim estimate (by arena address), the
     mmapped chunks, the findings not tied to one arena, and whether Ctrl-C stopped it."""
@@ -303,7 +303,7 @@ class ChunkWalk:
     chunks: Mapping[int, tuple] | None = None  # arena address -> all its chunks (addresses, sizes, listing codes)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class HeapState:
     """Everything heapwalk decoded from one target at one instant."""
 

@@ -13,7 +13,7 @@ from heapwalk.target.residency import Residency
 __all__ = ["ArenaResidency", "arena_residency", "mmapped_resident"]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class ArenaResidency:
     """Resident bytes of one arena: all its heaps, its free chunks, its top chunk."""
 

@@ -40,7 +40,7 @@ TAIL_LEFTOVER = 2
 TAIL_ZERO = 3
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Segment:
     """One extent as swept: its chunks are [lo, hi) of the sweep's arrays; TAIL bytes after them are a
     fencepost's; KIND says how it ends (TAIL_*)."""
@@ -52,7 +52,7 @@ class Segment:
     kind: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Sweep:
     """Every chunk of an arena's extents, in address order per extent: address, size field, and the two words
     after the size field (fd and bk of a binned chunk; a tcache or fastbin entry's next and key)."""

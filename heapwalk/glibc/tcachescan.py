@@ -32,7 +32,7 @@ __all__ = ["TcacheScan", "scan_tcaches"]
 _SLACK = 32
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class TcacheScan:
     """What a scan found: sound tcache structs, and all-zero chunks that may be empty tcaches."""
 

@@ -93,7 +93,7 @@ class JeLayout:
         return "jemalloc %d.%d.%d" % self.version
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class BinClass:
     """A small size class: its region size, regions per slab, and the slab's pages."""
 

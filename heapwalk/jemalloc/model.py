@@ -12,7 +12,7 @@ from heapwalk.target.residency import Residency
 __all__ = ["JeBin", "JeLarge", "JeExtents", "JeArena", "JeThread", "JeState", "SlabTotals"]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class JeBin:
     """One small size class of one arena: its statistics (summed over the bin's shards)."""
 
@@ -37,7 +37,7 @@ class JeBin:
         return self.curregs / (self.curslabs * self.nregs) if self.curslabs else 0.0
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class JeLarge:
     """One large size class of one arena: its counters as the arena keeps them."""
 
@@ -54,7 +54,7 @@ class JeLarge:
         return max(0, self.nmalloc - self.ndalloc)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class JeExtents:
     """The free extents of one page size class: how many, and their bytes, dirty, muzzy and retained."""
 
@@ -66,7 +66,7 @@ class JeExtents:
     retained_bytes: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class JeArena:
     """One arena (arenas[index]) and what its statistics and extent containers hold."""
 
@@ -124,7 +124,7 @@ class JeArena:
                 "nfills": sum(c.nmalloc for c in self.large), "nflushes": sum(c.nflushes for c in self.large)}
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class SlabTotals:
     """The slabs of one size class: how many, how many not full, regions used and regions, free bytes."""
 
@@ -135,7 +135,7 @@ class SlabTotals:
     free: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class JeThread:
     """A thread of the target, seen through its tsd (jemalloc's TLS block)."""
 
@@ -157,7 +157,7 @@ class JeThread:
         return sum(size * count for size, count in self.tcache)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class JeState:
     """Everything heapwalk decoded of jemalloc in one target at one instant."""
 

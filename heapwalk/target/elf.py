@@ -28,7 +28,7 @@ NT_GNU_BUILD_ID = 3
 LIBC_FILE_NAME = re.compile(r"(?:^|/)(?:libc\.so\.6|libc-(\d+)\.(\d+)(?:\.\d+)?\.so)$")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Mapping:
     """One mapping of the target's address space (from the core's file note or /proc/PID/maps)."""
 
@@ -38,7 +38,7 @@ class Mapping:
     path: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Segment:
     """A program header of the loaded image, with its runtime address."""
 

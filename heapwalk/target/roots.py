@@ -27,7 +27,7 @@ _TCB_ROOM = 4096
 _PAGE = 4096
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Root:
     """A stretch of memory whose words are roots: [START, END), what it is (KIND: stack, tls, data,
     anonymous, large, unknown) and whose (OWNER: a thread's number, a file's name, a mapping's address)."""
@@ -54,7 +54,7 @@ class Root:
         return f"anonymous mapping {self.start:#x}"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class RegisterRoot:
     """A register of a thread's newest frame: a root of its own."""
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 __all__ = ["ThreadRegs", "FATAL_SIGNALS"]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class ThreadRegs:
     """A target thread as the debugger sees it: gdb's number, its LWP and $fs_base."""
 

@@ -19,7 +19,7 @@ LEA, MOV = 0x8D, 0x8B
 FS_PREFIX = 0x64
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class RipLoad:
     """A ``lea``/``mov reg, [rip+disp]`` at OFFSET in the code; TARGET is the address it refers to."""
 
