@@ -19,6 +19,7 @@ from heapwalk.target.threads import FATAL_SIGNALS, ThreadRegs
 from heapwalk.target.elf import Mapping
 from heapwalk.target.corefile import MISSING_ENV, CoreError, CoreFile, parse_ranges
 from heapwalk.target.memory import CachedMemory, ranges_without
+from heapwalk.target.mitext import console_text
 from heapwalk.target.pages import LivePages
 from heapwalk.target.residency import RESIDENT_ENV, Pagemap, Residency, load_runs, of_core
 from heapwalk.target.space import MemoryMap
@@ -213,9 +214,32 @@ def thread_registers() -> list[ThreadRegs]:
     return sorted(out, key=lambda t: t.number)
 
 
+def _text(command: str) -> str:
+    """What gdb's COMMAND prints, as the console shows it (under MI too: `mitext.console_text`)."""
+    return console_text(gdb.execute(command, to_string=True))
+
+
 def _connection_type() -> str | None:
-    """'core', 'native' (a process on this machine), 'remote'... for the selected inferior."""
-    return getattr(getattr(gdb.selected_inferior(), "connection", None), "type", None)
+    """'core', 'native' (a process on this machine), 'remote'... for the selected inferior: from its
+    connection (gdb 12 and later), else from what 'info target' says (gdb 10 and 11); None when there is no
+    target."""
+    connection = getattr(gdb.selected_inferior(), "connection", _NO_ATTRIBUTE)
+    if connection is not _NO_ATTRIBUTE:
+        return getattr(connection, "type", None)
+    if not has_target():
+        return None
+    try:
+        info = _text("info target")
+    except gdb.error:
+        return None
+    if "core dump file" in info:
+        return "core"
+    if re.search(r"[Rr]emote (serial target|target) ", info) or "extended-remote" in info:
+        return "remote"
+    return "native"
+
+
+_NO_ATTRIBUTE = object()
 
 
 @contextlib.contextmanager
@@ -270,7 +294,7 @@ def residency() -> Residency | None:
 def core_path() -> str | None:
     """The core file gdb has open, or None."""
     try:
-        info = gdb.execute("info target", to_string=True)
+        info = _text("info target")
     except gdb.error:
         return None
     m = re.search(r"Local core dump file:\s*\n?\s*`([^']+)'", info)
@@ -342,8 +366,7 @@ def _gdb_has_file(path: str) -> bool:
 def _memory_map() -> MemoryMap:
     maps = mappings()
     spans = [(m.start, m.end) for m in maps]
-    connection = getattr(gdb.selected_inferior(), "connection", None)
-    if getattr(connection, "type", None) != "core":
+    if _connection_type() != "core":
         readable = spans
         if _connection_type() == "native":
             with LivePages(gdb.selected_inferior().pid) as pages:
@@ -354,7 +377,7 @@ def _memory_map() -> MemoryMap:
         loads = core.regions() if core is not None else None
     try:
         sections = [(int(a, 16), int(b, 16), name) for a, b, name in
-                    _SECTION.findall(gdb.execute("info files", to_string=True))]
+                    _SECTION.findall(_text("info files"))]
     except gdb.error:
         return MemoryMap(maps, loads or [], spans or None, True, writable)
     if loads is None:
@@ -383,7 +406,7 @@ def _live_writable() -> list[tuple[int, int]] | None:
 def mappings() -> list[Mapping]:
     """The target's mappings as 'info proc mappings' shows them (core file note, or /proc/PID/maps)."""
     try:
-        text = gdb.execute("info proc mappings", to_string=True)
+        text = _text("info proc mappings")
     except gdb.error:
         return []
     out = []
@@ -397,7 +420,7 @@ def mappings() -> list[Mapping]:
 def symbol_at(address: int) -> str | None:
     """The symbol gdb knows at ADDRESS, with its offset ("vtable for Shape + 16"); None when it knows none."""
     try:
-        text = gdb.execute(f"info symbol {address:#x}", to_string=True)
+        text = _text(f"info symbol {address:#x}")
     except gdb.error:
         return None
     if not text or text.startswith("No symbol"):

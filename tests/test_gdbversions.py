@@ -1,0 +1,73 @@
+"""What differs between the gdb versions heapwalk runs on (10 to 18), checked on this machine's gdb by making
+it look like the others: gdb 10 and 11 have no `Inferior.connection`, so a core is told from a process by what
+'info target' says; gdb 18 under MI returns MI records to `gdb.execute(..., to_string=True)`, which heapwalk
+reads as the console's text (tests/test_mitext.py).  The same report either way."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import capture, run_gdb
+from services import running
+
+pytestmark = pytest.mark.cores
+
+#: makes gdb's Python look like gdb 10/11's: an inferior without the `connection` attribute
+GDB10 = """python
+import gdb
+class _Gdb10Inferior:
+    def __init__(self, inferior):
+        self._inferior = inferior
+    def __getattr__(self, name):
+        if name == "connection":
+            raise AttributeError(name)
+        return getattr(self._inferior, name)
+_real_selected_inferior = gdb.selected_inferior
+gdb.selected_inferior = lambda: _Gdb10Inferior(_real_selected_inferior())
+end
+"""
+
+#: makes gdb.execute(..., to_string=True) answer as gdb 18 does under MI: console output as ~"..." records
+GDB18_MI = r'''python
+import gdb
+_real_execute = gdb.execute
+def _mi_execute(command, from_tty=False, to_string=False):
+    text = _real_execute(command, from_tty, to_string)
+    if not to_string or not text:
+        return text
+    records = []
+    for line in text.splitlines(True):
+        body = line.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n").replace("\t", "\\t")
+        records.append('~"%s"' % body)
+    return "\n".join(records) + "\n^done\n"
+gdb.execute = _mi_execute
+end
+'''
+
+
+def _report(target: list[str], tmp_path, name: str, preamble: str = "") -> dict:
+    script = tmp_path / f"{name}.gdb"
+    script.write_text(preamble)
+    out = tmp_path / f"{name}.json"
+    result = run_gdb(target, [f"source {script}", f"heapwalk report --json {out}"])
+    assert "internal error" not in result.stdout + result.stderr and "Traceback" not in result.stderr, \
+        result.stdout + result.stderr
+    return json.loads(out.read_text())
+
+
+@pytest.mark.parametrize("name", ["thread_arenas", "mmapped"])
+def test_a_core_under_gdb_10_and_18_reports_as_under_this_gdb(name, tmp_path):
+    cap = capture("system", name)
+    target = [str(cap.exe), str(cap.core)]
+    today = _report(target, tmp_path, "today")
+    assert today["target"].startswith("core file ") and len(today["arenas"]) > 1 or name == "mmapped"
+    assert _report(target, tmp_path, "gdb10", GDB10) == today
+    assert _report(target, tmp_path, "gdb18", GDB18_MI) == today
+
+
+def test_a_live_process_under_gdb_10_is_a_process(tmp_path):
+    with running(tmp_path, "grow") as (proc, _):
+        doc = _report(["-p", str(proc.pid)], tmp_path, "gdb10", GDB10)
+    assert doc["target"].startswith(f"process {proc.pid}") and len(doc["arenas"]) == 3
