@@ -523,3 +523,17 @@ def test_commands_page_is_the_code_s_own_help():
     import commands_doc
 
     assert commands_doc.DOC.read_text() == commands_doc.render(), "docs/commands.md is out of date: run 'make docs'"
+
+
+def test_a_gdb_whose_python_cannot_load_heapwalk_is_named_with_the_module(tmp_path):
+    """The command line installed with a Python other than the one gdb embeds: gdb's Python cannot import
+    numpy from it.  One line names the module, gdb's Python and ours, and what to do; exit status 2."""
+    wrapper = tmp_path / "gdb"
+    wrapper.write_text("#!/bin/sh\nexec gdb -iex \"python import sys; sys.modules['numpy'] = None\" \"$@\"\n")
+    wrapper.chmod(0o755)
+    result = heapwalk("report", str(capture("system", "bins").core), "--gdb", str(wrapper))
+    assert result.returncode == 2, result.stdout + result.stderr
+    message = result.stderr.strip()
+    assert message.startswith("heapwalk: gdb's Python 3.") and "cannot import numpy" in message, message
+    assert "the heapwalk command line runs on Python" in message and "make venv" in message
+    assert "Traceback" not in result.stdout + result.stderr and len(message.splitlines()) == 1

@@ -3,7 +3,9 @@ the same commands a gdb user would, so text and JSON are the same as inside gdb;
 
 from __future__ import annotations
 
+import re
 import shutil
+import sys
 import time
 from pathlib import Path
 
@@ -54,14 +56,32 @@ class Gdb:
         self._load_heapwalk()
 
     def _load_heapwalk(self) -> None:
-        """heapwalk and its dependencies on gdb's sys.path (gdb embeds the system Python, not ours)."""
+        """heapwalk and its dependencies on gdb's sys.path (gdb embeds the system Python, not ours); CliError
+        naming the module gdb's Python cannot import, and that Python, when it cannot load them."""
         import rich
 
         paths = [str(Path(__file__).resolve().parents[2]), str(Path(rich.__file__).resolve().parent.parent)]
-        out = self.run("python import sys; sys.path[:0] = [p for p in %r if p not in sys.path]; "
-                       "import heapwalk; heapwalk.load(); print('heapwalk-loaded')" % (paths,))
-        if "heapwalk-loaded" not in out:
-            raise CliError(f"heapwalk: cannot load heapwalk into gdb's Python: {out.strip()}")
+        code = ("import sys\n"
+                "sys.path[:0] = [p for p in %r if p not in sys.path]\n"
+                "try:\n"
+                "    import heapwalk\n"
+                "    heapwalk.load()\n"
+                "    print('heapwalk-loaded')\n"
+                "except ImportError as exc:\n"
+                "    print('heapwalk-missing %%s|%%d.%%d|%%s' %% (exc.name or exc, sys.version_info[0], "
+                "sys.version_info[1], sys.executable))\n" % (paths,))
+        out = self.run(f"python exec({code!r})")
+        if "heapwalk-loaded" in out:
+            return
+        missing = re.search(r"heapwalk-missing (.*)\|(\d+\.\d+)\|(.*)", out)
+        if missing:
+            module, version, executable = missing.groups()
+            ours = "%d.%d" % sys.version_info[:2]
+            raise CliError(f"heapwalk: gdb's Python {version} ({executable}) cannot import {module}: the heapwalk "
+                           f"command line runs on Python {ours} ({sys.executable}), and its packages do not load "
+                           f"into gdb's; install heapwalk with gdb's Python ('{executable} -m venv ...', or "
+                           "'make venv', which does)")
+        raise CliError(f"heapwalk: cannot load heapwalk into gdb's Python: {out.strip()}")
 
     def run(self, command: str, timeout: float = 3600.0) -> str:
         """COMMAND's console output; CliError with gdb's message when it fails."""
