@@ -51,7 +51,8 @@ from heapwalk.glibc.decode import collect
 from heapwalk.glibc.summary import heap_view
 from heapwalk.gdb.session import overrides
 from heapwalk.glibc.discovery import DiscoveryError, discover
-from heapwalk.target.gdbadapter import GdbSymbols, gdb_memory, memory_map, thread_registers
+from heapwalk.target.gdbadapter import GdbSymbols, gdb_memory, thread_registers
+from heapwalk.target.gdbspace import memory_map
 from heapwalk.target.memory import ReadError
 from heapwalk.target.roots import readonly_images
 from heapwalk.output.leakdoc import leaks_group, leaks_json

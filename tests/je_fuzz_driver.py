@@ -46,7 +46,8 @@ from heapwalk.output.htmlreport import report_html
 from heapwalk.output.jsondoc import report_json
 from heapwalk.output.pngmaps import png_maps
 from heapwalk.target.elf import LibcImage
-from heapwalk.target.gdbadapter import gdb_memory, memory_map, thread_registers
+from heapwalk.target.gdbadapter import gdb_memory, thread_registers
+from heapwalk.target.gdbspace import memory_map
 
 _CACHE_BIN = 24
 #: the aimed damage kinds, each drawn this share of the time (the rest are random patches of what was read)

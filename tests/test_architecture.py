@@ -22,7 +22,7 @@ MAY_IMPORT = {
     "__init__": {"gdb"},
 }
 #: the only modules that import gdb
-GDB_MODULES = {"target/gdbadapter.py", "gdb/commands.py", "gdb/console.py", "gdb/session.py",
+GDB_MODULES = {"target/gdbadapter.py", "target/gdbspace.py", "gdb/commands.py", "gdb/console.py", "gdb/session.py",
                "gdb/subcommand.py"}
 MAX_MODULE_LINES, MAX_FUNCTION_LINES = 400, 60
 #: the documented hot loop: one function on purpose (see its docstring)

@@ -10,7 +10,8 @@ import struct
 import numpy as np
 
 from heapwalk.cli import corewriter
-from heapwalk.cli.corewriter import PAGE, _codes, _file_note, _mapping_segments, _note, _write_nonzero
+from heapwalk.cli.corenotes import file_note, note
+from heapwalk.cli.corewriter import PAGE, _codes, _mapping_segments, _write_nonzero
 from heapwalk.target.pages import MapsLine, Page, classify
 
 PRESENT, SWAPPED, FILE_PAGE, EXCLUSIVE = 1 << 63, 1 << 62, 1 << 61, 1 << 56
@@ -113,11 +114,11 @@ def test_pages_of_zeros_are_holes(tmp_path):
 
 
 def test_notes_are_as_the_kernel_writes_them():
-    note = _note(1, b"abcde")
-    namesz, descsz, kind = struct.unpack_from("<III", note)
-    assert (namesz, descsz, kind) == (5, 5, 1) and note[12:20] == b"CORE\0\0\0\0" and note[20:28] == b"abcde\0\0\0"
+    record = note(1, b"abcde")
+    namesz, descsz, kind = struct.unpack_from("<III", record)
+    assert (namesz, descsz, kind) == (5, 5, 1) and record[12:20] == b"CORE\0\0\0\0" and record[20:28] == b"abcde\0\0\0"
     maps = [MapsLine(0x1000, 0x3000, "r--p", 0x2000, "fd:01", 7, "/usr/lib/x.so"),
             MapsLine(0x5000, 0x6000, "rw-p", 0, "00:00", 0, "")]
-    body = _file_note(maps)
+    body = file_note(maps)
     assert struct.unpack_from("<5Q", body) == (1, PAGE, 0x1000, 0x3000, 2) and body.endswith(b"/usr/lib/x.so\0")
     assert corewriter._flags("r-xp") == 5 and corewriter._flags("rw-p") == 6

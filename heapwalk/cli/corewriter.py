@@ -42,6 +42,7 @@ from typing import Optional, Tuple
 
 import numpy as np
 
+from heapwalk.cli.corenotes import note, process_notes
 from heapwalk.cli.ptrace import Stopped
 from heapwalk.target.memory import ReadError
 from heapwalk.target.pages import SPECIAL, LivePages, MapsLine, Page, PagesUnknown, absent_reason
@@ -54,7 +55,6 @@ _READ = 8 << 20                          # bytes read from /proc/PID/mem at once
 _MERGE_PAGES = 0                         # stored runs this close (across known zeros) are written as one
 _MAX_SEGMENTS = 60000                    # under ELF's 65535 program headers, with room for the note
 _HOLD_MAX = 8 << 30                      # the most memory made ready to read the process into (`hold_for`)
-_NT_PRSTATUS, _NT_FPREGSET, _NT_PRPSINFO, _NT_AUXV, _NT_FILE = 1, 2, 3, 6, 0x46494C45
 _PT_LOAD, _PT_NOTE = 1, 4
 #: the note of what the capture knew of the process beside its memory (JSON; gdb skips notes it does not know)
 HEAPWALK_NOTE, NT_HEAPWALK = b"HEAPWALK", 1
@@ -201,57 +201,6 @@ def plan_segments(pages: LivePages, mem: int | None = None, merge: int = _MERGE_
     return out
 
 
-def _note(kind: int, desc: bytes, name: bytes = b"CORE") -> bytes:
-    name0 = name + b"\0"
-    pad = lambda b: b + bytes(-len(b) % 4)  # noqa: E731
-    return struct.pack("<III", len(name0), len(desc), kind) + pad(name0) + pad(desc)
-
-
-def _stat(pid: int, tid: int) -> tuple[str, int, int, int]:
-    """(state, ppid, pgrp, session) of TID from /proc/PID/task/TID/stat."""
-    text = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
-    fields = text.rsplit(")", 1)[1].split()
-    return fields[0], int(fields[1]), int(fields[2]), int(fields[3])
-
-
-def _prstatus(pid: int, tid: int, regs: bytes, fpvalid: bool) -> bytes:
-    _, ppid, pgrp, sid = _stat(pid, tid)
-    head = struct.pack("<3ih2xQQ4i", 0, 0, 0, 0, 0, 0, tid, ppid, pgrp, sid) + bytes(64)  # times left at zero
-    return head + regs + struct.pack("<i4x", 1 if fpvalid else 0)
-
-
-def _prpsinfo(pid: int) -> bytes:
-    state, ppid, pgrp, sid = _stat(pid, pid)
-    comm = Path(f"/proc/{pid}/comm").read_bytes().rstrip(b"\n")[:15]
-    args = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").strip()[:79]
-    st = os.stat(f"/proc/{pid}")
-    code = "RSDTZW".find(state) if state in "RSDTZW" else 0
-    return struct.pack("<BcBB4xQII4i16s80s", code, state.encode()[:1] or b"R", 0, 0, 0, st.st_uid, st.st_gid,
-                       pid, ppid, pgrp, sid, comm, args)
-
-
-def _file_note(maps: list[MapsLine]) -> bytes:
-    files = [m for m in maps if m.file_backed]
-    body = struct.pack("<QQ", len(files), PAGE)
-    body += b"".join(struct.pack("<QQQ", m.start, m.end, m.offset // PAGE) for m in files)
-    return body + b"".join(m.name.encode() + b"\0" for m in files)
-
-
-def _notes(stopped: Stopped, maps: list[MapsLine]) -> bytes:
-    """The notes of a kernel core for the process STOPPED holds (read while it is stopped)."""
-    pid = stopped.pid
-    parts = []
-    for i, thread in enumerate(stopped.threads):
-        parts.append(_note(_NT_PRSTATUS, _prstatus(pid, thread.tid, thread.regs, bool(thread.fpregs))))
-        if i == 0:
-            parts.append(_note(_NT_PRPSINFO, _prpsinfo(pid)))
-            parts.append(_note(_NT_AUXV, Path(f"/proc/{pid}/auxv").read_bytes()))
-            parts.append(_note(_NT_FILE, _file_note(maps)))
-        if thread.fpregs:
-            parts.append(_note(_NT_FPREGSET, thread.fpregs))
-    return b"".join(parts)
-
-
 def hold_for(pid: int, whole_files: bool = False) -> mmap.mmap | None:
     """Memory made resident before PID is stopped, to read its pages into while it is stopped: reading into
     pages already there is as fast as reading can be, where writing the file meanwhile would double the
@@ -324,12 +273,12 @@ def write_core(stopped: Stopped, path: Path, facts: dict | None = None, hold: mm
                                      whole_files=whole_files)
             maps = pages.maps
 
-            process_notes = _notes(stopped, maps)
+            notes_of_process = process_notes(stopped, maps)
 
             def notes(unread: list[tuple[int, int, str]]) -> bytes:
                 known = dict(facts or {}, residency="segments", not_resident=not_resident,
-                             not_read=[list(r) for r in unread])
-                return _note(NT_HEAPWALK, json.dumps(known).encode(), HEAPWALK_NOTE) + process_notes
+                             not_read=[list(r) for r in unread], mappings=[[m.start, m.end] for m in maps])
+                return note(NT_HEAPWALK, json.dumps(known).encode(), HEAPWALK_NOTE) + notes_of_process
 
             phnum = len(segments) + 1
             data_at = -(-(64 + 56 * phnum) // PAGE) * PAGE

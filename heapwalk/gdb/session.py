@@ -15,9 +15,9 @@ from heapwalk.glibc.model import Arena, HeapState
 from heapwalk.jemalloc.discovery import JemallocNotFound, find_library
 from heapwalk.jemalloc.load import load_jemalloc
 from heapwalk.jemalloc.model import JeState
-from heapwalk.target.gdbadapter import (GdbSymbols, core_not_read, cpu_counts, describe_target, gdb_memory, has_target,
-                                        memory_map, missing_ranges, preserved_selection, residency,
-                                        thread_registers)
+from heapwalk.target.gdbadapter import GdbSymbols, gdb_memory, preserved_selection, thread_registers
+from heapwalk.target.gdbspace import (core_not_read, cpu_counts, describe_target, has_target, memory_map,
+                                      missing_ranges, residency)
 from heapwalk.target.space import Target
 
 

@@ -189,16 +189,23 @@ class CoreFile:
         raise LookupError(f"{address:#x} is not in the core")
 
     def regions(self) -> list[tuple[int, int]]:
-        """The load segments as [start, end) ranges, those that touch with the same flags joined: one mapping
-        the capture wrote as several segments (pages stored, pages zero-filled) is one region again, as the
-        kernel's and gcore's cores have it."""
-        out: list[tuple[int, int, int]] = []
-        for (vaddr, memsz, _, _), flags in sorted(zip(self.loads, self.load_flags)):
-            if out and out[-1][1] == vaddr and out[-1][2] == flags:
-                out[-1] = (out[-1][0], vaddr + memsz, flags)
+        """The load segments as [start, end) ranges, one a mapping of the process: the segments `heapwalk
+        capture` wrote for one mapping (pages stored, pages zero-filled) joined again, by the mappings its
+        note lists, so that a region starts where a mapping does, as in the kernel's and gcore's cores."""
+        bounds = self.capture_facts().get("mappings")
+        loads = sorted((vaddr, vaddr + memsz) for vaddr, memsz, _, _ in self.loads)
+        if not isinstance(bounds, list):
+            return loads
+        starts = sorted(a for a, *_ in bounds if isinstance(a, int))
+        out: list[tuple[int, int]] = []
+        for lo, hi in loads:
+            i = bisect.bisect_right(starts, lo) - 1
+            same = out and out[-1][1] == lo and (i < 0 or starts[i] < lo)
+            if same:
+                out[-1] = (out[-1][0], hi)
             else:
-                out.append((vaddr, vaddr + memsz, flags))
-        return [(lo, hi) for lo, hi, _ in out]
+                out.append((lo, hi))
+        return out
 
     def holes(self, have_file) -> list[tuple[int, int]]:
         """The ranges of the process's memory whose bytes the core does not hold, though a reader may get

@@ -1,6 +1,7 @@
 """The target as gdb shows it: memory, libc's debug symbols, threads.
 
-This module and the gdb front end (`heapwalk.gdb`) are the only ones that import ``gdb``.
+This module, `heapwalk.target.gdbspace` (the address space) and the gdb front end (`heapwalk.gdb`) are the
+only ones that import ``gdb``.
 Everything here is read-only: memory is read, never written; no function in
 the target is called; the selected thread and frame are restored after each
 look at another thread.
@@ -9,35 +10,19 @@ look at another thread.
 from __future__ import annotations
 
 import contextlib
-import os
 import re
 import weakref
 
 import gdb  # type: ignore[import-not-found]
 
 from heapwalk.target.threads import FATAL_SIGNALS, ThreadRegs
-from heapwalk.target.elf import Mapping
-from heapwalk.target.corefile import MISSING_ENV, CoreError, CoreFile, parse_ranges
-from heapwalk.target.memory import CachedMemory, ranges_without
-from heapwalk.target.mitext import console_text
+from heapwalk.target.gdbspace import command_text, connection_type
+from heapwalk.target.memory import CachedMemory
 from heapwalk.target.pages import LivePages
-from heapwalk.target.residency import RESIDENT_ENV, Pagemap, Residency, load_runs, of_core
-from heapwalk.target.space import MemoryMap
 
-__all__ = ["gdb_memory", "GdbSymbols", "thread_registers", "describe_target", "preserved_selection", "has_target",
-           "symbol_at", "stack_frame",
-           "mappings", "MemoryMap", "memory_map"]
-
-_MAPPING_LINE = re.compile(r"^\s*(0x[0-9a-f]+)\s+(0x[0-9a-f]+)\s+0x[0-9a-f]+\s+(0x[0-9a-f]+)"
-                           r"(?:\s+[r-][w-][x-][ps])?(?:\s+(.*?))?\s*$")
+__all__ = ["gdb_memory", "GdbSymbols", "thread_registers", "preserved_selection", "symbol_at", "stack_frame"]
 
 _LIBC_NAME = re.compile(r"(^|/)libc([.-][\w.]*)?\.so|(^|/)libc\.so\.6")
-
-
-def has_target() -> bool:
-    """Is there a process or core to look at?"""
-    inferior = gdb.selected_inferior()
-    return inferior is not None and inferior.pid != 0 and bool(inferior.threads())
 
 
 def gdb_memory(known: list[tuple[int, int]] | None = None) -> CachedMemory:
@@ -50,7 +35,7 @@ def gdb_memory(known: list[tuple[int, int]] | None = None) -> CachedMemory:
     def read(address: int, size: int) -> bytes:
         return inferior.read_memory(address, size).tobytes()
 
-    if _connection_type() != "native":
+    if connection_type() != "native":
         return CachedMemory(read, max_blocks=_CACHE_BLOCKS, regions=known, raw_buffer=inferior.read_memory)
     pages = LivePages(inferior.pid)
 
@@ -214,213 +199,10 @@ def thread_registers() -> list[ThreadRegs]:
     return sorted(out, key=lambda t: t.number)
 
 
-def _text(command: str) -> str:
-    """What gdb's COMMAND prints, as the console shows it (under MI too: `mitext.console_text`)."""
-    return console_text(gdb.execute(command, to_string=True))
-
-
-def _connection_type() -> str | None:
-    """'core', 'native' (a process on this machine), 'remote'... for the selected inferior: from its
-    connection (gdb 12 and later), else from what 'info target' says (gdb 10 and 11); None when there is no
-    target."""
-    connection = getattr(gdb.selected_inferior(), "connection", _NO_ATTRIBUTE)
-    if connection is not _NO_ATTRIBUTE:
-        return getattr(connection, "type", None)
-    if not has_target():
-        return None
-    try:
-        info = _text("info target")
-    except gdb.error:
-        return None
-    if "core dump file" in info:
-        return "core"
-    if re.search(r"[Rr]emote (serial target|target) ", info) or "extended-remote" in info:
-        return "remote"
-    return "native"
-
-
-_NO_ATTRIBUTE = object()
-
-
-@contextlib.contextmanager
-def _open_core():
-    """The core file gdb has open, as a `CoreFile` (None when there is none or it cannot be read)."""
-    path = core_path() if _connection_type() == "core" else None
-    try:
-        core = CoreFile(path) if path is not None else None
-    except CoreError:
-        core = None
-    try:
-        yield core
-    finally:
-        if core is not None:
-            core.close()
-
-
-def cpu_counts() -> tuple[int, int] | None:
-    """The CPUs online and the CPUs the process may run on (glibc's arena limit is 8 per CPU), when known: a
-    live process's from this machine, a core's from the note `heapwalk capture` writes; None otherwise."""
-    if _connection_type() == "core":
-        with _open_core() as core:
-            facts = core.capture_facts() if core is not None else {}
-        online, allowed = facts.get("cpus_online"), facts.get("cpus_allowed")
-        return (online, allowed or online) if isinstance(online, int) and online > 0 else None
-    try:
-        return os.cpu_count() or 1, len(os.sched_getaffinity(gdb.selected_inferior().pid))
-    except (OSError, ValueError):
-        return None
-
-
-def residency() -> Residency | None:
-    """Which pages were resident, where that is known: a process on this machine's from its page map, a
-    core's from what `heapwalk capture` recorded (in the core, or beside gcore's core); None otherwise."""
-    kind = _connection_type()
-    if kind == "core":
-        with _open_core() as core:
-            found = of_core(core) if core is not None else None
-        recorded = os.environ.get(RESIDENT_ENV)
-        return found if found is not None or not recorded else load_runs(recorded)
-    if kind != "native":
-        return None
-    pid = gdb.selected_inferior().pid
-    try:
-        with open(f"/proc/{pid}/pagemap", "rb", buffering=0) as f:
-            os.pread(f.fileno(), 8, 0)
-    except OSError:
-        return None
-    return Pagemap(pid)
-
-
-def core_path() -> str | None:
-    """The core file gdb has open, or None."""
-    try:
-        info = _text("info target")
-    except gdb.error:
-        return None
-    m = re.search(r"Local core dump file:\s*\n?\s*`([^']+)'", info)
-    return m.group(1) if m else None
-
-
-def describe_target() -> str:
-    """'core file /x/core of /x/exe' or 'process 1234 (/x/exe)'."""
-    inferior = gdb.selected_inferior()
-    exe = gdb.current_progspace().filename or "?"
-    if _connection_type() == "core":
-        return f"core file {core_path() or '?'} of {exe}"
-    return f"process {inferior.pid} ({exe})"
-
-
-_SECTION = re.compile(r"^\s*(0x[0-9a-f]+) - (0x[0-9a-f]+) is (\S+)", re.M)
-
-
-def memory_map() -> MemoryMap:
-    """The selected inferior's MemoryMap, less the ranges whose bytes a core does not hold (`core_holes`):
-    what a truncated core lacks, what a capture did not read, and the zero-filled pages of files gdb has not."""
-    space = _memory_map()
-    missing = core_holes() if space.core else []
-    if not missing:
-        return space
-    return MemoryMap(space.mappings, ranges_without(space.regions, missing),
-                     None if space.readable is None else ranges_without(space.readable, missing), True,
-                     None if space.writable is None else ranges_without(space.writable, missing))
-
-
-def missing_ranges() -> list[tuple[int, int]]:
-    """The address ranges the core lacks, as the command line found them when it padded a truncated core
-    for gdb (whose padding would otherwise read as zeros)."""
-    return parse_ranges(os.environ.get(MISSING_ENV, ""))
-
-
-def core_holes() -> list[tuple[int, int]]:
-    """Every range of the core gdb has open whose bytes it does not hold, though gdb may read zeros there:
-    `missing_ranges`, and `CoreFile.holes` with the files gdb can read."""
-    with _open_core() as core:
-        holes = core.holes(_gdb_has_file) if core is not None else []
-    return sorted(missing_ranges() + holes)
-
-
-def core_not_read() -> tuple[tuple[int, int, str], ...]:
-    """The (start, end, why) runs a capture's core says it did not read (none for any other target)."""
-    if _connection_type() != "core":
-        return ()
-    with _open_core() as core:
-        runs = core.capture_facts().get("not_read", ()) if core is not None else ()
-    return tuple((a, b, str(why)) for a, b, why in (r for r in runs if isinstance(r, list) and len(r) == 3)
-                 if isinstance(a, int) and isinstance(b, int))
-
-
-def _gdb_has_file(path: str) -> bool:
-    """Can gdb read the file the core names PATH (under its sysroot, or as one of the files it loaded)?"""
-    name = os.path.basename(path)
-    if any(os.path.basename(o.filename or "") == name for o in gdb.objfiles()):
-        return True
-    try:
-        sysroot = gdb.parameter("sysroot") or ""
-    except (gdb.error, RuntimeError):
-        sysroot = ""
-    if sysroot.startswith("target:"):
-        sysroot = sysroot[len("target:"):]
-    return os.path.isfile(os.path.join(sysroot, path.lstrip("/")) if sysroot else path)
-
-
-def _memory_map() -> MemoryMap:
-    maps = mappings()
-    spans = [(m.start, m.end) for m in maps]
-    if _connection_type() != "core":
-        readable = spans
-        if _connection_type() == "native":
-            with LivePages(gdb.selected_inferior().pid) as pages:
-                readable = ranges_without(spans, pages.absent())
-        return MemoryMap(maps, spans, readable or None, writable=_live_writable())
-    with _open_core() as core:
-        writable = list(core.writable) if core is not None else None
-        loads = core.regions() if core is not None else None
-    try:
-        sections = [(int(a, 16), int(b, 16), name) for a, b, name in
-                    _SECTION.findall(_text("info files"))]
-    except gdb.error:
-        return MemoryMap(maps, loads or [], spans or None, True, writable)
-    if loads is None:
-        loads = [(a, b) for a, b, name in sections if re.fullmatch(r"load\d+", name)]
-    return MemoryMap(maps, loads, [(a, b) for a, b, _ in sections] + spans or None, True, writable)
-
-
-def _live_writable() -> list[tuple[int, int]] | None:
-    """The writable mappings of a process on this machine (/proc/PID/maps); None for any other target."""
-    if _connection_type() != "native":
-        return None
-    try:
-        with open(f"/proc/{gdb.selected_inferior().pid}/maps") as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return None
-    out = []
-    for line in lines:
-        fields = line.split(None, 2)
-        if len(fields) >= 2 and fields[1][1:2] == "w":
-            start, _, end = fields[0].partition("-")
-            out.append((int(start, 16), int(end, 16)))
-    return out
-
-
-def mappings() -> list[Mapping]:
-    """The target's mappings as 'info proc mappings' shows them (core file note, or /proc/PID/maps)."""
-    try:
-        text = _text("info proc mappings")
-    except gdb.error:
-        return []
-    out = []
-    for line in text.splitlines():
-        m = _MAPPING_LINE.match(line)
-        if m:
-            out.append(Mapping(int(m.group(1), 16), int(m.group(2), 16), int(m.group(3), 16), m.group(4) or ""))
-    return out
-
-
 def symbol_at(address: int) -> str | None:
     """The symbol gdb knows at ADDRESS, with its offset ("vtable for Shape + 16"); None when it knows none."""
     try:
-        text = _text(f"info symbol {address:#x}")
+        text = command_text(f"info symbol {address:#x}")
     except gdb.error:
         return None
     if not text or text.startswith("No symbol"):
