@@ -4,8 +4,9 @@
 
 SHELL := /bin/bash
 # chromium: the tests open the HTML report in a real browser (headless)
+# debootstrap: the chroots of other Debian suites' gdb and Python (cores/chroots.py)
 DEB_PACKAGES := gdb gcc make libc6-dbg libc6-dev python3 python3-venv util-linux debian-archive-keyring \
-  libjemalloc2 libtcmalloc-minimal4 chromium
+  libjemalloc2 libtcmalloc-minimal4 chromium debootstrap
 # gdb embeds the system Python: the virtualenv is made with that interpreter, so
 # gdbinit can put its site-packages on gdb's sys.path.
 SYSTEM_PYTHON := /usr/bin/python3
@@ -16,12 +17,14 @@ CORES := $(BUILD)/cores
 SYSROOTS := $(BUILD)/sysroots
 # Debian suites whose glibc the tests also run under (see cores/sysroots.py)
 SUITES := bullseye trixie sid
+# Debian suites whose gdb and Python heapwalk is run with, each in a chroot (see cores/chroots.py)
+CHROOT_SUITES := bullseye trixie sid
 # Debian suites whose libjemalloc2 the jemalloc reproducers run on (5.2.1, 5.3.0; see cores/sysroots.py)
 JEMALLOC_SUITES := bullseye bookworm
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 PYTEST_ARGS ?=
 
-.PHONY: all deps venv sysroots cores demo test unit fuzz bench docs clean distclean
+.PHONY: all deps venv sysroots chroots cores demo test unit fuzz bench docs clean distclean
 
 all: test
 
@@ -55,6 +58,10 @@ sysroots: venv
 	$(PY) cores/sysroots.py $(SYSROOTS) $(SUITES)
 	$(PY) cores/sysroots.py $(SYSROOTS) --jemalloc $(JEMALLOC_SUITES)
 
+# A chroot of each of CHROOT_SUITES with its gdb, Python and gcc, made once (cached in ~/.cache/heapwalk/chroots).
+chroots: venv
+	$(PY) cores/chroots.py $(CHROOT_SUITES)
+
 # Every reproducer's core under the system glibc and under each sysroot's.
 cores: sysroots
 	$(PY) cores/harness.py $(CORES)/system --bindir $(BUILD)/bin
@@ -72,8 +79,9 @@ demo: venv
 	@echo "== the report as one page, maps and charts inline, to open in a browser or attach to a ticket:"
 	@echo "   $(abspath $(BUILD)/demo/report.html)"
 
-# The whole suite: unit tests, reproducer cores against malloc_info and ledgers, live attach.
-test: cores
+# The whole suite: unit tests, reproducer cores against malloc_info and ledgers, live attach, and heapwalk
+# run with the gdb and Python of each chroot.
+test: cores chroots
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 # Mutation fuzzing on every reproducer core of every glibc (make test runs a smaller share of it).

@@ -1,0 +1,159 @@
+"""heapwalk where production runs: the gdb and Python of Debian 11 (gdb 10.1, Python 3.9), Debian 13 (gdb 16,
+Python 3.13) and sid (gdb 18, Python 3.14), each in a chroot (cores/chroots.py) where heapwalk is set up as
+README says.  On reference cores of the matrix (each suite's own glibc), with and without debug symbols, in gdb
+and through the command line, the output there is this machine's, byte for byte (text, JSON, XML); and a
+program run inside the chroot, captured there with `heapwalk capture`, reports there as its core reports here.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import chroots
+from conftest import GDBINIT, ROOT, SYSROOTS, capture, glibc
+
+pytestmark = pytest.mark.matrix
+
+NAMES = ("bins", "thread_arenas", "mmapped")
+OUT = Path("/tmp/heapwalk-matrix")
+HOST_CLI = Path(sys.executable).parent / "heapwalk"
+
+
+@pytest.fixture(scope="module", params=chroots.SUITES)
+def chroot(request):
+    """A suite's chroot with heapwalk set up and the suite's reference cores copied in: (chroot, venv)."""
+    suite = request.param
+    c = chroots.prepare(suite)
+    venv = c.venv()
+    for name in NAMES:
+        cap = capture(suite, name)
+        program = json.loads((cap.directory / "meta.json").read_text())["program"]
+        c.copy_in(cap.directory, cap.exe, Path(program))
+    c.copy_in(SYSROOTS / suite)
+    return c, venv
+
+
+def _gdb(cap, iex: list[str], commands: list[str]) -> list[str]:
+    args = ["gdb", "-nx", "-batch", "-q"]
+    for setting in iex:
+        args += ["-iex", setting]
+    args += ["-x", str(GDBINIT)]
+    for command in commands:
+        args += ["-ex", command]
+    return args + [str(cap.exe), str(cap.core)]
+
+
+def _both(c, venv, args: list[str], out_dir: Path) -> tuple[subprocess.CompletedProcess, subprocess.CompletedProcess]:
+    """ARGS run on this machine and in the chroot C, each writing its files into OUT_DIR (its own)."""
+    for base in (Path("/"), c.path):
+        folder = base / str(out_dir).lstrip("/")
+        subprocess.run(["rm", "-rf", str(folder)], check=True)
+        folder.mkdir(parents=True)
+    here = subprocess.run(args, capture_output=True, text=True, timeout=600)
+    there = c.run(" ".join(map(shlex.quote, args)), timeout=600, env={"HEAPWALK_VENV": str(venv)})
+    return here, there
+
+
+def heapwalk_output(stdout: str) -> str:
+    """What heapwalk printed of gdb's STDOUT: from its first header line on (gdb's own messages before it,
+    about threads and the frame, differ from one gdb version to another)."""
+    lines = stdout.splitlines(keepends=True)
+    first = next((i for i, line in enumerate(lines) if line.startswith(("core file ", "process "))), len(lines))
+    return "".join(lines[first:])
+
+
+def _same_values(doc: dict) -> dict:
+    """DOC with how each discovered fact was found left out, its value kept: a newer gdb resolves a TLS
+    symbol (tcache, thread_arena) in a core where an older one cannot, and heapwalk then says it used the
+    symbol instead of its own reading of libc's code, for the same value."""
+    doc = json.loads(json.dumps(doc))
+    for fact in (doc.get("discovery") or {}).values():
+        if isinstance(fact, dict):
+            fact.pop("found_by", None)
+    return doc
+
+
+def _files(base: Path, out_dir: Path) -> dict[str, bytes]:
+    folder = base / str(out_dir).lstrip("/")
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+
+def test_the_chroot_has_the_gdb_and_python_of_its_suite(chroot):
+    c, _ = chroot
+    versions = c.versions()
+    expected = {"bullseye": ("GNU gdb (Debian 10.", "3.9."), "trixie": ("GNU gdb (Debian 16.", "3.13.")}
+    if c.suite in expected:
+        gdb_version, python = expected[c.suite]
+        assert versions["gdb"].startswith(gdb_version) and versions["python"].startswith(python), versions
+
+
+@pytest.mark.parametrize("symbols", [True, False], ids=["symbols", "no-symbols"])
+@pytest.mark.parametrize("name", NAMES)
+def test_gdb_there_prints_what_gdb_here_prints(chroot, name, symbols):
+    c, venv = chroot
+    cap = capture(c.suite, name)
+    out_dir = OUT / f"{c.suite}-{name}-{symbols}"
+    commands = [f"heapwalk report --json {out_dir}/report.json --xml {out_dir}/malloc_info.xml",
+                "heapwalk check", "heapwalk threads", f"heapwalk leaks --json {out_dir}/leaks.json"]
+    here, there = _both(c, venv, _gdb(cap, glibc(c.suite).gdb_settings(symbols), commands), out_dir)
+    assert here.returncode == 0 and "internal error" not in here.stdout + here.stderr, here.stderr[-2000:]
+    assert there.returncode == 0, there.stderr[-3000:]
+    assert heapwalk_output(here.stdout).startswith("core file ")
+    assert heapwalk_output(there.stdout) == heapwalk_output(here.stdout)
+    ours, theirs = _files(Path("/"), out_dir), _files(c.path, out_dir)
+    assert sorted(theirs) == ["leaks.json", "malloc_info.xml", "report.json"]
+    assert theirs["malloc_info.xml"] == ours["malloc_info.xml"]
+    for doc in ("report.json", "leaks.json"):
+        assert _same_values(json.loads(theirs[doc])) == _same_values(json.loads(ours[doc]))
+
+
+@pytest.mark.parametrize("name", ["thread_arenas"])
+def test_the_command_line_there_prints_what_it_prints_here(chroot, name):
+    c, venv = chroot
+    cap = capture(c.suite, name)
+    out_dir = OUT / f"{c.suite}-cli-{name}"
+    # without debug symbols: the chroot has its suite's libc6-dbg installed, this machine has not
+    args = [str(HOST_CLI), "report", str(cap.core), str(cap.exe), "--no-symbols", "--json", f"{out_dir}/report.json",
+            "--xml", f"{out_dir}/malloc_info.xml"]
+    for base in (Path("/"), c.path):
+        subprocess.run(["rm", "-rf", str(base / str(out_dir).lstrip("/"))], check=True)
+        (base / str(out_dir).lstrip("/")).mkdir(parents=True)
+    here = subprocess.run(args, capture_output=True, text=True, timeout=600)
+    there = c.run(" ".join(map(shlex.quote, [f"{venv}/bin/heapwalk", *args[1:]])), timeout=600)
+    assert here.returncode == 0, here.stderr[-2000:]
+    assert there.returncode == 0, there.stderr[-3000:]
+    assert there.stdout == here.stdout
+    assert _files(c.path, out_dir) == _files(Path("/"), out_dir)
+
+
+def test_a_program_captured_there_reports_here_as_there(chroot, tmp_path):
+    """cores/grow.c built and run inside the chroot, captured there by its heapwalk; this machine's heapwalk
+    reads the core with the chroot as its sysroot and gives the same report (both without debug symbols,
+    which only the chroot has)."""
+    c, venv = chroot
+    work = Path("/tmp/heapwalk-grow")
+    (c.path / str(work).lstrip("/")).mkdir(parents=True, exist_ok=True)
+    source = ROOT / "cores" / "grow.c"
+    script = (f"set -e; cd {work}; rm -rf state snap; mkdir state; gcc -O1 -g -pthread {source} -o grow; "
+              "./grow state & pid=$!; for i in $(seq 300); do [ -s state/state ] && break; sleep 0.05; done; "
+              f"{venv}/bin/heapwalk capture $pid --out snap --no-leaks --no-symbols > capture.txt; status=$?; "
+              "kill $pid; exit $status")
+    there = c.run(script, timeout=600)
+    assert there.returncode == 0, there.stdout[-2000:] + there.stderr[-2000:]
+    folder = c.path / str(work).lstrip("/")
+    theirs = json.loads((folder / "snap" / "report.json").read_text())
+    here = subprocess.run([str(HOST_CLI), "report", str(folder / "snap" / "core"), str(folder / "grow"), "--sysroot",
+                           str(c.path), "--no-leaks", "--no-symbols", "--json", str(tmp_path / "here.json")], capture_output=True,
+                          text=True, timeout=600)
+    assert here.returncode == 0, here.stderr[-2000:]
+    ours = json.loads((tmp_path / "here.json").read_text())
+    assert len(theirs["arenas"]) == 3 and "was stopped for" in (folder / "capture.txt").read_text()
+    for doc in (ours, theirs):
+        doc.pop("target")
+    assert ours == theirs
