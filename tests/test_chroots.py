@@ -157,3 +157,29 @@ def test_a_program_captured_there_reports_here_as_there(chroot, tmp_path):
     for doc in (ours, theirs):
         doc.pop("target")
     assert ours == theirs
+
+
+def test_gdb_10_on_a_newer_glibc_decodes_from_memory():
+    """gdb 10's BFD cannot read this machine's libc (glibc 2.36's .relr.dyn section): gdb warns and loads no
+    symbols from it, and heapwalk decodes the core from memory alone, to the same arenas and report as here."""
+    c = chroots.prepare("bullseye")
+    venv = c.venv()
+    cap = capture("system", "thread_arenas")
+    c.copy_in(cap.directory, cap.exe)
+    libs = [Path(p) for p in ("/lib/x86_64-linux-gnu/libc.so.6", "/lib64/ld-linux-x86-64.so.2")]
+    for lib in libs:                                   # this machine's libraries, as a sysroot inside
+        dest = c.path / "hostroot" / str(lib).lstrip("/")
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["cp", "-L", str(lib), str(dest)], check=True)
+    out = Path("/tmp/heapwalk-matrix/gdb10-glibc236.json")
+    args = ["gdb", "-nx", "-batch", "-q", "-iex", "set debug-file-directory /nonexistent", "-x", str(GDBINIT),
+            "-ex", f"heapwalk report --json {out}", str(cap.exe), str(cap.core)]
+    (c.path / str(out.parent).lstrip("/")).mkdir(parents=True, exist_ok=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    there = c.run(" ".join(map(shlex.quote, args[:4] + ["-iex", "set sysroot /hostroot"] + args[4:])),
+                  env={"HEAPWALK_VENV": str(venv)})
+    here = subprocess.run(args, capture_output=True, text=True, timeout=600)
+    assert here.returncode == 0 and there.returncode == 0, there.stderr[-2000:]
+    assert "glibc 2.36" in heapwalk_output(there.stdout)
+    ours, theirs = json.loads(out.read_text()), json.loads((c.path / str(out).lstrip("/")).read_text())
+    assert theirs["arenas"] == ours["arenas"] and theirs["report"] == ours["report"]
