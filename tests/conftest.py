@@ -164,16 +164,22 @@ def corruption(glibc_name: str, mode: str, kernel: bool = False) -> harness.Capt
     return harness.Capture(name=directory.name, directory=directory, exe=Path(meta["exe"]), pid=meta["pid"])
 
 
-def run_gdb(target_args: list[str], commands: list[str], iex: list[str] = (), timeout: float = 300,
-            env: dict | None = None, gdbinit: Path = GDBINIT) -> subprocess.CompletedProcess:
-    """Runs gdb -batch with heapwalk loaded (from GDBINIT) and COMMANDS, on TARGET_ARGS (exe core, or -p PID)."""
+def gdb_command(target_args: list[str], commands: list[str], iex: list[str] = (), gdbinit: Path = GDBINIT
+                ) -> list[str]:
+    """The command line of gdb -batch with heapwalk loaded (from GDBINIT) running COMMANDS on TARGET_ARGS."""
     cmd = ["gdb", "-nx", "-batch", "-q"]
     for c in iex:
         cmd += ["-iex", c]
     cmd += ["-x", str(gdbinit)]
     for c in commands:
         cmd += ["-ex", c]
-    cmd += target_args
+    return cmd + list(target_args)
+
+
+def run_gdb(target_args: list[str], commands: list[str], iex: list[str] = (), timeout: float = 300,
+            env: dict | None = None, gdbinit: Path = GDBINIT) -> subprocess.CompletedProcess:
+    """Runs gdb -batch with heapwalk loaded (from GDBINIT) and COMMANDS, on TARGET_ARGS (exe core, or -p PID)."""
+    cmd = gdb_command(target_args, commands, iex, gdbinit)
     full_env = dict(os.environ)
     full_env.update(env or {})
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env)

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import chroots
-from conftest import GDBINIT, ROOT, SYSROOTS, capture, glibc
+from conftest import GDBINIT, ROOT, SYSROOTS, capture, gdb_command, glibc
 
 pytestmark = pytest.mark.matrix
 
@@ -37,16 +37,6 @@ def chroot(request):
         c.copy_in(cap.directory, cap.exe, Path(program))
     c.copy_in(SYSROOTS / suite)
     return c, venv
-
-
-def _gdb(cap, iex: list[str], commands: list[str]) -> list[str]:
-    args = ["gdb", "-nx", "-batch", "-q"]
-    for setting in iex:
-        args += ["-iex", setting]
-    args += ["-x", str(GDBINIT)]
-    for command in commands:
-        args += ["-ex", command]
-    return args + [str(cap.exe), str(cap.core)]
 
 
 def _both(c, venv, args: list[str], out_dir: Path) -> tuple[subprocess.CompletedProcess, subprocess.CompletedProcess]:
@@ -101,7 +91,7 @@ def test_gdb_there_prints_what_gdb_here_prints(chroot, name, symbols):
     out_dir = OUT / f"{c.suite}-{name}-{symbols}"
     commands = [f"heapwalk report --json {out_dir}/report.json --xml {out_dir}/malloc_info.xml",
                 "heapwalk check", "heapwalk threads", f"heapwalk leaks --json {out_dir}/leaks.json"]
-    here, there = _both(c, venv, _gdb(cap, glibc(c.suite).gdb_settings(symbols), commands), out_dir)
+    here, there = _both(c, venv, gdb_command([str(cap.exe), str(cap.core)], commands, glibc(c.suite).gdb_settings(symbols)), out_dir)
     assert here.returncode == 0 and "internal error" not in here.stdout + here.stderr, here.stderr[-2000:]
     assert there.returncode == 0, there.stderr[-3000:]
     assert heapwalk_output(here.stdout).startswith("core file ")
