@@ -168,10 +168,9 @@ def core_not_read() -> tuple[tuple[int, int, str], ...]:
 
 
 def _gdb_has_file(path: str) -> bool:
-    """Can gdb read the file the core names PATH (under its sysroot, or as one of the files it loaded)?"""
-    name = os.path.basename(path)
-    if any(os.path.basename(o.filename or "") == name for o in gdb.objfiles()):
-        return True
+    """Can gdb read the file the core names PATH?  gdb reads a core's file-backed pages from the files its
+    NT_FILE note names, under its sysroot, and from nowhere else (not from a copy it found by
+    solib-search-path), giving zeros where it cannot open one."""
     try:
         sysroot = gdb.parameter("sysroot") or ""
     except (gdb.error, RuntimeError):
