@@ -10,7 +10,7 @@ debug symbols installed in it with its own apt, and kept in ~/.cache/heapwalk/ch
 temporary name and renamed when complete, so an interrupted set-up is started again).  heapwalk is set up in it
 as README says: its tracked files copied in at the same path, a virtualenv made with the suite's python3 and
 heapwalk installed into it by pip, editable, with its C libraries built by the suite's gcc (kept between runs
-while pyproject.toml, setup.py and the C sources are unchanged).  Commands run inside it through unshare and
+while pyproject.toml, setup.py, the C sources and the project's path are unchanged).  Commands run inside it through unshare and
 chroot, with /proc mounted for them only.  Needs root.
 
     python3 cores/chroots.py SUITE...     # make (or check) the chroots
@@ -114,7 +114,9 @@ class Chroot:
         suite's python3 beside it, made once per pyproject.toml and setup.py); the virtualenv's path inside."""
         self.copy_project(project)
         sources = [project / "pyproject.toml", project / "setup.py", *sorted(project.glob("heapwalk/*/_*.c"))]
-        stamp = hashlib.sha256(b"".join(p.read_bytes() for p in sources) + self.suite.encode()).hexdigest()[:16]
+        # the install is editable: it points at the project's copy inside, so it is made again for another path
+        stamp = hashlib.sha256(b"".join(p.read_bytes() for p in sources) + self.suite.encode() +
+                               str(project).encode()).hexdigest()[:16]
         venv = Path("/opt/heapwalk-venv")
         marker = self.path / str(venv).lstrip("/") / f".made-{stamp}"
         if not marker.exists():
