@@ -8,6 +8,7 @@ program run inside the chroot, captured there with `heapwalk capture`, reports t
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import subprocess
 import sys
@@ -157,13 +158,14 @@ def test_gdb_10_on_a_newer_glibc_decodes_from_memory():
     cap = capture("system", "thread_arenas")
     c.copy_in(cap.directory, cap.exe)
     libs = [Path(p) for p in ("/lib/x86_64-linux-gnu/libc.so.6", "/lib64/ld-linux-x86-64.so.2")]
-    for lib in libs:                                   # this machine's libraries, as a sysroot inside
-        dest = c.path / "hostroot" / str(lib).lstrip("/")
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        subprocess.run(["cp", "-L", str(lib), str(dest)], check=True)
+    for lib in libs:              # this machine's libraries, as a sysroot inside, at each path that names them
+        for path in {str(lib), os.path.realpath(lib)}:
+            dest = c.path / "hostroot" / path.lstrip("/")
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            subprocess.run(["cp", "-L", str(lib), str(dest)], check=True)
     out = Path("/tmp/heapwalk-matrix/gdb10-glibc236.json")
     args = ["gdb", "-nx", "-batch", "-q", "-iex", "set debug-file-directory /nonexistent", "-x", str(GDBINIT),
-            "-ex", f"heapwalk report --json {out}", str(cap.exe), str(cap.core)]
+            "-ex", f"heapwalk report --json {out}", os.path.abspath(cap.exe), os.path.abspath(cap.core)]
     (c.path / str(out.parent).lstrip("/")).mkdir(parents=True, exist_ok=True)
     out.parent.mkdir(parents=True, exist_ok=True)
     there = c.run(" ".join(map(shlex.quote, args[:4] + ["-iex", "set sysroot /hostroot"] + args[4:])),

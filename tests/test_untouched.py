@@ -140,7 +140,7 @@ def test_a_capture_core_holds_the_files_bytes_and_no_zeros_where_it_holds_nothin
     assert "0x5a5a5a5a5a5a5a5a" in text
     assert text.count("Cannot access memory at address") == 2, text
     # heapwalk's map of the core leaves those ranges out of what it may read
-    holes = core.holes(lambda path: True)
+    holes = core.holes(lambda mapping, address: True)
     assert (shared + MiB, shared + ledger["shared"][1]) in holes
 
 

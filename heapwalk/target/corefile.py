@@ -207,17 +207,23 @@ class CoreFile:
                 out.append((lo, hi))
         return out
 
-    def holes(self, have_file) -> list[tuple[int, int]]:
+    def holes(self, reads_file) -> list[tuple[int, int]]:
         """The ranges of the process's memory whose bytes the core does not hold, though a reader may get
         zeros there: the runs `heapwalk capture` did not read (its note's "not_read"), and the zero-filled
-        parts of load segments that lie in a mapped file HAVE_FILE(path) says the reader cannot read (gdb
-        fills those from the file, or with zeros when it has none)."""
+        parts of load segments that lie in a mapped file where READS_FILE(mapping, start) says the reader
+        does not get the file's bytes (gdb fills them from the file, or with zeros when it has none)."""
         out = [(a, b) for a, b, *_ in self.capture_facts().get("not_read", ())
                if isinstance(a, int) and isinstance(b, int)]
-        unbacked = [(m.start, m.end) for m in self.file_mappings() if not have_file(m.path)]
-        if unbacked:
-            filled = [(vaddr + filesz, vaddr + memsz) for vaddr, memsz, _, filesz in self.loads if filesz < memsz]
-            out += _overlaps(filled, unbacked)
+        filled = [(vaddr + filesz, vaddr + memsz) for vaddr, memsz, _, filesz in self.loads if filesz < memsz]
+        verdicts: dict[str, bool] = {}
+        for m in self.file_mappings():
+            parts = _overlaps(filled, [(m.start, m.end)])
+            if not parts:
+                continue
+            if m.path not in verdicts:
+                verdicts[m.path] = reads_file(m, parts[0][0])
+            if not verdicts[m.path]:
+                out += parts
         return sorted(out)
 
     def file_mappings(self) -> list[FileMapping]:

@@ -153,7 +153,7 @@ def core_holes() -> list[tuple[int, int]]:
     """Every range of the core gdb has open whose bytes it does not hold, though gdb may read zeros there:
     `missing_ranges`, and `CoreFile.holes` with the files gdb can read."""
     with _open_core() as core:
-        holes = core.holes(_gdb_has_file) if core is not None else []
+        holes = core.holes(_gdb_reads_file) if core is not None else []
     return sorted(missing_ranges() + holes)
 
 
@@ -167,17 +167,31 @@ def core_not_read() -> tuple[tuple[int, int, str], ...]:
                  if isinstance(a, int) and isinstance(b, int))
 
 
-def _gdb_has_file(path: str) -> bool:
-    """Can gdb read the file the core names PATH?  gdb reads a core's file-backed pages from the files its
-    NT_FILE note names, under its sysroot, and from nowhere else (not from a copy it found by
-    solib-search-path), giving zeros where it cannot open one."""
+def _gdb_reads_file(mapping, address: int) -> bool:
+    """Does gdb give the bytes of the file MAPPING (a core's NT_FILE entry) maps, at ADDRESS, a page the core
+    holds no bytes of?  Where the file is at its path under gdb's sysroot, gdb reads it; elsewhere it may read
+    a copy of it that it loaded as a library (gdb 10 does) or give zeros (gdb 13 does): the bytes gdb gives are
+    compared with that copy's."""
     try:
         sysroot = gdb.parameter("sysroot") or ""
     except (gdb.error, RuntimeError):
         sysroot = ""
     if sysroot.startswith("target:"):
         sysroot = sysroot[len("target:"):]
-    return os.path.isfile(os.path.join(sysroot, path.lstrip("/")) if sysroot else path)
+    if os.path.isfile(os.path.join(sysroot, mapping.path.lstrip("/")) if sysroot else mapping.path):
+        return True
+    name = os.path.basename(mapping.path)
+    copy = next((o.filename for o in gdb.objfiles() if o.filename and os.path.basename(o.filename) == name), None)
+    if copy is None:
+        return False
+    try:
+        got = gdb.selected_inferior().read_memory(address, 64).tobytes()
+        with open(copy, "rb") as f:
+            f.seek(mapping.offset + address - mapping.start)
+            want = f.read(64)
+    except (gdb.error, OSError, ValueError):
+        return False
+    return got == want and any(want)
 
 
 def _memory_map() -> MemoryMap:
