@@ -60,3 +60,14 @@ def test_overrides_are_used_and_reported(cores, tmp_path):
     assert doc["discovery"]["glibc_version"]["found_by"] == "set heapwalk glibc-version"
     assert doc["discovery"]["main_arena"]["found_by"] == "set heapwalk main-arena"
     assert doc["arenas"] == json.loads(plain.read_text())["arenas"]
+
+
+def test_a_glibc_outside_the_known_layouts_is_one_line_and_no_report(cores):
+    """A glibc newer (or older) than any layout heapwalk knows: one line says so, and no report that reads as
+    normal is printed (here forced with 'set heapwalk glibc-version', as a future glibc would be found)."""
+    c = cores["bins"]
+    for version in ("2.50", "2.16"):
+        result = run_gdb([str(c.exe), str(c.core)], [f"set heapwalk glibc-version {version}", "heapwalk report"])
+        errors = [line for line in result.stderr.splitlines() if "no malloc layout" in line]
+        assert errors == [f"no malloc layout for glibc {version} (known: 2.17 to 2.43)"], result.stderr
+        assert "where the memory is" not in result.stdout and "Traceback" not in result.stdout + result.stderr
