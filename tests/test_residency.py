@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import mmap
 import os
-import struct
 from collections import Counter
 from types import MappingProxyType
 
