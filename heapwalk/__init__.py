@@ -12,8 +12,9 @@ gdb, `load()` registers the commands.
 __version__ = "0.1.0"
 
 
-def load() -> None:
-    """Registers heapwalk's gdb commands (call from gdb's Python)."""
-    from heapwalk.gdb import commands
+def load() -> "str | None":
+    """Registers heapwalk's gdb commands (call from gdb's Python); in a gdb heapwalk does not run in, prints
+    and returns the line that says why (heapwalk.gdb.loading)."""
+    from heapwalk.gdb.loading import load as load_into_gdb
 
-    commands.register()
+    return load_into_gdb()

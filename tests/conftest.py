@@ -73,9 +73,17 @@ def glibc(name: str) -> Glibc:
     return Glibc(name, sysroots.prepare(SYSROOTS, name))
 
 
+def _exe_exists(directory: Path) -> bool:
+    """Whether the program a capture in DIRECTORY names is still there (a build folder moved or removed)."""
+    try:
+        return Path(json.loads((directory / "meta.json").read_text())["exe"]).exists()
+    except (OSError, ValueError, KeyError):
+        return False
+
+
 def _fresh(directory: Path, name: str) -> bool:
     needed = [directory / f for f in ("core", "malloc_info.xml", "ledger.json", "meta.json", "trim.json")]
-    if not all(p.exists() for p in needed):
+    if not all(p.exists() for p in needed) or not _exe_exists(directory):
         return False
     sources = [ROOT / "cores" / f"{name}.c", ROOT / "cores" / "hw.c", ROOT / "cores" / "hw.h",
                ROOT / "cores" / "harness.py"]
@@ -84,7 +92,7 @@ def _fresh(directory: Path, name: str) -> bool:
 
 def _fresh_jemalloc(directory: Path, name: str) -> bool:
     needed = [directory / f for f in ("core", "stats.json", "ledger.json", "meta.json")]
-    if not all(p.exists() for p in needed):
+    if not all(p.exists() for p in needed) or not _exe_exists(directory):
         return False
     sources = [ROOT / "cores" / f"{name}.c", ROOT / "cores" / "harness.py", *harness.headers(name)]
     return min(p.stat().st_mtime for p in needed) >= max(p.stat().st_mtime for p in sources)

@@ -10,6 +10,7 @@ import json
 import pytest
 
 from conftest import capture, run_gdb
+from test_cli import heapwalk
 from services import running
 
 pytestmark = pytest.mark.cores
@@ -71,3 +72,29 @@ def test_a_live_process_under_gdb_10_is_a_process(tmp_path):
     with running(tmp_path, "grow") as (proc, _):
         doc = _report(["-p", str(proc.pid)], tmp_path, "gdb10", GDB10)
     assert doc["target"].startswith(f"process {proc.pid}") and len(doc["arenas"]) == 3
+
+
+#: makes gdb's Python say it is gdb 9.2 (before gdbinit loads heapwalk)
+GDB9 = "python import gdb; gdb.VERSION = '9.2'"
+
+
+def test_a_gdb_older_than_10_is_refused_in_one_line_with_a_failing_status():
+    cap = capture("system", "thread_arenas")
+    result = run_gdb([str(cap.exe), str(cap.core)], ["heapwalk report"], iex=[GDB9])
+    out = result.stdout + result.stderr
+    line = "heapwalk: gdb 9.2 is older than gdb 10, the oldest heapwalk is tested on"
+    said = [text for text in out.splitlines() if "heapwalk" in text or "in use" in text]
+    assert len(said) == 2 and all(text.startswith(line) for text in said), out   # when loaded, and the command
+    assert "Traceback" not in out and result.returncode != 0
+
+
+def test_the_command_line_in_a_gdb_older_than_10_exits_2_with_that_line(tmp_path):
+    cap = capture("system", "thread_arenas")
+    wrapper = tmp_path / "gdb9"
+    wrapper.write_text(f'#!/bin/sh\nexec gdb -iex "{GDB9}" "$@"\n')
+    wrapper.chmod(0o755)
+    result = heapwalk("report", str(cap.core), str(cap.exe), "--gdb", str(wrapper))
+    assert result.returncode == 2 and result.stdout == "", result.stdout + result.stderr
+    assert result.stderr.strip().splitlines() == [
+        "heapwalk: gdb 9.2 is older than gdb 10, the oldest heapwalk is tested on; run it in gdb 10 or later "
+        "(a core or a capture can be opened on another machine: docs/platforms.md)"], result.stderr

@@ -65,14 +65,17 @@ class Gdb:
                 "sys.path[:0] = [p for p in %r if p not in sys.path]\n"
                 "try:\n"
                 "    import heapwalk\n"
-                "    heapwalk.load()\n"
-                "    print('heapwalk-loaded')\n"
+                "    refused = heapwalk.load()\n"
+                "    print('heapwalk-refused|' + refused if refused else 'heapwalk-loaded')\n"
                 "except ImportError as exc:\n"
                 "    print('heapwalk-missing %%s|%%d.%%d|%%s' %% (exc.name or exc, sys.version_info[0], "
                 "sys.version_info[1], sys.executable))\n" % (paths,))
         out = self.run(f"python exec({code!r})")
         if "heapwalk-loaded" in out:
             return
+        refused = re.search(r"heapwalk-refused\|(.*)", out)
+        if refused:
+            raise CliError(refused.group(1))
         missing = re.search(r"heapwalk-missing (.*)\|(\d+\.\d+)\|(.*)", out)
         if missing:
             module, version, executable = missing.groups()
