@@ -425,11 +425,14 @@ def capture_jemalloc(name: str, outdir: Path, bindir: Path, jemalloc: sysroots.J
 
 def corruption_applies(mode: str, version: tuple[int, int]) -> bool:
     """Can corrupt.c's MODE be shown under glibc VERSION? (2.43 has no fastbins; 2.31 has no tcache
-    alignment check to abort on.)"""
+    alignment check to abort on; before 2.29 free does not look for a tcache double free, nor malloc at the
+    top chunk's size or at an unsorted chunk's links.)"""
     if mode in ("fastbin_size", "abort_fasttop", "abort_consolidate"):
         return version < (2, 43)
     if mode == "abort_unaligned_tcache":
         return version >= (2, 32)
+    if mode in ("abort_tcache_double_free", "abort_top_size", "abort_unsorted"):
+        return version >= (2, 29)
     return True
 
 

@@ -29,7 +29,8 @@ struct thread_rec {
     int used;
     pid_t tid;
     char label[32];
-    uintptr_t key;           /* glibc's tcache key as seen by this thread */
+    uintptr_t key;           /* glibc's tcache key as seen by this thread; before 2.29, which has no key,
+                              * the address of the thread's tcache_perthread_struct */
     uintptr_t held;          /* a chunk the thread allocated and still holds */
     uintptr_t kept[8];       /* the key probe's guards and failed tries: held, so that hw leaks nothing */
     int nkept;
@@ -202,6 +203,70 @@ static struct thread_rec *me(void)
  * a shared arena can stash chunks into a new tcache), so other size classes are
  * tried until one works; chunks of failed tries stay allocated, held in the
  * thread's record with the guards, so that hw itself leaks nothing. */
+static char maps_buf[1 << 20];
+static uintptr_t scan_buf[(1 << 20) / sizeof(uintptr_t)];
+static int current_class(uintptr_t p);
+
+/* Before 2.29 a tcache entry has no key: the thread's tcache_perthread_struct (64 one-byte counts, then 64
+ * list heads, in a 0x250-byte chunk) is found as the one chunk of that size whose list head of class C is X,
+ * a chunk just freed into it, and then read directly; the drain in prove_tcache proves what it says. */
+static int keyless(void) { return glibc_major == 2 && glibc_minor < 29; }
+
+static int tcache_count_at(uintptr_t tc, int c)
+{
+    uintptr_t w;
+    if (!peek_word(tc + (uintptr_t)(c & ~7), &w))
+        return -1;
+    return (int)((w >> (8 * (c & 7))) & 0xff);
+}
+
+static uintptr_t tcache_head_at(uintptr_t tc, int c)
+{
+    uintptr_t w = 0;
+    return peek_word(tc + 64 + 8 * (uintptr_t)c, &w) ? w : 0;
+}
+
+static uintptr_t find_tcache_struct(uintptr_t x, int c)
+{
+    int fd = open("/proc/self/maps", O_RDONLY);
+    if (fd < 0)
+        die("cannot open /proc/self/maps");
+    size_t len = 0;
+    ssize_t r;
+    while (len < sizeof maps_buf - 1 && (r = read(fd, maps_buf + len, sizeof maps_buf - 1 - len)) > 0)
+        len += (size_t)r;
+    close(fd);
+    maps_buf[len] = 0;
+    uintptr_t found = 0;
+    for (char *line = maps_buf; *line && !found;) {
+        char *next = strchr(line, '\n');
+        unsigned long lo, hi;
+        char perms[8];
+        uintptr_t own = (uintptr_t)scan_buf;
+        if (sscanf(line, "%lx-%lx %7s", &lo, &hi, perms) == 3 && perms[0] == 'r' && perms[1] == 'w' &&
+            !(lo <= own && own < hi)) {
+            for (uintptr_t base = lo; base < hi && !found; base += sizeof scan_buf) {
+                size_t n = hi - base < sizeof scan_buf ? hi - base : sizeof scan_buf;
+                struct iovec local = { scan_buf, n }, remote = { (void *)base, n };
+                if (process_vm_readv(getpid(), &local, 1, &remote, 1, 0) != (ssize_t)n)
+                    continue;
+                for (size_t w = 0; w < n / sizeof(uintptr_t) && !found; w++) {
+                    if (scan_buf[w] != x)
+                        continue;
+                    uintptr_t tc = base + w * sizeof(uintptr_t) - 64 - 8 * (uintptr_t)c, size = 0;
+                    if (peek_word(tc - 8, &size) && (size & ~(uintptr_t)7) == 0x250 && tcache_count_at(tc, c) >= 1)
+                        found = tc;
+                }
+            }
+            memset(scan_buf, 0, sizeof scan_buf);
+        }
+        if (!next)
+            break;
+        line = next + 1;
+    }
+    return found;
+}
+
 static void learn_key(void)
 {
     struct thread_rec *t = me();
@@ -217,6 +282,8 @@ static void learn_key(void)
         free(x);
         if (!peek_word(where + 8, &key) || !peek_word(where, &next))
             die("cannot read the key probe chunk");
+        if (keyless())
+            key = find_tcache_struct(where, tcache_class(request));
         x = malloc(request);
         memset(x, PATTERN, request);
         if ((uintptr_t)x != where) {
@@ -227,6 +294,11 @@ static void learn_key(void)
         /* alone in a tcache bin, its link is the list's end (0, or where >> 12 when safe-linked); a
          * chunk above tcache_max went to the unsorted bin, whose links point at the arena */
         if (next != 0 && next != where >> 12) {
+            if (t->nkept < 8)
+                t->kept[t->nkept++] = (uintptr_t)x;
+            continue;
+        }
+        if (keyless() && key == 0) {
             if (t->nkept < 8)
                 t->kept[t->nkept++] = (uintptr_t)x;
             continue;
@@ -273,8 +345,6 @@ void hw_free(void *p)
 /* ---- proving a thread's tcache -------------------------------------------- */
 
 static pthread_mutex_t proof_lock = PTHREAD_MUTEX_INITIALIZER;
-static char maps_buf[1 << 20];
-static uintptr_t scan_buf[(1 << 20) / sizeof(uintptr_t)];
 
 /* Is P a freed chunk recorded in the set? Returns its owner index or -1. */
 static int freed_owner_of(uintptr_t p)
@@ -386,12 +456,28 @@ static void prove_tcache(struct thread_rec *t)
     int ncand[TC_CLASSES] = { 0 }, ndone = 0;
     int me_index = (int)(t - threads);
     pthread_mutex_lock(&proof_lock);
-    pthread_mutex_lock(&lock);
-    scan_mapping_of(t->held, t, cand, ncand, done, &ndone);
-    for (size_t s = 0; s < FREED_SLOTS; s++)
-        if (freed[s] && freed_owner[s] == me_index && ndone < 64)
-            scan_mapping_of(freed[s], t, cand, ncand, done, &ndone);
-    pthread_mutex_unlock(&lock);
+    if (keyless()) {
+        for (int c = 0; c < TC_CLASSES; c++) {
+            int n = tcache_count_at(t->key, c);
+            uintptr_t p = tcache_head_at(t->key, c);
+            if (n < 0 || n > TC_CAP)
+                die("cannot read the tcache struct's counts");
+            for (int i = 0; i < n; i++) {
+                if (!p || current_class(p) != c)
+                    die("a tcache list is shorter than its count, or holds a chunk of another size");
+                cand[c][ncand[c]++] = p;
+                if (!peek_word(p, &p))
+                    die("cannot read a tcache entry");
+            }
+        }
+    } else {
+        pthread_mutex_lock(&lock);
+        scan_mapping_of(t->held, t, cand, ncand, done, &ndone);
+        for (size_t s = 0; s < FREED_SLOTS; s++)
+            if (freed[s] && freed_owner[s] == me_index && ndone < 64)
+                scan_mapping_of(freed[s], t, cand, ncand, done, &ndone);
+        pthread_mutex_unlock(&lock);
+    }
     for (int c = 0; c < TC_CLASSES; c++) {
         int n = ncand[c];
         uintptr_t *got = t->entries[c];
@@ -411,7 +497,8 @@ static void prove_tcache(struct thread_rec *t)
             free((void *)got[i]);
         for (int i = 0; i < n; i++) {
             uintptr_t k;
-            if (!peek_word(got[i] + 8, &k) || k != t->key)
+            if (keyless() ? tcache_head_at(t->key, c) != got[0] || tcache_count_at(t->key, c) != n
+                          : !peek_word(got[i] + 8, &k) || k != t->key)
                 die("a tcache entry lost its key after the proof");
         }
         t->count[c] = n;
@@ -446,7 +533,7 @@ void hw_note_large_tcache(void *p)
     struct thread_rec *t = me();
     if (!peek_word((uintptr_t)p + 8, &key) || !peek_word((uintptr_t)p - 8, &size))
         return; /* an mmapped chunk that free unmapped */
-    if (key != t->key || (size & ~(uintptr_t)7) <= 0x410)
+    if (keyless() || key != t->key || (size & ~(uintptr_t)7) <= 0x410)
         return; /* not in tcache (or in a small bin, which the proof covers) */
     pthread_mutex_lock(&lock);
     if (nlarge < MAX_MMAPPED) {
@@ -525,8 +612,8 @@ void hw_init(int argc, char **argv, const char *reproducer_name)
     mi_file = open_output(dir, "malloc_info.xml", mi_buf, sizeof mi_buf);
     ledger_file = open_output(dir, "ledger.json", ledger_buf, sizeof ledger_buf);
     trim_fd = hw_output_fd("trim.json");
-    if (glibc_major == 2 && glibc_minor < 29)
-        die("the tcache ledger needs glibc 2.29 or later");
+    if (glibc_major == 2 && glibc_minor < 26)
+        die("the tcache ledger needs glibc 2.26 or later");
     learn_key();
 }
 

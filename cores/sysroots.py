@@ -32,6 +32,10 @@ SUITES = {"bullseye": True, "trixie": False, "sid": False}
 #: suite -> the jemalloc version Debian's libjemalloc2 of that suite holds (run with LD_PRELOAD)
 JEMALLOC_SUITES = {"bullseye": "5.2.1", "bookworm": "5.3.0"}
 KEYRING = "/usr/share/keyrings/debian-archive-keyring.gpg"
+#: names a folder of glibcs built by hand from glibc's release tags, each installed as a sysroot in
+#: FOLDER/glibc-X.Y with a VERSION file (docs/platforms.md); the project makes none of them
+BUILDS_VARIABLE = "HEAPWALK_GLIBC_BUILDS"
+BUILD_PREFIX = "glibc-"
 MULTIARCH = "x86_64-linux-gnu"
 
 
@@ -41,7 +45,7 @@ class SysrootError(RuntimeError):
 
 @dataclass(frozen=True)
 class Sysroot:
-    """One Debian glibc unpacked into a folder."""
+    """One glibc in a folder laid out as Debian's: a Debian package unpacked, or a hand build (`hand_builds`)."""
 
     suite: str
     root: Path
@@ -68,7 +72,7 @@ class Sysroot:
 
     @property
     def needs_own_headers(self) -> bool:
-        return SUITES.get(self.suite, False)
+        return SUITES.get(self.suite, self.suite.startswith(BUILD_PREFIX))
 
     def launcher(self) -> list[str]:
         """The command prefix that runs a program under this glibc."""
@@ -81,6 +85,17 @@ class Sysroot:
         usrlib = self.root / "usr/lib" / MULTIARCH
         return [f"--sysroot={self.root}", f"-B{usrlib}/", f"-L{usrlib}", f"-L{self.libdir}",
                 f"-idirafter/usr/include/{MULTIARCH}", "-idirafter/usr/include"]
+
+
+def hand_builds() -> list[Sysroot]:
+    """The glibcs built by hand that $HEAPWALK_GLIBC_BUILDS names (none when it is unset), oldest first."""
+    folder = os.environ.get(BUILDS_VARIABLE)
+    if not folder:
+        return []
+    found = [Sysroot(d.name, d) for d in Path(folder).glob(BUILD_PREFIX + "*") if (d / "VERSION").exists()]
+    if not found:
+        raise SysrootError(f"${BUILDS_VARIABLE} names {folder}, which holds no {BUILD_PREFIX}X.Y/VERSION")
+    return sorted(found, key=lambda s: tuple(int(n) for n in s.version.split(".")[:2]))
 
 
 def cache_dir() -> Path:

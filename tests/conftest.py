@@ -31,7 +31,9 @@ CORES = Path(os.environ.get("HEAPWALK_CORES", BUILD / "cores"))
 SYSROOTS = BUILD / "sysroots"
 BINDIR = BUILD / "bin"
 GDBINIT = ROOT / "gdbinit"
-GLIBCS = ("system", *sysroots.SUITES)
+#: the glibcs built by hand from release tags, when $HEAPWALK_GLIBC_BUILDS names them (docs/platforms.md)
+HAND_BUILT = {s.suite: s for s in sysroots.hand_builds()}
+GLIBCS = ("system", *sysroots.SUITES, *HAND_BUILT)
 NO_SYMBOLS = "set debug-file-directory /nonexistent"
 
 
@@ -70,6 +72,8 @@ def _system_version() -> str:
 def glibc(name: str) -> Glibc:
     if name == "system":
         return Glibc(name, None)
+    if name in HAND_BUILT:
+        return Glibc(name, HAND_BUILT[name])
     return Glibc(name, sysroots.prepare(SYSROOTS, name))
 
 

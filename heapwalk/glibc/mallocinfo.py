@@ -5,7 +5,8 @@ The rules are glibc's: per arena a <size> line for each non-empty fastbin
 large bin (min, max and sum of the size fields as stored, flag bits included),
 then one <unsorted> line; "fast" totals (absent from 2.43, which has no
 fastbins) and "rest" totals (every chunk in bins 1..127, plus top from 2.31);
-system and aspace figures.  malloc_info does not see tcache, so neither does
+system and aspace figures.  Before 2.31 every <size> line starts with seven tabs and six spaces (a
+string continued over a line in glibc's source, fixed in 2.31).  malloc_info does not see tcache, so neither does
 this output; heapwalk's other reports do.
 """
 
@@ -16,19 +17,21 @@ from heapwalk.glibc.model import Arena, HeapState
 __all__ = ["malloc_info_xml"]
 
 
-def _arena_lines(arena: Arena, top_in_rest: bool, has_fast: bool) -> tuple[list[str], tuple, tuple, dict]:
+def _arena_lines(arena: Arena, top_in_rest: bool, has_fast: bool, indent: str) -> tuple:
+    """ARENA's <size> and <unsorted> lines, its fast and rest totals, and its aspace figures."""
     lines = []
     fast = [0, 0]
     for fb in arena.fastbins:
         if fb.count:
             size = (fb.index + 2) * 16
-            lines.append(f'  <size from="{size - 15}" to="{size}" total="{fb.count * size}" count="{fb.count}"/>')
+            lines.append(f'{indent}  <size from="{size - 15}" to="{size}" total="{fb.count * size}" '
+                         f'count="{fb.count}"/>')
             fast[0] += fb.count
             fast[1] += fb.total
     rest = [0, 0]
     for b in arena.bins:
         if b.count:
-            lines.append(f'  <size from="{min(b.raw_sizes)}" to="{max(b.raw_sizes)}" total="{b.raw_total}" '
+            lines.append(f'{indent}  <size from="{min(b.raw_sizes)}" to="{max(b.raw_sizes)}" total="{b.raw_total}" '
                          f'count="{b.count}"/>')
             rest[0] += b.count
             rest[1] += b.raw_total
@@ -53,10 +56,11 @@ def malloc_info_xml(state: HeapState) -> str:
     """The document malloc_info(0, f) would have printed in the target at the snapshot."""
     version = state.glibc_version
     top_in_rest, has_fast = version >= (2, 31), version < (2, 43)
+    indent = "\t" * 7 + " " * 6 if version < (2, 31) else ""
     out = ['<malloc version="1">']
     totals = {"fast": [0, 0], "rest": [0, 0], "system": [0, 0], "total": 0, "mprotect": 0}
     for arena in state.arenas:
-        lines, fast, rest, aspace = _arena_lines(arena, top_in_rest, has_fast)
+        lines, fast, rest, aspace = _arena_lines(arena, top_in_rest, has_fast, indent)
         out.append(f'<heap nr="{arena.number}">')
         out.append("<sizes>")
         out.extend(lines)
