@@ -263,3 +263,22 @@ def test_without_mp_the_main_arena_is_walked_from_its_top_and_system_mem():
     assert account.balanced and account.unwalked == 0
     (note,) = [f for f in state.all_findings() if f.kind is Kind.DISCOVERY and f.structure == "mp_"]
     assert note.severity is Severity.INFO and "top's end minus its system_mem" in note.message
+
+
+def test_a_ring_that_leaves_the_heaps_for_a_damaged_link_names_no_main_arena():
+    """Thread arenas found by their heaps, whose ring leads out of them: to an address outside the user address
+    space (damage, as corrupt.c's arena_ring writes), which is never main_arena; to an address not in memory
+    (libc's data cut from the core), which is main_arena, said to be missing."""
+    from heapwalk.glibc.headless import _ring_exits
+    layout = layout_for((2, 39))
+    a, b = 0x7F0000000030, 0x7F0004000030
+
+    def memory(exit_link: int) -> ImageMemory:
+        arena = bytearray(layout.arena_size)
+        struct.pack_into("<Q", arena, layout.off_next, b)
+        first = bytes(arena)
+        struct.pack_into("<Q", arena, layout.off_next, exit_link)
+        return ImageMemory({a: first, b: bytes(arena)})
+
+    assert _ring_exits(memory(0x4141414141414140), layout, [a, b]) == (None, ())
+    assert _ring_exits(memory(0x7F1234567CA0), layout, [a, b]) == (0x7F1234567CA0, ())

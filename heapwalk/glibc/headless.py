@@ -22,6 +22,9 @@ from heapwalk.findings import Finding, Kind, Severity
 from heapwalk.target.memory import Memory, ReadError, readable, u64
 from heapwalk.target.words import word_reader
 
+#: user-space addresses on x86_64 (4-level paging) end here: a link beyond it is damage, never an arena
+USER_SPACE_END = 1 << 47
+
 __all__ = ["HeapArenas", "arenas_from_heaps", "heap_only", "heap_only_label", "MainHeap", "main_heap",
            "main_arena_of_heap"]
 
@@ -91,7 +94,7 @@ def heap_only_label(found: HeapArenas) -> str:
 
 def _ring_exits(mem: Memory, layout: Layout, arenas: list[int]) -> tuple[int | None, tuple[int, ...]]:
     """Where the ring leaves ARENAS, followed from each of them: main_arena (None when it is readable and no
-    arena, or never reached), and the thread arenas (at a heap's start) the ring leads to whose memory is
+    arena, outside the user address space (a damaged link), or never reached), and the thread arenas (at a heap's start) the ring leads to whose memory is
     missing."""
     known, main, lost = set(arenas), None, []
     for start in arenas:
@@ -108,7 +111,7 @@ def _ring_exits(mem: Memory, layout: Layout, arenas: list[int]) -> tuple[int | N
         if at % HEAP_MAX_SIZE == layout.heap_info_size:
             if at not in lost:
                 lost.append(at)
-        elif main is None and (not readable(mem, at) or plausible_arena(mem, layout, at)):
+        elif main is None and at < USER_SPACE_END and (not readable(mem, at) or plausible_arena(mem, layout, at)):
             main = at
     return main, tuple(lost)
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from heapwalk.findings import Severity
 from heapwalk.glibc import headless, heuristics
-from heapwalk.glibc.layout import Layout
+from heapwalk.glibc.layout import Layout, UnsupportedVersion, layout_for
+from heapwalk.glibc.ring import plausible_arena
 from heapwalk.glibc.search import DiscoveryError, Search
 from heapwalk.target import x86
 from heapwalk.target.memory import Memory, ReadError, readable, u64
@@ -43,20 +44,36 @@ def find_main_arena(search: Search, version: tuple[int, int] | None) -> tuple[in
     if scanned is not None:
         search.fact("main_arena", scanned.address, "bin-127 self-link scan of libc's writable segment, "
                     f"arena ring of {len(scanned.ring)} closes")
-        code = search.code("malloc_trim", 64)
-        target = x86.first_lea(*code) if code else None
+        target = trim_target(search)
         if target is not None and target != scanned.address:
             search.note(Severity.WARNING, scanned.address, f"malloc_trim refers to {target:#x}, not to the "
                         f"main_arena found in memory ({scanned.address:#x}); using memory")
         return scanned.address, scanned.family
-    code = search.code("malloc_trim", 64)
-    target = x86.first_lea(*code) if code else None
-    if target is not None and version is not None:
+    target = trim_target(search)
+    if target is not None and version is not None and _could_be_main_arena(search.mem, version, target):
         search.fact("main_arena", target, "first address computed by malloc_trim (disassembly)")
         return target, None
     raise DiscoveryError("cannot find main_arena: no libc debug symbols, no self-linked bin 127 in libc's "
                          "writable memory (is malloc initialised? is this glibc?), and libc's code is not "
                          "readable; use 'set heapwalk main-arena ADDRESS'")
+
+
+def _could_be_main_arena(mem: Memory, version: tuple[int, int], address: int) -> bool:
+    """Whether ADDRESS, which libc's code names, holds an arena of glibc VERSION's shape, or is not in memory
+    to tell (a core without libc's data)."""
+    if not readable(mem, address):
+        return True
+    try:
+        return plausible_arena(mem, layout_for(version), address)
+    except UnsupportedVersion:
+        return False
+
+
+def trim_target(search: Search) -> int | None:
+    """The first address malloc_trim computes (a RIP-relative lea): main_arena.  Builds schedule it from 32
+    bytes in (Debian's) to 94 (a gcc 12 build of 2.39), so 128 bytes are read."""
+    code = search.code("malloc_trim", 128)
+    return x86.first_lea(*code) if code else None
 
 
 def main_arena_by_heaps(search: Search, version: tuple[int, int] | None) -> headless.HeapArenas | None:
