@@ -33,7 +33,8 @@ SUITES = {"bullseye": True, "trixie": False, "sid": False}
 JEMALLOC_SUITES = {"bullseye": "5.2.1", "bookworm": "5.3.0"}
 KEYRING = "/usr/share/keyrings/debian-archive-keyring.gpg"
 #: names a folder of glibcs built by hand from glibc's release tags, each installed as a sysroot in
-#: FOLDER/glibc-X.Y with a VERSION file (docs/platforms.md); the project makes none of them
+#: FOLDER/glibc-X.Y with a VERSION file (docs/platforms.md); the project makes none of them.  Without it,
+#: the folder glibc-builds of the cache is used where it exists.
 BUILDS_VARIABLE = "HEAPWALK_GLIBC_BUILDS"
 BUILD_PREFIX = "glibc-"
 MULTIARCH = "x86_64-linux-gnu"
@@ -87,10 +88,20 @@ class Sysroot:
                 f"-idirafter/usr/include/{MULTIARCH}", "-idirafter/usr/include"]
 
 
+def hand_builds_folder() -> Path | None:
+    """Where the glibcs built by hand are: $HEAPWALK_GLIBC_BUILDS, else the cache's glibc-builds folder when it
+    exists, else None."""
+    named = os.environ.get(BUILDS_VARIABLE)
+    if named:
+        return Path(named)
+    cached = cache_dir().parent / "glibc-builds"
+    return cached if cached.is_dir() else None
+
+
 def hand_builds() -> list[Sysroot]:
-    """The glibcs built by hand that $HEAPWALK_GLIBC_BUILDS names (none when it is unset), oldest first."""
-    folder = os.environ.get(BUILDS_VARIABLE)
-    if not folder:
+    """The glibcs built by hand (`hand_builds_folder`), oldest first; none when there is no such folder."""
+    folder = hand_builds_folder()
+    if folder is None:
         return []
     found = [Sysroot(d.name, d) for d in Path(folder).glob(BUILD_PREFIX + "*") if (d / "VERSION").exists()]
     if not found:

@@ -31,9 +31,22 @@ CORES = Path(os.environ.get("HEAPWALK_CORES", BUILD / "cores"))
 SYSROOTS = BUILD / "sysroots"
 BINDIR = BUILD / "bin"
 GDBINIT = ROOT / "gdbinit"
-#: the glibcs built by hand from release tags, when $HEAPWALK_GLIBC_BUILDS names them (docs/platforms.md)
+#: the glibcs built by hand from release tags (docs/platforms.md): every glibc test runs under them when
+#: $HEAPWALK_GLIBC_BUILDS names them; found in the cache, they run the reproducer subset of `HAND_REPRODUCERS`
 HAND_BUILT = {s.suite: s for s in sysroots.hand_builds()}
-GLIBCS = ("system", *sysroots.SUITES, *HAND_BUILT)
+HAND_FULL = bool(os.environ.get(sysroots.BUILDS_VARIABLE))
+HAND_SUBSET = () if HAND_FULL else tuple(HAND_BUILT)
+HAND_REPRODUCERS = ("bins", "thread_arenas", "mmapped", "many_arenas", "small_vectors")
+GLIBCS = ("system", *sysroots.SUITES, *(HAND_BUILT if HAND_FULL else ()))
+
+
+def pytest_report_header(config):
+    folder = sysroots.hand_builds_folder()
+    if not HAND_BUILT:
+        return "glibcs built by hand: none (docs/platforms.md)"
+    versions = ", ".join(s.version for s in HAND_BUILT.values())
+    scope = "every glibc test" if HAND_FULL else "the reproducers " + ", ".join(HAND_REPRODUCERS)
+    return f"glibcs built by hand: {versions} from {folder} ({scope})"
 NO_SYMBOLS = "set debug-file-directory /nonexistent"
 
 

@@ -1,7 +1,8 @@
 """heapwalk on real reproducer cores of every glibc of the matrix, checked against malloc_info and the ledgers.
 
 Each check runs on every reproducer under every glibc ("system" and the Debian
-sysroots), once with libc's debug symbols and once with them hidden.
+sysroots; the glibcs built by hand on a subset, conftest.HAND_REPRODUCERS), once
+with libc's debug symbols and once with them hidden.
 """
 
 from __future__ import annotations
@@ -10,14 +11,15 @@ import json
 
 import pytest
 
-from conftest import GLIBCS, capture, glibc, run_gdb
+from conftest import GLIBCS, HAND_REPRODUCERS, HAND_SUBSET, capture, glibc, run_gdb
 from harness import REPRODUCERS, TUNED_VARIANTS
 from oracle import malloc_info_view, parse_malloc_info
 
 pytestmark = pytest.mark.cores
 
 CASES = [pytest.param(g, n, "", id=f"{g}-{n}") for g in GLIBCS for n in REPRODUCERS] + \
-    [pytest.param(g, "tuned", v, id=f"{g}-tuned-{v}") for g in GLIBCS for v in TUNED_VARIANTS]
+    [pytest.param(g, "tuned", v, id=f"{g}-tuned-{v}") for g in GLIBCS for v in TUNED_VARIANTS] + \
+    [pytest.param(g, n, "", id=f"{g}-{n}") for g in HAND_SUBSET for n in HAND_REPRODUCERS]
 SYMBOLS = [pytest.param(True, id="symbols"), pytest.param(False, id="nosymbols")]
 
 
