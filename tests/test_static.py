@@ -43,3 +43,17 @@ def test_check_finds_a_stripped_static_programs_heap_consistent(static_cores):
         result = run_gdb([str(cap.exe), str(cap.core)], ["heapwalk check"])
         assert result.returncode == 0, result.stdout + result.stderr
         assert "heap consistent: no violations in" in result.stdout and " 0 tcaches" not in result.stdout, name
+
+
+def test_a_static_program_whose_file_is_gone_is_decoded_and_the_header_says_which_file_to_give(tmp_path):
+    """The program holds glibc: without its file, a capture's core lacks the read-only pages with glibc's
+    version, so the header names the program's file to give, and memory still decodes the heap exactly."""
+    cap = harness.capture("bins", tmp_path / "cores", tmp_path / "bin", static=True)
+    cap.exe.unlink()
+    result = run_gdb(["-c", str(cap.core)], ["heapwalk report"])
+    header = next(line for line in result.stdout.splitlines() if line.startswith("glibc "))
+    assert header.endswith(f"(version: not determined: glibc is linked into the program, whose read-only pages "
+                           f"are not in the core and whose file ({cap.exe}) is not available: give the program "
+                           "as EXE)"), result.stdout
+    doc = heapwalk_json(["-c", str(cap.core)], tmp_path)
+    assert malloc_info_view(doc) == parse_malloc_info(cap.malloc_info)

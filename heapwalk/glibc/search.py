@@ -104,6 +104,7 @@ class Search:
         self.regions = regions if regions is not None else [(m.start, m.end) for m in mappings]
         self.core = core
         self.foreign_libc_file = False   # gdb loaded another build of libc than the process ran
+        self.static_program = False      # libc is linked into the program: the program's file is libc's
         self.symbols = symbols
         self.overrides = overrides
         self.mappings = mappings
@@ -153,6 +154,7 @@ class Search:
         if found is None:
             found = sole_file(self.mappings)
             how = "mappings: the only file mapped, a statically linked program"
+            self.static_program = found is not None
         if found is None and self.core and not self.mappings:
             self.libc_problem = "the core records no mapped files (its notes are missing: a truncated core?)"
             self.unknown("libc", self.libc_problem)
@@ -233,4 +235,7 @@ class Search:
             return (int(m.group(1)), int(m.group(2))), f"file name {self.image.path}"
         if self.foreign_libc_file:
             return None, "libc's read-only pages are not in the core and the libc file gdb has is another build"
+        if self.static_program:
+            return None, (f"glibc is linked into the program, whose read-only pages are not in the core and whose "
+                          f"file ({self.image.path}) is not available: give the program as EXE")
         return None, "libc's read-only pages are not in the core and its file is not available"
