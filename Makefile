@@ -82,7 +82,7 @@ demo: venv
 # The whole suite: unit tests, reproducer cores against malloc_info and ledgers, live attach, and heapwalk
 # run with the gdb and Python of each chroot.
 test: cores chroots
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m "" $(PYTEST_ARGS)
 
 # Mutation fuzzing on every reproducer core of every glibc (make test runs a smaller share of it).
 # FUZZ_ARGS: e.g. --count 1000 --seed 7
@@ -101,9 +101,9 @@ bench: venv
 docs: venv
 	$(PY) tests/commands_doc.py
 
-# Only the tests that need no gdb or cores.
+# The tier that needs neither gdb, nor cores, nor the network: what plain `pytest` runs (pyproject's addopts).
 unit: venv
-	$(PY) -m pytest -q tests/test_walkers.py tests/test_heuristics.py tests/test_tcachescan.py tests/test_chunkwalk.py
+	$(PY) -m pytest -q
 
 clean:
 	rm -rf $(BUILD)

@@ -29,6 +29,9 @@ from pathlib import Path
 #: suite -> does a reproducer need that glibc's own headers and crt files? (a
 #: program linked against a newer glibc refers to symbol versions an older one lacks)
 SUITES = {"bullseye": True, "trixie": False, "sid": False}
+#: suite -> the oldest glibc it can hold (bullseye and trixie are released and keep theirs; sid only moves on):
+#: what tests may know of a suite's glibc before its packages are fetched (collection stays offline)
+SUITE_FLOOR = {"bullseye": "2.31", "trixie": "2.41", "sid": "2.43"}
 #: suite -> the jemalloc version Debian's libjemalloc2 of that suite holds (run with LD_PRELOAD)
 JEMALLOC_SUITES = {"bullseye": "5.2.1", "bookworm": "5.3.0"}
 KEYRING = "/usr/share/keyrings/debian-archive-keyring.gpg"

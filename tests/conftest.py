@@ -81,6 +81,17 @@ def _system_version() -> str:
     return libc.gnu_get_libc_version().decode()
 
 
+def collection_version(name: str) -> str:
+    """GLIBC NAME's version, or for a Debian suite whose packages are not fetched yet the oldest it can hold:
+    what deciding which tests apply may use, since collecting tests must not reach the network."""
+    if name in HAND_BUILT:
+        return HAND_BUILT[name].version
+    if name == "system":
+        return _system_version()
+    stamp = SYSROOTS / name / "VERSION"
+    return stamp.read_text().strip() if stamp.exists() else sysroots.SUITE_FLOOR[name]
+
+
 @functools.cache
 def glibc(name: str) -> Glibc:
     if name == "system":

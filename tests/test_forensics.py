@@ -10,14 +10,16 @@ import pytest
 
 import figures
 import harness
-from conftest import GLIBCS, capture, corruption, glibc, run_gdb, version_tuple
+from conftest import GLIBCS, capture, collection_version, corruption, glibc, run_gdb, version_tuple
+
+pytestmark = pytest.mark.cores
 
 OTHER_COMMANDS = ("heapwalk bins", "heapwalk tcache", "heapwalk chunks --limit 5", "heapwalk threads",
                   "heapwalk arenas")
 
 
 def _applies(glibc_name: str, mode: str) -> bool:
-    return harness.corruption_applies(mode, version_tuple(glibc(glibc_name).version))
+    return harness.corruption_applies(mode, version_tuple(collection_version(glibc_name)))
 
 
 def _cases(modes):

@@ -16,6 +16,8 @@ import pytest
 import fuzz
 from conftest import JEMALLOCS, NO_SYMBOLS, capture, capture_jemalloc, corruption, glibc
 
+pytestmark = pytest.mark.cores
+
 #: fresh mutants on every local run; CI (CI=true) uses a fixed seed so that its verdict is reproducible
 SEED = int(os.environ.get("HEAPWALK_FUZZ_SEED") or (20261121 if os.environ.get("CI") else random.randrange(1 << 30)))
 

@@ -5,7 +5,11 @@ from __future__ import annotations
 import json
 import subprocess
 
+import pytest
+
 from conftest import GDBINIT, ROOT, run_gdb
+
+pytestmark = pytest.mark.cores
 
 
 def test_sourcing_gdbinit_from_another_directory_registers_the_commands(tmp_path):

@@ -12,6 +12,8 @@ import harness
 from conftest import BINDIR, GLIBCS, blank_stacks, capture, glibc, heapwalk_json, run_gdb
 from oracle import malloc_info_view, parse_malloc_info
 
+pytestmark = pytest.mark.cores
+
 LIBDIR = "/usr/lib/x86_64-linux-gnu"
 
 

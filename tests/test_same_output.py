@@ -21,6 +21,8 @@ import pytest
 
 from conftest import ROOT, capture, corruption, glibc, run_gdb
 
+pytestmark = pytest.mark.cores
+
 #: the code whose output is the reference
 BASELINE = "f62d612"
 
