@@ -175,3 +175,22 @@ def test_gdb_10_on_a_newer_glibc_decodes_from_memory():
     assert "glibc 2.36" in heapwalk_output(there.stdout)
     ours, theirs = json.loads(out.read_text()), json.loads((c.path / str(out).lstrip("/")).read_text())
     assert theirs["arenas"] == ours["arenas"] and theirs["report"] == ours["report"]
+
+
+def test_paths_with_blanks_and_quotes_reach_gdb_whole(chroot):
+    """The command line passes the core, the program and the files it writes to gdb as whole arguments, under
+    every gdb (10 to 13 take core-file's argument as it is, 16 on split it like 'file')."""
+    c, venv = chroot
+    cap = capture(c.suite, "bins")
+    odd = Path("/tmp/heapwalk matrix/it's")
+    inside = c.path / str(odd).lstrip("/")
+    subprocess.run(["rm", "-rf", str(inside.parent)], check=True)
+    inside.mkdir(parents=True)
+    subprocess.run(["cp", "--sparse=always", str(cap.core), str(inside / "core x")], check=True)
+    subprocess.run(["cp", str(cap.exe), str(inside / "prog y")], check=True)
+    args = [f"{venv}/bin/heapwalk", "report", str(odd / "core x"), str(odd / "prog y"), "--no-symbols", "--json",
+            str(odd / "r 1.json")]
+    there = c.run(" ".join(map(shlex.quote, args)), timeout=600)
+    assert there.returncode == 0, there.stderr[-3000:]
+    assert there.stdout.startswith(f"core file {odd / 'core x'} of {odd / 'prog y'}\n"), there.stdout[:500]
+    assert json.loads((inside / "r 1.json").read_text())["arenas"]

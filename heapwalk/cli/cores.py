@@ -4,6 +4,7 @@ build-id), and a truncated core padded so gdb opens it, with what it lacks named
 from __future__ import annotations
 
 import os
+import re
 import struct
 import subprocess
 import tempfile
@@ -77,12 +78,23 @@ def open_core(args, core: Path, exe: Path | None) -> tuple[Gdb, list[str]]:
     gdb.keep = padded  # the padded copy lives as long as gdb has it open
     try:
         if exe is not None:
-            gdb.run(f"file {exe}")
-        gdb.run(f"core-file {core}")
+            gdb.run(f"file {gdb_argument(str(exe))}")
+        _open_core(gdb, core)
     except CliError as exc:
         gdb.close()
         raise CliError(f"heapwalk: gdb cannot open {core}: {exc}") from None
     return gdb, notes
+
+
+def _open_core(gdb: Gdb, core: Path) -> None:
+    """core-file CORE: gdb 10 to 13 take its argument as the file name, gdb 16 on splits it as 'file' does, and
+    says "Junk after filename" for a path with a blank given plainly."""
+    try:
+        gdb.run(f"core-file {core}")
+    except CliError as exc:
+        if "Junk after filename" not in str(exc):
+            raise
+        gdb.run(f"core-file {gdb_argument(str(core))}")
 
 
 def _truncation_note(core: Path, t) -> str:
@@ -140,5 +152,11 @@ def report_command(json_file: Path | None, xml_file: Path | None, leaks: bool = 
     command = "heapwalk report" + ("" if leaks else " --no-leaks")
     for option, path in (("--json", json_file), ("--xml", xml_file), ("--html", html_file)):
         if path is not None:
-            command += f" {option} {path}"
+            command += f" {option} {gdb_argument(str(path))}"
     return command
+
+
+def gdb_argument(text: str) -> str:
+    """TEXT as one argument of a heapwalk gdb command, which gdb splits as a shell would (gdb.string_to_argv):
+    a backslash before each blank, quote and backslash keeps paths with spaces or quotes whole."""
+    return re.sub(r"""([\\\s"'])""", r"\\\1", text)

@@ -115,7 +115,8 @@ def core_path() -> str | None:
         info = command_text("info target")
     except gdb.error:
         return None
-    m = re.search(r"Local core dump file:\s*\n?\s*`([^']+)'", info)
+    m = re.search(r"Local core dump file:\s*\n?\s*`(.+)', file type", info) or \
+        re.search(r"Local core dump file:\s*\n?\s*`([^']+)'", info)    # a path may hold a quote
     return m.group(1) if m else None
 
 
