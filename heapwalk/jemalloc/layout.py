@@ -82,12 +82,6 @@ class JeLayout:
     extent_szind_shift: int = 18          # its size class (8 bits) and its slab's free regions (10 bits); its
     extent_nfree_shift: int = 26          # arena is bits 0-11 and the slab bit 12 in both versions
 
-    def tcache_slots(self, binind: int) -> tuple[int, int]:
-        """(which array, which slot) holds cache bin BININD (5.2.1 keeps the large ones in a second array)."""
-        if len(self.tsd_tcache_bins) == 1 or binind < NBINS:
-            return 0, binind
-        return 1, binind - NBINS
-
     @property
     def name(self) -> str:
         return "jemalloc %d.%d.%d" % self.version

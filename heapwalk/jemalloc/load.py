@@ -6,16 +6,11 @@ import dataclasses
 
 from heapwalk.jemalloc.decay import decay_findings
 from heapwalk.jemalloc.decode import collect_jemalloc
-from heapwalk.jemalloc.discovery import discover_jemalloc, find_library
+from heapwalk.jemalloc.discovery import discover_jemalloc
 from heapwalk.jemalloc.model import JeState
 from heapwalk.target.space import Target
 
-__all__ = ["maps_jemalloc", "load_jemalloc"]
-
-
-def maps_jemalloc(target: Target) -> bool:
-    """Does TARGET map a libjemalloc?"""
-    return find_library(target.space.mappings) is not None
+__all__ = ["load_jemalloc"]
 
 
 def load_jemalloc(target: Target) -> JeState:

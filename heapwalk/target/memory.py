@@ -15,12 +15,11 @@ import struct
 from collections import OrderedDict
 from typing import Callable, Iterable, Protocol
 
-__all__ = ["ReadError", "Memory", "CachedMemory", "ImageMemory", "u64", "u32", "u16", "merged", "ranges_without",
+__all__ = ["ReadError", "Memory", "CachedMemory", "ImageMemory", "u64", "u32", "merged", "ranges_without",
            "readable"]
 
 _Q = struct.Struct("<Q")
 _I = struct.Struct("<I")
-_H = struct.Struct("<H")
 
 
 class ReadError(Exception):
@@ -57,10 +56,6 @@ def u32(mem: Memory, address: int) -> int:
     return _I.unpack(mem.read(address, 4))[0]
 
 
-def u16(mem: Memory, address: int) -> int:
-    return _H.unpack(mem.read(address, 2))[0]
-
-
 class CachedMemory:
     """A block cache in front of a raw reader.
 
@@ -79,7 +74,6 @@ class CachedMemory:
         self._raw_buffer = raw_buffer
         self._blocks: OrderedDict[int, bytes | dict[int, bytes | None]] = OrderedDict()
         self._max_blocks = max_blocks
-        self.raw_reads = 0
         self._starts: list[int] = []
         self._ends: list[int] = []
         # the fast path of `read`: the block served last, and the known region it lies in
@@ -103,7 +97,6 @@ class CachedMemory:
         return False
 
     def _load_block(self, base: int) -> bytes | dict[int, bytes | None]:
-        self.raw_reads += 1
         try:
             data = bytes(self._raw(base, self.BLOCK))
             if len(data) == self.BLOCK:
@@ -112,7 +105,6 @@ class CachedMemory:
             pass
         pages: dict[int, bytes | None] = {}
         for page in range(base, base + self.BLOCK, self.PAGE):
-            self.raw_reads += 1
             try:
                 data = bytes(self._raw(page, self.PAGE))
                 pages[page] = data if len(data) == self.PAGE else None
@@ -199,7 +191,6 @@ class CachedMemory:
     def _read_large(self, address: int, size: int, raw=None) -> bytes | memoryview:
         """One raw read for big spans (heap segments), falling back to blocks; RAW, when given, is a reader
         whose buffer is returned as it is."""
-        self.raw_reads += 1
         try:
             data = raw(address, size) if raw is not None else bytes(self._raw(address, size))
             if len(data) == size:
