@@ -10,16 +10,17 @@ PACKAGE = Path(__file__).resolve().parent.parent / "heapwalk"
 
 #: part -> the parts it may import (besides itself and the standard library and its dependencies)
 MAY_IMPORT = {
-    "findings": set(),
-    "view": set(),
-    "target": {"findings"},
-    "glibc": {"view", "target", "findings"},
-    "jemalloc": {"view", "analysis", "target", "findings"},
-    "analysis": {"view", "target", "findings"},
-    "output": {"analysis", "view", "glibc", "jemalloc", "target", "findings"},
-    "gdb": {"output", "analysis", "view", "glibc", "jemalloc", "target", "findings"},
-    "cli": {"output", "analysis", "view", "target", "findings"},
-    "__init__": {"gdb"},
+    "errors": set(),
+    "findings": {"errors"},
+    "view": {"errors"},
+    "target": {"findings", "errors"},
+    "glibc": {"view", "target", "findings", "errors"},
+    "jemalloc": {"view", "analysis", "target", "findings", "errors"},
+    "analysis": {"view", "target", "findings", "errors"},
+    "output": {"analysis", "view", "glibc", "jemalloc", "target", "findings", "errors"},
+    "gdb": {"output", "analysis", "view", "glibc", "jemalloc", "target", "findings", "errors"},
+    "cli": {"output", "analysis", "view", "target", "findings", "errors"},
+    "__init__": {"gdb", "errors"},
 }
 #: the only modules that import gdb
 GDB_MODULES = {"target/gdbadapter.py", "target/gdbspace.py", "gdb/commands.py", "gdb/console.py", "gdb/session.py",
@@ -70,6 +71,26 @@ def test_only_the_gdb_front_end_and_adapter_import_gdb():
     importing = {relative for relative, tree in _modules() if any(n == "gdb" or n.startswith("gdb.")
                                                                    for n in _imports(tree, relative))}
     assert importing == GDB_MODULES
+
+
+def test_every_error_heapwalk_raises_has_one_base():
+    """Each exception class of the package derives from errors.HeapwalkError (directly or through another),
+    so that a front end catches heapwalk's own failures in one place; _HelpShown is argparse's help, no
+    failure."""
+    bases: dict[str, list[str]] = {}
+    for relative, tree in _modules():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef):
+                bases[node.name] = [b.id if isinstance(b, ast.Name) else getattr(b, "attr", "") for b in node.bases]
+
+    def derives(name: str, seen: frozenset = frozenset()) -> bool:
+        return name == "HeapwalkError" or any(b not in seen and b in bases and derives(b, seen | {name})
+                                              for b in bases.get(name, []))
+
+    builtin = {"Exception", "ValueError", "RuntimeError", "LookupError", "OSError", "KeyError"}
+    errors = [n for n, bs in bases.items() if n != "HeapwalkError" and n != "_HelpShown" and
+              (set(bs) & builtin or any(b.endswith(("Error", "NotFound", "Unknown")) for b in bs))]
+    assert errors and not [n for n in errors if not derives(n)], [n for n in errors if not derives(n)]
 
 
 def test_modules_and_functions_stay_small():

@@ -9,11 +9,13 @@ import sys
 import time
 from pathlib import Path
 
+from heapwalk.errors import HeapwalkError
+
 
 EXIT_DAMAGED, EXIT_ERROR = 1, 2
 
 
-class CliError(Exception):
+class CliError(HeapwalkError):
     """A message for the user and the exit status that goes with it."""
 
     def __init__(self, message: str, status: int = EXIT_ERROR, output: str = ""):

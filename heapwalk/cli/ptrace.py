@@ -15,6 +15,8 @@ import errno
 import os
 from dataclasses import dataclass
 
+from heapwalk.errors import HeapwalkError
+
 __all__ = ["PtraceError", "StoppedThread", "Stopped", "stop"]
 
 _PTRACE_GETREGS, _PTRACE_GETFPREGS, _PTRACE_DETACH = 12, 14, 17
@@ -24,7 +26,7 @@ _PTRACE_EVENT_STOP = 128
 _USER_REGS_SIZE, _USER_FPREGS_SIZE = 27 * 8, 512
 
 
-class PtraceError(Exception):
+class PtraceError(HeapwalkError):
     """The process could not be stopped (no permission, gone, not ptrace-able)."""
 
 

@@ -7,6 +7,7 @@ import dataclasses
 
 import gdb  # type: ignore[import-not-found]
 
+from heapwalk.errors import HeapwalkError
 from heapwalk.gdb.console import walk_progress
 from heapwalk.findings import Finding, Kind, Severity
 from heapwalk.glibc.discovery import DiscoveryError, MallocUnused, Overrides, parse_version
@@ -21,7 +22,7 @@ from heapwalk.target.gdbspace import (core_not_read, cpu_counts, describe_target
 from heapwalk.target.space import Target
 
 
-class UserError(Exception):
+class UserError(HeapwalkError):
     """A mistake in the command line or the target: shown as one line."""
 
 

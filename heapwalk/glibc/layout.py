@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from heapwalk.errors import HeapwalkError
+
 __all__ = ["Layout", "layout_for", "SIZE_SZ", "MALLOC_ALIGNMENT", "MINSIZE", "NBINS", "HEAP_MAX_SIZE",
            "PREV_INUSE", "IS_MMAPPED", "NON_MAIN_ARENA", "SIZE_BITS", "UnsupportedVersion"]
 
@@ -30,7 +32,7 @@ PREV_INUSE, IS_MMAPPED, NON_MAIN_ARENA = 1, 2, 4
 SIZE_BITS = 7
 
 
-class UnsupportedVersion(ValueError):
+class UnsupportedVersion(HeapwalkError, ValueError):
     """No layout is known for this glibc version."""
 
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from heapwalk.errors import HeapwalkError
+
 __all__ = ["JeLayout", "LAYOUTS", "layout_for", "UnsupportedJemalloc", "NBINS", "NLEXTENTS", "NPSIZES", "PAGE",
            "BIN_STATS", "BIN_CLASSES", "BinClass", "large_size",
            "size_index", "class_size"]
@@ -20,7 +22,7 @@ NPSIZES = 199       # page size classes (SC_NPSIZES): the extents' classes
 PAGE = 4096
 
 
-class UnsupportedJemalloc(ValueError):
+class UnsupportedJemalloc(HeapwalkError, ValueError):
     """No layout is known for this jemalloc version."""
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 import struct
 
+from heapwalk.errors import HeapwalkError
 from heapwalk.target import x86
 from heapwalk.target.elf import LibcImage, readable_runs
 from heapwalk.target.memory import ReadError
@@ -53,7 +54,7 @@ OPT_FIELDS: dict[str, int] = {"hpa_hugification_threshold": 8, "hpa_dirty_mult":
                               "hpa_sec_bytes_after_flush": 24, "hpa_sec_batch_fill_extra": 32}
 
 
-class OptionsNotFound(Exception):
+class OptionsNotFound(HeapwalkError):
     """mallctl's "opt" node could not be found; the message says where the search stopped."""
 
 

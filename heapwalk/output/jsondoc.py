@@ -12,6 +12,7 @@ from typing import Any, Iterable
 
 from heapwalk.analysis.diff import ArenaTotals, Diff, Signatures
 from heapwalk.analysis.report import Bucket
+from heapwalk.errors import HeapwalkError
 from heapwalk.glibc.model import Arena, BinKind, BinList, HeapState, Tcache, Thread
 from heapwalk.findings import Finding
 from heapwalk.output.inusedoc import in_use_json, leaks_totals_json
@@ -258,7 +259,7 @@ def report_json(rep) -> dict[str, Any]:
     }
 
 
-class DocumentError(ValueError):
+class DocumentError(HeapwalkError, ValueError):
     """A JSON document that is not what a reader expects; the message says what is missing."""
 
 

@@ -15,6 +15,7 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
+from heapwalk.errors import HeapwalkError
 from heapwalk.target.elf import iter_notes
 
 __all__ = ["CoreError", "CoreFile", "Truncation", "file_build_id", "MISSING_ENV", "format_ranges", "parse_ranges"]
@@ -48,7 +49,7 @@ _NT_PRPSINFO, _NT_AUXV, _NT_FILE, _NT_GNU_BUILD_ID = 3, 6, 0x46494C45, 3
 _AT_ENTRY = 9
 
 
-class CoreError(Exception):
+class CoreError(HeapwalkError):
     """The file is not an ELF64 little-endian core, or is cut short where its headers are."""
 
 

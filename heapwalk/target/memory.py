@@ -15,6 +15,8 @@ import struct
 from collections import OrderedDict
 from typing import Callable, Iterable, Protocol
 
+from heapwalk.errors import HeapwalkError
+
 __all__ = ["ReadError", "Memory", "CachedMemory", "ImageMemory", "u64", "u32", "merged", "ranges_without",
            "readable"]
 
@@ -22,7 +24,7 @@ _Q = struct.Struct("<Q")
 _I = struct.Struct("<I")
 
 
-class ReadError(Exception):
+class ReadError(HeapwalkError):
     """The target has no readable memory at ADDRESS (SIZE bytes were asked for)."""
 
     def __init__(self, address: int, size: int, reason: str = "unreadable"):

@@ -36,6 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
+from heapwalk.errors import HeapwalkError
 from heapwalk.target.memory import ReadError
 
 __all__ = ["Page", "MapsLine", "parse_maps", "read_maps", "classify", "LivePages", "PagesUnknown", "ZeroPages",
@@ -116,7 +117,7 @@ def read_maps(pid: int) -> list[MapsLine]:
     return parse_maps(Path(f"/proc/{pid}/maps").read_text(errors="replace"))
 
 
-class PagesUnknown(Exception):
+class PagesUnknown(HeapwalkError):
     """The process's page map cannot be read: nothing can be read from it without risking a fault."""
 
 
