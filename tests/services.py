@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import subprocess
 import time
 from pathlib import Path
@@ -72,10 +71,8 @@ def gcore_report(pid: int, folder: Path, resident_from: Path | None = None) -> d
                             timeout=600)
     core = folder / f"core.{pid}"
     assert result.returncode == 0 and core.exists(), result.stderr
-    env = dict(os.environ)
-    if resident_from is not None:
-        env["HEAPWALK_RESIDENT"] = str(resident_from)
+    extra = ["--resident-from", str(resident_from)] if resident_from is not None else []
     report = subprocess.run([str(ROOT / ".venv" / "bin" / "heapwalk"), "report", str(core), "--json",
-                             str(folder / "report.json")], capture_output=True, text=True, timeout=600, env=env)
+                             str(folder / "report.json"), *extra], capture_output=True, text=True, timeout=600)
     assert report.returncode == 0, report.stderr
     return json.loads((folder / "report.json").read_text())

@@ -11,7 +11,7 @@ import tempfile
 from pathlib import Path
 
 from heapwalk.cli.gdbmi import CliError, Gdb
-from heapwalk.target.corefile import MISSING_ENV, CoreError, CoreFile, file_build_id, format_ranges
+from heapwalk.target.corefile import CoreError, CoreFile, file_build_id, format_ranges
 
 
 _E_SHOFF, _E_SHNUM = 40, 60   # ELF64 header: section header table offset, and its count and string index
@@ -71,12 +71,14 @@ def open_core(args, core: Path, exe: Path | None) -> tuple[Gdb, list[str]]:
         notes.append(_truncation_note(core, truncated))
         padded = tempfile.TemporaryDirectory(prefix="heapwalk-")
         core = _padded_copy(core, truncated.expected, Path(padded.name))
-        os.environ[MISSING_ENV] = format_ranges(truncated.missing)
-    else:
-        os.environ.pop(MISSING_ENV, None)
     gdb = Gdb(args.gdb, args.sysroot, not args.no_symbols)
     gdb.keep = padded  # the padded copy lives as long as gdb has it open
     try:
+        if truncated is not None:
+            gdb.run(f"set heapwalk core-missing {format_ranges(truncated.missing)}")
+        resident_from = getattr(args, "resident_from", None)
+        if resident_from is not None:
+            gdb.run(f"set heapwalk resident-from {resident_from}")
         if exe is not None:
             gdb.run(f"file {gdb_argument(str(exe))}")
         _open_core(gdb, core)

@@ -75,6 +75,9 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--html", type=Path, metavar="FILE", help="also write the report as one self-contained HTML page "
                    "(heap maps and charts inline) to attach to a ticket")
     p.add_argument("--check", action="store_true", help="also run 'heapwalk check'; exit 1 when the heap is damaged")
+    p.add_argument("--resident-from", type=Path, metavar="CAPTURE_JSON",
+                   help="which pages were resident, from the capture.json of a capture taken with this core (a "
+                   "gcore core does not record them)")
     leaks_option(p)
     p.set_defaults(run=cmd_report)
 

@@ -367,6 +367,12 @@ def register() -> None:
     Settings.debug = DebugParameter()
     Settings.glibc_version = StringParameter("glibc-version", "the glibc version (X.Y) heapwalk decodes as")
     Settings.main_arena = StringParameter("main-arena", "the address of main_arena")
+    Settings.resident_from = StringParameter(
+        "resident-from", "the capture.json whose page map says which pages of this core were resident (for a "
+        "gcore core taken with a capture)", "what the core itself records")
+    Settings.core_missing = StringParameter(
+        "core-missing", "the address ranges (hex a-b,c-d) a truncated core lacks, which its padding would read as "
+        "zeros (the command line sets it)", "the core lacks nothing")
     ArenasCommand()
     BinsCommand()
     TcacheCommand()

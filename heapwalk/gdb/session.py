@@ -37,6 +37,8 @@ class Settings:
     debug = None
     glibc_version = None
     main_arena = None
+    resident_from = None
+    core_missing = None
 
 
 def overrides() -> Overrides:
@@ -131,10 +133,10 @@ class DebugParameter(gdb.Parameter):
 
 
 class StringParameter(gdb.Parameter):
-    """A heapwalk override setting; empty means: discover it from the target."""
+    """A heapwalk setting; empty means EMPTY (by default: discover it from the target)."""
 
-    def __init__(self, name: str, what: str):
-        self.set_doc = f"Set {what} (empty: discover it from the target)."
+    def __init__(self, name: str, what: str, empty: str = "discover it from the target"):
+        self.set_doc = f"Set {what} (empty: {empty})."
         self.show_doc = f"Show the {what} override."
         super().__init__(f"heapwalk {name}", gdb.COMMAND_DATA, gdb.PARAM_STRING)
         self.value = ""

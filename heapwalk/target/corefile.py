@@ -18,11 +18,10 @@ from pathlib import Path
 from heapwalk.errors import HeapwalkError
 from heapwalk.target.elf import iter_notes
 
-__all__ = ["CoreError", "CoreFile", "Truncation", "file_build_id", "MISSING_ENV", "format_ranges", "parse_ranges"]
+__all__ = ["CoreError", "CoreFile", "Truncation", "file_build_id", "format_ranges", "parse_ranges"]
 
 #: the environment variable through which the command line tells heapwalk in gdb which address ranges a
 #: truncated core lacks ("start-end,..." in hex)
-MISSING_ENV = "HEAPWALK_MISSING"
 
 
 def format_ranges(ranges) -> str:

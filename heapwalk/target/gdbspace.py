@@ -11,12 +11,12 @@ import re
 
 import gdb  # type: ignore[import-not-found]
 
-from heapwalk.target.corefile import MISSING_ENV, CoreError, CoreFile, parse_ranges
+from heapwalk.target.corefile import CoreError, CoreFile, parse_ranges
 from heapwalk.target.elf import Mapping
 from heapwalk.target.memory import ranges_without
 from heapwalk.target.mitext import console_text
 from heapwalk.target.pages import LivePages
-from heapwalk.target.residency import RESIDENT_ENV, Pagemap, Residency, load_runs, of_core
+from heapwalk.target.residency import Pagemap, Residency, load_runs, of_core
 from heapwalk.target.space import MemoryMap
 
 __all__ = ["has_target", "connection_type", "cpu_counts", "residency", "core_path", "describe_target",
@@ -96,7 +96,7 @@ def residency() -> Residency | None:
     if kind == "core":
         with _open_core() as core:
             found = of_core(core) if core is not None else None
-        recorded = os.environ.get(RESIDENT_ENV)
+        recorded = _setting("heapwalk resident-from")
         return found if found is not None or not recorded else load_runs(recorded)
     if kind != "native":
         return None
@@ -146,8 +146,16 @@ def memory_map() -> MemoryMap:
 
 def missing_ranges() -> list[tuple[int, int]]:
     """The address ranges the core lacks, as the command line found them when it padded a truncated core
-    for gdb (whose padding would otherwise read as zeros)."""
-    return parse_ranges(os.environ.get(MISSING_ENV, ""))
+    for gdb (whose padding would otherwise read as zeros): 'set heapwalk core-missing'."""
+    return parse_ranges(_setting("heapwalk core-missing"))
+
+
+def _setting(name: str) -> str:
+    """The value of heapwalk's gdb setting NAME ('' when unset, or not registered in this gdb)."""
+    try:
+        return gdb.parameter(name) or ""
+    except (gdb.error, RuntimeError):
+        return ""
 
 
 def core_holes() -> list[tuple[int, int]]:

@@ -23,13 +23,12 @@ from heapwalk.target.corefile import CoreFile
 from heapwalk.target.memory import merged, ranges_without
 from heapwalk.target.pages import EXCLUSIVE, FILE_PAGE, ZeroPages
 
-__all__ = ["Residency", "Pagemap", "of_core", "of_runs", "load_runs", "present_runs", "runs_of", "RESIDENT_ENV",
+__all__ = ["Residency", "Pagemap", "of_core", "of_runs", "load_runs", "present_runs", "runs_of",
            "PAGE"]
 
 PAGE = 4096
 #: the environment variable through which the command line names, for a whole core gcore wrote, a JSON file of
 #: the resident runs it read from /proc/PID/pagemap at the capture ({"resident_runs": [[start, end], ...]})
-RESIDENT_ENV = "HEAPWALK_RESIDENT"
 _TOP = (1 << 63) - 1             # addresses are compared as int64: a damaged one above is clipped here
 _SPAN_MAX = 1 << 40              # a range asked of a live page map wider than this comes from a damaged size
 
