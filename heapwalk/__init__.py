@@ -1,4 +1,4 @@
-"""heapwalk: glibc heap forensics for gdb.
+"""heapwalk: heap forensics for gdb (glibc's malloc and jemalloc).
 
 One folder per part (docs/architecture.md): `target` (memory, ELF images,
 threads, core files), `glibc` (the allocator's decoder), `view` (what any

@@ -23,6 +23,7 @@ from heapwalk.cli.capture import cmd_capture
 from heapwalk.cli.cores import open_core, report_command
 from heapwalk.cli.diff import cmd_diff
 from heapwalk.cli.gdbmi import EXIT_DAMAGED, EXIT_ERROR, CliError
+from heapwalk.output.options import add_no_leaks, add_report_files
 
 __all__ = ["main", "make_parser"]
 
@@ -46,15 +47,10 @@ def cmd_report(args) -> int:
 
 
 
-def leaks_option(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--no-leaks", action="store_true", help="skip the leak scan and the tables of in-use chunks "
-                        "(faster on big heaps; with --live, a shorter stop): the verdict cannot then tell live data "
-                        "from a leak")
-
-
 def make_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="heapwalk", description="glibc heap forensics on a core or a running process, through gdb.",
+        prog="heapwalk",
+        description="Heap forensics (glibc's malloc, jemalloc) on a core or a running process, through gdb.",
         epilog="Exit status: 0 done, 1 the heap is damaged (report --check), 2 an error (see the message).")
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--gdb", default="gdb", metavar="PATH", help="the gdb to run (default: gdb on PATH)")
@@ -70,15 +66,12 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--sysroot", type=Path, metavar="DIR",
                    help="a copy of the files of the machine the core is from: the program and libraries under "
                    "the paths the core records (DIR/usr/lib/...), or the libraries in DIR/lib/x86_64-linux-gnu")
-    p.add_argument("--json", type=Path, metavar="FILE", help="also write the report as JSON (docs/json.md)")
-    p.add_argument("--xml", type=Path, metavar="FILE", help="also write what malloc_info(3) would have printed")
-    p.add_argument("--html", type=Path, metavar="FILE", help="also write the report as one self-contained HTML page "
-                   "(heap maps and charts inline) to attach to a ticket")
+    add_report_files(p, Path)
     p.add_argument("--check", action="store_true", help="also run 'heapwalk check'; exit 1 when the heap is damaged")
     p.add_argument("--resident-from", type=Path, metavar="CAPTURE_JSON",
                    help="which pages were resident, from the capture.json of a capture taken with this core (a "
                    "gcore core does not record them)")
-    leaks_option(p)
+    add_no_leaks(p)
     p.set_defaults(run=cmd_report)
 
     p = sub.add_parser("capture", parents=[common], help="a core of a running process, and its report",
@@ -95,7 +88,7 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--full", action="store_true",
                    help="also keep the pages of the files the process maps (code, read-only data), read from the "
                    "files, so the core opens on a machine without them: a bigger file, a little longer pause")
-    leaks_option(p)
+    add_no_leaks(p)
     p.set_defaults(run=cmd_capture, sysroot=None)
 
     p = sub.add_parser("diff", parents=[common], help="what grew between two snapshots of one process",

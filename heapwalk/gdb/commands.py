@@ -24,6 +24,7 @@ from heapwalk.glibc.model import ChunkState
 from heapwalk.glibc.partial import partial
 from heapwalk.glibc.summary import heap_view
 from heapwalk.output import jsondoc, tables
+from heapwalk.output.options import add_no_leaks, add_report_files
 from heapwalk.output.jedoc import both_text
 
 __all__ = ["register"]
@@ -253,13 +254,8 @@ class ReportCommand(Subcommand):
                    "system memory, in-use bytes, free bytes by kind, top and overhead, which add up to "
                    "system_mem; a free-chunk size histogram; what malloc_trim(0) would give back; and a verdict "
                    "(leak or fragmentation, and the remedies the numbers support).")
-        json_option(p)
-        p.add_argument("--xml", metavar="FILE", help="also write glibc's malloc_info XML for this heap "
-                       "(what the process would have printed: no tcache)")
-        p.add_argument("--no-leaks", action="store_true", help="skip the leak scan and the tables of in-use "
-                       "chunks (faster on big heaps): the verdict then cannot tell live data from a leak")
-        p.add_argument("--html", metavar="FILE", help="also write the report as one self-contained HTML page (heap "
-                       "maps and charts inline) to attach to a ticket")
+        add_report_files(p)
+        add_no_leaks(p)
         return p
 
     def run(self, args) -> None:
@@ -332,7 +328,7 @@ class CheckCommand(Subcommand):
 
 
 class HeapwalkPrefix(gdb.Command):
-    """heapwalk: glibc heap forensics for cores and live processes.
+    """heapwalk: heap forensics (glibc's malloc, jemalloc) for cores and live processes.
 
 Every arena, bin and thread cache of the target, decoded read-only from memory.
 Subcommands:
