@@ -207,6 +207,20 @@ static char maps_buf[1 << 20];
 static uintptr_t scan_buf[(1 << 20) / sizeof(uintptr_t)];
 static int current_class(uintptr_t p);
 
+/* /proc/self/maps into maps_buf, as one NUL-terminated text. */
+static void read_maps(void)
+{
+    int fd = open("/proc/self/maps", O_RDONLY);
+    if (fd < 0)
+        die("cannot open /proc/self/maps");
+    size_t len = 0;
+    ssize_t r;
+    while (len < sizeof maps_buf - 1 && (r = read(fd, maps_buf + len, sizeof maps_buf - 1 - len)) > 0)
+        len += (size_t)r;
+    close(fd);
+    maps_buf[len] = 0;
+}
+
 /* Before 2.29 a tcache entry has no key: the thread's tcache_perthread_struct (64 one-byte counts, then 64
  * list heads, in a 0x250-byte chunk) is found as the one chunk of that size whose list head of class C is X,
  * a chunk just freed into it, and then read directly; the drain in prove_tcache proves what it says. */
@@ -228,15 +242,7 @@ static uintptr_t tcache_head_at(uintptr_t tc, int c)
 
 static uintptr_t find_tcache_struct(uintptr_t x, int c)
 {
-    int fd = open("/proc/self/maps", O_RDONLY);
-    if (fd < 0)
-        die("cannot open /proc/self/maps");
-    size_t len = 0;
-    ssize_t r;
-    while (len < sizeof maps_buf - 1 && (r = read(fd, maps_buf + len, sizeof maps_buf - 1 - len)) > 0)
-        len += (size_t)r;
-    close(fd);
-    maps_buf[len] = 0;
+    read_maps();
     uintptr_t found = 0;
     for (char *line = maps_buf; *line && !found;) {
         char *next = strchr(line, '\n');
@@ -411,15 +417,7 @@ static void add_candidate(struct thread_rec *t, uintptr_t (*cand)[TC_CAP], int *
 static void scan_mapping_of(uintptr_t addr, struct thread_rec *t, uintptr_t (*cand)[TC_CAP], int *ncand,
                             uintptr_t *done, int *ndone)
 {
-    int fd = open("/proc/self/maps", O_RDONLY);
-    if (fd < 0)
-        die("cannot open /proc/self/maps");
-    size_t len = 0;
-    ssize_t r;
-    while (len < sizeof maps_buf - 1 && (r = read(fd, maps_buf + len, sizeof maps_buf - 1 - len)) > 0)
-        len += (size_t)r;
-    close(fd);
-    maps_buf[len] = 0;
+    read_maps();
     for (char *line = maps_buf; *line;) {
         char *next = strchr(line, '\n');
         unsigned long lo, hi;
