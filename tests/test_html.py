@@ -143,6 +143,8 @@ def test_a_jemalloc_page_has_its_arenas_decay_and_threads(browser, pages, suite)
           out[g.dataset.arena] = (out[g.dataset.arena] || 0) + Number(r.dataset.bytes);
       return out; })()""")
     assert mapped == {str(a["index"]): a["pdirty"] * 4096 for a in doc["jemalloc"]["arenas"] if a["pdirty"]}
+    findings = browser.evaluate("document.getElementById('findings').textContent")
+    assert "glibc" not in findings and ("as jemalloc leaves it" in findings or doc["findings"]), findings
     browser.resize(380)
     assert browser.evaluate("document.documentElement.scrollWidth") <= 380
 

@@ -314,7 +314,8 @@ def _findings(doc: dict[str, Any]) -> str:
             seen.add(key)
             found.append(f)
     if not found:
-        return section("findings", "Findings", "<p>None: every structure read was as glibc leaves it.</p>")
+        allocator = "jemalloc" if "jemalloc" in doc else "glibc"
+        return section("findings", "Findings", f"<p>None: every structure read was as {e(allocator)} leaves it.</p>")
     rows = [(f'<span class="sev-{e(f["severity"])}">{e(f["severity"])}</span>', e(f["kind"]),
              "-" if f["address"] is None else f"<code>{f['address']:#x}</code>", e(f.get("structure") or ""),
              e(f["message"])) for f in found]
