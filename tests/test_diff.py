@@ -35,8 +35,38 @@ def test_arenas_are_matched_by_address_and_sorted_by_growth():
     assert doc["arenas"][0]["free_classes"][0] == {"low": 32, "high": 64, "count": [2, 5], "bytes": [96, 240],
                                                    "bytes_growth": 144}
     text = diff_text(d)
-    assert "arena 0: free chunks grew in 32-64 B (2 -> 5 chunks, +0 KiB)" in text
+    assert "arena 0: free chunks grew in 32-64 B (2 -> 5 chunks, +144 B)" in text
+    assert text.startswith("arenas: 2 -> 2\n") and not d.restarted and doc["arena_counts"] == [2, 2]
     assert text.endswith("grew: arena 0, 2 (system memory or in-use bytes)\n")
+
+
+def test_across_a_restart_arenas_are_matched_by_number_and_their_count_compared():
+    """No arena at the same address: two processes (ASLR moves every arena). The main arena is matched to the
+    main arena and thread arenas by number, so a remedy that capped the arenas shows as arenas gone, not as
+    every arena new."""
+    a = [_arena(0x7F0000001000, 0, 100, 60, 40), _arena(0x7E0000000030, 1, 64, 10, 54),
+         _arena(0x7D0000000030, 2, 64, 12, 52), _arena(0x7C0000000030, 3, 64, 8, 56)]
+    b = [_arena(0x7F5500001000, 0, 90, 60, 30), _arena(0x7E5500000030, 1, 64, 30, 34)]
+    d = diff(a, b)
+    assert d.restarted and d.arena_counts == (4, 2)
+    assert {(e.number, e.status, e.address) for e in d.arenas} == {
+        (0, "both", 0x7F5500001000), (1, "both", 0x7E5500000030), (2, "gone", 0x7D0000000030),
+        (3, "gone", 0x7C0000000030)}
+    assert d.growth["system"] == 154 - 292
+    text = diff_text(d)
+    assert text.splitlines()[:2] == [
+        "two processes (no arena at the same address: a restart between the snapshots): arenas are matched by "
+        "their number, the main arena to the main arena; an address is the second's, the first's for an arena gone",
+        "arenas: 4 -> 2"]
+    assert jsondoc.diff_json(d)["restarted"] is True
+
+
+def test_arenas_that_did_not_change_are_named_not_listed():
+    a = [_arena(0x10, 0, 100, 60, 40), _arena(0x20, 1, 50, 50, 0)]
+    b = [_arena(0x10, 0, 100, 60, 40), _arena(0x20, 1, 80, 70, 10)]
+    lines = diff_text(diff(a, b)).splitlines()
+    assert [line.split()[0] for line in lines[2:4]] == ["1", "total"]
+    assert lines[4] == "unchanged, not listed: arena 0"
 
 
 @pytest.fixture(scope="module")

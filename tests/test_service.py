@@ -114,7 +114,11 @@ def test_diff_of_the_two_captures_shows_the_rss_given_back(service, tmp_path):
     out = tmp_path / "diff.json"
     text = _heapwalk("diff", tmp / "before", tmp / "after", "--json", out)
     d = json.loads(out.read_text())
-    assert "RSS MiB" in text.splitlines()[0] and "RSS of the arenas: " in text
+    counts = d["arena_counts"]
+    assert counts[0] == counts[1] and not d["restarted"]
+    assert text.splitlines()[0] == f"arenas: {counts[0]} -> {counts[1]}"
+    assert "RSS MiB" in text.splitlines()[1]
+    assert "RSS of the arenas: " in text
     assert abs(-d["growth"]["rss"] - (rss_before - rss_after)) <= MiB // 5
     assert all(e["rss_growth"] <= 0 for e in d["arenas"]) and d["grew"] == []
     assert d["process_rss"][0] - d["process_rss"][1] >= 0.9 * (rss_before - rss_after)

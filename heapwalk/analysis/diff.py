@@ -1,6 +1,7 @@
-"""What grew between two snapshots of one process: per arena (matched by address) system memory, in-use,
-free and top bytes, the free pieces and the chunks in use of each size class; and, for the whole process,
-the chunks in use of each signature (a vtable, a type, text).  The snapshots come from reports
+"""What grew between two snapshots: per arena system memory, in-use, free and top bytes, the free pieces and the chunks in use of each size class; and, for the whole process,
+the chunks in use of each signature (a vtable, a type, text).  Arenas of one process are matched by
+address; across a restart (no arena at the same address in both) by their number, so the main arena to the
+main arena and each thread arena to the one that took its place.  The snapshots come from reports
 (`heapwalk.output.jsondoc.read_snapshot` reads them back from their JSON), of any allocator."""
 
 from __future__ import annotations
@@ -92,6 +93,8 @@ class Diff:
     arenas: tuple[ArenaChange, ...]
     rss_known: bool = False                       # both snapshots say how much of each arena was in RAM
     signatures: tuple[SignatureChange, ...] = ()
+    restarted: bool = False                       # no arena at the same address: two processes, matched by number
+    arena_counts: tuple[int, int] = (0, 0)        # how many arenas A and B have
 
     @property
     def growth(self) -> dict[str, int]:
@@ -107,19 +110,22 @@ def diff(a: list[ArenaTotals], b: list[ArenaTotals], signatures_a: Signatures | 
          signatures_b: Signatures | None = None) -> Diff:
     """What changed from the arenas of snapshot A to those of snapshot B, and from A's chunks in use by
     signature to B's (when both have them)."""
-    in_a, in_b = {x.address: x for x in a}, {x.address: x for x in b}
+    restarted = bool(a and b) and not {x.address for x in a} & {x.address for x in b}
+    key = (lambda x: x.number) if restarted else (lambda x: x.address)
+    in_a, in_b = {key(x): x for x in a}, {key(x): x for x in b}
     rss_known = bool(a and b) and all(x.rss is not None for x in a + b)
     names = FIGURES + (("rss",) if rss_known else ())
     changes = []
-    for address in list(in_b) + [x for x in in_a if x not in in_b]:
-        ra, rb = in_a.get(address), in_b.get(address)
-        figures = {k: (getattr(ra, k) if ra else 0, getattr(rb, k) if rb else 0) for k in names}
+    for k in list(in_b) + [x for x in in_a if x not in in_b]:
+        ra, rb = in_a.get(k), in_b.get(k)
+        figures = {f: (getattr(ra, f) if ra else 0, getattr(rb, f) if rb else 0) for f in names}
         grouped = all(x.in_use_histogram is not None for x in (ra, rb) if x is not None)
-        changes.append(ArenaChange(address, (rb or ra).number, "new" if ra is None else "gone" if rb is None
-                                   else "both", figures, _class_changes(ra, rb, "histogram"),
+        changes.append(ArenaChange((rb or ra).address, (rb or ra).number, "new" if ra is None else "gone"
+                                   if rb is None else "both", figures, _class_changes(ra, rb, "histogram"),
                                    _class_changes(ra, rb, "in_use_histogram") if grouped else ()))
     changes.sort(key=lambda e: -e.growth("system"))
-    return Diff(tuple(changes), rss_known, _signature_changes(signatures_a, signatures_b))
+    return Diff(tuple(changes), rss_known, _signature_changes(signatures_a, signatures_b), restarted,
+                (len(a), len(b)))
 
 
 def _signature_changes(a: Signatures | None, b: Signatures | None) -> tuple[SignatureChange, ...]:

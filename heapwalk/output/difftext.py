@@ -14,17 +14,34 @@ def _signed(n: int) -> str:
     return f"{n / _MIB:+.1f}"
 
 
+def _bytes(n: int) -> str:
+    """A growth in bytes as people read it: '+312 B', '+14 KiB', '-3 KiB'."""
+    return f"{n:+,} B" if abs(n) < 1024 else f"{n / 1024:+,.0f} KiB"
+
+
 def diff_text(d: Diff) -> str:
-    """The table of arenas (largest growth of system memory first, with their RSS when both snapshots know
-    it), then what grew."""
+    """The table of arenas that changed (largest growth of system memory first, with their RSS when both
+    snapshots know it), then what grew."""
     figures = ("system", "rss", "in_use", "free") if d.rss_known else ("system", "in_use", "free")
     names = {"system": "system MiB", "rss": "RSS MiB", "in_use": "in use MiB", "free": "free MiB"}
-    lines = [f"{'arena':>6} {'address':>16} " + " ".join(f"{names[f]:>16}" for f in figures) + "  status"]
+    lines = []
+    if d.restarted:
+        lines.append("two processes (no arena at the same address: a restart between the snapshots): arenas are "
+                     "matched by their number, the main arena to the main arena; an address is the second's, "
+                     "the first's for an arena gone")
+    lines.append(f"arenas: {d.arena_counts[0]} -> {d.arena_counts[1]}")
+    lines.append(f"{'arena':>6} {'address':>16} " + " ".join(f"{names[f]:>16}" for f in figures) + "  status")
+    unchanged = [e for e in d.arenas if e.status == "both" and not any(e.growth(f) for f in e.figures)
+                 and not e.free_classes and not e.in_use_classes]
     for e in d.arenas:
+        if e in unchanged:
+            continue
         lines.append(f"{e.number:>6} {e.address:#16x} " + " ".join(f"{_signed(e.growth(f)):>16}" for f in figures)
                      + f"  {e.status}")
     g = d.growth
     lines.append(f"{'total':>6} {'':16} " + " ".join(f"{_signed(g[f]):>16}" for f in figures))
+    if unchanged:
+        lines.append(f"unchanged, not listed: arena {', '.join(str(e.number) for e in unchanged)}")
     if d.rss_known:
         before, after = (sum(e.figures["rss"][i] for e in d.arenas) for i in (0, 1))
         lines.append(f"RSS of the arenas: {before / _MIB:.1f} MiB -> {after / _MIB:.1f} MiB")
@@ -36,12 +53,12 @@ def diff_text(d: Diff) -> str:
             grown = sorted((c for c in classes if c.bytes_growth > 0), key=lambda c: -c.bytes_growth)
             if grown:
                 lines.append(f"arena {e.number}: {what} grew in " + ", ".join(
-                    f"{c.low}-{c.high} B ({c.count[0]} -> {c.count[1]} chunks, {c.bytes_growth / 1024:+,.0f} KiB)"
+                    f"{c.low}-{c.high} B ({c.count[0]} -> {c.count[1]} chunks, {_bytes(c.bytes_growth)})"
                     for c in grown[:4]))
     grown_signatures = [c for c in d.signatures if c.bytes_growth > 0]
     if grown_signatures:
         lines.append("chunks in use grew by signature: " + ", ".join(
-            f"{c.name} ({c.count[0]} -> {c.count[1]} chunks, {c.bytes_growth / 1024:+,.0f} KiB)"
+            f"{c.name} ({c.count[0]} -> {c.count[1]} chunks, {_bytes(c.bytes_growth)})"
             for c in grown_signatures[:6]))
     if d.grew:
         lines.append("grew: arena " + ", ".join(map(str, d.grew)) + " (system memory or in-use bytes)")

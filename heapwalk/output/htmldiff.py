@@ -40,8 +40,13 @@ def _summary(d: dict[str, Any]) -> str:
     if rss:
         figures.append(("process RSS", f"{human(rss[0])} \u2192 {human(rss[1])}"))
     grew = d.get("grew") or []
-    words = (f"<p>Grew (system memory or bytes in use): arena {', '.join(map(str, grew))}.</p>" if grew
-             else "<p>No arena grew.</p>")
+    counts = d.get("arena_counts")
+    if counts:
+        figures.append(("arenas", f"{counts[0]} → {counts[1]}"))
+    words = ("<p>Two processes (no arena at the same address: a restart between the snapshots): arenas are "
+             "matched by their number, the main arena to the main arena.</p>" if d.get("restarted") else "")
+    words += (f"<p>Grew (system memory or bytes in use): arena {', '.join(map(str, grew))}.</p>" if grew
+              else "<p>No arena grew.</p>")
     if "rss" not in growth:
         words += ("<p class=\"muted\">Resident memory is not compared: a snapshot does not say which pages were in "
                   "RAM (take both with 'heapwalk capture').</p>")

@@ -313,7 +313,8 @@ def diff_json(d: Diff) -> dict[str, Any]:
         entry["free_classes"] = [_class_json(c) for c in e.free_classes]
         entry["in_use_classes"] = [_class_json(c) for c in e.in_use_classes]
         arenas.append(entry)
-    return {"arenas": arenas, "growth": d.growth, "grew": d.grew,
+    return {"arenas": arenas, "growth": d.growth, "grew": d.grew, "restarted": d.restarted,
+            "arena_counts": list(d.arena_counts),
             "signatures": [{"signature": c.name, "count": list(c.count), "bytes": list(c.bytes),
                             "bytes_growth": c.bytes_growth} for c in d.signatures]}
 
