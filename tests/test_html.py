@@ -132,6 +132,8 @@ def test_a_jemalloc_page_has_its_arenas_decay_and_threads(browser, pages, suite)
     _not_blank(browser.screenshot())
     rows = browser.evaluate("document.querySelectorAll('#arenas tbody tr').length")
     assert rows == len(doc["report"]["arenas"])
+    head = browser.evaluate("[...document.querySelectorAll('#arenas thead th')].map(th => th.textContent)")
+    assert "mapped" in head and "top" not in head and "system" not in head, head
     dirty = browser.evaluate("[...document.querySelectorAll('#decay rect[data-kind=dirty]')]"
                              ".reduce((n, r) => n + Number(r.dataset.bytes), 0)")
     assert dirty == sum(a["pdirty"] for a in doc["jemalloc"]["arenas"]) * 4096

@@ -121,24 +121,25 @@ def _arenas(doc: dict[str, Any], r: dict[str, Any]) -> str:
     colours, names = {**COLOURS, **JE_COLOURS}, {**NAMES, **JE_NAMES}
     if jemalloc:
         names["overhead"] = "metadata, unused"
+    top = [] if jemalloc else ["top"]      # jemalloc has no top chunk: its column would be 0 B throughout
     chart = stacked_chart([(f"arena {a['number']}" + (" (main)" if a["kind"] == "main" else ""),
                             [("in_use", a["in_use"])] + [(k, a["free"].get(k, 0)) for k in kinds]
-                            + [("top", a["top"]), ("overhead", a["overhead"])]) for a in rows],
+                            + [(k, a[k]) for k in top] + [("overhead", a["overhead"])]) for a in rows],
                           colours, names, "where each arena's bytes are")
     rss = bool(r.get("residency"))
-    head = ["#", "arena", "kind", "threads", "extents" if jemalloc else "heaps", "system"] + (["RSS"] if rss else []) \
-        + ["in use"] + [names.get(k, k) for k in kinds] + ["top", names["overhead"],
-                                                          "decay gives back" if jemalloc else "trim gives back"]
+    head = ["#", "arena", "kind", "threads", "extents" if jemalloc else "heaps", "mapped" if jemalloc else "system"] \
+        + (["RSS"] if rss else []) + ["in use"] + [names.get(k, k) for k in kinds] + top \
+        + [names["overhead"], "decay gives back" if jemalloc else "trim gives back"]
 
     def cells(a: dict[str, Any]) -> list[str]:
         return ([str(a["number"]), f"<code>{a['address']:#x}</code>", e(a["kind"]), str(a["threads"]), str(a["heaps"]),
                  human(a["system"])] + ([human(a["rss"]) if a.get("rss") is not None else "-"] if rss else [])
                 + [human(a["in_use"])] + [human(a["free"].get(k, 0)) for k in kinds]
-                + [human(a["top"]), human(a["overhead"]), human(a["trim"])])
+                + [human(a[k]) for k in top] + [human(a["overhead"]), human(a["trim"])])
     t = r["totals"]
     foot = ["", f"{len(rows)} arenas", "", "", "", human(t["system"])] + ([human(t["rss"] or 0)] if rss else []) + [
         human(t["in_use"])] + [human(sum(a["free"].get(k, 0) for a in rows)) for k in kinds] + [
-        human(t["top"]), human(t["overhead"]), human(t["trim"])]
+        human(t[k]) for k in top] + [human(t["overhead"]), human(t["trim"])]
     unbalanced = [a["number"] for a in rows if not a.get("balanced", True)]
     note = (f'<p class="warn">The bytes of arena(s) {", ".join(map(str, unbalanced))} do not add up to their '
             "system memory: see the findings.</p>") if unbalanced else ""
