@@ -40,13 +40,19 @@ HAND_REPRODUCERS = ("bins", "thread_arenas", "mmapped", "many_arenas", "small_ve
 GLIBCS = ("system", *sysroots.SUITES, *(HAND_BUILT if HAND_FULL else ()))
 
 
-def pytest_report_header(config):
-    folder = sysroots.hand_builds_folder()
+def _hand_built_line() -> str:
     if not HAND_BUILT:
         return "glibcs built by hand: none (docs/platforms.md)"
     versions = ", ".join(s.version for s in HAND_BUILT.values())
     scope = "every glibc test" if HAND_FULL else "the reproducers " + ", ".join(HAND_REPRODUCERS)
-    return f"glibcs built by hand: {versions} from {folder} ({scope})"
+    return f"glibcs built by hand: {versions} from {sysroots.hand_builds_folder()} ({scope})"
+
+
+def pytest_sessionstart(session):
+    """Says which hand-built glibcs join the matrix, also under -q (make test), where the header is not shown."""
+    reporter = session.config.pluginmanager.getplugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line(_hand_built_line())
 NO_SYMBOLS = "set debug-file-directory /nonexistent"
 
 
