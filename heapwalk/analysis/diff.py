@@ -1,8 +1,9 @@
-"""What grew between two snapshots: per arena system memory, in-use, free and top bytes, the free pieces and the chunks in use of each size class; and, for the whole process,
-the chunks in use of each signature (a vtable, a type, text).  Arenas of one process are matched by
-address; across a restart (no arena at the same address in both) by their number, so the main arena to the
-main arena and each thread arena to the one that took its place.  The snapshots come from reports
-(`heapwalk.output.jsondoc.read_snapshot` reads them back from their JSON), of any allocator."""
+"""What grew between two snapshots: per arena system memory, in-use, free and top bytes, the free pieces and
+the chunks in use of each size class; and, for the whole process, the chunks in use of each signature (a
+vtable, a type, text).  Arenas of one process are matched by address; across a restart (no arena at the same
+address in both) by their number, so the main arena to the main arena and each thread arena to the one that
+took its place.  The snapshots come from reports (`heapwalk.output.jsondoc.read_snapshot` reads them back
+from their JSON), of any allocator."""
 
 from __future__ import annotations
 

@@ -25,6 +25,6 @@ def unsupported_gdb(text: str) -> str | None:
         return f"heapwalk: cannot tell this gdb's version ({text!r}); heapwalk needs gdb {OLDEST_GDB[0]} or later"
     if version < OLDEST_GDB:
         return (f"heapwalk: gdb {version[0]}.{version[1]} is older than gdb {OLDEST_GDB[0]}, the oldest heapwalk "
-                "is tested on; run it in gdb 10 or later (a core or a capture can be opened on another machine: "
-                "docs/platforms.md)")
+                f"is tested on; run it in gdb {OLDEST_GDB[0]} or later (a core or a capture can be opened on another "
+                "machine: docs/platforms.md)")
     return None

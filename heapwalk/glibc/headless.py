@@ -94,8 +94,8 @@ def heap_only_label(found: HeapArenas) -> str:
 
 def _ring_exits(mem: Memory, layout: Layout, arenas: list[int]) -> tuple[int | None, tuple[int, ...]]:
     """Where the ring leaves ARENAS, followed from each of them: main_arena (None when it is readable and no
-    arena, outside the user address space (a damaged link), or never reached), and the thread arenas (at a heap's start) the ring leads to whose memory is
-    missing."""
+    arena, outside the user address space (a damaged link), or never reached), and the thread arenas (at a
+    heap's start) the ring leads to whose memory is missing."""
     known, main, lost = set(arenas), None, []
     for start in arenas:
         at = start

@@ -5,9 +5,10 @@ The rules are glibc's: per arena a <size> line for each non-empty fastbin
 large bin (min, max and sum of the size fields as stored, flag bits included),
 then one <unsorted> line; "fast" totals (absent from 2.43, which has no
 fastbins) and "rest" totals (every chunk in bins 1..127, plus top from 2.31);
-system and aspace figures.  Before 2.31 every <size> line starts with seven tabs and six spaces (a
-string continued over a line in glibc's source, fixed in 2.31).  malloc_info does not see tcache, so neither does
-this output; heapwalk's other reports do.
+system and aspace figures.  Before 2.31 every <size> line starts with seven
+tabs and six spaces (a string continued over a line in glibc's source, fixed in
+2.31).  malloc_info does not see tcache, so neither does this output;
+heapwalk's other reports do.
 """
 
 from __future__ import annotations
