@@ -76,7 +76,6 @@ class HeapView:
     arenas_idle: int = 0                         # arenas no thread uses (glibc: on the free list)
     reclaim_total: int = 0                       # address space the allocator would give back now
     reclaim_kept: Mapping[str, int] = field(default_factory=dict)  # free bytes it would keep, by reason
-    advice: tuple[str, ...] = ()                 # the allocator's own verdict, when it has one (jemalloc's)
     residency: str = ""                          # where the arenas' resident bytes come from ("": unknown)
     large_resident: int | None = None            # resident bytes of the large allocations, when known
 

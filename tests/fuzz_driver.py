@@ -37,20 +37,17 @@ from fuzz import RING_LINKS  # noqa: E402
 
 from heapwalk.glibc import check, mallocinfo
 from heapwalk.output import jsondoc, tables
-from heapwalk.analysis import report
 from heapwalk.analysis.inuse import in_use_of, leak_totals
 from heapwalk.analysis.leakreport import describe
 from heapwalk.analysis.leaks import leaks_of
 from heapwalk.glibc.blocks import blocks_of
-from heapwalk.glibc.heapmap import heap_strips
 from heapwalk.output.htmlreport import report_html
 from heapwalk.output.pngmaps import png_maps
 from heapwalk.output.heapmaps import svg_maps, text_maps
 from heapwalk.glibc.chunks import extents
 from heapwalk.glibc.decode import collect
-from heapwalk.glibc.summary import heap_view
-from heapwalk.gdb.session import overrides
-from heapwalk.glibc.discovery import DiscoveryError, discover
+from heapwalk.glibc.allocator import GlibcHeap
+from heapwalk.glibc.discovery import DiscoveryError, Overrides, discover
 from heapwalk.target.gdbadapter import GdbSymbols, gdb_memory, thread_registers
 from heapwalk.target.gdbspace import memory_map
 from heapwalk.target.memory import ReadError
@@ -310,21 +307,24 @@ def exercise(mem, symbols, maps, threads, regs, target: str, space=None):
     JSON document, 'ok' or 'refused: <the one line a user sees>').  With SPACE (the target's MemoryMap), the
     report's leak scan too, and 'heapwalk leaks' laid out; and the heap maps, as text, SVG and PNG, and the report's page."""
     try:
-        disc = discover(mem, symbols, overrides(), maps, [t.fs_base for t in threads if t.fs_base], regions=regs)
+        disc = discover(mem, symbols, Overrides(), maps, [t.fs_base for t in threads if t.fs_base], regions=regs)
         state = collect(mem, disc, threads, target, True, regs, keep_used=space is not None)
     except DiscoveryError as exc:
         return None, None, None, f"refused: {exc}"
     result = check.check(state, mem, disc.layout)
     scanned = _leak_scan(mem, disc.layout, state, space, threads)
-    rep = report.build_report(heap_view(state), *scanned[:2])
-    strips = heap_strips(mem, disc.layout, state, leaked=scanned[2] if scanned else None)
+    heap = GlibcHeap(state, mem, disc.layout)
+    rep = heap.report(*scanned[:2])
+    strips = heap.strips(leaked=scanned[2] if scanned else None)
     tables.make_console(io.StringIO(), False).print(text_maps(strips, 80, False))
     svg_maps(strips, 256)
     png_maps(strips, 128)
     sink = io.StringIO()
     console = tables.make_console(sink, False)
-    console.print(tables.header_text(state))
-    console.print(tables.report_group(rep, False))
+    console.print(heap.header())
+    for part in [*heap.report_parts(rep, False), *heap.arenas(False).parts, *heap.threads(False).parts,
+                 *heap.check(50, False).parts]:
+        console.print(part)
     console.print(tables.arenas_table(state, False))
     console.print(tables.bins_tables(state, list(state.arenas), set(jsondoc.KINDS), False, True))
     console.print(tables.tcache_tables(state, list(state.threads), False, True, state.scanned_tcaches))
@@ -333,7 +333,8 @@ def exercise(mem, symbols, maps, threads, regs, target: str, space=None):
     document = jsondoc.state_to_json(state)
     document["report"] = jsondoc.report_json(rep)
     json.dumps(document)
-    report_html({**document, "report": {**document["report"], "partial": []}}, strips)
+    page = {**document, "report": {**document["report"], "partial": []}}
+    report_html(page, heap.html_header(page), heap.html(page, strips))
     json.dumps(jsondoc.check_document(state, result, check.scope(state)))
     mallocinfo.malloc_info_xml(state)
     return state, result, document["report"], "ok" if result.clean else f"ok, {len(result.errors)} errors"
@@ -423,7 +424,7 @@ def main() -> None:
     maps = space.mappings
     threads = thread_registers()
     regs = space.regions
-    disc = discover(base, symbols, overrides(), maps, [t.fs_base for t in threads if t.fs_base])
+    disc = discover(base, symbols, Overrides(), maps, [t.fs_base for t in threads if t.fs_base])
     sound = Sound(collect(base, disc, threads, "", True, regs), disc, base)
     mutants = list(spec.get("replay", []))
     mutants += [make_mutant(rng, sound.names, len(sound.heaps)) for _ in range(spec["count"])]

@@ -31,14 +31,13 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # gdb sets __fil
 import figures  # noqa: E402
 from fuzz_driver import INTERESTING, MutatedMemory, run_mutants  # noqa: E402
 
-from heapwalk.analysis.report import build_report
 from heapwalk.findings import Kind, Severity
 from heapwalk.jemalloc import check as je_check
 from heapwalk.jemalloc.decay import decay_findings
 from heapwalk.jemalloc.decode import collect_jemalloc
 from heapwalk.jemalloc.discovery import JemallocNotFound, discover_jemalloc, find_library
 from heapwalk.jemalloc.heapmap import extent_strips
-from heapwalk.jemalloc.summary import heap_view
+from heapwalk.jemalloc.allocator import JemallocHeap
 from heapwalk.jemalloc.tcache import _array_spans, bin_counts
 from heapwalk.output import jedoc, tables
 from heapwalk.output.heapmaps import svg_maps, text_maps
@@ -78,11 +77,12 @@ def exercise(mem, maps, threads):
     state = collect_jemalloc(mem, disc, threads, "fuzz")
     state = dataclasses.replace(state, findings=state.findings + decay_findings(state))
     findings = je_check.check_jemalloc(state)
-    rep = build_report(heap_view(state))
+    heap = JemallocHeap(state, mem)
+    rep = heap.report()
     console = tables.make_console(io.StringIO(), False)
     box = tables.box_for(False)
     for part in (jedoc.jemalloc_arenas_table(state, box), jedoc.jemalloc_threads_table(state, box),
-                 jedoc.jemalloc_slabs_table(state, box), tables.report_group(rep, False),
+                 jedoc.jemalloc_slabs_table(state, box), *heap.report_parts(rep, False), *heap.threads(False).parts,
                  jedoc.jemalloc_check_text(findings, je_check.scope(state), 50)):
         if part is not None:
             console.print(part)
@@ -94,7 +94,7 @@ def exercise(mem, maps, threads):
         console.print(text_maps(strips, 80, False))
         svg_maps(strips, 256)
         png_maps(strips, 128)
-        report_html(document, strips)
+        report_html(document, heap.html_header(document), heap.html(document, strips))
     errors = [f for f in findings if f.severity is Severity.ERROR]
     return state, findings, report_json(rep), "ok" if not errors else f"ok, {len(errors)} errors"
 

@@ -16,7 +16,7 @@ import pytest
 import harness
 import sysroots
 from conftest import BINDIR, JEMALLOCS, NO_SYMBOLS, SYSROOTS, capture_jemalloc, run_gdb
-from heapwalk.output.jedoc import beside
+from heapwalk.output.jsondoc import together
 from oracle import jemalloc_arena_view, jemalloc_printed_view, malloc_info_view, parse_malloc_info
 
 pytestmark = pytest.mark.cores
@@ -154,5 +154,6 @@ def test_capture_reads_a_live_process_with_both(suite, tmp_path):
 def test_one_document_holds_both_allocators():
     je, glibc = {"schema_version": 1, "target": "t", "allocator": "jemalloc"}, {"schema_version": 1, "target": "t",
                                                                                 "arenas": []}
-    assert beside(je, None) is je and beside(None, glibc) is glibc
-    assert beside(je, glibc) == {**je, "allocators": ["jemalloc", "glibc"], "glibc_malloc": {"arenas": []}}
+    assert together([("jemalloc", "jemalloc", je)]) is je and together([("glibc", "glibc_malloc", glibc)]) is glibc
+    assert together([("jemalloc", "jemalloc", je), ("glibc", "glibc_malloc", glibc)]) == {
+        **je, "allocators": ["jemalloc", "glibc"], "glibc_malloc": {"arenas": []}}

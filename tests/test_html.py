@@ -153,17 +153,17 @@ def test_a_jemalloc_page_has_its_arenas_decay_and_threads(browser, pages, suite)
 
 @pytest.mark.parametrize("suite", JEMALLOCS)
 def test_a_process_with_both_allocators_gets_both_on_its_page(browser, pages, suite):
-    """je_both: jemalloc for the program, glibc's malloc beside it. The page draws glibc's heaps and then
-    jemalloc's part, each arena of each in its table."""
+    """je_both: jemalloc for the program, glibc's malloc beside it. The page draws jemalloc's part, the
+    program's allocator, and then glibc's heaps, each arena of each in its table."""
     cap = capture_jemalloc(suite, "je_both")
     page, doc = pages(f"je-both-{suite}", str(cap.exe), str(cap.core), (NO_SYMBOLS,))
     assert doc["allocators"] == ["jemalloc", "glibc"]
     browser.open(page, 1280)
     _not_blank(browser.screenshot())
-    assert browser.evaluate("document.querySelectorAll('#arenas tbody tr').length") == len(
+    assert browser.evaluate("document.querySelectorAll('#glibc-arenas tbody tr').length") == len(
         doc["glibc_malloc"]["report"]["arenas"])
-    assert browser.evaluate("document.querySelectorAll('#jemalloc-arenas tbody tr').length") == len(
+    assert browser.evaluate("document.querySelectorAll('#arenas tbody tr').length") == len(
         doc["report"]["arenas"])
-    assert browser.evaluate("document.querySelectorAll('#maps figure.heap').length") >= 2
-    assert browser.evaluate("document.querySelectorAll('#jemalloc-maps figure.heap').length") >= 1
+    assert browser.evaluate("document.querySelectorAll('#glibc-maps figure.heap').length") >= 2
+    assert browser.evaluate("document.querySelectorAll('#maps figure.heap').length") >= 1
     assert "This process allocates with both" in browser.evaluate("document.body.textContent")

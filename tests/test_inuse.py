@@ -12,6 +12,7 @@ from heapwalk.analysis import inuse
 from heapwalk.analysis.diff import ArenaTotals, Signatures, diff
 from heapwalk.analysis.inuse import LeakTotals, in_use_of, size_buckets
 from heapwalk.analysis.report import Bucket, build_report
+from heapwalk.glibc.verdict import verdict
 from heapwalk.output import jsondoc
 from heapwalk.output.difftext import diff_text
 from heapwalk.view import ArenaView, Blocks, HeapView
@@ -85,7 +86,7 @@ def _leaks(in_use: int, leaked: int, count: int = 10) -> LeakTotals:
                                                 "fragmentation nor a leak stands out."),
 ])
 def test_the_verdict_weighs_the_leak_scan(view, leaked, first):
-    rep = build_report(_view(*view), None, None if leaked is None else _leaks(view[1], leaked))
+    rep = build_report(_view(*view), None, None if leaked is None else _leaks(view[1], leaked), verdict=verdict)
     assert rep.verdict[0].startswith(first), rep.verdict
     if leaked is None:
         assert not any("leak scan" in v for v in rep.verdict)
@@ -98,7 +99,7 @@ def test_the_verdict_weighs_the_leak_scan(view, leaked, first):
 
 def test_the_leak_sentence_says_what_could_not_be_read():
     lt = LeakTotals(10, 4 * MiB, 3, 2 * MiB, 1, {0: (3, 2 * MiB)}, unread_bytes=8192)
-    rep = build_report(_view(8 * MiB, 4 * MiB, 2 * MiB, 2 * MiB), None, lt)
+    rep = build_report(_view(8 * MiB, 4 * MiB, 2 * MiB, 2 * MiB), None, lt, verdict=verdict)
     assert "(8 KiB of memory could not be read: chunks reached only through it count as leaked)" in rep.verdict[1]
 
 

@@ -12,7 +12,8 @@ from types import MappingProxyType
 import numpy as np
 import pytest
 
-from heapwalk.analysis.report import arena_max_saving, build_report
+from heapwalk.analysis.report import build_report
+from heapwalk.glibc.verdict import arena_max_saving, verdict
 from heapwalk.cli.corewriter import PAGE, _codes, _mapping_segments
 from heapwalk.target.pages import MapsLine, classify
 from heapwalk.target.memory import ranges_without
@@ -111,13 +112,13 @@ def test_free_memory_no_longer_in_ram_is_not_called_a_problem():
     """After malloc_trim(0): 57 MiB free in the arenas, but only 1 MiB of it in RAM."""
     arenas = [_arena(0, "main", 2 * MiB, MiB, MiB, 0)] + \
         [_arena(n, "thread", 8 * MiB, MiB // 2, 7 * MiB, MiB // 8) for n in range(1, 9)]
-    rep = build_report(_view(arenas))
+    rep = build_report(_view(arenas), verdict=verdict)
     text = " ".join(rep.verdict)
     assert rep.verdict[0].startswith("Free memory, but not in RAM: 56 MiB of the 57 MiB free")
     assert "Fragmentation" not in text and "MALLOC_ARENA_MAX" not in text and "malloc_trim(0) would" not in text
     # the same heap where the target cannot say is fragmentation, with the arena cap advised
     blind = build_report(_view([_arena(a.number, a.kind, a.system, a.in_use, a.free_total, None) for a in arenas],
-                               ""))
+                               ""), verdict=verdict)
     assert blind.verdict[0].startswith("Fragmentation, not a leak") and "MALLOC_ARENA_MAX=2" in blind.verdict[1]
 
 
@@ -125,7 +126,7 @@ def test_fragmentation_in_ram_is_counted_in_ram_with_what_capping_arenas_would_h
     frees = [3, 4, 5, 6, 7]
     arenas = [_arena(0, "main", 2 * MiB, MiB, MiB, MiB // 2)] + \
         [_arena(n, "thread", 8 * MiB, MiB, 7 * MiB, f * MiB) for n, f in enumerate(frees, 1)]
-    rep = build_report(_view(arenas))
+    rep = build_report(_view(arenas), verdict=verdict)
     assert rep.verdict[0].startswith(f"Fragmentation, not a leak: {sum(frees) + 0.5:.3g} MiB of the ")
     assert rep.verdict[1].startswith("A further 10.5 MiB is free but not in RAM")
     # with 2 arenas, 4 of the 5 thread arenas are left out: the 4 smallest or the 4 largest
@@ -143,7 +144,7 @@ def test_what_stays_in_ram_after_a_trim_is_said_after_what_was_given_back():
     view = _view(arenas)
     view = HeapView(view.allocator, view.arenas, view.free_sizes, (), residency=view.residency,
                     reclaim_kept={"tcache": 0, "sub_page": 8 * MiB, "thread_top": 0, "main_top": 0})
-    rep = build_report(view)
+    rep = build_report(view, verdict=verdict)
     assert rep.verdict[0].startswith("Free memory, but not in RAM: 21 MiB of the 29 MiB free")
     assert rep.verdict[1].startswith("4 thread arenas hold 12 MiB in RAM, 8 MiB of it free")
     assert rep.verdict[2].startswith("8 MiB of free memory lies in pieces under a page")
@@ -152,7 +153,8 @@ def test_what_stays_in_ram_after_a_trim_is_said_after_what_was_given_back():
 @pytest.mark.parametrize("free_resident", [0, 3 * MiB, 9 * MiB])
 def test_no_share_is_over_100_percent_even_when_residency_says_more_than_the_walk(free_resident):
     """A damaged list can hold a chunk twice: its resident bytes are capped at the free bytes."""
-    rep = build_report(_view([_arena(0, "main", 8 * MiB, 4 * MiB, 4 * MiB, free_resident, resident=8 * MiB)]))
+    rep = build_report(_view([_arena(0, "main", 8 * MiB, 4 * MiB, 4 * MiB, free_resident, resident=8 * MiB)]),
+                       verdict=verdict)
     for sentence in rep.verdict:
         for pct in (int(w.strip("(%),")) for w in sentence.split() if w.startswith("(") and w.endswith("%)")):
             assert 0 <= pct <= 100

@@ -20,8 +20,9 @@ from heapwalk.target.pages import PagesUnknown
 
 def _residency_note(doc: dict) -> str:
     """A line when the report could not say how much of each arena was in RAM (its table says it otherwise)."""
-    if doc.get("allocator") == "jemalloc":
-        return "RSS per arena: not shown for jemalloc's arenas yet (docs/jemalloc.md)\n"
+    if doc.get("allocator") and not (doc.get("report") or {}).get("residency"):
+        name = doc["allocator"]
+        return f"RSS per arena: not shown for {name}'s arenas yet (docs/{name}.md)\n"
     if not (doc.get("report") or {}).get("residency"):
         return "RSS per arena: not available (cannot read /proc/PID/pagemap)\n"
     return ""

@@ -19,6 +19,7 @@ import os
 import sys
 from pathlib import Path
 
+from heapwalk import registry
 from heapwalk.cli.capture import cmd_capture
 from heapwalk.cli.cores import open_core, report_command
 from heapwalk.cli.diff import cmd_diff
@@ -50,7 +51,8 @@ def cmd_report(args) -> int:
 def make_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="heapwalk",
-        description="Heap forensics (glibc's malloc, jemalloc) on a core or a running process, through gdb.",
+        description=f"Heap forensics ({', '.join(a.title for a in registry.allocators())}) on a core or a running "
+                    "process, through gdb.",
         epilog="Exit status: 0 done, 1 the heap is damaged (report --check), 2 an error (see the message).")
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--gdb", default="gdb", metavar="PATH", help="the gdb to run (default: gdb on PATH)")

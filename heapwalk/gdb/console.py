@@ -11,12 +11,7 @@ import time
 import gdb  # type: ignore[import-not-found]
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 
-from heapwalk.analysis.report import Report
-from heapwalk.glibc.model import HeapState
-from heapwalk.glibc.partial import partial
-from heapwalk.jemalloc import check as je_check
-from heapwalk.jemalloc.model import JeState
-from heapwalk.output import jedoc, jsondoc, tables
+from heapwalk.output import jsondoc, tables
 
 
 class _GdbFile:
@@ -86,13 +81,13 @@ def gdb_console():
     return tables.make_console(_GdbFile(), interactive())
 
 
-def console_with_header(state: HeapState, beside_jemalloc: bool = False):
-    """A console that has printed the target, the glibc and how main_arena was found; BESIDE_JEMALLOC (a
-    process with both allocators, whose jemalloc part was printed above): a heading instead of the target."""
+def console_with_header(decoded, beside=None):
+    """A console that has printed DECODED's header (the target, the allocator, how it was found); BESIDE (the
+    allocator printed above it, in a process with several): a heading instead of the target."""
     console = gdb_console()
-    if beside_jemalloc:
-        console.print("\nglibc's malloc, in use beside jemalloc:")
-    console.print(tables.header_text(state, with_target=not beside_jemalloc), end="")
+    if beside is not None:
+        console.print(f"\n{decoded.title}, in use beside {beside.title}:")
+    console.print(decoded.header(with_target=beside is None), end="")
     return console
 
 
@@ -136,72 +131,15 @@ def print_partial(console, notes) -> None:
         console.print(text, end="")
 
 
-def print_damage(console, state: HeapState, findings) -> None:
-    """What is partial in STATE, then FINDINGS: the tail of every command that shows decoded numbers."""
-    print_partial(console, partial(state))
+def print_damage(console, decoded, findings) -> None:
+    """What is partial in DECODED, then FINDINGS: the tail of every command that shows decoded numbers."""
+    print_partial(console, decoded.partial())
     print_findings(console, findings)
 
 
-def print_jemalloc_arenas(state: JeState) -> dict:
-    """'heapwalk arenas' of a jemalloc process: the target, the version, the arenas, findings; returns the
-    JSON document."""
-    _print_jemalloc(state, jedoc.jemalloc_arenas_table(state, tables.box_for(interactive())))
-    return jedoc.jemalloc_document(state)
-
-
-def print_jemalloc_threads(state: JeState) -> dict:
-    """'heapwalk threads' of a jemalloc process: each thread's arena, byte counters and decay ticker; returns
-    the JSON document."""
-    _print_jemalloc(state, jedoc.jemalloc_threads_table(state, tables.box_for(interactive())))
-    return jedoc.jemalloc_document(state)
-
-
-def print_jemalloc_report(state: JeState) -> tuple[Report, dict]:
-    """'heapwalk report' of a jemalloc process: where its pages are arena by arena, the free pieces by size,
-    the slabs with the most free room, the threads, the verdict, and the findings; returns the report and
-    the JSON document."""
-    box = tables.box_for(interactive())
-    rep = jedoc.jemalloc_report(state)
-    console = _jemalloc_console(state)
-    group = tables.report_group(rep, interactive())
-    *parts, verdict = group.renderables
-    for part in parts:
-        console.print(part)
-    for extra in (jedoc.jemalloc_slabs_table(state, box), jedoc.jemalloc_threads_table(state, box)):
-        if extra is not None:
-            console.print(extra)
-    console.print(verdict)
-    print_findings(console, state.all_findings())
-    return rep, jedoc.jemalloc_report_document(state, rep)
-
-
-def _jemalloc_console(state: JeState):
-    """A console that has printed the target and jemalloc's version."""
-    console = gdb_console()
-    console.print(f"{state.target}\n" if state.target else "", end="")
-    console.print(f"jemalloc {state.version}")
-    return console
-
-
-def _print_jemalloc(state: JeState, table) -> None:
-    console = _jemalloc_console(state)
-    console.print(table)
-    print_findings(console, state.all_findings())
-
-
-def print_jemalloc_check(state: JeState, limit: int) -> tuple[int, int, dict]:
-    """'heapwalk check' of a jemalloc process: its findings and counters; returns the number of errors and
-    of warnings, and the JSON document."""
-    findings = je_check.check_jemalloc(state)
-    checked = je_check.scope(state)
-    console = _jemalloc_console(state)
-    console.print(jedoc.jemalloc_check_text(findings, checked, limit or len(findings)), end="")
-    errors = sum(1 for f in findings if f.severity.value == "error")
-    warnings = sum(1 for f in findings if f.severity.value == "warning")
-    return errors, warnings, jedoc.jemalloc_check_document(state, findings, checked)
-
-
-def write_json(path: str | None, jemalloc_doc: dict | None, glibc_doc: dict | None) -> None:
-    """Writes a command's JSON document to PATH (when given): one allocator's, or both (`jedoc.beside`)."""
-    if path:
-        jsondoc.dump(jedoc.beside(jemalloc_doc, glibc_doc), path)
+def write_json(path: str | None, documents) -> None:
+    """Writes a command's JSON document to PATH (when given): from the (decoded, document) of each allocator,
+    one document (`jsondoc.together`)."""
+    documents = [(d.name, d.beside_key, doc) for d, doc in documents if doc is not None]
+    if path and documents:
+        jsondoc.dump(jsondoc.together(documents), path)

@@ -9,11 +9,10 @@ import numpy as np
 from heapwalk.analysis.inuse import InUse, LeakTotals, in_use_of, leak_totals
 from heapwalk.analysis.leakreport import describe
 from heapwalk.analysis.leaks import Leaks, leaks_of
+from heapwalk import registry
 from heapwalk.gdb.console import console_with_header, interactive, write_json
 from heapwalk.gdb.session import UserError, load_allocators
 from heapwalk.gdb.subcommand import Parser, Subcommand, json_option
-from heapwalk.glibc.blocks import blocks_of
-from heapwalk.output import jsondoc
 from heapwalk.output.leakdoc import leaks_group, leaks_json
 from heapwalk.target.gdbadapter import stack_frame, symbol_at
 from heapwalk.target.roots import RegisterRoot, readonly_images
@@ -21,18 +20,17 @@ from heapwalk.target.roots import RegisterRoot, readonly_images
 __all__ = ["LeaksCommand", "scan_leaks", "reach_text", "in_use_and_leaks"]
 
 
-def scan_leaks(found) -> Leaks:
-    """The leaks of the glibc heap FOUND (`load_allocators`' answer, walked) holds."""
-    state, mem, layout = found.glibc
+def scan_leaks(found, decoded) -> Leaks:
+    """The leaks of the allocator DECODED (one of FOUND, `load_allocators`' answer, walked with its blocks kept)."""
     target = found.target
-    return leaks_of(mem, blocks_of(mem, layout, state), target.space, target.threads)
+    return leaks_of(decoded.memory, decoded.blocks(), target.space, target.threads)
 
 
-def in_use_and_leaks(found) -> tuple[InUse, LeakTotals, np.ndarray]:
-    """What the glibc heap FOUND holds in use, by size and signature, what of it is leaked, and the leaked
-    chunks' addresses (for the heap maps)."""
-    state, mem, layout = found.glibc
-    blocks = blocks_of(mem, layout, state)
+def in_use_and_leaks(found, decoded) -> tuple[InUse, LeakTotals, np.ndarray]:
+    """What the allocator DECODED (one of FOUND) holds in use, by size and signature, what of it is leaked, and
+    the leaked blocks' addresses (for the heap maps)."""
+    mem = decoded.memory
+    blocks = decoded.blocks()
     target = found.target
     lk = leaks_of(mem, blocks, target.space, target.threads)
     return (in_use_of(blocks, ~lk.reach.reached, lk.reach.first_words, readonly_images(target.space), symbol_at, mem),
@@ -94,13 +92,16 @@ class LeaksCommand(Subcommand):
 
     def run(self, args) -> None:
         found = load_allocators(walk_chunks=True, keep_used=True)
-        if not found.glibc:
-            raise UserError("heapwalk leaks: only glibc's heap is scanned for leaks so far; this process "
-                            "allocates with jemalloc")
-        state, mem, _ = found.glibc
-        lk = scan_leaks(found)
-        rep = describe(lk, mem, readonly_images(found.target.space), symbol_at, max(args.limit, 0))
-        console = console_with_header(state)
-        console.print(leaks_group(rep, interactive()), end="")
-        if args.json:
-            write_json(args.json, None, leaks_json(jsondoc.header(state), rep))
+        scanned = found.scanned()
+        if not scanned:
+            readers = " and ".join(f"{a.name}'s" for a in registry.allocators() if a.scans_leaks)
+            raise UserError(f"heapwalk leaks: only {readers} heap is scanned for leaks so far; this process "
+                            f"allocates with {' and '.join(d.title for d in found.decoded)}")
+        documents = []
+        for decoded in scanned:
+            lk = scan_leaks(found, decoded)
+            rep = describe(lk, decoded.memory, readonly_images(found.target.space), symbol_at, max(args.limit, 0))
+            console = console_with_header(decoded)
+            console.print(leaks_group(rep, interactive()), end="")
+            documents.append((decoded, leaks_json(decoded.leaks_header(), rep) if args.json else None))
+        write_json(args.json, documents)

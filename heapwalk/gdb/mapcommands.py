@@ -1,16 +1,15 @@
 """gdb command ``heapwalk map``: each heap of each arena as a strip, address left to right, coloured by what
-holds each byte (`glibc.heapmap` cuts the heaps into runs, `output.heapmaps` draws them); and the HTML page
+holds each byte (each allocator cuts its heaps into runs, `output.heapmaps` draws them); and the HTML page
 'heapwalk report --html' writes, with those maps in it (`output.htmlreport`)."""
 
 from __future__ import annotations
 
 
-from heapwalk.gdb.console import console_with_header, gdb_console, interactive
+from heapwalk.allocator import CannotDraw
+from heapwalk.gdb.console import console_with_header, interactive
 from heapwalk.gdb.leakcommands import scan_leaks
 from heapwalk.gdb.session import UserError, load_allocators
 from heapwalk.gdb.subcommand import Parser, Subcommand
-from heapwalk.glibc.heapmap import heap_strips
-from heapwalk.jemalloc.heapmap import extent_strips
 from heapwalk.output.heapmaps import svg_maps, text_maps
 from heapwalk.output.htmlpage import made_by
 from heapwalk.output.htmlreport import report_html
@@ -52,36 +51,27 @@ class MapCommand(Subcommand):
             raise UserError("heapwalk map: --width must be positive")
         # walked: a non-contiguous main arena's pieces are found; kept: the strips' chunks (and the leak scan's)
         found = load_allocators(walk_chunks=True, keep_chunks=True, keep_used=args.leaks)
-        je = found.jemalloc
-        strips = jemalloc_strips(je) if je is not None and (je.extents is not None or not found.glibc) else []
-        if found.glibc:
-            state, mem, layout = found.glibc
-            leaked = scan_leaks(found).leaked_chunks() if args.leaks else None
-            strips = heap_strips(mem, layout, state, args.reserved, leaked) + strips
-            console = console_with_header(state)
-            if je is not None and je.extents is None:
-                console.print("jemalloc's extents are not drawn: its radix tree of extents was not found")
-        else:
-            console = gdb_console()
-            console.print(f"{found.jemalloc.target}\njemalloc {found.jemalloc.version}" if found.jemalloc.target
-                          else f"jemalloc {found.jemalloc.version}")
+        strips, notes = [], []
+        for decoded in found.decoded:
+            leaked = scan_leaks(found, decoded).leaked_chunks() if args.leaks and decoded.scans_leaks else None
+            try:
+                strips += decoded.strips(args.reserved, leaked)
+            except CannotDraw as exc:
+                if len(found.decoded) == 1:
+                    raise UserError(f"heapwalk map: {exc}") from None
+                notes.append(f"{exc}")
+        console = console_with_header(found.decoded[0])
+        for other in found.decoded[1:]:
+            console_with_header(other, found.decoded[0])
+        for note in notes:
+            console.print(note)
         width = args.width or (max(20, console.width - 2) if interactive() else TEXT_WIDTH)
         console.print(text_maps(strips, width, interactive()), end="")
-        title = f"heap map: {(found.jemalloc or found.glibc[0]).target}"
+        title = f"heap map: {found.decoded[0].target}"
         if args.svg:
             _write(args.svg, svg_maps(strips, SVG_WIDTH, title).encode())
         if args.png:
             _write(args.png, png_maps(strips, SVG_WIDTH))
-
-
-def jemalloc_strips(state) -> list:
-    """The strips of jemalloc's extents (none without jemalloc); UserError when its radix tree was not found."""
-    if state is None:
-        return []
-    if state.extents is None:
-        raise UserError("heapwalk map: jemalloc's radix tree of extents was not found, so its extents cannot be "
-                        "drawn (its statistics are in 'heapwalk report')")
-    return extent_strips(state.extents, state.residency)
 
 
 def _write(path: str, data: bytes, command: str = "heapwalk map") -> None:
@@ -93,17 +83,22 @@ def _write(path: str, data: bytes, command: str = "heapwalk map") -> None:
         raise UserError(f"{command}: cannot write {path}: {exc.strerror}") from None
 
 
-def write_report_html(path: str, glibc, doc: dict, console, beside: dict | None = None, both: str = "",
-                      jemalloc=None, leaked=None) -> None:
-    """Writes to PATH the report page of the report document DOC, with the heap maps of GLIBC (state, memory,
-    layout; None for jemalloc's), the chunks at LEAKED (the leak scan's, when it ran) marked leaked, and
-    JEMALLOC's extents (its state, or None) and, for a process with both allocators, jemalloc's document
-    BESIDE with the sentence BOTH; and says where on CONSOLE."""
-    strips = heap_strips(glibc[1], glibc[2], glibc[0], leaked=leaked) if glibc else []
-    je_strips = jemalloc_strips(jemalloc) if jemalloc is not None and jemalloc.extents is not None else []
-    if glibc is None:
-        strips, je_strips = je_strips, []
-    page = report_html(doc, strips, made_by("heapwalk report --html", doc.get("target") or ""), beside, both,
-                       je_strips)
+def write_report_html(path: str, pages, console, both: str = "") -> None:
+    """Writes to PATH the report page of PAGES, each allocator's (decoded, report document, leaked blocks or
+    None), the program's allocator first, with BOTH the sentence of what each holds; and says where on
+    CONSOLE."""
+    bodies = []
+    for decoded, doc, leaked in pages:
+        try:
+            strips = decoded.strips(leaked=leaked)
+        except CannotDraw:
+            strips = []
+        bodies.append((decoded, doc, decoded.html(doc, strips)))
+    (first, doc, sections), *rest = bodies
+    beside = [(f"{d.title}, in use beside {first.title}", d.name, parts) for d, _, parts in rest]
+    if rest:
+        both = f"{both} {first.title} comes first, then {', '.join(d.title for d, _, _ in rest)}."
+    page = report_html(doc, first.html_header(doc), sections, made_by("heapwalk report --html", doc.get("target") or ""),
+                       beside, both)
     _write(path, page.encode(), "heapwalk report")
     console.print(f"\nthe report as a page: {path}")

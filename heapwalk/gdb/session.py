@@ -1,5 +1,5 @@
 """The selected inferior, decoded: heapwalk's settings (``set heapwalk ...``) as overrides, the target as gdb
-shows it, and glibc's decoder run on it; mistakes the user can make are `UserError`."""
+shows it, and every allocator of the registry looked for in it; mistakes the user can make are `UserError`."""
 
 from __future__ import annotations
 
@@ -7,23 +7,17 @@ import dataclasses
 
 import gdb  # type: ignore[import-not-found]
 
-from heapwalk.errors import HeapwalkError
+from heapwalk import registry
+from heapwalk.allocator import Context, Decoded, NotUsed, Wants
+from heapwalk.errors import CannotDecode, UsageError
 from heapwalk.gdb.console import walk_progress
-from heapwalk.findings import Finding, Kind, Severity
-from heapwalk.glibc.discovery import DiscoveryError, MallocUnused, Overrides, parse_version
-from heapwalk.glibc.load import load
-from heapwalk.glibc.model import Arena, HeapState
-from heapwalk.jemalloc.discovery import JemallocNotFound, find_library
-from heapwalk.jemalloc.load import load_jemalloc
-from heapwalk.jemalloc.model import JeState
 from heapwalk.target.gdbadapter import GdbSymbols, gdb_memory, preserved_selection, thread_registers
 from heapwalk.target.gdbspace import (core_not_read, cpu_counts, describe_target, has_target, memory_map,
                                       missing_ranges, residency)
 from heapwalk.target.space import Target
 
-
-class UserError(HeapwalkError):
-    """A mistake in the command line or the target: shown as one line."""
+#: a mistake in the command line or the target: shown as one line
+UserError = UsageError
 
 
 def parse_int(text: str) -> int:
@@ -35,31 +29,9 @@ def parse_int(text: str) -> int:
 
 class Settings:
     debug = None
-    glibc_version = None
-    main_arena = None
     resident_from = None
     core_missing = None
-
-
-def overrides() -> Overrides:
-    ov = Overrides()
-    version = Settings.glibc_version.value if Settings.glibc_version else ""
-    if version:
-        try:
-            ov.glibc_version = parse_version(version)
-        except ValueError:
-            raise UserError(f"'set heapwalk glibc-version {version}': expected X.Y, e.g. 2.36") from None
-    arena = Settings.main_arena.value if Settings.main_arena else ""
-    if arena:
-        ov.main_arena = parse_int(arena)
-    return ov
-
-
-def load_target(walk_chunks: bool = False):
-    """Discovers and decodes the selected inferior's heap: (state, memory, layout)."""
-    _require_target()
-    with preserved_selection():
-        return _load_glibc(_target(), walk_chunks)
+    allocators: dict = {}      # setting name -> its parameter, for the allocators' own settings
 
 
 def _require_target() -> None:
@@ -68,15 +40,7 @@ def _require_target() -> None:
         raise UserError("heapwalk: no process or core file: run, attach (gdb -p PID) or load a core first")
     if not _is_64bit():
         raise UserError(f"heapwalk: 32-bit targets are not supported yet: this one is {_architecture()}, and "
-                        "heapwalk decodes 64-bit (x86-64) glibc heaps only")
-
-
-def _load_glibc(target: Target, walk_chunks: bool, keep_used: bool = False, keep_chunks: bool = False):
-    """TARGET's glibc heap: (state, memory, layout); KEEP_USED keeps the in-use chunks the walk met, KEEP_CHUNKS
-    all of them (for the heap maps)."""
-    with walk_progress(walk_chunks) as progress:
-        state, disc = load(target, overrides(), walk_chunks, progress, keep_used, keep_chunks)
-    return state, target.mem, disc.layout
+                        "heapwalk decodes the heaps of 64-bit (x86-64) processes only")
 
 
 def _target() -> Target:
@@ -99,19 +63,6 @@ def _architecture() -> str:
         return gdb.selected_inferior().architecture().name()
     except (gdb.error, AttributeError, RuntimeError):
         return "32-bit"
-
-
-def load_state(walk_chunks: bool = False) -> HeapState:
-    """Discovers and decodes the selected inferior's heap (with every chunk walked if WALK_CHUNKS)."""
-    return load_target(walk_chunks)[0]
-
-
-def selected_arena(state: HeapState, text: str, command: str) -> Arena:
-    """The arena TEXT names (its address, or its number in the ring), for COMMAND's --arena option."""
-    arena = state.arena_named(parse_int(text))
-    if arena is None:
-        raise UserError(f"heapwalk {command}: no arena at {text} (see 'heapwalk arenas')")
-    return arena
 
 
 class SetPrefix(gdb.Command):
@@ -143,52 +94,58 @@ class StringParameter(gdb.Parameter):
 
 
 @dataclasses.dataclass
-class Allocators:
-    """What the selected inferior allocates with: jemalloc's state when it maps jemalloc and it was found,
-    and glibc's (state, memory, layout) when glibc's malloc holds memory (alone, or beside jemalloc)."""
+class Found:
+    """Every allocator decoded in the selected inferior, the program's own first (`heapwalk.registry`'s order),
+    and the target as gdb showed it when they were decoded."""
 
-    jemalloc: JeState | None = None
-    glibc: tuple | None = None
-    target: Target | None = None   # the target as gdb showed it when they were decoded
+    decoded: list[Decoded]
+    target: Target
+
+    def scanned(self) -> list[Decoded]:
+        """The decoded allocators the leak scan reads."""
+        return [d for d in self.decoded if d.scans_leaks]
 
 
-def load_allocators(walk_chunks: bool = False, keep_used: bool = False, keep_chunks: bool = False) -> Allocators:
-    """Decodes every allocator of the selected inferior, asking gdb for the target once.  A process that maps
-    jemalloc may use glibc's malloc too (a library bound to it with RTLD_DEEPBIND): both are decoded.  When
-    jemalloc is mapped but not found, glibc's heap may still be the one in use: jemalloc's error is raised
-    only if glibc's is not found either; when jemalloc is found and glibc's malloc holds something heapwalk
-    cannot decode, that is one of jemalloc's findings."""
+def load_allocators(walk_chunks: bool = False, keep_used: bool = False, keep_chunks: bool = False) -> Found:
+    """Decodes every allocator of the selected inferior, asking gdb for the target once.  A process may use
+    more than one (a program on jemalloc whose library, bound with RTLD_DEEPBIND, uses glibc's malloc): each
+    is decoded.  An allocator that is there but cannot be decoded is said in one line when no other could be
+    decoded; after one that was, it is one of that one's findings; before it, the one decoded says itself
+    what else the process maps."""
     _require_target()
-    with preserved_selection():
+    with preserved_selection(), walk_progress(walk_chunks) as progress:
         target = _target()
-        je_error = None
-        if find_library(target.space.mappings) is not None:
-            try:
-                je = load_jemalloc(target)
-            except JemallocNotFound as exc:
-                je_error = UserError(f"heapwalk: this process allocates with jemalloc, and {exc}")
-            else:
-                return dataclasses.replace(_glibc_beside(je, target, walk_chunks, keep_used, keep_chunks),
-                                           target=target)
+        wants = Wants(walk_chunks, keep_used, keep_chunks, progress)
+        return Found(decode(target, wants), target)
+
+
+def decode(target: Target, wants: Wants, only: str | None = None) -> list[Decoded]:
+    """Every registered allocator (or the one named ONLY) decoded in TARGET, as `load_allocators` says."""
+    decoded: list[Decoded] = []
+    first_error: CannotDecode | None = None
+    for allocator in registry.allocators():
+        if only is not None and allocator.name != only:
+            continue
+        context = Context(target, wants, _settings(), parse_int, tuple(decoded))
         try:
-            return Allocators(glibc=_load_glibc(target, walk_chunks, keep_used, keep_chunks), target=target)
-        except (UserError, DiscoveryError):
-            if je_error is not None:
-                raise je_error from None
-            raise
+            decoded.append(allocator.load(context))
+        except NotUsed:
+            continue
+        except CannotDecode as exc:
+            if decoded:
+                decoded[0] = decoded[0].with_finding(allocator.beside_failure(exc, decoded[0]))
+            elif first_error is None:
+                first_error = exc
+    if not decoded:
+        raise first_error or UserError("heapwalk: no allocator heapwalk knows holds memory in this process")
+    return decoded
 
 
-def _glibc_beside(je: JeState, target: Target, walk_chunks: bool, keep_used: bool = False,
-                  keep_chunks: bool = False) -> Allocators:
-    """JE with glibc's heap beside it when glibc's malloc was used (without its finding that another allocator
-    is mapped: it is decoded too)."""
-    try:
-        state, mem, layout = _load_glibc(target, walk_chunks, keep_used, keep_chunks)
-    except MallocUnused:
-        return Allocators(jemalloc=je)
-    except (UserError, DiscoveryError) as exc:
-        note = Finding(Severity.WARNING, 0, "glibc's malloc", f"not decoded beside jemalloc: {exc}",
-                       Kind.DISCOVERY)
-        return Allocators(jemalloc=dataclasses.replace(je, findings=je.findings + (note,)))
-    kept = tuple(f for f in state.target_findings if f.structure != "allocator")
-    return Allocators(jemalloc=je, glibc=(dataclasses.replace(state, target_findings=kept), mem, layout))
+def _settings() -> dict[str, str]:
+    return {name: parameter.value or "" for name, parameter in Settings.allocators.items()}
+
+
+def reload(found_one: Decoded, wants: Wants) -> Decoded:
+    """The allocator of FOUND_ONE decoded again in the selected inferior, with what WANTS asks for."""
+    with preserved_selection():
+        return decode(_target(), wants, only=found_one.name)[0]

@@ -9,9 +9,9 @@ import traceback
 import gdb  # type: ignore[import-not-found]
 
 from heapwalk.gdb.console import read_only
+from heapwalk.errors import CannotDecode, UsageError
 from heapwalk.gdb.session import Settings, UserError
-from heapwalk.glibc.decode import gc_paused
-from heapwalk.glibc.discovery import DiscoveryError
+from heapwalk.target.gcpause import gc_paused
 from heapwalk.target.pages import PagesUnknown
 
 __all__ = ["Parser", "Subcommand", "json_option"]
@@ -54,12 +54,12 @@ class Subcommand(gdb.Command):
                 self.run(args)
         except _HelpShown:
             return
-        except (UserError, DiscoveryError) as exc:
-            raise gdb.GdbError(str(exc)) from None
         except PagesUnknown as exc:
             raise gdb.GdbError(f"heapwalk {self.name}: {exc}: heapwalk reads a running process only where its "
                                "page map says a read allocates nothing in it; run gdb as the process's user "
                                "or as root") from None
+        except (UsageError, CannotDecode) as exc:
+            raise gdb.GdbError(str(exc)) from None
         except OSError as exc:  # a --json/--xml FILE that cannot be written, mostly
             where = f"cannot write {exc.filename}" if exc.filename else "system error"
             raise gdb.GdbError(f"heapwalk {self.name}: {where}: {exc.strerror or exc}") from None

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import gc
 import struct
 from types import MappingProxyType
 
@@ -24,6 +23,7 @@ from heapwalk.glibc.discovery import Discovery, MallocUnused
 from heapwalk.glibc.mainarena import main_memory_start
 from heapwalk.glibc.onepass import OnePass
 from heapwalk.glibc.layout import MP_INT_FIELDS, Layout
+from heapwalk.target.gcpause import gc_paused
 from heapwalk.target.memory import Memory, ReadError, u64
 from heapwalk.target.residency import Residency
 from heapwalk.glibc.model import Account, Arena, ChunkWalk, HeapState, MallocPar, TrimEstimate
@@ -251,19 +251,6 @@ def _mp_pinned(mem: Memory, disc: Discovery, state: HeapState, mp: MallocPar, fi
     how = "; ".join(f"{name}: {why}" for name, why in confirmed.items()) or "nothing confirms a field"
     return Fact("mp_fields", {"confirmed": sorted(confirmed), "unconfirmed": unconfirmed},
                 f"{how}; the others are read as they are")
-
-
-@contextlib.contextmanager
-def gc_paused():
-    """Python's cyclic garbage collector off for a while: decoding and walking make millions of short-lived
-    tuples and no cycles, and the collector's passes over everything alive cost a sixth of a large walk."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
 
 
 def walk_arenas(mem: Memory, layout: Layout, state: HeapState, progress=None, swept=None) -> ChunkWalk:

@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass
 from typing import Protocol
 
-from heapwalk.errors import HeapwalkError
+from heapwalk.errors import CannotDecode
 from heapwalk.findings import Fact, Finding, Kind, Severity
 from heapwalk.glibc import heuristics
 from heapwalk.target import x86
@@ -15,7 +15,7 @@ from heapwalk.target.elf import LIBC_FILE_NAME, PF_W, PT_LOAD, LibcImage, Mappin
 from heapwalk.target.memory import Memory, ReadError
 
 
-class DiscoveryError(HeapwalkError):
+class DiscoveryError(CannotDecode):
     """glibc's malloc state could not be located; the message says what is missing."""
 
 

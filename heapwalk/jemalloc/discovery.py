@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from heapwalk.errors import HeapwalkError
+from heapwalk.errors import CannotDecode
 from heapwalk.findings import Fact
 from heapwalk.jemalloc.layout import JeLayout, UnsupportedJemalloc, layout_for
 from heapwalk.jemalloc.opt import OptionsNotFound, read_opts
@@ -32,7 +32,7 @@ _VERSION = re.compile(rb"(\d+)\.(\d+)\.(\d+)-\d+-g[0-9a-f]{40}")
 _HOOK_SPAN = 0x600      # bytes after malloc_stats_print searched for its atexit hook's loads
 
 
-class JemallocNotFound(HeapwalkError):
+class JemallocNotFound(CannotDecode):
     """jemalloc's state could not be located; the message says what is missing."""
 
 

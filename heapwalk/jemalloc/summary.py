@@ -16,7 +16,6 @@ from types import MappingProxyType
 
 from heapwalk.jemalloc.layout import PAGE
 from heapwalk.jemalloc.model import JeArena, JeState
-from heapwalk.jemalloc.verdict import advice
 from heapwalk.view import ArenaView, HeapView
 
 __all__ = ["heap_view", "FREE_KINDS", "arena_kind"]
@@ -38,7 +37,7 @@ def heap_view(state: JeState) -> HeapView:
         free_sizes=MappingProxyType({a.index: _free_sizes(state, a) for a in state.arenas}), size_classes=(),
         large_count=sum(c.curlextents for c in large), large_bytes=sum(c.curlextents * c.size for c in large),
         arena_limit=limit, arenas_idle=sum(1 for a in state.arenas if not a.nthreads),
-        reclaim_total=sum(r.reclaim for r in rows), advice=advice(state, rows))
+        reclaim_total=sum(r.reclaim for r in rows))
 
 
 def arena_kind(state: JeState, index: int) -> str:

@@ -19,7 +19,7 @@ from heapwalk.output.htmlpage import cards, e, page, section, swatch, table
 from heapwalk.output.leakdoc import share
 from heapwalk.view import MAP_KINDS, HeapStrip
 
-__all__ = ["report_html", "MAPS_DRAWN"]
+__all__ = ["report_html", "glibc_sections", "glibc_facts", "jemalloc_sections", "jemalloc_header", "MAPS_DRAWN"]
 
 #: heaps drawn on a page at most (`heapwalk map --svg` draws them all): those with damage first, then those
 #: holding the most free bytes
@@ -29,59 +29,72 @@ _KEPT = {"tcache": "in tcache (never flushed)", "sub_page": "in free pieces unde
          "thread_top": "in thread arenas' tops (never trimmed)", "main_top": "of the main arena's top"}
 
 
-def report_html(doc: dict[str, Any], strips: Sequence[HeapStrip], made_by: str = "",
-                beside: dict[str, Any] | None = None, both: str = "", beside_strips: Sequence[HeapStrip] = ()) -> str:
-    """The page for the report document DOC with the heap maps of STRIPS (a glibc heap's, or jemalloc's
-    extents); MADE_BY says how it was made (the command, the time), in the footer.  For a process that
-    allocates with both jemalloc and glibc's malloc, BESIDE is jemalloc's report document and BESIDE_STRIPS its
-    extents, drawn after glibc's with BOTH, the sentence of what each holds."""
-    r = doc["report"]
-    if "jemalloc" in doc:
-        body = [_header(doc), _verdict(r, True), _arenas(doc, r), _maps(strips, "extents") if strips else _no_maps(),
-                _histogram(r, True), decay_section(doc), jemalloc_threads(doc), _findings(doc)]
-    else:
-        body = [_header(doc), _verdict(r), _arenas(doc, r), _maps(strips), _histogram(r), _trim(doc, r), _in_use(r),
-                _threads(doc), _findings(doc)]
-    if beside is not None:
-        body.insert(2, f'<p class="warn">{e(both)} jemalloc\'s part follows glibc\'s, below.</p>')
-        body.append('<div class="beside"><h1>jemalloc, the program\'s allocator</h1>')
-        body += [part.replace('<section id="', '<section id="jemalloc-') for part in (
-            _verdict(beside["report"], True), _arenas(beside, beside["report"]),
-            _maps(beside_strips, "extents") if beside_strips else _no_maps(), _histogram(beside["report"], True),
-            decay_section(beside), jemalloc_threads(beside), _findings(beside))]
+def report_html(doc: dict[str, Any], facts: list[tuple[str, str]], sections: Sequence[str], made_by: str = "",
+                beside: Sequence[tuple[str, str, Sequence[str]]] = (), both: str = "") -> str:
+    """The page of the report document DOC: its header with FACTS (rows of name and HTML, the allocator's),
+    then the allocator's SECTIONS; MADE_BY says how it was made (the command, the time), in the footer.  For a
+    process with more than one allocator, BESIDE holds each other's (heading, id prefix, sections), drawn
+    after the first's, and BOTH says what each holds."""
+    body = [_header(doc, facts), *sections]
+    if beside:
+        body.insert(2, f'<p class="warn">{e(both)}</p>')
+    for heading, prefix, parts in beside:
+        body.append(f'<div class="beside"><h1>{e(heading)}</h1>')
+        body += [part.replace('<section id="', f'<section id="{prefix}-') for part in parts if part]
         body.append("</div>")
     if made_by:
         body.append(f"<footer>{e(made_by)}</footer>")
     return page(f"heapwalk report: {doc.get('target') or 'heap'}", "\n".join(b for b in body if b))
 
 
-def _header(doc: dict[str, Any]) -> str:
+def glibc_sections(doc: dict[str, Any], strips: Sequence[HeapStrip]) -> list[str]:
+    """The sections of a glibc heap's page: verdict, arenas, maps, histogram, trim, in use, threads, findings."""
+    r = doc["report"]
+    return [_verdict(r), _arenas(doc, r), _maps(strips), _histogram(r), _trim(doc, r), _in_use(r), _threads(doc),
+            _findings(doc, "glibc")]
+
+
+def jemalloc_sections(doc: dict[str, Any], strips: Sequence[HeapStrip]) -> list[str]:
+    """The sections of a jemalloc page: verdict, arenas, extents, histogram, decay, threads, findings."""
+    r = doc["report"]
+    return [_verdict(r, True), _arenas(doc, r), _maps(strips, "extents") if strips else _no_maps(),
+            _histogram(r, True), decay_section(doc), jemalloc_threads(doc), _findings(doc, "jemalloc")]
+
+
+def jemalloc_header(doc: dict[str, Any]) -> list[tuple[str, str]]:
+    return jemalloc_facts(doc)
+
+
+def glibc_facts(doc: dict[str, Any]) -> list[tuple[str, str]]:
+    """The header's rows of a glibc heap: its version and how it was found, its layout, main_arena and mp_."""
     found = doc.get("discovery") or {}
     glibc = doc.get("glibc") or {}
 
     def how(name: str) -> str:
         fact = found.get(name)
         return f' <span class="muted">({e(fact["found_by"])})</span>' if fact and fact.get("found_by") else ""
-    if "jemalloc" in doc:
-        rows = jemalloc_facts(doc)
-    else:
-        rows = [("glibc", f"{e(glibc.get('version') or '?')}{how('glibc_version')}"),
-                ("decoded as", f"glibc {e(glibc.get('decoded_as') or '?')} layout "
-                 f"<code>{e(glibc.get('layout') or '?')}</code>"),
-                ("main_arena", (f"<code>{doc['main_arena']:#x}</code>" if doc.get("main_arena") is not None
-                                else "unknown") + how("main_arena")),
-                ("mp_", (f"<code>{doc['mp']['address']:#x}</code>" if doc.get("mp") else "unknown") + how("mp_"))]
+    return [("glibc", f"{e(glibc.get('version') or '?')}{how('glibc_version')}"),
+            ("decoded as", f"glibc {e(glibc.get('decoded_as') or '?')} layout "
+             f"<code>{e(glibc.get('layout') or '?')}</code>"),
+            ("main_arena", (f"<code>{doc['main_arena']:#x}</code>" if doc.get("main_arena") is not None
+                            else "unknown") + how("main_arena")),
+            ("mp_", (f"<code>{doc['mp']['address']:#x}</code>" if doc.get("mp") else "unknown") + how("mp_"))]
+
+
+def _header(doc: dict[str, Any], facts: list[tuple[str, str]]) -> str:
+    found = doc.get("discovery") or {}
+    rows = list(facts)
     residency = doc["report"].get("residency")
     rows.append(("resident pages", e(f"from {residency}") if residency else
                  "not known (a core from 'heapwalk capture' or a live process records them)"))
-    facts = "".join(f"<dt>{e(k)}</dt><dd>{v}</dd>" for k, v in rows)
+    facts_html = "".join(f"<dt>{e(k)}</dt><dd>{v}</dd>" for k, v in rows)
     more = "".join(f"<tr><td class=\"l\">{e(name)}</td><td class=\"l mono\">{e(_value(f.get('value')))}</td>"
                    f"<td class=\"wrap\">{e(f.get('found_by') or '')}</td></tr>" for name, f in found.items())
     details = (f"<details><summary>how each structure was found ({len(found)})</summary><div class=\"scroll\">"
                f"<table><thead><tr><th class=\"l\">what</th><th class=\"l\">value</th><th class=\"l\">found by</th>"
                f"</tr></thead><tbody>{more}</tbody></table></div></details>") if found else ""
     return (f"<header><h1>heapwalk report</h1><div class=\"target\">{e(doc.get('target') or '')}</div>"
-            f"<dl class=\"facts\">{facts}</dl>{details}</header>")
+            f"<dl class=\"facts\">{facts_html}</dl>{details}</header>")
 
 
 def _value(value) -> str:
@@ -302,7 +315,7 @@ def _threads(doc: dict[str, Any]) -> str:
                    table(["thread", "LWP", "arena", "tcache chunks", "tcache bytes", ""], rows, (0, 2), wrap=(5,)))
 
 
-def _findings(doc: dict[str, Any]) -> str:
+def _findings(doc: dict[str, Any], allocator: str) -> str:
     found, seen = [], set()
     listed = list(doc.get("findings") or [])
     for a in doc.get("arenas") or []:
@@ -315,7 +328,6 @@ def _findings(doc: dict[str, Any]) -> str:
             seen.add(key)
             found.append(f)
     if not found:
-        allocator = "jemalloc" if "jemalloc" in doc else "glibc"
         return section("findings", "Findings", f"<p>None: every structure read was as {e(allocator)} leaves it.</p>")
     rows = [(f'<span class="sev-{e(f["severity"])}">{e(f["severity"])}</span>', e(f["kind"]),
              "-" if f["address"] is None else f"<code>{f['address']:#x}</code>", e(f.get("structure") or ""),

@@ -8,15 +8,14 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
-from heapwalk.analysis.report import Report, build_report, human
+from heapwalk.analysis.report import Report, human
 from heapwalk.jemalloc.layout import PAGE
 from heapwalk.jemalloc.model import JeArena, JeBin, JeState, JeThread
-from heapwalk.jemalloc.summary import heap_view
 from heapwalk.glibc.check import CheckResult
 from heapwalk.output.jsondoc import SCHEMA_VERSION, report_json
 from heapwalk.output.tables import check_text
 
-__all__ = ["jemalloc_document", "jemalloc_arenas_table", "jemalloc_threads_table", "jemalloc_report", "jemalloc_report_document", "jemalloc_slabs_table",
+__all__ = ["jemalloc_document", "jemalloc_arenas_table", "jemalloc_threads_table", "jemalloc_report_document", "jemalloc_slabs_table",
            "THREAD_STATES"]
 
 _ARENA_FIELDS = ("nthreads", "pactive", "pdirty", "pmuzzy", "retained", "dirty_decay_ms", "muzzy_decay_ms",
@@ -89,11 +88,6 @@ def jemalloc_threads_table(state: JeState, box) -> Table:
     return table
 
 
-def jemalloc_report(state: JeState) -> Report:
-    """The report of a jemalloc state: its view's numbers and jemalloc's verdict."""
-    return build_report(heap_view(state))
-
-
 def jemalloc_report_document(state: JeState, rep: Report) -> dict[str, Any]:
     """'heapwalk report --json' of a jemalloc process: the arenas' document with the report in it (the same
     "report" object as glibc's, which 'heapwalk diff' reads)."""
@@ -135,20 +129,3 @@ def jemalloc_check_document(state: JeState, findings, checked: dict[str, int]) -
             "findings": [{"severity": f.severity.value, "kind": f.kind.ident, "address": f.address,
                           "structure": f.structure, "message": f.message, "expected": f.expected,
                           "found": f.found} for f in findings]}
-
-
-def beside(jemalloc_doc: dict[str, Any] | None, glibc_doc: dict[str, Any] | None) -> dict[str, Any]:
-    """One command's JSON document for a process with either allocator or both: with both, jemalloc's
-    document (the program's allocator) holding glibc's under "glibc_malloc", and "allocators" naming both."""
-    if jemalloc_doc is None or glibc_doc is None:
-        return jemalloc_doc if glibc_doc is None else glibc_doc
-    inner = {k: v for k, v in glibc_doc.items() if k not in ("schema_version", "target")}
-    return {**jemalloc_doc, "allocators": ["jemalloc", "glibc"], "glibc_malloc": inner}
-
-
-def both_text(jemalloc: Report, glibc: Report) -> str:
-    """The sentence a report of a process with both allocators ends with: what each holds."""
-    def holds(rep: Report) -> str:
-        return f"{human(rep.system)} ({human(rep.in_use)} in use, {human(rep.free)} free)"
-    return (f"This process allocates with both: jemalloc maps {holds(jemalloc)}, and glibc's malloc holds "
-            f"{holds(glibc)} in its arenas; each verdict above is about its own allocator.")

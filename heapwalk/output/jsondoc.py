@@ -363,3 +363,16 @@ def check_document(state: HeapState, result, checked: dict[str, int]) -> dict[st
     return {**header(state), "clean": result.clean, "errors": len(result.errors),
             "warnings": len(result.warnings), "by_kind": result.by_kind(), "checked": checked,
             "partial": partial_sentences(result.partial), "findings": [_finding(f) for f in result.findings]}
+
+
+def together(documents: list[tuple[str, str, dict[str, Any]]]) -> dict[str, Any]:
+    """One command's document for a process with one allocator or more, from each one's (name, key, document),
+    the program's allocator first: the first document, holding each other's under its key (without the fields
+    the first already has), and "allocators" naming them all."""
+    (_, _, first), *rest = documents
+    if not rest:
+        return first
+    out = {**first, "allocators": [name for name, _, _ in documents]}
+    for _, key, doc in rest:
+        out[key] = {k: v for k, v in doc.items() if k not in ("schema_version", "target")}
+    return out

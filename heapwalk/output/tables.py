@@ -390,3 +390,10 @@ def partial_text(notes: Iterable[Partial]) -> Text | None:
     for sentence in sentences:
         text.append(f"  - {sentence}\n", style="yellow")
     return text
+
+
+def several_text(clauses: list[str]) -> str:
+    """The sentence a report of a process with more than one allocator ends with, from what each holds."""
+    listed = ", and ".join(clauses) if len(clauses) == 2 else ", ".join(clauses[:-1]) + f", and {clauses[-1]}"
+    many = "both" if len(clauses) == 2 else f"{len(clauses)} allocators"
+    return f"This process allocates with {many}: {listed}; each verdict above is about its own allocator."

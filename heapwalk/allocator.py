@@ -1,0 +1,223 @@
+"""The one face every allocator shows heapwalk's front ends: `Allocator` finds and decodes it in a target,
+`Decoded` is what was decoded, and says everything a command prints or writes about it, in the allocator's
+own words.  The gdb commands, the command line and `heapwalk diff` loop over the decoded allocators of a
+target (`heapwalk.registry` lists the allocators); none of them names one.
+
+A new allocator is a folder with a subclass of each (docs/architecture.md lists what it provides), and one
+line in the registry.  What a `Decoded` does not override has a plain default: no thread table, no checks,
+no leak scan, no heap map.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from rich.text import Text
+
+from heapwalk.analysis.inuse import InUse, LeakTotals
+from heapwalk.analysis.report import Report, build_report
+from heapwalk.errors import HeapwalkError
+from heapwalk.findings import Finding
+from heapwalk.view import Blocks, HeapStrip, HeapView, Partial
+
+__all__ = ["Allocator", "Checked", "Decoded", "NotUsed", "CannotDraw", "Setting", "Shown", "Verb", "Wants",
+           "Context"]
+
+
+class NotUsed(HeapwalkError):
+    """The allocator is not in the target, or holds nothing there: there is nothing to say of it."""
+
+
+class CannotDraw(HeapwalkError):
+    """The allocator's heaps cannot be drawn; the message says why."""
+
+
+@dataclass(frozen=True)
+class Wants:
+    """What a command needs decoded: every piece walked (figures by kind), the blocks in use kept for the
+    leak scan, every piece kept for the heap maps; PROGRESS hears a long walk (done, total)."""
+
+    walk: bool = False
+    keep_used: bool = False
+    keep_all: bool = False
+    progress: Callable[[int, int], None] | None = None
+
+
+@dataclass(frozen=True)
+class Setting:
+    """A setting the user may give an allocator's decoder (``set heapwalk NAME VALUE`` in gdb): its name and
+    what it overrides."""
+
+    name: str
+    what: str
+    value: str = "VALUE"       # what its value looks like, for the help ("X.Y", "ADDRESS")
+
+
+@dataclass(frozen=True)
+class Context:
+    """What an allocator is decoded from: the target as the debugger shows it, what the command WANTS, the
+    SETTINGS the user gave (name -> text, empty when not given), EVALUATE (an expression of the debugger's
+    -> an address), and the allocators decoded before it (BESIDE)."""
+
+    target: Any
+    wants: Wants = Wants()
+    settings: Mapping[str, str] = field(default_factory=dict)
+    evaluate: Callable[[str], int] = lambda text: int(text, 0)
+    beside: tuple["Decoded", ...] = ()
+
+
+@dataclass
+class Shown:
+    """What a command prints of one allocator (rich renderables, after its header) and the JSON it writes."""
+
+    parts: list
+    document: dict | None = None
+
+
+@dataclass
+class Checked:
+    """'heapwalk check' of one allocator: what it prints, how many errors and warnings, its JSON."""
+
+    parts: list
+    errors: int
+    warnings: int
+    document: dict | None = None
+
+
+@dataclass(frozen=True)
+class Verb:
+    """A command only some allocators have (glibc's 'bins', 'tcache', 'chunks', 'chunk'): its name, a
+    one-line summary for 'help heapwalk', how it reads its arguments (PARSER(parser) adds them), and RUN
+    (decoded, arguments, front) -> None, which prints through FRONT (`Front`)."""
+
+    name: str
+    summary: str
+    description: str
+    parser: Callable[[Any], None]
+    run: Callable[[Any, Any, Any], None]
+    walk: bool = False        # does it need every piece walked
+
+
+class Decoded:
+    """One allocator as decoded in one target."""
+
+    #: the registry's name of the allocator (the JSON's "allocator"), and how sentences name it
+    name = ""
+    title = ""
+    #: the key another allocator's JSON holds this one's document under, when a process has both
+    beside_key = ""
+    #: what 'heapwalk check' calls this allocator's memory when it is damaged
+    damaged_subject = "the heap is"
+    #: does the leak scan read its blocks (`blocks`)?
+    scans_leaks = False
+
+    target: str = ""
+
+    def header(self, with_target: bool = True) -> Text:
+        """The lines every command starts with: the target (WITH_TARGET), the allocator's version and how
+        its structures were found."""
+        text = Text(f"{self.target}\n" if self.target and with_target else "")
+        text.append(f"{self.title}\n")
+        return text
+
+    def findings(self) -> list[Finding]:
+        return []
+
+    def with_finding(self, finding: Finding) -> "Decoded":
+        """This allocator with one more finding (another allocator could not be decoded beside it)."""
+        raise NotImplementedError
+
+    def partial(self) -> tuple[Partial, ...]:
+        """Which figures rest on damaged structures."""
+        return ()
+
+    # the report
+    def view(self) -> HeapView:
+        raise NotImplementedError
+
+    def verdict(self, rep: Report) -> list[str]:
+        """The verdict's sentences on REP, each backed by its numbers."""
+        return []
+
+    def report(self, in_use: InUse | None = None, leaks: LeakTotals | None = None) -> Report:
+        return build_report(self.view(), in_use, leaks, self.verdict)
+
+    def report_parts(self, rep: Report, interactive: bool) -> list:
+        raise NotImplementedError
+
+    def report_document(self, rep: Report) -> dict:
+        raise NotImplementedError
+
+    def holds(self, rep: Report) -> str:
+        """What this allocator holds, as the clause of the sentence a report of several allocators ends with."""
+        return f"{self.title} holds {_holding(rep)}"
+
+    def native_xml(self) -> str | None:
+        """The allocator's own XML statistics (None: it has none)."""
+        return None
+
+    # the other commands
+    def arenas(self, interactive: bool) -> Shown:
+        raise NotImplementedError
+
+    def threads(self, interactive: bool) -> Shown:
+        return Shown([Text(f"{self.title}: no thread table\n")])
+
+    def check(self, limit: int, interactive: bool) -> Checked:
+        return Checked([Text(f"{self.title}: heapwalk has no checks of it\n")], 0, 0)
+
+    def strips(self, reserved: bool = False, leaked=None) -> list[HeapStrip]:
+        """The heap maps' strips (LEAKED: the leak scan's leaked blocks); CannotDraw when they cannot be."""
+        raise CannotDraw(f"{self.title}'s heaps are not drawn")
+
+    def blocks(self) -> Blocks | None:
+        """The blocks in use for the leak scan (None: not scanned)."""
+        return None
+
+    @property
+    def memory(self):
+        """The target's memory the decoder read (the leak scan reads through it)."""
+        raise NotImplementedError
+
+    def leaks_header(self) -> dict:
+        """The fields 'heapwalk leaks --json' starts with."""
+        return {"target": self.target, "allocator": self.name}
+
+    def html(self, document: dict, strips: Sequence[HeapStrip]) -> list[str]:
+        """The report page's sections for DOCUMENT (this allocator's report document) and its STRIPS."""
+        raise NotImplementedError
+
+    def html_header(self, document: dict) -> list[tuple[str, str]]:
+        """The page header's rows (name, HTML) of this allocator."""
+        return [(self.name, self.title)]
+
+
+def _holding(rep: Report) -> str:
+    from heapwalk.analysis.report import human
+    return f"{human(rep.system)} ({human(rep.in_use)} in use, {human(rep.free)} free)"
+
+
+class Allocator:
+    """An allocator heapwalk decodes: its name, its settings, its commands of its own, and LOAD."""
+
+    name = ""
+    title = ""
+    settings: tuple[Setting, ...] = ()
+    verbs: tuple[Verb, ...] = ()
+    #: the XML statistics it writes (report --xml), named for the help text ("" when none)
+    xml_name = ""
+    #: does the leak scan read its blocks?
+    scans_leaks = False
+
+    def load(self, context: Context) -> Decoded:
+        """The allocator decoded in CONTEXT's target; NotUsed when it is not there, or holds nothing; another
+        HeapwalkError, naming why, when it is there and cannot be decoded."""
+        raise NotImplementedError
+
+    def beside_failure(self, error: Exception, first: Decoded) -> Finding:
+        """The finding FIRST carries when this allocator could not be decoded beside it."""
+        from heapwalk.findings import Kind, Severity
+        return Finding(Severity.WARNING, 0, self.title, f"not decoded beside {first.title}: {error}",
+                       Kind.DISCOVERY)

@@ -1,0 +1,157 @@
+"""glibc's malloc behind heapwalk's allocator interface (`heapwalk.allocator`): found and decoded with
+`glibc.load`, shown with glibc's tables, documents and page sections, and its own commands (`glibc.verbs`)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from heapwalk.allocator import Allocator, Checked, Context, Decoded, NotUsed, Setting, Shown
+from heapwalk.analysis.report import Report, human
+from heapwalk.errors import UsageError
+from heapwalk.findings import Finding
+from heapwalk.glibc import check as glibc_check
+from heapwalk.glibc.blocks import blocks_of
+from heapwalk.glibc.discovery import MallocUnused, Overrides, parse_version
+from heapwalk.glibc.heapmap import heap_strips
+from heapwalk.glibc.load import load
+from heapwalk.glibc.mallocinfo import malloc_info_xml
+from heapwalk.glibc.partial import partial
+from heapwalk.glibc.summary import heap_view
+from heapwalk.glibc.verdict import verdict
+from heapwalk.output import htmlreport, jsondoc, tables
+from heapwalk.view import HeapStrip
+
+__all__ = ["GLIBC", "GlibcHeap"]
+
+
+class SettingError(UsageError):
+    """A setting of glibc's decoder that does not parse."""
+
+
+class GlibcHeap(Decoded):
+    """glibc's malloc decoded: its state, the memory it was read from and the layout it was read with."""
+
+    name = "glibc"
+    title = "glibc's malloc"
+    beside_key = "glibc_malloc"
+    scans_leaks = True
+
+    def __init__(self, state, mem, layout):
+        self.state, self.mem, self.layout = state, mem, layout
+        self.target = state.target
+
+    def header(self, with_target: bool = True):
+        return tables.header_text(self.state, with_target)
+
+    def findings(self) -> list[Finding]:
+        return list(self.state.all_findings())
+
+    def with_finding(self, finding: Finding) -> "GlibcHeap":
+        state = dataclasses.replace(self.state, target_findings=self.state.target_findings + (finding,))
+        return GlibcHeap(state, self.mem, self.layout)
+
+    def partial(self):
+        return partial(self.state)
+
+    def view(self):
+        return heap_view(self.state)
+
+    def verdict(self, rep: Report) -> list[str]:
+        return verdict(rep)
+
+    def report_parts(self, rep: Report, interactive: bool) -> list:
+        return [tables.report_group(rep, interactive)]
+
+    def report_document(self, rep: Report) -> dict:
+        return jsondoc.report_document(self.state, rep, self.partial())
+
+    def holds(self, rep: Report) -> str:
+        return (f"glibc's malloc holds {human(rep.system)} ({human(rep.in_use)} in use, {human(rep.free)} free) "
+                "in its arenas")
+
+    def native_xml(self) -> str:
+        return malloc_info_xml(self.state)
+
+    def arenas(self, interactive: bool, json: bool = False) -> Shown:
+        return Shown([tables.arenas_table(self.state, interactive)], jsondoc.state_to_json(self.state) if json
+                     else None)
+
+    def threads(self, interactive: bool, json: bool = False) -> Shown:
+        return Shown([tables.threads_group(self.state, interactive)],
+                     jsondoc.state_to_json(self.state, kinds=()) if json else None)
+
+    def check(self, limit: int, interactive: bool, json: bool = False) -> Checked:
+        result = glibc_check.check(self.state, self.mem, self.layout)
+        checked = glibc_check.scope(self.state)
+        parts = [tables.check_text(result, checked, limit or len(result.findings))]
+        notes = tables.partial_text(result.partial)
+        return Checked(parts + ([notes] if notes is not None else []), len(result.errors), len(result.warnings),
+                       jsondoc.check_document(self.state, result, checked) if json else None)
+
+    def strips(self, reserved: bool = False, leaked=None) -> list[HeapStrip]:
+        return heap_strips(self.mem, self.layout, self.state, reserved, leaked)
+
+    def blocks(self):
+        return blocks_of(self.mem, self.layout, self.state)
+
+    @property
+    def memory(self):
+        return self.mem
+
+    def leaks_header(self) -> dict:
+        return jsondoc.header(self.state)
+
+    def html(self, document: dict, strips: Sequence[HeapStrip]) -> list[str]:
+        return htmlreport.glibc_sections(document, strips)
+
+    def html_header(self, document: dict) -> list[tuple[str, str]]:
+        return htmlreport.glibc_facts(document)
+
+
+class Glibc(Allocator):
+    """glibc's malloc, in every process that links the C library."""
+
+    name = "glibc"
+    title = "glibc's malloc"
+    settings = (Setting("glibc-version", "the glibc version (X.Y) heapwalk decodes as", "X.Y"),
+                Setting("main-arena", "the address of main_arena", "ADDRESS"))
+    xml_name = "glibc's malloc_info XML"
+    scans_leaks = True
+
+    @property
+    def verbs(self):
+        from heapwalk.glibc.verbs import VERBS
+        return VERBS
+
+    def load(self, context: Context) -> GlibcHeap:
+        wants = context.wants
+        try:
+            state, disc = load(context.target, _overrides(context), wants.walk, wants.progress, wants.keep_used,
+                               wants.keep_all)
+        except MallocUnused as exc:
+            if context.beside:
+                raise NotUsed(str(exc)) from None
+            raise
+        if context.beside:       # its finding that another allocator is mapped: that one is decoded too
+            kept = tuple(f for f in state.target_findings if f.structure != "allocator")
+            state = dataclasses.replace(state, target_findings=kept)
+        return GlibcHeap(state, context.target.mem, disc.layout)
+
+
+def _overrides(context: Context) -> Overrides:
+    """The user's settings of glibc's decoder."""
+    ov = Overrides()
+    version = context.settings.get("glibc-version", "")
+    if version:
+        try:
+            ov.glibc_version = parse_version(version)
+        except ValueError:
+            raise SettingError(f"'set heapwalk glibc-version {version}': expected X.Y, e.g. 2.36") from None
+    arena = context.settings.get("main-arena", "")
+    if arena:
+        ov.main_arena = context.evaluate(arena)
+    return ov
+
+
+GLIBC = Glibc()

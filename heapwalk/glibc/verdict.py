@@ -1,0 +1,182 @@
+"""glibc's verdict on its report: plain sentences, each backed by the numbers of the report, that say what
+the memory malloc holds is (fragmentation, memory in use, a leak, free memory no longer in RAM), which arenas
+hold it, what malloc_trim(0) would give back, and the remedies that fit (MALLOC_ARENA_MAX, malloc_trim,
+M_TRIM_THRESHOLD, another allocator), with what each would save."""
+
+from __future__ import annotations
+
+from heapwalk.analysis.report import MiB, Report, human
+from heapwalk.view import ArenaView
+
+__all__ = ["verdict", "arena_max_saving"]
+
+
+def _pct(part: float, whole: float) -> str:
+    return f"{100 * part / whole:.0f}%" if whole else "0%"
+
+
+def _costs(a: ArenaView, ram: bool) -> tuple[int, int]:
+    """(bytes held, bytes free with top) of arena A that cost memory: those in RAM when RAM is known, else all."""
+    return (a.resident or 0, a.idle_resident or 0) if ram else (a.system, a.idle)
+
+
+def arena_max_saving(rep: Report, cap: int) -> tuple[int, int, int] | None:
+    """What MALLOC_ARENA_MAX=CAP would have saved: (how many arenas it leaves out, the least and the most
+    their free memory could be), over the free bytes in RAM when known; None when there are not more
+    arenas.  A range, because which thread arenas a cap leaves out depends on the order threads came in
+    (the main arena is always there)."""
+    ram = bool(rep.residency)
+    idle = sorted(_costs(a, ram)[1] for a in rep.arenas if a.kind == "thread")
+    beyond = len(idle) + 1 - cap
+    if beyond <= 0:
+        return None
+    return beyond, sum(idle[:beyond]), sum(idle[-beyond:])
+
+
+def _arena_max_sentence(rep: Report) -> str:
+    """The thread arenas' share of the free memory, and what capping their number would have saved."""
+    ram = bool(rep.residency)
+    threads = [a for a in rep.arenas if a.kind == "thread"]
+    held, idle = (sum(x) for x in zip(*(_costs(a, ram) for a in threads)))
+    where = " in RAM" if ram else ""
+    text = (f"{len(threads)} thread arenas hold {human(held)}{where}, {human(idle)} of it free: each thread that "
+            "hits a locked arena gets its own, and their free memory is not shared. MALLOC_ARENA_MAX=2 (or 4) "
+            "caps the arena count")
+    savings = [(cap, arena_max_saving(rep, cap)) for cap in (2, 4)]
+    parts = [f"with {cap}, {n} arena{'s' if n > 1 else ''} fewer, {human(lo)}" + (f" to {human(hi)}" if hi != lo
+             else "") for cap, found in savings if found for n, lo, hi in [found]]
+    if parts:
+        text += (f"; it would have saved the free memory{where} of the arenas beyond the cap: " + "; ".join(parts)
+                 + (" (a range: which arenas are left out depends on the order threads came in)" if len(threads) > 1
+                    else ""))
+    return text + "."
+
+
+def _fragmentation(rep: Report, held: int, idle: int, ram: bool) -> list[str]:
+    """The sentences of a heap whose free memory (in RAM, when known) is a quarter or more of what it holds."""
+    if ram:
+        free_res = sum(min(a.free_resident or 0, a.free_total) for a in rep.arenas)
+        out = [f"{_fragmentation_title(rep)}: {human(idle)} of the {human(held)} of malloc's arenas in RAM "
+               f"({_pct(idle, held)}) is free (free chunks {human(free_res)}, top chunks {human(idle - free_res)}); "
+               f"{human(rep.in_use)} is in use."]
+    else:
+        out = [f"{_fragmentation_title(rep)}: {human(idle)} of the {human(held)} malloc holds in its arenas "
+               f"({_pct(idle, held)}) is free (free chunks {human(rep.free)}, top chunks {human(rep.top)}); "
+               f"{human(rep.in_use)} is in use."]
+    threads = [a for a in rep.arenas if a.kind == "thread"]
+    if len(threads) > 1 and sum(_costs(a, ram)[0] for a in threads) >= 0.5 * held:
+        out.append(_arena_max_sentence(rep))
+    small_free = sum(b.bytes for b in rep.histogram if b.high <= 4096)
+    if rep.trim >= 0.1 * idle and rep.trim >= MiB:
+        out.append(f"malloc_trim(0) would give back {human(rep.trim)} now. Calling it periodically (or after "
+                   "peaks), or a lower M_TRIM_THRESHOLD, returns such memory without a restart.")
+    elif ram and rep.trim_kept.get("sub_page", 0) >= 0.5 * idle:
+        out.append(f"{human(rep.trim_kept['sub_page'])} of free memory lies in pieces under a page (small free "
+                   "chunks, and the ends and links of larger ones), which malloc_trim(0) cannot return: it would "
+                   f"give back only {human(rep.trim)}. Fewer arenas (above), fewer long-lived small allocations, "
+                   "or an allocator that returns small-object pages (jemalloc, tcmalloc) would shrink it.")
+    elif small_free >= 0.5 * rep.free:
+        out.append(f"{human(small_free)} of the free memory is in chunks under 4 KiB "
+                   f"({rep.free_chunks} free chunks; fragmentation {rep.fragmentation:.2f}): malloc_trim(0) "
+                   f"would return only {human(rep.trim)}. Only fewer long-lived small allocations, or an "
+                   "allocator that returns small-object pages (jemalloc, tcmalloc), would shrink it.")
+    main = next((a for a in rep.arenas if a.kind == "main"), None)
+    top = (min(main.top_resident or 0, main.top) if ram else main.top) if main else 0
+    if main and top >= 0.25 * held and main.reclaim < top // 2:
+        out.append(f"The main arena's top chunk holds {human(top)}{' in RAM' if ram else ''} that trim cannot "
+                   "lower: in-use chunks above it pin the break.")
+    return out
+
+
+def _fragmentation_title(rep: Report) -> str:
+    return "Fragmentation and a leak" if rep.leaking else "Fragmentation, not a leak"
+
+
+def _leaked_part(rep: Report) -> str:
+    """How much of the memory in use the leak scan found leaked, as a clause."""
+    lt = rep.leaks
+    assert lt is not None
+    return (f"{human(lt.leaked_bytes)} of the {human(lt.in_use_bytes)} in the program's chunks "
+            f"({_pct(lt.leaked_bytes, lt.in_use_bytes)}) is in {lt.leaked_count} chunks that nothing reachable "
+            "points to any more")
+
+
+def _in_use_sentence(rep: Report, held: int, free_part: str) -> str:
+    """The sentence of a heap mostly in use: live data or a leak, as far as the leak scan (if any) tells."""
+    share = f"{human(rep.in_use)} of the {human(held)} malloc holds ({_pct(rep.in_use, held)}) is in use"
+    if rep.leaks is None:
+        return (f"Memory in use, not fragmentation: {human(rep.in_use)} of the {human(held)} malloc holds "
+                f"({_pct(rep.in_use, held)}) is in chunks the program still holds, and {free_part}. "
+                "That is live data or a leak: 'heapwalk leaks' in gdb finds the chunks nothing points to; two "
+                "snapshots taken some time apart ('heapwalk diff A B') show what grows.")
+    if rep.leaking:
+        return f"A leak, not fragmentation: {share} and {free_part}; {_leaked_part(rep)}."
+    return (f"Live data, neither a leak nor fragmentation: {share} and {free_part}, and the leak scan reaches "
+            "nearly all of it from the program's roots. What it is shows above, by size and signature; two snapshots "
+            "taken some time apart ('heapwalk diff A B') show which of them grows.")
+
+
+def _scan_sentence(rep: Report) -> str:
+    """What the leak scan found, and where to look next."""
+    lt = rep.leaks
+    assert lt is not None
+    unread = (f" ({human(lt.unread_bytes)} of memory could not be read: chunks reached only through it count as "
+              "leaked)") if lt.unread_bytes else ""
+    if not lt.leaked_count:
+        return f"The leak scan reached every chunk in use from the program's roots: nothing leaked{unread}."
+    where = ""
+    per_arena = sorted(lt.per_arena.items(), key=lambda kv: -kv[1][1])
+    if len(per_arena) > 1 and per_arena[0][1][1]:
+        number, (_, size) = per_arena[0]
+        where = f"; arena {number} holds {human(size)} of it"
+    text = (f"The leak scan found {human(lt.leaked_bytes)} in {lt.leaked_count} chunks nothing reachable points to "
+            f"({_pct(lt.leaked_bytes, lt.in_use_bytes)} of the memory in use), {lt.unreferenced_count} of them "
+            f"unreferenced (where each leaked structure starts){where}{unread}")
+    if rep.leaking:
+        return text + ": 'heapwalk leaks' lists them by size and signature, with the biggest unreferenced."
+    return text + ": too little to explain the memory held; 'heapwalk leaks' lists them."
+
+
+def verdict(rep: Report) -> list[str]:
+    """Plain sentences, each backed by the numbers above it.  Where the target says which pages are in RAM,
+    free memory counts only where it is in RAM: what is not costs address space, not memory."""
+    # what the walk found is the whole when a damaged system_mem says less: shares stay within 100%
+    held = max(rep.system, rep.in_use + rep.free + rep.top + rep.overhead)
+    if not held:
+        return ["malloc holds no memory in its arenas."]
+    ram = bool(rep.residency)
+    idle = rep.free + rep.top
+    held_cost, idle_cost = (rep.resident or 0, rep.idle_resident or 0) if ram else (held, idle)
+    gone = idle - idle_cost
+    out = []
+    fragmented = idle_cost >= 0.25 * held_cost and idle_cost >= MiB
+    if fragmented and idle_cost >= gone:
+        out += _fragmentation(rep, held_cost, idle_cost, ram)
+    elif ram and gone >= 0.25 * held and gone >= MiB:
+        out.append(f"Free memory, but not in RAM: {human(gone)} of the {human(idle)} free in malloc's arenas is "
+                   "no longer resident (given back by malloc_trim or free, or never touched), so it takes address "
+                   "space, not memory, and needs no remedy; of the "
+                   f"{human(held_cost)} of the arenas in RAM, {human(idle_cost)} is free and {human(rep.in_use)} is "
+                   "in use. If RSS still grows, two snapshots taken some time apart ('heapwalk diff A B') show what "
+                   "grows.")
+        if fragmented:          # what is still in RAM of the free memory, and its remedies
+            out += _fragmentation(rep, held_cost, idle_cost, ram)[1:]
+    elif rep.in_use >= 0.75 * held:
+        free_part = f"only {human(idle_cost)} of free memory is in RAM" if ram else f"only {human(idle)} is free"
+        out.append(_in_use_sentence(rep, held, free_part))
+    elif rep.leaking:
+        out.append(f"A leak, not fragmentation: {_leaked_part(rep)}.")
+    else:
+        free_part = f"{human(idle_cost)} free in RAM" if ram else f"{human(idle)} free"
+        out.append(f"{human(rep.in_use)} in use and {free_part} of the {human(held_cost if ram else held)} "
+                   f"malloc holds{' in RAM' if ram else ''}: neither fragmentation nor "
+                   f"{'growth' if rep.leaks is None else 'a leak'} stands out.")
+    if rep.leaks is not None:
+        out.insert(1, _scan_sentence(rep))
+    if ram and out[0].startswith("Fragmentation") and gone >= MiB:
+        out.insert(1, f"A further {human(gone)} is free but not in RAM (given back, or never touched): address "
+                      "space, not memory.")
+    if rep.mmapped_bytes >= 0.25 * (held + rep.mmapped_bytes) and rep.mmapped_bytes >= MiB:
+        out.append(f"{human(rep.mmapped_bytes)} is in {rep.mmapped_count} mmapped chunks (requests above "
+                   "M_MMAP_THRESHOLD): they return to the system when freed.")
+    return out

@@ -1,0 +1,121 @@
+"""jemalloc behind heapwalk's allocator interface (`heapwalk.allocator`): found where a mapped object holds
+it, decoded with `jemalloc.load`, shown with jemalloc's tables, documents and page sections in
+malloc_stats_print's words."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from rich.text import Text
+
+from heapwalk.allocator import Allocator, CannotDraw, Checked, Context, Decoded, NotUsed, Shown
+from heapwalk.analysis.report import Report, human
+from heapwalk.findings import Finding, Severity
+from heapwalk.jemalloc import check as je_check
+from heapwalk.jemalloc.discovery import JemallocNotFound, find_library
+from heapwalk.jemalloc.heapmap import extent_strips
+from heapwalk.jemalloc.load import load_jemalloc
+from heapwalk.jemalloc.model import JeState
+from heapwalk.jemalloc.summary import heap_view
+from heapwalk.jemalloc.verdict import advice
+from heapwalk.output import htmlreport, jedoc, tables
+from heapwalk.output.consoles import box_for
+from heapwalk.view import HeapStrip
+
+__all__ = ["JEMALLOC", "JemallocHeap"]
+
+
+class JemallocHeap(Decoded):
+    """jemalloc decoded: its state."""
+
+    name = "jemalloc"
+    title = "jemalloc"
+    beside_key = "jemalloc"
+    damaged_subject = "jemalloc's state is"
+
+    def __init__(self, state: JeState, mem):
+        self.state, self.mem = state, mem
+        self.target = state.target
+
+    def header(self, with_target: bool = True) -> Text:
+        text = Text(f"{self.target}\n" if self.target and with_target else "")
+        text.append(f"jemalloc {self.state.version}\n")
+        return text
+
+    def findings(self) -> list[Finding]:
+        return list(self.state.all_findings())
+
+    def with_finding(self, finding: Finding) -> "JemallocHeap":
+        return JemallocHeap(dataclasses.replace(self.state, findings=self.state.findings + (finding,)), self.mem)
+
+    def view(self):
+        return heap_view(self.state)
+
+    def verdict(self, rep: Report) -> list[str]:
+        return list(advice(self.state, tuple(rep.arenas)))
+
+    def report_parts(self, rep: Report, interactive: bool) -> list:
+        box = box_for(interactive)
+        *parts, verdict = tables.report_group(rep, interactive).renderables
+        extra = [jedoc.jemalloc_slabs_table(self.state, box), jedoc.jemalloc_threads_table(self.state, box)]
+        return [*parts, *(t for t in extra if t is not None), verdict]
+
+    def report_document(self, rep: Report) -> dict:
+        return jedoc.jemalloc_report_document(self.state, rep)
+
+    def holds(self, rep: Report) -> str:
+        return f"jemalloc maps {human(rep.system)} ({human(rep.in_use)} in use, {human(rep.free)} free)"
+
+    def arenas(self, interactive: bool, json: bool = False) -> Shown:
+        return Shown([jedoc.jemalloc_arenas_table(self.state, box_for(interactive))],
+                     jedoc.jemalloc_document(self.state) if json else None)
+
+    def threads(self, interactive: bool, json: bool = False) -> Shown:
+        findings = tables.findings_text(self.findings())
+        return Shown([jedoc.jemalloc_threads_table(self.state, box_for(interactive)),
+                      *([findings] if findings is not None else [])],
+                     jedoc.jemalloc_document(self.state) if json else None)
+
+    def check(self, limit: int, interactive: bool, json: bool = False) -> Checked:
+        findings = je_check.check_jemalloc(self.state)
+        checked = je_check.scope(self.state)
+        errors = sum(1 for f in findings if f.severity is Severity.ERROR)
+        warnings = sum(1 for f in findings if f.severity is Severity.WARNING)
+        return Checked([jedoc.jemalloc_check_text(findings, checked, limit or len(findings))], errors, warnings,
+                       jedoc.jemalloc_check_document(self.state, findings, checked) if json else None)
+
+    def strips(self, reserved: bool = False, leaked=None) -> list[HeapStrip]:
+        if self.state.extents is None:
+            raise CannotDraw("jemalloc's radix tree of extents was not found, so its extents cannot be drawn "
+                             "(its statistics are in 'heapwalk report')")
+        return extent_strips(self.state.extents, self.state.residency)
+
+    @property
+    def memory(self):
+        return self.mem
+
+    def html(self, document: dict, strips: Sequence[HeapStrip]) -> list[str]:
+        return htmlreport.jemalloc_sections(document, strips)
+
+    def html_header(self, document: dict) -> list[tuple[str, str]]:
+        return htmlreport.jemalloc_header(document)
+
+
+class Jemalloc(Allocator):
+    """jemalloc, where a mapped object holds it."""
+
+    name = "jemalloc"
+    title = "jemalloc"
+
+    def load(self, context: Context) -> JemallocHeap:
+        target = context.target
+        if find_library(target.space.mappings) is None:
+            raise NotUsed("jemalloc is not mapped")
+        try:
+            return JemallocHeap(load_jemalloc(target), target.mem)
+        except JemallocNotFound as exc:
+            raise JemallocNotFound(f"heapwalk: this process allocates with jemalloc, and {exc}") from None
+
+
+JEMALLOC = Jemalloc()

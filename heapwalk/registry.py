@@ -1,0 +1,30 @@
+"""The allocators heapwalk decodes, in the order they are looked for: the allocators a program brings (they
+serve its malloc when present) before the C library's.  The one place that names them; a new allocator is
+its folder and one line here (docs/architecture.md)."""
+
+from __future__ import annotations
+
+from heapwalk.allocator import Allocator
+
+__all__ = ["allocators", "add", "remove"]
+
+_added: list[Allocator] = []
+
+
+def allocators() -> tuple[Allocator, ...]:
+    """Every allocator, in the order they are looked for."""
+    from heapwalk.jemalloc.allocator import JEMALLOC
+    from heapwalk.glibc.allocator import GLIBC
+    return (*_added, JEMALLOC, GLIBC)
+
+
+def add(allocator: Allocator) -> None:
+    """Makes ALLOCATOR known for this session, looked for first (an allocator written outside the package,
+    or a test's)."""
+    if allocator not in _added:
+        _added.append(allocator)
+
+
+def remove(allocator: Allocator) -> None:
+    if allocator in _added:
+        _added.remove(allocator)
