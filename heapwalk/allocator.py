@@ -17,10 +17,14 @@ from typing import Any
 from rich.text import Text
 
 from heapwalk.analysis.inuse import InUse, LeakTotals
-from heapwalk.analysis.report import Report, build_report
+from heapwalk.analysis.report import Report, build_report, human
 from heapwalk.errors import HeapwalkError
-from heapwalk.findings import Finding
-from heapwalk.view import Blocks, HeapStrip, HeapView, Partial
+from heapwalk.findings import Finding, Kind, Severity
+from heapwalk.output import htmlreport, tables
+from heapwalk.output.htmlpage import e as escape
+from heapwalk.output.jsondoc import SCHEMA_VERSION, report_json
+from heapwalk.output.reporttext import arena_table, plain_lines, report_group
+from heapwalk.view import Blocks, HeapStrip, HeapView, Partial, Words
 
 __all__ = ["Allocator", "Checked", "Decoded", "NotUsed", "CannotDraw", "Setting", "Shown", "Verb", "Wants",
            "Context"]
@@ -114,6 +118,8 @@ class Decoded:
     scans_leaks = False
 
     target: str = ""
+    #: what its report calls its parts
+    words = Words(holds="its arenas hold")
 
     def header(self, with_target: bool = True) -> Text:
         """The lines every command starts with: the target (WITH_TARGET), the allocator's version and how
@@ -145,28 +151,45 @@ class Decoded:
         return build_report(self.view(), in_use, leaks, self.verdict)
 
     def report_parts(self, rep: Report, interactive: bool) -> list:
-        raise NotImplementedError
+        """What 'heapwalk report' prints of REP, after the header."""
+        return [report_group(rep, interactive, self.words, plain_lines(rep, self.words))]
+
+    def document(self) -> dict:
+        """The fields every JSON document of this allocator starts with."""
+        return {"schema_version": SCHEMA_VERSION, "target": self.target, "allocator": self.name,
+                "findings": [{"severity": f.severity.value, "kind": f.kind.ident, "address": f.address,
+                              "structure": f.structure, "message": f.message} for f in self.findings()]}
 
     def report_document(self, rep: Report) -> dict:
-        raise NotImplementedError
+        """'heapwalk report --json': the document with the report in it (which 'heapwalk diff' reads)."""
+        return {**self.document(), "report": {**report_json(rep), "partial": []}}
 
     def holds(self, rep: Report) -> str:
         """What this allocator holds, as the clause of the sentence a report of several allocators ends with."""
-        return f"{self.title} holds {_holding(rep)}"
+        return f"{self.title} holds {human(rep.system)} ({human(rep.in_use)} in use, {human(rep.free)} free)"
 
     def native_xml(self) -> str | None:
         """The allocator's own XML statistics (None: it has none)."""
         return None
 
     # the other commands
-    def arenas(self, interactive: bool) -> Shown:
-        raise NotImplementedError
+    def arenas(self, interactive: bool, json: bool = False) -> Shown:
+        """'heapwalk arenas': the report's arena table."""
+        rep = self.report()
+        return Shown([arena_table(rep, interactive, self.words)], self.report_document(rep) if json else None)
 
-    def threads(self, interactive: bool) -> Shown:
-        return Shown([Text(f"{self.title}: no thread table\n")])
+    def threads(self, interactive: bool, json: bool = False) -> Shown:
+        return Shown([Text(f"{self.title}: heapwalk shows no threads of it\n")], self.document() if json else None)
 
-    def check(self, limit: int, interactive: bool) -> Checked:
-        return Checked([Text(f"{self.title}: heapwalk has no checks of it\n")], 0, 0)
+    def check(self, limit: int, interactive: bool, json: bool = False) -> Checked:
+        """'heapwalk check': the findings the decoder made (an allocator without checks of its own)."""
+        findings = self.findings()
+        errors = sum(1 for f in findings if f.severity is Severity.ERROR)
+        warnings = sum(1 for f in findings if f.severity is Severity.WARNING)
+        text = tables.findings_text(findings) or Text(f"{self.title}: no findings\n")
+        return Checked([text], errors, warnings,
+                       {**self.document(), "clean": not errors, "errors": errors, "warnings": warnings}
+                       if json else None)
 
     def strips(self, reserved: bool = False, leaked=None) -> list[HeapStrip]:
         """The heap maps' strips (LEAKED: the leak scan's leaked blocks); CannotDraw when they cannot be."""
@@ -187,16 +210,11 @@ class Decoded:
 
     def html(self, document: dict, strips: Sequence[HeapStrip]) -> list[str]:
         """The report page's sections for DOCUMENT (this allocator's report document) and its STRIPS."""
-        raise NotImplementedError
+        return htmlreport.plain_sections(document, strips, self.words, self.name)
 
     def html_header(self, document: dict) -> list[tuple[str, str]]:
         """The page header's rows (name, HTML) of this allocator."""
-        return [(self.name, self.title)]
-
-
-def _holding(rep: Report) -> str:
-    from heapwalk.analysis.report import human
-    return f"{human(rep.system)} ({human(rep.in_use)} in use, {human(rep.free)} free)"
+        return [("allocator", escape(self.title))]
 
 
 class Allocator:
@@ -218,6 +236,5 @@ class Allocator:
 
     def beside_failure(self, error: Exception, first: Decoded) -> Finding:
         """The finding FIRST carries when this allocator could not be decoded beside it."""
-        from heapwalk.findings import Kind, Severity
         return Finding(Severity.WARNING, 0, self.title, f"not decoded beside {first.title}: {error}",
                        Kind.DISCOVERY)

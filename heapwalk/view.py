@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["ArenaView", "Blocks", "HeapStrip", "HeapView", "MAP_KINDS", "Partial", "SizeClass"]
+__all__ = ["ArenaView", "Blocks", "HeapStrip", "HeapView", "MAP_KINDS", "Partial", "SizeClass", "Words"]
 
 
 @dataclass(frozen=True)
@@ -51,6 +51,36 @@ class ArenaView:
         if self.free_resident is None:
             return None
         return min(self.free_resident, self.free_total) + min(self.top_resident or 0, self.top)
+
+
+def _free_columns(kinds: tuple[str, ...]) -> tuple:
+    return tuple((k, lambda a, k=k: a.free.get(k, 0)) for k in kinds)
+
+
+@dataclass(frozen=True)
+class Words:
+    """What an allocator calls the parts of its report, so that its tables and pages speak its words: what its
+    arenas hold (HOLDS: "jemalloc's arenas hold"), the columns of its arena table, its free pieces, what it
+    gives back and how."""
+
+    holds: str                                   # "malloc's arenas hold"
+    system: str = "mapped"                       # the column of what an arena holds from the system
+    heaps: str = "heaps"                         # the column of the pieces of memory an arena holds
+    pieces: str = "pieces"                       # its free pieces ("chunks")
+    gives_back: str = "gives back"               # what it would give back now ("trim gives back")
+    large: str = "large allocations"             # allocations with a mapping of their own ("mmapped chunks")
+    overhead: str = "overhead"                   # its own bytes ("metadata")
+    #: the arena table's free columns, (header, the figure of one `ArenaView`), after "in use"
+    free_columns: tuple = ()
+    #: the arena table's last columns, after the free ones
+    last_columns: tuple = ()
+    top: bool = False                            # does an arena have a top (free bytes where it grows)?
+    overhead_page: str = ""                      # the report page's name of OVERHEAD, when longer
+    pieces_page: str = ""                        # the report page's words for all its free pieces
+
+    def columns(self, kinds: tuple[str, ...]) -> tuple:
+        """The free columns, or one per kind of free bytes when the allocator names none."""
+        return self.free_columns or _free_columns(kinds)
 
 
 @dataclass(frozen=True)

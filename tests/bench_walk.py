@@ -9,7 +9,8 @@ walked), each without discovery; prints "heapwalk-bench-walk SECONDS CHUNKS" and
 import time
 
 from heapwalk.analysis.leaks import leaks_of
-from heapwalk.gdb.session import _target, overrides
+from heapwalk.gdb.session import _target
+from heapwalk.glibc.discovery import Overrides
 from heapwalk.glibc.blocks import blocks_of
 from heapwalk.glibc.decode import collect
 from heapwalk.glibc.discovery import discover
@@ -25,7 +26,7 @@ def _timed(target, disc, sweep: bool) -> tuple[float, int]:
 
 def _walk() -> None:
     target = _target()
-    disc = discover(target.mem, target.symbols, overrides(), target.space.mappings,
+    disc = discover(target.mem, target.symbols, Overrides(), target.space.mappings,
                     [t.fs_base for t in target.threads if t.fs_base], core=target.space.core,
                     regions=target.space.regions)
     print("heapwalk-bench-walk %.6f %d" % _timed(target, disc, True))

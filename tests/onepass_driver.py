@@ -15,7 +15,8 @@ import os
 
 import gdb
 
-from heapwalk.gdb.session import _target, overrides
+from heapwalk.gdb.session import _target
+from heapwalk.glibc.discovery import Overrides
 from heapwalk.glibc import chunkinfo, native, onepass
 from heapwalk.glibc.decode import collect
 from heapwalk.glibc.discovery import discover
@@ -51,7 +52,7 @@ def _differences(fast, slow) -> list[str]:
 def _compare(vouched: list[int]) -> dict:
     vouched.clear()
     target = _target()
-    disc = discover(target.mem, target.symbols, overrides(), target.space.mappings,
+    disc = discover(target.mem, target.symbols, Overrides(), target.space.mappings,
                     [t.fs_base for t in target.threads if t.fs_base], core=target.space.core,
                     regions=target.space.regions)
     fast = _decode(target, disc, True)

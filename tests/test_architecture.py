@@ -18,7 +18,7 @@ MAY_IMPORT = {
     "target": {"findings", "errors"},
     "analysis": {"view", "target", "findings", "errors"},
     "output": {"analysis", "view", "target", "findings", "errors", *ALLOCATOR_PARTS},
-    "allocator": {"analysis", "view", "findings", "errors"},
+    "allocator": {"output", "analysis", "view", "findings", "errors"},
     "glibc": {"allocator", "output", "analysis", "view", "target", "findings", "errors"},
     "jemalloc": {"allocator", "output", "analysis", "view", "target", "findings", "errors"},
     "registry": {"allocator", *ALLOCATOR_PARTS},

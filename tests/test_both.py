@@ -156,4 +156,4 @@ def test_one_document_holds_both_allocators():
                                                                                 "arenas": []}
     assert together([("jemalloc", "jemalloc", je)]) is je and together([("glibc", "glibc_malloc", glibc)]) is glibc
     assert together([("jemalloc", "jemalloc", je), ("glibc", "glibc_malloc", glibc)]) == {
-        **je, "allocators": ["jemalloc", "glibc"], "glibc_malloc": {"arenas": []}}
+        **je, "allocators": ["jemalloc", "glibc"], "glibc_malloc": {"allocator": "glibc", "arenas": []}}

@@ -110,3 +110,26 @@ def test_the_reader_refuses_what_is_not_a_report(report_json, broken):
     doc = {**copy.deepcopy(report_json("bins")), **broken} if broken else {"arenas": []}
     with pytest.raises(jsondoc.DocumentError):
         jsondoc.read_snapshot(doc)
+
+
+def _document(name: str, system: int, beside: dict | None = None) -> dict:
+    """A report document of allocator NAME with one arena holding SYSTEM bytes, and BESIDE's parts."""
+    doc = {"allocator": name, "report": {"arenas": [{"address": 0x1000, "number": 0, "system": system,
+                                                     "in_use": system // 2, "free": {}, "top": 0, "trim": 0}]}}
+    return {**doc, **(beside or {})}
+
+
+def test_each_allocator_of_a_process_is_diffed_with_its_own(tmp_path, capsys):
+    """A process with two allocators: each is compared with the same allocator of the other snapshot, under
+    its name; one only the second snapshot has is said."""
+    from heapwalk.cli.main import main
+    a = _document("jemalloc", 4 << 20, {"glibc_malloc": _document("glibc", 1 << 20)})
+    b = _document("jemalloc", 6 << 20, {"glibc_malloc": _document("glibc", 3 << 20), "x": _document("toy", 1)})
+    for name, doc in (("a.json", a), ("b.json", b)):
+        (tmp_path / name).write_text(json.dumps(doc))
+    assert main(["diff", str(tmp_path / "a.json"), str(tmp_path / "b.json"), "--json", str(tmp_path / "d.json")]) == 0
+    out = capsys.readouterr().out
+    jemalloc, glibc = out.split("\nglibc:\n")
+    assert jemalloc.startswith("jemalloc:\n") and "+2.0" in jemalloc and "+2.0" in glibc
+    assert "toy: in the second snapshot only" in glibc
+    assert set(json.loads((tmp_path / "d.json").read_text())["allocators"]) == {"jemalloc", "glibc"}

@@ -65,10 +65,12 @@ RENAMED = {b"attached_threads |": b"threads glibc counts |",
 
 
 #: what is printed now and BASELINE did not print at all, on purpose (issue 20: how much is in RAM, which these
-#: cores cannot say): text lines, and the keys of report.json's report, its arenas, totals and mmapped chunks
+#: cores cannot say): text lines, and the keys of report.json's report, its arenas, totals and mmapped chunks;
+#: and every document names its allocator (issue 39)
 ADDED_LINES = (b"in RAM: unknown (this core does not say which pages were resident: a core 'heapwalk capture' wrote "
                b"does, and a live process)\n",)
-ADDED_KEYS = {"report": ("residency", "in_use", "leaks"), "arenas": ("rss", "free_resident", "top_resident"),
+ADDED_KEYS = {"document": ("allocator",), "report": ("residency", "in_use", "leaks"),
+              "arenas": ("rss", "free_resident", "top_resident"),
               "totals": ("rss", "free_resident"), "mmapped": ("resident",)}
 
 
@@ -83,9 +85,13 @@ def _without_added(key: str, data: bytes) -> bytes:
         for line in ADDED_LINES:
             data = data.replace(line, b"")
         return data
-    if key != "report.json":
+    if not key.endswith(".json"):
         return data
     doc = json.loads(data)
+    for name in ADDED_KEYS["document"]:
+        doc.pop(name, None)
+    if key != "report.json":
+        return (json.dumps(doc, indent=1) + "\n").encode()
     rep = doc["report"]
     for name in ADDED_KEYS["report"]:
         rep.pop(name, None)

@@ -64,6 +64,7 @@ class Report:
     per_arena: dict[int, list[Bucket]] = field(default_factory=dict)       # arena number -> its histogram
     residency: str = ""                     # where the resident figures come from ("": the target cannot say)
     mmapped_resident: int | None = None
+    size_classes: tuple[SizeClass, ...] = ()  # the allocator's size classes of free pieces (none: it has none)
     in_use_groups: InUse | None = None      # the program's blocks by size and signature (None: not grouped)
     leaks: LeakTotals | None = None         # what a leak scan found (None: no scan)
 
@@ -161,6 +162,7 @@ def build_report(view: HeapView, in_use: InUse | None = None, leaks: LeakTotals 
     histogram, largest, count = _histogram(all_sizes)
     rep = Report(view.allocator, list(view.arenas), view.large_count, view.large_bytes, histogram, largest, count,
                  view.arena_limit, view.arenas_idle)
+    rep.size_classes = view.size_classes
     rep.classes = by_class(all_sizes, view.size_classes)
     rep.trim_total = view.reclaim_total
     rep.trim_kept = dict(view.reclaim_kept)

@@ -18,14 +18,16 @@ from heapwalk.cli.proc import environment, ptrace_advice, read_smaps, resident_r
 from heapwalk.target.pages import PagesUnknown
 
 
-def _residency_note(doc: dict) -> str:
-    """A line when the report could not say how much of each arena was in RAM (its table says it otherwise)."""
-    if doc.get("allocator") and not (doc.get("report") or {}).get("residency"):
-        name = doc["allocator"]
+def _residency_note(doc: dict, pages_read: bool) -> str:
+    """A line when the report could not say how much of each arena was in RAM (its table says it otherwise):
+    the page map was read (PAGES_READ) but the allocator does not yet split it by arena, or it was not read."""
+    report = doc.get("report") or {}
+    if report.get("residency") or any(a.get("rss") is not None for a in report.get("arenas") or []):
+        return ""
+    if pages_read:
+        name = doc.get("allocator") or "the allocator"
         return f"RSS per arena: not shown for {name}'s arenas yet (docs/{name}.md)\n"
-    if not (doc.get("report") or {}).get("residency"):
-        return "RSS per arena: not available (cannot read /proc/PID/pagemap)\n"
-    return ""
+    return "RSS per arena: not available (cannot read /proc/PID/pagemap)\n"
 
 
 def _live(args, pid: int, json_file: Path):
@@ -162,6 +164,6 @@ def cmd_capture(args) -> int:
     print(f"heapwalk: {record['threads']} threads, {record['cpus_allowed']} of {record['cpus_online']} CPUs allowed")
     print(malloc_settings(record, doc))
     print(text, end="")
-    print(_residency_note(doc), end="")
+    print(_residency_note(doc, bool(runs)), end="")
     print(f"heapwalk: written to {out_dir}: {'' if args.live else 'core, '}report.json, report.html, capture.json")
     return 0

@@ -28,9 +28,13 @@ def process_rss(path: Path) -> int | None:
         return None
 
 
-def _snapshot(args, path: Path, out: Path) -> tuple[list[ArenaTotals], Signatures | None]:
-    """The arenas of PATH's report and its chunks in use by signature: read as is when it is JSON, computed
-    with gdb (written to OUT) when it is a core; a capture's folder stands for its report.json."""
+Snapshot = list[tuple[str, list[ArenaTotals], Signatures | None]]
+
+
+def _snapshot(args, path: Path, out: Path) -> Snapshot:
+    """Each allocator of PATH's report, named, with its arenas and its blocks in use by signature: read as is
+    when it is JSON, computed with gdb (written to OUT) when it is a core; a capture's folder stands for its
+    report.json."""
     if path.is_dir() and (path / "report.json").exists():
         path = path / "report.json"
     if not path.exists():
@@ -47,9 +51,23 @@ def _snapshot(args, path: Path, out: Path) -> tuple[list[ArenaTotals], Signature
     except (ValueError, UnicodeDecodeError):
         raise CliError(f"heapwalk: {path} is neither a core file nor heapwalk JSON") from None
     try:
-        return jsondoc.read_snapshot(doc), jsondoc.read_signatures(doc)
+        return [(name, jsondoc.read_snapshot(part), jsondoc.read_signatures(part))
+                for name, part in jsondoc.allocator_parts(doc if isinstance(doc, dict) else {})]
     except jsondoc.DocumentError as exc:
         raise CliError(f"heapwalk: {path}: {exc}") from None
+
+
+def _pairs(a: Snapshot, b: Snapshot):
+    """The allocators of A and B to compare, matched by name (the program's allocator with the program's), and
+    the lines for those only one snapshot has."""
+    named_b = {name: (arenas, sigs) for name, arenas, sigs in b}
+    pairs = [(name, (arenas, sigs), named_b[name]) for name, arenas, sigs in a if name in named_b]
+    if not pairs:       # no allocator in both (a restart on another allocator): the programs' are compared
+        return [(f"{a[0][0]} -> {b[0][0]}", a[0][1:], b[0][1:])], []
+    matched = {name for name, _, _ in pairs}
+    alone = [f"{name}: in the {which} snapshot only" for which, snap in (("first", a), ("second", b))
+             for name, _, _ in snap if name not in matched]
+    return pairs, alone
 
 
 def cmd_diff(args) -> int:
@@ -59,13 +77,19 @@ def cmd_diff(args) -> int:
         a, b = _snapshot(args, args.a, workdir / "a.json"), _snapshot(args, args.b, workdir / "b.json")
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    d = diff(a[0], b[0], a[1], b[1])
-    print(diff_text(d), end="")
+    pairs, alone = _pairs(a, b)
+    diffs = [(name, diff(pa[0], pb[0], pa[1], pb[1])) for name, pa, pb in pairs]
+    for i, (name, d) in enumerate(diffs):
+        print(("" if i == 0 else "\n") + (f"{name}:\n" if len(diffs) > 1 else "") + diff_text(d), end="")
+    for line in alone:
+        print(line)
     rss = [process_rss(p / "report.json" if p.is_dir() else p) for p in (args.a, args.b)]
     if None not in rss:
         print(f"RSS of the process (capture.json): {rss[0] / (1 << 20):.1f} MiB -> {rss[1] / (1 << 20):.1f} MiB "
               f"({(rss[1] - rss[0]) / (1 << 20):+.1f})")
-    document = {**jsondoc.diff_json(d), "process_rss": None if None in rss else rss}
+    document = {**jsondoc.diff_json(diffs[0][1]), "process_rss": None if None in rss else rss}
+    if len(diffs) > 1:
+        document["allocators"] = {name: jsondoc.diff_json(d) for name, d in diffs}
     if args.json:
         _write(args.json, json.dumps(document, indent=1) + "\n")
     if args.html:

@@ -19,7 +19,9 @@ from heapwalk.glibc.mallocinfo import malloc_info_xml
 from heapwalk.glibc.partial import partial
 from heapwalk.glibc.summary import heap_view
 from heapwalk.glibc.verdict import verdict
+from heapwalk.glibc.reportlines import WORDS, summary_lines
 from heapwalk.output import htmlreport, jsondoc, tables
+from heapwalk.output.reporttext import report_group
 from heapwalk.view import HeapStrip
 
 __all__ = ["GLIBC", "GlibcHeap"]
@@ -36,6 +38,7 @@ class GlibcHeap(Decoded):
     title = "glibc's malloc"
     beside_key = "glibc_malloc"
     scans_leaks = True
+    words = WORDS
 
     def __init__(self, state, mem, layout):
         self.state, self.mem, self.layout = state, mem, layout
@@ -61,7 +64,7 @@ class GlibcHeap(Decoded):
         return verdict(rep)
 
     def report_parts(self, rep: Report, interactive: bool) -> list:
-        return [tables.report_group(rep, interactive)]
+        return [report_group(rep, interactive, WORDS, summary_lines(rep))]
 
     def report_document(self, rep: Report) -> dict:
         return jsondoc.report_document(self.state, rep, self.partial())
@@ -103,7 +106,7 @@ class GlibcHeap(Decoded):
         return jsondoc.header(self.state)
 
     def html(self, document: dict, strips: Sequence[HeapStrip]) -> list[str]:
-        return htmlreport.glibc_sections(document, strips)
+        return htmlreport.glibc_sections(document, strips, WORDS)
 
     def html_header(self, document: dict) -> list[tuple[str, str]]:
         return htmlreport.glibc_facts(document)

@@ -19,7 +19,9 @@ from heapwalk.jemalloc.load import load_jemalloc
 from heapwalk.jemalloc.model import JeState
 from heapwalk.jemalloc.summary import heap_view
 from heapwalk.jemalloc.verdict import advice
+from heapwalk.jemalloc.reportlines import WORDS, summary_lines
 from heapwalk.output import htmlreport, jedoc, tables
+from heapwalk.output.reporttext import report_group
 from heapwalk.output.consoles import box_for
 from heapwalk.view import HeapStrip
 
@@ -33,6 +35,7 @@ class JemallocHeap(Decoded):
     title = "jemalloc"
     beside_key = "jemalloc"
     damaged_subject = "jemalloc's state is"
+    words = WORDS
 
     def __init__(self, state: JeState, mem):
         self.state, self.mem = state, mem
@@ -57,7 +60,7 @@ class JemallocHeap(Decoded):
 
     def report_parts(self, rep: Report, interactive: bool) -> list:
         box = box_for(interactive)
-        *parts, verdict = tables.report_group(rep, interactive).renderables
+        *parts, verdict = report_group(rep, interactive, WORDS, summary_lines(rep)).renderables
         extra = [jedoc.jemalloc_slabs_table(self.state, box), jedoc.jemalloc_threads_table(self.state, box)]
         return [*parts, *(t for t in extra if t is not None), verdict]
 
@@ -96,7 +99,7 @@ class JemallocHeap(Decoded):
         return self.mem
 
     def html(self, document: dict, strips: Sequence[HeapStrip]) -> list[str]:
-        return htmlreport.jemalloc_sections(document, strips)
+        return htmlreport.jemalloc_sections(document, strips, WORDS)
 
     def html_header(self, document: dict) -> list[tuple[str, str]]:
         return htmlreport.jemalloc_header(document)

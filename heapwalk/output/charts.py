@@ -41,6 +41,10 @@ def bar_chart(rows: Sequence[tuple[str, int, str]], title: str, colour: str = "#
     return _svg(8 + len(rows) * _ROW, title, body)
 
 
+#: colours of the kinds an allocator names that have none of their own
+_SPARE = ("#17becf", "#bcbd22", "#e377c2", "#8c564b", "#9467bd")
+
+
 def stacked_chart(rows: Sequence[tuple[str, Sequence[tuple[str, int]]]], colours: Mapping[str, str],
                   names: Mapping[str, str], title: str) -> str:
     """One bar per row (LABEL, [(kind, bytes)]), its parts side by side in COLOURS, lengths against the
@@ -49,6 +53,9 @@ def stacked_chart(rows: Sequence[tuple[str, Sequence[tuple[str, int]]]], colours
     label_width = _label_width(label for label, _ in rows)
     area = _WIDTH - label_width - _NOTE
     body, drawn = [], []
+    unnamed = sorted({kind for _, parts in rows for kind, _ in parts} - set(colours))
+    colours = {**colours, **{kind: _SPARE[i % len(_SPARE)] for i, kind in enumerate(unnamed)}}
+    names = {**{kind: kind.replace("_", " ") for kind in unnamed}, **names}
     for i, (label, parts) in enumerate(rows):
         y = 4 + i * _ROW
         x = float(label_width)

@@ -17,9 +17,10 @@ from heapwalk.output.heapmaps import BAND_COLOURS, COLOURS, NAMES, chunk_counts,
 from heapwalk.output.htmljemalloc import JE_COLOURS, JE_NAMES, decay_section, jemalloc_facts, jemalloc_threads
 from heapwalk.output.htmlpage import cards, e, page, section, swatch, table
 from heapwalk.output.leakdoc import share
-from heapwalk.view import MAP_KINDS, HeapStrip
+from heapwalk.view import MAP_KINDS, HeapStrip, Words
 
-__all__ = ["report_html", "glibc_sections", "glibc_facts", "jemalloc_sections", "jemalloc_header", "MAPS_DRAWN"]
+__all__ = ["report_html", "glibc_sections", "glibc_facts", "jemalloc_sections", "jemalloc_header", "plain_sections",
+           "MAPS_DRAWN"]
 
 #: heaps drawn on a page at most (`heapwalk map --svg` draws them all): those with damage first, then those
 #: holding the most free bytes
@@ -47,18 +48,38 @@ def report_html(doc: dict[str, Any], facts: list[tuple[str, str]], sections: Seq
     return page(f"heapwalk report: {doc.get('target') or 'heap'}", "\n".join(b for b in body if b))
 
 
-def glibc_sections(doc: dict[str, Any], strips: Sequence[HeapStrip]) -> list[str]:
+def glibc_sections(doc: dict[str, Any], strips: Sequence[HeapStrip], words: Words) -> list[str]:
     """The sections of a glibc heap's page: verdict, arenas, maps, histogram, trim, in use, threads, findings."""
     r = doc["report"]
-    return [_verdict(r), _arenas(doc, r), _maps(strips), _histogram(r), _trim(doc, r), _in_use(r), _threads(doc),
-            _findings(doc, "glibc")]
+    t = r["totals"]
+    figures = [(words.holds, human(t["system"])), ("in use", human(t["in_use"])), ("free in chunks", human(t["free"])),
+               ("top chunks", human(t["top"])),
+               ("malloc_trim(0) gives back" + (" (RSS)" if r.get("residency") else ""), human(t["trim"]))]
+    return [verdict_section(r, figures, words), arenas_section(doc, r, words), _maps(strips),
+            histogram_section(r, words), _trim(doc, r), _in_use(r), _threads(doc), findings_section(doc, "glibc")]
 
 
-def jemalloc_sections(doc: dict[str, Any], strips: Sequence[HeapStrip]) -> list[str]:
+def jemalloc_sections(doc: dict[str, Any], strips: Sequence[HeapStrip], words: Words) -> list[str]:
     """The sections of a jemalloc page: verdict, arenas, extents, histogram, decay, threads, findings."""
     r = doc["report"]
-    return [_verdict(r, True), _arenas(doc, r), _maps(strips, "extents") if strips else _no_maps(),
-            _histogram(r, True), decay_section(doc), jemalloc_threads(doc), _findings(doc, "jemalloc")]
+    return [verdict_section(r, plain_figures(r, words), words), arenas_section(doc, r, words),
+            _maps(strips, "extents") if strips else _no_maps(), histogram_section(r, words), decay_section(doc),
+            jemalloc_threads(doc), findings_section(doc, "jemalloc")]
+
+
+def plain_sections(doc: dict[str, Any], strips: Sequence[HeapStrip], words: Words, name: str) -> list[str]:
+    """The sections of an allocator that has none of its own: verdict, arenas, maps, histogram, findings."""
+    r = doc["report"]
+    maps = _maps(strips, "extents") if strips else section("maps", "Heap maps", "<p>No heap to draw.</p>")
+    return [verdict_section(r, plain_figures(r, words), words), arenas_section(doc, r, words), maps,
+            histogram_section(r, words), _in_use(r), findings_section(doc, name)]
+
+
+def plain_figures(r: dict[str, Any], words: Words) -> list[tuple[str, str]]:
+    """The key figures: what the arenas hold, in use, free, and what the allocator would give back."""
+    t = r["totals"]
+    return [(words.holds, human(t["system"])), ("in use", human(t["in_use"])), ("free", human(t["free"])),
+            (words.gives_back, human(t["trim"]))]
 
 
 def jemalloc_header(doc: dict[str, Any]) -> list[tuple[str, str]]:
@@ -101,20 +122,15 @@ def _value(value) -> str:
     return f"{value:#x}" if isinstance(value, int) and value > 4096 else str(value)
 
 
-def _verdict(r: dict[str, Any], jemalloc: bool = False) -> str:
+def verdict_section(r: dict[str, Any], figures: list[tuple[str, str]], words: Words) -> str:
+    """The verdict, what is partial, and the key FIGURES, with what is resident, leaked and mapped apart."""
     sentences = r.get("verdict") or []
     verdict = ('<div class="verdict">' + "".join(f"<p>{e(s)}</p>" for s in sentences)
                + "</div>") if sentences else ""
     partial = ("<div class=\"warn\"><p><b>Partial:</b></p>" + "".join(f"<p>{e(s)}</p>" for s in r["partial"])
                + "</div>") if r.get("partial") else ""
     t = r["totals"]
-    if jemalloc:
-        figures = [("jemalloc's arenas hold", human(t["system"])), ("in use", human(t["in_use"])),
-                   ("free", human(t["free"])), ("decay gives back", human(t["trim"]))]
-    else:
-        figures = [("malloc's arenas hold", human(t["system"])), ("in use", human(t["in_use"])),
-                   ("free in chunks", human(t["free"])), ("top chunks", human(t["top"])),
-                   ("malloc_trim(0) gives back" + (" (RSS)" if r.get("residency") else ""), human(t["trim"]))]
+    figures = list(figures)
     if t.get("rss") is not None and r.get("residency"):
         figures.insert(1, ("resident (RSS)", human(t["rss"])))
     leaks = r.get("leaks")
@@ -122,27 +138,25 @@ def _verdict(r: dict[str, Any], jemalloc: bool = False) -> str:
         figures.append(("leaked (nothing points to it)", human(leaks["leaked_bytes"])))
     mm = r.get("mmapped") or {}
     if mm.get("count"):
-        figures.append((f"{'large allocations' if jemalloc else 'mmapped chunks'} ({mm['count']})",
-                        human(mm["bytes"])))
+        figures.append((f"{words.large} ({mm['count']})", human(mm["bytes"])))
     return section("verdict", "Verdict", verdict, partial, cards(figures))
 
 
-def _arenas(doc: dict[str, Any], r: dict[str, Any]) -> str:
+def arenas_section(doc: dict[str, Any], r: dict[str, Any], words: Words) -> str:
+    """Where each arena's bytes are: a chart and a table, in the allocator's WORDS."""
     rows = r["arenas"]
     kinds = list(dict.fromkeys(k for a in rows for k in a["free"]))
-    jemalloc = "jemalloc" in doc
     colours, names = {**COLOURS, **JE_COLOURS}, {**NAMES, **JE_NAMES}
-    if jemalloc:
-        names["overhead"] = "metadata, unused"
-    top = [] if jemalloc else ["top"]      # jemalloc has no top chunk: its column would be 0 B throughout
+    names["overhead"] = words.overhead_page or words.overhead
+    top = ["top"] if words.top else []      # an allocator without a top: its column would be 0 B throughout
     chart = stacked_chart([(f"arena {a['number']}" + (" (main)" if a["kind"] == "main" else ""),
                             [("in_use", a["in_use"])] + [(k, a["free"].get(k, 0)) for k in kinds]
                             + [(k, a[k]) for k in top] + [("overhead", a["overhead"])]) for a in rows],
                           colours, names, "where each arena's bytes are")
     rss = bool(r.get("residency"))
-    head = ["#", "arena", "kind", "threads", "extents" if jemalloc else "heaps", "mapped" if jemalloc else "system"] \
+    head = ["#", "arena", "kind", "threads", words.heaps, words.system] \
         + (["RSS"] if rss else []) + ["in use"] + [names.get(k, k) for k in kinds] + top \
-        + [names["overhead"], "decay gives back" if jemalloc else "trim gives back"]
+        + [names["overhead"], words.gives_back]
 
     def cells(a: dict[str, Any]) -> list[str]:
         return ([str(a["number"]), f"<code>{a['address']:#x}</code>", e(a["kind"]), str(a["threads"]), str(a["heaps"]),
@@ -234,8 +248,9 @@ def _drawn(strips: Sequence[HeapStrip]) -> list[HeapStrip]:
     return [strips[i] for i in keep]
 
 
-def _histogram(r: dict[str, Any], jemalloc: bool = False) -> str:
-    what = "pieces" if jemalloc else "chunks"
+def histogram_section(r: dict[str, Any], words: Words) -> str:
+    """The free pieces by size: a chart, the allocator's size classes, the largest."""
+    what = words.pieces
     title = f"Free {what} by size"
     buckets = [b for b in r.get("histogram") or [] if b["count"]]
     if not buckets:
@@ -245,10 +260,10 @@ def _histogram(r: dict[str, Any], jemalloc: bool = False) -> str:
                        for b in buckets], f"free {what} by size: bytes", "#2ca02c")
     rows = [(e(c["class"]), str(c["count"]), human(c["bytes"])) for c in r.get("by_glibc_class") or []]
     classes = table(["glibc's size class", "chunks", "bytes"], rows) if rows else ""
-    pieces = "free pieces (regions, cached regions and free extents)" if jemalloc else "free chunks (top aside)"
-    words = (f"<p>{r.get('free_chunks', 0)} {pieces}; the largest is {human(r.get('largest_free') or 0)}; "
-             f"{100 * (r.get('fragmentation') or 0):.1f}% of the free memory is outside the largest one.</p>")
-    return section("histogram", title, words, chart, classes)
+    pieces = words.pieces_page or f"free {what}"
+    said = (f"<p>{r.get('free_chunks', 0)} {pieces}; the largest is {human(r.get('largest_free') or 0)}; "
+            f"{100 * (r.get('fragmentation') or 0):.1f}% of the free memory is outside the largest one.</p>")
+    return section("histogram", title, said, chart, classes)
 
 
 def _chunks(n: int) -> str:
@@ -315,7 +330,7 @@ def _threads(doc: dict[str, Any]) -> str:
                    table(["thread", "LWP", "arena", "tcache chunks", "tcache bytes", ""], rows, (0, 2), wrap=(5,)))
 
 
-def _findings(doc: dict[str, Any], allocator: str) -> str:
+def findings_section(doc: dict[str, Any], allocator: str) -> str:
     found, seen = [], set()
     listed = list(doc.get("findings") or [])
     for a in doc.get("arenas") or []:

@@ -53,8 +53,8 @@ def chunk_json(arena: Arena, chunk) -> dict[str, Any]:
 
 
 def header(state: HeapState) -> dict[str, Any]:
-    """The fields every document starts with: schema, target, glibc and main_arena."""
-    return {"schema_version": SCHEMA_VERSION, "target": state.target,
+    """The fields every document starts with: schema, target, the allocator, glibc and main_arena."""
+    return {"schema_version": SCHEMA_VERSION, "target": state.target, "allocator": "glibc",
             "glibc": {"version": state.version_text, "layout": state.layout_name,
                       "decoded_as": "%d.%d" % state.glibc_version},
             "main_arena": state.main_arena}
@@ -373,6 +373,13 @@ def together(documents: list[tuple[str, str, dict[str, Any]]]) -> dict[str, Any]
     if not rest:
         return first
     out = {**first, "allocators": [name for name, _, _ in documents]}
-    for _, key, doc in rest:
-        out[key] = {k: v for k, v in doc.items() if k not in ("schema_version", "target")}
+    for name, key, doc in rest:
+        out[key] = {"allocator": name, **{k: v for k, v in doc.items() if k not in ("schema_version", "target")}}
     return out
+
+
+def allocator_parts(doc: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """Each allocator's part of a document (`together`): (its name, "" for a document that names none, and its
+    document), the program's allocator first."""
+    beside = [(v["allocator"], v) for v in doc.values() if isinstance(v, dict) and "allocator" in v]
+    return [(doc.get("allocator") or "", doc), *beside]

@@ -17,12 +17,11 @@ from heapwalk.glibc.model import Arena, BinKind, BinList, HeapState, Tcache, Thr
 from heapwalk.glibc.summary import arena_limit
 from heapwalk.output.consoles import box_for, make_console
 from heapwalk.findings import Finding, Severity
-from heapwalk.analysis.report import Report, human
-from heapwalk.output.inusedoc import in_use_tables
+from heapwalk.analysis.report import human
 from heapwalk.output.notes import partial_sentences
 from heapwalk.view import Partial
 
-__all__ = ["make_console", "human", "report_group", "threads_group", "arenas_table", "bins_tables", "tcache_tables",
+__all__ = ["make_console", "human", "threads_group", "arenas_table", "bins_tables", "tcache_tables",
            "findings_text", "header_text", "check_text", "partial_text", "chunks_table", "chunk_text"]
 
 
@@ -208,105 +207,6 @@ def chunk_text(found, address: int) -> Text:
         if n is not None:
             text.append(f"  {label}: {n.address:#x}, size {n.size:#x}, {n.state.value}\n")
     return text
-
-
-#: the report's arena columns per allocator: (header, justify, the figure of one arena)
-_GLIBC_COLUMNS = (
-    ("free: tcache", lambda a: a.free["tcache"]), ("fast", lambda a: a.free["fast"]),
-    ("bins", lambda a: a.free["unsorted"] + a.free["small"] + a.free["large"]), ("top", lambda a: a.top),
-    ("overhead", lambda a: a.overhead), ("trim frees", lambda a: a.reclaim))
-_JEMALLOC_COLUMNS = (
-    ("free: tcache", lambda a: a.free["tcache"]), ("slabs", lambda a: a.free["slabs"]),
-    ("dirty", lambda a: a.free["dirty"]), ("muzzy", lambda a: a.free["muzzy"]),
-    ("metadata", lambda a: a.overhead), ("decay frees", lambda a: a.reclaim))
-
-
-def _arena_table(rep: Report, interactive: bool) -> Table:
-    """Each arena's bytes by what holds them, with a footer of totals."""
-    table = Table(title="where the memory is", box=box_for(interactive), title_justify="left", show_footer=True)
-    glibc = rep.allocator == "glibc"
-    figures = (_GLIBC_COLUMNS if glibc else _JEMALLOC_COLUMNS)
-    figures = (("system" if glibc else "mapped", lambda a: a.system),) + \
-        ((("RSS", lambda a: a.resident),) if rep.residency else ()) + (("in use", lambda a: a.in_use),) + \
-        figures[:4] + ((("free in RAM", lambda a: a.idle_resident),) if rep.residency else ()) + figures[4:]
-    fixed = (("#", "right"), ("arena", "left"), ("kind", "left"), ("threads", "right"),
-             ("heaps" if glibc else "extents", "right"))
-    totals = [f"{len(rep.arenas)} arenas", "", "", ""]
-    totals += [human(sum(get(a) or 0 for a in rep.arenas)) for _, get in figures]
-    for (name, justify), footer in zip(fixed + tuple((name, "right") for name, _ in figures), ["", *totals]):
-        table.add_column(name, justify=justify, no_wrap=True, footer=footer)
-    for a in rep.arenas:
-        table.add_row(str(a.number), f"{a.address:#x}", a.kind, str(a.threads), str(a.heaps),
-                      *(human(get(a) or 0) for _, get in figures))
-    return table
-
-
-def _glibc_lines(rep: Report) -> Text:
-    lines = Text()
-    lines.append(f"mmapped chunks: {rep.mmapped_count}, {human(rep.mmapped_bytes)}\n")
-    lines.append(f"arenas: {len(rep.arenas)} ({rep.arenas_on_free_list} on the free list of exited threads); "
-                 f"limit {rep.arena_limit}\n")
-    if not all(a.balanced for a in rep.arenas):
-        lines.append("accounting: some arenas do not add up to system_mem (see the findings)\n", style="red")
-    kept = rep.trim_kept
-    lines.append(f"malloc_trim(0) would release {human(rep.trim_total)} of address space, {human(rep.trim)} of it "
-                 f"resident; it cannot return {human(kept.get('tcache', 0))} in tcache, "
-                 f"{human(kept.get('sub_page', 0))} in pieces under a page, {human(kept.get('thread_top', 0))} in "
-                 f"thread-arena tops, {human(kept.get('main_top', 0))} of the main top\n")
-    lines.append(f"free chunks: {rep.free_chunks}, {human(rep.free_listed)}; largest {human(rep.largest_free)}; "
-                 f"fragmentation {rep.fragmentation:.2f} (1 - largest / all free)\n")
-    if rep.residency:
-        lines.append(f"in RAM (from {rep.residency}): the arenas {human(rep.resident)}, {human(rep.idle_resident)} "
-                     f"of it free (top included), {human(rep.free + rep.top - rep.idle_resident)} free but not in "
-                     f"RAM; mmapped chunks {human(rep.mmapped_resident or 0)}\n")
-    else:
-        lines.append("in RAM: unknown (this core does not say which pages were resident: a core 'heapwalk "
-                     "capture' wrote does, and a live process)\n")
-    if not rep.lists_match_walk:
-        lines.append(f"  (the free lists hold {human(rep.free_listed)}, the chunk walk found {human(rep.free)} free: "
-                     "the heap is damaged, so these figures cover only what the lists hold; see the findings)\n",
-                     style="red")
-    return lines
-
-
-def _jemalloc_lines(rep: Report) -> Text:
-    lines = Text()
-    lines.append(f"large allocations: {rep.mmapped_count}, {human(rep.mmapped_bytes)}\n")
-    lines.append(f"arenas: {len(rep.arenas)} ({rep.arenas_on_free_list} with no thread); {rep.arena_limit}\n")
-    if not all(a.balanced for a in rep.arenas):
-        lines.append("accounting: some arenas' counters do not agree with their pages (see the findings)\n",
-                     style="red")
-    lines.append(f"decay would give back {human(rep.trim_total)}: the dirty and muzzy pages\n")
-    lines.append(f"free pieces (free slab regions, cached regions, dirty and muzzy extents): {rep.free_chunks}, "
-                 f"{human(rep.free_listed)}; largest {human(rep.largest_free)}\n")
-    return lines
-
-
-def report_group(rep: Report, interactive: bool) -> Group:
-    """The report: per-arena table with totals, histogram, what the allocator would give back, and verdict."""
-    glibc = rep.allocator == "glibc"
-    lines = _glibc_lines(rep) if glibc else _jemalloc_lines(rep)
-    hist = Table(title="free chunks by size" if glibc else "free pieces by size", box=box_for(interactive),
-                 title_justify="left")
-    for name in ("size", "chunks" if glibc else "pieces", "bytes", "share"):
-        hist.add_column(name, justify="right" if name != "size" else "left", no_wrap=True)
-    for b in rep.histogram:
-        hist.add_row(f"{human(b.low)} - {human(b.high)}", str(b.count), human(b.bytes),
-                     f"{100 * b.bytes / rep.free_listed:.0f}%" if rep.free_listed else "-")
-    parts = [_arena_table(rep, interactive), lines, hist]
-    if glibc or rep.classes:
-        classes = Table(title=f"free chunks by {rep.allocator} size class", box=box_for(interactive),
-                        title_justify="left")
-        for name in ("class", "chunks", "bytes"):
-            classes.add_column(name, justify="right" if name != "class" else "left", no_wrap=True)
-        for name, count, size in rep.classes:
-            classes.add_row(name, str(count), human(size))
-        parts.append(classes)
-    parts += in_use_tables(rep.in_use_groups, rep.leaks, interactive)
-    verdict = Text("verdict:\n", style="bold")
-    for sentence in rep.verdict:
-        verdict.append(f"  - {sentence}\n")
-    return Group(*parts, verdict)
 
 
 def threads_group(state: HeapState, interactive: bool) -> Group:

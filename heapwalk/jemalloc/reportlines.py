@@ -1,0 +1,34 @@
+"""jemalloc's words in its report (`heapwalk.view.Words`: its arena table's columns, in malloc_stats_print's
+terms) and the lines it prints under that table."""
+
+from __future__ import annotations
+
+from rich.text import Text
+
+from heapwalk.analysis.report import Report, human
+from heapwalk.view import Words
+
+__all__ = ["WORDS", "summary_lines"]
+
+WORDS = Words(
+    holds="jemalloc's arenas hold", system="mapped", heaps="extents", pieces="pieces", gives_back="decay gives back",
+    large="large allocations", overhead="metadata",
+    free_columns=(("free: tcache", lambda a: a.free["tcache"]), ("slabs", lambda a: a.free["slabs"]),
+                  ("dirty", lambda a: a.free["dirty"]), ("muzzy", lambda a: a.free["muzzy"])),
+    last_columns=(("metadata", lambda a: a.overhead), ("decay frees", lambda a: a.reclaim)),
+    overhead_page="metadata, unused", pieces_page="free pieces (regions, cached regions and free extents)")
+
+
+def summary_lines(rep: Report) -> Text:
+    """jemalloc's lines under the arena table: large allocations, arenas, what decay would give back, the
+    free pieces."""
+    lines = Text()
+    lines.append(f"large allocations: {rep.mmapped_count}, {human(rep.mmapped_bytes)}\n")
+    lines.append(f"arenas: {len(rep.arenas)} ({rep.arenas_on_free_list} with no thread); {rep.arena_limit}\n")
+    if not all(a.balanced for a in rep.arenas):
+        lines.append("accounting: some arenas' counters do not agree with their pages (see the findings)\n",
+                     style="red")
+    lines.append(f"decay would give back {human(rep.trim_total)}: the dirty and muzzy pages\n")
+    lines.append(f"free pieces (free slab regions, cached regions, dirty and muzzy extents): {rep.free_chunks}, "
+                 f"{human(rep.free_listed)}; largest {human(rep.largest_free)}\n")
+    return lines

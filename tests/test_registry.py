@@ -1,0 +1,99 @@
+"""A new allocator is its folder and one line in the registry: a toy allocator, written here in a few lines and
+added to the registry from a file gdb sources after heapwalk, is found in a real core and shows in the report
+(text, JSON, page), the arenas, the check, the heap map and 'heapwalk diff', with nothing outside this test
+edited.  It claims each anonymous writable region of a MiB or more as an arena, half in use."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from conftest import ROOT, capture, run_gdb
+
+pytestmark = pytest.mark.cores
+
+TOY = '''
+from collections import Counter
+
+import numpy as np
+
+from heapwalk import registry
+from heapwalk.allocator import Allocator, Decoded, NotUsed
+from heapwalk.view import MAP_KINDS, ArenaView, HeapStrip, HeapView
+
+
+class ToyHeap(Decoded):
+    name = title = "toy"
+
+    def __init__(self, target, regions):
+        self.target, self.regions = target.description, regions
+
+    def view(self):
+        arenas = [ArenaView(n, start, "toy", 1, 1, end - start, (end - start) // 2, {"spare": (end - start) // 4}, 0,
+                            (end - start) - (end - start) // 2 - (end - start) // 4, 0, True)
+                  for n, (start, end) in enumerate(self.regions)]
+        return HeapView("toy", tuple(arenas), {n: Counter({a.free["spare"]: 1}) for n, a in enumerate(arenas)}, ())
+
+    def strips(self, reserved=False, leaked=None):
+        kinds = np.array([MAP_KINDS.index("in_use"), MAP_KINDS.index("unused")], np.uint8)
+        return [HeapStrip(n, f"toy heap {n}", start, end, np.array([start, (start + end) // 2], np.uint64),
+                          np.array([(start + end) // 2, end], np.uint64), kinds)
+                for n, (start, end) in enumerate(self.regions)]
+
+
+class Toy(Allocator):
+    name = title = "toy"
+
+    def load(self, context):
+        space = context.target.space
+        regions = [(start, end) for start, end in space.writable or space.regions
+                   if end - start >= 1 << 20 and not any(m.start <= start < m.end for m in space.mappings)]
+        if not regions:
+            raise NotUsed("no anonymous memory")
+        return ToyHeap(context.target, regions)
+
+
+registry.add(Toy())
+'''
+
+
+def _toy_run(tmp_path, name: str, commands: list[str]) -> tuple[str, int]:
+    """gdb on the system glibc's capture NAME, heapwalk and the toy allocator loaded, running COMMANDS."""
+    toy = tmp_path / "toy_allocator.py"
+    toy.write_text(TOY)
+    cap = capture("system", name)
+    result = run_gdb([str(cap.exe), str(cap.core)], [f"source {toy}", *commands])
+    assert "Traceback" not in result.stdout + result.stderr and "internal error" not in result.stderr, result.stderr
+    return result.stdout, result.returncode
+
+
+def test_a_toy_allocator_shows_in_every_command(tmp_path):
+    out, status = _toy_run(tmp_path, "bins", [
+        f"heapwalk report --json {tmp_path}/r.json --html {tmp_path}/r.html", "heapwalk arenas", "heapwalk check",
+        f"heapwalk map --svg {tmp_path}/m.svg", "heapwalk threads"])
+    assert status == 0, out
+    doc = json.loads((tmp_path / "r.json").read_text())
+    assert doc["allocator"] == "toy" and doc["allocators"] == ["toy", "glibc"]
+    toy = doc["report"]["arenas"][0]
+    assert toy["kind"] == "toy" and toy["in_use"] == toy["system"] // 2 and toy["free"] == {"spare": toy["system"] // 4}
+    assert doc["glibc_malloc"]["report"]["arenas"], "glibc's heap is decoded beside the toy"
+    text = " ".join(out.split())
+    assert "This process allocates with both: toy holds" in text and "glibc's malloc, in use beside toy:" in text
+    assert "spare" in text and "toy heap 0" in text and "toy: no findings" in text
+    page = (tmp_path / "r.html").read_text()
+    assert "toy heap" in page and 'id="glibc-arenas"' in page and "toy comes first, then glibc" in page
+    assert "toy heap" in (tmp_path / "m.svg").read_text()
+
+
+def test_a_toy_allocator_is_diffed(tmp_path):
+    for name in ("bins", "thread_arenas"):
+        _toy_run(tmp_path, name, [f"heapwalk report --no-leaks --json {tmp_path}/{name}.json"])
+    result = subprocess.run([str(ROOT / ".venv" / "bin" / "heapwalk"), "diff", str(tmp_path / "bins.json"),
+                             str(tmp_path / "thread_arenas.json")], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    before, after = (len(json.loads((tmp_path / f"{n}.json").read_text())["report"]["arenas"])
+                     for n in ("bins", "thread_arenas"))
+    assert before < after and f"arenas: {before} -> {after}" in result.stdout, result.stdout
+    assert "new" in result.stdout, result.stdout
