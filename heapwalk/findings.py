@@ -5,9 +5,10 @@ and how)."""
 from __future__ import annotations
 
 import enum
+from collections import Counter
 from dataclasses import dataclass
 
-__all__ = ["Severity", "Kind", "Finding", "Fact"]
+__all__ = ["Severity", "Kind", "Finding", "Fact", "CheckResult"]
 
 
 class Severity(enum.Enum):
@@ -98,3 +99,28 @@ class Fact:
     name: str
     value: object
     found_by: str
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """What a check of an allocator found: its findings, errors first then by address, and the numbers they make
+    partial."""
+
+    findings: tuple[Finding, ...]
+    partial: tuple = ()          # the `heapwalk.view.Partial` notes of the numbers it makes partial
+
+    @property
+    def errors(self) -> list[Finding]:
+        return [f for f in self.findings if f.severity is Severity.ERROR]
+
+    @property
+    def warnings(self) -> list[Finding]:
+        return [f for f in self.findings if f.severity is Severity.WARNING]
+
+    @property
+    def clean(self) -> bool:
+        """No damage found (warnings, such as a held mutex, do not make a heap damaged)."""
+        return not self.errors
+
+    def by_kind(self) -> dict[str, int]:
+        return dict(Counter(f.kind.ident for f in self.findings))

@@ -35,7 +35,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # gdb sets __fil
 import figures  # noqa: E402
 from fuzz import RING_LINKS  # noqa: E402
 
-from heapwalk.glibc import check, mallocinfo
+from heapwalk.glibc import check, documents, mallocinfo
+from heapwalk.glibc import tables as glibc_tables
 from heapwalk.output import jsondoc, tables
 from heapwalk.analysis.inuse import in_use_of, leak_totals
 from heapwalk.analysis.leakreport import describe
@@ -325,17 +326,14 @@ def exercise(mem, symbols, maps, threads, regs, target: str, space=None):
     for part in [*heap.report_parts(rep, False), *heap.arenas(False).parts, *heap.threads(False).parts,
                  *heap.check(50, False).parts]:
         console.print(part)
-    console.print(tables.arenas_table(state, False))
-    console.print(tables.bins_tables(state, list(state.arenas), set(jsondoc.KINDS), False, True))
-    console.print(tables.tcache_tables(state, list(state.threads), False, True, state.scanned_tcaches))
-    console.print(tables.threads_group(state, False))
-    console.print(tables.check_text(result, check.scope(state)))
-    document = jsondoc.state_to_json(state)
+    console.print(glibc_tables.bins_tables(state, list(state.arenas), set(documents.KINDS), False, True))
+    console.print(glibc_tables.tcache_tables(state, list(state.threads), False, True, state.scanned_tcaches))
+    document = documents.state_to_json(state)
     document["report"] = jsondoc.report_json(rep)
     json.dumps(document)
     page = {**document, "report": {**document["report"], "partial": []}}
     report_html(page, heap.html_header(page), heap.html(page, strips))
-    json.dumps(jsondoc.check_document(state, result, check.scope(state)))
+    json.dumps(documents.check_document(state, result, check.scope(state)))
     mallocinfo.malloc_info_xml(state)
     return state, result, document["report"], "ok" if result.clean else f"ok, {len(result.errors)} errors"
 
@@ -350,7 +348,7 @@ def _leak_scan(mem, layout, state, space, threads) -> tuple:
     images = readonly_images(space)
     laid_out = describe(lk, mem, images, None, 20)
     tables.make_console(io.StringIO(), False).print(leaks_group(laid_out, False))
-    json.dumps(leaks_json(jsondoc.header(state), laid_out))
+    json.dumps(leaks_json(documents.header(state), laid_out))
     return (in_use_of(blocks, ~lk.reach.reached, lk.reach.first_words, images, None, mem), leak_totals(lk),
             lk.leaked_chunks())
 

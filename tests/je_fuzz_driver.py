@@ -39,7 +39,8 @@ from heapwalk.jemalloc.discovery import JemallocNotFound, discover_jemalloc, fin
 from heapwalk.jemalloc.heapmap import extent_strips
 from heapwalk.jemalloc.allocator import JemallocHeap
 from heapwalk.jemalloc.tcache import _array_spans, bin_counts
-from heapwalk.output import jedoc, tables
+from heapwalk.jemalloc import shown as jedoc
+from heapwalk.output import tables
 from heapwalk.output.heapmaps import svg_maps, text_maps
 from heapwalk.output.htmlreport import report_html
 from heapwalk.output.jsondoc import report_json

@@ -17,7 +17,7 @@ MAY_IMPORT = {
     "view": {"errors"},
     "target": {"findings", "errors"},
     "analysis": {"view", "target", "findings", "errors"},
-    "output": {"analysis", "view", "target", "findings", "errors", *ALLOCATOR_PARTS},
+    "output": {"analysis", "view", "target", "findings", "errors"},
     "allocator": {"output", "analysis", "view", "findings", "errors"},
     "glibc": {"allocator", "output", "analysis", "view", "target", "findings", "errors"},
     "jemalloc": {"allocator", "output", "analysis", "view", "target", "findings", "errors"},
@@ -26,10 +26,6 @@ MAY_IMPORT = {
     "cli": {"registry", "output", "analysis", "view", "target", "findings", "errors"},
     "__init__": {"gdb", "errors"},
 }
-#: the output modules that still hold one allocator's tables, documents or page sections; each is to move into its
-#: allocator's folder, and none may be added
-NOT_YET_MOVED = {"output/tables.py", "output/jsondoc.py", "output/jedoc.py", "output/htmljemalloc.py",
-                 "output/htmlreport.py"}
 #: the only modules that import gdb
 GDB_MODULES = {"target/gdbadapter.py", "target/gdbspace.py", "gdb/commands.py", "gdb/console.py", "gdb/session.py",
                "gdb/subcommand.py", "gdb/loading.py"}
@@ -134,10 +130,10 @@ def test_no_allocator_is_named_outside_its_folder_and_the_registry():
     allocator's folder (the rule above) or has a name of one in its code (found.glibc, jemalloc_strips)."""
     named = []
     for relative, tree in _modules():
-        if _part(relative) in ALLOCATOR_PARTS | {"registry"} or relative in NOT_YET_MOVED:
+        if _part(relative) in ALLOCATOR_PARTS | {"registry"}:
             continue
         named += [f"{relative}:{line}: {name}" for line, name in _names(tree)
                   if any(a in name.lower() for a in ALLOCATOR_PARTS)]
         imported = [n for n in _imports(tree, relative) if n.split(".")[1:2] and n.split(".")[1] in ALLOCATOR_PARTS]
-        named += [f"{relative}: imports {n}" for n in imported if _part(relative) != "output"]
+        named += [f"{relative}: imports {n}" for n in imported]
     assert not named, "\n".join(named)

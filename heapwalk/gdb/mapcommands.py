@@ -98,7 +98,7 @@ def write_report_html(path: str, pages, console, both: str = "") -> None:
     beside = [(f"{d.title}, in use beside {first.title}", d.name, parts) for d, _, parts in rest]
     if rest:
         both = f"{both} {first.title} comes first, then {', '.join(d.title for d, _, _ in rest)}."
-    page = report_html(doc, first.html_header(doc), sections, made_by("heapwalk report --html", doc.get("target") or ""),
-                       beside, both)
+    page = report_html(doc, first.html_header(doc), sections,
+                       made_by("heapwalk report --html", doc.get("target") or ""), beside, both)
     _write(path, page.encode(), "heapwalk report")
     console.print(f"\nthe report as a page: {path}")

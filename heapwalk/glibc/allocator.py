@@ -20,7 +20,10 @@ from heapwalk.glibc.partial import partial
 from heapwalk.glibc.summary import heap_view
 from heapwalk.glibc.verdict import verdict
 from heapwalk.glibc.reportlines import WORDS, summary_lines
-from heapwalk.output import htmlreport, jsondoc, tables
+from heapwalk.glibc import documents
+from heapwalk.glibc import tables as glibc_tables
+from heapwalk.glibc import page
+from heapwalk.output import tables
 from heapwalk.output.reporttext import report_group
 from heapwalk.view import HeapStrip
 
@@ -45,7 +48,7 @@ class GlibcHeap(Decoded):
         self.target = state.target
 
     def header(self, with_target: bool = True):
-        return tables.header_text(self.state, with_target)
+        return glibc_tables.header_text(self.state, with_target)
 
     def findings(self) -> list[Finding]:
         return list(self.state.all_findings())
@@ -67,7 +70,7 @@ class GlibcHeap(Decoded):
         return [report_group(rep, interactive, WORDS, summary_lines(rep))]
 
     def report_document(self, rep: Report) -> dict:
-        return jsondoc.report_document(self.state, rep, self.partial())
+        return documents.report_document(self.state, rep, self.partial())
 
     def holds(self, rep: Report) -> str:
         return (f"glibc's malloc holds {human(rep.system)} ({human(rep.in_use)} in use, {human(rep.free)} free) "
@@ -77,20 +80,21 @@ class GlibcHeap(Decoded):
         return malloc_info_xml(self.state)
 
     def arenas(self, interactive: bool, json: bool = False) -> Shown:
-        return Shown([tables.arenas_table(self.state, interactive)], jsondoc.state_to_json(self.state) if json
+        return Shown([glibc_tables.arenas_table(self.state, interactive)], documents.state_to_json(self.state) if json
                      else None)
 
     def threads(self, interactive: bool, json: bool = False) -> Shown:
-        return Shown([tables.threads_group(self.state, interactive)],
-                     jsondoc.state_to_json(self.state, kinds=()) if json else None)
+        return Shown([glibc_tables.threads_group(self.state, interactive)],
+                     documents.state_to_json(self.state, kinds=()) if json else None)
 
     def check(self, limit: int, interactive: bool, json: bool = False) -> Checked:
         result = glibc_check.check(self.state, self.mem, self.layout)
         checked = glibc_check.scope(self.state)
-        parts = [tables.check_text(result, checked, limit or len(result.findings))]
+        parts = [tables.check_text(result, limit or len(result.findings), "heap",
+                                   glibc_tables.check_scope(checked))]
         notes = tables.partial_text(result.partial)
         return Checked(parts + ([notes] if notes is not None else []), len(result.errors), len(result.warnings),
-                       jsondoc.check_document(self.state, result, checked) if json else None)
+                       documents.check_document(self.state, result, checked) if json else None)
 
     def strips(self, reserved: bool = False, leaked=None) -> list[HeapStrip]:
         return heap_strips(self.mem, self.layout, self.state, reserved, leaked)
@@ -103,13 +107,13 @@ class GlibcHeap(Decoded):
         return self.mem
 
     def leaks_header(self) -> dict:
-        return jsondoc.header(self.state)
+        return documents.header(self.state)
 
     def html(self, document: dict, strips: Sequence[HeapStrip]) -> list[str]:
-        return htmlreport.glibc_sections(document, strips, WORDS)
+        return page.glibc_sections(document, strips, WORDS)
 
     def html_header(self, document: dict) -> list[tuple[str, str]]:
-        return htmlreport.glibc_facts(document)
+        return page.glibc_facts(document)
 
 
 class Glibc(Allocator):

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import struct
 from collections import Counter
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -22,36 +21,11 @@ from heapwalk.glibc.layout import IS_MMAPPED, NBINS, SIZE_BITS, Layout
 from heapwalk.target.memory import Memory, ReadError, u64
 from heapwalk.glibc.model import Arena, BinKind, HeapState, Tcache, list_name
 from heapwalk.glibc.partial import partial
-from heapwalk.view import Partial
-from heapwalk.findings import Finding, Kind, Severity
+from heapwalk.findings import CheckResult, Finding, Kind, Severity
 
 __all__ = ["CheckResult", "check", "scope"]
 
 _QQ = struct.Struct("<QQ")
-
-
-@dataclass(frozen=True)
-class CheckResult:
-    """The findings of `check`, errors first then by address, and the numbers they make partial."""
-
-    findings: tuple[Finding, ...]
-    partial: tuple[Partial, ...] = ()
-
-    @property
-    def errors(self) -> list[Finding]:
-        return [f for f in self.findings if f.severity is Severity.ERROR]
-
-    @property
-    def warnings(self) -> list[Finding]:
-        return [f for f in self.findings if f.severity is Severity.WARNING]
-
-    @property
-    def clean(self) -> bool:
-        """No damage found (warnings, such as a held mutex, do not make a heap damaged)."""
-        return not self.errors
-
-    def by_kind(self) -> dict[str, int]:
-        return dict(Counter(f.kind.ident for f in self.findings))
 
 
 def check(state: HeapState, mem: Memory, layout: Layout) -> CheckResult:

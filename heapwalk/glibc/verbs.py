@@ -9,7 +9,8 @@ from heapwalk.errors import UsageError
 from heapwalk.findings import Kind, Severity
 from heapwalk.glibc import chunkinfo
 from heapwalk.glibc.model import ChunkState
-from heapwalk.output import jsondoc, tables
+from heapwalk.glibc import documents
+from heapwalk.glibc import tables
 
 __all__ = ["VERBS"]
 
@@ -34,7 +35,7 @@ def _selected_arena(heap, front, text: str, command: str):
 
 
 def _bins_arguments(p) -> None:
-    p.add_argument("kind", nargs="?", choices=jsondoc.KINDS, help="only this kind of list")
+    p.add_argument("kind", nargs="?", choices=documents.KINDS, help="only this kind of list")
     _arena_option(p)
     p.add_argument("--chunks", action="store_true", help="list the chunk addresses of each bin")
     _json_option(p)
@@ -43,12 +44,12 @@ def _bins_arguments(p) -> None:
 def _bins(heap, args, front) -> None:
     state = heap.state
     arenas = list(state.arenas) if args.arena is None else [_selected_arena(heap, front, args.arena, "bins")]
-    kinds = {args.kind} if args.kind else set(jsondoc.KINDS)
+    kinds = {args.kind} if args.kind else set(documents.KINDS)
     console = front.console_with_header(heap)
     console.print(tables.bins_tables(state, arenas, kinds, front.interactive, args.chunks))
     front.print_damage(console, heap, [f for a in arenas for f in a.findings] + list(state.findings))
     if args.json:
-        jsondoc.dump(jsondoc.state_to_json(state, arenas=[a.address for a in arenas], kinds=kinds, threads=[]),
+        documents.dump(documents.state_to_json(state, arenas=[a.address for a in arenas], kinds=kinds, threads=[]),
                      args.json)
 
 
@@ -72,7 +73,7 @@ def _tcache(heap, args, front) -> None:
                        + [f for tc in scanned for f in tc.findings]
                        + [f for f in state.findings if f.kind is Kind.TLS_LOST])
     if args.json:
-        jsondoc.dump(jsondoc.state_to_json(state, arenas=[], threads=[t.number for t in threads]), args.json)
+        documents.dump(documents.state_to_json(state, arenas=[], threads=[t.number for t in threads]), args.json)
 
 
 def size_argument(text: str) -> int:
@@ -108,7 +109,7 @@ def _chunks(heap, args, front) -> None:
     console = front.console_with_header(heap)
     shown, total, count, page, printed = 0, 0, 0, [], False
     walk_findings: list = []
-    writer = jsondoc.ChunksWriter(args.json, state) if args.json else None
+    writer = documents.ChunksWriter(args.json, state) if args.json else None
     try:  # the listing is printed a page at a time and the JSON written a chunk at a time, as the walk goes
         for matches in chunkinfo.matching(mem, layout, state, flt, walk_findings):
             count += matches.count
@@ -152,7 +153,7 @@ def _chunk(heap, args, front) -> None:
         if reach is not None:
             console.print(f"  {reach}")
         if args.json:
-            jsondoc.dump(jsondoc.chunk_document(heap.state, address, located=found, reach=reach), args.json)
+            documents.dump(documents.chunk_document(heap.state, address, located=found, reach=reach), args.json)
         return
     state = front.reload(heap, Wants(walk=True)).state  # finds the mmapped chunks too
     mmapped = next((c for c in state.mmapped if c.address <= address < c.address + c.span), None)
@@ -164,7 +165,7 @@ def _chunk(heap, args, front) -> None:
                           f"  size {mmapped.size:#x}, its own mapping of {tables.human(mmapped.span)}"
                           + (f"\n  listed in {listed}" if listed else "\n  state: in use (freeing it unmaps it)"))
     if args.json:
-        jsondoc.dump(jsondoc.chunk_document(state, address, mmapped=mmapped, listed=listed), args.json)
+        documents.dump(documents.chunk_document(state, address, mmapped=mmapped, listed=listed), args.json)
 
 
 VERBS = (

@@ -20,7 +20,8 @@ from heapwalk.jemalloc.model import JeState
 from heapwalk.jemalloc.summary import heap_view
 from heapwalk.jemalloc.verdict import advice
 from heapwalk.jemalloc.reportlines import WORDS, summary_lines
-from heapwalk.output import htmlreport, jedoc, tables
+from heapwalk.jemalloc import page, shown as jedoc
+from heapwalk.output import tables
 from heapwalk.output.reporttext import report_group
 from heapwalk.output.consoles import box_for
 from heapwalk.view import HeapStrip
@@ -99,10 +100,10 @@ class JemallocHeap(Decoded):
         return self.mem
 
     def html(self, document: dict, strips: Sequence[HeapStrip]) -> list[str]:
-        return htmlreport.jemalloc_sections(document, strips, WORDS)
+        return page.jemalloc_sections(document, strips, WORDS)
 
     def html_header(self, document: dict) -> list[tuple[str, str]]:
-        return htmlreport.jemalloc_header(document)
+        return page.jemalloc_facts(document)
 
 
 class Jemalloc(Allocator):

@@ -14,20 +14,17 @@ import numpy as np
 from heapwalk.analysis.report import human
 from heapwalk.output.charts import bar_chart, stacked_chart
 from heapwalk.output.heapmaps import BAND_COLOURS, COLOURS, NAMES, chunk_counts, kind_bytes, svg_strip, trim_bytes
-from heapwalk.output.htmljemalloc import JE_COLOURS, JE_NAMES, decay_section, jemalloc_facts, jemalloc_threads
 from heapwalk.output.htmlpage import cards, e, page, section, swatch, table
 from heapwalk.output.leakdoc import share
 from heapwalk.view import MAP_KINDS, HeapStrip, Words
 
-__all__ = ["report_html", "glibc_sections", "glibc_facts", "jemalloc_sections", "jemalloc_header", "plain_sections",
-           "MAPS_DRAWN"]
+__all__ = ["report_html", "plain_sections", "plain_figures", "verdict_section", "arenas_section", "maps_section",
+           "histogram_section", "in_use_section", "findings_section", "chunk_count", "MAPS_DRAWN"]
 
 #: heaps drawn on a page at most (`heapwalk map --svg` draws them all): those with damage first, then those
 #: holding the most free bytes
 MAPS_DRAWN = 120
 FREE_KINDS = ("tcache", "fast", "unsorted", "small", "large")
-_KEPT = {"tcache": "in tcache (never flushed)", "sub_page": "in free pieces under a page",
-         "thread_top": "in thread arenas' tops (never trimmed)", "main_top": "of the main arena's top"}
 
 
 def report_html(doc: dict[str, Any], facts: list[tuple[str, str]], sections: Sequence[str], made_by: str = "",
@@ -48,31 +45,12 @@ def report_html(doc: dict[str, Any], facts: list[tuple[str, str]], sections: Seq
     return page(f"heapwalk report: {doc.get('target') or 'heap'}", "\n".join(b for b in body if b))
 
 
-def glibc_sections(doc: dict[str, Any], strips: Sequence[HeapStrip], words: Words) -> list[str]:
-    """The sections of a glibc heap's page: verdict, arenas, maps, histogram, trim, in use, threads, findings."""
-    r = doc["report"]
-    t = r["totals"]
-    figures = [(words.holds, human(t["system"])), ("in use", human(t["in_use"])), ("free in chunks", human(t["free"])),
-               ("top chunks", human(t["top"])),
-               ("malloc_trim(0) gives back" + (" (RSS)" if r.get("residency") else ""), human(t["trim"]))]
-    return [verdict_section(r, figures, words), arenas_section(doc, r, words), _maps(strips),
-            histogram_section(r, words), _trim(doc, r), _in_use(r), _threads(doc), findings_section(doc, "glibc")]
-
-
-def jemalloc_sections(doc: dict[str, Any], strips: Sequence[HeapStrip], words: Words) -> list[str]:
-    """The sections of a jemalloc page: verdict, arenas, extents, histogram, decay, threads, findings."""
-    r = doc["report"]
-    return [verdict_section(r, plain_figures(r, words), words), arenas_section(doc, r, words),
-            _maps(strips, "extents") if strips else _no_maps(), histogram_section(r, words), decay_section(doc),
-            jemalloc_threads(doc), findings_section(doc, "jemalloc")]
-
-
 def plain_sections(doc: dict[str, Any], strips: Sequence[HeapStrip], words: Words, name: str) -> list[str]:
     """The sections of an allocator that has none of its own: verdict, arenas, maps, histogram, findings."""
     r = doc["report"]
-    maps = _maps(strips, "extents") if strips else section("maps", "Heap maps", "<p>No heap to draw.</p>")
+    maps = maps_section(strips, "extents") if strips else section("maps", "Heap maps", "<p>No heap to draw.</p>")
     return [verdict_section(r, plain_figures(r, words), words), arenas_section(doc, r, words), maps,
-            histogram_section(r, words), _in_use(r), findings_section(doc, name)]
+            histogram_section(r, words), in_use_section(r), findings_section(doc, name)]
 
 
 def plain_figures(r: dict[str, Any], words: Words) -> list[tuple[str, str]]:
@@ -80,26 +58,6 @@ def plain_figures(r: dict[str, Any], words: Words) -> list[tuple[str, str]]:
     t = r["totals"]
     return [(words.holds, human(t["system"])), ("in use", human(t["in_use"])), ("free", human(t["free"])),
             (words.gives_back, human(t["trim"]))]
-
-
-def jemalloc_header(doc: dict[str, Any]) -> list[tuple[str, str]]:
-    return jemalloc_facts(doc)
-
-
-def glibc_facts(doc: dict[str, Any]) -> list[tuple[str, str]]:
-    """The header's rows of a glibc heap: its version and how it was found, its layout, main_arena and mp_."""
-    found = doc.get("discovery") or {}
-    glibc = doc.get("glibc") or {}
-
-    def how(name: str) -> str:
-        fact = found.get(name)
-        return f' <span class="muted">({e(fact["found_by"])})</span>' if fact and fact.get("found_by") else ""
-    return [("glibc", f"{e(glibc.get('version') or '?')}{how('glibc_version')}"),
-            ("decoded as", f"glibc {e(glibc.get('decoded_as') or '?')} layout "
-             f"<code>{e(glibc.get('layout') or '?')}</code>"),
-            ("main_arena", (f"<code>{doc['main_arena']:#x}</code>" if doc.get("main_arena") is not None
-                            else "unknown") + how("main_arena")),
-            ("mp_", (f"<code>{doc['mp']['address']:#x}</code>" if doc.get("mp") else "unknown") + how("mp_"))]
 
 
 def _header(doc: dict[str, Any], facts: list[tuple[str, str]]) -> str:
@@ -142,11 +100,13 @@ def verdict_section(r: dict[str, Any], figures: list[tuple[str, str]], words: Wo
     return section("verdict", "Verdict", verdict, partial, cards(figures))
 
 
-def arenas_section(doc: dict[str, Any], r: dict[str, Any], words: Words) -> str:
-    """Where each arena's bytes are: a chart and a table, in the allocator's WORDS."""
+def arenas_section(doc: dict[str, Any], r: dict[str, Any], words: Words, colours: dict[str, str] | None = None,
+                   names: dict[str, str] | None = None) -> str:
+    """Where each arena's bytes are: a chart and a table, in the allocator's WORDS; COLOURS and NAMES of its
+    kinds of free bytes that the heap maps do not have."""
     rows = r["arenas"]
     kinds = list(dict.fromkeys(k for a in rows for k in a["free"]))
-    colours, names = {**COLOURS, **JE_COLOURS}, {**NAMES, **JE_NAMES}
+    colours, names = {**COLOURS, **(colours or {})}, {**NAMES, **(names or {})}
     names["overhead"] = words.overhead_page or words.overhead
     top = ["top"] if words.top else []      # an allocator without a top: its column would be 0 B throughout
     chart = stacked_chart([(f"arena {a['number']}" + (" (main)" if a["kind"] == "main" else ""),
@@ -174,16 +134,11 @@ def arenas_section(doc: dict[str, Any], r: dict[str, Any], words: Words) -> str:
     return section("arenas", "Where the memory is", chart, table(head, map(cells, rows), (1, 2), foot), note, limit)
 
 
-def _no_maps() -> str:
-    return section("maps", "Heap maps", "<p>No map of jemalloc's extents: its radix tree of extents was not found, "
-                   "or maps none (see the findings).</p>")
-
-
 #: the kinds that stand for one extent each on a map of jemalloc's extents
 _EXTENT_KINDS = ("in_use", "dirty", "muzzy", "retained", "unwalked")
 
 
-def _maps(strips: Sequence[HeapStrip], unit: str = "chunks") -> str:
+def maps_section(strips: Sequence[HeapStrip], unit: str = "chunks") -> str:
     """The heap maps: a figure per strip, its caption with its figures; UNIT is what a strip is made of
     ("chunks" of a glibc heap, jemalloc's "extents")."""
     if not strips:
@@ -266,35 +221,20 @@ def histogram_section(r: dict[str, Any], words: Words) -> str:
     return section("histogram", title, said, chart, classes)
 
 
-def _chunks(n: int) -> str:
+def chunk_count(n: int) -> str:
     return f"{n} chunk" + ("" if n == 1 else "s")
 
 
-def _trim(doc: dict[str, Any], r: dict[str, Any]) -> str:
-    arenas = [a for a in doc.get("arenas") or [] if a.get("trim")]
-    total = sum(a["trim"]["total"] for a in arenas)
-    resident = sum(a["trim"]["resident"] for a in arenas)
-    words = (f"<p>malloc_trim(0) would give back {human(total)} of address space now, {human(resident)} of it "
-             "resident: the whole pages inside free chunks (madvise) and the end of the main arena's top (the "
-             "break lowered). What it cannot give back:</p>")
-    kept = [(_KEPT.get(k, k), n, human(n)) for k, n in (r.get("trim_kept") or {}).items() if n]
-    chart = bar_chart(kept, "free bytes malloc_trim(0) keeps", "#7f7f7f") if kept else ""
-    rows = [(str(a["number"]), human(a["trim"]["total"]), human(a["trim"]["resident"]), human(a["trim"]["madvise"]),
-             human(a["trim"]["systrim"]), human(a["trim"]["kept_free"])) for a in arenas]
-    return section("trim", "What malloc_trim(0) would give back", words, chart,
-                   table(["arena", "gives back", "resident", "inside free chunks", "main top", "kept free"], rows))
-
-
-def _in_use(r: dict[str, Any]) -> str:
+def in_use_section(r: dict[str, Any]) -> str:
     used, leaks = r.get("in_use"), r.get("leaks")
     if not used or not used.get("count"):
         return ""
     scanned = leaks is not None
     if scanned:
-        found = (f"{_chunks(leaks['leaked_count'])} ({human(leaks['leaked_bytes'])}) are reached by nothing"
+        found = (f"{chunk_count(leaks['leaked_count'])} ({human(leaks['leaked_bytes'])}) are reached by nothing"
                  if leaks["leaked_count"] else "it reached every one")
         words = (f"<p>The leak scan followed every pointer from the program's roots to the "
-                 f"{_chunks(leaks['in_use_count'])} in use ({human(leaks['in_use_bytes'])}): {found}.</p>")
+                 f"{chunk_count(leaks['in_use_count'])} in use ({human(leaks['in_use_bytes'])}): {found}.</p>")
     else:
         words = "<p>No leak scan ran ('heapwalk report --no-leaks').</p>"
     head = ["size", "chunks", "bytes", "share"] + (["leaked chunks", "leaked"] if scanned else [])
@@ -312,22 +252,6 @@ def _in_use(r: dict[str, Any]) -> str:
                      "biggest:</p>")
         parts.append(table(head, rows, (0, len(head) - 1)))
     return section("in-use", "The memory in use" + (" and leaks" if scanned else ""), *parts)
-
-
-def _threads(doc: dict[str, Any]) -> str:
-    number = {a["address"]: a["number"] for a in doc.get("arenas") or []}
-    rows = []
-    for t in doc.get("threads") or []:
-        tc = t.get("tcache") or {}
-        arena = t.get("arena")
-        rows.append((str(t["number"]), str(t.get("lwp") or "-"),
-                     "-" if arena is None else f"{number.get(arena, '?')} <code>{arena:#x}</code>",
-                     str(tc.get("count", "-")), human(tc["bytes"]) if tc else "-",
-                     "" if t.get("tls_intact", True) else "its thread block could not be read"))
-    if not rows:
-        return ""
-    return section("threads", "Threads and their arenas",
-                   table(["thread", "LWP", "arena", "tcache chunks", "tcache bytes", ""], rows, (0, 2), wrap=(5,)))
 
 
 def findings_section(doc: dict[str, Any], allocator: str) -> str:

@@ -11,9 +11,9 @@ from rich.text import Text
 from heapwalk.analysis.report import Report, human
 from heapwalk.jemalloc.layout import PAGE
 from heapwalk.jemalloc.model import JeArena, JeBin, JeState, JeThread
-from heapwalk.glibc.check import CheckResult
 from heapwalk.output.jsondoc import SCHEMA_VERSION, report_json
 from heapwalk.output.tables import check_text
+from heapwalk.findings import CheckResult
 
 __all__ = ["jemalloc_document", "jemalloc_arenas_table", "jemalloc_threads_table", "jemalloc_report_document", "jemalloc_slabs_table",
            "THREAD_STATES"]
@@ -117,7 +117,7 @@ def jemalloc_check_text(findings, checked: dict[str, int], limit: int) -> Text:
     scope = (f"{checked['arenas']} arenas, {checked['bins']} bins, {checked['tcaches']} thread caches, "
              f"{checked['cached_regions']} cached regions" + (f", {checked['extents']} extents"
                                                               if checked.get("extents") else ""))
-    return check_text(CheckResult(tuple(findings)), checked, limit, "jemalloc", scope)
+    return check_text(CheckResult(tuple(findings)), limit, "jemalloc", scope)
 
 
 def jemalloc_check_document(state: JeState, findings, checked: dict[str, int]) -> dict[str, Any]:

@@ -1,18 +1,22 @@
-"""The parts of the report page (`htmlreport`) a jemalloc process fills from its own document
-(`jedoc.jemalloc_report_document`): the header with jemalloc's version and the options that decide what it
+"""The parts of the report page (`heapwalk.output.htmlreport`) a jemalloc process fills from its own document
+(`shown.jemalloc_report_document`): the header with jemalloc's version and the options that decide what it
 keeps, what decay would give back arena by arena, and the threads with their arenas and caches."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from heapwalk.analysis.report import human
 from heapwalk.output.charts import stacked_chart
 from heapwalk.output.heapmaps import COLOURS, NAMES
 from heapwalk.output.htmlpage import e, section, table
-from heapwalk.output.jedoc import THREAD_STATES
+from heapwalk.output.htmlreport import (arenas_section, findings_section, histogram_section, maps_section,
+                                        plain_figures, verdict_section)
+from heapwalk.view import HeapStrip, Words
+from heapwalk.jemalloc.shown import THREAD_STATES
 
-__all__ = ["jemalloc_facts", "decay_section", "jemalloc_threads", "JE_COLOURS", "JE_NAMES"]
+__all__ = ["jemalloc_facts", "decay_section", "jemalloc_threads", "jemalloc_sections", "JE_COLOURS", "JE_NAMES"]
 
 PAGE = 4096
 #: jemalloc's kinds of free memory on the page's charts (the glibc kinds keep theirs)
@@ -73,3 +77,16 @@ def jemalloc_threads(doc: dict[str, Any]) -> str:
              human((t.get("tcache") or {}).get("bytes") or 0)) for t in threads]
     return section("threads", "Threads and their arenas",
                    table(["thread", "LWP", "arena", "state", "allocated", "freed", "thread cache"], rows, (0, 3)))
+
+
+def jemalloc_sections(doc: dict[str, Any], strips: Sequence[HeapStrip], words: Words) -> list[str]:
+    """The sections of a jemalloc page: verdict, arenas, extents, histogram, decay, threads, findings."""
+    r = doc["report"]
+    return [verdict_section(r, plain_figures(r, words), words), arenas_section(doc, r, words, JE_COLOURS, JE_NAMES),
+            maps_section(strips, "extents") if strips else _no_maps(), histogram_section(r, words), decay_section(doc),
+            jemalloc_threads(doc), findings_section(doc, "jemalloc")]
+
+
+def _no_maps() -> str:
+    return section("maps", "Heap maps", "<p>No map of jemalloc's extents: its radix tree of extents was not found, "
+                   "or maps none (see the findings).</p>")
