@@ -17,64 +17,36 @@ class Severity(enum.Enum):
     INFO = "info"
 
 
-class Kind(enum.Enum):
-    """What kind of problem a finding is: a stable name (for JSON and scripts) and its title.
+@dataclass(frozen=True)
+class Kind:
+    """What kind of problem a finding is: a stable name (IDENT, for JSON and scripts) and its TITLE.  The kinds
+    every allocator may meet are here; each allocator adds its own in its folder (glibc's: `glibc.kinds`)."""
 
-    Titles use glibc's own words where glibc has a check for the same thing
-    (its abort message is given in parentheses).
-    """
+    ident: str
+    title: str
 
-    def __init__(self, ident: str, title: str):
-        self.ident = ident
-        self.title = title
 
-    UNMAPPED = ("unmapped_pointer", "pointer into unmapped memory")
-    MISALIGNED = ("misaligned", "misaligned chunk pointer (\"unaligned tcache/fastbin chunk detected\")")
-    LIST_CYCLE = ("list_cycle", "list is a cycle not through its head")
-    LIST_TOO_LONG = ("list_too_long", "list longer than its arena could hold")
-    FD_BK = ("fd_bk_mismatch", "fd->bk != p (\"corrupted double-linked list\")")
-    PREV_SIZE = ("prev_size_mismatch", "chunk size does not match next chunk's prev_size "
-                 "(\"corrupted size vs. prev_size\")")
-    FASTBIN_SIZE = ("fastbin_size", "fastbin entry of wrong size (\"memory corruption (fast)\")")
-    BIN_SIZE = ("bin_size", "chunk in the wrong bin for its size")
-    TCACHE_SIZE = ("tcache_size", "tcache entry of wrong size")
-    TCACHE_COUNT = ("tcache_count", "tcache count does not match list length")
-    TCACHE_KEY = ("tcache_key", "tcache entry's key overwritten (a write after free)")
-    DOUBLE_FREE = ("double_free", "double free: chunk in two free lists")
-    FREE_IN_USE = ("free_chunk_in_use", "chunk in a bin, but the next chunk says it is in use "
-                   "(\"double free or corruption (!prev)\")")
-    OVERLAPS_TOP = ("overlaps_top", "free chunk overlaps top")
-    OUTSIDE_HEAP = ("outside_heap", "free chunk outside its arena's heaps")
-    CHUNK_SIZE = ("chunk_size", "impossible chunk size in the heap walk (\"invalid size\")")
-    FREE_UNLISTED = ("free_unlisted", "free chunk in no list (PREV_INUSE of the next chunk cleared)")
-    TOP_SIZE = ("top_size", "top chunk runs past its heap (\"corrupted top size\")")
-    NEXTSIZE = ("nextsize_mismatch", "large bin nextsize links broken "
-                "(\"corrupted double-linked list (not small)\")")
-    LARGE_ORDER = ("large_bin_order", "large bin not sorted by size")
-    ARENA_BIT = ("arena_bit", "NON_MAIN_ARENA flag does not match the chunk's arena")
-    BINMAP = ("binmap", "non-empty bin not marked in the binmap")
-    FASTCHUNKS = ("have_fastchunks", "fastbins hold chunks but have_fastchunks is false")
-    ARENA_RING = ("arena_ring", "arena ring or free list broken")
-    HEAP_INFO = ("heap_info", "heap_info chain broken")
-    ARENA = ("arena", "arena unreadable or inconsistent")
-    MUTEX_HELD = ("mutex_held", "arena mutex held at snapshot time (lists may be mid-update)")
-    ACCOUNTING = ("accounting", "system_mem not accounted for by the chunk walk")
-    MMAPPED = ("mmapped", "mmapped chunks disagree with mp_")
-    TCACHE = ("tcache", "tcache struct unreadable or inconsistent")
-    ABORT = ("abort", "glibc aborted the process")
-    CRASH_POINTER = ("crash_pointer", "the crashing thread's stack points at a free chunk")
-    TLS_LOST = ("thread_tls_lost", "thread's TLS not in the core (its arena and tcache found by scanning)")
-    INTERRUPTED = ("interrupted", "the chunk walk was stopped (Ctrl-C)")
-    NO_DECAY = ("no_decay", "dirty pages that never decay: no thread of the arena holds a decay ticker")
-    DISCOVERY = ("discovery", "discovery")
-    OTHER = ("other", "other")
+Kind.UNMAPPED = Kind("unmapped_pointer", "pointer into unmapped memory")
+Kind.LIST_CYCLE = Kind("list_cycle", "list is a cycle not through its head")
+Kind.LIST_TOO_LONG = Kind("list_too_long", "list longer than its arena could hold")
+Kind.DOUBLE_FREE = Kind("double_free", "double free: chunk in two free lists")
+Kind.TCACHE_SIZE = Kind("tcache_size", "tcache entry of wrong size")
+Kind.TCACHE_COUNT = Kind("tcache_count", "tcache count does not match list length")
+Kind.ARENA = Kind("arena", "arena unreadable or inconsistent")
+Kind.MUTEX_HELD = Kind("mutex_held", "arena mutex held at snapshot time (lists may be mid-update)")
+Kind.ACCOUNTING = Kind("accounting", "system_mem not accounted for by the chunk walk")
+Kind.TCACHE = Kind("tcache", "tcache struct unreadable or inconsistent")
+Kind.TLS_LOST = Kind("thread_tls_lost", "thread's TLS not in the core (its arena and tcache found by scanning)")
+Kind.INTERRUPTED = Kind("interrupted", "the chunk walk was stopped (Ctrl-C)")
+Kind.DISCOVERY = Kind("discovery", "discovery")
+Kind.OTHER = Kind("other", "other")
 
 
 @dataclass(frozen=True)
 class Finding:
     """Something wrong or notable at ADDRESS, in STRUCTURE, said in a plain sentence.
 
-    KIND names the invariant; EXPECTED and FOUND (when set) are what glibc's
+    KIND names the invariant; EXPECTED and FOUND (when set) are what the allocator's
     invariant wants and what memory holds.  ADDRESS is where the bad data lives
     (the chunk or slot whose field is wrong), not where a walk noticed it.
     """

@@ -7,7 +7,8 @@ from array import array
 from heapwalk.glibc.layout import layout_for
 from heapwalk.target.memory import CachedMemory, ImageMemory, ReadError
 from heapwalk.glibc.model import BinKind, BinList
-from heapwalk.findings import Kind, Severity
+from heapwalk.findings import Severity
+from heapwalk.glibc.kinds import Kind
 from heapwalk.glibc.lists import bin_index, largebin_index, reveal, walk_bin, walk_fastbin, walk_tcache
 from heapwalk.glibc.ring import walk_arena_ring, walk_heaps
 from synth import ARENA, HEAP, SynthHeap

@@ -21,7 +21,8 @@ from heapwalk.glibc.layout import IS_MMAPPED, NBINS, SIZE_BITS, Layout
 from heapwalk.target.memory import Memory, ReadError, u64
 from heapwalk.glibc.model import Arena, BinKind, HeapState, Tcache, list_name
 from heapwalk.glibc.partial import partial
-from heapwalk.findings import CheckResult, Finding, Kind, Severity
+from heapwalk.findings import CheckResult, Finding, Severity
+from heapwalk.glibc.kinds import Kind
 
 __all__ = ["CheckResult", "check", "scope"]
 

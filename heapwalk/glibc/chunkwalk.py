@@ -18,7 +18,8 @@ from __future__ import annotations
 import bisect
 from collections.abc import Iterator
 
-from heapwalk.findings import Finding, Kind, Severity
+from heapwalk.findings import Finding, Severity
+from heapwalk.glibc.kinds import Kind
 from heapwalk.glibc.chunks import (ADDRESS_MASK, BIN_STATES, HELD_STATES, LISTED_STATES, Chunk, Extent, Listing,
                                    Tally, extents)
 from heapwalk.glibc.model import Account, Arena, ChunkState

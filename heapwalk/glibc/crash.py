@@ -6,7 +6,8 @@ from __future__ import annotations
 import dataclasses
 import struct
 
-from heapwalk.findings import Finding, Kind, Severity
+from heapwalk.findings import Finding, Severity
+from heapwalk.glibc.kinds import Kind
 from heapwalk.glibc.aborts import Candidate, check_for, explain
 from heapwalk.glibc.chunks import list_states
 from heapwalk.glibc.model import ChunkState

@@ -27,7 +27,8 @@ from heapwalk.target.gcpause import gc_paused
 from heapwalk.target.memory import Memory, ReadError, u64
 from heapwalk.target.residency import Residency
 from heapwalk.glibc.model import Account, Arena, ChunkWalk, HeapState, MallocPar, TrimEstimate
-from heapwalk.findings import Fact, Finding, Kind, Severity
+from heapwalk.findings import Fact, Finding, Severity
+from heapwalk.glibc.kinds import Kind
 from heapwalk.glibc import headless
 from heapwalk.glibc.heuristics import arenas_by_heaps
 from heapwalk.target.threads import ThreadRegs

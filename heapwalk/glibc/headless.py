@@ -18,7 +18,8 @@ from heapwalk.glibc.layout import HEAP_MAX_SIZE, IS_MMAPPED, MALLOC_ALIGNMENT, M
     Layout, layout_for
 from heapwalk.glibc.ring import plausible_arena
 from heapwalk.glibc.model import Arena, BinKind, BinList, Heap
-from heapwalk.findings import Finding, Kind, Severity
+from heapwalk.findings import Finding, Severity
+from heapwalk.glibc.kinds import Kind
 from heapwalk.target.memory import Memory, ReadError, readable, u64
 from heapwalk.target.words import word_reader
 

@@ -17,7 +17,8 @@ from array import array
 from heapwalk.glibc.layout import IS_MMAPPED, MALLOC_ALIGNMENT, MINSIZE, NSMALLBINS, SIZE_BITS, Layout
 from heapwalk.target.memory import Memory, ReadError, u64
 from heapwalk.glibc.model import BinKind, BinList, Tcache, TcacheBin
-from heapwalk.findings import Finding, Kind, Severity
+from heapwalk.findings import Finding, Severity
+from heapwalk.glibc.kinds import Kind
 
 __all__ = ["ListWalk", "walk_fastbin", "walk_bin", "walk_tcache", "smallbin_index", "largebin_index", "bin_index",
            "bin_kind", "reveal", "MAX_LIST"]

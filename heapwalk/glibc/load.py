@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from heapwalk.findings import Finding, Kind, Severity
+from heapwalk.findings import Finding, Severity
+from heapwalk.glibc.kinds import Kind
 from heapwalk.glibc.decode import collect
 from heapwalk.glibc.discovery import Discovery, DiscoveryError, Overrides, discover, foreign_allocator
 from heapwalk.glibc.model import HeapState

@@ -3,7 +3,8 @@
 
 from __future__ import annotations
 
-from heapwalk.findings import Kind, Severity
+from heapwalk.findings import Severity
+from heapwalk.glibc.kinds import Kind
 from heapwalk.glibc.model import HeapState, list_name, thread_numbers
 from heapwalk.view import Partial
 

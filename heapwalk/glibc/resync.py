@@ -11,7 +11,8 @@ import bisect
 
 import numpy as np
 
-from heapwalk.findings import Finding, Kind, Severity
+from heapwalk.findings import Finding, Severity
+from heapwalk.glibc.kinds import Kind
 from heapwalk.glibc.chunks import BIN_STATES, Extent, Listing, align_chunk
 from heapwalk.glibc.model import ChunkState
 from heapwalk.glibc.layout import IS_MMAPPED, MALLOC_ALIGNMENT, MINSIZE, NON_MAIN_ARENA, PREV_INUSE, SIZE_BITS

@@ -6,7 +6,8 @@ from __future__ import annotations
 import dataclasses
 import struct
 
-from heapwalk.findings import Finding, Kind, Severity
+from heapwalk.findings import Finding, Severity
+from heapwalk.glibc.kinds import Kind
 from heapwalk.glibc.layout import HEAP_MAX_SIZE, Layout
 from heapwalk.glibc.lists import ListWalk
 from heapwalk.glibc.model import Heap

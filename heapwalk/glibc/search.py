@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from heapwalk.errors import CannotDecode
-from heapwalk.findings import Fact, Finding, Kind, Severity
+from heapwalk.findings import Fact, Finding, Severity
+from heapwalk.glibc.kinds import Kind
 from heapwalk.glibc import heuristics
 from heapwalk.target import x86
 from heapwalk.target.elf import LIBC_FILE_NAME, PF_W, PT_LOAD, LibcImage, Mapping, find_libc, sole_file

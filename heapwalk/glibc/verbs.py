@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from heapwalk.allocator import Verb, Wants
 from heapwalk.errors import UsageError
-from heapwalk.findings import Kind, Severity
+from heapwalk.findings import Severity
+from heapwalk.glibc.kinds import Kind
 from heapwalk.glibc import chunkinfo
 from heapwalk.glibc.model import ChunkState
 from heapwalk.glibc import documents

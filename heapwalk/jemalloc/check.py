@@ -9,7 +9,8 @@ large allocations in use."""
 
 from __future__ import annotations
 
-from heapwalk.findings import Finding, Kind, Severity
+from heapwalk.findings import Finding, Severity
+from heapwalk.jemalloc.kinds import Kind
 from heapwalk.jemalloc.extents import ACTIVE, DIRTY, MUZZY, RETAINED
 from heapwalk.jemalloc.heapmap import held_bytes
 from heapwalk.jemalloc.layout import PAGE

@@ -5,7 +5,8 @@ purged, and whose threads all lack a ticker keeps those pages until something el
 
 from __future__ import annotations
 
-from heapwalk.findings import Finding, Kind, Severity
+from heapwalk.findings import Finding, Severity
+from heapwalk.jemalloc.kinds import Kind
 from heapwalk.jemalloc.layout import PAGE
 from heapwalk.jemalloc.model import JeArena, JeState
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import struct
 
-from heapwalk.findings import Finding, Kind, Severity
+from heapwalk.findings import Finding, Severity
+from heapwalk.jemalloc.kinds import Kind
 from heapwalk.jemalloc.discovery import CONTAINER_STATES, JeDiscovery
 from heapwalk.jemalloc.layout import (BIN_CLASSES, BIN_STATS, NBINS, NLEXTENTS, NPSIZES, PAGE, JeLayout,
                                       class_size, large_size)

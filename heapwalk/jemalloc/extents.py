@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from heapwalk.findings import Finding, Kind, Severity
+from heapwalk.findings import Finding, Severity
+from heapwalk.jemalloc.kinds import Kind
 from heapwalk.jemalloc.layout import JeLayout, PAGE
 from heapwalk.target.memory import Memory, ReadError
 

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import struct
 
-from heapwalk.findings import Finding, Kind, Severity
+from heapwalk.findings import Finding, Severity
+from heapwalk.jemalloc.kinds import Kind
 from heapwalk.jemalloc.layout import NBINS, JeLayout, class_size, size_index
 from heapwalk.target.memory import Memory, ReadError
 

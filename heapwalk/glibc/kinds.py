@@ -1,0 +1,40 @@
+"""The kinds of findings only glibc's malloc has, beside those every allocator may meet (`heapwalk.findings`):
+their titles use glibc's own words, its abort message in parentheses where glibc checks the same thing.
+`Kind` here holds both, so glibc's modules name every kind through it."""
+
+from __future__ import annotations
+
+from heapwalk import findings
+
+__all__ = ["Kind"]
+
+
+class Kind(findings.Kind):
+    """A kind of finding of glibc's heap (the shared kinds are inherited)."""
+
+
+Kind.MISALIGNED = Kind("misaligned", "misaligned chunk pointer (\"unaligned tcache/fastbin chunk detected\")")
+Kind.FD_BK = Kind("fd_bk_mismatch", "fd->bk != p (\"corrupted double-linked list\")")
+Kind.PREV_SIZE = Kind("prev_size_mismatch", "chunk size does not match next chunk's prev_size "
+                 "(\"corrupted size vs. prev_size\")")
+Kind.FASTBIN_SIZE = Kind("fastbin_size", "fastbin entry of wrong size (\"memory corruption (fast)\")")
+Kind.BIN_SIZE = Kind("bin_size", "chunk in the wrong bin for its size")
+Kind.TCACHE_KEY = Kind("tcache_key", "tcache entry's key overwritten (a write after free)")
+Kind.FREE_IN_USE = Kind("free_chunk_in_use", "chunk in a bin, but the next chunk says it is in use "
+                   "(\"double free or corruption (!prev)\")")
+Kind.OVERLAPS_TOP = Kind("overlaps_top", "free chunk overlaps top")
+Kind.OUTSIDE_HEAP = Kind("outside_heap", "free chunk outside its arena's heaps")
+Kind.CHUNK_SIZE = Kind("chunk_size", "impossible chunk size in the heap walk (\"invalid size\")")
+Kind.FREE_UNLISTED = Kind("free_unlisted", "free chunk in no list (PREV_INUSE of the next chunk cleared)")
+Kind.TOP_SIZE = Kind("top_size", "top chunk runs past its heap (\"corrupted top size\")")
+Kind.NEXTSIZE = Kind("nextsize_mismatch", "large bin nextsize links broken "
+                "(\"corrupted double-linked list (not small)\")")
+Kind.LARGE_ORDER = Kind("large_bin_order", "large bin not sorted by size")
+Kind.ARENA_BIT = Kind("arena_bit", "NON_MAIN_ARENA flag does not match the chunk's arena")
+Kind.BINMAP = Kind("binmap", "non-empty bin not marked in the binmap")
+Kind.FASTCHUNKS = Kind("have_fastchunks", "fastbins hold chunks but have_fastchunks is false")
+Kind.ARENA_RING = Kind("arena_ring", "arena ring or free list broken")
+Kind.HEAP_INFO = Kind("heap_info", "heap_info chain broken")
+Kind.MMAPPED = Kind("mmapped", "mmapped chunks disagree with mp_")
+Kind.ABORT = Kind("abort", "glibc aborted the process")
+Kind.CRASH_POINTER = Kind("crash_pointer", "the crashing thread's stack points at a free chunk")

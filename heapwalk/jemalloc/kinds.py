@@ -1,0 +1,14 @@
+"""The kinds of findings only jemalloc has, beside those every allocator may meet (`heapwalk.findings`)."""
+
+from __future__ import annotations
+
+from heapwalk import findings
+
+__all__ = ["Kind"]
+
+
+class Kind(findings.Kind):
+    """A kind of finding of jemalloc's state (the shared kinds are inherited)."""
+
+
+Kind.NO_DECAY = Kind("no_decay", "dirty pages that never decay: no thread of the arena holds a decay ticker")
