@@ -32,10 +32,27 @@ def _name(node: ast.AST) -> str:
     return ""
 
 
+def _annotations(tree: ast.AST) -> set[int]:
+    """The ids of every node inside an annotation (never evaluated under 'from __future__ import annotations')."""
+    roots = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.AnnAssign):
+            roots.append(node.annotation)
+        elif isinstance(node, ast.arg) and node.annotation is not None:
+            roots.append(node.annotation)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.returns is not None:
+            roots.append(node.returns)
+    return {id(n) for root in roots for n in ast.walk(root)}
+
+
 def _newer_than_39(tree: ast.AST) -> list[str]:
     """What in TREE needs Python 3.10 or later, as 'line: what'."""
     out = []
+    annotated = _annotations(tree)
     for node in ast.walk(tree):
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitOr) and id(node) not in annotated and any(
+                isinstance(side, ast.Constant) and side.value is None for side in (node.left, node.right)):
+            out.append(f"{node.lineno}: X | None outside an annotation")
         if isinstance(node, ast.Call):
             name = _name(node.func)
             for kw in node.keywords:
@@ -67,8 +84,10 @@ def test_every_module_is_python_39(path):
 def test_the_check_finds_what_39_lacks():
     """The search above, on code that 3.9 cannot run."""
     code = ("from dataclasses import dataclass\n@dataclass(frozen=True, slots=True)\nclass A:\n    x: int\n"
-            "n = (5).bit_count()\nok = isinstance(n, int | str)\nfor a, b in zip([1], [2], strict=True): pass\n")
+            "n = (5).bit_count()\nok = isinstance(n, int | str)\nfor a, b in zip([1], [2], strict=True): pass\n"
+            "Rows = list[int | None]\ndef f(x: int | None) -> str | None: pass\n")
     assert sorted(line.split(": ")[1] for line in _newer_than_39(ast.parse(code))) == sorted(
-        ["dataclass(slots=...)", ".bit_count", "isinstance with X | Y", "zip(strict=...)"])
+        ["dataclass(slots=...)", ".bit_count", "isinstance with X | Y", "zip(strict=...)",
+         "X | None outside an annotation"])
     with pytest.raises(SyntaxError):
         ast.parse("match x:\n    case 1:\n        pass\n", feature_version=(3, 9))

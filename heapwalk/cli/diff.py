@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 from pathlib import Path
+from typing import List, Optional, Tuple
 
 from heapwalk.analysis.diff import ArenaTotals, Signatures, diff
 from heapwalk.cli.cores import open_core, report_command
@@ -28,7 +29,8 @@ def process_rss(path: Path) -> int | None:
         return None
 
 
-Snapshot = list[tuple[str, list[ArenaTotals], Signatures | None]]
+#: each allocator of a snapshot: its name, its arenas, its blocks in use by signature (or None)
+Snapshot = List[Tuple[str, List[ArenaTotals], Optional[Signatures]]]
 
 
 def _snapshot(args, path: Path, out: Path) -> Snapshot:
