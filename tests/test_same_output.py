@@ -66,10 +66,10 @@ RENAMED = {b"attached_threads |": b"threads glibc counts |",
 
 #: what is printed now and BASELINE did not print at all, on purpose (issue 20: how much is in RAM, which these
 #: cores cannot say): text lines, and the keys of report.json's report, its arenas, totals and mmapped chunks;
-#: and every document names its allocator (issue 39)
+#: and every document names its allocator, and each thread its name (issue 39)
 ADDED_LINES = (b"in RAM: unknown (this core does not say which pages were resident: a core 'heapwalk capture' wrote "
                b"does, and a live process)\n",)
-ADDED_KEYS = {"document": ("allocator",), "report": ("residency", "in_use", "leaks"),
+ADDED_KEYS = {"document": ("allocator",), "threads": ("name",), "report": ("residency", "in_use", "leaks"),
               "arenas": ("rss", "free_resident", "top_resident"),
               "totals": ("rss", "free_resident"), "mmapped": ("resident",)}
 
@@ -90,6 +90,9 @@ def _without_added(key: str, data: bytes) -> bytes:
     doc = json.loads(data)
     for name in ADDED_KEYS["document"]:
         doc.pop(name, None)
+    for thread in doc.get("threads") or []:
+        for name in ADDED_KEYS["threads"]:
+            thread.pop(name, None)
     if key != "report.json":
         return (json.dumps(doc, indent=1) + "\n").encode()
     rep = doc["report"]

@@ -14,7 +14,7 @@ from heapwalk.cli.cores import open_core, report_command
 from heapwalk.cli.corewriter import hold_for, write_core
 from heapwalk.cli.gdbmi import CliError, Gdb
 from heapwalk.analysis.report import human
-from heapwalk.cli.proc import environment, ptrace_advice, read_smaps, resident_runs
+from heapwalk.cli.proc import environment, ptrace_advice, read_smaps, resident_runs, thread_names
 from heapwalk.target.pages import PagesUnknown
 
 
@@ -87,7 +87,7 @@ def _process_record(pid: int) -> dict:
                        "or as root") from None
     settings, unknown = environment(pid)
     return {"pid": pid, "exe": exe, "cmdline": cmdline, "environment": settings, "environment_unknown": unknown,
-            "threads": threads, "cpus_online": os.cpu_count()}
+            "threads": threads, "cpus_online": os.cpu_count(), "thread_names": thread_names(pid)}
 
 
 #: the fields of glibc's mp_ that the MALLOC_* variables, GLIBC_TUNABLES and mallopt set, as the capture names them
@@ -140,7 +140,8 @@ def cmd_capture(args) -> int:
         stopped, smaps, runs, text = _live(args, pid, json_file)
     else:
         stopped, smaps, runs, written = _stopped_briefly(pid, core, {
-            "cpus_online": record["cpus_online"], "cpus_allowed": record["cpus_allowed"]}, args.full)
+            "cpus_online": record["cpus_online"], "cpus_allowed": record["cpus_allowed"],
+            "thread_names": record["thread_names"]}, args.full)
     record.update(stopped_seconds=round(stopped, 3), smaps=smaps, resident_runs=runs,
                   core=None if args.live else str(core), time=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                   core_writer=None if args.live else "heapwalk")

@@ -100,3 +100,18 @@ def resident_runs(pid: int, mappings: list[dict]) -> list[list[int]] | None:
                 runs += present_runs(f.fileno(), start, min(m["end"], start + (1 << 30)), zero)
     zero.close()
     return [list(run) for run in merged(runs)]
+
+
+def thread_names(pid: int) -> dict[str, str]:
+    """Each thread's name (its comm), by its LWP as text, as far as /proc lets this user read them."""
+    out = {}
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tasks:
+        try:
+            out[tid] = Path(f"/proc/{pid}/task/{tid}/comm").read_text().rstrip("\n")
+        except OSError:
+            continue
+    return out

@@ -13,7 +13,7 @@ from heapwalk.errors import CannotDecode, UsageError
 from heapwalk.gdb.console import walk_progress
 from heapwalk.target.gdbadapter import GdbSymbols, gdb_memory, preserved_selection, thread_registers
 from heapwalk.target.gdbspace import (core_not_read, cpu_counts, describe_target, has_target, memory_map,
-                                      missing_ranges, residency)
+                                      missing_ranges, residency, thread_names)
 from heapwalk.target.space import Target
 
 #: a mistake in the command line or the target: shown as one line
@@ -46,7 +46,7 @@ def _require_target() -> None:
 def _target() -> Target:
     """The selected inferior as gdb shows it."""
     space = memory_map()
-    return Target(gdb_memory(space.readable), space, thread_registers(), GdbSymbols(), describe_target(),
+    return Target(gdb_memory(space.readable), space, thread_registers(thread_names()), GdbSymbols(), describe_target(),
                   missing_ranges() if space.core else [], cpu_counts(), residency(), core_not_read())
 
 

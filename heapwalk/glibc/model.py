@@ -178,6 +178,7 @@ class Thread:
     tcache_pointer: int | None  # value of the tcache TLS variable
     tcache: Tcache | None
     tls_lost: bool = False      # the core holds no copy of the thread's TLS (its stack was written as zeros)
+    name: str | None = None     # its name (comm), when the target says
 
 
 def thread_numbers(numbers: list[int]) -> str:

@@ -68,11 +68,12 @@ def _threads(doc: dict[str, Any]) -> str:
     for t in doc.get("threads") or []:
         tc = t.get("tcache") or {}
         arena = t.get("arena")
-        rows.append((str(t["number"]), str(t.get("lwp") or "-"),
+        rows.append((str(t["number"]), str(t.get("lwp") or "-"), e(t.get("name") or "-"),
                      "-" if arena is None else f"{number.get(arena, '?')} <code>{arena:#x}</code>",
                      str(tc.get("count", "-")), human(tc["bytes"]) if tc else "-",
                      "" if t.get("tls_intact", True) else "its thread block could not be read"))
     if not rows:
         return ""
     return section("threads", "Threads and their arenas",
-                   table(["thread", "LWP", "arena", "tcache chunks", "tcache bytes", ""], rows, (0, 2), wrap=(5,)))
+                   table(["thread", "LWP", "name", "arena", "tcache chunks", "tcache bytes", ""], rows, (0, 2, 3),
+                         wrap=(6,)))

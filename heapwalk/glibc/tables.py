@@ -207,9 +207,10 @@ def threads_group(state: HeapState, interactive: bool) -> Group:
     """Every thread with its arena and tcache; then the arenas with their users, and the users glibc counts
     (its attached_threads)."""
     numbers = {a.address: a.number for a in state.arenas}
+    named = any(t.name for t in state.threads)       # a core gdb wrote has no names: no column then
     table = Table(title="threads", box=box_for(interactive), title_justify="left")
-    for name, justify in (("thread", "right"), ("lwp", "right"), ("arena", "left"), ("tcache chunks", "right"),
-                          ("tcache bytes", "right")):
+    for name, justify in (("thread", "right"), ("lwp", "right"), *((("name", "left"),) if named else ()),
+                          ("arena", "left"), ("tcache chunks", "right"), ("tcache bytes", "right")):
         table.add_column(name, justify=justify, no_wrap=True)
     users: dict[int, int] = {}
     for t in state.threads:
@@ -220,7 +221,8 @@ def threads_group(state: HeapState, interactive: bool) -> Group:
         if t.tls_lost:
             arena = "unknown (TLS not in the core)"
         count = str(t.tcache.count) if t.tcache else "-"
-        table.add_row(str(t.number), str(t.lwp), arena, count, human(t.tcache.total) if t.tcache else "-")
+        table.add_row(str(t.number), str(t.lwp), *((t.name or "-",) if named else ()), arena, count,
+                      human(t.tcache.total) if t.tcache else "-")
     arenas = Table(title="arenas and their threads", box=box_for(interactive), title_justify="left")
     for name, justify in (("#", "right"), ("arena", "left"), ("kind", "left"), ("threads using it", "right"),
                           ("threads glibc counts", "right"), ("on free list", "left")):

@@ -33,7 +33,7 @@ def decode_thread(mem: Memory, disc: Discovery, regs: ThreadRegs, fill_count: in
     arena = tcache_ptr = None
     tcache = None
     if regs.fs_base and not _tls_intact(mem, regs.fs_base):
-        return Thread(regs.number, regs.lwp, regs.fs_base, None, None, None, tls_lost=True), findings
+        return Thread(regs.number, regs.lwp, regs.fs_base, None, None, None, tls_lost=True, name=regs.name), findings
     if regs.fs_base:
         for attr, name in (("thread_arena_tpoff", "thread_arena"), ("tcache_tpoff", "tcache")):
             tpoff = getattr(disc, attr)
@@ -51,7 +51,8 @@ def decode_thread(mem: Memory, disc: Discovery, regs: ThreadRegs, fill_count: in
                 arena = value
     if tcache_ptr and not disc.is_libc_address(tcache_ptr):
         tcache = walk_tcache(mem, disc.layout, tcache_ptr, fill_count)
-    return Thread(regs.number, regs.lwp, regs.fs_base or 0, arena or None, tcache_ptr or None, tcache), findings
+    return (Thread(regs.number, regs.lwp, regs.fs_base or 0, arena or None, tcache_ptr or None, tcache, name=regs.name),
+            findings)
 
 
 def scan_for_tcaches(mem: Memory, disc: Discovery, state: HeapState) -> HeapState:

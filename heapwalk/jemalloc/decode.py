@@ -184,12 +184,12 @@ def _thread(mem: Memory, disc: JeDiscovery, regs: ThreadRegs, arenas: dict[int, 
     the CACHED bins of its thread cache hold."""
     layout = disc.layout
     if disc.tsd_tpoff is None or not regs.fs_base:
-        return JeThread(regs.number, regs.lwp, None, None, None, 0, 0, None)
+        return JeThread(regs.number, regs.lwp, None, None, None, 0, 0, None, name=regs.name)
     tsd = regs.fs_base + disc.tsd_tpoff
     try:
         raw = mem.read(tsd, layout.tsd_size)
     except ReadError:
-        return JeThread(regs.number, regs.lwp, tsd, None, None, 0, 0, None)
+        return JeThread(regs.number, regs.lwp, tsd, None, None, 0, 0, None, name=regs.name)
     state = raw[layout.tsd_state]
     arena = arenas.get(struct.unpack_from("<Q", raw, layout.tsd_arena)[0])
     allocated, = struct.unpack_from("<Q", raw, layout.tsd_allocated)
@@ -208,7 +208,7 @@ def _thread(mem: Memory, disc: JeDiscovery, regs: ThreadRegs, arenas: dict[int, 
     return JeThread(regs.number, regs.lwp, tsd, state, arena, allocated, deallocated, ticker, tcache_arena,
                     tuple((class_size(i), c) for i, c in enumerate(counts) if c),
                     _origins(mem, layout, arrays, len(counts), tcache_arena, extents,
-                             _Seen(regs.number, seen, findings)))
+                             _Seen(regs.number, seen, findings)), name=regs.name)
 
 
 def _plausible_counts(counts: list[int], thread: int, array: int, findings: list[Finding]) -> list[int]:

@@ -150,6 +150,7 @@ class JeThread:
     tcache_arena: int | None = None         # the arena its thread cache is registered with
     tcache: tuple[tuple[int, int], ...] = ()    # (class size, regions cached) of each non-empty cache bin
     tcache_origin: tuple[tuple[int, int], ...] = ()     # (arena, bytes): where the cached regions came from
+    name: str | None = None                 # its name (comm), when the target says
 
     @property
     def tcache_bytes(self) -> int:

@@ -14,7 +14,7 @@ from heapwalk.output.htmlpage import e, section, table
 from heapwalk.output.htmlreport import (arenas_section, findings_section, histogram_section, maps_section,
                                         plain_figures, verdict_section)
 from heapwalk.view import HeapStrip, Words
-from heapwalk.jemalloc.shown import THREAD_STATES
+from heapwalk.jemalloc.shown import thread_state
 
 __all__ = ["jemalloc_facts", "decay_section", "jemalloc_threads", "jemalloc_sections", "JE_COLOURS", "JE_NAMES"]
 
@@ -71,12 +71,13 @@ def jemalloc_threads(doc: dict[str, Any]) -> str:
     threads = (doc.get("jemalloc") or {}).get("threads") or []
     if not threads:
         return ""
-    rows = [(str(t["number"]), str(t.get("lwp") or "-"), "-" if t.get("arena") is None else str(t["arena"]),
-             e("unknown" if t.get("state") is None else THREAD_STATES.get(t["state"], str(t["state"]))),
+    rows = [(str(t["number"]), str(t.get("lwp") or "-"), e(t.get("name") or "-"),
+             "-" if t.get("arena") is None else str(t["arena"]), e(thread_state(t.get("name"), t.get("state"))),
              human(t.get("allocated") or 0), human(t.get("deallocated") or 0),
              human((t.get("tcache") or {}).get("bytes") or 0)) for t in threads]
     return section("threads", "Threads and their arenas",
-                   table(["thread", "LWP", "arena", "state", "allocated", "freed", "thread cache"], rows, (0, 3)))
+                   table(["thread", "LWP", "name", "arena", "state", "allocated", "freed", "thread cache"], rows,
+                         (0, 2, 4)))
 
 
 def jemalloc_sections(doc: dict[str, Any], strips: Sequence[HeapStrip], words: Words) -> list[str]:

@@ -40,7 +40,8 @@ def _arena(a: JeArena) -> dict[str, Any]:
 
 
 def _thread(t: JeThread) -> dict[str, Any]:
-    return {"number": t.number, "lwp": t.lwp, "tsd": t.tsd, "state": t.state, "arena": t.arena,
+    return {"number": t.number, "lwp": t.lwp, "name": t.name, "tsd": t.tsd, "state": t.state,
+            "allocators_own": t.name == BACKGROUND_NAME, "arena": t.arena,
             "allocated": t.allocated, "deallocated": t.deallocated, "decay_ticker": t.ticker,
             "tcache": {"arena": t.tcache_arena, "bytes": t.tcache_bytes,
                        "bins": [{"size": size, "ncached": count} for size, count in t.tcache],
@@ -74,16 +75,34 @@ THREAD_STATES = {0: "nominal", 1: "nominal (slow)", 2: "nominal (recompute)", 3:
                  5: "reincarnated", 6: "never initialised"}
 
 
+#: the name jemalloc gives its background threads (pthread_setname_np), and the tsd state they run in: they take
+#: an internal tsd, set to "reincarnated", so that no arena is bound to them
+BACKGROUND_NAME = "jemalloc_bg_thd"
+_REINCARNATED = 5
+
+
+def thread_state(name: str | None, state: int | None) -> str:
+    """A thread's tsd state in words, saying which threads are jemalloc's own (its background threads)."""
+    if name == BACKGROUND_NAME:
+        return "jemalloc's background thread"
+    if state == _REINCARNATED and not name:
+        return "reincarnated: jemalloc's background thread, or a thread past its exit"
+    return "unknown" if state is None else THREAD_STATES.get(state, str(state))
+
+
 def jemalloc_threads_table(state: JeState, box) -> Table:
-    """Every thread: its arena, its tsd's state, the bytes it allocated and freed, what its thread cache
-    holds, and its decay ticker."""
+    """Every thread: its name (when the target says), its arena, its tsd's state (jemalloc's own threads
+    named), the bytes it allocated and freed, what its thread cache holds, and its decay ticker."""
     table = Table(title="jemalloc threads", box=box, title_justify="left")
-    for name in ("thread", "lwp", "arena", "state", "allocated", "freed", "tcache", "decay ticker"):
-        table.add_column(name, justify="left" if name in ("state", "decay ticker") else "right", no_wrap=True)
+    named = any(t.name for t in state.threads)
+    for name in ("thread", "lwp", *(("name",) if named else ()), "arena", "state", "allocated", "freed", "tcache",
+                 "decay ticker"):
+        table.add_column(name, justify="left" if name in ("name", "state", "decay ticker") else "right",
+                         no_wrap=True)
     for t in state.threads:
         ticker = "unknown" if t.ticker is None else "yes" if t.ticker else "none"
-        table.add_row(str(t.number), str(t.lwp), "-" if t.arena is None else str(t.arena),
-                      "unknown" if t.state is None else THREAD_STATES.get(t.state, str(t.state)),
+        table.add_row(str(t.number), str(t.lwp), *((t.name or "-",) if named else ()),
+                      "-" if t.arena is None else str(t.arena), thread_state(t.name, t.state),
                       human(t.allocated), human(t.deallocated), human(t.tcache_bytes), ticker)
     return table
 

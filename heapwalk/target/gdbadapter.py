@@ -173,8 +173,9 @@ def _argument(frame, name: str) -> int | None:
     return None
 
 
-def thread_registers() -> list[ThreadRegs]:
-    """Every thread of the selected inferior with its $fs_base (None where unreadable)."""
+def thread_registers(names: dict[int, str] | None = None) -> list[ThreadRegs]:
+    """Every thread of the selected inferior with its $fs_base (None where unreadable) and its name (gdb's, or
+    NAMES': LWP -> name, what a capture recorded)."""
     out = []
     with preserved_selection():
         for thread in gdb.selected_inferior().threads():
@@ -194,9 +195,18 @@ def thread_registers() -> list[ThreadRegs]:
             except (gdb.error, ValueError):
                 pass
             arguments = _malloc_arguments() if signal in FATAL_SIGNALS else ()
-            out.append(ThreadRegs(thread.num, thread.ptid[1] or thread.ptid[0], fs_base, sp, signal,
-                                  tuple(registers), arguments))
+            lwp = thread.ptid[1] or thread.ptid[0]
+            out.append(ThreadRegs(thread.num, lwp, fs_base, sp, signal, tuple(registers), arguments,
+                                  _thread_name(thread) or (names or {}).get(lwp)))
     return sorted(out, key=lambda t: t.number)
+
+
+def _thread_name(thread) -> str | None:
+    """The thread's name as gdb knows it (a live process's comm; cores have none), or None."""
+    try:
+        return thread.name or None
+    except (gdb.error, RuntimeError):
+        return None
 
 
 def symbol_at(address: int) -> str | None:

@@ -89,6 +89,18 @@ def cpu_counts() -> tuple[int, int] | None:
         return None
 
 
+def thread_names() -> dict[int, str]:
+    """A core's thread names, LWP -> name, from the note `heapwalk capture` writes ({} otherwise: a live
+    process's gdb knows them)."""
+    if connection_type() != "core":
+        return {}
+    with _open_core() as core:
+        names = (core.capture_facts() if core is not None else {}).get("thread_names")
+    if not isinstance(names, dict):
+        return {}
+    return {int(lwp): str(name) for lwp, name in names.items() if str(lwp).isdigit()}
+
+
 def residency() -> Residency | None:
     """Which pages were resident, where that is known: a process on this machine's from its page map, a
     core's from what `heapwalk capture` recorded (in the core, or beside gcore's core); None otherwise."""

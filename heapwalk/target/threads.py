@@ -18,6 +18,7 @@ class ThreadRegs:
     signal: int | None = None   # the signal that stopped the thread (a core's siginfo), if known
     registers: tuple[tuple[str, int], ...] = ()  # general registers (name, value) of its newest frame
     arguments: tuple[tuple[str, int], ...] = ()  # (where, user pointer) given to malloc's functions (symbols)
+    name: str | None = None     # its name (/proc's comm: the debugger's, or what a capture recorded), if known
 
 
 #: signals that end a process with a crash dump
