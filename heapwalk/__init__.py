@@ -5,7 +5,7 @@ threads, core files), `glibc` (the allocator's decoder), `view` (what any
 allocator's decoder gives the analysis), `analysis` (the report, the diff),
 `output` (tables, JSON), and the two front ends `gdb` and `cli`.
 Everything is plain Python and never imports gdb but
-`heapwalk.target.gdbadapter` and the gdb front end (`heapwalk.gdb`).  Inside
+`heapwalk.inferior.gdbadapter` and the gdb front end (`heapwalk.gdb`).  Inside
 gdb, `load()` registers the commands.
 """
 

@@ -12,7 +12,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from heapwalk.target.pages import read_maps
+from heapwalk.inferior.pages import read_maps
 
 ROOT = Path(__file__).resolve().parent.parent
 _PAGE = 4096

@@ -108,9 +108,11 @@ def glibc(name: str) -> Glibc:
 
 
 def _exe_exists(directory: Path) -> bool:
-    """Whether the program a capture in DIRECTORY names is still there (a build folder moved or removed)."""
+    """Whether the program a capture in DIRECTORY names is still there (a build folder moved or removed), and
+    not built again since the core was taken (gdb refuses a program whose build differs from the core's)."""
     try:
-        return Path(json.loads((directory / "meta.json").read_text())["exe"]).exists()
+        exe = Path(json.loads((directory / "meta.json").read_text())["exe"])
+        return exe.stat().st_mtime <= (directory / "core").stat().st_mtime
     except (OSError, ValueError, KeyError):
         return False
 
@@ -182,7 +184,7 @@ def blank_stacks(glibc_name: str, main_tls: bool = False) -> tuple[harness.Captu
 
 def _fresh_corruption(directory: Path) -> bool:
     needed = [directory / f for f in ("core", "expected.json", "meta.json")]
-    if not all(p.exists() for p in needed):
+    if not all(p.exists() for p in needed) or not _exe_exists(directory):
         return False
     sources = [ROOT / "cores" / "corrupt.c", ROOT / "cores" / "harness.py"]
     return min(p.stat().st_mtime for p in needed) >= max(p.stat().st_mtime for p in sources)

@@ -49,10 +49,10 @@ from heapwalk.glibc.chunks import extents
 from heapwalk.glibc.decode import collect
 from heapwalk.glibc.allocator import GlibcHeap
 from heapwalk.glibc.discovery import DiscoveryError, Overrides, discover
-from heapwalk.target.gdbadapter import GdbSymbols, gdb_memory, thread_registers
-from heapwalk.target.gdbspace import memory_map
-from heapwalk.target.memory import ReadError
-from heapwalk.target.roots import readonly_images
+from heapwalk.inferior.gdbadapter import GdbSymbols, gdb_memory, thread_registers
+from heapwalk.inferior.gdbspace import memory_map
+from heapwalk.inferior.memory import ReadError
+from heapwalk.inferior.roots import readonly_images
 from heapwalk.output.leakdoc import leaks_group, leaks_json
 from heapwalk.findings import Severity
 from heapwalk.glibc.kinds import Kind

@@ -45,9 +45,9 @@ from heapwalk.output.heapmaps import svg_maps, text_maps
 from heapwalk.output.htmlreport import report_html
 from heapwalk.output.jsondoc import report_json
 from heapwalk.output.pngmaps import png_maps
-from heapwalk.target.elf import LibcImage
-from heapwalk.target.gdbadapter import gdb_memory, thread_registers
-from heapwalk.target.gdbspace import memory_map
+from heapwalk.inferior.elf import LibcImage
+from heapwalk.inferior.gdbadapter import gdb_memory, thread_registers
+from heapwalk.inferior.gdbspace import memory_map
 
 _CACHE_BIN = 24
 #: the aimed damage kinds, each drawn this share of the time (the rest are random patches of what was read)

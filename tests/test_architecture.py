@@ -15,19 +15,19 @@ MAY_IMPORT = {
     "errors": set(),
     "findings": {"errors"},
     "view": {"errors"},
-    "target": {"findings", "errors"},
-    "analysis": {"view", "target", "findings", "errors"},
-    "output": {"analysis", "view", "target", "findings", "errors"},
+    "inferior": {"findings", "errors"},
+    "analysis": {"view", "inferior", "findings", "errors"},
+    "output": {"analysis", "view", "inferior", "findings", "errors"},
     "allocator": {"output", "analysis", "view", "findings", "errors"},
-    "glibc": {"allocator", "output", "analysis", "view", "target", "findings", "errors"},
-    "jemalloc": {"allocator", "output", "analysis", "view", "target", "findings", "errors"},
+    "glibc": {"allocator", "output", "analysis", "view", "inferior", "findings", "errors"},
+    "jemalloc": {"allocator", "output", "analysis", "view", "inferior", "findings", "errors"},
     "registry": {"allocator", *ALLOCATOR_PARTS},
-    "gdb": {"registry", "allocator", "output", "analysis", "view", "target", "findings", "errors"},
-    "cli": {"registry", "output", "analysis", "view", "target", "findings", "errors"},
+    "gdb": {"registry", "allocator", "output", "analysis", "view", "inferior", "findings", "errors"},
+    "cli": {"registry", "output", "analysis", "view", "inferior", "findings", "errors"},
     "__init__": {"gdb", "errors"},
 }
 #: the only modules that import gdb
-GDB_MODULES = {"target/gdbadapter.py", "target/gdbspace.py", "gdb/commands.py", "gdb/console.py", "gdb/session.py",
+GDB_MODULES = {"inferior/gdbadapter.py", "inferior/gdbspace.py", "gdb/commands.py", "gdb/console.py", "gdb/session.py",
                "gdb/subcommand.py", "gdb/loading.py"}
 MAX_MODULE_LINES, MAX_FUNCTION_LINES = 400, 60
 #: the documented hot loop: one function on purpose (see its docstring)

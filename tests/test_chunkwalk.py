@@ -16,7 +16,7 @@ from heapwalk.glibc import chunkwalk, mmapped, resync
 from heapwalk.glibc.chunks import Extent, Listing, Tally
 from heapwalk.glibc.model import ChunkState
 from heapwalk.glibc.chunkwalk import walk_batches
-from heapwalk.target.memory import ImageMemory, ranges_without
+from heapwalk.inferior.memory import ImageMemory, ranges_without
 
 BASE = 0x7F0000000000
 LISTED = (ChunkState.TCACHE, ChunkState.FAST, ChunkState.UNSORTED, ChunkState.SMALL, ChunkState.LARGE)

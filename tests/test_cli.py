@@ -15,7 +15,7 @@ import pytest
 
 import harness
 import sysroots
-from heapwalk.target.corefile import CoreFile, file_build_id
+from heapwalk.inferior.corefile import CoreFile, file_build_id
 from browser import Browser, heap_groups, png_pixels
 from conftest import BINDIR, GLIBCS, NO_SYMBOLS, ROOT, capture, corruption, glibc, heapwalk_json
 from oracle import malloc_info_view, parse_malloc_info

@@ -1,5 +1,5 @@
 """The capture's core writer (`heapwalk.cli.corewriter`) and the page rules it shares with live reads
-(`heapwalk.target.pages`), without a process: which pages of a mapping are read, filled or left out, from a
+(`heapwalk.inferior.pages`), without a process: which pages of a mapping are read, filled or left out, from a
 made-up page map, and the ELF notes it writes."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import numpy as np
 from heapwalk.cli import corewriter
 from heapwalk.cli.corenotes import file_note, note
 from heapwalk.cli.corewriter import PAGE, _codes, _mapping_segments, _write_nonzero
-from heapwalk.target.pages import MapsLine, Page, classify
+from heapwalk.inferior.pages import MapsLine, Page, classify
 
 PRESENT, SWAPPED, FILE_PAGE, EXCLUSIVE = 1 << 63, 1 << 62, 1 << 61, 1 << 56
 BASE = 0x7F0000000000

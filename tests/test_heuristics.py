@@ -6,14 +6,14 @@ import struct
 
 import pytest
 
-from heapwalk.target import x86
+from heapwalk.inferior import x86
 from heapwalk.glibc.discovery import DiscoveryError, NoSymbols, Overrides, discover
-from heapwalk.target.elf import Mapping, find_libc, readable_runs
+from heapwalk.inferior.elf import Mapping, find_libc, readable_runs
 from heapwalk.glibc.heuristics import tcache_safe_linking, tcache_struct_chunk
-from heapwalk.target.threads import ThreadRegs
+from heapwalk.inferior.threads import ThreadRegs
 from heapwalk.glibc.decode import collect
 from heapwalk.glibc.layout import MP_INT_FIELDS, layout_for
-from heapwalk.target.memory import ImageMemory
+from heapwalk.inferior.memory import ImageMemory
 from heapwalk.findings import Kind, Severity
 
 BASE = 0x7F1230000000          # libc's first mapping

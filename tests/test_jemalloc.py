@@ -20,8 +20,8 @@ from heapwalk.findings import Kind, Severity
 from heapwalk.jemalloc.decode import collect_jemalloc
 from heapwalk.jemalloc.discovery import JeDiscovery
 from heapwalk.jemalloc.layout import BIN_CLASSES, LAYOUTS
-from heapwalk.target.memory import ImageMemory
-from heapwalk.target.threads import ThreadRegs
+from heapwalk.inferior.memory import ImageMemory
+from heapwalk.inferior.threads import ThreadRegs
 
 pytestmark = pytest.mark.cores
 

@@ -18,11 +18,11 @@ from conftest import GLIBCS, capture, glibc, run_gdb
 from heapwalk.analysis.graph import Graph
 from heapwalk.analysis.leaks import find_leaks, signatures
 from heapwalk.analysis.reach import scan
-from heapwalk.target.elf import Mapping
-from heapwalk.target.memory import ImageMemory
-from heapwalk.target.roots import Root, RegisterRoot, image_data, root_regions
-from heapwalk.target.space import MemoryMap
-from heapwalk.target.threads import ThreadRegs
+from heapwalk.inferior.elf import Mapping
+from heapwalk.inferior.memory import ImageMemory
+from heapwalk.inferior.roots import Root, RegisterRoot, image_data, root_regions
+from heapwalk.inferior.space import MemoryMap
+from heapwalk.inferior.threads import ThreadRegs
 from heapwalk.view import Blocks
 
 HEAP, DATA = 0x10000, 0x80000

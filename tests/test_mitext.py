@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from heapwalk.target.mitext import c_string, console_text
+from heapwalk.inferior.mitext import c_string, console_text
 
 CONSOLE = ("Symbols from \"/x/prog\".\nLocal core dump file:\n\t`/tmp/core', file type elf64-x86-64.\n"
            "\t0x0000555555554000 - 0x0000555555555000 is load1\n")

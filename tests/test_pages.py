@@ -1,4 +1,4 @@
-"""Reading a running process without faulting a page in (`heapwalk.target.pages`), on this very process: its
+"""Reading a running process without faulting a page in (`heapwalk.inferior.pages`), on this very process: its
 own untouched private, shared and file memory, read through the rules, stays untouched."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import os
 import numpy as np
 import pytest
 
-from heapwalk.target.memory import ReadError
-from heapwalk.target.pages import PAGE, LivePages, Page
+from heapwalk.inferior.memory import ReadError
+from heapwalk.inferior.pages import PAGE, LivePages, Page
 
 MiB = 1 << 20
 
@@ -91,8 +91,8 @@ def test_the_zero_page_mapped_by_a_read_is_not_resident():
     """A page only ever read (by the process, or by a tool that faulted it in) maps the kernel's zero page:
     present in the page map, but no RAM of the process's (known from /proc/kpageflags: the tests run as
     root)."""
-    from heapwalk.target.residency import present_runs
-    from heapwalk.target.pages import ZeroPages
+    from heapwalk.inferior.residency import present_runs
+    from heapwalk.inferior.pages import ZeroPages
 
     area = mmap.mmap(-1, 8 * PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     try:
@@ -117,7 +117,7 @@ def test_the_zero_page_mapped_by_a_read_is_not_resident():
 def test_no_page_map_means_nothing_is_read():
     """Where the page map cannot be read (no such process here; a process this user may not read), nothing
     is read at all, and the reason is said."""
-    from heapwalk.target.pages import PagesUnknown
+    from heapwalk.inferior.pages import PagesUnknown
 
     with pytest.raises(PagesUnknown, match=r"cannot read /proc/\d+/pagemap"):
         LivePages(2 ** 22 + 12345)

@@ -1,4 +1,4 @@
-"""Which pages were in RAM (`heapwalk.target.residency`): the arithmetic over resident runs, a live process's
+"""Which pages were in RAM (`heapwalk.inferior.residency`): the arithmetic over resident runs, a live process's
 page map (this test's own), a core heapwalk's capture wrote, and what the report makes of it (the verdict,
 what MALLOC_ARENA_MAX would have saved), without gdb."""
 
@@ -15,9 +15,9 @@ import pytest
 from heapwalk.analysis.report import build_report
 from heapwalk.glibc.verdict import arena_max_saving, verdict
 from heapwalk.cli.corewriter import PAGE, _codes, _mapping_segments
-from heapwalk.target.pages import MapsLine, classify
-from heapwalk.target.memory import ranges_without
-from heapwalk.target.residency import Pagemap, Residency, load_runs, of_core
+from heapwalk.inferior.pages import MapsLine, classify
+from heapwalk.inferior.memory import ranges_without
+from heapwalk.inferior.residency import Pagemap, Residency, load_runs, of_core
 from heapwalk.view import ArenaView, HeapView
 
 MiB = 1 << 20

@@ -22,7 +22,7 @@ from heapwalk.glibc.model import Arena, BinKind, BinList, ChunkState, Heap
 from heapwalk.glibc.onepass import OnePass
 from heapwalk.glibc.sweptchunks import listing_arrays, swept_chunks
 from heapwalk.glibc.trim import TrimSimulation
-from heapwalk.target.memory import ImageMemory
+from heapwalk.inferior.memory import ImageMemory
 
 ARENA = 0x7F0000001000
 HEAP = 0x555555559000

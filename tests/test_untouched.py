@@ -20,7 +20,7 @@ import pytest
 import harness
 import sysroots
 from conftest import BINDIR, JEMALLOCS, ROOT, SYSROOTS
-from heapwalk.target.corefile import CoreFile
+from heapwalk.inferior.corefile import CoreFile
 from services import gcore_report, process_state, running
 
 pytestmark = pytest.mark.live

@@ -5,7 +5,7 @@ from __future__ import annotations
 from array import array
 
 from heapwalk.glibc.layout import layout_for
-from heapwalk.target.memory import CachedMemory, ImageMemory, ReadError
+from heapwalk.inferior.memory import CachedMemory, ImageMemory, ReadError
 from heapwalk.glibc.model import BinKind, BinList
 from heapwalk.findings import Severity
 from heapwalk.glibc.kinds import Kind

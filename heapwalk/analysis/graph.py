@@ -14,13 +14,13 @@ from pathlib import Path
 
 import numpy as np
 
-from heapwalk.target.clib import built_library
+from heapwalk.inferior.clib import built_library
 
 __all__ = ["Graph", "NATIVE"]
 
 
 def _load():
-    """The built library's search, or None (see `target.clib`)."""
+    """The built library's search, or None (see `inferior.clib`)."""
     lib = built_library(Path(__file__).parent, "_reach")
     if lib is not None:
         lib.hw_reach.restype = ctypes.c_int64

@@ -12,7 +12,7 @@ import numpy as np
 
 from heapwalk.analysis.leakreport import text_at
 from heapwalk.analysis.leaks import TEXT, Leaks, arena_index, signature_name, signatures
-from heapwalk.target.memory import Memory
+from heapwalk.inferior.memory import Memory
 from heapwalk.view import Blocks
 
 __all__ = ["UsedBucket", "UsedSignature", "LeakTotals", "InUse", "in_use_of", "leak_totals", "size_buckets",

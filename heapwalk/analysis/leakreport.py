@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from heapwalk.analysis.leaks import (HIDDEN_POINTERS, TEXT, ArenaLeaks, Group, Leaks, by_signature, by_size,
                                      signature_name, signatures)
-from heapwalk.target.memory import Memory, ReadError
+from heapwalk.inferior.memory import Memory, ReadError
 
 __all__ = ["LeakReport", "Unreferenced", "SignatureGroup", "LeakedBlock", "describe", "text_at", "HEAD_BYTES"]
 

@@ -15,10 +15,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from heapwalk.analysis.reach import Reach, scan
-from heapwalk.target.memory import Memory
-from heapwalk.target.roots import image_data, register_roots, root_regions
-from heapwalk.target.space import MemoryMap
-from heapwalk.target.threads import ThreadRegs
+from heapwalk.inferior.memory import Memory
+from heapwalk.inferior.roots import image_data, register_roots, root_regions
+from heapwalk.inferior.space import MemoryMap
+from heapwalk.inferior.threads import ThreadRegs
 from heapwalk.view import Blocks
 
 __all__ = ["Leaks", "ArenaLeaks", "Group", "find_leaks", "arena_index", "leaks_of", "signatures", "signature_name",

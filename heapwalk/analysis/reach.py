@@ -1,6 +1,6 @@
 """Which allocations the program can still reach: a conservative scan, as chap makes on cores.
 
-Every aligned 8-byte word of a root (`heapwalk.target.roots`: stacks, registers, TLS, writable data,
+Every aligned 8-byte word of a root (`heapwalk.inferior.roots`: stacks, registers, TLS, writable data,
 anonymous mappings, allocations with their own mapping) that points into an allocation (its first byte or
 anywhere before its end) marks that allocation reached, and so does every such word of a reached
 allocation.  Memory is read once, a window at a time: the roots, then the allocator's heaps, where each
@@ -20,9 +20,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from heapwalk.analysis.graph import Graph
-from heapwalk.target.memory import Memory, merged
-from heapwalk.target.roots import RegisterRoot, Root
-from heapwalk.target.words import read_window
+from heapwalk.inferior.memory import Memory, merged
+from heapwalk.inferior.roots import RegisterRoot, Root
+from heapwalk.inferior.words import read_window
 from heapwalk.view import Blocks
 
 __all__ = ["Reach", "scan", "WINDOW"]

@@ -15,7 +15,7 @@ from heapwalk.cli.corewriter import hold_for, write_core
 from heapwalk.cli.gdbmi import CliError, Gdb
 from heapwalk.analysis.report import human
 from heapwalk.cli.proc import environment, ptrace_advice, read_smaps, resident_runs, thread_names
-from heapwalk.target.pages import PagesUnknown
+from heapwalk.inferior.pages import PagesUnknown
 
 
 def _residency_note(doc: dict, pages_read: bool) -> str:

@@ -9,7 +9,7 @@ import struct
 from pathlib import Path
 
 from heapwalk.cli.ptrace import Stopped
-from heapwalk.target.pages import PAGE, MapsLine
+from heapwalk.inferior.pages import PAGE, MapsLine
 
 __all__ = ["note", "file_note", "process_notes"]
 

@@ -11,7 +11,7 @@ import tempfile
 from pathlib import Path
 
 from heapwalk.cli.gdbmi import CliError, Gdb
-from heapwalk.target.corefile import CoreError, CoreFile, file_build_id, format_ranges
+from heapwalk.inferior.corefile import CoreError, CoreFile, file_build_id, format_ranges
 
 
 _E_SHOFF, _E_SHNUM = 40, 60   # ELF64 header: section header table offset, and its count and string index

@@ -5,7 +5,7 @@ gcore writes every readable mapping whole, so each thread arena's 64 MiB reserva
 where it was never touched, and its reads fault in every page they touch: untouched shared memory gets RAM
 allocated, untouched private memory the zero page.  Here, with the process's threads stopped
 (`ptrace.Stopped`), each mapping is planned page by page from /proc/PID/pagemap with the rules of
-`heapwalk.target.pages` (a page is read from the process only when present or swapped out):
+`heapwalk.inferior.pages` (a page is read from the process only when present or swapped out):
 - anonymous memory (heaps, arenas, stacks, mmapped chunks): its present and swapped-out pages are written;
   the untouched ones are zero-filled segments with no bytes in the file, as they read as zeros;
 - a private mapping of a file: the pages the process wrote; and where the mapping is writable or was
@@ -44,9 +44,9 @@ import numpy as np
 
 from heapwalk.cli.corenotes import note, process_notes
 from heapwalk.cli.ptrace import Stopped
-from heapwalk.target.memory import ReadError
-from heapwalk.target.pages import SPECIAL, LivePages, MapsLine, Page, PagesUnknown, absent_reason
-from heapwalk.target.residency import runs_of
+from heapwalk.inferior.memory import ReadError
+from heapwalk.inferior.pages import SPECIAL, LivePages, MapsLine, Page, PagesUnknown, absent_reason
+from heapwalk.inferior.residency import runs_of
 
 __all__ = ["Segment", "CoreSummary", "PendingCore", "plan_segments", "hold_for", "write_core", "Piece"]
 

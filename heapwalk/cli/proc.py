@@ -7,9 +7,9 @@ import os
 import re
 from pathlib import Path
 
-from heapwalk.target.memory import merged
-from heapwalk.target.pages import ZeroPages
-from heapwalk.target.residency import present_runs
+from heapwalk.inferior.memory import merged
+from heapwalk.inferior.pages import ZeroPages
+from heapwalk.inferior.residency import present_runs
 
 
 def ptrace_advice(pid: int) -> str | None:

@@ -11,10 +11,10 @@ from heapwalk import registry
 from heapwalk.allocator import Context, Decoded, NotUsed, Wants
 from heapwalk.errors import CannotDecode, UsageError
 from heapwalk.gdb.console import walk_progress
-from heapwalk.target.gdbadapter import GdbSymbols, gdb_memory, preserved_selection, thread_registers
-from heapwalk.target.gdbspace import (core_not_read, cpu_counts, describe_target, has_target, memory_map,
+from heapwalk.inferior.gdbadapter import GdbSymbols, gdb_memory, preserved_selection, thread_registers
+from heapwalk.inferior.gdbspace import (core_not_read, cpu_counts, describe_target, has_target, memory_map,
                                       missing_ranges, residency, thread_names)
-from heapwalk.target.space import Target
+from heapwalk.inferior.space import Target
 
 #: a mistake in the command line or the target: shown as one line
 UserError = UsageError

@@ -11,8 +11,8 @@ import gdb  # type: ignore[import-not-found]
 from heapwalk.gdb.console import read_only
 from heapwalk.errors import CannotDecode, UsageError
 from heapwalk.gdb.session import Settings, UserError
-from heapwalk.target.gcpause import gc_paused
-from heapwalk.target.pages import PagesUnknown
+from heapwalk.inferior.gcpause import gc_paused
+from heapwalk.inferior.pages import PagesUnknown
 
 __all__ = ["Parser", "Subcommand", "json_option"]
 

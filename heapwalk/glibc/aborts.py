@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from heapwalk.glibc.chunkinfo import locate, where_listed
 from heapwalk.glibc.layout import IS_MMAPPED, MINSIZE, PREV_INUSE, SIZE_BITS, Layout
-from heapwalk.target.memory import Memory, ReadError, u64
+from heapwalk.inferior.memory import Memory, ReadError, u64
 from heapwalk.glibc.model import Arena, BinKind, HeapState
 from heapwalk.findings import Finding, Severity
 from heapwalk.glibc.kinds import Kind

@@ -14,7 +14,7 @@ from heapwalk.glibc.lists import ListWalk, walk_bin, walk_fastbin
 from heapwalk.glibc.mainarena import main_memory_start
 from heapwalk.glibc.model import Arena, BinKind, BinList, Heap, MallocPar
 from heapwalk.glibc.ring import walk_heaps
-from heapwalk.target.memory import Memory, ReadError, u64
+from heapwalk.inferior.memory import Memory, ReadError, u64
 
 __all__ = ["read_arena", "decode_arena", "walk_free_list", "blank_arena"]
 

@@ -20,7 +20,7 @@ from heapwalk.glibc.indexlists import PLAIN
 from heapwalk.glibc.layout import Layout
 from heapwalk.glibc.model import Arena, ChunkState, HeapState
 from heapwalk.glibc.sweptchunks import listing_arrays, swept_chunks
-from heapwalk.target.memory import Memory, merged, ranges_without
+from heapwalk.inferior.memory import Memory, merged, ranges_without
 from heapwalk.view import Blocks
 
 __all__ = ["blocks_of", "HEADER", "TAIL"]

@@ -18,7 +18,7 @@ import numpy as np
 
 from heapwalk.glibc.chunks import extents
 from heapwalk.glibc.layout import IS_MMAPPED, NBINS, SIZE_BITS, Layout
-from heapwalk.target.memory import Memory, ReadError, u64
+from heapwalk.inferior.memory import Memory, ReadError, u64
 from heapwalk.glibc.model import Arena, BinKind, HeapState, Tcache, list_name
 from heapwalk.glibc.partial import partial
 from heapwalk.findings import CheckResult, Finding, Severity

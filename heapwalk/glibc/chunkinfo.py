@@ -10,7 +10,7 @@ from heapwalk.glibc.model import FREE_STATES, ChunkState
 from heapwalk.glibc.chunkwalk import walk_batches, walk_extent
 from heapwalk.glibc.layout import Layout
 from heapwalk.glibc.sweptchunks import listing_arrays, swept_chunks
-from heapwalk.target.memory import Memory
+from heapwalk.inferior.memory import Memory
 from heapwalk.glibc.model import Arena, HeapState
 
 __all__ = ["ChunkFilter", "chunks", "matching", "Matches", "Located", "locate", "where_listed"]

@@ -25,8 +25,8 @@ from heapwalk.glibc.chunks import (ADDRESS_MASK, BIN_STATES, HELD_STATES, LISTED
 from heapwalk.glibc.model import Account, Arena, ChunkState
 from heapwalk.glibc.layout import MALLOC_ALIGNMENT, MINSIZE, NON_MAIN_ARENA, PREV_INUSE, SIZE_BITS, Layout
 from heapwalk.glibc.resync import BEYOND, FENCEPOST_ROOM, OVERRUN_SPAN, Chain, overrun, overshoot_finding, resync
-from heapwalk.target.memory import Memory, ReadError
-from heapwalk.target.words import PROBE_SPAN, Window
+from heapwalk.inferior.memory import Memory, ReadError
+from heapwalk.inferior.words import PROBE_SPAN, Window
 
 __all__ = ["walk_extent", "walk_batches", "account"]
 

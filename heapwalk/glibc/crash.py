@@ -13,8 +13,8 @@ from heapwalk.glibc.chunks import list_states
 from heapwalk.glibc.model import ChunkState
 from heapwalk.glibc.discovery import Discovery
 from heapwalk.glibc.model import HeapState
-from heapwalk.target.memory import Memory, ReadError, u64
-from heapwalk.target.threads import FATAL_SIGNALS, ThreadRegs
+from heapwalk.inferior.memory import Memory, ReadError, u64
+from heapwalk.inferior.threads import FATAL_SIGNALS, ThreadRegs
 
 __all__ = ["abort_message", "crash_pointers", "crash_findings"]
 

@@ -23,15 +23,15 @@ from heapwalk.glibc.discovery import Discovery, MallocUnused
 from heapwalk.glibc.mainarena import main_memory_start
 from heapwalk.glibc.onepass import OnePass
 from heapwalk.glibc.layout import MP_INT_FIELDS, Layout
-from heapwalk.target.gcpause import gc_paused
-from heapwalk.target.memory import Memory, ReadError, u64
-from heapwalk.target.residency import Residency
+from heapwalk.inferior.gcpause import gc_paused
+from heapwalk.inferior.memory import Memory, ReadError, u64
+from heapwalk.inferior.residency import Residency
 from heapwalk.glibc.model import Account, Arena, ChunkWalk, HeapState, MallocPar, TrimEstimate
 from heapwalk.findings import Fact, Finding, Severity
 from heapwalk.glibc.kinds import Kind
 from heapwalk.glibc import headless
 from heapwalk.glibc.heuristics import arenas_by_heaps
-from heapwalk.target.threads import ThreadRegs
+from heapwalk.inferior.threads import ThreadRegs
 from heapwalk.glibc.ring import ring_shortcut, walk_arena_ring
 
 __all__ = ["collect", "walk_arenas", "read_mp"]

@@ -24,8 +24,8 @@ from heapwalk.glibc.mp import find_mp, heap_max_size
 from heapwalk.glibc.search import DiscoveryError, NoSymbols, Overrides, Search, SymbolSource, parse_version, \
     read_c_string, version_text
 from heapwalk.glibc.tls import find_tcache_tpoff, find_thread_arena_tpoff, safe_linking_shown
-from heapwalk.target.elf import Mapping
-from heapwalk.target.memory import Memory, readable
+from heapwalk.inferior.elf import Mapping
+from heapwalk.inferior.memory import Memory, readable
 
 __all__ = ["Discovery", "DiscoveryError", "MallocUnused", "NoSymbols", "Overrides", "SymbolSource", "discover",
            "foreign_allocator", "main_memory_start", "parse_version", "read_c_string"]

@@ -20,8 +20,8 @@ from heapwalk.glibc.ring import plausible_arena
 from heapwalk.glibc.model import Arena, BinKind, BinList, Heap
 from heapwalk.findings import Finding, Severity
 from heapwalk.glibc.kinds import Kind
-from heapwalk.target.memory import Memory, ReadError, readable, u64
-from heapwalk.target.words import word_reader
+from heapwalk.inferior.memory import Memory, ReadError, readable, u64
+from heapwalk.inferior.words import word_reader
 
 #: user-space addresses on x86_64 (4-level paging) end here: a link beyond it is damage, never an arena
 USER_SPACE_END = 1 << 47

@@ -24,8 +24,8 @@ from heapwalk.glibc.model import Arena, ChunkState, HeapState
 from heapwalk.glibc.sweepwalk import STATE_OF_CODE
 from heapwalk.glibc.sweptchunks import listing_arrays, swept_chunks
 from heapwalk.glibc.trim import SUB_PAGE, TrimSimulation, trim_settings
-from heapwalk.target.memory import Memory
-from heapwalk.target.residency import Residency
+from heapwalk.inferior.memory import Memory
+from heapwalk.inferior.residency import Residency
 from heapwalk.view import MAP_KINDS, HeapStrip
 
 __all__ = ["heap_strips", "KIND_OF_STATE"]

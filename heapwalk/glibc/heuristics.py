@@ -23,9 +23,9 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-from heapwalk.target.elf import LibcImage
+from heapwalk.inferior.elf import LibcImage
 from heapwalk.glibc.layout import MP_INT_FIELDS, SIZE_BITS, Layout, layout_for
-from heapwalk.target.memory import Memory, ReadError, u64
+from heapwalk.inferior.memory import Memory, ReadError, u64
 from heapwalk.glibc.ring import plausible_arena
 
 __all__ = ["ARENA_FAMILIES", "MP_VARIANTS", "MP_FOR_FAMILY", "mp_variant_at", "mp_plausible", "mp_evidence", "MpAnchors",

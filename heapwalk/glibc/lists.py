@@ -15,7 +15,7 @@ import struct
 from array import array
 
 from heapwalk.glibc.layout import IS_MMAPPED, MALLOC_ALIGNMENT, MINSIZE, NSMALLBINS, SIZE_BITS, Layout
-from heapwalk.target.memory import Memory, ReadError, u64
+from heapwalk.inferior.memory import Memory, ReadError, u64
 from heapwalk.glibc.model import BinKind, BinList, Tcache, TcacheBin
 from heapwalk.findings import Finding, Severity
 from heapwalk.glibc.kinds import Kind

@@ -11,7 +11,7 @@ from heapwalk.glibc.kinds import Kind
 from heapwalk.glibc.decode import collect
 from heapwalk.glibc.discovery import Discovery, DiscoveryError, Overrides, discover, foreign_allocator
 from heapwalk.glibc.model import HeapState
-from heapwalk.target.space import Target
+from heapwalk.inferior.space import Target
 
 __all__ = ["load"]
 

@@ -9,8 +9,8 @@ from heapwalk.glibc import headless, heuristics
 from heapwalk.glibc.layout import Layout, UnsupportedVersion, layout_for
 from heapwalk.glibc.ring import plausible_arena
 from heapwalk.glibc.search import DiscoveryError, Search
-from heapwalk.target import x86
-from heapwalk.target.memory import Memory, ReadError, readable, u64
+from heapwalk.inferior import x86
+from heapwalk.inferior.memory import Memory, ReadError, readable, u64
 
 
 def ring_of(mem: Memory, layout: Layout, main_arena: int) -> list[int]:

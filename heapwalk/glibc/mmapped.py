@@ -13,8 +13,8 @@ from heapwalk.glibc.discovery import Discovery
 from heapwalk.glibc.chunks import align_chunk
 from heapwalk.glibc.layout import IS_MMAPPED, MALLOC_ALIGNMENT, MINSIZE, NON_MAIN_ARENA, PREV_INUSE, SIZE_BITS, Layout
 from heapwalk.glibc.model import Arena, Heap, HeapState, MallocPar, MmappedChunk
-from heapwalk.target.memory import Memory, ReadError, ranges_without
-from heapwalk.target.words import PROBE_SPAN, Window
+from heapwalk.inferior.memory import Memory, ReadError, ranges_without
+from heapwalk.inferior.words import PROBE_SPAN, Window
 
 __all__ = ["find_mmapped", "find_mmapped_in_pages", "main_regions", "with_main_regions",
            "mmapped_of_state", "mmapped_agree"]

@@ -18,7 +18,7 @@ from types import MappingProxyType
 import numpy as np
 
 from heapwalk.findings import Fact, Finding
-from heapwalk.target.residency import Residency
+from heapwalk.inferior.residency import Residency
 
 __all__ = ["BinKind", "BinList", "Heap", "Arena", "TcacheBin", "Tcache", "Thread", "MallocPar", "ChunkState",
            "FREE_STATES", "list_name", "thread_numbers", "Account", "TrimEstimate", "KEPT_REASONS", "MmappedChunk", "ChunkWalk", "HeapState"]

@@ -10,8 +10,8 @@ from heapwalk.glibc import heuristics
 from heapwalk.glibc.layout import HEAP_MAX_SIZE, Layout
 from heapwalk.glibc.mainarena import main_memory_start
 from heapwalk.glibc.search import Search
-from heapwalk.target import x86
-from heapwalk.target.memory import ReadError, u64
+from heapwalk.inferior import x86
+from heapwalk.inferior.memory import ReadError, u64
 
 
 def _mp_anchors(search: Search, main_arena: int, ring_layout: Layout) -> heuristics.MpAnchors:

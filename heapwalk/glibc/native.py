@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from heapwalk.target.clib import built_library
+from heapwalk.inferior.clib import built_library
 
 __all__ = ["chase", "follow", "successors", "NATIVE"]
 
@@ -24,7 +24,7 @@ _INT64_P = ctypes.POINTER(ctypes.c_int64)
 
 
 def _load():
-    """The built library's two functions, or None (see `target.clib`)."""
+    """The built library's two functions, or None (see `inferior.clib`)."""
     lib = built_library(Path(__file__).parent, "_native")
     if lib is not None:
         lib.hw_chase.restype = ctypes.c_int64

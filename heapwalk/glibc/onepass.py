@@ -17,8 +17,8 @@ from heapwalk.glibc.layout import Layout
 from heapwalk.glibc.model import Account, Arena, Tcache, TrimEstimate
 from heapwalk.glibc.sweep import sweep_extents
 from heapwalk.glibc.sweepwalk import TCACHE_CODE, TCACHE_STRUCT_CODE, sizes_of, walk_of_sweep
-from heapwalk.target.memory import Memory
-from heapwalk.target.residency import Residency
+from heapwalk.inferior.memory import Memory
+from heapwalk.inferior.residency import Residency
 
 __all__ = ["OnePass", "LISTS_SWEPT_FROM"]
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from heapwalk.glibc.model import Arena, HeapState
-from heapwalk.target.residency import Residency
+from heapwalk.inferior.residency import Residency
 
 __all__ = ["ArenaResidency", "arena_residency", "mmapped_resident"]
 

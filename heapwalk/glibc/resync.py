@@ -16,8 +16,8 @@ from heapwalk.glibc.kinds import Kind
 from heapwalk.glibc.chunks import BIN_STATES, Extent, Listing, align_chunk
 from heapwalk.glibc.model import ChunkState
 from heapwalk.glibc.layout import IS_MMAPPED, MALLOC_ALIGNMENT, MINSIZE, NON_MAIN_ARENA, PREV_INUSE, SIZE_BITS
-from heapwalk.target.memory import Memory, ReadError
-from heapwalk.target.words import PROBE_SPAN, Window
+from heapwalk.inferior.memory import Memory, ReadError
+from heapwalk.inferior.words import PROBE_SPAN, Window
 
 __all__ = ["plausible", "resync", "resume_point", "BEYOND", "FENCEPOST_ROOM", "OVERRUN_SPAN", "overshoot_finding",
            "overrun", "Chain"]

@@ -11,7 +11,7 @@ from heapwalk.glibc.kinds import Kind
 from heapwalk.glibc.layout import HEAP_MAX_SIZE, Layout
 from heapwalk.glibc.lists import ListWalk
 from heapwalk.glibc.model import Heap
-from heapwalk.target.memory import Memory, ReadError, u64
+from heapwalk.inferior.memory import Memory, ReadError, u64
 
 __all__ = ["plausible_arena", "walk_arena_ring", "walk_heaps", "ring_shortcut"]
 

@@ -11,9 +11,9 @@ from heapwalk.errors import CannotDecode
 from heapwalk.findings import Fact, Finding, Severity
 from heapwalk.glibc.kinds import Kind
 from heapwalk.glibc import heuristics
-from heapwalk.target import x86
-from heapwalk.target.elf import LIBC_FILE_NAME, PF_W, PT_LOAD, LibcImage, Mapping, find_libc, sole_file
-from heapwalk.target.memory import Memory, ReadError
+from heapwalk.inferior import x86
+from heapwalk.inferior.elf import LIBC_FILE_NAME, PF_W, PT_LOAD, LibcImage, Mapping, find_libc, sole_file
+from heapwalk.inferior.memory import Memory, ReadError
 
 
 class DiscoveryError(CannotDecode):

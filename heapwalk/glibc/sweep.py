@@ -23,8 +23,8 @@ from heapwalk.glibc.chunks import Extent
 from heapwalk.glibc.layout import MINSIZE
 from heapwalk.glibc.native import chase
 from heapwalk.glibc.resync import FENCEPOST_ROOM
-from heapwalk.target.memory import Memory
-from heapwalk.target.words import SPAN, read_window
+from heapwalk.inferior.memory import Memory
+from heapwalk.inferior.words import SPAN, read_window
 
 __all__ = ["Segment", "Sweep", "sweep_extents", "TAIL_NONE", "TAIL_FENCEPOST", "TAIL_LEFTOVER", "TAIL_ZERO"]
 

@@ -20,8 +20,8 @@ from heapwalk.glibc.layout import NON_MAIN_ARENA, Layout
 from heapwalk.glibc.model import Account, Arena, ChunkState, TrimEstimate
 from heapwalk.glibc.sweep import TAIL_FENCEPOST, TAIL_LEFTOVER, TAIL_ZERO, Sweep
 from heapwalk.glibc.trim import SUB_PAGE, TrimSimulation
-from heapwalk.target.memory import Memory
-from heapwalk.target.residency import Residency
+from heapwalk.inferior.memory import Memory
+from heapwalk.inferior.residency import Residency
 
 __all__ = ["walk_of_sweep", "tally_of_sweep", "sizes_of", "STATE_OF_CODE", "TCACHE_STRUCT_CODE", "TCACHE_CODE"]
 

@@ -22,7 +22,7 @@ from heapwalk.glibc.layout import Layout
 from heapwalk.glibc.model import Arena
 from heapwalk.glibc.sweep import Sweep, sweep_extents
 from heapwalk.glibc.sweepwalk import STATE_OF_CODE, sizes_of, tally_of_sweep
-from heapwalk.target.memory import Memory
+from heapwalk.inferior.memory import Memory
 
 __all__ = ["SweptChunks", "listing_arrays", "swept_chunks"]
 

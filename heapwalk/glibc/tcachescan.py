@@ -22,7 +22,7 @@ from heapwalk.glibc.chunks import Listing, Tally, extents
 from heapwalk.glibc.model import ChunkState
 from heapwalk.glibc.chunkwalk import walk_extent
 from heapwalk.glibc.layout import SIZE_BITS, Layout
-from heapwalk.target.memory import Memory, ReadError, u64
+from heapwalk.inferior.memory import Memory, ReadError, u64
 from heapwalk.glibc.model import Arena, Tcache
 from heapwalk.glibc.lists import walk_tcache
 

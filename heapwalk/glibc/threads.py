@@ -13,8 +13,8 @@ from heapwalk.glibc.discovery import Discovery
 from heapwalk.glibc.lists import walk_tcache
 from heapwalk.glibc.model import HeapState, Thread, thread_numbers
 from heapwalk.glibc.tcachescan import scan_tcaches
-from heapwalk.target.memory import Memory, ReadError, u64
-from heapwalk.target.threads import ThreadRegs
+from heapwalk.inferior.memory import Memory, ReadError, u64
+from heapwalk.inferior.threads import ThreadRegs
 
 __all__ = ["decode_thread", "scan_for_tcaches", "fill_from_tcaches"]
 

@@ -7,8 +7,8 @@ from heapwalk.findings import Severity
 from heapwalk.glibc import heuristics
 from heapwalk.glibc.layout import Layout, layout_for
 from heapwalk.glibc.search import Search
-from heapwalk.target import x86
-from heapwalk.target.memory import ReadError, u64
+from heapwalk.inferior import x86
+from heapwalk.inferior.memory import ReadError, u64
 
 
 def _classify_tcache(search: Search, expected: set[int]):

@@ -21,8 +21,8 @@ from __future__ import annotations
 from types import MappingProxyType
 
 from heapwalk.glibc.layout import MINSIZE, Layout
-from heapwalk.target.memory import Memory, ReadError
-from heapwalk.target.residency import Residency
+from heapwalk.inferior.memory import Memory, ReadError
+from heapwalk.inferior.residency import Residency
 from heapwalk.glibc.model import KEPT_REASONS, Arena, ChunkState, TrimEstimate
 
 __all__ = ["TrimSimulation", "trim_settings", "PAGE", "SUB_PAGE"]

@@ -16,8 +16,8 @@ from heapwalk.jemalloc.extents import walk_extents
 from heapwalk.jemalloc.rtree import ExtentMap
 from heapwalk.jemalloc.tcache import (MAX_NCACHED, arena_tcache_bytes, cache_bins, cached_regions, nhbins,
                                      plausible)
-from heapwalk.target.memory import Memory, ReadError
-from heapwalk.target.threads import ThreadRegs
+from heapwalk.inferior.memory import Memory, ReadError
+from heapwalk.inferior.threads import ThreadRegs
 
 __all__ = ["collect_jemalloc"]
 

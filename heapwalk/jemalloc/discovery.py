@@ -22,9 +22,9 @@ from heapwalk.errors import CannotDecode
 from heapwalk.findings import Fact
 from heapwalk.jemalloc.layout import JeLayout, UnsupportedJemalloc, layout_for
 from heapwalk.jemalloc.opt import OptionsNotFound, read_opts
-from heapwalk.target import x86
-from heapwalk.target.elf import R_X86_64_TPOFF64, LibcImage, Mapping, readable_runs
-from heapwalk.target.memory import Memory, ReadError, u64
+from heapwalk.inferior import x86
+from heapwalk.inferior.elf import R_X86_64_TPOFF64, LibcImage, Mapping, readable_runs
+from heapwalk.inferior.memory import Memory, ReadError, u64
 
 __all__ = ["JeDiscovery", "JemallocNotFound", "discover_jemalloc", "find_library"]
 

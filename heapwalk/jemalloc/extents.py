@@ -18,7 +18,7 @@ import numpy as np
 from heapwalk.findings import Finding, Severity
 from heapwalk.jemalloc.kinds import Kind
 from heapwalk.jemalloc.layout import JeLayout, PAGE
-from heapwalk.target.memory import Memory, ReadError
+from heapwalk.inferior.memory import Memory, ReadError
 
 __all__ = ["ExtentTable", "walk_extents", "ACTIVE", "DIRTY", "MUZZY", "RETAINED"]
 

@@ -15,7 +15,7 @@ import numpy as np
 
 from heapwalk.jemalloc.extents import ACTIVE, DIRTY, MUZZY, RETAINED, ExtentTable
 from heapwalk.jemalloc.layout import BIN_CLASSES, NBINS, large_size
-from heapwalk.target.residency import Residency
+from heapwalk.inferior.residency import Residency
 from heapwalk.view import MAP_KINDS, HeapStrip
 
 __all__ = ["extent_strips", "held_bytes"]

@@ -8,7 +8,7 @@ from heapwalk.jemalloc.decay import decay_findings
 from heapwalk.jemalloc.decode import collect_jemalloc
 from heapwalk.jemalloc.discovery import discover_jemalloc
 from heapwalk.jemalloc.model import JeState
-from heapwalk.target.space import Target
+from heapwalk.inferior.space import Target
 
 __all__ = ["load_jemalloc"]
 

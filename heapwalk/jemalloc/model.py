@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from heapwalk.findings import Fact, Finding
 from heapwalk.jemalloc.extents import ExtentTable
-from heapwalk.target.residency import Residency
+from heapwalk.inferior.residency import Residency
 
 __all__ = ["JeBin", "JeLarge", "JeExtents", "JeArena", "JeThread", "JeState", "SlabTotals"]
 

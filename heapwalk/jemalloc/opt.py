@@ -15,9 +15,9 @@ import re
 import struct
 
 from heapwalk.errors import HeapwalkError
-from heapwalk.target import x86
-from heapwalk.target.elf import LibcImage, readable_runs
-from heapwalk.target.memory import ReadError
+from heapwalk.inferior import x86
+from heapwalk.inferior.elf import LibcImage, readable_runs
+from heapwalk.inferior.memory import ReadError
 
 __all__ = ["OPT_TYPES", "OPT_FIELDS", "read_opts", "OptionsNotFound", "fixed_point_text"]
 

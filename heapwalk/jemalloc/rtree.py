@@ -8,7 +8,7 @@ from __future__ import annotations
 import struct
 
 from heapwalk.jemalloc.layout import JeLayout
-from heapwalk.target.memory import Memory, ReadError
+from heapwalk.inferior.memory import Memory, ReadError
 
 __all__ = ["ExtentMap"]
 

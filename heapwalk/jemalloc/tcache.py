@@ -17,7 +17,7 @@ import struct
 from heapwalk.findings import Finding, Severity
 from heapwalk.jemalloc.kinds import Kind
 from heapwalk.jemalloc.layout import NBINS, JeLayout, class_size, size_index
-from heapwalk.target.memory import Memory, ReadError
+from heapwalk.inferior.memory import Memory, ReadError
 
 __all__ = ["cache_bins", "nhbins", "bin_counts", "arena_tcache_bytes", "cached_regions", "plausible",
            "MAX_NCACHED"]

@@ -7,10 +7,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from heapwalk.findings import Finding, Kind, Severity
-from heapwalk.target.elf import Mapping
-from heapwalk.target.memory import Memory
-from heapwalk.target.residency import Residency
-from heapwalk.target.threads import ThreadRegs
+from heapwalk.inferior.elf import Mapping
+from heapwalk.inferior.memory import Memory
+from heapwalk.inferior.residency import Residency
+from heapwalk.inferior.threads import ThreadRegs
 
 __all__ = ["MemoryMap", "Target"]
 

@@ -14,7 +14,7 @@ import re
 import struct
 from dataclasses import dataclass, field
 
-from heapwalk.target.memory import Memory, ReadError
+from heapwalk.inferior.memory import Memory, ReadError
 
 __all__ = ["Mapping", "Segment", "LibcImage", "find_libc", "readable_runs", "LIBC_FILE_NAME"]
 

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
-from heapwalk.target.corefile import CoreFile
-from heapwalk.target.memory import merged, ranges_without
-from heapwalk.target.pages import EXCLUSIVE, FILE_PAGE, ZeroPages
+from heapwalk.inferior.corefile import CoreFile
+from heapwalk.inferior.memory import merged, ranges_without
+from heapwalk.inferior.pages import EXCLUSIVE, FILE_PAGE, ZeroPages
 
 __all__ = ["Residency", "Pagemap", "of_core", "of_runs", "load_runs", "present_runs", "runs_of",
            "PAGE"]

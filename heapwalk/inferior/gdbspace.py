@@ -1,23 +1,25 @@
 """The target's address space and kind as gdb shows them: core or process (on every gdb from 10 on), its
 mappings, the ranges a core does not hold, which pages were resident, the CPU counts.  With
-`heapwalk.target.gdbadapter`, the only modules below the front ends that import ``gdb``.
+`heapwalk.inferior.gdbadapter`, the only modules below the front ends that import ``gdb``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
+from pathlib import Path
 
 import gdb  # type: ignore[import-not-found]
 
-from heapwalk.target.corefile import CoreError, CoreFile, parse_ranges
-from heapwalk.target.elf import Mapping
-from heapwalk.target.memory import ranges_without
-from heapwalk.target.mitext import console_text
-from heapwalk.target.pages import LivePages
-from heapwalk.target.residency import Pagemap, Residency, load_runs, of_core
-from heapwalk.target.space import MemoryMap
+from heapwalk.inferior.corefile import CoreError, CoreFile, parse_ranges
+from heapwalk.inferior.elf import Mapping
+from heapwalk.inferior.memory import ranges_without
+from heapwalk.inferior.mitext import console_text
+from heapwalk.inferior.pages import LivePages
+from heapwalk.inferior.residency import Pagemap, Residency, load_runs, of_core
+from heapwalk.inferior.space import MemoryMap
 
 __all__ = ["has_target", "connection_type", "cpu_counts", "residency", "core_path", "describe_target",
            "memory_map", "missing_ranges", "core_holes", "core_not_read", "mappings", "MemoryMap", "command_text"]
@@ -90,12 +92,19 @@ def cpu_counts() -> tuple[int, int] | None:
 
 
 def thread_names() -> dict[int, str]:
-    """A core's thread names, LWP -> name, from the note `heapwalk capture` writes ({} otherwise: a live
-    process's gdb knows them)."""
+    """A core's thread names, LWP -> name: from the note `heapwalk capture` writes in its core, or from the
+    capture.json beside gcore's core ('set heapwalk resident-from'); {} otherwise (a live process's gdb knows
+    them)."""
     if connection_type() != "core":
         return {}
     with _open_core() as core:
         names = (core.capture_facts() if core is not None else {}).get("thread_names")
+    recorded = _setting("heapwalk resident-from")
+    if not isinstance(names, dict) and recorded:
+        try:
+            names = json.loads(Path(recorded).read_text()).get("thread_names")
+        except (OSError, ValueError, AttributeError):
+            names = None
     if not isinstance(names, dict):
         return {}
     return {int(lwp): str(name) for lwp, name in names.items() if str(lwp).isdigit()}

@@ -12,10 +12,10 @@ import struct
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from heapwalk.target.elf import PF_W, PT_LOAD, LibcImage
-from heapwalk.target.memory import Memory, ReadError, merged, ranges_without
-from heapwalk.target.space import MemoryMap
-from heapwalk.target.threads import ThreadRegs
+from heapwalk.inferior.elf import PF_W, PT_LOAD, LibcImage
+from heapwalk.inferior.memory import Memory, ReadError, merged, ranges_without
+from heapwalk.inferior.space import MemoryMap
+from heapwalk.inferior.threads import ThreadRegs
 
 __all__ = ["Root", "RegisterRoot", "root_regions", "register_roots", "readonly_images", "image_data", "intersect",
            "RED_ZONE"]

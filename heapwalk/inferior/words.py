@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from heapwalk.target.memory import Memory, ReadError
+from heapwalk.inferior.memory import Memory, ReadError
 
 __all__ = ["Window", "word_reader", "read_window", "PROBE_SPAN", "SPAN"]
 

@@ -1,6 +1,6 @@
 """The target as gdb shows it: memory, libc's debug symbols, threads.
 
-This module, `heapwalk.target.gdbspace` (the address space) and the gdb front end (`heapwalk.gdb`) are the
+This module, `heapwalk.inferior.gdbspace` (the address space) and the gdb front end (`heapwalk.gdb`) are the
 only ones that import ``gdb``.
 Everything here is read-only: memory is read, never written; no function in
 the target is called; the selected thread and frame are restored after each
@@ -15,10 +15,10 @@ import weakref
 
 import gdb  # type: ignore[import-not-found]
 
-from heapwalk.target.threads import FATAL_SIGNALS, ThreadRegs
-from heapwalk.target.gdbspace import command_text, connection_type
-from heapwalk.target.memory import CachedMemory
-from heapwalk.target.pages import LivePages
+from heapwalk.inferior.threads import FATAL_SIGNALS, ThreadRegs
+from heapwalk.inferior.gdbspace import command_text, connection_type
+from heapwalk.inferior.memory import CachedMemory
+from heapwalk.inferior.pages import LivePages
 
 __all__ = ["gdb_memory", "GdbSymbols", "thread_registers", "preserved_selection", "symbol_at", "stack_frame"]
 
@@ -28,7 +28,7 @@ _LIBC_NAME = re.compile(r"(^|/)libc([.-][\w.]*)?\.so|(^|/)libc\.so\.6")
 def gdb_memory(known: list[tuple[int, int]] | None = None) -> CachedMemory:
     """A block-cached Memory over the selected inferior; reads outside KNOWN regions (when given) fail
     at once, without asking gdb, so damaged pointers cost nothing.  A process on this machine is read only
-    where its page map says a read faults nothing in (`heapwalk.target.pages`); PagesUnknown when that
+    where its page map says a read faults nothing in (`heapwalk.inferior.pages`); PagesUnknown when that
     cannot be known."""
     inferior = gdb.selected_inferior()
 

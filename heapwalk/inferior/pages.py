@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from heapwalk.errors import HeapwalkError
-from heapwalk.target.memory import ReadError
+from heapwalk.inferior.memory import ReadError
 
 __all__ = ["Page", "MapsLine", "parse_maps", "read_maps", "classify", "LivePages", "PagesUnknown", "ZeroPages",
            "PAGE", "PRESENT", "SWAPPED", "FILE_PAGE", "EXCLUSIVE", "PFN_MASK"]

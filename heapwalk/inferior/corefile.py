@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from heapwalk.errors import HeapwalkError
-from heapwalk.target.elf import iter_notes
+from heapwalk.inferior.elf import iter_notes
 
 __all__ = ["CoreError", "CoreFile", "Truncation", "file_build_id", "format_ranges", "parse_ranges"]
 
