@@ -2,7 +2,7 @@
 (system, in use, free by kind, top, overhead), what the allocator could give back now (glibc's
 malloc_trim(0), jemalloc's decay), and the sizes of the free pieces.
 
-glibc's decoder fills it in `heapwalk.glibc.summary`; the report, its verdict and the tables read only
+glibc's decoder fills it in `heapwalk.glibc.account.summary`; the report, its verdict and the tables read only
 this, so a second allocator fills the same fields and gets the same report.
 """
 

@@ -10,10 +10,10 @@ import time
 
 from heapwalk.analysis.leaks import leaks_of
 from heapwalk.gdb.session import _target
-from heapwalk.glibc.discovery import Overrides
-from heapwalk.glibc.blocks import blocks_of
+from heapwalk.glibc.locate.discovery import Overrides
+from heapwalk.glibc.account.blocks import blocks_of
 from heapwalk.glibc.decode import collect
-from heapwalk.glibc.discovery import discover
+from heapwalk.glibc.locate.discovery import discover
 
 
 def _timed(target, disc, sweep: bool) -> tuple[float, int]:

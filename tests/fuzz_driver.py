@@ -35,20 +35,21 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # gdb sets __fil
 import figures  # noqa: E402
 from fuzz import RING_LINKS  # noqa: E402
 
-from heapwalk.glibc import check, documents, mallocinfo
-from heapwalk.glibc import tables as glibc_tables
+from heapwalk.glibc.forensics import check
+from heapwalk.glibc.show import documents, mallocinfo
+from heapwalk.glibc.show import tables as glibc_tables
 from heapwalk.output import jsondoc, tables
 from heapwalk.analysis.inuse import in_use_of, leak_totals
 from heapwalk.analysis.leakreport import describe
 from heapwalk.analysis.leaks import leaks_of
-from heapwalk.glibc.blocks import blocks_of
+from heapwalk.glibc.account.blocks import blocks_of
 from heapwalk.output.htmlreport import report_html
 from heapwalk.output.pngmaps import png_maps
 from heapwalk.output.heapmaps import svg_maps, text_maps
-from heapwalk.glibc.chunks import extents
+from heapwalk.glibc.walk.chunks import extents
 from heapwalk.glibc.decode import collect
 from heapwalk.glibc.allocator import GlibcHeap
-from heapwalk.glibc.discovery import DiscoveryError, Overrides, discover
+from heapwalk.glibc.locate.discovery import DiscoveryError, Overrides, discover
 from heapwalk.inferior.gdbadapter import GdbSymbols, gdb_memory, thread_registers
 from heapwalk.inferior.gdbspace import memory_map
 from heapwalk.inferior.memory import ReadError

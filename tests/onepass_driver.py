@@ -1,4 +1,4 @@
-"""Decodes each core twice, through the one pass (`heapwalk.glibc.onepass`) and through the careful
+"""Decodes each core twice, through the one pass (`heapwalk.glibc.bulk.onepass`) and through the careful
 walkers alone, and prints one JSON line per core saying whether the two agree (sourced by tests/test_onepass.py).
 The cores are the [program, core] pairs of the JSON list in $HEAPWALK_ONEPASS_CORES, opened one after the
 other in this gdb; with none, the core gdb has loaded.
@@ -16,10 +16,11 @@ import os
 import gdb
 
 from heapwalk.gdb.session import _target
-from heapwalk.glibc.discovery import Overrides
-from heapwalk.glibc import chunkinfo, native, onepass
+from heapwalk.glibc.locate.discovery import Overrides
+from heapwalk.glibc.forensics import chunkinfo
+from heapwalk.glibc.bulk import native, onepass
 from heapwalk.glibc.decode import collect
-from heapwalk.glibc.discovery import discover
+from heapwalk.glibc.locate.discovery import discover
 
 
 def _decode(target, disc, sweep: bool, walk: bool = True):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import struct
 
-from heapwalk.glibc.layout import Layout, layout_for
+from heapwalk.glibc.locate.layout import Layout, layout_for
 from heapwalk.inferior.memory import ImageMemory
 
 ARENA = 0x7F0000001000

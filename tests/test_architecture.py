@@ -31,7 +31,7 @@ GDB_MODULES = {"inferior/gdbadapter.py", "inferior/gdbspace.py", "gdb/commands.p
                "gdb/subcommand.py", "gdb/loading.py"}
 MAX_MODULE_LINES, MAX_FUNCTION_LINES = 400, 60
 #: the documented hot loop: one function on purpose (see its docstring)
-HOT_LOOPS = {("glibc/chunkwalk.py", "walk_batches")}
+HOT_LOOPS = {("glibc/walk/chunkwalk.py", "walk_batches")}
 
 
 def _modules():

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from heapwalk.glibc.check import _misplaced
+from heapwalk.glibc.forensics.check import _misplaced
 
 HEAPS = [(0x7F0000100000, 0x7F0004000000), (0x555555559000, 0x55555557A000)]
 TOP = (0x555555570000, 0x55555557A000)

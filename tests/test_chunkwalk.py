@@ -12,10 +12,10 @@ import struct
 
 import pytest
 
-from heapwalk.glibc import chunkwalk, mmapped, resync
-from heapwalk.glibc.chunks import Extent, Listing, Tally
+from heapwalk.glibc.walk import chunkwalk, mmapped, resync
+from heapwalk.glibc.walk.chunks import Extent, Listing, Tally
 from heapwalk.glibc.model import ChunkState
-from heapwalk.glibc.chunkwalk import walk_batches
+from heapwalk.glibc.walk.chunkwalk import walk_batches
 from heapwalk.inferior.memory import ImageMemory, ranges_without
 
 BASE = 0x7F0000000000
@@ -199,7 +199,7 @@ def test_the_size_that_sent_the_walk_astray_is_named_even_chunks_later(listed_st
 def test_an_mmapped_chunk_merged_with_the_heap_above_it_is_found():
     """The kernel places a chunk's mapping in the gap glibc leaves below a thread heap when it aligns the
     heap, and merges it with the heap's first pages into one region: the chunk is found all the same."""
-    from heapwalk.glibc.layout import layout_for
+    from heapwalk.glibc.locate.layout import layout_for
     chunk, heap = 0x7f0000000000 - 0x3000, 0x7f0000000000
     region = bytearray(0x3000 + 0x2000)
     struct.pack_into("<QQ", region, 0, 0, 0x3000 | 2)         # the mmapped chunk, alone in its mapping
@@ -219,7 +219,7 @@ def test_without_cuts_ranges_out_of_regions():
 def test_an_mmapped_chunk_merged_with_anonymous_memory_below_it_is_found_page_by_page():
     """A chunk's mapping placed right above a thread's stack merges with it: the region starts with the
     stack, so only the page-by-page search finds the chunk (collect keeps it when mp_'s totals agree)."""
-    from heapwalk.glibc.layout import layout_for
+    from heapwalk.glibc.locate.layout import layout_for
     base = 0x7f0000000000
     region = bytearray(0x2000 + 0x3000)
     region[:0x2000] = bytes(range(256)) * 32                      # the stack's top pages: any data

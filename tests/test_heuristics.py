@@ -7,12 +7,12 @@ import struct
 import pytest
 
 from heapwalk.inferior import x86
-from heapwalk.glibc.discovery import DiscoveryError, NoSymbols, Overrides, discover
+from heapwalk.glibc.locate.discovery import DiscoveryError, NoSymbols, Overrides, discover
 from heapwalk.inferior.elf import Mapping, find_libc, readable_runs
-from heapwalk.glibc.heuristics import tcache_safe_linking, tcache_struct_chunk
+from heapwalk.glibc.locate.heuristics import tcache_safe_linking, tcache_struct_chunk
 from heapwalk.inferior.threads import ThreadRegs
 from heapwalk.glibc.decode import collect
-from heapwalk.glibc.layout import MP_INT_FIELDS, layout_for
+from heapwalk.glibc.locate.layout import MP_INT_FIELDS, layout_for
 from heapwalk.inferior.memory import ImageMemory
 from heapwalk.findings import Kind, Severity
 
@@ -269,7 +269,7 @@ def test_a_ring_that_leaves_the_heaps_for_a_damaged_link_names_no_main_arena():
     """Thread arenas found by their heaps, whose ring leads out of them: to an address outside the user address
     space (damage, as corrupt.c's arena_ring writes), which is never main_arena; to an address not in memory
     (libc's data cut from the core), which is main_arena, said to be missing."""
-    from heapwalk.glibc.headless import _ring_exits
+    from heapwalk.glibc.locate.headless import _ring_exits
     layout = layout_for((2, 39))
     a, b = 0x7F0000000030, 0x7F0004000030
 

@@ -12,7 +12,7 @@ from heapwalk.analysis import inuse
 from heapwalk.analysis.diff import ArenaTotals, Signatures, diff
 from heapwalk.analysis.inuse import LeakTotals, in_use_of, size_buckets
 from heapwalk.analysis.report import Bucket, build_report
-from heapwalk.glibc.verdict import verdict
+from heapwalk.glibc.account.verdict import verdict
 from heapwalk.output import jsondoc
 from heapwalk.output.difftext import diff_text
 from heapwalk.view import ArenaView, Blocks, HeapView

@@ -17,7 +17,7 @@ import pytest
 
 from conftest import GLIBCS, capture, glibc, heapwalk_json, run_gdb, version_tuple
 from harness import TUNED_VARIANTS, overwrite
-from heapwalk.glibc.layout import layout_for
+from heapwalk.glibc.locate.layout import layout_for
 from oracle import malloc_info_view, parse_malloc_info
 
 pytestmark = pytest.mark.cores

@@ -1,4 +1,4 @@
-"""The one pass's two loops (`heapwalk.glibc.native`): the C library `pip install` builds is in use, and it
+"""The one pass's two loops (`heapwalk.glibc.bulk.native`): the C library `pip install` builds is in use, and it
 gives exactly what the Python fallback gives, on heaps of words and lists of links made to end in every way
 they can."""
 
@@ -10,7 +10,7 @@ import random
 import numpy as np
 import pytest
 
-from heapwalk.glibc import native
+from heapwalk.glibc.bulk import native
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""The one pass (`heapwalk.glibc.onepass`) against the careful walkers: on every reproducer's core and every
+"""The one pass (`heapwalk.glibc.bulk.onepass`) against the careful walkers: on every reproducer's core and every
 corruption's, under every glibc of the matrix, decoding through the one pass must give exactly what the
 careful walkers give (every list, account, trim estimate and finding), and on the sound cores the one pass
 must have vouched for every arena (else it would only be the slow path again)."""

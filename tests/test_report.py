@@ -13,9 +13,9 @@ import pytest
 from conftest import GDBINIT, GLIBCS, capture, glibc, run_gdb, version_tuple
 from harness import REPRODUCERS
 
-from heapwalk.glibc.layout import layout_for
+from heapwalk.glibc.locate.layout import layout_for
 from heapwalk.glibc.model import HeapState
-from heapwalk.glibc.summary import arena_limit
+from heapwalk.glibc.account.summary import arena_limit
 
 pytestmark = pytest.mark.cores
 
@@ -152,7 +152,7 @@ def _report_interrupted(tmp_path, module: str, function: str, call: int, careful
     the one pass turned off, as on a damaged heap, so the careful walkers walk the chunks."""
     cap = capture("system", "thread_arenas")
     script = tmp_path / "interrupt.py"
-    off = "import heapwalk.glibc.onepass as _o; _o.OnePass.lists = lambda self, arena, raw: None\n"
+    off = "import heapwalk.glibc.bulk.onepass as _o; _o.OnePass.lists = lambda self, arena, raw: None\n"
     script.write_text((off if careful else "") + f"import {module} as _m; _real = _m.{function}; _n = [0]\n"
                       "def _stop(*a, **k):\n"
                       "    _n[0] += 1\n"
@@ -169,7 +169,7 @@ def _report_interrupted(tmp_path, module: str, function: str, call: int, careful
 def test_ctrl_c_during_the_chunk_walk_leaves_partial_results(tmp_path):
     """Ctrl-C (KeyboardInterrupt) in the middle of the third arena's walk: the command still prints its
     report, says the walk was interrupted and which numbers are partial, and exits without a traceback."""
-    result, report = _report_interrupted(tmp_path, "heapwalk.glibc.chunkwalk", "walk_batches", 3, careful=True)
+    result, report = _report_interrupted(tmp_path, "heapwalk.glibc.walk.chunkwalk", "walk_batches", 3, careful=True)
     assert "the chunk walk was interrupted (Ctrl-C)" in result.stdout
     assert any("interrupted" in line for line in report["report"]["partial"])
     walked = [a["accounting"]["unwalked"] == 0 for a in report["arenas"]]
@@ -206,7 +206,7 @@ def test_the_progress_bar_shows_in_an_interactive_gdb_only(tmp_path):
 def test_ctrl_c_during_the_one_pass_leaves_the_arenas_swept_so_far(tmp_path):
     """Ctrl-C while the one pass sweeps the fourth arena's heaps (where its lists are read): as while the
     lists are read, the three arenas before it are shown, and the command exits without a traceback."""
-    result, report = _report_interrupted(tmp_path, "heapwalk.glibc.onepass", "sweep_extents", 4)
+    result, report = _report_interrupted(tmp_path, "heapwalk.glibc.bulk.onepass", "sweep_extents", 4)
     assert "reading the free lists was interrupted (Ctrl-C) in arena 3" in " ".join(result.stdout.split())
     assert [a["number"] for a in report["arenas"]] == [0, 1, 2]
 

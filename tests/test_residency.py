@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from heapwalk.analysis.report import build_report
-from heapwalk.glibc.verdict import arena_max_saving, verdict
+from heapwalk.glibc.account.verdict import arena_max_saving, verdict
 from heapwalk.cli.corewriter import PAGE, _codes, _mapping_segments
 from heapwalk.inferior.pages import MapsLine, classify
 from heapwalk.inferior.memory import ranges_without

@@ -11,17 +11,18 @@ import struct
 
 import pytest
 
-from heapwalk.glibc import arenas as arenas_module
-from heapwalk.glibc import chunkinfo, native
-from heapwalk.glibc.chunkinfo import ChunkFilter
-from heapwalk.glibc.chunkwalk import account
-from heapwalk.glibc.chunks import Listing
-from heapwalk.glibc.layout import layout_for
-from heapwalk.glibc.lists import bin_index, walk_tcache
+from heapwalk.glibc.walk import arenas as arenas_module
+from heapwalk.glibc.forensics import chunkinfo
+from heapwalk.glibc.bulk import native
+from heapwalk.glibc.forensics.chunkinfo import ChunkFilter
+from heapwalk.glibc.walk.chunkwalk import account
+from heapwalk.glibc.walk.chunks import Listing
+from heapwalk.glibc.locate.layout import layout_for
+from heapwalk.glibc.walk.lists import bin_index, walk_tcache
 from heapwalk.glibc.model import Arena, BinKind, BinList, ChunkState, Heap
-from heapwalk.glibc.onepass import OnePass
-from heapwalk.glibc.sweptchunks import listing_arrays, swept_chunks
-from heapwalk.glibc.trim import TrimSimulation
+from heapwalk.glibc.bulk.onepass import OnePass
+from heapwalk.glibc.bulk.sweptchunks import listing_arrays, swept_chunks
+from heapwalk.glibc.account.trim import TrimSimulation
 from heapwalk.inferior.memory import ImageMemory
 
 ARENA = 0x7F0000001000

@@ -5,11 +5,11 @@ from __future__ import annotations
 import dataclasses
 import struct
 
-from heapwalk.glibc.chunks import Listing
+from heapwalk.glibc.walk.chunks import Listing
 from heapwalk.glibc.model import ChunkState
-from heapwalk.glibc.arenas import blank_arena
+from heapwalk.glibc.walk.arenas import blank_arena
 from heapwalk.glibc.model import Heap
-from heapwalk.glibc.tcachescan import scan_tcaches
+from heapwalk.glibc.walk.tcachescan import scan_tcaches
 from synth import ARENA, HEAP, SynthHeap
 
 HEAP_SIZE = 0x2000

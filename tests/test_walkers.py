@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from array import array
 
-from heapwalk.glibc.layout import layout_for
+from heapwalk.glibc.locate.layout import layout_for
 from heapwalk.inferior.memory import CachedMemory, ImageMemory, ReadError
 from heapwalk.glibc.model import BinKind, BinList
 from heapwalk.findings import Severity
 from heapwalk.glibc.kinds import Kind
-from heapwalk.glibc.lists import bin_index, largebin_index, reveal, walk_bin, walk_fastbin, walk_tcache
-from heapwalk.glibc.ring import walk_arena_ring, walk_heaps
+from heapwalk.glibc.walk.lists import bin_index, largebin_index, reveal, walk_bin, walk_fastbin, walk_tcache
+from heapwalk.glibc.walk.ring import walk_arena_ring, walk_heaps
 from synth import ARENA, HEAP, SynthHeap
 
 
@@ -231,7 +231,7 @@ def _scattered(s: SynthHeap, count: int, size: int, block_end: int) -> list[int]
 
 
 def test_sound_lists_read_in_one_pass_equal_the_careful_walk():
-    from heapwalk.glibc.lists import _sound_bin, _sound_fastbin
+    from heapwalk.glibc.walk.lists import _sound_bin, _sound_fastbin
     s = SynthHeap(heap_size=0x40000)
     block_end = (HEAP + 0x10000) & ~0xFFFF
     chunks = _scattered(s, 150, 0x90, block_end)

@@ -2,7 +2,7 @@
 give back, and its verdict.
 
 `build_report` reads any allocator's `heapwalk.view.HeapView` and returns plain numbers; the allocator's own
-verdict (glibc's in `heapwalk.glibc.verdict`) turns them into sentences; `heapwalk.output.tables` lays them
+verdict (glibc's in `heapwalk.glibc.account.verdict`) turns them into sentences; `heapwalk.output.tables` lays them
 out and `heapwalk.output.jsondoc` writes them.  When a leak scan ran (`heapwalk.analysis.leaks`), what it
 found rides along for the verdict, the tables and the JSON, and so does what the memory in use is
 (`heapwalk.analysis.inuse`).

@@ -10,19 +10,19 @@ from heapwalk.allocator import Allocator, Checked, Context, Decoded, NotUsed, Se
 from heapwalk.analysis.report import Report, human
 from heapwalk.errors import UsageError
 from heapwalk.findings import Finding
-from heapwalk.glibc import check as glibc_check
-from heapwalk.glibc.blocks import blocks_of
-from heapwalk.glibc.discovery import MallocUnused, Overrides, parse_version
-from heapwalk.glibc.heapmap import heap_strips
+from heapwalk.glibc.forensics import check as glibc_check
+from heapwalk.glibc.account.blocks import blocks_of
+from heapwalk.glibc.locate.discovery import MallocUnused, Overrides, parse_version
+from heapwalk.glibc.account.heapmap import heap_strips
 from heapwalk.glibc.load import load
-from heapwalk.glibc.mallocinfo import malloc_info_xml
-from heapwalk.glibc.partial import partial
-from heapwalk.glibc.summary import heap_view
-from heapwalk.glibc.verdict import verdict
-from heapwalk.glibc.reportlines import WORDS, summary_lines
-from heapwalk.glibc import documents
-from heapwalk.glibc import tables as glibc_tables
-from heapwalk.glibc import page
+from heapwalk.glibc.show.mallocinfo import malloc_info_xml
+from heapwalk.glibc.forensics.partial import partial
+from heapwalk.glibc.account.summary import heap_view
+from heapwalk.glibc.account.verdict import verdict
+from heapwalk.glibc.show.reportlines import WORDS, summary_lines
+from heapwalk.glibc.show import documents
+from heapwalk.glibc.show import tables as glibc_tables
+from heapwalk.glibc.show import page
 from heapwalk.output import tables
 from heapwalk.output.reporttext import report_group
 from heapwalk.view import HeapStrip
@@ -128,7 +128,7 @@ class Glibc(Allocator):
 
     @property
     def verbs(self):
-        from heapwalk.glibc.verbs import VERBS
+        from heapwalk.glibc.show.verbs import VERBS
         return VERBS
 
     def load(self, context: Context) -> GlibcHeap:

@@ -12,27 +12,27 @@ import dataclasses
 import struct
 from types import MappingProxyType
 
-from heapwalk.glibc.arenas import decode_arena, walk_free_list
-from heapwalk.glibc.chunks import Listing
-from heapwalk.glibc.chunkwalk import account
-from heapwalk.glibc.crash import abort_message, crash_findings
-from heapwalk.glibc.mmapped import mmapped_agree, mmapped_of_state, with_main_regions
-from heapwalk.glibc.threads import decode_thread, fill_from_tcaches, scan_for_tcaches
-from heapwalk.glibc.trim import TrimSimulation, trim_settings
-from heapwalk.glibc.discovery import Discovery, MallocUnused
-from heapwalk.glibc.mainarena import main_memory_start
-from heapwalk.glibc.onepass import OnePass
-from heapwalk.glibc.layout import MP_INT_FIELDS, Layout
+from heapwalk.glibc.walk.arenas import decode_arena, walk_free_list
+from heapwalk.glibc.walk.chunks import Listing
+from heapwalk.glibc.walk.chunkwalk import account
+from heapwalk.glibc.forensics.crash import abort_message, crash_findings
+from heapwalk.glibc.walk.mmapped import mmapped_agree, mmapped_of_state, with_main_regions
+from heapwalk.glibc.walk.threads import decode_thread, fill_from_tcaches, scan_for_tcaches
+from heapwalk.glibc.account.trim import TrimSimulation, trim_settings
+from heapwalk.glibc.locate.discovery import Discovery, MallocUnused
+from heapwalk.glibc.locate.mainarena import main_memory_start
+from heapwalk.glibc.bulk.onepass import OnePass
+from heapwalk.glibc.locate.layout import MP_INT_FIELDS, Layout
 from heapwalk.inferior.gcpause import gc_paused
 from heapwalk.inferior.memory import Memory, ReadError, u64
 from heapwalk.inferior.residency import Residency
 from heapwalk.glibc.model import Account, Arena, ChunkWalk, HeapState, MallocPar, TrimEstimate
 from heapwalk.findings import Fact, Finding, Severity
 from heapwalk.glibc.kinds import Kind
-from heapwalk.glibc import headless
-from heapwalk.glibc.heuristics import arenas_by_heaps
+from heapwalk.glibc.locate import headless
+from heapwalk.glibc.locate.heuristics import arenas_by_heaps
 from heapwalk.inferior.threads import ThreadRegs
-from heapwalk.glibc.ring import ring_shortcut, walk_arena_ring
+from heapwalk.glibc.walk.ring import ring_shortcut, walk_arena_ring
 
 __all__ = ["collect", "walk_arenas", "read_mp"]
 

@@ -9,7 +9,7 @@ import dataclasses
 from heapwalk.findings import Finding, Severity
 from heapwalk.glibc.kinds import Kind
 from heapwalk.glibc.decode import collect
-from heapwalk.glibc.discovery import Discovery, DiscoveryError, Overrides, discover, foreign_allocator
+from heapwalk.glibc.locate.discovery import Discovery, DiscoveryError, Overrides, discover, foreign_allocator
 from heapwalk.glibc.model import HeapState
 from heapwalk.inferior.space import Target
 

@@ -1,0 +1,204 @@
+"""glibc's heaps as the strips of a heap map (`view.HeapStrip`): the main arena's memory, and each heap of a
+thread arena from its heap_info up to the end of its reservation, every byte given to what holds it.
+
+An arena the decode's one pass swept gives the chunks and states it kept (`ChunkWalk.chunks`), or, when
+it kept none, a sweep of its own (`sweptchunks`); any other goes through the careful walk, and what that
+walk cannot pass is drawn as unwalked.  Between and around the chunks: the heap's own headers (heap_info,
+a thread arena's malloc_state, alignment) and fenceposts are overhead; after a thread heap's size comes the
+part made writable but not used yet (mprotect_size), then the rest of the reservation, never made writable.
+What malloc_trim(0) would give back comes from the same runs through `trim.TrimSimulation` (the report's
+estimate, as ranges); resident pages from the target's residency, where it is known; the chunks the leak
+scan found leaked, when it ran, from its answer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from heapwalk.glibc.walk.chunks import Extent, Listing, Tally, extents
+from heapwalk.glibc.walk.chunkwalk import walk_batches
+from heapwalk.glibc.locate.layout import Layout
+from heapwalk.glibc.model import Arena, ChunkState, HeapState
+from heapwalk.glibc.bulk.sweepwalk import STATE_OF_CODE
+from heapwalk.glibc.bulk.sweptchunks import listing_arrays, swept_chunks
+from heapwalk.glibc.account.trim import SUB_PAGE, TrimSimulation, trim_settings
+from heapwalk.inferior.memory import Memory
+from heapwalk.inferior.residency import Residency
+from heapwalk.view import MAP_KINDS, HeapStrip
+
+__all__ = ["heap_strips", "KIND_OF_STATE"]
+
+KIND = {name: i for i, name in enumerate(MAP_KINDS)}
+#: each chunk state's kind on the map
+KIND_OF_STATE = {ChunkState.IN_USE: KIND["in_use"], ChunkState.TCACHE: KIND["tcache"], ChunkState.FAST: KIND["fast"],
+                 ChunkState.UNSORTED: KIND["unsorted"], ChunkState.SMALL: KIND["small"],
+                 ChunkState.LARGE: KIND["large"], ChunkState.TOP: KIND["top"],
+                 ChunkState.TCACHE_STRUCT: KIND["tcache_struct"], ChunkState.FENCEPOST: KIND["overhead"],
+                 ChunkState.FREE_UNLISTED: KIND["unwalked"]}
+_KIND_OF_CODE = np.zeros(256, dtype=np.uint8)
+for _code, _state in STATE_OF_CODE.items():
+    _KIND_OF_CODE[_code] = KIND_OF_STATE[_state]
+
+
+def heap_strips(mem: Memory, layout: Layout, state: HeapState, reserved: bool = False, leaked=None
+                ) -> list[HeapStrip]:
+    """Every heap of every arena of STATE as a strip, in arena order; a thread heap's strip ends where its
+    memory made writable ends, unless RESERVED asks for the whole reservation (the rest is `beyond`).  Each
+    strip carries the ranges malloc_trim(0) would give back and, where the target says, its resident pages;
+    the chunks in use at the addresses LEAKED holds (the leak scan's, when it ran) are of kind "leaked"."""
+    kept = (state.walk.chunks if state.walk is not None else None) or {}
+    listings: list = []          # the state's listing, made only for an arena the walk kept no chunks of
+
+    def listed() -> tuple:
+        if not listings:
+            listing = Listing.of_state(state)
+            listings.extend((listing, listing_arrays(listing)))
+        return listings[0], listings[1]
+    out = []
+    for arena in state.arenas:
+        if not arena.heaps:
+            continue
+        chunks = _in_order(*kept[arena.address]) if arena.address in kept else _chunks(mem, layout, arena, *listed())
+        strips = []
+        for n, (heap, extent) in enumerate(zip(arena.heaps, extents(arena, layout))):
+            label = "main arena" if arena.is_main else f"arena {arena.number} heap {n + 1}"
+            if arena.is_main:
+                strips.append(_strip(arena.number, label, extent, chunks, [], extent.end))
+                continue
+            writable = max(extent.end, heap.address + heap.mprotect_size)
+            limit = max(writable, heap.address + state.heap_max_size)
+            end = limit if reserved else writable
+            tail = [(extent.end, writable, KIND["unused"]), (writable, end, KIND["reserved"])]
+            strips.append(replace(_strip(arena.number, label, extent, chunks, tail, end), beyond=limit - end))
+        out.extend(_with_trim(strips, _trimmed(mem, layout, state, arena, strips)))
+    return _with_leaks(_with_residency(out, state.residency), leaked)
+
+
+def _with_leaks(strips: list[HeapStrip], leaked) -> list[HeapStrip]:
+    """STRIPS, with each chunk in use whose address LEAKED holds (None: no leak scan ran) made "leaked"."""
+    if leaked is None or not len(leaked):
+        return strips
+    leaked = np.sort(np.asarray(leaked, dtype=np.uint64))
+    out = []
+    for strip in strips:
+        rows = np.flatnonzero(strip.kinds == KIND["in_use"])
+        at = np.minimum(np.searchsorted(leaked, strip.run_starts[rows]), len(leaked) - 1)
+        hit = rows[leaked[at] == strip.run_starts[rows]]
+        if len(hit):
+            kinds = strip.kinds.copy()
+            kinds[hit] = KIND["leaked"]
+            strip = replace(strip, kinds=kinds)
+        out.append(strip)
+    return out
+
+
+def _trimmed(mem: Memory, layout: Layout, state: HeapState, arena: Arena, strips: list[HeapStrip]
+             ) -> np.ndarray:
+    """The [start, end) ranges malloc_trim(0) would give back from ARENA, as (n, 2) uint64, sorted: its
+    STRIPS' runs of free chunks as consolidation merges them, fed to `TrimSimulation`."""
+    thp, contiguous = trim_settings(state.mp)
+    sim = TrimSimulation(mem, layout, arena, thp, contiguous and not arena.noncontiguous, state.residency)
+    runnable = np.zeros(len(MAP_KINDS), dtype=bool)
+    runnable[[KIND["unsorted"], KIND["small"], KIND["large"]] + ([KIND["fast"]] if layout.has_fastbins else [])] = True
+    runs = []
+    for strip in strips:
+        edges = np.diff(np.concatenate(([0], runnable[strip.kinds].view(np.int8), [0])))
+        firsts, lasts = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)   # lasts: one past each run
+        if not len(firsts):
+            continue
+        starts, ends = strip.run_starts[firsts], strip.run_ends[lasts - 1]
+        fast = np.concatenate(([0], np.cumsum(strip.kinds == KIND["fast"])))
+        n = len(firsts)
+        if (lasts[-1] < len(strip.kinds) and strip.kinds[lasts[-1]] == KIND["top"]
+                and fast[lasts[-1]] > fast[firsts[-1]]):
+            sim.top_start, sim.top_size = int(starts[-1]), sim.top_size + int(ends[-1] - starts[-1])
+            n -= 1                       # consolidation takes the last run into top
+        sizes = (ends[:n] - starts[:n]).astype(np.int64)
+        whole = sizes > SUB_PAGE
+        runs.extend(zip(starts[:n][whole].tolist(), sizes[whole].tolist()))
+    sim.take(runs, 0, 0)
+    released = sorted(sim.released())
+    return np.array(released, dtype=np.uint64).reshape(-1, 2)
+
+
+def _with_trim(strips: list[HeapStrip], released: np.ndarray) -> list[HeapStrip]:
+    """STRIPS, each with the RELEASED ranges that fall in it."""
+    out = []
+    for strip in strips:
+        inside = (released[:, 0] >= strip.start) & (released[:, 1] <= strip.end)
+        out.append(replace(strip, trimmable=released[inside]))
+    return out
+
+
+def _with_residency(strips: list[HeapStrip], residency: Residency | None) -> list[HeapStrip]:
+    """STRIPS, each with its resident runs when RESIDENCY knows them."""
+    if residency is None:
+        return strips
+    known = residency.covering([(s.start, s.end) for s in strips])
+    return [replace(s, resident=known.within(s.start, s.end).astype(np.uint64)) for s in strips]
+
+
+def _chunks(mem: Memory, layout: Layout, arena: Arena, listing: Listing, listed
+            ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """ARENA's chunks: (addresses, ends, kinds), in address order; the stretches the careful walk could not
+    pass are left out (drawn as unwalked)."""
+    swept = swept_chunks(mem, layout, arena, listed)
+    if swept is not None:
+        return _in_order(swept.sweep.address, swept.sizes, swept.codes)
+    rows: list[tuple[int, int, int]] = []
+    acc = Tally(arena.address, arena.system_mem)
+    for extent in extents(arena, layout):
+        for batch in walk_batches(mem, extent, arena.top, listing, acc, every=True, lists_known=arena.lists_known):
+            rows.extend((address, address + max(size, 16), KIND_OF_STATE[st]) for address, size, _, st in batch)
+    rows.sort()
+    return (np.array([r[0] for r in rows], dtype=np.uint64), np.array([r[1] for r in rows], dtype=np.uint64),
+            np.array([r[2] for r in rows], dtype=np.uint8))
+
+
+def _in_order(address: np.ndarray, sizes: np.ndarray, codes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Swept chunks (addresses, sizes, listing codes as the walk left them) as (addresses, ends, kinds), in
+    address order."""
+    address, sizes, kinds = address.astype(np.uint64), sizes.astype(np.uint64), _KIND_OF_CODE[codes]
+    if len(address) > 1 and not bool(np.all(address[1:] > address[:-1])):   # heaps swept out of order
+        order = np.argsort(address, kind="stable")
+        address, sizes, kinds = address[order], sizes[order], kinds[order]
+    return address, address + sizes, kinds
+
+
+def _strip(arena: int, label: str, extent: Extent, chunks, tail: list[tuple[int, int, int]], end: int
+           ) -> HeapStrip:
+    """The strip of one heap: its header, its chunks (clipped to it), what no chunk covers, and its TAIL."""
+    address, ends, kinds = chunks
+    lo, hi = np.searchsorted(address, np.uint64(extent.first)), np.searchsorted(address, np.uint64(extent.end))
+    starts = np.clip(address[lo:hi], extent.first, extent.end).astype(np.uint64)
+    stops = np.clip(ends[lo:hi], extent.first, extent.end).astype(np.uint64)
+    keep = stops > starts
+    starts, stops, kinds = starts[keep], stops[keep], kinds[lo:hi][keep]
+    if len(starts) > 1:     # overlapping chunks (damage): each ends where the next begins
+        stops[:-1] = np.minimum(stops[:-1], starts[1:])
+    gap_starts = np.concatenate(([np.uint64(extent.first)], stops))
+    gap_ends = np.concatenate((starts, [np.uint64(extent.end)]))
+    # what no chunk covers is what the walk could not pass, but for the header of the fencepost that closes
+    # an older heap (size 0, its 16 bytes at the very end), which is overhead as in the report
+    gap_kinds = np.full(len(gap_starts), KIND["unwalked"], dtype=np.uint8)
+    if len(kinds) and kinds[-1] == KIND["overhead"] and int(gap_ends[-1] - gap_starts[-1]) <= 16:
+        gap_kinds[-1] = KIND["overhead"]
+    around = [(extent.start, extent.first, KIND["overhead"])] + tail      # the header first, the tail last
+
+    def runs(column: int, middle: np.ndarray, dtype) -> np.ndarray:
+        edge = [np.array([r[column] for r in part], dtype=dtype) for part in (around[:1], around[1:])]
+        return np.concatenate((edge[0], middle.astype(dtype), edge[1]))
+    run_starts = runs(0, _alternate(gap_starts, starts), np.uint64)
+    run_ends = runs(1, _alternate(gap_ends, stops), np.uint64)
+    run_kinds = runs(2, _alternate(gap_kinds, kinds), np.uint8)
+    keep = run_ends > run_starts       # header, gap, chunk, gap, ..., chunk, gap, tail: in order as they are
+    return HeapStrip(arena, label, extent.start, end, run_starts[keep], run_ends[keep], run_kinds[keep])
+
+
+def _alternate(gaps: np.ndarray, chunks: np.ndarray) -> np.ndarray:
+    """GAPS (one more than CHUNKS) and CHUNKS taken by turns: gap, chunk, gap, ..., chunk, gap."""
+    out = np.empty(len(gaps) + len(chunks), dtype=gaps.dtype)
+    out[0::2], out[1::2] = gaps, chunks
+    return out

@@ -1,0 +1,214 @@
+"""What ``malloc_trim(0)`` would give back, computed from memory the way glibc's trim works.
+
+For every arena glibc first consolidates the fastbins (up to 2.42): each
+fastbin chunk merges with free neighbours and, next to top, into top.  Then it
+``madvise(MADV_DONTNEED)``s the page-aligned interior of every free chunk in
+the unsorted bin and in the bins that can hold a page (past its first 48
+bytes: header and links stay).  Only for the main arena, and only when it is
+contiguous, it then lowers the break: top minus MINSIZE, rounded down to pages
+(or to the transparent huge page size when one is set).  tcache is not
+flushed, and a thread arena's top is never trimmed.
+
+Which of those pages are resident comes from the target's residency where it
+is known (a live process's page map, a core `heapwalk capture` wrote); elsewhere
+an all-zero page is counted as not resident (never touched, or already given
+back).  So `TrimEstimate.resident` is the drop in RSS to expect and
+`TrimEstimate.total` the address space released.
+"""
+
+from __future__ import annotations
+
+from types import MappingProxyType
+
+from heapwalk.glibc.locate.layout import MINSIZE, Layout
+from heapwalk.inferior.memory import Memory, ReadError
+from heapwalk.inferior.residency import Residency
+from heapwalk.glibc.model import KEPT_REASONS, Arena, ChunkState, TrimEstimate
+
+__all__ = ["TrimSimulation", "trim_settings", "PAGE", "SUB_PAGE"]
+
+PAGE = 4096
+_SPAN = 1 << 20                 # bytes read at once when looking for resident pages
+_LINKS = 48                     # sizeof(struct malloc_chunk): stays resident in a trimmed chunk
+SUB_PAGE = PAGE - 1 + _LINKS   # a free chunk this size or smaller has no whole page to give back
+_RUN_STATES = frozenset((ChunkState.FAST, ChunkState.UNSORTED, ChunkState.SMALL, ChunkState.LARGE))
+
+
+def _resident_bytes(mem: Memory, start: int, length: int) -> int:
+    """Bytes of the pages in [start, start+length) that hold anything but zeros (page-aligned range).
+
+    Read a MiB at a time; where that fails, page by page, giving up after 256 unreadable pages in a row
+    (past the end of what the target has: a damaged size, a truncated core)."""
+    resident = missing = 0
+    zero = bytes(PAGE)
+    at, end = start, start + length
+    while at < end:
+        span = min(_SPAN, end - at)
+        try:
+            data = mem.read(at, span)
+        except ReadError:
+            data = None
+        if data is not None:
+            missing = 0
+            if data.count(0) != span:
+                view = memoryview(data)
+                resident += sum(PAGE for off in range(0, span, PAGE) if view[off:off + PAGE] != zero)
+            at += span
+            continue
+        for page in range(at, at + span, PAGE):
+            try:
+                if mem.read(page, PAGE) != zero:
+                    resident += PAGE
+                missing = 0
+            except ReadError:
+                missing += 1
+                if missing > 256:
+                    return resident
+        at += span
+    return resident
+
+
+def _page_interior(address: int, size: int) -> tuple[int, int]:
+    """(start, length) of the whole pages mtrim would madvise in a free chunk."""
+    if size <= PAGE - 1 + _LINKS:
+        return 0, 0
+    start = (address + _LINKS + PAGE - 1) & ~(PAGE - 1)
+    rest = address + size - start
+    return (start, rest & ~(PAGE - 1)) if rest > PAGE - 1 else (0, 0)
+
+
+def trim_settings(mp) -> tuple[int, bool]:
+    """From mp_ (its values, or None when not found): the transparent huge page size the main top is trimmed
+    by (0: pages), and whether the main arena may lower the break (not when huge pages back it)."""
+    thp = (mp.get("thp_pagesize") or 0) if mp else 0
+    return thp, not (mp and mp.get("hp_pagesize"))
+
+
+class TrimSimulation:
+    """malloc_trim(0) on one arena, fed the chunks of its walk that are not plainly in use (see
+    `chunkwalk.account`); `result` gives the estimate.
+
+    Free chunks next to each other (fastbin chunks and binned ones) form runs that
+    consolidation merges into one chunk, or into top when a run with a fastbin chunk
+    touches it; tcache chunks stay put and break runs.
+    """
+
+    def __init__(self, mem: Memory, layout: Layout, arena: Arena, thp_pagesize: int = 0,
+                 main_contiguous: bool = True, residency: Residency | None = None):
+        self.mem, self.arena, self.thp_pagesize, self.residency = mem, arena, thp_pagesize, residency
+        self.systrim_allowed = arena.is_main and main_contiguous
+        self.consolidate = layout.has_fastbins
+        self.top_start, self.top_size = arena.top, arena.top_size
+        self.kept = dict.fromkeys(KEPT_REASONS, 0)
+        self.runs: list[tuple[int, int]] = []  # consolidated free chunks holding a whole page
+        self.run_start: int | None = None
+        self.run_size = 0
+        self.run_has_fast = False
+
+    def chunks(self, batch) -> None:
+        """The next chunks of the walk that are not plainly in use, as (address, size, flags, state) in address
+        order; a gap between two of them is in-use memory, which ends a run.  (A closed run with no whole
+        page inside, the common case of a fragmented heap, is summed here rather than through `_close`.)"""
+        run_start, run_size, run_has_fast = self.run_start, self.run_size, self.run_has_fast
+        run_states = _RUN_STATES if self.consolidate else _RUN_STATES - {ChunkState.FAST}
+        tcache = sub_page = 0
+        runs = self.runs
+        fast, top, tcache_state = ChunkState.FAST, ChunkState.TOP, ChunkState.TCACHE
+        for address, size, _, state in batch:
+            if run_start is not None and address != run_start + run_size:
+                # an in-use chunk ended the run
+                if run_size <= SUB_PAGE:
+                    sub_page += run_size
+                else:
+                    runs.append((run_start, run_size))
+                run_start = None
+            if state in run_states:
+                if run_start is None:
+                    run_start, run_size, run_has_fast = address, size, state is fast
+                else:
+                    run_size += size
+                    if state is fast:
+                        run_has_fast = True
+                continue
+            if state is tcache_state:
+                tcache += size
+            if run_start is not None:
+                if state is top and run_has_fast:  # consolidation merges the run into top
+                    self.top_start, self.top_size = run_start, self.top_size + run_size
+                elif run_size <= SUB_PAGE:
+                    sub_page += run_size
+                else:
+                    runs.append((run_start, run_size))
+                run_start = None
+        self.run_start, self.run_size, self.run_has_fast = run_start, run_size, run_has_fast
+        self.kept["tcache"] += tcache
+        self.kept["sub_page"] += sub_page
+
+    def take(self, runs: list[tuple[int, int]], sub_page: int, tcache: int) -> None:
+        """What `chunks` would have gathered from a whole arena, summed elsewhere (`sweepwalk`): the closed
+        RUNS holding a whole page, the bytes of the others (SUB_PAGE), and the bytes of the tcache chunks."""
+        self.runs.extend(runs)
+        self.kept["sub_page"] += sub_page
+        self.kept["tcache"] += tcache
+
+    def extent_done(self) -> None:
+        if self.run_start is not None:
+            self._close(self.run_start, self.run_size)
+            self.run_start = None
+
+    def _close(self, address: int, size: int) -> None:
+        """A free chunk as consolidation leaves it: the whole pages inside are given back, the rest is kept."""
+        if size <= SUB_PAGE:  # no whole page inside: the common case of a fragmented heap
+            self.kept["sub_page"] += size
+            return
+        self.runs.append((address, size))
+
+    def result(self) -> TrimEstimate:
+        """The estimate, once the walk has fed every chunk."""
+        kept = dict(self.kept)
+        interiors, released = self._interiors(), self._released_top()
+        madvise = sum(end - start for start, end in interiors)
+        kept["sub_page"] += sum(size for _, size in self.runs) - madvise
+        systrim = sum(end - start for start, end in released)
+        if self.systrim_allowed:
+            kept["main_top"] += self.top_size - systrim
+        else:
+            kept["main_top" if self.arena.is_main else "thread_top"] += self.top_size
+        return TrimEstimate(self.arena.address, madvise, self._resident(interiors), systrim,
+                            self._resident(released), MappingProxyType(kept))
+
+    def released(self) -> list[tuple[int, int]]:
+        """The [start, end) ranges the trim gives back, once the walk has fed every chunk: the pages madvised
+        inside free chunks, then the end of the main arena's top (in address order within each)."""
+        return self._interiors() + self._released_top()
+
+    def _interiors(self) -> list[tuple[int, int]]:
+        """The whole pages inside the consolidated free runs, which madvise gives back."""
+        out = []
+        for address, size in self.runs:
+            start, length = _page_interior(address, size)
+            if length:
+                out.append((start, start + length))
+        return out
+
+    def _released_top(self) -> list[tuple[int, int]]:
+        """The end of the main arena's top that lowering the break gives back (nothing elsewhere)."""
+        if not self.systrim_allowed:
+            return []
+        area = self.top_size - MINSIZE - 1
+        unit = self.thp_pagesize or PAGE
+        systrim = area // unit * unit if area > 0 else 0
+        top_end = self.top_start + self.top_size
+        return [(top_end - systrim, top_end)] if systrim else []
+
+    def _resident(self, ranges: list[tuple[int, int]]) -> int:
+        """Resident bytes of the page-aligned RANGES: from the residency when known, else the pages that are
+        not all zeros."""
+        if not ranges:
+            return 0
+        if self.residency is None:
+            return sum(_resident_bytes(self.mem, start, end - start) for start, end in ranges)
+        known = self.residency.covering([(h.address, h.address + max(h.size, h.mprotect_size))
+                                         for h in self.arena.heaps] + ranges)
+        starts, ends = zip(*ranges)
+        return known.resident_sum(starts, ends)

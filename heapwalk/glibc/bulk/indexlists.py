@@ -1,0 +1,167 @@
+"""An arena's free lists followed through a `Sweep` instead of through memory.
+
+Each fastbin and regular bin starts at its head in the arena and goes on through the fd (or safe-linked next)
+the sweep kept of each chunk.  Every link is looked up in the sweep's sorted addresses at once, so following a
+list is a step through a Python list of indices, and the checks the careful walkers make of a sound list (each
+bk mirrors its fd, each size belongs in its bin, the list ends at its head or at NULL, it is not longer than
+the arena can hold, no chunk is in two lists) are made on whole arrays.  A list that fails any of them, or
+leads anywhere but to a chunk the sweep met, gives None: the careful walkers then take the arena.
+"""
+
+from __future__ import annotations
+
+import struct
+from array import array
+
+import numpy as np
+
+from heapwalk.glibc.locate.layout import MINSIZE, NBINS, NSMALLBINS, Layout
+from heapwalk.glibc.walk.lists import MAX_LIST, bin_kind
+from heapwalk.glibc.model import BinKind, BinList
+from heapwalk.glibc.bulk.native import follow, successors
+from heapwalk.glibc.bulk.sweep import Sweep
+
+__all__ = ["IndexedLists", "lists_of_sweep", "PLAIN", "bin_indices"]
+
+#: a chunk's code before any list claims it (`chunks.LIST_CODES` otherwise)
+PLAIN = 255
+_FAST_CODE, _UNSORTED_CODE, _SMALL_CODE, _LARGE_CODE = 2, 3, 4, 5
+_SIZE_MASK = np.uint64(~7 & (2 ** 64 - 1))
+
+
+class IndexedLists:
+    """An arena's lists as `decode_arena` gives them, and each swept chunk's listing code (PLAIN if none)."""
+
+    __slots__ = ("fastbins", "unsorted", "bins", "codes")
+
+    def __init__(self, fastbins: tuple[BinList, ...], unsorted: BinList, bins: tuple[BinList, ...],
+                 codes: np.ndarray):
+        self.fastbins, self.unsorted, self.bins, self.codes = fastbins, unsorted, bins, codes
+
+
+def bin_indices(sizes: np.ndarray) -> np.ndarray:
+    """glibc's bin_index of each chunk size (sizes of at least MINSIZE), as int64."""
+    s = sizes.astype(np.int64)
+    return np.select([s < NSMALLBINS * 16, (s >> 6) <= 48, (s >> 9) <= 20, (s >> 12) <= 10, (s >> 15) <= 4,
+                      (s >> 18) <= 2],
+                     [s >> 4, 48 + (s >> 6), 91 + (s >> 9), 110 + (s >> 12), 119 + (s >> 15), 124 + (s >> 18)],
+                     126)
+
+
+def lists_of_sweep(sweep: Sweep, layout: Layout, arena: int, raw_arena: bytes, system_mem: int
+                   ) -> IndexedLists | None:
+    """ARENA's fastbins, unsorted bin and small and large bins, followed through SWEEP (RAW_ARENA: the bytes
+    of its malloc_state); None when any of them is not sound."""
+    bound = min(max(system_mem, 1 << 20) // MINSIZE + 1, MAX_LIST)
+    address, n = sweep.address, sweep.count
+    codes = np.full(n, PLAIN, dtype=np.uint8)
+    sizes = sweep.field & _SIZE_MASK
+    tables = _tables(sweep)
+    free = np.zeros(n, dtype=bool)       # the chunks whose next chunk says they are free: all a bin may hold
+    free[:-1] = (sweep.field[1:] & np.uint64(1)) == 0
+    fastbins = []
+    if layout.nfastbins:
+        heads = struct.unpack_from(f"<{layout.nfastbins}Q", raw_arena, layout.off_fastbins)
+        nexts = sweep.fd ^ ((address + np.uint64(16)) >> np.uint64(12)) if layout.safe_linking else sweep.fd
+        links = _successors(address, tables, nexts, np.flatnonzero(~free & (sizes <= (layout.nfastbins + 1) * 16)))
+        for i, head in enumerate(heads):
+            order = _follow(address, links, nexts, head, 0, bound)
+            if order is None or np.any(sizes[order] != (i + 2) * 16) or not _claim(codes, order, _FAST_CODE):
+                return None
+            fastbins.append(_bin_list(BinKind.FAST, i, address, sweep.field, order,
+                                      arena + layout.off_fastbins + 8 * i))
+    links = _successors(address, tables, sweep.fd, np.flatnonzero(free))
+    regular = []
+    for index in range(1, NBINS):
+        head = layout.bin_header(arena, index)
+        fd, bk = struct.unpack_from("<QQ", raw_arena, head + 16 - arena)
+        order = _follow(address, links, sweep.fd, fd, head, bound)
+        if order is None or not _mirrored(address, sweep.bk, order, head, bk):
+            return None
+        if len(order) and (np.any(sizes[order] < MINSIZE) if index == 1 else
+                           np.any(bin_indices(sizes[order]) != index)):
+            return None
+        code = _UNSORTED_CODE if index == 1 else _SMALL_CODE if index < NSMALLBINS else _LARGE_CODE
+        if not _claim(codes, order, code):
+            return None
+        regular.append(_bin_list(bin_kind(index), index, address, sweep.field, order, head))
+    return IndexedLists(tuple(fastbins), regular[0], tuple(regular[1:]), codes)
+
+
+def _tables(sweep: Sweep) -> list[tuple[int, int, np.ndarray]]:
+    """Per heap of SWEEP with chunks: (first, end, table), the table holding, a slot per 16 bytes from
+    first, the index of the chunk that starts there.  Slots where no chunk starts are left as they were
+    allocated (filling them would cost a write per 16 bytes): a lookup checks the chunk's address."""
+    out = []
+    for segment in sweep.segments:
+        first, end, lo, hi = segment.extent.first, segment.extent.end, segment.lo, segment.hi
+        if lo == hi:
+            continue
+        table = np.empty((end - first + 15) >> 4, dtype=np.int32)
+        table[((sweep.address[lo:hi] - np.uint64(first)) >> np.uint64(4)).astype(np.intp)] = np.arange(lo, hi)
+        out.append((first, end, table))
+    return out
+
+
+def _successors(address: np.ndarray, tables: list[tuple[int, int, np.ndarray]], links: np.ndarray,
+                rows: np.ndarray):
+    """For each chunk of ADDRESS, the index of the chunk its link in LINKS points to; -1 when that is no
+    chunk's start, or the chunk is not among ROWS (those that may be in the lists followed).  Looked up in
+    TABLES (`_tables`): one random access a link instead of a binary search.  In the form `native.follow`
+    takes."""
+    out = np.full(len(address), -1, dtype=np.int64)
+    targets = links[rows]
+    for first, end, table in tables:
+        inside = np.flatnonzero((targets >= np.uint64(first)) & (targets < np.uint64(end))
+                                & ((targets & np.uint64(15)) == np.uint64(first & 15)))
+        if not len(inside):
+            continue
+        found = table[((targets[inside] - np.uint64(first)) >> np.uint64(4)).astype(np.intp)].astype(np.int64)
+        found[(found < 0) | (found >= len(address))] = 0
+        hit = address[found] == targets[inside]
+        out[rows[inside[hit]]] = found[hit]
+    return successors(out)
+
+
+def _follow(address: np.ndarray, links, next_links: np.ndarray, first: int, end: int,
+            bound: int) -> np.ndarray | None:
+    """The indices of the list's chunks from FIRST, through LINKS (`native.successors`), until a link in
+    NEXT_LINKS is END; None when a link leads elsewhere, or the list is BOUND long (or loops)."""
+    if first == end:
+        return np.zeros(0, dtype=np.int64)
+    j = int(np.searchsorted(address, np.uint64(first)))
+    if j >= len(address) or int(address[j]) != first:
+        return None
+    order = follow(links, j, min(bound, len(address) + 1))
+    if order is None or int(next_links[order[-1]]) != end or len(order) >= bound:
+        return None
+    return order
+
+
+def _mirrored(address: np.ndarray, bk: np.ndarray, order: np.ndarray, head: int, head_bk: int) -> bool:
+    """Whether each chunk's bk in ORDER leads back to the one before it (the first's to HEAD), and the head's
+    bk HEAD_BK to the last."""
+    if not len(order):
+        return head_bk == head
+    back = bk[order]
+    return (int(back[0]) == head and head_bk == int(address[order[-1]])
+            and bool(np.all(back[1:] == address[order[:-1]])))
+
+
+def _claim(codes: np.ndarray, order: np.ndarray, code: int) -> bool:
+    """Marks ORDER's chunks as listed with CODE; False when a list holds one of them already."""
+    if not len(order):
+        return True
+    if np.any(codes[order] != PLAIN):
+        return False
+    codes[order] = code
+    return True
+
+
+def _bin_list(kind: BinKind, index: int, address: np.ndarray, fields: np.ndarray, order: np.ndarray,
+              head: int) -> BinList:
+    chunks, raw = array("Q"), array("Q")
+    if len(order):
+        chunks.frombytes(address[order].tobytes())
+        raw.frombytes(fields[order].tobytes())
+    return BinList(kind, index, head, chunks, raw, True)

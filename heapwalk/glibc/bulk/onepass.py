@@ -1,0 +1,111 @@
+"""The one-pass path of a whole decode: each arena's heaps swept once, its lists followed in the sweep, its
+account and trim estimate summed from it, then the sweep dropped.
+
+`decode.collect` hands each arena to `OnePass.lists` as it decodes it; the lists it returns are the
+arena's, the careful walkers' otherwise.  The accounts are kept, and `results` gives them to the chunk walk
+only when every arena was swept soundly (then the careful walk, which looks at every arena's lists at once,
+would have found exactly this); if any arena was not, the careful walk takes them all.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from heapwalk.glibc.walk.chunks import extents
+from heapwalk.glibc.bulk.indexlists import PLAIN, IndexedLists, lists_of_sweep
+from heapwalk.glibc.locate.layout import Layout
+from heapwalk.glibc.model import Account, Arena, Tcache, TrimEstimate
+from heapwalk.glibc.bulk.sweep import sweep_extents
+from heapwalk.glibc.bulk.sweepwalk import TCACHE_CODE, TCACHE_STRUCT_CODE, sizes_of, walk_of_sweep
+from heapwalk.inferior.memory import Memory
+from heapwalk.inferior.residency import Residency
+
+__all__ = ["OnePass", "LISTS_SWEPT_FROM"]
+
+#: a decode of the lists alone (no chunk walk) sweeps an arena only when its heaps hold more than this.  Below
+#: it, following the lists through memory costs a few tens of milliseconds either way, and less when few chunks
+#: are free; above it, a sweep costs at most about a second a GiB, while the careful walkers pay about half a
+#: microsecond a listed chunk, and more when lists hop across an arena bigger than their block cache
+#: (measured in docs/performance.md)
+LISTS_SWEPT_FROM = 16 << 20
+
+
+class OnePass:
+    """Sweeps arenas as they are decoded and keeps what they give (see the module)."""
+
+    def __init__(self, mem: Memory, layout: Layout, tcaches: list[Tcache], thp_pagesize: int,
+                 main_contiguous: bool, progress=None, total: int = 0, lists_only: bool = False,
+                 residency: Residency | None = None, keep_used: bool = False, keep_chunks: bool = False):
+        self.mem, self.layout, self.lists_only, self.residency = mem, layout, lists_only, residency
+        self.tcached = _tcached(tcaches)
+        self.thp_pagesize, self.main_contiguous = thp_pagesize, main_contiguous
+        self.progress, self.total, self.done = progress, total, 0
+        self.accounts: dict[int, tuple[Account, TrimEstimate]] = {}
+        self.keep_used = keep_used
+        self.used: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self.keep_chunks = keep_chunks
+        self.chunks: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        self.failed: set[int] = set()
+        self.spans: list[tuple[int, int]] = []
+
+    def lists(self, arena: Arena, raw_arena: bytes) -> IndexedLists | None:
+        """ARENA's lists (ARENA as decoded so far, without them; RAW_ARENA its malloc_state's bytes) from a
+        sweep of its heaps, its account and trim estimate kept; None when the sweep cannot vouch for them."""
+        lists = None
+        if arena.is_main and arena.noncontiguous or not arena.lists_known:
+            self.failed.add(arena.address)
+            return None
+        # in address order, so that the sweep's arrays are sorted (a newer heap may lie below an older one)
+        arena_extents = sorted(extents(arena, self.layout), key=lambda e: e.start)
+        if any(not 0 <= e.start <= e.first <= e.end < 1 << 64 for e in arena_extents) or \
+                any(b.start < a.end for a, b in zip(arena_extents, arena_extents[1:])):
+            self.failed.add(arena.address)   # bounds from damaged fields: the careful walkers say which
+            return None
+        if self.lists_only and sum(e.end - e.start for e in arena_extents) <= LISTS_SWEPT_FROM:
+            self.failed.add(arena.address)
+            return None
+        self.spans.extend((e.start, e.end) for e in arena_extents)
+        tick = None if self.progress is None else (lambda walked, base=self.done: self.progress(base + walked,
+                                                                                             self.total))
+        sweep = sweep_extents(self.mem, arena_extents, arena.top, tick)
+        self.done += sum(e.end - e.start for e in arena_extents)
+        if sweep is not None:
+            lists = lists_of_sweep(sweep, self.layout, arena.address, raw_arena, arena.system_mem)
+        walked = None
+        if lists is not None and not self.lists_only:
+            walked = walk_of_sweep(self.mem, self.layout, arena, sweep, lists.codes, self.tcached,
+                                   self.thp_pagesize, self.main_contiguous, self.residency)
+        if walked is None:
+            self.failed.add(arena.address)
+        else:
+            self.accounts[arena.address] = walked
+            if self.keep_used:
+                rows = np.flatnonzero(lists.codes == PLAIN)
+                self.used[arena.address] = (sweep.address[rows], sizes_of(sweep)[rows].astype(np.uint64))
+            if self.keep_chunks:       # the codes as the walk left them: tcache, top and fenceposts marked
+                self.chunks[arena.address] = (sweep.address, sizes_of(sweep), lists.codes)
+        return lists
+
+    def results(self, arenas: tuple[Arena, ...]) -> dict[int, tuple[Account, TrimEstimate]] | None:
+        """The accounts and trim estimates of ARENAS (the state's, as finally decoded), when each was swept
+        soundly, no two arenas share memory and nothing else claims chunks; else None."""
+        if self.failed or {a.address for a in arenas} != set(self.accounts):
+            return None
+        spans = sorted(self.spans)
+        if any(b[0] < a[1] for a, b in zip(spans, spans[1:])):
+            return None
+        return self.accounts
+
+
+def _tcached(tcaches: list[Tcache]) -> tuple[np.ndarray, np.ndarray]:
+    """The chunk of every tcache entry and tcache struct, sorted, and each one's listing code (a struct's chunk
+    wins over an entry at the same address, as the careful walk's listing has it)."""
+    chunks: dict[int, int] = {}
+    for tcache in tcaches:
+        for b in tcache.bins:
+            for entry in b.entries:
+                chunks.setdefault(entry - 16, TCACHE_CODE)
+    for tcache in tcaches:
+        chunks[tcache.address - 16] = TCACHE_STRUCT_CODE
+    keys = sorted(chunks)
+    return np.array(keys, dtype=np.uint64), np.array([chunks[k] for k in keys], dtype=np.uint8)

@@ -1,0 +1,192 @@
+"""Chunks with mappings of their own (mmapped chunks), and the pieces of a non-contiguous main arena: found
+in the target's memory, page by page, where no heap holds them."""
+
+from __future__ import annotations
+
+import dataclasses
+import struct
+
+from heapwalk.findings import Finding, Severity
+from heapwalk.glibc.kinds import Kind
+from heapwalk.glibc.locate.discovery import Discovery
+
+from heapwalk.glibc.walk.chunks import align_chunk
+from heapwalk.glibc.locate.layout import IS_MMAPPED, MALLOC_ALIGNMENT, MINSIZE, NON_MAIN_ARENA, PREV_INUSE, SIZE_BITS, Layout
+from heapwalk.glibc.model import Arena, Heap, HeapState, MallocPar, MmappedChunk
+from heapwalk.inferior.memory import Memory, ReadError, ranges_without
+from heapwalk.inferior.words import PROBE_SPAN, Window
+
+__all__ = ["find_mmapped", "find_mmapped_in_pages", "main_regions", "with_main_regions",
+           "mmapped_of_state", "mmapped_agree"]
+
+
+def find_mmapped(mem: Memory, layout: Layout, regions: list[tuple[int, int]], skip: list[tuple[int, int]],
+                 limit: int = 1 << 20) -> list[MmappedChunk]:
+    """Mmapped chunks at the start of anonymous memory regions (and packed after each other within one).
+
+    A mapping made for one chunk starts with its header: prev_size 0 (the
+    front padding, which only memalign'd chunks have) and a size with
+    IS_MMAPPED set and NON_MAIN_ARENA clear, spanning whole pages that fit in
+    the region; the kernel may merge neighbouring ones into one region, and
+    merges one placed right below a thread heap with the heap's first pages.
+    SKIP (heaps, libc) is cut out of the regions, and what is left of each is
+    looked at; chunks with front padding are not found (the totals then
+    disagree with mp_, which the caller reports).
+    """
+    out: list[MmappedChunk] = []
+    for start, end in ranges_without(regions, skip):
+        at = start
+        while at < end and len(out) < limit:
+            chunk = _mmapped_at(mem, layout, at, end)
+            if chunk is None:
+                break
+            out.append(chunk)
+            at += chunk.span
+    return out
+
+
+def _mmapped_at(mem: Memory, layout: Layout, at: int, end: int) -> MmappedChunk | None:
+    """The mmapped chunk whose mapping starts at AT and ends by END, if AT holds such a header: prev_size 0,
+    IS_MMAPPED set, NON_MAIN_ARENA clear, a mapping of whole pages."""
+    try:
+        prev_size, size_field = struct.unpack("<QQ", mem.read(at, 16))
+    except ReadError:
+        return None
+    size = size_field & ~SIZE_BITS
+    if prev_size or not size_field & IS_MMAPPED or size_field & NON_MAIN_ARENA or size < MINSIZE:
+        return None
+    span = layout.mmapped_span(0, size)
+    return MmappedChunk(at, size, span) if span % 4096 == 0 and at + span <= end else None
+
+
+def find_mmapped_in_pages(mem: Memory, layout: Layout, regions: list[tuple[int, int]],
+                          skip: list[tuple[int, int]], budget: int = 1 << 30) -> list[MmappedChunk]:
+    """Mmapped chunks anywhere in REGIONS (less SKIP), looked for at every page: for when `find_mmapped`
+    finds fewer than mp_ counts, because the kernel merged a chunk's mapping with anonymous memory below
+    it (a thread's stack, say), so that it no longer starts a region.  Reads at most BUDGET bytes of
+    pages; the caller keeps what it finds only if the totals then agree with mp_."""
+    out: list[MmappedChunk] = []
+    for start, end in ranges_without(regions, skip):
+        at = (start + 4095) & ~4095
+        while at + 16 <= end and budget > 0:
+            budget -= 4096
+            chunk = _mmapped_at(mem, layout, at, end)
+            if chunk is None:
+                at += 4096
+            else:
+                out.append(chunk)
+                at += chunk.span
+    return out
+
+
+def _probe_main_region(mem: Memory, start: int, end: int, top: int, top_size: int) -> int | None:
+    """The end of a main-arena region that starts at START (an mmap'd piece of a non-contiguous main arena):
+    where its chunks reach the end of top, or two fenceposts; None if START does not hold such chunks."""
+    word = Window(mem, end, PROBE_SPAN).word
+    c = align_chunk(start)
+    first, fenceposts = True, 0
+    while c < end:
+        try:
+            size_field = word(c + 8)
+        except ReadError:
+            return None
+        size = size_field & ~SIZE_BITS
+        if size_field & (IS_MMAPPED | NON_MAIN_ARENA) or size < 2 * 8 or size % MALLOC_ALIGNMENT or c + size > end:
+            return None
+        if first and not size_field & PREV_INUSE:
+            return None
+        first = False
+        if c == top:
+            return c + size if size == top_size else None
+        fenceposts = fenceposts + 1 if size < MINSIZE else 0
+        c += size
+        if fenceposts == 2:
+            return c
+    return None
+
+
+def main_regions(mem: Memory, arena: Arena, regions: list[tuple[int, int]], skip: list[tuple[int, int]]
+                 ) -> list[tuple[int, int]]:
+    """The pieces [start, end) of a non-contiguous main arena (mmap'd when sbrk could not be used).
+
+    Each piece ends at top or with two fenceposts; the kernel may have merged
+    neighbouring pieces into one region, so a region is probed piece after piece
+    (SKIP, the thread heaps and libc, cut out: a piece may merge with a heap).
+    """
+    out = []
+    for start, end in ranges_without(sorted(regions), skip):
+        at = start
+        while at < end:
+            piece_end = _probe_main_region(mem, at, end, arena.top, arena.top_size)
+            if piece_end is None:
+                break
+            out.append((at, piece_end))
+            at = (piece_end + 4095) & ~4095
+    return out
+
+
+def with_main_regions(mem: Memory, disc: Discovery, main: Arena, arenas: list[Arena],
+                       regions: list[tuple[int, int]]) -> Arena:
+    """MAIN with one heap per piece of its non-contiguous memory (else it keeps its sbrk_base..top heap)."""
+    skip = [(h.address, h.address + disc.heap_max_size) for a in arenas[1:] for h in a.heaps]
+    if disc.libc_range:
+        skip.append(disc.libc_range)
+    pieces = main_regions(mem, main, regions, skip)
+    if not pieces or sum(e - s for s, e in pieces) != main.system_mem:
+        return main
+    heaps = tuple(Heap(s, e - s, e - s, main.address, 0, None) for s, e in pieces)
+    return dataclasses.replace(main, heaps=heaps)
+
+
+def mmapped_of_state(mem: Memory, disc: Discovery, state: HeapState, regions: list[tuple[int, int]]
+                     ) -> tuple[list[MmappedChunk], Finding | None]:
+    """The mmapped chunks in REGIONS outside heaps and libc, and a warning when they do not make mp_'s
+    counters."""
+    skip = [(h.address, h.address + (disc.heap_max_size if not a.is_main else h.size))
+            for a in state.arenas for h in a.heaps]
+    if disc.libc_range:
+        skip.append(disc.libc_range)
+    found = find_mmapped(mem, disc.layout, regions, skip)
+    mp = state.mp
+    if mp is None:
+        # no count to check against: of the chunks that do not start a region, keep those whose mappings end
+        # it, as the kernel leaves a mapping merged with the anonymous memory below it
+        taken = skip + [(c.address, c.address + c.span) for c in found]
+        more = find_mmapped_in_pages(mem, disc.layout, regions, taken)
+        found = sorted(found + _ending_their_ranges(more, ranges_without(regions, taken)), key=lambda c: c.address)
+    if mp is not None and len(found) < (mp.get("n_mmaps") or 0):
+        # some chunk does not start its region: look at every page outside the chunks found; keep what
+        # that finds only when it makes the totals mp_'s
+        more = find_mmapped_in_pages(mem, disc.layout, regions, skip + [(c.address, c.address + c.span) for c in found])
+        if mmapped_agree(disc.layout, mp, found + more):
+            found = sorted(found + more, key=lambda c: c.address)
+    if mp is None or mmapped_agree(disc.layout, mp, found):
+        return found, None
+    return found, Finding(Severity.WARNING, 0, "mmapped chunks",
+                          f"found {len(found)} mmapped chunks of {sum(c.span for c in found)} bytes; mp_ counts "
+                          f"{mp.get('n_mmaps')} of {mp.get('mmapped_mem')} (chunks with front padding, or "
+                          "regions missing from the core, are not found)", Kind.MMAPPED)
+
+
+def _ending_their_ranges(chunks: list[MmappedChunk], ranges: list[tuple[int, int]]) -> list[MmappedChunk]:
+    """Of CHUNKS (found at page starts), those packed against the end of the range that holds them, from the
+    end down: what a mapping merged with the memory below it looks like."""
+    out = []
+    for start, end in ranges:
+        inside = sorted((c for c in chunks if start <= c.address < end), key=lambda c: -c.address)
+        for c in inside:
+            if c.address + c.span != end:
+                break
+            out.append(c)
+            end = c.address
+    return out
+
+
+def mmapped_agree(layout: Layout, mp: MallocPar, chunks) -> bool:
+    """Do CHUNKS (mmapped chunks found in memory) make mp_'s n_mmaps and mmapped_mem?  From glibc 2.43 each
+    mremap of a mmapped chunk (realloc) counts 16 bytes too many in mmapped_mem, for good: the count must
+    match, and the bytes may exceed the mappings' by a multiple of 16."""
+    if len(chunks) != mp.get("n_mmaps"):
+        return False
+    drift = (mp.get("mmapped_mem") or 0) - sum(c.span for c in chunks)
+    return drift == 0 or (layout.mmap_chunk_rule_243 and drift > 0 and drift % 16 == 0)
