@@ -13,7 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["ArenaView", "Blocks", "HeapStrip", "HeapView", "MAP_KINDS", "Partial", "SizeClass", "Words"]
+__all__ = ["ArenaView", "Blocks", "HeapStrip", "HeapView", "MAP_KINDS", "Partial", "SizeClass", "Words",
+           "add_map_kind"]
 
 
 @dataclass(frozen=True)
@@ -161,8 +162,23 @@ class Blocks:
 
 #: what holds each byte of a heap map, in drawing order (`HeapStrip.kinds` indexes this): glibc's kinds (a chunk
 #: in use that the leak scan found leaked, when it ran, is "leaked"), then those only jemalloc's extents have
-MAP_KINDS = ("in_use", "leaked", "tcache", "fast", "unsorted", "small", "large", "top", "tcache_struct", "overhead",
-             "unwalked", "unused", "reserved", "slab_free", "dirty", "muzzy", "retained")
+MAP_KINDS = ["in_use", "leaked", "tcache", "fast", "unsorted", "small", "large", "top", "tcache_struct", "overhead",
+             "unwalked", "unused", "reserved", "slab_free", "dirty", "muzzy", "retained"]
+#: the colour, name and plain character of each kind an allocator added (`add_map_kind`)
+MAP_COLOURS: dict[str, str] = {}
+MAP_NAMES: dict[str, str] = {}
+MAP_CHARS: dict[str, str] = {}
+
+
+def add_map_kind(name: str, colour: str, label: str, char: str = "?") -> int:
+    """Adds a kind of heap-map run an allocator has (after the others, so no index changes): its COLOUR
+    (#rrggbb), its LABEL in legends, its CHAR in a plain strip; its index in MAP_KINDS."""
+    if name not in MAP_KINDS:
+        if len(MAP_KINDS) >= 255:
+            raise ValueError("a heap map has room for 255 kinds")
+        MAP_KINDS.append(name)
+    MAP_COLOURS[name], MAP_NAMES[name], MAP_CHARS[name] = colour, label, char
+    return MAP_KINDS.index(name)
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from harness import REPRODUCERS
 
 from heapwalk.output.heapmaps import BAND_COLOURS, COLOURS, PINNED, columns, kind_bytes, svg_maps, text_maps
 from heapwalk.output.pngmaps import png_maps
-from heapwalk.view import MAP_KINDS, HeapStrip
+from heapwalk.view import MAP_KINDS, HeapStrip, add_map_kind
 
 K = {name: i for i, name in enumerate(MAP_KINDS)}
 
@@ -332,3 +332,18 @@ def test_a_process_with_both_allocators_has_both_maps(je_mapped, suite):
     glibc_part, jemalloc_part = _kinds_per_arena(root, "main arena"), _kinds_per_arena(root, "jemalloc arena ")
     assert glibc_part and jemalloc_part and "main arena  0x" in out and "jemalloc arena 0 extents 1" in out
     assert sum(n for arena in jemalloc_part.values() for k, n in arena.items() if k == "in_use") > 0
+
+
+def test_a_kind_an_allocator_adds_is_drawn_in_its_colour_everywhere():
+    """view.add_map_kind: a new allocator's kind of run goes after the others (no index moves) and every
+    drawing shows it in its colour, under its name, with its character in a plain strip."""
+    before = list(MAP_KINDS)
+    index = add_map_kind("test_pool", "#123456", "pooled (test)", "p")
+    assert MAP_KINDS[:len(before)] == before and MAP_KINDS[index] == "test_pool"
+    strip = HeapStrip(1, "pool", 0x1000, 0x3000, np.array([0x1000, 0x2000], np.uint64),
+                      np.array([0x2000, 0x3000], np.uint64), np.array([K["in_use"], index], np.uint8))
+    svg = svg_maps([strip], 64)
+    assert 'data-kind="test_pool"' in svg and 'fill="#123456"' in svg and "pooled (test)" in svg
+    assert "p" * 10 in text_maps([strip], 40, False).plain
+    _, _, rows = png_pixels(png_maps([strip], 64))
+    assert any(bytes.fromhex("123456") in row for row in rows)

@@ -21,7 +21,9 @@ import numpy as np
 
 from heapwalk import registry
 from heapwalk.allocator import Allocator, Decoded, NotUsed
-from heapwalk.view import MAP_KINDS, ArenaView, HeapStrip, HeapView
+from heapwalk.view import MAP_KINDS, ArenaView, HeapStrip, HeapView, add_map_kind
+
+SPARE = add_map_kind("toy_spare", "#abcdef", "spare (toy)", "s")
 
 
 class ToyHeap(Decoded):
@@ -37,7 +39,7 @@ class ToyHeap(Decoded):
         return HeapView("toy", tuple(arenas), {n: Counter({a.free["spare"]: 1}) for n, a in enumerate(arenas)}, ())
 
     def strips(self, reserved=False, leaked=None):
-        kinds = np.array([MAP_KINDS.index("in_use"), MAP_KINDS.index("unused")], np.uint8)
+        kinds = np.array([MAP_KINDS.index("in_use"), SPARE], np.uint8)
         return [HeapStrip(n, f"toy heap {n}", start, end, np.array([start, (start + end) // 2], np.uint64),
                           np.array([(start + end) // 2, end], np.uint64), kinds)
                 for n, (start, end) in enumerate(self.regions)]
@@ -84,7 +86,8 @@ def test_a_toy_allocator_shows_in_every_command(tmp_path):
     assert "spare" in text and "toy heap 0" in text and "toy: no findings" in text
     page = (tmp_path / "r.html").read_text()
     assert "toy heap" in page and 'id="glibc-arenas"' in page and "toy comes first, then glibc" in page
-    assert "toy heap" in (tmp_path / "m.svg").read_text()
+    svg = (tmp_path / "m.svg").read_text()
+    assert "toy heap" in svg and 'data-kind="toy_spare"' in svg and "spare (toy)" in svg and "#abcdef" in svg
 
 
 def test_a_toy_allocator_is_diffed(tmp_path):

@@ -6,6 +6,8 @@ heights are the kinds' shares and whose `data-bytes` add up to the heap's bytes.
 
 from __future__ import annotations
 
+from collections import ChainMap
+
 from collections.abc import Sequence
 from xml.sax.saxutils import escape
 
@@ -13,24 +15,24 @@ import numpy as np
 from rich.text import Text
 
 from heapwalk.analysis.report import human
-from heapwalk.view import MAP_KINDS, HeapStrip
+from heapwalk.view import MAP_CHARS, MAP_COLOURS, MAP_KINDS, MAP_NAMES, HeapStrip
 
 __all__ = ["columns", "coverage", "marks", "kind_bytes", "chunk_counts", "trim_bytes", "text_maps", "svg_maps",
            "svg_strip", "kinds_drawn", "LEGEND", "COLOURS", "NAMES", "CHUNK_KINDS", "STRIP_HEIGHT", "BAND_COLOURS"]
 
 #: each kind's character in a plain strip, and its colour (terminal and SVG)
-LEGEND = {"in_use": "#", "leaked": "x", "tcache": "t", "fast": "f", "unsorted": "u", "small": "s", "large": "l", "top": "T",
+LEGEND = ChainMap({"in_use": "#", "leaked": "x", "tcache": "t", "fast": "f", "unsorted": "u", "small": "s", "large": "l", "top": "T",
           "tcache_struct": "c", "overhead": "h", "unwalked": "!", "unused": ":", "reserved": ".", "slab_free": "r",
-          "dirty": "d", "muzzy": "m", "retained": ","}
-COLOURS = {"in_use": "#d62728", "leaked": "#e377c2", "tcache": "#9edae5", "fast": "#17becf", "unsorted": "#bcbd22", "small": "#2ca02c",
+          "dirty": "d", "muzzy": "m", "retained": ","}, MAP_CHARS)
+COLOURS = ChainMap({"in_use": "#d62728", "leaked": "#e377c2", "tcache": "#9edae5", "fast": "#17becf", "unsorted": "#bcbd22", "small": "#2ca02c",
            "large": "#98df8a", "top": "#1f77b4", "tcache_struct": "#8c564b", "overhead": "#7f7f7f",
            "unwalked": "#000000", "unused": "#dbdbdb", "reserved": "#f5f5f5", "slab_free": "#9467bd",
-           "dirty": "#ff9896", "muzzy": "#c5b0d5", "retained": "#e7e7e7"}
-NAMES = {"in_use": "in use", "leaked": "leaked (in use, nothing reaches it)", "tcache": "tcache", "fast": "fastbin", "unsorted": "unsorted", "small": "small bin",
+           "dirty": "#ff9896", "muzzy": "#c5b0d5", "retained": "#e7e7e7"}, MAP_COLOURS)
+NAMES = ChainMap({"in_use": "in use", "leaked": "leaked (in use, nothing reaches it)", "tcache": "tcache", "fast": "fastbin", "unsorted": "unsorted", "small": "small bin",
          "large": "large bin", "top": "top", "tcache_struct": "tcache struct", "overhead": "headers",
          "unwalked": "not walked (damage)", "unused": "mapped, unused", "reserved": "reserved, never mapped",
          "slab_free": "free regions in slabs", "dirty": "dirty pages", "muzzy": "muzzy pages",
-         "retained": "retained (not resident)"}
+         "retained": "retained (not resident)"}, MAP_NAMES)
 
 
 def kind_bytes(strip: HeapStrip) -> dict[str, int]:

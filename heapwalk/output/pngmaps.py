@@ -45,8 +45,12 @@ def _rgb(colour: str) -> np.ndarray:
     return np.array([int(colour[i:i + 2], 16) for i in (1, 3, 5)], dtype=np.uint8)
 
 
-#: each kind's colour, by its index in MAP_KINDS, and white after them (a pixel no kind reaches)
-_PALETTE = np.array([_rgb(COLOURS[k]) for k in MAP_KINDS] + [_rgb("#ffffff")])
+def _palette() -> np.ndarray:
+    """Each kind's colour, by its index in MAP_KINDS (kinds an allocator added too), and white after them (a
+    pixel no kind reaches)."""
+    return np.array([_rgb(COLOURS[k]) for k in MAP_KINDS] + [_rgb("#ffffff")])
+
+
 _UNWALKED = MAP_KINDS.index("unwalked")
 
 
@@ -75,7 +79,8 @@ def _paint_strip(img: np.ndarray, strip: HeapStrip, width: int, y: int) -> None:
     repeat = np.diff(xs)
     cuts = np.rint(np.cumsum(counts, axis=1) * _ROW / np.maximum(counts.sum(axis=1, keepdims=True), 1)).astype(int)
     kind_at = (cuts[:, None, :] <= np.arange(_ROW)[None, :, None]).sum(axis=2)   # column x pixel row
-    img[top:top + _ROW, xs[0]:xs[-1]] = np.repeat(_PALETTE[kind_at], repeat, axis=0).transpose(1, 0, 2)
+    palette = _palette()
+    img[top:top + _ROW, xs[0]:xs[-1]] = np.repeat(palette[kind_at], repeat, axis=0).transpose(1, 0, 2)
     damaged = np.repeat(counts[:, _UNWALKED] > 0, repeat)
     if damaged.any():
         wide = damaged.copy()
@@ -83,7 +88,7 @@ def _paint_strip(img: np.ndarray, strip: HeapStrip, width: int, y: int) -> None:
         wide[:-1] |= damaged[1:]
         right = min(xs[-1] + 1, img.shape[1])
         wide = np.concatenate((wide, damaged[-1:]))[:right - xs[0]]
-        img[top:top + _ROW, xs[0]:right][:, wide] = _PALETTE[_UNWALKED]
+        img[top:top + _ROW, xs[0]:right][:, wide] = palette[_UNWALKED]
     trim, resident = marks(strip, edges)
     spans = np.diff(edges.astype(np.int64))
     for row, values, colour in ((top + _ROW + 2, trim, BAND_COLOURS["trim"]),
