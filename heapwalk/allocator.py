@@ -229,6 +229,11 @@ class Allocator:
     #: does the leak scan read its blocks?
     scans_leaks = False
 
+    def settings_in(self, document: dict) -> str:
+        """The settings the allocator's own state holds, from its report DOCUMENT, as 'heapwalk capture' says
+        them beside the process's environment ("" when it has none to say)."""
+        return ""
+
     def load(self, context: Context) -> Decoded:
         """The allocator decoded in CONTEXT's target; NotUsed when it is not there, or holds nothing; another
         HeapwalkError, naming why, when it is there and cannot be decoded."""

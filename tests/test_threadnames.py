@@ -26,8 +26,9 @@ def program(tmp_path_factory) -> Path:
     return exe
 
 
-def _captured(program: Path, out: Path, env: dict[str, str]) -> tuple[str, dict]:
-    """The text of 'heapwalk threads' on a capture of PROGRAM run with ENV, and the capture's report.json."""
+def _captured(program: Path, out: Path, env: dict[str, str]) -> tuple[str, dict, str]:
+    """The text of 'heapwalk threads' on a capture of PROGRAM run with ENV, the capture's report.json, and
+    what the capture printed."""
     proc = subprocess.Popen([str(program)], stdout=subprocess.PIPE, text=True, env=env)
     try:
         assert proc.stdout.readline() == "ready\n"
@@ -39,11 +40,12 @@ def _captured(program: Path, out: Path, env: dict[str, str]) -> tuple[str, dict]
         proc.wait()
     shown = run_gdb([str(program), str(out / "core")], ["heapwalk threads"])
     assert shown.returncode == 0, shown.stderr
-    return shown.stdout, json.loads((out / "report.json").read_text())
+    return shown.stdout, json.loads((out / "report.json").read_text()), result.stdout
 
 
 def test_a_capture_names_every_thread(program, tmp_path):
-    text, doc = _captured(program, tmp_path / "glibc", {})
+    text, doc, said = _captured(program, tmp_path / "glibc", {})
+    assert "malloc's own state (mp_): " in said
     names = sorted(t["name"] for t in doc["threads"])
     assert names == ["named_threads", "worker-0", "worker-1", "worker-2"]
     assert "| name " in text and "worker-1" in text
@@ -52,8 +54,11 @@ def test_a_capture_names_every_thread(program, tmp_path):
 
 
 def test_jemallocs_background_threads_are_named_as_its_own(program, tmp_path):
-    text, doc = _captured(program, tmp_path / "jemalloc", {"LD_PRELOAD": str(JEMALLOC),
-                                                          "MALLOC_CONF": "background_thread:true"})
+    text, doc, said = _captured(program, tmp_path / "jemalloc", {"LD_PRELOAD": str(JEMALLOC),
+                                                                "MALLOC_CONF": "background_thread:true"})
+    # the capture says jemalloc's options beside the environment that set them
+    assert "MALLOC_CONF=background_thread:true" in said and "jemalloc's options: " in said
+    assert "background_thread:true" in said.split("jemalloc's options: ")[1]
     threads = doc["jemalloc"]["threads"]
     own = [t for t in threads if t["allocators_own"]]
     assert own and all(t["name"] == "jemalloc_bg_thd" and t["arena"] is None for t in own)

@@ -9,6 +9,7 @@ import os
 import time
 from pathlib import Path
 
+from heapwalk import registry
 from heapwalk.cli import ptrace
 from heapwalk.cli.cores import open_core, report_command
 from heapwalk.cli.corewriter import hold_for, write_core
@@ -16,6 +17,7 @@ from heapwalk.cli.gdbmi import CliError, Gdb
 from heapwalk.analysis.report import human
 from heapwalk.cli.proc import environment, ptrace_advice, read_smaps, resident_runs, thread_names
 from heapwalk.inferior.pages import PagesUnknown
+from heapwalk.output import jsondoc
 
 
 def _residency_note(doc: dict, pages_read: bool) -> str:
@@ -90,29 +92,21 @@ def _process_record(pid: int) -> dict:
             "threads": threads, "cpus_online": os.cpu_count(), "thread_names": thread_names(pid)}
 
 
-#: the fields of glibc's mp_ that the MALLOC_* variables, GLIBC_TUNABLES and mallopt set, as the capture names them
-_MP_SETTINGS = (("arena_max", "arena_max", False), ("arena_test", "arena_test", False),
-                ("trim_threshold", "trim_threshold", True), ("mmap_threshold", "mmap_threshold", True),
-                ("top_pad", "top_pad", True), ("n_mmaps_max", "mmap_max", False),
-                ("tcache_count", "tcache_count", False), ("tcache_max_bytes", "tcache_max", True))
-
-
 def malloc_settings(record: dict, doc: dict) -> str:
     """The line that says the process's malloc settings and where they come from: its environment block
-    (RECORD), and glibc's own state (the report's DOC: mp_), which holds them however they were set."""
+    (RECORD), and each allocator's own state in the report's DOC (glibc's mp_, jemalloc's options), which
+    holds them however they were set."""
     env = record.get("environment") or {}
     if record.get("environment_unknown"):
         said = f"not known from its environment: {record['environment_unknown']}"
     else:
         said = (", ".join(f"{k}={v}" for k, v in env.items()) or "none") + " (its environment block)"
-    mp = doc.get("mp") if isinstance(doc.get("mp"), dict) else None
-    if mp:
-        values = [f"{label} {human(mp[key]) if size else mp[key]}" for key, label, size in _MP_SETTINGS
-                  if isinstance(mp.get(key), int)]
-        if isinstance(mp.get("no_dyn_threshold"), int):
-            values.append("thresholds " + ("pinned (set by a variable or mallopt)" if mp["no_dyn_threshold"]
-                                           else "dynamic (raised as large blocks are freed)"))
-        said += "; malloc's own state (mp_): " + ", ".join(values)
+    allocators = {a.name: a for a in registry.allocators()}
+    for name, part in jsondoc.allocator_parts(doc):
+        allocator = allocators.get(name)
+        state = allocator.settings_in(part) if allocator is not None else ""
+        if state:
+            said += f"; {state}"
     return f"heapwalk: malloc settings: {said}"
 
 

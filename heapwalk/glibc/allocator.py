@@ -23,6 +23,7 @@ from heapwalk.glibc.show.reportlines import WORDS, summary_lines
 from heapwalk.glibc.show import documents
 from heapwalk.glibc.show import tables as glibc_tables
 from heapwalk.glibc.show import page
+from heapwalk.glibc.show.settings import mp_settings
 from heapwalk.output import tables
 from heapwalk.output.reporttext import report_group
 from heapwalk.view import HeapStrip
@@ -130,6 +131,9 @@ class Glibc(Allocator):
     def verbs(self):
         from heapwalk.glibc.show.verbs import VERBS
         return VERBS
+
+    def settings_in(self, document: dict) -> str:
+        return mp_settings(document)
 
     def load(self, context: Context) -> GlibcHeap:
         wants = context.wants

@@ -112,6 +112,9 @@ class Jemalloc(Allocator):
     name = "jemalloc"
     title = "jemalloc"
 
+    def settings_in(self, document: dict) -> str:
+        return page.option_settings(document)
+
     def load(self, context: Context) -> JemallocHeap:
         target = context.target
         if find_library(target.space.mappings) is None:

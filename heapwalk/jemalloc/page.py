@@ -16,7 +16,7 @@ from heapwalk.output.htmlreport import (arenas_section, findings_section, histog
 from heapwalk.view import HeapStrip, Words
 from heapwalk.jemalloc.shown import thread_state
 
-__all__ = ["jemalloc_facts", "decay_section", "jemalloc_threads", "jemalloc_sections", "JE_COLOURS", "JE_NAMES"]
+__all__ = ["option_settings", "jemalloc_facts", "decay_section", "jemalloc_threads", "jemalloc_sections", "JE_COLOURS", "JE_NAMES"]
 
 PAGE = 4096
 #: jemalloc's kinds of free memory on the page's charts (the glibc kinds keep theirs)
@@ -39,6 +39,14 @@ def jemalloc_facts(doc: dict[str, Any]) -> list[tuple[str, str]]:
     return [("jemalloc", f"{e(je.get('version') or '?')}{how}"),
             ("decoded as", f"layout <code>{e(je.get('layout') or '?')}</code>"),
             ("options", f"<code>{e(options) or 'not read'}</code>")]
+
+
+def option_settings(doc: dict[str, Any]) -> str:
+    """The options that decide what jemalloc keeps (its "opt" in DOC), as 'heapwalk capture' says them beside
+    the environment; "" when they were not read."""
+    opt = (doc.get("jemalloc") or {}).get("opt") or {}
+    shown = ", ".join(f"{name}:{_option(opt[name])}" for name in _OPTIONS if name in opt)
+    return f"jemalloc's options: {shown}" if shown else ""
 
 
 def _option(value) -> str:
