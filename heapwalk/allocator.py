@@ -228,6 +228,11 @@ class Allocator:
     xml_name = ""
     #: does the leak scan read its blocks?
     scans_leaks = False
+    #: the environment variables that set it (a name, or a prefix ending in "_"), which a capture records
+    variables: tuple[str, ...] = ()
+    #: what each common command shows of it, for that command's help (command -> a clause: "its active, dirty,
+    #: muzzy and retained pages")
+    describes: dict = {}
 
     def settings_in(self, document: dict) -> str:
         """The settings the allocator's own state holds, from its report DOCUMENT, as 'heapwalk capture' says

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from heapwalk.allocator import Allocator
 
-__all__ = ["allocators", "add", "remove"]
+__all__ = ["allocators", "add", "remove", "described", "xml_help"]
 
 _added: list[Allocator] = []
 
@@ -28,3 +28,16 @@ def add(allocator: Allocator) -> None:
 def remove(allocator: Allocator) -> None:
     if allocator in _added:
         _added.remove(allocator)
+
+
+def described(what: str, command: str) -> str:
+    """A command's help: WHAT it does for every allocator, then what it shows of each (`Allocator.describes`)."""
+    parts = [f"For {a.title}: {a.describes[command]}." for a in allocators() if command in a.describes]
+    return " ".join([f"{what}.", *parts])
+
+
+def xml_help() -> str:
+    """The help of report's --xml: the allocators' own XML statistics, and what each holds."""
+    writers = [f"{a.xml_name}" + (f" ({a.describes['xml']})" if "xml" in a.describes else "")
+               for a in allocators() if a.xml_name]
+    return f"also write the allocator's own XML statistics: {'; '.join(writers) or 'none'}"

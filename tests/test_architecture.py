@@ -125,15 +125,33 @@ def _names(tree: ast.AST):
             yield node.lineno, node.name
 
 
+def _texts(tree: ast.AST):
+    """The string constants of TREE that are not docstrings: what it prints, compares and looks up."""
+    docs = {id(node.body[0].value) for node in ast.walk(tree)
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body
+            and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs:
+            yield node.lineno, node.value
+
+
+#: the parts whose text may not name an allocator either: the front ends ask the registry for every word
+FRONT_ENDS = {"gdb", "cli"}
+
+
 def test_no_allocator_is_named_outside_its_folder_and_the_registry():
     """The front ends, the engine and the generic output loop over the decoded allocators: none imports an
-    allocator's folder (the rule above) or has a name of one in its code (found.glibc, jemalloc_strips)."""
+    allocator's folder (the rule above) or has a name of one in its code (found.glibc, jemalloc_strips); the
+    front ends' help, messages and lookups name none either (the registry composes them)."""
     named = []
     for relative, tree in _modules():
         if _part(relative) in ALLOCATOR_PARTS | {"registry"}:
             continue
         named += [f"{relative}:{line}: {name}" for line, name in _names(tree)
                   if any(a in name.lower() for a in ALLOCATOR_PARTS)]
+        if _part(relative) in FRONT_ENDS:
+            named += [f"{relative}:{line}: {text[:60]!r}" for line, text in _texts(tree)
+                      if any(a in text.lower() for a in ALLOCATOR_PARTS)]
         imported = [n for n in _imports(tree, relative) if n.split(".")[1:2] and n.split(".")[1] in ALLOCATOR_PARTS]
         named += [f"{relative}: imports {n}" for n in imported]
     assert not named, "\n".join(named)

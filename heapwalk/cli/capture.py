@@ -87,7 +87,8 @@ def _process_record(pid: int) -> dict:
     except OSError as exc:
         raise CliError(f"heapwalk: cannot read /proc/{pid} ({exc.strerror}): run heapwalk as the process's user "
                        "or as root") from None
-    settings, unknown = environment(pid)
+    variables = tuple(v for a in registry.allocators() for v in a.variables)
+    settings, unknown = environment(pid, variables)
     return {"pid": pid, "exe": exe, "cmdline": cmdline, "environment": settings, "environment_unknown": unknown,
             "threads": threads, "cpus_online": os.cpu_count(), "thread_names": thread_names(pid)}
 

@@ -68,7 +68,7 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--sysroot", type=Path, metavar="DIR",
                    help="a copy of the files of the machine the core is from: the program and libraries under "
                    "the paths the core records (DIR/usr/lib/...), or the libraries in DIR/lib/x86_64-linux-gnu")
-    add_report_files(p, Path)
+    add_report_files(p, registry.xml_help(), Path)
     p.add_argument("--check", action="store_true", help="also run 'heapwalk check'; exit 1 when the heap is damaged")
     p.add_argument("--resident-from", type=Path, metavar="CAPTURE_JSON",
                    help="which pages were resident, from the capture.json of a capture taken with this core (a "
@@ -79,7 +79,7 @@ def make_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("capture", parents=[common], help="a core of a running process, and its report",
                        description="Stops process PID only while heapwalk reads the memory that holds anything (resident "
                        "or swapped-out pages, and the pages of its files it wrote) and what a core cannot hold (RSS "
-                       "per mapping, resident pages, MALLOC_* and GLIBC_TUNABLES, threads, CPUs), lets it go on, "
+                       "per mapping, resident pages, the allocators' variables, threads, CPUs), lets it go on, "
                        "writes a sparse core gdb opens, then prints the report and each arena's resident memory "
                        "beside its free bytes. The folder gets the core, report.json, report.html (the report as a "
                        "page, resident pages on its heap maps) and capture.json.")

@@ -40,9 +40,10 @@ def ptrace_advice(pid: int) -> str | None:
 _ENV_ITEM = re.compile(rb"[A-Za-z_][A-Za-z0-9_.-]*=")
 
 
-def environment(pid: int) -> tuple[dict[str, str], str | None]:
-    """The MALLOC_* variables and GLIBC_TUNABLES the process started with, from its environment block (the
-    strings the kernel put on its stack at exec, /proc/PID/environ), and None; or ({}, why) when the block
+def environment(pid: int, variables: tuple[str, ...]) -> tuple[dict[str, str], str | None]:
+    """The VARIABLES (names, or prefixes ending in "_": the allocators' settings) the process started with,
+    from its environment block (the strings the kernel put on its stack at exec, /proc/PID/environ), and
+    None; or ({}, why) when the block
     cannot be read or no longer holds an environment (a process that wrote its title over it, as php-fpm
     and others do: then only the allocator's own state tells)."""
     try:
@@ -57,7 +58,7 @@ def environment(pid: int) -> tuple[dict[str, str], str | None]:
     out = {}
     for item in items:
         name, _, value = item.decode(errors="replace").partition("=")
-        if name.startswith("MALLOC_") or name == "GLIBC_TUNABLES":
+        if any(name.startswith(v) if v.endswith("_") else name == v for v in variables):
             out[name] = value
     return out, None
 

@@ -13,6 +13,7 @@ import textwrap
 import gdb  # type: ignore[import-not-found]
 
 from heapwalk import registry
+from heapwalk.registry import described
 from heapwalk.gdb.leakcommands import LeaksCommand, in_use_and_leaks, reach_text, scan_leaks
 from heapwalk.gdb.mapcommands import MapCommand, write_report_html
 from heapwalk.gdb.console import (console_with_header, gdb_console, interactive, print_damage, write_json)
@@ -29,11 +30,8 @@ class ArenasCommand(Subcommand):
     name = "arenas"
 
     def make_parser(self):
-        p = Parser(prog="heapwalk arenas", description="List every arena of every allocator with its memory and "
-                   "where it is: for glibc's malloc (main and thread arenas, in ring order) its system memory, top "
-                   "chunk, and the free bytes (chunk count) held in each kind of free list: tcache (of the threads "
-                   "using the arena), fastbins, unsorted, small, large; for jemalloc its active, dirty, muzzy and "
-                   "retained pages.")
+        p = Parser(prog="heapwalk arenas", description=described(
+            "List every arena of every allocator with its memory and where it is", "arenas"))
         json_option(p)
         return p
 
@@ -60,9 +58,9 @@ class ThreadsCommand(Subcommand):
     name = "threads"
 
     def make_parser(self):
-        p = Parser(prog="heapwalk threads", description="Every thread: its arena and what its thread cache holds; "
-                   "every arena: how many threads use it (and, for glibc's malloc, attached_threads and whether it "
-                   "waits on the free list of exited threads); the arena limit.")
+        p = Parser(prog="heapwalk threads", description=described(
+            "Every thread: its name, its arena and what its thread cache holds; every arena: how many threads use "
+            "it; the arena limit", "threads"))
         json_option(p)
         return p
 
@@ -82,12 +80,12 @@ class ReportCommand(Subcommand):
     name = "report"
 
     def make_parser(self):
-        p = Parser(prog="heapwalk report", description="Where every byte of every arena is: per arena the "
-                   "memory it holds, in-use bytes, free bytes by kind and the allocator's own, which add up to "
-                   "what it holds; a histogram of the free pieces; what the allocator would give back (glibc's "
-                   "malloc_trim(0), jemalloc's decay); and a verdict (leak or fragmentation, and the remedies the "
-                   "numbers support).")
-        add_report_files(p)
+        p = Parser(prog="heapwalk report", description=described(
+            "Where every byte of every arena is: per arena the memory it holds, in-use bytes, free bytes by kind "
+            "and the allocator's own, which add up to what it holds; a histogram of the free pieces; what the "
+            "allocator would give back; and a verdict (leak or fragmentation, and the remedies the numbers "
+            "support)", "report"))
+        add_report_files(p, registry.xml_help())
         add_no_leaks(p)
         return p
 
@@ -127,12 +125,11 @@ class CheckCommand(Subcommand):
     name = "check"
 
     def make_parser(self):
-        p = Parser(prog="heapwalk check", description="Validate every invariant the allocator relies on (glibc: "
-                   "every arena, heap, bin and tcache; jemalloc: arenas, bins, thread caches, extents), and list "
-                   "each violation: kind, address, structure, what was expected and what was found. Sets "
-                   "$heapwalk_errors and $heapwalk_warnings; when the heap is damaged the command ends with an "
-                   "error, so 'gdb -batch' exits with status 1 when it is the last command (see "
-                   "docs/forensics.md).")
+        p = Parser(prog="heapwalk check", description=described(
+            "Validate every invariant the allocator relies on, and list each violation: kind, address, structure, "
+            "what was expected and what was found. Sets $heapwalk_errors and $heapwalk_warnings; when the heap is "
+            "damaged the command ends with an error, so 'gdb -batch' exits with status 1 when it is the last "
+            "command (see docs/forensics.md)", "check"))
         p.add_argument("--limit", metavar="N", type=int, default=200,
                        help="print at most N findings (default 200; 0: all); --json has them all")
         json_option(p)

@@ -9,6 +9,7 @@ from heapwalk.allocator import CannotDraw
 from heapwalk.gdb.console import console_with_header, interactive
 from heapwalk.gdb.leakcommands import scan_leaks
 from heapwalk.gdb.session import UserError, load_allocators
+from heapwalk.registry import described
 from heapwalk.gdb.subcommand import Parser, Subcommand
 from heapwalk.output.heapmaps import svg_maps, text_maps
 from heapwalk.output.htmlpage import made_by
@@ -27,13 +28,9 @@ class MapCommand(Subcommand):
     name = "map"
 
     def make_parser(self):
-        p = Parser(prog="heapwalk map", description="Each heap of each arena as a strip, address left to right, "
-                   "each column shown by what holds most of its bytes: in use, tcache, fastbin, unsorted, small, "
-                   "large, top, the tcache struct, headers, a thread heap's mapped but unused tail (and with "
-                   "--reserved its reservation never mapped); under each strip what malloc_trim(0) would give back "
-                   "and, where the target says, the resident pages. A column mostly free that holds chunks in use "
-                   "too is marked: those chunks pin the free memory around them. For jemalloc, each arena's "
-                   "extents: in use, free regions in slabs, dirty, muzzy and retained pages.")
+        p = Parser(prog="heapwalk map", description=described(
+            "Each heap of each arena as a strip, address left to right, coloured by what holds each byte, and "
+            "under each strip, where the target says, the resident pages", "map"))
         p.add_argument("--width", metavar="N", type=int, default=0,
                        help=f"columns per strip (default: the terminal's width, {TEXT_WIDTH} in a log)")
         p.add_argument("--reserved", action="store_true", help="draw each thread heap's whole reservation "

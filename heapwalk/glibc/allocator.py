@@ -126,6 +126,21 @@ class Glibc(Allocator):
                 Setting("main-arena", "the address of main_arena", "ADDRESS"))
     xml_name = "glibc's malloc_info XML"
     scans_leaks = True
+    variables = ("MALLOC_", "GLIBC_TUNABLES")
+    describes = {
+        "arenas": "main and thread arenas, in ring order, with their system memory, top chunk, and the free bytes "
+                  "(chunk count) in each kind of free list: tcache (of the threads using the arena), fastbins, "
+                  "unsorted, small, large",
+        "report": "system memory, top and headers; what malloc_trim(0) would give back",
+        "threads": "attached_threads, and whether an arena waits on the free list of exited threads",
+        "check": "every arena, heap, bin and tcache",
+        "map": "each heap of each arena, each column shown by what holds most of its bytes: in use, tcache, "
+               "fastbin, unsorted, small, large, top, the tcache struct, headers, a thread heap's mapped but "
+               "unused tail (and with --reserved its reservation never mapped); under each strip what "
+               "malloc_trim(0) would give back. A column mostly free that holds chunks in use too is marked: "
+               "those chunks pin the free memory around them",
+        "xml": "what the process would have printed: no tcache",
+    }
 
     @property
     def verbs(self):

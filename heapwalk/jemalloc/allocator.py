@@ -111,6 +111,14 @@ class Jemalloc(Allocator):
 
     name = "jemalloc"
     title = "jemalloc"
+    variables = ("MALLOC_CONF", "JE_MALLOC_CONF", "_RJEM_MALLOC_CONF")
+    describes = {
+        "arenas": "its arenas' active, dirty, muzzy and retained pages, decay times and purges",
+        "report": "mapped memory and metadata, slabs and thread caches; what decay would give back",
+        "threads": "each thread's tsd state, what it allocated and freed, its decay ticker; its background threads",
+        "check": "arenas, bins, thread caches, extents",
+        "map": "each arena's extents: in use, free regions in slabs, dirty, muzzy and retained pages",
+    }
 
     def settings_in(self, document: dict) -> str:
         return page.option_settings(document)

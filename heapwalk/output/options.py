@@ -8,12 +8,12 @@ import argparse
 __all__ = ["add_report_files", "add_no_leaks"]
 
 
-def add_report_files(parser: argparse.ArgumentParser, path=str) -> None:
-    """--json, --xml and --html FILE: the report's documents besides its text (PATH: the type of FILE)."""
+def add_report_files(parser: argparse.ArgumentParser, xml_help: str, path=str) -> None:
+    """--json, --xml and --html FILE: the report's documents besides its text (PATH: the type of FILE; XML_HELP:
+    which allocators write XML statistics, `registry.xml_help`)."""
     parser.add_argument("--json", type=path, metavar="FILE", help="also write the report as JSON (schema: "
                         "docs/json.md)")
-    parser.add_argument("--xml", type=path, metavar="FILE", help="also write glibc's malloc_info XML for this "
-                        "heap (what the process would have printed: no tcache)")
+    parser.add_argument("--xml", type=path, metavar="FILE", help=xml_help)
     parser.add_argument("--html", type=path, metavar="FILE", help="also write the report as one self-contained "
                         "HTML page (heap maps and charts inline) to attach to a ticket")
 
