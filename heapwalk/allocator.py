@@ -24,7 +24,7 @@ from heapwalk.output import htmlreport, tables
 from heapwalk.output.htmlpage import e as escape
 from heapwalk.output.jsondoc import SCHEMA_VERSION, report_json
 from heapwalk.output.reporttext import arena_table, plain_lines, report_group
-from heapwalk.view import Blocks, HeapStrip, HeapView, Partial, Words
+from heapwalk.view import Blocks, HeapStrip, HeapView, Words
 
 __all__ = ["Allocator", "Checked", "Decoded", "NotUsed", "CannotDraw", "Setting", "Shown", "Verb", "Wants",
            "Context"]
@@ -135,8 +135,8 @@ class Decoded:
         """This allocator with one more finding (another allocator could not be decoded beside it)."""
         raise NotImplementedError
 
-    def partial(self) -> tuple[Partial, ...]:
-        """Which figures rest on damaged structures."""
+    def partial(self) -> tuple[str, ...]:
+        """Which figures rest on damaged structures, as sentences."""
         return ()
 
     # the report

@@ -114,7 +114,7 @@ class HeapView:
 @dataclass(frozen=True)
 class Partial:
     """A number of the output that rests on damaged or unread structures: WHAT happened (a word
-    `heapwalk.output.notes` turns into a sentence), and where."""
+    `heapwalk.glibc.show.notes` turns into a sentence), and where."""
 
     what: str                    # arena_unreadable, lists_cut, unwalked, tcache_cut, tls_lost, lists_stopped,
     #                              walk_stopped, ring_recovered, ring_broken, mutex_held

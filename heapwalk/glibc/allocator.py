@@ -23,6 +23,7 @@ from heapwalk.glibc.show.reportlines import WORDS, summary_lines
 from heapwalk.glibc.show import documents
 from heapwalk.glibc.show import tables as glibc_tables
 from heapwalk.glibc.show import page
+from heapwalk.glibc.show.notes import partial_sentences
 from heapwalk.glibc.show.settings import mp_settings
 from heapwalk.output import tables
 from heapwalk.output.reporttext import report_group
@@ -58,7 +59,11 @@ class GlibcHeap(Decoded):
         state = dataclasses.replace(self.state, target_findings=self.state.target_findings + (finding,))
         return GlibcHeap(state, self.mem, self.layout)
 
-    def partial(self):
+    def partial(self) -> tuple[str, ...]:
+        return tuple(partial_sentences(partial(self.state)))
+
+    def partial_notes(self):
+        """Which numbers rest on damage, as data (`view.Partial`)."""
         return partial(self.state)
 
     def view(self):
@@ -71,7 +76,7 @@ class GlibcHeap(Decoded):
         return [report_group(rep, interactive, WORDS, summary_lines(rep))]
 
     def report_document(self, rep: Report) -> dict:
-        return documents.report_document(self.state, rep, self.partial())
+        return documents.report_document(self.state, rep, self.partial_notes())
 
     def holds(self, rep: Report) -> str:
         return (f"glibc's malloc holds {human(rep.system)} ({human(rep.in_use)} in use, {human(rep.free)} free) "
@@ -93,7 +98,7 @@ class GlibcHeap(Decoded):
         checked = glibc_check.scope(self.state)
         parts = [tables.check_text(result, limit or len(result.findings), "heap",
                                    glibc_tables.check_scope(checked))]
-        notes = tables.partial_text(result.partial)
+        notes = tables.partial_text(partial_sentences(result.partial))
         return Checked(parts + ([notes] if notes is not None else []), len(result.errors), len(result.warnings),
                        documents.check_document(self.state, result, checked) if json else None)
 

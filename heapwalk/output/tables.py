@@ -11,8 +11,7 @@ from rich.text import Text
 from heapwalk.output.consoles import box_for, make_console
 from heapwalk.findings import Finding, Severity
 from heapwalk.analysis.report import human
-from heapwalk.output.notes import partial_sentences
-from heapwalk.view import Partial
+
 
 __all__ = ["make_console", "box_for", "human", "findings_text", "check_text", "partial_text", "several_text"]
 
@@ -52,9 +51,9 @@ def check_text(result, limit: int, subject: str, scope: str) -> Text:
     return text
 
 
-def partial_text(notes: Iterable[Partial]) -> Text | None:
-    """Which numbers rest on damaged structures; None when all were walked."""
-    sentences = partial_sentences(notes)
+def partial_text(sentences: Iterable[str]) -> Text | None:
+    """Which numbers rest on damaged structures (the allocator's SENTENCES); None when all were walked."""
+    sentences = list(sentences)
     if not sentences:
         return None
     text = Text("partial results:\n", style="bold yellow")

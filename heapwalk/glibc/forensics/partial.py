@@ -1,5 +1,5 @@
 """Which numbers of the output rest on damaged or unread structures, as `heapwalk.view.Partial` notes that
-`heapwalk.output.notes` turns into sentences."""
+`heapwalk.glibc.show.notes` turns into sentences."""
 
 from __future__ import annotations
 

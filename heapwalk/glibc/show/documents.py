@@ -8,7 +8,7 @@ from typing import Any, Iterable
 
 from heapwalk.glibc.model import Arena, BinKind, BinList, HeapState, Tcache, Thread
 from heapwalk.output.jsondoc import SCHEMA_VERSION, dump, finding_json, report_json
-from heapwalk.output.notes import partial_sentences
+from heapwalk.glibc.show.notes import partial_sentences
 
 __all__ = ["KINDS", "state_to_json", "report_document", "check_document", "chunk_document", "ChunksWriter",
            "header", "dump"]
