@@ -78,6 +78,9 @@ class Words:
     top: bool = False                            # does an arena have a top (free bytes where it grows)?
     overhead_page: str = ""                      # the report page's name of OVERHEAD, when longer
     pieces_page: str = ""                        # the report page's words for all its free pieces
+    blocks: str = "blocks"                       # its allocations ("chunks")
+    size_class: str = "size class"               # what the page calls a class of its free pieces
+    blocks_counted: str = ""                     # which of them the in-use tables count, when not all
 
     def columns(self, kinds: tuple[str, ...]) -> tuple:
         """The free columns, or one per kind of free bytes when the allocator names none."""

@@ -69,7 +69,7 @@ RENAMED = {b"attached_threads |": b"threads glibc counts |",
 #: and every document names its allocator, and each thread its name (issue 39)
 ADDED_LINES = (b"in RAM: unknown (this core does not say which pages were resident: a core 'heapwalk capture' wrote "
                b"does, and a live process)\n",)
-ADDED_KEYS = {"document": ("allocator",), "threads": ("name",), "report": ("residency", "in_use", "leaks"),
+ADDED_KEYS = {"document": ("allocator",), "threads": ("name",), "report": ("residency", "in_use", "leaks", "by_size_class"),
               "arenas": ("rss", "free_resident", "top_resident"),
               "totals": ("rss", "free_resident"), "mmapped": ("resident",)}
 

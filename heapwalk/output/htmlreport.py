@@ -213,8 +213,8 @@ def histogram_section(r: dict[str, Any], words: Words) -> str:
     chart = bar_chart([(f"{human(b['low'])} - {human(b['high'])}", b["bytes"],
                         f"{b['count']} {what if b['count'] != 1 else what[:-1]}, {human(b['bytes'])}")
                        for b in buckets], f"free {what} by size: bytes", "#2ca02c")
-    rows = [(e(c["class"]), str(c["count"]), human(c["bytes"])) for c in r.get("by_glibc_class") or []]
-    classes = table(["glibc's size class", "chunks", "bytes"], rows) if rows else ""
+    rows = [(e(c["class"]), str(c["count"]), human(c["bytes"])) for c in r.get("by_size_class") or []]
+    classes = table([words.size_class, what, "bytes"], rows) if rows else ""
     pieces = words.pieces_page or f"free {what}"
     said = (f"<p>{r.get('free_chunks', 0)} {pieces}; the largest is {human(r.get('largest_free') or 0)}; "
             f"{100 * (r.get('fragmentation') or 0):.1f}% of the free memory is outside the largest one.</p>")

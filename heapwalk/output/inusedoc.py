@@ -18,10 +18,9 @@ __all__ = ["in_use_tables", "in_use_json", "leaks_totals_json", "SIGNATURES_SHOW
 SIGNATURES_SHOWN = 10
 
 
-def _by_size(groups: InUse, scanned: bool, interactive: bool) -> Table:
-    table = Table(title="in-use chunks by size (the program's: malloc's tcache structs and mmapped chunks aside)",
-                  box=box_for(interactive), title_justify="left")
-    columns = ["size", "chunks", "bytes", "share"] + (["leaked chunks", "leaked"] if scanned else [])
+def _by_size(groups: InUse, scanned: bool, interactive: bool, unit: str, which: str) -> Table:
+    table = Table(title=f"in-use {unit} by size{which}", box=box_for(interactive), title_justify="left")
+    columns = ["size", unit, "bytes", "share"] + ([f"leaked {unit}", "leaked"] if scanned else [])
     for name in columns:
         table.add_column(name, justify="left" if name == "size" else "right", no_wrap=True)
     for b in groups.histogram:
@@ -32,13 +31,13 @@ def _by_size(groups: InUse, scanned: bool, interactive: bool) -> Table:
     return table
 
 
-def _by_signature(groups: InUse, scanned: bool, interactive: bool) -> Table:
+def _by_signature(groups: InUse, scanned: bool, interactive: bool, unit: str) -> Table:
     signatures = groups.signatures or ()
     more = len(signatures) > SIGNATURES_SHOWN or groups.truncated
-    table = Table(title="in-use chunks by signature (the first word: a vtable, a type, or text)"
+    table = Table(title=f"in-use {unit} by signature (the first word: a vtable, a type, or text)"
                   + (f", the {SIGNATURES_SHOWN} biggest" if more else ""), box=box_for(interactive),
                   title_justify="left")
-    columns = ["signature", "chunks", "bytes", "share"] + (["leaked chunks", "leaked"] if scanned else []) + ["example"]
+    columns = ["signature", unit, "bytes", "share"] + ([f"leaked {unit}", "leaked"] if scanned else []) + ["example"]
     for name in columns:
         table.add_column(name, justify="left" if name in ("signature", "example") else "right", no_wrap=True)
     for g in signatures[:SIGNATURES_SHOWN]:
@@ -49,14 +48,16 @@ def _by_signature(groups: InUse, scanned: bool, interactive: bool) -> Table:
     return table
 
 
-def in_use_tables(groups: InUse | None, leaks: LeakTotals | None, interactive: bool) -> list[Table]:
-    """The tables of the memory in use: by size, and by signature when signatures are known and any block
-    has one; none when the blocks were not grouped."""
+def in_use_tables(groups: InUse | None, leaks: LeakTotals | None, interactive: bool, unit: str = "blocks",
+                  which: str = "") -> list[Table]:
+    """The tables of the memory in use, in the allocator's UNIT ("chunks") and saying WHICH blocks they count:
+    by size, and by signature when signatures are known and any block has one; none when the blocks were not
+    grouped."""
     if groups is None or not groups.count:
         return []
-    out = [_by_size(groups, leaks is not None, interactive)]
+    out = [_by_size(groups, leaks is not None, interactive, unit, which)]
     if groups.signatures:
-        out.append(_by_signature(groups, leaks is not None, interactive))
+        out.append(_by_signature(groups, leaks is not None, interactive, unit))
     return out
 
 

@@ -44,7 +44,8 @@ def report_json(rep) -> dict[str, Any]:
         "histogram": [{"low": b.low, "high": b.high, "count": b.count, "bytes": b.bytes} for b in rep.histogram],
         "histogram_by_arena": {str(n): [{"low": b.low, "high": b.high, "count": b.count, "bytes": b.bytes}
                                         for b in buckets] for n, buckets in rep.per_arena.items()},
-        "by_glibc_class": [{"class": name, "count": c, "bytes": b} for name, c, b in rep.classes],
+        "by_size_class": [{"class": name, "count": c, "bytes": b} for name, c, b in rep.classes],
+        "by_glibc_class": [{"class": name, "count": c, "bytes": b} for name, c, b in rep.classes],  # schema 1's name
         "free_chunks": rep.free_chunks,
         "free_listed": rep.free_listed,
         "lists_match_walk": rep.lists_match_walk,

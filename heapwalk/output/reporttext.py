@@ -68,7 +68,7 @@ def report_group(rep: Report, interactive: bool, words: Words, lines: Text) -> G
         for name, count, size in rep.classes:
             classes.add_row(name, str(count), human(size))
         parts.append(classes)
-    parts += in_use_tables(rep.in_use_groups, rep.leaks, interactive)
+    parts += in_use_tables(rep.in_use_groups, rep.leaks, interactive, words.blocks, words.blocks_counted)
     verdict = Text("verdict:\n", style="bold")
     for sentence in rep.verdict:
         verdict.append(f"  - {sentence}\n")

@@ -17,7 +17,9 @@ WORDS = Words(
                   ("bins", lambda a: a.free["unsorted"] + a.free["small"] + a.free["large"]),
                   ("top", lambda a: a.top)),
     last_columns=(("overhead", lambda a: a.overhead), ("trim frees", lambda a: a.reclaim)), top=True,
-    overhead_page="headers", pieces_page="free chunks (top aside)")
+    overhead_page="headers", pieces_page="free chunks (top aside)", blocks="chunks",
+    blocks_counted=" (the program's: malloc's tcache structs and mmapped chunks aside)",
+    size_class="glibc's size class")
 
 
 def summary_lines(rep: Report) -> Text:
