@@ -10,6 +10,7 @@ no leak scan, no heap map.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -128,12 +129,18 @@ class Decoded:
         text.append(f"{self.title}\n")
         return text
 
+    #: findings the front end added (`with_finding`)
+    added: tuple[Finding, ...] = ()
+
     def findings(self) -> list[Finding]:
-        return []
+        """What the decoder found, and what was added to it."""
+        return list(self.added)
 
     def with_finding(self, finding: Finding) -> "Decoded":
         """This allocator with one more finding (another allocator could not be decoded beside it)."""
-        raise NotImplementedError
+        other = copy.copy(self)
+        other.added = self.added + (finding,)
+        return other
 
     def partial(self) -> tuple[str, ...]:
         """Which figures rest on damaged structures, as sentences."""

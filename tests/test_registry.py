@@ -100,3 +100,11 @@ def test_a_toy_allocator_is_diffed(tmp_path):
                      for n in ("bins", "thread_arenas"))
     assert before < after and f"arenas: {before} -> {after}" in result.stdout, result.stdout
     assert "new" in result.stdout, result.stdout
+
+
+def test_an_allocator_that_cannot_be_decoded_beside_the_toy_is_its_finding(tmp_path):
+    """The toy decodes; glibc's malloc, told to decode as a glibc that has no layout, fails beside it: that is
+    one of the toy's findings, said in one line, and the command goes on."""
+    out, status = _toy_run(tmp_path, "bins", ["set heapwalk glibc-version 2.50", "heapwalk check"])
+    assert status == 0, out
+    assert "warning: glibc's malloc: not decoded beside toy: no malloc layout for glibc 2.50" in out
