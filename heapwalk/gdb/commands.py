@@ -36,22 +36,29 @@ class ArenasCommand(Subcommand):
         return p
 
     def run(self, args) -> None:
-        found = load_allocators(walk_chunks=True)
-        documents = []
-        for decoded, beside in _each(found):
-            shown = decoded.arenas(interactive(), bool(args.json))
-            console = console_with_header(decoded, beside)
-            for part in shown.parts:
-                console.print(part)
-            print_damage(console, decoded, decoded.findings())
-            documents.append((decoded, shown.document))
-        write_json(args.json, documents)
+        _show_each(load_allocators(walk_chunks=True), lambda d: d.arenas(interactive(), bool(args.json)), args.json,
+                   damage=True)
 
 
 def _each(found):
     """Each decoded allocator with the one printed first when it is not the first (None for the first)."""
     first = found.decoded[0]
     return [(d, None if d is first else first) for d in found.decoded]
+
+
+def _show_each(found, shown_of, json_path, damage: bool = False) -> None:
+    """Prints what SHOWN_OF says of each decoded allocator of FOUND under its header (and, with DAMAGE, its
+    partial notes and findings), then writes their documents to JSON_PATH."""
+    documents = []
+    for decoded, beside in _each(found):
+        shown = shown_of(decoded)
+        console = console_with_header(decoded, beside)
+        for part in shown.parts:
+            console.print(part)
+        if damage:
+            print_damage(console, decoded, decoded.findings())
+        documents.append((decoded, shown.document))
+    write_json(json_path, documents)
 
 
 class ThreadsCommand(Subcommand):
@@ -65,15 +72,7 @@ class ThreadsCommand(Subcommand):
         return p
 
     def run(self, args) -> None:
-        found = load_allocators()
-        documents = []
-        for decoded, beside in _each(found):
-            shown = decoded.threads(interactive(), bool(args.json))
-            console = console_with_header(decoded, beside)
-            for part in shown.parts:
-                console.print(part)
-            documents.append((decoded, shown.document))
-        write_json(args.json, documents)
+        _show_each(load_allocators(), lambda d: d.threads(interactive(), bool(args.json)), args.json)
 
 
 class ReportCommand(Subcommand):
