@@ -279,3 +279,51 @@ def test_the_kept_path_from_an_anchor_is_the_path_read_afresh(seed):
         assert path == afresh(anchor, c)
         found += path is not None
     assert found > 50
+
+
+def _pieces_image():
+    """A non-contiguous main arena's memory: one region where foreign data (one page of it starting with a
+    header-shaped pair of words) runs into a piece closed by two fenceposts and then the piece of top, and
+    a second region holding a third piece; system_mem is the three pieces."""
+    from heapwalk.glibc.model import Arena
+    base, other = 0x7f0000000000, 0x7f0000100000
+    region = bytearray(0x8000)
+    region[:0x3000] = bytes(range(256)) * 48
+    struct.pack_into("<QQ", region, 0x1000, 0, 0x80 | 1)                  # looks like a chunk, leads nowhere
+    struct.pack_into("<QQ", region, 0x1080, 0, 0x7)
+    for offset, size in ((0x3000, 0x100), (0x3100, 0x1ee0), (0x4fe0, 0x10), (0x4ff0, 0x10)):
+        struct.pack_into("<QQ", region, offset, 0, size | 1)              # in use, then the two fenceposts
+    struct.pack_into("<QQ", region, 0x5000, 0, 0x200 | 1)
+    struct.pack_into("<QQ", region, 0x5200, 0, 0x2e00 | 1)                # top, to the region's end
+    third = bytearray(0x1000)
+    for offset, size in ((0, 0xfe0), (0xfe0, 0x10), (0xff0, 0x10)):
+        struct.pack_into("<QQ", third, offset, 0, size | 1)
+    mem = ImageMemory({base: region, other: third})
+    main = Arena(address=0x7f0000200000, number=0, is_main=True, mutex=0, flags=2, have_fastchunks=0,
+                 top=base + 0x5200, top_size=0x2e00, last_remainder=0, next=0, next_free=0, attached_threads=1,
+                 system_mem=0x6000, max_system_mem=0x6000, heaps=(), fastbins=(), unsorted=None, bins=())
+    return mem, main, [(base, base + 0x8000), (other, other + 0x1000)]
+
+
+def test_the_pieces_of_a_main_arena_are_found_past_foreign_memory_merged_with_them():
+    """The kernel merges a piece with whatever anonymous memory lies next to it: every page of a region may
+    start a piece, so one after foreign data is found, and so is the piece beside it and one elsewhere."""
+    mem, main, regions = _pieces_image()
+    base, other = regions[0][0], regions[1][0]
+    assert mmapped.main_regions(mem, main, regions, []) == [
+        (base + 0x3000, base + 0x5000), (base + 0x5000, base + 0x8000), (other, other + 0x1000)]
+
+
+def test_a_main_arena_with_a_piece_missing_keeps_the_pieces_found_and_says_what_is_missing():
+    """A piece not in the target's memory: the arena keeps the pieces found (never a heap from sbrk_base to a
+    top below it) and a finding says how much of system_mem is not walked."""
+    from types import SimpleNamespace
+    mem, main, regions = _pieces_image()
+    disc = SimpleNamespace(heap_max_size=64 << 20, libc_range=None)
+    whole = mmapped.with_main_regions(mem, disc, main, [main], regions)
+    assert sum(h.size for h in whole.heaps) == main.system_mem and whole.findings == ()
+    part = mmapped.with_main_regions(mem, disc, main, [main], regions[:1])
+    assert [(h.address, h.size) for h in part.heaps] == [(regions[0][0] + 0x3000, 0x2000),
+                                                        (regions[0][0] + 0x5000, 0x3000)]
+    (finding,) = part.findings
+    assert "0x5000 of its system_mem 0x6000" in finding.message, finding.message

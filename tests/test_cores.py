@@ -341,6 +341,23 @@ def test_a_main_arena_in_mmapped_pieces_is_walked_piece_by_piece(json_of, g):
     assert main["accounting"]["balanced"] and main["trim"]["systrim"] == 0, "no break to lower"
 
 
+@pytest.mark.parametrize("g", [g for g in GLIBCS if g in ("trixie", "sid")])
+def test_every_command_sees_the_pieces_of_a_main_arena(json_of, g, tmp_path):
+    """The commands that do not walk the chunks (bins, threads) list the same pieces as the report, and
+    `chunks` walks them all, fenceposts between them included."""
+    doc = json_of(g, "main_regions", False)
+    (main,) = doc["arenas"]
+    c = capture(g, "main_regions")
+    run_gdb([str(c.exe), str(c.core)], [f"heapwalk bins --json {tmp_path}/bins.json",
+                                        f"heapwalk chunks --limit 0 --json {tmp_path}/chunks.json"],
+            iex=glibc(g).gdb_settings(False))
+    (listed,) = json.loads((tmp_path / "bins.json").read_text())["arenas"]
+    assert listed["heaps"] == main["heaps"]
+    chunks = json.loads((tmp_path / "chunks.json").read_text())["chunks"]
+    assert len(chunks) == sum(main["accounting"]["chunks"].values())
+    assert sum(ch["size"] for ch in chunks) == main["system_mem"]
+
+
 @pytest.mark.parametrize("g", GLIBCS)
 def test_small_vectors_core_has_full_free_lists(json_of, g):
     doc = json_of(g, "small_vectors")

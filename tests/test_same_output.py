@@ -8,7 +8,8 @@ of a terminal no line is wrapped or padded to a width (issue 20), so the text is
 and line breaks and with each run of a table's dashes as one; some words were changed (`RENAMED`); what is
 in RAM, and what capping the arenas would save, were added (`ADDED_LINES`, `ADDED_KEYS`,
 `ADDED_CLAUSE`); and the JSON documents put a member a line only down to three levels (`jsondoc.layout`), so
-they are compared as documents, not as text."""
+they are compared as documents, not as text.  One bug was fixed: `bins` showed a non-contiguous main arena
+as one heap of negative size (`_pieces_fixed`), and `chunks` walked none of its chunks."""
 
 from __future__ import annotations
 
@@ -104,6 +105,23 @@ def _without_added(key: str, data: bytes) -> bytes:
     return (json.dumps(doc, indent=1) + "\n").encode()
 
 
+def _pieces_fixed(bins: dict, arenas: dict) -> dict:
+    """BINS (a document of BASELINE's) with the heaps its arenas.json lists where it listed a heap of negative
+    size: a non-contiguous main arena's sbrk_base..top, which only `arenas` and `report` did not show (they
+    found the pieces)."""
+    heaps = {a["address"]: a["heaps"] for a in arenas["arenas"]}
+    for arena in bins.get("arenas") or []:
+        if any(h["size"] < 0 for h in arena.get("heaps") or []):
+            arena["heaps"] = heaps[arena["address"]]
+    return bins
+
+
+def _without_chunks_table(text: bytes) -> bytes:
+    """TEXT (laid out) without the output of `heapwalk chunks`: from its title to its count of chunks."""
+    return re.sub(rb"chunks\+-.*?\d+chunks,[0-9.]+[KMG]?i?B(\(first\d+shown;-limit0showsall\))?", b"", text, count=1,
+                  flags=re.S)
+
+
 def _as_laid_out(text: bytes) -> bytes:
     """TEXT without its layout: no spaces or line breaks, each run of dashes one dash."""
     return re.sub(rb"-+", b"-", re.sub(rb"\s+", b"", text))
@@ -138,4 +156,10 @@ def test_every_output_is_what_the_baseline_printed(glibc_name, name, symbols, ba
         now = laid_out(_without_added(key, after[key]))
         if key.endswith(".json"):     # laid out differently since: compared as documents
             now, was = json.loads(now), json.loads(was)
+            if key != "arenas.json":
+                was = _pieces_fixed(was, json.loads(before["arenas.json"]))
+            if key == "chunks.json" and name == "main_regions" and not was["chunks"]:
+                was["chunks"] = now["chunks"]   # the same bug: no chunk walked (test_cores checks them)
+        if key == "stdout" and name == "main_regions":
+            now, was = _without_chunks_table(now), _without_chunks_table(was)
         assert now == was, f"{key} differs from {BASELINE}'s"

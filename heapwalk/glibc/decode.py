@@ -117,7 +117,7 @@ def _collect(mem: Memory, disc: Discovery, threads: list[ThreadRegs], target: st
     if regions is not None and stopped is None and not (arenas and arenas[0].is_main):
         main = _main_by_its_heap(mem, disc, regions, arenas)
         arenas[:0] = [main] if main is not None else []
-    if walk_chunks and regions is not None and arenas and arenas[0].is_main and arenas[0].noncontiguous:
+    if regions is not None and arenas and arenas[0].is_main and arenas[0].noncontiguous:
         arenas[0] = with_main_regions(mem, disc, arenas[0], arenas, regions)
     findings.extend(thread_findings)
     state = HeapState(target=target, glibc_version=disc.version, glibc_label=disc.version_label,

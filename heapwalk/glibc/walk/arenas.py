@@ -118,6 +118,8 @@ def _sbrk_heap(mem: Memory, layout: Layout, address: int, flags: int, top: int, 
     if top_lost and top < sbrk_base + system_mem:  # up to where system_mem says: the walk names the gap
         end = sbrk_base + system_mem
     contiguous = not flags & 2  # NONCONTIGUOUS_BIT: top may be in an mmap'd piece
+    if not contiguous and not sbrk_base <= top < end <= sbrk_base + max(system_mem, 0):
+        return []  # top is in another piece: the pieces are found in the target's memory (with_main_regions)
     if contiguous and not sbrk_base <= top <= end <= sbrk_base + 2 * system_mem + (64 << 20):
         findings.append(Finding(Severity.ERROR, address + layout.off_top, f"arena {address:#x}",
                                 f"top {top:#x} (size {top_size:#x}) is not within the sbrk region that "

@@ -6,6 +6,8 @@ from __future__ import annotations
 import dataclasses
 import struct
 
+import numpy as np
+
 from heapwalk.findings import Finding, Severity
 from heapwalk.glibc.kinds import Kind
 from heapwalk.glibc.locate.discovery import Discovery
@@ -14,7 +16,7 @@ from heapwalk.glibc.walk.chunks import align_chunk
 from heapwalk.glibc.locate.layout import IS_MMAPPED, MALLOC_ALIGNMENT, MINSIZE, NON_MAIN_ARENA, PREV_INUSE, SIZE_BITS, Layout
 from heapwalk.glibc.model import Arena, Heap, HeapState, MallocPar, MmappedChunk
 from heapwalk.inferior.memory import Memory, ReadError, ranges_without
-from heapwalk.inferior.words import PROBE_SPAN, Window
+from heapwalk.inferior.words import PROBE_SPAN, Window, read_window
 
 __all__ = ["find_mmapped", "find_mmapped_in_pages", "main_regions", "with_main_regions",
            "mmapped_of_state", "mmapped_agree"]
@@ -105,37 +107,92 @@ def _probe_main_region(mem: Memory, start: int, end: int, top: int, top_size: in
     return None
 
 
-def main_regions(mem: Memory, arena: Arena, regions: list[tuple[int, int]], skip: list[tuple[int, int]]
-                 ) -> list[tuple[int, int]]:
+def main_regions(mem: Memory, arena: Arena, regions: list[tuple[int, int]], skip: list[tuple[int, int]],
+                 budget: int = 1 << 30) -> list[tuple[int, int]]:
     """The pieces [start, end) of a non-contiguous main arena (mmap'd when sbrk could not be used).
 
-    Each piece ends at top or with two fenceposts; the kernel may have merged
-    neighbouring pieces into one region, so a region is probed piece after piece
-    (SKIP, the thread heaps and libc, cut out: a piece may merge with a heap).
+    Each piece starts a page and ends at top or with two fenceposts.  The
+    kernel merges a piece with the anonymous memory next to it (another piece,
+    or memory that is not the heap's), so every page of a region (SKIP, the
+    thread heaps and libc, cut out) may start one: pages whose first chunk
+    header cannot start a piece are passed over, read a block at a time, and
+    the search ends once the pieces hold the arena's system_mem, or BUDGET
+    bytes of pages have been looked at.
     """
-    out = []
+    out: list[tuple[int, int]] = []
+    held = 0
     for start, end in ranges_without(sorted(regions), skip):
-        at = start
-        while at < end:
+        at = (start + 4095) & ~4095
+        while at < end and held < arena.system_mem and budget > 0:
+            at, looked = _next_piece_start(mem, at, end, budget)
+            budget -= looked
+            if at is None:
+                break
             piece_end = _probe_main_region(mem, at, end, arena.top, arena.top_size)
             if piece_end is None:
-                break
+                at += 4096
+                continue
             out.append((at, piece_end))
+            held += piece_end - at
             at = (piece_end + 4095) & ~4095
     return out
 
 
+#: bytes of pages read at once when looking for where a piece starts
+_BLOCK = 1 << 20
+
+
+def _next_piece_start(mem: Memory, at: int, end: int, budget: int) -> tuple[int | None, int]:
+    """The first page from AT (page-aligned) up to END whose first chunk header could start a main-arena
+    piece (PREV_INUSE set, IS_MMAPPED and NON_MAIN_ARENA clear, an aligned size that fits), or None; and
+    how many bytes were looked at.  Unreadable pages are passed over."""
+    looked = 0
+    while at < end and looked < budget:
+        block = min(_BLOCK, end - at)
+        data = read_window(mem, at, at + block, block)
+        if len(data) < 16:
+            at, looked = at + 4096, looked + 4096
+            continue
+        pages = np.frombuffer(data, dtype=np.uint64, count=len(data) // 8)[1::512]
+        sizes = pages & np.uint64(~SIZE_BITS & 0xFFFFFFFFFFFFFFFF)
+        offsets = np.arange(len(pages), dtype=np.uint64) * np.uint64(4096)
+        fits = ((pages & np.uint64(PREV_INUSE)) != 0) \
+            & ((pages & np.uint64(IS_MMAPPED | NON_MAIN_ARENA)) == 0) \
+            & (sizes >= np.uint64(MINSIZE)) & (sizes % np.uint64(MALLOC_ALIGNMENT) == 0) \
+            & (sizes <= np.uint64(end - at) - offsets)
+        hits = np.flatnonzero(fits)
+        if len(hits):
+            return at + 4096 * int(hits[0]), looked + 4096 * (int(hits[0]) + 1)
+        step = (len(data) + 4095) & ~4095
+        at, looked = at + step, looked + step
+    return None, looked
+
+
 def with_main_regions(mem: Memory, disc: Discovery, main: Arena, arenas: list[Arena],
-                       regions: list[tuple[int, int]]) -> Arena:
-    """MAIN with one heap per piece of its non-contiguous memory (else it keeps its sbrk_base..top heap)."""
+                      regions: list[tuple[int, int]]) -> Arena:
+    """MAIN with one heap per piece of its non-contiguous memory.
+
+    When the pieces found do not hold all of system_mem (a piece missing from
+    a core, or damage), MAIN keeps the pieces found, and a finding says how
+    much of its memory heapwalk could not find; with no piece found at all it
+    keeps its sbrk_base..top heap when that is a heap at all.
+    """
     skip = [(h.address, h.address + disc.heap_max_size) for a in arenas[1:] for h in a.heaps]
     if disc.libc_range:
         skip.append(disc.libc_range)
     pieces = main_regions(mem, main, regions, skip)
-    if not pieces or sum(e - s for s, e in pieces) != main.system_mem:
-        return main
-    heaps = tuple(Heap(s, e - s, e - s, main.address, 0, None) for s, e in pieces)
-    return dataclasses.replace(main, heaps=heaps)
+    held = sum(e - s for s, e in pieces)
+    if pieces and held == main.system_mem:
+        return dataclasses.replace(main, heaps=tuple(Heap(s, e - s, e - s, main.address, 0, None) for s, e in pieces))
+    sane = tuple(h for h in main.heaps if h.size > 0 and h.size <= main.system_mem)
+    heaps = tuple(Heap(s, e - s, e - s, main.address, 0, None) for s, e in pieces) if pieces else sane
+    shown = sum(h.size for h in heaps)
+    lost = Finding(Severity.ERROR, main.address, f"arena {main.address:#x}",
+                   f"the main arena's memory is in mmap'd pieces (sbrk could not be used); the pieces heapwalk "
+                   f"found hold {shown:#x} of its system_mem {main.system_mem:#x} bytes, and the rest is in pieces "
+                   "missing from the target's memory or not where a piece can be told apart: their chunks "
+                   "are not walked", Kind.ACCOUNTING, f"pieces of {main.system_mem:#x} bytes", f"{shown:#x}")
+    return dataclasses.replace(main, heaps=heaps, findings=main.findings + (lost,))
 
 
 def mmapped_of_state(mem: Memory, disc: Discovery, state: HeapState, regions: list[tuple[int, int]]
