@@ -13,8 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["ArenaView", "Blocks", "HeapStrip", "HeapView", "MAP_KINDS", "Partial", "SizeClass", "Words",
-           "add_map_kind"]
+__all__ = ["ArenaView", "Blocks", "HeapStrip", "HeapView", "Partial", "SizeClass", "Words"]
 
 
 @dataclass(frozen=True)
@@ -163,33 +162,13 @@ class Blocks:
         return (self.ends[rows] - self.starts[rows]).astype("int64") + (self.header - self.tail)
 
 
-#: what holds each byte of a heap map, in drawing order (`HeapStrip.kinds` indexes this): glibc's kinds (a chunk
-#: in use that the leak scan found leaked, when it ran, is "leaked"), then those only jemalloc's extents have
-MAP_KINDS = ["in_use", "leaked", "tcache", "fast", "unsorted", "small", "large", "top", "tcache_struct", "overhead",
-             "unwalked", "unused", "reserved", "slab_free", "dirty", "muzzy", "retained"]
-#: the colour, name and plain character of each kind an allocator added (`add_map_kind`)
-MAP_COLOURS: dict[str, str] = {}
-MAP_NAMES: dict[str, str] = {}
-MAP_CHARS: dict[str, str] = {}
-
-
-def add_map_kind(name: str, colour: str, label: str, char: str = "?") -> int:
-    """Adds a kind of heap-map run an allocator has (after the others, so no index changes): its COLOUR
-    (#rrggbb), its LABEL in legends, its CHAR in a plain strip; its index in MAP_KINDS."""
-    if name not in MAP_KINDS:
-        if len(MAP_KINDS) >= 255:
-            raise ValueError("a heap map has room for 255 kinds")
-        MAP_KINDS.append(name)
-    MAP_COLOURS[name], MAP_NAMES[name], MAP_CHARS[name] = colour, label, char
-    return MAP_KINDS.index(name)
-
-
 @dataclass(frozen=True)
 class HeapStrip:
     """One heap of one arena as a heap map draws it: [start, end) cut into runs (sorted, never overlapping,
-    covering it all), each of a kind (MAP_KINDS: in use, free by list, top, the allocator's own headers,
-    bytes a damaged walk could not pass, a mapped but unused tail, a reservation never mapped), the runs a
-    trim would give back, and the resident ranges when the target says which pages are in RAM."""
+    covering it all), each of a kind (`mapkinds.MAP_KINDS`: in use, free by list, top, the allocator's own
+    headers, bytes a damaged walk could not pass, a mapped but unused tail, a reservation never mapped), the
+    runs the allocator would give back (and BAND, what it calls that), and the resident ranges when the target
+    says which pages are in RAM."""
 
     arena: int                                # the arena's number
     label: str                                # "main arena", "arena 3 heap 2", ...
@@ -197,7 +176,8 @@ class HeapStrip:
     end: int
     run_starts: Any                           # numpy uint64
     run_ends: Any                             # numpy uint64
-    kinds: Any                                # numpy uint8, an index into MAP_KINDS
-    trimmable: Any = None                     # (n, 2) uint64 [start, end): what malloc_trim(0) gives back
+    kinds: Any                                # numpy uint8, an index into mapkinds.MAP_KINDS
+    trimmable: Any = None                     # (n, 2) uint64 [start, end): what the allocator gives back
     resident: Any = None                      # (n, 2) uint64 [start, end) in RAM; None: the target cannot say
     beyond: int = 0                           # bytes of its reservation after END, left out of the strip
+    band: str = "given back"                  # what TRIMMABLE is ("malloc_trim(0) gives back")

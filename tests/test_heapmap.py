@@ -16,10 +16,13 @@ from browser import chunks_per_arena, heap_groups, png_pixels
 from conftest import GLIBCS, JEMALLOCS, NO_SYMBOLS, capture, capture_jemalloc, glibc, run_gdb
 from harness import REPRODUCERS
 
+from heapwalk import registry
+from heapwalk.mapkinds import MAP_KINDS, MapKind, add_map_kind
 from heapwalk.output.heapmaps import BAND_COLOURS, COLOURS, PINNED, columns, kind_bytes, svg_maps, text_maps
 from heapwalk.output.pngmaps import png_maps
-from heapwalk.view import MAP_KINDS, HeapStrip, add_map_kind
+from heapwalk.view import HeapStrip
 
+registry.allocators()        # each allocator adds its kinds of run
 K = {name: i for i, name in enumerate(MAP_KINDS)}
 
 
@@ -335,10 +338,10 @@ def test_a_process_with_both_allocators_has_both_maps(je_mapped, suite):
 
 
 def test_a_kind_an_allocator_adds_is_drawn_in_its_colour_everywhere():
-    """view.add_map_kind: a new allocator's kind of run goes after the others (no index moves) and every
+    """mapkinds.add_map_kind: a new allocator's kind of run goes after the others (no index moves) and every
     drawing shows it in its colour, under its name, with its character in a plain strip."""
     before = list(MAP_KINDS)
-    index = add_map_kind("test_pool", "#123456", "pooled (test)", "p")
+    index = add_map_kind(MapKind("test_pool", "pooled (test)", "#123456", "p"))
     assert MAP_KINDS[:len(before)] == before and MAP_KINDS[index] == "test_pool"
     strip = HeapStrip(1, "pool", 0x1000, 0x3000, np.array([0x1000, 0x2000], np.uint64),
                       np.array([0x2000, 0x3000], np.uint64), np.array([K["in_use"], index], np.uint8))

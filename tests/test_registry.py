@@ -21,9 +21,10 @@ import numpy as np
 
 from heapwalk import registry
 from heapwalk.allocator import Allocator, Decoded, NotUsed
-from heapwalk.view import MAP_KINDS, ArenaView, HeapStrip, HeapView, add_map_kind
+from heapwalk.mapkinds import FREE, MAP_KINDS, MapKind, add_map_kind
+from heapwalk.view import ArenaView, HeapStrip, HeapView
 
-SPARE = add_map_kind("toy_spare", "#abcdef", "spare (toy)", "s")
+SPARE = add_map_kind(MapKind("toy_spare", "spare (toy)", "#abcdef", "s", use=FREE))
 
 
 class ToyHeap(Decoded):

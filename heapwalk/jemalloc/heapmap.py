@@ -16,10 +16,17 @@ import numpy as np
 from heapwalk.jemalloc.extents import ACTIVE, DIRTY, MUZZY, RETAINED, ExtentTable
 from heapwalk.jemalloc.layout import BIN_CLASSES, NBINS, large_size
 from heapwalk.inferior.residency import Residency
-from heapwalk.view import MAP_KINDS, HeapStrip
+from heapwalk.mapkinds import FREE, MAP_KINDS, MapKind, add_map_kind
+from heapwalk.view import HeapStrip
 
 __all__ = ["extent_strips", "held_bytes"]
 
+#: jemalloc's kinds of run on a heap map: a slab's free regions, and the extents freed to decay or kept unmapped
+for _kind in (MapKind("slab_free", "free regions in slabs", "#9467bd", "r", 130, FREE),
+              MapKind("dirty", "dirty pages", "#ff9896", "d", 140, FREE, True),
+              MapKind("muzzy", "muzzy pages", "#c5b0d5", "m", 150, FREE, True),
+              MapKind("retained", "retained (not resident)", "#e7e7e7", ",", 160, "", True)):
+    add_map_kind(_kind)
 KIND = {name: i for i, name in enumerate(MAP_KINDS)}
 _OF_STATE = {ACTIVE: KIND["in_use"], DIRTY: KIND["dirty"], MUZZY: KIND["muzzy"], RETAINED: KIND["retained"]}
 _REGION = np.array([c.size for c in BIN_CLASSES], dtype=np.int64)

@@ -9,7 +9,8 @@ from typing import Any
 
 from heapwalk.analysis.report import human
 from heapwalk.output.charts import stacked_chart
-from heapwalk.output.heapmaps import COLOURS, NAMES
+from heapwalk.mapkinds import MAP_KINDS
+from heapwalk.output.heapmaps import COLOURS, NAMES, kind_bytes, piece_counts
 from heapwalk.output.htmlpage import e, section, table
 from heapwalk.output.htmlreport import (arenas_section, findings_section, histogram_section, maps_section,
                                         plain_figures, verdict_section)
@@ -92,8 +93,23 @@ def jemalloc_sections(doc: dict[str, Any], strips: Sequence[HeapStrip], words: W
     """The sections of a jemalloc page: verdict, arenas, extents, histogram, decay, threads, findings."""
     r = doc["report"]
     return [verdict_section(r, plain_figures(r, words), words), arenas_section(doc, r, words, JE_COLOURS, JE_NAMES),
-            maps_section(strips, "extents") if strips else _no_maps(), histogram_section(r, words), decay_section(doc),
+            maps_section(strips, "extents", _MAPS, _caption) if strips else _no_maps(), histogram_section(r, words), decay_section(doc),
             jemalloc_threads(doc), findings_section(doc, "jemalloc")]
+
+
+_MAPS = ("<p>Each arena's extents, address left to right, a strip for each stretch without a gap: each column is a "
+         "stack of what holds its bytes. A slab's free regions are drawn after its regions in use; dirty pages are "
+         "what decay gives back.</p>")
+
+
+def _caption(strip: HeapStrip) -> tuple[int, list[str]]:
+    """A strip's extents (an unwalked stretch counts as one), and its figures: size, in use, then its free
+    regions in slabs and its dirty, muzzy and retained pages."""
+    held = kind_bytes(strip)
+    bits = [human(strip.end - strip.start), f"in use {human(held.get('in_use', 0))}"]
+    bits += [f"{NAMES[k]} {human(held[k])}" for k in ("slab_free", "dirty", "muzzy", "retained") if held.get(k)]
+    unwalked = int((strip.kinds == MAP_KINDS.index("unwalked")).sum())
+    return sum(n for k, n in piece_counts(strip).items() if k != "leaked") + unwalked, bits
 
 
 def _no_maps() -> str:

@@ -6,35 +6,39 @@ heights are the kinds' shares and whose `data-bytes` add up to the heap's bytes.
 
 from __future__ import annotations
 
-from collections import ChainMap
-
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from xml.sax.saxutils import escape
 
 import numpy as np
 from rich.text import Text
 
 from heapwalk.analysis.report import human
-from heapwalk.view import MAP_CHARS, MAP_COLOURS, MAP_KINDS, MAP_NAMES, HeapStrip
+from heapwalk.mapkinds import (DAMAGE, KINDS, MAP_KINDS, USED, drawing_order, in_drawing_order, of_use,
+                               piece_kinds)
+from heapwalk.view import HeapStrip
 
-__all__ = ["columns", "coverage", "marks", "kind_bytes", "chunk_counts", "trim_bytes", "text_maps", "svg_maps",
-           "svg_strip", "kinds_drawn", "LEGEND", "COLOURS", "NAMES", "CHUNK_KINDS", "STRIP_HEIGHT", "BAND_COLOURS"]
-
-#: each kind's character in a plain strip, and its colour (terminal and SVG)
-LEGEND = ChainMap({"in_use": "#", "leaked": "x", "tcache": "t", "fast": "f", "unsorted": "u", "small": "s", "large": "l", "top": "T",
-          "tcache_struct": "c", "overhead": "h", "unwalked": "!", "unused": ":", "reserved": ".", "slab_free": "r",
-          "dirty": "d", "muzzy": "m", "retained": ","}, MAP_CHARS)
-COLOURS = ChainMap({"in_use": "#d62728", "leaked": "#e377c2", "tcache": "#9edae5", "fast": "#17becf", "unsorted": "#bcbd22", "small": "#2ca02c",
-           "large": "#98df8a", "top": "#1f77b4", "tcache_struct": "#8c564b", "overhead": "#7f7f7f",
-           "unwalked": "#000000", "unused": "#dbdbdb", "reserved": "#f5f5f5", "slab_free": "#9467bd",
-           "dirty": "#ff9896", "muzzy": "#c5b0d5", "retained": "#e7e7e7"}, MAP_COLOURS)
-NAMES = ChainMap({"in_use": "in use", "leaked": "leaked (in use, nothing reaches it)", "tcache": "tcache", "fast": "fastbin", "unsorted": "unsorted", "small": "small bin",
-         "large": "large bin", "top": "top", "tcache_struct": "tcache struct", "overhead": "headers",
-         "unwalked": "not walked (damage)", "unused": "mapped, unused", "reserved": "reserved, never mapped",
-         "slab_free": "free regions in slabs", "dirty": "dirty pages", "muzzy": "muzzy pages",
-         "retained": "retained (not resident)"}, MAP_NAMES)
+__all__ = ["columns", "coverage", "marks", "kind_bytes", "piece_counts", "trim_bytes", "text_maps", "svg_maps",
+           "svg_strip", "kinds_drawn", "bands", "LEGEND", "COLOURS", "NAMES", "STRIP_HEIGHT", "BAND_COLOURS"]
 
 
+class _Field(Mapping):
+    """One field of every kind of run (`mapkinds.KINDS`), by the kind's name."""
+
+    def __init__(self, field: str):
+        self.field = field
+
+    def __getitem__(self, name: str) -> str:
+        return getattr(KINDS[name], self.field)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(KINDS))
+
+    def __len__(self) -> int:
+        return len(KINDS)
+
+
+#: each kind's character in a plain strip, its colour (terminal and SVG) and its words in legends
+LEGEND, COLOURS, NAMES = _Field("char"), _Field("colour"), _Field("label")
 def kind_bytes(strip: HeapStrip) -> dict[str, int]:
     """The bytes of each kind in STRIP (kinds with none left out)."""
     sizes = (strip.run_ends - strip.run_starts).astype(np.int64)
@@ -96,8 +100,8 @@ def _signed(addresses: np.ndarray) -> np.ndarray:
 
 
 def marks(strip: HeapStrip, edges: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
-    """Per column between EDGES: the bytes malloc_trim(0) gives back, and the resident bytes (None when the
-    target cannot say)."""
+    """Per column between EDGES: the bytes the allocator gives back (glibc: malloc_trim(0)), and the resident
+    bytes (None when the target cannot say)."""
     trim = _pairs(strip.trimmable)
     resident = None if strip.resident is None else _pairs(strip.resident)
     return (coverage(trim[:, 0], trim[:, 1], edges),
@@ -109,25 +113,26 @@ def _pairs(ranges) -> np.ndarray:
 
 
 def trim_bytes(strip: HeapStrip) -> int:
-    """Bytes of STRIP that malloc_trim(0) would give back."""
+    """Bytes of STRIP that its allocator would give back (glibc: malloc_trim(0))."""
     pairs = _pairs(strip.trimmable).astype(np.int64)
     return int((pairs[:, 1] - pairs[:, 0]).sum())
 
 
-#: the kinds that are chunks, each run of them one chunk
-CHUNK_KINDS = ("in_use", "leaked", "tcache", "fast", "unsorted", "small", "large", "top", "tcache_struct")
+def bands(strips: Sequence[HeapStrip]) -> str:
+    """What the bands under STRIPS that have one show, in their allocators' words ("" when none has)."""
+    return " / ".join(dict.fromkeys(s.band for s in strips if s.trimmable is not None))
 
 
 def kinds_drawn(strips: Sequence[HeapStrip]) -> list[str]:
-    """The kinds any of STRIPS holds, in MAP_KINDS order."""
+    """The kinds any of STRIPS holds, in drawing order."""
     present = sum((np.bincount(s.kinds, minlength=len(MAP_KINDS)) for s in strips), np.zeros(len(MAP_KINDS), int))
-    return [name for name, n in zip(MAP_KINDS, present.tolist()) if n]
+    return in_drawing_order(name for name, n in zip(MAP_KINDS, present.tolist()) if n)
 
 
-def chunk_counts(strip: HeapStrip) -> dict[str, int]:
-    """How many chunks of each kind STRIP holds (kinds with none left out)."""
+def piece_counts(strip: HeapStrip) -> dict[str, int]:
+    """How many pieces (chunks, extents) of each kind STRIP holds, a run each (kinds with none left out)."""
     present = np.bincount(strip.kinds, minlength=len(MAP_KINDS))
-    return {name: int(present[MAP_KINDS.index(name)]) for name in CHUNK_KINDS if present[MAP_KINDS.index(name)]}
+    return {name: int(present[MAP_KINDS.index(name)]) for name in piece_kinds() if present[MAP_KINDS.index(name)]}
 
 
 def _characters(counts: np.ndarray, colour: bool) -> tuple[Text, bool]:
@@ -135,12 +140,13 @@ def _characters(counts: np.ndarray, colour: bool) -> tuple[Text, bool]:
     however few, take the column: damage is never hidden), or, for a column mostly free that holds chunks
     in use too (they pin the free memory around them), the free kind's colour with a lighter block in
     colour, '+' in plain text; and whether any column is so marked."""
-    in_use, leaked, unwalked = MAP_KINDS.index("in_use"), MAP_KINDS.index("leaked"), MAP_KINDS.index("unwalked")
+    used, damage, order = of_use(USED), of_use(DAMAGE), drawing_order()
     out = Text()
     any_pinned = False
     for row in counts:
-        name = MAP_KINDS[unwalked if row[unwalked] else int(row.argmax())]
-        pinned = name not in ("in_use", "leaked", "unwalked") and row[in_use] + row[leaked] > 0
+        damaged = [k for k in damage if row[k]]
+        name = MAP_KINDS[damaged[0] if damaged else int(order[int(row[order].argmax())])]
+        pinned = KINDS[name].use not in (USED, DAMAGE) and row[used].sum() > 0
         any_pinned |= bool(pinned)
         if colour:
             out.append("\u2593" if pinned else "\u2588", style=COLOURS[name])
@@ -209,18 +215,16 @@ def text_maps(strips: Sequence[HeapStrip], width: int, colour: bool) -> Text:
         for name, n in kind_bytes(strip).items():
             seen[name] = seen.get(name, 0) + n
     text.append("\n")
-    for name in MAP_KINDS:
-        if name in seen:
-            mark = Text("\u2588", style=COLOURS[name]) if colour else Text(LEGEND[name])
-            text.append_text(mark)
-            text.append(f" {NAMES[name]} {human(seen[name])}   ")
+    for name in in_drawing_order(seen):
+        text.append_text(Text("\u2588", style=COLOURS[name]) if colour else Text(LEGEND[name]))
+        text.append(f" {NAMES[name]} {human(seen[name])}   ")
     if any_pinned:
         text.append(("\u2593" if colour else PINNED) + " mostly free, with chunks in use")
     text.append("\n")
     rows = []
     if any_trim:
-        rows.append(f"{' '.join(TRIM_MARKS)} malloc_trim(0) gives back part, most of the column "
-                    f"({human(trimmed)} in all)")
+        rows.append(f"{' '.join(TRIM_MARKS)} {bands([s for s in strips if trim_bytes(s)])} part, most of the "
+                    f"column ({human(trimmed)} in all)")
     if any_resident:
         rows.append(f"{' '.join(RESIDENT_MARKS)} some, most, all of the column resident "
                     f"({human(resident_total)} in all)")
@@ -230,14 +234,15 @@ def text_maps(strips: Sequence[HeapStrip], width: int, colour: bool) -> Text:
 
 
 _TRIM_COLOUR, _RESIDENT_COLOUR = "#ff7f0e", "#555555"
-#: the bands under a strip: what malloc_trim(0) gives back, resident pages
+#: the bands under a strip: what the allocator gives back, resident pages
 BAND_COLOURS = {"trim": _TRIM_COLOUR, "resident": _RESIDENT_COLOUR}
 _ROW, _GAP, _LEFT = 28, 34, 8
 
 
 def _stacks(counts: np.ndarray, y: int) -> tuple[list, ...]:
-    """The columns' rectangles as lists (first column, columns, kind, bytes, top, height), from row Y down:
-    a column holding several kinds, a rectangle per kind, stacked in MAP_KINDS order with heights by share;
+    """The columns' rectangles as lists (first column, columns, kind, bytes, top, height), from row Y down,
+    COUNTS' kinds in drawing order (KIND is a place in that order):
+    a column holding several kinds, a rectangle per kind, stacked in that order with heights by share;
     neighbouring columns that hold one kind only, the same, one rectangle of the whole height."""
     present = counts > 0
     alone = present.sum(axis=1) == 1
@@ -289,7 +294,7 @@ def _svg_strip(strip: HeapStrip, width: int, y: int, left: int = _LEFT, label: b
     and resident bands."""
     edges, counts = columns(strip, width)
     span = strip.end - strip.start
-    chunks = " ".join(f"{k}={n}" for k, n in chunk_counts(strip).items())
+    chunks = " ".join(f"{k}={n}" for k, n in piece_counts(strip).items())
     parts = [f'<g class="heap" data-arena="{strip.arena}" data-label="{escape(strip.label)}" '
              f'data-start="{strip.start}" data-end="{strip.end}" data-bytes="{span}" data-chunks="{chunks}" '
              f'data-trim="{trim_bytes(strip)}">']
@@ -297,10 +302,11 @@ def _svg_strip(strip: HeapStrip, width: int, y: int, left: int = _LEFT, label: b
         parts.append(f'<text x="{left}" y="{y - 4}" font-size="11">{escape(strip.label)} '
                      f'{strip.start:#x}-{strip.end:#x} ({human(span)}'
                      + (f'; and {human(strip.beyond)} reserved, never mapped' if strip.beyond else '') + ')</text>')
+    order = drawing_order().tolist()
     parts += [f'<rect x="{left + col}" y="{top:.3f}" width="{cols}" height="{height:.3f}" '
-              f'fill="{COLOURS[MAP_KINDS[k]]}" data-kind="{MAP_KINDS[k]}" data-bytes="{n}"/>'
-              for col, cols, k, n, top, height in zip(*_stacks(counts, y))]
-    parts += _damage_marks(counts[:, MAP_KINDS.index("unwalked")], y, left)
+              f'fill="{COLOURS[MAP_KINDS[order[k]]]}" data-kind="{MAP_KINDS[order[k]]}" data-bytes="{n}"/>'
+              for col, cols, k, n, top, height in zip(*_stacks(counts[:, order], y))]
+    parts += _damage_marks(counts[:, of_use(DAMAGE)].sum(axis=1), y, left)
     trim, resident = marks(strip, edges)
     spans = np.diff(edges.astype(np.int64))
     parts += _band_rects(trim, spans, y + _ROW + 2, "trim", _TRIM_COLOUR, left)
@@ -327,14 +333,13 @@ def svg_strip(strip: HeapStrip, width: int = 1024) -> str:
     return (f'<svg class="strip" xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {STRIP_HEIGHT}" '
             f'width="{width}" height="{STRIP_HEIGHT}" preserveAspectRatio="none" role="img">'
             f'<title>{escape(strip.label)}</title>' + _svg_strip(strip, width, 0, 0, False) + "</svg>")
-#: the legend's entries after the kinds: the bands under a strip
-_BANDS = (("trim", _TRIM_COLOUR, "malloc_trim(0) gives back"), ("resident", _RESIDENT_COLOUR, "resident"))
 
 
 def svg_maps(strips: Sequence[HeapStrip], width: int = 1024, title: str = "heap map") -> str:
     """An SVG of STRIPS, one row each, WIDTH columns wide: each column a stack of rectangles (one per kind
-    it holds, heights by share) carrying data-kind and data-bytes; under it a band for what malloc_trim(0)
-    gives back and one for the resident pages (when known), class "trim" and "resident", with data-bytes;
+    it holds, heights by share) carrying data-kind and data-bytes; under it a band for what its allocator
+    gives back (glibc: malloc_trim(0)) and one for the resident pages (when known), class "trim" and
+    "resident", with data-bytes;
     each row a group carrying its strip's address span, bytes, chunks per kind and trimmable bytes; then a
     legend of what is drawn."""
     rows = []
@@ -343,8 +348,10 @@ def svg_maps(strips: Sequence[HeapStrip], width: int = 1024, title: str = "heap 
         rows.append(_svg_strip(strip, width, y))
         y += _ROW + _GAP
     entries = [(name, COLOURS[name], NAMES[name]) for name in kinds_drawn(strips)]
-    entries += [band for band in _BANDS if any((s.resident if band[0] == "resident" else s.trimmable) is not None
-                                               for s in strips)]
+    if bands(strips):
+        entries.append(("trim", _TRIM_COLOUR, bands(strips)))
+    if any(s.resident is not None for s in strips):
+        entries.append(("resident", _RESIDENT_COLOUR, "resident"))
     legend = []
     x, line = _LEFT, y
     for name, fill, words in entries:

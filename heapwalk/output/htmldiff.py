@@ -15,7 +15,8 @@ __all__ = ["diff_html"]
 
 _NAMES = {"system": "system memory", "rss": "resident (RSS)", "in_use": "in use", "free": "free chunks",
           "top": "top"}
-_PARTS = {"in_use": COLOURS["in_use"], "free": COLOURS["small"], "top": COLOURS["top"]}
+#: the colours of the parts of an arena's memory: in use as on the heap maps, free in green, top in blue
+_PARTS = {"in_use": COLOURS["in_use"], "free": "#2ca02c", "top": "#1f77b4"}
 
 
 def _signed(n: int) -> str:

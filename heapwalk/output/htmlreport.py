@@ -9,22 +9,22 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
 
 from heapwalk.analysis.report import human
 from heapwalk.output.charts import bar_chart, stacked_chart
-from heapwalk.output.heapmaps import BAND_COLOURS, COLOURS, NAMES, chunk_counts, kind_bytes, svg_strip, trim_bytes
+from heapwalk.mapkinds import DAMAGE, FREE, KINDS, USED, in_drawing_order
+from heapwalk.output.heapmaps import (BAND_COLOURS, COLOURS, NAMES, bands, kind_bytes, piece_counts, svg_strip,
+                                      trim_bytes)
 from heapwalk.output.htmlpage import cards, e, page, section, swatch, table
 from heapwalk.output.leakdoc import share
-from heapwalk.view import MAP_KINDS, HeapStrip, Words
+from heapwalk.view import HeapStrip, Words
 
 __all__ = ["report_html", "plain_sections", "plain_figures", "verdict_section", "arenas_section", "maps_section",
-           "histogram_section", "in_use_section", "findings_section", "chunk_count", "MAPS_DRAWN"]
+           "plain_caption", "histogram_section", "in_use_section", "findings_section", "chunk_count", "MAPS_DRAWN"]
 
 #: heaps drawn on a page at most (`heapwalk map --svg` draws them all): those with damage first, then those
 #: holding the most free bytes
 MAPS_DRAWN = 120
-FREE_KINDS = ("tcache", "fast", "unsorted", "small", "large")
 
 
 def report_html(doc: dict[str, Any], facts: list[tuple[str, str]], sections: Sequence[str], made_by: str = "",
@@ -48,9 +48,10 @@ def report_html(doc: dict[str, Any], facts: list[tuple[str, str]], sections: Seq
 def plain_sections(doc: dict[str, Any], strips: Sequence[HeapStrip], words: Words, name: str) -> list[str]:
     """The sections of an allocator that has none of its own: verdict, arenas, maps, histogram, findings."""
     r = doc["report"]
-    maps = maps_section(strips, "extents") if strips else section("maps", "Heap maps", "<p>No heap to draw.</p>")
+    maps = maps_section(strips, "pieces", "<p>Each heap of each arena, address left to right: each column is a "
+                        "stack of what holds its bytes.</p>")
     return [verdict_section(r, plain_figures(r, words), words), arenas_section(doc, r, words), maps,
-            histogram_section(r, words), in_use_section(r), findings_section(doc, name)]
+            histogram_section(r, words), in_use_section(r, words), findings_section(doc, name)]
 
 
 def plain_figures(r: dict[str, Any], words: Words) -> list[tuple[str, str]]:
@@ -134,13 +135,21 @@ def arenas_section(doc: dict[str, Any], r: dict[str, Any], words: Words, colours
     return section("arenas", "Where the memory is", chart, table(head, map(cells, rows), (1, 2), foot), note, limit)
 
 
-#: the kinds that stand for one extent each on a map of jemalloc's extents
-_EXTENT_KINDS = ("in_use", "dirty", "muzzy", "retained", "unwalked")
+def plain_caption(strip: HeapStrip) -> tuple[int, list[str]]:
+    """How many pieces STRIP holds, and its figures: its size, in use, then each other kind it holds and what
+    its allocator gives back (a map's caption for an allocator with no words of its own)."""
+    held = kind_bytes(strip)
+    bits = [human(strip.end - strip.start), f"in use {human(sum(n for k, n in held.items() if KINDS[k].use == USED))}"]
+    bits += [f"{NAMES[k]} {human(held[k])}" for k in in_drawing_order(held) if KINDS[k].use not in (USED, DAMAGE)]
+    if strip.trimmable is not None:
+        bits.append(f"{strip.band} {human(trim_bytes(strip))}")
+    return sum(piece_counts(strip).values()), bits
 
 
-def maps_section(strips: Sequence[HeapStrip], unit: str = "chunks") -> str:
-    """The heap maps: a figure per strip, its caption with its figures; UNIT is what a strip is made of
-    ("chunks" of a glibc heap, jemalloc's "extents")."""
+def maps_section(strips: Sequence[HeapStrip], unit: str, intro: str, caption=plain_caption) -> str:
+    """The heap maps: INTRO (a paragraph), a legend, then a figure per strip with its caption: CAPTION(strip)
+    gives how many UNIT (what a strip is made of: "chunks", "extents") it holds and the allocator's figures
+    of it, which its resident bytes, its reservation and its damage follow."""
     if not strips:
         return section("maps", "Heap maps", "<p>No heap to draw.</p>")
     drawn = _drawn(strips)
@@ -150,41 +159,25 @@ def maps_section(strips: Sequence[HeapStrip], unit: str = "chunks") -> str:
         held = kind_bytes(strip)
         for k, n in held.items():
             seen[k] = seen.get(k, 0) + n
-        free = sum(held.get(k, 0) for k in FREE_KINDS)
-        if unit == "extents":
-            bits = [f"{human(strip.end - strip.start)}", f"in use {human(held.get('in_use', 0))}"] + [
-                f"{NAMES[k]} {human(held[k])}" for k in ("slab_free", "dirty", "muzzy", "retained") if held.get(k)]
-        else:
-            bits = [f"{human(strip.end - strip.start)}",
-                    f"in use {human(held.get('in_use', 0) + held.get('leaked', 0))}"] + (
-                [f"leaked {human(held['leaked'])}"] if held.get("leaked") else []) + [
-                f"free {human(free)}", f"top {human(held.get('top', 0))}", f"trim gives back {human(trim_bytes(strip))}"]
+        pieces, bits = caption(strip)
         if strip.resident is not None:
             res = strip.resident.astype("int64")
             bits.append(f"resident {human(int((res[:, 1] - res[:, 0]).sum()))}")
         if strip.beyond:
             bits.append(f"and {human(strip.beyond)} reserved, never mapped")
-        if held.get("unwalked"):
-            bits.append(f"NOT WALKED (damage) {human(held['unwalked'])}")
-        if unit == "extents":
-            pieces = int(np.isin(strip.kinds, [MAP_KINDS.index(k) for k in _EXTENT_KINDS]).sum())
-        else:
-            pieces = sum(chunk_counts(strip).values())
+        damaged = sum(n for k, n in held.items() if KINDS[k].use == DAMAGE)
+        if damaged:
+            bits.append(f"NOT WALKED (damage) {human(damaged)}")
         named = unit if pieces != 1 else unit[:-1]
         figures.append(f'<figure class="heap"><figcaption><b>{e(strip.label)}</b> '
                        f'<code>{strip.start:#x}-{strip.end:#x}</code> · {pieces} {named} · {e(" · ".join(bits))}'
                        f"</figcaption>{svg_strip(strip)}</figure>")
-    legend = [f"<span>{swatch(COLOURS[k])}{e(NAMES[k])}</span>" for k in MAP_KINDS if k in seen]
-    if unit != "extents":
-        legend.append(f"<span>{swatch(BAND_COLOURS['trim'])}under a strip: malloc_trim(0) gives back</span>")
+    legend = [f"<span>{swatch(COLOURS[k])}{e(NAMES[k])}</span>" for k in in_drawing_order(seen)]
+    if bands(drawn):
+        legend.append(f"<span>{swatch(BAND_COLOURS['trim'])}under a strip: {e(bands(drawn))}</span>")
     if any(s.resident is not None for s in drawn):
         legend.append(f"<span>{swatch(BAND_COLOURS['resident'])}"
-                      f"{'under a strip' if unit == 'extents' else 'under that'}: resident pages</span>")
-    intro = ("<p>Each heap of each arena, address left to right: each column is a stack of what holds its bytes. "
-             "Free memory with chunks in use scattered through it is memory those chunks pin.</p>") if unit != \
-        "extents" else ("<p>Each arena's extents, address left to right, a strip for each stretch without a gap: "
-                        "each column is a stack of what holds its bytes. A slab's free regions are drawn after its "
-                        "regions in use; dirty pages are what decay gives back.</p>")
+                      f"{'under that' if bands(drawn) else 'under a strip'}: resident pages</span>")
     left = len(strips) - len(drawn)
     more = (f"<p class=\"warn\">{left} more heaps are not drawn here: 'heapwalk map --svg FILE' draws them "
             "all.</p>") if left else ""
@@ -196,9 +189,10 @@ def _drawn(strips: Sequence[HeapStrip]) -> list[HeapStrip]:
     if len(strips) <= MAPS_DRAWN:
         return list(strips)
 
-    def weight(i: int) -> tuple[int, int]:
+    def weight(i: int) -> tuple[bool, int]:
         held = kind_bytes(strips[i])
-        return (held.get("unwalked", 0) > 0, sum(held.get(k, 0) for k in FREE_KINDS + ("top",)))
+        return (any(n for k, n in held.items() if KINDS[k].use == DAMAGE),
+                sum(n for k, n in held.items() if KINDS[k].use == FREE))
     keep = sorted(sorted(range(len(strips)), key=weight, reverse=True)[:MAPS_DRAWN])
     return [strips[i] for i in keep]
 
@@ -221,29 +215,32 @@ def histogram_section(r: dict[str, Any], words: Words) -> str:
     return section("histogram", title, said, chart, classes)
 
 
-def chunk_count(n: int) -> str:
-    return f"{n} chunk" + ("" if n == 1 else "s")
+def chunk_count(n: int, blocks: str = "chunks") -> str:
+    """N of BLOCKS (plural), in the singular for one."""
+    return f"{n} {blocks if n != 1 else blocks[:-1]}"
 
 
-def in_use_section(r: dict[str, Any]) -> str:
-    used, leaks = r.get("in_use"), r.get("leaks")
+def in_use_section(r: dict[str, Any], words: Words) -> str:
+    """The blocks in use by size and by signature, and what the leak scan found among them."""
+    used, leaks, blocks = r.get("in_use"), r.get("leaks"), words.blocks
     if not used or not used.get("count"):
         return ""
     scanned = leaks is not None
     if scanned:
-        found = (f"{chunk_count(leaks['leaked_count'])} ({human(leaks['leaked_bytes'])}) are reached by nothing"
+        found = (f"{chunk_count(leaks['leaked_count'], blocks)} ({human(leaks['leaked_bytes'])}) are reached by "
+                 "nothing"
                  if leaks["leaked_count"] else "it reached every one")
         words = (f"<p>The leak scan followed every pointer from the program's roots to the "
-                 f"{chunk_count(leaks['in_use_count'])} in use ({human(leaks['in_use_bytes'])}): {found}.</p>")
+                 f"{chunk_count(leaks['in_use_count'], blocks)} in use ({human(leaks['in_use_bytes'])}): {found}.</p>")
     else:
         words = "<p>No leak scan ran ('heapwalk report --no-leaks').</p>"
-    head = ["size", "chunks", "bytes", "share"] + (["leaked chunks", "leaked"] if scanned else [])
+    head = ["size", blocks, "bytes", "share"] + ([f"leaked {blocks}", "leaked"] if scanned else [])
     rows = [[f"{human(b['low'])} - {human(b['high'])}", str(b["count"]), human(b["bytes"]), share(b["bytes"], used["bytes"])]
             + ([str(b["leaked_count"]), human(b["leaked_bytes"])] if scanned else []) for b in used["histogram"]]
     parts = [words, table(head, rows)]
     signatures = used.get("by_signature") or []
     if signatures:
-        head = ["signature", "chunks", "bytes", "share"] + (["leaked chunks", "leaked"] if scanned else []) + ["example"]
+        head = ["signature", blocks, "bytes", "share"] + ([f"leaked {blocks}", "leaked"] if scanned else []) + ["example"]
         rows = [[e(g["signature"]), str(g["count"]), human(g["bytes"]), share(g["bytes"], used["bytes"])]
                 + ([str(g["leaked_count"]), human(g["leaked_bytes"])] if scanned else [])
                 + [f"<code>{g['example']:#x}</code>" + (f" {e(repr(g['text']))}" if g.get("text") else "")]
@@ -254,13 +251,12 @@ def in_use_section(r: dict[str, Any]) -> str:
     return section("in-use", "The memory in use" + (" and leaks" if scanned else ""), *parts)
 
 
-def findings_section(doc: dict[str, Any], allocator: str) -> str:
+def findings_section(doc: dict[str, Any], allocator: str, listed: Sequence[dict[str, Any]] | None = None) -> str:
+    """Every finding, each once: LISTED (where the allocator keeps them in its document), by default DOC's own
+    and its arenas'; or that ALLOCATOR's structures were all as it leaves them."""
     found, seen = [], set()
-    listed = list(doc.get("findings") or [])
-    for a in doc.get("arenas") or []:
-        listed += [*(a.get("findings") or []), *((a.get("accounting") or {}).get("findings") or [])]
-    caches = [t.get("tcache") for t in doc.get("threads") or []] + list(doc.get("scanned_tcaches") or [])
-    listed += [f for tc in caches if tc for f in tc.get("findings") or []]
+    if listed is None:
+        listed = list(doc.get("findings") or []) + [f for a in doc.get("arenas") or [] for f in a.get("findings") or []]
     for f in listed:
         key = (f["kind"], f["address"], f["message"])
         if key not in seen:

@@ -12,8 +12,9 @@ from collections.abc import Sequence
 import numpy as np
 
 from heapwalk.analysis.report import human
-from heapwalk.output.heapmaps import BAND_COLOURS, COLOURS, NAMES, columns, kinds_drawn, marks
-from heapwalk.view import MAP_KINDS, HeapStrip
+from heapwalk.mapkinds import DAMAGE, MAP_KINDS, drawing_order, of_use
+from heapwalk.output.heapmaps import BAND_COLOURS, COLOURS, NAMES, bands, columns, kinds_drawn, marks
+from heapwalk.view import HeapStrip
 
 __all__ = ["png_maps", "png_bytes"]
 
@@ -45,13 +46,10 @@ def _rgb(colour: str) -> np.ndarray:
     return np.array([int(colour[i:i + 2], 16) for i in (1, 3, 5)], dtype=np.uint8)
 
 
-def _palette() -> np.ndarray:
-    """Each kind's colour, by its index in MAP_KINDS (kinds an allocator added too), and white after them (a
-    pixel no kind reaches)."""
-    return np.array([_rgb(COLOURS[k]) for k in MAP_KINDS] + [_rgb("#ffffff")])
-
-
-_UNWALKED = MAP_KINDS.index("unwalked")
+def _palette(order: np.ndarray) -> np.ndarray:
+    """Each kind's colour, in ORDER (of indexes in MAP_KINDS), and white after them (a pixel no kind
+    reaches)."""
+    return np.array([_rgb(COLOURS[MAP_KINDS[k]]) for k in order.tolist()] + [_rgb("#ffffff")])
 
 
 def _text(img: np.ndarray, x: int, y: int, text: str, colour: str = "#222222") -> int:
@@ -69,26 +67,29 @@ def _text(img: np.ndarray, x: int, y: int, text: str, colour: str = "#222222") -
 
 
 def _paint_strip(img: np.ndarray, strip: HeapStrip, width: int, y: int) -> None:
-    """One strip's label, its columns (each a stack of its kinds, top down in MAP_KINDS order), damage marks
+    """One strip's label, its columns (each a stack of its kinds, top down in drawing order), damage marks
     and bands, from row Y."""
     label = f"{strip.label}  {strip.start:#x}-{strip.end:#x}  {human(strip.end - strip.start)}"
     _text(img, _LEFT, y, label + (f" (and {human(strip.beyond)} reserved)" if strip.beyond else ""))
     top = y + _TEXT + 6
     edges, counts = columns(strip, width)
+    order = drawing_order()
+    damage = counts[:, of_use(DAMAGE)].sum(axis=1)
+    counts = counts[:, order]
     xs = _LEFT + np.arange(len(counts) + 1) * width // len(counts)
     repeat = np.diff(xs)
     cuts = np.rint(np.cumsum(counts, axis=1) * _ROW / np.maximum(counts.sum(axis=1, keepdims=True), 1)).astype(int)
     kind_at = (cuts[:, None, :] <= np.arange(_ROW)[None, :, None]).sum(axis=2)   # column x pixel row
-    palette = _palette()
+    palette = _palette(order)
     img[top:top + _ROW, xs[0]:xs[-1]] = np.repeat(palette[kind_at], repeat, axis=0).transpose(1, 0, 2)
-    damaged = np.repeat(counts[:, _UNWALKED] > 0, repeat)
+    damaged = np.repeat(damage > 0, repeat)
     if damaged.any():
         wide = damaged.copy()
         wide[1:] |= damaged[:-1]
         wide[:-1] |= damaged[1:]
         right = min(xs[-1] + 1, img.shape[1])
         wide = np.concatenate((wide, damaged[-1:]))[:right - xs[0]]
-        img[top:top + _ROW, xs[0]:right][:, wide] = palette[_UNWALKED]
+        img[top:top + _ROW, xs[0]:right][:, wide] = _rgb(COLOURS[MAP_KINDS[of_use(DAMAGE)[0]]])
     trim, resident = marks(strip, edges)
     spans = np.diff(edges.astype(np.int64))
     for row, values, colour in ((top + _ROW + 2, trim, BAND_COLOURS["trim"]),
@@ -128,8 +129,8 @@ def _legend(img: np.ndarray, y: int, entries: list[tuple[str, str]], places: lis
 def png_maps(strips: Sequence[HeapStrip], width: int = 1024) -> bytes:
     """A PNG of STRIPS, WIDTH columns each (one pixel a column), labelled, with a legend of what is drawn."""
     entries = [(NAMES[k], COLOURS[k]) for k in kinds_drawn(strips)]
-    if any(s.trimmable is not None for s in strips):
-        entries.append(("malloc_trim(0) gives back", BAND_COLOURS["trim"]))
+    if bands(strips):
+        entries.append((bands(strips), BAND_COLOURS["trim"]))
     if any(s.resident is not None for s in strips):
         entries.append(("resident", BAND_COLOURS["resident"]))
     places = _legend_places(entries, width)

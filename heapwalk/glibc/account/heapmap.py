@@ -26,10 +26,22 @@ from heapwalk.glibc.bulk.sweptchunks import listing_arrays, swept_chunks
 from heapwalk.glibc.account.trim import SUB_PAGE, TrimSimulation, trim_settings
 from heapwalk.inferior.memory import Memory
 from heapwalk.inferior.residency import Residency
-from heapwalk.view import MAP_KINDS, HeapStrip
+from heapwalk.mapkinds import FREE, MAP_KINDS, MapKind, add_map_kind
+from heapwalk.view import HeapStrip
 
-__all__ = ["heap_strips", "KIND_OF_STATE"]
+__all__ = ["heap_strips", "KIND_OF_STATE", "TRIM_BAND"]
 
+#: glibc's kinds of run on a heap map, each chunk one run (in use, headers and damage are every allocator's)
+for _kind in (MapKind("tcache", "tcache", "#9edae5", "t", 20, FREE, True),
+              MapKind("fast", "fastbin", "#17becf", "f", 30, FREE, True),
+              MapKind("unsorted", "unsorted", "#bcbd22", "u", 40, FREE, True),
+              MapKind("small", "small bin", "#2ca02c", "s", 50, FREE, True),
+              MapKind("large", "large bin", "#98df8a", "l", 60, FREE, True),
+              MapKind("top", "top", "#1f77b4", "T", 70, FREE, True),
+              MapKind("tcache_struct", "tcache struct", "#8c564b", "c", 80, "", True)):
+    add_map_kind(_kind)
+#: what the band under a glibc strip shows
+TRIM_BAND = "malloc_trim(0) gives back"
 KIND = {name: i for i, name in enumerate(MAP_KINDS)}
 #: each chunk state's kind on the map
 KIND_OF_STATE = {ChunkState.IN_USE: KIND["in_use"], ChunkState.TCACHE: KIND["tcache"], ChunkState.FAST: KIND["fast"],
@@ -194,7 +206,8 @@ def _strip(arena: int, label: str, extent: Extent, chunks, tail: list[tuple[int,
     run_ends = runs(1, _alternate(gap_ends, stops), np.uint64)
     run_kinds = runs(2, _alternate(gap_kinds, kinds), np.uint8)
     keep = run_ends > run_starts       # header, gap, chunk, gap, ..., chunk, gap, tail: in order as they are
-    return HeapStrip(arena, label, extent.start, end, run_starts[keep], run_ends[keep], run_kinds[keep])
+    return HeapStrip(arena, label, extent.start, end, run_starts[keep], run_ends[keep], run_kinds[keep],
+                     band=TRIM_BAND)
 
 
 def _alternate(gaps: np.ndarray, chunks: np.ndarray) -> np.ndarray:

@@ -8,7 +8,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from heapwalk.analysis.report import human
+from heapwalk.mapkinds import FREE, KINDS
 from heapwalk.output.charts import bar_chart
+from heapwalk.output.heapmaps import kind_bytes, piece_counts, trim_bytes
 from heapwalk.output.htmlpage import e, section, table
 from heapwalk.output.htmlreport import (arenas_section, findings_section, histogram_section, in_use_section,
                                         maps_section, verdict_section)
@@ -27,8 +29,33 @@ def glibc_sections(doc: dict[str, Any], strips: Sequence[HeapStrip], words: Word
     figures = [(words.holds, human(t["system"])), ("in use", human(t["in_use"])), ("free in chunks", human(t["free"])),
                ("top chunks", human(t["top"])),
                ("malloc_trim(0) gives back" + (" (RSS)" if r.get("residency") else ""), human(t["trim"]))]
-    return [verdict_section(r, figures, words), arenas_section(doc, r, words), maps_section(strips),
-            histogram_section(r, words), _trim(doc, r), in_use_section(r), _threads(doc), findings_section(doc, "glibc")]
+    return [verdict_section(r, figures, words), arenas_section(doc, r, words),
+            maps_section(strips, "chunks", _MAPS, _caption), histogram_section(r, words), _trim(doc, r),
+            in_use_section(r, words), _threads(doc), findings_section(doc, "glibc", _findings(doc))]
+
+
+_MAPS = ("<p>Each heap of each arena, address left to right: each column is a stack of what holds its bytes. "
+         "Free memory with chunks in use scattered through it is memory those chunks pin.</p>")
+
+
+def _caption(strip: HeapStrip) -> tuple[int, list[str]]:
+    """A glibc heap's chunks, and its figures: size, in use (leaked apart), free in chunks, top, what trim gives
+    back."""
+    held = kind_bytes(strip)
+    free = sum(n for k, n in held.items() if k != "top" and KINDS[k].use == FREE)
+    bits = [human(strip.end - strip.start), f"in use {human(held.get('in_use', 0) + held.get('leaked', 0))}"]
+    bits += [f"leaked {human(held['leaked'])}"] if held.get("leaked") else []
+    bits += [f"free {human(free)}", f"top {human(held.get('top', 0))}", f"trim gives back {human(trim_bytes(strip))}"]
+    return sum(piece_counts(strip).values()), bits
+
+
+def _findings(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """Where a glibc document keeps its findings: its own, each arena's and its walk's, each tcache's."""
+    listed = list(doc.get("findings") or [])
+    for a in doc.get("arenas") or []:
+        listed += [*(a.get("findings") or []), *((a.get("accounting") or {}).get("findings") or [])]
+    caches = [t.get("tcache") for t in doc.get("threads") or []] + list(doc.get("scanned_tcaches") or [])
+    return listed + [f for tc in caches if tc for f in tc.get("findings") or []]
 
 
 def glibc_facts(doc: dict[str, Any]) -> list[tuple[str, str]]:
