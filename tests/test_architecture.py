@@ -156,3 +156,20 @@ def test_no_allocator_is_named_outside_its_folder_and_the_registry():
         imported = [n for n in _imports(tree, relative) if n.split(".")[1:2] and n.split(".")[1] in ALLOCATOR_PARTS]
         named += [f"{relative}: imports {n}" for n in imported]
     assert not named, "\n".join(named)
+
+
+def test_the_shared_drawing_names_no_allocator_s_own_kinds_of_run():
+    """The heap maps' kinds that only one allocator has (glibc's bins, jemalloc's dirty pages) are named in
+    that allocator's folder only: the output reads them from `mapkinds` ("top" aside: every arena view has a
+    top, which an allocator says it has or not in its `Words`)."""
+    from heapwalk import mapkinds, registry
+    shared = set(mapkinds.KINDS)
+    registry.allocators()
+    own = set(mapkinds.KINDS) - shared - {"top"}
+    assert {"small", "tcache_struct", "dirty", "slab_free"} <= own
+    wrong = []
+    for relative, tree in _modules():
+        if _part(relative) in ("output", "view", "mapkinds", "allocator"):
+            wrong += [f"{relative}:{node.lineno} names {node.value!r}" for node in ast.walk(tree)
+                      if isinstance(node, ast.Constant) and node.value in own]
+    assert not wrong, "\n".join(wrong)
