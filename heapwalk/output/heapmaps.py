@@ -7,18 +7,20 @@ heights are the kinds' shares and whose `data-bytes` add up to the heap's bytes.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
-from xml.sax.saxutils import escape
+from html import escape as _escape
 
 import numpy as np
 from rich.text import Text
 
 from heapwalk.analysis.report import human
+from heapwalk.output.charts import escape
 from heapwalk.mapkinds import (DAMAGE, KINDS, MAP_KINDS, USED, drawing_order, in_drawing_order, of_use,
                                piece_kinds)
 from heapwalk.view import HeapStrip
 
 __all__ = ["columns", "coverage", "marks", "kind_bytes", "piece_counts", "trim_bytes", "text_maps", "svg_maps",
            "svg_strip", "kinds_drawn", "bands", "LEGEND", "COLOURS", "NAMES", "STRIP_HEIGHT", "BAND_COLOURS"]
+
 
 
 class _Field(Mapping):
@@ -295,7 +297,7 @@ def _svg_strip(strip: HeapStrip, width: int, y: int, left: int = _LEFT, label: b
     edges, counts = columns(strip, width)
     span = strip.end - strip.start
     chunks = " ".join(f"{k}={n}" for k, n in piece_counts(strip).items())
-    parts = [f'<g class="heap" data-arena="{strip.arena}" data-label="{escape(strip.label)}" '
+    parts = [f'<g class="heap" data-arena="{strip.arena}" data-label="{_escape(strip.label)}" '
              f'data-start="{strip.start}" data-end="{strip.end}" data-bytes="{span}" data-chunks="{chunks}" '
              f'data-trim="{trim_bytes(strip)}">']
     if label:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import datetime
 from collections.abc import Iterable, Sequence
 from html import escape
-from importlib import metadata
 
 __all__ = ["page", "section", "table", "cards", "swatch", "e", "made_by"]
 
@@ -119,6 +118,7 @@ def swatch(colour: str) -> str:
 
 def made_by(command: str, source: str = "") -> str:
     """A page's footer line: heapwalk's version, the COMMAND that made it, when, and from what (SOURCE)."""
+    from importlib import metadata   # slow to import: only a page needs it
     try:
         version = metadata.version("heapwalk")
     except metadata.PackageNotFoundError:
