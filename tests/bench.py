@@ -8,7 +8,7 @@ same program is run again and left at its snapshot, and the walk and ``heapwalk 
 (``gdb -p``), where reads go to the process instead of a file, and ``heapwalk capture`` is timed on it beside
 gcore's whole core (tests/bench_capture.py).
 
-Sizes: small (300 thousand chunks, for quick runs and the smoke test), medium (1.5 million) and large
+Sizes: smoke (60 thousand chunks, for the test that it runs), small (300 thousand, for quick runs), medium (1.5 million) and large
 (6 million chunks, over 1 GiB in nine arenas).  Two shapes of each: ordered (every third chunk freed in
 address order, so the free lists run through memory in order) and random (half of the chunks freed in
 random order after realloc churn, so the lists hop across the heaps, as in real programs).  Prints a table
@@ -36,7 +36,7 @@ from bench_capture import capture_line, measure_capture, measure_service  # noqa
 from busy import stress, stress_line  # noqa: E402
 from services import build_service  # noqa: E402
 
-SIZES = {"small": 300_000, "medium": 1_500_000, "large": 6_000_000}
+SIZES = {"smoke": 60_000, "small": 300_000, "medium": 1_500_000, "large": 6_000_000}
 COMMANDS = ("heapwalk report", "heapwalk bins", "heapwalk chunks --free", "heapwalk check", "heapwalk leaks",
             "heapwalk map --svg /dev/null --png /dev/null")
 BUILD = ROOT / "build"

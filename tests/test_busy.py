@@ -57,7 +57,7 @@ def test_a_capture_killed_at_any_moment_leaves_the_service_running(run):
 
 
 def test_signals_that_arrive_while_the_capture_stops_the_process_are_handed_back(tmp_path):
-    """A flood of queued signals while the capture's ptrace stop runs 300 times: a thread that reports a
+    """A flood of queued signals while the capture's ptrace stop runs 120 times: a thread that reports a
     signal before the stop gets it back when let go (without that, about a third of the stops lost one)."""
     state_dir = tmp_path / "busy"
     state_dir.mkdir()
@@ -76,7 +76,7 @@ def test_signals_that_arrive_while_the_capture_stops_the_process_are_handed_back
         sender = threading.Thread(target=flood)
         sender.start()
         try:
-            for _ in range(300):
+            for _ in range(120):
                 with ptrace.stop(proc.pid) as stopped:
                     handed[0] += sum(1 for sig in stopped._signals.values() if sig)
                 time.sleep(0.002)
