@@ -13,6 +13,10 @@ SYSTEM_PYTHON := /usr/bin/python3
 VENV := .venv
 PY := $(VENV)/bin/python
 BUILD := build
+# build/ is a link into the cache: the programs and cores a clone's sources make are found by the next clone,
+# and made again only when what they are made from changed (cores/fresh.py)
+CACHE := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/heapwalk
+$(shell [ -e $(BUILD) ] || { mkdir -p $(CACHE)/build && ln -s $(CACHE)/build $(BUILD); })
 CORES := $(BUILD)/cores
 SYSROOTS := $(BUILD)/sysroots
 # Debian suites whose glibc the tests also run under (see cores/sysroots.py)
@@ -105,7 +109,9 @@ docs: venv
 unit: venv
 	$(PY) -m pytest -q
 
+# clean: the link to the cache's build folder and what it holds
 clean:
+	@if [ -L $(BUILD) ]; then rm -rf "$$(readlink -f $(BUILD))"; fi
 	rm -rf $(BUILD)
 
 distclean: clean

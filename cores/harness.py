@@ -36,6 +36,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import fresh
 import sysroots
 
 CORES_DIR = Path(__file__).resolve().parent
@@ -134,15 +135,17 @@ def build(name: str, bindir: Path, sysroot: sysroots.Sysroot | None = None, stat
     sources = [CORES_DIR / f"{name}.c"] + ([] if name in JEMALLOC_REPRODUCERS else [CORES_DIR / "hw.c"])
     if name in JEMALLOC_REPRODUCERS:
         _build_plugin(name, bindir)
-    if exe.exists() and all(exe.stat().st_mtime >= s.stat().st_mtime for s in sources + headers(name)):
-        return exe
     extra = sysroot.compile_flags() if sysroot is not None else []
     if static:
         extra = [*extra, "-static", "-s"]
     cmd = ["gcc", *CFLAGS, *extra, f"-I{CORES_DIR}", *map(str, sources), "-o", str(exe)]
+    inputs = fresh.digest(sources + headers(name), cmd)
+    if fresh.marked(exe, inputs):
+        return exe
     result = subprocess.run(cmd, capture_output=True, text=True)
     if result.returncode != 0:
         raise HarnessError(f"building {name} failed:\n{result.stderr}")
+    fresh.mark(exe, inputs)
     return exe
 
 
@@ -157,25 +160,27 @@ def headers(name: str) -> list[Path]:
 def _build_plugin(name: str, bindir: Path) -> None:
     """Compiles cores/NAME_plugin.c, when there is one, into BINDIR/libNAME_plugin.so (NAME loads it)."""
     source, lib = CORES_DIR / f"{name}_plugin.c", bindir / f"lib{name}_plugin.so"
-    if not source.exists() or (lib.exists() and lib.stat().st_mtime >= source.stat().st_mtime):
-        return
     cmd = ["gcc", *CFLAGS, "-shared", "-fPIC", str(source), "-o", str(lib)]
+    if not source.exists() or fresh.marked(lib, fresh.digest([source], cmd)):
+        return
     result = subprocess.run(cmd, capture_output=True, text=True)
     if result.returncode != 0:
         raise HarnessError(f"building lib{name}_plugin.so failed:\n{result.stderr}")
+    fresh.mark(lib, fresh.digest([source], cmd))
 
 
 def build_32bit(bindir: Path) -> Path:
     """Assembles cores/stop32.S into BINDIR/stop32, a static i386 program that stops itself."""
     bindir.mkdir(parents=True, exist_ok=True)
     source, exe = CORES_DIR / "stop32.S", bindir / "stop32"
-    if exe.exists() and exe.stat().st_mtime >= source.stat().st_mtime:
+    if fresh.marked(exe, fresh.digest([source])):
         return exe
     obj = bindir / "stop32.o"
     for cmd in (["as", "--32", "-o", str(obj), str(source)], ["ld", "-m", "elf_i386", "-o", str(exe), str(obj)]):
         result = subprocess.run(cmd, capture_output=True, text=True)
         if result.returncode != 0:
             raise HarnessError(f"building stop32 failed ({' '.join(cmd)}):\n{result.stderr}")
+    fresh.mark(exe, fresh.digest([source]))
     return exe
 
 
@@ -385,10 +390,9 @@ def capture(name: str, outdir: Path, bindir: Path, keep: bool = False, sysroot: 
     """
     exe = build(name, bindir, sysroot, static)
     directory = outdir / name
+    _unmark(directory)
     launcher = sysroot.launcher() if sysroot is not None else None
-    full_env = {**arena_env(), **REPRODUCER_ENV.get(name, {})}
-    for key, value in (env or {}).items():  # tunables combine: "a=1:b=2"
-        full_env[key] = f"{full_env[key]}:{value}" if key == "GLIBC_TUNABLES" and key in full_env else value
+    full_env = _reproducer_env(name, env)
     proc = _run_provable(exe, directory, full_env, launcher)
     gdb_exe = sysroot.ld_so if sysroot is not None else exe
     cap = Capture(name=name, directory=directory, exe=gdb_exe, pid=proc.pid, process=proc)
@@ -402,7 +406,42 @@ def capture(name: str, outdir: Path, bindir: Path, keep: bool = False, sysroot: 
         raise
     if not keep:
         finish(cap)
+    fresh.mark(directory, capture_inputs(name, sysroot, env, static))
     return cap
+
+
+def _reproducer_env(name: str, env: dict[str, str] | None) -> dict[str, str]:
+    """Reproducer NAME's environment with ENV added (glibc tunables combine: "a=1:b=2")."""
+    full_env = {**arena_env(), **REPRODUCER_ENV.get(name, {})}
+    for key, value in (env or {}).items():
+        full_env[key] = f"{full_env[key]}:{value}" if key == "GLIBC_TUNABLES" and key in full_env else value
+    return full_env
+
+
+def _libc(sysroot: sysroots.Sysroot | None) -> Path:
+    return sysroot.libdir / "libc.so.6" if sysroot is not None else fresh.SYSTEM_LIBC
+
+
+def _unmark(directory: Path) -> None:
+    """Makes DIRECTORY's capture stale while a new one is taken (an interrupted one is never fresh)."""
+    if directory.is_dir():
+        fresh.stamp_of(directory).unlink(missing_ok=True)
+
+
+def capture_inputs(name: str, sysroot: sysroots.Sysroot | None = None, env: dict[str, str] | None = None,
+                   static: bool = False) -> str:
+    """The digest of what reproducer NAME's capture is made from: its sources, this harness, the C library
+    it runs on (SYSROOT's or the system's), its environment (ENV added)."""
+    return fresh.digest([CORES_DIR / f"{name}.c", CORES_DIR / "hw.c", *headers(name), Path(__file__), _libc(sysroot)],
+                        name, sysroot.suite if sysroot else "system", _reproducer_env(name, env), static)
+
+
+def is_fresh(name: str, outdir: Path, sysroot: sysroots.Sysroot | None = None, env: dict[str, str] | None = None,
+             raw: bool = False) -> bool:
+    """Whether OUTDIR/NAME holds a capture of reproducer NAME made from what it would be made from now (with
+    RAW, gcore's own core too)."""
+    files = ("core", "malloc_info.xml", "ledger.json", "meta.json", "trim.json") + (("core.raw",) if raw else ())
+    return fresh.fresh(outdir / name, capture_inputs(name, sysroot, env), files)
 
 
 def capture_jemalloc(name: str, outdir: Path, bindir: Path, jemalloc: sysroots.Jemalloc,
@@ -411,6 +450,7 @@ def capture_jemalloc(name: str, outdir: Path, bindir: Path, jemalloc: sysroots.J
     OUTDIR/NAME/core; the process is killed after (it has no trim measurement to make)."""
     exe = build(name, bindir)
     directory = outdir / name
+    _unmark(directory)
     proc = run_to_snapshot(exe, directory, env={**jemalloc.environment(), **JEMALLOC_ENV.get(name, {}), **(env or {})})
     cap = Capture(name=name, directory=directory, exe=exe, pid=proc.pid, process=proc)
     try:
@@ -420,7 +460,20 @@ def capture_jemalloc(name: str, outdir: Path, bindir: Path, jemalloc: sysroots.J
         (directory / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
     finally:
         cap.kill()
+    fresh.mark(directory, jemalloc_inputs(name, jemalloc, env))
     return cap
+
+
+def jemalloc_inputs(name: str, jemalloc: sysroots.Jemalloc, env: dict[str, str] | None = None) -> str:
+    """The digest of what jemalloc reproducer NAME's capture is made from: its sources, this harness, the
+    jemalloc it runs on, its environment."""
+    return fresh.digest([CORES_DIR / f"{name}.c", *headers(name), Path(__file__), jemalloc.library], name,
+                        {**JEMALLOC_ENV.get(name, {}), **(env or {})})
+
+
+def is_fresh_jemalloc(name: str, outdir: Path, jemalloc: sysroots.Jemalloc) -> bool:
+    return fresh.fresh(outdir / name, jemalloc_inputs(name, jemalloc), ("core", "stats.json", "ledger.json",
+                                                                        "meta.json"))
 
 
 def corruption_applies(mode: str, version: tuple[int, int]) -> bool:
@@ -478,6 +531,7 @@ def capture_corruption(mode: str, outdir: Path, bindir: Path, sysroot: sysroots.
     """
     exe = build("corrupt", bindir, sysroot)
     directory = outdir / (f"corrupt-{mode}-kernel" if kernel else f"corrupt-{mode}")
+    _unmark(directory)
     launcher = sysroot.launcher() if sysroot is not None else []
     gdb_exe = sysroot.ld_so if sysroot is not None else exe
     env = {**os.environ, **arena_env(), "HW_CORRUPT": mode}
@@ -513,7 +567,21 @@ def capture_corruption(mode: str, outdir: Path, bindir: Path, sysroot: sysroots.
     meta = {"name": cap.name, "exe": str(gdb_exe), "program": str(exe), "pid": cap.pid,
             "sysroot": str(sysroot.root) if sysroot is not None else None, "env": {"HW_CORRUPT": mode}}
     (directory / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+    fresh.mark(directory, corruption_inputs(mode, sysroot, kernel))
     return cap
+
+
+def corruption_inputs(mode: str, sysroot: sysroots.Sysroot | None = None, kernel: bool = False) -> str:
+    """The digest of what corrupt.c's capture in MODE is made from (its sources, this harness, the C library,
+    who dumped the core)."""
+    return fresh.digest([CORES_DIR / "corrupt.c", CORES_DIR / "hw.c", CORES_DIR / "hw.h", Path(__file__),
+                         _libc(sysroot)], mode, sysroot.suite if sysroot else "system", kernel, arena_env())
+
+
+def is_fresh_corruption(mode: str, outdir: Path, sysroot: sysroots.Sysroot | None = None, kernel: bool = False
+                        ) -> bool:
+    directory = outdir / (f"corrupt-{mode}-kernel" if kernel else f"corrupt-{mode}")
+    return fresh.fresh(directory, corruption_inputs(mode, sysroot, kernel), ("core", "expected.json", "meta.json"))
 
 
 def finish(cap: Capture, timeout: float = 60.0) -> None:
@@ -544,12 +612,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sysroots", type=Path, default=CORES_DIR.parent / "build" / "sysroots",
                         help="where sysroots are unpacked (default build/sysroots)")
     args = parser.parse_intermixed_args(argv)
-    bindir = args.bindir or args.outdir / "bin"
+    args.outdir, args.sysroots = args.outdir.resolve(), args.sysroots.resolve()
+    bindir = (args.bindir or args.outdir / "bin").resolve()
     sysroot = sysroots.prepare(args.sysroots, args.glibc) if args.glibc else None
     jemalloc = sysroots.prepare_jemalloc(args.sysroots, args.jemalloc) if args.jemalloc else None
     names = args.names if not jemalloc or args.names != list(REPRODUCERS) else list(JEMALLOC_REPRODUCERS)
     for name in names:
         start = time.monotonic()
+        if is_fresh_jemalloc(name, args.outdir, jemalloc) if jemalloc else is_fresh(name, args.outdir, sysroot):
+            print(f"{name}: {args.outdir / name / 'core'} is up to date")
+            continue
         try:
             cap = capture_jemalloc(name, args.outdir, bindir, jemalloc) if jemalloc else \
                 capture(name, args.outdir, bindir, sysroot=sysroot)

@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 import harness  # noqa: E402
 import sysroots  # noqa: E402
 
-BUILD = ROOT / "build"
+BUILD = (ROOT / "build").resolve()   # the Makefile links build/ into the cache: captures outlive a clone
 CORES = Path(os.environ.get("HEAPWALK_CORES", BUILD / "cores"))
 SYSROOTS = BUILD / "sysroots"
 BINDIR = BUILD / "bin"
@@ -107,33 +107,6 @@ def glibc(name: str) -> Glibc:
     return Glibc(name, sysroots.prepare(SYSROOTS, name))
 
 
-def _exe_exists(directory: Path) -> bool:
-    """Whether the program a capture in DIRECTORY names is still there (a build folder moved or removed), and
-    not built again since the core was taken (gdb refuses a program whose build differs from the core's)."""
-    try:
-        exe = Path(json.loads((directory / "meta.json").read_text())["exe"])
-        return exe.stat().st_mtime <= (directory / "core").stat().st_mtime
-    except (OSError, ValueError, KeyError):
-        return False
-
-
-def _fresh(directory: Path, name: str) -> bool:
-    needed = [directory / f for f in ("core", "malloc_info.xml", "ledger.json", "meta.json", "trim.json")]
-    if not all(p.exists() for p in needed) or not _exe_exists(directory):
-        return False
-    sources = [ROOT / "cores" / f"{name}.c", ROOT / "cores" / "hw.c", ROOT / "cores" / "hw.h",
-               ROOT / "cores" / "harness.py"]
-    return min(p.stat().st_mtime for p in needed) >= max(p.stat().st_mtime for p in sources)
-
-
-def _fresh_jemalloc(directory: Path, name: str) -> bool:
-    needed = [directory / f for f in ("core", "stats.json", "ledger.json", "meta.json")]
-    if not all(p.exists() for p in needed) or not _exe_exists(directory):
-        return False
-    sources = [ROOT / "cores" / f"{name}.c", ROOT / "cores" / "harness.py", *harness.headers(name)]
-    return min(p.stat().st_mtime for p in needed) >= max(p.stat().st_mtime for p in sources)
-
-
 #: the jemallocs of the matrix: Debian suite -> jemalloc version (sysroots.JEMALLOC_SUITES)
 JEMALLOCS = tuple(sysroots.JEMALLOC_SUITES)
 
@@ -143,7 +116,7 @@ def capture_jemalloc(suite: str, name: str) -> harness.Capture:
     """jemalloc reproducer NAME's capture on SUITE's libjemalloc2 (taken now unless a fresh one exists)."""
     jemalloc = sysroots.prepare_jemalloc(SYSROOTS, suite)
     outdir = CORES / f"jemalloc-{suite}"
-    if not _fresh_jemalloc(outdir / name, name):
+    if not harness.is_fresh_jemalloc(name, outdir, jemalloc):
         harness.capture_jemalloc(name, outdir, BINDIR, jemalloc)
     meta = json.loads((outdir / name / "meta.json").read_text())
     return harness.Capture(name=name, directory=outdir / name, exe=Path(meta["exe"]), pid=meta["pid"])
@@ -158,7 +131,7 @@ def capture(glibc_name: str, name: str, variant: str = "") -> harness.Capture:
     """Reproducer NAME's capture under GLIBC_NAME (taken now unless a fresh one exists)."""
     g = glibc(glibc_name)
     outdir = CORES / (f"{glibc_name}-{variant}" if variant else glibc_name)
-    if not _fresh(outdir / name, name):
+    if not harness.is_fresh(name, outdir, g.sysroot, VARIANTS[variant]):
         harness.capture(name, outdir, BINDIR, sysroot=g.sysroot, env=VARIANTS[variant])
     meta = json.loads((outdir / name / "meta.json").read_text())
     return harness.Capture(name=name, directory=outdir / name, exe=Path(meta["exe"]), pid=meta["pid"])
@@ -173,21 +146,13 @@ def blank_stacks(glibc_name: str, main_tls: bool = False) -> tuple[harness.Captu
     g = glibc(glibc_name)
     outdir = CORES / f"{glibc_name}-raw"
     directory = outdir / "thread_arenas"
-    if not _fresh(directory, "thread_arenas") or not (directory / "core.raw").exists():
+    if not harness.is_fresh("thread_arenas", outdir, g.sysroot, raw=True):
         harness.capture("thread_arenas", outdir, BINDIR, sysroot=g.sysroot, keep_raw=True)
     meta = json.loads((directory / "meta.json").read_text())
     blank = directory / ("core.blank-tls" if main_tls else "core.blank")
     subprocess.run(["cp", "--sparse=always", str(directory / "core.raw"), str(blank)], check=True)
     harness.blank_thread_stacks(blank, meta["pid"], main_tls)
     return harness.Capture(name="thread_arenas", directory=directory, exe=Path(meta["exe"]), pid=meta["pid"]), blank
-
-
-def _fresh_corruption(directory: Path) -> bool:
-    needed = [directory / f for f in ("core", "expected.json", "meta.json")]
-    if not all(p.exists() for p in needed) or not _exe_exists(directory):
-        return False
-    sources = [ROOT / "cores" / "corrupt.c", ROOT / "cores" / "harness.py"]
-    return min(p.stat().st_mtime for p in needed) >= max(p.stat().st_mtime for p in sources)
 
 
 def version_tuple(text: str) -> tuple[int, int]:
@@ -202,7 +167,7 @@ def corruption(glibc_name: str, mode: str, kernel: bool = False) -> harness.Capt
     g = glibc(glibc_name)
     outdir = CORES / glibc_name
     directory = outdir / (f"corrupt-{mode}-kernel" if kernel else f"corrupt-{mode}")
-    if not _fresh_corruption(directory):
+    if not harness.is_fresh_corruption(mode, outdir, g.sysroot, kernel):
         harness.capture_corruption(mode, outdir, BINDIR, sysroot=g.sysroot, kernel=kernel)
     meta = json.loads((directory / "meta.json").read_text())
     return harness.Capture(name=directory.name, directory=directory, exe=Path(meta["exe"]), pid=meta["pid"])
