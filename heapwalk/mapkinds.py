@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["MapKind", "MAP_KINDS", "KINDS", "USED", "FREE", "DAMAGE", "add_map_kind", "index", "in_drawing_order",
+__all__ = ["MapKind", "MAP_KINDS", "KINDS", "SHARED", "USED", "FREE", "DAMAGE", "add_map_kind", "index", "in_drawing_order",
            "drawing_order", "of_use", "piece_kinds"]
 
 #: what a kind is: held by the program, free memory the allocator keeps for reuse, bytes damage hid
@@ -73,10 +73,12 @@ def piece_kinds() -> list[str]:
     return in_drawing_order([n for n in MAP_KINDS if KINDS[n].piece])
 
 
-for _kind in (MapKind("in_use", "in use", "#d62728", "#", 0, USED, True),
-              MapKind("leaked", "leaked (in use, nothing reaches it)", "#e377c2", "x", 10, USED, True),
-              MapKind("overhead", "headers", "#7f7f7f", "h", 90),
-              MapKind("unwalked", "not walked (damage)", "#000000", "!", 100, DAMAGE),
-              MapKind("unused", "mapped, unused", "#dbdbdb", ":", 110),
-              MapKind("reserved", "reserved, never mapped", "#f5f5f5", ".", 120)):
+#: the kinds every allocator has, added here
+SHARED = (MapKind("in_use", "in use", "#d62728", "#", 0, USED, True),
+          MapKind("leaked", "leaked (in use, nothing reaches it)", "#e377c2", "x", 10, USED, True),
+          MapKind("overhead", "headers", "#7f7f7f", "h", 90),
+          MapKind("unwalked", "not walked (damage)", "#000000", "!", 100, DAMAGE),
+          MapKind("unused", "mapped, unused", "#dbdbdb", ":", 110),
+          MapKind("reserved", "reserved, never mapped", "#f5f5f5", ".", 120))
+for _kind in SHARED:
     add_map_kind(_kind)

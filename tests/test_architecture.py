@@ -163,9 +163,8 @@ def test_the_shared_drawing_names_no_allocator_s_own_kinds_of_run():
     that allocator's folder only: the output reads them from `mapkinds` ("top" aside: every arena view has a
     top, which an allocator says it has or not in its `Words`)."""
     from heapwalk import mapkinds, registry
-    shared = set(mapkinds.KINDS)
     registry.allocators()
-    own = set(mapkinds.KINDS) - shared - {"top"}
+    own = set(mapkinds.KINDS) - {k.name for k in mapkinds.SHARED} - {"top"}
     assert {"small", "tcache_struct", "dirty", "slab_free"} <= own
     wrong = []
     for relative, tree in _modules():
