@@ -139,7 +139,7 @@ def build(name: str, bindir: Path, sysroot: sysroots.Sysroot | None = None, stat
     if static:
         extra = [*extra, "-static", "-s"]
     cmd = ["gcc", *CFLAGS, *extra, f"-I{CORES_DIR}", *map(str, sources), "-o", str(exe)]
-    inputs = fresh.digest(sources + headers(name), cmd)
+    inputs = fresh.digest(sources + headers(name), CFLAGS, extra)   # where the clone is does not count
     if fresh.marked(exe, inputs):
         return exe
     result = subprocess.run(cmd, capture_output=True, text=True)
@@ -161,12 +161,12 @@ def _build_plugin(name: str, bindir: Path) -> None:
     """Compiles cores/NAME_plugin.c, when there is one, into BINDIR/libNAME_plugin.so (NAME loads it)."""
     source, lib = CORES_DIR / f"{name}_plugin.c", bindir / f"lib{name}_plugin.so"
     cmd = ["gcc", *CFLAGS, "-shared", "-fPIC", str(source), "-o", str(lib)]
-    if not source.exists() or fresh.marked(lib, fresh.digest([source], cmd)):
+    if not source.exists() or fresh.marked(lib, fresh.digest([source], CFLAGS)):
         return
     result = subprocess.run(cmd, capture_output=True, text=True)
     if result.returncode != 0:
         raise HarnessError(f"building lib{name}_plugin.so failed:\n{result.stderr}")
-    fresh.mark(lib, fresh.digest([source], cmd))
+    fresh.mark(lib, fresh.digest([source], CFLAGS))
 
 
 def build_32bit(bindir: Path) -> Path:

@@ -83,7 +83,7 @@ def test_a_gdb_older_than_10_is_refused_in_one_line_with_a_failing_status():
     result = run_gdb([str(cap.exe), str(cap.core)], ["heapwalk report"], iex=[GDB9])
     out = result.stdout + result.stderr
     line = "heapwalk: gdb 9.2 is older than gdb 10, the oldest heapwalk is tested on"
-    said = [text for text in out.splitlines() if "heapwalk" in text or "in use" in text]
+    said = [text for text in out.splitlines() if text.startswith("heapwalk") or "in use" in text]
     assert len(said) == 2 and all(text.startswith(line) for text in said), out   # when loaded, and the command
     assert "Traceback" not in out and result.returncode != 0
 
