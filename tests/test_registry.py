@@ -109,3 +109,35 @@ def test_an_allocator_that_cannot_be_decoded_beside_the_toy_is_its_finding(tmp_p
     out, status = _toy_run(tmp_path, "bins", ["set heapwalk glibc-version 2.50", "heapwalk check"])
     assert status == 0, out
     assert "warning: glibc's malloc: not decoded beside toy: no malloc layout for glibc 2.50" in out
+
+
+BROKEN = '''
+from heapwalk import registry
+from heapwalk.allocator import Allocator
+from heapwalk.errors import CannotDecode
+
+
+class Broken(Allocator):
+    name = title = "broken"
+
+    def load(self, context):
+        raise CannotDecode("broken 1.0 built with --enable-odd: not decoded yet")
+
+
+registry.add(Broken())
+'''
+
+
+def test_an_allocator_looked_for_first_that_cannot_be_decoded_is_the_decoded_one_s_finding(tmp_path):
+    """An allocator looked for before glibc's (a program's own) is there but cannot be decoded: glibc's heap is
+    still decoded, and its report and check say, with the reason, that the other was not (never dropped)."""
+    broken = tmp_path / "broken_allocator.py"
+    broken.write_text(BROKEN)
+    cap = capture("system", "bins")
+    result = run_gdb([str(cap.exe), str(cap.core)], [f"source {broken}", f"heapwalk report --json {tmp_path}/r.json",
+                                                     "heapwalk check"])
+    out = " ".join(result.stdout.split())
+    assert "Traceback" not in result.stdout + result.stderr, result.stderr
+    assert "broken: not decoded beside glibc's malloc: broken 1.0 built with --enable-odd: not decoded yet" in out, out
+    doc = json.loads((tmp_path / "r.json").read_text())
+    assert any("--enable-odd" in f["message"] for f in doc["findings"]), doc["findings"]

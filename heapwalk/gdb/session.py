@@ -8,7 +8,7 @@ import dataclasses
 import gdb  # type: ignore[import-not-found]
 
 from heapwalk import registry
-from heapwalk.allocator import Context, Decoded, NotUsed, Wants
+from heapwalk.allocator import Allocator, Context, Decoded, NotUsed, Wants
 from heapwalk.errors import CannotDecode, UsageError
 from heapwalk.gdb.console import walk_progress
 from heapwalk.inferior.gdbadapter import GdbSymbols, gdb_memory, preserved_selection, thread_registers
@@ -110,8 +110,7 @@ def load_allocators(walk_chunks: bool = False, keep_used: bool = False, keep_chu
     """Decodes every allocator of the selected inferior, asking gdb for the target once.  A process may use
     more than one (a program on jemalloc whose library, bound with RTLD_DEEPBIND, uses glibc's malloc): each
     is decoded.  An allocator that is there but cannot be decoded is said in one line when no other could be
-    decoded; after one that was, it is one of that one's findings; before it, the one decoded says itself
-    what else the process maps."""
+    decoded, else it is one of the first decoded one's findings, with the reason."""
     _require_target()
     with preserved_selection(), walk_progress(walk_chunks) as progress:
         target = _target()
@@ -122,7 +121,7 @@ def load_allocators(walk_chunks: bool = False, keep_used: bool = False, keep_chu
 def decode(target: Target, wants: Wants, only: str | None = None) -> list[Decoded]:
     """Every registered allocator (or the one named ONLY) decoded in TARGET, as `load_allocators` says."""
     decoded: list[Decoded] = []
-    first_error: CannotDecode | None = None
+    failed: list[tuple[Allocator, CannotDecode]] = []
     for allocator in registry.allocators():
         if only is not None and allocator.name != only:
             continue
@@ -132,12 +131,13 @@ def decode(target: Target, wants: Wants, only: str | None = None) -> list[Decode
         except NotUsed:
             continue
         except CannotDecode as exc:
-            if decoded:
-                decoded[0] = decoded[0].with_finding(allocator.beside_failure(exc, decoded[0]))
-            elif first_error is None:
-                first_error = exc
+            failed.append((allocator, exc))
     if not decoded:
-        raise first_error or UserError("heapwalk: no allocator heapwalk knows holds memory in this process")
+        if failed:
+            raise failed[0][1]
+        raise UserError("heapwalk: no allocator heapwalk knows holds memory in this process")
+    for allocator, exc in failed:   # looked for before or after the first decoded: never left unsaid
+        decoded[0] = decoded[0].with_finding(allocator.beside_failure(exc, decoded[0]))
     return decoded
 
 
