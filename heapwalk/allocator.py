@@ -157,6 +157,12 @@ class Decoded:
     def report(self, in_use: InUse | None = None, leaks: LeakTotals | None = None) -> Report:
         return build_report(self.view(), in_use, leaks, self.verdict)
 
+    def not_decoded(self) -> list[str]:
+        """The verdict's first sentences when another allocator in the process could not be decoded: what this
+        report then leaves out."""
+        return [f"{f.message}. The memory it serves is not in this report, whose figures are {self.title}'s alone."
+                for f in self.findings() if f.kind is Kind.NOT_DECODED]
+
     def report_parts(self, rep: Report, interactive: bool) -> list:
         """What 'heapwalk report' prints of REP, after the header."""
         return [report_group(rep, interactive, self.words, plain_lines(rep, self.words))]
@@ -252,6 +258,7 @@ class Allocator:
         raise NotImplementedError
 
     def beside_failure(self, error: Exception, first: Decoded) -> Finding:
-        """The finding FIRST carries when this allocator could not be decoded beside it."""
-        return Finding(Severity.WARNING, 0, self.title, f"not decoded beside {first.title}: {error}",
-                       Kind.DISCOVERY)
+        """The finding FIRST carries when this allocator is in the process but could not be decoded."""
+        reason = str(error).removeprefix("heapwalk: ")
+        return Finding(Severity.WARNING, 0, self.title, f"{self.title} is in this process, but heapwalk could "
+                       f"not decode it: {reason}", Kind.NOT_DECODED)

@@ -39,6 +39,7 @@ Kind.TCACHE = Kind("tcache", "tcache struct unreadable or inconsistent")
 Kind.TLS_LOST = Kind("thread_tls_lost", "thread's TLS not in the core (its arena and tcache found by scanning)")
 Kind.INTERRUPTED = Kind("interrupted", "the chunk walk was stopped (Ctrl-C)")
 Kind.DISCOVERY = Kind("discovery", "discovery")
+Kind.NOT_DECODED = Kind("not_decoded", "an allocator in the process that heapwalk could not decode")
 Kind.OTHER = Kind("other", "other")
 
 

@@ -100,6 +100,7 @@ class ReportCommand(Subcommand):
         for decoded, beside in _each(found):
             scanned = in_use_and_leaks(found, decoded) if not args.no_leaks and decoded.scans_leaks else None
             rep = decoded.report(*(scanned[:2] if scanned else ()))
+            rep.verdict = decoded.not_decoded() + rep.verdict
             console = console_with_header(decoded, beside)
             for part in decoded.report_parts(rep, interactive()):
                 console.print(part)
