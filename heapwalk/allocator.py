@@ -64,13 +64,15 @@ class Setting:
 class Context:
     """What an allocator is decoded from: the target as the debugger shows it, what the command WANTS, the
     SETTINGS the user gave (name -> text, empty when not given), EVALUATE (an expression of the debugger's
-    -> an address), and the allocators decoded before it (BESIDE)."""
+    -> an address), the allocators decoded before it (BESIDE) and the names of those looked for before it
+    that are there but could not be decoded (FAILED)."""
 
     target: Any
     wants: Wants = Wants()
     settings: Mapping[str, str] = field(default_factory=dict)
     evaluate: Callable[[str], int] = lambda text: int(text, 0)
     beside: tuple["Decoded", ...] = ()
+    failed: tuple[str, ...] = ()
 
 
 @dataclass

@@ -125,7 +125,7 @@ def decode(target: Target, wants: Wants, only: str | None = None) -> list[Decode
     for allocator in registry.allocators():
         if only is not None and allocator.name != only:
             continue
-        context = Context(target, wants, _settings(), parse_int, tuple(decoded))
+        context = Context(target, wants, _settings(), parse_int, tuple(decoded), tuple(a.name for a, _ in failed))
         try:
             decoded.append(allocator.load(context))
         except NotUsed:

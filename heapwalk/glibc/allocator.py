@@ -12,7 +12,7 @@ from heapwalk.errors import UsageError
 from heapwalk.findings import Finding
 from heapwalk.glibc.forensics import check as glibc_check
 from heapwalk.glibc.account.blocks import blocks_of
-from heapwalk.glibc.locate.discovery import MallocUnused, Overrides, parse_version
+from heapwalk.glibc.locate.discovery import MallocUnused, Overrides, foreign_allocator, parse_version
 from heapwalk.glibc.account.heapmap import heap_strips
 from heapwalk.glibc.load import load
 from heapwalk.glibc.show.mallocinfo import malloc_info_xml
@@ -164,7 +164,9 @@ class Glibc(Allocator):
             if context.beside:
                 raise NotUsed(str(exc)) from None
             raise
-        if context.beside:       # its finding that another allocator is mapped: that one is decoded too
+        other = foreign_allocator(context.target.space.mappings)
+        if other and other[0] in {d.name for d in context.beside} | set(context.failed):
+            # the other allocator mapped is decoded beside, or says itself why it could not be
             kept = tuple(f for f in state.target_findings if f.structure != "allocator")
             state = dataclasses.replace(state, target_findings=kept)
         return GlibcHeap(state, context.target.mem, disc.layout)

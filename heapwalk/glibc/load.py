@@ -42,6 +42,6 @@ def _target_findings(target: Target, other: tuple[str, str] | None) -> tuple[Fin
     """What the target says of itself: another allocator beside glibc's, and the memory a truncated core lacks."""
     out = []
     if other is not None:
-        out.append(Finding(Severity.WARNING, 0, "allocator", f"the process also maps {other[0]} ({other[1]}): "
-                           "memory it serves is not in glibc's arenas, and is not counted here", Kind.DISCOVERY))
+        out.append(Finding(Severity.WARNING, 0, "allocator", f"{other[0]} is in this process ({other[1]}), and "
+                           "heapwalk has not decoded it", Kind.NOT_DECODED))
     return tuple(out) + target.findings()
