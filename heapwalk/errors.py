@@ -3,7 +3,11 @@ understands (said in one line) from a bug (a traceback with 'set heapwalk debug 
 
 from __future__ import annotations
 
-__all__ = ["HeapwalkError", "UsageError", "CannotDecode"]
+__all__ = ["HeapwalkError", "UsageError", "CannotDecode", "PARTIAL"]
+
+#: what ends a report that leaves out an allocator in the process (heapwalk cannot decode it): gdb's error line
+#: then says so, and the command line's exit status (3)
+PARTIAL = "the report is partial:"
 
 
 class HeapwalkError(Exception):

@@ -136,10 +136,13 @@ def test_an_allocator_looked_for_first_that_cannot_be_decoded_is_the_decoded_one
     broken = tmp_path / "broken_allocator.py"
     broken.write_text(BROKEN)
     cap = capture("system", "bins")
-    result = run_gdb([str(cap.exe), str(cap.core)], [f"source {broken}", f"heapwalk report --json {tmp_path}/r.json",
-                                                     "heapwalk check"])
+    result = run_gdb([str(cap.exe), str(cap.core)], [f"source {broken}", "heapwalk check",
+                                                     f"heapwalk report --json {tmp_path}/r.json"])
     out = " ".join(result.stdout.split())
     assert "Traceback" not in result.stdout + result.stderr, result.stderr
+    # the report's last line, an error, so that gdb -batch exits with 1
+    assert result.returncode == 1 and "heapwalk report: the report is partial: broken is in this process" in \
+        " ".join(result.stderr.split()), result.stderr
     said = "broken is in this process, but heapwalk could not decode it: broken 1.0 built with --enable-odd: not " \
         "decoded yet"
     assert f"warning: broken: {said}" in out, out

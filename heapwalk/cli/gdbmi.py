@@ -12,7 +12,7 @@ from pathlib import Path
 from heapwalk.errors import HeapwalkError
 
 
-EXIT_DAMAGED, EXIT_ERROR = 1, 2
+EXIT_DAMAGED, EXIT_ERROR, EXIT_PARTIAL = 1, 2, 3
 
 
 class CliError(HeapwalkError):

@@ -23,7 +23,8 @@ from heapwalk import registry
 from heapwalk.cli.capture import cmd_capture
 from heapwalk.cli.cores import open_core, report_command
 from heapwalk.cli.diff import cmd_diff
-from heapwalk.cli.gdbmi import EXIT_DAMAGED, EXIT_ERROR, CliError
+from heapwalk.cli.gdbmi import EXIT_DAMAGED, EXIT_ERROR, EXIT_PARTIAL, CliError
+from heapwalk.errors import PARTIAL
 from heapwalk.output.options import add_no_leaks, add_report_files
 
 __all__ = ["main", "make_parser"]
@@ -31,10 +32,18 @@ __all__ = ["main", "make_parser"]
 
 def cmd_report(args) -> int:
     gdb, notes = open_core(args, args.core, args.exe)
+    status = 0
     with gdb:
         for note in notes:
             print(f"heapwalk: {note}", file=sys.stderr)
-        print(gdb.run(report_command(args.json, args.xml, not args.no_leaks, args.html)), end="")
+        try:
+            print(gdb.run(report_command(args.json, args.xml, not args.no_leaks, args.html)), end="")
+        except CliError as exc:
+            if PARTIAL not in str(exc):
+                raise
+            print(exc.output, end="")
+            print(str(exc), file=sys.stderr)
+            status = EXIT_PARTIAL
         if args.check:
             try:
                 print(gdb.run("heapwalk check"), end="")
@@ -42,7 +51,7 @@ def cmd_report(args) -> int:
                 print(exc.output, end="")
                 print(str(exc), file=sys.stderr)
                 return EXIT_DAMAGED
-    return 0
+    return status
 
 
 
@@ -53,7 +62,8 @@ def make_parser() -> argparse.ArgumentParser:
         prog="heapwalk",
         description=f"Heap forensics ({', '.join(a.title for a in registry.allocators())}) on a core or a running "
                     "process, through gdb.",
-        epilog="Exit status: 0 done, 1 the heap is damaged (report --check), 2 an error (see the message).")
+        epilog="Exit status: 0 done, 1 the heap is damaged (report --check), 2 an error (see the message), 3 the "
+               "report is partial: an allocator in the process is not decoded (the message names it and why).")
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--gdb", default="gdb", metavar="PATH", help="the gdb to run (default: gdb on PATH)")
     common.add_argument("--no-symbols", action="store_true",

@@ -13,6 +13,8 @@ import textwrap
 import gdb  # type: ignore[import-not-found]
 
 from heapwalk import registry
+from heapwalk.errors import PARTIAL
+from heapwalk.findings import Kind
 from heapwalk.registry import described
 from heapwalk.gdb.leakcommands import LeaksCommand, in_use_and_leaks, reach_text, scan_leaks
 from heapwalk.gdb.mapcommands import MapCommand, write_report_html
@@ -83,7 +85,9 @@ class ReportCommand(Subcommand):
             "Where every byte of every arena is: per arena the memory it holds, in-use bytes, free bytes by kind "
             "and the allocator's own, which add up to what it holds; a histogram of the free pieces; what the "
             "allocator would give back; and a verdict (leak or fragmentation, and the remedies the numbers "
-            "support)", "report"))
+            "support). When an allocator in the process is not decoded, the verdict says so first and the "
+            "command ends with an error that names it, so 'gdb -batch' exits with status 1 when it is the last "
+            "command", "report"))
         add_report_files(p, registry.xml_help())
         add_no_leaks(p)
         return p
@@ -119,6 +123,10 @@ class ReportCommand(Subcommand):
             with open(args.xml, "w", encoding="utf-8") as fh:
                 fh.write(xml.native_xml())
         write_json(args.json, documents)
+        left_out = [f.message for d in found.decoded for f in d.findings() if f.kind is Kind.NOT_DECODED]
+        if left_out:   # the last line, and gdb -batch's exit status, say it: never read as the process's all-clear
+            more = f" (and {len(left_out) - 1} more: see the findings)" if len(left_out) > 1 else ""
+            raise UserError(f"heapwalk report: {PARTIAL} {left_out[0]}{more}")
 
 
 class CheckCommand(Subcommand):
