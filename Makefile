@@ -86,7 +86,7 @@ demo: venv
 # The whole suite: unit tests, reproducer cores against malloc_info and ledgers, live attach, and heapwalk
 # run with the gdb and Python of each chroot.
 test: cores chroots
-	$(PY) -m pytest -q -m "" $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m "" --durations=15 $(PYTEST_ARGS)
 
 # Mutation fuzzing on every reproducer core of every glibc (make test runs a smaller share of it).
 # FUZZ_ARGS: e.g. --count 1000 --seed 7
