@@ -38,6 +38,11 @@ HAND_FULL = bool(os.environ.get(sysroots.BUILDS_VARIABLE))
 HAND_SUBSET = () if HAND_FULL else tuple(HAND_BUILT)
 HAND_REPRODUCERS = ("bins", "thread_arenas", "mmapped", "many_arenas", "small_vectors")
 GLIBCS = ("system", *sysroots.SUITES, *(HAND_BUILT if HAND_FULL else ()))
+#: (glibc, variant) of tuned.c's captures the tests use, a fixed subset of the matrix: every variant on the
+#: system glibc and on one Debian suite, the suites in turn, and the dynamic one ("") on every glibc
+TUNED_CASES = tuple([(g, "") for g in GLIBCS]
+                    + [(g, v) for i, v in enumerate(harness.TUNED_VARIANTS)
+                       for g in ("system", list(sysroots.SUITES)[i % len(sysroots.SUITES)])])
 
 
 def _hand_built_line() -> str:

@@ -11,14 +11,14 @@ import json
 
 import pytest
 
-from conftest import GLIBCS, HAND_REPRODUCERS, HAND_SUBSET, capture, glibc, run_gdb
-from harness import REPRODUCERS, TUNED_VARIANTS
+from conftest import GLIBCS, HAND_REPRODUCERS, HAND_SUBSET, TUNED_CASES, capture, glibc, run_gdb
+from harness import REPRODUCERS
 from oracle import malloc_info_view, parse_malloc_info
 
 pytestmark = pytest.mark.cores
 
 CASES = [pytest.param(g, n, "", id=f"{g}-{n}") for g in GLIBCS for n in REPRODUCERS] + \
-    [pytest.param(g, "tuned", v, id=f"{g}-tuned-{v}") for g in GLIBCS for v in TUNED_VARIANTS] + \
+    [pytest.param(g, "tuned", v, id=f"{g}-tuned-{v}") for g, v in TUNED_CASES if v] + \
     [pytest.param(g, n, "", id=f"{g}-{n}") for g in HAND_SUBSET for n in HAND_REPRODUCERS]
 SYMBOLS = [pytest.param(True, id="symbols"), pytest.param(False, id="nosymbols")]
 

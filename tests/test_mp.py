@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import GLIBCS, capture, glibc, heapwalk_json, run_gdb, version_tuple
-from harness import TUNED_VARIANTS, overwrite
+from conftest import GLIBCS, TUNED_CASES, capture, glibc, heapwalk_json, run_gdb, version_tuple
+from harness import overwrite
 from heapwalk.glibc.locate.layout import layout_for
 from oracle import malloc_info_view, parse_malloc_info
 
@@ -41,7 +41,6 @@ SETTINGS = {
     "mallopt-arena_max": {"arena_max": 3},
     "mallopt-arena_test": {"arena_test": 2},
 }
-VARIANTS = ["", *TUNED_VARIANTS]
 SYMBOLS = [pytest.param(True, id="symbols"), pytest.param(False, id="nosymbols")]
 
 
@@ -58,8 +57,7 @@ def _thp_size() -> int:
 
 
 @pytest.mark.parametrize("symbols", SYMBOLS)
-@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: v or "dynamic")
-@pytest.mark.parametrize("g", GLIBCS)
+@pytest.mark.parametrize("g,variant", TUNED_CASES, ids=[f"{g}-{v or 'dynamic'}" for g, v in TUNED_CASES])
 def test_mp_holds_what_the_program_set(json_of, g, variant, symbols):
     doc = json_of(g, "tuned", symbols, variant)
     mp, version = doc["mp"], version_tuple(doc["glibc"]["version"])
@@ -75,8 +73,7 @@ def test_mp_holds_what_the_program_set(json_of, g, variant, symbols):
     assert {k: mp[k] for k in want} == want
 
 
-@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: v or "dynamic")
-@pytest.mark.parametrize("g", GLIBCS)
+@pytest.mark.parametrize("g,variant", TUNED_CASES, ids=[f"{g}-{v or 'dynamic'}" for g, v in TUNED_CASES])
 def test_without_symbols_memory_pins_mp_down(json_of, g, variant):
     how = json_of(g, "tuned", False, variant)["discovery"]["mp_"]["found_by"]
     assert how.startswith("malloc_par near main_arena: ")
@@ -84,8 +81,7 @@ def test_without_symbols_memory_pins_mp_down(json_of, g, variant):
         "malloc_stats reads its mmapped_mem" in how
 
 
-@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: v or "dynamic")
-@pytest.mark.parametrize("g", GLIBCS)
+@pytest.mark.parametrize("g,variant", TUNED_CASES, ids=[f"{g}-{v or 'dynamic'}" for g, v in TUNED_CASES])
 def test_the_fields_memory_confirms_are_named(json_of, g, variant):
     """The discovery says which of mp_'s fields the rest of memory confirmed and which are read as they are."""
     doc = json_of(g, "tuned", False, variant)
