@@ -181,12 +181,13 @@ def with_main_regions(mem: Memory, disc: Discovery, main: Arena, arenas: list[Ar
     if disc.libc_range:
         skip.append(disc.libc_range)
     pieces = main_regions(mem, main, regions, skip)
-    held = sum(e - s for s, e in pieces)
-    if pieces and held == main.system_mem:
-        return dataclasses.replace(main, heaps=tuple(Heap(s, e - s, e - s, main.address, 0, None) for s, e in pieces))
-    sane = tuple(h for h in main.heaps if h.size > 0 and h.size <= main.system_mem)
-    heaps = tuple(Heap(s, e - s, e - s, main.address, 0, None) for s, e in pieces) if pieces else sane
+    heaps = tuple(Heap(s, e - s, e - s, main.address, 0, None) for s, e in pieces)
     shown = sum(h.size for h in heaps)
+    if heaps and shown == main.system_mem:
+        return dataclasses.replace(main, heaps=heaps)
+    if not heaps:
+        heaps = tuple(h for h in main.heaps if 0 < h.size <= main.system_mem)
+        shown = sum(h.size for h in heaps)
     lost = Finding(Severity.ERROR, main.address, f"arena {main.address:#x}",
                    f"the main arena's memory is in mmap'd pieces (sbrk could not be used); the pieces heapwalk "
                    f"found hold {shown:#x} of its system_mem {main.system_mem:#x} bytes, and the rest is in pieces "
