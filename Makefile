@@ -25,6 +25,8 @@ SUITES := bullseye trixie sid
 CHROOT_SUITES := bullseye trixie sid
 # Debian suites whose libjemalloc2 the jemalloc reproducers run on (5.2.1, 5.3.0; see cores/sysroots.py)
 JEMALLOC_SUITES := bullseye bookworm
+# the same jemallocs linked into the program (their libjemalloc-dev archive), the program stripped
+JEMALLOC_LINKED := $(addsuffix -linked,$(JEMALLOC_SUITES))
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 PYTEST_ARGS ?=
 
@@ -60,7 +62,7 @@ $(VENV)/.installed: pyproject.toml setup.py heapwalk/glibc/bulk/_native.c heapwa
 # ~/.cache/heapwalk) and unpacked.
 sysroots: venv
 	$(PY) cores/sysroots.py $(SYSROOTS) $(SUITES)
-	$(PY) cores/sysroots.py $(SYSROOTS) --jemalloc $(JEMALLOC_SUITES)
+	$(PY) cores/sysroots.py $(SYSROOTS) --jemalloc $(JEMALLOC_SUITES) $(JEMALLOC_LINKED)
 
 # A chroot of each of CHROOT_SUITES with its gdb, Python and gcc, made once (cached in ~/.cache/heapwalk/chroots).
 chroots: venv
@@ -70,7 +72,7 @@ chroots: venv
 cores: sysroots
 	$(PY) cores/harness.py $(CORES)/system --bindir $(BUILD)/bin
 	@for s in $(SUITES); do $(PY) cores/harness.py $(CORES)/$$s --bindir $(BUILD)/bin --glibc $$s || exit 1; done
-	@for s in $(JEMALLOC_SUITES); do $(PY) cores/harness.py $(CORES)/jemalloc-$$s --bindir $(BUILD)/bin --jemalloc $$s || exit 1; done
+	@for s in $(JEMALLOC_SUITES) $(JEMALLOC_LINKED); do $(PY) cores/harness.py $(CORES)/jemalloc-$$s --bindir $(BUILD)/bin --jemalloc $$s || exit 1; done
 
 demo: venv
 	@$(PY) cores/harness.py $(BUILD)/demo --bindir $(BUILD)/bin thread_arenas

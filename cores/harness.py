@@ -120,16 +120,21 @@ class Capture:
             self.process.wait()
 
 
-def build(name: str, bindir: Path, sysroot: sysroots.Sysroot | None = None, static: bool = False) -> Path:
+def build(name: str, bindir: Path, sysroot: sysroots.Sysroot | None = None, static: bool = False,
+          jemalloc: sysroots.Jemalloc | None = None) -> Path:
     """Compiles cores/NAME.c with the support library into BINDIR/NAME (against SYSROOT's glibc if it must).
 
     STATIC links the system glibc into the program and strips it (BINDIR/static/NAME), as
-    production static binaries come.
+    production static binaries come.  JEMALLOC, when it is an archive, is linked into the program, which is
+    stripped (BINDIR/jemalloc-SUITE/NAME), as programs that bring their own jemalloc come.
     """
+    linked = jemalloc is not None and jemalloc.archive is not None
     if sysroot is not None and sysroot.needs_own_headers:
         bindir = bindir / sysroot.suite
     if static:
         bindir = bindir / "static"
+    if linked:
+        bindir = bindir / f"jemalloc-{jemalloc.suite}"
     bindir.mkdir(parents=True, exist_ok=True)
     exe = bindir / name
     sources = [CORES_DIR / f"{name}.c"] + ([] if name in JEMALLOC_REPRODUCERS else [CORES_DIR / "hw.c"])
@@ -138,8 +143,12 @@ def build(name: str, bindir: Path, sysroot: sysroots.Sysroot | None = None, stat
     extra = sysroot.compile_flags() if sysroot is not None else []
     if static:
         extra = [*extra, "-static", "-s"]
-    cmd = ["gcc", *CFLAGS, *extra, f"-I{CORES_DIR}", *map(str, sources), "-o", str(exe)]
-    inputs = fresh.digest(sources + headers(name), CFLAGS, extra)   # where the clone is does not count
+    if linked:
+        extra = [*extra, "-DJE_LINKED", f"-DJE_PREFIX={jemalloc.prefix}", "-s"]
+    libraries = [str(jemalloc.archive), "-lm", "-ldl"] if linked else []
+    cmd = ["gcc", *CFLAGS, *extra, f"-I{CORES_DIR}", *map(str, sources), *libraries, "-o", str(exe)]
+    inputs = fresh.digest(sources + headers(name) + ([jemalloc.archive] if linked else []), CFLAGS,
+                          extra)   # where the clone is does not count
     if fresh.marked(exe, inputs):
         return exe
     result = subprocess.run(cmd, capture_output=True, text=True)
@@ -448,10 +457,11 @@ def capture_jemalloc(name: str, outdir: Path, bindir: Path, jemalloc: sysroots.J
                      env: dict[str, str] | None = None) -> Capture:
     """Builds jemalloc reproducer NAME, runs it on JEMALLOC (LD_PRELOAD) and takes its core into
     OUTDIR/NAME/core; the process is killed after (it has no trim measurement to make)."""
-    exe = build(name, bindir)
+    exe = build(name, bindir, jemalloc=jemalloc)
     directory = outdir / name
     _unmark(directory)
-    proc = run_to_snapshot(exe, directory, env={**jemalloc.environment(), **JEMALLOC_ENV.get(name, {}), **(env or {})})
+    proc = run_to_snapshot(exe, directory, env={**jemalloc.environment(), **_options_named(jemalloc, name),
+                                                **(env or {})})
     cap = Capture(name=name, directory=directory, exe=exe, pid=proc.pid, process=proc)
     try:
         take_core(proc.pid, cap.core)
@@ -464,11 +474,23 @@ def capture_jemalloc(name: str, outdir: Path, bindir: Path, jemalloc: sysroots.J
     return cap
 
 
+def _options_named(jemalloc: sysroots.Jemalloc, name: str) -> dict[str, str]:
+    """Reproducer NAME's environment, its MALLOC_CONF named as JEMALLOC reads it (JE_MALLOC_CONF...)."""
+    return {jemalloc.conf_variable if key == "MALLOC_CONF" else key: value
+            for key, value in JEMALLOC_ENV.get(name, {}).items()}
+
+
+def jemalloc_reproducers(jemalloc: sysroots.Jemalloc) -> tuple[str, ...]:
+    """The reproducers that run on JEMALLOC: all of them on a shared library, je_dns on a linked build (je_both
+    is about a shared jemalloc beside glibc's malloc)."""
+    return JEMALLOC_REPRODUCERS if jemalloc.archive is None else ("je_dns",)
+
+
 def jemalloc_inputs(name: str, jemalloc: sysroots.Jemalloc, env: dict[str, str] | None = None) -> str:
     """The digest of what jemalloc reproducer NAME's capture is made from: its sources, this harness, the
     jemalloc it runs on, its environment."""
     return fresh.digest([CORES_DIR / f"{name}.c", *headers(name), Path(__file__), jemalloc.library], name,
-                        {**JEMALLOC_ENV.get(name, {}), **(env or {})})
+                        {**_options_named(jemalloc, name), **(env or {})})
 
 
 def is_fresh_jemalloc(name: str, outdir: Path, jemalloc: sysroots.Jemalloc) -> bool:
@@ -608,7 +630,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bindir", type=Path, help="where to build (default OUTDIR/bin)")
     parser.add_argument("--glibc", metavar="SUITE", help="run under the Debian glibc of SUITE (see sysroots.py)")
     parser.add_argument("--jemalloc", metavar="SUITE", help="run the jemalloc reproducers on the Debian "
-                        "libjemalloc2 of SUITE (see sysroots.py)")
+                        "libjemalloc2 of SUITE, or linked with its libjemalloc-dev for SUITE-linked (see sysroots.py)")
     parser.add_argument("--sysroots", type=Path, default=CORES_DIR.parent / "build" / "sysroots",
                         help="where sysroots are unpacked (default build/sysroots)")
     args = parser.parse_intermixed_args(argv)
@@ -616,7 +638,7 @@ def main(argv: list[str] | None = None) -> int:
     bindir = (args.bindir or args.outdir / "bin").resolve()
     sysroot = sysroots.prepare(args.sysroots, args.glibc) if args.glibc else None
     jemalloc = sysroots.prepare_jemalloc(args.sysroots, args.jemalloc) if args.jemalloc else None
-    names = args.names if not jemalloc or args.names != list(REPRODUCERS) else list(JEMALLOC_REPRODUCERS)
+    names = args.names if not jemalloc or args.names != list(REPRODUCERS) else list(jemalloc_reproducers(jemalloc))
     for name in names:
         start = time.monotonic()
         if is_fresh_jemalloc(name, args.outdir, jemalloc) if jemalloc else is_fresh(name, args.outdir, sysroot):

@@ -33,8 +33,8 @@ typedef void *(*mallocx_fn)(size_t, int);
 #define STATS_BUFFER 65536                    /* jemalloc 5.3's STATS_PRINT_BUFSIZE */
 #define ARENA_0_NO_TCACHE ((1 << 20) | (1 << 8)) /* MALLOCX_ARENA(0) | MALLOCX_TCACHE_NONE */
 
-static mallctl_fn je_mallctl;
-static stats_fn je_stats_print;
+static mallctl_fn repro_mallctl;
+static stats_fn repro_stats_print;
 static char ledger[16384];
 static size_t ledger_len;
 static pthread_mutex_t ledger_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -45,18 +45,31 @@ static void die(const char *what) {
     _exit(3);
 }
 
+#ifdef JE_LINKED
+/* jemalloc linked into the program (JE_LINKED), its entry points named with JE_PREFIX (empty, je_, ...) */
+#define JE_JOIN2(a, b) a##b
+#define JE_JOIN(a, b) JE_JOIN2(a, b)
+#define JE_NAME(n) JE_JOIN(JE_PREFIX, n)
+int JE_NAME(mallctl)(const char *, void *, size_t *, void *, size_t);
+void JE_NAME(malloc_stats_print)(void (*)(void *, const char *), void *, const char *);
+void *JE_NAME(mallocx)(size_t, int);
+#define JE_LOOKUP(n) ((void *)JE_NAME(n))
+#else
+#define JE_LOOKUP(n) dlsym(RTLD_DEFAULT, #n)
+#endif
+
 /* Finds mallctl and malloc_stats_print, or dies saying jemalloc is not loaded. */
 static void je_find(void) {
-    je_mallctl = (mallctl_fn)dlsym(RTLD_DEFAULT, "mallctl");
-    je_stats_print = (stats_fn)dlsym(RTLD_DEFAULT, "malloc_stats_print");
-    if (je_mallctl == NULL || je_stats_print == NULL)
+    repro_mallctl = (mallctl_fn)JE_LOOKUP(mallctl);
+    repro_stats_print = (stats_fn)JE_LOOKUP(malloc_stats_print);
+    if (repro_mallctl == NULL || repro_stats_print == NULL)
         die("jemalloc is not loaded (run with LD_PRELOAD=libjemalloc.so.2)");
 }
 
 static unsigned thread_arena(void) {
     unsigned arena = 0;
     size_t len = sizeof arena;
-    if (je_mallctl("thread.arena", &arena, &len, NULL, 0) != 0)
+    if (repro_mallctl("thread.arena", &arena, &len, NULL, 0) != 0)
         die("mallctl thread.arena failed");
     return arena;
 }
@@ -93,29 +106,29 @@ static int open_out(const char *dir, const char *name) {
 static void je_snapshot(int stats_fd, int ledger_fd) {
     unsigned own = 0;
     size_t len = sizeof own;
-    if (je_mallctl("arenas.create", &own, &len, NULL, 0) != 0)
+    if (repro_mallctl("arenas.create", &own, &len, NULL, 0) != 0)
         die("mallctl arenas.create failed");
     note_thread("main", thread_arena());
-    if (je_mallctl("thread.arena", NULL, NULL, &own, sizeof own) != 0)
+    if (repro_mallctl("thread.arena", NULL, NULL, &own, sizeof own) != 0)
         die("mallctl thread.arena (write) failed");
-    je_stats_print(write_stats, (void *)(long)stats_fd, "J");
+    repro_stats_print(write_stats, (void *)(long)stats_fd, "J");
     if (ftruncate(stats_fd, 0) != 0 || lseek(stats_fd, 0, SEEK_SET) != 0)
         die("cannot rewrite stats.json");
-    je_stats_print(write_stats, (void *)(long)stats_fd, "J");
+    repro_stats_print(write_stats, (void *)(long)stats_fd, "J");
     close(stats_fd);
     const char *version = NULL;
     size_t vlen = sizeof version;
-    if (je_mallctl("version", &version, &vlen, NULL, 0) != 0)
+    if (repro_mallctl("version", &version, &vlen, NULL, 0) != 0)
         die("mallctl version failed");
     int buffer_taken = strncmp(version, "5.2.", 4) != 0;
     if (buffer_taken) {
-        mallocx_fn je_mallocx = (mallocx_fn)dlsym(RTLD_DEFAULT, "mallocx");
-        if (je_mallocx == NULL || je_mallocx(STATS_BUFFER, ARENA_0_NO_TCACHE) == NULL)
+        mallocx_fn repro_mallocx = (mallocx_fn)JE_LOOKUP(mallocx);
+        if (repro_mallocx == NULL || repro_mallocx(STATS_BUFFER, ARENA_0_NO_TCACHE) == NULL)
             die("mallocx of the statistics buffer failed");
     }
     size_t max_background_threads = 0;
     len = sizeof max_background_threads;
-    if (je_mallctl("opt.max_background_threads", &max_background_threads, &len, NULL, 0) != 0)
+    if (repro_mallctl("opt.max_background_threads", &max_background_threads, &len, NULL, 0) != 0)
         die("mallctl opt.max_background_threads failed");
     char tail[320];
     int n = snprintf(tail, sizeof tail, "\n ],\n \"stats_arena\": %u,\n \"opt.max_background_threads\": %zu,"

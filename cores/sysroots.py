@@ -34,6 +34,10 @@ SUITES = {"bullseye": True, "trixie": False, "sid": False}
 SUITE_FLOOR = {"bullseye": "2.31", "trixie": "2.41", "sid": "2.43"}
 #: suite -> the jemalloc version Debian's libjemalloc2 of that suite holds (run with LD_PRELOAD)
 JEMALLOC_SUITES = {"bullseye": "5.2.1", "bookworm": "5.3.0"}
+#: the same builds linked into the program (libjemalloc-dev's libjemalloc_pic.a, no prefix, the program
+#: stripped): name -> version
+JEMALLOC_LINKED = {f"{suite}-linked": version for suite, version in JEMALLOC_SUITES.items()}
+_LINKED = "-linked"
 KEYRING = "/usr/share/keyrings/debian-archive-keyring.gpg"
 #: names a folder of glibcs built by hand from glibc's release tags, each installed as a sysroot in
 #: FOLDER/glibc-X.Y with a VERSION file (docs/platforms.md); the project makes none of them.  Without it,
@@ -207,47 +211,58 @@ def prepare(dest: Path, suite: str, cache: Path | None = None) -> Sysroot:
 
 @dataclass(frozen=True)
 class Jemalloc:
-    """One Debian libjemalloc2 unpacked into a folder."""
+    """One Debian jemalloc unpacked into a folder: libjemalloc2's shared library (run with LD_PRELOAD), or
+    libjemalloc-dev's archive (ARCHIVE set: linked into the program, its entry points named with PREFIX)."""
 
     suite: str
     root: Path
+    archive: Path | None = None
+    prefix: str = ""
 
     @property
     def library(self) -> Path:
-        return self.root / "usr/lib" / MULTIARCH / "libjemalloc.so.2"
+        """The file the reproducer runs on: the shared library, or the archive it is linked with."""
+        return self.archive or self.root / "usr/lib" / MULTIARCH / "libjemalloc.so.2"
 
     @property
     def version(self) -> str:
         return (self.root / "VERSION").read_text().strip()
 
+    @property
+    def conf_variable(self) -> str:
+        """The environment variable the build reads its options from (MALLOC_CONF under its prefix)."""
+        return f"{self.prefix.upper()}MALLOC_CONF"
+
     def environment(self) -> dict[str, str]:
-        """What runs a program on this jemalloc instead of glibc's malloc."""
-        return {"LD_PRELOAD": str(self.library)}
+        """What runs a program on this jemalloc instead of glibc's malloc (nothing when it is linked in)."""
+        return {} if self.archive else {"LD_PRELOAD": str(self.library)}
 
 
-def prepare_jemalloc(dest: Path, suite: str, cache: Path | None = None) -> Jemalloc:
-    """Fetches (or reuses) SUITE's libjemalloc2 and unpacks it into DEST/jemalloc-SUITE."""
+def prepare_jemalloc(dest: Path, name: str, cache: Path | None = None) -> Jemalloc:
+    """Fetches (or reuses) jemalloc NAME and unpacks it into DEST/jemalloc-NAME: SUITE's libjemalloc2, or
+    for SUITE-linked its libjemalloc-dev."""
     cache = cache or cache_dir()
-    root = dest / f"jemalloc-{suite}"
-    stamp = root / "VERSION"
-    if stamp.exists():
-        return Jemalloc(suite, root)
-    deb = _fetch(cache, "libjemalloc2", suite)
+    root = dest / f"jemalloc-{name}"
+    suite, linked = (name[:-len(_LINKED)], True) if name.endswith(_LINKED) else (name, False)
+    package = "libjemalloc-dev" if linked else "libjemalloc2"
+    jemalloc = Jemalloc(name, root, root / "usr/lib" / MULTIARCH / "libjemalloc_pic.a" if linked else None)
+    if (root / "VERSION").exists():
+        return jemalloc
+    deb = _fetch(cache, package, suite)
     if root.exists():
         shutil.rmtree(root)
     root.mkdir(parents=True)
     _run(["dpkg-deb", "-x", str(deb), str(root)])
-    version = re.search(r"libjemalloc2_(\d+\.\d+\.\d+)", deb.name)
-    jemalloc = Jemalloc(suite, root)
+    version = re.search(package + r"_(\d+\.\d+\.\d+)", deb.name)
     if not version or not jemalloc.library.exists():
-        raise SysrootError(f"{deb.name} holds no libjemalloc.so.2 of a known version")
-    stamp.write_text(version.group(1) + "\n")
+        raise SysrootError(f"{deb.name} holds no {jemalloc.library.name} of a known version")
+    (root / "VERSION").write_text(version.group(1) + "\n")
     return jemalloc
 
 
 def available_jemallocs(dest: Path) -> list[Jemalloc]:
     """The jemallocs already unpacked under DEST, oldest first."""
-    return [Jemalloc(s, dest / f"jemalloc-{s}") for s in JEMALLOC_SUITES
+    return [prepare_jemalloc(dest, s) for s in [*JEMALLOC_SUITES, *JEMALLOC_LINKED]
             if (dest / f"jemalloc-{s}" / "VERSION").exists()]
 
 
@@ -261,7 +276,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("dest", type=Path)
     parser.add_argument("suites", nargs="*", default=list(SUITES))
-    parser.add_argument("--jemalloc", action="store_true", help="the suites' libjemalloc2 instead of their glibc")
+    parser.add_argument("--jemalloc", action="store_true", help="the suites' libjemalloc2 (SUITE-linked: their "
+                        "libjemalloc-dev) instead of their glibc")
     args = parser.parse_intermixed_args(argv)
     if args.jemalloc:
         for suite in args.suites:

@@ -114,6 +114,10 @@ def glibc(name: str) -> Glibc:
 
 #: the jemallocs of the matrix: Debian suite -> jemalloc version (sysroots.JEMALLOC_SUITES)
 JEMALLOCS = tuple(sysroots.JEMALLOC_SUITES)
+#: the same with each linked into the program (stripped): what je_dns runs on
+JEMALLOC_BUILDS = (*JEMALLOCS, *sysroots.JEMALLOC_LINKED)
+#: each of them -> its jemalloc version
+JEMALLOC_VERSIONS = {**sysroots.JEMALLOC_SUITES, **sysroots.JEMALLOC_LINKED}
 
 
 @functools.cache

@@ -35,7 +35,8 @@ from heapwalk.findings import Kind, Severity
 from heapwalk.jemalloc import check as je_check
 from heapwalk.jemalloc.decay import decay_findings
 from heapwalk.jemalloc.decode import collect_jemalloc
-from heapwalk.jemalloc.discovery import JemallocNotFound, discover_jemalloc, find_library
+from heapwalk.jemalloc.discovery import JemallocNotFound, discover_jemalloc
+from heapwalk.jemalloc.find import find_jemalloc
 from heapwalk.jemalloc.heapmap import extent_strips
 from heapwalk.jemalloc.allocator import JemallocHeap
 from heapwalk.jemalloc.tcache import _array_spans, bin_counts
@@ -45,7 +46,7 @@ from heapwalk.output.heapmaps import svg_maps, text_maps
 from heapwalk.output.htmlreport import report_html
 from heapwalk.output.jsondoc import report_json
 from heapwalk.output.pngmaps import png_maps
-from heapwalk.inferior.elf import LibcImage
+
 from heapwalk.inferior.gdbadapter import gdb_memory, thread_registers
 from heapwalk.inferior.gdbspace import memory_map
 
@@ -130,8 +131,8 @@ def _writable(base, maps) -> list[tuple[int, int]]:
     """Where a process writes: every mapping but the files' read-only and code segments (jemalloc's own
     writable segment stays in)."""
     out = []
-    lib = find_library(maps)
-    image = LibcImage.read(base, lib[0], lib[1]) if lib else None
+    found = find_jemalloc(base, maps)
+    image = found.image if found else None
     for m in maps:
         if m.path and ("/" in m.path) and not (image and m.path == image.path):
             continue

@@ -18,7 +18,7 @@ from heapwalk.inferior.memory import Memory, ReadError
 
 __all__ = ["Mapping", "Segment", "LibcImage", "find_libc", "readable_runs", "LIBC_FILE_NAME"]
 
-PT_LOAD, PT_DYNAMIC, PT_NOTE, PT_TLS = 1, 2, 4, 7
+PT_LOAD, PT_DYNAMIC, PT_INTERP, PT_NOTE, PT_TLS = 1, 2, 3, 4, 7
 PF_X, PF_W, PF_R = 1, 2, 4
 DT_NULL, DT_STRTAB, DT_SYMTAB, DT_RELA, DT_RELASZ = 0, 5, 6, 7, 8
 R_X86_64_TPOFF64 = 18
@@ -86,6 +86,13 @@ class LibcImage:
         """A program rather than a shared libc: statically linked, libc inside it."""
         return not LIBC_FILE_NAME.search(self.path)
 
+    @property
+    def is_program(self) -> bool:
+        """The program itself rather than a shared object: it names an interpreter, or links nothing
+        dynamically."""
+        return any(s.type == PT_INTERP for s in self.segments) or not any(s.type == PT_DYNAMIC
+                                                                          for s in self.segments)
+
     def writable(self) -> list[Segment]:
         """The PT_LOAD segments libc writes (.data, .bss, .got): in every core."""
         return [s for s in self.segments if s.type == PT_LOAD and s.flags & PF_W]
@@ -93,6 +100,11 @@ class LibcImage:
     def readonly_data(self) -> list[Segment]:
         """The PT_LOAD segments that are neither writable nor code (.rodata, .dynsym)."""
         return [s for s in self.segments if s.type == PT_LOAD and not s.flags & (PF_W | PF_X)]
+
+    def readonly(self) -> list[Segment]:
+        """Every PT_LOAD segment not written (read-only data and code): where an image linked without a
+        separate read-only segment keeps its strings."""
+        return [s for s in self.segments if s.type == PT_LOAD and not s.flags & PF_W]
 
     def contains(self, address: int) -> bool:
         return any(s.address <= address < s.end for s in self.segments if s.type == PT_LOAD)
@@ -123,6 +135,11 @@ class LibcImage:
             except ReadError:
                 self._dynsym = {}
         return self._dynsym.get(name)
+
+    def dynamic_names(self) -> set[str]:
+        """The names of every symbol the image exports (empty when its symbol table is not readable)."""
+        self.dynamic_symbol("")
+        return set(self._dynsym or {})
 
     def _dynamic_tags(self) -> dict[int, int]:
         """The dynamic section's tags and their values (the first of each), empty when there is none

@@ -13,7 +13,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-__all__ = ["RipLoad", "rip_loads", "rip_loads32", "first_lea", "tls_got_slot", "LEA", "MOV"]
+__all__ = ["RipLoad", "rip_loads", "rip_loads32", "first_lea", "first_shift_right", "tls_got_slot", "LEA", "MOV"]
 
 LEA, MOV = 0x8D, 0x8B
 FS_PREFIX = 0x64
@@ -54,6 +54,14 @@ def rip_loads32(code: bytes, address: int) -> list[RipLoad]:
             disp, = struct.unpack_from("<i", code, i + 2)
             out.append(RipLoad(i, MOV, address + i + 6 + disp, 6))
     return out
+
+
+def first_shift_right(code: bytes) -> int | None:
+    """The count of the first ``shr r64, imm8`` (REX.W C1 /5 ib) in CODE, None when it has none."""
+    for i in range(len(code) - 3):
+        if code[i] & 0xF8 == 0x48 and code[i + 1] == 0xC1 and code[i + 2] & 0xF8 == 0xE8:
+            return code[i + 3]
+    return None
 
 
 def first_lea(code: bytes, address: int) -> int | None:

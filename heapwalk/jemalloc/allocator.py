@@ -13,7 +13,7 @@ from heapwalk.allocator import Allocator, CannotDraw, Checked, Context, Decoded,
 from heapwalk.analysis.report import Report, human
 from heapwalk.findings import Finding, Severity
 from heapwalk.jemalloc import check as je_check
-from heapwalk.jemalloc.discovery import JemallocNotFound, find_library
+from heapwalk.jemalloc.find import find_jemalloc
 from heapwalk.jemalloc.heapmap import extent_strips
 from heapwalk.jemalloc.load import load_jemalloc
 from heapwalk.jemalloc.model import JeState
@@ -125,12 +125,10 @@ class Jemalloc(Allocator):
 
     def load(self, context: Context) -> JemallocHeap:
         target = context.target
-        if find_library(target.space.mappings) is None:
+        found = find_jemalloc(target.mem, target.space.mappings)
+        if found is None:
             raise NotUsed("jemalloc is not mapped")
-        try:
-            return JemallocHeap(load_jemalloc(target), target.mem)
-        except JemallocNotFound as exc:
-            raise JemallocNotFound(f"heapwalk: this process allocates with jemalloc, and {exc}") from None
+        return JemallocHeap(load_jemalloc(target, found), target.mem)
 
 
 JEMALLOC = Jemalloc()

@@ -4,6 +4,7 @@ at the address that could not be read; whatever could be decoded is kept."""
 
 from __future__ import annotations
 
+import re
 import struct
 
 from heapwalk.findings import Finding, Severity
@@ -29,6 +30,7 @@ def collect_jemalloc(mem: Memory, disc: JeDiscovery, threads: list[ThreadRegs], 
     """Decodes every arena in arenas[] and every thread's tsd."""
     findings = [Finding(Severity.ERROR, address, "jemalloc", f"{what}: what depends on it is not known",
                         Kind.UNMAPPED) for address, what in disc.unread]
+    findings += _not_found(disc)
     pointers = _arena_pointers(mem, disc, findings)
     cached = nhbins(disc.layout, disc.opt)
     arenas = []
@@ -51,6 +53,25 @@ def collect_jemalloc(mem: Memory, disc: JeDiscovery, threads: list[ThreadRegs], 
         findings.extend(extent_findings)
     return JeState(target, disc.version_text, disc.layout.name, tuple(arenas), decoded, disc.facts, tuple(findings),
                    dict(disc.opt), table)
+
+
+_NOT_FOUND = re.compile(r"^not (determined|decoded): ")
+#: what is left out when a fact of discovery is not found: fact -> what
+_LEFT_OUT = {"rtree": "jemalloc's radix tree of extents is not known, so the extents' maps, their check and the "
+                      "arena each cached region came from are left out",
+             "tsd_tls_offset": "the threads' tsds are not known, so each thread's arena, thread cache and decay "
+                               "ticker are left out"}
+
+
+def _not_found(disc: JeDiscovery) -> list[Finding]:
+    """A warning for each fact discovery could not find, saying what is left out and why."""
+    out = []
+    for fact in disc.facts:
+        if fact.name in _LEFT_OUT and fact.value is None and not any(what.startswith("the tsd's TLS offset")
+                                                                     for _a, what in disc.unread):
+            out.append(Finding(Severity.WARNING, disc.base, "jemalloc", f"{_LEFT_OUT[fact.name]}: "
+                               f"{_NOT_FOUND.sub('', fact.found_by)}", Kind.DISCOVERY))
+    return out
 
 
 def _arena_pointers(mem: Memory, disc: JeDiscovery, findings: list[Finding]) -> list[int]:

@@ -1,39 +1,49 @@
-"""Finding jemalloc's state in a target without debug symbols: the library, its version, the arena array and
-its length, and the TLS offset of each thread's tsd.
+"""Finding jemalloc's state in a target without debug symbols: the object that holds it, its version and
+build, the arena array and its length, the TLS offset of each thread's tsd, the radix tree of extents.
 
-- the library: the mapping of a file named libjemalloc* at file offset 0;
-- the version: the string jemalloc keeps in its read-only data ("5.3.0-0-g<commit>");
-- ``arenas`` and ``narenas_total``: the function that follows the exported ``malloc_stats_print`` (its
-  atexit hook) loops over the arenas: the first ``mov ecx, [rip+disp]`` from there reads ``narenas_total``,
-  the first RIP-relative ``lea`` after it computes ``arenas``;
-- the tsd: the one initial-exec TLS relocation of the library (R_X86_64_TPOFF64 against no symbol) is the
-  GOT slot that holds the TLS block's offset from each thread's thread pointer; the block is the tsd.
+- the object (`heapwalk.jemalloc.find`): the one that exports jemalloc's entry points under some prefix, or
+  whose read-only data holds jemalloc's messages;
+- mallctl's tree (`heapwalk.jemalloc.mallctl`): found in its data, it leads to the code below without
+  symbols; its ``config.*`` and ``arenas.nbins`` functions say how the build was configured;
+- the version: the string ``version``'s function computes, else the one in the read-only data
+  ("5.3.0-0-g<commit>", "5.2.1-0-g0");
+- ``arenas``: loaded by ``arenas.lookup``'s function (or by the atexit hook after an exported
+  ``malloc_stats_print``, which also reads ``narenas_total``), else found in the object's data as the array
+  whose first slot holds an arena;
+- the radix tree of extents: the tree ``arenas.lookup`` (or an exported ``malloc_usable_size``) hands to the
+  lookup of a pointer's extent (``lea rsi``);
+- the tsd: a shared object's one initial-exec TLS relocation (R_X86_64_TPOFF64 against no symbol) is the GOT
+  slot that holds the TLS block's offset from each thread's thread pointer; otherwise (jemalloc linked into
+  the program) the offset is what separates the tsds whose thread caches the arenas list from the threads'
+  thread pointers.
 
-Each fact is checked against memory (arena 0 exists and its extent containers carry their states; the TLS
-block's size is the version's tsd size), and recorded with how it was found.
+Each fact is checked against memory (an arena shows the version's layout; the TLS offset lands on tsds),
+and recorded with how it was found.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from heapwalk.errors import CannotDecode
 from heapwalk.findings import Fact
-from heapwalk.jemalloc.layout import JeLayout, UnsupportedJemalloc, layout_for
+from heapwalk.jemalloc.arenaarray import CONTAINER_STATES, arena_array, container_states
+from heapwalk.jemalloc.find import JemallocImage, JemallocNotFound, find_jemalloc
+from heapwalk.jemalloc.tsdoffset import tsd_offset
+from heapwalk.jemalloc.layout import LAYOUTS, NBINS, JeLayout, UnsupportedJemalloc, layout_for
+from heapwalk.jemalloc.mallctl import MallctlTree, TreeNotFound, cstring, stored_constant
 from heapwalk.jemalloc.opt import OptionsNotFound, read_opts
 from heapwalk.inferior import x86
-from heapwalk.inferior.elf import R_X86_64_TPOFF64, LibcImage, Mapping, readable_runs
+from heapwalk.inferior.elf import LibcImage, Mapping, readable_runs
 from heapwalk.inferior.memory import Memory, ReadError, u64
 
-__all__ = ["JeDiscovery", "JemallocNotFound", "discover_jemalloc", "find_library"]
+__all__ = ["JeDiscovery", "JemallocNotFound", "discover_jemalloc", "container_states", "CONTAINER_STATES"]
 
-_VERSION = re.compile(rb"(\d+)\.(\d+)\.(\d+)-\d+-g[0-9a-f]{40}")
-_HOOK_SPAN = 0x600      # bytes after malloc_stats_print searched for its atexit hook's loads
-
-
-class JemallocNotFound(CannotDecode):
-    """jemalloc's state could not be located; the message says what is missing."""
+_VERSION = re.compile(rb"(\d+)\.(\d+)\.(\d+)-\d+-g[0-9a-f]{1,40}\0")
+_HOOK_SPAN = 0x600      # bytes of a function searched for its loads
+_CTL_SPAN = 0x80        # bytes of a small ctl function
+_LEAF_SHIFT = 30        # a 48-bit build's radix tree: a leaf covers 2**18 pages of 2**12 bytes
 
 
 @dataclass(frozen=True)
@@ -46,122 +56,182 @@ class JeDiscovery:
     library: str
     base: int
     arenas: int                     # address of arenas[]
-    narenas_total: int              # how many slots of arenas[] are in use
+    narenas_total: int              # how many slots of arenas[] to read (narenas_total, or the last arena's + 1)
     tsd_tpoff: int | None           # the tsd's offset from a thread's thread pointer (None: unknown)
     facts: tuple[Fact, ...] = field(default=())
     opt: dict = field(default_factory=dict)     # the run-time options by mallctl name (empty: not found)
     rtree: int | None = None        # the radix tree of extents (None: not found)
     unread: tuple[tuple[int, str], ...] = ()    # (address, what) of what was found but cannot be read
+    prefix: str | None = None       # the prefix of its exported entry points ("", "je_"...; None: exports none)
+    build: dict = field(default_factory=dict)   # how it was configured, as far as mallctl shows (config.*)
 
 
-def find_library(mappings: list[Mapping]) -> tuple[int, str] | None:
-    """(base, path) of libjemalloc among MAPPINGS: its lowest mapping at file offset 0."""
-    found = [(m.start, m.path) for m in mappings if m.offset == 0 and
-             m.path.rsplit("/", 1)[-1].startswith("libjemalloc")]
-    return min(found) if found else None
-
-
-def discover_jemalloc(mem: Memory, mappings: list[Mapping]) -> JeDiscovery:
-    """Locates jemalloc's version, arenas[], narenas_total and the tsd's TLS offset (JemallocNotFound when the
-    target does not map jemalloc, or its image does not show them)."""
-    found = find_library(mappings)
+def discover_jemalloc(mem: Memory, mappings: list[Mapping], fs_bases: Sequence[int] = (),
+                      found: JemallocImage | None = None) -> JeDiscovery:
+    """Locates jemalloc's version, arenas[], narenas_total, the tsd's TLS offset (from the threads' thread
+    pointers FS_BASES when jemalloc is linked into the program), its options and its radix tree
+    (JemallocNotFound, in words a user understands, when the target does not map jemalloc, or when heapwalk
+    cannot decode the build it maps)."""
+    found = found or find_jemalloc(mem, mappings)
     if found is None:
-        raise JemallocNotFound("no libjemalloc among the mappings")
-    base, path = found
-    try:
-        image = LibcImage.read(mem, base, path)
-    except ReadError as exc:
-        raise JemallocNotFound(f"{path} is mapped at {base:#x}, but its ELF header is unreadable ({exc.reason})") \
-            from None
-    facts = [Fact("jemalloc", {"base": base, "path": path}, "mappings")]
-    version, text, where = _version(image)
+        raise JemallocNotFound("no mapped object holds jemalloc")
+    image, path, base = found.image, found.path, found.base
+    facts = [Fact("jemalloc", {"base": base, "path": path, "prefix": found.prefix}, found.how)]
+    tree, how = _tree(image)
+    facts.append(Fact("mallctl", tree.address if tree else None, how))
+    version, text, where = _version(image, tree)
+    facts.append(Fact("jemalloc_version", text, where))
+    build = _build(tree)
+    facts.append(Fact("build", build or None, "the constants of mallctl's config.* and arenas.nbins"
+                      if build else "not determined: no mallctl tree"))
+    name = f"jemalloc {text.split('-')[0]} (in {path})"
     try:
         layout = layout_for(version)
-    except UnsupportedJemalloc as exc:
-        raise JemallocNotFound(str(exc)) from None
-    facts.append(Fact("jemalloc_version", text, f"version string in the library's read-only data at {where:#x}"))
-    arenas, narenas, how = _arena_array(image)
+    except UnsupportedJemalloc:
+        raise JemallocNotFound(f"{name} is a version heapwalk does not decode yet "
+                               f"(it knows {_known()})") from None
+    _refuse_build(name, build)
+    arenas, count, narenas, how = arena_array(mem, found, tree, layout)
     facts += [Fact("arenas", arenas, how), Fact("narenas_total", narenas, how)]
-    try:
-        count = _u32(mem, narenas)
-    except ReadError as exc:
-        raise JemallocNotFound(f"narenas_total at {narenas:#x} is unreadable ({exc.reason})") from None
-    if not 0 < count <= 4095:
-        raise JemallocNotFound(f"narenas_total at {narenas:#x} reads {count}: not jemalloc {layout.name}'s")
-    _check_layout(mem, layout, arenas, count)
-    tpoff, how, unread = _tsd_tpoff(image, layout)
+    _check_layout(mem, layout, arenas, count, name)
+    tpoff, how, unread = tsd_offset(mem, image, layout, arenas, count, fs_bases)
     facts.append(Fact("tsd_tls_offset", tpoff, how))
-    opt, how, lost = _options(image)
+    opt, how, lost = _options(image, tree)
     facts.append(Fact("opt", len(opt) or None, how))
-    rtree, how = _rtree(image)
+    rtree, how = _rtree(found, tree)
     facts.append(Fact("rtree", rtree, how))
     return JeDiscovery(version, text, layout, path, base, arenas, count, tpoff, tuple(facts), opt, rtree,
-                       tuple(unread + lost))
+                       tuple(unread + lost), found.prefix, build)
 
 
-def _rtree(image: LibcImage) -> tuple[int | None, str]:
-    """The radix tree of extents: the first ``lea rsi, [rip+disp]`` of malloc_usable_size, the tree it passes
-    to the lookup of a pointer's extent."""
-    start = image.dynamic_symbol("malloc_usable_size")
-    if start is None:
-        return None, "not determined: the library exports no malloc_usable_size"
+def _known() -> str:
+    return ", ".join(layout.name.split()[1] for layout in LAYOUTS.values())
+
+
+def _tree(image: LibcImage) -> tuple[MallctlTree | None, str]:
+    """mallctl's tree and how it was found (None, and why, when it was not)."""
     try:
-        code = image.mem.read(start, 0x400)
+        tree = MallctlTree.find(image)
+    except TreeNotFound as exc:
+        return None, f"not determined: {exc}"
     except ReadError as exc:
-        return None, f"not determined: malloc_usable_size is unreadable ({exc.reason})"
-    leas = [r for r in x86.rip_loads(code, start) if r.opcode == x86.LEA and code[r.offset] == 0x48
-            and code[r.offset + 2] == 0x35]
-    if not leas:
-        return None, "not determined: no lea rsi in malloc_usable_size"
-    return leas[0].target, f"the lookup's tree in malloc_usable_size (code at {start + leas[0].offset:#x})"
+        return None, f"not determined: {exc}"
+    return tree, f"{len(tree.top)} top-level nodes around the node named \"opt\""
 
 
-def _options(image: LibcImage) -> tuple[dict, str, list[tuple[int, str]]]:
+#: what a build's ``config.*`` constants and ``arenas.nbins`` are read as
+_BUILD_FLAGS = ("debug", "stats", "prof", "fill", "lazy_lock")
+
+
+def _build(tree: MallctlTree | None) -> dict[str, bool | int]:
+    """How the build was configured, as far as its mallctl functions show: ``config.<flag>`` (bool) and
+    ``nbins``, the number of small size classes (36 with a 16-byte quantum and 4 KiB pages)."""
+    if tree is None:
+        return {}
+    out: dict[str, bool | int] = {}
+    wanted = [(f"config.{flag}", flag, lambda v: v in (0, 1), bool) for flag in _BUILD_FLAGS] + \
+        [("arenas.nbins", "nbins", lambda v: 0 < v < 256, int)]
+    for dotted, key, sane, kind in wanted:
+        node = tree.node(dotted)
+        if node is None or not node.ctl:
+            continue
+        try:
+            value = stored_constant(tree.image.mem.read(node.ctl, _CTL_SPAN))
+        except ReadError:
+            continue
+        if value is not None and sane(value):
+            out[key] = kind(value)
+    return out
+
+
+def _refuse_build(name: str, build: dict[str, bool | int]) -> None:
+    """Says, in a user's words, why NAME cannot be decoded when its build is one heapwalk has no layout for."""
+    if build.get("debug"):
+        raise JemallocNotFound(f"{name} is built with --enable-debug: heapwalk does not decode that build yet")
+    if build.get("stats") is False:
+        raise JemallocNotFound(f"{name} is built without statistics (--disable-stats, as tikv-jemallocator "
+                               f"builds it by default): its counters are all zero, and heapwalk does not yet "
+                               f"rebuild them from its structures")
+    nbins = build.get("nbins")
+    if nbins is not None and nbins != NBINS:
+        quantum = {39: " (an 8-byte quantum, --with-lg-quantum=3)"}.get(int(nbins), "")
+        raise JemallocNotFound(f"{name} is built with {nbins} small size classes{quantum}, not {NBINS}: "
+                               f"heapwalk does not decode that build yet")
+
+
+def _rtree(found: JemallocImage, tree: MallctlTree | None) -> tuple[int | None, str]:
+    """The radix tree of extents: the tree that arenas.lookup (or an exported malloc_usable_size) passes to
+    the lookup of a pointer's extent, its first ``lea rsi, [rip+disp]``."""
+    places = []
+    node = tree.node("arenas.lookup") if tree is not None else None
+    if node is not None and node.ctl:
+        places.append((node.ctl, "arenas.lookup's function"))
+    start = found.entry("malloc_usable_size")
+    if start is not None:
+        places.append((start, f"{found.prefix}malloc_usable_size"))
+    if not places:
+        return None, "not determined: neither arenas.lookup's function nor malloc_usable_size was found"
+    said = []
+    for start, what in places:
+        try:
+            code = found.image.mem.read(start, _HOOK_SPAN)
+        except ReadError as exc:
+            said.append(f"{what} is unreadable ({exc.reason})")
+            continue
+        leas = [r for r in x86.rip_loads(code, start) if r.opcode == x86.LEA and code[r.offset] == 0x48
+                and code[r.offset + 2] == 0x35]
+        if not leas:
+            said.append(f"no lea rsi in {what}")
+            continue
+        shift = x86.first_shift_right(code)
+        if shift is not None and shift != _LEAF_SHIFT:
+            return None, f"not decoded: the build's radix tree keys its leaves by address >> {shift}, not " \
+                         f">> {_LEAF_SHIFT} (jemalloc configured for {64 - 7 if shift == 27 else '?'}-bit " \
+                         f"addresses, LG_VADDR, as on a machine with 5-level paging): heapwalk reads only " \
+                         f"the two-level tree of 48-bit builds yet"
+        return leas[0].target, f"the lookup's tree in {what} (code at {start + leas[0].offset:#x})"
+    return None, "not determined: " + "; ".join(said)
+
+
+def _options(image: LibcImage, tree: MallctlTree | None) -> tuple[dict, str, list[tuple[int, str]]]:
     """The options, how they were found, and what of them is unreadable; none, and why, when mallctl's table
     cannot be found or read."""
+    if tree is None:
+        return {}, "not determined: no mallctl tree", []
     try:
-        return read_opts(image)
+        return read_opts(image, tree)
     except OptionsNotFound as exc:
         return {}, f"not determined: {exc}", []
     except ReadError as exc:
         return {}, f"not determined: {exc}", [(exc.address, f"mallctl's table of options is unreadable ({exc.reason})")]
 
 
-def _version(image: LibcImage) -> tuple[tuple[int, int, int], str, int]:
-    """The version, its string and where the string is."""
-    for seg in image.readonly_data():
+def _version(image: LibcImage, tree: MallctlTree | None) -> tuple[tuple[int, int, int], str, str]:
+    """The version, its string and how it was found: the string mallctl's "version" returns, else the first
+    version string of the image's read-only data."""
+    node = tree.node("version") if tree is not None else None
+    if node is not None and node.ctl:
+        try:
+            leas = [r.target for r in x86.rip_loads(image.mem.read(node.ctl, _CTL_SPAN), node.ctl)
+                    if r.opcode == x86.LEA]
+            for at in leas:
+                text = cstring(image, at, 128)
+                m = _VERSION.match(text.encode() + b"\0")
+                if m:
+                    return (int(m[1]), int(m[2]), int(m[3])), text, f"the string mallctl's version returns, at {at:#x}"
+        except (ReadError, ValueError):
+            pass
+    for seg in image.readonly_data() or image.readonly():
         for start, data in readable_runs(image.mem, seg.address, seg.filesz):
             m = _VERSION.search(bytes(data))
             if m:
-                return (int(m[1]), int(m[2]), int(m[3])), m[0].decode(), start + m.start()
-    raise JemallocNotFound(f"no version string in {image.path}'s read-only data (is the library file at hand?)")
+                return (int(m[1]), int(m[2]), int(m[3])), m[0][:-1].decode(), \
+                    f"version string in the read-only data at {start + m.start():#x}"
+    raise JemallocNotFound(f"jemalloc (in {image.path}) shows no version string in its read-only data "
+                           f"(is the file at hand?)")
 
 
-def _arena_array(image: LibcImage) -> tuple[int, int, str]:
-    """(arenas, narenas_total, how) from the code after malloc_stats_print."""
-    start = image.dynamic_symbol("malloc_stats_print")
-    if start is None:
-        raise JemallocNotFound(f"{image.path} exports no malloc_stats_print")
-    try:
-        code = image.mem.read(start, _HOOK_SPAN)
-    except ReadError as exc:
-        raise JemallocNotFound(f"the code of malloc_stats_print is unreadable ({exc.reason})") from None
-    counts = [r for r in x86.rip_loads32(code, start) if code[r.offset + 1] == 0x0D]  # mov ecx, [rip+disp]
-    if not counts:
-        raise JemallocNotFound("no 32-bit load of narenas_total after malloc_stats_print")
-    narenas = counts[0]
-    leas = [r for r in x86.rip_loads(code, start) if r.opcode == x86.LEA and r.offset > narenas.offset]
-    if not leas:
-        raise JemallocNotFound("no lea of arenas[] after the load of narenas_total")
-    return leas[0].target, narenas.target, \
-        f"the arena loop after malloc_stats_print (code at {start + narenas.offset:#x})"
-
-
-def _u32(mem: Memory, address: int) -> int:
-    return int.from_bytes(mem.read(address, 4), "little")
-
-
-def _check_layout(mem: Memory, layout: JeLayout, arenas: int, count: int) -> None:
+def _check_layout(mem: Memory, layout: JeLayout, arenas: int, count: int, name: str) -> None:
     """One of the first arenas in arenas[] shows LAYOUT: its dirty, muzzy and retained containers' states read
     1, 2, 3 (arena 0 normally; a later one when arena 0 is damaged, which the decoder then reports)."""
     said = []
@@ -178,29 +248,8 @@ def _check_layout(mem: Memory, layout: JeLayout, arenas: int, count: int) -> Non
             return
         said.append(f"arena {index} ({arena:#x}) has extent containers whose states read {states}, not "
                     f"{list(CONTAINER_STATES)}")
-    raise JemallocNotFound(f"no arena shows the {layout.name} layout: " + "; ".join(said or ["arenas[] is empty"]))
+    raise JemallocNotFound(f"no arena of {name} shows the layout heapwalk knows for {layout.name}: "
+                           + "; ".join(said or ["arenas[] is empty"]))
 
 
-def container_states(mem: Memory, layout: JeLayout, arena: int) -> list[int]:
-    """The states of the arena at ARENA's dirty, muzzy and retained extent containers (ReadError when gone)."""
-    return [_u32(mem, arena + off) for off in (layout.dirty_state, layout.muzzy_state, layout.retained_state)]
 
-
-#: what the dirty, muzzy and retained containers' states read in every sound arena
-CONTAINER_STATES = [1, 2, 3]
-
-
-def _tsd_tpoff(image: LibcImage, layout: JeLayout) -> tuple[int | None, str, list[tuple[int, str]]]:
-    """The tsd's offset from the thread pointer, read from the GOT slot of the library's TLS relocation; how it
-    was found; and (address, what) when the slot is there but unreadable."""
-    if image.tls_size() not in (None, layout.tsd_size):
-        return None, f"the TLS block is {image.tls_size():#x} bytes, not {layout.name}'s tsd ({layout.tsd_size:#x})", []
-    slots = [slot for slot, sym, addend in image.relocations(R_X86_64_TPOFF64) if sym == 0 and addend == 0]
-    if len(slots) != 1:
-        return None, f"not determined: {len(slots)} TLS relocations against no symbol, not one", []
-    try:
-        value = u64(image.mem, slots[0])
-    except ReadError as exc:
-        how = f"not determined: the GOT slot {slots[0]:#x} is unreadable ({exc.reason})"
-        return None, how, [(slots[0], f"the tsd's TLS offset: {how}")]
-    return value - (1 << 64) if value >> 63 else value, f"GOT slot {slots[0]:#x} of the TPOFF64 relocation", []

@@ -11,19 +11,17 @@ listed is not read.
 
 from __future__ import annotations
 
-import re
 import struct
 
-from heapwalk.errors import HeapwalkError
 from heapwalk.inferior import x86
-from heapwalk.inferior.elf import LibcImage, readable_runs
+from heapwalk.inferior.elf import LibcImage
+from heapwalk.jemalloc.mallctl import MallctlTree, TreeNotFound, cstring
 from heapwalk.inferior.memory import ReadError
 
 __all__ = ["OPT_TYPES", "OPT_FIELDS", "read_opts", "OptionsNotFound", "fixed_point_text"]
 
-_NODE = 40                  # ctl_named_node_t
+_NODE = 40                  # ctl_named_node_t (mallctl.NODE)
 _CTL_SPAN = 0x80            # bytes of a ctl function searched for its loads
-_MAX_STRING = 4096
 
 #: how each option is stored, as the ctl function that reads it copies it (identical in 5.2.1 and 5.3.0)
 OPT_TYPES: dict[str, str] = {
@@ -54,23 +52,26 @@ OPT_FIELDS: dict[str, int] = {"hpa_hugification_threshold": 8, "hpa_dirty_mult":
                               "hpa_sec_bytes_after_flush": 24, "hpa_sec_batch_fill_extra": 32}
 
 
-class OptionsNotFound(HeapwalkError):
-    """mallctl's "opt" node could not be found; the message says where the search stopped."""
+OptionsNotFound = TreeNotFound
 
 
-def read_opts(image: LibcImage) -> tuple[dict[str, bool | int | str], str, list[tuple[int, str]]]:
-    """Every option of OPT_TYPES the library has, in mallctl's order, how the table was found, and (address,
-    what) of each option whose memory is unreadable (OptionsNotFound when the table was not found; ReadError
+def read_opts(image: LibcImage, tree: MallctlTree | None = None
+              ) -> tuple[dict[str, bool | int | str], str, list[tuple[int, str]]]:
+    """Every option of OPT_TYPES the image has, in mallctl's order, how the table was found, and (address,
+    what) of each option whose memory is unreadable (OptionsNotFound when the tree was not found; ReadError
     when it is unreadable)."""
-    node = _opt_node(image)
-    nchildren, children = struct.unpack("<QQ", image.mem.read(node + 16, 16))
+    tree = tree or MallctlTree.find(image)
+    node = tree.node("opt")
+    if node is None:
+        raise OptionsNotFound(f"mallctl's tree at {tree.address:#x} has no node \"opt\"")
+    nchildren, children, node = node.nchildren, node.children, node.address
     out: dict[str, bool | int | str] = {}
     unread: list[tuple[int, str]] = []
     for i in range(nchildren):
         name = f"#{i}"
         try:
             _named, name_at, _n, _c, ctl = struct.unpack("<QQQQQ", image.mem.read(children + _NODE * i, _NODE))
-            name = _cstring(image, name_at)
+            name = cstring(image, name_at)
             kind = OPT_TYPES.get(name)
             if kind is not None and ctl:
                 out[name] = _value(image, kind, ctl, OPT_FIELDS.get(name, 0))
@@ -79,22 +80,6 @@ def read_opts(image: LibcImage) -> tuple[dict[str, bool | int | str], str, list[
         except ValueError:
             continue
     return out, f"mallctl's \"opt\" node at {node:#x} ({nchildren} options)", unread
-
-
-def _opt_node(image: LibcImage) -> int:
-    """The named node "opt": a 40-byte node in writable data whose name is a string "opt" of read-only data,
-    with children (a pointer into the same data) and no ctl function of its own."""
-    names = {start + m.start() for seg in image.readonly_data()
-             for start, data in readable_runs(image.mem, seg.address, seg.filesz)
-             for m in re.finditer(rb"opt\0", bytes(data))}
-    for seg in image.writable():
-        for start, data in readable_runs(image.mem, seg.address, seg.filesz):
-            for pos in range(8, len(data) - 32, 8):
-                named, name_at, nchildren, children, ctl = struct.unpack_from("<QQQQQ", data, pos - 8)
-                if name_at in names and named & 0xFF == 1 and 0 < nchildren < 256 and ctl == 0 \
-                        and seg.address <= children < seg.address + seg.memsz:
-                    return start + pos - 8
-    raise OptionsNotFound(f"no mallctl node named \"opt\" in {image.path}'s data")
 
 
 def _value(image: LibcImage, kind: str, ctl: int, field: int) -> bool | int | str:
@@ -112,7 +97,7 @@ def _value(image: LibcImage, kind: str, ctl: int, field: int) -> bool | int | st
         if kind == "name":
             if len(leas) < 2:
                 raise ValueError(f"no table of names in the ctl function at {ctl:#x}")
-            return _cstring(image, struct.unpack("<Q", mem.read(leas[1] + 8 * value, 8))[0])
+            return cstring(image, struct.unpack("<Q", mem.read(leas[1] + 8 * value, 8))[0])
         return value
     if kind == "size":
         return struct.unpack("<Q", mem.read(at, 8))[0]
@@ -120,19 +105,7 @@ def _value(image: LibcImage, kind: str, ctl: int, field: int) -> bool | int | st
         return struct.unpack("<q", mem.read(at, 8))[0]
     if kind == "string pointer":
         at = struct.unpack("<Q", mem.read(at, 8))[0]
-    return _cstring(image, at)
-
-
-def _cstring(image: LibcImage, address: int) -> str:
-    """The NUL-terminated string at ADDRESS (ValueError when it does not end within 4 KiB)."""
-    out = bytearray()
-    while len(out) < _MAX_STRING:
-        chunk = image.mem.read(address + len(out), 64 - (address + len(out)) % 64)
-        end = chunk.find(b"\0")
-        if end >= 0:
-            return (out + chunk[:end]).decode(errors="replace")
-        out += chunk
-    raise ValueError(f"no string at {address:#x}")
+    return cstring(image, at)
 
 
 def fixed_point_text(value: int) -> str:

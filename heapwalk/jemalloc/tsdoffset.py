@@ -1,0 +1,104 @@
+"""Where each thread's tsd (jemalloc's thread state) is: its offset from the thread's thread pointer
+($fs_base), the same for every thread, found without symbols.
+
+- jemalloc as a shared object: its one initial-exec TLS relocation (R_X86_64_TPOFF64 against no symbol) is
+  the GOT slot that holds its TLS block's offset, and the block is the tsd;
+- jemalloc linked into the program: the program's TLS block lies just below each thread pointer, and the tsd
+  is somewhere in it.  The offset is the one that separates the thread pointers from the tsds whose thread
+  caches the arenas list (their cache-bin descriptors sit in the tsd), else the one at which the threads'
+  blocks hold a pointer to an arena where the tsd keeps its arena.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections import Counter
+from collections.abc import Sequence
+
+import numpy as np
+
+from heapwalk.inferior.elf import R_X86_64_TPOFF64, LibcImage
+from heapwalk.inferior.memory import Memory, ReadError, u64
+from heapwalk.jemalloc.layout import JeLayout
+
+__all__ = ["tsd_offset"]
+
+_MAX_TCACHES = 4096
+
+
+def tsd_offset(mem: Memory, image: LibcImage, layout: JeLayout, arenas: int, count: int,
+               fs_bases: Sequence[int]) -> tuple[int | None, str, list[tuple[int, str]]]:
+    """The tsd's offset from the thread pointer, how it was found, and (address, what) when the slot that
+    holds it is there but unreadable."""
+    slots = [slot for slot, sym, addend in image.relocations(R_X86_64_TPOFF64) if sym == 0 and addend == 0]
+    if len(slots) == 1 and image.tls_size() == layout.tsd_size:
+        try:
+            value = u64(image.mem, slots[0])
+        except ReadError as exc:
+            how = f"not determined: the GOT slot {slots[0]:#x} is unreadable ({exc.reason})"
+            return None, how, [(slots[0], f"the tsd's TLS offset: {how}")]
+        return value - (1 << 64) if value >> 63 else value, f"GOT slot {slots[0]:#x} of the TPOFF64 relocation", []
+    tls = image.tls_size()
+    if tls is None:
+        return None, f"not determined: {image.path} has no TLS segment", []
+    if not image.is_program:
+        return None, f"not determined: the TLS block is {tls:#x} bytes, not {layout.name}'s tsd " \
+                     f"({layout.tsd_size:#x}), and {len(slots)} TLS relocations against no symbol, not one", []
+    pointers = _arena_pointers(mem, arenas, count)
+    fs_bases = [fs for fs in fs_bases if fs]
+    span = tls + 4096
+    tsds = _cached_tsds(mem, layout, pointers)
+    offsets = Counter(tsd - fs for tsd in tsds for fs in fs_bases if -span <= tsd - fs < 0)
+    how = "thread(s) whose thread cache an arena lists sit at {offset} from their thread pointer"
+    if not offsets:
+        offsets = _arena_slots(mem, layout, pointers, fs_bases, span)
+        how = "thread(s) hold a pointer to an arena at {offset} from their thread pointer, where the tsd keeps it"
+    if not offsets:
+        return None, f"not determined: no thread's TLS block holds a tsd heapwalk can recognise ({len(tsds)} " \
+                     f"thread caches listed, {len(fs_bases)} thread pointers)", []
+    (offset, hits), *rest = offsets.most_common()
+    if rest and rest[0][1] == hits:
+        return None, f"not determined: the tsds may sit at {offset} or {rest[0][0]} from the thread pointers", []
+    return offset, f"{hits} " + how.format(offset=offset) + " (jemalloc is linked into the program)", []
+
+
+def _arena_pointers(mem: Memory, arenas: int, count: int) -> list[int]:
+    try:
+        return [p for p in struct.unpack("<%dQ" % count, mem.read(arenas, 8 * count)) if p]
+    except ReadError:
+        return []
+
+
+def _cached_tsds(mem: Memory, layout: JeLayout, pointers: list[int]) -> set[int]:
+    """The tsds whose thread caches the arenas' lists of cache-bin descriptors hold (each descriptor's first
+    array is its tsd's tcache's); none in a build without statistics, which keeps no such list."""
+    out: set[int] = set()
+    for arena in pointers:
+        try:
+            first = u64(mem, arena + layout.tcache_descriptors)
+            at, seen = first, 0
+            while at and seen < _MAX_TCACHES:
+                out.add(u64(mem, at + layout.descriptor_bins[0]) - layout.tsd_tcache_bins[0])
+                seen += 1
+                at = u64(mem, at)
+                if at == first:
+                    break
+        except ReadError:
+            continue
+    return out
+
+
+def _arena_slots(mem: Memory, layout: JeLayout, pointers: list[int], fs_bases: list[int], span: int) -> Counter:
+    """For each offset from the thread pointer, how many threads' TLS blocks hold a pointer to an arena where
+    a tsd at that offset keeps its arena."""
+    wanted = np.array(sorted(set(pointers)), dtype=np.uint64)
+    out: Counter = Counter()
+    for fs in fs_bases:
+        start = (fs - span) & ~7
+        try:
+            words = np.frombuffer(mem.read(start, fs - start), dtype=np.uint64)
+        except ReadError:
+            continue
+        for index in np.flatnonzero(np.isin(words, wanted)).tolist():
+            out[start + 8 * index - layout.tsd_arena - fs] += 1
+    return out

@@ -1,0 +1,49 @@
+"""How heapwalk reads a jemalloc build without symbols: the constants of its mallctl functions (its
+configuration), the radix tree's geometry from its lookup code, and which object holds it."""
+
+from __future__ import annotations
+
+from heapwalk.inferior import x86
+from heapwalk.inferior.elf import Mapping
+from heapwalk.jemalloc.find import mapped_objects
+from heapwalk.jemalloc.mallctl import stored_constant
+
+#: the first bytes of config.debug's ctl function in Debian's jemalloc 5.3.0 (libjemalloc_pic.a, gcc 12):
+#: sub rsp; the stack guard; mov eax, 1; or r9, [rsp+0x20]; jne; movb [rsp+7], 0 (config_debug is false)
+CONFIG_DEBUG_530 = bytes.fromhex("4883ec18 64488b042528000000 4889442408 b801000000 4c0b4c2420 751d c644240700"
+                                 "4885c9 7411".replace(" ", ""))
+#: arenas.nbins's: ... movl [rsp+4], 0x24 (36 small size classes)
+ARENAS_NBINS_530 = bytes.fromhex("4883ec18 64488b342528000000 4889742408 be01000000 4c0b4c2420 7526 c744240424000000"
+                                 "4889c8".replace(" ", ""))
+
+
+def test_a_config_flag_is_the_byte_its_function_stores():
+    assert stored_constant(CONFIG_DEBUG_530) == 0
+    assert stored_constant(CONFIG_DEBUG_530.replace(bytes.fromhex("c644240700"), bytes.fromhex("c644240701"))) == 1
+
+
+def test_the_number_of_small_classes_is_the_word_its_function_stores():
+    assert stored_constant(ARENAS_NBINS_530) == 36
+    assert stored_constant(ARENAS_NBINS_530.replace(bytes.fromhex("c744240424000000"),
+                                                    bytes.fromhex("c744240427000000"))) == 39
+    assert stored_constant(bytes.fromhex("4883ec18 31c0 c3".replace(" ", ""))) is None
+
+
+def test_the_radix_trees_leaf_shift_is_the_first_shift_right():
+    """arenas.lookup's code keys its cache of leaves by address >> 30 in a 48-bit build (shr r13, 0x1e) and
+    >> 27 in a build for 57-bit addresses."""
+    code = bytes.fromhex("4c89e7 49c1ed1e 49c1ef09".replace(" ", ""))
+    assert x86.first_shift_right(code) == 30
+    assert x86.first_shift_right(bytes.fromhex("49c1ed1b")) == 27
+    assert x86.first_shift_right(bytes.fromhex("49c1e51e")) is None    # shl, not shr
+
+
+def test_every_file_mapped_from_its_start_is_an_object_to_look_in():
+    maps = [Mapping(0x5000, 0x6000, 0x1000, "/usr/bin/redis-server"),
+            Mapping(0x4000, 0x5000, 0, "/usr/bin/redis-server"),
+            Mapping(0x7000, 0x8000, 0, "/usr/lib/x86_64-linux-gnu/libc.so.6"),
+            Mapping(0x9000, 0xA000, 0, "/dev/zero (deleted)"),
+            Mapping(0xB000, 0xC000, 0, "[vdso]"),
+            Mapping(0x3000, 0x4000, 0, "/usr/bin/redis-server")]
+    assert mapped_objects(maps) == [(0x3000, "/usr/bin/redis-server"),
+                                    (0x7000, "/usr/lib/x86_64-linux-gnu/libc.so.6")]
