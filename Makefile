@@ -27,6 +27,8 @@ CHROOT_SUITES := bullseye trixie sid
 JEMALLOC_SUITES := bullseye bookworm
 # the same jemallocs linked into the program (their libjemalloc-dev archive), the program stripped
 JEMALLOC_LINKED := $(addsuffix -linked,$(JEMALLOC_SUITES))
+# jemallocs built from Debian's sources as programs that bring their own configure them (see cores/jebuilds.py)
+JEMALLOC_BUILT := 5.3.0-je 5.3.0-debug 5.3.0-nostats redis-5.2.1
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 PYTEST_ARGS ?=
 
@@ -63,6 +65,7 @@ $(VENV)/.installed: pyproject.toml setup.py heapwalk/glibc/bulk/_native.c heapwa
 sysroots: venv
 	$(PY) cores/sysroots.py $(SYSROOTS) $(SUITES)
 	$(PY) cores/sysroots.py $(SYSROOTS) --jemalloc $(JEMALLOC_SUITES) $(JEMALLOC_LINKED)
+	$(PY) cores/jebuilds.py $(SYSROOTS) $(JEMALLOC_BUILT)
 
 # A chroot of each of CHROOT_SUITES with its gdb, Python and gcc, made once (cached in ~/.cache/heapwalk/chroots).
 chroots: venv
@@ -72,7 +75,7 @@ chroots: venv
 cores: sysroots
 	$(PY) cores/harness.py $(CORES)/system --bindir $(BUILD)/bin
 	@for s in $(SUITES); do $(PY) cores/harness.py $(CORES)/$$s --bindir $(BUILD)/bin --glibc $$s || exit 1; done
-	@for s in $(JEMALLOC_SUITES) $(JEMALLOC_LINKED); do $(PY) cores/harness.py $(CORES)/jemalloc-$$s --bindir $(BUILD)/bin --jemalloc $$s || exit 1; done
+	@for s in $(JEMALLOC_SUITES) $(JEMALLOC_LINKED) $(JEMALLOC_BUILT); do $(PY) cores/harness.py $(CORES)/jemalloc-$$s --bindir $(BUILD)/bin --jemalloc $$s || exit 1; done
 
 demo: venv
 	@$(PY) cores/harness.py $(BUILD)/demo --bindir $(BUILD)/bin thread_arenas

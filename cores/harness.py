@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import fresh
+import jebuilds
 import sysroots
 
 CORES_DIR = Path(__file__).resolve().parent
@@ -474,6 +475,14 @@ def capture_jemalloc(name: str, outdir: Path, bindir: Path, jemalloc: sysroots.J
     return cap
 
 
+def prepare_jemalloc(dest: Path, name: str) -> sysroots.Jemalloc:
+    """jemalloc NAME ready to run on: a Debian suite's (SUITE, SUITE-linked) or one built from source
+    (jebuilds.BUILDS)."""
+    if name in jebuilds.BUILDS:
+        return jebuilds.prepare_build(dest, name)
+    return sysroots.prepare_jemalloc(dest, name)
+
+
 def _options_named(jemalloc: sysroots.Jemalloc, name: str) -> dict[str, str]:
     """Reproducer NAME's environment, its MALLOC_CONF named as JEMALLOC reads it (JE_MALLOC_CONF...)."""
     return {jemalloc.conf_variable if key == "MALLOC_CONF" else key: value
@@ -630,14 +639,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bindir", type=Path, help="where to build (default OUTDIR/bin)")
     parser.add_argument("--glibc", metavar="SUITE", help="run under the Debian glibc of SUITE (see sysroots.py)")
     parser.add_argument("--jemalloc", metavar="SUITE", help="run the jemalloc reproducers on the Debian "
-                        "libjemalloc2 of SUITE, or linked with its libjemalloc-dev for SUITE-linked (see sysroots.py)")
+                        "libjemalloc2 of SUITE, or linked with its libjemalloc-dev for SUITE-linked (see sysroots.py), or "
+                        "linked with a jemalloc built from source (see jebuilds.py)")
     parser.add_argument("--sysroots", type=Path, default=CORES_DIR.parent / "build" / "sysroots",
                         help="where sysroots are unpacked (default build/sysroots)")
     args = parser.parse_intermixed_args(argv)
     args.outdir, args.sysroots = args.outdir.resolve(), args.sysroots.resolve()
     bindir = (args.bindir or args.outdir / "bin").resolve()
     sysroot = sysroots.prepare(args.sysroots, args.glibc) if args.glibc else None
-    jemalloc = sysroots.prepare_jemalloc(args.sysroots, args.jemalloc) if args.jemalloc else None
+    jemalloc = prepare_jemalloc(args.sysroots, args.jemalloc) if args.jemalloc else None
     names = args.names if not jemalloc or args.names != list(REPRODUCERS) else list(jemalloc_reproducers(jemalloc))
     for name in names:
         start = time.monotonic()

@@ -54,6 +54,13 @@ int JE_NAME(mallctl)(const char *, void *, size_t *, void *, size_t);
 void JE_NAME(malloc_stats_print)(void (*)(void *, const char *), void *, const char *);
 void *JE_NAME(mallocx)(size_t, int);
 #define JE_LOOKUP(n) ((void *)JE_NAME(n))
+/* the program allocates from jemalloc under its prefix, as Redis calls je_malloc */
+void *JE_NAME(malloc)(size_t);
+void *JE_NAME(realloc)(void *, size_t);
+void JE_NAME(free)(void *);
+#define malloc(n) JE_NAME(malloc)(n)
+#define realloc(p, n) JE_NAME(realloc)(p, n)
+#define free(p) JE_NAME(free)(p)
 #else
 #define JE_LOOKUP(n) dlsym(RTLD_DEFAULT, #n)
 #endif

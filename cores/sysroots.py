@@ -175,6 +175,22 @@ def _fetch(cache: Path, package: str, suite: str) -> Path:
     return found[-1]
 
 
+def fetch_source(cache: Path, package: str, suite: str, folder: Path) -> None:
+    """Downloads source package PACKAGE of SUITE (its .dsc and tarballs, unpacked by no one) into FOLDER, with
+    a private list of source packages of the same mirror."""
+    lists = cache / "source-lists"
+    for d in ("lists/partial", "cache/archives/partial"):
+        (lists / d).mkdir(parents=True, exist_ok=True)
+    sources = f"deb-src [signed-by={KEYRING}] {_mirror()} {suite} main\n"
+    listfile = lists / "sources.list"
+    options = [*_apt_options(cache), "-o", f"Dir::Etc::SourceList={listfile}", "-o",
+               f"Dir::State::Lists={lists / 'lists'}"]
+    if not listfile.exists() or listfile.read_text() != sources or not any((lists / "lists").glob("*Sources*")):
+        listfile.write_text(sources)
+        _run(["apt-get", *options, "update"])
+    _run(["apt-get", *options, "source", "--download-only", f"{package}/{suite}"], cwd=folder)
+
+
 def _relink_absolute_symlinks(root: Path) -> None:
     """Old packages link to /lib/...: point those links inside ROOT instead."""
     for link in root.rglob("*"):

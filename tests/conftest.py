@@ -24,6 +24,7 @@ sys.path.insert(0, str(ROOT / "cores"))
 sys.path.insert(0, str(ROOT / "tests"))
 
 import harness  # noqa: E402
+import jebuilds  # noqa: E402
 import sysroots  # noqa: E402
 
 BUILD = (ROOT / "build").resolve()   # the Makefile links build/ into the cache: captures outlive a clone
@@ -114,16 +115,20 @@ def glibc(name: str) -> Glibc:
 
 #: the jemallocs of the matrix: Debian suite -> jemalloc version (sysroots.JEMALLOC_SUITES)
 JEMALLOCS = tuple(sysroots.JEMALLOC_SUITES)
-#: the same with each linked into the program (stripped): what je_dns runs on
-JEMALLOC_BUILDS = (*JEMALLOCS, *sysroots.JEMALLOC_LINKED)
+#: the same with each linked into the program (stripped), and the builds from source heapwalk decodes: what
+#: je_dns runs on
+JEMALLOC_BUILDS = (*JEMALLOCS, *sysroots.JEMALLOC_LINKED, "5.3.0-je")
+#: the builds from source heapwalk names and does not decode yet
+JEMALLOC_REFUSED = tuple(name for name in jebuilds.BUILDS if name not in JEMALLOC_BUILDS)
 #: each of them -> its jemalloc version
-JEMALLOC_VERSIONS = {**sysroots.JEMALLOC_SUITES, **sysroots.JEMALLOC_LINKED}
+JEMALLOC_VERSIONS = {**sysroots.JEMALLOC_SUITES, **sysroots.JEMALLOC_LINKED,
+                     **{name: b.version for name, b in jebuilds.BUILDS.items()}}
 
 
 @functools.cache
 def capture_jemalloc(suite: str, name: str) -> harness.Capture:
     """jemalloc reproducer NAME's capture on SUITE's libjemalloc2 (taken now unless a fresh one exists)."""
-    jemalloc = sysroots.prepare_jemalloc(SYSROOTS, suite)
+    jemalloc = harness.prepare_jemalloc(SYSROOTS, suite)
     outdir = CORES / f"jemalloc-{suite}"
     if not harness.is_fresh_jemalloc(name, outdir, jemalloc):
         harness.capture_jemalloc(name, outdir, BINDIR, jemalloc)

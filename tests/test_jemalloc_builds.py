@@ -1,8 +1,16 @@
 """How heapwalk reads a jemalloc build without symbols: the constants of its mallctl functions (its
-configuration), the radix tree's geometry from its lookup code, and which object holds it."""
+configuration), the radix tree's geometry from its lookup code, and which object holds it; and how it names
+the builds it does not decode yet (cores/jebuilds.py)."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import JEMALLOC_REFUSED, JEMALLOC_VERSIONS, NO_SYMBOLS, capture_jemalloc, run_gdb
 from heapwalk.inferior import x86
 from heapwalk.inferior.elf import Mapping
 from heapwalk.jemalloc.find import mapped_objects
@@ -47,3 +55,34 @@ def test_every_file_mapped_from_its_start_is_an_object_to_look_in():
             Mapping(0x3000, 0x4000, 0, "/usr/bin/redis-server")]
     assert mapped_objects(maps) == [(0x3000, "/usr/bin/redis-server"),
                                     (0x7000, "/usr/lib/x86_64-linux-gnu/libc.so.6")]
+
+
+@pytest.mark.cores
+@pytest.mark.parametrize("build", JEMALLOC_REFUSED)
+def test_a_build_heapwalk_cannot_decode_is_named_with_its_reason_and_the_report_is_partial(build, tmp_path):
+    """je_dns linked (stripped) with a jemalloc built as Redis, tikv-jemallocator or a debug build configure
+    it: the report names jemalloc, its version, the program that holds it and why it is not decoded, first;
+    the command line's exit status says the report is partial (3), or that nothing could be reported (2)."""
+    cap = capture_jemalloc(build, "je_dns")
+    cli = Path(sys.executable).with_name("heapwalk")
+    result = subprocess.run([str(cli), "report", str(cap.core), "--no-symbols"], capture_output=True, text=True,
+                            timeout=300)
+    said = " ".join((result.stdout + result.stderr).split())
+    assert "Traceback" not in said
+    version = JEMALLOC_VERSIONS[build]
+    assert f"jemalloc {version} (in {cap.exe})" in said and REASONS[build] in said, said
+    if result.returncode == 3:
+        verdict = said.split("verdict:", 1)[1]
+        assert verdict.lstrip(" -").startswith("jemalloc is in this process, but heapwalk could not decode it")
+        assert "the report is partial" in result.stderr
+    else:
+        assert result.returncode == 2, said
+        assert [line for line in result.stderr.splitlines() if line.startswith("heapwalk: jemalloc")], said
+    gdb = run_gdb([str(cap.exe), str(cap.core)], ["heapwalk report"], iex=[NO_SYMBOLS])
+    assert gdb.returncode == 1 and REASONS[build] in gdb.stdout + gdb.stderr
+
+
+#: what each build is refused for
+REASONS = {"5.3.0-debug": "is built with --enable-debug: heapwalk does not decode that build yet",
+           "5.3.0-nostats": "is built without statistics (--disable-stats",
+           "redis-5.2.1": "is built with 39 small size classes (an 8-byte quantum, --with-lg-quantum=3), not 36"}

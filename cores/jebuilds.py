@@ -1,0 +1,117 @@
+"""jemalloc built from source with the options production builds use, for the reproducers to link.
+
+Debian's jemalloc comes one way (shared, no prefix, statistics on, 16-byte quantum).  Programs that bring
+their own jemalloc configure it otherwise: Redis vendors 5.2.1 with ``--with-lg-quantum=3
+--with-jemalloc-prefix=je_``, tikv-jemallocator builds 5.3.0 with ``_rjem_`` and no statistics, others
+build with ``--enable-debug``.  Each build here is one of those: its sources are Debian's source packages
+(jemalloc's own for 5.3.0, redis's vendored copy for 5.2.1) fetched with ``apt-get source`` from the mirror
+the machine's apt uses, configured, and compiled into ``lib/libjemalloc_pic.a``, which the harness links
+into a stripped program.  Builds are cached beside the sysroots (``jemalloc-NAME``), made once.
+
+The virtual address width (``--with-lg-vaddr``) is pinned: jemalloc's configure would otherwise take it
+from the build machine's CPU (57 with 5-level paging), and with it the shape of its radix tree.
+
+Command line: ``python3 cores/jebuilds.py DEST [NAME ...]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import sysroots
+
+__all__ = ["SourceBuild", "BUILDS", "prepare_build"]
+
+
+@dataclass(frozen=True)
+class SourceBuild:
+    """A jemalloc configured from a Debian source package: where the source is (PACKAGE of SUITE, and the
+    folder of jemalloc in it), the version, the prefix of its entry points and its configure options."""
+
+    package: str
+    suite: str
+    folder: str
+    version: str
+    prefix: str
+    options: tuple[str, ...]
+
+
+_JEMALLOC = ("jemalloc", "bookworm", "jemalloc-5.3.0", "5.3.0")
+_REDIS = ("redis", "bookworm", "redis-7.0.15/deps/jemalloc", "5.2.1")
+#: name -> build: one decoded (a prefix), and those heapwalk names and does not decode yet
+BUILDS = {
+    "5.3.0-je": SourceBuild(*_JEMALLOC, "je_", ("--with-jemalloc-prefix=je_", "--with-lg-vaddr=48")),
+    "5.3.0-debug": SourceBuild(*_JEMALLOC, "", ("--enable-debug", "--with-lg-vaddr=48")),
+    "5.3.0-nostats": SourceBuild(*_JEMALLOC, "_rjem_", ("--disable-stats", "--with-jemalloc-prefix=_rjem_",
+                                                        "--with-private-namespace=_rjem_", "--with-lg-vaddr=48")),
+    "redis-5.2.1": SourceBuild(*_REDIS, "je_", ("--with-version=5.2.1-0-g0", "--with-lg-quantum=3",
+                                                "--with-jemalloc-prefix=je_", "--with-lg-vaddr=57")),
+}
+
+
+class BuildError(RuntimeError):
+    pass
+
+
+def prepare_build(dest: Path, name: str, cache: Path | None = None) -> sysroots.Jemalloc:
+    """Builds (or reuses) jemalloc NAME of BUILDS into DEST/jemalloc-NAME, and describes it for the harness."""
+    build = BUILDS[name]
+    root = dest / f"jemalloc-{name}"
+    archive = root / "lib" / "libjemalloc_pic.a"
+    jemalloc = sysroots.Jemalloc(name, root, archive, build.prefix)
+    if (root / "VERSION").exists() and archive.exists():
+        return jemalloc
+    source = _source(cache or sysroots.cache_dir(), build)
+    if root.exists():
+        shutil.rmtree(root)
+    shutil.copytree(source / build.folder, root, symlinks=True)
+    env = {**os.environ, "CFLAGS": "-O2"}
+    for cmd in (["./configure", *build.options], ["make", f"-j{os.cpu_count() or 2}", "lib/libjemalloc_pic.a"]):
+        result = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True)
+        if result.returncode != 0:
+            raise BuildError(f"jemalloc {name}: {' '.join(cmd)} failed: {(result.stderr or result.stdout)[-2000:]}")
+    (root / "VERSION").write_text(build.version + "\n")
+    return jemalloc
+
+
+def _source(cache: Path, build: SourceBuild) -> Path:
+    """The unpacked upstream source of BUILD's package (fetched once into the cache)."""
+    folder = cache / "sources" / build.suite / build.package
+    if (folder / build.folder).exists():
+        return folder
+    folder.mkdir(parents=True, exist_ok=True)
+    tarballs = sorted(folder.glob(f"{build.package}_*.orig.tar.*"))
+    if not tarballs:
+        sysroots.fetch_source(cache, build.package, build.suite, folder)
+        tarballs = sorted(folder.glob(f"{build.package}_*.orig.tar.*"))
+    if not tarballs:
+        raise BuildError(f"apt-get source {build.package}/{build.suite} wrote no upstream tarball")
+    with tarfile.open(tarballs[-1]) as tar:
+        tar.extractall(folder)
+    return folder
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("dest", type=Path)
+    parser.add_argument("names", nargs="*", default=list(BUILDS))
+    args = parser.parse_args(argv)
+    for name in args.names:
+        try:
+            j = prepare_build(args.dest, name)
+        except (BuildError, sysroots.SysrootError) as exc:
+            print(f"{name}: {exc}", file=sys.stderr)
+            return 1
+        print(f"{name}: jemalloc {j.version} in {j.root}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
