@@ -45,14 +45,15 @@ class SourceBuild:
 
 _JEMALLOC = ("jemalloc", "bookworm", "jemalloc-5.3.0", "5.3.0")
 _REDIS = ("redis", "bookworm", "redis-7.0.15/deps/jemalloc", "5.2.1")
-#: name -> build: one decoded (a prefix), and those heapwalk names and does not decode yet
+#: name -> build: Redis's (its configure line) and a prefixed one are decoded; heapwalk names the others and
+#: does not decode them yet
 BUILDS = {
     "5.3.0-je": SourceBuild(*_JEMALLOC, "je_", ("--with-jemalloc-prefix=je_", "--with-lg-vaddr=48")),
     "5.3.0-debug": SourceBuild(*_JEMALLOC, "", ("--enable-debug", "--with-lg-vaddr=48")),
     "5.3.0-nostats": SourceBuild(*_JEMALLOC, "_rjem_", ("--disable-stats", "--with-jemalloc-prefix=_rjem_",
                                                         "--with-private-namespace=_rjem_", "--with-lg-vaddr=48")),
     "redis-5.2.1": SourceBuild(*_REDIS, "je_", ("--with-version=5.2.1-0-g0", "--with-lg-quantum=3",
-                                                "--with-jemalloc-prefix=je_", "--with-lg-vaddr=57")),
+                                                "--with-jemalloc-prefix=je_", "--with-lg-vaddr=48")),
 }
 
 

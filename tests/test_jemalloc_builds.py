@@ -15,6 +15,7 @@ from heapwalk.inferior import x86
 from heapwalk.inferior.elf import Mapping
 from heapwalk.jemalloc.find import mapped_objects
 from heapwalk.jemalloc.mallctl import stored_constant
+from heapwalk.jemalloc.sizeclasses import size_classes
 
 #: the first bytes of config.debug's ctl function in Debian's jemalloc 5.3.0 (libjemalloc_pic.a, gcc 12):
 #: sub rsp; the stack guard; mov eax, 1; or r9, [rsp+0x20]; jne; movb [rsp+7], 0 (config_debug is false)
@@ -60,8 +61,7 @@ def test_every_file_mapped_from_its_start_is_an_object_to_look_in():
 @pytest.mark.cores
 @pytest.mark.parametrize("build", JEMALLOC_REFUSED)
 def test_a_build_heapwalk_cannot_decode_is_named_with_its_reason_and_the_report_is_partial(build, tmp_path):
-    """je_dns linked (stripped) with a jemalloc built as Redis, tikv-jemallocator or a debug build configure
-    it: the report names jemalloc, its version, the program that holds it and why it is not decoded, first;
+    """je_dns linked (stripped) with a jemalloc built as tikv-jemallocator or a debug build configure it: the report names jemalloc, its version, the program that holds it and why it is not decoded, first;
     the command line's exit status says the report is partial (3), or that nothing could be reported (2)."""
     cap = capture_jemalloc(build, "je_dns")
     cli = Path(sys.executable).with_name("heapwalk")
@@ -84,5 +84,23 @@ def test_a_build_heapwalk_cannot_decode_is_named_with_its_reason_and_the_report_
 
 #: what each build is refused for
 REASONS = {"5.3.0-debug": "is built with --enable-debug: heapwalk does not decode that build yet",
-           "5.3.0-nostats": "is built without statistics (--disable-stats",
-           "redis-5.2.1": "is built with 39 small size classes (an 8-byte quantum, --with-lg-quantum=3), not 36"}
+           "5.3.0-nostats": "is built without statistics (--disable-stats"}
+
+
+#: the 36 small classes Debian's builds print as arenas.bin (size/nregs/slab pages), a 16-byte quantum
+PRINTED_Q16 = ("8/512/1 16/256/1 32/128/1 48/256/3 64/64/1 80/256/5 96/128/3 112/256/7 128/32/1 160/128/5 192/64/3 "
+               "224/128/7 256/16/1 320/64/5 384/32/3 448/64/7 512/8/1 640/32/5 768/16/3 896/32/7 1024/4/1 1280/16/5 "
+               "1536/8/3 1792/16/7 2048/2/1 2560/8/5 3072/4/3 3584/8/7 4096/1/1 5120/4/5 6144/2/3 7168/4/7 8192/1/2 "
+               "10240/2/5 12288/1/3 14336/2/7")
+
+
+def test_the_size_classes_follow_the_quantum():
+    """With a 16-byte quantum the classes are what Debian's builds print; with 8 bytes (Redis) 24, 40 and 56
+    come in below 64, 39 in all, and everything from 64 up is the same."""
+    q16, q8 = size_classes(4), size_classes(3)
+    assert [f"{c.size}/{c.nregs}/{c.pages}" for c in q16.bins] == PRINTED_Q16.split()
+    assert q8.nbins == 39 and [c.size for c in q8.bins[:8]] == [8, 16, 24, 32, 40, 48, 56, 64]
+    assert q8.bins[7:] == q16.bins[4:]
+    assert (q8.bins[2].nregs, q8.bins[2].pages) == (512, 3)
+    assert q16.size_index(17) == 2 and q8.size_index(17) == 2 and q8.class_size(2) == 24
+    assert q16.class_size(36) == q8.class_size(39) == 16384 and q16.size_index(16385) == 37

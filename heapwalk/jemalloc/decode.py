@@ -10,8 +10,7 @@ import struct
 from heapwalk.findings import Finding, Severity
 from heapwalk.jemalloc.kinds import Kind
 from heapwalk.jemalloc.discovery import CONTAINER_STATES, JeDiscovery
-from heapwalk.jemalloc.layout import (BIN_CLASSES, BIN_STATS, NBINS, NLEXTENTS, NPSIZES, PAGE, JeLayout,
-                                      class_size, large_size)
+from heapwalk.jemalloc.layout import BIN_STATS, PAGE, JeLayout
 from heapwalk.jemalloc.model import JeArena, JeBin, JeExtents, JeLarge, JeState, JeThread
 from heapwalk.jemalloc.extents import walk_extents
 from heapwalk.jemalloc.rtree import ExtentMap
@@ -154,24 +153,25 @@ def _memory(mem: Memory, layout: JeLayout, index: int, raw: bytes, findings: lis
 def _large(layout: JeLayout, raw: bytes) -> tuple[JeLarge, ...]:
     """The arena's large size classes: arena_stats_large_t {nmalloc, ndalloc, nrequests, nfills, nflushes, ...}."""
     out = []
-    for i in range(NLEXTENTS):
+    for i in range(layout.classes.nlextents):
         nmalloc, ndalloc, nrequests, _nfills, nflushes = struct.unpack_from("<5Q", raw, layout.lstats + 48 * i)
-        out.append(JeLarge(large_size(i), nmalloc, ndalloc, nrequests, nflushes))
+        out.append(JeLarge(layout.classes.large_size(i), nmalloc, ndalloc, nrequests, nflushes))
     return tuple(out)
 
 
 def _extents(layout: JeLayout, raw: bytes) -> tuple[JeExtents, ...]:
     """The free extents by page size class, from the dirty, muzzy and retained containers' counters."""
     counts = []
+    npsizes = layout.classes.npsizes
     for container in layout.extent_stats:     # dirty, muzzy, retained
-        n, b = [0] * NPSIZES, [0] * NPSIZES
+        n, b = [0] * npsizes, [0] * npsizes
         for nextents, nbytes, stride in container:
-            for i in range(NPSIZES):
+            for i in range(npsizes):
                 n[i] += struct.unpack_from("<Q", raw, nextents + stride * i)[0]
                 b[i] += struct.unpack_from("<Q", raw, nbytes + stride * i)[0]
         counts.append((n, b))
     (nd, bd), (nm, bm), (nr, br) = counts
-    return tuple(JeExtents(nd[i], nm[i], nr[i], bd[i], bm[i], br[i]) for i in range(NPSIZES))
+    return tuple(JeExtents(nd[i], nm[i], nr[i], bd[i], bm[i], br[i]) for i in range(npsizes))
 
 
 def _bins(mem: Memory, layout: JeLayout, index: int, address: int, raw: bytes, findings: list[Finding]
@@ -179,7 +179,7 @@ def _bins(mem: Memory, layout: JeLayout, index: int, address: int, raw: bytes, f
     """The arena's small bins with their statistics (one shard each: jemalloc's default); a bin whose memory
     is unreadable counts nothing, and a finding at it says so."""
     out = []
-    for i in range(NBINS):
+    for i, cls in enumerate(layout.classes.bins):
         if layout.bins_inline:
             at = address + layout.bins + i * layout.bin_size
         else:
@@ -188,11 +188,10 @@ def _bins(mem: Memory, layout: JeLayout, index: int, address: int, raw: bytes, f
             values = _STATS.unpack(mem.read(at + layout.bin_stats, _STATS.size))
         except ReadError as exc:
             values = (0,) * len(BIN_STATS)
-            findings.append(Finding(Severity.ERROR, at, f"arena {index}", f"bin {i} ({BIN_CLASSES[i].size} B) at "
+            findings.append(Finding(Severity.ERROR, at, f"arena {index}", f"bin {i} ({cls.size} B) at "
                                     f"{at:#x} is unreadable ({exc.reason}): its statistics are left out",
                                     Kind.ARENA))
         stats = dict(zip(BIN_STATS, values))
-        cls = BIN_CLASSES[i]
         out.append(JeBin(i, cls.size, cls.nregs, stats["nmalloc"], stats["ndalloc"], stats["nrequests"],
                          stats["curregs"], stats["nfills"], stats["nflushes"], stats["nslabs"], stats["reslabs"],
                          stats["curslabs"], stats["nonfull_slabs"], cls.pages))
@@ -225,19 +224,20 @@ def _thread(mem: Memory, disc: JeDiscovery, regs: ThreadRegs, arenas: dict[int, 
     bins = cached if tcache_arena is not None else 0
     arrays = tuple(tsd + off for off in layout.tsd_tcache_bins)
     counts = _plausible_counts(cache_bins(mem, layout, arrays, layout.cache_bins if bins is None else bins),
-                               regs.number, arrays[0], findings)
+                               regs.number, arrays[0], findings, layout)
     return JeThread(regs.number, regs.lwp, tsd, state, arena, allocated, deallocated, ticker, tcache_arena,
-                    tuple((class_size(i), c) for i, c in enumerate(counts) if c),
+                    tuple((layout.classes.class_size(i), c) for i, c in enumerate(counts) if c),
                     _origins(mem, layout, arrays, len(counts), tcache_arena, extents,
-                             _Seen(regs.number, seen, findings)), name=regs.name)
+                             _Seen(regs.number, seen, findings, layout)), name=regs.name)
 
 
-def _plausible_counts(counts: list[int], thread: int, array: int, findings: list[Finding]) -> list[int]:
+def _plausible_counts(counts: list[int], thread: int, array: int, findings: list[Finding], layout: JeLayout
+                      ) -> list[int]:
     """COUNTS with those no cache bin can hold as 0, and a finding at the thread's cache bins for each."""
     for index, count in enumerate(counts):
         if not plausible(count):
             findings.append(Finding(Severity.ERROR, array, f"tcache of thread {thread}", f"cache bin {index} "
-                                    f"({class_size(index)} B) counts {count} regions: a cache bin holds 0 to "
+                                    f"({layout.classes.class_size(index)} B) counts {count} regions: a cache bin holds 0 to "
                                     f"{MAX_NCACHED}", Kind.TCACHE_COUNT, f"0-{MAX_NCACHED}", str(count)))
     return [count if plausible(count) else 0 for count in counts]
 
@@ -246,11 +246,11 @@ class _Seen:
     """The regions the thread caches hold, checked as they are read: each must lie in a slab (or a large
     extent) of its bin's size class, and be cached once."""
 
-    def __init__(self, thread: int, seen: dict[int, int], findings: list[Finding]):
-        self.thread, self.seen, self.findings = thread, seen, findings
+    def __init__(self, thread: int, seen: dict[int, int], findings: list[Finding], layout: JeLayout):
+        self.thread, self.seen, self.findings, self.classes = thread, seen, findings, layout.classes
 
     def region(self, index: int, address: int, entry) -> None:
-        where = f"tcache of thread {self.thread}, bin {class_size(index)} B"
+        where = f"tcache of thread {self.thread}, bin {self.classes.class_size(index)} B"
         if address in self.seen:
             self.findings.append(Finding(Severity.ERROR, address, where, f"region {address:#x} is cached twice "
                                          f"(also by thread {self.seen[address]}): a double free", Kind.DOUBLE_FREE))
@@ -258,7 +258,7 @@ class _Seen:
         if entry is None:
             self.findings.append(Finding(Severity.ERROR, address, where, f"region {address:#x} lies in no extent "
                                          "jemalloc knows", Kind.TCACHE))
-        elif entry[1] != index or entry[2] != (index < NBINS):
+        elif entry[1] != index or entry[2] != (index < self.classes.nbins):
             self.findings.append(Finding(Severity.ERROR, address, where, f"region {address:#x} lies in an extent of "
                                          f"size class {entry[1]}, not {index}", Kind.TCACHE_SIZE,
                                          f"class {index}", f"class {entry[1]}"))
@@ -284,5 +284,5 @@ def _origins(mem: Memory, layout: JeLayout, arrays: tuple[int, ...], n: int, own
                 seen.region(index, address, extents.lookup(address))
             origin = extents.arena_of(address)
             key = own if origin is None else origin
-            by_arena[key] = by_arena.get(key, 0) + class_size(index)
+            by_arena[key] = by_arena.get(key, 0) + layout.classes.class_size(index)
     return tuple(sorted(by_arena.items()))

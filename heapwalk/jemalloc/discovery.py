@@ -31,7 +31,7 @@ from heapwalk.findings import Fact
 from heapwalk.jemalloc.arenaarray import CONTAINER_STATES, arena_array, container_states
 from heapwalk.jemalloc.find import JemallocImage, JemallocNotFound, find_jemalloc
 from heapwalk.jemalloc.tsdoffset import tsd_offset
-from heapwalk.jemalloc.layout import LAYOUTS, NBINS, JeLayout, UnsupportedJemalloc, layout_for
+from heapwalk.jemalloc.layout import LAYOUTS, QUANTA, JeLayout, UnsupportedJemalloc, layout_for
 from heapwalk.jemalloc.mallctl import MallctlTree, TreeNotFound, cstring, stored_constant
 from heapwalk.jemalloc.opt import OptionsNotFound, read_opts
 from heapwalk.inferior import x86
@@ -85,12 +85,8 @@ def discover_jemalloc(mem: Memory, mappings: list[Mapping], fs_bases: Sequence[i
     facts.append(Fact("build", build or None, "the constants of mallctl's config.* and arenas.nbins"
                       if build else "not determined: no mallctl tree"))
     name = f"jemalloc {text.split('-')[0]} (in {path})"
-    try:
-        layout = layout_for(version)
-    except UnsupportedJemalloc:
-        raise JemallocNotFound(f"{name} is a version heapwalk does not decode yet "
-                               f"(it knows {_known()})") from None
     _refuse_build(name, build)
+    layout = _layout(name, version, build)
     arenas, count, narenas, how = arena_array(mem, found, tree, layout)
     facts += [Fact("arenas", arenas, how), Fact("narenas_total", narenas, how)]
     _check_layout(mem, layout, arenas, count, name)
@@ -104,8 +100,21 @@ def discover_jemalloc(mem: Memory, mappings: list[Mapping], fs_bases: Sequence[i
                        tuple(unread + lost), found.prefix, build)
 
 
-def _known() -> str:
-    return ", ".join(layout.name.split()[1] for layout in LAYOUTS.values())
+def _layout(name: str, version: tuple[int, int, int], build: dict[str, bool | int]) -> JeLayout:
+    """The layout of NAME, of VERSION built as BUILD says (JemallocNotFound, in a user's words, when heapwalk
+    has none)."""
+    nbins = int(build.get("nbins", 36))
+    known = ", ".join(layout.name.split(" ", 1)[1] for layout in LAYOUTS.values())
+    if nbins not in QUANTA:
+        raise JemallocNotFound(f"{name} is built with {nbins} small size classes: heapwalk does not decode that "
+                               f"build yet (it knows {known})")
+    try:
+        return layout_for(version, QUANTA[nbins])
+    except UnsupportedJemalloc:
+        quantum = "" if QUANTA[nbins] == 4 else f" built with a {1 << QUANTA[nbins]}-byte quantum ({nbins} " \
+                                                 f"small size classes)"
+        raise JemallocNotFound(f"{name}{quantum} is a build heapwalk does not decode yet (it knows {known})") \
+            from None
 
 
 def _tree(image: LibcImage) -> tuple[MallctlTree | None, str]:
@@ -152,11 +161,6 @@ def _refuse_build(name: str, build: dict[str, bool | int]) -> None:
         raise JemallocNotFound(f"{name} is built without statistics (--disable-stats, as tikv-jemallocator "
                                f"builds it by default): its counters are all zero, and heapwalk does not yet "
                                f"rebuild them from its structures")
-    nbins = build.get("nbins")
-    if nbins is not None and nbins != NBINS:
-        quantum = {39: " (an 8-byte quantum, --with-lg-quantum=3)"}.get(int(nbins), "")
-        raise JemallocNotFound(f"{name} is built with {nbins} small size classes{quantum}, not {NBINS}: "
-                               f"heapwalk does not decode that build yet")
 
 
 def _rtree(found: JemallocImage, tree: MallctlTree | None) -> tuple[int | None, str]:

@@ -18,6 +18,7 @@ import numpy as np
 from heapwalk.findings import Finding, Severity
 from heapwalk.jemalloc.kinds import Kind
 from heapwalk.jemalloc.layout import JeLayout, PAGE
+from heapwalk.jemalloc.sizeclasses import SizeClasses, size_classes
 from heapwalk.inferior.memory import Memory, ReadError
 
 __all__ = ["ExtentTable", "walk_extents", "ACTIVE", "DIRTY", "MUZZY", "RETAINED"]
@@ -39,6 +40,7 @@ class ExtentTable:
     slab: np.ndarray        # bool
     szind: np.ndarray       # int32
     nfree: np.ndarray       # int32
+    classes: SizeClasses = size_classes(4)  # the build's size classes, which szind indexes
 
     def __len__(self) -> int:
         return len(self.address)
@@ -79,7 +81,7 @@ def walk_extents(mem: Memory, layout: JeLayout, rtree: int) -> tuple[ExtentTable
     rows.sort()
     columns = list(zip(*rows)) if rows else [()] * 8
     table = ExtentTable(*(np.array(c, dtype=t) for c, t in zip(columns, (
-        np.uint64, np.int64, np.int64, np.int32, np.uint8, bool, np.int32, np.int32))))
+        np.uint64, np.int64, np.int64, np.int32, np.uint8, bool, np.int32, np.int32))), layout.classes)
     return table, findings
 
 

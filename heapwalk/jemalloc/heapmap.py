@@ -14,7 +14,6 @@ from dataclasses import replace
 import numpy as np
 
 from heapwalk.jemalloc.extents import ACTIVE, DIRTY, MUZZY, RETAINED, ExtentTable
-from heapwalk.jemalloc.layout import BIN_CLASSES, NBINS, large_size
 from heapwalk.inferior.residency import Residency
 from heapwalk.mapkinds import FREE, MAP_KINDS, MapKind, add_map_kind
 from heapwalk.view import HeapStrip
@@ -29,19 +28,21 @@ for _kind in (MapKind("slab_free", "free regions in slabs", "#9467bd", "r", 130,
     add_map_kind(_kind)
 KIND = {name: i for i, name in enumerate(MAP_KINDS)}
 _OF_STATE = {ACTIVE: KIND["in_use"], DIRTY: KIND["dirty"], MUZZY: KIND["muzzy"], RETAINED: KIND["retained"]}
-_REGION = np.array([c.size for c in BIN_CLASSES], dtype=np.int64)
-_NREGS = np.array([c.nregs for c in BIN_CLASSES], dtype=np.int64)
 
 
 def held_bytes(table: ExtentTable) -> np.ndarray:
     """The bytes of each extent the program's allocation holds: an active slab's regions in use, an active large
     extent's size class (the rest of its pages is the page cache_oblivious adds), any other extent's size."""
-    slab = table.slab & (table.state == ACTIVE) & (table.szind < NBINS)
-    large = ~table.slab & (table.state == ACTIVE) & (table.szind >= NBINS)
-    index = np.clip(table.szind, 0, NBINS - 1)
-    used = (_NREGS[index] - np.clip(table.nfree, 0, _NREGS[index])) * _REGION[index]
-    usize = np.array([large_size(int(i) - NBINS) if big else 0 for i, big in zip(table.szind.tolist(), large.tolist())],
-                     dtype=np.int64)
+    classes = table.classes
+    nbins = classes.nbins
+    regions = np.array([c.size for c in classes.bins], dtype=np.int64)
+    nregs = np.array([c.nregs for c in classes.bins], dtype=np.int64)
+    slab = table.slab & (table.state == ACTIVE) & (table.szind < nbins)
+    large = ~table.slab & (table.state == ACTIVE) & (table.szind >= nbins)
+    index = np.clip(table.szind, 0, nbins - 1)
+    used = (nregs[index] - np.clip(table.nfree, 0, nregs[index])) * regions[index]
+    usize = np.array([classes.large_size(int(i) - nbins) if big else 0
+                      for i, big in zip(table.szind.tolist(), large.tolist())], dtype=np.int64)
     room = table.size - table.offset
     return np.where(slab, np.minimum(used, table.size), np.where(large, np.minimum(usize, room), table.size))
 

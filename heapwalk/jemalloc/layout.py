@@ -8,18 +8,13 @@ decoded (`heapwalk.jemalloc.discovery`).  Byte offsets, x86-64.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from heapwalk.errors import HeapwalkError
+from heapwalk.jemalloc.sizeclasses import PAGE, SizeClasses, size_classes
 
-__all__ = ["JeLayout", "LAYOUTS", "layout_for", "UnsupportedJemalloc", "NBINS", "NLEXTENTS", "NPSIZES", "PAGE",
-           "BIN_STATS", "BIN_CLASSES", "BinClass", "large_size",
-           "size_index", "class_size"]
-
-NBINS = 36          # small size classes (SC_NBINS) with 4 KiB pages and a 16-byte quantum
-NLEXTENTS = 196     # large size classes (SC_NSIZES - SC_NBINS)
-NPSIZES = 199       # page size classes (SC_NPSIZES): the extents' classes
-PAGE = 4096
+__all__ = ["JeLayout", "LAYOUTS", "QUANTA", "layout_for", "UnsupportedJemalloc", "PAGE", "BIN_STATS"]
 
 
 class UnsupportedJemalloc(HeapwalkError, ValueError):
@@ -83,49 +78,12 @@ class JeLayout:
     extent_state_mask: int = 3
     extent_szind_shift: int = 18          # its size class (8 bits) and its slab's free regions (10 bits); its
     extent_nfree_shift: int = 26          # arena is bits 0-11 and the slab bit 12 in both versions
+    classes: SizeClasses = size_classes(4)  # the size classes (a 16-byte quantum)
 
     @property
     def name(self) -> str:
-        return "jemalloc %d.%d.%d" % self.version
-
-
-@dataclass(frozen=True)
-class BinClass:
-    """A small size class: its region size, regions per slab, and the slab's pages."""
-
-    size: int
-    nregs: int
-    pages: int
-
-
-#: the 36 small size classes of jemalloc 5.x with 4 KiB pages and a 16-byte quantum (both versions; what
-#: malloc_stats_print lists as arenas.bin), as region size / regions per slab / slab pages
-BIN_CLASSES = tuple(BinClass(*map(int, c.split("/"))) for c in (
-    "8/512/1 16/256/1 32/128/1 48/256/3 64/64/1 80/256/5 96/128/3 112/256/7 128/32/1 160/128/5 192/64/3 "
-    "224/128/7 256/16/1 320/64/5 384/32/3 448/64/7 512/8/1 640/32/5 768/16/3 896/32/7 1024/4/1 1280/16/5 "
-    "1536/8/3 1792/16/7 2048/2/1 2560/8/5 3072/4/3 3584/8/7 4096/1/1 5120/4/5 6144/2/3 7168/4/7 8192/1/2 "
-    "10240/2/5 12288/1/3 14336/2/7").split())
-
-def large_size(index: int) -> int:
-    """The size of large class INDEX (0: 16 KiB; four classes to each doubling), as sz_index2size gives it."""
-    group, step = divmod(index, 4)
-    return (1 << (14 + group)) * (4 + step) // 4
-
-
-def size_index(size: int) -> int:
-    """The index of the smallest size class that holds SIZE bytes (small classes 0-35, then large)."""
-    for cls_index, cls in enumerate(BIN_CLASSES):
-        if size <= cls.size:
-            return cls_index
-    index = 0
-    while large_size(index) < size:
-        index += 1
-    return NBINS + index
-
-
-def class_size(index: int) -> int:
-    """The size of class INDEX (sz_index2size)."""
-    return BIN_CLASSES[index].size if index < NBINS else large_size(index - NBINS)
+        quantum = "" if self.classes.lg_quantum == 4 else f" with a {1 << self.classes.lg_quantum}-byte quantum"
+        return "jemalloc %d.%d.%d" % self.version + quantum
 
 
 def _extents_521(container: int) -> tuple[int, int, int]:
@@ -154,7 +112,7 @@ LAYOUTS = {
         index_field=None, base=29480, base_ind=0,
         tsd_state=0, tsd_arena=440, tsd_allocated=16, tsd_deallocated=24, tsd_tdata=448, tsd_ntdata=4,
         tsd_ticker=None, tsd_size=0x1848, tcache_descriptors=10192, descriptor_bins=(16, 24),
-        tsd_tcache_bins=(496 + 16, 496 + 1000), tsd_tcache_arena=496 + 952, cache_bins=NBINS + NLEXTENTS,
+        tsd_tcache_bins=(496 + 16, 496 + 1000), tsd_tcache_arena=496 + 952, cache_bins=36 + 196,
         stack_cache_bins=False, rtree_root=112, rtree_extent_mask=1),
     (5, 3, 0): JeLayout(
         version=(5, 3, 0), arena_size=78952, nthreads=0, nactive=10656,
@@ -174,11 +132,24 @@ LAYOUTS = {
 }
 
 
-def layout_for(version: tuple[int, int, int]) -> JeLayout:
-    """The layout of VERSION (UnsupportedJemalloc when heapwalk has none for it)."""
+#: jemalloc 5.2.1 with an 8-byte quantum (Redis 6 and 7.0's vendored copy): 39 small classes, so arena_t's
+#: bins[], base_t's heaps by size class and the tcache's small bins are three longer (measured on Redis
+#: 7.0.15's deps/jemalloc built with debug information)
+LAYOUTS[(5, 2, 1, 3)] = dataclasses.replace(
+    LAYOUTS[(5, 2, 1)], arena_size=29520, base=29504, base_counters=2032, tsd_size=0x1898,
+    tsd_tcache_bins=(496 + 16, 496 + 1080), tsd_tcache_arena=496 + 1024, cache_bins=39 + 196,
+    classes=size_classes(3))
+#: the quanta (lg) heapwalk has layouts for, by number of small classes
+QUANTA = {36: 4, 39: 3}
+
+
+def layout_for(version: tuple[int, int, int], lg_quantum: int = 4) -> JeLayout:
+    """The layout of VERSION built with a 2**LG_QUANTUM quantum (UnsupportedJemalloc when heapwalk has none
+    for it)."""
     try:
-        return LAYOUTS[version]
+        return LAYOUTS[version if lg_quantum == 4 else (*version, lg_quantum)]
     except KeyError:
-        known = ", ".join(layout.name.split()[1] for layout in LAYOUTS.values())
-        raise UnsupportedJemalloc(f"jemalloc {'.'.join(map(str, version))} is not supported yet "
-                                  f"(heapwalk knows {known})") from None
+        known = ", ".join(layout.name.split(" ", 1)[1] for layout in LAYOUTS.values())
+        raise UnsupportedJemalloc(f"jemalloc {'.'.join(map(str, version))}"
+                                  f"{'' if lg_quantum == 4 else f' with a {1 << lg_quantum}-byte quantum'} is not "
+                                  f"supported yet (heapwalk knows {known})") from None

@@ -16,7 +16,7 @@ import struct
 
 from heapwalk.findings import Finding, Severity
 from heapwalk.jemalloc.kinds import Kind
-from heapwalk.jemalloc.layout import NBINS, JeLayout, class_size, size_index
+from heapwalk.jemalloc.layout import JeLayout
 from heapwalk.inferior.memory import Memory, ReadError
 
 __all__ = ["cache_bins", "nhbins", "bin_counts", "arena_tcache_bytes", "cached_regions", "plausible",
@@ -33,12 +33,12 @@ def nhbins(layout: JeLayout, opt: dict) -> int | None:
     """How many size classes the thread caches hold, from the options (None when they are unknown)."""
     if layout.stack_cache_bins:
         tcache_max = opt.get("tcache_max")
-        return None if not isinstance(tcache_max, int) else size_index(max(tcache_max, 1)) + 1
+        return None if not isinstance(tcache_max, int) else layout.classes.size_index(max(tcache_max, 1)) + 1
     lg = opt.get("lg_tcache_max")
     if not isinstance(lg, int) or isinstance(lg, bool):
         return None
     maxclass = _SMALL_MAXCLASS if lg < 0 or lg >= 64 or (1 << lg) < _SMALL_MAXCLASS else 1 << lg
-    return size_index(maxclass) + 1
+    return layout.classes.size_index(maxclass) + 1
 
 
 def bin_counts(layout: JeLayout, raw: bytes, count: int) -> list[int]:
@@ -93,7 +93,8 @@ def _array_spans(layout: JeLayout, n: int) -> list[tuple[int, int]]:
     """For each cache-bin array, the slots of the first N bins it holds."""
     if len(layout.tsd_tcache_bins) == 1:
         return [(0, n)]
-    return [(0, min(n, NBINS)), (0, max(0, n - NBINS))]
+    nbins = layout.classes.nbins
+    return [(0, min(n, nbins)), (0, max(0, n - nbins))]
 
 
 def arena_tcache_bytes(mem: Memory, layout: JeLayout, index: int, first: int, n: int | None
@@ -125,13 +126,14 @@ def arena_tcache_bytes(mem: Memory, layout: JeLayout, index: int, first: int, n:
 
 def _descriptor_bytes(mem: Memory, layout: JeLayout, arrays: tuple[int, ...], n: int) -> int:
     """The bytes one descriptor's bins hold, as the version's statistics count them."""
+    size, nbins = layout.classes.class_size, layout.classes.nbins
     if len(arrays) == 1:
-        return sum(c * class_size(i) for i, c in enumerate(cache_bins(mem, layout, arrays, n)) if plausible(c))
-    small = bin_counts(layout, mem.read(arrays[0], _CACHE_BIN * NBINS), NBINS)
-    total = sum(c * class_size(i) for i, c in enumerate(small[:n]) if plausible(c))
-    if n > NBINS:      # 5.2.1 reads bins_large[i] for class i, not bins_large[i - 36]
-        large = bin_counts(layout, mem.read(arrays[1] + _CACHE_BIN * NBINS, _CACHE_BIN * (n - NBINS)), n - NBINS)
-        total += sum(c * class_size(NBINS + i) for i, c in enumerate(large) if plausible(c))
+        return sum(c * size(i) for i, c in enumerate(cache_bins(mem, layout, arrays, n)) if plausible(c))
+    small = bin_counts(layout, mem.read(arrays[0], _CACHE_BIN * nbins), nbins)
+    total = sum(c * size(i) for i, c in enumerate(small[:n]) if plausible(c))
+    if n > nbins:      # 5.2.1 reads bins_large[i] for class i, not bins_large[i - nbins]
+        large = bin_counts(layout, mem.read(arrays[1] + _CACHE_BIN * nbins, _CACHE_BIN * (n - nbins)), n - nbins)
+        total += sum(c * size(nbins + i) for i, c in enumerate(large) if plausible(c))
     return total
 
 
