@@ -11,7 +11,10 @@ into a stripped program.  Builds are cached beside the sysroots (``jemalloc-NAME
 The virtual address width (``--with-lg-vaddr``) is pinned: jemalloc's configure would otherwise take it
 from the build machine's CPU (57 with 5-level paging), and with it the shape of its radix tree.
 
-Command line: ``python3 cores/jebuilds.py DEST [NAME ...]``.
+It also builds redis-server as Redis's own Makefile builds it (``make MALLOC=jemalloc``), for
+tests/test_redis.py to run on loopback.
+
+Command line: ``python3 cores/jebuilds.py DEST [NAME ... redis]``.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from pathlib import Path
 
 import sysroots
 
-__all__ = ["SourceBuild", "BUILDS", "prepare_build"]
+__all__ = ["SourceBuild", "BUILDS", "prepare_build", "prepare_redis", "REDIS"]
 
 
 @dataclass(frozen=True)
@@ -82,6 +85,36 @@ def prepare_build(dest: Path, name: str, cache: Path | None = None) -> sysroots.
     return jemalloc
 
 
+#: redis-server built as upstream builds it (make MALLOC=jemalloc: its vendored jemalloc 5.2.1, je_ prefix,
+#: 8-byte quantum, linked in, its entry points exported with -rdynamic), the virtual address width pinned
+REDIS = SourceBuild("redis", "bookworm", "redis-7.0.15", "5.2.1", "je_", ("JEMALLOC_CONFIGURE_OPTS=--with-lg-vaddr=48",))
+
+
+def prepare_redis(dest: Path, cache: Path | None = None) -> tuple[Path, Path]:
+    """Builds (or reuses) redis-server into DEST/redis-7.0.15, stripped as distributions ship it (its
+    exported entry points stay), and the module cores/redis_snapshot.c beside it; returns both."""
+    root = dest / REDIS.folder
+    program, module = root / "redis-server", root / "heapwalk_snapshot.so"
+    source = _source(cache or sysroots.cache_dir(), REDIS) / REDIS.folder
+    if not program.exists():
+        build = root.with_name(root.name + ".build")
+        if build.exists():
+            shutil.rmtree(build)
+        shutil.copytree(source, build, symlinks=True)
+        cmd = ["make", f"-j{os.cpu_count() or 2}", "MALLOC=jemalloc", *REDIS.options, "redis-server"]
+        result = subprocess.run(cmd, cwd=build, capture_output=True, text=True)
+        if result.returncode != 0:
+            raise BuildError(f"redis: {' '.join(cmd)} failed: {(result.stderr or result.stdout)[-2000:]}")
+        root.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["strip", "-o", str(program), str(build / "src" / "redis-server")], check=True)
+        shutil.rmtree(build)
+    code = Path(__file__).resolve().parent / "redis_snapshot.c"
+    if not module.exists() or module.stat().st_mtime < code.stat().st_mtime:
+        subprocess.run(["gcc", "-O1", "-Wall", "-fPIC", "-shared", f"-I{source / 'src'}", str(code), "-o",
+                        str(module)], check=True)
+    return program, module
+
+
 def _source(cache: Path, build: SourceBuild) -> Path:
     """The unpacked upstream source of BUILD's package (fetched once into the cache)."""
     folder = cache / "sources" / build.suite / build.package
@@ -102,9 +135,16 @@ def _source(cache: Path, build: SourceBuild) -> Path:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("dest", type=Path)
-    parser.add_argument("names", nargs="*", default=list(BUILDS))
+    parser.add_argument("names", nargs="*", default=[*BUILDS, "redis"])
     args = parser.parse_args(argv)
     for name in args.names:
+        if name == "redis":
+            try:
+                print(f"redis: {prepare_redis(args.dest)[0]}")
+            except (BuildError, sysroots.SysrootError, subprocess.CalledProcessError) as exc:
+                print(f"redis: {exc}", file=sys.stderr)
+                return 1
+            continue
         try:
             j = prepare_build(args.dest, name)
         except (BuildError, sysroots.SysrootError) as exc:

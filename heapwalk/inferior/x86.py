@@ -13,7 +13,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-__all__ = ["RipLoad", "rip_loads", "rip_loads32", "first_lea", "first_shift_right", "tls_got_slot", "LEA", "MOV"]
+__all__ = ["RipLoad", "RipRef", "rip_loads", "rip_loads32", "rip_refs", "rip_byte_stores", "first_lea", "first_shift_right", "tls_got_slot", "LEA", "MOV"]
 
 LEA, MOV = 0x8D, 0x8B
 FS_PREFIX = 0x64
@@ -53,6 +53,50 @@ def rip_loads32(code: bytes, address: int) -> list[RipLoad]:
         if code[i] == MOV and code[i + 1] & 0xC7 == 0x05 and code[i - 1] & 0xF0 != 0x40:
             disp, = struct.unpack_from("<i", code, i + 2)
             out.append(RipLoad(i, MOV, address + i + 6 + disp, 6))
+    return out
+
+
+@dataclass(frozen=True)
+class RipRef:
+    """An instruction at OFFSET that computes (``lea``) or reads (a load) the RIP-relative address TARGET."""
+
+    offset: int
+    lea: bool
+    target: int
+
+
+def rip_refs(code: bytes, address: int) -> list[RipRef]:
+    """Every ``lea``, ``mov r, [rip+disp]`` (any width) and ``movzx``/``movsx r, [rip+disp]`` in CODE (which
+    starts at ADDRESS), in order: how a function computes or reads a global, whatever the compiler chose."""
+    out = []
+    i = 0
+    while i < len(code) - 5:
+        start = i
+        if code[i] & 0xF0 == 0x40:          # a REX prefix
+            i += 1
+        op = code[i]
+        if op in (LEA, MOV) and code[i + 1] & 0xC7 == 0x05 and i + 6 <= len(code):
+            disp, = struct.unpack_from("<i", code, i + 2)
+            out.append(RipRef(start, op == LEA, address + i + 6 + disp))
+            i += 6
+            continue
+        if op == 0x0F and i + 7 <= len(code) and code[i + 1] in (0xB6, 0xB7, 0xBE, 0xBF) \
+                and code[i + 2] & 0xC7 == 0x05:
+            disp, = struct.unpack_from("<i", code, i + 3)
+            out.append(RipRef(start, False, address + i + 7 + disp))
+            i += 7
+            continue
+        i = start + 1
+    return out
+
+
+def rip_byte_stores(code: bytes, address: int) -> list[int]:
+    """The targets of every ``mov byte [rip+disp], imm8`` (C6 05 disp32 ib) in CODE (which starts at ADDRESS)."""
+    out = []
+    for i in range(len(code) - 6):
+        if code[i] == 0xC6 and code[i + 1] == 0x05:
+            disp, = struct.unpack_from("<i", code, i + 2)
+            out.append(address + i + 7 + disp)
     return out
 
 

@@ -15,8 +15,10 @@ __all__ = ["decay_findings", "never_decaying"]
 
 def never_decaying(state: JeState) -> list[tuple[JeArena, list[int]]]:
     """Each arena whose dirty pages no thread's ticker will ever decay, with the gdb numbers of the threads
-    that use it (none of which holds a ticker)."""
+    that use it (none of which holds a ticker); none while jemalloc's background threads run (they purge)."""
     out = []
+    if state.background_running:
+        return out
     for arena in state.arenas:
         users = [t for t in state.threads if t.arena == arena.index]
         if not (arena.pdirty and arena.dirty_decay_ms > 0 and arena.dirty_npurge == 0 and users):

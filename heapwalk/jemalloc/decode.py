@@ -51,7 +51,21 @@ def collect_jemalloc(mem: Memory, disc: JeDiscovery, threads: list[ThreadRegs], 
         table, extent_findings = walk_extents(mem, disc.layout, disc.rtree)
         findings.extend(extent_findings)
     return JeState(target, disc.version_text, disc.layout.name, tuple(arenas), decoded, disc.facts, tuple(findings),
-                   dict(disc.opt), table)
+                   dict(disc.opt), table, background_thread=_background(mem, disc, findings))
+
+
+def _background(mem: Memory, disc: JeDiscovery, findings: list[Finding]) -> bool | None:
+    """Whether background threads run now (None when the flag was not found, or is unreadable: a finding)."""
+    if disc.background_state is None:
+        return None
+    try:
+        value = mem.read(disc.background_state, 1)[0]
+    except ReadError as exc:
+        findings.append(Finding(Severity.ERROR, disc.background_state, "jemalloc", f"the flag of background "
+                                f"threads is unreadable ({exc.reason}): whether they run is not known",
+                                Kind.UNMAPPED))
+        return None
+    return bool(value) if value in (0, 1) else None
 
 
 _NOT_FOUND = re.compile(r"^not (determined|decoded): ")

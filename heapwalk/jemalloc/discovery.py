@@ -64,6 +64,7 @@ class JeDiscovery:
     unread: tuple[tuple[int, str], ...] = ()    # (address, what) of what was found but cannot be read
     prefix: str | None = None       # the prefix of its exported entry points ("", "je_"...; None: exports none)
     build: dict = field(default_factory=dict)   # how it was configured, as far as mallctl shows (config.*)
+    background_state: int | None = None     # the byte that says whether background threads run now (None: unknown)
 
 
 def discover_jemalloc(mem: Memory, mappings: list[Mapping], fs_bases: Sequence[int] = (),
@@ -96,8 +97,10 @@ def discover_jemalloc(mem: Memory, mappings: list[Mapping], fs_bases: Sequence[i
     facts.append(Fact("opt", len(opt) or None, how))
     rtree, how = _rtree(found, tree)
     facts.append(Fact("rtree", rtree, how))
+    background, how = _background_state(tree)
+    facts.append(Fact("background_thread", background, how))
     return JeDiscovery(version, text, layout, path, base, arenas, count, tpoff, tuple(facts), opt, rtree,
-                       tuple(unread + lost), found.prefix, build)
+                       tuple(unread + lost), found.prefix, build, background)
 
 
 def _layout(name: str, version: tuple[int, int, int], build: dict[str, bool | int]) -> JeLayout:
@@ -115,6 +118,29 @@ def _layout(name: str, version: tuple[int, int, int], build: dict[str, bool | in
                                                  f"small size classes)"
         raise JemallocNotFound(f"{name}{quantum} is a build heapwalk does not decode yet (it knows {known})") \
             from None
+
+
+_MUTEX = 112           # malloc_mutex_t
+_MUTEX_LOCKED = 104    # its "locked" flag, which the ctl functions set and clear
+
+
+def _background_state(tree: MallctlTree | None) -> tuple[int | None, str]:
+    """The flag that says whether background threads run (background_thread_enabled_state, which mallctl's
+    "background_thread" sets at run time, as Redis does, whatever opt.background_thread said): the first global
+    its function computes or reads outside the two mutexes it takes (each known by its "locked" flag)."""
+    node = tree.node("background_thread") if tree is not None else None
+    if node is None or not node.ctl:
+        return None, "not determined: mallctl has no background_thread"
+    try:
+        code = tree.image.mem.read(node.ctl, _HOOK_SPAN)
+    except ReadError as exc:
+        return None, f"not determined: background_thread's function is unreadable ({exc.reason})"
+    mutexes = {target - _MUTEX_LOCKED for target in x86.rip_byte_stores(code, node.ctl)}
+    for ref in x86.rip_refs(code, node.ctl):
+        if not any(m <= ref.target < m + _MUTEX for m in mutexes) and tree.image.contains(ref.target):
+            return ref.target, f"the first global background_thread's function reads beside its mutexes " \
+                               f"(code at {node.ctl + ref.offset:#x})"
+    return None, "not determined: background_thread's function reads no global beside its mutexes"
 
 
 def _tree(image: LibcImage) -> tuple[MallctlTree | None, str]:

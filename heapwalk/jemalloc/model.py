@@ -172,6 +172,16 @@ class JeState:
     opt: dict = field(default_factory=dict)     # run-time options by mallctl name (opt.narenas, ...)
     extents: ExtentTable | None = None          # every extent, from the radix tree (None: the tree was not found)
     residency: Residency | None = None          # which pages were in RAM, when the target says
+    background_thread: bool | None = None       # do background threads run now (mallctl "background_thread",
+    #                                             set at run time; None: not known)
+
+    @property
+    def background_running(self) -> bool | None:
+        """Whether jemalloc's background threads purge: the run-time state, else opt.background_thread."""
+        if self.background_thread is not None:
+            return self.background_thread
+        value = self.opt.get("background_thread")
+        return value if isinstance(value, bool) else None
 
     def cached_from(self, index: int) -> int:
         """The bytes of arena INDEX's regions that the threads' caches hold (whichever thread's)."""

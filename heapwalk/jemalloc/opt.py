@@ -83,11 +83,14 @@ def read_opts(image: LibcImage, tree: MallctlTree | None = None
 
 
 def _value(image: LibcImage, kind: str, ctl: int, field: int) -> bool | int | str:
-    """The option a ctl function at CTL copies out, read as KIND, FIELD bytes into what it computes."""
-    leas = [r.target for r in x86.rip_loads(image.mem.read(ctl, _CTL_SPAN), ctl) if r.opcode == x86.LEA]
-    if not leas:
-        raise ValueError(f"no lea in the ctl function at {ctl:#x}")
-    mem, at = image.mem, leas[0] + field
+    """The option a ctl function at CTL copies out, read as KIND, FIELD bytes into what it computes: the
+    global is the first address the function computes (``lea``) or reads (a load, which names the field
+    itself); an option shown by name indexes the table of names its next ``lea`` computes."""
+    refs = x86.rip_refs(image.mem.read(ctl, _CTL_SPAN), ctl)
+    if not refs:
+        raise ValueError(f"no load of a global in the ctl function at {ctl:#x}")
+    mem, at = image.mem, refs[0].target + (field if refs[0].lea else 0)
+    leas = [refs[0].target] + [r.target for r in refs[1:] if r.lea]
     if kind == "bool":
         return mem.read(at, 1)[0] != 0
     if kind in ("unsigned", "fixed point", "name"):

@@ -80,8 +80,10 @@ def jemalloc_threads(doc: dict[str, Any]) -> str:
     threads = (doc.get("jemalloc") or {}).get("threads") or []
     if not threads:
         return ""
+    background = (doc.get("jemalloc") or {}).get("background_thread")
     rows = [(str(t["number"]), str(t.get("lwp") or "-"), e(t.get("name") or "-"),
-             "-" if t.get("arena") is None else str(t["arena"]), e(thread_state(t.get("name"), t.get("state"))),
+             "-" if t.get("arena") is None else str(t["arena"]),
+             e(thread_state(t.get("name"), t.get("state"), background)),
              human(t.get("allocated") or 0), human(t.get("deallocated") or 0),
              human((t.get("tcache") or {}).get("bytes") or 0)) for t in threads]
     return section("threads", "Threads and their arenas",

@@ -52,6 +52,7 @@ def jemalloc_document(state: JeState) -> dict[str, Any]:
     """'heapwalk arenas --json' of a jemalloc process."""
     return {"schema_version": SCHEMA_VERSION, "target": state.target, "allocator": "jemalloc",
             "jemalloc": {"version": state.version, "layout": state.layout_name, "opt": dict(state.opt),
+                         "background_thread": state.background_thread,
                          "arenas": [_arena(a) for a in state.arenas],
                          "threads": [_thread(t) for t in state.threads]},
             "discovery": {f.name: {"value": f.value, "found_by": f.found_by} for f in state.facts},
@@ -81,12 +82,13 @@ BACKGROUND_NAME = "jemalloc_bg_thd"
 _REINCARNATED = 5
 
 
-def thread_state(name: str | None, state: int | None) -> str:
-    """A thread's tsd state in words, saying which threads are jemalloc's own (its background threads)."""
+def thread_state(name: str | None, state: int | None, background: bool | None = None) -> str:
+    """A thread's tsd state in words, saying which threads are jemalloc's own (its background threads, named so
+    or, unnamed, in the reincarnated state while BACKGROUND threads run)."""
     if name == BACKGROUND_NAME:
         return "jemalloc's background thread"
     if state == _REINCARNATED and not name:
-        return "reincarnated: jemalloc's background thread, or a thread past its exit"
+        return "reincarnated: jemalloc's background thread" + ("" if background else ", or a thread past its exit")
     return "unknown" if state is None else THREAD_STATES.get(state, str(state))
 
 
@@ -102,7 +104,7 @@ def jemalloc_threads_table(state: JeState, box) -> Table:
     for t in state.threads:
         ticker = "unknown" if t.ticker is None else "yes" if t.ticker else "none"
         table.add_row(str(t.number), str(t.lwp), *((t.name or "-",) if named else ()),
-                      "-" if t.arena is None else str(t.arena), thread_state(t.name, t.state),
+                      "-" if t.arena is None else str(t.arena), thread_state(t.name, t.state, state.background_running),
                       human(t.allocated), human(t.deallocated), human(t.tcache_bytes), ticker)
     return table
 

@@ -66,7 +66,7 @@ def _decay(state: JeState) -> list[str]:
     if decaying:
         dirty = sum(a.pdirty for a in decaying) * PAGE
         times = sorted({a.dirty_decay_ms for a in decaying})
-        background = state.opt.get("background_thread")
+        background = state.background_running
         driver = ("jemalloc's background threads purge them on time" if background is True else
                   "decay advances only while threads of the arena call the allocator (background_thread is "
                   f"{'off' if background is False else 'not known'}; background_thread:true purges them on time "
