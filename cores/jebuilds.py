@@ -48,8 +48,8 @@ class SourceBuild:
 
 _JEMALLOC = ("jemalloc", "bookworm", "jemalloc-5.3.0", "5.3.0")
 _REDIS = ("redis", "bookworm", "redis-7.0.15/deps/jemalloc", "5.2.1")
-#: name -> build: Redis's (its configure line) and a prefixed one are decoded; heapwalk names the others and
-#: does not decode them yet
+#: name -> build: Redis's (its configure line), a prefixed one and those for 57-bit addresses are decoded;
+#: heapwalk names the others and does not decode them yet
 BUILDS = {
     "5.3.0-je": SourceBuild(*_JEMALLOC, "je_", ("--with-jemalloc-prefix=je_", "--with-lg-vaddr=48")),
     "5.3.0-debug": SourceBuild(*_JEMALLOC, "", ("--enable-debug", "--with-lg-vaddr=48")),
@@ -57,6 +57,10 @@ BUILDS = {
                                                         "--with-private-namespace=_rjem_", "--with-lg-vaddr=48")),
     "redis-5.2.1": SourceBuild(*_REDIS, "je_", ("--with-version=5.2.1-0-g0", "--with-lg-quantum=3",
                                                 "--with-jemalloc-prefix=je_", "--with-lg-vaddr=48")),
+    # as configure makes them on a machine with 5-level paging: a three-level radix tree, 16-byte leaf entries
+    "5.3.0-vaddr57": SourceBuild(*_JEMALLOC, "", ("--with-lg-vaddr=57",)),
+    "redis-5.2.1-vaddr57": SourceBuild(*_REDIS, "je_", ("--with-version=5.2.1-0-g0", "--with-lg-quantum=3",
+                                                        "--with-jemalloc-prefix=je_", "--with-lg-vaddr=57")),
 }
 
 

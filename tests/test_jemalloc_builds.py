@@ -4,6 +4,7 @@ the builds it does not decode yet (cores/jebuilds.py)."""
 
 from __future__ import annotations
 
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +15,9 @@ from conftest import JEMALLOC_REFUSED, JEMALLOC_VERSIONS, NO_SYMBOLS, capture_je
 from heapwalk.inferior import x86
 from heapwalk.inferior.elf import Mapping
 from heapwalk.jemalloc.find import mapped_objects
+from heapwalk.jemalloc.layout import LAYOUTS
 from heapwalk.jemalloc.mallctl import stored_constant
+from heapwalk.jemalloc.rtree import COMPACT_48, WIDE_57
 from heapwalk.jemalloc.sizeclasses import size_classes
 
 #: the first bytes of config.debug's ctl function in Debian's jemalloc 5.3.0 (libjemalloc_pic.a, gcc 12):
@@ -104,3 +107,20 @@ def test_the_size_classes_follow_the_quantum():
     assert (q8.bins[2].nregs, q8.bins[2].pages) == (512, 3)
     assert q16.size_index(17) == 2 and q8.size_index(17) == 2 and q8.class_size(2) == 24
     assert q16.class_size(36) == q8.class_size(39) == 16384 and q16.size_index(16385) == 37
+
+
+def test_a_radix_tree_entry_reads_the_same_in_both_shapes():
+    """One leaf entry naming the header 0x7f0012345600 of a slab of size class 5: as a 48-bit build's one word
+    (5.3.0: the class in the top 16 bits, the slab flag in bit 0), and as a 57-bit build's 16 bytes (5.3.0: the
+    class from bit 5 of the word after the address; 5.2.1: the class, then the slab flag in the next byte)."""
+    header, szind = 0x7F0012345600, 5
+    compact = struct.pack("<Q", szind << 48 | header | 1)
+    wide_530 = struct.pack("<QII", header, szind << 5 | 0b01, 0)
+    wide_521 = struct.pack("<QII", header, szind, 1)
+    for shape, raw, layout in ((COMPACT_48, compact, LAYOUTS[(5, 3, 0)]), (WIDE_57, wide_530, LAYOUTS[(5, 3, 0)]),
+                               (WIDE_57, wide_521, LAYOUTS[(5, 2, 1)])):
+        headers, classes, slab = shape.decode(raw, layout)
+        assert (int(headers[0]), int(classes[0]), bool(slab[0])) == (header, szind, True), shape
+    assert COMPACT_48.leaf_of(0x7F0012345600) == (0x7F0000000000, 0x12345)
+    assert WIDE_57.path(0x7F0012345600) == [0x7F0012345600 >> 42, (0x7F0012345600 >> 27) & 0x7FFF]
+    assert WIDE_57.leaf_of(0x7F0012345600)[1] == (0x7F0012345600 >> 12) & 0x7FFF

@@ -42,13 +42,13 @@ def collect_jemalloc(mem: Memory, disc: JeDiscovery, threads: list[ThreadRegs], 
             findings.append(Finding(Severity.ERROR, exc.address, f"arena {index}", f"cannot read arena {index} "
                                     f"({address:#x}): {exc.reason}", Kind.ARENA))
     by_address = {address: index for index, address in enumerate(pointers) if address}
-    extents = ExtentMap(mem, disc.layout, disc.rtree)
+    extents = ExtentMap(mem, disc.layout, disc.rtree, disc.rtree_shape)
     seen: dict[int, int] = {}
     decoded = tuple(_thread(mem, disc, regs, by_address, cached, extents, seen, findings)
                     for regs in sorted(threads, key=lambda t: t.number))
     table = None
     if disc.rtree is not None:
-        table, extent_findings = walk_extents(mem, disc.layout, disc.rtree)
+        table, extent_findings = walk_extents(mem, disc.layout, disc.rtree, disc.rtree_shape)
         findings.extend(extent_findings)
     return JeState(target, disc.version_text, disc.layout.name, tuple(arenas), decoded, disc.facts, tuple(findings),
                    dict(disc.opt), table, background_thread=_background(mem, disc, findings))

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from heapwalk.findings import Fact
 from heapwalk.jemalloc.arenaarray import CONTAINER_STATES, arena_array, container_states
 from heapwalk.jemalloc.find import JemallocImage, JemallocNotFound, find_jemalloc
+from heapwalk.jemalloc.rtree import COMPACT_48, SHAPES, WIDE_57, RtreeShape
 from heapwalk.jemalloc.tsdoffset import tsd_offset
 from heapwalk.jemalloc.layout import LAYOUTS, QUANTA, JeLayout, UnsupportedJemalloc, layout_for
 from heapwalk.jemalloc.mallctl import MallctlTree, TreeNotFound, cstring, stored_constant
@@ -43,7 +44,6 @@ __all__ = ["JeDiscovery", "JemallocNotFound", "discover_jemalloc", "container_st
 _VERSION = re.compile(rb"(\d+)\.(\d+)\.(\d+)-\d+-g[0-9a-f]{1,40}\0")
 _HOOK_SPAN = 0x600      # bytes of a function searched for its loads
 _CTL_SPAN = 0x80        # bytes of a small ctl function
-_LEAF_SHIFT = 30        # a 48-bit build's radix tree: a leaf covers 2**18 pages of 2**12 bytes
 
 
 @dataclass(frozen=True)
@@ -65,6 +65,7 @@ class JeDiscovery:
     prefix: str | None = None       # the prefix of its exported entry points ("", "je_"...; None: exports none)
     build: dict = field(default_factory=dict)   # how it was configured, as far as mallctl shows (config.*)
     background_state: int | None = None     # the byte that says whether background threads run now (None: unknown)
+    rtree_shape: RtreeShape = COMPACT_48    # the radix tree's levels and leaf entries (the build's address width)
 
 
 def discover_jemalloc(mem: Memory, mappings: list[Mapping], fs_bases: Sequence[int] = (),
@@ -95,12 +96,12 @@ def discover_jemalloc(mem: Memory, mappings: list[Mapping], fs_bases: Sequence[i
     facts.append(Fact("tsd_tls_offset", tpoff, how))
     opt, how, lost = _options(image, tree)
     facts.append(Fact("opt", len(opt) or None, how))
-    rtree, how = _rtree(found, tree)
+    rtree, shape, how = _rtree(found, tree)
     facts.append(Fact("rtree", rtree, how))
     background, how = _background_state(tree)
     facts.append(Fact("background_thread", background, how))
     return JeDiscovery(version, text, layout, path, base, arenas, count, tpoff, tuple(facts), opt, rtree,
-                       tuple(unread + lost), found.prefix, build, background)
+                       tuple(unread + lost), found.prefix, build, background, shape)
 
 
 def _layout(name: str, version: tuple[int, int, int], build: dict[str, bool | int]) -> JeLayout:
@@ -189,7 +190,7 @@ def _refuse_build(name: str, build: dict[str, bool | int]) -> None:
                                f"rebuild them from its structures")
 
 
-def _rtree(found: JemallocImage, tree: MallctlTree | None) -> tuple[int | None, str]:
+def _rtree(found: JemallocImage, tree: MallctlTree | None) -> tuple[int | None, RtreeShape, str]:
     """The radix tree of extents: the tree that arenas.lookup (or an exported malloc_usable_size) passes to
     the lookup of a pointer's extent, its first ``lea rsi, [rip+disp]``."""
     places = []
@@ -200,7 +201,7 @@ def _rtree(found: JemallocImage, tree: MallctlTree | None) -> tuple[int | None, 
     if start is not None:
         places.append((start, f"{found.prefix}malloc_usable_size"))
     if not places:
-        return None, "not determined: neither arenas.lookup's function nor malloc_usable_size was found"
+        return None, COMPACT_48, "not determined: neither arenas.lookup's function nor malloc_usable_size was found"
     said = []
     for start, what in places:
         try:
@@ -214,13 +215,15 @@ def _rtree(found: JemallocImage, tree: MallctlTree | None) -> tuple[int | None, 
             said.append(f"no lea rsi in {what}")
             continue
         shift = x86.first_shift_right(code)
-        if shift is not None and shift != _LEAF_SHIFT:
-            return None, f"not decoded: the build's radix tree keys its leaves by address >> {shift}, not " \
-                         f">> {_LEAF_SHIFT} (jemalloc configured for {64 - 7 if shift == 27 else '?'}-bit " \
-                         f"addresses, LG_VADDR, as on a machine with 5-level paging): heapwalk reads only " \
-                         f"the two-level tree of 48-bit builds yet"
-        return leas[0].target, f"the lookup's tree in {what} (code at {start + leas[0].offset:#x})"
-    return None, "not determined: " + "; ".join(said)
+        if shift is not None and shift not in SHAPES:
+            return None, COMPACT_48, f"not decoded: the build's radix tree keys its leaves by address >> {shift}, " \
+                                     f"a shape heapwalk does not read yet (it reads >> 30, 48-bit builds, and " \
+                                     f">> 27, builds for 57-bit addresses)"
+        shape = SHAPES.get(shift, COMPACT_48)
+        levels = "three levels (57-bit addresses)" if shape is WIDE_57 else "two levels (48-bit addresses)"
+        return leas[0].target, shape, f"the lookup's tree in {what} (code at {start + leas[0].offset:#x}), " \
+                                      f"{levels}"
+    return None, COMPACT_48, "not determined: " + "; ".join(said)
 
 
 def _options(image: LibcImage, tree: MallctlTree | None) -> tuple[dict, str, list[tuple[int, str]]]:

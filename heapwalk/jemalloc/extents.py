@@ -18,14 +18,13 @@ import numpy as np
 from heapwalk.findings import Finding, Severity
 from heapwalk.jemalloc.kinds import Kind
 from heapwalk.jemalloc.layout import JeLayout, PAGE
+from heapwalk.jemalloc.rtree import COMPACT_48, RtreeShape
 from heapwalk.jemalloc.sizeclasses import SizeClasses, size_classes
 from heapwalk.inferior.memory import Memory, ReadError
 
 __all__ = ["ExtentTable", "walk_extents", "ACTIVE", "DIRTY", "MUZZY", "RETAINED"]
 
 ACTIVE, DIRTY, MUZZY, RETAINED = 0, 1, 2, 3
-_LEVEL_ENTRIES = 1 << 18
-_ADDRESS = (1 << 48) - 1
 
 
 @dataclass(frozen=True)
@@ -50,12 +49,13 @@ class ExtentTable:
         return int(self.size[(self.arena == arena) & (self.state == state)].sum())
 
 
-def walk_extents(mem: Memory, layout: JeLayout, rtree: int) -> tuple[ExtentTable, list[Finding]]:
-    """Every extent the radix tree at RTREE maps, and findings for what could not be read or does not agree."""
+def walk_extents(mem: Memory, layout: JeLayout, rtree: int, shape: RtreeShape = COMPACT_48
+                 ) -> tuple[ExtentTable, list[Finding]]:
+    """Every extent the radix tree at RTREE (of SHAPE) maps, and findings for what could not be read or does not
+    agree."""
     findings: list[Finding] = []
-    leaves = _leaves(mem, layout, rtree, findings)
-    mask = np.uint64(_ADDRESS & ~layout.rtree_extent_mask)
-    headers = np.unique(np.concatenate([leaf & mask for leaf in leaves.values()] or [np.zeros(0, dtype=np.uint64)]))
+    leaves = _leaves(mem, layout, rtree, shape, findings)
+    headers = np.unique(np.concatenate(list(leaves.values()) or [np.zeros(0, dtype=np.uint64)]))
     headers = headers[headers != 0]       # pages no extent holds (an entry may keep bits besides the header's)
     rows = []
     stale = 0
@@ -67,7 +67,7 @@ def walk_extents(mem: Memory, layout: JeLayout, rtree: int) -> tuple[ExtentTable
                                     f"header at {header:#x} the radix tree names: {exc.reason}", Kind.UNMAPPED))
             continue
         size = size_esn & ~(PAGE - 1)
-        if not size or not (_maps(leaves, address, mask) == header == _maps(leaves, address + size - PAGE, mask)):
+        if not size or not (_maps(leaves, shape, address) == header == _maps(leaves, shape, address + size - PAGE)):
             stale += 1
             continue
         rows.append((address & ~(PAGE - 1), size, address & (PAGE - 1), bits & 0xFFF,
@@ -85,25 +85,38 @@ def walk_extents(mem: Memory, layout: JeLayout, rtree: int) -> tuple[ExtentTable
     return table, findings
 
 
-def _leaves(mem: Memory, layout: JeLayout, rtree: int, findings: list[Finding]) -> dict[int, np.ndarray]:
-    """The tree's leaves by their key (address bits 30-47): each an array of one entry per page."""
-    try:
-        root = np.frombuffer(mem.read(rtree + layout.rtree_root, 8 * _LEVEL_ENTRIES), dtype=np.uint64)
-    except ReadError as exc:
-        findings.append(Finding(Severity.ERROR, exc.address, "jemalloc extents", f"cannot read the radix tree's "
-                                f"root: {exc.reason}", Kind.UNMAPPED))
-        return {}
+def _leaves(mem: Memory, layout: JeLayout, rtree: int, shape: RtreeShape, findings: list[Finding]
+            ) -> dict[int, np.ndarray]:
+    """The tree's leaves by the address of the first page each covers: each an array of the header each of its
+    pages maps to (0: none)."""
+    nodes = [(rtree + layout.rtree_root, 0)]       # (where a level's array is, the page-number bits above it)
+    for depth, bits in enumerate(shape.levels[:-1]):
+        below = []
+        for at, prefix in nodes:
+            try:
+                words = np.frombuffer(mem.read(at, 8 << bits), dtype=np.uint64)
+            except ReadError as exc:
+                what = "root" if depth == 0 else f"node at {at:#x}"
+                findings.append(Finding(Severity.ERROR, exc.address, "jemalloc extents", f"cannot read the radix "
+                                        f"tree's {what}: {exc.reason}", Kind.UNMAPPED))
+                continue
+            below += [(int(words[i]), prefix << bits | i) for i in np.flatnonzero(words).tolist()]
+        nodes = below
     out = {}
-    for key in np.flatnonzero(root).tolist():
+    span = 12 + shape.leaf_bits
+    for at, prefix in nodes:
         try:
-            out[key] = np.frombuffer(mem.read(int(root[key]), 8 * _LEVEL_ENTRIES), dtype=np.uint64)
+            raw = mem.read(at, shape.entry_size << shape.leaf_bits)
         except ReadError as exc:
             findings.append(Finding(Severity.ERROR, exc.address, "jemalloc extents", f"cannot read a leaf of the "
-                                    f"radix tree ({int(root[key]):#x}): {exc.reason}", Kind.UNMAPPED))
+                                    f"radix tree ({at:#x}): {exc.reason}", Kind.UNMAPPED))
+            continue
+        out[prefix << span] = shape.decode(raw, layout)[0]
     return out
 
 
-def _maps(leaves: dict[int, np.ndarray], address: int, mask: np.uint64) -> int | None:
+def _maps(leaves: dict[int, np.ndarray], shape: RtreeShape, address: int) -> int | None:
     """The header the tree maps ADDRESS's page to (None: no leaf)."""
-    leaf = leaves.get((address >> 30) & (_LEVEL_ENTRIES - 1))
-    return None if leaf is None else int(leaf[(address >> 12) & (_LEVEL_ENTRIES - 1)] & mask)
+    base, index = shape.leaf_of(address)
+    leaf = leaves.get(base)
+    return None if leaf is None else int(leaf[index])

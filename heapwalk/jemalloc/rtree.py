@@ -1,26 +1,92 @@
-"""Which arena owns an address: jemalloc's radix tree of extents (x86-64, 48-bit addresses, two levels of 18
-bits over the page number) maps every page of an extent to the extent's header, whose first word's low 12
-bits are the arena's index.  Used to put each region a thread cache holds back in the arena it came from: a
-thread that frees another thread's allocation caches it in its own tcache."""
+"""Which extent holds an address: jemalloc's radix tree of extents maps every page of an extent to the extent's
+header, whose first word's low 12 bits are the arena's index.  Used to put each region a thread cache holds
+back in the arena it came from (a thread that frees another thread's allocation caches it in its own tcache),
+to check that it lies in a slab of its size class, and to walk every extent (`jemalloc.extents`).
+
+The tree's shape is the build's, set by the virtual address width jemalloc was configured for (LG_VADDR,
+which its configure takes from the build machine's CPU):
+
+- 48 bits: two levels of 18 bits over the page number; a leaf entry is one word, the header's address with
+  the size class in its top 16 bits and the slab flag in bit 0 ("compact");
+- 57 bits (5-level paging): three levels of 15 bits; a leaf entry is 16 bytes, the header's address then a
+  32-bit word: in 5.2.1 the size class, then the slab flag in the next byte; in 5.3.0 the slab flag in bit 0,
+  the state in bits 2-4 and the size class from bit 5.
+"""
 
 from __future__ import annotations
 
 import struct
+from dataclasses import dataclass
+
+import numpy as np
 
 from heapwalk.jemalloc.layout import JeLayout
 from heapwalk.inferior.memory import Memory, ReadError
 
-__all__ = ["ExtentMap"]
+__all__ = ["ExtentMap", "RtreeShape", "COMPACT_48", "WIDE_57", "SHAPES", "LEAF_SHIFTS"]
 
-_LEVEL = 0x3FFFF
+_ADDRESS = (1 << 48) - 1
+_PAGE_BITS = 12
+
+
+@dataclass(frozen=True)
+class RtreeShape:
+    """The levels of a radix tree (bits of the page number each consumes, root first) and whether its leaf
+    entries are 16 bytes (an address and a word of metadata) rather than one word."""
+
+    levels: tuple[int, ...]
+    wide: bool
+
+    @property
+    def leaf_bits(self) -> int:
+        return self.levels[-1]
+
+    @property
+    def entry_size(self) -> int:
+        return 16 if self.wide else 8
+
+    def leaf_of(self, address: int) -> tuple[int, int]:
+        """(the address of the first page the leaf holding ADDRESS covers, ADDRESS's entry in it)."""
+        span = _PAGE_BITS + self.leaf_bits
+        return address >> span << span, (address >> _PAGE_BITS) & ((1 << self.leaf_bits) - 1)
+
+    def path(self, address: int) -> list[int]:
+        """ADDRESS's index at each level above the leaves, root first."""
+        shift = _PAGE_BITS + sum(self.levels)
+        out = []
+        for bits in self.levels[:-1]:
+            shift -= bits
+            out.append((address >> shift) & ((1 << bits) - 1))
+        return out
+
+    def decode(self, raw: bytes, layout: JeLayout) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The (header, size class, slab) of each entry of the leaf RAW, as arrays."""
+        if not self.wide:
+            words = np.frombuffer(raw, dtype=np.uint64)
+            low = words & np.uint64(_ADDRESS & ~layout.rtree_extent_mask)
+            high = (low >> np.uint64(47)) * np.uint64(0xFFFF << 48)    # addresses above 2**47 sign-extended
+            return low | high, (words >> np.uint64(48)).astype(np.int64), (words & np.uint64(1)).astype(bool)
+        entries = np.frombuffer(raw, dtype=np.dtype([("edata", "<u8"), ("meta", "<u4"), ("more", "<u4")]))
+        if layout.version >= (5, 3, 0):
+            meta = entries["meta"].astype(np.int64)
+            return entries["edata"], meta >> 5, (meta & 1).astype(bool)
+        return entries["edata"], entries["meta"].astype(np.int64), (entries["more"] & 0xFF).astype(bool)
+
+
+COMPACT_48 = RtreeShape((18, 18), False)
+WIDE_57 = RtreeShape((15, 15, 15), True)
+#: the shape of a build's tree by the shift its lookup code keys its cache of leaves with (page bits + leaf bits)
+SHAPES = {_PAGE_BITS + COMPACT_48.leaf_bits: COMPACT_48, _PAGE_BITS + WIDE_57.leaf_bits: WIDE_57}
+LEAF_SHIFTS = tuple(SHAPES)
 
 
 class ExtentMap:
-    """Lookups of the arena that owns an address, with the leaves and extent headers read once each."""
+    """Lookups of the extent, and the arena, that hold an address, with the tree's nodes and the extent headers
+    read once each."""
 
-    def __init__(self, mem: Memory, layout: JeLayout, rtree: int | None):
-        self.mem, self.layout, self.rtree = mem, layout, rtree
-        self._leaves: dict[int, int] = {}
+    def __init__(self, mem: Memory, layout: JeLayout, rtree: int | None, shape: RtreeShape = COMPACT_48):
+        self.mem, self.layout, self.rtree, self.shape = mem, layout, rtree, shape
+        self._nodes: dict[tuple[int, ...], int] = {}
         self._arenas: dict[int, int | None] = {}
 
     def arena_of(self, address: int) -> int | None:
@@ -47,16 +113,17 @@ class ExtentMap:
             return None
 
     def _entry(self, address: int) -> tuple[int, int, bool] | None:
-        key = (address >> 30) & _LEVEL
-        if key not in self._leaves:
-            self._leaves[key] = struct.unpack("<Q", self.mem.read(self.rtree + self.layout.rtree_root + 8 * key,
-                                                                  8))[0]
-        leaf = self._leaves[key]
-        if not leaf:
-            return None
-        bits, = struct.unpack("<Q", self.mem.read(leaf + 8 * ((address >> 12) & _LEVEL), 8))
-        low48 = bits & (2**48 - 1)
-        if low48 >> 47:
-            low48 |= 0xFFFF << 48
-        extent = low48 & ~self.layout.rtree_extent_mask
-        return (extent, bits >> 48, bool(bits & 1)) if extent else None
+        node = self.rtree + self.layout.rtree_root
+        path = self.shape.path(address)
+        for depth, index in enumerate(path):
+            key = tuple(path[:depth + 1])
+            if key not in self._nodes:
+                self._nodes[key] = struct.unpack("<Q", self.mem.read(node + 8 * index, 8))[0]
+            node = self._nodes[key]
+            if not node:
+                return None
+        _, index = self.shape.leaf_of(address)
+        size = self.shape.entry_size
+        headers, szind, slab = self.shape.decode(self.mem.read(node + size * index, size), self.layout)
+        extent = int(headers[0])
+        return (extent, int(szind[0]), bool(slab[0])) if extent else None
