@@ -502,9 +502,10 @@ def jemalloc_inputs(name: str, jemalloc: sysroots.Jemalloc, env: dict[str, str] 
                         {**_options_named(jemalloc, name), **(env or {})})
 
 
-def is_fresh_jemalloc(name: str, outdir: Path, jemalloc: sysroots.Jemalloc) -> bool:
-    return fresh.fresh(outdir / name, jemalloc_inputs(name, jemalloc), ("core", "stats.json", "ledger.json",
-                                                                        "meta.json"))
+def is_fresh_jemalloc(name: str, outdir: Path, jemalloc: sysroots.Jemalloc, env: dict[str, str] | None = None
+                      ) -> bool:
+    return fresh.fresh(outdir / name, jemalloc_inputs(name, jemalloc, env), ("core", "stats.json", "ledger.json",
+                                                                             "meta.json"))
 
 
 def corruption_applies(mode: str, version: tuple[int, int]) -> bool:

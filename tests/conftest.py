@@ -126,13 +126,21 @@ JEMALLOC_VERSIONS = {**sysroots.JEMALLOC_SUITES, **sysroots.JEMALLOC_LINKED,
                      **{name: b.version for name, b in jebuilds.BUILDS.items()}}
 
 
+#: variants of a jemalloc capture: the reproducer's MALLOC_CONF (under the build's prefix)
+JE_VARIANTS = {"": None, "prof": {"MALLOC_CONF": "prof:true,lg_prof_sample:10"}}
+
+
 @functools.cache
-def capture_jemalloc(suite: str, name: str) -> harness.Capture:
-    """jemalloc reproducer NAME's capture on SUITE's libjemalloc2 (taken now unless a fresh one exists)."""
+def capture_jemalloc(suite: str, name: str, variant: str = "") -> harness.Capture:
+    """jemalloc reproducer NAME's capture on SUITE's libjemalloc2 (taken now unless a fresh one exists), with
+    VARIANT's options."""
     jemalloc = harness.prepare_jemalloc(SYSROOTS, suite)
-    outdir = CORES / f"jemalloc-{suite}"
-    if not harness.is_fresh_jemalloc(name, outdir, jemalloc):
-        harness.capture_jemalloc(name, outdir, BINDIR, jemalloc)
+    outdir = CORES / (f"jemalloc-{suite}" + (f"-{variant}" if variant else ""))
+    env = JE_VARIANTS[variant]
+    if env:
+        env = {jemalloc.conf_variable if k == "MALLOC_CONF" else k: v for k, v in env.items()}
+    if not harness.is_fresh_jemalloc(name, outdir, jemalloc, env):
+        harness.capture_jemalloc(name, outdir, BINDIR, jemalloc, env)
     meta = json.loads((outdir / name / "meta.json").read_text())
     return harness.Capture(name=name, directory=outdir / name, exe=Path(meta["exe"]), pid=meta["pid"])
 

@@ -4,6 +4,7 @@ the builds it does not decode yet (cores/jebuilds.py)."""
 
 from __future__ import annotations
 
+import json
 import struct
 import subprocess
 import sys
@@ -11,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import JEMALLOC_REFUSED, JEMALLOC_VERSIONS, NO_SYMBOLS, capture_jemalloc, run_gdb
+from conftest import JEMALLOC_REFUSED, JEMALLOC_VERSIONS, JEMALLOCS, NO_SYMBOLS, capture_jemalloc, run_gdb
+from oracle import jemalloc_arena_view, jemalloc_printed_view
 from heapwalk.inferior import x86
 from heapwalk.inferior.elf import Mapping
 from heapwalk.jemalloc.find import mapped_objects
@@ -124,3 +126,32 @@ def test_a_radix_tree_entry_reads_the_same_in_both_shapes():
     assert COMPACT_48.leaf_of(0x7F0012345600) == (0x7F0000000000, 0x12345)
     assert WIDE_57.path(0x7F0012345600) == [0x7F0012345600 >> 42, (0x7F0012345600 >> 27) & 0x7FFF]
     assert WIDE_57.leaf_of(0x7F0012345600)[1] == (0x7F0012345600 >> 12) & 0x7FFF
+
+
+@pytest.mark.cores
+@pytest.mark.parametrize("suite", JEMALLOCS)
+def test_heap_profilings_sampled_allocations_are_accounted(suite, tmp_path):
+    """je_both with MALLOC_CONF=prof:true,lg_prof_sample:10 (Debian builds with --enable-prof): every sampled
+    small allocation sits alone in an extent of the smallest large class, which the statistics count as such.
+    The worker's arena still equals what malloc_stats_print printed (arena 0 is left out: the snapshot's own
+    allocation after printing may be sampled, and profiling then records it there), check finds every arena
+    consistent and counts the sampled extents, and the verdict says what profiling costs."""
+    cap = capture_jemalloc(suite, "je_both", "prof")
+    out, checked = tmp_path / "report.json", tmp_path / "check.json"
+    result = run_gdb([str(cap.exe), str(cap.core)], [f"heapwalk report --json {out}",
+                                                    f"heapwalk check --json {checked}"], iex=[NO_SYMBOLS])
+    assert result.returncode == 0 and "Traceback" not in result.stdout + result.stderr, result.stderr
+    doc, check = json.loads(out.read_text()), json.loads(checked.read_text())
+    stats = json.loads((cap.directory / "stats.json").read_text())["jemalloc"]
+    ledger = json.loads(cap.ledger.read_text())
+    assert doc["jemalloc"]["opt"]["prof"] is True
+    compared = 0
+    for arena in doc["jemalloc"]["arenas"]:
+        if arena["index"] not in (0, ledger["stats_arena"]):
+            printed = stats["stats.arenas"][str(arena["index"])]
+            assert jemalloc_arena_view(arena) == jemalloc_printed_view(printed, arena["index"], ledger)
+            compared += 1
+    assert compared == 1
+    assert check["clean"] and check["errors"] == 0 and check["checked"]["sampled"] > 100
+    assert any(s.startswith(f"Heap profiling is on (opt.prof): {check['checked']['sampled']} small allocations")
+               for s in doc["report"]["verdict"])

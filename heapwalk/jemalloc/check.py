@@ -12,7 +12,7 @@ from __future__ import annotations
 from heapwalk.findings import Finding, Severity
 from heapwalk.jemalloc.kinds import Kind
 from heapwalk.jemalloc.extents import ACTIVE, DIRTY, MUZZY, RETAINED
-from heapwalk.jemalloc.heapmap import held_bytes
+from heapwalk.jemalloc.heapmap import held_bytes, sampled
 from heapwalk.jemalloc.layout import PAGE
 from heapwalk.jemalloc.model import JeArena, JeState
 
@@ -33,6 +33,7 @@ def scope(state: JeState) -> dict[str, int]:
     """What the check looked at."""
     return {"arenas": len(state.arenas), "bins": sum(1 for a in state.arenas for b in a.bins if b.nmalloc),
             "extents": 0 if state.extents is None else len(state.extents),
+            "sampled": 0 if state.extents is None else sampled(state.extents),
             "tcaches": sum(1 for t in state.threads if t.tcache_arena is not None),
             "cached_regions": sum(c for t in state.threads for _, c in t.tcache)}
 

@@ -18,7 +18,7 @@ from heapwalk.inferior.residency import Residency
 from heapwalk.mapkinds import FREE, MAP_KINDS, MapKind, add_map_kind
 from heapwalk.view import HeapStrip
 
-__all__ = ["extent_strips", "held_bytes"]
+__all__ = ["extent_strips", "held_bytes", "sampled"]
 
 #: jemalloc's kinds of run on a heap map: a slab's free regions, and the extents freed to decay or kept unmapped
 for _kind in (MapKind("slab_free", "free regions in slabs", "#9467bd", "r", 130, FREE),
@@ -32,19 +32,27 @@ _OF_STATE = {ACTIVE: KIND["in_use"], DIRTY: KIND["dirty"], MUZZY: KIND["muzzy"],
 
 def held_bytes(table: ExtentTable) -> np.ndarray:
     """The bytes of each extent the program's allocation holds: an active slab's regions in use, an active large
-    extent's size class (the rest of its pages is the page cache_oblivious adds), any other extent's size."""
+    extent's size class (the rest of its pages is the page cache_oblivious adds), a small allocation that heap
+    profiling sampled the smallest large class (it is served by such an extent, counted as one), any other
+    extent's size."""
     classes = table.classes
     nbins = classes.nbins
     regions = np.array([c.size for c in classes.bins], dtype=np.int64)
     nregs = np.array([c.nregs for c in classes.bins], dtype=np.int64)
     slab = table.slab & (table.state == ACTIVE) & (table.szind < nbins)
-    large = ~table.slab & (table.state == ACTIVE) & (table.szind >= nbins)
+    large = ~table.slab & (table.state == ACTIVE)     # sampled small ones too, as the smallest large class
     index = np.clip(table.szind, 0, nbins - 1)
     used = (nregs[index] - np.clip(table.nfree, 0, nregs[index])) * regions[index]
-    usize = np.array([classes.large_size(int(i) - nbins) if big else 0
+    usize = np.array([classes.large_size(max(int(i) - nbins, 0)) if big else 0
                       for i, big in zip(table.szind.tolist(), large.tolist())], dtype=np.int64)
     room = table.size - table.offset
     return np.where(slab, np.minimum(used, table.size), np.where(large, np.minimum(usize, room), table.size))
+
+
+def sampled(table: ExtentTable) -> int:
+    """How many active extents serve one small allocation each: those heap profiling sampled (prof:true), which
+    jemalloc promotes to an extent of the smallest large class that keeps the small class's index."""
+    return int((~table.slab & (table.state == ACTIVE) & (table.szind < table.classes.nbins)).sum())
 
 
 def extent_strips(table: ExtentTable, residency: Residency | None = None) -> list[HeapStrip]:

@@ -137,7 +137,8 @@ def jemalloc_check_text(findings, checked: dict[str, int], limit: int) -> Text:
     """'heapwalk check' on jemalloc: a summary line, then each finding (as glibc's check lists them)."""
     scope = (f"{checked['arenas']} arenas, {checked['bins']} bins, {checked['tcaches']} thread caches, "
              f"{checked['cached_regions']} cached regions" + (f", {checked['extents']} extents"
-                                                              if checked.get("extents") else ""))
+                                                              if checked.get("extents") else "")
+             + (f" ({checked['sampled']} of them sampled by heap profiling)" if checked.get("sampled") else ""))
     return check_text(CheckResult(tuple(findings)), limit, "jemalloc", scope)
 
 

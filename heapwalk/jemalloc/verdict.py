@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from heapwalk.analysis.report import human
 from heapwalk.jemalloc.decay import never_decaying
+from heapwalk.jemalloc.heapmap import sampled
 from heapwalk.jemalloc.layout import PAGE
 from heapwalk.jemalloc.model import JeArena, JeState
 from heapwalk.view import ArenaView
@@ -29,7 +30,22 @@ def advice(state: JeState, rows: tuple[ArenaView, ...]) -> tuple[str, ...]:
     if not state.arenas:
         return ("jemalloc holds no arenas.",)
     return tuple(s for s in (_headline(state, rows), *_decay(state), _muzzy(state), _retained(state), _slabs(state),
-                             _tcache(state)) if s)
+                             _tcache(state), _profiled(state)) if s)
+
+
+def _profiled(state: JeState) -> str:
+    """What heap profiling's sampled allocations cost: each small one sampled takes an extent of its own."""
+    if state.extents is None:
+        return ""
+    count = sampled(state.extents)
+    if not count:
+        return ""
+    table = state.extents
+    promoted = (~table.slab) & (table.state == 0) & (table.szind < table.classes.nbins)
+    held = int(table.size[promoted].sum())
+    return (f"Heap profiling is on (opt.prof): {count} small allocations it sampled hold an extent of their own, "
+            f"{human(held)} in all (counted as {human(table.classes.large_size(0))} allocations of the smallest "
+            "large class in the arenas' statistics); a larger lg_prof_sample samples fewer.")
 
 
 def _headline(state: JeState, rows: tuple[ArenaView, ...]) -> str:
