@@ -309,6 +309,10 @@ def test_the_report_puts_every_mapped_byte_of_every_arena_somewhere(reported, de
     assert rows[0]["free"]["tcache"] == from_main > 0
     assert doc["report"]["totals"]["trim"] == sum(a["pdirty"] + a["pmuzzy"] for a in doc["jemalloc"]["arenas"]) * 4096
     assert "where the memory is" in text and "decay frees" in text and "slabs by size class" in text
+    buffer = ledger["stats_buffer"]
+    printer = buffer["size"] if buffer is not None and buffer["internal"] else 0   # counted while it printed
+    assert doc["report"]["metadata"]["metadata"] == stats["stats"]["metadata"] - printer
+    assert "metadata (malloc_stats_print's): " in text
 
 
 @pytest.mark.parametrize("suite", JEMALLOC_BUILDS)

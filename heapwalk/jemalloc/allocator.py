@@ -61,7 +61,7 @@ class JemallocHeap(Decoded):
 
     def report_parts(self, rep: Report, interactive: bool) -> list:
         box = box_for(interactive)
-        *parts, verdict = report_group(rep, interactive, WORDS, summary_lines(rep)).renderables
+        *parts, verdict = report_group(rep, interactive, WORDS, summary_lines(rep, self.state.metadata())).renderables
         extra = [jedoc.jemalloc_slabs_table(self.state, box), jedoc.jemalloc_threads_table(self.state, box)]
         return [*parts, *(t for t in extra if t is not None), verdict]
 

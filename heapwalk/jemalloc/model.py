@@ -193,6 +193,17 @@ class JeState:
         held = a.small()["allocated"] + a.large_totals()["allocated"] - self.cached_from(a.index)
         return max(0, min(held, a.pactive * 4096))    # never more than its active pages, damaged counters or not
 
+    def metadata(self) -> dict[str, int]:
+        """jemalloc's own metadata as malloc_stats_print counts it (``metadata`` = base + internal), and what
+        the overhead column holds beside it: the base blocks mapped, and the pages cache_oblivious adds to
+        large allocations."""
+        pages = sum((a.pactive + a.pdirty + a.pmuzzy) * 4096 for a in self.arenas)
+        base = sum(a.base for a in self.arenas)
+        internal = sum(a.internal for a in self.arenas)
+        return {"metadata": base + internal, "base": base, "internal": internal,
+                "base_mapped": max(0, sum(a.mapped for a in self.arenas) - pages),
+                "pads": sum(max(0, a.active_slack()) for a in self.arenas)}
+
     def slabs_by_size(self) -> dict[int, SlabTotals]:
         """Every arena's slabs together, by region size (sizes with a slab in use only)."""
         out: dict[int, SlabTotals] = {}

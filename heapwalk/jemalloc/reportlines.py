@@ -12,18 +12,23 @@ __all__ = ["WORDS", "summary_lines"]
 
 WORDS = Words(
     holds="jemalloc's arenas hold", system="mapped", heaps="extents", pieces="pieces", gives_back="decay gives back",
-    large="large allocations", overhead="metadata",
+    large="large allocations", overhead="base, pads",
     free_columns=(("free: tcache", lambda a: a.free["tcache"]), ("slabs", lambda a: a.free["slabs"]),
                   ("dirty", lambda a: a.free["dirty"]), ("muzzy", lambda a: a.free["muzzy"])),
-    last_columns=(("metadata", lambda a: a.overhead), ("decay frees", lambda a: a.reclaim)),
-    overhead_page="metadata, unused", pieces_page="free pieces (regions, cached regions and free extents)")
+    last_columns=(("base, pads", lambda a: a.overhead), ("decay frees", lambda a: a.reclaim)),
+    overhead_page="base blocks and pads", pieces_page="free pieces (regions, cached regions and free extents)")
 
 
-def summary_lines(rep: Report) -> Text:
-    """jemalloc's lines under the arena table: large allocations, arenas, what decay would give back, the
-    free pieces."""
+def summary_lines(rep: Report, metadata: dict[str, int] | None = None) -> Text:
+    """jemalloc's lines under the arena table: large allocations, jemalloc's metadata (METADATA, from
+    `JeState.metadata`) and the base blocks and pads, arenas, what decay would give back, the free pieces."""
     lines = Text()
     lines.append(f"large allocations: {rep.mmapped_count}, {human(rep.mmapped_bytes)}\n")
+    if metadata is not None:
+        lines.append(f"metadata (malloc_stats_print's): {human(metadata['metadata'])}: base allocations "
+                     f"{human(metadata['base'])} in {human(metadata['base_mapped'])} of base blocks, and internal "
+                     f"allocations {human(metadata['internal'])} (counted in use); 'base, pads' is the base blocks "
+                     f"and the page cache_oblivious adds to each large allocation ({human(metadata['pads'])})\n")
     lines.append(f"arenas: {len(rep.arenas)} ({rep.arenas_on_free_list} with no thread); {rep.arena_limit}\n")
     if not all(a.balanced for a in rep.arenas):
         lines.append("accounting: some arenas' counters do not agree with their pages (see the findings)\n",

@@ -112,7 +112,8 @@ def jemalloc_threads_table(state: JeState, box) -> Table:
 def jemalloc_report_document(state: JeState, rep: Report) -> dict[str, Any]:
     """'heapwalk report --json' of a jemalloc process: the arenas' document with the report in it (the same
     "report" object as glibc's, which 'heapwalk diff' reads)."""
-    return {**jemalloc_document(state), "report": {**report_json(rep), "partial": []}}
+    return {**jemalloc_document(state), "report": {**report_json(rep), "partial": [],
+                                                   "metadata": state.metadata()}}
 
 
 def jemalloc_slabs_table(state: JeState, box, limit: int = 12) -> Table | None:
