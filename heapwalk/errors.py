@@ -3,11 +3,13 @@ understands (said in one line) from a bug (a traceback with 'set heapwalk debug 
 
 from __future__ import annotations
 
-__all__ = ["HeapwalkError", "UsageError", "CannotDecode", "PARTIAL"]
+__all__ = ["HeapwalkError", "UsageError", "CannotDecode", "PARTIAL", "UNCHECKED"]
 
 #: what ends a report that leaves out an allocator in the process (heapwalk cannot decode it): gdb's error line
 #: then says so, and the command line's exit status (3)
 PARTIAL = "the report is partial:"
+#: what ends a check that left out an allocator in the process: never read as "the heap is consistent"
+UNCHECKED = "not everything was checked:"
 
 
 class HeapwalkError(Exception):

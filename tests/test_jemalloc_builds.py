@@ -67,7 +67,8 @@ def test_every_file_mapped_from_its_start_is_an_object_to_look_in():
 @pytest.mark.parametrize("build", JEMALLOC_REFUSED)
 def test_a_build_heapwalk_cannot_decode_is_named_with_its_reason_and_the_report_is_partial(build, tmp_path):
     """je_dns linked (stripped) with a jemalloc built as tikv-jemallocator or a debug build configure it: the report names jemalloc, its version, the program that holds it and why it is not decoded, first;
-    the command line's exit status says the report is partial (3), or that nothing could be reported (2)."""
+    the command line's exit status says the report is partial (3), or that nothing could be reported (2);
+    'heapwalk check' ends with an error that says jemalloc was not checked."""
     cap = capture_jemalloc(build, "je_dns")
     cli = Path(sys.executable).with_name("heapwalk")
     result = subprocess.run([str(cli), "report", str(cap.core), "--no-symbols"], capture_output=True, text=True,
@@ -85,6 +86,10 @@ def test_a_build_heapwalk_cannot_decode_is_named_with_its_reason_and_the_report_
         assert [line for line in result.stderr.splitlines() if line.startswith("heapwalk: jemalloc")], said
     gdb = run_gdb([str(cap.exe), str(cap.core)], ["heapwalk report"], iex=[NO_SYMBOLS])
     assert gdb.returncode == 1 and REASONS[build] in gdb.stdout + gdb.stderr
+    check = run_gdb([str(cap.exe), str(cap.core)], ["heapwalk check"], iex=[NO_SYMBOLS])
+    assert check.returncode == 1 and REASONS[build] in check.stderr          # never "consistent" and done
+    if result.returncode == 3:
+        assert "heapwalk check: not everything was checked: jemalloc is in this process" in check.stderr
 
 
 #: what each build is refused for

@@ -24,7 +24,7 @@ from heapwalk.cli.capture import cmd_capture
 from heapwalk.cli.cores import open_core, report_command
 from heapwalk.cli.diff import cmd_diff
 from heapwalk.cli.gdbmi import EXIT_DAMAGED, EXIT_ERROR, EXIT_PARTIAL, CliError
-from heapwalk.errors import PARTIAL
+from heapwalk.errors import PARTIAL, UNCHECKED
 from heapwalk.output.options import add_no_leaks, add_report_files
 
 __all__ = ["main", "make_parser"]
@@ -50,7 +50,9 @@ def cmd_report(args) -> int:
             except CliError as exc:
                 print(exc.output, end="")
                 print(str(exc), file=sys.stderr)
-                return EXIT_DAMAGED
+                if UNCHECKED not in str(exc):
+                    return EXIT_DAMAGED
+                status = EXIT_PARTIAL
     return status
 
 

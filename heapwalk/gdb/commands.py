@@ -13,7 +13,7 @@ import textwrap
 import gdb  # type: ignore[import-not-found]
 
 from heapwalk import registry
-from heapwalk.errors import PARTIAL
+from heapwalk.errors import PARTIAL, UNCHECKED
 from heapwalk.findings import Kind
 from heapwalk.registry import described
 from heapwalk.gdb.leakcommands import LeaksCommand, in_use_and_leaks, reach_text, scan_leaks
@@ -136,8 +136,9 @@ class CheckCommand(Subcommand):
         p = Parser(prog="heapwalk check", description=described(
             "Validate every invariant the allocator relies on, and list each violation: kind, address, structure, "
             "what was expected and what was found. Sets $heapwalk_errors and $heapwalk_warnings; when the heap is "
-            "damaged the command ends with an error, so 'gdb -batch' exits with status 1 when it is the last "
-            "command (see docs/forensics.md)", "check"))
+            "damaged, or when an allocator in the process could not be decoded and so was not checked, the command "
+            "ends with an error, so 'gdb -batch' exits with status 1 when it is the last command (see "
+            "docs/forensics.md)", "check"))
         p.add_argument("--limit", metavar="N", type=int, default=200,
                        help="print at most N findings (default 200; 0: all); --json has them all")
         json_option(p)
@@ -164,6 +165,10 @@ class CheckCommand(Subcommand):
         if errors:
             what = damaged[0].damaged_subject if len(damaged) == 1 else "the heap is"
             raise UserError(f"heapwalk check: {what} damaged ({errors} error(s))")
+        left_out = [f.message for d in found.decoded for f in d.findings() if f.kind is Kind.NOT_DECODED]
+        if left_out:   # a consistent heap beside an allocator never checked is no all-clear
+            more = f" (and {len(left_out) - 1} more: see the findings)" if len(left_out) > 1 else ""
+            raise UserError(f"heapwalk check: {UNCHECKED} {left_out[0]}{more}")
 
 
 class VerbCommand(Subcommand):
