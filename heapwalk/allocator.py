@@ -105,6 +105,7 @@ class Verb:
     parser: Callable[[Any], None]
     run: Callable[[Any, Any, Any], None]
     walk: bool = False        # does it need every piece walked
+    accepts: Callable[[Any], bool] = lambda args: True    # are these arguments its (another allocator's if not)
 
 
 class Decoded:

@@ -73,18 +73,21 @@ def test_glibc_is_what_malloc_info_printed_beside_jemalloc(both, suite):
 @pytest.mark.parametrize("suite", JEMALLOCS)
 def test_report_threads_and_check_show_both(both, suite, tmp_path):
     """The report of each allocator, and the sentence that says what each holds; check of both, consistent,
-    with $heapwalk_errors 0; glibc's own commands (bins, tcache) read glibc's heap beside jemalloc."""
+    with $heapwalk_errors 0; 'bins' and 'tcache' show jemalloc's, and with glibc's own arguments (a kind of
+    free list, --entries) glibc's heap beside it."""
     cap = both(suite)[0]
     report, check = tmp_path / "report.json", tmp_path / "check.json"
     result = run_gdb([str(cap.exe), str(cap.core)], [
         f"heapwalk report --json {report}", "heapwalk threads", f"heapwalk check --json {check}",
-        "printf \"errors=%d\\n\", $heapwalk_errors", "heapwalk bins", "heapwalk tcache"], iex=[NO_SYMBOLS])
+        "printf \"errors=%d\\n\", $heapwalk_errors", "heapwalk bins", "heapwalk tcache", "heapwalk bins small",
+        "heapwalk tcache --entries"], iex=[NO_SYMBOLS])
     text = " ".join(result.stdout.split())
     assert result.returncode == 0 and "Traceback" not in text + result.stderr, result.stderr
     assert "This process allocates with both: jemalloc maps" in text
     assert "jemalloc threads" in text and "arenas and their threads" in text
     assert "jemalloc consistent" in text and "heap consistent" in text and "errors=0" in text
-    assert "fastbins" in text or "small bins" in text
+    assert "jemalloc arena 0 bins" in text and " tcache of arena " in text
+    assert ": free lists" in text and "tcache per thread" in text
     doc = json.loads(report.read_text())
     assert doc["report"]["verdict"][0].startswith("Held free by jemalloc")
     assert any("slabs not full" in line and "a slab goes back to its arena only when its last region is freed"

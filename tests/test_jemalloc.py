@@ -434,3 +434,23 @@ def test_an_arena_whose_containers_are_overwritten_is_named():
     (a,) = collect_jemalloc(mem, disc, []).arenas
     assert [(f.kind, f.address, f.found) for f in a.findings] == [(Kind.ARENA, arena_at + layout.dirty_state,
                                                                    "[1, 7, 3]")]
+
+
+@pytest.mark.parametrize("suite", JEMALLOC_BUILDS[:2])
+def test_bins_and_tcache_show_jemallocs_own(decoded, suite, tmp_path):
+    """'heapwalk bins' lists each arena's bins by size class, 'heapwalk tcache' each thread's cache, the same
+    figures as the arenas' document; glibc's arguments are refused in one line when glibc's malloc is unused."""
+    cap = capture_jemalloc(suite, "je_dns")
+    bins, caches = tmp_path / "bins.json", tmp_path / "tcache.json"
+    result = run_gdb([str(cap.exe), str(cap.core)], [f"heapwalk bins --json {bins}", f"heapwalk tcache --json "
+                                                     f"{caches}", "heapwalk bins --arena 1"], iex=[NO_SYMBOLS])
+    text = " ".join(result.stdout.split())
+    assert result.returncode == 0 and "Traceback" not in text + result.stderr, result.stderr
+    doc, _, _ = decoded(suite)
+    shown = {a["index"]: {b["size"]: b["curregs"] for b in a["bins"]} for a in json.loads(bins.read_text())["arenas"]}
+    assert shown == {a["index"]: {b["size"]: b["curregs"] for b in a["bins"] if b["nmalloc"] or b["curslabs"]}
+                     for a in doc["jemalloc"]["arenas"]}
+    cached = {t["number"]: t["bytes"] for t in json.loads(caches.read_text())["threads"]}
+    assert cached == {t["number"]: t["tcache"]["bytes"] for t in doc["jemalloc"]["threads"]
+                      if t["tcache"]["arena"] is not None}
+    assert "jemalloc arena 1 bins" in text and "jemalloc arena 0 bins" not in text.split("tcache of arena")[-1]

@@ -8,6 +8,8 @@ internal errors show a traceback only with ``set heapwalk debug on``.
 
 from __future__ import annotations
 
+import dataclasses
+
 import textwrap
 
 import gdb  # type: ignore[import-not-found]
@@ -173,10 +175,11 @@ class CheckCommand(Subcommand):
 
 class VerbCommand(Subcommand):
     """A command only some allocators have (`heapwalk.allocator.Verb`): run on the first decoded allocator
-    that has it."""
+    that has it, with that allocator's own verb (all take the first one's arguments)."""
 
-    def __init__(self, verb, owners):
+    def __init__(self, verb, owners, own: dict | None = None):
         self.verb, self.owners, self.name = verb, owners, verb.name
+        self.own = own or {}
         super().__init__()
 
     def make_parser(self):
@@ -186,12 +189,14 @@ class VerbCommand(Subcommand):
 
     def run(self, args) -> None:
         found = load_allocators(walk_chunks=self.verb.walk)
-        decoded = next((d for d in found.decoded if d.name in self.owners), None)
-        if decoded is None:
+        having = [d for d in found.decoded if d.name in self.owners]
+        if not having:
             owners = " and ".join(a.title for a in registry.allocators() if a.name in self.owners)
             raise UserError(f"heapwalk {self.verb.name}: a command of {owners} only, and this process allocates "
                             f"with {' and '.join(d.title for d in found.decoded)}")
-        self.verb.run(decoded, args, Front(found))
+        # the first allocator whose command takes these arguments (glibc's 'bins small' beside jemalloc)
+        decoded = next((d for d in having if self.own.get(d.name, self.verb).accepts(args)), having[0])
+        self.own.get(decoded.name, self.verb).run(decoded, args, Front(found))
 
 
 class Front:
@@ -270,12 +275,29 @@ def _prefix_help(verbs: dict) -> str:
 
 
 def _verbs() -> dict:
-    """Each allocator's own commands, and which allocators have each."""
+    """Each allocator's own commands, and which allocators have each.  A name several allocators share stands
+    for one command: the C library's arguments and summary (the others read the same arguments), and each
+    allocator's description."""
+    by_name: dict = {}
+    for allocator in registry.allocators():
+        for verb in allocator.verbs:
+            by_name.setdefault(verb.name, []).append((allocator, verb))
+    out: dict = {}
+    for name, owners in by_name.items():
+        verb = owners[-1][1]
+        if len(owners) > 1:
+            verb = dataclasses.replace(verb, description=" ".join(f"For {a.title}: {v.description}"
+                                                                  for a, v in owners))
+        out[verb] = [a.name for a, _ in owners]
+    return out
+
+
+def _own_verbs() -> dict:
+    """name -> {allocator: its own verb of that name}."""
     out: dict = {}
     for allocator in registry.allocators():
         for verb in allocator.verbs:
-            same = next((v for v in out if v.name == verb.name), verb)
-            out.setdefault(same, []).append(allocator.name)
+            out.setdefault(verb.name, {})[allocator.name] = verb
     return out
 
 
@@ -297,8 +319,9 @@ def register() -> None:
         "core-missing", "the address ranges (hex a-b,c-d) a truncated core lacks, which its padding would read as "
         "zeros (the command line sets it)", "the core lacks nothing")
     ArenasCommand()
+    own = _own_verbs()
     for verb, owners in verbs.items():
-        VerbCommand(verb, owners)
+        VerbCommand(verb, owners, own[verb.name])
     ReportCommand()
     ThreadsCommand()
     CheckCommand()

@@ -120,6 +120,11 @@ class Jemalloc(Allocator):
         "map": "each arena's extents: in use, free regions in slabs, dirty, muzzy and retained pages",
     }
 
+    @property
+    def verbs(self):
+        from heapwalk.jemalloc.verbs import VERBS
+        return VERBS
+
     def settings_in(self, document: dict) -> str:
         return page.option_settings(document)
 
