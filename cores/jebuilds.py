@@ -57,6 +57,9 @@ BUILDS = {
                                                         "--with-private-namespace=_rjem_", "--with-lg-vaddr=48")),
     "redis-5.2.1": SourceBuild(*_REDIS, "je_", ("--with-version=5.2.1-0-g0", "--with-lg-quantum=3",
                                                 "--with-jemalloc-prefix=je_", "--with-lg-vaddr=48")),
+    # as Redis 7.2 and later configure their vendored 5.3.0
+    "5.3.0-q8": SourceBuild(*_JEMALLOC, "je_", ("--with-lg-quantum=3", "--with-jemalloc-prefix=je_",
+                                                "--with-lg-vaddr=48")),
     # as configure makes them on a machine with 5-level paging: a three-level radix tree, 16-byte leaf entries
     "5.3.0-vaddr57": SourceBuild(*_JEMALLOC, "", ("--with-lg-vaddr=57",)),
     "redis-5.2.1-vaddr57": SourceBuild(*_REDIS, "je_", ("--with-version=5.2.1-0-g0", "--with-lg-quantum=3",

@@ -60,6 +60,8 @@ def _stopped_briefly(pid: int, core: Path, facts: dict, whole_files: bool):
         hold = hold_for(pid, whole_files)
         started = time.monotonic()
         with ptrace.stop(pid) as stopped:
+            # the process's clock at its stop: what its allocator's timers (jemalloc's decay) are measured against
+            facts = dict(facts, monotonic_ns=time.clock_gettime_ns(time.CLOCK_MONOTONIC))
             smaps = read_smaps(pid)
             runs = resident_runs(pid, smaps)
             pending = write_core(stopped, core, facts, hold, whole_files)

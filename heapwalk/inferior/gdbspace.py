@@ -9,6 +9,7 @@ import contextlib
 import json
 import os
 import re
+import time
 from pathlib import Path
 
 import gdb  # type: ignore[import-not-found]
@@ -21,7 +22,7 @@ from heapwalk.inferior.pages import LivePages
 from heapwalk.inferior.residency import Pagemap, Residency, load_runs, of_core
 from heapwalk.inferior.space import MemoryMap
 
-__all__ = ["has_target", "connection_type", "cpu_counts", "residency", "core_path", "describe_target",
+__all__ = ["has_target", "connection_type", "cpu_counts", "clock_ns", "residency", "core_path", "describe_target",
            "memory_map", "missing_ranges", "core_holes", "core_not_read", "mappings", "MemoryMap", "command_text"]
 
 _MAPPING_LINE = re.compile(r"^\s*(0x[0-9a-f]+)\s+(0x[0-9a-f]+)\s+0x[0-9a-f]+\s+(0x[0-9a-f]+)"
@@ -89,6 +90,17 @@ def cpu_counts() -> tuple[int, int] | None:
         return os.cpu_count() or 1, len(os.sched_getaffinity(gdb.selected_inferior().pid))
     except (OSError, ValueError):
         return None
+
+
+def clock_ns() -> int | None:
+    """CLOCK_MONOTONIC at the snapshot, in nanoseconds (the clock allocators time their decay with): a live
+    process's now (it is stopped while heapwalk reads it), a core's from the note `heapwalk capture` writes;
+    None for other cores."""
+    if connection_type() == "core":
+        with _open_core() as core:
+            value = (core.capture_facts() if core is not None else {}).get("monotonic_ns")
+        return value if isinstance(value, int) and value > 0 else None
+    return time.clock_gettime_ns(time.CLOCK_MONOTONIC)
 
 
 def thread_names() -> dict[int, str]:

@@ -139,6 +139,12 @@ LAYOUTS[(5, 2, 1, 3)] = dataclasses.replace(
     LAYOUTS[(5, 2, 1)], arena_size=29520, base=29504, base_counters=2032, tsd_size=0x1898,
     tsd_tcache_bins=(496 + 16, 496 + 1080), tsd_tcache_arena=496 + 1024, cache_bins=39 + 196,
     classes=size_classes(3))
+#: jemalloc 5.3.0 with an 8-byte quantum (Redis 7.2 and later vendor it so): the tcache's per-class flush
+#: state before its bins and its bins (76) grow, moving the tsd's state and counters by 16 bytes; base_t's heaps
+#: by size class are three longer (measured on jemalloc 5.3.0 built --with-lg-quantum=3 with debug information)
+LAYOUTS[(5, 3, 0, 3)] = dataclasses.replace(
+    LAYOUTS[(5, 3, 0)], tsd_state=832, tsd_allocated=840, tsd_deallocated=856, tsd_size=0xAA0,
+    tsd_tcache_bins=(872 + 8,), cache_bins=76, base_counters=3928, classes=size_classes(3))
 #: the quanta (lg) heapwalk has layouts for, by number of small classes
 QUANTA = {36: 4, 39: 3}
 
