@@ -15,7 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import JEMALLOC_BUILDS, JEMALLOC_VERSIONS, JEMALLOCS, NO_SYMBOLS, capture_jemalloc, run_gdb
+from conftest import (BINDIR, JEMALLOC_BUILDS, JEMALLOC_VERSIONS, JEMALLOCS, NO_SYMBOLS, SYSROOTS, capture_jemalloc,
+                      run_gdb)
+import harness
 from oracle import jemalloc_arena_view, jemalloc_printed_view
 from heapwalk.findings import Kind, Severity
 from heapwalk.jemalloc.decode import collect_jemalloc
@@ -454,3 +456,39 @@ def test_bins_and_tcache_show_jemallocs_own(decoded, suite, tmp_path):
     assert cached == {t["number"]: t["tcache"]["bytes"] for t in doc["jemalloc"]["threads"]
                       if t["tcache"]["arena"] is not None}
     assert "jemalloc arena 1 bins" in text and "jemalloc arena 0 bins" not in text.split("tcache of arena")[-1]
+
+
+@pytest.mark.parametrize("suite", ["bullseye", "bookworm-linked"])
+def test_the_decay_clock_says_which_arenas_are_overdue(suite, tmp_path):
+    """je_dns stopped at its snapshot, read live (its clock is the machine's): each arena's decay epoch lies
+    before the snapshot and its deadline one step (dirty_decay_ms / 200) plus jitter of less than a step after
+    it; the arenas that decay but whose threads are idle are named overdue. Its core says the clock is not
+    known."""
+    jemalloc = harness.prepare_jemalloc(SYSROOTS, suite)
+    exe = harness.build("je_dns", BINDIR, jemalloc=jemalloc)
+    env = {**jemalloc.environment(), **harness._options_named(jemalloc, "je_dns")}
+    proc = harness.run_to_snapshot(exe, tmp_path / "run", env=env)
+    out = tmp_path / "report.json"
+    try:
+        result = run_gdb(["-p", str(proc.pid)], [f"heapwalk report --json {out}"], iex=[NO_SYMBOLS])
+    finally:
+        proc.kill()
+        proc.wait()
+    assert result.returncode == 0 and "Traceback" not in result.stdout + result.stderr, result.stderr
+    doc = json.loads(out.read_text())
+    clock = doc["jemalloc"]["clock_ns"]
+    assert clock > 0
+    stepped = [a for a in doc["jemalloc"]["arenas"] if a["decay_clock"]["dirty_epoch_ns"]]
+    assert len(stepped) >= 7
+    for a in stepped:
+        epoch, deadline = a["decay_clock"]["dirty_epoch_ns"], a["decay_clock"]["dirty_deadline_ns"]
+        step = a["dirty_decay_ms"] * 1_000_000 // 200
+        assert epoch < clock and step <= deadline - epoch < 2 * step, a["index"]
+    late = [s for s in doc["report"]["verdict"] if s.startswith("Overdue: the decay of arena")]
+    assert len(late) == 1 and "and the next call purges them at once" in late[0]
+    stuck = {f["address"] for f in doc["findings"] if f["kind"] == "no_decay"}
+    decaying = [a for a in doc["jemalloc"]["arenas"] if a["pdirty"] and a["address"] not in stuck]
+    assert f"{'arena' if len(decaying) == 1 else 'arenas'} {', '.join(str(a['index']) for a in decaying)} (" in late[0]
+    _, core_doc = _gdb_json(tmp_path, suite, "report")
+    assert core_doc["jemalloc"]["clock_ns"] is None
+    assert any(s.startswith("Whether their decay is overdue is not known") for s in core_doc["report"]["verdict"])

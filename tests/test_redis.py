@@ -174,3 +174,5 @@ def test_a_live_capture_of_redis_reports_its_jemalloc(redis):
     assert "jemalloc 5.2.1-0-g0" in said and "Traceback" not in said and "could not decode" not in said
     assert report["allocator"] == "jemalloc"
     assert sum(a["in_use"] for a in report["report"]["arenas"]) > 10 << 20
+    clock = report["jemalloc"]["clock_ns"]          # the capture's core records the process's clock
+    assert clock and all(a["decay_clock"]["dirty_epoch_ns"] < clock for a in report["jemalloc"]["arenas"])

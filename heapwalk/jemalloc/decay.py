@@ -10,7 +10,7 @@ from heapwalk.jemalloc.kinds import Kind
 from heapwalk.jemalloc.layout import PAGE
 from heapwalk.jemalloc.model import JeArena, JeState
 
-__all__ = ["decay_findings", "never_decaying"]
+__all__ = ["decay_findings", "never_decaying", "overdue"]
 
 
 def never_decaying(state: JeState) -> list[tuple[JeArena, list[int]]]:
@@ -46,3 +46,18 @@ def _never_decays(arena: JeArena, threads: list[int]) -> Finding:
         "MALLOC_CONF=dirty_decay_ms:0 (purge at once), background_thread:true (a thread that purges), an "
         "allocation at each thread's start, or jemalloc 5.3", Kind.NO_DECAY, "dirty pages purged over time",
         f"{arena.pdirty} pages, never purged")
+
+
+def overdue(state: JeState) -> list[tuple[JeArena, int, int]] | None:
+    """Each arena holding dirty pages whose decay's next step was due before the snapshot, with how long
+    before (ns) and how long before it last stepped (ns); None when the snapshot's clock is not known.  An
+    arena's decay steps only when a thread of it calls jemalloc (or a background thread wakes), so an idle
+    arena keeps its dirty pages past their time."""
+    if state.clock_ns is None:
+        return None
+    out = []
+    for arena in state.arenas:
+        epoch, deadline = arena.dirty_clock
+        if arena.pdirty and arena.dirty_decay_ms > 0 and epoch and 0 < deadline < state.clock_ns:
+            out.append((arena, state.clock_ns - deadline, state.clock_ns - epoch))
+    return out

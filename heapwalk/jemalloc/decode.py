@@ -124,7 +124,14 @@ def _arena(mem: Memory, layout: JeLayout, index: int, address: int, cached: int 
                    pages(layout.muzzy_npages), pages(layout.retained_npages) * PAGE,
                    _i64(word(layout.dirty_decay_ms)), _i64(word(layout.muzzy_decay_ms)), *dirty, *muzzy,
                    bins, *memory, _large(layout, raw), _extents(layout, raw), tcache_bytes,
-                   tuple(findings + lost))
+                   tuple(findings + lost), _clock(layout, raw, layout.dirty_decay_ms),
+                   _clock(layout, raw, layout.muzzy_decay_ms))
+
+
+def _clock(layout: JeLayout, raw: bytes, time_ms: int) -> tuple[int, int]:
+    """The (epoch, deadline) of the decay whose time_ms is at TIME_MS in the arena's bytes RAW."""
+    return (struct.unpack_from("<Q", raw, time_ms + layout.decay_epoch)[0],
+            struct.unpack_from("<Q", raw, time_ms + layout.decay_deadline)[0])
 
 
 def _states(layout: JeLayout, index: int, address: int, raw: bytes) -> list[Finding]:

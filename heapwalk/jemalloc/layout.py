@@ -79,6 +79,9 @@ class JeLayout:
     extent_szind_shift: int = 18          # its size class (8 bits) and its slab's free regions (10 bits); its
     extent_nfree_shift: int = 26          # arena is bits 0-11 and the slab bit 12 in both versions
     classes: SizeClasses = size_classes(4)  # the size classes (a 16-byte quantum)
+    #                                       a decay_t (from its time_ms, at dirty_decay_ms / muzzy_decay_ms):
+    decay_epoch: int = 16                 # its epoch (nstime_t: ns of CLOCK_MONOTONIC) when it last stepped
+    decay_deadline: int = 32              # when its next step is due
 
     @property
     def name(self) -> str:

@@ -20,5 +20,6 @@ def load_jemalloc(target: Target, found: JemallocImage | None = None) -> JeState
     disc = discover_jemalloc(target.mem, target.space.mappings, [t.fs_base for t in target.threads if t.fs_base],
                              found)
     state = collect_jemalloc(target.mem, disc, target.threads, target.description)
+    state = dataclasses.replace(state, clock_ns=target.clock_ns)
     return dataclasses.replace(state, findings=state.findings + decay_findings(state) + target.findings(),
                                residency=target.residency)

@@ -96,6 +96,8 @@ class JeArena:
     tcache_bytes: int | None = None         # bytes cached by the thread caches registered with the arena, as
     #                                         its statistics count them (5.2.1: the small bins only)
     findings: tuple[Finding, ...] = ()
+    dirty_clock: tuple[int, int] = (0, 0)   # the dirty pages' decay: (epoch, deadline) in ns of CLOCK_MONOTONIC
+    muzzy_clock: tuple[int, int] = (0, 0)   # the muzzy pages' (0, 0: never set up)
 
     def small(self) -> dict[str, int]:
         """The small classes together, as malloc_stats_print sums them: bytes in use and the counters."""
@@ -174,6 +176,7 @@ class JeState:
     residency: Residency | None = None          # which pages were in RAM, when the target says
     background_thread: bool | None = None       # do background threads run now (mallctl "background_thread",
     #                                             set at run time; None: not known)
+    clock_ns: int | None = None                 # CLOCK_MONOTONIC at the snapshot (None: not known)
 
     @property
     def background_running(self) -> bool | None:

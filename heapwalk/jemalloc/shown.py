@@ -36,7 +36,9 @@ def _arena(a: JeArena) -> dict[str, Any]:
             "lextents": [{"size": c.size, "curlextents": c.curlextents} for c in a.large],
             "extents": [{"ndirty": e.ndirty, "nmuzzy": e.nmuzzy, "nretained": e.nretained,
                          "dirty_bytes": e.dirty_bytes, "muzzy_bytes": e.muzzy_bytes,
-                         "retained_bytes": e.retained_bytes} for e in a.extents]}
+                         "retained_bytes": e.retained_bytes} for e in a.extents],
+            "decay_clock": {"dirty_epoch_ns": a.dirty_clock[0], "dirty_deadline_ns": a.dirty_clock[1],
+                            "muzzy_epoch_ns": a.muzzy_clock[0], "muzzy_deadline_ns": a.muzzy_clock[1]}}
 
 
 def _thread(t: JeThread) -> dict[str, Any]:
@@ -52,7 +54,7 @@ def jemalloc_document(state: JeState) -> dict[str, Any]:
     """'heapwalk arenas --json' of a jemalloc process."""
     return {"schema_version": SCHEMA_VERSION, "target": state.target, "allocator": "jemalloc",
             "jemalloc": {"version": state.version, "layout": state.layout_name, "opt": dict(state.opt),
-                         "background_thread": state.background_thread,
+                         "background_thread": state.background_thread, "clock_ns": state.clock_ns,
                          "arenas": [_arena(a) for a in state.arenas],
                          "threads": [_thread(t) for t in state.threads]},
             "discovery": {f.name: {"value": f.value, "found_by": f.found_by} for f in state.facts},

@@ -5,7 +5,7 @@ why, retained address space, partly used slabs, thread caches, and the remedies 
 from __future__ import annotations
 
 from heapwalk.analysis.report import human
-from heapwalk.jemalloc.decay import never_decaying
+from heapwalk.jemalloc.decay import never_decaying, overdue
 from heapwalk.jemalloc.heapmap import sampled
 from heapwalk.jemalloc.layout import PAGE
 from heapwalk.jemalloc.model import JeArena, JeState
@@ -89,12 +89,35 @@ def _decay(state: JeState) -> list[str]:
                   "even while the threads are idle)")
         out.append(f"{human(dirty)} of dirty pages in {_names(decaying)} will be returned gradually over "
                    f"dirty_decay_ms ({' / '.join(map(str, times))} ms) after they were freed: {driver}.")
+        out.append(_overdue(state, decaying))
     off = [a for a in rest if a.dirty_decay_ms < 0]
     if off:
         out.append(f"{human(sum(a.pdirty for a in off) * PAGE)} of dirty pages in {_names(off)} are never "
                    "purged: dirty_decay_ms is -1 (decay off). MALLOC_CONF=dirty_decay_ms:N (milliseconds) turns "
                    "it on.")
     return out
+
+
+def _overdue(state: JeState, decaying: list[JeArena]) -> str:
+    """Which of the DECAYING arenas' decay is overdue at the snapshot, and what that means; or that it is not
+    known (a core that does not record the process's clock)."""
+    late = overdue(state)
+    if late is None:
+        return ("Whether their decay is overdue is not known: this core does not record the process's clock "
+                "('heapwalk capture' and a live process do).")
+    late = [(a, due, stepped) for a, due, stepped in late if a in decaying]
+    if not late:
+        return ""
+    dirty = sum(a.pdirty for a, _, _ in late) * PAGE
+    due = min(d for _, d, _ in late) / 1e9
+    stepped = min(s for _, _, s in late) / 1e9
+    aged = all(s >= a.dirty_decay_ms * 1e6 for a, _, s in late)
+    return (f"Overdue: the decay of {_names([a for a, _, _ in late])} ({human(dirty)} of dirty pages) was due to "
+            f"step at least {due:.3g} s before the snapshot, and last stepped at least {stepped:.3g} s before it: "
+            "no thread of theirs has called jemalloc since" + (" and no background thread purged them"
+                                                                 if state.background_running is False else "")
+            + (", so the pages stay until one does; they are all older than dirty_decay_ms, and the next call "
+               "purges them at once." if aged else ", so the pages stay until one does."))
 
 
 def _stuck(state: JeState, stuck: list[JeArena]) -> str:
