@@ -68,6 +68,8 @@ def test_the_version_and_every_arena_are_found_without_symbols(decoded, suite):
     assert doc["discovery"]["narenas_total"]["found_by"].startswith(
         "the arena loop after malloc_stats_print" if shared else "arenas.lookup's function")
     assert doc["discovery"]["rtree"]["value"] is not None
+    # the variable a user sets the build's options with: MALLOC_CONF, or JE_MALLOC_CONF under Redis's prefix
+    assert doc["discovery"]["conf_variable"]["value"] == harness.prepare_jemalloc(SYSROOTS, suite).conf_variable
     assert doc["discovery"]["tsd_tls_offset"]["value"] is not None
 
 

@@ -31,10 +31,10 @@ def never_decaying(state: JeState) -> list[tuple[JeArena, list[int]]]:
 
 def decay_findings(state: JeState) -> tuple[Finding, ...]:
     """A warning for each arena whose dirty pages no thread's ticker will ever decay."""
-    return tuple(_never_decays(arena, threads) for arena, threads in never_decaying(state))
+    return tuple(_never_decays(arena, threads, state.conf_variable) for arena, threads in never_decaying(state))
 
 
-def _never_decays(arena: JeArena, threads: list[int]) -> Finding:
+def _never_decays(arena: JeArena, threads: list[int], variable: str) -> Finding:
     dirty = arena.pdirty * PAGE
     names = ", ".join(map(str, threads))
     return Finding(
@@ -43,7 +43,7 @@ def _never_decays(arena: JeArena, threads: list[int]) -> Finding:
         f"(dirty_npurge 0) although dirty_decay_ms is {arena.dirty_decay_ms}: no thread using the arena "
         f"(gdb thread{'s' if len(threads) > 1 else ''} {names}) holds a decay ticker, so none of them makes it "
         "decay. In jemalloc 5.2.1 a thread whose first call was free() never gets one. Remedies: "
-        "MALLOC_CONF=dirty_decay_ms:0 (purge at once), background_thread:true (a thread that purges), an "
+        f"{variable}=dirty_decay_ms:0 (purge at once), background_thread:true (a thread that purges), an "
         "allocation at each thread's start, or jemalloc 5.3", Kind.NO_DECAY, "dirty pages purged over time",
         f"{arena.pdirty} pages, never purged")
 

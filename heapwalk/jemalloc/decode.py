@@ -51,7 +51,8 @@ def collect_jemalloc(mem: Memory, disc: JeDiscovery, threads: list[ThreadRegs], 
         table, extent_findings = walk_extents(mem, disc.layout, disc.rtree, disc.rtree_shape)
         findings.extend(extent_findings)
     return JeState(target, disc.version_text, disc.layout.name, tuple(arenas), decoded, disc.facts, tuple(findings),
-                   dict(disc.opt), table, background_thread=_background(mem, disc, findings))
+                   dict(disc.opt), table, background_thread=_background(mem, disc, findings),
+                   conf_variable=disc.conf_variable)
 
 
 def _background(mem: Memory, disc: JeDiscovery, findings: list[Finding]) -> bool | None:
@@ -258,8 +259,8 @@ def _plausible_counts(counts: list[int], thread: int, array: int, findings: list
     for index, count in enumerate(counts):
         if not plausible(count):
             findings.append(Finding(Severity.ERROR, array, f"tcache of thread {thread}", f"cache bin {index} "
-                                    f"({layout.classes.class_size(index)} B) counts {count} regions: a cache bin holds 0 to "
-                                    f"{MAX_NCACHED}", Kind.TCACHE_COUNT, f"0-{MAX_NCACHED}", str(count)))
+                                    f"({layout.classes.class_size(index)} B) counts {count} regions: a cache bin "
+                                    f"holds 0 to {MAX_NCACHED}", Kind.TCACHE_COUNT, f"0-{MAX_NCACHED}", str(count)))
     return [count if plausible(count) else 0 for count in counts]
 
 

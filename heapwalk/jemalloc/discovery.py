@@ -66,6 +66,7 @@ class JeDiscovery:
     build: dict = field(default_factory=dict)   # how it was configured, as far as mallctl shows (config.*)
     background_state: int | None = None     # the byte that says whether background threads run now (None: unknown)
     rtree_shape: RtreeShape = COMPACT_48    # the radix tree's levels and leaf entries (the build's address width)
+    conf_variable: str = "MALLOC_CONF"      # the environment variable the build reads its options from
 
 
 def discover_jemalloc(mem: Memory, mappings: list[Mapping], fs_bases: Sequence[int] = (),
@@ -100,8 +101,10 @@ def discover_jemalloc(mem: Memory, mappings: list[Mapping], fs_bases: Sequence[i
     facts.append(Fact("rtree", rtree, how))
     background, how = _background_state(tree)
     facts.append(Fact("background_thread", background, how))
+    variable, how = _conf_variable(image, found.prefix)
+    facts.append(Fact("conf_variable", variable, how))
     return JeDiscovery(version, text, layout, path, base, arenas, count, tpoff, tuple(facts), opt, rtree,
-                       tuple(unread + lost), found.prefix, build, background, shape)
+                       tuple(unread + lost), found.prefix, build, background, shape, variable)
 
 
 def _layout(name: str, version: tuple[int, int, int], build: dict[str, bool | int]) -> JeLayout:
@@ -142,6 +145,25 @@ def _background_state(tree: MallctlTree | None) -> tuple[int | None, str]:
             return ref.target, f"the first global background_thread's function reads beside its mutexes " \
                                f"(code at {node.ctl + ref.offset:#x})"
     return None, "not determined: background_thread's function reads no global beside its mutexes"
+
+
+_CONF = re.compile(rb"(?<=\0)([A-Z0-9_]*MALLOC_CONF)\0")
+
+
+def _conf_variable(image: LibcImage, prefix: str | None) -> tuple[str, str]:
+    """The environment variable the build reads its options from (MALLOC_CONF under its prefix: Redis's
+    JE_MALLOC_CONF, tikv-jemallocator's _RJEM_MALLOC_CONF), and how it was found: the name among the image's
+    strings, the one its exported prefix gives when there are several."""
+    names: list[str] = []
+    for seg in image.readonly_data() or image.readonly():
+        for _start, data in readable_runs(image.mem, seg.address, seg.filesz):
+            names += [m.decode() for m in _CONF.findall(bytes(data))]
+    expected = None if prefix is None else prefix.upper() + "MALLOC_CONF"
+    if expected is not None and (expected in names or not names):
+        return expected, f"the prefix of its exported entry points ({prefix or 'none'})"
+    if names:
+        return names[0], "the variable's name among its strings"
+    return "MALLOC_CONF", "not found among its strings: jemalloc's default name"
 
 
 def _tree(image: LibcImage) -> tuple[MallctlTree | None, str]:

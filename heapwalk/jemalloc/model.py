@@ -177,6 +177,7 @@ class JeState:
     background_thread: bool | None = None       # do background threads run now (mallctl "background_thread",
     #                                             set at run time; None: not known)
     clock_ns: int | None = None                 # CLOCK_MONOTONIC at the snapshot (None: not known)
+    conf_variable: str = "MALLOC_CONF"          # the environment variable its options are read from
 
     @property
     def background_running(self) -> bool | None:

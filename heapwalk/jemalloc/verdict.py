@@ -87,14 +87,17 @@ def _decay(state: JeState) -> list[str]:
                   "decay advances only while threads of the arena call the allocator (background_thread is "
                   f"{'off' if background is False else 'not known'}; background_thread:true purges them on time "
                   "even while the threads are idle)")
+        at_once = "" if background is True else (
+            f" To return freed pages at once: {state.conf_variable}=dirty_decay_ms:0 (an madvise call per freed page "
+            "run, and a page fault when one is reused).")
         out.append(f"{human(dirty)} of dirty pages in {_names(decaying)} will be returned gradually over "
-                   f"dirty_decay_ms ({' / '.join(map(str, times))} ms) after they were freed: {driver}.")
+                   f"dirty_decay_ms ({' / '.join(map(str, times))} ms) after they were freed: {driver}.{at_once}")
         out.append(_overdue(state, decaying))
     off = [a for a in rest if a.dirty_decay_ms < 0]
     if off:
         out.append(f"{human(sum(a.pdirty for a in off) * PAGE)} of dirty pages in {_names(off)} are never "
-                   "purged: dirty_decay_ms is -1 (decay off). MALLOC_CONF=dirty_decay_ms:N (milliseconds) turns "
-                   "it on.")
+                   f"purged: dirty_decay_ms is -1 (decay off). {state.conf_variable}=dirty_decay_ms:N "
+                   "(milliseconds) turns it on.")
     return out
 
 
@@ -129,8 +132,8 @@ def _stuck(state: JeState, stuck: list[JeArena]) -> str:
     return (f"Not decaying: {human(dirty)} of dirty pages in {_names(stuck)} have never been purged "
             f"(dirty_npurge 0) although dirty_decay_ms is {times}: no thread using them holds a decay ticker, "
             "and in jemalloc 5.2.1 a thread whose first call was free() never gets one. Remedies: "
-            "MALLOC_CONF=dirty_decay_ms:0 returns freed pages at once (an madvise call per freed page run and a "
-            f"page fault when one is reused); background_thread:true purges on time ({threads} of jemalloc's "
+            f"{state.conf_variable}=dirty_decay_ms:0 returns freed pages at once (an madvise call per freed page "
+            f"run and a page fault when one is reused); background_thread:true purges on time ({threads} of jemalloc's "
             "own); a malloc and free at each thread's start gives it a ticker at no run-time cost; "
             "jemalloc 5.3 sets the ticker up with each thread.")
 
@@ -142,7 +145,7 @@ def _muzzy(state: JeState) -> str:
     times = " / ".join(map(str, sorted({a.muzzy_decay_ms for a in muzzy})))
     return (f"{human(sum(a.pmuzzy for a in muzzy) * PAGE)} of muzzy pages in {_names(muzzy)} were given back "
             "lazily (MADV_FREE): the kernel takes them when memory runs short and counts them in RSS until then; "
-            f"muzzy_decay_ms ({times}) purges them for good, MALLOC_CONF=muzzy_decay_ms:0 at once.")
+            f"muzzy_decay_ms ({times}) purges them for good, {state.conf_variable}=muzzy_decay_ms:0 at once.")
 
 
 def _retained(state: JeState) -> str:
