@@ -135,8 +135,10 @@ def test_capture_reads_a_live_process_with_both(suite, tmp_path):
                                  str(tmp_path / "snap")], capture_output=True, text=True, timeout=300)
         assert result.returncode == 0, result.stderr
         text = " ".join(result.stdout.split())
-        assert "RSS per arena: not shown for jemalloc's arenas yet" in text
+        assert "RSS per arena: not shown" not in text
         doc = json.loads((tmp_path / "snap" / "report.json").read_text())
+        # jemalloc's arenas too, from the same page map
+        assert doc["report"]["residency"] and all(a["rss"] is not None for a in doc["report"]["arenas"])
         # glibc's arenas beside jemalloc's know what is in RAM, read from the live process's page map
         beside = doc["glibc_malloc"]["report"]
         assert beside["residency"].startswith("the process's page map")

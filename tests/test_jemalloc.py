@@ -494,3 +494,35 @@ def test_the_decay_clock_says_which_arenas_are_overdue(suite, tmp_path):
     _, core_doc = _gdb_json(tmp_path, suite, "report")
     assert core_doc["jemalloc"]["clock_ns"] is None
     assert any(s.startswith("Whether their decay is overdue is not known") for s in core_doc["report"]["verdict"])
+
+
+@pytest.mark.parametrize("suite", ["bullseye", "bookworm-linked"])
+def test_a_capture_shows_each_arenas_rss(suite, tmp_path):
+    """'heapwalk capture PID' of je_dns at its snapshot: each jemalloc arena's RSS (its extents and its base's
+    blocks, from the page map) and its free bytes in RAM, within its mapped bytes and its free bytes, adding up
+    to no more than the anonymous memory the process has in RAM; the decay clock is the capture's."""
+    jemalloc = harness.prepare_jemalloc(SYSROOTS, suite)
+    exe = harness.build("je_dns", BINDIR, jemalloc=jemalloc)
+    proc = harness.run_to_snapshot(exe, tmp_path / "run", env={**jemalloc.environment(),
+                                                               **harness._options_named(jemalloc, "je_dns")})
+    cli = Path(sys.executable).with_name("heapwalk")
+    try:
+        result = subprocess.run([str(cli), "capture", str(proc.pid), "--out", str(tmp_path / "out"), "--no-symbols"],
+                                capture_output=True, text=True, timeout=600)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert result.returncode == 0, result.stderr
+    assert "RSS per arena: not shown" not in result.stdout + result.stderr
+    doc = json.loads((tmp_path / "out" / "report.json").read_text())
+    record = json.loads((tmp_path / "out" / "capture.json").read_text())
+    rows = doc["report"]["arenas"]
+    assert doc["report"]["residency"] and all(r["rss"] is not None for r in rows)
+    for r in rows:
+        assert 0 < r["rss"] <= r["system"] and r["free_resident"] <= sum(r["free"].values()), r
+    dirty = sum(r["free"]["dirty"] for r in rows)
+    assert sum(r["free_resident"] for r in rows) > dirty // 2          # the freed pages are still in RAM
+    anonymous = sum(m["rss"] for m in record["smaps"] if "w" in m["perms"] and not m["name"].startswith("/"))
+    assert sum(r["rss"] for r in rows) <= anonymous
+    assert doc["jemalloc"]["clock_ns"]
+    assert " RSS " in result.stdout and "free in RAM" in result.stdout

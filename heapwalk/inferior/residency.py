@@ -66,6 +66,14 @@ class Residency:
         hi = np.maximum(np.clip(np.asarray(ends, dtype=np.uint64), 0, _TOP).astype(np.int64), lo)
         return int((self._below(hi) - self._below(lo)).sum())
 
+    def resident_each(self, starts, ends) -> np.ndarray:
+        """Resident bytes of each range [STARTS[i], ENDS[i]), as an int64 array."""
+        if not len(self.starts):
+            return np.zeros(len(starts), dtype=np.int64)
+        lo = np.clip(np.asarray(starts, dtype=np.uint64), 0, _TOP).astype(np.int64)
+        hi = np.maximum(np.clip(np.asarray(ends, dtype=np.uint64), 0, _TOP).astype(np.int64), lo)
+        return self._below(hi) - self._below(lo)
+
     def within(self, start: int, end: int) -> np.ndarray:
         """The resident runs clipped to [START, END), in order, as an (n, 2) int64 array of [start, end)."""
         lo = int(np.searchsorted(self.ends, start, side="right"))

@@ -17,6 +17,7 @@ from heapwalk.jemalloc.find import find_jemalloc
 from heapwalk.jemalloc.heapmap import extent_strips
 from heapwalk.jemalloc.load import load_jemalloc
 from heapwalk.jemalloc.model import JeState
+from heapwalk.jemalloc.resident import arena_rss
 from heapwalk.jemalloc.summary import heap_view
 from heapwalk.jemalloc.verdict import advice
 from heapwalk.jemalloc.reportlines import WORDS, summary_lines
@@ -61,7 +62,11 @@ class JemallocHeap(Decoded):
 
     def report_parts(self, rep: Report, interactive: bool) -> list:
         box = box_for(interactive)
-        *parts, verdict = report_group(rep, interactive, WORDS, summary_lines(rep, self.state.metadata())).renderables
+        rss = arena_rss(self.state)
+        partial = None if rss is None else (sum(r.partial_slabs for r in rss.values()),
+                                            sum(r.partial_free for r in rss.values()))
+        lines = summary_lines(rep, self.state.metadata(), partial)
+        *parts, verdict = report_group(rep, interactive, WORDS, lines).renderables
         extra = [jedoc.jemalloc_slabs_table(self.state, box), jedoc.jemalloc_threads_table(self.state, box)]
         return [*parts, *(t for t in extra if t is not None), verdict]
 

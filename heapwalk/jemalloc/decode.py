@@ -126,7 +126,35 @@ def _arena(mem: Memory, layout: JeLayout, index: int, address: int, cached: int 
                    _i64(word(layout.dirty_decay_ms)), _i64(word(layout.muzzy_decay_ms)), *dirty, *muzzy,
                    bins, *memory, _large(layout, raw), _extents(layout, raw), tcache_bytes,
                    tuple(findings + lost), _clock(layout, raw, layout.dirty_decay_ms),
-                   _clock(layout, raw, layout.muzzy_decay_ms))
+                   _clock(layout, raw, layout.muzzy_decay_ms), _base_blocks(mem, layout, index, raw, findings))
+
+
+_MAX_BLOCKS = 1 << 16
+
+
+def _base_blocks(mem: Memory, layout: JeLayout, index: int, raw: bytes, findings: list[Finding]
+                 ) -> tuple[tuple[int, int], ...]:
+    """(address, size) of each block the arena's base mapped for its metadata; those read before a block that
+    is unreadable or a list that loops (a finding says where)."""
+    base = struct.unpack_from("<Q", raw, layout.base)[0]
+    out: list[tuple[int, int]] = []
+    try:
+        at = struct.unpack("<Q", mem.read(base + layout.base_blocks, 8))[0]
+        seen = set()
+        while at and len(out) < _MAX_BLOCKS:
+            if at in seen:
+                findings.append(Finding(Severity.ERROR, at, f"arena {index}", f"the list of the base's blocks "
+                                        f"loops back to {at:#x}", Kind.LIST_CYCLE))
+                break
+            seen.add(at)
+            size, following = struct.unpack("<QQ", mem.read(at, 16))
+            out.append((at, size))
+            at = following
+    except ReadError as exc:
+        findings.append(Finding(Severity.ERROR, exc.address, f"arena {index}", f"a block of the arena's base is "
+                                f"unreadable ({exc.reason}): the blocks after it are left out of its resident "
+                                "memory", Kind.ARENA))
+    return tuple(out)
 
 
 def _clock(layout: JeLayout, raw: bytes, time_ms: int) -> tuple[int, int]:

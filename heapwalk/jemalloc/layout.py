@@ -82,6 +82,7 @@ class JeLayout:
     #                                       a decay_t (from its time_ms, at dirty_decay_ms / muzzy_decay_ms):
     decay_epoch: int = 16                 # its epoch (nstime_t: ns of CLOCK_MONOTONIC) when it last stepped
     decay_deadline: int = 32              # when its next step is due
+    base_blocks: int = 144                # base_t.blocks: its list of blocks {size, next, ...}, each mapped whole
 
     @property
     def name(self) -> str:
@@ -131,6 +132,7 @@ LAYOUTS = {
         tsd_ticker=152, tsd_size=0xa48, tcache_descriptors=10400, descriptor_bins=(16,),
         tsd_tcache_bins=(856 + 8,), tsd_tcache_arena=256 + 40, cache_bins=73, stack_cache_bins=True,
         rtree_root=120, rtree_extent_mask=127, extent_state_shift=17, extent_state_mask=7, extent_szind_shift=20,
+        base_blocks=160,
         extent_nfree_shift=28),
 }
 

@@ -98,6 +98,7 @@ class JeArena:
     findings: tuple[Finding, ...] = ()
     dirty_clock: tuple[int, int] = (0, 0)   # the dirty pages' decay: (epoch, deadline) in ns of CLOCK_MONOTONIC
     muzzy_clock: tuple[int, int] = (0, 0)   # the muzzy pages' (0, 0: never set up)
+    base_blocks: tuple[tuple[int, int], ...] = ()   # (address, size) of each block its base mapped (metadata)
 
     def small(self) -> dict[str, int]:
         """The small classes together, as malloc_stats_print sums them: bytes in use and the counters."""

@@ -19,9 +19,11 @@ WORDS = Words(
     overhead_page="base blocks and pads", pieces_page="free pieces (regions, cached regions and free extents)")
 
 
-def summary_lines(rep: Report, metadata: dict[str, int] | None = None) -> Text:
+def summary_lines(rep: Report, metadata: dict[str, int] | None = None, partial: tuple[int, int] | None = None
+                  ) -> Text:
     """jemalloc's lines under the arena table: large allocations, jemalloc's metadata (METADATA, from
-    `JeState.metadata`) and the base blocks and pads, arenas, what decay would give back, the free pieces."""
+    `JeState.metadata`) and the base blocks and pads, what 'free in RAM' counts (PARTIAL: the slabs only partly
+    in RAM and their free bytes, when RSS is known), arenas, what decay would give back, the free pieces."""
     lines = Text()
     lines.append(f"large allocations: {rep.mmapped_count}, {human(rep.mmapped_bytes)}\n")
     if metadata is not None:
@@ -29,6 +31,11 @@ def summary_lines(rep: Report, metadata: dict[str, int] | None = None) -> Text:
                      f"{human(metadata['base'])} in {human(metadata['base_mapped'])} of base blocks, and internal "
                      f"allocations {human(metadata['internal'])} (counted in use); 'base, pads' is the base blocks "
                      f"and the page cache_oblivious adds to each large allocation ({human(metadata['pads'])})\n")
+    if partial is not None:
+        slabs, free = partial
+        lines.append("free in RAM: the dirty and muzzy pages in RAM and the free regions of the slabs wholly in RAM"
+                     + (f"; it leaves out {human(free)} of free regions in {slabs} slab(s) only partly in RAM"
+                        if slabs else "") + ", and the regions the thread caches hold\n")
     lines.append(f"arenas: {len(rep.arenas)} ({rep.arenas_on_free_list} with no thread); {rep.arena_limit}\n")
     if not all(a.balanced for a in rep.arenas):
         lines.append("accounting: some arenas' counters do not agree with their pages (see the findings)\n",

@@ -16,6 +16,7 @@ from types import MappingProxyType
 
 from heapwalk.jemalloc.layout import PAGE
 from heapwalk.jemalloc.model import JeArena, JeState
+from heapwalk.jemalloc.resident import ArenaRss, arena_rss
 from heapwalk.view import ArenaView, HeapView
 
 __all__ = ["heap_view", "FREE_KINDS", "arena_kind"]
@@ -31,13 +32,16 @@ def heap_view(state: JeState) -> HeapView:
     limit = (f"opt.narenas {narenas} automatic arenas, {manual} more made with arenas.create"
              if isinstance(narenas, int) else "opt.narenas is not known")
     large = [c for a in state.arenas for c in a.large]
-    rows = tuple(_row(state, a) for a in state.arenas)
+    rss = arena_rss(state)
+    rows = tuple(_row(state, a, None if rss is None else rss[a.index]) for a in state.arenas)
     return HeapView(
         allocator="jemalloc", arenas=rows,
         free_sizes=MappingProxyType({a.index: _free_sizes(state, a) for a in state.arenas}), size_classes=(),
         large_count=sum(c.curlextents for c in large), large_bytes=sum(c.curlextents * c.size for c in large),
         arena_limit=limit, arenas_idle=sum(1 for a in state.arenas if not a.nthreads),
-        reclaim_total=sum(r.reclaim for r in rows))
+        reclaim_total=sum(r.reclaim for r in rows),
+        residency=state.residency.source if rss is not None and state.residency is not None else "",
+        large_resident=None if rss is None else sum(r.large_resident for r in rss.values()))
 
 
 def arena_kind(state: JeState, index: int) -> str:
@@ -49,8 +53,9 @@ def arena_kind(state: JeState, index: int) -> str:
     return "auto" if index < narenas else "huge" if index == narenas else "manual"
 
 
-def _row(state: JeState, a: JeArena) -> ArenaView:
-    """One arena's bytes by what holds them; balanced when its counters agree with its active pages."""
+def _row(state: JeState, a: JeArena, rss: ArenaRss | None) -> ArenaView:
+    """One arena's bytes by what holds them (and in RAM, RSS, when known); balanced when its counters agree
+    with its active pages."""
     small, large = a.small()["allocated"], a.large_totals()["allocated"]
     cached = state.cached_from(a.index)
     pages = (a.pactive + a.pdirty + a.pmuzzy) * PAGE
@@ -63,7 +68,8 @@ def _row(state: JeState, a: JeArena) -> ArenaView:
     return ArenaView(a.index, a.address, arena_kind(state, a.index), a.nthreads,
                      sum(b.curslabs for b in a.bins) + extents, a.mapped, state.in_use(a),
                      MappingProxyType({k: max(0, v) for k, v in free.items()}), 0,
-                     max(0, a.mapped - pages + padding), (a.pdirty + a.pmuzzy) * PAGE, balanced)
+                     max(0, a.mapped - pages + padding), (a.pdirty + a.pmuzzy) * PAGE, balanced,
+                     None if rss is None else rss.resident, None if rss is None else rss.free_resident)
 
 
 def _free_sizes(state: JeState, a: JeArena) -> Counter:
