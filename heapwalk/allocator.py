@@ -19,7 +19,7 @@ from rich.text import Text
 
 from heapwalk.analysis.inuse import InUse, LeakTotals
 from heapwalk.analysis.report import Report, build_report, human
-from heapwalk.errors import HeapwalkError
+from heapwalk.errors import HeapwalkError, UsageError
 from heapwalk.findings import Finding, Kind, Severity
 from heapwalk.output import htmlreport, tables
 from heapwalk.output.htmlpage import e as escape
@@ -27,7 +27,7 @@ from heapwalk.output.jsondoc import SCHEMA_VERSION, report_json
 from heapwalk.output.reporttext import arena_table, plain_lines, report_group
 from heapwalk.view import Blocks, HeapStrip, HeapView, Words
 
-__all__ = ["Allocator", "Checked", "Decoded", "NotUsed", "CannotDraw", "Setting", "Shown", "Verb", "Wants",
+__all__ = ["Allocator", "Checked", "Decoded", "NotUsed", "NotMine", "CannotDraw", "Setting", "Shown", "Verb", "Wants",
            "Context"]
 
 
@@ -91,6 +91,11 @@ class Checked:
     errors: int
     warnings: int
     document: dict | None = None
+
+
+class NotMine(UsageError):
+    """What a command of several allocators raises when what it was asked about (an address) is not this
+    allocator's: the next allocator that has the command is asked."""
 
 
 @dataclass(frozen=True)

@@ -526,3 +526,27 @@ def test_a_capture_shows_each_arenas_rss(suite, tmp_path):
     assert sum(r["rss"] for r in rows) <= anonymous
     assert doc["jemalloc"]["clock_ns"]
     assert " RSS " in result.stdout and "free in RAM" in result.stdout
+
+
+@pytest.mark.parametrize("suite", JEMALLOCS)
+def test_chunk_names_the_region_slab_extent_and_use(suite, tmp_path):
+    """'heapwalk chunk ADDRESS' on the blocks je_dns's main thread allocated for its workers (64 + 16 i bytes,
+    each freed by its worker): the region is the block itself, of the smallest class that holds it, in a slab
+    of the arena it came from, and free (in the slab, or held by a thread's cache); an address inside a block
+    names the same region; an address outside jemalloc is refused in one line."""
+    cap = capture_jemalloc(suite, "je_dns")
+    outs = [tmp_path / f"{i}.json" for i in range(6)]
+    commands = [f"heapwalk chunk first_blocks[{i}] --json {out}" for i, out in enumerate(outs)]
+    commands += [f"heapwalk chunk (char*)first_blocks[3]+21 --json {tmp_path / 'inside.json'}",
+                 "heapwalk chunk &first_blocks"]
+    result = run_gdb([str(cap.exe), str(cap.core)], commands, iex=[NO_SYMBOLS])
+    assert "Traceback" not in result.stdout + result.stderr, result.stderr
+    classes = (64, 80, 96, 112, 128, 160)
+    for i, out in enumerate(outs):
+        doc = json.loads(out.read_text())
+        assert doc["kind"] == "slab" and doc["region"] == doc["address"] and doc["offset"] == 0, doc
+        assert doc["size_class"] == classes[i] and doc["arena"] == 0 and doc["extent_state"] == "active"
+        assert doc["use"] in ("free", "free: in a thread's cache"), doc
+    inside = json.loads((tmp_path / "inside.json").read_text())
+    assert inside["region"] == json.loads(outs[3].read_text())["region"] and inside["offset"] == 21
+    assert "is in no extent of jemalloc's" in result.stderr or "no arena's heap" in result.stderr

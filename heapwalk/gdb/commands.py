@@ -15,6 +15,7 @@ import textwrap
 import gdb  # type: ignore[import-not-found]
 
 from heapwalk import registry
+from heapwalk.allocator import NotMine
 from heapwalk.errors import PARTIAL, UNCHECKED
 from heapwalk.findings import Kind
 from heapwalk.registry import described
@@ -194,9 +195,16 @@ class VerbCommand(Subcommand):
             owners = " and ".join(a.title for a in registry.allocators() if a.name in self.owners)
             raise UserError(f"heapwalk {self.verb.name}: a command of {owners} only, and this process allocates "
                             f"with {' and '.join(d.title for d in found.decoded)}")
-        # the first allocator whose command takes these arguments (glibc's 'bins small' beside jemalloc)
-        decoded = next((d for d in having if self.own.get(d.name, self.verb).accepts(args)), having[0])
-        self.own.get(decoded.name, self.verb).run(decoded, args, Front(found))
+        # the allocators whose command takes these arguments (glibc's 'bins small' beside jemalloc) first; one
+        # that says what was asked is not its (an address) hands it to the next
+        ordered = sorted(having, key=lambda d: not self.own.get(d.name, self.verb).accepts(args))
+        for decoded in ordered:
+            try:
+                self.own.get(decoded.name, self.verb).run(decoded, args, Front(found))
+                return
+            except NotMine as exc:
+                last = exc
+        raise last
 
 
 class Front:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import struct
+from types import MappingProxyType
 
 from heapwalk.findings import Finding, Severity
 from heapwalk.jemalloc.kinds import Kind
@@ -52,7 +53,7 @@ def collect_jemalloc(mem: Memory, disc: JeDiscovery, threads: list[ThreadRegs], 
         findings.extend(extent_findings)
     return JeState(target, disc.version_text, disc.layout.name, tuple(arenas), decoded, disc.facts, tuple(findings),
                    dict(disc.opt), table, background_thread=_background(mem, disc, findings),
-                   conf_variable=disc.conf_variable)
+                   conf_variable=disc.conf_variable, cached=MappingProxyType(seen))
 
 
 def _background(mem: Memory, disc: JeDiscovery, findings: list[Finding]) -> bool | None:
@@ -332,6 +333,8 @@ def _origins(mem: Memory, layout: JeLayout, arrays: tuple[int, ...], n: int, own
         for address in addresses:
             if extents.rtree is not None:
                 seen.region(index, address, extents.lookup(address))
+            else:
+                seen.seen.setdefault(address, seen.thread)
             origin = extents.arena_of(address)
             key = own if origin is None else origin
             by_arena[key] = by_arena.get(key, 0) + layout.classes.class_size(index)

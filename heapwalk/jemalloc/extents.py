@@ -39,6 +39,7 @@ class ExtentTable:
     slab: np.ndarray        # bool
     szind: np.ndarray       # int32
     nfree: np.ndarray       # int32
+    header: np.ndarray      # uint64: where its header (edata_t / extent_t) is
     classes: SizeClasses = size_classes(4)  # the build's size classes, which szind indexes
 
     def __len__(self) -> int:
@@ -73,15 +74,15 @@ def walk_extents(mem: Memory, layout: JeLayout, rtree: int, shape: RtreeShape = 
         rows.append((address & ~(PAGE - 1), size, address & (PAGE - 1), bits & 0xFFF,
                      (bits >> layout.extent_state_shift) & layout.extent_state_mask,
                      (bits >> 12) & 1, (bits >> layout.extent_szind_shift) & 0xFF,
-                     (bits >> layout.extent_nfree_shift) & 0x3FF))
+                     (bits >> layout.extent_nfree_shift) & 0x3FF, header))
     if stale:
         findings.append(Finding(Severity.WARNING, rtree, "jemalloc extents", f"{stale} extent header(s) the radix "
                                 "tree names are not mapped back by their own first and last pages: left out of the "
                                 "maps", Kind.ARENA))
     rows.sort()
-    columns = list(zip(*rows)) if rows else [()] * 8
+    columns = list(zip(*rows)) if rows else [()] * 9
     table = ExtentTable(*(np.array(c, dtype=t) for c, t in zip(columns, (
-        np.uint64, np.int64, np.int64, np.int32, np.uint8, bool, np.int32, np.int32))), layout.classes)
+        np.uint64, np.int64, np.int64, np.int32, np.uint8, bool, np.int32, np.int32, np.uint64))), layout.classes)
     return table, findings
 
 

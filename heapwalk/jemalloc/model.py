@@ -3,6 +3,7 @@ they hold (pactive, pdirty, curregs, ...)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from heapwalk.findings import Fact, Finding
@@ -179,6 +180,7 @@ class JeState:
     #                                             set at run time; None: not known)
     clock_ns: int | None = None                 # CLOCK_MONOTONIC at the snapshot (None: not known)
     conf_variable: str = "MALLOC_CONF"          # the environment variable its options are read from
+    cached: Mapping[int, int] = field(default_factory=dict)     # region a thread cache holds -> the thread
 
     @property
     def background_running(self) -> bool | None:

@@ -10,9 +10,10 @@ import json
 
 from rich.table import Table
 
-from heapwalk.allocator import Verb
+from heapwalk.allocator import NotMine, Verb
 from heapwalk.analysis.report import human
 from heapwalk.errors import UsageError
+from heapwalk.jemalloc.region import locate_region, region_text
 from heapwalk.output.consoles import box_for
 
 __all__ = ["VERBS"]
@@ -112,6 +113,26 @@ def _tcache_table(t, interactive: bool) -> Table:
     return table
 
 
+def _chunk_arguments(p) -> None:
+    p.add_argument("address", metavar="ADDRESS")
+    p.add_argument("--json", metavar="FILE", help="also write the result as JSON (schema: docs/json.md)")
+
+
+def _chunk(heap, args, front) -> None:
+    address = front.evaluate(args.address)
+    table = heap.state.extents
+    if table is None:
+        raise UsageError("heapwalk chunk: jemalloc's radix tree of extents is not known, so its extents are not "
+                         "(see 'heapwalk arenas --json', discovery)")
+    where = locate_region(heap.mem, heap.state, address)
+    if where is None:
+        raise NotMine(f"heapwalk chunk: {address:#x} is in no extent of jemalloc's")
+    front.console().print(region_text(where))
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as fh:
+            json.dump({"allocator": "jemalloc", "address": address, **where}, fh, indent=1)
+
+
 VERBS = (
     Verb("bins", "each arena's bins by size class",
          "Show each arena's bins by size class: regions per slab, regions and slabs in use, slabs not full, "
@@ -122,4 +143,8 @@ VERBS = (
          "Show every thread's cache (or thread N's): the arena it is registered with, each non-empty bin with "
          "its size and count, the bytes, and the arenas the cached regions came from.", _tcache_arguments,
          _tcache, accepts=lambda args: not args.entries),
+    Verb("chunk", "the region holding an address: its extent, slab, arena and state",
+         "Describe what holds ADDRESS: its arena, its extent (where, how big, active, dirty, muzzy or "
+         "retained), and in a slab its region (size class, index, start) and whether it is in use, free, or "
+         "held by a thread's cache; in a large extent, the allocation.", _chunk_arguments, _chunk),
 )
