@@ -44,6 +44,7 @@ class SourceBuild:
     version: str
     prefix: str
     options: tuple[str, ...]
+    shared: bool = False        # a shared library the reproducers run on with LD_PRELOAD, not an archive
 
 
 _JEMALLOC = ("jemalloc", "bookworm", "jemalloc-5.3.0", "5.3.0")
@@ -58,6 +59,8 @@ BUILDS = {
     "redis-5.2.1": SourceBuild(*_REDIS, "je_", ("--with-version=5.2.1-0-g0", "--with-lg-quantum=3",
                                                 "--with-jemalloc-prefix=je_", "--with-lg-vaddr=48")),
     # as Redis 7.2 and later configure their vendored 5.3.0
+    # a shared library whose TLS is reached through __tls_get_addr (no initial-exec slot), preloaded
+    "5.3.0-noietls": SourceBuild(*_JEMALLOC, "", ("--disable-initial-exec-tls", "--with-lg-vaddr=48"), shared=True),
     "5.3.0-q8": SourceBuild(*_JEMALLOC, "je_", ("--with-lg-quantum=3", "--with-jemalloc-prefix=je_",
                                                 "--with-lg-vaddr=48")),
     # as configure makes them on a machine with 5-level paging: a three-level radix tree, 16-byte leaf entries
@@ -75,16 +78,17 @@ def prepare_build(dest: Path, name: str, cache: Path | None = None) -> sysroots.
     """Builds (or reuses) jemalloc NAME of BUILDS into DEST/jemalloc-NAME, and describes it for the harness."""
     build = BUILDS[name]
     root = dest / f"jemalloc-{name}"
-    archive = root / "lib" / "libjemalloc_pic.a"
-    jemalloc = sysroots.Jemalloc(name, root, archive, build.prefix)
-    if (root / "VERSION").exists() and archive.exists():
+    target = "lib/libjemalloc.so.2" if build.shared else "lib/libjemalloc_pic.a"
+    jemalloc = sysroots.Jemalloc(name, root, None if build.shared else root / target, build.prefix,
+                                 root / target if build.shared else None)
+    if (root / "VERSION").exists() and (root / target).exists():
         return jemalloc
     source = _source(cache or sysroots.cache_dir(), build)
     if root.exists():
         shutil.rmtree(root)
     shutil.copytree(source / build.folder, root, symlinks=True)
     env = {**os.environ, "CFLAGS": "-O2"}
-    for cmd in (["./configure", *build.options], ["make", f"-j{os.cpu_count() or 2}", "lib/libjemalloc_pic.a"]):
+    for cmd in (["./configure", *build.options], ["make", f"-j{os.cpu_count() or 2}", target]):
         result = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True)
         if result.returncode != 0:
             raise BuildError(f"jemalloc {name}: {' '.join(cmd)} failed: {(result.stderr or result.stdout)[-2000:]}")

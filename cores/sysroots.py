@@ -234,11 +234,12 @@ class Jemalloc:
     root: Path
     archive: Path | None = None
     prefix: str = ""
+    shared: Path | None = None      # a shared library built from source (None: Debian's, under usr/lib)
 
     @property
     def library(self) -> Path:
         """The file the reproducer runs on: the shared library, or the archive it is linked with."""
-        return self.archive or self.root / "usr/lib" / MULTIARCH / "libjemalloc.so.2"
+        return self.archive or self.shared or self.root / "usr/lib" / MULTIARCH / "libjemalloc.so.2"
 
     @property
     def version(self) -> str:

@@ -117,8 +117,8 @@ def glibc(name: str) -> Glibc:
 JEMALLOCS = tuple(sysroots.JEMALLOC_SUITES)
 #: the same with each linked into the program (stripped), and the builds from source heapwalk decodes: what
 #: je_dns runs on
-JEMALLOC_BUILDS = (*JEMALLOCS, *sysroots.JEMALLOC_LINKED, "5.3.0-je", "redis-5.2.1", "5.3.0-q8", "5.3.0-vaddr57",
-                   "redis-5.2.1-vaddr57")
+JEMALLOC_BUILDS = (*JEMALLOCS, *sysroots.JEMALLOC_LINKED, "5.3.0-je", "redis-5.2.1", "5.3.0-noietls", "5.3.0-q8",
+                   "5.3.0-vaddr57", "redis-5.2.1-vaddr57")
 #: the builds from source heapwalk names and does not decode yet
 JEMALLOC_REFUSED = tuple(name for name in jebuilds.BUILDS if name not in JEMALLOC_BUILDS)
 #: each of them -> its jemalloc version

@@ -64,7 +64,7 @@ def test_the_version_and_every_arena_are_found_without_symbols(decoded, suite):
     assert doc["jemalloc"]["version"] == stats["version"]
     printed = sorted(int(i) for i in stats["stats.arenas"] if i.isdigit())
     assert [a["index"] for a in doc["jemalloc"]["arenas"]] == printed
-    shared = suite in JEMALLOCS     # exports malloc_stats_print; the others are in a stripped program
+    shared = suite in JEMALLOCS     # Debian's library: the atexit hook after its exported malloc_stats_print
     assert doc["discovery"]["narenas_total"]["found_by"].startswith(
         "the arena loop after malloc_stats_print" if shared else "arenas.lookup's function")
     assert doc["discovery"]["rtree"]["value"] is not None

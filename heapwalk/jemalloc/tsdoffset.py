@@ -4,7 +4,8 @@
 - jemalloc as a shared object: its one initial-exec TLS relocation (R_X86_64_TPOFF64 against no symbol) is
   the GOT slot that holds its TLS block's offset, and the block is the tsd;
 - jemalloc linked into the program: the program's TLS block lies just below each thread pointer, and the tsd
-  is somewhere in it.  The offset is the one that separates the thread pointers from the tsds whose thread
+  is somewhere in it; a library built with --disable-initial-exec-tls and loaded at start has no initial-exec
+  slot, but its block (the tsd) is in the static TLS area below the thread pointer.  The offset is the one that separates the thread pointers from the tsds whose thread
   caches the arenas list (their cache-bin descriptors sit in the tsd), else the one at which the threads'
   blocks hold a pointer to an arena where the tsd keeps its arena.
 """
@@ -24,6 +25,7 @@ from heapwalk.jemalloc.layout import JeLayout
 __all__ = ["tsd_offset"]
 
 _MAX_TCACHES = 4096
+_STATIC_TLS = 1 << 24     # how far below the thread pointer the static TLS of the libraries loaded at start may lie
 
 
 def tsd_offset(mem: Memory, image: LibcImage, layout: JeLayout, arenas: int, count: int,
@@ -41,14 +43,19 @@ def tsd_offset(mem: Memory, image: LibcImage, layout: JeLayout, arenas: int, cou
     tls = image.tls_size()
     if tls is None:
         return None, f"not determined: {image.path} has no TLS segment", []
-    if not image.is_program:
-        return None, f"not determined: the TLS block is {tls:#x} bytes, not {layout.name}'s tsd " \
-                     f"({layout.tsd_size:#x}), and {len(slots)} TLS relocations against no symbol, not one", []
+    if not image.is_program and tls != layout.tsd_size:
+        return None, f"not determined: its TLS block is {tls:#x} bytes, not {layout.name}'s tsd " \
+                     f"({layout.tsd_size:#x})", []
     pointers = _arena_pointers(mem, arenas, count)
     fs_bases = [fs for fs in fs_bases if fs]
-    span = tls + 4096
+    # a program's TLS block lies just below the thread pointer; a library loaded at start (one built with
+    # --disable-initial-exec-tls has no TPOFF64 slot) has its block further down in the static TLS area
+    span = tls + 4096 if image.is_program else _STATIC_TLS
     tsds = _cached_tsds(mem, layout, pointers)
     offsets = Counter(tsd - fs for tsd in tsds for fs in fs_bases if -span <= tsd - fs < 0)
+    if not image.is_program and offsets and offsets.most_common(1)[0][1] < len(tsds):
+        return None, f"not determined: the {len(tsds)} tsds the arenas list do not sit at one offset from the " \
+                     "thread pointers (a library loaded with dlopen keeps its TLS apart for each thread)", []
     how = "thread(s) whose thread cache an arena lists sit at {offset} from their thread pointer"
     if not offsets:
         offsets = _arena_slots(mem, layout, pointers, fs_bases, span)
@@ -59,7 +66,9 @@ def tsd_offset(mem: Memory, image: LibcImage, layout: JeLayout, arenas: int, cou
     (offset, hits), *rest = offsets.most_common()
     if rest and rest[0][1] == hits:
         return None, f"not determined: the tsds may sit at {offset} or {rest[0][0]} from the thread pointers", []
-    return offset, f"{hits} " + how.format(offset=offset) + " (jemalloc is linked into the program)", []
+    where = "jemalloc is linked into the program" if image.is_program else "its library's TLS is in the static " \
+        "TLS block, without an initial-exec slot"
+    return offset, f"{hits} " + how.format(offset=offset) + f" ({where})", []
 
 
 def _arena_pointers(mem: Memory, arenas: int, count: int) -> list[int]:
