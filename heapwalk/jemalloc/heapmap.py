@@ -18,7 +18,7 @@ from heapwalk.inferior.residency import Residency
 from heapwalk.mapkinds import FREE, MAP_KINDS, MapKind, add_map_kind
 from heapwalk.view import HeapStrip
 
-__all__ = ["extent_strips", "held_bytes", "sampled"]
+__all__ = ["extent_strips", "held_bytes", "sampled", "sampled_extents"]
 
 #: jemalloc's kinds of run on a heap map: a slab's free regions, and the extents freed to decay or kept unmapped
 for _kind in (MapKind("slab_free", "free regions in slabs", "#9467bd", "r", 130, FREE),
@@ -49,10 +49,15 @@ def held_bytes(table: ExtentTable) -> np.ndarray:
     return np.where(slab, np.minimum(used, table.size), np.where(large, np.minimum(usize, room), table.size))
 
 
-def sampled(table: ExtentTable) -> int:
-    """How many active extents serve one small allocation each: those heap profiling sampled (prof:true), which
+def sampled_extents(table: ExtentTable) -> np.ndarray:
+    """Which active extents serve one small allocation each: those heap profiling sampled (prof:true), which
     jemalloc promotes to an extent of the smallest large class that keeps the small class's index."""
-    return int((~table.slab & (table.state == ACTIVE) & (table.szind < table.classes.nbins)).sum())
+    return ~table.slab & (table.state == ACTIVE) & (table.szind < table.classes.nbins)
+
+
+def sampled(table: ExtentTable) -> int:
+    """How many extents heap profiling's sampled allocations hold (`sampled_extents`)."""
+    return int(sampled_extents(table).sum())
 
 
 def extent_strips(table: ExtentTable, residency: Residency | None = None) -> list[HeapStrip]:

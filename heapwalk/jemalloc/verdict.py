@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from heapwalk.analysis.report import human
 from heapwalk.jemalloc.decay import never_decaying, overdue
-from heapwalk.jemalloc.heapmap import sampled
+from heapwalk.jemalloc.heapmap import sampled, sampled_extents
 from heapwalk.jemalloc.layout import PAGE
 from heapwalk.jemalloc.model import JeArena, JeState
 from heapwalk.view import ArenaView
@@ -41,8 +41,7 @@ def _profiled(state: JeState) -> str:
     if not count:
         return ""
     table = state.extents
-    promoted = (~table.slab) & (table.state == 0) & (table.szind < table.classes.nbins)
-    held = int(table.size[promoted].sum())
+    held = int(table.size[sampled_extents(table)].sum())
     return (f"Heap profiling is on (opt.prof): {count} small allocations it sampled hold an extent of their own, "
             f"{human(held)} in all (counted as {human(table.classes.large_size(0))} allocations of the smallest "
             "large class in the arenas' statistics); a larger lg_prof_sample samples fewer.")
