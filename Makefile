@@ -65,7 +65,7 @@ $(VENV)/.installed: pyproject.toml setup.py heapwalk/glibc/bulk/_native.c heapwa
 sysroots: venv
 	$(PY) cores/sysroots.py $(SYSROOTS) $(SUITES)
 	$(PY) cores/sysroots.py $(SYSROOTS) --jemalloc $(JEMALLOC_SUITES) $(JEMALLOC_LINKED)
-	$(PY) cores/jebuilds.py $(SYSROOTS) $(JEMALLOC_BUILT) redis
+	$(PY) cores/jebuilds.py $(SYSROOTS) $(JEMALLOC_BUILT) redis rust
 
 # A chroot of each of CHROOT_SUITES with its gdb, Python and gcc, made once (cached in ~/.cache/heapwalk/chroots).
 chroots: venv

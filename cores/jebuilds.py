@@ -12,9 +12,10 @@ The virtual address width (``--with-lg-vaddr``) is pinned: jemalloc's configure 
 from the build machine's CPU (57 with 5-level paging), and with it the shape of its radix tree.
 
 It also builds redis-server as Redis's own Makefile builds it (``make MALLOC=jemalloc``), for
-tests/test_redis.py to run on loopback.
+tests/test_redis.py to run on loopback, and the Rust reproducer cores/rust_hold with tikv-jemallocator (its
+crates fetched by name the first time, with the versions Cargo.lock pins), for tests/test_jemalloc_held.py.
 
-Command line: ``python3 cores/jebuilds.py DEST [NAME ... redis]``.
+Command line: ``python3 cores/jebuilds.py DEST [NAME ... redis rust]``.
 """
 
 from __future__ import annotations
@@ -28,9 +29,10 @@ import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
+import fresh
 import sysroots
 
-__all__ = ["SourceBuild", "BUILDS", "prepare_build", "prepare_redis", "REDIS"]
+__all__ = ["SourceBuild", "BUILDS", "prepare_build", "prepare_redis", "REDIS", "prepare_rust", "RUST_HOLD"]
 
 
 @dataclass(frozen=True)
@@ -126,6 +128,34 @@ def prepare_redis(dest: Path, cache: Path | None = None) -> tuple[Path, Path]:
     return program, module
 
 
+#: the Rust reproducer's crate: a service on tikv-jemallocator (jemalloc 5.3.0 in the program, ``_rjem_``
+#: prefix, no statistics), built as cargo builds it for release, the virtual address width pinned
+RUST_HOLD = Path(__file__).resolve().parent / "rust_hold"
+
+
+def prepare_rust(dest: Path) -> Path:
+    """Builds (or reuses) the Rust reproducer into DEST/rust-hold/rust_hold, stripped as services ship; cargo
+    fetches its crates the first time (set-up), and builds in DEST/rust-hold/target."""
+    root = dest / "rust-hold"
+    program = root / "rust_hold"
+    inputs = fresh.digest([RUST_HOLD / "Cargo.toml", RUST_HOLD / "Cargo.lock", RUST_HOLD / "src" / "main.rs"])
+    if fresh.marked(program, inputs):
+        return program
+    cargo = shutil.which("cargo") or shutil.which("cargo", path=str(Path.home() / ".cargo" / "bin"))
+    if cargo is None:
+        raise BuildError("cargo is not installed: the Rust reproducer (tikv-jemallocator) needs Rust's toolchain "
+                         "(rustup)")
+    root.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "CARGO_TARGET_DIR": str(root / "target"), "JEMALLOC_SYS_WITH_LG_VADDR": "48"}
+    cmd = [cargo, "build", "--release", "--locked", "--quiet", "--manifest-path", str(RUST_HOLD / "Cargo.toml")]
+    result = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise BuildError(f"rust_hold: {' '.join(cmd)} failed: {(result.stderr or result.stdout)[-2000:]}")
+    subprocess.run(["strip", "-o", str(program), str(root / "target" / "release" / "rust_hold")], check=True)
+    fresh.mark(program, inputs)
+    return program
+
+
 def _source(cache: Path, build: SourceBuild) -> Path:
     """The unpacked upstream source of BUILD's package (fetched once into the cache)."""
     folder = cache / "sources" / build.suite / build.package
@@ -146,9 +176,16 @@ def _source(cache: Path, build: SourceBuild) -> Path:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("dest", type=Path)
-    parser.add_argument("names", nargs="*", default=[*BUILDS, "redis"])
+    parser.add_argument("names", nargs="*", default=[*BUILDS, "redis", "rust"])
     args = parser.parse_args(argv)
     for name in args.names:
+        if name == "rust":
+            try:
+                print(f"rust: {prepare_rust(args.dest)}")
+            except (BuildError, subprocess.CalledProcessError) as exc:
+                print(f"rust: {exc}", file=sys.stderr)
+                return 1
+            continue
         if name == "redis":
             try:
                 print(f"redis: {prepare_redis(args.dest)[0]}")

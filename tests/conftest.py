@@ -23,6 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "cores"))
 sys.path.insert(0, str(ROOT / "tests"))
 
+import fresh  # noqa: E402
 import harness  # noqa: E402
 import jebuilds  # noqa: E402
 import sysroots  # noqa: E402
@@ -119,8 +120,11 @@ JEMALLOCS = tuple(sysroots.JEMALLOC_SUITES)
 #: je_dns runs on
 JEMALLOC_BUILDS = (*JEMALLOCS, *sysroots.JEMALLOC_LINKED, "5.3.0-je", "redis-5.2.1", "5.3.0-noietls", "5.3.0-q8",
                    "5.3.0-vaddr57", "redis-5.2.1-vaddr57")
+#: the builds without statistics, which heapwalk decodes by counting what their extents hold (je_dns's tests
+#: compare with the statistics printed, so these run je_hold's, against its ledger, instead)
+JEMALLOC_COUNTED = ("5.3.0-nostats",)
 #: the builds from source heapwalk names and does not decode yet
-JEMALLOC_REFUSED = tuple(name for name in jebuilds.BUILDS if name not in JEMALLOC_BUILDS)
+JEMALLOC_REFUSED = tuple(name for name in jebuilds.BUILDS if name not in JEMALLOC_BUILDS + JEMALLOC_COUNTED)
 #: each of them -> its jemalloc version
 JEMALLOC_VERSIONS = {**sysroots.JEMALLOC_SUITES, **sysroots.JEMALLOC_LINKED,
                      **{name: b.version for name, b in jebuilds.BUILDS.items()}}
@@ -143,6 +147,29 @@ def capture_jemalloc(suite: str, name: str, variant: str = "") -> harness.Captur
         harness.capture_jemalloc(name, outdir, BINDIR, jemalloc, env)
     meta = json.loads((outdir / name / "meta.json").read_text())
     return harness.Capture(name=name, directory=outdir / name, exe=Path(meta["exe"]), pid=meta["pid"])
+
+
+@functools.cache
+def capture_rust() -> harness.Capture:
+    """The Rust reproducer's capture (cores/rust_hold, on tikv-jemallocator: jemalloc 5.3.0 in the stripped
+    program, no statistics), taken now unless a fresh one exists."""
+    program = jebuilds.prepare_rust(SYSROOTS)
+    directory = CORES / "rust-hold" / "rust_hold"
+    inputs = fresh.digest([program], "rust_hold")
+    if not fresh.fresh(directory, inputs, ("core", "held.json", "meta.json")):
+        (directory / "held.json").unlink(missing_ok=True)
+        (directory / fresh.STAMP).unlink(missing_ok=True)
+        proc = harness.run_to_snapshot(program, directory)
+        cap = harness.Capture(name="rust_hold", directory=directory, exe=program, pid=proc.pid, process=proc)
+        try:
+            harness.take_core(proc.pid, cap.core)
+            (directory / "meta.json").write_text(json.dumps({"name": "rust_hold", "exe": str(program),
+                                                             "pid": proc.pid}, indent=2) + "\n")
+        finally:
+            cap.kill()
+        fresh.mark(directory, inputs)
+    meta = json.loads((directory / "meta.json").read_text())
+    return harness.Capture(name="rust_hold", directory=directory, exe=Path(meta["exe"]), pid=meta["pid"])
 
 
 #: variants of a capture: extra environment for the reproducer

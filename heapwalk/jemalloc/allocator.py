@@ -65,7 +65,8 @@ class JemallocHeap(Decoded):
         rss = arena_rss(self.state)
         partial = None if rss is None else (sum(r.partial_slabs for r in rss.values()),
                                             sum(r.partial_free for r in rss.values()))
-        lines = summary_lines(rep, self.state.metadata(), partial)
+        counted = None if self.state.statistics or self.state.extents is None else len(self.state.extents)
+        lines = summary_lines(rep, self.state.metadata(), partial, counted)
         *parts, verdict = report_group(rep, interactive, WORDS, lines).renderables
         extra = [jedoc.jemalloc_slabs_table(self.state, box), jedoc.jemalloc_threads_table(self.state, box)]
         return [*parts, *(t for t in extra if t is not None), verdict]

@@ -31,7 +31,8 @@ def check_jemalloc(state: JeState) -> tuple[Finding, ...]:
 
 def scope(state: JeState) -> dict[str, int]:
     """What the check looked at."""
-    return {"arenas": len(state.arenas), "bins": sum(1 for a in state.arenas for b in a.bins if b.nmalloc),
+    return {"arenas": len(state.arenas), "bins": sum(1 for a in state.arenas for b in a.bins
+                                                     if b.nmalloc or b.curslabs),
             "extents": 0 if state.extents is None else len(state.extents),
             "sampled": 0 if state.extents is None else sampled(state.extents),
             "tcaches": sum(1 for t in state.threads if t.tcache_arena is not None),
@@ -56,13 +57,15 @@ def _extents(a: JeArena) -> list[Finding]:
 def _bins(a: JeArena) -> list[Finding]:
     out = []
     for b in a.bins:
-        if b.curregs != b.nmalloc - b.ndalloc or b.curregs > b.curslabs * b.nregs or b.nonfull_slabs > b.curslabs:
+        counted = b.nmalloc is None or b.ndalloc is None       # no statistics: only the slabs themselves
+        if (not counted and b.curregs != b.nmalloc - b.ndalloc) or b.curregs > b.curslabs * b.nregs \
+                or b.nonfull_slabs > b.curslabs:
             out.append(_error(a, f"bin {b.index} ({b.size} B): curregs {b.curregs}, nmalloc {b.nmalloc}, ndalloc "
                               f"{b.ndalloc}, curslabs {b.curslabs} of {b.nregs} regions, nonfull_slabs "
                               f"{b.nonfull_slabs} do not agree", "curregs = nmalloc - ndalloc <= curslabs x nregs",
                               f"{b.curregs}", Kind.ARENA))
     for c in a.large:
-        if c.ndalloc > c.nmalloc:
+        if c.live is None and c.ndalloc > c.nmalloc:
             out.append(_error(a, f"large class {c.size} B freed {c.ndalloc} allocations of {c.nmalloc}",
                               "ndalloc <= nmalloc", f"{c.ndalloc} > {c.nmalloc}", Kind.ARENA))
     return out

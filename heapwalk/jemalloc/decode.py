@@ -4,26 +4,29 @@ at the address that could not be read; whatever could be decoded is kept."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import struct
 from types import MappingProxyType
+
+import numpy as np
 
 from heapwalk.findings import Finding, Severity
 from heapwalk.jemalloc.kinds import Kind
 from heapwalk.jemalloc.discovery import CONTAINER_STATES, JeDiscovery
 from heapwalk.jemalloc.layout import BIN_STATS, PAGE, JeLayout
 from heapwalk.jemalloc.model import JeArena, JeBin, JeExtents, JeLarge, JeState, JeThread
-from heapwalk.jemalloc.extents import walk_extents
+from heapwalk.jemalloc.counted import count_bins, count_extents, count_large
+from heapwalk.jemalloc.extents import ACTIVE, ExtentTable, walk_extents
 from heapwalk.jemalloc.rtree import ExtentMap
-from heapwalk.jemalloc.tcache import (MAX_NCACHED, arena_tcache_bytes, cache_bins, cached_regions, nhbins,
-                                     plausible)
+from heapwalk.jemalloc.tcache import arena_tcache_bytes, nhbins
+from heapwalk.jemalloc.tsd import decode_thread
 from heapwalk.inferior.memory import Memory, ReadError
 from heapwalk.inferior.threads import ThreadRegs
 
 __all__ = ["collect_jemalloc"]
 
 _STATS = struct.Struct("<%dQ" % len(BIN_STATS))
-_STATE_UNINITIALIZED = 6
 
 
 def collect_jemalloc(mem: Memory, disc: JeDiscovery, threads: list[ThreadRegs], target: str = "") -> JeState:
@@ -33,27 +36,43 @@ def collect_jemalloc(mem: Memory, disc: JeDiscovery, threads: list[ThreadRegs], 
     findings += _not_found(disc)
     pointers = _arena_pointers(mem, disc, findings)
     cached = nhbins(disc.layout, disc.opt)
+    table = None
+    if disc.rtree is not None:
+        table, extent_findings = walk_extents(mem, disc.layout, disc.rtree, disc.rtree_shape)
+        findings.extend(extent_findings)
+    counted = None if disc.statistics else table
     arenas = []
     for index, address in enumerate(pointers):
         if not address:
             continue
         try:
-            arenas.append(_arena(mem, disc.layout, index, address, cached))
+            arenas.append(_arena(mem, disc.layout, index, address, cached, counted))
         except ReadError as exc:
             findings.append(Finding(Severity.ERROR, exc.address, f"arena {index}", f"cannot read arena {index} "
                                     f"({address:#x}): {exc.reason}", Kind.ARENA))
     by_address = {address: index for index, address in enumerate(pointers) if address}
     extents = ExtentMap(mem, disc.layout, disc.rtree, disc.rtree_shape)
     seen: dict[int, int] = {}
-    decoded = tuple(_thread(mem, disc, regs, by_address, cached, extents, seen, findings)
+    decoded = tuple(decode_thread(mem, disc, regs, by_address, cached, extents, seen, findings)
                     for regs in sorted(threads, key=lambda t: t.number))
-    table = None
-    if disc.rtree is not None:
-        table, extent_findings = walk_extents(mem, disc.layout, disc.rtree, disc.rtree_shape)
-        findings.extend(extent_findings)
+    if counted is not None:
+        arenas = _with_internal(arenas, decoded, counted)
     return JeState(target, disc.version_text, disc.layout.name, tuple(arenas), decoded, disc.facts, tuple(findings),
                    dict(disc.opt), table, background_thread=_background(mem, disc, findings),
-                   conf_variable=disc.conf_variable, cached=MappingProxyType(seen))
+                   conf_variable=disc.conf_variable, cached=MappingProxyType(seen), statistics=disc.statistics)
+
+
+def _with_internal(arenas: list[JeArena], threads: tuple[JeThread, ...], table: ExtentTable) -> list[JeArena]:
+    """ARENAS with the bytes of jemalloc's own allocations that a build without statistics does not count: the
+    threads' (`JeThread.internal`), each in the arena whose extent holds it."""
+    internal: dict[int, int] = {}
+    for address in (address for t in threads for address in t.internal):
+        row = int(np.searchsorted(table.address, np.uint64(address), side="right")) - 1
+        if row < 0 or address >= int(table.address[row]) + int(table.size[row]) or table.state[row] != ACTIVE:
+            continue
+        arena = int(table.arena[row])
+        internal[arena] = internal.get(arena, 0) + table.classes.class_size(int(table.szind[row]))
+    return [dataclasses.replace(a, internal=internal.get(a.index, 0)) for a in arenas]
 
 
 def _background(mem: Memory, disc: JeDiscovery, findings: list[Finding]) -> bool | None:
@@ -104,10 +123,14 @@ def _i64(value: int) -> int:
     return value - (1 << 64) if value >> 63 else value
 
 
-def _arena(mem: Memory, layout: JeLayout, index: int, address: int, cached: int | None) -> JeArena:
+def _arena(mem: Memory, layout: JeLayout, index: int, address: int, cached: int | None,
+           counted: ExtentTable | None = None) -> JeArena:
     """arenas[INDEX] at ADDRESS: its counters, and the bytes in the CACHED bins of its thread caches (ReadError
-    when its memory is not there)."""
+    when its memory is not there); with COUNTED (the extents of a build without statistics) what statistics
+    would hold is counted from them instead."""
     raw = mem.read(address, layout.arena_size)
+    if counted is not None:
+        return _counted_arena(mem, layout, index, address, cached, raw, counted)
 
     def word(off: int) -> int:
         return struct.unpack_from("<Q", raw, off)[0]
@@ -131,6 +154,51 @@ def _arena(mem: Memory, layout: JeLayout, index: int, address: int, cached: int 
 
 
 _MAX_BLOCKS = 1 << 16
+
+
+def _counted_arena(mem: Memory, layout: JeLayout, index: int, address: int, cached: int | None, raw: bytes,
+                   table: ExtentTable) -> JeArena:
+    """arenas[INDEX] of a build without statistics: the page counters decay keeps (active, dirty, muzzy,
+    retained), and its bins, large classes and free extents counted from TABLE; mapped is its extents and its
+    base's blocks; what only statistics hold (purges, what its base allocated, resident) is None."""
+    def word(off: int) -> int:
+        return struct.unpack_from("<Q", raw, off)[0]
+
+    findings = _states(layout, index, address, raw)
+    blocks = _base_blocks(mem, layout, index, raw, findings)
+    pactive, pdirty = word(layout.nactive), sum(word(off) for off in layout.dirty_npages)
+    pmuzzy = sum(word(off) for off in layout.muzzy_npages)
+    tcache_bytes, lost = arena_tcache_bytes(mem, layout, index, word(layout.tcache_descriptors), cached)
+    unknown = (None,) * 6
+    return JeArena(index, address, struct.unpack_from("<I", raw, layout.nthreads)[0], pactive, pdirty, pmuzzy,
+                   sum(word(off) for off in layout.retained_npages) * PAGE, _i64(word(layout.dirty_decay_ms)),
+                   _i64(word(layout.muzzy_decay_ms)), *unknown,
+                   count_bins(table, index, _slabcurs(mem, layout, index, address, raw, findings)),
+                   (pactive + pdirty + pmuzzy) * PAGE + sum(size for _at, size in blocks), None, 0, None, None,
+                   count_large(table, index), count_extents(table, index), tcache_bytes, tuple(findings + lost),
+                   _clock(layout, raw, layout.dirty_decay_ms), _clock(layout, raw, layout.muzzy_decay_ms), blocks)
+
+
+def _slabcurs(mem: Memory, layout: JeLayout, index: int, address: int, raw: bytes, findings: list[Finding]
+              ) -> frozenset[int]:
+    """The header of the slab each of the arena's bins allocates from now (0 when it has none)."""
+    out = set()
+    for i, cls in enumerate(layout.classes.bins):
+        at = _bin_address(layout, address, raw, i)
+        try:
+            out.add(struct.unpack("<Q", mem.read(at + layout.bin_slabcur, 8))[0])
+        except ReadError as exc:
+            findings.append(Finding(Severity.ERROR, exc.address, f"arena {index}", f"bin {i} ({cls.size} B) at "
+                                    f"{at:#x} is unreadable ({exc.reason}): its current slab counts among those not "
+                                    "full", Kind.ARENA))
+    return frozenset(out - {0})
+
+
+def _bin_address(layout: JeLayout, address: int, raw: bytes, i: int) -> int:
+    """Where bin I of the arena at ADDRESS (whose bytes are RAW) is."""
+    if layout.bins_inline:
+        return address + layout.bins + i * layout.bin_size
+    return struct.unpack_from("<Q", raw, layout.bins + 8 * i)[0]
 
 
 def _base_blocks(mem: Memory, layout: JeLayout, index: int, raw: bytes, findings: list[Finding]
@@ -231,10 +299,7 @@ def _bins(mem: Memory, layout: JeLayout, index: int, address: int, raw: bytes, f
     is unreadable counts nothing, and a finding at it says so."""
     out = []
     for i, cls in enumerate(layout.classes.bins):
-        if layout.bins_inline:
-            at = address + layout.bins + i * layout.bin_size
-        else:
-            at = struct.unpack_from("<Q", raw, layout.bins + 8 * i)[0]
+        at = _bin_address(layout, address, raw, i)
         try:
             values = _STATS.unpack(mem.read(at + layout.bin_stats, _STATS.size))
         except ReadError as exc:
@@ -247,95 +312,3 @@ def _bins(mem: Memory, layout: JeLayout, index: int, address: int, raw: bytes, f
                          stats["curregs"], stats["nfills"], stats["nflushes"], stats["nslabs"], stats["reslabs"],
                          stats["curslabs"], stats["nonfull_slabs"], cls.pages))
     return tuple(out)
-
-
-def _thread(mem: Memory, disc: JeDiscovery, regs: ThreadRegs, arenas: dict[int, int], cached: int | None,
-            extents: ExtentMap, seen: dict[int, int], findings: list[Finding]) -> JeThread:
-    """REGS' thread through its tsd: state, arena, byte counters, whether its decay ticker exists, and what
-    the CACHED bins of its thread cache hold."""
-    layout = disc.layout
-    if disc.tsd_tpoff is None or not regs.fs_base:
-        return JeThread(regs.number, regs.lwp, None, None, None, 0, 0, None, name=regs.name)
-    tsd = regs.fs_base + disc.tsd_tpoff
-    try:
-        raw = mem.read(tsd, layout.tsd_size)
-    except ReadError:
-        return JeThread(regs.number, regs.lwp, tsd, None, None, 0, 0, None, name=regs.name)
-    state = raw[layout.tsd_state]
-    arena = arenas.get(struct.unpack_from("<Q", raw, layout.tsd_arena)[0])
-    allocated, = struct.unpack_from("<Q", raw, layout.tsd_allocated)
-    deallocated, = struct.unpack_from("<Q", raw, layout.tsd_deallocated)
-    if layout.tsd_tdata is not None:   # 5.2.1: a ticker per arena, in an array made on the first tick
-        tdata, = struct.unpack_from("<Q", raw, layout.tsd_tdata)
-        ntdata, = struct.unpack_from("<I", raw, layout.tsd_ntdata)
-        ticker = arena is not None and tdata != 0 and arena < ntdata
-    else:                              # 5.3.0: one ticker in the tsd, set up with it
-        ticker = state != _STATE_UNINITIALIZED
-    tcache_arena = arenas.get(struct.unpack_from("<Q", raw, layout.tsd_tcache_arena)[0])
-    bins = cached if tcache_arena is not None else 0
-    arrays = tuple(tsd + off for off in layout.tsd_tcache_bins)
-    counts = _plausible_counts(cache_bins(mem, layout, arrays, layout.cache_bins if bins is None else bins),
-                               regs.number, arrays[0], findings, layout)
-    return JeThread(regs.number, regs.lwp, tsd, state, arena, allocated, deallocated, ticker, tcache_arena,
-                    tuple((layout.classes.class_size(i), c) for i, c in enumerate(counts) if c),
-                    _origins(mem, layout, arrays, len(counts), tcache_arena, extents,
-                             _Seen(regs.number, seen, findings, layout)), name=regs.name)
-
-
-def _plausible_counts(counts: list[int], thread: int, array: int, findings: list[Finding], layout: JeLayout
-                      ) -> list[int]:
-    """COUNTS with those no cache bin can hold as 0, and a finding at the thread's cache bins for each."""
-    for index, count in enumerate(counts):
-        if not plausible(count):
-            findings.append(Finding(Severity.ERROR, array, f"tcache of thread {thread}", f"cache bin {index} "
-                                    f"({layout.classes.class_size(index)} B) counts {count} regions: a cache bin "
-                                    f"holds 0 to {MAX_NCACHED}", Kind.TCACHE_COUNT, f"0-{MAX_NCACHED}", str(count)))
-    return [count if plausible(count) else 0 for count in counts]
-
-
-class _Seen:
-    """The regions the thread caches hold, checked as they are read: each must lie in a slab (or a large
-    extent) of its bin's size class, and be cached once."""
-
-    def __init__(self, thread: int, seen: dict[int, int], findings: list[Finding], layout: JeLayout):
-        self.thread, self.seen, self.findings, self.classes = thread, seen, findings, layout.classes
-
-    def region(self, index: int, address: int, entry) -> None:
-        where = f"tcache of thread {self.thread}, bin {self.classes.class_size(index)} B"
-        if address in self.seen:
-            self.findings.append(Finding(Severity.ERROR, address, where, f"region {address:#x} is cached twice "
-                                         f"(also by thread {self.seen[address]}): a double free", Kind.DOUBLE_FREE))
-        self.seen.setdefault(address, self.thread)
-        if entry is None:
-            self.findings.append(Finding(Severity.ERROR, address, where, f"region {address:#x} lies in no extent "
-                                         "jemalloc knows", Kind.TCACHE))
-        elif entry[1] != index or entry[2] != (index < self.classes.nbins):
-            self.findings.append(Finding(Severity.ERROR, address, where, f"region {address:#x} lies in an extent of "
-                                         f"size class {entry[1]}, not {index}", Kind.TCACHE_SIZE,
-                                         f"class {index}", f"class {entry[1]}"))
-
-
-def _origins(mem: Memory, layout: JeLayout, arrays: tuple[int, ...], n: int, own: int | None,
-             extents: ExtentMap, seen: _Seen) -> tuple[tuple[int, int], ...]:
-    """(arena, bytes) of the regions a thread cache holds, by the arena each came from (its own arena OWN
-    for those whose extent cannot be looked up), each region checked by SEEN when the tree is known."""
-    if own is None or not n:
-        return ()
-    try:
-        regions = cached_regions(mem, layout, arrays, n)
-    except ReadError as exc:
-        seen.findings.append(Finding(Severity.ERROR, exc.address, f"tcache of thread {seen.thread}",
-                                     f"a cache bin's stack is unreadable ({exc.reason}): its regions are counted "
-                                     "in the cache's own arena", Kind.TCACHE))
-        regions = []
-    by_arena: dict[int, int] = {}
-    for index, addresses in regions:
-        for address in addresses:
-            if extents.rtree is not None:
-                seen.region(index, address, extents.lookup(address))
-            else:
-                seen.seen.setdefault(address, seen.thread)
-            origin = extents.arena_of(address)
-            key = own if origin is None else origin
-            by_arena[key] = by_arena.get(key, 0) + layout.classes.class_size(index)
-    return tuple(sorted(by_arena.items()))

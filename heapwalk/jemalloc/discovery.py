@@ -68,6 +68,11 @@ class JeDiscovery:
     rtree_shape: RtreeShape = COMPACT_48    # the radix tree's levels and leaf entries (the build's address width)
     conf_variable: str = "MALLOC_CONF"      # the environment variable the build reads its options from
 
+    @property
+    def statistics(self) -> bool:
+        """Whether the build keeps statistics (config.stats; assumed when mallctl does not say)."""
+        return self.build.get("stats") is not False
+
 
 def discover_jemalloc(mem: Memory, mappings: list[Mapping], fs_bases: Sequence[int] = (),
                       found: JemallocImage | None = None) -> JeDiscovery:
@@ -99,6 +104,10 @@ def discover_jemalloc(mem: Memory, mappings: list[Mapping], fs_bases: Sequence[i
     facts.append(Fact("opt", len(opt) or None, how))
     rtree, shape, how = _rtree(found, tree)
     facts.append(Fact("rtree", rtree, how))
+    if build.get("stats") is False and rtree is None:
+        raise JemallocNotFound(f"{name} is built without statistics (--disable-stats, as tikv-jemallocator builds "
+                               f"it by default) and its radix tree of extents was not found, so nothing of its "
+                               f"memory can be counted ({how.replace('not determined: ', '')})")
     background, how = _background_state(tree)
     facts.append(Fact("background_thread", background, how))
     variable, how = _conf_variable(image, found.prefix)
@@ -206,10 +215,6 @@ def _refuse_build(name: str, build: dict[str, bool | int]) -> None:
     """Says, in a user's words, why NAME cannot be decoded when its build is one heapwalk has no layout for."""
     if build.get("debug"):
         raise JemallocNotFound(f"{name} is built with --enable-debug: heapwalk does not decode that build yet")
-    if build.get("stats") is False:
-        raise JemallocNotFound(f"{name} is built without statistics (--disable-stats, as tikv-jemallocator "
-                               f"builds it by default): its counters are all zero, and heapwalk does not yet "
-                               f"rebuild them from its structures")
 
 
 def _rtree(found: JemallocImage, tree: MallctlTree | None) -> tuple[int | None, RtreeShape, str]:

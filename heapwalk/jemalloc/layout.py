@@ -83,6 +83,12 @@ class JeLayout:
     decay_epoch: int = 16                 # its epoch (nstime_t: ns of CLOCK_MONOTONIC) when it last stepped
     decay_deadline: int = 32              # when its next step is due
     base_blocks: int = 144                # base_t.blocks: its list of blocks {size, next, ...}, each mapped whole
+    bin_slabcur: int = 112                # bin_t.slabcur: the slab the bin allocates from now (not among the
+    #                                       slabs it calls not full)
+    tsd_tcache_stacks: tuple[int, int] = (256 + 160, 0)     # the internal allocation that holds the thread
+    #                                       cache's stacks: (where in the tsd a pointer into it is, how far into it
+    #                                       that pointer is): 5.3.0's tcache_slow_t.dyn_alloc; 5.2.1's first small
+    #                                       cache bin's avail, past its 200 slots
 
     @property
     def name(self) -> str:
@@ -117,7 +123,7 @@ LAYOUTS = {
         tsd_state=0, tsd_arena=440, tsd_allocated=16, tsd_deallocated=24, tsd_tdata=448, tsd_ntdata=4,
         tsd_ticker=None, tsd_size=0x1848, tcache_descriptors=10192, descriptor_bins=(16, 24),
         tsd_tcache_bins=(496 + 16, 496 + 1000), tsd_tcache_arena=496 + 952, cache_bins=36 + 196,
-        stack_cache_bins=False, rtree_root=112, rtree_extent_mask=1),
+        stack_cache_bins=False, rtree_root=112, rtree_extent_mask=1, tsd_tcache_stacks=(496 + 16 + 16, 200 * 8)),
     (5, 3, 0): JeLayout(
         version=(5, 3, 0), arena_size=78952, nthreads=0, nactive=10656,
         dirty_npages=(20480, 30136), muzzy_npages=(39920, 49576), retained_npages=(59360,),
@@ -132,7 +138,7 @@ LAYOUTS = {
         tsd_ticker=152, tsd_size=0xa48, tcache_descriptors=10400, descriptor_bins=(16,),
         tsd_tcache_bins=(856 + 8,), tsd_tcache_arena=256 + 40, cache_bins=73, stack_cache_bins=True,
         rtree_root=120, rtree_extent_mask=127, extent_state_shift=17, extent_state_mask=7, extent_szind_shift=20,
-        base_blocks=160,
+        base_blocks=160, bin_slabcur=192,
         extent_nfree_shift=28),
 }
 
@@ -149,7 +155,8 @@ LAYOUTS[(5, 2, 1, 3)] = dataclasses.replace(
 #: by size class are three longer (measured on jemalloc 5.3.0 built --with-lg-quantum=3 with debug information)
 LAYOUTS[(5, 3, 0, 3)] = dataclasses.replace(
     LAYOUTS[(5, 3, 0)], tsd_state=832, tsd_allocated=840, tsd_deallocated=856, tsd_size=0xAA0,
-    tsd_tcache_bins=(872 + 8,), cache_bins=76, base_counters=3928, classes=size_classes(3))
+    tsd_tcache_bins=(872 + 8,), cache_bins=76, base_counters=3928, tsd_tcache_stacks=(256 + 176, 0),
+    classes=size_classes(3))
 #: the quanta (lg) heapwalk has layouts for, by number of small classes
 QUANTA = {36: 4, 39: 3}
 

@@ -15,19 +15,20 @@ __all__ = ["JeBin", "JeLarge", "JeExtents", "JeArena", "JeThread", "JeState", "S
 
 @dataclass(frozen=True)
 class JeBin:
-    """One small size class of one arena: its statistics (summed over the bin's shards)."""
+    """One small size class of one arena: its statistics (summed over the bin's shards).  In a build without
+    statistics the counts of operations are None (not kept), and what is in use is counted from the slabs."""
 
     index: int
     size: int                   # region size
     nregs: int                  # regions per slab
-    nmalloc: int
-    ndalloc: int
-    nrequests: int
+    nmalloc: int | None
+    ndalloc: int | None
+    nrequests: int | None
     curregs: int                # regions in use
-    nfills: int
-    nflushes: int
-    nslabs: int
-    nreslabs: int
+    nfills: int | None
+    nflushes: int | None
+    nslabs: int | None
+    nreslabs: int | None
     curslabs: int               # slabs in use
     nonfull_slabs: int
     slab_pages: int = 1         # pages of one slab
@@ -40,18 +41,22 @@ class JeBin:
 
 @dataclass(frozen=True)
 class JeLarge:
-    """One large size class of one arena: its counters as the arena keeps them."""
+    """One large size class of one arena: its counters as the arena keeps them (None in a build without
+    statistics, where LIVE is counted from the extents instead)."""
 
     size: int
-    nmalloc: int                # served by the arena (tcache fills included)
-    ndalloc: int
-    nrequests: int              # requests the tcache merged in, beyond nmalloc
-    nflushes: int
+    nmalloc: int | None         # served by the arena (tcache fills included)
+    ndalloc: int | None
+    nrequests: int | None       # requests the tcache merged in, beyond nmalloc
+    nflushes: int | None
+    live: int | None = None     # the active extents of this class, where no counters are kept
 
     @property
     def curlextents(self) -> int:
         """Allocations of this class alive now (none when the counters are damaged so that more were freed than
         allocated: check reports that)."""
+        if self.live is not None:
+            return self.live
         return max(0, self.nmalloc - self.ndalloc)
 
 
@@ -80,18 +85,19 @@ class JeArena:
     retained: int               # bytes of virtual memory kept mapped after purging
     dirty_decay_ms: int
     muzzy_decay_ms: int
-    dirty_npurge: int
-    dirty_nmadvise: int
-    dirty_purged: int
-    muzzy_npurge: int
-    muzzy_nmadvise: int
-    muzzy_purged: int
+    dirty_npurge: int | None    # the counts of purges: None in a build without statistics
+    dirty_nmadvise: int | None
+    dirty_purged: int | None
+    muzzy_npurge: int | None
+    muzzy_nmadvise: int | None
+    muzzy_purged: int | None
     bins: tuple[JeBin, ...]
     mapped: int = 0             # bytes mapped: the arena's extents and its base's metadata blocks
-    base: int = 0               # bytes of metadata allocated from the arena's base
-    internal: int = 0           # bytes of jemalloc's internal allocations in the arena
-    resident: int = 0           # resident bytes: metadata, active and dirty pages (5.2.1: and muzzy)
-    metadata_thp: int = 0       # the base's transparent huge pages
+    base: int | None = 0        # bytes of metadata allocated from the arena's base (None: not kept)
+    internal: int = 0           # bytes of jemalloc's internal allocations in the arena (without statistics:
+    #                             those heapwalk finds, the thread caches' stacks)
+    resident: int | None = 0    # resident bytes: metadata, active and dirty pages (5.2.1: and muzzy)
+    metadata_thp: int | None = 0    # the base's transparent huge pages
     large: tuple[JeLarge, ...] = ()
     extents: tuple[JeExtents, ...] = ()     # by page size class
     tcache_bytes: int | None = None         # bytes cached by the thread caches registered with the arena, as
@@ -101,10 +107,11 @@ class JeArena:
     muzzy_clock: tuple[int, int] = (0, 0)   # the muzzy pages' (0, 0: never set up)
     base_blocks: tuple[tuple[int, int], ...] = ()   # (address, size) of each block its base mapped (metadata)
 
-    def small(self) -> dict[str, int]:
-        """The small classes together, as malloc_stats_print sums them: bytes in use and the counters."""
+    def small(self) -> dict[str, int | None]:
+        """The small classes together, as malloc_stats_print sums them: bytes in use and the counters (None:
+        not kept)."""
         return {"allocated": sum(b.curregs * b.size for b in self.bins),
-                **{k: sum(getattr(b, k) for b in self.bins)
+                **{k: _total(getattr(b, k) for b in self.bins)
                    for k in ("nmalloc", "ndalloc", "nrequests", "nfills", "nflushes")}}
 
     def slab_bytes(self) -> int:
@@ -120,12 +127,19 @@ class JeArena:
         allocation, so between 0 and large_extents() pages when the counters agree."""
         return self.pactive * 4096 - self.slab_bytes() - self.large_totals()["allocated"]
 
-    def large_totals(self) -> dict[str, int]:
-        """The large classes together, as malloc_stats_print sums them (a tcache fill is one nmalloc)."""
+    def large_totals(self) -> dict[str, int | None]:
+        """The large classes together, as malloc_stats_print sums them (a tcache fill is one nmalloc; None: not
+        kept)."""
         return {"allocated": sum(c.curlextents * c.size for c in self.large),
-                "nmalloc": sum(c.nmalloc for c in self.large), "ndalloc": sum(c.ndalloc for c in self.large),
-                "nrequests": sum(c.nmalloc + c.nrequests for c in self.large),
-                "nfills": sum(c.nmalloc for c in self.large), "nflushes": sum(c.nflushes for c in self.large)}
+                "nmalloc": _total(c.nmalloc for c in self.large), "ndalloc": _total(c.ndalloc for c in self.large),
+                "nrequests": _total(None if c.nmalloc is None else c.nmalloc + c.nrequests for c in self.large),
+                "nfills": _total(c.nmalloc for c in self.large), "nflushes": _total(c.nflushes for c in self.large)}
+
+
+def _total(values) -> int | None:
+    """The sum of counters, None when any of them is not kept."""
+    values = list(values)
+    return None if any(v is None for v in values) else sum(values)
 
 
 @dataclass(frozen=True)
@@ -155,6 +169,8 @@ class JeThread:
     tcache: tuple[tuple[int, int], ...] = ()    # (class size, regions cached) of each non-empty cache bin
     tcache_origin: tuple[tuple[int, int], ...] = ()     # (arena, bytes): where the cached regions came from
     name: str | None = None                 # its name (comm), when the target says
+    internal: tuple[int, ...] = ()          # jemalloc's own allocations for the thread: the region that holds its
+    #                                         thread cache's stacks; 5.2.1's array of its decay tickers
 
     @property
     def tcache_bytes(self) -> int:
@@ -181,6 +197,9 @@ class JeState:
     clock_ns: int | None = None                 # CLOCK_MONOTONIC at the snapshot (None: not known)
     conf_variable: str = "MALLOC_CONF"          # the environment variable its options are read from
     cached: Mapping[int, int] = field(default_factory=dict)     # region a thread cache holds -> the thread
+    statistics: bool = True                     # does the build keep statistics (False: --disable-stats, so the
+    #                                             figures in use are counted from the extents, and the counts of
+    #                                             operations are None)
 
     @property
     def background_running(self) -> bool | None:
@@ -201,13 +220,13 @@ class JeState:
         return max(0, min(held, a.pactive * 4096))    # never more than its active pages, damaged counters or not
 
     def metadata(self) -> dict[str, int]:
-        """jemalloc's own metadata as malloc_stats_print counts it (``metadata`` = base + internal), and what
-        the overhead column holds beside it: the base blocks mapped, and the pages cache_oblivious adds to
-        large allocations."""
+        """jemalloc's own metadata as malloc_stats_print counts it (``metadata`` = base + internal; None without
+        statistics, where what the base allocated is not kept), and what the overhead column holds beside it:
+        the base blocks mapped, and the pages cache_oblivious adds to large allocations."""
         pages = sum((a.pactive + a.pdirty + a.pmuzzy) * 4096 for a in self.arenas)
-        base = sum(a.base for a in self.arenas)
+        base = None if any(a.base is None for a in self.arenas) else sum(a.base for a in self.arenas)
         internal = sum(a.internal for a in self.arenas)
-        return {"metadata": base + internal, "base": base, "internal": internal,
+        return {"metadata": None if base is None else base + internal, "base": base, "internal": internal,
                 "base_mapped": max(0, sum(a.mapped for a in self.arenas) - pages),
                 "pads": sum(max(0, a.active_slack()) for a in self.arenas)}
 

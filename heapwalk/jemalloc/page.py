@@ -64,7 +64,7 @@ def decay_section(doc: dict[str, Any]) -> str:
                            for a in arenas], JE_COLOURS, JE_NAMES, "dirty and muzzy pages by arena")
     rows = [(str(a["index"]), str(a["nthreads"]), human(a["pactive"] * PAGE), human(a["pdirty"] * PAGE),
              human(a["pmuzzy"] * PAGE), human(a["retained"]), str(a["dirty_decay_ms"]), str(a["muzzy_decay_ms"]),
-             str(a["dirty_npurge"]), human(a["dirty_purged"] * PAGE)) for a in arenas]
+             _kept(a["dirty_npurge"], str), _kept(a["dirty_purged"], lambda n: human(n * PAGE))) for a in arenas]
     dirty = sum(a["pdirty"] for a in arenas) * PAGE
     muzzy = sum(a["pmuzzy"] for a in arenas) * PAGE
     words = (f"<p>Dirty pages ({human(dirty)}) are freed memory still resident; decay purges them over "
@@ -73,6 +73,11 @@ def decay_section(doc: dict[str, Any]) -> str:
     return section("decay", "What decay would give back", words, chart,
                    table(["arena", "threads", "active", "dirty", "muzzy", "retained", "dirty_decay_ms",
                           "muzzy_decay_ms", "purges", "purged"], rows))
+
+
+def _kept(value, shown) -> str:
+    """A counter as SHOWN shows it, or "not kept" (a build without statistics)."""
+    return "not kept" if value is None else shown(value)
 
 
 def jemalloc_threads(doc: dict[str, Any]) -> str:

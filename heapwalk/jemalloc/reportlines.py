@@ -19,14 +19,24 @@ WORDS = Words(
     overhead_page="base blocks and pads", pieces_page="free pieces (regions, cached regions and free extents)")
 
 
-def summary_lines(rep: Report, metadata: dict[str, int] | None = None, partial: tuple[int, int] | None = None
-                  ) -> Text:
+def summary_lines(rep: Report, metadata: dict[str, int] | None = None, partial: tuple[int, int] | None = None,
+                  counted_from: int | None = None) -> Text:
     """jemalloc's lines under the arena table: large allocations, jemalloc's metadata (METADATA, from
     `JeState.metadata`) and the base blocks and pads, what 'free in RAM' counts (PARTIAL: the slabs only partly
-    in RAM and their free bytes, when RSS is known), arenas, what decay would give back, the free pieces."""
+    in RAM and their free bytes, when RSS is known), arenas, what decay would give back, the free pieces; for a
+    build without statistics, first where its figures come from (COUNTED_FROM: how many extents)."""
     lines = Text()
+    if counted_from is not None:
+        lines.append(f"statistics: none (built with --disable-stats): in use, slabs, large allocations and free "
+                     f"extents are counted from its {counted_from} extents; the counts of operations (allocations, "
+                     "frees, fills, flushes, purges) and what its base allocated are not kept\n")
     lines.append(f"large allocations: {rep.mmapped_count}, {human(rep.mmapped_bytes)}\n")
-    if metadata is not None:
+    if metadata is not None and metadata["metadata"] is None:
+        lines.append(f"metadata: {human(metadata['base_mapped'])} of base blocks (what they hold is counted by "
+                     f"statistics only), and internal allocations {human(metadata['internal'])} (the thread caches' "
+                     f"stacks, counted in use); 'base, pads' is the base blocks and the page cache_oblivious adds to "
+                     f"each large allocation ({human(metadata['pads'])})\n")
+    elif metadata is not None:
         lines.append(f"metadata (malloc_stats_print's): {human(metadata['metadata'])}: base allocations "
                      f"{human(metadata['base'])} in {human(metadata['base_mapped'])} of base blocks, and internal "
                      f"allocations {human(metadata['internal'])} (counted in use); 'base, pads' is the base blocks "

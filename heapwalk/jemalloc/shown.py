@@ -9,6 +9,7 @@ from rich.table import Table
 from rich.text import Text
 
 from heapwalk.analysis.report import Report, human
+from heapwalk.jemalloc.counted import regions_held
 from heapwalk.jemalloc.layout import PAGE
 from heapwalk.jemalloc.model import JeArena, JeBin, JeState, JeThread
 from heapwalk.output.jsondoc import SCHEMA_VERSION, report_json
@@ -30,8 +31,9 @@ def _bin(b: JeBin) -> dict[str, Any]:
             "utilization": round(b.utilization, 4)}
 
 
-def _arena(a: JeArena) -> dict[str, Any]:
+def _arena(a: JeArena, held: dict[int, int] | None) -> dict[str, Any]:
     return {"index": a.index, "address": a.address, **{k: getattr(a, k) for k in _ARENA_FIELDS},
+            "held": None if held is None else [{"size": size, "regions": n} for size, n in sorted(held.items())],
             "small": a.small(), "large": a.large_totals(), "bins": [_bin(b) for b in a.bins],
             "lextents": [{"size": c.size, "curlextents": c.curlextents} for c in a.large],
             "extents": [{"ndirty": e.ndirty, "nmuzzy": e.nmuzzy, "nretained": e.nretained,
@@ -52,10 +54,13 @@ def _thread(t: JeThread) -> dict[str, Any]:
 
 def jemalloc_document(state: JeState) -> dict[str, Any]:
     """'heapwalk arenas --json' of a jemalloc process."""
+    held = regions_held(state) if state.extents is not None else None
     return {"schema_version": SCHEMA_VERSION, "target": state.target, "allocator": "jemalloc",
             "jemalloc": {"version": state.version, "layout": state.layout_name, "opt": dict(state.opt),
                          "background_thread": state.background_thread, "clock_ns": state.clock_ns,
-                         "arenas": [_arena(a) for a in state.arenas],
+                         "statistics": state.statistics,
+                         "arenas": [_arena(a, None if held is None else held.get(a.index, {}))
+                                    for a in state.arenas],
                          "threads": [_thread(t) for t in state.threads]},
             "discovery": {f.name: {"value": f.value, "found_by": f.found_by} for f in state.facts},
             "findings": [{"severity": f.severity.value, "kind": f.kind.ident, "address": f.address,
@@ -69,7 +74,8 @@ def jemalloc_arenas_table(state: JeState, box) -> Table:
         table.add_column(name, justify="right", no_wrap=True)
     for a in state.arenas:
         table.add_row(str(a.index), str(a.nthreads), human(a.pactive * PAGE), human(a.pdirty * PAGE),
-                      human(a.pmuzzy * PAGE), human(a.retained), str(a.dirty_decay_ms), str(a.dirty_npurge))
+                      human(a.pmuzzy * PAGE), human(a.retained), str(a.dirty_decay_ms),
+                      "not kept" if a.dirty_npurge is None else str(a.dirty_npurge))
     return table
 
 

@@ -60,6 +60,11 @@ class SizeClasses:
             index += 1
         return self.nbins + index
 
+    def page_sizes(self) -> tuple[int, ...]:
+        """The page size classes (what the free extents are binned by): 4, 8 and 12 KiB, then the large
+        classes."""
+        return (PAGE, 2 * PAGE, 3 * PAGE) + tuple(self.large_size(i) for i in range(self.npsizes - 3))
+
     def class_size(self, index: int) -> int:
         """The size of class INDEX (sz_index2size)."""
         return self.bins[index].size if index < self.nbins else self.large_size(index - self.nbins)

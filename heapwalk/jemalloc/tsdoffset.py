@@ -57,8 +57,9 @@ def tsd_offset(mem: Memory, image: LibcImage, layout: JeLayout, arenas: int, cou
         return None, f"not determined: the {len(tsds)} tsds the arenas list do not sit at one offset from the " \
                      "thread pointers (a library loaded with dlopen keeps its TLS apart for each thread)", []
     how = "thread(s) whose thread cache an arena lists sit at {offset} from their thread pointer"
+    threads = offsets
     if not offsets:
-        offsets = _arena_slots(mem, layout, pointers, fs_bases, span)
+        offsets, threads = _arena_slots(mem, layout, pointers, fs_bases, span)
         how = "thread(s) hold a pointer to an arena at {offset} from their thread pointer, where the tsd keeps it"
     if not offsets:
         return None, f"not determined: no thread's TLS block holds a tsd heapwalk can recognise ({len(tsds)} " \
@@ -68,7 +69,7 @@ def tsd_offset(mem: Memory, image: LibcImage, layout: JeLayout, arenas: int, cou
         return None, f"not determined: the tsds may sit at {offset} or {rest[0][0]} from the thread pointers", []
     where = "jemalloc is linked into the program" if image.is_program else "its library's TLS is in the static " \
         "TLS block, without an initial-exec slot"
-    return offset, f"{hits} " + how.format(offset=offset) + f" ({where})", []
+    return offset, f"{threads[offset]} " + how.format(offset=offset) + f" ({where})", []
 
 
 def _arena_pointers(mem: Memory, arenas: int, count: int) -> list[int]:
@@ -97,11 +98,16 @@ def _cached_tsds(mem: Memory, layout: JeLayout, pointers: list[int]) -> set[int]
     return out
 
 
-def _arena_slots(mem: Memory, layout: JeLayout, pointers: list[int], fs_bases: list[int], span: int) -> Counter:
-    """For each offset from the thread pointer, how many threads' TLS blocks hold a pointer to an arena where
-    a tsd at that offset keeps its arena."""
+def _arena_slots(mem: Memory, layout: JeLayout, pointers: list[int], fs_bases: list[int], span: int
+                 ) -> tuple[Counter, Counter]:
+    """For each offset from the thread pointer, its score and how many threads' TLS blocks hold a pointer to an
+    arena where a tsd at that offset keeps its arena; the score counts a thread twice where the tsd's thread
+    cache names an arena too (the tsd keeps its internal arena just before its arena, often the same one: the
+    thread cache tells them apart)."""
     wanted = np.array(sorted(set(pointers)), dtype=np.uint64)
-    out: Counter = Counter()
+    known = set(pointers)
+    scores: Counter = Counter()
+    threads: Counter = Counter()
     for fs in fs_bases:
         start = (fs - span) & ~7
         try:
@@ -109,5 +115,15 @@ def _arena_slots(mem: Memory, layout: JeLayout, pointers: list[int], fs_bases: l
         except ReadError:
             continue
         for index in np.flatnonzero(np.isin(words, wanted)).tolist():
-            out[start + 8 * index - layout.tsd_arena - fs] += 1
-    return out
+            tsd = start + 8 * index - layout.tsd_arena
+            scores[tsd - fs] += 1 + _names_arena(mem, tsd + layout.tsd_tcache_arena, known)
+            threads[tsd - fs] += 1
+    return scores, threads
+
+
+def _names_arena(mem: Memory, slot: int, arenas: set[int]) -> bool:
+    """Whether SLOT holds the address of one of ARENAS."""
+    try:
+        return u64(mem, slot) in arenas
+    except ReadError:
+        return False

@@ -63,14 +63,18 @@ def _bin(b) -> dict:
 def _bins_table(a, interactive: bool) -> Table:
     """Arena A's bins that were ever used: regions and slabs in use, the free room in its slabs, operations."""
     table = Table(title=f"jemalloc arena {a.index} bins", box=box_for(interactive), title_justify="left")
+    counters = any(b.nmalloc is not None for b in a.bins)     # a build without statistics keeps none
     for name in ("size", "regions/slab", "curregs", "curslabs", "nonfull", "utilization", "free in slabs",
-                 "nmalloc", "ndalloc", "nrequests"):
+                 *(("nmalloc", "ndalloc", "nrequests") if counters else ())):
         table.add_column(name, justify="right", no_wrap=True)
+    if not counters:
+        table.caption = "counted from the slabs: this build keeps no statistics, so no counts of operations"
     for b in a.bins:
         if b.nmalloc or b.curslabs:
             free = max(0, b.curslabs * b.nregs - b.curregs) * b.size
             table.add_row(human(b.size), str(b.nregs), str(b.curregs), str(b.curslabs), str(b.nonfull_slabs),
-                          f"{100 * b.utilization:.0f}%", human(free), str(b.nmalloc), str(b.ndalloc), str(b.nrequests))
+                          f"{100 * b.utilization:.0f}%", human(free),
+                          *((str(b.nmalloc), str(b.ndalloc), str(b.nrequests)) if counters else ()))
     return table
 
 

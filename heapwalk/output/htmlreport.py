@@ -78,7 +78,13 @@ def _header(doc: dict[str, Any], facts: list[tuple[str, str]]) -> str:
 
 
 def _value(value) -> str:
-    return f"{value:#x}" if isinstance(value, int) and value > 4096 else str(value)
+    """A discovered fact's value as the page shows it: addresses in hex, "not found" for none, an object's
+    fields as name=value."""
+    if value is None:
+        return "not found"
+    if isinstance(value, dict):
+        return ", ".join(f"{k}={_value(v) if v is not None else 'none'}" for k, v in value.items())
+    return f"{value:#x}" if isinstance(value, int) and not isinstance(value, bool) and value > 4096 else str(value)
 
 
 def verdict_section(r: dict[str, Any], figures: list[tuple[str, str]], words: Words) -> str:
