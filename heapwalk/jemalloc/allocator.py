@@ -13,6 +13,7 @@ from heapwalk.allocator import Allocator, CannotDraw, Checked, Context, Decoded,
 from heapwalk.analysis.report import Report, human
 from heapwalk.findings import Finding, Severity
 from heapwalk.jemalloc import check as je_check
+from heapwalk.jemalloc.blocks import jemalloc_blocks
 from heapwalk.jemalloc.find import find_jemalloc
 from heapwalk.jemalloc.heapmap import extent_strips
 from heapwalk.jemalloc.load import load_jemalloc
@@ -58,7 +59,7 @@ class JemallocHeap(Decoded):
         return heap_view(self.state)
 
     def verdict(self, rep: Report) -> list[str]:
-        return list(advice(self.state, tuple(rep.arenas)))
+        return list(advice(self.state, tuple(rep.arenas), rep.leaks))
 
     def report_parts(self, rep: Report, interactive: bool) -> list:
         box = box_for(interactive)
@@ -99,7 +100,15 @@ class JemallocHeap(Decoded):
         if self.state.extents is None:
             raise CannotDraw("jemalloc's radix tree of extents was not found, so its extents cannot be drawn "
                              "(its statistics are in 'heapwalk report')")
-        return extent_strips(self.state.extents, self.state.residency)
+        return extent_strips(self.state.extents, self.state.residency, leaked)
+
+    @property
+    def scans_leaks(self) -> bool:
+        """The leak scan needs the extents (its blocks are their regions)."""
+        return self.state.extents is not None
+
+    def blocks(self):
+        return jemalloc_blocks(self.mem, self.state)
 
     @property
     def memory(self):
@@ -117,6 +126,7 @@ class Jemalloc(Allocator):
 
     name = "jemalloc"
     title = "jemalloc"
+    scans_leaks = True
     variables = ("MALLOC_CONF", "JE_MALLOC_CONF", "_RJEM_MALLOC_CONF")
     describes = {
         "arenas": "its arenas' active, dirty, muzzy and retained pages, decay times and purges",

@@ -4,6 +4,7 @@ why, retained address space, partly used slabs, thread caches, and the remedies 
 
 from __future__ import annotations
 
+from heapwalk.analysis.inuse import LeakTotals
 from heapwalk.analysis.report import human
 from heapwalk.jemalloc.decay import never_decaying, overdue
 from heapwalk.jemalloc.heapmap import sampled, sampled_extents
@@ -25,12 +26,39 @@ def _names(arenas: list[JeArena]) -> str:
     return ("arena " if len(numbers) == 1 else "arenas ") + ", ".join(numbers)
 
 
-def advice(state: JeState, rows: tuple[ArenaView, ...]) -> tuple[str, ...]:
-    """The verdict on STATE, whose arenas' bytes by what holds them are ROWS, the most telling sentence first."""
+def advice(state: JeState, rows: tuple[ArenaView, ...], leaks: LeakTotals | None = None) -> tuple[str, ...]:
+    """The verdict on STATE, whose arenas' bytes by what holds them are ROWS, the most telling sentence first;
+    LEAKS: what the leak scan found, when it ran."""
     if not state.arenas:
         return ("jemalloc holds no arenas.",)
-    return tuple(s for s in (_headline(state, rows), *_decay(state), _muzzy(state), _retained(state), _slabs(state),
-                             _tcache(state), _profiled(state)) if s)
+    return tuple(s for s in (_headline(state, rows, leaks), _scan(leaks), *_decay(state), _muzzy(state),
+                             _retained(state), _slabs(state), _tcache(state), _profiled(state)) if s)
+
+
+def _leaking(leaks: LeakTotals | None) -> bool:
+    """Does the leak scan find enough leaked to be a cause: a MiB or more, and 5% or more of what is in use?"""
+    return leaks is not None and leaks.leaked_bytes >= MiB and leaks.leaked_bytes >= 0.05 * leaks.in_use_bytes
+
+
+def _scan(leaks: LeakTotals | None) -> str:
+    """What the leak scan found over jemalloc's allocations, and where to look next ("" when it did not run)."""
+    if leaks is None:
+        return ""
+    unread = (f" ({human(leaks.unread_bytes)} of memory could not be read: allocations reached only through it "
+              "count as leaked)") if leaks.unread_bytes else ""
+    if not leaks.leaked_count:
+        return f"The leak scan reached every allocation in use from the program's roots: nothing leaked{unread}."
+    where = ""
+    per_arena = sorted(leaks.per_arena.items(), key=lambda kv: -kv[1][1])
+    if len(per_arena) > 1 and per_arena[0][1][1]:
+        number, (_, size) = per_arena[0]
+        where = f"; arena {number} holds {human(size)} of it"
+    text = (f"The leak scan found {human(leaks.leaked_bytes)} in {leaks.leaked_count} allocations nothing reachable "
+            f"points to ({_pct(leaks.leaked_bytes, leaks.in_use_bytes)} of the memory in use), "
+            f"{leaks.unreferenced_count} of them unreferenced (where each leaked structure starts){where}{unread}")
+    if _leaking(leaks):
+        return text + ": 'heapwalk leaks' lists them by size and signature, with the biggest unreferenced."
+    return text + ": too little to explain the memory held; 'heapwalk leaks' lists them."
 
 
 def _profiled(state: JeState) -> str:
@@ -47,9 +75,9 @@ def _profiled(state: JeState) -> str:
             "large class in the arenas' statistics); a larger lg_prof_sample samples fewer.")
 
 
-def _headline(state: JeState, rows: tuple[ArenaView, ...]) -> str:
-    """Held free by the allocator, in use by the program, or neither: the ROWS' figures, of the pages the
-    arenas hold (active, dirty and muzzy)."""
+def _headline(state: JeState, rows: tuple[ArenaView, ...], leaks: LeakTotals | None = None) -> str:
+    """Held free by the allocator, in use by the program (live or leaked, as far as the leak scan LEAKS tells),
+    or neither: the ROWS' figures, of the pages the arenas hold (active, dirty and muzzy)."""
     dirty, muzzy, slabs, cached = (sum(r.free[k] for r in rows) for k in ("dirty", "muzzy", "slabs", "tcache"))
     in_use = sum(r.in_use for r in rows)
     held = sum(a.pactive for a in state.arenas) * PAGE + dirty + muzzy
@@ -57,14 +85,25 @@ def _headline(state: JeState, rows: tuple[ArenaView, ...]) -> str:
     if not held:
         return "jemalloc's arenas hold no pages."
     if idle >= 0.25 * held and idle >= MiB:
-        return (f"Held free by jemalloc, not a leak: {human(idle)} of the {human(held)} of pages its arenas hold "
+        return (f"Held free by jemalloc{', and a leak' if _leaking(leaks) else ', not a leak'}: {human(idle)} of "
+                f"the {human(held)} of pages its arenas hold "
                 f"({_pct(idle, held)}) is free: {human(dirty)} in dirty pages (freed, still resident until decay "
                 f"purges them), {human(muzzy)} muzzy, {human(slabs)} in partly used slabs, {human(cached)} in "
                 f"thread caches; {human(in_use)} is in use.")
     if in_use >= 0.75 * held:
-        return (f"Memory in use, not held free: {human(in_use)} of the {human(held)} of pages jemalloc holds "
-                f"({_pct(in_use, held)}) is in allocations the program holds. That is live data or a leak: two "
-                "captures some time apart and 'heapwalk diff' show which arenas grow.")
+        share = (f"{human(in_use)} of the {human(held)} of pages jemalloc holds ({_pct(in_use, held)}) is in "
+                 "allocations the program holds")
+        if leaks is None:
+            return (f"Memory in use, not held free: {share}. That is live data or a leak: 'heapwalk leaks' in gdb "
+                    "finds the allocations nothing points to; two captures some time apart and 'heapwalk diff' "
+                    "show which arenas grow.")
+        if _leaking(leaks):
+            return (f"A leak, not memory held free: {share}; {human(leaks.leaked_bytes)} of it "
+                    f"({_pct(leaks.leaked_bytes, leaks.in_use_bytes)}) is in {leaks.leaked_count} allocations that "
+                    "nothing reachable points to any more.")
+        return (f"Live data, neither a leak nor memory held free: {share}, and the leak scan reaches nearly all of "
+                "it from the program's roots. What it is shows above, by size and signature; two captures some "
+                "time apart and 'heapwalk diff' show which of it grows.")
     return (f"{human(in_use)} in use and {human(idle)} free of the {human(held)} of pages jemalloc holds: "
             "neither free pages nor growth stands out.")
 
