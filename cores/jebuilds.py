@@ -47,14 +47,22 @@ class SourceBuild:
     prefix: str
     options: tuple[str, ...]
     shared: bool = False        # a shared library the reproducers run on with LD_PRELOAD, not an archive
+    tarball: str | None = None  # the source as a tarball in cores/data instead of a Debian source package
 
 
 _JEMALLOC = ("jemalloc", "bookworm", "jemalloc-5.3.0", "5.3.0")
 _REDIS = ("redis", "bookworm", "redis-7.0.15/deps/jemalloc", "5.2.1")
+#: jemalloc 5.1.0 (Debian buster's libjemalloc2, FreeBSD 12's libc): buster's packages are gone from the
+#: mirror, so its source is the release tag's, kept in cores/data (configure made with autoconf, the tests and
+#: the MSVC project left out)
+_JEMALLOC_510 = ("jemalloc", "buster", "jemalloc-5.1.0", "5.1.0")
 #: name -> build: Redis's (its configure line), a prefixed one and those for 57-bit addresses are decoded;
 #: heapwalk names the others and does not decode them yet
 BUILDS = {
     "5.3.0-je": SourceBuild(*_JEMALLOC, "je_", ("--with-jemalloc-prefix=je_", "--with-lg-vaddr=48")),
+    # as Debian buster ships it: a shared library, no prefix
+    "5.1.0": SourceBuild(*_JEMALLOC_510, "", ("--with-lg-vaddr=48",), shared=True,
+                         tarball="jemalloc-5.1.0.tar.xz"),
     "5.3.0-debug": SourceBuild(*_JEMALLOC, "", ("--enable-debug", "--with-lg-vaddr=48")),
     "5.3.0-nostats": SourceBuild(*_JEMALLOC, "_rjem_", ("--disable-stats", "--with-jemalloc-prefix=_rjem_",
                                                         "--with-private-namespace=_rjem_", "--with-lg-vaddr=48")),
@@ -157,11 +165,15 @@ def prepare_rust(dest: Path) -> Path:
 
 
 def _source(cache: Path, build: SourceBuild) -> Path:
-    """The unpacked upstream source of BUILD's package (fetched once into the cache)."""
+    """The unpacked upstream source of BUILD's package (fetched once into the cache), or of its tarball."""
     folder = cache / "sources" / build.suite / build.package
     if (folder / build.folder).exists():
         return folder
     folder.mkdir(parents=True, exist_ok=True)
+    if build.tarball is not None:
+        with tarfile.open(Path(__file__).resolve().parent / "data" / build.tarball) as tar:
+            tar.extractall(folder)
+        return folder
     tarballs = sorted(folder.glob(f"{build.package}_*.orig.tar.*"))
     if not tarballs:
         sysroots.fetch_source(cache, build.package, build.suite, folder)

@@ -125,6 +125,8 @@ class Decoded:
     damaged_subject = "the heap is"
     #: does the leak scan read its blocks (`blocks`)?
     scans_leaks = False
+    #: what the leak scan's tables call one of its blocks
+    block_noun = "chunk"
 
     target: str = ""
     #: what its report calls its parts

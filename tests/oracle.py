@@ -108,12 +108,23 @@ JE_BIN_FIELDS = ("nmalloc", "ndalloc", "curregs", "nrequests", "nfills", "nflush
 _JE_LARGE = ("allocated", "nmalloc", "ndalloc", "nrequests", "nfills", "nflushes")
 
 
-def jemalloc_arena_view(arena: dict[str, Any]) -> dict[str, Any]:
-    """One arena of heapwalk's jemalloc JSON as the fields malloc_stats_print prints for it."""
-    return {"fields": {k: arena[k] for k in JE_ARENA_FIELDS},
+def jemalloc_arena_view(arena: dict[str, Any], like: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One arena of heapwalk's jemalloc JSON as the fields malloc_stats_print prints for it; LIKE (what a
+    version printed for the arena, stats.arenas.<i>) leaves out what that version does not print (5.1.0: the
+    free extents by size, the bins' nonfull_slabs, fills and flushes in the totals)."""
+    view = {"fields": {k: arena[k] for k in JE_ARENA_FIELDS},
             "bins": [{k: b[k] for k in JE_BIN_FIELDS} for b in arena["bins"]],
             "small": arena["small"], "large": {k: arena["large"][k] for k in _JE_LARGE},
             "curlextents": [c["curlextents"] for c in arena["lextents"]], "extents": arena["extents"]}
+    if like is None:
+        return view
+    shown = like["bins"][0].keys() if like["bins"] else JE_BIN_FIELDS
+    view["bins"] = [{k: b[k] for k in JE_BIN_FIELDS if k in shown} for b in view["bins"]]
+    view["small"] = {k: v for k, v in view["small"].items() if k in like["small"]}
+    view["large"] = {k: v for k, v in view["large"].items() if k in like["large"]}
+    if "extents" not in like:
+        del view["extents"]
+    return view
 
 
 def jemalloc_printed_view(printed: dict[str, Any], index: int, ledger: dict[str, Any]) -> dict[str, Any]:
@@ -122,7 +133,7 @@ def jemalloc_printed_view(printed: dict[str, Any], index: int, ledger: dict[str,
     bytes while it printed and no longer is, and taking it back counts one more large allocation and the
     printer's free."""
     fields = {k: printed[k] for k in JE_ARENA_FIELDS}
-    large = {k: printed["large"][k] for k in _JE_LARGE}
+    large = {k: printed["large"][k] for k in _JE_LARGE if k in printed["large"]}
     buffer = ledger["stats_buffer"]
     if buffer is not None and buffer["arena"] == index:
         if buffer["internal"]:
@@ -130,6 +141,9 @@ def jemalloc_printed_view(printed: dict[str, Any], index: int, ledger: dict[str,
         if buffer["retaken"]:
             for k in ("nmalloc", "ndalloc", "nrequests", "nfills"):
                 large[k] += 1
-    return {"fields": fields, "bins": [{k: b[k] for k in JE_BIN_FIELDS} for b in printed["bins"]],
-            "small": printed["small"], "large": large,
-            "curlextents": [c["curlextents"] for c in printed["lextents"]], "extents": printed["extents"]}
+    view = {"fields": fields, "bins": [{k: b[k] for k in JE_BIN_FIELDS if k in b} for b in printed["bins"]],
+            "small": {k: v for k, v in printed["small"].items() if k != "mutex"}, "large": large,
+            "curlextents": [c["curlextents"] for c in printed["lextents"]]}
+    if "extents" in printed:
+        view["extents"] = printed["extents"]
+    return view

@@ -66,3 +66,20 @@ def test_the_report_and_the_map_name_the_leak(scanned, build):
     verdict = text.split("verdict:", 1)[1]
     assert verdict.lstrip(" -").startswith("A leak, not memory held free")
     assert "in-use blocks by size" in text and "x leaked (in use, nothing reaches it)" in text
+
+
+def test_chunk_says_what_reaches_an_allocation_or_that_it_is_leaked():
+    """'heapwalk chunk' on a kept block: the path from the static array; on a dropped one and on a leaked large
+    block: leaked, unreferenced."""
+    cap = capture_jemalloc("bookworm", "je_leak")
+    ledger = json.loads((cap.directory / "leaks.json").read_text())
+    kept, dropped = ledger["reached"][0], ledger["leaked"][0][0]
+    large = max(ledger["leaked"], key=lambda entry: entry[3])[0]       # the 700 KiB block (768 KiB usable)
+    result = run_gdb([str(cap.exe), str(cap.core)], [f"heapwalk chunk {kept:#x}", f"heapwalk chunk {dropped:#x}",
+                                                     f"heapwalk chunk {large:#x}"], iex=[NO_SYMBOLS])
+    text = " ".join(result.stdout.split())
+    assert "Traceback" not in text + result.stderr and "chunk" not in text
+    assert f"region 0 at {kept:#x}, 0 bytes into it: in use reached: data of je_leak" in text
+    assert text.count("leaked: nothing reachable points to it, and no other leaked allocation either "
+                      "(unreferenced)") == 2
+    assert f"a large allocation of 768 KiB at {large:#x}" in text

@@ -102,6 +102,6 @@ class LeaksCommand(Subcommand):
             lk = scan_leaks(found, decoded)
             rep = describe(lk, decoded.memory, readonly_images(found.target.space), symbol_at, max(args.limit, 0))
             console = console_with_header(decoded)
-            console.print(leaks_group(rep, interactive()), end="")
+            console.print(leaks_group(rep, interactive(), decoded.block_noun), end="")
             documents.append((decoded, leaks_json(decoded.leaks_header(), rep) if args.json else None))
         write_json(args.json, documents)

@@ -39,6 +39,7 @@ class JemallocHeap(Decoded):
     beside_key = "jemalloc"
     damaged_subject = "jemalloc's state is"
     words = WORDS
+    block_noun = "allocation"
 
     def __init__(self, state: JeState, mem):
         self.state, self.mem = state, mem

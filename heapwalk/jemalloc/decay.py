@@ -1,5 +1,5 @@
 """Which arenas do not give their dirty pages back, and why: jemalloc purges an arena's dirty pages as time
-passes, but only when its threads tick (allocate and free), and in jemalloc 5.2.1 a thread whose first call
+passes, but only when its threads tick (allocate and free), and in jemalloc 5.1 and 5.2 a thread whose first call
 into jemalloc was free() never gets a ticker.  An arena that holds dirty pages, has a decay time, has never
 purged, and whose threads all lack a ticker keeps those pages until something else purges it."""
 
@@ -42,7 +42,7 @@ def _never_decays(arena: JeArena, threads: list[int], variable: str) -> Finding:
         f"{dirty / 2**20:.1f} MiB of dirty pages ({arena.pdirty} pages) have never been purged "
         f"(dirty_npurge 0) although dirty_decay_ms is {arena.dirty_decay_ms}: no thread using the arena "
         f"(gdb thread{'s' if len(threads) > 1 else ''} {names}) holds a decay ticker, so none of them makes it "
-        "decay. In jemalloc 5.2.1 a thread whose first call was free() never gets one. Remedies: "
+        "decay. In jemalloc 5.1 and 5.2 a thread whose first call was free() never gets one. Remedies: "
         f"{variable}=dirty_decay_ms:0 (purge at once), background_thread:true (a thread that purges), an "
         "allocation at each thread's start, or jemalloc 5.3", Kind.NO_DECAY, "dirty pages purged over time",
         f"{arena.pdirty} pages, never purged")

@@ -46,7 +46,7 @@ def collect_jemalloc(mem: Memory, disc: JeDiscovery, threads: list[ThreadRegs], 
         if not address:
             continue
         try:
-            arenas.append(_arena(mem, disc.layout, index, address, cached, counted))
+            arenas.append(_arena(mem, disc.layout, index, address, cached, counted, table))
         except ReadError as exc:
             findings.append(Finding(Severity.ERROR, exc.address, f"arena {index}", f"cannot read arena {index} "
                                     f"({address:#x}): {exc.reason}", Kind.ARENA))
@@ -124,14 +124,31 @@ def _i64(value: int) -> int:
 
 
 def _arena(mem: Memory, layout: JeLayout, index: int, address: int, cached: int | None,
-           counted: ExtentTable | None = None) -> JeArena:
+           counted: ExtentTable | None = None, table: ExtentTable | None = None) -> JeArena:
     """arenas[INDEX] at ADDRESS: its counters, and the bytes in the CACHED bins of its thread caches (ReadError
     when its memory is not there); with COUNTED (the extents of a build without statistics) what statistics
-    would hold is counted from them instead."""
+    would hold is counted from them instead, and what a version's statistics leave out is counted from TABLE
+    (the extents, when known)."""
     raw = mem.read(address, layout.arena_size)
     if counted is not None:
         return _counted_arena(mem, layout, index, address, cached, raw, counted)
+    arena = _from_statistics(mem, layout, index, address, cached, raw)
+    if table is None:
+        return arena
+    if not layout.extent_stats:            # 5.1.0 keeps no counts of free extents by size
+        arena = dataclasses.replace(arena, extents=count_extents(table, index))
+    if not layout.bin_nonfull:             # nor of the slabs not full
+        findings: list[Finding] = []
+        nonfull = count_bins(table, index, _slabcurs(mem, layout, index, address, raw, findings))
+        arena = dataclasses.replace(arena, bins=tuple(dataclasses.replace(b, nonfull_slabs=n.nonfull_slabs)
+                                                      for b, n in zip(arena.bins, nonfull)),
+                                    findings=arena.findings + tuple(findings))
+    return arena
 
+
+def _from_statistics(mem: Memory, layout: JeLayout, index: int, address: int, cached: int | None, raw: bytes
+                     ) -> JeArena:
+    """arenas[INDEX] at ADDRESS, whose bytes are RAW, as its statistics and counters hold it."""
     def word(off: int) -> int:
         return struct.unpack_from("<Q", raw, off)[0]
 
@@ -270,16 +287,22 @@ def _memory(mem: Memory, layout: JeLayout, index: int, raw: bytes, findings: lis
 
 
 def _large(layout: JeLayout, raw: bytes) -> tuple[JeLarge, ...]:
-    """The arena's large size classes: arena_stats_large_t {nmalloc, ndalloc, nrequests, nfills, nflushes, ...}."""
+    """The arena's large size classes: arena_stats_large_t {nmalloc, ndalloc, nrequests, nfills, nflushes, ...}
+    (5.1.0: {nmalloc, ndalloc, nrequests, curlextents}, no flushes)."""
     out = []
     for i in range(layout.classes.nlextents):
-        nmalloc, ndalloc, nrequests, _nfills, nflushes = struct.unpack_from("<5Q", raw, layout.lstats + 48 * i)
+        at = layout.lstats + layout.lstats_stride * i
+        nmalloc, ndalloc, nrequests = struct.unpack_from("<3Q", raw, at)
+        nflushes = struct.unpack_from("<Q", raw, at + 32)[0] if layout.lstats_flushes else None
         out.append(JeLarge(layout.classes.large_size(i), nmalloc, ndalloc, nrequests, nflushes))
     return tuple(out)
 
 
 def _extents(layout: JeLayout, raw: bytes) -> tuple[JeExtents, ...]:
-    """The free extents by page size class, from the dirty, muzzy and retained containers' counters."""
+    """The free extents by page size class, from the dirty, muzzy and retained containers' counters (none in
+    5.1.0, which keeps no such counters)."""
+    if not layout.extent_stats:
+        return ()
     counts = []
     npsizes = layout.classes.npsizes
     for container in layout.extent_stats:     # dirty, muzzy, retained
@@ -302,6 +325,8 @@ def _bins(mem: Memory, layout: JeLayout, index: int, address: int, raw: bytes, f
         at = _bin_address(layout, address, raw, i)
         try:
             values = _STATS.unpack(mem.read(at + layout.bin_stats, _STATS.size))
+            if not layout.bin_nonfull:     # 5.1.0: the word after curslabs is not nonfull_slabs (counted after)
+                values = values[:-1] + (0,)
         except ReadError as exc:
             values = (0,) * len(BIN_STATS)
             findings.append(Finding(Severity.ERROR, at, f"arena {index}", f"bin {i} ({cls.size} B) at "

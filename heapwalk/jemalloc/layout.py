@@ -2,7 +2,7 @@
 decay state, statistics and bins, and in each thread's tsd (the TLS block).
 
 Measured on Debian's libjemalloc2 builds (5.2.1-3 in bullseye, 5.3.0-1 in bookworm and trixie) against
-rebuilds of the same tags with debug information; every offset is checked against memory when a target is
+rebuilds of the same tags with debug information, and on 5.1.0's release tag built with debug information; every offset is checked against memory when a target is
 decoded (`heapwalk.jemalloc.discovery`).  Byte offsets, x86-64.
 """
 
@@ -85,6 +85,12 @@ class JeLayout:
     base_blocks: int = 144                # base_t.blocks: its list of blocks {size, next, ...}, each mapped whole
     bin_slabcur: int = 112                # bin_t.slabcur: the slab the bin allocates from now (not among the
     #                                       slabs it calls not full)
+    lstats_stride: int = 48               # arena_stats_large_t: {nmalloc, ndalloc, nrequests, nfills, nflushes, ...}
+    lstats_flushes: bool = True           # does it count fills and flushes (5.1.0 does not: nflushes is None)
+    bin_nonfull: bool = True              # does bin_stats_t count nonfull_slabs (5.1.0 does not: counted from the
+    #                                       extents instead)
+    tsd_states: tuple[int, ...] | None = None   # the tsd's states in 5.2's numbering, by this version's value
+    #                                       (5.1.0 has no nominal_recompute: its 2..5 are 5.2's 3..6); None: the same
     tsd_tcache_stacks: tuple[int, int] = (256 + 160, 0)     # the internal allocation that holds the thread
     #                                       cache's stacks: (where in the tsd a pointer into it is, how far into it
     #                                       that pointer is): 5.3.0's tcache_slow_t.dyn_alloc; 5.2.1's first small
@@ -157,6 +163,21 @@ LAYOUTS[(5, 3, 0, 3)] = dataclasses.replace(
     LAYOUTS[(5, 3, 0)], tsd_state=832, tsd_allocated=840, tsd_deallocated=856, tsd_size=0xAA0,
     tsd_tcache_bins=(872 + 8,), cache_bins=76, base_counters=3928, tsd_tcache_stacks=(256 + 176, 0),
     classes=size_classes(3))
+#: jemalloc 5.1.0 (Debian buster's libjemalloc2): mutexes of 104 bytes, the bins inline in arena_t, no
+#: counts of free extents by size (counted from the extents), no nonfull_slabs in a bin's statistics, large
+#: classes counting {nmalloc, ndalloc, nrequests, curlextents} (measured on the release tag built with debug
+#: information)
+LAYOUTS[(5, 1, 0)] = dataclasses.replace(
+    LAYOUTS[(5, 2, 1)], version=(5, 1, 0), arena_size=25864, nactive=7168,
+    dirty_npages=(7288 + 1744,), muzzy_npages=(9048 + 1744,), retained_npages=(10808 + 1744,),
+    dirty_state=7288 + 1752, muzzy_state=9048 + 1752, retained_state=10808 + 1752,
+    dirty_decay_ms=12568 + 112, muzzy_decay_ms=14344 + 112,
+    stats=16, stats_dirty=16 + 16, stats_muzzy=16 + 40, lstats=16 + 712, lstats_stride=32, lstats_flushes=False,
+    stats_mapped=16, stats_internal=16 + 72, base_counters=2000, extent_stats=(),
+    bins=16344, bins_inline=True, bin_size=264, bin_stats=128, bin_nonfull=False, base=25848,
+    tsd_arena=432, tsd_tdata=440, tsd_size=0x1800, tcache_descriptors=7016,
+    tsd_tcache_bins=(448 + 16, 448 + 976), tsd_tcache_arena=448 + 928, rtree_root=104, base_blocks=136,
+    bin_slabcur=104, tsd_tcache_stacks=(448 + 16 + 16, 200 * 8), tsd_states=(0, 1, 3, 4, 5, 6))
 #: the quanta (lg) heapwalk has layouts for, by number of small classes
 QUANTA = {36: 4, 39: 3}
 

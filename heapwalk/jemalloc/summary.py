@@ -28,7 +28,7 @@ FREE_KINDS = ("tcache", "slabs", "dirty", "muzzy")
 def heap_view(state: JeState) -> HeapView:
     """The view of a decoded jemalloc state."""
     narenas = state.opt.get("narenas")
-    manual = sum(1 for a in state.arenas if isinstance(narenas, int) and a.index > narenas)
+    manual = sum(1 for a in state.arenas if arena_kind(state, a.index) == "manual")
     limit = (f"opt.narenas {narenas} automatic arenas, {manual} more made with arenas.create"
              if isinstance(narenas, int) else "opt.narenas is not known")
     large = [c for a in state.arenas for c in a.large]
@@ -45,12 +45,13 @@ def heap_view(state: JeState) -> HeapView:
 
 
 def arena_kind(state: JeState, index: int) -> str:
-    """"auto" for the arenas jemalloc picks for threads, "huge" for the one of oversize allocations, "manual"
-    for those made with arenas.create ("arena" when opt.narenas is unknown)."""
+    """"auto" for the arenas jemalloc picks for threads, "huge" for the one of oversize allocations (5.2 and
+    later), "manual" for those made with arenas.create ("arena" when opt.narenas is unknown)."""
     narenas = state.opt.get("narenas")
     if not isinstance(narenas, int) or isinstance(narenas, bool):
         return "arena"
-    return "auto" if index < narenas else "huge" if index == narenas else "manual"
+    huge = "oversize_threshold" in state.opt      # 5.2 and later keep an arena for huge allocations
+    return "auto" if index < narenas else "huge" if index == narenas and huge else "manual"
 
 
 def _row(state: JeState, a: JeArena, rss: ArenaRss | None) -> ArenaView:

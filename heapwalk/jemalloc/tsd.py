@@ -34,6 +34,8 @@ def decode_thread(mem: Memory, disc: JeDiscovery, regs: ThreadRegs, arenas: dict
     except ReadError:
         return JeThread(regs.number, regs.lwp, tsd, None, None, 0, 0, None, name=regs.name)
     state = raw[layout.tsd_state]
+    if layout.tsd_states is not None and state < len(layout.tsd_states):
+        state = layout.tsd_states[state]          # in 5.2's numbering, whatever the version
     arena = arenas.get(struct.unpack_from("<Q", raw, layout.tsd_arena)[0])
     allocated, = struct.unpack_from("<Q", raw, layout.tsd_allocated)
     deallocated, = struct.unpack_from("<Q", raw, layout.tsd_deallocated)

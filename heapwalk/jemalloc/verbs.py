@@ -131,10 +131,17 @@ def _chunk(heap, args, front) -> None:
     where = locate_region(heap.mem, heap.state, address)
     if where is None:
         raise NotMine(f"heapwalk chunk: {address:#x} is in no extent of jemalloc's")
-    front.console().print(region_text(where))
+    console = front.console()
+    console.print(region_text(where))
+    held = where.get("allocation") if where["kind"] == "large" else \
+        where.get("region") if where.get("use") == "in use" else None
+    reach = front.reach(heap, held) if held is not None and heap.scans_leaks else None
+    reach = None if reach is None else reach.replace("chunk", "allocation")
+    if reach is not None:
+        console.print(f"  {reach}")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:
-            json.dump({"allocator": "jemalloc", "address": address, **where}, fh, indent=1)
+            json.dump({"allocator": "jemalloc", "address": address, **where, "reach": reach}, fh, indent=1)
 
 
 VERBS = (
@@ -147,8 +154,10 @@ VERBS = (
          "Show every thread's cache (or thread N's): the arena it is registered with, each non-empty bin with "
          "its size and count, the bytes, and the arenas the cached regions came from.", _tcache_arguments,
          _tcache, accepts=lambda args: not args.entries),
-    Verb("chunk", "the region holding an address: its extent, slab, arena and state",
+    Verb("chunk", "the region holding an address: its extent, slab, arena and state, and what reaches it",
          "Describe what holds ADDRESS: its arena, its extent (where, how big, active, dirty, muzzy or "
          "retained), and in a slab its region (size class, index, start) and whether it is in use, free, or "
-         "held by a thread's cache; in a large extent, the allocation.", _chunk_arguments, _chunk),
+         "held by a thread's cache; in a large extent, the allocation. For an allocation the program holds, "
+         "whether anything still points to it (one path from a root, or leaked: see 'heapwalk leaks').",
+         _chunk_arguments, _chunk),
 )

@@ -162,14 +162,14 @@ def _overdue(state: JeState, decaying: list[JeArena]) -> str:
 
 
 def _stuck(state: JeState, stuck: list[JeArena]) -> str:
-    """The 5.2.1 bug in numbers, and the remedies with what each costs."""
+    """The 5.1 and 5.2 bug in numbers, and the remedies with what each costs."""
     dirty = sum(a.pdirty for a in stuck) * PAGE
     times = " / ".join(map(str, sorted({a.dirty_decay_ms for a in stuck})))
     workers = state.opt.get("max_background_threads")
     threads = f"up to {workers} threads" if isinstance(workers, int) else "a few threads"
     return (f"Not decaying: {human(dirty)} of dirty pages in {_names(stuck)} have never been purged "
             f"(dirty_npurge 0) although dirty_decay_ms is {times}: no thread using them holds a decay ticker, "
-            "and in jemalloc 5.2.1 a thread whose first call was free() never gets one. Remedies: "
+            "and in jemalloc 5.1 and 5.2 a thread whose first call was free() never gets one. Remedies: "
             f"{state.conf_variable}=dirty_decay_ms:0 returns freed pages at once (an madvise call per freed page "
             f"run and a page fault when one is reused); background_thread:true purges on time ({threads} of jemalloc's "
             "own); a malloc and free at each thread's start gives it a ticker at no run-time cost; "

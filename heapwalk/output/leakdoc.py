@@ -22,27 +22,27 @@ def share(part: int, whole: int) -> str:
     return f"{100 * min(max(part, 0), whole) / whole:.1f}%"
 
 
-def _summary(rep: LeakReport) -> Text:
+def _summary(rep: LeakReport, noun: str) -> Text:
     text = Text()
-    text.append(f"leaked: {rep.leaked_count} chunks, {human(rep.leaked_bytes)} of {human(rep.in_use_bytes)} in use "
-                f"({share(rep.leaked_bytes, rep.in_use_bytes)}) in {rep.in_use_count} chunks; "
+    text.append(f"leaked: {rep.leaked_count} {noun}s, {human(rep.leaked_bytes)} of {human(rep.in_use_bytes)} in use "
+                f"({share(rep.leaked_bytes, rep.in_use_bytes)}) in {rep.in_use_count} {noun}s; "
                 f"{rep.unreferenced_count} unreferenced (nothing leaked points to them)", style="bold")
     text.append("\n")
     if rep.in_rings:
-        text.append(f"{rep.in_rings} leaked chunks ({human(rep.in_rings_bytes)}) lie in rings of leaked chunks that "
-                    "point to one another, with no unreferenced chunk leading to them\n")
+        text.append(f"{rep.in_rings} leaked {noun}s ({human(rep.in_rings_bytes)}) lie in rings of leaked {noun}s "
+                    f"that point to one another, with no unreferenced {noun} leading to them\n")
     roots = ", ".join(f"{kind} {n} ({human(b)})" if kind != "registers" else f"registers {n}"
                       for kind, n, b in rep.roots)
     text.append(f"roots scanned: {roots}\n")
     if rep.unread_bytes:
-        text.append(f"{human(rep.unread_bytes)} of roots and heaps could not be read: chunks reached only through "
-                    "them are counted leaked\n", style="red")
+        text.append(f"{human(rep.unread_bytes)} of roots and heaps could not be read: {noun}s reached only "
+                    "through them are counted leaked\n", style="red")
     return text
 
 
-def _arenas(rep: LeakReport, interactive: bool) -> Table:
+def _arenas(rep: LeakReport, interactive: bool, noun: str) -> Table:
     table = Table(title="leaked by arena", box=box_for(interactive), title_justify="left")
-    for name in ("arena", "in use", "in-use chunks", "leaked", "leaked chunks", "share", "unreferenced"):
+    for name in ("arena", "in use", f"in-use {noun}s", "leaked", f"leaked {noun}s", "share", "unreferenced"):
         table.add_column(name, justify="right", no_wrap=True)
     for a in rep.arenas:
         table.add_row(str(a.number), human(a.in_use_bytes), str(a.in_use_count), human(a.leaked_bytes),
@@ -50,20 +50,20 @@ def _arenas(rep: LeakReport, interactive: bool) -> Table:
     return table
 
 
-def _by_size(rep: LeakReport, interactive: bool) -> Table:
-    table = Table(title="leaked by chunk size", box=box_for(interactive), title_justify="left")
-    for name in ("size", "chunks", "bytes"):
+def _by_size(rep: LeakReport, interactive: bool, noun: str) -> Table:
+    table = Table(title=f"leaked by {noun} size", box=box_for(interactive), title_justify="left")
+    for name in ("size", f"{noun}s", "bytes"):
         table.add_column(name, justify="right", no_wrap=True)
     for g in rep.by_size:
         table.add_row(str(g.key), str(g.count), human(g.bytes))
     return table
 
 
-def _by_signature(rep: LeakReport, interactive: bool) -> Table:
+def _by_signature(rep: LeakReport, interactive: bool, noun: str) -> Table:
     table = Table(title="leaked by signature (the first word: a vtable, a type, or text)", box=box_for(interactive),
                   title_justify="left")
-    for name in ("signature", "chunks", "bytes", "example"):
-        table.add_column(name, justify="right" if name in ("chunks", "bytes") else "left", no_wrap=True)
+    for name in ("signature", f"{noun}s", "bytes", "example"):
+        table.add_column(name, justify="right" if name in (f"{noun}s", "bytes") else "left", no_wrap=True)
     for g in rep.by_signature:
         example = f"{g.example:#x}" + (f' "{g.text}"' if g.text else "")
         table.add_row(g.name, str(g.count), human(g.bytes), example)
@@ -76,27 +76,28 @@ def _hexdump(data: bytes) -> str:
     return f"{hexes}  {text}"
 
 
-def _biggest(rep: LeakReport, interactive: bool) -> Table:
-    table = Table(title="biggest unreferenced chunks (what each holds: itself and the leaked chunks it leads to)",
+def _biggest(rep: LeakReport, interactive: bool, noun: str) -> Table:
+    table = Table(title=f"biggest unreferenced {noun}s (what each holds: itself and the leaked {noun}s it leads to)",
                   box=box_for(interactive), title_justify="left")
-    for name in ("chunk", "size", "arena", "holds", "bytes held", "first bytes"):
-        table.add_column(name, justify="left" if name in ("chunk", "first bytes") else "right", no_wrap=True)
+    for name in (noun, "size", "arena", "holds", "bytes held", "first bytes"):
+        table.add_column(name, justify="left" if name in (noun, "first bytes") else "right", no_wrap=True)
     for u in rep.biggest:
         table.add_row(f"{u.address:#x}", str(u.size), str(u.arena), str(u.holds_count), human(u.holds_bytes),
                       _hexdump(u.head))
     return table
 
 
-def leaks_group(rep: LeakReport, interactive: bool) -> Group:
+def leaks_group(rep: LeakReport, interactive: bool, noun: str = "chunk") -> Group:
     """The leak report: totals, per arena, by size and signature, the biggest unreferenced, and what a
-    conservative scan cannot see."""
-    parts: list[Any] = [_summary(rep), _arenas(rep, interactive)]
+    conservative scan cannot see; a block is called NOUN (the allocator's word: glibc's chunk, jemalloc's
+    allocation)."""
+    parts: list[Any] = [_summary(rep, noun), _arenas(rep, interactive, noun)]
     if rep.leaked_count:
-        parts += [_by_size(rep, interactive)]
+        parts += [_by_size(rep, interactive, noun)]
         if rep.by_signature:
-            parts.append(_by_signature(rep, interactive))
-        parts.append(_biggest(rep, interactive))
-    parts.append(Text(rep.note + "\n"))
+            parts.append(_by_signature(rep, interactive, noun))
+        parts.append(_biggest(rep, interactive, noun))
+    parts.append(Text(rep.note.replace("chunk", noun) + "\n"))
     return Group(*parts)
 
 
