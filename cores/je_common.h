@@ -10,8 +10,8 @@
  * back as they were printed; the ledger says so ("stats_buffer"), because arena 0's large counters then
  * count that one allocation and the printer's free on top, and its "internal" bytes counted the buffer
  * while it printed, and no longer do ("internal": true in the ledger).
- * (jemalloc 5.1 and 5.2 print without such a buffer.)  Everything is written with write(2) from static
- * buffers.
+ * (jemalloc 5.1 and 5.2, and builds with --enable-debug, print without such a buffer.)  Everything is
+ * written with write(2) from static buffers.
  */
 #ifndef JE_COMMON_H
 #define JE_COMMON_H
@@ -128,8 +128,12 @@ static void je_snapshot(int stats_fd, int ledger_fd) {
     size_t vlen = sizeof version;
     if (repro_mallctl("version", &version, &vlen, NULL, 0) != 0)
         die("mallctl version failed");
-    /* 5.3 and later print through the buffer; 5.1 and 5.2 write straight to the callback */
-    int buffer_taken = version[0] > '5' || (version[0] == '5' && version[2] >= '3');
+    /* 5.3 and later print through the buffer; 5.1 and 5.2, and debug builds, write straight to the callback */
+    _Bool debug = 0;
+    size_t dlen = sizeof debug;
+    if (repro_mallctl("config.debug", &debug, &dlen, NULL, 0) != 0)
+        die("mallctl config.debug failed");
+    int buffer_taken = !debug && (version[0] > '5' || (version[0] == '5' && version[2] >= '3'));
     if (buffer_taken) {
         mallocx_fn repro_mallocx = (mallocx_fn)JE_LOOKUP(mallocx);
         if (repro_mallocx == NULL || repro_mallocx(STATS_BUFFER, ARENA_0_NO_TCACHE) == NULL)

@@ -64,6 +64,9 @@ BUILDS = {
     "5.1.0": SourceBuild(*_JEMALLOC_510, "", ("--with-lg-vaddr=48",), shared=True,
                          tarball="jemalloc-5.1.0.tar.xz"),
     "5.3.0-debug": SourceBuild(*_JEMALLOC, "", ("--enable-debug", "--with-lg-vaddr=48")),
+    # a debug build with Redis's quantum: heapwalk has no layout for it, and says so
+    "5.3.0-q8-debug": SourceBuild(*_JEMALLOC, "je_", ("--enable-debug", "--with-lg-quantum=3",
+                                                      "--with-jemalloc-prefix=je_", "--with-lg-vaddr=48")),
     "5.3.0-nostats": SourceBuild(*_JEMALLOC, "_rjem_", ("--disable-stats", "--with-jemalloc-prefix=_rjem_",
                                                         "--with-private-namespace=_rjem_", "--with-lg-vaddr=48")),
     "redis-5.2.1": SourceBuild(*_REDIS, "je_", ("--with-version=5.2.1-0-g0", "--with-lg-quantum=3",

@@ -106,7 +106,8 @@ def test_each_thread_has_its_arena_and_the_decay_ticker_the_version_gives_it(dec
         if entry["role"] == "main":
             assert t["arena"] == ledger["stats_arena"]
             continue
-        assert t["state"] == 0 and t["arena"] == entry["arena"]
+        # a debug build fills with junk (opt.junk), which keeps every tsd on the slow path: nominal_slow
+        assert t["state"] == (1 if "debug" in suite else 0) and t["arena"] == entry["arena"]
         assert t["allocated"] > 4_000_000 and t["deallocated"] >= t["allocated"]
         expected = entry["role"] == "malloc_first" if _old(suite) else True
         assert t["decay_ticker"] is expected, entry

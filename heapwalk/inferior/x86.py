@@ -13,7 +13,8 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-__all__ = ["RipLoad", "RipRef", "rip_loads", "rip_loads32", "rip_refs", "rip_byte_stores", "first_lea", "first_shift_right", "tls_got_slot", "LEA", "MOV"]
+__all__ = ["RipLoad", "RipRef", "rip_loads", "rip_loads32", "rip_refs", "rip_byte_stores", "call_targets", "first_lea",
+           "first_shift_right", "tls_got_slot", "LEA", "MOV"]
 
 LEA, MOV = 0x8D, 0x8B
 FS_PREFIX = 0x64
@@ -97,6 +98,17 @@ def rip_byte_stores(code: bytes, address: int) -> list[int]:
         if code[i] == 0xC6 and code[i + 1] == 0x05:
             disp, = struct.unpack_from("<i", code, i + 2)
             out.append(address + i + 7 + disp)
+    return out
+
+
+def call_targets(code: bytes, address: int) -> list[int]:
+    """The targets of every ``call rel32`` (E8 disp32) in CODE (which starts at ADDRESS), in order; scanning
+    byte by byte finds some inside other instructions, which callers must tell apart."""
+    out = []
+    for i in range(len(code) - 4):
+        if code[i] == 0xE8:
+            disp, = struct.unpack_from("<i", code, i + 1)
+            out.append(address + i + 5 + disp)
     return out
 
 

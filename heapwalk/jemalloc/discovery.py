@@ -24,6 +24,7 @@ and recorded with how it was found.
 from __future__ import annotations
 
 import re
+import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -93,7 +94,6 @@ def discover_jemalloc(mem: Memory, mappings: list[Mapping], fs_bases: Sequence[i
     facts.append(Fact("build", build or None, "the constants of mallctl's config.* and arenas.nbins"
                       if build else "not determined: no mallctl tree"))
     name = f"jemalloc {text.split('-')[0]} (in {path})"
-    _refuse_build(name, build)
     layout = _layout(name, version, build)
     arenas, count, narenas, how = arena_array(mem, found, tree, layout)
     facts += [Fact("arenas", arenas, how), Fact("narenas_total", narenas, how)]
@@ -102,13 +102,13 @@ def discover_jemalloc(mem: Memory, mappings: list[Mapping], fs_bases: Sequence[i
     facts.append(Fact("tsd_tls_offset", tpoff, how))
     opt, how, lost = _options(image, tree)
     facts.append(Fact("opt", len(opt) or None, how))
-    rtree, shape, how = _rtree(found, tree)
+    rtree, shape, how = _rtree(found, tree, layout)
     facts.append(Fact("rtree", rtree, how))
     if build.get("stats") is False and rtree is None:
         raise JemallocNotFound(f"{name} is built without statistics (--disable-stats, as tikv-jemallocator builds "
                                f"it by default) and its radix tree of extents was not found, so nothing of its "
                                f"memory can be counted ({how.replace('not determined: ', '')})")
-    background, how = _background_state(tree)
+    background, how = _background_state(tree, layout)
     facts.append(Fact("background_thread", background, how))
     variable, how = _conf_variable(image, found.prefix)
     facts.append(Fact("conf_variable", variable, how))
@@ -124,33 +124,37 @@ def _layout(name: str, version: tuple[int, int, int], build: dict[str, bool | in
     if nbins not in QUANTA:
         raise JemallocNotFound(f"{name} is built with {nbins} small size classes: heapwalk does not decode that "
                                f"build yet (it knows {known})")
+    debug = bool(build.get("debug"))
     try:
-        return layout_for(version, QUANTA[nbins])
+        return layout_for(version, QUANTA[nbins], debug)
     except UnsupportedJemalloc:
         quantum = "" if QUANTA[nbins] == 4 else f" built with a {1 << QUANTA[nbins]}-byte quantum ({nbins} " \
                                                  f"small size classes)"
+        if debug:
+            also = "" if QUANTA[nbins] == 4 else f" and a {1 << QUANTA[nbins]}-byte quantum"
+            raise JemallocNotFound(f"{name} is built with --enable-debug{also}: heapwalk does not decode that build "
+                                   f"yet (it knows {known})") from None
         raise JemallocNotFound(f"{name}{quantum} is a build heapwalk does not decode yet (it knows {known})") \
             from None
 
 
-_MUTEX = 112           # malloc_mutex_t
-_MUTEX_LOCKED = 104    # its "locked" flag, which the ctl functions set and clear
-
-
-def _background_state(tree: MallctlTree | None) -> tuple[int | None, str]:
+def _background_state(tree: MallctlTree | None, layout: JeLayout) -> tuple[int | None, str]:
     """The flag that says whether background threads run (background_thread_enabled_state, which mallctl's
     "background_thread" sets at run time, as Redis does, whatever opt.background_thread said): the first global
-    its function computes or reads outside the two mutexes it takes (each known by its "locked" flag)."""
+    its function computes or reads outside the two mutexes it takes (each known by its "locked" flag, which
+    5.1.0's mutexes do not have: there it is not determined)."""
     node = tree.node("background_thread") if tree is not None else None
     if node is None or not node.ctl:
         return None, "not determined: mallctl has no background_thread"
+    if layout.mutex_locked < 0:
+        return None, f"not determined: {layout.name}'s mutexes keep no flag its function can be read by"
     try:
         code = tree.image.mem.read(node.ctl, _HOOK_SPAN)
     except ReadError as exc:
         return None, f"not determined: background_thread's function is unreadable ({exc.reason})"
-    mutexes = {target - _MUTEX_LOCKED for target in x86.rip_byte_stores(code, node.ctl)}
+    mutexes = {target - layout.mutex_locked for target in x86.rip_byte_stores(code, node.ctl)}
     for ref in x86.rip_refs(code, node.ctl):
-        if not any(m <= ref.target < m + _MUTEX for m in mutexes) and tree.image.contains(ref.target):
+        if not any(m <= ref.target < m + layout.mutex_size for m in mutexes) and tree.image.contains(ref.target):
             return ref.target, f"the first global background_thread's function reads beside its mutexes " \
                                f"(code at {node.ctl + ref.offset:#x})"
     return None, "not determined: background_thread's function reads no global beside its mutexes"
@@ -211,15 +215,10 @@ def _build(tree: MallctlTree | None) -> dict[str, bool | int]:
     return out
 
 
-def _refuse_build(name: str, build: dict[str, bool | int]) -> None:
-    """Says, in a user's words, why NAME cannot be decoded when its build is one heapwalk has no layout for."""
-    if build.get("debug"):
-        raise JemallocNotFound(f"{name} is built with --enable-debug: heapwalk does not decode that build yet")
-
-
-def _rtree(found: JemallocImage, tree: MallctlTree | None) -> tuple[int | None, RtreeShape, str]:
+def _rtree(found: JemallocImage, tree: MallctlTree | None, layout: JeLayout) -> tuple[int | None, RtreeShape, str]:
     """The radix tree of extents: the tree that arenas.lookup (or an exported malloc_usable_size) passes to
-    the lookup of a pointer's extent, its first ``lea rsi, [rip+disp]``."""
+    the lookup of a pointer's extent, a ``lea rsi, [rip+disp]`` into the image's writable data, in the function
+    or (a debug build, which inlines less) in one it calls; the first whose root holds only readable nodes."""
     places = []
     node = tree.node("arenas.lookup") if tree is not None else None
     if node is not None and node.ctl:
@@ -236,11 +235,6 @@ def _rtree(found: JemallocImage, tree: MallctlTree | None) -> tuple[int | None, 
         except ReadError as exc:
             said.append(f"{what} is unreadable ({exc.reason})")
             continue
-        leas = [r for r in x86.rip_loads(code, start) if r.opcode == x86.LEA and code[r.offset] == 0x48
-                and code[r.offset + 2] == 0x35]
-        if not leas:
-            said.append(f"no lea rsi in {what}")
-            continue
         shift = x86.first_shift_right(code)
         if shift is not None and shift not in SHAPES:
             return None, COMPACT_48, f"not decoded: the build's radix tree keys its leaves by address >> {shift}, " \
@@ -248,9 +242,53 @@ def _rtree(found: JemallocImage, tree: MallctlTree | None) -> tuple[int | None, 
                                      f">> 27, builds for 57-bit addresses)"
         shape = SHAPES.get(shift, COMPACT_48)
         levels = "three levels (57-bit addresses)" if shape is WIDE_57 else "two levels (48-bit addresses)"
-        return leas[0].target, shape, f"the lookup's tree in {what} (code at {start + leas[0].offset:#x}), " \
-                                      f"{levels}"
+        for target, at in _tree_candidates(found.image, code, start):
+            if _plausible_tree(found.image.mem, layout, shape, target):
+                return target, shape, f"the lookup's tree in {what} (code at {at:#x}), {levels}"
+        said.append(f"no lea rsi in {what} (or a function it calls) leads to a radix tree")
     return None, COMPACT_48, "not determined: " + "; ".join(said)
+
+
+_CALLEES = 12           # calls of a function followed to find its tree
+
+
+def _tree_candidates(image: LibcImage, code: bytes, start: int) -> list[tuple[int, int]]:
+    """(target, where) of each ``lea rsi, [rip+disp]`` into IMAGE's writable data in CODE (at START), then in
+    the functions it calls."""
+    writable = [(seg.address, seg.address + seg.memsz) for seg in image.writable()]
+
+    def leas(block: bytes, at: int) -> list[tuple[int, int]]:
+        return [(r.target, at + r.offset) for r in x86.rip_loads(block, at) if r.opcode == x86.LEA
+                and block[r.offset] == 0x48 and block[r.offset + 2] == 0x35
+                and any(lo <= r.target < hi for lo, hi in writable)]
+
+    out = leas(code, start)
+    for callee in dict.fromkeys(x86.call_targets(code, start)).keys():
+        if len(out) > 4 * _CALLEES or not image.contains(callee):
+            continue
+        try:
+            out += leas(image.mem.read(callee, _HOOK_SPAN), callee)
+        except ReadError:
+            continue
+    return out
+
+
+def _plausible_tree(mem: Memory, layout: JeLayout, shape: RtreeShape, rtree: int) -> bool:
+    """Whether RTREE's root (of SHAPE) is readable and holds at least one node, each one readable."""
+    try:
+        words = struct.unpack(f"<{1 << shape.levels[0]}Q", mem.read(rtree + layout.rtree_root,
+                                                                    8 << shape.levels[0]))
+    except ReadError:
+        return False
+    nodes = [w for w in words if w]
+    if not 0 < len(nodes) <= 1 << 12 or any(w & 7 for w in nodes):
+        return False
+    try:
+        for w in nodes[:16]:
+            mem.read(w, 8)
+    except ReadError:
+        return False
+    return True
 
 
 def _options(image: LibcImage, tree: MallctlTree | None) -> tuple[dict, str, list[tuple[int, str]]]:

@@ -80,6 +80,7 @@ class JeLayout:
     extent_nfree_shift: int = 26          # arena is bits 0-11 and the slab bit 12 in both versions
     classes: SizeClasses = size_classes(4)  # the size classes (a 16-byte quantum)
     #                                       a decay_t (from its time_ms, at dirty_decay_ms / muzzy_decay_ms):
+    debug: bool = False                   # built with --enable-debug
     decay_epoch: int = 16                 # its epoch (nstime_t: ns of CLOCK_MONOTONIC) when it last stepped
     decay_deadline: int = 32              # when its next step is due
     base_blocks: int = 144                # base_t.blocks: its list of blocks {size, next, ...}, each mapped whole
@@ -89,6 +90,8 @@ class JeLayout:
     lstats_flushes: bool = True           # does it count fills and flushes (5.1.0 does not: nflushes is None)
     bin_nonfull: bool = True              # does bin_stats_t count nonfull_slabs (5.1.0 does not: counted from the
     #                                       extents instead)
+    mutex_size: int = 112                 # malloc_mutex_t, and its "locked" flag (5.2 and later)
+    mutex_locked: int = 104
     tsd_states: tuple[int, ...] | None = None   # the tsd's states in 5.2's numbering, by this version's value
     #                                       (5.1.0 has no nominal_recompute: its 2..5 are 5.2's 3..6); None: the same
     tsd_tcache_stacks: tuple[int, int] = (256 + 160, 0)     # the internal allocation that holds the thread
@@ -99,7 +102,8 @@ class JeLayout:
     @property
     def name(self) -> str:
         quantum = "" if self.classes.lg_quantum == 4 else f" with a {1 << self.classes.lg_quantum}-byte quantum"
-        return "jemalloc %d.%d.%d" % self.version + quantum
+        debug = " built with --enable-debug" if self.debug else ""
+        return "jemalloc %d.%d.%d" % self.version + quantum + debug
 
 
 def _extents_521(container: int) -> tuple[int, int, int]:
@@ -177,16 +181,31 @@ LAYOUTS[(5, 1, 0)] = dataclasses.replace(
     bins=16344, bins_inline=True, bin_size=264, bin_stats=128, bin_nonfull=False, base=25848,
     tsd_arena=432, tsd_tdata=440, tsd_size=0x1800, tcache_descriptors=7016,
     tsd_tcache_bins=(448 + 16, 448 + 976), tsd_tcache_arena=448 + 928, rtree_root=104, base_blocks=136,
-    bin_slabcur=104, tsd_tcache_stacks=(448 + 16 + 16, 200 * 8), tsd_states=(0, 1, 3, 4, 5, 6))
+    bin_slabcur=104, tsd_tcache_stacks=(448 + 16 + 16, 200 * 8), tsd_states=(0, 1, 3, 4, 5, 6), mutex_size=104,
+    mutex_locked=-1)
+#: jemalloc 5.3.0 built with --enable-debug: each mutex carries a witness (184 bytes, its "locked" flag at 120),
+#: each nstime_t a magic word (16 bytes), so arena_t's page allocator, decay state, statistics and bins move,
+#: and base_t's counters; the tsd and the extents' headers are the same (measured on the release built
+#: --enable-debug with debug information)
+LAYOUTS[(5, 3, 0, "debug")] = dataclasses.replace(
+    LAYOUTS[(5, 3, 0)], arena_size=80080, nactive=11000, dirty_npages=(20896, 30552), muzzy_npages=(40408, 50064),
+    retained_npages=(59920,), dirty_state=11072 + 19496, muzzy_state=30584 + 19496, retained_state=50096 + 19496,
+    dirty_decay_ms=70216, muzzy_decay_ms=72096, decay_epoch=24, decay_deadline=48, lstats=24 + 1144,
+    base_counters=3952, base_blocks=232,
+    extent_stats=tuple(tuple((ecache + eset + 6432, ecache + eset + 6440, 16) for eset in (184, 9840))
+                       for ecache in (11072, 30584, 50096)),
+    bins=80080, bin_size=296, bin_stats=184, bin_slabcur=264, index_field=80048, base=80056,
+    tcache_descriptors=10600, rtree_root=192, mutex_size=184, mutex_locked=120, debug=True)
 #: the quanta (lg) heapwalk has layouts for, by number of small classes
 QUANTA = {36: 4, 39: 3}
 
 
-def layout_for(version: tuple[int, int, int], lg_quantum: int = 4) -> JeLayout:
-    """The layout of VERSION built with a 2**LG_QUANTUM quantum (UnsupportedJemalloc when heapwalk has none
-    for it)."""
+def layout_for(version: tuple[int, int, int], lg_quantum: int = 4, debug: bool = False) -> JeLayout:
+    """The layout of VERSION built with a 2**LG_QUANTUM quantum, with --enable-debug when DEBUG
+    (UnsupportedJemalloc when heapwalk has none for it)."""
+    key = (*version, *(() if lg_quantum == 4 else (lg_quantum,)), *(("debug",) if debug else ()))
     try:
-        return LAYOUTS[version if lg_quantum == 4 else (*version, lg_quantum)]
+        return LAYOUTS[key]
     except KeyError:
         known = ", ".join(layout.name.split(" ", 1)[1] for layout in LAYOUTS.values())
         raise UnsupportedJemalloc(f"jemalloc {'.'.join(map(str, version))}"

@@ -97,7 +97,8 @@ def leaks_group(rep: LeakReport, interactive: bool, noun: str = "chunk") -> Grou
         if rep.by_signature:
             parts.append(_by_signature(rep, interactive, noun))
         parts.append(_biggest(rep, interactive, noun))
-    parts.append(Text(rep.note.replace("chunk", noun) + "\n"))
+    article = "an" if noun[0] in "aeiou" else "a"
+    parts.append(Text(rep.note.replace("a chunk", f"{article} {noun}").replace("chunk", noun) + "\n"))
     return Group(*parts)
 
 
