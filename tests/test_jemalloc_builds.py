@@ -160,3 +160,54 @@ def test_heap_profilings_sampled_allocations_are_accounted(suite, tmp_path):
     assert check["clean"] and check["errors"] == 0 and check["checked"]["sampled"] > 100
     assert any(s.startswith(f"Heap profiling is on (opt.prof): {check['checked']['sampled']} small allocations")
                for s in doc["report"]["verdict"])
+
+
+def test_slab_bitmaps_are_read_together_and_checked_against_the_free_count():
+    """Headers near each other are read in one piece; a header in memory that is not there is None, not a
+    failure of its neighbours; a bitmap that does not count the slab's free regions gives no regions at all."""
+    from heapwalk.inferior.memory import ImageMemory
+    from heapwalk.jemalloc.blocks import _bitmaps, _used_regions
+    base = 0x10000
+    block = bytearray(4096)
+    for k, header in enumerate((0, 128, 256)):
+        block[header + 64:header + 72] = (0b1011 << k).to_bytes(8, "little")    # free regions: set bits
+    mem = ImageMemory({base: block})
+    reads = []
+    real = mem.read
+    mem.read = lambda address, size: reads.append((address, size)) or real(address, size)
+    got = _bitmaps(mem, [base + 256, base, base + 128, 0x90000])
+    assert reads[0] == (base, 256 + 128) and got[0x90000] is None
+    assert list(_used_regions(got[base], 8, 3)) == [2, 4, 5, 6, 7]
+    assert list(_used_regions(got[base + 128], 8, 3)) == [0, 3, 5, 6, 7]
+    assert _used_regions(got[base + 256], 8, 2) is None and _used_regions(None, 8, 0) is None
+
+
+def test_the_free_extent_rings_are_walked_and_damage_is_named_where_it_is():
+    """Arena 2's dirty ring holds two extents of 2 and 1 pages, which its counter says: nothing to report; a
+    ring that loops back to its second extent is a cycle at that extent; an extent of the wrong state is named
+    at its header."""
+    from heapwalk.inferior.memory import ImageMemory
+    from heapwalk.jemalloc.freelists import ListedExtents, walk_free_lists
+    layout = LAYOUTS[(5, 3, 0)]
+    arena, first, second = 0x100000, 0x20000, 0x20080
+    raw = bytearray(layout.arena_size)
+    counter = layout.dirty_npages[0]
+    struct.pack_into("<QQ", raw, counter - 8, first, 3)
+
+    def extent(state: int, pages: int, following: int) -> bytes:
+        header = bytearray(128)
+        struct.pack_into("<QQQ", header, 0, state << layout.extent_state_shift | 2, 0x7F0000000000, pages * 4096)
+        struct.pack_into("<Q", header, layout.extent_lru_link, following)
+        return bytes(header)
+
+    def walked(second_state: int, second_next: int):
+        mem = ImageMemory({first: extent(1, 2, second) + extent(second_state, 1, second_next)})
+        return walk_free_lists(mem, layout, 2, arena, bytes(raw))
+
+    rings, findings = walked(1, first)
+    assert rings[0] == ListedExtents(1, 2, 3, 3) and not findings
+    assert all(r.extents == 0 for r in rings[1:])
+    _, findings = walked(1, second)
+    assert [(f.kind.ident, f.address) for f in findings] == [("list_cycle", second)]
+    _, findings = walked(2, first)
+    assert [(f.kind.ident, f.address, f.found) for f in findings] == [("arena", second, "arena 2, state 2")]

@@ -28,9 +28,11 @@ def jemalloc_blocks(mem: Memory, state: JeState) -> Blocks | None:
     classes = table.classes
     active = table.state == ACTIVE
     starts, ends, arenas, unknown = [], [], [], []
-    for row in np.flatnonzero(active & table.slab & (table.szind < classes.nbins)).tolist():
+    slabs = np.flatnonzero(active & table.slab & (table.szind < classes.nbins))
+    bitmaps = _bitmaps(mem, table.header[slabs].tolist())
+    for row in slabs.tolist():
         cls = classes.bins[int(table.szind[row])]
-        used = _used_regions(mem, int(table.header[row]), cls.nregs, int(table.nfree[row]))
+        used = _used_regions(bitmaps.get(int(table.header[row])), cls.nregs, int(table.nfree[row]))
         base = int(table.address[row])
         if used is None:
             unknown.append((base, base + int(table.size[row])))
@@ -61,14 +63,44 @@ def _not_the_programs(state: JeState) -> set[int]:
     return set(state.cached) | {address for t in state.threads for address in t.internal}
 
 
-def _used_regions(mem: Memory, header: int, nregs: int, nfree: int) -> np.ndarray | None:
-    """The indices of the regions a slab hands out, from its bitmap (a set bit is a free region); None when the
-    bitmap is unreadable or does not count NFREE free regions."""
-    try:
-        raw = mem.read(header + SLAB_BITMAP, 8 * ((nregs + 63) // 64))
-    except ReadError:
+#: the most bytes of extent headers read at once
+_HEADERS_SPAN = 1 << 16
+#: a slab's bitmap: up to 512 regions
+_BITMAP = 64
+
+
+def _bitmaps(mem: Memory, headers: list[int]) -> dict[int, bytes | None]:
+    """Each slab header's bitmap bytes (None: unreadable), the headers that lie near each other read in one
+    piece (they sit together in the base's blocks)."""
+    out: dict[int, bytes | None] = {}
+    ordered = sorted(set(headers))
+    i = 0
+    while i < len(ordered):
+        first = ordered[i]
+        j = i
+        while j + 1 < len(ordered) and ordered[j + 1] + SLAB_BITMAP + _BITMAP - first <= _HEADERS_SPAN:
+            j += 1
+        span = ordered[j] + SLAB_BITMAP + _BITMAP - first
+        try:
+            data = mem.read(first, span)
+            for h in ordered[i:j + 1]:
+                out[h] = data[h - first + SLAB_BITMAP:h - first + SLAB_BITMAP + _BITMAP]
+        except ReadError:
+            for h in ordered[i:j + 1]:
+                try:
+                    out[h] = mem.read(h + SLAB_BITMAP, _BITMAP)
+                except ReadError:
+                    out[h] = None
+        i = j + 1
+    return out
+
+
+def _used_regions(raw: bytes | None, nregs: int, nfree: int) -> np.ndarray | None:
+    """The indices of the regions a slab hands out, from its bitmap RAW (a set bit is a free region); None when
+    the bitmap is unreadable or does not count NFREE free regions."""
+    if raw is None:
         return None
-    free = np.unpackbits(np.frombuffer(raw, dtype=np.uint8), bitorder="little")[:nregs]
+    free = np.unpackbits(np.frombuffer(raw[:8 * ((nregs + 63) // 64)], dtype=np.uint8), bitorder="little")[:nregs]
     if int(free.sum()) != nfree:
         return None
     return np.flatnonzero(free == 0)

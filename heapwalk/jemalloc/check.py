@@ -5,7 +5,8 @@ muzzy, retained); each bin's regions in use are its allocations less its frees a
 class has freed more than it allocated; the active pages hold exactly the slabs and the large allocations
 (each with one page more when cache_oblivious is on); and the extents the radix tree maps hold, arena by arena,
 what the counters say: the active, dirty, muzzy and retained bytes, and in the active ones the regions and
-large allocations in use."""
+large allocations in use; and each ring of free extents, walked, holds extents of its state and arena, comes back
+to its head, and holds the pages its container counts (`jemalloc.freelists`)."""
 
 from __future__ import annotations
 
@@ -24,14 +25,15 @@ def check_jemalloc(state: JeState) -> tuple[Finding, ...]:
     findings = list(state.all_findings())
     held = None if state.extents is None else held_bytes(state.extents)
     for a in state.arenas:
-        findings += _extents(a) + _bins(a) + _active(a) + _walked(state, a, held)
+        findings += _extents(a) + _bins(a) + _active(a) + _walked(state, a, held) + _listed(a)
     return tuple(sorted(findings, key=lambda f: (f.severity is not Severity.ERROR,
                                                  f.severity is not Severity.WARNING, f.address)))
 
 
 def scope(state: JeState) -> dict[str, int]:
     """What the check looked at."""
-    return {"arenas": len(state.arenas), "bins": sum(1 for a in state.arenas for b in a.bins
+    return {"arenas": len(state.arenas), "listed_extents": sum(r.extents for a in state.arenas for r in a.free_lists),
+            "bins": sum(1 for a in state.arenas for b in a.bins
                                                      if b.nmalloc or b.curslabs),
             "extents": 0 if state.extents is None else len(state.extents),
             "sampled": 0 if state.extents is None else sampled(state.extents),
@@ -68,6 +70,20 @@ def _bins(a: JeArena) -> list[Finding]:
         if c.live is None and c.ndalloc > c.nmalloc:
             out.append(_error(a, f"large class {c.size} B freed {c.ndalloc} allocations of {c.nmalloc}",
                               "ndalloc <= nmalloc", f"{c.ndalloc} > {c.nmalloc}", Kind.ARENA))
+    return out
+
+
+def _listed(a: JeArena) -> list[Finding]:
+    """The pages on each ring of free extents against the container's count (a ring cut short by a finding
+    already named is not compared again)."""
+    cut = {f.structure for f in a.findings if f.structure.endswith(" extents")}
+    out = []
+    for ring in a.free_lists:
+        name = {1: "dirty", 2: "muzzy", 3: "retained"}[ring.state]
+        if ring.pages != ring.counted and f"arena {a.index} {name} extents" not in cut:
+            out.append(_error(a, f"the list of {name} extents holds {ring.extents} extents of {ring.pages} pages, "
+                              f"the container counts {ring.counted} pages", f"{ring.counted} pages",
+                              f"{ring.pages} pages", Kind.ARENA))
     return out
 
 

@@ -18,6 +18,7 @@ from heapwalk.jemalloc.layout import BIN_STATS, PAGE, JeLayout
 from heapwalk.jemalloc.model import JeArena, JeBin, JeExtents, JeLarge, JeState, JeThread
 from heapwalk.jemalloc.counted import count_bins, count_extents, count_large
 from heapwalk.jemalloc.extents import ACTIVE, ExtentTable, walk_extents
+from heapwalk.jemalloc.freelists import walk_free_lists
 from heapwalk.jemalloc.rtree import ExtentMap
 from heapwalk.jemalloc.tcache import arena_tcache_bytes, nhbins
 from heapwalk.jemalloc.tsd import decode_thread
@@ -130,9 +131,12 @@ def _arena(mem: Memory, layout: JeLayout, index: int, address: int, cached: int 
     would hold is counted from them instead, and what a version's statistics leave out is counted from TABLE
     (the extents, when known)."""
     raw = mem.read(address, layout.arena_size)
+    lists, lost = walk_free_lists(mem, layout, index, address, raw)
     if counted is not None:
-        return _counted_arena(mem, layout, index, address, cached, raw, counted)
+        arena = _counted_arena(mem, layout, index, address, cached, raw, counted)
+        return dataclasses.replace(arena, free_lists=lists, findings=arena.findings + tuple(lost))
     arena = _from_statistics(mem, layout, index, address, cached, raw)
+    arena = dataclasses.replace(arena, free_lists=lists, findings=arena.findings + tuple(lost))
     if table is None:
         return arena
     if not layout.extent_stats:            # 5.1.0 keeps no counts of free extents by size

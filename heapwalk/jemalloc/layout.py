@@ -90,6 +90,9 @@ class JeLayout:
     lstats_flushes: bool = True           # does it count fills and flushes (5.1.0 does not: nflushes is None)
     bin_nonfull: bool = True              # does bin_stats_t count nonfull_slabs (5.1.0 does not: counted from the
     #                                       extents instead)
+    extent_lru_link: int = 64             # an extent header's link on its container's ring of free extents (5.3.0:
+    #                                       edata_t.ql_link_inactive; 5.1.0, 5.2.1: extent_t.ql_link, 24); the ring's
+    #                                       head is the word before each container's page count
     mutex_size: int = 112                 # malloc_mutex_t, and its "locked" flag (5.2 and later)
     mutex_locked: int = 104
     tsd_states: tuple[int, ...] | None = None   # the tsd's states in 5.2's numbering, by this version's value
@@ -133,7 +136,8 @@ LAYOUTS = {
         tsd_state=0, tsd_arena=440, tsd_allocated=16, tsd_deallocated=24, tsd_tdata=448, tsd_ntdata=4,
         tsd_ticker=None, tsd_size=0x1848, tcache_descriptors=10192, descriptor_bins=(16, 24),
         tsd_tcache_bins=(496 + 16, 496 + 1000), tsd_tcache_arena=496 + 952, cache_bins=36 + 196,
-        stack_cache_bins=False, rtree_root=112, rtree_extent_mask=1, tsd_tcache_stacks=(496 + 16 + 16, 200 * 8)),
+        stack_cache_bins=False, rtree_root=112, rtree_extent_mask=1, tsd_tcache_stacks=(496 + 16 + 16, 200 * 8),
+        extent_lru_link=24),
     (5, 3, 0): JeLayout(
         version=(5, 3, 0), arena_size=78952, nthreads=0, nactive=10656,
         dirty_npages=(20480, 30136), muzzy_npages=(39920, 49576), retained_npages=(59360,),

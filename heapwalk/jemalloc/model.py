@@ -106,6 +106,7 @@ class JeArena:
     dirty_clock: tuple[int, int] = (0, 0)   # the dirty pages' decay: (epoch, deadline) in ns of CLOCK_MONOTONIC
     muzzy_clock: tuple[int, int] = (0, 0)   # the muzzy pages' (0, 0: never set up)
     base_blocks: tuple[tuple[int, int], ...] = ()   # (address, size) of each block its base mapped (metadata)
+    free_lists: tuple = ()                  # its rings of free extents as walked (`freelists.ListedExtents`)
 
     def small(self) -> dict[str, int | None]:
         """The small classes together, as malloc_stats_print sums them: bytes in use and the counters (None:

@@ -147,7 +147,8 @@ def jemalloc_check_text(findings, checked: dict[str, int], limit: int) -> Text:
     scope = (f"{checked['arenas']} arenas, {checked['bins']} bins, {checked['tcaches']} thread caches, "
              f"{checked['cached_regions']} cached regions" + (f", {checked['extents']} extents"
                                                               if checked.get("extents") else "")
-             + (f" ({checked['sampled']} of them sampled by heap profiling)" if checked.get("sampled") else ""))
+             + (f" ({checked['sampled']} of them sampled by heap profiling)" if checked.get("sampled") else "")
+             + (f", {checked['listed_extents']} free extents on their lists" if checked.get("listed_extents") else ""))
     return check_text(CheckResult(tuple(findings)), limit, "jemalloc", scope)
 
 
