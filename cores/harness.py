@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import resource
 import shutil
 import signal
@@ -45,7 +46,7 @@ REPRODUCERS = ("bins", "thread_arenas", "small_vectors", "mmapped", "second_heap
                "leak", "main_regions", "tuned", "reach")
 #: reproducers that run on Debian's libjemalloc2 (LD_PRELOAD), with no hw.c: they write stats.json
 #: (malloc_stats_print "J") and ledger.json themselves
-JEMALLOC_REPRODUCERS = ("je_dns", "je_both")
+JEMALLOC_REPRODUCERS = ("je_dns", "je_both", "je_hold", "je_leak", "je_dlopen")
 #: their environment: je_dns builds four zones per worker 150 ms apart with a 100 ms decay time, so that the
 #: arenas whose threads hold a decay ticker purge in the run (and, on 5.2.1, those whose threads began with
 #: free() do not); eight arenas whatever the CPU count, so that each thread has its own
@@ -164,7 +165,8 @@ def headers(name: str) -> list[Path]:
     if name not in JEMALLOC_REPRODUCERS:
         return [CORES_DIR / "hw.h"]
     plugin = CORES_DIR / f"{name}_plugin.c"
-    return [CORES_DIR / "je_common.h"] + ([plugin] if plugin.exists() else [])
+    included = re.findall(r'^#include "(\w+\.c)"', (CORES_DIR / f"{name}.c").read_text(), re.M)
+    return [CORES_DIR / "je_common.h"] + ([plugin] if plugin.exists() else []) + [CORES_DIR / f for f in included]
 
 
 def _build_plugin(name: str, bindir: Path) -> None:
@@ -490,9 +492,10 @@ def _options_named(jemalloc: sysroots.Jemalloc, name: str) -> dict[str, str]:
 
 
 def jemalloc_reproducers(jemalloc: sysroots.Jemalloc) -> tuple[str, ...]:
-    """The reproducers that run on JEMALLOC: all of them on a shared library, je_dns on a linked build (je_both
-    is about a shared jemalloc beside glibc's malloc)."""
-    return JEMALLOC_REPRODUCERS if jemalloc.archive is None else ("je_dns",)
+    """The reproducers that run on JEMALLOC as it is (preloaded, or linked in): all but je_dlopen, which loads
+    its jemalloc itself (tests/conftest.py runs it), and je_both on a linked build (it is about a shared
+    jemalloc beside glibc's malloc)."""
+    return tuple(n for n in JEMALLOC_REPRODUCERS if n != "je_dlopen" and (jemalloc.archive is None or n != "je_both"))
 
 
 def jemalloc_inputs(name: str, jemalloc: sysroots.Jemalloc, env: dict[str, str] | None = None) -> str:

@@ -1,5 +1,6 @@
 /* What the jemalloc reproducers share: jemalloc's entry points found at run time (they run with
- * LD_PRELOAD=libjemalloc.so.2), a ledger of the threads, and the snapshot: the main thread moves to an
+ * LD_PRELOAD=libjemalloc.so.2; or linked with it, JE_LINKED; or loading it with dlopen, JE_DLOPEN), a ledger
+ * of the threads, and the snapshot: the main thread moves to an
  * arena of its own, writes malloc_stats_print(..., "J") into stats.json and the ledger into ledger.json,
  * and stops itself with SIGSTOP for gcore.
  *
@@ -62,12 +63,33 @@ void JE_NAME(free)(void *);
 #define malloc(n) JE_NAME(malloc)(n)
 #define realloc(p, n) JE_NAME(realloc)(p, n)
 #define free(p) JE_NAME(free)(p)
+#elif defined(JE_DLOPEN)
+/* jemalloc loaded as a plugin loads it: dlopen(JE_LIBRARY, RTLD_LOCAL), its entry points through the handle
+ * (the program's own malloc stays glibc's; what it allocates from jemalloc goes through these) */
+static void *je_handle;
+static void *(*je_malloc_fn)(size_t);
+static void *(*je_realloc_fn)(void *, size_t);
+static void (*je_free_fn)(void *);
+#define JE_LOOKUP(n) dlsym(je_handle, #n)
+#define malloc(n) je_malloc_fn(n)
+#define realloc(p, n) je_realloc_fn(p, n)
+#define free(p) je_free_fn(p)
 #else
 #define JE_LOOKUP(n) dlsym(RTLD_DEFAULT, #n)
 #endif
 
 /* Finds mallctl and malloc_stats_print, or dies saying jemalloc is not loaded. */
 static void je_find(void) {
+#ifdef JE_DLOPEN
+    const char *library = getenv("JE_LIBRARY");
+    if (library == NULL || (je_handle = dlopen(library, RTLD_NOW | RTLD_LOCAL)) == NULL)
+        die("cannot dlopen the jemalloc that JE_LIBRARY names");
+    je_malloc_fn = (void *(*)(size_t))JE_LOOKUP(malloc);
+    je_realloc_fn = (void *(*)(void *, size_t))JE_LOOKUP(realloc);
+    je_free_fn = (void (*)(void *))JE_LOOKUP(free);
+    if (je_malloc_fn == NULL || je_realloc_fn == NULL || je_free_fn == NULL)
+        die("the jemalloc JE_LIBRARY names has no malloc, realloc or free");
+#endif
     repro_mallctl = (mallctl_fn)JE_LOOKUP(mallctl);
     repro_stats_print = (stats_fn)JE_LOOKUP(malloc_stats_print);
     if (repro_mallctl == NULL || repro_stats_print == NULL)

@@ -10,7 +10,7 @@
  * by the usable size jemalloc itself gives each request (nallocx) and the arena it allocates from, and the
  * main thread writes it into held.json:
  *   {"held": [[arena, usable size, blocks], ...]}
- * That is the ledger a build without statistics is checked against.  Then the main thread takes the
+ * That is the ledger a build without statistics is checked against.  A fifth thread never calls jemalloc.  Then the main thread takes the
  * snapshot (je_common.h) and the process stops.
  */
 #include "je_common.h"
@@ -103,6 +103,16 @@ static void *worker(void *arg) {
     return NULL;
 }
 
+/* A thread that never calls jemalloc: its tsd is never set up (with jemalloc loaded by dlopen, its thread
+ * vector has no block of jemalloc's TLS module at all). */
+static void *idle(void *arg) {
+    (void)arg;
+    note_thread("idle", -1);
+    pthread_barrier_wait(&parked);
+    pause();
+    return NULL;
+}
+
 static void write_held(int fd) {
     static char text[CLASSES * (WORKERS + 2) * 48 + 64];
     size_t len = (size_t)snprintf(text, sizeof text, "{\"held\": [");
@@ -134,11 +144,13 @@ int main(int argc, char **argv) {
     if (repro_mallctl("thread.tcache.flush", NULL, NULL, NULL, 0) != 0 ||
         repro_mallctl("thread.arena", NULL, NULL, &first, sizeof first) != 0)
         die("cannot take the main thread back to arena 0");
-    pthread_barrier_init(&parked, NULL, WORKERS + 1);
-    pthread_t threads[WORKERS];
+    pthread_barrier_init(&parked, NULL, WORKERS + 2);
+    pthread_t threads[WORKERS + 1];
     for (long i = 0; i < WORKERS; i++)
         if (pthread_create(&threads[i], NULL, worker, (void *)i) != 0)
             die("pthread_create failed");
+    if (pthread_create(&threads[WORKERS], NULL, idle, NULL) != 0)
+        die("pthread_create failed");
     pthread_barrier_wait(&parked);
     write_held(held_fd);
     je_snapshot(stats_fd, ledger_fd);

@@ -172,6 +172,35 @@ def capture_rust() -> harness.Capture:
     return harness.Capture(name="rust_hold", directory=directory, exe=Path(meta["exe"]), pid=meta["pid"])
 
 
+#: the jemalloc je_dlopen loads with dlopen: one built with --disable-initial-exec-tls, as such a plugin's must be
+DLOPENED = "5.3.0-noietls"
+
+
+@functools.cache
+def capture_dlopen() -> harness.Capture:
+    """je_dlopen's capture (je_hold with jemalloc loaded by dlopen, RTLD_LOCAL, from DLOPENED's library), taken
+    now unless a fresh one exists."""
+    jemalloc = harness.prepare_jemalloc(SYSROOTS, DLOPENED)
+    exe = harness.build("je_dlopen", BINDIR)
+    directory = CORES / f"jemalloc-{DLOPENED}-dlopen" / "je_dlopen"
+    env = {"JE_LIBRARY": str(jemalloc.library)}
+    inputs = fresh.digest([exe, jemalloc.library, Path(harness.__file__)], "je_dlopen", env)
+    if not fresh.fresh(directory, inputs, ("core", "held.json", "ledger.json", "meta.json")):
+        (directory / fresh.STAMP).unlink(missing_ok=True)
+        (directory / "held.json").unlink(missing_ok=True)
+        proc = harness.run_to_snapshot(exe, directory, env=env)
+        cap = harness.Capture(name="je_dlopen", directory=directory, exe=exe, pid=proc.pid, process=proc)
+        try:
+            harness.take_core(proc.pid, cap.core)
+            (directory / "meta.json").write_text(json.dumps({"name": "je_dlopen", "exe": str(exe), "pid": proc.pid,
+                                                             "env": env}, indent=2) + "\n")
+        finally:
+            cap.kill()
+        fresh.mark(directory, inputs)
+    meta = json.loads((directory / "meta.json").read_text())
+    return harness.Capture(name="je_dlopen", directory=directory, exe=Path(meta["exe"]), pid=meta["pid"])
+
+
 #: variants of a capture: extra environment for the reproducer
 VARIANTS = {"": {}, "hugetlb": {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=2"}, **harness.TUNED_VARIANTS}
 

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import JEMALLOC_BUILDS, JEMALLOC_COUNTED, NO_SYMBOLS, capture_jemalloc, capture_rust, run_gdb
+from conftest import (JEMALLOC_BUILDS, JEMALLOC_COUNTED, NO_SYMBOLS, capture_dlopen, capture_jemalloc, capture_rust,
+                      run_gdb)
 
 pytestmark = pytest.mark.cores
 
@@ -29,7 +30,8 @@ def probed(tmp_path_factory):
 
     @functools.cache
     def compute(build: str):
-        cap = capture_rust() if build == RUST else capture_jemalloc(build, "je_hold")
+        cap = capture_rust() if build == RUST else capture_dlopen() if build == DLOPEN else \
+            capture_jemalloc(build, "je_hold")
         out = tmp / f"{build}.json"
         result = run_gdb([str(cap.exe), str(cap.core)], [f"source {PROBE}"], iex=[NO_SYMBOLS],
                          env={"HEAPWALK_PROBE_OUT": str(out)})
@@ -40,8 +42,9 @@ def probed(tmp_path_factory):
     return compute
 
 
-#: the Rust reproducer (cores/rust_hold: tikv-jemallocator), among the builds
-RUST = "rust-tikv"
+#: the Rust reproducer (cores/rust_hold: tikv-jemallocator), and je_hold with jemalloc loaded by dlopen
+#: (cores/je_dlopen.c), among the builds
+RUST, DLOPEN = "rust-tikv", "dlopen"
 
 
 def _ledger(held: list[list[int]]) -> dict[str, dict[str, int]]:
@@ -52,7 +55,7 @@ def _ledger(held: list[list[int]]) -> dict[str, dict[str, int]]:
     return out
 
 
-@pytest.mark.parametrize("build", (*JEMALLOC_BUILDS, *JEMALLOC_COUNTED, RUST))
+@pytest.mark.parametrize("build", (*JEMALLOC_BUILDS, *JEMALLOC_COUNTED, RUST, DLOPEN))
 def test_what_the_program_holds_is_its_ledger_by_arena_and_size_class(probed, build):
     """Every arena's regions and large allocations the program holds, by size class, exactly; jemalloc's own
     allocations (the thread caches' stacks, 5.2.1's arrays of decay tickers) are told apart from the program's
@@ -131,3 +134,27 @@ def test_a_rust_service_on_tikv_jemallocator_is_reported_with_its_own_words(tmp_
     assert any("_RJEM_MALLOC_CONF=dirty_decay_ms:0" in line for line in doc["report"]["verdict"])
     manual = [a for a in doc["jemalloc"]["arenas"] if a["index"] > 8]
     assert len(manual) == 5 and sum(r["regions"] for a in manual for r in a["held"]) > 10000
+
+
+def test_a_jemalloc_loaded_with_dlopen_has_each_threads_tsd_from_its_thread_vector(probed, tmp_path):
+    """jemalloc built with --disable-initial-exec-tls and loaded with dlopen (RTLD_LOCAL), as a plugin's: no
+    constant offset reaches the tsds, so each thread's is its block of the library's TLS module (the module id
+    from the GOT slot ld.so filled); the threads that called jemalloc have their arena and thread cache (what
+    the program holds is exact above), and the one that never did has no tsd."""
+    cap = capture_dlopen()
+    out = tmp_path / "arenas.json"
+    result = run_gdb([str(cap.exe), str(cap.core)], [f"heapwalk threads --json {out}"], iex=[NO_SYMBOLS])
+    assert out.exists() and "Traceback" not in result.stdout + result.stderr, result.stdout + result.stderr
+    doc = json.loads(out.read_text())
+    found = doc["discovery"]["tsd_tls_module"]
+    assert found["value"] >= 1 and "DTPMOD64" in found["found_by"]
+    assert doc["discovery"]["tsd_tls_offset"]["value"] is None
+    assert not [f for f in doc["findings"] if "tsds are not known" in f["message"]]
+    ledger = json.loads((cap.directory / "ledger.json").read_text())
+    threads = {t["lwp"]: t for t in doc["jemalloc"]["threads"]}
+    for entry in ledger["threads"]:
+        t = threads[entry["lwp"]]
+        if entry["role"] == "idle":
+            assert t["tsd"] is None and t["state"] == 6
+        elif entry["role"] == "worker":
+            assert t["arena"] == entry["arena"] and t["tcache"]["bytes"] > 0

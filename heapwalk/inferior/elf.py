@@ -22,6 +22,7 @@ PT_LOAD, PT_DYNAMIC, PT_INTERP, PT_NOTE, PT_TLS = 1, 2, 3, 4, 7
 PF_X, PF_W, PF_R = 1, 2, 4
 DT_NULL, DT_STRTAB, DT_SYMTAB, DT_RELA, DT_RELASZ = 0, 5, 6, 7, 8
 R_X86_64_TPOFF64 = 18
+R_X86_64_DTPMOD64 = 16
 NT_GNU_BUILD_ID = 3
 
 #: libc.so.6 (2.34+, and the soname everywhere) or libc-2.NN.so (up to 2.33)

@@ -102,6 +102,8 @@ def _not_found(disc: JeDiscovery) -> list[Finding]:
     """A warning for each fact discovery could not find, saying what is left out and why."""
     out = []
     for fact in disc.facts:
+        if fact.name == "tsd_tls_offset" and disc.tsd_module is not None:
+            continue                       # a dlopened library's tsds are found through each thread's DTV
         if fact.name in _LEFT_OUT and fact.value is None and not any(what.startswith("the tsd's TLS offset")
                                                                      for _a, what in disc.unread):
             out.append(Finding(Severity.WARNING, disc.base, "jemalloc", f"{_LEFT_OUT[fact.name]}: "

@@ -32,7 +32,7 @@ from heapwalk.findings import Fact
 from heapwalk.jemalloc.arenaarray import CONTAINER_STATES, arena_array, container_states
 from heapwalk.jemalloc.find import JemallocImage, JemallocNotFound, find_jemalloc
 from heapwalk.jemalloc.rtree import COMPACT_48, SHAPES, WIDE_57, RtreeShape
-from heapwalk.jemalloc.tsdoffset import tsd_offset
+from heapwalk.jemalloc.tsdoffset import tsd_module, tsd_offset
 from heapwalk.jemalloc.layout import LAYOUTS, QUANTA, JeLayout, UnsupportedJemalloc, layout_for
 from heapwalk.jemalloc.mallctl import MallctlTree, TreeNotFound, cstring, stored_constant
 from heapwalk.jemalloc.opt import OptionsNotFound, read_opts
@@ -68,6 +68,7 @@ class JeDiscovery:
     background_state: int | None = None     # the byte that says whether background threads run now (None: unknown)
     rtree_shape: RtreeShape = COMPACT_48    # the radix tree's levels and leaf entries (the build's address width)
     conf_variable: str = "MALLOC_CONF"      # the environment variable the build reads its options from
+    tsd_module: int | None = None   # a dlopened library's TLS module id: each thread's tsd is its block of it
 
     @property
     def statistics(self) -> bool:
@@ -100,6 +101,10 @@ def discover_jemalloc(mem: Memory, mappings: list[Mapping], fs_bases: Sequence[i
     _check_layout(mem, layout, arenas, count, name)
     tpoff, how, unread = tsd_offset(mem, image, layout, arenas, count, fs_bases)
     facts.append(Fact("tsd_tls_offset", tpoff, how))
+    module = None
+    if tpoff is None and not image.is_program:
+        module, how = tsd_module(mem, image, layout)
+        facts.append(Fact("tsd_tls_module", module, how))
     opt, how, lost = _options(image, tree)
     facts.append(Fact("opt", len(opt) or None, how))
     rtree, shape, how = _rtree(found, tree, layout)
@@ -113,7 +118,7 @@ def discover_jemalloc(mem: Memory, mappings: list[Mapping], fs_bases: Sequence[i
     variable, how = _conf_variable(image, found.prefix)
     facts.append(Fact("conf_variable", variable, how))
     return JeDiscovery(version, text, layout, path, base, arenas, count, tpoff, tuple(facts), opt, rtree,
-                       tuple(unread + lost), found.prefix, build, background, shape, variable)
+                       tuple(unread + lost), found.prefix, build, background, shape, variable, module)
 
 
 def _layout(name: str, version: tuple[int, int, int], build: dict[str, bool | int]) -> JeLayout:

@@ -13,6 +13,7 @@ from heapwalk.jemalloc.layout import JeLayout
 from heapwalk.jemalloc.model import JeThread
 from heapwalk.jemalloc.rtree import ExtentMap
 from heapwalk.jemalloc.tcache import MAX_NCACHED, cache_bins, cached_regions, plausible
+from heapwalk.jemalloc.tsdoffset import dynamic_tsd
 from heapwalk.inferior.memory import Memory, ReadError
 from heapwalk.inferior.threads import ThreadRegs
 
@@ -26,9 +27,16 @@ def decode_thread(mem: Memory, disc: JeDiscovery, regs: ThreadRegs, arenas: dict
     """REGS' thread through its tsd: state, arena, byte counters, whether its decay ticker exists, and what
     the CACHED bins of its thread cache hold."""
     layout = disc.layout
-    if disc.tsd_tpoff is None or not regs.fs_base:
+    if not regs.fs_base:
         return JeThread(regs.number, regs.lwp, None, None, None, 0, 0, None, name=regs.name)
-    tsd = regs.fs_base + disc.tsd_tpoff
+    if disc.tsd_tpoff is not None:
+        tsd = regs.fs_base + disc.tsd_tpoff
+    elif disc.tsd_module is not None:      # a dlopened library: the thread's block of its TLS module, if any
+        tsd = dynamic_tsd(mem, regs.fs_base, disc.tsd_module)
+        if tsd is None:
+            return JeThread(regs.number, regs.lwp, None, _STATE_UNINITIALIZED, None, 0, 0, False, name=regs.name)
+    else:
+        return JeThread(regs.number, regs.lwp, None, None, None, 0, 0, None, name=regs.name)
     try:
         raw = mem.read(tsd, layout.tsd_size)
     except ReadError:

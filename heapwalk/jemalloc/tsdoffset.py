@@ -18,11 +18,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from heapwalk.inferior.elf import R_X86_64_TPOFF64, LibcImage
+from heapwalk.inferior.elf import R_X86_64_DTPMOD64, R_X86_64_TPOFF64, LibcImage
 from heapwalk.inferior.memory import Memory, ReadError, u64
 from heapwalk.jemalloc.layout import JeLayout
 
-__all__ = ["tsd_offset"]
+__all__ = ["tsd_offset", "tsd_module", "dynamic_tsd"]
 
 _MAX_TCACHES = 4096
 _STATIC_TLS = 1 << 24     # how far below the thread pointer the static TLS of the libraries loaded at start may lie
@@ -70,6 +70,42 @@ def tsd_offset(mem: Memory, image: LibcImage, layout: JeLayout, arenas: int, cou
     where = "jemalloc is linked into the program" if image.is_program else "its library's TLS is in the static " \
         "TLS block, without an initial-exec slot"
     return offset, f"{threads[offset]} " + how.format(offset=offset) + f" ({where})", []
+
+
+#: the most modules a process is taken to have loaded with TLS
+_MAX_MODULES = 1 << 16
+#: a DTV entry glibc has not allocated yet (the thread never touched the module's TLS)
+_UNALLOCATED = (1 << 64) - 1
+
+
+def tsd_module(mem: Memory, image: LibcImage, layout: JeLayout) -> tuple[int | None, str]:
+    """The TLS module id of a jemalloc library loaded with dlopen (built --disable-initial-exec-tls), whose tsd
+    is then each thread's block of that module: ld.so writes the id into the GOT slot of its one DTPMOD64
+    relocation (against no symbol: the module's own block, which is the tsd)."""
+    slots = [slot for slot, sym, _addend in image.relocations(R_X86_64_DTPMOD64) if sym == 0]
+    if len(slots) != 1 or image.tls_size() != layout.tsd_size:
+        return None, "not determined: no one module-id slot for a TLS block the size of the tsd"
+    try:
+        module = u64(mem, slots[0])
+    except ReadError as exc:
+        return None, f"not determined: the GOT slot {slots[0]:#x} is unreadable ({exc.reason})"
+    if not 0 < module < _MAX_MODULES:
+        return None, f"not determined: the GOT slot {slots[0]:#x} holds {module}, not a module id"
+    return module, f"GOT slot {slots[0]:#x} of the DTPMOD64 relocation: each thread's block of TLS module {module}"
+
+
+def dynamic_tsd(mem: Memory, fs_base: int, module: int) -> int | None:
+    """Where the thread whose thread pointer is FS_BASE keeps its block of TLS module MODULE: its dynamic
+    thread vector (the word after the thread pointer's own) holds, 16 bytes an entry, each module's block;
+    None when the thread has none (it never touched the module's TLS) or the vector is unreadable."""
+    try:
+        vector = u64(mem, fs_base + 8)
+        if not vector or module > u64(mem, vector - 16):     # its length, in the entry before the generation
+            return None
+        block = u64(mem, vector + 16 * module)
+    except ReadError:
+        return None
+    return None if block in (0, _UNALLOCATED) else block
 
 
 def _arena_pointers(mem: Memory, arenas: int, count: int) -> list[int]:
