@@ -112,6 +112,15 @@ static void note_thread(const char *role, long arena) {
     pthread_mutex_unlock(&ledger_lock);
 }
 
+/* A thread that never calls jemalloc (its tsd is never set up; with jemalloc loaded by dlopen, its thread
+ * vector has no block of jemalloc's TLS module at all): noted, then parked at the barrier PARKED. */
+__attribute__((unused)) static void *je_idle(void *parked) {
+    note_thread("idle", -1);
+    pthread_barrier_wait((pthread_barrier_t *)parked);
+    pause();
+    return NULL;
+}
+
 static void write_stats(void *fd, const char *text) {
     size_t n = strlen(text);
     while (n) {

@@ -70,14 +70,6 @@ static void *worker(void *arg) {
     return NULL;
 }
 
-static void *idle(void *arg) {
-    (void)arg;
-    note_thread("idle", -1);
-    pthread_barrier_wait(&parked);
-    pause();
-    return NULL;
-}
-
 int main(int argc, char **argv) {
     if (argc < 2)
         die("usage: je_dns OUTDIR");
@@ -94,7 +86,7 @@ int main(int argc, char **argv) {
     for (long i = 0; i < WORKERS; i++)
         if (pthread_create(&threads[i], NULL, worker, (void *)i) != 0)
             die("pthread_create failed");
-    if (pthread_create(&threads[WORKERS], NULL, idle, NULL) != 0)
+    if (pthread_create(&threads[WORKERS], NULL, je_idle, &parked) != 0)
         die("pthread_create failed");
     pthread_barrier_wait(&parked);
 

@@ -103,16 +103,6 @@ static void *worker(void *arg) {
     return NULL;
 }
 
-/* A thread that never calls jemalloc: its tsd is never set up (with jemalloc loaded by dlopen, its thread
- * vector has no block of jemalloc's TLS module at all). */
-static void *idle(void *arg) {
-    (void)arg;
-    note_thread("idle", -1);
-    pthread_barrier_wait(&parked);
-    pause();
-    return NULL;
-}
-
 static void write_held(int fd) {
     static char text[CLASSES * (WORKERS + 2) * 48 + 64];
     size_t len = (size_t)snprintf(text, sizeof text, "{\"held\": [");
@@ -149,7 +139,7 @@ int main(int argc, char **argv) {
     for (long i = 0; i < WORKERS; i++)
         if (pthread_create(&threads[i], NULL, worker, (void *)i) != 0)
             die("pthread_create failed");
-    if (pthread_create(&threads[WORKERS], NULL, idle, NULL) != 0)
+    if (pthread_create(&threads[WORKERS], NULL, je_idle, &parked) != 0)
         die("pthread_create failed");
     pthread_barrier_wait(&parked);
     write_held(held_fd);
