@@ -131,7 +131,8 @@ JEMALLOC_VERSIONS = {**sysroots.JEMALLOC_SUITES, **sysroots.JEMALLOC_LINKED,
 
 
 #: variants of a jemalloc capture: the reproducer's MALLOC_CONF (under the build's prefix)
-JE_VARIANTS = {"": None, "prof": {"MALLOC_CONF": "prof:true,lg_prof_sample:10"}}
+JE_VARIANTS = {"": None, "prof": {"MALLOC_CONF": "prof:true,lg_prof_sample:10"},
+               "binshards": {"MALLOC_CONF": "bin_shards:1-160:4"}}
 
 
 @functools.cache

@@ -31,6 +31,7 @@ def probed(tmp_path_factory):
     @functools.cache
     def compute(build: str):
         cap = capture_rust() if build == RUST else capture_dlopen() if build == DLOPEN else \
+            capture_jemalloc("bookworm", "je_hold", "binshards") if build == SHARDED else \
             capture_jemalloc(build, "je_hold")
         out = tmp / f"{build}.json"
         result = run_gdb([str(cap.exe), str(cap.core)], [f"source {PROBE}"], iex=[NO_SYMBOLS],
@@ -45,6 +46,8 @@ def probed(tmp_path_factory):
 #: the Rust reproducer (cores/rust_hold: tikv-jemallocator), and je_hold with jemalloc loaded by dlopen
 #: (cores/je_dlopen.c), among the builds
 RUST, DLOPEN = "rust-tikv", "dlopen"
+#: je_hold on Debian's 5.3.0 with four bins to each small class up to 160 bytes (MALLOC_CONF=bin_shards)
+SHARDED = "bookworm-binshards"
 
 
 def _ledger(held: list[list[int]]) -> dict[str, dict[str, int]]:
@@ -55,7 +58,7 @@ def _ledger(held: list[list[int]]) -> dict[str, dict[str, int]]:
     return out
 
 
-@pytest.mark.parametrize("build", (*JEMALLOC_BUILDS, *JEMALLOC_COUNTED, RUST, DLOPEN))
+@pytest.mark.parametrize("build", (*JEMALLOC_BUILDS, *JEMALLOC_COUNTED, RUST, DLOPEN, SHARDED))
 def test_what_the_program_holds_is_its_ledger_by_arena_and_size_class(probed, build):
     """Every arena's regions and large allocations the program holds, by size class, exactly; jemalloc's own
     allocations (the thread caches' stacks, 5.2.1's arrays of decay tickers) are told apart from the program's
@@ -158,3 +161,18 @@ def test_a_jemalloc_loaded_with_dlopen_has_each_threads_tsd_from_its_thread_vect
             assert t["tsd"] is None and t["state"] == 6
         elif entry["role"] == "worker":
             assert t["arena"] == entry["arena"] and t["tcache"]["bytes"] > 0
+
+
+def test_sharded_bins_are_named_and_the_arenas_counted_from_their_slabs(probed, tmp_path):
+    """With MALLOC_CONF=bin_shards (several bins to a size class, which heapwalk does not read yet) each arena
+    whose bins do not count what its slabs hold is named in a warning, and its small classes are counted from
+    its slabs: check finds no error, and what the program holds is its ledger (above)."""
+    doc, _held, _ledger_doc = probed(SHARDED)
+    cap = capture_jemalloc("bookworm", "je_hold", "binshards")
+    result = run_gdb([str(cap.exe), str(cap.core)], ["heapwalk check"], iex=[NO_SYMBOLS])
+    text = " ".join(result.stdout.split())
+    assert "Traceback" not in text + result.stderr
+    assert "jemalloc consistent, with warnings: 0 error(s)" in text
+    assert "its bins are sharded (opt.bin_shards, which heapwalk does not read yet) or damaged" in text
+    for built, counted in zip(doc["as_built"], doc["counted"]):
+        assert built["bins"] == counted["bins"], built["index"]

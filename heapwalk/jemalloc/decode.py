@@ -141,15 +141,41 @@ def _arena(mem: Memory, layout: JeLayout, index: int, address: int, cached: int 
     arena = dataclasses.replace(arena, free_lists=lists, findings=arena.findings + tuple(lost))
     if table is None:
         return arena
+    return _with_slabs(mem, layout, index, address, raw, arena, table)
+
+
+def _with_slabs(mem: Memory, layout: JeLayout, index: int, address: int, raw: bytes, arena: JeArena,
+                table: ExtentTable) -> JeArena:
+    """ARENA with what its version's statistics leave out counted from the extents TABLE (5.1.0: the free
+    extents by size, the slabs not full); when its bins disagree with its slabs, a warning, and its small
+    classes counted from its slabs."""
     if not layout.extent_stats:            # 5.1.0 keeps no counts of free extents by size
         arena = dataclasses.replace(arena, extents=count_extents(table, index))
+    findings: list[Finding] = []
+    slabs = count_bins(table, index, _slabcurs(mem, layout, index, address, raw, findings))
     if not layout.bin_nonfull:             # nor of the slabs not full
-        findings: list[Finding] = []
-        nonfull = count_bins(table, index, _slabcurs(mem, layout, index, address, raw, findings))
         arena = dataclasses.replace(arena, bins=tuple(dataclasses.replace(b, nonfull_slabs=n.nonfull_slabs)
-                                                      for b, n in zip(arena.bins, nonfull)),
-                                    findings=arena.findings + tuple(findings))
-    return arena
+                                                      for b, n in zip(arena.bins, slabs)))
+    sharded = _sharded(arena, slabs, layout)
+    if sharded:
+        arena = dataclasses.replace(arena, bins=slabs)
+    return dataclasses.replace(arena, findings=arena.findings + tuple(findings) + sharded)
+
+
+def _sharded(arena: JeArena, slabs: tuple[JeBin, ...], layout: JeLayout) -> tuple[Finding, ...]:
+    """A warning when ARENA's bins do not count what its slabs hold (SLABS, counted from the extents): with
+    opt.bin_shards each size class has several bins, which heapwalk does not read yet, or the bins are damaged.
+    The arena's small classes are then taken from its slabs (`_with_slabs`)."""
+    differ = [(b, s) for b, s in zip(arena.bins, slabs) if (b.curregs, b.curslabs) != (s.curregs, s.curslabs)]
+    if not differ:
+        return ()
+    b, s = differ[0]
+    return (Finding(Severity.WARNING, arena.address + layout.bins, f"arena {arena.index}", f"{len(differ)} of arena "
+                    f"{arena.index}'s bins do not count what its slabs hold (the {b.size} B bin: {b.curregs} "
+                    f"regions in {b.curslabs} slabs; its slabs: {s.curregs} in {s.curslabs}): its bins are sharded "
+                    "(opt.bin_shards, which heapwalk does not read yet) or damaged, so its small classes are "
+                    "counted from its slabs, without their counts of operations", Kind.BIN_SHARDS,
+                    f"{s.curregs} regions in {s.curslabs} slabs", f"{b.curregs} regions in {b.curslabs} slabs"),)
 
 
 def _from_statistics(mem: Memory, layout: JeLayout, index: int, address: int, cached: int | None, raw: bytes
