@@ -163,12 +163,14 @@ def _with_slabs(mem: Memory, layout: JeLayout, index: int, address: int, raw: by
 
 
 def _sharded(arena: JeArena, slabs: tuple[JeBin, ...], layout: JeLayout) -> tuple[Finding, ...]:
-    """A warning when ARENA's bins do not count what its slabs hold (SLABS, counted from the extents): with
-    opt.bin_shards each size class has several bins, which heapwalk does not read yet, or the bins are damaged.
-    The arena's small classes are then taken from its slabs (`_with_slabs`)."""
+    """A warning when ARENA's bins do not count what its slabs hold (SLABS, counted from the extents) while each
+    bin's counters agree with themselves (in use = allocations - frees): with opt.bin_shards each size class has
+    several bins, which heapwalk does not read yet (each is a real bin, read as another class's). The arena's
+    small classes are then taken from its slabs (`_with_slabs`); bins whose own counters disagree are damage,
+    left as they are for check to name."""
     differ = [(b, s) for b, s in zip(arena.bins, slabs) if (b.curregs, b.curslabs) != (s.curregs, s.curslabs)]
-    if not differ:
-        return ()
+    if not differ or any(b.curregs != b.nmalloc - b.ndalloc for b in arena.bins):
+        return ()           # none, or counters that contradict themselves: damage, which check names as such
     b, s = differ[0]
     return (Finding(Severity.WARNING, arena.address + layout.bins, f"arena {arena.index}", f"{len(differ)} of arena "
                     f"{arena.index}'s bins do not count what its slabs hold (the {b.size} B bin: {b.curregs} "
