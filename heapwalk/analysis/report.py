@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from heapwalk.analysis.inuse import InUse, LeakTotals
 from heapwalk.view import ArenaView, HeapView, SizeClass
 
-__all__ = ["Bucket", "Report", "build_report", "by_class", "human"]
+__all__ = ["Bucket", "Report", "build_report", "by_class", "human", "leaking", "scan_sentence"]
 
 MiB = 1 << 20
 
@@ -117,14 +117,39 @@ class Report:
 
     @property
     def leaking(self) -> bool:
-        """Does the leak scan find enough leaked to be a cause: a MiB or more, and 5% or more of what is in use?"""
-        lt = self.leaks
-        return lt is not None and lt.leaked_bytes >= MiB and lt.leaked_bytes >= 0.05 * lt.in_use_bytes
+        """Does the leak scan find enough leaked to be a cause (`leaking`)?"""
+        return leaking(self.leaks)
 
     @property
     def lists_match_walk(self) -> bool:
         """Do the free lists hold the free bytes the chunk walk found (they differ only on damaged heaps)?"""
         return self.free_listed == self.free
+
+
+def leaking(lt: LeakTotals | None) -> bool:
+    """Does the leak scan LT find enough leaked to be a cause: a MiB or more, and 5% or more of what is in use?"""
+    return lt is not None and lt.leaked_bytes >= MiB and lt.leaked_bytes >= 0.05 * lt.in_use_bytes
+
+
+def scan_sentence(lt: LeakTotals, noun: str = "chunk") -> str:
+    """What the leak scan LT found, and where to look next, a block called NOUN (glibc's chunk, jemalloc's
+    allocation)."""
+    unread = (f" ({human(lt.unread_bytes)} of memory could not be read: {noun}s reached only through it count as "
+              "leaked)") if lt.unread_bytes else ""
+    if not lt.leaked_count:
+        return f"The leak scan reached every {noun} in use from the program's roots: nothing leaked{unread}."
+    where = ""
+    per_arena = sorted(lt.per_arena.items(), key=lambda kv: -kv[1][1])
+    if len(per_arena) > 1 and per_arena[0][1][1]:
+        number, (_, size) = per_arena[0]
+        where = f"; arena {number} holds {human(size)} of it"
+    share = f"{100 * lt.leaked_bytes / lt.in_use_bytes:.0f}%" if lt.in_use_bytes else "0%"
+    text = (f"The leak scan found {human(lt.leaked_bytes)} in {lt.leaked_count} {noun}s nothing reachable points to "
+            f"({share} of the memory in use), {lt.unreferenced_count} of them "
+            f"unreferenced (where each leaked structure starts){where}{unread}")
+    if leaking(lt):
+        return text + ": 'heapwalk leaks' lists them by size and signature, with the biggest unreferenced."
+    return text + ": too little to explain the memory held; 'heapwalk leaks' lists them."
 
 
 def by_class(sizes: Counter, classes: tuple[SizeClass, ...]) -> list[tuple[str, int, int]]:

@@ -5,7 +5,7 @@ why, retained address space, partly used slabs, thread caches, and the remedies 
 from __future__ import annotations
 
 from heapwalk.analysis.inuse import LeakTotals
-from heapwalk.analysis.report import human
+from heapwalk.analysis.report import human, leaking, scan_sentence
 from heapwalk.jemalloc.decay import never_decaying, overdue
 from heapwalk.jemalloc.heapmap import sampled, sampled_extents
 from heapwalk.jemalloc.layout import PAGE
@@ -35,30 +35,9 @@ def advice(state: JeState, rows: tuple[ArenaView, ...], leaks: LeakTotals | None
                              _retained(state), _slabs(state), _tcache(state), _profiled(state)) if s)
 
 
-def _leaking(leaks: LeakTotals | None) -> bool:
-    """Does the leak scan find enough leaked to be a cause: a MiB or more, and 5% or more of what is in use?"""
-    return leaks is not None and leaks.leaked_bytes >= MiB and leaks.leaked_bytes >= 0.05 * leaks.in_use_bytes
-
-
 def _scan(leaks: LeakTotals | None) -> str:
-    """What the leak scan found over jemalloc's allocations, and where to look next ("" when it did not run)."""
-    if leaks is None:
-        return ""
-    unread = (f" ({human(leaks.unread_bytes)} of memory could not be read: allocations reached only through it "
-              "count as leaked)") if leaks.unread_bytes else ""
-    if not leaks.leaked_count:
-        return f"The leak scan reached every allocation in use from the program's roots: nothing leaked{unread}."
-    where = ""
-    per_arena = sorted(leaks.per_arena.items(), key=lambda kv: -kv[1][1])
-    if len(per_arena) > 1 and per_arena[0][1][1]:
-        number, (_, size) = per_arena[0]
-        where = f"; arena {number} holds {human(size)} of it"
-    text = (f"The leak scan found {human(leaks.leaked_bytes)} in {leaks.leaked_count} allocations nothing reachable "
-            f"points to ({_pct(leaks.leaked_bytes, leaks.in_use_bytes)} of the memory in use), "
-            f"{leaks.unreferenced_count} of them unreferenced (where each leaked structure starts){where}{unread}")
-    if _leaking(leaks):
-        return text + ": 'heapwalk leaks' lists them by size and signature, with the biggest unreferenced."
-    return text + ": too little to explain the memory held; 'heapwalk leaks' lists them."
+    """What the leak scan found over jemalloc's allocations ("" when it did not run)."""
+    return "" if leaks is None else scan_sentence(leaks, "allocation")
 
 
 def _profiled(state: JeState) -> str:
@@ -85,7 +64,7 @@ def _headline(state: JeState, rows: tuple[ArenaView, ...], leaks: LeakTotals | N
     if not held:
         return "jemalloc's arenas hold no pages."
     if idle >= 0.25 * held and idle >= MiB:
-        return (f"Held free by jemalloc{', and a leak' if _leaking(leaks) else ', not a leak'}: {human(idle)} of "
+        return (f"Held free by jemalloc{', and a leak' if leaking(leaks) else ', not a leak'}: {human(idle)} of "
                 f"the {human(held)} of pages its arenas hold "
                 f"({_pct(idle, held)}) is free: {human(dirty)} in dirty pages (freed, still resident until decay "
                 f"purges them), {human(muzzy)} muzzy, {human(slabs)} in partly used slabs, {human(cached)} in "
@@ -97,7 +76,7 @@ def _headline(state: JeState, rows: tuple[ArenaView, ...], leaks: LeakTotals | N
             return (f"Memory in use, not held free: {share}. That is live data or a leak: 'heapwalk leaks' in gdb "
                     "finds the allocations nothing points to; two captures some time apart and 'heapwalk diff' "
                     "show which arenas grow.")
-        if _leaking(leaks):
+        if leaking(leaks):
             return (f"A leak, not memory held free: {share}; {human(leaks.leaked_bytes)} of it "
                     f"({_pct(leaks.leaked_bytes, leaks.in_use_bytes)}) is in {leaks.leaked_count} allocations that "
                     "nothing reachable points to any more.")

@@ -5,7 +5,7 @@ M_TRIM_THRESHOLD, another allocator), with what each would save."""
 
 from __future__ import annotations
 
-from heapwalk.analysis.report import MiB, Report, human
+from heapwalk.analysis.report import MiB, Report, human, scan_sentence
 from heapwalk.view import ArenaView
 
 __all__ = ["verdict", "arena_max_saving"]
@@ -118,23 +118,8 @@ def _in_use_sentence(rep: Report, held: int, free_part: str) -> str:
 
 def _scan_sentence(rep: Report) -> str:
     """What the leak scan found, and where to look next."""
-    lt = rep.leaks
-    assert lt is not None
-    unread = (f" ({human(lt.unread_bytes)} of memory could not be read: chunks reached only through it count as "
-              "leaked)") if lt.unread_bytes else ""
-    if not lt.leaked_count:
-        return f"The leak scan reached every chunk in use from the program's roots: nothing leaked{unread}."
-    where = ""
-    per_arena = sorted(lt.per_arena.items(), key=lambda kv: -kv[1][1])
-    if len(per_arena) > 1 and per_arena[0][1][1]:
-        number, (_, size) = per_arena[0]
-        where = f"; arena {number} holds {human(size)} of it"
-    text = (f"The leak scan found {human(lt.leaked_bytes)} in {lt.leaked_count} chunks nothing reachable points to "
-            f"({_pct(lt.leaked_bytes, lt.in_use_bytes)} of the memory in use), {lt.unreferenced_count} of them "
-            f"unreferenced (where each leaked structure starts){where}{unread}")
-    if rep.leaking:
-        return text + ": 'heapwalk leaks' lists them by size and signature, with the biggest unreferenced."
-    return text + ": too little to explain the memory held; 'heapwalk leaks' lists them."
+    assert rep.leaks is not None
+    return scan_sentence(rep.leaks)
 
 
 def verdict(rep: Report) -> list[str]:
