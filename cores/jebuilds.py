@@ -11,7 +11,7 @@ into a stripped program.  Builds are cached beside the sysroots (``jemalloc-NAME
 The virtual address width (``--with-lg-vaddr``) is pinned: jemalloc's configure would otherwise take it
 from the build machine's CPU (57 with 5-level paging), and with it the shape of its radix tree.
 
-It also builds redis-server as Redis's own Makefile builds it (``make MALLOC=jemalloc``), for
+It also builds redis-server 7.0 and 8.0 as Redis's own Makefile builds them (``make MALLOC=jemalloc``), for
 tests/test_redis.py to run on loopback, and the Rust reproducer cores/rust_hold with tikv-jemallocator (its
 crates fetched by name the first time, with the versions Cargo.lock pins), for tests/test_jemalloc_held.py.
 
@@ -32,7 +32,7 @@ from pathlib import Path
 import fresh
 import sysroots
 
-__all__ = ["SourceBuild", "BUILDS", "prepare_build", "prepare_redis", "REDIS", "prepare_rust", "RUST_HOLD"]
+__all__ = ["SourceBuild", "BUILDS", "prepare_build", "prepare_redis", "REDIS", "REDIS_BUILDS", "prepare_rust", "RUST_HOLD"]
 
 
 @dataclass(frozen=True)
@@ -109,26 +109,36 @@ def prepare_build(dest: Path, name: str, cache: Path | None = None) -> sysroots.
     return jemalloc
 
 
-#: redis-server built as upstream builds it (make MALLOC=jemalloc: its vendored jemalloc 5.2.1, je_ prefix,
-#: 8-byte quantum, linked in, its entry points exported with -rdynamic), the virtual address width pinned
-REDIS = SourceBuild("redis", "bookworm", "redis-7.0.15", "5.2.1", "je_", ("JEMALLOC_CONFIGURE_OPTS=--with-lg-vaddr=48",))
+#: redis-server built as upstream builds it (make MALLOC=jemalloc: its vendored jemalloc linked in under the
+#: je_ prefix with an 8-byte quantum, its entry points exported with -rdynamic), the virtual address width
+#: pinned; by Redis version: 7.0 vendors jemalloc 5.2.1, 7.2 and later 5.3.0 (configured also with
+#: --disable-cache-oblivious)
+REDIS_BUILDS = {
+    "7.0.15": SourceBuild("redis", "bookworm", "redis-7.0.15", "5.2.1", "je_",
+                          ("JEMALLOC_CONFIGURE_OPTS=--with-lg-vaddr=48",)),
+    "8.0.2": SourceBuild("redis", "trixie", "redis-8.0.2", "5.3.0", "je_",
+                         ("JEMALLOC_CONFIGURE_OPTS=--with-lg-vaddr=48",)),
+}
+REDIS = REDIS_BUILDS["7.0.15"]
 
 
-def prepare_redis(dest: Path, cache: Path | None = None) -> tuple[Path, Path]:
-    """Builds (or reuses) redis-server into DEST/redis-7.0.15, stripped as distributions ship it (its
-    exported entry points stay), and the module cores/redis_snapshot.c beside it; returns both."""
-    root = dest / REDIS.folder
+def prepare_redis(dest: Path, version: str = "7.0.15", cache: Path | None = None) -> tuple[Path, Path]:
+    """Builds (or reuses) redis-server VERSION (of REDIS_BUILDS) into DEST/redis-VERSION, stripped as
+    distributions ship it (its exported entry points stay), and the module cores/redis_snapshot.c beside it;
+    returns both."""
+    redis = REDIS_BUILDS[version]
+    root = dest / redis.folder
     program, module = root / "redis-server", root / "heapwalk_snapshot.so"
-    source = _source(cache or sysroots.cache_dir(), REDIS) / REDIS.folder
+    source = _source(cache or sysroots.cache_dir(), redis) / redis.folder
     if not program.exists():
         build = root.with_name(root.name + ".build")
         if build.exists():
             shutil.rmtree(build)
         shutil.copytree(source, build, symlinks=True)
-        cmd = ["make", f"-j{os.cpu_count() or 2}", "MALLOC=jemalloc", *REDIS.options, "redis-server"]
+        cmd = ["make", f"-j{os.cpu_count() or 2}", "MALLOC=jemalloc", *redis.options, "redis-server"]
         result = subprocess.run(cmd, cwd=build, capture_output=True, text=True)
         if result.returncode != 0:
-            raise BuildError(f"redis: {' '.join(cmd)} failed: {(result.stderr or result.stdout)[-2000:]}")
+            raise BuildError(f"redis {version}: {' '.join(cmd)} failed: {(result.stderr or result.stdout)[-2000:]}")
         root.mkdir(parents=True, exist_ok=True)
         subprocess.run(["strip", "-o", str(program), str(build / "src" / "redis-server")], check=True)
         shutil.rmtree(build)
@@ -202,11 +212,12 @@ def main(argv: list[str] | None = None) -> int:
                 return 1
             continue
         if name == "redis":
-            try:
-                print(f"redis: {prepare_redis(args.dest)[0]}")
-            except (BuildError, sysroots.SysrootError, subprocess.CalledProcessError) as exc:
-                print(f"redis: {exc}", file=sys.stderr)
-                return 1
+            for version in REDIS_BUILDS:
+                try:
+                    print(f"redis {version}: {prepare_redis(args.dest, version)[0]}")
+                except (BuildError, sysroots.SysrootError, subprocess.CalledProcessError) as exc:
+                    print(f"redis {version}: {exc}", file=sys.stderr)
+                    return 1
             continue
         try:
             j = prepare_build(args.dest, name)

@@ -176,8 +176,9 @@ def _fetch(cache: Path, package: str, suite: str) -> Path:
 
 
 def fetch_source(cache: Path, package: str, suite: str, folder: Path) -> None:
-    """Downloads source package PACKAGE of SUITE (its .dsc and tarballs, unpacked by no one) into FOLDER, with
-    a private list of source packages of the same mirror."""
+    """Downloads the upstream tarballs of source package PACKAGE of SUITE (not Debian's changes, which the
+    builds here do not use, and which a mirror may no longer serve) into FOLDER, unpacked by no one, with a
+    private list of source packages of the same mirror."""
     lists = cache / "source-lists"
     for d in ("lists/partial", "cache/archives/partial"):
         (lists / d).mkdir(parents=True, exist_ok=True)
@@ -188,7 +189,7 @@ def fetch_source(cache: Path, package: str, suite: str, folder: Path) -> None:
     if not listfile.exists() or listfile.read_text() != sources or not any((lists / "lists").glob("*Sources*")):
         listfile.write_text(sources)
         _run(["apt-get", *options, "update"])
-    _run(["apt-get", *options, "source", "--download-only", f"{package}/{suite}"], cwd=folder)
+    _run(["apt-get", *options, "source", "--download-only", "--tar-only", f"{package}/{suite}"], cwd=folder)
 
 
 def _relink_absolute_symlinks(root: Path) -> None:
