@@ -56,6 +56,11 @@ _REDIS = ("redis", "bookworm", "redis-7.0.15/deps/jemalloc", "5.2.1")
 #: mirror, so its source is the release tag's, kept in cores/data (configure made with autoconf, the tests and
 #: the MSVC project left out)
 _JEMALLOC_510 = ("jemalloc", "buster", "jemalloc-5.1.0", "5.1.0")
+#: jemalloc 5.2.1 (Debian bullseye's libjemalloc2), the release tag's source kept in cores/data as 5.1.0's (the
+#: mirror no longer serves bullseye's source package)
+_JEMALLOC_521 = ("jemalloc", "bullseye", "jemalloc-5.2.1", "5.2.1")
+#: jemalloc 5.3.1 (April 2026), from its release tag's source kept in cores/data
+_JEMALLOC_531 = ("jemalloc", "release", "jemalloc-5.3.1", "5.3.1")
 #: name -> build: Redis's (its configure line), a prefixed one and those for 57-bit addresses are decoded;
 #: heapwalk names the others and does not decode them yet
 BUILDS = {
@@ -64,6 +69,9 @@ BUILDS = {
     "5.1.0": SourceBuild(*_JEMALLOC_510, "", ("--with-lg-vaddr=48",), shared=True,
                          tarball="jemalloc-5.1.0.tar.xz"),
     "5.3.0-debug": SourceBuild(*_JEMALLOC, "", ("--enable-debug", "--with-lg-vaddr=48")),
+    "5.3.1": SourceBuild(*_JEMALLOC_531, "", ("--with-lg-vaddr=48",), tarball="jemalloc-5.3.1.tar.xz"),
+    "5.2.1-debug": SourceBuild(*_JEMALLOC_521, "", ("--enable-debug", "--with-lg-vaddr=48"),
+                               tarball="jemalloc-5.2.1.tar.xz"),
     # a debug build with Redis's quantum: heapwalk has no layout for it, and says so
     "5.3.0-q8-debug": SourceBuild(*_JEMALLOC, "je_", ("--enable-debug", "--with-lg-quantum=3",
                                                       "--with-jemalloc-prefix=je_", "--with-lg-vaddr=48")),

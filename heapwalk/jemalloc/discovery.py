@@ -33,7 +33,7 @@ from heapwalk.jemalloc.arenaarray import CONTAINER_STATES, arena_array, containe
 from heapwalk.jemalloc.find import JemallocImage, JemallocNotFound, find_jemalloc
 from heapwalk.jemalloc.rtree import COMPACT_48, SHAPES, WIDE_57, RtreeShape
 from heapwalk.jemalloc.tsdoffset import tsd_module, tsd_offset
-from heapwalk.jemalloc.layout import LAYOUTS, QUANTA, JeLayout, UnsupportedJemalloc, layout_for
+from heapwalk.jemalloc.layout import LAYOUTS, QUANTA, JeLayout, UnsupportedJemalloc, layout_for, quantum_phrase
 from heapwalk.jemalloc.mallctl import MallctlTree, TreeNotFound, cstring, stored_constant
 from heapwalk.jemalloc.opt import OptionsNotFound, read_opts
 from heapwalk.inferior import x86
@@ -133,10 +133,10 @@ def _layout(name: str, version: tuple[int, int, int], build: dict[str, bool | in
     try:
         return layout_for(version, QUANTA[nbins], debug)
     except UnsupportedJemalloc:
-        quantum = "" if QUANTA[nbins] == 4 else f" built with a {1 << QUANTA[nbins]}-byte quantum ({nbins} " \
+        quantum = "" if QUANTA[nbins] == 4 else f" built with {quantum_phrase(QUANTA[nbins])} ({nbins} " \
                                                  f"small size classes)"
         if debug:
-            also = "" if QUANTA[nbins] == 4 else f" and a {1 << QUANTA[nbins]}-byte quantum"
+            also = "" if QUANTA[nbins] == 4 else f" and {quantum_phrase(QUANTA[nbins])}"
             raise JemallocNotFound(f"{name} is built with --enable-debug{also}: heapwalk does not decode that build "
                                    f"yet (it knows {known})") from None
         raise JemallocNotFound(f"{name}{quantum} is a build heapwalk does not decode yet (it knows {known})") \

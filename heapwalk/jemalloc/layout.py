@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from heapwalk.errors import HeapwalkError
 from heapwalk.jemalloc.sizeclasses import PAGE, SizeClasses, size_classes
 
-__all__ = ["JeLayout", "LAYOUTS", "QUANTA", "layout_for", "UnsupportedJemalloc", "PAGE", "BIN_STATS"]
+__all__ = ["JeLayout", "LAYOUTS", "QUANTA", "layout_for", "quantum_phrase", "UnsupportedJemalloc", "PAGE", "BIN_STATS"]
 
 
 class UnsupportedJemalloc(HeapwalkError, ValueError):
@@ -104,13 +104,20 @@ class JeLayout:
 
     @property
     def name(self) -> str:
-        quantum = "" if self.classes.lg_quantum == 4 else f" with a {1 << self.classes.lg_quantum}-byte quantum"
+        quantum = "" if self.classes.lg_quantum == 4 else f" with {quantum_phrase(self.classes.lg_quantum)}"
         debug = " built with --enable-debug" if self.debug else ""
         return "jemalloc %d.%d.%d" % self.version + quantum + debug
 
 
-def _extents_521(container: int) -> tuple[int, int, int]:
-    return container + 1712, container + 3312, 8    # extents_t.nextents[], .nbytes[]
+def quantum_phrase(lg_quantum: int) -> str:
+    """'an 8-byte quantum', 'a 16-byte quantum': a quantum of 2**LG_QUANTUM bytes in words."""
+    size = 1 << lg_quantum
+    return f"{'an' if str(size)[0] == '8' else 'a'} {size}-byte quantum"
+
+
+def _extents_521(container: int, mutex_growth: int = 0) -> tuple[int, int, int]:
+    """An extents_t's nextents[] and nbytes[] (after its mutex, MUTEX_GROWTH bytes longer in a debug build)."""
+    return container + 1712 + mutex_growth, container + 3312 + mutex_growth, 8
 
 
 def _extents_530(ecache: int) -> tuple[tuple[int, int, int], ...]:
@@ -200,6 +207,24 @@ LAYOUTS[(5, 3, 0, "debug")] = dataclasses.replace(
                        for ecache in (11072, 30584, 50096)),
     bins=80080, bin_size=296, bin_stats=184, bin_slabcur=264, index_field=80048, base=80056,
     tcache_descriptors=10600, rtree_root=192, mutex_size=184, mutex_locked=120, debug=True)
+#: jemalloc 5.3.0 built with --enable-debug and an 8-byte quantum: the debug build's arena_t and the 8-byte
+#: quantum's tsd and base_t (measured on that build with debug information)
+LAYOUTS[(5, 3, 0, 3, "debug")] = dataclasses.replace(
+    LAYOUTS[(5, 3, 0, "debug")], tsd_state=832, tsd_allocated=840, tsd_deallocated=856, tsd_size=0xAA0,
+    tsd_tcache_bins=(872 + 8,), cache_bins=76, base_counters=4000, tsd_tcache_stacks=(256 + 176, 0),
+    classes=size_classes(3))
+#: jemalloc 5.2.1 built with --enable-debug: each mutex carries a witness (168 bytes, 56 more), which moves
+#: arena_t's extent containers, decay state and bins, base_t's counters and blocks, the radix tree's root and
+#: bin_t's fields; its statistics, tsd and extent headers are 5.2.1's (measured on the release tag built
+#: --enable-debug with debug information)
+LAYOUTS[(5, 2, 1, "debug")] = dataclasses.replace(
+    LAYOUTS[(5, 2, 1)], arena_size=30000, nactive=10400,
+    dirty_npages=(10584 + 5008,), muzzy_npages=(15608 + 5008,), retained_npages=(20632 + 5008,),
+    dirty_state=10584 + 5016, muzzy_state=15608 + 5016, retained_state=20632 + 5016,
+    dirty_decay_ms=25656 + 176, muzzy_decay_ms=27496 + 176,
+    extent_stats=tuple((_extents_521(container, 56),) for container in (10584, 15608, 20632)),
+    base_counters=2064, base_blocks=200, bins=29696, bin_size=336, bin_stats=192, bin_slabcur=168, base=29984,
+    rtree_root=168, mutex_size=168, debug=True)
 #: the quanta (lg) heapwalk has layouts for, by number of small classes
 QUANTA = {36: 4, 39: 3}
 
@@ -213,5 +238,5 @@ def layout_for(version: tuple[int, int, int], lg_quantum: int = 4, debug: bool =
     except KeyError:
         known = ", ".join(layout.name.split(" ", 1)[1] for layout in LAYOUTS.values())
         raise UnsupportedJemalloc(f"jemalloc {'.'.join(map(str, version))}"
-                                  f"{'' if lg_quantum == 4 else f' with a {1 << lg_quantum}-byte quantum'} is not "
+                                  f"{'' if lg_quantum == 4 else ' with ' + quantum_phrase(lg_quantum)} is not "
                                   f"supported yet (heapwalk knows {known})") from None
