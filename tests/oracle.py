@@ -103,6 +103,8 @@ def malloc_info_view(doc: dict[str, Any]) -> dict[str, Any]:
 JE_ARENA_FIELDS = ("nthreads", "pactive", "pdirty", "pmuzzy", "retained", "dirty_decay_ms", "muzzy_decay_ms",
                    "dirty_npurge", "dirty_nmadvise", "dirty_purged", "muzzy_npurge", "muzzy_nmadvise",
                    "muzzy_purged", "mapped", "base", "internal", "resident", "metadata_thp")
+#: what 5.3.1 prints besides: of the base's bytes, those for extent headers and for radix tree nodes
+JE_ARENA_531 = ("metadata_edata", "metadata_rtree")
 JE_BIN_FIELDS = ("nmalloc", "ndalloc", "curregs", "nrequests", "nfills", "nflushes", "nreslabs", "curslabs",
                  "nonfull_slabs")
 _JE_LARGE = ("allocated", "nmalloc", "ndalloc", "nrequests", "nfills", "nflushes")
@@ -112,7 +114,8 @@ def jemalloc_arena_view(arena: dict[str, Any], like: dict[str, Any] | None = Non
     """One arena of heapwalk's jemalloc JSON as the fields malloc_stats_print prints for it; LIKE (what a
     version printed for the arena, stats.arenas.<i>) leaves out what that version does not print (5.1.0: the
     free extents by size, the bins' nonfull_slabs, fills and flushes in the totals)."""
-    view = {"fields": {k: arena[k] for k in JE_ARENA_FIELDS},
+    view = {"fields": {k: arena[k] for k in JE_ARENA_FIELDS + JE_ARENA_531 if k in JE_ARENA_FIELDS or
+                       arena.get(k) is not None},
             "bins": [{k: b[k] for k in JE_BIN_FIELDS} for b in arena["bins"]],
             "small": arena["small"], "large": {k: arena["large"][k] for k in _JE_LARGE},
             "curlextents": [c["curlextents"] for c in arena["lextents"]], "extents": arena["extents"]}
@@ -132,7 +135,7 @@ def jemalloc_printed_view(printed: dict[str, Any], index: int, ledger: dict[str,
     after printing (cores/je_common.h): jemalloc 5.3's printer buffer was counted in arena 0's internal
     bytes while it printed and no longer is, and taking it back counts one more large allocation and the
     printer's free."""
-    fields = {k: printed[k] for k in JE_ARENA_FIELDS}
+    fields = {k: printed[k] for k in JE_ARENA_FIELDS + JE_ARENA_531 if k in printed}
     large = {k: printed["large"][k] for k in _JE_LARGE if k in printed["large"]}
     buffer = ledger["stats_buffer"]
     if buffer is not None and buffer["arena"] == index:

@@ -44,7 +44,7 @@ def jemalloc_blocks(mem: Memory, state: JeState) -> Blocks | None:
     large = np.flatnonzero(active & ~table.slab)
     if len(large):
         first = table.address[large] + table.offset[large].astype(np.uint64)
-        sizes = np.array([classes.class_size(int(i)) for i in table.szind[large].tolist()], dtype=np.uint64)
+        sizes = table.usizes(large).astype(np.uint64)
         starts.append(first)
         ends.append(np.minimum(first + sizes, table.address[large] + table.size[large].astype(np.uint64)))
         arenas.append(table.arena[large].astype(np.int32))

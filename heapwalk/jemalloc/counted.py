@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from heapwalk.jemalloc.extents import ACTIVE, DIRTY, MUZZY, RETAINED, ExtentTable
+from heapwalk.jemalloc.extents import ACTIVE, DIRTY, MUZZY, RETAINED, ExtentTable, class_sizes
 from heapwalk.jemalloc.model import JeBin, JeExtents, JeLarge, JeState
 from heapwalk.jemalloc.sizeclasses import PAGE
 
@@ -38,18 +38,22 @@ def count_large(table: ExtentTable, arena: int) -> tuple[JeLarge, ...]:
     """ARENA's large classes: the active extents of each (a small allocation heap profiling sampled is served by
     an extent of the smallest large class, and counts as one)."""
     classes = table.classes
-    mine = (table.arena == arena) & (table.state == ACTIVE) & ~table.slab
+    mine = np.flatnonzero((table.arena == arena) & (table.state == ACTIVE) & ~table.slab)
     index = np.maximum(table.szind[mine] - classes.nbins, 0)
     live = np.bincount(index, minlength=classes.nlextents)
-    return tuple(JeLarge(classes.large_size(i), None, None, None, None, live=int(live[i]))
+    active = np.bincount(index, weights=table.usizes(mine), minlength=classes.nlextents).astype(np.int64) \
+        if table.paged_large else None
+    return tuple(JeLarge(classes.large_size(i), None, None, None, None, live=int(live[i]),
+                         active_bytes=None if active is None else int(active[i]))
                  for i in range(classes.nlextents))
 
 
-def count_extents(table: ExtentTable, arena: int, large_pad: int = PAGE) -> tuple[JeExtents, ...]:
+def count_extents(table: ExtentTable, arena: int, large_pad: int | None = None) -> tuple[JeExtents, ...]:
     """ARENA's dirty, muzzy and retained extents by page size class: how many, and their bytes.  jemalloc bins an
     extent by the largest class that fits in it less LARGE_PAD (the page cache_oblivious adds to each large
-    allocation), rounded up to a class again: with the pad, the class after the largest one a page smaller
+    allocation; the table's by default), rounded up to a class again: with the pad, the class after the largest one a page smaller
     than the extent."""
+    large_pad = table.large_pad if large_pad is None else large_pad
     sizes = np.array(table.classes.page_sizes(), dtype=np.int64)
     counted = []
     for state in (DIRTY, MUZZY, RETAINED):
@@ -67,8 +71,9 @@ def count_extents(table: ExtentTable, arena: int, large_pad: int = PAGE) -> tupl
 
 
 def regions_held(state: JeState) -> dict[int, dict[int, int]]:
-    """What the program holds, by arena and size class (arena -> {class size: regions}): each arena's regions
-    in use and large allocations, less the regions the thread caches hold and jemalloc's own allocations for its
+    """What the program holds, by arena and size class (arena -> {class size: regions}; a large allocation by
+    its own size where large allocations are rounded up to pages only, 5.3.1): each arena's regions in use and
+    large allocations, less the regions the thread caches hold and jemalloc's own allocations for its
     threads (`JeThread.internal`); empty when the extents are not known."""
     table = state.extents
     if table is None or not len(table):
@@ -83,12 +88,15 @@ def regions_held(state: JeState) -> dict[int, dict[int, int]]:
     taken = [address for t in state.threads for address in t.internal] + list(state.cached)
     rows = np.array([r for r in _extent_rows(table, taken) if r >= 0], dtype=np.int64)
     count = count - np.bincount(rows, minlength=len(table))[:len(table)] * (table.state == ACTIVE)
-    key = table.arena.astype(np.int64) * nclasses + index
-    totals = np.bincount(key, weights=count, minlength=0).astype(np.int64)
+    size = class_sizes(classes)[index]
+    if table.paged_large:
+        size = np.where(small, size, table.usizes(np.arange(len(table))))
+    live = count > 0
+    keys, where = np.unique(np.stack([table.arena[live].astype(np.int64), size[live]]), axis=1, return_inverse=True)
+    totals = np.bincount(where.reshape(-1), weights=count[live]).astype(np.int64)
     out: dict[int, dict[int, int]] = {}
-    for k in np.flatnonzero(totals > 0).tolist():
-        arena, szind = divmod(k, nclasses)
-        out.setdefault(arena, {})[classes.class_size(szind)] = int(totals[k])
+    for (arena, held), total in zip(keys.T.tolist(), totals.tolist()):
+        out.setdefault(arena, {})[held] = out.get(arena, {}).get(held, 0) + total
     return out
 
 

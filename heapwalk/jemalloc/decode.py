@@ -40,6 +40,9 @@ def collect_jemalloc(mem: Memory, disc: JeDiscovery, threads: list[ThreadRegs], 
     table = None
     if disc.rtree is not None:
         table, extent_findings = walk_extents(mem, disc.layout, disc.rtree, disc.rtree_shape)
+        table = dataclasses.replace(table, paged_large=bool(disc.opt.get("disable_large_size_classes",
+                                                                         disc.version >= (5, 3, 1))),
+                                    large_pad=0 if disc.opt.get("cache_oblivious") is False else PAGE)
         findings.extend(extent_findings)
     counted = None if disc.statistics else table
     arenas = []
@@ -72,7 +75,7 @@ def _with_internal(arenas: list[JeArena], threads: tuple[JeThread, ...], table: 
         if row < 0 or address >= int(table.address[row]) + int(table.size[row]) or table.state[row] != ACTIVE:
             continue
         arena = int(table.arena[row])
-        internal[arena] = internal.get(arena, 0) + table.classes.class_size(int(table.szind[row]))
+        internal[arena] = internal.get(arena, 0) + table.usize(row)
     return [dataclasses.replace(a, internal=internal.get(a.index, 0)) for a in arenas]
 
 
@@ -196,12 +199,28 @@ def _from_statistics(mem: Memory, layout: JeLayout, index: int, address: int, ca
     bins = _bins(mem, layout, index, address, raw, findings)
     memory = _memory(mem, layout, index, raw, findings)
     tcache_bytes, lost = arena_tcache_bytes(mem, layout, index, word(layout.tcache_descriptors), cached)
+    edata, rtree = _base_metadata(mem, layout, raw)
     return JeArena(index, address, nthreads, word(layout.nactive), pages(layout.dirty_npages),
                    pages(layout.muzzy_npages), pages(layout.retained_npages) * PAGE,
                    _i64(word(layout.dirty_decay_ms)), _i64(word(layout.muzzy_decay_ms)), *dirty, *muzzy,
                    bins, *memory, _large(layout, raw), _extents(layout, raw), tcache_bytes,
                    tuple(findings + lost), _clock(layout, raw, layout.dirty_decay_ms),
-                   _clock(layout, raw, layout.muzzy_decay_ms), _base_blocks(mem, layout, index, raw, findings))
+                   _clock(layout, raw, layout.muzzy_decay_ms), _base_blocks(mem, layout, index, raw, findings),
+                   metadata_edata=edata, metadata_rtree=rtree)
+
+
+def _base_metadata(mem: Memory, layout: JeLayout, raw: bytes) -> tuple[int | None, int | None]:
+    """The bytes the arena's base allocated for extent headers and for radix tree nodes (5.3.1; None where the
+    base does not count them apart, or its counters are unreadable, which `_memory` reports)."""
+    if layout.base_metadata is None:
+        return None, None
+    base = struct.unpack_from("<Q", raw, layout.base)[0]
+    try:
+        counters = mem.read(base + layout.base_counters, max(layout.base_metadata) + 8)
+    except ReadError:
+        return None, None
+    edata, rtree = (struct.unpack_from("<Q", counters, at)[0] for at in layout.base_metadata)
+    return edata, rtree
 
 
 _MAX_BLOCKS = 1 << 16
@@ -303,7 +322,8 @@ def _memory(mem: Memory, layout: JeLayout, index: int, raw: bytes, findings: lis
     finding at the base says so)."""
     base = struct.unpack_from("<Q", raw, layout.base)[0]
     try:
-        allocated, resident, mapped, n_thp = struct.unpack("<4Q", mem.read(base + layout.base_counters, 32))
+        counters = mem.read(base + layout.base_counters, max(layout.base_fields) + 8)
+        allocated, resident, mapped, n_thp = (struct.unpack_from("<Q", counters, at)[0] for at in layout.base_fields)
     except ReadError as exc:
         allocated = resident = mapped = n_thp = 0
         findings.append(Finding(Severity.ERROR, base, f"arena {index}", f"the arena's base (its metadata) at "
@@ -322,13 +342,15 @@ def _memory(mem: Memory, layout: JeLayout, index: int, raw: bytes, findings: lis
 
 def _large(layout: JeLayout, raw: bytes) -> tuple[JeLarge, ...]:
     """The arena's large size classes: arena_stats_large_t {nmalloc, ndalloc, nrequests, nfills, nflushes, ...}
-    (5.1.0: {nmalloc, ndalloc, nrequests, curlextents}, no flushes)."""
+    (5.1.0: {nmalloc, ndalloc, nrequests, curlextents}, no flushes; 5.3.1: active_bytes before nrequests)."""
     out = []
+    fields = layout.lstats_fields
     for i in range(layout.classes.nlextents):
         at = layout.lstats + layout.lstats_stride * i
-        nmalloc, ndalloc, nrequests = struct.unpack_from("<3Q", raw, at)
-        nflushes = struct.unpack_from("<Q", raw, at + 32)[0] if layout.lstats_flushes else None
-        out.append(JeLarge(layout.classes.large_size(i), nmalloc, ndalloc, nrequests, nflushes))
+        nmalloc, ndalloc, nrequests = (struct.unpack_from("<Q", raw, at + off)[0] for off in fields[:3])
+        nflushes = struct.unpack_from("<Q", raw, at + fields[3])[0] if layout.lstats_flushes else None
+        active = None if layout.lstats_active is None else struct.unpack_from("<Q", raw, at + layout.lstats_active)[0]
+        out.append(JeLarge(layout.classes.large_size(i), nmalloc, ndalloc, nrequests, nflushes, active_bytes=active))
     return tuple(out)
 
 

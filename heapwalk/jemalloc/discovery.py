@@ -105,7 +105,7 @@ def discover_jemalloc(mem: Memory, mappings: list[Mapping], fs_bases: Sequence[i
     if tpoff is None and not image.is_program:
         module, how = tsd_module(mem, image, layout)
         facts.append(Fact("tsd_tls_module", module, how))
-    opt, how, lost = _options(image, tree)
+    opt, how, lost = _options(image, tree, version)
     facts.append(Fact("opt", len(opt) or None, how))
     rtree, shape, how = _rtree(found, tree, layout)
     facts.append(Fact("rtree", rtree, how))
@@ -296,13 +296,14 @@ def _plausible_tree(mem: Memory, layout: JeLayout, shape: RtreeShape, rtree: int
     return True
 
 
-def _options(image: LibcImage, tree: MallctlTree | None) -> tuple[dict, str, list[tuple[int, str]]]:
+def _options(image: LibcImage, tree: MallctlTree | None, version: tuple[int, int, int]
+             ) -> tuple[dict, str, list[tuple[int, str]]]:
     """The options, how they were found, and what of them is unreadable; none, and why, when mallctl's table
     cannot be found or read."""
     if tree is None:
         return {}, "not determined: no mallctl tree", []
     try:
-        return read_opts(image, tree)
+        return read_opts(image, tree, version)
     except OptionsNotFound as exc:
         return {}, f"not determined: {exc}", []
     except ReadError as exc:

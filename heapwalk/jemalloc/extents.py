@@ -10,6 +10,7 @@ What a heap map of jemalloc draws (`jemalloc.heapmap`), and what the arenas' pag
 
 from __future__ import annotations
 
+import functools
 import struct
 from dataclasses import dataclass
 
@@ -22,7 +23,7 @@ from heapwalk.jemalloc.rtree import COMPACT_48, RtreeShape
 from heapwalk.jemalloc.sizeclasses import SizeClasses, size_classes
 from heapwalk.inferior.memory import Memory, ReadError
 
-__all__ = ["ExtentTable", "walk_extents", "ACTIVE", "DIRTY", "MUZZY", "RETAINED"]
+__all__ = ["ExtentTable", "walk_extents", "class_sizes", "ACTIVE", "DIRTY", "MUZZY", "RETAINED"]
 
 ACTIVE, DIRTY, MUZZY, RETAINED = 0, 1, 2, 3
 
@@ -41,13 +42,39 @@ class ExtentTable:
     nfree: np.ndarray       # int32
     header: np.ndarray      # uint64: where its header (edata_t / extent_t) is
     classes: SizeClasses = size_classes(4)  # the build's size classes, which szind indexes
+    paged_large: bool = False   # large allocations are rounded up to pages, not to their class (5.3.1's
+    #                             opt.disable_large_size_classes)
+    large_pad: int = PAGE       # the page cache_oblivious adds to each large extent (0 without it)
 
     def __len__(self) -> int:
         return len(self.address)
 
+    def usizes(self, rows: np.ndarray) -> np.ndarray:
+        """The usable size of the allocation each of ROWS (active extents) holds: a slab's region size, a large
+        extent's class size; where large allocations are rounded up to pages only, a large extent less the
+        page cache_oblivious adds (a sampled small allocation, held by a large extent, keeps its class)."""
+        rows = np.asarray(rows, dtype=np.int64)
+        table = class_sizes(self.classes)
+        szind = self.szind[rows]
+        sizes = table[np.clip(szind, 0, len(table) - 1)]
+        if self.paged_large:
+            large = ~self.slab[rows] & (szind >= self.classes.nbins)
+            sizes = np.where(large, np.minimum(sizes, self.size[rows] - self.large_pad), sizes)
+        return sizes
+
+    def usize(self, row: int) -> int:
+        """The usable size of the allocation extent ROW holds (`usizes`)."""
+        return int(self.usizes(np.array([row]))[0])
+
     def bytes_of(self, arena: int, state: int) -> int:
         """The bytes of ARENA's extents in STATE."""
         return int(self.size[(self.arena == arena) & (self.state == state)].sum())
+
+
+@functools.lru_cache(maxsize=None)
+def class_sizes(classes: SizeClasses) -> np.ndarray:
+    """Every size class's size, by index (sz_index2size), as an array."""
+    return np.array([classes.class_size(i) for i in range(classes.nbins + classes.nlextents)], dtype=np.int64)
 
 
 def walk_extents(mem: Memory, layout: JeLayout, rtree: int, shape: RtreeShape = COMPACT_48

@@ -69,7 +69,7 @@ def leaked_bytes(table: ExtentTable, leaked: np.ndarray | None) -> np.ndarray:
         return out
     rows = np.searchsorted(table.address, leaked, side="right") - 1
     rows = rows[rows >= 0]
-    sizes = np.array([table.classes.class_size(int(i)) for i in table.szind[rows].tolist()], dtype=np.int64)
+    sizes = table.usizes(rows)
     np.add.at(out, rows, sizes)
     return out
 

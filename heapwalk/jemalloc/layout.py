@@ -97,6 +97,14 @@ class JeLayout:
     mutex_locked: int = 104
     tsd_states: tuple[int, ...] | None = None   # the tsd's states in 5.2's numbering, by this version's value
     #                                       (5.1.0 has no nominal_recompute: its 2..5 are 5.2's 3..6); None: the same
+    base_fields: tuple[int, int, int, int] = (0, 8, 16, 24)  # base_t's allocated, resident, mapped and n_thp,
+    #                                       from base_counters (5.3.1 keeps its edata and rtree bytes between)
+    base_metadata: tuple[int, int] | None = None  # base_t's edata_allocated and rtree_allocated, from
+    #                                       base_counters (5.3.1), None where the base does not count them apart
+    lstats_fields: tuple[int, int, int, int] = (0, 8, 16, 32)  # nmalloc, ndalloc, nrequests, nflushes in an
+    #                                       arena_stats_large_t (5.3.1 keeps active_bytes before nrequests)
+    lstats_active: int | None = None      # its active_bytes (5.3.1), None where the class size times the count
+    #                                       is the bytes
     tsd_tcache_stacks: tuple[int, int] = (256 + 160, 0)     # the internal allocation that holds the thread
     #                                       cache's stacks: (where in the tsd a pointer into it is, how far into it
     #                                       that pointer is): 5.3.0's tcache_slow_t.dyn_alloc; 5.2.1's first small
@@ -207,6 +215,21 @@ LAYOUTS[(5, 3, 0, "debug")] = dataclasses.replace(
                        for ecache in (11072, 30584, 50096)),
     bins=80080, bin_size=296, bin_stats=184, bin_slabcur=264, index_field=80048, base=80056,
     tcache_descriptors=10600, rtree_root=192, mutex_size=184, mutex_locked=120, debug=True)
+#: jemalloc 5.3.1 (April 2026): arena_t's statistics, its page allocator and its tsd move (fewer event
+#: counters in the tsd, 41 cache bins for a 32 KiB tcache_max limit, each with its own ncached_max), base_t
+#: counts its extent headers' and radix tree's bytes between allocated and resident, and a large class counts
+#: active_bytes before nrequests (measured on the release tag built with debug information)
+LAYOUTS[(5, 3, 1)] = dataclasses.replace(
+    LAYOUTS[(5, 3, 0)], version=(5, 3, 1), arena_size=80704, nactive=12296,
+    dirty_npages=(22104, 31760), muzzy_npages=(41544, 51200), retained_npages=(60984,),
+    dirty_state=22112, muzzy_state=41552, retained_state=60992, dirty_decay_ms=71064, muzzy_decay_ms=72848,
+    stats_dirty=24 + 112, stats_muzzy=24 + 136, lstats=24 + 968, lstats_stride=56, lstats_fields=(0, 8, 24, 40),
+    lstats_active=16,
+    stats_mapped=24 + 168, stats_internal=24 + 48, base_counters=3896, base_fields=(0, 24, 32, 40), base_metadata=(8, 16),
+    extent_stats=(_extents_530(12352), _extents_530(31792), _extents_530(51232)),
+    bins=80704, index_field=80640, base=80648, tcache_descriptors=11984,
+    tsd_state=920, tsd_arena=200, tsd_allocated=928, tsd_deallocated=944, tsd_ticker=208, tsd_size=1968,
+    tsd_tcache_bins=(968,), tsd_tcache_arena=336, cache_bins=41, tsd_tcache_stacks=(520, 0))
 #: jemalloc 5.3.0 built with --enable-debug and an 8-byte quantum: the debug build's arena_t and the 8-byte
 #: quantum's tsd and base_t (measured on that build with debug information)
 LAYOUTS[(5, 3, 0, 3, "debug")] = dataclasses.replace(

@@ -50,6 +50,13 @@ class JeLarge:
     nrequests: int | None       # requests the tcache merged in, beyond nmalloc
     nflushes: int | None
     live: int | None = None     # the active extents of this class, where no counters are kept
+    active_bytes: int | None = None  # their bytes (5.3.1, whose large allocations need not fill their class:
+    #                                  opt.disable_large_size_classes rounds them up to pages only)
+
+    @property
+    def bytes(self) -> int:
+        """The bytes of this class's allocations alive now, as malloc_stats_print's large "allocated" sums them."""
+        return self.active_bytes if self.active_bytes is not None else self.curlextents * self.size
 
     @property
     def curlextents(self) -> int:
@@ -107,6 +114,8 @@ class JeArena:
     muzzy_clock: tuple[int, int] = (0, 0)   # the muzzy pages' (0, 0: never set up)
     base_blocks: tuple[tuple[int, int], ...] = ()   # (address, size) of each block its base mapped (metadata)
     free_lists: tuple = ()                  # its rings of free extents as walked (`freelists.ListedExtents`)
+    metadata_edata: int | None = None       # of `base`, the bytes for extent headers and for the radix tree's
+    metadata_rtree: int | None = None       # nodes (5.3.1 counts them apart; None before, or not kept)
 
     def small(self) -> dict[str, int | None]:
         """The small classes together, as malloc_stats_print sums them: bytes in use and the counters (None:
@@ -131,7 +140,7 @@ class JeArena:
     def large_totals(self) -> dict[str, int | None]:
         """The large classes together, as malloc_stats_print sums them (a tcache fill is one nmalloc; None: not
         kept)."""
-        return {"allocated": sum(c.curlextents * c.size for c in self.large),
+        return {"allocated": sum(c.bytes for c in self.large),
                 "nmalloc": _total(c.nmalloc for c in self.large), "ndalloc": _total(c.ndalloc for c in self.large),
                 "nrequests": _total(None if c.nmalloc is None else c.nmalloc + c.nrequests for c in self.large),
                 "nfills": _total(c.nmalloc for c in self.large), "nflushes": _total(c.nflushes for c in self.large)}

@@ -18,28 +18,33 @@ from heapwalk.inferior.elf import LibcImage
 from heapwalk.jemalloc.mallctl import MallctlTree, TreeNotFound, cstring
 from heapwalk.inferior.memory import ReadError
 
-__all__ = ["OPT_TYPES", "OPT_FIELDS", "read_opts", "OptionsNotFound", "fixed_point_text"]
+__all__ = ["OPT_TYPES", "OPT_FIELDS", "OPT_FIELDS_531", "read_opts", "OptionsNotFound", "fixed_point_text"]
 
 _NODE = 40                  # ctl_named_node_t (mallctl.NODE)
 _CTL_SPAN = 0x80            # bytes of a ctl function searched for its loads
 
-#: how each option is stored, as the ctl function that reads it copies it (identical in 5.2.1 and 5.3.0)
+#: how each option is stored, as the ctl function that reads it copies it (the same in every version that has
+#: it; 5.3.1's malloc_conf node holds the option strings from each source, NULL shown as "")
 OPT_TYPES: dict[str, str] = {
     **dict.fromkeys(
         "abort abort_conf cache_oblivious confirm_conf hpa retain background_thread stats_print zero "
         "tcache prof prof_active prof_thread_active_init prof_accum prof_gdump prof_final prof_leak prof_leak_error "
-        "experimental_infallible_new".split(), "bool"),
+        "experimental_infallible_new experimental_hpa_start_huge_if_thp_always experimental_hpa_enforce_hugify "
+        "hpa_hugify_sync huge_arena_pac_thp experimental_tcache_gc disable_large_size_classes".split(), "bool"),
     **dict.fromkeys("narenas tcache_nslots_small_min tcache_nslots_small_max tcache_nslots_large "
-                    "lg_tcache_flush_small_div lg_tcache_flush_large_div".split(), "unsigned"),
+                    "lg_tcache_flush_small_div lg_tcache_flush_large_div debug_double_free_max_scan".split(),
+                    "unsigned"),
     **dict.fromkeys("oversize_threshold max_background_threads lg_extent_max_active_fit lg_prof_sample tcache_max "
                     "hpa_hugification_threshold hpa_hugify_delay_ms hpa_min_purge_interval_ms hpa_slab_max_alloc "
                     "hpa_sec_nshards hpa_sec_max_alloc hpa_sec_max_bytes hpa_sec_bytes_after_flush "
-                    "hpa_sec_batch_fill_extra tcache_gc_incr_bytes tcache_gc_delay_bytes".split(), "size"),
+                    "hpa_sec_batch_fill_extra tcache_gc_incr_bytes tcache_gc_delay_bytes hpa_purge_threshold "
+                    "hpa_min_purge_delay_ms process_madvise_max_batch".split(), "size"),
     **dict.fromkeys("dirty_decay_ms muzzy_decay_ms lg_tcache_max lg_prof_interval mutex_max_spin stats_interval "
-                    "lg_tcache_nslots_mul".split(), "signed"),
+                    "lg_tcache_nslots_mul experimental_hpa_max_purge_nhp".split(), "signed"),
+    **dict.fromkeys("global_var symlink env_var".split(), "string pointer or none"),
     **dict.fromkeys("dss junk".split(), "string pointer"),
     **dict.fromkeys("prof_prefix stats_print_opts stats_interval_opts".split(), "string"),
-    **dict.fromkeys("metadata_thp percpu_arena thp zero_realloc".split(), "name"),
+    **dict.fromkeys("metadata_thp percpu_arena thp zero_realloc hpa_hugify_style".split(), "name"),
     "hpa_dirty_mult": "fixed point",
 }
 
@@ -50,36 +55,53 @@ OPT_TYPES: dict[str, str] = {
 OPT_FIELDS: dict[str, int] = {"hpa_hugification_threshold": 8, "hpa_dirty_mult": 16, "hpa_hugify_delay_ms": 24,
                               "hpa_min_purge_interval_ms": 32, "hpa_sec_max_alloc": 8, "hpa_sec_max_bytes": 16,
                               "hpa_sec_bytes_after_flush": 24, "hpa_sec_batch_fill_extra": 32}
+#: the same from 5.3.1: opt_hpa_opts gains {hugify_sync, experimental_max_purge_nhp, purge_threshold,
+#: min_purge_delay_ms, hugify_style}; opt_hpa_sec_opts loses bytes_after_flush
+OPT_FIELDS_531: dict[str, int] = {**OPT_FIELDS, "hpa_hugify_sync": 32, "hpa_min_purge_interval_ms": 40,
+                                  "experimental_hpa_max_purge_nhp": 48, "hpa_purge_threshold": 56,
+                                  "hpa_min_purge_delay_ms": 64, "hpa_hugify_style": 72,
+                                  "hpa_sec_batch_fill_extra": 24}
 
 
 OptionsNotFound = TreeNotFound
 
 
-def read_opts(image: LibcImage, tree: MallctlTree | None = None
+def read_opts(image: LibcImage, tree: MallctlTree | None = None, version: tuple[int, int, int] = (5, 3, 0)
               ) -> tuple[dict[str, bool | int | str], str, list[tuple[int, str]]]:
-    """Every option of OPT_TYPES the image has, in mallctl's order, how the table was found, and (address,
-    what) of each option whose memory is unreadable (OptionsNotFound when the tree was not found; ReadError
-    when it is unreadable)."""
+    """Every option of OPT_TYPES the image (jemalloc VERSION) has, in mallctl's order (the options of an inner
+    node such as 5.3.1's malloc_conf in its place, under their own names, as malloc_stats_print prints them),
+    how the table was found, and (address, what) of each option whose memory is unreadable (OptionsNotFound
+    when the tree was not found; ReadError when it is unreadable)."""
     tree = tree or MallctlTree.find(image)
     node = tree.node("opt")
     if node is None:
         raise OptionsNotFound(f"mallctl's tree at {tree.address:#x} has no node \"opt\"")
-    nchildren, children, node = node.nchildren, node.children, node.address
+    fields = OPT_FIELDS_531 if version >= (5, 3, 1) else OPT_FIELDS
     out: dict[str, bool | int | str] = {}
     unread: list[tuple[int, str]] = []
+    _read_children(image, node.children, node.nchildren, fields, out, unread, depth=0)
+    return out, f"mallctl's \"opt\" node at {node.address:#x} ({node.nchildren} options)", unread
+
+
+def _read_children(image: LibcImage, children: int, nchildren: int, fields: dict[str, int],
+                   out: dict[str, bool | int | str], unread: list[tuple[int, str]], depth: int) -> None:
+    """The options of the NCHILDREN nodes at CHILDREN into OUT (and those of an inner node among them, one
+    level down); what is unreadable into UNREAD."""
     for i in range(nchildren):
         name = f"#{i}"
         try:
-            _named, name_at, _n, _c, ctl = struct.unpack("<QQQQQ", image.mem.read(children + _NODE * i, _NODE))
+            _named, name_at, count, inner, ctl = struct.unpack("<QQQQQ", image.mem.read(children + _NODE * i, _NODE))
             name = cstring(image, name_at)
+            if not ctl and count and inner and depth == 0:
+                _read_children(image, inner, min(count, 64), fields, out, unread, depth + 1)
+                continue
             kind = OPT_TYPES.get(name)
             if kind is not None and ctl:
-                out[name] = _value(image, kind, ctl, OPT_FIELDS.get(name, 0))
+                out[name] = _value(image, kind, ctl, fields.get(name, 0))
         except ReadError as exc:
             unread.append((exc.address, f"option {name} is unreadable ({exc.reason})"))
         except ValueError:
             continue
-    return out, f"mallctl's \"opt\" node at {node:#x} ({nchildren} options)", unread
 
 
 def _value(image: LibcImage, kind: str, ctl: int, field: int) -> bool | int | str:
@@ -106,8 +128,10 @@ def _value(image: LibcImage, kind: str, ctl: int, field: int) -> bool | int | st
         return struct.unpack("<Q", mem.read(at, 8))[0]
     if kind == "signed":
         return struct.unpack("<q", mem.read(at, 8))[0]
-    if kind == "string pointer":
+    if kind in ("string pointer", "string pointer or none"):
         at = struct.unpack("<Q", mem.read(at, 8))[0]
+        if at == 0 and kind == "string pointer or none":
+            return ""
     return cstring(image, at)
 
 

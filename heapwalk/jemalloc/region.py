@@ -36,7 +36,7 @@ def locate_region(mem: Memory, state: JeState, address: int) -> dict[str, Any] |
     classes = table.classes
     szind = int(table.szind[i])
     if not table.slab[i]:
-        usize = classes.class_size(szind) if szind < classes.nbins + classes.nlextents else None
+        usize = table.usize(i) if szind < classes.nbins + classes.nlextents else None
         first = start + int(table.offset[i])
         return {**out, "kind": "large", "allocation": first, "usize": usize,
                 "offset": address - first if address >= first else None}

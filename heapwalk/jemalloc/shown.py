@@ -21,7 +21,8 @@ __all__ = ["jemalloc_document", "jemalloc_arenas_table", "jemalloc_threads_table
 
 _ARENA_FIELDS = ("nthreads", "pactive", "pdirty", "pmuzzy", "retained", "dirty_decay_ms", "muzzy_decay_ms",
                  "dirty_npurge", "dirty_nmadvise", "dirty_purged", "muzzy_npurge", "muzzy_nmadvise", "muzzy_purged",
-                 "mapped", "base", "internal", "resident", "metadata_thp", "tcache_bytes")
+                 "mapped", "base", "internal", "resident", "metadata_thp", "tcache_bytes", "metadata_edata",
+                 "metadata_rtree")
 _BIN_FIELDS = ("nmalloc", "ndalloc", "curregs", "nrequests", "nfills", "nflushes", "nreslabs", "curslabs",
                "nonfull_slabs")
 

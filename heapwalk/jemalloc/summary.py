@@ -37,7 +37,7 @@ def heap_view(state: JeState) -> HeapView:
     return HeapView(
         allocator="jemalloc", arenas=rows,
         free_sizes=MappingProxyType({a.index: _free_sizes(state, a) for a in state.arenas}), size_classes=(),
-        large_count=sum(c.curlextents for c in large), large_bytes=sum(c.curlextents * c.size for c in large),
+        large_count=sum(c.curlextents for c in large), large_bytes=sum(c.bytes for c in large),
         arena_limit=limit, arenas_idle=sum(1 for a in state.arenas if not a.nthreads),
         reclaim_total=sum(r.reclaim for r in rows),
         residency=state.residency.source if rss is not None and state.residency is not None else "",
