@@ -11,7 +11,7 @@ import pytest
 from heapwalk.analysis import inuse
 from heapwalk.analysis.diff import ArenaTotals, Signatures, diff
 from heapwalk.analysis.inuse import LeakTotals, in_use_of, size_buckets
-from heapwalk.analysis.report import Bucket, build_report
+from heapwalk.analysis.report import Bucket, build_report, scan_sentence
 from heapwalk.glibc.account.verdict import verdict
 from heapwalk.output import jsondoc
 from heapwalk.output.difftext import diff_text
@@ -146,3 +146,16 @@ def test_the_reader_takes_back_in_use_groups_and_signatures():
     doc["report"]["in_use"] = {"histogram_by_arena": {}, "by_signature": [{"count": 1}]}
     with pytest.raises(jsondoc.DocumentError):
         jsondoc.read_signatures(doc)
+
+
+def test_the_scan_sentence_speaks_of_one_block_in_the_singular():
+    """One leaked allocation is "1 allocation", unreferenced or held only by leaked memory, and "lists it";
+    several keep the plural and their count of unreferenced ones."""
+    one = scan_sentence(LeakTotals(10, 1 << 20, 1, 65536, 1), "allocation")
+    assert "64 KiB in 1 allocation nothing reachable points to (6% of the memory in use), unreferenced" in one
+    assert one.endswith("'heapwalk leaks' lists it.")
+    ring = scan_sentence(LeakTotals(10, 1 << 20, 1, 65536, 0), "chunk")
+    assert "in 1 chunk nothing reachable points to (6% of the memory in use), referenced only from leaked" in ring
+    many = scan_sentence(LeakTotals(10, 1 << 20, 3, 65536, 2), "chunk")
+    assert "in 3 chunks nothing reachable points to (6% of the memory in use), 2 of them unreferenced" in many
+    assert many.endswith("lists them.")

@@ -144,12 +144,17 @@ def scan_sentence(lt: LeakTotals, noun: str = "chunk") -> str:
         number, (_, size) = per_arena[0]
         where = f"; arena {number} holds {human(size)} of it"
     share = f"{100 * lt.leaked_bytes / lt.in_use_bytes:.0f}%" if lt.in_use_bytes else "0%"
-    text = (f"The leak scan found {human(lt.leaked_bytes)} in {lt.leaked_count} {noun}s nothing reachable points to "
-            f"({share} of the memory in use), {lt.unreferenced_count} of them "
-            f"unreferenced (where each leaked structure starts){where}{unread}")
+    if lt.leaked_count == 1:
+        counted = (f"in 1 {noun} nothing reachable points to ({share} of the memory in use), "
+                   f"{'unreferenced' if lt.unreferenced_count else 'referenced only from leaked memory'}")
+    else:
+        counted = (f"in {lt.leaked_count} {noun}s nothing reachable points to ({share} of the memory in use), "
+                   f"{lt.unreferenced_count} of them unreferenced (where each leaked structure starts)")
+    text = f"The leak scan found {human(lt.leaked_bytes)} {counted}{where}{unread}"
+    them = "it" if lt.leaked_count == 1 else "them"
     if leaking(lt):
-        return text + ": 'heapwalk leaks' lists them by size and signature, with the biggest unreferenced."
-    return text + ": too little to explain the memory held; 'heapwalk leaks' lists them."
+        return text + f": 'heapwalk leaks' lists {them} by size and signature, with the biggest unreferenced."
+    return text + f": too little to explain the memory held; 'heapwalk leaks' lists {them}."
 
 
 def by_class(sizes: Counter, classes: tuple[SizeClass, ...]) -> list[tuple[str, int, int]]:
