@@ -23,10 +23,11 @@ SYSROOTS := $(BUILD)/sysroots
 SUITES := bullseye trixie sid
 # Debian suites whose gdb and Python heapwalk is run with, each in a chroot (see cores/chroots.py)
 CHROOT_SUITES := bullseye trixie sid
-# Debian suites whose libjemalloc2 the jemalloc reproducers run on (5.2.1, 5.3.0; see cores/sysroots.py)
-JEMALLOC_SUITES := bullseye bookworm
+# Debian suites whose libjemalloc2 the jemalloc reproducers run on (5.2.1, 5.3.0, 5.3.1: sid's runs on sid's glibc;
+# see cores/sysroots.py)
+JEMALLOC_SUITES := bullseye bookworm sid
 # the same jemallocs linked into the program (their libjemalloc-dev archive), the program stripped
-JEMALLOC_LINKED := $(addsuffix -linked,$(JEMALLOC_SUITES))
+JEMALLOC_LINKED := $(addsuffix -linked,bullseye bookworm)
 # jemallocs built from Debian's sources as programs that bring their own configure them (see cores/jebuilds.py)
 JEMALLOC_BUILT := 5.3.0-je 5.1.0 5.1.0-debug 5.3.1 5.3.0-debug 5.2.1-debug 5.3.0-q8-debug 5.3.0-nostats redis-5.2.1 5.3.0-noietls 5.3.0-q8 5.3.0-vaddr57 redis-5.2.1-vaddr57
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)

@@ -458,17 +458,21 @@ def is_fresh(name: str, outdir: Path, sysroot: sysroots.Sysroot | None = None, e
 
 def capture_jemalloc(name: str, outdir: Path, bindir: Path, jemalloc: sysroots.Jemalloc,
                      env: dict[str, str] | None = None) -> Capture:
-    """Builds jemalloc reproducer NAME, runs it on JEMALLOC (LD_PRELOAD) and takes its core into
+    """Builds jemalloc reproducer NAME, runs it on JEMALLOC (LD_PRELOAD; under the newer glibc it needs, if
+    any, through that glibc's ld.so, which is then the core's program for gdb) and takes its core into
     OUTDIR/NAME/core; the process is killed after (it has no trim measurement to make)."""
     exe = build(name, bindir, jemalloc=jemalloc)
     directory = outdir / name
     _unmark(directory)
+    glibc = jemalloc.glibc()
     proc = run_to_snapshot(exe, directory, env={**jemalloc.environment(), **_options_named(jemalloc, name),
-                                                **(env or {})})
-    cap = Capture(name=name, directory=directory, exe=exe, pid=proc.pid, process=proc)
+                                                **(env or {})}, launcher=glibc.launcher() if glibc else None)
+    gdb_exe = glibc.ld_so if glibc else exe
+    cap = Capture(name=name, directory=directory, exe=gdb_exe, pid=proc.pid, process=proc)
     try:
         take_core(proc.pid, cap.core)
-        meta = {"name": name, "exe": str(exe), "program": str(exe), "pid": proc.pid, "sysroot": None,
+        meta = {"name": name, "exe": str(gdb_exe), "program": str(exe), "pid": proc.pid,
+                "sysroot": str(glibc.root) if glibc else None,
                 "jemalloc": {"version": jemalloc.version, "library": str(jemalloc.library)}, "env": env or {}}
         (directory / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
     finally:
@@ -501,7 +505,8 @@ def jemalloc_reproducers(jemalloc: sysroots.Jemalloc) -> tuple[str, ...]:
 def jemalloc_inputs(name: str, jemalloc: sysroots.Jemalloc, env: dict[str, str] | None = None) -> str:
     """The digest of what jemalloc reproducer NAME's capture is made from: its sources, this harness, the
     jemalloc it runs on, its environment."""
-    return fresh.digest([CORES_DIR / f"{name}.c", *headers(name), Path(__file__), jemalloc.library], name,
+    glibc = [Path(_libc(jemalloc.glibc()))] if jemalloc.suite in sysroots.JEMALLOC_GLIBC else []
+    return fresh.digest([CORES_DIR / f"{name}.c", *headers(name), Path(__file__), jemalloc.library, *glibc], name,
                         {**_options_named(jemalloc, name), **(env or {})})
 
 

@@ -34,6 +34,10 @@ SUITES = {"bullseye": True, "trixie": False, "sid": False}
 SUITE_FLOOR = {"bullseye": "2.31", "trixie": "2.41", "sid": "2.43"}
 #: suite -> the jemalloc version Debian's libjemalloc2 of that suite holds (run with LD_PRELOAD)
 JEMALLOC_SUITES = {"bullseye": "5.2.1", "bookworm": "5.3.0"}
+#: the same for suites whose libjemalloc2 needs their own glibc, newer than this machine's (sid's 5.3.1 is
+#: built against glibc 2.38 or later): its reproducers run under that suite's ld.so, and it is not linked into
+#: programs (that would need that glibc's development files)
+JEMALLOC_GLIBC = {"sid": "5.3.1"}
 #: the same builds linked into the program (libjemalloc-dev's libjemalloc_pic.a, no prefix, the program
 #: stripped): name -> version
 JEMALLOC_LINKED = {f"{suite}-linked": version for suite, version in JEMALLOC_SUITES.items()}
@@ -254,6 +258,11 @@ class Jemalloc:
     def environment(self) -> dict[str, str]:
         """What runs a program on this jemalloc instead of glibc's malloc (nothing when it is linked in)."""
         return {} if self.archive else {"LD_PRELOAD": str(self.library)}
+
+    def glibc(self) -> Sysroot | None:
+        """The glibc this jemalloc needs beside it, newer than the machine's (`JEMALLOC_GLIBC`), fetched or
+        reused next to it; None when the machine's will do."""
+        return prepare(self.root.parent, self.suite) if self.suite in JEMALLOC_GLIBC else None
 
 
 def prepare_jemalloc(dest: Path, name: str, cache: Path | None = None) -> Jemalloc:

@@ -116,9 +116,9 @@ def glibc(name: str) -> Glibc:
 
 #: the jemallocs of the matrix: Debian suite -> jemalloc version (sysroots.JEMALLOC_SUITES)
 JEMALLOCS = tuple(sysroots.JEMALLOC_SUITES)
-#: the same with each linked into the program (stripped), and the builds from source heapwalk decodes: what
-#: je_dns runs on
-JEMALLOC_BUILDS = (*JEMALLOCS, *sysroots.JEMALLOC_LINKED, "5.3.0-je", "redis-5.2.1", "5.3.0-noietls", "5.3.0-q8",
+#: the same with each linked into the program (stripped), sid's (5.3.1, on sid's glibc), and the builds from
+#: source heapwalk decodes: what je_dns runs on
+JEMALLOC_BUILDS = (*JEMALLOCS, *sysroots.JEMALLOC_LINKED, *sysroots.JEMALLOC_GLIBC, "5.3.0-je", "redis-5.2.1", "5.3.0-noietls", "5.3.0-q8",
                    "5.3.0-vaddr57", "redis-5.2.1-vaddr57", "5.1.0", "5.3.0-debug", "5.2.1-debug",
                    "5.3.0-q8-debug", "5.3.1")
 #: the builds without statistics, which heapwalk decodes by counting what their extents hold (je_dns's tests
@@ -127,7 +127,7 @@ JEMALLOC_COUNTED = ("5.3.0-nostats",)
 #: the builds from source heapwalk names and does not decode yet
 JEMALLOC_REFUSED = tuple(name for name in jebuilds.BUILDS if name not in JEMALLOC_BUILDS + JEMALLOC_COUNTED)
 #: each of them -> its jemalloc version
-JEMALLOC_VERSIONS = {**sysroots.JEMALLOC_SUITES, **sysroots.JEMALLOC_LINKED,
+JEMALLOC_VERSIONS = {**sysroots.JEMALLOC_SUITES, **sysroots.JEMALLOC_LINKED, **sysroots.JEMALLOC_GLIBC,
                      **{name: b.version for name, b in jebuilds.BUILDS.items()}}
 
 

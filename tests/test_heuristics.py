@@ -13,6 +13,7 @@ from heapwalk.glibc.locate.heuristics import tcache_safe_linking, tcache_struct_
 from heapwalk.inferior.threads import ThreadRegs
 from heapwalk.glibc.decode import collect
 from heapwalk.glibc.locate.layout import MP_INT_FIELDS, layout_for
+from heapwalk.glibc.walk.ring import plausible_arena
 from heapwalk.inferior.memory import ImageMemory
 from heapwalk.findings import Kind, Severity
 
@@ -282,3 +283,27 @@ def test_a_ring_that_leaves_the_heaps_for_a_damaged_link_names_no_main_arena():
 
     assert _ring_exits(memory(0x4141414141414140), layout, [a, b]) == (None, ())
     assert _ring_exits(memory(0x7F1234567CA0), layout, [a, b]) == (0x7F1234567CA0, ())
+
+
+def _fresh_arena(layout, address: int, top: int) -> bytes:
+    """A main_arena as malloc_init_state leaves it: every bin self-linked, TOP as given, nothing grown."""
+    raw = bytearray(layout.arena_size)
+    struct.pack_into("<Q", raw, layout.off_top, top)
+    for index in range(1, 128):
+        header = layout.bin_header(address, index)
+        struct.pack_into("<QQ", raw, layout.off_bins + 16 * (index - 1), header, header)
+    struct.pack_into("<Q", raw, layout.off_next, address)
+    return bytes(raw)
+
+
+def test_an_arena_that_never_grew_keeps_its_initial_top_even_where_it_is_not_16_byte_aligned():
+    """glibc 2.43 (no fastbins) puts the bins 24 bytes in, so the initial top, the unsorted bin's header, is 8
+    bytes off 16 while the arena has never grown (malloc initialised, nothing allocated: a process that
+    allocates with jemalloc): that is a main_arena; a misaligned top in an arena that grew is not."""
+    layout, address = layout_for((2, 43)), 0x7F0000001AC0
+    initial = layout.bin_header(address, 1)
+    assert initial % 16 == 8
+    assert plausible_arena(ImageMemory({address: _fresh_arena(layout, address, initial)}), layout, address)
+    grown = bytearray(_fresh_arena(layout, address, initial + 0x100))
+    struct.pack_into("<Q", grown, layout.off_system_mem, 0x21000)
+    assert not plausible_arena(ImageMemory({address: bytes(grown)}), layout, address)

@@ -18,6 +18,7 @@ import pytest
 from conftest import (BINDIR, JEMALLOC_BUILDS, JEMALLOC_VERSIONS, JEMALLOCS, NO_SYMBOLS, SYSROOTS, capture_jemalloc,
                       run_gdb)
 import harness
+import sysroots
 from oracle import jemalloc_arena_view, jemalloc_printed_view
 from heapwalk.findings import Kind, Severity
 from heapwalk.jemalloc.decode import collect_jemalloc
@@ -64,7 +65,8 @@ def test_the_version_and_every_arena_are_found_without_symbols(decoded, suite):
     assert doc["jemalloc"]["version"] == stats["version"]
     printed = sorted(int(i) for i in stats["stats.arenas"] if i.isdigit())
     assert [a["index"] for a in doc["jemalloc"]["arenas"]] == printed
-    shared = suite in JEMALLOCS     # Debian's library: the atexit hook after its exported malloc_stats_print
+    # Debian's library: the atexit hook after its exported malloc_stats_print
+    shared = suite in (*JEMALLOCS, *sysroots.JEMALLOC_GLIBC)
     assert doc["discovery"]["narenas_total"]["found_by"].startswith(
         "the arena loop after malloc_stats_print" if shared else "arenas.lookup's function")
     assert doc["discovery"]["rtree"]["value"] is not None

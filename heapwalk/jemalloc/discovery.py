@@ -33,7 +33,8 @@ from heapwalk.jemalloc.arenaarray import CONTAINER_STATES, arena_array, containe
 from heapwalk.jemalloc.find import JemallocImage, JemallocNotFound, find_jemalloc
 from heapwalk.jemalloc.rtree import COMPACT_48, SHAPES, WIDE_57, RtreeShape
 from heapwalk.jemalloc.tsdoffset import tsd_module, tsd_offset
-from heapwalk.jemalloc.layout import LAYOUTS, QUANTA, JeLayout, UnsupportedJemalloc, layout_for, quantum_phrase
+from heapwalk.jemalloc.layout import (LAYOUTS, PROF_LAYOUTS, QUANTA, JeLayout, UnsupportedJemalloc, layout_for,
+                                      quantum_phrase)
 from heapwalk.jemalloc.mallctl import MallctlTree, TreeNotFound, cstring, stored_constant
 from heapwalk.jemalloc.opt import OptionsNotFound, read_opts
 from heapwalk.inferior import x86
@@ -129,18 +130,19 @@ def _layout(name: str, version: tuple[int, int, int], build: dict[str, bool | in
     if nbins not in QUANTA:
         raise JemallocNotFound(f"{name} is built with {nbins} small size classes: heapwalk does not decode that "
                                f"build yet (it knows {known})")
-    debug = bool(build.get("debug"))
+    debug, prof = bool(build.get("debug")), bool(build.get("prof"))
     try:
-        return layout_for(version, QUANTA[nbins], debug)
+        return layout_for(version, QUANTA[nbins], debug, prof)
     except UnsupportedJemalloc:
-        quantum = "" if QUANTA[nbins] == 4 else f" built with {quantum_phrase(QUANTA[nbins])} ({nbins} " \
-                                                 f"small size classes)"
-        if debug:
-            also = "" if QUANTA[nbins] == 4 else f" and {quantum_phrase(QUANTA[nbins])}"
-            raise JemallocNotFound(f"{name} is built with --enable-debug{also}: heapwalk does not decode that build "
-                                   f"yet (it knows {known})") from None
-        raise JemallocNotFound(f"{name}{quantum} is a build heapwalk does not decode yet (it knows {known})") \
-            from None
+        traits = ["--enable-debug"] if debug else []
+        if QUANTA[nbins] != 4:
+            traits.append(f"{quantum_phrase(QUANTA[nbins])} ({nbins} small size classes)")
+        if prof and tuple(version) in PROF_LAYOUTS:
+            traits.append("--enable-prof")
+        if traits:
+            raise JemallocNotFound(f"{name} is built with {' and '.join(traits)}: heapwalk does not decode that "
+                                   f"build yet (it knows {known})") from None
+        raise JemallocNotFound(f"{name} is a build heapwalk does not decode yet (it knows {known})") from None
 
 
 def _background_state(tree: MallctlTree | None, layout: JeLayout) -> tuple[int | None, str]:

@@ -33,7 +33,8 @@ _OF_STATE = {ACTIVE: KIND["in_use"], DIRTY: KIND["dirty"], MUZZY: KIND["muzzy"],
 
 def held_bytes(table: ExtentTable) -> np.ndarray:
     """The bytes of each extent the program's allocation holds: an active slab's regions in use, an active large
-    extent's size class (the rest of its pages is the page cache_oblivious adds), a small allocation that heap
+    extent's usable size (its class's, or 5.3.1's page-rounded size: the rest of its pages is the page
+    cache_oblivious adds), a small allocation that heap
     profiling sampled the smallest large class (it is served by such an extent, counted as one), any other
     extent's size."""
     classes = table.classes
@@ -44,8 +45,8 @@ def held_bytes(table: ExtentTable) -> np.ndarray:
     large = ~table.slab & (table.state == ACTIVE)     # sampled small ones too, as the smallest large class
     index = np.clip(table.szind, 0, nbins - 1)
     used = (nregs[index] - np.clip(table.nfree, 0, nregs[index])) * regions[index]
-    usize = np.array([classes.large_size(max(int(i) - nbins, 0)) if big else 0
-                      for i, big in zip(table.szind.tolist(), large.tolist())], dtype=np.int64)
+    usize = np.where(table.szind >= nbins, table.usizes(np.arange(len(table))), classes.large_size(0))
+    usize = np.where(large, usize, 0)
     room = table.size - table.offset
     return np.where(slab, np.minimum(used, table.size), np.where(large, np.minimum(usize, room), table.size))
 

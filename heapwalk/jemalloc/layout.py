@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from heapwalk.errors import HeapwalkError
 from heapwalk.jemalloc.sizeclasses import PAGE, SizeClasses, size_classes
 
-__all__ = ["JeLayout", "LAYOUTS", "QUANTA", "layout_for", "quantum_phrase", "UnsupportedJemalloc", "PAGE", "BIN_STATS"]
+__all__ = ["JeLayout", "LAYOUTS", "PROF_LAYOUTS", "QUANTA", "layout_for", "quantum_phrase", "UnsupportedJemalloc", "PAGE", "BIN_STATS"]
 
 
 class UnsupportedJemalloc(HeapwalkError, ValueError):
@@ -81,6 +81,7 @@ class JeLayout:
     classes: SizeClasses = size_classes(4)  # the size classes (a 16-byte quantum)
     #                                       a decay_t (from its time_ms, at dirty_decay_ms / muzzy_decay_ms):
     debug: bool = False                   # built with --enable-debug
+    prof: bool = False                    # built with --enable-prof, where that changes the layout
     decay_epoch: int = 16                 # its epoch (nstime_t: ns of CLOCK_MONOTONIC) when it last stepped
     decay_deadline: int = 32              # when its next step is due
     base_blocks: int = 144                # base_t.blocks: its list of blocks {size, next, ...}, each mapped whole
@@ -114,7 +115,8 @@ class JeLayout:
     def name(self) -> str:
         quantum = "" if self.classes.lg_quantum == 4 else f" with {quantum_phrase(self.classes.lg_quantum)}"
         debug = " built with --enable-debug" if self.debug else ""
-        return "jemalloc %d.%d.%d" % self.version + quantum + debug
+        prof = " built with --enable-prof" if self.prof else ""
+        return "jemalloc %d.%d.%d" % self.version + quantum + debug + prof
 
 
 def quantum_phrase(lg_quantum: int) -> str:
@@ -230,6 +232,14 @@ LAYOUTS[(5, 3, 1)] = dataclasses.replace(
     bins=80704, index_field=80640, base=80648, tcache_descriptors=11984,
     tsd_state=920, tsd_arena=200, tsd_allocated=928, tsd_deallocated=944, tsd_ticker=208, tsd_size=1968,
     tsd_tcache_bins=(968,), tsd_tcache_arena=336, cache_bins=41, tsd_tcache_stacks=(520, 0))
+#: jemalloc 5.3.1 built with --enable-prof (Debian sid's): its tsd keeps one more word for profiling ahead of
+#: iarena, moving every field after it by 8 bytes; arena_t is the same (measured on the release tag built
+#: --enable-prof with debug information)
+LAYOUTS[(5, 3, 1, "prof")] = dataclasses.replace(
+    LAYOUTS[(5, 3, 1)], tsd_state=928, tsd_arena=208, tsd_allocated=936, tsd_deallocated=952, tsd_ticker=216,
+    tsd_size=1976, tsd_tcache_bins=(976,), tsd_tcache_arena=344, tsd_tcache_stacks=(528, 0), prof=True)
+#: the versions whose layout --enable-prof changes (their layouts with it are keyed with "prof")
+PROF_LAYOUTS = {(5, 3, 1)}
 #: jemalloc 5.3.0 built with --enable-debug and an 8-byte quantum: the debug build's arena_t and the 8-byte
 #: quantum's tsd and base_t (measured on that build with debug information)
 LAYOUTS[(5, 3, 0, 3, "debug")] = dataclasses.replace(
@@ -252,10 +262,13 @@ LAYOUTS[(5, 2, 1, "debug")] = dataclasses.replace(
 QUANTA = {36: 4, 39: 3}
 
 
-def layout_for(version: tuple[int, int, int], lg_quantum: int = 4, debug: bool = False) -> JeLayout:
-    """The layout of VERSION built with a 2**LG_QUANTUM quantum, with --enable-debug when DEBUG
-    (UnsupportedJemalloc when heapwalk has none for it)."""
-    key = (*version, *(() if lg_quantum == 4 else (lg_quantum,)), *(("debug",) if debug else ()))
+def layout_for(version: tuple[int, int, int], lg_quantum: int = 4, debug: bool = False, prof: bool = False
+               ) -> JeLayout:
+    """The layout of VERSION built with a 2**LG_QUANTUM quantum, with --enable-debug when DEBUG, with
+    --enable-prof when PROF (which matters only to the versions of PROF_LAYOUTS) (UnsupportedJemalloc when
+    heapwalk has none for it)."""
+    key = (*version, *(() if lg_quantum == 4 else (lg_quantum,)), *(("debug",) if debug else ()),
+           *(("prof",) if prof and tuple(version) in PROF_LAYOUTS else ()))
     try:
         return LAYOUTS[key]
     except KeyError:

@@ -32,7 +32,7 @@ OPT_TYPES: dict[str, str] = {
         "experimental_infallible_new experimental_hpa_start_huge_if_thp_always experimental_hpa_enforce_hugify "
         "hpa_hugify_sync huge_arena_pac_thp experimental_tcache_gc disable_large_size_classes".split(), "bool"),
     **dict.fromkeys("narenas tcache_nslots_small_min tcache_nslots_small_max tcache_nslots_large "
-                    "lg_tcache_flush_small_div lg_tcache_flush_large_div debug_double_free_max_scan".split(),
+                    "lg_tcache_flush_small_div lg_tcache_flush_large_div debug_double_free_max_scan prof_bt_max".split(),
                     "unsigned"),
     **dict.fromkeys("oversize_threshold max_background_threads lg_extent_max_active_fit lg_prof_sample tcache_max "
                     "hpa_hugification_threshold hpa_hugify_delay_ms hpa_min_purge_interval_ms hpa_slab_max_alloc "

@@ -18,7 +18,9 @@ __all__ = ["plausible_arena", "walk_arena_ring", "walk_heaps", "ring_shortcut"]
 
 def plausible_arena(mem: Memory, layout: Layout, address: int) -> bool:
     """Does the memory at ADDRESS look like a malloc_state under LAYOUT: a mutex and flags glibc can leave, an
-    aligned top, a sane system_mem, and every bin empty (self-linked) or pointing at aligned chunks?"""
+    aligned top (or the initial one, the unsorted bin's header, which 2.43's layout leaves 8 bytes off 16 while
+    the arena has never grown), a sane system_mem, and every bin empty (self-linked) or pointing at aligned
+    chunks?"""
     try:
         raw = mem.read(address, layout.arena_size)
     except ReadError:
@@ -28,7 +30,8 @@ def plausible_arena(mem: Memory, layout: Layout, address: int) -> bool:
         return False
     top, = struct.unpack_from("<Q", raw, layout.off_top)
     system_mem, = struct.unpack_from("<Q", raw, layout.off_system_mem)
-    if system_mem >= 1 << 47 or top % 16:  # system_mem need not be page-granular: brk may start unaligned
+    initial_top = top == layout.bin_header(address, 1) and system_mem == 0
+    if system_mem >= 1 << 47 or (top % 16 and not initial_top):  # system_mem need not be page-granular
         return False
     for index in range(1, 128):  # every bin is empty (self-linked) or points away from the arena
         fd, bk = struct.unpack_from("<QQ", raw, layout.off_bins + 16 * (index - 1))
