@@ -40,6 +40,19 @@ HAND_FULL = bool(os.environ.get(sysroots.BUILDS_VARIABLE))
 HAND_SUBSET = () if HAND_FULL else tuple(HAND_BUILT)
 HAND_REPRODUCERS = ("bins", "thread_arenas", "mmapped", "many_arenas", "small_vectors")
 GLIBCS = ("system", *sysroots.SUITES, *(HAND_BUILT if HAND_FULL else ()))
+#: HEAPWALK_FULL_MATRIX=1 runs each costly per-glibc matrix whole; by default (make test, CI) such a matrix runs
+#: on a fixed subset (`rotating`), every case still under the system glibc and one other
+FULL_MATRIX = bool(os.environ.get("HEAPWALK_FULL_MATRIX"))
+
+
+def rotating(index: int, glibcs: tuple[str, ...] | list[str] = GLIBCS) -> tuple[str, ...]:
+    """The glibcs case INDEX of a costly matrix runs under: every one of GLIBCS with FULL_MATRIX; else the
+    system glibc (when it is among them) and one other, the others taking the cases in turn."""
+    if FULL_MATRIX:
+        return tuple(glibcs)
+    others = [g for g in glibcs if g != "system"]
+    return tuple([g for g in glibcs if g == "system"] + ([others[index % len(others)]] if others else []))
+
 #: (glibc, variant) of tuned.c's captures the tests use, a fixed subset of the matrix: every variant on the
 #: system glibc and on one Debian suite, the suites in turn, and the dynamic one ("") on every glibc
 TUNED_CASES = tuple([(g, "") for g in GLIBCS]

@@ -259,7 +259,13 @@ def test_threads_and_arenas_say_it_in_text(decoded, suite):
         assert not warned and "never been purged" not in out
 
 
-@pytest.mark.parametrize("suite", JEMALLOC_BUILDS)
+#: the builds the command line runs on: one of each kind (Debian's shared libraries, one linked in, Redis's
+#: prefix and quantum, sid's on its own glibc, whose core names ld.so as its program, a debug build); every
+#: build is decoded in gdb by the tests around
+JEMALLOC_CLI = (*JEMALLOCS, "bullseye-linked", "redis-5.2.1", "sid", "5.3.0-debug")
+
+
+@pytest.mark.parametrize("suite", JEMALLOC_CLI)
 def test_the_command_line_reports_a_jemalloc_core(suite, tmp_path):
     """'heapwalk report CORE' on a jemalloc core: where the memory is, the threads and the verdict, the JSON
     with the report in it, and --xml refused in one line (malloc_info's XML is glibc's) unless glibc's malloc
