@@ -21,6 +21,8 @@ from heapwalk.jemalloc.layout import LAYOUTS
 from heapwalk.jemalloc.mallctl import stored_constant
 from heapwalk.jemalloc.rtree import COMPACT_48, WIDE_57
 from heapwalk.jemalloc.sizeclasses import size_classes
+from heapwalk.jemalloc.tsdoffset import _states_plausible, static_module_offset
+from heapwalk.inferior.memory import ImageMemory
 
 #: the first bytes of config.debug's ctl function in Debian's jemalloc 5.3.0 (libjemalloc_pic.a, gcc 12):
 #: sub rsp; the stack guard; mov eax, 1; or r9, [rsp+0x20]; jne; movb [rsp+7], 0 (config_debug is false)
@@ -212,3 +214,37 @@ def test_the_free_extent_rings_are_walked_and_damage_is_named_where_it_is():
     assert [(f.kind.ident, f.address) for f in findings] == [("list_cycle", second)]
     _, findings = walked(2, first)
     assert [(f.kind.ident, f.address, f.found) for f in findings] == [("arena", second, "arena 2, state 2")]
+
+
+def _dtv_thread(fs: int, vector: int, module: int, block: int) -> dict[int, bytes]:
+    """A thread's memory: its thread pointer's words (the DTV's address at fs+8) and a DTV of MODULE + 1
+    entries whose entry MODULE names BLOCK."""
+    entries = bytearray(16 * (module + 2))
+    struct.pack_into("<Q", entries, 0, module + 1)                   # the length, before the generation
+    struct.pack_into("<Q", entries, 16 * (module + 1), block)
+    return {fs: struct.pack("<QQ", fs, vector), vector - 16: bytes(entries)}
+
+
+def test_a_module_whose_tls_is_static_sits_at_one_offset_and_one_loaded_with_dlopen_does_not():
+    """A library built --disable-initial-exec-tls is placed by its module's entry in each thread's DTV: at
+    one offset below every thread pointer when it was loaded at start (static TLS); apart in each thread,
+    so at no one offset, when it was loaded with dlopen."""
+    module = 3
+    static = {**_dtv_thread(0x7F0000100000, 0x5000, module, 0x7F0000100000 - 0x2000),
+              **_dtv_thread(0x7F0000300000, 0x9000, module, 0x7F0000300000 - 0x2000)}
+    assert static_module_offset(ImageMemory(static), module, [0x7F0000100000, 0x7F0000300000]) == -0x2000
+    loaded = {**_dtv_thread(0x7F0000100000, 0x5000, module, 0x600000),
+              **_dtv_thread(0x7F0000300000, 0x9000, module, 0x700000)}
+    assert static_module_offset(ImageMemory(loaded), module, [0x7F0000100000, 0x7F0000300000]) is None
+
+
+def test_a_tsd_offset_needs_a_state_jemalloc_sets_in_every_thread():
+    """An arena pointer elsewhere in a thread's TLS (a dlopen'd jemalloc's threads keep theirs in blocks
+    apart) names no tsd: the state byte where the tsd would keep it is checked in every thread."""
+    layout = LAYOUTS[(5, 3, 0)]
+    good = bytearray(layout.tsd_size)
+    good[layout.tsd_state] = 6                                     # uninitialized: a thread that never allocated
+    bad = bytearray(layout.tsd_size)
+    bad[layout.tsd_state] = 128
+    assert _states_plausible(ImageMemory({0x1000: bytes(good), 0x9000: bytes(good)}), layout, [0x1000, 0x9000])
+    assert not _states_plausible(ImageMemory({0x1000: bytes(good), 0x9000: bytes(bad)}), layout, [0x1000, 0x9000])

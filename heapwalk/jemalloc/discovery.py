@@ -32,7 +32,7 @@ from heapwalk.findings import Fact
 from heapwalk.jemalloc.arenaarray import CONTAINER_STATES, arena_array, container_states
 from heapwalk.jemalloc.find import JemallocImage, JemallocNotFound, find_jemalloc
 from heapwalk.jemalloc.rtree import COMPACT_48, SHAPES, WIDE_57, RtreeShape
-from heapwalk.jemalloc.tsdoffset import tsd_module, tsd_offset
+from heapwalk.jemalloc.tsdoffset import static_module_offset, tsd_module, tsd_offset
 from heapwalk.jemalloc.layout import (LAYOUTS, PROF_LAYOUTS, QUANTA, JeLayout, UnsupportedJemalloc, layout_for,
                                       quantum_phrase)
 from heapwalk.jemalloc.mallctl import MallctlTree, TreeNotFound, cstring, stored_constant
@@ -100,12 +100,8 @@ def discover_jemalloc(mem: Memory, mappings: list[Mapping], fs_bases: Sequence[i
     arenas, count, narenas, how = arena_array(mem, found, tree, layout)
     facts += [Fact("arenas", arenas, how), Fact("narenas_total", narenas, how)]
     _check_layout(mem, layout, arenas, count, name)
-    tpoff, how, unread = tsd_offset(mem, image, layout, arenas, count, fs_bases)
-    facts.append(Fact("tsd_tls_offset", tpoff, how))
-    module = None
-    if tpoff is None and not image.is_program:
-        module, how = tsd_module(mem, image, layout)
-        facts.append(Fact("tsd_tls_module", module, how))
+    tpoff, module, tls_facts, unread = _tsd_place(mem, image, layout, arenas, count, fs_bases)
+    facts += tls_facts
     opt, how, lost = _options(image, tree, version)
     facts.append(Fact("opt", len(opt) or None, how))
     rtree, shape, how = _rtree(found, tree, layout)
@@ -120,6 +116,29 @@ def discover_jemalloc(mem: Memory, mappings: list[Mapping], fs_bases: Sequence[i
     facts.append(Fact("conf_variable", variable, how))
     return JeDiscovery(version, text, layout, path, base, arenas, count, tpoff, tuple(facts), opt, rtree,
                        tuple(unread + lost), found.prefix, build, background, shape, variable, module)
+
+
+def _tsd_place(mem: Memory, image: LibcImage, layout: JeLayout, arenas: int, count: int, fs_bases: list[int]
+               ) -> tuple[int | None, int | None, list[Fact], list[tuple[int, str]]]:
+    """Where each thread's tsd is: (its offset from the thread pointer, or the TLS module whose block it is in
+    each thread, the facts that say how, what was unreadable).  A library whose TLS is reached through a module
+    id (built --disable-initial-exec-tls) is placed by its module's entry in each thread's DTV: at one offset
+    when its TLS is static (loaded at start), per thread when it was loaded with dlopen."""
+    if not image.is_program:
+        module, how = tsd_module(mem, image, layout)
+        if module is not None:
+            offset = static_module_offset(mem, module, [fs for fs in fs_bases if fs])
+            if offset is not None:
+                return offset, None, [Fact("tsd_tls_offset", offset, f"{how}, at one offset from every thread "
+                                           "pointer (its library's TLS is in the static TLS block)")], []
+            return None, module, [Fact("tsd_tls_offset", None, "not determined: its TLS is apart in each thread "
+                                       "(a library loaded with dlopen)"), Fact("tsd_tls_module", module, how)], []
+    tpoff, how, unread = tsd_offset(mem, image, layout, arenas, count, fs_bases)
+    facts = [Fact("tsd_tls_offset", tpoff, how)]
+    if tpoff is None and not image.is_program:
+        facts.append(Fact("tsd_tls_module", None, "not determined: no one module-id slot for a TLS block the size "
+                          "of the tsd"))
+    return tpoff, None, facts, unread
 
 
 def _layout(name: str, version: tuple[int, int, int], build: dict[str, bool | int]) -> JeLayout:

@@ -22,7 +22,7 @@ from heapwalk.inferior.elf import R_X86_64_DTPMOD64, R_X86_64_TPOFF64, LibcImage
 from heapwalk.inferior.memory import Memory, ReadError, u64
 from heapwalk.jemalloc.layout import JeLayout
 
-__all__ = ["tsd_offset", "tsd_module", "dynamic_tsd"]
+__all__ = ["tsd_offset", "tsd_module", "dynamic_tsd", "static_module_offset"]
 
 _MAX_TCACHES = 4096
 _STATIC_TLS = 1 << 24     # how far below the thread pointer the static TLS of the libraries loaded at start may lie
@@ -60,6 +60,8 @@ def tsd_offset(mem: Memory, image: LibcImage, layout: JeLayout, arenas: int, cou
     threads = offsets
     if not offsets:
         offsets, threads = _arena_slots(mem, layout, pointers, fs_bases, span)
+        offsets = Counter({offset: score for offset, score in offsets.items()
+                           if _states_plausible(mem, layout, [fs + offset for fs in fs_bases])})
         how = "thread(s) hold a pointer to an arena at {offset} from their thread pointer, where the tsd keeps it"
     if not offsets:
         return None, f"not determined: no thread's TLS block holds a tsd heapwalk can recognise ({len(tsds)} " \
@@ -155,6 +157,35 @@ def _arena_slots(mem: Memory, layout: JeLayout, pointers: list[int], fs_bases: l
             scores[tsd - fs] += 1 + _names_arena(mem, tsd + layout.tsd_tcache_arena, known)
             threads[tsd - fs] += 1
     return scores, threads
+
+
+#: the most a tsd's state byte holds (5.2's numbering: 6, uninitialized; 5.1.0's has fewer)
+_MAX_STATE = 6
+
+
+def _states_plausible(mem: Memory, layout: JeLayout, tsds: list[int]) -> bool:
+    """Whether every one of TSDS holds a tsd state jemalloc sets (a thread that never allocated keeps the TLS
+    image's, uninitialized): an arena pointer found elsewhere in a thread's TLS names no tsd."""
+    for tsd in tsds:
+        try:
+            if mem.read(tsd + layout.tsd_state, 1)[0] > _MAX_STATE:
+                return False
+        except ReadError:
+            return False
+    return True
+
+
+def static_module_offset(mem: Memory, module: int, fs_bases: Sequence[int]) -> int | None:
+    """The one offset from the thread pointer at which every thread keeps its block of TLS module MODULE, when
+    the module's TLS is static (a library loaded at start); None when some thread's block is elsewhere (a
+    library loaded with dlopen: each thread's block was allocated apart) or not allocated."""
+    offsets = set()
+    for fs in fs_bases:
+        block = dynamic_tsd(mem, fs, module)
+        if block is None or not -_STATIC_TLS <= block - fs < 0:
+            return None
+        offsets.add(block - fs)
+    return offsets.pop() if len(offsets) == 1 else None
 
 
 def _names_arena(mem: Memory, slot: int, arenas: set[int]) -> bool:
