@@ -14,3 +14,4 @@ class Kind(findings.Kind):
 Kind.NO_DECAY = Kind("no_decay", "dirty pages that never decay: no thread of the arena holds a decay ticker")
 Kind.BIN_SHARDS = Kind("bin_shards", "bins that do not count what their slabs hold: sharded (opt.bin_shards) or "
                                    "damaged")
+Kind.TSD = Kind("tsd", "a thread's tsd (jemalloc's thread state) holds what jemalloc never sets")

@@ -44,6 +44,12 @@ def decode_thread(mem: Memory, disc: JeDiscovery, regs: ThreadRegs, arenas: dict
     state = raw[layout.tsd_state]
     if layout.tsd_states is not None and state < len(layout.tsd_states):
         state = layout.tsd_states[state]          # in 5.2's numbering, whatever the version
+    if state > _STATE_UNINITIALIZED:
+        findings.append(Finding(Severity.ERROR, tsd + layout.tsd_state, f"thread {regs.number}",
+                                f"the tsd of thread {regs.number} (LWP {regs.lwp}) at {tsd:#x} holds state {state}, "
+                                "which jemalloc never sets: the tsd is damaged, or not where heapwalk looked; its "
+                                "arena, counters and thread cache are left out", Kind.TSD))
+        return JeThread(regs.number, regs.lwp, tsd, None, None, 0, 0, None, name=regs.name)
     arena = arenas.get(struct.unpack_from("<Q", raw, layout.tsd_arena)[0])
     allocated, = struct.unpack_from("<Q", raw, layout.tsd_allocated)
     deallocated, = struct.unpack_from("<Q", raw, layout.tsd_deallocated)
