@@ -29,7 +29,7 @@ JEMALLOC_SUITES := bullseye bookworm sid
 # the same jemallocs linked into the program (their libjemalloc-dev archive), the program stripped
 JEMALLOC_LINKED := $(addsuffix -linked,bullseye bookworm)
 # jemallocs built from Debian's sources as programs that bring their own configure them (see cores/jebuilds.py)
-JEMALLOC_BUILT := 5.3.0-je 5.1.0 5.1.0-debug 5.3.1 5.3.0-debug 5.2.1-debug 5.3.0-q8-debug 5.3.0-nostats redis-5.2.1 5.3.0-noietls 5.3.0-q8 5.3.0-vaddr57 redis-5.2.1-vaddr57
+JEMALLOC_BUILT := 5.3.0-je 5.1.0 5.1.0-debug 5.3.0-q32 5.3.1 5.3.0-debug 5.2.1-debug 5.3.0-q8-debug 5.3.0-nostats redis-5.2.1 5.3.0-noietls 5.3.0-q8 5.3.0-vaddr57 redis-5.2.1-vaddr57
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 PYTEST_ARGS ?=
 

@@ -61,7 +61,7 @@ _JEMALLOC_510 = ("jemalloc", "buster", "jemalloc-5.1.0", "5.1.0")
 _JEMALLOC_521 = ("jemalloc", "bullseye", "jemalloc-5.2.1", "5.2.1")
 #: jemalloc 5.3.1 (April 2026), from its release tag's source kept in cores/data
 _JEMALLOC_531 = ("jemalloc", "release", "jemalloc-5.3.1", "5.3.1")
-#: name -> build: every one is decoded but 5.1.0-debug, which heapwalk names and does not decode yet
+#: name -> build: every one is decoded but 5.3.0-q32, which heapwalk names and does not decode yet
 BUILDS = {
     "5.3.0-je": SourceBuild(*_JEMALLOC, "je_", ("--with-jemalloc-prefix=je_", "--with-lg-vaddr=48")),
     # as Debian buster ships it: a shared library, no prefix
@@ -69,9 +69,10 @@ BUILDS = {
                          tarball="jemalloc-5.1.0.tar.xz"),
     "5.3.0-debug": SourceBuild(*_JEMALLOC, "", ("--enable-debug", "--with-lg-vaddr=48")),
     "5.3.1": SourceBuild(*_JEMALLOC_531, "", ("--with-lg-vaddr=48",), tarball="jemalloc-5.3.1.tar.xz"),
-    # 5.1.0 built with --enable-debug: heapwalk has no layout for it, and says so
     "5.1.0-debug": SourceBuild(*_JEMALLOC_510, "", ("--enable-debug", "--with-lg-vaddr=48"),
                                tarball="jemalloc-5.1.0.tar.xz"),
+    # a 32-byte quantum (33 small classes): heapwalk has no layout for it, and says so
+    "5.3.0-q32": SourceBuild(*_JEMALLOC, "", ("--with-lg-quantum=5", "--with-lg-vaddr=48")),
     "5.2.1-debug": SourceBuild(*_JEMALLOC_521, "", ("--enable-debug", "--with-lg-vaddr=48"),
                                tarball="jemalloc-5.2.1.tar.xz"),
     # a debug build with Redis's quantum: heapwalk has no layout for it, and says so

@@ -133,7 +133,7 @@ JEMALLOCS = tuple(sysroots.JEMALLOC_SUITES)
 #: source heapwalk decodes: what je_dns runs on
 JEMALLOC_BUILDS = (*JEMALLOCS, *sysroots.JEMALLOC_LINKED, *sysroots.JEMALLOC_GLIBC, "5.3.0-je", "redis-5.2.1", "5.3.0-noietls", "5.3.0-q8",
                    "5.3.0-vaddr57", "redis-5.2.1-vaddr57", "5.1.0", "5.3.0-debug", "5.2.1-debug",
-                   "5.3.0-q8-debug", "5.3.1")
+                   "5.3.0-q8-debug", "5.3.1", "5.1.0-debug")
 #: the builds without statistics, which heapwalk decodes by counting what their extents hold (je_dns's tests
 #: compare with the statistics printed, so these run je_hold's, against its ledger, instead)
 JEMALLOC_COUNTED = ("5.3.0-nostats",)

@@ -258,6 +258,14 @@ LAYOUTS[(5, 2, 1, "debug")] = dataclasses.replace(
     extent_stats=tuple((_extents_521(container, 56),) for container in (10584, 15608, 20632)),
     base_counters=2064, base_blocks=200, bins=29696, bin_size=336, bin_stats=192, bin_slabcur=168, base=29984,
     rtree_root=168, mutex_size=168, debug=True)
+#: jemalloc 5.1.0 built with --enable-debug: mutexes of 160 bytes (a witness), which moves arena_t's extent
+#: containers, decay state and bins, bin_t's fields, base_t's counters and blocks and the radix tree's root;
+#: its statistics and tsd are 5.1.0's (measured on the release tag built --enable-debug with debug information)
+LAYOUTS[(5, 1, 0, "debug")] = dataclasses.replace(
+    LAYOUTS[(5, 1, 0)], arena_size=28384, nactive=7224, dirty_npages=(9200,), muzzy_npages=(11016,),
+    retained_npages=(12832,), dirty_state=9208, muzzy_state=11024, retained_state=12840, dirty_decay_ms=13016,
+    muzzy_decay_ms=14848, base_counters=2056, base_blocks=192, bins=16848, bin_size=320, bin_stats=184,
+    bin_slabcur=160, base=28368, rtree_root=160, mutex_size=160, debug=True)
 #: the quanta (lg) heapwalk has layouts for, by number of small classes
 QUANTA = {36: 4, 39: 3}
 
