@@ -103,8 +103,10 @@ def malloc_info_view(doc: dict[str, Any]) -> dict[str, Any]:
 JE_ARENA_FIELDS = ("nthreads", "pactive", "pdirty", "pmuzzy", "retained", "dirty_decay_ms", "muzzy_decay_ms",
                    "dirty_npurge", "dirty_nmadvise", "dirty_purged", "muzzy_npurge", "muzzy_nmadvise",
                    "muzzy_purged", "mapped", "base", "internal", "resident", "metadata_thp")
-#: what 5.3.1 prints besides: of the base's bytes, those for extent headers and for radix tree nodes
-JE_ARENA_531 = ("metadata_edata", "metadata_rtree")
+#: what later versions print besides (compared where both sides have them): of the base's bytes, those for
+#: extent headers and for radix tree nodes (5.3.1); the address space given up on, and the spare extent headers
+#: (5.2 and later)
+JE_ARENA_531 = ("metadata_edata", "metadata_rtree", "abandoned_vm", "extent_avail")
 JE_BIN_FIELDS = ("nmalloc", "ndalloc", "curregs", "nrequests", "nfills", "nflushes", "nreslabs", "curslabs",
                  "nonfull_slabs")
 _JE_LARGE = ("allocated", "nmalloc", "ndalloc", "nrequests", "nfills", "nflushes")

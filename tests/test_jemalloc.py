@@ -535,6 +535,8 @@ def test_a_capture_shows_each_arenas_rss(suite, tmp_path):
     anonymous = sum(m["rss"] for m in record["smaps"] if "w" in m["perms"] and not m["name"].startswith("/"))
     assert sum(r["rss"] for r in rows) <= anonymous
     assert doc["jemalloc"]["clock_ns"]
+    # each arena was made since the reproducer started, seconds before (its uptime on the capture's clock)
+    assert all(0 < a["uptime_ns"] < 600 * 10**9 for a in doc["jemalloc"]["arenas"])
     assert " RSS " in result.stdout and "free in RAM" in result.stdout
 
 

@@ -15,8 +15,9 @@ from heapwalk.findings import Finding, Severity
 from heapwalk.jemalloc.kinds import Kind
 from heapwalk.jemalloc.discovery import CONTAINER_STATES, JeDiscovery
 from heapwalk.jemalloc.layout import BIN_STATS, PAGE, JeLayout
-from heapwalk.jemalloc.model import JeArena, JeBin, JeExtents, JeLarge, JeState, JeThread
+from heapwalk.jemalloc.model import JeArena, JeBin, JeState, JeThread
 from heapwalk.jemalloc.counted import count_bins, count_extents, count_large
+from heapwalk.jemalloc.arenastats import base_metadata, bookkeeping, decay_clock, free_extents, large_classes, memory_figures
 from heapwalk.jemalloc.extents import ACTIVE, ExtentTable, walk_extents
 from heapwalk.jemalloc.freelists import walk_free_lists
 from heapwalk.jemalloc.rtree import ExtentMap
@@ -197,30 +198,19 @@ def _from_statistics(mem: Memory, layout: JeLayout, index: int, address: int, ca
     muzzy = struct.unpack_from("<3Q", raw, layout.stats_muzzy)
     findings = _states(layout, index, address, raw)
     bins = _bins(mem, layout, index, address, raw, findings)
-    memory = _memory(mem, layout, index, raw, findings)
+    memory = memory_figures(mem, layout, index, raw, findings)
     tcache_bytes, lost = arena_tcache_bytes(mem, layout, index, word(layout.tcache_descriptors), cached)
-    edata, rtree = _base_metadata(mem, layout, raw)
+    edata, rtree = base_metadata(mem, layout, raw)
     return JeArena(index, address, nthreads, word(layout.nactive), pages(layout.dirty_npages),
                    pages(layout.muzzy_npages), pages(layout.retained_npages) * PAGE,
                    _i64(word(layout.dirty_decay_ms)), _i64(word(layout.muzzy_decay_ms)), *dirty, *muzzy,
-                   bins, *memory, _large(layout, raw), _extents(layout, raw), tcache_bytes,
-                   tuple(findings + lost), _clock(layout, raw, layout.dirty_decay_ms),
-                   _clock(layout, raw, layout.muzzy_decay_ms), _base_blocks(mem, layout, index, raw, findings),
-                   metadata_edata=edata, metadata_rtree=rtree)
+                   bins, *memory, large_classes(layout, raw), free_extents(layout, raw), tcache_bytes,
+                   tuple(findings + lost), decay_clock(layout, raw, layout.dirty_decay_ms),
+                   decay_clock(layout, raw, layout.muzzy_decay_ms), _base_blocks(mem, layout, index, raw, findings),
+                   metadata_edata=edata, metadata_rtree=rtree, **bookkeeping(layout, raw, statistics=True))
 
 
-def _base_metadata(mem: Memory, layout: JeLayout, raw: bytes) -> tuple[int | None, int | None]:
-    """The bytes the arena's base allocated for extent headers and for radix tree nodes (5.3.1; None where the
-    base does not count them apart, or its counters are unreadable, which `_memory` reports)."""
-    if layout.base_metadata is None:
-        return None, None
-    base = struct.unpack_from("<Q", raw, layout.base)[0]
-    try:
-        counters = mem.read(base + layout.base_counters, max(layout.base_metadata) + 8)
-    except ReadError:
-        return None, None
-    edata, rtree = (struct.unpack_from("<Q", counters, at)[0] for at in layout.base_metadata)
-    return edata, rtree
+
 
 
 _MAX_BLOCKS = 1 << 16
@@ -246,7 +236,8 @@ def _counted_arena(mem: Memory, layout: JeLayout, index: int, address: int, cach
                    count_bins(table, index, _slabcurs(mem, layout, index, address, raw, findings)),
                    (pactive + pdirty + pmuzzy) * PAGE + sum(size for _at, size in blocks), None, 0, None, None,
                    count_large(table, index), count_extents(table, index), tcache_bytes, tuple(findings + lost),
-                   _clock(layout, raw, layout.dirty_decay_ms), _clock(layout, raw, layout.muzzy_decay_ms), blocks)
+                   decay_clock(layout, raw, layout.dirty_decay_ms), decay_clock(layout, raw, layout.muzzy_decay_ms), blocks,
+                   **bookkeeping(layout, raw, statistics=False))
 
 
 def _slabcurs(mem: Memory, layout: JeLayout, index: int, address: int, raw: bytes, findings: list[Finding]
@@ -296,12 +287,6 @@ def _base_blocks(mem: Memory, layout: JeLayout, index: int, raw: bytes, findings
     return tuple(out)
 
 
-def _clock(layout: JeLayout, raw: bytes, time_ms: int) -> tuple[int, int]:
-    """The (epoch, deadline) of the decay whose time_ms is at TIME_MS in the arena's bytes RAW."""
-    return (struct.unpack_from("<Q", raw, time_ms + layout.decay_epoch)[0],
-            struct.unpack_from("<Q", raw, time_ms + layout.decay_deadline)[0])
-
-
 def _states(layout: JeLayout, index: int, address: int, raw: bytes) -> list[Finding]:
     """A finding when the arena's dirty, muzzy and retained containers do not say which they are: the
     arena's structure is overwritten there, and its counters may be too."""
@@ -315,61 +300,10 @@ def _states(layout: JeLayout, index: int, address: int, raw: bytes) -> list[Find
                     str(CONTAINER_STATES), str(states))]
 
 
-def _memory(mem: Memory, layout: JeLayout, index: int, raw: bytes, findings: list[Finding]
-            ) -> tuple[int, int, int, int, int]:
-    """(mapped, base, internal, resident, metadata_thp) as malloc_stats_print merges them from the arena's
-    statistics, its base's counters and its pages; without the base's counters when they are unreadable (a
-    finding at the base says so)."""
-    base = struct.unpack_from("<Q", raw, layout.base)[0]
-    try:
-        counters = mem.read(base + layout.base_counters, max(layout.base_fields) + 8)
-        allocated, resident, mapped, n_thp = (struct.unpack_from("<Q", counters, at)[0] for at in layout.base_fields)
-    except ReadError as exc:
-        allocated = resident = mapped = n_thp = 0
-        findings.append(Finding(Severity.ERROR, base, f"arena {index}", f"the arena's base (its metadata) at "
-                                f"{base:#x} is unreadable ({exc.reason}): mapped, base, resident and metadata_thp "
-                                "leave the base's counters out", Kind.ARENA))
-
-    def word(off: int) -> int:
-        return struct.unpack_from("<Q", raw, off)[0]
-
-    pages = word(layout.nactive) + sum(word(off) for off in layout.dirty_npages)
-    if layout.resident_muzzy:
-        pages += sum(word(off) for off in layout.muzzy_npages)
-    return (mapped + word(layout.stats_mapped), allocated, word(layout.stats_internal), resident + pages * PAGE,
-            n_thp)
 
 
-def _large(layout: JeLayout, raw: bytes) -> tuple[JeLarge, ...]:
-    """The arena's large size classes: arena_stats_large_t {nmalloc, ndalloc, nrequests, nfills, nflushes, ...}
-    (5.1.0: {nmalloc, ndalloc, nrequests, curlextents}, no flushes; 5.3.1: active_bytes before nrequests)."""
-    out = []
-    fields = layout.lstats_fields
-    for i in range(layout.classes.nlextents):
-        at = layout.lstats + layout.lstats_stride * i
-        nmalloc, ndalloc, nrequests = (struct.unpack_from("<Q", raw, at + off)[0] for off in fields[:3])
-        nflushes = struct.unpack_from("<Q", raw, at + fields[3])[0] if layout.lstats_flushes else None
-        active = None if layout.lstats_active is None else struct.unpack_from("<Q", raw, at + layout.lstats_active)[0]
-        out.append(JeLarge(layout.classes.large_size(i), nmalloc, ndalloc, nrequests, nflushes, active_bytes=active))
-    return tuple(out)
 
 
-def _extents(layout: JeLayout, raw: bytes) -> tuple[JeExtents, ...]:
-    """The free extents by page size class, from the dirty, muzzy and retained containers' counters (none in
-    5.1.0, which keeps no such counters)."""
-    if not layout.extent_stats:
-        return ()
-    counts = []
-    npsizes = layout.classes.npsizes
-    for container in layout.extent_stats:     # dirty, muzzy, retained
-        n, b = [0] * npsizes, [0] * npsizes
-        for nextents, nbytes, stride in container:
-            for i in range(npsizes):
-                n[i] += struct.unpack_from("<Q", raw, nextents + stride * i)[0]
-                b[i] += struct.unpack_from("<Q", raw, nbytes + stride * i)[0]
-        counts.append((n, b))
-    (nd, bd), (nm, bm), (nr, br) = counts
-    return tuple(JeExtents(nd[i], nm[i], nr[i], bd[i], bm[i], br[i]) for i in range(npsizes))
 
 
 def _bins(mem: Memory, layout: JeLayout, index: int, address: int, raw: bytes, findings: list[Finding]

@@ -106,6 +106,10 @@ class JeLayout:
     #                                       arena_stats_large_t (5.3.1 keeps active_bytes before nrequests)
     lstats_active: int | None = None      # its active_bytes (5.3.1), None where the class size times the count
     #                                       is the bytes
+    abandoned_vm: int | None = None       # arena_t's statistics' bytes of address space given up on (5.2 and later)
+    extent_avail: int | None = None       # how many spare extent headers the arena keeps (5.2.1: extent_avail_cnt;
+    #                                       5.3: its edata cache's count)
+    create_time: int | None = None        # when the arena was made (nstime_t: ns of jemalloc's clock)
     tsd_tcache_stacks: tuple[int, int] = (256 + 160, 0)     # the internal allocation that holds the thread
     #                                       cache's stacks: (where in the tsd a pointer into it is, how far into it
     #                                       that pointer is): 5.3.0's tcache_slow_t.dyn_alloc; 5.2.1's first small
@@ -154,7 +158,7 @@ LAYOUTS = {
         tsd_ticker=None, tsd_size=0x1848, tcache_descriptors=10192, descriptor_bins=(16, 24),
         tsd_tcache_bins=(496 + 16, 496 + 1000), tsd_tcache_arena=496 + 952, cache_bins=36 + 196,
         stack_cache_bins=False, rtree_root=112, rtree_extent_mask=1, tsd_tcache_stacks=(496 + 16 + 16, 200 * 8),
-        extent_lru_link=24),
+        extent_lru_link=24, abandoned_vm=24 + 152, extent_avail=29072, create_time=29488),
     (5, 3, 0): JeLayout(
         version=(5, 3, 0), arena_size=78952, nthreads=0, nactive=10656,
         dirty_npages=(20480, 30136), muzzy_npages=(39920, 49576), retained_npages=(59360,),
@@ -170,7 +174,7 @@ LAYOUTS = {
         tsd_tcache_bins=(856 + 8,), tsd_tcache_arena=256 + 40, cache_bins=73, stack_cache_bins=True,
         rtree_root=120, rtree_extent_mask=127, extent_state_shift=17, extent_state_mask=7, extent_szind_shift=20,
         base_blocks=160, bin_slabcur=192,
-        extent_nfree_shift=28),
+        extent_nfree_shift=28, abandoned_vm=24 + 160, extent_avail=78760, create_time=78944),
 }
 
 
@@ -178,7 +182,7 @@ LAYOUTS = {
 #: bins[], base_t's heaps by size class and the tcache's small bins are three longer (measured on Redis
 #: 7.0.15's deps/jemalloc built with debug information)
 LAYOUTS[(5, 2, 1, 3)] = dataclasses.replace(
-    LAYOUTS[(5, 2, 1)], arena_size=29520, base=29504, base_counters=2032, tsd_size=0x1898,
+    LAYOUTS[(5, 2, 1)], arena_size=29520, base=29504, create_time=29512, base_counters=2032, tsd_size=0x1898,
     tsd_tcache_bins=(496 + 16, 496 + 1080), tsd_tcache_arena=496 + 1024, cache_bins=39 + 196,
     classes=size_classes(3))
 #: jemalloc 5.3.0 with an 8-byte quantum (Redis 7.2 and later vendor it so): the tcache's per-class flush
@@ -203,7 +207,7 @@ LAYOUTS[(5, 1, 0)] = dataclasses.replace(
     tsd_arena=432, tsd_tdata=440, tsd_size=0x1800, tcache_descriptors=7016,
     tsd_tcache_bins=(448 + 16, 448 + 976), tsd_tcache_arena=448 + 928, rtree_root=104, base_blocks=136,
     bin_slabcur=104, tsd_tcache_stacks=(448 + 16 + 16, 200 * 8), tsd_states=(0, 1, 3, 4, 5, 6), mutex_size=104,
-    mutex_locked=-1)
+    mutex_locked=-1, abandoned_vm=None, extent_avail=None, create_time=25856)
 #: jemalloc 5.3.0 built with --enable-debug: each mutex carries a witness (184 bytes, its "locked" flag at 120),
 #: each nstime_t a magic word (16 bytes), so arena_t's page allocator, decay state, statistics and bins move,
 #: and base_t's counters; the tsd and the extents' headers are the same (measured on the release built
@@ -216,7 +220,8 @@ LAYOUTS[(5, 3, 0, "debug")] = dataclasses.replace(
     extent_stats=tuple(tuple((ecache + eset + 6432, ecache + eset + 6440, 16) for eset in (184, 9840))
                        for ecache in (11072, 30584, 50096)),
     bins=80080, bin_size=296, bin_stats=184, bin_slabcur=264, index_field=80048, base=80056,
-    tcache_descriptors=10600, rtree_root=192, mutex_size=184, mutex_locked=120, debug=True)
+    tcache_descriptors=10600, rtree_root=192, mutex_size=184, mutex_locked=120, debug=True, extent_avail=79808,
+    create_time=80064)
 #: jemalloc 5.3.1 (April 2026): arena_t's statistics, its page allocator and its tsd move (fewer event
 #: counters in the tsd, 41 cache bins for a 32 KiB tcache_max limit, each with its own ncached_max), base_t
 #: counts its extent headers' and radix tree's bytes between allocated and resident, and a large class counts
@@ -231,7 +236,8 @@ LAYOUTS[(5, 3, 1)] = dataclasses.replace(
     extent_stats=(_extents_530(12352), _extents_530(31792), _extents_530(51232)),
     bins=80704, index_field=80640, base=80648, tcache_descriptors=11984,
     tsd_state=920, tsd_arena=200, tsd_allocated=928, tsd_deallocated=944, tsd_ticker=208, tsd_size=1968,
-    tsd_tcache_bins=(968,), tsd_tcache_arena=336, cache_bins=41, tsd_tcache_stacks=(520, 0))
+    tsd_tcache_bins=(968,), tsd_tcache_arena=336, cache_bins=41, tsd_tcache_stacks=(520, 0), abandoned_vm=24 + 176,
+    extent_avail=80464, create_time=80656)
 #: jemalloc 5.3.1 built with --enable-prof (Debian sid's): its tsd keeps one more word for profiling ahead of
 #: iarena, moving every field after it by 8 bytes; arena_t is the same (measured on the release tag built
 #: --enable-prof with debug information)
@@ -257,7 +263,7 @@ LAYOUTS[(5, 2, 1, "debug")] = dataclasses.replace(
     dirty_decay_ms=25656 + 176, muzzy_decay_ms=27496 + 176,
     extent_stats=tuple((_extents_521(container, 56),) for container in (10584, 15608, 20632)),
     base_counters=2064, base_blocks=200, bins=29696, bin_size=336, bin_stats=192, bin_slabcur=168, base=29984,
-    rtree_root=168, mutex_size=168, debug=True)
+    rtree_root=168, mutex_size=168, debug=True, extent_avail=29520, create_time=29992)
 #: jemalloc 5.1.0 built with --enable-debug: mutexes of 160 bytes (a witness), which moves arena_t's extent
 #: containers, decay state and bins, bin_t's fields, base_t's counters and blocks and the radix tree's root;
 #: its statistics and tsd are 5.1.0's (measured on the release tag built --enable-debug with debug information)
@@ -265,7 +271,7 @@ LAYOUTS[(5, 1, 0, "debug")] = dataclasses.replace(
     LAYOUTS[(5, 1, 0)], arena_size=28384, nactive=7224, dirty_npages=(9200,), muzzy_npages=(11016,),
     retained_npages=(12832,), dirty_state=9208, muzzy_state=11024, retained_state=12840, dirty_decay_ms=13016,
     muzzy_decay_ms=14848, base_counters=2056, base_blocks=192, bins=16848, bin_size=320, bin_stats=184,
-    bin_slabcur=160, base=28368, rtree_root=160, mutex_size=160, debug=True)
+    bin_slabcur=160, base=28368, rtree_root=160, mutex_size=160, debug=True, create_time=28376)
 #: the quanta (lg) heapwalk has layouts for, by number of small classes
 QUANTA = {36: 4, 39: 3}
 

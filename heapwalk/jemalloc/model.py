@@ -116,6 +116,9 @@ class JeArena:
     free_lists: tuple = ()                  # its rings of free extents as walked (`freelists.ListedExtents`)
     metadata_edata: int | None = None       # of `base`, the bytes for extent headers and for the radix tree's
     metadata_rtree: int | None = None       # nodes (5.3.1 counts them apart; None before, or not kept)
+    abandoned_vm: int | None = None         # bytes of address space jemalloc gave up on (None: not kept)
+    extent_avail: int | None = None         # spare extent headers the arena keeps (None: 5.1.0 does not count)
+    created_ns: int | None = None           # when the arena was made, on jemalloc's clock (CLOCK_MONOTONIC)
 
     def small(self) -> dict[str, int | None]:
         """The small classes together, as malloc_stats_print sums them: bytes in use and the counters (None:

@@ -22,7 +22,7 @@ __all__ = ["jemalloc_document", "jemalloc_arenas_table", "jemalloc_threads_table
 _ARENA_FIELDS = ("nthreads", "pactive", "pdirty", "pmuzzy", "retained", "dirty_decay_ms", "muzzy_decay_ms",
                  "dirty_npurge", "dirty_nmadvise", "dirty_purged", "muzzy_npurge", "muzzy_nmadvise", "muzzy_purged",
                  "mapped", "base", "internal", "resident", "metadata_thp", "tcache_bytes", "metadata_edata",
-                 "metadata_rtree")
+                 "metadata_rtree", "abandoned_vm", "extent_avail")
 _BIN_FIELDS = ("nmalloc", "ndalloc", "curregs", "nrequests", "nfills", "nflushes", "nreslabs", "curslabs",
                "nonfull_slabs")
 
@@ -32,8 +32,10 @@ def _bin(b: JeBin) -> dict[str, Any]:
             "utilization": round(b.utilization, 4)}
 
 
-def _arena(a: JeArena, held: dict[int, int] | None) -> dict[str, Any]:
+def _arena(a: JeArena, held: dict[int, int] | None, clock_ns: int | None = None) -> dict[str, Any]:
+    uptime = clock_ns - a.created_ns if clock_ns and a.created_ns and a.created_ns <= clock_ns else None
     return {"index": a.index, "address": a.address, **{k: getattr(a, k) for k in _ARENA_FIELDS},
+            "uptime_ns": uptime,
             "held": None if held is None else [{"size": size, "regions": n} for size, n in sorted(held.items())],
             "small": a.small(), "large": a.large_totals(), "bins": [_bin(b) for b in a.bins],
             "lextents": [{"size": c.size, "curlextents": c.curlextents} for c in a.large],
@@ -60,7 +62,7 @@ def jemalloc_document(state: JeState) -> dict[str, Any]:
             "jemalloc": {"version": state.version, "layout": state.layout_name, "opt": dict(state.opt),
                          "background_thread": state.background_thread, "clock_ns": state.clock_ns,
                          "statistics": state.statistics,
-                         "arenas": [_arena(a, None if held is None else held.get(a.index, {}))
+                         "arenas": [_arena(a, None if held is None else held.get(a.index, {}), state.clock_ns)
                                     for a in state.arenas],
                          "threads": [_thread(t) for t in state.threads]},
             "discovery": {f.name: {"value": f.value, "found_by": f.found_by} for f in state.facts},
