@@ -498,8 +498,10 @@ def _options_named(jemalloc: sysroots.Jemalloc, name: str) -> dict[str, str]:
 def jemalloc_reproducers(jemalloc: sysroots.Jemalloc) -> tuple[str, ...]:
     """The reproducers that run on JEMALLOC as it is (preloaded, or linked in): all but je_dlopen, which loads
     its jemalloc itself (tests/conftest.py runs it), and je_both on a linked build (it is about a shared
-    jemalloc beside glibc's malloc)."""
-    return tuple(n for n in JEMALLOC_REPRODUCERS if n != "je_dlopen" and (jemalloc.archive is None or n != "je_both"))
+    jemalloc beside glibc's malloc) or on one run under another glibc's ld.so (it finds its plugin beside
+    /proc/self/exe, which is then that ld.so)."""
+    alone = jemalloc.archive is not None or jemalloc.suite in sysroots.JEMALLOC_GLIBC
+    return tuple(n for n in JEMALLOC_REPRODUCERS if n != "je_dlopen" and (not alone or n != "je_both"))
 
 
 def jemalloc_inputs(name: str, jemalloc: sysroots.Jemalloc, env: dict[str, str] | None = None) -> str:
