@@ -214,6 +214,11 @@ class Decoded:
                        {**self.document(), "clean": not errors, "errors": errors, "warnings": warnings}
                        if json else None)
 
+    def claims(self) -> list:
+        """The memory this allocator holds (its heaps, its own mappings for large blocks, its metadata), as
+        `heapwalk.analysis.rss.Claim`s, for the process's RSS by owner; none by default."""
+        return []
+
     def strips(self, reserved: bool = False, leaked=None) -> list[HeapStrip]:
         """The heap maps' strips (LEAKED: the leak scan's leaked blocks); CannotDraw when they cannot be."""
         raise CannotDraw(f"{self.title}'s heaps are not drawn")

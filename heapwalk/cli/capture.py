@@ -64,6 +64,9 @@ def _stopped_briefly(pid: int, core: Path, facts: dict, whole_files: bool):
             facts = dict(facts, monotonic_ns=time.clock_gettime_ns(time.CLOCK_MONOTONIC))
             smaps = read_smaps(pid)
             runs = resident_runs(pid, smaps)
+            # the RSS of the mappings whose pages the core does not keep: what the process's RSS by owner needs
+            facts["mapping_rss"] = [[m["start"], m["end"], m["rss"]] for m in smaps
+                                    if not ("w" in m["perms"] and "p" in m["perms"])]
             pending = write_core(stopped, core, facts, hold, whole_files)
         stopped_for = time.monotonic() - started
         return stopped_for, smaps, runs, pending.finish()

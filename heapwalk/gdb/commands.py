@@ -27,6 +27,8 @@ from heapwalk.gdb.session import (DebugParameter, SetPrefix, Settings, StringPar
 from heapwalk.gdb.subcommand import Parser, Subcommand, json_option
 from heapwalk.output.options import add_no_leaks, add_report_files
 from heapwalk.output.tables import several_text
+from heapwalk.output.rsstext import rss_document, rss_sentence, rss_table
+from heapwalk.analysis.rss import rss_of_target
 
 __all__ = ["register"]
 
@@ -104,6 +106,11 @@ class ReportCommand(Subcommand):
             raise UserError(f"heapwalk report: --xml writes {writers}, and this process allocates with "
                             f"{' and '.join(d.title for d in found.decoded)} (--json has its statistics)")
         documents, pages, clauses = [], [], []
+        rss = rss_of_target(found.target, [c for d in found.decoded for c in d.claims()])
+        if rss is not None:
+            console = gdb_console()
+            console.print(rss_table(rss, interactive()))
+            console.print(rss_sentence(rss) + "\n")
         for decoded, beside in _each(found):
             scanned = in_use_and_leaks(found, decoded) if not args.no_leaks and decoded.scans_leaks else None
             rep = decoded.report(*(scanned[:2] if scanned else ()))
@@ -114,6 +121,8 @@ class ReportCommand(Subcommand):
             print_damage(console, decoded, decoded.findings())
             clauses.append(decoded.holds(rep))
             doc = decoded.report_document(rep) if args.json or args.html else None
+            if doc is not None:
+                doc["rss_by_owner"] = rss_document(rss) if rss is not None else None
             documents.append((decoded, doc))
             pages.append((decoded, doc, scanned[2] if scanned else None))
         console = gdb_console()

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 from heapwalk.allocator import Allocator, Checked, Context, Decoded, NotUsed, Setting, Shown
 from heapwalk.analysis.report import Report, human
+from heapwalk.analysis.rss import Claim
 from heapwalk.errors import UsageError
 from heapwalk.findings import Finding
 from heapwalk.glibc.forensics import check as glibc_check
@@ -25,6 +26,7 @@ from heapwalk.glibc.show import tables as glibc_tables
 from heapwalk.glibc.show import page
 from heapwalk.glibc.show.notes import partial_sentences
 from heapwalk.glibc.show.settings import mp_settings
+from heapwalk.glibc.walk.chunks import extents
 from heapwalk.output import tables
 from heapwalk.output.reporttext import report_group
 from heapwalk.view import HeapStrip
@@ -34,6 +36,9 @@ __all__ = ["GLIBC", "GlibcHeap"]
 
 class SettingError(UsageError):
     """A setting of glibc's decoder that does not parse."""
+
+
+_PAGE_MASK = 4095
 
 
 class GlibcHeap(Decoded):
@@ -81,6 +86,15 @@ class GlibcHeap(Decoded):
     def holds(self, rep: Report) -> str:
         return (f"glibc's malloc holds {human(rep.system)} ({human(rep.in_use)} in use, {human(rep.free)} free) "
                 "in its arenas")
+
+    def claims(self) -> list[Claim]:
+        """Every arena's heaps (the main arena's sbrk region, each thread heap up to its size) and each mmapped
+        chunk's mapping."""
+        heaps = [Claim(e.start, e.end, "heap", "glibc's malloc: arenas") for arena in self.state.arenas
+                 for e in extents(arena, self.layout)]
+        mapped = [Claim(c.address & ~_PAGE_MASK, (c.address & ~_PAGE_MASK) + c.span, "heap",
+                        "glibc's malloc: mmapped chunks") for c in self.state.mmapped]
+        return heaps + mapped
 
     def native_xml(self) -> str:
         return malloc_info_xml(self.state)

@@ -131,13 +131,29 @@ def present_runs(pagemap: int, lo: int, hi: int, zero: "ZeroPages | None" = None
 
 def of_core(core: CoreFile) -> Residency | None:
     """The residency a core `heapwalk capture` wrote records (its segments with bytes, less the runs its
-    HEAPWALK note lists as not resident), or None for any other core."""
+    HEAPWALK note lists as not resident; for the mappings whose pages it does not list, the RSS it recorded of
+    each), or None for any other core."""
     facts = core.capture_facts()
     if facts.get("residency") != "segments":
         return None
     kept = [(vaddr, vaddr + filesz) for vaddr, _, _, filesz in core.loads if filesz]
     absent = [(a, b) for a, b in facts.get("not_resident", ()) if isinstance(a, int) and isinstance(b, int)]
-    return Residency(ranges_without(merged(kept), absent), "the page map the capture recorded in its core")
+    runs = ranges_without(merged(kept), absent)
+    # the mappings whose pages the capture does not list (files, shared memory, the kernel's): the RSS
+    # /proc/PID/smaps gave each, as runs that long over what the core keeps of it first (their resident bytes,
+    # not which pages)
+    listed = [(a, b, n) for a, b, n in (r for r in facts.get("mapping_rss", ()) if isinstance(r, list) and len(r) == 3)
+              if isinstance(a, int) and isinstance(b, int) and isinstance(n, int) and 0 <= n <= b - a]
+    if listed:
+        runs = ranges_without(runs, sorted((a, b) for a, b, _ in listed))
+        for a, b, n in listed:
+            inside = [(max(x, a), min(y, b)) for x, y in kept if x < b and a < y]
+            for x, y in inside + ranges_without([(a, b)], inside):
+                if n <= 0:
+                    break
+                runs.append((x, min(y, x + n)))
+                n -= min(y, x + n) - x
+    return Residency(runs, "the page map the capture recorded in its core")
 
 
 def of_runs(runs: Iterable) -> Residency:

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 
 from rich.text import Text
 
+from heapwalk.analysis.rss import Claim
 from heapwalk.allocator import Allocator, CannotDraw, Checked, Context, Decoded, NotUsed, Shown
 from heapwalk.analysis.report import Report, human
 from heapwalk.findings import Finding, Severity
@@ -96,6 +97,15 @@ class JemallocHeap(Decoded):
         warnings = sum(1 for f in findings if f.severity is Severity.WARNING)
         return Checked([jedoc.jemalloc_check_text(findings, checked, limit or len(findings))], errors, warnings,
                        jedoc.jemalloc_check_document(self.state, findings, checked) if json else None)
+
+    def claims(self) -> list[Claim]:
+        """Every extent the radix tree maps (active, dirty, muzzy, retained) and every block the arenas' bases
+        mapped for metadata (none when the tree was not found: the extents are not known)."""
+        table = self.state.extents
+        out = [] if table is None else [Claim(a, a + n, "heap", "jemalloc: extents")
+                                         for a, n in zip(table.address.tolist(), table.size.tolist())]
+        return out + [Claim(at, at + size, "heap", "jemalloc: metadata") for a in self.state.arenas
+                      for at, size in a.base_blocks]
 
     def strips(self, reserved: bool = False, leaked=None) -> list[HeapStrip]:
         if self.state.extents is None:

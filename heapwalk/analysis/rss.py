@@ -1,0 +1,189 @@
+"""Where the process's resident memory is, by owner: each allocator's heaps, the threads' stacks, the other
+anonymous mappings, shared memory, the files mapped (code and read-only data; writable data), and the rest.
+
+The address space is cut into pieces at every boundary of a mapping and of what an owner claims (an
+allocator's heaps, a thread's stack); each piece is measured once (resident bytes from the page map, or the
+bytes a core holds) and given to the first claim that covers it, else to its mapping's kind.  The rows
+therefore add up to the measure of the whole address space, exactly.  Pure Python and numpy, no gdb.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["Claim", "Span", "RssRow", "RssBreakdown", "spans_of", "rss_by_owner", "KINDS"]
+
+#: the kinds of owner, in the order a breakdown lists them
+KINDS = ("heap", "stack", "anonymous", "shared", "file code", "file data", "other")
+#: mapping names that are shared memory (POSIX shm, System V, memfd)
+_SHARED = ("/dev/shm/", "/SYSV", "/memfd:", "memfd:")
+#: the kernel's own mappings in every process
+_KERNEL = ("[vdso]", "[vvar]", "[vsyscall]", "[vvar_vclock]")
+
+
+@dataclass(frozen=True)
+class Span:
+    """A stretch of the address space and what it is when no owner claims it: KIND of `KINDS` and NAME (the
+    file, "[heap]", "anonymous")."""
+
+    start: int
+    end: int
+    kind: str
+    name: str
+
+
+@dataclass(frozen=True)
+class Claim:
+    """Memory an owner holds: KIND "heap" (NAME: the allocator's words, "glibc's arenas") or "stack" (NAME: the
+    thread)."""
+
+    start: int
+    end: int
+    kind: str
+    name: str
+
+
+@dataclass(frozen=True)
+class RssRow:
+    """One owner's bytes: KIND, NAME, the measured bytes, the address space it holds and how many mappings or
+    claims it is."""
+
+    kind: str
+    name: str
+    bytes: int
+    mapped: int
+    count: int
+
+
+@dataclass(frozen=True)
+class RssBreakdown:
+    """The rows by kind and name, their total (the measure of the whole address space) and what was measured
+    (MEASURE: "resident", or "present in the core"; SOURCE: where that was learnt)."""
+
+    rows: tuple[RssRow, ...]
+    total: int
+    measure: str
+    source: str
+
+    def of_kind(self, kind: str) -> int:
+        """The bytes of every row of KIND."""
+        return sum(r.bytes for r in self.rows if r.kind == kind)
+
+    def share(self, value: int) -> float:
+        """VALUE as a share of the total (0 when the total is 0)."""
+        return value / self.total if self.total else 0.0
+
+
+def spans_of(mappings: Iterable[tuple[int, int, str, bool]], regions: Iterable[tuple[int, int]] = ()) -> list[Span]:
+    """The address space as spans, from MAPPINGS (start, end, name, writable) and the REGIONS a core holds
+    that no mapping names (its anonymous memory); where they overlap, the mapping's name wins."""
+    spans = []
+    for start, end, name, writable in mappings:
+        spans.append(Span(start, end, _kind(name, writable), name or "anonymous"))
+    named = sorted((s.start, s.end) for s in spans)
+    for start, end in _without(sorted(regions), named):
+        spans.append(Span(start, end, "anonymous", "anonymous"))
+    return sorted(spans, key=lambda s: (s.start, s.end))
+
+
+def _kind(name: str, writable: bool) -> str:
+    if not name or name.startswith("[anon") or name == "[heap]":
+        return "anonymous"
+    if name.startswith("[stack"):
+        return "stack"
+    if name.startswith(_SHARED) or name.startswith("/dev/zero"):
+        return "shared" if name.startswith(_SHARED) else "anonymous"
+    if name in _KERNEL or name.startswith("["):
+        return "other"
+    return "file data" if writable else "file code"
+
+
+def rss_by_owner(spans: Sequence[Span], claims: Sequence[Claim],
+                 measure: Callable[[np.ndarray, np.ndarray], np.ndarray], what: str, source: str) -> RssBreakdown:
+    """SPANS measured piece by piece with MEASURE (starts, ends -> bytes of each), each piece given to the first
+    of CLAIMS that covers it (claims of memory no span covers count nowhere), else to its span: rows by owner,
+    summing to the measure of the spans."""
+    cuts = sorted({x for s in spans for x in (s.start, s.end)} | {x for c in claims for x in (c.start, c.end)})
+    cut = np.array(cuts, dtype=np.uint64)        # the kernel's vsyscall page lies above 2**63
+    lo, hi = cut[:-1], cut[1:]
+    owner = np.full(len(lo), -1, dtype=np.int64)          # index into labels
+    labels: list[tuple[str, str]] = []
+    index: dict[tuple[str, str], int] = {}
+    counts: list[int] = []
+
+    def label(kind: str, name: str) -> int:
+        key = (kind, name)
+        if key not in index:
+            index[key] = len(labels)
+            labels.append(key)
+            counts.append(0)
+        counts[index[key]] += 1
+        return index[key]
+
+    covered = np.zeros(len(lo), dtype=bool)
+    for s in spans:
+        a, b = np.searchsorted(cut, s.start), np.searchsorted(cut, s.end)
+        owner[a:b] = label(s.kind, s.name)
+        covered[a:b] = True
+    claimed = np.zeros(len(lo), dtype=bool)
+    for c in claims:
+        a, b = np.searchsorted(cut, c.start), np.searchsorted(cut, c.end)
+        take = np.arange(a, b)[covered[a:b] & ~claimed[a:b]]
+        owner[take] = label(c.kind, c.name)
+        claimed[take] = True
+    keep = covered
+    sizes = measure(lo[keep], hi[keep]).astype(np.int64)
+    owners, lengths = owner[keep], (hi - lo)[keep].astype(np.int64)
+    rows = []
+    for i, (kind, name) in enumerate(labels):
+        mine = owners == i
+        if not mine.any():
+            continue
+        rows.append(RssRow(kind, name, int(sizes[mine].sum()), int(lengths[mine].sum()), counts[i]))
+    rows.sort(key=lambda r: (KINDS.index(r.kind) if r.kind in KINDS else len(KINDS), -r.bytes, r.name))
+    return RssBreakdown(tuple(rows), int(sizes.sum()), what, source)
+
+
+def _without(ranges: list[tuple[int, int]], holes: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """RANGES (sorted) less HOLES (sorted)."""
+    out = []
+    for start, end in ranges:
+        at = start
+        for h0, h1 in holes:
+            if h1 <= at or h0 >= end:
+                continue
+            if h0 > at:
+                out.append((at, h0))
+            at = max(at, h1)
+        if at < end:
+            out.append((at, end))
+    return out
+
+
+def rss_of_target(target, claims: Sequence[Claim]) -> RssBreakdown | None:
+    """TARGET's resident memory by owner (a `heapwalk.inferior.space.Target`), the allocators' CLAIMS and each
+    thread's stack (the mapping its stack pointer is in) claimed first; None when the target cannot say which
+    pages are resident (a core that no capture wrote)."""
+    if target.residency is None:
+        return None
+    space = target.space
+    writable = sorted(space.writable or [])
+    mapped = [(m.start, m.end, m.path, _touches(writable, m.start, m.end)) for m in space.mappings]
+    spans = spans_of(mapped, space.regions)
+    stacks = []
+    for thread in target.threads:
+        span = next((s for s in spans if thread.sp is not None and s.start <= thread.sp < s.end
+                     and s.kind in ("anonymous", "stack")), None)
+        if span is not None:
+            name = f"thread {thread.number}" + (f" ({thread.name})" if thread.name else "")
+            stacks.append(Claim(span.start, span.end, "stack", name))
+    residency = target.residency.covering([(s.start, s.end) for s in spans])
+    return rss_by_owner(spans, [*claims, *stacks], residency.resident_each, "resident", residency.source)
+
+
+def _touches(ranges: list[tuple[int, int]], start: int, end: int) -> bool:
+    """Whether [START, END) overlaps any of RANGES."""
+    return any(a < end and start < b for a, b in ranges)

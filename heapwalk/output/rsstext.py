@@ -1,0 +1,74 @@
+"""The process's RSS by owner (`heapwalk.analysis.rss`) as the report shows it: a table, a sentence that
+says how much of it the allocators explain and what holds the rest, and the JSON object."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.table import Table
+
+from heapwalk.analysis.report import human
+from heapwalk.analysis.rss import KINDS, RssBreakdown
+from heapwalk.output.consoles import box_for
+
+__all__ = ["rss_table", "rss_sentence", "rss_document", "FILES_SHOWN"]
+
+#: the files shown by name, the biggest first; the others are summed in one row
+FILES_SHOWN = 6
+#: below this share of RSS, the allocators are said to explain little of it
+_LITTLE = 0.25
+
+
+def rss_table(rss: RssBreakdown, interactive: bool) -> Table:
+    """The owners, heaps first: what each holds of the RSS and its share; files beyond the biggest few and
+    anonymous mappings together in a row each."""
+    table = Table(title=f"where the RSS is ({rss.measure}: {rss.source})", box=box_for(interactive),
+                  title_justify="left", show_footer=True)
+    table.add_column("owner", footer="RSS")
+    table.add_column("what", footer="")
+    table.add_column(rss.measure, justify="right", footer=human(rss.total))
+    table.add_column("share", justify="right", footer="100%")
+    table.add_column("mapped", justify="right", footer="")
+    for kind, name, size, mapped, count in _rows(rss):
+        what = name if count == 1 else f"{name} ({count})"
+        table.add_row(kind, what, human(size), f"{100 * rss.share(size):.0f}%", human(mapped))
+    return table
+
+
+def _rows(rss: RssBreakdown) -> list[tuple[str, str, int, int, int]]:
+    out, files = [], {}
+    for r in rss.rows:
+        if r.kind.startswith("file"):
+            files.setdefault(r.kind, []).append(r)
+            continue
+        out.append((r.kind, r.name, r.bytes, r.mapped, r.count))
+    for kind in ("file code", "file data"):
+        rows = sorted(files.get(kind, []), key=lambda r: -r.bytes)
+        out += [(kind, r.name, r.bytes, r.mapped, r.count) for r in rows[:FILES_SHOWN]]
+        rest = rows[FILES_SHOWN:]
+        if rest:
+            out.append((kind, f"{len(rest)} other files", sum(r.bytes for r in rest), sum(r.mapped for r in rest),
+                        sum(r.count for r in rest)))
+    out.sort(key=lambda r: KINDS.index(r[0]) if r[0] in KINDS else len(KINDS))
+    return out
+
+
+def rss_sentence(rss: RssBreakdown) -> str:
+    """How much of the RSS the allocators' heaps hold and, when that is little, what holds the most of the
+    rest, with the figures of the table."""
+    heaps = rss.of_kind("heap")
+    text = (f"The allocators' heaps hold {human(heaps)} of the process's {human(rss.total)} {rss.measure} "
+            f"({100 * rss.share(heaps):.0f}%).")
+    if rss.total and rss.share(heaps) < _LITTLE:
+        others = sorted(((rss.of_kind(k), k) for k in KINDS if k != "heap"), reverse=True)
+        named = [f"{k}, {human(b)} ({100 * rss.share(b):.0f}%)" for b, k in others[:2] if b]
+        text += (" Most of it is elsewhere, so the allocators' remedies cannot give much back: "
+                 + " and ".join(named) + ".")
+    return text
+
+
+def rss_document(rss: RssBreakdown) -> dict[str, Any]:
+    """The JSON object of the breakdown: what was measured, from where, the total and every row."""
+    return {"measure": rss.measure, "source": rss.source, "total": rss.total,
+            "rows": [{"kind": r.kind, "name": r.name, "bytes": r.bytes, "mapped": r.mapped, "count": r.count}
+                     for r in rss.rows]}

@@ -1,0 +1,68 @@
+"""RSS by owner (heapwalk.analysis.rss): the address space cut at every mapping's and claim's edge, each piece
+measured once and given to one owner, so that the rows add up to the whole, exactly."""
+
+from __future__ import annotations
+
+from heapwalk.analysis.rss import Claim, rss_by_owner, spans_of
+from heapwalk.inferior.residency import Residency
+
+MiB = 1 << 20
+
+def _measure(runs):
+    return Residency(runs, "test").resident_each
+
+def test_every_resident_byte_has_one_owner_and_the_rows_add_up_to_the_whole():
+    """A brk heap half claimed by malloc's main arena, an anonymous mapping holding a thread heap and a pool of
+    the program's, a thread's stack, a shared memory segment, a library's code and data, the vdso: each byte
+    measured once, claims first, and the total is the resident bytes of the whole address space."""
+    mappings = [(0x1000000, 0x1400000, "[heap]", True),
+                (0x7F0000000000, 0x7F0004000000, "", True),
+                (0x7F0010000000, 0x7F0010800000, "", True),
+                (0x7F0020000000, 0x7F0020100000, "/dev/shm/pool", True),
+                (0x7F0030000000, 0x7F0030200000, "/usr/lib/libc.so.6", False),
+                (0x7F0030200000, 0x7F0030210000, "/usr/lib/libc.so.6", True),
+                (0x7FFF00000000, 0x7FFF00002000, "[vdso]", False)]
+    claims = [Claim(0x1000000, 0x1200000, "heap", "glibc's arenas"),
+              Claim(0x7F0000000000, 0x7F0001000000, "heap", "glibc's arenas"),
+              Claim(0x7F0010700000, 0x7F0010800000, "stack", "thread 2")]
+    runs = [(0x1000000, 0x1300000),                 # 2 MiB claimed, 1 MiB of the brk heap past the arena
+            (0x7F0000800000, 0x7F0002000000),       # 8 MiB of the thread heap, 16 MiB of the pool
+            (0x7F0010780000, 0x7F0010800000),       # the stack's top half MiB
+            (0x7F0020000000, 0x7F0020100000),
+            (0x7F0030000000, 0x7F0030080000), (0x7F0030200000, 0x7F0030204000),
+            (0x7FFF00000000, 0x7FFF00001000)]
+    rss = rss_by_owner(spans_of(mappings), claims, _measure(runs), "resident", "test")
+    got = {(r.kind, r.name): r.bytes for r in rss.rows}
+    assert got == {("heap", "glibc's arenas"): 2 * MiB + 8 * MiB, ("stack", "thread 2"): MiB // 2,
+                   ("anonymous", "[heap]"): MiB, ("anonymous", "anonymous"): 16 * MiB,
+                   ("shared", "/dev/shm/pool"): MiB, ("file code", "/usr/lib/libc.so.6"): MiB // 2,
+                   ("file data", "/usr/lib/libc.so.6"): 16384, ("other", "[vdso]"): 4096}
+    assert rss.total == sum(b - a for a, b in runs) == sum(got.values())
+    assert [r.kind for r in rss.rows][:2] == ["heap", "stack"]
+    heap = next(r for r in rss.rows if r.kind == "heap")
+    assert heap.count == 2 and heap.mapped == 2 * MiB + 16 * MiB
+
+def test_a_core_s_anonymous_memory_is_what_its_segments_hold_beside_the_files_it_names():
+    """In a core, the files mapped are named by its notes and the anonymous memory is only its load segments:
+    a segment no mapping names is anonymous; one a file mapping covers is that file's."""
+    spans = spans_of([(0x400000, 0x401000, "/usr/bin/prog", False)],
+                     regions=[(0x400000, 0x401000), (0x500000, 0x540000)])
+    assert [(s.start, s.kind, s.name) for s in spans] == [(0x400000, "file code", "/usr/bin/prog"),
+                                                          (0x500000, "anonymous", "anonymous")]
+
+def test_a_claim_outside_every_mapping_counts_nowhere():
+    """What an allocator claims beyond the address space (damage) adds nothing: the total stays the space's."""
+    rss = rss_by_owner(spans_of([(0x10000, 0x20000, "", True)]), [Claim(0x18000, 0x30000, "heap", "jemalloc")],
+                       _measure([(0x10000, 0x30000)]), "resident", "test")
+    assert {(r.kind, r.bytes) for r in rss.rows} == {("heap", 0x8000), ("anonymous", 0x8000)}
+    assert rss.total == 0x10000
+
+
+def test_the_kernel_s_vsyscall_page_above_2_63_is_measured_like_any_other():
+    """/proc/PID/maps lists [vsyscall] at 0xffffffffff600000, past a signed 64-bit address: it is a row of the
+    kernel's, with the bytes the measure gives it (none resident), not an error."""
+    rss = rss_by_owner(spans_of([(0x10000, 0x11000, "", True), (0xFFFFFFFFFF600000, 0xFFFFFFFFFF601000,
+                                                                 "[vsyscall]", False)]),
+                       [], _measure([(0x10000, 0x11000)]), "resident", "test")
+    assert {(r.kind, r.name, r.bytes) for r in rss.rows} == {("anonymous", "anonymous", 4096),
+                                                             ("other", "[vsyscall]", 0)}

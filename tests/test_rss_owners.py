@@ -1,0 +1,79 @@
+"""The process's RSS by owner on real processes: 'heapwalk capture PID' of a reproducer at its snapshot, and
+gdb attached to it: every resident byte has one owner, the rows add up to the RSS /proc/PID/smaps gives at
+the same instant (the process stopped), the allocators' heaps are what their own arenas' RSS says, and each
+thread's stack is its own row."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import BINDIR, NO_SYMBOLS, SYSROOTS, run_gdb
+import harness
+from heapwalk.cli.proc import read_smaps
+
+pytestmark = pytest.mark.cores
+
+CLI = Path(sys.executable).with_name("heapwalk")
+
+
+def _started(name: str, tmp_path: Path, jemalloc: str | None = None):
+    """Reproducer NAME run to its snapshot (on JEMALLOC's library, if given): the stopped process."""
+    if jemalloc is None:
+        return harness.run_to_snapshot(harness.build(name, BINDIR), tmp_path / "run")
+    je = harness.prepare_jemalloc(SYSROOTS, jemalloc)
+    exe = harness.build(name, BINDIR, jemalloc=je)
+    return harness.run_to_snapshot(exe, tmp_path / "run", env={**je.environment(), **harness._options_named(je, name)})
+
+
+def _rows(doc: dict) -> dict[tuple[str, str], int]:
+    return {(r["kind"], r["name"]): r["bytes"] for r in doc["rss_by_owner"]["rows"]}
+
+
+@pytest.mark.parametrize("name,jemalloc", [("thread_arenas", None), ("je_dns", "bookworm")])
+def test_a_capture_puts_every_resident_byte_with_one_owner(name, jemalloc, tmp_path):
+    """The capture's breakdown sums to the RSS smaps gave at its stop; the heaps' rows equal the allocator's own
+    arenas' RSS (glibc: every arena's; jemalloc: every arena's extents and base blocks); every thread has its
+    stack, and the report says how much of the RSS the heaps hold."""
+    proc = _started(name, tmp_path, jemalloc)
+    try:
+        result = subprocess.run([str(CLI), "capture", str(proc.pid), "--out", str(tmp_path / "out"), "--no-symbols"],
+                                capture_output=True, text=True, timeout=600)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert result.returncode == 0, result.stderr
+    doc = json.loads((tmp_path / "out" / "report.json").read_text())
+    record = json.loads((tmp_path / "out" / "capture.json").read_text())
+    rss = doc["rss_by_owner"]
+    assert rss["measure"] == "resident" and rss["total"] == sum(m["rss"] for m in record["smaps"]) > 0
+    assert rss["total"] == sum(r["bytes"] for r in rss["rows"])
+    rows = _rows(doc)
+    heap = sum(b for (kind, _), b in rows.items() if kind == "heap")
+    arenas = doc["report"]["arenas"]
+    assert heap == sum(a["rss"] for a in arenas) + (doc["report"].get("mmapped_resident") or 0), rows
+    stacks = [n for kind, n in rows if kind == "stack"]
+    assert len(stacks) == len(record["thread_names"]), stacks
+    said = " ".join(result.stdout.split())
+    assert "where the RSS is" in said and f"The allocators' heaps hold" in said
+
+
+def test_gdb_attached_to_a_process_sums_to_its_rss(tmp_path):
+    """gdb -p PID on the stopped reproducer: the breakdown, read from the process's page map, sums to the RSS
+    smaps gives for it (the process does not run between the two)."""
+    proc = _started("thread_arenas", tmp_path)
+    try:
+        out = tmp_path / "report.json"
+        result = run_gdb(["-p", str(proc.pid)], [f"heapwalk report --no-leaks --json {out}"], iex=[NO_SYMBOLS])
+        smaps = read_smaps(proc.pid)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert result.returncode == 0, result.stderr
+    rss = json.loads(out.read_text())["rss_by_owner"]
+    assert rss["total"] == sum(m["rss"] for m in smaps) == sum(r["bytes"] for r in rss["rows"])
+    assert rss["source"] == "the process's page map, /proc/PID/pagemap"
