@@ -164,8 +164,11 @@ class Decoded:
         """The verdict's sentences on REP, each backed by its numbers."""
         return []
 
-    def report(self, in_use: InUse | None = None, leaks: LeakTotals | None = None) -> Report:
-        return build_report(self.view(), in_use, leaks, self.verdict)
+    def report(self, in_use: InUse | None = None, leaks: LeakTotals | None = None,
+               process_rss: int | None = None) -> Report:
+        """The report: this allocator's view, the blocks in use and the leak scan (when given), and the verdict,
+        whose remedies are weighed against the PROCESS_RSS when it is known."""
+        return build_report(self.view(), in_use, leaks, self.verdict, process_rss)
 
     def not_decoded(self) -> list[str]:
         """The verdict's first sentences when another allocator in the process could not be decoded: what this

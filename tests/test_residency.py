@@ -159,3 +159,19 @@ def test_no_share_is_over_100_percent_even_when_residency_says_more_than_the_wal
         for pct in (int(w.strip("(%),")) for w in sentence.split() if w.startswith("(") and w.endswith("%)")):
             assert 0 <= pct <= 100
     assert rep.idle_resident <= rep.free + rep.top
+
+
+def test_remedies_are_weighed_against_the_process_rss():
+    """The same fragmented heap: the arena cap is advised when its free memory is a fair share of the process's
+    RSS; where the process holds forty times more elsewhere (a service whose memory is mostly not malloc's),
+    the remedies are set aside with the figures that say why."""
+    frees = [3, 4, 5, 6, 7]
+    arenas = [_arena(0, "main", 2 * MiB, MiB, MiB, MiB // 2)] + \
+        [_arena(n, "thread", 8 * MiB, MiB, 7 * MiB, f * MiB) for n, f in enumerate(frees, 1)]
+    small = build_report(_view(arenas), verdict=verdict, process_rss=64 * MiB)
+    assert "MALLOC_ARENA_MAX=2" in " ".join(small.verdict)
+    large = build_report(_view(arenas), verdict=verdict, process_rss=2048 * MiB)
+    text = " ".join(large.verdict)
+    assert large.verdict[0].startswith("Fragmentation, not a leak") and "MALLOC_ARENA_MAX=2" not in text
+    assert large.verdict[2] == ("Trimming, fewer arenas or another allocator would give back at most 25.5 MiB, "
+                                "1.2% of the process's 2 GiB RSS: not worth a change here.")

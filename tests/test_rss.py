@@ -4,6 +4,7 @@ measured once and given to one owner, so that the rows add up to the whole, exac
 from __future__ import annotations
 
 from heapwalk.analysis.rss import Claim, rss_by_owner, spans_of
+from heapwalk.output.rsstext import rss_verdict
 from heapwalk.inferior.residency import Residency
 
 MiB = 1 << 20
@@ -66,3 +67,18 @@ def test_the_kernel_s_vsyscall_page_above_2_63_is_measured_like_any_other():
                        [], _measure([(0x10000, 0x11000)]), "resident", "test")
     assert {(r.kind, r.name, r.bytes) for r in rss.rows} == {("anonymous", "anonymous", 4096),
                                                              ("other", "[vsyscall]", 0)}
+
+
+def test_when_the_heaps_hold_little_of_the_rss_the_verdict_says_so_first_and_names_what_holds_it():
+    """An Apache child's shape: malloc's arenas hold 96 KiB of 8.6 MiB resident, APR's own mappings 7.4 MiB: the
+    verdict starts by saying the allocators explain 1% and that other anonymous memory holds the most."""
+    mappings = [(0x1000000, 0x1100000, "[heap]", True), (0x7F0000000000, 0x7F0000800000, "", True),
+                (0x7F0010000000, 0x7F0010200000, "/usr/sbin/apache2", False)]
+    runs = [(0x1000000, 0x1018000), (0x7F0000000000, 0x7F0000766666 & ~0xFFF), (0x7F0010000000, 0x7F0010100000)]
+    rss = rss_by_owner(spans_of(mappings), [Claim(0x1000000, 0x1100000, "heap", "glibc's malloc: arenas")],
+                       _measure(runs), "resident", "test")
+    (sentence,) = rss_verdict(rss)
+    assert sentence.startswith("The allocators' heaps hold 96 KiB of the process's 8.49 MiB resident (1%). Most of "
+                               "it is elsewhere")
+    assert "anonymous, 7.4 MiB (87%)" in sentence and "file code, 1 MiB (12%)" in sentence
+    assert rss_verdict(None) == []

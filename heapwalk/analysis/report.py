@@ -67,6 +67,7 @@ class Report:
     size_classes: tuple[SizeClass, ...] = ()  # the allocator's size classes of free pieces (none: it has none)
     in_use_groups: InUse | None = None      # the program's blocks by size and signature (None: not grouped)
     leaks: LeakTotals | None = None         # what a leak scan found (None: no scan)
+    process_rss: int | None = None          # the whole process's RSS, when known: remedies are weighed against it
 
     @property
     def system(self) -> int:
@@ -131,6 +132,24 @@ def leaking(lt: LeakTotals | None) -> bool:
     return lt is not None and lt.leaked_bytes >= MiB and lt.leaked_bytes >= 0.05 * lt.in_use_bytes
 
 
+#: a remedy that would give back less than this share of the process's RSS, or fewer bytes than WORTH_BYTES,
+#: is not worth a change (a restart, a setting) where the process's RSS is known
+WORTH = 0.05
+WORTH_BYTES = 2 * MiB
+
+
+def worth(rep: Report, amount: int) -> bool:
+    """Whether giving back AMOUNT bytes is worth a remedy: always when the process's RSS is not known, else when
+    it is at least `WORTH` of it and `WORTH_BYTES`."""
+    return rep.process_rss is None or (amount >= WORTH * rep.process_rss and amount >= WORTH_BYTES)
+
+
+def not_worth(rep: Report, amount: int, remedies: str) -> str:
+    """The sentence that sets REMEDIES aside: at most AMOUNT bytes, a small share of the process's RSS."""
+    return (f"{remedies} would give back at most {human(amount)}, {100 * amount / rep.process_rss:.1f}% of the "
+            f"process's {human(rep.process_rss)} RSS: not worth a change here.")
+
+
 def scan_sentence(lt: LeakTotals, noun: str = "chunk") -> str:
     """What the leak scan LT found, and where to look next, a block called NOUN (glibc's chunk, jemalloc's
     allocation)."""
@@ -185,9 +204,10 @@ def _histogram(sizes: Counter) -> tuple[list[Bucket], int, int]:
 
 
 def build_report(view: HeapView, in_use: InUse | None = None, leaks: LeakTotals | None = None,
-                 verdict: Callable[[Report], list[str]] | None = None) -> Report:
+                 verdict: Callable[[Report], list[str]] | None = None, process_rss: int | None = None) -> Report:
     """The report of an allocator's view of its heap; IN_USE and LEAKS when the blocks in use were grouped and
-    scanned for leaks; VERDICT (the allocator's) says what the numbers mean."""
+    scanned for leaks; VERDICT (the allocator's) says what the numbers mean, its remedies weighed against the
+    PROCESS_RSS when it is known."""
     all_sizes = sum(view.free_sizes.values(), Counter())
     histogram, largest, count = _histogram(all_sizes)
     rep = Report(view.allocator, list(view.arenas), view.large_count, view.large_bytes, histogram, largest, count,
@@ -198,6 +218,6 @@ def build_report(view: HeapView, in_use: InUse | None = None, leaks: LeakTotals 
     rep.trim_kept = dict(view.reclaim_kept)
     rep.per_arena = {n: _histogram(sizes)[0] for n, sizes in view.free_sizes.items()}
     rep.residency, rep.mmapped_resident = view.residency, view.large_resident
-    rep.in_use_groups, rep.leaks = in_use, leaks
+    rep.in_use_groups, rep.leaks, rep.process_rss = in_use, leaks, process_rss
     rep.verdict = list(verdict(rep)) if verdict is not None else []
     return rep

@@ -27,7 +27,7 @@ from heapwalk.gdb.session import (DebugParameter, SetPrefix, Settings, StringPar
 from heapwalk.gdb.subcommand import Parser, Subcommand, json_option
 from heapwalk.output.options import add_no_leaks, add_report_files
 from heapwalk.output.tables import several_text
-from heapwalk.output.rsstext import rss_document, rss_sentence, rss_table
+from heapwalk.output.rsstext import rss_document, rss_sentence, rss_table, rss_verdict
 from heapwalk.analysis.rss import rss_of_target
 
 __all__ = ["register"]
@@ -113,8 +113,9 @@ class ReportCommand(Subcommand):
             console.print(rss_sentence(rss) + "\n")
         for decoded, beside in _each(found):
             scanned = in_use_and_leaks(found, decoded) if not args.no_leaks and decoded.scans_leaks else None
-            rep = decoded.report(*(scanned[:2] if scanned else ()))
-            rep.verdict = decoded.not_decoded() + rep.verdict
+            in_use, leaks = scanned[:2] if scanned else (None, None)
+            rep = decoded.report(in_use, leaks, rss.total if rss is not None else None)
+            rep.verdict = decoded.not_decoded() + rss_verdict(rss) + rep.verdict
             console = console_with_header(decoded, beside)
             for part in decoded.report_parts(rep, interactive()):
                 console.print(part)

@@ -11,7 +11,7 @@ from heapwalk.analysis.report import human
 from heapwalk.analysis.rss import KINDS, RssBreakdown
 from heapwalk.output.consoles import box_for
 
-__all__ = ["rss_table", "rss_sentence", "rss_document", "FILES_SHOWN"]
+__all__ = ["rss_table", "rss_sentence", "rss_verdict", "rss_document", "FILES_SHOWN"]
 
 #: the files shown by name, the biggest first; the others are summed in one row
 FILES_SHOWN = 6
@@ -65,6 +65,14 @@ def rss_sentence(rss: RssBreakdown) -> str:
         text += (" Most of it is elsewhere, so the allocators' remedies cannot give much back: "
                  + " and ".join(named) + ".")
     return text
+
+
+def rss_verdict(rss: RssBreakdown | None) -> list[str]:
+    """The verdict's first sentence when the allocators' heaps hold little of the RSS (none otherwise, or when
+    the RSS is not known): the verdicts after it are about a small part of the process."""
+    if rss is None or not rss.total or rss.share(rss.of_kind("heap")) >= _LITTLE:
+        return []
+    return [rss_sentence(rss)]
 
 
 def rss_document(rss: RssBreakdown) -> dict[str, Any]:

@@ -5,7 +5,7 @@ M_TRIM_THRESHOLD, another allocator), with what each would save."""
 
 from __future__ import annotations
 
-from heapwalk.analysis.report import MiB, Report, human, scan_sentence
+from heapwalk.analysis.report import MiB, Report, human, not_worth, scan_sentence, worth
 from heapwalk.view import ArenaView
 
 __all__ = ["verdict", "arena_max_saving"]
@@ -63,9 +63,13 @@ def _fragmentation(rep: Report, held: int, idle: int, ram: bool) -> list[str]:
         out = [f"{_fragmentation_title(rep)}: {human(idle)} of the {human(held)} malloc holds in its arenas "
                f"({_pct(idle, held)}) is free (free chunks {human(rep.free)}, top chunks {human(rep.top)}); "
                f"{human(rep.in_use)} is in use."]
+    if not worth(rep, idle):
+        return out + [not_worth(rep, idle, "Trimming, fewer arenas or another allocator")]
     threads = [a for a in rep.arenas if a.kind == "thread"]
     if len(threads) > 1 and sum(_costs(a, ram)[0] for a in threads) >= 0.5 * held:
-        out.append(_arena_max_sentence(rep))
+        thread_idle = sum(_costs(a, ram)[1] for a in threads)
+        out.append(_arena_max_sentence(rep) if worth(rep, thread_idle) else
+                   not_worth(rep, thread_idle, "MALLOC_ARENA_MAX, or another allocator,"))
     small_free = sum(b.bytes for b in rep.histogram if b.high <= 4096)
     if rep.trim >= 0.1 * idle and rep.trim >= MiB:
         out.append(f"malloc_trim(0) would give back {human(rep.trim)} now. Calling it periodically (or after "
