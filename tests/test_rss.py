@@ -3,8 +3,8 @@ measured once and given to one owner, so that the rows add up to the whole, exac
 
 from __future__ import annotations
 
-from heapwalk.analysis.rss import Claim, rss_by_owner, spans_of
-from heapwalk.output.rsstext import rss_verdict
+from heapwalk.analysis.rss import Claim, rss_by_owner, rss_change, spans_of
+from heapwalk.output.rsstext import rss_change_lines, rss_verdict
 from heapwalk.inferior.residency import Residency
 
 MiB = 1 << 20
@@ -82,3 +82,15 @@ def test_when_the_heaps_hold_little_of_the_rss_the_verdict_says_so_first_and_nam
                                "it is elsewhere")
     assert "anonymous, 7.4 MiB (87%)" in sentence and "file code, 1 MiB (12%)" in sentence
     assert rss_verdict(None) == []
+
+
+def test_two_snapshots_are_compared_by_owner_and_growth_outside_the_heaps_is_said():
+    """'heapwalk diff': the kinds before and after, the total last; a process whose anonymous mappings grew 40
+    MiB while its heaps grew 2 MiB is said to grow outside the allocators' heaps."""
+    a = {"total": 100 * MiB, "rows": [{"kind": "heap", "bytes": 60 * MiB}, {"kind": "anonymous", "bytes": 40 * MiB}]}
+    b = {"total": 142 * MiB, "rows": [{"kind": "heap", "bytes": 62 * MiB}, {"kind": "anonymous", "bytes": 80 * MiB}]}
+    change = rss_change(a, b)
+    assert change == [("heap", 60 * MiB, 62 * MiB), ("anonymous", 40 * MiB, 80 * MiB), ("total", 100 * MiB, 142 * MiB)]
+    lines = rss_change_lines(change)
+    assert lines[-1] == "  most of the growth, 40 MiB of 42 MiB, is outside the allocators' heaps"
+    assert rss_change(a, None) is None and "not compared" in rss_change_lines(None)[0]

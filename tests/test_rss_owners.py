@@ -59,7 +59,15 @@ def test_a_capture_puts_every_resident_byte_with_one_owner(name, jemalloc, tmp_p
     stacks = [n for kind, n in rows if kind == "stack"]
     assert len(stacks) == len(record["thread_names"]), stacks
     said = " ".join(result.stdout.split())
-    assert "where the RSS is" in said and f"The allocators' heaps hold" in said
+    assert "where the RSS is" in said and "The allocators' heaps hold" in said
+    # 'heapwalk diff' of the capture with itself: every kind unchanged, the same total
+    out = tmp_path / "diff.json"
+    same = subprocess.run([str(CLI), "diff", str(tmp_path / "out"), str(tmp_path / "out"), "--json", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert same.returncode == 0 and "RSS by owner:" in same.stdout, same.stderr
+    owners = json.loads(out.read_text())["rss_by_owner"]
+    assert owners[-1] == {"kind": "total", "before": rss["total"], "after": rss["total"]}
+    assert all(o["before"] == o["after"] for o in owners)
 
 
 def test_gdb_attached_to_a_process_sums_to_its_rss(tmp_path):

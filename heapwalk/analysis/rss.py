@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["Claim", "Span", "RssRow", "RssBreakdown", "spans_of", "rss_by_owner", "KINDS"]
+__all__ = ["Claim", "Span", "RssRow", "RssBreakdown", "spans_of", "rss_by_owner", "rss_of_target", "rss_change",
+           "KINDS"]
 
 #: the kinds of owner, in the order a breakdown lists them
 KINDS = ("heap", "stack", "anonymous", "shared", "file code", "file data", "other")
@@ -187,3 +188,23 @@ def rss_of_target(target, claims: Sequence[Claim]) -> RssBreakdown | None:
 def _touches(ranges: list[tuple[int, int]], start: int, end: int) -> bool:
     """Whether [START, END) overlaps any of RANGES."""
     return any(a < end and start < b for a, b in ranges)
+
+
+def rss_change(a: dict | None, b: dict | None) -> list[tuple[str, int, int]] | None:
+    """Two snapshots' RSS by owner (the reports' ``rss_by_owner`` objects) compared by kind: (kind, bytes
+    before, bytes after) for every kind either has, the heaps first, then "total"; None unless both have it."""
+    if not isinstance(a, dict) or not isinstance(b, dict):
+        return None
+    def by_kind(doc: dict) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for row in doc.get("rows") or []:
+            if isinstance(row, dict) and isinstance(row.get("bytes"), int):
+                out[str(row.get("kind"))] = out.get(str(row.get("kind")), 0) + row["bytes"]
+        return out
+    ka, kb = by_kind(a), by_kind(b)
+    kinds = [k for k in KINDS if k in ka or k in kb] + sorted((set(ka) | set(kb)) - set(KINDS))
+    total = (a.get("total"), b.get("total"))
+    out = [(k, ka.get(k, 0), kb.get(k, 0)) for k in kinds]
+    if all(isinstance(t, int) for t in total):
+        out.append(("total", total[0], total[1]))
+    return out

@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import List, Optional, Tuple
 
 from heapwalk.analysis.diff import ArenaTotals, Signatures, diff
+from heapwalk.analysis.rss import rss_change
+from heapwalk.output.rsstext import rss_change_lines
 from heapwalk.cli.cores import open_core, report_command
 from heapwalk.cli.gdbmi import CliError
 from heapwalk.output import jsondoc
@@ -33,10 +35,10 @@ def process_rss(path: Path) -> int | None:
 Snapshot = List[Tuple[str, List[ArenaTotals], Optional[Signatures]]]
 
 
-def _snapshot(args, path: Path, out: Path) -> Snapshot:
-    """Each allocator of PATH's report, named, with its arenas and its blocks in use by signature: read as is
-    when it is JSON, computed with gdb (written to OUT) when it is a core; a capture's folder stands for its
-    report.json."""
+def _snapshot(args, path: Path, out: Path) -> tuple[Snapshot, dict | None]:
+    """Each allocator of PATH's report, named, with its arenas and its blocks in use by signature, and the
+    process's RSS by owner where the report has it: read as is when it is JSON, computed with gdb (written to
+    OUT) when it is a core; a capture's folder stands for its report.json."""
     if path.is_dir() and (path / "report.json").exists():
         path = path / "report.json"
     if not path.exists():
@@ -53,8 +55,10 @@ def _snapshot(args, path: Path, out: Path) -> Snapshot:
     except (ValueError, UnicodeDecodeError):
         raise CliError(f"heapwalk: {path} is neither a core file nor heapwalk JSON") from None
     try:
-        return [(name, jsondoc.read_snapshot(part), jsondoc.read_signatures(part))
-                for name, part in jsondoc.allocator_parts(doc if isinstance(doc, dict) else {})]
+        parts = jsondoc.allocator_parts(doc if isinstance(doc, dict) else {})
+        rss = next((part.get("rss_by_owner") for _, part in parts if isinstance(part.get("rss_by_owner"), dict)),
+                   None)
+        return [(name, jsondoc.read_snapshot(part), jsondoc.read_signatures(part)) for name, part in parts], rss
     except jsondoc.DocumentError as exc:
         raise CliError(f"heapwalk: {path}: {exc}") from None
 
@@ -76,7 +80,8 @@ def cmd_diff(args) -> int:
     workdir = Path(os.environ.get("TMPDIR", "/tmp")) / f"heapwalk-diff-{os.getpid()}"
     workdir.mkdir(parents=True, exist_ok=True)
     try:
-        a, b = _snapshot(args, args.a, workdir / "a.json"), _snapshot(args, args.b, workdir / "b.json")
+        (a, owners_a), (b, owners_b) = (_snapshot(args, args.a, workdir / "a.json"),
+                                        _snapshot(args, args.b, workdir / "b.json"))
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     pairs, alone = _pairs(a, b)
@@ -89,7 +94,12 @@ def cmd_diff(args) -> int:
     if None not in rss:
         print(f"RSS of the process (capture.json): {rss[0] / (1 << 20):.1f} MiB -> {rss[1] / (1 << 20):.1f} MiB "
               f"({(rss[1] - rss[0]) / (1 << 20):+.1f})")
-    document = {**jsondoc.diff_json(diffs[0][1]), "process_rss": None if None in rss else rss}
+    owners = rss_change(owners_a, owners_b)
+    for line in rss_change_lines(owners):
+        print(line)
+    document = {**jsondoc.diff_json(diffs[0][1]), "process_rss": None if None in rss else rss,
+                "rss_by_owner": None if owners is None else [{"kind": k, "before": x, "after": y}
+                                                             for k, x, y in owners]}
     if len(diffs) > 1:
         document["allocators"] = {name: jsondoc.diff_json(d) for name, d in diffs}
     if args.json:

@@ -11,7 +11,7 @@ from heapwalk.analysis.report import human
 from heapwalk.analysis.rss import KINDS, RssBreakdown
 from heapwalk.output.consoles import box_for
 
-__all__ = ["rss_table", "rss_sentence", "rss_verdict", "rss_document", "FILES_SHOWN"]
+__all__ = ["rss_table", "rss_sentence", "rss_verdict", "rss_document", "rss_change_lines", "FILES_SHOWN"]
 
 #: the files shown by name, the biggest first; the others are summed in one row
 FILES_SHOWN = 6
@@ -80,3 +80,19 @@ def rss_document(rss: RssBreakdown) -> dict[str, Any]:
     return {"measure": rss.measure, "source": rss.source, "total": rss.total,
             "rows": [{"kind": r.kind, "name": r.name, "bytes": r.bytes, "mapped": r.mapped, "count": r.count}
                      for r in rss.rows]}
+
+
+def rss_change_lines(change: list[tuple[str, int, int]] | None) -> list[str]:
+    """The lines 'heapwalk diff' prints of two snapshots' RSS by owner (`analysis.rss.rss_change`): each kind,
+    before and after, and what grew outside the allocators' heaps said first when that is most of the growth."""
+    if change is None:
+        return ["RSS by owner: not compared (a snapshot does not say which pages were in RAM: take both with "
+                "'heapwalk capture')"]
+    lines = ["RSS by owner:"] + [f"  {kind:<10} {human(x):>10} -> {human(y):>10} ({'+' if y >= x else '-'}"
+                                 f"{human(abs(y - x))})" for kind, x, y in change]
+    grown = {kind: y - x for kind, x, y in change if kind != "total"}
+    total = sum(v for v in grown.values() if v > 0)
+    outside = sum(v for k, v in grown.items() if v > 0 and k != "heap")
+    if total and outside > total / 2:
+        lines.append(f"  most of the growth, {human(outside)} of {human(total)}, is outside the allocators' heaps")
+    return lines
