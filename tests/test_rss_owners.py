@@ -60,6 +60,9 @@ def test_a_capture_puts_every_resident_byte_with_one_owner(name, jemalloc, tmp_p
     assert len(stacks) == len(record["thread_names"]), stacks
     said = " ".join(result.stdout.split())
     assert "where the RSS is" in said and "The allocators' heaps hold" in said
+    page = (tmp_path / "out" / "report.html").read_text()     # the page's first picture: the RSS bar
+    assert page.index('<section id="rss">') < page.index('<section id="verdict">')
+    assert f'data-kind="heap" data-bytes="{heap}"' in page
     # 'heapwalk diff' of the capture with itself: every kind unchanged, the same total
     out = tmp_path / "diff.json"
     same = subprocess.run([str(CLI), "diff", str(tmp_path / "out"), str(tmp_path / "out"), "--json", str(out)],

@@ -33,7 +33,7 @@ def report_html(doc: dict[str, Any], facts: list[tuple[str, str]], sections: Seq
     then the allocator's SECTIONS; MADE_BY says how it was made (the command, the time), in the footer.  For a
     process with more than one allocator, BESIDE holds each other's (heading, id prefix, sections), drawn
     after the first's, and BOTH says what each holds."""
-    body = [_header(doc, facts), *sections]
+    body = [_header(doc, facts), rss_section(doc.get("rss_by_owner")), *sections]
     if beside:
         body.insert(2, f'<p class="warn">{e(both)}</p>')
     for heading, prefix, parts in beside:
@@ -43,6 +43,35 @@ def report_html(doc: dict[str, Any], facts: list[tuple[str, str]], sections: Seq
     if made_by:
         body.append(f"<footer>{e(made_by)}</footer>")
     return page(f"heapwalk report: {doc.get('target') or 'heap'}", "\n".join(b for b in body if b))
+
+
+#: the colour of each kind of owner in the RSS bar
+RSS_COLOURS = {"heap": "#4c78a8", "stack": "#f58518", "anonymous": "#e45756", "shared": "#72b7b2",
+               "file code": "#54a24b", "file data": "#b279a2", "other": "#9d9da0"}
+#: the rows of the RSS table shown, the biggest first (the JSON has them all)
+RSS_ROWS = 12
+
+
+def rss_section(rss: dict[str, Any] | None) -> str:
+    """The process's RSS by owner (the report's ``rss_by_owner``): one bar of its kinds, and its biggest owners
+    in a table; nothing when the report has none."""
+    if not isinstance(rss, dict) or not rss.get("total"):
+        return ""
+    rows = rss.get("rows") or []
+    kinds: dict[str, int] = {}
+    for r in rows:
+        kinds[r["kind"]] = kinds.get(r["kind"], 0) + r["bytes"]
+    chart = stacked_chart([("RSS", [(k, n) for k, n in kinds.items()])], RSS_COLOURS, {k: k for k in kinds},
+                          f"the process's RSS by owner: {human(rss['total'])}")
+    total = rss["total"]
+    biggest = sorted(rows, key=lambda r: -r["bytes"])[:RSS_ROWS]
+    listed = table(("owner", "what", rss.get("measure") or "resident", "share", "mapped"),
+                   [(e(r["kind"]), e(r["name"] if r.get("count", 1) == 1 else f"{r['name']} ({r['count']})"),
+                     human(r["bytes"]), f"{100 * r['bytes'] / total:.0f}%", human(r["mapped"])) for r in biggest],
+                   left=(0, 1), wrap=(1,), foot=("RSS", "", human(total), "100%", ""))
+    intro = (f"<p>Every {e(rss.get('measure') or 'resident')} byte of the process, by owner "
+             f"({e(rss.get('source') or '')}); the {min(len(rows), RSS_ROWS)} biggest of {len(rows)} owners.</p>")
+    return section("rss", "Where the RSS is", intro, chart, listed)
 
 
 def plain_sections(doc: dict[str, Any], strips: Sequence[HeapStrip], words: Words, name: str) -> list[str]:
