@@ -111,6 +111,8 @@ class HeapView:
     reclaim_kept: Mapping[str, int] = field(default_factory=dict)  # free bytes it would keep, by reason
     residency: str = ""                          # where the arenas' resident bytes come from ("": unknown)
     large_resident: int | None = None            # resident bytes of the large allocations, when known
+    thresholds: Mapping[str, int] = field(default_factory=dict)  # the allocator's thresholds as they stand (glibc:
+    #                                            trim_threshold, mmap_threshold, no_dyn_threshold from mp_)
 
 
 @dataclass(frozen=True)

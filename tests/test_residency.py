@@ -4,6 +4,7 @@ what MALLOC_ARENA_MAX would have saved), without gdb."""
 
 from __future__ import annotations
 
+import dataclasses
 import mmap
 import os
 from collections import Counter
@@ -175,3 +176,33 @@ def test_remedies_are_weighed_against_the_process_rss():
     assert large.verdict[0].startswith("Fragmentation, not a leak") and "MALLOC_ARENA_MAX=2" not in text
     assert large.verdict[2] == ("Trimming, fewer arenas or another allocator would give back at most 25.5 MiB, "
                                 "1.2% of the process's 2 GiB RSS: not worth a change here.")
+
+
+def _main_top_view(thresholds: dict) -> HeapView:
+    """php-fpm's shape after ImageMagick freed its big buffers: the main arena's top chunk holds 42 MiB of its
+    44 MiB free, the thresholds as THRESHOLDS say (a core that does not say what is in RAM)."""
+    main = _arena(0, "main", 48 * MiB, 4 * MiB, 2 * MiB, None, top=42 * MiB, reclaim=41 * MiB)
+    view = _view([main], "")
+    return dataclasses.replace(view, thresholds=thresholds)
+
+
+def test_a_top_chunk_kept_under_a_raised_trim_threshold_is_named_with_its_reason_and_its_remedies():
+    """When the main arena's top chunk holds most of the free memory and is under a trim threshold glibc raised
+    on its own (the dynamic thresholds), the verdict says so first, gives the threshold and what pins it (the
+    variables from the next start, mallopt in the program) and what malloc_trim(0) gives back now; with the
+    default thresholds it does not, and a threshold set by the user is said to be set."""
+    raised = build_report(_main_top_view({"trim_threshold": 48005120, "mmap_threshold": 24002560,
+                                          "no_dyn_threshold": 0}), verdict=verdict)
+    assert raised.verdict[0].startswith("Free memory glibc keeps under its trim threshold, not fragmentation")
+    kept = next(s for s in raised.verdict if s.startswith("The main arena's top chunk holds 42 MiB"))
+    assert "now 45.8 MiB, which glibc raised from 128 KiB on its own" in kept and "to 22.9 MiB" in kept
+    assert "MALLOC_TRIM_THRESHOLD_ and MALLOC_MMAP_THRESHOLD_ in the environment (from the next start)" in kept
+    assert kept.endswith("malloc_trim(0) gives back 41 MiB now, with neither.")
+    assert not any("pin the break" in s for s in raised.verdict)
+    pinned = build_report(_main_top_view({"trim_threshold": 48005120, "mmap_threshold": 24002560,
+                                          "no_dyn_threshold": 1}), verdict=verdict)
+    assert any("as MALLOC_TRIM_THRESHOLD_ or mallopt(M_TRIM_THRESHOLD) set it" in s for s in pinned.verdict)
+    default = build_report(_main_top_view({"trim_threshold": 131072, "mmap_threshold": 131072,
+                                           "no_dyn_threshold": 0}), verdict=verdict)
+    assert default.verdict[0].startswith("Fragmentation, not a leak")
+    assert not any("trim threshold, now" in s for s in default.verdict)

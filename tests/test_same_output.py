@@ -60,6 +60,10 @@ RENAMED = {b"attached_threads |": b"threads glibc counts |",
            b"time apart ('heapwalk diff A B') show what grows.",
            b"8 x the CPU count (the default; the core does not record the CPU count)":
            b"8 x the CPU count (the default; the core does not record the CPU count: 'heapwalk capture' does)",
+           # the trim sentence's remedies said again (issue 41: the variable needs a restart, malloc_trim does not)
+           b"now. Calling it periodically (or after peaks), or a lower M_TRIM_THRESHOLD, returns such memory without "
+           b"a restart.": b"now: the program calling it (periodically, or after peaks) returns such memory without "
+           b"a restart; MALLOC_TRIM_THRESHOLD_ lowers the threshold from the next start.",
            b"arena limit 8 x the CPU count (default)":
            b"arena limit 8 x the CPU count (the default; the core does not record the CPU count: 'heapwalk "
            b"capture' does)"}
@@ -70,13 +74,14 @@ RENAMED = {b"attached_threads |": b"threads glibc counts |",
 #: and every document names its allocator, and each thread its name (issue 39)
 ADDED_LINES = (b"in RAM: unknown (this core does not say which pages were resident: a core 'heapwalk capture' wrote "
                b"does, and a live process)\n",)
-ADDED_KEYS = {"document": ("allocator",), "threads": ("name",), "report": ("residency", "in_use", "leaks", "by_size_class"),
+ADDED_KEYS = {"document": ("allocator", "rss_by_owner"), "threads": ("name",), "report": ("residency", "in_use", "leaks", "by_size_class"),
               "arenas": ("rss", "free_resident", "top_resident"),
               "totals": ("rss", "free_resident"), "mmapped": ("resident",)}
 
 
 #: the clause added to the verdict's MALLOC_ARENA_MAX sentence: what the cap would have saved
 ADDED_CLAUSE = re.compile(rb"; it would have saved the free memory .*? depends on the order threads came in\)\.")
+
 
 
 def _without_added(key: str, data: bytes) -> bytes:

@@ -68,6 +68,7 @@ class Report:
     in_use_groups: InUse | None = None      # the program's blocks by size and signature (None: not grouped)
     leaks: LeakTotals | None = None         # what a leak scan found (None: no scan)
     process_rss: int | None = None          # the whole process's RSS, when known: remedies are weighed against it
+    thresholds: dict = field(default_factory=dict)  # the allocator's thresholds (`HeapView.thresholds`)
 
     @property
     def system(self) -> int:
@@ -219,5 +220,6 @@ def build_report(view: HeapView, in_use: InUse | None = None, leaks: LeakTotals 
     rep.per_arena = {n: _histogram(sizes)[0] for n, sizes in view.free_sizes.items()}
     rep.residency, rep.mmapped_resident = view.residency, view.large_resident
     rep.in_use_groups, rep.leaks, rep.process_rss = in_use, leaks, process_rss
+    rep.thresholds = dict(view.thresholds)
     rep.verdict = list(verdict(rep)) if verdict is not None else []
     return rep

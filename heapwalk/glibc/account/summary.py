@@ -34,7 +34,16 @@ def heap_view(state: HeapState) -> HeapView:
         arenas_idle=sum(1 for a in state.arenas if a.on_free_list), reclaim_total=sum(t.total for t in trims),
         reclaim_kept=MappingProxyType({k: sum(t.kept[k] for t in trims) for k in KEPT_REASONS}),
         residency=state.residency.source if state.residency is not None else "",
-        large_resident=mmapped_resident(state, state.residency))
+        large_resident=mmapped_resident(state, state.residency),
+        thresholds=MappingProxyType(_thresholds(state)))
+
+
+def _thresholds(state: HeapState) -> dict[str, int]:
+    """mp_'s trim and mmap thresholds and whether they are pinned (no_dyn_threshold), where mp_ was read."""
+    if not state.mp:
+        return {}
+    values = {k: state.mp.get(k) for k in ("trim_threshold", "mmap_threshold", "no_dyn_threshold")}
+    return {k: v for k, v in values.items() if isinstance(v, int) and not isinstance(v, bool)}
 
 
 def arena_limit(state: HeapState) -> str:

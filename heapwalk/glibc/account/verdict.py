@@ -54,13 +54,14 @@ def _arena_max_sentence(rep: Report) -> str:
 
 def _fragmentation(rep: Report, held: int, idle: int, ram: bool) -> list[str]:
     """The sentences of a heap whose free memory (in RAM, when known) is a quarter or more of what it holds."""
+    title = _fragmentation_title(rep, idle, ram)
     if ram:
         free_res = sum(min(a.free_resident or 0, a.free_total) for a in rep.arenas)
-        out = [f"{_fragmentation_title(rep)}: {human(idle)} of the {human(held)} of malloc's arenas in RAM "
+        out = [f"{title}: {human(idle)} of the {human(held)} of malloc's arenas in RAM "
                f"({_pct(idle, held)}) is free (free chunks {human(free_res)}, top chunks {human(idle - free_res)}); "
                f"{human(rep.in_use)} is in use."]
     else:
-        out = [f"{_fragmentation_title(rep)}: {human(idle)} of the {human(held)} malloc holds in its arenas "
+        out = [f"{title}: {human(idle)} of the {human(held)} malloc holds in its arenas "
                f"({_pct(idle, held)}) is free (free chunks {human(rep.free)}, top chunks {human(rep.top)}); "
                f"{human(rep.in_use)} is in use."]
     if not worth(rep, idle):
@@ -71,9 +72,13 @@ def _fragmentation(rep: Report, held: int, idle: int, ram: bool) -> list[str]:
         out.append(_arena_max_sentence(rep) if worth(rep, thread_idle) else
                    not_worth(rep, thread_idle, "MALLOC_ARENA_MAX, or another allocator,"))
     small_free = sum(b.bytes for b in rep.histogram if b.high <= 4096)
-    if rep.trim >= 0.1 * idle and rep.trim >= MiB:
-        out.append(f"malloc_trim(0) would give back {human(rep.trim)} now. Calling it periodically (or after "
-                   "peaks), or a lower M_TRIM_THRESHOLD, returns such memory without a restart.")
+    kept = _kept_by_threshold(rep, idle, ram)
+    if kept:
+        out.append(kept)
+    elif rep.trim >= 0.1 * idle and rep.trim >= MiB:
+        out.append(f"malloc_trim(0) would give back {human(rep.trim)} now: the program calling it (periodically, "
+                   "or after peaks) returns such memory without a restart; MALLOC_TRIM_THRESHOLD_ lowers the "
+                   "threshold from the next start.")
     elif ram and rep.trim_kept.get("sub_page", 0) >= 0.5 * idle:
         out.append(f"{human(rep.trim_kept['sub_page'])} of free memory lies in pieces under a page (small free "
                    "chunks, and the ends and links of larger ones), which malloc_trim(0) cannot return: it would "
@@ -92,8 +97,46 @@ def _fragmentation(rep: Report, held: int, idle: int, ram: bool) -> list[str]:
     return out
 
 
-def _fragmentation_title(rep: Report) -> str:
-    return "Fragmentation and a leak" if rep.leaking else "Fragmentation, not a leak"
+#: glibc's trim threshold when nothing raised or set it (DEFAULT_TOP_PAD's neighbour: M_TRIM_THRESHOLD's default)
+_DEFAULT_TRIM = 128 * 1024
+
+
+def _kept_by_threshold(rep: Report, idle: int, ram: bool) -> str | None:
+    """The sentence for a main arena whose top chunk holds most of the free memory because it is under the trim
+    threshold (glibc gives a top back only past it), with why the threshold is what it is and what lowers it;
+    None when that is not the case, or the thresholds are not known."""
+    main = next((a for a in rep.arenas if a.kind == "main"), None)
+    trim = rep.thresholds.get("trim_threshold")
+    if main is None or not isinstance(trim, int) or trim <= _DEFAULT_TRIM:
+        return None
+    top = min(main.top_resident or 0, main.top) if ram else main.top
+    if top < 0.5 * idle or top > trim or top < MiB or main.reclaim < top // 2:
+        return None            # (a top trim cannot lower is pinned by the chunks above it: said apart)
+    where = " in RAM" if ram else ""
+    text = (f"The main arena's top chunk holds {human(top)}{where} of the {human(idle)} free ({_pct(top, idle)}): "
+            f"glibc gives a top back only when it grows past the trim threshold, now {human(trim)}")
+    mmap = rep.thresholds.get("mmap_threshold")
+    if rep.thresholds.get("no_dyn_threshold") == 0:
+        raised = f" to {human(mmap)}" if isinstance(mmap, int) else ""
+        text += (f", which glibc raised from {human(_DEFAULT_TRIM)} on its own: freeing a chunk it had mmapped "
+                 f"raised the mmap threshold{raised} and the trim threshold to twice that (its dynamic "
+                 "thresholds). MALLOC_TRIM_THRESHOLD_ and MALLOC_MMAP_THRESHOLD_ in the environment (from the "
+                 "next start) or mallopt(M_TRIM_THRESHOLD) and mallopt(M_MMAP_THRESHOLD) in the program pin both "
+                 "and keep them low")
+    else:
+        text += (", as MALLOC_TRIM_THRESHOLD_ or mallopt(M_TRIM_THRESHOLD) set it: a lower value (from the next "
+                 "start, for the variable) returns such a top")
+    return text + f"; malloc_trim(0) gives back {human(rep.trim)} now, with neither."
+
+
+def _fragmentation_title(rep: Report, idle: int | None = None, ram: bool = False) -> str:
+    """The verdict's first words for free memory: a leak beside it, or most of it a top chunk glibc keeps under
+    its trim threshold (given IDLE, the free bytes, in RAM when RAM), or fragmentation."""
+    if rep.leaking:
+        return "Fragmentation and a leak"
+    if idle is not None and _kept_by_threshold(rep, idle, ram):
+        return "Free memory glibc keeps under its trim threshold, not fragmentation nor a leak"
+    return "Fragmentation, not a leak"
 
 
 def _leaked_part(rep: Report) -> str:
@@ -162,7 +205,7 @@ def verdict(rep: Report) -> list[str]:
                    f"{'growth' if rep.leaks is None else 'a leak'} stands out.")
     if rep.leaks is not None:
         out.insert(1, _scan_sentence(rep))
-    if ram and out[0].startswith("Fragmentation") and gone >= MiB:
+    if ram and out[0].startswith(("Fragmentation", "Free memory glibc keeps")) and gone >= MiB:
         out.insert(1, f"A further {human(gone)} is free but not in RAM (given back, or never touched): address "
                       "space, not memory.")
     if rep.mmapped_bytes >= 0.25 * (held + rep.mmapped_bytes) and rep.mmapped_bytes >= MiB:
