@@ -11,10 +11,13 @@ from heapwalk.analysis.report import human
 from heapwalk.analysis.rss import KINDS, RssBreakdown
 from heapwalk.output.consoles import box_for
 
-__all__ = ["rss_table", "rss_sentence", "rss_verdict", "rss_document", "rss_change_lines", "FILES_SHOWN"]
+__all__ = ["RSS_UNKNOWN", "rss_table", "rss_sentence", "rss_verdict", "rss_document", "rss_change_lines", "FILES_SHOWN"]
 
 #: the files shown by name, the biggest first; the others are summed in one row
 FILES_SHOWN = 6
+#: what the report says of a core that cannot tell which pages were resident
+RSS_UNKNOWN = ("where the RSS is: not known (this core does not say which pages were resident; 'heapwalk capture "
+               "PID' takes a core that does, and the report of a live process shows it)")
 #: below this share of RSS, the allocators are said to explain little of it
 _LITTLE = 0.25
 
