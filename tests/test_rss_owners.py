@@ -1,18 +1,21 @@
-"""The process's RSS by owner on real processes: 'heapwalk capture PID' of a reproducer at its snapshot, and
-gdb attached to it: every resident byte has one owner, the rows add up to the RSS /proc/PID/smaps gives at
-the same instant (the process stopped), the allocators' heaps are what their own arenas' RSS says, and each
-thread's stack is its own row."""
+"""The process's RSS by owner, and the reason for what stays, on real processes: 'heapwalk capture PID' of a
+reproducer at its snapshot, and gdb attached to it: every resident byte has one owner, the rows add up to the
+RSS /proc/PID/smaps gives at the same instant (the process stopped), the allocators' heaps are what their own
+arenas' RSS says, and each thread's stack is its own row; a top chunk kept under a raised trim threshold is
+named with its reason."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from conftest import BINDIR, NO_SYMBOLS, SYSROOTS, run_gdb
+from conftest import BINDIR, NO_SYMBOLS, ROOT, SYSROOTS, run_gdb
 import harness
 from heapwalk.cli.proc import read_smaps
 
@@ -88,3 +91,39 @@ def test_gdb_attached_to_a_process_sums_to_its_rss(tmp_path):
     rss = json.loads(out.read_text())["rss_by_owner"]
     assert rss["total"] == sum(m["rss"] for m in smaps) == sum(r["bytes"] for r in rss["rows"])
     assert rss["source"] == "the process's page map, /proc/PID/pagemap"
+
+
+def _raised(tmp_path: Path, env: dict[str, str]) -> tuple[dict, str]:
+    """cores/raised_threshold.c run to its stop (with ENV) and captured: (the report's JSON, what it printed)."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    exe = tmp_path / "raised_threshold"
+    subprocess.run(["gcc", "-O1", "-o", str(exe), str(ROOT / "cores" / "raised_threshold.c")], check=True)
+    proc = subprocess.Popen([str(exe)], env={**os.environ, **env})
+    try:
+        deadline = time.monotonic() + 30
+        while Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("T", "t"):
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.02)
+        result = subprocess.run([str(CLI), "capture", str(proc.pid), "--out", str(tmp_path / "out"), "--no-symbols"],
+                                capture_output=True, text=True, timeout=300)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert result.returncode == 0, result.stderr
+    return json.loads((tmp_path / "out" / "report.json").read_text()), " ".join(result.stdout.split())
+
+
+def test_a_top_kept_under_a_trim_threshold_glibc_raised_is_named_on_a_real_process(tmp_path):
+    """A 20 MiB block freed from its mapping raised glibc's thresholds (mmap 20 MiB, trim 40 MiB, as mp_ says);
+    the ~29 MiB top the freed small blocks left is under it: the verdict names the top, the thresholds, what pins
+    them and what malloc_trim(0) gives back; with MALLOC_TRIM_THRESHOLD_ set, it says the user set it."""
+    doc, said = _raised(tmp_path / "dynamic", {})
+    assert doc["mp"]["mmap_threshold"] >= 20 << 20 and doc["mp"]["trim_threshold"] == 2 * doc["mp"]["mmap_threshold"]
+    verdict = doc["report"]["verdict"]
+    assert verdict[0].startswith("Free memory glibc keeps under its trim threshold, not fragmentation nor a leak")
+    kept = next(s for s in verdict if s.startswith("The main arena's top chunk holds"))
+    assert "which glibc raised from 128 KiB on its own" in kept and "malloc_trim(0) gives back" in kept
+    assert kept in said
+    pinned, _ = _raised(tmp_path / "pinned", {"MALLOC_TRIM_THRESHOLD_": str(64 << 20)})
+    assert pinned["mp"]["no_dyn_threshold"] == 1
+    assert any("as MALLOC_TRIM_THRESHOLD_ or mallopt(M_TRIM_THRESHOLD) set it" in s for s in pinned["report"]["verdict"])
