@@ -35,7 +35,8 @@ def test_every_resident_byte_has_one_owner_and_the_rows_add_up_to_the_whole():
     rss = rss_by_owner(spans_of(mappings), claims, _measure(runs), "resident", "test")
     got = {(r.kind, r.name): r.bytes for r in rss.rows}
     assert got == {("heap", "glibc's arenas"): 2 * MiB + 8 * MiB, ("stack", "thread 2"): MiB // 2,
-                   ("anonymous", "[heap]"): MiB, ("anonymous", "anonymous"): 16 * MiB,
+                   ("anonymous", "[heap]"): MiB, ("anonymous", "at 0x7f0000000000"): 16 * MiB,
+                   ("anonymous", "at 0x7f0010000000"): 0,
                    ("shared", "/dev/shm/pool"): MiB, ("file code", "/usr/lib/libc.so.6"): MiB // 2,
                    ("file data", "/usr/lib/libc.so.6"): 16384, ("other", "[vdso]"): 4096}
     assert rss.total == sum(b - a for a, b in runs) == sum(got.values())
@@ -49,7 +50,7 @@ def test_a_core_s_anonymous_memory_is_what_its_segments_hold_beside_the_files_it
     spans = spans_of([(0x400000, 0x401000, "/usr/bin/prog", False)],
                      regions=[(0x400000, 0x401000), (0x500000, 0x540000)])
     assert [(s.start, s.kind, s.name) for s in spans] == [(0x400000, "file code", "/usr/bin/prog"),
-                                                          (0x500000, "anonymous", "anonymous")]
+                                                          (0x500000, "anonymous", "at 0x500000")]
 
 def test_a_claim_outside_every_mapping_counts_nowhere():
     """What an allocator claims beyond the address space (damage) adds nothing: the total stays the space's."""
@@ -65,7 +66,7 @@ def test_the_kernel_s_vsyscall_page_above_2_63_is_measured_like_any_other():
     rss = rss_by_owner(spans_of([(0x10000, 0x11000, "", True), (0xFFFFFFFFFF600000, 0xFFFFFFFFFF601000,
                                                                  "[vsyscall]", False)]),
                        [], _measure([(0x10000, 0x11000)]), "resident", "test")
-    assert {(r.kind, r.name, r.bytes) for r in rss.rows} == {("anonymous", "anonymous", 4096),
+    assert {(r.kind, r.name, r.bytes) for r in rss.rows} == {("anonymous", "at 0x10000", 4096),
                                                              ("other", "[vsyscall]", 0)}
 
 

@@ -127,3 +127,46 @@ def test_a_top_kept_under_a_trim_threshold_glibc_raised_is_named_on_a_real_proce
     pinned, _ = _raised(tmp_path / "pinned", {"MALLOC_TRIM_THRESHOLD_": str(64 << 20)})
     assert pinned["mp"]["no_dyn_threshold"] == 1
     assert any("as MALLOC_TRIM_THRESHOLD_ or mallopt(M_TRIM_THRESHOLD) set it" in s for s in pinned["report"]["verdict"])
+
+
+def test_every_owner_of_a_process_with_a_ledger_is_what_it_mapped_and_touched(tmp_path):
+    """cores/rss_owners.c: its own pool (8 MiB, 5 MiB touched) is one anonymous row of exactly 5 MiB; its POSIX
+    shared memory (4 MiB, 3 MiB touched) a shared row of exactly 3 MiB; each of its three threads' 512 KiB stacks
+    a row that exceeds the depth it touched (64, 128, 192 KiB) by the same few pages (the thread's descriptor
+    and TLS at the top of its stack, and its first frames); and the rows add up to the RSS."""
+    exe = tmp_path / "rss_owners"
+    subprocess.run(["gcc", "-O1", "-Wall", "-pthread", "-o", str(exe), str(ROOT / "cores" / "rss_owners.c")],
+                   check=True)
+    run = tmp_path / "run"
+    run.mkdir()
+    proc = subprocess.Popen([str(exe), str(run)])
+    try:
+        deadline = time.monotonic() + 30
+        while Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("T", "t"):
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.02)
+        result = subprocess.run([str(CLI), "capture", str(proc.pid), "--out", str(tmp_path / "out"), "--no-symbols"],
+                                capture_output=True, text=True, timeout=300)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert result.returncode == 0, result.stderr
+    ledger = json.loads((run / "ledger.json").read_text())
+    doc = json.loads((tmp_path / "out" / "report.json").read_text())
+    rss = doc["rss_by_owner"]
+    rows = {(r["kind"], r["name"]): r for r in rss["rows"]}
+    pool, size, touched = ledger["pool"]
+    assert (rows[("anonymous", f"at {pool:#x}")]["bytes"], rows[("anonymous", f"at {pool:#x}")]["mapped"]) == \
+        (touched, size)
+    shm, size, touched = ledger["shm"]
+    (shared,) = [r for r in rss["rows"] if r["kind"] == "shared"]
+    assert shared["name"].startswith("/dev/shm/heapwalk-rss-") and (shared["bytes"], shared["mapped"]) == (touched, size)
+    numbers = {t["lwp"]: t["number"] for t in doc["threads"]}
+    beyond = set()
+    for t in ledger["threads"]:
+        (row,) = [r for r in rss["rows"] if r["kind"] == "stack" and r["name"].startswith(f"thread {numbers[t['tid']]} ")]
+        assert row["mapped"] == 512 << 10 and t["depth"] < row["bytes"] <= t["depth"] + (32 << 10), (t, row)
+        beyond.add(row["bytes"] - t["depth"])
+    assert len(beyond) == 1, beyond
+    assert rss["total"] == sum(r["bytes"] for r in rss["rows"]) == sum(m["rss"] for m in json.loads(
+        (tmp_path / "out" / "capture.json").read_text())["smaps"])

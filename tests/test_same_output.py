@@ -73,9 +73,7 @@ RENAMED = {b"attached_threads |": b"threads glibc counts |",
 #: cores cannot say): text lines, and the keys of report.json's report, its arenas, totals and mmapped chunks;
 #: and every document names its allocator, and each thread its name (issue 39)
 ADDED_LINES = (b"in RAM: unknown (this core does not say which pages were resident: a core 'heapwalk capture' wrote "
-               b"does, and a live process)\n",
-               b"where the RSS is: not known (this core does not say which pages were resident; 'heapwalk capture "
-               b"PID' takes a core that does, and the report of a live process shows it)\n\n")
+               b"does, and a live process)\n",)
 ADDED_KEYS = {"document": ("allocator", "rss_by_owner"), "threads": ("name",), "report": ("residency", "in_use", "leaks", "by_size_class"),
               "arenas": ("rss", "free_resident", "top_resident"),
               "totals": ("rss", "free_resident"), "mmapped": ("resident",)}

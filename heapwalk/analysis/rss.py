@@ -28,7 +28,7 @@ _KERNEL = ("[vdso]", "[vvar]", "[vsyscall]", "[vvar_vclock]")
 @dataclass(frozen=True)
 class Span:
     """A stretch of the address space and what it is when no owner claims it: KIND of `KINDS` and NAME (the
-    file, "[heap]", "anonymous")."""
+    file, "[heap]", "[anon:NAME]", or for an unnamed anonymous mapping "at ADDRESS")."""
 
     start: int
     end: int
@@ -83,11 +83,16 @@ def spans_of(mappings: Iterable[tuple[int, int, str, bool]], regions: Iterable[t
     that no mapping names (its anonymous memory); where they overlap, the mapping's name wins."""
     spans = []
     for start, end, name, writable in mappings:
-        spans.append(Span(start, end, _kind(name, writable), name or "anonymous"))
+        spans.append(Span(start, end, _kind(name, writable), name or _unnamed(start)))
     named = sorted((s.start, s.end) for s in spans)
     for start, end in _without(sorted(regions), named):
-        spans.append(Span(start, end, "anonymous", "anonymous"))
+        spans.append(Span(start, end, "anonymous", _unnamed(start)))
     return sorted(spans, key=lambda s: (s.start, s.end))
+
+
+def _unnamed(start: int) -> str:
+    """The name of an anonymous mapping that has none: where it starts (each is its own owner)."""
+    return f"at {start:#x}"
 
 
 def _kind(name: str, writable: bool) -> str:

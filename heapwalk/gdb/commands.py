@@ -27,7 +27,7 @@ from heapwalk.gdb.session import (DebugParameter, SetPrefix, Settings, StringPar
 from heapwalk.gdb.subcommand import Parser, Subcommand, json_option
 from heapwalk.output.options import add_no_leaks, add_report_files
 from heapwalk.output.tables import several_text
-from heapwalk.output.rsstext import RSS_UNKNOWN, rss_document, rss_sentence, rss_table, rss_verdict
+from heapwalk.output.rsstext import rss_document, rss_sentence, rss_table, rss_verdict
 from heapwalk.analysis.rss import rss_of_target
 
 __all__ = ["register"]
@@ -107,18 +107,15 @@ class ReportCommand(Subcommand):
                             f"{' and '.join(d.title for d in found.decoded)} (--json has its statistics)")
         documents, pages, clauses = [], [], []
         rss = rss_of_target(found.target, [c for d in found.decoded for c in d.claims()])
-        if rss is not None:
-            console = gdb_console()
-            console.print(rss_table(rss, interactive()))
-            console.print(rss_sentence(rss) + "\n")
-        elif found.target.space.core:
-            gdb_console().print(RSS_UNKNOWN + "\n")
         for decoded, beside in _each(found):
             scanned = in_use_and_leaks(found, decoded) if not args.no_leaks and decoded.scans_leaks else None
             in_use, leaks = scanned[:2] if scanned else (None, None)
             rep = decoded.report(in_use, leaks, rss.total if rss is not None else None)
-            rep.verdict = decoded.not_decoded() + rss_verdict(rss) + rep.verdict
+            rep.verdict = decoded.not_decoded() + (rss_verdict(rss) if not documents else []) + rep.verdict
             console = console_with_header(decoded, beside)
+            if rss is not None and not documents:     # the process's RSS by owner, once, under the first header
+                console.print(rss_table(rss, interactive()))
+                console.print(rss_sentence(rss) + "\n")
             for part in decoded.report_parts(rep, interactive()):
                 console.print(part)
             print_damage(console, decoded, decoded.findings())

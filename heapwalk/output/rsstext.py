@@ -11,20 +11,17 @@ from heapwalk.analysis.report import human
 from heapwalk.analysis.rss import KINDS, RssBreakdown
 from heapwalk.output.consoles import box_for
 
-__all__ = ["RSS_UNKNOWN", "rss_table", "rss_sentence", "rss_verdict", "rss_document", "rss_change_lines", "FILES_SHOWN"]
+__all__ = ["rss_table", "rss_sentence", "rss_verdict", "rss_document", "rss_change_lines", "FILES_SHOWN"]
 
-#: the files shown by name, the biggest first; the others are summed in one row
+#: the files and anonymous mappings shown by name, the biggest first; the others are summed in one row
 FILES_SHOWN = 6
-#: what the report says of a core that cannot tell which pages were resident
-RSS_UNKNOWN = ("where the RSS is: not known (this core does not say which pages were resident; 'heapwalk capture "
-               "PID' takes a core that does, and the report of a live process shows it)")
 #: below this share of RSS, the allocators are said to explain little of it
 _LITTLE = 0.25
 
 
 def rss_table(rss: RssBreakdown, interactive: bool) -> Table:
-    """The owners, heaps first: what each holds of the RSS and its share; files beyond the biggest few and
-    anonymous mappings together in a row each."""
+    """The owners, heaps first: what each holds of the RSS and its share; the files and anonymous mappings
+    beyond the biggest few summed in a row."""
     table = Table(title=f"where the RSS is ({rss.measure}: {rss.source})", box=box_for(interactive),
                   title_justify="left", show_footer=True)
     table.add_column("owner", footer="RSS")
@@ -38,19 +35,23 @@ def rss_table(rss: RssBreakdown, interactive: bool) -> Table:
     return table
 
 
+#: the kinds whose owners beyond the biggest few are summed in one row, and what that row calls them
+_SUMMED = {"file code": "files", "file data": "files", "anonymous": "anonymous mappings"}
+
+
 def _rows(rss: RssBreakdown) -> list[tuple[str, str, int, int, int]]:
-    out, files = [], {}
+    out, many = [], {}
     for r in rss.rows:
-        if r.kind.startswith("file"):
-            files.setdefault(r.kind, []).append(r)
+        if r.kind in _SUMMED:
+            many.setdefault(r.kind, []).append(r)
             continue
         out.append((r.kind, r.name, r.bytes, r.mapped, r.count))
-    for kind in ("file code", "file data"):
-        rows = sorted(files.get(kind, []), key=lambda r: -r.bytes)
+    for kind, noun in _SUMMED.items():
+        rows = sorted(many.get(kind, []), key=lambda r: (-r.bytes, -r.mapped))
         out += [(kind, r.name, r.bytes, r.mapped, r.count) for r in rows[:FILES_SHOWN]]
         rest = rows[FILES_SHOWN:]
         if rest:
-            out.append((kind, f"{len(rest)} other files", sum(r.bytes for r in rest), sum(r.mapped for r in rest),
+            out.append((kind, f"{len(rest)} other {noun}", sum(r.bytes for r in rest), sum(r.mapped for r in rest),
                         sum(r.count for r in rest)))
     out.sort(key=lambda r: KINDS.index(r[0]) if r[0] in KINDS else len(KINDS))
     return out
