@@ -112,34 +112,43 @@ def rss_by_owner(spans: Sequence[Span], claims: Sequence[Claim],
     """SPANS measured piece by piece with MEASURE (starts, ends -> bytes of each), each piece given to the first
     of CLAIMS that covers it (claims of memory no span covers count nowhere), else to its span: rows by owner,
     summing to the measure of the spans."""
-    cuts = sorted({x for s in spans for x in (s.start, s.end)} | {x for c in claims for x in (c.start, c.end)})
-    cut = np.array(cuts, dtype=np.uint64)        # the kernel's vsyscall page lies above 2**63
+    grouped: dict[tuple[str, str], list[tuple[int, int]]] = {}     # by owner, in the order owners first claim
+    for c in claims:
+        grouped.setdefault((c.kind, c.name), []).append((c.start, c.end))
+    merged = {key: _merged(ranges) for key, ranges in grouped.items()}
+    edges = [np.array([x for s in spans for x in (s.start, s.end)], dtype=np.uint64)]
+    edges += [ranges.reshape(-1) for ranges in merged.values()]
+    cut = np.unique(np.concatenate(edges))       # uint64: the kernel's vsyscall page lies above 2**63
     lo, hi = cut[:-1], cut[1:]
     owner = np.full(len(lo), -1, dtype=np.int64)          # index into labels
     labels: list[tuple[str, str]] = []
-    index: dict[tuple[str, str], int] = {}
     counts: list[int] = []
 
-    def label(kind: str, name: str) -> int:
-        key = (kind, name)
-        if key not in index:
-            index[key] = len(labels)
-            labels.append(key)
-            counts.append(0)
-        counts[index[key]] += 1
-        return index[key]
+    def label(key: tuple[str, str], count: int) -> int:
+        labels.append(key)
+        counts.append(count)
+        return len(labels) - 1
 
     covered = np.zeros(len(lo), dtype=bool)
+    by_span: dict[tuple[str, str], int] = {}
     for s in spans:
         a, b = np.searchsorted(cut, s.start), np.searchsorted(cut, s.end)
-        owner[a:b] = label(s.kind, s.name)
+        key = (s.kind, s.name)
+        if key not in by_span:
+            by_span[key] = label(key, 0)
+        counts[by_span[key]] += 1
+        owner[a:b] = by_span[key]
         covered[a:b] = True
     claimed = np.zeros(len(lo), dtype=bool)
-    for c in claims:
-        a, b = np.searchsorted(cut, c.start), np.searchsorted(cut, c.end)
-        take = np.arange(a, b)[covered[a:b] & ~claimed[a:b]]
-        owner[take] = label(c.kind, c.name)
-        claimed[take] = True
+    for key, ranges in merged.items():
+        i = label(key, len(grouped[key]))
+        first, last = np.searchsorted(cut, ranges[:, 0]), np.searchsorted(cut, ranges[:, 1])
+        change = np.zeros(len(lo) + 1, dtype=np.int64)    # +1 where a range starts, -1 where it ends
+        np.add.at(change, first, 1)
+        np.add.at(change, last, -1)
+        take = (np.cumsum(change[:-1]) > 0) & covered & ~claimed
+        owner[take] = i
+        claimed |= take
     keep = covered
     sizes = measure(lo[keep], hi[keep]).astype(np.int64)
     owners, lengths = owner[keep], (hi - lo)[keep].astype(np.int64)
@@ -151,6 +160,20 @@ def rss_by_owner(spans: Sequence[Span], claims: Sequence[Claim],
         rows.append(RssRow(kind, name, int(sizes[mine].sum()), int(lengths[mine].sum()), counts[i]))
     rows.sort(key=lambda r: (KINDS.index(r.kind) if r.kind in KINDS else len(KINDS), -r.bytes, r.name))
     return RssBreakdown(tuple(rows), int(sizes.sum()), what, source)
+
+
+def _merged(ranges: list[tuple[int, int]]) -> np.ndarray:
+    """RANGES sorted, with those that overlap or touch joined, as an (n, 2) uint64 array of [start, end)."""
+    pairs = np.array(sorted(ranges), dtype=np.uint64).reshape(-1, 2)
+    if len(pairs) < 2:
+        return pairs
+    reach = np.maximum.accumulate(pairs[:, 1])
+    new = np.concatenate(([True], pairs[1:, 0] > reach[:-1]))    # a range that starts past all before it
+    groups = np.cumsum(new) - 1
+    starts = pairs[new, 0]
+    ends = np.zeros(len(starts), dtype=np.uint64)
+    np.maximum.at(ends, groups, pairs[:, 1])
+    return np.stack((starts, ends), axis=1)
 
 
 def _without(ranges: list[tuple[int, int]], holes: list[tuple[int, int]]) -> list[tuple[int, int]]:
