@@ -34,7 +34,7 @@ def _started(name: str, tmp_path: Path, jemalloc: str | None = None):
 
 
 def _rows(doc: dict) -> dict[tuple[str, str], int]:
-    return {(r["kind"], r["name"]): r["bytes"] for r in doc["rss_by_owner"]["rows"]}
+    return {(r["kind"], r["name"]): r["bytes"] for r in doc["report"]["rss_by_owner"]["rows"]}
 
 
 @pytest.mark.parametrize("name,jemalloc", [("thread_arenas", None), ("je_dns", "bookworm")])
@@ -52,7 +52,7 @@ def test_a_capture_puts_every_resident_byte_with_one_owner(name, jemalloc, tmp_p
     assert result.returncode == 0, result.stderr
     doc = json.loads((tmp_path / "out" / "report.json").read_text())
     record = json.loads((tmp_path / "out" / "capture.json").read_text())
-    rss = doc["rss_by_owner"]
+    rss = doc["report"]["rss_by_owner"]
     assert rss["measure"] == "resident" and rss["total"] == sum(m["rss"] for m in record["smaps"]) > 0
     assert rss["total"] == sum(r["bytes"] for r in rss["rows"])
     rows = _rows(doc)
@@ -88,7 +88,7 @@ def test_gdb_attached_to_a_process_sums_to_its_rss(tmp_path):
         proc.kill()
         proc.wait()
     assert result.returncode == 0, result.stderr
-    rss = json.loads(out.read_text())["rss_by_owner"]
+    rss = json.loads(out.read_text())["report"]["rss_by_owner"]
     assert rss["total"] == sum(m["rss"] for m in smaps) == sum(r["bytes"] for r in rss["rows"])
     assert rss["source"] == "the process's page map, /proc/PID/pagemap"
 
@@ -153,7 +153,7 @@ def test_every_owner_of_a_process_with_a_ledger_is_what_it_mapped_and_touched(tm
     assert result.returncode == 0, result.stderr
     ledger = json.loads((run / "ledger.json").read_text())
     doc = json.loads((tmp_path / "out" / "report.json").read_text())
-    rss = doc["rss_by_owner"]
+    rss = doc["report"]["rss_by_owner"]
     rows = {(r["kind"], r["name"]): r for r in rss["rows"]}
     pool, size, touched = ledger["pool"]
     assert (rows[("anonymous", f"at {pool:#x}")]["bytes"], rows[("anonymous", f"at {pool:#x}")]["mapped"]) == \

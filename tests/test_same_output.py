@@ -74,7 +74,8 @@ RENAMED = {b"attached_threads |": b"threads glibc counts |",
 #: and every document names its allocator, and each thread its name (issue 39)
 ADDED_LINES = (b"in RAM: unknown (this core does not say which pages were resident: a core 'heapwalk capture' wrote "
                b"does, and a live process)\n",)
-ADDED_KEYS = {"document": ("allocator", "rss_by_owner"), "threads": ("name",), "report": ("residency", "in_use", "leaks", "by_size_class"),
+ADDED_KEYS = {"document": ("allocator",), "threads": ("name",), "report": ("residency", "in_use", "leaks", "by_size_class",
+                                                                          "rss_by_owner"),
               "arenas": ("rss", "free_resident", "top_resident"),
               "totals": ("rss", "free_resident"), "mmapped": ("resident",)}
 

@@ -64,8 +64,9 @@ def test_the_core_holds_the_resident_memory_and_reports_as_gcores_does(service):
     assert on_disk * 10 < next((tmp / "full").glob("core.*")).stat().st_blocks * 512
     ours, full = _report(tmp / "before"), _report(tmp / "full")
     for rep in (ours, full):
-        rep.pop("residency"), rep.pop("arena_limit")
-    assert ours == full                   # exact, per arena, RSS included
+        rep.pop("residency"), rep.pop("arena_limit"), rep["rss_by_owner"].pop("source")
+    assert ours == full                   # exact, per arena, RSS included, and the RSS by owner
+    assert ours["rss_by_owner"]["total"] == resident
     assert len(ours["arenas"]) == min(WORKERS + 1, 8 * os.cpu_count())
 
 

@@ -155,8 +155,8 @@ def rss_by_owner(spans: Sequence[Span], claims: Sequence[Claim],
     rows = []
     for i, (kind, name) in enumerate(labels):
         mine = owners == i
-        if not mine.any():
-            continue
+        if not mine.any() or (kind not in ("heap", "stack") and not sizes[mine].any()):
+            continue                 # a mapping with nothing resident owns none of the RSS
         rows.append(RssRow(kind, name, int(sizes[mine].sum()), int(lengths[mine].sum()), counts[i]))
     rows.sort(key=lambda r: (KINDS.index(r.kind) if r.kind in KINDS else len(KINDS), -r.bytes, r.name))
     return RssBreakdown(tuple(rows), int(sizes.sum()), what, source)

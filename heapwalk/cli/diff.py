@@ -56,8 +56,8 @@ def _snapshot(args, path: Path, out: Path) -> tuple[Snapshot, dict | None]:
         raise CliError(f"heapwalk: {path} is neither a core file nor heapwalk JSON") from None
     try:
         parts = jsondoc.allocator_parts(doc if isinstance(doc, dict) else {})
-        rss = next((part.get("rss_by_owner") for _, part in parts if isinstance(part.get("rss_by_owner"), dict)),
-                   None)
+        owners = [(part.get("report") or {}).get("rss_by_owner") for _, part in parts]
+        rss = next((o for o in owners if isinstance(o, dict)), None)
         return [(name, jsondoc.read_snapshot(part), jsondoc.read_signatures(part)) for name, part in parts], rss
     except jsondoc.DocumentError as exc:
         raise CliError(f"heapwalk: {path}: {exc}") from None

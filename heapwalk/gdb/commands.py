@@ -122,7 +122,7 @@ class ReportCommand(Subcommand):
             clauses.append(decoded.holds(rep))
             doc = decoded.report_document(rep) if args.json or args.html else None
             if doc is not None:
-                doc["rss_by_owner"] = rss_document(rss) if rss is not None else None
+                doc["report"]["rss_by_owner"] = rss_document(rss) if rss is not None else None
             documents.append((decoded, doc))
             pages.append((decoded, doc, scanned[2] if scanned else None))
         console = gdb_console()

@@ -139,21 +139,27 @@ def of_core(core: CoreFile) -> Residency | None:
     kept = [(vaddr, vaddr + filesz) for vaddr, _, _, filesz in core.loads if filesz]
     absent = [(a, b) for a, b in facts.get("not_resident", ()) if isinstance(a, int) and isinstance(b, int)]
     runs = ranges_without(merged(kept), absent)
-    # the mappings whose pages the capture does not list (files, shared memory, the kernel's): the RSS
-    # /proc/PID/smaps gave each, as runs that long over what the core keeps of it first (their resident bytes,
-    # not which pages)
-    listed = [(a, b, n) for a, b, n in (r for r in facts.get("mapping_rss", ()) if isinstance(r, list) and len(r) == 3)
+    return Residency(_with_mapping_rss(runs, kept, facts.get("mapping_rss", ())),
+                     "the page map the capture recorded in its core")
+
+
+def _with_mapping_rss(runs: list[tuple[int, int]], kept: list[tuple[int, int]], recorded) -> list[tuple[int, int]]:
+    """RUNS with, for each mapping whose pages the capture does not list (files, shared memory, the kernel's:
+    RECORDED's [start, end, rss] from /proc/PID/smaps), runs as long as its RSS over what KEPT (the core's bytes)
+    holds of it first: their resident bytes, not which pages."""
+    listed = [(a, b, n) for a, b, n in (r for r in recorded if isinstance(r, (list, tuple)) and len(r) == 3)
               if isinstance(a, int) and isinstance(b, int) and isinstance(n, int) and 0 <= n <= b - a]
-    if listed:
-        runs = ranges_without(runs, sorted((a, b) for a, b, _ in listed))
-        for a, b, n in listed:
-            inside = [(max(x, a), min(y, b)) for x, y in kept if x < b and a < y]
-            for x, y in inside + ranges_without([(a, b)], inside):
-                if n <= 0:
-                    break
-                runs.append((x, min(y, x + n)))
-                n -= min(y, x + n) - x
-    return Residency(runs, "the page map the capture recorded in its core")
+    if not listed:
+        return runs
+    runs = ranges_without(sorted(runs), sorted((a, b) for a, b, _ in listed))
+    for a, b, n in listed:
+        inside = [(max(x, a), min(y, b)) for x, y in kept if x < b and a < y]
+        for x, y in inside + ranges_without([(a, b)], inside):
+            if n <= 0:
+                break
+            runs.append((x, min(y, x + n)))
+            n -= min(y, x + n) - x
+    return runs
 
 
 def of_runs(runs: Iterable) -> Residency:
@@ -162,14 +168,20 @@ def of_runs(runs: Iterable) -> Residency:
 
 
 def load_runs(path: str | Path) -> Residency | None:
-    """The residency in the JSON file PATH names ({"resident_runs": [...]}), or None when it has none."""
+    """The residency in the JSON file PATH names ({"resident_runs": [...]}, and the RSS of the mappings whose
+    pages it does not list from its "smaps"), or None when it has none."""
     try:
-        runs = json.loads(Path(path).read_text()).get("resident_runs")
+        record = json.loads(Path(path).read_text())
+        runs = record.get("resident_runs")
     except (OSError, ValueError, AttributeError):
         return None
     if not isinstance(runs, list):
         return None
+    smaps = record.get("smaps") if isinstance(record.get("smaps"), list) else []
+    recorded = [[m.get("start"), m.get("end"), m.get("rss")] for m in smaps if isinstance(m, dict)
+                and not ("w" in str(m.get("perms")) and "p" in str(m.get("perms")))]
     try:
-        return of_runs(runs)
+        pairs = [(int(a), int(b)) for a, b in runs]
+        return Residency(_with_mapping_rss(pairs, [], recorded), "the page map the capture recorded in capture.json")
     except (TypeError, ValueError):
         return None

@@ -33,7 +33,7 @@ def report_html(doc: dict[str, Any], facts: list[tuple[str, str]], sections: Seq
     then the allocator's SECTIONS; MADE_BY says how it was made (the command, the time), in the footer.  For a
     process with more than one allocator, BESIDE holds each other's (heading, id prefix, sections), drawn
     after the first's, and BOTH says what each holds."""
-    body = [_header(doc, facts), rss_section(doc.get("rss_by_owner")), *sections]
+    body = [_header(doc, facts), rss_section((doc.get("report") or {}).get("rss_by_owner")), *sections]
     if beside:
         body.insert(2, f'<p class="warn">{e(both)}</p>')
     for heading, prefix, parts in beside:
