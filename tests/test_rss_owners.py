@@ -7,10 +7,8 @@ named with its reason."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -33,6 +31,29 @@ def _started(name: str, tmp_path: Path, jemalloc: str | None = None):
     return harness.run_to_snapshot(exe, tmp_path / "run", env={**je.environment(), **harness._options_named(je, name)})
 
 
+def _compiled(source: str, tmp_path: Path, *flags: str) -> Path:
+    """cores/SOURCE.c compiled (with FLAGS) into TMP_PATH, a program of the tests' own (not a harness
+    reproducer: it takes the folder it writes in as its one argument, and stops itself)."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    exe = tmp_path / source
+    subprocess.run(["gcc", "-O1", "-Wall", *flags, "-o", str(exe), str(ROOT / "cores" / f"{source}.c")], check=True)
+    return exe
+
+
+def _captured(proc: subprocess.Popen, out: Path) -> tuple[dict, dict, str]:
+    """'heapwalk capture' of the stopped process PROC into OUT, which is then killed: (the report's JSON, the
+    capture's record, what it printed, on one line)."""
+    try:
+        result = subprocess.run([str(CLI), "capture", str(proc.pid), "--out", str(out), "--no-symbols"],
+                                capture_output=True, text=True, timeout=600)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert result.returncode == 0, result.stderr
+    return (json.loads((out / "report.json").read_text()), json.loads((out / "capture.json").read_text()),
+            " ".join(result.stdout.split()))
+
+
 def _rows(doc: dict) -> dict[tuple[str, str], int]:
     return {(r["kind"], r["name"]): r["bytes"] for r in doc["report"]["rss_by_owner"]["rows"]}
 
@@ -42,16 +63,7 @@ def test_a_capture_puts_every_resident_byte_with_one_owner(name, jemalloc, tmp_p
     """The capture's breakdown sums to the RSS smaps gave at its stop; the heaps' rows equal the allocator's own
     arenas' RSS (glibc: every arena's; jemalloc: every arena's extents and base blocks); every thread has its
     stack, and the report says how much of the RSS the heaps hold."""
-    proc = _started(name, tmp_path, jemalloc)
-    try:
-        result = subprocess.run([str(CLI), "capture", str(proc.pid), "--out", str(tmp_path / "out"), "--no-symbols"],
-                                capture_output=True, text=True, timeout=600)
-    finally:
-        proc.kill()
-        proc.wait()
-    assert result.returncode == 0, result.stderr
-    doc = json.loads((tmp_path / "out" / "report.json").read_text())
-    record = json.loads((tmp_path / "out" / "capture.json").read_text())
+    doc, record, said = _captured(_started(name, tmp_path, jemalloc), tmp_path / "out")
     rss = doc["report"]["rss_by_owner"]
     assert rss["measure"] == "resident" and rss["total"] == sum(m["rss"] for m in record["smaps"]) > 0
     assert rss["total"] == sum(r["bytes"] for r in rss["rows"])
@@ -61,7 +73,6 @@ def test_a_capture_puts_every_resident_byte_with_one_owner(name, jemalloc, tmp_p
     assert heap == sum(a["rss"] for a in arenas) + (doc["report"].get("mmapped_resident") or 0), rows
     stacks = [n for kind, n in rows if kind == "stack"]
     assert len(stacks) == len(record["thread_names"]), stacks
-    said = " ".join(result.stdout.split())
     assert "where the RSS is" in said and "The allocators' heaps hold" in said
     page = (tmp_path / "out" / "report.html").read_text()     # the page's first picture: the RSS bar
     assert page.index('<section id="rss">') < page.index('<section id="verdict">')
@@ -95,22 +106,9 @@ def test_gdb_attached_to_a_process_sums_to_its_rss(tmp_path):
 
 def _raised(tmp_path: Path, env: dict[str, str]) -> tuple[dict, str]:
     """cores/raised_threshold.c run to its stop (with ENV) and captured: (the report's JSON, what it printed)."""
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    exe = tmp_path / "raised_threshold"
-    subprocess.run(["gcc", "-O1", "-o", str(exe), str(ROOT / "cores" / "raised_threshold.c")], check=True)
-    proc = subprocess.Popen([str(exe)], env={**os.environ, **env})
-    try:
-        deadline = time.monotonic() + 30
-        while Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("T", "t"):
-            assert time.monotonic() < deadline and proc.poll() is None
-            time.sleep(0.02)
-        result = subprocess.run([str(CLI), "capture", str(proc.pid), "--out", str(tmp_path / "out"), "--no-symbols"],
-                                capture_output=True, text=True, timeout=300)
-    finally:
-        proc.kill()
-        proc.wait()
-    assert result.returncode == 0, result.stderr
-    return json.loads((tmp_path / "out" / "report.json").read_text()), " ".join(result.stdout.split())
+    proc = harness.run_to_snapshot(_compiled("raised_threshold", tmp_path), tmp_path / "run", env=env)
+    doc, _, said = _captured(proc, tmp_path / "out")
+    return doc, said
 
 
 def test_a_top_kept_under_a_trim_threshold_glibc_raised_is_named_on_a_real_process(tmp_path):
@@ -134,25 +132,10 @@ def test_every_owner_of_a_process_with_a_ledger_is_what_it_mapped_and_touched(tm
     shared memory (4 MiB, 3 MiB touched) a shared row of exactly 3 MiB; each of its three threads' 512 KiB stacks
     a row that exceeds the depth it touched (64, 128, 192 KiB) by the same few pages (the thread's descriptor
     and TLS at the top of its stack, and its first frames); and the rows add up to the RSS."""
-    exe = tmp_path / "rss_owners"
-    subprocess.run(["gcc", "-O1", "-Wall", "-pthread", "-o", str(exe), str(ROOT / "cores" / "rss_owners.c")],
-                   check=True)
     run = tmp_path / "run"
-    run.mkdir()
-    proc = subprocess.Popen([str(exe), str(run)])
-    try:
-        deadline = time.monotonic() + 30
-        while Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("T", "t"):
-            assert time.monotonic() < deadline and proc.poll() is None
-            time.sleep(0.02)
-        result = subprocess.run([str(CLI), "capture", str(proc.pid), "--out", str(tmp_path / "out"), "--no-symbols"],
-                                capture_output=True, text=True, timeout=300)
-    finally:
-        proc.kill()
-        proc.wait()
-    assert result.returncode == 0, result.stderr
+    proc = harness.run_to_snapshot(_compiled("rss_owners", tmp_path, "-pthread"), run)
+    doc, record, _ = _captured(proc, tmp_path / "out")
     ledger = json.loads((run / "ledger.json").read_text())
-    doc = json.loads((tmp_path / "out" / "report.json").read_text())
     rss = doc["report"]["rss_by_owner"]
     rows = {(r["kind"], r["name"]): r for r in rss["rows"]}
     pool, size, touched = ledger["pool"]
@@ -168,5 +151,4 @@ def test_every_owner_of_a_process_with_a_ledger_is_what_it_mapped_and_touched(tm
         assert row["mapped"] == 512 << 10 and t["depth"] < row["bytes"] <= t["depth"] + (32 << 10), (t, row)
         beyond.add(row["bytes"] - t["depth"])
     assert len(beyond) == 1, beyond
-    assert rss["total"] == sum(r["bytes"] for r in rss["rows"]) == sum(m["rss"] for m in json.loads(
-        (tmp_path / "out" / "capture.json").read_text())["smaps"])
+    assert rss["total"] == sum(r["bytes"] for r in rss["rows"]) == sum(m["rss"] for m in record["smaps"])

@@ -9,6 +9,7 @@ therefore add up to the measure of the whole address space, exactly.  Pure Pytho
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
@@ -199,23 +200,25 @@ def rss_of_target(target, claims: Sequence[Claim]) -> RssBreakdown | None:
     if target.residency is None:
         return None
     space = target.space
-    writable = sorted(space.writable or [])
+    writable = _merged(list(space.writable or []))
     mapped = [(m.start, m.end, m.path, _touches(writable, m.start, m.end)) for m in space.mappings]
     spans = spans_of(mapped, space.regions)
+    starts = [s.start for s in spans]
     stacks = []
     for thread in target.threads:
-        span = next((s for s in spans if thread.sp is not None and s.start <= thread.sp < s.end
-                     and s.kind in ("anonymous", "stack")), None)
-        if span is not None:
+        at = bisect.bisect_right(starts, thread.sp) - 1 if thread.sp is not None else -1
+        span = spans[at] if at >= 0 else None
+        if span is not None and thread.sp < span.end and span.kind in ("anonymous", "stack"):
             name = f"thread {thread.number}" + (f" ({thread.name})" if thread.name else "")
             stacks.append(Claim(span.start, span.end, "stack", name))
     residency = target.residency.covering([(s.start, s.end) for s in spans])
     return rss_by_owner(spans, [*claims, *stacks], residency.resident_each, "resident", residency.source)
 
 
-def _touches(ranges: list[tuple[int, int]], start: int, end: int) -> bool:
-    """Whether [START, END) overlaps any of RANGES."""
-    return any(a < end and start < b for a, b in ranges)
+def _touches(ranges: np.ndarray, start: int, end: int) -> bool:
+    """Whether [START, END) overlaps any of RANGES (`_merged`: sorted, disjoint)."""
+    at = int(np.searchsorted(ranges[:, 1], np.uint64(start), side="right"))   # the first that ends past START
+    return at < len(ranges) and int(ranges[at, 0]) < end
 
 
 def rss_change(a: dict | None, b: dict | None) -> list[tuple[str, int, int]] | None:

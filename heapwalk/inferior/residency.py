@@ -12,6 +12,7 @@ gcore's and the kernel's cores alone cannot say.  Pure Python and numpy, no gdb.
 
 from __future__ import annotations
 
+import bisect
 import json
 import os
 from collections.abc import Iterable
@@ -152,8 +153,14 @@ def _with_mapping_rss(runs: list[tuple[int, int]], kept: list[tuple[int, int]], 
     if not listed:
         return runs
     runs = ranges_without(sorted(runs), sorted((a, b) for a, b, _ in listed))
+    kept = merged(kept)
+    ends = [y for _, y in kept]
     for a, b, n in listed:
-        inside = [(max(x, a), min(y, b)) for x, y in kept if x < b and a < y]
+        inside = []
+        for x, y in kept[bisect.bisect_right(ends, a):]:      # the kept ranges that end past A, in order
+            if x >= b:
+                break
+            inside.append((max(x, a), min(y, b)))
         for x, y in inside + ranges_without([(a, b)], inside):
             if n <= 0:
                 break

@@ -54,7 +54,8 @@ def _arena_max_sentence(rep: Report) -> str:
 
 def _fragmentation(rep: Report, held: int, idle: int, ram: bool) -> list[str]:
     """The sentences of a heap whose free memory (in RAM, when known) is a quarter or more of what it holds."""
-    title = _fragmentation_title(rep, idle, ram)
+    kept = _kept_by_threshold(rep, idle, ram)
+    title = _fragmentation_title(rep, kept is not None)
     if ram:
         free_res = sum(min(a.free_resident or 0, a.free_total) for a in rep.arenas)
         out = [f"{title}: {human(idle)} of the {human(held)} of malloc's arenas in RAM "
@@ -72,7 +73,6 @@ def _fragmentation(rep: Report, held: int, idle: int, ram: bool) -> list[str]:
         out.append(_arena_max_sentence(rep) if worth(rep, thread_idle) else
                    not_worth(rep, thread_idle, "MALLOC_ARENA_MAX, or another allocator,"))
     small_free = sum(b.bytes for b in rep.histogram if b.high <= 4096)
-    kept = _kept_by_threshold(rep, idle, ram)
     if kept:
         out.append(kept)
     elif rep.trim >= 0.1 * idle and rep.trim >= MiB:
@@ -129,12 +129,12 @@ def _kept_by_threshold(rep: Report, idle: int, ram: bool) -> str | None:
     return text + f"; malloc_trim(0) gives back {human(rep.trim)} now, with neither."
 
 
-def _fragmentation_title(rep: Report, idle: int | None = None, ram: bool = False) -> str:
+def _fragmentation_title(rep: Report, kept_by_threshold: bool = False) -> str:
     """The verdict's first words for free memory: a leak beside it, or most of it a top chunk glibc keeps under
-    its trim threshold (given IDLE, the free bytes, in RAM when RAM), or fragmentation."""
+    its trim threshold (KEPT_BY_THRESHOLD: `_kept_by_threshold` said so), or fragmentation."""
     if rep.leaking:
         return "Fragmentation and a leak"
-    if idle is not None and _kept_by_threshold(rep, idle, ram):
+    if kept_by_threshold:
         return "Free memory glibc keeps under its trim threshold, not fragmentation nor a leak"
     return "Fragmentation, not a leak"
 
