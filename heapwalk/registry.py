@@ -12,10 +12,12 @@ _added: list[Allocator] = []
 
 
 def allocators() -> tuple[Allocator, ...]:
-    """Every allocator, in the order they are looked for."""
+    """Every allocator, in the order they are looked for; CPython's obmalloc, which takes its memory from the
+    system beside them, last."""
     from heapwalk.jemalloc.allocator import JEMALLOC
     from heapwalk.glibc.allocator import GLIBC
-    return (*_added, JEMALLOC, GLIBC)
+    from heapwalk.cpython.allocator import CPYTHON
+    return (*_added, JEMALLOC, GLIBC, CPYTHON)
 
 
 def add(allocator: Allocator) -> None:
