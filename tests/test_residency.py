@@ -206,3 +206,34 @@ def test_a_top_chunk_kept_under_a_raised_trim_threshold_is_named_with_its_reason
                                            "no_dyn_threshold": 0}), verdict=verdict)
     assert default.verdict[0].startswith("Fragmentation, not a leak")
     assert not any("trim threshold, now" in s for s in default.verdict)
+
+
+def test_a_plain_core_holds_the_whole_pages_its_file_has_data_for(tmp_path):
+    """`residency.in_core`: a core that says nothing of residency measures what its file holds, the holes of a
+    sparse file (pages never written) left out, in whole pages of the process (a segment need not start on a
+    block of the file: a page part of which is a hole is one of zeros)."""
+    from heapwalk.inferior.residency import in_core
+    path = tmp_path / "core"
+    with open(path, "wb") as f:
+        f.write(b"\1" * 8192)
+        f.seek(40960)
+        f.write(b"\2" * 4096)
+        f.truncate(65536)
+
+    class Core:
+        loads = [(0x10000, 0x10000, 0, 0x10000), (0x30000, 0x1000, 0x900, 0x1000), (0x40000, 0x2000, 0, 0)]
+
+        def __init__(self):
+            self.f = open(path, "rb")
+
+        def fileno(self):
+            return self.f.fileno()
+
+    core = Core()
+    try:
+        present = in_core(core)
+    finally:
+        core.f.close()
+    assert present.within(0x10000, 0x20000).tolist() == [[0x10000, 0x12000], [0x1A000, 0x1B000]]
+    assert present.resident(0x30000, 0x31000) == 0x1000       # at 0x900 of the file: all of it data
+    assert present.total == 0x4000 and "does not say which pages were resident" in present.source

@@ -87,10 +87,13 @@ def test_when_the_heaps_hold_little_of_the_rss_the_verdict_says_so_first_and_nam
 def test_two_snapshots_are_compared_by_owner_and_growth_outside_the_heaps_is_said():
     """'heapwalk diff': the kinds before and after, the total last; a process whose anonymous mappings grew 40
     MiB while its heaps grew 2 MiB is said to grow outside the allocators' heaps."""
-    a = {"total": 100 * MiB, "rows": [{"kind": "heap", "bytes": 60 * MiB}, {"kind": "anonymous", "bytes": 40 * MiB}]}
-    b = {"total": 142 * MiB, "rows": [{"kind": "heap", "bytes": 62 * MiB}, {"kind": "anonymous", "bytes": 80 * MiB}]}
+    a = {"measure": "resident", "total": 100 * MiB,
+         "rows": [{"kind": "heap", "bytes": 60 * MiB}, {"kind": "anonymous", "bytes": 40 * MiB}]}
+    b = {"measure": "resident", "total": 142 * MiB,
+         "rows": [{"kind": "heap", "bytes": 62 * MiB}, {"kind": "anonymous", "bytes": 80 * MiB}]}
     change = rss_change(a, b)
     assert change == [("heap", 60 * MiB, 62 * MiB), ("anonymous", 40 * MiB, 80 * MiB), ("total", 100 * MiB, 142 * MiB)]
     lines = rss_change_lines(change)
     assert lines[-1] == "  most of the growth, 40 MiB of 42 MiB, is outside the allocators' heaps"
     assert rss_change(a, None) is None and "not compared" in rss_change_lines(None)[0]
+    assert rss_change(a, {**b, "measure": "in the core"}) is None      # a plain core's bytes are not its RSS

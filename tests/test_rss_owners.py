@@ -152,3 +152,39 @@ def test_every_owner_of_a_process_with_a_ledger_is_what_it_mapped_and_touched(tm
         beyond.add(row["bytes"] - t["depth"])
     assert len(beyond) == 1, beyond
     assert rss["total"] == sum(r["bytes"] for r in rss["rows"]) == sum(m["rss"] for m in record["smaps"])
+
+
+def test_a_plain_core_gives_what_it_holds_by_owner(tmp_path):
+    """gcore's core of cores/rss_owners.c (made sparse, as the kernel writes its cores: a page never written is
+    a hole), opened with no capture's record: the breakdown measures the bytes the core holds, and says so; its
+    own pool's row is the 5 MiB it touched, each stack holds at least the depth its thread touched, the rows add
+    up; the verdict weighs nothing against it (it is not the RSS), and 'heapwalk diff' does not compare it."""
+    run = tmp_path / "run"
+    exe = _compiled("rss_owners", tmp_path, "-pthread")
+    proc = harness.run_to_snapshot(exe, run)
+    try:
+        harness.take_core(proc.pid, tmp_path / "core")
+    finally:
+        proc.kill()
+        proc.wait()
+    ledger = json.loads((run / "ledger.json").read_text())
+    out = tmp_path / "report.json"
+    result = run_gdb([str(exe), str(tmp_path / "core")], [f"heapwalk report --json {out}"], iex=[NO_SYMBOLS])
+    assert result.returncode == 0, result.stderr
+    rss = json.loads(out.read_text())["report"]["rss_by_owner"]
+    assert rss["measure"] == "in the core" and rss["source"].startswith("the bytes the core holds")
+    assert rss["total"] == sum(r["bytes"] for r in rss["rows"]) > 0
+    rows = {(r["kind"], r["name"]): r for r in rss["rows"]}
+    pool, size, touched = ledger["pool"]
+    assert (rows[("anonymous", f"at {pool:#x}")]["bytes"], rows[("anonymous", f"at {pool:#x}")]["mapped"]) == \
+        (touched, size)
+    stacks = sorted(r["bytes"] for r in rss["rows"] if r["kind"] == "stack" and r["mapped"] == 512 << 10)
+    assert len(stacks) == 3 and all(b >= t["depth"] for b, t in zip(stacks, sorted(ledger["threads"],
+                                                                                   key=lambda t: t["depth"])))
+    said = " ".join(result.stdout.split())
+    assert "what the core holds, by owner (in the core:" in said
+    assert "of the" in said and "the core holds (a plain core does not say what was resident)." in said
+    doc = json.loads(out.read_text())
+    assert not [s for s in doc["report"]["verdict"] if s.startswith("The allocators' heaps hold")]
+    diff = subprocess.run([str(CLI), "diff", str(out), str(out)], capture_output=True, text=True, timeout=300)
+    assert diff.returncode == 0 and "RSS by owner: not compared" in diff.stdout, diff.stdout + diff.stderr

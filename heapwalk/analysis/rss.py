@@ -16,8 +16,10 @@ from dataclasses import dataclass
 import numpy as np
 
 __all__ = ["Claim", "Span", "RssRow", "RssBreakdown", "spans_of", "rss_by_owner", "rss_of_target", "rss_change",
-           "KINDS"]
+           "KINDS", "IN_CORE"]
 
+#: the measure of a breakdown of a core that does not say which pages were resident: the bytes it holds
+IN_CORE = "in the core"
 #: the kinds of owner, in the order a breakdown lists them
 KINDS = ("heap", "stack", "anonymous", "shared", "file code", "file data", "other")
 #: mapping names that are shared memory (POSIX shm, System V, memfd)
@@ -195,9 +197,10 @@ def _without(ranges: list[tuple[int, int]], holes: list[tuple[int, int]]) -> lis
 
 def rss_of_target(target, claims: Sequence[Claim]) -> RssBreakdown | None:
     """TARGET's resident memory by owner (a `heapwalk.inferior.space.Target`), the allocators' CLAIMS and each
-    thread's stack (the mapping its stack pointer is in) claimed first; None when the target cannot say which
-    pages are resident (a core that no capture wrote)."""
-    if target.residency is None:
+    thread's stack (the mapping its stack pointer is in) claimed first; for a core that does not say which pages
+    were resident, what the core holds by owner instead (measure "in the core"); None when neither is known."""
+    known = target.residency if target.residency is not None else target.present
+    if known is None:
         return None
     space = target.space
     writable = _merged(list(space.writable or []))
@@ -211,8 +214,9 @@ def rss_of_target(target, claims: Sequence[Claim]) -> RssBreakdown | None:
         if span is not None and thread.sp < span.end and span.kind in ("anonymous", "stack"):
             name = f"thread {thread.number}" + (f" ({thread.name})" if thread.name else "")
             stacks.append(Claim(span.start, span.end, "stack", name))
-    residency = target.residency.covering([(s.start, s.end) for s in spans])
-    return rss_by_owner(spans, [*claims, *stacks], residency.resident_each, "resident", residency.source)
+    residency = known.covering([(s.start, s.end) for s in spans])
+    what = "resident" if target.residency is not None else IN_CORE
+    return rss_by_owner(spans, [*claims, *stacks], residency.resident_each, what, residency.source)
 
 
 def _touches(ranges: np.ndarray, start: int, end: int) -> bool:
@@ -223,8 +227,9 @@ def _touches(ranges: np.ndarray, start: int, end: int) -> bool:
 
 def rss_change(a: dict | None, b: dict | None) -> list[tuple[str, int, int]] | None:
     """Two snapshots' RSS by owner (the reports' ``rss_by_owner`` objects) compared by kind: (kind, bytes
-    before, bytes after) for every kind either has, the heaps first, then "total"; None unless both have it."""
-    if not isinstance(a, dict) or not isinstance(b, dict):
+    before, bytes after) for every kind either has, the heaps first, then "total"; None unless both have it,
+    measured in RAM (a plain core's bytes are not its RSS)."""
+    if not all(isinstance(x, dict) and x.get("measure") == "resident" for x in (a, b)):
         return None
     def by_kind(doc: dict) -> dict[str, int]:
         out: dict[str, int] = {}

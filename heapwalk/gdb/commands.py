@@ -110,7 +110,8 @@ class ReportCommand(Subcommand):
         for decoded, beside in _each(found):
             scanned = in_use_and_leaks(found, decoded) if not args.no_leaks and decoded.scans_leaks else None
             in_use, leaks = scanned[:2] if scanned else (None, None)
-            rep = decoded.report(in_use, leaks, rss.total if rss is not None else None)
+            known = rss is not None and rss.measure == "resident"      # a plain core's bytes are not its RSS
+            rep = decoded.report(in_use, leaks, rss.total if known else None)
             rep.verdict = decoded.not_decoded() + (rss_verdict(rss) if not documents else []) + rep.verdict
             console = console_with_header(decoded, beside)
             if rss is not None and not documents:     # the process's RSS by owner, once, under the first header

@@ -12,8 +12,8 @@ from heapwalk.allocator import Allocator, Context, Decoded, NotUsed, Wants
 from heapwalk.errors import CannotDecode, UsageError
 from heapwalk.gdb.console import walk_progress
 from heapwalk.inferior.gdbadapter import GdbSymbols, gdb_memory, preserved_selection, thread_registers
-from heapwalk.inferior.gdbspace import (clock_ns, core_not_read, cpu_counts, describe_target, has_target, memory_map,
-                                      missing_ranges, residency, thread_names)
+from heapwalk.inferior.gdbspace import (clock_ns, core_contents, core_not_read, cpu_counts, describe_target, has_target,
+                                      memory_map, missing_ranges, residency, thread_names)
 from heapwalk.inferior.space import Target
 
 #: a mistake in the command line or the target: shown as one line
@@ -46,8 +46,10 @@ def _require_target() -> None:
 def _target() -> Target:
     """The selected inferior as gdb shows it."""
     space = memory_map()
+    resident = residency()
     return Target(gdb_memory(space.readable), space, thread_registers(thread_names()), GdbSymbols(), describe_target(),
-                  missing_ranges() if space.core else [], cpu_counts(), residency(), core_not_read(), clock_ns())
+                  missing_ranges() if space.core else [], cpu_counts(), resident, core_not_read(), clock_ns(),
+                  core_contents() if resident is None else None)
 
 
 def _is_64bit() -> bool:

@@ -164,6 +164,10 @@ class CoreFile:
                 self._note_data += self._f.read(p_filesz)
         self.notes = list(iter_notes(self._note_data))
 
+    def fileno(self) -> int:
+        """The core file's descriptor (to ask its file system where its data is)."""
+        return self._f.fileno()
+
     def close(self) -> None:
         self._f.close()
 

@@ -19,7 +19,7 @@ from heapwalk.inferior.elf import Mapping
 from heapwalk.inferior.memory import ranges_without
 from heapwalk.inferior.mitext import console_text
 from heapwalk.inferior.pages import LivePages
-from heapwalk.inferior.residency import Pagemap, Residency, load_runs, of_core
+from heapwalk.inferior.residency import Pagemap, Residency, in_core, load_runs, of_core
 from heapwalk.inferior.space import MemoryMap
 
 __all__ = ["has_target", "connection_type", "cpu_counts", "clock_ns", "residency", "core_path", "describe_target",
@@ -140,6 +140,15 @@ def residency() -> Residency | None:
     except OSError:
         return None
     return Pagemap(pid)
+
+
+def core_contents() -> Residency | None:
+    """What the core gdb has open holds of each address (`residency.in_core`: for a core that does not say which
+    pages were resident); None for a process."""
+    if connection_type() != "core":
+        return None
+    with _open_core() as core:
+        return in_core(core) if core is not None else None
 
 
 def core_path() -> str | None:

@@ -13,6 +13,7 @@ gcore's and the kernel's cores alone cannot say.  Pure Python and numpy, no gdb.
 from __future__ import annotations
 
 import bisect
+import errno
 import json
 import os
 from collections.abc import Iterable
@@ -142,6 +143,39 @@ def of_core(core: CoreFile) -> Residency | None:
     runs = ranges_without(merged(kept), absent)
     return Residency(_with_mapping_rss(runs, kept, facts.get("mapping_rss", ())),
                      "the page map the capture recorded in its core")
+
+
+def in_core(core: CoreFile) -> Residency:
+    """What a core that says nothing of residency holds of each address: its load segments' bytes, less the
+    holes of a sparse core file (pages never written: the kernel leaves out a page the process never touched,
+    and a core made sparse has none of its pages of zeros), in whole pages: a page part of which is a hole is
+    taken as one of zeros.  Not which pages were resident."""
+    runs = []
+    fd = core.fileno()
+    for vaddr, _, offset, filesz in core.loads:
+        if filesz and vaddr < 1 << 63:          # the kernel's vsyscall page lies above: never the process's
+            for a, b in _data_runs(fd, offset, offset + filesz):
+                lo, hi = -(-(vaddr + a - offset) // PAGE) * PAGE, (vaddr + b - offset) // PAGE * PAGE
+                if lo < hi:          # whole pages: a core's segments need not start on a block of its file
+                    runs.append((lo, hi))
+    return Residency(merged(runs), "the bytes the core holds: a plain core does not say which pages were resident")
+
+
+def _data_runs(fd: int, lo: int, hi: int) -> list[tuple[int, int]]:
+    """The runs of [LO, HI) of the file FD that hold data (all of it where the file system cannot say)."""
+    out, at = [], lo
+    try:
+        while at < hi:
+            start = os.lseek(fd, at, os.SEEK_DATA)
+            if start >= hi:
+                break
+            end = min(hi, os.lseek(fd, start, os.SEEK_HOLE))
+            out.append((start, end))
+            at = end
+    except OSError as exc:
+        if exc.errno != errno.ENXIO:        # past the last data
+            return [(lo, hi)]
+    return out
 
 
 def _with_mapping_rss(runs: list[tuple[int, int]], kept: list[tuple[int, int]], recorded) -> list[tuple[int, int]]:

@@ -61,17 +61,19 @@ def rss_section(rss: dict[str, Any] | None) -> str:
     kinds: dict[str, int] = {}
     for r in rows:
         kinds[r["kind"]] = kinds.get(r["kind"], 0) + r["bytes"]
-    chart = stacked_chart([("RSS", [(k, n) for k, n in kinds.items()])], RSS_COLOURS, {k: k for k in kinds},
-                          f"the process's RSS by owner: {human(rss['total'])}")
+    resident = rss.get("measure", "resident") == "resident"
+    chart = stacked_chart([("RSS" if resident else "core", [(k, n) for k, n in kinds.items()])], RSS_COLOURS,
+                          {k: k for k in kinds}, f"the process's {'RSS' if resident else 'memory in the core'} by "
+                          f"owner: {human(rss['total'])}")
     total = rss["total"]
     biggest = sorted(rows, key=lambda r: -r["bytes"])[:RSS_ROWS]
     listed = table(("owner", "what", rss.get("measure") or "resident", "share", "mapped"),
                    [(e(r["kind"]), e(r["name"] if r.get("count", 1) == 1 else f"{r['name']} ({r['count']})"),
                      human(r["bytes"]), f"{100 * r['bytes'] / total:.0f}%", human(r["mapped"])) for r in biggest],
-                   left=(0, 1), wrap=(1,), foot=("RSS", "", human(total), "100%", ""))
+                   left=(0, 1), wrap=(1,), foot=("RSS" if resident else "all", "", human(total), "100%", ""))
     intro = (f"<p>Every {e(rss.get('measure') or 'resident')} byte of the process, by owner "
              f"({e(rss.get('source') or '')}); the {min(len(rows), RSS_ROWS)} biggest of {len(rows)} owners.</p>")
-    return section("rss", "Where the RSS is", intro, chart, listed)
+    return section("rss", "Where the RSS is" if resident else "What the core holds, by owner", intro, chart, listed)
 
 
 def plain_sections(doc: dict[str, Any], strips: Sequence[HeapStrip], words: Words, name: str) -> list[str]:

@@ -22,9 +22,9 @@ _LITTLE = 0.25
 def rss_table(rss: RssBreakdown, interactive: bool) -> Table:
     """The owners, heaps first: what each holds of the RSS and its share; the files and anonymous mappings
     beyond the biggest few summed in a row."""
-    table = Table(title=f"where the RSS is ({rss.measure}: {rss.source})", box=box_for(interactive),
+    table = Table(title=f"{_where(rss.measure)} ({rss.measure}: {rss.source})", box=box_for(interactive),
                   title_justify="left", show_footer=True)
-    table.add_column("owner", footer="RSS")
+    table.add_column("owner", footer=_whole(rss.measure))
     table.add_column("what", footer="")
     table.add_column(rss.measure, justify="right", footer=human(rss.total))
     table.add_column("share", justify="right", footer="100%")
@@ -33,6 +33,15 @@ def rss_table(rss: RssBreakdown, interactive: bool) -> Table:
         what = name if count == 1 else f"{name} ({count})"
         table.add_row(kind, what, human(size), f"{100 * rss.share(size):.0f}%", human(mapped))
     return table
+
+
+def _where(measure: str) -> str:
+    """The table's title: the RSS, or what a core holds when it does not say what was resident."""
+    return "where the RSS is" if measure == "resident" else "what the core holds, by owner"
+
+
+def _whole(measure: str) -> str:
+    return "RSS" if measure == "resident" else "all"
 
 
 #: the kinds whose owners beyond the biggest few are summed in one row, and what that row calls them
@@ -61,9 +70,11 @@ def rss_sentence(rss: RssBreakdown) -> str:
     """How much of the RSS the allocators' heaps hold and, when that is little, what holds the most of the
     rest, with the figures of the table."""
     heaps = rss.of_kind("heap")
-    text = (f"The allocators' heaps hold {human(heaps)} of the process's {human(rss.total)} {rss.measure} "
-            f"({100 * rss.share(heaps):.0f}%).")
-    if rss.total and rss.share(heaps) < _LITTLE:
+    share = f"{100 * rss.share(heaps):.0f}%"
+    text = (f"The allocators' heaps hold {human(heaps)} of the process's {human(rss.total)} {rss.measure} ({share})."
+            if rss.measure == "resident" else f"The allocators' heaps hold {human(heaps)} ({share}) of the "
+            f"{human(rss.total)} the core holds (a plain core does not say what was resident).")
+    if rss.measure == "resident" and rss.total and rss.share(heaps) < _LITTLE:
         others = sorted(((rss.of_kind(k), k) for k in KINDS if k != "heap"), reverse=True)
         named = [f"{k}, {human(b)} ({100 * rss.share(b):.0f}%)" for b, k in others[:2] if b]
         text += (" Most of it is elsewhere, so the allocators' remedies cannot give much back: "
@@ -74,7 +85,7 @@ def rss_sentence(rss: RssBreakdown) -> str:
 def rss_verdict(rss: RssBreakdown | None) -> list[str]:
     """The verdict's first sentence when the allocators' heaps hold little of the RSS (none otherwise, or when
     the RSS is not known): the verdicts after it are about a small part of the process."""
-    if rss is None or not rss.total or rss.share(rss.of_kind("heap")) >= _LITTLE:
+    if rss is None or rss.measure != "resident" or not rss.total or rss.share(rss.of_kind("heap")) >= _LITTLE:
         return []
     return [rss_sentence(rss)]
 
