@@ -16,7 +16,7 @@ import zlib
 from html.parser import HTMLParser
 from pathlib import Path
 
-__all__ = ["Browser", "CHROMIUM", "png_pixels", "heap_groups", "chunks_per_arena"]
+__all__ = ["Browser", "CHROMIUM", "png_pixels", "heap_groups", "chunks_per_arena", "cut_off"]
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 _FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -233,3 +233,35 @@ def chunks_per_arena(groups: list[dict]) -> dict[int, dict[str, int]]:
             kind, n = pair.split("=")
             arena[kind] = arena.get(kind, 0) + int(n)
     return out
+
+
+#: what of the page a reader cannot see at the window's width: an element past the window's edge and in no box
+#: that scrolls; text clipped inside its own box; and, for each box that scrolls, whether it hides part of its
+#: table (its first header's text and its widths)
+_CUT = """(() => {
+  const vw = document.documentElement.clientWidth, out = {cut: [], hidden: []};
+  const scrolls = el => { for (let p = el.parentElement; p && p !== document.body; p = p.parentElement)
+                            if (/(auto|scroll)/.test(getComputedStyle(p).overflowX)) return true;
+                          return false; };
+  for (const el of document.querySelectorAll('body *')) {
+    const r = el.getBoundingClientRect();
+    if (!r.width && !r.height) continue;
+    const name = el.tagName + ' "' + (el.textContent || '').trim().slice(0, 40) + '"';
+    if ((r.right > vw + 0.5 || r.left < -0.5) && !scrolls(el)) out.cut.push(name);
+    const s = getComputedStyle(el);
+    if (['hidden', 'clip'].includes(s.overflowX) && el.tagName !== 'svg' && el.scrollWidth > el.clientWidth + 1)
+      out.cut.push('clipped ' + name);
+  }
+  for (const box of document.querySelectorAll('.scroll'))
+    if (box.scrollWidth > box.clientWidth + 1)
+      out.hidden.push(((box.querySelector('th') || box).textContent || '').trim().slice(0, 30) + ' ' +
+                      box.clientWidth + ' < ' + box.scrollWidth);
+  return out;
+})()"""
+
+
+def cut_off(browser: Browser, width: int) -> dict:
+    """What the page open in BROWSER hides at WIDTH pixels: {"cut": elements past the window's edge outside any
+    box that scrolls, or clipped; "hidden": the boxes that scroll and hide part of their table}."""
+    browser.resize(width)
+    return browser.evaluate(_CUT)

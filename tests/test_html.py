@@ -11,7 +11,8 @@ from collections import Counter
 
 import pytest
 
-from browser import Browser, png_pixels
+from browser import Browser, cut_off, png_pixels
+from figures import page_disagreements
 from conftest import GLIBCS, JEMALLOCS, NO_SYMBOLS, capture, capture_jemalloc, corruption, glibc, run_gdb
 
 pytestmark = pytest.mark.cores
@@ -97,7 +98,8 @@ def test_the_report_page_draws_its_maps_in_a_browser(browser, pages, g):
     heights = browser.evaluate("[...document.querySelectorAll('svg.strip')].map(s => s.getBoundingClientRect().height)")
     assert all(30 <= h <= 60 for h in heights)
     titles = browser.evaluate("[...document.querySelectorAll('h2')].map(h => h.textContent)")
-    assert titles[:4] == ["Verdict", "Where the memory is", "Heap maps", "Free chunks by size"]
+    assert titles[:5] == ["What the core holds, by owner", "Verdict", "Where the memory is", "Heap maps",
+                          "Free chunks by size"]
     assert "What malloc_trim(0) would give back" in titles and "Threads and their arenas" in titles
     _fits(browser, 380)
     pdf = browser.pdf()
@@ -167,3 +169,27 @@ def test_a_process_with_both_allocators_gets_both_on_its_page(browser, pages, su
     assert browser.evaluate("document.querySelectorAll('#glibc-maps figure.heap').length") >= 2
     assert browser.evaluate("document.querySelectorAll('#maps figure.heap').length") >= 1
     assert "This process allocates with both" in browser.evaluate("document.body.textContent")
+
+
+@pytest.mark.parametrize("which", ["glibc", "jemalloc", "both"])
+def test_the_page_reads_at_1280_to_1400_pixels_with_nothing_cut(browser, pages, which):
+    """At 1280 and 1400 pixels nothing of the page is past the window or clipped, and no table hides part of
+    itself in its scrolling box (every column of the arena tables is seen); in a narrow window the wide
+    tables scroll in their boxes, and still nothing is cut."""
+    if which == "glibc":
+        page, _ = _glibc_page(pages, "system", "thread_arenas")
+    else:
+        cap = capture_jemalloc(JEMALLOCS[0], "je_dns" if which == "jemalloc" else "je_both")
+        page, _ = pages(f"je-{which}-{JEMALLOCS[0]}", str(cap.exe), str(cap.core), (NO_SYMBOLS,))
+    browser.open(page, 1280)
+    for width in (1280, 1400):
+        assert cut_off(browser, width) == {"cut": [], "hidden": []}, width
+    assert cut_off(browser, 380)["cut"] == []
+
+
+@pytest.mark.parametrize("g", ["system", "trixie"])
+def test_no_two_figures_of_the_page_disagree(pages, g):
+    """Each arena's row and what its heap maps draw (in use, free, top) and say in their captions (in use, the
+    address space trim releases) are the same figures."""
+    page, doc = _glibc_page(pages, g, "thread_arenas")
+    assert page_disagreements(page.read_text(), doc) == []

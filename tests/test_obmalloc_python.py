@@ -16,6 +16,8 @@ import pytest
 
 import chroots
 import harness
+from browser import Browser, cut_off
+from figures import page_disagreements
 from conftest import NO_SYMBOLS, ROOT, run_gdb
 
 pytestmark = pytest.mark.cores
@@ -93,6 +95,15 @@ def test_a_capture_gives_what_the_interpreter_printed(suite, tmp_path):
     assert arenas["bytes"] == sum(a["resident"] for a in ob["arenas"]) > 0
     assert arenas["mapped"] == ob["totals"]["total"]
     assert "Free memory obmalloc keeps, not a leak" in " ".join(result.stdout.split())
+    page = tmp_path / "out" / "report.html"
+    assert page_disagreements(page.read_text(), doc) == []
+    if suite == "bookworm":    # the page, obmalloc's part after malloc's, read at 1280 and 1400 pixels
+        with Browser() as browser:
+            browser.open(page, 1280)
+            titles = browser.evaluate("[...document.querySelectorAll('h2')].map(h => h.textContent)")
+            assert titles[0] == "Where the RSS is" and titles.count("Where the memory is") == 2, titles
+            for width in (1280, 1400):
+                assert cut_off(browser, width) == {"cut": [], "hidden": []}, width
 
 
 def test_gdb_attached_to_the_interpreter_says_the_same(tmp_path):

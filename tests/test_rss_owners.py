@@ -15,6 +15,7 @@ import pytest
 
 from conftest import BINDIR, NO_SYMBOLS, ROOT, SYSROOTS, run_gdb
 import harness
+from figures import page_disagreements
 from heapwalk.cli.proc import read_smaps
 
 pytestmark = pytest.mark.cores
@@ -77,6 +78,8 @@ def test_a_capture_puts_every_resident_byte_with_one_owner(name, jemalloc, tmp_p
     page = (tmp_path / "out" / "report.html").read_text()     # the page's first picture: the RSS bar
     assert page.index('<section id="rss">') < page.index('<section id="verdict">')
     assert f'data-kind="heap" data-bytes="{heap}"' in page
+    if jemalloc is None:      # no two figures of the page disagree: each arena's row, maps and captions (in RAM)
+        assert page_disagreements(page, doc) == []
     # 'heapwalk diff' of the capture with itself: every kind unchanged, the same total
     out = tmp_path / "diff.json"
     same = subprocess.run([str(CLI), "diff", str(tmp_path / "out"), str(tmp_path / "out"), "--json", str(out)],

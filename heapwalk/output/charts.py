@@ -24,6 +24,12 @@ def _label_width(labels) -> int:
     return min(_WIDTH // 3, 12 + 7 * max((len(label) for label in labels), default=0))
 
 
+def _note_width(notes) -> int:
+    """Room after the longest bar for the longest of NOTES (about 7 px a character), at least `_NOTE`, at
+    most half the chart: a note past the chart's edge would be cut."""
+    return min(_WIDTH // 2, max(_NOTE, 10 + 7 * max((len(note) for note in notes), default=0)))
+
+
 def _svg(height: int, title: str, body: list[str]) -> str:
     return (f'<svg class="chart" xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {_WIDTH} {height}" '
             f'width="{_WIDTH}" height="{height}" role="img" font-family="sans-serif" font-size="12">'
@@ -34,7 +40,7 @@ def bar_chart(rows: Sequence[tuple[str, int, str]], title: str, colour: str = "#
     """One bar per row (LABEL, BYTES, NOTE), lengths by bytes against the largest, the note after each bar."""
     most = max((value for _, value, _ in rows), default=0) or 1
     label_width = _label_width(label for label, _, _ in rows)
-    area = _WIDTH - label_width - _NOTE
+    area = _WIDTH - label_width - _note_width(note for _, _, note in rows)
     body = []
     for i, (label, value, note) in enumerate(rows):
         y = 4 + i * _ROW

@@ -18,7 +18,7 @@ from heapwalk.mapkinds import (DAMAGE, KINDS, MAP_KINDS, USED, drawing_order, in
                                piece_kinds)
 from heapwalk.view import HeapStrip
 
-__all__ = ["columns", "coverage", "marks", "kind_bytes", "piece_counts", "trim_bytes", "text_maps", "svg_maps",
+__all__ = ["resident_trim_bytes", "columns", "coverage", "marks", "kind_bytes", "piece_counts", "trim_bytes", "text_maps", "svg_maps",
            "svg_strip", "kinds_drawn", "bands", "LEGEND", "COLOURS", "NAMES", "STRIP_HEIGHT", "BAND_COLOURS"]
 
 
@@ -118,6 +118,22 @@ def trim_bytes(strip: HeapStrip) -> int:
     """Bytes of STRIP that its allocator would give back (glibc: malloc_trim(0))."""
     pairs = _pairs(strip.trimmable).astype(np.int64)
     return int((pairs[:, 1] - pairs[:, 0]).sum())
+
+
+def resident_trim_bytes(strip: HeapStrip) -> int | None:
+    """Bytes of STRIP its allocator would give back that are in RAM (None when the target cannot say)."""
+    if strip.resident is None:
+        return None
+    give, ram = _pairs(strip.trimmable).astype(np.int64), _pairs(strip.resident).astype(np.int64)
+    if not len(give) or not len(ram):
+        return 0
+    before = np.concatenate(([0], np.cumsum(ram[:, 1] - ram[:, 0])))     # resident bytes below each run
+
+    def below(x: np.ndarray) -> np.ndarray:
+        i = np.searchsorted(ram[:, 0], x, side="right") - 1
+        inside = np.clip(x - ram[np.maximum(i, 0), 0], 0, (ram[:, 1] - ram[:, 0])[np.maximum(i, 0)])
+        return np.where(i >= 0, before[np.maximum(i, 0)] + inside, 0)
+    return int((below(give[:, 1]) - below(give[:, 0])).sum())
 
 
 def bands(strips: Sequence[HeapStrip]) -> str:

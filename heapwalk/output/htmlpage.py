@@ -13,7 +13,7 @@ __all__ = ["page", "section", "table", "cards", "swatch", "e", "made_by"]
 STYLE = """
 :root { color-scheme: light; }
 body { font: 14px/1.45 "DejaVu Sans", system-ui, sans-serif; color: #1d1d1d; background: #fff; margin: 0; }
-main { max-width: 1200px; margin: 0 auto; padding: 12px 16px 40px; }
+main { max-width: 1800px; margin: 0 auto; padding: 12px 16px 40px; }
 header h1 { font-size: 1.45em; margin: 0.3em 0 0.1em; }
 header .target { font-family: "DejaVu Sans Mono", monospace; word-break: break-all; }
 h2 { font-size: 1.15em; margin: 1.6em 0 0.5em; padding-bottom: 0.2em; border-bottom: 1px solid #ccc; }
@@ -22,10 +22,10 @@ p { margin: 0.4em 0; max-width: 80ch; }
 code, .mono { font-family: "DejaVu Sans Mono", monospace; font-size: 0.92em; }
 .scroll { overflow-x: auto; max-width: 100%; }
 table { border-collapse: collapse; font-variant-numeric: tabular-nums; margin: 0.4em 0; }
-th, td { padding: 3px 9px; border-bottom: 1px solid #e6e6e6; text-align: right; white-space: nowrap; }
-th { background: #f3f3f3; font-weight: 600; }
+th, td { padding: 3px 7px; border-bottom: 1px solid #e6e6e6; text-align: right; white-space: nowrap; }
+th { background: #f3f3f3; font-weight: 600; white-space: normal; vertical-align: bottom; }
 th.l, td.l { text-align: left; }
-th.wrap, td.wrap { white-space: normal; min-width: 20ch; text-align: left; }
+th.wrap, td.wrap { white-space: normal; min-width: 20ch; text-align: left; overflow-wrap: anywhere; }
 tfoot td { font-weight: 600; border-top: 1px solid #bbb; }
 dl.facts { display: grid; grid-template-columns: max-content 1fr; gap: 2px 14px; margin: 0.5em 0; }
 dl.facts dt { color: #555; }

@@ -99,7 +99,7 @@ def _header(doc: dict[str, Any], facts: list[tuple[str, str]]) -> str:
     rows.append(("resident pages", e(f"from {residency}") if residency else
                  "not known (a core from 'heapwalk capture' or a live process records them)"))
     facts_html = "".join(f"<dt>{e(k)}</dt><dd>{v}</dd>" for k, v in rows)
-    more = "".join(f"<tr><td class=\"l\">{e(name)}</td><td class=\"l mono\">{e(_value(f.get('value')))}</td>"
+    more = "".join(f"<tr><td class=\"l\">{e(name)}</td><td class=\"wrap mono\">{e(_value(f.get('value')))}</td>"
                    f"<td class=\"wrap\">{e(f.get('found_by') or '')}</td></tr>" for name, f in found.items())
     details = (f"<details><summary>how each structure was found ({len(found)})</summary><div class=\"scroll\">"
                f"<table><thead><tr><th class=\"l\">what</th><th class=\"l\">value</th><th class=\"l\">found by</th>"

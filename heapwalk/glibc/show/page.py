@@ -10,7 +10,7 @@ from typing import Any
 from heapwalk.analysis.report import human
 from heapwalk.mapkinds import FREE, KINDS
 from heapwalk.output.charts import bar_chart
-from heapwalk.output.heapmaps import kind_bytes, piece_counts, trim_bytes
+from heapwalk.output.heapmaps import kind_bytes, piece_counts, resident_trim_bytes, trim_bytes
 from heapwalk.output.htmlpage import e, section, table
 from heapwalk.output.htmlreport import (arenas_section, findings_section, histogram_section, in_use_section,
                                         maps_section, verdict_section)
@@ -39,13 +39,19 @@ _MAPS = ("<p>Each heap of each arena, address left to right: each column is a st
 
 
 def _caption(strip: HeapStrip) -> tuple[int, list[str]]:
-    """A glibc heap's chunks, and its figures: size, in use (leaked apart), free in chunks, top, what trim gives
-    back."""
+    """A glibc heap's chunks, and its figures as its arena's row counts them: size, in use (the tcache struct,
+    a chunk malloc counts in use, with it; leaked apart), free in chunks, top, the address space trim releases
+    (and how much of it is in RAM, what the arena table says trim gives back, when known)."""
     held = kind_bytes(strip)
     free = sum(n for k, n in held.items() if k != "top" and KINDS[k].use == FREE)
-    bits = [human(strip.end - strip.start), f"in use {human(held.get('in_use', 0) + held.get('leaked', 0))}"]
+    used = held.get("in_use", 0) + held.get("leaked", 0) + held.get("tcache_struct", 0)
+    bits = [human(strip.end - strip.start), f"in use {human(used)}"]
     bits += [f"leaked {human(held['leaked'])}"] if held.get("leaked") else []
-    bits += [f"free {human(free)}", f"top {human(held.get('top', 0))}", f"trim gives back {human(trim_bytes(strip))}"]
+    given = trim_bytes(strip)
+    in_ram = resident_trim_bytes(strip)
+    bits += [f"free {human(free)}", f"top {human(held.get('top', 0))}",
+             f"trim releases {human(given)} of address space" + (f" ({human(in_ram)} of it in RAM)"
+                                                                  if in_ram is not None else "")]
     return sum(piece_counts(strip).values()), bits
 
 
