@@ -208,6 +208,25 @@ def test_a_top_chunk_kept_under_a_raised_trim_threshold_is_named_with_its_reason
     assert not any("trim threshold, now" in s for s in default.verdict)
 
 
+def test_large_free_chunks_kept_in_the_arenas_by_a_raised_mmap_threshold_are_named_with_the_reason():
+    """A thread's arena holds 30 MiB free in chunks of 1-4 MiB after glibc raised its mmap threshold to 8 MiB on
+    its own: the verdict says why such blocks are in the arenas, the threshold, and what pinning it does (and
+    costs); with the default threshold, or one the user set, it says nothing of it."""
+    def report(thresholds):
+        arena = _arena(1, "thread", 64 * MiB, 30 * MiB, 30 * MiB, None, reclaim=2 * MiB)
+        view = dataclasses.replace(_view([arena], ""), thresholds=thresholds,
+                                   free_sizes={1: Counter({3 * MiB: 8, 2 * MiB: 3})})
+        return build_report(view, verdict=verdict)
+    said = [s for s in report({"trim_threshold": 16 * MiB, "mmap_threshold": 8 * MiB, "no_dyn_threshold": 0}).verdict
+            if "mmap threshold" in s]
+    assert len(said) == 1 and said[0].startswith("30 MiB of the free memory is in chunks of 128 KiB or more")
+    assert "raised its mmap threshold from 128 KiB to 8 MiB on its own" in said[0]
+    assert "MALLOC_MMAP_THRESHOLD_ in the environment (from the next start)" in said[0]
+    for thresholds in ({"trim_threshold": 131072, "mmap_threshold": 131072, "no_dyn_threshold": 0},
+                       {"trim_threshold": 16 * MiB, "mmap_threshold": 8 * MiB, "no_dyn_threshold": 1}):
+        assert not any("mmap threshold" in s for s in report(thresholds).verdict)
+
+
 def test_a_plain_core_holds_the_whole_pages_its_file_has_data_for(tmp_path):
     """`residency.in_core`: a core that says nothing of residency measures what its file holds, the holes of a
     sparse file (pages never written) left out, in whole pages of the process (a segment need not start on a

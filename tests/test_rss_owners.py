@@ -130,6 +130,17 @@ def test_a_top_kept_under_a_trim_threshold_glibc_raised_is_named_on_a_real_proce
     assert any("as MALLOC_TRIM_THRESHOLD_ or mallopt(M_TRIM_THRESHOLD) set it" in s for s in pinned["report"]["verdict"])
 
 
+def test_large_holes_kept_in_the_arena_by_a_raised_mmap_threshold_are_named_on_a_real_process(tmp_path):
+    """cores/raised_threshold.c with HEAPWALK_HOLES: twelve 2 MiB blocks, which the raised mmap threshold (20 MiB)
+    sent to the main arena, freed between small blocks it keeps: the verdict names the 24 MiB in large free
+    chunks, the threshold glibc raised on its own and what pinning it does."""
+    doc, said = _raised(tmp_path / "holes", {"HEAPWALK_HOLES": "1"})
+    assert doc["mp"]["mmap_threshold"] >= 20 << 20 and doc["mp"]["no_dyn_threshold"] == 0
+    (sentence,) = [s for s in doc["report"]["verdict"] if "mmap threshold" in s]
+    assert sentence.startswith("24 MiB of the free memory is in chunks of 128 KiB or more")
+    assert "raised its mmap threshold from 128 KiB to 20 MiB on its own" in sentence and sentence in said
+
+
 def test_every_owner_of_a_process_with_a_ledger_is_what_it_mapped_and_touched(tmp_path):
     """cores/rss_owners.c: its own pool (8 MiB, 5 MiB touched) is one anonymous row of exactly 5 MiB; its POSIX
     shared memory (4 MiB, 3 MiB touched) a shared row of exactly 3 MiB; each of its three threads' 512 KiB stacks

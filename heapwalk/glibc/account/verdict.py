@@ -73,8 +73,11 @@ def _fragmentation(rep: Report, held: int, idle: int, ram: bool) -> list[str]:
         out.append(_arena_max_sentence(rep) if worth(rep, thread_idle) else
                    not_worth(rep, thread_idle, "MALLOC_ARENA_MAX, or another allocator,"))
     small_free = sum(b.bytes for b in rep.histogram if b.high <= 4096)
+    raised = None if kept else _raised_mmap_threshold(rep, idle)
     if kept:
         out.append(kept)
+    elif raised:
+        out.append(raised)
     elif rep.trim >= 0.1 * idle and rep.trim >= MiB:
         out.append(f"malloc_trim(0) would give back {human(rep.trim)} now: the program calling it (periodically, "
                    "or after peaks) returns such memory without a restart; MALLOC_TRIM_THRESHOLD_ lowers the "
@@ -127,6 +130,25 @@ def _kept_by_threshold(rep: Report, idle: int, ram: bool) -> str | None:
         text += (", as MALLOC_TRIM_THRESHOLD_ or mallopt(M_TRIM_THRESHOLD) set it: a lower value (from the next "
                  "start, for the variable) returns such a top")
     return text + f"; malloc_trim(0) gives back {human(rep.trim)} now, with neither."
+
+
+def _raised_mmap_threshold(rep: Report, idle: int) -> str | None:
+    """The sentence for free memory held in large chunks because glibc raised its mmap threshold on its own
+    (blocks it would have mapped, and given back on free, now come from the arenas); None unless the threshold
+    was raised and chunks of 128 KiB or more hold a quarter of the free memory."""
+    mmap = rep.thresholds.get("mmap_threshold")
+    if rep.thresholds.get("no_dyn_threshold") != 0 or not isinstance(mmap, int) or mmap <= _DEFAULT_TRIM:
+        return None
+    large = sum(b.bytes for b in rep.histogram if b.low >= _DEFAULT_TRIM)
+    if large < 0.25 * idle or large < MiB:
+        return None
+    return (f"{human(large)} of the free memory is in chunks of {human(_DEFAULT_TRIM)} or more, which glibc "
+            f"would have mapped apart and unmapped on free: freeing a chunk it had mmapped raised its mmap "
+            f"threshold from {human(_DEFAULT_TRIM)} to {human(mmap)} on its own (its dynamic threshold), so "
+            "blocks under that now come from the arenas and stay there when freed. MALLOC_MMAP_THRESHOLD_ in the "
+            "environment (from the next start) or mallopt(M_MMAP_THRESHOLD) in the program pins it: such blocks "
+            "then get mappings of their own again (a mmap and a munmap each), and go back when freed; "
+            f"malloc_trim(0) gives back {human(rep.trim)} now.")
 
 
 def _fragmentation_title(rep: Report, kept_by_threshold: bool = False) -> str:
