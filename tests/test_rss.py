@@ -97,3 +97,10 @@ def test_two_snapshots_are_compared_by_owner_and_growth_outside_the_heaps_is_sai
     assert lines[-1] == "  most of the growth, 40 MiB of 42 MiB, is outside the allocators' heaps"
     assert rss_change(a, None) is None and "not compared" in rss_change_lines(None)[0]
     assert rss_change(a, {**b, "measure": "in the core"}) is None      # a plain core's bytes are not its RSS
+
+
+def test_shared_anonymous_memory_is_shared_and_a_private_mapping_of_dev_zero_anonymous():
+    """MAP_SHARED|MAP_ANONYMOUS memory (php's opcache, a forking server's scoreboard) is named "/dev/zero
+    (deleted)" by the kernel: shared memory; a private mapping named /dev/zero is the process's own."""
+    spans = spans_of([(0x10000, 0x20000, "/dev/zero (deleted)", True), (0x30000, 0x40000, "/dev/zero", True)])
+    assert [s.kind for s in spans] == ["shared", "anonymous"]

@@ -22,7 +22,8 @@ __all__ = ["Claim", "Span", "RssRow", "RssBreakdown", "spans_of", "rss_by_owner"
 IN_CORE = "in the core"
 #: the kinds of owner, in the order a breakdown lists them
 KINDS = ("heap", "stack", "anonymous", "shared", "file code", "file data", "other")
-#: mapping names that are shared memory (POSIX shm, System V, memfd)
+#: mapping names that are shared memory (POSIX shm, System V, memfd; and MAP_SHARED|MAP_ANONYMOUS memory, which
+#: the kernel names "/dev/zero (deleted)")
 _SHARED = ("/dev/shm/", "/SYSV", "/memfd:", "memfd:")
 #: the kernel's own mappings in every process
 _KERNEL = ("[vdso]", "[vvar]", "[vsyscall]", "[vvar_vclock]")
@@ -103,8 +104,10 @@ def _kind(name: str, writable: bool) -> str:
         return "anonymous"
     if name.startswith("[stack"):
         return "stack"
-    if name.startswith(_SHARED) or name.startswith("/dev/zero"):
-        return "shared" if name.startswith(_SHARED) else "anonymous"
+    if name.startswith(_SHARED):
+        return "shared"
+    if name.startswith("/dev/zero"):      # the kernel names only shared anonymous memory so (private is unnamed)
+        return "shared" if name.endswith("(deleted)") else "anonymous"
     if name in _KERNEL or name.startswith("["):
         return "other"
     return "file data" if writable else "file code"
