@@ -17,7 +17,8 @@ allocated, untouched private memory the zero page.  Here, with the process's thr
 - what no rule may read (shared memory the process never touched, devices, pages past a file's end, a file
   that cannot be opened): no segment at all, so that a reader of the core finds no bytes there rather than
   zeros, and the HEAPWALK note lists each such run with its reason ("not_read").
-[vdso] is written whole; [vvar] and [vsyscall] and PROT_NONE ranges (guard pages, the unused part of a heap's
+[vdso] is written whole (the pages the process has not touched read from heapwalk's own vDSO: the same
+image); [vvar] and [vsyscall] and PROT_NONE ranges (guard pages, the unused part of a heap's
 reservation) are left out.  While the process is stopped its pages are read into memory made ready
 beforehand (`hold_for`), as far as it goes, and written to the file once it runs again: writing the file
 while it is stopped would double the pause.
@@ -117,8 +118,9 @@ def _codes(pages: LivePages, m: MapsLine, kinds: np.ndarray, elf: bool, whole_fi
     keeps every page of a private file mapping, as for the writable ones."""
     code = np.full(len(kinds), _NONE, dtype=np.int8)
     from_process = kinds <= int(Page.SWAPPED)
-    if m.name == "[vdso]":
-        code[:] = _MEM
+    if m.name == "[vdso]":        # whole: its pages the target has not touched from this process's own vDSO
+        code[from_process] = _MEM
+        code[kinds == int(Page.FILE)] = _FROM_FILE
     elif m.anonymous:
         code[from_process] = _MEM
         code[(kinds == int(Page.ZEROS)) | (kinds == int(Page.ZERO_PAGE))] = _FILL

@@ -45,6 +45,9 @@ __all__ = ["Page", "MapsLine", "parse_maps", "read_maps", "classify", "LivePages
 PAGE = 4096
 PRESENT, SWAPPED, FILE_PAGE, EXCLUSIVE = 1 << 63, 1 << 62, 1 << 61, 1 << 56
 PFN_MASK = (1 << 55) - 1
+#: the kernel's code every process maps: the same image in each, so a page of it the target has not touched is
+#: read from this process's own (reading the target's would map the page in it)
+VDSO = "[vdso]"
 #: special mappings: [vvar] and friends are the kernel's and cannot be read; [vdso] and [vsyscall] are code
 SPECIAL = ("[vvar]", "[vvar_vclock]", "[vsyscall]")
 #: names the kernel gives anonymous memory that has an inode: private mappings of these are anonymous memory
@@ -92,8 +95,8 @@ class MapsLine:
 
     @property
     def anonymous(self) -> bool:
-        """Private memory whose untouched pages read as zeros."""
-        return not self.shared and (not self.file_backed or self.name in _ANONYMOUS_FILES)
+        """Private memory whose untouched pages read as zeros (not the vDSO: the kernel's code)."""
+        return not self.shared and self.name != VDSO and (not self.file_backed or self.name in _ANONYMOUS_FILES)
 
 
 def parse_maps(text: str) -> list[MapsLine]:
@@ -241,6 +244,7 @@ class LivePages:
         self._starts = [m.start for m in self.maps]
         self._files: dict[int, int | None] = {}     # mapping start -> an open descriptor of its file
         self._sizes: dict[int, int] = {}
+        self._shift: dict[int, int] = {}            # mapping start -> where its bytes are read from, less address
         self._devices: dict[int, bool] = {}
         self._zero = ZeroPages()
 
@@ -278,7 +282,9 @@ class LivePages:
         if m.start in self._files:
             return self._files[m.start]
         fd = None
-        if m.file_backed and not m.shared and not m.anonymous and not self.device(m):
+        if m.name == VDSO:
+            fd = self._own_vdso(m)
+        elif m.file_backed and not m.shared and not m.anonymous and not self.device(m):
             for path in (f"/proc/{self.pid}/map_files/{m.start:x}-{m.end:x}", m.name):
                 try:
                     candidate = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
@@ -292,6 +298,20 @@ class LivePages:
                     break
                 os.close(candidate)
         self._files[m.start] = fd
+        return fd
+
+    def _own_vdso(self, m: MapsLine) -> int | None:
+        """A descriptor of this process's memory when its vDSO is as long as M (the target's): its pages are
+        the target's (the kernel maps one image into every process); None otherwise."""
+        mine = [x for x in read_maps(os.getpid()) if x.name == VDSO]
+        if len(mine) != 1 or mine[0].end - mine[0].start != m.end - m.start:
+            return None
+        try:
+            fd = os.open("/proc/self/mem", os.O_RDONLY)
+        except OSError:
+            return None
+        self._sizes[m.start] = m.end - m.start
+        self._shift[m.start] = mine[0].start - m.start
         return fd
 
     def pages(self, m: MapsLine, lo: int | None = None, hi: int | None = None) -> np.ndarray:
@@ -316,7 +336,7 @@ class LivePages:
         fd = self.file_of(m)
         if fd is None:
             raise ReadError(address, size, absent_reason(m))
-        data = os.pread(fd, size, m.offset + address - m.start)
+        data = os.pread(fd, size, self._shift.get(m.start, m.offset - m.start) + address)
         return data + bytes(size - len(data))
 
     def plan(self, address: int, size: int) -> list[tuple[int, int, Page, MapsLine | None]]:
