@@ -81,10 +81,12 @@ def load_obmalloc(target, claimed: Sequence[tuple[int, int]]) -> ObState:
     pools = find_pools(target.mem, ranges_without(writable, merged(list(claimed))))
     if pools is None:
         raise NoObmalloc(f"CPython {version} holds no obmalloc arena")
-    spans = _spans(pools)
+    pools = pools.take(np.lexsort((pools.address, pools.arena)))     # by arena, then address
+    rows = _by_arena(pools)
+    spans = _spans(pools, rows)
     table = find_table(target.mem, _table_ranges(writable, claimed, spans, pools.pool_size), spans,
                        pools.pool_size)
-    arenas, findings = _arenas(pools, spans, table, target)
+    arenas, findings, counted = _arenas(pools, rows, table, target)
     if table is None:
         findings.insert(0, Finding(Severity.WARNING, 0, "obmalloc arena table", "obmalloc's arena table was not "
                                    "found: each arena is taken to start at its first pool, with CPython's default "
@@ -93,7 +95,7 @@ def load_obmalloc(target, claimed: Sequence[tuple[int, int]]) -> ObState:
     sizes = {a.size for a in arenas}
     return ObState(target.description, f"CPython {version} ({path})", pools.pool_size,
                    max(sizes) if sizes else _DEFAULT_ARENA.get(pools.pool_size, 0), tuple(arenas),
-                   class_rows(_counted(pools, arenas)), table.address if table else None, residency,
+                   class_rows(counted), table.address if table else None, residency,
                    tuple(findings))
 
 
@@ -110,13 +112,20 @@ def _writable(target) -> list[tuple[int, int]]:
     return [(int(s), int(e)) for a, b in regions for s, e in residency.within(a, b).tolist()]
 
 
-def _spans(pools: Pools) -> dict:
-    """Each arena index's first and last pool found."""
-    out = {}
-    for index in np.unique(pools.arena).tolist():
-        at = pools.address[pools.arena == index]
-        out[index] = (int(at.min()), int(at.max()))
-    return out
+def _by_arena(pools: Pools) -> dict:
+    """Each arena index's pools (sorted by address, as a slice of POOLS sorted by arena then address), in one
+    sort: index -> (first row, end row)."""
+    if not len(pools):
+        return {}
+    cuts = np.flatnonzero(np.diff(pools.arena)) + 1
+    starts = np.concatenate(([0], cuts))
+    ends = np.concatenate((cuts, [len(pools)]))
+    return {int(pools.arena[a]): (int(a), int(b)) for a, b in zip(starts.tolist(), ends.tolist())}
+
+
+def _spans(pools: Pools, rows: dict) -> dict:
+    """Each arena index's first and last pool found (POOLS sorted by arena, ROWS from `_by_arena`)."""
+    return {index: (int(pools.address[a]), int(pools.address[b - 1])) for index, (a, b) in rows.items()}
 
 
 def _table_ranges(writable, claimed, spans: dict, pool_size: int) -> list[tuple[int, int]]:
@@ -129,12 +138,15 @@ def _table_ranges(writable, claimed, spans: dict, pool_size: int) -> list[tuple[
                                                               key=lambda r: r[1] - r[0])
 
 
-def _arenas(pools: Pools, spans: dict, table: ArenaTable | None, target) -> tuple[list[ObArena], list[Finding]]:
-    """Each arena of SPANS with its figures, placed by the TABLE's slot (else from its first pool, at the
-    default arena size); findings for pools that lie outside their arena or could not be read."""
+def _arenas(pools: Pools, rows: dict, table: ArenaTable | None, target) -> tuple[list[ObArena], list[Finding], Pools]:
+    """Each arena of ROWS (`_by_arena` over POOLS) with its figures, placed by the TABLE's slot (else from its
+    first pool, at the default arena size); findings for pools that lie outside their arena or could not be
+    read; and the pools counted (those in the carved part of their own arena)."""
     size_of = pools.pool_size
-    arenas, findings = [], []
-    for index, (first, last) in sorted(spans.items()):
+    arenas, findings, counted = [], [], []
+    for index, (lo, hi) in sorted(rows.items()):
+        mine = pools.take(slice(lo, hi))
+        first, last = int(mine.address[0]), int(mine.address[-1])
         slot = table.slots.get(index) if table is not None else None
         if slot is not None:
             address, npools, carved_end = slot.address, slot.ntotalpools, slot.pool_address
@@ -144,12 +156,13 @@ def _arenas(pools: Pools, spans: dict, table: ArenaTable | None, target) -> tupl
             size = max(_DEFAULT_ARENA.get(size_of, size_of), carved_end - first)
             npools = size // size_of
         first_pool = -(-address // size_of) * size_of
-        mine = (pools.arena == index) & (pools.address >= first_pool) & (pools.address < carved_end)
-        stray = int(((pools.arena == index) & ~mine).sum())
+        inside = (mine.address >= first_pool) & (mine.address < carved_end)
+        stray = int((~inside).sum())
         if stray:
             findings.append(Finding(Severity.WARNING, first_pool, "obmalloc arena", f"{stray} pool header(s) "
                                     f"name arena {index} but lie outside its carved pools", Kind.ARENA))
-        own = pools.take(mine)
+        own = mine.take(inside)
+        counted.append(np.arange(lo, hi)[inside])
         carved = (carved_end - first_pool) // size_of
         if carved > len(own):
             findings.append(Finding(Severity.WARNING, first_pool, "obmalloc arena", f"{carved - len(own)} of the "
@@ -161,7 +174,8 @@ def _arenas(pools: Pools, spans: dict, table: ArenaTable | None, target) -> tupl
         arenas.append(ObArena(index, address, size, first_pool, npools, carved, figures["used"], nfree,
                               figures["in_use"], figures["free_blocks"], figures["headers"], figures["quantization"],
                               size - npools * size_of, resident, free_resident, _summed(figures["free_by_size"])))
-    return arenas, findings
+    keep = np.concatenate(counted) if counted else np.zeros(0, dtype=np.int64)
+    return arenas, findings, pools.take(keep)
 
 
 def _resident(target, own: Pools, address: int, size: int, first_pool: int, carved_end: int, npools: int):
@@ -184,15 +198,6 @@ def _resident(target, own: Pools, address: int, size: int, first_pool: int, carv
     in_carved = res.resident_each(used.address + np.uint64(HEADER), used.address + used.nextoffset.astype(np.uint64))
     freed = ((carved - used.count) * block * in_carved) // np.maximum(touched, 1)
     return res.resident(address, address + size), int(unused + virgin.sum() + freed.sum())
-
-
-def _counted(pools: Pools, arenas: Sequence[ObArena]) -> Pools:
-    """The pools that lie in the carved part of their own arena."""
-    keep = np.zeros(len(pools), dtype=bool)
-    for a in arenas:
-        end = a.first_pool + a.carved * pools.pool_size
-        keep |= (pools.arena == a.index) & (pools.address >= a.first_pool) & (pools.address < end)
-    return pools.take(keep)
 
 
 def _summed(pairs) -> tuple:
