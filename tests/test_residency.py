@@ -228,13 +228,14 @@ def test_large_free_chunks_kept_in_the_arenas_by_a_raised_mmap_threshold_are_nam
 
 
 def test_a_plain_core_holds_the_whole_pages_its_file_has_data_for(tmp_path):
-    """`residency.in_core`: a core that says nothing of residency measures what its file holds, the holes of a
-    sparse file (pages never written) left out, in whole pages of the process (a segment need not start on a
-    block of the file: a page part of which is a hole is one of zeros)."""
+    """`residency.in_core`: a core that says nothing of residency measures the pages of the process its file
+    holds anything but zeros for (holes and pages of zeros alike: a copy of the core, sparse or not, says the
+    same), whole pages of the process wherever its segment starts in the file."""
     from heapwalk.inferior.residency import in_core
     path = tmp_path / "core"
     with open(path, "wb") as f:
         f.write(b"\1" * 8192)
+        f.write(bytes(4096))                   # written zeros: no different from a hole
         f.seek(40960)
         f.write(b"\2" * 4096)
         f.truncate(65536)
@@ -255,4 +256,4 @@ def test_a_plain_core_holds_the_whole_pages_its_file_has_data_for(tmp_path):
         core.f.close()
     assert present.within(0x10000, 0x20000).tolist() == [[0x10000, 0x12000], [0x1A000, 0x1B000]]
     assert present.resident(0x30000, 0x31000) == 0x1000       # at 0x900 of the file: all of it data
-    assert present.total == 0x4000 and "does not say which pages were resident" in present.source
+    assert present.total == 0x4000 and "does not say which were resident" in present.source

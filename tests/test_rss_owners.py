@@ -186,7 +186,7 @@ def test_a_plain_core_gives_what_it_holds_by_owner(tmp_path):
     result = run_gdb([str(exe), str(tmp_path / "core")], [f"heapwalk report --json {out}"], iex=[NO_SYMBOLS])
     assert result.returncode == 0, result.stderr
     rss = json.loads(out.read_text())["report"]["rss_by_owner"]
-    assert rss["measure"] == "in the core" and rss["source"].startswith("the bytes the core holds")
+    assert rss["measure"] == "in the core" and rss["source"].startswith("its pages that hold anything")
     assert rss["total"] == sum(r["bytes"] for r in rss["rows"]) > 0
     rows = {(r["kind"], r["name"]): r for r in rss["rows"]}
     pool, size, touched = ledger["pool"]

@@ -49,7 +49,7 @@ def _target() -> Target:
     resident = residency()
     return Target(gdb_memory(space.readable), space, thread_registers(thread_names()), GdbSymbols(), describe_target(),
                   missing_ranges() if space.core else [], cpu_counts(), resident, core_not_read(), clock_ns(),
-                  core_contents() if resident is None else None)
+                  core_contents if resident is None and space.core else None)
 
 
 def _is_64bit() -> bool:

@@ -146,19 +146,39 @@ def of_core(core: CoreFile) -> Residency | None:
 
 
 def in_core(core: CoreFile) -> Residency:
-    """What a core that says nothing of residency holds of each address: its load segments' bytes, less the
-    holes of a sparse core file (pages never written: the kernel leaves out a page the process never touched,
-    and a core made sparse has none of its pages of zeros), in whole pages: a page part of which is a hole is
-    taken as one of zeros.  Not which pages were resident."""
+    """What a core that says nothing of residency holds of each address: the pages of its load segments that
+    hold anything but zeros (the kernel leaves a page the process never touched out of its core, and gcore
+    writes it as zeros).  Decided by the bytes, not by how the file is stored, so that a copy of the core says
+    the same; the holes of a sparse file are skipped unread.  Not which pages were resident."""
     runs = []
     fd = core.fileno()
     for vaddr, _, offset, filesz in core.loads:
-        if filesz and vaddr < 1 << 63:          # the kernel's vsyscall page lies above: never the process's
-            for a, b in _data_runs(fd, offset, offset + filesz):
-                lo, hi = -(-(vaddr + a - offset) // PAGE) * PAGE, (vaddr + b - offset) // PAGE * PAGE
-                if lo < hi:          # whole pages: a core's segments need not start on a block of its file
-                    runs.append((lo, hi))
-    return Residency(merged(runs), "the bytes the core holds: a plain core does not say which pages were resident")
+        if not filesz or vaddr >= 1 << 63:        # the kernel's vsyscall page lies above: never the process's
+            continue
+        for a, b in _data_runs(fd, offset, offset + filesz):
+            first, last = (a - offset) // PAGE, -(-(b - offset) // PAGE)     # the pages the run touches
+            for lo in range(first, last, _WINDOW_PAGES):
+                hi = min(last, lo + _WINDOW_PAGES)
+                runs += [(vaddr + x * PAGE, vaddr + y * PAGE) for x, y in
+                         _nonzero_pages(fd, offset + lo * PAGE, offset + min(hi * PAGE, filesz), lo)]
+    return Residency(merged(runs), "its pages that hold anything; a plain core does not say which were resident")
+
+
+#: pages of a core read at once when looking for pages that hold anything
+_WINDOW_PAGES = 4096
+
+
+def _nonzero_pages(fd: int, lo: int, hi: int, first: int) -> list[tuple[int, int]]:
+    """The runs (in pages, counted from FIRST) of the file FD's [LO, HI), read page by page in one read, whose
+    pages hold anything but zeros."""
+    data = os.pread(fd, hi - lo, lo)
+    pages = -(-len(data) // PAGE)
+    if not pages:
+        return []
+    padded = np.zeros(pages * PAGE, dtype=np.uint8)
+    padded[:len(data)] = np.frombuffer(data, dtype=np.uint8)
+    full = padded.view(np.uint64).reshape(pages, PAGE // 8).any(axis=1)
+    return [(first + a // PAGE, first + b // PAGE) for a, b in runs_of(full, 0)]
 
 
 def _data_runs(fd: int, lo: int, hi: int) -> list[tuple[int, int]]:
