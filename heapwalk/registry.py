@@ -15,9 +15,10 @@ def allocators() -> tuple[Allocator, ...]:
     """Every allocator, in the order they are looked for; CPython's obmalloc, which takes its memory from the
     system beside them, last."""
     from heapwalk.jemalloc.allocator import JEMALLOC
+    from heapwalk.tcmalloc.allocator import TCMALLOC
     from heapwalk.glibc.allocator import GLIBC
     from heapwalk.cpython.allocator import CPYTHON
-    return (*_added, JEMALLOC, GLIBC, CPYTHON)
+    return (*_added, JEMALLOC, TCMALLOC, GLIBC, CPYTHON)
 
 
 def add(allocator: Allocator) -> None:

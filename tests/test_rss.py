@@ -104,3 +104,15 @@ def test_shared_anonymous_memory_is_shared_and_a_private_mapping_of_dev_zero_ano
     (deleted)" by the kernel: shared memory; a private mapping named /dev/zero is the process's own."""
     spans = spans_of([(0x10000, 0x20000, "/dev/zero (deleted)", True), (0x30000, 0x40000, "/dev/zero", True)])
     assert [s.kind for s in spans] == ["shared", "anonymous"]
+
+
+def test_a_mapping_named_in_brackets_keeps_its_name_in_the_table():
+    """'[heap]', '[anon:name]': the table prints the names the kernel gives, not as markup."""
+    from rich.console import Console
+    from heapwalk.output.rsstext import rss_table
+    spans = spans_of([(0x10000, 0x20000, "[heap]", True), (0x30000, 0x40000, "[anon:pool]", True)])
+    rss = rss_by_owner(spans, [], _measure([(0x10000, 0x40000)]), "resident", "test")
+    console = Console(width=200, record=True)
+    console.print(rss_table(rss, False))
+    text = console.export_text()
+    assert "[heap]" in text and "[anon:pool]" in text

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from rich.table import Table
+from rich.text import Text
 
 from heapwalk.analysis.report import human
 from heapwalk.analysis.rss import KINDS, RssBreakdown
@@ -31,7 +32,7 @@ def rss_table(rss: RssBreakdown, interactive: bool) -> Table:
     table.add_column("mapped", justify="right", footer="")
     for kind, name, size, mapped, count in _rows(rss):
         what = name if count == 1 else f"{name} ({count})"
-        table.add_row(kind, what, human(size), f"{100 * rss.share(size):.0f}%", human(mapped))
+        table.add_row(kind, Text(what), human(size), f"{100 * rss.share(size):.0f}%", human(mapped))
     return table
 
 

@@ -1,0 +1,145 @@
+/* A program on gperftools' tcmalloc (issue 42), run with LD_PRELOAD=libtcmalloc_minimal.so.4 or linked with it:
+ * four threads each allocate blocks of many size classes and some large ones, free two thirds of them in a
+ * scattered order and park (their thread caches keep what they freed); a fifth does the same and exits (its
+ * cache goes back to the central lists).  Then the main thread writes tcmalloc's own statistics at that
+ * instant into stats.json in the folder given as its one argument: every MallocExtension numeric property
+ * heapwalk shows, and MallocExtension_GetStats's text; and stops itself (SIGSTOP) for the capture.  Its
+ * entry points are found with dlsym; everything is written with write(2) from static buffers. */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define THREADS 5
+#define BLOCKS 20000
+
+typedef int (*property_fn)(const char *, size_t *);
+typedef void (*stats_fn)(char *, int);
+
+static const char *const properties[] = {
+    "generic.current_allocated_bytes", "generic.heap_size", "generic.total_physical_bytes",
+    "tcmalloc.pageheap_free_bytes", "tcmalloc.pageheap_unmapped_bytes", "tcmalloc.central_cache_free_bytes",
+    "tcmalloc.transfer_cache_free_bytes", "tcmalloc.thread_cache_free_bytes",
+    "tcmalloc.current_total_thread_cache_bytes", "tcmalloc.max_total_thread_cache_bytes",
+    "tcmalloc.slack_bytes", "tcmalloc.aggressive_memory_decommit", "tcmalloc.pageheap_committed_bytes",
+};
+#define NPROPERTIES (sizeof properties / sizeof properties[0])
+
+static char text[1 << 20];
+static char out[(1 << 21) + 8192];
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t parked_cond = PTHREAD_COND_INITIALIZER;
+static int parked;
+
+static size_t size_of(unsigned i)
+{
+    static const size_t sizes[] = {8, 16, 24, 32, 48, 64, 96, 128, 200, 256, 400, 512, 1000, 1024, 2048, 4096,
+                                   7000, 8192, 20000, 65536};
+    return i % 97 == 0 ? (size_t)(300 + i % 5) << 10 : sizes[(i * 7919u) % (sizeof sizes / sizeof sizes[0])];
+}
+
+static void *worker(void *arg)
+{
+    long exits = (long)arg;
+    char *blocks[BLOCKS];
+    for (unsigned i = 0; i < BLOCKS; i++) {
+        size_t size = size_of(i);
+        blocks[i] = malloc(size);
+        if (blocks[i] == NULL)
+            abort();
+        memset(blocks[i], (int)i, size < 64 ? size : 64);
+    }
+    for (unsigned i = 0; i < BLOCKS; i++) {
+        unsigned j = (i * 7u) % BLOCKS;           /* scattered */
+        if (j % 3)
+            free(blocks[j]);
+    }
+    pthread_mutex_lock(&lock);
+    parked++;
+    pthread_cond_signal(&parked_cond);
+    pthread_mutex_unlock(&lock);
+    if (exits)
+        return NULL;
+    for (;;)
+        pause();
+}
+
+static size_t append(size_t at, const char *s)
+{
+    size_t n = strlen(s);
+    if (at + n < sizeof out) {
+        memcpy(out + at, s, n);
+        at += n;
+    }
+    return at;
+}
+
+/* TEXT as a JSON string (quotes, backslashes and control characters escaped). */
+static size_t append_string(size_t at, const char *s)
+{
+    at = append(at, "\"");
+    for (; *s && at + 8 < sizeof out; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\') {
+            out[at++] = '\\';
+            out[at++] = (char)c;
+        } else if (c < 0x20) {
+            at += (size_t)snprintf(out + at, 8, "\\u%04x", c);
+        } else {
+            out[at++] = (char)c;
+        }
+    }
+    return append(at, "\"");
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2)
+        return 2;
+    property_fn property = (property_fn)dlsym(RTLD_DEFAULT, "MallocExtension_GetNumericProperty");
+    stats_fn stats = (stats_fn)dlsym(RTLD_DEFAULT, "MallocExtension_GetStats");
+    if (property == NULL || stats == NULL)
+        return 3;
+    pthread_t threads[THREADS];
+    for (long t = 0; t < THREADS; t++)
+        if (pthread_create(&threads[t], NULL, worker, (void *)(long)(t == THREADS - 1)) != 0)
+            return 1;
+    pthread_mutex_lock(&lock);
+    while (parked < THREADS)
+        pthread_cond_wait(&parked_cond, &lock);
+    pthread_mutex_unlock(&lock);
+    pthread_join(threads[THREADS - 1], NULL);
+
+    static char path[4096];
+    snprintf(path, sizeof path, "%s/stats.json", argv[1]);
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0)
+        return 1;
+    static size_t values[NPROPERTIES];
+    static int known[NPROPERTIES];
+    for (size_t i = 0; i < NPROPERTIES; i++)
+        known[i] = property(properties[i], &values[i]);
+    stats(text, sizeof text);
+    size_t at = append(0, "{\"properties\": {");
+    static char line[256];
+    for (size_t i = 0; i < NPROPERTIES; i++) {
+        if (known[i]) {
+            snprintf(line, sizeof line, "%s\"%s\": %zu", at > 16 ? ", " : "", properties[i], values[i]);
+            at = append(at, line);
+        }
+    }
+    at = append(at, "}, \"stats\": ");
+    at = append_string(at, text);
+    at = append(at, "}\n");
+    if (write(fd, out, at) != (ssize_t)at)
+        return 1;
+    close(fd);
+    kill(getpid(), SIGSTOP);
+    for (;;)
+        pause();
+}

@@ -1,0 +1,144 @@
+"""gperftools' tcmalloc behind heapwalk's allocator interface (`heapwalk.allocator`): found where a mapped object
+holds it, its state found without symbols (`tcmalloc.discovery`), shown in MallocExtension's words."""
+
+from __future__ import annotations
+
+from collections import Counter
+from types import MappingProxyType
+
+from rich.text import Text
+
+from heapwalk.allocator import Allocator, Checked, Context, Decoded, NotUsed
+from heapwalk.analysis.report import Report, human
+from heapwalk.analysis.rss import Claim
+from heapwalk.findings import Finding, Severity
+from heapwalk.output import tables
+from heapwalk.tcmalloc.check import CHECKED, check_tcmalloc
+from heapwalk.output.jsondoc import report_json
+from heapwalk.output.reporttext import report_group
+from heapwalk.tcmalloc.decode import TcState, decode_tcmalloc
+from heapwalk.tcmalloc.discovery import discover_tcmalloc
+from heapwalk.tcmalloc.find import find_tcmalloc
+from heapwalk.tcmalloc.verdict import advice
+from heapwalk.view import ArenaView, HeapView, Words
+
+__all__ = ["TCMALLOC", "TcmallocHeap", "FREE_KINDS"]
+
+#: where tcmalloc's free bytes are, in the order its statistics list them
+FREE_KINDS = ("thread caches", "transfer cache", "central cache", "page heap", "unmapped")
+
+WORDS = Words(
+    holds="tcmalloc's page heap holds", system="heap size", heaps="page heaps", pieces="free bytes",
+    gives_back="ReleaseFreeMemory() gives back", large="", overhead="overhead",
+    free_columns=tuple((f"free: {k}" if i == 0 else k, lambda a, k=k: a.free[k]) for i, k in enumerate(FREE_KINDS)),
+    last_columns=(("release gives back", lambda a: a.reclaim),))
+
+
+class TcmallocHeap(Decoded):
+    """tcmalloc decoded: its state."""
+
+    name = "tcmalloc"
+    title = "tcmalloc"
+    beside_key = "tcmalloc"
+    damaged_subject = "tcmalloc's state is"
+    words = WORDS
+    block_noun = "object"
+
+    def __init__(self, state: TcState, mem):
+        self.state, self.mem = state, mem
+        self.target = state.target
+
+    def header(self, with_target: bool = True) -> Text:
+        text = Text(f"{self.target}\n" if self.target and with_target else "")
+        d = self.state.discovery
+        version = f"gperftools {d.version}" if d.version else "gperftools (version not said)"
+        text.append(f"tcmalloc: {version} ({d.library}); pages of {d.page_size} bytes, {d.classes} size classes\n")
+        return text
+
+    def findings(self) -> list[Finding]:
+        return list(self.state.findings) + list(self.added)
+
+    def view(self) -> HeapView:
+        p = self.state.properties()
+        free = {"thread caches": p["tcmalloc.thread_cache_free_bytes"],
+                "transfer cache": p["tcmalloc.transfer_cache_free_bytes"],
+                "central cache": p["tcmalloc.central_cache_free_bytes"],
+                "page heap": p["tcmalloc.pageheap_free_bytes"], "unmapped": p["tcmalloc.pageheap_unmapped_bytes"]}
+        system = p["generic.heap_size"]
+        used = p["generic.current_allocated_bytes"]
+        row = ArenaView(0, self.state.discovery.free_lists, "page heap", len(self.state.threads), 1, system, used,
+                        MappingProxyType(free), 0, 0, free["page heap"], used >= 0 and sum(free.values()) <= system)
+        objects = Counter()
+        for c in self.state.classes:
+            if c.index:
+                objects[c.size] += c.central_objects + c.move * c.transfer_batches + c.thread_objects
+        return HeapView(allocator="tcmalloc", arenas=(row,), free_sizes=MappingProxyType({0: +objects}),
+                        size_classes=(),
+                        arena_limit="one page heap", reclaim_total=free["page heap"])
+
+    def verdict(self, rep: Report) -> list[str]:
+        return advice(self.state, rep)
+
+    def report_parts(self, rep: Report, interactive: bool) -> list:
+        lines = Text()
+        for name, value in self.state.properties().items():
+            lines.append(f"{name} {value} ({human(value)})\n")
+        return list(report_group(rep, interactive, WORDS, lines).renderables)
+
+    def report_document(self, rep: Report) -> dict:
+        d = self.state.discovery
+        return {**self.document(), "report": {**report_json(rep), "partial": []},
+                "tcmalloc": {"version": d.version, "library": d.library, "page_size": d.page_size,
+                             "classes": d.classes, "properties": self.state.properties(),
+                             "pageheap": dict(self.state.stats),
+                             "threads": [{"address": t.address, "tid": t.tid, "bytes": t.size}
+                                         for t in self.state.threads],
+                             "size_classes": [{"class": c.index, "size": c.size, "pages": c.pages,
+                                               "central_objects": c.central_objects, "spans": c.spans,
+                                               "transfer_objects": c.move * c.transfer_batches,
+                                               "thread_objects": c.thread_objects}
+                                              for c in self.state.classes if c.index],
+                             "discovery": [{"what": w, "how": h} for w, h in d.facts]}}
+
+    def check(self, limit: int, interactive: bool, json: bool = False) -> Checked:
+        """The invariants `tcmalloc.check` holds it to, and what was checked."""
+        findings = check_tcmalloc(self.state, self.mem)
+        errors = sum(1 for f in findings if f.severity is Severity.ERROR)
+        warnings = sum(1 for f in findings if f.severity is Severity.WARNING)
+        text = tables.findings_text(findings[:limit or len(findings)]) or Text(
+            f"tcmalloc consistent: checked {'; '.join(CHECKED)} ({len(self.state.spans)} spans, "
+            f"{len(self.state.threads)} thread caches, {len(self.state.classes) - 1} size classes)\n")
+        doc = {**self.document(), "clean": not errors, "errors": errors, "warnings": warnings,
+               "checked": list(CHECKED)} if json else None
+        return Checked([text], errors, warnings, doc)
+
+    def claims(self) -> list[Claim]:
+        """Every span the page map names: all the memory tcmalloc took from the system for its heap."""
+        page = self.state.page_size
+        return [Claim(start * page, (start + n) * page, "heap", "tcmalloc: spans") for start, n in self.state.spans]
+
+    def holds(self, rep: Report) -> str:
+        return f"tcmalloc holds {human(rep.system)} ({human(rep.in_use)} in use, {human(rep.free)} free)"
+
+
+class Tcmalloc(Allocator):
+    """gperftools' tcmalloc, where a mapped object holds it."""
+
+    name = "tcmalloc"
+    title = "tcmalloc"
+    variables = ("TCMALLOC_",)
+    describes = {"report": "its page heap, central free lists, transfer and thread caches, in MallocExtension's "
+                           "figures",
+                 "check": "its page map's spans against its heap size, its thread caches' list, its central lists' "
+                          "counters"}
+
+    def load(self, context: Context) -> TcmallocHeap:
+        target = context.target
+        found = find_tcmalloc(target.mem, target.space.mappings)
+        if found is None:
+            raise NotUsed("tcmalloc is not mapped")
+        discovered = discover_tcmalloc(target.mem, found, [t.fs_base for t in target.threads])
+        return TcmallocHeap(decode_tcmalloc(target.mem, discovered, target.description), target.mem)
+
+
+TCMALLOC = Tcmalloc()

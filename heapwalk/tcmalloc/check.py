@@ -1,0 +1,50 @@
+"""'heapwalk check' of tcmalloc: the invariants its state must hold, each broken one a finding at the address
+of the bad data: the spans the page map names add up to the heap size the page heap counts; the thread caches
+form a list whose previous links match; each central list's transfer cache holds no more batches than it has
+room for, and its counters are possible."""
+
+from __future__ import annotations
+
+from heapwalk.findings import Finding, Kind, Severity
+from heapwalk.inferior.memory import Memory, ReadError
+from heapwalk.tcmalloc.decode import TcState
+
+__all__ = ["check_tcmalloc", "CHECKED"]
+
+#: what the check covers, for its summary
+CHECKED = ("the page map's spans against the heap size", "the list of thread caches",
+           "each central free list's counters and transfer cache")
+
+
+def check_tcmalloc(state: TcState, mem: Memory) -> list[Finding]:
+    """Every broken invariant of STATE (read through MEM), with what was expected and found."""
+    out = list(state.findings)
+    d, page = state.discovery, state.page_size
+    mapped = sum(n for _, n in state.spans) * page
+    if state.spans and mapped != state.stats["system_bytes"]:
+        out.append(Finding(Severity.ERROR, d.stats, "page heap", "the spans the page map names do not add up to "
+                           "the heap size the page heap counts", Kind.ACCOUNTING, str(state.stats["system_bytes"]),
+                           str(mapped)))
+    previous = 0
+    for t in state.threads:
+        try:
+            prev = int.from_bytes(mem.read(t.address + d.layout.thread_prev, 8), "little")
+        except ReadError:
+            break
+        if prev != previous:
+            out.append(Finding(Severity.ERROR, t.address, "thread cache", "a thread cache's previous link is not "
+                               "the cache before it in the list", Kind.OTHER, f"{previous:#x}", f"{prev:#x}"))
+        if not 0 <= t.size < 1 << 40:
+            out.append(Finding(Severity.ERROR, t.address, "thread cache", "a thread cache's size is impossible",
+                               Kind.OTHER, "", str(t.size)))
+        previous = t.address
+    for c in state.classes:
+        entry = d.central + c.index * d.layout.central_stride
+        if not 0 <= c.transfer_batches <= d.layout.transfer_entries:
+            out.append(Finding(Severity.ERROR, entry + d.layout.central_used_slots, "central free list",
+                               f"class {c.index}'s transfer cache holds more batches than it has room for",
+                               Kind.OTHER, f"at most {d.layout.transfer_entries}", str(c.transfer_batches)))
+        if c.spans > 1 << 40 or c.central_objects > 1 << 48:
+            out.append(Finding(Severity.ERROR, entry, "central free list", f"class {c.index}'s counters are "
+                               "impossible", Kind.OTHER, "", f"{c.spans} spans, {c.central_objects} objects"))
+    return out

@@ -1,0 +1,181 @@
+"""tcmalloc's state read where discovery found it: the size map, the page heap's statistics, each class's
+central free list and transfer cache, each thread's cache; and the figures its MallocExtension statistics
+give, computed as it computes them."""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from heapwalk.findings import Finding, Kind, Severity
+from heapwalk.inferior.memory import Memory, ReadError
+from heapwalk.tcmalloc.discovery import TcDiscovery
+
+__all__ = ["TcClass", "TcThread", "TcState", "decode_tcmalloc", "STATS_FIELDS"]
+
+#: the page heap's statistics, in their order
+STATS_FIELDS = ("system_bytes", "free_bytes", "unmapped_bytes", "committed_bytes", "scavenge_count", "commit_count",
+                "total_commit_bytes", "decommit_count", "total_decommit_bytes", "reserve_count",
+                "total_reserve_bytes")
+#: thread caches followed at most (a list longer than this is damaged)
+_MAX_THREADS = 1 << 16
+
+
+@dataclass(frozen=True)
+class TcClass:
+    """One size class: its size, pages per span, objects moved at once; what its central free list holds (free
+    objects, spans) and its transfer cache (batches), and the objects the thread caches hold."""
+
+    index: int
+    size: int
+    pages: int
+    move: int
+    central_objects: int
+    spans: int
+    transfer_batches: int
+    thread_objects: int
+
+    def central_bytes(self, page_size: int) -> int:
+        """The central list's free objects and what its spans lose to rounding (OverheadBytes)."""
+        return self.size * self.central_objects + self.spans * ((self.pages * page_size) % self.size)
+
+    @property
+    def transfer_bytes(self) -> int:
+        return self.size * self.move * self.transfer_batches
+
+
+@dataclass(frozen=True)
+class TcThread:
+    """One thread's cache: where it is, the thread (its pthread_t), the bytes it holds."""
+
+    address: int
+    tid: int
+    size: int
+
+
+@dataclass(frozen=True)
+class TcState:
+    """tcmalloc in one target."""
+
+    target: str
+    discovery: TcDiscovery
+    stats: dict
+    classes: tuple[TcClass, ...]
+    threads: tuple[TcThread, ...]
+    spans: tuple[tuple[int, int], ...] = ()   # every span the page map names: (first page, pages)
+    findings: tuple[Finding, ...] = field(default=())
+
+    @property
+    def page_size(self) -> int:
+        return self.discovery.page_size
+
+    def properties(self) -> dict:
+        """The figures MallocExtension_GetNumericProperty gives, by its names."""
+        central = sum(c.central_bytes(self.page_size) for c in self.classes if c.index)
+        transfer = sum(c.transfer_bytes for c in self.classes if c.index)
+        thread = sum(t.size for t in self.threads)
+        s = self.stats
+        return {"generic.current_allocated_bytes": s["system_bytes"] - thread - central - transfer
+                - s["free_bytes"] - s["unmapped_bytes"],
+                "generic.heap_size": s["system_bytes"],
+                "tcmalloc.pageheap_free_bytes": s["free_bytes"],
+                "tcmalloc.pageheap_unmapped_bytes": s["unmapped_bytes"],
+                "tcmalloc.central_cache_free_bytes": central,
+                "tcmalloc.transfer_cache_free_bytes": transfer,
+                "tcmalloc.thread_cache_free_bytes": thread,
+                "tcmalloc.current_total_thread_cache_bytes": thread,
+                "tcmalloc.slack_bytes": s["free_bytes"] + s["unmapped_bytes"],
+                "tcmalloc.pageheap_committed_bytes": s["committed_bytes"]}
+
+
+def decode_tcmalloc(mem: Memory, found: TcDiscovery, description: str) -> TcState:
+    """tcmalloc's state where FOUND says it is."""
+    findings: list[Finding] = []
+    stats = dict(zip(STATS_FIELDS, struct.unpack(f"<{len(STATS_FIELDS)}Q",
+                                                 mem.read(found.stats, 8 * len(STATS_FIELDS)))))
+    threads, cached = _threads(mem, found, findings)
+    return TcState(description, found, stats, _classes(mem, found, cached), tuple(threads),
+                   _spans(mem, found, findings), tuple(findings))
+
+
+def _spans(mem: Memory, found: TcDiscovery, findings: list[Finding]) -> tuple[tuple[int, int], ...]:
+    """Every span of the page heap, walked as tcmalloc walks its page map: at each page that names a span
+    starting there, that span, then on past its last page (a free span names only its ends: the pages inside
+    may still name the spans merged into it).  (first page, pages), sorted."""
+    lay = found.layout
+    root_at = found.free_lists - lay.pagemap_before_free
+    try:
+        root = np.frombuffer(mem.read(root_at, 8 * lay.pagemap_root), dtype=np.uint64)
+    except ReadError:
+        findings.append(Finding(Severity.ERROR, root_at, "page map", "tcmalloc's page map cannot be read: its "
+                                "spans are not known", Kind.UNMAPPED))
+        return ()
+    named: list[tuple[int, int]] = []            # (page, span) for every page that names a span
+    for r in np.flatnonzero(root).tolist():
+        leaf = int(root[r])
+        try:
+            values = np.frombuffer(mem.read(leaf, 8 * lay.pagemap_leaf), dtype=np.uint64)
+        except ReadError:
+            findings.append(Finding(Severity.ERROR, leaf, "page map", "a leaf of tcmalloc's page map cannot be "
+                                    "read: the spans it names are left out", Kind.UNMAPPED))
+            continue
+        pages = np.flatnonzero(values)
+        named += zip((pages + r * lay.pagemap_leaf).tolist(), values[pages].tolist())
+    heads = {}
+    for span in sorted({s for _, s in named}):
+        try:
+            heads[span] = struct.unpack("<QQ", mem.read(span, 16))
+        except ReadError:
+            continue
+    out, end = [], 0
+    for page, span in sorted(named):
+        start, length = heads.get(span, (None, 0))
+        if start == page and page >= end and 0 < length < 1 << 40:
+            out.append((page, length))
+            end = page + length
+    return tuple(out)
+
+
+def _classes(mem: Memory, found: TcDiscovery, cached: np.ndarray) -> tuple[TcClass, ...]:
+    """Each class: the size map's figures, its central list's and transfer cache's, the thread caches'."""
+    lay, n = found.layout, found.classes
+    sizes = np.frombuffer(mem.read(found.sizemap, 4 * n), dtype=np.int32)
+    moves = np.frombuffer(mem.read(found.sizemap - lay.sizemap_move_before, 4 * n), dtype=np.int32)
+    pages_at = (found.sizemap + lay.sizemap_pages_after + 7) & ~7
+    pages = np.frombuffer(mem.read(pages_at, 8 * n), dtype=np.uint64)
+    out = []
+    for k in range(n):
+        entry = found.central + k * lay.central_stride
+        spans, counter = struct.unpack("<QQ", mem.read(entry + lay.central_num_spans, 16))
+        used, = struct.unpack("<i", mem.read(entry + lay.central_used_slots, 4))
+        out.append(TcClass(k, int(sizes[k]), int(pages[k]), int(moves[k]), counter, spans, used, int(cached[k])))
+    return tuple(out)
+
+
+def _threads(mem: Memory, found: TcDiscovery, findings: list[Finding]) -> tuple[list[TcThread], np.ndarray]:
+    """The thread caches, from the list's head, and the objects they hold per class."""
+    lay = found.layout
+    cached = np.zeros(lay.classes_max, dtype=np.int64)
+    out, seen, at = [], set(), found.thread_heaps
+    while at:
+        if at in seen or len(out) >= _MAX_THREADS:
+            findings.append(Finding(Severity.ERROR, at, "thread cache", "the list of thread caches loops back on "
+                                    "itself", Kind.LIST_CYCLE))
+            break
+        seen.add(at)
+        try:
+            data = mem.read(at, lay.thread_prev + 8)
+        except ReadError:
+            findings.append(Finding(Severity.ERROR, at, "thread cache", "a thread cache of tcmalloc's list "
+                                    "cannot be read: the caches after it are left out", Kind.UNMAPPED))
+            break
+        lists = np.frombuffer(data[:lay.classes_max * lay.thread_list_entry], dtype=np.uint32).reshape(
+            lay.classes_max, lay.thread_list_entry // 4)[:, lay.thread_list_length // 4]
+        cached += lists.astype(np.int64)
+        size, = struct.unpack_from("<i", data, lay.thread_size)
+        tid, = struct.unpack_from("<Q", data, lay.thread_tid)
+        out.append(TcThread(at, tid, size))
+        at, = struct.unpack_from("<Q", data, lay.thread_next)
+    return out, cached

@@ -1,0 +1,48 @@
+"""tcmalloc's structures as gperftools builds them, per version, as data (measured with gdb's ptype/o on builds
+with debug information; checked against memory by discovery)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["TcLayout", "LAYOUTS", "SPAN"]
+
+#: bytes of a Span (start, length, next, prev, objects, bit fields); a list head is one
+SPAN = 48
+
+
+@dataclass(frozen=True)
+class TcLayout:
+    """Offsets of one gperftools version's structures."""
+
+    version: str
+    # CentralFreeList (padded to a multiple of 64 bytes in the array)
+    central_size_class: int = 8
+    central_empty: int = 16
+    central_nonempty: int = 64
+    central_num_spans: int = 112
+    central_counter: int = 120
+    central_used_slots: int = 1152
+    central_stride: int = 1216
+    transfer_entries: int = 64
+    # SizeMap, from its class_to_size_ array
+    sizemap_move_before: int = 512          # num_objects_to_move_ lies this far before class_to_size_
+    sizemap_pages_after: int = 516          # class_to_pages_ lies this far after (8-aligned)
+    classes_max: int = 128
+    # PageHeap, from its free_ array
+    free_list_pair: int = 2 * SPAN
+    pagemap_before_free: int = 8 + (1 << 20) + 2 * SPAN   # root_[], its allocator, then the two large-span sets
+    pagemap_root: int = 1 << 17              # entries of the page map's root (48-bit addresses, 8 KiB pages)
+    pagemap_leaf: int = 1 << 18              # entries of each leaf
+    stats_after_free: bool = True           # stats_ follows free_[kMaxPages]
+    # ThreadCache
+    thread_list_entry: int = 32              # sizeof(FreeList)
+    thread_list_length: int = 8              # FreeList::length_ (uint32)
+    thread_size: int = 4096                  # size_ (int32), after list_[128]
+    thread_tid: int = 4128
+    thread_next: int = 4144
+    thread_prev: int = 4152
+
+
+#: the layouts, by version; the first that memory agrees with is taken
+LAYOUTS = (TcLayout("2.10"),)

@@ -1,0 +1,37 @@
+"""tcmalloc's sentences on its report: where its free memory is, and what would give it back, with the cost,
+weighed against the process's RSS."""
+
+from __future__ import annotations
+
+from heapwalk.analysis.report import Report, human, not_worth, worth
+from heapwalk.tcmalloc.decode import TcState
+
+__all__ = ["advice"]
+
+
+def advice(state: TcState, rep: Report) -> list[str]:
+    """The verdict's sentences on STATE's report REP, each with its figures."""
+    p = state.properties()
+    heap, used = p["generic.heap_size"], p["generic.current_allocated_bytes"]
+    free = heap - used
+    out = [f"tcmalloc holds {human(heap)}: {human(used)} in use by the program and {human(free)} free "
+           f"({human(p['tcmalloc.pageheap_free_bytes'])} in its page heap, "
+           f"{human(p['tcmalloc.central_cache_free_bytes'])} in its central free lists, "
+           f"{human(p['tcmalloc.transfer_cache_free_bytes'])} in its transfer caches, "
+           f"{human(p['tcmalloc.thread_cache_free_bytes'])} in {len(state.threads)} thread caches); "
+           f"{human(p['tcmalloc.pageheap_unmapped_bytes'])} has been given back to the system already."]
+    page_heap = p["tcmalloc.pageheap_free_bytes"]
+    if page_heap and not worth(rep, page_heap):
+        out.append(not_worth(rep, page_heap, "MallocExtension::ReleaseFreeMemory()"))
+    elif page_heap >= max(free // 4, 1 << 20):
+        out.append(f"The page heap's {human(page_heap)} of free spans is what a release gives back: "
+                   "MallocExtension::ReleaseFreeMemory() (MallocExtension_ReleaseFreeMemory() from C) returns it "
+                   "now, without a restart; TCMALLOC_RELEASE_RATE (higher: sooner) or "
+                   "TCMALLOC_AGGRESSIVE_DECOMMIT=t (from the next start) make tcmalloc return it as it goes, at "
+                   "the cost of page faults when the memory is used again.")
+    central = p["tcmalloc.central_cache_free_bytes"] + p["tcmalloc.transfer_cache_free_bytes"]
+    if central >= max(free // 4, 1 << 20):
+        out.append(f"{human(central)} of free objects sit in the central free lists and transfer caches, in "
+                   "spans that still hold objects in use: a release cannot return them until every object of a "
+                   "span is freed (fragmentation by size class).")
+    return out
