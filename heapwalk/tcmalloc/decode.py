@@ -65,6 +65,8 @@ class TcState:
     classes: tuple[TcClass, ...]
     threads: tuple[TcThread, ...]
     spans: tuple[tuple[int, int], ...] = ()   # every span the page map names: (first page, pages)
+    metadata: int | None = None               # bytes tcmalloc took from the system for its own use
+    overall: int | None = None                # the thread caches' total limit
     findings: tuple[Finding, ...] = field(default=())
 
     @property
@@ -87,7 +89,11 @@ class TcState:
                 "tcmalloc.thread_cache_free_bytes": thread,
                 "tcmalloc.current_total_thread_cache_bytes": thread,
                 "tcmalloc.slack_bytes": s["free_bytes"] + s["unmapped_bytes"],
-                "tcmalloc.pageheap_committed_bytes": s["committed_bytes"]}
+                "tcmalloc.pageheap_committed_bytes": s["committed_bytes"],
+                "tcmalloc.aggressive_memory_decommit": s["aggressive_decommit"],
+                **({"generic.total_physical_bytes": s["system_bytes"] + self.metadata - s["unmapped_bytes"]}
+                   if self.metadata is not None else {}),
+                **({"tcmalloc.max_total_thread_cache_bytes": self.overall} if self.overall is not None else {})}
 
 
 def decode_tcmalloc(mem: Memory, found: TcDiscovery, description: str) -> TcState:
@@ -95,9 +101,21 @@ def decode_tcmalloc(mem: Memory, found: TcDiscovery, description: str) -> TcStat
     findings: list[Finding] = []
     stats = dict(zip(STATS_FIELDS, struct.unpack(f"<{len(STATS_FIELDS)}Q",
                                                  mem.read(found.stats, 8 * len(STATS_FIELDS)))))
+    stats["aggressive_decommit"] = mem.read(found.stats + found.layout.aggressive_after_stats, 1)[0]
     threads, cached = _threads(mem, found, findings)
+    metadata, overall = (_word(mem, at) for at in (found.metadata, found.overall))
     return TcState(description, found, stats, _classes(mem, found, cached), tuple(threads),
-                   _spans(mem, found, findings), tuple(findings))
+                   _spans(mem, found, findings), metadata, overall, tuple(findings))
+
+
+def _word(mem: Memory, at: int | None) -> int | None:
+    """The 8-byte word at AT (None when AT is, or it cannot be read)."""
+    if at is None:
+        return None
+    try:
+        return int.from_bytes(mem.read(at, 8), "little")
+    except ReadError:
+        return None
 
 
 def _spans(mem: Memory, found: TcDiscovery, findings: list[Finding]) -> tuple[tuple[int, int], ...]:

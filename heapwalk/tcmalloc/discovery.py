@@ -22,6 +22,7 @@ import numpy as np
 
 from heapwalk.errors import CannotDecode
 from heapwalk.inferior.elf import readable_runs
+from heapwalk.inferior.x86 import MOV, rip_loads
 from heapwalk.inferior.memory import Memory, ReadError
 from heapwalk.tcmalloc.find import TcImage
 from heapwalk.tcmalloc.layout import LAYOUTS, SPAN, TcLayout
@@ -29,6 +30,8 @@ from heapwalk.tcmalloc.layout import LAYOUTS, SPAN, TcLayout
 __all__ = ["TcDiscovery", "discover_tcmalloc", "TcmallocUnknown"]
 
 _THREAD_HEAPS = "_ZN8tcmalloc11ThreadCache13thread_heaps_E"
+_OVERALL = "_ZN8tcmalloc11ThreadCache26overall_thread_cache_size_E"
+_METADATA = "_ZN8tcmalloc21metadata_system_bytesEv"
 _FIRST_SIZES = (0, 8, 16, 32)
 
 
@@ -52,6 +55,8 @@ class TcDiscovery:
     classes: int                 # num_size_classes
     thread_heaps: int | None     # the first ThreadCache (None: none)
     facts: tuple[tuple[str, str], ...] = ()
+    metadata: int | None = None  # the counter of metadata bytes (metadata_system_bytes_), when found
+    overall: int | None = None   # ThreadCache::overall_thread_cache_size_, when exported
 
 
 def discover_tcmalloc(mem: Memory, found: TcImage, fs_bases: Sequence[int] = ()) -> TcDiscovery:
@@ -66,8 +71,23 @@ def discover_tcmalloc(mem: Memory, found: TcImage, fs_bases: Sequence[int] = ())
     facts = (("size map", f"class sizes at {sizemap:#x} ({classes} classes)"),
              ("page heap", f"free lists at {free_lists:#x} ({max_pages} lengths: pages of {page_size} bytes)"),
              ("central free lists", f"at {central:#x}"), ("thread caches", how))
+    metadata, overall = _metadata(mem, found), found.image.dynamic_symbol(_OVERALL)
     return TcDiscovery(layout, found.version, found.path, sizemap, free_lists, max_pages, page_size,
-                       free_lists + max_pages * layout.free_list_pair, central, classes, heaps, facts)
+                       free_lists + max_pages * layout.free_list_pair, central, classes, heaps, facts, metadata,
+                       overall)
+
+
+def _metadata(mem: Memory, found: TcImage) -> int | None:
+    """The counter of metadata bytes: what the exported metadata_system_bytes() loads (its first instruction,
+    a RIP-relative mov), or None."""
+    at = found.image.dynamic_symbol(_METADATA)
+    if at is None:
+        return None
+    try:
+        loads = rip_loads(mem.read(at, 16), at)
+    except ReadError:
+        return None
+    return loads[0].target if loads and loads[0].offset == 0 and loads[0].opcode == MOV else None
 
 
 def _writable_words(mem: Memory, found: TcImage) -> tuple[int, np.ndarray]:

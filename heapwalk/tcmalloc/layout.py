@@ -35,6 +35,7 @@ class TcLayout:
     pagemap_root: int = 1 << 17              # entries of the page map's root (48-bit addresses, 8 KiB pages)
     pagemap_leaf: int = 1 << 18              # entries of each leaf
     stats_after_free: bool = True           # stats_ follows free_[kMaxPages]
+    aggressive_after_stats: int = 100       # aggressive_decommit_ (a bool), after scavenge_counter_, release_index_
     # ThreadCache
     thread_list_entry: int = 32              # sizeof(FreeList)
     thread_list_length: int = 8              # FreeList::length_ (uint32)

@@ -24,11 +24,13 @@ def advice(state: TcState, rep: Report) -> list[str]:
     if page_heap and not worth(rep, page_heap):
         out.append(not_worth(rep, page_heap, "MallocExtension::ReleaseFreeMemory()"))
     elif page_heap >= max(free // 4, 1 << 20):
+        later = ("TCMALLOC_RELEASE_RATE (higher: sooner; from the next start) makes" if p[
+            "tcmalloc.aggressive_memory_decommit"] else "TCMALLOC_RELEASE_RATE (higher: sooner) or "
+            "TCMALLOC_AGGRESSIVE_DECOMMIT=t (from the next start) make")
         out.append(f"The page heap's {human(page_heap)} of free spans is what a release gives back: "
                    "MallocExtension::ReleaseFreeMemory() (MallocExtension_ReleaseFreeMemory() from C) returns it "
-                   "now, without a restart; TCMALLOC_RELEASE_RATE (higher: sooner) or "
-                   "TCMALLOC_AGGRESSIVE_DECOMMIT=t (from the next start) make tcmalloc return it as it goes, at "
-                   "the cost of page faults when the memory is used again.")
+                   f"now, without a restart; {later} tcmalloc return it as it goes, at the cost of page faults "
+                   "when the memory is used again.")
     central = p["tcmalloc.central_cache_free_bytes"] + p["tcmalloc.transfer_cache_free_bytes"]
     if central >= max(free // 4, 1 << 20):
         out.append(f"{human(central)} of free objects sit in the central free lists and transfer caches, in "
