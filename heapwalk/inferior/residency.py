@@ -172,13 +172,11 @@ def _nonzero_pages(fd: int, lo: int, hi: int, first: int) -> list[tuple[int, int
     """The runs (in pages, counted from FIRST) of the file FD's [LO, HI), read page by page in one read, whose
     pages hold anything but zeros."""
     data = os.pread(fd, hi - lo, lo)
-    pages = -(-len(data) // PAGE)
-    if not pages:
-        return []
-    padded = np.zeros(pages * PAGE, dtype=np.uint8)
-    padded[:len(data)] = np.frombuffer(data, dtype=np.uint8)
-    full = padded.view(np.uint64).reshape(pages, PAGE // 8).any(axis=1)
-    return [(first + a // PAGE, first + b // PAGE) for a, b in runs_of(full, 0)]
+    whole = len(data) // PAGE
+    held = np.frombuffer(data, dtype=np.uint64, count=whole * PAGE // 8).reshape(whole, PAGE // 8).max(axis=1) != 0
+    if len(data) > whole * PAGE:                  # a last page the segment ends inside
+        held = np.append(held, any(data[whole * PAGE:]))
+    return [(first + a // PAGE, first + b // PAGE) for a, b in runs_of(held, 0)]
 
 
 def _data_runs(fd: int, lo: int, hi: int) -> list[tuple[int, int]]:
