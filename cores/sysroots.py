@@ -165,7 +165,7 @@ def _update_lists(cache: Path, suites: list[str]) -> None:
         _run(["apt-get", *_apt_options(cache), "update"])
 
 
-def _fetch(cache: Path, package: str, suite: str) -> Path:
+def fetch_deb(cache: Path, package: str, suite: str) -> Path:
     """PACKAGE's .deb from SUITE: the cached one, else downloaded into the cache."""
     folder = cache / "debs" / suite
     folder.mkdir(parents=True, exist_ok=True)
@@ -214,7 +214,7 @@ def prepare(dest: Path, suite: str, cache: Path | None = None) -> Sysroot:
     if stamp.exists():
         return Sysroot(suite, root)
     packages = ["libc6", "libc6-dbg"] + (["libc6-dev"] if SUITES.get(suite) else [])
-    debs = [_fetch(cache, p, suite) for p in packages]
+    debs = [fetch_deb(cache, p, suite) for p in packages]
     if root.exists():
         shutil.rmtree(root)
     root.mkdir(parents=True)
@@ -275,7 +275,7 @@ def prepare_jemalloc(dest: Path, name: str, cache: Path | None = None) -> Jemall
     jemalloc = Jemalloc(name, root, root / "usr/lib" / MULTIARCH / "libjemalloc_pic.a" if linked else None)
     if (root / "VERSION").exists():
         return jemalloc
-    deb = _fetch(cache, package, suite)
+    deb = fetch_deb(cache, package, suite)
     if root.exists():
         shutil.rmtree(root)
     root.mkdir(parents=True)

@@ -1,10 +1,13 @@
-/* A program on gperftools' tcmalloc (issue 42), run with LD_PRELOAD=libtcmalloc_minimal.so.4 or linked with it:
+/* A program on gperftools' tcmalloc (issue 42), run with LD_PRELOAD=libtcmalloc_minimal.so.4 (or the full
+ * libtcmalloc.so.4), or linked with libtcmalloc_minimal.a (built with -DTC_LINKED):
  * four threads each allocate blocks of many size classes and some large ones, free two thirds of them in a
  * scattered order and park (their thread caches keep what they freed); a fifth does the same and exits (its
  * cache goes back to the central lists).  Then the main thread writes tcmalloc's own statistics at that
- * instant into stats.json in the folder given as its one argument: every MallocExtension numeric property
- * heapwalk shows, and MallocExtension_GetStats's text; and stops itself (SIGSTOP) for the capture.  Its
- * entry points are found with dlsym; everything is written with write(2) from static buffers. */
+ * instant into stats.json in the folder given as its one argument: tc_version's string, every MallocExtension
+ * numeric property heapwalk shows, and MallocExtension_GetStats's text; and stops itself (SIGSTOP) for the
+ * capture.  Continued, it measures what MallocExtension_ReleaseFreeMemory() really gives back (RssAnon before
+ * and after, into release.json) and exits.  Its entry points are found with dlsym (called directly when
+ * linked); everything is written with write(2) from static buffers. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <fcntl.h>
@@ -20,6 +23,18 @@
 
 typedef int (*property_fn)(const char *, size_t *);
 typedef void (*stats_fn)(char *, int);
+typedef const char *(*version_fn)(int *, int *, const char **);
+typedef void (*release_fn)(void);
+
+#ifdef TC_LINKED
+int MallocExtension_GetNumericProperty(const char *, size_t *);
+void MallocExtension_GetStats(char *, int);
+void MallocExtension_ReleaseFreeMemory(void);
+const char *tc_version(int *, int *, const char **);
+#define ENTRY(name) ((void *)&name)
+#else
+#define ENTRY(name) dlsym(RTLD_DEFAULT, #name)
+#endif
 
 static const char *const properties[] = {
     "generic.current_allocated_bytes", "generic.heap_size", "generic.total_physical_bytes",
@@ -97,13 +112,53 @@ static size_t append_string(size_t at, const char *s)
     return append(at, "\"");
 }
 
+/* The process's anonymous resident bytes (RssAnon of /proc/self/status), or -1. */
+static long rss_anon(void)
+{
+    static char buf[8192];
+    int fd = open("/proc/self/status", O_RDONLY);
+    if (fd < 0)
+        return -1;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0)
+        return -1;
+    buf[n] = 0;
+    char *line = strstr(buf, "RssAnon:");
+    return line ? strtol(line + 8, NULL, 10) * 1024 : -1;
+}
+
+/* After the capture: what a release really gives back, into release.json in FOLDER. */
+static int measure_release(const char *folder, release_fn release, property_fn property)
+{
+    static char path[4096];
+    static char line[512];
+    size_t free_before = 0, free_after = 0, unmapped_after = 0;
+    property("tcmalloc.pageheap_free_bytes", &free_before);
+    long before = rss_anon();
+    release();
+    long after = rss_anon();
+    property("tcmalloc.pageheap_free_bytes", &free_after);
+    property("tcmalloc.pageheap_unmapped_bytes", &unmapped_after);
+    snprintf(path, sizeof path, "%s/release.json", folder);
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0)
+        return 1;
+    int n = snprintf(line, sizeof line, "{\"rss_anon_before\": %ld, \"rss_anon_after\": %ld, "
+                     "\"pageheap_free_before\": %zu, \"pageheap_free_after\": %zu, "
+                     "\"pageheap_unmapped_after\": %zu}\n", before, after, free_before, free_after, unmapped_after);
+    return write(fd, line, (size_t)n) != n || close(fd) != 0;
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2)
         return 2;
-    property_fn property = (property_fn)dlsym(RTLD_DEFAULT, "MallocExtension_GetNumericProperty");
-    stats_fn stats = (stats_fn)dlsym(RTLD_DEFAULT, "MallocExtension_GetStats");
-    if (property == NULL || stats == NULL)
+    property_fn property = (property_fn)ENTRY(MallocExtension_GetNumericProperty);
+    stats_fn stats = (stats_fn)ENTRY(MallocExtension_GetStats);
+    version_fn version = (version_fn)ENTRY(tc_version);
+    release_fn release = (release_fn)ENTRY(MallocExtension_ReleaseFreeMemory);
+    if (property == NULL || stats == NULL || version == NULL || release == NULL)
         return 3;
     pthread_t threads[THREADS];
     for (long t = 0; t < THREADS; t++)
@@ -125,11 +180,14 @@ int main(int argc, char **argv)
     for (size_t i = 0; i < NPROPERTIES; i++)
         known[i] = property(properties[i], &values[i]);
     stats(text, sizeof text);
-    size_t at = append(0, "{\"properties\": {");
+    size_t at = append(0, "{\"version\": ");
+    at = append_string(at, version(NULL, NULL, NULL));
+    at = append(at, ", \"properties\": {");
+    size_t opened = at;
     static char line[256];
     for (size_t i = 0; i < NPROPERTIES; i++) {
         if (known[i]) {
-            snprintf(line, sizeof line, "%s\"%s\": %zu", at > 16 ? ", " : "", properties[i], values[i]);
+            snprintf(line, sizeof line, "%s\"%s\": %zu", at > opened ? ", " : "", properties[i], values[i]);
             at = append(at, line);
         }
     }
@@ -140,6 +198,5 @@ int main(int argc, char **argv)
         return 1;
     close(fd);
     kill(getpid(), SIGSTOP);
-    for (;;)
-        pause();
+    return measure_release(argv[1], release, property);
 }

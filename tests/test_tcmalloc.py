@@ -1,11 +1,15 @@
-"""gperftools' tcmalloc on a real process, symbols hidden: cores/tc_hold.c on Debian's libtcmalloc-minimal4
-(LD_PRELOAD) writes every MallocExtension numeric property at its snapshot; 'heapwalk capture' of it, and gdb
-attached to it, give each of them; the spans its page map names are all the heap it took from the system, one
-owner of the RSS; and the verdict says where the free memory is and what a release gives back."""
+"""gperftools' tcmalloc on a real process, symbols hidden: cores/tc_hold.c on each of Debian's builds
+(cores/tcbuilds.py: 2.8.1, 2.10, 2.16 and 2.18.1 preloaded, the full 2.10 build, the minimal 2.10 linked into
+the stripped program) writes tc_version and every MallocExtension numeric property at its snapshot; 'heapwalk
+capture' of it, and gdb attached to it, give each of them; the spans its page map names are all the heap it
+took from the system, one owner of the RSS; the verdict says where the free memory is, and what a release gives
+back is what MallocExtension_ReleaseFreeMemory() then really gave back."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -13,68 +17,124 @@ from pathlib import Path
 import pytest
 
 import harness
-from conftest import NO_SYMBOLS, ROOT, run_gdb
+import tcbuilds
+from conftest import NO_SYMBOLS, ROOT, SYSROOTS, run_gdb
 
 pytestmark = pytest.mark.cores
 
 CLI = Path(sys.executable).with_name("heapwalk")
-LIBRARY = Path("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4")
+BUILDS = list(tcbuilds.TC_BUILDS)
+
+
+def _build(tc: tcbuilds.Tcmalloc, folder: Path) -> Path:
+    """cores/tc_hold.c built for TC (linked with it, and stripped, when it is an archive)."""
+    exe = folder / "tc_hold"
+    linked = ["-DTC_LINKED"] if tc.build.linked else []
+    subprocess.run(["gcc", "-O1", "-Wall", "-pthread", *linked, "-o", str(exe), str(ROOT / "cores" / "tc_hold.c"),
+                    *tc.link_flags(), "-ldl"], check=True)
+    if tc.build.linked:
+        subprocess.run(["strip", str(exe)], check=True)
+    return exe
 
 
 @pytest.fixture
 def stopped(tmp_path, request):
-    """cores/tc_hold.c built and run on Debian's tcmalloc to its snapshot (with the environment the test's
-    parameter gives, if any): (process, its statistics)."""
-    exe = tmp_path / "tc_hold"
-    subprocess.run(["gcc", "-O1", "-Wall", "-pthread", "-o", str(exe), str(ROOT / "cores" / "tc_hold.c"), "-ldl"],
-                   check=True)
+    """cores/tc_hold.c built and run on the parameter's tcmalloc (a build's name, or (name, environment)) to its
+    snapshot: (process, its statistics, its tcmalloc, its output folder)."""
+    name, env = request.param if isinstance(request.param, tuple) else (request.param, {})
+    tc = tcbuilds.prepare_tcmalloc(SYSROOTS, name)
     run = tmp_path / "run"
-    proc = harness.run_to_snapshot(exe, run, env={"LD_PRELOAD": str(LIBRARY), **getattr(request, "param", {})})
+    proc = harness.run_to_snapshot(_build(tc, tmp_path), run, env={**tc.environment(), **env},
+                                   launcher=tc.launcher())
     try:
-        yield proc, json.loads((run / "stats.json").read_text())
+        yield proc, json.loads((run / "stats.json").read_text()), tc, run
     finally:
         proc.kill()
         proc.wait()
 
 
-def _check(doc: dict, stats: dict) -> None:
-    tc = doc["tcmalloc"]
-    assert tc["version"] == "2.10" and tc["page_size"] == 8192
+def _check(doc: dict, stats: dict, tc: tcbuilds.Tcmalloc) -> None:
+    tc_doc = doc["tcmalloc"]
+    assert f"gperftools {tc_doc['version']}" == stats["version"] and tc_doc["version"] == tc.version
+    assert tc_doc["page_size"] == 8192
     want = stats["properties"]
-    assert {k: v for k, v in tc["properties"].items() if k in want} == want     # all it printed, each equal
-    assert f"{len(tc['threads'])}              Thread heaps in use" in stats["stats"]
+    assert {k: v for k, v in tc_doc["properties"].items() if k in want} == want     # all it printed, each equal
+    assert f"{len(tc_doc['threads'])}              Thread heaps in use" in stats["stats"]
 
 
+@pytest.mark.parametrize("stopped", BUILDS, indirect=True)
 def test_a_capture_gives_every_figure_tcmalloc_printed(stopped, tmp_path):
     """The capture's report: every numeric property tcmalloc gave at the snapshot; its spans are one owner of
-    the RSS, all of its heap size; the verdict names the page heap's free spans and what releases them."""
-    proc, stats = stopped
+    the RSS, all of its heap size; the verdict names the page heap's free spans and what releases them; and
+    what it says a release gives back (the free spans' resident bytes) is what the process's anonymous RSS then
+    fell by when it called MallocExtension_ReleaseFreeMemory()."""
+    proc, stats, tc, run = stopped
     result = subprocess.run([str(CLI), "capture", str(proc.pid), "--out", str(tmp_path / "out"), "--no-symbols"],
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
     doc = json.loads((tmp_path / "out" / "report.json").read_text())
-    _check(doc, stats)
+    _check(doc, stats, tc)
     rows = {r["name"]: r for r in doc["report"]["rss_by_owner"]["rows"]}
     spans = rows["tcmalloc: spans"]
     assert spans["mapped"] == doc["tcmalloc"]["pageheap"]["system_bytes"] and spans["bytes"] > 0
     said = " ".join(result.stdout.split())
-    assert "The page heap's" in said and "MallocExtension::ReleaseFreeMemory()" in said
+    assert "The page heap's" in said and "MallocExtension::ReleaseFreeMemory()" in said and " of it in RAM" in said
+    os.kill(proc.pid, signal.SIGCONT)
+    assert proc.wait(timeout=60) == 0
+    release = json.loads((run / "release.json").read_text())
+    assert release["pageheap_free_before"] == stats["properties"]["tcmalloc.pageheap_free_bytes"]
+    assert release["pageheap_free_after"] == 0
+    page_heap = doc["report"]["arenas"][0]
+    assert page_heap["trim"] == release["rss_anon_before"] - release["rss_anon_after"] > 0
 
 
-@pytest.mark.parametrize("stopped", [{}, {"TCMALLOC_AGGRESSIVE_DECOMMIT": "t"}], indirect=True,
-                         ids=["default", "aggressive-decommit"])
+@pytest.mark.parametrize("stopped", [*BUILDS, ("bookworm", {"TCMALLOC_AGGRESSIVE_DECOMMIT": "t"})],
+                         indirect=True, ids=[*BUILDS, "aggressive-decommit"])
 def test_gdb_attached_says_the_same(stopped, tmp_path):
     """gdb -p on the stopped process, symbols hidden: the same figures, read live (and with aggressive decommit,
     whose free spans go back to the system at once: unmapped bytes, the setting itself); and check finds its
-    spans add up to its heap size, its thread caches' list sound."""
-    proc, stats = stopped
+    spans add up to its heap size and its free and returned bytes, its thread caches' list sound."""
+    proc, stats, tc, _ = stopped
     out = tmp_path / "report.json"
     result = run_gdb(["-p", str(proc.pid)], [f"heapwalk report --no-leaks --json {out}", "heapwalk check"],
                      iex=[NO_SYMBOLS])
     assert result.returncode == 0, result.stderr
     doc = json.loads(out.read_text())
-    _check(doc, stats)
-    assert "tcmalloc: gperftools 2.10" in result.stdout and "tcmalloc consistent: checked" in result.stdout
+    _check(doc, stats, tc)
+    assert f"tcmalloc: gperftools {tc.version}" in result.stdout and "tcmalloc consistent: checked" in result.stdout
     if doc["tcmalloc"]["properties"]["tcmalloc.aggressive_memory_decommit"]:
         assert doc["tcmalloc"]["properties"]["tcmalloc.pageheap_unmapped_bytes"] > 0
         assert "TCMALLOC_AGGRESSIVE_DECOMMIT=t (from the next start)" not in result.stdout
+
+
+_SHAPES = """
+import gdb
+from heapwalk.gdb import session
+from heapwalk.tcmalloc import find, discovery as D
+import numpy as np
+t = session._target()
+f = find.find_tcmalloc(t.mem, t.space.mappings)
+d = D.discover_tcmalloc(t.mem, f)
+base, words = D._writable_words(t.mem, f)
+sizes = np.frombuffer(t.mem.read(d.sizemap, 4 * d.classes), dtype=np.int32)
+heads = {int(w) for w in words[words > 0x10000].tolist() if D._is_first_cache(t.mem, int(w), d.layout, sizes)}
+print("SHAPES", D._metadata(t.mem, f), D._metadata_by_shape(t.mem, base, words),
+      f.image.dynamic_symbol(D._OVERALL), D._overall_by_shape(base, words, D._claimed(t.mem, d.thread_heaps, d.layout)),
+      d.thread_heaps, sorted(heads))
+"""
+
+
+@pytest.mark.parametrize("stopped", [b for b in BUILDS if not tcbuilds.TC_BUILDS[b].linked], indirect=True)
+def test_the_shapes_find_what_the_symbols_say(stopped, tmp_path):
+    """Where the library exports them, the symbols and the shapes a stripped program is searched by name the
+    same places: the metadata counter, the thread caches' limit, the first thread cache."""
+    proc, _, _, _ = stopped
+    script = tmp_path / "shapes.py"
+    script.write_text(_SHAPES)
+    result = subprocess.run(["gdb", "-nx", "-batch", "-x", str(ROOT / "gdbinit"), "-p", str(proc.pid), "-x",
+                             str(script)], capture_output=True, text=True, timeout=300)
+    line = next((l for l in result.stdout.splitlines() if l.startswith("SHAPES ")), None)
+    assert line, result.stdout + result.stderr
+    metadata, metadata_shape, overall, overall_shape, head, heads = line.split(" ", 6)[1:]
+    assert metadata == metadata_shape != "None" and overall == overall_shape != "None"
+    assert heads == f"[{head}]"

@@ -16,7 +16,7 @@ from heapwalk.output import tables
 from heapwalk.tcmalloc.check import CHECKED, check_tcmalloc
 from heapwalk.output.jsondoc import report_json
 from heapwalk.output.reporttext import report_group
-from heapwalk.tcmalloc.decode import TcState, decode_tcmalloc
+from heapwalk.tcmalloc.decode import IN_USE, NORMAL, RETURNED, TcState, decode_tcmalloc
 from heapwalk.tcmalloc.discovery import discover_tcmalloc
 from heapwalk.tcmalloc.find import find_tcmalloc
 from heapwalk.tcmalloc.verdict import advice
@@ -28,7 +28,7 @@ __all__ = ["TCMALLOC", "TcmallocHeap", "FREE_KINDS"]
 FREE_KINDS = ("thread caches", "transfer cache", "central cache", "page heap", "unmapped")
 
 WORDS = Words(
-    holds="tcmalloc's page heap holds", system="heap size", heaps="page heaps", pieces="free bytes",
+    holds="tcmalloc's page heap holds", system="heap size", heaps="page heaps", pieces="objects",
     gives_back="ReleaseFreeMemory() gives back", large="", overhead="overhead",
     free_columns=tuple((f"free: {k}" if i == 0 else k, lambda a, k=k: a.free[k]) for i, k in enumerate(FREE_KINDS)),
     last_columns=(("release gives back", lambda a: a.reclaim),))
@@ -66,15 +66,18 @@ class TcmallocHeap(Decoded):
                 "page heap": p["tcmalloc.pageheap_free_bytes"], "unmapped": p["tcmalloc.pageheap_unmapped_bytes"]}
         system = p["generic.heap_size"]
         used = p["generic.current_allocated_bytes"]
+        released = self.state.resident(NORMAL)
         row = ArenaView(0, self.state.discovery.free_lists, "page heap", len(self.state.threads), 1, system, used,
-                        MappingProxyType(free), 0, 0, free["page heap"], used >= 0 and sum(free.values()) <= system)
+                        MappingProxyType(free), 0, 0, free["page heap"] if released is None else released,
+                        used >= 0 and sum(free.values()) <= system, self.state.resident())
         objects = Counter()
         for c in self.state.classes:
             if c.index:
                 objects[c.size] += c.central_objects + c.move * c.transfer_batches + c.thread_objects
         return HeapView(allocator="tcmalloc", arenas=(row,), free_sizes=MappingProxyType({0: +objects}),
                         size_classes=(),
-                        arena_limit="one page heap", reclaim_total=free["page heap"])
+                        arena_limit="one page heap", reclaim_total=free["page heap"],
+                        residency=self.state.residency.source if self.state.residency else "")
 
     def verdict(self, rep: Report) -> list[str]:
         return advice(self.state, rep)
@@ -91,6 +94,7 @@ class TcmallocHeap(Decoded):
                 "tcmalloc": {"version": d.version, "library": d.library, "page_size": d.page_size,
                              "classes": d.classes, "properties": self.state.properties(),
                              "pageheap": dict(self.state.stats),
+                             "spans": self._spans_document(),
                              "threads": [{"address": t.address, "tid": t.tid, "bytes": t.size}
                                          for t in self.state.threads],
                              "size_classes": [{"class": c.index, "size": c.size, "pages": c.pages,
@@ -99,6 +103,15 @@ class TcmallocHeap(Decoded):
                                                "thread_objects": c.thread_objects}
                                               for c in self.state.classes if c.index],
                              "discovery": [{"what": w, "how": h} for w, h in d.facts]}}
+
+    def _spans_document(self) -> dict:
+        """The page heap's spans by state: how many, their bytes, and their bytes in RAM (null: unknown)."""
+        out = {}
+        for name, location in (("in_use", IN_USE), ("free", NORMAL), ("returned", RETURNED)):
+            spans = [s for s in self.state.spans if s.location == location]
+            out[name] = {"spans": len(spans), "bytes": self.state.span_bytes(location),
+                         "resident": self.state.resident(location)}
+        return out
 
     def check(self, limit: int, interactive: bool, json: bool = False) -> Checked:
         """The invariants `tcmalloc.check` holds it to, and what was checked."""
@@ -115,7 +128,7 @@ class TcmallocHeap(Decoded):
     def claims(self) -> list[Claim]:
         """Every span the page map names: all the memory tcmalloc took from the system for its heap."""
         page = self.state.page_size
-        return [Claim(start * page, (start + n) * page, "heap", "tcmalloc: spans") for start, n in self.state.spans]
+        return [Claim(s.page * page, (s.page + s.pages) * page, "heap", "tcmalloc: spans") for s in self.state.spans]
 
     def holds(self, rep: Report) -> str:
         return f"tcmalloc holds {human(rep.system)} ({human(rep.in_use)} in use, {human(rep.free)} free)"
@@ -137,8 +150,9 @@ class Tcmalloc(Allocator):
         found = find_tcmalloc(target.mem, target.space.mappings)
         if found is None:
             raise NotUsed("tcmalloc is not mapped")
-        discovered = discover_tcmalloc(target.mem, found, [t.fs_base for t in target.threads])
-        return TcmallocHeap(decode_tcmalloc(target.mem, discovered, target.description), target.mem)
+        discovered = discover_tcmalloc(target.mem, found)
+        return TcmallocHeap(decode_tcmalloc(target.mem, discovered, target.description, target.residency),
+                            target.mem)
 
 
 TCMALLOC = Tcmalloc()

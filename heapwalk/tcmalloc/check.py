@@ -7,12 +7,12 @@ from __future__ import annotations
 
 from heapwalk.findings import Finding, Kind, Severity
 from heapwalk.inferior.memory import Memory, ReadError
-from heapwalk.tcmalloc.decode import TcState
+from heapwalk.tcmalloc.decode import NORMAL, RETURNED, TcState
 
 __all__ = ["check_tcmalloc", "CHECKED"]
 
 #: what the check covers, for its summary
-CHECKED = ("the page map's spans against the heap size", "the list of thread caches",
+CHECKED = ("the page map's spans against the heap size and the free and returned bytes", "the list of thread caches",
            "each central free list's counters and transfer cache")
 
 
@@ -20,11 +20,17 @@ def check_tcmalloc(state: TcState, mem: Memory) -> list[Finding]:
     """Every broken invariant of STATE (read through MEM), with what was expected and found."""
     out = list(state.findings)
     d, page = state.discovery, state.page_size
-    mapped = sum(n for _, n in state.spans) * page
+    mapped = sum(s.pages for s in state.spans) * page
     if state.spans and mapped != state.stats["system_bytes"]:
         out.append(Finding(Severity.ERROR, d.stats, "page heap", "the spans the page map names do not add up to "
                            "the heap size the page heap counts", Kind.ACCOUNTING, str(state.stats["system_bytes"]),
                            str(mapped)))
+    for location, field, what in ((NORMAL, "free_bytes", "free"), (RETURNED, "unmapped_bytes", "returned")):
+        counted = state.span_bytes(location)
+        if state.spans and counted != state.stats[field]:
+            out.append(Finding(Severity.ERROR, d.stats, "page heap", f"the {what} spans the page map names do not "
+                               f"add up to the page heap's {field}", Kind.ACCOUNTING, str(state.stats[field]),
+                               str(counted)))
     previous = 0
     for t in state.threads:
         try:

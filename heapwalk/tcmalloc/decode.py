@@ -6,19 +6,27 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
 from heapwalk.findings import Finding, Kind, Severity
 from heapwalk.inferior.memory import Memory, ReadError
+from heapwalk.inferior.residency import Residency
 from heapwalk.tcmalloc.discovery import TcDiscovery
+from heapwalk.tcmalloc.layout import SPAN
 
-__all__ = ["TcClass", "TcThread", "TcState", "decode_tcmalloc", "STATS_FIELDS"]
+__all__ = ["TcClass", "TcSpan", "TcThread", "TcState", "decode_tcmalloc", "STATS_FIELDS", "IN_USE", "NORMAL",
+           "RETURNED"]
 
 #: the page heap's statistics, in their order
 STATS_FIELDS = ("system_bytes", "free_bytes", "unmapped_bytes", "committed_bytes", "scavenge_count", "commit_count",
                 "total_commit_bytes", "decommit_count", "total_decommit_bytes", "reserve_count",
                 "total_reserve_bytes")
+#: where a Span's bit fields start (refcount: 16 bits, size class: 8, location: 2, sampled: 1)
+_SPAN_BITS = 40
+#: a span's location: in use, free (its pages resident unless the kernel dropped them), free and given back
+IN_USE, NORMAL, RETURNED = 0, 1, 2
 #: thread caches followed at most (a list longer than this is damaged)
 _MAX_THREADS = 1 << 16
 
@@ -46,12 +54,21 @@ class TcClass:
         return self.size * self.move * self.transfer_batches
 
 
+class TcSpan(NamedTuple):
+    """One span of the page heap: its first page, its pages, where it is (IN_USE, NORMAL, RETURNED)."""
+
+    page: int
+    pages: int
+    location: int
+
+
 @dataclass(frozen=True)
 class TcThread:
-    """One thread's cache: where it is, the thread (its pthread_t), the bytes it holds."""
+    """One thread's cache: where it is, the thread (its pthread_t; None where the cache does not keep it, from
+    2.16), the bytes it holds."""
 
     address: int
-    tid: int
+    tid: int | None
     size: int
 
 
@@ -64,14 +81,31 @@ class TcState:
     stats: dict
     classes: tuple[TcClass, ...]
     threads: tuple[TcThread, ...]
-    spans: tuple[tuple[int, int], ...] = ()   # every span the page map names: (first page, pages)
+    spans: tuple[TcSpan, ...] = ()            # every span the page map names
     metadata: int | None = None               # bytes tcmalloc took from the system for its own use
     overall: int | None = None                # the thread caches' total limit
     findings: tuple[Finding, ...] = field(default=())
+    residency: Residency | None = None        # which pages were in RAM, when the target says
 
     @property
     def page_size(self) -> int:
         return self.discovery.page_size
+
+    def span_bytes(self, location: int) -> int:
+        """Bytes of the spans at LOCATION (IN_USE, NORMAL, RETURNED)."""
+        return sum(s.pages for s in self.spans if s.location == location) * self.page_size
+
+    def resident(self, location: int | None = None) -> int | None:
+        """Bytes in RAM of the spans at LOCATION (None: every span); None when the target cannot say."""
+        if self.residency is None:
+            return None
+        page = self.page_size
+        ranges = [(s.page * page, (s.page + s.pages) * page) for s in self.spans
+                  if location is None or s.location == location]
+        if not ranges:
+            return 0
+        starts, ends = zip(*ranges)
+        return self.residency.resident_sum(starts, ends)
 
     def properties(self) -> dict:
         """The figures MallocExtension_GetNumericProperty gives, by its names."""
@@ -96,16 +130,20 @@ class TcState:
                 **({"tcmalloc.max_total_thread_cache_bytes": self.overall} if self.overall is not None else {})}
 
 
-def decode_tcmalloc(mem: Memory, found: TcDiscovery, description: str) -> TcState:
-    """tcmalloc's state where FOUND says it is."""
+def decode_tcmalloc(mem: Memory, found: TcDiscovery, description: str, residency: Residency | None = None
+                    ) -> TcState:
+    """tcmalloc's state where FOUND says it is (RESIDENCY: which pages of the target were in RAM, if known)."""
     findings: list[Finding] = []
     stats = dict(zip(STATS_FIELDS, struct.unpack(f"<{len(STATS_FIELDS)}Q",
                                                  mem.read(found.stats, 8 * len(STATS_FIELDS)))))
     stats["aggressive_decommit"] = mem.read(found.stats + found.layout.aggressive_after_stats, 1)[0]
     threads, cached = _threads(mem, found, findings)
     metadata, overall = (_word(mem, at) for at in (found.metadata, found.overall))
-    return TcState(description, found, stats, _classes(mem, found, cached), tuple(threads),
-                   _spans(mem, found, findings), metadata, overall, tuple(findings))
+    spans = _spans(mem, found, findings)
+    page = found.page_size
+    known = residency.covering([(sp.page * page, (sp.page + sp.pages) * page) for sp in spans]) if residency else None
+    return TcState(description, found, stats, _classes(mem, found, cached), tuple(threads), spans, metadata,
+                   overall, tuple(findings), known)
 
 
 def _word(mem: Memory, at: int | None) -> int | None:
@@ -118,10 +156,10 @@ def _word(mem: Memory, at: int | None) -> int | None:
         return None
 
 
-def _spans(mem: Memory, found: TcDiscovery, findings: list[Finding]) -> tuple[tuple[int, int], ...]:
+def _spans(mem: Memory, found: TcDiscovery, findings: list[Finding]) -> tuple[TcSpan, ...]:
     """Every span of the page heap, walked as tcmalloc walks its page map: at each page that names a span
     starting there, that span, then on past its last page (a free span names only its ends: the pages inside
-    may still name the spans merged into it).  (first page, pages), sorted."""
+    may still name the spans merged into it); sorted."""
     lay = found.layout
     root_at = found.free_lists - lay.pagemap_before_free
     try:
@@ -144,14 +182,15 @@ def _spans(mem: Memory, found: TcDiscovery, findings: list[Finding]) -> tuple[tu
     heads = {}
     for span in sorted({s for _, s in named}):
         try:
-            heads[span] = struct.unpack("<QQ", mem.read(span, 16))
+            heads[span] = struct.unpack_from("<QQ", mem.read(span, SPAN), 0) + (
+                mem.read(span + _SPAN_BITS + 3, 1)[0] & 3,)
         except ReadError:
             continue
     out, end = [], 0
     for page, span in sorted(named):
-        start, length = heads.get(span, (None, 0))
+        start, length, location = heads.get(span, (None, 0, 0))
         if start == page and page >= end and 0 < length < 1 << 40:
-            out.append((page, length))
+            out.append(TcSpan(page, length, location))
             end = page + length
     return tuple(out)
 
@@ -193,7 +232,7 @@ def _threads(mem: Memory, found: TcDiscovery, findings: list[Finding]) -> tuple[
             lay.classes_max, lay.thread_list_entry // 4)[:, lay.thread_list_length // 4]
         cached += lists.astype(np.int64)
         size, = struct.unpack_from("<i", data, lay.thread_size)
-        tid, = struct.unpack_from("<Q", data, lay.thread_tid)
+        tid = struct.unpack_from("<Q", data, lay.thread_tid)[0] if lay.thread_tid is not None else None
         out.append(TcThread(at, tid, size))
         at, = struct.unpack_from("<Q", data, lay.thread_next)
     return out, cached

@@ -9,13 +9,16 @@ other data has:
   gives the page size (``kMaxPages`` is 1 MiB of pages); its statistics follow them;
 - the central free lists: one per class, ``central_stride`` bytes apart, each holding its class at
   ``central_size_class`` and two list heads (empty and non-empty spans);
-- the thread caches: the list the exported ``ThreadCache::thread_heaps_`` starts, else the cache whose thread
-  is each thread of the target (its ``tid_``) found among the object's words.
+- the thread caches: the list the exported ``ThreadCache::thread_heaps_`` starts, else the first cache of the
+  list found among the object's words: a cache's free lists carry the size map's class sizes, one per class,
+  and the first has no previous.
+
+The layout is the one of the version the object says, checked against these shapes; when the version is not
+said, or its layout's shapes are not there, each known layout is tried, newest first.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -33,6 +36,8 @@ _THREAD_HEAPS = "_ZN8tcmalloc11ThreadCache13thread_heaps_E"
 _OVERALL = "_ZN8tcmalloc11ThreadCache26overall_thread_cache_size_E"
 _METADATA = "_ZN8tcmalloc21metadata_system_bytesEv"
 _FIRST_SIZES = (0, 8, 16, 32)
+_CHUNK = np.uint64(8 << 20)       # kMetadataAllocChunkSize: the metadata allocator's chunks
+_ENDBR64 = b"\xf3\x0f\x1e\xfa"     # the first instruction of a function built with -fcf-protection
 
 
 class TcmallocUnknown(CannotDecode):
@@ -59,35 +64,108 @@ class TcDiscovery:
     overall: int | None = None   # ThreadCache::overall_thread_cache_size_, when exported
 
 
-def discover_tcmalloc(mem: Memory, found: TcImage, fs_bases: Sequence[int] = ()) -> TcDiscovery:
+def discover_tcmalloc(mem: Memory, found: TcImage) -> TcDiscovery:
     """tcmalloc's state in the object FOUND names; TcmallocUnknown when its shapes are not there."""
     base, words = _writable_words(mem, found)
-    layout = LAYOUTS[0]
-    sizemap, classes = _sizemap(base, words, layout)
     free_lists, max_pages = _free_lists(mem, base, words)
-    central = _central(base, words, layout, classes)
-    heaps, how = _thread_heaps(mem, found, base, words, layout, fs_bases)
     page_size = (1 << 20) // max_pages
-    facts = (("size map", f"class sizes at {sizemap:#x} ({classes} classes)"),
-             ("page heap", f"free lists at {free_lists:#x} ({max_pages} lengths: pages of {page_size} bytes)"),
-             ("central free lists", f"at {central:#x}"), ("thread caches", how))
-    metadata, overall = _metadata(mem, found), found.image.dynamic_symbol(_OVERALL)
-    return TcDiscovery(layout, found.version, found.path, sizemap, free_lists, max_pages, page_size,
-                       free_lists + max_pages * layout.free_list_pair, central, classes, heaps, facts, metadata,
-                       overall)
+    failed: list[str] = []
+    for layout in _candidates(found.version):
+        try:
+            sizemap, classes = _sizemap(base, words, layout)
+            central = _central(base, words, layout, classes)
+            sizes = np.frombuffer(mem.read(sizemap, 4 * classes), dtype=np.int32)
+            heaps, how = _thread_heaps(mem, found, base, words, layout, sizes)
+        except (TcmallocUnknown, ReadError) as exc:
+            failed.append(f"{layout.versions}: {exc}")
+            continue
+        facts = (("layout", f"gperftools {layout.versions}'s"),
+                 ("size map", f"class sizes at {sizemap:#x} ({classes} classes)"),
+                 ("page heap", f"free lists at {free_lists:#x} ({max_pages} lengths: pages of {page_size} bytes)"),
+                 ("central free lists", f"at {central:#x}"), ("thread caches", how))
+        metadata = _metadata(mem, found)
+        if metadata is None:
+            metadata = _metadata_by_shape(mem, base, words)
+        overall = found.image.dynamic_symbol(_OVERALL)
+        if overall is None:
+            overall = _overall_by_shape(base, words, _claimed(mem, heaps, layout))
+        return TcDiscovery(layout, found.version, found.path, sizemap, free_lists, max_pages, page_size,
+                           free_lists + max_pages * layout.free_list_pair, central, classes, heaps, facts, metadata,
+                           overall)
+    said = f"gperftools {found.version}" if found.version else "a gperftools that does not say its version"
+    raise TcmallocUnknown(f"{said}: no known layout fits its data ({'; '.join(failed)})")
+
+
+def _candidates(version: str) -> list[TcLayout]:
+    """The layouts to try for VERSION: its own first, then the others newest first."""
+    newest = list(reversed(LAYOUTS))
+    try:
+        number = tuple(int(p) for p in version.split(".")[:2])
+    except ValueError:
+        return newest
+    own = next((lay for lay in newest if lay.first <= number), None)
+    return [own, *(lay for lay in newest if lay is not own)] if own else newest
 
 
 def _metadata(mem: Memory, found: TcImage) -> int | None:
-    """The counter of metadata bytes: what the exported metadata_system_bytes() loads (its first instruction,
-    a RIP-relative mov), or None."""
+    """The counter of metadata bytes: what the exported metadata_system_bytes() loads (its first instruction
+    after an endbr64, if any: a RIP-relative mov), or None."""
     at = found.image.dynamic_symbol(_METADATA)
     if at is None:
         return None
     try:
-        loads = rip_loads(mem.read(at, 16), at)
+        code = mem.read(at, 16)
     except ReadError:
         return None
-    return loads[0].target if loads and loads[0].offset == 0 and loads[0].opcode == MOV else None
+    first = len(_ENDBR64) if code.startswith(_ENDBR64) else 0
+    loads = rip_loads(code, at)
+    return loads[0].target if loads and loads[0].offset == first and loads[0].opcode == MOV else None
+
+
+def _metadata_by_shape(mem: Memory, base: int, words: np.ndarray) -> int | None:
+    """The counter of metadata bytes where no symbol says: the one run of the metadata allocator's statics
+    (its lock, a 4-byte spin lock word padded to 8, free at 0; the bytes left in its chunk, at most the 8 MiB a
+    chunk holds; the next free byte, which with them ends a chunk on a page boundary; the counter, at least the
+    bytes used of that chunk).  None unless exactly one run has that shape."""
+    if len(words) < 4:
+        return None
+    lock, avail, at, used = words[:-3], words[1:-2], words[2:-1], words[3:]
+    shaped = np.flatnonzero((lock < 3) & (avail <= _CHUNK) & (at > 0x10000) & (((at + avail) & 0xFFF) == 0)
+                            & (used >= np.uint64(_CHUNK) - avail) & (used < np.uint64(1 << 44)))
+    readable = [i for i in shaped.tolist() if _readable(mem, int(words[i + 2]) - 1)]
+    return base + 8 * (readable[0] + 3) if len(readable) == 1 else None
+
+
+def _readable(mem: Memory, at: int) -> bool:
+    try:
+        mem.read(at, 1)
+    except ReadError:
+        return False
+    return True
+
+
+def _claimed(mem: Memory, head: int | None, layout: TcLayout) -> int:
+    """The thread caches' limits (max_size_) summed over the list from HEAD (0 when it cannot be followed)."""
+    total, seen, at = 0, set(), head
+    while at and at not in seen and len(seen) < 1 << 16:
+        seen.add(at)
+        try:
+            total += int.from_bytes(mem.read(at + layout.thread_max_size, 4), "little", signed=True)
+            at = int.from_bytes(mem.read(at + layout.thread_next, 8), "little")
+        except ReadError:
+            return 0
+    return total if not at else 0
+
+
+def _overall_by_shape(base: int, words: np.ndarray, claimed: int) -> int | None:
+    """ThreadCache::overall_thread_cache_size_ where no symbol says: the word after unclaimed_cache_space_,
+    which holds the overall limit less what the caches claimed (CLAIMED).  None unless exactly one pair of
+    words is apart by CLAIMED (and none can be when no cache claims anything)."""
+    if claimed <= 0 or len(words) < 2:
+        return None
+    unclaimed, overall = words[:-1].view(np.int64), words[1:].view(np.int64)
+    pairs = np.flatnonzero((overall - unclaimed == claimed) & (overall > 0) & (overall < 1 << 44))
+    return base + 8 * (int(pairs[0]) + 1) if len(pairs) == 1 else None
 
 
 def _writable_words(mem: Memory, found: TcImage) -> tuple[int, np.ndarray]:
@@ -126,7 +204,8 @@ def _sizemap(base: int, words: np.ndarray, layout: TcLayout) -> tuple[int, int]:
             continue
         address = base + 4 * i
         pages = (address + layout.sizemap_pages_after + 7) & ~7
-        classes = int(words[(pages + 8 * layout.classes_max - base) // 8])
+        count_at = (pages + layout.sizemap_count_after_pages - base) // 8
+        classes = int(words[count_at]) if count_at < len(words) else -1
         if classes == count:
             return address, count
     raise TcmallocUnknown("tcmalloc's size map was not found in its data")
@@ -191,22 +270,37 @@ def _central(base: int, words: np.ndarray, layout: TcLayout, classes: int) -> in
 
 
 def _thread_heaps(mem: Memory, found: TcImage, base: int, words: np.ndarray, layout: TcLayout,
-                  fs_bases: Sequence[int]) -> tuple[int | None, str]:
-    """The first thread cache of tcmalloc's list, and how it was found."""
+                  sizes: np.ndarray) -> tuple[int | None, str]:
+    """The first thread cache of tcmalloc's list (None: no thread has one), and how it was found;
+    TcmallocUnknown when the exported head is not a first cache of LAYOUT's shape."""
     at = found.image.dynamic_symbol(_THREAD_HEAPS)
     if at is not None:
-        try:
-            return int.from_bytes(mem.read(at, 8), "little") or None, "ThreadCache::thread_heaps_ (exported)"
-        except ReadError:
-            pass
-    threads = {int(f) for f in fs_bases if f}
+        head = int.from_bytes(mem.read(at, 8), "little")
+        if head and not _is_first_cache(mem, head, layout, sizes):
+            raise TcmallocUnknown(f"the first thread cache at {head:#x} does not have this layout's shape")
+        return head or None, "ThreadCache::thread_heaps_ (exported)"
     for i in np.flatnonzero(words > np.uint64(0x10000)).tolist():
-        pointer = int(words[i])
-        try:
-            tid = int.from_bytes(mem.read(pointer + layout.thread_tid, 8), "little")
-            prev = int.from_bytes(mem.read(pointer + layout.thread_prev, 8), "little")
-        except ReadError:
-            continue
-        if tid in threads and prev == 0:
-            return pointer, f"the list's head at {base + 8 * i:#x} (its first cache's thread is one of the target's)"
-    return None, "none found"
+        if _is_first_cache(mem, int(words[i]), layout, sizes):
+            return int(words[i]), (f"the list's head at {base + 8 * i:#x} (a first cache whose free lists carry "
+                                   f"the size map's class sizes)")
+    return None, "none found (no thread has a cache)"
+
+
+def _is_first_cache(mem: Memory, at: int, layout: TcLayout, sizes: np.ndarray) -> bool:
+    """Whether AT holds a thread cache of LAYOUT's shape with no previous one: each class's free list carries
+    its class's size, and the next cache, if any, links back to it (a cache freed when its thread exited keeps
+    its shape, but no cache links back to it)."""
+    try:
+        data = mem.read(at, layout.thread_prev + 8)
+    except ReadError:
+        return False
+    lists = np.frombuffer(data[:layout.classes_max * layout.thread_list_entry], dtype=np.int32).reshape(
+        layout.classes_max, layout.thread_list_entry // 4)
+    carried = lists[:len(sizes), layout.thread_list_class_size // 4]
+    if not (carried == sizes).all() or int.from_bytes(data[layout.thread_prev:], "little") != 0:
+        return False
+    after = int.from_bytes(data[layout.thread_next:layout.thread_next + 8], "little")
+    try:
+        return not after or int.from_bytes(mem.read(after + layout.thread_prev, 8), "little") == at
+    except ReadError:
+        return False

@@ -1,6 +1,6 @@
-"""The object that holds tcmalloc in a target: a shared library named libtcmalloc (minimal or full), or an
-object that exports tcmalloc's entry points; its version from the string gperftools keeps in its read-only
-data ("gperftools 2.10")."""
+"""The object that holds tcmalloc in a target: a shared library named libtcmalloc (minimal or full), or the
+program when it exports tcmalloc's entry points, or defines malloc and holds gperftools' version string (linked
+in statically and stripped); its version from that string, which gperftools keeps in its read-only data ("gperftools 2.10")."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ class TcImage:
 
 def find_tcmalloc(mem: Memory, mappings: list[Mapping]) -> TcImage | None:
     """The object that holds tcmalloc, or None: one named libtcmalloc*, else the program when it exports
-    tcmalloc's entry points."""
+    tcmalloc's entry points, or defines malloc and says gperftools' version."""
     firsts = [(m.start, m.path) for m in mappings if m.offset == 0 and m.path.startswith("/")]
     named = [(b, p) for b, p in firsts if _NAME.search(p)]
     for base, path in named or firsts[:1]:
@@ -39,9 +39,10 @@ def find_tcmalloc(mem: Memory, mappings: list[Mapping]) -> TcImage | None:
             image = LibcImage.read(mem, base, path)
         except ReadError:
             continue
-        if not named and not any(image.dynamic_symbol(name) is not None for name in _EXPORTS):
-            continue
-        return TcImage(image, _version(image))
+        if named or any(image.dynamic_symbol(name) is not None for name in _EXPORTS):
+            return TcImage(image, _version(image))
+        if image.dynamic_symbol("malloc") is not None and _version(image):     # its own malloc: linked in
+            return TcImage(image, _version(image))
     return None
 
 

@@ -13,9 +13,10 @@ SPAN = 48
 
 @dataclass(frozen=True)
 class TcLayout:
-    """Offsets of one gperftools version's structures."""
+    """Offsets of one range of gperftools versions' structures."""
 
-    version: str
+    versions: str                           # "2.8-2.10": the releases measured to have it
+    first: tuple[int, int]                  # the first release with it
     # CentralFreeList (padded to a multiple of 64 bytes in the array)
     central_size_class: int = 8
     central_empty: int = 16
@@ -29,6 +30,8 @@ class TcLayout:
     sizemap_move_before: int = 512          # num_objects_to_move_ lies this far before class_to_size_
     sizemap_pages_after: int = 516          # class_to_pages_ lies this far after (8-aligned)
     classes_max: int = 128
+    sizemap_count_after_pages: int = 1024   # num_size_classes, after class_to_pages_[128] (and, from 2.11, the
+                                            # smallest span's pages)
     # PageHeap, from its free_ array
     free_list_pair: int = 2 * SPAN
     pagemap_before_free: int = 8 + (1 << 20) + 2 * SPAN   # root_[], its allocator, then the two large-span sets
@@ -40,10 +43,15 @@ class TcLayout:
     thread_list_entry: int = 32              # sizeof(FreeList)
     thread_list_length: int = 8              # FreeList::length_ (uint32)
     thread_size: int = 4096                  # size_ (int32), after list_[128]
-    thread_tid: int = 4128
+    thread_max_size: int = 4100              # max_size_ (int32)
+    thread_list_class_size: int = 24         # FreeList::size_ (int32): its class's object size
+    thread_tid: int | None = 4128            # tid_ (pthread_t); None from 2.16
     thread_next: int = 4144
     thread_prev: int = 4152
 
 
-#: the layouts, by version; the first that memory agrees with is taken
-LAYOUTS = (TcLayout("2.10"),)
+#: the layouts, oldest first; a version's is the last whose first release is not newer (checked against memory)
+LAYOUTS = (TcLayout("2.8-2.10", (2, 8)),
+           TcLayout("2.11-2.15", (2, 11), sizemap_count_after_pages=1032),
+           TcLayout("2.16-2.18", (2, 16), sizemap_count_after_pages=1032, thread_tid=None, thread_next=4128,
+                    thread_prev=4136))

@@ -4,7 +4,7 @@ weighed against the process's RSS."""
 from __future__ import annotations
 
 from heapwalk.analysis.report import Report, human, not_worth, worth
-from heapwalk.tcmalloc.decode import TcState
+from heapwalk.tcmalloc.decode import NORMAL, TcState
 
 __all__ = ["advice"]
 
@@ -21,13 +21,16 @@ def advice(state: TcState, rep: Report) -> list[str]:
            f"{human(p['tcmalloc.thread_cache_free_bytes'])} in {len(state.threads)} thread caches); "
            f"{human(p['tcmalloc.pageheap_unmapped_bytes'])} has been given back to the system already."]
     page_heap = p["tcmalloc.pageheap_free_bytes"]
-    if page_heap and not worth(rep, page_heap):
-        out.append(not_worth(rep, page_heap, "MallocExtension::ReleaseFreeMemory()"))
+    in_ram = state.resident(NORMAL)
+    gives = page_heap if in_ram is None else in_ram
+    if page_heap and not worth(rep, gives):
+        out.append(not_worth(rep, gives, "MallocExtension::ReleaseFreeMemory()"))
     elif page_heap >= max(free // 4, 1 << 20):
         later = ("TCMALLOC_RELEASE_RATE (higher: sooner; from the next start) makes" if p[
             "tcmalloc.aggressive_memory_decommit"] else "TCMALLOC_RELEASE_RATE (higher: sooner) or "
             "TCMALLOC_AGGRESSIVE_DECOMMIT=t (from the next start) make")
-        out.append(f"The page heap's {human(page_heap)} of free spans is what a release gives back: "
+        ram = "" if in_ram is None else f" ({human(in_ram)} of it in RAM: what the RSS falls by)"
+        out.append(f"The page heap's {human(page_heap)} of free spans is what a release gives back{ram}: "
                    "MallocExtension::ReleaseFreeMemory() (MallocExtension_ReleaseFreeMemory() from C) returns it "
                    f"now, without a restart; {later} tcmalloc return it as it goes, at the cost of page faults "
                    "when the memory is used again.")
