@@ -51,16 +51,17 @@ def test_process_that_never_called_malloc(tmp_path, symbols):
 @pytest.mark.parametrize("library,name", [("libjemalloc.so.2", "jemalloc"), ("libtcmalloc_minimal.so.4", "tcmalloc")])
 def test_process_using_another_allocator_is_named(tmp_path, library, name):
     """Commands that have no view of this allocator say which it is in one line; jemalloc's own (report,
-    check, arenas, threads, map, leaks, bins, tcache, chunk: docs/jemalloc.md) and tcmalloc's (report, check:
-    docs/tcmalloc.md) decode it."""
+    check, arenas, threads, map, leaks, bins, tcache, chunk: docs/jemalloc.md) and tcmalloc's (report, check,
+    threads: docs/tcmalloc.md) decode it."""
     exe, core = _plain_core(tmp_path, {"LD_PRELOAD": f"{LIBDIR}/{library}"})
     # both are decoded: chunks is glibc's own command
     _one_line_refusal(run_gdb([str(exe), str(core)], ["heapwalk chunks"]), f"allocates with {name}",
                       "a command of glibc's malloc only")
     if name == "tcmalloc":
-        result = run_gdb([str(exe), str(core)], ["heapwalk report", "heapwalk check"])
+        result = run_gdb([str(exe), str(core)], ["heapwalk report", "heapwalk check", "heapwalk threads"])
         assert result.returncode == 0 and "Traceback" not in result.stdout + result.stderr, result.stderr
         assert "tcmalloc: gperftools 2.10" in result.stdout and "tcmalloc consistent: checked" in result.stdout
+        assert "tcmalloc thread caches (" in result.stdout
     if name == "jemalloc":       # its allocations are scanned: nothing of the plain program's is leaked
         scanned = run_gdb([str(exe), str(core)], ["heapwalk leaks"])
         assert scanned.returncode == 0 and "Traceback" not in scanned.stdout + scanned.stderr

@@ -53,8 +53,13 @@ def stopped(tmp_path, request):
         proc.wait()
 
 
-def _check(doc: dict, stats: dict, tc: tcbuilds.Tcmalloc) -> None:
+def _check(doc: dict, stats: dict, tc: tcbuilds.Tcmalloc, pid: int) -> None:
+    """DOC (a report's JSON) says the version and every property STATS printed, and names each thread cache's
+    thread: every thread of process PID has one (up to 2.15 by the cache's tid_, from 2.16 by the thread's
+    TLS pointer to it)."""
     tc_doc = doc["tcmalloc"]
+    lwps = {int(task.name) for task in Path(f"/proc/{pid}/task").iterdir()}
+    assert {t["lwp"] for t in tc_doc["threads"]} == lwps
     assert f"gperftools {tc_doc['version']}" == stats["version"] and tc_doc["version"] == tc.version
     assert tc_doc["page_size"] == 8192
     want = stats["properties"]
@@ -73,7 +78,7 @@ def test_a_capture_gives_every_figure_tcmalloc_printed(stopped, tmp_path):
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
     doc = json.loads((tmp_path / "out" / "report.json").read_text())
-    _check(doc, stats, tc)
+    _check(doc, stats, tc, proc.pid)
     rows = {r["name"]: r for r in doc["report"]["rss_by_owner"]["rows"]}
     spans = rows["tcmalloc: spans"]
     assert spans["mapped"] == doc["tcmalloc"]["pageheap"]["system_bytes"] and spans["bytes"] > 0
@@ -92,16 +97,18 @@ def test_a_capture_gives_every_figure_tcmalloc_printed(stopped, tmp_path):
                          indirect=True, ids=[*BUILDS, "aggressive-decommit"])
 def test_gdb_attached_says_the_same(stopped, tmp_path):
     """gdb -p on the stopped process, symbols hidden: the same figures, read live (and with aggressive decommit,
-    whose free spans go back to the system at once: unmapped bytes, the setting itself); and check finds its
-    spans add up to its heap size and its free and returned bytes, its thread caches' list sound."""
+    whose free spans go back to the system at once: unmapped bytes, the setting itself); check finds its
+    spans add up to its heap size and its free and returned bytes, its thread caches' list sound; threads
+    lists every cache."""
     proc, stats, tc, _ = stopped
     out = tmp_path / "report.json"
-    result = run_gdb(["-p", str(proc.pid)], [f"heapwalk report --no-leaks --json {out}", "heapwalk check"],
-                     iex=[NO_SYMBOLS])
+    result = run_gdb(["-p", str(proc.pid)], [f"heapwalk report --no-leaks --json {out}", "heapwalk check",
+                                              "heapwalk threads"], iex=[NO_SYMBOLS])
     assert result.returncode == 0, result.stderr
     doc = json.loads(out.read_text())
-    _check(doc, stats, tc)
+    _check(doc, stats, tc, proc.pid)
     assert f"tcmalloc: gperftools {tc.version}" in result.stdout and "tcmalloc consistent: checked" in result.stdout
+    assert f"tcmalloc thread caches ({len(doc['tcmalloc']['threads'])})" in result.stdout
     if doc["tcmalloc"]["properties"]["tcmalloc.aggressive_memory_decommit"]:
         assert doc["tcmalloc"]["properties"]["tcmalloc.pageheap_unmapped_bytes"] > 0
         assert "TCMALLOC_AGGRESSIVE_DECOMMIT=t (from the next start)" not in result.stdout

@@ -8,17 +8,20 @@ from types import MappingProxyType
 
 from rich.text import Text
 
-from heapwalk.allocator import Allocator, Checked, Context, Decoded, NotUsed
+from heapwalk.allocator import Allocator, Checked, Context, Decoded, NotUsed, Shown
 from heapwalk.analysis.report import Report, human
 from heapwalk.analysis.rss import Claim
 from heapwalk.findings import Finding, Severity
 from heapwalk.output import tables
+from heapwalk.output.consoles import box_for
 from heapwalk.tcmalloc.check import CHECKED, check_tcmalloc
 from heapwalk.output.jsondoc import report_json
 from heapwalk.output.reporttext import report_group
 from heapwalk.tcmalloc.decode import IN_USE, NORMAL, RETURNED, TcState, decode_tcmalloc
 from heapwalk.tcmalloc.discovery import discover_tcmalloc
 from heapwalk.tcmalloc.find import find_tcmalloc
+from heapwalk.tcmalloc.owners import cache_owners
+from heapwalk.tcmalloc.shown import threads_document, threads_table
 from heapwalk.tcmalloc.verdict import advice
 from heapwalk.view import ArenaView, HeapView, Words
 
@@ -44,8 +47,9 @@ class TcmallocHeap(Decoded):
     words = WORDS
     block_noun = "object"
 
-    def __init__(self, state: TcState, mem):
+    def __init__(self, state: TcState, mem, owners: dict | None = None):
         self.state, self.mem = state, mem
+        self.owners = owners or {}
         self.target = state.target
 
     def header(self, with_target: bool = True) -> Text:
@@ -95,14 +99,18 @@ class TcmallocHeap(Decoded):
                              "classes": d.classes, "properties": self.state.properties(),
                              "pageheap": dict(self.state.stats),
                              "spans": self._spans_document(),
-                             "threads": [{"address": t.address, "tid": t.tid, "bytes": t.size}
-                                         for t in self.state.threads],
+                             "threads": threads_document(self.state, self.owners),
                              "size_classes": [{"class": c.index, "size": c.size, "pages": c.pages,
                                                "central_objects": c.central_objects, "spans": c.spans,
                                                "transfer_objects": c.move * c.transfer_batches,
                                                "thread_objects": c.thread_objects}
                                               for c in self.state.classes if c.index],
                              "discovery": [{"what": w, "how": h} for w, h in d.facts]}}
+
+    def threads(self, interactive: bool, json: bool = False) -> Shown:
+        """'heapwalk threads': each thread cache and the thread it belongs to."""
+        return Shown([threads_table(self.state, self.owners, box_for(interactive))],
+                     {**self.document(), "threads": threads_document(self.state, self.owners)} if json else None)
 
     def _spans_document(self) -> dict:
         """The page heap's spans by state: how many, their bytes, and their bytes in RAM (null: unknown)."""
@@ -142,6 +150,8 @@ class Tcmalloc(Allocator):
     variables = ("TCMALLOC_",)
     describes = {"report": "its page heap, central free lists, transfer and thread caches, in MallocExtension's "
                            "figures",
+                 "threads": "each thread cache, the thread it belongs to, the bytes and objects it holds and its "
+                            "limit",
                  "check": "its page map's spans against its heap size, its thread caches' list, its central lists' "
                           "counters"}
 
@@ -151,8 +161,9 @@ class Tcmalloc(Allocator):
         if found is None:
             raise NotUsed("tcmalloc is not mapped")
         discovered = discover_tcmalloc(target.mem, found)
-        return TcmallocHeap(decode_tcmalloc(target.mem, discovered, target.description, target.residency),
-                            target.mem)
+        state = decode_tcmalloc(target.mem, discovered, target.description, target.residency)
+        owners = cache_owners(target.mem, [(t.address, t.tid) for t in state.threads], target.threads)
+        return TcmallocHeap(state, target.mem, owners)
 
 
 TCMALLOC = Tcmalloc()

@@ -70,6 +70,8 @@ class TcThread:
     address: int
     tid: int | None
     size: int
+    max_size: int = 0            # its limit (max_size_), which grows by stealing from the others
+    objects: int = 0             # the free objects it holds, all classes
 
 
 @dataclass(frozen=True)
@@ -232,7 +234,8 @@ def _threads(mem: Memory, found: TcDiscovery, findings: list[Finding]) -> tuple[
             lay.classes_max, lay.thread_list_entry // 4)[:, lay.thread_list_length // 4]
         cached += lists.astype(np.int64)
         size, = struct.unpack_from("<i", data, lay.thread_size)
+        limit, = struct.unpack_from("<i", data, lay.thread_max_size)
         tid = struct.unpack_from("<Q", data, lay.thread_tid)[0] if lay.thread_tid is not None else None
-        out.append(TcThread(at, tid, size))
+        out.append(TcThread(at, tid, size, limit, int(lists.sum())))
         at, = struct.unpack_from("<Q", data, lay.thread_next)
     return out, cached
