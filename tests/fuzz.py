@@ -38,6 +38,7 @@ RING_LINKS = ("null", "junk", "skip", "main", "self", "interior")
 REGRESSIONS = ROOT / "tests" / "fuzz_regressions.json"
 DRIVER = ROOT / "tests" / "fuzz_driver.py"
 JE_DRIVER = ROOT / "tests" / "je_fuzz_driver.py"
+TC_DRIVER = ROOT / "tests" / "tc_fuzz_driver.py"
 COMMANDS = ("heapwalk check", "heapwalk report", "heapwalk arenas", "heapwalk bins", "heapwalk tcache",
             "heapwalk threads", "heapwalk chunks --limit 3")
 #: seconds one engine mutant may take (the cores fuzzed are small: a sound one decodes in well under this)

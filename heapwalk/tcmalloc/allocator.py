@@ -69,11 +69,11 @@ class TcmallocHeap(Decoded):
                 "central cache": p["tcmalloc.central_cache_free_bytes"],
                 "page heap": p["tcmalloc.pageheap_free_bytes"], "unmapped": p["tcmalloc.pageheap_unmapped_bytes"]}
         system = p["generic.heap_size"]
-        used = p["generic.current_allocated_bytes"]
+        used = p["generic.current_allocated_bytes"]           # never below 0: damage shows as unbalanced
         released = self.state.resident(NORMAL)
         row = ArenaView(0, self.state.discovery.free_lists, "page heap", len(self.state.threads), 1, system, used,
                         MappingProxyType(free), 0, 0, free["page heap"] if released is None else released,
-                        used >= 0 and sum(free.values()) <= system, self.state.resident())
+                        used + sum(free.values()) == system, self.state.resident())
         objects = Counter()
         for c in self.state.classes:
             if c.index:

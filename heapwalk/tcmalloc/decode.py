@@ -46,12 +46,16 @@ class TcClass:
     thread_objects: int
 
     def central_bytes(self, page_size: int) -> int:
-        """The central list's free objects and what its spans lose to rounding (OverheadBytes)."""
-        return self.size * self.central_objects + self.spans * ((self.pages * page_size) % self.size)
+        """The central list's free objects and what its spans lose to rounding (OverheadBytes); a damaged
+        counter counts as none."""
+        if self.size <= 0:
+            return 0
+        return self.size * max(self.central_objects, 0) + max(self.spans, 0) * (
+            (max(self.pages, 0) * page_size) % self.size)
 
     @property
     def transfer_bytes(self) -> int:
-        return self.size * self.move * self.transfer_batches
+        return max(self.size, 0) * max(self.move, 0) * max(self.transfer_batches, 0)
 
 
 class TcSpan(NamedTuple):
@@ -113,10 +117,10 @@ class TcState:
         """The figures MallocExtension_GetNumericProperty gives, by its names."""
         central = sum(c.central_bytes(self.page_size) for c in self.classes if c.index)
         transfer = sum(c.transfer_bytes for c in self.classes if c.index)
-        thread = sum(t.size for t in self.threads)
+        thread = sum(max(t.size, 0) for t in self.threads)
         s = self.stats
-        return {"generic.current_allocated_bytes": s["system_bytes"] - thread - central - transfer
-                - s["free_bytes"] - s["unmapped_bytes"],
+        return {"generic.current_allocated_bytes": max(s["system_bytes"] - thread - central - transfer
+                                                       - s["free_bytes"] - s["unmapped_bytes"], 0),
                 "generic.heap_size": s["system_bytes"],
                 "tcmalloc.pageheap_free_bytes": s["free_bytes"],
                 "tcmalloc.pageheap_unmapped_bytes": s["unmapped_bytes"],

@@ -1,0 +1,183 @@
+"""Mutation fuzzing of heapwalk's tcmalloc decoder inside gdb, on a real core (sourced by tests/fuzz.py's gdb
+runs, as tests/je_fuzz_driver.py is for jemalloc).
+
+gdb loads a core of a process on gperftools' tcmalloc; the script decodes it once through a memory that
+records every read the decoder makes (discovery, the page heap's statistics, the central lists, the thread
+caches, the page map and its spans), and keeps those that lie in writable memory: the fields a damaged process
+or core can change.  Each mutant patches one word of them (a byte, a whole word, a bit) or aims damage where it
+must be seen:
+- cache_loop: the last thread cache's next link pointing back to the first: an error at the first;
+- cache_hidden: a thread cache's pages missing (a core that lacks them): an error at that cache;
+- truncate: everything above a point inside one of the reads missing: refused in one line, or an error.
+Then it runs what the commands run: discovery, decoding, check, the report, the thread caches' table, the
+RSS claims and the JSON.  A mutant fails when anything raises (other than the one-line refusals,
+TcmallocUnknown), takes longer than the bound, shows an impossible figure (tests/figures.py), or, for aimed
+damage, is not seen.  Parameters and results as tests/fuzz_driver.py's.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import random
+import struct
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # gdb sets __file__ for a sourced script
+import figures  # noqa: E402
+from fuzz_driver import INTERESTING, MutatedMemory, run_mutants  # noqa: E402
+from je_fuzz_driver import Recording  # noqa: E402
+
+from heapwalk.findings import Severity
+from heapwalk.inferior.gdbadapter import gdb_memory, thread_registers
+from heapwalk.inferior.gdbspace import memory_map
+from heapwalk.output import tables
+from heapwalk.output.jsondoc import report_json
+from heapwalk.tcmalloc.allocator import TcmallocHeap
+from heapwalk.tcmalloc.check import check_tcmalloc
+from heapwalk.tcmalloc.decode import decode_tcmalloc
+from heapwalk.tcmalloc.discovery import TcmallocUnknown, discover_tcmalloc
+from heapwalk.tcmalloc.find import find_tcmalloc
+from heapwalk.tcmalloc.owners import cache_owners
+
+#: the aimed damage kinds, each drawn this share of the time (the rest are random patches of what was read)
+DAMAGE = {"cache_loop": 0.08, "cache_hidden": 0.08, "truncate": 0.08}
+
+
+def exercise(mem, maps, threads):
+    """Everything the commands do on MEM: (the state or None when refused, the check's findings, the report's
+    JSON, 'ok' or 'refused: <the one line>')."""
+    found = find_tcmalloc(mem, maps)
+    if found is None:
+        return None, None, None, "refused: tcmalloc is not mapped"
+    try:
+        disc = discover_tcmalloc(mem, found)
+    except TcmallocUnknown as exc:
+        return None, None, None, f"refused: {exc}"
+    state = decode_tcmalloc(mem, disc, "fuzz")
+    owners = cache_owners(mem, [(t.address, t.tid) for t in state.threads], threads)
+    heap = TcmallocHeap(state, mem, owners)
+    findings = check_tcmalloc(state, mem)
+    rep = heap.report()
+    console = tables.make_console(io.StringIO(), False)
+    for part in (*heap.report_parts(rep, False), *heap.threads(False).parts, *heap.check(50, False).parts):
+        console.print(part)
+    json.dumps(heap.report_document(rep))
+    heap.claims()
+    errors = [f for f in findings if f.severity is Severity.ERROR]
+    return state, findings, report_json(rep), "ok" if not errors else f"ok, {len(errors)} errors"
+
+
+class Sound:
+    """What the undamaged core holds: the reads the decoder made in writable memory, and the thread caches."""
+
+    def __init__(self, base, maps, threads):
+        rec = Recording(base)
+        found = find_tcmalloc(rec, maps)
+        disc = discover_tcmalloc(rec, found)
+        state = decode_tcmalloc(rec, disc, "fuzz")
+        self.base, self.layout = base, disc.layout
+        writable = [(s.address, s.address + s.memsz) for s in found.image.writable()] + [
+            (m.start, m.end) for m in maps if not (m.path and "/" in m.path)]
+        self.reads = [(a, n) for a, n in rec.reads if any(lo <= a < hi for lo, hi in writable)]
+        self.caches = [t.address for t in state.threads]
+
+    def field(self, read: int, offset: float) -> int | None:
+        """The address of the word OFFSET (a fraction) of the way through recorded read READ."""
+        if not self.reads:
+            return None
+        address, size = self.reads[read % len(self.reads)]
+        return address + (int(offset * max(size - 8, 0)) & ~7)
+
+
+def make_mutant(rng: random.Random, reads: int) -> dict:
+    draw = rng.random()
+    for kind, share in DAMAGE.items():
+        if draw < share:
+            return {"op": kind, "pick": round(rng.random(), 4), "read": rng.randrange(max(reads, 1)),
+                    "offset": round(rng.random(), 4)}
+        draw -= share
+    op = rng.choice(("byte", "word", "word", "flip"))
+    spec = {"op": op, "read": rng.randrange(max(reads, 1)), "offset": round(rng.random(), 4)}
+    if op == "byte":
+        spec.update(at=rng.randrange(8), value=rng.randrange(256))
+    elif op == "flip":
+        spec.update(bit=rng.randrange(64))
+    else:
+        spec.update(value=rng.choice(INTERESTING + ("near",)), delta=rng.choice((-4096, -8, 8, 64, 0x100000)))
+    return spec
+
+
+def _word(address: int, value: int) -> dict[int, bytes]:
+    return {address: struct.pack("<Q", value & (2**64 - 1))}
+
+
+def apply(spec: dict, sound: Sound):
+    """(the memory of mutant SPEC, the address an error must name or 0 for any error, None for no demand),
+    or None when this core has no place for it."""
+    op, base, caches = spec["op"], sound.base, sound.caches
+    if op == "cache_loop":
+        if len(caches) < 2:
+            return None
+        return MutatedMemory(base, _word(caches[-1] + sound.layout.thread_next, caches[0])), caches[0]
+    if op == "cache_hidden":
+        if not caches:
+            return None
+        cache = caches[int(spec["pick"] * len(caches)) % len(caches)]
+        return MutatedMemory(base, {}, (cache, cache + sound.layout.thread_prev + 8)), cache
+    at = sound.field(spec["read"], spec["offset"])
+    if at is None:
+        return None
+    if op == "truncate":
+        return MutatedMemory(base, {}, (at, 1 << 64)), 0
+    word = struct.unpack("<Q", base.read(at, 8))[0]
+    if op == "byte":
+        return MutatedMemory(base, {at + spec["at"]: bytes([spec["value"]])}), None
+    new = word ^ (1 << spec["bit"]) if op == "flip" else word + spec["delta"] if spec["value"] == "near" \
+        else spec["value"]
+    return MutatedMemory(base, _word(at, new)), None
+
+
+def judge(named: int | None, state, findings, rep) -> tuple[str | None, dict]:
+    """Why heapwalk's answer on a mutant breaks a promise (None: it keeps them), and what it detected."""
+    if state is None:
+        return None, ({"detected": True, "exact": False, "refused": True} if named is not None else {})
+    wrong = figures.impossible(rep)
+    if wrong:
+        return "impossible figures: " + "; ".join(wrong[:3]), {}
+    if named is None:
+        return None, {}
+    errors = [f for f in findings if f.severity is Severity.ERROR]
+    if not errors:
+        return "the damage was not seen", {"detected": False, "exact": False}
+    exact = not named or any(f.address == named for f in errors)
+    return None, {"detected": True, "exact": exact, **({} if exact else {"errors": [str(f) for f in errors[:3]]})}
+
+
+def _run(mem, named, maps, threads) -> tuple[str, dict]:
+    """A mutant's outcome and what it detected (see `judge`)."""
+    state, findings, rep, outcome = exercise(mem, maps, threads)
+    broken, verdict = judge(named, state, findings, rep)
+    return (f"FAILED: {broken} ({outcome})" if broken else outcome), verdict
+
+
+def main() -> None:
+    with open(os.environ["HEAPWALK_FUZZ_SPEC"], encoding="utf-8") as fh:
+        spec = json.load(fh)
+    rng = random.Random(spec["seed"])
+    space = memory_map()
+    base = gdb_memory(space.readable)
+    maps, threads = space.mappings, thread_registers()
+    sound = Sound(base, maps, threads)
+    mutants = list(spec.get("replay", []))
+    mutants += [make_mutant(rng, len(sound.reads)) for _ in range(spec["count"])]
+    results = run_mutants(mutants, lambda m: apply(m, sound), spec["bound"],
+                          lambda m, mem, named: _run(mem, named, maps, threads))
+    fields = [(f"read {i}", a) for i, (a, _) in enumerate(sound.reads)]
+    with open(spec["out"], "w", encoding="utf-8") as fh:
+        json.dump({"fields": fields, "results": results}, fh, indent=1)
+
+
+if __name__ == "__main__":  # sourced by gdb
+    main()
