@@ -57,6 +57,9 @@ class TcmallocHeap(Decoded):
         d = self.state.discovery
         version = f"gperftools {d.version}" if d.version else "gperftools (version not said)"
         text.append(f"tcmalloc: {version} ({d.library}); pages of {d.page_size} bytes, {d.classes} size classes\n")
+        unmeasured = next((how for what, how in d.facts if what == "layout" and "(" in how), "")
+        if unmeasured:
+            text.append(f"tcmalloc: its layout is taken as {unmeasured}\n")
         return text
 
     def findings(self) -> list[Finding]:

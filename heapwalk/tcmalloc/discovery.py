@@ -79,7 +79,7 @@ def discover_tcmalloc(mem: Memory, found: TcImage) -> TcDiscovery:
         except (TcmallocUnknown, ReadError) as exc:
             failed.append(f"{layout.versions}: {exc}")
             continue
-        facts = (("layout", f"gperftools {layout.versions}'s"),
+        facts = (("layout", f"gperftools {layout.versions}'s" + _unmeasured(found.version, layout)),
                  ("size map", f"class sizes at {sizemap:#x} ({classes} classes)"),
                  ("page heap", f"free lists at {free_lists:#x} ({max_pages} lengths: pages of {page_size} bytes)"),
                  ("central free lists", f"at {central:#x}"), ("thread caches", how))
@@ -94,6 +94,18 @@ def discover_tcmalloc(mem: Memory, found: TcImage) -> TcDiscovery:
                            overall)
     said = f"gperftools {found.version}" if found.version else "a gperftools that does not say its version"
     raise TcmallocUnknown(f"{said}: no known layout fits its data ({'; '.join(failed)})")
+
+
+def _unmeasured(version: str, layout: TcLayout) -> str:
+    """What the layout fact adds when VERSION is not one of those LAYOUT was measured on: newer than any, or
+    not said (its data matched the layout's shapes all the same)."""
+    if not version:
+        return " (the build does not say its version; its data has this layout's shapes)"
+    last = LAYOUTS[-1].versions.split("-")[-1]
+    number = tuple(int(p) for p in version.split(".")[:2] if p.isdigit())
+    if number > tuple(int(p) for p in last.split(".")):
+        return f" (gperftools {version} is newer than any heapwalk measured, {last}; its data has these shapes)"
+    return ""
 
 
 def _candidates(version: str) -> list[TcLayout]:
