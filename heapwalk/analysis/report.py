@@ -101,8 +101,9 @@ class Report:
 
     @property
     def idle_resident(self) -> int | None:
-        """Free bytes in RAM (top included), when known."""
-        return sum(a.idle_resident or 0 for a in self.arenas) if self.residency else None
+        """Free bytes in RAM (top included), when known for every arena."""
+        known = [a.idle_resident for a in self.arenas]
+        return sum(known) if self.residency and None not in known else None
 
     @property
     def free_listed(self) -> int:

@@ -26,13 +26,19 @@ def arena_table(rep: Report, interactive: bool, words: Words) -> Table:
         (words.last_columns or ((words.overhead, lambda a: a.overhead), (words.gives_back, lambda a: a.reclaim)))
     fixed = (("#", "right"), ("arena", "left"), ("kind", "left"), ("threads", "right"), (words.heaps, "right"))
     totals = [f"{len(rep.arenas)} arenas", "", "", ""]
-    totals += [human(sum(get(a) or 0 for a in rep.arenas)) for _, get in figures]
+    totals += [_shown(None if any(get(a) is None for a in rep.arenas) else sum(get(a) for a in rep.arenas))
+               for _, get in figures]
     for (name, justify), footer in zip(fixed + tuple((name, "right") for name, _ in figures), ["", *totals]):
         table.add_column(name, justify=justify, no_wrap=True, footer=footer)
     for a in rep.arenas:
         table.add_row(str(a.number), f"{a.address:#x}", a.kind, str(a.threads), str(a.heaps),
-                      *(human(get(a) or 0) for _, get in figures))
+                      *(_shown(get(a)) for _, get in figures))
     return table
+
+
+def _shown(value: int | None) -> str:
+    """A figure of the arena table: "-" where the target cannot say it."""
+    return "-" if value is None else human(value)
 
 
 def plain_lines(rep: Report, words: Words) -> Text:

@@ -38,7 +38,10 @@ def summary_lines(rep: Report) -> Text:
                  f"thread-arena tops, {human(kept.get('main_top', 0))} of the main top\n")
     lines.append(f"free chunks: {rep.free_chunks}, {human(rep.free_listed)}; largest {human(rep.largest_free)}; "
                  f"fragmentation {rep.fragmentation:.2f} (1 - largest / all free)\n")
-    if rep.residency:
+    if rep.residency and rep.idle_resident is None:
+        lines.append(f"in RAM (from {rep.residency}): the arenas {human(rep.resident or 0)}; what of it is free is "
+                     "not known for every arena\n")
+    elif rep.residency:
         lines.append(f"in RAM (from {rep.residency}): the arenas {human(rep.resident)}, {human(rep.idle_resident)} "
                      f"of it free (top included), {human(rep.free + rep.top - rep.idle_resident)} free but not in "
                      f"RAM; mmapped chunks {human(rep.mmapped_resident or 0)}\n")
