@@ -131,6 +131,17 @@ def _capture(pid: int, folder: Path, mode: str) -> float:
     return float(re.search(r"was stopped for ([\d.]+) s", out.stdout).group(1))
 
 
+def _settled_state(pid: int, seconds: float = 3.0) -> str:
+    """PID's state once it runs or sleeps again, or the one it is still in after SECONDS: a process the killed
+    capture left stopped stays stopped ("t" or "T"), where one that was only busy a moment (in "D" writing, or
+    still being let go under a loaded machine) is soon "S" or "R"."""
+    deadline = time.monotonic() + seconds
+    time.sleep(0.3)
+    while state(pid) not in "SR" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return state(pid)
+
+
 def _killed_capture(pid: int, folder: Path, mode: str, after: float) -> None:
     """A capture of PID in MODE killed with SIGKILL AFTER seconds, with everything it started."""
     if mode == "gdb":
@@ -178,8 +189,7 @@ def stress(exe: Path, workdir: Path, rounds: int, seconds: float, kills: int) ->
                 mode = ("core", "live", "gdb")[i % 3]
                 after = rng.uniform(0.0, 1.5)
                 _killed_capture(proc.pid, workdir / "killed", mode, after)
-                time.sleep(0.3)
-                result["killed"].append({"mode": mode, "after": after, "state": state(proc.pid)})
+                result["killed"].append({"mode": mode, "after": after, "state": _settled_state(proc.pid)})
             time.sleep(0.5)
         result["latencies"] = sorted(load.latencies)
         result["errors"] = load.errors
