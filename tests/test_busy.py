@@ -56,6 +56,17 @@ def test_a_capture_killed_at_any_moment_leaves_the_service_running(run):
     assert all(k["state"] in "SR" for k in run["killed"]), run["killed"]
 
 
+def _below_half_the_queue(pid: int, done: threading.Event) -> None:
+    """Waits while the user's queued signals (SigQ) fill more than half their limit: once the queue is full,
+    the kernel merges a kill()ed real-time signal into the one pending, which would count as lost here."""
+    while not done.is_set():
+        with open(f"/proc/{pid}/status") as fh:
+            queued, limit = next(line for line in fh if line.startswith("SigQ:")).split()[1].split("/")
+        if int(queued) < int(limit) // 2:
+            return
+        time.sleep(0.001)
+
+
 def test_signals_that_arrive_while_the_capture_stops_the_process_are_handed_back(tmp_path):
     """A flood of queued signals while the capture's ptrace stop runs 120 times: a thread that reports a
     signal before the stop gets it back when let go (without that, about a third of the stops lost one)."""
@@ -72,6 +83,8 @@ def test_signals_that_arrive_while_the_capture_stops_the_process_are_handed_back
             while not done.is_set():
                 os.kill(proc.pid, SIGNAL)
                 sent[0] += 1
+                if sent[0] % 1000 == 0:
+                    _below_half_the_queue(proc.pid, done)
 
         sender = threading.Thread(target=flood)
         sender.start()
@@ -83,11 +96,14 @@ def test_signals_that_arrive_while_the_capture_stops_the_process_are_handed_back
         finally:
             done.set()
             sender.join()
-        # SIGUSR2, which asks for the account, overtakes queued real-time signals: ask until they are all in
-        asked, deadline = 1, time.monotonic() + 20
+        # SIGUSR2, which asks for the account, overtakes queued real-time signals: ask until they are all in, or
+        # until the count stops growing (a lost signal leaves it short for good; a loaded machine only slows it)
+        asked, last, stalled = 1, -1, time.monotonic()
         while True:
             received = account(state_dir, proc.pid, asked)["signals"]
-            if received >= sent[0] or time.monotonic() > deadline:
+            if received != last:
+                last, stalled = received, time.monotonic()
+            if received >= sent[0] or time.monotonic() - stalled > 5:
                 break
             asked += 1
             time.sleep(0.1)
