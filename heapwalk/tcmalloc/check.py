@@ -6,7 +6,7 @@ room for, and its counters are possible."""
 from __future__ import annotations
 
 from heapwalk.findings import Finding, Kind, Severity
-from heapwalk.inferior.memory import Memory, ReadError
+from heapwalk.inferior.memory import Memory, ReadError, u64
 from heapwalk.tcmalloc.decode import NORMAL, RETURNED, TcState
 
 __all__ = ["check_tcmalloc", "CHECKED"]
@@ -34,7 +34,7 @@ def check_tcmalloc(state: TcState, mem: Memory) -> list[Finding]:
     previous = 0
     for t in state.threads:
         try:
-            prev = int.from_bytes(mem.read(t.address + d.layout.thread_prev, 8), "little")
+            prev = u64(mem, t.address + d.layout.thread_prev)
         except ReadError:
             break
         if prev != previous:

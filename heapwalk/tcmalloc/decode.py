@@ -11,7 +11,7 @@ from typing import NamedTuple
 import numpy as np
 
 from heapwalk.findings import Finding, Kind, Severity
-from heapwalk.inferior.memory import Memory, ReadError
+from heapwalk.inferior.memory import Memory, ReadError, u64
 from heapwalk.inferior.residency import Residency
 from heapwalk.tcmalloc.discovery import TcDiscovery
 from heapwalk.tcmalloc.layout import SPAN
@@ -157,7 +157,7 @@ def _word(mem: Memory, at: int | None) -> int | None:
     if at is None:
         return None
     try:
-        return int.from_bytes(mem.read(at, 8), "little")
+        return u64(mem, at)
     except ReadError:
         return None
 

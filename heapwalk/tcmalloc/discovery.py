@@ -26,7 +26,7 @@ import numpy as np
 from heapwalk.errors import CannotDecode
 from heapwalk.inferior.elf import readable_runs
 from heapwalk.inferior.x86 import MOV, rip_loads
-from heapwalk.inferior.memory import Memory, ReadError
+from heapwalk.inferior.memory import Memory, ReadError, readable, u64
 from heapwalk.tcmalloc.find import TcImage
 from heapwalk.tcmalloc.layout import LAYOUTS, SPAN, TcLayout
 
@@ -144,16 +144,8 @@ def _metadata_by_shape(mem: Memory, base: int, words: np.ndarray) -> int | None:
     lock, avail, at, used = words[:-3], words[1:-2], words[2:-1], words[3:]
     shaped = np.flatnonzero((lock < 3) & (avail <= _CHUNK) & (at > 0x10000) & (((at + avail) & 0xFFF) == 0)
                             & (used >= np.uint64(_CHUNK) - avail) & (used < np.uint64(1 << 44)))
-    readable = [i for i in shaped.tolist() if _readable(mem, int(words[i + 2]) - 1)]
-    return base + 8 * (readable[0] + 3) if len(readable) == 1 else None
-
-
-def _readable(mem: Memory, at: int) -> bool:
-    try:
-        mem.read(at, 1)
-    except ReadError:
-        return False
-    return True
+    ends = [i for i in shaped.tolist() if readable(mem, int(words[i + 2]) - 8)]
+    return base + 8 * (ends[0] + 3) if len(ends) == 1 else None
 
 
 def _claimed(mem: Memory, head: int | None, layout: TcLayout) -> int:
@@ -163,7 +155,7 @@ def _claimed(mem: Memory, head: int | None, layout: TcLayout) -> int:
         seen.add(at)
         try:
             total += int.from_bytes(mem.read(at + layout.thread_max_size, 4), "little", signed=True)
-            at = int.from_bytes(mem.read(at + layout.thread_next, 8), "little")
+            at = u64(mem, at + layout.thread_next)
         except ReadError:
             return 0
     return total if not at else 0
@@ -260,8 +252,8 @@ def _holds_spans(mem: Memory, base: int, words: np.ndarray, head: int) -> bool:
     if not first or not last or first == head:
         return False
     try:
-        return int.from_bytes(mem.read(first + 24, 8), "little") == head and \
-            int.from_bytes(mem.read(last + 16, 8), "little") == head
+        return u64(mem, first + 24) == head and \
+            u64(mem, last + 16) == head
     except ReadError:
         return False
 
@@ -287,7 +279,7 @@ def _thread_heaps(mem: Memory, found: TcImage, base: int, words: np.ndarray, lay
     TcmallocUnknown when the exported head is not a first cache of LAYOUT's shape."""
     at = found.image.dynamic_symbol(_THREAD_HEAPS)
     if at is not None:
-        head = int.from_bytes(mem.read(at, 8), "little")
+        head = u64(mem, at)
         if head and not _is_first_cache(mem, head, layout, sizes):
             raise TcmallocUnknown(f"the first thread cache at {head:#x} does not have this layout's shape")
         return head or None, "ThreadCache::thread_heaps_ (exported)"
@@ -313,6 +305,6 @@ def _is_first_cache(mem: Memory, at: int, layout: TcLayout, sizes: np.ndarray) -
         return False
     after = int.from_bytes(data[layout.thread_next:layout.thread_next + 8], "little")
     try:
-        return not after or int.from_bytes(mem.read(after + layout.thread_prev, 8), "little") == at
+        return not after or u64(mem, after + layout.thread_prev) == at
     except ReadError:
         return False
