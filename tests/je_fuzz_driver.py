@@ -168,6 +168,12 @@ def make_mutant(rng: random.Random, reads: int) -> dict:
             return {"op": kind, "pick": round(rng.random(), 4), "read": rng.randrange(max(reads, 1)),
                     "offset": round(rng.random(), 4)}
         draw -= share
+    return random_patch(rng, reads)
+
+
+def random_patch(rng: random.Random, reads: int) -> dict:
+    """A random patch of one word of the recorded reads: a byte, a whole word (an interesting value, or near
+    the old one), or a bit."""
     op = rng.choice(("byte", "word", "word", "flip"))
     spec = {"op": op, "read": rng.randrange(max(reads, 1)), "offset": round(rng.random(), 4)}
     if op == "byte":
@@ -202,6 +208,12 @@ def apply(spec: dict, sound: Sound):
     at = sound.field(spec["read"], spec["offset"])
     if at is None:
         return None
+    return patched(spec, base, at)
+
+
+def patched(spec: dict, base, at: int):
+    """BASE with patch SPEC (`random_patch`, or truncate) laid at AT: (the memory, the demand on errors)."""
+    op = spec["op"]
     if op == "truncate":
         return MutatedMemory(base, {}, (at, 1 << 64)), 0
     word = struct.unpack("<Q", base.read(at, 8))[0]

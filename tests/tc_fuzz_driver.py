@@ -21,13 +21,12 @@ import io
 import json
 import os
 import random
-import struct
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # gdb sets __file__ for a sourced script
 import figures  # noqa: E402
-from fuzz_driver import INTERESTING, MutatedMemory, run_mutants  # noqa: E402
-from je_fuzz_driver import Recording  # noqa: E402
+from fuzz_driver import MutatedMemory, run_mutants  # noqa: E402
+from je_fuzz_driver import Recording, _word, patched, random_patch  # noqa: E402
 
 from heapwalk.findings import Severity
 from heapwalk.inferior.gdbadapter import gdb_memory, thread_registers
@@ -98,19 +97,7 @@ def make_mutant(rng: random.Random, reads: int) -> dict:
             return {"op": kind, "pick": round(rng.random(), 4), "read": rng.randrange(max(reads, 1)),
                     "offset": round(rng.random(), 4)}
         draw -= share
-    op = rng.choice(("byte", "word", "word", "flip"))
-    spec = {"op": op, "read": rng.randrange(max(reads, 1)), "offset": round(rng.random(), 4)}
-    if op == "byte":
-        spec.update(at=rng.randrange(8), value=rng.randrange(256))
-    elif op == "flip":
-        spec.update(bit=rng.randrange(64))
-    else:
-        spec.update(value=rng.choice(INTERESTING + ("near",)), delta=rng.choice((-4096, -8, 8, 64, 0x100000)))
-    return spec
-
-
-def _word(address: int, value: int) -> dict[int, bytes]:
-    return {address: struct.pack("<Q", value & (2**64 - 1))}
+    return random_patch(rng, reads)
 
 
 def apply(spec: dict, sound: Sound):
@@ -129,14 +116,7 @@ def apply(spec: dict, sound: Sound):
     at = sound.field(spec["read"], spec["offset"])
     if at is None:
         return None
-    if op == "truncate":
-        return MutatedMemory(base, {}, (at, 1 << 64)), 0
-    word = struct.unpack("<Q", base.read(at, 8))[0]
-    if op == "byte":
-        return MutatedMemory(base, {at + spec["at"]: bytes([spec["value"]])}), None
-    new = word ^ (1 << spec["bit"]) if op == "flip" else word + spec["delta"] if spec["value"] == "near" \
-        else spec["value"]
-    return MutatedMemory(base, _word(at, new)), None
+    return patched(spec, base, at)
 
 
 def judge(named: int | None, state, findings, rep) -> tuple[str | None, dict]:
