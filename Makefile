@@ -94,9 +94,10 @@ demo: venv
 	@echo "   $(abspath $(BUILD)/demo/report.html)"
 
 # The whole suite: unit tests, reproducer cores against malloc_info and ledgers, live attach, and heapwalk
-# run with the gdb and Python of each chroot.
+# run with the gdb and Python of each chroot; in one shard per core side by side (TEST_JOBS), then the timing
+# tests alone (tests/parallel.py).
 test: cores chroots
-	$(PY) -m pytest -q -m "" --durations=15 $(PYTEST_ARGS)
+	$(PY) tests/parallel.py -q --durations=15 $(PYTEST_ARGS)
 
 # Mutation fuzzing on every reproducer core of every glibc (make test runs a smaller share of it).
 # FUZZ_ARGS: e.g. --count 1000 --seed 7

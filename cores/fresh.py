@@ -9,17 +9,26 @@ PROGRAM.sha beside a program).
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import hashlib
 import json
+import threading
 from pathlib import Path
 
-__all__ = ["STAMP", "digest", "mark", "marked", "stamp_of", "fresh"]
+__all__ = ["STAMP", "digest", "mark", "marked", "stamp_of", "fresh", "exclusive"]
 
 #: the file in a capture's folder that holds the digest of its inputs
 STAMP = "inputs.sha"
 #: the system's C library, which a capture without a sysroot ran on
 SYSTEM_LIBC = Path("/lib/x86_64-linux-gnu/libc.so.6")
+#: held while a program or a capture is checked and made, by every process that makes them (make test runs
+#: its shards side by side): each is made once, and never read while another process writes it
+LOCK = Path(__file__).resolve().parent.parent / "build" / ".making.lock"
+
+_held = threading.local()
+_in_process = threading.RLock()
 
 
 def digest(files, *settings) -> str:
@@ -71,3 +80,35 @@ def fresh(directory: Path, inputs: str, files: tuple[str, ...]) -> bool:
         return exe.stat().st_mtime <= (directory / "core").stat().st_mtime
     except (OSError, ValueError, KeyError):
         return False
+
+
+@contextlib.contextmanager
+def _making():
+    """Holds LOCK (again, inside a function that already holds it)."""
+    with _in_process:
+        depth = getattr(_held, "depth", 0)
+        if depth:
+            _held.depth = depth + 1
+            try:
+                yield
+            finally:
+                _held.depth = depth
+            return
+        LOCK.parent.mkdir(parents=True, exist_ok=True)
+        with open(LOCK, "a") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            _held.depth = 1
+            try:
+                yield
+            finally:
+                _held.depth = 0
+                fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def exclusive(function):
+    """FUNCTION, which checks whether something is fresh and makes it when not, run while holding LOCK."""
+    @functools.wraps(function)
+    def held(*args, **kwargs):
+        with _making():
+            return function(*args, **kwargs)
+    return held

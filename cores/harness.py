@@ -122,6 +122,7 @@ class Capture:
             self.process.wait()
 
 
+@fresh.exclusive
 def build(name: str, bindir: Path, sysroot: sysroots.Sysroot | None = None, static: bool = False,
           jemalloc: sysroots.Jemalloc | None = None) -> Path:
     """Compiles cores/NAME.c with the support library into BINDIR/NAME (against SYSROOT's glibc if it must).
@@ -169,6 +170,7 @@ def headers(name: str) -> list[Path]:
     return [CORES_DIR / "je_common.h"] + ([plugin] if plugin.exists() else []) + [CORES_DIR / f for f in included]
 
 
+@fresh.exclusive
 def _build_plugin(name: str, bindir: Path) -> None:
     """Compiles cores/NAME_plugin.c, when there is one, into BINDIR/libNAME_plugin.so (NAME loads it)."""
     source, lib = CORES_DIR / f"{name}_plugin.c", bindir / f"lib{name}_plugin.so"
@@ -181,6 +183,7 @@ def _build_plugin(name: str, bindir: Path) -> None:
     fresh.mark(lib, fresh.digest([source], CFLAGS))
 
 
+@fresh.exclusive
 def build_32bit(bindir: Path) -> Path:
     """Assembles cores/stop32.S into BINDIR/stop32, a static i386 program that stops itself."""
     bindir.mkdir(parents=True, exist_ok=True)

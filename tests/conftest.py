@@ -150,6 +150,7 @@ JE_VARIANTS = {"": None, "prof": {"MALLOC_CONF": "prof:true,lg_prof_sample:10"},
 
 
 @functools.cache
+@fresh.exclusive
 def capture_jemalloc(suite: str, name: str, variant: str = "") -> harness.Capture:
     """jemalloc reproducer NAME's capture on SUITE's libjemalloc2 (taken now unless a fresh one exists), with
     VARIANT's options."""
@@ -165,6 +166,7 @@ def capture_jemalloc(suite: str, name: str, variant: str = "") -> harness.Captur
 
 
 @functools.cache
+@fresh.exclusive
 def capture_rust() -> harness.Capture:
     """The Rust reproducer's capture (cores/rust_hold, on tikv-jemallocator: jemalloc 5.3.0 in the stripped
     program, no statistics), taken now unless a fresh one exists."""
@@ -192,6 +194,7 @@ DLOPENED = "5.3.0-noietls"
 
 
 @functools.cache
+@fresh.exclusive
 def capture_dlopen() -> harness.Capture:
     """je_dlopen's capture (je_hold with jemalloc loaded by dlopen, RTLD_LOCAL, from DLOPENED's library), taken
     now unless a fresh one exists."""
@@ -221,6 +224,7 @@ VARIANTS = {"": {}, "hugetlb": {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=2"}, **h
 
 
 @functools.cache
+@fresh.exclusive
 def capture(glibc_name: str, name: str, variant: str = "") -> harness.Capture:
     """Reproducer NAME's capture under GLIBC_NAME (taken now unless a fresh one exists)."""
     g = glibc(glibc_name)
@@ -232,6 +236,7 @@ def capture(glibc_name: str, name: str, variant: str = "") -> harness.Capture:
 
 
 @functools.cache
+@fresh.exclusive
 def blank_stacks(glibc_name: str, main_tls: bool = False) -> tuple[harness.Capture, Path]:
     """thread_arenas under GLIBC_NAME and a core of the same instant whose threads' stacks, and so their
     TLS, are all zeros: gcore's own output before `harness.repair_core` (which is such a core with
@@ -255,6 +260,7 @@ def version_tuple(text: str) -> tuple[int, int]:
 
 
 @functools.cache
+@fresh.exclusive
 def corruption(glibc_name: str, mode: str, kernel: bool = False) -> harness.Capture:
     """corrupt.c's core in MODE under GLIBC_NAME (taken now unless a fresh one exists); KERNEL: the kernel's
     crash dump of a crash mode instead of gcore's."""

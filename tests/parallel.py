@@ -1,0 +1,123 @@
+"""make test's runner: the suite's files in shards run side by side (one per core), then the files whose tests
+time the machine itself, alone.
+
+Each file goes whole to one shard; the shards are balanced by each file's time in the last run (kept in
+build/test-times.json, from each shard's JUnit report; tests/times.json before any run).  Programs and
+captures the shards share are made once, under cores/fresh.py's lock.  Arguments are pytest's: given a test path, or -k/--lf, pytest runs as asked, in
+one process.  The exit status is pytest's worst.
+
+    python tests/parallel.py [PYTEST_ARGS...]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+TIMES = ROOT / "build" / "test-times.json"
+#: the times of a run on the developers' machine, for a machine that ran none yet
+SEED = ROOT / "tests" / "times.json"
+#: files whose tests measure time, signals or the machine's load: run alone, after the shards
+ALONE = ("test_busy.py", "test_both.py", "test_bench.py")
+#: a file never timed yet counts as this many seconds
+UNTIMED = 10.0
+#: pytest's status when it collected no test
+NO_TESTS = 5
+
+
+def shards(files: list[Path], times: dict[str, float], count: int) -> list[list[Path]]:
+    """FILES in COUNT shards of about equal time, longest first into the shard with least so far."""
+    load = [[0.0, []] for _ in range(count)]
+    for f in sorted(files, key=lambda f: -times.get(f.name, UNTIMED)):
+        least = min(load, key=lambda s: s[0])
+        least[0] += times.get(f.name, UNTIMED)
+        least[1].append(f)
+    return [sorted(files) for _, files in load if files]
+
+
+def file_times(report: Path) -> dict[str, float]:
+    """Each test file's seconds in the JUnit REPORT (setup, call and teardown of all its tests)."""
+    times: dict[str, float] = {}
+    try:
+        root = ET.parse(report).getroot()
+    except (OSError, ET.ParseError):
+        return times
+    for case in root.iter("testcase"):
+        module = case.get("classname", "").split(".")
+        name = next((m for m in module if m.startswith("test_")), None)
+        if name:
+            times[name + ".py"] = times.get(name + ".py", 0.0) + float(case.get("time") or 0)
+    return times
+
+
+def counts(report: Path) -> tuple[int, int, int]:
+    """Tests, failed (failures and errors) and skipped in the JUnit REPORT."""
+    try:
+        suite = next(ET.parse(report).getroot().iter("testsuite"))
+    except (OSError, ET.ParseError, StopIteration):
+        return 0, 0, 0
+    n = lambda key: int(suite.get(key) or 0)  # noqa: E731
+    return n("tests"), n("failures") + n("errors"), n("skipped")
+
+
+def start(name: str, files: list[Path], args: list[str], work: Path) -> tuple[subprocess.Popen, Path, Path]:
+    """pytest on FILES with ARGS, its output to WORK/NAME.log, its JUnit report to WORK/NAME.xml."""
+    log, report = work / f"{name}.log", work / f"{name}.xml"
+    cmd = [sys.executable, "-m", "pytest", "-m", "", "-p", "no:cacheprovider", f"--basetemp={work / name}",
+           f"--junitxml={report}", *args, *map(str, files)]
+    out = open(log, "w")
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    out.close()
+    return proc, log, report
+
+
+def run(groups: list[list[Path]], args: list[str], work: Path, label: str) -> tuple[int, list[Path]]:
+    """Each of GROUPS as one pytest, all at once; each one's output printed when it ends.  Returns the worst
+    status and the JUnit reports."""
+    running = [(f"{label}{i + 1}", *start(f"{label}{i + 1}", g, args, work)) for i, g in enumerate(groups)]
+    worst, reports = 0, []
+    for name, proc, log, report in running:
+        status = proc.wait()
+        print(f"==== {name}: {', '.join(f.name for f in groups[int(name[len(label):]) - 1])}", flush=True)
+        sys.stdout.write(log.read_text(errors="replace"))
+        sys.stdout.flush()
+        if status != NO_TESTS:
+            worst = max(worst, status)
+        reports.append(report)
+    return worst, reports
+
+
+def main(argv: list[str]) -> int:
+    asked = [a for a in argv if not a.startswith("-") and (ROOT / a.split("::")[0]).exists()]
+    if asked or any(a in ("-k", "--lf", "--last-failed", "-x") for a in argv):
+        return subprocess.call([sys.executable, "-m", "pytest", "-m", "", *argv], cwd=ROOT)
+    jobs = max(1, min(int(os.environ.get("TEST_JOBS", os.cpu_count() or 1)), 4))
+    times = json.loads((TIMES if TIMES.exists() else SEED).read_text())
+    files = sorted((ROOT / "tests").glob("test_*.py"))
+    shared = [f for f in files if f.name not in ALONE]
+    alone = [f for f in files if f.name in ALONE]
+    work = Path(tempfile.gettempdir()) / f"heapwalk-tests-{os.getuid()}"
+    work.mkdir(exist_ok=True)
+    began = time.monotonic()
+    worst, reports = run(shards(shared, times, jobs), argv, work, "shard")
+    status, more = run([alone], argv, work, "alone")
+    worst, reports = max(worst, status), reports + more
+    for report in reports:
+        times.update(file_times(report))
+    TIMES.parent.mkdir(parents=True, exist_ok=True)
+    TIMES.write_text(json.dumps(dict(sorted(times.items())), indent=1) + "\n")
+    total = [sum(c) for c in zip(*(counts(r) for r in reports))]
+    print(f"==== all: {total[0]} tests, {total[1]} failed, {total[2]} skipped, in {time.monotonic() - began:.0f} s "
+          f"({jobs} shards side by side, then {', '.join(ALONE)} alone)", flush=True)
+    return worst if worst else (1 if total[1] else 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
