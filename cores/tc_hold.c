@@ -1,8 +1,11 @@
 /* A program on gperftools' tcmalloc (issue 42), run with LD_PRELOAD=libtcmalloc_minimal.so.4 (or the full
  * libtcmalloc.so.4), or linked with libtcmalloc_minimal.a (built with -DTC_LINKED):
- * four threads each allocate blocks of many size classes and some large ones, free two thirds of them in a
- * scattered order and park (their thread caches keep what they freed); a fifth does the same and exits (its
- * cache goes back to the central lists).  Then the main thread writes tcmalloc's own statistics at that
+ * one thread allocates blocks of many size classes and some large ones, frees two thirds of them in a
+ * scattered order and exits (its cache goes back to the central lists; the blocks it kept are leaked: it clears
+ * its array of them); then four more do the same and park (their thread caches keep what they freed; they
+ * clear each freed block's address).  Each thread writes the blocks it kept (address and size, in hex text,
+ * which no scan takes for a pointer) to ledger-N.txt, after a line that says whether it exits and the last
+ * block it freed.  Then the main thread writes tcmalloc's own statistics at that
  * instant into stats.json in the folder given as its one argument: tc_version's string, every MallocExtension
  * numeric property heapwalk shows, and MallocExtension_GetStats's text; and stops itself (SIGSTOP) for the
  * capture.  Continued, it measures what MallocExtension_ReleaseFreeMemory() really gives back (RssAnon before
@@ -47,6 +50,8 @@ static const char *const properties[] = {
 
 static char text[1 << 20];
 static char out[(1 << 21) + 8192];
+static const char *folder;
+static char ledgers[THREADS][1 << 19];
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t parked_cond = PTHREAD_COND_INITIALIZER;
 static int parked;
@@ -58,9 +63,26 @@ static size_t size_of(unsigned i)
     return i % 97 == 0 ? (size_t)(300 + i % 5) << 10 : sizes[(i * 7919u) % (sizeof sizes / sizeof sizes[0])];
 }
 
+/* Writes the blocks thread T kept (every third of BLOCKS) to FOLDER/ledger-T.txt, after a first line that says
+ * whether it exits and the address of the last block it freed. */
+static void write_ledger(long t, int exits, char *const *blocks, unsigned long freed)
+{
+    char *text = ledgers[t];
+    size_t at = (size_t)snprintf(text, sizeof ledgers[t], "%s %lx\n", exits ? "exits" : "parks", freed);
+    for (unsigned j = 0; j < BLOCKS; j += 3)
+        at += (size_t)snprintf(text + at, sizeof ledgers[t] - at, "%lx %zx\n", (unsigned long)blocks[j], size_of(j));
+    char path[4096];
+    snprintf(path, sizeof path, "%s/ledger-%ld.txt", folder, t);
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0 || write(fd, text, at) != (ssize_t)at)
+        abort();
+    close(fd);
+}
+
 static void *worker(void *arg)
 {
-    long exits = (long)arg;
+    long t = (long)arg;
+    int exits = t == THREADS - 1;
     char *blocks[BLOCKS];
     for (unsigned i = 0; i < BLOCKS; i++) {
         size_t size = size_of(i);
@@ -69,17 +91,23 @@ static void *worker(void *arg)
             abort();
         memset(blocks[i], (int)i, size < 64 ? size : 64);
     }
+    unsigned long freed = 0;
     for (unsigned i = 0; i < BLOCKS; i++) {
         unsigned j = (i * 7u) % BLOCKS;           /* scattered */
-        if (j % 3)
-            free(blocks[j]);
+        if (j % 3) {
+            freed = (unsigned long)blocks[j];
+            free(blocks[j]), blocks[j] = NULL;    /* no stale address: the scan would take it for a reference */
+        }
     }
+    write_ledger(t, exits, blocks, freed);
     pthread_mutex_lock(&lock);
     parked++;
     pthread_cond_signal(&parked_cond);
     pthread_mutex_unlock(&lock);
-    if (exits)
+    if (exits) {
+        explicit_bzero(blocks, sizeof blocks);     /* its kept blocks are leaked: no copy of their address stays */
         return NULL;
+    }
     for (;;)
         pause();
 }
@@ -160,15 +188,20 @@ int main(int argc, char **argv)
     release_fn release = (release_fn)ENTRY(MallocExtension_ReleaseFreeMemory);
     if (property == NULL || stats == NULL || version == NULL || release == NULL)
         return 3;
+    folder = argv[1];
     pthread_t threads[THREADS];
-    for (long t = 0; t < THREADS; t++)
-        if (pthread_create(&threads[t], NULL, worker, (void *)(long)(t == THREADS - 1)) != 0)
+    /* the exiting thread first, alone: no other thread ever held the blocks it leaks, so no stale copy of
+     * their addresses is left anywhere */
+    if (pthread_create(&threads[THREADS - 1], NULL, worker, (void *)(long)(THREADS - 1)) != 0 ||
+        pthread_join(threads[THREADS - 1], NULL) != 0)
+        return 1;
+    for (long t = 0; t < THREADS - 1; t++)
+        if (pthread_create(&threads[t], NULL, worker, (void *)t) != 0)
             return 1;
     pthread_mutex_lock(&lock);
     while (parked < THREADS)
         pthread_cond_wait(&parked_cond, &lock);
     pthread_mutex_unlock(&lock);
-    pthread_join(threads[THREADS - 1], NULL);
 
     static char path[4096];
     snprintf(path, sizeof path, "%s/stats.json", argv[1]);

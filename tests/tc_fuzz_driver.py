@@ -8,9 +8,11 @@ or core can change.  Each mutant patches one word of them (a byte, a whole word,
 must be seen:
 - cache_loop: the last thread cache's next link pointing back to the first: an error at the first;
 - cache_hidden: a thread cache's pages missing (a core that lacks them): an error at that cache;
+- object_loop: the second free object of a thread cache's list linking back to the first: an error at the first;
 - truncate: everything above a point inside one of the reads missing: refused in one line, or an error.
-Then it runs what the commands run: discovery, decoding, check, the report, the thread caches' table, the
-RSS claims and the JSON.  A mutant fails when anything raises (other than the one-line refusals,
+Then it runs what the commands run: discovery, decoding, check (every free list walked), the report, the
+thread caches' table, the RSS claims, the heap map's strips, the leak scan's objects, 'chunk' at the first
+span, and the JSON.  A mutant fails when anything raises (other than the one-line refusals,
 TcmallocUnknown), takes longer than the bound, shows an impossible figure (tests/figures.py), or, for aimed
 damage, is not seen.  Parameters and results as tests/fuzz_driver.py's.
 """
@@ -39,9 +41,10 @@ from heapwalk.tcmalloc.decode import decode_tcmalloc
 from heapwalk.tcmalloc.discovery import TcmallocUnknown, discover_tcmalloc
 from heapwalk.tcmalloc.find import find_tcmalloc
 from heapwalk.tcmalloc.owners import cache_owners
+from heapwalk.tcmalloc.verbs import locate
 
 #: the aimed damage kinds, each drawn this share of the time (the rest are random patches of what was read)
-DAMAGE = {"cache_loop": 0.08, "cache_hidden": 0.08, "truncate": 0.08}
+DAMAGE = {"cache_loop": 0.08, "cache_hidden": 0.08, "object_loop": 0.08, "truncate": 0.08}
 
 
 def exercise(mem, maps, threads):
@@ -57,7 +60,11 @@ def exercise(mem, maps, threads):
     state = decode_tcmalloc(mem, disc, "fuzz")
     owners = cache_owners(mem, [(t.address, t.tid) for t in state.threads], threads)
     heap = TcmallocHeap(state, mem, owners)
-    findings = check_tcmalloc(state, mem)
+    findings = check_tcmalloc(state, mem, heap.span_table, heap.cached)
+    heap.strips()
+    heap.blocks()
+    if state.spans:
+        locate(heap, state.spans[0].page * state.page_size)
     rep = heap.report()
     console = tables.make_console(io.StringIO(), False)
     for part in (*heap.report_parts(rep, False), *heap.threads(False).parts, *heap.check(50, False).parts):
@@ -76,11 +83,13 @@ class Sound:
         found = find_tcmalloc(rec, maps)
         disc = discover_tcmalloc(rec, found)
         state = decode_tcmalloc(rec, disc, "fuzz")
+        TcmallocHeap(state, rec).cached                # the caches' free lists, object by object
         self.base, self.layout = base, disc.layout
         writable = [(s.address, s.address + s.memsz) for s in found.image.writable()] + [
             (m.start, m.end) for m in maps if not (m.path and "/" in m.path)]
         self.reads = [(a, n) for a, n in rec.reads if any(lo <= a < hi for lo, hi in writable)]
         self.caches = [t.address for t in state.threads]
+        self.lists = [head for t in state.threads for _, head, length in t.lists if length >= 2]
 
     def field(self, read: int, offset: float) -> int | None:
         """The address of the word OFFSET (a fraction) of the way through recorded read READ."""
@@ -113,10 +122,20 @@ def apply(spec: dict, sound: Sound):
             return None
         cache = caches[int(spec["pick"] * len(caches)) % len(caches)]
         return MutatedMemory(base, {}, (cache, cache + sound.layout.thread_prev + 8)), cache
+    if op == "object_loop":
+        if not sound.lists:
+            return None
+        head = sound.lists[int(spec["pick"] * len(sound.lists)) % len(sound.lists)]
+        second = _word_at(base, head)
+        return MutatedMemory(base, _word(second, head)), head
     at = sound.field(spec["read"], spec["offset"])
     if at is None:
         return None
     return patched(spec, base, at)
+
+
+def _word_at(mem, address: int) -> int:
+    return int.from_bytes(mem.read(address, 8), "little")
 
 
 def judge(named: int | None, state, findings, rep) -> tuple[str | None, dict]:

@@ -178,12 +178,13 @@ def tc_core(tmp_path_factory):
 
 
 def test_tcmalloc_decoder_survives_mutated_metadata(tc_core, tmp_path):
-    """Every word tcmalloc's decoder reads in writable memory, patched; the thread caches' list looping, a
-    thread cache's pages missing, a core cut inside what it reads: never a traceback, a hang or an impossible
+    """Every word tcmalloc's decoder reads in writable memory (the caches' free lists too), patched; the thread
+    caches' list looping, a thread cache's pages missing, a cache's free list looping, a core cut inside what it
+    reads: never a traceback, a hang or an impossible
     figure, and the aimed damage named at its address (or the core refused in one line)."""
     exe, core = tc_core
     count, key = 40, "tcmalloc-bookworm/tc_hold"
     document = fuzz.engine_fuzz(exe, core, [NO_SYMBOLS], count, SEED, tmp_path, fuzz.regressions(key),
                                 driver=fuzz.TC_DRIVER)
     assert_survived(document, count, key, fields=20)
-    assert {"cache_loop", "cache_hidden"} <= set(fuzz.tally([document]))
+    assert {"cache_loop", "cache_hidden", "object_loop"} <= set(fuzz.tally([document]))

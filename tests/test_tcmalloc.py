@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -18,6 +19,7 @@ import pytest
 
 import harness
 import tcbuilds
+from browser import heap_groups
 from conftest import NO_SYMBOLS, ROOT, SYSROOTS, run_gdb
 
 pytestmark = pytest.mark.cores
@@ -65,12 +67,79 @@ def _check(doc: dict, stats: dict, tc: tcbuilds.Tcmalloc, pid: int) -> None:
     want = stats["properties"]
     assert {k: v for k, v in tc_doc["properties"].items() if k in want} == want     # all it printed, each equal
     assert f"{len(tc_doc['threads'])}              Thread heaps in use" in stats["stats"]
+    assert _spans_by_length(stats["stats"]) == {r["pages"]: r["normal_spans"] + r["returned_spans"]
+                                                for r in tc_doc["free_spans"]}
+    unmapped = sum(r["returned_bytes"] for r in tc_doc["free_spans"])
+    assert unmapped == want["tcmalloc.pageheap_unmapped_bytes"]
+
+
+def _spans_by_length(text: str) -> dict:
+    """The free spans MallocExtension_GetStats lists, by length ("N pages * S spans"; the large ones, None)."""
+    out = {int(n): int(c) for n, c in re.findall(r"^\s*(\d+) pages \*\s*(\d+) spans", text, re.M) if int(c)}
+    large = re.search(r"^\s*>\s*\d+\s+large \*\s*(\d+) spans", text, re.M)
+    if large and int(large.group(1)):
+        out[None] = int(large.group(1))
+    return out
+
+
+def _ledgers(run: Path, freed: list | None = None) -> tuple[dict[int, int], dict[int, int]]:
+    """The blocks tc_hold's parked threads kept, and those its exiting thread kept (address -> size); the last
+    block each parked thread freed, into FREED."""
+    parked, exited = {}, {}
+    for path in sorted(run.glob("ledger-*.txt")):
+        first, *lines = path.read_text().split("\n")
+        how, last = first.split()
+        into = exited if how == "exits" else parked
+        if freed is not None and how == "parks":
+            freed.append(int(last, 16))
+        into.update((int(a, 16), int(n, 16)) for a, n in (line.split() for line in lines if line))
+    return parked, exited
+
+
+def _drawn(html: str) -> dict[str, int]:
+    """The bytes of each kind of run the page's heap maps draw."""
+    sums: dict[str, int] = {}
+    for g in heap_groups(html):
+        for r in g["rects"]:
+            if r.get("data-kind") and "data-bytes" in r and r.get("class") not in ("trim", "resident"):
+                sums[r["data-kind"]] = sums.get(r["data-kind"], 0) + int(r["data-bytes"])
+    return sums
+
+
+def _own_leaks(tc: tcbuilds.Tcmalloc) -> list[int]:
+    """The sizes of the objects gperftools itself leaks: up to 2.15 its InitModule allocates a default
+    MallocExtension of 8 bytes (`new MallocExtension`), which its implementation replaces and nothing frees;
+    from 2.16 none."""
+    return [8] if tuple(int(n) for n in tc.version.split(".")[:2]) < (2, 16) else []
+
+
+def _maps_and_scan(doc: dict, html: str, stats: dict, run: Path, tc: tcbuilds.Tcmalloc) -> None:
+    """The page's span maps draw each property's bytes (in use and leaked: allocated; each cache's free objects;
+    a central list's free objects and its spans' rounding: its free bytes; free spans), and the leak scan found
+    as many objects as tc_hold's exiting thread kept (each at least its size), and gperftools' own (`_own_leaks`)."""
+    p = stats["properties"]
+    drawn = _drawn(html)
+    assert drawn.get("in_use", 0) + drawn.get("leaked", 0) == p["generic.current_allocated_bytes"]
+    assert drawn.get("tc_thread", 0) == p["tcmalloc.thread_cache_free_bytes"]
+    assert drawn.get("tc_transfer", 0) == p["tcmalloc.transfer_cache_free_bytes"]
+    assert drawn.get("tc_central", 0) + drawn.get("tc_rounding", 0) == p["tcmalloc.central_cache_free_bytes"]
+    assert drawn.get("tc_free", 0) == p["tcmalloc.pageheap_free_bytes"]
+    assert drawn.get("tc_returned", 0) == p["tcmalloc.pageheap_unmapped_bytes"]
+    assert "unwalked" not in drawn
+    parked, exited = _ledgers(run)
+    leaks = doc["report"]["leaks"]
+    assert leaks["in_use_bytes"] == p["generic.current_allocated_bytes"]
+    assert leaks["in_use_count"] >= len(parked) + len(exited)
+    own = _own_leaks(tc)
+    assert leaks["leaked_count"] == len(exited) + len(own)
+    assert leaks["leaked_bytes"] >= sum(exited.values()) + sum(own)
 
 
 @pytest.mark.parametrize("stopped", BUILDS, indirect=True)
 def test_a_capture_gives_every_figure_tcmalloc_printed(stopped, tmp_path):
     """The capture's report: every numeric property tcmalloc gave at the snapshot; its spans are one owner of
-    the RSS, all of its heap size; the verdict names the page heap's free spans and what releases them; and
+    the RSS, all of its heap size; its page's maps draw each property, and its leak scan finds what the
+    reproducer leaked (`_maps_and_scan`); the verdict names the page heap's free spans and what releases them; and
     what it says a release gives back (the free spans' resident bytes) is what the process's anonymous RSS then
     fell by when it called MallocExtension_ReleaseFreeMemory()."""
     proc, stats, tc, run = stopped
@@ -84,6 +153,7 @@ def test_a_capture_gives_every_figure_tcmalloc_printed(stopped, tmp_path):
     assert spans["mapped"] == doc["tcmalloc"]["pageheap"]["system_bytes"] and spans["bytes"] > 0
     said = " ".join(result.stdout.split())
     assert "The page heap's" in said and "MallocExtension::ReleaseFreeMemory()" in said and " of it in RAM" in said
+    _maps_and_scan(doc, (tmp_path / "out" / "report.html").read_text(), stats, run, tc)
     os.kill(proc.pid, signal.SIGCONT)
     assert proc.wait(timeout=60) == 0
     release = json.loads((run / "release.json").read_text())
@@ -91,6 +161,40 @@ def test_a_capture_gives_every_figure_tcmalloc_printed(stopped, tmp_path):
     assert release["pageheap_free_after"] == 0
     page_heap = doc["report"]["arenas"][0]
     assert page_heap["trim"] == release["rss_anon_before"] - release["rss_anon_after"] > 0
+
+
+@pytest.mark.parametrize("stopped", ["bullseye", "sid", "bookworm-linked"], indirect=True)
+def test_leaks_and_chunk_name_each_object(stopped, tmp_path):
+    """gdb -p on the stopped process, symbols hidden: 'heapwalk leaks' lists exactly the blocks the exiting
+    thread kept (each of its class's size), and gperftools' own (`_own_leaks`); 'heapwalk chunk' says a
+    parked thread's kept block is in use and what reaches it, the exiting thread's leaked, and the last block
+    a parked thread freed free (in its cache, a transfer cache or its span's list); 'heapwalk check' walks
+    every free list and finds them sound."""
+    proc, stats, tc, run = stopped
+    freed: list[int] = []
+    parked, exited = _ledgers(run, freed)
+    kept, lost = min(parked), min(exited)
+    out = tmp_path / "leaks.json"
+    result = run_gdb(["-p", str(proc.pid)], [f"heapwalk leaks --json {out}", f"heapwalk chunk {kept:#x}",
+                                              f"heapwalk chunk {lost + 1:#x}", *(f"heapwalk chunk {a:#x}" for a in freed),
+                                              "heapwalk check"], iex=[NO_SYMBOLS])
+    assert result.returncode == 0, result.stderr
+    leaked = {c["address"]: c["size"] for c in json.loads(out.read_text())["leaked"]}
+    extra = {a: n for a, n in leaked.items() if a not in exited}
+    assert set(exited) <= set(leaked) and list(extra.values()) == _own_leaks(tc)
+    assert all(leaked[a] >= n for a, n in exited.items())
+    said = result.stdout
+    lines = said.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith(f"{kept:#x}: "))
+    assert lines[at].endswith("in use")
+    assert lines[at + 2].strip().startswith(("reached: stack of thread", "reached: TLS of thread"))   # its array
+    at = next(i for i, line in enumerate(lines) if line.startswith(f"{lost + 1:#x}: "))
+    assert f"{lost:#x}" in lines[at] and lines[at + 2].strip().startswith("leaked: nothing reachable points to it")
+    for a in (a for a in freed if a not in parked and a not in exited):    # not taken again by another thread
+        line = next(line for line in lines if line.startswith(f"{a:#x}: "))
+        assert ": free, in thread " in line or ": free, in the transfer cache" in line or "span's list" in line \
+            or "in a free span" in line, line
+    assert "tcmalloc consistent: checked" in said and "every free object" in said
 
 
 @pytest.mark.parametrize("stopped", [*BUILDS, ("bookworm", {"TCMALLOC_AGGRESSIVE_DECOMMIT": "t"})],

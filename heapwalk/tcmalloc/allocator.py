@@ -3,6 +3,7 @@ holds it, its state found without symbols (`tcmalloc.discovery`), shown in Mallo
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from types import MappingProxyType
 
@@ -14,16 +15,19 @@ from heapwalk.analysis.rss import Claim
 from heapwalk.findings import Finding, Severity
 from heapwalk.output import tables
 from heapwalk.output.consoles import box_for
+from heapwalk.tcmalloc.blocks import tcmalloc_blocks
 from heapwalk.tcmalloc.check import CHECKED, check_tcmalloc
 from heapwalk.output.jsondoc import report_json
 from heapwalk.output.reporttext import report_group
 from heapwalk.tcmalloc.decode import IN_USE, NORMAL, RETURNED, TcState, decode_tcmalloc
 from heapwalk.tcmalloc.discovery import discover_tcmalloc
 from heapwalk.tcmalloc.find import find_tcmalloc
+from heapwalk.tcmalloc.heapmap import span_strips
+from heapwalk.tcmalloc.objects import SpanTable, cached_objects
 from heapwalk.tcmalloc.owners import cache_owners
-from heapwalk.tcmalloc.shown import threads_document, threads_table
+from heapwalk.tcmalloc.shown import free_spans, free_spans_table, threads_document, threads_table
 from heapwalk.tcmalloc.verdict import advice
-from heapwalk.view import ArenaView, HeapView, Words
+from heapwalk.view import ArenaView, HeapStrip, HeapView, Words
 
 __all__ = ["TCMALLOC", "TcmallocHeap", "FREE_KINDS"]
 
@@ -46,6 +50,7 @@ class TcmallocHeap(Decoded):
     damaged_subject = "tcmalloc's state is"
     words = WORDS
     block_noun = "object"
+    scans_leaks = True
 
     def __init__(self, state: TcState, mem, owners: dict | None = None):
         self.state, self.mem = state, mem
@@ -93,7 +98,9 @@ class TcmallocHeap(Decoded):
         lines = Text()
         for name, value in self.state.properties().items():
             lines.append(f"{name} {value} ({human(value)})\n")
-        return list(report_group(rep, interactive, WORDS, lines).renderables)
+        *parts, verdict = report_group(rep, interactive, WORDS, lines).renderables
+        spans = free_spans_table(free_spans(self.state), self.state.discovery.max_pages, box_for(interactive))
+        return [*parts, *([spans] if spans is not None else []), verdict]
 
     def report_document(self, rep: Report) -> dict:
         d = self.state.discovery
@@ -102,6 +109,7 @@ class TcmallocHeap(Decoded):
                              "classes": d.classes, "properties": self.state.properties(),
                              "pageheap": dict(self.state.stats),
                              "spans": self._spans_document(),
+                             "free_spans": free_spans(self.state),
                              "threads": threads_document(self.state, self.owners),
                              "size_classes": [{"class": c.index, "size": c.size, "pages": c.pages,
                                                "central_objects": c.central_objects, "spans": c.spans,
@@ -126,7 +134,7 @@ class TcmallocHeap(Decoded):
 
     def check(self, limit: int, interactive: bool, json: bool = False) -> Checked:
         """The invariants `tcmalloc.check` holds it to, and what was checked."""
-        findings = check_tcmalloc(self.state, self.mem)
+        findings = check_tcmalloc(self.state, self.mem, self.span_table, self.cached)
         errors = sum(1 for f in findings if f.severity is Severity.ERROR)
         warnings = sum(1 for f in findings if f.severity is Severity.WARNING)
         text = tables.findings_text(findings[:limit or len(findings)]) or Text(
@@ -135,6 +143,28 @@ class TcmallocHeap(Decoded):
         doc = {**self.document(), "clean": not errors, "errors": errors, "warnings": warnings,
                "checked": list(CHECKED)} if json else None
         return Checked([text], errors, warnings, doc)
+
+    @functools.cached_property
+    def span_table(self) -> SpanTable:
+        """The spans as arrays (`tcmalloc.objects`)."""
+        return SpanTable.of(self.state)
+
+    @functools.cached_property
+    def cached(self):
+        """The free objects the thread and transfer caches hold, walked, and what the walks found."""
+        return cached_objects(self.mem, self.state, self.span_table)
+
+    def strips(self, reserved: bool = False, leaked=None) -> list[HeapStrip]:
+        """The page heap's spans (`tcmalloc.heapmap`)."""
+        return span_strips(self.span_table, self.cached[0], self.state.residency, leaked)
+
+    def blocks(self):
+        """The objects the program holds, for the leak scan (`tcmalloc.blocks`)."""
+        return tcmalloc_blocks(self.mem, self.state, self.span_table, self.cached)[0]
+
+    @property
+    def memory(self):
+        return self.mem
 
     def claims(self) -> list[Claim]:
         """Every span the page map names: all the memory tcmalloc took from the system for its heap."""
@@ -150,13 +180,21 @@ class Tcmalloc(Allocator):
 
     name = "tcmalloc"
     title = "tcmalloc"
+    scans_leaks = True
     variables = ("TCMALLOC_",)
     describes = {"report": "its page heap, central free lists, transfer and thread caches, in MallocExtension's "
                            "figures",
                  "threads": "each thread cache, the thread it belongs to, the bytes and objects it holds and its "
                             "limit",
                  "check": "its page map's spans against its heap size, its thread caches' list, its central lists' "
-                          "counters"}
+                          "counters, every free list object by object",
+                 "map": "its spans: objects in use, free in thread caches, transfer caches and central lists, free "
+                        "and returned spans"}
+
+    @property
+    def verbs(self):
+        from heapwalk.tcmalloc.verbs import VERBS
+        return VERBS
 
     def load(self, context: Context) -> TcmallocHeap:
         target = context.target

@@ -59,11 +59,18 @@ class TcClass:
 
 
 class TcSpan(NamedTuple):
-    """One span of the page heap: its first page, its pages, where it is (IN_USE, NORMAL, RETURNED)."""
+    """One span of the page heap: its first page, its pages, where it is (IN_USE, NORMAL, RETURNED); in use, its
+    size class (0: one large allocation), the objects taken out of it (refcount), the head of its list of free
+    objects, whether heap sampling took it (one small allocation), and where its header is."""
 
     page: int
     pages: int
     location: int
+    size_class: int = 0
+    refcount: int = 0
+    objects: int = 0
+    sampled: bool = False
+    header: int = 0
 
 
 @dataclass(frozen=True)
@@ -76,6 +83,7 @@ class TcThread:
     size: int
     max_size: int = 0            # its limit (max_size_), which grows by stealing from the others
     objects: int = 0             # the free objects it holds, all classes
+    lists: tuple[tuple[int, int, int], ...] = ()   # each class it holds objects of: (class, list head, length)
 
 
 @dataclass(frozen=True)
@@ -188,15 +196,17 @@ def _spans(mem: Memory, found: TcDiscovery, findings: list[Finding]) -> tuple[Tc
     heads = {}
     for span in sorted({s for _, s in named}):
         try:
-            heads[span] = struct.unpack_from("<QQ", mem.read(span, SPAN), 0) + (
-                mem.read(span + _SPAN_BITS + 3, 1)[0] & 3,)
+            heads[span] = mem.read(span, SPAN)
         except ReadError:
             continue
     out, end = [], 0
     for page, span in sorted(named):
-        start, length, location = heads.get(span, (None, 0, 0))
+        head = heads.get(span)
+        if head is None:
+            continue
+        start, length, _, _, objects, refcount, size_class, bits = struct.unpack_from("<5QHBB", head)
         if start == page and page >= end and 0 < length < 1 << 40:
-            out.append(TcSpan(page, length, location))
+            out.append(TcSpan(page, length, bits & 3, size_class, refcount, objects, bool(bits & 4), span))
             end = page + length
     return tuple(out)
 
@@ -234,12 +244,15 @@ def _threads(mem: Memory, found: TcDiscovery, findings: list[Finding]) -> tuple[
             findings.append(Finding(Severity.ERROR, at, "thread cache", "a thread cache of tcmalloc's list "
                                     "cannot be read: the caches after it are left out", Kind.UNMAPPED))
             break
-        lists = np.frombuffer(data[:lay.classes_max * lay.thread_list_entry], dtype=np.uint32).reshape(
+        entries = data[:lay.classes_max * lay.thread_list_entry]
+        lists = np.frombuffer(entries, dtype=np.uint32).reshape(
             lay.classes_max, lay.thread_list_entry // 4)[:, lay.thread_list_length // 4]
+        heads = np.frombuffer(entries, dtype=np.uint64).reshape(lay.classes_max, lay.thread_list_entry // 8)[:, 0]
         cached += lists.astype(np.int64)
         size, = struct.unpack_from("<i", data, lay.thread_size)
         limit, = struct.unpack_from("<i", data, lay.thread_max_size)
         tid = struct.unpack_from("<Q", data, lay.thread_tid)[0] if lay.thread_tid is not None else None
-        out.append(TcThread(at, tid, size, limit, int(lists.sum())))
+        held = tuple((k, int(heads[k]), int(lists[k])) for k in np.flatnonzero(lists).tolist())
+        out.append(TcThread(at, tid, size, limit, int(lists.sum()), held))
         at, = struct.unpack_from("<Q", data, lay.thread_next)
     return out, cached

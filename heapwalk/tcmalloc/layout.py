@@ -23,6 +23,7 @@ class TcLayout:
     central_nonempty: int = 64
     central_num_spans: int = 112
     central_counter: int = 120
+    central_slots: int = 128                # the transfer cache: (head, tail) of each batch
     central_used_slots: int = 1152
     central_stride: int = 1216
     transfer_entries: int = 64

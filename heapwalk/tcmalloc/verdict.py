@@ -3,7 +3,7 @@ weighed against the process's RSS."""
 
 from __future__ import annotations
 
-from heapwalk.analysis.report import Report, human, not_worth, worth
+from heapwalk.analysis.report import Report, human, leaking, not_worth, worth, scan_sentence
 from heapwalk.tcmalloc.decode import NORMAL, TcState
 
 __all__ = ["advice"]
@@ -14,12 +14,15 @@ def advice(state: TcState, rep: Report) -> list[str]:
     p = state.properties()
     heap, used = p["generic.heap_size"], p["generic.current_allocated_bytes"]
     free = heap - used
-    out = [f"tcmalloc holds {human(heap)}: {human(used)} in use by the program and {human(free)} free "
+    held = "" if rep.leaks is None else ", and a leak" if leaking(rep.leaks) else ", not a leak"
+    out = [f"tcmalloc holds {human(heap)}{held}: {human(used)} in use by the program and {human(free)} free "
            f"({human(p['tcmalloc.pageheap_free_bytes'])} in its page heap, "
            f"{human(p['tcmalloc.central_cache_free_bytes'])} in its central free lists, "
            f"{human(p['tcmalloc.transfer_cache_free_bytes'])} in its transfer caches, "
            f"{human(p['tcmalloc.thread_cache_free_bytes'])} in {len(state.threads)} thread caches); "
            f"{human(p['tcmalloc.pageheap_unmapped_bytes'])} has been given back to the system already."]
+    if rep.leaks is not None:
+        out.append(scan_sentence(rep.leaks, "object"))
     page_heap = p["tcmalloc.pageheap_free_bytes"]
     in_ram = state.resident(NORMAL)
     gives = page_heap if in_ram is None else in_ram

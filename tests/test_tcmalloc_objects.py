@@ -1,0 +1,150 @@
+"""tcmalloc's objects one by one, on a page heap laid out in memory by hand: which objects the program holds
+(every object of a span less those its own list, a thread cache and a transfer cache hold), each span's bytes
+by use as the heap map draws them, and what damage to each list gives: a finding at its address, and the
+class's spans scanned as unknown memory, never judged."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from heapwalk.findings import Kind
+from heapwalk.inferior.memory import ImageMemory
+from heapwalk.mapkinds import MAP_KINDS
+from heapwalk.tcmalloc.blocks import tcmalloc_blocks
+from heapwalk.tcmalloc.check import _objects
+from heapwalk.tcmalloc.decode import IN_USE, NORMAL, TcClass, TcSpan, TcState, TcThread
+from heapwalk.tcmalloc.discovery import TcDiscovery
+from heapwalk.tcmalloc.heapmap import span_strips, span_use
+from heapwalk.tcmalloc.layout import LAYOUTS
+from heapwalk.tcmalloc.objects import SpanTable, cached_objects
+
+PAGE = 8192
+LAY = LAYOUTS[0]
+SMALL = 0x10000000          # one page of class 1 (64-byte objects)
+LARGE = SMALL + PAGE        # two pages: one allocation
+FREE = LARGE + 2 * PAGE     # three free pages
+CENTRAL = 0x20000000
+THREAD = 0x30000000
+SIZE = 64
+
+
+def slot(i: int) -> int:
+    return SMALL + i * SIZE
+
+
+class Heap:
+    """A page heap: objects 0-2 in a thread cache, 3-4 in a transfer batch, 5-9 the program's, 10-127 on the
+    span's own list; a large span in use; a free span."""
+
+    def __init__(self):
+        self.mem = ImageMemory()
+        self.mem.add(SMALL, bytearray(6 * PAGE))
+        self.mem.add(CENTRAL, bytearray(3 * LAY.central_stride))
+        self.mem.add(THREAD, bytearray(LAY.thread_prev + 8))
+        self.link([0, 1, 2])
+        self.link([3, 4])
+        self.link(list(range(10, 128)))
+        self.mem.write_u64(CENTRAL + LAY.central_stride + LAY.central_slots, slot(3))
+        self.thread_list = ((1, slot(0), 3),)
+        self.refcount, self.objects, self.central_objects = 10, slot(10), 118
+
+    def link(self, order: list[int]) -> None:
+        for a, b in zip(order, order[1:]):
+            self.mem.write_u64(slot(a), slot(b))
+        self.mem.write_u64(slot(order[-1]), 0)
+
+    def state(self) -> TcState:
+        found = TcDiscovery(LAY, "2.10", "libtcmalloc_minimal.so.4", 0, 0, 128, PAGE, 0, CENTRAL, 2, THREAD)
+        classes = (TcClass(0, 0, 0, 0, 0, 0, 0, 0),
+                   TcClass(1, SIZE, 1, 2, self.central_objects, 1, 1, 3))
+        spans = (TcSpan(SMALL // PAGE, 1, IN_USE, 1, self.refcount, self.objects, False, 0x40000000),
+                 TcSpan(LARGE // PAGE, 2, IN_USE, 0, 0, 0, False, 0x40000040),
+                 TcSpan(FREE // PAGE, 3, NORMAL, 0, 0, 0, False, 0x40000080))
+        thread = TcThread(THREAD, None, 3 * SIZE, 1 << 20, 3, self.thread_list)
+        return TcState("hand-made", found, {}, classes, (thread,), spans)
+
+    def walked(self):
+        state = self.state()
+        table = SpanTable.of(state)
+        return state, table, cached_objects(self.mem, state, table)
+
+
+def test_the_program_holds_what_no_list_holds():
+    heap = Heap()
+    state, table, cached = heap.walked()
+    assert cached[1] == [] and sorted(cached[0].address.tolist()) == [slot(i) for i in range(5)]
+    blocks, findings = tcmalloc_blocks(heap.mem, state, table, cached)
+    assert findings == []
+    assert blocks.starts.tolist() == [slot(i) for i in range(5, 10)] + [LARGE]
+    assert blocks.sizes().tolist() == [SIZE] * 5 + [2 * PAGE]
+    assert blocks.heaps == ((SMALL, FREE + 3 * PAGE),) and blocks.unknown == ()
+    assert _objects(state, heap.mem, table, *cached) == []
+
+
+def test_each_span_is_drawn_by_use_and_adds_up():
+    heap = Heap()
+    state, table, (cached, _) = heap.walked()
+    use = span_use(table, cached)
+    assert [int(use[k][0]) for k in ("held", "thread", "transfer", "central", "rounding")] == \
+        [5 * SIZE, 3 * SIZE, 2 * SIZE, 118 * SIZE, 0]
+    assert int(use["held"][1]) == 2 * PAGE
+    strip, = span_strips(table, cached, leaked=np.array([slot(5)], dtype=np.uint64))
+    drawn = {}
+    for s, e, k in zip(strip.run_starts.tolist(), strip.run_ends.tolist(), strip.kinds.tolist()):
+        drawn[MAP_KINDS[k]] = drawn.get(MAP_KINDS[k], 0) + e - s
+    assert drawn == {"in_use": 4 * SIZE + 2 * PAGE, "leaked": SIZE, "tc_thread": 3 * SIZE,
+                     "tc_transfer": 2 * SIZE, "tc_central": 118 * SIZE, "tc_free": 3 * PAGE}
+    assert strip.trimmable.tolist() == [[FREE, FREE + 3 * PAGE]]
+
+
+def test_a_thread_cache_list_that_loops_is_found_and_its_class_not_judged():
+    heap = Heap()
+    heap.mem.write_u64(slot(1), slot(0))
+    state, table, cached = heap.walked()
+    assert [(f.kind, f.address) for f in cached[1]] == [(Kind.LIST_CYCLE, slot(0))]
+    blocks, _ = tcmalloc_blocks(heap.mem, state, table, cached)
+    assert blocks.starts.tolist() == [LARGE] and blocks.unknown == ((SMALL, SMALL + PAGE),)
+
+
+def test_a_list_that_leaves_its_class_is_found_where_it_leaves():
+    heap = Heap()
+    heap.mem.write_u64(slot(3), LARGE + 8)
+    _, _, (cached, findings) = heap.walked()
+    assert [(f.kind, f.address, f.structure) for f in findings] == [(Kind.OTHER, LARGE + 8, "transfer cache")]
+    assert 1 in cached.broken
+
+
+def test_an_object_two_caches_hold_is_a_double_free():
+    heap = Heap()
+    heap.mem.write_u64(CENTRAL + LAY.central_stride + LAY.central_slots, slot(1))
+    _, _, (cached, findings) = heap.walked()
+    assert {(f.kind, f.address) for f in findings} >= {(Kind.DOUBLE_FREE, slot(1))}
+    assert 1 in cached.broken
+
+
+def test_a_span_list_shorter_than_its_refcount_says_leaves_the_span_unknown():
+    heap = Heap()
+    heap.mem.write_u64(slot(100), 0)
+    state, table, cached = heap.walked()
+    blocks, findings = tcmalloc_blocks(heap.mem, state, table, cached)
+    assert [(f.kind, f.address, f.expected, f.found) for f in findings] == [(Kind.TCACHE_COUNT, 0x40000000, "118", "91")]
+    assert blocks.unknown == ((SMALL, SMALL + PAGE),) and blocks.starts.tolist() == [LARGE]
+
+
+def test_a_central_counter_the_spans_do_not_leave_is_an_accounting_error():
+    heap = Heap()
+    heap.central_objects = 117
+    state, table, cached = heap.walked()
+    findings = _objects(state, heap.mem, table, *cached)
+    assert [(f.kind, f.expected, f.found) for f in findings] == [(Kind.ACCOUNTING, "118", "117")]
+    assert findings[0].address == CENTRAL + LAY.central_stride + LAY.central_counter
+
+
+def test_a_refcount_below_what_the_caches_hold_is_found():
+    heap = Heap()
+    heap.refcount, heap.central_objects, heap.objects = 4, 124, slot(4)
+    heap.link(list(range(4, 128)))           # the transfer batch's second object is on the span's list too
+    state, table, cached = heap.walked()
+    kinds = {(f.kind, f.structure) for f in _objects(state, heap.mem, table, *cached)}
+    assert (Kind.ACCOUNTING, "span") in kinds and (Kind.DOUBLE_FREE, "span") in kinds
+
