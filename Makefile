@@ -30,8 +30,8 @@ JEMALLOC_SUITES := bullseye bookworm sid
 JEMALLOC_LINKED := $(addsuffix -linked,bullseye bookworm)
 # jemallocs built from Debian's sources as programs that bring their own configure them (see cores/jebuilds.py)
 # Debian's gperftools tcmalloc builds the tcmalloc reproducer runs on (2.8.1, 2.10, 2.16, 2.18.1, the full
-# build, the minimal archive linked in; see cores/tcbuilds.py)
-TCMALLOC_BUILDS := bullseye bookworm trixie sid bookworm-full bookworm-linked
+# build, the minimal archive linked in), and a Rust program on Google's tcmalloc (see cores/tcbuilds.py)
+TCMALLOC_BUILDS := bullseye bookworm trixie sid bookworm-full bookworm-linked google
 JEMALLOC_BUILT := 5.3.0-je 5.1.0 5.1.0-debug 5.3.0-q32 5.3.1 5.3.0-debug 5.2.1-debug 5.3.0-q8-debug 5.3.0-nostats redis-5.2.1 5.3.0-noietls 5.3.0-q8 5.3.0-vaddr57 redis-5.2.1-vaddr57
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 PYTEST_ARGS ?=

@@ -32,7 +32,8 @@ from pathlib import Path
 import fresh
 import sysroots
 
-__all__ = ["SourceBuild", "BUILDS", "prepare_build", "prepare_redis", "REDIS", "REDIS_BUILDS", "prepare_rust", "RUST_HOLD"]
+__all__ = ["SourceBuild", "BUILDS", "prepare_build", "prepare_redis", "REDIS", "REDIS_BUILDS", "prepare_rust", "RUST_HOLD",
+           "cargo_program"]
 
 
 @dataclass(frozen=True)
@@ -168,22 +169,28 @@ RUST_HOLD = Path(__file__).resolve().parent / "rust_hold"
 def prepare_rust(dest: Path) -> Path:
     """Builds (or reuses) the Rust reproducer into DEST/rust-hold/rust_hold, stripped as services ship; cargo
     fetches its crates the first time (set-up), and builds in DEST/rust-hold/target."""
-    root = dest / "rust-hold"
-    program = root / "rust_hold"
-    inputs = fresh.digest([RUST_HOLD / "Cargo.toml", RUST_HOLD / "Cargo.lock", RUST_HOLD / "src" / "main.rs"])
+    return cargo_program(RUST_HOLD, dest / "rust-hold", "rust_hold", {"JEMALLOC_SYS_WITH_LG_VADDR": "48"},
+                         "the Rust reproducer (tikv-jemallocator)")
+
+
+def cargo_program(folder: Path, root: Path, name: str, env: dict[str, str], what: str) -> Path:
+    """The cargo package in FOLDER (its Cargo.lock kept) built for release in ROOT/target with ENV, stripped into
+    ROOT/NAME; again only when its manifest, lock or sources changed.  WHAT names it in errors."""
+    program = root / name
+    inputs = fresh.digest([folder / "Cargo.toml", folder / "Cargo.lock", *sorted((folder / "src").glob("*.rs"))],
+                          env)
     if fresh.marked(program, inputs):
         return program
     cargo = shutil.which("cargo") or shutil.which("cargo", path=str(Path.home() / ".cargo" / "bin"))
     if cargo is None:
-        raise BuildError("cargo is not installed: the Rust reproducer (tikv-jemallocator) needs Rust's toolchain "
-                         "(rustup)")
+        raise BuildError(f"cargo is not installed: {what} needs Rust's toolchain (rustup)")
     root.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "CARGO_TARGET_DIR": str(root / "target"), "JEMALLOC_SYS_WITH_LG_VADDR": "48"}
-    cmd = [cargo, "build", "--release", "--locked", "--quiet", "--manifest-path", str(RUST_HOLD / "Cargo.toml")]
-    result = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    cmd = [cargo, "build", "--release", "--locked", "--quiet", "--manifest-path", str(folder / "Cargo.toml")]
+    result = subprocess.run(cmd, env={**os.environ, "CARGO_TARGET_DIR": str(root / "target"), **env},
+                            capture_output=True, text=True)
     if result.returncode != 0:
-        raise BuildError(f"rust_hold: {' '.join(cmd)} failed: {(result.stderr or result.stdout)[-2000:]}")
-    subprocess.run(["strip", "-o", str(program), str(root / "target" / "release" / "rust_hold")], check=True)
+        raise BuildError(f"{name}: {' '.join(cmd)} failed: {(result.stderr or result.stdout)[-2000:]}")
+    subprocess.run(["strip", "-o", str(program), str(root / "target" / "release" / name)], check=True)
     fresh.mark(program, inputs)
     return program
 

@@ -10,7 +10,8 @@
     bookworm-linked  2.10    libgoogle-perftools-dev   libtcmalloc_minimal.a linked into the program, stripped
 
 Each is fetched once with apt's ``download`` through cores/sysroots.py's private lists (cached), and unpacked
-into DEST/tcmalloc-NAME with a VERSION file.
+into DEST/tcmalloc-NAME with a VERSION file.  The name ``google`` builds cores/rust_gtc instead: a Rust program
+on Google's newer tcmalloc (which heapwalk names and does not decode), into DEST/rust-gtc.
 
 Command line: ``python3 cores/tcbuilds.py DEST [NAME ...]``.
 """
@@ -25,6 +26,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import jebuilds
 import sysroots
 
 __all__ = ["TcBuild", "Tcmalloc", "TC_BUILDS", "prepare_tcmalloc"]
@@ -122,12 +124,26 @@ def prepare_tcmalloc(dest: Path, name: str, cache: Path | None = None) -> Tcmall
     return tc
 
 
+#: the Rust program on Google's tcmalloc (cores/rust_gtc: the tcmalloc-better crate builds Google's sources into it)
+RUST_GTC = Path(__file__).resolve().parent / "rust_gtc"
+
+
+def prepare_google(dest: Path) -> Path:
+    """Builds (or reuses) cores/rust_gtc into DEST/rust-gtc/rust_gtc, stripped; cargo fetches its crates the first
+    time (set-up), and compiles Google's tcmalloc and Abseil with them (some minutes on two cores)."""
+    return jebuilds.cargo_program(RUST_GTC, dest / "rust-gtc", "rust_gtc", {}, "the program on Google's tcmalloc")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("dest", type=Path)
-    parser.add_argument("names", nargs="*", default=list(TC_BUILDS))
+    parser.add_argument("names", nargs="*", default=[*TC_BUILDS, "google"],
+                        help="gperftools builds (TC_BUILDS), and 'google': the Rust program on Google's tcmalloc")
     args = parser.parse_args(argv)
     for name in args.names:
+        if name == "google":
+            print(f"google: {prepare_google(args.dest)}")
+            continue
         tc = prepare_tcmalloc(args.dest, name)
         print(f"{name}: tcmalloc {tc.version} in {tc.root}")
     return 0
