@@ -32,8 +32,8 @@ from pathlib import Path
 import fresh
 import sysroots
 
-__all__ = ["SourceBuild", "BUILDS", "prepare_build", "prepare_redis", "REDIS", "REDIS_BUILDS", "prepare_rust", "RUST_HOLD",
-           "cargo_program"]
+__all__ = ["SourceBuild", "BUILDS", "prepare_build", "prepare_redis", "REDIS", "REDIS_BUILDS", "prepare_rust",
+           "RUST_HOLD", "cargo_program"]
 
 
 @dataclass(frozen=True)

@@ -124,6 +124,22 @@ def prepare_tcmalloc(dest: Path, name: str, cache: Path | None = None) -> Tcmall
     return tc
 
 
+#: the reproducer every build runs
+TC_HOLD = Path(__file__).resolve().parent / "tc_hold.c"
+
+
+def build_hold(tc: Tcmalloc, folder: Path) -> Path:
+    """cores/tc_hold.c built for TC into FOLDER/tc_hold (linked with it, and stripped, when it is an archive)."""
+    exe = folder / "tc_hold"
+    folder.mkdir(parents=True, exist_ok=True)
+    linked = ["-DTC_LINKED"] if tc.build.linked else []
+    subprocess.run(["gcc", "-O1", "-Wall", "-pthread", *linked, "-o", str(exe), str(TC_HOLD), *tc.link_flags(),
+                    "-ldl"], check=True)
+    if tc.build.linked:
+        subprocess.run(["strip", str(exe)], check=True)
+    return exe
+
+
 #: the Rust program on Google's tcmalloc (cores/rust_gtc: the tcmalloc-better crate builds Google's sources into it)
 RUST_GTC = Path(__file__).resolve().parent / "rust_gtc"
 

@@ -27,6 +27,7 @@ import fresh  # noqa: E402
 import harness  # noqa: E402
 import jebuilds  # noqa: E402
 import sysroots  # noqa: E402
+import tcbuilds  # noqa: E402
 
 BUILD = (ROOT / "build").resolve()   # the Makefile links build/ into the cache: captures outlive a clone
 CORES = Path(os.environ.get("HEAPWALK_CORES", BUILD / "cores"))
@@ -187,6 +188,35 @@ def capture_rust() -> harness.Capture:
         fresh.mark(directory, inputs)
     meta = json.loads((directory / "meta.json").read_text())
     return harness.Capture(name="rust_hold", directory=directory, exe=Path(meta["exe"]), pid=meta["pid"])
+
+
+#: the tcmalloc builds whose cores are kept (their programs run without a launcher, so gdb opens their cores
+#: with the program itself)
+TC_CORES = ("bullseye", "bookworm", "bookworm-linked")
+
+
+@functools.cache
+@fresh.exclusive
+def capture_tcmalloc(name: str) -> harness.Capture:
+    """cores/tc_hold.c's gcore core on tcmalloc build NAME (one of TC_CORES), taken now unless a fresh one
+    exists; its statistics in stats.json beside it."""
+    tc = tcbuilds.prepare_tcmalloc(SYSROOTS, name)
+    directory = CORES / f"tcmalloc-{name}" / "tc_hold"
+    inputs = fresh.digest([tcbuilds.TC_HOLD, Path(harness.__file__), tc.library], name)
+    if not fresh.fresh(directory, inputs, ("core", "stats.json", "meta.json")):
+        (directory / fresh.STAMP).unlink(missing_ok=True)
+        exe = tcbuilds.build_hold(tc, directory.parent / "bin")
+        proc = harness.run_to_snapshot(exe, directory, env=tc.environment())
+        cap = harness.Capture(name="tc_hold", directory=directory, exe=exe, pid=proc.pid, process=proc)
+        try:
+            harness.take_core(proc.pid, cap.core)
+            (directory / "meta.json").write_text(json.dumps({"name": "tc_hold", "exe": str(exe), "pid": proc.pid},
+                                                            indent=2) + "\n")
+        finally:
+            cap.kill()
+        fresh.mark(directory, inputs)
+    meta = json.loads((directory / "meta.json").read_text())
+    return harness.Capture(name="tc_hold", directory=directory, exe=Path(meta["exe"]), pid=meta["pid"])
 
 
 #: the jemalloc je_dlopen loads with dlopen: one built with --disable-initial-exec-tls, as such a plugin's must be

@@ -1,6 +1,7 @@
 """Mutation fuzzing of heapwalk on reproducer cores: `make fuzz`, and a bounded share of it in `make test`.
 
-Two levels, on cores of glibc reproducers and of processes on jemalloc (tests/je_fuzz_driver.py):
+Two levels, on cores of glibc reproducers and of processes on jemalloc (tests/je_fuzz_driver.py) and on
+gperftools' tcmalloc (tests/tc_fuzz_driver.py):
 - engine: gdb loads a core once and tests/fuzz_driver.py runs every command's work on hundreds of mutants
   of its memory (patched malloc metadata, hidden tails as in a truncated core);
 - files: mutated copies of the core file (the same fields patched in the file) and truncated copies, each
@@ -176,7 +177,8 @@ def _file_mutant(exe: Path, path: Path, desc: str, iex: list[str]) -> int:
 
 
 def main() -> int:
-    from conftest import GLIBCS, JEMALLOCS, NO_SYMBOLS, capture, capture_jemalloc, glibc  # the tests' captures
+    from conftest import (GLIBCS, JEMALLOCS, NO_SYMBOLS, TC_CORES, capture, capture_jemalloc,  # the tests' captures
+                          capture_tcmalloc, glibc)
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--count", type=int, default=300, help="engine mutants per core (default 300)")
@@ -209,6 +211,14 @@ def main() -> int:
             for desc, path in file_mutants(cap.core, [tuple(f) for f in doc["fields"]], args.files, seed,
                                            args.workdir / key):
                 failed_total += _file_mutant(cap.exe, path, desc, [NO_SYMBOLS])
+    for name in TC_CORES:
+        cap, key = capture_tcmalloc(name), f"tcmalloc-{name}/tc_hold"
+        doc = engine_fuzz(cap.exe, cap.core, [NO_SYMBOLS], args.count, seed, args.workdir / key, regressions(key),
+                          driver=TC_DRIVER)
+        failed_total += _report(key, doc, documents)
+        for desc, path in file_mutants(cap.core, [tuple(f) for f in doc["fields"]], args.files, seed,
+                                       args.workdir / key):
+            failed_total += _file_mutant(cap.exe, path, desc, [NO_SYMBOLS])
     print("aimed damage, every core:")
     print("\n".join(tally_lines(tally(documents))))
     print("fuzz: " + ("all mutants handled" if not failed_total else f"{failed_total} failures"))

@@ -3,8 +3,8 @@ time the machine itself, alone.
 
 Each file goes whole to one shard; the shards are balanced by each file's time in the last run (kept in
 build/test-times.json, from each shard's JUnit report; tests/times.json before any run).  Programs and
-captures the shards share are made once, under cores/fresh.py's lock.  Arguments are pytest's: given a test path, or -k/--lf, pytest runs as asked, in
-one process.  The exit status is pytest's worst.
+captures the shards share are made once, under cores/fresh.py's lock.  Arguments are pytest's: given a test
+path, or -k/--lf, pytest runs as asked, in one process.  The exit status is pytest's worst.
 
     python tests/parallel.py [PYTEST_ARGS...]
 """

@@ -12,14 +12,11 @@ from __future__ import annotations
 import json
 import os
 import random
-import subprocess
 
 import pytest
 
 import fuzz
-import harness
-import tcbuilds
-from conftest import JEMALLOCS, NO_SYMBOLS, ROOT, SYSROOTS, capture, capture_jemalloc, corruption, glibc
+from conftest import JEMALLOCS, NO_SYMBOLS, capture, capture_jemalloc, capture_tcmalloc, corruption, glibc
 
 pytestmark = pytest.mark.cores
 
@@ -160,31 +157,14 @@ def test_every_command_survives_damaged_jemalloc_core_files(suite, tmp_path):
         path.unlink()
 
 
-@pytest.fixture(scope="module")
-def tc_core(tmp_path_factory):
-    """A core of cores/tc_hold.c on Debian bookworm's tcmalloc (preloaded), taken at its snapshot: (program,
-    core)."""
-    tmp = tmp_path_factory.mktemp("tc")
-    tc = tcbuilds.prepare_tcmalloc(SYSROOTS, "bookworm")
-    exe = tmp / "tc_hold"
-    subprocess.run(["gcc", "-O1", "-pthread", "-o", str(exe), str(ROOT / "cores" / "tc_hold.c"), "-ldl"], check=True)
-    proc = harness.run_to_snapshot(exe, tmp / "run", env=tc.environment())
-    try:
-        harness.take_core(proc.pid, tmp / "core")
-    finally:
-        proc.kill()
-        proc.wait()
-    return exe, tmp / "core"
-
-
-def test_tcmalloc_decoder_survives_mutated_metadata(tc_core, tmp_path):
+def test_tcmalloc_decoder_survives_mutated_metadata(tmp_path):
     """Every word tcmalloc's decoder reads in writable memory (the caches' free lists too), patched; the thread
     caches' list looping, a thread cache's pages missing, a cache's free list looping, a core cut inside what it
     reads: never a traceback, a hang or an impossible
     figure, and the aimed damage named at its address (or the core refused in one line)."""
-    exe, core = tc_core
+    cap = capture_tcmalloc("bookworm")
     count, key = 40, "tcmalloc-bookworm/tc_hold"
-    document = fuzz.engine_fuzz(exe, core, [NO_SYMBOLS], count, SEED, tmp_path, fuzz.regressions(key),
+    document = fuzz.engine_fuzz(cap.exe, cap.core, [NO_SYMBOLS], count, SEED, tmp_path, fuzz.regressions(key),
                                 driver=fuzz.TC_DRIVER)
     assert_survived(document, count, key, fields=20)
     assert {"cache_loop", "cache_hidden", "object_loop"} <= set(fuzz.tally([document]))

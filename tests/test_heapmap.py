@@ -47,6 +47,16 @@ def test_every_column_holds_its_span_and_the_kinds_add_up(width):
         "in_use": 0x120, "large": 0x700, "small": 0x17d0, "top": 0x1000, "overhead": 0x10, "unused": 0x2000}
 
 
+def test_a_strip_that_damage_put_above_the_canonical_addresses_is_still_cut_into_columns():
+    high = HeapStrip(0, "damaged", 0x8200000000001000, 0x8200000000003000,
+                     np.array([0x8200000000001000, 0x8200000000002000], dtype=np.uint64),
+                     np.array([0x8200000000002000, 0x8200000000003000], dtype=np.uint64),
+                     np.array([MAP_KINDS.index("in_use"), MAP_KINDS.index("top")], dtype=np.uint8))
+    edges, counts = columns(high, 4)
+    assert int(edges[0]) == high.start and int(edges[-1]) == high.end
+    assert counts.sum(axis=0)[MAP_KINDS.index("in_use")] == counts.sum(axis=0)[MAP_KINDS.index("top")] == 0x1000
+
+
 def _columns_by_byte(strip: HeapStrip, width: int) -> np.ndarray:
     """`columns`' counts the slow way: each byte of the strip looked up in its run and its column."""
     span = strip.end - strip.start

@@ -28,17 +28,6 @@ CLI = Path(sys.executable).with_name("heapwalk")
 BUILDS = list(tcbuilds.TC_BUILDS)
 
 
-def _build(tc: tcbuilds.Tcmalloc, folder: Path) -> Path:
-    """cores/tc_hold.c built for TC (linked with it, and stripped, when it is an archive)."""
-    exe = folder / "tc_hold"
-    linked = ["-DTC_LINKED"] if tc.build.linked else []
-    subprocess.run(["gcc", "-O1", "-Wall", "-pthread", *linked, "-o", str(exe), str(ROOT / "cores" / "tc_hold.c"),
-                    *tc.link_flags(), "-ldl"], check=True)
-    if tc.build.linked:
-        subprocess.run(["strip", str(exe)], check=True)
-    return exe
-
-
 @pytest.fixture
 def stopped(tmp_path, request):
     """cores/tc_hold.c built and run on the parameter's tcmalloc (a build's name, or (name, environment)) to its
@@ -46,7 +35,7 @@ def stopped(tmp_path, request):
     name, env = request.param if isinstance(request.param, tuple) else (request.param, {})
     tc = tcbuilds.prepare_tcmalloc(SYSROOTS, name)
     run = tmp_path / "run"
-    proc = harness.run_to_snapshot(_build(tc, tmp_path), run, env={**tc.environment(), **env},
+    proc = harness.run_to_snapshot(tcbuilds.build_hold(tc, tmp_path), run, env={**tc.environment(), **env},
                                    launcher=tc.launcher())
     try:
         yield proc, json.loads((run / "stats.json").read_text()), tc, run
@@ -175,9 +164,9 @@ def test_leaks_and_chunk_name_each_object(stopped, tmp_path):
     parked, exited = _ledgers(run, freed)
     kept, lost = min(parked), min(exited)
     out = tmp_path / "leaks.json"
-    result = run_gdb(["-p", str(proc.pid)], [f"heapwalk leaks --json {out}", f"heapwalk chunk {kept:#x}",
-                                              f"heapwalk chunk {lost + 1:#x}", *(f"heapwalk chunk {a:#x}" for a in freed),
-                                              "heapwalk check"], iex=[NO_SYMBOLS])
+    commands = [f"heapwalk leaks --json {out}", f"heapwalk chunk {kept:#x}", f"heapwalk chunk {lost + 1:#x}",
+                *(f"heapwalk chunk {a:#x}" for a in freed), "heapwalk check"]
+    result = run_gdb(["-p", str(proc.pid)], commands, iex=[NO_SYMBOLS])
     assert result.returncode == 0, result.stderr
     leaked = {c["address"]: c["size"] for c in json.loads(out.read_text())["leaked"]}
     extra = {a: n for a, n in leaked.items() if a not in exited}

@@ -127,7 +127,8 @@ def test_a_span_list_shorter_than_its_refcount_says_leaves_the_span_unknown():
     heap.mem.write_u64(slot(100), 0)
     state, table, cached = heap.walked()
     blocks, findings = tcmalloc_blocks(heap.mem, state, table, cached)
-    assert [(f.kind, f.address, f.expected, f.found) for f in findings] == [(Kind.TCACHE_COUNT, 0x40000000, "118", "91")]
+    assert [(f.kind, f.address, f.expected, f.found) for f in findings] == [
+        (Kind.TCACHE_COUNT, 0x40000000, "118", "91")]
     assert blocks.unknown == ((SMALL, SMALL + PAGE),) and blocks.starts.tolist() == [LARGE]
 
 

@@ -71,7 +71,8 @@ def columns(strip: HeapStrip, width: int) -> tuple[np.ndarray, np.ndarray]:
     adds up to whole spans for the columns a long run crosses."""
     span = strip.end - strip.start
     width = max(1, min(width, span))
-    at = (strip.start + span * np.arange(width + 1, dtype=np.int64) // width if span < 1 << 52 else
+    small = span < 1 << 52 and strip.end < 1 << 62       # (damage may put a strip anywhere in 64 bits)
+    at = (strip.start + span * np.arange(width + 1, dtype=np.int64) // width if small else
           np.array([strip.start + span * i // width for i in range(width + 1)], dtype=np.uint64).view(np.int64))
     n_kinds = len(MAP_KINDS)
     starts, ends = _signed(strip.run_starts), _signed(strip.run_ends)

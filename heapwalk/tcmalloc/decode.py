@@ -152,11 +152,18 @@ def decode_tcmalloc(mem: Memory, found: TcDiscovery, description: str, residency
                                                  mem.read(found.stats, 8 * len(STATS_FIELDS)))))
     stats["aggressive_decommit"] = mem.read(found.stats + found.layout.aggressive_after_stats, 1)[0]
     threads, cached = _threads(mem, found, findings)
+    classes = _classes(mem, found, cached)
+    if found.thread_heaps is None and dict(found.facts).get("thread caches", "").startswith("none found") and any(
+            c.spans for c in classes if c.index):
+        findings.append(Finding(Severity.ERROR, 0, "thread cache", "no thread cache was found by its shape, though "
+                                "a stripped tcmalloc's process normally has one per thread that allocated: the first "
+                                "may be damaged or missing from the core, and the objects the caches hold, if any, "
+                                "count as in use", Kind.TCACHE))
     metadata, overall = (_word(mem, at) for at in (found.metadata, found.overall))
     spans = _spans(mem, found, findings)
     page = found.page_size
     known = residency.covering([(sp.page * page, (sp.page + sp.pages) * page) for sp in spans]) if residency else None
-    return TcState(description, found, stats, _classes(mem, found, cached), tuple(threads), spans, metadata,
+    return TcState(description, found, stats, classes, tuple(threads), spans, metadata,
                    overall, tuple(findings), known)
 
 
