@@ -127,7 +127,7 @@ def _maps_and_scan(doc: dict, html: str, stats: dict, run: Path, tc: tcbuilds.Tc
 @pytest.mark.parametrize("stopped", BUILDS, indirect=True)
 def test_a_capture_gives_every_figure_tcmalloc_printed(stopped, tmp_path):
     """The capture's report: every numeric property tcmalloc gave at the snapshot; its spans are one owner of
-    the RSS, all of its heap size; its page's maps draw each property, and its leak scan finds what the
+    the RSS, all of its heap size, and its metadata another, its metadata bytes to the page; its page's maps draw each property, and its leak scan finds what the
     reproducer leaked (`_maps_and_scan`); the verdict names the page heap's free spans and what releases them; and
     what it says a release gives back (the free spans' resident bytes) is what the process's anonymous RSS then
     fell by when it called MallocExtension_ReleaseFreeMemory()."""
@@ -140,6 +140,10 @@ def test_a_capture_gives_every_figure_tcmalloc_printed(stopped, tmp_path):
     rows = {r["name"]: r for r in doc["report"]["rss_by_owner"]["rows"]}
     spans = rows["tcmalloc: spans"]
     assert spans["mapped"] == doc["tcmalloc"]["pageheap"]["system_bytes"] and spans["bytes"] > 0
+    p = stats["properties"]      # the metadata: what tcmalloc counts, beyond its heap, in its physical bytes
+    metadata = p["generic.total_physical_bytes"] - p["generic.heap_size"] + p["tcmalloc.pageheap_unmapped_bytes"]
+    claimed = rows["tcmalloc: metadata"]       # in whole pages: each range's last page is partly handed out
+    assert 0 <= claimed["mapped"] - metadata < 4096 * claimed["count"] and claimed["bytes"] > 0
     said = " ".join(result.stdout.split())
     assert "The page heap's" in said and "MallocExtension::ReleaseFreeMemory()" in said and " of it in RAM" in said
     _maps_and_scan(doc, (tmp_path / "out" / "report.html").read_text(), stats, run, tc)

@@ -149,3 +149,18 @@ def test_a_refcount_below_what_the_caches_hold_is_found():
     kinds = {(f.kind, f.structure) for f in _objects(state, heap.mem, table, *cached)}
     assert (Kind.ACCOUNTING, "span") in kinds and (Kind.DOUBLE_FREE, "span") in kinds
 
+
+
+def test_the_metadata_is_where_its_objects_lie_and_never_in_a_span():
+    """Spans' headers, a thread cache and the allocator's next free byte close together make one range, whole
+    pages, cut back where a span begins; a page map leaf far away is a range of its own."""
+    from dataclasses import replace
+    from heapwalk.tcmalloc.metadata import metadata_ranges
+    base = FREE + 3 * PAGE                           # the metadata chunk starts where the spans end
+    state = replace(Heap().state(), leaves=(0x50000000,), metadata_next=base + 0x3_1000 + 10)
+    spans = tuple(s._replace(header=base + 48 * i) for i, s in enumerate(state.spans))
+    thread = replace(state.threads[0], address=base + 0x2_0000)
+    state = replace(state, spans=spans, threads=(thread,))
+    assert metadata_ranges(state) == [(base, base + 0x3_2000), (0x50000000, 0x50000000 + 8 * LAY.pagemap_leaf)]
+    inside = replace(state, leaves=(), metadata_next=None, threads=(replace(thread, address=SMALL - 0x100),))
+    assert metadata_ranges(inside)[0] == (SMALL - PAGE // 2, SMALL)        # its page, up to the span

@@ -23,6 +23,7 @@ from heapwalk.tcmalloc.decode import IN_USE, NORMAL, RETURNED, TcState, decode_t
 from heapwalk.tcmalloc.discovery import TcmallocUnknown, discover_tcmalloc
 from heapwalk.tcmalloc.find import find_tcmalloc
 from heapwalk.tcmalloc.heapmap import span_strips
+from heapwalk.tcmalloc.metadata import metadata_ranges
 from heapwalk.tcmalloc.objects import SpanTable, cached_objects
 from heapwalk.tcmalloc.owners import cache_owners
 from heapwalk.tcmalloc.shown import free_spans, free_spans_table, threads_document, threads_table
@@ -160,16 +161,19 @@ class TcmallocHeap(Decoded):
 
     def blocks(self):
         """The objects the program holds, for the leak scan (`tcmalloc.blocks`)."""
-        return tcmalloc_blocks(self.mem, self.state, self.span_table, self.cached)[0]
+        return tcmalloc_blocks(self.mem, self.state, self.span_table, self.cached,
+                               [(a, b) for a, b in metadata_ranges(self.state) if b > a])[0]
 
     @property
     def memory(self):
         return self.mem
 
     def claims(self) -> list[Claim]:
-        """Every span the page map names: all the memory tcmalloc took from the system for its heap."""
+        """Every span the page map names (all the memory tcmalloc took from the system for its heap), and the
+        ranges its known metadata lies in (`tcmalloc.metadata`)."""
         page = self.state.page_size
-        return [Claim(s.page * page, (s.page + s.pages) * page, "heap", "tcmalloc: spans") for s in self.state.spans]
+        return [Claim(s.page * page, (s.page + s.pages) * page, "heap", "tcmalloc: spans") for s in self.state.spans] \
+            + [Claim(a, b, "heap", "tcmalloc: metadata") for a, b in metadata_ranges(self.state) if b > a]
 
     def holds(self, rep: Report) -> str:
         return f"tcmalloc holds {human(rep.system)} ({human(rep.in_use)} in use, {human(rep.free)} free)"

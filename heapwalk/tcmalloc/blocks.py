@@ -2,7 +2,8 @@
 on no free list (its span's own, a thread cache's, a transfer cache's batch), and every span in use for one
 allocation (large, or sampled).
 
-Every span is tcmalloc's heap (scanned only inside the objects), free spans included.  A class whose caches'
+Every span is tcmalloc's heap (scanned only inside the objects), free spans included; its metadata (Spans,
+thread caches, page map) is its private memory, never a root.  A class whose caches'
 lists are damaged, or a span whose own list is, cannot say which of its objects are free: those spans are
 scanned as unknown memory (a root, never judged), never as leaks."""
 
@@ -43,8 +44,10 @@ def _objects(table: SpanTable, rows: np.ndarray) -> np.ndarray:
 
 
 def tcmalloc_blocks(mem: Memory, state: TcState, table: SpanTable | None = None,
-                    cached: tuple[Cached, list[Finding]] | None = None) -> tuple[Blocks, list[Finding]]:
-    """The objects the program holds in STATE's spans, and what the walks of the free lists found."""
+                    cached: tuple[Cached, list[Finding]] | None = None, private: list[tuple[int, int]] = ()
+                    ) -> tuple[Blocks, list[Finding]]:
+    """The objects the program holds in STATE's spans, and what the walks of the free lists found; PRIVATE:
+    tcmalloc's metadata, never a root."""
     table = table if table is not None else SpanTable.of(state)
     cached, findings = cached if cached is not None else cached_objects(mem, state, table)
     findings = list(findings)
@@ -66,5 +69,5 @@ def tcmalloc_blocks(mem: Memory, state: TcState, table: SpanTable | None = None,
     heaps = merged(zip(table.start.tolist(), table.end.tolist()))
     holes = merged((int(table.start[r]), int(table.end[r])) for r in unknown.tolist())
     return Blocks(starts[order], ends[order], np.zeros(len(order), dtype=np.int32), 0, 0, heaps=tuple(heaps),
-                  unknown=tuple(holes)), findings
+                  private=tuple(merged(private)), unknown=tuple(holes)), findings
 

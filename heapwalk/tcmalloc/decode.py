@@ -100,6 +100,8 @@ class TcState:
     overall: int | None = None                # the thread caches' total limit
     findings: tuple[Finding, ...] = field(default=())
     residency: Residency | None = None        # which pages were in RAM, when the target says
+    leaves: tuple[int, ...] = ()              # the page map's leaves (each of pagemap_leaf words)
+    metadata_next: int | None = None          # the metadata allocator's next free byte (its current chunk's end)
 
     @property
     def page_size(self) -> int:
@@ -160,11 +162,24 @@ def decode_tcmalloc(mem: Memory, found: TcDiscovery, description: str, residency
                                 "may be damaged or missing from the core, and the objects the caches hold, if any, "
                                 "count as in use", Kind.TCACHE))
     metadata, overall = (_word(mem, at) for at in (found.metadata, found.overall))
-    spans = _spans(mem, found, findings)
+    after = _metadata_next(mem, found.metadata)
+    spans, leaves = _spans(mem, found, findings)
     page = found.page_size
     known = residency.covering([(sp.page * page, (sp.page + sp.pages) * page) for sp in spans]) if residency else None
     return TcState(description, found, stats, classes, tuple(threads), spans, metadata,
-                   overall, tuple(findings), known)
+                   overall, tuple(findings), known, leaves, after)
+
+
+def _metadata_next(mem: Memory, counter: int | None) -> int | None:
+    """The metadata allocator's next free byte, the static before its COUNTER (with the bytes left, the static
+    before it, it ends a chunk on a page boundary); None when that shape is not there."""
+    if counter is None:
+        return None
+    try:
+        avail, after = struct.unpack("<QQ", mem.read(counter - 16, 16))
+    except ReadError:
+        return None
+    return after if after and (after + avail) & 0xFFF == 0 and avail <= 8 << 20 else None
 
 
 def _word(mem: Memory, at: int | None) -> int | None:
@@ -177,10 +192,10 @@ def _word(mem: Memory, at: int | None) -> int | None:
         return None
 
 
-def _spans(mem: Memory, found: TcDiscovery, findings: list[Finding]) -> tuple[TcSpan, ...]:
+def _spans(mem: Memory, found: TcDiscovery, findings: list[Finding]) -> tuple[tuple[TcSpan, ...], tuple[int, ...]]:
     """Every span of the page heap, walked as tcmalloc walks its page map: at each page that names a span
     starting there, that span, then on past its last page (a free span names only its ends: the pages inside
-    may still name the spans merged into it); sorted."""
+    may still name the spans merged into it); sorted.  And the page map's leaves that could be read."""
     lay = found.layout
     root_at = found.free_lists - lay.pagemap_before_free
     try:
@@ -188,8 +203,9 @@ def _spans(mem: Memory, found: TcDiscovery, findings: list[Finding]) -> tuple[Tc
     except ReadError:
         findings.append(Finding(Severity.ERROR, root_at, "page map", "tcmalloc's page map cannot be read: its "
                                 "spans are not known", Kind.UNMAPPED))
-        return ()
+        return (), ()
     named: list[tuple[int, int]] = []            # (page, span) for every page that names a span
+    leaves: list[int] = []
     for r in np.flatnonzero(root).tolist():
         leaf = int(root[r])
         try:
@@ -198,6 +214,7 @@ def _spans(mem: Memory, found: TcDiscovery, findings: list[Finding]) -> tuple[Tc
             findings.append(Finding(Severity.ERROR, leaf, "page map", "a leaf of tcmalloc's page map cannot be "
                                     "read: the spans it names are left out", Kind.UNMAPPED))
             continue
+        leaves.append(leaf)
         pages = np.flatnonzero(values)
         named += zip((pages + r * lay.pagemap_leaf).tolist(), values[pages].tolist())
     heads = {}
@@ -215,7 +232,7 @@ def _spans(mem: Memory, found: TcDiscovery, findings: list[Finding]) -> tuple[Tc
         if start == page and page >= end and 0 < length < 1 << 40:
             out.append(TcSpan(page, length, bits & 3, size_class, refcount, objects, bool(bits & 4), span))
             end = page + length
-    return tuple(out)
+    return tuple(out), tuple(leaves)
 
 
 def _classes(mem: Memory, found: TcDiscovery, cached: np.ndarray) -> tuple[TcClass, ...]:

@@ -1,0 +1,62 @@
+"""Where tcmalloc's own metadata lies: the memory it takes from the system for its Spans, thread caches and page
+map (its metadata allocator carves them from chunks of 8 MiB, each of which it counts in its metadata bytes).
+
+The chunks' bounds are not kept anywhere, so the ranges are found from what lives in them: every Span the page
+map names, every thread cache, every leaf of the page map, and the allocator's next free byte (the end of what
+its current chunk handed out).  Those that lie close together (the allocator hands out each chunk from its
+start, and its users take 128 KiB at a time) make one range, from the page of the first to the page after the
+last; a range never reaches into a span.  What a chunk holds beyond the known objects (its heap
+profiler's and sampler's records, its unused tail) is left out: the ranges are never more than tcmalloc's, and
+what they leave out shows as anonymous memory."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from heapwalk.tcmalloc.decode import TcState
+
+__all__ = ["metadata_ranges", "JOIN"]
+
+#: objects at most this far apart are taken as one range of metadata (two of the metadata allocator's increments)
+JOIN = 256 << 10
+_PAGE = 4096
+
+
+def metadata_ranges(state: TcState) -> list[tuple[int, int]]:
+    """The ranges of memory tcmalloc's known metadata objects lie in, page-aligned, none inside a span."""
+    lay = state.discovery.layout
+    objects = [(s.header, s.header + 48) for s in state.spans if s.header] + \
+        [(t.address, t.address + lay.thread_prev + 8) for t in state.threads] + \
+        [(leaf, leaf + 8 * lay.pagemap_leaf) for leaf in state.leaves] + \
+        ([(state.metadata_next - 1, state.metadata_next)] if state.metadata_next else [])
+    if not objects:
+        return []
+    objects.sort()
+    page = state.page_size
+    span_starts = np.array([s.page * page for s in state.spans], dtype=np.uint64)
+    span_ends = np.array([(s.page + s.pages) * page for s in state.spans], dtype=np.uint64)
+    out: list[list[int]] = []
+    for start, end in objects:
+        if out and start - out[-1][1] <= JOIN and not _spans_between(span_starts, out[-1][1], start):
+            out[-1][1] = max(out[-1][1], end)
+        else:
+            out.append([start, end])
+    return [_outside_spans(start & ~(_PAGE - 1), (end + _PAGE - 1) & ~(_PAGE - 1), span_starts, span_ends)
+            for start, end in out]
+
+
+def _spans_between(span_starts: np.ndarray, low: int, high: int) -> bool:
+    """Whether a span starts in [LOW, HIGH)."""
+    i = int(np.searchsorted(span_starts, np.uint64(low)))
+    return i < len(span_starts) and int(span_starts[i]) < high
+
+
+def _outside_spans(start: int, end: int, span_starts: np.ndarray, span_ends: np.ndarray) -> tuple[int, int]:
+    """[START, END) cut back where a span begins in it or one it starts in ends (page rounding may reach one)."""
+    i = int(np.searchsorted(span_starts, np.uint64(start), side="right")) - 1
+    if i >= 0 and int(span_ends[i]) > start:
+        start = int(span_ends[i])
+    j = int(np.searchsorted(span_starts, np.uint64(start)))
+    if j < len(span_starts) and int(span_starts[j]) < end:
+        end = int(span_starts[j])
+    return start, max(start, end)
