@@ -115,6 +115,7 @@ def _maps_and_scan(doc: dict, html: str, stats: dict, run: Path, tc: tcbuilds.Tc
     assert drawn.get("tc_free", 0) == p["tcmalloc.pageheap_free_bytes"]
     assert drawn.get("tc_returned", 0) == p["tcmalloc.pageheap_unmapped_bytes"]
     assert "unwalked" not in drawn
+    assert all(f'<section id="{ident}">' in html for ident in ("classes", "free-spans", "threads", "maps"))
     parked, exited = _ledgers(run)
     leaks = doc["report"]["leaks"]
     assert leaks["in_use_bytes"] == p["generic.current_allocated_bytes"]
@@ -196,14 +197,20 @@ def test_gdb_attached_says_the_same(stopped, tmp_path):
     """gdb -p on the stopped process, symbols hidden: the same figures, read live (and with aggressive decommit,
     whose free spans go back to the system at once: unmapped bytes, the setting itself); check finds its
     spans add up to its heap size and its free and returned bytes, its thread caches' list sound; threads
-    lists every cache."""
+    lists every cache; bins' classes hold, with the large spans, the bytes allocated, and their central lists'
+    bytes the central cache's."""
     proc, stats, tc, _ = stopped
     out = tmp_path / "report.json"
+    bins = tmp_path / "bins.json"
     result = run_gdb(["-p", str(proc.pid)], [f"heapwalk report --no-leaks --json {out}", "heapwalk check",
-                                              "heapwalk threads"], iex=[NO_SYMBOLS])
+                                              "heapwalk threads", f"heapwalk bins --json {bins}"], iex=[NO_SYMBOLS])
     assert result.returncode == 0, result.stderr
     doc = json.loads(out.read_text())
     _check(doc, stats, tc, proc.pid)
+    classes = json.loads(bins.read_text())["classes"]
+    large = doc["tcmalloc"]["spans"]["in_use"]["bytes"] - sum(c["span_pages"] for c in classes) * 8192
+    assert sum(c["in_use"] * c["size"] for c in classes) + large == stats["properties"]["generic.current_allocated_bytes"]
+    assert sum(c["central_bytes"] for c in classes) == stats["properties"]["tcmalloc.central_cache_free_bytes"]
     assert f"tcmalloc: gperftools {tc.version}" in result.stdout and "tcmalloc consistent: checked" in result.stdout
     assert f"tcmalloc thread caches ({len(doc['tcmalloc']['threads'])})" in result.stdout
     if doc["tcmalloc"]["properties"]["tcmalloc.aggressive_memory_decommit"]:

@@ -164,3 +164,22 @@ def test_the_metadata_is_where_its_objects_lie_and_never_in_a_span():
     assert metadata_ranges(state) == [(base, base + 0x3_2000), (0x50000000, 0x50000000 + 8 * LAY.pagemap_leaf)]
     inside = replace(state, leaves=(), metadata_next=None, threads=(replace(thread, address=SMALL - 0x100),))
     assert metadata_ranges(inside)[0] == (SMALL - PAGE // 2, SMALL)        # its page, up to the span
+
+
+def test_the_verdict_names_the_classes_and_the_thread_caches_that_hold_the_free_memory():
+    """When the central lists' free objects, or the thread caches', are a quarter of what tcmalloc holds free,
+    the verdict says so with the classes that hold most (their share in use) and the caches' limit."""
+    from dataclasses import replace
+    from heapwalk.tcmalloc.allocator import TcmallocHeap
+    from heapwalk.tcmalloc.decode import STATS_FIELDS
+    heap = Heap()
+    heap.central_objects = 256 * PAGE // SIZE - 10         # the small span made 256 pages long, 10 objects taken
+    stats = {**dict.fromkeys(STATS_FIELDS, 0), "system_bytes": 1024 * PAGE, "free_bytes": 3 * PAGE,
+             "committed_bytes": 1024 * PAGE, "aggressive_decommit": 0}
+    state = replace(heap.state(), stats=stats, overall=32 << 20)
+    state = replace(state, threads=(replace(state.threads[0], size=4 << 20),),
+                    spans=(state.spans[0]._replace(pages=256),) + state.spans[1:])
+    said = " ".join(TcmallocHeap(state, heap.mem).verdict(TcmallocHeap(state, heap.mem).report()))
+    assert "fragmentation by size class: 64 B objects 2 MiB (0% of their objects in use)" in said
+    assert "4 MiB of free objects sit in 1 thread caches, whose limit TCMALLOC_MAX_TOTAL_THREAD_CACHE_BYTES is 32 MiB" \
+        in said

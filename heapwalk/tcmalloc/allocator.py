@@ -25,8 +25,10 @@ from heapwalk.tcmalloc.find import find_tcmalloc
 from heapwalk.tcmalloc.heapmap import span_strips
 from heapwalk.tcmalloc.metadata import metadata_ranges
 from heapwalk.tcmalloc.objects import SpanTable, cached_objects
+from heapwalk.tcmalloc.page import tcmalloc_facts, tcmalloc_sections
 from heapwalk.tcmalloc.owners import cache_owners
-from heapwalk.tcmalloc.shown import free_spans, free_spans_table, threads_document, threads_table
+from heapwalk.tcmalloc.shown import (class_rows, classes_table, free_spans, free_spans_table, threads_document,
+                                     threads_table)
 from heapwalk.tcmalloc.verdict import advice
 from heapwalk.view import ArenaView, HeapStrip, HeapView, Words
 
@@ -117,6 +119,7 @@ class TcmallocHeap(Decoded):
                                                "transfer_objects": c.move * c.transfer_batches,
                                                "thread_objects": c.thread_objects}
                                               for c in self.state.classes if c.index],
+                             "classes_in_use": class_rows(self.state),
                              "discovery": [{"what": w, "how": h} for w, h in d.facts]}}
 
     def threads(self, interactive: bool, json: bool = False) -> Shown:
@@ -167,6 +170,13 @@ class TcmallocHeap(Decoded):
     @property
     def memory(self):
         return self.mem
+
+    def html(self, document: dict, strips) -> list[str]:
+        """The page's sections (`tcmalloc.page`)."""
+        return tcmalloc_sections(document, strips, WORDS)
+
+    def html_header(self, document: dict) -> list[tuple[str, str]]:
+        return tcmalloc_facts(document)
 
     def claims(self) -> list[Claim]:
         """Every span the page map names (all the memory tcmalloc took from the system for its heap), and the

@@ -6,9 +6,9 @@ from __future__ import annotations
 from rich.table import Table
 
 from heapwalk.analysis.report import human
-from heapwalk.tcmalloc.decode import NORMAL, RETURNED, TcState
+from heapwalk.tcmalloc.decode import IN_USE, NORMAL, RETURNED, TcState
 
-__all__ = ["threads_table", "threads_document", "free_spans", "free_spans_table"]
+__all__ = ["threads_table", "threads_document", "free_spans", "free_spans_table", "class_rows", "classes_table"]
 
 
 def threads_table(state: TcState, owners: dict, box) -> Table:
@@ -32,20 +32,70 @@ def threads_document(state: TcState, owners: dict) -> list[dict]:
         owner = owners.get(t.address)
         out.append({"address": t.address, "tid": t.tid, "thread": owner.number if owner else None,
                     "lwp": owner.lwp if owner else None, "name": owner.name if owner else None, "bytes": t.size,
-                    "objects": t.objects, "max_size": t.max_size})
+                    "objects": t.objects, "max_size": t.max_size,
+                    "classes": [{"class": k, "objects": n} for k, _, n in t.lists]})
     return out
 
 
+def class_rows(state: TcState) -> list[dict]:
+    """Each size class that has spans or cached objects: its size and pages per span, its spans (and their pages)
+    and the objects
+    they are cut into, the objects the program holds (taken out of the spans, less those the caches hold), the
+    free ones in its spans (its central list), its transfer cache and the thread caches, the share of its
+    objects in use, its free bytes (free objects and what its spans lose to rounding), and those of its central
+    list (the free objects in its spans and the rounding: its share of central_cache_free_bytes)."""
+    page = state.page_size
+    sizes = {c.index: c.size for c in state.classes if c.index and c.size > 0}
+    spans: dict[int, list[int]] = {}          # class -> [spans, pages, objects, taken out]
+    for s in state.spans:
+        if s.location == IN_USE and s.size_class in sizes and not s.sampled:
+            entry = spans.setdefault(s.size_class, [0, 0, 0, 0])
+            entry[0] += 1
+            entry[1] += s.pages
+            entry[2] += s.pages * page // sizes[s.size_class]
+            entry[3] += s.refcount
+    out = []
+    for c in state.classes:
+        if c.index not in sizes:
+            continue
+        count, pages, objects, taken = spans.get(c.index, (0, 0, 0, 0))
+        transfer, thread = c.move * c.transfer_batches, c.thread_objects
+        if not (count or transfer or thread):
+            continue
+        in_use = max(taken - transfer - thread, 0)
+        free = max(objects - in_use, 0)
+        out.append({"class": c.index, "size": c.size, "pages": c.pages, "spans": count, "span_pages": pages,
+                    "objects": objects,
+                    "in_use": in_use, "central": max(objects - taken, 0), "transfer": transfer, "thread": thread,
+                    "utilization": round(in_use / objects, 4) if objects else 0.0,
+                    "free_bytes": free * c.size + pages * page - objects * c.size,
+                    "central_bytes": max(objects - taken, 0) * c.size + pages * page - objects * c.size})
+    return out
+
+
+def classes_table(rows: list[dict], box) -> Table:
+    """`class_rows` as a table, the classes with the most free bytes first."""
+    table = Table(title="tcmalloc size classes", box=box, title_justify="left")
+    for name in ("class", "size", "spans", "objects", "in use", "used", "free in spans", "transfer", "thread caches",
+                 "free bytes"):
+        table.add_column(name, justify="right", no_wrap=True)
+    for r in sorted(rows, key=lambda r: -r["free_bytes"]):
+        table.add_row(str(r["class"]), human(r["size"]), str(r["spans"]), str(r["objects"]), str(r["in_use"]),
+                      f"{100 * r['utilization']:.0f}%", str(r["central"]), str(r["transfer"]), str(r["thread"]),
+                      human(r["free_bytes"]))
+    return table
+
+
 def free_spans(state: TcState) -> list[dict]:
-    """The page heap's free spans by length, as its own statistics group them: one row per length below its
-    largest list (kMaxPages), then the large spans together (pages: null): for each, the normal spans (free,
+    """The page heap's free spans by length, as its own statistics group them: one row per length up to its
+    longest list's (kMaxPages), then the large spans together (pages: null): for each, the normal spans (free,
     resident until released) and the returned ones, how many, their bytes, and the normal ones' bytes in RAM
     (null: unknown)."""
     largest = state.discovery.max_pages
     rows: dict = {}
     for s in state.spans:
         if s.location in (NORMAL, RETURNED):
-            key = s.pages if s.pages < largest else None
+            key = s.pages if s.pages <= largest else None
             rows.setdefault(key, {NORMAL: [], RETURNED: []})[s.location].append(s)
     page = state.page_size
     out = []
@@ -69,7 +119,7 @@ def free_spans_table(rows: list[dict], largest: int, box) -> Table | None:
     for name in ("pages", "free spans", "bytes", "in RAM", "returned spans", "returned bytes"):
         table.add_column(name, justify="right", no_wrap=True)
     for r in rows:
-        table.add_row(str(r["pages"]) if r["pages"] is not None else f">= {largest} (large)", str(r["normal_spans"]),
+        table.add_row(str(r["pages"]) if r["pages"] is not None else f"> {largest} (large)", str(r["normal_spans"]),
                       human(r["normal_bytes"]), "-" if r["normal_resident"] is None else human(r["normal_resident"]),
                       str(r["returned_spans"]), human(r["returned_bytes"]))
     return table

@@ -1,4 +1,6 @@
-"""tcmalloc's own 'heapwalk chunk ADDRESS': the span holding an address (where, how many pages, its state, the
+"""tcmalloc's own 'heapwalk bins' (each size class: its spans, the objects the program holds, the free ones in
+its spans, its transfer cache and the thread caches, and the share in use) and 'heapwalk chunk ADDRESS': the
+span holding an address (where, how many pages, its state, the
 Span that describes it), and in a span cut into objects the object (its class, size and index) and whether the
 program holds it or it is free, and where (a thread's cache, a transfer cache, its span's own list); for an
 object the program holds, what reaches it.  It prints through the front end it is given, and needs no gdb."""
@@ -11,8 +13,11 @@ import numpy as np
 
 from heapwalk.allocator import NotMine, Verb
 from heapwalk.analysis.report import human
+from heapwalk.errors import UsageError
+from heapwalk.output.consoles import box_for
 from heapwalk.tcmalloc.decode import IN_USE, NORMAL
 from heapwalk.tcmalloc.objects import THREAD, TRANSFER, span_free_objects
+from heapwalk.tcmalloc.shown import class_rows, classes_table
 
 __all__ = ["VERBS", "locate"]
 
@@ -79,6 +84,25 @@ def _text(address: int, where: dict) -> str:
     return f"{head}\n  {line}"
 
 
+def _bins_arguments(p) -> None:
+    p.add_argument("kind", nargs="?", help="(glibc's kinds of free lists; tcmalloc's are by size class)")
+    p.add_argument("--arena", metavar="N", help="(glibc's and jemalloc's: tcmalloc has one page heap)")
+    p.add_argument("--chunks", action="store_true", help="(glibc's)")
+    p.add_argument("--json", metavar="FILE", help="also write the result as JSON (schema: docs/json.md)")
+
+
+def _bins(heap, args, front) -> None:
+    if args.kind or args.chunks or args.arena:
+        raise UsageError("heapwalk bins: KIND, --arena and --chunks are glibc's; tcmalloc's free lists are by size "
+                         "class (heapwalk bins)")
+    rows = class_rows(heap.state)
+    console = front.console_with_header(heap)
+    console.print(classes_table(rows, box_for(front.interactive)))
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as fh:
+            json.dump({"allocator": "tcmalloc", "classes": rows}, fh, indent=1)
+
+
 def _chunk_arguments(p) -> None:
     p.add_argument("address", metavar="ADDRESS")
     p.add_argument("--json", metavar="FILE", help="also write the result as JSON (schema: docs/json.md)")
@@ -103,6 +127,12 @@ def _chunk(heap, args, front) -> None:
 
 
 VERBS = (
+    Verb("bins", "each size class: spans, objects in use and free where",
+         "Show each size class of tcmalloc that holds anything, those with the most free bytes first: its object "
+         "size, its spans and the objects they are cut into, the objects the program holds, the free ones in its "
+         "spans (its central list), its transfer cache and the thread caches, the share of its objects in use, "
+         "and its free bytes (free objects and what its spans lose to rounding).", _bins_arguments, _bins,
+         accepts=lambda args: not (args.kind or args.chunks or args.arena)),
     Verb("chunk", "the object holding an address: its span, class, and whether it is in use, free, or cached",
          "Describe what holds ADDRESS in tcmalloc's page heap: its span (where, how many pages, in use, free or "
          "returned, and its Span), and in a span cut into objects the object (its class, size and number) and "

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from heapwalk.analysis.report import Report, human, leaking, not_worth, worth, scan_sentence
 from heapwalk.tcmalloc.decode import NORMAL, TcState
+from heapwalk.tcmalloc.shown import class_rows
 
 __all__ = ["advice"]
 
@@ -39,7 +40,18 @@ def advice(state: TcState, rep: Report) -> list[str]:
                    "when the memory is used again.")
     central = p["tcmalloc.central_cache_free_bytes"] + p["tcmalloc.transfer_cache_free_bytes"]
     if central >= max(free // 4, 1 << 20):
+        worst = sorted(class_rows(state), key=lambda r: -r["central_bytes"])[:3]
+        named = ", ".join(f"{human(r['size'])} objects {human(r['central_bytes'])} ({100 * r['utilization']:.0f}% "
+                          "of their objects in use)" for r in worst if r["central_bytes"])
         out.append(f"{human(central)} of free objects sit in the central free lists and transfer caches, in "
                    "spans that still hold objects in use: a release cannot return them until every object of a "
-                   "span is freed (fragmentation by size class).")
+                   f"span is freed (fragmentation by size class: {named}; 'heapwalk bins' lists every class).")
+    thread = p["tcmalloc.thread_cache_free_bytes"]
+    if thread >= max(free // 4, 1 << 20):
+        limit = p.get("tcmalloc.max_total_thread_cache_bytes")
+        said = f", whose limit TCMALLOC_MAX_TOTAL_THREAD_CACHE_BYTES is {human(limit)}" if limit else ""
+        out.append(f"{human(thread)} of free objects sit in {len(state.threads)} thread caches{said}: a lower "
+                   "limit (from the next start, or MallocExtension's tcmalloc.max_total_thread_cache_bytes now) or "
+                   "MallocExtension::MarkThreadIdle() in threads that go idle moves them to the central lists, at "
+                   "the cost of more trips there; the system gets them back only once whole spans are free.")
     return out
