@@ -211,6 +211,12 @@ int main(int argc, char **argv)
     sigaction(SIGRTMIN + 1, &sa, NULL);
     sa.sa_handler = on_report;
     sigaction(SIGUSR2, &sa, NULL);
+    /* SIGUSR2 blocked in every thread (they inherit it) and in the main thread but inside sigsuspend: it is
+     * always the main thread's, and never lost between its check of the requests and its wait */
+    sigset_t usr2, unblocked;
+    sigemptyset(&usr2);
+    sigaddset(&usr2, SIGUSR2);
+    pthread_sigmask(SIG_BLOCK, &usr2, &unblocked);
 
     listener = socket(AF_INET, SOCK_STREAM, 0);
     struct sockaddr_in addr = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
@@ -233,7 +239,7 @@ int main(int argc, char **argv)
     write_file("state", "0\n");
     int answered = 0;
     for (;;) {
-        pause();
+        sigsuspend(&unblocked);
         while (answered < atomic_load(&report_requests)) {
             answered++;
             int n = snprintf(text, sizeof text, "signals %ld\n", atomic_load(&signals_seen));
