@@ -60,7 +60,7 @@ def locate(heap, address: int) -> dict | None:
         return {**doc, "use": "not known: its span's free list is damaged (see 'heapwalk check')"}
     if int(table.size_class[row]) in cached.broken:
         return {**doc, "use": "not known: its class's cache lists are damaged (see 'heapwalk check')"}
-    if np.uint64(obj) in set(free.tolist()):
+    if obj in set(free.tolist()):
         return {**doc, "use": "free, on its span's list (central cache)"}
     return {**doc, "use": "in use"}
 
