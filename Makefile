@@ -95,7 +95,7 @@ demo: venv
 
 # The whole suite: unit tests, reproducer cores against malloc_info and ledgers, live attach, and heapwalk
 # run with the gdb and Python of each chroot; in one shard per core side by side (TEST_JOBS), then the timing
-# tests alone (tests/parallel.py).
+# tests, and the one that hides a sysroot for a moment, alone (tests/parallel.py).
 test: cores chroots
 	$(PY) tests/parallel.py -q --durations=15 $(PYTEST_ARGS)
 
