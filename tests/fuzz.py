@@ -176,6 +176,18 @@ def _file_mutant(exe: Path, path: Path, desc: str, iex: list[str]) -> int:
     return 0
 
 
+def _fuzz_core(cap, key: str, iex: list[str], args, seed: int, workdir: Path, documents: list[dict],
+               driver: Path | None = None) -> int:
+    """The engine mutants and the mutated core files of capture CAP (core KEY) with DRIVER (glibc's when None);
+    their failures (kept, and printed), the engine run's document added to DOCUMENTS."""
+    extra = {} if driver is None else {"driver": driver}
+    doc = engine_fuzz(cap.exe, cap.core, iex, args.count, seed, workdir, regressions(key), **extra)
+    failed = _report(key, doc, documents)
+    for desc, path in file_mutants(cap.core, [tuple(f) for f in doc["fields"]], args.files, seed, workdir):
+        failed += _file_mutant(cap.exe, path, desc, iex)
+    return failed
+
+
 def main() -> int:
     from conftest import (GLIBCS, JEMALLOCS, NO_SYMBOLS, TC_CORES, capture, capture_jemalloc,  # the tests' captures
                           capture_tcmalloc, glibc)
@@ -197,28 +209,14 @@ def main() -> int:
             cap = capture(g, name)
             key = f"{g}/{name}"
             iex = glibc(g).gdb_settings(symbols=(g == "system"))
-            doc = engine_fuzz(cap.exe, cap.core, iex, args.count, seed, args.workdir / g / name, regressions(key))
-            failed_total += _report(key, doc, documents)
-            for desc, path in file_mutants(cap.core, [tuple(f) for f in doc["fields"]], args.files, seed,
-                                           args.workdir / g / name):
-                failed_total += _file_mutant(cap.exe, path, desc, iex)
+            failed_total += _fuzz_core(cap, key, iex, args, seed, args.workdir / g / name, documents)
     for suite in JEMALLOCS:
         for name in harness.JEMALLOC_REPRODUCERS:
             cap, key = capture_jemalloc(suite, name), f"jemalloc-{suite}/{name}"
-            doc = engine_fuzz(cap.exe, cap.core, [NO_SYMBOLS], args.count, seed, args.workdir / key, regressions(key),
-                              driver=JE_DRIVER)
-            failed_total += _report(key, doc, documents)
-            for desc, path in file_mutants(cap.core, [tuple(f) for f in doc["fields"]], args.files, seed,
-                                           args.workdir / key):
-                failed_total += _file_mutant(cap.exe, path, desc, [NO_SYMBOLS])
+            failed_total += _fuzz_core(cap, key, [NO_SYMBOLS], args, seed, args.workdir / key, documents, JE_DRIVER)
     for name in TC_CORES:
         cap, key = capture_tcmalloc(name), f"tcmalloc-{name}/tc_hold"
-        doc = engine_fuzz(cap.exe, cap.core, [NO_SYMBOLS], args.count, seed, args.workdir / key, regressions(key),
-                          driver=TC_DRIVER)
-        failed_total += _report(key, doc, documents)
-        for desc, path in file_mutants(cap.core, [tuple(f) for f in doc["fields"]], args.files, seed,
-                                       args.workdir / key):
-            failed_total += _file_mutant(cap.exe, path, desc, [NO_SYMBOLS])
+        failed_total += _fuzz_core(cap, key, [NO_SYMBOLS], args, seed, args.workdir / key, documents, TC_DRIVER)
     print("aimed damage, every core:")
     print("\n".join(tally_lines(tally(documents))))
     print("fuzz: " + ("all mutants handled" if not failed_total else f"{failed_total} failures"))
