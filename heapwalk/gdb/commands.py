@@ -252,6 +252,15 @@ class Front:
         again = next((d for d in found.decoded if d.name == decoded.name), None)
         return reach_text(scan_leaks(found, again), block, found.target.threads) if again is not None else None
 
+    def print_reach(self, console, decoded, block: int | None) -> str | None:
+        """`reach` of the block at BLOCK (None: not one the program holds) in DECODED's words (its block_noun),
+        printed under what CONSOLE printed of it; None when it is not scanned."""
+        said = self.reach(decoded, block) if block is not None and decoded.scans_leaks else None
+        if said is not None:
+            said = said.replace("chunk", decoded.block_noun)
+            console.print(f"  {said}")
+        return said
+
 
 class HeapwalkPrefix(gdb.Command):
     """heapwalk: heap forensics for cores and live processes (its help is made by `_prefix_help`)."""

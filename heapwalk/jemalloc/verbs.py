@@ -135,10 +135,7 @@ def _chunk(heap, args, front) -> None:
     console.print(region_text(where))
     held = where.get("allocation") if where["kind"] == "large" else \
         where.get("region") if where.get("use") == "in use" else None
-    reach = front.reach(heap, held) if held is not None and heap.scans_leaks else None
-    reach = None if reach is None else reach.replace("chunk", "allocation")
-    if reach is not None:
-        console.print(f"  {reach}")
+    reach = front.print_reach(console, heap, held)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:
             json.dump({"allocator": "jemalloc", "address": address, **where, "reach": reach}, fh, indent=1)

@@ -117,10 +117,7 @@ def _chunk(heap, args, front) -> None:
     console.print(_text(address, where))
     held = where.get("allocation") if where["kind"] == "large" else \
         where.get("object") if where.get("use") == "in use" else None
-    reach = front.reach(heap, held) if held is not None else None
-    reach = None if reach is None else reach.replace("chunk", "object")
-    if reach is not None:
-        console.print(f"  {reach}")
+    reach = front.print_reach(console, heap, held)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:
             json.dump({"allocator": "tcmalloc", "address": address, **where, "reach": reach}, fh, indent=1)
