@@ -32,6 +32,9 @@ JEMALLOC_LINKED := $(addsuffix -linked,bullseye bookworm)
 # Debian's gperftools tcmalloc builds the tcmalloc reproducer runs on (2.8.1, 2.10, 2.16, 2.18.1, the full
 # build, the minimal archive linked in), and a Rust program on Google's tcmalloc (see cores/tcbuilds.py)
 TCMALLOC_BUILDS := bullseye bookworm trixie sid bookworm-full bookworm-linked google
+# Debian's mimalloc of each suite the mimalloc reproducer runs on (2.0.9; 3.0.1, whose layout heapwalk names and
+# does not decode yet; see cores/mibuilds.py)
+MIMALLOC_BUILDS := bookworm trixie
 JEMALLOC_BUILT := 5.3.0-je 5.1.0 5.1.0-debug 5.3.0-q32 5.3.1 5.3.0-debug 5.2.1-debug 5.3.0-q8-debug 5.3.0-nostats redis-5.2.1 5.3.0-noietls 5.3.0-q8 5.3.0-vaddr57 redis-5.2.1-vaddr57
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 PYTEST_ARGS ?=
@@ -64,13 +67,14 @@ $(VENV)/.installed: pyproject.toml setup.py heapwalk/glibc/bulk/_native.c heapwa
 	@$(PY) -m pip install -q -e '.[test]' >> $(BUILD)/pip.log 2>&1 || { cat $(BUILD)/pip.log; exit 1; }
 	@touch $@
 
-# Debian's libc6/libc6-dbg of each suite, libjemalloc2 of the jemalloc suites and tcmalloc's builds, downloaded
-# once (cached in ~/.cache/heapwalk) and unpacked.
+# Debian's libc6/libc6-dbg of each suite, libjemalloc2 of the jemalloc suites, tcmalloc's and mimalloc's builds,
+# downloaded once (cached in ~/.cache/heapwalk) and unpacked.
 sysroots: venv
 	$(PY) cores/sysroots.py $(SYSROOTS) $(SUITES)
 	$(PY) cores/sysroots.py $(SYSROOTS) --jemalloc $(JEMALLOC_SUITES) $(JEMALLOC_LINKED)
 	$(PY) cores/jebuilds.py $(SYSROOTS) $(JEMALLOC_BUILT) redis rust
 	$(PY) cores/tcbuilds.py $(SYSROOTS) $(TCMALLOC_BUILDS)
+	$(PY) cores/mibuilds.py $(SYSROOTS) $(MIMALLOC_BUILDS)
 
 # A chroot of each of CHROOT_SUITES with its gdb, Python and gcc, made once (cached in ~/.cache/heapwalk/chroots).
 chroots: venv

@@ -16,9 +16,10 @@ def allocators() -> tuple[Allocator, ...]:
     system beside them, last."""
     from heapwalk.jemalloc.allocator import JEMALLOC
     from heapwalk.tcmalloc.allocator import TCMALLOC
+    from heapwalk.mimalloc.allocator import MIMALLOC
     from heapwalk.glibc.allocator import GLIBC
     from heapwalk.cpython.allocator import CPYTHON
-    return (*_added, JEMALLOC, TCMALLOC, GLIBC, CPYTHON)
+    return (*_added, JEMALLOC, TCMALLOC, MIMALLOC, GLIBC, CPYTHON)
 
 
 def add(allocator: Allocator) -> None:

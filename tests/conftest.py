@@ -26,6 +26,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 import fresh  # noqa: E402
 import harness  # noqa: E402
 import jebuilds  # noqa: E402
+import mibuilds  # noqa: E402
 import sysroots  # noqa: E402
 import tcbuilds  # noqa: E402
 
@@ -217,6 +218,32 @@ def capture_tcmalloc(name: str) -> harness.Capture:
         fresh.mark(directory, inputs)
     meta = json.loads((directory / "meta.json").read_text())
     return harness.Capture(name="tc_hold", directory=directory, exe=Path(meta["exe"]), pid=meta["pid"])
+
+
+@functools.cache
+@fresh.exclusive
+def capture_mimalloc(name: str) -> harness.Capture:
+    """cores/mi_hold.c's gcore core on mimalloc build NAME (`mibuilds.MI_BUILDS`), taken now unless a fresh one
+    exists; mimalloc's statistics in stats.json and the threads' ledgers beside it."""
+    mi = mibuilds.prepare_mimalloc(SYSROOTS, name)
+    directory = CORES / f"mimalloc-{name}" / "mi_hold"
+    inputs = fresh.digest([mibuilds.MI_HOLD, Path(harness.__file__), mi.library], name)
+    if not fresh.fresh(directory, inputs, ("core", "stats.json", "meta.json", "ledger-main.txt")):
+        (directory / fresh.STAMP).unlink(missing_ok=True)
+        for stale in directory.glob("ledger-*.txt"):
+            stale.unlink()
+        exe = mibuilds.build_hold(directory.parent / "bin")
+        proc = harness.run_to_snapshot(exe, directory, env=mi.environment())
+        cap = harness.Capture(name="mi_hold", directory=directory, exe=exe, pid=proc.pid, process=proc)
+        try:
+            harness.take_core(proc.pid, cap.core)
+            (directory / "meta.json").write_text(json.dumps({"name": "mi_hold", "exe": str(exe), "pid": proc.pid},
+                                                            indent=2) + "\n")
+        finally:
+            cap.kill()
+        fresh.mark(directory, inputs)
+    meta = json.loads((directory / "meta.json").read_text())
+    return harness.Capture(name="mi_hold", directory=directory, exe=Path(meta["exe"]), pid=meta["pid"])
 
 
 #: the jemalloc je_dlopen loads with dlopen: one built with --disable-initial-exec-tls, as such a plugin's must be

@@ -10,7 +10,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "heapwalk"
 
 #: part -> the parts it may import (besides itself and the standard library and its dependencies): an allocator's
 #: folder may use every part below the front ends; the front ends reach the allocators through the registry only
-ALLOCATOR_PARTS = {"glibc", "jemalloc", "cpython", "tcmalloc"}
+ALLOCATOR_PARTS = {"glibc", "jemalloc", "cpython", "tcmalloc", "mimalloc"}
 MAY_IMPORT = {
     "errors": set(),
     "findings": {"errors"},
@@ -23,6 +23,7 @@ MAY_IMPORT = {
     "glibc": {"allocator", "output", "analysis", "view", "mapkinds", "inferior", "findings", "errors"},
     "jemalloc": {"allocator", "output", "analysis", "view", "mapkinds", "inferior", "findings", "errors"},
     "tcmalloc": {"allocator", "output", "analysis", "view", "mapkinds", "inferior", "findings", "errors"},
+    "mimalloc": {"allocator", "output", "analysis", "view", "mapkinds", "inferior", "findings", "errors"},
     "cpython": {"allocator", "output", "analysis", "view", "mapkinds", "inferior", "findings", "errors"},
     "registry": {"allocator", *ALLOCATOR_PARTS},
     "gdb": {"registry", "allocator", "output", "analysis", "view", "mapkinds", "inferior", "findings", "errors"},

@@ -226,7 +226,7 @@ import numpy as np
 t = session._target()
 f = find.find_tcmalloc(t.mem, t.space.mappings)
 d = D.discover_tcmalloc(t.mem, f)
-base, words = D._writable_words(t.mem, f)
+base, words = D.writable_words(t.mem, f.image)
 sizes = np.frombuffer(t.mem.read(d.sizemap, 4 * d.classes), dtype=np.int32)
 heads = {int(w) for w in words[words > 0x10000].tolist() if D._is_first_cache(t.mem, int(w), d.layout, sizes)}
 print("SHAPES", D._metadata(t.mem, f), D._metadata_by_shape(t.mem, base, words),

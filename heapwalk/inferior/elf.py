@@ -14,9 +14,11 @@ import re
 import struct
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from heapwalk.inferior.memory import Memory, ReadError
 
-__all__ = ["Mapping", "Segment", "LibcImage", "find_libc", "readable_runs", "LIBC_FILE_NAME"]
+__all__ = ["Mapping", "Segment", "LibcImage", "find_libc", "readable_runs", "writable_words", "LIBC_FILE_NAME"]
 
 PT_LOAD, PT_DYNAMIC, PT_INTERP, PT_NOTE, PT_TLS = 1, 2, 3, 4, 7
 PF_X, PF_W, PF_R = 1, 2, 4
@@ -256,3 +258,19 @@ def sole_file(mappings: list[Mapping]) -> tuple[int, str] | None:
     starts = {m.path: m.start for m in mappings if m.offset == 0 and m.path.startswith("/")
               and not m.path.startswith(("/dev/", "/memfd:", "/SYSV"))}
     return next(((base, path) for path, base in starts.items()), None) if len(starts) == 1 else None
+
+
+def writable_words(mem: Memory, image: LibcImage) -> tuple[int, np.ndarray]:
+    """IMAGE's writable segments (its data and bss) as one array of 8-byte words from their start, what cannot
+    be read as zeros; (0, no words) when it has none.  An allocator's state found by its shapes is searched
+    in it."""
+    segments = image.writable()
+    if not segments:
+        return 0, np.zeros(0, dtype=np.uint64)
+    lo = min(s.address for s in segments) & ~7
+    hi = max(s.end for s in segments)
+    data = bytearray(hi - lo)
+    for s in segments:
+        for at, chunk in readable_runs(mem, s.address, s.memsz):
+            data[at - lo:at - lo + len(chunk)] = chunk
+    return lo, np.frombuffer(bytes(data[:len(data) // 8 * 8]), dtype=np.uint64)

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from heapwalk.errors import CannotDecode
-from heapwalk.inferior.elf import readable_runs
+from heapwalk.inferior.elf import writable_words
 from heapwalk.inferior.x86 import MOV, rip_loads
 from heapwalk.inferior.memory import Memory, ReadError, readable, u64
 from heapwalk.tcmalloc.find import TcImage
@@ -66,7 +66,9 @@ class TcDiscovery:
 
 def discover_tcmalloc(mem: Memory, found: TcImage) -> TcDiscovery:
     """tcmalloc's state in the object FOUND names; TcmallocUnknown when its shapes are not there."""
-    base, words = _writable_words(mem, found)
+    base, words = writable_words(mem, found.image)
+    if not len(words):
+        raise TcmallocUnknown(f"{found.path} has no writable segment")
     free_lists, max_pages = _free_lists(mem, base, words)
     page_size = (1 << 20) // max_pages
     failed: list[str] = []
@@ -170,21 +172,6 @@ def _overall_by_shape(base: int, words: np.ndarray, claimed: int) -> int | None:
     unclaimed, overall = words[:-1].view(np.int64), words[1:].view(np.int64)
     pairs = np.flatnonzero((overall - unclaimed == claimed) & (overall > 0) & (overall < 1 << 44))
     return base + 8 * (int(pairs[0]) + 1) if len(pairs) == 1 else None
-
-
-def _writable_words(mem: Memory, found: TcImage) -> tuple[int, np.ndarray]:
-    """The object's writable segments (its data and bss) as one array of words from their start (what cannot
-    be read as zeros)."""
-    segments = found.image.writable()
-    if not segments:
-        raise TcmallocUnknown(f"{found.path} has no writable segment")
-    lo = min(s.address for s in segments) & ~7
-    hi = max(s.end for s in segments)
-    data = bytearray(hi - lo)
-    for s in segments:
-        for at, chunk in readable_runs(mem, s.address, s.memsz):
-            data[at - lo:at - lo + len(chunk)] = chunk
-    return lo, np.frombuffer(bytes(data[:len(data) // 8 * 8]), dtype=np.uint64)
 
 
 def _heads(base: int, words: np.ndarray) -> np.ndarray:

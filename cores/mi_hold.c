@@ -1,0 +1,276 @@
+/* A program on mimalloc (issue 43), run with LD_PRELOAD=libmimalloc.so.N, or linked with mimalloc's objects
+ * (built with -DMI_LINKED):
+ * four threads allocate blocks of many sizes (small, medium, large and one huge), free two thirds of them in a
+ * scattered order and park; the blocks they keep stay in their arrays.  Then one more does the same alone and
+ * exits: its segments are abandoned with the blocks it kept, which are leaked (it clears its array of them), and
+ * no thread allocates after it (which would reclaim them).  Each thread
+ * writes ledger-N.txt: a first line "exits"/"parks" and its default heap's address, then, from
+ * mi_heap_visit_blocks over its heap, one line per area ("a START RESERVED COMMITTED USED BLOCK_SIZE") and one per
+ * block in use ("b ADDRESS SIZE"); after the walk it frees a few more blocks (lines "f ADDRESS": they wait on
+ * the page's local free list).  Once all are parked, the main thread walks its own heap the same way into
+ * ledger-main.txt, then frees some of thread 0's blocks (lines "f ADDRESS" there: they wait on the page's
+ * thread-free list) and writes mimalloc's own statistics at that instant into stats.json in the folder given
+ * as its one argument: mi_version, mi_process_info, and mi_stats_print_out's text (each thread merged its
+ * statistics first); and stops itself (SIGSTOP) for the capture.  Continued, it measures what mi_collect(true) really gives back (RssAnon before and after, into collect.json)
+ * and exits.  Its entry points are found with dlsym (called directly when linked); everything is written with
+ * write(2) from static buffers, in hex text, which no scan takes for a pointer. */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define THREADS 5
+#define BLOCKS 20000
+#define LATE 40             /* blocks each parked thread frees after its walk (local free lists) */
+#define CROSS 60            /* blocks of thread 0 the main thread frees (thread-free lists) */
+
+typedef struct {
+    void *blocks;
+    size_t reserved, committed, used, block_size, full_block_size;
+} area_t;
+typedef bool visit_fn(const void *, const area_t *, void *, size_t, void *);
+typedef bool (*visit_blocks_fn)(const void *, bool, visit_fn *, void *);
+typedef void *(*heap_fn)(void);
+typedef void (*void_fn)(void);
+typedef void (*collect_fn)(bool);
+typedef int (*version_fn)(void);
+typedef void output_fn(const char *, void *);
+typedef void (*print_fn)(output_fn *, void *);
+typedef void (*process_fn)(size_t *, size_t *, size_t *, size_t *, size_t *, size_t *, size_t *, size_t *);
+
+#ifdef MI_LINKED
+bool mi_heap_visit_blocks(const void *, bool, visit_fn *, void *);
+void *mi_heap_get_default(void);
+void mi_stats_merge(void);
+void mi_collect(bool);
+int mi_version(void);
+void mi_stats_print_out(output_fn *, void *);
+void mi_process_info(size_t *, size_t *, size_t *, size_t *, size_t *, size_t *, size_t *, size_t *);
+#define ENTRY(name) ((void *)&name)
+#else
+#define ENTRY(name) dlsym(RTLD_DEFAULT, #name)
+#endif
+
+static visit_blocks_fn visit_blocks;
+static heap_fn default_heap;
+static void_fn stats_merge;
+
+static const char *folder;
+static char *kept[THREADS][BLOCKS];
+static char ledgers[THREADS + 1][1 << 20];
+static size_t ledger_at[THREADS + 1];
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t parked_cond = PTHREAD_COND_INITIALIZER;
+static int parked;
+
+static size_t size_of(unsigned i)
+{
+    static const size_t sizes[] = {8, 16, 24, 32, 48, 64, 96, 128, 200, 256, 400, 512, 1000, 1024, 2048, 4096,
+                                   7000, 8192, 20000, 65536, 100000};
+    if (i == 4320)
+        return (size_t)40 << 20;               /* huge: a segment of its own */
+    return i % 97 == 0 ? (size_t)(300 + i % 5) << 10 : sizes[(i * 7919u) % (sizeof sizes / sizeof sizes[0])];
+}
+
+static void say(long t, const char *format, unsigned long a, unsigned long b)
+{
+    ledger_at[t] += (size_t)snprintf(ledgers[t] + ledger_at[t], sizeof ledgers[t] - ledger_at[t], format, a, b);
+}
+
+static bool visitor(const void *heap, const area_t *area, void *block, size_t size, void *arg)
+{
+    long t = (long)arg;
+    (void)heap;
+    if (block == NULL) {
+        ledger_at[t] += (size_t)snprintf(ledgers[t] + ledger_at[t], sizeof ledgers[t] - ledger_at[t],
+                                         "a %lx %zx %zx %zx %zx\n", (unsigned long)area->blocks, area->reserved,
+                                         area->committed, area->used, area->block_size);
+        return true;
+    }
+    say(t, "b %lx %zx\n", (unsigned long)block, size);
+    return true;
+}
+
+static void write_ledger(long t)
+{
+    char path[4096];
+    if (t == THREADS)
+        snprintf(path, sizeof path, "%s/ledger-main.txt", folder);
+    else
+        snprintf(path, sizeof path, "%s/ledger-%ld.txt", folder, t);
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0 || write(fd, ledgers[t], ledger_at[t]) != (ssize_t)ledger_at[t])
+        abort();
+    close(fd);
+}
+
+static void *worker(void *arg)
+{
+    long t = (long)arg;
+    int exits = t == THREADS - 1;
+    char **blocks = kept[t];
+    for (unsigned i = 0; i < BLOCKS; i++) {
+        size_t size = size_of(i);
+        blocks[i] = malloc(size);
+        if (blocks[i] == NULL)
+            abort();
+        memset(blocks[i], (int)i, size < 64 ? size : 64);
+    }
+    for (unsigned i = 0; i < BLOCKS; i++) {
+        unsigned j = (i * 7u) % BLOCKS;           /* scattered */
+        if (j % 3) {
+            free(blocks[j]);
+            blocks[j] = NULL;                     /* no stale address: the scan would take it for a reference */
+        }
+    }
+    say(t, exits ? "exits %lx\n" : "parks %lx\n", (unsigned long)default_heap(), 0);
+    visit_blocks(default_heap(), true, visitor, (void *)t);
+    if (!exits) {
+        for (unsigned j = 3, n = 0; n < LATE; j += 3 * 37, n++) {
+            say(t, "f %lx\n", (unsigned long)blocks[j % BLOCKS], 0);
+            free(blocks[j % BLOCKS]);
+            blocks[j % BLOCKS] = NULL;
+        }
+    }
+    write_ledger(t);
+    stats_merge();
+    pthread_mutex_lock(&lock);
+    parked++;
+    pthread_cond_signal(&parked_cond);
+    pthread_mutex_unlock(&lock);
+    if (exits) {
+        explicit_bzero(blocks, sizeof kept[t]);     /* its kept blocks are leaked: no copy of their address stays */
+        return NULL;
+    }
+    for (;;)
+        pause();
+}
+
+static char out[1 << 20];
+static size_t out_at;
+
+static void append(const char *s)
+{
+    size_t n = strlen(s);
+    if (out_at + n < sizeof out) {
+        memcpy(out + out_at, s, n);
+        out_at += n;
+    }
+}
+
+/* S as the body of a JSON string (quotes, backslashes and control characters escaped). */
+static void append_escaped(const char *s, void *arg)
+{
+    (void)arg;
+    static char one[8];
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\')
+            snprintf(one, sizeof one, "\\%c", c);
+        else if (c < 0x20)
+            snprintf(one, sizeof one, "\\u%04x", c);
+        else
+            one[0] = (char)c, one[1] = 0;
+        append(one);
+    }
+}
+
+/* The process's anonymous resident bytes (RssAnon of /proc/self/status), or -1. */
+static long rss_anon(void)
+{
+    static char buf[8192];
+    int fd = open("/proc/self/status", O_RDONLY);
+    if (fd < 0)
+        return -1;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0)
+        return -1;
+    buf[n] = 0;
+    char *line = strstr(buf, "RssAnon:");
+    return line ? strtol(line + 8, NULL, 10) * 1024 : -1;
+}
+
+static int write_file(const char *name, const char *text, size_t n)
+{
+    static char path[4096];
+    snprintf(path, sizeof path, "%s/%s", folder, name);
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0)
+        return 1;
+    return write(fd, text, n) != (ssize_t)n || close(fd) != 0;
+}
+
+/* mimalloc's statistics and process figures, into stats.json. */
+static int write_stats(version_fn version, print_fn print, process_fn process)
+{
+    static char line[1024];
+    size_t v[8] = {0};
+    process(&v[0], &v[1], &v[2], &v[3], &v[4], &v[5], &v[6], &v[7]);
+    snprintf(line, sizeof line, "{\"version\": %d, \"process\": {\"elapsed_msecs\": %zu, \"user_msecs\": %zu, "
+             "\"system_msecs\": %zu, \"current_rss\": %zu, \"peak_rss\": %zu, \"current_commit\": %zu, "
+             "\"peak_commit\": %zu, \"page_faults\": %zu}, \"stats\": \"", version(), v[0], v[1], v[2], v[3], v[4],
+             v[5], v[6], v[7]);
+    append(line);
+    print(append_escaped, NULL);
+    append("\"}\n");
+    return write_file("stats.json", out, out_at);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2)
+        return 2;
+    folder = argv[1];
+    visit_blocks = (visit_blocks_fn)ENTRY(mi_heap_visit_blocks);
+    default_heap = (heap_fn)ENTRY(mi_heap_get_default);
+    stats_merge = (void_fn)ENTRY(mi_stats_merge);
+    collect_fn collect = (collect_fn)ENTRY(mi_collect);
+    version_fn version = (version_fn)ENTRY(mi_version);
+    print_fn print = (print_fn)ENTRY(mi_stats_print_out);
+    process_fn process = (process_fn)ENTRY(mi_process_info);
+    if (!visit_blocks || !default_heap || !stats_merge || !collect || !version || !print || !process)
+        return 3;
+    pthread_t threads[THREADS];
+    for (long t = 0; t < THREADS - 1; t++)
+        if (pthread_create(&threads[t], NULL, worker, (void *)t) != 0)
+            return 1;
+    pthread_mutex_lock(&lock);
+    while (parked < THREADS - 1)
+        pthread_cond_wait(&parked_cond, &lock);
+    pthread_mutex_unlock(&lock);
+    /* the exiting thread last, alone: no other thread held the blocks it leaks, and none allocates after it
+     * (which would reclaim its abandoned segments) */
+    if (pthread_create(&threads[THREADS - 1], NULL, worker, (void *)(long)(THREADS - 1)) != 0 ||
+        pthread_join(threads[THREADS - 1], NULL) != 0)
+        return 1;
+
+    say(THREADS, "main %lx\n", (unsigned long)default_heap(), 0);
+    visit_blocks(default_heap(), true, visitor, (void *)(long)THREADS);
+    for (unsigned j = 1, n = 0; n < CROSS; j += 3 * 53) {
+        if (kept[0][j % BLOCKS] != NULL) {
+            say(THREADS, "f %lx\n", (unsigned long)kept[0][j % BLOCKS], 0);
+            free(kept[0][j % BLOCKS]);
+            kept[0][j % BLOCKS] = NULL;
+            n++;
+        }
+    }
+    write_ledger(THREADS);
+    stats_merge();
+    if (write_stats(version, print, process))
+        return 1;
+    kill(getpid(), SIGSTOP);
+
+    static char line[256];
+    long before = rss_anon();
+    collect(true);
+    long after = rss_anon();
+    int n = snprintf(line, sizeof line, "{\"rss_anon_before\": %ld, \"rss_anon_after\": %ld}\n", before, after);
+    return write_file("collect.json", line, (size_t)n);
+}

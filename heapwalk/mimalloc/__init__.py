@@ -1,0 +1,1 @@
+"""Microsoft's mimalloc, decoded without symbols (docs/mimalloc.md)."""

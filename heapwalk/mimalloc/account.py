@@ -1,0 +1,87 @@
+"""Where mimalloc's memory goes, by owner (each thread, and the threads that exited: their abandoned segments
+and the thread data kept for reuse): the bytes it took from the system, those in blocks the program holds, free
+in pages (on their lists, and not yet cut into blocks), in free spans of slices, and its own (segment headers,
+what pages lose to rounding, the system's rounding of each allocation, thread data)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from heapwalk.mimalloc.decode import MiSegment, MiState, good_size
+
+__all__ = ["Owner", "owners", "FREE_KINDS", "EXITED"]
+
+#: the kinds of free bytes, as the report's columns name them
+FREE_KINDS = ("free blocks", "not yet cut", "free spans")
+EXITED = 0          # the owner of abandoned segments and cached thread data
+
+
+@dataclass
+class Owner:
+    """One owner's share: THREAD_ID is its $fs_base (EXITED: threads that exited)."""
+
+    thread_id: int
+    heaps: list[int] = field(default_factory=list)
+    segments: list[MiSegment] = field(default_factory=list)
+    thread_data: int = 0            # bytes of thread data
+    reserved: int = 0
+    committed: int = 0
+    in_use: int = 0
+    free: dict[str, int] = field(default_factory=lambda: dict.fromkeys(FREE_KINDS, 0))
+    overhead: int = 0
+    pending: int = 0                # committed bytes waiting for their purge delay
+    pages: int = 0
+    blocks: int = 0                 # blocks in use
+
+    @property
+    def balanced(self) -> bool:
+        return self.in_use + sum(self.free.values()) + self.overhead == self.reserved
+
+    def ranges(self) -> list[tuple[int, int]]:
+        return [(s.address, s.address + s.reserved) for s in self.segments]
+
+    def free_ranges(self) -> list[tuple[int, int]]:
+        """The free spans' bytes."""
+        return [(s.address + sp.index * 65536, s.address + (sp.index + sp.slices) * 65536)
+                for s in self.segments for sp in s.spans]
+
+
+def owners(state: MiState) -> list[Owner]:
+    """Each owner's share of STATE: the main thread first, then the other threads by their heaps' order, then
+    the exited threads' (when they left anything)."""
+    by: dict[int, Owner] = {}
+    main = next((h.thread_id for h in state.heaps if h.main), None)
+    for h in state.heaps:
+        if h.thread_id:
+            by.setdefault(h.thread_id, Owner(h.thread_id)).heaps.append(h.address)
+    for seg in state.live():
+        owner = by.setdefault(seg.thread_id or EXITED, Owner(seg.thread_id or EXITED))
+        _add_segment(owner, seg)
+    td = good_size(state.layout.thread_data)
+    for at, kind in state.thread_data:
+        heap = next((h for h in state.heaps if h.address == at), None)
+        key = heap.thread_id if kind == "thread" and heap and heap.thread_id in by else EXITED
+        owner = by.setdefault(key, Owner(key))
+        owner.thread_data += td
+        owner.reserved += td
+        owner.committed += td
+        owner.overhead += td
+    order = sorted(by.values(), key=lambda o: (o.thread_id == EXITED, o.thread_id != main, min(o.heaps or [0])))
+    return order
+
+
+def _add_segment(owner: Owner, seg: MiSegment) -> None:
+    owner.segments.append(seg)
+    owner.reserved += seg.reserved
+    owner.committed += seg.committed
+    owner.pending += seg.pending
+    owner.overhead += seg.reserved - seg.size + seg.info_slices * 65536
+    for sp in seg.spans:
+        owner.free["free spans"] += sp.slices * 65536
+    for p in seg.pages:
+        owner.pages += 1
+        owner.blocks += p.in_use
+        owner.in_use += p.in_use * p.block_size
+        owner.free["free blocks"] += p.free_blocks * p.block_size
+        owner.free["not yet cut"] += (p.reserved - p.capacity) * p.block_size
+        owner.overhead += (p.end - p.start) - p.reserved * p.block_size + (p.start - seg.address - p.index * 65536)

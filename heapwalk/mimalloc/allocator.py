@@ -1,0 +1,154 @@
+"""Microsoft's mimalloc behind heapwalk's allocator interface (`heapwalk.allocator`): found where a mapped object
+holds it, its state found without symbols (`mimalloc.discovery`), shown in mimalloc's own words."""
+
+from __future__ import annotations
+
+import functools
+from collections import Counter
+from types import MappingProxyType
+
+from rich.text import Text
+
+from heapwalk.allocator import Allocator, Context, Decoded, NotUsed, Shown
+from heapwalk.analysis.report import Report, human
+from heapwalk.analysis.rss import Claim
+from heapwalk.findings import Finding
+from heapwalk.mimalloc.account import EXITED, FREE_KINDS, Owner, owners
+from heapwalk.mimalloc.decode import MiState, decode_mimalloc, good_size
+from heapwalk.mimalloc.discovery import MimallocUnused, discover_mimalloc
+from heapwalk.mimalloc.find import find_mimalloc
+from heapwalk.mimalloc.shown import owner_name, threads_document, threads_table, totals
+from heapwalk.mimalloc.verdict import advice
+from heapwalk.output.consoles import box_for
+from heapwalk.output.jsondoc import report_json
+from heapwalk.output.reporttext import report_group
+from heapwalk.view import ArenaView, HeapView, Words
+
+__all__ = ["MIMALLOC", "MimallocHeap"]
+
+WORDS = Words(
+    holds="mimalloc's segments hold", system="reserved", heaps="segments", pieces="blocks",
+    gives_back="a purge decommits", large="", overhead="overhead",
+    free_columns=tuple((f"free: {k}" if i == 0 else k, lambda a, k=k: a.free[k]) for i, k in enumerate(FREE_KINDS)),
+    last_columns=(("purge pending", lambda a: a.reclaim),))
+
+
+class MimallocHeap(Decoded):
+    """mimalloc decoded: its state, and each owner's share."""
+
+    name = "mimalloc"
+    title = "mimalloc"
+    beside_key = "mimalloc"
+    damaged_subject = "mimalloc's state is"
+    words = WORDS
+    block_noun = "block"
+
+    def __init__(self, state: MiState, mem, threads):
+        self.state, self.mem = state, mem
+        self.target = state.target
+        self.by_tcb = {t.fs_base: t for t in threads if t.fs_base}
+
+    @functools.cached_property
+    def owners(self) -> list[Owner]:
+        return owners(self.state)
+
+    def header(self, with_target: bool = True) -> Text:
+        text = Text(f"{self.target}\n" if self.target and with_target else "")
+        d = self.state.discovery
+        version = f"mimalloc {'.'.join(map(str, d.version))}" if d.version else "mimalloc (version not said)"
+        lay = d.layout
+        text.append(f"mimalloc: {version} ({d.library}); segments of {human(lay.segment_size)} in slices of "
+                    f"{human(lay.slice_size)}\n")
+        return text
+
+    def findings(self) -> list[Finding]:
+        return list(self.state.findings) + list(self.added)
+
+    def view(self) -> HeapView:
+        rows = []
+        sizes: dict[int, Counter] = {}
+        for n, o in enumerate(self.owners):
+            resident = self.state.resident(o.ranges())
+            free_resident = self.state.resident(o.free_ranges())
+            rows.append(ArenaView(n, o.heaps[0] if o.heaps else 0, owner_name(o, self.by_tcb),
+                                  0 if o.thread_id == EXITED else 1, len(o.segments), o.reserved, o.in_use,
+                                  MappingProxyType(dict(o.free)), 0, o.overhead, o.pending, o.balanced, resident,
+                                  free_resident))
+            counts = Counter()
+            for s in o.segments:
+                for p in s.pages:
+                    if p.free_blocks:
+                        counts[p.block_size] += p.free_blocks
+            sizes[n] = +counts
+        return HeapView(allocator="mimalloc", arenas=tuple(rows), free_sizes=MappingProxyType(sizes), size_classes=(),
+                        arena_limit="one heap per thread", reclaim_total=sum(r.reclaim for r in rows),
+                        residency=self.state.residency.source if self.state.residency else "")
+
+    def verdict(self, rep: Report) -> list[str]:
+        return advice(self.state, self.owners, rep)
+
+    def report_parts(self, rep: Report, interactive: bool) -> list:
+        lines = Text()
+        for name, value in totals(self.state).items():
+            shown = f" ({human(value)})" if name in ("reserved", "committed", "purge_pending") else ""
+            lines.append(f"{name} {value}{shown}\n")
+        return [report_group(rep, interactive, WORDS, lines)]
+
+    def report_document(self, rep: Report) -> dict:
+        d = self.state.discovery
+        return {**self.document(), "report": {**report_json(rep), "partial": []},
+                "mimalloc": {"version": ".".join(map(str, d.version)) if d.version else None, "library": d.library,
+                             "totals": totals(self.state),
+                             "owners": [{"owner": owner_name(o, self.by_tcb), "thread_id": o.thread_id,
+                                         "segments": len(o.segments), "reserved": o.reserved,
+                                         "committed": o.committed, "in_use": o.in_use, "blocks": o.blocks,
+                                         "free": dict(o.free), "overhead": o.overhead, "purge_pending": o.pending,
+                                         "thread_data": o.thread_data, "pages": o.pages}
+                                        for o in self.owners],
+                             "heaps": threads_document(self.state, self.owners, self.by_tcb),
+                             "discovery": [{"what": w, "how": h} for w, h in d.facts]}}
+
+    def threads(self, interactive: bool, json: bool = False) -> Shown:
+        """'heapwalk threads': each heap and the thread it belongs to."""
+        return Shown([threads_table(self.state, self.owners, self.by_tcb, box_for(interactive))],
+                     {**self.document(), "heaps": threads_document(self.state, self.owners, self.by_tcb)}
+                     if json else None)
+
+    @property
+    def memory(self):
+        return self.mem
+
+    def claims(self) -> list[Claim]:
+        """Every live segment (all the memory mimalloc took for its heaps) and each thread data."""
+        td = good_size(self.state.layout.thread_data)
+        return [Claim(s.address, s.address + s.reserved, "heap", "mimalloc: segments") for s in self.state.live()] \
+            + [Claim(at, at + td, "heap", "mimalloc: thread data") for at, _ in self.state.thread_data]
+
+    def holds(self, rep: Report) -> str:
+        return f"mimalloc holds {human(rep.system)} ({human(rep.in_use)} in use, {human(rep.free)} free)"
+
+
+class Mimalloc(Allocator):
+    """Microsoft's mimalloc, where a mapped object holds it."""
+
+    name = "mimalloc"
+    title = "mimalloc"
+    variables = ("MIMALLOC_",)
+    describes = {"report": "its segments, pages and free spans by thread, abandoned segments, in mi_stats' figures",
+                 "threads": "each heap, the thread it belongs to, its pages and the bytes its blocks hold"}
+
+    def load(self, context: Context) -> MimallocHeap:
+        target = context.target
+        found = find_mimalloc(target.mem, target.space.mappings)
+        if found is None:
+            raise NotUsed("mimalloc is not mapped")
+        try:
+            discovered = discover_mimalloc(target.mem, found, target.space.regions, target.space.mappings,
+                                           None if target.space.core else target.space.readable)
+        except MimallocUnused as exc:
+            raise NotUsed(str(exc)) from None
+        state = decode_mimalloc(target.mem, discovered, target.threads, target.description, target.residency)
+        return MimallocHeap(state, target.mem, target.threads)
+
+
+MIMALLOC = Mimalloc()

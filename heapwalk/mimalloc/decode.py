@@ -1,0 +1,392 @@
+"""mimalloc's memory, segment by segment: each segment's slices cut into pages of blocks and free spans, each
+page's blocks in use and free (on its free, local-free and thread-free lists, and on its heap's delayed-free
+list), what is committed and what waits for its purge delay; the heaps and the threads they belong to."""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from heapwalk.findings import Finding, Kind, Severity
+from heapwalk.inferior.memory import Memory, ReadError, u64
+from heapwalk.inferior.residency import Residency
+from heapwalk.mimalloc.discovery import MiDiscovery
+from heapwalk.mimalloc.layout import MiLayout
+
+__all__ = ["SEGMENT", "LIST", "MiPage", "MiSpan", "MiSegment", "MiHeap", "MiState", "decode_mimalloc", "good_size"]
+
+SEGMENT = Kind("mi_segment", "segment unreadable or inconsistent")
+LIST = Kind("mi_free_list", "free list that leaves its page, loops or is cut")
+_HUGE = 1           # mi_segment_kind_t
+_IN_FULL = 1        # the page's flags: it sits in its heap's full queue
+_MAX_WALK = 1 << 20
+
+
+@dataclass
+class MiPage:
+    """A page of blocks of one size: where its blocks start, how many it has made (capacity) and may make
+    (reserved), and how many are free on each list."""
+
+    segment: int
+    index: int                  # its first slice
+    address: int                # its mi_page_t (its first slice's entry)
+    slices: int
+    start: int                  # its first block
+    block_size: int
+    capacity: int
+    reserved: int
+    used: int                   # blocks in use, those on the thread-free and delayed lists included
+    heap: int                   # 0: abandoned
+    in_full: bool
+    heads: tuple[int, int, int] = (0, 0, 0)   # its free, local-free and thread-free lists' first blocks
+    free: int = 0               # blocks on its free list
+    local_free: int = 0
+    thread_free: int = 0
+    delayed: int = 0            # blocks of it on its heap's delayed-free list
+
+    @property
+    def end(self) -> int:
+        """One past its last byte of slices."""
+        return self.segment + (self.index + self.slices) * 65536
+
+    @property
+    def in_use(self) -> int:
+        """Blocks the program holds."""
+        return max(self.used - self.thread_free - self.delayed, 0)
+
+    @property
+    def free_blocks(self) -> int:
+        return self.free + self.local_free + self.thread_free + self.delayed
+
+
+@dataclass(frozen=True)
+class MiSpan:
+    """A run of free slices in a segment: its bytes, those committed, those whose decommit is pending."""
+
+    segment: int
+    index: int
+    slices: int
+    committed: int
+    pending: int
+
+
+@dataclass
+class MiSegment:
+    """One segment: its memory from the system, its owner, its pages and free spans."""
+
+    address: int
+    kind: int                   # 0 normal, 1 huge
+    slices: int                 # segment_slices
+    info_slices: int
+    thread_id: int              # the owning thread's $fs_base; 0 when abandoned (or freed)
+    used: int                   # pages in use
+    abandoned: int              # pages abandoned
+    memid: int
+    reserved: int               # bytes taken from the system for it
+    committed: int
+    pending: int                # committed bytes whose decommit waits for the purge delay
+    live: bool = True           # in the segment map (False: freed, its stamp left)
+    pages: list[MiPage] = field(default_factory=list)
+    spans: list[MiSpan] = field(default_factory=list)
+
+    @property
+    def size(self) -> int:
+        return self.slices * 65536
+
+    @property
+    def huge(self) -> bool:
+        return self.kind == _HUGE
+
+
+@dataclass
+class MiHeap:
+    """One heap: the thread it belongs to ($fs_base), its thread data (the system memory its heap and
+    thread-local data live in; 0 for the main heap, in the library's data), its pages."""
+
+    address: int
+    thread_id: int
+    tld: int
+    backing: bool               # its thread's backing (default) heap
+    main: bool
+    pages: int = 0
+    delayed: int = 0            # blocks on its delayed-free list
+
+
+@dataclass
+class MiState:
+    """mimalloc decoded: its segments, heaps and thread data, and what the walk found."""
+
+    discovery: MiDiscovery
+    segments: list[MiSegment]
+    heaps: list[MiHeap]
+    thread_data: list[tuple[int, str]]          # (address, "thread"/"cached") of each thread data taken
+    findings: list[Finding]
+    target: str = ""
+    residency: Residency | None = None
+
+    @property
+    def layout(self) -> MiLayout:
+        return self.discovery.layout
+
+    def live(self) -> list[MiSegment]:
+        return [s for s in self.segments if s.live]
+
+    def pages(self):
+        return [p for s in self.live() for p in s.pages]
+
+    def thread_data_bytes(self) -> int:
+        return good_size(self.layout.thread_data) * len(self.thread_data)
+
+    def reserved(self) -> int:
+        """Bytes mimalloc took from the system: its live segments and thread data (its reserved statistic)."""
+        return sum(s.reserved for s in self.live()) + self.thread_data_bytes()
+
+    def committed(self) -> int:
+        """Its committed statistic: the committed slices of its segments, and its thread data."""
+        return sum(s.committed for s in self.live()) + self.thread_data_bytes()
+
+    def resident(self, ranges) -> int | None:
+        if self.residency is None:
+            return None
+        ranges = list(ranges)
+        if not ranges:
+            return 0
+        a = np.array(ranges, dtype=np.uint64).reshape(-1, 2)
+        return int(self.residency.resident_sum(a[:, 0], a[:, 1]))
+
+
+def good_size(size: int, os_page: int = 4096) -> int:
+    """What mimalloc asks the system for when it needs SIZE bytes (_mi_os_good_alloc_size): SIZE rounded up to
+    a page below 512 KiB, to 64 KiB below 2 MiB, 256 KiB below 8 MiB, 1 MiB below 32 MiB, 4 MiB above."""
+    for limit, align in ((512 << 10, os_page), (2 << 20, 64 << 10), (8 << 20, 256 << 10), (32 << 20, 1 << 20)):
+        if size < limit:
+            return -(-size // align) * align
+    return -(-size // (4 << 20)) * (4 << 20)
+
+
+def _slice_dtype(lay: MiLayout) -> np.dtype:
+    names = ("slice_count", "slice_offset", "capacity", "reserved", "flags", "free", "used", "block_size",
+             "local_free", "thread_free", "heap")
+    formats = ("<u4", "<u4", "<u2", "<u2", "u1", "<u8", "<u4", "<u4", "<u8", "<u8", "<u8")
+    offsets = (lay.page_slice_count, lay.page_slice_offset, lay.page_capacity, lay.page_reserved, lay.page_flags,
+               lay.page_free, lay.page_used, lay.page_block_size, lay.page_local_free, lay.page_thread_free,
+               lay.page_heap)
+    return np.dtype({"names": names, "formats": formats, "offsets": offsets, "itemsize": lay.page})
+
+
+def decode_mimalloc(mem: Memory, found: MiDiscovery, threads, description: str = "",
+                    residency: Residency | None = None) -> MiState:
+    """Every segment FOUND names (and those freed), its pages' lists walked; the heaps of THREADS (each with
+    its $fs_base) and of the pages."""
+    findings: list[Finding] = []
+    segments = [s for s in (_segment(mem, found, at, True, findings) for at in found.segments) if s]
+    segments += [s for s in (_segment(mem, found, at, False, findings) for at in found.freed) if s]
+    heaps = _heaps(mem, found, segments, threads, findings)
+    for seg in segments:
+        if seg.live:
+            for page in seg.pages:
+                _walk_page(mem, found.layout, page, findings)
+    _delayed(mem, found.layout, heaps, segments, findings)
+    data = [(h.address, "thread") for h in heaps if h.backing and not h.main] + \
+        [(at, "cached") for at in found.thread_data_cache]
+    if any(s.memid for s in segments if s.live):
+        findings.append(Finding(Severity.WARNING, 0, "mimalloc arenas", "some segments come from a reserved arena "
+                                "(mimalloc's arenas are not decoded yet): the reserved figure leaves the arenas' "
+                                "unused memory out", Kind.NOT_DECODED))
+    return MiState(found, segments, heaps, data, findings, description, residency)
+
+
+def _segment(mem: Memory, found: MiDiscovery, at: int, live: bool, findings: list[Finding]) -> MiSegment | None:
+    """The segment at AT with its pages and free spans (None, and a finding, when its header cannot be read)."""
+    lay = found.layout
+    try:
+        head = mem.read(at, lay.seg_slices)
+    except ReadError as exc:
+        findings.append(Finding(Severity.ERROR, at, "mi_segment_t", f"the segment's header cannot be read ({exc})",
+                                SEGMENT))
+        return None
+    word = lambda off: int.from_bytes(head[off:off + 8], "little")     # noqa: E731
+    slices, info, entries = word(lay.seg_slices_count), word(lay.seg_info_slices), word(lay.seg_slice_entries)
+    if not 0 < info < slices <= 1 << 30 or not 0 < entries <= lay.slices_per_segment:
+        findings.append(Finding(Severity.ERROR, at, "mi_segment_t", f"the segment's slice counts are impossible "
+                                f"({slices} slices, {info} for its header, {entries} entries)", SEGMENT))
+        return None
+    commit = _bits(head[lay.seg_commit_mask:lay.seg_commit_mask + 64])
+    pending = _bits(head[lay.seg_decommit_mask:lay.seg_decommit_mask + 64]) & commit
+    huge = int.from_bytes(head[lay.seg_kind:lay.seg_kind + 4], "little") == _HUGE
+    reserved = good_size(slices * lay.slice_size)
+    committed = reserved if huge and commit == (1 << 512) - 1 else bin(commit).count("1") * lay.slice_size
+    seg = MiSegment(at, 1 if huge else 0, slices, info, word(lay.seg_thread_id), word(lay.seg_used),
+                    word(lay.seg_abandoned), word(lay.seg_memid), reserved, committed,
+                    bin(pending).count("1") * lay.slice_size, live)
+    if live:
+        _cut(mem, lay, seg, entries, commit, pending, findings)
+    return seg
+
+
+def _bits(data: bytes) -> int:
+    return int.from_bytes(data, "little")
+
+
+def _cut(mem: Memory, lay: MiLayout, seg: MiSegment, entries: int, commit: int, pending: int,
+         findings: list[Finding]) -> None:
+    """SEG's slices from its header on, as pages and free spans."""
+    try:
+        table = np.frombuffer(mem.read(seg.address + lay.seg_slices, entries * lay.page), dtype=_slice_dtype(lay))
+    except ReadError as exc:
+        findings.append(Finding(Severity.ERROR, seg.address, "mi_segment_t", f"its slices cannot be read ({exc})",
+                                SEGMENT))
+        return
+    i = int(table[0]["slice_count"]) or 1
+    while i < entries:
+        s = table[i]
+        count = int(s["slice_count"])
+        if count == 0 or int(s["slice_offset"]) != 0:
+            findings.append(Finding(Severity.ERROR, seg.address + lay.seg_slices + i * lay.page, "mi_slice_t",
+                                    f"slice {i} of the segment at {seg.address:#x} starts no page or span "
+                                    f"(count {count}, offset {int(s['slice_offset'])}): the walk of its slices "
+                                    "stops there", SEGMENT))
+            return
+        if int(s["block_size"]) == 0:
+            mask = ((1 << count) - 1) << i
+            seg.spans.append(MiSpan(seg.address, i, count, bin(commit & mask).count("1") * lay.slice_size,
+                                    bin(pending & mask).count("1") * lay.slice_size))
+        else:
+            seg.pages.append(_page(lay, seg, i, s))
+        i += count
+
+
+def _page(lay: MiLayout, seg: MiSegment, i: int, s) -> MiPage:
+    xsize = int(s["block_size"])
+    start = seg.address + i * lay.slice_size + (3 * lay.max_align_guarantee if 8 <= xsize <= 1024 else 0)
+    slices = int(s["slice_count"])
+    area = seg.address + (i + slices) * lay.slice_size - start
+    size = area if seg.huge or xsize >= 1 << 31 else xsize
+    return MiPage(seg.address, i, seg.address + lay.seg_slices + i * lay.page, slices, start, size,
+                  int(s["capacity"]), int(s["reserved"]), int(s["used"]), int(s["heap"]),
+                  bool(int(s["flags"]) & _IN_FULL),
+                  (int(s["free"]), int(s["local_free"]), int(s["thread_free"]) & ~3))
+
+
+def _walk_page(mem: Memory, lay: MiLayout, page: MiPage, findings: list[Finding]) -> None:
+    """Counts the blocks on PAGE's three lists, reading its blocks once; a list that leaves the page's blocks,
+    loops or cannot be read is a finding at the block where it goes wrong, and counts up to there."""
+    if not any(page.heads):
+        return
+    span = page.capacity * page.block_size
+    try:
+        data = mem.read(page.start, span)
+    except ReadError:
+        data = None
+    seen: set[int] = set()
+    counts = []
+    for name, head in zip(("free", "local free", "thread free"), page.heads):
+        n, at = 0, head
+        while at:
+            offset = at - page.start
+            if not 0 <= offset < span or offset % page.block_size:
+                findings.append(Finding(Severity.ERROR, at, "mi_page_t", f"the {name} list of the page at "
+                                        f"{page.address:#x} ({page.block_size}-byte blocks from {page.start:#x}) "
+                                        f"holds {at:#x}, which is not one of its blocks", LIST))
+                break
+            if at in seen:
+                findings.append(Finding(Severity.ERROR, at, "mi_page_t", f"the block {at:#x} is twice on the lists "
+                                        f"of the page at {page.address:#x} (its {name} list loops or "
+                                        "crosses another)", LIST))
+                break
+            seen.add(at)
+            n += 1
+            try:
+                at = int.from_bytes(data[offset:offset + 8], "little") if data is not None else u64(mem, at)
+            except ReadError as exc:
+                findings.append(Finding(Severity.ERROR, at, "mi_page_t", f"the {name} list of the page at "
+                                        f"{page.address:#x} is cut: {exc}", LIST))
+                break
+        counts.append(n)
+    page.free, page.local_free, page.thread_free = counts
+
+
+def _heaps(mem: Memory, found: MiDiscovery, segments: list[MiSegment], threads, findings: list[Finding]
+           ) -> list[MiHeap]:
+    """The heaps: the main heap, each thread's default heap (its thread-local pointer), every heap a page names,
+    and every heap on those heaps' threads' lists."""
+    lay = found.layout
+    wanted = [found.main_heap]
+    if found.default_tpoff is not None:
+        for t in threads:
+            if t.fs_base:
+                try:
+                    wanted.append(u64(mem, (t.fs_base + found.default_tpoff) & ((1 << 64) - 1)))
+                except ReadError:
+                    pass
+    counts: dict[int, int] = {}
+    for seg in segments:
+        for page in seg.pages if seg.live else ():
+            counts[page.heap] = counts.get(page.heap, 0) + 1
+    wanted += [h for h in counts if h]
+    out: dict[int, MiHeap] = {}
+    for at in wanted:
+        if at in out or not at:
+            continue
+        try:
+            tld = u64(mem, at + lay.heap_tld)
+            first = u64(mem, tld + lay.tld_heaps) if tld else 0
+        except ReadError:
+            findings.append(Finding(Severity.ERROR, at, "mi_heap_t", "the heap cannot be read", SEGMENT))
+            continue
+        for heap in _chain(mem, lay, first or at):
+            if heap not in out:
+                out[heap] = _heap(mem, lay, heap, found.main_heap)
+    for heap in out.values():
+        heap.pages = counts.get(heap.address, 0)
+    return sorted(out.values(), key=lambda h: (not h.main, h.address))
+
+
+def _chain(mem: Memory, lay: MiLayout, first: int) -> list[int]:
+    """The heaps of a thread's list from FIRST (next links), as far as it can be read, without loops."""
+    out, at = [], first
+    while at and at not in out and len(out) < 1 << 12:
+        out.append(at)
+        try:
+            at = u64(mem, at + lay.heap_next)
+        except ReadError:
+            break
+    return out
+
+
+def _heap(mem: Memory, lay: MiLayout, at: int, main: int) -> MiHeap:
+    try:
+        tld = u64(mem, at + lay.heap_tld)
+        backing = bool(tld) and u64(mem, tld + lay.tld_heap_backing) == at
+        return MiHeap(at, u64(mem, at + lay.heap_thread_id), tld, backing, at == main)
+    except ReadError:
+        return MiHeap(at, 0, 0, False, at == main)
+
+
+def _delayed(mem: Memory, lay: MiLayout, heaps: list[MiHeap], segments: list[MiSegment],
+             findings: list[Finding]) -> None:
+    """Counts each heap's delayed-free list into the pages its blocks lie in."""
+    pages = sorted((p.start, p) for s in segments if s.live for p in s.pages)
+    starts = [a for a, _ in pages]
+    for heap in heaps:
+        try:
+            at = u64(mem, heap.address + lay.heap_delayed_free)
+        except ReadError:
+            continue
+        seen: set[int] = set()
+        while at and at not in seen and len(seen) < _MAX_WALK:
+            seen.add(at)
+            i = bisect.bisect_right(starts, at) - 1
+            page = pages[i][1] if i >= 0 else None
+            if page is None or at >= page.start + page.capacity * page.block_size:
+                findings.append(Finding(Severity.ERROR, at, "mi_heap_t", f"the delayed-free list of the heap at "
+                                        f"{heap.address:#x} holds {at:#x}, which is in no page", LIST))
+                break
+            page.delayed += 1
+            heap.delayed += 1
+            try:
+                at = u64(mem, at)
+            except ReadError:
+                break

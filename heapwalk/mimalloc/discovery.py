@@ -1,0 +1,239 @@
+"""mimalloc's state found in the writable memory of the object that holds it and in the process's anonymous
+memory, without symbols, by shapes no other data has:
+
+- the main heap (``_mi_heap_main``): a heap whose page queues carry the bins' block sizes (8, 8, 16, 24, 32, 40,
+  48, 56, 64... one queue every 24 bytes), whose thread-local data names it as its thread's backing heap, and
+  whose cookie is set (mimalloc was initialised);
+- the segments: every address aligned to a segment (32 MiB) in the process's anonymous memory whose header
+  holds its own address xor the main heap's cookie, as mimalloc stamps each segment it makes;
+- the segment map: the bitmap (one bit per 32 MiB of address space) whose set bits are exactly the live
+  segments found; a segment that holds its stamp but is not in the map was freed (cached or left behind);
+- each thread's default heap: the thread-local pointer the exported ``mi_heap_get_default`` loads (its GOT
+  slot holds the variable's offset from each thread's $fs_base);
+- the cache of thread data: the words of the object's data that point to a heap and its thread-local data
+  taken from the system (a page-aligned heap whose thread data names it), left by threads that exited.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from heapwalk.errors import CannotDecode
+from heapwalk.inferior.elf import Mapping, writable_words
+from heapwalk.inferior.memory import Memory, ReadError, u64
+from heapwalk.inferior.x86 import tls_got_slot
+from heapwalk.mimalloc.find import MiImage
+from heapwalk.mimalloc.layout import LAYOUTS, MiLayout, layout_for
+
+__all__ = ["MiDiscovery", "MimallocUnknown", "MimallocUnused", "discover_mimalloc", "BIN_SIZES"]
+
+#: the block sizes of the first page queues of every heap (bins 0 to 8, in bytes)
+BIN_SIZES = (8, 8, 16, 24, 32, 40, 48, 56, 64)
+_QUEUE = 3          # words of a page queue: first, last, block_size
+_TOP = 1 << 47      # user-space addresses end below this
+
+
+class MimallocUnknown(CannotDecode):
+    """mimalloc is mapped, but its state does not show the shapes of any build heapwalk knows."""
+
+
+class MimallocUnused(CannotDecode):
+    """mimalloc is mapped but was never initialised: it holds nothing."""
+
+
+@dataclass(frozen=True)
+class MiDiscovery:
+    """Where mimalloc's state is, with how each part was found."""
+
+    layout: MiLayout
+    version: tuple[int, int, int] | None
+    library: str
+    main_heap: int
+    cookie: int                           # the main heap's cookie: a segment holds its address xor it
+    segments: tuple[int, ...]             # every segment in the map (or stamped, when the map is not found)
+    freed: tuple[int, ...]                # stamped segments the map does not hold (freed)
+    segment_map: int | None               # the map's address (None: not found)
+    default_tpoff: int | None             # each thread's default heap pointer, from its $fs_base
+    thread_data_cache: tuple[int, ...]    # thread data of exited threads, kept for new ones
+    facts: tuple[tuple[str, str], ...] = ()
+
+
+def discover_mimalloc(mem: Memory, found: MiImage, regions: list[tuple[int, int]], mappings: list[Mapping],
+                      readable: list[tuple[int, int]] | None) -> MiDiscovery:
+    """mimalloc's state in the object FOUND names and the anonymous REGIONS (READABLE: what can be read without
+    touching a page the process never used; None: all); MimallocUnknown when its shapes are not there."""
+    base, words = writable_words(mem, found.image)
+    if not len(words):
+        raise MimallocUnknown(f"{found.path} has no writable segment")
+    failed = []
+    for layout in _candidates(found.version):
+        try:
+            main = _main_heap(mem, base, words, layout)
+        except MimallocUnknown as exc:
+            failed.append(f"{layout.versions}: {exc}")
+            continue
+        break
+    else:
+        said = f"mimalloc {found.version_text}" if found.version else "a mimalloc that does not say its version"
+        raise MimallocUnknown(f"{said}: no known layout fits its data ({'; '.join(failed)})")
+    cookie = u64(mem, main + layout.heap_cookie)
+    if not cookie:
+        raise MimallocUnused("mimalloc was never initialised in this process (its main heap has no cookie)")
+    stamped = _stamped_segments(mem, _anonymous(regions, mappings, readable), layout, cookie)
+    at, in_map = _segment_map(base, words, stamped, layout)
+    freed = tuple(s for s in stamped if s not in in_map) if at is not None else ()
+    segments = tuple(sorted(in_map)) if at is not None else tuple(stamped)
+    tpoff = _default_tpoff(mem, found)
+    cache = _thread_data_cache(mem, base, words, layout)
+    facts = (("layout", f"mimalloc {layout.versions}'s" + _unmeasured(found, layout)),
+             ("main heap", f"at {main:#x} (its page queues carry the bins' sizes; cookie {cookie:#x})"),
+             ("segments", f"{len(stamped)} stamped with their address xor the cookie, in the anonymous memory"),
+             ("segment map", f"at {at:#x} ({len(in_map)} segments)" if at is not None else
+              "not found: every stamped segment is taken as live"),
+             ("default heaps", f"thread-local, {tpoff - (1 << 64) if tpoff and tpoff >> 63 else tpoff:#x} from "
+              f"$fs_base (mi_heap_get_default's GOT slot)" if tpoff is not None else "not found"),
+             ("thread data cache", f"{len(cache)} kept"))
+    return MiDiscovery(layout, found.version, found.path, main, cookie, segments, freed, at, tpoff, cache, facts)
+
+
+def _candidates(version: tuple[int, int, int] | None) -> list[MiLayout]:
+    """The layouts to try for VERSION: its own, or every one newest first when it says none."""
+    own = layout_for(version[:2]) if version else None
+    if version and own is None:
+        known = ", ".join(lay.versions for lay in LAYOUTS)
+        raise MimallocUnknown(f"mimalloc {'.'.join(map(str, version))} is not a version heapwalk has measured "
+                              f"(it decodes {known}; docs/mimalloc.md)")
+    return [own] if own else list(reversed(LAYOUTS))
+
+
+def _unmeasured(found: MiImage, layout: MiLayout) -> str:
+    return "" if found.version else " (the build does not say its version; its data has this layout's shapes)"
+
+
+def _main_heap(mem: Memory, base: int, words: np.ndarray, layout: MiLayout) -> int:
+    """_mi_heap_main: the heap in the object's data whose page queues carry the bins' sizes and whose thread
+    data names it as the backing heap."""
+    sizes = np.array(BIN_SIZES, dtype=np.uint64)
+    span = _QUEUE * (len(sizes) - 1) + 1
+    if len(words) < span + 2:
+        raise MimallocUnknown("its data is too small to hold a heap")
+    hits = np.flatnonzero(words[2:len(words) - span + 3] == sizes[0])
+    heaps = []
+    for i in hits.tolist():
+        if (words[i + 2:i + 2 + span:_QUEUE] == sizes).all():
+            heap = base + 8 * i - layout.heap_pages
+            tld = int(words[(heap - base) // 8 + layout.heap_tld // 8]) if heap >= base else 0
+            try:
+                if tld and u64(mem, tld + layout.tld_heap_backing) == heap:
+                    heaps.append(heap)
+            except ReadError:
+                continue
+    if len(heaps) != 1:
+        raise MimallocUnknown(f"its main heap was not found in its data ({len(heaps)} heaps have its shape)")
+    return heaps[0]
+
+
+def _anonymous(regions: list[tuple[int, int]], mappings: list[Mapping],
+               readable: list[tuple[int, int]] | None) -> list[tuple[int, int]]:
+    """REGIONS less the files mapped (a segment is anonymous memory), and within READABLE when given."""
+    files = sorted((m.start, m.end) for m in mappings if m.path.startswith("/"))
+    out = []
+    for lo, hi in sorted(regions):
+        pieces = [(lo, hi)]
+        for a, b in files:
+            pieces = [p for x, y in pieces for p in ((x, min(y, a)), (max(x, b), y)) if p[1] > p[0]]
+        out.extend(pieces)
+    if readable is None:
+        return out
+    keep = sorted(readable)
+    return [(max(a, c), min(b, d)) for a, b in out for c, d in keep if min(b, d) > max(a, c)]
+
+
+def _stamped_segments(mem: Memory, anonymous: list[tuple[int, int]], layout: MiLayout, cookie: int) -> list[int]:
+    """The segment-aligned addresses of ANONYMOUS whose header holds the address xor COOKIE."""
+    size = layout.segment_size
+    out = set()
+    for lo, hi in anonymous:
+        at = (lo + size - 1) & ~(size - 1)
+        while at + layout.seg_cookie + 8 <= hi and at < _TOP:
+            try:
+                if u64(mem, at + layout.seg_cookie) == at ^ cookie:
+                    out.add(at)
+            except ReadError:
+                pass
+            at += size
+    return sorted(out)
+
+
+def _segment_map(base: int, words: np.ndarray, stamped: list[int], layout: MiLayout
+                 ) -> tuple[int | None, set[int]]:
+    """(the segment map's address, the segments it holds): the word array of the object's data where the bit of
+    the first stamped segment is set, and whose set bits, read as segments, are stamped ones; (None, all
+    stamped) when no single such array is found."""
+    if not stamped:
+        return None, set()
+    known = set(stamped)
+    word, bit = divmod(stamped[0] >> layout.segment_shift, 64)
+    found: list[tuple[int, set[int]]] = []
+    for i in np.flatnonzero((words >> np.uint64(bit)) & np.uint64(1)).tolist():
+        if i >= word:
+            held = _map_bits(words[i - word:i - word + layout.segment_map_words], layout, known)
+            if held:
+                found.append((base + 8 * (i - word), held))
+    most = max((len(h) for _, h in found), default=0)
+    best = [f for f in found if len(f[1]) == most]
+    return best[0] if len(best) == 1 else (None, known)
+
+
+def _map_bits(words: np.ndarray, layout: MiLayout, known: set[int]) -> set[int]:
+    """The segments whose bits WORDS has set, or an empty set when one of them is not in KNOWN."""
+    out = set()
+    for i in np.flatnonzero(words).tolist():
+        w = int(words[i])
+        while w:
+            b = (w & -w).bit_length() - 1
+            at = (i * 64 + b) << layout.segment_shift
+            if at not in known:
+                return set()
+            out.add(at)
+            w &= w - 1
+    return out
+
+
+def _default_tpoff(mem: Memory, found: MiImage) -> int | None:
+    """The TLS offset (from $fs_base, as a 64-bit word) of each thread's default heap pointer: what the GOT slot
+    mi_heap_get_default's code loads before its %fs access holds."""
+    at = found.image.dynamic_symbol("mi_heap_get_default")
+    if at is None:
+        return None
+    try:
+        slot = tls_got_slot(mem.read(at, 48), at)
+        return u64(mem, slot) if slot is not None else None
+    except ReadError:
+        return None
+
+
+def _thread_data_cache(mem: Memory, base: int, words: np.ndarray, layout: MiLayout) -> tuple[int, ...]:
+    """The thread data kept for reuse: page-aligned words of the object's data that point to a heap whose
+    thread-local data follows it and names it as its backing heap, and whose page queues carry the bins'
+    sizes."""
+    candidates = np.flatnonzero(((words & np.uint64(0xFFF)) == 0) & (words > np.uint64(0x10000))
+                                & (words < np.uint64(_TOP)))
+    out = []
+    for i in candidates.tolist():
+        heap = int(words[i])
+        try:
+            if u64(mem, heap + layout.heap_tld) != heap + layout.heap or \
+                    u64(mem, heap + layout.heap + layout.tld_heap_backing) != heap:
+                continue
+            queues = mem.read(heap + layout.heap_pages, _QUEUE * 8 * len(BIN_SIZES))
+        except ReadError:
+            continue
+        got = np.frombuffer(queues, dtype=np.uint64)[2::_QUEUE]
+        if tuple(got.tolist()) == BIN_SIZES:
+            out.append((base + 8 * i, heap))
+    if out and out[-1][0] - out[0][0] > 64:        # the cache is 8 words: pointers further apart are not it
+        return ()
+    return tuple(heap for _, heap in out)

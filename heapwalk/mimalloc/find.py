@@ -1,0 +1,90 @@
+"""The object that holds mimalloc in a target: a shared library named libmimalloc (libmimalloc.so.2,
+libmimalloc-secure.so...), else the program when it exports mimalloc's entry points, or holds mimalloc's own
+strings in its read-only data (linked in and stripped, as the Rust crate builds it); its version from what the
+exported ``mi_version()`` returns (a constant: 209 for 2.0.9, 30403 for 3.4.3)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from heapwalk.inferior.elf import LibcImage, Mapping, readable_runs
+from heapwalk.inferior.memory import Memory, ReadError
+
+__all__ = ["MiImage", "find_mimalloc"]
+
+_NAME = re.compile(r"(?:^|/)libmimalloc[a-z_-]*\.so")
+_EXPORTS = ("mi_malloc", "mi_version")
+#: what mimalloc keeps in its read-only data: the prefix of its environment variables, and its messages'
+_STRINGS = (b"mimalloc_", b"mimalloc: ")
+_ENDBR64 = b"\xf3\x0f\x1e\xfa"
+_MOV_EAX = 0xB8
+_RET = 0xC3
+
+
+@dataclass(frozen=True)
+class MiImage:
+    """The object that holds mimalloc: its image, its version (major, minor, patch) or None when it does not
+    say, and how the version was learnt."""
+
+    image: LibcImage
+    version: tuple[int, int, int] | None
+
+    @property
+    def path(self) -> str:
+        return self.image.path
+
+    @property
+    def version_text(self) -> str:
+        return ".".join(map(str, self.version)) if self.version else ""
+
+
+def find_mimalloc(mem: Memory, mappings: list[Mapping]) -> MiImage | None:
+    """The object that holds mimalloc, or None: one named libmimalloc*, else the program when it exports
+    mimalloc's entry points, or defines malloc and holds mimalloc's strings."""
+    firsts = [(m.start, m.path) for m in mappings if m.offset == 0 and m.path.startswith("/")]
+    named = [(b, p) for b, p in firsts if _NAME.search(p)]
+    for base, path in named or firsts[:1]:
+        try:
+            image = LibcImage.read(mem, base, path)
+        except ReadError:
+            continue
+        if named or any(image.dynamic_symbol(name) is not None for name in _EXPORTS) or _strings(image):
+            return MiImage(image, _version(mem, image))
+    return None
+
+
+def _strings(image: LibcImage) -> bool:
+    """Whether IMAGE's read-only data holds mimalloc's own strings (all of them)."""
+    seen = set()
+    for seg in image.readonly_data():
+        for _, data in readable_runs(image.mem, seg.address, seg.filesz):
+            seen.update(needle for needle in _STRINGS if needle in data)
+    return len(seen) == len(_STRINGS)
+
+
+def _version(mem: Memory, image: LibcImage) -> tuple[int, int, int] | None:
+    """The version mi_version() returns, read from its code (``mov $N, %eax; ret``).  N has had three forms:
+    209 (2.0.9, a digit each), 3010 (3.0.10, two digits of patch), 30403 (3.4.3, two of minor and patch)."""
+    at = image.dynamic_symbol("mi_version")
+    if at is None:
+        return None
+    try:
+        code = mem.read(at, 16)
+    except ReadError:
+        return None
+    code = code[len(_ENDBR64):] if code.startswith(_ENDBR64) else code
+    if code[0] != _MOV_EAX or code[5] != _RET:
+        return None
+    return version_of(int.from_bytes(code[1:5], "little"))
+
+
+def version_of(number: int) -> tuple[int, int, int] | None:
+    """(major, minor, patch) of MI_MALLOC_VERSION NUMBER, or None when it is no version."""
+    if 100 <= number < 1000:
+        return (number // 100, number // 10 % 10, number % 10)
+    if 1000 <= number < 10000:
+        return (number // 1000, number // 100 % 10, number % 100)
+    if 10000 <= number < 100000:
+        return (number // 10000, number // 100 % 100, number % 100)
+    return None

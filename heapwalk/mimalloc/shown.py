@@ -1,0 +1,67 @@
+"""mimalloc's figures as heapwalk shows them: its totals in its own statistics' words (reserved, committed,
+segments, abandoned), and each heap with the thread it belongs to ('heapwalk threads')."""
+
+from __future__ import annotations
+
+from rich.table import Table
+
+from heapwalk.analysis.report import human
+from heapwalk.mimalloc.account import EXITED, Owner
+from heapwalk.mimalloc.decode import MiState
+
+__all__ = ["totals", "threads_table", "threads_document", "owner_name"]
+
+
+def totals(state: MiState) -> dict[str, int]:
+    """mimalloc's own figures, as mi_stats_print_out names them ("current" of each), from the walk."""
+    live = state.live()
+    abandoned = [s for s in live if not s.thread_id]
+    return {"reserved": state.reserved(), "committed": state.committed(),
+            "segments": len(live) - len(abandoned), "segments_abandoned": len(abandoned),
+            "pages_abandoned": sum(s.abandoned for s in abandoned),
+            "pages": sum(len(s.pages) for s in live),
+            "purge_pending": sum(s.pending for s in live),
+            "huge_segments": sum(1 for s in live if s.huge),
+            "freed_segments": len(state.segments) - len(live),
+            "thread_data": len(state.thread_data)}
+
+
+def owner_name(owner: Owner, threads: dict) -> str:
+    """How the tables name OWNER: "thread N" (gdb's number), "exited threads", or its $fs_base."""
+    if owner.thread_id == EXITED:
+        return "exited threads"
+    t = threads.get(owner.thread_id)
+    return f"thread {t.number}" if t else f"thread at {owner.thread_id:#x}"
+
+
+def threads_table(state: MiState, owners: list[Owner], threads: dict, box) -> Table:
+    """One row per heap: its thread (gdb's number, LWP, name), where it is, its pages and the bytes its blocks
+    in use and free hold."""
+    table = Table(title=f"mimalloc heaps ({len(state.heaps)})", box=box, title_justify="left")
+    for name in ("thread", "lwp", "name", "heap", "kind", "pages", "in use", "free in pages", "segments"):
+        table.add_column(name, justify="left" if name in ("name", "heap", "kind") else "right", no_wrap=True)
+    for row in threads_document(state, owners, threads):
+        table.add_row(str(row["thread"] or "-"), str(row["lwp"] or "-"), row["name"] or "-", f"{row['address']:#x}",
+                      row["kind"], str(row["pages"]), human(row["in_use"]), human(row["free"]),
+                      str(row["segments"]))
+    return table
+
+
+def threads_document(state: MiState, owners: list[Owner], threads: dict) -> list[dict]:
+    """The heaps as JSON: address, kind (main, backing, other), the owning thread ($fs_base, gdb's number, LWP,
+    name: null when not found), pages, bytes of blocks in use and free, segments its thread owns."""
+    by_heap: dict[int, tuple[int, int]] = {}
+    for seg in state.live():
+        for p in seg.pages:
+            used, free = by_heap.get(p.heap, (0, 0))
+            by_heap[p.heap] = (used + p.in_use * p.block_size, free + p.free_blocks * p.block_size)
+    segments = {o.thread_id: len(o.segments) for o in owners}
+    out = []
+    for h in state.heaps:
+        t = threads.get(h.thread_id)
+        used, free = by_heap.get(h.address, (0, 0))
+        out.append({"address": h.address, "kind": "main" if h.main else "backing" if h.backing else "other",
+                    "thread_id": h.thread_id, "thread": t.number if t else None, "lwp": t.lwp if t else None,
+                    "name": t.name if t else None, "pages": h.pages, "in_use": used, "free": free,
+                    "delayed": h.delayed, "segments": segments.get(h.thread_id, 0) if h.backing else 0})
+    return out

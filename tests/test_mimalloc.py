@@ -1,0 +1,134 @@
+"""Microsoft's mimalloc on a real process, symbols hidden: cores/mi_hold.c on Debian's builds (cores/mibuilds.py:
+2.0.9 preloaded) writes mimalloc's own statistics (mi_stats_print_out, mi_process_info) at its snapshot and a
+ledger of every block in use in each thread's heap (mi_heap_visit_blocks), four threads parked and one exited
+(its segments abandoned); heapwalk's report of its core, and of gdb attached to it, gives each figure: committed
+bytes to the byte, reserved as mimalloc rounds it, the segments, abandoned segments and pages, and each heap's
+blocks in use and their bytes.  A release whose layout heapwalk has not measured (trixie's 3.0.1) is named in
+one line, with an error status."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import harness
+import mibuilds
+from conftest import NO_SYMBOLS, SYSROOTS, capture_mimalloc, run_gdb
+
+pytestmark = pytest.mark.cores
+
+CLI = Path(sys.executable).with_name("heapwalk")
+_UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "Ki": 1000, "Mi": 1000 ** 2, "Gi": 1000 ** 3}
+_AMOUNT = re.compile(r"(-?\d+(?:\.\d+)?)(?: (GiB|MiB|KiB|Ki|Mi|Gi|B)\b)?")
+
+
+@pytest.fixture
+def stopped(tmp_path):
+    """cores/mi_hold.c run on bookworm's mimalloc to its snapshot: (process, its output folder)."""
+    mi = mibuilds.prepare_mimalloc(SYSROOTS, "bookworm")
+    run = tmp_path / "run"
+    proc = harness.run_to_snapshot(mibuilds.build_hold(tmp_path), run, env=mi.environment())
+    try:
+        yield proc, run
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def _current(text: str, label: str, nth: int = 0) -> tuple[float, int]:
+    """The 'current' column of mi_stats_print_out's NTH line labelled LABEL: (value, its unit in bytes)."""
+    lines = [line for line in text.splitlines() if line.strip().startswith(label + ":")]
+    amounts = _AMOUNT.findall(lines[nth].split(":", 1)[1])
+    value, unit = amounts[3]
+    return float(value), _UNITS[unit] if unit else 1
+
+
+def _ledger(run: Path) -> dict[str, dict]:
+    """Each ledger's heap ("parks"/"exits"/"main" and its address), and the blocks in use at the snapshot: those
+    its walk listed, less those freed after it (by the thread itself, or by the main thread)."""
+    freed, out = set(), {}
+    for path in sorted(run.glob("ledger-*.txt")):
+        lines = [line.split() for line in path.read_text().splitlines()]
+        freed |= {int(p[1], 16) for p in lines if p[0] == "f"}
+        out[path.name] = {"how": lines[0][0], "heap": int(lines[0][1], 16),
+                          "blocks": {int(p[1], 16): int(p[2], 16) for p in lines if p[0] == "b"}}
+    for entry in out.values():
+        entry["blocks"] = {a: s for a, s in entry["blocks"].items() if a not in freed}
+    return out
+
+
+def _check(doc: dict, run: Path) -> None:
+    """DOC (a report's JSON) gives the figures mimalloc printed in RUN and its ledgers' blocks, heap by heap."""
+    stats = json.loads((run / "stats.json").read_text())
+    m = doc["mimalloc"]
+    totals = m["totals"]
+    assert m["version"] == "2.0.9" and stats["version"] == 209
+    assert totals["committed"] == stats["process"]["current_commit"]
+    value, unit = _current(stats["stats"], "reserved")
+    assert abs(totals["reserved"] - value * unit) <= 0.1 * unit
+    assert totals["segments"] == _current(stats["stats"], "segments")[0]
+    assert totals["segments_abandoned"] == _current(stats["stats"], "-abandoned", 0)[0] > 0
+    assert totals["pages_abandoned"] == _current(stats["stats"], "-abandoned", 1)[0] > 0
+    heaps = {h["address"]: h for h in m["heaps"]}
+    owners = {o["owner"]: o for o in m["owners"]}
+    for name, entry in _ledger(run).items():
+        blocks = entry["blocks"]
+        if entry["how"] == "exits":            # its heap is gone: its blocks are the exited threads' share
+            got = owners["exited threads"]
+            assert (got["blocks"], got["in_use"]) == (len(blocks), sum(blocks.values())), name
+        else:
+            assert heaps[entry["heap"]]["in_use"] == sum(blocks.values()), name
+    assert sum(o["in_use"] for o in m["owners"]) == sum(sum(e["blocks"].values()) for e in _ledger(run).values())
+    assert totals["thread_data"] == 5 and totals["freed_segments"] == 0
+    assert all(o["in_use"] + sum(o["free"].values()) + o["overhead"] == o["reserved"] for o in m["owners"])
+
+
+def test_a_core_gives_every_figure_mimalloc_printed(tmp_path):
+    """The CLI on the core of mi_hold, symbols hidden: every figure as mimalloc printed it, every heap's blocks
+    as its ledger lists them; the verdict names the abandoned segments and the memory waiting to be purged."""
+    cap = capture_mimalloc("bookworm")
+    out = tmp_path / "report.json"
+    result = subprocess.run([str(CLI), "report", "--no-symbols", "--no-leaks", "--json", str(out), str(cap.core),
+                             str(cap.exe)], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    _check(json.loads(out.read_text()), cap.directory)
+    said = " ".join(result.stdout.split())
+    assert "mimalloc: mimalloc 2.0.9" in said
+    assert "segments (332 MiB) are abandoned: their threads exited with" in said
+    assert "wait for the purge delay" in said
+
+
+def test_gdb_attached_says_the_same(stopped, tmp_path):
+    """gdb -p on the stopped process, symbols hidden: the same figures, read live; threads lists each heap with
+    its thread."""
+    proc, run = stopped
+    out = tmp_path / "report.json"
+    result = run_gdb(["-p", str(proc.pid)], [f"heapwalk report --no-leaks --json {out}", "heapwalk threads"],
+                     iex=[NO_SYMBOLS])
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(out.read_text())
+    _check(doc, run)
+    lwps = {int(task.name) for task in Path(f"/proc/{proc.pid}/task").iterdir()}
+    assert {h["lwp"] for h in doc["mimalloc"]["heaps"] if h["kind"] != "other"} == lwps
+    assert f"mimalloc heaps ({len(doc['mimalloc']['heaps'])})" in result.stdout
+
+
+def test_a_release_not_measured_is_named_in_one_line(tmp_path):
+    """trixie's mimalloc 3.0.1 (a new layout: arenas of pages, no segments) is named, with what heapwalk decodes,
+    in one line and an error status: never a report without it."""
+    mi = mibuilds.prepare_mimalloc(SYSROOTS, "trixie")
+    run = tmp_path / "run"
+    proc = harness.run_to_snapshot(mibuilds.build_hold(tmp_path), run, env=mi.environment())
+    try:
+        result = run_gdb(["-p", str(proc.pid)], ["heapwalk report --no-leaks"], iex=[NO_SYMBOLS])
+    finally:
+        proc.kill()
+        proc.wait()
+    said = " ".join((result.stdout + result.stderr).split())
+    assert "mimalloc 3.0.1 is not a version heapwalk has measured (it decodes 2.0" in said
+    assert "mimalloc holds" not in result.stdout

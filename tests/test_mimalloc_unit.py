@@ -1,0 +1,115 @@
+"""mimalloc's decoder without gdb: its version numbers, the system's rounding of its allocations, the segment
+map found by its bits, and a segment's slices cut into pages and spans from bytes made by hand."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from heapwalk.inferior.elf import Mapping
+from heapwalk.mimalloc import decode, discovery
+from heapwalk.mimalloc.find import version_of
+from heapwalk.mimalloc.layout import LAYOUTS
+
+LAY = LAYOUTS[0]
+SEG = 32 << 20
+
+
+def test_each_form_of_the_version_number():
+    assert version_of(209) == (2, 0, 9)
+    assert version_of(217) == (2, 1, 7)
+    assert version_of(3010) == (3, 0, 10)
+    assert version_of(30403) == (3, 4, 3)
+    assert version_of(7) is None and version_of(1 << 20) is None
+
+
+def test_the_system_s_rounding():
+    assert decode.good_size(4600) == 8192
+    assert decode.good_size(641 * 65536) == 44 << 20          # a huge segment of 40 MiB and a slice
+    assert decode.good_size(SEG) == SEG
+    assert decode.good_size(600 << 10) == 640 << 10
+    assert decode.good_size(3 << 20 | 1) == (3 << 20) + (256 << 10)
+
+
+def test_the_segment_map_is_the_array_whose_bits_are_the_segments():
+    segments = [0x20000000000, 0x20002000000, 0x40000000000]
+    words = np.zeros(20000, dtype=np.uint64)
+    start = 500
+    for s in segments:
+        i, b = divmod(s >> LAY.segment_shift, 64)
+        words[start + i] |= np.uint64(1 << b)
+    words[start - 1] = np.uint64(1 << 0)        # a word before the map: no segment of it is known
+    at, held = discovery._segment_map(0x1000, words, segments[:2] + segments[2:], LAY)
+    assert at == 0x1000 + 8 * start and held == set(segments)
+    at, held = discovery._segment_map(0x1000, words, segments[:1], LAY)     # bits of unknown segments: no map
+    assert at is None and held == {segments[0]}
+
+
+def test_files_and_unread_pages_are_no_segments():
+    regions = [(0x1000, 0x9000), (0x20000000000, 0x20004000000)]
+    maps = [Mapping(0x2000, 0x3000, 0, "/lib/x.so")]
+    assert discovery._anonymous(regions, maps, None) == [(0x1000, 0x2000), (0x3000, 0x9000),
+                                                          (0x20000000000, 0x20004000000)]
+    assert discovery._anonymous(regions, maps, [(0x20000000000, 0x20000001000)]) == [(0x20000000000, 0x20000001000)]
+
+
+class _Memory:
+    """Bytes at addresses, as a target's memory."""
+
+    def __init__(self, at: int, data: bytes):
+        self.at, self.data = at, data
+
+    def read(self, address: int, size: int) -> bytes:
+        from heapwalk.inferior.memory import ReadError
+        lo = address - self.at
+        if lo < 0 or lo + size > len(self.data):
+            raise ReadError(address, size, "not in the test's memory")
+        return self.data[lo:lo + size]
+
+
+def _segment_bytes(pages: list[tuple[int, int, int, int]]) -> bytearray:
+    """A normal segment's header: one info slice, then PAGES as (first slice, slices, block size, used), the rest
+    one free span; every slice committed."""
+    head = bytearray(LAY.seg_slices + 513 * LAY.page)
+    put = lambda off, value, n=8: head.__setitem__(slice(off, off + n), value.to_bytes(n, "little"))  # noqa: E731
+    put(LAY.seg_slices_count, 512)
+    put(LAY.seg_info_slices, 1)
+    put(LAY.seg_slice_entries, 512)
+    put(LAY.seg_thread_id, 0x7F0000001000)
+    head[LAY.seg_commit_mask:LAY.seg_commit_mask + 64] = b"\xff" * 64
+    slot = lambda i: LAY.seg_slices + i * LAY.page                                        # noqa: E731
+    put(slot(0) + LAY.page_slice_count, 1, 4)
+    put(slot(0) + LAY.page_block_size, 65536, 4)
+    end = 1
+    for first, count, size, used in pages:
+        put(slot(first) + LAY.page_slice_count, count, 4)
+        put(slot(first) + LAY.page_block_size, size, 4)
+        put(slot(first) + LAY.page_used, used, 4)
+        put(slot(first) + LAY.page_capacity, used, 2)
+        put(slot(first) + LAY.page_reserved, (count * 65536 - 384) // size, 2)
+        end = first + count
+    put(slot(end) + LAY.page_slice_count, 512 - end, 4)
+    return head
+
+
+def test_a_segment_s_slices_are_cut_into_pages_and_a_free_span():
+    at = 0x20000000000
+    mem = _Memory(at, bytes(_segment_bytes([(1, 1, 64, 10), (2, 8, 8192, 3)])))
+    findings = []
+    found = discovery.MiDiscovery(LAY, (2, 0, 9), "x", 0, 0, (at,), (), None, None, ())
+    seg = decode._segment(mem, found, at, True, findings)
+    assert not findings
+    assert [(p.index, p.slices, p.block_size, p.used, p.start - at) for p in seg.pages] == [
+        (1, 1, 64, 10, 65536 + 384), (2, 8, 8192, 3, 2 * 65536)]
+    assert [(s.index, s.slices, s.committed) for s in seg.spans] == [(10, 502, 502 * 65536)]
+    assert seg.reserved == SEG and seg.committed == SEG
+
+
+def test_a_slice_that_starts_nothing_stops_the_walk_with_a_finding():
+    at = 0x20000000000
+    head = _segment_bytes([(1, 1, 64, 10)])
+    head[LAY.seg_slices + 2 * LAY.page:LAY.seg_slices + 3 * LAY.page] = bytes(LAY.page)    # slice 2: count 0
+    findings = []
+    found = discovery.MiDiscovery(LAY, (2, 0, 9), "x", 0, 0, (at,), (), None, None, ())
+    seg = decode._segment(_Memory(at, bytes(head)), found, at, True, findings)
+    assert len(seg.pages) == 1 and not seg.spans
+    assert findings and findings[0].kind is decode.SEGMENT and "slice 2" in findings[0].message
