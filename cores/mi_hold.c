@@ -11,9 +11,10 @@
  * ledger-main.txt, then frees some of thread 0's blocks (lines "f ADDRESS" there: they wait on the page's
  * thread-free list) and writes mimalloc's own statistics at that instant into stats.json in the folder given
  * as its one argument: mi_version, mi_process_info, and mi_stats_print_out's text (each thread merged its
- * statistics first); and stops itself (SIGSTOP) for the capture.  Continued, it measures what mi_collect(true) really gives back (RssAnon before and after, into collect.json)
- * and exits.  Its entry points are found with dlsym (called directly when linked); everything is written with
- * write(2) from static buffers, in hex text, which no scan takes for a pointer. */
+ * statistics first); and stops itself (SIGSTOP) for the capture.  Continued, it measures what mi_collect(true)
+ * really gives back (RssAnon and mi_process_info's commit before and after, into collect.json) and exits.
+ * Its entry points are found with dlsym (called directly when linked); everything is written with write(2)
+ * from static buffers, in hex text, which no scan takes for a pointer. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <fcntl.h>
@@ -267,10 +268,16 @@ int main(int argc, char **argv)
         return 1;
     kill(getpid(), SIGSTOP);
 
-    static char line[256];
+    static char line[512];
+    size_t v[8];
+    process(&v[0], &v[1], &v[2], &v[3], &v[4], &v[5], &v[6], &v[7]);
+    size_t commit_before = v[5];
     long before = rss_anon();
     collect(true);
     long after = rss_anon();
-    int n = snprintf(line, sizeof line, "{\"rss_anon_before\": %ld, \"rss_anon_after\": %ld}\n", before, after);
+    process(&v[0], &v[1], &v[2], &v[3], &v[4], &v[5], &v[6], &v[7]);
+    size_t commit_after = v[5];
+    int n = snprintf(line, sizeof line, "{\"rss_anon_before\": %ld, \"rss_anon_after\": %ld, \"commit_before\": %zu, "
+                     "\"commit_after\": %zu}\n", before, after, commit_before, commit_after);
     return write_file("collect.json", line, (size_t)n);
 }
