@@ -111,6 +111,14 @@ static void write_ledger(long t)
     close(fd);
 }
 
+/* Zeroes the stack below the caller's frame, where the frames of the calls it made (malloc's, the walk's) left
+ * copies of block addresses: an exiting thread's stack is kept for the next thread, and the scan reads it. */
+static __attribute__((noinline)) void scrub_stack(void)
+{
+    volatile char below[1 << 18];
+    explicit_bzero((void *)below, sizeof below);
+}
+
 static void *worker(void *arg)
 {
     long t = (long)arg;
@@ -147,6 +155,7 @@ static void *worker(void *arg)
     pthread_mutex_unlock(&lock);
     if (exits) {
         explicit_bzero(blocks, sizeof kept[t]);     /* its kept blocks are leaked: no copy of their address stays */
+        scrub_stack();
         return NULL;
     }
     for (;;)

@@ -103,6 +103,37 @@ def test_a_core_gives_every_figure_mimalloc_printed(tmp_path):
     assert "wait for the purge delay" in said
 
 
+def test_leaks_are_the_exited_thread_s_blocks_and_check_finds_it_sound(tmp_path):
+    """gdb on the core, symbols hidden: the leak scan finds exactly the blocks the exited thread kept and forgot
+    (its ledger's, in its abandoned segments), no other; check walks every page, segment and queue and finds
+    nothing wrong; chunk names a block in use (and what reaches it), one freed by its thread (local free list),
+    one freed by another thread, and a leaked one; map draws every segment."""
+    cap = capture_mimalloc("bookworm")
+    out = tmp_path / "leaks.json"
+    ledgers = _ledger(cap.directory)
+    exited = next(e for e in ledgers.values() if e["how"] == "exits")["blocks"]
+    parked = ledgers["ledger-1.txt"]
+    local = next(int(line.split()[1], 16) for line in (cap.directory / "ledger-1.txt").read_text().splitlines()
+                 if line.startswith("f "))
+    cross = next(int(line.split()[1], 16) for line in (cap.directory / "ledger-main.txt").read_text().splitlines()
+                 if line.startswith("f "))
+    chunks = [min(parked["blocks"]), local, cross, min(exited)]
+    result = run_gdb([str(cap.exe), str(cap.core)], ["heapwalk check", f"heapwalk leaks --json {out}",
+                                                     *(f"heapwalk chunk {a:#x}" for a in chunks), "heapwalk map"],
+                     iex=[NO_SYMBOLS])
+    assert result.returncode == 0, result.stderr
+    said = " ".join(result.stdout.split())
+    assert "mimalloc consistent: checked every page's counters" in said
+    leaked = {b["address"]: b["size"] for b in json.loads(out.read_text())["leaked"]}
+    assert leaked == exited
+    assert re.search(f"{chunks[0]:#x}: block {chunks[0]:#x} of .*?: in use page .*? reached: data of mi_hold", said)
+    assert f"{chunks[1]:#x}: block {chunks[1]:#x}" in said and "free, on its page's local free list" in said
+    assert re.search(f"{chunks[2]:#x}: block {chunks[2]:#x} .*?: free, on its (page's thread free|heap's delayed-free) "
+                     "list", said)
+    assert "abandoned (its thread exited)) leaked: nothing reachable points to it" in said
+    assert "segment at" in said and "(huge)" in said
+
+
 def test_gdb_attached_says_the_same(stopped, tmp_path):
     """gdb -p on the stopped process, symbols hidden: the same figures, read live; threads lists each heap with
     its thread."""

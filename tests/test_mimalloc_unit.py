@@ -113,3 +113,26 @@ def test_a_slice_that_starts_nothing_stops_the_walk_with_a_finding():
     seg = decode._segment(_Memory(at, bytes(head)), found, at, True, findings)
     assert len(seg.pages) == 1 and not seg.spans
     assert findings and findings[0].kind is decode.SEGMENT and "slice 2" in findings[0].message
+
+
+def _state(seg) -> decode.MiState:
+    found = discovery.MiDiscovery(LAY, (2, 0, 9), "x", 0, 0, (seg.address,), (), None, None, ())
+    return decode.MiState(found, [seg], [], [], [])
+
+
+def test_check_names_a_page_whose_counters_do_not_add_up():
+    """A page that counts more blocks in use than it cut, and one whose blocks in use and free are not its capacity,
+    are each an error at the page; a segment that counts other pages than it holds too."""
+    from heapwalk.mimalloc import check
+    at = 0x20000000000
+    head = _segment_bytes([(1, 1, 64, 10), (2, 8, 8192, 3)])
+    findings = []
+    found = discovery.MiDiscovery(LAY, (2, 0, 9), "x", 0, 0, (at,), (), None, None, ())
+    seg = decode._segment(_Memory(at, bytes(head)), found, at, True, findings)
+    seg.used = 2
+    assert check.check_mimalloc(_Memory(at, bytes(head)), _state(seg)) == []
+    seg.pages[0].used, seg.pages[1].free, seg.used = 11, 1, 3
+    got = check.check_mimalloc(_Memory(at, bytes(head)), _state(seg))
+    assert [(f.address, f.kind) for f in got] == [(at, check.COUNTS), (seg.pages[0].address, check.COUNTS),
+                                                 (seg.pages[1].address, check.COUNTS)]
+    assert "counts 11 blocks in use of 10" in got[1].message

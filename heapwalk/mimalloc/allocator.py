@@ -9,20 +9,24 @@ from types import MappingProxyType
 
 from rich.text import Text
 
-from heapwalk.allocator import Allocator, Context, Decoded, NotUsed, Shown
+from heapwalk.allocator import Allocator, Checked, Context, Decoded, NotUsed, Shown
 from heapwalk.analysis.report import Report, human
 from heapwalk.analysis.rss import Claim
-from heapwalk.findings import Finding
+from heapwalk.findings import Finding, Severity
+from heapwalk.mimalloc.blocks import mimalloc_blocks
+from heapwalk.mimalloc.check import CHECKED, check_mimalloc
 from heapwalk.mimalloc.account import EXITED, FREE_KINDS, Owner, owners
 from heapwalk.mimalloc.decode import MiState, decode_mimalloc, good_size
 from heapwalk.mimalloc.discovery import MimallocUnused, discover_mimalloc
 from heapwalk.mimalloc.find import find_mimalloc
+from heapwalk.mimalloc.heapmap import segment_strips
 from heapwalk.mimalloc.shown import owner_name, threads_document, threads_table, totals
 from heapwalk.mimalloc.verdict import advice
+from heapwalk.output import tables
 from heapwalk.output.consoles import box_for
 from heapwalk.output.jsondoc import report_json
 from heapwalk.output.reporttext import report_group
-from heapwalk.view import ArenaView, HeapView, Words
+from heapwalk.view import ArenaView, HeapStrip, HeapView, Words
 
 __all__ = ["MIMALLOC", "MimallocHeap"]
 
@@ -42,6 +46,7 @@ class MimallocHeap(Decoded):
     damaged_subject = "mimalloc's state is"
     words = WORDS
     block_noun = "block"
+    scans_leaks = True
 
     def __init__(self, state: MiState, mem, threads):
         self.state, self.mem = state, mem
@@ -108,6 +113,19 @@ class MimallocHeap(Decoded):
                              "heaps": threads_document(self.state, self.owners, self.by_tcb),
                              "discovery": [{"what": w, "how": h} for w, h in d.facts]}}
 
+    def check(self, limit: int, interactive: bool, json: bool = False) -> Checked:
+        """The invariants `mimalloc.check` holds it to, and what was checked."""
+        findings = check_mimalloc(self.mem, self.state)
+        errors = sum(1 for f in findings if f.severity is Severity.ERROR)
+        warnings = sum(1 for f in findings if f.severity is Severity.WARNING)
+        pages = len(self.state.pages())
+        text = tables.findings_text(findings[:limit or len(findings)]) or Text(
+            f"mimalloc consistent: checked {'; '.join(CHECKED)} ({len(self.state.live())} segments, {pages} pages, "
+            f"{len(self.state.heaps)} heaps)\n")
+        doc = {**self.document(), "clean": not errors, "errors": errors, "warnings": warnings,
+               "checked": list(CHECKED)} if json else None
+        return Checked([text], errors, warnings, doc)
+
     def threads(self, interactive: bool, json: bool = False) -> Shown:
         """'heapwalk threads': each heap and the thread it belongs to."""
         return Shown([threads_table(self.state, self.owners, self.by_tcb, box_for(interactive))],
@@ -117,6 +135,16 @@ class MimallocHeap(Decoded):
     @property
     def memory(self):
         return self.mem
+
+    def strips(self, reserved: bool = False, leaked=None) -> list[HeapStrip]:
+        """Each live segment (`mimalloc.heapmap`)."""
+        owner_of = {s.address: (n, owner_name(o, self.by_tcb)) for n, o in enumerate(self.owners) for s in o.segments}
+        return segment_strips(self.state, owner_of, self.state.residency, leaked)
+
+    def blocks(self):
+        """The blocks the program holds, for the leak scan (`mimalloc.blocks`)."""
+        arena_of = {s.address: n for n, o in enumerate(self.owners) for s in o.segments}
+        return mimalloc_blocks(self.state, arena_of)
 
     def claims(self) -> list[Claim]:
         """Every live segment (all the memory mimalloc took for its heaps) and each thread data."""
@@ -133,9 +161,18 @@ class Mimalloc(Allocator):
 
     name = "mimalloc"
     title = "mimalloc"
+    scans_leaks = True
     variables = ("MIMALLOC_",)
     describes = {"report": "its segments, pages and free spans by thread, abandoned segments, in mi_stats' figures",
-                 "threads": "each heap, the thread it belongs to, its pages and the bytes its blocks hold"}
+                 "threads": "each heap, the thread it belongs to, its pages and the bytes its blocks hold",
+                 "map": "its segments: blocks in use, free blocks, pages not yet cut, free spans, headers",
+                 "check": "every page's counters against its free lists, every segment's page counts, every heap's "
+                          "page queues link by link"}
+
+    @property
+    def verbs(self):
+        from heapwalk.mimalloc.verbs import VERBS
+        return VERBS
 
     def load(self, context: Context) -> MimallocHeap:
         target = context.target

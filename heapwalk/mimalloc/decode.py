@@ -4,7 +4,6 @@ list), what is committed and what waits for its purge delay; the heaps and the t
 
 from __future__ import annotations
 
-import bisect
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -14,14 +13,13 @@ from heapwalk.inferior.memory import Memory, ReadError, u64
 from heapwalk.inferior.residency import Residency
 from heapwalk.mimalloc.discovery import MiDiscovery
 from heapwalk.mimalloc.layout import MiLayout
+from heapwalk.mimalloc.lists import count_delayed, walk_page
 
-__all__ = ["SEGMENT", "LIST", "MiPage", "MiSpan", "MiSegment", "MiHeap", "MiState", "decode_mimalloc", "good_size"]
+__all__ = ["SEGMENT", "MiPage", "MiSpan", "MiSegment", "MiHeap", "MiState", "decode_mimalloc", "good_size"]
 
 SEGMENT = Kind("mi_segment", "segment unreadable or inconsistent")
-LIST = Kind("mi_free_list", "free list that leaves its page, loops or is cut")
 _HUGE = 1           # mi_segment_kind_t
 _IN_FULL = 1        # the page's flags: it sits in its heap's full queue
-_MAX_WALK = 1 << 20
 
 
 @dataclass
@@ -45,6 +43,9 @@ class MiPage:
     local_free: int = 0
     thread_free: int = 0
     delayed: int = 0            # blocks of it on its heap's delayed-free list
+    freed: list[int] = field(default_factory=list)     # the free blocks' addresses: its free, local-free and
+    #                                                    thread-free lists in turn, then its delayed ones
+    damaged: bool = False       # a list of it could not be walked to its end: which blocks are free is unknown
 
     @property
     def end(self) -> int:
@@ -55,6 +56,18 @@ class MiPage:
     def in_use(self) -> int:
         """Blocks the program holds."""
         return max(self.used - self.thread_free - self.delayed, 0)
+
+    def list_of(self, block: int) -> str | None:
+        """Which list holds BLOCK ("free", "local free", "thread free", "delayed"), or None."""
+        try:
+            i = self.freed.index(block)
+        except ValueError:
+            return None
+        for name, count in (("free", self.free), ("local free", self.local_free), ("thread free", self.thread_free)):
+            if i < count:
+                return name
+            i -= count
+        return "delayed"
 
     @property
     def free_blocks(self) -> int:
@@ -187,8 +200,11 @@ def decode_mimalloc(mem: Memory, found: MiDiscovery, threads, description: str =
     for seg in segments:
         if seg.live:
             for page in seg.pages:
-                _walk_page(mem, found.layout, page, findings)
-    _delayed(mem, found.layout, heaps, segments, findings)
+                walk_page(mem, page, findings)
+    delayed = count_delayed(mem, found.layout, [h.address for h in heaps],
+                            [p for s in segments if s.live for p in s.pages], findings)
+    for heap in heaps:
+        heap.delayed = delayed[heap.address]
     data = [(h.address, "thread") for h in heaps if h.backing and not h.main] + \
         [(at, "cached") for at in found.thread_data_cache]
     if any(s.memid for s in segments if s.live):
@@ -270,44 +286,6 @@ def _page(lay: MiLayout, seg: MiSegment, i: int, s) -> MiPage:
                   (int(s["free"]), int(s["local_free"]), int(s["thread_free"]) & ~3))
 
 
-def _walk_page(mem: Memory, lay: MiLayout, page: MiPage, findings: list[Finding]) -> None:
-    """Counts the blocks on PAGE's three lists, reading its blocks once; a list that leaves the page's blocks,
-    loops or cannot be read is a finding at the block where it goes wrong, and counts up to there."""
-    if not any(page.heads):
-        return
-    span = page.capacity * page.block_size
-    try:
-        data = mem.read(page.start, span)
-    except ReadError:
-        data = None
-    seen: set[int] = set()
-    counts = []
-    for name, head in zip(("free", "local free", "thread free"), page.heads):
-        n, at = 0, head
-        while at:
-            offset = at - page.start
-            if not 0 <= offset < span or offset % page.block_size:
-                findings.append(Finding(Severity.ERROR, at, "mi_page_t", f"the {name} list of the page at "
-                                        f"{page.address:#x} ({page.block_size}-byte blocks from {page.start:#x}) "
-                                        f"holds {at:#x}, which is not one of its blocks", LIST))
-                break
-            if at in seen:
-                findings.append(Finding(Severity.ERROR, at, "mi_page_t", f"the block {at:#x} is twice on the lists "
-                                        f"of the page at {page.address:#x} (its {name} list loops or "
-                                        "crosses another)", LIST))
-                break
-            seen.add(at)
-            n += 1
-            try:
-                at = int.from_bytes(data[offset:offset + 8], "little") if data is not None else u64(mem, at)
-            except ReadError as exc:
-                findings.append(Finding(Severity.ERROR, at, "mi_page_t", f"the {name} list of the page at "
-                                        f"{page.address:#x} is cut: {exc}", LIST))
-                break
-        counts.append(n)
-    page.free, page.local_free, page.thread_free = counts
-
-
 def _heaps(mem: Memory, found: MiDiscovery, segments: list[MiSegment], threads, findings: list[Finding]
            ) -> list[MiHeap]:
     """The heaps: the main heap, each thread's default heap (its thread-local pointer), every heap a page names,
@@ -363,30 +341,3 @@ def _heap(mem: Memory, lay: MiLayout, at: int, main: int) -> MiHeap:
         return MiHeap(at, u64(mem, at + lay.heap_thread_id), tld, backing, at == main)
     except ReadError:
         return MiHeap(at, 0, 0, False, at == main)
-
-
-def _delayed(mem: Memory, lay: MiLayout, heaps: list[MiHeap], segments: list[MiSegment],
-             findings: list[Finding]) -> None:
-    """Counts each heap's delayed-free list into the pages its blocks lie in."""
-    pages = sorted((p.start, p) for s in segments if s.live for p in s.pages)
-    starts = [a for a, _ in pages]
-    for heap in heaps:
-        try:
-            at = u64(mem, heap.address + lay.heap_delayed_free)
-        except ReadError:
-            continue
-        seen: set[int] = set()
-        while at and at not in seen and len(seen) < _MAX_WALK:
-            seen.add(at)
-            i = bisect.bisect_right(starts, at) - 1
-            page = pages[i][1] if i >= 0 else None
-            if page is None or at >= page.start + page.capacity * page.block_size:
-                findings.append(Finding(Severity.ERROR, at, "mi_heap_t", f"the delayed-free list of the heap at "
-                                        f"{heap.address:#x} holds {at:#x}, which is in no page", LIST))
-                break
-            page.delayed += 1
-            heap.delayed += 1
-            try:
-                at = u64(mem, at)
-            except ReadError:
-                break

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from heapwalk.analysis.report import Report, human
+from heapwalk.analysis.report import Report, human, leaking, scan_sentence
 from heapwalk.mimalloc.account import EXITED, Owner
 from heapwalk.mimalloc.decode import MiState
 
@@ -12,11 +12,15 @@ __all__ = ["advice"]
 def advice(state: MiState, owners: list[Owner], rep: Report) -> list[str]:
     """The verdict's sentences on STATE's report REP."""
     reserved, committed = state.reserved(), state.committed()
-    free = rep.free
-    out = [f"mimalloc holds {human(reserved)} of address space ({human(committed)} committed): {human(rep.in_use)} "
-           f"in blocks the program holds, {human(free)} free ({human(sum(o.free['free blocks'] for o in owners))} "
-           f"in free blocks of its pages, {human(sum(o.free['free spans'] for o in owners))} in free spans of its "
-           f"segments), {human(sum(o.overhead for o in owners))} its own."]
+    blocks = sum(o.free["free blocks"] for o in owners)
+    spans = sum(o.free["free spans"] for o in owners)
+    held = "" if rep.leaks is None else ", and a leak" if leaking(rep.leaks) else ", not a leak"
+    out = [f"mimalloc holds {human(reserved)} of address space ({human(committed)} committed){held}: "
+           f"{human(rep.in_use)} in blocks the program holds, {human(rep.free)} free ({human(blocks)} in free blocks "
+           f"of its pages, {human(spans)} in free spans of its segments), {human(sum(o.overhead for o in owners))} "
+           "its own."]
+    if rep.leaks is not None:
+        out.append(scan_sentence(rep.leaks, "block"))
     exited = next((o for o in owners if o.thread_id == EXITED and o.segments), None)
     if exited is not None:
         out.append(f"{len(exited.segments)} segments ({human(exited.reserved)}) are abandoned: their threads exited "
