@@ -1,7 +1,7 @@
 """Mutation fuzzing of heapwalk on reproducer cores: `make fuzz`, and a bounded share of it in `make test`.
 
-Two levels, on cores of glibc reproducers and of processes on jemalloc (tests/je_fuzz_driver.py) and on
-gperftools' tcmalloc (tests/tc_fuzz_driver.py):
+Two levels, on cores of glibc reproducers and of processes on jemalloc (tests/je_fuzz_driver.py), on
+gperftools' tcmalloc (tests/tc_fuzz_driver.py) and on mimalloc (tests/mi_fuzz_driver.py):
 - engine: gdb loads a core once and tests/fuzz_driver.py runs every command's work on hundreds of mutants
   of its memory (patched malloc metadata, hidden tails as in a truncated core);
 - files: mutated copies of the core file (the same fields patched in the file) and truncated copies, each
@@ -40,6 +40,7 @@ REGRESSIONS = ROOT / "tests" / "fuzz_regressions.json"
 DRIVER = ROOT / "tests" / "fuzz_driver.py"
 JE_DRIVER = ROOT / "tests" / "je_fuzz_driver.py"
 TC_DRIVER = ROOT / "tests" / "tc_fuzz_driver.py"
+MI_DRIVER = ROOT / "tests" / "mi_fuzz_driver.py"
 COMMANDS = ("heapwalk check", "heapwalk report", "heapwalk arenas", "heapwalk bins", "heapwalk tcache",
             "heapwalk threads", "heapwalk chunks --limit 3")
 #: seconds one engine mutant may take (the cores fuzzed are small: a sound one decodes in well under this)
@@ -190,7 +191,7 @@ def _fuzz_core(cap, key: str, iex: list[str], args, seed: int, workdir: Path, do
 
 def main() -> int:
     from conftest import (GLIBCS, JEMALLOCS, NO_SYMBOLS, TC_CORES, capture, capture_jemalloc,  # the tests' captures
-                          capture_tcmalloc, glibc)
+                          capture_mimalloc, capture_tcmalloc, glibc)
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--count", type=int, default=300, help="engine mutants per core (default 300)")
@@ -217,6 +218,8 @@ def main() -> int:
     for name in TC_CORES:
         cap, key = capture_tcmalloc(name), f"tcmalloc-{name}/tc_hold"
         failed_total += _fuzz_core(cap, key, [NO_SYMBOLS], args, seed, args.workdir / key, documents, TC_DRIVER)
+    cap, key = capture_mimalloc("bookworm"), "mimalloc-bookworm/mi_hold"
+    failed_total += _fuzz_core(cap, key, [NO_SYMBOLS], args, seed, args.workdir / key, documents, MI_DRIVER)
     print("aimed damage, every core:")
     print("\n".join(tally_lines(tally(documents))))
     print("fuzz: " + ("all mutants handled" if not failed_total else f"{failed_total} failures"))

@@ -16,7 +16,8 @@ import random
 import pytest
 
 import fuzz
-from conftest import JEMALLOCS, NO_SYMBOLS, capture, capture_jemalloc, capture_tcmalloc, corruption, glibc
+from conftest import (JEMALLOCS, NO_SYMBOLS, capture, capture_jemalloc, capture_mimalloc, capture_tcmalloc,
+                      corruption, glibc)
 
 pytestmark = pytest.mark.cores
 
@@ -168,3 +169,16 @@ def test_tcmalloc_decoder_survives_mutated_metadata(tmp_path):
                                 driver=fuzz.TC_DRIVER)
     assert_survived(document, count, key, fields=20)
     assert {"cache_loop", "cache_hidden", "object_loop"} <= set(fuzz.tally([document]))
+
+
+def test_mimalloc_decoder_survives_mutated_metadata(tmp_path):
+    """Every word mimalloc's decoder reads in writable memory (segment headers, slices, heaps, free lists)
+    patched; a page's free list looping, a segment's header missing, a core cut inside what it reads: never a
+    traceback, a hang or an impossible figure, and the aimed damage named at its address (or the core refused in
+    one line)."""
+    cap = capture_mimalloc("bookworm")
+    count, key = 40, "mimalloc-bookworm/mi_hold"
+    document = fuzz.engine_fuzz(cap.exe, cap.core, [NO_SYMBOLS], count, SEED, tmp_path, fuzz.regressions(key),
+                                driver=fuzz.MI_DRIVER)
+    assert_survived(document, count, key, fields=20)
+    assert {"list_loop", "segment_hidden"} <= set(fuzz.tally([document]))

@@ -40,8 +40,10 @@ def test_the_segment_map_is_the_array_whose_bits_are_the_segments():
     words[start - 1] = np.uint64(1 << 0)        # a word before the map: no segment of it is known
     at, held = discovery._segment_map(0x1000, words, segments[:2] + segments[2:], LAY)
     assert at == 0x1000 + 8 * start and held == set(segments)
-    at, held = discovery._segment_map(0x1000, words, segments[:1], LAY)     # bits of unknown segments: no map
+    at, held = discovery._segment_map(0x1000, words, segments[:1], LAY)     # one stamped, other bits: no map
     assert at is None and held == {segments[0]}
+    at, held = discovery._segment_map(0x1000, words, segments[:2], LAY)     # one segment's stamp is lost
+    assert at == 0x1000 + 8 * start and held == set(segments)
 
 
 def test_files_and_unread_pages_are_no_segments():

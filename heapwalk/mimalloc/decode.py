@@ -196,6 +196,10 @@ def decode_mimalloc(mem: Memory, found: MiDiscovery, threads, description: str =
     findings: list[Finding] = []
     segments = [s for s in (_segment(mem, found, at, True, findings) for at in found.segments) if s]
     segments += [s for s in (_segment(mem, found, at, False, findings) for at in found.freed) if s]
+    for at in found.unstamped:
+        findings.append(Finding(Severity.ERROR, at, "mi_segment_t", f"the segment map holds a segment at {at:#x} "
+                                "whose header does not hold its stamp (the address xor the cookie): it is "
+                                "unreadable or damaged, and its memory is left out of every figure", SEGMENT))
     heaps = _heaps(mem, found, segments, threads, findings)
     for seg in segments:
         if seg.live:

@@ -58,6 +58,7 @@ class MiDiscovery:
     default_tpoff: int | None             # each thread's default heap pointer, from its $fs_base
     thread_data_cache: tuple[int, ...]    # thread data of exited threads, kept for new ones
     facts: tuple[tuple[str, str], ...] = ()
+    unstamped: tuple[int, ...] = ()       # segments the map holds whose header does not hold its stamp
 
 
 def discover_mimalloc(mem: Memory, found: MiImage, regions: list[tuple[int, int]], mappings: list[Mapping],
@@ -84,7 +85,8 @@ def discover_mimalloc(mem: Memory, found: MiImage, regions: list[tuple[int, int]
     stamped = _stamped_segments(mem, _anonymous(regions, mappings, readable), layout, cookie)
     at, in_map = _segment_map(base, words, stamped, layout)
     freed = tuple(s for s in stamped if s not in in_map) if at is not None else ()
-    segments = tuple(sorted(in_map)) if at is not None else tuple(stamped)
+    segments = tuple(sorted(in_map & set(stamped))) if at is not None else tuple(stamped)
+    unstamped = tuple(sorted(in_map - set(stamped))) if at is not None else ()
     tpoff = _default_tpoff(mem, found)
     cache = _thread_data_cache(mem, base, words, layout)
     facts = (("layout", f"mimalloc {layout.versions}'s" + _unmeasured(found, layout)),
@@ -95,7 +97,8 @@ def discover_mimalloc(mem: Memory, found: MiImage, regions: list[tuple[int, int]
              ("default heaps", f"thread-local, {tpoff - (1 << 64) if tpoff and tpoff >> 63 else tpoff:#x} from "
               f"$fs_base (mi_heap_get_default's GOT slot)" if tpoff is not None else "not found"),
              ("thread data cache", f"{len(cache)} kept"))
-    return MiDiscovery(layout, found.version, found.path, main, cookie, segments, freed, at, tpoff, cache, facts)
+    return MiDiscovery(layout, found.version, found.path, main, cookie, segments, freed, at, tpoff, cache, facts,
+                       unstamped)
 
 
 def _candidates(version: tuple[int, int, int] | None) -> list[MiLayout]:
@@ -169,9 +172,10 @@ def _stamped_segments(mem: Memory, anonymous: list[tuple[int, int]], layout: MiL
 
 def _segment_map(base: int, words: np.ndarray, stamped: list[int], layout: MiLayout
                  ) -> tuple[int | None, set[int]]:
-    """(the segment map's address, the segments it holds): the word array of the object's data where the bit of
-    the first stamped segment is set, and whose set bits, read as segments, are stamped ones; (None, all
-    stamped) when no single such array is found."""
+    """(the segment map's address, the segments it holds): the word array of the object's data whose set bits,
+    read as segments, include every stamped segment; of several, the one with the fewest other bits (a segment
+    the map holds whose header is not stamped: unreadable, or damaged).  With one stamped segment the map must
+    hold no other.  (None, all stamped) when none is found."""
     if not stamped:
         return None, set()
     known = set(stamped)
@@ -180,23 +184,26 @@ def _segment_map(base: int, words: np.ndarray, stamped: list[int], layout: MiLay
     for i in np.flatnonzero((words >> np.uint64(bit)) & np.uint64(1)).tolist():
         if i >= word:
             held = _map_bits(words[i - word:i - word + layout.segment_map_words], layout, known)
-            if held:
+            if held is not None and known <= held and (len(known) > 1 or held == known):
                 found.append((base + 8 * (i - word), held))
-    most = max((len(h) for _, h in found), default=0)
-    best = [f for f in found if len(f[1]) == most]
+    fewest = min((len(h) for _, h in found), default=0)
+    best = [f for f in found if len(f[1]) == fewest]
     return best[0] if len(best) == 1 else (None, known)
 
 
-def _map_bits(words: np.ndarray, layout: MiLayout, known: set[int]) -> set[int]:
-    """The segments whose bits WORDS has set, or an empty set when one of them is not in KNOWN."""
+def _map_bits(words: np.ndarray, layout: MiLayout, known: set[int], extra: int = 64) -> set[int] | None:
+    """The segments whose bits WORDS has set, or None when more than EXTRA of them are not in KNOWN (no map)."""
     out = set()
+    others = 0
     for i in np.flatnonzero(words).tolist():
         w = int(words[i])
         while w:
             b = (w & -w).bit_length() - 1
             at = (i * 64 + b) << layout.segment_shift
             if at not in known:
-                return set()
+                others += 1
+                if others > extra:
+                    return None
             out.add(at)
             w &= w - 1
     return out
