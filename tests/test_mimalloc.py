@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -136,7 +137,8 @@ def test_leaks_are_the_exited_thread_s_blocks_and_check_finds_it_sound(tmp_path)
 
 def test_gdb_attached_says_the_same(stopped, tmp_path):
     """gdb -p on the stopped process, symbols hidden: the same figures, read live; threads lists each heap with
-    its thread."""
+    its thread; the options are those the process runs with; what the verdict says mi_collect(true) on the main
+    thread decommits is what it then took off mimalloc's commit (to the byte) and the RSS."""
     proc, run = stopped
     out = tmp_path / "report.json"
     result = run_gdb(["-p", str(proc.pid)], [f"heapwalk report --no-leaks --json {out}", "heapwalk threads"],
@@ -147,6 +149,14 @@ def test_gdb_attached_says_the_same(stopped, tmp_path):
     lwps = {int(task.name) for task in Path(f"/proc/{proc.pid}/task").iterdir()}
     assert {h["lwp"] for h in doc["mimalloc"]["heaps"] if h["kind"] != "other"} == lwps
     assert f"mimalloc heaps ({len(doc['mimalloc']['heaps'])})" in result.stdout
+    assert doc["mimalloc"]["options"]["decommit_delay"] == {"value": 25, "set": "default"}
+    proc.send_signal(signal.SIGCONT)                  # it runs mi_collect(true) and exits
+    assert proc.wait(timeout=60) == 0
+    collected = json.loads((run / "collect.json").read_text())
+    assert doc["mimalloc"]["totals"]["collect_decommits"] == collected["commit_before"] - collected["commit_after"] > 0
+    # RssAnon is the whole process's: other pages may move by a page or two meanwhile
+    assert abs(doc["mimalloc"]["collect_resident"] - (collected["rss_anon_before"] - collected["rss_anon_after"])) \
+        <= 16 << 10
 
 
 def test_a_release_not_measured_is_named_in_one_line(tmp_path):

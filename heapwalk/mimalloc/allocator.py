@@ -20,7 +20,8 @@ from heapwalk.mimalloc.decode import MiState, decode_mimalloc, good_size
 from heapwalk.mimalloc.discovery import MimallocUnused, discover_mimalloc
 from heapwalk.mimalloc.find import find_mimalloc
 from heapwalk.mimalloc.heapmap import segment_strips
-from heapwalk.mimalloc.shown import owner_name, threads_document, threads_table, totals
+from heapwalk.mimalloc.shown import (collect_resident, options_document, options_line, owner_name, threads_document,
+                                     threads_table, totals)
 from heapwalk.mimalloc.verdict import advice
 from heapwalk.output import tables
 from heapwalk.output.consoles import box_for
@@ -95,15 +96,18 @@ class MimallocHeap(Decoded):
     def report_parts(self, rep: Report, interactive: bool) -> list:
         lines = Text()
         for name, value in totals(self.state).items():
-            shown = f" ({human(value)})" if name in ("reserved", "committed", "purge_pending") else ""
+            shown = f" ({human(value)})" if name in ("reserved", "committed", "purge_pending", "collect_decommits") \
+                else ""
             lines.append(f"{name} {value}{shown}\n")
+        lines.append(options_line(self.state))
         return [report_group(rep, interactive, WORDS, lines)]
 
     def report_document(self, rep: Report) -> dict:
         d = self.state.discovery
         return {**self.document(), "report": {**report_json(rep), "partial": []},
                 "mimalloc": {"version": ".".join(map(str, d.version)) if d.version else None, "library": d.library,
-                             "totals": totals(self.state),
+                             "totals": totals(self.state), "collect_resident": collect_resident(self.state),
+                             "options": options_document(self.state),
                              "owners": [{"owner": owner_name(o, self.by_tcb), "thread_id": o.thread_id,
                                          "segments": len(o.segments), "reserved": o.reserved,
                                          "committed": o.committed, "in_use": o.in_use, "blocks": o.blocks,
@@ -173,6 +177,12 @@ class Mimalloc(Allocator):
     def verbs(self):
         from heapwalk.mimalloc.verbs import VERBS
         return VERBS
+
+    def settings_in(self, document: dict) -> str:
+        """The options the process's environment set, as mimalloc holds them."""
+        options = document.get("mimalloc", {}).get("options", {})
+        set_ = [f"{name}={o['value']}" for name, o in options.items() if o["set"] == "from the environment"]
+        return f"mimalloc options from the environment: {' '.join(set_)}" if set_ else ""
 
     def load(self, context: Context) -> MimallocHeap:
         target = context.target

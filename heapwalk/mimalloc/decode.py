@@ -101,6 +101,7 @@ class MiSegment:
     committed: int
     pending: int                # committed bytes whose decommit waits for the purge delay
     live: bool = True           # in the segment map (False: freed, its stamp left)
+    pending_mask: int = 0       # the slices whose decommit is pending, a bit each
     pages: list[MiPage] = field(default_factory=list)
     spans: list[MiSpan] = field(default_factory=list)
 
@@ -111,6 +112,22 @@ class MiSegment:
     @property
     def huge(self) -> bool:
         return self.kind == _HUGE
+
+    def pending_ranges(self) -> list[tuple[int, int]]:
+        """The runs of slices whose decommit is pending, as address ranges."""
+        out, mask, i = [], self.pending_mask, 0
+        while mask:
+            if mask & 1:
+                j = i
+                while mask & 1:
+                    mask >>= 1
+                    j += 1
+                out.append((self.address + i * 65536, self.address + j * 65536))
+                i = j
+            else:
+                mask >>= 1
+                i += 1
+        return out
 
 
 @dataclass
@@ -167,7 +184,8 @@ class MiState:
         if not ranges:
             return 0
         a = np.array(ranges, dtype=np.uint64).reshape(-1, 2)
-        return int(self.residency.resident_sum(a[:, 0], a[:, 1]))
+        known = self.residency.covering([(int(lo), int(hi)) for lo, hi in a.tolist()])
+        return int(known.resident_sum(a[:, 0], a[:, 1]))
 
 
 def good_size(size: int, os_page: int = 4096) -> int:
@@ -240,7 +258,7 @@ def _segment(mem: Memory, found: MiDiscovery, at: int, live: bool, findings: lis
     committed = reserved if huge and commit == (1 << 512) - 1 else bin(commit).count("1") * lay.slice_size
     seg = MiSegment(at, 1 if huge else 0, slices, info, word(lay.seg_thread_id), word(lay.seg_used),
                     word(lay.seg_abandoned), word(lay.seg_memid), reserved, committed,
-                    bin(pending).count("1") * lay.slice_size, live)
+                    bin(pending).count("1") * lay.slice_size, live, pending_mask=pending)
     if live:
         _cut(mem, lay, seg, entries, commit, pending, findings)
     return seg

@@ -16,7 +16,7 @@ memory, without symbols, by shapes no other data has:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -26,6 +26,7 @@ from heapwalk.inferior.memory import Memory, ReadError, u64
 from heapwalk.inferior.x86 import tls_got_slot
 from heapwalk.mimalloc.find import MiImage
 from heapwalk.mimalloc.layout import LAYOUTS, MiLayout, layout_for
+from heapwalk.mimalloc.options import find_options
 
 __all__ = ["MiDiscovery", "MimallocUnknown", "MimallocUnused", "discover_mimalloc", "BIN_SIZES"]
 
@@ -59,6 +60,7 @@ class MiDiscovery:
     thread_data_cache: tuple[int, ...]    # thread data of exited threads, kept for new ones
     facts: tuple[tuple[str, str], ...] = ()
     unstamped: tuple[int, ...] = ()       # segments the map holds whose header does not hold its stamp
+    options: dict = field(default_factory=dict)   # option name -> MiOption, as the process holds them
 
 
 def discover_mimalloc(mem: Memory, found: MiImage, regions: list[tuple[int, int]], mappings: list[Mapping],
@@ -89,6 +91,7 @@ def discover_mimalloc(mem: Memory, found: MiImage, regions: list[tuple[int, int]
     unstamped = tuple(sorted(in_map - set(stamped))) if at is not None else ()
     tpoff = _default_tpoff(mem, found)
     cache = _thread_data_cache(mem, base, words, layout)
+    options = find_options(mem, base, words)
     facts = (("layout", f"mimalloc {layout.versions}'s" + _unmeasured(found, layout)),
              ("main heap", f"at {main:#x} (its page queues carry the bins' sizes; cookie {cookie:#x})"),
              ("segments", f"{len(stamped)} stamped with their address xor the cookie, in the anonymous memory"),
@@ -96,9 +99,11 @@ def discover_mimalloc(mem: Memory, found: MiImage, regions: list[tuple[int, int]
               "not found: every stamped segment is taken as live"),
              ("default heaps", f"thread-local, {tpoff - (1 << 64) if tpoff and tpoff >> 63 else tpoff:#x} from "
               f"$fs_base (mi_heap_get_default's GOT slot)" if tpoff is not None else "not found"),
-             ("thread data cache", f"{len(cache)} kept"))
+             ("thread data cache", f"{len(cache)} kept"),
+             ("options", f"{len(options)}, from their table (each entry carries its index)" if options else
+              "not found: the report does not say which options the process runs with"))
     return MiDiscovery(layout, found.version, found.path, main, cookie, segments, freed, at, tpoff, cache, facts,
-                       unstamped)
+                       unstamped, options)
 
 
 def _candidates(version: tuple[int, int, int] | None) -> list[MiLayout]:

@@ -9,7 +9,8 @@ from heapwalk.analysis.report import human
 from heapwalk.mimalloc.account import EXITED, Owner
 from heapwalk.mimalloc.decode import MiState
 
-__all__ = ["totals", "threads_table", "threads_document", "owner_name"]
+__all__ = ["totals", "threads_table", "threads_document", "owner_name", "collect_resident", "options_document",
+           "options_line"]
 
 
 def totals(state: MiState) -> dict[str, int]:
@@ -23,7 +24,28 @@ def totals(state: MiState) -> dict[str, int]:
             "purge_pending": sum(s.pending for s in live),
             "huge_segments": sum(1 for s in live if s.huge),
             "freed_segments": len(state.segments) - len(live),
-            "thread_data": len(state.thread_data)}
+            "thread_data": len(state.thread_data),
+            "collect_decommits": sum(s.pending for s in abandoned)}
+
+
+def collect_resident(state: MiState) -> int | None:
+    """The resident bytes of what mi_collect(true) on the main thread decommits (None: unknown)."""
+    return state.resident(r for s in state.live() if not s.thread_id for r in s.pending_ranges())
+
+
+def options_document(state: MiState) -> dict:
+    """The options the process runs with: name -> {value, set} ("default", "from the environment")."""
+    return {name: {"value": o.value, "set": o.how} for name, o in state.discovery.options.items()}
+
+
+def options_line(state: MiState) -> str:
+    """The options as one line of the report: each option not deprecated, NAME=VALUE, those the environment set
+    marked with a star."""
+    shown = [f"{name}={o.value}{'*' if o.how == 'from the environment' else ''}"
+             for name, o in state.discovery.options.items() if not name.startswith("deprecated")]
+    if not shown:
+        return "options: not found\n"
+    return f"options (* from the environment): {' '.join(shown)}\n"
 
 
 def owner_name(owner: Owner, threads: dict) -> str:

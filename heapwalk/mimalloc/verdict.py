@@ -5,6 +5,7 @@ from __future__ import annotations
 from heapwalk.analysis.report import Report, human, leaking, scan_sentence
 from heapwalk.mimalloc.account import EXITED, Owner
 from heapwalk.mimalloc.decode import MiState
+from heapwalk.mimalloc.shown import collect_resident
 
 __all__ = ["advice"]
 
@@ -27,8 +28,26 @@ def advice(state: MiState, owners: list[Owner], rep: Report) -> list[str]:
                    f"with {human(exited.in_use)} of blocks still in use in them. mimalloc gives them to the next "
                    "thread that needs a segment, or to mi_collect(true) on the main thread; until then their free "
                    f"memory ({human(sum(exited.free.values()))}) serves no one.")
+    out += _purge(state, owners)
+    return out
+
+
+def _purge(state: MiState, owners: list[Owner]) -> list[str]:
+    """What waits for the purge delay, and what mi_collect(true) on the main thread gives back now: it reclaims
+    the abandoned segments and decommits what waits in them (the delay long past); each live thread's waiting
+    slices go back when that thread next takes a page after the delay."""
     pending = sum(o.pending for o in owners)
-    if pending:
-        out.append(f"{human(pending)} of free slices are committed and wait for the purge delay "
-                   "(MIMALLOC_DECOMMIT_DELAY in 2.0, MIMALLOC_PURGE_DELAY from 2.1) before mimalloc decommits them.")
+    if not pending:
+        return []
+    exited = sum(o.pending for o in owners if o.thread_id == EXITED)
+    option = state.discovery.options.get("decommit_delay")
+    delay = f" (decommit_delay: {option.value} ms, {option.how})" if option else ""
+    out = [f"{human(pending)} of free slices are committed and wait for the purge delay{delay} before mimalloc "
+           "decommits them; a thread decommits its own when it next takes a page after the delay."]
+    if exited:
+        ram = collect_resident(state)
+        resident = "" if ram is None else f", {human(ram)} of it resident (what the RSS falls by)"
+        out.append(f"mi_collect(true) on the main thread decommits {human(exited)} now{resident}: the abandoned "
+                   "segments' waiting slices, as it reclaims them. It costs page faults only when that memory is "
+                   "used again.")
     return out
