@@ -5,8 +5,9 @@
 SHELL := /bin/bash
 # chromium: the tests open the HTML report in a real browser (headless)
 # debootstrap: the chroots of other Debian suites' gdb and Python (cores/chroots.py)
+# cmake: mimalloc's releases built from their sources (cores/mibuilds.py)
 DEB_PACKAGES := gdb gcc make libc6-dbg libc6-dev python3 python3-venv util-linux debian-archive-keyring \
-  libjemalloc2 libtcmalloc-minimal4 chromium debootstrap
+  libjemalloc2 libtcmalloc-minimal4 chromium debootstrap cmake
 # gdb embeds the system Python: the virtualenv is made with that interpreter, so
 # gdbinit can put its site-packages on gdb's sys.path.
 SYSTEM_PYTHON := /usr/bin/python3
@@ -33,8 +34,8 @@ JEMALLOC_LINKED := $(addsuffix -linked,bullseye bookworm)
 # build, the minimal archive linked in), and a Rust program on Google's tcmalloc (see cores/tcbuilds.py)
 TCMALLOC_BUILDS := bullseye bookworm trixie sid bookworm-full bookworm-linked google
 # Debian's mimalloc of each suite the mimalloc reproducer runs on (2.0.9; 3.0.1, whose layout heapwalk names and
-# does not decode yet; see cores/mibuilds.py)
-MIMALLOC_BUILDS := bookworm trixie
+# does not decode yet), and releases other distributions ship, built from their sources (see cores/mibuilds.py)
+MIMALLOC_BUILDS := bookworm trixie 2.0.5 2.0.6 2.0.7
 JEMALLOC_BUILT := 5.3.0-je 5.1.0 5.1.0-debug 5.3.0-q32 5.3.1 5.3.0-debug 5.2.1-debug 5.3.0-q8-debug 5.3.0-nostats redis-5.2.1 5.3.0-noietls 5.3.0-q8 5.3.0-vaddr57 redis-5.2.1-vaddr57
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 PYTEST_ARGS ?=

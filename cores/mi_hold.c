@@ -6,7 +6,8 @@
  * no thread allocates after it (which would reclaim them).  Each thread
  * writes ledger-N.txt: a first line "exits"/"parks" and its default heap's address, then, from
  * mi_heap_visit_blocks over its heap, one line per area ("a START RESERVED COMMITTED USED BLOCK_SIZE") and one per
- * block in use ("b ADDRESS SIZE"); after the walk it frees a few more blocks (lines "f ADDRESS": they wait on
+ * block in use ("b ADDRESS SIZE"), and its huge block ("k ADDRESS SIZE": mi_usable_size); after the walk it
+ * frees a few more blocks (lines "f ADDRESS": they wait on
  * the page's local free list).  Once all are parked, the main thread walks its own heap the same way into
  * ledger-main.txt, then frees some of thread 0's blocks (lines "f ADDRESS" there: they wait on the page's
  * thread-free list) and writes mimalloc's own statistics at that instant into stats.json in the folder given
@@ -30,6 +31,7 @@
 #define BLOCKS 20000
 #define LATE 40             /* blocks each parked thread frees after its walk (local free lists) */
 #define CROSS 60            /* blocks of thread 0 the main thread frees (thread-free lists) */
+#define HUGE 4320           /* the one huge block each thread keeps */
 
 typedef struct {
     void *blocks;
@@ -44,6 +46,7 @@ typedef int (*version_fn)(void);
 typedef void output_fn(const char *, void *);
 typedef void (*print_fn)(output_fn *, void *);
 typedef void (*process_fn)(size_t *, size_t *, size_t *, size_t *, size_t *, size_t *, size_t *, size_t *);
+typedef size_t (*usable_fn)(const void *);
 
 #ifdef MI_LINKED
 bool mi_heap_visit_blocks(const void *, bool, visit_fn *, void *);
@@ -53,6 +56,7 @@ void mi_collect(bool);
 int mi_version(void);
 void mi_stats_print_out(output_fn *, void *);
 void mi_process_info(size_t *, size_t *, size_t *, size_t *, size_t *, size_t *, size_t *, size_t *);
+size_t mi_usable_size(const void *);
 #define ENTRY(name) ((void *)&name)
 #else
 #define ENTRY(name) dlsym(RTLD_DEFAULT, #name)
@@ -61,6 +65,7 @@ void mi_process_info(size_t *, size_t *, size_t *, size_t *, size_t *, size_t *,
 static visit_blocks_fn visit_blocks;
 static heap_fn default_heap;
 static void_fn stats_merge;
+static usable_fn usable_size;
 
 static const char *folder;
 static char *kept[THREADS][BLOCKS];
@@ -74,7 +79,7 @@ static size_t size_of(unsigned i)
 {
     static const size_t sizes[] = {8, 16, 24, 32, 48, 64, 96, 128, 200, 256, 400, 512, 1000, 1024, 2048, 4096,
                                    7000, 8192, 20000, 65536, 100000};
-    if (i == 4320)
+    if (i == HUGE)
         return (size_t)40 << 20;               /* huge: a segment of its own */
     return i % 97 == 0 ? (size_t)(300 + i % 5) << 10 : sizes[(i * 7919u) % (sizeof sizes / sizeof sizes[0])];
 }
@@ -140,6 +145,8 @@ static void *worker(void *arg)
     }
     say(t, exits ? "exits %lx\n" : "parks %lx\n", (unsigned long)default_heap(), 0);
     visit_blocks(default_heap(), true, visitor, (void *)t);
+    /* the huge block, which a walk of its heap misses where its segment belongs to no thread (up to 2.0.7) */
+    say(t, "k %lx %zx\n", (unsigned long)blocks[HUGE], usable_size(blocks[HUGE]));
     if (!exits) {
         for (unsigned j = 3, n = 0; n < LATE; j += 3 * 37, n++) {
             say(t, "f %lx\n", (unsigned long)blocks[j % BLOCKS], 0);
@@ -241,11 +248,13 @@ int main(int argc, char **argv)
     visit_blocks = (visit_blocks_fn)ENTRY(mi_heap_visit_blocks);
     default_heap = (heap_fn)ENTRY(mi_heap_get_default);
     stats_merge = (void_fn)ENTRY(mi_stats_merge);
+    usable_size = (usable_fn)ENTRY(mi_usable_size);
     collect_fn collect = (collect_fn)ENTRY(mi_collect);
     version_fn version = (version_fn)ENTRY(mi_version);
     print_fn print = (print_fn)ENTRY(mi_stats_print_out);
     process_fn process = (process_fn)ENTRY(mi_process_info);
-    if (!visit_blocks || !default_heap || !stats_merge || !collect || !version || !print || !process)
+    if (!visit_blocks || !default_heap || !stats_merge || !usable_size || !collect || !version || !print ||
+        !process)
         return 3;
     pthread_t threads[THREADS];
     for (long t = 0; t < THREADS - 1; t++)

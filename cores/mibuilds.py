@@ -4,8 +4,12 @@
     bookworm   2.0.9   libmimalloc2.0   shared, LD_PRELOAD
     trixie     3.0.1   libmimalloc3     shared, LD_PRELOAD (a layout heapwalk names and does not decode yet)
 
-Each is fetched once with apt's ``download`` through cores/sysroots.py's private lists (cached), and unpacked
-into DEST/mimalloc-NAME with a VERSION file.
+each fetched once with apt's ``download`` through cores/sysroots.py's private lists (cached) and unpacked into
+DEST/mimalloc-NAME with a VERSION file; and the releases other distributions ship (Ubuntu 22.04's 2.0.5), built
+from their sources (cores/data/mimalloc-VERSION.tar.xz: the release tag's src, include and cmake files) with
+cmake as a distribution builds them (Release), stripped to their exported symbols, into DEST/mimalloc-VERSION:
+
+    2.0.5  2.0.6  2.0.7
 
 Command line: ``python3 cores/mibuilds.py DEST [NAME ...]``.
 """
@@ -17,9 +21,11 @@ import re
 import shutil
 import subprocess
 import sys
+import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
+import fresh
 import sysroots
 
 __all__ = ["MiBuild", "Mimalloc", "MI_BUILDS", "prepare_mimalloc", "build_hold", "MI_HOLD"]
@@ -40,6 +46,9 @@ MI_BUILDS = {
     "bookworm": MiBuild("bookworm", "libmimalloc2.0", "libmimalloc.so.2.0"),
     "trixie": MiBuild("trixie", "libmimalloc3", "libmimalloc.so.3"),
 }
+#: releases built from their sources (cores/data)
+MI_BUILT = ("2.0.5", "2.0.6", "2.0.7")
+DATA = Path(__file__).resolve().parent / "data"
 
 
 @dataclass(frozen=True)
@@ -51,6 +60,8 @@ class Mimalloc:
 
     @property
     def library(self) -> Path:
+        if self.name in MI_BUILT:
+            return self.root / "libmimalloc.so.2.0"
         return self.root / LIBDIR / MI_BUILDS[self.name].file
 
     @property
@@ -63,7 +74,10 @@ class Mimalloc:
 
 
 def prepare_mimalloc(dest: Path, name: str, cache: Path | None = None) -> Mimalloc:
-    """Fetches (or reuses) mimalloc NAME (`MI_BUILDS`) and unpacks it into DEST/mimalloc-NAME."""
+    """Fetches (or reuses) mimalloc NAME (`MI_BUILDS`) and unpacks it into DEST/mimalloc-NAME, or builds release
+    NAME (`MI_BUILT`) there."""
+    if name in MI_BUILT:
+        return _built(dest, name)
     cache = cache or sysroots.cache_dir()
     build = MI_BUILDS[name]
     mi = Mimalloc(name, dest / f"mimalloc-{name}")
@@ -78,6 +92,36 @@ def prepare_mimalloc(dest: Path, name: str, cache: Path | None = None) -> Mimall
     if not version or not mi.library.exists():
         raise sysroots.SysrootError(f"{deb.name} holds no {build.file} of a known version")
     (mi.root / "VERSION").write_text(version.group(1) + "\n")
+    return mi
+
+
+def _built(dest: Path, version: str) -> Mimalloc:
+    """Release VERSION built from cores/data/mimalloc-VERSION.tar.xz into DEST/mimalloc-VERSION (once: again only
+    when the tarball changed)."""
+    mi = Mimalloc(version, (dest / f"mimalloc-{version}").resolve())
+    tarball = DATA / f"mimalloc-{version}.tar.xz"
+    inputs = fresh.digest([tarball], "release, stripped")
+    if fresh.marked(mi.library, inputs) and (mi.root / "VERSION").exists():
+        return mi
+    if mi.root.exists():
+        shutil.rmtree(mi.root)
+    work = mi.root / "build"
+    work.mkdir(parents=True)
+    with tarfile.open(tarball) as tar:
+        tar.extractall(work)
+    source = work / f"mimalloc-{version}"
+    out = work / "out"
+    out.mkdir()
+    log = work / "build.log"
+    with open(log, "w") as fh:
+        for cmd in (["cmake", "-DCMAKE_BUILD_TYPE=Release", "-DMI_BUILD_TESTS=OFF", "-DMI_BUILD_STATIC=OFF",
+                     "-DMI_BUILD_OBJECT=OFF", str(source)], ["make", "-j2"]):
+            if subprocess.run(cmd, cwd=out, stdout=fh, stderr=subprocess.STDOUT).returncode != 0:
+                raise sysroots.SysrootError(f"mimalloc {version}: {' '.join(cmd)} failed (its output: {log})")
+    subprocess.run(["strip", "--strip-unneeded", "-o", str(mi.library), str(out / "libmimalloc.so.2.0")], check=True)
+    (mi.root / "VERSION").write_text(version + "\n")
+    fresh.mark(mi.library, inputs)
+    shutil.rmtree(work)
     return mi
 
 
@@ -96,7 +140,7 @@ def build_hold(folder: Path) -> Path:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("dest", type=Path)
-    parser.add_argument("names", nargs="*", default=list(MI_BUILDS))
+    parser.add_argument("names", nargs="*", default=[*MI_BUILDS, *MI_BUILT])
     args = parser.parse_args(argv)
     for name in args.names:
         mi = prepare_mimalloc(args.dest, name)

@@ -8,9 +8,9 @@ import numpy as np
 from heapwalk.inferior.elf import Mapping
 from heapwalk.mimalloc import decode, discovery
 from heapwalk.mimalloc.find import version_of
-from heapwalk.mimalloc.layout import LAYOUTS
+from heapwalk.mimalloc.layout import LAYOUTS, layout_for
 
-LAY = LAYOUTS[0]
+LAY = layout_for((2, 0, 9))
 SEG = 32 << 20
 
 
@@ -73,7 +73,7 @@ def _segment_bytes(pages: list[tuple[int, int, int, int]]) -> bytearray:
     one free span; every slice committed."""
     head = bytearray(LAY.seg_slices + 513 * LAY.page)
     put = lambda off, value, n=8: head.__setitem__(slice(off, off + n), value.to_bytes(n, "little"))  # noqa: E731
-    put(LAY.seg_slices_count, 512)
+    put(LAY.seg_slices_count, LAY.slices_per_segment)
     put(LAY.seg_info_slices, 1)
     put(LAY.seg_slice_entries, 512)
     put(LAY.seg_thread_id, 0x7F0000001000)
@@ -138,3 +138,13 @@ def test_check_names_a_page_whose_counters_do_not_add_up():
     assert [(f.address, f.kind) for f in got] == [(at, check.COUNTS), (seg.pages[0].address, check.COUNTS),
                                                  (seg.pages[1].address, check.COUNTS)]
     assert "counts 11 blocks in use of 10" in got[1].message
+
+
+def test_each_release_has_its_own_layout():
+    """The layouts measured: 2.0.5 (64 MiB segments), 2.0.6, 2.0.7 (a heap with an arena id), 2.0.9 (32 MiB
+    segments); releases between or around them have none (named, not guessed)."""
+    assert [lay.versions for lay in LAYOUTS] == ["2.0.5", "2.0.6", "2.0.7", "2.0.9"]
+    assert layout_for((2, 0, 5)).segment_size == 64 << 20 and layout_for((2, 0, 9)).segment_size == 32 << 20
+    assert layout_for((2, 0, 7)).heap_cookie == 2864 and layout_for((2, 0, 6)).heap_cookie == 2856
+    assert layout_for((2, 0, 5)).mask_bytes == 128 and layout_for((2, 0, 9)).mask_bytes == 64
+    assert layout_for((2, 0, 8)) is None and layout_for((2, 0, 4)) is None and layout_for((3, 0, 1)) is None

@@ -9,11 +9,12 @@ from dataclasses import dataclass, field
 
 from heapwalk.mimalloc.decode import MiSegment, MiState, good_size
 
-__all__ = ["Owner", "owners", "FREE_KINDS", "EXITED"]
+__all__ = ["Owner", "owners", "FREE_KINDS", "EXITED", "UNOWNED"]
 
 #: the kinds of free bytes, as the report's columns name them
 FREE_KINDS = ("free blocks", "not yet cut", "free spans")
 EXITED = 0          # the owner of abandoned segments and cached thread data
+UNOWNED = -1        # the owner of huge segments that belong to no thread (2.0.5 to 2.0.7)
 
 
 @dataclass
@@ -55,8 +56,8 @@ def owners(state: MiState) -> list[Owner]:
         if h.thread_id:
             by.setdefault(h.thread_id, Owner(h.thread_id)).heaps.append(h.address)
     for seg in state.live():
-        owner = by.setdefault(seg.thread_id or EXITED, Owner(seg.thread_id or EXITED))
-        _add_segment(owner, seg)
+        key = UNOWNED if state.unowned(seg) else seg.thread_id or EXITED
+        _add_segment(by.setdefault(key, Owner(key)), seg)
     td = good_size(state.layout.thread_data)
     for at, kind in state.thread_data:
         heap = next((h for h in state.heaps if h.address == at), None)
@@ -66,7 +67,8 @@ def owners(state: MiState) -> list[Owner]:
         owner.reserved += td
         owner.committed += td
         owner.overhead += td
-    order = sorted(by.values(), key=lambda o: (o.thread_id == EXITED, o.thread_id != main, min(o.heaps or [0])))
+    order = sorted(by.values(), key=lambda o: (o.thread_id in (EXITED, UNOWNED), o.thread_id == EXITED,
+                                               o.thread_id != main, min(o.heaps or [0])))
     return order
 
 

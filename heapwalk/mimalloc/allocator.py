@@ -15,7 +15,7 @@ from heapwalk.analysis.rss import Claim
 from heapwalk.findings import Finding, Severity
 from heapwalk.mimalloc.blocks import mimalloc_blocks
 from heapwalk.mimalloc.check import CHECKED, check_mimalloc
-from heapwalk.mimalloc.account import EXITED, FREE_KINDS, Owner, owners
+from heapwalk.mimalloc.account import EXITED, FREE_KINDS, UNOWNED, Owner, owners
 from heapwalk.mimalloc.decode import MiState, decode_mimalloc, good_size
 from heapwalk.mimalloc.discovery import MimallocUnused, discover_mimalloc
 from heapwalk.mimalloc.find import find_mimalloc
@@ -77,7 +77,7 @@ class MimallocHeap(Decoded):
             resident = self.state.resident(o.ranges())
             free_resident = self.state.resident(o.free_ranges())
             rows.append(ArenaView(n, o.heaps[0] if o.heaps else 0, owner_name(o, self.by_tcb),
-                                  0 if o.thread_id == EXITED else 1, len(o.segments), o.reserved, o.in_use,
+                                  0 if o.thread_id in (EXITED, UNOWNED) else 1, len(o.segments), o.reserved, o.in_use,
                                   MappingProxyType(dict(o.free)), 0, o.overhead, o.pending, o.balanced, resident,
                                   free_resident))
             counts = Counter()

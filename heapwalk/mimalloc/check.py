@@ -25,7 +25,7 @@ def check_mimalloc(mem: Memory, state: MiState) -> list[Finding]:
     out = list(state.findings)
     heaps = {h.address: h for h in state.heaps}
     for seg in state.live():
-        out += _segment_counts(seg)
+        out += _segment_counts(seg, state.unowned(seg))
         for page in seg.pages:
             out += _page_counts(page)
             if seg.thread_id and page.heap and page.heap not in heaps:
@@ -41,12 +41,14 @@ def check_mimalloc(mem: Memory, state: MiState) -> list[Finding]:
     return out
 
 
-def _segment_counts(seg) -> list[Finding]:
+def _segment_counts(seg, unowned: bool) -> list[Finding]:
+    """SEG's count of pages in use against its pages, and, abandoned (not UNOWNED by design), of pages
+    abandoned."""
     out = []
     if seg.used != len(seg.pages):
         out.append(Finding(Severity.ERROR, seg.address, "mi_segment_t", f"the segment at {seg.address:#x} counts "
                            f"{seg.used} pages in use, and holds {len(seg.pages)}", COUNTS))
-    if not seg.thread_id and seg.abandoned != seg.used:
+    if not seg.thread_id and not unowned and seg.abandoned != seg.used:
         out.append(Finding(Severity.ERROR, seg.address, "mi_segment_t", f"the abandoned segment at "
                            f"{seg.address:#x} counts {seg.abandoned} abandoned pages of {seg.used}", COUNTS))
     return out

@@ -163,6 +163,14 @@ class MiState:
     def live(self) -> list[MiSegment]:
         return [s for s in self.segments if s.live]
 
+    def unowned(self, seg: MiSegment) -> bool:
+        """Whether SEG belongs to no thread by design: a huge segment of a release that gives them none."""
+        return not seg.thread_id and seg.huge and self.layout.huge_unowned
+
+    def abandoned(self) -> list[MiSegment]:
+        """The live segments of threads that exited."""
+        return [s for s in self.live() if not s.thread_id and not self.unowned(s)]
+
     def pages(self):
         return [p for s in self.live() for p in s.pages]
 
@@ -251,11 +259,12 @@ def _segment(mem: Memory, found: MiDiscovery, at: int, live: bool, findings: lis
         findings.append(Finding(Severity.ERROR, at, "mi_segment_t", f"the segment's slice counts are impossible "
                                 f"({slices} slices, {info} for its header, {entries} entries)", SEGMENT))
         return None
-    commit = _bits(head[lay.seg_commit_mask:lay.seg_commit_mask + 64])
-    pending = _bits(head[lay.seg_decommit_mask:lay.seg_decommit_mask + 64]) & commit
+    commit = _bits(head[lay.seg_commit_mask:lay.seg_commit_mask + lay.mask_bytes])
+    pending = _bits(head[lay.seg_decommit_mask:lay.seg_decommit_mask + lay.mask_bytes]) & commit
     huge = int.from_bytes(head[lay.seg_kind:lay.seg_kind + 4], "little") == _HUGE
     reserved = good_size(slices * lay.slice_size)
-    committed = reserved if huge and commit == (1 << 512) - 1 else bin(commit).count("1") * lay.slice_size
+    full = (1 << lay.slices_per_segment) - 1
+    committed = reserved if huge and commit == full else bin(commit).count("1") * lay.slice_size
     seg = MiSegment(at, 1 if huge else 0, slices, info, word(lay.seg_thread_id), word(lay.seg_used),
                     word(lay.seg_abandoned), word(lay.seg_memid), reserved, committed,
                     bin(pending).count("1") * lay.slice_size, live, pending_mask=pending)
@@ -298,7 +307,7 @@ def _cut(mem: Memory, lay: MiLayout, seg: MiSegment, entries: int, commit: int, 
 
 def _page(lay: MiLayout, seg: MiSegment, i: int, s) -> MiPage:
     xsize = int(s["block_size"])
-    start = seg.address + i * lay.slice_size + (3 * lay.max_align_guarantee if 8 <= xsize <= 1024 else 0)
+    start = seg.address + i * lay.slice_size + (lay.page_start_offset if 8 <= xsize <= 1024 else 0)
     slices = int(s["slice_count"])
     area = seg.address + (i + slices) * lay.slice_size - start
     size = area if seg.huge or xsize >= 1 << 31 else xsize

@@ -85,7 +85,12 @@ def discover_mimalloc(mem: Memory, found: MiImage, regions: list[tuple[int, int]
     if not cookie:
         raise MimallocUnused("mimalloc was never initialised in this process (its main heap has no cookie)")
     stamped = _stamped_segments(mem, _anonymous(regions, mappings, readable), layout, cookie)
+    if not stamped:
+        raise MimallocUnused("mimalloc holds no segment in this process")
     at, in_map = _segment_map(base, words, stamped, layout)
+    if at is None and not found.version:
+        raise MimallocUnknown(f"a mimalloc that does not say its version: {layout.versions}'s layout finds its main "
+                              "heap and segments, but not its segment map, so the layout is not confirmed")
     freed = tuple(s for s in stamped if s not in in_map) if at is not None else ()
     segments = tuple(sorted(in_map & set(stamped))) if at is not None else tuple(stamped)
     unstamped = tuple(sorted(in_map - set(stamped))) if at is not None else ()
@@ -108,7 +113,7 @@ def discover_mimalloc(mem: Memory, found: MiImage, regions: list[tuple[int, int]
 
 def _candidates(version: tuple[int, int, int] | None) -> list[MiLayout]:
     """The layouts to try for VERSION: its own, or every one newest first when it says none."""
-    own = layout_for(version[:2]) if version else None
+    own = layout_for(version) if version else None
     if version and own is None:
         known = ", ".join(lay.versions for lay in LAYOUTS)
         raise MimallocUnknown(f"mimalloc {'.'.join(map(str, version))} is not a version heapwalk has measured "

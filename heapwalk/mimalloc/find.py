@@ -1,6 +1,7 @@
 """The object that holds mimalloc in a target: a shared library named libmimalloc (libmimalloc.so.2,
 libmimalloc-secure.so...), else the program when it exports mimalloc's entry points, or holds mimalloc's own
-strings in its read-only data (linked in and stripped, as the Rust crate builds it); its version from what the
+strings in its read-only data (linked in and stripped, as the Rust crate builds it), unless the program is
+CPython, whose own copy of mimalloc is its own; its version from what the
 exported ``mi_version()`` returns (a constant: 209 for 2.0.9, 30403 for 3.4.3)."""
 
 from __future__ import annotations
@@ -17,6 +18,9 @@ _NAME = re.compile(r"(?:^|/)libmimalloc[a-z_-]*\.so")
 _EXPORTS = ("mi_malloc", "mi_version")
 #: what mimalloc keeps in its read-only data: the prefix of its environment variables, and its messages'
 _STRINGS = (b"mimalloc_", b"mimalloc: ")
+#: CPython from 3.13 links its own copy of mimalloc (its free-threaded builds allocate objects with it), with
+#: changes of its own to mimalloc's structures: not taken for a program's mimalloc (docs/mimalloc.md)
+_CPYTHON = "_PyRuntime"
 _ENDBR64 = b"\xf3\x0f\x1e\xfa"
 _MOV_EAX = 0xB8
 _RET = 0xC3
@@ -49,7 +53,8 @@ def find_mimalloc(mem: Memory, mappings: list[Mapping]) -> MiImage | None:
             image = LibcImage.read(mem, base, path)
         except ReadError:
             continue
-        if named or any(image.dynamic_symbol(name) is not None for name in _EXPORTS) or _strings(image):
+        exports = any(image.dynamic_symbol(name) is not None for name in _EXPORTS)
+        if named or exports or (_strings(image) and image.dynamic_symbol(_CPYTHON) is None):
             return MiImage(image, _version(mem, image))
     return None
 

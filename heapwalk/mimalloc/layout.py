@@ -3,7 +3,7 @@ release tags with debug information, 64-bit, MI_SECURE 0, MI_DEBUG 0; checked ag
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 __all__ = ["MiLayout", "LAYOUTS", "layout_for"]
 
@@ -12,12 +12,13 @@ __all__ = ["MiLayout", "LAYOUTS", "layout_for"]
 class MiLayout:
     """Offsets of one family of mimalloc releases' structures (64-bit)."""
 
-    versions: str                         # "2.0": the releases measured to have it
-    first: tuple[int, int]                # the first release with it
+    versions: str                         # "2.0.9": the releases measured to have it
+    first: tuple[int, int, int]           # the first release with it
+    last: tuple[int, int, int]            # the last
     slice_shift: int = 16                 # a slice: 64 KiB
     segment_shift: int = 25               # a segment: 32 MiB, aligned to its size
-    segment_map_words: int = 10241       # the segment map: a bit per segment of 20 TiB of addresses, and one word
-    max_align_guarantee: int = 128        # a page of blocks up to 1 KiB starts 3 times this after its slice
+    page_start_offset: int = 384          # a page of blocks of 8 bytes to 1 KiB starts this far into its slice
+    huge_unowned: bool = False            # a huge segment belongs to no thread from its start (any thread frees it)
     bin_huge: int = 73                    # MI_BIN_HUGE; the heap's queues run to MI_BIN_FULL = bin_huge + 1
     # mi_page_t (also each slice of a segment)
     page: int = 80
@@ -80,18 +81,38 @@ class MiLayout:
         return 1 << (self.segment_shift - self.slice_shift)
 
     @property
+    def segment_map_words(self) -> int:
+        """Words of the segment map: a bit per segment of 20 TiB of addresses, and one word more."""
+        return ((20 << 40) >> self.segment_shift) // 64 + 1
+
+    @property
+    def mask_bytes(self) -> int:
+        """Bytes of a segment's commit mask: a bit per slice."""
+        return self.slices_per_segment // 8
+
+    @property
     def segment_header(self) -> int:
         """Bytes of a segment's header with its slices (one more than a segment holds, for huge blocks)."""
         return self.seg_slices + (self.slices_per_segment + 1) * self.page
 
 
-#: the layouts, oldest first
-LAYOUTS = (MiLayout("2.0", (2, 0)),)
+_V205 = MiLayout("2.0.5", (2, 0, 5), (2, 0, 5), segment_shift=26, page_start_offset=128,
+                 seg_decommit_expire=16, seg_decommit_mask=24, seg_commit_mask=152, seg_abandoned_next=280,
+                 seg_abandoned=296, seg_used=312, seg_cookie=320, seg_slices_count=328, seg_info_slices=336,
+                 seg_kind=344, seg_thread_id=352, seg_slice_entries=360, seg_slices=368, seg_alignment=-1,
+                 heap_cookie=2856, heap_page_count=3016, heap_next=3040, heap=3056, tld=1560, thread_data=4616,
+                 huge_unowned=True)
+
+#: the layouts, oldest first (each measured on its releases built from their tags)
+LAYOUTS = (_V205,
+           replace(_V205, versions="2.0.6", first=(2, 0, 6), last=(2, 0, 6), tld=1536, thread_data=4592),
+           replace(_V205, versions="2.0.7", first=(2, 0, 7), last=(2, 0, 7), tld=1536, heap_cookie=2864,
+                   heap_page_count=3024, heap_next=3048, heap=3064, thread_data=4600),
+           MiLayout("2.0.9", (2, 0, 9), (2, 0, 9)))
 
 
-def layout_for(version: tuple[int, int] | None) -> MiLayout | None:
-    """The layout of VERSION (major, minor), or None when heapwalk has measured none for it."""
+def layout_for(version: tuple[int, int, int] | None) -> MiLayout | None:
+    """The layout of VERSION (major, minor, patch), or None when heapwalk has measured none for it."""
     if version is None:
         return None
-    fits = [lay for lay in LAYOUTS if lay.first[0] == version[0] and lay.first <= version]
-    return fits[-1] if fits and version[:2] == fits[-1].first else None
+    return next((lay for lay in reversed(LAYOUTS) if lay.first <= tuple(version) <= lay.last), None)

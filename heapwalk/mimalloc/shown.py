@@ -6,7 +6,7 @@ from __future__ import annotations
 from rich.table import Table
 
 from heapwalk.analysis.report import human
-from heapwalk.mimalloc.account import EXITED, Owner
+from heapwalk.mimalloc.account import EXITED, UNOWNED, Owner
 from heapwalk.mimalloc.decode import MiState
 
 __all__ = ["totals", "threads_table", "threads_document", "owner_name", "collect_resident", "options_document",
@@ -16,7 +16,7 @@ __all__ = ["totals", "threads_table", "threads_document", "owner_name", "collect
 def totals(state: MiState) -> dict[str, int]:
     """mimalloc's own figures, as mi_stats_print_out names them ("current" of each), from the walk."""
     live = state.live()
-    abandoned = [s for s in live if not s.thread_id]
+    abandoned = state.abandoned()
     return {"reserved": state.reserved(), "committed": state.committed(),
             "segments": len(live) - len(abandoned), "segments_abandoned": len(abandoned),
             "pages_abandoned": sum(s.abandoned for s in abandoned),
@@ -30,7 +30,7 @@ def totals(state: MiState) -> dict[str, int]:
 
 def collect_resident(state: MiState) -> int | None:
     """The resident bytes of what mi_collect(true) on the main thread decommits (None: unknown)."""
-    return state.resident(r for s in state.live() if not s.thread_id for r in s.pending_ranges())
+    return state.resident(r for s in state.abandoned() for r in s.pending_ranges())
 
 
 def options_document(state: MiState) -> dict:
@@ -52,6 +52,8 @@ def owner_name(owner: Owner, threads: dict) -> str:
     """How the tables name OWNER: "thread N" (gdb's number), "exited threads", or its $fs_base."""
     if owner.thread_id == EXITED:
         return "exited threads"
+    if owner.thread_id == UNOWNED:
+        return "huge blocks (no thread)"
     t = threads.get(owner.thread_id)
     return f"thread {t.number}" if t else f"thread at {owner.thread_id:#x}"
 

@@ -28,7 +28,8 @@ def locate(heap, address: int) -> dict | None:
     seg = segments[i]
     owner = heap.by_tcb.get(seg.thread_id)
     doc = {"segment": seg.address, "segment_bytes": seg.reserved, "huge": seg.huge,
-           "owner": "abandoned (its thread exited)" if not seg.thread_id else
+           "owner": "no thread (a huge block any thread frees)" if heap.state.unowned(seg) else
+           "abandoned (its thread exited)" if not seg.thread_id else
            f"thread {owner.number}" if owner else f"the thread at {seg.thread_id:#x}"}
     if address < seg.address + seg.info_slices * 65536:
         return {**doc, "kind": "header", "use": "the segment's header (its slices' table)"}
