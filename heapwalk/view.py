@@ -64,6 +64,8 @@ class Words:
     gives back and how."""
 
     holds: str                                   # "malloc's arenas hold"
+    arena: str = "arena"                         # the arena table's column of each row's address
+    arenas: str = "arenas"                       # its rows, in its footer ("8 arenas")
     system: str = "mapped"                       # the column of what an arena holds from the system
     heaps: str = "heaps"                         # the column of the pieces of memory an arena holds
     pieces: str = "pieces"                       # its free pieces ("chunks")

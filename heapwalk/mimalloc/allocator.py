@@ -32,7 +32,8 @@ from heapwalk.view import ArenaView, HeapStrip, HeapView, Words
 __all__ = ["MIMALLOC", "MimallocHeap"]
 
 WORDS = Words(
-    holds="mimalloc's segments hold", system="reserved", heaps="segments", pieces="blocks",
+    holds="mimalloc's segments hold", arena="first heap", arenas="owners", system="reserved", heaps="segments",
+    pieces="blocks",
     gives_back="a purge decommits", large="", overhead="overhead",
     free_columns=tuple((f"free: {k}" if i == 0 else k, lambda a, k=k: a.free[k]) for i, k in enumerate(FREE_KINDS)),
     last_columns=(("purge pending", lambda a: a.reclaim),))
@@ -87,7 +88,7 @@ class MimallocHeap(Decoded):
                         counts[p.block_size] += p.free_blocks
             sizes[n] = +counts
         return HeapView(allocator="mimalloc", arenas=tuple(rows), free_sizes=MappingProxyType(sizes), size_classes=(),
-                        arena_limit="one heap per thread", reclaim_total=sum(r.reclaim for r in rows),
+                        arena_limit="a heap per thread", reclaim_total=sum(r.reclaim for r in rows),
                         residency=self.state.residency.source if self.state.residency else "")
 
     def verdict(self, rep: Report) -> list[str]:

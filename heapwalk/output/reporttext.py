@@ -24,8 +24,8 @@ def arena_table(rep: Report, interactive: bool, words: Words) -> Table:
         ((("RSS", lambda a: a.resident),) if rep.residency else ()) + (("in use", lambda a: a.in_use),) + \
         words.columns(kinds) + ((("free in RAM", lambda a: a.idle_resident),) if rep.residency else ()) + \
         (words.last_columns or ((words.overhead, lambda a: a.overhead), (words.gives_back, lambda a: a.reclaim)))
-    fixed = (("#", "right"), ("arena", "left"), ("kind", "left"), ("threads", "right"), (words.heaps, "right"))
-    totals = [f"{len(rep.arenas)} arenas", "", "", ""]
+    fixed = (("#", "right"), (words.arena, "left"), ("kind", "left"), ("threads", "right"), (words.heaps, "right"))
+    totals = [f"{len(rep.arenas)} {words.arenas}", "", "", ""]
     totals += [_shown(None if any(get(a) is None for a in rep.arenas) else sum(get(a) for a in rep.arenas))
                for _, get in figures]
     for (name, justify), footer in zip(fixed + tuple((name, "right") for name, _ in figures), ["", *totals]):
