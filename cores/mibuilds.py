@@ -9,7 +9,7 @@ DEST/mimalloc-NAME with a VERSION file; and the releases other distributions shi
 from their sources (cores/data/mimalloc-VERSION.tar.xz: the release tag's src, include and cmake files) with
 cmake as a distribution builds them (Release), stripped to their exported symbols, into DEST/mimalloc-VERSION:
 
-    2.0.5  2.0.6  2.0.7
+    2.0.5  2.0.6  2.0.7  2.1.2 (Ubuntu 24.04's: segments taken from arenas)
 
 Command line: ``python3 cores/mibuilds.py DEST [NAME ...]``.
 """
@@ -47,7 +47,7 @@ MI_BUILDS = {
     "trixie": MiBuild("trixie", "libmimalloc3", "libmimalloc.so.3"),
 }
 #: releases built from their sources (cores/data)
-MI_BUILT = ("2.0.5", "2.0.6", "2.0.7")
+MI_BUILT = ("2.0.5", "2.0.6", "2.0.7", "2.1.2")
 DATA = Path(__file__).resolve().parent / "data"
 
 
@@ -61,7 +61,7 @@ class Mimalloc:
     @property
     def library(self) -> Path:
         if self.name in MI_BUILT:
-            return self.root / "libmimalloc.so.2.0"
+            return self.root / "libmimalloc.so.2"
         return self.root / LIBDIR / MI_BUILDS[self.name].file
 
     @property
@@ -118,7 +118,8 @@ def _built(dest: Path, version: str) -> Mimalloc:
                      "-DMI_BUILD_OBJECT=OFF", str(source)], ["make", "-j2"]):
             if subprocess.run(cmd, cwd=out, stdout=fh, stderr=subprocess.STDOUT).returncode != 0:
                 raise sysroots.SysrootError(f"mimalloc {version}: {' '.join(cmd)} failed (its output: {log})")
-    subprocess.run(["strip", "--strip-unneeded", "-o", str(mi.library), str(out / "libmimalloc.so.2.0")], check=True)
+    subprocess.run(["strip", "--strip-unneeded", "-o", str(mi.library), str((out / "libmimalloc.so").resolve())],
+                   check=True)
     (mi.root / "VERSION").write_text(version + "\n")
     fresh.mark(mi.library, inputs)
     shutil.rmtree(work)

@@ -1,10 +1,11 @@
-"""Microsoft's mimalloc on a real process, symbols hidden: cores/mi_hold.c on Debian's builds (cores/mibuilds.py:
-2.0.9 preloaded) writes mimalloc's own statistics (mi_stats_print_out, mi_process_info) at its snapshot and a
-ledger of every block in use in each thread's heap (mi_heap_visit_blocks), four threads parked and one exited
-(its segments abandoned); heapwalk's report of its core, and of gdb attached to it, gives each figure: committed
-bytes to the byte, reserved as mimalloc rounds it, the segments, abandoned segments and pages, and each heap's
-blocks in use and their bytes.  A release whose layout heapwalk has not measured (trixie's 3.0.1) is named in
-one line, with an error status."""
+"""Microsoft's mimalloc on a real process, symbols hidden: cores/mi_hold.c on Debian's build and on releases built
+from their sources (cores/mibuilds.py: 2.0.9; 2.0.5 to 2.0.7; 2.1.2, whose segments come from arenas) writes
+mimalloc's own statistics (mi_stats_print_out, mi_process_info) at its snapshot and a ledger of every block in
+use in each thread's heap (mi_heap_visit_blocks), four threads parked and one exited (its segments abandoned);
+heapwalk's report of its core, and of gdb attached to it, gives each figure: committed bytes to the byte,
+reserved as mimalloc rounds it, the segments, abandoned segments and pages, and each heap's blocks in use and
+their bytes.  A release whose layout heapwalk has not measured (trixie's 3.0.1) is named in one line, with an
+error status."""
 
 from __future__ import annotations
 
@@ -29,13 +30,14 @@ _AMOUNT = re.compile(r"(-?\d+(?:\.\d+)?)(?: (GiB|MiB|KiB|Ki|Mi|Gi|B)\b)?")
 
 
 @pytest.fixture
-def stopped(tmp_path):
-    """cores/mi_hold.c run on bookworm's mimalloc to its snapshot: (process, its output folder)."""
-    mi = mibuilds.prepare_mimalloc(SYSROOTS, "bookworm")
+def stopped(tmp_path, request):
+    """cores/mi_hold.c run on the parameter's mimalloc (a build's name) to its snapshot: (process, its output
+    folder, its version)."""
+    mi = mibuilds.prepare_mimalloc(SYSROOTS, request.param)
     run = tmp_path / "run"
     proc = harness.run_to_snapshot(mibuilds.build_hold(tmp_path), run, env=mi.environment())
     try:
-        yield proc, run
+        yield proc, run, mi.version
     finally:
         proc.kill()
         proc.wait()
@@ -114,12 +116,14 @@ def test_a_core_gives_every_figure_mimalloc_printed(tmp_path, build):
     assert "wait for the purge delay" in said
 
 
-def test_leaks_are_the_exited_thread_s_blocks_and_check_finds_it_sound(tmp_path):
+@pytest.mark.parametrize("build", ["bookworm", "2.1.2"])
+def test_leaks_are_the_exited_thread_s_blocks_and_check_finds_it_sound(tmp_path, build):
     """gdb on the core, symbols hidden: the leak scan finds exactly the blocks the exited thread kept and forgot
     (its ledger's, in its abandoned segments), no other; check walks every page, segment and queue and finds
     nothing wrong; chunk names a block in use (and what reaches it), one freed by its thread (local free list),
-    one freed by another thread, and a leaked one; map draws every segment."""
-    cap = capture_mimalloc("bookworm")
+    one freed by another thread, and a leaked one; map draws every segment.  On 2.0.9 and on 2.1.2 (segments
+    taken from arenas)."""
+    cap = capture_mimalloc(build)
     out = tmp_path / "leaks.json"
     ledgers = _ledger(cap.directory)
     exited = next(e for e in ledgers.values() if e["how"] == "exits")["blocks"]
@@ -145,21 +149,25 @@ def test_leaks_are_the_exited_thread_s_blocks_and_check_finds_it_sound(tmp_path)
     assert "segment at" in said and "(huge)" in said
 
 
+@pytest.mark.parametrize("stopped", ["bookworm", "2.1.2"], indirect=True)
 def test_gdb_attached_says_the_same(stopped, tmp_path):
     """gdb -p on the stopped process, symbols hidden: the same figures, read live; threads lists each heap with
     its thread; the options are those the process runs with; what the verdict says mi_collect(true) on the main
-    thread decommits is what it then took off mimalloc's commit (to the byte) and the RSS."""
-    proc, run = stopped
+    thread gives back is what it then took off mimalloc's commit (to the byte) and the RSS: on 2.0.9 the abandoned
+    segments' waiting slices, on 2.1.2 also the cached thread data and the arenas' blocks waiting for a purge."""
+    proc, run, version = stopped
     out = tmp_path / "report.json"
     result = run_gdb(["-p", str(proc.pid)], [f"heapwalk report --no-leaks --json {out}", "heapwalk threads"],
                      iex=[NO_SYMBOLS])
     assert result.returncode == 0, result.stderr
     doc = json.loads(out.read_text())
-    _check(doc, run)
+    _check(doc, run, version)
     lwps = {int(task.name) for task in Path(f"/proc/{proc.pid}/task").iterdir()}
     assert {h["lwp"] for h in doc["mimalloc"]["heaps"] if h["kind"] != "other"} == lwps
     assert f"mimalloc heaps ({len(doc['mimalloc']['heaps'])})" in result.stdout
-    assert doc["mimalloc"]["options"]["decommit_delay"] == {"value": 25, "set": "default"}
+    delay = "decommit_delay" if version < "2.1" else "purge_delay"        # renamed in 2.1
+    assert doc["mimalloc"]["options"][delay] == {"value": 25 if version < "2.1" else 10, "set": "default"}
+    assert f"wait for the purge delay ({delay}: " in " ".join(result.stdout.split())
     proc.send_signal(signal.SIGCONT)                  # it runs mi_collect(true) and exits
     assert proc.wait(timeout=60) == 0
     collected = json.loads((run / "collect.json").read_text())

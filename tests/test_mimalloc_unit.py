@@ -143,8 +143,17 @@ def test_check_names_a_page_whose_counters_do_not_add_up():
 def test_each_release_has_its_own_layout():
     """The layouts measured: 2.0.5 (64 MiB segments), 2.0.6, 2.0.7 (a heap with an arena id), 2.0.9 (32 MiB
     segments); releases between or around them have none (named, not guessed)."""
-    assert [lay.versions for lay in LAYOUTS] == ["2.0.5", "2.0.6", "2.0.7", "2.0.9"]
+    assert [lay.versions for lay in LAYOUTS] == ["2.0.5", "2.0.6", "2.0.7", "2.0.9", "2.1.2"]
     assert layout_for((2, 0, 5)).segment_size == 64 << 20 and layout_for((2, 0, 9)).segment_size == 32 << 20
     assert layout_for((2, 0, 7)).heap_cookie == 2864 and layout_for((2, 0, 6)).heap_cookie == 2856
     assert layout_for((2, 0, 5)).mask_bytes == 128 and layout_for((2, 0, 9)).mask_bytes == 64
     assert layout_for((2, 0, 8)) is None and layout_for((2, 0, 4)) is None and layout_for((3, 0, 1)) is None
+    assert layout_for((2, 1, 3)) is None and layout_for((2, 1, 2)).seg_memkind == 20
+
+
+def test_where_a_page_s_blocks_start():
+    """2.0.5 to 2.0.7: 128 bytes into the slice for blocks up to 1 KiB; 2.0.9: 384; 2.1.2: 3 blocks up to 64
+    bytes, one block up to 512, else none."""
+    assert [layout_for((2, 0, 5)).page_start(n) for n in (8, 1024, 2048)] == [128, 128, 0]
+    assert [layout_for((2, 0, 9)).page_start(n) for n in (8, 1024, 2048)] == [384, 384, 0]
+    assert [layout_for((2, 1, 2)).page_start(n) for n in (8, 64, 80, 512, 640)] == [24, 192, 80, 512, 0]

@@ -9,12 +9,13 @@ from dataclasses import dataclass, field
 
 from heapwalk.mimalloc.decode import MiSegment, MiState, good_size
 
-__all__ = ["Owner", "owners", "FREE_KINDS", "EXITED", "UNOWNED"]
+__all__ = ["Owner", "owners", "FREE_KINDS", "EXITED", "UNOWNED", "ARENAS"]
 
 #: the kinds of free bytes, as the report's columns name them
-FREE_KINDS = ("free blocks", "not yet cut", "free spans")
+FREE_KINDS = ("free blocks", "not yet cut", "free spans", "arena blocks")
 EXITED = 0          # the owner of abandoned segments and cached thread data
 UNOWNED = -1        # the owner of huge segments that belong to no thread (2.0.5 to 2.0.7)
+ARENAS = -2         # the arenas' blocks no segment uses (from 2.1)
 
 
 @dataclass
@@ -67,9 +68,24 @@ def owners(state: MiState) -> list[Owner]:
         owner.reserved += td
         owner.committed += td
         owner.overhead += td
-    order = sorted(by.values(), key=lambda o: (o.thread_id in (EXITED, UNOWNED), o.thread_id == EXITED,
-                                               o.thread_id != main, min(o.heaps or [0])))
+    _add_arenas(state, by)
+    order = sorted(by.values(), key=lambda o: (o.thread_id in (EXITED, UNOWNED, ARENAS), o.thread_id == ARENAS,
+                                               o.thread_id == EXITED, o.thread_id != main, min(o.heaps or [0])))
     return order
+
+
+def _add_arenas(state: MiState, by: dict[int, Owner]) -> None:
+    """The arenas' row: their blocks no segment uses, and their descriptions taken from the system."""
+    free_blocks = state.arena_free()
+    meta = sum(good_size(a.meta) for a in state.discovery.arenas if a.meta)
+    if not free_blocks and not meta:
+        return
+    arenas = by.setdefault(ARENAS, Owner(ARENAS))
+    arenas.reserved += free_blocks + meta
+    arenas.free["arena blocks"] += free_blocks
+    arenas.overhead += meta
+    arenas.committed += meta + sum(a.committed_blocks() * a.block_size for a in state.discovery.arenas) - sum(
+        s.reserved for s in state.live() if s.arena is not None and s.in_committed_blocks())
 
 
 def _add_segment(owner: Owner, seg: MiSegment) -> None:
@@ -84,6 +100,6 @@ def _add_segment(owner: Owner, seg: MiSegment) -> None:
         owner.pages += 1
         owner.blocks += p.in_use
         owner.in_use += p.in_use * p.block_size
-        owner.free["free blocks"] += p.free_blocks * p.block_size
-        owner.free["not yet cut"] += (p.reserved - p.capacity) * p.block_size
-        owner.overhead += (p.end - p.start) - p.reserved * p.block_size + (p.start - seg.address - p.index * 65536)
+        owner.free["free blocks"] += p.free_cut * p.block_size
+        owner.free["not yet cut"] += (p.room - p.cut) * p.block_size
+        owner.overhead += (p.end - p.start) - p.room * p.block_size + (p.start - seg.address - p.index * 65536)

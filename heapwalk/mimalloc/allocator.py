@@ -15,7 +15,7 @@ from heapwalk.analysis.rss import Claim
 from heapwalk.findings import Finding, Severity
 from heapwalk.mimalloc.blocks import mimalloc_blocks
 from heapwalk.mimalloc.check import CHECKED, check_mimalloc
-from heapwalk.mimalloc.account import EXITED, FREE_KINDS, UNOWNED, Owner, owners
+from heapwalk.mimalloc.account import ARENAS, EXITED, FREE_KINDS, UNOWNED, Owner, owners
 from heapwalk.mimalloc.decode import MiState, decode_mimalloc, good_size
 from heapwalk.mimalloc.discovery import MimallocUnused, discover_mimalloc
 from heapwalk.mimalloc.find import find_mimalloc
@@ -77,15 +77,15 @@ class MimallocHeap(Decoded):
         for n, o in enumerate(self.owners):
             resident = self.state.resident(o.ranges())
             free_resident = self.state.resident(o.free_ranges())
-            rows.append(ArenaView(n, o.heaps[0] if o.heaps else 0, owner_name(o, self.by_tcb),
-                                  0 if o.thread_id in (EXITED, UNOWNED) else 1, len(o.segments), o.reserved, o.in_use,
-                                  MappingProxyType(dict(o.free)), 0, o.overhead, o.pending, o.balanced, resident,
-                                  free_resident))
+            threads = 0 if o.thread_id in (EXITED, UNOWNED, ARENAS) else 1
+            rows.append(ArenaView(n, o.heaps[0] if o.heaps else 0, owner_name(o, self.by_tcb), threads,
+                                  len(o.segments), o.reserved, o.in_use, MappingProxyType(dict(o.free)), 0,
+                                  o.overhead, o.pending, o.balanced, resident, free_resident))
             counts = Counter()
             for s in o.segments:
                 for p in s.pages:
-                    if p.free_blocks:
-                        counts[p.block_size] += p.free_blocks
+                    if p.free_cut:
+                        counts[p.block_size] += p.free_cut
             sizes[n] = +counts
         return HeapView(allocator="mimalloc", arenas=tuple(rows), free_sizes=MappingProxyType(sizes), size_classes=(),
                         arena_limit="a heap per thread", reclaim_total=sum(r.reclaim for r in rows),
@@ -97,8 +97,8 @@ class MimallocHeap(Decoded):
     def report_parts(self, rep: Report, interactive: bool) -> list:
         lines = Text()
         for name, value in totals(self.state).items():
-            shown = f" ({human(value)})" if name in ("reserved", "committed", "purge_pending", "collect_decommits") \
-                else ""
+            shown = f" ({human(value)})" if name in ("reserved", "committed", "purge_pending", "collect_decommits",
+                                                     "arena_free") else ""
             lines.append(f"{name} {value}{shown}\n")
         lines.append(options_line(self.state))
         return [report_group(rep, interactive, WORDS, lines)]

@@ -25,11 +25,11 @@ def mimalloc_blocks(state: MiState, arena_of: dict[int, int]) -> Blocks:
     for seg in state.live():
         for page in seg.pages:
             if page.damaged:
-                unknown.append((page.start, page.start + page.capacity * page.block_size))
+                unknown.append((page.start, page.start + page.cut * page.block_size))
                 continue
-            if page.capacity == 0 or page.in_use == 0:
+            if page.cut == 0 or page.in_use == 0:
                 continue
-            slots = np.uint64(page.start) + np.arange(page.capacity, dtype=np.uint64) * np.uint64(page.block_size)
+            slots = np.uint64(page.start) + np.arange(page.cut, dtype=np.uint64) * np.uint64(page.block_size)
             if page.freed:
                 slots = slots[~np.isin(slots, np.array(page.freed, dtype=np.uint64))]
             starts.append(slots)

@@ -58,7 +58,9 @@ def _page_counts(page: MiPage) -> list[Finding]:
     """A page's counters: capacity within what it reserved, used within capacity, and (when its lists could be
     walked) its blocks in use and free adding up to its capacity."""
     what = None
-    if page.capacity > page.reserved:
+    if page.reserved > page.room:
+        what = f"reserves {page.reserved} blocks, more than its slices hold ({page.room})"
+    elif page.capacity > page.reserved:
         what = f"has cut {page.capacity} blocks, more than the {page.reserved} it reserved"
     elif page.used > page.capacity:
         what = f"counts {page.used} blocks in use of {page.capacity}"

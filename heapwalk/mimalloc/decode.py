@@ -9,10 +9,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from heapwalk.findings import Finding, Kind, Severity
-from heapwalk.inferior.memory import Memory, ReadError, u64
+from heapwalk.inferior.memory import Memory, ReadError
 from heapwalk.inferior.residency import Residency
 from heapwalk.mimalloc.discovery import MiDiscovery
-from heapwalk.mimalloc.layout import MiLayout
+from heapwalk.mimalloc.heaps import MiHeap, find_heaps
+from heapwalk.mimalloc.layout import MEM_ARENA, MiLayout
 from heapwalk.mimalloc.lists import count_delayed, walk_page
 
 __all__ = ["SEGMENT", "MiPage", "MiSpan", "MiSegment", "MiHeap", "MiState", "decode_mimalloc", "good_size"]
@@ -53,9 +54,25 @@ class MiPage:
         return self.segment + (self.index + self.slices) * 65536
 
     @property
+    def room(self) -> int:
+        """Blocks it reserved, as many as its slices hold (a damaged count is held to them)."""
+        return min(self.reserved, max(self.end - self.start, 0) // self.block_size)
+
+    @property
+    def cut(self) -> int:
+        """Blocks it has cut (its capacity), within what it reserved."""
+        return min(self.capacity, self.room)
+
+    @property
     def in_use(self) -> int:
-        """Blocks the program holds."""
-        return max(self.used - self.thread_free - self.delayed, 0)
+        """Blocks the program holds: those it counts used (within those it cut and its own lists leave), less those
+        other threads freed."""
+        return max(min(self.used, self.cut - self.free - self.local_free) - self.thread_free - self.delayed, 0)
+
+    @property
+    def free_cut(self) -> int:
+        """Its free blocks, within those it cut and does not hold (damage never makes a figure impossible)."""
+        return max(min(self.free_blocks, self.cut - self.in_use), 0)
 
     def list_of(self, block: int) -> str | None:
         """Which list holds BLOCK ("free", "local free", "thread free", "delayed"), or None."""
@@ -102,6 +119,7 @@ class MiSegment:
     pending: int                # committed bytes whose decommit waits for the purge delay
     live: bool = True           # in the segment map (False: freed, its stamp left)
     pending_mask: int = 0       # the slices whose decommit is pending, a bit each
+    arena: object = None        # the arena it was taken from (`mimalloc.arenas.MiArena`), or None
     pages: list[MiPage] = field(default_factory=list)
     spans: list[MiSpan] = field(default_factory=list)
 
@@ -112,6 +130,11 @@ class MiSegment:
     @property
     def huge(self) -> bool:
         return self.kind == _HUGE
+
+    def in_committed_blocks(self) -> bool:
+        """Whether its arena committed all its blocks (their commit counted once, as the arena's)."""
+        first = self.arena.block_of(self.address)
+        return all(self.arena.committed >> b & 1 for b in range(first, first + self.reserved // self.arena.block_size))
 
     def pending_ranges(self) -> list[tuple[int, int]]:
         """The runs of slices whose decommit is pending, as address ranges."""
@@ -128,20 +151,6 @@ class MiSegment:
                 mask >>= 1
                 i += 1
         return out
-
-
-@dataclass
-class MiHeap:
-    """One heap: the thread it belongs to ($fs_base), its thread data (the system memory its heap and
-    thread-local data live in; 0 for the main heap, in the library's data), its pages."""
-
-    address: int
-    thread_id: int
-    tld: int
-    backing: bool               # its thread's backing (default) heap
-    main: bool
-    pages: int = 0
-    delayed: int = 0            # blocks on its delayed-free list
 
 
 @dataclass
@@ -175,15 +184,27 @@ class MiState:
         return [p for s in self.live() for p in s.pages]
 
     def thread_data_bytes(self) -> int:
-        return good_size(self.layout.thread_data) * len(self.thread_data)
+        """Bytes of its own it took from the system: thread data, and arenas' descriptions."""
+        return good_size(self.layout.thread_data) * len(self.thread_data) + \
+            sum(good_size(a.meta) for a in self.discovery.arenas if a.meta)
 
     def reserved(self) -> int:
-        """Bytes mimalloc took from the system: its live segments and thread data (its reserved statistic)."""
-        return sum(s.reserved for s in self.live()) + self.thread_data_bytes()
+        """Bytes mimalloc took from the system: its arenas, its live segments outside them, and thread data (its
+        reserved statistic)."""
+        return sum(a.reserved for a in self.discovery.arenas) + \
+            sum(s.reserved for s in self.live() if s.arena is None) + self.thread_data_bytes()
 
     def committed(self) -> int:
-        """Its committed statistic: the committed slices of its segments, and its thread data."""
-        return sum(s.committed for s in self.live()) + self.thread_data_bytes()
+        """Its committed statistic: its arenas' committed blocks, the committed slices of its segments (in an
+        arena, those of blocks the arena has not committed), and its thread data."""
+        arenas = sum(a.committed_blocks() * a.block_size for a in self.discovery.arenas)
+        own = sum(s.committed for s in self.live() if s.arena is None or not s.in_committed_blocks())
+        return arenas + own + self.thread_data_bytes()
+
+    def arena_free(self) -> int:
+        """Bytes of the arenas' blocks no segment uses."""
+        used = sum(s.reserved for s in self.live() if s.arena is not None)
+        return sum(a.reserved for a in self.discovery.arenas) - used
 
     def resident(self, ranges) -> int | None:
         if self.residency is None:
@@ -226,7 +247,7 @@ def decode_mimalloc(mem: Memory, found: MiDiscovery, threads, description: str =
         findings.append(Finding(Severity.ERROR, at, "mi_segment_t", f"the segment map holds a segment at {at:#x} "
                                 "whose header does not hold its stamp (the address xor the cookie): it is "
                                 "unreadable or damaged, and its memory is left out of every figure", SEGMENT))
-    heaps = _heaps(mem, found, segments, threads, findings)
+    heaps = find_heaps(mem, found, segments, threads, findings)
     for seg in segments:
         if seg.live:
             for page in seg.pages:
@@ -237,7 +258,7 @@ def decode_mimalloc(mem: Memory, found: MiDiscovery, threads, description: str =
         heap.delayed = delayed[heap.address]
     data = [(h.address, "thread") for h in heaps if h.backing and not h.main] + \
         [(at, "cached") for at in found.thread_data_cache]
-    if any(s.memid for s in segments if s.live):
+    if found.layout.seg_memkind is None and any(s.memid for s in segments if s.live):
         findings.append(Finding(Severity.WARNING, 0, "mimalloc arenas", "some segments come from a reserved arena "
                                 "(mimalloc's arenas are not decoded yet): the reserved figure leaves the arenas' "
                                 "unused memory out", Kind.NOT_DECODED))
@@ -262,15 +283,30 @@ def _segment(mem: Memory, found: MiDiscovery, at: int, live: bool, findings: lis
     commit = _bits(head[lay.seg_commit_mask:lay.seg_commit_mask + lay.mask_bytes])
     pending = _bits(head[lay.seg_decommit_mask:lay.seg_decommit_mask + lay.mask_bytes]) & commit
     huge = int.from_bytes(head[lay.seg_kind:lay.seg_kind + 4], "little") == _HUGE
+    arena = _arena_of(found, at, head)
     reserved = good_size(slices * lay.slice_size)
     full = (1 << lay.slices_per_segment) - 1
     committed = reserved if huge and commit == full else bin(commit).count("1") * lay.slice_size
+    if arena is not None:
+        blocks = -(-slices * lay.slice_size // lay.segment_size)
+        first = arena.block_of(at)
+        reserved = blocks * lay.segment_size
+        if all(arena.committed >> b & 1 for b in range(first, first + blocks)):
+            committed = reserved            # its arena committed its blocks: the arena's figure counts them
     seg = MiSegment(at, 1 if huge else 0, slices, info, word(lay.seg_thread_id), word(lay.seg_used),
                     word(lay.seg_abandoned), word(lay.seg_memid), reserved, committed,
-                    bin(pending).count("1") * lay.slice_size, live, pending_mask=pending)
+                    bin(pending).count("1") * lay.slice_size, live, pending_mask=pending, arena=arena)
     if live:
         _cut(mem, lay, seg, entries, commit, pending, findings)
     return seg
+
+
+def _arena_of(found: MiDiscovery, at: int, head: bytes):
+    """The arena the segment at AT (its header HEAD) was taken from, or None (taken from the system)."""
+    lay = found.layout
+    if lay.seg_memkind is None or head[lay.seg_memkind] != MEM_ARENA:
+        return None
+    return next((a for a in found.arenas if a.start <= at < a.start + a.reserved), None)
 
 
 def _bits(data: bytes) -> int:
@@ -307,7 +343,7 @@ def _cut(mem: Memory, lay: MiLayout, seg: MiSegment, entries: int, commit: int, 
 
 def _page(lay: MiLayout, seg: MiSegment, i: int, s) -> MiPage:
     xsize = int(s["block_size"])
-    start = seg.address + i * lay.slice_size + (lay.page_start_offset if 8 <= xsize <= 1024 else 0)
+    start = seg.address + i * lay.slice_size + lay.page_start(xsize)
     slices = int(s["slice_count"])
     area = seg.address + (i + slices) * lay.slice_size - start
     size = area if seg.huge or xsize >= 1 << 31 else xsize
@@ -315,60 +351,3 @@ def _page(lay: MiLayout, seg: MiSegment, i: int, s) -> MiPage:
                   int(s["capacity"]), int(s["reserved"]), int(s["used"]), int(s["heap"]),
                   bool(int(s["flags"]) & _IN_FULL),
                   (int(s["free"]), int(s["local_free"]), int(s["thread_free"]) & ~3))
-
-
-def _heaps(mem: Memory, found: MiDiscovery, segments: list[MiSegment], threads, findings: list[Finding]
-           ) -> list[MiHeap]:
-    """The heaps: the main heap, each thread's default heap (its thread-local pointer), every heap a page names,
-    and every heap on those heaps' threads' lists."""
-    lay = found.layout
-    wanted = [found.main_heap]
-    if found.default_tpoff is not None:
-        for t in threads:
-            if t.fs_base:
-                try:
-                    wanted.append(u64(mem, (t.fs_base + found.default_tpoff) & ((1 << 64) - 1)))
-                except ReadError:
-                    pass
-    counts: dict[int, int] = {}
-    for seg in segments:
-        for page in seg.pages if seg.live else ():
-            counts[page.heap] = counts.get(page.heap, 0) + 1
-    wanted += [h for h in counts if h]
-    out: dict[int, MiHeap] = {}
-    for at in wanted:
-        if at in out or not at:
-            continue
-        try:
-            tld = u64(mem, at + lay.heap_tld)
-            first = u64(mem, tld + lay.tld_heaps) if tld else 0
-        except ReadError:
-            findings.append(Finding(Severity.ERROR, at, "mi_heap_t", "the heap cannot be read", SEGMENT))
-            continue
-        for heap in _chain(mem, lay, first or at):
-            if heap not in out:
-                out[heap] = _heap(mem, lay, heap, found.main_heap)
-    for heap in out.values():
-        heap.pages = counts.get(heap.address, 0)
-    return sorted(out.values(), key=lambda h: (not h.main, h.address))
-
-
-def _chain(mem: Memory, lay: MiLayout, first: int) -> list[int]:
-    """The heaps of a thread's list from FIRST (next links), as far as it can be read, without loops."""
-    out, at = [], first
-    while at and at not in out and len(out) < 1 << 12:
-        out.append(at)
-        try:
-            at = u64(mem, at + lay.heap_next)
-        except ReadError:
-            break
-    return out
-
-
-def _heap(mem: Memory, lay: MiLayout, at: int, main: int) -> MiHeap:
-    try:
-        tld = u64(mem, at + lay.heap_tld)
-        backing = bool(tld) and u64(mem, tld + lay.tld_heap_backing) == at
-        return MiHeap(at, u64(mem, at + lay.heap_thread_id), tld, backing, at == main)
-    except ReadError:
-        return MiHeap(at, 0, 0, False, at == main)

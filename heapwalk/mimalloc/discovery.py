@@ -24,6 +24,7 @@ from heapwalk.errors import CannotDecode
 from heapwalk.inferior.elf import Mapping, writable_words
 from heapwalk.inferior.memory import Memory, ReadError, u64
 from heapwalk.inferior.x86 import tls_got_slot
+from heapwalk.mimalloc.arenas import arena_segment, find_arenas
 from heapwalk.mimalloc.find import MiImage
 from heapwalk.mimalloc.layout import LAYOUTS, MiLayout, layout_for
 from heapwalk.mimalloc.options import find_options
@@ -61,6 +62,7 @@ class MiDiscovery:
     facts: tuple[tuple[str, str], ...] = ()
     unstamped: tuple[int, ...] = ()       # segments the map holds whose header does not hold its stamp
     options: dict = field(default_factory=dict)   # option name -> MiOption, as the process holds them
+    arenas: tuple = ()                    # the arenas (`mimalloc.arenas.MiArena`), from 2.1
 
 
 def discover_mimalloc(mem: Memory, found: MiImage, regions: list[tuple[int, int]], mappings: list[Mapping],
@@ -94,6 +96,10 @@ def discover_mimalloc(mem: Memory, found: MiImage, regions: list[tuple[int, int]
     freed = tuple(s for s in stamped if s not in in_map) if at is not None else ()
     segments = tuple(sorted(in_map & set(stamped))) if at is not None else tuple(stamped)
     unstamped = tuple(sorted(in_map - set(stamped))) if at is not None else ()
+    arenas = find_arenas(mem, base, words, layout, arena_segment(mem, layout, segments))
+    if arena_segment(mem, layout, segments) is not None and not arenas:
+        raise MimallocUnknown(f"mimalloc {found.version_text}: its segments come from arenas, and its table of "
+                              "arenas was not found in its data")
     tpoff = _default_tpoff(mem, found)
     cache = _thread_data_cache(mem, base, words, layout)
     options = find_options(mem, base, words)
@@ -105,10 +111,12 @@ def discover_mimalloc(mem: Memory, found: MiImage, regions: list[tuple[int, int]
              ("default heaps", f"thread-local, {tpoff - (1 << 64) if tpoff and tpoff >> 63 else tpoff:#x} from "
               f"$fs_base (mi_heap_get_default's GOT slot)" if tpoff is not None else "not found"),
              ("thread data cache", f"{len(cache)} kept"),
+             ("arenas", f"{len(arenas)}, the table at the place of the arena a segment names" if arenas else
+              "none (segments taken from the system)"),
              ("options", f"{len(options)}, from their table (each entry carries its index)" if options else
               "not found: the report does not say which options the process runs with"))
     return MiDiscovery(layout, found.version, found.path, main, cookie, segments, freed, at, tpoff, cache, facts,
-                       unstamped, options)
+                       unstamped, options, arenas)
 
 
 def _candidates(version: tuple[int, int, int] | None) -> list[MiLayout]:

@@ -66,8 +66,8 @@ def _strip(seg: MiSegment, number: int, label: str, lost: dict[int, int]) -> Hea
         leaked = min(lost.get(page.address, 0), page.in_use * page.block_size)
         for length, kind in ((page.start - at, KIND["overhead"]),
                              (page.in_use * page.block_size - leaked, KIND["in_use"]), (leaked, KIND["leaked"]),
-                             (page.free_blocks * page.block_size, KIND["mi_free"]),
-                             ((page.reserved - page.capacity) * page.block_size, KIND["mi_uncut"])):
+                             (page.free_cut * page.block_size, KIND["mi_free"]),
+                             ((page.room - page.cut) * page.block_size, KIND["mi_uncut"])):
             if length > 0:
                 runs.append((at, min(at + length, page.end), kind))
                 at = min(at + length, page.end)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-__all__ = ["MiLayout", "LAYOUTS", "layout_for"]
+__all__ = ["MiLayout", "LAYOUTS", "layout_for", "MEM_ARENA"]
 
 
 @dataclass(frozen=True)
@@ -19,6 +19,22 @@ class MiLayout:
     segment_shift: int = 25               # a segment: 32 MiB, aligned to its size
     page_start_offset: int = 384          # a page of blocks of 8 bytes to 1 KiB starts this far into its slice
     huge_unowned: bool = False            # a huge segment belongs to no thread from its start (any thread frees it)
+    start_by_size: bool = False           # from 2.1: a page of blocks up to 64 bytes starts 3 blocks into its slice,
+    #                                       up to 512 bytes one block (page_start_offset is not used)
+    # arenas (from 2.1 segments are taken from arenas of the segment size's blocks; None: no arenas decoded)
+    seg_memkind: int | None = None        # the segment's memid.memkind (6: from an arena)
+    arena_id: int = 0
+    arena_start: int = 32
+    arena_blocks: int = 40
+    arena_fields: int = 48
+    arena_committed: int = 120            # a pointer to the bitmap of committed blocks (NULL: all committed)
+    arena_purge: int = 128                # a pointer to the bitmap of blocks whose purge waits (NULL: none)
+    arena_inuse: int = 136                # the bitmap of blocks in use, in place
+    collect_frees_cache: bool = False     # mi_collect(true) on the main thread frees the cached thread data and
+    #                                       purges the arenas' waiting blocks (from 2.1)
+    arena_slots: int = 112                # the table of arenas' slots (MI_MAX_ARENAS)
+    arena_meta_size: int = 56             # the bytes of its own description
+    arena_meta_memkind: int = 84          # where its description came from (meta_memid.memkind)
     bin_huge: int = 73                    # MI_BIN_HUGE; the heap's queues run to MI_BIN_FULL = bin_huge + 1
     # mi_page_t (also each slice of a segment)
     page: int = 80
@@ -80,6 +96,12 @@ class MiLayout:
     def slices_per_segment(self) -> int:
         return 1 << (self.segment_shift - self.slice_shift)
 
+    def page_start(self, block_size: int) -> int:
+        """How far into its first slice a page of BLOCK_SIZE-byte blocks starts."""
+        if self.start_by_size:
+            return 3 * block_size if 8 <= block_size <= 64 else block_size if 8 <= block_size <= 512 else 0
+        return self.page_start_offset if 8 <= block_size <= 1024 else 0
+
     @property
     def segment_map_words(self) -> int:
         """Words of the segment map: a bit per segment of 20 TiB of addresses, and one word more."""
@@ -108,7 +130,12 @@ LAYOUTS = (_V205,
            replace(_V205, versions="2.0.6", first=(2, 0, 6), last=(2, 0, 6), tld=1536, thread_data=4592),
            replace(_V205, versions="2.0.7", first=(2, 0, 7), last=(2, 0, 7), tld=1536, heap_cookie=2864,
                    heap_page_count=3024, heap_next=3048, heap=3064, thread_data=4600),
-           MiLayout("2.0.9", (2, 0, 9), (2, 0, 9)))
+           MiLayout("2.0.9", (2, 0, 9), (2, 0, 9)),
+           MiLayout("2.1.2", (2, 1, 2), (2, 1, 2), start_by_size=True, seg_memkind=20, tld=1600, thread_data=4688,
+                    collect_frees_cache=True))
+
+#: a segment's memid.memkind when it was taken from an arena
+MEM_ARENA = 6
 
 
 def layout_for(version: tuple[int, int, int] | None) -> MiLayout | None:

@@ -22,7 +22,7 @@ def walk_page(mem: Memory, page, findings: list[Finding]) -> None:
     loops or cannot be read is a finding at the block where it goes wrong, and counts up to there."""
     if not any(page.heads):
         return
-    span = page.capacity * page.block_size
+    span = page.cut * page.block_size
     try:
         data = mem.read(page.start, span)
     except ReadError:
@@ -77,7 +77,7 @@ def count_delayed(mem: Memory, lay: MiLayout, heaps: list[int], pages: list, fin
             seen.add(at)
             i = bisect.bisect_right(starts, at) - 1
             page = pages[i][1] if i >= 0 else None
-            if page is None or at >= page.start + page.capacity * page.block_size:
+            if page is None or at >= page.start + page.cut * page.block_size:
                 if page is not None:
                     page.damaged = True
                 findings.append(Finding(Severity.ERROR, at, "mi_heap_t", f"the delayed-free list of the heap at "

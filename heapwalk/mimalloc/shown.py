@@ -6,8 +6,8 @@ from __future__ import annotations
 from rich.table import Table
 
 from heapwalk.analysis.report import human
-from heapwalk.mimalloc.account import EXITED, UNOWNED, Owner
-from heapwalk.mimalloc.decode import MiState
+from heapwalk.mimalloc.account import ARENAS, EXITED, UNOWNED, Owner
+from heapwalk.mimalloc.decode import MiState, good_size
 
 __all__ = ["totals", "threads_table", "threads_document", "owner_name", "collect_resident", "options_document",
            "options_line"]
@@ -25,12 +25,25 @@ def totals(state: MiState) -> dict[str, int]:
             "huge_segments": sum(1 for s in live if s.huge),
             "freed_segments": len(state.segments) - len(live),
             "thread_data": len(state.thread_data),
-            "collect_decommits": sum(s.pending for s in abandoned)}
+            "arenas": len(state.discovery.arenas), "arena_free": state.arena_free(),
+            "collect_decommits": sum(b - a for a, b in collected(state))}
+
+
+def collected(state: MiState) -> list[tuple[int, int]]:
+    """What mi_collect(true) on the main thread gives back now, as address ranges: the abandoned segments'
+    waiting slices (it reclaims them, their delay long past), and from 2.1 the cached thread data it frees and
+    the arenas' blocks whose purge waits."""
+    out = [r for s in state.abandoned() for r in s.pending_ranges()]
+    if state.layout.collect_frees_cache:
+        size = good_size(state.layout.thread_data)
+        out += [(at, at + size) for at, kind in state.thread_data if kind == "cached"]
+        out += [r for a in state.discovery.arenas for r in a.purge_ranges()]
+    return out
 
 
 def collect_resident(state: MiState) -> int | None:
-    """The resident bytes of what mi_collect(true) on the main thread decommits (None: unknown)."""
-    return state.resident(r for s in state.abandoned() for r in s.pending_ranges())
+    """The resident bytes of what mi_collect(true) on the main thread gives back (None: unknown)."""
+    return state.resident(collected(state))
 
 
 def options_document(state: MiState) -> dict:
@@ -54,6 +67,8 @@ def owner_name(owner: Owner, threads: dict) -> str:
         return "exited threads"
     if owner.thread_id == UNOWNED:
         return "huge blocks (no thread)"
+    if owner.thread_id == ARENAS:
+        return "arenas"
     t = threads.get(owner.thread_id)
     return f"thread {t.number}" if t else f"thread at {owner.thread_id:#x}"
 
@@ -78,7 +93,7 @@ def threads_document(state: MiState, owners: list[Owner], threads: dict) -> list
     for seg in state.live():
         for p in seg.pages:
             used, free = by_heap.get(p.heap, (0, 0))
-            by_heap[p.heap] = (used + p.in_use * p.block_size, free + p.free_blocks * p.block_size)
+            by_heap[p.heap] = (used + p.in_use * p.block_size, free + p.free_cut * p.block_size)
     segments = {o.thread_id: len(o.segments) for o in owners}
     out = []
     for h in state.heaps:

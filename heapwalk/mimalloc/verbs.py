@@ -39,13 +39,13 @@ def locate(heap, address: int) -> dict | None:
     page = next((p for p in seg.pages if seg.address + p.index * 65536 <= address < p.end), None)
     if page is None:
         return {**doc, "kind": "rounding", "use": "past the segment's slices: the system's rounding"}
-    doc.update(page=page.address, block_size=page.block_size, page_start=page.start, capacity=page.capacity)
+    doc.update(page=page.address, block_size=page.block_size, page_start=page.start, capacity=page.cut)
     index = (address - page.start) // page.block_size if address >= page.start else -1
-    if index < 0 or index >= page.reserved:
+    if index < 0 or index >= page.room:
         return {**doc, "kind": "rounding", "use": "in the page, outside its blocks (rounding)"}
     block = page.start + index * page.block_size
     doc.update(block=block, index=index)
-    if index >= page.capacity:
+    if index >= page.cut:
         return {**doc, "kind": "block", "use": "not cut yet (reserved by its page)"}
     if page.damaged:
         return {**doc, "kind": "block", "use": "not known: its page's lists are damaged (see 'heapwalk check')"}
@@ -88,9 +88,9 @@ def bin_rows(state) -> list[dict]:
     for page in state.pages():
         row = rows[page.block_size]
         row[0] += 1
-        row[1] += page.capacity
+        row[1] += page.cut
         row[2] += page.in_use
-        row[3] += page.free_blocks
+        row[3] += page.free_cut
     out = [{"size": size, "pages": p, "blocks": c, "in_use": u, "free": f, "in_use_bytes": u * size,
             "free_bytes": f * size} for size, (p, c, u, f) in rows.items()]
     return sorted(out, key=lambda r: (-r["free_bytes"], r["size"]))

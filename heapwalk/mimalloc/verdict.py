@@ -5,7 +5,7 @@ from __future__ import annotations
 from heapwalk.analysis.report import Report, human, leaking, scan_sentence
 from heapwalk.mimalloc.account import EXITED, Owner
 from heapwalk.mimalloc.decode import MiState
-from heapwalk.mimalloc.shown import collect_resident
+from heapwalk.mimalloc.shown import collect_resident, totals
 
 __all__ = ["advice"]
 
@@ -39,15 +39,18 @@ def _purge(state: MiState, owners: list[Owner]) -> list[str]:
     pending = sum(o.pending for o in owners)
     if not pending:
         return []
-    exited = sum(o.pending for o in owners if o.thread_id == EXITED)
-    option = state.discovery.options.get("decommit_delay")
-    delay = f" (decommit_delay: {option.value} ms, {option.how})" if option else ""
+    exited = totals(state)["collect_decommits"]
+    name = next((n for n in ("purge_delay", "decommit_delay") if n in state.discovery.options), "")
+    option = state.discovery.options.get(name)
+    delay = f" ({name}: {option.value} ms, {option.how})" if option else ""
     out = [f"{human(pending)} of free slices are committed and wait for the purge delay{delay} before mimalloc "
            "decommits them; a thread decommits its own when it next takes a page after the delay."]
     if exited:
         ram = collect_resident(state)
         resident = "" if ram is None else f", {human(ram)} of it resident (what the RSS falls by)"
-        out.append(f"mi_collect(true) on the main thread decommits {human(exited)} now{resident}: the abandoned "
-                   "segments' waiting slices, as it reclaims them. It costs page faults only when that memory is "
-                   "used again.")
+        more = "; and the thread data it keeps for new threads, and the arenas' blocks waiting to be purged" \
+            if state.layout.collect_frees_cache else ""
+        out.append(f"mi_collect(true) on the main thread gives back {human(exited)} now{resident}: the abandoned "
+                   f"segments' waiting slices, as it reclaims them{more}. It costs page faults only when that "
+                   "memory is used again.")
     return out

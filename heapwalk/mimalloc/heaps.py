@@ -1,0 +1,84 @@
+"""mimalloc's heaps: the main heap, each thread's default heap (its thread-local pointer), every heap a page
+names, and every heap on those heaps' threads' lists; each with the thread it belongs to ($fs_base)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from heapwalk.findings import Finding, Kind, Severity
+from heapwalk.inferior.memory import Memory, ReadError, u64
+from heapwalk.mimalloc.layout import MiLayout
+
+__all__ = ["MiHeap", "find_heaps", "HEAP"]
+
+HEAP = Kind("mi_heap", "heap unreadable")
+
+
+@dataclass
+class MiHeap:
+    """One heap: the thread it belongs to ($fs_base), its thread data (the system memory its heap and
+    thread-local data live in; 0 for the main heap, in the library's data), its pages."""
+
+    address: int
+    thread_id: int
+    tld: int
+    backing: bool               # its thread's backing (default) heap
+    main: bool
+    pages: int = 0
+    delayed: int = 0            # blocks on its delayed-free list
+
+
+def find_heaps(mem: Memory, found, segments: list, threads, findings: list[Finding]) -> list[MiHeap]:
+    """The heaps: the main heap, each thread's default heap (its thread-local pointer), every heap a page names,
+    and every heap on those heaps' threads' lists."""
+    lay = found.layout
+    wanted = [found.main_heap]
+    if found.default_tpoff is not None:
+        for t in threads:
+            if t.fs_base:
+                try:
+                    wanted.append(u64(mem, (t.fs_base + found.default_tpoff) & ((1 << 64) - 1)))
+                except ReadError:
+                    pass
+    counts: dict[int, int] = {}
+    for seg in segments:
+        for page in seg.pages if seg.live else ():
+            counts[page.heap] = counts.get(page.heap, 0) + 1
+    wanted += [h for h in counts if h]
+    out: dict[int, MiHeap] = {}
+    for at in wanted:
+        if at in out or not at:
+            continue
+        try:
+            tld = u64(mem, at + lay.heap_tld)
+            first = u64(mem, tld + lay.tld_heaps) if tld else 0
+        except ReadError:
+            findings.append(Finding(Severity.ERROR, at, "mi_heap_t", "the heap cannot be read", HEAP))
+            continue
+        for heap in _chain(mem, lay, first or at):
+            if heap not in out:
+                out[heap] = _heap(mem, lay, heap, found.main_heap)
+    for heap in out.values():
+        heap.pages = counts.get(heap.address, 0)
+    return sorted(out.values(), key=lambda h: (not h.main, h.address))
+
+
+def _chain(mem: Memory, lay: MiLayout, first: int) -> list[int]:
+    """The heaps of a thread's list from FIRST (next links), as far as it can be read, without loops."""
+    out, at = [], first
+    while at and at not in out and len(out) < 1 << 12:
+        out.append(at)
+        try:
+            at = u64(mem, at + lay.heap_next)
+        except ReadError:
+            break
+    return out
+
+
+def _heap(mem: Memory, lay: MiLayout, at: int, main: int) -> MiHeap:
+    try:
+        tld = u64(mem, at + lay.heap_tld)
+        backing = bool(tld) and u64(mem, tld + lay.tld_heap_backing) == at
+        return MiHeap(at, u64(mem, at + lay.heap_thread_id), tld, backing, at == main)
+    except ReadError:
+        return MiHeap(at, 0, 0, False, at == main)
