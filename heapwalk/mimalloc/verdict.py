@@ -15,11 +15,13 @@ def advice(state: MiState, owners: list[Owner], rep: Report) -> list[str]:
     reserved, committed = state.reserved(), state.committed()
     blocks = sum(o.free["free blocks"] for o in owners)
     spans = sum(o.free["free spans"] for o in owners)
+    arena = state.arena_free()
+    unused = f", {human(arena)} in arena blocks no segment uses" if arena else ""
     held = "" if rep.leaks is None else ", and a leak" if leaking(rep.leaks) else ", not a leak"
     out = [f"mimalloc holds {human(reserved)} of address space ({human(committed)} committed){held}: "
            f"{human(rep.in_use)} in blocks the program holds, {human(rep.free)} free ({human(blocks)} in free blocks "
-           f"of its pages, {human(spans)} in free spans of its segments), {human(sum(o.overhead for o in owners))} "
-           "its own."]
+           f"of its pages, {human(spans)} in free spans of its segments{unused}), "
+           f"{human(sum(o.overhead for o in owners))} its own."]
     if rep.leaks is not None:
         out.append(scan_sentence(rep.leaks, "block"))
     exited = next((o for o in owners if o.thread_id == EXITED and o.segments), None)

@@ -147,29 +147,39 @@ def arenas_section(doc: dict[str, Any], r: dict[str, Any], words: Words, colours
     colours, names = {**COLOURS, **(colours or {})}, {**NAMES, **(names or {})}
     names["overhead"] = words.overhead_page or words.overhead
     top = ["top"] if words.top else []      # an allocator without a top: its column would be 0 B throughout
-    chart = stacked_chart([(f"arena {a['number']}" + (" (main)" if a["kind"] == "main" else ""),
+    chart = stacked_chart([(_row_label(a, words),
                             [("in_use", a["in_use"])] + [(k, a["free"].get(k, 0)) for k in kinds]
                             + [(k, a[k]) for k in top] + [("overhead", a["overhead"])]) for a in rows],
                           colours, names, "where each arena's bytes are")
     rss = bool(r.get("residency"))
-    head = ["#", "arena", "kind", "threads", words.heaps, words.system] \
+    head = ["#", words.arena, "kind", "threads", words.heaps, words.system] \
         + (["RSS"] if rss else []) + ["in use"] + [names.get(k, k) for k in kinds] + top \
         + [names["overhead"], words.gives_back]
 
     def cells(a: dict[str, Any]) -> list[str]:
-        return ([str(a["number"]), f"<code>{a['address']:#x}</code>", e(a["kind"]), str(a["threads"]), str(a["heaps"]),
+        return ([str(a["number"]), f"<code>{a['address']:#x}</code>" if a["address"] else "-", e(a["kind"]),
+                 str(a["threads"]), str(a["heaps"]),
                  human(a["system"])] + ([human(a["rss"]) if a.get("rss") is not None else "-"] if rss else [])
                 + [human(a["in_use"])] + [human(a["free"].get(k, 0)) for k in kinds]
                 + [human(a[k]) for k in top] + [human(a["overhead"]), human(a["trim"])])
     t = r["totals"]
-    foot = ["", f"{len(rows)} arenas", "", "", "", human(t["system"])] + ([human(t["rss"] or 0)] if rss else []) + [
+    foot = ["", f"{len(rows)} {words.arenas}", "", "", "", human(t["system"])] + (
+        [human(t["rss"] or 0)] if rss else []) + [
         human(t["in_use"])] + [human(sum(a["free"].get(k, 0) for a in rows)) for k in kinds] + [
         human(t[k]) for k in top] + [human(t["overhead"]), human(t["trim"])]
     unbalanced = [a["number"] for a in rows if not a.get("balanced", True)]
     note = (f'<p class="warn">The bytes of arena(s) {", ".join(map(str, unbalanced))} do not add up to their '
             "system memory: see the findings.</p>") if unbalanced else ""
-    limit = f"<p>Arenas: {len(rows)} ({r.get('arenas_on_free_list', 0)} with no thread); limit {e(r.get('arena_limit'))}.</p>"
+    idle = f" ({r.get('arenas_on_free_list', 0)} with no thread)" if words.arenas == "arenas" else ""
+    limit = f"<p>{words.arenas.capitalize()}: {len(rows)}{idle}; limit {e(r.get('arena_limit'))}.</p>"
     return section("arenas", "Where the memory is", chart, table(head, map(cells, rows), (1, 2), foot), note, limit)
+
+
+def _row_label(a: dict[str, Any], words: Words) -> str:
+    """A row's label in the chart: "arena N" (and "(main)"), or, where the rows are not arenas, its kind."""
+    if words.arenas != "arenas":
+        return f"{a['number']}: {a['kind']}"
+    return f"arena {a['number']}" + (" (main)" if a["kind"] == "main" else "")
 
 
 def plain_caption(strip: HeapStrip) -> tuple[int, list[str]]:

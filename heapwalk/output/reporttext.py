@@ -31,7 +31,7 @@ def arena_table(rep: Report, interactive: bool, words: Words) -> Table:
     for (name, justify), footer in zip(fixed + tuple((name, "right") for name, _ in figures), ["", *totals]):
         table.add_column(name, justify=justify, no_wrap=True, footer=footer)
     for a in rep.arenas:
-        table.add_row(str(a.number), f"{a.address:#x}", a.kind, str(a.threads), str(a.heaps),
+        table.add_row(str(a.number), f"{a.address:#x}" if a.address else "-", a.kind, str(a.threads), str(a.heaps),
                       *(_shown(get(a)) for _, get in figures))
     return table
 
