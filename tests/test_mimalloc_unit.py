@@ -157,3 +157,52 @@ def test_where_a_page_s_blocks_start():
     assert [layout_for((2, 0, 5)).page_start(n) for n in (8, 1024, 2048)] == [128, 128, 0]
     assert [layout_for((2, 0, 9)).page_start(n) for n in (8, 1024, 2048)] == [384, 384, 0]
     assert [layout_for((2, 1, 2)).page_start(n) for n in (8, 64, 80, 512, 640)] == [24, 192, 80, 512, 0]
+
+
+class _Pieces:
+    """Memory made of pieces at addresses."""
+
+    def __init__(self, pieces: dict[int, bytes]):
+        self.pieces = pieces
+
+    def read(self, address: int, size: int) -> bytes:
+        from heapwalk.inferior.memory import ReadError
+        for at, data in self.pieces.items():
+            if at <= address and address + size <= at + len(data):
+                return data[address - at:address - at + size]
+        raise ReadError(address, size, "not in the test's memory")
+
+
+def _arena_bytes(lay, arena_id: int, start: int, blocks: int, inuse: int, committed_at: int) -> bytes:
+    head = bytearray(lay.arena_inuse + 8)
+    head[lay.arena_id:lay.arena_id + 4] = arena_id.to_bytes(4, "little")
+    head[lay.arena_start:lay.arena_start + 8] = start.to_bytes(8, "little")
+    head[lay.arena_blocks:lay.arena_blocks + 8] = blocks.to_bytes(8, "little")
+    head[lay.arena_fields:lay.arena_fields + 8] = (1).to_bytes(8, "little")
+    head[lay.arena_committed:lay.arena_committed + 8] = committed_at.to_bytes(8, "little")
+    head[lay.arena_inuse:lay.arena_inuse + 8] = inuse.to_bytes(8, "little")
+    return bytes(head)
+
+
+def test_the_arenas_are_found_from_a_segment_s_memid():
+    """2.1.2: a segment taken from arena 2 at its block 3 gives the arena's start; the table of the library's data
+    whose second entry describes an arena starting there gives both arenas, with their blocks committed and in
+    use; a table whose entries do not carry their ids is not it."""
+    from heapwalk.mimalloc import arenas
+    lay = layout_for((2, 1, 2))
+    base = 0x7F0000000000
+    a1, a2, bits = 0x7F1000000000, 0x7F1000001000, 0x7F1000002000
+    start1, start2 = 0x20000000000, 0x20040000000
+    words = np.zeros(64, dtype=np.uint64)
+    words[3] = np.uint64(0xDEAD0)                     # a word before the table, no pointer
+    words[8], words[9] = np.uint64(a1), np.uint64(a2)
+    mem = _Pieces({a1: _arena_bytes(lay, 1, start1, 32, (1 << 32) - 1, 0),
+                   a2: _arena_bytes(lay, 2, start2, 32, 0b1111, bits), bits: (0b11).to_bytes(8, "little")})
+    segment = start2 + 3 * lay.segment_size
+    found = arenas.find_arenas(mem, base, words, lay, (segment, 2, 3))
+    assert [(a.id, a.start, a.blocks, a.committed_blocks(), a.inuse) for a in found] == [
+        (1, start1, 32, 32, (1 << 32) - 1), (2, start2, 32, 2, 0b1111)]
+    assert found[1].block_of(segment) == 3 and found[0].reserved == 1 << 30
+    assert arenas.find_arenas(mem, base, words, lay, (segment, 2, 4)) == ()    # the segment names another start
+    words[9] = np.uint64(a1)                                                       # entry 2 is arena 1: no table
+    assert arenas.find_arenas(mem, base, words, lay, (segment, 2, 3)) == ()
