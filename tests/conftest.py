@@ -196,6 +196,28 @@ def capture_rust() -> harness.Capture:
 TC_CORES = ("bullseye", "bookworm", "bookworm-linked")
 
 
+def _hold_core(name: str, directory: Path, inputs: str, outputs: tuple[str, ...], build, env: dict[str, str],
+               stale: str = "") -> harness.Capture:
+    """Reproducer NAME's gcore core in DIRECTORY, taken now unless one made from INPUTS with its OUTPUTS is there:
+    BUILD() builds the program, run with ENV to its snapshot; files matching STALE are removed first."""
+    if not fresh.fresh(directory, inputs, ("core", "meta.json", *outputs)):
+        (directory / fresh.STAMP).unlink(missing_ok=True)
+        for old in directory.glob(stale) if stale else ():
+            old.unlink()
+        exe = build()
+        proc = harness.run_to_snapshot(exe, directory, env=env)
+        cap = harness.Capture(name=name, directory=directory, exe=exe, pid=proc.pid, process=proc)
+        try:
+            harness.take_core(proc.pid, cap.core)
+            (directory / "meta.json").write_text(json.dumps({"name": name, "exe": str(exe), "pid": proc.pid},
+                                                            indent=2) + "\n")
+        finally:
+            cap.kill()
+        fresh.mark(directory, inputs)
+    meta = json.loads((directory / "meta.json").read_text())
+    return harness.Capture(name=name, directory=directory, exe=Path(meta["exe"]), pid=meta["pid"])
+
+
 @functools.cache
 @fresh.exclusive
 def capture_tcmalloc(name: str) -> harness.Capture:
@@ -204,20 +226,8 @@ def capture_tcmalloc(name: str) -> harness.Capture:
     tc = tcbuilds.prepare_tcmalloc(SYSROOTS, name)
     directory = CORES / f"tcmalloc-{name}" / "tc_hold"
     inputs = fresh.digest([tcbuilds.TC_HOLD, Path(harness.__file__), tc.library], name)
-    if not fresh.fresh(directory, inputs, ("core", "stats.json", "meta.json")):
-        (directory / fresh.STAMP).unlink(missing_ok=True)
-        exe = tcbuilds.build_hold(tc, directory.parent / "bin")
-        proc = harness.run_to_snapshot(exe, directory, env=tc.environment())
-        cap = harness.Capture(name="tc_hold", directory=directory, exe=exe, pid=proc.pid, process=proc)
-        try:
-            harness.take_core(proc.pid, cap.core)
-            (directory / "meta.json").write_text(json.dumps({"name": "tc_hold", "exe": str(exe), "pid": proc.pid},
-                                                            indent=2) + "\n")
-        finally:
-            cap.kill()
-        fresh.mark(directory, inputs)
-    meta = json.loads((directory / "meta.json").read_text())
-    return harness.Capture(name="tc_hold", directory=directory, exe=Path(meta["exe"]), pid=meta["pid"])
+    return _hold_core("tc_hold", directory, inputs, ("stats.json",),
+                      lambda: tcbuilds.build_hold(tc, directory.parent / "bin"), tc.environment())
 
 
 @functools.cache
@@ -228,22 +238,8 @@ def capture_mimalloc(name: str) -> harness.Capture:
     mi = mibuilds.prepare_mimalloc(SYSROOTS, name)
     directory = CORES / f"mimalloc-{name}" / "mi_hold"
     inputs = fresh.digest([mibuilds.MI_HOLD, Path(harness.__file__), mi.library], name)
-    if not fresh.fresh(directory, inputs, ("core", "stats.json", "meta.json", "ledger-main.txt")):
-        (directory / fresh.STAMP).unlink(missing_ok=True)
-        for stale in directory.glob("ledger-*.txt"):
-            stale.unlink()
-        exe = mibuilds.build_hold(directory.parent / "bin")
-        proc = harness.run_to_snapshot(exe, directory, env=mi.environment())
-        cap = harness.Capture(name="mi_hold", directory=directory, exe=exe, pid=proc.pid, process=proc)
-        try:
-            harness.take_core(proc.pid, cap.core)
-            (directory / "meta.json").write_text(json.dumps({"name": "mi_hold", "exe": str(exe), "pid": proc.pid},
-                                                            indent=2) + "\n")
-        finally:
-            cap.kill()
-        fresh.mark(directory, inputs)
-    meta = json.loads((directory / "meta.json").read_text())
-    return harness.Capture(name="mi_hold", directory=directory, exe=Path(meta["exe"]), pid=meta["pid"])
+    return _hold_core("mi_hold", directory, inputs, ("stats.json", "ledger-main.txt"),
+                      lambda: mibuilds.build_hold(directory.parent / "bin"), mi.environment(), "ledger-*.txt")
 
 
 #: the jemalloc je_dlopen loads with dlopen: one built with --disable-initial-exec-tls, as such a plugin's must be

@@ -23,9 +23,8 @@ import random
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # gdb sets __file__ for a sourced script
-import figures  # noqa: E402
 from fuzz_driver import MutatedMemory, run_mutants  # noqa: E402
-from je_fuzz_driver import Recording, _word, patched, random_patch  # noqa: E402
+from je_fuzz_driver import Recording, _word, judge, patched, random_patch  # noqa: E402
 
 from heapwalk.errors import CannotDecode
 from heapwalk.findings import Severity
@@ -127,26 +126,10 @@ def apply(spec: dict, sound: Sound):
     return patched(spec, base, at)
 
 
-def judge(named: int | None, state, findings, rep) -> tuple[str | None, dict]:
-    """Why heapwalk's answer on a mutant breaks a promise (None: it keeps them), and what it detected."""
-    if state is None:
-        return None, ({"detected": True, "exact": False, "refused": True} if named is not None else {})
-    wrong = figures.impossible(rep)
-    if wrong:
-        return "impossible figures: " + "; ".join(wrong[:3]), {}
-    if named is None:
-        return None, {}
-    errors = [f for f in findings if f.severity is Severity.ERROR]
-    if not errors:
-        return "the damage was not seen", {"detected": False, "exact": False}
-    exact = not named or any(f.address == named for f in errors)
-    return None, {"detected": True, "exact": exact, **({} if exact else {"errors": [str(f) for f in errors[:3]]})}
-
-
-def _run(mem, named, space, threads) -> tuple[str, dict]:
-    """A mutant's outcome and what it detected (see `judge`)."""
+def _run(m: dict, mem, named, space, threads) -> tuple[str, dict]:
+    """A mutant's outcome and what it detected (see je_fuzz_driver's `judge`)."""
     state, findings, rep, outcome = exercise(mem, space, threads)
-    broken, verdict = judge(named, state, findings, rep)
+    broken, verdict = judge(m, named, state, findings, rep)
     return (f"FAILED: {broken} ({outcome})" if broken else outcome), verdict
 
 
@@ -161,7 +144,7 @@ def main() -> None:
     mutants = list(spec.get("replay", []))
     mutants += [make_mutant(rng, len(sound.reads)) for _ in range(spec["count"])]
     results = run_mutants(mutants, lambda m: apply(m, sound), spec["bound"],
-                          lambda m, mem, named: _run(mem, named, space, threads))
+                          lambda m, mem, named: _run(m, mem, named, space, threads))
     fields = [(f"read {i}", a) for i, (a, _) in enumerate(sound.reads)]
     with open(spec["out"], "w", encoding="utf-8") as fh:
         json.dump({"fields": fields, "results": results}, fh, indent=1)
