@@ -7,8 +7,9 @@
  * writes ledger-N.txt: a first line "exits"/"parks" and its default heap's address, then, from
  * mi_heap_visit_blocks over its heap, one line per area ("a START RESERVED COMMITTED USED BLOCK_SIZE") and one per
  * block in use ("b ADDRESS SIZE"), and its huge block ("k ADDRESS SIZE": mi_usable_size); after the walk it
- * frees a few more blocks (lines "f ADDRESS": they wait on
- * the page's local free list).  Once all are parked, the main thread walks its own heap the same way into
+ * frees a few more blocks (lines "f ADDRESS": they wait on the page's local free list), and lists every block it
+ * keeps ("l ADDRESS SIZE", mi_usable_size: mimalloc 3 gives up full pages of live threads, which the walk of
+ * its heap does not see).  Once all are parked, the main thread walks its own heap the same way into
  * ledger-main.txt, then frees some of thread 0's blocks (lines "f ADDRESS" there: they wait on the page's
  * thread-free list) and writes mimalloc's own statistics at that instant into stats.json in the folder given
  * as its one argument: mi_version, mi_process_info, and mi_stats_print_out's text (each thread merged its
@@ -108,6 +109,7 @@ static void write_ledger(long t)
     char path[4096];
     if (t == THREADS)
         snprintf(path, sizeof path, "%s/ledger-main.txt", folder);
+
     else
         snprintf(path, sizeof path, "%s/ledger-%ld.txt", folder, t);
     int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
@@ -154,6 +156,11 @@ static void *worker(void *arg)
             blocks[j % BLOCKS] = NULL;
         }
     }
+    /* every block it keeps, wherever it is: mimalloc 3 gives up full pages of live threads too (abandoned, for
+     * other threads to reclaim), which a walk of its heap does not see */
+    for (unsigned i = 0; i < BLOCKS; i++)
+        if (blocks[i] != NULL)
+            say(t, "l %lx %zx\n", (unsigned long)blocks[i], usable_size(blocks[i]));
     write_ledger(t);
     stats_merge();
     pthread_mutex_lock(&lock);

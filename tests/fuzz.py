@@ -218,8 +218,9 @@ def main() -> int:
     for name in TC_CORES:
         cap, key = capture_tcmalloc(name), f"tcmalloc-{name}/tc_hold"
         failed_total += _fuzz_core(cap, key, [NO_SYMBOLS], args, seed, args.workdir / key, documents, TC_DRIVER)
-    cap, key = capture_mimalloc("bookworm"), "mimalloc-bookworm/mi_hold"
-    failed_total += _fuzz_core(cap, key, [NO_SYMBOLS], args, seed, args.workdir / key, documents, MI_DRIVER)
+    for suite in ("bookworm", "trixie"):            # mimalloc 2.0.9's segments, 3.0.1's pages and arenas
+        cap, key = capture_mimalloc(suite), f"mimalloc-{suite}/mi_hold"
+        failed_total += _fuzz_core(cap, key, [NO_SYMBOLS], args, seed, args.workdir / key, documents, MI_DRIVER)
     print("aimed damage, every core:")
     print("\n".join(tally_lines(tally(documents))))
     print("fuzz: " + ("all mutants handled" if not failed_total else f"{failed_total} failures"))

@@ -6,7 +6,8 @@ the decoder makes (discovery, the segments' headers and slices, the pages' block
 that lie in writable memory: the fields a damaged process or core can change.  Each mutant patches one word of
 them (a byte, a whole word, a bit) or aims damage where it must be seen:
 - list_loop: the second block of a page's free list linking back to the first: an error at the first;
-- segment_hidden: a segment's header missing (a core that lacks its pages): an error at that segment;
+- segment_hidden: a segment's header missing (mimalloc 3: a page's; a core that lacks its pages): an error at
+  that segment (page);
 - truncate: everything above a point inside one of the reads missing: refused in one line, or an error.
 Then it runs what the commands run: discovery, decoding, check, the report, the heaps' table, the RSS claims,
 the heap map's strips, the leak scan's blocks, 'chunk' at the first page, and the JSON.  A mutant fails when
@@ -30,9 +31,8 @@ from heapwalk.errors import CannotDecode
 from heapwalk.findings import Severity
 from heapwalk.inferior.gdbadapter import gdb_memory, thread_registers
 from heapwalk.inferior.gdbspace import memory_map
-from heapwalk.mimalloc.allocator import MimallocHeap
+from heapwalk.mimalloc.allocator import MimallocHeap, decode_any
 from heapwalk.mimalloc.check import check_mimalloc
-from heapwalk.mimalloc.decode import decode_mimalloc
 from heapwalk.mimalloc.discovery import discover_mimalloc
 from heapwalk.mimalloc.find import find_mimalloc
 from heapwalk.mimalloc.verbs import locate
@@ -53,7 +53,7 @@ def exercise(mem, space, threads):
         disc = discover_mimalloc(mem, found, space.regions, space.mappings, None)
     except CannotDecode as exc:
         return None, None, None, f"refused: {exc}"
-    state = decode_mimalloc(mem, disc, threads, "fuzz")
+    state = decode_any(mem, disc, threads, "fuzz")
     heap = MimallocHeap(state, mem, threads)
     findings = check_mimalloc(mem, state)
     heap.strips()
@@ -79,7 +79,7 @@ class Sound:
         rec = Recording(base)
         found = find_mimalloc(rec, space.mappings)
         disc = discover_mimalloc(rec, found, space.regions, space.mappings, None)
-        state = decode_mimalloc(rec, disc, threads, "fuzz")
+        state = decode_any(rec, disc, threads, "fuzz")
         self.base, self.layout = base, disc.layout
         writable = [(s.address, s.address + s.memsz) for s in found.image.writable()] + [
             (m.start, m.end) for m in space.mappings if not (m.path and "/" in m.path)] + list(space.regions)
@@ -119,7 +119,8 @@ def apply(spec: dict, sound: Sound):
         if len(sound.segments) < 2:
             return None
         seg = sound.segments[int(spec["pick"] * len(sound.segments)) % len(sound.segments)]
-        return MutatedMemory(base, {}, (seg, seg + sound.layout.segment_header)), seg
+        header = sound.layout.page if getattr(sound.layout, "family", 2) == 3 else sound.layout.segment_header
+        return MutatedMemory(base, {}, (seg, seg + header)), seg
     at = sound.field(spec["read"], spec["offset"])
     if at is None:
         return None

@@ -171,13 +171,14 @@ def test_tcmalloc_decoder_survives_mutated_metadata(tmp_path):
     assert {"cache_loop", "cache_hidden", "object_loop"} <= set(fuzz.tally([document]))
 
 
-def test_mimalloc_decoder_survives_mutated_metadata(tmp_path):
-    """Every word mimalloc's decoder reads in writable memory (segment headers, slices, heaps, free lists)
-    patched; a page's free list looping, a segment's header missing, a core cut inside what it reads: never a
-    traceback, a hang or an impossible figure, and the aimed damage named at its address (or the core refused in
-    one line)."""
-    cap = capture_mimalloc("bookworm")
-    count, key = 40, "mimalloc-bookworm/mi_hold"
+@pytest.mark.parametrize("suite", ["bookworm", "trixie"])
+def test_mimalloc_decoder_survives_mutated_metadata(tmp_path, suite):
+    """Every word mimalloc's decoder reads in writable memory (segment headers, slices, heaps, free lists; on
+    mimalloc 3 pages, arenas and their bitmaps, the page map) patched; a page's free list looping, a segment's (a
+    page's) header missing, a core cut inside what it reads: never a traceback, a hang or an impossible figure,
+    and the aimed damage named at its address (or the core refused in one line)."""
+    cap = capture_mimalloc(suite)
+    count, key = 40, f"mimalloc-{suite}/mi_hold"
     document = fuzz.engine_fuzz(cap.exe, cap.core, [NO_SYMBOLS], count, SEED, tmp_path, fuzz.regressions(key),
                                 driver=fuzz.MI_DRIVER)
     assert_survived(document, count, key, fields=20)

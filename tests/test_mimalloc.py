@@ -4,8 +4,9 @@ mimalloc's own statistics (mi_stats_print_out, mi_process_info) at its snapshot 
 use in each thread's heap (mi_heap_visit_blocks), four threads parked and one exited (its segments abandoned);
 heapwalk's report of its core, and of gdb attached to it, gives each figure: committed bytes to the byte,
 reserved as mimalloc rounds it, the segments, abandoned segments and pages, and each heap's blocks in use and
-their bytes.  A release whose layout heapwalk has not measured (trixie's 3.0.1) is named in one line, with an
-error status."""
+their bytes.  mimalloc 3 (trixie's 3.0.1: pages cut from arenas, no segments) is held to the same: its committed
+bytes, its abandoned pages (full pages live threads give up, and an exited thread's), its arenas, each heap's
+blocks, and the blocks every thread keeps wherever they are (the "l" lines)."""
 
 from __future__ import annotations
 
@@ -177,17 +178,119 @@ def test_gdb_attached_says_the_same(stopped, tmp_path):
         <= 16 << 10
 
 
-def test_a_release_not_measured_is_named_in_one_line(tmp_path):
-    """trixie's mimalloc 3.0.1 (a new layout: arenas of pages, no segments) is named, with what heapwalk decodes,
-    in one line and an error status: never a report without it."""
-    mi = mibuilds.prepare_mimalloc(SYSROOTS, "trixie")
-    run = tmp_path / "run"
-    proc = harness.run_to_snapshot(mibuilds.build_hold(tmp_path), run, env=mi.environment())
-    try:
-        result = run_gdb(["-p", str(proc.pid)], ["heapwalk report --no-leaks"], iex=[NO_SYMBOLS])
-    finally:
-        proc.kill()
-        proc.wait()
-    said = " ".join((result.stdout + result.stderr).split())
-    assert "mimalloc 3.0.1 is not a version heapwalk has measured (it decodes 2.0" in said
-    assert "mimalloc holds" not in result.stdout
+def _kept(run: Path) -> tuple[dict[int, int], dict[str, dict]]:
+    """mimalloc 3: every block the threads keep (their "l" lines, less those freed after), and the ledgers."""
+    ledgers = _ledger(run)
+    freed, kept = set(), {}
+    for path in sorted(run.glob("ledger-*.txt")):
+        lines = [line.split() for line in path.read_text().splitlines()]
+        freed |= {int(p[1], 16) for p in lines if p[0] == "f"}
+        kept.update({int(p[1], 16): int(p[2], 16) for p in lines if p[0] == "l"})
+    return {a: n for a, n in kept.items() if a not in freed}, ledgers
+
+
+def _check3(doc: dict, run: Path, version: str) -> None:
+    """DOC (a report's JSON) gives the figures mimalloc 3 VERSION printed in RUN: committed to the byte, reserved
+    to its rounding, the abandoned pages and the arenas as it counts them; each parked thread's heap holds its
+    walk's blocks, the abandoned pages the kept blocks no heap walk saw, and all of it every kept block."""
+    stats = json.loads((run / "stats.json").read_text())
+    m = doc["mimalloc"]
+    totals = m["totals"]
+    assert m["version"] == version and stats["version"] == int(version.replace(".", ""))
+    assert totals["committed"] == stats["process"]["current_commit"]
+    value, unit = _current(stats["stats"], "reserved")
+    assert abs(totals["reserved"] - value * unit) <= 0.1 * unit
+    assert totals["pages_abandoned"] == _current(stats["stats"], "-abandoned")[0] > 0
+    assert totals["arenas"] == int(re.search(r"arenas:\s+(\d+)", stats["stats"]).group(1)) > 0
+    assert totals["os_pages"] == 5                    # each thread's huge block: 40 MiB, past an arena's largest
+    kept, ledgers = _kept(run)
+    heaps = {h["address"]: h for h in m["heaps"]}
+    walked = {}
+    for name, entry in ledgers.items():
+        if entry["how"] != "exits":
+            assert heaps[entry["heap"]]["in_use"] == sum(entry["blocks"].values()), name
+            walked.update(entry["blocks"])
+    rest = {a: n for a, n in kept.items() if a not in walked}
+    got = next(o for o in m["owners"] if o["owner"] == "abandoned pages")
+    assert (got["blocks"], got["in_use"]) == (len(rest), sum(rest.values())) and rest
+    main = ledgers["ledger-main.txt"]["blocks"]
+    assert sum(o["in_use"] for o in m["owners"]) == sum(kept.values()) + sum(main.values())
+    assert all(o["in_use"] + sum(o["free"].values()) + o["overhead"] == o["reserved"] for o in m["owners"])
+
+
+def test_mimalloc_3_s_core_gives_every_figure_it_printed(tmp_path):
+    """The CLI on the core of mi_hold on trixie's mimalloc 3.0.1, symbols hidden: every figure as mimalloc
+    printed it, every heap's blocks and the abandoned pages' as the ledgers list them; the verdict names the
+    abandoned pages and what waits for the purge."""
+    cap = capture_mimalloc("trixie")
+    version = mibuilds.prepare_mimalloc(SYSROOTS, "trixie").version
+    out = tmp_path / "report.json"
+    result = subprocess.run([str(CLI), "report", "--no-symbols", "--no-leaks", "--json", str(out), str(cap.core),
+                             str(cap.exe)], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    _check3(json.loads(out.read_text()), cap.directory, version)
+    said = " ".join(result.stdout.split())
+    assert f"mimalloc: mimalloc {version}" in said and "pages of 64 KiB slices, in 2 arenas" in said
+    assert re.search(r"\d+ pages \(\d+ MiB\) are abandoned, with \d+ MiB of blocks in use", said)
+    assert re.search(r"of free arena slices are committed and wait for the purge delay \(purge_delay: \d+ ms", said)
+
+
+def test_mimalloc_3_s_leaks_are_the_exited_thread_s_blocks(tmp_path):
+    """gdb on the core of mimalloc 3.0.1, symbols hidden: the leak scan finds exactly the blocks the exited
+    thread kept (its "l" lines), wherever its pages went; check finds every page, arena and queue sound; chunk
+    names a block in use, one on a local free list, one on a thread-free list, a leaked one, and a free slice
+    of an arena; map draws the pages."""
+    cap = capture_mimalloc("trixie")
+    kept, ledgers = _kept(cap.directory)
+    exited = {int(p[1], 16): int(p[2], 16) for p in (line.split() for line in
+              (cap.directory / "ledger-4.txt").read_text().splitlines()) if p[0] == "l"}
+    local = next(int(line.split()[1], 16) for line in (cap.directory / "ledger-1.txt").read_text().splitlines()
+                 if line.startswith("f "))
+    cross = next(int(line.split()[1], 16) for line in (cap.directory / "ledger-main.txt").read_text().splitlines()
+                 if line.startswith("f "))
+    parked = min(ledgers["ledger-1.txt"]["blocks"])
+    out, check = tmp_path / "leaks.json", tmp_path / "report.json"
+    subprocess.run([str(CLI), "report", "--no-symbols", "--no-leaks", "--json", str(check), str(cap.core),
+                    str(cap.exe)], capture_output=True, text=True, timeout=600, check=True)
+    last = json.loads(check.read_text())["mimalloc"]["arenas"][-1]
+    unused = last["start"] + last["bytes"] - 65536          # the last arena's last slice: never used here
+    result = run_gdb([str(cap.exe), str(cap.core)], ["heapwalk check", f"heapwalk leaks --json {out}",
+                                                     *(f"heapwalk chunk {a:#x}" for a in (parked, local, cross,
+                                                                                          min(exited), unused)),
+                                                     "heapwalk map"], iex=[NO_SYMBOLS])
+    assert result.returncode == 0, result.stderr
+    said = " ".join(result.stdout.split())
+    assert re.search(r"mimalloc consistent: checked every page's counters against its free lists; each page's heap "
+                     r"against its owner thread; every arena page against the arena's bitmap and slices; every "
+                     r"heap's page queues, link by link \(2 arenas, \d+ pages, 5 heaps\)", said)
+    assert f"{unused:#x}: a free slice (number 16383) of arena 2 at {last['start']:#x}" in said
+    assert {b["address"]: b["size"] for b in json.loads(out.read_text())["leaked"]} == exited
+    assert re.search(f"{parked:#x}: block {parked:#x} of .*?: in use page .*? reached: data of mi_hold", said)
+    assert f"{local:#x}: block {local:#x}" in said and "free, on its page's local free list" in said
+    assert re.search(f"{cross:#x}: block {cross:#x} .*?: free, on its page's thread free list", said)
+    assert "abandoned (its thread gave it up, or exited)), blocks from" in said
+    assert "nothing reachable points to it" in said
+    assert "arena 1 at 0x" in said and "page at" in said and "(from the system)" in said
+
+
+@pytest.mark.parametrize("stopped", ["trixie"], indirect=True)
+def test_mimalloc_3_attached_says_the_same_and_what_collect_gives_back(stopped, tmp_path):
+    """gdb -p on the stopped process on mimalloc 3.0.1, symbols hidden: the same figures, read live; threads
+    lists each heap with its thread; what the verdict says mi_collect(true) gives back (the arenas' free slices
+    waiting for their purge) is what it then took off mimalloc's commit, to the byte, and off the RSS."""
+    proc, run, version = stopped
+    out = tmp_path / "report.json"
+    result = run_gdb(["-p", str(proc.pid)], [f"heapwalk report --no-leaks --json {out}", "heapwalk threads"],
+                     iex=[NO_SYMBOLS])
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(out.read_text())
+    _check3(doc, run, version)
+    lwps = {int(task.name) for task in Path(f"/proc/{proc.pid}/task").iterdir()}
+    assert {h["lwp"] for h in doc["mimalloc"]["heaps"] if h["kind"] != "other"} == lwps
+    assert doc["mimalloc"]["options"]["purge_delay"]["set"] == "default"
+    proc.send_signal(signal.SIGCONT)                  # it runs mi_collect(true) and exits
+    assert proc.wait(timeout=60) == 0
+    collected = json.loads((run / "collect.json").read_text())
+    assert doc["mimalloc"]["totals"]["collect_decommits"] == collected["commit_before"] - collected["commit_after"] > 0
+    assert abs(doc["mimalloc"]["collect_resident"] - (collected["rss_anon_before"] - collected["rss_anon_after"])) \
+        <= 16 << 10

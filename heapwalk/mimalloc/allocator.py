@@ -4,6 +4,7 @@ holds it, its state found without symbols (`mimalloc.discovery`), shown in mimal
 from __future__ import annotations
 
 import functools
+from dataclasses import replace
 from collections import Counter
 from types import MappingProxyType
 
@@ -14,7 +15,7 @@ from heapwalk.analysis.report import Report, human
 from heapwalk.analysis.rss import Claim
 from heapwalk.findings import Finding, Severity
 from heapwalk.mimalloc.blocks import mimalloc_blocks
-from heapwalk.mimalloc.check import CHECKED, check_mimalloc
+from heapwalk.mimalloc.check import CHECKED, CHECKED3, check_mimalloc
 from heapwalk.mimalloc.account import ARENAS, EXITED, FREE_KINDS, UNOWNED, Owner, owners
 from heapwalk.mimalloc.decode import MiState, decode_mimalloc, good_size
 from heapwalk.mimalloc.discovery import MimallocUnused, discover_mimalloc
@@ -29,7 +30,7 @@ from heapwalk.output.jsondoc import report_json
 from heapwalk.output.reporttext import report_group
 from heapwalk.view import ArenaView, HeapStrip, HeapView, Words
 
-__all__ = ["MIMALLOC", "MimallocHeap"]
+__all__ = ["MIMALLOC", "MimallocHeap", "decode_any"]
 
 WORDS = Words(
     holds="mimalloc's segments hold", arena="first heap", arenas="owners", system="reserved", heaps="segments",
@@ -37,6 +38,10 @@ WORDS = Words(
     gives_back="a purge decommits", large="", overhead="overhead",
     free_columns=tuple((f"free: {k}" if i == 0 else k, lambda a, k=k: a.free[k]) for i, k in enumerate(FREE_KINDS)),
     last_columns=(("purge pending", lambda a: a.reclaim),))
+
+
+#: mimalloc 3's: its memory comes in pages (of arenas' slices), not segments
+WORDS3 = replace(WORDS, holds="mimalloc's pages and arenas hold", heaps="pages")
 
 
 class MimallocHeap(Decoded):
@@ -52,6 +57,8 @@ class MimallocHeap(Decoded):
 
     def __init__(self, state: MiState, mem, threads):
         self.state, self.mem = state, mem
+        if state.v3:
+            self.words = WORDS3
         self.target = state.target
         self.by_tcb = {t.fs_base: t for t in threads if t.fs_base}
 
@@ -64,8 +71,12 @@ class MimallocHeap(Decoded):
         d = self.state.discovery
         version = f"mimalloc {'.'.join(map(str, d.version))}" if d.version else "mimalloc (version not said)"
         lay = d.layout
-        text.append(f"mimalloc: {version} ({d.library}); segments of {human(lay.segment_size)} in slices of "
-                    f"{human(lay.slice_size)}\n")
+        if self.state.v3:
+            text.append(f"mimalloc: {version} ({d.library}); pages of {human(lay.slice_size)} slices, in "
+                        f"{len(d.arenas)} arenas or taken from the system\n")
+        else:
+            text.append(f"mimalloc: {version} ({d.library}); segments of {human(lay.segment_size)} in slices of "
+                        f"{human(lay.slice_size)}\n")
         return text
 
     def findings(self) -> list[Finding]:
@@ -78,7 +89,7 @@ class MimallocHeap(Decoded):
             resident = self.state.resident(o.ranges())
             free_resident = self.state.resident(o.free_ranges())
             threads = 0 if o.thread_id in (EXITED, UNOWNED, ARENAS) else 1
-            rows.append(ArenaView(n, o.heaps[0] if o.heaps else 0, owner_name(o, self.by_tcb), threads,
+            rows.append(ArenaView(n, o.heaps[0] if o.heaps else 0, owner_name(o, self.by_tcb, self.state.v3), threads,
                                   len(o.segments), o.reserved, o.in_use, MappingProxyType(dict(o.free)), 0,
                                   o.overhead, o.pending, o.balanced, resident, free_resident))
             counts = Counter()
@@ -92,6 +103,9 @@ class MimallocHeap(Decoded):
                         residency=self.state.residency.source if self.state.residency else "")
 
     def verdict(self, rep: Report) -> list[str]:
+        if self.state.v3:
+            from heapwalk.mimalloc.v3.verdict import advice3
+            return advice3(self.state, self.owners, rep)
         return advice(self.state, self.owners, rep)
 
     def report_parts(self, rep: Report, interactive: bool) -> list:
@@ -101,7 +115,7 @@ class MimallocHeap(Decoded):
                                                      "arena_free") else ""
             lines.append(f"{name} {value}{shown}\n")
         lines.append(options_line(self.state))
-        return [report_group(rep, interactive, WORDS, lines)]
+        return [report_group(rep, interactive, self.words, lines)]
 
     def report_document(self, rep: Report) -> dict:
         d = self.state.discovery
@@ -109,13 +123,15 @@ class MimallocHeap(Decoded):
                 "mimalloc": {"version": ".".join(map(str, d.version)) if d.version else None, "library": d.library,
                              "totals": totals(self.state), "collect_resident": collect_resident(self.state),
                              "options": options_document(self.state),
-                             "owners": [{"owner": owner_name(o, self.by_tcb), "thread_id": o.thread_id,
+                             "owners": [{"owner": owner_name(o, self.by_tcb, self.state.v3), "thread_id": o.thread_id,
                                          "segments": len(o.segments), "reserved": o.reserved,
                                          "committed": o.committed, "in_use": o.in_use, "blocks": o.blocks,
                                          "free": dict(o.free), "overhead": o.overhead, "purge_pending": o.pending,
                                          "thread_data": o.thread_data, "pages": o.pages}
                                         for o in self.owners],
                              "heaps": threads_document(self.state, self.owners, self.by_tcb),
+                             "arenas": [{"id": a.id, "start": a.start, "bytes": a.reserved}
+                                        for a in self.state.discovery.arenas],
                              "discovery": [{"what": w, "how": h} for w, h in d.facts]}}
 
     def check(self, limit: int, interactive: bool, json: bool = False) -> Checked:
@@ -124,11 +140,13 @@ class MimallocHeap(Decoded):
         errors = sum(1 for f in findings if f.severity is Severity.ERROR)
         warnings = sum(1 for f in findings if f.severity is Severity.WARNING)
         pages = len(self.state.pages())
+        checked = CHECKED3 if self.state.v3 else CHECKED
+        units = f"{len(self.state.discovery.arenas)} arenas" if self.state.v3 else f"{len(self.state.live())} segments"
         text = tables.findings_text(findings[:limit or len(findings)]) or Text(
-            f"mimalloc consistent: checked {'; '.join(CHECKED)} ({len(self.state.live())} segments, {pages} pages, "
+            f"mimalloc consistent: checked {'; '.join(checked)} ({units}, {pages} pages, "
             f"{len(self.state.heaps)} heaps)\n")
         doc = {**self.document(), "clean": not errors, "errors": errors, "warnings": warnings,
-               "checked": list(CHECKED)} if json else None
+               "checked": list(checked)} if json else None
         return Checked([text], errors, warnings, doc)
 
     def threads(self, interactive: bool, json: bool = False) -> Shown:
@@ -143,7 +161,9 @@ class MimallocHeap(Decoded):
 
     def strips(self, reserved: bool = False, leaked=None) -> list[HeapStrip]:
         """Each live segment (`mimalloc.heapmap`)."""
-        owner_of = {s.address: (n, owner_name(o, self.by_tcb)) for n, o in enumerate(self.owners) for s in o.segments}
+        owner_of = {s.address: (n, owner_name(o, self.by_tcb, self.state.v3))
+                    for n, o in enumerate(self.owners) for s in o.segments}
+        owner_of.update({"arenas": (n, "arenas") for n, o in enumerate(self.owners) if o.thread_id == ARENAS})
         return segment_strips(self.state, owner_of, self.state.residency, leaked)
 
     def blocks(self):
@@ -152,13 +172,26 @@ class MimallocHeap(Decoded):
         return mimalloc_blocks(self.state, arena_of)
 
     def claims(self) -> list[Claim]:
-        """Every live segment (all the memory mimalloc took for its heaps) and each thread data."""
+        """Every live segment (all the memory mimalloc took for its heaps) and each thread data; mimalloc 3: its
+        arenas whole, and its pages taken from the system."""
         td = good_size(self.state.layout.thread_data)
-        return [Claim(s.address, s.address + s.reserved, "heap", "mimalloc: segments") for s in self.state.live()] \
+        unit = "pages" if self.state.v3 else "segments"
+        return [Claim(s.address, s.address + s.reserved, "heap", f"mimalloc: {unit}") for s in self.state.live()
+                if s.arena is None or not self.state.v3] \
+            + [Claim(a.start, a.start + a.reserved, "heap", "mimalloc: arenas") for a in self.state.discovery.arenas
+               if self.state.v3] \
             + [Claim(at, at + td, "heap", "mimalloc: thread data") for at, _ in self.state.thread_data]
 
     def holds(self, rep: Report) -> str:
         return f"mimalloc holds {human(rep.system)} ({human(rep.in_use)} in use, {human(rep.free)} free)"
+
+
+def decode_any(mem, discovered, threads, description: str = "", residency=None) -> MiState:
+    """mimalloc's state as DISCOVERED found it: mimalloc 2's segments, or mimalloc 3's pages (`mimalloc.v3`)."""
+    if getattr(discovered.layout, "family", 2) == 3:
+        from heapwalk.mimalloc.v3.decode import decode_mimalloc3
+        return decode_mimalloc3(mem, discovered, threads, description, residency)
+    return decode_mimalloc(mem, discovered, threads, description, residency)
 
 
 class Mimalloc(Allocator):
@@ -195,7 +228,7 @@ class Mimalloc(Allocator):
                                            None if target.space.core else target.space.readable)
         except MimallocUnused as exc:
             raise NotUsed(str(exc)) from None
-        state = decode_mimalloc(target.mem, discovered, target.threads, target.description, target.residency)
+        state = decode_any(target.mem, discovered, target.threads, target.description, target.residency)
         return MimallocHeap(state, target.mem, target.threads)
 
 

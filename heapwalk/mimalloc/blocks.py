@@ -2,8 +2,9 @@
 no list holds (its free, local-free and thread-free lists, its heap's delayed-free list), a huge page's one
 block included.
 
-Every live segment is mimalloc's heap (scanned only inside its blocks: the segment's header and slices are never
-a root); the thread data (each thread's heap and thread-local data, taken from the system) is its private memory.
+Every live segment and every arena is mimalloc's heap (scanned only inside its blocks: the segment's header and
+slices, an arena's free blocks (stale copies of what they held) and its own slices are never a root); the thread
+data (each thread's heap and thread-local data, taken from the system) is its private memory.
 A page whose lists could not be walked cannot say which of its blocks are free: it is scanned as unknown memory
 (a root, never judged), never as leaks."""
 
@@ -39,8 +40,10 @@ def mimalloc_blocks(state: MiState, arena_of: dict[int, int]) -> Blocks:
     end = np.concatenate(ends) if ends else np.zeros(0, dtype=np.uint64)
     arena = np.concatenate(arenas) if arenas else np.zeros(0, dtype=np.int32)
     order = np.argsort(start, kind="stable")
-    heaps = merged((s.address, s.address + s.reserved) for s in state.live())
+    heaps = merged([*((s.address, s.address + s.reserved) for s in state.live()),
+                    *((a.start, a.start + a.reserved) for a in state.discovery.arenas)])
     td = good_size(state.layout.thread_data)
-    private = merged((at, at + td) for at, _ in state.thread_data)
+    own = state.discovery.page_map.ranges if state.v3 else ()
+    private = merged([*((at, at + td) for at, _ in state.thread_data), *own])
     return Blocks(start[order], end[order], arena[order], 0, 0, heaps=tuple(heaps), private=tuple(private),
                   unknown=tuple(merged(unknown)))

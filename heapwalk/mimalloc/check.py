@@ -11,12 +11,15 @@ from heapwalk.findings import Finding, Kind, Severity
 from heapwalk.inferior.memory import Memory, ReadError
 from heapwalk.mimalloc.decode import MiPage, MiState
 
-__all__ = ["check_mimalloc", "CHECKED", "COUNTS", "QUEUE"]
+__all__ = ["check_mimalloc", "CHECKED", "CHECKED3", "COUNTS", "QUEUE"]
 
 COUNTS = Kind("mi_counts", "page or segment counters against its blocks or pages")
 QUEUE = Kind("mi_page_queue", "heap page queue broken")
 CHECKED = ("every page's counters against its free lists", "every segment's page counts",
            "each page's heap against its segment's owner", "every heap's page queues, link by link")
+#: mimalloc 3's (the decoder holds each page to its arena's page bitmap and its memory)
+CHECKED3 = ("every page's counters against its free lists", "each page's heap against its owner thread",
+            "every arena page against the arena's bitmap and slices", "every heap's page queues, link by link")
 _MAX_QUEUE = 1 << 20
 
 

@@ -188,21 +188,33 @@ class MiState:
         return good_size(self.layout.thread_data) * len(self.thread_data) + \
             sum(good_size(a.meta) for a in self.discovery.arenas if a.meta)
 
+    @property
+    def v3(self) -> bool:
+        """Whether this is mimalloc 3 (its units are pages, `mimalloc.v3`)."""
+        return getattr(self.layout, "family", 2) == 3
+
+    def map_bytes(self) -> int:
+        """mimalloc 3: the page map's sub-maps, 64 KiB each from the system (its statistics count them)."""
+        return self.discovery.page_map.subs * 65536 if self.v3 else 0
+
     def reserved(self) -> int:
         """Bytes mimalloc took from the system: its arenas, its live segments outside them, and thread data (its
-        reserved statistic)."""
+        reserved statistic); for mimalloc 3 also the page map's sub-maps."""
         return sum(a.reserved for a in self.discovery.arenas) + \
-            sum(s.reserved for s in self.live() if s.arena is None) + self.thread_data_bytes()
+            sum(s.reserved for s in self.live() if s.arena is None) + self.thread_data_bytes() + self.map_bytes()
 
     def committed(self) -> int:
         """Its committed statistic: its arenas' committed blocks, the committed slices of its segments (in an
         arena, those of blocks the arena has not committed), and its thread data."""
         arenas = sum(a.committed_blocks() * a.block_size for a in self.discovery.arenas)
-        own = sum(s.committed for s in self.live() if s.arena is None or not s.in_committed_blocks())
-        return arenas + own + self.thread_data_bytes()
+        own = sum(s.committed for s in self.live()
+                  if s.arena is None or not self.v3 and not s.in_committed_blocks())
+        return arenas + own + self.thread_data_bytes() + self.map_bytes()
 
     def arena_free(self) -> int:
-        """Bytes of the arenas' blocks no segment uses."""
+        """Bytes of the arenas' blocks no segment uses (mimalloc 3: their free slices)."""
+        if self.v3:
+            return sum(a.free_bytes() for a in self.discovery.arenas)
         used = sum(s.reserved for s in self.live() if s.arena is not None)
         return sum(a.reserved for a in self.discovery.arenas) - used
 

@@ -28,8 +28,10 @@ from heapwalk.mimalloc.arenas import arena_segment, find_arenas
 from heapwalk.mimalloc.find import MiImage
 from heapwalk.mimalloc.layout import LAYOUTS, MiLayout, layout_for
 from heapwalk.mimalloc.options import find_options
+from heapwalk.mimalloc.v3.layout import LAYOUTS3, layout3_for
 
-__all__ = ["MiDiscovery", "MimallocUnknown", "MimallocUnused", "discover_mimalloc", "BIN_SIZES"]
+__all__ = ["MiDiscovery", "MimallocUnknown", "MimallocUnused", "discover_mimalloc", "BIN_SIZES", "main_heap",
+           "default_tpoff"]
 
 #: the block sizes of the first page queues of every heap (bins 0 to 8, in bytes)
 BIN_SIZES = (8, 8, 16, 24, 32, 40, 48, 56, 64)
@@ -63,19 +65,24 @@ class MiDiscovery:
     unstamped: tuple[int, ...] = ()       # segments the map holds whose header does not hold its stamp
     options: dict = field(default_factory=dict)   # option name -> MiOption, as the process holds them
     arenas: tuple = ()                    # the arenas (`mimalloc.arenas.MiArena`), from 2.1
+    page_map: object = None               # mimalloc 3: the page map (`mimalloc.v3.pagemap.PageMap`)
+    subproc: int = 0                      # mimalloc 3: the subprocess its arenas belong to
 
 
 def discover_mimalloc(mem: Memory, found: MiImage, regions: list[tuple[int, int]], mappings: list[Mapping],
                       readable: list[tuple[int, int]] | None) -> MiDiscovery:
     """mimalloc's state in the object FOUND names and the anonymous REGIONS (READABLE: what can be read without
     touching a page the process never used; None: all); MimallocUnknown when its shapes are not there."""
+    if found.version and found.version[0] >= 3:
+        from heapwalk.mimalloc.v3.discovery import discover_mimalloc3
+        return discover_mimalloc3(mem, found, _candidates(found.version)[0], mappings, readable)
     base, words = writable_words(mem, found.image)
     if not len(words):
         raise MimallocUnknown(f"{found.path} has no writable segment")
     failed = []
     for layout in _candidates(found.version):
         try:
-            main = _main_heap(mem, base, words, layout)
+            main = main_heap(mem, base, words, layout)
         except MimallocUnknown as exc:
             failed.append(f"{layout.versions}: {exc}")
             continue
@@ -100,7 +107,7 @@ def discover_mimalloc(mem: Memory, found: MiImage, regions: list[tuple[int, int]
     if arena_segment(mem, layout, segments) is not None and not arenas:
         raise MimallocUnknown(f"mimalloc {found.version_text}: its segments come from arenas, and its table of "
                               "arenas was not found in its data")
-    tpoff = _default_tpoff(mem, found)
+    tpoff = default_tpoff(mem, found)
     cache = _thread_data_cache(mem, base, words, layout)
     options = find_options(mem, base, words)
     facts = (("layout", f"mimalloc {layout.versions}'s" + _unmeasured(found, layout)),
@@ -119,11 +126,11 @@ def discover_mimalloc(mem: Memory, found: MiImage, regions: list[tuple[int, int]
                        unstamped, options, arenas)
 
 
-def _candidates(version: tuple[int, int, int] | None) -> list[MiLayout]:
+def _candidates(version: tuple[int, int, int] | None) -> list:
     """The layouts to try for VERSION: its own, or every one newest first when it says none."""
-    own = layout_for(version) if version else None
+    own = (layout3_for(version) if version[0] >= 3 else layout_for(version)) if version else None
     if version and own is None:
-        known = ", ".join(lay.versions for lay in LAYOUTS)
+        known = ", ".join(lay.versions for lay in (*LAYOUTS, *LAYOUTS3))
         raise MimallocUnknown(f"mimalloc {'.'.join(map(str, version))} is not a version heapwalk has measured "
                               f"(it decodes {known}; docs/mimalloc.md)")
     return [own] if own else list(reversed(LAYOUTS))
@@ -133,7 +140,7 @@ def _unmeasured(found: MiImage, layout: MiLayout) -> str:
     return "" if found.version else " (the build does not say its version; its data has this layout's shapes)"
 
 
-def _main_heap(mem: Memory, base: int, words: np.ndarray, layout: MiLayout) -> int:
+def main_heap(mem: Memory, base: int, words: np.ndarray, layout: MiLayout) -> int:
     """_mi_heap_main: the heap in the object's data whose page queues carry the bins' sizes and whose thread
     data names it as the backing heap."""
     sizes = np.array(BIN_SIZES, dtype=np.uint64)
@@ -227,7 +234,7 @@ def _map_bits(words: np.ndarray, layout: MiLayout, known: set[int], extra: int =
     return out
 
 
-def _default_tpoff(mem: Memory, found: MiImage) -> int | None:
+def default_tpoff(mem: Memory, found: MiImage) -> int | None:
     """The TLS offset (from $fs_base, as a 64-bit word) of each thread's default heap pointer: what the GOT slot
     mi_heap_get_default's code loads before its %fs access holds."""
     at = found.image.dynamic_symbol("mi_heap_get_default")

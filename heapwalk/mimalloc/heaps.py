@@ -79,6 +79,8 @@ def _heap(mem: Memory, lay: MiLayout, at: int, main: int) -> MiHeap:
     try:
         tld = u64(mem, at + lay.heap_tld)
         backing = bool(tld) and u64(mem, tld + lay.tld_heap_backing) == at
-        return MiHeap(at, u64(mem, at + lay.heap_thread_id), tld, backing, at == main)
+        thread = u64(mem, at + lay.heap_thread_id) if lay.heap_thread_id is not None else \
+            u64(mem, tld + lay.tld_thread_id) if tld else 0
+        return MiHeap(at, thread, tld, backing, at == main)
     except ReadError:
         return MiHeap(at, 0, 0, False, at == main)

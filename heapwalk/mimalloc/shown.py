@@ -17,6 +17,12 @@ def totals(state: MiState) -> dict[str, int]:
     """mimalloc's own figures, as mi_stats_print_out names them ("current" of each), from the walk."""
     live = state.live()
     abandoned = state.abandoned()
+    if state.v3:
+        return {"reserved": state.reserved(), "committed": state.committed(), "pages": len(live),
+                "pages_abandoned": len(abandoned), "os_pages": sum(1 for s in live if s.arena is None),
+                "arenas": len(state.discovery.arenas), "arena_free": state.arena_free(),
+                "purge_pending": sum(b - a for x in state.discovery.arenas for a, b in x.purge_ranges()),
+                "collect_decommits": sum(b - a for a, b in collected(state))}
     return {"reserved": state.reserved(), "committed": state.committed(),
             "segments": len(live) - len(abandoned), "segments_abandoned": len(abandoned),
             "pages_abandoned": sum(s.abandoned for s in abandoned),
@@ -61,10 +67,11 @@ def options_line(state: MiState) -> str:
     return f"options (* from the environment): {' '.join(shown)}\n"
 
 
-def owner_name(owner: Owner, threads: dict) -> str:
-    """How the tables name OWNER: "thread N" (gdb's number), "exited threads", or its $fs_base."""
+def owner_name(owner: Owner, threads: dict, v3: bool = False) -> str:
+    """How the tables name OWNER: "thread N" (gdb's number), "exited threads" (mimalloc 3: "abandoned pages",
+    which live threads give up too), or its $fs_base."""
     if owner.thread_id == EXITED:
-        return "exited threads"
+        return "abandoned pages" if v3 else "exited threads"
     if owner.thread_id == UNOWNED:
         return "huge blocks (no thread)"
     if owner.thread_id == ARENAS:

@@ -24,11 +24,12 @@ def locate(heap, address: int) -> dict | None:
     segments = sorted(heap.state.live(), key=lambda s: s.address)
     i = bisect.bisect_right([s.address for s in segments], address) - 1
     if i < 0 or address >= segments[i].address + segments[i].reserved:
-        return None
+        return _in_arena(heap, address)
     seg = segments[i]
     owner = heap.by_tcb.get(seg.thread_id)
-    doc = {"segment": seg.address, "segment_bytes": seg.reserved, "huge": seg.huge,
+    doc = {"segment": seg.address, "segment_bytes": seg.reserved, "huge": seg.huge, "unit": _unit(heap),
            "owner": "no thread (a huge block any thread frees)" if heap.state.unowned(seg) else
+           "abandoned (its thread gave it up, or exited)" if not seg.thread_id and heap.state.v3 else
            "abandoned (its thread exited)" if not seg.thread_id else
            f"thread {owner.number}" if owner else f"the thread at {seg.thread_id:#x}"}
     if address < seg.address + seg.info_slices * 65536:
@@ -54,11 +55,37 @@ def locate(heap, address: int) -> dict | None:
             if where != "delayed" else "free, on its heap's delayed-free list"}
 
 
+def _unit(heap) -> str:
+    """What mimalloc's memory comes in: segments, or (mimalloc 3) pages."""
+    return "page" if heap.state.v3 else "segment"
+
+
+def _in_arena(heap, address: int) -> dict | None:
+    """mimalloc 3: what ADDRESS is in an arena outside its pages (a free slice, or the arena's own), or None."""
+    if not heap.state.v3:
+        return None
+    for a in heap.state.discovery.arenas:
+        if a.start <= address < a.start + a.reserved:
+            slot = a.block_of(address)
+            free = bool(a.free >> slot & 1)
+            return {"arena": a.id, "arena_start": a.start, "kind": "free slice" if free else "arena",
+                    "use": f"a free slice (number {slot}) of arena {a.id} at {a.start:#x}" if free else
+                    f"slice {slot} of arena {a.id} at {a.start:#x}, mimalloc's own (its description, bitmaps, or "
+                    "heaps' and threads' data)"}
+    return None
+
+
 def _text(address: int, where: dict) -> str:
-    seg = (f"segment {where['segment']:#x} ({human(where['segment_bytes'])}{', huge' if where['huge'] else ''}, "
-           f"{where['owner']})")
+    if "arena" in where:
+        return f"{address:#x}: {where['use']}"
+    extra = ", from the system" if where["unit"] == "page" else ", huge"
+    seg = (f"{where['unit']} {where['segment']:#x} ({human(where['segment_bytes'])}"
+           f"{extra if where['huge'] else ''}, {where['owner']})")
     if where["kind"] != "block":
         return f"{address:#x}: {where['use']}\n  {seg}"
+    if where["unit"] == "page":
+        return (f"{address:#x}: block {where['block']:#x} of {where['block_size']} bytes, number {where['index']} of "
+                f"its page's {where['capacity']}: {where['use']}\n  {seg}, blocks from {where['page_start']:#x}")
     return (f"{address:#x}: block {where['block']:#x} of {where['block_size']} bytes, number {where['index']} of its "
             f"page's {where['capacity']}: {where['use']}\n  page {where['page']:#x} (blocks from "
             f"{where['page_start']:#x}) in {seg}")
@@ -73,7 +100,7 @@ def _chunk(heap, args, front) -> None:
     address = front.evaluate(args.address)
     where = locate(heap, address)
     if where is None:
-        raise NotMine(f"heapwalk chunk: {address:#x} is in no segment of mimalloc's")
+        raise NotMine(f"heapwalk chunk: {address:#x} is in no {_unit(heap)} of mimalloc's")
     console = front.console()
     console.print(_text(address, where))
     reach = front.print_reach(console, heap, where.get("block") if where.get("use") == "in use" else None)

@@ -1,0 +1,127 @@
+"""mimalloc 3's arenas: each a reservation of 64 KiB slices whose description (and bitmaps) fill its first
+slices.  Found through the subprocess the main thread's tld names: a count, then that many pointers to arenas
+whose description points back to it.  Each arena's bitmaps say, a bit per slice: free, committed, touched
+(dirty), waiting for its purge, and the first slice of each page."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from heapwalk.inferior.memory import Memory, ReadError, u64
+from heapwalk.mimalloc.v3.layout import Mi3Layout
+
+__all__ = ["Mi3Arena", "read_arenas", "bit_runs", "bits_in"]
+
+_NAMES = ("free", "committed", "dirty", "purge", "pages")
+
+
+@dataclass(frozen=True)
+class Mi3Arena:
+    """One arena: its description's address (its memory's start), its slices, and its bitmaps as integers (bit
+    I: slice I).  COMMITTED holds the slices mimalloc counts committed: when the arena was committed as a
+    whole on a system that overcommits, those touched once (its figure counts them on first use), else those
+    its committed bitmap holds; its description's own slices are not counted."""
+
+    address: int
+    id: int
+    blocks: int                 # slices
+    info: int                   # slices of its description and bitmaps
+    free: int
+    committed: int
+    purge: int
+    pages: int
+    commit_map: int = 0         # its committed bitmap as it is (a purge decommits, and counts off, those it holds)
+    block_size: int = 65536
+    meta: int = 0               # never: its description is in its own slices
+
+    @property
+    def start(self) -> int:
+        return self.address
+
+    @property
+    def reserved(self) -> int:
+        return self.blocks * self.block_size
+
+    def committed_blocks(self) -> int:
+        return bin(self.committed & ((1 << self.blocks) - 1)).count("1")
+
+    def block_of(self, address: int) -> int:
+        return (address - self.start) // self.block_size
+
+    def free_bytes(self) -> int:
+        return bits_in(self.free, 0, self.blocks) * self.block_size
+
+    def purge_ranges(self) -> list[tuple[int, int]]:
+        """The committed free slices whose purge waits, as address ranges (what a purge decommits, and takes
+        off the committed figure)."""
+        return [(self.start + a * self.block_size, self.start + b * self.block_size)
+                for a, b in bit_runs(self.purge & self.commit_map & self.free)]
+
+
+def bits_in(bits: int, first: int, count: int) -> int:
+    """How many of BITS' bits FIRST to FIRST + COUNT are set."""
+    return bin((bits >> first) & ((1 << count) - 1)).count("1")
+
+
+def bit_runs(bits: int) -> list[tuple[int, int]]:
+    """The runs of set bits of BITS, as (first, one past the last)."""
+    out, i = [], 0
+    while bits:
+        skip = (bits & -bits).bit_length() - 1
+        i += skip
+        bits >>= skip
+        n = (~bits & (bits + 1)).bit_length() - 1
+        out.append((i, i + n))
+        i += n
+        bits >>= n
+    return out
+
+
+def read_arenas(mem: Memory, lay: Mi3Layout, subproc: int, overcommit: bool | None) -> tuple[Mi3Arena, ...] | None:
+    """The arenas of the subprocess at SUBPROC (None when it does not read as one: a count, then that many
+    arenas that point back to it).  OVERCOMMIT: whether the system overcommits (None: unknown, taken as Linux's
+    default, yes)."""
+    try:
+        count = u64(mem, subproc + lay.sub_arena_count)
+        if count > lay.max_arenas:
+            return None
+        pointers = [u64(mem, subproc + lay.sub_arenas + 8 * i) for i in range(count)]
+    except ReadError:
+        return None
+    out = []
+    for i, at in enumerate(pointers):
+        arena = _arena(mem, lay, at, i + 1, subproc, overcommit is not False)
+        if arena is None:
+            return None
+        out.append(arena)
+    return tuple(out)
+
+
+def _arena(mem: Memory, lay: Mi3Layout, at: int, id_: int, subproc: int, overcommit: bool) -> Mi3Arena | None:
+    """The arena described at AT, or None when it does not read as one of SUBPROC's."""
+    try:
+        head = mem.read(at, lay.arena_bitmaps + 8 * len(_NAMES))
+        word = lambda off: int.from_bytes(head[off:off + 8], "little")     # noqa: E731
+        slices, info = word(lay.arena_slice_count), word(lay.arena_info_slices)
+        if word(lay.arena_subproc) != subproc or not 0 < info < slices <= 1 << 24 or at & 0xFFFF:
+            return None
+        maps = {name: _bitmap(mem, lay, word(lay.arena_bitmaps + 8 * k), slices, name == "free")
+                for k, name in enumerate(_NAMES)}
+    except ReadError:
+        return None
+    if any(m is None for m in maps.values()):
+        return None
+    own = (1 << info) - 1
+    eager = head[lay.arena_initially_committed] == 1 and head[lay.arena_memkind] in lay.mem_os and overcommit
+    committed = (maps["dirty"] if eager else maps["committed"]) & ~own
+    return Mi3Arena(at, id_, slices, info, maps["free"], committed, maps["purge"], maps["pages"], maps["committed"])
+
+
+def _bitmap(mem: Memory, lay: Mi3Layout, at: int, bits: int, binned: bool) -> int | None:
+    """The bitmap at AT (a binned one: BINNED) as an integer of BITS bits, or None when its chunk count does not
+    cover them."""
+    chunks = u64(mem, at)
+    if chunks * 512 < bits or chunks > 512:
+        return None
+    data = mem.read(at + (lay.bbitmap_chunks if binned else lay.bitmap_chunks), chunks * 64)
+    return int.from_bytes(data, "little") & ((1 << bits) - 1)

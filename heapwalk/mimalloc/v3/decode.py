@@ -1,0 +1,87 @@
+"""mimalloc 3's pages decoded into the shapes the rest of heapwalk's mimalloc reads (`mimalloc.decode`): each
+page, with its slices, is a unit of its own (a `MiSegment` of one page, owned by the page's thread, or by none
+when the thread exited and abandoned it); the arenas' free slices and their own slices are the arenas' row."""
+
+from __future__ import annotations
+
+from heapwalk.findings import Finding, Severity
+from heapwalk.inferior.memory import Memory, ReadError
+from heapwalk.inferior.residency import Residency
+from heapwalk.mimalloc.decode import SEGMENT, MiPage, MiSegment, MiState
+from heapwalk.mimalloc.discovery import MiDiscovery
+from heapwalk.mimalloc.heaps import find_heaps
+from heapwalk.mimalloc.lists import walk_page
+from heapwalk.mimalloc.v3.arenas import Mi3Arena, bit_runs, bits_in
+from heapwalk.mimalloc.v3.layout import Mi3Layout
+
+__all__ = ["decode_mimalloc3"]
+
+_FLAGS = 7          # the low bits of a page's thread id: in the full queue, has aligned, abandoned and mapped
+_IN_FULL = 1
+
+
+def decode_mimalloc3(mem: Memory, found: MiDiscovery, threads, description: str = "",
+                     residency: Residency | None = None) -> MiState:
+    """Every page the arenas' bitmaps and the page map name, its lists walked; the heaps of THREADS and of the
+    pages."""
+    lay: Mi3Layout = found.layout
+    findings: list[Finding] = []
+    units = []
+    for arena in found.arenas:
+        for first, end in bit_runs(arena.pages):
+            for index in range(first, end):
+                unit = _unit(mem, lay, arena.start + index * arena.block_size, arena, index, findings)
+                if unit is not None:
+                    units.append(unit)
+    inside = lambda at: any(a.start <= at < a.start + a.reserved for a in found.arenas)     # noqa: E731
+    for at in sorted(found.page_map.pages):
+        if not inside(at) and at % lay.slice_size == 0:
+            unit = _unit(mem, lay, at, None, 0, findings)
+            if unit is not None:
+                units.append(unit)
+    units.sort(key=lambda s: s.address)
+    heaps = find_heaps(mem, found, units, threads, findings)
+    for unit in units:
+        for page in unit.pages:
+            walk_page(mem, page, findings)
+    return MiState(found, units, heaps, [], findings, description, residency)
+
+
+def _unit(mem: Memory, lay: Mi3Layout, at: int, arena: Mi3Arena | None, index: int,
+          findings: list[Finding]) -> MiSegment | None:
+    """The page whose mi_page_t is at AT (slice INDEX of ARENA, or memory of its own from the system) as a unit
+    of one page; None, and a finding, when it cannot be read or does not hold together."""
+    try:
+        head = mem.read(at, lay.page)
+    except ReadError as exc:
+        findings.append(Finding(Severity.ERROR, at, "mi_page_t", f"the page cannot be read ({exc})", SEGMENT))
+        return None
+    word = lambda off: int.from_bytes(head[off:off + 8], "little")     # noqa: E731
+    half = lambda off: int.from_bytes(head[off:off + 2], "little")     # noqa: E731
+    u32 = lambda off: int.from_bytes(head[off:off + 4], "little")      # noqa: E731
+    block, start = word(lay.page_block_size), word(lay.page_start_field)
+    if arena is not None:
+        named, slice_index, slices = word(lay.page_memid), u32(lay.page_memid + 8), u32(lay.page_memid + 12)
+        problem = None if head[lay.page_memkind] == lay.mem_arena and named == arena.start and slice_index == index \
+            and 0 < slices <= arena.blocks - index else "does not name its arena and slice"
+        reserved = slices * arena.block_size
+        committed = bits_in(arena.committed, index, slices) * arena.block_size
+    else:
+        base, size = word(lay.page_memid), word(lay.page_memid + 8)
+        problem = None if base == at and size > 0 and not size % lay.slice_size else \
+            "taken from the system, does not name its memory"
+        slices, reserved, committed = size // lay.slice_size, size, size
+    if problem is None and not (0 < block and at < start < at + reserved):
+        problem = f"has blocks of {block} bytes from {start:#x}, outside its {reserved} bytes"
+    if problem is not None:
+        findings.append(Finding(Severity.ERROR, at, "mi_page_t", f"the page at {at:#x} {problem}: its memory is left "
+                                "out of every figure", SEGMENT))
+        return None
+    xthread = word(lay.page_xthread_id)
+    owner = xthread & ~_FLAGS
+    page = MiPage(at, 0, at, slices, start, block, half(lay.page_capacity), half(lay.page_reserved),
+                  half(lay.page_used), word(lay.page_heap), bool(xthread & _IN_FULL),
+                  (word(lay.page_free), word(lay.page_local_free), word(lay.page_thread_free) & ~1))
+    unit = MiSegment(at, 0 if arena is not None else 1, slices, 0, owner, 1, 0 if owner else 1, 0, reserved,
+                     committed, 0, arena=arena, pages=[page])
+    return unit

@@ -1,0 +1,86 @@
+"""mimalloc 3's state found without symbols, by shapes no other data has:
+
+- the main heap: a heap of the object's data whose page queues carry the bins' block sizes and whose thread-local
+  data names it as its backing heap (as in mimalloc 2, at this release's offsets);
+- the subprocess the main thread-local data names: its arenas, each pointing back to it;
+- the page map (`mimalloc.v3.pagemap`): every page, those taken from the system included;
+- the system's memory settings mimalloc read at its start (page size, large page size, granularity, physical
+  memory, address bits, then whether the system overcommits): how it counts an arena's commit;
+- each thread's default heap, and the options, as in mimalloc 2."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from heapwalk.inferior.elf import Mapping, writable_words
+from heapwalk.inferior.memory import Memory, ReadError, u64
+from heapwalk.mimalloc.discovery import MiDiscovery, MimallocUnknown, MimallocUnused, default_tpoff, main_heap
+from heapwalk.mimalloc.find import MiImage
+from heapwalk.mimalloc.options import find_options
+from heapwalk.mimalloc.v3.arenas import read_arenas
+from heapwalk.mimalloc.v3.layout import Mi3Layout
+from heapwalk.mimalloc.v3.pagemap import find_page_map
+
+__all__ = ["discover_mimalloc3"]
+
+
+def discover_mimalloc3(mem: Memory, found: MiImage, layout: Mi3Layout, mappings: list[Mapping],
+                       readable: list[tuple[int, int]] | None) -> MiDiscovery:
+    """mimalloc 3's state in the object FOUND names, with LAYOUT (READABLE: what may be read of the process;
+    None: all); MimallocUnknown when its shapes are not there."""
+    base, words = writable_words(mem, found.image)
+    if not len(words):
+        raise MimallocUnknown(f"{found.path} has no writable segment")
+    main = main_heap(mem, base, words, layout)
+    cookie = u64(mem, main + layout.heap_cookie)
+    if not cookie:
+        raise MimallocUnused("mimalloc was never initialised in this process (its main heap has no cookie)")
+    subproc = u64(mem, u64(mem, main + layout.heap_tld) + layout.tld_subproc)
+    overcommit = _overcommit(words)
+    arenas = read_arenas(mem, layout, subproc, overcommit)
+    if arenas is None:
+        raise MimallocUnknown(f"mimalloc {found.version_text}: the subprocess its main thread names ({subproc:#x}) "
+                              "does not hold arenas that point back to it")
+    image = _image_range(found, mappings)
+    pagemap = find_page_map(mem, base, words, image, readable)
+    if pagemap is None:
+        raise MimallocUnknown(f"mimalloc {found.version_text}: its page map was not found (no word of its data "
+                              "points to a table whose first sub-map starts with its empty page)")
+    if not arenas and not pagemap.pages:
+        raise MimallocUnused("mimalloc holds no page in this process")
+    tpoff = default_tpoff(mem, found)
+    options = find_options(mem, base, words)
+    in_arenas = sum(bin(a.pages).count("1") for a in arenas)
+    facts = (("layout", f"mimalloc {layout.versions}'s"),
+             ("main heap", f"at {main:#x} (its page queues carry the bins' sizes; cookie {cookie:#x})"),
+             ("arenas", f"{len(arenas)}, from the subprocess at {subproc:#x} (each points back to it); "
+              f"{in_arenas} pages in their page bitmaps"),
+             ("page map", f"at {pagemap.address:#x}: {len(pagemap.pages)} pages, {pagemap.subs} sub-maps"),
+             ("commit", "an arena committed at once counts its slices as they are first used (the system "
+              "overcommits)" if overcommit is not False else "the system does not overcommit: an arena's "
+              "committed bitmap counts"),
+             ("default heaps", f"thread-local, {tpoff - (1 << 64) if tpoff and tpoff >> 63 else tpoff:#x} from "
+              f"$fs_base (mi_heap_get_default's GOT slot)" if tpoff is not None else "not found"),
+             ("options", f"{len(options)}, from their table (each entry carries its index)" if options else
+              "not found: the report does not say which options the process runs with"))
+    return MiDiscovery(layout, found.version, found.path, main, cookie, (), (), None, tpoff, (), facts, (),
+                       options, arenas, page_map=pagemap, subproc=subproc)
+
+
+def _image_range(found: MiImage, mappings: list[Mapping]) -> tuple[int, int]:
+    """The addresses the object's mappings take."""
+    mine = [m for m in mappings if m.path == found.path]
+    return (min(m.start for m in mine), max(m.end for m in mine)) if mine else (0, 0)
+
+
+def _overcommit(words: np.ndarray) -> bool | None:
+    """Whether the system overcommits, as mimalloc's memory settings say (None: not found): the five words
+    page size (4 KiB), large page size (0, 2 MiB or 1 GiB), granularity (4 KiB), physical memory, address
+    bits (39 to 57), then a byte."""
+    pages = np.flatnonzero(words[:-5] == np.uint64(4096))
+    found = set()
+    for i in pages.tolist():
+        large, grain, bits = int(words[i + 1]), int(words[i + 2]), int(words[i + 4])
+        if grain == 4096 and large in (0, 2 << 20, 1 << 30) and 39 <= bits <= 57 and int(words[i + 3]) > 0:
+            found.add(int(words[i + 5]) & 0xFF)
+    return bool(found.pop()) if len(found) == 1 else None

@@ -1,0 +1,89 @@
+"""mimalloc 3's structures as its releases build them, as data (measured with gdb on builds of the release tags
+with debug information, 64-bit, MI_SECURE 0, MI_DEBUG 0; checked against memory by discovery).  The names the
+shared code reads (the heap's page queues, the page's links) are those of `mimalloc.layout.MiLayout`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["Mi3Layout", "LAYOUTS3", "layout3_for"]
+
+
+@dataclass(frozen=True)
+class Mi3Layout:
+    """Offsets of one family of mimalloc 3 releases' structures (64-bit)."""
+
+    versions: str
+    first: tuple[int, int, int]
+    last: tuple[int, int, int]
+    family: int = 3
+    slice_shift: int = 16                 # an arena slice: 64 KiB; a page takes whole slices
+    huge_unowned: bool = False
+    collect_frees_cache: bool = True      # mi_collect(true) purges the arenas' waiting slices
+    thread_data: int = 0                  # heaps and thread-local data live in the arenas' meta pages
+    seg_memkind: int | None = None
+    mem_os: tuple[int, ...] = (4, 5, 6)   # memkinds of memory taken from the system (OS, huge OS pages, remappable)
+    mem_arena: int = 7                    # the memkind of memory taken from an arena
+    bin_huge: int = 73
+    # mi_page_t: at the start of its first slice (or of the memory the system gave it)
+    page: int = 120
+    page_xthread_id: int = 0              # the owner's $fs_base | flags (1 in the full queue, 4 abandoned and mapped)
+    page_free: int = 8
+    page_used: int = 16                   # uint16: blocks in use, those on the thread-free list included
+    page_capacity: int = 18               # uint16
+    page_reserved: int = 20               # uint16
+    page_local_free: int = 24
+    page_thread_free: int = 32            # its lowest bit: owned
+    page_block_size: int = 40
+    page_start_field: int = 48            # its first block
+    page_heap: int = 64                   # NULL when abandoned
+    page_next: int = 72
+    page_prev: int = 80
+    page_memid: int = 96                  # arena: (arena, slice index u32, slice count u32); system: (base, size)
+    page_memkind: int = 112
+    # mi_heap_t
+    heap_tld: int = 0
+    heap_cookie: int = 16
+    heap_page_count: int = 160
+    heap_next: int = 192
+    heap_pages: int = 1248                # pages[MI_BIN_FULL + 1]: (first, last, block_size), 24 bytes each
+    heap: int = 3072
+    heap_thread_id: int | None = None     # the heap does not say its thread: its tld does
+    heap_delayed_free: int | None = None  # no delayed-free list
+    # mi_tld_t
+    tld_thread_id: int = 0
+    tld_subproc: int = 16
+    tld_heap_backing: int = 24
+    tld_heaps: int = 32
+    # mi_subproc_t
+    sub_arena_count: int = 0
+    sub_arenas: int = 8
+    max_arenas: int = 160
+    # mi_arena_t: at the start of its memory
+    arena_memkind: int = 16
+    arena_initially_committed: int = 21
+    arena_subproc: int = 24
+    arena_slice_count: int = 32
+    arena_info_slices: int = 40
+    arena_bitmaps: int = 64               # slices_free (binned), slices_committed, slices_dirty, slices_purge, pages
+    bitmap_chunks: int = 128              # mi_bitmap_t: chunk_count, then the chunkmap, then 512-bit chunks
+    bbitmap_chunks: int = 640             # mi_bbitmap_t: chunk_count, max accessed, chunkmap, chunk bins, chunks
+
+    @property
+    def slice_size(self) -> int:
+        return 1 << self.slice_shift
+
+    @property
+    def segment_size(self) -> int:
+        return self.slice_size
+
+
+#: the layouts, oldest first
+LAYOUTS3 = (Mi3Layout("3.0.1", (3, 0, 1), (3, 0, 1)),)
+
+
+def layout3_for(version: tuple[int, int, int] | None) -> Mi3Layout | None:
+    """The mimalloc 3 layout of VERSION, or None when heapwalk has measured none for it."""
+    if version is None:
+        return None
+    return next((lay for lay in reversed(LAYOUTS3) if lay.first <= tuple(version) <= lay.last), None)

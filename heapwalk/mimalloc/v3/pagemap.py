@@ -1,0 +1,80 @@
+"""mimalloc 3's page map: for each 64 KiB of the address space, the page that covers it.  A table in the
+system's memory (a pointer each 512 MiB of addresses) whose first entry points just past the table itself, to
+the sub-map of the first 512 MiB, whose first entry is the library's empty page; each other entry, when set,
+points to a sub-map (64 KiB taken from the system) of the pages of its 512 MiB.  Found without symbols by
+that shape, from a word of the library's data; it names every page, those taken from the system
+included."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from heapwalk.inferior.memory import Memory, ReadError, u64
+
+__all__ = ["PageMap", "find_page_map"]
+
+_SUB_ENTRIES = 1 << 13
+_TOP = 1 << 47
+
+
+@dataclass(frozen=True)
+class PageMap:
+    """The page map at ADDRESS: the sub-maps taken from the system (their count), and every page it names."""
+
+    address: int
+    subs: int
+    pages: frozenset[int]
+    ranges: tuple[tuple[int, int], ...] = ()      # its table and sub-maps: mimalloc's own memory, never a root
+
+
+def find_page_map(mem: Memory, base: int, words: np.ndarray, image: tuple[int, int],
+                  readable: list[tuple[int, int]] | None) -> PageMap | None:
+    """The page map a word of the object's data (WORDS from BASE) points to: a table whose first entry points
+    just past it (its size a power of two) to a sub-map whose first entry is in the object (IMAGE: its
+    addresses); None when no word does.  READABLE: what may be read of the process (None: all)."""
+    lo, hi = image
+    pointer = np.flatnonzero((words > np.uint64(0x10000)) & (words < np.uint64(_TOP)) &
+                             ((words & np.uint64(0xFFF)) == 0))
+    for i in pointer.tolist():
+        at = int(words[i])
+        try:
+            first = u64(mem, at)
+            size = first - at
+            if size < 4096 or size > 1 << 30 or size & (size - 1) or not lo <= u64(mem, first) < hi:
+                continue
+        except ReadError:
+            continue
+        return _walk(mem, at, size, readable)
+    return None
+
+
+def _walk(mem: Memory, at: int, size: int, readable: list[tuple[int, int]] | None) -> PageMap:
+    """Every page the map at AT (a table of SIZE bytes) names."""
+    subs, pages, ranges = 0, set(), [(at, at + size + 8 * _SUB_ENTRIES)]
+    for lo, hi in _within(at, at + size, readable):
+        try:
+            table = np.frombuffer(mem.read(lo, hi - lo), dtype=np.uint64)
+        except ReadError:
+            continue
+        for j in np.flatnonzero(table).tolist():
+            if lo + 8 * j == at:
+                continue            # the first 512 MiB: its sub-map is inside the table's own allocation
+            subs += 1
+            sub = int(table[j])
+            ranges.append((sub, sub + 8 * _SUB_ENTRIES))
+            for a, b in _within(sub, sub + 8 * _SUB_ENTRIES, readable):
+                try:
+                    entries = np.frombuffer(mem.read(a, b - a), dtype=np.uint64)
+                except ReadError:
+                    continue
+                pages.update(np.unique(entries[entries != 0]).tolist())
+    return PageMap(at, subs, frozenset(pages), tuple(ranges))
+
+
+def _within(lo: int, hi: int, readable: list[tuple[int, int]] | None) -> list[tuple[int, int]]:
+    """LO..HI, within READABLE when given, 8-byte aligned."""
+    if readable is None:
+        return [(lo, hi)]
+    return [(max(lo, a) & ~7, min(hi, b)) for a, b in readable if min(hi, b) > max(lo, a)]

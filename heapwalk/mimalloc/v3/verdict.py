@@ -1,0 +1,46 @@
+"""The verdict on mimalloc 3's report, in its words: pages, arenas, abandoned pages, the purge."""
+
+from __future__ import annotations
+
+from heapwalk.analysis.report import Report, human, leaking, scan_sentence
+from heapwalk.mimalloc.account import EXITED, Owner
+from heapwalk.mimalloc.decode import MiState
+from heapwalk.mimalloc.shown import collect_resident, totals
+
+__all__ = ["advice3"]
+
+
+def advice3(state: MiState, owners: list[Owner], rep: Report) -> list[str]:
+    """The verdict's sentences on mimalloc 3's STATE, report REP."""
+    t = totals(state)
+    blocks = sum(o.free["free blocks"] + o.free["not yet cut"] for o in owners)
+    held = "" if rep.leaks is None else ", and a leak" if leaking(rep.leaks) else ", not a leak"
+    out = [f"mimalloc holds {human(t['reserved'])} of address space ({human(t['committed'])} committed){held}: "
+           f"{human(rep.in_use)} in blocks the program holds, {human(rep.free)} free ({human(blocks)} in its pages, "
+           f"{human(t['arena_free'])} in free slices of its {t['arenas']} arenas), "
+           f"{human(sum(o.overhead for o in owners))} its own."]
+    if rep.leaks is not None:
+        out.append(scan_sentence(rep.leaks, "block"))
+    abandoned = next((o for o in owners if o.thread_id == EXITED and o.segments), None)
+    if abandoned is not None:
+        out.append(f"{len(abandoned.segments)} pages ({human(abandoned.reserved)}) are abandoned, with "
+                   f"{human(abandoned.in_use)} of blocks in use: a thread gives up a full page beyond the few it keeps "
+                   "(page_full_retain), and all its pages when it exits. The next thread that frees a block in one "
+                   "takes it; one not full also serves the next thread that needs a page of its size. Until then "
+                   f"their free memory ({human(sum(abandoned.free.values()))}) serves no one.")
+    out += _purge(state, t)
+    return out
+
+
+def _purge(state: MiState, t: dict) -> list[str]:
+    """What waits for the purge delay in the arenas, and what mi_collect(true) gives back now."""
+    if not t["purge_pending"]:
+        return []
+    option = state.discovery.options.get("purge_delay")
+    delay = f" (purge_delay: {option.value} ms, {option.how})" if option else ""
+    ram = collect_resident(state)
+    resident = "" if ram is None else f", {human(ram)} of it resident (what the RSS falls by)"
+    return [f"{human(t['purge_pending'])} of free arena slices are committed and wait for the purge delay{delay} "
+            "before mimalloc decommits them, at a later allocation or free after the delay.",
+            f"mi_collect(true) gives back {human(t['collect_decommits'])} now{resident}: it purges every waiting "
+            "slice at once. It costs page faults only when that memory is used again."]
