@@ -2,7 +2,7 @@
 (tests/test_mimalloc.py):
 
     bookworm   2.0.9   libmimalloc2.0   shared, LD_PRELOAD
-    trixie     3.0.1   libmimalloc3     shared, LD_PRELOAD (a layout heapwalk names and does not decode yet)
+    trixie     3.0.1   libmimalloc3     shared, LD_PRELOAD (mimalloc 3: pages in arenas, no segments)
 
 each fetched once with apt's ``download`` through cores/sysroots.py's private lists (cached) and unpacked into
 DEST/mimalloc-NAME with a VERSION file; and the releases other distributions ship (Ubuntu 22.04's 2.0.5), built
@@ -10,6 +10,12 @@ from their sources (cores/data/mimalloc-VERSION.tar.xz: the release tag's src, i
 cmake as a distribution builds them (Release), stripped to their exported symbols, into DEST/mimalloc-VERSION:
 
     2.0.5  2.0.6  2.0.7  2.1.2 (Ubuntu 24.04's: segments taken from arenas)
+
+and releases linked into the program (as the Rust crate links it: mimalloc's object in the executable, which
+then exports none of its entry points and says no version; its thread-local default heap reached without a GOT
+slot), the program stripped:
+
+    2.1.2-linked  3.0.1-linked
 
 Command line: ``python3 cores/mibuilds.py DEST [NAME ...]``.
 """
@@ -48,6 +54,8 @@ MI_BUILDS = {
 }
 #: releases built from their sources (cores/data)
 MI_BUILT = ("2.0.5", "2.0.6", "2.0.7", "2.1.2")
+#: releases built from their sources as an object the reproducer links: name -> release
+MI_LINKED = {"2.1.2-linked": "2.1.2", "3.0.1-linked": "3.0.1"}
 DATA = Path(__file__).resolve().parent / "data"
 
 
@@ -59,7 +67,14 @@ class Mimalloc:
     root: Path
 
     @property
+    def linked(self) -> bool:
+        """Whether the program links it (its object), rather than loading it."""
+        return self.name in MI_LINKED
+
+    @property
     def library(self) -> Path:
+        if self.linked:
+            return self.root / "mimalloc.o"
         if self.name in MI_BUILT:
             return self.root / "libmimalloc.so.2"
         return self.root / LIBDIR / MI_BUILDS[self.name].file
@@ -69,14 +84,14 @@ class Mimalloc:
         return (self.root / "VERSION").read_text().strip()
 
     def environment(self) -> dict[str, str]:
-        """What puts it under a program."""
-        return {"LD_PRELOAD": str(self.library)}
+        """What puts it under a program (nothing: the program links it)."""
+        return {} if self.linked else {"LD_PRELOAD": str(self.library)}
 
 
 def prepare_mimalloc(dest: Path, name: str, cache: Path | None = None) -> Mimalloc:
     """Fetches (or reuses) mimalloc NAME (`MI_BUILDS`) and unpacks it into DEST/mimalloc-NAME, or builds release
     NAME (`MI_BUILT`) there."""
-    if name in MI_BUILT:
+    if name in MI_BUILT or name in MI_LINKED:
         return _built(dest, name)
     cache = cache or sysroots.cache_dir()
     build = MI_BUILDS[name]
@@ -95,12 +110,14 @@ def prepare_mimalloc(dest: Path, name: str, cache: Path | None = None) -> Mimall
     return mi
 
 
-def _built(dest: Path, version: str) -> Mimalloc:
-    """Release VERSION built from cores/data/mimalloc-VERSION.tar.xz into DEST/mimalloc-VERSION (once: again only
-    when the tarball changed)."""
-    mi = Mimalloc(version, (dest / f"mimalloc-{version}").resolve())
+def _built(dest: Path, name: str) -> Mimalloc:
+    """Release NAME (or the release of linked build NAME) built from cores/data/mimalloc-VERSION.tar.xz into
+    DEST/mimalloc-NAME (once: again only when the tarball changed): a stripped shared library, or the object a
+    program links."""
+    version = MI_LINKED.get(name, name)
+    mi = Mimalloc(name, (dest / f"mimalloc-{name}").resolve())
     tarball = DATA / f"mimalloc-{version}.tar.xz"
-    inputs = fresh.digest([tarball], "release, stripped")
+    inputs = fresh.digest([tarball], "object" if mi.linked else "release, stripped")
     if fresh.marked(mi.library, inputs) and (mi.root / "VERSION").exists():
         return mi
     if mi.root.exists():
@@ -114,12 +131,16 @@ def _built(dest: Path, version: str) -> Mimalloc:
     out.mkdir()
     log = work / "build.log"
     with open(log, "w") as fh:
-        for cmd in (["cmake", "-DCMAKE_BUILD_TYPE=Release", "-DMI_BUILD_TESTS=OFF", "-DMI_BUILD_STATIC=OFF",
-                     "-DMI_BUILD_OBJECT=OFF", str(source)], ["make", "-j2"]):
+        kind = ["-DMI_BUILD_SHARED=OFF", "-DMI_BUILD_OBJECT=ON"] if mi.linked else ["-DMI_BUILD_OBJECT=OFF"]
+        for cmd in (["cmake", "-DCMAKE_BUILD_TYPE=Release", "-DMI_BUILD_TESTS=OFF", "-DMI_BUILD_STATIC=OFF", *kind,
+                     str(source)], ["make", "-j2"]):
             if subprocess.run(cmd, cwd=out, stdout=fh, stderr=subprocess.STDOUT).returncode != 0:
                 raise sysroots.SysrootError(f"mimalloc {version}: {' '.join(cmd)} failed (its output: {log})")
-    subprocess.run(["strip", "--strip-unneeded", "-o", str(mi.library), str((out / "libmimalloc.so").resolve())],
-                   check=True)
+    if mi.linked:
+        shutil.copy(out / "mimalloc.o", mi.library)
+    else:
+        subprocess.run(["strip", "--strip-unneeded", "-o", str(mi.library), str((out / "libmimalloc.so").resolve())],
+                       check=True)
     (mi.root / "VERSION").write_text(version + "\n")
     fresh.mark(mi.library, inputs)
     shutil.rmtree(work)
@@ -130,18 +151,24 @@ def _built(dest: Path, version: str) -> Mimalloc:
 MI_HOLD = Path(__file__).resolve().parent / "mi_hold.c"
 
 
-def build_hold(folder: Path) -> Path:
-    """cores/mi_hold.c built into FOLDER/mi_hold (it finds mimalloc's entry points with dlsym)."""
+def build_hold(folder: Path, mi: Mimalloc | None = None) -> Path:
+    """cores/mi_hold.c built into FOLDER/mi_hold: it finds mimalloc's entry points with dlsym, or, for a linked
+    build MI, links mimalloc's object and calls them (stripped then, as a release build ships)."""
     exe = folder / "mi_hold"
     folder.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["gcc", "-O1", "-Wall", "-pthread", "-o", str(exe), str(MI_HOLD), "-ldl"], check=True)
+    if mi is not None and mi.linked:
+        subprocess.run(["gcc", "-O1", "-Wall", "-pthread", "-DMI_LINKED", "-o", str(exe), str(MI_HOLD),
+                        str(mi.library)], check=True)
+        subprocess.run(["strip", str(exe)], check=True)
+    else:
+        subprocess.run(["gcc", "-O1", "-Wall", "-pthread", "-o", str(exe), str(MI_HOLD), "-ldl"], check=True)
     return exe
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("dest", type=Path)
-    parser.add_argument("names", nargs="*", default=[*MI_BUILDS, *MI_BUILT])
+    parser.add_argument("names", nargs="*", default=[*MI_BUILDS, *MI_BUILT, *MI_LINKED])
     args = parser.parse_args(argv)
     for name in args.names:
         mi = prepare_mimalloc(args.dest, name)

@@ -239,7 +239,7 @@ def capture_mimalloc(name: str) -> harness.Capture:
     directory = CORES / f"mimalloc-{name}" / "mi_hold"
     inputs = fresh.digest([mibuilds.MI_HOLD, Path(harness.__file__), mi.library], name)
     return _hold_core("mi_hold", directory, inputs, ("stats.json", "ledger-main.txt"),
-                      lambda: mibuilds.build_hold(directory.parent / "bin"), mi.environment(), "ledger-*.txt")
+                      lambda: mibuilds.build_hold(directory.parent / "bin", mi), mi.environment(), "ledger-*.txt")
 
 
 #: the jemalloc je_dlopen loads with dlopen: one built with --disable-initial-exec-tls, as such a plugin's must be

@@ -62,7 +62,7 @@ def find_arenas(mem: Memory, base: int, words: np.ndarray, layout: MiLayout, seg
     start = at - block * layout.segment_size
     slots = layout.arena_slots
     pointer = (words > np.uint64(0x10000)) & (words < np.uint64(1 << 47)) & ((words & np.uint64(7)) == 0)
-    for j in np.flatnonzero(pointer[:len(words) - slots]).tolist():
+    for j in np.flatnonzero(pointer[:len(words) - slots + 1]).tolist():
         if (base + 8 * j) % 64 or (j and pointer[j - 1]):
             continue
         count = int(np.argmin(pointer[j:j + slots])) if not pointer[j:j + slots].all() else slots

@@ -88,8 +88,9 @@ def discover_mimalloc(mem: Memory, found: MiImage, regions: list[tuple[int, int]
             continue
         break
     else:
-        said = f"mimalloc {found.version_text}" if found.version else "a mimalloc that does not say its version"
-        raise MimallocUnknown(f"{said}: no known layout fits its data ({'; '.join(failed)})")
+        if not found.version:
+            return _unversioned3(mem, found, mappings, readable, failed)
+        raise MimallocUnknown(f"mimalloc {found.version_text}: no known layout fits its data ({'; '.join(failed)})")
     cookie = u64(mem, main + layout.heap_cookie)
     if not cookie:
         raise MimallocUnused("mimalloc was never initialised in this process (its main heap has no cookie)")
@@ -105,7 +106,7 @@ def discover_mimalloc(mem: Memory, found: MiImage, regions: list[tuple[int, int]
     unstamped = tuple(sorted(in_map - set(stamped))) if at is not None else ()
     arenas = find_arenas(mem, base, words, layout, arena_segment(mem, layout, segments))
     if arena_segment(mem, layout, segments) is not None and not arenas:
-        raise MimallocUnknown(f"mimalloc {found.version_text}: its segments come from arenas, and its table of "
+        raise MimallocUnknown(f"{found.named}: its segments come from arenas, and its table of "
                               "arenas was not found in its data")
     tpoff = default_tpoff(mem, found)
     cache = _thread_data_cache(mem, base, words, layout)
@@ -124,6 +125,19 @@ def discover_mimalloc(mem: Memory, found: MiImage, regions: list[tuple[int, int]
               "not found: the report does not say which options the process runs with"))
     return MiDiscovery(layout, found.version, found.path, main, cookie, segments, freed, at, tpoff, cache, facts,
                        unstamped, options, arenas)
+
+
+def _unversioned3(mem: Memory, found: MiImage, mappings: list[Mapping], readable, failed: list[str]) -> MiDiscovery:
+    """A build that does not say its version, which no mimalloc 2 layout fits: the mimalloc 3 layout whose every
+    shape (main heap, subprocess and arenas, page map) its data holds, newest first."""
+    from heapwalk.mimalloc.v3.discovery import discover_mimalloc3
+    for layout in reversed(LAYOUTS3):
+        try:
+            return discover_mimalloc3(mem, found, layout, mappings, readable)
+        except MimallocUnknown as exc:
+            failed.append(f"{layout.versions}: {exc}")
+    raise MimallocUnknown(f"a mimalloc that does not say its version: no known layout fits its data "
+                          f"({'; '.join(failed)})")
 
 
 def _candidates(version: tuple[int, int, int] | None) -> list:

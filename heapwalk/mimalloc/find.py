@@ -42,6 +42,11 @@ class MiImage:
     def version_text(self) -> str:
         return ".".join(map(str, self.version)) if self.version else ""
 
+    @property
+    def named(self) -> str:
+        """How messages name it: "mimalloc 3.0.1", or "a mimalloc that does not say its version"."""
+        return f"mimalloc {self.version_text}" if self.version else "a mimalloc that does not say its version"
+
 
 def find_mimalloc(mem: Memory, mappings: list[Mapping]) -> MiImage | None:
     """The object that holds mimalloc, or None: one named libmimalloc*, else the program when it exports

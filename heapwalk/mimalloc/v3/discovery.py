@@ -39,19 +39,20 @@ def discover_mimalloc3(mem: Memory, found: MiImage, layout: Mi3Layout, mappings:
     overcommit = _overcommit(words)
     arenas = read_arenas(mem, layout, subproc, overcommit)
     if arenas is None:
-        raise MimallocUnknown(f"mimalloc {found.version_text}: the subprocess its main thread names ({subproc:#x}) "
+        raise MimallocUnknown(f"{found.named}: the subprocess its main thread names ({subproc:#x}) "
                               "does not hold arenas that point back to it")
     image = _image_range(found, mappings)
     pagemap = find_page_map(mem, base, words, image, readable)
     if pagemap is None:
-        raise MimallocUnknown(f"mimalloc {found.version_text}: its page map was not found (no word of its data "
+        raise MimallocUnknown(f"{found.named}: its page map was not found (no word of its data "
                               "points to a table whose first sub-map starts with its empty page)")
     if not arenas and not pagemap.pages:
         raise MimallocUnused("mimalloc holds no page in this process")
     tpoff = default_tpoff(mem, found)
     options = find_options(mem, base, words)
     in_arenas = sum(bin(a.pages).count("1") for a in arenas)
-    facts = (("layout", f"mimalloc {layout.versions}'s"),
+    said = "" if found.version else " (the build does not say its version; its data has all this layout's shapes)"
+    facts = (("layout", f"mimalloc {layout.versions}'s{said}"),
              ("main heap", f"at {main:#x} (its page queues carry the bins' sizes; cookie {cookie:#x})"),
              ("arenas", f"{len(arenas)}, from the subprocess at {subproc:#x} (each points back to it); "
               f"{in_arenas} pages in their page bitmaps"),
