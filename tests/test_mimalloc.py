@@ -11,12 +11,14 @@ blocks, and the blocks every thread keeps wherever they are (the "l" lines)."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import harness
@@ -304,3 +306,35 @@ def test_mimalloc_3_attached_says_the_same_and_what_collect_gives_back(stopped, 
     assert doc["mimalloc"]["totals"]["collect_decommits"] == collected["commit_before"] - collected["commit_after"] > 0
     assert abs(doc["mimalloc"]["collect_resident"] - (collected["rss_anon_before"] - collected["rss_anon_after"])) \
         <= 16 << 10
+
+
+def _present_pages(pid: int) -> dict[str, int]:
+    """The pages present in each mapping of PID (by its start), and its RssAnon in KiB."""
+    out = {}
+    with open(f"/proc/{pid}/pagemap", "rb", buffering=0) as fh:
+        for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
+            start, end = (int(x, 16) for x in line.split()[0].split("-"))
+            if line.endswith(("[vsyscall]", "[vvar]", "[vdso]")):
+                continue
+            entries = np.frombuffer(os.pread(fh.fileno(), (end - start) // 4096 * 8, start // 4096 * 8),
+                                    dtype=np.uint64)
+            out[f"{start:#x}"] = int((entries >> np.uint64(63)).sum())
+    status = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines())
+    out["RssAnon"] = int(status["RssAnon"].split()[0])
+    return out
+
+
+@pytest.mark.parametrize("stopped", ["bookworm", "trixie"], indirect=True)
+def test_reading_a_live_process_maps_no_page_in_it(stopped):
+    """gdb -p, symbols hidden: report (with the leak scan), check and map read mimalloc's segments or arenas,
+    bitmaps and page map (mostly never-touched reservations) and fault no page in: every mapping's present
+    pages are what they were, and the RssAnon within the kernel's bookkeeping."""
+    proc = stopped[0]
+    before = _present_pages(proc.pid)
+    result = run_gdb(["-p", str(proc.pid)], ["heapwalk report", "heapwalk check", "heapwalk map"],
+                     iex=[NO_SYMBOLS])
+    after = _present_pages(proc.pid)
+    assert result.returncode == 0 and "mimalloc consistent" in result.stdout, result.stderr
+    # RssAnon within two pages: the kernel's own bookkeeping when gdb attaches (as tests/test_untouched.py)
+    assert abs(after.pop("RssAnon") - before.pop("RssAnon")) <= 8
+    assert before == after
