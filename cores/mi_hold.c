@@ -5,11 +5,13 @@
  * exits: its segments are abandoned with the blocks it kept, which are leaked (it clears its array of them), and
  * no thread allocates after it (which would reclaim them).  Each thread
  * writes ledger-N.txt: a first line "exits"/"parks" and its default heap's address, then, from
- * mi_heap_visit_blocks over its heap, one line per area ("a START RESERVED COMMITTED USED BLOCK_SIZE") and one per
- * block in use ("b ADDRESS SIZE"), and its huge block ("k ADDRESS SIZE": mi_usable_size); after the walk it
+ * mi_heap_visit_blocks over its heap (from 3.2 mi_theap_visit_blocks over its theap; linked: -DMI_THEAP), one
+ * line per area ("a START RESERVED COMMITTED USED BLOCK_SIZE") and one per block in use ("b ADDRESS SIZE"), and its huge block ("k ADDRESS SIZE": mi_usable_size); after the walk it
  * frees a few more blocks (lines "f ADDRESS": they wait on the page's local free list), and lists every block it
  * keeps ("l ADDRESS SIZE", mi_usable_size: mimalloc 3 gives up full pages of live threads, which the walk of
- * its heap does not see).  Once all are parked, the main thread walks its own heap the same way into
+ * its heap does not see).  From 3.2 (theaps), the main thread walks every parked thread's theap, and its own,
+ * again at the snapshot, into snapshot-N.txt and snapshot-main.txt (a first line "now THEAP", then "a" and "b"
+ * lines): a thread that frees a block in a page another gave up takes the page.  Once all are parked, the main thread walks its own heap the same way into
  * ledger-main.txt, then frees some of thread 0's blocks (lines "f ADDRESS" there: they wait on the page's
  * thread-free list) and writes mimalloc's own statistics at that instant into stats.json in the folder given
  * as its one argument: mi_version, mi_process_info, and mi_stats_print_out's text (each thread merged its
@@ -50,9 +52,17 @@ typedef void (*process_fn)(size_t *, size_t *, size_t *, size_t *, size_t *, siz
 typedef size_t (*usable_fn)(const void *);
 
 #ifdef MI_LINKED
+#ifdef MI_THEAP                         /* mimalloc 3.2 on: a heap per thread is a theap */
+bool mi_theap_visit_blocks(const void *, bool, visit_fn *, void *);
+void *mi_theap_get_default(void);
+#define mi_heap_visit_blocks mi_theap_visit_blocks
+#define mi_heap_get_default mi_theap_get_default
+#define mi_stats_merge no_merge
+#else
 bool mi_heap_visit_blocks(const void *, bool, visit_fn *, void *);
 void *mi_heap_get_default(void);
 void mi_stats_merge(void);
+#endif
 void mi_collect(bool);
 int mi_version(void);
 void mi_stats_print_out(output_fn *, void *);
@@ -62,6 +72,13 @@ size_t mi_usable_size(const void *);
 #else
 #define ENTRY(name) dlsym(RTLD_DEFAULT, #name)
 #endif
+
+/* from mimalloc 3.2 the statistics need no merging */
+static void no_merge(void)
+{
+}
+
+static int theaps;                       /* mimalloc 3.2 on: a heap per thread is a theap */
 
 static visit_blocks_fn visit_blocks;
 static heap_fn default_heap;
@@ -118,6 +135,20 @@ static void write_ledger(long t)
     close(fd);
 }
 
+/* Thread T's ledger again, walked at the snapshot, into snapshot-T.txt (snapshot-main.txt). */
+static void write_snapshot(long t)
+{
+    char path[4096];
+    if (t == THREADS)
+        snprintf(path, sizeof path, "%s/snapshot-main.txt", folder);
+    else
+        snprintf(path, sizeof path, "%s/snapshot-%ld.txt", folder, t);
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0 || write(fd, ledgers[t], ledger_at[t]) != (ssize_t)ledger_at[t])
+        abort();
+    close(fd);
+}
+
 /* Zeroes the stack below the caller's frame, where the frames of the calls it made (malloc's, the walk's) left
  * copies of block addresses: an exiting thread's stack is kept for the next thread, and the scan reads it. */
 static __attribute__((noinline)) void scrub_stack(void)
@@ -136,7 +167,8 @@ static void *worker(void *arg)
         blocks[i] = malloc(size);
         if (blocks[i] == NULL)
             abort();
-        memset(blocks[i], (int)i, size < 64 ? size : 64);
+        /* all of it (but the huge block's tail): no stale word of an earlier use of its memory stays */
+        memset(blocks[i], (int)i, size <= (512 << 10) ? size : 64);
     }
     for (unsigned i = 0; i < BLOCKS; i++) {
         unsigned j = (i * 7u) % BLOCKS;           /* scattered */
@@ -255,6 +287,18 @@ int main(int argc, char **argv)
     visit_blocks = (visit_blocks_fn)ENTRY(mi_heap_visit_blocks);
     default_heap = (heap_fn)ENTRY(mi_heap_get_default);
     stats_merge = (void_fn)ENTRY(mi_stats_merge);
+#ifndef MI_LINKED
+    if (dlsym(RTLD_DEFAULT, "mi_theap_get_default") != NULL) {   /* mimalloc 3.2 on: each thread's theap */
+        default_heap = (heap_fn)dlsym(RTLD_DEFAULT, "mi_theap_get_default");
+        visit_blocks = (visit_blocks_fn)dlsym(RTLD_DEFAULT, "mi_theap_visit_blocks");
+        stats_merge = no_merge;
+        theaps = 1;
+    }
+#else
+#ifdef MI_THEAP
+    theaps = 1;
+#endif
+#endif
     usable_size = (usable_fn)ENTRY(mi_usable_size);
     collect_fn collect = (collect_fn)ENTRY(mi_collect);
     version_fn version = (version_fn)ENTRY(mi_version);
@@ -288,6 +332,21 @@ int main(int argc, char **argv)
         }
     }
     write_ledger(THREADS);
+    /* mimalloc 3.2 on: a thread that frees a block of a page another thread gave up takes the page (the main
+     * thread's frees above may have): walk every parked thread's theap, and the main thread's, again now */
+    if (theaps) {
+        for (long t = 0; t <= THREADS; t++) {
+            if (t == THREADS - 1)
+                continue;
+            /* its theap, from its ledger's first line (kept as text only: a word holding it would be taken
+             * for mimalloc's cache of thread data when mimalloc is linked in) */
+            void *heap = (void *)strtoul(strchr(ledgers[t], ' ') + 1, NULL, 16);
+            ledger_at[t] = 0;
+            say(t, "now %lx\n", (unsigned long)heap, 0);
+            visit_blocks(heap, true, visitor, (void *)t);
+            write_snapshot(t);
+        }
+    }
     stats_merge();
     if (write_stats(version, print, process))
         return 1;

@@ -10,12 +10,13 @@ from their sources (cores/data/mimalloc-VERSION.tar.xz: the release tag's src, i
 cmake as a distribution builds them (Release), stripped to their exported symbols, into DEST/mimalloc-VERSION:
 
     2.0.5  2.0.6  2.0.7  2.1.2 (Ubuntu 24.04's: segments taken from arenas)
+    3.3.2 (the Rust crate's: a heap per thread is a theap)  3.4.3 (the newest release tagged)
 
 and releases linked into the program (as the Rust crate links it: mimalloc's object in the executable, which
 then exports none of its entry points and says no version; its thread-local default heap reached without a GOT
 slot), the program stripped:
 
-    2.1.2-linked  3.0.1-linked
+    2.1.2-linked  3.0.1-linked  3.3.2-linked (as the Rust crate builds it)
 
 Command line: ``python3 cores/mibuilds.py DEST [NAME ...]``.
 """
@@ -53,9 +54,9 @@ MI_BUILDS = {
     "trixie": MiBuild("trixie", "libmimalloc3", "libmimalloc.so.3"),
 }
 #: releases built from their sources (cores/data)
-MI_BUILT = ("2.0.5", "2.0.6", "2.0.7", "2.1.2")
+MI_BUILT = ("2.0.5", "2.0.6", "2.0.7", "2.1.2", "3.3.2", "3.4.3")
 #: releases built from their sources as an object the reproducer links: name -> release
-MI_LINKED = {"2.1.2-linked": "2.1.2", "3.0.1-linked": "3.0.1"}
+MI_LINKED = {"2.1.2-linked": "2.1.2", "3.0.1-linked": "3.0.1", "3.3.2-linked": "3.3.2"}
 DATA = Path(__file__).resolve().parent / "data"
 
 
@@ -76,7 +77,7 @@ class Mimalloc:
         if self.linked:
             return self.root / "mimalloc.o"
         if self.name in MI_BUILT:
-            return self.root / "libmimalloc.so.2"
+            return self.root / f"libmimalloc.so.{self.name.split('.')[0]}"
         return self.root / LIBDIR / MI_BUILDS[self.name].file
 
     @property
@@ -157,7 +158,8 @@ def build_hold(folder: Path, mi: Mimalloc | None = None) -> Path:
     exe = folder / "mi_hold"
     folder.mkdir(parents=True, exist_ok=True)
     if mi is not None and mi.linked:
-        subprocess.run(["gcc", "-O1", "-Wall", "-pthread", "-DMI_LINKED", "-o", str(exe), str(MI_HOLD),
+        theap = ["-DMI_THEAP"] if tuple(map(int, MI_LINKED[mi.name].split("."))) >= (3, 2, 0) else []
+        subprocess.run(["gcc", "-O1", "-Wall", "-pthread", "-DMI_LINKED", *theap, "-o", str(exe), str(MI_HOLD),
                         str(mi.library)], check=True)
         subprocess.run(["strip", str(exe)], check=True)
     else:

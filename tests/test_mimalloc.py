@@ -24,6 +24,7 @@ import pytest
 import harness
 import mibuilds
 from conftest import NO_SYMBOLS, SYSROOTS, capture_mimalloc, run_gdb
+from heapwalk.mimalloc.find import version_of
 
 pytestmark = pytest.mark.cores
 
@@ -47,10 +48,11 @@ def stopped(tmp_path, request):
 
 
 def _current(text: str, label: str, nth: int = 0) -> tuple[float, int]:
-    """The 'current' column of mi_stats_print_out's NTH line labelled LABEL: (value, its unit in bytes)."""
-    lines = [line for line in text.splitlines() if line.strip().startswith(label + ":")]
+    """The 'current' column of mi_stats_print_out's NTH line labelled LABEL: (value, its unit in bytes).  From
+    3.2 its table has no 'freed' column, and pads its labels before the colon."""
+    lines = [line for line in text.splitlines() if ":" in line and line.split(":", 1)[0].strip() == label]
     amounts = _AMOUNT.findall(lines[nth].split(":", 1)[1])
-    value, unit = amounts[3]
+    value, unit = amounts[3 if "freed" in text.splitlines()[0 if "freed" in text else 1] else 2]
     return float(value), _UNITS[unit] if unit else 1
 
 
@@ -101,7 +103,7 @@ def _check(doc: dict, run: Path, version: str = "2.0.9", said: bool = True) -> N
     assert all(o["in_use"] + sum(o["free"].values()) + o["overhead"] == o["reserved"] for o in m["owners"])
 
 
-@pytest.mark.parametrize("build", ["bookworm", *mibuilds.MI_BUILT, "2.1.2-linked"])
+@pytest.mark.parametrize("build", ["bookworm", *(b for b in mibuilds.MI_BUILT if b < "3"), "2.1.2-linked"])
 def test_a_core_gives_every_figure_mimalloc_printed(tmp_path, build):
     """The CLI on the core of mi_hold, symbols hidden, on Debian's 2.0.9 and the releases built from their
     sources (2.0.5, 2.0.6, 2.0.7: other layouts, segments of 64 MiB; 2.1.2 also linked into the stripped
@@ -182,9 +184,20 @@ def test_gdb_attached_says_the_same(stopped, tmp_path):
         <= 16 << 10
 
 
+def _snapshots(run: Path) -> dict[str, dict]:
+    """From 3.2: each theap walked again at the snapshot (snapshot-N.txt): its address and its blocks."""
+    out = {}
+    for path in sorted(run.glob("snapshot-*.txt")):
+        lines = [line.split() for line in path.read_text().splitlines()]
+        out[path.name] = {"how": "parks", "heap": int(lines[0][1], 16),
+                          "blocks": {int(p[1], 16): int(p[2], 16) for p in lines if p[0] == "b"}}
+    return out
+
+
 def _kept(run: Path) -> tuple[dict[int, int], dict[str, dict]]:
-    """mimalloc 3: every block the threads keep (their "l" lines, less those freed after), and the ledgers."""
-    ledgers = _ledger(run)
+    """mimalloc 3: every block the threads keep (their "l" lines, less those freed after), and the ledgers (from
+    3.2 the walks at the snapshot)."""
+    ledgers = _snapshots(run) or _ledger(run)
     freed, kept = set(), {}
     for path in sorted(run.glob("ledger-*.txt")):
         lines = [line.split() for line in path.read_text().splitlines()]
@@ -201,13 +214,18 @@ def _check3(doc: dict, run: Path, version: str, said: bool = True) -> None:
     stats = json.loads((run / "stats.json").read_text())
     m = doc["mimalloc"]
     totals = m["totals"]
-    assert m["version"] == (version if said else None) and stats["version"] == int(version.replace(".", ""))
+    assert m["version"] == (version if said else None)
+    assert ".".join(map(str, version_of(stats["version"]))) == version
     assert totals["committed"] == stats["process"]["current_commit"]
     value, unit = _current(stats["stats"], "reserved")
     assert abs(totals["reserved"] - value * unit) <= 0.1 * unit
-    assert totals["pages_abandoned"] == _current(stats["stats"], "-abandoned")[0] > 0
-    assert totals["arenas"] == int(re.search(r"arenas:\s+(\d+)", stats["stats"]).group(1)) > 0
-    assert totals["os_pages"] == 5                    # each thread's huge block: 40 MiB, past an arena's largest
+    theaps = tuple(map(int, version.split("."))) >= (3, 2, 0)
+    if not theaps:                                    # from 3.2 its count of abandoned pages is not kept up to date
+        assert totals["pages_abandoned"] == _current(stats["stats"], "-abandoned")[0] > 0
+    assert totals["pages_abandoned"] > 0
+    assert totals["arenas"] == int(re.search(r"arenas\s*:\s+(\d+)", stats["stats"]).group(1)) > 0
+    # each thread's huge block (40 MiB): past an arena's largest object in 3.0, not from 3.2
+    assert totals["os_pages"] == (0 if theaps else 5)
     kept, ledgers = _kept(run)
     heaps = {h["address"]: h for h in m["heaps"]}
     walked = {}
@@ -218,12 +236,13 @@ def _check3(doc: dict, run: Path, version: str, said: bool = True) -> None:
     rest = {a: n for a, n in kept.items() if a not in walked}
     got = next(o for o in m["owners"] if o["owner"] == "abandoned pages")
     assert (got["blocks"], got["in_use"]) == (len(rest), sum(rest.values())) and rest
-    main = ledgers["ledger-main.txt"]["blocks"]
-    assert sum(o["in_use"] for o in m["owners"]) == sum(kept.values()) + sum(main.values())
+    main = ledgers["snapshot-main.txt" if theaps else "ledger-main.txt"]["blocks"]
+    own = sum(n for a, n in main.items() if a not in kept)     # the main thread's own blocks
+    assert sum(o["in_use"] for o in m["owners"]) == sum(kept.values()) + own
     assert all(o["in_use"] + sum(o["free"].values()) + o["overhead"] == o["reserved"] for o in m["owners"])
 
 
-@pytest.mark.parametrize("build", ["trixie", "3.0.1-linked"])
+@pytest.mark.parametrize("build", ["trixie", "3.0.1-linked", "3.3.2", "3.3.2-linked", "3.4.3"])
 def test_mimalloc_3_s_core_gives_every_figure_it_printed(tmp_path, build):
     """The CLI on the core of mi_hold on trixie's mimalloc 3.0.1, and on 3.0.1 linked into the stripped program
     (no version said, no entry point exported), symbols hidden: every figure as mimalloc printed it, every
@@ -245,14 +264,14 @@ def test_mimalloc_3_s_core_gives_every_figure_it_printed(tmp_path, build):
     assert re.search(r"of free arena slices are committed and wait for the purge delay \(purge_delay: \d+ ms", said)
 
 
-@pytest.mark.parametrize("build", ["trixie", "3.0.1-linked"])
+@pytest.mark.parametrize("build", ["trixie", "3.0.1-linked", "3.3.2", "3.4.3"])
 def test_mimalloc_3_s_leaks_are_the_exited_thread_s_blocks(tmp_path, build):
-    """gdb on the core of mimalloc 3.0.1, symbols hidden: the leak scan finds exactly the blocks the exited
-    thread kept (its "l" lines), wherever its pages went; check finds every page, arena and queue sound; chunk
+    """gdb on the core of mimalloc 3, symbols hidden: the leak scan finds the blocks the exited thread kept (its
+    "l" lines), wherever its pages went, and no other; check finds every page, arena and queue sound; chunk
     names a block in use, one on a local free list, one on a thread-free list, a leaked one, and a free slice
     of an arena; map draws the pages."""
     cap = capture_mimalloc(build)
-    kept, ledgers = _kept(cap.directory)
+    ledgers = _ledger(cap.directory)
     exited = {int(p[1], 16): int(p[2], 16) for p in (line.split() for line in
               (cap.directory / "ledger-4.txt").read_text().splitlines()) if p[0] == "l"}
     local = next(int(line.split()[1], 16) for line in (cap.directory / "ledger-1.txt").read_text().splitlines()
@@ -276,20 +295,30 @@ def test_mimalloc_3_s_leaks_are_the_exited_thread_s_blocks(tmp_path, build):
                      r"heap's page queues, link by link \(\d arenas, \d+ pages, 5 heaps\)", said)
     slot = last["bytes"] // 65536 - 1
     assert f"{unused:#x}: a free slice (number {slot}) of arena {last['id']} at {last['start']:#x}" in said
-    assert {b["address"]: b["size"] for b in json.loads(out.read_text())["leaked"]} == exited
+    # a conservative scan can only miss a leak: a stale word (an old frame of a parked thread's stack, the
+    # untouched tail of a block another thread keeps) keeps a block reached; never more than a few here
+    leaked = {b["address"]: b["size"] for b in json.loads(out.read_text())["leaked"]}
+    assert leaked.items() <= exited.items() and len(leaked) >= 0.99 * len(exited)
     assert re.search(f"{parked:#x}: block {parked:#x} of .*?: in use page .*? reached: data of mi_hold", said)
-    assert f"{local:#x}: block {local:#x}" in said and "free, on its page's local free list" in said
-    assert re.search(f"{cross:#x}: block {cross:#x} .*?: free, on its page's thread free list", said)
+    # from 3.2 the main thread's walks at the snapshot moved the pages' local and thread free lists to their free
+    # lists; 3.0.1's show each list
+    theaps = mibuilds.prepare_mimalloc(SYSROOTS, build).version >= "3.2"
+    assert re.search(f"{local:#x}: block {local:#x} .*?: free, on its page's {'' if theaps else 'local '}free list",
+                     said)
+    assert re.search(f"{cross:#x}: block {cross:#x} .*?: free, on its page's {'' if theaps else 'thread '}free list",
+                     said)
     assert "abandoned (its thread gave it up, or exited)), blocks from" in said
     assert "nothing reachable points to it" in said
-    assert "arena 1 at 0x" in said and "page at" in said and "(from the system)" in said
+    os_pages = json.loads(check.read_text())["mimalloc"]["totals"]["os_pages"]
+    assert "arena 1 at 0x" in said and ("page at" in said and "(from the system)" in said) == (os_pages > 0)
 
 
-@pytest.mark.parametrize("stopped", ["trixie"], indirect=True)
+@pytest.mark.parametrize("stopped", ["trixie", "3.3.2"], indirect=True)
 def test_mimalloc_3_attached_says_the_same_and_what_collect_gives_back(stopped, tmp_path):
-    """gdb -p on the stopped process on mimalloc 3.0.1, symbols hidden: the same figures, read live; threads
-    lists each heap with its thread; what the verdict says mi_collect(true) gives back (the arenas' free slices
-    waiting for their purge) is what it then took off mimalloc's commit, to the byte, and off the RSS."""
+    """gdb -p on the stopped process on mimalloc 3.0.1 and 3.3.2, symbols hidden: the same figures, read live;
+    threads lists each heap with its thread; what the verdict says mi_collect(true) on the main thread gives back
+    (the arenas' free slices waiting for their purge, the main thread's empty pages) is what it then took off
+    mimalloc's commit, to the byte (3.0.1; 3.3.2 takes nothing off), and off the RSS."""
     proc, run, version = stopped
     out = tmp_path / "report.json"
     result = run_gdb(["-p", str(proc.pid)], [f"heapwalk report --no-leaks --json {out}", "heapwalk threads"],
@@ -303,7 +332,10 @@ def test_mimalloc_3_attached_says_the_same_and_what_collect_gives_back(stopped, 
     proc.send_signal(signal.SIGCONT)                  # it runs mi_collect(true) and exits
     assert proc.wait(timeout=60) == 0
     collected = json.loads((run / "collect.json").read_text())
-    assert doc["mimalloc"]["totals"]["collect_decommits"] == collected["commit_before"] - collected["commit_after"] > 0
+    totals = doc["mimalloc"]["totals"]
+    # from 3.2 a purge on Linux leaves the committed figure as it was
+    assert totals["collect_decommits"] == collected["commit_before"] - collected["commit_after"]
+    assert totals["collect_purges"] == (totals["collect_decommits"] or totals["collect_purges"]) > 0
     assert abs(doc["mimalloc"]["collect_resident"] - (collected["rss_anon_before"] - collected["rss_anon_after"])) \
         <= 16 << 10
 
@@ -324,7 +356,7 @@ def _present_pages(pid: int) -> dict[str, int]:
     return out
 
 
-@pytest.mark.parametrize("stopped", ["bookworm", "trixie"], indirect=True)
+@pytest.mark.parametrize("stopped", ["bookworm", "trixie", "3.3.2"], indirect=True)
 def test_reading_a_live_process_maps_no_page_in_it(stopped):
     """gdb -p, symbols hidden: report (with the leak scan), check and map read mimalloc's segments or arenas,
     bitmaps and page map (mostly never-touched reservations) and fault no page in: every mapping's present

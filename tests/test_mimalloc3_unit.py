@@ -101,6 +101,8 @@ def test_the_page_map_is_found_by_its_shape_and_names_every_page():
     found = pagemap.find_page_map(mem, 0x7F9000080000, words, lib, None)
     assert (found.address, found.subs, found.pages) == (table, 1, {0x7F5000000000, 0x7F5000100000})
     assert (sub, sub + 65536) in found.ranges
+    mem.pieces[table] = top.tobytes() + _words(0)           # from 3.2 the first sub-map starts with NULL
+    assert pagemap.find_page_map(mem, 0x7F9000080000, words, lib, None).address == table
     top[0] = np.uint64(table + size + 8)                   # not just past the table: no map
     mem.pieces[table] = top.tobytes() + _words(lib[0] + 0x40)
     assert pagemap.find_page_map(mem, 0x7F9000080000, words, lib, None) is None
@@ -115,9 +117,11 @@ def test_the_system_s_settings_say_whether_it_overcommits():
 
 
 def test_a_mimalloc_3_not_measured_is_named():
-    """A release heapwalk has not measured (3.3.2, the Rust crate's) is named with those it decodes; 3.0.1 has
-    its layout."""
-    with pytest.raises(discovery.MimallocUnknown, match=r"mimalloc 3\.3\.2 is not a version heapwalk has measured "
-                                                        r"\(it decodes 2\.0\.5, .*, 3\.0\.1"):
-        discovery._candidates((3, 3, 2))
+    """A release heapwalk has not measured (3.6.0, Debian sid's, whose sources are not at hand) is named with
+    those it decodes; 3.0.1, 3.3.2 (the Rust crate's) and 3.4.3 have their layouts."""
+    with pytest.raises(discovery.MimallocUnknown, match=r"mimalloc 3\.6\.0 is not a version heapwalk has measured "
+                                                        r"\(it decodes 2\.0\.5, .*, 3\.0\.1, 3\.3\.2, 3\.4\.3"):
+        discovery._candidates((3, 6, 0))
     assert discovery._candidates((3, 0, 1)) == [LAY]
+    assert [lay.versions for lay in (*discovery._candidates((3, 3, 2)), *discovery._candidates((3, 4, 3)))] == [
+        "3.3.2", "3.4.3"]

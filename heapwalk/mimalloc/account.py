@@ -114,11 +114,11 @@ def _add_arenas3(state: MiState, by: dict[int, Owner], free_slices: int) -> None
     free nor a page's), and the page map's sub-maps."""
     arenas = state.discovery.arenas
     units = [s for s in state.live() if s.arena is not None]
-    own = sum(a.reserved for a in arenas) - free_slices - sum(s.reserved for s in units)
+    own = sum(state.arena_split(a)[2] for a in arenas)
     row = by.setdefault(ARENAS, Owner(ARENAS))
     row.reserved += free_slices + own + state.map_bytes()
     row.free["arena blocks"] += free_slices
     row.overhead += own + state.map_bytes()
-    row.committed += sum(a.committed_blocks() * a.block_size for a in arenas) - sum(s.committed for s in units) + \
-        state.map_bytes()
+    row.committed += max(sum(a.committed_blocks() * a.block_size for a in arenas) - sum(s.committed for s in units),
+                         0) + state.map_bytes()
     row.pending += sum(b - a for x in arenas for a, b in x.purge_ranges())

@@ -112,7 +112,7 @@ class MimallocHeap(Decoded):
         lines = Text()
         for name, value in totals(self.state).items():
             shown = f" ({human(value)})" if name in ("reserved", "committed", "purge_pending", "collect_decommits",
-                                                     "arena_free") else ""
+                                                     "collect_purges", "arena_free") else ""
             lines.append(f"{name} {value}{shown}\n")
         lines.append(options_line(self.state))
         return [report_group(rep, interactive, self.words, lines)]
@@ -201,11 +201,13 @@ class Mimalloc(Allocator):
     title = "mimalloc"
     scans_leaks = True
     variables = ("MIMALLOC_",)
-    describes = {"report": "its segments, pages and free spans by thread, abandoned segments, in mi_stats' figures",
+    describes = {"report": "its segments (mimalloc 3: arenas) and pages by thread, abandoned memory, free spans or "
+                           "slices, in mi_stats' figures",
                  "threads": "each heap, the thread it belongs to, its pages and the bytes its blocks hold",
-                 "map": "its segments: blocks in use, free blocks, pages not yet cut, free spans, headers",
-                 "check": "every page's counters against its free lists, every segment's page counts, every heap's "
-                          "page queues link by link"}
+                 "map": "its segments or arenas: blocks in use, free blocks, pages not yet cut, free spans or "
+                        "slices, headers",
+                 "check": "every page's counters against its free lists, every segment's page counts (mimalloc 3: "
+                          "each arena's pages), every heap's page queues link by link"}
 
     @property
     def verbs(self):

@@ -83,14 +83,14 @@ def _queues(mem: Memory, state: MiState, heap: int, pages: dict[int, MiPage]) ->
     """HEAP's page queues walked: each page its own and linked back, no page in two queues, the count its
     page_count says."""
     lay = state.layout
-    count = lay.bin_huge + 2
+    count, q = lay.bin_huge + 2, getattr(lay, "queue_words", 3)
     try:
-        queues = np.frombuffer(mem.read(heap + lay.heap_pages, 24 * count), dtype=np.uint64).reshape(count, 3)
+        queues = np.frombuffer(mem.read(heap + lay.heap_pages, 8 * q * count), dtype=np.uint64).reshape(count, q)
         said = int.from_bytes(mem.read(heap + lay.heap_page_count, 8), "little")
     except ReadError as exc:
         return [Finding(Severity.ERROR, heap, "mi_heap_t", f"the heap's page queues cannot be read ({exc})", QUEUE)]
     out, seen = [], set()
-    for first, last, size in queues.tolist():
+    for first, last, size in queues[:, [0, 1, q - 1]].tolist():
         prev, at = 0, int(first)
         while at and len(seen) < _MAX_QUEUE:
             page = pages.get(at)

@@ -164,6 +164,7 @@ class MiState:
     findings: list[Finding]
     target: str = ""
     residency: Residency | None = None
+    main_thread: int = 0                        # mimalloc 3: the main thread's $fs_base (0: not known)
 
     @property
     def layout(self) -> MiLayout:
@@ -194,8 +195,12 @@ class MiState:
         return getattr(self.layout, "family", 2) == 3
 
     def map_bytes(self) -> int:
-        """mimalloc 3: the page map's sub-maps, 64 KiB each from the system (its statistics count them)."""
-        return self.discovery.page_map.subs * 65536 if self.v3 else 0
+        """mimalloc 3: the page map's sub-maps, 64 KiB each from the system, and (from 3.2) its table with the
+        first sub-map, as the system rounds them: what its statistics count of it."""
+        if not self.v3:
+            return 0
+        pm = self.discovery.page_map
+        return pm.subs * 65536 + (good_size(pm.size + 65536) if self.layout.map_counted else 0)
 
     def reserved(self) -> int:
         """Bytes mimalloc took from the system: its arenas, its live segments outside them, and thread data (its
@@ -211,10 +216,17 @@ class MiState:
                   if s.arena is None or not self.v3 and not s.in_committed_blocks())
         return arenas + own + self.thread_data_bytes() + self.map_bytes()
 
+    def arena_split(self, arena) -> tuple[int, int, int]:
+        """mimalloc 3: ARENA's bytes in its pages, in its free slices, and its own (description, bitmaps, meta
+        pages); held to the arena's size when damage makes them more (free first, then its own)."""
+        pages = sum(s.reserved for s in self.live() if s.arena is arena)
+        free = max(min(arena.free_bytes(), arena.reserved - pages), 0)
+        return pages, free, max(arena.reserved - pages - free, 0)
+
     def arena_free(self) -> int:
         """Bytes of the arenas' blocks no segment uses (mimalloc 3: their free slices)."""
         if self.v3:
-            return sum(a.free_bytes() for a in self.discovery.arenas)
+            return sum(self.arena_split(a)[1] for a in self.discovery.arenas)
         used = sum(s.reserved for s in self.live() if s.arena is not None)
         return sum(a.reserved for a in self.discovery.arenas) - used
 
@@ -259,6 +271,10 @@ def decode_mimalloc(mem: Memory, found: MiDiscovery, threads, description: str =
         findings.append(Finding(Severity.ERROR, at, "mi_segment_t", f"the segment map holds a segment at {at:#x} "
                                 "whose header does not hold its stamp (the address xor the cookie): it is "
                                 "unreadable or damaged, and its memory is left out of every figure", SEGMENT))
+    if found.segment_map is None:
+        findings.append(Finding(Severity.ERROR, 0, "mimalloc segment map", "mimalloc's segment map was not found "
+                                "in its data (unreadable or damaged): every segment stamped with its address is taken "
+                                "as live, and one freed but not yet unmapped would be counted", SEGMENT))
     heaps = find_heaps(mem, found, segments, threads, findings)
     for seg in segments:
         if seg.live:

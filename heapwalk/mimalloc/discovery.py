@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from heapwalk.errors import CannotDecode
+from heapwalk.errors import CannotDecode, HeapwalkError
 from heapwalk.inferior.elf import Mapping, writable_words
 from heapwalk.inferior.memory import Memory, ReadError, u64
 from heapwalk.inferior.x86 import tls_got_slot
@@ -31,7 +31,7 @@ from heapwalk.mimalloc.options import find_options
 from heapwalk.mimalloc.v3.layout import LAYOUTS3, layout3_for
 
 __all__ = ["MiDiscovery", "MimallocUnknown", "MimallocUnused", "discover_mimalloc", "BIN_SIZES", "main_heap",
-           "default_tpoff"]
+           "default_tpoff", "read_tpoff"]
 
 #: the block sizes of the first page queues of every heap (bins 0 to 8, in bytes)
 BIN_SIZES = (8, 8, 16, 24, 32, 40, 48, 56, 64)
@@ -67,6 +67,8 @@ class MiDiscovery:
     arenas: tuple = ()                    # the arenas (`mimalloc.arenas.MiArena`), from 2.1
     page_map: object = None               # mimalloc 3: the page map (`mimalloc.v3.pagemap.PageMap`)
     subproc: int = 0                      # mimalloc 3: the subprocess its arenas belong to
+    os_pages: tuple[int, ...] = ()        # mimalloc 3: its pages taken from the system (outside its arenas)
+    tpoff_unread: tuple[int, str] | None = None   # where the default heaps' offset could not be read, and why
 
 
 def discover_mimalloc(mem: Memory, found: MiImage, regions: list[tuple[int, int]], mappings: list[Mapping],
@@ -75,7 +77,7 @@ def discover_mimalloc(mem: Memory, found: MiImage, regions: list[tuple[int, int]
     touching a page the process never used; None: all); MimallocUnknown when its shapes are not there."""
     if found.version and found.version[0] >= 3:
         from heapwalk.mimalloc.v3.discovery import discover_mimalloc3
-        return discover_mimalloc3(mem, found, _candidates(found.version)[0], mappings, readable)
+        return discover_mimalloc3(mem, found, _candidates(found.version)[0], mappings, readable, regions)
     base, words = writable_words(mem, found.image)
     if not len(words):
         raise MimallocUnknown(f"{found.path} has no writable segment")
@@ -89,7 +91,7 @@ def discover_mimalloc(mem: Memory, found: MiImage, regions: list[tuple[int, int]
         break
     else:
         if not found.version:
-            return _unversioned3(mem, found, mappings, readable, failed)
+            return _unversioned3(mem, found, regions, mappings, readable, failed)
         raise MimallocUnknown(f"mimalloc {found.version_text}: no known layout fits its data ({'; '.join(failed)})")
     cookie = u64(mem, main + layout.heap_cookie)
     if not cookie:
@@ -108,7 +110,7 @@ def discover_mimalloc(mem: Memory, found: MiImage, regions: list[tuple[int, int]
     if arena_segment(mem, layout, segments) is not None and not arenas:
         raise MimallocUnknown(f"{found.named}: its segments come from arenas, and its table of "
                               "arenas was not found in its data")
-    tpoff = default_tpoff(mem, found)
+    tpoff, unread = read_tpoff(mem, found)
     cache = _thread_data_cache(mem, base, words, layout)
     options = find_options(mem, base, words)
     facts = (("layout", f"mimalloc {layout.versions}'s" + _unmeasured(found, layout)),
@@ -124,16 +126,17 @@ def discover_mimalloc(mem: Memory, found: MiImage, regions: list[tuple[int, int]
              ("options", f"{len(options)}, from their table (each entry carries its index)" if options else
               "not found: the report does not say which options the process runs with"))
     return MiDiscovery(layout, found.version, found.path, main, cookie, segments, freed, at, tpoff, cache, facts,
-                       unstamped, options, arenas)
+                       unstamped, options, arenas, tpoff_unread=unread)
 
 
-def _unversioned3(mem: Memory, found: MiImage, mappings: list[Mapping], readable, failed: list[str]) -> MiDiscovery:
+def _unversioned3(mem: Memory, found: MiImage, regions: list[tuple[int, int]], mappings: list[Mapping], readable,
+                  failed: list[str]) -> MiDiscovery:
     """A build that does not say its version, which no mimalloc 2 layout fits: the mimalloc 3 layout whose every
     shape (main heap, subprocess and arenas, page map) its data holds, newest first."""
     from heapwalk.mimalloc.v3.discovery import discover_mimalloc3
     for layout in reversed(LAYOUTS3):
         try:
-            return discover_mimalloc3(mem, found, layout, mappings, readable)
+            return discover_mimalloc3(mem, found, layout, mappings, readable, regions)
         except MimallocUnknown as exc:
             failed.append(f"{layout.versions}: {exc}")
     raise MimallocUnknown(f"a mimalloc that does not say its version: no known layout fits its data "
@@ -158,13 +161,14 @@ def main_heap(mem: Memory, base: int, words: np.ndarray, layout: MiLayout) -> in
     """_mi_heap_main: the heap in the object's data whose page queues carry the bins' sizes and whose thread
     data names it as the backing heap."""
     sizes = np.array(BIN_SIZES, dtype=np.uint64)
-    span = _QUEUE * (len(sizes) - 1) + 1
-    if len(words) < span + 2:
+    q = getattr(layout, "queue_words", _QUEUE)
+    span = q * (len(sizes) - 1) + 1
+    if len(words) < span + q:
         raise MimallocUnknown("its data is too small to hold a heap")
-    hits = np.flatnonzero(words[2:len(words) - span + 3] == sizes[0])
+    hits = np.flatnonzero(words[q - 1:len(words) - span + 1] == sizes[0])
     heaps = []
     for i in hits.tolist():
-        if (words[i + 2:i + 2 + span:_QUEUE] == sizes).all():
+        if (words[i + q - 1:i + q - 1 + span:q] == sizes).all():
             heap = base + 8 * i - layout.heap_pages
             tld = int(words[(heap - base) // 8 + layout.heap_tld // 8]) if heap >= base else 0
             try:
@@ -248,17 +252,41 @@ def _map_bits(words: np.ndarray, layout: MiLayout, known: set[int], extra: int =
     return out
 
 
-def default_tpoff(mem: Memory, found: MiImage) -> int | None:
+def default_tpoff(mem: Memory, found: MiImage, function: str = "mi_heap_get_default") -> int | None:
     """The TLS offset (from $fs_base, as a 64-bit word) of each thread's default heap pointer: what the GOT slot
-    mi_heap_get_default's code loads before its %fs access holds."""
-    at = found.image.dynamic_symbol("mi_heap_get_default")
+    FUNCTION's code (mi_heap_get_default; from 3.2 mi_theap_get_default) loads before its %fs access holds.
+    None when the object exports no such function (linked in); TpoffUnread when its code or slot cannot be
+    read."""
+    at = found.image.dynamic_symbol(function)
     if at is None:
         return None
     try:
         slot = tls_got_slot(mem.read(at, 48), at)
-        return u64(mem, slot) if slot is not None else None
-    except ReadError:
+    except ReadError as exc:
+        raise TpoffUnread(at, f"the code of {function} cannot be read ({exc})") from None
+    if slot is None:
         return None
+    try:
+        return u64(mem, slot)
+    except ReadError as exc:
+        raise TpoffUnread(slot, f"the GOT slot {function}'s code loads cannot be read ({exc})") from None
+
+
+class TpoffUnread(HeapwalkError):
+    """Where the thread-local default heap's offset should have been read, and why it could not."""
+
+    def __init__(self, address: int, why: str):
+        super().__init__(why)
+        self.address, self.why = address, why
+
+
+def read_tpoff(mem: Memory, found: MiImage, function: str = "mi_heap_get_default"
+               ) -> tuple[int | None, tuple[int, str] | None]:
+    """(default_tpoff's offset, None), or (None, (address, why)) when it could not be read."""
+    try:
+        return default_tpoff(mem, found, function), None
+    except TpoffUnread as exc:
+        return None, (exc.address, exc.why)
 
 
 def _thread_data_cache(mem: Memory, base: int, words: np.ndarray, layout: MiLayout) -> tuple[int, ...]:

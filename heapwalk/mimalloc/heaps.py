@@ -33,16 +33,25 @@ def find_heaps(mem: Memory, found, segments: list, threads, findings: list[Findi
     and every heap on those heaps' threads' lists."""
     lay = found.layout
     wanted = [found.main_heap]
+    if found.tpoff_unread is not None:
+        at, why = found.tpoff_unread
+        findings.append(Finding(Severity.WARNING, at, "mi_heap_t", f"each thread's default heap was not read: {why}; "
+                                "heaps are found through their pages only (a thread's heap that holds none is not "
+                                "listed)", HEAP))
     if found.default_tpoff is not None:
         for t in threads:
             if t.fs_base:
+                at = (t.fs_base + found.default_tpoff) & ((1 << 64) - 1)
                 try:
-                    wanted.append(u64(mem, (t.fs_base + found.default_tpoff) & ((1 << 64) - 1)))
-                except ReadError:
-                    pass
+                    wanted.append(u64(mem, at))
+                except ReadError as exc:
+                    findings.append(Finding(Severity.WARNING, at, "mi_heap_t", f"the default heap pointer of the "
+                                            f"thread at {t.fs_base:#x} cannot be read ({exc}): its heap is listed "
+                                            "only if it holds pages", HEAP))
     counts: dict[int, int] = {}
-    for seg in segments:
-        for page in seg.pages if seg.live else ():
+    v3 = getattr(lay, "family", 2) == 3         # an abandoned page keeps its heap's address (from 3.2): not its
+    for seg in segments:                        # heap's any more, which may be gone
+        for page in seg.pages if seg.live and (seg.thread_id or not v3) else ():
             counts[page.heap] = counts.get(page.heap, 0) + 1
     wanted += [h for h in counts if h]
     out: dict[int, MiHeap] = {}

@@ -18,11 +18,13 @@ def totals(state: MiState) -> dict[str, int]:
     live = state.live()
     abandoned = state.abandoned()
     if state.v3:
+        purged = sum(b - a for a, b in collected(state))
         return {"reserved": state.reserved(), "committed": state.committed(), "pages": len(live),
                 "pages_abandoned": len(abandoned), "os_pages": sum(1 for s in live if s.arena is None),
                 "arenas": len(state.discovery.arenas), "arena_free": state.arena_free(),
                 "purge_pending": sum(b - a for x in state.discovery.arenas for a, b in x.purge_ranges()),
-                "collect_decommits": sum(b - a for a, b in collected(state))}
+                "collect_purges": purged,
+                "collect_decommits": purged if state.layout.purge_counted else 0}
     return {"reserved": state.reserved(), "committed": state.committed(),
             "segments": len(live) - len(abandoned), "segments_abandoned": len(abandoned),
             "pages_abandoned": sum(s.abandoned for s in abandoned),
@@ -39,12 +41,23 @@ def collected(state: MiState) -> list[tuple[int, int]]:
     """What mi_collect(true) on the main thread gives back now, as address ranges: the abandoned segments'
     waiting slices (it reclaims them, their delay long past), and from 2.1 the cached thread data it frees and
     the arenas' blocks whose purge waits."""
+    if state.v3:
+        return _collected3(state)
     out = [r for s in state.abandoned() for r in s.pending_ranges()]
     if state.layout.collect_frees_cache:
         size = good_size(state.layout.thread_data)
         out += [(at, at + size) for at, kind in state.thread_data if kind == "cached"]
         out += [r for a in state.discovery.arenas for r in a.purge_ranges()]
     return out
+
+
+def _collected3(state: MiState) -> list[tuple[int, int]]:
+    """mimalloc 3: the arenas' free slices whose purge waits, and the pages of the main thread that hold no block
+    (it frees them, and purges them at once)."""
+    out = [r for a in state.discovery.arenas for r in a.purge_ranges()]
+    out += [(s.address, s.address + s.reserved) for s in state.live() if s.arena is not None and state.main_thread
+            and s.thread_id == state.main_thread and all(p.in_use == 0 and not p.damaged for p in s.pages)]
+    return sorted(out)
 
 
 def collect_resident(state: MiState) -> int | None:
@@ -98,7 +111,7 @@ def threads_document(state: MiState, owners: list[Owner], threads: dict) -> list
     name: null when not found), pages, bytes of blocks in use and free, segments its thread owns."""
     by_heap: dict[int, tuple[int, int]] = {}
     for seg in state.live():
-        for p in seg.pages:
+        for p in seg.pages if seg.thread_id or not state.v3 else ():   # abandoned: its heap's no more
             used, free = by_heap.get(p.heap, (0, 0))
             by_heap[p.heap] = (used + p.in_use * p.block_size, free + p.free_cut * p.block_size)
     segments = {o.thread_id: len(o.segments) for o in owners}

@@ -5,7 +5,7 @@ whose description points back to it.  Each arena's bitmaps say, a bit per slice:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from heapwalk.inferior.memory import Memory, ReadError, u64
 from heapwalk.mimalloc.v3.layout import Mi3Layout
@@ -31,6 +31,7 @@ class Mi3Arena:
     purge: int
     pages: int
     commit_map: int = 0         # its committed bitmap as it is (a purge decommits, and counts off, those it holds)
+    page_infos: int = 0         # from 3.3: where its pages' mi_page_t are, one per slice (0: at each page's start)
     block_size: int = 65536
     meta: int = 0               # never: its description is in its own slices
 
@@ -47,6 +48,10 @@ class Mi3Arena:
 
     def block_of(self, address: int) -> int:
         return (address - self.start) // self.block_size
+
+    def page_info(self, index: int, size: int) -> int:
+        """Where the mi_page_t of the page at slice INDEX is (SIZE: a mi_page_t's bytes)."""
+        return self.page_infos + index * size if self.page_infos else self.start + index * self.block_size
 
     def free_bytes(self) -> int:
         return bits_in(self.free, 0, self.blocks) * self.block_size
@@ -94,27 +99,51 @@ def read_arenas(mem: Memory, lay: Mi3Layout, subproc: int, overcommit: bool | No
         if arena is None:
             return None
         out.append(arena)
+    if not lay.arena_pages:
+        try:
+            out = [replace(a, pages=_heaps_pages(mem, lay, subproc, a)) for a in out]
+        except ReadError:
+            return None
     return tuple(out)
+
+
+def _heaps_pages(mem: Memory, lay: Mi3Layout, subproc: int, arena: Mi3Arena) -> int:
+    """From 3.2: the pages of ARENA, every heap's (each heap of the subprocess keeps a bitmap of its pages in
+    each arena), as one bitmap."""
+    bits, seen = 0, set()
+    index = u64(mem, arena.address + lay.arena_index)
+    heap = u64(mem, subproc + lay.sub_heaps)
+    while heap and heap not in seen and len(seen) < 1 << 12:
+        seen.add(heap)
+        pages = u64(mem, heap + lay.heap_arena_pages + 8 * index) if index < lay.max_arenas else 0
+        if pages:
+            bits |= _bitmap(mem, lay, u64(mem, pages), arena.blocks, False) or 0
+        heap = u64(mem, heap + lay.heap_list_next)
+    return bits
 
 
 def _arena(mem: Memory, lay: Mi3Layout, at: int, id_: int, subproc: int, overcommit: bool) -> Mi3Arena | None:
     """The arena described at AT, or None when it does not read as one of SUBPROC's."""
     try:
-        head = mem.read(at, lay.arena_bitmaps + 8 * len(_NAMES))
+        names = _NAMES if lay.arena_pages else _NAMES[:-1]
+        head = mem.read(at, max(lay.arena_bitmaps + 8 * len(names), (lay.arena_page_infos or 0) + 8))
         word = lambda off: int.from_bytes(head[off:off + 8], "little")     # noqa: E731
         slices, info = word(lay.arena_slice_count), word(lay.arena_info_slices)
         if word(lay.arena_subproc) != subproc or not 0 < info < slices <= 1 << 24 or at & 0xFFFF:
             return None
         maps = {name: _bitmap(mem, lay, word(lay.arena_bitmaps + 8 * k), slices, name == "free")
-                for k, name in enumerate(_NAMES)}
+                for k, name in enumerate(names)}
     except ReadError:
         return None
     if any(m is None for m in maps.values()):
         return None
+    maps.setdefault("pages", 0)
     own = (1 << info) - 1
     eager = head[lay.arena_initially_committed] == 1 and head[lay.arena_memkind] in lay.mem_os and overcommit
     committed = (maps["dirty"] if eager else maps["committed"]) & ~own
-    return Mi3Arena(at, id_, slices, info, maps["free"], committed, maps["purge"], maps["pages"], maps["committed"])
+    infos = word(lay.arena_page_infos) if lay.arena_page_infos is not None else 0
+    return Mi3Arena(at, id_, slices, info, maps["free"], committed, maps["purge"], maps["pages"], maps["committed"],
+                    infos)
 
 
 def _bitmap(mem: Memory, lay: Mi3Layout, at: int, bits: int, binned: bool) -> int | None:

@@ -22,8 +22,9 @@ _IN_FULL = 1
 
 def decode_mimalloc3(mem: Memory, found: MiDiscovery, threads, description: str = "",
                      residency: Residency | None = None) -> MiState:
-    """Every page the arenas' bitmaps and the page map name, its lists walked; the heaps of THREADS and of the
-    pages."""
+    """Every page of the arenas (their bitmaps of pages, or from 3.2 their heaps'), and every page taken from the
+    system (the page map names them: those whose header says so), their lists walked; the heaps of THREADS and
+    of the pages."""
     lay: Mi3Layout = found.layout
     findings: list[Finding] = []
     units = []
@@ -33,33 +34,48 @@ def decode_mimalloc3(mem: Memory, found: MiDiscovery, threads, description: str 
                 unit = _unit(mem, lay, arena.start + index * arena.block_size, arena, index, findings)
                 if unit is not None:
                     units.append(unit)
-    inside = lambda at: any(a.start <= at < a.start + a.reserved for a in found.arenas)     # noqa: E731
-    for at in sorted(found.page_map.pages):
-        if not inside(at) and at % lay.slice_size == 0:
-            unit = _unit(mem, lay, at, None, 0, findings)
-            if unit is not None:
-                units.append(unit)
+    for at in found.os_pages:
+        unit = _unit(mem, lay, at, None, 0, findings)
+        if unit is not None:
+            units.append(unit)
     units.sort(key=lambda s: s.address)
+    findings += _overfull(found.arenas, units)
     heaps = find_heaps(mem, found, units, threads, findings)
     for unit in units:
         for page in unit.pages:
             walk_page(mem, page, findings)
-    return MiState(found, units, heaps, [], findings, description, residency)
+    first = min((t for t in threads if t.fs_base), key=lambda t: t.number, default=None)
+    return MiState(found, units, heaps, [], findings, description, residency, first.fs_base if first else 0)
+
+
+def _overfull(arenas, units) -> list[Finding]:
+    """An arena whose pages and free slices take more than its slices (its bitmaps are damaged)."""
+    out = []
+    for a in arenas:
+        pages = sum(u.reserved for u in units if u.arena is a)
+        if pages + a.free_bytes() > a.reserved:
+            out.append(Finding(Severity.ERROR, a.address, "mi_arena_t", f"arena {a.id} at {a.start:#x}: its pages "
+                               f"({pages} bytes) and free slices ({a.free_bytes()}) take more than its {a.reserved} "
+                               "bytes: its bitmaps are damaged, and its figures are held to its size", SEGMENT))
+    return out
 
 
 def _unit(mem: Memory, lay: Mi3Layout, at: int, arena: Mi3Arena | None, index: int,
           findings: list[Finding]) -> MiSegment | None:
     """The page whose mi_page_t is at AT (slice INDEX of ARENA, or memory of its own from the system) as a unit
     of one page; None, and a finding, when it cannot be read or does not hold together."""
+    info = arena.page_info(index, lay.page) if arena is not None else at
     try:
-        head = mem.read(at, lay.page)
+        head = mem.read(info, lay.page)
     except ReadError as exc:
-        findings.append(Finding(Severity.ERROR, at, "mi_page_t", f"the page cannot be read ({exc})", SEGMENT))
+        findings.append(Finding(Severity.ERROR, info, "mi_page_t", f"the page at {at:#x} cannot be read ({exc})",
+                                SEGMENT))
         return None
     word = lambda off: int.from_bytes(head[off:off + 8], "little")     # noqa: E731
     half = lambda off: int.from_bytes(head[off:off + 2], "little")     # noqa: E731
     u32 = lambda off: int.from_bytes(head[off:off + 4], "little")      # noqa: E731
-    block, start = word(lay.page_block_size), word(lay.page_start_field)
+    block = word(lay.page_block_size)
+    start = info + 8 * u32(lay.page_start_field) if lay.page_start_words else word(lay.page_start_field)
     if arena is not None:
         named, slice_index, slices = word(lay.page_memid), u32(lay.page_memid + 8), u32(lay.page_memid + 12)
         problem = None if head[lay.page_memkind] == lay.mem_arena and named == arena.start and slice_index == index \
@@ -71,7 +87,7 @@ def _unit(mem: Memory, lay: Mi3Layout, at: int, arena: Mi3Arena | None, index: i
         problem = None if base == at and size > 0 and not size % lay.slice_size else \
             "taken from the system, does not name its memory"
         slices, reserved, committed = size // lay.slice_size, size, size
-    if problem is None and not (0 < block and at < start < at + reserved):
+    if problem is None and not (0 < block and at <= start < at + reserved):
         problem = f"has blocks of {block} bytes from {start:#x}, outside its {reserved} bytes"
     if problem is not None:
         findings.append(Finding(Severity.ERROR, at, "mi_page_t", f"the page at {at:#x} {problem}: its memory is left "
@@ -79,7 +95,7 @@ def _unit(mem: Memory, lay: Mi3Layout, at: int, arena: Mi3Arena | None, index: i
         return None
     xthread = word(lay.page_xthread_id)
     owner = xthread & ~_FLAGS
-    page = MiPage(at, 0, at, slices, start, block, half(lay.page_capacity), half(lay.page_reserved),
+    page = MiPage(at, 0, info, slices, start, block, half(lay.page_capacity), half(lay.page_reserved),
                   half(lay.page_used), word(lay.page_heap), bool(xthread & _IN_FULL),
                   (word(lay.page_free), word(lay.page_local_free), word(lay.page_thread_free) & ~1))
     unit = MiSegment(at, 0 if arena is not None else 1, slices, 0, owner, 1, 0 if owner else 1, 0, reserved,

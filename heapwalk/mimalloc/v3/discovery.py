@@ -14,7 +14,7 @@ import numpy as np
 
 from heapwalk.inferior.elf import Mapping, writable_words
 from heapwalk.inferior.memory import Memory, ReadError, u64
-from heapwalk.mimalloc.discovery import MiDiscovery, MimallocUnknown, MimallocUnused, default_tpoff, main_heap
+from heapwalk.mimalloc.discovery import MiDiscovery, MimallocUnknown, MimallocUnused, main_heap, read_tpoff
 from heapwalk.mimalloc.find import MiImage
 from heapwalk.mimalloc.options import find_options
 from heapwalk.mimalloc.v3.arenas import read_arenas
@@ -25,22 +25,22 @@ __all__ = ["discover_mimalloc3"]
 
 
 def discover_mimalloc3(mem: Memory, found: MiImage, layout: Mi3Layout, mappings: list[Mapping],
-                       readable: list[tuple[int, int]] | None) -> MiDiscovery:
+                       readable: list[tuple[int, int]] | None, regions: list[tuple[int, int]] = ()) -> MiDiscovery:
     """mimalloc 3's state in the object FOUND names, with LAYOUT (READABLE: what may be read of the process;
-    None: all); MimallocUnknown when its shapes are not there."""
+    None: all; REGIONS: its memory); MimallocUnknown when its shapes are not there."""
     base, words = writable_words(mem, found.image)
     if not len(words):
         raise MimallocUnknown(f"{found.path} has no writable segment")
     main = main_heap(mem, base, words, layout)
     cookie = u64(mem, main + layout.heap_cookie)
-    if not cookie:
+    if not cookie and layout.main_cookie:
         raise MimallocUnused("mimalloc was never initialised in this process (its main heap has no cookie)")
     subproc = u64(mem, u64(mem, main + layout.heap_tld) + layout.tld_subproc)
     overcommit = _overcommit(words)
     arenas = read_arenas(mem, layout, subproc, overcommit)
     if arenas is None:
         raise MimallocUnknown(f"{found.named}: the subprocess its main thread names ({subproc:#x}) "
-                              "does not hold arenas that point back to it")
+                              "does not hold arenas that point back to it, or their bitmaps cannot be read")
     image = _image_range(found, mappings)
     pagemap = find_page_map(mem, base, words, image, readable)
     if pagemap is None:
@@ -48,24 +48,52 @@ def discover_mimalloc3(mem: Memory, found: MiImage, layout: Mi3Layout, mappings:
                               "points to a table whose first sub-map starts with its empty page)")
     if not arenas and not pagemap.pages:
         raise MimallocUnused("mimalloc holds no page in this process")
-    tpoff = default_tpoff(mem, found)
+    os_pages, stale = _os_pages(mem, layout, pagemap.pages, arenas, regions)
+    tpoff, unread = read_tpoff(mem, found, layout.default_fn)
     options = find_options(mem, base, words)
     in_arenas = sum(bin(a.pages).count("1") for a in arenas)
     said = "" if found.version else " (the build does not say its version; its data has all this layout's shapes)"
     facts = (("layout", f"mimalloc {layout.versions}'s{said}"),
-             ("main heap", f"at {main:#x} (its page queues carry the bins' sizes; cookie {cookie:#x})"),
+             ("main heap", f"at {main:#x} (its page queues carry the bins' sizes" +
+              (f"; cookie {cookie:#x})" if layout.main_cookie else "; the static one)")),
              ("arenas", f"{len(arenas)}, from the subprocess at {subproc:#x} (each points back to it); "
               f"{in_arenas} pages in their page bitmaps"),
-             ("page map", f"at {pagemap.address:#x}: {len(pagemap.pages)} pages, {pagemap.subs} sub-maps"),
+             ("page map", f"at {pagemap.address:#x} ({pagemap.subs} sub-maps): {len(os_pages)} pages taken from "
+              f"the system" + (f"; it still names {stale} freed pages (mimalloc leaves them)" if stale else "")),
              ("commit", "an arena committed at once counts its slices as they are first used (the system "
               "overcommits)" if overcommit is not False else "the system does not overcommit: an arena's "
               "committed bitmap counts"),
              ("default heaps", f"thread-local, {tpoff - (1 << 64) if tpoff and tpoff >> 63 else tpoff:#x} from "
-              f"$fs_base (mi_heap_get_default's GOT slot)" if tpoff is not None else "not found"),
+              f"$fs_base ({layout.default_fn}'s GOT slot)" if tpoff is not None else "not found"),
              ("options", f"{len(options)}, from their table (each entry carries its index)" if options else
               "not found: the report does not say which options the process runs with"))
     return MiDiscovery(layout, found.version, found.path, main, cookie, (), (), None, tpoff, (), facts, (),
-                       options, arenas, page_map=pagemap, subproc=subproc)
+                       options, arenas, page_map=pagemap, subproc=subproc, os_pages=os_pages,
+                       tpoff_unread=unread)
+
+
+def _os_pages(mem: Memory, lay: Mi3Layout, named, arenas, regions) -> tuple[tuple[int, ...], int]:
+    """(the pages taken from the system, the freed pages the map still names) of the pages the page map NAMED
+    outside the ARENAS: a page whose header says it is the memory the system gave at its own address; one that
+    cannot be read inside the process's REGIONS is kept (its unit says it cannot be read); any other was
+    freed."""
+    keep, stale = [], 0
+    for at in sorted(named):
+        if any(a.start <= at < a.start + a.reserved for a in arenas):
+            continue
+        try:
+            head = mem.read(at + lay.page_memid, lay.page_memkind - lay.page_memid + 1)
+        except ReadError:
+            if any(lo <= at < hi for lo, hi in regions):
+                keep.append(at)
+            else:
+                stale += 1
+            continue
+        if int.from_bytes(head[:8], "little") == at and head[-1] in lay.mem_os and not at % lay.slice_size:
+            keep.append(at)
+        else:
+            stale += 1
+    return tuple(keep), stale
 
 
 def _image_range(found: MiImage, mappings: list[Mapping]) -> tuple[int, int]:

@@ -4,7 +4,7 @@ shared code reads (the heap's page queues, the page's links) are those of `mimal
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 __all__ = ["Mi3Layout", "LAYOUTS3", "layout3_for"]
 
@@ -25,6 +25,14 @@ class Mi3Layout:
     mem_os: tuple[int, ...] = (4, 5, 6)   # memkinds of memory taken from the system (OS, huge OS pages, remappable)
     mem_arena: int = 7                    # the memkind of memory taken from an arena
     bin_huge: int = 73
+    queue_words: int = 3                  # a page queue: first, last, block size (from 3.1: first, last, count, size)
+    default_fn: str = "mi_heap_get_default"   # the exported function that loads the thread's default heap
+    purge_counted: bool = True            # a purge takes what it decommits off the committed figure (to 3.1; from
+    #                                       3.2 not on Linux, where it only advises the system the memory is unused)
+    map_counted: bool = False             # its statistics count the page map's table (and first sub-map), as the
+    #                                       system rounds them (from 3.2; 3.0 counts only the other sub-maps)
+    main_cookie: bool = True              # the main heap's cookie is set at start (from 3.2 the static main theap
+    #                                       serves only until the main thread's own is made)
     # mi_page_t: at the start of its first slice (or of the memory the system gave it)
     page: int = 120
     page_xthread_id: int = 0              # the owner's $fs_base | flags (1 in the full queue, 4 abandoned and mapped)
@@ -36,12 +44,13 @@ class Mi3Layout:
     page_thread_free: int = 32            # its lowest bit: owned
     page_block_size: int = 40
     page_start_field: int = 48            # its first block
-    page_heap: int = 64                   # NULL when abandoned
+    page_start_words: bool = False        # 3.4: page_start_field is a uint32 count of words from the page
+    page_heap: int = 64                   # its thread's heap (from 3.2 its theap); NULL when abandoned
     page_next: int = 72
     page_prev: int = 80
     page_memid: int = 96                  # arena: (arena, slice index u32, slice count u32); system: (base, size)
     page_memkind: int = 112
-    # mi_heap_t
+    # mi_heap_t (from 3.2 mi_theap_t: the heap of one thread)
     heap_tld: int = 0
     heap_cookie: int = 16
     heap_page_count: int = 160
@@ -53,7 +62,7 @@ class Mi3Layout:
     # mi_tld_t
     tld_thread_id: int = 0
     tld_subproc: int = 16
-    tld_heap_backing: int = 24
+    tld_heap_backing: int = 24            # its backing heap (from 3.2: the first of its theaps)
     tld_heaps: int = 32
     # mi_subproc_t
     sub_arena_count: int = 0
@@ -66,8 +75,15 @@ class Mi3Layout:
     arena_slice_count: int = 32
     arena_info_slices: int = 40
     arena_bitmaps: int = 64               # slices_free (binned), slices_committed, slices_dirty, slices_purge, pages
+    arena_pages: bool = True              # the arena holds a bitmap of its pages' first slices (to 3.1); from
+    #                                       3.2 each heap holds one per arena (its arena_pages[arena's index])
+    arena_index: int = 32                 # from 3.2: the arena's index in its subprocess
+    arena_page_infos: int | None = None   # from 3.3: its pages' mi_page_t, one per slice, apart from the pages
+    sub_heaps: int = 1368                 # from 3.2: the subprocess's list of heaps (mi_heap_t), linked by next
+    heap_list_next: int = 16
+    heap_arena_pages: int = 752           # each heap's pointers to its pages in each arena (mi_arena_pages_t)
     bitmap_chunks: int = 128              # mi_bitmap_t: chunk_count, then the chunkmap, then 512-bit chunks
-    bbitmap_chunks: int = 640             # mi_bbitmap_t: chunk_count, max accessed, chunkmap, chunk bins, chunks
+    bbitmap_chunks: int = 640             # mi_bbitmap_t: chunk_count, max accessed, chunkmap(s), chunk bins, chunks
 
     @property
     def slice_size(self) -> int:
@@ -78,8 +94,19 @@ class Mi3Layout:
         return self.slice_size
 
 
+_V332 = Mi3Layout("3.3.2", (3, 3, 2), (3, 3, 2), queue_words=4, default_fn="mi_theap_get_default", page_heap=56,
+                  main_cookie=False, map_counted=True, purge_counted=False,
+                  heap_cookie=32, heap_page_count=176, heap_next=224, heap_pages=1304, heap=8096, tld_subproc=24,
+                  tld_heap_backing=32, tld_heaps=32, sub_arena_count=24, sub_arenas=32, arena_slice_count=40,
+                  arena_info_slices=48, arena_bitmaps=104, arena_pages=False, arena_page_infos=136,
+                  bbitmap_chunks=448)
+
 #: the layouts, oldest first
-LAYOUTS3 = (Mi3Layout("3.0.1", (3, 0, 1), (3, 0, 1)),)
+LAYOUTS3 = (Mi3Layout("3.0.1", (3, 0, 1), (3, 0, 1)),
+            _V332,
+            replace(_V332, versions="3.4.3", first=(3, 4, 3), last=(3, 4, 3), page=112, page_start_words=True,
+                    page_memid=88, page_memkind=104, heap_cookie=40, heap_page_count=184, heap_next=232,
+                    heap_pages=1312, heap=8104))
 
 
 def layout3_for(version: tuple[int, int, int] | None) -> Mi3Layout | None:

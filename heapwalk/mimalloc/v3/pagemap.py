@@ -1,9 +1,9 @@
 """mimalloc 3's page map: for each 64 KiB of the address space, the page that covers it.  A table in the
 system's memory (a pointer each 512 MiB of addresses) whose first entry points just past the table itself, to
-the sub-map of the first 512 MiB, whose first entry is the library's empty page; each other entry, when set,
-points to a sub-map (64 KiB taken from the system) of the pages of its 512 MiB.  Found without symbols by
-that shape, from a word of the library's data; it names every page, those taken from the system
-included."""
+the sub-map of the first 512 MiB, whose first entry is the library's empty page (NULL from 3.2); each other
+entry, when set, points to a sub-map (64 KiB taken from the system) of the pages of its 512 MiB.  Found
+without symbols by that shape, from a word of the library's data; it names every page, those taken from the
+system included."""
 
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ class PageMap:
     address: int
     subs: int
     pages: frozenset[int]
+    size: int = 0                                 # its table's bytes
     ranges: tuple[tuple[int, int], ...] = ()      # its table and sub-maps: mimalloc's own memory, never a root
 
 
@@ -33,7 +34,8 @@ def find_page_map(mem: Memory, base: int, words: np.ndarray, image: tuple[int, i
                   readable: list[tuple[int, int]] | None) -> PageMap | None:
     """The page map a word of the object's data (WORDS from BASE) points to: a table whose first entry points
     just past it (its size a power of two) to a sub-map whose first entry is in the object (IMAGE: its
-    addresses); None when no word does.  READABLE: what may be read of the process (None: all)."""
+    addresses: the empty page), or NULL (from 3.2); None when no word does.  READABLE: what may be read of the
+    process (None: all)."""
     lo, hi = image
     pointer = np.flatnonzero((words > np.uint64(0x10000)) & (words < np.uint64(_TOP)) &
                              ((words & np.uint64(0xFFF)) == 0))
@@ -42,7 +44,8 @@ def find_page_map(mem: Memory, base: int, words: np.ndarray, image: tuple[int, i
         try:
             first = u64(mem, at)
             size = first - at
-            if size < 4096 or size > 1 << 30 or size & (size - 1) or not lo <= u64(mem, first) < hi:
+            null = u64(mem, first)
+            if size < 4096 or size > 1 << 30 or size & (size - 1) or null and not lo <= null < hi:
                 continue
         except ReadError:
             continue
@@ -70,7 +73,7 @@ def _walk(mem: Memory, at: int, size: int, readable: list[tuple[int, int]] | Non
                 except ReadError:
                     continue
                 pages.update(np.unique(entries[entries != 0]).tolist())
-    return PageMap(at, subs, frozenset(pages), tuple(ranges))
+    return PageMap(at, subs, frozenset(pages), size, tuple(ranges))
 
 
 def _within(lo: int, hi: int, readable: list[tuple[int, int]] | None) -> list[tuple[int, int]]:

@@ -33,14 +33,18 @@ def advice3(state: MiState, owners: list[Owner], rep: Report) -> list[str]:
 
 
 def _purge(state: MiState, t: dict) -> list[str]:
-    """What waits for the purge delay in the arenas, and what mi_collect(true) gives back now."""
-    if not t["purge_pending"]:
+    """What waits for the purge delay in the arenas, and what mi_collect(true) on the main thread gives back now."""
+    if not t["collect_purges"]:
         return []
     option = state.discovery.options.get("purge_delay")
     delay = f" (purge_delay: {option.value} ms, {option.how})" if option else ""
+    out = [f"{human(t['purge_pending'])} of free arena slices are committed and wait for the purge delay{delay} "
+           "before mimalloc purges them, at a later allocation or free after the delay."] if t["purge_pending"] else []
     ram = collect_resident(state)
     resident = "" if ram is None else f", {human(ram)} of it resident (what the RSS falls by)"
-    return [f"{human(t['purge_pending'])} of free arena slices are committed and wait for the purge delay{delay} "
-            "before mimalloc decommits them, at a later allocation or free after the delay.",
-            f"mi_collect(true) gives back {human(t['collect_decommits'])} now{resident}: it purges every waiting "
-            "slice at once. It costs page faults only when that memory is used again."]
+    counted = "and takes it off its committed figure" if state.layout.purge_counted else \
+        "but its committed figure stays: on Linux a purge only tells the system the memory is unused"
+    out.append(f"mi_collect(true) on the main thread purges {human(t['collect_purges'])} now{resident}: every waiting "
+               f"slice, and the main thread's pages that hold no block; {counted}. It costs page faults only when "
+               "that memory is used again.")
+    return out
