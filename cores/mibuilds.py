@@ -3,20 +3,22 @@
 
     bookworm   2.0.9   libmimalloc2.0   shared, LD_PRELOAD
     trixie     3.0.1   libmimalloc3     shared, LD_PRELOAD (mimalloc 3: pages in arenas, no segments)
+    sid        3.6.0   libmimalloc3     shared, LD_PRELOAD (a release heapwalk names and does not decode: its
+                                        sources are not at hand to measure it)
 
 each fetched once with apt's ``download`` through cores/sysroots.py's private lists (cached) and unpacked into
 DEST/mimalloc-NAME with a VERSION file; and the releases other distributions ship (Ubuntu 22.04's 2.0.5), built
 from their sources (cores/data/mimalloc-VERSION.tar.xz: the release tag's src, include and cmake files) with
 cmake as a distribution builds them (Release), stripped to their exported symbols, into DEST/mimalloc-VERSION:
 
-    2.0.5  2.0.6  2.0.7  2.1.2 (Ubuntu 24.04's: segments taken from arenas)
+    2.0.5  2.0.6  2.0.7  2.1.2 (Ubuntu 24.04's: segments taken from arenas)  2.3.2 (the Rust crate's v2)
     3.3.2 (the Rust crate's: a heap per thread is a theap)  3.4.3 (the newest release tagged)
 
 and releases linked into the program (as the Rust crate links it: mimalloc's object in the executable, which
 then exports none of its entry points and says no version; its thread-local default heap reached without a GOT
 slot), the program stripped:
 
-    2.1.2-linked  3.0.1-linked  3.3.2-linked (as the Rust crate builds it)
+    2.1.2-linked  2.3.2-linked (the Rust crate's v2)  3.0.1-linked  3.3.2-linked (the Rust crate's default)
 
 Command line: ``python3 cores/mibuilds.py DEST [NAME ...]``.
 """
@@ -52,11 +54,12 @@ class MiBuild:
 MI_BUILDS = {
     "bookworm": MiBuild("bookworm", "libmimalloc2.0", "libmimalloc.so.2.0"),
     "trixie": MiBuild("trixie", "libmimalloc3", "libmimalloc.so.3"),
+    "sid": MiBuild("sid", "libmimalloc3", "libmimalloc.so.3"),
 }
 #: releases built from their sources (cores/data)
-MI_BUILT = ("2.0.5", "2.0.6", "2.0.7", "2.1.2", "3.3.2", "3.4.3")
+MI_BUILT = ("2.0.5", "2.0.6", "2.0.7", "2.1.2", "2.3.2", "3.3.2", "3.4.3")
 #: releases built from their sources as an object the reproducer links: name -> release
-MI_LINKED = {"2.1.2-linked": "2.1.2", "3.0.1-linked": "3.0.1", "3.3.2-linked": "3.3.2"}
+MI_LINKED = {"2.1.2-linked": "2.1.2", "2.3.2-linked": "2.3.2", "3.0.1-linked": "3.0.1", "3.3.2-linked": "3.3.2"}
 DATA = Path(__file__).resolve().parent / "data"
 
 

@@ -84,7 +84,9 @@ class Sound:
         writable = [(s.address, s.address + s.memsz) for s in found.image.writable()] + [
             (m.start, m.end) for m in space.mappings if not (m.path and "/" in m.path)] + list(space.regions)
         self.reads = [(a, n) for a, n in rec.reads if any(lo <= a < hi for lo, hi in writable)]
-        self.segments = [s.address for s in state.live()]
+        # mimalloc 3: a page's mi_page_t (at its start, or from 3.3 apart at its arena's start)
+        v3 = getattr(disc.layout, "family", 2) == 3
+        self.segments = [s.pages[0].address if v3 else s.address for s in state.live()]
         self.lists = [p.heads[0] for p in state.pages() if p.free >= 2]
 
     def field(self, read: int, offset: float) -> int | None:

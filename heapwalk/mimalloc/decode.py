@@ -253,10 +253,13 @@ def good_size(size: int, os_page: int = 4096) -> int:
 def _slice_dtype(lay: MiLayout) -> np.dtype:
     names = ("slice_count", "slice_offset", "capacity", "reserved", "flags", "free", "used", "block_size",
              "local_free", "thread_free", "heap")
-    formats = ("<u4", "<u4", "<u2", "<u2", "u1", "<u8", "<u4", "<u4", "<u8", "<u8", "<u8")
+    formats = ("<u4", "<u4", "<u2", "<u2", "u1", "<u8", f"<u{lay.page_used_bytes}", f"<u{lay.page_block_size_bytes}",
+               "<u8", "<u8", "<u8")
     offsets = (lay.page_slice_count, lay.page_slice_offset, lay.page_capacity, lay.page_reserved, lay.page_flags,
                lay.page_free, lay.page_used, lay.page_block_size, lay.page_local_free, lay.page_thread_free,
                lay.page_heap)
+    if lay.page_start_field is not None:
+        names, formats, offsets = (*names, "page_start"), (*formats, "<u8"), (*offsets, lay.page_start_field)
     return np.dtype({"names": names, "formats": formats, "offsets": offsets, "itemsize": lay.page})
 
 
@@ -271,7 +274,7 @@ def decode_mimalloc(mem: Memory, found: MiDiscovery, threads, description: str =
         findings.append(Finding(Severity.ERROR, at, "mi_segment_t", f"the segment map holds a segment at {at:#x} "
                                 "whose header does not hold its stamp (the address xor the cookie): it is "
                                 "unreadable or damaged, and its memory is left out of every figure", SEGMENT))
-    if found.segment_map is None:
+    if found.segment_map is None and not found.layout.segment_map_parts:
         findings.append(Finding(Severity.ERROR, 0, "mimalloc segment map", "mimalloc's segment map was not found "
                                 "in its data (unreadable or damaged): every segment stamped with its address is taken "
                                 "as live, and one freed but not yet unmapped would be counted", SEGMENT))
@@ -371,10 +374,15 @@ def _cut(mem: Memory, lay: MiLayout, seg: MiSegment, entries: int, commit: int, 
 
 def _page(lay: MiLayout, seg: MiSegment, i: int, s) -> MiPage:
     xsize = int(s["block_size"])
-    start = seg.address + i * lay.slice_size + lay.page_start(xsize)
     slices = int(s["slice_count"])
-    area = seg.address + (i + slices) * lay.slice_size - start
-    size = area if seg.huge or xsize >= 1 << 31 else xsize
+    if lay.page_start_field is not None:        # from 2.1.7: the page says where its blocks start, and their size
+        first = seg.address + i * lay.slice_size
+        start = min(max(int(s["page_start"]), first), first + slices * lay.slice_size)
+        size = xsize
+    else:
+        start = seg.address + i * lay.slice_size + lay.page_start(xsize)
+        area = seg.address + (i + slices) * lay.slice_size - start
+        size = area if seg.huge or xsize >= 1 << 31 else xsize
     return MiPage(seg.address, i, seg.address + lay.seg_slices + i * lay.page, slices, start, size,
                   int(s["capacity"]), int(s["reserved"]), int(s["used"]), int(s["heap"]),
                   bool(int(s["flags"]) & _IN_FULL),

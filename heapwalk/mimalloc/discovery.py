@@ -99,17 +99,21 @@ def discover_mimalloc(mem: Memory, found: MiImage, regions: list[tuple[int, int]
     stamped = _stamped_segments(mem, _anonymous(regions, mappings, readable), layout, cookie)
     if not stamped:
         raise MimallocUnused("mimalloc holds no segment in this process")
-    at, in_map = _segment_map(base, words, stamped, layout)
-    if at is None and not found.version:
-        raise MimallocUnknown(f"a mimalloc that does not say its version: {layout.versions}'s layout finds its main "
-                              "heap and segments, but not its segment map, so the layout is not confirmed")
-    freed = tuple(s for s in stamped if s not in in_map) if at is not None else ()
-    segments = tuple(sorted(in_map & set(stamped))) if at is not None else tuple(stamped)
-    unstamped = tuple(sorted(in_map - set(stamped))) if at is not None else ()
-    arenas = find_arenas(mem, base, words, layout, arena_segment(mem, layout, segments))
-    if arena_segment(mem, layout, segments) is not None and not arenas:
-        raise MimallocUnknown(f"{found.named}: its segments come from arenas, and its table of "
-                              "arenas was not found in its data")
+    if layout.segment_map_parts:
+        at, arenas, segments, freed = _by_arenas(mem, base, words, layout, stamped, found)
+        in_map, unstamped = set(segments), ()
+    else:
+        at, in_map = _segment_map(base, words, stamped, layout)
+        if at is None and not found.version:
+            raise MimallocUnknown(f"a mimalloc that does not say its version: {layout.versions}'s layout finds its "
+                                  "main heap and segments, but not its segment map, so the layout is not confirmed")
+        freed = tuple(s for s in stamped if s not in in_map) if at is not None else ()
+        segments = tuple(sorted(in_map & set(stamped))) if at is not None else tuple(stamped)
+        unstamped = tuple(sorted(in_map - set(stamped))) if at is not None else ()
+        arenas = find_arenas(mem, base, words, layout, arena_segment(mem, layout, segments))
+        if arena_segment(mem, layout, segments) is not None and not arenas:
+            raise MimallocUnknown(f"{found.named}: its segments come from arenas, and its table of "
+                                  "arenas was not found in its data")
     tpoff, unread = read_tpoff(mem, found)
     cache = _thread_data_cache(mem, base, words, layout)
     options = find_options(mem, base, words)
@@ -117,7 +121,8 @@ def discover_mimalloc(mem: Memory, found: MiImage, regions: list[tuple[int, int]
              ("main heap", f"at {main:#x} (its page queues carry the bins' sizes; cookie {cookie:#x})"),
              ("segments", f"{len(stamped)} stamped with their address xor the cookie, in the anonymous memory"),
              ("segment map", f"at {at:#x} ({len(in_map)} segments)" if at is not None else
-              "not found: every stamped segment is taken as live"),
+              f"none for arenas' segments: {len(segments)} live by their arenas' blocks in use, {len(freed)} freed"
+              if layout.segment_map_parts else "not found: every stamped segment is taken as live"),
              ("default heaps", f"thread-local, {tpoff - (1 << 64) if tpoff and tpoff >> 63 else tpoff:#x} from "
               f"$fs_base (mi_heap_get_default's GOT slot)" if tpoff is not None else "not found"),
              ("thread data cache", f"{len(cache)} kept"),
@@ -232,6 +237,27 @@ def _segment_map(base: int, words: np.ndarray, stamped: list[int], layout: MiLay
     fewest = min((len(h) for _, h in found), default=0)
     best = [f for f in found if len(f[1]) == fewest]
     return best[0] if len(best) == 1 else (None, known)
+
+
+def _by_arenas(mem: Memory, base: int, words: np.ndarray, layout: MiLayout, stamped: list[int], found: MiImage
+               ) -> tuple[None, tuple, tuple[int, ...], tuple[int, ...]]:
+    """From 2.2 the segment map holds no segment taken from an arena: (no map, the arenas, the live segments, the
+    freed ones).  A stamped segment in an arena is live when the arena's block under it is in use; one taken from
+    the system is live while mapped (mimalloc unmaps it when it frees it)."""
+    first = arena_segment(mem, layout, stamped)
+    arenas = find_arenas(mem, base, words, layout, first)
+    if first is not None and not arenas:
+        raise MimallocUnknown(f"{found.named}: its segments come from arenas, and its table of arenas was not found "
+                              "in its data")
+    if not arenas and not found.version:
+        raise MimallocUnknown(f"a mimalloc that does not say its version: {layout.versions}'s layout finds its main "
+                              "heap and segments, but no arena, so the layout is not confirmed")
+    live = []
+    for at in stamped:
+        arena = next((a for a in arenas if a.start <= at < a.start + a.reserved), None)
+        if arena is None or arena.inuse >> arena.block_of(at) & 1:
+            live.append(at)
+    return None, arenas, tuple(live), tuple(s for s in stamped if s not in live)
 
 
 def _map_bits(words: np.ndarray, layout: MiLayout, known: set[int], extra: int = 64) -> set[int] | None:

@@ -32,7 +32,12 @@ class MiLayout:
     arena_inuse: int = 136                # the bitmap of blocks in use, in place
     collect_frees_cache: bool = False     # mi_collect(true) on the main thread frees the cached thread data and
     #                                       purges the arenas' waiting blocks (from 2.1)
+    purge_counted: bool = True            # a purge takes what it decommits off the committed figure (not from 2.2
+    #                                       on Linux, where it only advises the system)
     arena_slots: int = 112                # the table of arenas' slots (MI_MAX_ARENAS)
+    segment_map_parts: int = 0            # from 2.2 the segment map is this many pointers to parts taken from the
+    #                                       system, and holds no segment taken from an arena: the arenas' blocks in
+    #                                       use say which are live (0: one bitmap in the library's data)
     arena_meta_size: int = 56             # the bytes of its own description
     arena_meta_memkind: int = 84          # where its description came from (meta_memid.memkind)
     bin_huge: int = 73                    # MI_BIN_HUGE; the heap's queues run to MI_BIN_FULL = bin_huge + 1
@@ -47,6 +52,9 @@ class MiLayout:
     page_free: int = 16
     page_used: int = 24                   # uint32: blocks in use, those on the thread-free list included
     page_block_size: int = 28             # uint32 xblock_size (0: a free span)
+    page_used_bytes: int = 4              # from 2.1.7 used is a uint16,
+    page_block_size_bytes: int = 4        # and block_size a size_t (the block's size, a huge one's too)
+    page_start_field: int | None = None   # from 2.1.7 the page's first block, kept in the page
     page_local_free: int = 32
     page_thread_free: int = 40            # its lowest 2 bits are the delayed-free state
     page_heap: int = 48
@@ -132,7 +140,16 @@ LAYOUTS = (_V205,
                    heap_page_count=3024, heap_next=3048, heap=3064, thread_data=4600),
            MiLayout("2.0.9", (2, 0, 9), (2, 0, 9)),
            MiLayout("2.1.2", (2, 1, 2), (2, 1, 2), start_by_size=True, seg_memkind=20, tld=1600, thread_data=4688,
-                    collect_frees_cache=True))
+                    collect_frees_cache=True),
+           MiLayout("2.3.2", (2, 3, 2), (2, 3, 2), seg_memkind=20, arena_committed=160, arena_purge=168,
+                    arena_inuse=184, collect_frees_cache=True, arena_slots=132, page=96, page_local_free=24,
+                    page_used=32, page_used_bytes=2, page_block_size=40, page_block_size_bytes=8,
+                    page_start_field=48, page_thread_free=56, page_heap=64, page_next=72, page_prev=80,
+                    seg_decommit_expire=48, seg_decommit_mask=56, seg_commit_mask=120, seg_abandoned_next=-1,
+                    seg_abandoned=200, seg_used=216, seg_cookie=224, seg_slices_count=248, seg_info_slices=256,
+                    seg_kind=264, seg_slice_entries=272, seg_thread_id=280, seg_slices=288, heap_delayed_free=8,
+                    heap_thread_id=16, heap_cookie=32, heap_page_count=192, heap_next=240, heap_pages=1288,
+                    heap=3088, tld=5120, thread_data=8232, segment_map_parts=25, purge_counted=False))
 
 #: a segment's memid.memkind when it was taken from an arena
 MEM_ARENA = 6

@@ -34,20 +34,23 @@ def totals(state: MiState) -> dict[str, int]:
             "freed_segments": len(state.segments) - len(live),
             "thread_data": len(state.thread_data),
             "arenas": len(state.discovery.arenas), "arena_free": state.arena_free(),
-            "collect_decommits": sum(b - a for a, b in collected(state))}
+            "collect_purges": sum(b - a for a, b in collected(state)),
+            "collect_decommits": sum(b - a for a, b in collected(state, counted=True))}
 
 
-def collected(state: MiState) -> list[tuple[int, int]]:
+def collected(state: MiState, counted: bool = False) -> list[tuple[int, int]]:
     """What mi_collect(true) on the main thread gives back now, as address ranges: the abandoned segments'
     waiting slices (it reclaims them, their delay long past), and from 2.1 the cached thread data it frees and
-    the arenas' blocks whose purge waits."""
+    the arenas' blocks whose purge waits; COUNTED: only what it takes off its committed figure (from 2.2 a
+    purge takes nothing off on Linux)."""
     if state.v3:
         return _collected3(state)
-    out = [r for s in state.abandoned() for r in s.pending_ranges()]
+    purges = state.layout.purge_counted or not counted
+    out = [r for s in state.abandoned() for r in s.pending_ranges()] if purges else []
     if state.layout.collect_frees_cache:
         size = good_size(state.layout.thread_data)
         out += [(at, at + size) for at, kind in state.thread_data if kind == "cached"]
-        out += [r for a in state.discovery.arenas for r in a.purge_ranges()]
+        out += [r for a in state.discovery.arenas for r in a.purge_ranges()] if purges else []
     return out
 
 

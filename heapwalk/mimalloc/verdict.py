@@ -41,7 +41,8 @@ def _purge(state: MiState, owners: list[Owner]) -> list[str]:
     pending = sum(o.pending for o in owners)
     if not pending:
         return []
-    exited = totals(state)["collect_decommits"]
+    t = totals(state)
+    exited = t["collect_purges"]
     name = next((n for n in ("purge_delay", "decommit_delay") if n in state.discovery.options), "")
     option = state.discovery.options.get(name)
     delay = f" ({name}: {option.value} ms, {option.how})" if option else ""
@@ -52,7 +53,10 @@ def _purge(state: MiState, owners: list[Owner]) -> list[str]:
         resident = "" if ram is None else f", {human(ram)} of it resident (what the RSS falls by)"
         more = "; and the thread data it keeps for new threads, and the arenas' blocks waiting to be purged" \
             if state.layout.collect_frees_cache else ""
+        counted = "" if t["collect_decommits"] == exited else \
+            f" Its committed figure falls by {human(t['collect_decommits'])} only: on Linux a purge only tells the " \
+            "system the memory is unused."
         out.append(f"mi_collect(true) on the main thread gives back {human(exited)} now{resident}: the abandoned "
-                   f"segments' waiting slices, as it reclaims them{more}. It costs page faults only when that "
-                   "memory is used again.")
+                   f"segments' waiting slices, as it reclaims them{more}.{counted} It costs page faults only when "
+                   "that memory is used again.")
     return out
