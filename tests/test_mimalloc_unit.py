@@ -142,13 +142,16 @@ def test_check_names_a_page_whose_counters_do_not_add_up():
 
 def test_each_release_has_its_own_layout():
     """The layouts measured: 2.0.5 (64 MiB segments), 2.0.6, 2.0.7 (a heap with an arena id), 2.0.9 (32 MiB
+    segments), 2.1.2 (arenas), 2.3.2 (a page's explicit block size and start, no segment map for arena
     segments); releases between or around them have none (named, not guessed)."""
-    assert [lay.versions for lay in LAYOUTS] == ["2.0.5", "2.0.6", "2.0.7", "2.0.9", "2.1.2"]
+    assert [lay.versions for lay in LAYOUTS] == ["2.0.5", "2.0.6", "2.0.7", "2.0.9", "2.1.2", "2.3.2"]
     assert layout_for((2, 0, 5)).segment_size == 64 << 20 and layout_for((2, 0, 9)).segment_size == 32 << 20
     assert layout_for((2, 0, 7)).heap_cookie == 2864 and layout_for((2, 0, 6)).heap_cookie == 2856
     assert layout_for((2, 0, 5)).mask_bytes == 128 and layout_for((2, 0, 9)).mask_bytes == 64
     assert layout_for((2, 0, 8)) is None and layout_for((2, 0, 4)) is None and layout_for((3, 0, 1)) is None
     assert layout_for((2, 1, 3)) is None and layout_for((2, 1, 2)).seg_memkind == 20
+    assert layout_for((2, 3, 1)) is None and layout_for((2, 3, 2)).page_start_field == 48
+    assert layout_for((2, 3, 2)).segment_map_parts and not layout_for((2, 3, 2)).purge_counted
 
 
 def test_where_a_page_s_blocks_start():

@@ -103,17 +103,7 @@ def discover_mimalloc(mem: Memory, found: MiImage, regions: list[tuple[int, int]
         at, arenas, segments, freed = _by_arenas(mem, base, words, layout, stamped, found)
         in_map, unstamped = set(segments), ()
     else:
-        at, in_map = _segment_map(base, words, stamped, layout)
-        if at is None and not found.version:
-            raise MimallocUnknown(f"a mimalloc that does not say its version: {layout.versions}'s layout finds its "
-                                  "main heap and segments, but not its segment map, so the layout is not confirmed")
-        freed = tuple(s for s in stamped if s not in in_map) if at is not None else ()
-        segments = tuple(sorted(in_map & set(stamped))) if at is not None else tuple(stamped)
-        unstamped = tuple(sorted(in_map - set(stamped))) if at is not None else ()
-        arenas = find_arenas(mem, base, words, layout, arena_segment(mem, layout, segments))
-        if arena_segment(mem, layout, segments) is not None and not arenas:
-            raise MimallocUnknown(f"{found.named}: its segments come from arenas, and its table of "
-                                  "arenas was not found in its data")
+        at, in_map, arenas, segments, freed, unstamped = _by_map(mem, base, words, layout, stamped, found)
     tpoff, unread = read_tpoff(mem, found)
     cache = _thread_data_cache(mem, base, words, layout)
     options = find_options(mem, base, words)
@@ -237,6 +227,23 @@ def _segment_map(base: int, words: np.ndarray, stamped: list[int], layout: MiLay
     fewest = min((len(h) for _, h in found), default=0)
     best = [f for f in found if len(f[1]) == fewest]
     return best[0] if len(best) == 1 else (None, known)
+
+
+def _by_map(mem: Memory, base: int, words: np.ndarray, layout: MiLayout, stamped: list[int], found: MiImage):
+    """To 2.1: (the segment map's address or None, the segments it holds, the arenas, the live segments, the freed
+    ones, those the map holds whose stamp is lost)."""
+    at, in_map = _segment_map(base, words, stamped, layout)
+    if at is None and not found.version:
+        raise MimallocUnknown(f"a mimalloc that does not say its version: {layout.versions}'s layout finds its "
+                              "main heap and segments, but not its segment map, so the layout is not confirmed")
+    freed = tuple(s for s in stamped if s not in in_map) if at is not None else ()
+    segments = tuple(sorted(in_map & set(stamped))) if at is not None else tuple(stamped)
+    unstamped = tuple(sorted(in_map - set(stamped))) if at is not None else ()
+    arenas = find_arenas(mem, base, words, layout, arena_segment(mem, layout, segments))
+    if arena_segment(mem, layout, segments) is not None and not arenas:
+        raise MimallocUnknown(f"{found.named}: its segments come from arenas, and its table of "
+                              "arenas was not found in its data")
+    return at, in_map, arenas, segments, freed, unstamped
 
 
 def _by_arenas(mem: Memory, base: int, words: np.ndarray, layout: MiLayout, stamped: list[int], found: MiImage
