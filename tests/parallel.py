@@ -25,8 +25,9 @@ TIMES = ROOT / "build" / "test-times.json"
 #: the times of a run on the developers' machine, for a machine that ran none yet
 SEED = ROOT / "tests" / "times.json"
 #: files whose tests measure time, signals or the machine's load, or move what every test reads (test_discovery
-#: hides a sysroot for a moment): run alone, after the shards
-ALONE = ("test_busy.py", "test_both.py", "test_bench.py", "test_discovery.py")
+#: hides a sysroot for a moment), or the machine's shared memory (test_untouched: a browser in another shard
+#: moves it by megabytes): run alone, after the shards
+ALONE = ("test_busy.py", "test_both.py", "test_bench.py", "test_discovery.py", "test_untouched.py")
 #: a file never timed yet counts as this many seconds
 UNTIMED = 10.0
 #: pytest's status when it collected no test

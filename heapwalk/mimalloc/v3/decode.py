@@ -90,8 +90,9 @@ def _unit(mem: Memory, lay: Mi3Layout, at: int, arena: Mi3Arena | None, index: i
     if problem is None and not (0 < block and at <= start < at + reserved):
         problem = f"has blocks of {block} bytes from {start:#x}, outside its {reserved} bytes"
     if problem is not None:
-        findings.append(Finding(Severity.ERROR, at, "mi_page_t", f"the page at {at:#x} {problem}: its memory is left "
-                                "out of every figure", SEGMENT))
+        where = "counted as its arena's own" if arena is not None else "left out of every figure"
+        findings.append(Finding(Severity.ERROR, at, "mi_page_t", f"the page at {at:#x} {problem}: its memory is "
+                                f"{where}", SEGMENT))
         return None
     xthread = word(lay.page_xthread_id)
     owner = xthread & ~_FLAGS
