@@ -121,28 +121,15 @@ static bool visitor(const void *heap, const area_t *area, void *block, size_t si
     return true;
 }
 
-static void write_ledger(long t)
+/* Thread T's ledger (the main thread's: T == THREADS) into KIND-T.txt (KIND-main.txt): "ledger" as it walked
+ * its heap, "snapshot" walked again at the snapshot. */
+static void write_ledger(long t, const char *kind)
 {
     char path[4096];
     if (t == THREADS)
-        snprintf(path, sizeof path, "%s/ledger-main.txt", folder);
-
+        snprintf(path, sizeof path, "%s/%s-main.txt", folder, kind);
     else
-        snprintf(path, sizeof path, "%s/ledger-%ld.txt", folder, t);
-    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd < 0 || write(fd, ledgers[t], ledger_at[t]) != (ssize_t)ledger_at[t])
-        abort();
-    close(fd);
-}
-
-/* Thread T's ledger again, walked at the snapshot, into snapshot-T.txt (snapshot-main.txt). */
-static void write_snapshot(long t)
-{
-    char path[4096];
-    if (t == THREADS)
-        snprintf(path, sizeof path, "%s/snapshot-main.txt", folder);
-    else
-        snprintf(path, sizeof path, "%s/snapshot-%ld.txt", folder, t);
+        snprintf(path, sizeof path, "%s/%s-%ld.txt", folder, kind, t);
     int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
     if (fd < 0 || write(fd, ledgers[t], ledger_at[t]) != (ssize_t)ledger_at[t])
         abort();
@@ -193,7 +180,7 @@ static void *worker(void *arg)
     for (unsigned i = 0; i < BLOCKS; i++)
         if (blocks[i] != NULL)
             say(t, "l %lx %zx\n", (unsigned long)blocks[i], usable_size(blocks[i]));
-    write_ledger(t);
+    write_ledger(t, "ledger");
     stats_merge();
     pthread_mutex_lock(&lock);
     parked++;
@@ -331,7 +318,7 @@ int main(int argc, char **argv)
             n++;
         }
     }
-    write_ledger(THREADS);
+    write_ledger(THREADS, "ledger");
     /* mimalloc 3.2 on: a thread that frees a block of a page another thread gave up takes the page (the main
      * thread's frees above may have): walk every parked thread's theap, and the main thread's, again now */
     if (theaps) {
@@ -344,7 +331,7 @@ int main(int argc, char **argv)
             ledger_at[t] = 0;
             say(t, "now %lx\n", (unsigned long)heap, 0);
             visit_blocks(heap, true, visitor, (void *)t);
-            write_snapshot(t);
+            write_ledger(t, "snapshot");
         }
     }
     stats_merge();

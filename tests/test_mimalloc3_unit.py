@@ -7,26 +7,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from heapwalk.inferior.memory import ReadError
-from heapwalk.mimalloc import discovery
+from heapwalk.mimalloc import bits, discovery
 from heapwalk.mimalloc.v3 import arenas, pagemap
 from heapwalk.mimalloc.v3.discovery import _overcommit
 from heapwalk.mimalloc.v3.layout import layout3_for
+from test_mimalloc_unit import _Pieces
 
 LAY = layout3_for((3, 0, 1))
-
-
-class _Pieces:
-    """Memory made of pieces at addresses."""
-
-    def __init__(self, pieces: dict[int, bytes]):
-        self.pieces = pieces
-
-    def read(self, address: int, size: int) -> bytes:
-        for at, data in self.pieces.items():
-            if at <= address and address + size <= at + len(data):
-                return data[address - at:address - at + size]
-        raise ReadError(address, size, "not in the test's memory")
 
 
 def _words(*values: int) -> bytes:
@@ -34,10 +21,10 @@ def _words(*values: int) -> bytes:
 
 
 def test_bit_runs_and_counts():
-    assert arenas.bit_runs(0b1110_0110_0001) == [(0, 1), (5, 7), (9, 12)]
-    assert arenas.bit_runs(0) == []
-    assert arenas.bit_runs((1 << 600) - 1 << 10) == [(10, 610)]
-    assert arenas.bits_in(0b1110_0110_0001, 4, 6) == 3
+    assert bits.bit_runs(0b1110_0110_0001) == [(0, 1), (5, 7), (9, 12)]
+    assert bits.bit_runs(0) == []
+    assert bits.bit_runs((1 << 600) - 1 << 10) == [(10, 610)]
+    assert bits.bits_in(0b1110_0110_0001, 4, 6) == 3
 
 
 def _bitmap(bits: int, binned: bool = False) -> bytes:

@@ -11,6 +11,7 @@ import numpy as np
 from heapwalk.findings import Finding, Kind, Severity
 from heapwalk.inferior.memory import Memory, ReadError
 from heapwalk.inferior.residency import Residency
+from heapwalk.mimalloc.bits import bit_runs
 from heapwalk.mimalloc.discovery import MiDiscovery
 from heapwalk.mimalloc.heaps import MiHeap, find_heaps
 from heapwalk.mimalloc.layout import MEM_ARENA, MiLayout
@@ -138,19 +139,7 @@ class MiSegment:
 
     def pending_ranges(self) -> list[tuple[int, int]]:
         """The runs of slices whose decommit is pending, as address ranges."""
-        out, mask, i = [], self.pending_mask, 0
-        while mask:
-            if mask & 1:
-                j = i
-                while mask & 1:
-                    mask >>= 1
-                    j += 1
-                out.append((self.address + i * 65536, self.address + j * 65536))
-                i = j
-            else:
-                mask >>= 1
-                i += 1
-        return out
+        return [(self.address + a * 65536, self.address + b * 65536) for a, b in bit_runs(self.pending_mask)]
 
 
 @dataclass

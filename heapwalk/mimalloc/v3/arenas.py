@@ -8,9 +8,10 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from heapwalk.inferior.memory import Memory, ReadError, u64
+from heapwalk.mimalloc.bits import bit_runs, bits_in
 from heapwalk.mimalloc.v3.layout import Mi3Layout
 
-__all__ = ["Mi3Arena", "read_arenas", "bit_runs", "bits_in"]
+__all__ = ["Mi3Arena", "read_arenas"]
 
 _NAMES = ("free", "committed", "dirty", "purge", "pages")
 
@@ -61,25 +62,6 @@ class Mi3Arena:
         off the committed figure)."""
         return [(self.start + a * self.block_size, self.start + b * self.block_size)
                 for a, b in bit_runs(self.purge & self.commit_map & self.free)]
-
-
-def bits_in(bits: int, first: int, count: int) -> int:
-    """How many of BITS' bits FIRST to FIRST + COUNT are set."""
-    return bin((bits >> first) & ((1 << count) - 1)).count("1")
-
-
-def bit_runs(bits: int) -> list[tuple[int, int]]:
-    """The runs of set bits of BITS, as (first, one past the last)."""
-    out, i = [], 0
-    while bits:
-        skip = (bits & -bits).bit_length() - 1
-        i += skip
-        bits >>= skip
-        n = (~bits & (bits + 1)).bit_length() - 1
-        out.append((i, i + n))
-        i += n
-        bits >>= n
-    return out
 
 
 def read_arenas(mem: Memory, lay: Mi3Layout, subproc: int, overcommit: bool | None) -> tuple[Mi3Arena, ...] | None:

@@ -11,7 +11,8 @@ from heapwalk.mimalloc.decode import SEGMENT, MiPage, MiSegment, MiState
 from heapwalk.mimalloc.discovery import MiDiscovery
 from heapwalk.mimalloc.heaps import find_heaps
 from heapwalk.mimalloc.lists import walk_page
-from heapwalk.mimalloc.v3.arenas import Mi3Arena, bit_runs, bits_in
+from heapwalk.mimalloc.bits import bit_runs, bits_in
+from heapwalk.mimalloc.v3.arenas import Mi3Arena
 from heapwalk.mimalloc.v3.layout import Mi3Layout
 
 __all__ = ["decode_mimalloc3"]
