@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from heapwalk.errors import CannotDecode, HeapwalkError
-from heapwalk.inferior.elf import Mapping, writable_words
+from heapwalk.inferior.elf import Mapping, readable_runs, writable_words
 from heapwalk.inferior.memory import Memory, ReadError, u64
 from heapwalk.inferior.x86 import tls_got_slot
 from heapwalk.mimalloc.arenas import arena_segment, find_arenas
@@ -31,7 +31,7 @@ from heapwalk.mimalloc.options import find_options
 from heapwalk.mimalloc.v3.layout import LAYOUTS3, layout3_for
 
 __all__ = ["MiDiscovery", "MimallocUnknown", "MimallocUnused", "discover_mimalloc", "BIN_SIZES", "main_heap",
-           "default_tpoff", "read_tpoff"]
+           "default_tpoff", "read_tpoff", "data_unread"]
 
 #: the block sizes of the first page queues of every heap (bins 0 to 8, in bytes)
 BIN_SIZES = (8, 8, 16, 24, 32, 40, 48, 56, 64)
@@ -69,6 +69,7 @@ class MiDiscovery:
     subproc: int = 0                      # mimalloc 3: the subprocess its arenas belong to
     os_pages: tuple[int, ...] = ()        # mimalloc 3: its pages taken from the system (outside its arenas)
     tpoff_unread: tuple[int, str] | None = None   # where the default heaps' offset could not be read, and why
+    data_unread: tuple[tuple[int, int], ...] = ()  # the parts of the object's data that could not be read
 
 
 def discover_mimalloc(mem: Memory, found: MiImage, regions: list[tuple[int, int]], mappings: list[Mapping],
@@ -121,7 +122,7 @@ def discover_mimalloc(mem: Memory, found: MiImage, regions: list[tuple[int, int]
              ("options", f"{len(options)}, from their table (each entry carries its index)" if options else
               "not found: the report does not say which options the process runs with"))
     return MiDiscovery(layout, found.version, found.path, main, cookie, segments, freed, at, tpoff, cache, facts,
-                       unstamped, options, arenas, tpoff_unread=unread)
+                       unstamped, options, arenas, tpoff_unread=unread, data_unread=data_unread(mem, found))
 
 
 def _unversioned3(mem: Memory, found: MiImage, regions: list[tuple[int, int]], mappings: list[Mapping], readable,
@@ -227,6 +228,21 @@ def _segment_map(base: int, words: np.ndarray, stamped: list[int], layout: MiLay
     fewest = min((len(h) for _, h in found), default=0)
     best = [f for f in found if len(f[1]) == fewest]
     return best[0] if len(best) == 1 else (None, known)
+
+
+def data_unread(mem: Memory, found: MiImage) -> tuple[tuple[int, int], ...]:
+    """The ranges of the object's writable data that cannot be read (a core cut short): what mimalloc keeps there
+    (its thread data cache, its tables) is not seen."""
+    out = []
+    for seg in found.image.writable():
+        at = seg.address
+        for start, data in readable_runs(mem, seg.address, seg.memsz):
+            if start > at:
+                out.append((at, start))
+            at = start + len(data)
+        if at < seg.address + seg.memsz:
+            out.append((at, seg.address + seg.memsz))
+    return tuple(out)
 
 
 def _by_map(mem: Memory, base: int, words: np.ndarray, layout: MiLayout, stamped: list[int], found: MiImage):

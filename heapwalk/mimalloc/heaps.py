@@ -33,6 +33,10 @@ def find_heaps(mem: Memory, found, segments: list, threads, findings: list[Findi
     and every heap on those heaps' threads' lists."""
     lay = found.layout
     wanted = [found.main_heap]
+    for lo, hi in found.data_unread:
+        findings.append(Finding(Severity.ERROR, lo, "mimalloc data", f"{hi - lo} bytes of mimalloc's data from "
+                                f"{lo:#x} cannot be read: what it keeps there (its cache of thread data, its "
+                                "tables) is not seen, and its figures may miss it", HEAP))
     if found.tpoff_unread is not None:
         at, why = found.tpoff_unread
         findings.append(Finding(Severity.WARNING, at, "mi_heap_t", f"each thread's default heap was not read: {why}; "

@@ -14,7 +14,8 @@ import numpy as np
 
 from heapwalk.inferior.elf import Mapping, writable_words
 from heapwalk.inferior.memory import Memory, ReadError, u64
-from heapwalk.mimalloc.discovery import MiDiscovery, MimallocUnknown, MimallocUnused, main_heap, read_tpoff
+from heapwalk.mimalloc.discovery import (MiDiscovery, MimallocUnknown, MimallocUnused, data_unread, main_heap,
+                                         read_tpoff)
 from heapwalk.mimalloc.find import MiImage
 from heapwalk.mimalloc.options import find_options
 from heapwalk.mimalloc.v3.arenas import read_arenas
@@ -69,7 +70,7 @@ def discover_mimalloc3(mem: Memory, found: MiImage, layout: Mi3Layout, mappings:
               "not found: the report does not say which options the process runs with"))
     return MiDiscovery(layout, found.version, found.path, main, cookie, (), (), None, tpoff, (), facts, (),
                        options, arenas, page_map=pagemap, subproc=subproc, os_pages=os_pages,
-                       tpoff_unread=unread)
+                       tpoff_unread=unread, data_unread=data_unread(mem, found))
 
 
 def _os_pages(mem: Memory, lay: Mi3Layout, named, arenas, regions) -> tuple[tuple[int, ...], int]:
