@@ -173,19 +173,22 @@ def prepare_rust(dest: Path) -> Path:
                          "the Rust reproducer (tikv-jemallocator)")
 
 
-def cargo_program(folder: Path, root: Path, name: str, env: dict[str, str], what: str) -> Path:
-    """The cargo package in FOLDER (its Cargo.lock kept) built for release in ROOT/target with ENV, stripped into
-    ROOT/NAME; again only when its manifest, lock or sources changed.  WHAT names it in errors."""
+def cargo_program(folder: Path, root: Path, name: str, env: dict[str, str], what: str,
+                  features: tuple[str, ...] = ()) -> Path:
+    """The cargo package in FOLDER (its Cargo.lock kept) built for release in ROOT/target with ENV and its
+    FEATURES, stripped into ROOT/NAME; again only when its manifest, lock or sources changed.  WHAT names it in
+    errors."""
     program = root / name
     inputs = fresh.digest([folder / "Cargo.toml", folder / "Cargo.lock", *sorted((folder / "src").glob("*.rs"))],
-                          env)
+                          env, *((features,) if features else ()))
     if fresh.marked(program, inputs):
         return program
     cargo = shutil.which("cargo") or shutil.which("cargo", path=str(Path.home() / ".cargo" / "bin"))
     if cargo is None:
         raise BuildError(f"cargo is not installed: {what} needs Rust's toolchain (rustup)")
     root.mkdir(parents=True, exist_ok=True)
-    cmd = [cargo, "build", "--release", "--locked", "--quiet", "--manifest-path", str(folder / "Cargo.toml")]
+    cmd = [cargo, "build", "--release", "--locked", "--quiet", "--manifest-path", str(folder / "Cargo.toml"),
+           *(["--features", ",".join(features)] if features else [])]
     result = subprocess.run(cmd, env={**os.environ, "CARGO_TARGET_DIR": str(root / "target"), **env},
                             capture_output=True, text=True)
     if result.returncode != 0:

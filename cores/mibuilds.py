@@ -20,6 +20,12 @@ slot), the program stripped:
 
     2.1.2-linked  2.3.2-linked (the Rust crate's v2)  3.0.1-linked  3.3.2-linked (the Rust crate's default)
 
+and a Rust service on the ``mimalloc`` crate itself (cores/rust_mi, its crates fetched by name the first time,
+the versions its Cargo.lock pins): the crate's build script compiles mimalloc's sources into the program, which
+is stripped; it runs instead of mi_hold and writes the same files:
+
+    rust (mimalloc 3.3.2, the crate's default)  rust-v2 (2.3.2, its ``v2`` feature)
+
 Command line: ``python3 cores/mibuilds.py DEST [NAME ...]``.
 """
 
@@ -35,9 +41,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import fresh
+import jebuilds
 import sysroots
 
-__all__ = ["MiBuild", "Mimalloc", "MI_BUILDS", "prepare_mimalloc", "build_hold", "MI_HOLD"]
+__all__ = ["MiBuild", "Mimalloc", "MI_BUILDS", "MI_BUILT", "MI_LINKED", "MI_RUST", "prepare_mimalloc", "build_hold",
+           "MI_HOLD"]
 
 LIBDIR = Path("usr/lib") / sysroots.MULTIARCH
 
@@ -60,6 +68,9 @@ MI_BUILDS = {
 MI_BUILT = ("2.0.5", "2.0.6", "2.0.7", "2.1.2", "2.3.2", "3.3.2", "3.4.3")
 #: releases built from their sources as an object the reproducer links: name -> release
 MI_LINKED = {"2.1.2-linked": "2.1.2", "2.3.2-linked": "2.3.2", "3.0.1-linked": "3.0.1", "3.3.2-linked": "3.3.2"}
+#: the Rust reproducer on the mimalloc crate: name -> (the release the crate compiles in, the crate's features)
+MI_RUST = {"rust": ("3.3.2", ()), "rust-v2": ("2.3.2", ("v2",))}
+RUST_MI = Path(__file__).resolve().parent / "rust_mi"
 DATA = Path(__file__).resolve().parent / "data"
 
 
@@ -72,11 +83,14 @@ class Mimalloc:
 
     @property
     def linked(self) -> bool:
-        """Whether the program links it (its object), rather than loading it."""
-        return self.name in MI_LINKED
+        """Whether the program links it (its object, or the Rust crate's), rather than loading it."""
+        return self.name in MI_LINKED or self.name in MI_RUST
 
     @property
     def library(self) -> Path:
+        """The shared library, the object the program links, or the Rust program that holds it."""
+        if self.name in MI_RUST:
+            return self.root / "rust_mi"
         if self.linked:
             return self.root / "mimalloc.o"
         if self.name in MI_BUILT:
@@ -94,7 +108,9 @@ class Mimalloc:
 
 def prepare_mimalloc(dest: Path, name: str, cache: Path | None = None) -> Mimalloc:
     """Fetches (or reuses) mimalloc NAME (`MI_BUILDS`) and unpacks it into DEST/mimalloc-NAME, or builds release
-    NAME (`MI_BUILT`) there."""
+    NAME (`MI_BUILT`) there, or the Rust program on the crate (`MI_RUST`)."""
+    if name in MI_RUST:
+        return _rust(dest, name)
     if name in MI_BUILT or name in MI_LINKED:
         return _built(dest, name)
     cache = cache or sysroots.cache_dir()
@@ -151,13 +167,27 @@ def _built(dest: Path, name: str) -> Mimalloc:
     return mi
 
 
+def _rust(dest: Path, name: str) -> Mimalloc:
+    """cores/rust_mi built with the mimalloc crate's build NAME into DEST/mimalloc-NAME (again only when its
+    sources or lock changed)."""
+    version, features = MI_RUST[name]
+    mi = Mimalloc(name, (dest / f"mimalloc-{name}").resolve())
+    jebuilds.cargo_program(RUST_MI, mi.root, "rust_mi", {}, f"the Rust reproducer on the mimalloc crate ({name})",
+                           features)
+    (mi.root / "VERSION").write_text(version + "\n")
+    return mi
+
+
 #: the reproducer every build runs
 MI_HOLD = Path(__file__).resolve().parent / "mi_hold.c"
 
 
 def build_hold(folder: Path, mi: Mimalloc | None = None) -> Path:
     """cores/mi_hold.c built into FOLDER/mi_hold: it finds mimalloc's entry points with dlsym, or, for a linked
-    build MI, links mimalloc's object and calls them (stripped then, as a release build ships)."""
+    build MI, links mimalloc's object and calls them (stripped then, as a release build ships).  The Rust
+    crate's builds are their own program (cores/rust_mi)."""
+    if mi is not None and mi.name in MI_RUST:
+        return mi.library
     exe = folder / "mi_hold"
     folder.mkdir(parents=True, exist_ok=True)
     if mi is not None and mi.linked:
@@ -173,7 +203,7 @@ def build_hold(folder: Path, mi: Mimalloc | None = None) -> Path:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("dest", type=Path)
-    parser.add_argument("names", nargs="*", default=[*MI_BUILDS, *MI_BUILT, *MI_LINKED])
+    parser.add_argument("names", nargs="*", default=[*MI_BUILDS, *MI_BUILT, *MI_LINKED, *MI_RUST])
     args = parser.parse_args(argv)
     for name in args.names:
         mi = prepare_mimalloc(args.dest, name)

@@ -6,7 +6,9 @@ heapwalk's report of its core, and of gdb attached to it, gives each figure: com
 reserved as mimalloc rounds it, the segments, abandoned segments and pages, and each heap's blocks in use and
 their bytes.  mimalloc 3 (trixie's 3.0.1: pages cut from arenas, no segments) is held to the same: its committed
 bytes, its abandoned pages (full pages live threads give up, and an exited thread's), its arenas, each heap's
-blocks, and the blocks every thread keeps wherever they are (the "l" lines)."""
+blocks, and the blocks every thread keeps wherever they are (the "l" lines).  A stripped Rust service on the
+mimalloc crate (cores/rust_mi: 3.3.2, and 2.3.2 with the crate's v2 feature) writes the same files and is held
+to the same."""
 
 from __future__ import annotations
 
@@ -35,13 +37,13 @@ _AMOUNT = re.compile(r"(-?\d+(?:\.\d+)?)(?: (GiB|MiB|KiB|Ki|Mi|Gi|B)\b)?")
 
 @pytest.fixture
 def stopped(tmp_path, request):
-    """cores/mi_hold.c run on the parameter's mimalloc (a build's name) to its snapshot: (process, its output
-    folder, its version)."""
+    """cores/mi_hold.c (or the Rust reproducer) run on the parameter's mimalloc (a build's name) to its snapshot:
+    (process, its output folder, its version, whether the program links it: then it says no version)."""
     mi = mibuilds.prepare_mimalloc(SYSROOTS, request.param)
     run = tmp_path / "run"
     proc = harness.run_to_snapshot(mibuilds.build_hold(tmp_path, mi), run, env=mi.environment())
     try:
-        yield proc, run, mi.version
+        yield proc, run, mi.version, mi.linked
     finally:
         proc.kill()
         proc.wait()
@@ -105,7 +107,7 @@ def _check(doc: dict, run: Path, version: str = "2.0.9", said: bool = True) -> N
 
 
 @pytest.mark.parametrize("build", ["bookworm", *(b for b in mibuilds.MI_BUILT if b < "3"), "2.1.2-linked",
-                                   "2.3.2-linked"])
+                                   "2.3.2-linked", "rust-v2"])
 def test_a_core_gives_every_figure_mimalloc_printed(tmp_path, build):
     """The CLI on the core of mi_hold, symbols hidden, on Debian's 2.0.9 and the releases built from their
     sources (2.0.5, 2.0.6, 2.0.7: other layouts, segments of 64 MiB; 2.1.2 also linked into the stripped
@@ -125,7 +127,7 @@ def test_a_core_gives_every_figure_mimalloc_printed(tmp_path, build):
     assert "wait for the purge delay" in said
 
 
-@pytest.mark.parametrize("build", ["bookworm", "2.1.2", "2.3.2"])
+@pytest.mark.parametrize("build", ["bookworm", "2.1.2", "2.3.2", "rust-v2"])
 def test_leaks_are_the_exited_thread_s_blocks_and_check_finds_it_sound(tmp_path, build):
     """gdb on the core, symbols hidden: the leak scan finds exactly the blocks the exited thread kept and forgot
     (its ledger's, in its abandoned segments), no other; check walks every page, segment and queue and finds
@@ -150,7 +152,8 @@ def test_leaks_are_the_exited_thread_s_blocks_and_check_finds_it_sound(tmp_path,
     assert "mimalloc consistent: checked every page's counters" in said
     leaked = {b["address"]: b["size"] for b in json.loads(out.read_text())["leaked"]}
     assert leaked == exited
-    assert re.search(f"{chunks[0]:#x}: block {chunks[0]:#x} of .*?: in use page .*? reached: data of mi_hold", said)
+    assert re.search(f"{chunks[0]:#x}: block {chunks[0]:#x} of .*?: in use page .*? reached: data of {cap.exe.name}",
+                     said)
     assert f"{chunks[1]:#x}: block {chunks[1]:#x}" in said and "free, on its page's local free list" in said
     assert re.search(f"{chunks[2]:#x}: block {chunks[2]:#x} .*?: free, on its (page's thread free|heap's delayed-free) "
                      "list", said)
@@ -158,25 +161,24 @@ def test_leaks_are_the_exited_thread_s_blocks_and_check_finds_it_sound(tmp_path,
     assert "segment at" in said and "(huge)" in said
 
 
-@pytest.mark.parametrize("stopped", ["bookworm", "2.1.2", "2.3.2"], indirect=True)
+@pytest.mark.parametrize("stopped", ["bookworm", "2.1.2", "2.3.2", "rust-v2"], indirect=True)
 def test_gdb_attached_says_the_same(stopped, tmp_path):
     """gdb -p on the stopped process, symbols hidden: the same figures, read live; threads lists each heap with
     its thread; the options are those the process runs with; what the verdict says mi_collect(true) on the main
     thread gives back is what it then took off mimalloc's commit (to the byte) and the RSS: on 2.0.9 the abandoned
     segments' waiting slices, on 2.1.2 also the cached thread data and the arenas' blocks waiting for a purge."""
-    proc, run, version = stopped
+    proc, run, version, linked = stopped
     doc, said = _attached(proc, tmp_path)
-    _check(doc, run, version)
+    _check(doc, run, version, said=not linked)
     assert f"mimalloc heaps ({len(doc['mimalloc']['heaps'])})" in said
     delay = "decommit_delay" if version < "2.1" else "purge_delay"        # renamed in 2.1
     assert doc["mimalloc"]["options"][delay] == {"value": 25 if version < "2.1" else 10, "set": "default"}
     assert f"wait for the purge delay ({delay}: " in " ".join(said.split())
     collected = _collect(proc, run)
     assert doc["mimalloc"]["totals"]["collect_decommits"] == collected["commit_before"] - collected["commit_after"] > 0
-    # RssAnon is the whole process's: other pages may move by a page or two meanwhile; 2.3.2's collect gives back
-    # 31 pages more than heapwalk accounts for (124 KiB of 239 MiB: not found yet, docs/mimalloc.md)
+    # RssAnon is the whole process's: other pages may move by a page or two meanwhile
     assert abs(doc["mimalloc"]["collect_resident"] - (collected["rss_anon_before"] - collected["rss_anon_after"])) \
-        <= (128 if version == "2.3.2" else 16) << 10
+        <= 16 << 10
 
 
 def _attached(proc, tmp_path: Path) -> tuple[dict, str]:
@@ -257,7 +259,7 @@ def _check3(doc: dict, run: Path, version: str, said: bool = True) -> None:
     assert all(o["in_use"] + sum(o["free"].values()) + o["overhead"] == o["reserved"] for o in m["owners"])
 
 
-@pytest.mark.parametrize("build", ["trixie", "3.0.1-linked", "3.3.2", "3.3.2-linked", "3.4.3"])
+@pytest.mark.parametrize("build", ["trixie", "3.0.1-linked", "3.3.2", "3.3.2-linked", "3.4.3", "rust"])
 def test_mimalloc_3_s_core_gives_every_figure_it_printed(tmp_path, build):
     """The CLI on the core of mi_hold on trixie's mimalloc 3.0.1, and on 3.0.1 linked into the stripped program
     (no version said, no entry point exported), symbols hidden: every figure as mimalloc printed it, every
@@ -279,7 +281,7 @@ def test_mimalloc_3_s_core_gives_every_figure_it_printed(tmp_path, build):
     assert re.search(r"of free arena slices are committed and wait for the purge delay \(purge_delay: \d+ ms", said)
 
 
-@pytest.mark.parametrize("build", ["trixie", "3.0.1-linked", "3.3.2", "3.4.3"])
+@pytest.mark.parametrize("build", ["trixie", "3.0.1-linked", "3.3.2", "3.4.3", "rust"])
 def test_mimalloc_3_s_leaks_are_the_exited_thread_s_blocks(tmp_path, build):
     """gdb on the core of mimalloc 3, symbols hidden: the leak scan finds the blocks the exited thread kept (its
     "l" lines), wherever its pages went, and no other; check finds every page, arena and queue sound; chunk
@@ -314,7 +316,7 @@ def test_mimalloc_3_s_leaks_are_the_exited_thread_s_blocks(tmp_path, build):
     # untouched tail of a block another thread keeps) keeps a block reached; never more than a few here
     leaked = {b["address"]: b["size"] for b in json.loads(out.read_text())["leaked"]}
     assert leaked.items() <= exited.items() and len(leaked) >= 0.99 * len(exited)
-    assert re.search(f"{parked:#x}: block {parked:#x} of .*?: in use page .*? reached: data of mi_hold", said)
+    assert re.search(f"{parked:#x}: block {parked:#x} of .*?: in use page .*? reached: data of {cap.exe.name}", said)
     # from 3.2 the main thread's walks at the snapshot moved the pages' local and thread free lists to their free
     # lists; 3.0.1's show each list
     theaps = mibuilds.prepare_mimalloc(SYSROOTS, build).version >= "3.2"
@@ -328,15 +330,15 @@ def test_mimalloc_3_s_leaks_are_the_exited_thread_s_blocks(tmp_path, build):
     assert "arena 1 at 0x" in said and ("page at" in said and "(from the system)" in said) == (os_pages > 0)
 
 
-@pytest.mark.parametrize("stopped", ["trixie", "3.3.2"], indirect=True)
+@pytest.mark.parametrize("stopped", ["trixie", "3.3.2", "rust"], indirect=True)
 def test_mimalloc_3_attached_says_the_same_and_what_collect_gives_back(stopped, tmp_path):
     """gdb -p on the stopped process on mimalloc 3.0.1 and 3.3.2, symbols hidden: the same figures, read live;
     threads lists each heap with its thread; what the verdict says mi_collect(true) on the main thread gives back
     (the arenas' free slices waiting for their purge, the main thread's empty pages) is what it then took off
     mimalloc's commit, to the byte (3.0.1; 3.3.2 takes nothing off), and off the RSS."""
-    proc, run, version = stopped
+    proc, run, version, linked = stopped
     doc, said = _attached(proc, tmp_path)
-    _check3(doc, run, version)
+    _check3(doc, run, version, said=not linked)
     assert f"mimalloc heaps ({len(doc['mimalloc']['heaps'])})" in said
     assert doc["mimalloc"]["options"]["purge_delay"]["set"] == "default"
     collected = _collect(proc, run)

@@ -209,3 +209,35 @@ def test_the_arenas_are_found_from_a_segment_s_memid():
     assert arenas.find_arenas(mem, base, words, lay, (segment, 2, 4)) == ()    # the segment names another start
     words[9] = np.uint64(a1)                                                       # entry 2 is arena 1: no table
     assert arenas.find_arenas(mem, base, words, lay, (segment, 2, 3)) == ()
+
+
+def test_what_collect_gives_back_follows_the_main_heap_s_queues():
+    """2.3: mi_collect(true) visits the main heap's pages queue by queue; each visit purges what waits in its
+    segment, and a page with no block in use is freed then, its slices waiting in turn (a retired one is freed
+    before the visit); a segment of the main thread left with no page in use goes whole; another thread's
+    segment gives nothing."""
+    from heapwalk.mimalloc.collect import collected
+    lay = layout_for((2, 3, 2))
+    main, other, at = 0x7F0000001000, 0x7F0000002000, 0x20000000000
+
+    def page(seg: int, index: int, used: int) -> decode.MiPage:
+        return decode.MiPage(seg, index, seg + 0x100 + index * lay.page, 1, seg + index * 65536, 64, 64, 1024, used,
+                             0x55000000, False, free=64 - used)
+
+    def segment(address: int, thread: int, pages: list, pending: int = 0) -> decode.MiSegment:
+        return decode.MiSegment(address, 0, 512, 1, thread, len(pages), 0, 0, SEG, SEG, 0, pending_mask=pending,
+                                pages=pages)
+
+    retired, held, last = page(at, 1, 0), page(at, 2, 5), page(at, 3, 0)
+    emptied = page(at + SEG, 1, 0)
+    theirs = page(at + 2 * SEG, 1, 0)
+    segments = [segment(at, main, [retired, held, last], pending=1 << 20),
+                segment(at + SEG, main, [emptied]), segment(at + 2 * SEG, other, [theirs], pending=1 << 7)]
+    found = discovery.MiDiscovery(lay, (2, 3, 2), "x", 0, 0, tuple(s.address for s in segments), (), None, None, ())
+    state = decode.MiState(found, segments, [], [], [], main_thread=main)
+    state.main_queues = [(last.address, False), (held.address, False), (retired.address, True),
+                         (emptied.address, False)]
+    assert collected(state) == [(at + 65536, at + 2 * 65536), (at + 3 * 65536, at + 4 * 65536),
+                                (at + 20 * 65536, at + 21 * 65536), (at + SEG, at + 2 * SEG)]
+    state.main_queues = [(held.address, False), (retired.address, True), (last.address, False)]
+    assert collected(state) == [(at + 65536, at + 2 * 65536), (at + 20 * 65536, at + 21 * 65536)]

@@ -13,7 +13,7 @@ from heapwalk.inferior.memory import Memory, ReadError
 from heapwalk.inferior.residency import Residency
 from heapwalk.mimalloc.bits import bit_runs
 from heapwalk.mimalloc.discovery import MiDiscovery
-from heapwalk.mimalloc.heaps import MiHeap, find_heaps
+from heapwalk.mimalloc.heaps import MiHeap, find_heaps, visit_order
 from heapwalk.mimalloc.layout import MEM_ARENA, MiLayout
 from heapwalk.mimalloc.lists import count_delayed, walk_page
 
@@ -153,7 +153,9 @@ class MiState:
     findings: list[Finding]
     target: str = ""
     residency: Residency | None = None
-    main_thread: int = 0                        # mimalloc 3: the main thread's $fs_base (0: not known)
+    main_thread: int = 0                        # the main thread's $fs_base (0: not known)
+    main_queues: list = field(default_factory=list)     # 2.3: the main heap's pages as mi_collect visits them,
+    #                                                     each with whether it is retired (collect.visit_order)
 
     @property
     def layout(self) -> MiLayout:
@@ -282,7 +284,11 @@ def decode_mimalloc(mem: Memory, found: MiDiscovery, threads, description: str =
         findings.append(Finding(Severity.WARNING, 0, "mimalloc arenas", "some segments come from a reserved arena "
                                 "(mimalloc's arenas are not decoded yet): the reserved figure leaves the arenas' "
                                 "unused memory out", Kind.NOT_DECODED))
-    return MiState(found, segments, heaps, data, findings, description, residency)
+    main = next((h for h in heaps if h.main), None)
+    state = MiState(found, segments, heaps, data, findings, description, residency, main.thread_id if main else 0)
+    if found.layout.collect_purges_own and main is not None:
+        state.main_queues = visit_order(mem, found.layout, main.address)
+    return state
 
 
 def _segment(mem: Memory, found: MiDiscovery, at: int, live: bool, findings: list[Finding]) -> MiSegment | None:

@@ -9,9 +9,10 @@ from heapwalk.findings import Finding, Kind, Severity
 from heapwalk.inferior.memory import Memory, ReadError, u64
 from heapwalk.mimalloc.layout import MiLayout
 
-__all__ = ["MiHeap", "find_heaps", "HEAP"]
+__all__ = ["MiHeap", "find_heaps", "visit_order", "HEAP"]
 
 HEAP = Kind("mi_heap", "heap unreadable")
+_MAX_PAGES = 1 << 20
 
 
 @dataclass
@@ -97,3 +98,20 @@ def _heap(mem: Memory, lay: MiLayout, at: int, main: int) -> MiHeap:
         return MiHeap(at, thread, tld, backing, at == main)
     except ReadError:
         return MiHeap(at, 0, 0, False, at == main)
+
+
+def visit_order(mem: Memory, lay: MiLayout, heap: int) -> list[tuple[int, bool]]:
+    """HEAP's pages as mi_collect visits them (its queues in turn, the full queue last, each from its first
+    page), each with whether the heap retired it (its retire count set), as far as they can be read."""
+    out, seen = [], set()
+    q = getattr(lay, "queue_words", 3)
+    for n in range(lay.bin_huge + 2):
+        try:
+            at = u64(mem, heap + lay.heap_pages + 8 * q * n)
+            while at and at not in seen and len(seen) < _MAX_PAGES:
+                seen.add(at)
+                out.append((at, mem.read(at + lay.page_flags + 1, 1)[0] >> 1 != 0))
+                at = u64(mem, at + lay.page_next)
+        except ReadError:
+            continue
+    return out

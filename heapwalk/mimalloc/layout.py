@@ -32,6 +32,8 @@ class MiLayout:
     arena_inuse: int = 136                # the bitmap of blocks in use, in place
     collect_frees_cache: bool = False     # mi_collect(true) on the main thread frees the cached thread data and
     #                                       purges the arenas' waiting blocks (from 2.1)
+    collect_purges_own: bool = False      # mi_collect(true) on the main thread also purges, at once, what waits
+    #                                       in the segments of its own pages (2.3: each page collected forces it)
     purge_counted: bool = True            # a purge takes what it decommits off the committed figure (not from 2.2
     #                                       on Linux, where it only advises the system)
     arena_slots: int = 112                # the table of arenas' slots (MI_MAX_ARENAS)
@@ -149,7 +151,8 @@ LAYOUTS = (_V205,
                     seg_abandoned=200, seg_used=216, seg_cookie=224, seg_slices_count=248, seg_info_slices=256,
                     seg_kind=264, seg_slice_entries=272, seg_thread_id=280, seg_slices=288, heap_delayed_free=8,
                     heap_thread_id=16, heap_cookie=32, heap_page_count=192, heap_next=240, heap_pages=1288,
-                    heap=3088, tld=5120, thread_data=8232, segment_map_parts=25, purge_counted=False))
+                    heap=3088, tld=5120, thread_data=8232, segment_map_parts=25, purge_counted=False,
+                    collect_purges_own=True))
 
 #: a segment's memid.memkind when it was taken from an arena
 MEM_ARENA = 6

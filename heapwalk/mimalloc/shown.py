@@ -7,7 +7,8 @@ from rich.table import Table
 
 from heapwalk.analysis.report import human
 from heapwalk.mimalloc.account import ARENAS, EXITED, UNOWNED, Owner
-from heapwalk.mimalloc.decode import MiState, good_size
+from heapwalk.mimalloc.collect import collected
+from heapwalk.mimalloc.decode import MiState
 
 __all__ = ["totals", "threads_table", "threads_document", "owner_name", "collect_resident", "options_document",
            "options_line"]
@@ -36,31 +37,6 @@ def totals(state: MiState) -> dict[str, int]:
             "arenas": len(state.discovery.arenas), "arena_free": state.arena_free(),
             "collect_purges": sum(b - a for a, b in collected(state)),
             "collect_decommits": sum(b - a for a, b in collected(state, counted=True))}
-
-
-def collected(state: MiState, counted: bool = False) -> list[tuple[int, int]]:
-    """What mi_collect(true) on the main thread gives back now, as address ranges: the abandoned segments'
-    waiting slices (it reclaims them, their delay long past), and from 2.1 the cached thread data it frees and
-    the arenas' blocks whose purge waits; COUNTED: only what it takes off its committed figure (from 2.2 a
-    purge takes nothing off on Linux)."""
-    if state.v3:
-        return _collected3(state)
-    purges = state.layout.purge_counted or not counted
-    out = [r for s in state.abandoned() for r in s.pending_ranges()] if purges else []
-    if state.layout.collect_frees_cache:
-        size = good_size(state.layout.thread_data)
-        out += [(at, at + size) for at, kind in state.thread_data if kind == "cached"]
-        out += [r for a in state.discovery.arenas for r in a.purge_ranges()] if purges else []
-    return out
-
-
-def _collected3(state: MiState) -> list[tuple[int, int]]:
-    """mimalloc 3: the arenas' free slices whose purge waits, and the pages of the main thread that hold no block
-    (it frees them, and purges them at once)."""
-    out = [r for a in state.discovery.arenas for r in a.purge_ranges()]
-    out += [(s.address, s.address + s.reserved) for s in state.live() if s.arena is not None and state.main_thread
-            and s.thread_id == state.main_thread and all(p.in_use == 0 and not p.damaged for p in s.pages)]
-    return sorted(out)
 
 
 def collect_resident(state: MiState) -> int | None:

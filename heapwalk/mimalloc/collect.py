@@ -1,0 +1,83 @@
+"""What mi_collect(true) on the main thread gives back, as address ranges: mimalloc's own remedy, which the
+verdict prices and the tests hold against a real collect."""
+
+from __future__ import annotations
+
+from heapwalk.mimalloc.decode import MiPage, MiState, good_size
+
+__all__ = ["collected"]
+
+_SLICE = 65536
+
+
+def collected(state: MiState, counted: bool = False) -> list[tuple[int, int]]:
+    """What mi_collect(true) on the main thread gives back now: the abandoned segments' waiting slices (it
+    reclaims them, their delay long past), from 2.1 the cached thread data it frees and the arenas' blocks whose
+    purge waits, and in 2.3 what its own segments give (`_own`); COUNTED: only what it takes off its committed
+    figure (from 2.2 a purge takes nothing off on Linux)."""
+    if state.v3:
+        return _collected3(state)
+    purges = state.layout.purge_counted or not counted
+    out = [r for s in state.abandoned() for r in s.pending_ranges()] if purges else []
+    if state.layout.collect_frees_cache:
+        size = good_size(state.layout.thread_data)
+        out += [(at, at + size) for at, kind in state.thread_data if kind == "cached"]
+        out += [r for a in state.discovery.arenas for r in a.purge_ranges()] if purges else []
+    if state.layout.collect_purges_own and state.main_thread and purges:
+        out += _own(state)
+    return _union(out)
+
+
+def _own(state: MiState) -> list[tuple[int, int]]:
+    """2.3: the main thread's segments.  Each page of its heap that collect visits (its queues in turn) first
+    purges what waits in its segment; a page that holds no block is then freed, its slices waiting in turn
+    (those its heap retired are freed before the visit); a segment whose pages are all freed goes whole."""
+    own = {s.address: s for s in state.live() if s.thread_id == state.main_thread and not s.huge}
+    pages = {p.address: p for s in own.values() for p in s.pages}
+    waiting = {a: s.pending_ranges() for a, s in own.items()}
+    out, freed = [], set()
+    for at, retired in state.main_queues:
+        page = pages.get(at)
+        if page is not None and retired and _empty(page):
+            waiting[page.segment].append(_slices(page))
+            freed.add(at)
+    for at, _ in state.main_queues:
+        page = pages.get(at)
+        if page is None:
+            continue
+        out += waiting[page.segment]
+        waiting[page.segment] = []
+        if _empty(page) and at not in freed:
+            waiting[page.segment].append(_slices(page))
+            freed.add(at)
+    out += [(s.address, s.address + s.reserved) for s in own.values()
+            if s.pages and all(p.address in freed for p in s.pages)]
+    return out
+
+
+def _union(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """RANGES sorted, those that overlap or touch merged."""
+    out: list[tuple[int, int]] = []
+    for lo, hi in sorted(ranges):
+        if out and lo <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], hi))
+        else:
+            out.append((lo, hi))
+    return out
+
+
+def _empty(page: MiPage) -> bool:
+    return page.in_use == 0 and not page.damaged
+
+
+def _slices(page: MiPage) -> tuple[int, int]:
+    return page.segment + page.index * _SLICE, page.end
+
+
+def _collected3(state: MiState) -> list[tuple[int, int]]:
+    """mimalloc 3: the arenas' free slices whose purge waits, and the pages of the main thread that hold no block
+    (it frees them, and purges them at once)."""
+    out = [r for a in state.discovery.arenas for r in a.purge_ranges()]
+    out += [(s.address, s.address + s.reserved) for s in state.live() if s.arena is not None and state.main_thread
+            and s.thread_id == state.main_thread and all(p.in_use == 0 and not p.damaged for p in s.pages)]
+    return _union(out)
