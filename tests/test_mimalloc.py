@@ -181,6 +181,28 @@ def test_gdb_attached_says_the_same(stopped, tmp_path):
         <= 16 << 10
 
 
+def test_segments_from_the_system_are_held_by_the_segment_map_s_parts(tmp_path):
+    """2.3.2 run with MIMALLOC_DISALLOW_ARENA_ALLOC=1: every segment comes from the system (below 48 TiB), and the
+    segment map's parts (taken from the system too) hold them.  gdb -p, symbols hidden: every figure as mimalloc
+    printed it, its committed bytes to the byte with the parts in them; check finds it all sound."""
+    mi = mibuilds.prepare_mimalloc(SYSROOTS, "2.3.2")
+    run = tmp_path / "run"
+    env = {**mi.environment(), "MIMALLOC_DISALLOW_ARENA_ALLOC": "1"}
+    proc = harness.run_to_snapshot(mibuilds.build_hold(tmp_path, mi), run, env=env)
+    try:
+        doc, said = _attached(proc, tmp_path)
+        result = run_gdb(["-p", str(proc.pid)], ["heapwalk check"], iex=[NO_SYMBOLS])
+    finally:
+        proc.kill()
+        proc.wait()
+    _check(doc, run, "2.3.2")
+    m = doc["mimalloc"]
+    assert m["totals"]["arenas"] == 0 and m["options"]["disallow_arena_alloc"]["set"] == "from the environment"
+    facts = {f["what"]: f["how"] for f in m["discovery"]}
+    assert re.search(r"its table of parts at 0x[0-9a-f]+: 1 parts, \d+ segments from the system", facts["segment map"])
+    assert "mimalloc consistent" in result.stdout and not doc["findings"]
+
+
 def _attached(proc, tmp_path: Path) -> tuple[dict, str]:
     """gdb -p on PROC, symbols hidden: report's JSON and the output of report and threads; every heap's thread
     found (its LWP)."""

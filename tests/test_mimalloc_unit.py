@@ -241,3 +241,23 @@ def test_what_collect_gives_back_follows_the_main_heap_s_queues():
                                 (at + 20 * 65536, at + 21 * 65536), (at + SEG, at + 2 * SEG)]
     state.main_queues = [(held.address, False), (retired.address, True), (last.address, False)]
     assert collected(state) == [(at + 65536, at + 2 * 65536), (at + 20 * 65536, at + 21 * 65536)]
+
+
+def test_the_segment_map_s_parts_hold_the_segments_from_the_system():
+    """2.2 on: the table of the data whose part holds the bit of a segment taken from the system is the segment
+    map; a stamped segment whose bit is clear is not held (freed); a table with an entry that is no part (its
+    memory does not start with its address) is not it; with no segment below 48 TiB no table is looked for."""
+    from heapwalk.mimalloc.segmap import find_map_parts
+    lay = layout_for((2, 3, 2))
+    part, span = 0x7F0000000000, (8 * (8 * 1024 - 128)) << 25
+    live, freed = span + (3 << 25), span + (5 << 25)        # in the second part's span: bits 3 and 5
+    bitmap = bytearray(8 * 1024)
+    bitmap[:8] = part.to_bytes(8, "little")     # its memory id: the system's memory at its own address
+    bitmap[lay.map_part_head] = 1 << 3
+    words = np.zeros(40, dtype=np.uint64)
+    words[10 + 1] = part                        # the table at word 10: its entry 1 is the part
+    words[3 + 1] = part + 4096                  # a table at word 3 would name no part
+    got = find_map_parts(_Memory(part, bytes(bitmap)), 0x1000, words, lay, [live, freed])
+    assert got is not None and got.table == 0x1000 + 8 * 10 and got.parts == (part,)
+    assert got.held == {live} and got.part_size(lay) == 8088
+    assert find_map_parts(_Memory(part, bytes(bitmap)), 0x1000, words, lay, [49 << 40]) is None

@@ -75,13 +75,14 @@ def owners(state: MiState) -> list[Owner]:
 
 
 def _add_arenas(state: MiState, by: dict[int, Owner]) -> None:
-    """The arenas' row: their blocks no segment uses, and their descriptions taken from the system (mimalloc 3:
+    """The arenas' row: their blocks no segment uses, and their descriptions taken from the system (and from 2.2 the
+    segment map's parts; mimalloc 3:
     their free slices, and their slices of their own: description, bitmaps, meta pages; and the page map)."""
     free_blocks = state.arena_free()
     if state.v3:
         _add_arenas3(state, by, free_blocks)
         return
-    meta = sum(good_size(a.meta) for a in state.discovery.arenas if a.meta)
+    meta = sum(good_size(a.meta) for a in state.discovery.arenas if a.meta) + state.map_bytes()
     if not free_blocks and not meta:
         return
     arenas = by.setdefault(ARENAS, Owner(ARENAS))

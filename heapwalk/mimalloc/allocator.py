@@ -172,15 +172,16 @@ class MimallocHeap(Decoded):
         return mimalloc_blocks(self.state, arena_of)
 
     def claims(self) -> list[Claim]:
-        """Every live segment (all the memory mimalloc took for its heaps) and each thread data; mimalloc 3: its
-        arenas whole, and its pages taken from the system."""
+        """Every live segment (all the memory mimalloc took for its heaps), each thread data and each part of the
+        segment map (from 2.2); mimalloc 3: its arenas whole, and its pages taken from the system."""
         td = good_size(self.state.layout.thread_data)
         unit = "pages" if self.state.v3 else "segments"
         return [Claim(s.address, s.address + s.reserved, "heap", f"mimalloc: {unit}") for s in self.state.live()
                 if s.arena is None or not self.state.v3] \
             + [Claim(a.start, a.start + a.reserved, "heap", "mimalloc: arenas") for a in self.state.discovery.arenas
                if self.state.v3] \
-            + [Claim(at, at + td, "heap", "mimalloc: thread data") for at, _ in self.state.thread_data]
+            + [Claim(at, at + td, "heap", "mimalloc: thread data") for at, _ in self.state.thread_data] \
+            + [Claim(lo, hi, "heap", "mimalloc: segment map") for lo, hi in self.state.map_part_ranges()]
 
     def holds(self, rep: Report) -> str:
         return f"mimalloc holds {human(rep.system)} ({human(rep.in_use)} in use, {human(rep.free)} free)"

@@ -187,15 +187,22 @@ class MiState:
 
     def map_bytes(self) -> int:
         """mimalloc 3: the page map's sub-maps, 64 KiB each from the system, and (from 3.2) its table with the
-        first sub-map, as the system rounds them: what its statistics count of it."""
+        first sub-map, as the system rounds them: what its statistics count of it; from 2.2 the segment map's
+        parts."""
         if not self.v3:
-            return 0
+            return sum(hi - lo for lo, hi in self.map_part_ranges())
         pm = self.discovery.page_map
         return pm.subs * 65536 + (good_size(pm.size + 65536) if self.layout.map_counted else 0)
 
+    def map_part_ranges(self) -> list[tuple[int, int]]:
+        """From 2.2: the segment map's parts, as address ranges."""
+        parts = self.discovery.map_parts
+        size = good_size(parts.part_size(self.layout)) if parts is not None else 0
+        return [(at, at + size) for at in parts.parts] if parts is not None else []
+
     def reserved(self) -> int:
         """Bytes mimalloc took from the system: its arenas, its live segments outside them, and thread data (its
-        reserved statistic); for mimalloc 3 also the page map's sub-maps."""
+        reserved statistic); also the page map's sub-maps (mimalloc 3) or the segment map's parts (from 2.2)."""
         return sum(a.reserved for a in self.discovery.arenas) + \
             sum(s.reserved for s in self.live() if s.arena is None) + self.thread_data_bytes() + self.map_bytes()
 
@@ -269,6 +276,11 @@ def decode_mimalloc(mem: Memory, found: MiDiscovery, threads, description: str =
         findings.append(Finding(Severity.ERROR, 0, "mimalloc segment map", "mimalloc's segment map was not found "
                                 "in its data (unreadable or damaged): every segment stamped with its address is taken "
                                 "as live, and one freed but not yet unmapped would be counted", SEGMENT))
+    if found.map_parts_lost:
+        findings.append(Finding(Severity.WARNING, 0, "mimalloc segment map", f"{found.map_parts_lost} segments "
+                                "taken from the system below 48 TiB are held by parts of the segment map, and no "
+                                "table of parts was found in mimalloc's data: those segments are taken as live, and "
+                                "the parts' 8 KiB each are left out of the reserved and committed figures", SEGMENT))
     heaps = find_heaps(mem, found, segments, threads, findings)
     for seg in segments:
         if seg.live:

@@ -28,6 +28,7 @@ from heapwalk.mimalloc.arenas import arena_segment, find_arenas
 from heapwalk.mimalloc.find import MiImage
 from heapwalk.mimalloc.layout import LAYOUTS, MiLayout, layout_for
 from heapwalk.mimalloc.options import find_options
+from heapwalk.mimalloc.segmap import MAP_LIMIT, find_map_parts
 from heapwalk.mimalloc.v3.layout import LAYOUTS3, layout3_for
 
 __all__ = ["MiDiscovery", "MimallocUnknown", "MimallocUnused", "discover_mimalloc", "BIN_SIZES", "main_heap",
@@ -70,6 +71,8 @@ class MiDiscovery:
     os_pages: tuple[int, ...] = ()        # mimalloc 3: its pages taken from the system (outside its arenas)
     tpoff_unread: tuple[int, str] | None = None   # where the default heaps' offset could not be read, and why
     data_unread: tuple[tuple[int, int], ...] = ()  # the parts of the object's data that could not be read
+    map_parts: object = None              # from 2.2: the segment map's parts (`mimalloc.segmap.MapParts`)
+    map_parts_lost: int = 0               # from 2.2: segments from the system below 48 TiB no part was found for
 
 
 def discover_mimalloc(mem: Memory, found: MiImage, regions: list[tuple[int, int]], mappings: list[Mapping],
@@ -100,8 +103,9 @@ def discover_mimalloc(mem: Memory, found: MiImage, regions: list[tuple[int, int]
     stamped = _stamped_segments(mem, _anonymous(regions, mappings, readable), layout, cookie)
     if not stamped:
         raise MimallocUnused("mimalloc holds no segment in this process")
+    parts, lost = None, 0
     if layout.segment_map_parts:
-        at, arenas, segments, freed = _by_arenas(mem, base, words, layout, stamped, found)
+        at, arenas, segments, freed, parts, lost = _by_arenas(mem, base, words, layout, stamped, found)
         in_map, unstamped = set(segments), ()
     else:
         at, in_map, arenas, segments, freed, unstamped = _by_map(mem, base, words, layout, stamped, found)
@@ -112,7 +116,8 @@ def discover_mimalloc(mem: Memory, found: MiImage, regions: list[tuple[int, int]
              ("main heap", f"at {main:#x} (its page queues carry the bins' sizes; cookie {cookie:#x})"),
              ("segments", f"{len(stamped)} stamped with their address xor the cookie, in the anonymous memory"),
              ("segment map", f"at {at:#x} ({len(in_map)} segments)" if at is not None else
-              f"none for arenas' segments: {len(segments)} live by their arenas' blocks in use, {len(freed)} freed"
+              f"none for arenas' segments: {len(segments)} live by their arenas' blocks in use or its parts, "
+              f"{len(freed)} freed" + _parts_said(parts, lost)
               if layout.segment_map_parts else "not found: every stamped segment is taken as live"),
              ("default heaps", f"thread-local, {tpoff - (1 << 64) if tpoff and tpoff >> 63 else tpoff:#x} from "
               f"$fs_base (mi_heap_get_default's GOT slot)" if tpoff is not None else "not found"),
@@ -122,7 +127,16 @@ def discover_mimalloc(mem: Memory, found: MiImage, regions: list[tuple[int, int]
              ("options", f"{len(options)}, from their table (each entry carries its index)" if options else
               "not found: the report does not say which options the process runs with"))
     return MiDiscovery(layout, found.version, found.path, main, cookie, segments, freed, at, tpoff, cache, facts,
-                       unstamped, options, arenas, tpoff_unread=unread, data_unread=data_unread(mem, found))
+                       unstamped, options, arenas, tpoff_unread=unread, data_unread=data_unread(mem, found),
+                       map_parts=parts, map_parts_lost=lost)
+
+
+def _parts_said(parts, lost: int) -> str:
+    """What the facts say of the segment map's parts (from 2.2)."""
+    if parts is not None:
+        return (f"; its table of parts at {parts.table:#x}: {len(parts.parts)} parts, "
+                f"{len(parts.held)} segments from the system")
+    return f"; no table of parts holds the {lost} segments from the system below 48 TiB" if lost else ""
 
 
 def _unversioned3(mem: Memory, found: MiImage, regions: list[tuple[int, int]], mappings: list[Mapping], readable,
@@ -262,11 +276,11 @@ def _by_map(mem: Memory, base: int, words: np.ndarray, layout: MiLayout, stamped
     return at, in_map, arenas, segments, freed, unstamped
 
 
-def _by_arenas(mem: Memory, base: int, words: np.ndarray, layout: MiLayout, stamped: list[int], found: MiImage
-               ) -> tuple[None, tuple, tuple[int, ...], tuple[int, ...]]:
+def _by_arenas(mem: Memory, base: int, words: np.ndarray, layout: MiLayout, stamped: list[int], found: MiImage):
     """From 2.2 the segment map holds no segment taken from an arena: (no map, the arenas, the live segments, the
-    freed ones).  A stamped segment in an arena is live when the arena's block under it is in use; one taken from
-    the system is live while mapped (mimalloc unmaps it when it frees it)."""
+    freed ones, the map's parts or None, how many segments from the system below 48 TiB no part holds).  A
+    stamped segment in an arena is live when the arena's block under it is in use; one taken from the system
+    when the map's part holds its bit (above 48 TiB, or when no part is found: while it is mapped)."""
     first = arena_segment(mem, layout, stamped)
     arenas = find_arenas(mem, base, words, layout, first)
     if first is not None and not arenas:
@@ -275,12 +289,18 @@ def _by_arenas(mem: Memory, base: int, words: np.ndarray, layout: MiLayout, stam
     if not arenas and not found.version:
         raise MimallocUnknown(f"a mimalloc that does not say its version: {layout.versions}'s layout finds its main "
                               "heap and segments, but no arena, so the layout is not confirmed")
+    arena_of = {at: next((a for a in arenas if a.start <= at < a.start + a.reserved), None) for at in stamped}
+    own = [at for at, arena in arena_of.items() if arena is None]
+    parts = find_map_parts(mem, base, words, layout, own)
     live = []
-    for at in stamped:
-        arena = next((a for a in arenas if a.start <= at < a.start + a.reserved), None)
-        if arena is None or arena.inuse >> arena.block_of(at) & 1:
+    for at, arena in arena_of.items():
+        if arena is not None:
+            if arena.inuse >> arena.block_of(at) & 1:
+                live.append(at)
+        elif parts is None or at >= MAP_LIMIT or at in parts.held:
             live.append(at)
-    return None, arenas, tuple(live), tuple(s for s in stamped if s not in live)
+    lost = 0 if parts is not None else sum(1 for at in own if at < MAP_LIMIT)
+    return None, arenas, tuple(live), tuple(s for s in stamped if s not in live), parts, lost
 
 
 def _map_bits(words: np.ndarray, layout: MiLayout, known: set[int], extra: int = 64) -> set[int] | None:

@@ -40,6 +40,7 @@ class MiLayout:
     segment_map_parts: int = 0            # from 2.2 the segment map is this many pointers to parts taken from the
     #                                       system, and holds no segment taken from an arena: the arenas' blocks in
     #                                       use say which are live (0: one bitmap in the library's data)
+    map_part_head: int = 24               # a part of the segment map: its memory id, then its bitmap
     arena_meta_size: int = 56             # the bytes of its own description
     arena_meta_memkind: int = 84          # where its description came from (meta_memid.memkind)
     bin_huge: int = 73                    # MI_BIN_HUGE; the heap's queues run to MI_BIN_FULL = bin_huge + 1

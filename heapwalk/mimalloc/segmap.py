@@ -1,0 +1,74 @@
+"""mimalloc 2.2's segment map: a table in the object's data of pointers to parts it takes from the system (8 KiB
+each), each part a bitmap with one bit per segment-aligned address of its span of the address space below
+48 TiB.  It holds only the segments taken from the system (those of arenas are found by their arena's blocks in
+use): a segment with its bit set is live; its parts count in mimalloc's reserved and committed figures."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from heapwalk.inferior.memory import Memory, ReadError, u64
+from heapwalk.mimalloc.layout import MiLayout
+
+__all__ = ["MapParts", "find_map_parts", "MAP_LIMIT"]
+
+#: the segment map covers the addresses below this
+MAP_LIMIT = 48 << 40
+_PART_BITS = 8 * (8 * 1024 - 128)
+
+
+@dataclass(frozen=True)
+class MapParts:
+    """The segment map's table, the parts it points to, and the segments their bits hold."""
+
+    table: int
+    parts: tuple[int, ...]
+    held: frozenset
+
+    def part_size(self, layout: MiLayout) -> int:
+        """What one part takes from the system: its memory id, then its bitmap."""
+        return layout.map_part_head + _PART_BITS // 8
+
+
+def find_map_parts(mem: Memory, base: int, words: np.ndarray, layout: MiLayout,
+                   segments: list[int]) -> MapParts | None:
+    """The table of the object's data (WORDS, from BASE) whose parts hold the bits of some of SEGMENTS (taken
+    from the system, below MAP_LIMIT), every entry NULL or a part (the table that holds most of them); None when
+    no such table is there (or no segment needs one)."""
+    low = sorted(s for s in segments if s < MAP_LIMIT)
+    if not low:
+        return None
+    span = _PART_BITS << layout.segment_shift
+    n = layout.segment_map_parts
+    first = low[0] // span
+    best = None
+    for i in np.flatnonzero(words[first:len(words) - n + first + 1]).tolist():
+        table = [int(p) for p in words[i:i + n]]
+        if not all(_is_part(mem, p) for p in table if p):
+            continue
+        held = frozenset(s for s in low if _bit(mem, layout, table[s // span], s % span))
+        if held and (best is None or len(held) > len(best.held)):
+            best = MapParts(base + 8 * i, tuple(p for p in table if p), held)
+    return best
+
+
+def _is_part(mem: Memory, at: int) -> bool:
+    """Whether AT can be a part: page-aligned memory from the system, whose memory id starts with its own
+    address."""
+    try:
+        return not at % 4096 and u64(mem, at) == at
+    except ReadError:
+        return False
+
+
+def _bit(mem: Memory, layout: MiLayout, part: int, offset: int) -> bool:
+    """Whether PART holds the bit of the segment OFFSET bytes into its span."""
+    if not part:
+        return False
+    bit = offset >> layout.segment_shift
+    try:
+        return bool(u64(mem, part + layout.map_part_head + 8 * (bit // 64)) >> (bit % 64) & 1)
+    except ReadError:
+        return False
