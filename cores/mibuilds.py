@@ -13,6 +13,7 @@ cmake as a distribution builds them (Release), stripped to their exported symbol
 
     2.0.5  2.0.6  2.0.7  2.1.2 (Ubuntu 24.04's: segments taken from arenas)  2.3.2 (the Rust crate's v2)
     3.3.2 (the Rust crate's: a heap per thread is a theap)  3.4.3 (the newest release tagged)
+    2.1.4  2.1.7  2.1.9  2.2.4  2.2.7  2.3.1 (one of each layout between; read live only, no core kept)
 
 and releases linked into the program (as the Rust crate links it: mimalloc's object in the executable, which
 then exports none of its entry points and says no version; its thread-local default heap reached without a GOT
@@ -44,7 +45,7 @@ import fresh
 import jebuilds
 import sysroots
 
-__all__ = ["MiBuild", "Mimalloc", "MI_BUILDS", "MI_BUILT", "MI_LINKED", "MI_RUST", "prepare_mimalloc", "build_hold",
+__all__ = ["MiBuild", "Mimalloc", "MI_BUILDS", "MI_BUILT", "MI_LIVE", "MI_LINKED", "MI_RUST", "prepare_mimalloc", "build_hold",
            "MI_HOLD"]
 
 LIBDIR = Path("usr/lib") / sysroots.MULTIARCH
@@ -66,12 +67,17 @@ MI_BUILDS = {
 }
 #: releases built from their sources (cores/data)
 MI_BUILT = ("2.0.5", "2.0.6", "2.0.7", "2.1.2", "2.3.2", "3.3.2", "3.4.3")
+#: releases built from their sources whose process the tests read live only (no core kept): one of each layout
+#: measured between 2.1.2 and 2.3.2
+MI_LIVE = ("2.1.4", "2.1.7", "2.1.9", "2.2.4", "2.2.7", "2.3.1")
 #: releases built from their sources as an object the reproducer links: name -> release
 MI_LINKED = {"2.1.2-linked": "2.1.2", "2.3.2-linked": "2.3.2", "3.0.1-linked": "3.0.1", "3.3.2-linked": "3.3.2"}
 #: the Rust reproducer on the mimalloc crate: name -> (the release the crate compiles in, the crate's features)
 MI_RUST = {"rust": ("3.3.2", ()), "rust-v2": ("2.3.2", ("v2",))}
 RUST_MI = Path(__file__).resolve().parent / "rust_mi"
 DATA = Path(__file__).resolve().parent / "data"
+#: the purge delay (ms) 2.1.4 to 2.3.1 run with (their committed statistic drifts: `Mimalloc.environment`)
+DRIFT_DELAY = 3600000
 
 
 @dataclass(frozen=True)
@@ -93,7 +99,7 @@ class Mimalloc:
             return self.root / "rust_mi"
         if self.linked:
             return self.root / "mimalloc.o"
-        if self.name in MI_BUILT:
+        if self.name in MI_BUILT or self.name in MI_LIVE:
             return self.root / f"libmimalloc.so.{self.name.split('.')[0]}"
         return self.root / LIBDIR / MI_BUILDS[self.name].file
 
@@ -102,16 +108,22 @@ class Mimalloc:
         return (self.root / "VERSION").read_text().strip()
 
     def environment(self) -> dict[str, str]:
-        """What puts it under a program (nothing: the program links it)."""
-        return {} if self.linked else {"LD_PRELOAD": str(self.library)}
+        """What puts it under a program (nothing: the program links it), and for 2.1.4 to 2.3.1, whose committed
+        statistic a purge makes drift on Linux, a purge delay of an hour: nothing is purged before the snapshot,
+        so that statistic is comparable there (their mi_collect(true) purges regardless; 2.1.2's only what
+        waited past its delay, so it runs with its own delay, and the tests read it before that delay passes)."""
+        env = {} if self.linked else {"LD_PRELOAD": str(self.library)}
+        if (2, 1, 4) <= tuple(map(int, self.version.split("."))) <= (2, 3, 1):
+            env["MIMALLOC_PURGE_DELAY"] = str(DRIFT_DELAY)
+        return env
 
 
 def prepare_mimalloc(dest: Path, name: str, cache: Path | None = None) -> Mimalloc:
     """Fetches (or reuses) mimalloc NAME (`MI_BUILDS`) and unpacks it into DEST/mimalloc-NAME, or builds release
-    NAME (`MI_BUILT`) there, or the Rust program on the crate (`MI_RUST`)."""
+    NAME (`MI_BUILT`, `MI_LIVE`) there, or the Rust program on the crate (`MI_RUST`)."""
     if name in MI_RUST:
         return _rust(dest, name)
-    if name in MI_BUILT or name in MI_LINKED:
+    if name in MI_BUILT or name in MI_LIVE or name in MI_LINKED:
         return _built(dest, name)
     cache = cache or sysroots.cache_dir()
     build = MI_BUILDS[name]
@@ -203,7 +215,7 @@ def build_hold(folder: Path, mi: Mimalloc | None = None) -> Path:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("dest", type=Path)
-    parser.add_argument("names", nargs="*", default=[*MI_BUILDS, *MI_BUILT, *MI_LINKED, *MI_RUST])
+    parser.add_argument("names", nargs="*", default=[*MI_BUILDS, *MI_BUILT, *MI_LIVE, *MI_LINKED, *MI_RUST])
     args = parser.parse_args(argv)
     for name in args.names:
         mi = prepare_mimalloc(args.dest, name)

@@ -237,7 +237,7 @@ def capture_mimalloc(name: str) -> harness.Capture:
     exists; mimalloc's statistics in stats.json and the threads' ledgers beside it."""
     mi = mibuilds.prepare_mimalloc(SYSROOTS, name)
     directory = CORES / f"mimalloc-{name}" / "mi_hold"
-    inputs = fresh.digest([mibuilds.MI_HOLD, Path(harness.__file__), mi.library], name)
+    inputs = fresh.digest([mibuilds.MI_HOLD, Path(harness.__file__), mi.library], name, mi.environment())
     return _hold_core("mi_hold", directory, inputs, ("stats.json", "ledger-main.txt"),
                       lambda: mibuilds.build_hold(directory.parent / "bin", mi), mi.environment(), "ledger-*.txt")
 

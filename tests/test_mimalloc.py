@@ -27,6 +27,7 @@ import harness
 import mibuilds
 from conftest import NO_SYMBOLS, SYSROOTS, capture_mimalloc, run_gdb
 from heapwalk.mimalloc.find import version_of
+from heapwalk.mimalloc.layout import layout_for
 
 pytestmark = pytest.mark.cores
 
@@ -161,21 +162,33 @@ def test_leaks_are_the_exited_thread_s_blocks_and_check_finds_it_sound(tmp_path,
     assert "segment at" in said and "(huge)" in said
 
 
-@pytest.mark.parametrize("stopped", ["bookworm", "2.1.2", "2.3.2", "rust-v2"], indirect=True)
+@pytest.mark.parametrize("stopped", ["bookworm", "2.1.2", "2.3.2", "rust-v2", *mibuilds.MI_LIVE], indirect=True)
 def test_gdb_attached_says_the_same(stopped, tmp_path):
     """gdb -p on the stopped process, symbols hidden: the same figures, read live; threads lists each heap with
     its thread; the options are those the process runs with; what the verdict says mi_collect(true) on the main
     thread gives back is what it then took off mimalloc's commit (to the byte) and the RSS: on 2.0.9 the abandoned
-    segments' waiting slices, on 2.1.2 also the cached thread data and the arenas' blocks waiting for a purge."""
+    segments' waiting slices, on 2.1.2 also the cached thread data and the arenas' blocks waiting for a purge.
+    Also on one release of each layout measured between 2.1.2 and 2.3.2 (2.1.4 to 2.3.1: read live only).  From
+    2.1 to 2.3.1 a purge makes mimalloc's committed statistic drift low, as the verdict says: 2.1.4 to 2.3.1 run
+    with a purge delay of an hour (nothing purged before the snapshot)."""
     proc, run, version, linked = stopped
     doc, said = _attached(proc, tmp_path)
     _check(doc, run, version, said=not linked)
     assert f"mimalloc heaps ({len(doc['mimalloc']['heaps'])})" in said
     delay = "decommit_delay" if version < "2.1" else "purge_delay"        # renamed in 2.1
-    assert doc["mimalloc"]["options"][delay] == {"value": 25 if version < "2.1" else 10, "set": "default"}
+    drifts = layout_for(version_of(json.loads((run / "stats.json").read_text())["version"])).stat_drifts
+    assert doc["mimalloc"]["options"][delay] == ({"value": mibuilds.DRIFT_DELAY, "set": "from the environment"}
+                                                 if drifts and version > "2.1.2" else {"value": 25 if version < "2.1" else 10,
+                                                                 "set": "default"})
     assert f"wait for the purge delay ({delay}: " in " ".join(said.split())
+    assert ("own committed figure (mi_stats_print, mi_process_info) is not this one once it has purged" in
+            " ".join(said.split())) == drifts
     collected = _collect(proc, run)
-    assert doc["mimalloc"]["totals"]["collect_decommits"] == collected["commit_before"] - collected["commit_after"] > 0
+    taken = collected["commit_before"] - collected["commit_after"]
+    # from 2.1.4 to 2.3.1 the statistic falls by more than the memory collect purges (its count drifts low, as
+    # the verdict says: the RSS below is what it gives back)
+    assert 0 < doc["mimalloc"]["totals"]["collect_decommits"] == taken or drifts and version > "2.1.2" and \
+        0 < doc["mimalloc"]["totals"]["collect_decommits"] < taken
     # RssAnon is the whole process's: other pages may move by a page or two meanwhile
     assert abs(doc["mimalloc"]["collect_resident"] - (collected["rss_anon_before"] - collected["rss_anon_after"])) \
         <= 16 << 10

@@ -142,16 +142,25 @@ def test_check_names_a_page_whose_counters_do_not_add_up():
 
 def test_each_release_has_its_own_layout():
     """The layouts measured: 2.0.5 (64 MiB segments), 2.0.6, 2.0.7 (a heap with an arena id), 2.0.9 (32 MiB
-    segments), 2.1.2 (arenas), 2.3.2 (a page's explicit block size and start, no segment map for arena
-    segments); releases between or around them have none (named, not guessed)."""
-    assert [lay.versions for lay in LAYOUTS] == ["2.0.5", "2.0.6", "2.0.7", "2.0.9", "2.1.2", "2.3.2"]
+    segments), 2.1.2 (arenas), 2.1.4 (a page's explicit block size and start), 2.1.8 (no segment map for arena
+    segments), 2.2.2, 2.2.6 (other heaps and thread data), 2.3.0 and 2.3.2 (a purge no longer counted on Linux);
+    releases between or around them have none (named, not guessed), those never tagged included."""
+    assert [lay.versions for lay in LAYOUTS] == ["2.0.5", "2.0.6", "2.0.7", "2.0.9", "2.1.2", "2.1.4 to 2.1.6",
+                                                 "2.1.7", "2.1.8 to 2.1.9", "2.2.2 to 2.2.4", "2.2.6 to 2.2.7",
+                                                 "2.3.0 to 2.3.1", "2.3.2"]
     assert layout_for((2, 0, 5)).segment_size == 64 << 20 and layout_for((2, 0, 9)).segment_size == 32 << 20
     assert layout_for((2, 0, 7)).heap_cookie == 2864 and layout_for((2, 0, 6)).heap_cookie == 2856
     assert layout_for((2, 0, 5)).mask_bytes == 128 and layout_for((2, 0, 9)).mask_bytes == 64
     assert layout_for((2, 0, 8)) is None and layout_for((2, 0, 4)) is None and layout_for((3, 0, 1)) is None
-    assert layout_for((2, 1, 3)) is None and layout_for((2, 1, 2)).seg_memkind == 20
-    assert layout_for((2, 3, 1)) is None and layout_for((2, 3, 2)).page_start_field == 48
+    assert all(layout_for(v) is None for v in ((2, 1, 0), (2, 1, 1), (2, 1, 3), (2, 2, 0), (2, 2, 5), (2, 3, 3)))
+    assert layout_for((2, 1, 2)).seg_memkind == 20 and layout_for((2, 1, 5)).page_start_field == 48
+    assert not layout_for((2, 1, 6)).segment_map_parts and layout_for((2, 1, 8)).segment_map_parts == 25
+    assert not layout_for((2, 1, 6)).collect_purges_own and layout_for((2, 1, 7)).collect_purges_own
+    assert layout_for((2, 2, 4)).thread_data == 8240 and layout_for((2, 2, 6)).thread_data == 8216
+    assert layout_for((2, 3, 2)).page_start_field == 48 and layout_for((2, 3, 1)).heap_pages == 1288
     assert layout_for((2, 3, 2)).segment_map_parts and not layout_for((2, 3, 2)).purge_counted
+    assert layout_for((2, 3, 1)).purge_counted and layout_for((2, 3, 1)).stat_drifts
+    assert not layout_for((2, 3, 2)).stat_drifts and not layout_for((2, 0, 9)).stat_drifts
 
 
 def test_where_a_page_s_blocks_start():

@@ -34,8 +34,10 @@ class MiLayout:
     #                                       purges the arenas' waiting blocks (from 2.1)
     collect_purges_own: bool = False      # mi_collect(true) on the main thread also purges, at once, what waits
     #                                       in the segments of its own pages (2.3: each page collected forces it)
-    purge_counted: bool = True            # a purge takes what it decommits off the committed figure (not from 2.2
-    #                                       on Linux, where it only advises the system)
+    stat_drifts: bool = False             # 2.1 to 2.3.1 on Linux: a purge takes its bytes off the committed statistic
+    #                                       while the memory stays committed (mimalloc's own count drifts low)
+    purge_counted: bool = True            # a purge takes what it decommits off the committed figure (not from
+    #                                       2.3.2 on Linux, where it only advises the system)
     arena_slots: int = 112                # the table of arenas' slots (MI_MAX_ARENAS)
     segment_map_parts: int = 0            # from 2.2 the segment map is this many pointers to parts taken from the
     #                                       system, and holds no segment taken from an arena: the arenas' blocks in
@@ -136,6 +138,37 @@ _V205 = MiLayout("2.0.5", (2, 0, 5), (2, 0, 5), segment_shift=26, page_start_off
                  heap_cookie=2856, heap_page_count=3016, heap_next=3040, heap=3056, tld=1560, thread_data=4616,
                  huge_unowned=True)
 
+#: 2.3.2: the page says its block size and where its blocks start, the heap its thread first, the segment its
+#: sub-process, and the segment map holds only the segments taken from the system
+_V232 = MiLayout("2.3.2", (2, 3, 2), (2, 3, 2), seg_memkind=20, arena_committed=160, arena_purge=168,
+                 arena_inuse=184, collect_frees_cache=True, arena_slots=132, page=96, page_local_free=24,
+                 page_used=32, page_used_bytes=2, page_block_size=40, page_block_size_bytes=8,
+                 page_start_field=48, page_thread_free=56, page_heap=64, page_next=72, page_prev=80,
+                 seg_decommit_expire=48, seg_decommit_mask=56, seg_commit_mask=120, seg_abandoned_next=-1,
+                 seg_abandoned=200, seg_used=216, seg_cookie=224, seg_slices_count=248, seg_info_slices=256,
+                 seg_kind=264, seg_slice_entries=272, seg_thread_id=280, seg_slices=288, heap_delayed_free=8,
+                 heap_thread_id=16, heap_cookie=32, heap_page_count=192, heap_next=240, heap_pages=1288,
+                 heap=3088, tld=5120, thread_data=8232, segment_map_parts=25, purge_counted=False,
+                 collect_purges_own=True)
+#: 2.1.4 to 2.1.7: 2.3.2's page and heap (its queues 16 bytes nearer), 2.1.2's segment, arenas and segment map
+_V214 = replace(_V232, versions="2.1.4 to 2.1.6", first=(2, 1, 4), last=(2, 1, 6), heap_next=216, heap_pages=1264,
+                heap=3064, tld=1656, thread_data=4744, seg_decommit_expire=40, seg_decommit_mask=48,
+                seg_commit_mask=112, seg_abandoned=192, seg_used=208, seg_cookie=216, seg_slices_count=224,
+                seg_info_slices=232, seg_kind=240, seg_slice_entries=248, seg_thread_id=256, seg_slices=264,
+                arena_committed=120, arena_purge=128, arena_inuse=144, arena_slots=112, segment_map_parts=0,
+                purge_counted=True, collect_purges_own=False, stat_drifts=True)
+#: the releases after 2.1.2, each measured on its tag (2.2.5 was not tagged)
+_LATER = (_V214,
+          replace(_V214, versions="2.1.7", first=(2, 1, 7), last=(2, 1, 7), collect_purges_own=True),
+          replace(_V232, versions="2.1.8 to 2.1.9", first=(2, 1, 8), last=(2, 1, 9), heap_next=216, heap_pages=1264,
+                  heap=3064, tld=1656, thread_data=4744, purge_counted=True, stat_drifts=True),
+          replace(_V232, versions="2.2.2 to 2.2.4", first=(2, 2, 2), last=(2, 2, 4), heap_next=232, heap_pages=1280,
+                  heap=3080, tld=5136, thread_data=8240, purge_counted=True, stat_drifts=True),
+          replace(_V232, versions="2.2.6 to 2.2.7", first=(2, 2, 6), last=(2, 2, 7), heap_next=232, heap_pages=1280,
+                  heap=3080, tld=5112, thread_data=8216, purge_counted=True, stat_drifts=True),
+          replace(_V232, versions="2.3.0 to 2.3.1", first=(2, 3, 0), last=(2, 3, 1), purge_counted=True, stat_drifts=True),
+          _V232)
+
 #: the layouts, oldest first (each measured on its releases built from their tags)
 LAYOUTS = (_V205,
            replace(_V205, versions="2.0.6", first=(2, 0, 6), last=(2, 0, 6), tld=1536, thread_data=4592),
@@ -143,17 +176,8 @@ LAYOUTS = (_V205,
                    heap_page_count=3024, heap_next=3048, heap=3064, thread_data=4600),
            MiLayout("2.0.9", (2, 0, 9), (2, 0, 9)),
            MiLayout("2.1.2", (2, 1, 2), (2, 1, 2), start_by_size=True, seg_memkind=20, tld=1600, thread_data=4688,
-                    collect_frees_cache=True),
-           MiLayout("2.3.2", (2, 3, 2), (2, 3, 2), seg_memkind=20, arena_committed=160, arena_purge=168,
-                    arena_inuse=184, collect_frees_cache=True, arena_slots=132, page=96, page_local_free=24,
-                    page_used=32, page_used_bytes=2, page_block_size=40, page_block_size_bytes=8,
-                    page_start_field=48, page_thread_free=56, page_heap=64, page_next=72, page_prev=80,
-                    seg_decommit_expire=48, seg_decommit_mask=56, seg_commit_mask=120, seg_abandoned_next=-1,
-                    seg_abandoned=200, seg_used=216, seg_cookie=224, seg_slices_count=248, seg_info_slices=256,
-                    seg_kind=264, seg_slice_entries=272, seg_thread_id=280, seg_slices=288, heap_delayed_free=8,
-                    heap_thread_id=16, heap_cookie=32, heap_page_count=192, heap_next=240, heap_pages=1288,
-                    heap=3088, tld=5120, thread_data=8232, segment_map_parts=25, purge_counted=False,
-                    collect_purges_own=True))
+                    collect_frees_cache=True, stat_drifts=True),
+           *_LATER)
 
 #: a segment's memid.memkind when it was taken from an arena
 MEM_ARENA = 6
