@@ -13,7 +13,7 @@ _SLICE = 65536
 def collected(state: MiState, counted: bool = False) -> list[tuple[int, int]]:
     """What mi_collect(true) on the main thread gives back now: the abandoned segments' waiting slices (it
     reclaims them, their delay long past), from 2.1 the cached thread data it frees and the arenas' blocks whose
-    purge waits, and in 2.3 what its own segments give (`_own`); COUNTED: only what it takes off its committed
+    purge waits, and from 2.1.7 what its own segments give (`_own`); COUNTED: only what it takes off its committed
     figure (from 2.2 a purge takes nothing off on Linux)."""
     if state.v3:
         return _collected3(state)
@@ -29,7 +29,7 @@ def collected(state: MiState, counted: bool = False) -> list[tuple[int, int]]:
 
 
 def _own(state: MiState) -> list[tuple[int, int]]:
-    """2.3: the main thread's segments.  Each page of its heap that collect visits (its queues in turn) first
+    """From 2.1.7: the main thread's segments.  Each page of its heap that collect visits (its queues in turn) first
     purges what waits in its segment; a page that holds no block is then freed, its slices waiting in turn
     (those its heap retired are freed before the visit); a segment whose pages are all freed goes whole."""
     own = {s.address: s for s in state.live() if s.thread_id == state.main_thread and not s.huge}

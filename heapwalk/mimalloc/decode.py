@@ -154,7 +154,7 @@ class MiState:
     target: str = ""
     residency: Residency | None = None
     main_thread: int = 0                        # the main thread's $fs_base (0: not known)
-    main_queues: list = field(default_factory=list)     # 2.3: the main heap's pages as mi_collect visits them,
+    main_queues: list = field(default_factory=list)     # from 2.1.7: the main heap's pages as collect visits them,
     #                                                     each with whether it is retired (collect.visit_order)
 
     @property

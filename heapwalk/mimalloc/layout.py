@@ -33,7 +33,7 @@ class MiLayout:
     collect_frees_cache: bool = False     # mi_collect(true) on the main thread frees the cached thread data and
     #                                       purges the arenas' waiting blocks (from 2.1)
     collect_purges_own: bool = False      # mi_collect(true) on the main thread also purges, at once, what waits
-    #                                       in the segments of its own pages (2.3: each page collected forces it)
+    #                                       in the segments of its own pages (from 2.1.7: each page collected forces it)
     stat_drifts: bool = False             # 2.1 to 2.3.1 on Linux: a purge takes its bytes off the committed statistic
     #                                       while the memory stays committed (mimalloc's own count drifts low)
     purge_counted: bool = True            # a purge takes what it decommits off the committed figure (not from
