@@ -38,6 +38,9 @@ def test_arenas_are_matched_by_address_and_sorted_by_growth():
     assert "arena 0: free chunks grew in 32-64 B (2 -> 5 chunks, +144 B)" in text
     assert text.startswith("arenas: 2 -> 2\n") and not d.restarted and doc["arena_counts"] == [2, 2]
     assert text.endswith("grew: arena 0, 2 (system memory or in-use bytes)\n")
+    mine = diff_text(d, "mimalloc")        # mimalloc's rows are owners (threads' heaps), its pieces blocks
+    assert mine.startswith("owners: 2 -> 2\n") and "arena" not in mine and "chunk" not in mine
+    assert "owner 0: free blocks grew in 32-64 B (2 -> 5 blocks, +144 B)" in mine
 
 
 def test_across_a_restart_arenas_are_matched_by_number_and_their_count_compared():

@@ -87,7 +87,7 @@ def cmd_diff(args) -> int:
     pairs, alone = _pairs(a, b)
     diffs = [(name, diff(pa[0], pb[0], pa[1], pb[1])) for name, pa, pb in pairs]
     for i, (name, d) in enumerate(diffs):
-        print(("" if i == 0 else "\n") + (f"{name}:\n" if len(diffs) > 1 else "") + diff_text(d), end="")
+        print(("" if i == 0 else "\n") + (f"{name}:\n" if len(diffs) > 1 else "") + diff_text(d, name), end="")
     for line in alone:
         print(line)
     rss = [process_rss(p / "report.json" if p.is_dir() else p) for p in (args.a, args.b)]
