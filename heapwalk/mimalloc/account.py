@@ -75,7 +75,7 @@ def owners(state: MiState) -> list[Owner]:
 
 
 def _add_arenas(state: MiState, by: dict[int, Owner]) -> None:
-    """The arenas' row: their blocks no segment uses, and their descriptions taken from the system (and from 2.2 the
+    """The arenas' row: their blocks no segment uses, and their descriptions taken from the system (and from 2.1.8 the
     segment map's parts; mimalloc 3:
     their free slices, and their slices of their own: description, bitmaps, meta pages; and the page map)."""
     free_blocks = state.arena_free()

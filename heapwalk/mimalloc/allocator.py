@@ -173,7 +173,7 @@ class MimallocHeap(Decoded):
 
     def claims(self) -> list[Claim]:
         """Every live segment (all the memory mimalloc took for its heaps), each thread data and each part of the
-        segment map (from 2.2); mimalloc 3: its arenas whole, and its pages taken from the system."""
+        segment map (from 2.1.8); mimalloc 3: its arenas whole, and its pages taken from the system."""
         td = good_size(self.state.layout.thread_data)
         unit = "pages" if self.state.v3 else "segments"
         return [Claim(s.address, s.address + s.reserved, "heap", f"mimalloc: {unit}") for s in self.state.live()

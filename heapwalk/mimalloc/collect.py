@@ -14,7 +14,7 @@ def collected(state: MiState, counted: bool = False) -> list[tuple[int, int]]:
     """What mi_collect(true) on the main thread gives back now: the abandoned segments' waiting slices (it
     reclaims them, their delay long past), from 2.1 the cached thread data it frees and the arenas' blocks whose
     purge waits, and from 2.1.7 what its own segments give (`_own`); COUNTED: only what it takes off its committed
-    figure (from 2.2 a purge takes nothing off on Linux)."""
+    figure (from 2.3.2 a purge takes nothing off on Linux)."""
     if state.v3:
         return _collected3(state)
     purges = state.layout.purge_counted or not counted

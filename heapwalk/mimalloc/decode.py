@@ -187,7 +187,7 @@ class MiState:
 
     def map_bytes(self) -> int:
         """mimalloc 3: the page map's sub-maps, 64 KiB each from the system, and (from 3.2) its table with the
-        first sub-map, as the system rounds them: what its statistics count of it; from 2.2 the segment map's
+        first sub-map, as the system rounds them: what its statistics count of it; from 2.1.8 the segment map's
         parts."""
         if not self.v3:
             return sum(hi - lo for lo, hi in self.map_part_ranges())
@@ -195,14 +195,14 @@ class MiState:
         return pm.subs * 65536 + (good_size(pm.size + 65536) if self.layout.map_counted else 0)
 
     def map_part_ranges(self) -> list[tuple[int, int]]:
-        """From 2.2: the segment map's parts, as address ranges."""
+        """From 2.1.8: the segment map's parts, as address ranges."""
         parts = self.discovery.map_parts
         size = good_size(parts.part_size(self.layout)) if parts is not None else 0
         return [(at, at + size) for at in parts.parts] if parts is not None else []
 
     def reserved(self) -> int:
         """Bytes mimalloc took from the system: its arenas, its live segments outside them, and thread data (its
-        reserved statistic); also the page map's sub-maps (mimalloc 3) or the segment map's parts (from 2.2)."""
+        reserved statistic); also the page map's sub-maps (mimalloc 3) or the segment map's parts (from 2.1.8)."""
         return sum(a.reserved for a in self.discovery.arenas) + \
             sum(s.reserved for s in self.live() if s.arena is None) + self.thread_data_bytes() + self.map_bytes()
 

@@ -71,8 +71,8 @@ class MiDiscovery:
     os_pages: tuple[int, ...] = ()        # mimalloc 3: its pages taken from the system (outside its arenas)
     tpoff_unread: tuple[int, str] | None = None   # where the default heaps' offset could not be read, and why
     data_unread: tuple[tuple[int, int], ...] = ()  # the parts of the object's data that could not be read
-    map_parts: object = None              # from 2.2: the segment map's parts (`mimalloc.segmap.MapParts`)
-    map_parts_lost: int = 0               # from 2.2: segments from the system below 48 TiB no part was found for
+    map_parts: object = None              # from 2.1.8: the segment map's parts (`mimalloc.segmap.MapParts`)
+    map_parts_lost: int = 0               # from 2.1.8: segments from the system below 48 TiB no part was found for
 
 
 def discover_mimalloc(mem: Memory, found: MiImage, regions: list[tuple[int, int]], mappings: list[Mapping],
@@ -132,7 +132,7 @@ def discover_mimalloc(mem: Memory, found: MiImage, regions: list[tuple[int, int]
 
 
 def _parts_said(parts, lost: int) -> str:
-    """What the facts say of the segment map's parts (from 2.2)."""
+    """What the facts say of the segment map's parts (from 2.1.8)."""
     if parts is not None:
         return (f"; its table of parts at {parts.table:#x}: {len(parts.parts)} parts, "
                 f"{len(parts.held)} segments from the system")
@@ -277,7 +277,7 @@ def _by_map(mem: Memory, base: int, words: np.ndarray, layout: MiLayout, stamped
 
 
 def _by_arenas(mem: Memory, base: int, words: np.ndarray, layout: MiLayout, stamped: list[int], found: MiImage):
-    """From 2.2 the segment map holds no segment taken from an arena: (no map, the arenas, the live segments, the
+    """From 2.1.8 the segment map holds no segment taken from an arena: (no map, the arenas, the live segments, the
     freed ones, the map's parts or None, how many segments from the system below 48 TiB no part holds).  A
     stamped segment in an arena is live when the arena's block under it is in use; one taken from the system
     when the map's part holds its bit (above 48 TiB, or when no part is found: while it is mapped)."""

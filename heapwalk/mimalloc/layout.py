@@ -39,7 +39,7 @@ class MiLayout:
     purge_counted: bool = True            # a purge takes what it decommits off the committed figure (not from
     #                                       2.3.2 on Linux, where it only advises the system)
     arena_slots: int = 112                # the table of arenas' slots (MI_MAX_ARENAS)
-    segment_map_parts: int = 0            # from 2.2 the segment map is this many pointers to parts taken from the
+    segment_map_parts: int = 0            # from 2.1.8 the segment map is this many pointers to parts taken from the
     #                                       system, and holds no segment taken from an arena: the arenas' blocks in
     #                                       use say which are live (0: one bitmap in the library's data)
     map_part_head: int = 24               # a part of the segment map: its memory id, then its bitmap
@@ -166,7 +166,8 @@ _LATER = (_V214,
                   heap=3080, tld=5136, thread_data=8240, purge_counted=True, stat_drifts=True),
           replace(_V232, versions="2.2.6 to 2.2.7", first=(2, 2, 6), last=(2, 2, 7), heap_next=232, heap_pages=1280,
                   heap=3080, tld=5112, thread_data=8216, purge_counted=True, stat_drifts=True),
-          replace(_V232, versions="2.3.0 to 2.3.1", first=(2, 3, 0), last=(2, 3, 1), purge_counted=True, stat_drifts=True),
+          replace(_V232, versions="2.3.0 to 2.3.1", first=(2, 3, 0), last=(2, 3, 1), purge_counted=True,
+                  stat_drifts=True),
           _V232)
 
 #: the layouts, oldest first (each measured on its releases built from their tags)

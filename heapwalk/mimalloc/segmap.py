@@ -1,4 +1,4 @@
-"""mimalloc 2.2's segment map: a table in the object's data of pointers to parts it takes from the system (8 KiB
+"""mimalloc's segment map from 2.1.8: a table in the object's data of pointers to parts it takes from the system (8 KiB
 each), each part a bitmap with one bit per segment-aligned address of its span of the address space below
 48 TiB.  It holds only the segments taken from the system (those of arenas are found by their arena's blocks in
 use): a segment with its bit set is live; its parts count in mimalloc's reserved and committed figures."""
