@@ -45,8 +45,8 @@ import fresh
 import jebuilds
 import sysroots
 
-__all__ = ["MiBuild", "Mimalloc", "MI_BUILDS", "MI_BUILT", "MI_LIVE", "MI_LINKED", "MI_RUST", "drift_delay", "prepare_mimalloc", "build_hold",
-           "MI_HOLD"]
+__all__ = ["MiBuild", "Mimalloc", "MI_BUILDS", "MI_BUILT", "MI_LIVE", "MI_LINKED", "MI_RUST", "drift_delay",
+           "prepare_mimalloc", "build_hold", "MI_HOLD"]
 
 LIBDIR = Path("usr/lib") / sysroots.MULTIARCH
 
