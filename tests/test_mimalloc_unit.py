@@ -270,3 +270,18 @@ def test_the_segment_map_s_parts_hold_the_segments_from_the_system():
     assert got is not None and got.table == 0x1000 + 8 * 10 and got.parts == (part,)
     assert got.held == {live} and got.part_size(lay) == 8088
     assert find_map_parts(_Memory(part, bytes(bitmap)), 0x1000, words, lay, [49 << 40]) is None
+
+
+def test_a_segment_above_the_map_s_addresses_is_live_and_the_map_still_found():
+    """mimalloc's hints reach 30 TiB, and its flat segment map covers 20 TiB (40 TiB in 2.1.2 to 2.1.7): a
+    segment above is in no map, and live while mapped; the map is found by the segments below."""
+    from types import SimpleNamespace
+    low, high = 0x20000000000, 25 << 40
+    words = np.zeros(LAY.segment_map_words + 600, dtype=np.uint64)
+    i, b = divmod(low >> LAY.segment_shift, 64)
+    words[500 + i] = np.uint64(1 << b)
+    found = SimpleNamespace(version=(2, 0, 9), named="libmimalloc.so.2.0")
+    at, in_map, arenas, segments, freed, unstamped = discovery._by_map(_Memory(0, b""), 0x1000, words, LAY,
+                                                                      [low, high], found)
+    assert at == 0x1000 + 8 * 500 and segments == (low, high) and not freed and not unstamped
+    assert LAY.segment_map_words == 10241 and layout_for((2, 1, 2)).segment_map_words == 20481

@@ -260,14 +260,17 @@ def data_unread(mem: Memory, found: MiImage) -> tuple[tuple[int, int], ...]:
 
 
 def _by_map(mem: Memory, base: int, words: np.ndarray, layout: MiLayout, stamped: list[int], found: MiImage):
-    """To 2.1: (the segment map's address or None, the segments it holds, the arenas, the live segments, the freed
-    ones, those the map holds whose stamp is lost)."""
-    at, in_map = _segment_map(base, words, stamped, layout)
-    if at is None and not found.version:
+    """To 2.1.7: (the segment map's address or None, the segments it holds, the arenas, the live segments, the
+    freed ones, those the map holds whose stamp is lost).  A segment above the addresses the map covers is in no
+    map (mimalloc's hints reach 30 TiB): it is live while mapped."""
+    covered = [s for s in stamped if s < layout.segment_map_limit]
+    above = [s for s in stamped if s >= layout.segment_map_limit]      # no map holds them: live while mapped
+    at, in_map = _segment_map(base, words, covered, layout) if covered else (None, set())
+    if at is None and covered and not found.version:
         raise MimallocUnknown(f"a mimalloc that does not say its version: {layout.versions}'s layout finds its "
                               "main heap and segments, but not its segment map, so the layout is not confirmed")
-    freed = tuple(s for s in stamped if s not in in_map) if at is not None else ()
-    segments = tuple(sorted(in_map & set(stamped))) if at is not None else tuple(stamped)
+    freed = tuple(s for s in covered if s not in in_map) if at is not None else ()
+    segments = tuple(sorted((in_map & set(covered)) | set(above))) if at is not None else tuple(stamped)
     unstamped = tuple(sorted(in_map - set(stamped))) if at is not None else ()
     arenas = find_arenas(mem, base, words, layout, arena_segment(mem, layout, segments))
     if arena_segment(mem, layout, segments) is not None and not arenas:

@@ -43,6 +43,7 @@ class MiLayout:
     #                                       system, and holds no segment taken from an arena: the arenas' blocks in
     #                                       use say which are live (0: one bitmap in the library's data)
     map_part_head: int = 24               # a part of the segment map: its memory id, then its bitmap
+    segment_map_tib: int = 20             # the flat segment map covers the addresses below this many TiB
     arena_meta_size: int = 56             # the bytes of its own description
     arena_meta_memkind: int = 84          # where its description came from (meta_memid.memkind)
     bin_huge: int = 73                    # MI_BIN_HUGE; the heap's queues run to MI_BIN_FULL = bin_huge + 1
@@ -116,9 +117,14 @@ class MiLayout:
         return self.page_start_offset if 8 <= block_size <= 1024 else 0
 
     @property
+    def segment_map_limit(self) -> int:
+        """The addresses the flat segment map covers (to 2.1.7): those below it."""
+        return self.segment_map_tib << 40
+
+    @property
     def segment_map_words(self) -> int:
-        """Words of the segment map: a bit per segment of 20 TiB of addresses, and one word more."""
-        return ((20 << 40) >> self.segment_shift) // 64 + 1
+        """Words of the segment map: a bit per segment of the addresses it covers, and one word more."""
+        return (self.segment_map_limit >> self.segment_shift) // 64 + 1
 
     @property
     def mask_bytes(self) -> int:
@@ -156,7 +162,7 @@ _V214 = replace(_V232, versions="2.1.4 to 2.1.6", first=(2, 1, 4), last=(2, 1, 6
                 seg_commit_mask=112, seg_abandoned=192, seg_used=208, seg_cookie=216, seg_slices_count=224,
                 seg_info_slices=232, seg_kind=240, seg_slice_entries=248, seg_thread_id=256, seg_slices=264,
                 arena_committed=120, arena_purge=128, arena_inuse=144, arena_slots=112, segment_map_parts=0,
-                purge_counted=True, collect_purges_own=False, stat_drifts=True)
+                purge_counted=True, collect_purges_own=False, stat_drifts=True, segment_map_tib=40)
 #: the releases after 2.1.2, each measured on its tag (2.2.5 was not tagged)
 _LATER = (_V214,
           replace(_V214, versions="2.1.7", first=(2, 1, 7), last=(2, 1, 7), collect_purges_own=True),
@@ -177,7 +183,7 @@ LAYOUTS = (_V205,
                    heap_page_count=3024, heap_next=3048, heap=3064, thread_data=4600),
            MiLayout("2.0.9", (2, 0, 9), (2, 0, 9)),
            MiLayout("2.1.2", (2, 1, 2), (2, 1, 2), start_by_size=True, seg_memkind=20, tld=1600, thread_data=4688,
-                    collect_frees_cache=True, stat_drifts=True),
+                    collect_frees_cache=True, stat_drifts=True, segment_map_tib=40),
            *_LATER)
 
 #: a segment's memid.memkind when it was taken from an arena
