@@ -268,10 +268,11 @@ def decode_mimalloc(mem: Memory, found: MiDiscovery, threads, description: str =
     findings: list[Finding] = []
     segments = [s for s in (_segment(mem, found, at, True, findings) for at in found.segments) if s]
     segments += [s for s in (_segment(mem, found, at, False, findings) for at in found.freed) if s]
+    held = "an arena's block in use is" if found.layout.segment_map_parts else "the segment map holds"
     for at in found.unstamped:
-        findings.append(Finding(Severity.ERROR, at, "mi_segment_t", f"the segment map holds a segment at {at:#x} "
-                                "whose header does not hold its stamp (the address xor the cookie): it is "
-                                "unreadable or damaged, and its memory is left out of every figure", SEGMENT))
+        findings.append(Finding(Severity.ERROR, at, "mi_segment_t", f"{held} a segment at {at:#x} whose header "
+                                "does not hold its stamp (the address xor the cookie): it is unreadable or damaged, "
+                                "and its memory is left out of every figure", SEGMENT))
     if found.segment_map is None and not found.layout.segment_map_parts:
         findings.append(Finding(Severity.ERROR, 0, "mimalloc segment map", "mimalloc's segment map was not found "
                                 "in its data (unreadable or damaged): every segment stamped with its address is taken "

@@ -28,7 +28,7 @@ from heapwalk.mimalloc.arenas import arena_segment, find_arenas
 from heapwalk.mimalloc.find import MiImage
 from heapwalk.mimalloc.layout import LAYOUTS, MiLayout, layout_for
 from heapwalk.mimalloc.options import find_options
-from heapwalk.mimalloc.segmap import MAP_LIMIT, find_map_parts
+from heapwalk.mimalloc.segmap import MAP_LIMIT, find_map_parts, unstamped_blocks
 from heapwalk.mimalloc.v3.layout import LAYOUTS3, layout3_for
 
 __all__ = ["MiDiscovery", "MimallocUnknown", "MimallocUnused", "discover_mimalloc", "BIN_SIZES", "main_heap",
@@ -106,7 +106,7 @@ def discover_mimalloc(mem: Memory, found: MiImage, regions: list[tuple[int, int]
     parts, lost = None, 0
     if layout.segment_map_parts:
         at, arenas, segments, freed, parts, lost = _by_arenas(mem, base, words, layout, stamped, found)
-        in_map, unstamped = set(segments), ()
+        in_map, unstamped = set(segments), unstamped_blocks(mem, layout, arenas, segments)
     else:
         at, in_map, arenas, segments, freed, unstamped = _by_map(mem, base, words, layout, stamped, found)
     tpoff, unread = read_tpoff(mem, found)

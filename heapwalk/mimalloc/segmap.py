@@ -12,7 +12,7 @@ import numpy as np
 from heapwalk.inferior.memory import Memory, ReadError, u64
 from heapwalk.mimalloc.layout import MiLayout
 
-__all__ = ["MapParts", "find_map_parts", "MAP_LIMIT"]
+__all__ = ["MapParts", "find_map_parts", "unstamped_blocks", "MAP_LIMIT"]
 
 #: the segment map covers the addresses below this
 MAP_LIMIT = 48 << 40
@@ -72,3 +72,20 @@ def _bit(mem: Memory, layout: MiLayout, part: int, offset: int) -> bool:
         return bool(u64(mem, part + layout.map_part_head + 8 * (bit // 64)) >> (bit % 64) & 1)
     except ReadError:
         return False
+
+
+def unstamped_blocks(mem: Memory, layout: MiLayout, arenas, live: tuple[int, ...]) -> tuple[int, ...]:
+    """From 2.1.8: the arenas' blocks in use that no live stamped segment covers (each segment its slices from
+    its header): a segment there lost its stamp, or its header cannot be read."""
+    covered = set()
+    for at in live:
+        arena = next((a for a in arenas if a.start <= at < a.start + a.reserved), None)
+        if arena is None:
+            continue
+        try:
+            size = min(max(u64(mem, at + layout.seg_slices_count), 1) * layout.slice_size, arena.reserved)
+        except ReadError:
+            size = layout.segment_size
+        covered.update((arena.start, b) for b in range(arena.block_of(at), arena.block_of(at + size - 1) + 1))
+    return tuple(a.start + b * a.block_size for a in arenas for b in range(a.blocks)
+                 if a.inuse >> b & 1 and (a.start, b) not in covered)
