@@ -3,6 +3,7 @@ verdict prices and the tests hold against a real collect."""
 
 from __future__ import annotations
 
+from heapwalk.inferior.memory import merged
 from heapwalk.mimalloc.decode import MiPage, MiState, good_size
 
 __all__ = ["collected"]
@@ -25,7 +26,7 @@ def collected(state: MiState, counted: bool = False) -> list[tuple[int, int]]:
         out += [r for a in state.discovery.arenas for r in a.purge_ranges()] if purges else []
     if state.layout.collect_purges_own and state.main_thread and purges:
         out += _own(state)
-    return _union(out)
+    return merged(out)
 
 
 def _own(state: MiState) -> list[tuple[int, int]]:
@@ -55,17 +56,6 @@ def _own(state: MiState) -> list[tuple[int, int]]:
     return out
 
 
-def _union(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    """RANGES sorted, those that overlap or touch merged."""
-    out: list[tuple[int, int]] = []
-    for lo, hi in sorted(ranges):
-        if out and lo <= out[-1][1]:
-            out[-1] = (out[-1][0], max(out[-1][1], hi))
-        else:
-            out.append((lo, hi))
-    return out
-
-
 def _empty(page: MiPage) -> bool:
     return page.in_use == 0 and not page.damaged
 
@@ -80,4 +70,4 @@ def _collected3(state: MiState) -> list[tuple[int, int]]:
     out = [r for a in state.discovery.arenas for r in a.purge_ranges()]
     out += [(s.address, s.address + s.reserved) for s in state.live() if s.arena is not None and state.main_thread
             and s.thread_id == state.main_thread and all(p.in_use == 0 and not p.damaged for p in s.pages)]
-    return _union(out)
+    return merged(out)
