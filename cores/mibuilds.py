@@ -3,8 +3,8 @@
 
     bookworm   2.0.9   libmimalloc2.0   shared, LD_PRELOAD
     trixie     3.0.1   libmimalloc3     shared, LD_PRELOAD (mimalloc 3: pages in arenas, no segments)
-    sid        3.6.0   libmimalloc3     shared, LD_PRELOAD (a release heapwalk names and does not decode: its
-                                        sources are not at hand to measure it)
+    sid        3.6.0   libmimalloc3     shared, LD_PRELOAD (each slice's mi_page_t in a table at the start of
+                                        its 256 MiB area; a theap for mimalloc's own data)
 
 each fetched once with apt's ``download`` through cores/sysroots.py's private lists (cached) and unpacked into
 DEST/mimalloc-NAME with a VERSION file; and the releases other distributions ship (Ubuntu 22.04's 2.0.5), built
@@ -13,6 +13,7 @@ cmake as a distribution builds them (Release), stripped to their exported symbol
 
     2.0.5  2.0.6  2.0.7  2.1.2 (Ubuntu 24.04's: segments taken from arenas)  2.3.2 (the Rust crate's v2)
     3.3.2 (the Rust crate's: a heap per thread is a theap)  3.4.3 (the newest release tagged)
+    3.6.0 (sid's, from the sources the libmimalloc-sys2 crate vendors: its tag is not in the snapshot at hand)
     2.1.4  2.1.7  2.1.9  2.2.4  2.2.7  2.3.1 (one of each layout between; read live only, no core kept)
 
 and releases linked into the program (as the Rust crate links it: mimalloc's object in the executable, which
@@ -66,7 +67,7 @@ MI_BUILDS = {
     "sid": MiBuild("sid", "libmimalloc3", "libmimalloc.so.3"),
 }
 #: releases built from their sources (cores/data)
-MI_BUILT = ("2.0.5", "2.0.6", "2.0.7", "2.1.2", "2.3.2", "3.3.2", "3.4.3")
+MI_BUILT = ("2.0.5", "2.0.6", "2.0.7", "2.1.2", "2.3.2", "3.3.2", "3.4.3", "3.6.0")
 #: releases built from their sources whose process the tests read live only (no core kept): one of each layout
 #: measured between 2.1.2 and 2.3.2
 MI_LIVE = ("2.1.4", "2.1.7", "2.1.9", "2.2.4", "2.2.7", "2.3.1")

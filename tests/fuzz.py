@@ -219,8 +219,8 @@ def main() -> int:
         cap, key = capture_tcmalloc(name), f"tcmalloc-{name}/tc_hold"
         failed_total += _fuzz_core(cap, key, [NO_SYMBOLS], args, seed, args.workdir / key, documents, TC_DRIVER)
     # mimalloc 2.0.9's segments, 3.0.1's pages and arenas, 3.3.2's theaps and page infos apart, 2.3.2's segments
-    # live by their arenas' blocks in use
-    for suite in ("bookworm", "trixie", "3.3.2", "2.3.2"):
+    # live by their arenas' blocks in use, 3.6.0's page tables at the start of each aligned area
+    for suite in ("bookworm", "trixie", "3.3.2", "2.3.2", "sid"):
         cap, key = capture_mimalloc(suite), f"mimalloc-{suite}/mi_hold"
         failed_total += _fuzz_core(cap, key, [NO_SYMBOLS], args, seed, args.workdir / key, documents, MI_DRIVER)
     print("aimed damage, every core:")

@@ -171,7 +171,7 @@ def test_tcmalloc_decoder_survives_mutated_metadata(tmp_path):
     assert {"cache_loop", "cache_hidden", "object_loop"} <= set(fuzz.tally([document]))
 
 
-@pytest.mark.parametrize("suite", ["bookworm", "trixie", "3.3.2", "2.3.2"])
+@pytest.mark.parametrize("suite", ["bookworm", "trixie", "3.3.2", "2.3.2", "sid"])
 def test_mimalloc_decoder_survives_mutated_metadata(tmp_path, suite):
     """Every word mimalloc's decoder reads in writable memory (segment headers, slices, heaps, free lists; on
     mimalloc 3 pages, arenas and their bitmaps, the page map) patched; a page's free list looping, a segment's (a

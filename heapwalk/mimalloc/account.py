@@ -9,13 +9,14 @@ from dataclasses import dataclass, field
 
 from heapwalk.mimalloc.decode import MiSegment, MiState, good_size
 
-__all__ = ["Owner", "owners", "FREE_KINDS", "EXITED", "UNOWNED", "ARENAS"]
+__all__ = ["Owner", "owners", "FREE_KINDS", "EXITED", "UNOWNED", "ARENAS", "META"]
 
 #: the kinds of free bytes, as the report's columns name them
 FREE_KINDS = ("free blocks", "not yet cut", "free spans", "arena blocks")
 EXITED = 0          # the owner of abandoned segments and cached thread data
 UNOWNED = -1        # the owner of huge segments that belong to no thread (2.0.5 to 2.0.7)
 ARENAS = -2         # the arenas' blocks no segment uses (from 2.1)
+META = -3           # 3.6: the pages of the theap mimalloc allocates its own data with (theaps, thread data)
 
 
 @dataclass
@@ -53,12 +54,17 @@ def owners(state: MiState) -> list[Owner]:
     the exited threads' (when they left anything)."""
     by: dict[int, Owner] = {}
     main = next((h.thread_id for h in state.heaps if h.main), None)
+    meta = {h.thread_id for h in state.heaps if h.meta}
     for h in state.heaps:
         if h.thread_id:
-            by.setdefault(h.thread_id, Owner(h.thread_id)).heaps.append(h.address)
+            key = META if h.meta else h.thread_id
+            by.setdefault(key, Owner(key)).heaps.append(h.address)
     for seg in state.live():
-        key = UNOWNED if state.unowned(seg) else seg.thread_id or EXITED
+        key = UNOWNED if state.unowned(seg) else META if seg.thread_id in meta else seg.thread_id or EXITED
         _add_segment(by.setdefault(key, Owner(key)), seg)
+    if META in by:                  # its blocks are mimalloc's own data, not the program's
+        by[META].overhead += by[META].in_use
+        by[META].in_use = by[META].blocks = 0
     td = good_size(state.layout.thread_data)
     for at, kind in state.thread_data:
         heap = next((h for h in state.heaps if h.address == at), None)
@@ -69,7 +75,7 @@ def owners(state: MiState) -> list[Owner]:
         owner.committed += td
         owner.overhead += td
     _add_arenas(state, by)
-    order = sorted(by.values(), key=lambda o: (o.thread_id in (EXITED, UNOWNED, ARENAS), o.thread_id == ARENAS,
+    order = sorted(by.values(), key=lambda o: (o.thread_id in (EXITED, UNOWNED, ARENAS, META), o.thread_id == ARENAS,
                                                o.thread_id == EXITED, o.thread_id != main, min(o.heaps or [0])))
     return order
 

@@ -16,7 +16,7 @@ from heapwalk.analysis.rss import Claim
 from heapwalk.findings import Finding, Severity
 from heapwalk.mimalloc.blocks import mimalloc_blocks
 from heapwalk.mimalloc.check import CHECKED, CHECKED3, check_mimalloc
-from heapwalk.mimalloc.account import ARENAS, EXITED, FREE_KINDS, UNOWNED, Owner, owners
+from heapwalk.mimalloc.account import ARENAS, EXITED, FREE_KINDS, META, UNOWNED, Owner, owners
 from heapwalk.mimalloc.decode import MiState, decode_mimalloc, good_size
 from heapwalk.mimalloc.discovery import MimallocUnused, discover_mimalloc
 from heapwalk.mimalloc.find import find_mimalloc
@@ -88,7 +88,7 @@ class MimallocHeap(Decoded):
         for n, o in enumerate(self.owners):
             resident = self.state.resident(o.ranges())
             free_resident = self.state.resident(o.free_ranges())
-            threads = 0 if o.thread_id in (EXITED, UNOWNED, ARENAS) else 1
+            threads = 0 if o.thread_id in (EXITED, UNOWNED, ARENAS, META) else 1
             rows.append(ArenaView(n, o.heaps[0] if o.heaps else 0, owner_name(o, self.by_tcb, self.state.v3), threads,
                                   len(o.segments), o.reserved, o.in_use, MappingProxyType(dict(o.free)), 0,
                                   o.overhead, o.pending, o.balanced, resident, free_resident))

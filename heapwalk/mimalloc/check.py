@@ -10,6 +10,7 @@ import numpy as np
 from heapwalk.findings import Finding, Kind, Severity
 from heapwalk.inferior.memory import Memory, ReadError
 from heapwalk.mimalloc.decode import MiPage, MiState
+from heapwalk.mimalloc.layout import queue_shape
 
 __all__ = ["check_mimalloc", "CHECKED", "CHECKED3", "COUNTS", "QUEUE"]
 
@@ -83,14 +84,14 @@ def _queues(mem: Memory, state: MiState, heap: int, pages: dict[int, MiPage]) ->
     """HEAP's page queues walked: each page its own and linked back, no page in two queues, the count its
     page_count says."""
     lay = state.layout
-    count, q = lay.bin_huge + 2, getattr(lay, "queue_words", 3)
+    count, (q, size_word) = lay.bin_huge + 2, queue_shape(lay)
     try:
         queues = np.frombuffer(mem.read(heap + lay.heap_pages, 8 * q * count), dtype=np.uint64).reshape(count, q)
         said = int.from_bytes(mem.read(heap + lay.heap_page_count, 8), "little")
     except ReadError as exc:
         return [Finding(Severity.ERROR, heap, "mi_heap_t", f"the heap's page queues cannot be read ({exc})", QUEUE)]
     out, seen = [], set()
-    for first, last, size in queues[:, [0, 1, q - 1]].tolist():
+    for first, last, size in queues[:, [0, 1, size_word]].tolist():
         prev, at = 0, int(first)
         while at and len(seen) < _MAX_QUEUE:
             page = pages.get(at)

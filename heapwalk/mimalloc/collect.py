@@ -3,6 +3,8 @@ verdict prices and the tests hold against a real collect."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from heapwalk.inferior.memory import merged
 from heapwalk.mimalloc.decode import MiPage, MiState, good_size
 
@@ -65,9 +67,22 @@ def _slices(page: MiPage) -> tuple[int, int]:
 
 
 def _collected3(state: MiState) -> list[tuple[int, int]]:
-    """mimalloc 3: the arenas' free slices whose purge waits, and the pages of the main thread that hold no block
-    (it frees them, and purges them at once)."""
-    out = [r for a in state.discovery.arenas for r in a.purge_ranges()]
-    out += [(s.address, s.address + s.reserved) for s in state.live() if s.arena is not None and state.main_thread
-            and s.thread_id == state.main_thread and all(p.in_use == 0 and not p.damaged for p in s.pages)]
+    """mimalloc 3: the pages of the main thread that hold no block (it frees them first: one of at least the
+    immediate purge size is purged at once, any other waits for its purge like the free slices), then the
+    arenas' free slices whose purge waits, in whole groups of its minimal purge size (`Mi3Arena.purged_ranges`)."""
+    empty = [s for s in state.live() if s.arena is not None and state.main_thread
+             and s.thread_id == state.main_thread and all(p.in_use == 0 and not p.damaged for p in s.pages)]
+    option = state.discovery.options.get("arena_purge_immediate_size")
+    immediate = option.value << 10 if option is not None and option.value > 0 else None
+    out, freed = [], {}
+    for s in empty:
+        if immediate is not None and s.reserved >= immediate:
+            out.append((s.address, s.address + s.reserved))
+        else:
+            first = s.arena.block_of(s.address)
+            freed[s.arena.id] = freed.get(s.arena.id, 0) | ((1 << s.slices) - 1) << first
+    for a in state.discovery.arenas:
+        bits = freed.get(a.id, 0)
+        a = replace(a, purge=a.purge | bits, free=a.free | bits, commit_map=a.commit_map | bits) if bits else a
+        out += a.purged_ranges()
     return merged(out)

@@ -26,7 +26,8 @@ from heapwalk.inferior.memory import Memory, ReadError, u64
 from heapwalk.inferior.x86 import tls_got_slot
 from heapwalk.mimalloc.arenas import arena_segment, find_arenas
 from heapwalk.mimalloc.find import MiImage
-from heapwalk.mimalloc.layout import LAYOUTS, MiLayout, layout_for
+from heapwalk.mimalloc.heaps import is_meta_theap
+from heapwalk.mimalloc.layout import LAYOUTS, MiLayout, layout_for, queue_shape
 from heapwalk.mimalloc.options import find_options
 from heapwalk.mimalloc.segmap import MAP_LIMIT, find_map_parts, unstamped_blocks
 from heapwalk.mimalloc.v3.layout import LAYOUTS3, layout3_for
@@ -169,20 +170,22 @@ def _unmeasured(found: MiImage, layout: MiLayout) -> str:
 
 def main_heap(mem: Memory, base: int, words: np.ndarray, layout: MiLayout) -> int:
     """_mi_heap_main: the heap in the object's data whose page queues carry the bins' sizes and whose thread
-    data names it as the backing heap."""
+    data names it as the backing heap (from 3.6 not the theap mimalloc allocates its own data with, which its
+    subprocess names)."""
     sizes = np.array(BIN_SIZES, dtype=np.uint64)
-    q = getattr(layout, "queue_words", _QUEUE)
+    q, k = queue_shape(layout)
     span = q * (len(sizes) - 1) + 1
     if len(words) < span + q:
         raise MimallocUnknown("its data is too small to hold a heap")
-    hits = np.flatnonzero(words[q - 1:len(words) - span + 1] == sizes[0])
+    hits = np.flatnonzero(words[k:len(words) - span + 1] == sizes[0])
     heaps = []
     for i in hits.tolist():
-        if (words[i + q - 1:i + q - 1 + span:q] == sizes).all():
+        if (words[i + k:i + k + span:q] == sizes).all():
             heap = base + 8 * i - layout.heap_pages
             tld = int(words[(heap - base) // 8 + layout.heap_tld // 8]) if heap >= base else 0
             try:
-                if tld and u64(mem, tld + layout.tld_heap_backing) == heap:
+                backing = tld and u64(mem, tld + layout.tld_heap_backing) == heap
+                if backing and not is_meta_theap(mem, layout, tld, heap):
                     heaps.append(heap)
             except ReadError:
                 continue

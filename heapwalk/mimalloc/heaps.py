@@ -7,9 +7,9 @@ from dataclasses import dataclass
 
 from heapwalk.findings import Finding, Kind, Severity
 from heapwalk.inferior.memory import Memory, ReadError, u64
-from heapwalk.mimalloc.layout import MiLayout
+from heapwalk.mimalloc.layout import MiLayout, queue_shape
 
-__all__ = ["MiHeap", "find_heaps", "visit_order", "HEAP"]
+__all__ = ["MiHeap", "find_heaps", "is_meta_theap", "visit_order", "HEAP"]
 
 HEAP = Kind("mi_heap", "heap unreadable")
 _MAX_PAGES = 1 << 20
@@ -27,6 +27,7 @@ class MiHeap:
     main: bool
     pages: int = 0
     delayed: int = 0            # blocks on its delayed-free list
+    meta: bool = False          # 3.6: the theap mimalloc allocates its own data with (theaps, thread data)
 
 
 def find_heaps(mem: Memory, found, segments: list, threads, findings: list[Finding]) -> list[MiHeap]:
@@ -95,16 +96,23 @@ def _heap(mem: Memory, lay: MiLayout, at: int, main: int) -> MiHeap:
         backing = bool(tld) and u64(mem, tld + lay.tld_heap_backing) == at
         thread = u64(mem, at + lay.heap_thread_id) if lay.heap_thread_id is not None else \
             u64(mem, tld + lay.tld_thread_id) if tld else 0
-        return MiHeap(at, thread, tld, backing, at == main)
+        return MiHeap(at, thread, tld, backing, at == main, meta=bool(tld) and is_meta_theap(mem, lay, tld, at))
     except ReadError:
         return MiHeap(at, 0, 0, False, at == main)
+
+
+def is_meta_theap(mem: Memory, lay, tld: int, heap: int) -> bool:
+    """Whether HEAP (of thread data TLD) is the theap mimalloc allocates its own data with (3.6: its
+    subprocess names it)."""
+    meta = getattr(lay, "sub_theap_meta", None)
+    return meta is not None and u64(mem, u64(mem, tld + lay.tld_subproc) + meta) == heap
 
 
 def visit_order(mem: Memory, lay: MiLayout, heap: int) -> list[tuple[int, bool]]:
     """HEAP's pages as mi_collect visits them (its queues in turn, the full queue last, each from its first
     page), each with whether the heap retired it (its retire count set), as far as they can be read."""
     out, seen = [], set()
-    q = getattr(lay, "queue_words", 3)
+    q = queue_shape(lay)[0]
     for n in range(lay.bin_huge + 2):
         try:
             at = u64(mem, heap + lay.heap_pages + 8 * q * n)

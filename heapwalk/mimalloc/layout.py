@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-__all__ = ["MiLayout", "LAYOUTS", "layout_for", "MEM_ARENA"]
+__all__ = ["MiLayout", "LAYOUTS", "layout_for", "queue_shape", "MEM_ARENA"]
 
 
 @dataclass(frozen=True)
@@ -195,3 +195,9 @@ def layout_for(version: tuple[int, int, int] | None) -> MiLayout | None:
     if version is None:
         return None
     return next((lay for lay in reversed(LAYOUTS) if lay.first <= tuple(version) <= lay.last), None)
+
+
+def queue_shape(lay) -> tuple[int, int]:
+    """A heap's page queue in LAYOUT LAY (2.x or 3.x): (its words, which of them is the block size)."""
+    words = getattr(lay, "queue_words", 3)
+    return words, getattr(lay, "queue_size_word", words - 1)

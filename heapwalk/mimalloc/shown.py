@@ -6,7 +6,7 @@ from __future__ import annotations
 from rich.table import Table
 
 from heapwalk.analysis.report import human
-from heapwalk.mimalloc.account import ARENAS, EXITED, UNOWNED, Owner
+from heapwalk.mimalloc.account import ARENAS, EXITED, META, UNOWNED, Owner
 from heapwalk.mimalloc.collect import collected
 from heapwalk.mimalloc.decode import MiState
 
@@ -68,6 +68,8 @@ def owner_name(owner: Owner, threads: dict, v3: bool = False) -> str:
         return "huge blocks (no thread)"
     if owner.thread_id == ARENAS:
         return "arenas"
+    if owner.thread_id == META:
+        return "mimalloc's own data"
     t = threads.get(owner.thread_id)
     return f"thread {t.number}" if t else f"thread at {owner.thread_id:#x}"
 
@@ -86,8 +88,8 @@ def threads_table(state: MiState, owners: list[Owner], threads: dict, box) -> Ta
 
 
 def threads_document(state: MiState, owners: list[Owner], threads: dict) -> list[dict]:
-    """The heaps as JSON: address, kind (main, backing, other), the owning thread ($fs_base, gdb's number, LWP,
-    name: null when not found), pages, bytes of blocks in use and free, segments its thread owns."""
+    """The heaps as JSON: address, kind (main, backing, other; 3.6: mimalloc's own), the owning thread ($fs_base,
+    gdb's number, LWP, name: null when not found), pages, bytes of blocks in use and free, segments its thread owns."""
     by_heap: dict[int, tuple[int, int]] = {}
     for seg in state.live():
         for p in seg.pages if seg.thread_id or not state.v3 else ():   # abandoned: its heap's no more
@@ -98,7 +100,8 @@ def threads_document(state: MiState, owners: list[Owner], threads: dict) -> list
     for h in state.heaps:
         t = threads.get(h.thread_id)
         used, free = by_heap.get(h.address, (0, 0))
-        out.append({"address": h.address, "kind": "main" if h.main else "backing" if h.backing else "other",
+        kind = "main" if h.main else "mimalloc's own" if h.meta else "backing" if h.backing else "other"
+        out.append({"address": h.address, "kind": kind,
                     "thread_id": h.thread_id, "thread": t.number if t else None, "lwp": t.lwp if t else None,
                     "name": t.name if t else None, "pages": h.pages, "in_use": used, "free": free,
                     "delayed": h.delayed, "segments": segments.get(h.thread_id, 0) if h.backing else 0})

@@ -31,7 +31,10 @@ def locate(heap, address: int) -> dict | None:
            "owner": "no thread (a huge block any thread frees)" if heap.state.unowned(seg) else
            "abandoned (its thread gave it up, or exited)" if not seg.thread_id and heap.state.v3 else
            "abandoned (its thread exited)" if not seg.thread_id else
-           f"thread {owner.number}" if owner else f"the thread at {seg.thread_id:#x}"}
+           f"thread {owner.number}" if owner else
+           "mimalloc's own data (its theaps and thread data)" if any(h.meta and h.thread_id == seg.thread_id
+                                                                     for h in heap.state.heaps) else
+           f"the thread at {seg.thread_id:#x}"}
     if address < seg.address + seg.info_slices * 65536:
         return {**doc, "kind": "header", "use": "the segment's header (its slices' table)"}
     for sp in seg.spans:

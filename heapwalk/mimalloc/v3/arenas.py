@@ -1,7 +1,8 @@
 """mimalloc 3's arenas: each a reservation of 64 KiB slices whose description (and bitmaps) fill its first
-slices.  Found through the subprocess the main thread's tld names: a count, then that many pointers to arenas
-whose description points back to it.  Each arena's bitmaps say, a bit per slice: free, committed, touched
-(dirty), waiting for its purge, and the first slice of each page."""
+slices (from 3.6 after the table of its first 4096 slices' mi_page_t).  Found through the subprocess the main
+thread's tld names: a count, then that many pointers to arenas whose description points back to it.  Each
+arena's bitmaps say, a bit per slice: free, committed, touched (dirty), waiting for its purge, and the first
+slice of each page."""
 
 from __future__ import annotations
 
@@ -35,10 +36,13 @@ class Mi3Arena:
     page_infos: int = 0         # from 3.3: where its pages' mi_page_t are, one per slice (0: at each page's start)
     block_size: int = 65536
     meta: int = 0               # never: its description is in its own slices
+    base: int = 0               # 3.6: where its memory starts (0: at its description)
+    purge_group: int = 1        # a purge takes only whole aligned groups of this many slices all waiting (from 3.3:
+    #                             its minimal purge size; 32 in 3.6 by default where the system has huge pages)
 
     @property
     def start(self) -> int:
-        return self.address
+        return self.base or self.address
 
     @property
     def reserved(self) -> int:
@@ -58,10 +62,24 @@ class Mi3Arena:
         return bits_in(self.free, 0, self.blocks) * self.block_size
 
     def purge_ranges(self) -> list[tuple[int, int]]:
-        """The committed free slices whose purge waits, as address ranges (what a purge decommits, and takes
-        off the committed figure)."""
-        return [(self.start + a * self.block_size, self.start + b * self.block_size)
-                for a, b in bit_runs(self.purge & self.commit_map & self.free)]
+        """The committed free slices whose purge waits, as address ranges."""
+        return self._ranges(self.purge & self.commit_map & self.free)
+
+    def purged_ranges(self) -> list[tuple[int, int]]:
+        """What a purge takes of them now (and decommits, and takes off the committed figure): those in whole
+        groups of PURGE_GROUP slices, aligned within each 64-bit word of the bitmap, whose every slice waits."""
+        group = min(self.purge_group, 64)
+        if group <= 1:
+            return self.purge_ranges()
+        whole, mask = 0, (1 << group) - 1
+        for word in range(0, self.blocks, 64):
+            for shift in range(word, word + 64 - group + 1, group):
+                if self.purge >> shift & mask == mask:
+                    whole |= mask << shift
+        return self._ranges(whole & self.commit_map & self.free)
+
+    def _ranges(self, bits: int) -> list[tuple[int, int]]:
+        return [(self.start + a * self.block_size, self.start + b * self.block_size) for a, b in bit_runs(bits)]
 
 
 def read_arenas(mem: Memory, lay: Mi3Layout, subproc: int, overcommit: bool | None) -> tuple[Mi3Arena, ...] | None:
@@ -111,7 +129,9 @@ def _arena(mem: Memory, lay: Mi3Layout, at: int, id_: int, subproc: int, overcom
         head = mem.read(at, max(lay.arena_bitmaps + 8 * len(names), (lay.arena_page_infos or 0) + 8))
         word = lambda off: int.from_bytes(head[off:off + 8], "little")     # noqa: E731
         slices, info = word(lay.arena_slice_count), word(lay.arena_info_slices)
-        if word(lay.arena_subproc) != subproc or not 0 < info < slices <= 1 << 24 or at & 0xFFFF:
+        base = word(lay.arena_start) if lay.arena_start is not None else at
+        if word(lay.arena_subproc) != subproc or not 0 < info < slices <= 1 << 24 or at & 0xFFFF or base & 0xFFFF \
+                or not base <= at < base + (info << lay.slice_shift):
             return None
         maps = {name: _bitmap(mem, lay, word(lay.arena_bitmaps + 8 * k), slices, name == "free")
                 for k, name in enumerate(names)}
@@ -125,7 +145,7 @@ def _arena(mem: Memory, lay: Mi3Layout, at: int, id_: int, subproc: int, overcom
     committed = (maps["dirty"] if eager else maps["committed"]) & ~own
     infos = word(lay.arena_page_infos) if lay.arena_page_infos is not None else 0
     return Mi3Arena(at, id_, slices, info, maps["free"], committed, maps["purge"], maps["pages"], maps["committed"],
-                    infos)
+                    infos, base=base if base != at else 0)
 
 
 def _bitmap(mem: Memory, lay: Mi3Layout, at: int, bits: int, binned: bool) -> int | None:

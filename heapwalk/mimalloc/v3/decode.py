@@ -5,7 +5,7 @@ when the thread exited and abandoned it); the arenas' free slices and their own 
 from __future__ import annotations
 
 from heapwalk.findings import Finding, Severity
-from heapwalk.inferior.memory import Memory, ReadError
+from heapwalk.inferior.memory import Memory, ReadError, u64
 from heapwalk.inferior.residency import Residency
 from heapwalk.mimalloc.decode import SEGMENT, MiPage, MiSegment, MiState
 from heapwalk.mimalloc.discovery import MiDiscovery
@@ -65,7 +65,9 @@ def _unit(mem: Memory, lay: Mi3Layout, at: int, arena: Mi3Arena | None, index: i
           findings: list[Finding]) -> MiSegment | None:
     """The page whose mi_page_t is at AT (slice INDEX of ARENA, or memory of its own from the system) as a unit
     of one page; None, and a finding, when it cannot be read or does not hold together."""
-    info = arena.page_info(index, lay.page) if arena is not None else at
+    info = _page_meta(mem, lay, at, arena, index, findings)
+    if info is None:
+        return None
     try:
         head = mem.read(info, lay.page)
     except ReadError as exc:
@@ -76,17 +78,17 @@ def _unit(mem: Memory, lay: Mi3Layout, at: int, arena: Mi3Arena | None, index: i
     half = lambda off: int.from_bytes(head[off:off + 2], "little")     # noqa: E731
     u32 = lambda off: int.from_bytes(head[off:off + 4], "little")      # noqa: E731
     block = word(lay.page_block_size)
-    start = info + 8 * u32(lay.page_start_field) if lay.page_start_words else word(lay.page_start_field)
+    start = {"words": info + 8 * u32(lay.page_start_field), "bytes": info + word(lay.page_start_field)}.get(
+        lay.page_start, word(lay.page_start_field))
     if arena is not None:
         named, slice_index, slices = word(lay.page_memid), u32(lay.page_memid + 8), u32(lay.page_memid + 12)
-        problem = None if head[lay.page_memkind] == lay.mem_arena and named == arena.start and slice_index == index \
-            and 0 < slices <= arena.blocks - index else "does not name its arena and slice"
+        problem = None if head[lay.page_memkind] == lay.mem_arena and named == arena.address and \
+            slice_index == index and 0 < slices <= arena.blocks - index else "does not name its arena and slice"
         reserved = slices * arena.block_size
         committed = bits_in(arena.committed, index, slices) * arena.block_size
     else:
-        base, size = word(lay.page_memid), word(lay.page_memid + 8)
-        problem = None if base == at and size > 0 and not size % lay.slice_size else \
-            "taken from the system, does not name its memory"
+        at, size = word(lay.page_memid), word(lay.page_memid + 8)
+        problem = None if own_memory(lay, info, at, size) else "taken from the system, does not name its memory"
         slices, reserved, committed = size // lay.slice_size, size, size
     if problem is None and not (0 < block and at <= start < at + reserved):
         problem = f"has blocks of {block} bytes from {start:#x}, outside its {reserved} bytes"
@@ -100,6 +102,39 @@ def _unit(mem: Memory, lay: Mi3Layout, at: int, arena: Mi3Arena | None, index: i
     page = MiPage(at, 0, info, slices, start, block, half(lay.page_capacity), half(lay.page_reserved),
                   half(lay.page_used), word(lay.page_heap), bool(xthread & _IN_FULL),
                   (word(lay.page_free), word(lay.page_local_free), word(lay.page_thread_free) & ~1))
-    unit = MiSegment(at, 0 if arena is not None else 1, slices, 0, owner, 1, 0 if owner else 1, 0, reserved,
+    return MiSegment(at, 0 if arena is not None else 1, slices, 0, owner, 1, 0 if owner else 1, 0, reserved,
                      committed, 0, arena=arena, pages=[page])
-    return unit
+
+
+def own_memory(lay: Mi3Layout, info: int, base: int, size: int) -> bool:
+    """Whether a page taken from the system whose mi_page_t is at INFO names its memory (BASE, SIZE bytes):
+    at its mi_page_t, or (3.6) from the aligned area whose table holds it."""
+    if size <= 0 or size % lay.slice_size:
+        return False
+    if lay.page_meta_aligned:
+        return not base % lay.page_meta_aligned and base <= info < base + min(size, lay.page_meta_aligned)
+    return base == info and not info % lay.slice_size
+
+
+def _page_meta(mem: Memory, lay: Mi3Layout, at: int, arena: Mi3Arena | None, index: int,
+               findings: list[Finding]) -> int | None:
+    """Where the mi_page_t of the page at AT is (slice INDEX of ARENA; else the page map named it): from 3.6 its
+    slice's entry in its aligned area's table says (itself, or one at the page's start)."""
+    if arena is None:
+        return at
+    if not lay.page_meta_aligned:
+        return arena.page_info(index, lay.page)
+    area = lay.page_meta_aligned
+    entry = (at & ~(area - 1)) + (at % area >> lay.slice_shift) * lay.page
+    try:
+        info = u64(mem, entry)
+    except ReadError as exc:
+        findings.append(Finding(Severity.ERROR, entry, "mi_page_t", f"the page table entry of the page at {at:#x} "
+                                f"cannot be read ({exc})", SEGMENT))
+        return None
+    if info not in (entry, at):
+        findings.append(Finding(Severity.ERROR, entry, "mi_page_t", f"the page table entry of the page at {at:#x} "
+                                f"points to {info:#x}, neither itself nor the page's start: its memory is counted as "
+                                "its arena's own", SEGMENT))
+        return None
+    return info

@@ -10,6 +10,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from heapwalk.inferior.elf import Mapping, writable_words
@@ -20,6 +22,7 @@ from heapwalk.mimalloc.find import MiImage
 from heapwalk.mimalloc.options import find_options
 from heapwalk.mimalloc.v3.arenas import read_arenas
 from heapwalk.mimalloc.v3.layout import Mi3Layout
+from heapwalk.mimalloc.v3.decode import own_memory
 from heapwalk.mimalloc.v3.pagemap import find_page_map
 
 __all__ = ["discover_mimalloc3"]
@@ -33,17 +36,18 @@ def discover_mimalloc3(mem: Memory, found: MiImage, layout: Mi3Layout, mappings:
     if not len(words):
         raise MimallocUnknown(f"{found.path} has no writable segment")
     main = main_heap(mem, base, words, layout)
-    cookie = u64(mem, main + layout.heap_cookie)
+    cookie = u64(mem, main + layout.heap_cookie) if layout.heap_cookie is not None else 0
     if not cookie and layout.main_cookie:
         raise MimallocUnused("mimalloc was never initialised in this process (its main heap has no cookie)")
     subproc = u64(mem, u64(mem, main + layout.heap_tld) + layout.tld_subproc)
-    overcommit = _overcommit(words)
+    config = _mem_config(words)
+    overcommit = None if config is None else bool(config[1] & 0xFF)
     arenas = read_arenas(mem, layout, subproc, overcommit)
     if arenas is None:
         raise MimallocUnknown(f"{found.named}: the subprocess its main thread names ({subproc:#x}) "
                               "does not hold arenas that point back to it, or their bitmaps cannot be read")
     image = _image_range(found, mappings)
-    pagemap = find_page_map(mem, base, words, image, readable)
+    pagemap = find_page_map(mem, base, words, image, readable, layout.page_map_header)
     if pagemap is None:
         raise MimallocUnknown(f"{found.named}: its page map was not found (no word of its data "
                               "points to a table whose first sub-map starts with its empty page)")
@@ -52,6 +56,8 @@ def discover_mimalloc3(mem: Memory, found: MiImage, layout: Mi3Layout, mappings:
     os_pages, stale = _os_pages(mem, layout, pagemap.pages, arenas, regions)
     tpoff, unread = read_tpoff(mem, found, layout.default_fn)
     options = find_options(mem, base, words)
+    group = purge_group(options, config, layout.slice_size)
+    arenas = tuple(replace(a, purge_group=group) for a in arenas)
     in_arenas = sum(bin(a.pages).count("1") for a in arenas)
     said = "" if found.version else " (the build does not say its version; its data has all this layout's shapes)"
     facts = (("layout", f"mimalloc {layout.versions}'s{said}"),
@@ -61,6 +67,8 @@ def discover_mimalloc3(mem: Memory, found: MiImage, layout: Mi3Layout, mappings:
               f"{in_arenas} pages in their page bitmaps"),
              ("page map", f"at {pagemap.address:#x} ({pagemap.subs} sub-maps): {len(os_pages)} pages taken from "
               f"the system" + (f"; it still names {stale} freed pages (mimalloc leaves them)" if stale else "")),
+             ("purge", "whole runs of waiting slices" if group == 1 else f"only whole aligned groups of {group} "
+              "slices all waiting (its minimal purge size)"),
              ("commit", "an arena committed at once counts its slices as they are first used (the system "
               "overcommits)" if overcommit is not False else "the system does not overcommit: an arena's "
               "committed bitmap counts"),
@@ -75,7 +83,7 @@ def discover_mimalloc3(mem: Memory, found: MiImage, layout: Mi3Layout, mappings:
 
 def _os_pages(mem: Memory, lay: Mi3Layout, named, arenas, regions) -> tuple[tuple[int, ...], int]:
     """(the pages taken from the system, the freed pages the map still names) of the pages the page map NAMED
-    outside the ARENAS: a page whose header says it is the memory the system gave at its own address; one that
+    outside the ARENAS: a page whose header says it is the memory the system gave (`own_memory`); one that
     cannot be read inside the process's REGIONS is kept (its unit says it cannot be read); any other was
     freed."""
     keep, stale = [], 0
@@ -90,7 +98,8 @@ def _os_pages(mem: Memory, lay: Mi3Layout, named, arenas, regions) -> tuple[tupl
             else:
                 stale += 1
             continue
-        if int.from_bytes(head[:8], "little") == at and head[-1] in lay.mem_os and not at % lay.slice_size:
+        base, size = int.from_bytes(head[:8], "little"), int.from_bytes(head[8:16], "little")
+        if own_memory(lay, at, base, size) and head[-1] in lay.mem_os:
             keep.append(at)
         else:
             stale += 1
@@ -104,13 +113,37 @@ def _image_range(found: MiImage, mappings: list[Mapping]) -> tuple[int, int]:
 
 
 def _overcommit(words: np.ndarray) -> bool | None:
-    """Whether the system overcommits, as mimalloc's memory settings say (None: not found): the five words
-    page size (4 KiB), large page size (0, 2 MiB or 1 GiB), granularity (4 KiB), physical memory, address
-    bits (39 to 57), then a byte."""
+    """Whether the system overcommits, as mimalloc's memory settings say (None: not found)."""
+    config = _mem_config(words)
+    return None if config is None else bool(config[1] & 0xFF)
+
+
+def _mem_config(words: np.ndarray) -> tuple[int, int] | None:
+    """mimalloc's memory settings (None: not found, or not one): the five words page size (4 KiB), large page
+    size (0, 2 MiB or 1 GiB), granularity (4 KiB), physical memory, address bits (39 to 57), then bytes (whether
+    the system overcommits, frees in part, reserves, from 3.3 has transparent huge pages): (the large page
+    size, the word of those bytes)."""
     pages = np.flatnonzero(words[:-5] == np.uint64(4096))
     found = set()
     for i in pages.tolist():
         large, grain, bits = int(words[i + 1]), int(words[i + 2]), int(words[i + 4])
         if grain == 4096 and large in (0, 2 << 20, 1 << 30) and 39 <= bits <= 57 and int(words[i + 3]) > 0:
-            found.add(int(words[i + 5]) & 0xFF)
-    return bool(found.pop()) if len(found) == 1 else None
+            found.add((large, int(words[i + 5]) & 0xFFFFFFFF))
+    return found.pop() if len(found) == 1 else None
+
+
+def purge_group(options: dict, config: tuple[int, int] | None, slice_size: int) -> int:
+    """How many slices a purge takes at least, in aligned groups (from 3.3, `_mi_os_minimal_purge_size`): the
+    option (KiB) when set; else, when the system has transparent huge pages and allow_thp is 2 (3.6's default),
+    a large page; else a system page (a slice).  Releases without the option purge every waiting run."""
+    option = options.get("minimal_purge_size") or options.get("arena_purge_min_size")
+    if option is None:
+        return 1
+    thp = options.get("allow_thp")
+    if option.value > 0:
+        size = (option.value << 10) + 4095 & ~4095
+    elif config is not None and config[1] >> 24 & 0xFF and thp is not None and thp.value == 2:
+        size = config[0]
+    else:
+        size = 4096
+    return max(1, -(-size // slice_size))

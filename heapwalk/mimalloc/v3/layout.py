@@ -25,7 +25,9 @@ class Mi3Layout:
     mem_os: tuple[int, ...] = (4, 5, 6)   # memkinds of memory taken from the system (OS, huge OS pages, remappable)
     mem_arena: int = 7                    # the memkind of memory taken from an arena
     bin_huge: int = 73
-    queue_words: int = 3                  # a page queue: first, last, block size (from 3.1: first, last, count, size)
+    queue_words: int = 3                  # a page queue: first, last, block size (from 3.1: first, last, count, size;
+    #                                       3.6: then a collect score)
+    queue_size_word: int = 2              # which of its words is the block size
     default_fn: str = "mi_heap_get_default"   # the exported function that loads the thread's default heap
     purge_counted: bool = True            # a purge takes what it decommits off the committed figure (to 3.1; from
     #                                       3.2 not on Linux, where it only advises the system the memory is unused)
@@ -44,7 +46,11 @@ class Mi3Layout:
     page_thread_free: int = 32            # its lowest bit: owned
     page_block_size: int = 40
     page_start_field: int = 48            # its first block
-    page_start_words: bool = False        # 3.4: page_start_field is a uint32 count of words from the page
+    page_start: str = "address"           # page_start_field holds: its address; "words" (3.4): a uint32 count of
+    #                                       words from the mi_page_t; "bytes" (3.6): a count of bytes from it
+    page_meta_aligned: int = 0            # 3.6: the mi_page_t of each 64 KiB slice sit in a table at the start of
+    #                                       each such aligned area (256 MiB); each slice's entry points (`self`, its
+    #                                       first word) to its page's mi_page_t: that entry, or one at the page's start
     page_heap: int = 64                   # its thread's heap (from 3.2 its theap); NULL when abandoned
     page_next: int = 72
     page_prev: int = 80
@@ -52,7 +58,7 @@ class Mi3Layout:
     page_memkind: int = 112
     # mi_heap_t (from 3.2 mi_theap_t: the heap of one thread)
     heap_tld: int = 0
-    heap_cookie: int = 16
+    heap_cookie: int | None = 16          # None: no cookie (3.6)
     heap_page_count: int = 160
     heap_next: int = 192
     heap_pages: int = 1248                # pages[MI_BIN_FULL + 1]: (first, last, block_size), 24 bytes each
@@ -80,6 +86,12 @@ class Mi3Layout:
     arena_index: int = 32                 # from 3.2: the arena's index in its subprocess
     arena_page_infos: int | None = None   # from 3.3: its pages' mi_page_t, one per slice, apart from the pages
     sub_heaps: int = 1368                 # from 3.2: the subprocess's list of heaps (mi_heap_t), linked by next
+    sub_theap_meta: int | None = None     # 3.6: the theap mimalloc allocates its own data with (theaps, tlds), of no
+    #                                       thread (its tld's thread id is 8, its pages' owner too)
+    arena_start: int | None = None        # 3.6: the arena's memory starts here, not at its description (which
+    #                                       follows the page table of the first aligned area)
+    page_map_header: int = 0              # 3.6: the page map is a structure (committed count, reserved size, memid,
+    #                                       lock) before its table of sub-maps
     heap_list_next: int = 16
     heap_arena_pages: int = 752           # each heap's pointers to its pages in each arena (mi_arena_pages_t)
     bitmap_chunks: int = 128              # mi_bitmap_t: chunk_count, then the chunkmap, then 512-bit chunks
@@ -94,7 +106,8 @@ class Mi3Layout:
         return self.slice_size
 
 
-_V332 = Mi3Layout("3.3.2", (3, 3, 2), (3, 3, 2), queue_words=4, default_fn="mi_theap_get_default", page_heap=56,
+_V332 = Mi3Layout("3.3.2", (3, 3, 2), (3, 3, 2), queue_words=4, queue_size_word=3, default_fn="mi_theap_get_default",
+                  page_heap=56,
                   main_cookie=False, map_counted=True, purge_counted=False,
                   heap_cookie=32, heap_page_count=176, heap_next=224, heap_pages=1304, heap=8096, tld_subproc=24,
                   tld_heap_backing=32, tld_heaps=32, sub_arena_count=24, sub_arenas=32, arena_slice_count=40,
@@ -104,9 +117,18 @@ _V332 = Mi3Layout("3.3.2", (3, 3, 2), (3, 3, 2), queue_words=4, default_fn="mi_t
 #: the layouts, oldest first
 LAYOUTS3 = (Mi3Layout("3.0.1", (3, 0, 1), (3, 0, 1)),
             _V332,
-            replace(_V332, versions="3.4.3", first=(3, 4, 3), last=(3, 4, 3), page=112, page_start_words=True,
+            replace(_V332, versions="3.4.3", first=(3, 4, 3), last=(3, 4, 3), page=112, page_start="words",
                     page_memid=88, page_memkind=104, heap_cookie=40, heap_page_count=184, heap_next=232,
-                    heap_pages=1312, heap=8104))
+                    heap_pages=1312, heap=8104),
+            replace(_V332, versions="3.6.0", first=(3, 6, 0), last=(3, 6, 0), page=128, page_meta_aligned=1 << 28,
+                    page_xthread_id=8, page_free=16, page_local_free=24, page_block_size=32, page_used=40,
+                    page_start_field=48, page_start="bytes", page_capacity=56, page_reserved=58,
+                    page_thread_free=64, page_heap=72, page_next=88, page_prev=96, page_memid=104, page_memkind=120,
+                    queue_words=5, heap_cookie=None, heap_tld=1032, heap_page_count=1312, heap_next=1368,
+                    heap_pages=1400, heap=8904, sub_arena_count=32, sub_arenas=40, sub_heaps=1376,
+                    sub_theap_meta=1424, heap_arena_pages=776, arena_index=32, arena_start=40, arena_slice_count=48,
+                    arena_info_slices=56, arena_bitmaps=112, arena_page_infos=None, page_map_header=80,
+                    mem_os=(3, 4, 5), mem_arena=6))
 
 
 def layout3_for(version: tuple[int, int, int] | None) -> Mi3Layout | None:

@@ -31,38 +31,45 @@ class PageMap:
 
 
 def find_page_map(mem: Memory, base: int, words: np.ndarray, image: tuple[int, int],
-                  readable: list[tuple[int, int]] | None) -> PageMap | None:
+                  readable: list[tuple[int, int]] | None, header: int = 0) -> PageMap | None:
     """The page map a word of the object's data (WORDS from BASE) points to: a table whose first entry points
     just past it (its size a power of two) to a sub-map whose first entry is in the object (IMAGE: its
-    addresses: the empty page), or NULL (from 3.2); None when no word does.  READABLE: what may be read of the
-    process (None: all)."""
+    addresses: the empty page), or NULL (from 3.2); from 3.6 (HEADER: its fields' bytes before the table) a
+    structure that names itself (its memid) and its size, the first entry of its table pointing just past it.
+    None when no word does.  READABLE: what may be read of the process (None: all)."""
     lo, hi = image
     pointer = np.flatnonzero((words > np.uint64(0x10000)) & (words < np.uint64(_TOP)) &
                              ((words & np.uint64(0xFFF)) == 0))
     for i in pointer.tolist():
         at = int(words[i])
         try:
-            first = u64(mem, at)
-            size = first - at
-            null = u64(mem, first)
-            if size < 4096 or size > 1 << 30 or size & (size - 1) or null and not lo <= null < hi:
-                continue
+            if header:
+                size = u64(mem, at + 8)
+                if size % 4096 or not header < size <= 1 << 30 or u64(mem, at + 16) != at or \
+                        u64(mem, at + header) != at + size:
+                    continue
+            else:
+                first = u64(mem, at)
+                size = first - at
+                null = u64(mem, first)
+                if size < 4096 or size > 1 << 30 or size & (size - 1) or null and not lo <= null < hi:
+                    continue
         except ReadError:
             continue
-        return _walk(mem, at, size, readable)
+        return _walk(mem, at, header, size, readable)
     return None
 
 
-def _walk(mem: Memory, at: int, size: int, readable: list[tuple[int, int]] | None) -> PageMap:
-    """Every page the map at AT (a table of SIZE bytes) names."""
+def _walk(mem: Memory, at: int, header: int, size: int, readable: list[tuple[int, int]] | None) -> PageMap:
+    """Every page the map at AT (SIZE bytes, its table HEADER bytes in) names."""
     subs, pages, ranges = 0, set(), [(at, at + size + 8 * _SUB_ENTRIES)]
-    for lo, hi in _within(at, at + size, readable):
+    for lo, hi in _within(at + header, at + size, readable):
         try:
             table = np.frombuffer(mem.read(lo, hi - lo), dtype=np.uint64)
         except ReadError:
             continue
         for j in np.flatnonzero(table).tolist():
-            if lo + 8 * j == at:
+            if lo + 8 * j == at + header:
                 continue            # the first 512 MiB: its sub-map is inside the table's own allocation
             subs += 1
             sub = int(table[j])

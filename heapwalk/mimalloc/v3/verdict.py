@@ -44,7 +44,13 @@ def _purge(state: MiState, t: dict) -> list[str]:
     resident = "" if ram is None else f", {human(ram)} of it resident (what the RSS falls by)"
     counted = "and takes it off its committed figure" if state.layout.purge_counted else \
         "but its committed figure stays: on Linux a purge only tells the system the memory is unused"
-    out.append(f"mi_collect(true) on the main thread purges {human(t['collect_purges'])} now{resident}: every waiting "
-               f"slice, and the main thread's pages that hold no block; {counted}. It costs page faults only when "
-               "that memory is used again.")
+    group = max((a.purge_group for a in state.discovery.arenas), default=1)
+    left = sum(b - a for x in state.discovery.arenas for a, b in x.purge_ranges()) - \
+        sum(b - a for x in state.discovery.arenas for a, b in x.purged_ranges())
+    which = "every waiting slice" if group == 1 else \
+        f"the waiting slices in whole aligned groups of {group} ({human(group * 65536)}, its minimal purge size" + \
+        (f"; the other {human(left)} wait until their group is all free)" if left else ")")
+    out.append(f"mi_collect(true) on the main thread purges {human(t['collect_purges'])} now{resident}: {which}, "
+               f"and the main thread's pages that hold no block; {counted}. It costs page faults only when that "
+               "memory is used again.")
     return out
