@@ -28,6 +28,7 @@ import harness
 import mibuilds
 from conftest import NO_SYMBOLS, SYSROOTS, capture_mimalloc, run_gdb
 from heapwalk.mimalloc.find import version_of
+from heapwalk.analysis.report import human as _human
 from heapwalk.mimalloc.layout import layout_for
 
 pytestmark = pytest.mark.cores
@@ -219,6 +220,52 @@ def test_segments_from_the_system_are_held_by_the_segment_map_s_parts(tmp_path):
     assert "mimalloc consistent" in result.stdout and not doc["findings"]
 
 
+def _committed_in(pid: int, ranges: list[tuple[int, int]]) -> int:
+    """The bytes of RANGES the process PID has committed: mimalloc reserves with no access and commits by
+    giving access (/proc/PID/maps)."""
+    out = 0
+    for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
+        span, perms = line.split()[:2]
+        lo, hi = (int(x, 16) for x in span.split("-"))
+        if perms.startswith("rw"):
+            out += sum(max(0, min(hi, b) - max(lo, a)) for a, b in ranges)
+    return out
+
+
+def test_mimalloc_3_6_pages_from_the_system_and_its_own_figures(tmp_path):
+    """sid's 3.6.0 run with MIMALLOC_DISALLOW_ARENA_ALLOC=1: every page comes from the system, its mi_page_t in
+    the table at the start of its own 256 MiB-aligned memory.  gdb -p, symbols hidden: mimalloc's own figures,
+    read from its statistics, are those mi_process_info gave, to the byte; heapwalk's committed bytes are what
+    the process has committed (its pages' slices past their tables, and the page map), which mimalloc's own
+    figure is below once it has freed such pages (it takes each one's whole rounded reservation off): the
+    verdict says so; each heap's blocks are its ledger's, and check finds it sound."""
+    mi = mibuilds.prepare_mimalloc(SYSROOTS, "sid")
+    run = tmp_path / "run"
+    env = {**mi.environment(), "MIMALLOC_DISALLOW_ARENA_ALLOC": "1"}
+    proc = harness.run_to_snapshot(mibuilds.build_hold(tmp_path, mi), run, env=env)
+    try:
+        doc, said = _attached(proc, tmp_path)
+        result = run_gdb(["-p", str(proc.pid)], ["heapwalk check", "heapwalk map"], iex=[NO_SYMBOLS])
+        pages = [(int(a, 16), int(b, 16)) for a, b in
+                 re.findall(r"page at 0x[0-9a-f]+ \(from the system\)\s+(0x[0-9a-f]+)-(0x[0-9a-f]+)", result.stdout)]
+        held = _committed_in(proc.pid, [(a + 65536, b) for a, b in pages])
+    finally:
+        proc.kill()
+        proc.wait()
+    stats = json.loads((run / "stats.json").read_text())
+    t = doc["mimalloc"]["totals"]
+    assert t["arenas"] == 0 and t["os_pages"] == len(pages) > 800
+    assert t["own_committed"] == stats["process"]["current_commit"] and t["own_reserved"] == t["reserved"]
+    page_map = t["reserved"] - sum(b - a for a, b in pages)         # its table and sub-maps, all committed
+    assert t["committed"] == held + page_map > t["own_committed"]
+    assert f"its committed figure is {_human(t['committed'] - t['own_committed'])} below what its pages and" in \
+        " ".join(said.split())
+    kept, ledgers = _kept(run)
+    heaps = {h["address"]: h for h in doc["mimalloc"]["heaps"]}
+    assert all(heaps[e["heap"]]["in_use"] == sum(e["blocks"].values()) for e in ledgers.values())
+    assert "mimalloc consistent" in result.stdout and not doc["findings"]
+
+
 def _attached(proc, tmp_path: Path) -> tuple[dict, str]:
     """gdb -p on PROC, symbols hidden: report's JSON and the output of report and threads; every heap's thread
     found (its LWP; 3.6's theap of mimalloc's own data has none)."""
@@ -274,6 +321,8 @@ def _check3(doc: dict, run: Path, version: str, said: bool = True) -> None:
     assert totals["committed"] == stats["process"]["current_commit"]
     value, unit = _current(stats["stats"], "reserved")
     assert abs(totals["reserved"] - value * unit) <= 0.1 * unit
+    if version >= "3.6":                            # its own figures read from its statistics
+        assert (totals["own_committed"], totals["own_reserved"]) == (totals["committed"], totals["reserved"])
     theaps = tuple(map(int, version.split("."))) >= (3, 2, 0)
     if not theaps:                                    # from 3.2 its count of abandoned pages is not kept up to date
         assert totals["pages_abandoned"] == _current(stats["stats"], "-abandoned")[0] > 0

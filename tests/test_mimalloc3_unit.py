@@ -163,6 +163,22 @@ def test_from_3_6_a_page_s_mi_page_t_is_found_through_its_area_s_table():
     assert decode.own_memory(LAY, area, area, 42 << 20) and not decode.own_memory(LAY, area + 64, area, 42 << 20)
 
 
+def test_from_3_6_a_page_from_the_system_commits_only_its_slices():
+    """3.6: a page taken from the system commits (and counts) only its slices past the table at its start, not
+    the rounding of its reservation: a small, medium or large page its page size (the one whose room makes its
+    count of blocks), a page of one block that block and its greatest start offset in whole slices, or the
+    block alone when the system aligned it (cases measured on sid's build against /proc/PID/maps)."""
+    from heapwalk.mimalloc.v3.decode import os_committed
+    base = 0x2BDE0000000
+    slices = base + 65536
+    assert os_committed(L36, base, slices + 0x500, 65536, 63, 4456448) == 4 << 20
+    assert os_committed(L36, base, slices + 0x280, 20480, 25, 589824) == 512 << 10
+    assert os_committed(L36, base, slices + 512, 8, 8128, 131072) == 64 << 10
+    assert os_committed(L36, base, slices + 0x980, 40 << 20, 1, 46137344) == 641 * 65536
+    assert os_committed(L36, base, base + (256 << 10), 1 << 20, 1, 2 << 20) == 1 << 20
+    assert os_committed(LAY, base, slices, 8, 8128, 131072) == 131072       # before 3.6: all of it
+
+
 def test_a_purge_takes_whole_aligned_groups_of_its_minimal_purge_size():
     """From 3.3 a purge takes, in each 64-bit word of the purge bitmap, only the aligned groups of its minimal
     purge size whose every slice waits (3.6: 32 slices, 2 MiB, where the system has transparent huge pages);

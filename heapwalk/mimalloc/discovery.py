@@ -74,6 +74,7 @@ class MiDiscovery:
     data_unread: tuple[tuple[int, int], ...] = ()  # the parts of the object's data that could not be read
     map_parts: object = None              # from 2.1.8: the segment map's parts (`mimalloc.segmap.MapParts`)
     map_parts_lost: int = 0               # from 2.1.8: segments from the system below 48 TiB no part was found for
+    own_figures: tuple[int, int] | None = None    # 3.6: mimalloc's own current (reserved, committed) figures
 
 
 def discover_mimalloc(mem: Memory, found: MiImage, regions: list[tuple[int, int]], mappings: list[Mapping],

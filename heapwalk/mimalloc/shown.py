@@ -25,7 +25,8 @@ def totals(state: MiState) -> dict[str, int]:
                 "arenas": len(state.discovery.arenas), "arena_free": state.arena_free(),
                 "purge_pending": sum(b - a for x in state.discovery.arenas for a, b in x.purge_ranges()),
                 "collect_purges": purged,
-                "collect_decommits": purged if state.layout.purge_counted else 0}
+                "collect_decommits": purged if state.layout.purge_counted else 0,
+                **_own(state)}
     return {"reserved": state.reserved(), "committed": state.committed(),
             "segments": len(live) - len(abandoned), "segments_abandoned": len(abandoned),
             "pages_abandoned": sum(s.abandoned for s in abandoned),
@@ -37,6 +38,12 @@ def totals(state: MiState) -> dict[str, int]:
             "arenas": len(state.discovery.arenas), "arena_free": state.arena_free(),
             "collect_purges": sum(b - a for a, b in collected(state)),
             "collect_decommits": sum(b - a for a, b in collected(state, counted=True))}
+
+
+def _own(state: MiState) -> dict[str, int]:
+    """mimalloc's own reserved and committed figures, where heapwalk reads them (3.6)."""
+    own = state.discovery.own_figures
+    return {} if own is None else {"own_reserved": own[0], "own_committed": own[1]}
 
 
 def collect_resident(state: MiState) -> int | None:

@@ -89,7 +89,8 @@ def _unit(mem: Memory, lay: Mi3Layout, at: int, arena: Mi3Arena | None, index: i
     else:
         at, size = word(lay.page_memid), word(lay.page_memid + 8)
         problem = None if own_memory(lay, info, at, size) else "taken from the system, does not name its memory"
-        slices, reserved, committed = size // lay.slice_size, size, size
+        slices, reserved = size // lay.slice_size, size
+        committed = os_committed(lay, at, start, block, half(lay.page_reserved), size)
     if problem is None and not (0 < block and at <= start < at + reserved):
         problem = f"has blocks of {block} bytes from {start:#x}, outside its {reserved} bytes"
     if problem is not None:
@@ -104,6 +105,24 @@ def _unit(mem: Memory, lay: Mi3Layout, at: int, arena: Mi3Arena | None, index: i
                   (word(lay.page_free), word(lay.page_local_free), word(lay.page_thread_free) & ~1))
     return MiSegment(at, 0 if arena is not None else 1, slices, 0, owner, 1, 0 if owner else 1, 0, reserved,
                      committed, 0, arena=arena, pages=[page])
+
+
+def os_committed(lay: Mi3Layout, base: int, start: int, block: int, blocks: int, size: int) -> int:
+    """What a page taken from the system (its memory from BASE, SIZE bytes; blocks of BLOCK bytes from START,
+    BLOCKS of them) has committed, as mimalloc counts it: all of it; from 3.6 its slices only (not the table
+    before them, nor the rounding after): for a page of many blocks the page size whose room makes that many
+    blocks, for a page of one block that block and its greatest start offset (none when aligned by the system)
+    in whole slices.  Held to SIZE."""
+    if not lay.os_page_sizes or block <= 0:
+        return size
+    offset = start % lay.slice_size
+    if blocks > 1:
+        fit = next((p for p in lay.os_page_sizes if p > offset and (p - offset) // block == blocks), None)
+        if fit is not None:
+            return min(fit, size)
+    aligned = start - base >= 2 * lay.slice_size
+    need = block + (0 if aligned else max(offset, lay.cache_offset_max))
+    return min(-(-need // lay.slice_size) * lay.slice_size, size)
 
 
 def own_memory(lay: Mi3Layout, info: int, base: int, size: int) -> bool:

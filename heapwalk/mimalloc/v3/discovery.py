@@ -78,7 +78,24 @@ def discover_mimalloc3(mem: Memory, found: MiImage, layout: Mi3Layout, mappings:
               "not found: the report does not say which options the process runs with"))
     return MiDiscovery(layout, found.version, found.path, main, cookie, (), (), None, tpoff, (), facts, (),
                        options, arenas, page_map=pagemap, subproc=subproc, os_pages=os_pages,
-                       tpoff_unread=unread, data_unread=data_unread(mem, found))
+                       tpoff_unread=unread, data_unread=data_unread(mem, found),
+                       own_figures=own_figures(mem, layout, subproc))
+
+
+def own_figures(mem: Memory, lay: Mi3Layout, subproc: int) -> tuple[int, int] | None:
+    """mimalloc's own current (reserved, committed) figures, from its subprocess's statistics (3.6), when they
+    say the size and version this layout knows; else None."""
+    if lay.sub_stats is None:
+        return None
+    at = subproc + lay.sub_stats
+    signed = lambda v: v - (1 << 64) if v >> 63 else v      # noqa: E731 (a figure that drifted below zero)
+    try:
+        if (u64(mem, at), u64(mem, at + 8)) != lay.stats_shape:
+            return None
+        reserved, committed = (u64(mem, at + off) for off in (lay.stats_reserved, lay.stats_committed))
+    except ReadError:
+        return None
+    return signed(reserved), signed(committed)
 
 
 def _os_pages(mem: Memory, lay: Mi3Layout, named, arenas, regions) -> tuple[tuple[int, ...], int]:

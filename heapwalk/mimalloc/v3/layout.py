@@ -90,6 +90,17 @@ class Mi3Layout:
     #                                       thread (its tld's thread id is 8, its pages' owner too)
     arena_start: int | None = None        # 3.6: the arena's memory starts here, not at its description (which
     #                                       follows the page table of the first aligned area)
+    os_page_sizes: tuple[int, ...] = ()   # 3.6: a page taken from the system commits (and counts) only its slices,
+    #                                       past its table: for a page of many blocks, one of these sizes (small,
+    #                                       medium, large pages); for a page of one block, its block and the
+    #                                       greatest offset of its start (cache_offset_max) in whole slices
+    cache_offset_max: int = 0
+    sub_stats: int | None = None          # 3.6: the subprocess's statistics (mi_stats_t): its size and version first,
+    stats_shape: tuple[int, int] = (0, 0)  # as this release writes them; then the current reserved and committed
+    stats_reserved: int = 0               # figures (what mi_stats_print and mi_process_info say)
+    stats_committed: int = 0
+    os_free_drifts: bool = False          # 3.6: freeing a page taken from the system takes its whole rounded
+    #                                       reservation past its table off the committed figure, more than it counted
     page_map_header: int = 0              # 3.6: the page map is a structure (committed count, reserved size, memid,
     #                                       lock) before its table of sub-maps
     heap_list_next: int = 16
@@ -128,7 +139,8 @@ LAYOUTS3 = (Mi3Layout("3.0.1", (3, 0, 1), (3, 0, 1)),
                     heap_pages=1400, heap=8904, sub_arena_count=32, sub_arenas=40, sub_heaps=1376,
                     sub_theap_meta=1424, heap_arena_pages=776, arena_index=32, arena_start=40, arena_slice_count=48,
                     arena_info_slices=56, arena_bitmaps=112, arena_page_infos=None, page_map_header=80,
-                    mem_os=(3, 4, 5), mem_arena=6))
+                    mem_os=(3, 4, 5), mem_arena=6, os_page_sizes=(1 << 16, 1 << 19, 1 << 22), cache_offset_max=3968,
+                    sub_stats=1544, stats_shape=(4480, 6), stats_reserved=56, stats_committed=80, os_free_drifts=True))
 
 
 def layout3_for(version: tuple[int, int, int] | None) -> Mi3Layout | None:

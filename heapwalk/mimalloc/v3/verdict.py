@@ -19,6 +19,7 @@ def advice3(state: MiState, owners: list[Owner], rep: Report) -> list[str]:
            f"{human(rep.in_use)} in blocks the program holds, {human(rep.free)} free ({human(blocks)} in its pages, "
            f"{human(t['arena_free'])} in free slices of its {t['arenas']} arenas), "
            f"{human(sum(o.overhead for o in owners))} its own."]
+    out += _own(state, t)
     if rep.leaks is not None:
         out.append(scan_sentence(rep.leaks, "block"))
     abandoned = next((o for o in owners if o.thread_id == EXITED and o.segments), None)
@@ -30,6 +31,19 @@ def advice3(state: MiState, owners: list[Owner], rep: Report) -> list[str]:
                    f"their free memory ({human(sum(abandoned.free.values()))}) serves no one.")
     out += _purge(state, t)
     return out
+
+
+def _own(state: MiState, t: dict) -> list[str]:
+    """mimalloc's own figures (3.6), where they are not heapwalk's, and why."""
+    if "own_committed" not in t or t["own_committed"] == t["committed"] and t["own_reserved"] == t["reserved"]:
+        return []
+    gap = t["committed"] - t["own_committed"]
+    why = " (when it frees a page it took from the system it takes that page's whole rounded reservation off, " \
+        "more than it had counted)" if state.layout.os_free_drifts and gap > 0 else ""
+    return [f"mimalloc's own figures (mi_stats_print, mi_process_info) say {human(t['own_reserved'])} reserved and "
+            f"{human(t['own_committed'])} committed: its committed figure is {human(abs(gap))} "
+            f"{'below' if gap > 0 else 'above'} what its pages and tables hold committed{why}; heapwalk counts what "
+            "they hold."]
 
 
 def _purge(state: MiState, t: dict) -> list[str]:
