@@ -1,8 +1,10 @@
 """make test's runner: the suite's files in shards run side by side (one per core), then the files whose tests
 time the machine itself, alone.
 
-Each file goes whole to one shard; the shards are balanced by each file's time in the last run (kept in
-build/test-times.json, from each shard's JUnit report; tests/times.json before any run).  Programs and
+Each file goes whole to one shard, but a file longer than SPLIT seconds goes test function by test function
+(its functions read from its source, so that none is missed); the shards are balanced by each file's and
+function's time in the last run (kept in build/test-times.json, from each shard's JUnit report;
+tests/times.json before any run).  Programs and
 captures the shards share are made once, under cores/fresh.py's lock.  Arguments are pytest's: given a test
 path, or -k/--lf, pytest runs as asked, in one process.  The exit status is pytest's worst.
 
@@ -11,6 +13,7 @@ path, or -k/--lf, pytest runs as asked, in one process.  The exit status is pyte
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import subprocess
@@ -30,22 +33,50 @@ SEED = ROOT / "tests" / "times.json"
 ALONE = ("test_busy.py", "test_both.py", "test_bench.py", "test_discovery.py", "test_untouched.py")
 #: a file never timed yet counts as this many seconds
 UNTIMED = 10.0
+#: a file that took longer than this is shared out by test function
+SPLIT = 150.0
 #: pytest's status when it collected no test
 NO_TESTS = 5
 
 
-def shards(files: list[Path], times: dict[str, float], count: int) -> list[list[Path]]:
-    """FILES in COUNT shards of about equal time, longest first into the shard with least so far."""
+def shards(files: list[Path], times: dict[str, float], count: int) -> list[list[str]]:
+    """FILES (whole, or by test function when longer than SPLIT: `units`) in COUNT shards of about equal time,
+    longest first into the shard with least so far."""
     load = [[0.0, []] for _ in range(count)]
-    for f in sorted(files, key=lambda f: -times.get(f.name, UNTIMED)):
+    for unit, seconds in sorted(units(files, times), key=lambda u: -u[1]):
         least = min(load, key=lambda s: s[0])
-        least[0] += times.get(f.name, UNTIMED)
-        least[1].append(f)
-    return [sorted(files) for _, files in load if files]
+        least[0] += seconds
+        least[1].append(unit)
+    return [sorted(chosen) for _, chosen in load if chosen]
+
+
+def units(files: list[Path], times: dict[str, float]) -> list[tuple[str, float]]:
+    """What the shards share out, with its seconds: each file, or each test function of a file that took longer
+    than SPLIT (a pytest node id; a function never timed counts its share of its file's time)."""
+    out = []
+    for f in files:
+        spent = times.get(f.name, UNTIMED)
+        functions = _functions(f) if spent > SPLIT else []
+        if len(functions) < 2:
+            out.append((str(f), spent))
+            continue
+        out += [(f"{f}::{name}", times.get(f"{f.name}::{name}", spent / len(functions))) for name in functions]
+    return out
+
+
+def _functions(path: Path) -> list[str]:
+    """The test functions a test file defines at its top level."""
+    try:
+        tree = ast.parse(path.read_text())
+    except (OSError, SyntaxError):
+        return []
+    return [node.name for node in tree.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and node.name.startswith("test_")]
 
 
 def file_times(report: Path) -> dict[str, float]:
-    """Each test file's seconds in the JUnit REPORT (setup, call and teardown of all its tests)."""
+    """Each test file's seconds in the JUnit REPORT (setup, call and teardown of all its tests), and each test
+    function's ("FILE::FUNCTION", its parameters together)."""
     times: dict[str, float] = {}
     try:
         root = ET.parse(report).getroot()
@@ -55,7 +86,10 @@ def file_times(report: Path) -> dict[str, float]:
         module = case.get("classname", "").split(".")
         name = next((m for m in module if m.startswith("test_")), None)
         if name:
-            times[name + ".py"] = times.get(name + ".py", 0.0) + float(case.get("time") or 0)
+            seconds = float(case.get("time") or 0)
+            function = f"{name}.py::{case.get('name', '').split('[')[0]}"
+            for key in (name + ".py", function):
+                times[key] = times.get(key, 0.0) + seconds
     return times
 
 
@@ -69,8 +103,9 @@ def counts(report: Path) -> tuple[int, int, int]:
     return n("tests"), n("failures") + n("errors"), n("skipped")
 
 
-def start(name: str, files: list[Path], args: list[str], work: Path) -> tuple[subprocess.Popen, Path, Path]:
-    """pytest on FILES with ARGS, its output to WORK/NAME.log, its JUnit report to WORK/NAME.xml."""
+def start(name: str, files: list, args: list[str], work: Path) -> tuple[subprocess.Popen, Path, Path]:
+    """pytest on FILES (paths or node ids) with ARGS, its output to WORK/NAME.log, its JUnit report to
+    WORK/NAME.xml."""
     log, report = work / f"{name}.log", work / f"{name}.xml"
     cmd = [sys.executable, "-m", "pytest", "-m", "", "-p", "no:cacheprovider", f"--basetemp={work / name}",
            f"--junitxml={report}", *args, *map(str, files)]
@@ -80,14 +115,15 @@ def start(name: str, files: list[Path], args: list[str], work: Path) -> tuple[su
     return proc, log, report
 
 
-def run(groups: list[list[Path]], args: list[str], work: Path, label: str) -> tuple[int, list[Path]]:
+def run(groups: list[list], args: list[str], work: Path, label: str) -> tuple[int, list[Path]]:
     """Each of GROUPS as one pytest, all at once; each one's output printed when it ends.  Returns the worst
     status and the JUnit reports."""
     running = [(f"{label}{i + 1}", *start(f"{label}{i + 1}", g, args, work)) for i, g in enumerate(groups)]
     worst, reports = 0, []
     for name, proc, log, report in running:
         status = proc.wait()
-        print(f"==== {name}: {', '.join(f.name for f in groups[int(name[len(label):]) - 1])}", flush=True)
+        print(f"==== {name}: {', '.join(Path(str(f)).name for f in groups[int(name[len(label):]) - 1])}",
+              flush=True)
         sys.stdout.write(log.read_text(errors="replace"))
         sys.stdout.flush()
         if status != NO_TESTS:

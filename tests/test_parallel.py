@@ -1,0 +1,39 @@
+"""make test's runner shares the suite out: a short file whole, a long one by test function (every function its
+source defines, timed or not), the shards balanced by the last run's times, which it records per file and per
+function from the shards' JUnit reports."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import parallel
+
+
+def _file(folder: Path, name: str, functions: list[str]) -> Path:
+    path = folder / name
+    path.write_text("import pytest\n\n" + "".join(f"def {f}():\n    pass\n\n\n" for f in functions) +
+                    "def helper():\n    pass\n")
+    return path
+
+
+def test_a_long_file_is_shared_out_by_function_and_none_is_missed(tmp_path):
+    long = _file(tmp_path, "test_long.py", ["test_a", "test_b", "test_c"])
+    short = _file(tmp_path, "test_short.py", ["test_x", "test_y"])
+    times = {"test_long.py": 300.0, "test_long.py::test_a": 200.0, "test_long.py::test_b": 40.0,
+             "test_short.py": 50.0}
+    units = dict(parallel.units([long, short], times))
+    # test_c was never timed: it counts its share of its file's time
+    assert units == {f"{long}::test_a": 200.0, f"{long}::test_b": 40.0, f"{long}::test_c": 100.0, str(short): 50.0}
+    shards = parallel.shards([long, short], times, 2)
+    assert sorted(map(len, shards)) == [1, 3] and [f"{long}::test_a"] in shards
+
+
+def test_the_times_are_kept_per_file_and_per_function(tmp_path):
+    report = tmp_path / "report.xml"
+    report.write_text('<testsuites><testsuite tests="3">'
+                      '<testcase classname="tests.test_long" name="test_a[one]" time="1.5"/>'
+                      '<testcase classname="tests.test_long" name="test_a[two]" time="2.0"/>'
+                      '<testcase classname="tests.test_long" name="test_b" time="0.5"/>'
+                      '</testsuite></testsuites>')
+    assert parallel.file_times(report) == {"test_long.py": 4.0, "test_long.py::test_a": 3.5,
+                                           "test_long.py::test_b": 0.5}
