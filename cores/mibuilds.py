@@ -15,6 +15,7 @@ cmake as a distribution builds them (Release), stripped to their exported symbol
     3.3.2 (the Rust crate's: a heap per thread is a theap)  3.4.3 (the newest release tagged)
     3.6.0 (sid's, from the sources the libmimalloc-sys2 crate vendors: its tag is not in the snapshot at hand)
     2.1.4  2.1.7  2.1.9  2.2.4  2.2.7  2.3.1 (one of each layout between; read live only, no core kept)
+    3.1.5  3.1.6  3.2.8  3.3.0  3.4.0 (the same for the other mimalloc 3 layouts)
 
 and releases linked into the program (as the Rust crate links it: mimalloc's object in the executable, which
 then exports none of its entry points and says no version; its thread-local default heap reached without a GOT
@@ -46,7 +47,7 @@ import fresh
 import jebuilds
 import sysroots
 
-__all__ = ["MiBuild", "Mimalloc", "MI_BUILDS", "MI_BUILT", "MI_LIVE", "MI_LINKED", "MI_RUST", "drift_delay",
+__all__ = ["MiBuild", "Mimalloc", "MI_BUILDS", "MI_BUILT", "MI_LIVE", "MI_LIVE3", "MI_LINKED", "MI_RUST", "drift_delay",
            "prepare_mimalloc", "build_hold", "MI_HOLD"]
 
 LIBDIR = Path("usr/lib") / sysroots.MULTIARCH
@@ -71,6 +72,9 @@ MI_BUILT = ("2.0.5", "2.0.6", "2.0.7", "2.1.2", "2.3.2", "3.3.2", "3.4.3", "3.6.
 #: releases built from their sources whose process the tests read live only (no core kept): one of each layout
 #: measured between 2.1.2 and 2.3.2
 MI_LIVE = ("2.1.4", "2.1.7", "2.1.9", "2.2.4", "2.2.7", "2.3.1")
+#: the same for mimalloc 3: one release of each layout measured besides 3.0.1, 3.3.2, 3.4.3 and 3.6.0 (3.1.5 is
+#: the mimalloc crate's v3 in libmimalloc-sys 0.1.44; 3.3.0 and 3.3.1 its default in 0.1.45 to 0.1.47)
+MI_LIVE3 = ("3.1.5", "3.1.6", "3.2.8", "3.3.0", "3.4.0")
 #: releases built from their sources as an object the reproducer links: name -> release
 MI_LINKED = {"2.1.2-linked": "2.1.2", "2.3.2-linked": "2.3.2", "3.0.1-linked": "3.0.1", "3.3.2-linked": "3.3.2"}
 #: the Rust reproducer on the mimalloc crate: name -> (the release the crate compiles in, the crate's features)
@@ -100,7 +104,7 @@ class Mimalloc:
             return self.root / "rust_mi"
         if self.linked:
             return self.root / "mimalloc.o"
-        if self.name in MI_BUILT or self.name in MI_LIVE:
+        if self.name in MI_BUILT or self.name in MI_LIVE or self.name in MI_LIVE3:
             return self.root / f"libmimalloc.so.{self.name.split('.')[0]}"
         return self.root / LIBDIR / MI_BUILDS[self.name].file
 
@@ -129,10 +133,10 @@ def drift_delay(version: str) -> int:
 
 def prepare_mimalloc(dest: Path, name: str, cache: Path | None = None) -> Mimalloc:
     """Fetches (or reuses) mimalloc NAME (`MI_BUILDS`) and unpacks it into DEST/mimalloc-NAME, or builds release
-    NAME (`MI_BUILT`, `MI_LIVE`) there, or the Rust program on the crate (`MI_RUST`)."""
+    NAME (`MI_BUILT`, `MI_LIVE`, `MI_LIVE3`) there, or the Rust program on the crate (`MI_RUST`)."""
     if name in MI_RUST:
         return _rust(dest, name)
-    if name in MI_BUILT or name in MI_LIVE or name in MI_LINKED:
+    if name in MI_BUILT or name in MI_LIVE or name in MI_LIVE3 or name in MI_LINKED:
         return _built(dest, name)
     cache = cache or sysroots.cache_dir()
     build = MI_BUILDS[name]
@@ -224,7 +228,7 @@ def build_hold(folder: Path, mi: Mimalloc | None = None) -> Path:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("dest", type=Path)
-    parser.add_argument("names", nargs="*", default=[*MI_BUILDS, *MI_BUILT, *MI_LIVE, *MI_LINKED, *MI_RUST])
+    parser.add_argument("names", nargs="*", default=[*MI_BUILDS, *MI_BUILT, *MI_LIVE, *MI_LIVE3, *MI_LINKED, *MI_RUST])
     args = parser.parse_args(argv)
     for name in args.names:
         mi = prepare_mimalloc(args.dest, name)

@@ -30,6 +30,7 @@ from conftest import NO_SYMBOLS, SYSROOTS, capture_mimalloc, run_gdb
 from heapwalk.mimalloc.find import version_of
 from heapwalk.analysis.report import human as _human
 from heapwalk.mimalloc.layout import layout_for
+from heapwalk.mimalloc.v3.layout import layout3_for
 
 pytestmark = pytest.mark.cores
 
@@ -328,18 +329,24 @@ def _check3(doc: dict, run: Path, version: str, said: bool = True) -> None:
         assert totals["pages_abandoned"] == _current(stats["stats"], "-abandoned")[0] > 0
     assert totals["pages_abandoned"] > 0
     assert totals["arenas"] == int(re.search(r"arenas\s*:\s+(\d+)", stats["stats"]).group(1)) > 0
-    # each thread's huge block (40 MiB): past an arena's largest object in 3.0, not from 3.2
-    assert totals["os_pages"] == (0 if theaps else 5)
+    # each thread's huge block (40 MiB): past an arena's largest object to 3.1.5, not from 3.1.6
+    assert totals["os_pages"] == (5 if tuple(map(int, version.split("."))) < (3, 1, 6) else 0)
     kept, ledgers = _kept(run)
     heaps = {h["address"]: h for h in m["heaps"]}
+    # 3.1 may give up a thread's full pages after its own walk (its periodic collect does), and
+    # there is no walk at the snapshot (the main thread walks the others' theaps from 3.2): its heap holds at
+    # most what its walk saw, the rest is in the abandoned pages (the main thread takes some, freeing in them)
+    exact = theaps or version < "3.1"
     walked = {}
     for name, entry in ledgers.items():
         if entry["how"] != "exits":
-            assert heaps[entry["heap"]]["in_use"] == sum(entry["blocks"].values()), name
+            held, seen = heaps[entry["heap"]]["in_use"], sum(entry["blocks"].values())
+            assert held == seen if exact else held <= seen or entry["how"] == "main", name
             walked.update(entry["blocks"])
-    rest = {a: n for a, n in kept.items() if a not in walked}
     got = next(o for o in m["owners"] if o["owner"] == "abandoned pages")
-    assert (got["blocks"], got["in_use"]) == (len(rest), sum(rest.values())) and rest
+    if exact:
+        rest = {a: n for a, n in kept.items() if a not in walked}
+        assert (got["blocks"], got["in_use"]) == (len(rest), sum(rest.values())) and rest
     main = ledgers["snapshot-main.txt" if theaps else "ledger-main.txt"]["blocks"]
     own = sum(n for a, n in main.items() if a not in kept)     # the main thread's own blocks
     assert sum(o["in_use"] for o in m["owners"]) == sum(kept.values()) + own
@@ -422,10 +429,11 @@ def test_mimalloc_3_s_leaks_are_the_exited_thread_s_blocks(tmp_path, build):
     assert "arena 1 at 0x" in said and ("page at" in said and "(from the system)" in said) == (os_pages > 0)
 
 
-@pytest.mark.parametrize("stopped", ["trixie", "3.3.2", "rust", "sid", "3.6.0"], indirect=True)
+@pytest.mark.parametrize("stopped", ["trixie", "3.3.2", "rust", "sid", "3.6.0", *mibuilds.MI_LIVE3], indirect=True)
 def test_mimalloc_3_attached_says_the_same_and_what_collect_gives_back(stopped, tmp_path):
     """gdb -p on the stopped process on mimalloc 3.0.1, 3.3.2, sid's 3.6.0 and 3.6.0 built as a release from its
-    sources, symbols hidden: the same figures, read live;
+    sources, and one release of each other layout (`mibuilds.MI_LIVE3`), symbols hidden: the same figures, read
+    live (to 3.3.1 the verdict says mimalloc's own committed figure drifts below once it has purged);
     threads lists each heap with its thread; what the verdict says mi_collect(true) on the main thread gives back
     (the arenas' free slices waiting for their purge, the main thread's empty pages) is what it then took off
     mimalloc's commit, to the byte (3.0.1; 3.3.2 takes nothing off), and off the RSS."""
@@ -434,6 +442,9 @@ def test_mimalloc_3_attached_says_the_same_and_what_collect_gives_back(stopped, 
     _check3(doc, run, version, said=not linked)
     assert f"mimalloc heaps ({len(doc['mimalloc']['heaps'])})" in said
     assert doc["mimalloc"]["options"]["purge_delay"]["set"] == "default"
+    drifts = layout3_for(version_of(json.loads((run / "stats.json").read_text())["version"])).stat_drifts
+    assert ("own committed figure (mi_stats_print, mi_process_info) is not this one once it has purged" in
+            " ".join(said.split())) == drifts
     collected = _collect(proc, run)
     totals = doc["mimalloc"]["totals"]
     # from 3.2 a purge on Linux leaves the committed figure as it was

@@ -193,16 +193,19 @@ def test_a_purge_takes_whole_aligned_groups_of_its_minimal_purge_size():
 
 def test_the_minimal_purge_size_comes_from_the_options_and_the_system():
     """The option (KiB) when set; else a large page when the system has transparent huge pages and allow_thp is
-    2; else a system page: one slice.  A release without the option purges every run."""
+    set (from 3.3.2: is 2); else a system page: one slice.  A release before 3.1.6 purges every run."""
     from heapwalk.mimalloc.options import MiOption
     from heapwalk.mimalloc.v3.discovery import purge_group
     thp, no_thp = (2 << 20, 0x01000101), (2 << 20, 0x00000101)
     opts = {"arena_purge_min_size": MiOption((0, "default")), "allow_thp": MiOption((2, "default"))}
-    assert purge_group(opts, thp, 65536) == 32 and purge_group(opts, no_thp, 65536) == 1
-    assert purge_group({**opts, "allow_thp": MiOption((1, "default"))}, thp, 65536) == 1
-    assert purge_group({**opts, "arena_purge_min_size": MiOption((256, "from the environment"))}, thp, 65536) == 4
-    assert purge_group({"minimal_purge_size": MiOption((0, "default"))}, thp, 65536) == 1
-    assert purge_group({}, thp, 65536) == 1
+    assert purge_group(opts, thp, 65536, "thp2") == 32 and purge_group(opts, no_thp, 65536, "thp2") == 1
+    one = {**opts, "allow_thp": MiOption((1, "default"))}
+    assert purge_group(one, thp, 65536, "thp2") == 1 and purge_group(one, thp, 65536, "thp") == 32
+    assert purge_group({**one, "allow_thp": MiOption((0, "from the environment"))}, thp, 65536, "thp") == 1
+    assert purge_group({**opts, "arena_purge_min_size": MiOption((256, "from the environment"))}, thp, 65536,
+                       "thp2") == 4
+    assert purge_group({"minimal_purge_size": MiOption((0, "default"))}, thp, 65536, "thp2") == 1
+    assert purge_group(opts, thp, 65536, "") == 1 and purge_group({}, thp, 65536, "thp2") == 1
 
 
 def test_the_system_s_settings_say_whether_it_overcommits():
@@ -215,12 +218,13 @@ def test_the_system_s_settings_say_whether_it_overcommits():
 
 def test_a_mimalloc_3_not_measured_is_named():
     """A release heapwalk has not measured (3.5.0, or 3.7.0) is named with those it decodes; 3.0.1, 3.3.2 (the
-    Rust crate's), 3.4.3 and 3.6.0 (Debian sid's) have their layouts."""
+    Rust crate's), 3.4.3 and 3.6.0 (Debian sid's) have their layouts, and 3.1.5 (the crate's v3 in 0.1.44)."""
     for version in ((3, 5, 0), (3, 7, 0)):
         with pytest.raises(discovery.MimallocUnknown, match=r"mimalloc 3\.[57]\.0 is not a version heapwalk has "
-                                                            r"measured \(it decodes 2\.0\.5, .*, 3\.0\.1, 3\.3\.2, "
-                                                            r"3\.4\.3, 3\.6\.0"):
+                                                            r"measured \(it decodes 2\.0\.5, .*, 3\.0\.1, 3\.1\.4 to "
+                                                            r"3\.1\.5, .*, 3\.4\.0 to 3\.4\.3, 3\.6\.0"):
             discovery._candidates(version)
     assert discovery._candidates((3, 0, 1)) == [LAY]
     assert [lay.versions for lay in (*discovery._candidates((3, 3, 2)), *discovery._candidates((3, 4, 3)),
-                                     *discovery._candidates((3, 6, 0)))] == ["3.3.2", "3.4.3", "3.6.0"]
+                                     *discovery._candidates((3, 6, 0)), *discovery._candidates((3, 1, 5)))] == [
+        "3.3.2", "3.4.0 to 3.4.3", "3.6.0", "3.1.4 to 3.1.5"]

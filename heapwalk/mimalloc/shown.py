@@ -40,6 +40,16 @@ def totals(state: MiState) -> dict[str, int]:
             "collect_decommits": sum(b - a for a, b in collected(state, counted=True))}
 
 
+def drift_sentence(state: MiState, counted: str) -> str:
+    """The verdict's sentence for a release whose own committed figure drifts below what is committed once it
+    has purged (COUNTED: what heapwalk counts instead)."""
+    version = state.discovery.version
+    named = ".".join(map(str, version)) if version else state.layout.versions
+    return (f"mimalloc {named}'s own committed figure (mi_stats_print, mi_process_info) is not this one once it "
+            "has purged: on Linux a purge takes its bytes off that figure while the memory stays committed, so it "
+            f"falls below what is committed, even below zero; heapwalk counts {counted}.")
+
+
 def _own(state: MiState) -> dict[str, int]:
     """mimalloc's own reserved and committed figures, where heapwalk reads them (3.6)."""
     own = state.discovery.own_figures

@@ -5,7 +5,7 @@ from __future__ import annotations
 from heapwalk.analysis.report import Report, human, leaking, scan_sentence
 from heapwalk.mimalloc.account import EXITED, Owner
 from heapwalk.mimalloc.decode import MiState
-from heapwalk.mimalloc.shown import collect_resident, totals
+from heapwalk.mimalloc.shown import collect_resident, drift_sentence, totals
 
 __all__ = ["advice"]
 
@@ -23,12 +23,7 @@ def advice(state: MiState, owners: list[Owner], rep: Report) -> list[str]:
            f"of its pages, {human(spans)} in free spans of its segments{unused}), "
            f"{human(sum(o.overhead for o in owners))} its own."]
     if state.layout.stat_drifts:
-        version = state.discovery.version
-        named = ".".join(map(str, version)) if version else state.layout.versions
-        out.append(f"mimalloc {named}'s own committed figure (mi_stats_print, mi_process_info) is "
-                   "not this one once it has purged: on Linux a purge takes its bytes off that figure while the "
-                   "memory stays committed, so it falls below what is committed, even below zero; heapwalk counts "
-                   "what the segments' commit masks and the arenas hold.")
+        out.append(drift_sentence(state, "what the segments' commit masks and the arenas hold"))
     if rep.leaks is not None:
         out.append(scan_sentence(rep.leaks, "block"))
     exited = next((o for o in owners if o.thread_id == EXITED and o.segments), None)

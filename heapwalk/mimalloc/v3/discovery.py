@@ -56,7 +56,7 @@ def discover_mimalloc3(mem: Memory, found: MiImage, layout: Mi3Layout, mappings:
     os_pages, stale = _os_pages(mem, layout, pagemap.pages, arenas, regions)
     tpoff, unread = read_tpoff(mem, found, layout.default_fn)
     options = find_options(mem, base, words)
-    group = purge_group(options, config, layout.slice_size)
+    group = purge_group(options, config, layout.slice_size, layout.min_purge)
     arenas = tuple(replace(a, purge_group=group) for a in arenas)
     in_arenas = sum(bin(a.pages).count("1") for a in arenas)
     said = "" if found.version else " (the build does not say its version; its data has all this layout's shapes)"
@@ -149,17 +149,19 @@ def _mem_config(words: np.ndarray) -> tuple[int, int] | None:
     return found.pop() if len(found) == 1 else None
 
 
-def purge_group(options: dict, config: tuple[int, int] | None, slice_size: int) -> int:
-    """How many slices a purge takes at least, in aligned groups (from 3.3, `_mi_os_minimal_purge_size`): the
-    option (KiB) when set; else, when the system has transparent huge pages and allow_thp is 2 (3.6's default),
-    a large page; else a system page (a slice).  Releases without the option purge every waiting run."""
+def purge_group(options: dict, config: tuple[int, int] | None, slice_size: int, rule: str) -> int:
+    """How many slices a purge takes at least, in aligned groups (from 3.1.6, `_mi_os_minimal_purge_size`; RULE:
+    the layout's `min_purge`): the option (KiB) when set; else, when the system has transparent huge pages and
+    allow_thp is set ("thp"; "thp2": is 2, 3.6's default), a large page; else a system page (a slice).  Releases
+    before purge every waiting run."""
     option = options.get("minimal_purge_size") or options.get("arena_purge_min_size")
-    if option is None:
+    if not rule or option is None:
         return 1
     thp = options.get("allow_thp")
+    wanted = thp is not None and (thp.value == 2 if rule == "thp2" else thp.value != 0)
     if option.value > 0:
         size = (option.value << 10) + 4095 & ~4095
-    elif config is not None and config[1] >> 24 & 0xFF and thp is not None and thp.value == 2:
+    elif config is not None and config[1] >> 24 & 0xFF and wanted:
         size = config[0]
     else:
         size = 4096

@@ -29,8 +29,13 @@ class Mi3Layout:
     #                                       3.6: then a collect score)
     queue_size_word: int = 2              # which of its words is the block size
     default_fn: str = "mi_heap_get_default"   # the exported function that loads the thread's default heap
-    purge_counted: bool = True            # a purge takes what it decommits off the committed figure (to 3.1; from
-    #                                       3.2 not on Linux, where it only advises the system the memory is unused)
+    purge_counted: bool = True            # a purge takes what it decommits off the committed figure (to 3.3.1; from
+    #                                       3.3.2 not on Linux, where it only advises the system the memory is unused)
+    min_purge: str = ""                   # a purge takes whole aligned groups of its minimal purge size (from 3.1.6):
+    #                                       a large page where the system has huge pages and allow_thp is set
+    #                                       ("thp"; from 3.3.2 only when it is 2: "thp2"); "": every waiting run
+    stat_drifts: bool = True              # to 3.3.1 on Linux that purge leaves the memory committed (its arena's
+    #                                       committed bitmap keeps it): mimalloc's own figure drifts below it
     map_counted: bool = False             # its statistics count the page map's table (and first sub-map), as the
     #                                       system rounds them (from 3.2; 3.0 counts only the other sub-maps)
     main_cookie: bool = True              # the main heap's cookie is set at start (from 3.2 the static main theap
@@ -117,18 +122,30 @@ class Mi3Layout:
         return self.slice_size
 
 
-_V332 = Mi3Layout("3.3.2", (3, 3, 2), (3, 3, 2), queue_words=4, queue_size_word=3, default_fn="mi_theap_get_default",
-                  page_heap=56,
-                  main_cookie=False, map_counted=True, purge_counted=False,
-                  heap_cookie=32, heap_page_count=176, heap_next=224, heap_pages=1304, heap=8096, tld_subproc=24,
-                  tld_heap_backing=32, tld_heaps=32, sub_arena_count=24, sub_arenas=32, arena_slice_count=40,
-                  arena_info_slices=48, arena_bitmaps=104, arena_pages=False, arena_page_infos=136,
-                  bbitmap_chunks=448)
+_V332 = Mi3Layout("3.3.2", (3, 3, 2), (3, 3, 2), queue_words=4, queue_size_word=3, stat_drifts=False, min_purge="thp2",
+                  default_fn="mi_theap_get_default", page_heap=56, main_cookie=False, map_counted=True,
+                  purge_counted=False, heap_cookie=32, heap_page_count=176, heap_next=224, heap_pages=1304, heap=8096,
+                  tld_subproc=24, tld_heap_backing=32, tld_heaps=32, sub_arena_count=24, sub_arenas=32,
+                  arena_slice_count=40, arena_info_slices=48, arena_bitmaps=104, arena_pages=False,
+                  arena_page_infos=136, bbitmap_chunks=448)
+
+_V301 = Mi3Layout("3.0.1", (3, 0, 1), (3, 0, 1))
+_V314 = replace(_V301, versions="3.1.4 to 3.1.5", first=(3, 1, 4), last=(3, 1, 5), queue_words=4, queue_size_word=3,
+                map_counted=True,
+                heap_cookie=24, heap_page_count=168, heap_next=208, heap_pages=1264, heap=3688, tld_subproc=24,
+                tld_heap_backing=32, tld_heaps=40, arena_bitmaps=80, bbitmap_chunks=384)
 
 #: the layouts, oldest first
-LAYOUTS3 = (Mi3Layout("3.0.1", (3, 0, 1), (3, 0, 1)),
+LAYOUTS3 = (_V301,
+            _V314,
+            replace(_V314, versions="3.1.6", first=(3, 1, 6), last=(3, 1, 6), bbitmap_chunks=448, min_purge="thp"),
+            replace(_V332, versions="3.2.6 to 3.2.8", first=(3, 2, 6), last=(3, 2, 8), heap_cookie=24,
+                    heap_page_count=168, heap_next=208, heap_pages=1288, heap=8048, arena_bitmaps=88,
+                    arena_page_infos=None, purge_counted=True, stat_drifts=True, min_purge="thp"),
+            replace(_V332, versions="3.3.0 to 3.3.1", first=(3, 3, 0), last=(3, 3, 1), purge_counted=True,
+                    stat_drifts=True, min_purge="thp"),
             _V332,
-            replace(_V332, versions="3.4.3", first=(3, 4, 3), last=(3, 4, 3), page=112, page_start="words",
+            replace(_V332, versions="3.4.0 to 3.4.3", first=(3, 4, 0), last=(3, 4, 3), page=112, page_start="words",
                     page_memid=88, page_memkind=104, heap_cookie=40, heap_page_count=184, heap_next=232,
                     heap_pages=1312, heap=8104),
             replace(_V332, versions="3.6.0", first=(3, 6, 0), last=(3, 6, 0), page=128, page_meta_aligned=1 << 28,

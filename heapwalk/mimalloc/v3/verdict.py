@@ -5,7 +5,7 @@ from __future__ import annotations
 from heapwalk.analysis.report import Report, human, leaking, scan_sentence
 from heapwalk.mimalloc.account import EXITED, Owner
 from heapwalk.mimalloc.decode import MiState
-from heapwalk.mimalloc.shown import collect_resident, totals
+from heapwalk.mimalloc.shown import collect_resident, drift_sentence, totals
 
 __all__ = ["advice3"]
 
@@ -19,6 +19,8 @@ def advice3(state: MiState, owners: list[Owner], rep: Report) -> list[str]:
            f"{human(rep.in_use)} in blocks the program holds, {human(rep.free)} free ({human(blocks)} in its pages, "
            f"{human(t['arena_free'])} in free slices of its {t['arenas']} arenas), "
            f"{human(sum(o.overhead for o in owners))} its own."]
+    if state.layout.stat_drifts:
+        out.append(drift_sentence(state, "what the arenas' bitmaps and the pages from the system hold"))
     out += _own(state, t)
     if rep.leaks is not None:
         out.append(scan_sentence(rep.leaks, "block"))
