@@ -2,9 +2,9 @@
 time the machine itself, alone.
 
 Each file goes whole to one shard, but a file longer than SPLIT seconds goes test function by test function
-(its functions read from its source, so that none is missed); the shards are balanced by each file's and
-function's time in the last run (kept in build/test-times.json, from each shard's JUnit report;
-tests/times.json before any run).  Programs and
+(its functions read from its source, so that none is missed; its shared fixtures are then set up in each
+shard); the shards are balanced by each file's and function's time in the last run (kept in
+build/test-times.json, summed over the shards' JUnit reports; tests/times.json before any run).  Programs and
 captures the shards share are made once, under cores/fresh.py's lock.  Arguments are pytest's: given a test
 path, or -k/--lf, pytest runs as asked, in one process.  The exit status is pytest's worst.
 
@@ -33,8 +33,9 @@ SEED = ROOT / "tests" / "times.json"
 ALONE = ("test_busy.py", "test_both.py", "test_bench.py", "test_discovery.py", "test_untouched.py")
 #: a file never timed yet counts as this many seconds
 UNTIMED = 10.0
-#: a file that took longer than this is shared out by test function
-SPLIT = 150.0
+#: a file that took longer than this is shared out by test function (it then sets up its shared fixtures in
+#: each shard, which costs more than balancing gains below this)
+SPLIT = 600.0
 #: pytest's status when it collected no test
 NO_TESTS = 5
 
@@ -147,8 +148,11 @@ def main(argv: list[str]) -> int:
     worst, reports = run(shards(shared, times, jobs), argv, work, "shard")
     status, more = run([alone], argv, work, "alone")
     worst, reports = max(worst, status), reports + more
-    for report in reports:
-        times.update(file_times(report))
+    spent: dict[str, float] = {}
+    for report in reports:                  # a file shared out is in several reports: its times add up
+        for key, seconds in file_times(report).items():
+            spent[key] = spent.get(key, 0.0) + seconds
+    times.update(spent)
     TIMES.parent.mkdir(parents=True, exist_ok=True)
     TIMES.write_text(json.dumps(dict(sorted(times.items())), indent=1) + "\n")
     total = [sum(c) for c in zip(*(counts(r) for r in reports))]

@@ -17,18 +17,22 @@ def _file(folder: Path, name: str, functions: list[str]) -> Path:
 
 
 def test_a_long_file_is_shared_out_by_function_and_none_is_missed(tmp_path):
+    """A file longer than SPLIT goes by function, every function its source defines; a shorter one whole."""
     long = _file(tmp_path, "test_long.py", ["test_a", "test_b", "test_c"])
     short = _file(tmp_path, "test_short.py", ["test_x", "test_y"])
-    times = {"test_long.py": 300.0, "test_long.py::test_a": 200.0, "test_long.py::test_b": 40.0,
+    spent = parallel.SPLIT + 30
+    times = {"test_long.py": spent, "test_long.py::test_a": spent - 100, "test_long.py::test_b": 40.0,
              "test_short.py": 50.0}
     units = dict(parallel.units([long, short], times))
     # test_c was never timed: it counts its share of its file's time
-    assert units == {f"{long}::test_a": 200.0, f"{long}::test_b": 40.0, f"{long}::test_c": 100.0, str(short): 50.0}
+    assert units == {f"{long}::test_a": spent - 100, f"{long}::test_b": 40.0, f"{long}::test_c": spent / 3,
+                     str(short): 50.0}
     shards = parallel.shards([long, short], times, 2)
     assert sorted(map(len, shards)) == [1, 3] and [f"{long}::test_a"] in shards
 
 
 def test_the_times_are_kept_per_file_and_per_function(tmp_path):
+    """A report's times, per file and per function (its parameters together)."""
     report = tmp_path / "report.xml"
     report.write_text('<testsuites><testsuite tests="3">'
                       '<testcase classname="tests.test_long" name="test_a[one]" time="1.5"/>'
