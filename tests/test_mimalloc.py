@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -199,20 +200,28 @@ def test_gdb_attached_says_the_same(stopped, tmp_path):
         <= 16 << 10
 
 
-def test_segments_from_the_system_are_held_by_the_segment_map_s_parts(tmp_path):
-    """2.3.2 run with MIMALLOC_DISALLOW_ARENA_ALLOC=1: every segment comes from the system (below 48 TiB), and the
-    segment map's parts (taken from the system too) hold them.  gdb -p, symbols hidden: every figure as mimalloc
-    printed it, its committed bytes to the byte with the parts in them; check finds it all sound."""
-    mi = mibuilds.prepare_mimalloc(SYSROOTS, "2.3.2")
+@contextmanager
+def _from_the_system(tmp_path: Path, build: str):
+    """mi_hold on mimalloc BUILD with MIMALLOC_DISALLOW_ARENA_ALLOC=1, stopped at its snapshot while the block
+    runs: (process, its output folder); killed after."""
+    mi = mibuilds.prepare_mimalloc(SYSROOTS, build)
     run = tmp_path / "run"
     env = {**mi.environment(), "MIMALLOC_DISALLOW_ARENA_ALLOC": "1"}
     proc = harness.run_to_snapshot(mibuilds.build_hold(tmp_path, mi), run, env=env)
     try:
-        doc, said = _attached(proc, tmp_path)
-        result = run_gdb(["-p", str(proc.pid)], ["heapwalk check"], iex=[NO_SYMBOLS])
+        yield proc, run
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_segments_from_the_system_are_held_by_the_segment_map_s_parts(tmp_path):
+    """2.3.2 run with MIMALLOC_DISALLOW_ARENA_ALLOC=1: every segment comes from the system (below 48 TiB), and the
+    segment map's parts (taken from the system too) hold them.  gdb -p, symbols hidden: every figure as mimalloc
+    printed it, its committed bytes to the byte with the parts in them; check finds it all sound."""
+    with _from_the_system(tmp_path, "2.3.2") as (proc, run):
+        doc, said = _attached(proc, tmp_path)
+        result = run_gdb(["-p", str(proc.pid)], ["heapwalk check"], iex=[NO_SYMBOLS])
     _check(doc, run, "2.3.2")
     m = doc["mimalloc"]
     assert m["totals"]["arenas"] == 0 and m["options"]["disallow_arena_alloc"]["set"] == "from the environment"
@@ -240,19 +249,12 @@ def test_mimalloc_3_6_pages_from_the_system_and_its_own_figures(tmp_path):
     the process has committed (its pages' slices past their tables, and the page map), which mimalloc's own
     figure is below once it has freed such pages (it takes each one's whole rounded reservation off): the
     verdict says so; each heap's blocks are its ledger's, and check finds it sound."""
-    mi = mibuilds.prepare_mimalloc(SYSROOTS, "sid")
-    run = tmp_path / "run"
-    env = {**mi.environment(), "MIMALLOC_DISALLOW_ARENA_ALLOC": "1"}
-    proc = harness.run_to_snapshot(mibuilds.build_hold(tmp_path, mi), run, env=env)
-    try:
+    with _from_the_system(tmp_path, "sid") as (proc, run):
         doc, said = _attached(proc, tmp_path)
         result = run_gdb(["-p", str(proc.pid)], ["heapwalk check", "heapwalk map"], iex=[NO_SYMBOLS])
         pages = [(int(a, 16), int(b, 16)) for a, b in
                  re.findall(r"page at 0x[0-9a-f]+ \(from the system\)\s+(0x[0-9a-f]+)-(0x[0-9a-f]+)", result.stdout)]
         held = _committed_in(proc.pid, [(a + 65536, b) for a, b in pages])
-    finally:
-        proc.kill()
-        proc.wait()
     stats = json.loads((run / "stats.json").read_text())
     t = doc["mimalloc"]["totals"]
     assert t["arenas"] == 0 and t["os_pages"] == len(pages) > 800
