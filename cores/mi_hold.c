@@ -15,7 +15,9 @@
  * ledger-main.txt, then frees some of thread 0's blocks (lines "f ADDRESS" there: they wait on the page's
  * thread-free list) and writes mimalloc's own statistics at that instant into stats.json in the folder given
  * as its one argument: mi_version, mi_process_info, and mi_stats_print_out's text (each thread merged its
- * statistics first); and stops itself (SIGSTOP) for the capture.  Continued, it measures what mi_collect(true)
+ * statistics first); and stops itself (SIGSTOP) for the capture.  With MI_HOLD_CACHE set, the exiting thread
+ * also fills and frees whole segments; with MI_HOLD_MAIN, the main thread first frees most of what it allocated
+ * (`churn`).  Continued, it measures what mi_collect(true)
  * really gives back (RssAnon and mi_process_info's commit before and after, into collect.json) and exits.
  * Its entry points are found with dlsym (called directly when linked); everything is written with write(2)
  * from static buffers, in hex text, which no scan takes for a pointer. */
@@ -87,6 +89,7 @@ static usable_fn usable_size;
 
 static const char *folder;
 static char *kept[THREADS][BLOCKS];
+static char *churned[1 << 16];
 static char ledgers[THREADS + 1][1 << 20];
 static size_t ledger_at[THREADS + 1];
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
@@ -144,6 +147,30 @@ static __attribute__((noinline)) void scrub_stack(void)
     explicit_bzero((void *)below, sizeof below);
 }
 
+/* Allocates the MiB the environment's NAME asks for (none when it is not set) in blocks of SIZE bytes, into
+ * `churned` from its second entry on, touching them when TOUCH, then frees them all, in order.
+ * MI_HOLD_CACHE: the exiting thread, in blocks of 32 KiB (first into the free spans of its segments), before its
+ * walk: the segments they filled are freed whole (into mimalloc 2.0's segment cache), and no thread allocates
+ * after it.  MI_HOLD_MAIN: the main thread first, in blocks of 1 KiB, keeping one block of 100 bytes (in
+ * `churned[0]`): their pages are freed, their slices wait for the purge delay, but the last, which its heap keeps
+ * (retired) for a while. */
+static void churn(const char *name, size_t size, int touch)
+{
+    const char *mib = getenv(name);
+    size_t n = mib == NULL ? 0 : ((size_t)atol(mib) << 20) / size + 1;
+    if (n > sizeof churned / sizeof churned[0])
+        n = sizeof churned / sizeof churned[0];
+    for (size_t i = 1; i < n; i++) {
+        churned[i] = malloc(size);
+        if (touch)
+            memset(churned[i], 0x21, size);
+    }
+    for (size_t i = 1; i < n; i++) {
+        free(churned[i]);
+        churned[i] = NULL;
+    }
+}
+
 static void *worker(void *arg)
 {
     long t = (long)arg;
@@ -164,6 +191,8 @@ static void *worker(void *arg)
             blocks[j] = NULL;                     /* no stale address: the scan would take it for a reference */
         }
     }
+    if (exits)
+        churn("MI_HOLD_CACHE", 32 << 10, 1);
     say(t, exits ? "exits %lx\n" : "parks %lx\n", (unsigned long)default_heap(), 0);
     visit_blocks(default_heap(), true, visitor, (void *)t);
     /* the huge block, which a walk of its heap misses where its segment belongs to no thread (up to 2.0.7) */
@@ -294,6 +323,9 @@ int main(int argc, char **argv)
     if (!visit_blocks || !default_heap || !stats_merge || !usable_size || !collect || !version || !print ||
         !process)
         return 3;
+    if (getenv("MI_HOLD_MAIN") != NULL)
+        churned[0] = malloc(100);
+    churn("MI_HOLD_MAIN", 1024, 0);
     pthread_t threads[THREADS];
     for (long t = 0; t < THREADS - 1; t++)
         if (pthread_create(&threads[t], NULL, worker, (void *)t) != 0)

@@ -201,18 +201,56 @@ def test_gdb_attached_says_the_same(stopped, tmp_path):
 
 
 @contextmanager
-def _from_the_system(tmp_path: Path, build: str):
-    """mi_hold on mimalloc BUILD with MIMALLOC_DISALLOW_ARENA_ALLOC=1, stopped at its snapshot while the block
-    runs: (process, its output folder); killed after."""
+def _run_with(tmp_path: Path, build: str, **env: str):
+    """mi_hold on mimalloc BUILD with the environment's ENV added, stopped at its snapshot while the block runs:
+    (process, its output folder); killed after."""
     mi = mibuilds.prepare_mimalloc(SYSROOTS, build)
     run = tmp_path / "run"
-    env = {**mi.environment(), "MIMALLOC_DISALLOW_ARENA_ALLOC": "1"}
-    proc = harness.run_to_snapshot(mibuilds.build_hold(tmp_path, mi), run, env=env)
+    proc = harness.run_to_snapshot(mibuilds.build_hold(tmp_path, mi), run, env={**mi.environment(), **env})
     try:
         yield proc, run
     finally:
         proc.kill()
         proc.wait()
+
+
+def _from_the_system(tmp_path: Path, build: str):
+    """mi_hold on mimalloc BUILD with MIMALLOC_DISALLOW_ARENA_ALLOC=1 (`_run_with`)."""
+    return _run_with(tmp_path, build, MIMALLOC_DISALLOW_ARENA_ALLOC="1")
+
+
+@pytest.mark.parametrize("build, reserve", [("bookworm", "1GiB"), ("bookworm", "4GiB"), ("2.0.6", "4GiB")])
+def test_mimalloc_2_0_reserved_arena(tmp_path, build, reserve):
+    """2.0 run with MIMALLOC_RESERVE_OS_MEMORY: an arena reserved and committed at its start, from which it takes
+    its segments (pinned: never decommitted), then from the system once it is full (1 GiB), or not (4 GiB: the
+    arena lies above the addresses the segment map covers, and holds every segment).  gdb -p, symbols hidden:
+    every figure as mimalloc printed it, its committed bytes to the byte with the arena's unused blocks and
+    description; the verdict names the ends of the blocks huge segments take whole, and the arena's blocks no
+    segment uses, committed for good (4 GiB: none of them resident); check finds it sound; what
+    mi_collect(true) then gives back is the estimate (nothing from the arena's segments).  2.0.6's arenas do not
+    carry their number (their place in the table gives it)."""
+    with _run_with(tmp_path, build, MIMALLOC_RESERVE_OS_MEMORY=reserve) as (proc, run):
+        doc, said = _attached(proc, tmp_path)
+        result = run_gdb(["-p", str(proc.pid)], ["heapwalk check"], iex=[NO_SYMBOLS])
+        collected = _collect(proc, run)
+    version = "2.0.9" if build == "bookworm" else build
+    _check(doc, run, version)
+    m = doc["mimalloc"]
+    size = int(reserve[0]) << 30
+    assert m["totals"]["arenas"] == 1 and m["arenas"] == [{"id": 1, "start": m["arenas"][0]["start"], "bytes": size}]
+    assert (m["totals"]["arena_free"] > 0) == (reserve == "4GiB")
+    pinned = re.search(r"1 arena of (\d) GiB is committed as a whole \(reserve_os_memory: (\d+) KiB, from the "
+                       r"environment\): (\d+(?:\.\d+)?) GiB of its blocks hold no segment, 0 B of it resident",
+                       " ".join(said.split()))
+    assert (pinned is not None) == (reserve == "4GiB")
+    if pinned:
+        assert int(pinned[1]) << 30 == size == int(pinned[2]) << 10
+        assert abs(float(pinned[3]) * (1 << 30) - m["totals"]["arena_free"]) < 0.01 * (1 << 30)
+    assert re.search(r"its own \(\d+(\.\d+)? MiB of it the ends of the arena blocks huge segments take whole\)",
+                     " ".join(said.split()))
+    assert "mimalloc consistent" in result.stdout and not doc["findings"], result.stdout
+    assert m["totals"]["collect_decommits"] == collected["commit_before"] - collected["commit_after"]
+    assert (m["totals"]["collect_decommits"] == 0) == (reserve == "4GiB")
 
 
 def test_segments_from_the_system_are_held_by_the_segment_map_s_parts(tmp_path):
@@ -228,6 +266,32 @@ def test_segments_from_the_system_are_held_by_the_segment_map_s_parts(tmp_path):
     facts = {f["what"]: f["how"] for f in m["discovery"]}
     assert re.search(r"its table of parts at 0x[0-9a-f]+: 1 parts, \d+ segments from the system", facts["segment map"])
     assert "mimalloc consistent" in result.stdout and not doc["findings"]
+
+
+@pytest.mark.parametrize("build", ["bookworm", "2.0.6"])
+def test_mimalloc_2_0_segment_cache(tmp_path, build):
+    """2.0 with MI_HOLD_CACHE: the exiting thread fills and frees whole segments, which wait in mimalloc's segment
+    cache (out of its segment map, their stamp and commit mask kept); with MI_HOLD_MAIN the main thread first
+    frees most of a segment's pages (their slices wait for the purge delay, the last page retired).  gdb -p,
+    symbols hidden: every figure as mimalloc printed it (its committed bytes to the byte, the cached segments in
+    them), a row of their own, the verdict's sentence on them; check finds it sound; mi_collect(true) then empties
+    the cache, reclaims the abandoned segments and frees the main thread's retired page (2.0.9 decommits what
+    waits in those segments then, 2.0.6 nothing): it takes off the commit and the RSS what the verdict says."""
+    with _run_with(tmp_path, build, MI_HOLD_CACHE="512", MI_HOLD_MAIN="16") as (proc, run):
+        doc, said = _attached(proc, tmp_path)
+        result = run_gdb(["-p", str(proc.pid)], ["heapwalk check"], iex=[NO_SYMBOLS])
+        collected = _collect(proc, run)
+    _check(doc, run, "2.0.9" if build == "bookworm" else build)
+    m = doc["mimalloc"]
+    cached = m["totals"]["segments_cached"]
+    row = next(o for o in m["owners"] if o["owner"] == "segment cache")
+    assert cached >= 2 and row["segments"] == cached and row["in_use"] == 0 and row["committed"] > 0
+    assert m["owners"][0]["purge_pending"] > 8 << 20
+    assert re.search(rf"{cached} freed segments \(\d+ MiB, \d+(\.\d+)? MiB committed, \d+(\.\d+)? MiB resident\) wait "
+                     "in mimalloc's segment cache for reuse", " ".join(said.split()))
+    assert "mimalloc consistent" in result.stdout and not doc["findings"], result.stdout
+    assert m["totals"]["collect_decommits"] == collected["commit_before"] - collected["commit_after"]
+    assert abs(m["collect_resident"] - (collected["rss_anon_before"] - collected["rss_anon_after"])) <= 16 << 10
 
 
 def _committed_in(pid: int, ranges: list[tuple[int, int]]) -> int:

@@ -4,6 +4,7 @@ map found by its bits, and a segment's slices cut into pages and spans from byte
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from heapwalk.inferior.elf import Mapping
 from heapwalk.mimalloc import decode, discovery
@@ -31,6 +32,9 @@ def test_the_system_s_rounding():
 
 
 def test_the_segment_map_is_the_array_whose_bits_are_the_segments():
+    """To 2.1.7 the map is the array of the object's data whose bits hold every stamped segment with pages in
+    use; a stamped segment with none (freed into 2.0's segment cache) may be out of it."""
+    from heapwalk.mimalloc.segmap import flat_segment_map
     segments = [0x20000000000, 0x20002000000, 0x40000000000]
     words = np.zeros(20000, dtype=np.uint64)
     start = 500
@@ -38,12 +42,16 @@ def test_the_segment_map_is_the_array_whose_bits_are_the_segments():
         i, b = divmod(s >> LAY.segment_shift, 64)
         words[start + i] |= np.uint64(1 << b)
     words[start - 1] = np.uint64(1 << 0)        # a word before the map: no segment of it is known
-    at, held = discovery._segment_map(0x1000, words, segments[:2] + segments[2:], LAY)
+    at, held = flat_segment_map(0x1000, words, segments, LAY, segments)
     assert at == 0x1000 + 8 * start and held == set(segments)
-    at, held = discovery._segment_map(0x1000, words, segments[:1], LAY)     # one stamped, other bits: no map
+    at, held = flat_segment_map(0x1000, words, segments[:1], LAY, segments[:1])  # one stamped, other bits: no map
     assert at is None and held == {segments[0]}
-    at, held = discovery._segment_map(0x1000, words, segments[:2], LAY)     # one segment's stamp is lost
+    at, held = flat_segment_map(0x1000, words, segments[:2], LAY, segments[:2])  # one segment's stamp is lost
     assert at == 0x1000 + 8 * start and held == set(segments)
+    cached = 0x20004000000                                                      # stamped, no page, not in the map
+    at, held = flat_segment_map(0x1000, words, [*segments, cached], LAY, segments)
+    assert at == 0x1000 + 8 * start and held == set(segments)
+    assert flat_segment_map(0x1000, words, [*segments, cached], LAY, [*segments, cached])[0] is None
 
 
 def test_files_and_unread_pages_are_no_segments():
@@ -186,13 +194,15 @@ class _Pieces:
 
 
 def _arena_bytes(lay, arena_id: int, start: int, blocks: int, inuse: int, committed_at: int) -> bytes:
-    head = bytearray(lay.arena_inuse + 8)
-    head[lay.arena_id:lay.arena_id + 4] = arena_id.to_bytes(4, "little")
+    fields = -(-blocks // 64)
+    head = bytearray(lay.arena_inuse + 8 * fields)
+    if lay.arena_id is not None:
+        head[lay.arena_id:lay.arena_id + 4] = arena_id.to_bytes(4, "little")
     head[lay.arena_start:lay.arena_start + 8] = start.to_bytes(8, "little")
     head[lay.arena_blocks:lay.arena_blocks + 8] = blocks.to_bytes(8, "little")
-    head[lay.arena_fields:lay.arena_fields + 8] = (1).to_bytes(8, "little")
+    head[lay.arena_fields:lay.arena_fields + 8] = fields.to_bytes(8, "little")
     head[lay.arena_committed:lay.arena_committed + 8] = committed_at.to_bytes(8, "little")
-    head[lay.arena_inuse:lay.arena_inuse + 8] = inuse.to_bytes(8, "little")
+    head[lay.arena_inuse:lay.arena_inuse + 8 * fields] = inuse.to_bytes(8 * fields, "little")
     return bytes(head)
 
 
@@ -218,6 +228,59 @@ def test_the_arenas_are_found_from_a_segment_s_memid():
     assert arenas.find_arenas(mem, base, words, lay, (segment, 2, 4)) == ()    # the segment names another start
     words[9] = np.uint64(a1)                                                       # entry 2 is arena 1: no table
     assert arenas.find_arenas(mem, base, words, lay, (segment, 2, 3)) == ()
+
+
+@pytest.mark.parametrize("version", [(2, 0, 6), (2, 0, 9)])
+def test_2_0_arenas_are_found_from_a_segment_s_memid_word(version):
+    """To 2.0.9 a segment's memid is a word: its arena's number in the low 7 bits (0: from the system), its block
+    from bit 8; an arena's number is in its description from 2.0.7, its place in the table before; its description
+    and bitmaps come from the system (two bitmaps when it is committed whole, three when it decommits)."""
+    from heapwalk.mimalloc import arenas
+    lay = layout_for(version)
+    base, a1, a2, bits = 0x7F0000000000, 0x7F1000000000, 0x7F1000001000, 0x7F1000002000
+    start1, start2 = 0x7E0000000000, 0x7E0100000000
+    words = np.zeros(80, dtype=np.uint64)
+    words[16], words[17] = np.uint64(a1), np.uint64(a2)
+    mem = _Pieces({a1: _arena_bytes(lay, 1, start1, 128, 0b111, 0),
+                   a2: _arena_bytes(lay, 2, start2, 16, 0b1, bits), bits: (0b1).to_bytes(8, "little")})
+    head = bytearray(24)
+    assert arenas.segment_arena(bytes(head), lay) is None                              # from the system
+    head[0:8] = (3 << 8 | 2).to_bytes(8, "little")
+    segment = start2 + 3 * lay.segment_size
+    assert arenas.segment_arena(bytes(head), lay) == (2, 3)
+    assert arenas.arena_segment(_Pieces({segment: bytes(head)}), lay, [segment]) == (segment, 2, 3)
+    found = arenas.find_arenas(mem, base, words, lay, (segment, 2, 3))
+    assert [(a.id, a.start, a.blocks, a.committed_blocks()) for a in found] == [(1, start1, 128, 128),
+                                                                                (2, start2, 16, 1)]
+    assert [a.meta for a in found] == [lay.arena_inuse + 8 + 2 * 8 * 2, lay.arena_inuse + 8 + 3 * 8]
+    assert found[0].purge == 0 and found[1].reserved == 16 * lay.segment_size
+
+
+def test_what_reclaiming_an_abandoned_2_0_segment_decommits():
+    """2.0: mi_collect(true) on the main thread reclaims an abandoned segment slice by slice.  In 2.0.9 the first
+    free span (a page that holds no block, with the free span after it) decommits what waited, its own committed
+    slices with it, when something waited; nothing when nothing did, nor before 2.0.9; a segment left with no page
+    goes whole (its committed slices); one of an arena committed as a whole gives nothing."""
+    from heapwalk.mimalloc.arenas import MiArena
+    from heapwalk.mimalloc.collect import _reclaimed20
+    at = 0x20000000000
+
+    def page(index: int, used: int) -> decode.MiPage:
+        return decode.MiPage(at, index, at + 0x100 + index * 80, 1, at + index * 65536, 64, 64, 1024, used, 0, False)
+
+    def segment(pages, spans, pending, arena=None) -> decode.MiSegment:
+        return decode.MiSegment(at, 0, 512, 1, 0, len(pages), len(pages), 0, SEG, SEG, 0, pending_mask=pending,
+                                commit_mask=(1 << 512) - 1, arena=arena, pages=pages,
+                                spans=[decode.MiSpan(at, i, n, 0, 0) for i, n in spans])
+
+    held, empty = page(1, 5), page(3, 0)
+    seg = segment([held, empty], [(4, 2), (8, 504)], 0b11 << 10)
+    assert _reclaimed20(seg, True) == [(at + 3 * 65536, at + 6 * 65536), (at + 10 * 65536, at + 12 * 65536)]
+    assert _reclaimed20(seg, False) == []
+    assert _reclaimed20(segment([held, empty], [(4, 2)], 0), True) == []
+    assert _reclaimed20(segment([page(1, 0), page(3, 0)], [(4, 508)], 0), False) == [(at, at + SEG)]
+    pinned = MiArena(0x1000, 1, at, 4, SEG, 0b1111, 0b1, pinned=True)
+    assert _reclaimed20(segment([page(1, 0)], [(2, 510)], 0b1 << 5, pinned), True) == []
 
 
 def test_what_collect_gives_back_follows_the_main_heap_s_queues():

@@ -152,9 +152,9 @@ def not_worth(rep: Report, amount: int, remedies: str) -> str:
             f"process's {human(rep.process_rss)} RSS: not worth a change here.")
 
 
-def scan_sentence(lt: LeakTotals, noun: str = "chunk") -> str:
+def scan_sentence(lt: LeakTotals, noun: str = "chunk", row: Callable[[int], str] | None = None) -> str:
     """What the leak scan LT found, and where to look next, a block called NOUN (glibc's chunk, jemalloc's
-    allocation)."""
+    allocation); ROW names a row of the report's table by its number (an arena's, by default)."""
     unread = (f" ({human(lt.unread_bytes)} of memory could not be read: {noun}s reached only through it count as "
               "leaked)") if lt.unread_bytes else ""
     if not lt.leaked_count:
@@ -163,7 +163,7 @@ def scan_sentence(lt: LeakTotals, noun: str = "chunk") -> str:
     per_arena = sorted(lt.per_arena.items(), key=lambda kv: -kv[1][1])
     if len(per_arena) > 1 and per_arena[0][1][1]:
         number, (_, size) = per_arena[0]
-        where = f"; arena {number} holds {human(size)} of it"
+        where = f"; {row(number) if row else f'arena {number}'} holds {human(size)} of it"
     share = f"{100 * lt.leaked_bytes / lt.in_use_bytes:.0f}%" if lt.in_use_bytes else "0%"
     if lt.leaked_count == 1:
         counted = (f"in 1 {noun} nothing reachable points to ({share} of the memory in use), "

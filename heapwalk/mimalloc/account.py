@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from heapwalk.mimalloc.decode import MiSegment, MiState, good_size
 
-__all__ = ["Owner", "owners", "FREE_KINDS", "EXITED", "UNOWNED", "ARENAS", "META"]
+__all__ = ["Owner", "owners", "FREE_KINDS", "EXITED", "UNOWNED", "ARENAS", "META", "CACHED", "NO_THREAD"]
 
 #: the kinds of free bytes, as the report's columns name them
 FREE_KINDS = ("free blocks", "not yet cut", "free spans", "arena blocks")
@@ -17,6 +17,9 @@ EXITED = 0          # the owner of abandoned segments and cached thread data
 UNOWNED = -1        # the owner of huge segments that belong to no thread (2.0.5 to 2.0.7)
 ARENAS = -2         # the arenas' blocks no segment uses (from 2.1)
 META = -3           # 3.6: the pages of the theap mimalloc allocates its own data with (theaps, thread data)
+CACHED = -4         # to 2.0.9: the freed segments its segment cache keeps for reuse
+#: the owners that are no thread
+NO_THREAD = (EXITED, UNOWNED, ARENAS, META, CACHED)
 
 
 @dataclass
@@ -44,9 +47,10 @@ class Owner:
         return [(s.address, s.address + s.reserved) for s in self.segments]
 
     def free_ranges(self) -> list[tuple[int, int]]:
-        """The free spans' bytes."""
+        """The free spans' bytes (a cached segment's, whole)."""
         return [(s.address + sp.index * 65536, s.address + (sp.index + sp.slices) * 65536)
-                for s in self.segments for sp in s.spans]
+                for s in self.segments for sp in s.spans] + \
+            [(s.address, s.address + s.reserved) for s in self.segments if not s.live]
 
 
 def owners(state: MiState) -> list[Owner]:
@@ -75,7 +79,13 @@ def owners(state: MiState) -> list[Owner]:
         owner.committed += td
         owner.overhead += td
     _add_arenas(state, by)
-    order = sorted(by.values(), key=lambda o: (o.thread_id in (EXITED, UNOWNED, ARENAS, META), o.thread_id == ARENAS,
+    for seg in state.cached():
+        cache = by.setdefault(CACHED, Owner(CACHED))
+        cache.segments.append(seg)
+        cache.reserved += seg.reserved
+        cache.committed += seg.committed
+        cache.free["free spans"] += seg.reserved
+    order = sorted(by.values(), key=lambda o: (o.thread_id in NO_THREAD, o.thread_id in (ARENAS, CACHED),
                                                o.thread_id == EXITED, o.thread_id != main, min(o.heaps or [0])))
     return order
 

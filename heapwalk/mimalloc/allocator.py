@@ -16,7 +16,7 @@ from heapwalk.analysis.rss import Claim
 from heapwalk.findings import Finding, Severity
 from heapwalk.mimalloc.blocks import mimalloc_blocks
 from heapwalk.mimalloc.check import CHECKED, CHECKED3, check_mimalloc
-from heapwalk.mimalloc.account import ARENAS, EXITED, FREE_KINDS, META, UNOWNED, Owner, owners
+from heapwalk.mimalloc.account import ARENAS, FREE_KINDS, NO_THREAD, Owner, owners
 from heapwalk.mimalloc.decode import MiState, decode_mimalloc, good_size
 from heapwalk.mimalloc.discovery import MimallocUnused, discover_mimalloc
 from heapwalk.mimalloc.find import find_mimalloc
@@ -88,7 +88,7 @@ class MimallocHeap(Decoded):
         for n, o in enumerate(self.owners):
             resident = self.state.resident(o.ranges())
             free_resident = self.state.resident(o.free_ranges())
-            threads = 0 if o.thread_id in (EXITED, UNOWNED, ARENAS, META) else 1
+            threads = 0 if o.thread_id in NO_THREAD else 1
             rows.append(ArenaView(n, o.heaps[0] if o.heaps else 0, owner_name(o, self.by_tcb, self.state.v3), threads,
                                   len(o.segments), o.reserved, o.in_use, MappingProxyType(dict(o.free)), 0,
                                   o.overhead, o.pending, o.balanced, resident, free_resident))
@@ -105,8 +105,8 @@ class MimallocHeap(Decoded):
     def verdict(self, rep: Report) -> list[str]:
         if self.state.v3:
             from heapwalk.mimalloc.v3.verdict import advice3
-            return advice3(self.state, self.owners, rep)
-        return advice(self.state, self.owners, rep)
+            return advice3(self.state, self.owners, rep, self.by_tcb)
+        return advice(self.state, self.owners, rep, self.by_tcb)
 
     def report_parts(self, rep: Report, interactive: bool) -> list:
         lines = Text()
@@ -181,7 +181,10 @@ class MimallocHeap(Decoded):
             + [Claim(a.start, a.start + a.reserved, "heap", "mimalloc: arenas") for a in self.state.discovery.arenas
                if self.state.v3] \
             + [Claim(at, at + td, "heap", "mimalloc: thread data") for at, _ in self.state.thread_data] \
-            + [Claim(lo, hi, "heap", "mimalloc: segment map") for lo, hi in self.state.map_part_ranges()]
+            + [Claim(lo, hi, "heap", "mimalloc: segment map") for lo, hi in self.state.map_part_ranges()] \
+            + [Claim(lo, hi, "heap", "mimalloc: segment cache") for s in self.state.cached()
+               for lo, hi in [(s.address, s.address + s.reserved)]] \
+            + [Claim(lo, hi, "heap", "mimalloc: arenas") for lo, hi in self.state.free_arena_blocks()]
 
     def holds(self, rep: Report) -> str:
         return f"mimalloc holds {human(rep.system)} ({human(rep.in_use)} in use, {human(rep.free)} free)"

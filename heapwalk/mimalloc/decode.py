@@ -11,85 +11,19 @@ import numpy as np
 from heapwalk.findings import Finding, Kind, Severity
 from heapwalk.inferior.memory import Memory, ReadError
 from heapwalk.inferior.residency import Residency
+from heapwalk.mimalloc.arenas import segment_arena
 from heapwalk.mimalloc.bits import bit_runs
 from heapwalk.mimalloc.discovery import MiDiscovery
 from heapwalk.mimalloc.heaps import MiHeap, find_heaps, visit_order
-from heapwalk.mimalloc.layout import MEM_ARENA, MiLayout
+from heapwalk.mimalloc.layout import MiLayout
 from heapwalk.mimalloc.lists import count_delayed, walk_page
+from heapwalk.mimalloc.page import MiPage
 
 __all__ = ["SEGMENT", "MiPage", "MiSpan", "MiSegment", "MiHeap", "MiState", "decode_mimalloc", "good_size"]
 
 SEGMENT = Kind("mi_segment", "segment unreadable or inconsistent")
 _HUGE = 1           # mi_segment_kind_t
 _IN_FULL = 1        # the page's flags: it sits in its heap's full queue
-
-
-@dataclass
-class MiPage:
-    """A page of blocks of one size: where its blocks start, how many it has made (capacity) and may make
-    (reserved), and how many are free on each list."""
-
-    segment: int
-    index: int                  # its first slice
-    address: int                # its mi_page_t (its first slice's entry)
-    slices: int
-    start: int                  # its first block
-    block_size: int
-    capacity: int
-    reserved: int
-    used: int                   # blocks in use, those on the thread-free and delayed lists included
-    heap: int                   # 0: abandoned
-    in_full: bool
-    heads: tuple[int, int, int] = (0, 0, 0)   # its free, local-free and thread-free lists' first blocks
-    free: int = 0               # blocks on its free list
-    local_free: int = 0
-    thread_free: int = 0
-    delayed: int = 0            # blocks of it on its heap's delayed-free list
-    freed: list[int] = field(default_factory=list)     # the free blocks' addresses: its free, local-free and
-    #                                                    thread-free lists in turn, then its delayed ones
-    damaged: bool = False       # a list of it could not be walked to its end: which blocks are free is unknown
-
-    @property
-    def end(self) -> int:
-        """One past its last byte of slices."""
-        return self.segment + (self.index + self.slices) * 65536
-
-    @property
-    def room(self) -> int:
-        """Blocks it reserved, as many as its slices hold (a damaged count is held to them)."""
-        return min(self.reserved, max(self.end - self.start, 0) // self.block_size)
-
-    @property
-    def cut(self) -> int:
-        """Blocks it has cut (its capacity), within what it reserved."""
-        return min(self.capacity, self.room)
-
-    @property
-    def in_use(self) -> int:
-        """Blocks the program holds: those it counts used (within those it cut and its own lists leave), less those
-        other threads freed."""
-        return max(min(self.used, self.cut - self.free - self.local_free) - self.thread_free - self.delayed, 0)
-
-    @property
-    def free_cut(self) -> int:
-        """Its free blocks, within those it cut and does not hold (damage never makes a figure impossible)."""
-        return max(min(self.free_blocks, self.cut - self.in_use), 0)
-
-    def list_of(self, block: int) -> str | None:
-        """Which list holds BLOCK ("free", "local free", "thread free", "delayed"), or None."""
-        try:
-            i = self.freed.index(block)
-        except ValueError:
-            return None
-        for name, count in (("free", self.free), ("local free", self.local_free), ("thread free", self.thread_free)):
-            if i < count:
-                return name
-            i -= count
-        return "delayed"
-
-    @property
-    def free_blocks(self) -> int:
-        return self.free + self.local_free + self.thread_free + self.delayed
 
 
 @dataclass(frozen=True)
@@ -121,6 +55,7 @@ class MiSegment:
     live: bool = True           # in the segment map (False: freed, its stamp left)
     pending_mask: int = 0       # the slices whose decommit is pending, a bit each
     arena: object = None        # the arena it was taken from (`mimalloc.arenas.MiArena`), or None
+    commit_mask: int = 0        # the slices committed, a bit each
     pages: list[MiPage] = field(default_factory=list)
     spans: list[MiSpan] = field(default_factory=list)
 
@@ -141,6 +76,10 @@ class MiSegment:
         """The runs of slices whose decommit is pending, as address ranges."""
         return [(self.address + a * 65536, self.address + b * 65536) for a, b in bit_runs(self.pending_mask)]
 
+    def committed_ranges(self) -> list[tuple[int, int]]:
+        """The runs of committed slices, as address ranges."""
+        return [(self.address + a * 65536, self.address + b * 65536) for a, b in bit_runs(self.commit_mask)]
+
 
 @dataclass
 class MiState:
@@ -154,8 +93,9 @@ class MiState:
     target: str = ""
     residency: Residency | None = None
     main_thread: int = 0                        # the main thread's $fs_base (0: not known)
-    main_queues: list = field(default_factory=list)     # from 2.1.7: the main heap's pages as collect visits them,
-    #                                                     each with whether it is retired (collect.visit_order)
+    main_queues: list = field(default_factory=list)     # to 2.0.9 and from 2.1.7: the main heap's pages as
+    #                                                     collect visits them, each with whether it is retired
+    #                                                     (collect.visit_order)
 
     @property
     def layout(self) -> MiLayout:
@@ -167,6 +107,12 @@ class MiState:
     def unowned(self, seg: MiSegment) -> bool:
         """Whether SEG belongs to no thread by design: a huge segment of a release that gives them none."""
         return not seg.thread_id and seg.huge and self.layout.huge_unowned
+
+    def cached(self) -> list[MiSegment]:
+        """To 2.0.9: the freed segments taken from the system that wait in its segment cache (their stamp kept
+        until the cache decommits them)."""
+        return [s for s in self.segments if not s.live and s.arena is None] \
+            if getattr(self.layout, "segment_cache", False) else []
 
     def abandoned(self) -> list[MiSegment]:
         """The live segments of threads that exited."""
@@ -203,14 +149,14 @@ class MiState:
     def reserved(self) -> int:
         """Bytes mimalloc took from the system: its arenas, its live segments outside them, and thread data (its
         reserved statistic); also the page map's sub-maps (mimalloc 3) or the segment map's parts (from 2.1.8)."""
-        return sum(a.reserved for a in self.discovery.arenas) + \
+        return sum(a.reserved for a in self.discovery.arenas) + sum(s.reserved for s in self.cached()) + \
             sum(s.reserved for s in self.live() if s.arena is None) + self.thread_data_bytes() + self.map_bytes()
 
     def committed(self) -> int:
         """Its committed statistic: its arenas' committed blocks, the committed slices of its segments (in an
         arena, those of blocks the arena has not committed), and its thread data."""
         arenas = sum(a.committed_blocks() * a.block_size for a in self.discovery.arenas)
-        own = sum(s.committed for s in self.live()
+        own = sum(s.committed for s in [*self.live(), *self.cached()]
                   if s.arena is None or not self.v3 and not s.in_committed_blocks())
         return arenas + own + self.thread_data_bytes() + self.map_bytes()
 
@@ -220,6 +166,11 @@ class MiState:
         pages = sum(s.reserved for s in self.live() if s.arena is arena)
         free = max(min(arena.free_bytes(), arena.reserved - pages), 0)
         return pages, free, max(arena.reserved - pages - free, 0)
+
+    def free_arena_blocks(self) -> list[tuple[int, int]]:
+        """To 2.3.2: the arenas' blocks not in use, as address ranges."""
+        return [] if self.v3 else [(a.start + b * a.block_size, a.start + (b + 1) * a.block_size)
+                                   for a in self.discovery.arenas for b in range(a.blocks) if not a.inuse >> b & 1]
 
     def arena_free(self) -> int:
         """Bytes of the arenas' blocks no segment uses (mimalloc 3: their free slices)."""
@@ -273,7 +224,8 @@ def decode_mimalloc(mem: Memory, found: MiDiscovery, threads, description: str =
         findings.append(Finding(Severity.ERROR, at, "mi_segment_t", f"{held} a segment at {at:#x} whose header "
                                 "does not hold its stamp (the address xor the cookie): it is unreadable or damaged, "
                                 "and its memory is left out of every figure", SEGMENT))
-    if found.segment_map is None and not found.layout.segment_map_parts:
+    if found.segment_map is None and not found.layout.segment_map_parts and \
+            any(s < found.layout.segment_map_limit for s in found.segments):
         findings.append(Finding(Severity.ERROR, 0, "mimalloc segment map", "mimalloc's segment map was not found "
                                 "in its data (unreadable or damaged): every segment stamped with its address is taken "
                                 "as live, and one freed but not yet unmapped would be counted", SEGMENT))
@@ -293,13 +245,9 @@ def decode_mimalloc(mem: Memory, found: MiDiscovery, threads, description: str =
         heap.delayed = delayed[heap.address]
     data = [(h.address, "thread") for h in heaps if h.backing and not h.main] + \
         [(at, "cached") for at in found.thread_data_cache]
-    if found.layout.seg_memkind is None and any(s.memid for s in segments if s.live):
-        findings.append(Finding(Severity.WARNING, 0, "mimalloc arenas", "some segments come from a reserved arena "
-                                "(mimalloc's arenas are not decoded yet): the reserved figure leaves the arenas' "
-                                "unused memory out", Kind.NOT_DECODED))
     main = next((h for h in heaps if h.main), None)
     state = MiState(found, segments, heaps, data, findings, description, residency, main.thread_id if main else 0)
-    if found.layout.collect_purges_own and main is not None:
+    if (found.layout.collect_purges_own or found.layout.segment_cache) and main is not None:
         state.main_queues = visit_order(mem, found.layout, main.address)
     return state
 
@@ -334,7 +282,8 @@ def _segment(mem: Memory, found: MiDiscovery, at: int, live: bool, findings: lis
             committed = reserved            # its arena committed its blocks: the arena's figure counts them
     seg = MiSegment(at, 1 if huge else 0, slices, info, word(lay.seg_thread_id), word(lay.seg_used),
                     word(lay.seg_abandoned), word(lay.seg_memid), reserved, committed,
-                    bin(pending).count("1") * lay.slice_size, live, pending_mask=pending, arena=arena)
+                    bin(pending).count("1") * lay.slice_size, live, pending_mask=pending, arena=arena,
+                    commit_mask=commit)
     if live:
         _cut(mem, lay, seg, entries, commit, pending, findings)
     return seg
@@ -342,8 +291,7 @@ def _segment(mem: Memory, found: MiDiscovery, at: int, live: bool, findings: lis
 
 def _arena_of(found: MiDiscovery, at: int, head: bytes):
     """The arena the segment at AT (its header HEAD) was taken from, or None (taken from the system)."""
-    lay = found.layout
-    if lay.seg_memkind is None or head[lay.seg_memkind] != MEM_ARENA:
+    if segment_arena(head, found.layout) is None:
         return None
     return next((a for a in found.arenas if a.start <= at < a.start + a.reserved), None)
 

@@ -29,7 +29,7 @@ from heapwalk.mimalloc.find import MiImage
 from heapwalk.mimalloc.heaps import is_meta_theap
 from heapwalk.mimalloc.layout import LAYOUTS, MiLayout, layout_for, queue_shape
 from heapwalk.mimalloc.options import find_options
-from heapwalk.mimalloc.segmap import MAP_LIMIT, find_map_parts, unstamped_blocks
+from heapwalk.mimalloc.segmap import MAP_LIMIT, find_map_parts, flat_segment_map, pages_in_use, unstamped_blocks
 from heapwalk.mimalloc.v3.layout import LAYOUTS3, layout3_for
 
 __all__ = ["MiDiscovery", "MimallocUnknown", "MimallocUnused", "discover_mimalloc", "BIN_SIZES", "main_heap",
@@ -120,7 +120,10 @@ def discover_mimalloc(mem: Memory, found: MiImage, regions: list[tuple[int, int]
              ("segment map", f"at {at:#x} ({len(in_map)} segments)" if at is not None else
               f"none for arenas' segments: {len(segments)} live by their arenas' blocks in use or its parts, "
               f"{len(freed)} freed" + _parts_said(parts, lost)
-              if layout.segment_map_parts else "not found: every stamped segment is taken as live"),
+              if layout.segment_map_parts else "not found: every stamped segment is taken as live"
+              if any(s < layout.segment_map_limit for s in stamped) else
+              f"not looked for: every segment lies above the {layout.segment_map_tib} TiB it covers (live while "
+              "mapped)"),
              ("default heaps", f"thread-local, {tpoff - (1 << 64) if tpoff and tpoff >> 63 else tpoff:#x} from "
               f"$fs_base (mi_heap_get_default's GOT slot)" if tpoff is not None else "not found"),
              ("thread data cache", f"{len(cache)} kept"),
@@ -227,27 +230,6 @@ def _stamped_segments(mem: Memory, anonymous: list[tuple[int, int]], layout: MiL
     return sorted(out)
 
 
-def _segment_map(base: int, words: np.ndarray, stamped: list[int], layout: MiLayout
-                 ) -> tuple[int | None, set[int]]:
-    """(the segment map's address, the segments it holds): the word array of the object's data whose set bits,
-    read as segments, include every stamped segment; of several, the one with the fewest other bits (a segment
-    the map holds whose header is not stamped: unreadable, or damaged).  With one stamped segment the map must
-    hold no other.  (None, all stamped) when none is found."""
-    if not stamped:
-        return None, set()
-    known = set(stamped)
-    word, bit = divmod(stamped[0] >> layout.segment_shift, 64)
-    found: list[tuple[int, set[int]]] = []
-    for i in np.flatnonzero((words >> np.uint64(bit)) & np.uint64(1)).tolist():
-        if i >= word:
-            held = _map_bits(words[i - word:i - word + layout.segment_map_words], layout, known)
-            if held is not None and known <= held and (len(known) > 1 or held == known):
-                found.append((base + 8 * (i - word), held))
-    fewest = min((len(h) for _, h in found), default=0)
-    best = [f for f in found if len(f[1]) == fewest]
-    return best[0] if len(best) == 1 else (None, known)
-
-
 def data_unread(mem: Memory, found: MiImage) -> tuple[tuple[int, int], ...]:
     """The ranges of the object's writable data that cannot be read (a core cut short): what mimalloc keeps there
     (its thread data cache, its tables) is not seen."""
@@ -269,7 +251,8 @@ def _by_map(mem: Memory, base: int, words: np.ndarray, layout: MiLayout, stamped
     map (mimalloc's hints reach 30 TiB): it is live while mapped."""
     covered = [s for s in stamped if s < layout.segment_map_limit]
     above = [s for s in stamped if s >= layout.segment_map_limit]      # no map holds them: live while mapped
-    at, in_map = _segment_map(base, words, covered, layout) if covered else (None, set())
+    used = [s for s in covered if pages_in_use(mem, layout, s)]
+    at, in_map = flat_segment_map(base, words, covered, layout, used) if covered else (None, set())
     if at is None and covered and not found.version:
         raise MimallocUnknown(f"a mimalloc that does not say its version: {layout.versions}'s layout finds its "
                               "main heap and segments, but not its segment map, so the layout is not confirmed")
@@ -308,24 +291,6 @@ def _by_arenas(mem: Memory, base: int, words: np.ndarray, layout: MiLayout, stam
             live.append(at)
     lost = 0 if parts is not None else sum(1 for at in own if at < MAP_LIMIT)
     return None, arenas, tuple(live), tuple(s for s in stamped if s not in live), parts, lost
-
-
-def _map_bits(words: np.ndarray, layout: MiLayout, known: set[int], extra: int = 64) -> set[int] | None:
-    """The segments whose bits WORDS has set, or None when more than EXTRA of them are not in KNOWN (no map)."""
-    out = set()
-    others = 0
-    for i in np.flatnonzero(words).tolist():
-        w = int(words[i])
-        while w:
-            b = (w & -w).bit_length() - 1
-            at = (i * 64 + b) << layout.segment_shift
-            if at not in known:
-                others += 1
-                if others > extra:
-                    return None
-            out.add(at)
-            w &= w - 1
-    return out
 
 
 def default_tpoff(mem: Memory, found: MiImage, function: str = "mi_heap_get_default") -> int | None:

@@ -21,14 +21,17 @@ class MiLayout:
     huge_unowned: bool = False            # a huge segment belongs to no thread from its start (any thread frees it)
     start_by_size: bool = False           # from 2.1: a page of blocks up to 64 bytes starts 3 blocks into its slice,
     #                                       up to 512 bytes one block (page_start_offset is not used)
-    # arenas (from 2.1 segments are taken from arenas of the segment size's blocks; None: no arenas decoded)
-    seg_memkind: int | None = None        # the segment's memid.memkind (6: from an arena)
-    arena_id: int = 0
+    # arenas: blocks of the segment size, from which segments are taken (to 2.0.9 only reservations the program
+    # or its options ask for, from 2.1 all but a huge block's)
+    seg_memkind: int | None = None        # the segment's memid.memkind (6: from an arena); None: to 2.0.9 the memid
+    #                                       is a word, its arena's number in the low 7 bits (0: from the system)
+    #                                       and its block index from bit 8
+    arena_id: int | None = 0              # None: not in the description (2.0.5, 2.0.6): its place in the table + 1
     arena_start: int = 32
     arena_blocks: int = 40
     arena_fields: int = 48
     arena_committed: int = 120            # a pointer to the bitmap of committed blocks (NULL: all committed)
-    arena_purge: int = 128                # a pointer to the bitmap of blocks whose purge waits (NULL: none)
+    arena_purge: int | None = 128         # a pointer to the bitmap of blocks whose purge waits (NULL, None: none)
     arena_inuse: int = 136                # the bitmap of blocks in use, in place
     collect_frees_cache: bool = False     # mi_collect(true) on the main thread frees the cached thread data and
     #                                       purges the arenas' waiting blocks (from 2.1)
@@ -39,13 +42,17 @@ class MiLayout:
     purge_counted: bool = True            # a purge takes what it decommits off the committed figure (not from
     #                                       2.3.2 on Linux, where it only advises the system)
     arena_slots: int = 112                # the table of arenas' slots (MI_MAX_ARENAS)
+    segment_cache: bool = False           # to 2.0.9 a freed segment of the segment size waits in a cache for reuse,
+    #                                       its stamp and commit mask kept until the cache decommits it
+    reclaim_decommits: bool = True        # 2.0.9: a span freed past the purge delay decommits what waits at once
     segment_map_parts: int = 0            # from 2.1.8 the segment map is this many pointers to parts taken from the
     #                                       system, and holds no segment taken from an arena: the arenas' blocks in
     #                                       use say which are live (0: one bitmap in the library's data)
     map_part_head: int = 24               # a part of the segment map: its memory id, then its bitmap
     segment_map_tib: int = 20             # the flat segment map covers the addresses below this many TiB
     arena_meta_size: int = 56             # the bytes of its own description
-    arena_meta_memkind: int = 84          # where its description came from (meta_memid.memkind)
+    arena_meta_memkind: int | None = 84   # where its description came from (meta_memid.memkind); None: to 2.0.9
+    #                                       always from the system, its bitmaps after it (`arenas.meta_bytes`)
     bin_huge: int = 73                    # MI_BIN_HUGE; the heap's queues run to MI_BIN_FULL = bin_huge + 1
     # mi_page_t (also each slice of a segment)
     page: int = 80
@@ -137,7 +144,14 @@ class MiLayout:
         return self.seg_slices + (self.slices_per_segment + 1) * self.page
 
 
-_V205 = MiLayout("2.0.5", (2, 0, 5), (2, 0, 5), segment_shift=26, page_start_offset=128,
+#: 2.0's arenas (no purge, their descriptions always taken from the system; 2.0.7 numbers them in the
+#: description), and its segment cache
+_OF20 = dict(arena_id=0, arena_start=8, arena_blocks=16, arena_fields=24, arena_committed=56, arena_purge=None,
+             arena_inuse=64, arena_slots=64, arena_meta_memkind=None, segment_cache=True, reclaim_decommits=False)
+_OF205 = dict(_OF20, arena_id=None, arena_start=0, arena_blocks=8, arena_fields=16, arena_committed=48,
+              arena_inuse=56)
+
+_V205 = MiLayout("2.0.5", (2, 0, 5), (2, 0, 5), segment_shift=26, page_start_offset=128, **_OF205,
                  seg_decommit_expire=16, seg_decommit_mask=24, seg_commit_mask=152, seg_abandoned_next=280,
                  seg_abandoned=296, seg_used=312, seg_cookie=320, seg_slices_count=328, seg_info_slices=336,
                  seg_kind=344, seg_thread_id=352, seg_slice_entries=360, seg_slices=368, seg_alignment=-1,
@@ -180,8 +194,8 @@ _LATER = (_V214,
 LAYOUTS = (_V205,
            replace(_V205, versions="2.0.6", first=(2, 0, 6), last=(2, 0, 6), tld=1536, thread_data=4592),
            replace(_V205, versions="2.0.7", first=(2, 0, 7), last=(2, 0, 7), tld=1536, heap_cookie=2864,
-                   heap_page_count=3024, heap_next=3048, heap=3064, thread_data=4600),
-           MiLayout("2.0.9", (2, 0, 9), (2, 0, 9)),
+                   heap_page_count=3024, heap_next=3048, heap=3064, thread_data=4600, **_OF20),
+           MiLayout("2.0.9", (2, 0, 9), (2, 0, 9), **{**_OF20, "reclaim_decommits": True}),
            MiLayout("2.1.2", (2, 1, 2), (2, 1, 2), start_by_size=True, seg_memkind=20, tld=1600, thread_data=4688,
                     collect_frees_cache=True, stat_drifts=True, segment_map_tib=40),
            *_LATER)

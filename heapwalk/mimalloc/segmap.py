@@ -1,7 +1,9 @@
-"""mimalloc's segment map from 2.1.8: a table in the object's data of pointers to parts it takes from the system (8 KiB
-each), each part a bitmap with one bit per segment-aligned address of its span of the address space below
-48 TiB.  It holds only the segments taken from the system (those of arenas are found by their arena's blocks in
-use): a segment with its bit set is live; its parts count in mimalloc's reserved and committed figures."""
+"""mimalloc's segment map.  To 2.1.7 it is one bitmap in the object's data, a bit per segment-aligned address below 20
+TiB (40 TiB from 2.1.2), found by the bits of the segments stamped in memory (`flat_segment_map`). From 2.1.8: a
+table in the object's data of pointers to parts it takes from the system (8 KiB each), each part a bitmap with one
+bit per segment-aligned address of its span of the address space below 48 TiB. It holds only the segments taken from
+the system (those of arenas are found by their arena's blocks in use): a segment with its bit set is live; its parts
+count in mimalloc's reserved and committed figures."""
 
 from __future__ import annotations
 
@@ -12,7 +14,8 @@ import numpy as np
 from heapwalk.inferior.memory import Memory, ReadError, u64
 from heapwalk.mimalloc.layout import MiLayout
 
-__all__ = ["MapParts", "find_map_parts", "unstamped_blocks", "MAP_LIMIT"]
+__all__ = ["MapParts", "find_map_parts", "unstamped_blocks", "MAP_LIMIT", "flat_segment_map", "map_bits",
+           "pages_in_use"]
 
 #: the segment map covers the addresses below this
 MAP_LIMIT = 48 << 40
@@ -89,3 +92,51 @@ def unstamped_blocks(mem: Memory, layout: MiLayout, arenas, live: tuple[int, ...
         covered.update((arena.start, b) for b in range(arena.block_of(at), arena.block_of(at + size - 1) + 1))
     return tuple(a.start + b * a.block_size for a in arenas for b in range(a.blocks)
                  if a.inuse >> b & 1 and (a.start, b) not in covered)
+
+
+def flat_segment_map(base: int, words: np.ndarray, stamped: list[int], layout: MiLayout, used: list[int]
+                 ) -> tuple[int | None, set[int]]:
+    """(the segment map's address, the segments it holds): the word array of the object's data whose set bits,
+    read as segments, include every stamped segment with pages in USED (a freed one, in 2.0's segment cache or
+    an arena's block, keeps its stamp with no page, out of the map); of several, the one with the fewest other
+    bits (a segment the map holds whose header is not stamped: unreadable, or damaged).  With one such segment the
+    map must hold no segment that is not stamped.  (None, all stamped) when none is found."""
+    if not stamped:
+        return None, set()
+    known, required = set(stamped), set(used or stamped)
+    word, bit = divmod(min(required) >> layout.segment_shift, 64)
+    found: list[tuple[int, set[int]]] = []
+    for i in np.flatnonzero((words >> np.uint64(bit)) & np.uint64(1)).tolist():
+        if i >= word:
+            held = map_bits(words[i - word:i - word + layout.segment_map_words], layout, known)
+            if held is not None and required <= held and (len(required) > 1 or held <= known):
+                found.append((base + 8 * (i - word), held))
+    fewest = min((len(h) for _, h in found), default=0)
+    best = [f for f in found if len(f[1]) == fewest]
+    return best[0] if len(best) == 1 else (None, known)
+
+
+def pages_in_use(mem: Memory, layout: MiLayout, segment: int) -> int:
+    """The pages in use the header of the stamped SEGMENT counts (0 when unreadable)."""
+    try:
+        return u64(mem, segment + layout.seg_used)
+    except ReadError:
+        return 0
+
+
+def map_bits(words: np.ndarray, layout: MiLayout, known: set[int], extra: int = 64) -> set[int] | None:
+    """The segments whose bits WORDS has set, or None when more than EXTRA of them are not in KNOWN (no map)."""
+    out = set()
+    others = 0
+    for i in np.flatnonzero(words).tolist():
+        w = int(words[i])
+        while w:
+            b = (w & -w).bit_length() - 1
+            at = (i * 64 + b) << layout.segment_shift
+            if at not in known:
+                others += 1
+                if others > extra:
+                    return None
+            out.add(at)
+            w &= w - 1
+    return out

@@ -6,7 +6,7 @@ from __future__ import annotations
 from rich.table import Table
 
 from heapwalk.analysis.report import human
-from heapwalk.mimalloc.account import ARENAS, EXITED, META, UNOWNED, Owner
+from heapwalk.mimalloc.account import ARENAS, CACHED, EXITED, META, UNOWNED, Owner
 from heapwalk.mimalloc.collect import collected
 from heapwalk.mimalloc.decode import MiState
 
@@ -33,7 +33,8 @@ def totals(state: MiState) -> dict[str, int]:
             "pages": sum(len(s.pages) for s in live),
             "purge_pending": sum(s.pending for s in live),
             "huge_segments": sum(1 for s in live if s.huge),
-            "freed_segments": len(state.segments) - len(live),
+            "freed_segments": len(state.segments) - len(live) - len(state.cached()),
+            "segments_cached": len(state.cached()),
             "thread_data": len(state.thread_data),
             "arenas": len(state.discovery.arenas), "arena_free": state.arena_free(),
             "collect_purges": sum(b - a for a, b in collected(state)),
@@ -87,6 +88,8 @@ def owner_name(owner: Owner, threads: dict, v3: bool = False) -> str:
         return "arenas"
     if owner.thread_id == META:
         return "mimalloc's own data"
+    if owner.thread_id == CACHED:
+        return "segment cache"
     t = threads.get(owner.thread_id)
     return f"thread {t.number}" if t else f"thread at {owner.thread_id:#x}"
 

@@ -6,11 +6,12 @@ from heapwalk.analysis.report import Report, human, leaking, scan_sentence
 from heapwalk.mimalloc.account import EXITED, Owner
 from heapwalk.mimalloc.decode import MiState
 from heapwalk.mimalloc.shown import collect_resident, drift_sentence, totals
+from heapwalk.mimalloc.verdict import row_namer
 
 __all__ = ["advice3"]
 
 
-def advice3(state: MiState, owners: list[Owner], rep: Report) -> list[str]:
+def advice3(state: MiState, owners: list[Owner], rep: Report, threads: dict | None = None) -> list[str]:
     """The verdict's sentences on mimalloc 3's STATE, report REP."""
     t = totals(state)
     blocks = sum(o.free["free blocks"] + o.free["not yet cut"] for o in owners)
@@ -23,7 +24,7 @@ def advice3(state: MiState, owners: list[Owner], rep: Report) -> list[str]:
         out.append(drift_sentence(state, "what the arenas' bitmaps and the pages from the system hold"))
     out += _own(state, t)
     if rep.leaks is not None:
-        out.append(scan_sentence(rep.leaks, "block"))
+        out.append(scan_sentence(rep.leaks, "block", row_namer(owners, threads or {}, True)))
     abandoned = next((o for o in owners if o.thread_id == EXITED and o.segments), None)
     if abandoned is not None:
         out.append(f"{len(abandoned.segments)} pages ({human(abandoned.reserved)}) are abandoned, with "

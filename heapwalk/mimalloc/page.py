@@ -1,0 +1,76 @@
+"""A page of mimalloc's blocks of one size, as the decoder reads it: where its blocks are, how many are cut,
+in use and free on each list."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = ["MiPage"]
+
+
+@dataclass
+class MiPage:
+    """A page of blocks of one size: where its blocks start, how many it has made (capacity) and may make
+    (reserved), and how many are free on each list."""
+
+    segment: int
+    index: int                  # its first slice
+    address: int                # its mi_page_t (its first slice's entry)
+    slices: int
+    start: int                  # its first block
+    block_size: int
+    capacity: int
+    reserved: int
+    used: int                   # blocks in use, those on the thread-free and delayed lists included
+    heap: int                   # 0: abandoned
+    in_full: bool
+    heads: tuple[int, int, int] = (0, 0, 0)   # its free, local-free and thread-free lists' first blocks
+    free: int = 0               # blocks on its free list
+    local_free: int = 0
+    thread_free: int = 0
+    delayed: int = 0            # blocks of it on its heap's delayed-free list
+    freed: list[int] = field(default_factory=list)     # the free blocks' addresses: its free, local-free and
+    #                                                    thread-free lists in turn, then its delayed ones
+    damaged: bool = False       # a list of it could not be walked to its end: which blocks are free is unknown
+
+    @property
+    def end(self) -> int:
+        """One past its last byte of slices."""
+        return self.segment + (self.index + self.slices) * 65536
+
+    @property
+    def room(self) -> int:
+        """Blocks it reserved, as many as its slices hold (a damaged count is held to them)."""
+        return min(self.reserved, max(self.end - self.start, 0) // self.block_size)
+
+    @property
+    def cut(self) -> int:
+        """Blocks it has cut (its capacity), within what it reserved."""
+        return min(self.capacity, self.room)
+
+    @property
+    def in_use(self) -> int:
+        """Blocks the program holds: those it counts used (within those it cut and its own lists leave), less those
+        other threads freed."""
+        return max(min(self.used, self.cut - self.free - self.local_free) - self.thread_free - self.delayed, 0)
+
+    @property
+    def free_cut(self) -> int:
+        """Its free blocks, within those it cut and does not hold (damage never makes a figure impossible)."""
+        return max(min(self.free_blocks, self.cut - self.in_use), 0)
+
+    def list_of(self, block: int) -> str | None:
+        """Which list holds BLOCK ("free", "local free", "thread free", "delayed"), or None."""
+        try:
+            i = self.freed.index(block)
+        except ValueError:
+            return None
+        for name, count in (("free", self.free), ("local free", self.local_free), ("thread free", self.thread_free)):
+            if i < count:
+                return name
+            i -= count
+        return "delayed"
+
+    @property
+    def free_blocks(self) -> int:
+        return self.free + self.local_free + self.thread_free + self.delayed
