@@ -185,6 +185,10 @@ def test_gdb_attached_says_the_same(stopped, tmp_path):
     assert doc["mimalloc"]["options"][delay] == ({"value": wait, "set": "from the environment"} if wait else
                                                  {"value": 25 if version < "2.1" else 10, "set": "default"})
     assert f"wait for the purge delay ({delay}: " in " ".join(said.split())
+    idle = re.search(r"(\d+(?:\.\d+)?) (MiB|GiB) of free spans are committed but not in RAM", " ".join(said.split()))
+    if version == "2.0.9":          # the huge and large blocks mi_hold touched only in part, then freed
+        spans = sum(o["free"]["free spans"] for o in doc["mimalloc"]["owners"])
+        assert idle and 0 < float(idle[1]) * _UNITS[idle[2]] < spans
     assert ("own committed figure (mi_stats_print, mi_process_info) is not this one once it has purged" in
             " ".join(said.split())) == drifts
     if version == "2.1.2":          # its collect purges only what waited past the delay
@@ -268,30 +272,49 @@ def test_segments_from_the_system_are_held_by_the_segment_map_s_parts(tmp_path):
     assert "mimalloc consistent" in result.stdout and not doc["findings"]
 
 
-@pytest.mark.parametrize("build", ["bookworm", "2.0.6"])
-def test_mimalloc_2_0_segment_cache(tmp_path, build):
+@pytest.mark.parametrize("build, delay", [("bookworm", None), ("2.0.6", None), ("bookworm", "0")])
+def test_mimalloc_2_0_segment_cache(tmp_path, build, delay):
     """2.0 with MI_HOLD_CACHE: the exiting thread fills and frees whole segments, which wait in mimalloc's segment
     cache (out of its segment map, their stamp and commit mask kept); with MI_HOLD_MAIN the main thread first
     frees most of a segment's pages (their slices wait for the purge delay, the last page retired).  gdb -p,
     symbols hidden: every figure as mimalloc printed it (its committed bytes to the byte, the cached segments in
     them), a row of their own, the verdict's sentence on them; check finds it sound; mi_collect(true) then empties
     the cache, reclaims the abandoned segments and frees the main thread's retired page (2.0.9 decommits what
-    waits in those segments then, 2.0.6 nothing): it takes off the commit and the RSS what the verdict says."""
-    with _run_with(tmp_path, build, MI_HOLD_CACHE="512", MI_HOLD_MAIN="16") as (proc, run):
+    waits in those segments then, 2.0.6 nothing): it takes off the commit and the RSS what the verdict says.
+    With MIMALLOC_SEGMENT_DECOMMIT_DELAY=0 the cache decommits each segment as it takes it (its header gone): the
+    cache's table in mimalloc's data still names them, each still mapped (/proc/PID/maps), nothing of it
+    committed, and the reserved figure counts them."""
+    env = {"MI_HOLD_CACHE": "512", "MI_HOLD_MAIN": "16",
+           **({"MIMALLOC_SEGMENT_DECOMMIT_DELAY": delay} if delay else {})}
+    with _run_with(tmp_path, build, **env) as (proc, run):
         doc, said = _attached(proc, tmp_path)
         result = run_gdb(["-p", str(proc.pid)], ["heapwalk check"], iex=[NO_SYMBOLS])
+        kept = doc["mimalloc"]["segment_cache"]
+        mapped = [_mapped_in(proc.pid, s["address"], s["address"] + s["bytes"]) for s in kept]
         collected = _collect(proc, run)
+    assert all(mapped) and all(s["committed"] == 0 for s in kept) == (delay == "0")
     _check(doc, run, "2.0.9" if build == "bookworm" else build)
     m = doc["mimalloc"]
     cached = m["totals"]["segments_cached"]
     row = next(o for o in m["owners"] if o["owner"] == "segment cache")
-    assert cached >= 2 and row["segments"] == cached and row["in_use"] == 0 and row["committed"] > 0
+    assert cached >= 2 and row["segments"] == cached == len(kept) and row["in_use"] == 0
+    assert any(f["what"] == "segment cache" and f["how"].startswith("at 0x") for f in m["discovery"])
     assert m["owners"][0]["purge_pending"] > 8 << 20
-    assert re.search(rf"{cached} freed segments \(\d+ MiB, \d+(\.\d+)? MiB committed, \d+(\.\d+)? MiB resident\) wait "
-                     "in mimalloc's segment cache for reuse", " ".join(said.split()))
+    assert re.search(rf"{cached} freed segments \(\d+ MiB, (none of it committed|[\d.]+ MiB committed, [\d.]+ MiB "
+                     r"resident)\) wait in mimalloc's segment cache for reuse", " ".join(said.split()))
     assert "mimalloc consistent" in result.stdout and not doc["findings"], result.stdout
     assert m["totals"]["collect_decommits"] == collected["commit_before"] - collected["commit_after"]
     assert abs(m["collect_resident"] - (collected["rss_anon_before"] - collected["rss_anon_after"])) <= 16 << 10
+
+
+def _mapped_in(pid: int, lo: int, hi: int) -> bool:
+    """Whether the process PID maps every byte from LO to HI (/proc/PID/maps)."""
+    spans = sorted((int(a, 16), int(b, 16)) for a, b in (line.split()[0].split("-") for line in
+                                                          Path(f"/proc/{pid}/maps").read_text().splitlines()))
+    for a, b in spans:
+        if a <= lo < b:
+            lo = b
+    return lo >= hi
 
 
 def _committed_in(pid: int, ranges: list[tuple[int, int]]) -> int:

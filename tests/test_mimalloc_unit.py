@@ -348,3 +348,31 @@ def test_a_segment_above_the_map_s_addresses_is_live_and_the_map_still_found():
                                                                       [low, high], found)
     assert at == 0x1000 + 8 * 500 and segments == (low, high) and not freed and not unstamped
     assert LAY.segment_map_words == 10241 and layout_for((2, 1, 2)).segment_map_words == 20481
+
+
+def test_the_2_0_segment_cache_is_found_by_its_slots_and_bitmap():
+    """2.0.9's segment cache: the slots in use (a segment-aligned address, its memid, pinned 0 or 1, its commit
+    mask) sit at one stride in the data, at the places of the bits of a 16-word bitmap, and another has all the
+    other bits set; a segment-aligned word elsewhere (mimalloc's address hint) and a live segment's address are
+    not slots; without both bitmaps there is no table."""
+    from heapwalk.mimalloc.segcache import SLOTS, find_segment_cache, slot_words
+    lay = layout_for((2, 0, 9))
+    stride, base = slot_words(lay), 0x7F0000000000
+    words = np.zeros(64 + SLOTS * stride + 64, dtype=np.uint64)
+    table, bitmap = 64, 16
+    words[8], words[9] = np.uint64(0x47376000000), np.uint64(0x200000)       # an address hint, not a slot
+    kept = {3: (0x47362000000, 0xFF), 700: (0x47364000000, 0)}
+    for index, (segment, mask) in kept.items():
+        at = table + index * stride
+        words[at], words[at + 3] = np.uint64(segment), np.uint64(mask)
+    words[bitmap + 0], words[bitmap + 10] = np.uint64(1 << 3), np.uint64(1 << (700 - 640))
+    words[40:56] = ~words[bitmap:bitmap + 16]
+    at, slots = find_segment_cache(base, words, lay, set())
+    assert at == base + 8 * table
+    assert [(s.segment, s.commit_mask, s.pinned) for s in slots] == [(0x47362000000, 0xFF, False),
+                                                                      (0x47364000000, 0, False)]
+    assert find_segment_cache(base, words, lay, {0x47362000000}) == (None, ())     # a live segment is no slot
+    words[40] = ~np.uint64(0)
+    assert find_segment_cache(base, words, lay, set()) == (None, ())               # no bitmap of those available
+    words[40], words[bitmap + 10] = ~np.uint64(1 << 3), np.uint64(0)
+    assert find_segment_cache(base, words, lay, set()) == (None, ())               # the bitmap does not hold it

@@ -132,6 +132,8 @@ class MimallocHeap(Decoded):
                              "heaps": threads_document(self.state, self.owners, self.by_tcb),
                              "arenas": [{"id": a.id, "start": a.start, "bytes": a.reserved}
                                         for a in self.state.discovery.arenas],
+                             "segment_cache": [{"address": s.address, "bytes": s.reserved, "committed": s.committed}
+                                               for s in self.state.cached()],
                              "discovery": [{"what": w, "how": h} for w, h in d.facts]}}
 
     def check(self, limit: int, interactive: bool, json: bool = False) -> Checked:

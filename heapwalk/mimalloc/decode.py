@@ -93,6 +93,7 @@ class MiState:
     target: str = ""
     residency: Residency | None = None
     main_thread: int = 0                        # the main thread's $fs_base (0: not known)
+    cache: list = field(default_factory=list)           # to 2.0.9: the segments in its segment cache
     main_queues: list = field(default_factory=list)     # to 2.0.9 and from 2.1.7: the main heap's pages as
     #                                                     collect visits them, each with whether it is retired
     #                                                     (collect.visit_order)
@@ -109,10 +110,8 @@ class MiState:
         return not seg.thread_id and seg.huge and self.layout.huge_unowned
 
     def cached(self) -> list[MiSegment]:
-        """To 2.0.9: the freed segments taken from the system that wait in its segment cache (their stamp kept
-        until the cache decommits them)."""
-        return [s for s in self.segments if not s.live and s.arena is None] \
-            if getattr(self.layout, "segment_cache", False) else []
+        """To 2.0.9: the segments taken from the system that wait in its segment cache (`cached_segments`)."""
+        return self.cache
 
     def abandoned(self) -> list[MiSegment]:
         """The live segments of threads that exited."""
@@ -247,9 +246,30 @@ def decode_mimalloc(mem: Memory, found: MiDiscovery, threads, description: str =
         [(at, "cached") for at in found.thread_data_cache]
     main = next((h for h in heaps if h.main), None)
     state = MiState(found, segments, heaps, data, findings, description, residency, main.thread_id if main else 0)
+    state.cache = cached_segments(found, segments, findings)
     if (found.layout.collect_purges_own or found.layout.segment_cache) and main is not None:
         state.main_queues = visit_order(mem, found.layout, main.address)
     return state
+
+
+def cached_segments(found: MiDiscovery, segments: list[MiSegment], findings: list[Finding]) -> list[MiSegment]:
+    """To 2.0.9: the segments taken from the system that its cache's table holds (with its header where the cache
+    has not decommitted it yet); where the table is not found, the freed segments whose stamp is left."""
+    lay = found.layout
+    if not getattr(lay, "segment_cache", False):
+        return []
+    freed = {s.address: s for s in segments if not s.live and s.arena is None}
+    if found.cache_at is None:
+        if freed:
+            findings.append(Finding(Severity.WARNING, 0, "mimalloc segment cache", f"{len(freed)} freed segments "
+                                    "keep their stamp, but mimalloc's segment cache was not found in its data: they "
+                                    "are taken as cached, and the segments it keeps decommitted are left out of the "
+                                    "reserved figure", Kind.NOT_DECODED))
+        return list(freed.values())
+    return [freed.get(c.segment) or MiSegment(c.segment, 0, lay.slices_per_segment, 0, 0, 0, 0, c.memid,
+                                              lay.segment_size, bin(c.commit_mask).count("1") * lay.slice_size, 0,
+                                              live=False, commit_mask=c.commit_mask)
+            for c in found.cache_slots if not c.memid & 0x7F]
 
 
 def _segment(mem: Memory, found: MiDiscovery, at: int, live: bool, findings: list[Finding]) -> MiSegment | None:

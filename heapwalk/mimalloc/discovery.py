@@ -29,6 +29,7 @@ from heapwalk.mimalloc.find import MiImage
 from heapwalk.mimalloc.heaps import is_meta_theap
 from heapwalk.mimalloc.layout import LAYOUTS, MiLayout, layout_for, queue_shape
 from heapwalk.mimalloc.options import find_options
+from heapwalk.mimalloc.segcache import find_segment_cache
 from heapwalk.mimalloc.segmap import MAP_LIMIT, find_map_parts, flat_segment_map, pages_in_use, unstamped_blocks
 from heapwalk.mimalloc.v3.layout import LAYOUTS3, layout3_for
 
@@ -75,6 +76,8 @@ class MiDiscovery:
     map_parts: object = None              # from 2.1.8: the segment map's parts (`mimalloc.segmap.MapParts`)
     map_parts_lost: int = 0               # from 2.1.8: segments from the system below 48 TiB no part was found for
     own_figures: tuple[int, int] | None = None    # 3.6: mimalloc's own current (reserved, committed) figures
+    cache_at: int | None = None           # to 2.0.9: the segment cache's table (None: not found, or empty)
+    cache_slots: tuple = ()               # its slots in use (`mimalloc.segcache.CacheSlot`)
 
 
 def discover_mimalloc(mem: Memory, found: MiImage, regions: list[tuple[int, int]], mappings: list[Mapping],
@@ -112,6 +115,7 @@ def discover_mimalloc(mem: Memory, found: MiImage, regions: list[tuple[int, int]
     else:
         at, in_map, arenas, segments, freed, unstamped = _by_map(mem, base, words, layout, stamped, found)
     tpoff, unread = read_tpoff(mem, found)
+    cache_at, slots = find_segment_cache(base, words, layout, set(segments)) if layout.segment_cache else (None, ())
     cache = _thread_data_cache(mem, base, words, layout)
     options = find_options(mem, base, words)
     facts = (("layout", f"mimalloc {layout.versions}'s" + _unmeasured(found, layout)),
@@ -120,20 +124,18 @@ def discover_mimalloc(mem: Memory, found: MiImage, regions: list[tuple[int, int]
              ("segment map", f"at {at:#x} ({len(in_map)} segments)" if at is not None else
               f"none for arenas' segments: {len(segments)} live by their arenas' blocks in use or its parts, "
               f"{len(freed)} freed" + _parts_said(parts, lost)
-              if layout.segment_map_parts else "not found: every stamped segment is taken as live"
-              if any(s < layout.segment_map_limit for s in stamped) else
-              f"not looked for: every segment lies above the {layout.segment_map_tib} TiB it covers (live while "
-              "mapped)"),
+              if layout.segment_map_parts else _no_map(layout, stamped)),
              ("default heaps", f"thread-local, {tpoff - (1 << 64) if tpoff and tpoff >> 63 else tpoff:#x} from "
               f"$fs_base (mi_heap_get_default's GOT slot)" if tpoff is not None else "not found"),
              ("thread data cache", f"{len(cache)} kept"),
+             *_cache_said(layout, cache_at, slots),
              ("arenas", f"{len(arenas)}, the table at the place of the arena a segment names" if arenas else
               "none (segments taken from the system)"),
              ("options", f"{len(options)}, from their table (each entry carries its index)" if options else
               "not found: the report does not say which options the process runs with"))
     return MiDiscovery(layout, found.version, found.path, main, cookie, segments, freed, at, tpoff, cache, facts,
                        unstamped, options, arenas, tpoff_unread=unread, data_unread=data_unread(mem, found),
-                       map_parts=parts, map_parts_lost=lost)
+                       map_parts=parts, map_parts_lost=lost, cache_at=cache_at, cache_slots=slots)
 
 
 def _parts_said(parts, lost: int) -> str:
@@ -328,6 +330,22 @@ def read_tpoff(mem: Memory, found: MiImage, function: str = "mi_heap_get_default
         return default_tpoff(mem, found, function), None
     except TpoffUnread as exc:
         return None, (exc.address, exc.why)
+
+
+def _no_map(layout: MiLayout, stamped: list[int]) -> str:
+    """What discovery says of a segment map (to 2.1.7) it did not find."""
+    if any(s < layout.segment_map_limit for s in stamped):
+        return "not found: every stamped segment is taken as live"
+    return f"not looked for: every segment lies above the {layout.segment_map_tib} TiB it covers (live while mapped)"
+
+
+def _cache_said(layout: MiLayout, at: int | None, slots: tuple) -> tuple:
+    """Discovery's fact on the segment cache (to 2.0.9), or none."""
+    if not layout.segment_cache:
+        return ()
+    return (("segment cache", f"at {at:#x}, {len(slots)} segments kept" if at is not None else
+             "none found (the cache is empty, or its table cannot be read): a freed segment whose stamp is left "
+             "would be taken as cached"),)
 
 
 def _thread_data_cache(mem: Memory, base: int, words: np.ndarray, layout: MiLayout) -> tuple[int, ...]:

@@ -45,6 +45,7 @@ class MiLayout:
     segment_cache: bool = False           # to 2.0.9 a freed segment of the segment size waits in a cache for reuse,
     #                                       its stamp and commit mask kept until the cache decommits it
     reclaim_decommits: bool = True        # 2.0.9: a span freed past the purge delay decommits what waits at once
+    collect_unmaps_cache: bool = True     # 2.0.9: mi_collect(true) unmaps the cached segments (before: decommits)
     segment_map_parts: int = 0            # from 2.1.8 the segment map is this many pointers to parts taken from the
     #                                       system, and holds no segment taken from an arena: the arenas' blocks in
     #                                       use say which are live (0: one bitmap in the library's data)
@@ -147,7 +148,8 @@ class MiLayout:
 #: 2.0's arenas (no purge, their descriptions always taken from the system; 2.0.7 numbers them in the
 #: description), and its segment cache
 _OF20 = dict(arena_id=0, arena_start=8, arena_blocks=16, arena_fields=24, arena_committed=56, arena_purge=None,
-             arena_inuse=64, arena_slots=64, arena_meta_memkind=None, segment_cache=True, reclaim_decommits=False)
+             arena_inuse=64, arena_slots=64, arena_meta_memkind=None, segment_cache=True, reclaim_decommits=False,
+             collect_unmaps_cache=False)
 _OF205 = dict(_OF20, arena_id=None, arena_start=0, arena_blocks=8, arena_fields=16, arena_committed=48,
               arena_inuse=56)
 
@@ -195,7 +197,8 @@ LAYOUTS = (_V205,
            replace(_V205, versions="2.0.6", first=(2, 0, 6), last=(2, 0, 6), tld=1536, thread_data=4592),
            replace(_V205, versions="2.0.7", first=(2, 0, 7), last=(2, 0, 7), tld=1536, heap_cookie=2864,
                    heap_page_count=3024, heap_next=3048, heap=3064, thread_data=4600, **_OF20),
-           MiLayout("2.0.9", (2, 0, 9), (2, 0, 9), **{**_OF20, "reclaim_decommits": True}),
+           MiLayout("2.0.9", (2, 0, 9), (2, 0, 9), **{**_OF20, "reclaim_decommits": True,
+                                                      "collect_unmaps_cache": True}),
            MiLayout("2.1.2", (2, 1, 2), (2, 1, 2), start_by_size=True, seg_memkind=20, tld=1600, thread_data=4688,
                     collect_frees_cache=True, stat_drifts=True, segment_map_tib=40),
            *_LATER)

@@ -33,7 +33,8 @@ def totals(state: MiState) -> dict[str, int]:
             "pages": sum(len(s.pages) for s in live),
             "purge_pending": sum(s.pending for s in live),
             "huge_segments": sum(1 for s in live if s.huge),
-            "freed_segments": len(state.segments) - len(live) - len(state.cached()),
+            "freed_segments": len({s.address for s in state.segments if not s.live}
+                                  - {s.address for s in state.cached()}),
             "segments_cached": len(state.cached()),
             "thread_data": len(state.thread_data),
             "arenas": len(state.discovery.arenas), "arena_free": state.arena_free(),

@@ -41,9 +41,27 @@ def advice(state: MiState, owners: list[Owner], rep: Report, threads: dict | Non
                    "thread that needs a segment, or to mi_collect(true) on the main thread; until then their free "
                    f"memory ({human(sum(exited.free.values()))}) serves no one.")
     out += _purge(state, owners)
+    out += _eager(state)
     out += _cache(state)
     out += _pinned_arenas(state)
     return out
+
+
+def _eager(state: MiState) -> list[str]:
+    """The free spans committed but not in RAM: nothing touched them since they were committed (with their segment,
+    eager commit; or with a page whose blocks did not fill it).  Said when the target says which pages are
+    resident and they are at least a tenth of what is committed."""
+    spans = [sp for s in state.live() for sp in s.spans]
+    ram = state.resident([(sp.segment + sp.index * 65536, sp.segment + (sp.index + sp.slices) * 65536)
+                          for sp in spans])
+    idle = sum(sp.committed for sp in spans) - (ram or 0)
+    if ram is None or idle * 10 < state.committed():
+        return []
+    option = state.discovery.options.get("eager_commit")
+    how = f", eager_commit: {option.value}, {option.how}" if option else ""
+    return [f"{human(idle)} of free spans are committed but not in RAM: nothing has touched them since mimalloc "
+            f"committed them, with their segment (eager commit{how}) or with a page its blocks did not fill. They "
+            "count against the system's commit limit (the overcommit accounting), not the RSS."]
 
 
 def _cache(state: MiState) -> list[str]:
@@ -56,10 +74,15 @@ def _cache(state: MiState) -> list[str]:
     resident = "" if ram is None else f", {human(ram)} resident"
     option = state.discovery.options.get("segment_decommit_delay")
     delay = f" (segment_decommit_delay: {option.value} ms, {option.how})" if option else ""
-    return [f"{len(cached)} freed segments ({human(sum(s.reserved for s in cached))}, {human(committed)} committed"
-            f"{resident}) wait in mimalloc's segment cache for reuse. It decommits each once its delay{delay} has "
-            "passed, but only when a later segment is freed into the cache or a collect visits it: an idle process "
-            "keeps them committed. mi_collect(true) unmaps them all."]
+    collect = "unmaps" if state.layout.collect_unmaps_cache else "decommits"
+    said = f"{len(cached)} freed segments ({human(sum(s.reserved for s in cached))}"
+    if not committed:
+        return [f"{said}, none of it committed) wait in mimalloc's segment cache for reuse, as address space only. "
+                f"mi_collect(true) {collect} them."]
+    return [f"{said}, {human(committed)} committed{resident}) wait in mimalloc's segment cache for reuse. It "
+            f"decommits each once its delay{delay} has passed, but only when a later segment is freed into the "
+            f"cache or a collect visits it: an idle process keeps them committed. mi_collect(true) {collect} them "
+            "all."]
 
 
 def _pinned_arenas(state: MiState) -> list[str]:
@@ -113,7 +136,8 @@ def _collect_sentence(state: MiState, t: dict) -> str:
     ram = collect_resident(state)
     resident = "" if ram is None else f", {human(ram)} of it resident (what the RSS falls by)"
     parts = (["the abandoned segments' waiting slices, as it reclaims them"] if reclaimed(state) else []) + \
-        (["the segments in its cache, which it unmaps"] if state.cached() else [])
+        ([f"the segments in its cache, which it {'unmaps' if state.layout.collect_unmaps_cache else 'decommits'}"]
+         if any(s.committed for s in state.cached()) else [])
     if state.layout.collect_frees_cache:
         parts.append("the thread data it keeps for new threads, and the arenas' blocks waiting to be purged")
     if state.layout.collect_purges_own:
