@@ -90,8 +90,9 @@ def test_the_page_map_is_found_by_its_shape_and_names_every_page():
     found = pagemap.find_page_map(mem, 0x7F9000080000, words, lib, None)
     assert (found.address, found.subs, found.pages) == (table, 1, {0x7F5000000000, 0x7F5000100000})
     assert (sub, sub + 65536) in found.ranges
-    mem.pieces[table] = top.tobytes() + _words(0)           # from 3.2 the first sub-map starts with NULL
+    mem.pieces[table] = top.tobytes() + _words(0)           # from 3.1 the first sub-map starts with NULL
     assert pagemap.find_page_map(mem, 0x7F9000080000, words, lib, None).address == table
+    assert pagemap.find_page_map(mem, 0x7F9000080000, words, lib, None, null_first=False) is None   # not before
     top[0] = np.uint64(table + size + 8)                   # not just past the table: no map
     mem.pieces[table] = top.tobytes() + _words(lib[0] + 0x40)
     assert pagemap.find_page_map(mem, 0x7F9000080000, words, lib, None) is None

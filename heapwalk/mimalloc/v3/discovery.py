@@ -47,7 +47,7 @@ def discover_mimalloc3(mem: Memory, found: MiImage, layout: Mi3Layout, mappings:
         raise MimallocUnknown(f"{found.named}: the subprocess its main thread names ({subproc:#x}) "
                               "does not hold arenas that point back to it, or their bitmaps cannot be read")
     image = _image_range(found, mappings)
-    pagemap = find_page_map(mem, base, words, image, readable, layout.page_map_header)
+    pagemap = find_page_map(mem, base, words, image, readable, layout.page_map_header, layout.first >= (3, 1, 0))
     if pagemap is None:
         raise MimallocUnknown(f"{found.named}: its page map was not found (no word of its data "
                               "points to a table whose first sub-map starts with its empty page)")

@@ -31,12 +31,15 @@ class PageMap:
 
 
 def find_page_map(mem: Memory, base: int, words: np.ndarray, image: tuple[int, int],
-                  readable: list[tuple[int, int]] | None, header: int = 0) -> PageMap | None:
+                  readable: list[tuple[int, int]] | None, header: int = 0, null_first: bool = True
+                  ) -> PageMap | None:
     """The page map a word of the object's data (WORDS from BASE) points to: a table whose first entry points
     just past it (its size a power of two) to a sub-map whose first entry is in the object (IMAGE: its
-    addresses: the empty page), or NULL (from 3.2); from 3.6 (HEADER: its fields' bytes before the table) a
-    structure that names itself (its memid) and its size, the first entry of its table pointing just past it.
-    None when no word does.  READABLE: what may be read of the process (None: all)."""
+    addresses: the empty page), or NULL (from 3.1, NULL_FIRST; before, a NULL there is a block of zeros that
+    looks like it, as in a 3.0.1 core where a word of the data pointed into an arena); from 3.6 (HEADER: its
+    fields' bytes before the table) a structure that names itself (its memid) and its size, the first entry of
+    its table pointing just past it.  None when no word does.  READABLE: what may be read of the process (None:
+    all)."""
     lo, hi = image
     pointer = np.flatnonzero((words > np.uint64(0x10000)) & (words < np.uint64(_TOP)) &
                              ((words & np.uint64(0xFFF)) == 0))
@@ -52,7 +55,8 @@ def find_page_map(mem: Memory, base: int, words: np.ndarray, image: tuple[int, i
                 first = u64(mem, at)
                 size = first - at
                 null = u64(mem, first)
-                if size < 4096 or size > 1 << 30 or size & (size - 1) or null and not lo <= null < hi:
+                if size < 4096 or size > 1 << 30 or size & (size - 1) or \
+                        (null or not null_first) and not lo <= null < hi:
                     continue
         except ReadError:
             continue
