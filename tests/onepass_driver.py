@@ -14,6 +14,12 @@ import json
 import os
 
 import gdb
+import numpy as np
+
+from heapwalk.analysis import reach
+from heapwalk.glibc.account.blocks import blocks_of
+from heapwalk.inferior.memory import merged
+from heapwalk.inferior.roots import image_data, register_roots, root_regions
 
 from heapwalk.gdb.session import _target
 from heapwalk.glibc.locate.discovery import Overrides
@@ -23,9 +29,33 @@ from heapwalk.glibc.decode import collect
 from heapwalk.glibc.locate.discovery import discover
 
 
-def _decode(target, disc, sweep: bool, walk: bool = True):
+def _decode(target, disc, sweep: bool, walk: bool = True, keep_used: bool = False):
     space = target.space
-    return collect(target.mem, disc, target.threads, target.description, walk, space.regions, sweep=sweep)
+    return collect(target.mem, disc, target.threads, target.description, walk, space.regions, sweep=sweep,
+                   keep_used=keep_used)
+
+
+def _scans(target, disc) -> tuple[list[str], int]:
+    """Whether the leak scan that takes the heaps' words the one pass kept finds what the scan that reads the
+    heaps again finds (the same edges, first words, root hits, reached blocks and paths); and how many bytes
+    the kept words covered."""
+    state = _decode(target, disc, True, keep_used=True)
+    blocks = blocks_of(target.mem, disc.layout, state)
+    roots = root_regions(target.space, target.threads, list(blocks.heaps) + list(blocks.private), blocks.large,
+                         blocks.unknown, images=image_data(target.mem, target.space))
+    registers = register_roots(target.threads)
+    words = state.walk.words if state.walk is not None else None
+    once = reach.scan(target.mem, blocks, roots, registers, words=words)
+    twice = reach.scan(target.mem, blocks, roots, registers)
+    out = [f"the leak scan's {name} differs" for name in ("reached", "parent", "first_words", "root_blocks",
+                                                            "root_words", "root_index")
+           if not np.array_equal(getattr(once, name), getattr(twice, name))]
+    for name in ("offsets", "targets"):
+        if not np.array_equal(getattr(once.graph, name), getattr(twice.graph, name)):
+            out.append(f"the leak scan's graph ({name}) differs")
+    used = words is not None and words.holds(merged(blocks.heaps))
+    covered = sum(hi - lo for lo, hi in words.covered) if used else 0
+    return out, covered
 
 
 def _differences(fast, slow) -> list[str]:
@@ -51,14 +81,15 @@ def _differences(fast, slow) -> list[str]:
 
 
 def _compare(vouched: list[int]) -> dict:
-    vouched.clear()
     target = _target()
     disc = discover(target.mem, target.symbols, Overrides(), target.space.mappings,
                     [t.fs_base for t in target.threads if t.fs_base], core=target.space.core,
                     regions=target.space.regions)
+    scan_differences, covered = _scans(target, disc)
+    vouched.clear()
     fast = _decode(target, disc, True)
     slow = _decode(target, disc, False)
-    differences = _differences(fast, slow)
+    differences = _differences(fast, slow) + scan_differences
     # the lists alone, every arena swept however small (a decode without the walk sweeps only big ones)
     onepass.LISTS_SWEPT_FROM, kept = 0, onepass.LISTS_SWEPT_FROM
     try:
@@ -74,7 +105,7 @@ def _compare(vouched: list[int]) -> dict:
         if rows != _chunk_rows(target, disc, unswept, flt, sweep=False)[0]:
             differences.append(f"heapwalk chunks differs ({flt})")
     return {"arenas": len(slow.arenas), "vouched": len(vouched), "differences": differences,
-            "chunks_swept": swept_arenas}
+            "chunks_swept": swept_arenas, "words_covered": covered}
 
 
 def _chunk_rows(target, disc, state, flt, sweep: bool) -> tuple[tuple, int]:

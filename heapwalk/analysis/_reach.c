@@ -35,3 +35,107 @@ int64_t hw_reach(const int64_t *offsets, const int32_t *targets, const int32_t *
     }
     return tail;
 }
+
+/* The slot of the table (see hw_locate) value V falls in, or -1 when it lies outside every stretch. */
+static int64_t slot_of(uint64_t v, const uint64_t *lo, const int64_t *slots, const int64_t *first, int64_t nheaps,
+                       int64_t shift)
+{
+    int64_t a = 0, b = nheaps;                /* the last stretch whose start is at or below v */
+    while (b - a > 1) {
+        int64_t m = (a + b) / 2;
+        if (lo[m] <= v)
+            a = m;
+        else
+            b = m;
+    }
+    if (nheaps == 0 || v < lo[a])
+        return -1;
+    uint64_t s = (v - lo[a]) >> shift;
+    return s < (uint64_t)slots[a] ? first[a] + (int64_t)s : -1;
+}
+
+/* Words looked up ahead of the one being answered: their table entries, then their blocks' bounds, are
+ * fetched from memory meanwhile (the lookups go anywhere in tables of tens of megabytes) */
+#define AHEAD 16
+#define RING 32
+
+/* For each of the N values of VALUES, the block it points into (OUT: its index, or -1): the last block whose
+ * start is at or below the value, when the value is below that block's end.  STARTS (sorted) and ENDS are the
+ * NBLOCKS blocks'.  The search starts from a table: the memory [LO[h], LO[h] + (SLOTS[h] << SHIFT)) of each of
+ * the NHEAPS stretches that hold the blocks (sorted, apart) is cut into slots of 1 << SHIFT bytes, and
+ * TABLE[FIRST[h] + s] holds the last block starting at or below slot s's start (-1: none); the table has one
+ * entry more, past the last slot, holding the last block.  A value outside every stretch is -1 at once; one
+ * inside is searched for between its slot's entry and the next one's. */
+void hw_locate(const uint64_t *values, int64_t n, const uint64_t *starts, const uint64_t *ends, int64_t nblocks,
+               const uint64_t *lo, const int64_t *slots, const int64_t *first, int64_t nheaps,
+               const int32_t *table, int64_t shift, int32_t *out)
+{
+    int64_t ring[RING];
+    for (int64_t k = 0; k < AHEAD && k < n; k++) {
+        ring[k % RING] = slot_of(values[k], lo, slots, first, nheaps, shift);
+        if (ring[k % RING] >= 0)
+            __builtin_prefetch(&table[ring[k % RING]]);
+    }
+    for (int64_t k = 0; k < n; k++) {
+        int64_t ahead = k + AHEAD;
+        if (ahead < n) {
+            int64_t t = slot_of(values[ahead], lo, slots, first, nheaps, shift);
+            ring[ahead % RING] = t;
+            if (t >= 0)
+                __builtin_prefetch(&table[t]);
+        }
+        int64_t half = k + AHEAD / 2;
+        if (half < n && ring[half % RING] >= 0) {
+            int32_t h = table[ring[half % RING]];
+            if (h >= 0) {
+                __builtin_prefetch(&starts[h]);
+                __builtin_prefetch(&ends[h]);
+            }
+        }
+        uint64_t v = values[k];
+        int64_t t = ring[k % RING];
+        out[k] = -1;
+        if (t < 0)
+            continue;
+        int64_t i = table[t], j = table[t + 1];   /* the answer lies in [i, j] */
+        while (j > i) {                           /* the last block in (i, j] starting at or below v, else i */
+            int64_t m = i + (j - i + 1) / 2;
+            if (starts[m] <= v)
+                i = m;
+            else
+                j = m - 1;
+        }
+        if (i >= 0 && v < ends[i])
+            out[k] = (int32_t)i;
+    }
+}
+
+/* The words of WORDS inside the NRUNS runs [RUN_LO[r], RUN_HI[r]) (ascending) whose value lies in one of the
+ * NSPANS spans [BOUNDS[2s], BOUNDS[2s + 1]) (sorted, apart): their indices, in order, into OUT (room for every
+ * word of the runs); returns how many. */
+int64_t hw_keep(const uint64_t *words, const int64_t *run_lo, const int64_t *run_hi, int64_t nruns,
+                const uint64_t *bounds, int64_t nspans, int64_t *out)
+{
+    if (nspans == 0)
+        return 0;
+    uint64_t lo = bounds[0], width = bounds[2 * nspans - 1] - lo;
+    int64_t count = 0;
+    for (int64_t r = 0; r < nruns; r++) {
+        for (int64_t i = run_lo[r]; i < run_hi[r]; i++) {
+            uint64_t v = words[i];
+            if (v - lo >= width)
+                continue;
+            int64_t a = 0, b = nspans;        /* the last span whose start is at or below v */
+            while (b - a > 1) {
+                int64_t m = (a + b) / 2;
+                if (bounds[2 * m] <= v)
+                    a = m;
+                else
+                    b = m;
+            }
+            if (v < bounds[2 * a + 1])
+                out[count++] = i;
+        }
+    }
+    return count;
+}

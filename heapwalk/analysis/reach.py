@@ -8,8 +8,9 @@ word that points into a block from inside another block becomes an edge of a gra
 closure over that graph from the blocks the roots reach gives every reached block.  The words of free
 memory and of the allocator's bookkeeping are never roots.
 
-Each lookup is vectorised: a window's words are compared with the span of all blocks, and those inside it
-are looked up in the sorted block starts at once (numpy's searchsorted).
+Each lookup is vectorised: a window's words are looked up among the blocks at once (`locate`: in C through a
+table of slots, else numpy's searchsorted).  The heaps whose words the decode kept as it read them
+(`heapwords`) are not read again.
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from heapwalk.analysis.graph import Graph
-from heapwalk.inferior.memory import Memory, merged
+from heapwalk.analysis.heapwords import HeapWords
+from heapwalk.analysis.locate import Locator
+from heapwalk.inferior.memory import Memory, merged, ranges_without
 from heapwalk.inferior.roots import RegisterRoot, Root
 from heapwalk.inferior.words import read_window
 from heapwalk.view import Blocks
@@ -77,6 +80,7 @@ class _Scanner:
     def __init__(self, mem: Memory, blocks: Blocks, progress: Callable[[int, int], None] | None, total: int):
         self.mem, self.blocks = mem, blocks
         self.starts, self.ends = blocks.starts, blocks.ends
+        self.locate = Locator(blocks.starts, blocks.ends)
         self.lo = int(self.starts[0]) if blocks.count else 1
         self.hi = int(self.ends[-1]) if blocks.count else 0
         self.first = np.zeros(blocks.count, dtype=np.uint64)
@@ -88,13 +92,9 @@ class _Scanner:
 
     def pointing(self, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The indices of VALUES that point into a block, and each one's block."""
-        where = np.flatnonzero((values >= np.uint64(self.lo)) & (values < np.uint64(self.hi)))
-        if not len(where):
-            return where, where
-        v = values[where]
-        block = np.searchsorted(self.starts, v, side="right") - 1
-        ok = v < self.ends[block]
-        return where[ok], block[ok]
+        block = self.locate(values)
+        where = np.flatnonzero(block >= 0)
+        return where, block[where]
 
     def windows(self, lo: int, hi: int):
         """(base, words) of [LO, HI) a window at a time; what cannot be read is noted and passed by."""
@@ -137,10 +137,24 @@ class _Scanner:
                 continue
             where = inside[where]
             at = np.uint64(base) + where.astype(np.uint64) * np.uint64(8)
-            source = np.searchsorted(self.starts, at, side="right") - 1
+            source = self.locate(at)
             ok = source != block
-            self.sources.append(source[ok].astype(np.int32))
-            self.targets.append(block[ok].astype(np.int32))
+            self.sources.append(source[ok])
+            self.targets.append(block[ok])
+
+    def kept(self, words: HeapWords) -> None:
+        """The heap words WORDS kept for the memory it covers, judged as `heap` judges the words it reads."""
+        for at, values in words.pairs():
+            source, block = self.locate(at), self.locate(values)
+            ok = np.flatnonzero((source >= 0) & (block >= 0) & (source != block))
+            self.sources.append(source[ok])
+            self.targets.append(block[ok])
+        at, first = words.firsts()
+        block = self.locate(at)
+        ok = block >= 0
+        ok[ok] = self.starts[block[ok]] == at[ok]
+        self.first[block[ok]] = first[ok]
+        self.done += sum(hi - lo for lo, hi in words.covered)
 
     def _held(self, base: int, n: int) -> np.ndarray:
         """Which of the N words from BASE lie inside a block (free memory and headers do not count): the
@@ -167,14 +181,19 @@ class _Scanner:
 
 
 def scan(mem: Memory, blocks: Blocks, roots: Sequence[Root], registers: Sequence[RegisterRoot] = (),
-         progress: Callable[[int, int], None] | None = None) -> Reach:
-    """Scans ROOTS, REGISTERS and BLOCKS' heaps in MEM once, and follows the graph (see the module)."""
+         progress: Callable[[int, int], None] | None = None, words: HeapWords | None = None) -> Reach:
+    """Scans ROOTS, REGISTERS and BLOCKS' heaps in MEM once, and follows the graph (see the module); the heaps
+    WORDS covers (the words the decode kept as it read them) are taken from there, when its values were kept
+    for every heap."""
     heaps = merged(blocks.heaps)
     root_bytes = sum(r.end - r.start for r in roots)
     s = _Scanner(mem, blocks, progress, root_bytes + sum(hi - lo for lo, hi in heaps))
     for i, root in enumerate(roots):
         s.root(i, root)
     s.registers(len(roots), registers)
+    if words is not None and words.covered and words.holds(heaps):
+        s.kept(words)
+        heaps = ranges_without(heaps, words.covered)
     for lo, hi in heaps:
         s.heap(lo, hi)
     graph = Graph(blocks.count, _joined(s.sources), _joined(s.targets))

@@ -23,7 +23,7 @@ __all__ = ["LeaksCommand", "scan_leaks", "reach_text", "in_use_and_leaks"]
 def scan_leaks(found, decoded) -> Leaks:
     """The leaks of the allocator DECODED (one of FOUND, `load_allocators`' answer, walked with its blocks kept)."""
     target = found.target
-    return leaks_of(decoded.memory, decoded.blocks(), target.space, target.threads)
+    return leaks_of(decoded.memory, decoded.blocks(), target.space, target.threads, words=decoded.heap_words())
 
 
 def in_use_and_leaks(found, decoded) -> tuple[InUse, LeakTotals, np.ndarray]:
@@ -32,7 +32,7 @@ def in_use_and_leaks(found, decoded) -> tuple[InUse, LeakTotals, np.ndarray]:
     mem = decoded.memory
     blocks = decoded.blocks()
     target = found.target
-    lk = leaks_of(mem, blocks, target.space, target.threads)
+    lk = leaks_of(mem, blocks, target.space, target.threads, words=decoded.heap_words())
     return (in_use_of(blocks, ~lk.reach.reached, lk.reach.first_words, readonly_images(target.space), symbol_at, mem),
             leak_totals(lk), lk.leaked_chunks())
 

@@ -122,6 +122,9 @@ class GlibcHeap(Decoded):
     def blocks(self):
         return blocks_of(self.mem, self.layout, self.state)
 
+    def heap_words(self):
+        return self.state.walk.words if self.state.walk is not None else None
+
     @property
     def memory(self):
         return self.mem

@@ -12,6 +12,7 @@ import dataclasses
 import struct
 from types import MappingProxyType
 
+from heapwalk.analysis.heapwords import HeapWords
 from heapwalk.glibc.walk.arenas import decode_arena, walk_free_list
 from heapwalk.glibc.walk.chunks import Listing
 from heapwalk.glibc.walk.chunkwalk import account
@@ -111,7 +112,7 @@ def _collect(mem: Memory, disc: Discovery, threads: list[ThreadRegs], target: st
         decoded_threads.append(thread)
         thread_findings.extend(t_findings)
     one_pass = _one_pass(mem, disc, mp, ring, decoded_threads, progress, not walk_chunks, residency, keep_used,
-                         keep_chunks) \
+                         keep_chunks, regions) \
         if sweep else None
     arenas, stopped = _decode_arenas(mem, disc, ring, mp, free_list, findings, one_pass)
     if regions is not None and stopped is None and not (arenas and arenas[0].is_main):
@@ -136,7 +137,7 @@ def _collect(mem: Memory, disc: Discovery, threads: list[ThreadRegs], target: st
     swept = None if one_pass is None or state.scanned_tcaches else one_pass.results(state.arenas)
     walk = walk_arenas(mem, disc.layout, state, progress, swept)
     if swept is not None and keep_used:
-        walk = dataclasses.replace(walk, used=MappingProxyType(one_pass.used))
+        walk = dataclasses.replace(walk, used=MappingProxyType(one_pass.used), words=one_pass.words)
     if swept is not None and keep_chunks:
         walk = dataclasses.replace(walk, chunks=MappingProxyType(one_pass.chunks))
     if regions is not None and not walk.interrupted:
@@ -212,17 +213,20 @@ def _decode_arenas(mem: Memory, disc: Discovery, ring: list[int | None], mp: Mal
 
 def _one_pass(mem: Memory, disc: Discovery, mp: MallocPar | None, ring: list[int | None], threads: list,
               progress, lists_only: bool, residency: Residency | None, keep_used: bool = False,
-              keep_chunks: bool = False) -> OnePass:
+              keep_chunks: bool = False, regions: list[tuple[int, int]] | None = None) -> OnePass:
     """The one-pass path of a decode: the threads' tcaches, mp_'s page sizes, and the bytes the arenas of
-    RING hold (for PROGRESS); LISTS_ONLY for a decode without the chunk walk; RESIDENCY for the trim estimates."""
+    RING hold (for PROGRESS); LISTS_ONLY for a decode without the chunk walk; RESIDENCY for the trim estimates;
+    KEEP_USED keeps the in-use chunks and, where REGIONS says where heaps may be, the words the leak scan
+    needs."""
     thp, contiguous = trim_settings(mp)
     total = 0
     for address in ring:
         with contextlib.suppress(ReadError):
             total += u64(mem, address + disc.layout.off_system_mem) if address is not None else 0
     tcaches = [t.tcache for t in threads if t.tcache is not None]
+    words = HeapWords(regions) if keep_used and regions else None
     return OnePass(mem, disc.layout, tcaches, thp, contiguous, progress, total, lists_only, residency, keep_used,
-                   keep_chunks)
+                   keep_chunks, words)
 
 
 def _main_by_its_heap(mem: Memory, disc: Discovery, regions: list[tuple[int, int]], arenas: list[Arena]

@@ -13,6 +13,7 @@ import enum
 from array import array
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 from types import MappingProxyType
 
 import numpy as np
@@ -302,6 +303,7 @@ class ChunkWalk:
     interrupted: bool = False
     used: Mapping[int, tuple] | None = None  # arena address -> its in-use chunks (addresses, sizes), when kept
     chunks: Mapping[int, tuple] | None = None  # arena address -> all its chunks (addresses, sizes, listing codes)
+    words: Any = None  # the heaps' words the leak scan needs, kept by the one pass (`analysis.heapwords.HeapWords`)
 
 
 @dataclass(frozen=True)

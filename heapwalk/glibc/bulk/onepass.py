@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from heapwalk.analysis.heapwords import HeapWords
 from heapwalk.glibc.walk.chunks import extents
 from heapwalk.glibc.bulk.indexlists import PLAIN, IndexedLists, lists_of_sweep
 from heapwalk.glibc.locate.layout import Layout
@@ -35,13 +36,15 @@ class OnePass:
 
     def __init__(self, mem: Memory, layout: Layout, tcaches: list[Tcache], thp_pagesize: int,
                  main_contiguous: bool, progress=None, total: int = 0, lists_only: bool = False,
-                 residency: Residency | None = None, keep_used: bool = False, keep_chunks: bool = False):
+                 residency: Residency | None = None, keep_used: bool = False, keep_chunks: bool = False,
+                 words: HeapWords | None = None):
         self.mem, self.layout, self.lists_only, self.residency = mem, layout, lists_only, residency
         self.tcached = _tcached(tcaches)
         self.thp_pagesize, self.main_contiguous = thp_pagesize, main_contiguous
         self.progress, self.total, self.done = progress, total, 0
         self.accounts: dict[int, tuple[Account, TrimEstimate]] = {}
         self.keep_used = keep_used
+        self.words = words if keep_used else None
         self.used: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self.keep_chunks = keep_chunks
         self.chunks: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
@@ -67,7 +70,9 @@ class OnePass:
         self.spans.extend((e.start, e.end) for e in arena_extents)
         tick = None if self.progress is None else (lambda walked, base=self.done: self.progress(base + walked,
                                                                                              self.total))
-        sweep = sweep_extents(self.mem, arena_extents, arena.top, tick)
+        if self.words is not None:
+            self.words.begin()
+        sweep = sweep_extents(self.mem, arena_extents, arena.top, tick, self.words)
         self.done += sum(e.end - e.start for e in arena_extents)
         if sweep is not None:
             lists = lists_of_sweep(sweep, self.layout, arena.address, raw_arena, arena.system_mem)
@@ -80,6 +85,8 @@ class OnePass:
         else:
             self.accounts[arena.address] = walked
             if self.keep_used:
+                if self.words is not None:
+                    self.words.commit([(e.start, e.end) for e in arena_extents])
                 rows = np.flatnonzero(lists.codes == PLAIN)
                 self.used[arena.address] = (sweep.address[rows], sizes_of(sweep)[rows].astype(np.uint64))
             if self.keep_chunks:       # the codes as the walk left them: tcache, top and fenceposts marked

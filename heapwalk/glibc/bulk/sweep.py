@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from heapwalk.analysis.heapwords import HeapWords
 from heapwalk.glibc.walk.chunks import Extent
 from heapwalk.glibc.locate.layout import MINSIZE
 from heapwalk.glibc.bulk.native import chase
@@ -68,14 +69,16 @@ class Sweep:
         return len(self.address)
 
 
-def sweep_extents(mem: Memory, extents: list[Extent], top: int, progress=None) -> Sweep | None:
+def sweep_extents(mem: Memory, extents: list[Extent], top: int, progress=None,
+                  words: HeapWords | None = None) -> Sweep | None:
     """Every chunk of EXTENTS (one arena's, TOP its top), or None where a heap is not as glibc leaves it (or
-    not in memory).  PROGRESS(bytes), when given, hears how far the sweep is."""
+    not in memory).  PROGRESS(bytes), when given, hears how far the sweep is; WORDS, when given, is handed
+    each window and the chunks in it that may be in use, for the leak scan (the caller commits them)."""
     parts: list[tuple[np.ndarray, ...]] = []
     segments = []
     count = done = 0
     for extent in extents:
-        swept = _sweep_extent(mem, extent, top)
+        swept = _sweep_extent(mem, extent, top, words)
         if swept is None:
             return None
         extent_parts, tail, kind = swept
@@ -93,7 +96,8 @@ def sweep_extents(mem: Memory, extents: list[Extent], top: int, progress=None) -
     return Sweep(*columns, tuple(segments))
 
 
-def _sweep_extent(mem: Memory, extent: Extent, top: int) -> tuple[list[tuple[np.ndarray, ...]], int, int] | None:
+def _sweep_extent(mem: Memory, extent: Extent, top: int,
+                  words_kept: HeapWords | None = None) -> tuple[list[tuple[np.ndarray, ...]], int, int] | None:
     """The chunks of EXTENT a window at a time, as (address, field, fd, bk) arrays per window, with the tail
     bytes and kind; None at anything a sound heap does not have."""
     c, end = extent.first, extent.end
@@ -115,6 +119,8 @@ def _sweep_extent(mem: Memory, extent: Extent, top: int) -> tuple[list[tuple[np.
                 return None
             parts.append(part)
             before = int(part[1][-1]) & ~7
+            if words_kept is not None:
+                _keep_words(words_kept, c, array64, found, part[1], last, top)
         stop = c + 8 * (j - 1)           # the chunk the chase stopped at
         if j < (n if last else n - _MARGIN):
             return _tail(words, j, stop, extent, has_top, top, before, parts)  # at a size no chunk has
@@ -124,6 +130,24 @@ def _sweep_extent(mem: Memory, extent: Extent, top: int) -> tuple[list[tuple[np.
     if not parts or not has_top or int(parts[-1][0][-1]) != top:
         return None
     return parts, 0, TAIL_NONE
+
+
+def _keep_words(kept: HeapWords, base: int, words: np.ndarray, found: np.ndarray, fields: np.ndarray,
+                last: bool, top: int) -> None:
+    """Hands KEPT the window WORDS (read from BASE) and the user memory of each chunk there whose next chunk
+    has PREV_INUSE set (those in use, and the tcache's and fastbins'), up to the next chunk's size field.  A
+    chunk other than TOP that runs on past a window that is not the extent's LAST gives the words read so far;
+    the rest of it the sweep steps over, and the scan reads."""
+    n = len(words)
+    after = found + ((fields & ~np.uint64(7)) >> np.uint64(3)).astype(np.int64)
+    inside = after < n
+    maybe = inside.copy()
+    maybe[inside] = (words[after[inside]] & np.uint64(1)) == 1
+    lo, hi = found[maybe] + 1, after[maybe]
+    if not last and not inside[-1] and base + 8 * (int(found[-1]) - 1) != top:
+        lo, hi = np.append(lo, found[-1] + 1), np.append(hi, n)
+        kept.gap(base + 8 * n, base + 8 * int(after[-1]))
+    kept.window(base, words, lo, hi)
 
 
 def _gather(words: np.ndarray, found: np.ndarray, base: int, before: int) -> tuple[np.ndarray, ...] | None:

@@ -1,0 +1,110 @@
+"""The words of the heaps the leak scan needs, kept while a decoder reads the heaps for its own walk, so that a
+report reads each heap once.
+
+A decoder that sweeps a heap window by window (glibc's one pass) hands each window to `HeapWords.window` with
+the runs of words that may lie inside an allocation the program holds (a superset: glibc's chunks whose next
+chunk says they are in use, tcache and fastbin entries among them).  Of those words it keeps the ones whose
+value falls in SPANS (where allocations can be: the memory that may hold heaps), with their addresses, and
+each run's first word.  A heap swept to its end is `commit`ted as covered; one the decoder gives up on is
+`abandon`ed, and the scan reads it itself.  `reach.scan` then takes the covered heaps' words from here, judged
+against the final blocks exactly as if it had read them: a word counts only inside a block, and only when it
+points into one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from heapwalk.analysis.locate import NATIVE, keep
+from heapwalk.inferior.memory import merged, ranges_without
+
+__all__ = ["HeapWords"]
+
+_EMPTY = np.zeros(0, dtype=np.uint64)
+
+
+class HeapWords:
+    """The words kept so far (see the module)."""
+
+    def __init__(self, spans: Sequence[tuple[int, int]]):
+        spans = [(lo, hi) for lo, hi in merged(spans) if hi > lo]
+        self.spans = tuple(spans)
+        self._bounds = np.array([x for span in spans for x in span], dtype=np.uint64)
+        self._lo = np.uint64(spans[0][0] if spans else 0)
+        self._hi = np.uint64(spans[-1][1] if spans else 0)
+        self._kept: list[tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
+        self._pending: list[tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
+        self._covered: list[tuple[int, int]] = []
+        self._gaps: list[tuple[int, int]] = []
+
+    def begin(self) -> None:
+        """Starts a heap: its windows are kept only if it is committed."""
+        self._pending, self._gaps = [], []
+
+    def gap(self, lo: int, hi: int) -> None:
+        """[LO, HI) of the heap begun last was not read (the inside of a big allocation the decoder stepped
+        over): the scan reads it."""
+        self._gaps.append((lo, hi))
+
+    def window(self, base: int, words: np.ndarray, run_lo: np.ndarray, run_hi: np.ndarray) -> None:
+        """WORDS (uint64) read from BASE; RUN_LO and RUN_HI (int64, ascending, not overlapping) the word
+        indices [lo, hi) of each run that may lie inside a held allocation."""
+        if not len(run_lo):
+            return
+        index = keep(words, run_lo, run_hi, self._bounds) if NATIVE else self._numpy(words, run_lo, run_hi)
+        values = words[index]
+        firsts = words[run_lo]
+        at = np.uint64(base) + (index.astype(np.uint64) << np.uint64(3))
+        starts = np.uint64(base) + (run_lo.astype(np.uint64) << np.uint64(3))
+        self._pending.append((base, at, values, starts, firsts))
+
+    def _numpy(self, words: np.ndarray, run_lo: np.ndarray, run_hi: np.ndarray) -> np.ndarray:
+        """`locate.keep` in numpy: the runs as a mask, its words' values compared with the spans."""
+        cuts = np.empty(2 * len(run_lo) + 2, dtype=np.int64)
+        cuts[0], cuts[-1] = 0, len(words)
+        cuts[1:-1:2], cuts[2:-1:2] = run_lo, run_hi
+        turns = np.zeros(len(cuts) - 1, dtype=bool)
+        turns[1::2] = True
+        held = np.repeat(turns, np.diff(cuts))
+        index = np.flatnonzero(held & (words >= self._lo) & (words < self._hi))
+        if len(self._bounds) > 2 and len(index):
+            index = index[(np.searchsorted(self._bounds, words[index], side="right") & 1) == 1]
+        return index
+
+    def commit(self, ranges: Sequence[tuple[int, int]]) -> None:
+        """The heap begun last was read whole: RANGES are covered, its words kept."""
+        self._kept.extend(self._pending)
+        self._covered.extend(ranges_without(merged(ranges), self._gaps))
+        self._pending, self._gaps = [], []
+
+    def abandon(self) -> None:
+        """The heap begun last is not covered: the scan reads it."""
+        self._pending, self._gaps = [], []
+
+    @property
+    def covered(self) -> list[tuple[int, int]]:
+        """The memory whose words are all here, merged."""
+        return merged(self._covered)
+
+    def holds(self, ranges: Sequence[tuple[int, int]]) -> bool:
+        """Whether every one of RANGES lies within the spans the values were kept for."""
+        los = np.array([lo for lo, _ in ranges], dtype=np.uint64)
+        his = np.array([hi - 1 for _, hi in ranges], dtype=np.uint64)
+        if not len(los):
+            return True
+        side = np.searchsorted(self._bounds, los, side="right")
+        return bool(np.all(side & 1) and np.all(np.searchsorted(self._bounds, his, side="right") == side))
+
+    def pairs(self):
+        """(address, value) of the kept words, a window at a time in address order."""
+        for _, at, values, _, _ in sorted(self._kept, key=lambda part: part[0]):
+            yield at, values
+
+    def firsts(self) -> tuple[np.ndarray, np.ndarray]:
+        """The address and first word of every kept run."""
+        if not self._kept:
+            return _EMPTY, _EMPTY
+        return (np.concatenate([part[3] for part in self._kept]),
+                np.concatenate([part[4] for part in self._kept]))

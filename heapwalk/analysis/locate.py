@@ -1,0 +1,107 @@
+"""Which block each of millions of words points into, for the leak scan: in C through a table of slots when
+`pip install` built heapwalk's small library (`_reach.c`, `hw_locate`), with numpy's searchsorted otherwise.
+
+numpy's searchsorted costs a binary search over every block for each word, a cache miss at most of its steps
+when the words point anywhere in the heaps.  The table cuts the stretches of memory that hold blocks into
+slots (about two per block) and keeps for each slot the last block starting at or below it, so a word's search
+starts within a block or two of its answer.  Both forms give the same answers (tests/test_locate.py);
+HEAPWALK_PURE=1 in the environment turns the library off.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+
+import numpy as np
+
+from heapwalk.inferior.clib import built_library
+
+__all__ = ["Locator", "NATIVE", "keep"]
+
+#: blocks further apart than this start a new stretch of the table (the memory between is given no slots)
+GAP = 1 << 20
+#: the smallest slot, in bytes (a power of two)
+MIN_SLOT = 64
+
+
+def _load():
+    """The built library's lookup, or None (see `inferior.clib`)."""
+    lib = built_library(Path(__file__).parent, "_reach")
+    if lib is not None:
+        lib.hw_locate.restype = None
+        lib.hw_locate.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
+                                  ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
+                                  ctypes.c_int64, ctypes.c_void_p]
+        lib.hw_keep.restype = ctypes.c_int64
+        lib.hw_keep.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
+                                ctypes.c_int64, ctypes.c_void_p]
+    return lib
+
+
+_LIB = _load()
+#: whether the C lookup is in use
+NATIVE = _LIB is not None
+
+
+class Locator:
+    """The blocks [STARTS[i], ENDS[i]) (uint64, sorted, apart), and the lookup of words among them."""
+
+    def __init__(self, starts: np.ndarray, ends: np.ndarray):
+        self.starts = np.ascontiguousarray(starts, dtype=np.uint64)
+        self.ends = np.ascontiguousarray(ends, dtype=np.uint64)
+        self.lo = np.uint64(self.starts[0]) if len(self.starts) else np.uint64(1)
+        self.hi = np.uint64(self.ends[-1]) if len(self.starts) else np.uint64(0)
+        self._table = self._build() if _LIB is not None and len(self.starts) else None
+
+    def _build(self):
+        """The stretches' starts, slot counts and first slots, the table, and the slot's shift (see `_reach.c`)."""
+        cut = np.flatnonzero(self.starts[1:] - self.ends[:-1] > np.uint64(GAP)) + 1
+        first_block = np.concatenate(([0], cut))
+        last_block = np.concatenate((cut, [len(self.starts)])) - 1
+        lo = self.starts[first_block]
+        span = (self.ends[last_block] - lo).astype(np.int64)
+        total = int(span.sum())
+        shift = max(MIN_SLOT.bit_length() - 1, (max(total // (2 * len(self.starts)), 1) - 1).bit_length())
+        slots = (span + (1 << shift) - 1) >> shift
+        first = np.concatenate(([0], np.cumsum(slots)[:-1])).astype(np.int64)
+        at = np.repeat(lo - (first.astype(np.uint64) << np.uint64(shift)), slots) + \
+            (np.arange(int(slots.sum()), dtype=np.uint64) << np.uint64(shift))
+        table = np.empty(len(at) + 1, dtype=np.int32)
+        table[:-1] = np.searchsorted(self.starts, at, side="right") - 1
+        table[-1] = len(self.starts) - 1
+        return (np.ascontiguousarray(lo), np.ascontiguousarray(slots, dtype=np.int64), first, table, shift)
+
+    def __call__(self, values: np.ndarray) -> np.ndarray:
+        """The block (int32) each of VALUES (uint64) points into, -1 where none."""
+        values = np.ascontiguousarray(values, dtype=np.uint64)
+        if self._table is None:
+            return self._numpy(values)
+        lo, slots, first, table, shift = self._table
+        out = np.empty(len(values), dtype=np.int32)
+        _LIB.hw_locate(values.ctypes.data, len(values), self.starts.ctypes.data, self.ends.ctypes.data,
+                       len(self.starts), lo.ctypes.data, slots.ctypes.data, first.ctypes.data, len(lo),
+                       table.ctypes.data, shift, out.ctypes.data)
+        return out
+
+    def _numpy(self, values: np.ndarray) -> np.ndarray:
+        out = np.full(len(values), -1, dtype=np.int32)
+        near = np.flatnonzero((values >= self.lo) & (values < self.hi))
+        if len(near):
+            block = np.searchsorted(self.starts, values[near], side="right") - 1
+            ok = values[near] < self.ends[block]
+            out[near[ok]] = block[ok]
+        return out
+
+
+def keep(words: np.ndarray, run_lo: np.ndarray, run_hi: np.ndarray, bounds: np.ndarray) -> np.ndarray:
+    """The indices (int64, in order) of the words of WORDS (uint64) inside the runs [RUN_LO, RUN_HI) whose value
+    lies in a span of BOUNDS ([lo, hi) pairs flattened, sorted, apart), in C (`hw_keep`; `heapwords` has the
+    numpy form)."""
+    words = np.ascontiguousarray(words, dtype=np.uint64)
+    run_lo = np.ascontiguousarray(run_lo, dtype=np.int64)
+    run_hi = np.ascontiguousarray(run_hi, dtype=np.int64)
+    out = np.empty(int((run_hi - run_lo).sum()), dtype=np.int64)
+    count = _LIB.hw_keep(words.ctypes.data, run_lo.ctypes.data, run_hi.ctypes.data, len(run_lo), bounds.ctypes.data,
+                         len(bounds) // 2, out.ctypes.data)
+    return out[:count]

@@ -1,0 +1,52 @@
+"""The leak scan's lookup of words among blocks (`analysis.locate`): the C table and numpy's search give the
+same block for every word, on blocks packed tight, spread over far-apart stretches, and at their edges."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from heapwalk.analysis import locate
+from heapwalk.analysis.locate import Locator
+
+
+def _blocks(rng: np.random.Generator, count: int, stretches: int) -> tuple[np.ndarray, np.ndarray]:
+    """COUNT blocks in STRETCHES groups far apart, each block 16 to 4 KiB, with gaps of 0 to 64 bytes between."""
+    sizes = rng.integers(1, 256, count).astype(np.uint64) * np.uint64(16)
+    gaps = rng.integers(0, 5, count).astype(np.uint64) * np.uint64(16)
+    jumps = np.zeros(count, dtype=np.uint64)
+    jumps[rng.choice(count, stretches - 1, replace=False)] = np.uint64(1 << 32)
+    starts = np.uint64(0x555555550000) + np.cumsum(sizes + gaps + jumps) - sizes
+    return starts, starts + sizes
+
+
+@pytest.mark.parametrize("stretches", [1, 3, 40])
+def test_the_table_and_the_search_agree(stretches):
+    rng = np.random.default_rng(stretches)
+    starts, ends = _blocks(rng, 20_000, stretches)
+    values = np.concatenate([
+        starts, ends, ends - np.uint64(1), starts - np.uint64(8),
+        rng.integers(int(starts[0]) - 4096, int(ends[-1]) + 4096, 50_000, dtype=np.uint64),
+        starts[rng.integers(0, len(starts), 200_000)] + rng.integers(0, 4200, 200_000).astype(np.uint64)
+        - np.uint64(64),
+        np.array([0, 1, (1 << 64) - 1], dtype=np.uint64)])
+    table = Locator(starts, ends)
+    assert table._table is not None or not locate.NATIVE
+    found = table(values)
+    expected = table._numpy(values)
+    assert np.array_equal(found, expected)
+    assert np.array_equal(found[:len(starts)], np.arange(len(starts)))
+    assert (found[len(starts):2 * len(starts)] != np.arange(len(starts))).all()
+    assert (expected >= 0).sum() > 150_000
+
+
+def test_no_blocks_points_nowhere():
+    table = Locator(np.zeros(0, dtype=np.uint64), np.zeros(0, dtype=np.uint64))
+    assert table(np.array([0, 5, 1 << 40], dtype=np.uint64)).tolist() == [-1, -1, -1]
+
+
+def test_the_table_holds_about_two_slots_a_block():
+    rng = np.random.default_rng(5)
+    starts, ends = _blocks(rng, 50_000, 4)
+    table = Locator(starts, ends)._table
+    assert len(table[3]) <= 4 * 50_000 + 4 if locate.NATIVE else table is None
