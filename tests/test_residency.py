@@ -257,3 +257,48 @@ def test_a_plain_core_holds_the_whole_pages_its_file_has_data_for(tmp_path):
     assert present.within(0x10000, 0x20000).tolist() == [[0x10000, 0x12000], [0x1A000, 0x1B000]]
     assert present.resident(0x30000, 0x31000) == 0x1000       # at 0x900 of the file: all of it data
     assert present.total == 0x4000 and "does not say which were resident" in present.source
+
+
+def test_a_plain_core_s_pages_a_walk_judged_are_not_read_again(tmp_path):
+    """`residency.in_core` with the pages a walk already read (`heapwords.HeapWords.pages_seen`): the same
+    answer as reading them from the file, without reading them; what the walk says of its pages is taken as it
+    says it, and only within the segment's bytes."""
+    from heapwalk.analysis.heapwords import HeapWords
+    from heapwalk.inferior.residency import in_core
+    image = bytearray(0x10000)
+    image[0x0000:0x2000] = b"\1" * 0x2000
+    image[0xA000:0xA008] = b"\2" * 8
+    image[0xF000:0xF010] = b"\3" * 16
+    path = tmp_path / "core"
+    path.write_bytes(bytes(image))
+
+    class Core:
+        loads = [(0x10000, 0x10000, 0, 0x10000)]
+
+        def __init__(self):
+            self.f = open(path, "rb")
+
+        def fileno(self):
+            return self.f.fileno()
+
+    words = HeapWords([(0x10000, 0x20000)])
+    words.begin()
+    base = 0x10000 + 0x800                    # a window that starts inside a page, as a sweep's do
+    words.window(base, np.frombuffer(bytes(image[0x800:0xC000]), dtype=np.uint64), np.zeros(0, dtype=np.int64),
+                 np.zeros(0, dtype=np.int64))
+    judged, nonzero = words.pages_seen()
+    assert judged == [(0x11000, 0x1C000)] and nonzero == [(0x11000, 0x12000), (0x1A000, 0x1B000)]
+    for seen in (None, (judged, nonzero)):
+        core = Core()
+        try:
+            present = in_core(core, seen)
+        finally:
+            core.f.close()
+        assert present.within(0x10000, 0x20000).tolist() == [[0x10000, 0x12000], [0x1A000, 0x1B000],
+                                                              [0x1F000, 0x20000]]
+    core = Core()
+    try:
+        said = in_core(core, ([(0x10000, 0x20000)], [(0x14000, 0x15000)]))   # taken as the walk says it
+    finally:
+        core.f.close()
+    assert said.within(0x10000, 0x20000).tolist() == [[0x14000, 0x15000]]

@@ -139,3 +139,46 @@ int64_t hw_keep(const uint64_t *words, const int64_t *run_lo, const int64_t *run
     }
     return count;
 }
+
+/* The table hw_locate starts from: for each slot of the NHEAPS stretches (the slot s of stretch h starting at
+ * LO[h] + (s << SHIFT), SLOTS[h] of them, in order), the last of the NSTARTS block starts STARTS (ascending)
+ * at or below the slot's start, -1 where none, into TABLE; one walk through both. */
+void hw_table(const uint64_t *lo, const int64_t *slots, int64_t nheaps, int64_t shift, const uint64_t *starts,
+              int64_t nstarts, int32_t *table)
+{
+    int64_t i = -1, k = 0;
+    for (int64_t h = 0; h < nheaps; h++) {
+        for (int64_t s = 0; s < slots[h]; s++) {
+            uint64_t at = lo[h] + ((uint64_t)s << shift);
+            while (i + 1 < nstarts && starts[i + 1] <= at)
+                i++;
+            table[k++] = (int32_t)i;
+        }
+    }
+}
+
+/* For each of the NPAGES pages of 512 words from WORDS, whether it holds any word but zero (OUT: 1 or 0); a
+ * page that does stops being read at its first such word. */
+void hw_nonzero_pages(const uint64_t *words, int64_t npages, uint8_t *out)
+{
+    for (int64_t p = 0; p < npages; p++) {
+        const uint64_t *page = words + 512 * p;
+        uint8_t any = 0;
+        for (int64_t i = 0; i < 512 && !any; i++)
+            any = page[i] != 0;
+        out[p] = any;
+    }
+}
+
+/* hw_locate for VALUES in ascending order: one walk through them and the blocks together. */
+void hw_locate_sorted(const uint64_t *values, int64_t n, const uint64_t *starts, const uint64_t *ends,
+                      int64_t nblocks, int32_t *out)
+{
+    int64_t i = -1;
+    for (int64_t k = 0; k < n; k++) {
+        uint64_t v = values[k];
+        while (i + 1 < nblocks && starts[i + 1] <= v)
+            i++;
+        out[k] = i >= 0 && v < ends[i] ? (int32_t)i : -1;
+    }
+}

@@ -17,12 +17,14 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from heapwalk.analysis.locate import NATIVE, keep
+from heapwalk.analysis.locate import NATIVE, keep, nonzero_pages
 from heapwalk.inferior.memory import merged, ranges_without
+from heapwalk.inferior.residency import runs_of
 
 __all__ = ["HeapWords"]
 
 _EMPTY = np.zeros(0, dtype=np.uint64)
+_PAGE = 4096
 
 
 class HeapWords:
@@ -38,6 +40,8 @@ class HeapWords:
         self._pending: list[tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
         self._covered: list[tuple[int, int]] = []
         self._gaps: list[tuple[int, int]] = []
+        self._judged: list[tuple[int, int]] = []
+        self._nonzero: list[tuple[int, int]] = []
 
     def begin(self) -> None:
         """Starts a heap: its windows are kept only if it is committed."""
@@ -51,6 +55,7 @@ class HeapWords:
     def window(self, base: int, words: np.ndarray, run_lo: np.ndarray, run_hi: np.ndarray) -> None:
         """WORDS (uint64) read from BASE; RUN_LO and RUN_HI (int64, ascending, not overlapping) the word
         indices [lo, hi) of each run that may lie inside a held allocation."""
+        self._pages(base, words)
         if not len(run_lo):
             return
         index = keep(words, run_lo, run_hi, self._bounds) if NATIVE else self._numpy(words, run_lo, run_hi)
@@ -59,6 +64,21 @@ class HeapWords:
         at = np.uint64(base) + (index.astype(np.uint64) << np.uint64(3))
         starts = np.uint64(base) + (run_lo.astype(np.uint64) << np.uint64(3))
         self._pending.append((base, at, values, starts, firsts))
+
+    def _pages(self, base: int, words: np.ndarray) -> None:
+        """Notes which of the whole pages of WORDS (read from BASE) hold anything but zeros."""
+        first = -(-base // _PAGE) * _PAGE
+        skip = (first - base) // 8
+        pages = max(0, (len(words) - skip) // 512)
+        if pages:
+            held = nonzero_pages(words[skip:skip + 512 * pages])
+            self._judged.append((first, first + pages * _PAGE))
+            self._nonzero.extend(runs_of(held, first))
+
+    def pages_seen(self) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+        """The whole pages the windows held (merged), and the runs of them that hold anything but zeros: what a
+        core's contents (`residency.in_core`) need not read again."""
+        return merged(self._judged), merged(self._nonzero)
 
     def _numpy(self, words: np.ndarray, run_lo: np.ndarray, run_hi: np.ndarray) -> np.ndarray:
         """`locate.keep` in numpy: the runs as a mask, its words' values compared with the spans."""

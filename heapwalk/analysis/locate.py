@@ -17,7 +17,7 @@ import numpy as np
 
 from heapwalk.inferior.clib import built_library
 
-__all__ = ["Locator", "NATIVE", "keep"]
+__all__ = ["Locator", "NATIVE", "keep", "nonzero_pages"]
 
 #: blocks further apart than this start a new stretch of the table (the memory between is given no slots)
 GAP = 1 << 20
@@ -26,13 +26,30 @@ MIN_SLOT = 64
 
 
 def _load():
-    """The built library's lookup, or None (see `inferior.clib`)."""
+    """The built library's lookup, or None (see `inferior.clib`; also when the library was built from older
+    sources that lack a function)."""
     lib = built_library(Path(__file__).parent, "_reach")
+    try:
+        return _declared(lib) if lib is not None else None
+    except AttributeError:
+        return None
+
+
+def _declared(lib):
+    """LIB with the types of the functions used here declared."""
     if lib is not None:
         lib.hw_locate.restype = None
         lib.hw_locate.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
                                   ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
                                   ctypes.c_int64, ctypes.c_void_p]
+        lib.hw_locate_sorted.restype = None
+        lib.hw_locate_sorted.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
+                                         ctypes.c_int64, ctypes.c_void_p]
+        lib.hw_table.restype = None
+        lib.hw_table.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
+                                 ctypes.c_int64, ctypes.c_void_p]
+        lib.hw_nonzero_pages.restype = None
+        lib.hw_nonzero_pages.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
         lib.hw_keep.restype = ctypes.c_int64
         lib.hw_keep.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
                                 ctypes.c_int64, ctypes.c_void_p]
@@ -65,12 +82,12 @@ class Locator:
         shift = max(MIN_SLOT.bit_length() - 1, (max(total // (2 * len(self.starts)), 1) - 1).bit_length())
         slots = (span + (1 << shift) - 1) >> shift
         first = np.concatenate(([0], np.cumsum(slots)[:-1])).astype(np.int64)
-        at = np.repeat(lo - (first.astype(np.uint64) << np.uint64(shift)), slots) + \
-            (np.arange(int(slots.sum()), dtype=np.uint64) << np.uint64(shift))
-        table = np.empty(len(at) + 1, dtype=np.int32)
-        table[:-1] = np.searchsorted(self.starts, at, side="right") - 1
+        lo, slots = np.ascontiguousarray(lo), np.ascontiguousarray(slots, dtype=np.int64)
+        table = np.empty(int(slots.sum()) + 1, dtype=np.int32)
+        _LIB.hw_table(lo.ctypes.data, slots.ctypes.data, len(lo), shift, self.starts.ctypes.data, len(self.starts),
+                      table.ctypes.data)
         table[-1] = len(self.starts) - 1
-        return (np.ascontiguousarray(lo), np.ascontiguousarray(slots, dtype=np.int64), first, table, shift)
+        return lo, slots, first, table, shift
 
     def __call__(self, values: np.ndarray) -> np.ndarray:
         """The block (int32) each of VALUES (uint64) points into, -1 where none."""
@@ -82,6 +99,16 @@ class Locator:
         _LIB.hw_locate(values.ctypes.data, len(values), self.starts.ctypes.data, self.ends.ctypes.data,
                        len(self.starts), lo.ctypes.data, slots.ctypes.data, first.ctypes.data, len(lo),
                        table.ctypes.data, shift, out.ctypes.data)
+        return out
+
+    def ascending(self, values: np.ndarray) -> np.ndarray:
+        """The same for VALUES in ascending order, in one walk through them and the blocks when in C."""
+        if _LIB is None:
+            return self._numpy(values)
+        values = np.ascontiguousarray(values, dtype=np.uint64)
+        out = np.empty(len(values), dtype=np.int32)
+        _LIB.hw_locate_sorted(values.ctypes.data, len(values), self.starts.ctypes.data, self.ends.ctypes.data,
+                              len(self.starts), out.ctypes.data)
         return out
 
     def _numpy(self, values: np.ndarray) -> np.ndarray:
@@ -105,3 +132,15 @@ def keep(words: np.ndarray, run_lo: np.ndarray, run_hi: np.ndarray, bounds: np.n
     count = _LIB.hw_keep(words.ctypes.data, run_lo.ctypes.data, run_hi.ctypes.data, len(run_lo), bounds.ctypes.data,
                          len(bounds) // 2, out.ctypes.data)
     return out[:count]
+
+
+def nonzero_pages(words: np.ndarray) -> np.ndarray:
+    """Whether each page of WORDS (uint64, whole pages of 512 words) holds any word but zero (bool), in C when
+    built (it stops reading a page at its first such word), else in numpy."""
+    pages = len(words) // 512
+    if _LIB is None:
+        return words[:pages * 512].reshape(pages, 512).max(axis=1) != 0 if pages else np.zeros(0, dtype=bool)
+    words = np.ascontiguousarray(words, dtype=np.uint64)
+    out = np.empty(pages, dtype=np.uint8)
+    _LIB.hw_nonzero_pages(words.ctypes.data, pages, out.ctypes.data)
+    return out.view(bool)

@@ -92,9 +92,10 @@ class _Scanner:
 
     def pointing(self, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The indices of VALUES that point into a block, and each one's block."""
-        block = self.locate(values)
-        where = np.flatnonzero(block >= 0)
-        return where, block[where]
+        near = np.flatnonzero((values >= np.uint64(self.lo)) & (values < np.uint64(self.hi)))
+        block = self.locate(values[near])
+        found = np.flatnonzero(block >= 0)
+        return near[found], block[found]
 
     def windows(self, lo: int, hi: int):
         """(base, words) of [LO, HI) a window at a time; what cannot be read is noted and passed by."""
@@ -144,8 +145,8 @@ class _Scanner:
 
     def kept(self, words: HeapWords) -> None:
         """The heap words WORDS kept for the memory it covers, judged as `heap` judges the words it reads."""
-        for at, values in words.pairs():
-            source, block = self.locate(at), self.locate(values)
+        for at, values in words.pairs():     # in address order
+            source, block = self.locate.ascending(at), self.locate(values)
             ok = np.flatnonzero((source >= 0) & (block >= 0) & (source != block))
             self.sources.append(source[ok])
             self.targets.append(block[ok])

@@ -198,12 +198,13 @@ def _without(ranges: list[tuple[int, int]], holes: list[tuple[int, int]]) -> lis
     return out
 
 
-def rss_of_target(target, claims: Sequence[Claim]) -> RssBreakdown | None:
+def rss_of_target(target, claims: Sequence[Claim], seen=None) -> RssBreakdown | None:
     """TARGET's resident memory by owner (a `heapwalk.inferior.space.Target`), the allocators' CLAIMS and each
     thread's stack (the mapping its stack pointer is in) claimed first; for a core that does not say which pages
-    were resident, what the core holds by owner instead (measure "in the core"); None when neither is known."""
+    were resident, what the core holds by owner instead (measure "in the core", SEEN: the pages a walk already
+    judged, `heapwords.HeapWords.pages_seen`); None when neither is known."""
     known = target.residency if target.residency is not None else \
-        target.present() if target.present is not None else None
+        target.present(seen) if target.present is not None else None
     if known is None:
         return None
     space = target.space

@@ -29,6 +29,7 @@ from heapwalk.output.options import add_no_leaks, add_report_files
 from heapwalk.output.tables import several_text
 from heapwalk.output.rsstext import rss_document, rss_sentence, rss_table, rss_verdict
 from heapwalk.analysis.rss import rss_of_target
+from heapwalk.inferior.memory import merged
 
 __all__ = ["register"]
 
@@ -82,6 +83,15 @@ class ThreadsCommand(Subcommand):
         _show_each(load_allocators(), lambda d: d.threads(interactive(), bool(args.json)), args.json)
 
 
+def _pages_seen(found) -> tuple[list, list] | None:
+    """The pages the decoders' walks already judged (`heapwords.HeapWords.pages_seen`), for a plain core's
+    contents; None when no walk kept them."""
+    kept = [w.pages_seen() for w in (d.heap_words() for d in found.decoded) if w is not None]
+    if not kept:
+        return None
+    return merged(r for judged, _ in kept for r in judged), merged(r for _, runs in kept for r in runs)
+
+
 class ReportCommand(Subcommand):
     name = "report"
 
@@ -106,7 +116,7 @@ class ReportCommand(Subcommand):
             raise UserError(f"heapwalk report: --xml writes {writers}, and this process allocates with "
                             f"{' and '.join(d.title for d in found.decoded)} (--json has its statistics)")
         documents, pages, clauses = [], [], []
-        rss = rss_of_target(found.target, [c for d in found.decoded for c in d.claims()])
+        rss = rss_of_target(found.target, [c for d in found.decoded for c in d.claims()], _pages_seen(found))
         for decoded, beside in _each(found):
             scanned = in_use_and_leaks(found, decoded) if not args.no_leaks and decoded.scans_leaks else None
             in_use, leaks = scanned[:2] if scanned else (None, None)

@@ -142,13 +142,13 @@ def residency() -> Residency | None:
     return Pagemap(pid)
 
 
-def core_contents() -> Residency | None:
+def core_contents(seen=None) -> Residency | None:
     """What the core gdb has open holds of each address (`residency.in_core`: for a core that does not say which
-    pages were resident); None for a process."""
+    pages were resident; SEEN: the pages a walk already judged); None for a process."""
     if connection_type() != "core":
         return None
     with _open_core() as core:
-        return in_core(core) if core is not None else None
+        return in_core(core, seen) if core is not None else None
 
 
 def core_path() -> str | None:

@@ -145,23 +145,50 @@ def of_core(core: CoreFile) -> Residency | None:
                      "the page map the capture recorded in its core")
 
 
-def in_core(core: CoreFile) -> Residency:
+def in_core(core: CoreFile, seen: tuple[list[tuple[int, int]], list[tuple[int, int]]] | None = None) -> Residency:
     """What a core that says nothing of residency holds of each address: the pages of its load segments that
     hold anything but zeros (the kernel leaves a page the process never touched out of its core, and gcore
     writes it as zeros).  Decided by the bytes, not by how the file is stored, so that a copy of the core says
-    the same; the holes of a sparse file are skipped unread.  Not which pages were resident."""
+    the same; the holes of a sparse file are skipped unread.  Not which pages were resident.  SEEN, when given,
+    is what a walk already read of the core's memory: the whole pages it judged, and the runs of them that hold
+    anything but zeros (`analysis.heapwords`); those pages are not read again."""
+    judged, nonzero = (merged(seen[0]), merged(seen[1])) if seen is not None else ([], [])
     runs = []
     fd = core.fileno()
     for vaddr, _, offset, filesz in core.loads:
         if not filesz or vaddr >= 1 << 63:        # the kernel's vsyscall page lies above: never the process's
             continue
-        for a, b in _data_runs(fd, offset, offset + filesz):
-            first, last = (a - offset) // PAGE, -(-(b - offset) // PAGE)     # the pages the run touches
-            for lo in range(first, last, _WINDOW_PAGES):
-                hi = min(last, lo + _WINDOW_PAGES)
-                runs += [(vaddr + x * PAGE, vaddr + y * PAGE) for x, y in
-                         _nonzero_pages(fd, offset + lo * PAGE, offset + min(hi * PAGE, filesz), lo)]
+        runs += _clipped(nonzero, vaddr, vaddr + filesz)
+        cut = _clipped(judged, vaddr, vaddr + filesz)
+        wanted = [(vaddr + (a - offset) // PAGE * PAGE, vaddr - (-(b - offset) // PAGE) * PAGE)
+                  for a, b in _data_runs(fd, offset, offset + filesz)]           # the pages each data run touches
+        for lo_at, hi_at in ranges_without(wanted, cut) if cut else wanted:
+            runs += _read_runs(fd, vaddr, offset, filesz, (lo_at - vaddr) // PAGE, (hi_at - vaddr) // PAGE)
     return Residency(merged(runs), "its pages that hold anything; a plain core does not say which were resident")
+
+
+def _read_runs(fd: int, vaddr: int, offset: int, filesz: int, first: int, last: int) -> list[tuple[int, int]]:
+    """The runs of pages FIRST to LAST of the load segment at VADDR (its bytes at OFFSET of the file FD, FILESZ
+    of them) that hold anything but zeros, read a window at a time."""
+    runs = []
+    for lo in range(first, last, _WINDOW_PAGES):
+        hi = min(last, lo + _WINDOW_PAGES)
+        runs += [(vaddr + x * PAGE, vaddr + y * PAGE) for x, y in
+                 _nonzero_pages(fd, offset + lo * PAGE, offset + min(hi * PAGE, filesz), lo)]
+    return runs
+
+
+def _clipped(ranges: list[tuple[int, int]], lo: int, hi: int) -> list[tuple[int, int]]:
+    """The parts of RANGES (merged) inside [LO, HI)."""
+    i = bisect.bisect_right(ranges, (lo, lo))
+    i = i - 1 if i and ranges[i - 1][1] > lo else i
+    out = []
+    while i < len(ranges) and ranges[i][0] < hi:
+        a, b = ranges[i]
+        if b > lo:
+            out.append((max(a, lo), min(b, hi)))
+        i += 1
+    return out
 
 
 #: pages of a core read at once when looking for pages that hold anything

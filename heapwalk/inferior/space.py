@@ -47,8 +47,9 @@ class Target:
     residency: Residency | None = None   # which pages were in RAM, when known
     not_read: tuple = ()                 # (start, end, why) of the memory a capture did not read
     clock_ns: int | None = None          # CLOCK_MONOTONIC at the snapshot (None: a core that does not say)
-    present: Any = None                  # () -> what a core that does not say which pages were resident
-    #                                      holds (`residency.in_core`; read only when asked: it reads the core)
+    present: Any = None                  # (seen) -> what a core that does not say which pages were resident
+    #                                      holds (`residency.in_core`; read only when asked: it reads the core,
+    #                                      but not the pages SEEN says a walk judged)
 
     def findings(self) -> tuple[Finding, ...]:
         """What the target says of itself: the memory a truncated core lacks, and what a capture left out."""
