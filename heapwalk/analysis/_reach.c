@@ -119,12 +119,17 @@ int64_t hw_keep(const uint64_t *words, const int64_t *run_lo, const int64_t *run
     if (nspans == 0)
         return 0;
     uint64_t lo = bounds[0], width = bounds[2 * nspans - 1] - lo;
+    uint64_t last_lo = bounds[0], last_hi = bounds[1];   /* the span the last kept word was in */
     int64_t count = 0;
     for (int64_t r = 0; r < nruns; r++) {
         for (int64_t i = run_lo[r]; i < run_hi[r]; i++) {
             uint64_t v = words[i];
             if (v - lo >= width)
                 continue;
+            if (v - last_lo < last_hi - last_lo) {
+                out[count++] = i;
+                continue;
+            }
             int64_t a = 0, b = nspans;        /* the last span whose start is at or below v */
             while (b - a > 1) {
                 int64_t m = (a + b) / 2;
@@ -133,8 +138,11 @@ int64_t hw_keep(const uint64_t *words, const int64_t *run_lo, const int64_t *run
                 else
                     b = m;
             }
-            if (v < bounds[2 * a + 1])
+            if (v < bounds[2 * a + 1]) {
                 out[count++] = i;
+                last_lo = bounds[2 * a];
+                last_hi = bounds[2 * a + 1];
+            }
         }
     }
     return count;
@@ -170,11 +178,12 @@ void hw_nonzero_pages(const uint64_t *words, int64_t npages, uint8_t *out)
     }
 }
 
-/* hw_locate for VALUES in ascending order: one walk through them and the blocks together. */
+/* hw_locate for VALUES in ascending order: one walk through them and the blocks together, from the block
+ * FROM (the last starting at or below the first value, -1 for none). */
 void hw_locate_sorted(const uint64_t *values, int64_t n, const uint64_t *starts, const uint64_t *ends,
-                      int64_t nblocks, int32_t *out)
+                      int64_t nblocks, int64_t from, int32_t *out)
 {
-    int64_t i = -1;
+    int64_t i = from;
     for (int64_t k = 0; k < n; k++) {
         uint64_t v = values[k];
         while (i + 1 < nblocks && starts[i + 1] <= v)

@@ -44,7 +44,7 @@ def _declared(lib):
                                   ctypes.c_int64, ctypes.c_void_p]
         lib.hw_locate_sorted.restype = None
         lib.hw_locate_sorted.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
-                                         ctypes.c_int64, ctypes.c_void_p]
+                                         ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
         lib.hw_table.restype = None
         lib.hw_table.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
                                  ctypes.c_int64, ctypes.c_void_p]
@@ -107,8 +107,11 @@ class Locator:
             return self._numpy(values)
         values = np.ascontiguousarray(values, dtype=np.uint64)
         out = np.empty(len(values), dtype=np.int32)
+        if not len(values):
+            return out
+        start = int(np.searchsorted(self.starts, values[0], side="right")) - 1
         _LIB.hw_locate_sorted(values.ctypes.data, len(values), self.starts.ctypes.data, self.ends.ctypes.data,
-                              len(self.starts), out.ctypes.data)
+                              len(self.starts), start, out.ctypes.data)
         return out
 
     def _numpy(self, values: np.ndarray) -> np.ndarray:
