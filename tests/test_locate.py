@@ -53,3 +53,15 @@ def test_the_table_holds_about_two_slots_a_block():
     starts, ends = _blocks(rng, 50_000, 4)
     table = Locator(starts, ends)._table
     assert len(table[3]) <= 4 * 50_000 + 4 if locate.NATIVE else table is None
+
+
+def test_the_first_entry_of_each_block_is_found_in_c_as_in_numpy(monkeypatch):
+    rng = np.random.default_rng(9)
+    block = rng.integers(0, 5000, 100_000)
+    expected = np.full(block.max() + 1, len(block))
+    for k, b in reversed(list(enumerate(block.tolist()))):
+        expected[b] = k
+    assert np.array_equal(locate.first_of_each(block), expected)
+    monkeypatch.setattr(locate, "_LIB", None)
+    assert np.array_equal(locate.first_of_each(block), expected)
+    assert len(locate.first_of_each(np.zeros(0, dtype=np.int64))) == 0

@@ -191,3 +191,12 @@ void hw_locate_sorted(const uint64_t *values, int64_t n, const uint64_t *starts,
         out[k] = i >= 0 && v < ends[i] ? (int32_t)i : -1;
     }
 }
+
+/* For each of the N entries of BLOCK (each below the length of FIRST, which holds N or more everywhere), its
+ * position into FIRST[block] where it is the block's first: FIRST ends up holding each block's first entry. */
+void hw_first(const int64_t *block, int64_t n, int64_t *first)
+{
+    for (int64_t k = 0; k < n; k++)
+        if (first[block[k]] > k)
+            first[block[k]] = k;
+}

@@ -17,7 +17,7 @@ import numpy as np
 
 from heapwalk.inferior.clib import built_library
 
-__all__ = ["Locator", "NATIVE", "keep", "nonzero_pages"]
+__all__ = ["Locator", "NATIVE", "keep", "nonzero_pages", "first_of_each"]
 
 #: blocks further apart than this start a new stretch of the table (the memory between is given no slots)
 GAP = 1 << 20
@@ -45,6 +45,8 @@ def _declared(lib):
         lib.hw_locate_sorted.restype = None
         lib.hw_locate_sorted.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
                                          ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
+        lib.hw_first.restype = None
+        lib.hw_first.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
         lib.hw_table.restype = None
         lib.hw_table.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
                                  ctypes.c_int64, ctypes.c_void_p]
@@ -147,3 +149,15 @@ def nonzero_pages(words: np.ndarray) -> np.ndarray:
     out = np.empty(pages, dtype=np.uint8)
     _LIB.hw_nonzero_pages(words.ctypes.data, pages, out.ctypes.data)
     return out.view(bool)
+
+
+def first_of_each(block: np.ndarray) -> np.ndarray:
+    """For each value b up to BLOCK's greatest, the position of its first entry in BLOCK (int64, len(BLOCK)
+    where it has none): in C in one pass when built, else with numpy's `minimum.at`."""
+    block = np.ascontiguousarray(block, dtype=np.int64)
+    first = np.full(int(block.max()) + 1 if len(block) else 0, len(block), dtype=np.int64)
+    if _LIB is None:
+        np.minimum.at(first, block, np.arange(len(block), dtype=np.int64))
+    elif len(block):
+        _LIB.hw_first(block.ctypes.data, len(block), first.ctypes.data)
+    return first

@@ -22,7 +22,7 @@ import numpy as np
 
 from heapwalk.analysis.graph import Graph
 from heapwalk.analysis.heapwords import HeapWords
-from heapwalk.analysis.locate import Locator
+from heapwalk.analysis.locate import Locator, first_of_each
 from heapwalk.inferior.memory import Memory, merged, ranges_without
 from heapwalk.inferior.roots import RegisterRoot, Root
 from heapwalk.inferior.words import read_window
@@ -218,8 +218,7 @@ def _first_hits(hits: list[tuple[np.ndarray, np.ndarray, int]]) -> tuple[np.ndar
     block = np.concatenate([h[0] for h in hits]).astype(np.int64)
     word = np.concatenate([h[1] for h in hits]).astype(np.uint64)
     index = np.concatenate([np.full(len(h[0]), h[2], dtype=np.int32) for h in hits])
-    first = np.full(int(block.max()) + 1, len(block), dtype=np.int64)
-    np.minimum.at(first, block, np.arange(len(block), dtype=np.int64))     # each block's first hit, no sort
+    first = first_of_each(block)                 # each block's first hit, no sort
     reached = np.flatnonzero(first < len(block))
     first = first[reached]
     return reached.astype(np.int32), word[first], index[first]
