@@ -48,6 +48,7 @@ class Wants:
     keep_used: bool = False
     keep_all: bool = False
     progress: Callable[[int, int], None] | None = None
+    keep_pages: bool = False     # which pages the walk read hold anything, for a plain core's contents
 
 
 @dataclass(frozen=True)
@@ -228,6 +229,11 @@ class Decoded:
 
     def blocks(self) -> Blocks | None:
         """The blocks in use for the leak scan (None: not scanned)."""
+        return None
+
+    def pages_seen(self):
+        """The whole pages the decode read (merged) and the runs of them that hold anything but zeros, for a
+        core's contents (`residency.in_core`); None: none noted."""
         return None
 
     def heap_words(self):

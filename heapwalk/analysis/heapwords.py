@@ -6,7 +6,8 @@ the runs of words that may lie inside an allocation the program holds (a superse
 chunk says they are in use, tcache and fastbin entries among them).  Of those words it keeps the ones whose
 value falls in SPANS (where allocations can be: the memory that may hold heaps), with their addresses, and
 each run's first word.  A heap swept to its end is `commit`ted as covered; one the decoder gives up on is
-`abandon`ed, and the scan reads it itself.  `reach.scan` then takes the covered heaps' words from here, judged
+`abandon`ed, and the scan reads it itself.  Every window also says which of its whole pages hold anything
+but zeros (`pages_seen`), for a core's contents; a decode without the scan keeps those alone.  `reach.scan` then takes the covered heaps' words from here, judged
 against the final blocks exactly as if it had read them: a word counts only inside a block, and only when it
 points into one.
 """
@@ -30,7 +31,8 @@ _PAGE = 4096
 class HeapWords:
     """The words kept so far (see the module)."""
 
-    def __init__(self, spans: Sequence[tuple[int, int]]):
+    def __init__(self, spans: Sequence[tuple[int, int]], keep_words: bool = True, keep_pages: bool = True):
+        self.keep_words, self.keep_pages = keep_words, keep_pages
         spans = [(lo, hi) for lo, hi in merged(spans) if hi > lo]
         self.spans = tuple(spans)
         self._bounds = np.array([x for span in spans for x in span], dtype=np.uint64)
@@ -55,8 +57,9 @@ class HeapWords:
     def window(self, base: int, words: np.ndarray, run_lo: np.ndarray, run_hi: np.ndarray) -> None:
         """WORDS (uint64) read from BASE; RUN_LO and RUN_HI (int64, ascending, not overlapping) the word
         indices [lo, hi) of each run that may lie inside a held allocation."""
-        self._pages(base, words)
-        if not len(run_lo):
+        if self.keep_pages:
+            self._pages(base, words)
+        if not len(run_lo) or not self.keep_words:
             return
         index = keep(words, run_lo, run_hi, self._bounds) if NATIVE else self._numpy(words, run_lo, run_hi)
         values = words[index]
@@ -94,9 +97,11 @@ class HeapWords:
         return index
 
     def commit(self, ranges: Sequence[tuple[int, int]]) -> None:
-        """The heap begun last was read whole: RANGES are covered, its words kept."""
+        """The heap begun last was read whole: RANGES are covered, its words kept (when words are kept at all:
+        else nothing is covered, and only the pages seen are kept)."""
         self._kept.extend(self._pending)
-        self._covered.extend(ranges_without(merged(ranges), self._gaps))
+        if self.keep_words:
+            self._covered.extend(ranges_without(merged(ranges), self._gaps))
         self._pending, self._gaps = [], []
 
     def abandon(self) -> None:

@@ -86,7 +86,7 @@ class ThreadsCommand(Subcommand):
 def _pages_seen(found) -> tuple[list, list] | None:
     """The pages the decoders' walks already judged (`heapwords.HeapWords.pages_seen`), for a plain core's
     contents; None when no walk kept them."""
-    kept = [w.pages_seen() for w in (d.heap_words() for d in found.decoded) if w is not None]
+    kept = [p for p in (d.pages_seen() for d in found.decoded) if p is not None]
     if not kept:
         return None
     return merged(r for judged, _ in kept for r in judged), merged(r for _, runs in kept for r in runs)
@@ -108,7 +108,8 @@ class ReportCommand(Subcommand):
         return p
 
     def run(self, args) -> None:
-        found = load_allocators(walk_chunks=True, keep_used=not args.no_leaks, keep_chunks=bool(args.html))
+        found = load_allocators(walk_chunks=True, keep_used=not args.no_leaks, keep_chunks=bool(args.html),
+                                keep_pages=True)
         xml = next((d for d in found.decoded if d.native_xml is not None and d.native_xml() is not None), None) \
             if args.xml else None
         if args.xml and xml is None:

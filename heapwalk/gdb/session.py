@@ -108,7 +108,8 @@ class Found:
         return [d for d in self.decoded if d.scans_leaks]
 
 
-def load_allocators(walk_chunks: bool = False, keep_used: bool = False, keep_chunks: bool = False) -> Found:
+def load_allocators(walk_chunks: bool = False, keep_used: bool = False, keep_chunks: bool = False,
+                    keep_pages: bool = False) -> Found:
     """Decodes every allocator of the selected inferior, asking gdb for the target once.  A process may use
     more than one (a program on jemalloc whose library, bound with RTLD_DEEPBIND, uses glibc's malloc): each
     is decoded.  An allocator that is there but cannot be decoded is said in one line when no other could be
@@ -116,7 +117,7 @@ def load_allocators(walk_chunks: bool = False, keep_used: bool = False, keep_chu
     _require_target()
     with preserved_selection(), walk_progress(walk_chunks) as progress:
         target = _target()
-        wants = Wants(walk_chunks, keep_used, keep_chunks, progress)
+        wants = Wants(walk_chunks, keep_used, keep_chunks, progress, keep_pages)
         return Found(decode(target, wants), target)
 
 

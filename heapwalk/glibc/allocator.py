@@ -125,6 +125,9 @@ class GlibcHeap(Decoded):
     def heap_words(self):
         return self.state.walk.words if self.state.walk is not None else None
 
+    def pages_seen(self):
+        return self.state.walk.pages if self.state.walk is not None else None
+
     @property
     def memory(self):
         return self.mem
@@ -176,7 +179,7 @@ class Glibc(Allocator):
         wants = context.wants
         try:
             state, disc = load(context.target, _overrides(context), wants.walk, wants.progress, wants.keep_used,
-                               wants.keep_all)
+                               wants.keep_all, wants.keep_pages)
         except MallocUnused as exc:
             if context.beside:
                 raise NotUsed(str(exc)) from None

@@ -77,7 +77,7 @@ def _require_initialised(mem: Memory, disc: Discovery) -> None:
 def collect(mem: Memory, disc: Discovery, threads: list[ThreadRegs], target: str = "",
             walk_chunks: bool = False, regions: list[tuple[int, int]] | None = None, progress=None,
             sweep: bool = True, residency: Residency | None = None, keep_used: bool = False,
-            keep_chunks: bool = False) -> HeapState:
+            keep_chunks: bool = False, keep_pages: bool = False) -> HeapState:
     """Decodes the whole malloc state: every arena in ring order, every thread's tcache.
 
     WALK_CHUNKS also walks every chunk of every heap and accounts for each arena's bytes, and looks
@@ -87,16 +87,17 @@ def collect(mem: Memory, disc: Discovery, threads: list[ThreadRegs], target: str
     WALK_CHUNKS only arenas bigger than `onepass.LISTS_SWEPT_FROM` are swept for their lists.  RESIDENCY,
     when known, says which pages were in RAM (the trim estimates count those).  KEEP_USED keeps each swept
     arena's in-use chunks in the walk (`ChunkWalk.used`), for the leak scan; KEEP_CHUNKS all its chunks and their
-    states (`ChunkWalk.chunks`), for the heap maps.
+    states (`ChunkWalk.chunks`), for the heap maps; KEEP_PAGES which whole pages the sweep read hold anything
+    (`ChunkWalk.pages`), for a plain core's contents.
     """
     with gc_paused():
         return _collect(mem, disc, threads, target, walk_chunks, regions, progress, sweep, residency, keep_used,
-                        keep_chunks)
+                        keep_chunks, keep_pages)
 
 
 def _collect(mem: Memory, disc: Discovery, threads: list[ThreadRegs], target: str, walk_chunks: bool,
              regions: list[tuple[int, int]] | None, progress, sweep: bool, residency: Residency | None,
-             keep_used: bool = False, keep_chunks: bool = False) -> HeapState:
+             keep_used: bool = False, keep_chunks: bool = False, keep_pages: bool = False) -> HeapState:
     findings: list[Finding] = list(disc.findings)
     last_words = abort_message(mem, disc)
     mp = _read_mp(mem, disc, findings)
@@ -112,7 +113,7 @@ def _collect(mem: Memory, disc: Discovery, threads: list[ThreadRegs], target: st
         decoded_threads.append(thread)
         thread_findings.extend(t_findings)
     one_pass = _one_pass(mem, disc, mp, ring, decoded_threads, progress, not walk_chunks, residency, keep_used,
-                         keep_chunks, regions) \
+                         keep_chunks, regions, keep_pages) \
         if sweep else None
     arenas, stopped = _decode_arenas(mem, disc, ring, mp, free_list, findings, one_pass)
     if regions is not None and stopped is None and not (arenas and arenas[0].is_main):
@@ -138,6 +139,8 @@ def _collect(mem: Memory, disc: Discovery, threads: list[ThreadRegs], target: st
     walk = walk_arenas(mem, disc.layout, state, progress, swept)
     if swept is not None and keep_used:
         walk = dataclasses.replace(walk, used=MappingProxyType(one_pass.used), words=one_pass.words)
+    if keep_pages and one_pass is not None and one_pass.words is not None:
+        walk = dataclasses.replace(walk, pages=one_pass.words.pages_seen())
     if swept is not None and keep_chunks:
         walk = dataclasses.replace(walk, chunks=MappingProxyType(one_pass.chunks))
     if regions is not None and not walk.interrupted:
@@ -213,18 +216,20 @@ def _decode_arenas(mem: Memory, disc: Discovery, ring: list[int | None], mp: Mal
 
 def _one_pass(mem: Memory, disc: Discovery, mp: MallocPar | None, ring: list[int | None], threads: list,
               progress, lists_only: bool, residency: Residency | None, keep_used: bool = False,
-              keep_chunks: bool = False, regions: list[tuple[int, int]] | None = None) -> OnePass:
+              keep_chunks: bool = False, regions: list[tuple[int, int]] | None = None,
+              keep_pages: bool = False) -> OnePass:
     """The one-pass path of a decode: the threads' tcaches, mp_'s page sizes, and the bytes the arenas of
     RING hold (for PROGRESS); LISTS_ONLY for a decode without the chunk walk; RESIDENCY for the trim estimates;
     KEEP_USED keeps the in-use chunks and, where REGIONS says where heaps may be, the words the leak scan
-    needs."""
+    needs; KEEP_PAGES notes which pages the sweep held hold anything (`heapwords.HeapWords.pages_seen`)."""
     thp, contiguous = trim_settings(mp)
     total = 0
     for address in ring:
         with contextlib.suppress(ReadError):
             total += u64(mem, address + disc.layout.off_system_mem) if address is not None else 0
     tcaches = [t.tcache for t in threads if t.tcache is not None]
-    words = HeapWords(regions) if keep_used and regions else None
+    words = HeapWords(regions or [], keep_words=keep_used and bool(regions), keep_pages=keep_pages) \
+        if (keep_used and regions or keep_pages) and not lists_only else None
     return OnePass(mem, disc.layout, tcaches, thp, contiguous, progress, total, lists_only, residency, keep_used,
                    keep_chunks, words)
 

@@ -17,7 +17,7 @@ __all__ = ["load"]
 
 
 def load(target: Target, overrides: Overrides, walk_chunks: bool = False, progress=None, keep_used: bool = False,
-         keep_chunks: bool = False) -> tuple[HeapState, Discovery]:
+         keep_chunks: bool = False, keep_pages: bool = False) -> tuple[HeapState, Discovery]:
     """TARGET's glibc heap, decoded (every chunk walked if WALK_CHUNKS, the in-use chunks kept for the leak scan
     if KEEP_USED; PROGRESS hears the walk), and the discovery it rests on; DiscoveryError, naming why, when there is no glibc heap to decode."""
     space = target.space
@@ -26,7 +26,8 @@ def load(target: Target, overrides: Overrides, walk_chunks: bool = False, progre
         disc = discover(target.mem, target.symbols, overrides, space.mappings,
                         [t.fs_base for t in target.threads if t.fs_base], core=space.core, regions=space.regions)
         state = collect(target.mem, disc, target.threads, target.description, walk_chunks, space.regions, progress,
-                        residency=target.residency, keep_used=keep_used, keep_chunks=keep_chunks)
+                        residency=target.residency, keep_used=keep_used, keep_chunks=keep_chunks,
+                        keep_pages=keep_pages and target.residency is None and target.present is not None)
     except DiscoveryError as exc:
         if space.core and target.missing:
             raise DiscoveryError(f"heapwalk: the core is truncated, and what heapwalk needs lies in the part that "

@@ -44,7 +44,7 @@ class OnePass:
         self.progress, self.total, self.done = progress, total, 0
         self.accounts: dict[int, tuple[Account, TrimEstimate]] = {}
         self.keep_used = keep_used
-        self.words = words if keep_used else None
+        self.words = words
         self.used: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self.keep_chunks = keep_chunks
         self.chunks: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
@@ -84,9 +84,9 @@ class OnePass:
             self.failed.add(arena.address)
         else:
             self.accounts[arena.address] = walked
+            if self.words is not None:
+                self.words.commit([(e.start, e.end) for e in arena_extents])
             if self.keep_used:
-                if self.words is not None:
-                    self.words.commit([(e.start, e.end) for e in arena_extents])
                 rows = np.flatnonzero(lists.codes == PLAIN)
                 self.used[arena.address] = (sweep.address[rows], sizes_of(sweep)[rows].astype(np.uint64))
             if self.keep_chunks:       # the codes as the walk left them: tcache, top and fenceposts marked
