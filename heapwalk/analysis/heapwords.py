@@ -22,10 +22,21 @@ from heapwalk.analysis.locate import NATIVE, keep, nonzero_pages
 from heapwalk.inferior.memory import merged, ranges_without
 from heapwalk.inferior.residency import runs_of
 
-__all__ = ["HeapWords"]
+__all__ = ["HeapWords", "run_mask"]
 
 _EMPTY = np.zeros(0, dtype=np.uint64)
 _PAGE = 4096
+
+
+def run_mask(n: int, run_lo: np.ndarray, run_hi: np.ndarray) -> np.ndarray:
+    """N booleans, true inside each run [RUN_LO, RUN_HI) (ascending, apart, within N): the runs cut the N into
+    stretches outside and inside by turns, each repeated for its length."""
+    cuts = np.empty(2 * len(run_lo) + 2, dtype=np.int64)
+    cuts[0], cuts[-1] = 0, n
+    cuts[1:-1:2], cuts[2:-1:2] = run_lo, run_hi
+    turns = np.zeros(len(cuts) - 1, dtype=bool)
+    turns[1::2] = True
+    return np.repeat(turns, np.diff(cuts))
 
 
 class HeapWords:
@@ -85,12 +96,7 @@ class HeapWords:
 
     def _numpy(self, words: np.ndarray, run_lo: np.ndarray, run_hi: np.ndarray) -> np.ndarray:
         """`locate.keep` in numpy: the runs as a mask, its words' values compared with the spans."""
-        cuts = np.empty(2 * len(run_lo) + 2, dtype=np.int64)
-        cuts[0], cuts[-1] = 0, len(words)
-        cuts[1:-1:2], cuts[2:-1:2] = run_lo, run_hi
-        turns = np.zeros(len(cuts) - 1, dtype=bool)
-        turns[1::2] = True
-        held = np.repeat(turns, np.diff(cuts))
+        held = run_mask(len(words), run_lo, run_hi)
         index = np.flatnonzero(held & (words >= self._lo) & (words < self._hi))
         if len(self._bounds) > 2 and len(index):
             index = index[(np.searchsorted(self._bounds, words[index], side="right") & 1) == 1]

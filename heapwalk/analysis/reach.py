@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from heapwalk.analysis.graph import Graph
-from heapwalk.analysis.heapwords import HeapWords
+from heapwalk.analysis.heapwords import HeapWords, run_mask
 from heapwalk.analysis.locate import Locator, first_of_each
 from heapwalk.inferior.memory import Memory, merged, ranges_without
 from heapwalk.inferior.roots import RegisterRoot, Root
@@ -158,21 +158,15 @@ class _Scanner:
         self.done += sum(hi - lo for lo, hi in words.covered)
 
     def _held(self, base: int, n: int) -> np.ndarray:
-        """Which of the N words from BASE lie inside a block (free memory and headers do not count): the
-        blocks cut the window into runs, outside and inside by turns, each repeated for its length."""
+        """Which of the N words from BASE lie inside a block (free memory and headers do not count)."""
         end = base + 8 * n
         i0 = max(int(np.searchsorted(self.starts, np.uint64(base), side="right")) - 1, 0)
         i1 = int(np.searchsorted(self.starts, np.uint64(end)))
         if i1 <= i0:
             return np.zeros(n, dtype=bool)
         lo, hi = np.uint64(base), np.uint64(end)
-        cuts = np.empty(2 * (i1 - i0) + 2, dtype=np.int64)
-        cuts[0], cuts[-1] = 0, n
-        cuts[1:-1:2] = (np.minimum(np.maximum(self.starts[i0:i1], lo), hi) - lo) >> np.uint64(3)
-        cuts[2:-1:2] = (np.minimum(np.maximum(self.ends[i0:i1], lo), hi) - lo) >> np.uint64(3)
-        turns = np.zeros(len(cuts) - 1, dtype=bool)
-        turns[1::2] = True
-        return np.repeat(turns, np.diff(cuts))
+        return run_mask(n, ((np.minimum(np.maximum(self.starts[i0:i1], lo), hi) - lo) >> np.uint64(3)).astype(np.int64),
+                        ((np.minimum(np.maximum(self.ends[i0:i1], lo), hi) - lo) >> np.uint64(3)).astype(np.int64))
 
     def _first_words(self, base: int, words: np.ndarray) -> None:
         i0 = int(np.searchsorted(self.starts, np.uint64(base)))
