@@ -6,8 +6,9 @@ SHELL := /bin/bash
 # chromium: the tests open the HTML report in a real browser (headless)
 # debootstrap: the chroots of other Debian suites' gdb and Python (cores/chroots.py)
 # cmake: mimalloc's releases built from their sources (cores/mibuilds.py)
+# qemu-system-x86: Debian's kernel in a machine, for the capture's pre-copy where this one lacks soft-dirty (cores/vm.py)
 DEB_PACKAGES := gdb gcc make libc6-dbg libc6-dev python3 python3-venv util-linux debian-archive-keyring \
-  libjemalloc2 libtcmalloc-minimal4 chromium debootstrap cmake
+  libjemalloc2 libtcmalloc-minimal4 chromium debootstrap cmake qemu-system-x86
 # gdb embeds the system Python: the virtualenv is made with that interpreter, so
 # gdbinit can put its site-packages on gdb's sys.path.
 SYSTEM_PYTHON := /usr/bin/python3
@@ -43,7 +44,7 @@ JEMALLOC_BUILT := 5.3.0-je 5.1.0 5.1.0-debug 5.3.0-q32 5.3.1 5.3.0-debug 5.2.1-d
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 PYTEST_ARGS ?=
 
-.PHONY: all deps venv bytecode sysroots chroots cores demo test unit fuzz bench docs clean distclean
+.PHONY: all deps venv bytecode sysroots chroots vm cores demo test unit fuzz bench docs clean distclean
 
 all: test
 
@@ -89,6 +90,10 @@ sysroots: venv
 chroots: venv
 	$(PY) cores/chroots.py $(CHROOT_SUITES)
 
+# Debian bookworm's kernel and a small initramfs, for a machine that tracks soft-dirty pages (cached).
+vm: venv
+	$(PY) cores/vm.py --prepare
+
 # Every reproducer's core under the system glibc and under each sysroot's.
 cores: sysroots
 	$(PY) cores/harness.py $(CORES)/system --bindir $(BUILD)/bin
@@ -109,7 +114,7 @@ demo: venv bytecode
 # The whole suite: unit tests, reproducer cores against malloc_info and ledgers, live attach, and heapwalk
 # run with the gdb and Python of each chroot; in one shard per core side by side (TEST_JOBS), then the timing
 # tests, and the one that hides a sysroot for a moment, alone (tests/parallel.py).
-test: cores chroots bytecode
+test: cores chroots vm bytecode
 	$(PY) tests/parallel.py -q --durations=15 $(PYTEST_ARGS)
 
 # Mutation fuzzing on every reproducer core of every glibc (make test runs a smaller share of it).

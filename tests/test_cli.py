@@ -15,6 +15,7 @@ import pytest
 
 import harness
 import sysroots
+from heapwalk.cli import precopy
 from heapwalk.inferior.corefile import CoreFile, file_build_id
 from browser import Browser, heap_groups, png_pixels
 from conftest import BINDIR, GLIBCS, NO_SYMBOLS, ROOT, capture, corruption, glibc, heapwalk_json
@@ -179,6 +180,13 @@ def test_capture_writes_a_core_and_a_report_and_leaves_the_process_running(tmp_p
         assert record["pid"] == proc.pid and record["threads"] == 3 and record["stopped_seconds"] > 0
         assert any(m["rss"] > 0 for m in record["smaps"]) and record["resident_runs"]
         assert f"process {proc.pid} was stopped for" in result.stdout and "RSS" in result.stdout
+        # copied first as it ran where the kernel tracks the pages it writes (tests/test_precopy.py), else one
+        # stop for the whole read, and the capture says why
+        reason = precopy.untracked_reason()
+        if reason is None:
+            assert record["precopy"]["rounds"] and "what it wrote while heapwalk copied its memory" in result.stdout
+        else:
+            assert record["precopy"] is None and f"(no copy first while it ran): {reason}" in result.stdout
         # still running, and still doing its work
         assert proc.poll() is None and process_state(proc.pid) in "SR"
         proc.send_signal(signal.SIGUSR1)

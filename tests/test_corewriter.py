@@ -9,9 +9,10 @@ import struct
 
 import numpy as np
 
-from heapwalk.cli import corewriter
+from heapwalk.cli import coreplan
 from heapwalk.cli.corenotes import file_note, note
-from heapwalk.cli.corewriter import PAGE, _codes, _mapping_segments, _write_nonzero
+from heapwalk.cli.coreplan import PAGE, _codes, _mapping_segments
+from heapwalk.cli.corewriter import _write_nonzero
 from heapwalk.inferior.pages import MapsLine, Page, classify
 
 PRESENT, SWAPPED, FILE_PAGE, EXCLUSIVE = 1 << 63, 1 << 62, 1 << 61, 1 << 56
@@ -121,4 +122,4 @@ def test_notes_are_as_the_kernel_writes_them():
             MapsLine(0x5000, 0x6000, "rw-p", 0, "00:00", 0, "")]
     body = file_note(maps)
     assert struct.unpack_from("<5Q", body) == (1, PAGE, 0x1000, 0x3000, 2) and body.endswith(b"/usr/lib/x.so\0")
-    assert corewriter._flags("r-xp") == 5 and corewriter._flags("rw-p") == 6
+    assert coreplan._flags("r-xp") == 5 and coreplan._flags("rw-p") == 6

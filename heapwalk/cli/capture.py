@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from heapwalk import registry
-from heapwalk.cli import ptrace
+from heapwalk.cli import precopy, ptrace
 from heapwalk.cli.cores import open_core, report_command
 from heapwalk.cli.corewriter import hold_for, write_core
 from heapwalk.cli.gdbmi import CliError, Gdb
@@ -52,12 +52,26 @@ def _live(args, pid: int, json_file: Path):
     return stopped, smaps, runs, text
 
 
-def _stopped_briefly(pid: int, core: Path, facts: dict, whole_files: bool):
-    """PID stopped with ptrace while its core is written (`corewriter`, FACTS in its HEAPWALK note,
-    WHOLE_FILES: the pages of its files too); (seconds stopped, smaps, resident runs, the core's
-    `CoreSummary`)."""
+def _precopied(pid: int, core: Path, stop_the_world: bool):
+    """PID's anonymous memory copied while it runs (`precopy.run`, its scratch file beside CORE), or None with
+    the line that says why not (none when STOP_THE_WORLD asked for that)."""
+    if stop_the_world:
+        return None, ""
     try:
-        hold = hold_for(pid, whole_files)
+        return precopy.run(pid, core.with_name(core.name + ".precopy")), ""
+    except precopy.PrecopyUnavailable as exc:
+        return None, f"heapwalk: the whole read was done while it was stopped (no copy first while it ran): {exc}\n"
+
+
+def _stopped_briefly(pid: int, core: Path, facts: dict, whole_files: bool, stop_the_world: bool = False):
+    """PID stopped with ptrace while its core is written (`corewriter`, FACTS in its HEAPWALK note,
+    WHOLE_FILES: the pages of its files too), its anonymous memory first copied while it runs unless
+    STOP_THE_WORLD; (seconds stopped, smaps, resident runs, the core's `CoreSummary`, the pre-copy's record
+    or None, a line to print)."""
+    copies = None
+    try:
+        copies, said = _precopied(pid, core, stop_the_world)
+        hold = hold_for(pid, whole_files, None if copies is None else copies.expected_at_stop())
         started = time.monotonic()
         with ptrace.stop(pid) as stopped:
             # the process's clock at its stop: what its allocator's timers (jemalloc's decay) are measured against
@@ -67,9 +81,10 @@ def _stopped_briefly(pid: int, core: Path, facts: dict, whole_files: bool):
             # the RSS of the mappings whose pages the core does not keep: what the process's RSS by owner needs
             facts["mapping_rss"] = [[m["start"], m["end"], m["rss"]] for m in smaps
                                     if not ("w" in m["perms"] and "p" in m["perms"])]
-            pending = write_core(stopped, core, facts, hold, whole_files)
+            pending = write_core(stopped, core, facts, hold, whole_files, copies)
         stopped_for = time.monotonic() - started
-        return stopped_for, smaps, runs, pending.finish()
+        written = pending.finish()
+        return stopped_for, smaps, runs, written, _precopy_record(copies, pending), said
     except ptrace.PtraceError as exc:
         raise CliError(f"heapwalk: cannot capture {pid}: {exc} (see 'man 2 ptrace'; as root, or with "
                        "kernel.yama.ptrace_scope=0, it works)") from None
@@ -78,6 +93,31 @@ def _stopped_briefly(pid: int, core: Path, facts: dict, whole_files: bool):
                        "says a read allocates nothing in it; run heapwalk as the process's user or as root") from None
     except OSError as exc:
         raise CliError(f"heapwalk: cannot write the core of {pid} to {core}: {exc.strerror}") from None
+    finally:
+        if copies is not None:
+            copies.close()
+
+
+def _precopy_record(copies, pending) -> dict | None:
+    """What the pre-copy did, for capture.json: each round (bytes read, seconds, the stop before it), the bytes
+    written since the last clear that the final stop read again, and the bytes the core took from the copies."""
+    if copies is None:
+        return None
+    return {"rounds": [{"read": r.read, "seconds": round(r.seconds, 3), "stopped_before": round(r.stopped, 3)}
+                       for r in copies.rounds],
+            "written_meanwhile": copies.forgotten, "from_copies": sum(n for _, _, n in pending.deferred)}
+
+
+def _pause_line(pid: int, stopped: float, written, record: dict | None) -> str:
+    """What the capture says of the process's stop: how long, and what it read meanwhile."""
+    what = (f"while heapwalk read its memory ({human(written.written)} that is not zeros, written to a sparse core "
+            f"of {human(written.size)})")
+    if record is not None:
+        stops = [r["stopped_before"] for r in record["rounds"] if r["stopped_before"]]
+        before = f"; {len(stops)} stop{'s' if len(stops) > 1 else ''} of {sum(stops):.2f} s before" if stops else ""
+        what = (f"to read {human(max(written.written - record['from_copies'], 0))}, what it wrote while heapwalk "
+                f"copied its memory as it ran ({human(record['from_copies'])} of the core from those copies{before})")
+    return f"heapwalk: process {pid} was stopped for {stopped:.2f} s {what}; it is running again\n"
 
 
 def _process_record(pid: int) -> dict:
@@ -135,13 +175,14 @@ def cmd_capture(args) -> int:
         record["cpus_allowed"] = None
     json_file = out_dir / "report.json"
     core = out_dir / "core"
-    written = None
+    written, precopied, said = None, None, ""
     if args.live:
         stopped, smaps, runs, text = _live(args, pid, json_file)
     else:
-        stopped, smaps, runs, written = _stopped_briefly(pid, core, {
+        stopped, smaps, runs, written, precopied, said = _stopped_briefly(pid, core, {
             "cpus_online": record["cpus_online"], "cpus_allowed": record["cpus_allowed"],
-            "thread_names": record["thread_names"]}, args.full)
+            "thread_names": record["thread_names"]}, args.full, args.stop_the_world)
+        record["precopy"] = precopied
     record.update(stopped_seconds=round(stopped, 3), smaps=smaps, resident_runs=runs,
                   core=None if args.live else str(core), time=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                   core_writer=None if args.live else "heapwalk")
@@ -153,10 +194,11 @@ def cmd_capture(args) -> int:
         gdb, _ = open_core(args, core, exe)
         with gdb:
             text = gdb.run(report_command(json_file, None, not args.no_leaks, json_file.with_suffix(".html")))
-    what = "while heapwalk read it live" if args.live else \
-        (f"while heapwalk read its memory ({human(written.written)} that is not zeros, written to a sparse core "
-         f"of {human(written.size)})")
-    print(f"heapwalk: process {pid} was stopped for {stopped:.2f} s {what}; it is running again")
+    if args.live:
+        print(f"heapwalk: process {pid} was stopped for {stopped:.2f} s while heapwalk read it live; it is running again")
+    else:
+        print(_pause_line(pid, stopped, written, precopied), end="")
+        print(said, end="")
     if written is not None and written.not_read:
         print(f"heapwalk: not read, so not in the core: {human(written.not_read_bytes)} of mappings no read may touch "
               "without allocating or mapping a page in the process (untouched shared memory, devices); "

@@ -5,7 +5,8 @@ gcore writes every readable mapping whole, so each thread arena's 64 MiB reserva
 where it was never touched, and its reads fault in every page they touch: untouched shared memory gets RAM
 allocated, untouched private memory the zero page.  Here, with the process's threads stopped
 (`ptrace.Stopped`), each mapping is planned page by page from /proc/PID/pagemap with the rules of
-`heapwalk.inferior.pages` (a page is read from the process only when present or swapped out):
+`heapwalk.inferior.pages` (a page is read from the process only when present or swapped out; the plan:
+`heapwalk.cli.coreplan`):
 - anonymous memory (heaps, arenas, stacks, mmapped chunks): its present and swapped-out pages are written;
   the untouched ones are zero-filled segments with no bytes in the file, as they read as zeros;
 - a private mapping of a file: the pages the process wrote; and where the mapping is writable or was
@@ -21,7 +22,8 @@ allocated, untouched private memory the zero page.  Here, with the process's thr
 image); [vvar] and [vsyscall] and PROT_NONE ranges (guard pages, the unused part of a heap's
 reservation) are left out.  While the process is stopped its pages are read into memory made ready
 beforehand (`hold_for`), as far as it goes, and written to the file once it runs again: writing the file
-while it is stopped would double the pause.
+while it is stopped would double the pause.  After a pre-copy (`heapwalk.cli.precopy`), the stop reads only the
+pages the copies cannot give, and the rest is copied from them into the file once the process runs again.
 
 The notes are those of a kernel core: each thread's NT_PRSTATUS and NT_FPREGSET (the thread group leader
 first, which gdb makes the current thread), NT_PRPSINFO, NT_AUXV and NT_FILE; and one of heapwalk's own,
@@ -40,22 +42,21 @@ import re
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Tuple
+from typing import Tuple
 
 import numpy as np
 
 from heapwalk.cli.corenotes import note, process_notes
+from heapwalk.cli.coreplan import MAX_SEGMENTS, PAGE, Piece, Segment, plan_segments
+from heapwalk.cli.precopy import Precopy, copied_kinds
 from heapwalk.cli.ptrace import Stopped
 from heapwalk.inferior.memory import ReadError
-from heapwalk.inferior.pages import SPECIAL, LivePages, MapsLine, Page, PagesUnknown, absent_reason
+from heapwalk.inferior.pages import LivePages, PagesUnknown
 from heapwalk.inferior.residency import runs_of
 
 __all__ = ["Segment", "CoreSummary", "PendingCore", "plan_segments", "hold_for", "write_core", "Piece"]
 
-PAGE = 4096
 _READ = 8 << 20                          # bytes read from /proc/PID/mem at once
-_MERGE_PAGES = 0                         # stored runs this close (across known zeros) are written as one
-_MAX_SEGMENTS = 60000                    # under ELF's 65535 program headers, with room for the note
 #: the most segments for a process whose program is the dynamic linker itself (ld.so PROGRAM): gdb 13's memory
 #: grows with the square of the segments then (measured: 4,027 segments 0.55 GB, 10,027 3.2 GB, 36,803 over
 #: 24 GB), where a program's own core of 36,028 takes 88 MB
@@ -66,28 +67,6 @@ _PT_LOAD, _PT_NOTE = 1, 4
 #: the note of what the capture knew of the process beside its memory (JSON; gdb skips notes it does not know)
 HEAPWALK_NOTE, NT_HEAPWALK = b"HEAPWALK", 1
 
-#: what the core holds of a page: nothing (not read), a zero-filled segment (zeros, or the file's bytes
-#: that gdb reads from the file), or bytes read from the process's memory, from its file, or known zeros
-#: inside a stored segment
-_NONE, _FILL, _MEM, _FROM_FILE, _ZEROS = 0, 1, 2, 3, 4
-_SOURCES = {_MEM: "mem", _FROM_FILE: "file", _ZEROS: "zeros"}
-
-#: a piece of a stored segment: [start, end) and where its bytes come from ("mem", "file" or "zeros")
-Piece = Tuple[int, int, str]
-
-
-@dataclass(frozen=True)
-class Segment:
-    """A PT_LOAD: [start, end) of MAPPING with FLAGS (ELF's R=4, W=2, X=1), its first FILESZ bytes stored
-    (its pages of zeros left holes in the file), read piece by piece (PIECES; none for a zero-filled
-    segment)."""
-
-    start: int
-    end: int
-    flags: int
-    filesz: int
-    pieces: Tuple[Piece, ...] = ()
-    mapping: Optional[MapsLine] = None
 
 
 @dataclass(frozen=True)
@@ -105,116 +84,12 @@ class CoreSummary:
         return sum(hi - lo for lo, hi, _ in self.not_read)
 
 
-def _flags(perms: str) -> int:
-    return (4 if perms[0] == "r" else 0) | (2 if perms[1] == "w" else 0) | (1 if perms[2] == "x" else 0)
-
-
-def _is_elf(pages: LivePages, m: MapsLine, mem: int | None) -> bool:
-    """Does the file mapping M begin with an ELF header (read without faulting anything in)?"""
-    if not m.file_backed or m.offset != 0 or m.shared:
-        return False
-    try:
-        return pages.read(m.start, 4, lambda at, n: os.pread(mem, n, at) if mem is not None else b"") == b"\x7fELF"
-    except (ReadError, OSError):
-        return False
-
-
-def _codes(pages: LivePages, m: MapsLine, kinds: np.ndarray, elf: bool, whole_files: bool = False) -> np.ndarray:
-    """What the core holds of each page of mapping M (the `_NONE`... codes) from its `Page` KINDS; WHOLE_FILES
-    keeps every page of a private file mapping, as for the writable ones."""
-    code = np.full(len(kinds), _NONE, dtype=np.int8)
-    from_process = kinds <= int(Page.SWAPPED)
-    if m.name == "[vdso]":        # whole: its pages the target has not touched from this process's own vDSO
-        code[from_process] = _MEM
-        code[kinds == int(Page.FILE)] = _FROM_FILE
-    elif m.anonymous:
-        code[from_process] = _MEM
-        code[(kinds == int(Page.ZEROS)) | (kinds == int(Page.ZERO_PAGE))] = _FILL
-    elif m.shared or pages.device(m):
-        code[from_process] = _MEM
-    else:
-        written = (kinds == int(Page.OWN)) | (kinds == int(Page.SWAPPED))
-        whole = whole_files or m.perms[1] == "w" or bool(written.any())
-        code[written] = _MEM
-        unwritten_in_ram, from_file = kinds == int(Page.FILE_PAGE), kinds == int(Page.FILE)
-        if whole:
-            code[unwritten_in_ram] = _MEM
-            code[from_file] = _FROM_FILE
-        else:
-            code[unwritten_in_ram | from_file] = _FILL
-            if elf and len(code):
-                code[0] = _MEM if unwritten_in_ram[0] else _FROM_FILE if from_file[0] else code[0]
-    return code
-
-
-def _runs_of_codes(code: np.ndarray) -> list[tuple[int, int, int]]:
-    """(first page, end page, code) runs of equal codes."""
-    bounds = [0, *(np.flatnonzero(np.diff(code)) + 1).tolist(), len(code)]
-    return [(a, b, int(code[a])) for a, b in zip(bounds[:-1], bounds[1:])]
-
-
-def _mapping_segments(m: MapsLine, code: np.ndarray, kinds: np.ndarray, merge: int,
-                      not_resident: list[tuple[int, int]], not_read: list[tuple[int, int, str]]) -> list[Segment]:
-    """The segments of mapping M from its pages' CODES; stored runs at most MERGE pages of known zeros apart
-    are joined; the stored pages that were not resident go to NOT_RESIDENT, the runs not read to NOT_READ."""
-    if merge and m.anonymous and not m.shared:
-        runs = _runs_of_codes(code)
-        for i in range(1, len(runs) - 1):
-            a, b, c = runs[i]
-            if c == _FILL and b - a <= merge and runs[i - 1][2] >= _MEM and runs[i + 1][2] >= _MEM:
-                code[a:b] = _ZEROS
-    flags = _flags(m.perms)
-    out: list[Segment] = []
-    stored = code >= _MEM
-    runs = _runs_of_codes(np.where(stored, _MEM, code).astype(np.int8))
-    for a, b, c in runs:
-        lo, hi = m.start + a * PAGE, m.start + b * PAGE
-        if c == _NONE:
-            not_read.append((lo, hi, absent_reason(m)))
-        elif c == _FILL:
-            out.append(Segment(lo, hi, flags, 0, (), m))
-        else:
-            pieces = tuple((m.start + pa * PAGE, m.start + pb * PAGE, _SOURCES[pc])
-                           for pa, pb, pc in _runs_of_codes(code[a:b]) for pa, pb in [(pa + a, pb + a)])
-            part = kinds[a:b]
-            out.append(Segment(lo, hi, flags, hi - lo, pieces, m))
-            away = (part == int(Page.SWAPPED)) | (part == int(Page.FILE)) | (code[a:b] == _ZEROS)
-            not_resident += runs_of(away, lo)
-    return out
-
-
-def plan_segments(pages: LivePages, mem: int | None = None, merge: int = _MERGE_PAGES,
-                  not_resident: list[tuple[int, int]] | None = None,
-                  not_read: list[tuple[int, int, str]] | None = None, whole_files: bool = False,
-                  most: int = _MAX_SEGMENTS) -> list[Segment]:
-    """The PT_LOAD segments of the core of the process PAGES reads (see the module), MEM an open
-    /proc/PID/mem (to tell ELF images from their first bytes; None: from their files only); WHOLE_FILES keeps
-    every page of the files it maps privately (code and read-only data too: a core that needs no files).  The pages of
-    private mappings the core holds that were not resident go to NOT_RESIDENT, the runs not read, with why,
-    to NOT_READ."""
-    out: list[Segment] = []
-    resident_out: list[tuple[int, int]] = []
-    read_out: list[tuple[int, int, str]] = []
-    for m in pages.maps:
-        if m.perms[0] != "r" or m.name in SPECIAL:
-            continue
-        kinds = pages.pages(m)
-        code = _codes(pages, m, kinds, _is_elf(pages, m, mem), whole_files)
-        out += _mapping_segments(m, code, kinds, merge, resident_out, read_out)
-    if len(out) > most:
-        return plan_segments(pages, mem, max(16, merge * 4), not_resident, not_read, whole_files, most)
-    if not_resident is not None:
-        not_resident[:] = resident_out
-    if not_read is not None:
-        not_read[:] = read_out
-    return out
-
-
-def hold_for(pid: int, whole_files: bool = False) -> mmap.mmap | None:
+def hold_for(pid: int, whole_files: bool = False, most: int | None = None) -> mmap.mmap | None:
     """Memory made resident before PID is stopped, to read its pages into while it is stopped: reading into
     pages already there is as fast as reading can be, where writing the file meanwhile would double the
     pause.  Sized from the pages PID would have written now, and at most a quarter of the memory available
-    (the rest is then written to the file while the process is stopped); None when that is too little."""
+    (the rest is then written to the file while the process is stopped) and MOST bytes (after a pre-copy: what
+    the stop should read again); None when that is too little."""
     try:
         with LivePages(pid) as pages:
             planned = sum(s.filesz for s in plan_segments(pages, whole_files=whole_files))
@@ -222,7 +97,7 @@ def hold_for(pid: int, whole_files: bool = False) -> mmap.mmap | None:
                          if line.startswith("MemAvailable:"))
     except (OSError, StopIteration, ValueError, PagesUnknown):
         return None
-    size = min(planned + planned // 8 + (8 << 20), available // 4, _HOLD_MAX) // PAGE * PAGE
+    size = min(planned + planned // 8 + (8 << 20), available // 4, _HOLD_MAX, most or _HOLD_MAX) // PAGE * PAGE
     if size < _READ:
         return None
     try:
@@ -235,12 +110,22 @@ class PendingCore:
     """A core whose memory has been read (the process may go on) and whose file is not yet complete: what
     was read into the memory held for it, and the notes (which end the file), are written by `finish`."""
 
-    def __init__(self, out: int, hold: mmap.mmap | None, size: int, segments: int, notes, not_read):
+    def __init__(self, out: int, hold: mmap.mmap | None, size: int, segments: int, notes, not_read, copies=None):
         self.out, self.hold, self.size, self.segments = out, hold, size, segments
         self.written = 0
         self.held: list[tuple[Segment, int, memoryview]] = []      # segment, file offset, its bytes
+        self.copies = copies           # the scratch file of a pre-copy (`heapwalk.cli.precopy`), or None
+        self.deferred: list[tuple[int, int, int]] = []              # file offset, scratch offset, bytes
         self._notes = notes            # not_read -> the notes' bytes
         self.not_read: list[tuple[int, int, str]] = not_read
+
+    def defer(self, at: int, source: int, size: int) -> None:
+        """SIZE bytes at file offset AT are the pre-copy's at SOURCE in its scratch file: copied by `finish`."""
+        if self.deferred and self.deferred[-1][0] + self.deferred[-1][2] == at and \
+                self.deferred[-1][1] + self.deferred[-1][2] == source:
+            self.deferred[-1] = (self.deferred[-1][0], self.deferred[-1][1], self.deferred[-1][2] + size)
+        else:
+            self.deferred.append((at, source, size))
 
     def unread(self, lo: int, hi: int, why: str) -> None:
         """[LO, HI) of a stored segment could not be read after all: the note says so (it stays zeros)."""
@@ -254,6 +139,8 @@ class PendingCore:
                     with data[done:done + _READ] as piece:
                         self.written += _write_nonzero(self.out, piece, at + done)
                 data.release()
+            for at, source, size in self.deferred:
+                self.written += _copy_range(self.copies.fd, self.out, source, at, size)
             notes = self._notes(self.not_read)
             os.pwrite(self.out, notes, self.size)
             os.pwrite(self.out, struct.pack("<IIQQQQQQ", _PT_NOTE, 0, self.size, 0, 0, len(notes), 0, 4), 64)
@@ -265,27 +152,44 @@ class PendingCore:
         return CoreSummary(self.size, self.written, self.segments, tuple(self.not_read))
 
 
+def _copy_range(src: int, dst: int, at: int, to: int, size: int) -> int:
+    """SIZE bytes of file SRC at AT into file DST at TO (in the kernel where it can); the bytes copied."""
+    done = 0
+    while done < size:
+        try:
+            n = os.copy_file_range(src, dst, size - done, at + done, to + done)
+        except OSError:
+            n = os.pwrite(dst, os.pread(src, min(size - done, _READ), at + done), to + done)
+        if n <= 0:
+            raise OSError(0, f"the pre-copy's scratch file ends before {at + done}")
+        done += n
+    return done
+
+
 def _most_segments(pid: int) -> int:
     """The most segments the core of process PID may have for gdb to read it (fewer when its program is the
     dynamic linker, run as a command)."""
     try:
         program = os.readlink(f"/proc/{pid}/exe")
     except OSError:
-        return _MAX_SEGMENTS
-    return _MAX_SEGMENTS_LD_SO if _LD_SO.search(program) else _MAX_SEGMENTS
+        return MAX_SEGMENTS
+    return _MAX_SEGMENTS_LD_SO if _LD_SO.search(program) else MAX_SEGMENTS
 
 
 def write_core(stopped: Stopped, path: Path, facts: dict | None = None, hold: mmap.mmap | None = None,
-               whole_files: bool = False) -> PendingCore:
+               whole_files: bool = False, precopy: Precopy | None = None) -> PendingCore:
     """Reads the memory of the process STOPPED holds for its core at PATH (see the module), with FACTS (what
     the capture knows of the process that a core does not hold: its CPU counts) as a HEAPWALK note: into HOLD
     (`hold_for`) as far as it goes, the rest into the file.  `PendingCore.finish`, once the process goes on,
-    completes the file; WHOLE_FILES stores the pages of its files too (see `plan_segments`).  PagesUnknown
-    when the process's page map cannot be read."""
+    completes the file; WHOLE_FILES stores the pages of its files too (see `plan_segments`).  With PRECOPY
+    (`heapwalk.cli.precopy.run`), the pages it copied that were not written since are taken from its copies
+    (by `finish`), the rest read now.  PagesUnknown when the process's page map cannot be read."""
     pid = stopped.pid
     mem = os.open(f"/proc/{pid}/mem", os.O_RDONLY)
     try:
         with LivePages(pid) as pages:
+            if precopy is not None:
+                precopy.at_stop(pages)
             not_resident: list[tuple[int, int]] = []
             not_read: list[tuple[int, int, str]] = []
             segments = plan_segments(pages, mem, not_resident=not_resident, not_read=not_read,
@@ -311,11 +215,12 @@ def write_core(stopped: Stopped, path: Path, facts: dict | None = None, hold: mm
                 offset += s.filesz
             path.unlink(missing_ok=True)     # a new file: rewriting an old one makes some file systems flush it
             out = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            pending = PendingCore(out, hold, offset, len(segments), notes, not_read)
+            pending = PendingCore(out, hold, offset, len(segments), notes, not_read,
+                                  precopy.copies if precopy is not None else None)
             try:
                 os.pwrite(out, header + b"".join(table), 0)
                 os.ftruncate(out, offset)
-                _read_segments(mem, pages, pending, segments, data_at)
+                _read_segments(mem, pages, pending, segments, data_at, precopy)
             except BaseException:
                 os.close(out)
                 raise
@@ -346,28 +251,47 @@ def _read_piece(mem: int, pages: LivePages, pending: PendingCore, segment: Segme
 
 
 def _read_segments(mem: int, pages: LivePages, pending: PendingCore, segments: list[Segment],
-                   data_at: int) -> None:
+                   data_at: int, precopy: Precopy | None = None) -> None:
     """Each stored segment's bytes: into the memory PENDING holds while it has room, else into its file (from
-    offset DATA_AT on)."""
+    offset DATA_AT on); the pages PRECOPY holds good copies of are left to `PendingCore.finish`."""
     view = memoryview(pending.hold) if pending.hold is not None else None
     used, at, buffer = 0, data_at, None
     for s in segments:
         if not s.filesz:
             continue
+        pieces = _without_copies(s, precopy, pending, at)
         if view is not None and used + s.filesz <= len(view):
             data = view[used:used + s.filesz]
-            for piece in _split(s.pieces):
+            for piece in _split(pieces):
                 _read_piece(mem, pages, pending, s, piece, data[piece[0] - s.start:])
             pending.held.append((s, at, data))
             used += s.filesz
         else:
             buffer = buffer or memoryview(bytearray(_READ))
-            for piece in _split(s.pieces):
+            for piece in _split(pieces):
                 got = _read_piece(mem, pages, pending, s, piece, buffer)
                 pending.written += _write_nonzero(pending.out, buffer[:got], at + piece[0] - s.start)
         at += s.filesz
     if view is not None:
         view.release()
+
+
+def _without_copies(segment: Segment, precopy: Precopy | None, pending: PendingCore, at: int) -> Tuple[Piece, ...]:
+    """The pieces of SEGMENT (at file offset AT) to read now: where PRECOPY holds good copies of its pages
+    they are left to PENDING to copy (zeros need nothing), and only the rest is read from the process."""
+    if precopy is None or segment.mapping is None or not copied_kinds(segment.mapping):
+        return segment.pieces
+    out: list[Piece] = []
+    for lo, hi, source in segment.pieces:
+        if source != "mem":
+            out.append((lo, hi, source))
+            continue
+        for a, b, where in precopy.pieces(lo, hi):
+            if where is None:
+                out.append((a, b, "mem"))
+            elif where >= 0:
+                pending.defer(at + a - segment.start, where, b - a)
+    return tuple(out)
 
 
 def _split(pieces: Tuple[Piece, ...]):

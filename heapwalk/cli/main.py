@@ -59,6 +59,32 @@ def cmd_report(args) -> int:
 
 
 
+def _capture_parser(sub, common) -> None:
+    """`heapwalk capture`'s arguments."""
+    p = sub.add_parser("capture", parents=[common], help="a core of a running process, and its report",
+                       description="Reads the memory of process PID that holds anything (resident or swapped-out "
+                       "pages, and the pages of its files it wrote): its heaps first while it runs, then stopped only "
+                       "to read again what it wrote meanwhile (where the kernel tracks the pages a process writes; "
+                       "else stopped for the whole read), and what a core cannot hold (RSS per mapping, resident "
+                       "pages, the allocators' variables, threads, CPUs), lets it go on, "
+                       "writes a sparse core gdb opens, then prints the report and each arena's resident memory "
+                       "beside its free bytes. The folder gets the core, report.json, report.html (the report as a "
+                       "page, resident pages on its heap maps) and capture.json.")
+    p.add_argument("pid", type=int, metavar="PID")
+    p.add_argument("--out", type=Path, metavar="DIR", help="where to write (default: heapwalk-PID-DATE-TIME)")
+    p.add_argument("--live", action="store_true",
+                   help="no core: read the process itself (it stays stopped while the report runs)")
+    p.add_argument("--full", action="store_true",
+                   help="also keep the pages of the files the process maps (code, read-only data), read from the "
+                   "files, so the core opens on a machine without them: a bigger file, a little longer pause")
+    p.add_argument("--stop-the-world", action="store_true",
+                   help="stop the process for the whole read, rather than copy its memory first while it runs and "
+                   "stop it only to read again what it wrote meanwhile (that needs the kernel's soft-dirty bits, "
+                   "which it clears, and makes the process take a minor fault on its next write to each page)")
+    add_no_leaks(p)
+    p.set_defaults(run=cmd_capture, sysroot=None)
+
+
 def make_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="heapwalk",
@@ -88,22 +114,7 @@ def make_parser() -> argparse.ArgumentParser:
     add_no_leaks(p)
     p.set_defaults(run=cmd_report)
 
-    p = sub.add_parser("capture", parents=[common], help="a core of a running process, and its report",
-                       description="Stops process PID only while heapwalk reads the memory that holds anything (resident "
-                       "or swapped-out pages, and the pages of its files it wrote) and what a core cannot hold (RSS "
-                       "per mapping, resident pages, the allocators' variables, threads, CPUs), lets it go on, "
-                       "writes a sparse core gdb opens, then prints the report and each arena's resident memory "
-                       "beside its free bytes. The folder gets the core, report.json, report.html (the report as a "
-                       "page, resident pages on its heap maps) and capture.json.")
-    p.add_argument("pid", type=int, metavar="PID")
-    p.add_argument("--out", type=Path, metavar="DIR", help="where to write (default: heapwalk-PID-DATE-TIME)")
-    p.add_argument("--live", action="store_true",
-                   help="no core: read the process itself (it stays stopped while the report runs)")
-    p.add_argument("--full", action="store_true",
-                   help="also keep the pages of the files the process maps (code, read-only data), read from the "
-                   "files, so the core opens on a machine without them: a bigger file, a little longer pause")
-    add_no_leaks(p)
-    p.set_defaults(run=cmd_capture, sysroot=None)
+    _capture_parser(sub, common)
 
     p = sub.add_parser("diff", parents=[common], help="what grew between two snapshots of one process",
                        description="Which arenas grew from A to B, and in them which size classes of free "

@@ -1,0 +1,118 @@
+"""The capture's pre-copy against a stop-the-world capture of the same instant, on a process that keeps writing
+(cores/scribble.c); run as root under a kernel that tracks soft-dirty pages (tests/test_precopy.py runs it in
+Debian's kernel, cores/vm.py).
+
+Usage: precopy_driver.py OUT SCRIBBLE MIB THREADS RATE [--alone].  It starts SCRIBBLE, with --alone times a
+stop-the-world capture first (the pause of a capture without pre-copy), then takes a pre-copied one (`precopy.run`, then `write_core` at the final
+stop) and, in the same stop, a stop-the-world core of that instant, and compares the two: the same segments,
+the same bytes in each.  OUT/result.json gets the figures and every page that differs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from heapwalk.cli import precopy, ptrace  # noqa: E402
+from heapwalk.cli.corewriter import hold_for, write_core  # noqa: E402
+
+_PT_LOAD = 1
+
+
+def segments(core: Path) -> list[tuple[int, int, int, int, int]]:
+    """(address, memsz, filesz, flags, file offset) of each PT_LOAD of CORE."""
+    with open(core, "rb") as f:
+        header = f.read(64)
+        phoff, = struct.unpack_from("<Q", header, 32)
+        phnum, = struct.unpack_from("<H", header, 56)
+        f.seek(phoff)
+        table = f.read(56 * phnum)
+    out = []
+    for i in range(phnum):
+        kind, flags, offset, vaddr, _, filesz, memsz, _ = struct.unpack_from("<IIQQQQQQ", table, 56 * i)
+        if kind == _PT_LOAD:
+            out.append((vaddr, memsz, filesz, flags, offset))
+    return out
+
+
+def differences(a: Path, b: Path, most: int = 20) -> dict:
+    """Where cores A and B differ: their segment lists, and the pages of memory both hold that differ."""
+    sa, sb = segments(a), segments(b)
+    if [s[:4] for s in sa] != [s[:4] for s in sb]:
+        only_a = sorted(set(s[:4] for s in sa) - set(s[:4] for s in sb))
+        only_b = sorted(set(s[:4] for s in sb) - set(s[:4] for s in sa))
+        return {"segments": {"only_precopy": [list(s) for s in only_a[:most]],
+                             "only_stop_the_world": [list(s) for s in only_b[:most]]}, "pages": [], "compared": 0}
+    pages, compared = [], 0
+    with open(a, "rb") as fa, open(b, "rb") as fb:
+        for (vaddr, _, filesz, _, oa), (_, _, _, _, ob) in zip(sa, sb):
+            for at in range(0, filesz, 1 << 22):
+                n = min(1 << 22, filesz - at)
+                da, db = os.pread(fa.fileno(), n, oa + at), os.pread(fb.fileno(), n, ob + at)
+                compared += n
+                if da != db:
+                    pages += [vaddr + at + p for p in range(0, n, 4096) if da[p:p + 4096] != db[p:p + 4096]]
+    return {"segments": None, "pages": [hex(p) for p in pages[:most]], "different_pages": len(pages),
+            "compared": compared}
+
+
+def stop_the_world(pid: int, core: Path) -> float:
+    """The pause of today's capture of PID (into CORE): its seconds."""
+    hold = hold_for(pid)
+    started = time.monotonic()
+    with ptrace.stop(pid) as stopped:
+        pending = write_core(stopped, core, {}, hold)
+    pause = time.monotonic() - started
+    pending.finish()
+    return pause
+
+
+def main(argv: list[str]) -> int:
+    out, scribble, mib, threads, rate = Path(argv[0]), argv[1], argv[2], argv[3], argv[4]
+    alone = "--alone" in argv[5:]
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "ready").unlink(missing_ok=True)
+    child = subprocess.Popen([scribble, str(out), mib, threads, rate])
+    result: dict = {"kernel": os.uname().release, "mib": int(mib), "rate": int(rate),
+                    "tracked": precopy.untracked_reason() is None}
+    try:
+        deadline = time.monotonic() + 600
+        while not (out / "ready").exists() and time.monotonic() < deadline and child.poll() is None:
+            time.sleep(0.1)
+        time.sleep(1)
+        pid = child.pid
+        if alone:
+            result["stop_the_world_pause"] = stop_the_world(pid, out / "core-alone")
+            (out / "core-alone").unlink()
+        started = time.monotonic()
+        copies = precopy.run(pid, out / "core.precopy")
+        hold = hold_for(pid, False, copies.expected_at_stop())
+        stopped_at = time.monotonic()
+        with ptrace.stop(pid) as stopped:
+            pending = write_core(stopped, out / "core", {}, hold, False, copies)
+            result["pause"] = time.monotonic() - stopped_at
+            same_instant = write_core(stopped, out / "core-stop-the-world", {})
+        pending.finish()
+        same_instant.finish()
+        result.update(capture_seconds=time.monotonic() - started, written_meanwhile=copies.forgotten,
+                      from_copies=sum(n for _, _, n in pending.deferred),
+                      rounds=[vars(r) for r in copies.rounds])
+        copies.close()
+        result["differences"] = differences(out / "core", out / "core-stop-the-world")
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+        (out / "result.json").write_text(json.dumps(result, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
