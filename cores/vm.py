@@ -4,8 +4,9 @@ bits (CONFIG_MEM_SOFT_DIRTY), which Debian's, Ubuntu's and RHEL's kernels have a
 
 The guest boots bookworm's linux-image (downloaded once with apt, cached beside the sysroots) with a small
 initramfs of busybox and the virtio and 9p modules, mounts the host's / read-only over 9p (the same programs,
-libraries, virtualenv and sources, at the same paths), a folder of the host's writable at /run and a tmpfs at
-/dev/shm, runs the command as root, and powers off.  Usage: vm.py --prepare (the kernel and initramfs, made
+libraries, virtualenv and sources, at the same paths), a folder of the host's writable at /run, a tmpfs at
+/dev/shm and, when asked, a disk of its own at /var/tmp (ext4: its page cache can be given back, as a
+real machine's, where a tmpfs's cannot), runs the command as root, and powers off.  Usage: vm.py --prepare (the kernel and initramfs, made
 once), or vm.py [--memory MiB] OUT_DIR COMMAND (prints the console).
 """
 
@@ -28,7 +29,7 @@ import sysroots  # noqa: E402
 SUITE = "bookworm"
 #: the modules the guest loads, in order, to reach the host's files over virtio's 9p transport
 MODULES = ("virtio_ring", "virtio", "virtio_pci_modern_dev", "virtio_pci_legacy_dev", "virtio_pci", "9pnet",
-           "9pnet_virtio", "netfs", "fscache", "9p")
+           "9pnet_virtio", "netfs", "fscache", "9p", "virtio_blk", "crc16", "mbcache", "jbd2", "crc32c_generic", "ext4")
 #: what the guest's init does: mount the host, run the command in it (chroot), say its status, power off
 INIT = """#!/bin/busybox sh
 B=/bin/busybox
@@ -41,6 +42,7 @@ $B mount -t sysfs sys /mnt/sys
 $B mount -t devtmpfs dev /mnt/dev
 $B mount -t 9p -o trans=virtio,version=9p2000.L,msize=1048576 out /mnt/run || echo "heapwalk-vm: no /run"
 $B mkdir -p /mnt/dev/shm && $B mount -t tmpfs shm /mnt/dev/shm
+if [ -e /dev/vda ]; then $B mount -t ext4 /dev/vda /mnt/var/tmp || echo "heapwalk-vm: no disk"; fi
 echo "heapwalk-vm: up, kernel $($B uname -r)"
 $B chroot /mnt /bin/sh /run/command
 echo "heapwalk-vm: status $?"
@@ -111,9 +113,11 @@ def prepare() -> tuple[Path, Path]:
     return kernel, initrd
 
 
-def run(out: Path, command: str, memory_mib: int = 4096, cpus: int = 2, timeout: float = 900) -> str:
-    """COMMAND (a shell script's text) run as root in the machine, OUT (a host folder) its /run; the console's
-    text.  VmError when qemu is missing, the machine does not come up, or it does not end in TIMEOUT seconds."""
+def run(out: Path, command: str, memory_mib: int = 4096, cpus: int = 2, timeout: float = 900,
+        disk_gib: int = 0) -> str:
+    """COMMAND (a shell script's text) run as root in the machine, OUT (a host folder) its /run, with a disk of
+    DISK_GIB GiB at /var/tmp (a sparse file in OUT, removed after); the console's text.  VmError when qemu is
+    missing, the machine does not come up, or it does not end in TIMEOUT seconds."""
     qemu = shutil.which("qemu-system-x86_64")
     if qemu is None:
         raise VmError("qemu-system-x86_64 is not installed (Debian's qemu-system-x86)")
@@ -124,11 +128,20 @@ def run(out: Path, command: str, memory_mib: int = 4096, cpus: int = 2, timeout:
             "-kernel", str(kernel), "-initrd", str(initrd), "-append", "console=ttyS0 quiet panic=-1",
             "-virtfs", "local,path=/,mount_tag=host,security_model=none,readonly=on,multidevs=remap",
             "-virtfs", f"local,path={out},mount_tag=out,security_model=none"]
+    disk = out / "disk.img"
+    if disk_gib:
+        with open(disk, "wb") as f:
+            f.truncate(disk_gib << 30)
+        subprocess.run(["mkfs.ext4", "-q", "-F", "-E", "lazy_itable_init=1,lazy_journal_init=1", str(disk)],
+                       check=True, capture_output=True)
+        args += ["-drive", f"file={disk},if=virtio,format=raw,cache=unsafe"]
     try:
         result = subprocess.run(args, capture_output=True, text=True, errors="replace", timeout=timeout,
                                 stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired as exc:
         raise VmError(f"the machine did not end within {timeout:.0f} s") from exc
+    finally:
+        disk.unlink(missing_ok=True)
     console = result.stdout + result.stderr
     if "heapwalk-vm: up" not in console:
         raise VmError(f"the machine did not come up: {console[-2000:]}")

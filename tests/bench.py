@@ -6,7 +6,8 @@ gdb's start and the loading of the core), gdb's peak RSS, and chunks walked per 
 compare with is the time to read the same heap bytes once, one bulk read per heap, in the same gdb.  Then the
 same program is run again and left at its snapshot, and the walk and ``heapwalk report`` are timed on it live
 (``gdb -p``), where reads go to the process instead of a file, and ``heapwalk capture`` is timed on it beside
-gcore's whole core (tests/bench_capture.py).
+gcore's whole core (tests/bench_capture.py).  Last, the capture's pause with and without its pre-copy, in
+Debian's kernel under qemu (tests/bench_precopy.py).
 
 Sizes: smoke (60 thousand chunks, for the test that it runs), small (300 thousand, for quick runs), medium (1.5 million) and large
 (6 million chunks, over 1 GiB in nine arenas).  Two shapes of each: ordered (every third chunk freed in
@@ -33,10 +34,13 @@ sys.path.insert(0, str(ROOT / "cores"))
 
 import harness  # noqa: E402
 from bench_capture import capture_line, measure_capture, measure_service  # noqa: E402
+from bench_precopy import measure_precopy, precopy_lines  # noqa: E402
 from busy import stress, stress_line  # noqa: E402
 from services import build_service  # noqa: E402
 
 SIZES = {"smoke": 60_000, "small": 300_000, "medium": 1_500_000, "large": 6_000_000}
+#: the process the capture's pre-copy is timed on, in MiB, for each size (tests/bench_precopy.py)
+PRECOPY_MIB = {"smoke": 0, "small": 256, "medium": 1024, "large": 2048}
 COMMANDS = ("heapwalk report", "heapwalk bins", "heapwalk chunks --free", "heapwalk check", "heapwalk leaks",
             "heapwalk map --svg /dev/null --png /dev/null")
 BUILD = ROOT / "build"
@@ -217,20 +221,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="where to write the numbers (default build/bench/SIZE/bench.json)")
     parser.add_argument("--stress-rounds", type=int, default=200,
                         help="captures of the busy service (cores/busy.c) in the stress run (0: none)")
+    parser.add_argument("--precopy-mib", type=int, metavar="MIB",
+                        help="the process the capture's pre-copy is timed on, in Debian's kernel under qemu "
+                        "(default by size: " + ", ".join(f"{k} {v}" for k, v in PRECOPY_MIB.items()) + "; 0: none)")
     args = parser.parse_args(argv)
     shapes = ("ordered", "random") if args.shape == "both" else (args.shape,)
     results = [measure_shape(args.size, shape, args.runs, not args.no_live) for shape in shapes]
     service = None if args.no_live else measure_service(BUILD / "bin", BUILD / "bench")
     busy = None if args.no_live or not args.stress_rounds else \
         stress(build_service("busy"), BUILD / "bench" / "stress", args.stress_rounds, 1200, args.stress_rounds // 7)
+    precopy_mib = PRECOPY_MIB[args.size] if args.precopy_mib is None else args.precopy_mib
+    precopied = measure_precopy(precopy_mib, BUILD / "bench" / "precopy") if precopy_mib else None
     out = args.json or BUILD / "bench" / f"bench-{args.size}.json"
-    out.write_text(json.dumps({"size": args.size, "shapes": results, "service_capture": service, "stress": busy},
-                              indent=2) + "\n")
+    out.write_text(json.dumps({"size": args.size, "shapes": results, "service_capture": service, "stress": busy,
+                               "precopy": precopied}, indent=2) + "\n")
     print("\n\n".join(table(r) for r in results))
     if service is not None:
         print(f"\n16-arena service (cores/service.c, {service['workers']} workers): " + capture_line(service))
     if busy is not None:
         print("\n" + stress_line(busy))
+    if precopied is not None:
+        print("\n" + precopy_lines(precopied))
     print(f"numbers written to {out}")
     return 0
 

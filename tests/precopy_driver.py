@@ -2,10 +2,11 @@
 (cores/scribble.c); run as root under a kernel that tracks soft-dirty pages (tests/test_precopy.py runs it in
 Debian's kernel, cores/vm.py).
 
-Usage: precopy_driver.py OUT SCRIBBLE MIB THREADS RATE [--alone].  It starts SCRIBBLE, with --alone times a
-stop-the-world capture first (the pause of a capture without pre-copy), then takes a pre-copied one (`precopy.run`, then `write_core` at the final
-stop) and, in the same stop, a stop-the-world core of that instant, and compares the two: the same segments,
-the same bytes in each.  OUT/result.json gets the figures and every page that differs.
+Usage: precopy_driver.py OUT SCRIBBLE MIB THREADS RATE [--alone] [--no-compare].  It starts SCRIBBLE, with
+--alone times a stop-the-world capture first (the pause of a capture without pre-copy), then takes a
+pre-copied one (`precopy.run`, then `write_core` at the final
+stop) and, in the same stop, a stop-the-world core of that instant (not with --no-compare, for timing alone), and compares the two:
+the same segments, the same bytes in each.  OUT/result.json gets the figures and every page that differs.
 """
 
 from __future__ import annotations
@@ -64,20 +65,21 @@ def differences(a: Path, b: Path, most: int = 20) -> dict:
             "compared": compared}
 
 
-def stop_the_world(pid: int, core: Path) -> float:
-    """The pause of today's capture of PID (into CORE): its seconds."""
+def stop_the_world(pid: int, core: Path) -> tuple[float, int]:
+    """The pause of a capture of PID with no pre-copy (into CORE): its seconds, and the bytes of its core that
+    are not zeros."""
     hold = hold_for(pid)
+    core.unlink(missing_ok=True)
     started = time.monotonic()
     with ptrace.stop(pid) as stopped:
         pending = write_core(stopped, core, {}, hold)
     pause = time.monotonic() - started
-    pending.finish()
-    return pause
+    return pause, pending.finish().written
 
 
 def main(argv: list[str]) -> int:
     out, scribble, mib, threads, rate = Path(argv[0]), argv[1], argv[2], argv[3], argv[4]
-    alone = "--alone" in argv[5:]
+    alone, compare = "--alone" in argv[5:], "--no-compare" not in argv[5:]
     out.mkdir(parents=True, exist_ok=True)
     (out / "ready").unlink(missing_ok=True)
     child = subprocess.Popen([scribble, str(out), mib, threads, rate])
@@ -90,23 +92,29 @@ def main(argv: list[str]) -> int:
         time.sleep(1)
         pid = child.pid
         if alone:
-            result["stop_the_world_pause"] = stop_the_world(pid, out / "core-alone")
+            result["stop_the_world_pause"], result["stop_the_world_written"] = \
+                stop_the_world(pid, out / "core-alone")
             (out / "core-alone").unlink()
         started = time.monotonic()
         copies = precopy.run(pid, out / "core.precopy")
         hold = hold_for(pid, False, copies.expected_at_stop())
+        (out / "core").unlink(missing_ok=True)
         stopped_at = time.monotonic()
         with ptrace.stop(pid) as stopped:
             pending = write_core(stopped, out / "core", {}, hold, False, copies)
             result["pause"] = time.monotonic() - stopped_at
-            same_instant = write_core(stopped, out / "core-stop-the-world", {})
-        pending.finish()
-        same_instant.finish()
+            same_instant = write_core(stopped, out / "core-stop-the-world", {}) if compare else None
+        finished = time.monotonic()
+        result["written"] = pending.finish().written
+        result["finish_seconds"] = time.monotonic() - finished
+        if same_instant is not None:
+            same_instant.finish()
         result.update(capture_seconds=time.monotonic() - started, written_meanwhile=copies.forgotten,
                       from_copies=sum(n for _, _, n in pending.deferred),
                       rounds=[vars(r) for r in copies.rounds])
         copies.close()
-        result["differences"] = differences(out / "core", out / "core-stop-the-world")
+        if compare:
+            result["differences"] = differences(out / "core", out / "core-stop-the-world")
     finally:
         child.send_signal(signal.SIGKILL)
         child.wait()

@@ -1,8 +1,9 @@
 """The capture's pre-copy on a kernel that tracks soft-dirty pages: Debian bookworm's, in qemu (cores/vm.py),
 whatever this machine's kernel is.  A process keeps writing to its heap (cores/scribble.c) while the capture
 copies it; the pre-copied core must be, page for page, the stop-the-world core taken in the same final stop
-(tests/precopy_driver.py), idle and busy; and `heapwalk capture` must say what its stop read and what came
-from the copies, and record the rounds in capture.json.  The pauses are measured in `make bench`, not here."""
+(tests/precopy_driver.py), idle and busy; `heapwalk capture` must say what its stop read and what came
+from the copies, and record the rounds in capture.json; and a capture killed at any moment of it must leave
+the process running.  The pauses are measured in `make bench`, not here."""
 
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ pytestmark = pytest.mark.vm
 
 MIB = 64
 RATES = {"idle": 0, "busy": 2}          # MiB a second the process writes while it is copied
+#: seconds after which a capture is killed (with SIGKILL): while it copies, in a round's stop, at the end
+KILLED_AFTER = ("0.5", "1", "1.5", "2", "3")
 
 
 @pytest.fixture(scope="module")
@@ -37,9 +40,16 @@ def machine(tmp_path_factory):
 export PYTHONDONTWRITEBYTECODE=1
 {drivers}mkdir -p /run/cli && /run/scribble /run/cli 32 2 2 &
 while [ ! -e /run/cli/ready ]; do sleep 0.2; done
-{heapwalk} capture $! --out /dev/shm/cap --no-leaks > /run/capture.txt 2>&1; echo "status $?" >> /run/capture.txt
+PID=$!
+{heapwalk} capture $PID --out /dev/shm/cap --no-leaks > /run/capture.txt 2>&1; echo "status $?" >> /run/capture.txt
 cp /dev/shm/cap/capture.json /run/capture.json
-kill %1
+for delay in {" ".join(KILLED_AFTER)}; do
+  {heapwalk} capture $PID --out /dev/shm/killed --no-leaks > /dev/null 2>&1 &
+  sleep $delay; kill -9 $!; wait $!; sleep 0.5
+  echo "$delay $(cut -d' ' -f3 /proc/$PID/stat)" >> /run/killed.txt
+  rm -rf /dev/shm/killed
+done
+kill $PID
 """
     return out, vm.run(out, script, memory_mib=2048, timeout=1200)
 
@@ -86,3 +96,11 @@ def test_capture_says_what_its_stop_read_and_records_the_rounds(machine):
     assert "glibc's malloc: arenas (3)" in text
     record = json.loads((out / "capture.json").read_text())
     assert record["precopy"]["rounds"][0]["read"] >= 32 << 20 and record["precopy"]["from_copies"] > 0
+
+
+def test_a_capture_killed_at_any_moment_leaves_the_process_running(machine):
+    out, console = machine
+    states = dict(line.split() for line in (out / "killed.txt").read_text().splitlines())
+    assert set(states) == set(KILLED_AFTER), console[-2000:]
+    # sleeping or running, never left stopped ("t", "T") by a capture that died holding it
+    assert all(state in "SR" for state in states.values()), states

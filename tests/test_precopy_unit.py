@@ -102,6 +102,8 @@ def test_the_core_takes_the_copies_after_the_stop_and_reads_only_the_rest(tmp_pa
         data = f.read()
     assert data[PAGE:5 * PAGE] == _page(1) + _page(7) + bytes(PAGE) + _page(4)
     assert summary.written == 2 * PAGE          # what came from the copies (the stop's own write is its own)
+    # the copies taken are let go of: the scratch file and the core never both hold them all
+    assert os.fstat(copies.fd).st_blocks * 512 <= PAGE
 
 
 def test_file_mappings_and_shared_memory_are_never_taken_from_copies():
@@ -125,6 +127,12 @@ def test_the_pause_line_says_what_the_stop_read_and_what_came_from_the_copies():
     assert stopped_briefly == ("heapwalk: process 42 was stopped for 0.05 s to read 10 MiB, what it wrote while "
                                "heapwalk copied its memory as it ran (190 MiB of the core from those copies; 1 stop "
                                "of 0.02 s before); it is running again\n")
+    saved_little = _pause_line(42, 1.0, summary, {"rounds": [{"read": 256 << 20, "seconds": 0.2,
+                                                              "stopped_before": 0.0}],
+                                                  "written_meanwhile": 150 << 20, "from_copies": 60 << 20})
+    assert saved_little.splitlines()[1] == ("heapwalk: the copy made while it ran saved little: it wrote most of its "
+                                            "memory again meanwhile (--stop-the-world stops it once, for the whole "
+                                            "read)")
     whole = _pause_line(42, 1.5, summary, None)
     assert "stopped for 1.50 s while heapwalk read its memory (200 MiB that is not zeros" in whole
 
@@ -132,3 +140,14 @@ def test_the_pause_line_says_what_the_stop_read_and_what_came_from_the_copies():
 def test_stop_the_world_asks_for_no_copy():
     from heapwalk.cli.capture import _precopied
     assert _precopied(os.getpid(), Path("/nonexistent/core"), True) == (None, "")
+
+
+def test_the_benchmark_prints_both_pauses_and_the_machine_s_speed():
+    import bench_precopy
+    line = bench_precopy.precopy_lines({"busy": {
+        "mib": 8192, "rate": 1, "kernel": "6.1.0-50-amd64", "pause": 0.5, "stop_the_world_pause": 80.0,
+        "from_copies": 8000 << 20, "written": 8100 << 20, "finish_seconds": 30.0,
+        "rounds": [{"read": 8192 << 20, "seconds": 200.0}, {"read": 64 << 20, "seconds": 2.0}]}})
+    assert line == ("pre-copy, 8,192 MiB process busy, writing 1 MiB/s (kernel 6.1.0-50-amd64 in qemu, reading 41 "
+                    "MiB/s): pause 0.50 s, without pre-copy 80.00 s; 8,000 of 8,100 MiB from the copies, 2 reads "
+                    "while it ran (202.0 s), the core finished in 30.0 s after")

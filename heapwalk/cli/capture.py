@@ -72,6 +72,7 @@ def _stopped_briefly(pid: int, core: Path, facts: dict, whole_files: bool, stop_
     try:
         copies, said = _precopied(pid, core, stop_the_world)
         hold = hold_for(pid, whole_files, None if copies is None else copies.expected_at_stop())
+        core.unlink(missing_ok=True)         # an old core's blocks given back before the stop, not in it
         started = time.monotonic()
         with ptrace.stop(pid) as stopped:
             # the process's clock at its stop: what its allocator's timers (jemalloc's decay) are measured against
@@ -117,7 +118,11 @@ def _pause_line(pid: int, stopped: float, written, record: dict | None) -> str:
         before = f"; {len(stops)} stop{'s' if len(stops) > 1 else ''} of {sum(stops):.2f} s before" if stops else ""
         what = (f"to read {human(max(written.written - record['from_copies'], 0))}, what it wrote while heapwalk "
                 f"copied its memory as it ran ({human(record['from_copies'])} of the core from those copies{before})")
-    return f"heapwalk: process {pid} was stopped for {stopped:.2f} s {what}; it is running again\n"
+    line = f"heapwalk: process {pid} was stopped for {stopped:.2f} s {what}; it is running again\n"
+    if record is not None and record["from_copies"] < written.written // 2:
+        line += ("heapwalk: the copy made while it ran saved little: it wrote most of its memory again meanwhile "
+                 "(--stop-the-world stops it once, for the whole read)\n")
+    return line
 
 
 def _process_record(pid: int) -> dict:

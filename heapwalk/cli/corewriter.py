@@ -57,6 +57,7 @@ from heapwalk.inferior.residency import runs_of
 __all__ = ["Segment", "CoreSummary", "PendingCore", "plan_segments", "hold_for", "write_core", "Piece"]
 
 _READ = 8 << 20                          # bytes read from /proc/PID/mem at once
+_COPY = 64 << 20                         # bytes copied from a pre-copy's scratch file at once, then let go
 #: the most segments for a process whose program is the dynamic linker itself (ld.so PROGRAM): gdb 13's memory
 #: grows with the square of the segments then (measured: 4,027 segments 0.55 GB, 10,027 3.2 GB, 36,803 over
 #: 24 GB), where a program's own core of 36,028 takes 88 MB
@@ -140,7 +141,10 @@ class PendingCore:
                         self.written += _write_nonzero(self.out, piece, at + done)
                 data.release()
             for at, source, size in self.deferred:
-                self.written += _copy_range(self.copies.fd, self.out, source, at, size)
+                for done in range(0, size, _COPY):
+                    n = min(_COPY, size - done)
+                    self.written += _copy_range(self.copies.fd, self.out, source + done, at + done, n)
+                    self.copies.release(source + done, n)
             notes = self._notes(self.not_read)
             os.pwrite(self.out, notes, self.size)
             os.pwrite(self.out, struct.pack("<IIQQQQQQ", _PT_NOTE, 0, self.size, 0, 0, len(notes), 0, 4), 64)
@@ -252,25 +256,26 @@ def _read_piece(mem: int, pages: LivePages, pending: PendingCore, segment: Segme
 
 def _read_segments(mem: int, pages: LivePages, pending: PendingCore, segments: list[Segment],
                    data_at: int, precopy: Precopy | None = None) -> None:
-    """Each stored segment's bytes: into the memory PENDING holds while it has room, else into its file (from
-    offset DATA_AT on); the pages PRECOPY holds good copies of are left to `PendingCore.finish`."""
+    """Each stored segment's bytes, piece by piece: into the memory PENDING holds while it has room, else into
+    its file (from offset DATA_AT on); the pages PRECOPY holds good copies of are left to `PendingCore.finish`."""
     view = memoryview(pending.hold) if pending.hold is not None else None
     used, at, buffer = 0, data_at, None
     for s in segments:
         if not s.filesz:
             continue
-        pieces = _without_copies(s, precopy, pending, at)
-        if view is not None and used + s.filesz <= len(view):
-            data = view[used:used + s.filesz]
-            for piece in _split(pieces):
-                _read_piece(mem, pages, pending, s, piece, data[piece[0] - s.start:])
-            pending.held.append((s, at, data))
-            used += s.filesz
-        else:
-            buffer = buffer or memoryview(bytearray(_READ))
-            for piece in _split(pieces):
+        for piece in _split(_without_copies(s, precopy, pending, at)):
+            lo, hi, source = piece
+            if source == "zeros":
+                continue                 # a hole in the file
+            if view is not None and used + hi - lo <= len(view):
+                data = view[used:used + hi - lo]
+                _read_piece(mem, pages, pending, s, piece, data)
+                pending.held.append((s, at + lo - s.start, data))
+                used += hi - lo
+            else:
+                buffer = buffer or memoryview(bytearray(_READ))
                 got = _read_piece(mem, pages, pending, s, piece, buffer)
-                pending.written += _write_nonzero(pending.out, buffer[:got], at + piece[0] - s.start)
+                pending.written += _write_nonzero(pending.out, buffer[:got], at + lo - s.start)
         at += s.filesz
     if view is not None:
         view.release()

@@ -26,6 +26,7 @@ page (`heapwalk.inferior.pages`).
 
 from __future__ import annotations
 
+import ctypes
 import mmap
 import os
 import time
@@ -47,6 +48,21 @@ _ROUNDS = 4                      # the most rounds of reading again what was wri
 _GAP = 256 << 10                 # written pages this close are read again in one read, the pages between too
 _SMALL = 32 << 20                # written bytes the final stop may as well read: no further round
 NOT_COPIED, ZEROS = -1, -2       # a page's scratch offset when it holds no copy, or a copy that is all zeros
+
+
+def _libc_fallocate():
+    """libc's fallocate(2), or None (punching holes is then skipped)."""
+    try:
+        function = ctypes.CDLL(None, use_errno=True).fallocate
+    except (OSError, AttributeError):
+        return None
+    function.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+    function.restype = ctypes.c_int
+    return function
+
+
+_fallocate = _libc_fallocate()
+_KEEP_SIZE, _PUNCH_HOLE = 1, 2
 
 
 class PrecopyUnavailable(HeapwalkError):
@@ -93,6 +109,7 @@ class Copies:
     fd: int
     end: int = 0
     runs: list = field(default_factory=list)          # (lo, hi, offsets), sorted by lo, disjoint
+    _starts: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.uint64))
 
     def add(self, lo: int, hi: int) -> np.ndarray:
         """A new run [LO, HI), no page copied yet; its offsets."""
@@ -113,6 +130,12 @@ class Copies:
             self.end += (b - a) * PAGE
             written += (b - a) * PAGE
         return written
+
+    def release(self, at: int, size: int) -> None:
+        """SIZE bytes of the scratch file at AT are no longer needed: their blocks are given back (a hole
+        punched), so that the scratch file and the core never both hold all the copies."""
+        if _fallocate is not None:
+            _fallocate(self.fd, _PUNCH_HOLE | _KEEP_SIZE, at, size)
 
     def sort(self) -> None:
         self.runs.sort(key=lambda r: r[0])
@@ -156,7 +179,7 @@ class Copies:
             out += _offset_pieces(offsets[(at - rlo) // PAGE:(end - rlo) // PAGE], at)
             at = end
             i += 1
-        return [p for p in _joined(out)]
+        return _joined(out)
 
 
 def _offset_pieces(offsets: np.ndarray, base: int) -> list[tuple[int, int, int | None]]:
@@ -220,6 +243,7 @@ class Precopy:
         scratch.unlink(missing_ok=True)
         self.copies = Copies(os.open(scratch, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600))
         self.rounds: list[Round] = []
+        self.left = 0                # bytes written that no round read again, left to the final stop
         self.forgotten = 0           # bytes written since the last clear, forgotten at the final stop
 
     def close(self) -> None:
@@ -289,11 +313,7 @@ class Precopy:
         """About the most the final stop should read from the process's anonymous memory: for the memory held
         to read it into (`heapwalk.cli.corewriter.hold_for`)."""
         last = self.rounds[-1].read if self.rounds else 0
-        return 2 * last + (64 << 20)
-
-    @property
-    def copied(self) -> int:
-        return sum(r.read for r in self.rounds)
+        return 2 * max(last, self.left) + (64 << 20)
 
 
 def run(pid: int, scratch: Path) -> Precopy:
@@ -342,6 +362,7 @@ def _rounds(precopy: Precopy, mem: int, buffer: memoryview, last: int) -> None:
         stopped = time.monotonic() - started
         if not shrinking:
             precopy.rounds.append(Round(0, 0, 0.0, stopped))
+            precopy.left = written
             return
         with LivePages(pid) as pages:
             precopy.again(pages, mem, buffer, stopped)
