@@ -45,7 +45,7 @@ __all__ = ["SOFT_DIRTY", "PrecopyUnavailable", "untracked_reason", "clear", "Cop
 SOFT_DIRTY = 1 << 55
 _CHUNK = 8 << 20                 # bytes read from the process at once while it runs
 _ROUNDS = 4                      # the most rounds of reading again what was written, before the final stop
-_GAP = 256 << 10                 # written pages this close are read again in one read, the pages between too
+_GAP = 16 << 10                  # written pages this close are read again in one read, the pages between too
 _SMALL = 32 << 20                # written bytes the final stop may as well read: no further round
 NOT_COPIED, ZEROS = -1, -2       # a page's scratch offset when it holds no copy, or a copy that is all zeros
 
@@ -118,11 +118,18 @@ class Copies:
         return offsets
 
     def store(self, offsets: np.ndarray, first: int, data: memoryview) -> int:
-        """DATA, whole pages from page FIRST of a run (OFFSETS), as their copies: the pages that hold anything
-        appended to the scratch file, the others marked `ZEROS`.  The bytes written."""
+        """DATA, whole pages from page FIRST of a run (OFFSETS), as their copies (`store_marked`)."""
         n = len(data) // PAGE
-        nonzero = np.frombuffer(data, dtype=np.uint64, count=n * PAGE // 8).reshape(n, -1).any(axis=1)
-        offsets[first:first + n] = ZEROS
+        return self.store_marked(offsets, first, data, np.ones(n, dtype=bool))
+
+    def store_marked(self, offsets: np.ndarray, first: int, data: memoryview, marked: np.ndarray) -> int:
+        """The pages MARKED marks of DATA (page i of DATA is page FIRST + i of a run, OFFSETS), as their copies:
+        those that hold anything appended to the scratch file, the others marked `ZEROS`.  The bytes written."""
+        which = np.flatnonzero(marked)
+        pages = np.frombuffer(data, dtype=np.uint64, count=len(marked) * PAGE // 8).reshape(len(marked), -1)
+        nonzero = np.zeros(len(marked), dtype=bool)
+        nonzero[which] = pages[which].any(axis=1)
+        offsets[first + which] = ZEROS
         written = 0
         for a, b in runs_of(nonzero, 0, 1):
             os.pwrite(self.fd, data[a * PAGE:b * PAGE], self.end)
@@ -258,24 +265,31 @@ class Precopy:
         for m in pages.maps:
             if not copied_kinds(m):
                 continue
-            offsets = self.copies.add(m.start, m.end)
             kinds = pages.pages(m)
-            wanted = (kinds == int(Page.OWN)) | (kinds == int(Page.SWAPPED))
-            for lo, hi in runs_of(wanted, m.start):
-                got, kept = self._read(pages, mem, buffer, offsets, m.start, lo, hi)
-                read, stored = read + got, stored + kept
+            wanted = np.flatnonzero((kinds == int(Page.OWN)) | (kinds == int(Page.SWAPPED)))
+            if not len(wanted):
+                continue
+            lo, hi = m.start + int(wanted[0]) * PAGE, m.start + (int(wanted[-1]) + 1) * PAGE
+            offsets = self.copies.add(lo, hi)
+            marked = np.zeros(len(offsets), dtype=bool)
+            marked[wanted - wanted[0]] = True
+            got, kept = self._read_marked(pages, mem, buffer, offsets, lo, marked)
+            read, stored = read + got, stored + kept
         self.copies.sort()
         return self._ran(started, read, stored)
 
     def again(self, pages: LivePages, mem: int, buffer: memoryview, stopped: float) -> Round:
-        """The pages `forget` marked, read again while the process runs."""
+        """The pages `forget` marked, read again while the process runs (with the few between written pages
+        that lie closer than `_GAP`: one read costs less than two)."""
         started, read, stored = time.monotonic(), 0, 0
-        for lo, hi, offsets in self.copies.runs:
-            entries = pages.entries(lo, hi)
-            wanted = (offsets == NOT_COPIED) & ((entries & np.uint64(PRESENT | SWAPPED)) != 0)
-            for a, b in _near_runs(runs_of(wanted, lo), _GAP):
-                got, kept = self._read(pages, mem, buffer, offsets, lo, a, b)
-                read, stored = read + got, stored + kept
+        for lo, _, offsets in self.copies.runs:
+            marked = offsets == NOT_COPIED
+            if not marked.any():
+                continue
+            for a, b in _near_runs(runs_of(marked, 0, 1), _GAP // PAGE):
+                marked[a:b] = True
+            got, kept = self._read_marked(pages, mem, buffer, offsets, lo, marked)
+            read, stored = read + got, stored + kept
         return self._ran(started, read, stored, stopped)
 
     def _ran(self, started: float, read: int, stored: int, stopped: float = 0.0) -> Round:
@@ -283,22 +297,29 @@ class Precopy:
         self.rounds.append(done)
         return done
 
-    def _read(self, pages: LivePages, mem: int, buffer: memoryview, offsets: np.ndarray, base: int,
-              lo: int, hi: int) -> tuple[int, int]:
-        """[LO, HI) of the run at BASE, in chunks, each read only where the page map still says present or
-        swapped out just before (a page freed meanwhile is not read); (bytes read, bytes stored)."""
+    def _read_marked(self, pages: LivePages, mem: int, buffer: memoryview, offsets: np.ndarray, base: int,
+                     marked: np.ndarray) -> tuple[int, int]:
+        """The pages MARKED marks of the run at BASE (its OFFSETS), a window of `_CHUNK` bytes at a time, each
+        read only where the page map says, just before, that it is present or swapped out (a page freed
+        meanwhile is not read), one read per run of them; (bytes read, bytes stored)."""
         read = stored = 0
-        for at in range(lo, hi, _CHUNK):
-            end = min(hi, at + _CHUNK)
-            still = (pages.entries(at, end) & np.uint64(PRESENT | SWAPPED)) != 0
-            for a, b in runs_of(still, at):
+        per = _CHUNK // PAGE
+        for w in range(0, len(marked), per):
+            window = marked[w:w + per]
+            if not window.any():
+                continue
+            lo = base + w * PAGE
+            there = (pages.entries(lo, lo + len(window) * PAGE) & np.uint64(PRESENT | SWAPPED)) != 0
+            got = np.zeros(len(window), dtype=bool)
+            for a, b in runs_of(window & there, 0, 1):
                 try:
-                    got = os.preadv(mem, [buffer[:b - a]], a) // PAGE * PAGE
+                    n = os.preadv(mem, [buffer[a * PAGE:b * PAGE]], lo + a * PAGE) // PAGE
                 except OSError:
                     continue                 # unmapped meanwhile: not copied, read at the stop if still there
-                if got:
-                    stored += self.copies.store(offsets, (a - base) // PAGE, buffer[:got])
-                    read += got
+                got[a:a + n] = True
+            if got.any():
+                stored += self.copies.store_marked(offsets, w, buffer, got)
+                read += int(got.sum()) * PAGE
         return read, stored
 
     def at_stop(self, pages: LivePages) -> None:
