@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import struct
 import subprocess
 import sys
 import time
@@ -24,37 +23,29 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from heapwalk.cli import precopy, ptrace  # noqa: E402
 from heapwalk.cli.corewriter import hold_for, write_core  # noqa: E402
+from heapwalk.inferior.corefile import CoreFile  # noqa: E402
 
-_PT_LOAD = 1
-
-
-def segments(core: Path) -> list[tuple[int, int, int, int, int]]:
-    """(address, memsz, filesz, flags, file offset) of each PT_LOAD of CORE."""
-    with open(core, "rb") as f:
-        header = f.read(64)
-        phoff, = struct.unpack_from("<Q", header, 32)
-        phnum, = struct.unpack_from("<H", header, 56)
-        f.seek(phoff)
-        table = f.read(56 * phnum)
-    out = []
-    for i in range(phnum):
-        kind, flags, offset, vaddr, _, filesz, memsz, _ = struct.unpack_from("<IIQQQQQQ", table, 56 * i)
-        if kind == _PT_LOAD:
-            out.append((vaddr, memsz, filesz, flags, offset))
-    return out
+def segments(core: Path) -> list[tuple[int, int, int, int]]:
+    """(address, memsz, file offset, filesz) of each PT_LOAD of CORE."""
+    f = CoreFile(core)
+    try:
+        return list(f.loads)
+    finally:
+        f.close()
 
 
 def differences(a: Path, b: Path, most: int = 20) -> dict:
     """Where cores A and B differ: their segment lists, and the pages of memory both hold that differ."""
     sa, sb = segments(a), segments(b)
-    if [s[:4] for s in sa] != [s[:4] for s in sb]:
-        only_a = sorted(set(s[:4] for s in sa) - set(s[:4] for s in sb))
-        only_b = sorted(set(s[:4] for s in sb) - set(s[:4] for s in sa))
+    shape = [(v, m, n) for v, m, _, n in sa], [(v, m, n) for v, m, _, n in sb]
+    if shape[0] != shape[1]:
+        only_a = sorted(set(shape[0]) - set(shape[1]))
+        only_b = sorted(set(shape[1]) - set(shape[0]))
         return {"segments": {"only_precopy": [list(s) for s in only_a[:most]],
                              "only_stop_the_world": [list(s) for s in only_b[:most]]}, "pages": [], "compared": 0}
     pages, compared = [], 0
     with open(a, "rb") as fa, open(b, "rb") as fb:
-        for (vaddr, _, filesz, _, oa), (_, _, _, _, ob) in zip(sa, sb):
+        for (vaddr, _, oa, filesz), (_, _, ob, _) in zip(sa, sb):
             for at in range(0, filesz, 1 << 22):
                 n = min(1 << 22, filesz - at)
                 da, db = os.pread(fa.fileno(), n, oa + at), os.pread(fb.fileno(), n, ob + at)
