@@ -55,13 +55,37 @@ def test_the_table_holds_about_two_slots_a_block():
     assert len(table[3]) <= 4 * 50_000 + 4 if locate.NATIVE else table is None
 
 
-def test_the_first_entry_of_each_block_is_found_in_c_as_in_numpy(monkeypatch):
+def test_each_blocks_first_root_word_is_kept_in_c_as_in_numpy(monkeypatch):
     rng = np.random.default_rng(9)
-    block = rng.integers(0, 5000, 100_000)
-    expected = np.full(block.max() + 1, len(block))
-    for k, b in reversed(list(enumerate(block.tolist()))):
-        expected[b] = k
-    assert np.array_equal(locate.first_of_each(block), expected)
-    monkeypatch.setattr(locate, "_LIB", None)
-    assert np.array_equal(locate.first_of_each(block), expected)
-    assert len(locate.first_of_each(np.zeros(0, dtype=np.int64))) == 0
+    parts = [(rng.integers(0, 5000, n).astype(np.int32), rng.integers(0, 1 << 40, n).astype(np.uint64), root)
+             for root, n in enumerate((40_000, 1, 0, 60_000))]
+    expected: dict[int, tuple[int, int]] = {}
+    for block, words, root in parts:
+        for b, w in zip(block.tolist(), words.tolist()):
+            expected.setdefault(b, (w, root))
+    keys = sorted(expected)
+    for lib in (locate._LIB, None):
+        monkeypatch.setattr(locate, "_LIB", lib)
+        hits = locate.FirstHits(5000)
+        for block, words, root in parts:
+            hits.add(block, words, root)
+        blocks, words, roots = hits.found()
+        assert blocks.tolist() == keys
+        assert list(zip(words.tolist(), roots.tolist())) == [expected[k] for k in keys]
+
+
+def test_edges_join_a_words_block_and_the_block_it_points_into_in_c_as_in_numpy(monkeypatch):
+    rng = np.random.default_rng(11)
+    starts = np.cumsum(rng.integers(32, 200, 3000)).astype(np.uint64) + np.uint64(1 << 30)
+    ends = starts + rng.integers(8, 32, 3000).astype(np.uint64)
+    at = np.sort(rng.integers(int(starts[0]) - 100, int(ends[-1]) + 100, 20_000).astype(np.uint64))
+    values = np.where(rng.random(20_000) < 0.7, rng.choice(starts, 20_000), rng.integers(0, 1 << 31, 20_000)
+                      ).astype(np.uint64)
+    found = locate.Locator(starts, ends)
+    source, target = found.ascending(at), found(values)
+    ok = (source >= 0) & (target >= 0) & (source != target)
+    for lib in (locate._LIB, None):
+        monkeypatch.setattr(locate, "_LIB", lib)
+        got = locate.Locator(starts, ends).edges(at, values)
+        assert got[0].tolist() == source[ok].tolist() and got[1].tolist() == target[ok].tolist()
+    assert ok.sum() > 1000

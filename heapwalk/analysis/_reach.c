@@ -192,11 +192,38 @@ void hw_locate_sorted(const uint64_t *values, int64_t n, const uint64_t *starts,
     }
 }
 
-/* For each of the N entries of BLOCK (each below the length of FIRST, which holds N or more everywhere), its
- * position into FIRST[block] where it is the block's first: FIRST ends up holding each block's first entry. */
-void hw_first(const int64_t *block, int64_t n, int64_t *first)
+/* For each of the N words at WORD whose block is BLOCK, all in the root ROOT: the first word met for each block,
+ * kept in HIT_WORD and HIT_ROOT where the block had none yet (HIT_ROOT below 0). */
+void hw_first_hits(const int32_t *block, const uint64_t *word, int64_t n, int32_t root, uint64_t *hit_word,
+                   int32_t *hit_root)
 {
-    for (int64_t k = 0; k < n; k++)
-        if (first[block[k]] > k)
-            first[block[k]] = k;
+    for (int64_t k = 0; k < n; k++) {
+        int32_t b = block[k];
+        if (hit_root[b] < 0) {
+            hit_root[b] = root;
+            hit_word[b] = word[k];
+        }
+    }
+}
+
+/* The edges of N words: the word at AT[k] (ascending) points into the block BLOCK[k] (-1: none).  Where the word
+ * lies inside a block (found in one walk through the NBLOCKS blocks STARTS and ENDS, from the block FROM: the
+ * last starting at or below the first word, -1 for none) and points into another, its block and the block it
+ * points into go to SOURCE and TARGET; returns how many. */
+int64_t hw_edges(const uint64_t *at, const int32_t *block, int64_t n, const uint64_t *starts, const uint64_t *ends,
+                 int64_t nblocks, int64_t from, int32_t *source, int32_t *target)
+{
+    int64_t i = from, count = 0;
+    for (int64_t k = 0; k < n; k++) {
+        uint64_t v = at[k];
+        while (i + 1 < nblocks && starts[i + 1] <= v)
+            i++;
+        int32_t b = block[k];
+        if (i < 0 || v >= ends[i] || b < 0 || b == (int32_t)i)
+            continue;
+        source[count] = (int32_t)i;
+        target[count] = b;
+        count++;
+    }
+    return count;
 }

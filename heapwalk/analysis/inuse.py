@@ -92,8 +92,10 @@ def size_buckets(sizes: np.ndarray, leaked: np.ndarray | None = None) -> tuple[U
 
 def _exponents(sizes: np.ndarray) -> np.ndarray:
     """Each size's power-of-two bucket, as the exponent of its low end (5 at least: [32, 64))."""
-    _, exponent = np.frexp(sizes.astype(np.float64))
-    return np.maximum(exponent.astype(np.int64) - 1, 5)
+    exponent = sizes.astype(np.float64).view(np.int64)   # sizes are exact in a double: its exponent bits
+    exponent >>= 52
+    exponent -= 1023
+    return np.maximum(exponent, 5, out=exponent)
 
 
 def _bucketed(sizes: np.ndarray, group: np.ndarray, groups: int, leaked: np.ndarray | None
@@ -154,29 +156,40 @@ def _signature_groups(blocks: Blocks, sigs: np.ndarray, sizes: np.ndarray, leake
                       ) -> tuple[tuple[UsedSignature, ...], bool]:
     """The BLOCKS with a signature (SIGS) grouped by it, most bytes first, the biggest SIGNATURES_KEPT of
     them named; and whether there were more."""
-    rows = np.flatnonzero(sigs > 1)
-    text = np.flatnonzero(sigs == 1)
-    if not len(rows) and not len(text):
-        return (), False
-    # the text group needs no sort: it is put first, as one more value
-    values, first, inverse = np.unique(sigs[rows], return_index=True, return_inverse=True)
-    if len(text):
-        values, first = np.concatenate(([1], values)).astype(np.uint64), np.concatenate(([0], first + len(text)))
-        inverse = np.concatenate((np.zeros(len(text), dtype=np.int64), inverse + 1))
-        rows = np.concatenate((text, rows))
+    values, counts, total, gone, gone_bytes, first = _by_signature(sigs, sizes, leaked)
     n = len(values)
-    counts = np.bincount(inverse, minlength=n)
-    total = np.bincount(inverse, weights=sizes[rows], minlength=n)
-    if leaked is not None:
-        mask = leaked[rows]
-        gone = np.bincount(inverse[mask], minlength=n)
-        gone_bytes = np.bincount(inverse[mask], weights=sizes[rows][mask], minlength=n)
-    else:
-        gone = gone_bytes = np.zeros(n, dtype=np.int64)
     order = np.lexsort((values, -total))[:SIGNATURES_KEPT]
     out = []
     for i in order.tolist():
         key = TEXT if int(values[i]) == 1 else int(values[i])
         out.append(UsedSignature(signature_name(key, images, symbol), int(counts[i]), int(total[i]), int(gone[i]),
-                                 int(gone_bytes[i]), int(blocks.addresses(rows[first[i]]))))
+                                 int(gone_bytes[i]), int(blocks.addresses(first[i]))))
     return tuple(out), n > SIGNATURES_KEPT
+
+
+def _by_signature(sigs: np.ndarray, sizes: np.ndarray, leaked: np.ndarray | None) -> tuple[np.ndarray, ...]:
+    """Each signature (1 for text, first), its blocks' count and bytes, LEAKED's count and bytes among them, and
+    its first block.  The text group, often most blocks, is summed on masks; the others are grouped with
+    np.unique."""
+    rows = np.flatnonzero(sigs > 1)
+    values, first, inverse = np.unique(sigs[rows], return_index=True, return_inverse=True)
+    first = rows[first]
+    n = len(values)
+    counts = np.bincount(inverse, minlength=n)
+    total = np.bincount(inverse, weights=sizes[rows], minlength=n).astype(np.int64)
+    if leaked is not None:
+        mask = leaked[rows]
+        gone = np.bincount(inverse[mask], minlength=n)
+        gone_bytes = np.bincount(inverse[mask], weights=sizes[rows][mask], minlength=n).astype(np.int64)
+    else:
+        gone = gone_bytes = np.zeros(n, dtype=np.int64)
+    text = sigs == 1
+    if text.any():
+        text_gone = text & leaked if leaked is not None else np.zeros(len(sigs), dtype=bool)
+        values = np.concatenate(([1], values)).astype(np.uint64)
+        first = np.concatenate(([int(np.argmax(text))], first))
+        counts = np.concatenate(([int(np.count_nonzero(text))], counts))
+        total = np.concatenate(([int(sizes.sum(where=text))], total))
+        gone = np.concatenate(([int(np.count_nonzero(text_gone))], gone))
+        gone_bytes = np.concatenate(([int(sizes.sum(where=text_gone))], gone_bytes))
+    return values, counts, total, gone, gone_bytes, first

@@ -176,11 +176,29 @@ def signatures(first_words: np.ndarray, images: Sequence[tuple[int, int, str]]) 
         inside = (i >= 0) & (first_words < ends[np.maximum(i, 0)])
         inside &= ~np.isin(first_words, np.array(_load_addresses(images), dtype=np.uint64))
         out[inside] = first_words[inside]
-    as_bytes = first_words.view(np.uint8).reshape(-1, 8)
-    printable = (as_bytes >= 0x20) & (as_bytes < 0x7f)
-    text = printable[:, :4].all(axis=1) & (printable | (as_bytes == 0)).all(axis=1)
-    out[text & (out == 0)] = 1
+    out[begins_with_text(first_words) & (out == 0)] = 1
     return out
+
+
+_HIGH = np.uint64(0x8080808080808080)
+
+
+def begins_with_text(words: np.ndarray) -> np.ndarray:
+    """Whether each of WORDS (uint64, as stored: little-endian) holds text: its first four bytes printable ASCII
+    (0x20 to 0x7e) and each of the others printable or zero.  Each byte is judged by its own bit 7 after an add
+    that cannot carry into the next byte (its bit 7 cleared first), all eight at once."""
+    low = words & ~_HIGH                                   # each byte below 0x80
+    printable = low + np.uint64(0x6060606060606060)        # bit 7: the byte is 0x20 or more
+    above = low + np.uint64(0x0101010101010101)            # bit 7: 0x7f or more
+    printable &= ~above
+    printable &= ~words                                    # and below 0x80 itself
+    low += np.uint64(0x7F7F7F7F7F7F7F7F)                   # bit 7: not zero
+    low |= words
+    zero = np.bitwise_not(low, out=low)                    # bit 7: zero
+    printable &= _HIGH
+    zero |= printable
+    zero &= _HIGH
+    return ((printable & np.uint64(0x80808080)) == np.uint64(0x80808080)) & (zero == _HIGH)
 
 
 def _load_addresses(images: Sequence[tuple[int, int, str]]) -> list[int]:

@@ -17,7 +17,7 @@ import numpy as np
 
 from heapwalk.inferior.clib import built_library
 
-__all__ = ["Locator", "NATIVE", "keep", "nonzero_pages", "first_of_each"]
+__all__ = ["Locator", "NATIVE", "keep", "nonzero_pages", "FirstHits"]
 
 #: blocks further apart than this start a new stretch of the table (the memory between is given no slots)
 GAP = 1 << 20
@@ -45,8 +45,12 @@ def _declared(lib):
         lib.hw_locate_sorted.restype = None
         lib.hw_locate_sorted.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
                                          ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
-        lib.hw_first.restype = None
-        lib.hw_first.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
+        lib.hw_first_hits.restype = None
+        lib.hw_first_hits.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_void_p,
+                                      ctypes.c_void_p]
+        lib.hw_edges.restype = ctypes.c_int64
+        lib.hw_edges.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
+                                 ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p]
         lib.hw_table.restype = None
         lib.hw_table.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
                                  ctypes.c_int64, ctypes.c_void_p]
@@ -116,6 +120,21 @@ class Locator:
                               len(self.starts), start, out.ctypes.data)
         return out
 
+    def edges(self, at: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The words at AT (uint64, ascending) holding VALUES: for each that lies inside a block and points into
+        another, the two blocks (int32: source, target), in one walk through AT and the blocks when in C."""
+        block = self(values)
+        if _LIB is None or not len(at):
+            source = self._numpy(at)
+            ok = np.flatnonzero((source >= 0) & (block >= 0) & (source != block))
+            return source[ok], block[ok]
+        at = np.ascontiguousarray(at, dtype=np.uint64)
+        source, target = np.empty(len(at), dtype=np.int32), np.empty(len(at), dtype=np.int32)
+        start = int(np.searchsorted(self.starts, at[0], side="right")) - 1
+        count = _LIB.hw_edges(at.ctypes.data, block.ctypes.data, len(at), self.starts.ctypes.data,
+                              self.ends.ctypes.data, len(self.starts), start, source.ctypes.data, target.ctypes.data)
+        return source[:count].copy(), target[:count].copy()
+
     def _numpy(self, values: np.ndarray) -> np.ndarray:
         out = np.full(len(values), -1, dtype=np.int32)
         near = np.flatnonzero((values >= self.lo) & (values < self.hi))
@@ -151,13 +170,29 @@ def nonzero_pages(words: np.ndarray) -> np.ndarray:
     return out.view(bool)
 
 
-def first_of_each(block: np.ndarray) -> np.ndarray:
-    """For each value b up to BLOCK's greatest, the position of its first entry in BLOCK (int64, len(BLOCK)
-    where it has none): in C in one pass when built, else with numpy's `minimum.at`."""
-    block = np.ascontiguousarray(block, dtype=np.int64)
-    first = np.full(int(block.max()) + 1 if len(block) else 0, len(block), dtype=np.int64)
-    if _LIB is None:
-        np.minimum.at(first, block, np.arange(len(block), dtype=np.int64))
-    elif len(block):
-        _LIB.hw_first(block.ctypes.data, len(block), first.ctypes.data)
-    return first
+class FirstHits:
+    """For each of COUNT blocks, the first word of the roots found pointing into it (its address, a register's
+    value) and that word's root; words are added in the order the roots are read."""
+
+    def __init__(self, count: int):
+        self.word = np.zeros(count, dtype=np.uint64)
+        self.root = np.full(count, -1, dtype=np.int32)
+
+    def add(self, block: np.ndarray, words: np.ndarray, root: int) -> None:
+        """The words at WORDS (uint64) of the root ROOT point into BLOCK (int32, each a block): each block with no
+        hit yet keeps its first one there (in C when built, else in numpy)."""
+        block = np.ascontiguousarray(block, dtype=np.int32)
+        words = np.ascontiguousarray(words, dtype=np.uint64)
+        if _LIB is not None:
+            _LIB.hw_first_hits(block.ctypes.data, words.ctypes.data, len(block), root, self.word.ctypes.data,
+                               self.root.ctypes.data)
+            return
+        fresh = np.flatnonzero(self.root[block] < 0)
+        block, first = np.unique(block[fresh], return_index=True)
+        self.root[block] = root
+        self.word[block] = words[fresh[first]]
+
+    def found(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The blocks a root points into (int32, ascending), each one's first word and its root."""
+        reached = np.flatnonzero(self.root >= 0)
+        return reached.astype(np.int32), self.word[reached], self.root[reached]

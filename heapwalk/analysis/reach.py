@@ -22,7 +22,7 @@ import numpy as np
 
 from heapwalk.analysis.graph import Graph
 from heapwalk.analysis.heapwords import HeapWords, run_mask
-from heapwalk.analysis.locate import Locator, first_of_each
+from heapwalk.analysis.locate import FirstHits, Locator
 from heapwalk.inferior.memory import Memory, merged, ranges_without
 from heapwalk.inferior.roots import RegisterRoot, Root
 from heapwalk.inferior.words import read_window
@@ -86,7 +86,7 @@ class _Scanner:
         self.first = np.zeros(blocks.count, dtype=np.uint64)
         self.sources: list[np.ndarray] = []
         self.targets: list[np.ndarray] = []
-        self.hits: list[tuple[np.ndarray, np.ndarray, int]] = []
+        self.hits = FirstHits(blocks.count)
         self.unread: list[tuple[int, int]] = []
         self.progress, self.total, self.done = progress, total, 0
 
@@ -118,13 +118,13 @@ class _Scanner:
         for base, words in self.windows(root.start, root.end):
             where, block = self.pointing(words)
             if len(where):
-                self.hits.append((block, base + 8 * where.astype(np.uint64), index))
+                self.hits.add(block, np.uint64(base) + (where.astype(np.uint64) << np.uint64(3)), index)
 
     def registers(self, first: int, registers: Sequence[RegisterRoot]) -> None:
         values = np.array([r.value for r in registers], dtype=np.uint64)
         where, block = self.pointing(values)
         for w, b in zip(where.tolist(), block.tolist()):
-            self.hits.append((np.array([b]), np.array([registers[w].value], dtype=np.uint64), first + w))
+            self.hits.add(np.array([b]), np.array([registers[w].value], dtype=np.uint64), first + w)
 
     def heap(self, lo: int, hi: int) -> None:
         for base, words in self.windows(lo, hi):
@@ -146,10 +146,9 @@ class _Scanner:
     def kept(self, words: HeapWords) -> None:
         """The heap words WORDS kept for the memory it covers, judged as `heap` judges the words it reads."""
         for at, values in words.pairs():     # in address order
-            source, block = self.locate.ascending(at), self.locate(values)
-            ok = np.flatnonzero((source >= 0) & (block >= 0) & (source != block))
-            self.sources.append(source[ok])
-            self.targets.append(block[ok])
+            source, target = self.locate.edges(at, values)
+            self.sources.append(source)
+            self.targets.append(target)
         at, first = words.firsts()
         block = self.locate(at)
         ok = block >= 0
@@ -192,7 +191,7 @@ def scan(mem: Memory, blocks: Blocks, roots: Sequence[Root], registers: Sequence
     for lo, hi in heaps:
         s.heap(lo, hi)
     graph = Graph(blocks.count, _joined(s.sources), _joined(s.targets))
-    root_blocks, root_words, root_index = _first_hits(s.hits)
+    root_blocks, root_words, root_index = s.hits.found()
     seen = np.zeros(blocks.count, dtype=np.uint8)
     parent = np.full(blocks.count, -2, dtype=np.int32)
     parent[root_blocks] = -1
@@ -203,16 +202,3 @@ def scan(mem: Memory, blocks: Blocks, roots: Sequence[Root], registers: Sequence
 
 def _joined(parts: list[np.ndarray]) -> np.ndarray:
     return np.concatenate(parts).astype(np.int32) if parts else _EMPTY.astype(np.int32)
-
-
-def _first_hits(hits: list[tuple[np.ndarray, np.ndarray, int]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """For each block a root points into: the block, the first such word's address, and its root."""
-    if not hits:
-        return _EMPTY.astype(np.int32), _EMPTY.astype(np.uint64), _EMPTY.astype(np.int32)
-    block = np.concatenate([h[0] for h in hits]).astype(np.int64)
-    word = np.concatenate([h[1] for h in hits]).astype(np.uint64)
-    index = np.concatenate([np.full(len(h[0]), h[2], dtype=np.int32) for h in hits])
-    first = first_of_each(block)                 # each block's first hit, no sort
-    reached = np.flatnonzero(first < len(block))
-    first = first[reached]
-    return reached.astype(np.int32), word[first], index[first]

@@ -12,6 +12,7 @@ from heapwalk.gdb.console import read_only
 from heapwalk.errors import CannotDecode, UsageError
 from heapwalk.gdb.session import Settings, UserError
 from heapwalk.inferior.gcpause import gc_paused
+from heapwalk.inferior.ownmemory import freed_memory_kept
 from heapwalk.inferior.pages import PagesUnknown
 
 __all__ = ["Parser", "Subcommand", "json_option"]
@@ -50,7 +51,7 @@ class Subcommand(gdb.Command):
     def invoke(self, argument: str, from_tty: bool) -> None:
         try:
             args = self.parser.parse_args(gdb.string_to_argv(argument))
-            with read_only(), gc_paused():
+            with read_only(), gc_paused(), freed_memory_kept():
                 self.run(args)
         except _HelpShown:
             return

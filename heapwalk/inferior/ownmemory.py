@@ -1,0 +1,62 @@
+"""heapwalk's own memory, in gdb's process: what numpy frees while a command runs is kept for the next array,
+and given back to the system when the command ends.
+
+A decode makes and drops thousands of arrays of tens or hundreds of megabytes.  glibc's malloc maps each one
+afresh and unmaps it when freed, so every array pays the kernel's page faults again (0.2 s a GiB on bare
+metal, over 1 s in some virtual machines, where memory the guest gave back is faulted in from the host).
+While a command runs, the thresholds above which malloc maps a block of its own and gives the top of its heap
+back are raised, so a freed array's pages serve the next one; when it ends, they are set back and
+`malloc_trim` returns every free page.  Nothing changes where gdb's malloc is not glibc's, or where the user
+tuned these thresholds for gdb (their environment says so).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+
+__all__ = ["freed_memory_kept"]
+
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+#: the thresholds while a command runs: more than any array heapwalk makes
+_HELD = 1 << 30
+#: glibc's defaults, set back after the command
+_DEFAULT = 128 << 10
+_TUNED = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_")
+
+
+def _libc():
+    """The C library's mallopt and malloc_trim, when gdb's malloc is glibc's and the user left it untuned."""
+    if any(os.environ.get(name) for name in _TUNED) or "glibc.malloc" in os.environ.get("GLIBC_TUNABLES", ""):
+        return None
+    try:
+        lib = ctypes.CDLL(None)
+        mallopt, trim = lib.mallopt, lib.malloc_trim
+        lib.gnu_get_libc_version  # glibc's own, not a lookalike's
+    except (OSError, AttributeError):
+        return None
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    return mallopt, trim
+
+
+_LIBC = _libc()
+
+
+@contextlib.contextmanager
+def freed_memory_kept():
+    """While it lasts, memory heapwalk frees stays in gdb's heap for its next arrays (see the module); at its
+    end, the thresholds are glibc's defaults again and the free pages are given back."""
+    if _LIBC is None:
+        yield
+        return
+    mallopt, trim = _LIBC
+    held = mallopt(_M_MMAP_THRESHOLD, _HELD) == 1 and mallopt(_M_TRIM_THRESHOLD, _HELD) == 1
+    try:
+        yield
+    finally:
+        mallopt(_M_MMAP_THRESHOLD, _DEFAULT)
+        mallopt(_M_TRIM_THRESHOLD, _DEFAULT)
+        if held:
+            trim(0)

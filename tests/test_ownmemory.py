@@ -1,0 +1,52 @@
+"""heapwalk's own memory while a command runs (heapwalk/inferior/ownmemory.py): big arrays come from malloc's
+heap and stay there for the next ones; afterwards glibc's thresholds are back and the pages given back."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+from heapwalk.inferior import ownmemory
+
+_PROBE = textwrap.dedent("""
+    import numpy as np
+    from heapwalk.inferior.ownmemory import freed_memory_kept
+
+    def in_heap(array):
+        at = array.ctypes.data
+        for line in open("/proc/self/maps"):
+            lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+            if lo <= at < hi:
+                return line.rstrip().endswith("[heap]")
+        raise AssertionError("not mapped")
+
+    def rss():
+        return int(open("/proc/self/statm").read().split()[1]) * 4096
+
+    before = in_heap(np.ones(8 << 20))
+    with freed_memory_kept():
+        first = np.ones(8 << 20)
+        inside = in_heap(first)
+        at = first.ctypes.data
+        del first
+        reused = np.ones(8 << 20).ctypes.data == at
+        held = rss()
+    after = in_heap(np.ones(8 << 20))
+    print(before, inside, reused, after, held - rss() > (32 << 20))
+""")
+
+
+def test_arrays_come_from_the_heap_and_are_reused_only_while_a_command_runs():
+    out = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["False", "True", "True", "False", "True"]
+
+
+def test_a_user_who_tuned_gdbs_malloc_keeps_the_tuning(monkeypatch):
+    monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.mmap_threshold=65536")
+    assert ownmemory._libc() is None
+    monkeypatch.delenv("GLIBC_TUNABLES")
+    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "4096")
+    assert ownmemory._libc() is None
+    monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_")
+    assert ownmemory._libc() is not None
