@@ -109,4 +109,31 @@ def test_an_abandoned_heap_and_a_gap_are_left_to_the_scan():
     assert words.covered == [(0x10000, 0x10200), (0x10400, 0x10800)]
     (at, values), = list(words.pairs())
     assert len(at) == 8 + 44 and np.array_equal(at, values)
-    assert words.firsts()[0].tolist() == [0x10010, 0x100a0]
+    assert [a for at, _ in words.firsts() for a in at.tolist()] == [0x10010, 0x100a0]
+
+
+def test_the_pages_a_sweep_judged_answer_the_trims_question_and_the_rest_is_left_to_read():
+    rng = np.random.default_rng(5)
+    base = 0x7F0000001000 + 8                       # windows not page-aligned: their edge pages are not judged
+    pages = 64
+    words = np.zeros(512 * pages, dtype=np.uint64)
+    busy = rng.random(pages) < 0.5
+    for p in np.flatnonzero(busy):
+        words[512 * p + rng.integers(0, 512)] = 1 + rng.integers(0, 1 << 40)
+    kept = HeapWords([(base, base + 8 * len(words))], keep_words=False)
+    for lo in range(0, len(words), 3000):          # windows of 3000 words, cut anywhere
+        kept.window(base + 8 * lo, words[lo:lo + 3000], np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
+    first = 0x7F0000001000
+    for ranges in ([(first, first + 4096 * pages)], [(first + 4096 * 3, first + 4096 * 9), (first + 4096 * 20, first + 4096 * 21)],
+                   [(first + 4096 * 60, first + 4096 * 70)], []):
+        known, unread = kept.nonzero_bytes(ranges)
+        judged = [(lo, hi) for lo, hi in kept.pages_seen()[0]]
+        for lo, hi in ranges:
+            for page in range(lo, hi, 4096):
+                inside = any(a <= page < b for a, b in judged)
+                assert inside != any(a <= page < b for a, b in unread)
+        expected = sum(4096 for lo, hi in ranges for page in range(lo, hi, 4096)
+                       if any(a <= page < b for a, b in judged) and 0 <= (page - first) // 4096 < pages
+                       and busy[(page - first) // 4096])
+        assert known == expected
+    assert kept.nonzero_bytes([(first, first + 4096 * pages)])[1]      # some edge pages were not judged

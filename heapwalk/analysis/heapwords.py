@@ -24,7 +24,6 @@ from heapwalk.inferior.residency import runs_of
 
 __all__ = ["HeapWords", "run_mask"]
 
-_EMPTY = np.zeros(0, dtype=np.uint64)
 _PAGE = 4096
 
 
@@ -94,6 +93,17 @@ class HeapWords:
         core's contents (`residency.in_core`) need not read again."""
         return merged(self._judged), merged(self._nonzero)
 
+    def nonzero_bytes(self, ranges: Sequence[tuple[int, int]]) -> tuple[int, list[tuple[int, int]]]:
+        """Of RANGES (whole pages [lo, hi), apart), the bytes of the pages the windows judged that hold anything
+        but zeros, and the pieces of RANGES they did not judge (the caller reads those)."""
+        judged = merged(self._judged)
+        if not judged or not ranges:
+            return 0, list(ranges)
+        nonzero = merged(self._nonzero)
+        los = np.array([lo for lo, _ in ranges], dtype=np.int64)
+        his = np.array([hi for _, hi in ranges], dtype=np.int64)
+        return int((_below(nonzero, his) - _below(nonzero, los)).sum()), ranges_without(ranges, judged)
+
     def _numpy(self, words: np.ndarray, run_lo: np.ndarray, run_hi: np.ndarray) -> np.ndarray:
         """`locate.keep` in numpy: the runs as a mask, its words' values compared with the spans."""
         held = run_mask(len(words), run_lo, run_hi)
@@ -133,9 +143,19 @@ class HeapWords:
         for _, at, values, _, _ in sorted(self._kept, key=lambda part: part[0]):
             yield at, values
 
-    def firsts(self) -> tuple[np.ndarray, np.ndarray]:
-        """The address and first word of every kept run."""
-        if not self._kept:
-            return _EMPTY, _EMPTY
-        return (np.concatenate([part[3] for part in self._kept]),
-                np.concatenate([part[4] for part in self._kept]))
+    def firsts(self):
+        """The address and first word of every kept run, a window at a time in address order."""
+        for _, _, _, starts, firsts in sorted(self._kept, key=lambda part: part[0]):
+            yield starts, firsts
+
+
+def _below(runs: list[tuple[int, int]], at: np.ndarray) -> np.ndarray:
+    """For each address of AT, how many bytes of RUNS (merged) lie below it."""
+    if not runs:
+        return np.zeros(len(at), dtype=np.int64)
+    starts = np.array([lo for lo, _ in runs], dtype=np.int64)
+    ends = np.array([hi for _, hi in runs], dtype=np.int64)
+    before = np.concatenate(([0], np.cumsum(ends - starts)))
+    i = np.searchsorted(starts, at, side="right")          # the runs starting at or below each address
+    past = np.where(i > 0, np.maximum(ends[np.maximum(i - 1, 0)] - at, 0), 0)   # the last one's part above it
+    return before[i] - past

@@ -149,11 +149,11 @@ class _Scanner:
             source, target = self.locate.edges(at, values)
             self.sources.append(source)
             self.targets.append(target)
-        at, first = words.firsts()
-        block = self.locate(at)
-        ok = block >= 0
-        ok[ok] = self.starts[block[ok]] == at[ok]
-        self.first[block[ok]] = first[ok]
+        for at, first in words.firsts():     # in address order
+            block = self.locate.ascending(at)
+            ok = np.flatnonzero(block >= 0)
+            ok = ok[self.starts[block[ok]] == at[ok]]
+            self.first[block[ok]] = first[ok]
         self.done += sum(hi - lo for lo, hi in words.covered)
 
     def _held(self, base: int, n: int) -> np.ndarray:

@@ -12,13 +12,14 @@ flushed, and a thread arena's top is never trimmed.
 Which of those pages are resident comes from the target's residency where it
 is known (a live process's page map, a core `heapwalk capture` wrote); elsewhere
 an all-zero page is counted as not resident (never touched, or already given
-back).  So `TrimEstimate.resident` is the drop in RSS to expect and
+back), judged from the pages a sweep already read where it read them.  So `TrimEstimate.resident` is the drop in RSS to expect and
 `TrimEstimate.total` the address space released.
 """
 
 from __future__ import annotations
 
 from types import MappingProxyType
+from typing import Protocol
 
 from heapwalk.glibc.locate.layout import MINSIZE, Layout
 from heapwalk.inferior.memory import Memory, ReadError
@@ -32,6 +33,14 @@ _SPAN = 1 << 20                 # bytes read at once when looking for resident p
 _LINKS = 48                     # sizeof(struct malloc_chunk): stays resident in a trimmed chunk
 SUB_PAGE = PAGE - 1 + _LINKS   # a free chunk this size or smaller has no whole page to give back
 _RUN_STATES = frozenset((ChunkState.FAST, ChunkState.UNSORTED, ChunkState.SMALL, ChunkState.LARGE))
+
+
+class PagesSeen(Protocol):
+    """What a sweep already read of the heaps' pages (`analysis.heapwords.HeapWords`)."""
+
+    def nonzero_bytes(self, ranges: list[tuple[int, int]]) -> tuple[int, list[tuple[int, int]]]:
+        """Of RANGES (whole pages), the bytes of the pages it read that hold anything, and the pieces it did not
+        read."""
 
 
 def _resident_bytes(mem: Memory, start: int, length: int) -> int:
@@ -94,8 +103,9 @@ class TrimSimulation:
     """
 
     def __init__(self, mem: Memory, layout: Layout, arena: Arena, thp_pagesize: int = 0,
-                 main_contiguous: bool = True, residency: Residency | None = None):
+                 main_contiguous: bool = True, residency: Residency | None = None, seen: PagesSeen | None = None):
         self.mem, self.arena, self.thp_pagesize, self.residency = mem, arena, thp_pagesize, residency
+        self.seen = seen
         self.systrim_allowed = arena.is_main and main_contiguous
         self.consolidate = layout.has_fastbins
         self.top_start, self.top_size = arena.top, arena.top_size
@@ -207,7 +217,8 @@ class TrimSimulation:
         if not ranges:
             return 0
         if self.residency is None:
-            return sum(_resident_bytes(self.mem, start, end - start) for start, end in ranges)
+            known, unread = self.seen.nonzero_bytes(ranges) if self.seen is not None else (0, ranges)
+            return known + sum(_resident_bytes(self.mem, start, end - start) for start, end in unread)
         known = self.residency.covering([(h.address, h.address + max(h.size, h.mprotect_size))
                                          for h in self.arena.heaps] + ranges)
         starts, ends = zip(*ranges)

@@ -79,7 +79,8 @@ class OnePass:
         walked = None
         if lists is not None and not self.lists_only:
             walked = walk_of_sweep(self.mem, self.layout, arena, sweep, lists.codes, self.tcached,
-                                   self.thp_pagesize, self.main_contiguous, self.residency)
+                                   self.thp_pagesize, self.main_contiguous, self.residency,
+                                   self.words if self.words is not None and self.words.keep_pages else None)
         if walked is None:
             self.failed.add(arena.address)
         else:

@@ -19,7 +19,7 @@ from heapwalk.glibc.bulk.indexlists import PLAIN
 from heapwalk.glibc.locate.layout import NON_MAIN_ARENA, Layout
 from heapwalk.glibc.model import Account, Arena, ChunkState, TrimEstimate
 from heapwalk.glibc.bulk.sweep import TAIL_FENCEPOST, TAIL_LEFTOVER, TAIL_ZERO, Sweep
-from heapwalk.glibc.account.trim import SUB_PAGE, TrimSimulation
+from heapwalk.glibc.account.trim import SUB_PAGE, PagesSeen, TrimSimulation
 from heapwalk.inferior.memory import Memory
 from heapwalk.inferior.residency import Residency
 
@@ -34,17 +34,20 @@ STATE_OF_CODE = {PLAIN: ChunkState.IN_USE, 0: ChunkState.TCACHE_STRUCT, 1: Chunk
 
 def walk_of_sweep(mem: Memory, layout: Layout, arena: Arena, sweep: Sweep, codes: np.ndarray,
                   tcached: tuple[np.ndarray, np.ndarray], thp_pagesize: int, main_contiguous: bool,
-                  residency: Residency | None = None) -> tuple[Account, TrimEstimate] | None:
+                  residency: Residency | None = None, seen: PagesSeen | None = None
+                  ) -> tuple[Account, TrimEstimate] | None:
     """ARENA's account and trim estimate from SWEEP and CODES (each chunk's listing code, changed in place),
     with the tcache chunks TCACHED (sorted chunk addresses, and each one's code) and RESIDENCY (which pages
-    were in RAM, when known); None where the careful walk has something to say."""
+    were in RAM, when known) or else SEEN (the pages the sweep judged); None where the careful walk has something
+    to say."""
     if not _mark_tcached(sweep, codes, tcached):
         return None
     sizes = sizes_of(sweep)
     tally = tally_of_sweep(arena, sweep, codes, sizes)
     if tally is None:
         return None
-    sim = TrimSimulation(mem, layout, arena, thp_pagesize, main_contiguous and not arena.noncontiguous, residency)
+    sim = TrimSimulation(mem, layout, arena, thp_pagesize, main_contiguous and not arena.noncontiguous, residency,
+                         seen)
     _feed_runs(sim, sweep, codes, sizes, layout.has_fastbins)
     return tally.account(), sim.result()
 
