@@ -123,7 +123,7 @@ FUZZ_ARGS ?=
 fuzz: cores bytecode
 	$(PY) tests/fuzz.py $(FUZZ_ARGS)
 
-# The benchmark: heapwalk's commands timed on a core of cores/bench.c (BENCH_SIZE: small, medium, large).
+# The benchmark: heapwalk's commands timed on a core of cores/bench.c (BENCH_SIZE: small, medium, large, huge).
 # Prints a table and writes build/bench/SIZE/bench.json; never fails on a slow machine.
 BENCH_SIZE ?= large
 BENCH_ARGS ?=

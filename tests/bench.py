@@ -9,8 +9,9 @@ same program is run again and left at its snapshot, and the walk and ``heapwalk 
 gcore's whole core (tests/bench_capture.py).  Last, the capture's pause with and without its pre-copy, in
 Debian's kernel under qemu (tests/bench_precopy.py).
 
-Sizes: smoke (60 thousand chunks, for the test that it runs), small (300 thousand, for quick runs), medium (1.5 million) and large
-(6 million chunks, over 1 GiB in nine arenas).  Two shapes of each: ordered (every third chunk freed in
+Sizes: smoke (60 thousand chunks, for the test that it runs), small (300 thousand, for quick runs), medium (1.5 million),
+large (6 million chunks, over 1 GiB in nine arenas) and huge (66 million chunks, over 12 GiB: it needs about 24 GiB
+of memory and 30 GiB of disk).  Two shapes of each: ordered (every third chunk freed in
 address order, so the free lists run through memory in order) and random (half of the chunks freed in
 random order after realloc churn, so the lists hop across the heaps, as in real programs).  Prints a table
 per shape and writes build/bench/bench-SIZE.json (and each shape's numbers beside its core).
@@ -38,9 +39,9 @@ from bench_precopy import measure_precopy, precopy_lines  # noqa: E402
 from busy import stress, stress_line  # noqa: E402
 from services import build_service  # noqa: E402
 
-SIZES = {"smoke": 60_000, "small": 300_000, "medium": 1_500_000, "large": 6_000_000}
+SIZES = {"smoke": 60_000, "small": 300_000, "medium": 1_500_000, "large": 6_000_000, "huge": 66_000_000}
 #: the process the capture's pre-copy is timed on, in MiB, for each size (tests/bench_precopy.py)
-PRECOPY_MIB = {"smoke": 0, "small": 256, "medium": 1024, "large": 2048}
+PRECOPY_MIB = {"smoke": 0, "small": 256, "medium": 1024, "large": 2048, "huge": 8192}
 COMMANDS = ("heapwalk report", "heapwalk bins", "heapwalk chunks --free", "heapwalk check", "heapwalk leaks",
             "heapwalk map --svg /dev/null --png /dev/null")
 BUILD = ROOT / "build"
@@ -123,7 +124,8 @@ def measure(cap: harness.Capture, runs: int, workdir: Path) -> dict:
     heap_file.write_text(json.dumps(heaps))
     floor_runs = [float(_value(gdb_run(cap.exe, cap.core, [_FLOOR.format(heaps=str(heap_file))])[0],
                                "heapwalk-bench-floor")[0]) for _ in range(runs)]
-    load_runs = [gdb_run(cap.exe, cap.core, [])[1] for _ in range(runs)]
+    loads = [gdb_run(cap.exe, cap.core, []) for _ in range(runs)]
+    load_runs, load_peak = [wall for _, wall, _ in loads], max(peak for _, _, peak in loads)
     outs = [gdb_run(cap.exe, cap.core, [f"source {ROOT / 'tests' / 'bench_walk.py'}"])[0] for _ in range(runs)]
     walks = [_value(out, "heapwalk-bench-walk") for out in outs]
     walk_seconds = statistics.median(float(w[0]) for w in walks)
@@ -142,6 +144,7 @@ def measure(cap: harness.Capture, runs: int, workdir: Path) -> dict:
         seconds = statistics.median(inside)
         results.append({"command": command, "wall_seconds": statistics.median(walls),
                         "command_seconds": seconds, "peak_rss_bytes": max(rss),
+                        "rss_per_million_chunks": (max(rss) - load_peak) / chunks * 1e6,
                         "chunks_per_second": chunks / seconds if seconds else None,
                         "times_floor": seconds / statistics.median(floor_runs)})
     return {
@@ -149,7 +152,7 @@ def measure(cap: harness.Capture, runs: int, workdir: Path) -> dict:
         "heap_bytes": sum(n for _, n in heaps), "heaps": len(heaps), "arenas": len(doc["arenas"]),
         "largest_heap_bytes": max(n for _, n in heaps),
         "core_bytes": cap.core.stat().st_size, "runs": runs,
-        "gdb_load_seconds": statistics.median(load_runs),
+        "gdb_load_seconds": statistics.median(load_runs), "gdb_load_peak_rss_bytes": load_peak,
         "floor_seconds": statistics.median(floor_runs),
         "walk_seconds": walk_seconds, "walk_chunks_per_second": chunks / walk_seconds,
         "walk_times_floor": walk_seconds / statistics.median(floor_runs),
@@ -187,7 +190,8 @@ def table(result: dict) -> str:
     lines = [f"bench {result['size']}, {result['shape']} shape: {result['chunks']:,} chunks, {result['heap_bytes'] / mib:,.0f} MiB in "
              f"{result['heaps']} heaps of {result['arenas']} arenas (largest heap "
              f"{result['largest_heap_bytes'] / mib:,.0f} MiB); median of {result['runs']} runs",
-             f"gdb start and core load alone: {result['gdb_load_seconds']:.2f} s; floor (one bulk read per heap): "
+             f"gdb start and core load alone: {result['gdb_load_seconds']:.2f} s, "
+             f"{result['gdb_load_peak_rss_bytes'] / mib:,.0f} MiB (MiB/M chunks: the peak above it); floor (one bulk read per heap): "
              f"{result['floor_seconds']:.3f} s",
              f"the one pass alone (every heap swept, lists, accounting and trim): {result['walk_seconds']:.2f} s, "
              f"{result['walk_chunks_per_second']:,.0f} chunks/s, {result['walk_times_floor']:.1f} x the floor; "
@@ -195,11 +199,13 @@ def table(result: dict) -> str:
              f"{result['careful_times_floor']:.1f} x the floor",
              f"the leak scan alone (blocks, roots, scan, search): {result['leak_scan_seconds']:.2f} s, "
              f"{result['leak_scan_times_floor']:.1f} x the floor",
-             f"{'command':26} {'wall s':>8} {'command s':>10} {'peak RSS MiB':>13} {'chunks/s':>12} {'x floor':>8}"]
+             f"{'command':26} {'wall s':>8} {'command s':>10} {'peak RSS MiB':>13} {'MiB/M chunks':>13} "
+             f"{'chunks/s':>12} {'x floor':>8}"]
     for r in result["commands"]:
         rate = f"{r['chunks_per_second']:,.0f}" if r["chunks_per_second"] else "-"
         lines.append(f"{r['command']:26} {r['wall_seconds']:8.2f} {r['command_seconds']:10.2f} "
-                     f"{r['peak_rss_bytes'] / mib:13,.0f} {rate:>12} {r['times_floor']:8.1f}")
+                     f"{r['peak_rss_bytes'] / mib:13,.0f} {r['rss_per_million_chunks'] / mib:13.1f} {rate:>12} "
+                     f"{r['times_floor']:8.1f}")
     live = result.get("live")
     if live:
         lines.append(f"live attach (gdb -p, {live['chunks']:,} chunks): the walk {live['walk_seconds']:.2f} s, "
