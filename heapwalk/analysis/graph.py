@@ -39,9 +39,12 @@ class Graph:
 
     def __init__(self, n: int, sources: np.ndarray, targets: np.ndarray):
         self.n = n
-        order = np.argsort(sources, kind="stable")
-        self.targets = np.ascontiguousarray(targets[order], dtype=np.int32)
-        self.offsets = np.searchsorted(sources[order], np.arange(n + 1, dtype=np.int64)).astype(np.int64)
+        if len(sources) > 1 and not bool(np.all(sources[1:] >= sources[:-1])):   # the scan finds them in order
+            self.targets = np.ascontiguousarray(targets[np.argsort(sources, kind="stable")], dtype=np.int32)
+        else:
+            self.targets = np.ascontiguousarray(targets, dtype=np.int32)
+        self.offsets = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(np.bincount(sources, minlength=n), out=self.offsets[1:])
         self.sources = np.ascontiguousarray(sources, dtype=np.int32)
         self.edge_targets = np.ascontiguousarray(targets, dtype=np.int32)
 

@@ -1,7 +1,7 @@
 """An arena's free lists followed through a `Sweep` instead of through memory.
 
 Each fastbin and regular bin starts at its head in the arena and goes on through the fd (or safe-linked next)
-the sweep kept of each chunk.  Every link is looked up in the sweep's sorted addresses at once, so following a
+the sweep kept of each chunk.  Every link is looked up among the sweep's sorted addresses at once (`Locator`), so following a
 list is a step through a Python list of indices, and the checks the careful walkers make of a sound list (each
 bk mirrors its fd, each size belongs in its bin, the list ends at its head or at NULL, it is not longer than
 the arena can hold, no chunk is in two lists) are made on whole arrays.  A list that fails any of them, or
@@ -20,6 +20,7 @@ from heapwalk.glibc.walk.lists import MAX_LIST, bin_kind
 from heapwalk.glibc.model import BinKind, BinList
 from heapwalk.glibc.bulk.native import follow, successors
 from heapwalk.glibc.bulk.sweep import Sweep
+from heapwalk.analysis.locate import Locator
 
 __all__ = ["IndexedLists", "lists_of_sweep", "PLAIN", "bin_indices"]
 
@@ -56,21 +57,21 @@ def lists_of_sweep(sweep: Sweep, layout: Layout, arena: int, raw_arena: bytes, s
     address, n = sweep.address, sweep.count
     codes = np.full(n, PLAIN, dtype=np.uint8)
     sizes = sweep.field & _SIZE_MASK
-    tables = _tables(sweep)
+    starts = Locator(address, address + np.uint64(16))
     free = np.zeros(n, dtype=bool)       # the chunks whose next chunk says they are free: all a bin may hold
     free[:-1] = (sweep.field[1:] & np.uint64(1)) == 0
     fastbins = []
     if layout.nfastbins:
         heads = struct.unpack_from(f"<{layout.nfastbins}Q", raw_arena, layout.off_fastbins)
         nexts = sweep.fd ^ ((address + np.uint64(16)) >> np.uint64(12)) if layout.safe_linking else sweep.fd
-        links = _successors(address, tables, nexts, np.flatnonzero(~free & (sizes <= (layout.nfastbins + 1) * 16)))
+        links = _successors(address, starts, nexts, np.flatnonzero(~free & (sizes <= (layout.nfastbins + 1) * 16)))
         for i, head in enumerate(heads):
             order = _follow(address, links, nexts, head, 0, bound)
             if order is None or np.any(sizes[order] != (i + 2) * 16) or not _claim(codes, order, _FAST_CODE):
                 return None
             fastbins.append(_bin_list(BinKind.FAST, i, address, sweep.field, order,
                                       arena + layout.off_fastbins + 8 * i))
-    links = _successors(address, tables, sweep.fd, np.flatnonzero(free))
+    links = _successors(address, starts, sweep.fd, np.flatnonzero(free))
     regular = []
     for index in range(1, NBINS):
         head = layout.bin_header(arena, index)
@@ -88,38 +89,17 @@ def lists_of_sweep(sweep: Sweep, layout: Layout, arena: int, raw_arena: bytes, s
     return IndexedLists(tuple(fastbins), regular[0], tuple(regular[1:]), codes)
 
 
-def _tables(sweep: Sweep) -> list[tuple[int, int, np.ndarray]]:
-    """Per heap of SWEEP with chunks: (first, end, table), the table holding, a slot per 16 bytes from
-    first, the index of the chunk that starts there.  Slots where no chunk starts are left as they were
-    allocated (filling them would cost a write per 16 bytes): a lookup checks the chunk's address."""
-    out = []
-    for segment in sweep.segments:
-        first, end, lo, hi = segment.extent.first, segment.extent.end, segment.lo, segment.hi
-        if lo == hi:
-            continue
-        table = np.empty((end - first + 15) >> 4, dtype=np.int32)
-        table[((sweep.address[lo:hi] - np.uint64(first)) >> np.uint64(4)).astype(np.intp)] = np.arange(lo, hi)
-        out.append((first, end, table))
-    return out
-
-
-def _successors(address: np.ndarray, tables: list[tuple[int, int, np.ndarray]], links: np.ndarray,
-                rows: np.ndarray):
+def _successors(address: np.ndarray, starts: Locator, links: np.ndarray, rows: np.ndarray):
     """For each chunk of ADDRESS, the index of the chunk its link in LINKS points to; -1 when that is no
-    chunk's start, or the chunk is not among ROWS (those that may be in the lists followed).  Looked up in
-    TABLES (`_tables`): one random access a link instead of a binary search.  In the form `native.follow`
-    takes."""
+    chunk's start, or the chunk is not among ROWS (those that may be in the lists followed).  Looked up with
+    STARTS (a `Locator` of the chunks' first 16 bytes: a table of about two slots a chunk, in C), whatever the
+    order of the links, in memory bounded by the chunks, not the bytes.  In the form `native.follow` takes."""
     out = np.full(len(address), -1, dtype=np.int64)
     targets = links[rows]
-    for first, end, table in tables:
-        inside = np.flatnonzero((targets >= np.uint64(first)) & (targets < np.uint64(end))
-                                & ((targets & np.uint64(15)) == np.uint64(first & 15)))
-        if not len(inside):
-            continue
-        found = table[((targets[inside] - np.uint64(first)) >> np.uint64(4)).astype(np.intp)].astype(np.int64)
-        found[(found < 0) | (found >= len(address))] = 0
-        hit = address[found] == targets[inside]
-        out[rows[inside[hit]]] = found[hit]
+    found = starts(targets)
+    hit = np.flatnonzero(found >= 0)
+    hit = hit[address[found[hit]] == targets[hit]]
+    out[rows[hit]] = found[hit]
     return successors(out)
 
 
