@@ -173,8 +173,8 @@ def signatures(first_words: np.ndarray, images: Sequence[tuple[int, int, str]]) 
         starts = np.array([lo for lo, _, _ in images], dtype=np.uint64)
         ends = np.array([hi for _, hi, _ in images], dtype=np.uint64)
         i = np.searchsorted(starts, first_words, side="right") - 1
-        inside = (i >= 0) & (first_words < ends[np.maximum(i, 0)])
-        inside &= ~np.isin(first_words, np.array(_load_addresses(images), dtype=np.uint64))
+        inside = np.flatnonzero((i >= 0) & (first_words < ends[np.maximum(i, 0)]))
+        inside = inside[~np.isin(first_words[inside], np.array(_load_addresses(images), dtype=np.uint64))]
         out[inside] = first_words[inside]
     out[begins_with_text(first_words) & (out == 0)] = 1
     return out
