@@ -53,33 +53,40 @@ def blocks_of(mem: Memory, layout: Layout, state: HeapState) -> Blocks:
         sizes.append(found[1])
         numbers.append(np.full(len(found[0]), arena.number, dtype=np.int32))
     starts = [e.start for arena in state.arenas for e in extents(arena, layout)]
-    address, size, number = _sorted(addresses, sizes, numbers, starts)
-    return Blocks(address + np.uint64(HEADER), address + size + np.uint64(TAIL), number, HEADER, TAIL,
+    first, end, number = _bounds(addresses, sizes, numbers, starts)
+    return Blocks(first, end, number, HEADER, TAIL,
                   heaps=tuple(_heaps(layout, state)), private=tuple(_private(layout, state)),
                   large=tuple(merged((c.address, c.address + c.size) for c in state.mmapped)),
                   unknown=tuple(merged(unknown)))
 
 
-def _sorted(addresses: list[np.ndarray], sizes: list[np.ndarray], numbers: list[np.ndarray],
+def _bounds(addresses: list[np.ndarray], sizes: list[np.ndarray], numbers: list[np.ndarray],
             starts: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Each arena's chunks (each arena's sorted) joined in address order.  An arena's heaps may lie between
-    another's, so each arena's run is cut at the STARTS of every heap and the pieces, which do not overlap,
-    put in order; when damage makes them overlap, every chunk is sorted."""
-    if not addresses:
-        return np.zeros(0, dtype=np.uint64), np.zeros(0, dtype=np.uint64), np.zeros(0, dtype=np.int32)
+    """Each arena's chunks (each arena's sorted) joined in address order, as the blocks' first and one-past-last
+    usable bytes and arena numbers, written straight into the three arrays the scan keeps.  An arena's heaps may
+    lie between another's, so each arena's run is cut at the STARTS of every heap and the pieces, which do not
+    overlap, put in order; when damage makes them overlap, every block is sorted."""
+    total = sum(len(a) for a in addresses)
+    first, end = np.empty(total, dtype=np.uint64), np.empty(total, dtype=np.uint64)
+    number = np.empty(total, dtype=np.int32)
     cuts = np.array(sorted(starts), dtype=np.uint64)
     pieces = []
     for i, run in enumerate(addresses):
         at = [0, *np.searchsorted(run, cuts).tolist(), len(run)]
         pieces += [(int(run[a]), i, a, b) for a, b in zip(at, at[1:]) if b > a]
     pieces.sort()
-    address = np.concatenate([addresses[i][a:b] for _, i, a, b in pieces] or [addresses[0]])
-    size = np.concatenate([sizes[i][a:b] for _, i, a, b in pieces] or [sizes[0]])
-    number = np.concatenate([numbers[i][a:b] for _, i, a, b in pieces] or [numbers[0]])
-    if len(address) > 1 and not bool(np.all(address[1:] > address[:-1])):
-        rows = np.argsort(address, kind="stable")
-        address, size, number = address[rows], size[rows], number[rows]
-    return address, size, number
+    k = 0
+    for _, i, a, b in pieces:
+        n = b - a
+        np.add(addresses[i][a:b], np.uint64(HEADER), out=first[k:k + n])
+        np.add(addresses[i][a:b], sizes[i][a:b], out=end[k:k + n])
+        number[k:k + n] = numbers[i][a:b]
+        k += n
+    end += np.uint64(TAIL)
+    if total > 1 and not bool(np.all(first[1:] > first[:-1])):
+        rows = np.argsort(first, kind="stable")
+        first, end, number = first[rows], end[rows], number[rows]
+    return first, end, number
 
 
 def _walked(mem: Memory, layout: Layout, arena: Arena, listing: Listing
