@@ -227,3 +227,57 @@ int64_t hw_edges(const uint64_t *at, const int32_t *block, int64_t n, const uint
     }
     return count;
 }
+
+/* The runs and kept words of a window of a heap (see heapwords.py): each chunk whose size field is at FOUND[k]
+ * (word indices into the N words of WORDS, with FIELDS[k] that field) is a run [FOUND[k] + 1, next) when its
+ * next chunk's size field, at next = FOUND[k] + size / 8, lies inside the window with PREV_INUSE set; the last
+ * chunk, when TAIL is set, is a run to the window's end.  Each run's first word index goes to RUN_LO (*NRUNS of
+ * them), and the index of each word of a run whose value lies in one of the NSPANS spans of BOUNDS to OUT (room
+ * for N); returns how many words were kept. */
+int64_t hw_keep_runs(const uint64_t *words, int64_t n, const int64_t *found, const uint64_t *fields, int64_t nfound,
+                     int64_t tail, const uint64_t *bounds, int64_t nspans, int64_t *run_lo, int64_t *nruns,
+                     int64_t *out)
+{
+    int64_t runs = 0, count = 0;
+    uint64_t lo = nspans ? bounds[0] : 0, width = nspans ? bounds[2 * nspans - 1] - lo : 0;
+    uint64_t last_lo = nspans ? bounds[0] : 0, last_hi = nspans ? bounds[1] : 0;
+    for (int64_t k = 0; k < nfound; k++) {
+        int64_t first = found[k] + 1;
+        uint64_t step = (fields[k] & ~(uint64_t)7) >> 3;
+        int64_t end;
+        if (step < (uint64_t)(n - found[k])) {
+            end = found[k] + (int64_t)step;
+            if (!(words[end] & 1))
+                continue;
+        } else if (tail && k == nfound - 1) {
+            end = n;
+        } else {
+            continue;
+        }
+        run_lo[runs++] = first;
+        for (int64_t i = first; i < end && nspans; i++) {
+            uint64_t v = words[i];
+            if (v - lo >= width)
+                continue;
+            if (v - last_lo < last_hi - last_lo) {
+                out[count++] = i;
+                continue;
+            }
+            int64_t a = 0, b = nspans;
+            while (b - a > 1) {
+                int64_t m = (a + b) / 2;
+                if (bounds[2 * m] <= v)
+                    a = m;
+                else
+                    b = m;
+            }
+            if (v < bounds[2 * a + 1]) {
+                out[count++] = i;
+                last_lo = bounds[2 * a];
+                last_hi = bounds[2 * a + 1];
+            }
+        }
+    }
+    *nruns = runs;
+    return count;
+}

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from heapwalk.analysis.locate import NATIVE, keep, nonzero_pages
+from heapwalk.analysis.locate import NATIVE, keep, keep_runs, nonzero_pages
 from heapwalk.inferior.memory import merged, ranges_without
 from heapwalk.inferior.residency import runs_of
 
@@ -72,6 +72,32 @@ class HeapWords:
         if not len(run_lo) or not self.keep_words:
             return
         index = keep(words, run_lo, run_hi, self._bounds) if NATIVE else self._numpy(words, run_lo, run_hi)
+        self._add(base, words, run_lo, index)
+
+    def chunks(self, base: int, words: np.ndarray, found: np.ndarray, fields: np.ndarray, tail: bool) -> None:
+        """WORDS (uint64) read from BASE, the chunks whose size fields are at FOUND (word indices) with FIELDS
+        those fields: each chunk whose next chunk's PREV_INUSE is set (those in use, and the tcache's and
+        fastbins') is a run from its user memory up to the next chunk's size field; with TAIL, the last chunk,
+        which runs on past the window, is a run to the window's end.  Kept as `window` keeps its runs."""
+        if not self.keep_words or not NATIVE:
+            n = len(words)
+            after = found + ((fields & ~np.uint64(7)) >> np.uint64(3)).astype(np.int64)
+            inside = after < n
+            maybe = inside.copy()
+            maybe[inside] = (words[after[inside]] & np.uint64(1)) == 1
+            lo, hi = found[maybe] + 1, after[maybe]
+            if tail:
+                lo, hi = np.append(lo, found[-1] + 1), np.append(hi, n)
+            self.window(base, words, lo, hi)
+            return
+        if self.keep_pages:
+            self._pages(base, words)
+        run_lo, index = keep_runs(words, found, fields, tail, self._bounds)
+        if len(run_lo):
+            self._add(base, words, run_lo, index)
+
+    def _add(self, base: int, words: np.ndarray, run_lo: np.ndarray, index: np.ndarray) -> None:
+        """Keeps the words at INDEX of WORDS (read from BASE) and the first word of each run at RUN_LO."""
         values = words[index]
         firsts = words[run_lo]
         at = np.uint64(base) + (index.astype(np.uint64) << np.uint64(3))

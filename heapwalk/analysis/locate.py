@@ -17,7 +17,7 @@ import numpy as np
 
 from heapwalk.inferior.clib import built_library
 
-__all__ = ["Locator", "NATIVE", "keep", "nonzero_pages", "FirstHits"]
+__all__ = ["Locator", "NATIVE", "keep", "keep_runs", "nonzero_pages", "FirstHits"]
 
 #: blocks further apart than this start a new stretch of the table (the memory between is given no slots)
 GAP = 1 << 20
@@ -56,6 +56,10 @@ def _declared(lib):
                                  ctypes.c_int64, ctypes.c_void_p]
         lib.hw_nonzero_pages.restype = None
         lib.hw_nonzero_pages.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
+        lib.hw_keep_runs.restype = ctypes.c_int64
+        lib.hw_keep_runs.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
+                                     ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
+                                     ctypes.c_void_p]
         lib.hw_keep.restype = ctypes.c_int64
         lib.hw_keep.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
                                 ctypes.c_int64, ctypes.c_void_p]
@@ -156,6 +160,23 @@ def keep(words: np.ndarray, run_lo: np.ndarray, run_hi: np.ndarray, bounds: np.n
     count = _LIB.hw_keep(words.ctypes.data, run_lo.ctypes.data, run_hi.ctypes.data, len(run_lo), bounds.ctypes.data,
                          len(bounds) // 2, out.ctypes.data)
     return out[:count]
+
+
+def keep_runs(words: np.ndarray, found: np.ndarray, fields: np.ndarray, tail: bool, bounds: np.ndarray
+              ) -> tuple[np.ndarray, np.ndarray]:
+    """The runs of a heap window's chunks that may be in use and their words pointing into BOUNDS, in C
+    (`hw_keep_runs`; `heapwords.HeapWords.chunks` has the numpy form): each run's first word index, and the
+    indices of the words kept (int64, in order)."""
+    words = np.ascontiguousarray(words, dtype=np.uint64)
+    found = np.ascontiguousarray(found, dtype=np.int64)
+    fields = np.ascontiguousarray(fields, dtype=np.uint64)
+    run_lo = np.empty(len(found), dtype=np.int64)
+    out = np.empty(len(words), dtype=np.int64)
+    runs = ctypes.c_int64(0)
+    count = _LIB.hw_keep_runs(words.ctypes.data, len(words), found.ctypes.data, fields.ctypes.data, len(found),
+                              int(tail), bounds.ctypes.data, len(bounds) // 2, run_lo.ctypes.data,
+                              ctypes.addressof(runs), out.ctypes.data)
+    return run_lo[:runs.value].copy(), out[:count].copy()
 
 
 def nonzero_pages(words: np.ndarray) -> np.ndarray:

@@ -134,20 +134,16 @@ def _sweep_extent(mem: Memory, extent: Extent, top: int,
 
 def _keep_words(kept: HeapWords, base: int, words: np.ndarray, found: np.ndarray, fields: np.ndarray,
                 last: bool, top: int) -> None:
-    """Hands KEPT the window WORDS (read from BASE) and the user memory of each chunk there whose next chunk
-    has PREV_INUSE set (those in use, and the tcache's and fastbins'), up to the next chunk's size field.  A
-    chunk other than TOP that runs on past a window that is not the extent's LAST gives the words read so far;
-    the rest of it the sweep steps over, and the scan reads."""
+    """Hands KEPT the window WORDS (read from BASE) and its chunks (size fields at FOUND): it keeps the user
+    memory of each chunk whose next chunk has PREV_INUSE set (those in use, and the tcache's and fastbins'), up
+    to the next chunk's size field.  A chunk other than TOP that runs on past a window that is not the extent's
+    LAST gives the words read so far; the rest of it the sweep steps over, and the scan reads."""
     n = len(words)
-    after = found + ((fields & ~np.uint64(7)) >> np.uint64(3)).astype(np.int64)
-    inside = after < n
-    maybe = inside.copy()
-    maybe[inside] = (words[after[inside]] & np.uint64(1)) == 1
-    lo, hi = found[maybe] + 1, after[maybe]
-    if not last and not inside[-1] and base + 8 * (int(found[-1]) - 1) != top:
-        lo, hi = np.append(lo, found[-1] + 1), np.append(hi, n)
-        kept.gap(base + 8 * n, base + 8 * int(after[-1]))
-    kept.window(base, words, lo, hi)
+    after = int(found[-1]) + ((int(fields[-1]) & ~7) >> 3)
+    tail = not last and after >= n and base + 8 * (int(found[-1]) - 1) != top
+    if tail:
+        kept.gap(base + 8 * n, base + 8 * after)
+    kept.chunks(base, words, found, fields, tail)
 
 
 def _gather(words: np.ndarray, found: np.ndarray, base: int, before: int) -> tuple[np.ndarray, ...] | None:
