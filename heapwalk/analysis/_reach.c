@@ -110,6 +110,29 @@ void hw_locate(const uint64_t *values, int64_t n, const uint64_t *starts, const 
     }
 }
 
+/* Whether V lies in one of the NSPANS spans [BOUNDS[2s], BOUNDS[2s + 1]) (sorted, apart, NSPANS > 0).  *LAST_LO and
+ * *LAST_HI hold the span the last value was found in, tried first (neighbouring words point near each other). */
+static inline int in_spans(uint64_t v, const uint64_t *bounds, int64_t nspans, uint64_t *last_lo, uint64_t *last_hi)
+{
+    if (v - bounds[0] >= bounds[2 * nspans - 1] - bounds[0])
+        return 0;
+    if (v - *last_lo < *last_hi - *last_lo)
+        return 1;
+    int64_t a = 0, b = nspans;        /* the last span whose start is at or below v */
+    while (b - a > 1) {
+        int64_t m = (a + b) / 2;
+        if (bounds[2 * m] <= v)
+            a = m;
+        else
+            b = m;
+    }
+    if (v >= bounds[2 * a + 1])
+        return 0;
+    *last_lo = bounds[2 * a];
+    *last_hi = bounds[2 * a + 1];
+    return 1;
+}
+
 /* The words of WORDS inside the NRUNS runs [RUN_LO[r], RUN_HI[r]) (ascending) whose value lies in one of the
  * NSPANS spans [BOUNDS[2s], BOUNDS[2s + 1]) (sorted, apart): their indices, in order, into OUT (room for every
  * word of the runs); returns how many. */
@@ -118,33 +141,12 @@ int64_t hw_keep(const uint64_t *words, const int64_t *run_lo, const int64_t *run
 {
     if (nspans == 0)
         return 0;
-    uint64_t lo = bounds[0], width = bounds[2 * nspans - 1] - lo;
     uint64_t last_lo = bounds[0], last_hi = bounds[1];   /* the span the last kept word was in */
     int64_t count = 0;
-    for (int64_t r = 0; r < nruns; r++) {
-        for (int64_t i = run_lo[r]; i < run_hi[r]; i++) {
-            uint64_t v = words[i];
-            if (v - lo >= width)
-                continue;
-            if (v - last_lo < last_hi - last_lo) {
+    for (int64_t r = 0; r < nruns; r++)
+        for (int64_t i = run_lo[r]; i < run_hi[r]; i++)
+            if (in_spans(words[i], bounds, nspans, &last_lo, &last_hi))
                 out[count++] = i;
-                continue;
-            }
-            int64_t a = 0, b = nspans;        /* the last span whose start is at or below v */
-            while (b - a > 1) {
-                int64_t m = (a + b) / 2;
-                if (bounds[2 * m] <= v)
-                    a = m;
-                else
-                    b = m;
-            }
-            if (v < bounds[2 * a + 1]) {
-                out[count++] = i;
-                last_lo = bounds[2 * a];
-                last_hi = bounds[2 * a + 1];
-            }
-        }
-    }
     return count;
 }
 
@@ -239,7 +241,6 @@ int64_t hw_keep_runs(const uint64_t *words, int64_t n, const int64_t *found, con
                      int64_t *out)
 {
     int64_t runs = 0, count = 0;
-    uint64_t lo = nspans ? bounds[0] : 0, width = nspans ? bounds[2 * nspans - 1] - lo : 0;
     uint64_t last_lo = nspans ? bounds[0] : 0, last_hi = nspans ? bounds[1] : 0;
     for (int64_t k = 0; k < nfound; k++) {
         int64_t first = found[k] + 1;
@@ -255,28 +256,9 @@ int64_t hw_keep_runs(const uint64_t *words, int64_t n, const int64_t *found, con
             continue;
         }
         run_lo[runs++] = first;
-        for (int64_t i = first; i < end && nspans; i++) {
-            uint64_t v = words[i];
-            if (v - lo >= width)
-                continue;
-            if (v - last_lo < last_hi - last_lo) {
+        for (int64_t i = first; i < end && nspans; i++)
+            if (in_spans(words[i], bounds, nspans, &last_lo, &last_hi))
                 out[count++] = i;
-                continue;
-            }
-            int64_t a = 0, b = nspans;
-            while (b - a > 1) {
-                int64_t m = (a + b) / 2;
-                if (bounds[2 * m] <= v)
-                    a = m;
-                else
-                    b = m;
-            }
-            if (v < bounds[2 * a + 1]) {
-                out[count++] = i;
-                last_lo = bounds[2 * a];
-                last_hi = bounds[2 * a + 1];
-            }
-        }
     }
     *nruns = runs;
     return count;
