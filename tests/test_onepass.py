@@ -14,6 +14,7 @@ import pytest
 
 from conftest import GLIBCS, ROOT, capture, corruption, glibc, run_gdb, version_tuple
 
+import bench
 import harness
 
 pytestmark = pytest.mark.cores
@@ -58,3 +59,14 @@ def test_one_pass_in_pure_python_gives_what_the_careful_walkers_give():
     assert not wrong, json.dumps(wrong, indent=1)
     assert not any(line["native"] for line in lines.values())
     assert sum(line["vouched"] for line in lines.values()) >= len(sound)
+
+
+@pytest.mark.parametrize("shape", ("ordered", "random"))
+def test_one_pass_gives_what_the_careful_walkers_give_on_the_bench_core(shape):
+    """The same on the bench's small core of each shape (9 arenas, some 240,000 chunks; in the random shape
+    every list links its chunks in no order): the one read of `heapwalk report` against the reads of the
+    careful walkers and of the second leak scan."""
+    line = _lines(GLIBCS[0], [bench.capture("small", bench.BUILD / "bin", shape)])["bench"]
+    assert not line.get("error") and not line["differences"], json.dumps(line, indent=1)
+    assert line["vouched"] == line["arenas"] == 9 and line["chunks_swept"] == 9 and line["words_covered"] > 0
+    assert line["native"]

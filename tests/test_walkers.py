@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import random
 from array import array
+
+import pytest
 
 from heapwalk.glibc.locate.layout import layout_for
 from heapwalk.inferior.memory import CachedMemory, ImageMemory, ReadError
@@ -205,6 +208,46 @@ def test_cached_memory_reads_across_blocks_and_reports_holes():
         raise AssertionError("reading past the image must fail")
     big = mem.read(0x10000, 256 * 1024)
     assert len(big) == 256 * 1024 and big[:4] == bytes([0, 1, 2, 3])
+
+
+def test_a_full_cache_reads_a_page_a_hop_and_whole_blocks_along_a_walk():
+    """Once the cache is full, hops far apart (free lists through a heap larger than the cache) load one page
+    each, a walk upwards still loads whole blocks, and every byte read is the target's, holes included."""
+    block, page = CachedMemory.BLOCK, CachedMemory.PAGE
+    rng = random.Random(5)
+    low = bytes(rng.getrandbits(8) for _ in range(40 * block + 3 * page))
+    high = bytes(rng.getrandbits(8) for _ in range(24 * block - 5 * page))
+    image = ImageMemory({0x100000: low, 0x100000 + 40 * block + 5 * page: high})   # a hole of 2 pages
+    end = 0x100000 + 64 * block
+    reads: list[int] = []
+
+    def raw(address: int, size: int) -> bytes:
+        reads.append(size)
+        return image.read(address, size)
+
+    mem = CachedMemory(raw, max_blocks=4)
+    for at in range(0x100000, 0x100000 + 8 * block, 64):
+        assert mem.read(at, 16) == image.read(at, 16)
+    assert reads == [block] * 8
+    del reads[:]
+    for _ in range(2000):
+        at = rng.randrange(0x100000, end - 16)
+        hole = 0x100000 + 40 * block + 3 * page <= at + 16 and at < 0x100000 + 40 * block + 5 * page
+        if hole:
+            with pytest.raises(ReadError):
+                mem.read(at, 16)
+            continue
+        assert mem.read(at, 16) == image.read(at, 16)
+        start, span = mem.span_at(at)
+        assert start <= at < start + len(span) and bytes(span) == image.read(start, len(span))
+        held = sum(len(b) if isinstance(b, bytes) else sum(len(p or b"") for p in b.values())
+                   for b in mem._blocks.values())
+        assert held <= 4 * block
+    assert reads.count(page) > 10 * reads.count(block)
+    del reads[:]
+    for at in range(0x100000 + 48 * block, end, 256):
+        assert mem.read(at, 16) == image.read(at, 16)
+    assert reads.count(block) >= 14 and reads.count(page) <= 2 * CachedMemory.PAGES_BEFORE_BLOCK
 
 
 class _PlainMemory:
