@@ -202,3 +202,21 @@ def test_a_plain_core_gives_what_it_holds_by_owner(tmp_path):
     assert not [s for s in doc["report"]["verdict"] if s.startswith("The allocators' heaps hold")]
     diff = subprocess.run([str(CLI), "diff", str(out), str(out)], capture_output=True, text=True, timeout=300)
     assert diff.returncode == 0 and "RSS by owner: not compared" in diff.stdout, diff.stdout + diff.stderr
+    # the pages the leak scan read (the pool among its roots) are judged as it reads them, not read again from
+    # the core's file: the same breakdown as a report without the scan, which reads them there
+    reads = {}
+    for name, options in (("scan", ""), ("no-scan", " --no-leaks")):
+        log, doc_path = tmp_path / f"{name}.reads", tmp_path / f"{name}.json"
+        run_gdb([str(exe), str(tmp_path / "core")], [_logging_core_reads(log), f"heapwalk report{options} --json "
+                                                     f"{doc_path}"], iex=[NO_SYMBOLS])
+        assert json.loads(doc_path.read_text())["report"]["rss_by_owner"] == rss
+        reads[name] = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+    in_pool = [(a, b) for a, b in reads["no-scan"] if a < pool + size and b > pool]
+    assert in_pool and not [(a, b) for a, b in reads["scan"] if a < pool + size and b > pool]
+
+
+def _logging_core_reads(log: Path) -> str:
+    """A gdb command that has each range of a core's file `residency.in_core` reads logged to LOG as [lo, hi]."""
+    return ("python import json, heapwalk.inferior.residency as r; o = r._read_runs; r._read_runs = "
+            "lambda fd, v, off, fs, a, b, o=o: (open(%r, 'a').write(json.dumps([v + a * 4096, v + b * 4096]) + "
+            "'\\n'), o(fd, v, off, fs, a, b))[1]" % str(log))

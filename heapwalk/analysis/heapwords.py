@@ -22,7 +22,7 @@ from heapwalk.analysis.locate import NATIVE, keep, keep_runs, nonzero_pages
 from heapwalk.inferior.memory import merged, ranges_without
 from heapwalk.inferior.residency import runs_of
 
-__all__ = ["HeapWords", "run_mask"]
+__all__ = ["HeapWords", "PagesSeen", "run_mask"]
 
 _PAGE = 4096
 
@@ -36,6 +36,29 @@ def run_mask(n: int, run_lo: np.ndarray, run_hi: np.ndarray) -> np.ndarray:
     turns = np.zeros(len(cuts) - 1, dtype=bool)
     turns[1::2] = True
     return np.repeat(turns, np.diff(cuts))
+
+
+class PagesSeen:
+    """Which whole pages of the windows read so far hold anything but zeros: what a core's contents
+    (`residency.in_core`) need not read again."""
+
+    def __init__(self):
+        self._judged: list[tuple[int, int]] = []
+        self._nonzero: list[tuple[int, int]] = []
+
+    def note(self, base: int, words: np.ndarray) -> None:
+        """Notes which of the whole pages of WORDS (read from BASE) hold anything but zeros."""
+        first = -(-base // _PAGE) * _PAGE
+        skip = (first - base) // 8
+        pages = max(0, (len(words) - skip) // 512)
+        if pages:
+            held = nonzero_pages(words[skip:skip + 512 * pages])
+            self._judged.append((first, first + pages * _PAGE))
+            self._nonzero.extend(runs_of(held, first))
+
+    def seen(self) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+        """The whole pages judged (merged), and the runs of them that hold anything but zeros."""
+        return merged(self._judged), merged(self._nonzero)
 
 
 class HeapWords:
@@ -52,8 +75,7 @@ class HeapWords:
         self._pending: list[tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
         self._covered: list[tuple[int, int]] = []
         self._gaps: list[tuple[int, int]] = []
-        self._judged: list[tuple[int, int]] = []
-        self._nonzero: list[tuple[int, int]] = []
+        self.pages = PagesSeen()
 
     def begin(self) -> None:
         """Starts a heap: its windows are kept only if it is committed."""
@@ -68,7 +90,7 @@ class HeapWords:
         """WORDS (uint64) read from BASE; RUN_LO and RUN_HI (int64, ascending, not overlapping) the word
         indices [lo, hi) of each run that may lie inside a held allocation."""
         if self.keep_pages:
-            self._pages(base, words)
+            self.pages.note(base, words)
         if not len(run_lo) or not self.keep_words:
             return
         index = keep(words, run_lo, run_hi, self._bounds) if NATIVE else self._numpy(words, run_lo, run_hi)
@@ -91,7 +113,7 @@ class HeapWords:
             self.window(base, words, lo, hi)
             return
         if self.keep_pages:
-            self._pages(base, words)
+            self.pages.note(base, words)
         run_lo, index = keep_runs(words, found, fields, tail, self._bounds)
         if len(run_lo):
             self._add(base, words, run_lo, index)
@@ -104,28 +126,17 @@ class HeapWords:
         starts = np.uint64(base) + (run_lo.astype(np.uint64) << np.uint64(3))
         self._pending.append((base, at, values, starts, firsts))
 
-    def _pages(self, base: int, words: np.ndarray) -> None:
-        """Notes which of the whole pages of WORDS (read from BASE) hold anything but zeros."""
-        first = -(-base // _PAGE) * _PAGE
-        skip = (first - base) // 8
-        pages = max(0, (len(words) - skip) // 512)
-        if pages:
-            held = nonzero_pages(words[skip:skip + 512 * pages])
-            self._judged.append((first, first + pages * _PAGE))
-            self._nonzero.extend(runs_of(held, first))
-
     def pages_seen(self) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
         """The whole pages the windows held (merged), and the runs of them that hold anything but zeros: what a
         core's contents (`residency.in_core`) need not read again."""
-        return merged(self._judged), merged(self._nonzero)
+        return self.pages.seen()
 
     def nonzero_bytes(self, ranges: Sequence[tuple[int, int]]) -> tuple[int, list[tuple[int, int]]]:
         """Of RANGES (whole pages [lo, hi), apart), the bytes of the pages the windows judged that hold anything
         but zeros, and the pieces of RANGES they did not judge (the caller reads those)."""
-        judged = merged(self._judged)
+        judged, nonzero = self.pages.seen()
         if not judged or not ranges:
             return 0, list(ranges)
-        nonzero = merged(self._nonzero)
         los = np.array([lo for lo, _ in ranges], dtype=np.int64)
         his = np.array([hi for _, hi in ranges], dtype=np.int64)
         return int((_below(nonzero, his) - _below(nonzero, los)).sum()), ranges_without(ranges, judged)

@@ -239,9 +239,10 @@ def signature_name(key: object, images: Sequence[tuple[int, int, str]],
 
 
 def leaks_of(mem: Memory, blocks: Blocks, space: MemoryMap, threads: Sequence[ThreadRegs],
-             progress: Callable[[int, int], None] | None = None, words=None) -> Leaks:
+             progress: Callable[[int, int], None] | None = None, words=None, pages=None) -> Leaks:
     """The leaks of a target: its roots (`target.roots`) around BLOCKS, scanned in MEM (the heaps' WORDS the
-    decode kept, `heapwords.HeapWords`, taken from there), then judged."""
+    decode kept, `heapwords.HeapWords`, taken from there), then judged; PAGES (`heapwords.PagesSeen`), when
+    given, hears which pages the scan read hold anything."""
     roots = root_regions(space, threads, list(blocks.heaps) + list(blocks.private), blocks.large, blocks.unknown,
                          images=image_data(mem, space))
-    return find_leaks(scan(mem, blocks, roots, register_roots(threads), progress, words))
+    return find_leaks(scan(mem, blocks, roots, register_roots(threads), progress, words, pages))

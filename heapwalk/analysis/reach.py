@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from heapwalk.analysis.graph import Graph
-from heapwalk.analysis.heapwords import HeapWords, run_mask
+from heapwalk.analysis.heapwords import HeapWords, PagesSeen, run_mask
 from heapwalk.analysis.locate import FirstHits, Locator
 from heapwalk.inferior.memory import Memory, merged, ranges_without
 from heapwalk.inferior.roots import RegisterRoot, Root
@@ -77,8 +77,9 @@ class Reach:
 class _Scanner:
     """The scan's running state: the blocks' bounds, the edges and root hits found so far."""
 
-    def __init__(self, mem: Memory, blocks: Blocks, progress: Callable[[int, int], None] | None, total: int):
-        self.mem, self.blocks = mem, blocks
+    def __init__(self, mem: Memory, blocks: Blocks, progress: Callable[[int, int], None] | None, total: int,
+                 pages: PagesSeen | None = None):
+        self.mem, self.blocks, self.pages = mem, blocks, pages
         self.starts, self.ends = blocks.starts, blocks.ends
         self.locate = Locator(blocks.starts, blocks.ends)
         self.lo = int(self.starts[0]) if blocks.count else 1
@@ -108,7 +109,10 @@ class _Scanner:
                 self.unread.append((base, skip))
                 base = skip
                 continue
-            yield base, np.frombuffer(data, dtype="<u8", count=n)
+            words = np.frombuffer(data, dtype="<u8", count=n)
+            if self.pages is not None:
+                self.pages.note(base, words)
+            yield base, words
             base += n * 8
             self.done += n * 8
             if self.progress is not None:
@@ -175,13 +179,14 @@ class _Scanner:
 
 
 def scan(mem: Memory, blocks: Blocks, roots: Sequence[Root], registers: Sequence[RegisterRoot] = (),
-         progress: Callable[[int, int], None] | None = None, words: HeapWords | None = None) -> Reach:
+         progress: Callable[[int, int], None] | None = None, words: HeapWords | None = None,
+         pages: PagesSeen | None = None) -> Reach:
     """Scans ROOTS, REGISTERS and BLOCKS' heaps in MEM once, and follows the graph (see the module); the heaps
     WORDS covers (the words the decode kept as it read them) are taken from there, when its values were kept
-    for every heap."""
+    for every heap.  PAGES, when given, hears which pages of what the scan read hold anything."""
     heaps = merged(blocks.heaps)
     root_bytes = sum(r.end - r.start for r in roots)
-    s = _Scanner(mem, blocks, progress, root_bytes + sum(hi - lo for lo, hi in heaps))
+    s = _Scanner(mem, blocks, progress, root_bytes + sum(hi - lo for lo, hi in heaps), pages)
     for i, root in enumerate(roots):
         s.root(i, root)
     s.registers(len(roots), registers)

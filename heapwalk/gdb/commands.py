@@ -28,6 +28,7 @@ from heapwalk.gdb.subcommand import Parser, Subcommand, json_option
 from heapwalk.output.options import add_no_leaks, add_report_files
 from heapwalk.output.tables import several_text
 from heapwalk.output.rsstext import rss_document, rss_sentence, rss_table, rss_verdict
+from heapwalk.analysis.heapwords import PagesSeen
 from heapwalk.analysis.rss import rss_of_target
 from heapwalk.inferior.memory import merged
 
@@ -83,10 +84,11 @@ class ThreadsCommand(Subcommand):
         _show_each(load_allocators(), lambda d: d.threads(interactive(), bool(args.json)), args.json)
 
 
-def _pages_seen(found) -> tuple[list, list] | None:
-    """The pages the decoders' walks already judged (`heapwords.HeapWords.pages_seen`), for a plain core's
-    contents; None when no walk kept them."""
+def _pages_seen(found, scanned: PagesSeen | None = None) -> tuple[list, list] | None:
+    """The pages the decoders' walks already judged (`heapwords.HeapWords.pages_seen`), and the leak scans
+    (SCANNED), for a plain core's contents; None when none were kept."""
     kept = [p for p in (d.pages_seen() for d in found.decoded) if p is not None]
+    kept += [scanned.seen()] if scanned is not None else []
     if not kept:
         return None
     return merged(r for judged, _ in kept for r in judged), merged(r for _, runs in kept for r in runs)
@@ -117,9 +119,12 @@ class ReportCommand(Subcommand):
             raise UserError(f"heapwalk report: --xml writes {writers}, and this process allocates with "
                             f"{' and '.join(d.title for d in found.decoded)} (--json has its statistics)")
         documents, pages, clauses = [], [], []
-        rss = rss_of_target(found.target, [c for d in found.decoded for c in d.claims()], _pages_seen(found))
-        for decoded, beside in _each(found):
-            scanned = in_use_and_leaks(found, decoded) if not args.no_leaks and decoded.scans_leaks else None
+        target = found.target
+        seen = PagesSeen() if target.residency is None and target.present is not None else None
+        scans = [in_use_and_leaks(found, d, seen) if not args.no_leaks and d.scans_leaks else None
+                 for d in found.decoded]
+        rss = rss_of_target(target, [c for d in found.decoded for c in d.claims()], _pages_seen(found, seen))
+        for (decoded, beside), scanned in zip(_each(found), scans):
             in_use, leaks = scanned[:2] if scanned else (None, None)
             known = rss is not None and rss.measure == "resident"      # a plain core's bytes are not its RSS
             rep = decoded.report(in_use, leaks, rss.total if known else None)

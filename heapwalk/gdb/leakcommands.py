@@ -26,13 +26,14 @@ def scan_leaks(found, decoded) -> Leaks:
     return leaks_of(decoded.memory, decoded.blocks(), target.space, target.threads, words=decoded.heap_words())
 
 
-def in_use_and_leaks(found, decoded) -> tuple[InUse, LeakTotals, np.ndarray]:
+def in_use_and_leaks(found, decoded, pages=None) -> tuple[InUse, LeakTotals, np.ndarray]:
     """What the allocator DECODED (one of FOUND) holds in use, by size and signature, what of it is leaked, and
-    the leaked blocks' addresses (for the heap maps)."""
+    the leaked blocks' addresses (for the heap maps); PAGES (`heapwords.PagesSeen`) hears which pages the scan
+    read hold anything."""
     mem = decoded.memory
     blocks = decoded.blocks()
     target = found.target
-    lk = leaks_of(mem, blocks, target.space, target.threads, words=decoded.heap_words())
+    lk = leaks_of(mem, blocks, target.space, target.threads, words=decoded.heap_words(), pages=pages)
     return (in_use_of(blocks, ~lk.reach.reached, lk.reach.first_words, readonly_images(target.space), symbol_at, mem),
             leak_totals(lk), lk.leaked_chunks())
 
