@@ -210,9 +210,10 @@ def test_cached_memory_reads_across_blocks_and_reports_holes():
     assert len(big) == 256 * 1024 and big[:4] == bytes([0, 1, 2, 3])
 
 
-def test_a_full_cache_reads_a_page_a_hop_and_whole_blocks_along_a_walk():
-    """Once the cache is full, hops far apart (free lists through a heap larger than the cache) load one page
-    each, a walk upwards still loads whole blocks, and every byte read is the target's, holes included."""
+def test_the_cache_reads_a_page_a_hop_and_whole_blocks_along_a_walk():
+    """Hops far apart (lists through a heap, larger than the cache or not) load one page each, a walk upwards
+    loads whole blocks (after one page where it starts), a second page wanted of a block while the cache has
+    room loads it whole, and every byte read is the target's, holes included."""
     block, page = CachedMemory.BLOCK, CachedMemory.PAGE
     rng = random.Random(5)
     low = bytes(rng.getrandbits(8) for _ in range(40 * block + 3 * page))
@@ -228,7 +229,12 @@ def test_a_full_cache_reads_a_page_a_hop_and_whole_blocks_along_a_walk():
     mem = CachedMemory(raw, max_blocks=4)
     for at in range(0x100000, 0x100000 + 8 * block, 64):
         assert mem.read(at, 16) == image.read(at, 16)
-    assert reads == [block] * 8
+    assert reads == [page] + [block] * 8
+    del reads[:]
+    roomy = CachedMemory(raw, max_blocks=64)
+    for at in (0x100000 + 20 * block + 5 * page, 0x100000 + 20 * block + 9 * page, 0x100000 + 20 * block):
+        assert roomy.read(at, 8) == image.read(at, 8)
+    assert reads == [page, block]
     del reads[:]
     for _ in range(2000):
         at = rng.randrange(0x100000, end - 16)

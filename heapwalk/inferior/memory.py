@@ -64,15 +64,16 @@ class CachedMemory:
     Reads are served from aligned blocks of BLOCK bytes kept in an LRU of at
     most MAX_BLOCKS blocks' bytes.  A block that cannot be read whole is read
     page by page, and unreadable pages are remembered, so a hole costs one
-    failed read.  Once the cache is full (a heap larger than it), a miss far
-    from what was read last loads one page, not the block: walkers hopping
-    along free lists through gigabytes then read 4 KiB a hop instead of
-    64 KiB (about 7 times cheaper through gdb); a block whose previous
-    block is cached, or whose pages are wanted again and again, is loaded
-    whole, so that a walk from low to high addresses still reads blocks.
+    failed read.  A miss in a block whose previous block is not cached loads
+    one page, not the block: walkers hopping along lists (a thread's tcache,
+    free lists through gigabytes) read 4 KiB a hop instead of 64 KiB (several
+    times cheaper through gdb).  A block whose previous block is cached, or
+    whose pages are wanted again (more than once while the cache has room,
+    PAGES_BEFORE_BLOCK times once it is full), is loaded whole, so that a
+    walk from low to high addresses, or about a small heap, reads blocks.
     """
 
-    #: pages of a block loaded one at a time before the next miss in it loads it whole
+    #: pages of a block loaded one at a time, once the cache is full, before the next miss in it loads it whole
     PAGES_BEFORE_BLOCK = 8
 
     BLOCK = 1 << 16
@@ -131,7 +132,7 @@ class CachedMemory:
         block = self._blocks.get(base)
         if block is None:
             block = self._load_block(base) if self._whole(base) else {}
-        elif isinstance(block, bytes) or page in block or len(block) < self.PAGES_BEFORE_BLOCK:
+        elif isinstance(block, bytes) or page in block or len(block) < (self.PAGES_BEFORE_BLOCK if self._full else 1):
             self._blocks.move_to_end(base)
             return block
         else:
@@ -141,7 +142,7 @@ class CachedMemory:
 
     def _whole(self, base: int) -> bool:
         """Should a miss at the block at BASE load the whole block (not only the page wanted)?"""
-        return not self._full or isinstance(self._blocks.get(base - self.BLOCK), bytes)
+        return isinstance(self._blocks.get(base - self.BLOCK), bytes)
 
     def _keep(self, base: int, block: bytes | dict[int, bytes | None]) -> None:
         """Holds BLOCK (new, or in place of the one held at BASE) as the most recent, dropping the least recent
