@@ -16,7 +16,7 @@ import pytest
 
 from conftest import GLIBCS, capture, glibc, run_gdb
 from heapwalk.analysis.graph import Graph
-from heapwalk.analysis.leaks import find_leaks, signatures
+from heapwalk.analysis.leaks import begins_with_text, find_leaks, signatures
 from heapwalk.analysis.reach import scan
 from heapwalk.inferior.elf import Mapping
 from heapwalk.inferior.memory import ImageMemory
@@ -257,3 +257,22 @@ def test_chunk_says_how_a_chunk_is_reached_or_why_it_is_leaked():
     for text, start in zip(said, expect):
         assert text.startswith(start), (text, start)
     assert "g_single" in said[0] and "g_chain" in said[1] and said[1].endswith("-> this chunk")
+
+
+def test_text_is_judged_alike_in_c_in_numpy_and_byte_by_byte():
+    """`begins_with_text` in C, in numpy (eight bytes at once) and byte by byte agree, on every byte value in
+    every position and on random words."""
+    rng = np.random.default_rng(11)
+    printable = int.from_bytes(b"abcdefgh", "little")
+    edge = [printable & ~(0xFF << (8 * b)) | (c << (8 * b)) for b in range(8) for c in range(256)]
+    words = np.concatenate([np.array(edge, dtype=np.uint64), rng.integers(0, 2 ** 64 - 1, 20000, dtype=np.uint64),
+                            rng.integers(0x20, 0x7f, (20000, 8)).astype(np.uint8).view(np.uint64).ravel()])
+
+    def by_bytes(w: int) -> bool:
+        b = w.to_bytes(8, "little")
+        return all(0x20 <= c <= 0x7E for c in b[:4]) and all(0x20 <= c <= 0x7E or c == 0 for c in b[4:])
+
+    expected = [by_bytes(int(w)) for w in words]
+    assert begins_with_text(words, native=False).tolist() == expected
+    assert begins_with_text(words).tolist() == expected
+    assert sum(expected) > 20000

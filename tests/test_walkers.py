@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 from array import array
 
+import numpy as np
 import pytest
 
 from heapwalk.glibc.locate.layout import layout_for
@@ -332,3 +333,29 @@ def test_a_bin_lists_sizes_are_the_same_from_an_array_or_a_tuple():
     assert list(from_array.sizes) == list(from_tuple.sizes) == [s & ~7 for s in raw]
     assert (from_array.total, from_array.raw_total, from_array.min_size, from_array.max_size) == \
         (from_tuple.total, from_tuple.raw_total, 0x20, 0xFFFFFFFFFFFFFFF8)
+
+
+def test_each_bin_s_size_range_is_what_bin_index_gives_it():
+    """The one pass checks a list's sizes against its bin's range (`indexlists._BIN_RANGES`): every size, at
+    every step of glibc's bin_index and at random, lies in the range of exactly the bin bin_index gives it."""
+    from heapwalk.glibc.bulk.indexlists import _BIN_RANGES, _sizes_in
+    rng = random.Random(7)
+    sizes = list(range(32, 1 << 21, 16)) + [rng.randrange(1 << 21, 1 << 63) for _ in range(2000)] + [(1 << 63) - 16]
+    for size in sizes:
+        index = bin_index(size)
+        assert [i for i in range(2, 127) if _BIN_RANGES[i][0] <= size < _BIN_RANGES[i][1]] == [index]
+        assert _sizes_in(np.array([size], dtype=np.uint64), *_BIN_RANGES[index])
+    assert not _sizes_in(np.array([1 << 63], dtype=np.uint64), *_BIN_RANGES[126])     # no bin's, as bin_indices says
+
+
+def test_a_bin_list_s_totals_are_exact_whatever_its_sizes():
+    """A list's sizes, totals and extremes from arrays (numpy) equal those summed one by one, even where the
+    sizes of a damaged list would wrap a 64-bit sum."""
+    rng = random.Random(3)
+    for raw in ([0x21, 0x31, 0x405], [], [2 ** 64 - 1, 2 ** 64 - 9, 0x20], [rng.getrandbits(64) for _ in range(500)],
+                [0x410] * 1000):
+        fast = BinList(BinKind.SMALL, 2, 0, array("Q", range(len(raw))), array("Q", raw))
+        slow = BinList(BinKind.SMALL, 2, 0, list(range(len(raw))), list(raw))
+        assert (list(fast.sizes), fast.total, fast.raw_total, fast.min_size, fast.max_size) == \
+            (list(slow.sizes), slow.total, slow.raw_total, slow.min_size, slow.max_size)
+        assert all(type(v) is int for v in (fast.total, fast.raw_total, fast.min_size, fast.max_size))

@@ -263,3 +263,18 @@ int64_t hw_keep_runs(const uint64_t *words, int64_t n, const int64_t *found, con
     *nruns = runs;
     return count;
 }
+
+/* Whether each of the N WORDS (as stored: little-endian) holds text: its first four bytes printable ASCII (0x20
+ * to 0x7e), each of the other four printable or zero; 1 or 0 into OUT. */
+void hw_text_words(const uint64_t *words, int64_t n, uint8_t *out)
+{
+    for (int64_t k = 0; k < n; k++) {
+        uint64_t w = words[k];
+        uint8_t ok = 1;
+        for (int b = 0; b < 8 && ok; b++) {
+            uint8_t c = (uint8_t)(w >> (8 * b));
+            ok = (c >= 0x20 && c <= 0x7e) || (b >= 4 && c == 0);
+        }
+        out[k] = ok;
+    }
+}

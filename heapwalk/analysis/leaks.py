@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from heapwalk.analysis.locate import text_words
 from heapwalk.analysis.reach import Reach, scan
 from heapwalk.inferior.memory import Memory
 from heapwalk.inferior.roots import image_data, register_roots, root_regions
@@ -183,10 +184,14 @@ def signatures(first_words: np.ndarray, images: Sequence[tuple[int, int, str]]) 
 _HIGH = np.uint64(0x8080808080808080)
 
 
-def begins_with_text(words: np.ndarray) -> np.ndarray:
+def begins_with_text(words: np.ndarray, native: bool = True) -> np.ndarray:
     """Whether each of WORDS (uint64, as stored: little-endian) holds text: its first four bytes printable ASCII
-    (0x20 to 0x7e) and each of the others printable or zero.  Each byte is judged by its own bit 7 after an add
-    that cannot carry into the next byte (its bit 7 cleared first), all eight at once."""
+    (0x20 to 0x7e) and each of the others printable or zero.  In C when built (and NATIVE); else in numpy, each
+    byte judged by its own bit 7 after an add that cannot carry into the next byte (its bit 7 cleared first),
+    all eight at once."""
+    judged = text_words(words) if native else None
+    if judged is not None:
+        return judged
     low = words & ~_HIGH                                   # each byte below 0x80
     printable = low + np.uint64(0x6060606060606060)        # bit 7: the byte is 0x20 or more
     above = low + np.uint64(0x0101010101010101)            # bit 7: 0x7f or more

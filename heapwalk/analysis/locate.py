@@ -17,7 +17,7 @@ import numpy as np
 
 from heapwalk.inferior.clib import built_library
 
-__all__ = ["Locator", "NATIVE", "keep", "keep_runs", "nonzero_pages", "FirstHits"]
+__all__ = ["Locator", "NATIVE", "keep", "keep_runs", "nonzero_pages", "text_words", "FirstHits"]
 
 #: blocks further apart than this start a new stretch of the table (the memory between is given no slots)
 GAP = 1 << 20
@@ -60,6 +60,8 @@ def _declared(lib):
         lib.hw_keep_runs.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
                                      ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
                                      ctypes.c_void_p]
+        lib.hw_text_words.restype = None
+        lib.hw_text_words.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
         lib.hw_keep.restype = ctypes.c_int64
         lib.hw_keep.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
                                 ctypes.c_int64, ctypes.c_void_p]
@@ -188,6 +190,17 @@ def nonzero_pages(words: np.ndarray) -> np.ndarray:
     words = np.ascontiguousarray(words, dtype=np.uint64)
     out = np.empty(pages, dtype=np.uint8)
     _LIB.hw_nonzero_pages(words.ctypes.data, pages, out.ctypes.data)
+    return out.view(bool)
+
+
+def text_words(words: np.ndarray) -> np.ndarray | None:
+    """Whether each of WORDS (uint64) begins with text (`leaks.begins_with_text`), in C; None when the library
+    is not built."""
+    if _LIB is None:
+        return None
+    words = np.ascontiguousarray(words, dtype=np.uint64)
+    out = np.empty(len(words), dtype=np.uint8)
+    _LIB.hw_text_words(words.ctypes.data, len(words), out.ctypes.data)
     return out.view(bool)
 
 

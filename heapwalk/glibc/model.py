@@ -63,12 +63,19 @@ class BinList:
 
     def __post_init__(self) -> None:
         sizes = array("Q")
-        if isinstance(self.raw_sizes, array) and self.raw_sizes.typecode == "Q":
-            sizes.frombytes((np.frombuffer(self.raw_sizes, dtype=np.uint64) & _SIZE_MASK).tobytes())
+        raw = self.raw_sizes
+        if isinstance(raw, array) and raw.typecode == "Q" and len(raw):
+            raw_np = np.frombuffer(raw, dtype=np.uint64)
+            masked = raw_np & _SIZE_MASK
+            sizes.frombytes(masked.tobytes())
+            top = int(raw_np.max())
+            exact = top * len(raw) < 1 << 64            # no sum can wrap around
+            values = (int(masked.sum()) if exact else sum(sizes), int(raw_np.sum()) if exact else sum(raw),
+                      int(masked.min()), int(masked.max()))
         else:
-            sizes.extend(s & ~7 for s in self.raw_sizes)
-        for name, value in (("sizes", sizes), ("total", sum(sizes)), ("raw_total", sum(self.raw_sizes)),
-                            ("min_size", min(sizes, default=0)), ("max_size", max(sizes, default=0))):
+            sizes.extend(s & ~7 for s in raw)
+            values = (sum(sizes), sum(raw), min(sizes, default=0), max(sizes, default=0))
+        for name, value in zip(("sizes", "total", "raw_total", "min_size", "max_size"), (sizes, *values)):
             object.__setattr__(self, name, value)
 
     @property

@@ -49,6 +49,18 @@ def bin_indices(sizes: np.ndarray) -> np.ndarray:
                      126)
 
 
+def _bin_ranges() -> tuple[tuple[int, int], ...]:
+    """For each bin index, the sizes [lo, hi) `bin_indices` gives it (glibc's bin_index grows with the size, and
+    every size it steps at is a multiple of 16 below 1 MiB; sizes of 2**63 and more it gives no bin)."""
+    grid = np.arange(0, 1 << 20, 16, dtype=np.uint64)
+    firsts = np.searchsorted(bin_indices(grid), np.arange(NBINS + 1), side="left") * 16
+    return tuple((int(firsts[i]), int(firsts[i + 1]) if firsts[i + 1] < 1 << 20 else 1 << 63) for i in range(NBINS))
+
+
+#: `bin_indices`'s sizes of each bin, so that a list is checked with two comparisons
+_BIN_RANGES = _bin_ranges()
+
+
 def lists_of_sweep(sweep: Sweep, layout: Layout, arena: int, raw_arena: bytes, system_mem: int
                    ) -> IndexedLists | None:
     """ARENA's fastbins, unsorted bin and small and large bins, followed through SWEEP (RAW_ARENA: the bytes
@@ -79,8 +91,7 @@ def lists_of_sweep(sweep: Sweep, layout: Layout, arena: int, raw_arena: bytes, s
         order = _follow(address, links, sweep.fd, fd, head, bound)
         if order is None or not _mirrored(address, sweep.bk, order, head, bk):
             return None
-        if len(order) and (np.any(sizes[order] < MINSIZE) if index == 1 else
-                           np.any(bin_indices(sizes[order]) != index)):
+        if len(order) and not _sizes_in(sizes[order], *((MINSIZE, 1 << 64) if index == 1 else _BIN_RANGES[index])):
             return None
         code = _UNSORTED_CODE if index == 1 else _SMALL_CODE if index < NSMALLBINS else _LARGE_CODE
         if not _claim(codes, order, code):
@@ -116,6 +127,11 @@ def _follow(address: np.ndarray, links, next_links: np.ndarray, first: int, end:
     if order is None or int(next_links[order[-1]]) != end or len(order) >= bound:
         return None
     return order
+
+
+def _sizes_in(sizes: np.ndarray, lo: int, hi: int) -> bool:
+    """Whether every one of SIZES lies in [LO, HI)."""
+    return not (np.any(sizes < np.uint64(lo)) or (hi < 1 << 64 and np.any(sizes >= np.uint64(hi))))
 
 
 def _mirrored(address: np.ndarray, bk: np.ndarray, order: np.ndarray, head: int, head_bk: int) -> bool:
