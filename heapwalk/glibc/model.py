@@ -42,10 +42,9 @@ class BinKind(enum.Enum):
 class BinList:
     """One free list of an arena (a fastbin, the unsorted bin, a small or large bin).
 
-    ``chunks`` are chunk addresses in list order (from the head's fd);
-    ``raw_sizes`` the size fields as stored.  ``complete`` is False when the walk
-    stopped at damage (see the arena's findings); the numbers then cover the
-    part that was walked.
+    ``chunks`` are chunk addresses in list order (from the head's fd); ``raw_sizes`` the size fields as stored.
+    ``complete`` is False when the walk stopped at damage (see the arena's findings); the numbers then cover
+    the part that was walked.
     """
 
     kind: BinKind
@@ -54,22 +53,19 @@ class BinList:
     chunks: Sequence[int]       # array('Q') from the walkers: 8 bytes an entry (lists may hold millions)
     raw_sizes: Sequence[int]
     complete: bool = True
-    # computed once from raw_sizes
-    sizes: Sequence[int] = field(init=False, compare=False, repr=False)
+    sizes: Sequence[int] = field(init=False, compare=False, repr=False)   # these five from raw_sizes, once
     total: int = field(init=False, compare=False, repr=False)
     raw_total: int = field(init=False, compare=False, repr=False)
     min_size: int = field(init=False, compare=False, repr=False)
     max_size: int = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        sizes = array("Q")
-        raw = self.raw_sizes
+        sizes, raw = array("Q"), self.raw_sizes
         if isinstance(raw, array) and raw.typecode == "Q" and len(raw):
             raw_np = np.frombuffer(raw, dtype=np.uint64)
             masked = raw_np & _SIZE_MASK
             sizes.frombytes(masked.tobytes())
-            top = int(raw_np.max())
-            exact = top * len(raw) < 1 << 64            # no sum can wrap around
+            exact = int(raw_np.max()) * len(raw) < 1 << 64            # no sum can wrap around
             values = (int(masked.sum()) if exact else sum(sizes), int(raw_np.sum()) if exact else sum(raw),
                       int(masked.min()), int(masked.max()))
         else:
