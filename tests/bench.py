@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -81,25 +80,30 @@ def environment(size: str, shape: str) -> dict[str, str]:
     return {"HW_BENCH_CHUNKS": str(SIZES[size]), "HW_BENCH_SHAPE": shape}
 
 
+#: gdb's last command in a bench run: its own peak RSS (VmHWM, of its memory since it started: wait4's ru_maxrss
+#: would also count the memory of this Python process that gdb was started from, before its exec)
+_HWM = ("python print('heapwalk-bench-hwm ' + next(line.split()[1] for line in open('/proc/self/status') "
+        "if line.startswith('VmHWM:')))")
+
+
 def gdb_run(exe: Path, core: Path | None, commands: list[str], pid: int | None = None) -> tuple[str, float, int]:
     """Runs gdb -batch with heapwalk and COMMANDS on the core (or attached to the live process PID):
     (stdout, wall seconds, gdb's peak RSS in bytes)."""
     cmd = ["gdb", "-nx", "-batch", "-q", "-x", str(GDBINIT)]
-    for c in commands:
+    for c in [*commands, _HWM]:
         cmd += ["-ex", c]
     cmd += [str(exe), str(core)] if pid is None else ["-p", str(pid)]
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         start = time.perf_counter()
         proc = subprocess.Popen(cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL)
-        _, status, usage = os.wait4(proc.pid, 0)  # wait4: the rusage of this one child, its peak RSS
+        proc.wait()
         wall = time.perf_counter() - start
-        proc.returncode = os.waitstatus_to_exitcode(status)
         out.seek(0)
         err.seek(0)
         text, errors = out.read(), err.read()
     if "Traceback" in text + errors or "internal error" in text + errors:
         raise RuntimeError(f"{' '.join(commands)} failed:\n{text}\n{errors}")
-    return text, wall, usage.ru_maxrss * 1024
+    return text, wall, int(_value(text, "heapwalk-bench-hwm")[0]) * 1024
 
 
 def _value(out: str, tag: str) -> list[str]:

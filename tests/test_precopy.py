@@ -2,8 +2,10 @@
 whatever this machine's kernel is.  A process keeps writing to its heap (cores/scribble.c) while the capture
 copies it; the pre-copied core must be, page for page, the stop-the-world core taken in the same final stop
 (tests/precopy_driver.py), idle and busy; `heapwalk capture` must say what its stop read and what came
-from the copies, and record the rounds in capture.json; and a capture killed at any moment of it must leave
-the process running.  The pauses are measured in `make bench`, not here."""
+from the copies, and record the rounds in capture.json; a capture killed at any moment of it must leave
+the process running; and the pre-copy must map or allocate nothing in the process it reads (cores/untouched.c,
+as tests/test_untouched.py holds it on this machine's kernel, where a capture does not pre-copy).  The pauses
+are measured in `make bench`, not here."""
 
 from __future__ import annotations
 
@@ -17,6 +19,8 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "cores"))
 import vm  # noqa: E402
+from services import build_service  # noqa: E402
+from untouched_figures import assert_unchanged  # noqa: E402
 
 pytestmark = pytest.mark.vm
 
@@ -33,6 +37,7 @@ def machine(tmp_path_factory):
     subprocess.run(["gcc", "-O2", "-pthread", str(ROOT / "cores" / "scribble.c"), "-o", str(out / "scribble")],
                    check=True)
     python, heapwalk = sys.executable, Path(sys.executable).parent / "heapwalk"
+    untouched = build_service("untouched")
     drivers = "".join(
         f"{python} tests/precopy_driver.py /dev/shm/{name} /run/scribble {MIB} 4 {rate} > /run/{name}.log 2>&1\n"
         f"cp /dev/shm/{name}/result.json /run/{name}.json; rm -rf /dev/shm/{name}\n" for name, rate in RATES.items())
@@ -50,6 +55,9 @@ for delay in {" ".join(KILLED_AFTER)}; do
   rm -rf /dev/shm/killed
 done
 kill $PID
+echo never > /sys/kernel/mm/transparent_hugepage/enabled 2> /dev/null
+{python} tests/untouched_driver.py {untouched} /dev/shm/untouched /dev/shm/untouched-data.bin {heapwalk} /run/ucap \
+  /run/untouched.json > /run/untouched.log 2>&1
 """
     return out, vm.run(out, script, memory_mib=2048, timeout=1200)
 
@@ -104,3 +112,19 @@ def test_a_capture_killed_at_any_moment_leaves_the_process_running(machine):
     assert set(states) == set(KILLED_AFTER), console[-2000:]
     # sleeping or running, never left stopped ("t", "T") by a capture that died holding it
     assert all(state in "SR" for state in states.values()), states
+
+
+def test_a_precopied_capture_maps_and_allocates_nothing_in_the_process(machine):
+    """cores/untouched.c captured in the machine, through the pre-copy (soft-dirty bits cleared, the running
+    process read, then read again in its stop): its RSS, RssShmem, the machine's Shmem and the pages present in
+    each mapping it barely touched (shared memory, a memfd, private memory, a file never written, mmapped
+    chunks' tails) are as they were (transparent huge pages off in the machine, so that the kernel's own
+    collapsing moves nothing meanwhile)."""
+    out, console = machine
+    path = out / "untouched.json"
+    log = out / "untouched.log"
+    assert path.exists(), (log.read_text()[-3000:] if log.exists() else "") + console[-2000:]
+    result = json.loads(path.read_text())
+    assert result["status"] == 0 and result["running"], result["output"]
+    assert result["precopy"] and result["precopy"]["rounds"][0]["read"] > 0, result["output"]
+    assert_unchanged(result["before"], result["after"])
