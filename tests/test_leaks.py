@@ -125,6 +125,19 @@ def test_the_c_search_and_numpys_visit_the_same_blocks():
     assert results[0][0] == results[1][0] and (results[0][1] == results[1][1]).all()
 
 
+def test_the_rows_counted_in_c_and_in_numpy_are_the_same():
+    """A graph's compressed rows (`Graph`, `hw_rows`), from edges in order (as the scan finds them) and not,
+    none, and one: the same offsets and the same targets, a row's in the order they came."""
+    rng = np.random.default_rng(5)
+    n = 3000
+    shuffled = (rng.integers(0, n, 9000).astype(np.int32), rng.integers(0, n, 9000).astype(np.int32))
+    ordered = (np.sort(shuffled[0]), shuffled[1])
+    for sources, targets in (shuffled, ordered, (np.zeros(0, np.int32),) * 2, (np.array([n - 1], np.int32),) * 2):
+        fast, slow = Graph(n, sources, targets), Graph(n, sources, targets, native=False)
+        assert np.array_equal(fast.offsets, slow.offsets) and np.array_equal(fast.targets, slow.targets)
+        assert fast.offsets[-1] == len(sources) and np.array_equal(np.diff(fast.offsets), np.bincount(sources, minlength=n))
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_the_scan_finds_every_edge_a_word_by_word_search_finds(seed, monkeypatch):
     """Random chunks, free gaps and words (pointers to chunk starts, insides, ends, headers, free memory),

@@ -278,3 +278,20 @@ void hw_text_words(const uint64_t *words, int64_t n, uint8_t *out)
         out[k] = ok;
     }
 }
+
+/* The compressed rows of M edges from SOURCES (each below N): OFFSETS[s + 1] - OFFSETS[s] edges leave node s
+ * (N + 1 of them, OFFSETS[0] = 0); returns whether SOURCES are in ascending order (else the caller sorts the
+ * edges by source before the rows describe them). */
+int64_t hw_rows(const int32_t *sources, int64_t m, int64_t n, int64_t *offsets)
+{
+    int64_t sorted = 1;
+    for (int64_t s = 0; s <= n; s++)
+        offsets[s] = 0;
+    for (int64_t i = 0; i < m; i++) {
+        offsets[sources[i] + 1]++;
+        sorted &= i == 0 || sources[i] >= sources[i - 1];
+    }
+    for (int64_t s = 0; s < n; s++)
+        offsets[s + 1] += offsets[s];
+    return sorted;
+}

@@ -20,12 +20,17 @@ __all__ = ["Graph", "NATIVE"]
 
 
 def _load():
-    """The built library's search, or None (see `inferior.clib`)."""
+    """The built library's search, or None (see `inferior.clib`; also when it was built from older sources that
+    lack a function)."""
     lib = built_library(Path(__file__).parent, "_reach")
+    if lib is None or not all(hasattr(lib, name) for name in ("hw_reach", "hw_rows")):
+        return None
     if lib is not None:
         lib.hw_reach.restype = ctypes.c_int64
         lib.hw_reach.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
                                  ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+        lib.hw_rows.restype = ctypes.c_int64
+        lib.hw_rows.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
     return lib
 
 
@@ -37,16 +42,20 @@ NATIVE = _LIB is not None
 class Graph:
     """N nodes and the edges SOURCES[i] -> TARGETS[i] (int32 arrays), kept in compressed rows."""
 
-    def __init__(self, n: int, sources: np.ndarray, targets: np.ndarray):
+    def __init__(self, n: int, sources: np.ndarray, targets: np.ndarray, native: bool = True):
         self.n = n
-        if len(sources) > 1 and not bool(np.all(sources[1:] >= sources[:-1])):   # the scan finds them in order
-            self.targets = np.ascontiguousarray(targets[np.argsort(sources, kind="stable")], dtype=np.int32)
-        else:
-            self.targets = np.ascontiguousarray(targets, dtype=np.int32)
-        self.offsets = np.zeros(n + 1, dtype=np.int64)
-        np.cumsum(np.bincount(sources, minlength=n), out=self.offsets[1:])
         self.sources = np.ascontiguousarray(sources, dtype=np.int32)
         self.edge_targets = np.ascontiguousarray(targets, dtype=np.int32)
+        self.offsets = np.zeros(n + 1, dtype=np.int64)
+        if native and _LIB is not None:
+            ordered = bool(_LIB.hw_rows(self.sources.ctypes.data, len(self.sources), n, self.offsets.ctypes.data))
+        else:
+            ordered = len(sources) < 2 or bool(np.all(sources[1:] >= sources[:-1]))
+            np.cumsum(np.bincount(sources, minlength=n), out=self.offsets[1:])
+        if ordered:                                         # the scan finds them in order
+            self.targets = self.edge_targets
+        else:
+            self.targets = np.ascontiguousarray(targets[np.argsort(sources, kind="stable")], dtype=np.int32)
 
     def reach(self, seeds: np.ndarray, seen: np.ndarray, parent: np.ndarray) -> np.ndarray:
         """Visits every node reachable from SEEDS, skipping and marking nodes in SEEN (uint8, changed in
