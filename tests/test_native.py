@@ -1,6 +1,6 @@
-"""The one pass's two loops (`heapwalk.glibc.bulk.native`): the C library `pip install` builds is in use, and it
+"""The one pass's loops (`heapwalk.glibc.bulk.native`): the C library `pip install` builds is in use, and it
 gives exactly what the Python fallback gives, on heaps of words and lists of links made to end in every way
-they can."""
+they can, and a window's chunks gathered as numpy gathers them."""
 
 from __future__ import annotations
 
@@ -87,3 +87,29 @@ def test_follow_gives_up_at_a_loop_or_a_list_longer_than_its_bound(pure):
     assert native.follow(links, 0, 3).tolist() == [0, 1, 2]
     assert native.follow(links, 0, 2) is None
     assert native.follow(links, 3, 100) is None
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_gather_is_the_same_in_c_and_numpy(seed):
+    """A window's chunks (address, size field, fd, bk) gathered in C and in numpy, with chunks whose PREV_INUSE
+    is clear and whose prev_size is their neighbour's size, or is not, or have no neighbour (the extent's first)."""
+    from heapwalk.glibc.bulk.sweep import _gather
+    rng = random.Random(seed)
+    words = [rng.getrandbits(64) for _ in range(4000)]
+    found, j, size = [], 1, None
+    while j < 3990:
+        new = rng.choice((0x20, 0x30, 0x90, 0x400)) | rng.choice((0, 1, 1, 1, 5))
+        words[j] = new
+        if not new & 1 and size is not None and rng.random() < 0.95:
+            words[j - 1] = size                  # prev_size as glibc leaves it, mostly
+        found.append(j)
+        size = new & ~7
+        j += size >> 3
+    words, found = np.array(words, dtype=np.uint64), np.array(found, dtype=np.int64)
+    for before in (-1, 0x20, 0x400):
+        for upto in (len(found), rng.randrange(1, len(found) + 1)):
+            c = _gather(words, found[:upto], 0x10000, before)
+            py = _gather(words, found[:upto], 0x10000, before, native=False)
+            assert (c is None) == (py is None)
+            if c is not None:
+                assert all(np.array_equal(a, b) and a.dtype == b.dtype for a, b in zip(c, py))

@@ -1,7 +1,8 @@
-/* heapwalk's two pointer-chasing loops in C, loaded with ctypes by heapwalk/glibc/native.py.
+/* heapwalk's pointer-chasing loops in C, and the one pass's gathering of a window's chunks, loaded with ctypes
+ * by heapwalk/glibc/bulk/native.py.
  *
- * Both are plain loops over arrays numpy owns: no Python objects, no Python.h.  native.py holds the same
- * loops in Python, used when this library was not built; the tests hold the two equal.
+ * All are plain loops over arrays numpy owns: no Python objects, no Python.h.  native.py and sweep.py hold the
+ * same loops in Python and numpy, used when this library was not built; the tests hold the two equal.
  */
 
 #include <stdint.h>
@@ -40,4 +41,28 @@ int64_t hw_follow(const int64_t *successor, int64_t n, int64_t j, int64_t steps,
         if (--steps <= 0)
             return -1;
     }
+}
+
+/* The address, size field and the two words after it (fd and bk) of each of the NFOUND chunks whose size fields
+ * are at word FOUND[k] of the N WORDS read from BASE (FOUND ascending, each at least 1, the last below N - 2),
+ * into ADDRESS, FIELD, FD and BK.  Returns 0 when a chunk whose PREV_INUSE is clear does not have the size of
+ * the chunk before it as its prev_size (BEFORE: the size of the chunk before the first, -1 when there is none),
+ * else 1. */
+int64_t hw_gather(const uint64_t *words, int64_t n, const int64_t *found, int64_t nfound, uint64_t base,
+                  int64_t before, uint64_t *address, uint64_t *field, uint64_t *fd, uint64_t *bk)
+{
+    int64_t prev = before;
+    (void)n;
+    for (int64_t k = 0; k < nfound; k++) {
+        int64_t j = found[k];
+        uint64_t f = words[j];
+        if (!(f & 1) && (prev < 0 || words[j - 1] != (uint64_t)prev))
+            return 0;
+        address[k] = base - 8 + 8 * (uint64_t)j;
+        field[k] = f;
+        fd[k] = words[j + 1];
+        bk[k] = words[j + 2];
+        prev = (int64_t)(f & ~(uint64_t)7);
+    }
+    return 1;
 }

@@ -18,14 +18,17 @@ import numpy as np
 
 from heapwalk.inferior.clib import built_library
 
-__all__ = ["chase", "follow", "successors", "NATIVE"]
+__all__ = ["chase", "follow", "gather", "successors", "NATIVE"]
 
 _INT64_P = ctypes.POINTER(ctypes.c_int64)
 
 
 def _load():
-    """The built library's two functions, or None (see `inferior.clib`)."""
+    """The built library's functions, or None (see `inferior.clib`; also when it was built from older sources
+    that lack one)."""
     lib = built_library(Path(__file__).parent, "_native")
+    if lib is not None and not all(hasattr(lib, name) for name in ("hw_chase", "hw_follow", "hw_gather")):
+        return None
     if lib is not None:
         lib.hw_chase.restype = ctypes.c_int64
         lib.hw_chase.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint64,
@@ -33,6 +36,9 @@ def _load():
         lib.hw_follow.restype = ctypes.c_int64
         lib.hw_follow.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
                                   ctypes.c_void_p]
+        lib.hw_gather.restype = ctypes.c_int64
+        lib.hw_gather.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_uint64,
+                                  ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
     return lib
 
 
@@ -52,6 +58,19 @@ def chase(words: np.ndarray, j: int, min_size: int) -> tuple[np.ndarray, int]:
     count = ctypes.c_int64()
     stop = _LIB.hw_chase(words.ctypes.data, len(words), j, min_size, out.ctypes.data, ctypes.byref(count))
     return out[:count.value], int(stop)
+
+
+def gather(words: np.ndarray, found: np.ndarray, base: int, before: int) -> tuple[np.ndarray, ...] | None:
+    """`sweep._gather` in one C loop (its words' conditions as there: FOUND ascending, from 1, the last chunk's
+    fd and bk inside WORDS); NotImplemented when the library was not built."""
+    if _LIB is None:
+        return NotImplemented
+    words = np.ascontiguousarray(words, dtype=np.uint64)
+    found = np.ascontiguousarray(found, dtype=np.int64)
+    out = np.empty((4, len(found)), dtype=np.uint64)
+    ok = _LIB.hw_gather(words.ctypes.data, len(words), found.ctypes.data, len(found), base, before,
+                        out[0].ctypes.data, out[1].ctypes.data, out[2].ctypes.data, out[3].ctypes.data)
+    return (out[0], out[1], out[2], out[3]) if ok else None
 
 
 def successors(successor: np.ndarray):
