@@ -114,9 +114,9 @@ class HeapWords:
             return
         if self.keep_pages:
             self.pages.note(base, words)
-        run_lo, index = keep_runs(words, found, fields, tail, self._bounds)
-        if len(run_lo):
-            self._add(base, words, run_lo, index)
+        starts, firsts, at, values = keep_runs(words, found, fields, tail, self._bounds, base)
+        if len(starts):
+            self._pending.append((base, at, values, starts, firsts))
 
     def _add(self, base: int, words: np.ndarray, run_lo: np.ndarray, index: np.ndarray) -> None:
         """Keeps the words at INDEX of WORDS (read from BASE) and the first word of each run at RUN_LO."""

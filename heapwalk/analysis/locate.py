@@ -58,8 +58,8 @@ def _declared(lib):
         lib.hw_nonzero_pages.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
         lib.hw_keep_runs.restype = ctypes.c_int64
         lib.hw_keep_runs.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
-                                     ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
-                                     ctypes.c_void_p]
+                                     ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_uint64, ctypes.c_void_p,
+                                     ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
         lib.hw_text_words.restype = None
         lib.hw_text_words.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
         lib.hw_keep.restype = ctypes.c_int64
@@ -164,21 +164,23 @@ def keep(words: np.ndarray, run_lo: np.ndarray, run_hi: np.ndarray, bounds: np.n
     return out[:count]
 
 
-def keep_runs(words: np.ndarray, found: np.ndarray, fields: np.ndarray, tail: bool, bounds: np.ndarray
-              ) -> tuple[np.ndarray, np.ndarray]:
-    """The runs of a heap window's chunks that may be in use and their words pointing into BOUNDS, in C
-    (`hw_keep_runs`; `heapwords.HeapWords.chunks` has the numpy form): each run's first word index, and the
-    indices of the words kept (int64, in order)."""
+def keep_runs(words: np.ndarray, found: np.ndarray, fields: np.ndarray, tail: bool, bounds: np.ndarray, base: int
+              ) -> tuple[np.ndarray, ...]:
+    """The runs of a heap window's chunks (WORDS read from BASE) that may be in use and their words pointing into
+    BOUNDS, in C (`hw_keep_runs`; `heapwords.HeapWords.chunks` has the numpy form): each run's address and first
+    word, and each kept word's address and value (uint64, in order)."""
     words = np.ascontiguousarray(words, dtype=np.uint64)
     found = np.ascontiguousarray(found, dtype=np.int64)
     fields = np.ascontiguousarray(fields, dtype=np.uint64)
-    run_lo = np.empty(len(found), dtype=np.int64)
-    out = np.empty(len(words), dtype=np.int64)
+    runs_out = np.empty((2, len(found)), dtype=np.uint64)
+    kept = np.empty((2, len(words)), dtype=np.uint64)
     runs = ctypes.c_int64(0)
     count = _LIB.hw_keep_runs(words.ctypes.data, len(words), found.ctypes.data, fields.ctypes.data, len(found),
-                              int(tail), bounds.ctypes.data, len(bounds) // 2, run_lo.ctypes.data,
-                              ctypes.addressof(runs), out.ctypes.data)
-    return run_lo[:runs.value].copy(), out[:count].copy()
+                              int(tail), bounds.ctypes.data, len(bounds) // 2, base, runs_out[0].ctypes.data,
+                              runs_out[1].ctypes.data, ctypes.addressof(runs), kept[0].ctypes.data,
+                              kept[1].ctypes.data)
+    return (runs_out[0, :runs.value].copy(), runs_out[1, :runs.value].copy(), kept[0, :count].copy(),
+            kept[1, :count].copy())
 
 
 def nonzero_pages(words: np.ndarray) -> np.ndarray:
