@@ -22,9 +22,7 @@ __all__ = ["Graph", "NATIVE"]
 def _load():
     """The built library's search, or None (see `inferior.clib`; also when it was built from older sources that
     lack a function)."""
-    lib = built_library(Path(__file__).parent, "_reach")
-    if lib is None or not all(hasattr(lib, name) for name in ("hw_reach", "hw_rows")):
-        return None
+    lib = built_library(Path(__file__).parent, "_reach", ("hw_reach", "hw_rows"))
     if lib is not None:
         lib.hw_reach.restype = ctypes.c_int64
         lib.hw_reach.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,

@@ -1,4 +1,4 @@
-"""heapwalk's small C libraries (`pip install` builds them from `glibc/_native.c` and `analysis/_reach.c`),
+"""heapwalk's small C libraries (`pip install` builds them from `glibc/bulk/_native.c` and `analysis/_reach.c`),
 found beside their Python modules and loaded with ctypes: no Python headers, and nothing fails when they
 were not built.  HEAPWALK_PURE=1 in the environment turns them off, so the Python forms can be checked."""
 
@@ -11,13 +11,15 @@ from pathlib import Path
 __all__ = ["built_library"]
 
 
-def built_library(folder: Path, stem: str) -> ctypes.CDLL | None:
-    """The library STEM (`_native`, `_reach`) built in FOLDER, or None: not built, cannot load, or turned off."""
+def built_library(folder: Path, stem: str, functions: tuple[str, ...] = ()) -> ctypes.CDLL | None:
+    """The library STEM (`_native`, `_reach`) built in FOLDER, or None: not built, cannot load, turned off, or
+    built from older sources that lack one of FUNCTIONS."""
     if os.environ.get("HEAPWALK_PURE"):
         return None
     for path in sorted(folder.glob(f"{stem}*.so")):
         try:
-            return ctypes.CDLL(str(path))
+            lib = ctypes.CDLL(str(path))
         except OSError:
             continue
+        return lib if all(hasattr(lib, name) for name in functions) else None
     return None

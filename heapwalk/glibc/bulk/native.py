@@ -26,9 +26,7 @@ _INT64_P = ctypes.POINTER(ctypes.c_int64)
 def _load():
     """The built library's functions, or None (see `inferior.clib`; also when it was built from older sources
     that lack one)."""
-    lib = built_library(Path(__file__).parent, "_native")
-    if lib is not None and not all(hasattr(lib, name) for name in ("hw_chase", "hw_follow", "hw_gather")):
-        return None
+    lib = built_library(Path(__file__).parent, "_native", ("hw_chase", "hw_follow", "hw_gather"))
     if lib is not None:
         lib.hw_chase.restype = ctypes.c_int64
         lib.hw_chase.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint64,
