@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from heapwalk.inferior.memory import Memory, ReadError, merged
-from heapwalk.jemalloc.extents import ACTIVE
+from heapwalk.inferior.memory import Memory, merged
+from heapwalk.inferior.records import read_records
+from heapwalk.jemalloc.extents import ACTIVE, ExtentTable
 from heapwalk.jemalloc.model import JeState
 from heapwalk.jemalloc.region import SLAB_BITMAP
 from heapwalk.view import Blocks
@@ -25,22 +26,9 @@ def jemalloc_blocks(mem: Memory, state: JeState) -> Blocks | None:
     table = state.extents
     if table is None:
         return None
-    classes = table.classes
     active = table.state == ACTIVE
-    starts, ends, arenas, unknown = [], [], [], []
-    slabs = np.flatnonzero(active & table.slab & (table.szind < classes.nbins))
-    bitmaps = _bitmaps(mem, table.header[slabs].tolist())
-    for row in slabs.tolist():
-        cls = classes.bins[int(table.szind[row])]
-        used = _used_regions(bitmaps.get(int(table.header[row])), cls.nregs, int(table.nfree[row]))
-        base = int(table.address[row])
-        if used is None:
-            unknown.append((base, base + int(table.size[row])))
-            continue
-        first = np.uint64(base) + used.astype(np.uint64) * np.uint64(cls.size)
-        starts.append(first)
-        ends.append(first + np.uint64(cls.size))
-        arenas.append(np.full(len(used), table.arena[row], dtype=np.int32))
+    slabs = np.flatnonzero(active & table.slab & (table.szind < table.classes.nbins))
+    starts, ends, arenas, unknown = _slab_regions(mem, table, slabs)
     large = np.flatnonzero(active & ~table.slab)
     if len(large):
         first = table.address[large] + table.offset[large].astype(np.uint64)
@@ -50,12 +38,21 @@ def jemalloc_blocks(mem: Memory, state: JeState) -> Blocks | None:
         arenas.append(table.arena[large].astype(np.int32))
     start, end, arena = (np.concatenate(parts) if parts else np.zeros(0, dtype=t)
                          for parts, t in ((starts, np.uint64), (ends, np.uint64), (arenas, np.int32)))
-    keep = ~np.isin(start, np.array(sorted(_not_the_programs(state)), dtype=np.uint64))
-    order = np.argsort(start[keep], kind="stable")
+    order = np.argsort(start, kind="stable")
+    start, end, arena = start[order], end[order], arena[order]
+    keep = _without(start, np.array(sorted(_not_the_programs(state)), dtype=np.uint64))
     heaps = merged((int(a), int(a) + int(s)) for a, s in zip(table.address.tolist(), table.size.tolist()))
     private = merged((at, at + size) for a in state.arenas for at, size in a.base_blocks)
-    return Blocks(start[keep][order], end[keep][order], arena[keep][order], 0, 0, heaps=tuple(heaps),
+    return Blocks(start[keep], end[keep], arena[keep], 0, 0, heaps=tuple(heaps),
                   private=tuple(private), unknown=tuple(merged(unknown)))
+
+
+def _without(ordered: np.ndarray, excluded: np.ndarray) -> np.ndarray:
+    """Whether each of ORDERED (ascending) is none of EXCLUDED (ascending): a mask."""
+    marks = np.zeros(len(ordered) + 1, dtype=np.int64)
+    np.add.at(marks, np.searchsorted(ordered, excluded, side="left"), 1)
+    np.add.at(marks, np.searchsorted(ordered, excluded, side="right"), -1)
+    return np.cumsum(marks[:-1]) == 0
 
 
 def _not_the_programs(state: JeState) -> set[int]:
@@ -63,44 +60,35 @@ def _not_the_programs(state: JeState) -> set[int]:
     return set(state.cached) | {address for t in state.threads for address in t.internal}
 
 
-#: the most bytes of extent headers read at once
-_HEADERS_SPAN = 1 << 16
 #: a slab's bitmap: up to 512 regions
 _BITMAP = 64
+#: slabs whose bitmaps are unpacked at once (a bit a byte: this many times 512 bytes)
+_BATCH = 8192
 
 
-def _bitmaps(mem: Memory, headers: list[int]) -> dict[int, bytes | None]:
-    """Each slab header's bitmap bytes (None: unreadable), the headers that lie near each other read in one
-    piece (they sit together in the base's blocks)."""
-    out: dict[int, bytes | None] = {}
-    ordered = sorted(set(headers))
-    i = 0
-    while i < len(ordered):
-        first = ordered[i]
-        j = i
-        while j + 1 < len(ordered) and ordered[j + 1] + SLAB_BITMAP + _BITMAP - first <= _HEADERS_SPAN:
-            j += 1
-        span = ordered[j] + SLAB_BITMAP + _BITMAP - first
-        try:
-            data = mem.read(first, span)
-            for h in ordered[i:j + 1]:
-                out[h] = data[h - first + SLAB_BITMAP:h - first + SLAB_BITMAP + _BITMAP]
-        except ReadError:
-            for h in ordered[i:j + 1]:
-                try:
-                    out[h] = mem.read(h + SLAB_BITMAP, _BITMAP)
-                except ReadError:
-                    out[h] = None
-        i = j + 1
-    return out
-
-
-def _used_regions(raw: bytes | None, nregs: int, nfree: int) -> np.ndarray | None:
-    """The indices of the regions a slab hands out, from its bitmap RAW (a set bit is a free region); None when
-    the bitmap is unreadable or does not count NFREE free regions."""
-    if raw is None:
-        return None
-    free = np.unpackbits(np.frombuffer(raw[:8 * ((nregs + 63) // 64)], dtype=np.uint8), bitorder="little")[:nregs]
-    if int(free.sum()) != nfree:
-        return None
-    return np.flatnonzero(free == 0)
+def _slab_regions(mem: Memory, table: ExtentTable, slabs: np.ndarray
+                  ) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray], list[tuple[int, int]]]:
+    """The regions the slabs at rows SLABS of TABLE hand out (their bitmaps' clear bits: a set bit is a free
+    region), as starts, ends and arenas, slab by slab in the rows' order and each slab's in address order;
+    and the slabs whose bitmap is unreadable or does not count the slab's free regions (unknown memory)."""
+    bins = table.classes.bins
+    nregs_of = np.array([b.nregs for b in bins], dtype=np.int64)
+    size_of = np.array([b.size for b in bins], dtype=np.uint64)
+    bitmaps = read_records(mem, table.header[slabs] + np.uint64(SLAB_BITMAP), _BITMAP)
+    columns = np.arange(8 * _BITMAP, dtype=np.int64)
+    starts, ends, arenas, unknown = [], [], [], []
+    for lo in range(0, len(slabs), _BATCH):
+        rows = slabs[lo:lo + _BATCH]
+        szind = table.szind[rows].astype(np.int64)
+        inside = columns < nregs_of[szind][:, None]
+        free = np.unpackbits(bitmaps.data[lo:lo + _BATCH], axis=1, bitorder="little").view(bool) & inside
+        good = bitmaps.readable[lo:lo + _BATCH] & (free.sum(axis=1) == table.nfree[rows])
+        slab, region = np.nonzero(inside & ~free & good[:, None])
+        size = size_of[szind[slab]]
+        first = table.address[rows[slab]] + region.astype(np.uint64) * size
+        starts.append(first)
+        ends.append(first + size)
+        arenas.append(table.arena[rows[slab]].astype(np.int32))
+        bad = rows[~good]
+        unknown += zip(table.address[bad].tolist(), (table.address[bad] + table.size[bad].astype(np.uint64)).tolist())
+    return starts, ends, arenas, unknown

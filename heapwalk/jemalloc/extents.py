@@ -11,7 +11,6 @@ What a heap map of jemalloc draws (`jemalloc.heapmap`), and what the arenas' pag
 from __future__ import annotations
 
 import functools
-import struct
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,6 +21,7 @@ from heapwalk.jemalloc.layout import JeLayout, PAGE
 from heapwalk.jemalloc.rtree import COMPACT_48, RtreeShape
 from heapwalk.jemalloc.sizeclasses import SizeClasses, size_classes
 from heapwalk.inferior.memory import Memory, ReadError
+from heapwalk.inferior.records import read_records
 
 __all__ = ["ExtentTable", "walk_extents", "class_sizes", "ACTIVE", "DIRTY", "MUZZY", "RETAINED"]
 
@@ -85,30 +85,30 @@ def walk_extents(mem: Memory, layout: JeLayout, rtree: int, shape: RtreeShape = 
     leaves = _leaves(mem, layout, rtree, shape, findings)
     headers = np.unique(np.concatenate(list(leaves.values()) or [np.zeros(0, dtype=np.uint64)]))
     headers = headers[headers != 0]       # pages no extent holds (an entry may keep bits besides the header's)
-    rows = []
-    stale = 0
-    for header in headers.tolist():
-        try:
-            bits, address, size_esn = struct.unpack("<QQQ", mem.read(header, 24))
-        except ReadError as exc:
-            findings.append(Finding(Severity.ERROR, exc.address, "jemalloc extents", f"cannot read the extent "
-                                    f"header at {header:#x} the radix tree names: {exc.reason}", Kind.UNMAPPED))
-            continue
-        size = size_esn & ~(PAGE - 1)
-        if not size or not (_maps(leaves, shape, address) == header == _maps(leaves, shape, address + size - PAGE)):
-            stale += 1
-            continue
-        rows.append((address & ~(PAGE - 1), size, address & (PAGE - 1), bits & 0xFFF,
-                     (bits >> layout.extent_state_shift) & layout.extent_state_mask,
-                     (bits >> 12) & 1, (bits >> layout.extent_szind_shift) & 0xFF,
-                     (bits >> layout.extent_nfree_shift) & 0x3FF, header))
+    got = read_records(mem, headers, 24)
+    for row in sorted(got.errors):
+        exc = got.errors[row]
+        findings.append(Finding(Severity.ERROR, exc.address, "jemalloc extents", f"cannot read the extent "
+                                f"header at {int(headers[row]):#x} the radix tree names: {exc.reason}", Kind.UNMAPPED))
+    bits, address, size_esn = got.data.view("<u8").T if len(headers) else (np.zeros(0, dtype=np.uint64),) * 3
+    size = size_esn & np.uint64(~(PAGE - 1) & (2 ** 64 - 1))
+    last = address + size - np.uint64(PAGE)
+    fits = (size != 0) & (size <= ~address)               # the extent's last page does not wrap past 2**64
+    mapped = (_maps_many(leaves, shape, address) == headers) & (_maps_many(leaves, shape, last) == headers)
+    good = got.readable & fits & mapped
+    stale = int(np.count_nonzero(got.readable & ~good))
     if stale:
         findings.append(Finding(Severity.WARNING, rtree, "jemalloc extents", f"{stale} extent header(s) the radix "
                                 "tree names are not mapped back by their own first and last pages: left out of the "
                                 "maps", Kind.ARENA))
-    rows.sort()
-    columns = list(zip(*rows)) if rows else [()] * 9
-    table = ExtentTable(*(np.array(c, dtype=t) for c, t in zip(columns, (
+    rows = np.flatnonzero(good)
+    rows = rows[np.argsort(address[rows] & np.uint64(~(PAGE - 1) & (2 ** 64 - 1)), kind="stable")]
+    bits, address, size = bits[rows], address[rows], size[rows]
+    columns = (address & np.uint64(~(PAGE - 1) & (2 ** 64 - 1)), size, address & np.uint64(PAGE - 1),
+               bits & np.uint64(0xFFF), (bits >> np.uint64(layout.extent_state_shift)) & np.uint64(layout.extent_state_mask),
+               (bits >> np.uint64(12)) & np.uint64(1), (bits >> np.uint64(layout.extent_szind_shift)) & np.uint64(0xFF),
+               (bits >> np.uint64(layout.extent_nfree_shift)) & np.uint64(0x3FF), headers[rows])
+    table = ExtentTable(*(np.ascontiguousarray(c).astype(t) for c, t in zip(columns, (
         np.uint64, np.int64, np.int64, np.int32, np.uint8, bool, np.int32, np.int32, np.uint64))), layout.classes)
     return table, findings
 
@@ -143,8 +143,21 @@ def _leaves(mem: Memory, layout: JeLayout, rtree: int, shape: RtreeShape, findin
     return out
 
 
-def _maps(leaves: dict[int, np.ndarray], shape: RtreeShape, address: int) -> int | None:
-    """The header the tree maps ADDRESS's page to (None: no leaf)."""
-    base, index = shape.leaf_of(address)
-    leaf = leaves.get(base)
-    return None if leaf is None else int(leaf[index])
+def _maps_many(leaves: dict[int, np.ndarray], shape: RtreeShape, addresses: np.ndarray) -> np.ndarray:
+    """The header the tree maps each of ADDRESSES' pages to (uint64; 0 where no leaf covers it)."""
+    out = np.zeros(len(addresses), dtype=np.uint64)
+    if not leaves or not len(addresses):
+        return out
+    span = np.uint64(12 + shape.leaf_bits)
+    bases = addresses >> span << span
+    index = ((addresses >> np.uint64(12)) & np.uint64((1 << shape.leaf_bits) - 1)).astype(np.int64)
+    keys = np.array(sorted(leaves), dtype=np.uint64)
+    leaf = np.searchsorted(keys, bases)
+    leaf[(leaf < len(keys)) & (keys[np.minimum(leaf, len(keys) - 1)] != bases)] = len(keys)
+    order = np.argsort(leaf, kind="stable")
+    bounds = np.searchsorted(leaf[order], np.arange(len(keys) + 1))
+    for k in range(len(keys)):
+        rows = order[bounds[k]:bounds[k + 1]]
+        if len(rows):
+            out[rows] = leaves[int(keys[k])][index[rows]]
+    return out

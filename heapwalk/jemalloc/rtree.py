@@ -88,6 +88,7 @@ class ExtentMap:
         self.mem, self.layout, self.rtree, self.shape = mem, layout, rtree, shape
         self._nodes: dict[tuple[int, ...], int] = {}
         self._arenas: dict[int, int | None] = {}
+        self._leaves: dict[int, tuple[list[int], list[int], list[bool]] | None] = {}
 
     def arena_of(self, address: int) -> int | None:
         """The index of the arena whose extent holds ADDRESS (None: no tree, no extent, or unreadable)."""
@@ -123,7 +124,21 @@ class ExtentMap:
             if not node:
                 return None
         _, index = self.shape.leaf_of(address)
+        leaf = self._leaf(node)
+        if leaf is not None:
+            extent = leaf[0][index]
+            return (extent, leaf[1][index], leaf[2][index]) if extent else None
         size = self.shape.entry_size
         headers, szind, slab = self.shape.decode(self.mem.read(node + size * index, size), self.layout)
         extent = int(headers[0])
         return (extent, int(szind[0]), bool(slab[0])) if extent else None
+
+    def _leaf(self, node: int) -> tuple[list[int], list[int], list[bool]] | None:
+        """The leaf at NODE decoded whole, read once (None when it cannot be read whole: then entry by entry)."""
+        if node not in self._leaves:
+            try:
+                raw = self.mem.read(node, self.shape.entry_size << self.shape.leaf_bits)
+                self._leaves[node] = tuple(column.tolist() for column in self.shape.decode(raw, self.layout))
+            except ReadError:
+                self._leaves[node] = None
+        return self._leaves[node]

@@ -1,0 +1,65 @@
+"""Reads of many small records at once (`inferior.records`) and the array lookups jemalloc's extent walk and
+blocks are made of: each equal to the one-at-a-time form it replaced, holes and repeats included."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from heapwalk.inferior.memory import ImageMemory, ReadError
+from heapwalk.inferior.records import read_records
+from heapwalk.jemalloc.blocks import _without
+from heapwalk.jemalloc.extents import _maps_many
+from heapwalk.jemalloc.rtree import COMPACT_48, WIDE_57
+
+
+def _memory() -> ImageMemory:
+    rng = np.random.default_rng(7)
+    mem = ImageMemory()
+    mem.add(0x10000, rng.integers(0, 256, 300_000, dtype=np.uint8).tobytes())
+    mem.add(0x60000, rng.integers(0, 256, 5_000, dtype=np.uint8).tobytes())      # a hole before it
+    return mem
+
+
+def test_records_read_at_once_are_those_read_one_by_one_with_holes_and_repeats():
+    mem = _memory()
+    rng = np.random.default_rng(1)
+    addresses = np.concatenate([rng.integers(0x10000, 0x10000 + 300_000 - 24, 2000),
+                                rng.integers(0x59000, 0x62000, 300),             # straddling the hole, and inside it
+                                [0x10000, 0x10000, 0x60000 + 5_000 - 24, 0x60000 + 5_000 - 23]]).astype(np.uint64)
+    got = read_records(mem, addresses, 24, span=4096)
+    for row, address in enumerate(addresses.tolist()):
+        try:
+            expected = mem.read(address, 24)
+        except ReadError:
+            assert not got.readable[row] and got.errors[row].address == address and not got.data[row].any()
+            continue
+        assert got.readable[row] and got.data[row].tobytes() == expected and row not in got.errors
+    assert 0 < len(got.errors) < 300
+
+
+def test_records_of_nothing():
+    got = read_records(_memory(), np.zeros(0, dtype=np.uint64), 64)
+    assert got.data.shape == (0, 64) and not got.errors
+
+
+def test_the_blocks_left_after_exclusions_are_those_isin_leaves():
+    rng = np.random.default_rng(3)
+    ordered = np.sort(rng.integers(0, 5000, 20_000).astype(np.uint64))      # repeats, as damage can make
+    excluded = np.unique(rng.integers(0, 6000, 700).astype(np.uint64))
+    assert np.array_equal(_without(ordered, excluded), ~np.isin(ordered, excluded))
+    assert _without(ordered, np.zeros(0, dtype=np.uint64)).all()
+
+
+def test_the_tree_maps_addresses_as_one_leaf_lookup_at_a_time():
+    rng = np.random.default_rng(5)
+    for shape in (COMPACT_48, WIDE_57):
+        span = 12 + shape.leaf_bits
+        bases = [0x7F00 << 32 >> span << span, (0x5555 << 32 >> span << span) + (3 << span)]
+        leaves = {b: rng.integers(1, 1 << 40, 1 << shape.leaf_bits, dtype=np.uint64) for b in bases}
+        addresses = np.concatenate([rng.integers(b, b + (1 << span), 500) for b in bases] +
+                                   [rng.integers(0, 1 << 47, 300)]).astype(np.uint64)
+        got = _maps_many(leaves, shape, addresses)
+        for address, header in zip(addresses.tolist(), got.tolist()):
+            base, index = shape.leaf_of(address)
+            assert header == (int(leaves[base][index]) if base in leaves else 0)
+        assert not _maps_many({}, shape, addresses).any()
