@@ -29,6 +29,7 @@
  */
 #define _GNU_SOURCE
 #include "hw.h"
+#include "bench_shape.h"
 
 #include <pthread.h>
 #include <stdint.h>
@@ -43,18 +44,6 @@
 static long share;
 static int random_shape;     /* HW_BENCH_SHAPE=random */
 static void *volatile sink;  /* stores through it keep gcc from eliding a malloc whose result looks unused */
-
-static size_t pick(unsigned *seed)
-{
-    unsigned r = (unsigned)rand_r(seed) % 1000;
-    if (r < 800)
-        return 16 + (size_t)(rand_r(seed) % 96);        /* 32-128 byte chunks */
-    if (r < 990)
-        return 128 + (size_t)(rand_r(seed) % 512);      /* small bins */
-    if (r < 999)
-        return 1024 + (size_t)(rand_r(seed) % 3072);    /* large bins, 64 and 512 bytes apart */
-    return 16384 + (size_t)(rand_r(seed) % 32768);      /* large bins, 4 KiB apart */
-}
 
 /* Frees up to LAST_FREES live chunks spread over P (after the unsorted bin was sorted: they stay in it, or
  * in the tcache and fastbins); returns how many it freed. */
@@ -71,25 +60,6 @@ static long free_last_few(void **p)
     return freed;
 }
 
-/* A random index below N from SEED (rand_r gives 31 bits; two of them cover any share). */
-static long below(long n, unsigned *seed)
-{
-    unsigned long r = ((unsigned long)rand_r(seed) << 31) ^ (unsigned long)rand_r(seed);
-    return (long)(r % (unsigned long)n);
-}
-
-/* Makes chunk I of P an object of a pointer-rich program: its first word points to the chunk made before it,
- * its second to one made earlier at random (either may be freed later: a dangling pointer the leak scan must
- * look up and drop). */
-static void link_objects(void **p, long i, unsigned *seed)
-{
-    void **words = p[i];
-    if (i > 0)
-        words[0] = p[i - 1];
-    if (i > 1)
-        words[1] = p[below(i, seed)];
-}
-
 /* The random shape: allocates this thread's share (a chunk in fifty grown twice by realloc), then frees
  * half of the chunks in random order; returns how many of its allocations stay live. */
 static long build_random(unsigned seed)
@@ -103,13 +73,7 @@ static long build_random(unsigned seed)
     long live = 0;
     for (long i = 0; i < share; i++) {
         size_t n = pick(&seed);
-        p[i] = malloc(n);
-        if (p[i] && i % 50 == 49 && n < 1024) {
-            p[i] = realloc(p[i], n * 3);
-            n *= 3;
-            if (p[i])
-                p[i] = realloc(p[i], n * 2);
-        }
+        p[i] = made(i, &n);
         if (!p[i]) {
             fprintf(stderr, "bench: out of memory\n");
             abort();
@@ -117,13 +81,8 @@ static long build_random(unsigned seed)
         memset(p[i], 0x5A, n < 32 ? n : 32);
         link_objects(p, i, &seed);
         live++;
-        order[i] = i;
     }
-    for (long i = share - 1; i > 0; i--) {
-        long j = below(i + 1, &seed), t = order[i];
-        order[i] = order[j];
-        order[j] = t;
-    }
+    shuffled(order, share, &seed);
     for (long k = 0; k < share / 2; k++) {
         free(p[order[k]]);
         p[order[k]] = NULL;

@@ -47,6 +47,8 @@ REPRODUCERS = ("bins", "thread_arenas", "small_vectors", "mmapped", "second_heap
 #: reproducers that run on Debian's libjemalloc2 (LD_PRELOAD), with no hw.c: they write stats.json
 #: (malloc_stats_print "J") and ledger.json themselves
 JEMALLOC_REPRODUCERS = ("je_dns", "je_both", "je_hold", "je_leak", "je_dlopen")
+#: every program built on jemalloc's entry points (je_common.h): the reproducers and `make bench`'s je_bench
+JEMALLOC_PROGRAMS = (*JEMALLOC_REPRODUCERS, "je_bench")
 #: their environment: je_dns builds four zones per worker 150 ms apart with a 100 ms decay time, so that the
 #: arenas whose threads hold a decay ticker purge in the run (and, on 5.2.1, those whose threads began with
 #: free() do not); eight arenas whatever the CPU count, so that each thread has its own
@@ -140,8 +142,8 @@ def build(name: str, bindir: Path, sysroot: sysroots.Sysroot | None = None, stat
         bindir = bindir / f"jemalloc-{jemalloc.suite}"
     bindir.mkdir(parents=True, exist_ok=True)
     exe = bindir / name
-    sources = [CORES_DIR / f"{name}.c"] + ([] if name in JEMALLOC_REPRODUCERS else [CORES_DIR / "hw.c"])
-    if name in JEMALLOC_REPRODUCERS:
+    sources = [CORES_DIR / f"{name}.c"] + ([] if name in JEMALLOC_PROGRAMS else [CORES_DIR / "hw.c"])
+    if name in JEMALLOC_PROGRAMS:
         _build_plugin(name, bindir)
     extra = sysroot.compile_flags() if sysroot is not None else []
     if static:
@@ -163,11 +165,15 @@ def build(name: str, bindir: Path, sysroot: sysroots.Sysroot | None = None, stat
 
 def headers(name: str) -> list[Path]:
     """The headers and libraries reproducer NAME is built with, beside its own source."""
-    if name not in JEMALLOC_REPRODUCERS:
-        return [CORES_DIR / "hw.h"]
+    source = (CORES_DIR / f"{name}.c").read_text()
+    shared = [CORES_DIR / f for f in re.findall(r'^#include "(\w+\.h)"', source, re.M)
+              if f not in ("hw.h", "je_common.h") and (CORES_DIR / f).exists()]       # bench_shape.h
+    if name not in JEMALLOC_PROGRAMS:
+        return [CORES_DIR / "hw.h", *shared]
     plugin = CORES_DIR / f"{name}_plugin.c"
-    included = re.findall(r'^#include "(\w+\.c)"', (CORES_DIR / f"{name}.c").read_text(), re.M)
-    return [CORES_DIR / "je_common.h"] + ([plugin] if plugin.exists() else []) + [CORES_DIR / f for f in included]
+    included = re.findall(r'^#include "(\w+\.c)"', source, re.M)
+    return [CORES_DIR / "je_common.h"] + ([plugin] if plugin.exists() else []) + [CORES_DIR / f for f in included] \
+        + shared
 
 
 @fresh.exclusive

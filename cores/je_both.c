@@ -64,10 +64,7 @@ static void work(unsigned slot) {
 static void *worker(void *arg) {
     (void)arg;
     work(1);
-    note_thread("worker", thread_arena());
-    pthread_barrier_wait(&parked);
-    pause();
-    return NULL;
+    return je_park("worker", &parked);
 }
 
 int main(int argc, char **argv) {

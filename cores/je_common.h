@@ -112,6 +112,24 @@ static void note_thread(const char *role, long arena) {
     pthread_mutex_unlock(&ledger_lock);
 }
 
+/* Moves the calling thread to an arena of its own (arenas.create, thread.arena), or dies. */
+__attribute__((unused)) static void je_own_arena(void) {
+    unsigned own = 0;
+    size_t len = sizeof own;
+    if (repro_mallctl("arenas.create", &own, &len, NULL, 0) != 0 ||
+        repro_mallctl("thread.arena", NULL, NULL, &own, sizeof own) != 0)
+        die("cannot move a thread to an arena of its own");
+}
+
+/* A worker's end: noted in the ledger as ROLE with its arena, then parked at the barrier PARKED until the
+ * snapshot. */
+__attribute__((unused)) static void *je_park(const char *role, pthread_barrier_t *parked) {
+    note_thread(role, thread_arena());
+    pthread_barrier_wait(parked);
+    pause();
+    return NULL;
+}
+
 /* A thread that never calls jemalloc (its tsd is never set up; with jemalloc loaded by dlopen, its thread
  * vector has no block of jemalloc's TLS module at all): noted, then parked at the barrier PARKED. */
 __attribute__((unused)) static void *je_idle(void *parked) {

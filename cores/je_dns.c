@@ -64,10 +64,7 @@ static void *worker(void *arg) {
     }
     if (!free_first)
         free(first_blocks[id]);
-    note_thread(free_first ? "free_first" : "malloc_first", thread_arena());
-    pthread_barrier_wait(&parked);
-    pause();
-    return NULL;
+    return je_park(free_first ? "free_first" : "malloc_first", &parked);
 }
 
 int main(int argc, char **argv) {

@@ -97,10 +97,7 @@ static void *worker(void *arg) {
     static void *blocks[WORKERS][OBJECTS];
     long id = (long)arg;
     hold((unsigned)(id + 1) * 2654435761u, OBJECTS, blocks[id]);
-    note_thread("worker", thread_arena());
-    pthread_barrier_wait(&parked);
-    pause();
-    return NULL;
+    return je_park("worker", &parked);
 }
 
 static void write_held(int fd) {

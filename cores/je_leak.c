@@ -155,11 +155,7 @@ NOINLINE static void build_leaked(long id) {
 
 static void *worker(void *arg) {
     long id = (long)arg;
-    unsigned own = 0;
-    size_t len = sizeof own;
-    if (repro_mallctl("arenas.create", &own, &len, NULL, 0) != 0 ||
-        repro_mallctl("thread.arena", NULL, NULL, &own, sizeof own) != 0)
-        die("cannot give a worker an arena of its own");
+    je_own_arena();
     build_reached(id);
     build_leaked(id);
     scrub_stack();

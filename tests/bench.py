@@ -23,10 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -35,6 +32,8 @@ sys.path.insert(0, str(ROOT / "cores"))
 import harness  # noqa: E402
 from bench_capture import capture_line, measure_capture, measure_service  # noqa: E402
 from bench_precopy import measure_precopy, precopy_lines  # noqa: E402
+import bench_jemalloc  # noqa: E402
+from bench_gdb import FLOOR, TIMED, command_lines, load_line, gdb_run, time_commands, value  # noqa: E402
 from busy import stress, stress_line  # noqa: E402
 from services import build_service  # noqa: E402
 
@@ -44,23 +43,13 @@ PRECOPY_MIB = {"smoke": 0, "small": 256, "medium": 1024, "large": 2048, "huge": 
 COMMANDS = ("heapwalk report", "heapwalk bins", "heapwalk chunks --free", "heapwalk check", "heapwalk leaks",
             "heapwalk map --svg /dev/null --png /dev/null")
 BUILD = ROOT / "build"
-GDBINIT = ROOT / "gdbinit"
-
-#: runs inside gdb: times one command (its output discarded) and prints the seconds
-_TIMED = ("python import time as _t; _s = _t.perf_counter(); gdb.execute({command!r}, to_string=True); "
-          "print('heapwalk-bench-seconds %.6f' % (_t.perf_counter() - _s))")
-#: runs inside gdb: reads each heap [address, size) with one read_memory call, prints the seconds and bytes
-_FLOOR = ("python import time as _t, json as _j; _h = _j.load(open({heaps!r})); _s = _t.perf_counter(); "
-          "_n = sum(len(gdb.selected_inferior().read_memory(a, n)) for a, n in _h); "
-          "print('heapwalk-bench-floor %.6f %d' % (_t.perf_counter() - _s, _n))")
-
 
 def capture(size: str, bindir: Path, shape: str = "ordered") -> harness.Capture:
     """The bench core of SIZE and SHAPE, taken now unless one is already there and newer than its sources."""
     outdir = workdir_of(size, shape)
     directory = outdir / "bench"
     meta = directory / "meta.json"
-    sources = [harness.CORES_DIR / f for f in ("bench.c", "hw.c", "hw.h", "harness.py")]
+    sources = [harness.CORES_DIR / f for f in ("bench.c", "hw.c", "hw.h", "bench_shape.h", "harness.py")]
     fresh = meta.exists() and (directory / "core").exists() and \
         meta.stat().st_mtime >= max(s.stat().st_mtime for s in sources)
     if not fresh:
@@ -80,37 +69,6 @@ def environment(size: str, shape: str) -> dict[str, str]:
     return {"HW_BENCH_CHUNKS": str(SIZES[size]), "HW_BENCH_SHAPE": shape}
 
 
-#: gdb's last command in a bench run: its own peak RSS (VmHWM, of its memory since it started: wait4's ru_maxrss
-#: would also count the memory of this Python process that gdb was started from, before its exec)
-_HWM = ("python print('heapwalk-bench-hwm ' + next(line.split()[1] for line in open('/proc/self/status') "
-        "if line.startswith('VmHWM:')))")
-
-
-def gdb_run(exe: Path, core: Path | None, commands: list[str], pid: int | None = None) -> tuple[str, float, int]:
-    """Runs gdb -batch with heapwalk and COMMANDS on the core (or attached to the live process PID):
-    (stdout, wall seconds, gdb's peak RSS in bytes)."""
-    cmd = ["gdb", "-nx", "-batch", "-q", "-x", str(GDBINIT)]
-    for c in [*commands, _HWM]:
-        cmd += ["-ex", c]
-    cmd += [str(exe), str(core)] if pid is None else ["-p", str(pid)]
-    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        start = time.perf_counter()
-        proc = subprocess.Popen(cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL)
-        proc.wait()
-        wall = time.perf_counter() - start
-        out.seek(0)
-        err.seek(0)
-        text, errors = out.read(), err.read()
-    if "Traceback" in text + errors or "internal error" in text + errors:
-        raise RuntimeError(f"{' '.join(commands)} failed:\n{text}\n{errors}")
-    return text, wall, int(_value(text, "heapwalk-bench-hwm")[0]) * 1024
-
-
-def _value(out: str, tag: str) -> list[str]:
-    line = next(line for line in out.splitlines() if line.startswith(tag))
-    return line.split()[1:]
-
-
 def heaps_and_chunks(cap: harness.Capture, workdir: Path) -> tuple[list[tuple[int, int]], int, dict]:
     """Every heap (address, bytes) of every arena, the chunks a walk meets, and the JSON document."""
     doc_path = workdir / "arenas.json"
@@ -126,31 +84,18 @@ def measure(cap: harness.Capture, runs: int, workdir: Path) -> dict:
     heaps, chunks, doc = heaps_and_chunks(cap, workdir)
     heap_file = workdir / "heaps.json"
     heap_file.write_text(json.dumps(heaps))
-    floor_runs = [float(_value(gdb_run(cap.exe, cap.core, [_FLOOR.format(heaps=str(heap_file))])[0],
+    floor_runs = [float(value(gdb_run(cap.exe, cap.core, [FLOOR.format(heaps=str(heap_file))])[0],
                                "heapwalk-bench-floor")[0]) for _ in range(runs)]
     loads = [gdb_run(cap.exe, cap.core, []) for _ in range(runs)]
     load_runs, load_peak = [wall for _, wall, _ in loads], max(peak for _, _, peak in loads)
     outs = [gdb_run(cap.exe, cap.core, [f"source {ROOT / 'tests' / 'bench_walk.py'}"])[0] for _ in range(runs)]
-    walks = [_value(out, "heapwalk-bench-walk") for out in outs]
+    walks = [value(out, "heapwalk-bench-walk") for out in outs]
     walk_seconds = statistics.median(float(w[0]) for w in walks)
-    careful_seconds = statistics.median(float(_value(out, "heapwalk-bench-careful")[0]) for out in outs)
-    scan_seconds = statistics.median(float(_value(out, "heapwalk-bench-leakscan")[0]) for out in outs)
+    careful_seconds = statistics.median(float(value(out, "heapwalk-bench-careful")[0]) for out in outs)
+    scan_seconds = statistics.median(float(value(out, "heapwalk-bench-leakscan")[0]) for out in outs)
     if int(walks[0][1]) != chunks:
         raise RuntimeError(f"the walk met {walks[0][1]} chunks, 'heapwalk arenas' {chunks}")
-    results = []
-    for command in COMMANDS:
-        walls, inside, rss = [], [], []
-        for _ in range(runs):
-            out, wall, peak = gdb_run(cap.exe, cap.core, [_TIMED.format(command=command)])
-            walls.append(wall)
-            inside.append(float(_value(out, "heapwalk-bench-seconds")[0]))
-            rss.append(peak)
-        seconds = statistics.median(inside)
-        results.append({"command": command, "wall_seconds": statistics.median(walls),
-                        "command_seconds": seconds, "peak_rss_bytes": max(rss),
-                        "rss_per_million_chunks": (max(rss) - load_peak) / chunks * 1e6,
-                        "chunks_per_second": chunks / seconds if seconds else None,
-                        "times_floor": seconds / statistics.median(floor_runs)})
+    results = time_commands(cap, COMMANDS, runs, load_peak, chunks, "chunks", statistics.median(floor_runs))
     return {
         "chunks": chunks,
         "heap_bytes": sum(n for _, n in heaps), "heaps": len(heaps), "arenas": len(doc["arenas"]),
@@ -172,15 +117,15 @@ def measure_live(size: str, shape: str, bindir: Path, runs: int, workdir: Path) 
     exe = harness.build("bench", bindir)
     proc = harness.run_to_snapshot(exe, workdir / "live", env=environment(size, shape))
     try:
-        walks = [_value(gdb_run(exe, None, [f"source {ROOT / 'tests' / 'bench_walk.py'}"], proc.pid)[0],
-                        "heapwalk-bench-walk") for _ in range(runs)]  # the one pass, live
-        reports = [gdb_run(exe, None, [_TIMED.format(command="heapwalk report")], proc.pid) for _ in range(runs)]
+        walks = [value(gdb_run(exe, None, [f"source {ROOT / 'tests' / 'bench_walk.py'}"], proc.pid)[0],
+                       "heapwalk-bench-walk") for _ in range(runs)]  # the one pass, live
+        reports = [gdb_run(exe, None, [TIMED.format(command="heapwalk report")], proc.pid) for _ in range(runs)]
         captured = measure_capture(proc.pid, workdir)
     finally:
         proc.kill()
         proc.wait()
     walk_seconds = statistics.median(float(w[0]) for w in walks)
-    seconds = statistics.median(float(_value(out, "heapwalk-bench-seconds")[0]) for out, _, _ in reports)
+    seconds = statistics.median(float(value(out, "heapwalk-bench-seconds")[0]) for out, _, _ in reports)
     chunks = int(walks[0][1])
     return {"chunks": chunks, "walk_seconds": walk_seconds, "walk_chunks_per_second": chunks / walk_seconds,
             "report_wall_seconds": statistics.median(wall for _, wall, _ in reports),
@@ -194,22 +139,14 @@ def table(result: dict) -> str:
     lines = [f"bench {result['size']}, {result['shape']} shape: {result['chunks']:,} chunks, {result['heap_bytes'] / mib:,.0f} MiB in "
              f"{result['heaps']} heaps of {result['arenas']} arenas (largest heap "
              f"{result['largest_heap_bytes'] / mib:,.0f} MiB); median of {result['runs']} runs",
-             f"gdb start and core load alone: {result['gdb_load_seconds']:.2f} s, "
-             f"{result['gdb_load_peak_rss_bytes'] / mib:,.0f} MiB (MiB/M chunks: the peak above it); floor (one bulk read per heap): "
-             f"{result['floor_seconds']:.3f} s",
+             load_line(result, "one bulk read per heap"),
              f"the one pass alone (every heap swept, lists, accounting and trim): {result['walk_seconds']:.2f} s, "
              f"{result['walk_chunks_per_second']:,.0f} chunks/s, {result['walk_times_floor']:.1f} x the floor; "
              f"the careful walkers alone: {result['careful_seconds']:.2f} s, "
              f"{result['careful_times_floor']:.1f} x the floor",
              f"the leak scan alone (blocks, roots, scan, search): {result['leak_scan_seconds']:.2f} s, "
              f"{result['leak_scan_times_floor']:.1f} x the floor",
-             f"{'command':26} {'wall s':>8} {'command s':>10} {'peak RSS MiB':>13} {'MiB/M chunks':>13} "
-             f"{'chunks/s':>12} {'x floor':>8}"]
-    for r in result["commands"]:
-        rate = f"{r['chunks_per_second']:,.0f}" if r["chunks_per_second"] else "-"
-        lines.append(f"{r['command']:26} {r['wall_seconds']:8.2f} {r['command_seconds']:10.2f} "
-                     f"{r['peak_rss_bytes'] / mib:13,.0f} {r['rss_per_million_chunks'] / mib:13.1f} {rate:>12} "
-                     f"{r['times_floor']:8.1f}")
+             *command_lines(result["commands"], "chunks", 26)]
     live = result.get("live")
     if live:
         lines.append(f"live attach (gdb -p, {live['chunks']:,} chunks): the walk {live['walk_seconds']:.2f} s, "
@@ -226,6 +163,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shape", choices=("ordered", "random", "both"), default="both",
                         help="every third chunk freed in address order, half of them in random order with "
                         "realloc churn, or both (default)")
+    parser.add_argument("--allocator", choices=("glibc", "jemalloc", "both"), default="both",
+                        help="glibc's malloc (cores/bench.c, the shapes above), jemalloc (cores/je_bench.c, the "
+                        "random shape), or both (default)")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--no-live", action="store_true", help="skip the live-attach measurement")
     parser.add_argument("--json", type=Path, help="where to write the numbers (default build/bench/SIZE/bench.json)")
@@ -236,16 +176,19 @@ def main(argv: list[str] | None = None) -> int:
                         "(default by size: " + ", ".join(f"{k} {v}" for k, v in PRECOPY_MIB.items()) + "; 0: none)")
     args = parser.parse_args(argv)
     shapes = ("ordered", "random") if args.shape == "both" else (args.shape,)
-    results = [measure_shape(args.size, shape, args.runs, not args.no_live) for shape in shapes]
+    glibc = args.allocator in ("glibc", "both")
+    results = [measure_shape(args.size, shape, args.runs, not args.no_live) for shape in shapes] if glibc else []
+    jemalloc = bench_jemalloc.measure(args.size, SIZES[args.size], args.runs, BUILD) \
+        if args.allocator in ("jemalloc", "both") else None
     service = None if args.no_live else measure_service(BUILD / "bin", BUILD / "bench")
     busy = None if args.no_live or not args.stress_rounds else \
         stress(build_service("busy"), BUILD / "bench" / "stress", args.stress_rounds, 1200, args.stress_rounds // 7)
     precopy_mib = PRECOPY_MIB[args.size] if args.precopy_mib is None else args.precopy_mib
     precopied = measure_precopy(precopy_mib, BUILD / "bench" / "precopy") if precopy_mib else None
     out = args.json or BUILD / "bench" / f"bench-{args.size}.json"
-    out.write_text(json.dumps({"size": args.size, "shapes": results, "service_capture": service, "stress": busy,
-                               "precopy": precopied}, indent=2) + "\n")
-    print("\n\n".join(table(r) for r in results))
+    out.write_text(json.dumps({"size": args.size, "shapes": results, "jemalloc": jemalloc, "service_capture": service,
+                               "stress": busy, "precopy": precopied}, indent=2) + "\n")
+    print("\n\n".join([table(r) for r in results] + ([bench_jemalloc.table(jemalloc)] if jemalloc else [])))
     if service is not None:
         print(f"\n16-arena service (cores/service.c, {service['workers']} workers): " + capture_line(service))
     if busy is not None:

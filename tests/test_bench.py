@@ -20,6 +20,20 @@ def test_the_smoke_benchmark_runs_and_counts_what_the_reproducer_holds(tmp_path)
     assert [r["shape"] for r in document["shapes"]] == ["random"]
     for result in document["shapes"]:
         _check(result)
+    _check_jemalloc(document["jemalloc"])
+
+
+def _check_jemalloc(result: dict) -> None:
+    """The jemalloc run's numbers hang together (that heapwalk found the blocks je_bench keeps in its workers'
+    arenas, exactly, the bench checked before timing)."""
+    import bench_jemalloc
+    assert result["allocator"] == "jemalloc" and result["blocks"] >= bench.SIZES["smoke"] // 2
+    assert [r["command"] for r in result["commands"]] == list(bench_jemalloc.COMMANDS)
+    assert result["floor_seconds"] > 0 and result["extent_bytes"] > 0 and 0 < result["extent_runs"]
+    for r in result["commands"]:
+        assert r["command_seconds"] > 0 and r["wall_seconds"] >= r["command_seconds"] and r["times_floor"] > 0
+    assert json.loads((bench.BUILD / "bench" / "jemalloc-smoke" / "bench.json").read_text())["blocks"] == \
+        result["blocks"]
 
 
 def _check(result: dict) -> None:
