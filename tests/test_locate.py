@@ -86,6 +86,25 @@ def test_edges_join_a_words_block_and_the_block_it_points_into_in_c_as_in_numpy(
     ok = (source >= 0) & (target >= 0) & (source != target)
     for lib in (locate._LIB, None):
         monkeypatch.setattr(locate, "_LIB", lib)
-        got = locate.Locator(starts, ends).edges(at, values)
+        for edges in (locate.Locator(starts, ends).edges, locate.Locator(starts, ends).edges_inside):
+            got = edges(at, values)
+            assert got[0].tolist() == source[ok].tolist() and got[1].tolist() == target[ok].tolist()
+    assert ok.sum() > 1000
+
+
+def test_a_windows_edges_are_those_of_its_words_inside_blocks_in_c_as_in_numpy(monkeypatch):
+    rng = np.random.default_rng(12)
+    starts = np.cumsum(rng.integers(32, 200, 3000)).astype(np.uint64) + np.uint64(1 << 30)
+    ends = starts + rng.integers(8, 32, 3000).astype(np.uint64) // np.uint64(8) * np.uint64(8)
+    base = int(starts[0]) - 800
+    words = np.where(rng.random(40_000) < 0.6, rng.choice(starts, 40_000) + np.uint64(8),
+                     rng.integers(0, 1 << 32, 40_000)).astype(np.uint64)
+    at = np.uint64(base) + np.arange(40_000, dtype=np.uint64) * np.uint64(8)
+    found = locate.Locator(starts, ends)
+    source, target = found.ascending(at), found(words)
+    ok = (source >= 0) & (target >= 0) & (source != target)
+    for lib in (locate._LIB, None):
+        monkeypatch.setattr(locate, "_LIB", lib)
+        got = locate.Locator(starts, ends).window_edges(base, words)
         assert got[0].tolist() == source[ok].tolist() and got[1].tolist() == target[ok].tolist()
     assert ok.sum() > 1000

@@ -63,3 +63,12 @@ def test_the_tree_maps_addresses_as_one_leaf_lookup_at_a_time():
             base, index = shape.leaf_of(address)
             assert header == (int(leaves[base][index]) if base in leaves else 0)
         assert not _maps_many({}, shape, addresses).any()
+
+
+def test_ranges_merged_with_arrays_are_those_merged_one_by_one():
+    from heapwalk.inferior.memory import merged, merged_arrays
+    rng = np.random.default_rng(11)
+    lo = rng.integers(0, 1 << 20, 3000).astype(np.uint64) * np.uint64(16) + np.uint64((1 << 64) - (1 << 30))
+    hi = lo + rng.integers(0, 4096, 3000).astype(np.uint64)            # empty ones too, overlaps, touches
+    assert merged_arrays(lo, hi) == merged(zip(lo.tolist(), hi.tolist()))
+    assert merged_arrays(np.zeros(0, dtype=np.uint64), np.zeros(0, dtype=np.uint64)) == []

@@ -230,6 +230,41 @@ int64_t hw_edges(const uint64_t *at, const int32_t *block, int64_t n, const uint
     return count;
 }
 
+/* The edges of a window of the N words WORDS read from BASE (8-aligned): each word that lies inside one of the
+ * NBLOCKS blocks STARTS and ENDS (found in one walk from the block FROM: the last starting at or below BASE, -1
+ * for none), whose value lies in [LO, HI) and points into another block (hw_locate, with the table TLO, SLOTS,
+ * FIRST, NHEAPS, TABLE, SHIFT), gives its block to SOURCE and the value's to TARGET, in the words' order.
+ * VALUES and BLOCK (room for N each) hold the words inside blocks meanwhile; returns the number of edges. */
+int64_t hw_scan_window(const uint64_t *words, int64_t n, uint64_t base, uint64_t lo, uint64_t hi,
+                       const uint64_t *starts, const uint64_t *ends, int64_t nblocks, int64_t from,
+                       const uint64_t *tlo, const int64_t *slots, const int64_t *first, int64_t nheaps,
+                       const int32_t *table, int64_t shift, uint64_t *values, int32_t *block, int32_t *source,
+                       int32_t *target)
+{
+    int64_t i = from, m = 0, count = 0;
+    for (int64_t k = 0; k < n; k++) {
+        uint64_t w = words[k], at = base + 8 * (uint64_t)k;
+        if (w < lo || w >= hi)
+            continue;
+        while (i + 1 < nblocks && starts[i + 1] <= at)
+            i++;
+        if (i < 0 || at >= ends[i])
+            continue;
+        values[m] = w;
+        source[m] = (int32_t)i;
+        m++;
+    }
+    hw_locate(values, m, starts, ends, nblocks, tlo, slots, first, nheaps, table, shift, block);
+    for (int64_t k = 0; k < m; k++) {
+        if (block[k] < 0 || block[k] == source[k])
+            continue;
+        source[count] = source[k];
+        target[count] = block[k];
+        count++;
+    }
+    return count;
+}
+
 /* The runs of a heap window's chunks that may be in use, and the words in them that point into the spans: each
  * of the NFOUND chunks whose size fields are at FOUND (word indices into the N WORDS read from BASE, with
  * FIELDS[k] that field) is a run [FOUND[k] + 1, next) when its next chunk's size field, at next = FOUND[k] +

@@ -51,6 +51,12 @@ def _declared(lib):
         lib.hw_edges.restype = ctypes.c_int64
         lib.hw_edges.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
                                  ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p]
+        lib.hw_scan_window.restype = ctypes.c_int64
+        lib.hw_scan_window.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_uint64, ctypes.c_uint64,
+                                       ctypes.c_uint64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
+                                       ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                                       ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
+                                       ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
         lib.hw_table.restype = None
         lib.hw_table.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
                                  ctypes.c_int64, ctypes.c_void_p]
@@ -139,6 +145,33 @@ class Locator:
         start = int(np.searchsorted(self.starts, at[0], side="right")) - 1
         count = _LIB.hw_edges(at.ctypes.data, block.ctypes.data, len(at), self.starts.ctypes.data,
                               self.ends.ctypes.data, len(self.starts), start, source.ctypes.data, target.ctypes.data)
+        return source[:count].copy(), target[:count].copy()
+
+    def edges_inside(self, at: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """`edges` for words of which many lie outside every block (free memory read whole): the blocks the
+        words lie in are found first, in one walk, and only those words' values are looked up."""
+        source = self.ascending(at)
+        inside = np.flatnonzero(source >= 0)
+        source, block = source[inside], self(values[inside])
+        ok = np.flatnonzero((block >= 0) & (block != source))
+        return source[ok], block[ok]
+
+    def window_edges(self, base: int, words: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """`edges_inside` of every word of WORDS (uint64, read from BASE) that points between the first block's
+        start and the last one's end: in one C pass over the words when built."""
+        if self._table is None or not len(words):
+            near = np.flatnonzero((words >= self.lo) & (words < self.hi))
+            return self.edges_inside(np.uint64(base) + near.astype(np.uint64) * np.uint64(8), words[near])
+        words = np.ascontiguousarray(words, dtype=np.uint64)
+        lo, slots, first, table, shift = self._table
+        n = len(words)
+        values, block = np.empty(n, dtype=np.uint64), np.empty(n, dtype=np.int32)
+        source, target = np.empty(n, dtype=np.int32), np.empty(n, dtype=np.int32)
+        start = int(np.searchsorted(self.starts, np.uint64(base), side="right")) - 1
+        count = _LIB.hw_scan_window(words.ctypes.data, n, base, int(self.lo), int(self.hi), self.starts.ctypes.data,
+                                    self.ends.ctypes.data, len(self.starts), start, lo.ctypes.data,
+                                    slots.ctypes.data, first.ctypes.data, len(lo), table.ctypes.data, shift,
+                                    values.ctypes.data, block.ctypes.data, source.ctypes.data, target.ctypes.data)
         return source[:count].copy(), target[:count].copy()
 
     def _numpy(self, values: np.ndarray) -> np.ndarray:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from heapwalk.analysis.graph import Graph
-from heapwalk.analysis.heapwords import HeapWords, PagesSeen, run_mask
+from heapwalk.analysis.heapwords import HeapWords, PagesSeen
 from heapwalk.analysis.locate import FirstHits, Locator
 from heapwalk.inferior.memory import Memory, merged, ranges_without
 from heapwalk.inferior.roots import RegisterRoot, Root
@@ -133,19 +133,9 @@ class _Scanner:
     def heap(self, lo: int, hi: int) -> None:
         for base, words in self.windows(lo, hi):
             self._first_words(base, words)
-            inside = np.flatnonzero(self._held(base, len(words)) & (words >= np.uint64(self.lo))
-                                    & (words < np.uint64(self.hi)))
-            if not len(inside):
-                continue
-            where, block = self.pointing(words[inside])
-            if not len(where):
-                continue
-            where = inside[where]
-            at = np.uint64(base) + where.astype(np.uint64) * np.uint64(8)
-            source = self.locate(at)
-            ok = source != block
-            self.sources.append(source[ok])
-            self.targets.append(block[ok])
+            source, target = self.locate.window_edges(base, words)
+            self.sources.append(source)
+            self.targets.append(target)
 
     def kept(self, words: HeapWords) -> None:
         """The heap words WORDS kept for the memory it covers, judged as `heap` judges the words it reads."""
@@ -159,17 +149,6 @@ class _Scanner:
             ok = ok[self.starts[block[ok]] == at[ok]]
             self.first[block[ok]] = first[ok]
         self.done += sum(hi - lo for lo, hi in words.covered)
-
-    def _held(self, base: int, n: int) -> np.ndarray:
-        """Which of the N words from BASE lie inside a block (free memory and headers do not count)."""
-        end = base + 8 * n
-        i0 = max(int(np.searchsorted(self.starts, np.uint64(base), side="right")) - 1, 0)
-        i1 = int(np.searchsorted(self.starts, np.uint64(end)))
-        if i1 <= i0:
-            return np.zeros(n, dtype=bool)
-        lo, hi = np.uint64(base), np.uint64(end)
-        return run_mask(n, ((np.minimum(np.maximum(self.starts[i0:i1], lo), hi) - lo) >> np.uint64(3)).astype(np.int64),
-                        ((np.minimum(np.maximum(self.ends[i0:i1], lo), hi) - lo) >> np.uint64(3)).astype(np.int64))
 
     def _first_words(self, base: int, words: np.ndarray) -> None:
         i0 = int(np.searchsorted(self.starts, np.uint64(base)))

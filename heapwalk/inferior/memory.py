@@ -15,9 +15,11 @@ import struct
 from collections import OrderedDict
 from typing import Callable, Iterable, Protocol
 
+import numpy as np
+
 from heapwalk.errors import HeapwalkError
 
-__all__ = ["ReadError", "Memory", "CachedMemory", "ImageMemory", "u64", "u32", "merged", "ranges_without",
+__all__ = ["ReadError", "Memory", "CachedMemory", "ImageMemory", "u64", "u32", "merged", "merged_arrays", "ranges_without",
            "readable"]
 
 _Q = struct.Struct("<Q")
@@ -309,6 +311,18 @@ def merged(ranges: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
         else:
             out.append((lo, hi))
     return out
+
+
+def merged_arrays(lo: np.ndarray, hi: np.ndarray) -> list[tuple[int, int]]:
+    """`merged` of the ranges [LO[i], HI[i]) (uint64 arrays), with array operations."""
+    if not len(lo):
+        return []
+    order = np.lexsort((hi, lo))
+    lo, hi = lo[order], hi[order]
+    reach = np.maximum.accumulate(hi)
+    first = np.flatnonzero(np.concatenate(([True], lo[1:] > reach[:-1])))
+    last = np.append(first[1:] - 1, len(lo) - 1)
+    return list(zip(lo[first].tolist(), reach[last].tolist()))
 
 
 def ranges_without(regions: Iterable[tuple[int, int]], cut: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:

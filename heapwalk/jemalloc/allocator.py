@@ -45,6 +45,7 @@ class JemallocHeap(Decoded):
     def __init__(self, state: JeState, mem):
         self.state, self.mem = state, mem
         self.target = state.target
+        self._claims: list[Claim] | None = None
 
     def header(self, with_target: bool = True) -> Text:
         text = Text(f"{self.target}\n" if self.target and with_target else "")
@@ -100,12 +101,14 @@ class JemallocHeap(Decoded):
 
     def claims(self) -> list[Claim]:
         """Every extent the radix tree maps (active, dirty, muzzy, retained) and every block the arenas' bases
-        mapped for metadata (none when the tree was not found: the extents are not known)."""
-        table = self.state.extents
-        out = [] if table is None else [Claim(a, a + n, "heap", "jemalloc: extents")
-                                         for a, n in zip(table.address.tolist(), table.size.tolist())]
-        return out + [Claim(at, at + size, "heap", "jemalloc: metadata") for a in self.state.arenas
-                      for at, size in a.base_blocks]
+        mapped for metadata (none when the tree was not found: the extents are not known); made once."""
+        if self._claims is None:
+            table = self.state.extents
+            out = [] if table is None else [Claim(a, a + n, "heap", "jemalloc: extents")
+                                             for a, n in zip(table.address.tolist(), table.size.tolist())]
+            self._claims = out + [Claim(at, at + size, "heap", "jemalloc: metadata") for a in self.state.arenas
+                                  for at, size in a.base_blocks]
+        return list(self._claims)
 
     def strips(self, reserved: bool = False, leaked=None) -> list[HeapStrip]:
         if self.state.extents is None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from heapwalk.inferior.memory import Memory, merged
+from heapwalk.inferior.memory import Memory, merged, merged_arrays
 from heapwalk.inferior.records import read_records
 from heapwalk.jemalloc.extents import ACTIVE, ExtentTable
 from heapwalk.jemalloc.model import JeState
@@ -41,7 +41,7 @@ def jemalloc_blocks(mem: Memory, state: JeState) -> Blocks | None:
     order = np.argsort(start, kind="stable")
     start, end, arena = start[order], end[order], arena[order]
     keep = _without(start, np.array(sorted(_not_the_programs(state)), dtype=np.uint64))
-    heaps = merged((int(a), int(a) + int(s)) for a, s in zip(table.address.tolist(), table.size.tolist()))
+    heaps = merged_arrays(table.address, table.address + table.size.astype(np.uint64))
     private = merged((at, at + size) for a in state.arenas for at, size in a.base_blocks)
     return Blocks(start[keep], end[keep], arena[keep], 0, 0, heaps=tuple(heaps),
                   private=tuple(private), unknown=tuple(merged(unknown)))

@@ -89,10 +89,14 @@ class ExtentMap:
         self._nodes: dict[tuple[int, ...], int] = {}
         self._arenas: dict[int, int | None] = {}
         self._leaves: dict[int, tuple[list[int], list[int], list[bool]] | None] = {}
+        self._leaf_nodes: dict[int, int] = {}
 
     def arena_of(self, address: int) -> int | None:
         """The index of the arena whose extent holds ADDRESS (None: no tree, no extent, or unreadable)."""
-        entry = self.lookup(address)
+        return self.arena_of_entry(self.lookup(address))
+
+    def arena_of_entry(self, entry: tuple[int, int, bool] | None) -> int | None:
+        """The index of the arena of the extent ENTRY (`lookup`'s answer) names (None: none, or unreadable)."""
         if entry is None:
             return None
         extent = entry[0]
@@ -114,16 +118,12 @@ class ExtentMap:
             return None
 
     def _entry(self, address: int) -> tuple[int, int, bool] | None:
-        node = self.rtree + self.layout.rtree_root
-        path = self.shape.path(address)
-        for depth, index in enumerate(path):
-            key = tuple(path[:depth + 1])
-            if key not in self._nodes:
-                self._nodes[key] = struct.unpack("<Q", self.mem.read(node + 8 * index, 8))[0]
-            node = self._nodes[key]
-            if not node:
-                return None
-        _, index = self.shape.leaf_of(address)
+        base, index = self.shape.leaf_of(address)
+        node = self._leaf_nodes.get(base)
+        if node is None:
+            node = self._leaf_nodes[base] = self._leaf_node(address)
+        if not node:
+            return None
         leaf = self._leaf(node)
         if leaf is not None:
             extent = leaf[0][index]
@@ -132,6 +132,19 @@ class ExtentMap:
         headers, szind, slab = self.shape.decode(self.mem.read(node + size * index, size), self.layout)
         extent = int(headers[0])
         return (extent, int(szind[0]), bool(slab[0])) if extent else None
+
+    def _leaf_node(self, address: int) -> int:
+        """The address of the leaf that covers ADDRESS (0: none), the nodes on the way read once each."""
+        node = self.rtree + self.layout.rtree_root
+        path = self.shape.path(address)
+        for depth, index in enumerate(path):
+            key = tuple(path[:depth + 1])
+            if key not in self._nodes:
+                self._nodes[key] = struct.unpack("<Q", self.mem.read(node + 8 * index, 8))[0]
+            node = self._nodes[key]
+            if not node:
+                return 0
+        return node
 
     def _leaf(self, node: int) -> tuple[list[int], list[int], list[bool]] | None:
         """The leaf at NODE decoded whole, read once (None when it cannot be read whole: then entry by entry)."""

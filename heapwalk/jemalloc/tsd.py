@@ -129,11 +129,12 @@ def _origins(mem: Memory, layout: JeLayout, arrays: tuple[int, ...], n: int, own
     by_arena: dict[int, int] = {}
     for index, addresses in regions:
         for address in addresses:
+            entry = extents.lookup(address)
             if extents.rtree is not None:
-                seen.region(index, address, extents.lookup(address))
+                seen.region(index, address, entry)
             else:
                 seen.seen.setdefault(address, seen.thread)
-            origin = extents.arena_of(address)
+            origin = extents.arena_of_entry(entry)
             key = own if origin is None else origin
             by_arena[key] = by_arena.get(key, 0) + layout.classes.class_size(index)
     return tuple(sorted(by_arena.items()))
