@@ -33,7 +33,7 @@ import harness  # noqa: E402
 from bench_capture import capture_line, measure_capture, measure_service  # noqa: E402
 from bench_precopy import measure_precopy, precopy_lines  # noqa: E402
 import bench_jemalloc  # noqa: E402
-from bench_gdb import FLOOR, TIMED, command_lines, load_line, gdb_run, time_commands, value  # noqa: E402
+from bench_gdb import TIMED, command_lines, floors, load_line, gdb_run, time_commands, value  # noqa: E402
 from busy import stress, stress_line  # noqa: E402
 from services import build_service  # noqa: E402
 
@@ -84,8 +84,7 @@ def measure(cap: harness.Capture, runs: int, workdir: Path) -> dict:
     heaps, chunks, doc = heaps_and_chunks(cap, workdir)
     heap_file = workdir / "heaps.json"
     heap_file.write_text(json.dumps(heaps))
-    floor_runs = [float(value(gdb_run(cap.exe, cap.core, [FLOOR.format(heaps=str(heap_file))])[0],
-                               "heapwalk-bench-floor")[0]) for _ in range(runs)]
+    floor, floor_4m = floors(cap, heap_file, runs)
     loads = [gdb_run(cap.exe, cap.core, []) for _ in range(runs)]
     load_runs, load_peak = [wall for _, wall, _ in loads], max(peak for _, _, peak in loads)
     outs = [gdb_run(cap.exe, cap.core, [f"source {ROOT / 'tests' / 'bench_walk.py'}"])[0] for _ in range(runs)]
@@ -95,18 +94,18 @@ def measure(cap: harness.Capture, runs: int, workdir: Path) -> dict:
     scan_seconds = statistics.median(float(value(out, "heapwalk-bench-leakscan")[0]) for out in outs)
     if int(walks[0][1]) != chunks:
         raise RuntimeError(f"the walk met {walks[0][1]} chunks, 'heapwalk arenas' {chunks}")
-    results = time_commands(cap, COMMANDS, runs, load_peak, chunks, "chunks", statistics.median(floor_runs))
+    results = time_commands(cap, COMMANDS, runs, load_peak, chunks, "chunks", (floor, floor_4m))
     return {
         "chunks": chunks,
         "heap_bytes": sum(n for _, n in heaps), "heaps": len(heaps), "arenas": len(doc["arenas"]),
         "largest_heap_bytes": max(n for _, n in heaps),
         "core_bytes": cap.core.stat().st_size, "runs": runs,
         "gdb_load_seconds": statistics.median(load_runs), "gdb_load_peak_rss_bytes": load_peak,
-        "floor_seconds": statistics.median(floor_runs),
+        "floor_seconds": floor, "floor_4m_seconds": floor_4m,
         "walk_seconds": walk_seconds, "walk_chunks_per_second": chunks / walk_seconds,
-        "walk_times_floor": walk_seconds / statistics.median(floor_runs),
-        "careful_seconds": careful_seconds, "careful_times_floor": careful_seconds / statistics.median(floor_runs),
-        "leak_scan_seconds": scan_seconds, "leak_scan_times_floor": scan_seconds / statistics.median(floor_runs),
+        "walk_times_floor": walk_seconds / floor,
+        "careful_seconds": careful_seconds, "careful_times_floor": careful_seconds / floor,
+        "leak_scan_seconds": scan_seconds, "leak_scan_times_floor": scan_seconds / floor,
         "commands": results,
     }
 

@@ -29,7 +29,8 @@ def _check_jemalloc(result: dict) -> None:
     import bench_jemalloc
     assert result["allocator"] == "jemalloc" and result["blocks"] >= bench.SIZES["smoke"] // 2
     assert [r["command"] for r in result["commands"]] == list(bench_jemalloc.COMMANDS)
-    assert result["floor_seconds"] > 0 and result["extent_bytes"] > 0 and 0 < result["extent_runs"]
+    assert result["floor_seconds"] > 0 and result["floor_4m_seconds"] > 0 and result["extent_bytes"] > 0 \
+        and 0 < result["extent_runs"]
     for r in result["commands"]:
         assert r["command_seconds"] > 0 and r["wall_seconds"] >= r["command_seconds"] and r["times_floor"] > 0
     assert json.loads((bench.BUILD / "bench" / "jemalloc-smoke" / "bench.json").read_text())["blocks"] == \
@@ -43,7 +44,7 @@ def _check(result: dict) -> None:
     for r in result["commands"]:
         assert r["command_seconds"] > 0 and r["wall_seconds"] >= r["command_seconds"]
         assert r["peak_rss_bytes"] > 10 << 20 and r["chunks_per_second"] > 0
-    assert result["floor_seconds"] > 0 and result["walk_seconds"] > 0
+    assert result["floor_seconds"] > 0 and result["floor_4m_seconds"] > 0 and result["walk_seconds"] > 0
     # the live run is the same program with the same seeds: the same chunks, walked through the process
     live = result["live"]
     assert live["chunks"] == result["chunks"] and live["walk_seconds"] > 0
