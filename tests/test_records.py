@@ -72,3 +72,40 @@ def test_ranges_merged_with_arrays_are_those_merged_one_by_one():
     hi = lo + rng.integers(0, 4096, 3000).astype(np.uint64)            # empty ones too, overlaps, touches
     assert merged_arrays(lo, hi) == merged(zip(lo.tolist(), hi.tolist()))
     assert merged_arrays(np.zeros(0, dtype=np.uint64), np.zeros(0, dtype=np.uint64)) == []
+
+
+def test_the_regions_slabs_hand_out_are_the_same_in_c_and_numpy(monkeypatch):
+    """Slabs of every small class, their bitmaps random (some unreadable, some not counting their free regions,
+    bits past the last region set or not): the same regions and unknown slabs either way."""
+    from heapwalk.analysis import locate
+    from heapwalk.jemalloc import blocks
+    from heapwalk.jemalloc.extents import ExtentTable
+    from heapwalk.jemalloc.sizeclasses import size_classes
+    classes = size_classes(4)
+    rng = np.random.default_rng(21)
+    n = 600
+    szind = rng.integers(0, classes.nbins, n).astype(np.int32)
+    nregs = np.array([classes.bins[i].nregs for i in szind.tolist()])
+    mem = ImageMemory()
+    headers = np.uint64(0x100000) + np.arange(n, dtype=np.uint64) * np.uint64(128)
+    bits = rng.random((n, 512)) < 0.4
+    bits[:, :][np.arange(512)[None, :] >= nregs[:, None]] = rng.random() < 0.5     # past the regions: anything
+    raw = np.packbits(bits, axis=1, bitorder="little")
+    records = np.zeros((n, 128), dtype=np.uint8)
+    records[:, 64:] = raw
+    mem.add(0x100000, records[:300].tobytes())
+    mem.add(0x100000 + 128 * 310, records[310:].tobytes())                          # 300-309 unreadable
+    nfree = (bits & (np.arange(512)[None, :] < nregs[:, None])).sum(axis=1).astype(np.int32)
+    nfree[::7] += 1                                                                  # a count the bitmap does not hold
+    address = np.uint64(1 << 40) + np.arange(n, dtype=np.uint64) * np.uint64(1 << 16)
+    table = ExtentTable(address, np.full(n, 1 << 16, dtype=np.int64), np.zeros(n, dtype=np.int64),
+                        rng.integers(0, 4, n).astype(np.int32), np.zeros(n, dtype=np.uint8), np.ones(n, dtype=bool),
+                        szind, nfree, headers, classes)
+    rows = np.arange(n)
+    got = blocks._slab_regions(mem, table, rows)
+    monkeypatch.setattr(locate, "_LIB", None)
+    want = blocks._slab_regions(mem, table, rows)
+    for a, b in zip(got[:3], want[:3]):
+        assert np.array_equal(np.concatenate(a), np.concatenate(b))
+    assert sorted(got[3]) == sorted(want[3]) and 90 < len(got[3]) < 200
+    assert len(np.concatenate(got[0])) > 10_000

@@ -17,7 +17,7 @@ import numpy as np
 
 from heapwalk.inferior.clib import built_library
 
-__all__ = ["Locator", "NATIVE", "keep", "keep_runs", "nonzero_pages", "text_words", "FirstHits"]
+__all__ = ["Locator", "NATIVE", "keep", "keep_runs", "nonzero_pages", "slab_regions", "text_words", "FirstHits"]
 
 #: blocks further apart than this start a new stretch of the table (the memory between is given no slots)
 GAP = 1 << 20
@@ -57,6 +57,8 @@ def _declared(lib):
                                        ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
                                        ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
                                        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+        lib.hw_slab_regions.restype = ctypes.c_int64
+        lib.hw_slab_regions.argtypes = [ctypes.c_void_p, ctypes.c_int64] + [ctypes.c_void_p] * 10
         lib.hw_table.restype = None
         lib.hw_table.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
                                  ctypes.c_int64, ctypes.c_void_p]
@@ -214,6 +216,26 @@ def keep_runs(words: np.ndarray, found: np.ndarray, fields: np.ndarray, tail: bo
                               kept[1].ctypes.data)
     return (runs_out[0, :runs.value].copy(), runs_out[1, :runs.value].copy(), kept[0, :count].copy(),
             kept[1, :count].copy())
+
+
+def slab_regions(bitmaps: np.ndarray, nregs: np.ndarray, size: np.ndarray, nfree: np.ndarray, readable: np.ndarray,
+                 address: np.ndarray, arena: np.ndarray) -> tuple[np.ndarray, ...] | None:
+    """The regions slabs hand out, from their bitmaps (BITMAPS: uint8, 64 a slab; a set bit is a free region),
+    in one C loop (`hw_slab_regions`; `jemalloc.blocks` has the numpy form): starts, ends, arenas, and whether
+    each slab's bitmap was readable and counted its NFREE; None when the library is not built."""
+    if _LIB is None:
+        return None
+    c = np.ascontiguousarray
+    bitmaps, nregs, size = c(bitmaps, dtype=np.uint8), c(nregs, dtype=np.int64), c(size, dtype=np.uint64)
+    nfree, readable = c(nfree, dtype=np.int32), c(readable, dtype=np.uint8)
+    address, arena = c(address, dtype=np.uint64), c(arena, dtype=np.int32)
+    room = int(np.minimum(nregs, 512).sum())
+    starts, ends = np.empty(room, dtype=np.uint64), np.empty(room, dtype=np.uint64)
+    arenas, good = np.empty(room, dtype=np.int32), np.empty(len(nregs), dtype=np.uint8)
+    count = _LIB.hw_slab_regions(bitmaps.ctypes.data, len(nregs), nregs.ctypes.data, size.ctypes.data,
+                                 nfree.ctypes.data, readable.ctypes.data, address.ctypes.data, arena.ctypes.data,
+                                 starts.ctypes.data, ends.ctypes.data, arenas.ctypes.data, good.ctypes.data)
+    return starts[:count], ends[:count], arenas[:count], good.view(bool)
 
 
 def nonzero_pages(words: np.ndarray) -> np.ndarray:

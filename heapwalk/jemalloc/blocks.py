@@ -13,6 +13,7 @@ import numpy as np
 
 from heapwalk.inferior.memory import Memory, merged, merged_arrays
 from heapwalk.inferior.records import read_records
+from heapwalk.analysis.locate import slab_regions
 from heapwalk.jemalloc.extents import ACTIVE, ExtentTable
 from heapwalk.jemalloc.model import JeState
 from heapwalk.jemalloc.region import SLAB_BITMAP
@@ -75,6 +76,18 @@ def _slab_regions(mem: Memory, table: ExtentTable, slabs: np.ndarray
     nregs_of = np.array([b.nregs for b in bins], dtype=np.int64)
     size_of = np.array([b.size for b in bins], dtype=np.uint64)
     bitmaps = read_records(mem, table.header[slabs] + np.uint64(SLAB_BITMAP), _BITMAP)
+    szind = table.szind[slabs].astype(np.int64)
+    native = slab_regions(bitmaps.data, nregs_of[szind], size_of[szind], table.nfree[slabs], bitmaps.readable,
+                          table.address[slabs], table.arena[slabs])
+    if native is not None:
+        starts, ends, arenas, good = native
+        return [starts], [ends], [arenas], _spans(table, slabs[~good])
+    return _slab_regions_numpy(table, slabs, bitmaps, nregs_of, size_of)
+
+
+def _slab_regions_numpy(table: ExtentTable, slabs: np.ndarray, bitmaps, nregs_of: np.ndarray, size_of: np.ndarray
+                        ) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray], list[tuple[int, int]]]:
+    """`_slab_regions` in numpy, _BATCH slabs' bitmaps (`records.Records`) unpacked at once."""
     columns = np.arange(8 * _BITMAP, dtype=np.int64)
     starts, ends, arenas, unknown = [], [], [], []
     for lo in range(0, len(slabs), _BATCH):
@@ -89,6 +102,10 @@ def _slab_regions(mem: Memory, table: ExtentTable, slabs: np.ndarray
         starts.append(first)
         ends.append(first + size)
         arenas.append(table.arena[rows[slab]].astype(np.int32))
-        bad = rows[~good]
-        unknown += zip(table.address[bad].tolist(), (table.address[bad] + table.size[bad].astype(np.uint64)).tolist())
+        unknown += _spans(table, rows[~good])
     return starts, ends, arenas, unknown
+
+
+def _spans(table: ExtentTable, rows: np.ndarray) -> list[tuple[int, int]]:
+    """The memory [address, address + size) of the extents at ROWS of TABLE."""
+    return list(zip(table.address[rows].tolist(), (table.address[rows] + table.size[rows].astype(np.uint64)).tolist()))
