@@ -165,11 +165,16 @@ def test_heap_profilings_sampled_allocations_are_accounted(suite, tmp_path):
                for s in doc["report"]["verdict"])
 
 
-def test_slab_bitmaps_are_read_together_and_checked_against_the_free_count():
-    """Headers near each other are read in one piece; a header in memory that is not there is None, not a
-    failure of its neighbours; a bitmap that does not count the slab's free regions gives no regions at all."""
+def test_slab_bitmaps_are_read_together_and_checked_against_the_free_count(monkeypatch):
+    """Headers near each other are read in one piece; a header in memory that is not there is unreadable, not a
+    failure of its neighbours; a bitmap that does not count the slab's free regions gives no regions at all (its
+    slab is unknown memory), in C as in numpy."""
+    import numpy as np
+    from heapwalk.analysis import locate
     from heapwalk.inferior.memory import ImageMemory
-    from heapwalk.jemalloc.blocks import _bitmaps, _used_regions
+    from heapwalk.inferior.records import read_records
+    from heapwalk.jemalloc import blocks
+    from heapwalk.jemalloc.extents import ExtentTable
     base = 0x10000
     block = bytearray(4096)
     for k, header in enumerate((0, 128, 256)):
@@ -178,11 +183,24 @@ def test_slab_bitmaps_are_read_together_and_checked_against_the_free_count():
     reads = []
     real = mem.read
     mem.read = lambda address, size: reads.append((address, size)) or real(address, size)
-    got = _bitmaps(mem, [base + 256, base, base + 128, 0x90000])
-    assert reads[0] == (base, 256 + 128) and got[0x90000] is None
-    assert list(_used_regions(got[base], 8, 3)) == [2, 4, 5, 6, 7]
-    assert list(_used_regions(got[base + 128], 8, 3)) == [0, 3, 5, 6, 7]
-    assert _used_regions(got[base + 256], 8, 2) is None and _used_regions(None, 8, 0) is None
+    headers = np.array([base + 256, base, base + 128, 0x90000], dtype=np.uint64)
+    got = read_records(mem, headers + np.uint64(64), 64)
+    assert reads[0] == (base + 64, 256 + 64) and got.readable.tolist() == [True, True, True, False]
+    table = ExtentTable(np.array([1 << 20, 2 << 20, 3 << 20, 4 << 20], dtype=np.uint64), np.full(4, 4096),
+                        np.zeros(4, dtype=np.int64), np.zeros(4, dtype=np.int32), np.zeros(4, dtype=np.uint8),
+                        np.ones(4, dtype=bool), np.zeros(4, dtype=np.int32), np.array([2, 3, 3, 0], dtype=np.int32),
+                        headers)
+    nregs, size = np.array([8]), np.array([16], dtype=np.uint64)
+    for lib in (locate._LIB, None):
+        monkeypatch.setattr(locate, "_LIB", lib)
+        native = locate.slab_regions(got.data, np.full(4, 8), np.full(4, 16), table.nfree, got.readable,
+                                     table.address, table.arena)
+        starts, _, _, unknown = (([native[0]], 0, 0, blocks._spans(table, np.flatnonzero(~native[3])))
+                                 if native is not None else
+                                 blocks._slab_regions_numpy(table, np.arange(4), got, nregs, size))
+        regions = ((np.concatenate(starts) - np.uint64(2 << 20)) // np.uint64(16)).tolist()
+        assert regions[:5] == [2, 4, 5, 6, 7] and len(regions) == 10          # the two slabs that count right
+        assert unknown == [(1 << 20, (1 << 20) + 4096), (4 << 20, (4 << 20) + 4096)]
 
 
 def test_the_free_extent_rings_are_walked_and_damage_is_named_where_it_is():
