@@ -161,14 +161,23 @@ def _stack_slots(mem, layout, tsd: int) -> list[tuple[int, int, int | None]]:
     return out
 
 
-def make_mutant(rng: random.Random, reads: int) -> dict:
-    draw = rng.random()
-    for kind, share in DAMAGE.items():
-        if draw < share:
-            return {"op": kind, "pick": round(rng.random(), 4), "read": rng.randrange(max(reads, 1)),
-                    "offset": round(rng.random(), 4)}
-        draw -= share
-    return random_patch(rng, reads)
+def draw_mutants(rng: random.Random, reads: int, count: int, damage: dict) -> list[dict]:
+    """COUNT mutants over READS recorded reads: one of each aimed kind of DAMAGE (its shares), so that every
+    run aims each kind at least once, then aimed ones by their shares and random patches."""
+    def aimed(kind: str) -> dict:
+        return {"op": kind, "pick": round(rng.random(), 4), "read": rng.randrange(max(reads, 1)),
+                "offset": round(rng.random(), 4)}
+
+    def one() -> dict:
+        draw = rng.random()
+        for kind, share in damage.items():
+            if draw < share:
+                return aimed(kind)
+            draw -= share
+        return random_patch(rng, reads)
+
+    first = [aimed(kind) for kind in damage][:count]
+    return first + [one() for _ in range(count - len(first))]
 
 
 def random_patch(rng: random.Random, reads: int) -> dict:
@@ -259,7 +268,7 @@ def main() -> None:
     maps, threads = space.mappings, thread_registers()
     sound = Sound(base, maps, threads)
     mutants = list(spec.get("replay", []))
-    mutants += [make_mutant(rng, len(sound.reads)) for _ in range(spec["count"])]
+    mutants += draw_mutants(rng, len(sound.reads), spec["count"], DAMAGE)
     results = run_mutants(mutants, lambda m: apply(m, sound), spec["bound"], lambda m, mem, named: _run(
         m, mem, named, maps, threads))
     fields = [(f"read {i}", a) for i, (a, _) in enumerate(sound.reads)]

@@ -25,7 +25,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # gdb sets __file__ for a sourced script
 from fuzz_driver import MutatedMemory, run_mutants  # noqa: E402
-from je_fuzz_driver import Recording, _word, judge, patched, random_patch  # noqa: E402
+from je_fuzz_driver import Recording, _word, draw_mutants, judge, patched  # noqa: E402
 
 from heapwalk.errors import CannotDecode
 from heapwalk.findings import Severity
@@ -97,16 +97,6 @@ class Sound:
         return address + (int(offset * max(size - 8, 0)) & ~7)
 
 
-def make_mutant(rng: random.Random, reads: int) -> dict:
-    draw = rng.random()
-    for kind, share in DAMAGE.items():
-        if draw < share:
-            return {"op": kind, "pick": round(rng.random(), 4), "read": rng.randrange(max(reads, 1)),
-                    "offset": round(rng.random(), 4)}
-        draw -= share
-    return random_patch(rng, reads)
-
-
 def apply(spec: dict, sound: Sound):
     """(the memory of mutant SPEC, the address an error must name or 0 for any error, None for no demand),
     or None when this core has no place for it."""
@@ -145,7 +135,7 @@ def main() -> None:
     threads = thread_registers()
     sound = Sound(base, space, threads)
     mutants = list(spec.get("replay", []))
-    mutants += [make_mutant(rng, len(sound.reads)) for _ in range(spec["count"])]
+    mutants += draw_mutants(rng, len(sound.reads), spec["count"], DAMAGE)
     results = run_mutants(mutants, lambda m: apply(m, sound), spec["bound"],
                           lambda m, mem, named: _run(m, mem, named, space, threads))
     fields = [(f"read {i}", a) for i, (a, _) in enumerate(sound.reads)]

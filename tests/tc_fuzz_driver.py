@@ -9,6 +9,8 @@ must be seen:
 - cache_loop: the last thread cache's next link pointing back to the first: an error at the first;
 - cache_hidden: a thread cache's pages missing (a core that lacks them): an error at that cache;
 - object_loop: the second free object of a thread cache's list linking back to the first: an error at the first;
+- tail_loop: the last object a thread cache's list counts linking back to the first (a loop seen only past the
+  count, where a sound list ends with a null link): an error at the first;
 - truncate: everything above a point inside one of the reads missing: refused in one line, or an error.
 Then it runs what the commands run: discovery, decoding, check (every free list walked), the report, the
 thread caches' table, the RSS claims, the heap map's strips, the leak scan's objects, 'chunk' at the first
@@ -27,7 +29,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # gdb sets __file__ for a sourced script
 from fuzz_driver import MutatedMemory, run_mutants  # noqa: E402
-from je_fuzz_driver import Recording, _word, judge, patched, random_patch  # noqa: E402
+from je_fuzz_driver import Recording, _word, draw_mutants, judge, patched  # noqa: E402
 
 from heapwalk.findings import Severity
 from heapwalk.inferior.gdbadapter import gdb_memory, thread_registers
@@ -43,7 +45,7 @@ from heapwalk.tcmalloc.owners import cache_owners
 from heapwalk.tcmalloc.verbs import locate
 
 #: the aimed damage kinds, each drawn this share of the time (the rest are random patches of what was read)
-DAMAGE = {"cache_loop": 0.08, "cache_hidden": 0.08, "object_loop": 0.08, "truncate": 0.08}
+DAMAGE = {"cache_loop": 0.07, "cache_hidden": 0.07, "object_loop": 0.07, "tail_loop": 0.07, "truncate": 0.07}
 
 
 def exercise(mem, maps, threads):
@@ -88,7 +90,7 @@ class Sound:
             (m.start, m.end) for m in maps if not (m.path and "/" in m.path)]
         self.reads = [(a, n) for a, n in rec.reads if any(lo <= a < hi for lo, hi in writable)]
         self.caches = [t.address for t in state.threads]
-        self.lists = [head for t in state.threads for _, head, length in t.lists if length >= 2]
+        self.lists = [(head, length) for t in state.threads for _, head, length in t.lists if length >= 2]
 
     def field(self, read: int, offset: float) -> int | None:
         """The address of the word OFFSET (a fraction) of the way through recorded read READ."""
@@ -96,16 +98,6 @@ class Sound:
             return None
         address, size = self.reads[read % len(self.reads)]
         return address + (int(offset * max(size - 8, 0)) & ~7)
-
-
-def make_mutant(rng: random.Random, reads: int) -> dict:
-    draw = rng.random()
-    for kind, share in DAMAGE.items():
-        if draw < share:
-            return {"op": kind, "pick": round(rng.random(), 4), "read": rng.randrange(max(reads, 1)),
-                    "offset": round(rng.random(), 4)}
-        draw -= share
-    return random_patch(rng, reads)
 
 
 def apply(spec: dict, sound: Sound):
@@ -121,12 +113,14 @@ def apply(spec: dict, sound: Sound):
             return None
         cache = caches[int(spec["pick"] * len(caches)) % len(caches)]
         return MutatedMemory(base, {}, (cache, cache + sound.layout.thread_prev + 8)), cache
-    if op == "object_loop":
+    if op in ("object_loop", "tail_loop"):
         if not sound.lists:
             return None
-        head = sound.lists[int(spec["pick"] * len(sound.lists)) % len(sound.lists)]
-        second = _word_at(base, head)
-        return MutatedMemory(base, _word(second, head)), head
+        head, length = sound.lists[int(spec["pick"] * len(sound.lists)) % len(sound.lists)]
+        last = _word_at(base, head)
+        for _ in range(length - 2 if op == "tail_loop" else 0):
+            last = _word_at(base, last)
+        return MutatedMemory(base, _word(last, head)), head
     at = sound.field(spec["read"], spec["offset"])
     if at is None:
         return None
@@ -153,7 +147,7 @@ def main() -> None:
     maps, threads = space.mappings, thread_registers()
     sound = Sound(base, maps, threads)
     mutants = list(spec.get("replay", []))
-    mutants += [make_mutant(rng, len(sound.reads)) for _ in range(spec["count"])]
+    mutants += draw_mutants(rng, len(sound.reads), spec["count"], DAMAGE)
     results = run_mutants(mutants, lambda m: apply(m, sound), spec["bound"],
                           lambda m, mem, named: _run(m, mem, named, maps, threads))
     fields = [(f"read {i}", a) for i, (a, _) in enumerate(sound.reads)]

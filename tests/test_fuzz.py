@@ -160,15 +160,15 @@ def test_every_command_survives_damaged_jemalloc_core_files(suite, tmp_path):
 
 def test_tcmalloc_decoder_survives_mutated_metadata(tmp_path):
     """Every word tcmalloc's decoder reads in writable memory (the caches' free lists too), patched; the thread
-    caches' list looping, a thread cache's pages missing, a cache's free list looping, a core cut inside what it
-    reads: never a traceback, a hang or an impossible
-    figure, and the aimed damage named at its address (or the core refused in one line)."""
+    caches' list looping, a thread cache's pages missing, a cache's free list looping (inside its count, and just
+    past it), a core cut inside what it reads: never a traceback, a hang or an impossible figure, and the aimed
+    damage named at its address (or the core refused in one line)."""
     cap = capture_tcmalloc("bookworm")
     count, key = 40, "tcmalloc-bookworm/tc_hold"
     document = fuzz.engine_fuzz(cap.exe, cap.core, [NO_SYMBOLS], count, SEED, tmp_path, fuzz.regressions(key),
                                 driver=fuzz.TC_DRIVER)
     assert_survived(document, count, key, fields=20)
-    assert {"cache_loop", "cache_hidden", "object_loop"} <= set(fuzz.tally([document]))
+    assert {"cache_loop", "cache_hidden", "object_loop", "tail_loop"} <= set(fuzz.tally([document]))
 
 
 #: mimalloc builds of the decoder's fuzzing: one of each family (2.0, 2.x, 3.0, 3.x) in make test, more with

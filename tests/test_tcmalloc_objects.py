@@ -106,6 +106,25 @@ def test_a_thread_cache_list_that_loops_is_found_and_its_class_not_judged():
     assert blocks.starts.tolist() == [LARGE] and blocks.unknown == ((SMALL, SMALL + PAGE),)
 
 
+def test_a_list_whose_last_counted_object_links_back_is_a_loop():
+    """The transfer batch holds two objects; the second linking back to the first loops only past the count,
+    where a sound list ends with a null link."""
+    heap = Heap()
+    heap.mem.write_u64(slot(4), slot(3))
+    _, _, (cached, findings) = heap.walked()
+    assert [(f.kind, f.address, f.structure) for f in findings] == [(Kind.LIST_CYCLE, slot(3), "transfer cache")]
+    assert 1 in cached.broken
+
+
+def test_a_list_that_goes_on_past_its_count_is_found():
+    heap = Heap()
+    heap.mem.write_u64(slot(2), slot(7))
+    _, _, (cached, findings) = heap.walked()
+    assert [(f.kind, f.address, f.structure) for f in findings] == [(Kind.TCACHE_COUNT, THREAD + LAY.thread_list_entry,
+                                                                     "thread cache")]
+    assert findings[0].expected == "3" and 1 in cached.broken
+
+
 def test_a_list_that_leaves_its_class_is_found_where_it_leaves():
     heap = Heap()
     heap.mem.write_u64(slot(3), LARGE + 8)

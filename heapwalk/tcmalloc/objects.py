@@ -132,14 +132,31 @@ def _follow(mem: Memory, head: int, count: int, size_class: int, where: _Locator
             break
         seen.add(link)
         out.append(link)
-        if len(out) < count:
-            try:
-                link = u64(mem, link)
-            except ReadError:
-                findings.append(Finding(Severity.ERROR, link, structure, "a free object cannot be read: the list "
-                                        "after it is left out", Kind.UNMAPPED))
-                break
+        try:
+            link = u64(mem, link)
+        except ReadError:
+            if len(out) < count:
+                findings.append(Finding(Severity.ERROR, out[-1], structure, "a free object cannot be read: the "
+                                        "list after it is left out", Kind.UNMAPPED))
+            break
+    else:
+        _ends(link, seen, out, size_class, at, structure, findings)
     return out
+
+
+def _ends(link: int, seen: set[int], out: list[int], size_class: int, at: int, structure: str,
+          findings: list[Finding]) -> None:
+    """A finding unless LINK, the link of a list's last counted object, ends the list: tcmalloc's lists end
+    with a null link (a batch popped is cut off, a list pushed onto an empty one inherits its null)."""
+    if not out or link == 0:
+        return
+    if link in seen:
+        findings.append(Finding(Severity.ERROR, link, structure, f"a list of class {size_class} loops back on "
+                                "itself", Kind.LIST_CYCLE))
+    else:
+        findings.append(Finding(Severity.ERROR, at, structure, f"a list of class {size_class} goes on past the "
+                                f"{len(out)} objects it counts (the last, {out[-1]:#x}, links to {link:#x})",
+                                Kind.TCACHE_COUNT, str(len(out)), "more"))
 
 
 def cached_objects(mem: Memory, state: TcState, table: SpanTable) -> tuple[Cached, list[Finding]]:
