@@ -51,7 +51,8 @@ def capture(size: str, bindir: Path, shape: str = "ordered") -> harness.Capture:
     meta = directory / "meta.json"
     sources = [harness.CORES_DIR / f for f in ("bench.c", "hw.c", "hw.h", "bench_shape.h", "harness.py")]
     fresh = meta.exists() and (directory / "core").exists() and \
-        meta.stat().st_mtime >= max(s.stat().st_mtime for s in sources)
+        meta.stat().st_mtime >= max(s.stat().st_mtime for s in sources) and \
+        Path(json.loads(meta.read_text())["exe"]).exists()   # taken by a tree since moved or gone: again
     if not fresh:
         harness.capture("bench", outdir, bindir, env=environment(size, shape))
     exe = Path(json.loads(meta.read_text())["exe"])

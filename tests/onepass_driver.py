@@ -5,7 +5,9 @@ other in this gdb; with none, the core gdb has loaded.
 
 Agreeing means the same arenas (every list, chunk by chunk, and every finding), the same accounts and trim
 estimates, and the same findings of the walk.  The line also says which arenas the one pass vouched for, so
-the test can tell a sound core (all of them) from a damaged one (the careful walkers took it).
+the test can tell a sound core (all of them) from a damaged one (the careful walkers took it).  With
+$HEAPWALK_ONEPASS_DAMAGE set, each core is also compared with one thread arena's heap damaged: the one pass
+must then vouch for every other arena.
 """
 
 from __future__ import annotations
@@ -29,10 +31,55 @@ from heapwalk.glibc.decode import collect
 from heapwalk.glibc.locate.discovery import discover
 
 
-def _decode(target, disc, sweep: bool, walk: bool = True, keep_used: bool = False):
+def _decode(target, disc, sweep: bool, walk: bool = True, keep_used: bool = False, mem=None,
+            keep_chunks: bool = False):
     space = target.space
-    return collect(target.mem, disc, target.threads, target.description, walk, space.regions, sweep=sweep,
-                   keep_used=keep_used)
+    return collect(target.mem if mem is None else mem, disc, target.threads, target.description, walk,
+                   space.regions, sweep=sweep, keep_used=keep_used, keep_chunks=keep_chunks)
+
+
+class _Patched:
+    """BASE with the 8-byte word at AT read as VALUE."""
+
+    def __init__(self, base, at: int, value: int):
+        self.base, self.at, self.value = base, at, value.to_bytes(8, "little")
+
+    def read(self, address: int, size: int) -> bytes:
+        data = self.base.read(address, size)
+        if address < self.at + 8 and self.at < address + size:
+            buf = bytearray(data)
+            for i in range(8):
+                if address <= self.at + i < address + size:
+                    buf[self.at + i - address] = self.value[i]
+            data = bytes(buf)
+        return data
+
+
+def _one_arena_damaged(target, disc, vouched: list[int]) -> dict:
+    """The same comparison with one thread arena's heap damaged (a chunk's size, halfway through it, made 0):
+    the one pass must vouch for every other arena and give what the careful walkers give for all of them."""
+    sound = _decode(target, disc, True, keep_chunks=True)
+    thread_arenas = [a for a in sound.arenas if not a.is_main and a.address in sound.walk.chunks]
+    if not thread_arenas:
+        return {}
+    arena = thread_arenas[len(thread_arenas) // 2]
+    addresses, _, codes = sound.walk.chunks[arena.address]
+    in_use = np.flatnonzero(codes == onepass.PLAIN)
+    chunk = int(addresses[in_use[len(in_use) // 2]])
+    mem = _Patched(target.mem, chunk + 8, 0)
+    vouched.clear()
+    fast = _decode(target, disc, True, mem=mem, keep_used=True, keep_chunks=True)
+    vouched_arenas = len(vouched)
+    slow = _decode(target, disc, False, mem=mem)
+    found = [f for f in slow.all_findings() if f.address == chunk]
+    differences = _differences(fast, slow)
+    kept, walked = blocks_of(mem, disc.layout, fast), blocks_of(mem, disc.layout, slow)
+    for name in ("starts", "ends", "arena", "heaps", "unknown"):
+        if not np.array_equal(np.asarray(getattr(kept, name)), np.asarray(getattr(walked, name))):
+            differences.append(f"the leak scan's blocks ({name}) differ")
+    return {"damaged_arenas": len(fast.arenas), "damaged_vouched": vouched_arenas,
+            "damaged_differences": differences, "damaged_found": bool(found),
+            "damaged_used_kept": len(fast.walk.used or {})}
 
 
 def _scans(target, disc) -> tuple[list[str], int]:
@@ -104,8 +151,11 @@ def _compare(vouched: list[int]) -> dict:
         rows, swept_arenas = _chunk_rows(target, disc, unswept, flt, sweep=True)
         if rows != _chunk_rows(target, disc, unswept, flt, sweep=False)[0]:
             differences.append(f"heapwalk chunks differs ({flt})")
-    return {"arenas": len(slow.arenas), "vouched": len(vouched), "differences": differences,
+    line = {"arenas": len(slow.arenas), "vouched": len(vouched), "differences": differences,
             "chunks_swept": swept_arenas, "words_covered": covered}
+    if os.environ.get("HEAPWALK_ONEPASS_DAMAGE"):
+        line.update(_one_arena_damaged(target, disc, vouched))
+    return line
 
 
 def _chunk_rows(target, disc, state, flt, sweep: bool) -> tuple[tuple, int]:

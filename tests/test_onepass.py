@@ -20,11 +20,13 @@ import harness
 pytestmark = pytest.mark.cores
 
 
-def _lines(glibc_name: str, captures, pure: bool = False) -> dict[str, dict]:
+def _lines(glibc_name: str, captures, pure: bool = False, damage: bool = False) -> dict[str, dict]:
     pairs = [[str(c.exe), str(c.core)] for c in captures]
     env = {"HEAPWALK_ONEPASS_CORES": json.dumps(pairs)}
     if pure:
         env["HEAPWALK_PURE"] = "1"
+    if damage:
+        env["HEAPWALK_ONEPASS_DAMAGE"] = "1"
     result = run_gdb([], ["source " + str(ROOT / "tests" / "onepass_driver.py")],
                      iex=glibc(glibc_name).gdb_settings(symbols=False), timeout=900, env=env)
     lines = [json.loads(line.split(" ", 1)[1]) for line in result.stdout.splitlines()
@@ -65,8 +67,12 @@ def test_one_pass_in_pure_python_gives_what_the_careful_walkers_give():
 def test_one_pass_gives_what_the_careful_walkers_give_on_the_bench_core(shape):
     """The same on the bench's small core of each shape (9 arenas, some 240,000 chunks; in the random shape
     every list links its chunks in no order): the one read of `heapwalk report` against the reads of the
-    careful walkers and of the second leak scan."""
-    line = _lines(GLIBCS[0], [bench.capture("small", bench.BUILD / "bin", shape)])["bench"]
+    careful walkers and of the second leak scan.  Then with one thread arena's heap damaged: the careful walkers
+    take that arena alone, and the eight the one pass vouches for give what the careful walkers give."""
+    line = _lines(GLIBCS[0], [bench.capture("small", bench.BUILD / "bin", shape)], damage=True)["bench"]
     assert not line.get("error") and not line["differences"], json.dumps(line, indent=1)
     assert line["vouched"] == line["arenas"] == 9 and line["chunks_swept"] == 9 and line["words_covered"] > 0
     assert line["native"]
+    assert line["damaged_arenas"] == 9 and line["damaged_vouched"] == 8, json.dumps(line, indent=1)
+    assert not line["damaged_differences"] and line["damaged_found"], json.dumps(line, indent=1)
+    assert line["damaged_used_kept"] == 8, json.dumps(line, indent=1)

@@ -137,12 +137,13 @@ def _collect(mem: Memory, disc: Discovery, threads: list[ThreadRegs], target: st
             state, facts=state.facts + (_mp_pinned(mem, disc, state, mp, fill_seen, False),))
     swept = None if one_pass is None or state.scanned_tcaches else one_pass.results(state.arenas)
     walk = walk_arenas(mem, disc.layout, state, progress, swept)
-    if swept is not None and keep_used:
-        walk = dataclasses.replace(walk, used=MappingProxyType(one_pass.used), words=one_pass.words)
+    if swept and keep_used:   # the scan takes the words kept only when they cover every arena's heaps
+        walk = dataclasses.replace(walk, used=_of_swept(one_pass.used, swept), words=one_pass.words
+                                   if one_pass.complete(swept, state.arenas) else None)
     if keep_pages and one_pass is not None and one_pass.words is not None:
         walk = dataclasses.replace(walk, pages=one_pass.words.pages_seen())
-    if swept is not None and keep_chunks:
-        walk = dataclasses.replace(walk, chunks=MappingProxyType(one_pass.chunks))
+    if swept and keep_chunks:
+        walk = dataclasses.replace(walk, chunks=_of_swept(one_pass.chunks, swept))
     if regions is not None and not walk.interrupted:
         mmapped, disagree = mmapped_of_state(mem, disc, state, regions)
         walk = dataclasses.replace(walk, mmapped=tuple(mmapped),
@@ -153,6 +154,11 @@ def _collect(mem: Memory, disc: Discovery, threads: list[ThreadRegs], target: st
         state = dataclasses.replace(state, facts=state.facts + (
             _mp_pinned(mem, disc, state, mp, fill_seen, checked),))
     return state
+
+
+def _of_swept(kept: dict, swept: dict) -> MappingProxyType:
+    """What the one pass KEPT of the arenas whose walk it stands for (SWEPT)."""
+    return MappingProxyType({address: kept[address] for address in swept if address in kept})
 
 
 def _read_mp(mem: Memory, disc: Discovery, findings: list[Finding]) -> MallocPar | None:
@@ -265,12 +271,14 @@ def _mp_pinned(mem: Memory, disc: Discovery, state: HeapState, mp: MallocPar, fi
 
 def walk_arenas(mem: Memory, layout: Layout, state: HeapState, progress=None, swept=None) -> ChunkWalk:
     """Walks every chunk of every arena of STATE: their accounts and trim estimates (see `_walk_arenas`), with
-    the garbage collector paused; SWEPT, when given, has them already for every arena (`OnePass.results`)."""
-    if swept is not None:
+    the garbage collector paused; SWEPT, when given, has them already for some arenas or all
+    (`OnePass.results`): the careful walkers take only the others."""
+    swept = swept or {}
+    if all(a.address in swept for a in state.arenas):
         return ChunkWalk(MappingProxyType({a.address: swept[a.address][0] for a in state.arenas}),
                          MappingProxyType({a.address: swept[a.address][1] for a in state.arenas}))
     with gc_paused():
-        return _walk_arenas(mem, layout, state, progress)
+        return _walk_arenas(mem, layout, state, progress, swept)
 
 
 def _unwalked(arenas, accounts=None, trims=None, stopped: Finding | None = None) -> ChunkWalk:
@@ -284,8 +292,9 @@ def _unwalked(arenas, accounts=None, trims=None, stopped: Finding | None = None)
                      interrupted=stopped is not None)
 
 
-def _walk_arenas(mem: Memory, layout: Layout, state: HeapState, progress=None) -> ChunkWalk:
-    """Walks every chunk of every arena of STATE: their accounts and trim estimates.
+def _walk_arenas(mem: Memory, layout: Layout, state: HeapState, progress=None, swept=None) -> ChunkWalk:
+    """Walks every chunk of every arena of STATE not in SWEPT (address: its account and trim estimate, taken
+    as they are): their accounts and trim estimates.
 
     PROGRESS(done, total), when given, hears the bytes walked so far.  Ctrl-C (KeyboardInterrupt) ends the
     walk: the arenas not walked to the end get an account with all their bytes unwalked, and a finding
@@ -294,19 +303,29 @@ def _walk_arenas(mem: Memory, layout: Layout, state: HeapState, progress=None) -
     listing = Listing.of_state(state)
     mp = state.mp
     thp, contiguous = trim_settings(mp)
-    total = sum(a.system_mem for a in state.arenas)
+    swept = swept or {}
+    accounts = {address: account_and_trim[0] for address, account_and_trim in swept.items()}
+    trims = {address: account_and_trim[1] for address, account_and_trim in swept.items()}
+    walked = [a for a in state.arenas if a.address not in swept]
+    total = sum(a.system_mem for a in walked)
     done = 0
-    accounts, trims = {}, {}
-    for i, a in enumerate(state.arenas):  # one walk per arena feeds both the accounting and the trim simulation
+    for i, a in enumerate(walked):  # one walk per arena feeds both the accounting and the trim simulation
         sim = TrimSimulation(mem, layout, a, thp, contiguous and not a.noncontiguous, state.residency)
         tick = None if progress is None else (lambda walked, base=done: progress(base + walked, total))
         try:
             accounts[a.address] = account(mem, layout, a, listing, sim, tick)
             trims[a.address] = sim.result()
         except KeyboardInterrupt:
-            return _unwalked(state.arenas[i:], accounts, trims, Finding(
+            stopped = _unwalked(walked[i:], accounts, trims, Finding(
                 Severity.WARNING, a.address, f"arena {a.number}", f"the chunk walk was interrupted (Ctrl-C) in arena "
-                f"{a.number}: it and the {len(state.arenas) - i - 1} arena(s) after it are not walked, so their "
+                f"{a.number}: it and the {len(walked) - i - 1} arena(s) after it are not walked, so their "
                 "in-use and free bytes are unknown", Kind.INTERRUPTED))
+            return dataclasses.replace(stopped, **_in_order(state.arenas, stopped.accounts, stopped.trims))
         done += a.system_mem
-    return ChunkWalk(MappingProxyType(accounts), MappingProxyType(trims))
+    return ChunkWalk(**_in_order(state.arenas, accounts, trims))
+
+
+def _in_order(arenas, accounts, trims) -> dict:
+    """ACCOUNTS and TRIMS (by arena address) in the order of ARENAS, as `ChunkWalk` takes them."""
+    return {"accounts": MappingProxyType({a.address: accounts[a.address] for a in arenas}),
+            "trims": MappingProxyType({a.address: trims[a.address] for a in arenas})}

@@ -2,9 +2,10 @@
 account and trim estimate summed from it, then the sweep dropped.
 
 `decode.collect` hands each arena to `OnePass.lists` as it decodes it; the lists it returns are the
-arena's, the careful walkers' otherwise.  The accounts are kept, and `results` gives them to the chunk walk
-only when every arena was swept soundly (then the careful walk, which looks at every arena's lists at once,
-would have found exactly this); if any arena was not, the careful walk takes them all.
+arena's, the careful walkers' otherwise.  The accounts are kept, and `results` gives the chunk walk those of
+the arenas swept soundly whose memory no other arena's list reaches into (the careful walk of such an arena
+would have found exactly this); the careful walkers take the others, so that damage in one arena costs the
+careful walk of that arena, not of every one.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ class OnePass:
         self.chunks: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         self.failed: set[int] = set()
         self.spans: list[tuple[int, int]] = []
+        self.extents: dict[int, list[tuple[int, int]]] = {}
 
     def lists(self, arena: Arena, raw_arena: bytes) -> IndexedLists | None:
         """ARENA's lists (ARENA as decoded so far, without them; RAW_ARENA its malloc_state's bytes) from a
@@ -68,6 +70,7 @@ class OnePass:
             self.failed.add(arena.address)
             return None
         self.spans.extend((e.start, e.end) for e in arena_extents)
+        self.extents[arena.address] = [(e.start, e.end) for e in arena_extents]
         tick = None if self.progress is None else (lambda walked, base=self.done: self.progress(base + walked,
                                                                                              self.total))
         if self.words is not None:
@@ -95,14 +98,34 @@ class OnePass:
         return lists
 
     def results(self, arenas: tuple[Arena, ...]) -> dict[int, tuple[Account, TrimEstimate]] | None:
-        """The accounts and trim estimates of ARENAS (the state's, as finally decoded), when each was swept
-        soundly, no two arenas share memory and nothing else claims chunks; else None."""
-        if self.failed or {a.address for a in arenas} != set(self.accounts):
-            return None
+        """The accounts and trim estimates of those of ARENAS (the state's, as finally decoded) whose walk the
+        sweep stands for (None: none of them): each swept soundly, when no two swept arenas share memory and
+        no list of an arena the careful walkers take holds a chunk inside it (the careful walk of an arena
+        looks only at its own memory and at the chunks listed inside it, so it would find exactly this)."""
         spans = sorted(self.spans)
         if any(b[0] < a[1] for a, b in zip(spans, spans[1:])):
             return None
-        return self.accounts
+        kept = {a.address: self.accounts[a.address] for a in arenas if a.address in self.accounts}
+        careful = [a for a in arenas if a.address not in kept]
+        if careful and kept:
+            listed = np.unique(np.array([c for a in careful for lst in a.free_lists() for c in lst.chunks],
+                                        dtype=np.uint64))
+            for address in [k for k in kept if _holds_any(self.extents[k], listed)]:
+                del kept[address]
+        return kept or None
+
+    def complete(self, swept: dict | None, arenas: tuple[Arena, ...]) -> bool:
+        """Whether SWEPT (`results`) stands for every one of ARENAS."""
+        return swept is not None and all(a.address in swept for a in arenas)
+
+
+def _holds_any(spans: list[tuple[int, int]], chunks: np.ndarray) -> bool:
+    """Whether any of CHUNKS (sorted) lies in one of SPANS."""
+    for start, end in spans:
+        i = int(np.searchsorted(chunks, np.uint64(start)))
+        if i < len(chunks) and int(chunks[i]) < end:
+            return True
+    return False
 
 
 def _tcached(tcaches: list[Tcache]) -> tuple[np.ndarray, np.ndarray]:
