@@ -56,30 +56,47 @@ class _Patched:
 
 
 def _one_arena_damaged(target, disc, vouched: list[int]) -> dict:
-    """The same comparison with one thread arena's heap damaged (a chunk's size, halfway through it, made 0):
-    the one pass must vouch for every other arena and give what the careful walkers give for all of them."""
+    """The same comparison with one thread arena damaged, two ways: a chunk's size halfway through its heap
+    made 0 ("damaged"), and the first chunk of one of its bins linked to a chunk another arena holds in use
+    ("crossed": that arena must then be walked carefully too).  The one pass must vouch for every other
+    arena and give what the careful walkers give for all of them."""
     sound = _decode(target, disc, True, keep_chunks=True)
     thread_arenas = [a for a in sound.arenas if not a.is_main and a.address in sound.walk.chunks]
-    if not thread_arenas:
+    if len(thread_arenas) < 2:
         return {}
     arena = thread_arenas[len(thread_arenas) // 2]
     addresses, _, codes = sound.walk.chunks[arena.address]
     in_use = np.flatnonzero(codes == onepass.PLAIN)
     chunk = int(addresses[in_use[len(in_use) // 2]])
-    mem = _Patched(target.mem, chunk + 8, 0)
+    line = _damaged_line("damaged", target, disc, vouched, _Patched(target.mem, chunk + 8, 0), {chunk})
+    other = thread_arenas[len(thread_arenas) // 2 - 1]
+    mine = next((b for b in arena.bins if b.count >= 2), None)
+    theirs, _, their_codes = sound.walk.chunks[other.address]
+    held = np.flatnonzero(their_codes == onepass.PLAIN)
+    if mine is not None and len(held):
+        first, foreign = int(mine.chunks[0]), int(theirs[held[len(held) // 2]])
+        line.update(_damaged_line("crossed", target, disc, vouched, _Patched(target.mem, first + 16, foreign),
+                                  {first, foreign}))
+    return line
+
+
+def _damaged_line(name: str, target, disc, vouched: list[int], mem, named: set[int]) -> dict:
+    """NAME's counts: arenas, arenas vouched for, the differences against the careful walkers (the decode and
+    the leak scan's blocks), whether the careful walkers name the damage at one of NAMED, and how many arenas
+    gave the scan their in-use chunks from the pass."""
     vouched.clear()
     fast = _decode(target, disc, True, mem=mem, keep_used=True, keep_chunks=True)
     vouched_arenas = len(vouched)
     slow = _decode(target, disc, False, mem=mem)
-    found = [f for f in slow.all_findings() if f.address == chunk]
+    found = [f for f in slow.all_findings() if f.address in named]
     differences = _differences(fast, slow)
     kept, walked = blocks_of(mem, disc.layout, fast), blocks_of(mem, disc.layout, slow)
-    for name in ("starts", "ends", "arena", "heaps", "unknown"):
-        if not np.array_equal(np.asarray(getattr(kept, name)), np.asarray(getattr(walked, name))):
-            differences.append(f"the leak scan's blocks ({name}) differ")
-    return {"damaged_arenas": len(fast.arenas), "damaged_vouched": vouched_arenas,
-            "damaged_differences": differences, "damaged_found": bool(found),
-            "damaged_used_kept": len(fast.walk.used or {})}
+    for field in ("starts", "ends", "arena", "heaps", "unknown"):
+        if not np.array_equal(np.asarray(getattr(kept, field)), np.asarray(getattr(walked, field))):
+            differences.append(f"the leak scan's blocks ({field}) differ")
+    return {f"{name}_arenas": len(fast.arenas), f"{name}_vouched": vouched_arenas,
+            f"{name}_differences": differences, f"{name}_found": bool(found),
+            f"{name}_used_kept": len(fast.walk.used or {})}
 
 
 def _scans(target, disc) -> tuple[list[str], int]:
