@@ -58,7 +58,10 @@ def value(out: str, tag: str) -> list[str]:
 
 
 def floors(cap, heap_file: Path, runs: int) -> tuple[float, float]:
-    """The floor of CAP's heaps (listed in HEAP_FILE), median of RUNS: read once whole, and in 4 MiB reads."""
+    """The floor of CAP's heaps (listed in HEAP_FILE), median of RUNS: read once whole, and in 4 MiB reads.  One
+    untimed run first: a core just written (and made sparse, a copy) is read from the disk the first time, and
+    the commands timed after it find it in the page cache."""
+    gdb_run(cap.exe, cap.core, [FLOOR.format(heaps=str(heap_file))])
     outs = [gdb_run(cap.exe, cap.core, [FLOOR.format(heaps=str(heap_file))])[0] for _ in range(runs)]
     return (statistics.median(float(value(out, "heapwalk-bench-floor ")[0]) for out in outs),
             statistics.median(float(value(out, "heapwalk-bench-floor4m")[0]) for out in outs))
