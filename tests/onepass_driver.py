@@ -94,9 +94,10 @@ def _damaged_line(name: str, target, disc, vouched: list[int], mem, named: set[i
     for field in ("starts", "ends", "arena", "heaps", "unknown"):
         if not np.array_equal(np.asarray(getattr(kept, field)), np.asarray(getattr(walked, field))):
             differences.append(f"the leak scan's blocks ({field}) differ")
+    scan_differences, covered = _scan_pair(target, disc, mem, fast, slow)
     return {f"{name}_arenas": len(fast.arenas), f"{name}_vouched": vouched_arenas,
-            f"{name}_differences": differences, f"{name}_found": bool(found),
-            f"{name}_used_kept": len(fast.walk.used or {})}
+            f"{name}_differences": differences + scan_differences, f"{name}_found": bool(found),
+            f"{name}_used_kept": len(fast.walk.used or {}), f"{name}_words_covered": covered}
 
 
 def _scans(target, disc) -> tuple[list[str], int]:
@@ -104,13 +105,19 @@ def _scans(target, disc) -> tuple[list[str], int]:
     heaps again finds (the same edges, first words, root hits, reached blocks and paths); and how many bytes
     the kept words covered."""
     state = _decode(target, disc, True, keep_used=True)
-    blocks = blocks_of(target.mem, disc.layout, state)
+    return _scan_pair(target, disc, target.mem, state, state)
+
+
+def _scan_pair(target, disc, mem, fast, slow) -> tuple[list[str], int]:
+    """The scan of MEM with the blocks and kept words of decode FAST against the scan of SLOW's blocks that reads
+    every heap: the differences, and how many bytes the kept words covered."""
+    blocks = blocks_of(mem, disc.layout, fast)
     roots = root_regions(target.space, target.threads, list(blocks.heaps) + list(blocks.private), blocks.large,
                          blocks.unknown, images=image_data(target.mem, target.space))
     registers = register_roots(target.threads)
-    words = state.walk.words if state.walk is not None else None
-    once = reach.scan(target.mem, blocks, roots, registers, words=words)
-    twice = reach.scan(target.mem, blocks, roots, registers)
+    words = fast.walk.words if fast.walk is not None else None
+    once = reach.scan(mem, blocks, roots, registers, words=words)
+    twice = reach.scan(mem, blocks if slow is fast else blocks_of(mem, disc.layout, slow), roots, registers)
     out = [f"the leak scan's {name} differs" for name in ("reached", "parent", "first_words", "root_blocks",
                                                             "root_words", "root_index")
            if not np.array_equal(getattr(once, name), getattr(twice, name))]

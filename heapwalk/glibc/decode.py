@@ -137,9 +137,8 @@ def _collect(mem: Memory, disc: Discovery, threads: list[ThreadRegs], target: st
             state, facts=state.facts + (_mp_pinned(mem, disc, state, mp, fill_seen, False),))
     swept = None if one_pass is None or state.scanned_tcaches else one_pass.results(state.arenas)
     walk = walk_arenas(mem, disc.layout, state, progress, swept)
-    if swept and keep_used:   # the scan takes the words kept only when they cover every arena's heaps
-        walk = dataclasses.replace(walk, used=_of_swept(one_pass.used, swept), words=one_pass.words
-                                   if one_pass.complete(swept, state.arenas) else None)
+    if swept and keep_used:   # the scan reads the heaps the words kept do not cover
+        walk = dataclasses.replace(walk, used=_of_swept(one_pass.used, swept), words=one_pass.words)
     if keep_pages and one_pass is not None and one_pass.words is not None:
         walk = dataclasses.replace(walk, pages=one_pass.words.pages_seen())
     if swept and keep_chunks:

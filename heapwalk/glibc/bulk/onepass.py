@@ -114,10 +114,6 @@ class OnePass:
                 del kept[address]
         return kept or None
 
-    def complete(self, swept: dict | None, arenas: tuple[Arena, ...]) -> bool:
-        """Whether SWEPT (`results`) stands for every one of ARENAS."""
-        return swept is not None and all(a.address in swept for a in arenas)
-
 
 def _holds_any(spans: list[tuple[int, int]], chunks: np.ndarray) -> bool:
     """Whether any of CHUNKS (sorted) lies in one of SPANS."""
