@@ -14,9 +14,14 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
 import gdb
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # gdb sets __file__ for a sourced script
+from fuzz_driver import MutatedMemory  # noqa: E402
+from je_fuzz_driver import _word  # noqa: E402
 
 from heapwalk.analysis import reach
 from heapwalk.glibc.account.blocks import blocks_of
@@ -38,23 +43,6 @@ def _decode(target, disc, sweep: bool, walk: bool = True, keep_used: bool = Fals
                    space.regions, sweep=sweep, keep_used=keep_used, keep_chunks=keep_chunks)
 
 
-class _Patched:
-    """BASE with the 8-byte word at AT read as VALUE."""
-
-    def __init__(self, base, at: int, value: int):
-        self.base, self.at, self.value = base, at, value.to_bytes(8, "little")
-
-    def read(self, address: int, size: int) -> bytes:
-        data = self.base.read(address, size)
-        if address < self.at + 8 and self.at < address + size:
-            buf = bytearray(data)
-            for i in range(8):
-                if address <= self.at + i < address + size:
-                    buf[self.at + i - address] = self.value[i]
-            data = bytes(buf)
-        return data
-
-
 def _one_arena_damaged(target, disc, vouched: list[int]) -> dict:
     """The same comparison with one thread arena damaged, two ways: a chunk's size halfway through its heap
     made 0 ("damaged"), and the first chunk of one of its bins linked to a chunk another arena holds in use
@@ -68,14 +56,14 @@ def _one_arena_damaged(target, disc, vouched: list[int]) -> dict:
     addresses, _, codes = sound.walk.chunks[arena.address]
     in_use = np.flatnonzero(codes == onepass.PLAIN)
     chunk = int(addresses[in_use[len(in_use) // 2]])
-    line = _damaged_line("damaged", target, disc, vouched, _Patched(target.mem, chunk + 8, 0), {chunk})
+    line = _damaged_line("damaged", target, disc, vouched, MutatedMemory(target.mem, _word(chunk + 8, 0)), {chunk})
     other = thread_arenas[len(thread_arenas) // 2 - 1]
     mine = next((b for b in arena.bins if b.count >= 2), None)
     theirs, _, their_codes = sound.walk.chunks[other.address]
     held = np.flatnonzero(their_codes == onepass.PLAIN)
     if mine is not None and len(held):
         first, foreign = int(mine.chunks[0]), int(theirs[held[len(held) // 2]])
-        line.update(_damaged_line("crossed", target, disc, vouched, _Patched(target.mem, first + 16, foreign),
+        line.update(_damaged_line("crossed", target, disc, vouched, MutatedMemory(target.mem, _word(first + 16, foreign)),
                                   {first, foreign}))
     return line
 

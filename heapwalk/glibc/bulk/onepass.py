@@ -108,8 +108,8 @@ class OnePass:
         kept = {a.address: self.accounts[a.address] for a in arenas if a.address in self.accounts}
         careful = [a for a in arenas if a.address not in kept]
         if careful and kept:
-            listed = np.unique(np.array([c for a in careful for lst in a.free_lists() for c in lst.chunks],
-                                        dtype=np.uint64))
+            listed = np.unique(np.concatenate([np.zeros(0, dtype=np.uint64)] + [
+                np.asarray(lst.chunks, dtype=np.uint64) for a in careful for lst in a.free_lists()]))
             for address in [k for k in kept if _holds_any(self.extents[k], listed)]:
                 del kept[address]
         return kept or None
