@@ -9,7 +9,7 @@ this, so a second allocator fills the same fields and gets the same report.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -162,8 +162,18 @@ class Blocks:
         return self.starts[rows] - self.header if self.header else self.starts[rows]
 
     def sizes(self, rows=slice(None)) -> Any:
-        """The allocator's size of the blocks at ROWS (numpy int64)."""
+        """The allocator's size of the blocks at ROWS (numpy int64; of every block, made once and read-only)."""
+        if isinstance(rows, slice) and rows == slice(None):
+            return self.derived("sizes", lambda b: _read_only((b.ends - b.starts).astype("int64") + (b.header - b.tail)))
         return (self.ends[rows] - self.starts[rows]).astype("int64") + (self.header - self.tail)
+
+    def derived(self, key: str, make: Callable[[Blocks], Any]) -> Any:
+        """MAKE(self), made at the first call with KEY and kept with the blocks: arrays of a block each that more
+        than one part of the analysis needs (made once, not once for each)."""
+        made = self.__dict__.setdefault("_derived", {})
+        if key not in made:
+            made[key] = make(self)
+        return made[key]
 
 
 @dataclass(frozen=True)
@@ -185,3 +195,9 @@ class HeapStrip:
     resident: Any = None                      # (n, 2) uint64 [start, end) in RAM; None: the target cannot say
     beyond: int = 0                           # bytes of its reservation after END, left out of the strip
     band: str = "given back"                  # what TRIMMABLE is ("malloc_trim(0) gives back")
+
+
+def _read_only(array: Any) -> Any:
+    """ARRAY (numpy), marked read-only: it is shared."""
+    array.setflags(write=False)
+    return array

@@ -8,7 +8,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from heapwalk.analysis import inuse
+from heapwalk.analysis import inuse, leaks, tally
 from heapwalk.analysis.diff import ArenaTotals, Signatures, diff
 from heapwalk.analysis.inuse import LeakTotals, in_use_of, size_buckets
 from heapwalk.analysis.report import Bucket, build_report, scan_sentence
@@ -38,6 +38,44 @@ def test_size_buckets_are_powers_of_two_with_their_leaked_share():
 
 
 IMAGES = [(0x400000, 0x401000, "prog"), (0x402000, 0x403000, "prog"), (0x7f0000, 0x7f1000, "libx.so")]
+
+
+@pytest.mark.parametrize("leaks", [None, "some", "none"])
+def test_the_tallies_in_c_are_numpys(leaks):
+    """Counts and bytes by arena, and by arena and power of two, with the leaked share: the C loop and numpy's
+    bincount agree, from sizes below 32 to sizes whose bucket a double's rounding decides."""
+    rng = np.random.default_rng(3)
+    sizes = np.concatenate([rng.integers(0, 40, 5000), rng.integers(32, 1 << 22, 200_000),
+                            np.array([1 << 40, (1 << 53) + 1, 2 ** 62 - 1, 2 ** 62, -16])]).astype(np.int64)
+    group = rng.integers(0, 9, len(sizes)).astype(np.int64)
+    leaked = None if leaks is None else rng.random(len(sizes)) < (0.1 if leaks == "some" else 0.0)
+    for by_exponent, slots in ((False, 9), (True, 64 * 9)):
+        c = tally.tally(sizes, group, slots, leaked, by_exponent)
+        numpy = tally._tally_numpy(sizes, group, slots, leaked, by_exponent)
+        assert tally.NATIVE
+        for got, expected in zip(c, numpy):
+            assert got.dtype == np.int64 and np.array_equal(got, expected)
+    assert int(c[0].sum()) == len(sizes) and (int(c[2].sum()) > 0) == (leaks == "some")
+    assert int(c[1][64 * int(group[-2]) + 62]) == sum(int(s) for s, g in zip(sizes, group)    # a double's rounding:
+                                                      if g == group[-2] and s >= 2 ** 62)  # 2**62 - 1 is 2**62
+
+
+def test_the_signatures_in_c_are_numpys(monkeypatch):
+    """A word in an image (but for a file's first byte), text, or nothing, word for word the same in C and in
+    numpy: at the images' edges, between them, and among words of every kind."""
+    rng = np.random.default_rng(4)
+    edges = [v for lo, hi, _ in IMAGES for v in (lo - 8, lo, lo + 8, hi - 8, hi, hi + 8)]
+    words = np.concatenate([np.array(edges + [0, 1, 0x401800], dtype=np.uint64),
+                            rng.integers(0x3F0000, 0x800000, 100_000, dtype=np.uint64),
+                            rng.integers(0, 2 ** 63, 100_000, dtype=np.uint64),
+                            np.frombuffer(rng.integers(0x20, 0x7F, 8 * 20_000, dtype=np.uint8).tobytes(), "<u8")])
+    c = leaks.signatures(words, IMAGES)
+    monkeypatch.setattr(tally, "_LIB", None)
+    monkeypatch.setattr(leaks, "text_words", lambda w: None)
+    numpy = leaks.signatures(words, IMAGES)
+    assert np.array_equal(c, numpy)
+    assert {0, 1} < set(np.unique(c).tolist()) and (c > 1).sum() > 100
+    assert c[edges.index(0x400000)] == 0 and c[edges.index(0x402000)] == 0x402000
 
 
 def test_in_use_groups_by_size_arena_and_signature():

@@ -338,18 +338,87 @@ int64_t hw_keep_runs(const uint64_t *words, int64_t n, const int64_t *found, con
     return count;
 }
 
-/* Whether each of the N WORDS (as stored: little-endian) holds text: its first four bytes printable ASCII (0x20
- * to 0x7e), each of the other four printable or zero; 1 or 0 into OUT. */
+/* Whether the word W (as stored: little-endian) holds text: its first four bytes printable ASCII (0x20 to 0x7e),
+ * each of the other four printable or zero. */
+static inline uint8_t is_text(uint64_t w)
+{
+    uint8_t ok = 1;
+    for (int b = 0; b < 8 && ok; b++) {
+        uint8_t c = (uint8_t)(w >> (8 * b));
+        ok = (c >= 0x20 && c <= 0x7e) || (b >= 4 && c == 0);
+    }
+    return ok;
+}
+
+/* Whether each of the N WORDS holds text (is_text); 1 or 0 into OUT. */
 void hw_text_words(const uint64_t *words, int64_t n, uint8_t *out)
+{
+    for (int64_t k = 0; k < n; k++)
+        out[k] = is_text(words[k]);
+}
+
+/* The last of the N sorted VALUES at or below V, as an index (-1: none). */
+static inline int64_t last_at_or_below(const uint64_t *values, int64_t n, uint64_t v)
+{
+    int64_t a = 0, b = n;                     /* the answer + 1 lies in [a, b] */
+    while (a < b) {
+        int64_t m = a + (b - a) / 2;
+        if (values[m] <= v)
+            a = m + 1;
+        else
+            b = m;
+    }
+    return a - 1;
+}
+
+/* Each of the N first WORDS' signature into OUT (see leaks.signatures): the word itself when it lies in the
+ * read-only range [STARTS[i], ENDS[i]) of the last of the NIMAGES (sorted by start) starting at or below it and
+ * is none of the NLOADS load addresses LOADS (sorted); else 1 when it holds text; else 0. */
+void hw_signatures(const uint64_t *words, int64_t n, const uint64_t *starts, const uint64_t *ends, int64_t nimages,
+                   const uint64_t *loads, int64_t nloads, uint64_t *out)
 {
     for (int64_t k = 0; k < n; k++) {
         uint64_t w = words[k];
-        uint8_t ok = 1;
-        for (int b = 0; b < 8 && ok; b++) {
-            uint8_t c = (uint8_t)(w >> (8 * b));
-            ok = (c >= 0x20 && c <= 0x7e) || (b >= 4 && c == 0);
+        int64_t i = nimages ? last_at_or_below(starts, nimages, w) : -1;
+        if (i >= 0 && w < ends[i]) {
+            int64_t j = last_at_or_below(loads, nloads, w);
+            if (j < 0 || loads[j] != w) {
+                out[k] = w;
+                continue;
+            }
         }
-        out[k] = ok;
+        out[k] = is_text(w);
+    }
+}
+
+/* The power-of-two bucket of SIZE: the exponent of SIZE as a double holds it (its low end), 5 at least. */
+static inline int64_t size_exponent(int64_t size)
+{
+    if (size < 32)
+        return 5;
+    double d = (double)size;
+    uint64_t bits;
+    memcpy(&bits, &d, 8);
+    return (int64_t)(bits >> 52) - 1023;
+}
+
+/* N blocks counted and summed by a key: GROUP[k] (0 when GROUP is NULL), or with BY_EXPONENT GROUP[k] * 64 plus
+ * the bucket of SIZES[k] (size_exponent).  Each block adds one to COUNTS[key] and its size to BYTES[key], and when
+ * LEAKED (may be NULL) marks it, to GONE[key] and GONE_BYTES[key] as well; the four hold zeros on entry, and room
+ * for every key. */
+void hw_tally(const int64_t *group, const int64_t *sizes, const uint8_t *leaked, int64_t n, int64_t by_exponent,
+              int64_t *counts, int64_t *bytes, int64_t *gone, int64_t *gone_bytes)
+{
+    for (int64_t k = 0; k < n; k++) {
+        int64_t key = group ? group[k] : 0;
+        if (by_exponent)
+            key = key * 64 + size_exponent(sizes[k]);
+        counts[key]++;
+        bytes[key] += sizes[k];
+        if (leaked && leaked[k]) {
+            gone[key]++;
+            gone_bytes[key] += sizes[k];
+        }
     }
 }
 

@@ -11,7 +11,8 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from heapwalk.analysis.leakreport import text_at
-from heapwalk.analysis.leaks import TEXT, Leaks, arena_index, signature_name, signatures
+from heapwalk.analysis.leaks import TEXT, Leaks, arena_rows, signature_name, signatures
+from heapwalk.analysis.tally import tally
 from heapwalk.inferior.memory import Memory
 from heapwalk.view import Blocks
 
@@ -87,30 +88,16 @@ def leak_totals(lk: Leaks) -> LeakTotals:
 def size_buckets(sizes: np.ndarray, leaked: np.ndarray | None = None) -> tuple[UsedBucket, ...]:
     """SIZES (int64) in power-of-two buckets (the smallest [32, 64)), each with how many of them LEAKED
     (a mask) holds."""
-    return _bucketed(sizes, np.zeros(len(sizes), dtype=np.int64), 1, leaked)[0]
+    return _bucketed(sizes, None, 1, leaked)[0]
 
 
-def _exponents(sizes: np.ndarray) -> np.ndarray:
-    """Each size's power-of-two bucket, as the exponent of its low end (5 at least: [32, 64))."""
-    exponent = sizes.astype(np.float64).view(np.int64)   # sizes are exact in a double: its exponent bits
-    exponent >>= 52
-    exponent -= 1023
-    return np.maximum(exponent, 5, out=exponent)
-
-
-def _bucketed(sizes: np.ndarray, group: np.ndarray, groups: int, leaked: np.ndarray | None
+def _bucketed(sizes: np.ndarray, group: np.ndarray | None, groups: int, leaked: np.ndarray | None
               ) -> list[tuple[UsedBucket, ...]]:
-    """SIZES in power-of-two buckets for each of GROUPS groups (GROUP: each size's, 0 to GROUPS - 1), counted
-    at once with bincount (one slot per group and exponent), with LEAKED's share."""
-    key = group * 64 + _exponents(sizes) if len(sizes) else np.zeros(0, dtype=np.int64)
-    slots = 64 * groups
-    counts = np.bincount(key, minlength=slots)
-    total = np.bincount(key, weights=sizes, minlength=slots)
-    if leaked is not None and leaked.any():
-        gone = np.bincount(key[leaked], minlength=slots)
-        gone_bytes = np.bincount(key[leaked], weights=sizes[leaked], minlength=slots)
-    else:
-        gone = gone_bytes = np.zeros(slots, dtype=np.int64)
+    """SIZES in power-of-two buckets for each of GROUPS groups (GROUP: each size's, 0 to GROUPS - 1; None: all
+    0), counted at once (`tally`: one slot per group and exponent), with LEAKED's share."""
+    if leaked is not None and not leaked.any():
+        leaked = None
+    counts, total, gone, gone_bytes = tally(sizes, group, 64 * groups, leaked, by_exponent=True)
     out: list[list[UsedBucket]] = [[] for _ in range(groups)]
     for k in np.flatnonzero(counts).tolist():
         e = k % 64
@@ -126,7 +113,7 @@ def in_use_of(blocks: Blocks, leaked: np.ndarray | None = None, first_words: np.
     each group; IMAGES are the loaded files' read-only mappings, SYMBOL names an address, MEM gives the text
     group's example its first characters."""
     sizes = blocks.sizes()
-    numbers, arena = arena_index(blocks.arena)
+    numbers, arena = arena_rows(blocks)
     per_arena = dict(zip(numbers.tolist(), _bucketed(sizes, arena, len(numbers), leaked)))
     sigs, truncated = None, False
     if first_words is not None:

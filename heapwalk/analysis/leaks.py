@@ -16,13 +16,14 @@ import numpy as np
 
 from heapwalk.analysis.locate import text_words
 from heapwalk.analysis.reach import Reach, scan
+from heapwalk.analysis.tally import signature_words, tally
 from heapwalk.inferior.memory import Memory
 from heapwalk.inferior.roots import image_data, register_roots, root_regions
 from heapwalk.inferior.space import MemoryMap
 from heapwalk.inferior.threads import ThreadRegs
 from heapwalk.view import Blocks
 
-__all__ = ["Leaks", "ArenaLeaks", "Group", "find_leaks", "arena_index", "leaks_of", "signatures", "signature_name",
+__all__ = ["Leaks", "ArenaLeaks", "Group", "find_leaks", "arena_index", "arena_rows", "leaks_of", "signatures", "signature_name",
            "TEXT", "by_size", "by_signature", "HIDDEN_POINTERS"]
 
 #: the one line that says what a conservative scan cannot see
@@ -120,15 +121,17 @@ def _holds(reach: Reach, unreferenced: np.ndarray, leaked_mask: np.ndarray, has_
 def _per_arena(reach: Reach, leaked_mask: np.ndarray, unreferenced: np.ndarray,
                sizes: np.ndarray) -> tuple[ArenaLeaks, ...]:
     """Each arena's blocks in use and leaked, counted and summed at once."""
-    numbers, arena = arena_index(reach.blocks.arena)
+    numbers, arena = arena_rows(reach.blocks)
     n = len(numbers)
-    counts = np.bincount(arena, minlength=n)
-    total = np.bincount(arena, weights=sizes, minlength=n)
-    gone = np.bincount(arena[leaked_mask], minlength=n)
-    gone_bytes = np.bincount(arena[leaked_mask], weights=sizes[leaked_mask], minlength=n)
+    counts, total, gone, gone_bytes = tally(sizes, arena, n, leaked_mask)
     unref = np.bincount(arena[unreferenced], minlength=n)
     return tuple(ArenaLeaks(int(numbers[i]), int(counts[i]), int(total[i]), int(gone[i]), int(gone_bytes[i]),
                             int(unref[i])) for i in range(n))
+
+
+def arena_rows(blocks: Blocks) -> tuple[np.ndarray, np.ndarray]:
+    """`arena_index` of BLOCKS' arenas, made once for the blocks (the in-use tables and the leaks both need it)."""
+    return blocks.derived("arena_index", lambda b: arena_index(b.arena))
 
 
 def arena_index(arena: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -169,10 +172,13 @@ def signatures(first_words: np.ndarray, images: Sequence[tuple[int, int, str]]) 
     """Each block's signature as a number: its first word when that points into a read-only mapping of a
     loaded file (IMAGES: start, end, name, in order) other than the file's first byte (a load address, as in
     a link_map, not a type), 1 when it begins with text, 0 otherwise."""
+    starts = np.array([lo for lo, _, _ in images], dtype=np.uint64)
+    ends = np.array([hi for _, hi, _ in images], dtype=np.uint64)
+    native = signature_words(first_words, starts, ends, np.array(_load_addresses(images), dtype=np.uint64))
+    if native is not None:
+        return native
     out = np.zeros(len(first_words), dtype=np.uint64)
     if images:
-        starts = np.array([lo for lo, _, _ in images], dtype=np.uint64)
-        ends = np.array([hi for _, hi, _ in images], dtype=np.uint64)
         i = np.searchsorted(starts, first_words, side="right") - 1
         inside = np.flatnonzero((i >= 0) & (first_words < ends[np.maximum(i, 0)]))
         inside = inside[~np.isin(first_words[inside], np.array(_load_addresses(images), dtype=np.uint64))]
