@@ -164,7 +164,7 @@ class Blocks:
     def sizes(self, rows=slice(None)) -> Any:
         """The allocator's size of the blocks at ROWS (numpy int64; of every block, made once and read-only)."""
         if isinstance(rows, slice) and rows == slice(None):
-            return self.derived("sizes", lambda b: _read_only((b.ends - b.starts).astype("int64") + (b.header - b.tail)))
+            return self.derived("sizes", _all_sizes)
         return (self.ends[rows] - self.starts[rows]).astype("int64") + (self.header - self.tail)
 
     def derived(self, key: str, make: Callable[[Blocks], Any]) -> Any:
@@ -197,7 +197,9 @@ class HeapStrip:
     band: str = "given back"                  # what TRIMMABLE is ("malloc_trim(0) gives back")
 
 
-def _read_only(array: Any) -> Any:
-    """ARRAY (numpy), marked read-only: it is shared."""
-    array.setflags(write=False)
-    return array
+def _all_sizes(blocks: Blocks) -> Any:
+    """`Blocks.sizes` of every block, made in one array (read-only: it is shared)."""
+    sizes = (blocks.ends - blocks.starts).view("int64")
+    sizes += blocks.header - blocks.tail
+    sizes.setflags(write=False)
+    return sizes

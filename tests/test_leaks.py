@@ -15,6 +15,8 @@ import numpy as np
 import pytest
 
 from conftest import GLIBCS, capture, glibc, run_gdb
+from heapwalk.analysis import graph as graph_module
+from heapwalk.analysis import leaks as leaks_module
 from heapwalk.analysis.graph import Graph
 from heapwalk.analysis.leaks import begins_with_text, find_leaks, signatures
 from heapwalk.analysis.reach import scan
@@ -123,6 +125,43 @@ def test_the_c_search_and_numpys_visit_the_same_blocks():
         results.append((set(visited.tolist()), seen.copy()))
         assert all(parent[v] >= 0 for v in visited.tolist() if v not in (3, 17))
     assert results[0][0] == results[1][0] and (results[0][1] == results[1][1]).all()
+
+
+def test_a_search_from_marked_seeds_is_the_search_from_the_seeds(monkeypatch):
+    """`Graph.reach_marked` (the scan's: the blocks a root reached, marked by their root) in C and in numpy, and
+    `reach` from those blocks listed: the same blocks visited by the same parents, the seeds' parent -1."""
+    rng = np.random.default_rng(8)
+    n = 4000
+    graph = Graph(n, rng.integers(0, n, 9000).astype(np.int32), rng.integers(0, n, 9000).astype(np.int32))
+    marks = np.where(rng.random(n) < 0.01, rng.integers(0, 5, n), -1).astype(np.int32)
+    seeds = np.flatnonzero(marks >= 0).astype(np.int32)
+    runs, lib = [], graph_module._LIB
+    for how in ("c", "numpy", "listed"):
+        seen, parent = np.zeros(n, dtype=np.uint8), np.full(n, -2, dtype=np.int32)
+        monkeypatch.setattr(graph_module, "_LIB", None if how == "numpy" else lib)
+        if how == "listed":
+            parent[seeds] = -1
+            order = graph.reach(seeds, seen, parent)
+        else:
+            order = graph.reach_marked(marks, seen, parent)
+        runs.append((order.tolist(), seen.tolist(), parent.tolist()))
+    assert runs[0] == runs[2] and (set(runs[1][0]), runs[1][1]) == (set(runs[2][0]), runs[2][1])
+    assert all(runs[0][2][s] == -1 for s in seeds.tolist()) and 0 < sum(runs[0][1]) < n
+    assert graph_module.NATIVE
+
+
+@pytest.mark.parametrize("share", [0.0, 0.02, 0.5, 1.0])
+def test_the_edges_between_leaked_blocks_are_found_from_their_rows(share):
+    """`find_leaks` looks only at the leaked blocks' rows of the graph: the same edges as every edge looked at."""
+    rng = np.random.default_rng(int(share * 100))
+    n = 3000
+    sources, targets = rng.integers(0, n, 8000).astype(np.int32), rng.integers(0, n, 8000).astype(np.int32)
+    graph = Graph(n, sources, targets)
+    leaked_mask = rng.random(n) < share
+    found = leaks_module._leaked_edges(graph, np.flatnonzero(leaked_mask), leaked_mask)
+    inner = leaked_mask[sources] & leaked_mask[targets]
+    assert sorted(zip(*(a.tolist() for a in found))) == sorted(zip(sources[inner].tolist(), targets[inner].tolist()))
+    assert (len(found[0]) > 0) == (share > 0)
 
 
 def test_the_rows_counted_in_c_and_in_numpy_are_the_same():

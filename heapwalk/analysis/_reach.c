@@ -7,22 +7,12 @@
 #include <stdint.h>
 #include <string.h>
 
-/* Visits every node reachable from the NSEEDS nodes of SEEDS along the edges of a graph in compressed rows
- * (node v's edges lead to TARGETS[OFFSETS[v]] .. TARGETS[OFFSETS[v + 1] - 1]), skipping the nodes SEEN
- * marks and marking those it visits.  A node reached along an edge gets the node it came from in PARENT; a
- * seed keeps its PARENT.  ORDER (room for every node) receives the nodes visited, seeds first; returns how
- * many. */
-int64_t hw_reach(const int64_t *offsets, const int32_t *targets, const int32_t *seeds, int64_t nseeds,
-                 uint8_t *seen, int32_t *parent, int32_t *order)
+/* Goes on with a breadth-first search whose queue is ORDER[HEAD .. TAIL): visits every node the queued ones lead
+ * to along the edges (node v's lead to TARGETS[OFFSETS[v]] .. TARGETS[OFFSETS[v + 1] - 1]), skipping the nodes
+ * SEEN marks and marking those it visits, each with the node it came from in PARENT.  Returns the queue's end. */
+static int64_t spread(const int64_t *offsets, const int32_t *targets, uint8_t *seen, int32_t *parent,
+                      int32_t *order, int64_t head, int64_t tail)
 {
-    int64_t head = 0, tail = 0;
-    for (int64_t i = 0; i < nseeds; i++) {
-        int32_t s = seeds[i];
-        if (!seen[s]) {
-            seen[s] = 1;
-            order[tail++] = s;
-        }
-    }
     while (head < tail) {
         int32_t v = order[head++];
         for (int64_t e = offsets[v]; e < offsets[v + 1]; e++) {
@@ -35,6 +25,42 @@ int64_t hw_reach(const int64_t *offsets, const int32_t *targets, const int32_t *
         }
     }
     return tail;
+}
+
+/* Visits every node reachable from the NSEEDS nodes of SEEDS along the edges of a graph in compressed rows
+ * (see spread), skipping the nodes SEEN marks and marking those it visits.  A node reached along an edge gets
+ * the node it came from in PARENT; a seed keeps its PARENT.  ORDER (room for every node) receives the nodes
+ * visited, seeds first; returns how many. */
+int64_t hw_reach(const int64_t *offsets, const int32_t *targets, const int32_t *seeds, int64_t nseeds,
+                 uint8_t *seen, int32_t *parent, int32_t *order)
+{
+    int64_t tail = 0;
+    for (int64_t i = 0; i < nseeds; i++) {
+        int32_t s = seeds[i];
+        if (!seen[s]) {
+            seen[s] = 1;
+            order[tail++] = s;
+        }
+    }
+    return spread(offsets, targets, seen, parent, order, 0, tail);
+}
+
+/* hw_reach from the seeds MARKS names among the N nodes: each node v whose MARKS[v] is 0 or more, in order,
+ * its PARENT set to -1. */
+int64_t hw_reach_marked(const int64_t *offsets, const int32_t *targets, const int32_t *marks, int64_t n,
+                        uint8_t *seen, int32_t *parent, int32_t *order)
+{
+    int64_t tail = 0;
+    for (int64_t v = 0; v < n; v++) {
+        if (marks[v] < 0)
+            continue;
+        parent[v] = -1;
+        if (!seen[v]) {
+            seen[v] = 1;
+            order[tail++] = (int32_t)v;
+        }
+    }
+    return spread(offsets, targets, seen, parent, order, 0, tail);
 }
 
 /* The slot of the table (see hw_locate) value V falls in, or -1 when it lies outside every stretch. */
@@ -406,7 +432,7 @@ static inline int64_t size_exponent(int64_t size)
  * the bucket of SIZES[k] (size_exponent).  Each block adds one to COUNTS[key] and its size to BYTES[key], and when
  * LEAKED (may be NULL) marks it, to GONE[key] and GONE_BYTES[key] as well; the four hold zeros on entry, and room
  * for every key. */
-void hw_tally(const int64_t *group, const int64_t *sizes, const uint8_t *leaked, int64_t n, int64_t by_exponent,
+void hw_tally(const int32_t *group, const int64_t *sizes, const uint8_t *leaked, int64_t n, int64_t by_exponent,
               int64_t *counts, int64_t *bytes, int64_t *gone, int64_t *gone_bytes)
 {
     for (int64_t k = 0; k < n; k++) {

@@ -22,11 +22,12 @@ __all__ = ["Graph", "NATIVE"]
 def _load():
     """The built library's search, or None (see `inferior.clib`; also when it was built from older sources that
     lack a function)."""
-    lib = built_library(Path(__file__).parent, "_reach", ("hw_reach", "hw_rows"))
+    lib = built_library(Path(__file__).parent, "_reach", ("hw_reach", "hw_reach_marked", "hw_rows"))
     if lib is not None:
-        lib.hw_reach.restype = ctypes.c_int64
-        lib.hw_reach.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
-                                 ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+        for name in ("hw_reach", "hw_reach_marked"):
+            getattr(lib, name).restype = ctypes.c_int64
+            getattr(lib, name).argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
+                                           ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
         lib.hw_rows.restype = ctypes.c_int64
         lib.hw_rows.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
     return lib
@@ -65,6 +66,19 @@ class Graph:
         order = np.empty(self.n, dtype=np.int32)
         count = _LIB.hw_reach(self.offsets.ctypes.data, self.targets.ctypes.data, seeds.ctypes.data, len(seeds),
                               seen.ctypes.data, parent.ctypes.data, order.ctypes.data)
+        return order[:count]
+
+    def reach_marked(self, marks: np.ndarray, seen: np.ndarray, parent: np.ndarray) -> np.ndarray:
+        """`reach` from the nodes whose MARKS (int32, one a node) are 0 or more, in order, each one's PARENT set
+        to -1 first: without making the array of seeds."""
+        marks = np.ascontiguousarray(marks, dtype=np.int32)
+        if _LIB is None:
+            seeds = np.flatnonzero(marks >= 0).astype(np.int32)
+            parent[seeds] = -1
+            return self._reach_numpy(seeds, seen, parent)
+        order = np.empty(self.n, dtype=np.int32)
+        count = _LIB.hw_reach_marked(self.offsets.ctypes.data, self.targets.ctypes.data, marks.ctypes.data, self.n,
+                                     seen.ctypes.data, parent.ctypes.data, order.ctypes.data)
         return order[:count]
 
     def _reach_numpy(self, seeds: np.ndarray, seen: np.ndarray, parent: np.ndarray) -> np.ndarray:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from heapwalk.analysis.graph import Graph
 from heapwalk.analysis.locate import text_words
 from heapwalk.analysis.reach import Reach, scan
 from heapwalk.analysis.tally import signature_words, tally
@@ -23,13 +24,14 @@ from heapwalk.inferior.space import MemoryMap
 from heapwalk.inferior.threads import ThreadRegs
 from heapwalk.view import Blocks
 
-__all__ = ["Leaks", "ArenaLeaks", "Group", "find_leaks", "arena_index", "arena_rows", "leaks_of", "signatures", "signature_name",
-           "TEXT", "by_size", "by_signature", "HIDDEN_POINTERS"]
+__all__ = ["Leaks", "ArenaLeaks", "Group", "find_leaks", "arena_index", "arena_rows", "leaks_of", "signatures",
+           "signature_name", "TEXT", "by_size", "by_signature", "HIDDEN_POINTERS"]
 
 #: the one line that says what a conservative scan cannot see
 HIDDEN_POINTERS = ("A conservative scan can only miss a leak (a stale word keeps a chunk reached), never invent one, "
                    "unless the program hides its pointers (XOR'd, compressed, tagged, or kept only in a file or "
                    "in another process).")
+_EMPTY = np.zeros(0, dtype=np.int64)
 
 
 @dataclass(frozen=True)
@@ -91,17 +93,31 @@ def find_leaks(reach: Reach) -> Leaks:
     sizes = blocks.sizes()
     leaked_mask = ~reach.reached
     leaked = np.flatnonzero(leaked_mask)
-    inner = leaked_mask[graph.sources] & leaked_mask[graph.edge_targets]
+    sources, targets = _leaked_edges(graph, leaked, leaked_mask)
     pointed = np.zeros(blocks.count, dtype=bool)
-    pointed[graph.edge_targets[inner]] = True
+    pointed[targets] = True
     unreferenced = np.flatnonzero(leaked_mask & ~pointed)
     unreferenced = unreferenced[np.lexsort((unreferenced, -sizes[unreferenced]))]
     has_leaked_child = np.zeros(blocks.count, dtype=bool)
-    has_leaked_child[graph.sources[inner]] = True
+    has_leaked_child[sources] = True
     holds_count, holds_bytes = _holds(reach, unreferenced, leaked_mask, has_leaked_child, sizes)
     held = int(holds_count.sum())
     return Leaks(reach, leaked, unreferenced, holds_count, holds_bytes, len(leaked) - held,
                  int(sizes[leaked].sum()) - int(holds_bytes.sum()), _per_arena(reach, leaked_mask, unreferenced, sizes))
+
+
+def _leaked_edges(graph: Graph, leaked: np.ndarray, leaked_mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The edges from a LEAKED block to another (sources, targets), found from the leaked blocks' rows of the
+    graph: as many steps as they have edges, not as the graph has."""
+    first, counts = graph.offsets[leaked], graph.offsets[leaked + 1] - graph.offsets[leaked]
+    total = int(counts.sum())
+    if not total:
+        return _EMPTY, _EMPTY
+    sources = np.repeat(leaked, counts)
+    at = np.repeat(first - (np.cumsum(counts) - counts), counts) + np.arange(total)   # each edge's place in the rows
+    targets = graph.targets[at]
+    inner = leaked_mask[targets]
+    return sources[inner], targets[inner]
 
 
 def _holds(reach: Reach, unreferenced: np.ndarray, leaked_mask: np.ndarray, has_leaked_child: np.ndarray,
@@ -135,12 +151,13 @@ def arena_rows(blocks: Blocks) -> tuple[np.ndarray, np.ndarray]:
 
 
 def arena_index(arena: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The arena numbers ARENA (one per block) holds, in order, and each block's index among them: as
+    """The arena numbers ARENA (one per block) holds, in order, and each block's index among them (int32): as
     np.unique(return_inverse=True) would give, without sorting millions of small numbers."""
     if not len(arena) or int(arena.min()) < 0:
-        return np.unique(arena, return_inverse=True)
+        numbers, index = np.unique(arena, return_inverse=True)
+        return numbers, index.astype(np.int32)
     present = np.flatnonzero(np.bincount(arena))
-    lookup = np.zeros(int(present[-1]) + 1, dtype=np.int64)
+    lookup = np.zeros(int(present[-1]) + 1, dtype=np.int32)
     lookup[present] = np.arange(len(present))
     return present, lookup[arena]
 

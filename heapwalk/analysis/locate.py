@@ -262,8 +262,9 @@ def text_words(words: np.ndarray) -> np.ndarray | None:
 
 
 class FirstHits:
-    """For each of COUNT blocks, the first word of the roots found pointing into it (its address, a register's
-    value) and that word's root; words are added in the order the roots are read."""
+    """For each of COUNT blocks, the first word of the roots found pointing into it (WORD: its address, a
+    register's value) and that word's root (ROOT, -1 for none); words are added in the order the roots are
+    read."""
 
     def __init__(self, count: int):
         self.word = np.zeros(count, dtype=np.uint64)
@@ -282,8 +283,3 @@ class FirstHits:
         block, first = np.unique(block[fresh], return_index=True)
         self.root[block] = root
         self.word[block] = words[fresh[first]]
-
-    def found(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The blocks a root points into (int32, ascending), each one's first word and its root."""
-        reached = np.flatnonzero(self.root >= 0)
-        return reached.astype(np.int32), self.word[reached], self.root[reached]

@@ -45,9 +45,9 @@ class Reach:
     blocks: Blocks
     reached: np.ndarray          # bool per block
     parent: np.ndarray           # int32 per block
-    root_blocks: np.ndarray      # int32, sorted: the blocks a root points into
-    root_words: np.ndarray       # uint64: the address of that root word (a register: its value)
-    root_index: np.ndarray       # int32: the root (an index of roots, then of registers)
+    hit_root: np.ndarray         # int32 per block: the first root that points into it (an index of roots, then of
+    #                              registers), -1 for none
+    hit_word: np.ndarray         # uint64 per block: the address of that root's word (a register: its value)
     first_words: np.ndarray      # uint64 per block (0 where unread)
     graph: Graph
     roots: tuple[Root, ...]
@@ -55,14 +55,28 @@ class Reach:
     root_bytes: int              # bytes of root memory read
     unread: tuple[tuple[int, int], ...]   # memory the scan wanted and could not read
 
+    @property
+    def root_blocks(self) -> np.ndarray:
+        """The blocks a root points into (int32, ascending)."""
+        return np.flatnonzero(self.hit_root >= 0).astype(np.int32)
+
+    @property
+    def root_words(self) -> np.ndarray:
+        """For each of `root_blocks`, the address of the first root word that points into it."""
+        return self.hit_word[self.root_blocks]
+
+    @property
+    def root_index(self) -> np.ndarray:
+        """For each of `root_blocks`, that word's root."""
+        return self.hit_root[self.root_blocks]
+
     def root_of(self, block: int) -> tuple[Root | RegisterRoot, int] | None:
         """The root that points into BLOCK and the address of its word (a register's value), or None."""
-        i = int(np.searchsorted(self.root_blocks, block))
-        if i >= len(self.root_blocks) or self.root_blocks[i] != block:
+        k = int(self.hit_root[block])
+        if k < 0:
             return None
-        k = int(self.root_index[i])
         root = self.roots[k] if k < len(self.roots) else self.registers[k - len(self.roots)]
-        return root, int(self.root_words[i])
+        return root, int(self.hit_word[block])
 
     def path(self, block: int) -> list[int]:
         """The blocks from one a root points into down to BLOCK (BLOCK last); [] when it was not reached."""
@@ -175,12 +189,10 @@ def scan(mem: Memory, blocks: Blocks, roots: Sequence[Root], registers: Sequence
     for lo, hi in heaps:
         s.heap(lo, hi)
     graph = Graph(blocks.count, _joined(s.sources), _joined(s.targets))
-    root_blocks, root_words, root_index = s.hits.found()
     seen = np.zeros(blocks.count, dtype=np.uint8)
     parent = np.full(blocks.count, -2, dtype=np.int32)
-    parent[root_blocks] = -1
-    graph.reach(root_blocks, seen, parent)
-    return Reach(blocks, seen.astype(bool), parent, root_blocks, root_words, root_index, s.first, graph,
+    graph.reach_marked(s.hits.root, seen, parent)
+    return Reach(blocks, seen.view(bool), parent, s.hits.root, s.hits.word, s.first, graph,
                  tuple(roots), tuple(registers), root_bytes, tuple(merged(s.unread)))
 
 

@@ -40,14 +40,14 @@ NATIVE = _LIB is not None
 def tally(sizes: np.ndarray, group: np.ndarray | None, slots: int, leaked: np.ndarray | None = None,
           by_exponent: bool = False) -> tuple[np.ndarray, ...]:
     """The blocks of SIZES (int64) counted and summed by key (int64 arrays of SLOTS each): the key is GROUP's
-    (int64, each below SLOTS; None: 0), or with BY_EXPONENT GROUP's times 64 plus the size's power-of-two bucket
+    (int32, each below SLOTS; None: 0), or with BY_EXPONENT GROUP's times 64 plus the size's power-of-two bucket
     (the exponent of its low end, 5 at least: [32, 64)).  Gives the count and bytes of each key, and the count
     and bytes of the blocks LEAKED (a mask; None: none) marks."""
     n = len(sizes)
     if _LIB is None:
         return _tally_numpy(sizes, group, slots, leaked, by_exponent)
     sizes = np.ascontiguousarray(sizes, dtype=np.int64)
-    group = None if group is None else np.ascontiguousarray(group, dtype=np.int64)
+    group = None if group is None else np.ascontiguousarray(group, dtype=np.int32)
     mask = None if leaked is None else np.ascontiguousarray(leaked, dtype=bool).view(np.uint8)
     out = np.zeros((4, slots), dtype=np.int64)
     _LIB.hw_tally(None if group is None else group.ctypes.data, sizes.ctypes.data,
