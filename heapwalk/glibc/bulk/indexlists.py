@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import struct
 from array import array
+from functools import partial
 
 import numpy as np
 
@@ -27,7 +28,6 @@ __all__ = ["IndexedLists", "lists_of_sweep", "PLAIN", "bin_indices"]
 #: a chunk's code before any list claims it (`chunks.LIST_CODES` otherwise)
 PLAIN = 255
 _FAST_CODE, _UNSORTED_CODE, _SMALL_CODE, _LARGE_CODE = 2, 3, 4, 5
-_SIZE_MASK = np.uint64(~7 & (2 ** 64 - 1))
 
 
 class IndexedLists:
@@ -68,27 +68,32 @@ def lists_of_sweep(sweep: Sweep, layout: Layout, arena: int, raw_arena: bytes, s
     bound = min(max(system_mem, 1 << 20) // MINSIZE + 1, MAX_LIST)
     address, n = sweep.address, sweep.count
     codes = np.full(n, PLAIN, dtype=np.uint8)
-    sizes = sweep.field & _SIZE_MASK
+    sizes = sweep.sizes.view(np.uint64)
     starts = Locator(address, address + np.uint64(16))
     free = np.zeros(n, dtype=bool)       # the chunks whose next chunk says they are free: all a bin may hold
     free[:-1] = (sweep.field[1:] & np.uint64(1)) == 0
     fastbins = []
+    scratch = np.empty(n, dtype=np.int64)   # each chunk's successor: the fastbins', then the bins'
     if layout.nfastbins:
         heads = struct.unpack_from(f"<{layout.nfastbins}Q", raw_arena, layout.off_fastbins)
-        nexts = sweep.fd ^ ((address + np.uint64(16)) >> np.uint64(12)) if layout.safe_linking else sweep.fd
-        links = _successors(address, starts, nexts, np.flatnonzero(~free & (sizes <= (layout.nfastbins + 1) * 16)))
+        rows = np.flatnonzero(~free & (sizes <= (layout.nfastbins + 1) * 16))
+        nexts = sweep.fd[rows]
+        if layout.safe_linking:
+            nexts ^= (address[rows] + np.uint64(16)) >> np.uint64(12)
+        links = _successors(address, starts, nexts, rows, scratch)
         for i, head in enumerate(heads):
-            order = _follow(address, links, nexts, head, 0, bound)
+            order = _follow(address, links, partial(_fast_next, sweep, layout.safe_linking), head, 0, bound)
             if order is None or np.any(sizes[order] != (i + 2) * 16) or not _claim(codes, order, _FAST_CODE):
                 return None
             fastbins.append(_bin_list(BinKind.FAST, i, address, sweep.field, order,
                                       arena + layout.off_fastbins + 8 * i))
-    links = _successors(address, starts, sweep.fd, np.flatnonzero(free))
+    rows = np.flatnonzero(free)
+    links = _successors(address, starts, sweep.fd[rows], rows, scratch)
     regular = []
     for index in range(1, NBINS):
         head = layout.bin_header(arena, index)
         fd, bk = struct.unpack_from("<QQ", raw_arena, head + 16 - arena)
-        order = _follow(address, links, sweep.fd, fd, head, bound)
+        order = _follow(address, links, partial(_fd, sweep), fd, head, bound)
         if order is None or not _mirrored(address, sweep.bk, order, head, bk):
             return None
         if len(order) and not _sizes_in(sizes[order], *((MINSIZE, 1 << 64) if index == 1 else _BIN_RANGES[index])):
@@ -100,13 +105,24 @@ def lists_of_sweep(sweep: Sweep, layout: Layout, arena: int, raw_arena: bytes, s
     return IndexedLists(tuple(fastbins), regular[0], tuple(regular[1:]), codes)
 
 
-def _successors(address: np.ndarray, starts: Locator, links: np.ndarray, rows: np.ndarray):
-    """For each chunk of ADDRESS, the index of the chunk its link in LINKS points to; -1 when that is no
-    chunk's start, or the chunk is not among ROWS (those that may be in the lists followed).  Looked up with
-    STARTS (a `Locator` of the chunks' first 16 bytes: a table of about two slots a chunk, in C), whatever the
-    order of the links, in memory bounded by the chunks, not the bytes.  In the form `native.follow` takes."""
-    out = np.full(len(address), -1, dtype=np.int64)
-    targets = links[rows]
+def _fd(sweep: Sweep, j: int) -> int:
+    """The fd of the swept chunk J."""
+    return int(sweep.fd[j])
+
+
+def _fast_next(sweep: Sweep, safe_linking: bool, j: int) -> int:
+    """The next chunk's address a fastbin entry J links to (its fd, safe-linking undone)."""
+    fd = int(sweep.fd[j])
+    return fd ^ ((int(sweep.address[j]) + 16) >> 12) if safe_linking else fd
+
+
+def _successors(address: np.ndarray, starts: Locator, targets: np.ndarray, rows: np.ndarray, out: np.ndarray):
+    """For each chunk of ADDRESS, the index of the chunk its link points to (TARGETS: the links of the chunks at
+    ROWS, those that may be in the lists followed), into OUT; -1 when that is no chunk's start, or the chunk is
+    not among ROWS.  Looked up with STARTS (a `Locator` of the chunks' first 16 bytes: a table of about two
+    slots a chunk, in C), whatever the order of the links, in memory bounded by the chunks, not the bytes.  In
+    the form `native.follow` takes."""
+    out.fill(-1)
     found = starts(targets)
     hit = np.flatnonzero(found >= 0)
     hit = hit[address[found[hit]] == targets[hit]]
@@ -114,17 +130,16 @@ def _successors(address: np.ndarray, starts: Locator, links: np.ndarray, rows: n
     return successors(out)
 
 
-def _follow(address: np.ndarray, links, next_links: np.ndarray, first: int, end: int,
-            bound: int) -> np.ndarray | None:
-    """The indices of the list's chunks from FIRST, through LINKS (`native.successors`), until a link in
-    NEXT_LINKS is END; None when a link leads elsewhere, or the list is BOUND long (or loops)."""
+def _follow(address: np.ndarray, links, next_link, first: int, end: int, bound: int) -> np.ndarray | None:
+    """The indices of the list's chunks from FIRST, through LINKS (`native.successors`), until a chunk's link
+    (NEXT_LINK of its index) is END; None when a link leads elsewhere, or the list is BOUND long (or loops)."""
     if first == end:
         return np.zeros(0, dtype=np.int64)
     j = int(np.searchsorted(address, np.uint64(first)))
     if j >= len(address) or int(address[j]) != first:
         return None
     order = follow(links, j, min(bound, len(address) + 1))
-    if order is None or int(next_links[order[-1]]) != end or len(order) >= bound:
+    if order is None or next_link(int(order[-1])) != end or len(order) >= bound:
         return None
     return order
 

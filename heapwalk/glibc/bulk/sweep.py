@@ -16,6 +16,7 @@ so it gives up (None), and the careful walkers take the arena instead: they name
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -67,6 +68,13 @@ class Sweep:
     @property
     def count(self) -> int:
         return len(self.address)
+
+    @cached_property
+    def sizes(self) -> np.ndarray:
+        """Each chunk's size, flags masked (int64, read-only): made once, for the lists, the account and the scan."""
+        sizes = (self.field & np.uint64(~7 & (2 ** 64 - 1))).view(np.int64)
+        sizes.setflags(write=False)
+        return sizes
 
 
 def sweep_extents(mem: Memory, extents: list[Extent], top: int, progress=None,

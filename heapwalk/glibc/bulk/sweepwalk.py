@@ -53,8 +53,8 @@ def walk_of_sweep(mem: Memory, layout: Layout, arena: Arena, sweep: Sweep, codes
 
 
 def sizes_of(sweep: Sweep) -> np.ndarray:
-    """Each swept chunk's size, flags masked (int64)."""
-    return (sweep.field & np.uint64(~7 & (2 ** 64 - 1))).astype(np.int64)
+    """Each swept chunk's size, flags masked (int64, read-only)."""
+    return sweep.sizes
 
 
 def tally_of_sweep(arena: Arena, sweep: Sweep, codes: np.ndarray, sizes: np.ndarray) -> Tally | None:
