@@ -440,10 +440,10 @@ void hw_tally(const int32_t *group, const int64_t *sizes, const uint8_t *leaked,
         if (by_exponent)
             key = key * 64 + size_exponent(sizes[k]);
         counts[key]++;
-        bytes[key] += sizes[k];
+        bytes[key] = (int64_t)((uint64_t)bytes[key] + (uint64_t)sizes[k]);   /* wraps as numpy's int64 sums do */
         if (leaked && leaked[k]) {
             gone[key]++;
-            gone_bytes[key] += sizes[k];
+            gone_bytes[key] = (int64_t)((uint64_t)gone_bytes[key] + (uint64_t)sizes[k]);
         }
     }
 }

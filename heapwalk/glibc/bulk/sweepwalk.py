@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from heapwalk.glibc.walk.chunks import Tally
+from heapwalk.analysis.tally import tally as count_and_sum
 from heapwalk.glibc.bulk.indexlists import PLAIN
 from heapwalk.glibc.locate.layout import NON_MAIN_ARENA, Layout
 from heapwalk.glibc.model import Account, Arena, ChunkState, TrimEstimate
@@ -67,11 +68,11 @@ def tally_of_sweep(arena: Arena, sweep: Sweep, codes: np.ndarray, sizes: np.ndar
         return None
     tally = Tally(arena.address, arena.system_mem)
     tally.overhead = sum(s.extent.first - s.extent.start + s.tail for s in sweep.segments)
-    present = np.bincount(codes, minlength=256)
+    present, total, _, _ = count_and_sum(sizes, codes.astype(np.int32), 256)
     for code in np.flatnonzero(present).tolist():
         state = STATE_OF_CODE[code]
         tally.counts[state] += int(present[code])
-        tally.bytes[state] += int(sizes[codes == code].sum())
+        tally.bytes[state] += int(total[code])
     return tally if tally.accounted == arena.system_mem else None
 
 
