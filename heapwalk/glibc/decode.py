@@ -226,13 +226,16 @@ def _one_pass(mem: Memory, disc: Discovery, mp: MallocPar | None, ring: list[int
     """The one-pass path of a decode: the threads' tcaches, mp_'s page sizes, and the bytes the arenas of
     RING hold (for PROGRESS); LISTS_ONLY for a decode without the chunk walk; RESIDENCY for the trim estimates;
     KEEP_USED keeps the in-use chunks and, where REGIONS says where heaps may be, the words the leak scan
-    needs; KEEP_PAGES notes which pages the sweep held hold anything (`heapwords.HeapWords.pages_seen`)."""
+    needs; KEEP_PAGES notes which pages the sweep held hold anything (`heapwords.HeapWords.pages_seen`), as
+    it always does where RESIDENCY is not known: the trim estimates then take them from there instead of reading
+    the pages again."""
     thp, contiguous = trim_settings(mp)
     total = 0
     for address in ring:
         with contextlib.suppress(ReadError):
             total += u64(mem, address + disc.layout.off_system_mem) if address is not None else 0
     tcaches = [t.tcache for t in threads if t.tcache is not None]
+    keep_pages = keep_pages or residency is None    # a plain core: the trim estimates ask which pages hold anything
     words = HeapWords(regions or [], keep_words=keep_used and bool(regions), keep_pages=keep_pages) \
         if (keep_used and regions or keep_pages) and not lists_only else None
     return OnePass(mem, disc.layout, tcaches, thp, contiguous, progress, total, lists_only, residency, keep_used,
