@@ -191,14 +191,15 @@ def signatures(first_words: np.ndarray, images: Sequence[tuple[int, int, str]]) 
     a link_map, not a type), 1 when it begins with text, 0 otherwise."""
     starts = np.array([lo for lo, _, _ in images], dtype=np.uint64)
     ends = np.array([hi for _, hi, _ in images], dtype=np.uint64)
-    native = signature_words(first_words, starts, ends, np.array(_load_addresses(images), dtype=np.uint64))
+    loads = np.array(_load_addresses(images), dtype=np.uint64)
+    native = signature_words(first_words, starts, ends, loads)
     if native is not None:
         return native
     out = np.zeros(len(first_words), dtype=np.uint64)
     if images:
         i = np.searchsorted(starts, first_words, side="right") - 1
         inside = np.flatnonzero((i >= 0) & (first_words < ends[np.maximum(i, 0)]))
-        inside = inside[~np.isin(first_words[inside], np.array(_load_addresses(images), dtype=np.uint64))]
+        inside = inside[~np.isin(first_words[inside], loads)]
         out[inside] = first_words[inside]
     out[begins_with_text(first_words) & (out == 0)] = 1
     return out

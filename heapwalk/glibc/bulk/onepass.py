@@ -18,7 +18,7 @@ from heapwalk.glibc.bulk.indexlists import PLAIN, IndexedLists, lists_of_sweep
 from heapwalk.glibc.locate.layout import Layout
 from heapwalk.glibc.model import Account, Arena, Tcache, TrimEstimate
 from heapwalk.glibc.bulk.sweep import sweep_extents
-from heapwalk.glibc.bulk.sweepwalk import TCACHE_CODE, TCACHE_STRUCT_CODE, sizes_of, walk_of_sweep
+from heapwalk.glibc.bulk.sweepwalk import TCACHE_CODE, TCACHE_STRUCT_CODE, walk_of_sweep
 from heapwalk.inferior.memory import Memory
 from heapwalk.inferior.residency import Residency
 
@@ -92,9 +92,9 @@ class OnePass:
                 self.words.commit([(e.start, e.end) for e in arena_extents])
             if self.keep_used:
                 rows = np.flatnonzero(lists.codes == PLAIN)
-                self.used[arena.address] = (sweep.address[rows], sizes_of(sweep)[rows].astype(np.uint64))
+                self.used[arena.address] = (sweep.address[rows], sweep.sizes[rows].astype(np.uint64))
             if self.keep_chunks:       # the codes as the walk left them: tcache, top and fenceposts marked
-                self.chunks[arena.address] = (sweep.address, sizes_of(sweep), lists.codes)
+                self.chunks[arena.address] = (sweep.address, sweep.sizes, lists.codes)
         return lists
 
     def results(self, arenas: tuple[Arena, ...]) -> dict[int, tuple[Account, TrimEstimate]] | None:

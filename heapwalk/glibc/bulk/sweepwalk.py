@@ -24,7 +24,7 @@ from heapwalk.glibc.account.trim import SUB_PAGE, PagesSeen, TrimSimulation
 from heapwalk.inferior.memory import Memory
 from heapwalk.inferior.residency import Residency
 
-__all__ = ["walk_of_sweep", "tally_of_sweep", "sizes_of", "STATE_OF_CODE", "TCACHE_STRUCT_CODE", "TCACHE_CODE"]
+__all__ = ["walk_of_sweep", "tally_of_sweep", "STATE_OF_CODE", "TCACHE_STRUCT_CODE", "TCACHE_CODE"]
 
 TCACHE_STRUCT_CODE, TCACHE_CODE, _FAST, _TOP, _FENCEPOST = 0, 1, 2, 6, 7
 #: each listing code's chunk state
@@ -43,7 +43,7 @@ def walk_of_sweep(mem: Memory, layout: Layout, arena: Arena, sweep: Sweep, codes
     to say."""
     if not _mark_tcached(sweep, codes, tcached):
         return None
-    sizes = sizes_of(sweep)
+    sizes = sweep.sizes
     tally = tally_of_sweep(arena, sweep, codes, sizes)
     if tally is None:
         return None
@@ -51,11 +51,6 @@ def walk_of_sweep(mem: Memory, layout: Layout, arena: Arena, sweep: Sweep, codes
                          seen)
     _feed_runs(sim, sweep, codes, sizes, layout.has_fastbins)
     return tally.account(), sim.result()
-
-
-def sizes_of(sweep: Sweep) -> np.ndarray:
-    """Each swept chunk's size, flags masked (int64, read-only)."""
-    return sweep.sizes
 
 
 def tally_of_sweep(arena: Arena, sweep: Sweep, codes: np.ndarray, sizes: np.ndarray) -> Tally | None:

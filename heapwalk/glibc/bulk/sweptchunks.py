@@ -21,7 +21,7 @@ from heapwalk.glibc.bulk.indexlists import PLAIN
 from heapwalk.glibc.locate.layout import Layout
 from heapwalk.glibc.model import Arena
 from heapwalk.glibc.bulk.sweep import Sweep, sweep_extents
-from heapwalk.glibc.bulk.sweepwalk import STATE_OF_CODE, sizes_of, tally_of_sweep
+from heapwalk.glibc.bulk.sweepwalk import STATE_OF_CODE, tally_of_sweep
 from heapwalk.inferior.memory import Memory
 
 __all__ = ["SweptChunks", "listing_arrays", "swept_chunks"]
@@ -87,7 +87,7 @@ def swept_chunks(mem: Memory, layout: Layout, arena: Arena, listed: tuple[np.nda
     codes = _listed_codes(sweep, listed)
     if codes is None:
         return None
-    sizes = sizes_of(sweep)
+    sizes = sweep.sizes
     if tally_of_sweep(arena, sweep, codes, sizes) is None:
         return None
     return SweptChunks(sweep, codes, sizes)
