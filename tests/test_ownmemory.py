@@ -1,8 +1,10 @@
 """heapwalk's own memory while a command runs (heapwalk/inferior/ownmemory.py): big arrays come from malloc's
-heap and stay there for the next ones; afterwards glibc's thresholds are back and the pages given back."""
+heap and stay there for the next ones, and numpy asks no huge pages for them; afterwards glibc's thresholds and
+numpy's setting are back and the pages given back."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -50,3 +52,33 @@ def test_a_user_who_tuned_gdbs_malloc_keeps_the_tuning(monkeypatch):
     assert ownmemory._libc() is None
     monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_")
     assert ownmemory._libc() is not None
+
+
+_HUGE_PROBE = textwrap.dedent("""
+    import numpy as np
+    from heapwalk.inferior.ownmemory import freed_memory_kept
+
+    def advised(array):
+        at, flags, inside = array.ctypes.data, {}, False
+        for line in open("/proc/self/smaps"):
+            head = line.split()
+            if "-" in head[0] and len(head) >= 5:
+                lo, hi = (int(x, 16) for x in head[0].split("-"))
+                inside = lo <= at + (8 << 20) < hi
+            elif head[0] == "VmFlags:" and inside:
+                return "hg" in head[1:]
+        raise AssertionError("not mapped")
+
+    outside = advised(np.ones(8 << 20))
+    with freed_memory_kept():
+        inside = advised(np.ones(8 << 20))
+    print(outside, inside, advised(np.ones(8 << 20)))
+""")
+
+
+def test_numpy_asks_no_huge_pages_while_a_command_runs_unless_the_user_says(monkeypatch):
+    asks = str(os.path.exists("/sys/kernel/mm/transparent_hugepage/enabled"))   # a kernel with huge pages
+    run = [sys.executable, "-c", _HUGE_PROBE]
+    assert subprocess.run(run, capture_output=True, text=True, check=True).stdout.split() == [asks, "False", asks]
+    monkeypatch.setenv("NUMPY_MADVISE_HUGEPAGE", "1")
+    assert subprocess.run(run, capture_output=True, text=True, check=True).stdout.split() == [asks, asks, asks]

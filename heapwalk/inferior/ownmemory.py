@@ -8,12 +8,19 @@ While a command runs, the thresholds above which malloc maps a block of its own 
 back are raised, so a freed array's pages serve the next one; when it ends, they are set back and
 `malloc_trim` returns every free page.  Nothing changes where gdb's malloc is not glibc's, or where the user
 tuned these thresholds for gdb (their environment says so).
+
+numpy also asks the kernel for huge pages for every array of 4 MiB or more (madvise).  Where the kernel then
+compacts memory to find them as the pages are first touched (Debian's default, `defrag` set to `madvise`), a
+fault costs far more than the page: on the bench's virtual machine, `report`'s system time halved without them
+(docs/performance.md).  While a command runs numpy does not ask, unless the user's environment says whether it
+should (NUMPY_MADVISE_HUGEPAGE).
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import importlib
 import os
 
 __all__ = ["freed_memory_kept"]
@@ -44,10 +51,39 @@ def _libc():
 _LIBC = _libc()
 
 
+def _hugepage_switch():
+    """numpy's switch for asking huge pages for its arrays (it gives the setting before), or None where this numpy
+    has none or the user set it in the environment."""
+    if "NUMPY_MADVISE_HUGEPAGE" in os.environ:
+        return None
+    for module in ("numpy._core.multiarray", "numpy.core.multiarray"):
+        try:
+            return getattr(importlib.import_module(module), "_set_madvise_hugepage")
+        except (ImportError, AttributeError):
+            continue
+    return None
+
+
+_HUGEPAGES = _hugepage_switch()
+
+
 @contextlib.contextmanager
 def freed_memory_kept():
-    """While it lasts, memory heapwalk frees stays in gdb's heap for its next arrays (see the module); at its
-    end, the thresholds are glibc's defaults again and the free pages are given back."""
+    """While it lasts, memory heapwalk frees stays in gdb's heap for its next arrays, and numpy asks no huge pages
+    (see the module); at its end, the thresholds are glibc's defaults again, the free pages are given back, and
+    numpy's setting is what it was."""
+    before = _HUGEPAGES(False) if _HUGEPAGES is not None else None
+    try:
+        with _heap_kept():
+            yield
+    finally:
+        if before is not None:
+            _HUGEPAGES(before)
+
+
+@contextlib.contextmanager
+def _heap_kept():
+    """freed_memory_kept's part in glibc's malloc."""
     if _LIBC is None:
         yield
         return
