@@ -63,6 +63,7 @@ def loops(request, monkeypatch):
 @pytest.mark.parametrize("seed", range(3))
 def test_the_kept_words_give_what_a_second_read_gives(seed, window, loops, monkeypatch):
     monkeypatch.setattr(sweep_module, "SPAN", window)
+    monkeypatch.setattr(heapwords, "SLAB_ROWS", 1500 if seed == 1 else heapwords.SLAB_ROWS)   # many slabs
     s = _synth(seed, (2, 36), chunks=2000)
     heap_end = HEAP + s.arena.system_mem
     rng = random.Random(seed)
@@ -80,12 +81,34 @@ def test_the_kept_words_give_what_a_second_read_gives(seed, window, loops, monke
     assert len(covered) > 1 or window == 4 << 20    # big chunks ran across windows: their insides read again
     root = [Root(ROOTS, ROOTS + len(roots), "data", "synthetic")]
     once = reach.scan(s.mem, blocks, root, words=words)
+    assert words.covered == [] and list(words.pairs()) == []      # given back: a second scan reads the heaps
     twice = reach.scan(s.mem, blocks, root)
-    for name in ("reached", "parent", "first_words", "root_blocks", "root_words", "root_index"):
-        assert np.array_equal(getattr(once, name), getattr(twice, name)), name
-    assert np.array_equal(once.graph.offsets, twice.graph.offsets)
-    assert np.array_equal(once.graph.targets, twice.graph.targets)
+    again = reach.scan(s.mem, blocks, root, words=words)
+    for other in (twice, again):
+        for name in ("reached", "parent", "first_words", "root_blocks", "root_words", "root_index"):
+            assert np.array_equal(getattr(once, name), getattr(other, name)), name
+        assert np.array_equal(once.graph.offsets, other.graph.offsets)
+        assert np.array_equal(once.graph.targets, other.graph.targets)
     assert 0 < once.reached.sum() < blocks.count and len(once.graph.targets) > blocks.count
+
+
+def test_slabs_keep_rows_where_they_are_written_and_drop_those_after_a_mark():
+    slabs = heapwords.Slabs(rows=8)
+    mark = slabs.mark()
+    kept = []
+    for n in (3, 5, 4, 20, 0, 2):
+        a, b = slabs.room(n)
+        a[:], b[:] = np.arange(n), np.arange(n) * 2
+        kept.append(slabs.take(n))
+    assert [len(a) for a, _ in kept] == [3, 5, 4, 20, 0, 2]
+    assert all(np.array_equal(b, a * 2) and np.array_equal(a, np.arange(len(a))) for a, b in kept)
+    assert len(slabs._slabs) == 4                    # 3 + 5; 4; 20 (a slab of its own) and 0; 2
+    middle = slabs.mark()
+    slabs.take(len(slabs.room(6)[0]))
+    slabs.rewind(middle)
+    assert slabs.mark() == middle
+    slabs.rewind(mark)
+    assert slabs.mark() == (1, 0)                    # all dropped; the first slab stays, to be written again
 
 
 def test_words_kept_outside_the_spans_are_not_taken():

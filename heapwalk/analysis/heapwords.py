@@ -9,7 +9,7 @@ each run's first word.  A heap swept to its end is `commit`ted as covered; one t
 `abandon`ed, and the scan reads it itself.  Every window also says which of its whole pages hold anything
 but zeros (`pages_seen`), for a core's contents; a decode without the scan keeps those alone.  `reach.scan` then takes the covered heaps' words from here, judged
 against the final blocks exactly as if it had read them: a word counts only inside a block, and only when it
-points into one.
+points into one; it then gives them back (`release`), and the memory they held serves the arrays after.
 """
 
 from __future__ import annotations
@@ -25,6 +25,44 @@ from heapwalk.inferior.residency import runs_of
 __all__ = ["HeapWords", "PagesSeen", "run_mask"]
 
 _PAGE = 4096
+#: rows of a slab of kept words: its two uint64 columns are one 64 MiB block of gdb's memory, freed whole once the
+#: scan has taken the words, so that the arrays made after it fit in its place (thousands of small arrays would
+#: leave holes between longer-lived ones); only the pages written are ever touched
+SLAB_ROWS = 1 << 22
+
+
+class Slabs:
+    """Rows of two uint64 columns, appended a window at a time in slabs of SLAB_ROWS (or of a window's rows, when
+    more): what is kept is written once, where it stays, and given back in a few big blocks."""
+
+    def __init__(self, rows: int | None = None):
+        self.rows = rows or SLAB_ROWS
+        self._slabs: list[np.ndarray] = []
+        self._used = 0
+
+    def room(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """The two columns' next N rows (a new slab when the last has fewer free), to write into, then `take`."""
+        if not self._slabs or self._used + n > self._slabs[-1].shape[1]:
+            self._slabs.append(np.empty((2, max(n, self.rows)), dtype=np.uint64))
+            self._used = 0
+        slab = self._slabs[-1]
+        return slab[0, self._used:self._used + n], slab[1, self._used:self._used + n]
+
+    def take(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """Keeps the first N of the rows `room` gave: the two columns' views of them."""
+        slab, lo = self._slabs[-1], self._used
+        self._used += n
+        return slab[0, lo:lo + n], slab[1, lo:lo + n]
+
+    def mark(self) -> tuple[int, int]:
+        """Where the next row goes, for `rewind`."""
+        return len(self._slabs), self._used
+
+    def rewind(self, mark: tuple[int, int]) -> None:
+        """Drops the rows kept since MARK."""
+        count, used = mark
+        del self._slabs[max(count, 1):]
+        self._used = used if count else 0
 
 
 def run_mask(n: int, run_lo: np.ndarray, run_hi: np.ndarray) -> np.ndarray:
@@ -75,11 +113,13 @@ class HeapWords:
         self._pending: list[tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
         self._covered: list[tuple[int, int]] = []
         self._gaps: list[tuple[int, int]] = []
+        self._words, self._runs = Slabs(), Slabs()
+        self._marks = self._words.mark(), self._runs.mark()
         self.pages = PagesSeen()
 
     def begin(self) -> None:
         """Starts a heap: its windows are kept only if it is committed."""
-        self._pending, self._gaps = [], []
+        self.abandon()
 
     def gap(self, lo: int, hi: int) -> None:
         """[LO, HI) of the heap begun last was not read (the inside of a big allocation the decoder stepped
@@ -114,16 +154,24 @@ class HeapWords:
             return
         if self.keep_pages:
             self.pages.note(base, words)
-        starts, firsts, at, values = keep_runs(words, found, fields, tail, self._bounds, base)
-        if len(starts):
+        at, values = self._words.room(len(words))
+        run_at, run_first = self._runs.room(len(found))
+        runs, count = keep_runs(words, found, fields, tail, self._bounds, base, (run_at, run_first, at, values))
+        if runs:
+            at, values = self._words.take(count)
+            starts, firsts = self._runs.take(runs)
             self._pending.append((base, at, values, starts, firsts))
 
     def _add(self, base: int, words: np.ndarray, run_lo: np.ndarray, index: np.ndarray) -> None:
         """Keeps the words at INDEX of WORDS (read from BASE) and the first word of each run at RUN_LO."""
-        values = words[index]
-        firsts = words[run_lo]
-        at = np.uint64(base) + (index.astype(np.uint64) << np.uint64(3))
-        starts = np.uint64(base) + (run_lo.astype(np.uint64) << np.uint64(3))
+        at, values = self._words.room(len(index))
+        np.add(np.uint64(base), index.astype(np.uint64) << np.uint64(3), out=at)
+        np.take(words, index, out=values)
+        at, values = self._words.take(len(index))
+        starts, firsts = self._runs.room(len(run_lo))
+        np.add(np.uint64(base), run_lo.astype(np.uint64) << np.uint64(3), out=starts)
+        np.take(words, run_lo, out=firsts)
+        starts, firsts = self._runs.take(len(run_lo))
         self._pending.append((base, at, values, starts, firsts))
 
     def pages_seen(self) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
@@ -156,10 +204,20 @@ class HeapWords:
         if self.keep_words:
             self._covered.extend(ranges_without(merged(ranges), self._gaps))
         self._pending, self._gaps = [], []
+        self._marks = self._words.mark(), self._runs.mark()
 
     def abandon(self) -> None:
-        """The heap begun last is not covered: the scan reads it."""
+        """The heap begun last is not covered (its words are dropped): the scan reads it."""
         self._pending, self._gaps = [], []
+        self._words.rewind(self._marks[0])
+        self._runs.rewind(self._marks[1])
+
+    def release(self) -> None:
+        """Gives back the kept words, once the scan has taken them: the memory they covered is covered no more (a
+        later scan reads it).  The pages seen stay."""
+        self._kept, self._pending, self._covered, self._gaps = [], [], [], []
+        self._words, self._runs = Slabs(), Slabs()
+        self._marks = self._words.mark(), self._runs.mark()
 
     @property
     def covered(self) -> list[tuple[int, int]]:

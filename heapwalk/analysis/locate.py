@@ -199,23 +199,23 @@ def keep(words: np.ndarray, run_lo: np.ndarray, run_hi: np.ndarray, bounds: np.n
     return out[:count]
 
 
-def keep_runs(words: np.ndarray, found: np.ndarray, fields: np.ndarray, tail: bool, bounds: np.ndarray, base: int
-              ) -> tuple[np.ndarray, ...]:
+def keep_runs(words: np.ndarray, found: np.ndarray, fields: np.ndarray, tail: bool, bounds: np.ndarray, base: int,
+              out: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]) -> tuple[int, int]:
     """The runs of a heap window's chunks (WORDS read from BASE) that may be in use and their words pointing into
-    BOUNDS, in C (`hw_keep_runs`; `heapwords.HeapWords.chunks` has the numpy form): each run's address and first
-    word, and each kept word's address and value (uint64, in order)."""
+    BOUNDS, in C (`hw_keep_runs`; `heapwords.HeapWords.chunks` has the numpy form), written into OUT (uint64, each
+    contiguous): each run's address and first word (room for one a chunk of FOUND), and each kept word's address
+    and value (room for one a word of WORDS), in order.  How many runs and words were written."""
     words = np.ascontiguousarray(words, dtype=np.uint64)
     found = np.ascontiguousarray(found, dtype=np.int64)
     fields = np.ascontiguousarray(fields, dtype=np.uint64)
-    runs_out = np.empty((2, len(found)), dtype=np.uint64)
-    kept = np.empty((2, len(words)), dtype=np.uint64)
+    run_at, run_first, at, values = out
+    if min(len(run_at), len(run_first)) < len(found) or min(len(at), len(values)) < len(words):
+        raise ValueError("keep_runs: no room for a window's runs and words")
     runs = ctypes.c_int64(0)
     count = _LIB.hw_keep_runs(words.ctypes.data, len(words), found.ctypes.data, fields.ctypes.data, len(found),
-                              int(tail), bounds.ctypes.data, len(bounds) // 2, base, runs_out[0].ctypes.data,
-                              runs_out[1].ctypes.data, ctypes.addressof(runs), kept[0].ctypes.data,
-                              kept[1].ctypes.data)
-    return (runs_out[0, :runs.value].copy(), runs_out[1, :runs.value].copy(), kept[0, :count].copy(),
-            kept[1, :count].copy())
+                              int(tail), bounds.ctypes.data, len(bounds) // 2, base, run_at.ctypes.data,
+                              run_first.ctypes.data, ctypes.addressof(runs), at.ctypes.data, values.ctypes.data)
+    return runs.value, int(count)
 
 
 def slab_regions(bitmaps: np.ndarray, nregs: np.ndarray, size: np.ndarray, nfree: np.ndarray, readable: np.ndarray,

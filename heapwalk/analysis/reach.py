@@ -176,7 +176,8 @@ def scan(mem: Memory, blocks: Blocks, roots: Sequence[Root], registers: Sequence
          pages: PagesSeen | None = None) -> Reach:
     """Scans ROOTS, REGISTERS and BLOCKS' heaps in MEM once, and follows the graph (see the module); the heaps
     WORDS covers (the words the decode kept as it read them) are taken from there, when its values were kept
-    for every heap.  PAGES, when given, hears which pages of what the scan read hold anything."""
+    for every heap, and given back (`HeapWords.release`: what follows reuses their memory).  PAGES, when given,
+    hears which pages of what the scan read hold anything."""
     heaps = merged(blocks.heaps)
     root_bytes = sum(r.end - r.start for r in roots)
     s = _Scanner(mem, blocks, progress, root_bytes + sum(hi - lo for lo, hi in heaps), pages)
@@ -186,6 +187,7 @@ def scan(mem: Memory, blocks: Blocks, roots: Sequence[Root], registers: Sequence
     if words is not None and words.covered and words.holds(heaps):
         s.kept(words)
         heaps = ranges_without(heaps, words.covered)
+        words.release()
     for lo, hi in heaps:
         s.heap(lo, hi)
     graph = Graph(blocks.count, _joined(s.sources), _joined(s.targets))
