@@ -107,3 +107,27 @@ def test_a_windows_edges_are_those_of_its_words_inside_blocks_in_c_as_in_numpy(m
         got = locate.Locator(starts, ends).window_edges(base, words)
         assert got[0].tolist() == source[ok].tolist() and got[1].tolist() == target[ok].tolist()
     assert ok.sum() > 1000
+
+
+def test_a_roots_window_keeps_each_blocks_first_word_pointing_into_it_in_c_as_in_numpy(monkeypatch):
+    rng = np.random.default_rng(13)
+    starts = np.cumsum(rng.integers(32, 200, 3000)).astype(np.uint64) + np.uint64(1 << 30)
+    ends = starts + rng.integers(8, 32, 3000).astype(np.uint64)
+    windows = [(0x7000_0000 + 0x10_0000 * k, np.where(rng.random(n) < 0.5, rng.choice(starts[:2000], n) + np.uint64(4),
+                                                      rng.integers(0, 1 << 32, n)).astype(np.uint64))
+               for k, n in enumerate((30_000, 0, 1, 50_000))]
+    found = locate.Locator(starts, ends)
+    expected: dict[int, tuple[int, int]] = {}
+    for root, (base, words) in enumerate(windows):
+        for k, block in enumerate(found(words).tolist()):
+            if block >= 0:
+                expected.setdefault(block, (base + 8 * k, root))
+    keys = sorted(expected)
+    for lib in (locate._LIB, None):
+        monkeypatch.setattr(locate, "_LIB", lib)
+        table, hits = locate.Locator(starts, ends), locate.FirstHits(len(starts))
+        for root, (base, words) in enumerate(windows):
+            table.root_hits(base, words, root, hits)
+        assert np.flatnonzero(hits.root >= 0).tolist() == keys
+        assert list(zip(hits.word[keys].tolist(), hits.root[keys].tolist())) == [expected[k] for k in keys]
+    assert 1000 < len(keys) <= 2000

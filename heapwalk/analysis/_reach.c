@@ -235,6 +235,38 @@ void hw_first_hits(const int32_t *block, const uint64_t *word, int64_t n, int32_
     }
 }
 
+/* A window of a root: of the N words WORDS read from BASE, each whose value lies in [LO, HI) and points into a
+ * block (hw_locate, with STARTS, ENDS, NBLOCKS and the table TLO, SLOTS, FIRST, NHEAPS, TABLE, SHIFT) is a hit of
+ * the root ROOT, kept as hw_first_hits keeps it (the word's address to HIT_WORD).  VALUES, INDEX and BLOCK (room
+ * for N each) hold the words in [LO, HI) meanwhile; returns how many words hit a block. */
+int64_t hw_root_window(const uint64_t *words, int64_t n, uint64_t base, uint64_t lo, uint64_t hi,
+                       const uint64_t *starts, const uint64_t *ends, int64_t nblocks, const uint64_t *tlo,
+                       const int64_t *slots, const int64_t *first, int64_t nheaps, const int32_t *table,
+                       int64_t shift, int32_t root, uint64_t *hit_word, int32_t *hit_root, uint64_t *values,
+                       int64_t *index, int32_t *block)
+{
+    int64_t m = 0, hits = 0;
+    for (int64_t k = 0; k < n; k++) {
+        uint64_t w = words[k];
+        if (w < lo || w >= hi)
+            continue;
+        values[m] = w;
+        index[m++] = k;
+    }
+    hw_locate(values, m, starts, ends, nblocks, tlo, slots, first, nheaps, table, shift, block);
+    for (int64_t k = 0; k < m; k++) {
+        int32_t b = block[k];
+        if (b < 0)
+            continue;
+        hits++;
+        if (hit_root[b] < 0) {
+            hit_root[b] = root;
+            hit_word[b] = base + 8 * (uint64_t)index[k];
+        }
+    }
+    return hits;
+}
+
 /* The edges of N words: the word at AT[k] (ascending) points into the block BLOCK[k] (-1: none).  Where the word
  * lies inside a block (found in one walk through the NBLOCKS blocks STARTS and ENDS, from the block FROM: the
  * last starting at or below the first word, -1 for none) and points into another, its block and the block it

@@ -51,6 +51,12 @@ def _declared(lib):
         lib.hw_edges.restype = ctypes.c_int64
         lib.hw_edges.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
                                  ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p]
+        lib.hw_root_window.restype = ctypes.c_int64
+        lib.hw_root_window.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_uint64, ctypes.c_uint64,
+                                       ctypes.c_uint64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
+                                       ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
+                                       ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_void_p,
+                                       ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
         lib.hw_scan_window.restype = ctypes.c_int64
         lib.hw_scan_window.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_uint64, ctypes.c_uint64,
                                        ctypes.c_uint64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
@@ -90,6 +96,7 @@ class Locator:
         self.lo = np.uint64(self.starts[0]) if len(self.starts) else np.uint64(1)
         self.hi = np.uint64(self.ends[-1]) if len(self.starts) else np.uint64(0)
         self._table = self._build() if _LIB is not None and len(self.starts) else None
+        self._scratch: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
 
     def _build(self):
         """The stretches' starts, slot counts and first slots, the table, and the slot's shift (see `_reach.c`)."""
@@ -175,6 +182,27 @@ class Locator:
                                     slots.ctypes.data, first.ctypes.data, len(lo), table.ctypes.data, shift,
                                     values.ctypes.data, block.ctypes.data, source.ctypes.data, target.ctypes.data)
         return source[:count].copy(), target[:count].copy()
+
+    def root_hits(self, base: int, words: np.ndarray, root: int, hits: "FirstHits") -> None:
+        """Adds to HITS the words of WORDS (uint64, read from BASE, of the root ROOT) that point into a block: in one
+        C pass over the words when built (its room kept for the next window), else in numpy."""
+        if self._table is None or not len(words):
+            near = np.flatnonzero((words >= self.lo) & (words < self.hi))
+            block = self(words[near])
+            found = np.flatnonzero(block >= 0)
+            if len(found):
+                hits.add(block[found], np.uint64(base) + (near[found].astype(np.uint64) << np.uint64(3)), root)
+            return
+        words = np.ascontiguousarray(words, dtype=np.uint64)
+        n = len(words)
+        if self._scratch is None or len(self._scratch[0]) < n:
+            self._scratch = (np.empty(n, dtype=np.uint64), np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int32))
+        values, index, block = self._scratch
+        lo, slots, first, table, shift = self._table
+        _LIB.hw_root_window(words.ctypes.data, n, base, int(self.lo), int(self.hi), self.starts.ctypes.data,
+                            self.ends.ctypes.data, len(self.starts), lo.ctypes.data, slots.ctypes.data,
+                            first.ctypes.data, len(lo), table.ctypes.data, shift, root, hits.word.ctypes.data,
+                            hits.root.ctypes.data, values.ctypes.data, index.ctypes.data, block.ctypes.data)
 
     def _numpy(self, values: np.ndarray) -> np.ndarray:
         out = np.full(len(values), -1, dtype=np.int32)

@@ -134,9 +134,7 @@ class _Scanner:
 
     def root(self, index: int, root: Root) -> None:
         for base, words in self.windows(root.start, root.end):
-            where, block = self.pointing(words)
-            if len(where):
-                self.hits.add(block, np.uint64(base) + (where.astype(np.uint64) << np.uint64(3)), index)
+            self.locate.root_hits(base, words, index, self.hits)
 
     def registers(self, first: int, registers: Sequence[RegisterRoot]) -> None:
         values = np.array([r.value for r in registers], dtype=np.uint64)
