@@ -290,28 +290,35 @@ int64_t hw_edges(const uint64_t *at, const int32_t *block, int64_t n, const uint
 }
 
 /* The edges of a window of the N words WORDS read from BASE (8-aligned): each word that lies inside one of the
- * NBLOCKS blocks STARTS and ENDS (found in one walk from the block FROM: the last starting at or below BASE, -1
- * for none), whose value lies in [LO, HI) and points into another block (hw_locate, with the table TLO, SLOTS,
- * FIRST, NHEAPS, TABLE, SHIFT), gives its block to SOURCE and the value's to TARGET, in the words' order.
- * VALUES and BLOCK (room for N each) hold the words inside blocks meanwhile; returns the number of edges. */
+ * NBLOCKS blocks STARTS and ENDS (sorted by start; from the block FROM, the last starting at or below BASE, -1 for
+ * none: the words of each block met are read, those between blocks never), whose value lies in [LO, HI) and
+ * points into another block (hw_locate, with the table TLO, SLOTS, FIRST, NHEAPS, TABLE, SHIFT), gives its block
+ * to SOURCE and the value's to TARGET, in the words' order.  VALUES and BLOCK (room for N each) hold the words
+ * inside blocks meanwhile; returns the number of edges. */
 int64_t hw_scan_window(const uint64_t *words, int64_t n, uint64_t base, uint64_t lo, uint64_t hi,
                        const uint64_t *starts, const uint64_t *ends, int64_t nblocks, int64_t from,
                        const uint64_t *tlo, const int64_t *slots, const int64_t *first, int64_t nheaps,
                        const int32_t *table, int64_t shift, uint64_t *values, int32_t *block, int32_t *source,
                        int32_t *target)
 {
-    int64_t i = from, m = 0, count = 0;
-    for (int64_t k = 0; k < n; k++) {
-        uint64_t w = words[k], at = base + 8 * (uint64_t)k;
-        if (w < lo || w >= hi)
+    int64_t m = 0, count = 0;
+    uint64_t past = base + 8 * (uint64_t)n;
+    for (int64_t i = from < 0 ? 0 : from; i < nblocks && starts[i] < past; i++) {
+        /* a word belongs to the last block starting at or below it, if inside it (blocks overlap only where
+         * damage made them): the words at base + 8k in [starts[i], min(ends[i], starts[i + 1])) */
+        uint64_t end = i + 1 < nblocks && starts[i + 1] < ends[i] ? starts[i + 1] : ends[i];
+        if (end <= base)
             continue;
-        while (i + 1 < nblocks && starts[i + 1] <= at)
-            i++;
-        if (i < 0 || at >= ends[i])
-            continue;
-        values[m] = w;
-        source[m] = (int32_t)i;
-        m++;
+        int64_t k = starts[i] > base ? (int64_t)((starts[i] - base + 7) / 8) : 0;
+        int64_t stop = end < past ? (int64_t)((end - base + 7) / 8) : n;
+        for (; k < stop; k++) {
+            uint64_t w = words[k];
+            if (w < lo || w >= hi)
+                continue;
+            values[m] = w;
+            source[m] = (int32_t)i;
+            m++;
+        }
     }
     hw_locate(values, m, starts, ends, nblocks, tlo, slots, first, nheaps, table, shift, block);
     for (int64_t k = 0; k < m; k++) {

@@ -100,11 +100,13 @@ class Locator:
 
     def _build(self):
         """The stretches' starts, slot counts and first slots, the table, and the slot's shift (see `_reach.c`)."""
-        cut = np.flatnonzero(self.starts[1:] - self.ends[:-1] > np.uint64(GAP)) + 1
+        after = self.starts[1:]          # blocks overlap only where damage made them: no gap there
+        cut = np.flatnonzero((after > self.ends[:-1]) & (after - self.ends[:-1] > np.uint64(GAP))) + 1
         first_block = np.concatenate(([0], cut))
         last_block = np.concatenate((cut, [len(self.starts)])) - 1
         lo = self.starts[first_block]
-        span = (self.ends[last_block] - lo).astype(np.int64)
+        last_end = self.ends[last_block]
+        span = np.where(last_end > lo, last_end - lo, 0).astype(np.int64)
         total = int(span.sum())
         shift = max(MIN_SLOT.bit_length() - 1, (max(total // (2 * len(self.starts)), 1) - 1).bit_length())
         slots = (span + (1 << shift) - 1) >> shift
