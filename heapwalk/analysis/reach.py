@@ -197,4 +197,5 @@ def scan(mem: Memory, blocks: Blocks, roots: Sequence[Root], registers: Sequence
 
 
 def _joined(parts: list[np.ndarray]) -> np.ndarray:
-    return np.concatenate(parts).astype(np.int32) if parts else _EMPTY.astype(np.int32)
+    """PARTS (block indices) as one int32 array, copied once."""
+    return np.concatenate(parts).astype(np.int32, copy=False) if parts else _EMPTY.astype(np.int32)

@@ -45,7 +45,7 @@ def blocks_of(mem: Memory, layout: Layout, state: HeapState) -> Blocks:
             swept = swept_chunks(mem, layout, arena, listed)
             if swept is not None:
                 rows = np.flatnonzero(swept.codes == PLAIN)
-                found = swept.sweep.address[rows], swept.sizes[rows].astype(np.uint64)
+                found = swept.sweep.address[rows], swept.sizes[rows].view(np.uint64)
             else:
                 found, gaps = _walked(mem, layout, arena, listing)
                 unknown.extend(gaps)

@@ -92,7 +92,7 @@ class OnePass:
                 self.words.commit([(e.start, e.end) for e in arena_extents])
             if self.keep_used:
                 rows = np.flatnonzero(lists.codes == PLAIN)
-                self.used[arena.address] = (sweep.address[rows], sweep.sizes[rows].astype(np.uint64))
+                self.used[arena.address] = (sweep.address[rows], sweep.sizes[rows].view(np.uint64))
             if self.keep_chunks:       # the codes as the walk left them: tcache, top and fenceposts marked
                 self.chunks[arena.address] = (sweep.address, sweep.sizes, lists.codes)
         return lists
