@@ -48,6 +48,9 @@ def test_the_blocks_left_after_exclusions_are_those_isin_leaves():
     excluded = np.unique(rng.integers(0, 6000, 700).astype(np.uint64))
     assert np.array_equal(_without(ordered, excluded), ~np.isin(ordered, excluded))
     assert _without(ordered, np.zeros(0, dtype=np.uint64)).all()
+    many_absent = np.arange(3, 900, dtype=np.uint64)      # hundreds of marks at one place: a byte wraps, and holds
+    assert _without(np.array([1, 2, 1000, 1000], dtype=np.uint64), many_absent).all()
+    assert _without(np.array([1, 5, 1000], dtype=np.uint64), many_absent).tolist() == [True, False, True]
 
 
 def test_the_tree_maps_addresses_as_one_leaf_lookup_at_a_time():

@@ -40,20 +40,24 @@ def jemalloc_blocks(mem: Memory, state: JeState) -> Blocks | None:
     start, end, arena = (np.concatenate(parts) if parts else np.zeros(0, dtype=t)
                          for parts, t in ((starts, np.uint64), (ends, np.uint64), (arenas, np.int32)))
     order = np.argsort(start, kind="stable")
-    start, end, arena = start[order], end[order], arena[order]
+    start = start[order]
     keep = _without(start, np.array(sorted(_not_the_programs(state)), dtype=np.uint64))
+    order = order[keep]
     heaps = merged_arrays(table.address, table.address + table.size.astype(np.uint64))
     private = merged((at, at + size) for a in state.arenas for at, size in a.base_blocks)
-    return Blocks(start[keep], end[keep], arena[keep], 0, 0, heaps=tuple(heaps),
+    return Blocks(start[keep], end[order], arena[order], 0, 0, heaps=tuple(heaps),
                   private=tuple(private), unknown=tuple(merged(unknown)))
 
 
 def _without(ordered: np.ndarray, excluded: np.ndarray) -> np.ndarray:
-    """Whether each of ORDERED (ascending) is none of EXCLUDED (ascending): a mask."""
-    marks = np.zeros(len(ordered) + 1, dtype=np.int64)
+    """Whether each of ORDERED (ascending) is none of EXCLUDED (ascending, apart): a mask.  Each excluded value
+    drops the run of its equals in ORDERED (+1 where it starts, -1 where it ends); the runs do not overlap, so each
+    mark and each running sum is -1, 0 or 1, and a byte holds them (an absent value's +1 and -1 cancel, in any
+    order, modulo 256)."""
+    marks = np.zeros(len(ordered) + 1, dtype=np.int8)
     np.add.at(marks, np.searchsorted(ordered, excluded, side="left"), 1)
     np.add.at(marks, np.searchsorted(ordered, excluded, side="right"), -1)
-    return np.cumsum(marks[:-1]) == 0
+    return np.cumsum(marks[:-1], dtype=np.int8) == 0
 
 
 def _not_the_programs(state: JeState) -> set[int]:
