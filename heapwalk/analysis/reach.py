@@ -179,13 +179,13 @@ def scan(mem: Memory, blocks: Blocks, roots: Sequence[Root], registers: Sequence
     heaps = merged(blocks.heaps)
     root_bytes = sum(r.end - r.start for r in roots)
     s = _Scanner(mem, blocks, progress, root_bytes + sum(hi - lo for lo, hi in heaps), pages)
+    if words is not None and words.covered and words.holds(heaps):
+        s.kept(words)                    # first, so that the roots' windows reuse what they give back
+        heaps = ranges_without(heaps, words.covered)
+        words.release()
     for i, root in enumerate(roots):
         s.root(i, root)
     s.registers(len(roots), registers)
-    if words is not None and words.covered and words.holds(heaps):
-        s.kept(words)
-        heaps = ranges_without(heaps, words.covered)
-        words.release()
     for lo, hi in heaps:
         s.heap(lo, hi)
     graph = Graph(blocks.count, _joined(s.sources), _joined(s.targets))
