@@ -104,6 +104,8 @@ def _scan_pair(target, disc, mem, fast, slow) -> tuple[list[str], int]:
                          blocks.unknown, images=image_data(target.mem, target.space))
     registers = register_roots(target.threads)
     words = fast.walk.words if fast.walk is not None else None
+    used = words is not None and words.holds(merged(blocks.heaps))
+    covered = sum(hi - lo for lo, hi in words.covered) if used else 0      # before the scan gives them back
     once = reach.scan(mem, blocks, roots, registers, words=words)
     twice = reach.scan(mem, blocks if slow is fast else blocks_of(mem, disc.layout, slow), roots, registers)
     out = [f"the leak scan's {name} differs" for name in ("reached", "parent", "first_words", "root_blocks",
@@ -112,8 +114,8 @@ def _scan_pair(target, disc, mem, fast, slow) -> tuple[list[str], int]:
     for name in ("offsets", "targets"):
         if not np.array_equal(getattr(once.graph, name), getattr(twice.graph, name)):
             out.append(f"the leak scan's graph ({name}) differs")
-    used = words is not None and words.holds(merged(blocks.heaps))
-    covered = sum(hi - lo for lo, hi in words.covered) if used else 0
+    if covered and words.covered:
+        out.append("the scan did not give the kept words back")
     return out, covered
 
 
