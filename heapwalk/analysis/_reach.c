@@ -366,15 +366,15 @@ int64_t hw_slab_regions(const uint8_t *bitmaps, int64_t n, const int64_t *nregs,
 }
 
 /* The runs of a heap window's chunks that may be in use, and the words in them that point into the spans: each
- * of the NFOUND chunks whose size fields are at FOUND (word indices into the N WORDS read from BASE, with
- * FIELDS[k] that field) is a run [FOUND[k] + 1, next) when its next chunk's size field, at next = FOUND[k] +
- * size / 8, lies inside the window with PREV_INUSE set; the last chunk, when TAIL is set, is a run to the
- * window's end.  Each run's address goes to RUN_AT and its first word to RUN_FIRST (*NRUNS of them); the address
- * and value of each word of a run whose value lies in one of the NSPANS spans of BOUNDS to AT and VALUES (room
- * for N); returns how many words were kept. */
-int64_t hw_keep_runs(const uint64_t *words, int64_t n, const int64_t *found, const uint64_t *fields, int64_t nfound,
-                     int64_t tail, const uint64_t *bounds, int64_t nspans, uint64_t base, uint64_t *run_at,
-                     uint64_t *run_first, int64_t *nruns, uint64_t *at, uint64_t *values)
+ * of the NFOUND chunks whose size fields are at FOUND (word indices into the N WORDS, with FIELDS[k] that field)
+ * is a run [FOUND[k] + 1, next) when its next chunk's size field, at next = FOUND[k] + size / 8, lies inside the
+ * window with PREV_INUSE set; the last chunk, when TAIL is set, is a run to the window's end.  Each run's first
+ * word's index goes to RUN_AT and that word to RUN_FIRST (*NRUNS of them); the index and value of each word of a
+ * run whose value lies in one of the NSPANS spans of BOUNDS to AT and VALUES (room for N); indices fit 32 bits
+ * (N below 2**32).  Returns how many words were kept. */
+int64_t hw_keep_runs_indexed(const uint64_t *words, int64_t n, const int64_t *found, const uint64_t *fields,
+                             int64_t nfound, int64_t tail, const uint64_t *bounds, int64_t nspans, uint32_t *run_at,
+                             uint64_t *run_first, int64_t *nruns, uint32_t *at, uint64_t *values)
 {
     int64_t runs = 0, count = 0;
     uint64_t last_lo = nspans ? bounds[0] : 0, last_hi = nspans ? bounds[1] : 0;
@@ -391,11 +391,11 @@ int64_t hw_keep_runs(const uint64_t *words, int64_t n, const int64_t *found, con
         } else {
             continue;
         }
-        run_at[runs] = base + 8 * (uint64_t)first;
+        run_at[runs] = (uint32_t)first;
         run_first[runs++] = first < n ? words[first] : 0;
         for (int64_t i = first; i < end && nspans; i++)
             if (in_spans(words[i], bounds, nspans, &last_lo, &last_hi)) {
-                at[count] = base + 8 * (uint64_t)i;
+                at[count] = (uint32_t)i;
                 values[count++] = words[i];
             }
     }

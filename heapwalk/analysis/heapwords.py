@@ -25,34 +25,41 @@ from heapwalk.inferior.residency import runs_of
 __all__ = ["HeapWords", "PagesSeen", "run_mask"]
 
 _PAGE = 4096
-#: rows of a slab of kept words: its two uint64 columns are one 64 MiB block of gdb's memory, freed whole once the
-#: scan has taken the words, so that the arrays made after it fit in its place (thousands of small arrays would
-#: leave holes between longer-lived ones); only the pages written are ever touched
+#: rows of a slab of kept words: its two columns are one block of gdb's memory (48 MiB for a word's index and
+#: value), freed whole once the scan has taken the words, so that the arrays made after it fit in its place
+#: (thousands of small arrays would leave holes between longer-lived ones); only the pages written are touched
 SLAB_ROWS = 1 << 22
 
 
 class Slabs:
-    """Rows of two uint64 columns, appended a window at a time in slabs of SLAB_ROWS (or of a window's rows, when
-    more): what is kept is written once, where it stays, and given back in a few big blocks."""
+    """Rows of two columns (FIRST's type, then uint64), appended a window at a time in slabs of SLAB_ROWS (or of a
+    window's rows, when more): what is kept is written once, where it stays, and given back in a few big blocks."""
 
-    def __init__(self, rows: int | None = None):
-        self.rows = rows or SLAB_ROWS
-        self._slabs: list[np.ndarray] = []
+    def __init__(self, rows: int | None = None, first=np.uint32):
+        self.rows, self.first = rows or SLAB_ROWS, np.dtype(first)
+        self._slabs: list[tuple[np.ndarray, np.ndarray]] = []
         self._used = 0
+
+    def _slab(self, rows: int) -> tuple[np.ndarray, np.ndarray]:
+        """A slab of ROWS rows: both columns cut from one block, the second 8-aligned."""
+        rows += rows & 1
+        block = np.empty(rows * (self.first.itemsize + 8), dtype=np.uint8)
+        cut = rows * self.first.itemsize
+        return block[:cut].view(self.first), block[cut:].view(np.uint64)
 
     def room(self, n: int) -> tuple[np.ndarray, np.ndarray]:
         """The two columns' next N rows (a new slab when the last has fewer free), to write into, then `take`."""
-        if not self._slabs or self._used + n > self._slabs[-1].shape[1]:
-            self._slabs.append(np.empty((2, max(n, self.rows)), dtype=np.uint64))
+        if not self._slabs or self._used + n > len(self._slabs[-1][0]):
+            self._slabs.append(self._slab(max(n, self.rows)))
             self._used = 0
-        slab = self._slabs[-1]
-        return slab[0, self._used:self._used + n], slab[1, self._used:self._used + n]
+        first, second = self._slabs[-1]
+        return first[self._used:self._used + n], second[self._used:self._used + n]
 
     def take(self, n: int) -> tuple[np.ndarray, np.ndarray]:
         """Keeps the first N of the rows `room` gave: the two columns' views of them."""
-        slab, lo = self._slabs[-1], self._used
+        (first, second), lo = self._slabs[-1], self._used
         self._used += n
-        return slab[0, lo:lo + n], slab[1, lo:lo + n]
+        return first[lo:lo + n], second[lo:lo + n]
 
     def mark(self) -> tuple[int, int]:
         """Where the next row goes, for `rewind`."""
@@ -156,20 +163,21 @@ class HeapWords:
             self.pages.note(base, words)
         at, values = self._words.room(len(words))
         run_at, run_first = self._runs.room(len(found))
-        runs, count = keep_runs(words, found, fields, tail, self._bounds, base, (run_at, run_first, at, values))
+        runs, count = keep_runs(words, found, fields, tail, self._bounds, (run_at, run_first, at, values))
         if runs:
             at, values = self._words.take(count)
             starts, firsts = self._runs.take(runs)
             self._pending.append((base, at, values, starts, firsts))
 
     def _add(self, base: int, words: np.ndarray, run_lo: np.ndarray, index: np.ndarray) -> None:
-        """Keeps the words at INDEX of WORDS (read from BASE) and the first word of each run at RUN_LO."""
+        """Keeps the words at INDEX of WORDS (read from BASE) and the first word of each run at RUN_LO, each by its
+        index in the window (32 bits: the window's base is kept once)."""
         at, values = self._words.room(len(index))
-        np.add(np.uint64(base), index.astype(np.uint64) << np.uint64(3), out=at)
+        at[:] = index
         np.take(words, index, out=values)
         at, values = self._words.take(len(index))
         starts, firsts = self._runs.room(len(run_lo))
-        np.add(np.uint64(base), run_lo.astype(np.uint64) << np.uint64(3), out=starts)
+        starts[:] = run_lo
         np.take(words, run_lo, out=firsts)
         starts, firsts = self._runs.take(len(run_lo))
         self._pending.append((base, at, values, starts, firsts))
@@ -234,14 +242,19 @@ class HeapWords:
         return bool(np.all(side & 1) and np.all(np.searchsorted(self._bounds, his, side="right") == side))
 
     def pairs(self):
-        """(address, value) of the kept words, a window at a time in address order."""
-        for _, at, values, _, _ in sorted(self._kept, key=lambda part: part[0]):
-            yield at, values
+        """(address, value) of the kept words (uint64), a window at a time in address order."""
+        for base, at, values, _, _ in sorted(self._kept, key=lambda part: part[0]):
+            yield _addresses(base, at), values
 
     def firsts(self):
-        """The address and first word of every kept run, a window at a time in address order."""
-        for _, _, _, starts, firsts in sorted(self._kept, key=lambda part: part[0]):
-            yield starts, firsts
+        """The address and first word of every kept run (uint64), a window at a time in address order."""
+        for base, _, _, starts, firsts in sorted(self._kept, key=lambda part: part[0]):
+            yield _addresses(base, starts), firsts
+
+
+def _addresses(base: int, index: np.ndarray) -> np.ndarray:
+    """The addresses of the words at INDEX of a window read from BASE."""
+    return np.uint64(base) + (index.astype(np.uint64) << np.uint64(3))
 
 
 def _below(runs: list[tuple[int, int]], at: np.ndarray) -> np.ndarray:

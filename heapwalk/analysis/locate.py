@@ -70,10 +70,11 @@ def _declared(lib):
                                  ctypes.c_int64, ctypes.c_void_p]
         lib.hw_nonzero_pages.restype = None
         lib.hw_nonzero_pages.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
-        lib.hw_keep_runs.restype = ctypes.c_int64
-        lib.hw_keep_runs.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
-                                     ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_uint64, ctypes.c_void_p,
-                                     ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+        lib.hw_keep_runs_indexed.restype = ctypes.c_int64
+        lib.hw_keep_runs_indexed.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
+                                             ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64,
+                                             ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                                             ctypes.c_void_p]
         lib.hw_text_words.restype = None
         lib.hw_text_words.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
         lib.hw_keep.restype = ctypes.c_int64
@@ -229,22 +230,26 @@ def keep(words: np.ndarray, run_lo: np.ndarray, run_hi: np.ndarray, bounds: np.n
     return out[:count]
 
 
-def keep_runs(words: np.ndarray, found: np.ndarray, fields: np.ndarray, tail: bool, bounds: np.ndarray, base: int,
+def keep_runs(words: np.ndarray, found: np.ndarray, fields: np.ndarray, tail: bool, bounds: np.ndarray,
               out: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]) -> tuple[int, int]:
-    """The runs of a heap window's chunks (WORDS read from BASE) that may be in use and their words pointing into
-    BOUNDS, in C (`hw_keep_runs`; `heapwords.HeapWords.chunks` has the numpy form), written into OUT (uint64, each
-    contiguous): each run's address and first word (room for one a chunk of FOUND), and each kept word's address
-    and value (room for one a word of WORDS), in order.  How many runs and words were written."""
+    """The runs of a heap window's chunks (WORDS) that may be in use and their words pointing into BOUNDS, in C
+    (`hw_keep_runs_indexed`; `heapwords.HeapWords.chunks` has the numpy form), written into OUT (each contiguous):
+    each run's first word's index (uint32) and that word (uint64; room for one a chunk of FOUND), and each kept
+    word's index (uint32) and value (uint64; room for one a word of WORDS), in order.  How many runs and words
+    were written."""
     words = np.ascontiguousarray(words, dtype=np.uint64)
     found = np.ascontiguousarray(found, dtype=np.int64)
     fields = np.ascontiguousarray(fields, dtype=np.uint64)
     run_at, run_first, at, values = out
     if min(len(run_at), len(run_first)) < len(found) or min(len(at), len(values)) < len(words):
         raise ValueError("keep_runs: no room for a window's runs and words")
+    if len(words) >= 1 << 32 or run_at.dtype != np.uint32 or at.dtype != np.uint32:
+        raise ValueError("keep_runs: a window's word indices are kept in 32 bits")
     runs = ctypes.c_int64(0)
-    count = _LIB.hw_keep_runs(words.ctypes.data, len(words), found.ctypes.data, fields.ctypes.data, len(found),
-                              int(tail), bounds.ctypes.data, len(bounds) // 2, base, run_at.ctypes.data,
-                              run_first.ctypes.data, ctypes.addressof(runs), at.ctypes.data, values.ctypes.data)
+    count = _LIB.hw_keep_runs_indexed(words.ctypes.data, len(words), found.ctypes.data, fields.ctypes.data,
+                                      len(found), int(tail), bounds.ctypes.data, len(bounds) // 2,
+                                      run_at.ctypes.data, run_first.ctypes.data, ctypes.addressof(runs),
+                                      at.ctypes.data, values.ctypes.data)
     return runs.value, int(count)
 
 
