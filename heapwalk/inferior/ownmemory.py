@@ -9,11 +9,12 @@ back are raised, so a freed array's pages serve the next one; when it ends, they
 `malloc_trim` returns every free page.  Nothing changes where gdb's malloc is not glibc's, or where the user
 tuned these thresholds for gdb (their environment says so).
 
-numpy also asks the kernel for huge pages for every array of 4 MiB or more (madvise).  Where the kernel then
-compacts memory to find them as the pages are first touched (Debian's default, `defrag` set to `madvise`), a
-fault costs far more than the page: on the bench's virtual machine, `report`'s system time halved without them
-(docs/performance.md).  While a command runs numpy does not ask, unless the user's environment says whether it
-should (NUMPY_MADVISE_HUGEPAGE).
+numpy also asks the kernel for huge pages for every array of 4 MiB or more (madvise).  A huge page is a free
+2 MiB block of the machine's memory, cleared whole at its first touch; in a virtual machine whose balloon
+reports free 2 MiB blocks to the host (virtio's free page reporting, as on the bench's machine), the host must
+provide each one again, page by page, where small pages come mostly from memory freed lately and still there:
+`report`'s system time halved without huge pages (docs/performance.md).  While a command runs numpy does not
+ask, unless the user's environment says whether it should (NUMPY_MADVISE_HUGEPAGE).
 """
 
 from __future__ import annotations
