@@ -32,20 +32,21 @@ SLAB_ROWS = 1 << 22
 
 
 class Slabs:
-    """Rows of two columns (FIRST's type, then uint64), appended a window at a time in slabs of SLAB_ROWS (or of a
-    window's rows, when more): what is kept is written once, where it stays, and given back in a few big blocks."""
+    """Rows of two columns (a uint32 index, a uint64 word), appended a window at a time in slabs of SLAB_ROWS (or
+    of a window's rows, when more): what is kept is written once, where it stays, and given back in a few big
+    blocks."""
 
-    def __init__(self, rows: int | None = None, first=np.uint32):
-        self.rows, self.first = rows or SLAB_ROWS, np.dtype(first)
+    def __init__(self, rows: int | None = None):
+        self.rows = rows or SLAB_ROWS
         self._slabs: list[tuple[np.ndarray, np.ndarray]] = []
         self._used = 0
 
-    def _slab(self, rows: int) -> tuple[np.ndarray, np.ndarray]:
+    @staticmethod
+    def _slab(rows: int) -> tuple[np.ndarray, np.ndarray]:
         """A slab of ROWS rows: both columns cut from one block, the second 8-aligned."""
         rows += rows & 1
-        block = np.empty(rows * (self.first.itemsize + 8), dtype=np.uint8)
-        cut = rows * self.first.itemsize
-        return block[:cut].view(self.first), block[cut:].view(np.uint64)
+        block = np.empty(rows * 12, dtype=np.uint8)
+        return block[:rows * 4].view(np.uint32), block[rows * 4:].view(np.uint64)
 
     def room(self, n: int) -> tuple[np.ndarray, np.ndarray]:
         """The two columns' next N rows (a new slab when the last has fewer free), to write into, then `take`."""

@@ -186,15 +186,20 @@ class Locator:
                                     values.ctypes.data, block.ctypes.data, source.ctypes.data, target.ctypes.data)
         return source[:count].copy(), target[:count].copy()
 
+    def pointing(self, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The indices of VALUES that point into a block, and each one's block."""
+        near = np.flatnonzero((values >= self.lo) & (values < self.hi))
+        block = self(values[near])
+        found = np.flatnonzero(block >= 0)
+        return near[found], block[found]
+
     def root_hits(self, base: int, words: np.ndarray, root: int, hits: "FirstHits") -> None:
         """Adds to HITS the words of WORDS (uint64, read from BASE, of the root ROOT) that point into a block: in one
         C pass over the words when built (its room kept for the next window), else in numpy."""
         if self._table is None or not len(words):
-            near = np.flatnonzero((words >= self.lo) & (words < self.hi))
-            block = self(words[near])
-            found = np.flatnonzero(block >= 0)
-            if len(found):
-                hits.add(block[found], np.uint64(base) + (near[found].astype(np.uint64) << np.uint64(3)), root)
+            where, block = self.pointing(words)
+            if len(where):
+                hits.add(block, np.uint64(base) + (where.astype(np.uint64) << np.uint64(3)), root)
             return
         words = np.ascontiguousarray(words, dtype=np.uint64)
         n = len(words)

@@ -105,13 +105,6 @@ class _Scanner:
         self.unread: list[tuple[int, int]] = []
         self.progress, self.total, self.done = progress, total, 0
 
-    def pointing(self, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """The indices of VALUES that point into a block, and each one's block."""
-        near = np.flatnonzero((values >= np.uint64(self.lo)) & (values < np.uint64(self.hi)))
-        block = self.locate(values[near])
-        found = np.flatnonzero(block >= 0)
-        return near[found], block[found]
-
     def windows(self, lo: int, hi: int):
         """(base, words) of [LO, HI) a window at a time; what cannot be read is noted and passed by."""
         base = lo & ~7
@@ -138,7 +131,7 @@ class _Scanner:
 
     def registers(self, first: int, registers: Sequence[RegisterRoot]) -> None:
         values = np.array([r.value for r in registers], dtype=np.uint64)
-        where, block = self.pointing(values)
+        where, block = self.locate.pointing(values)
         for w, b in zip(where.tolist(), block.tolist()):
             self.hits.add(np.array([b]), np.array([registers[w].value], dtype=np.uint64), first + w)
 
