@@ -124,11 +124,12 @@ fuzz: cores bytecode
 	$(PY) tests/fuzz.py $(FUZZ_ARGS)
 
 # The benchmark: heapwalk's commands timed on a core of cores/bench.c (BENCH_SIZE: small, medium, large, huge).
-# Prints a table and writes build/bench/SIZE/bench.json; never fails on a slow machine.
+# Prints a table, writes build/bench/bench-SIZE.json and its size's part of docs/performance.md (the machine, the
+# date, the commit, the method); never fails on a slow machine.
 BENCH_SIZE ?= large
 BENCH_ARGS ?=
 bench: venv bytecode
-	$(PY) tests/bench.py --size $(BENCH_SIZE) $(BENCH_ARGS)
+	$(PY) tests/bench.py --size $(BENCH_SIZE) --docs docs/performance.md $(BENCH_ARGS)
 
 # docs/commands.md, from the code's own help (make test fails when it is out of date).
 docs: venv

@@ -32,6 +32,7 @@ sys.path.insert(0, str(ROOT / "cores"))
 import harness  # noqa: E402
 from bench_capture import capture_line, measure_capture, measure_service  # noqa: E402
 from bench_precopy import measure_precopy, precopy_lines  # noqa: E402
+import bench_docs  # noqa: E402
 import bench_jemalloc  # noqa: E402
 from bench_gdb import TIMED, command_lines, floors, load_line, gdb_run, time_commands, value  # noqa: E402
 from busy import stress, stress_line  # noqa: E402
@@ -169,6 +170,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--no-live", action="store_true", help="skip the live-attach measurement")
     parser.add_argument("--json", type=Path, help="where to write the numbers (default build/bench/SIZE/bench.json)")
+    parser.add_argument("--docs", type=Path, metavar="PAGE",
+                        help="also write them, with the machine, the date and the method, into PAGE's part for "
+                        "SIZE (make bench: docs/performance.md)")
     parser.add_argument("--stress-rounds", type=int, default=200,
                         help="captures of the busy service (cores/busy.c) in the stress run (0: none)")
     parser.add_argument("--precopy-mib", type=int, metavar="MIB",
@@ -189,13 +193,21 @@ def main(argv: list[str] | None = None) -> int:
     out.write_text(json.dumps({"size": args.size, "shapes": results, "jemalloc": jemalloc, "service_capture": service,
                                "stress": busy, "precopy": precopied}, indent=2) + "\n")
     print("\n\n".join([table(r) for r in results] + ([bench_jemalloc.table(jemalloc)] if jemalloc else [])))
+    more = []        # what follows the tables (the live captures' lines are in them)
     if service is not None:
-        print(f"\n16-arena service (cores/service.c, {service['workers']} workers): " + capture_line(service))
+        more.append(f"16-arena service (cores/service.c, {service['workers']} workers): " + capture_line(service))
     if busy is not None:
-        print("\n" + stress_line(busy))
+        more.append(stress_line(busy))
     if precopied is not None:
-        print("\n" + precopy_lines(precopied))
+        more += precopy_lines(precopied).splitlines()
+    for line in more:
+        print("\n" + line)
     print(f"numbers written to {out}")
+    if args.docs is not None:
+        live = [f"{r['shape']} shape, live: " + capture_line(r["live"]["capture"]) for r in results if r.get("live")]
+        bench_docs.write(args.docs, args.size, json.loads(out.read_text()), sys.argv[1:] if argv is None else argv,
+                         live + more)
+        print(f"and to {args.docs}")
     return 0
 
 
