@@ -143,3 +143,45 @@ def test_a_roots_window_keeps_each_blocks_first_word_pointing_into_it_in_c_as_in
         assert np.flatnonzero(hits.root >= 0).tolist() == keys
         assert list(zip(hits.word[keys].tolist(), hits.root[keys].tolist())) == [expected[k] for k in keys]
     assert 1000 < len(keys) <= 2000
+
+
+def _merged_by_sorting(a, b, excluded):
+    """What `jemalloc.blocks._sorted` makes of two runs: joined, sorted (stable), less the excluded starts."""
+    from heapwalk.jemalloc.blocks import _without
+    start, end, arena = (np.concatenate([x, y]) for x, y in zip(a, b))
+    order = np.argsort(start, kind="stable")
+    keep = _without(start[order], excluded)
+    return start[order][keep], end[order][keep], arena[order][keep]
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_two_runs_of_blocks_merge_in_c_as_sorting_them_does(seed):
+    """jemalloc's slab regions and large allocations, each already in address order, merged without sorting, the
+    thread caches' regions (and addresses that are no block's) left out: the same blocks as sorting them all."""
+    rng = np.random.default_rng(seed)
+    starts = np.unique(rng.integers(1 << 20, 1 << 40, 60_000).astype(np.uint64) & ~np.uint64(15))
+    mine = rng.random(len(starts)) < 0.9
+    runs = []
+    for chosen in (mine, ~mine):
+        s = starts[chosen]
+        runs.append((s, s + np.uint64(16), rng.integers(0, 8, len(s)).astype(np.int32)))
+    excluded = np.unique(np.concatenate([rng.choice(starts, 500), rng.integers(0, 1 << 40, 50).astype(np.uint64)]))
+    got = locate.merge_blocks(runs[0], runs[1], excluded)
+    if not locate.NATIVE:
+        assert got is None
+        return
+    want = _merged_by_sorting(runs[0], runs[1], excluded)
+    assert all(np.array_equal(g, w) for g, w in zip(got, want))
+    assert len(got[0]) == len(starts) - len(np.intersect1d(excluded, starts)) < len(starts)
+
+
+def test_runs_of_blocks_that_damage_made_overlap_are_left_to_the_sort():
+    """A run out of order, or one start in both runs: no merge (the caller sorts, as it always did)."""
+    one = lambda *s: (np.array(s, dtype=np.uint64), np.array(s, dtype=np.uint64) + np.uint64(8),
+                      np.zeros(len(s), dtype=np.int32))
+    none = np.zeros(0, dtype=np.uint64)
+    assert locate.merge_blocks(one(16, 48), one(32), none) is not None or not locate.NATIVE
+    assert locate.merge_blocks(one(48, 16), one(32), none) is None
+    assert locate.merge_blocks(one(16, 48), one(48), none) is None
+    assert locate.merge_blocks(one(16, 16), one(), none) is None
+    assert locate.merge_blocks(one(16, 48), one(48), np.array([48], dtype=np.uint64)) is None

@@ -365,6 +365,38 @@ int64_t hw_slab_regions(const uint8_t *bitmaps, int64_t n, const int64_t *nregs,
     return count;
 }
 
+/* Two runs of blocks merged in address order, less those that start at one of the NX values of EXCLUDED
+ * (ascending): run A (NA blocks: A_START, A_END, A_ARENA) and run B (NB), each strictly ascending by start, into
+ * START, END and ARENA (room for NA + NB).  Returns how many, or -1 when the merged starts are not strictly
+ * ascending (a run out of order, or a start in both: only damage does that, and the caller then sorts). */
+int64_t hw_merge_blocks(const uint64_t *a_start, const uint64_t *a_end, const int32_t *a_arena, int64_t na,
+                        const uint64_t *b_start, const uint64_t *b_end, const int32_t *b_arena, int64_t nb,
+                        const uint64_t *excluded, int64_t nx, uint64_t *start, uint64_t *end, int32_t *arena)
+{
+    int64_t i = 0, j = 0, x = 0, count = 0;
+    uint64_t last = 0;
+    while (i < na || j < nb) {
+        int from_a = j >= nb || (i < na && a_start[i] < b_start[j]);
+        uint64_t at = from_a ? a_start[i] : b_start[j];
+        if ((i + j > 0 && at <= last) || (i < na && j < nb && a_start[i] == b_start[j]))
+            return -1;
+        last = at;
+        while (x < nx && excluded[x] < at)
+            x++;
+        if (x >= nx || excluded[x] != at) {
+            start[count] = at;
+            end[count] = from_a ? a_end[i] : b_end[j];
+            arena[count] = from_a ? a_arena[i] : b_arena[j];
+            count++;
+        }
+        if (from_a)
+            i++;
+        else
+            j++;
+    }
+    return count;
+}
+
 /* The runs of a heap window's chunks that may be in use, and the words in them that point into the spans: each
  * of the NFOUND chunks whose size fields are at FOUND (word indices into the N WORDS, with FIELDS[k] that field)
  * is a run [FOUND[k] + 1, next) when its next chunk's size field, at next = FOUND[k] + size / 8, lies inside the

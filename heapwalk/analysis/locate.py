@@ -17,7 +17,8 @@ import numpy as np
 
 from heapwalk.inferior.clib import built_library
 
-__all__ = ["Locator", "NATIVE", "keep", "keep_runs", "nonzero_pages", "slab_regions", "text_words", "FirstHits"]
+__all__ = ["Locator", "NATIVE", "keep", "keep_runs", "merge_blocks", "nonzero_pages", "slab_regions", "text_words",
+           "FirstHits"]
 
 #: blocks further apart than this start a new stretch of the table (the memory between is given no slots)
 GAP = 1 << 20
@@ -65,6 +66,9 @@ def _declared(lib):
                                        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
         lib.hw_slab_regions.restype = ctypes.c_int64
         lib.hw_slab_regions.argtypes = [ctypes.c_void_p, ctypes.c_int64] + [ctypes.c_void_p] * 10
+        lib.hw_merge_blocks.restype = ctypes.c_int64
+        lib.hw_merge_blocks.argtypes = ([ctypes.c_void_p] * 3 + [ctypes.c_int64]) * 2 + [ctypes.c_void_p, ctypes.c_int64] \
+            + [ctypes.c_void_p] * 3
         lib.hw_table.restype = None
         lib.hw_table.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
                                  ctypes.c_int64, ctypes.c_void_p]
@@ -276,6 +280,27 @@ def slab_regions(bitmaps: np.ndarray, nregs: np.ndarray, size: np.ndarray, nfree
                                  nfree.ctypes.data, readable.ctypes.data, address.ctypes.data, arena.ctypes.data,
                                  starts.ctypes.data, ends.ctypes.data, arenas.ctypes.data, good.ctypes.data)
     return starts[:count], ends[:count], arenas[:count], good.view(bool)
+
+
+def merge_blocks(a: tuple[np.ndarray, np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray, np.ndarray],
+                 excluded: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """Two runs of blocks (starts, ends, arenas; each strictly ascending by start) merged in address order, less
+    those starting at one of EXCLUDED (ascending), in one C pass (`hw_merge_blocks`); None when the library is
+    not built, or the merged starts would not be strictly ascending (damage: the caller sorts)."""
+    if _LIB is None:
+        return None
+    c = np.ascontiguousarray
+    a = (c(a[0], dtype=np.uint64), c(a[1], dtype=np.uint64), c(a[2], dtype=np.int32))
+    b = (c(b[0], dtype=np.uint64), c(b[1], dtype=np.uint64), c(b[2], dtype=np.int32))
+    excluded = c(excluded, dtype=np.uint64)
+    room = len(a[0]) + len(b[0])
+    start, end, arena = np.empty(room, dtype=np.uint64), np.empty(room, dtype=np.uint64), np.empty(room, dtype=np.int32)
+    count = _LIB.hw_merge_blocks(*(x.ctypes.data for x in a), len(a[0]), *(x.ctypes.data for x in b), len(b[0]),
+                                 excluded.ctypes.data, len(excluded), start.ctypes.data, end.ctypes.data,
+                                 arena.ctypes.data)
+    if count < 0:
+        return None
+    return start[:count], end[:count], arena[:count]
 
 
 def nonzero_pages(words: np.ndarray) -> np.ndarray:

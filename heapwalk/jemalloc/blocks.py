@@ -13,7 +13,7 @@ import numpy as np
 
 from heapwalk.inferior.memory import Memory, merged, merged_arrays
 from heapwalk.inferior.records import read_records
-from heapwalk.analysis.locate import slab_regions
+from heapwalk.analysis.locate import NATIVE, merge_blocks, slab_regions
 from heapwalk.jemalloc.extents import ACTIVE, ExtentTable
 from heapwalk.jemalloc.model import JeState
 from heapwalk.jemalloc.region import SLAB_BITMAP
@@ -29,24 +29,57 @@ def jemalloc_blocks(mem: Memory, state: JeState) -> Blocks | None:
         return None
     active = table.state == ACTIVE
     slabs = np.flatnonzero(active & table.slab & (table.szind < table.classes.nbins))
-    starts, ends, arenas, unknown = _slab_regions(mem, table, slabs)
     large = np.flatnonzero(active & ~table.slab)
+    excluded = np.array(sorted(_not_the_programs(state)), dtype=np.uint64)
+    found = _in_address_order(mem, table, slabs, large, excluded)
+    if found is None:
+        found = _sorted(mem, table, slabs, large, excluded)
+    start, end, arena, unknown = found
+    heaps = merged_arrays(table.address, table.address + table.size.astype(np.uint64))
+    private = merged((at, at + size) for a in state.arenas for at, size in a.base_blocks)
+    return Blocks(start, end, arena, 0, 0, heaps=tuple(heaps), private=tuple(private), unknown=tuple(merged(unknown)))
+
+
+def _large(table: ExtentTable, large: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The large allocations at rows LARGE of TABLE: starts, ends (never past their extent) and arenas."""
+    first = table.address[large] + table.offset[large].astype(np.uint64)
+    sizes = table.usizes(large).astype(np.uint64)
+    return (first, np.minimum(first + sizes, table.address[large] + table.size[large].astype(np.uint64)),
+            table.arena[large].astype(np.int32))
+
+
+def _in_address_order(mem: Memory, table: ExtentTable, slabs: np.ndarray, large: np.ndarray, excluded: np.ndarray
+                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[tuple[int, int]]] | None:
+    """The blocks as `_sorted` finds them, made in address order (the slabs' rows and the large ones sorted by
+    address, then merged in C) rather than sorted afterwards: no array of a block each but the answer's; None
+    without the library, or when damage makes blocks overlap (then `_sorted` decides, as always)."""
+    if not NATIVE:
+        return None
+    slabs = slabs[np.argsort(table.address[slabs], kind="stable")]
+    large = large[np.argsort(table.address[large], kind="stable")]
+    starts, ends, arenas, unknown = _slab_regions(mem, table, slabs)
+    if len(starts) != 1:
+        return None
+    found = merge_blocks((starts[0], ends[0], arenas[0]), _large(table, large), excluded)
+    return None if found is None else (*found, unknown)
+
+
+def _sorted(mem: Memory, table: ExtentTable, slabs: np.ndarray, large: np.ndarray, excluded: np.ndarray
+            ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[tuple[int, int]]]:
+    """The regions the slabs at rows SLABS hand out and the large allocations at rows LARGE, in address order
+    (a stable sort: where damage makes two start together, the slabs' first, in their rows' order), less those
+    starting at one of EXCLUDED; and the slabs read as unknown memory."""
+    starts, ends, arenas, unknown = _slab_regions(mem, table, slabs)
     if len(large):
-        first = table.address[large] + table.offset[large].astype(np.uint64)
-        sizes = table.usizes(large).astype(np.uint64)
-        starts.append(first)
-        ends.append(np.minimum(first + sizes, table.address[large] + table.size[large].astype(np.uint64)))
-        arenas.append(table.arena[large].astype(np.int32))
+        for parts, column in zip((starts, ends, arenas), _large(table, large)):
+            parts.append(column)
     start, end, arena = (np.concatenate(parts) if parts else np.zeros(0, dtype=t)
                          for parts, t in ((starts, np.uint64), (ends, np.uint64), (arenas, np.int32)))
     order = np.argsort(start, kind="stable")
     start = start[order]
-    keep = _without(start, np.array(sorted(_not_the_programs(state)), dtype=np.uint64))
+    keep = _without(start, excluded)
     order = order[keep]
-    heaps = merged_arrays(table.address, table.address + table.size.astype(np.uint64))
-    private = merged((at, at + size) for a in state.arenas for at, size in a.base_blocks)
-    return Blocks(start[keep], end[order], arena[order], 0, 0, heaps=tuple(heaps),
-                  private=tuple(private), unknown=tuple(merged(unknown)))
+    return start[keep], end[order], arena[order], unknown
 
 
 def _without(ordered: np.ndarray, excluded: np.ndarray) -> np.ndarray:
