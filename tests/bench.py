@@ -148,14 +148,19 @@ def table(result: dict) -> str:
              f"the leak scan alone (blocks, roots, scan, search): {result['leak_scan_seconds']:.2f} s, "
              f"{result['leak_scan_times_floor']:.1f} x the floor",
              *command_lines(result["commands"], "chunks", 26)]
-    live = result.get("live")
-    if live:
-        lines.append(f"live attach (gdb -p, {live['chunks']:,} chunks): the walk {live['walk_seconds']:.2f} s, "
-                     f"{live['walk_chunks_per_second']:,.0f} chunks/s; heapwalk report "
-                     f"{live['report_wall_seconds']:.2f} s wall, {live['report_command_seconds']:.2f} s command, "
-                     f"peak RSS {live['report_peak_rss_bytes'] / mib:,.0f} MiB")
-        lines.append(capture_line(live["capture"]))
+    if result.get("live"):
+        lines += live_lines(result)
     return "\n".join(lines)
+
+
+def live_lines(result: dict) -> list[str]:
+    """What the live process of RESULT's shape measured: the walk and report attached, and the capture."""
+    live = result["live"]
+    return [f"live attach ({result['shape']} shape, gdb -p, {live['chunks']:,} chunks): the walk "
+            f"{live['walk_seconds']:.2f} s, {live['walk_chunks_per_second']:,.0f} chunks/s; heapwalk report "
+            f"{live['report_wall_seconds']:.2f} s wall, {live['report_command_seconds']:.2f} s command, peak RSS "
+            f"{live['report_peak_rss_bytes'] / (1 << 20):,.0f} MiB",
+            f"{result['shape']} shape, live: " + capture_line(live["capture"])]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -189,24 +194,24 @@ def main(argv: list[str] | None = None) -> int:
         stress(build_service("busy"), BUILD / "bench" / "stress", args.stress_rounds, 1200, args.stress_rounds // 7)
     precopy_mib = PRECOPY_MIB[args.size] if args.precopy_mib is None else args.precopy_mib
     precopied = measure_precopy(precopy_mib, BUILD / "bench" / "precopy") if precopy_mib else None
-    out = args.json or BUILD / "bench" / f"bench-{args.size}.json"
-    out.write_text(json.dumps({"size": args.size, "shapes": results, "jemalloc": jemalloc, "service_capture": service,
-                               "stress": busy, "precopy": precopied}, indent=2) + "\n")
-    print("\n\n".join([table(r) for r in results] + ([bench_jemalloc.table(jemalloc)] if jemalloc else [])))
-    more = []        # what follows the tables (the live captures' lines are in them)
+    more = []        # what follows the tables (the live lines are in them)
     if service is not None:
         more.append(f"16-arena service (cores/service.c, {service['workers']} workers): " + capture_line(service))
     if busy is not None:
         more.append(stress_line(busy))
     if precopied is not None:
         more += precopy_lines(precopied).splitlines()
+    out = args.json or BUILD / "bench" / f"bench-{args.size}.json"
+    data = {"size": args.size, "shapes": results, "jemalloc": jemalloc, "service_capture": service, "stress": busy,
+            "precopy": precopied, "machine": bench_docs.machine(), "argv": sys.argv[1:] if argv is None else argv,
+            "lines": [line for r in results if r.get("live") for line in live_lines(r)] + more}
+    out.write_text(json.dumps(data, indent=2) + "\n")
+    print("\n\n".join([table(r) for r in results] + ([bench_jemalloc.table(jemalloc)] if jemalloc else [])))
     for line in more:
         print("\n" + line)
     print(f"numbers written to {out}")
     if args.docs is not None:
-        live = [f"{r['shape']} shape, live: " + capture_line(r["live"]["capture"]) for r in results if r.get("live")]
-        bench_docs.write(args.docs, args.size, json.loads(out.read_text()), sys.argv[1:] if argv is None else argv,
-                         live + more)
+        bench_docs.write(args.docs, data)
         print(f"and to {args.docs}")
     return 0
 

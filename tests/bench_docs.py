@@ -153,7 +153,8 @@ def section(size: str, data: dict, m: dict, argv: list[str], extra: list[str] = 
     method = (f"Measured on {machine_line(m)}. Command: `tests/bench.py {' '.join(argv)}`; each command run as a "
               f"whole `gdb -batch` {runs} times, medians of its time inside gdb (gdb's start and the core's loading "
               "not counted), the peak RSS the highest of the runs.")
-    lines = [f"### {size}: {m['date']}, commit {m['commit']}", "", textwrap.fill(method, WIDTH), ""]
+    lines = [f"### {size}: {m['date']}, commit {m['commit']}", "", textwrap.fill(method, WIDTH, break_on_hyphens=False),
+             ""]
     if cores:
         lines += ["| core | heap | floor: one read each | in 4 MiB reads | gdb start and core load | one pass alone "
                   "| leak scan alone |", "|---|---|---|---|---|---|---|"]
@@ -169,8 +170,8 @@ def section(size: str, data: dict, m: dict, argv: list[str], extra: list[str] = 
             lines.append(f"| `{command}` | " + " | ".join(cells) + " |")
         lines += ["", *bar_lines(cores)]
     if extra:
-        lines += [""] + [textwrap.fill(line, WIDTH, initial_indent="- ", subsequent_indent="  ")
-                         for line in extra if line]
+        lines += [""] + [textwrap.fill(line, WIDTH, initial_indent="- ", subsequent_indent="  ",
+                                       break_on_hyphens=False) for line in extra if line]
     return "\n".join(lines).rstrip() + "\n"
 
 
@@ -197,7 +198,17 @@ def updated(text: str, size: str, body: str) -> str:
     return before + block + ("\n" + after if after else "")
 
 
-def write(path: Path, size: str, data: dict, argv: list[str], extra: list[str] = ()) -> None:
-    """Writes SIZE's part of the page at PATH from DATA, measured now on this machine by ARGV."""
+def write(path: Path, data: dict) -> None:
+    """Writes the part of the page at PATH for DATA's size (tests/bench.py's JSON, with the machine it was measured
+    on, the command and the lines printed after the tables)."""
     text = path.read_text() if path.exists() else "# Performance\n"
-    path.write_text(updated(text, size, section(size, data, machine(), argv, extra)))
+    body = section(data["size"], data, data["machine"], data["argv"], data.get("lines", []))
+    path.write_text(updated(text, data["size"], body))
+
+
+if __name__ == "__main__":
+    import json
+    import sys
+    if len(sys.argv) != 3:
+        sys.exit("usage: tests/bench_docs.py BENCH_JSON PAGE  (the page's part for that run, written again)")
+    write(Path(sys.argv[2]), json.loads(Path(sys.argv[1]).read_text()))

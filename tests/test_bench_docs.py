@@ -70,3 +70,15 @@ def test_a_page_without_the_anchor_gets_the_section_at_its_end():
     text = bench_docs.updated("# Performance\n\nsomething\n", "small", "### small: one\n")
     assert text.startswith("# Performance\n\nsomething\n\n" + bench_docs.HEADING)
     assert text.rstrip().endswith(bench_docs.end_marker("small"))
+
+
+def test_the_page_is_written_from_the_benchs_json_alone(tmp_path):
+    """The JSON carries the machine, the command and the lines printed after the tables: the part can be written
+    again from it (tests/bench_docs.py JSON PAGE) with what was measured then, not what this machine is now."""
+    page = tmp_path / "performance.md"
+    page.write_text("# Performance\n\n## The one pass\n")
+    data = {**_run(), "machine": MACHINE, "argv": ["--size", "large"], "lines": ["pre-copy, a line"]}
+    bench_docs.write(page, data)
+    text = page.read_text()
+    assert "### large: 2026-11-29 01:32 UTC, commit abc1234" in text and "- pre-copy, a line" in text
+    assert text.index(bench_docs.end_marker("large")) < text.index("## The one pass")
