@@ -150,9 +150,10 @@ def section(size: str, data: dict, m: dict, argv: list[str], extra: list[str] = 
     with EXTRA lines (capture, stress, pre-copy) as they were printed."""
     cores = cores_of(data)
     runs = max((r["runs"] for _, r, _ in cores), default=0)
+    times = "once, its time" if runs == 1 else f"{runs} times, the median of its times"
     method = (f"Measured on {machine_line(m)}. Command: `tests/bench.py {' '.join(argv)}`; each command run as a "
-              f"whole `gdb -batch` {runs} times, medians of its time inside gdb (gdb's start and the core's loading "
-              "not counted), the peak RSS the highest of the runs.")
+              f"whole `gdb -batch` {times} inside gdb (gdb's start and the core's loading not counted), the peak RSS "
+              "the highest of the runs.")
     lines = [f"### {size}: {m['date']}, commit {m['commit']}", "", textwrap.fill(method, WIDTH, break_on_hyphens=False),
              ""]
     if cores:
