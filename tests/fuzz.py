@@ -189,9 +189,19 @@ def _fuzz_core(cap, key: str, iex: list[str], args, seed: int, workdir: Path, do
     return failed
 
 
+def jemalloc_cores():
+    """Each jemalloc reproducer's capture on each of the tests' jemallocs, as (capture, key): those that run on that
+    jemalloc as it is (`harness.jemalloc_reproducers`), and je_dlopen, which loads its jemalloc itself."""
+    from conftest import DLOPENED, JEMALLOCS, SYSROOTS, capture_dlopen, capture_jemalloc
+    for suite in JEMALLOCS:
+        for name in harness.jemalloc_reproducers(harness.prepare_jemalloc(SYSROOTS, suite)):
+            yield capture_jemalloc(suite, name), f"jemalloc-{suite}/{name}"
+    yield capture_dlopen(), f"jemalloc-{DLOPENED}-dlopen/je_dlopen"
+
+
 def main() -> int:
-    from conftest import (GLIBCS, JEMALLOCS, NO_SYMBOLS, TC_CORES, capture, capture_jemalloc,  # the tests' captures
-                          capture_mimalloc, capture_tcmalloc, glibc)
+    from conftest import (GLIBCS, NO_SYMBOLS, TC_CORES, capture, capture_mimalloc,  # the tests' captures
+                          capture_tcmalloc, glibc)
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--count", type=int, default=300, help="engine mutants per core (default 300)")
@@ -211,10 +221,8 @@ def main() -> int:
             key = f"{g}/{name}"
             iex = glibc(g).gdb_settings(symbols=(g == "system"))
             failed_total += _fuzz_core(cap, key, iex, args, seed, args.workdir / g / name, documents)
-    for suite in JEMALLOCS:
-        for name in harness.JEMALLOC_REPRODUCERS:
-            cap, key = capture_jemalloc(suite, name), f"jemalloc-{suite}/{name}"
-            failed_total += _fuzz_core(cap, key, [NO_SYMBOLS], args, seed, args.workdir / key, documents, JE_DRIVER)
+    for cap, key in jemalloc_cores():
+        failed_total += _fuzz_core(cap, key, [NO_SYMBOLS], args, seed, args.workdir / key, documents, JE_DRIVER)
     for name in TC_CORES:
         cap, key = capture_tcmalloc(name), f"tcmalloc-{name}/tc_hold"
         failed_total += _fuzz_core(cap, key, [NO_SYMBOLS], args, seed, args.workdir / key, documents, TC_DRIVER)

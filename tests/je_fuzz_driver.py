@@ -47,7 +47,10 @@ from heapwalk.output.htmlreport import report_html
 from heapwalk.output.jsondoc import report_json
 from heapwalk.output.pngmaps import png_maps
 
+from heapwalk.analysis.inuse import in_use_of, leak_totals
+from heapwalk.analysis.leaks import leaks_of
 from heapwalk.inferior.gdbadapter import gdb_memory, thread_registers
+from heapwalk.inferior.roots import readonly_images
 from heapwalk.inferior.gdbspace import memory_map
 
 _CACHE_BIN = 24
@@ -69,9 +72,10 @@ class Recording:
         return data
 
 
-def exercise(mem, maps, threads):
+def exercise(mem, maps, threads, space=None):
     """Everything the commands do on MEM: (the state or None when refused, the check's findings, the report's
-    JSON, 'ok' or 'refused: <the one line>'); the maps of its extents and the report's page drawn too."""
+    JSON, 'ok' or 'refused: <the one line>'); the maps of its extents and the report's page drawn too, and with
+    SPACE (the process's memory map) the report's leak scan over the blocks its extents hold."""
     try:
         disc = discover_jemalloc(mem, maps)
     except JemallocNotFound as exc:
@@ -80,7 +84,7 @@ def exercise(mem, maps, threads):
     state = dataclasses.replace(state, findings=state.findings + decay_findings(state))
     findings = je_check.check_jemalloc(state)
     heap = JemallocHeap(state, mem)
-    rep = heap.report()
+    rep = heap.report(*_leak_scan(mem, heap, space, threads))
     console = tables.make_console(io.StringIO(), False)
     box = tables.box_for(False)
     for part in (jedoc.jemalloc_arenas_table(state, box), jedoc.jemalloc_threads_table(state, box),
@@ -99,6 +103,17 @@ def exercise(mem, maps, threads):
         report_html(document, heap.html_header(document), heap.html(document, strips))
     errors = [f for f in findings if f.severity is Severity.ERROR]
     return state, findings, report_json(rep), "ok" if not errors else f"ok, {len(errors)} errors"
+
+
+def _leak_scan(mem, heap, space, threads) -> tuple:
+    """The report's in-use groups and leak totals, as 'heapwalk report' makes them from the blocks HEAP's extents
+    hold; () without SPACE or extents."""
+    if space is None or not heap.scans_leaks:
+        return ()
+    blocks = heap.blocks()
+    lk = leaks_of(mem, blocks, space, threads)
+    return in_use_of(blocks, ~lk.reach.reached, lk.reach.first_words, readonly_images(space), None, mem), \
+        leak_totals(lk)
 
 
 class Sound:
@@ -252,9 +267,9 @@ def judge(spec: dict, named: int | None, state, findings, rep) -> tuple[str | No
     return None, {"detected": True, "exact": exact, **({} if exact else {"errors": [str(f) for f in errors[:3]]})}
 
 
-def _run(m: dict, mem, named, maps, threads) -> tuple[str, dict]:
+def _run(m: dict, mem, named, maps, threads, space=None) -> tuple[str, dict]:
     """Mutant M's outcome and what it detected (see `judge`)."""
-    state, findings, rep, outcome = exercise(mem, maps, threads)
+    state, findings, rep, outcome = exercise(mem, maps, threads, space)
     broken, verdict = judge(m, named, state, findings, rep)
     return (f"FAILED: {broken} ({outcome})" if broken else outcome), verdict
 
@@ -270,7 +285,7 @@ def main() -> None:
     mutants = list(spec.get("replay", []))
     mutants += draw_mutants(rng, len(sound.reads), spec["count"], DAMAGE)
     results = run_mutants(mutants, lambda m: apply(m, sound), spec["bound"], lambda m, mem, named: _run(
-        m, mem, named, maps, threads))
+        m, mem, named, maps, threads, space))
     fields = [(f"read {i}", a) for i, (a, _) in enumerate(sound.reads)]
     with open(spec["out"], "w", encoding="utf-8") as fh:
         json.dump({"fields": fields, "results": results}, fh, indent=1)
