@@ -109,6 +109,14 @@ def cores_of(data: dict) -> list[tuple[str, dict, str]]:
     return cores
 
 
+def commands_of(cores: list[tuple[str, dict, str]]) -> list[str]:
+    """Every command timed on any of CORES, in the order they were timed."""
+    commands: list[str] = []
+    for _, r, _ in cores:
+        commands += [c["command"] for c in r["commands"] if c["command"] not in commands]
+    return commands
+
+
 def _cell(row: dict | None, unit: str) -> str:
     if row is None:
         return "-"
@@ -128,9 +136,7 @@ def _heaps_row(name: str, r: dict) -> str:
 
 def bar_lines(cores: list[tuple[str, dict, str]]) -> list[str]:
     """The commands within the bar on every core, then each other one with where it is not, and by how much."""
-    commands: list[str] = []
-    for _, r, _ in cores:
-        commands += [c["command"] for c in r["commands"] if c["command"] not in commands]
+    commands = commands_of(cores)
     met, missed = [], []
     for command in commands:
         rows = [(name, next((c for c in r["commands"] if c["command"] == command), None)) for name, r, _ in cores]
@@ -160,9 +166,7 @@ def section(size: str, data: dict, m: dict, argv: list[str], extra: list[str] = 
         lines += ["| core | heap | floor: one read each | in 4 MiB reads | gdb start and core load | one pass alone "
                   "| leak scan alone |", "|---|---|---|---|---|---|---|"]
         lines += [_heaps_row(name, r) for name, r, _ in cores]
-        commands: list[str] = []
-        for _, r, _ in cores:
-            commands += [c["command"] for c in r["commands"] if c["command"] not in commands]
+        commands = commands_of(cores)
         lines += ["", "| command | " + " | ".join(name for name, _, _ in cores) + " |",
                   "|---|" + "---|" * len(cores)]
         for command in commands:

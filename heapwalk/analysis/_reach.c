@@ -378,7 +378,7 @@ int64_t hw_merge_blocks(const uint64_t *a_start, const uint64_t *a_end, const in
     while (i < na || j < nb) {
         int from_a = j >= nb || (i < na && a_start[i] < b_start[j]);
         uint64_t at = from_a ? a_start[i] : b_start[j];
-        if ((i + j > 0 && at <= last) || (i < na && j < nb && a_start[i] == b_start[j]))
+        if (i + j > 0 && at <= last)
             return -1;
         last = at;
         while (x < nx && excluded[x] < at)
