@@ -113,3 +113,73 @@ def test_gather_is_the_same_in_c_and_numpy(seed):
             assert (c is None) == (py is None)
             if c is not None:
                 assert all(np.array_equal(a, b) and a.dtype == b.dtype for a, b in zip(c, py))
+
+
+def _swept_lists(rng: random.Random, n: int):
+    """A `Sweep` of N chunks strung into a few doubly linked lists (some through a head outside the chunks,
+    some ending at NULL), then damaged here and there: a link to the middle of a chunk, to a chunk of another
+    list, a loop, a bk that does not lead back, a size out of range."""
+    from heapwalk.glibc.bulk.sweep import Sweep
+    address = np.cumsum(np.array([0x1000] + [rng.choice((0x20, 0x30, 0x100)) for _ in range(n - 1)],
+                                 dtype=np.uint64)).astype(np.uint64)
+    field = np.array([rng.choice((0x20, 0x21, 0x30, 0x31, 0x100, 0x105, 0x28)) for _ in range(n)], dtype=np.uint64)
+    fd, bk = np.zeros(n, dtype=np.uint64), np.zeros(n, dtype=np.uint64)
+    members = list(range(n))
+    rng.shuffle(members)
+    heads = []
+    for k in range(4):
+        chain = members[k::4]
+        if not chain:
+            continue
+        head = 0x10 * (k + 1) if k % 2 else 0
+        for a, b in zip([None] + chain, chain + [None]):
+            if a is not None:
+                fd[a] = head if b is None else address[b]
+            if b is not None:
+                bk[b] = head if a is None else address[a]
+        heads.append((int(address[chain[0]]), head, head if b is None else int(address[chain[-1]])))
+    damaged = rng.randrange(4) if n > 1 else 0
+    for _ in range(damaged):
+        j = rng.randrange(n)
+        fd[j], bk[j], field[j] = rng.choice(((fd[j] + np.uint64(8), bk[j], field[j]),
+                                             (address[rng.randrange(n)], bk[j], field[j]),
+                                             (address[j], bk[j], field[j]), (fd[j], np.uint64(0x99), field[j]),
+                                             (fd[j], bk[j], np.uint64(0x5000))))
+    return Sweep(address, field, fd, bk, ()), heads, damaged
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_a_list_is_followed_and_judged_the_same_in_c_and_numpy(seed, monkeypatch):
+    """`indexlists._Walk.list`: the one C call (`native.walk_list`) and the numpy steps give the same chunks, the
+    same codes, and fail on the same lists, whatever damage the links, back links and sizes hold."""
+    from heapwalk.analysis.locate import Locator
+    from heapwalk.glibc.bulk import indexlists
+    rng = random.Random(seed)
+    sweep, heads, damaged = _swept_lists(rng, rng.choice((1, 2, 7, 300)))
+    rows = np.arange(sweep.count)
+    links = indexlists._successors(sweep.address, Locator(sweep.address, sweep.address + np.uint64(16)), sweep.fd,
+                                   rows, np.empty(sweep.count, dtype=np.int64))
+    bound = rng.choice((2, 50, 1000, 1000))
+    calls = [(first, end, False, rng.choice((0x20, 0x20, 0x30)), rng.choice((0x30, 0x100, (1 << 64) - 1, (1 << 64) - 1)),
+              rng.choice((head_bk, head_bk, None, head_bk + 16)), rng.choice((2, 3, 4))) for first, end, head_bk in heads]
+    first, end, head_bk = heads[0]
+    calls[0] = (first, end, False, 0x20, (1 << 64) - 1, head_bk if end else None, 3)
+    planted = rng.randrange(sweep.count)
+    results = []
+    for use_c in (True, False):
+        if not use_c:
+            monkeypatch.setattr(native, "_LIB", None)
+            links = native.successors(np.asarray(links))
+        walk = indexlists._Walk(sweep, min(bound, sweep.count + 1), bound)
+        walk.codes[planted] = 9 if seed % 3 == 0 else indexlists.PLAIN
+        outcome = []
+        for args in calls:
+            listed = walk.list(links, *args)
+            outcome.append(None if listed is None else (listed[0].tolist(), listed[1].tolist()))
+            if listed is None:
+                break
+        results.append((outcome, walk.codes.tolist() if outcome[-1] is not None else None))
+    assert native.LISTS_NATIVE or os.environ.get("HEAPWALK_PURE")
+    assert results[0] == results[1]
+    if not damaged and seed % 3 and bound > sweep.count:
+        assert results[0][0][0] is not None and len(results[0][0][0][0]) == len(range(sweep.count)[::4])

@@ -66,3 +66,50 @@ int64_t hw_gather(const uint64_t *words, int64_t n, const int64_t *found, int64_
     }
     return 1;
 }
+
+/* One free list of a swept arena, followed and judged at once.  The N chunks are at ADDRESS (sorted), with their
+ * size fields FIELD and the words after them FD and BK; SUCCESSOR gives the index of the chunk each chunk's link
+ * leads to (negative for none).  The list starts at the chunk FIRST and must end at a chunk whose link (its fd,
+ * undone of safe-linking when SAFE) is END, within STEPS links and shorter than BOUND chunks.  Every chunk's size
+ * (its field less the three flag bits) must lie in [LO, HI].  With MIRROR, each chunk's bk must lead back to the
+ * chunk before it (the first's to END, the list's head) and HEAD_BK to the last.  No chunk may be coded other
+ * than PLAIN in CODES already; each is then coded CODE.  Writes each chunk's index, address and field in list
+ * order to ORDER, OUT_ADDRESS and OUT_FIELD (room for STEPS) and returns how many; -1 when the list fails any of
+ * this (CODES may then hold some of its chunks coded).  The list is followed first, then its chunks are looked
+ * at: the second loop's reads do not wait on each other. */
+int64_t hw_list(const int64_t *successor, const uint64_t *address, const uint64_t *field, const uint64_t *fd,
+                const uint64_t *bk, int64_t n, uint64_t first, uint64_t end, int64_t safe, int64_t steps,
+                int64_t bound, uint64_t lo, uint64_t hi, int64_t mirror, uint64_t head_bk, uint8_t *codes,
+                uint8_t plain, uint8_t code, int64_t *order, uint64_t *out_address, uint64_t *out_field)
+{
+    if (first == end)
+        return mirror && head_bk != end ? -1 : 0;
+    int64_t a = 0, b = n;                      /* the first chunk at or above FIRST */
+    while (a < b) {
+        int64_t m = a + (b - a) / 2;
+        if (address[m] < first)
+            a = m + 1;
+        else
+            b = m;
+    }
+    if (a >= n || address[a] != first)
+        return -1;
+    int64_t count = hw_follow(successor, n, a, steps, order);
+    if (count < 0)
+        return -1;
+    int64_t last = order[count - 1];
+    uint64_t link = safe ? fd[last] ^ ((address[last] + 16) >> 12) : fd[last];
+    if (link != end || count >= bound || (mirror && head_bk != address[last]))
+        return -1;
+    uint64_t before = end;
+    for (int64_t k = 0; k < count; k++) {
+        int64_t j = order[k];
+        uint64_t size = field[j] & ~(uint64_t)7;
+        if (size < lo || size > hi || codes[j] != plain || (mirror && bk[j] != before))
+            return -1;
+        codes[j] = code;
+        out_address[k] = before = address[j];
+        out_field[k] = field[j];
+    }
+    return count;
+}

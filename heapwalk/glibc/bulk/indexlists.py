@@ -19,7 +19,7 @@ import numpy as np
 from heapwalk.glibc.locate.layout import MINSIZE, NBINS, NSMALLBINS, Layout
 from heapwalk.glibc.walk.lists import MAX_LIST, bin_kind
 from heapwalk.glibc.model import BinKind, BinList
-from heapwalk.glibc.bulk.native import follow, successors
+from heapwalk.glibc.bulk.native import LISTS_NATIVE, follow, successors, walk_list
 from heapwalk.glibc.bulk.sweep import Sweep
 from heapwalk.analysis.locate import Locator
 
@@ -67,7 +67,7 @@ def lists_of_sweep(sweep: Sweep, layout: Layout, arena: int, raw_arena: bytes, s
     of its malloc_state); None when any of them is not sound."""
     bound = min(max(system_mem, 1 << 20) // MINSIZE + 1, MAX_LIST)
     address, n = sweep.address, sweep.count
-    codes = np.full(n, PLAIN, dtype=np.uint8)
+    walk = _Walk(sweep, min(bound, n + 1), bound)
     sizes = sweep.sizes.view(np.uint64)
     starts = Locator(address, address + np.uint64(16))
     free = np.zeros(n, dtype=bool)       # the chunks whose next chunk says they are free: all a bin may hold
@@ -82,27 +82,68 @@ def lists_of_sweep(sweep: Sweep, layout: Layout, arena: int, raw_arena: bytes, s
             nexts ^= (address[rows] + np.uint64(16)) >> np.uint64(12)
         links = _successors(address, starts, nexts, rows, scratch)
         for i, head in enumerate(heads):
-            order = _follow(address, links, partial(_fast_next, sweep, layout.safe_linking), head, 0, bound)
-            if order is None or np.any(sizes[order] != (i + 2) * 16) or not _claim(codes, order, _FAST_CODE):
+            size = (i + 2) * 16
+            listed = walk.list(links, head, 0, layout.safe_linking, size, size, None, _FAST_CODE)
+            if listed is None:
                 return None
-            fastbins.append(_bin_list(BinKind.FAST, i, address, sweep.field, order,
-                                      arena + layout.off_fastbins + 8 * i))
+            fastbins.append(BinList(BinKind.FAST, i, arena + layout.off_fastbins + 8 * i, *listed, True))
     rows = np.flatnonzero(free)
     links = _successors(address, starts, sweep.fd[rows], rows, scratch)
     regular = []
     for index in range(1, NBINS):
         head = layout.bin_header(arena, index)
         fd, bk = struct.unpack_from("<QQ", raw_arena, head + 16 - arena)
-        order = _follow(address, links, partial(_fd, sweep), fd, head, bound)
-        if order is None or not _mirrored(address, sweep.bk, order, head, bk):
-            return None
-        if len(order) and not _sizes_in(sizes[order], *((MINSIZE, 1 << 64) if index == 1 else _BIN_RANGES[index])):
-            return None
+        lo, hi = (MINSIZE, 1 << 64) if index == 1 else _BIN_RANGES[index]
         code = _UNSORTED_CODE if index == 1 else _SMALL_CODE if index < NSMALLBINS else _LARGE_CODE
-        if not _claim(codes, order, code):
+        listed = walk.list(links, fd, head, False, lo, hi - 1, bk, code)
+        if listed is None:
             return None
-        regular.append(_bin_list(bin_kind(index), index, address, sweep.field, order, head))
-    return IndexedLists(tuple(fastbins), regular[0], tuple(regular[1:]), codes)
+        regular.append(BinList(bin_kind(index), index, head, *listed, True))
+    return IndexedLists(tuple(fastbins), regular[0], tuple(regular[1:]), walk.codes)
+
+
+class _Walk:
+    """The lists of one swept arena followed and judged one at a time, in one C call each when the library has it
+    (`native.walk_list`), else in numpy; each list's chunks claimed in CODES (PLAIN when no list holds one)."""
+
+    def __init__(self, sweep: Sweep, steps: int, bound: int):
+        self.sweep, self.steps, self.bound = sweep, steps, bound
+        self.codes = np.full(sweep.count, PLAIN, dtype=np.uint8)
+        self.native = LISTS_NATIVE
+        if self.native:
+            self.chunks = tuple(np.ascontiguousarray(a, dtype=np.uint64)
+                                for a in (sweep.address, sweep.field, sweep.fd, sweep.bk))
+            self.out = (np.empty(steps, dtype=np.int64), np.empty(steps, dtype=np.uint64),
+                        np.empty(steps, dtype=np.uint64))
+
+    def list(self, links, first: int, end: int, safe: bool, lo: int, hi: int, head_bk: int | None,
+             code: int) -> tuple[array, array] | None:
+        """The addresses and size fields of the list from the chunk at FIRST (a bin's fd) to END (its head, or NULL),
+        each chunk's link undone of safe-linking when SAFE, every size in [LO, HI], each bk leading back and the
+        head's bk HEAD_BK to the last when HEAD_BK is given, its chunks claimed with CODE; None when it is not
+        sound."""
+        chunks, raw = array("Q"), array("Q")
+        count = walk_list(links, self.chunks, first, end, safe, self.steps, self.bound, lo, hi, head_bk, self.codes,
+                          PLAIN, code, self.out) if self.native else NotImplemented
+        if count is None:
+            return None
+        if count is not NotImplemented:
+            chunks.frombytes(self.out[1][:count].view(np.uint8))
+            raw.frombytes(self.out[2][:count].view(np.uint8))
+            return chunks, raw
+        sweep = self.sweep
+        next_link = partial(_fast_next, sweep, True) if safe else partial(_fd, sweep)
+        order = _follow(sweep.address, links, next_link, first, end, self.bound)
+        if order is None or head_bk is not None and not _mirrored(sweep.address, sweep.bk, order, end, head_bk):
+            return None
+        if len(order) and not _sizes_in(sweep.sizes.view(np.uint64)[order], lo, hi + 1):
+            return None
+        if not _claim(self.codes, order, code):
+            return None
+        if len(order):
+            chunks.frombytes(sweep.address[order].tobytes())
+            raw.frombytes(sweep.field[order].tobytes())
+        return chunks, raw
 
 
 def _fd(sweep: Sweep, j: int) -> int:
@@ -167,12 +208,3 @@ def _claim(codes: np.ndarray, order: np.ndarray, code: int) -> bool:
         return False
     codes[order] = code
     return True
-
-
-def _bin_list(kind: BinKind, index: int, address: np.ndarray, fields: np.ndarray, order: np.ndarray,
-              head: int) -> BinList:
-    chunks, raw = array("Q"), array("Q")
-    if len(order):
-        chunks.frombytes(address[order].tobytes())
-        raw.frombytes(fields[order].tobytes())
-    return BinList(kind, index, head, chunks, raw, True)

@@ -18,7 +18,7 @@ import numpy as np
 
 from heapwalk.inferior.clib import built_library
 
-__all__ = ["chase", "follow", "gather", "successors", "NATIVE"]
+__all__ = ["chase", "follow", "gather", "successors", "walk_list", "NATIVE", "LISTS_NATIVE"]
 
 _INT64_P = ctypes.POINTER(ctypes.c_int64)
 
@@ -37,12 +37,19 @@ def _load():
         lib.hw_gather.restype = ctypes.c_int64
         lib.hw_gather.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_uint64,
                                   ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+        if hasattr(lib, "hw_list"):      # a library built before it still serves the other three
+            lib.hw_list.restype = ctypes.c_int64
+            lib.hw_list.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64, ctypes.c_uint64, ctypes.c_uint64] + \
+                [ctypes.c_int64] * 3 + [ctypes.c_uint64] * 2 + [ctypes.c_int64, ctypes.c_uint64, ctypes.c_void_p,
+                                                                 ctypes.c_uint8, ctypes.c_uint8] + [ctypes.c_void_p] * 3
     return lib
 
 
 _LIB = _load()
 #: whether the C loops are in use
 NATIVE = _LIB is not None
+#: whether a free list is followed and judged in one C call (`walk_list`)
+LISTS_NATIVE = NATIVE and hasattr(_LIB, "hw_list")
 
 
 def chase(words: np.ndarray, j: int, min_size: int) -> tuple[np.ndarray, int]:
@@ -86,6 +93,27 @@ def follow(links, j: int, steps: int) -> np.ndarray | None:
     out = np.empty(min(steps, len(links) + 1), dtype=np.int64)
     count = _LIB.hw_follow(links.ctypes.data, len(links), j, len(out), out.ctypes.data)
     return None if count < 0 else out[:count].copy()
+
+
+def walk_list(links: np.ndarray, chunks: tuple[np.ndarray, ...], first: int, end: int, safe: bool, steps: int, bound: int, lo: int,
+              hi: int, head_bk: int | None, codes: np.ndarray, plain: int, code: int,
+              out: tuple[np.ndarray, np.ndarray, np.ndarray]) -> int | None:
+    """A free list followed through LINKS (`successors`) among CHUNKS (a sweep's address, field, fd and bk, each
+    contiguous uint64) from the chunk at FIRST and judged in
+    one C call (`indexlists._list` has the same in numpy): it must end at a chunk whose link (its fd, undone of
+    safe-linking when SAFE) is END, within STEPS links and shorter than BOUND, every size in [LO, HI], no chunk
+    already coded other than PLAIN in CODES (each then coded CODE), and with HEAD_BK (not None) each bk leads
+    back (the first's to END) and HEAD_BK to the last.  The chunks' indices (int64), addresses and fields go to OUT
+    (room for STEPS each), in list order: how many; None when the list fails (CODES may then hold some of it coded).
+    NotImplemented when the library has no such call."""
+    if _LIB is None or not hasattr(_LIB, "hw_list"):
+        return NotImplemented
+    address, field, fd, bk = chunks
+    count = _LIB.hw_list(links.ctypes.data, address.ctypes.data, field.ctypes.data, fd.ctypes.data, bk.ctypes.data,
+                         len(address), first, end, int(safe), steps, bound, lo, hi,
+                         int(head_bk is not None), 0 if head_bk is None else head_bk, codes.ctypes.data, plain, code,
+                         out[0].ctypes.data, out[1].ctypes.data, out[2].ctypes.data)
+    return None if count < 0 else int(count)
 
 
 def _chase_python(words: np.ndarray, j: int, min_size: int) -> tuple[np.ndarray, int]:
