@@ -172,11 +172,15 @@ class MiState:
                                    for a in self.discovery.arenas for b in range(a.blocks) if not a.inuse >> b & 1]
 
     def arena_free(self) -> int:
-        """Bytes of the arenas' blocks no segment uses (mimalloc 3: their free slices)."""
+        """Bytes of the arenas' blocks no segment uses (mimalloc 3: their free slices); none of an arena whose
+        segments' damaged sizes claim more than it holds."""
         if self.v3:
             return sum(self.arena_split(a)[1] for a in self.discovery.arenas)
-        used = sum(s.reserved for s in self.live() if s.arena is not None)
-        return sum(a.reserved for a in self.discovery.arenas) - used
+        used: dict[int, int] = {}
+        for s in self.live():
+            if s.arena is not None:
+                used[s.arena.id] = used.get(s.arena.id, 0) + s.reserved
+        return sum(max(a.reserved - used.get(a.id, 0), 0) for a in self.discovery.arenas)
 
     def resident(self, ranges) -> int | None:
         if self.residency is None:
@@ -297,6 +301,12 @@ def _segment(mem: Memory, found: MiDiscovery, at: int, live: bool, findings: lis
     if arena is not None:
         blocks = -(-slices * lay.slice_size // lay.segment_size)
         first = arena.block_of(at)
+        if first + blocks > arena.blocks:
+            findings.append(Finding(Severity.ERROR, at, "mi_segment_t", f"the segment's {slices} slices run past the "
+                                    f"end of its arena (from its block {first} of {arena.blocks}, at "
+                                    f"{arena.start:#x}): it is counted to the arena's end", SEGMENT))
+            blocks = arena.blocks - first
+            slices = max(blocks * lay.segment_size // lay.slice_size, info + 1)
         reserved = blocks * lay.segment_size
         if all(arena.committed >> b & 1 for b in range(first, first + blocks)):
             committed = reserved            # its arena committed its blocks: the arena's figure counts them
