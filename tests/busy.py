@@ -162,7 +162,8 @@ def stress(exe: Path, workdir: Path, rounds: int, seconds: float, kills: int) ->
     captures killed at random moments.  What it measured, for the caller to assert on."""
     state_dir = workdir / "busy"
     state_dir.mkdir(parents=True, exist_ok=True)
-    (state_dir / "state").unlink(missing_ok=True)
+    for name in ("state", "port"):                # a port left by an earlier run would be read before this one's
+        (state_dir / name).unlink(missing_ok=True)
     proc = subprocess.Popen([str(exe), str(state_dir)])
     result: dict = {"rounds": 0, "pauses": [], "changes": [], "modes": {}, "killed": [], "states": []}
     try:
