@@ -376,3 +376,26 @@ def test_the_2_0_segment_cache_is_found_by_its_slots_and_bitmap():
     assert find_segment_cache(base, words, lay, set()) == (None, ())               # no bitmap of those available
     words[40], words[bitmap + 10] = ~np.uint64(1 << 3), np.uint64(0)
     assert find_segment_cache(base, words, lay, set()) == (None, ())               # the bitmap does not hold it
+
+
+def test_a_segment_whose_slices_run_past_its_arena_is_a_finding_held_to_the_arena():
+    """2.0.9: a segment taken from arena 1's block 2 of 4 whose slice count (damaged) claims 2 TiB is an error at
+    the segment; it is counted to the arena's end, and the arena's free blocks are never below zero."""
+    from heapwalk.mimalloc.arenas import MiArena
+    start = 0x20000000000
+    at = start + 2 * SEG
+    arena = MiArena(0x7F0000002000, 1, start, 4, SEG, committed=0b1111, inuse=0b0100)
+    head = _segment_bytes([(1, 1, 64, 10)])
+    head[LAY.seg_memid:LAY.seg_memid + 8] = (1 | 2 << 8).to_bytes(8, "little")
+    found = discovery.MiDiscovery(LAY, (2, 0, 9), "x", 0, 0, (at,), (), None, None, (), arenas=(arena,))
+    findings = []
+    seg = decode._segment(_Memory(at, bytes(head)), found, at, True, findings)
+    assert not findings and seg.arena is arena and seg.reserved == SEG
+    assert decode.MiState(found, [seg], [], [], []).arena_free() == 3 * SEG
+    head[LAY.seg_slices_count:LAY.seg_slices_count + 8] = (LAY.slices_per_segment | 1 << 25).to_bytes(8, "little")
+    seg = decode._segment(_Memory(at, bytes(head)), found, at, True, findings)
+    assert [(f.address, f.kind) for f in findings] == [(at, decode.SEGMENT)]
+    assert "run past the end of its arena" in findings[0].message
+    assert seg.reserved == 2 * SEG and seg.slices == 2 * LAY.slices_per_segment
+    assert decode.MiState(found, [seg], [], [], []).arena_free() == 2 * SEG
+    assert decode.MiState(found, [seg, seg, seg], [], [], []).arena_free() == 0

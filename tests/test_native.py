@@ -160,10 +160,12 @@ def test_a_list_is_followed_and_judged_the_same_in_c_and_numpy(seed, monkeypatch
     links = indexlists._successors(sweep.address, Locator(sweep.address, sweep.address + np.uint64(16)), sweep.fd,
                                    rows, np.empty(sweep.count, dtype=np.int64))
     bound = rng.choice((2, 50, 1000, 1000))
-    calls = [(first, end, False, rng.choice((0x20, 0x20, 0x30)), rng.choice((0x30, 0x100, (1 << 64) - 1, (1 << 64) - 1)),
-              rng.choice((head_bk, head_bk, None, head_bk + 16)), rng.choice((2, 3, 4))) for first, end, head_bk in heads]
+    top = (1 << 64) - 1
+    calls = [(first, end, False, rng.choice((0x20, 0x20, 0x30)), rng.choice((0x30, 0x100, top, top)),
+              rng.choice((head_bk, head_bk, None, head_bk + 16)), rng.choice((2, 3, 4)))
+             for first, end, head_bk in heads]
     first, end, head_bk = heads[0]
-    calls[0] = (first, end, False, 0x20, (1 << 64) - 1, head_bk if end else None, 3)
+    calls[0] = (first, end, False, 0x20, top, head_bk if end else None, 3)
     planted = rng.randrange(sweep.count)
     results = []
     for use_c in (True, False):

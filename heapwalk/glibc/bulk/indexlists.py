@@ -1,10 +1,11 @@
 """An arena's free lists followed through a `Sweep` instead of through memory.
 
 Each fastbin and regular bin starts at its head in the arena and goes on through the fd (or safe-linked next)
-the sweep kept of each chunk.  Every link is looked up among the sweep's sorted addresses at once (`Locator`), so following a
-list is a step through a Python list of indices, and the checks the careful walkers make of a sound list (each
+the sweep kept of each chunk.  Every link is looked up among the sweep's sorted addresses at once (`Locator`), so
+following a list is a step through an array of indices; the checks the careful walkers make of a sound list (each
 bk mirrors its fd, each size belongs in its bin, the list ends at its head or at NULL, it is not longer than
-the arena can hold, no chunk is in two lists) are made on whole arrays.  A list that fails any of them, or
+the arena can hold, no chunk is in two lists) are made in the same C call (`native.walk_list`), or on the list's
+arrays in numpy where the library was not built.  A list that fails any of them, or
 leads anywhere but to a chunk the sweep met, gives None: the careful walkers then take the arena.
 """
 

@@ -1,11 +1,13 @@
-"""The one pass's two pointer-chasing loops, in C when `pip install` built heapwalk's small library, in Python
+"""The one pass's pointer-chasing loops, in C when `pip install` built heapwalk's small library, in Python
 otherwise.
 
 Stepping from chunk to chunk by their sizes, and from list member to list member, cannot be done on whole
 arrays: each step needs the one before.  In Python they cost about a quarter of a microsecond a step, most of a
-big heap's walk; in C (`_native.c`, loaded with ctypes, no Python headers needed) a few nanoseconds.  Both
-forms give the same answers (tests/test_native.py holds them equal); HEAPWALK_PURE=1 in the environment turns
-the library off.
+big heap's walk; in C (`_native.c`, loaded with ctypes, no Python headers needed) a few nanoseconds.  A free
+list's checks are made in the same C call that follows it (`walk_list`), where numpy would gather each of its
+chunks' fields across the arena again (`indexlists` keeps those numpy steps for a build without it).  Both forms
+give the same answers (tests/test_native.py holds them equal); HEAPWALK_PURE=1 in the environment turns the
+library off.
 """
 
 from __future__ import annotations
@@ -95,12 +97,12 @@ def follow(links, j: int, steps: int) -> np.ndarray | None:
     return None if count < 0 else out[:count].copy()
 
 
-def walk_list(links: np.ndarray, chunks: tuple[np.ndarray, ...], first: int, end: int, safe: bool, steps: int, bound: int, lo: int,
-              hi: int, head_bk: int | None, codes: np.ndarray, plain: int, code: int,
+def walk_list(links: np.ndarray, chunks: tuple[np.ndarray, ...], first: int, end: int, safe: bool, steps: int,
+              bound: int, lo: int, hi: int, head_bk: int | None, codes: np.ndarray, plain: int, code: int,
               out: tuple[np.ndarray, np.ndarray, np.ndarray]) -> int | None:
     """A free list followed through LINKS (`successors`) among CHUNKS (a sweep's address, field, fd and bk, each
-    contiguous uint64) from the chunk at FIRST and judged in
-    one C call (`indexlists._list` has the same in numpy): it must end at a chunk whose link (its fd, undone of
+    contiguous uint64) from the chunk at FIRST and judged in one C call (`indexlists._Walk.list` has the same in
+    numpy): it must end at a chunk whose link (its fd, undone of
     safe-linking when SAFE) is END, within STEPS links and shorter than BOUND, every size in [LO, HI], no chunk
     already coded other than PLAIN in CODES (each then coded CODE), and with HEAD_BK (not None) each bk leads
     back (the first's to END) and HEAD_BK to the last.  The chunks' indices (int64), addresses and fields go to OUT
