@@ -210,10 +210,11 @@ def stress_line(run: dict) -> str:
     short = sum(w["short"] for w in run["account"]["waits"].values())
     late = max(w["late"] for w in run["account"]["waits"].values())
     lat = run["latencies"]
-    return (f"busy service (cores/busy.c) captured {run['rounds']} times under load ({run['modes']}), "
+    modes = ", ".join(f"{count} {mode}" for mode, count in run["modes"].items())
+    return (f"busy service (cores/busy.c) captured {run['rounds']} times under load ({modes}), "
             f"{len(run['killed'])} captures killed: RssShmem+Shmem moved at most {changed} KiB; "
-            f"{len(lat)} requests, {len(run['errors'])} failed, "
+            f"{len(lat):,} requests, {len(run['errors'])} failed, "
             + (f"slowest {lat[-1]:.3f} s" if lat else "none answered: the load did not reach the service")
-            + f" (longest pause {max(run['pauses'], default=0):.3f} s); signals {run['account']['signals']} of {run['sent']}; timed waits "
-            f"cut short {short}, latest {late:.3f} s; running after every kill: "
+            + f" (longest pause {max(run['pauses'], default=0):.3f} s); signals {run['account']['signals']:,} of "
+            f"{run['sent']:,}; timed waits cut short {short}, latest {late:.3f} s; running after every kill: "
             f"{all(k['state'] in 'SR' for k in run['killed'])}")
