@@ -65,9 +65,13 @@ int main(int argc, char **argv)
 {
     if (argc < 2)
         return 2;
-    char *pool = mmap(NULL, POOL, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (pool == MAP_FAILED)
+    /* the pool between two inaccessible pages, so that the kernel never joins it to a writable mapping made
+     * beside it later (a row of its own, of exactly its size, whatever lands next to it) */
+    long page = sysconf(_SC_PAGESIZE);
+    char *reserved = mmap(NULL, POOL + 2 * page, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (reserved == MAP_FAILED || mprotect(reserved + page, POOL, PROT_READ | PROT_WRITE) != 0)
         return 1;
+    char *pool = reserved + page;
     memset(pool, 3, POOL_TOUCHED);
     char name[64];
     snprintf(name, sizeof name, "/heapwalk-rss-%d", (int)getpid());
