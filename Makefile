@@ -5,7 +5,7 @@
 SHELL := /bin/bash
 # chromium: the tests open the HTML report in a real browser (headless)
 # debootstrap: the chroots of other Debian suites' gdb and Python (cores/chroots.py)
-# cmake: mimalloc's releases built from their sources (cores/mibuilds.py)
+# cmake: mimalloc's releases built from the sources crates and PyPI sdists bundle (cores/mibuilds.py)
 # qemu-system-x86: Debian's kernel in a machine, for the capture's pre-copy where this one lacks soft-dirty (cores/vm.py)
 DEB_PACKAGES := gdb gcc make libc6-dbg libc6-dev python3 python3-venv util-linux debian-archive-keyring \
   libjemalloc2 libtcmalloc-minimal4 chromium debootstrap cmake qemu-system-x86
@@ -35,16 +35,16 @@ JEMALLOC_LINKED := $(addsuffix -linked,bullseye bookworm)
 # build, the minimal archive linked in), and a Rust program on Google's tcmalloc (see cores/tcbuilds.py)
 TCMALLOC_BUILDS := bullseye bookworm trixie sid bookworm-full bookworm-linked google
 # Debian's mimalloc of each suite the mimalloc reproducer runs on (2.0.9, 3.0.1, and sid's 3.6.0),
-# releases other distributions ship, built from their sources, releases linked into the program, and a Rust
-# program on the mimalloc crate (3.3.2; 2.3.2 with its v2 feature) (see cores/mibuilds.py)
-MIMALLOC_BUILDS := bookworm trixie sid 2.0.5 2.0.6 2.0.7 2.1.2 2.3.2 3.3.2 3.4.3 3.6.0 2.1.2-linked 2.3.2-linked \
-                   3.0.1-linked 3.3.2-linked rust rust-v2 2.1.4 2.1.7 2.1.9 2.2.4 2.2.7 2.3.1 3.1.5 3.1.6 \
-                   3.2.8 3.3.0 3.4.0
+# releases other distributions and the Rust crates ship, built from the sources registry packages bundle (crates,
+# PyPI sdists), releases linked into the program, and a Rust program on the mimalloc crate (3.3.2; 2.3.2 with its
+# v2 feature) (see cores/mibuilds.py)
+MIMALLOC_BUILDS := bookworm trixie sid 2.0.6 2.0.7 2.1.2 2.3.2 3.3.2 3.4.3 3.6.0 2.1.2-linked 2.3.2-linked \
+                   3.1.5-linked 3.3.2-linked rust rust-v2 2.1.4 2.1.7 2.1.9 2.2.4 2.3.1 3.1.5 3.2.8 3.3.0
 JEMALLOC_BUILT := 5.3.0-je 5.1.0 5.1.0-debug 5.3.0-q32 5.3.1 5.3.0-debug 5.2.1-debug 5.3.0-q8-debug 5.3.0-nostats redis-5.2.1 5.3.0-noietls 5.3.0-q8 5.3.0-vaddr57 redis-5.2.1-vaddr57
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 PYTEST_ARGS ?=
 
-.PHONY: all deps venv bytecode sysroots chroots vm cores demo test unit fuzz bench docs clean distclean
+.PHONY: all deps venv bytecode sysroots chroots vm cores setup demo test unit fuzz bench docs clean distclean
 
 all: test
 
@@ -113,9 +113,14 @@ demo: venv bytecode
 
 # The whole suite: unit tests, reproducer cores against malloc_info and ledgers, live attach, and heapwalk
 # run with the gdb and Python of each chroot; in one shard per core side by side (TEST_JOBS), then the timing
-# tests, and the one that hides a sysroot for a moment, alone (tests/parallel.py).
-test: cores chroots vm bytecode
+# tests, and the one that hides a sysroot for a moment, alone (tests/parallel.py).  Its set-up runs two at a
+# time: the chroots and the VM's kernel (mostly the network and the disk) beside the builds and the cores (the
+# processor); each keeps its own apt lists.
+test: venv
+	@$(MAKE) --no-print-directory -j2 --output-sync=line setup
 	$(PY) tests/parallel.py -q --durations=15 $(PYTEST_ARGS)
+
+setup: cores chroots vm bytecode
 
 # Mutation fuzzing on every reproducer core of every glibc (make test runs a smaller share of it).
 # FUZZ_ARGS: e.g. --count 1000 --seed 7

@@ -3,10 +3,11 @@
 Debian's jemalloc comes one way (shared, no prefix, statistics on, 16-byte quantum).  Programs that bring
 their own jemalloc configure it otherwise: Redis vendors 5.2.1 with ``--with-lg-quantum=3
 --with-jemalloc-prefix=je_``, tikv-jemallocator builds 5.3.0 with ``_rjem_`` and no statistics, others
-build with ``--enable-debug``.  Each build here is one of those: its sources are Debian's source packages
-(jemalloc's own for 5.3.0, redis's vendored copy for 5.2.1) fetched with ``apt-get source`` from the mirror
-the machine's apt uses, configured, and compiled into ``lib/libjemalloc_pic.a``, which the harness links
-into a stripped program.  Builds are cached beside the sysroots (``jemalloc-NAME``), made once.
+build with ``--enable-debug``.  Each build here is one of those: its sources come from package registries,
+Debian's source packages (jemalloc's own for 5.3.0, redis's vendored copy for 5.2.1) fetched with ``apt-get
+source`` from the mirror the machine's apt uses, or the crates that bundle jemalloc (5.1.0, 5.2.1 and 5.3.1:
+cores/sources.py), configured, and compiled into ``lib/libjemalloc_pic.a``, which the harness links into a
+stripped program (or a shared library).  Builds are cached beside the sysroots (``jemalloc-NAME``), made once.
 
 The virtual address width (``--with-lg-vaddr``) is pinned: jemalloc's configure would otherwise take it
 from the build machine's CPU (57 with 5-level paging), and with it the shape of its radix tree.
@@ -30,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import fresh
+import sources
 import sysroots
 
 __all__ = ["SourceBuild", "BUILDS", "prepare_build", "prepare_redis", "REDIS", "REDIS_BUILDS", "prepare_rust",
@@ -38,8 +40,9 @@ __all__ = ["SourceBuild", "BUILDS", "prepare_build", "prepare_redis", "REDIS", "
 
 @dataclass(frozen=True)
 class SourceBuild:
-    """A jemalloc configured from a Debian source package: where the source is (PACKAGE of SUITE, and the
-    folder of jemalloc in it), the version, the prefix of its entry points and its configure options."""
+    """A jemalloc configured from a registry's sources: where the source is (PACKAGE of SUITE, a Debian source
+    package, or CRATE; and the folder of jemalloc in it), the version, the prefix of its entry points and its
+    configure options."""
 
     package: str
     suite: str
@@ -48,34 +51,37 @@ class SourceBuild:
     prefix: str
     options: tuple[str, ...]
     shared: bool = False        # a shared library the reproducers run on with LD_PRELOAD, not an archive
-    tarball: str | None = None  # the source as a tarball in cores/data instead of a Debian source package
+    crate: sources.Crate | None = None  # the source as a crate bundles it instead of a Debian source package
 
 
 _JEMALLOC = ("jemalloc", "bookworm", "jemalloc-5.3.0", "5.3.0")
 _REDIS = ("redis", "bookworm", "redis-7.0.15/deps/jemalloc", "5.2.1")
-#: jemalloc 5.1.0 (Debian buster's libjemalloc2, FreeBSD 12's libc): buster's packages are gone from the
-#: mirror, so its source is the release tag's, kept in cores/data (configure made with autoconf, the tests and
-#: the MSVC project left out)
-_JEMALLOC_510 = ("jemalloc", "buster", "jemalloc-5.1.0", "5.1.0")
-#: jemalloc 5.2.1 (Debian bullseye's libjemalloc2), the release tag's source kept in cores/data as 5.1.0's (the
-#: mirror no longer serves bullseye's source package)
-_JEMALLOC_521 = ("jemalloc", "bullseye", "jemalloc-5.2.1", "5.2.1")
-#: jemalloc 5.3.1 (April 2026), from its release tag's source kept in cores/data
-_JEMALLOC_531 = ("jemalloc", "release", "jemalloc-5.3.1", "5.3.1")
+#: the crates that bundle a jemalloc release's sources with the configure script made for them (in the crate's
+#: folder configure/): jemalloc-sys 0.3.2 holds 5.1.0's (Debian buster's libjemalloc2, FreeBSD 12's libc:
+#: buster's packages are gone from the mirror); tikv-jemalloc-sys 0.4.1 holds 5.2.1's (Debian bullseye's, whose
+#: source package the mirror no longer serves) with one change of its own to heap profiling's exit hook
+#: (src/prof.c); tikv-jemalloc-sys 0.7.1 holds 5.3.1's (April 2026).  Each compared file by file with the
+#: release's sources (docs/platforms.md).
+_CRATE_510 = sources.Crate("jemalloc-sys", "0.3.2", "jemalloc")
+_CRATE_521 = sources.Crate("tikv-jemalloc-sys", "0.4.1", "jemalloc")
+_CRATE_531 = sources.Crate("tikv-jemalloc-sys", "0.7.1", "jemalloc")
+_JEMALLOC_510 = ("jemalloc", "crate", "jemalloc", "5.1.0")
+_JEMALLOC_521 = ("jemalloc", "crate", "jemalloc", "5.2.1")
+_JEMALLOC_531 = ("jemalloc", "crate", "jemalloc", "5.3.1")
 #: name -> build: every one is decoded but 5.3.0-q32, which heapwalk names and does not decode yet
 BUILDS = {
     "5.3.0-je": SourceBuild(*_JEMALLOC, "je_", ("--with-jemalloc-prefix=je_", "--with-lg-vaddr=48")),
     # as Debian buster ships it: a shared library, no prefix
     "5.1.0": SourceBuild(*_JEMALLOC_510, "", ("--with-lg-vaddr=48",), shared=True,
-                         tarball="jemalloc-5.1.0.tar.xz"),
+                         crate=_CRATE_510),
     "5.3.0-debug": SourceBuild(*_JEMALLOC, "", ("--enable-debug", "--with-lg-vaddr=48")),
-    "5.3.1": SourceBuild(*_JEMALLOC_531, "", ("--with-lg-vaddr=48",), tarball="jemalloc-5.3.1.tar.xz"),
+    "5.3.1": SourceBuild(*_JEMALLOC_531, "", ("--with-lg-vaddr=48",), crate=_CRATE_531),
     "5.1.0-debug": SourceBuild(*_JEMALLOC_510, "", ("--enable-debug", "--with-lg-vaddr=48"),
-                               tarball="jemalloc-5.1.0.tar.xz"),
+                               crate=_CRATE_510),
     # a 32-byte quantum (33 small classes): heapwalk has no layout for it, and says so
     "5.3.0-q32": SourceBuild(*_JEMALLOC, "", ("--with-lg-quantum=5", "--with-lg-vaddr=48")),
     "5.2.1-debug": SourceBuild(*_JEMALLOC_521, "", ("--enable-debug", "--with-lg-vaddr=48"),
-                               tarball="jemalloc-5.2.1.tar.xz"),
+                               crate=_CRATE_521),
     # a debug build with Redis's quantum: heapwalk has no layout for it, and says so
     "5.3.0-q8-debug": SourceBuild(*_JEMALLOC, "je_", ("--enable-debug", "--with-lg-quantum=3",
                                                       "--with-jemalloc-prefix=je_", "--with-lg-vaddr=48")),
@@ -199,15 +205,17 @@ def cargo_program(folder: Path, root: Path, name: str, env: dict[str, str], what
 
 
 def _source(cache: Path, build: SourceBuild) -> Path:
-    """The unpacked upstream source of BUILD's package (fetched once into the cache), or of its tarball."""
+    """The unpacked upstream source of BUILD's Debian source package (fetched once into the cache), or its crate
+    (fetched by cargo) with the configure script the crate made for it put in place."""
+    if build.crate is not None:
+        try:
+            return _crate_source(cache, build.crate)
+        except sources.SourceError as exc:
+            raise BuildError(f"jemalloc {build.version}: {exc}") from None
     folder = cache / "sources" / build.suite / build.package
     if (folder / build.folder).exists():
         return folder
     folder.mkdir(parents=True, exist_ok=True)
-    if build.tarball is not None:
-        with tarfile.open(Path(__file__).resolve().parent / "data" / build.tarball) as tar:
-            tar.extractall(folder)
-        return folder
     tarballs = sorted(folder.glob(f"{build.package}_*.orig.tar.*"))
     if not tarballs:
         sysroots.fetch_source(cache, build.package, build.suite, folder)
@@ -217,6 +225,37 @@ def _source(cache: Path, build: SourceBuild) -> Path:
     with tarfile.open(tarballs[-1]) as tar:
         tar.extractall(folder)
     return folder
+
+
+def _crate_source(cache: Path, crate: sources.Crate) -> Path:
+    """A folder holding CRATE's jemalloc ready to configure, in the cache: its sources, the configure script
+    of the crate's folder configure/, and a VERSION file (the crate's, or the release its version names after
+    '+', as the crate's build script passes it with --with-version)."""
+    package = sources.fetched(crate)
+    folder = cache / "sources" / "crates" / f"{crate.name}-{crate.version}"
+    ready = folder / crate.folder / "configure"
+    if ready.exists():
+        return folder
+    if folder.exists():
+        shutil.rmtree(folder)
+    shutil.copytree(package / crate.folder, folder / crate.folder, symlinks=True)
+    version = package / "configure" / "VERSION"
+    if version.exists():
+        shutil.copy(version, folder / crate.folder / "VERSION")
+    else:
+        (folder / crate.folder / "VERSION").write_text(_crate_release(package) + "\n")
+    shutil.copy(package / "configure" / "configure", folder / crate.folder / "configure.part")
+    (folder / crate.folder / "configure.part").rename(ready)
+    return folder
+
+
+def _crate_release(package: Path) -> str:
+    """The jemalloc release a tikv-jemalloc-sys crate bundles, from its version's build metadata
+    ('0.7.1+5.3.1-0-g81034ce...' -> '5.3.1-0-g81034ce...')."""
+    for line in (package / "Cargo.toml").read_text().splitlines():
+        if line.startswith("version = ") and "+" in line:
+            return line.split("+", 1)[1].strip().strip('"')
+    raise sources.SourceError(f"{package.name}: no jemalloc release in its version")
 
 
 def main(argv: list[str] | None = None) -> int:

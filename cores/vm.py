@@ -88,7 +88,7 @@ def prepare() -> tuple[Path, Path]:
     kernel, initrd = here / "vmlinuz", here / f"initrd-{made}.gz"
     if kernel.exists() and initrd.exists():
         return kernel, initrd
-    cache = sysroots.cache_dir()
+    cache = here / "apt"        # lists of its own: make test fetches the sysroots' packages meanwhile
     meta = sysroots.fetch_deb(cache, "linux-image-amd64", SUITE)
     depends = subprocess.run(["dpkg-deb", "-f", str(meta), "Depends"], capture_output=True, text=True,
                              check=True).stdout

@@ -1,5 +1,6 @@
 """Microsoft's mimalloc on a real process, symbols hidden: cores/mi_hold.c on Debian's build and on releases built
-from their sources (cores/mibuilds.py: 2.0.9; 2.0.5 to 2.0.7; 2.1.2, whose segments come from arenas) writes
+from the sources registry packages bundle (cores/mibuilds.py: 2.0.9; 2.0.6, 2.0.7; 2.1.2, whose segments come
+from arenas) writes
 mimalloc's own statistics (mi_stats_print_out, mi_process_info) at its snapshot and a ledger of every block in
 use in each thread's heap (mi_heap_visit_blocks), four threads parked and one exited (its segments abandoned);
 heapwalk's report of its core, and of gdb attached to it, gives each figure: committed bytes to the byte,
@@ -116,7 +117,7 @@ def _check(doc: dict, run: Path, version: str = "2.0.9", said: bool = True) -> N
                                    "2.3.2-linked", "rust-v2"])
 def test_a_core_gives_every_figure_mimalloc_printed(tmp_path, build):
     """The CLI on the core of mi_hold, symbols hidden, on Debian's 2.0.9 and the releases built from their
-    sources (2.0.5, 2.0.6, 2.0.7: other layouts, segments of 64 MiB; 2.1.2 also linked into the stripped
+    sources (2.0.6, 2.0.7: other layouts, segments of 64 MiB; 2.1.2 also linked into the stripped
     program, which then says no version): every figure as mimalloc printed it, every heap's blocks as its ledger
     lists them; the verdict names the abandoned segments and the memory waiting to be purged."""
     cap = capture_mimalloc(build)
@@ -465,10 +466,10 @@ def _check3(doc: dict, run: Path, version: str, said: bool = True) -> None:
     assert all(o["in_use"] + sum(o["free"].values()) + o["overhead"] == o["reserved"] for o in m["owners"])
 
 
-@pytest.mark.parametrize("build", ["trixie", "3.0.1-linked", "3.3.2", "3.3.2-linked", "3.4.3", "rust", "sid"])
+@pytest.mark.parametrize("build", ["trixie", "3.1.5-linked", "3.3.2", "3.3.2-linked", "3.4.3", "rust", "sid"])
 def test_mimalloc_3_s_core_gives_every_figure_it_printed(tmp_path, build):
-    """The CLI on the core of mi_hold on trixie's mimalloc 3.0.1, and on 3.0.1 linked into the stripped program
-    (no version said, no entry point exported), symbols hidden: every figure as mimalloc printed it, every
+    """The CLI on the core of mi_hold on trixie's mimalloc 3.0.1, and on 3.1.5 and 3.3.2 linked into the stripped
+    program (no version said, no entry point exported), symbols hidden: every figure as mimalloc printed it, every
     heap's blocks and the abandoned pages' as the ledgers list them; the verdict names the abandoned pages and
     what waits for the purge.  Also on sid's 3.6.0, whose pages' mi_page_t sit in a table at the start of each
     256 MiB area, and whose own data (theaps, thread data) is allocated in a theap of its own: its row."""
@@ -494,7 +495,7 @@ def test_mimalloc_3_s_core_gives_every_figure_it_printed(tmp_path, build):
 
 #: the builds the leak test of mimalloc 3 runs on: Debian's, the crate's and one linked release in make test, every
 #: release with HEAPWALK_FULL_MATRIX=1 (each one's every figure is held to its own by the tests above)
-MI3_LEAK_BUILDS = ["trixie", "3.0.1-linked", "rust", "sid"] + (["3.3.2", "3.4.3"] if FULL_MATRIX else [])
+MI3_LEAK_BUILDS = ["trixie", "3.3.2-linked", "rust", "sid"] + (["3.3.2", "3.4.3"] if FULL_MATRIX else [])
 
 
 @pytest.mark.parametrize("build", MI3_LEAK_BUILDS)
