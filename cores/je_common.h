@@ -13,6 +13,12 @@
  * while it printed, and no longer do ("internal": true in the ledger).
  * (jemalloc 5.1 and 5.2, and builds with --enable-debug, print without such a buffer.)  Everything is
  * written with write(2) from static buffers.
+ *
+ * With JE_BACKGROUND=1 in its environment the snapshot first turns jemalloc's background threads on at run time
+ * (mallctl "background_thread", as Redis does; opt.background_thread stays false) and waits until they run;
+ * every ledger says whether they run at the snapshot ("background_thread", as mallctl reads it).  Those threads
+ * may purge while the statistics print: such a capture is for the state of the background threads, not for
+ * the figures.
  */
 #ifndef JE_COMMON_H
 #define JE_COMMON_H
@@ -163,6 +169,17 @@ static int open_out(const char *dir, const char *name) {
 static void je_snapshot(int stats_fd, int ledger_fd) {
     unsigned own = 0;
     size_t len = sizeof own;
+    _Bool background = 0;
+    size_t blen = sizeof background;
+    const char *turn_on = getenv("JE_BACKGROUND");
+    if (turn_on != NULL && turn_on[0] == '1') {
+        _Bool on = 1;
+        if (repro_mallctl("background_thread", NULL, NULL, &on, sizeof on) != 0)
+            die("mallctl background_thread (write) failed");
+        usleep(200000);                       /* the first background thread starts the others it needs */
+    }
+    if (repro_mallctl("background_thread", &background, &blen, NULL, 0) != 0)
+        die("mallctl background_thread failed");
     if (repro_mallctl("arenas.create", &own, &len, NULL, 0) != 0)
         die("mallctl arenas.create failed");
     note_thread("main", thread_arena());
@@ -192,9 +209,10 @@ static void je_snapshot(int stats_fd, int ledger_fd) {
     len = sizeof max_background_threads;
     if (repro_mallctl("opt.max_background_threads", &max_background_threads, &len, NULL, 0) != 0)
         die("mallctl opt.max_background_threads failed");
-    char tail[320];
+    char tail[360];
     int n = snprintf(tail, sizeof tail, "\n ],\n \"stats_arena\": %u,\n \"opt.max_background_threads\": %zu,"
-                     "\n \"stats_buffer\": %s\n}\n", own, max_background_threads,
+                     "\n \"background_thread\": %s,\n \"stats_buffer\": %s\n}\n", own, max_background_threads,
+                     background ? "true" : "false",
                      buffer_taken ? "{\"arena\": 0, \"size\": 65536, \"internal\": true, \"retaken\": true}"
                                   : "null");
     write_stats((void *)(long)ledger_fd, "{\n \"threads\": [\n  ");

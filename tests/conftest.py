@@ -146,9 +146,10 @@ JEMALLOC_VERSIONS = {**sysroots.JEMALLOC_SUITES, **sysroots.JEMALLOC_LINKED, **s
                      **{name: b.version for name, b in jebuilds.BUILDS.items()}}
 
 
-#: variants of a jemalloc capture: the reproducer's MALLOC_CONF (under the build's prefix)
+#: variants of a jemalloc capture: the reproducer's MALLOC_CONF (under the build's prefix), or its environment
+#: (JE_BACKGROUND: background threads turned on at run time before the snapshot, je_common.h)
 JE_VARIANTS = {"": None, "prof": {"MALLOC_CONF": "prof:true,lg_prof_sample:10"},
-               "binshards": {"MALLOC_CONF": "bin_shards:1-160:4"}}
+               "binshards": {"MALLOC_CONF": "bin_shards:1-160:4"}, "background": {"JE_BACKGROUND": "1"}}
 
 
 @functools.cache

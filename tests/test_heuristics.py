@@ -219,6 +219,24 @@ def test_instruction_shapes():
     assert x86.tls_got_slot(bytes.fromhex("488b0500000000" "4889c7c3"), 0) is None
 
 
+def test_byte_loads_direct_and_through_the_register_a_lea_just_set():
+    """The bytes a function reads: movzx eax, byte [rip+d] and cmp byte [rip+d], 0 directly; and, as Debian's
+    libjemalloc.so.2 reads background_thread's flag, lea rcx, [rip+d] then movzx eax, byte [rcx]; a lea whose
+    register is used otherwise (lea rbx, [rip+d]; lea rdi, [rbx+0x40]: a mutex handed to a call) is no read."""
+    code = bytes.fromhex("0fb60510000000"          # 0x1000 movzx eax, byte [rip+0x10]
+                         "803d2000000000"          # 0x1007 cmp byte [rip+0x20], 0
+                         "488d1d30000000"          # 0x100e lea rbx, [rip+0x30]
+                         "488d7b40"                # 0x1015 lea rdi, [rbx+0x40]
+                         "488d0d40000000"          # 0x1019 lea rcx, [rip+0x40]
+                         "0fb601"                  # 0x1020 movzx eax, byte [rcx]
+                         "4c8d0550000000"          # 0x1023 lea r8, [rip+0x50]
+                         "410fb600"                # 0x102a movzx eax, byte [r8]
+                         "488d1560000000"          # 0x102e lea rdx, [rip+0x60]
+                         "0fb601"                  # 0x1035 movzx eax, byte [rcx]: not rdx
+                         "c3")
+    assert x86.rip_byte_loads(code, 0x1000) == [0x1007 + 0x10, 0x100e + 0x20, 0x1020 + 0x40, 0x102a + 0x50]
+
+
 def _write_mp(p: Process, at: int, **values) -> None:
     """A malloc_par at AT of P's layout with VALUES (every other field 0)."""
     for name, value in values.items():

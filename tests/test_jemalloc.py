@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import (BINDIR, JEMALLOC_BUILDS, JEMALLOC_VERSIONS, JEMALLOCS, NO_SYMBOLS, SYSROOTS, capture_jemalloc,
-                      run_gdb)
+from conftest import (BINDIR, JEMALLOC_BUILDS, JEMALLOC_COUNTED, JEMALLOC_VERSIONS, JEMALLOCS, NO_SYMBOLS, SYSROOTS,
+                      capture_jemalloc, run_gdb)
 import harness
 import sysroots
 from oracle import jemalloc_arena_view, jemalloc_printed_view
@@ -144,6 +144,29 @@ def test_the_options_are_what_mallctl_says_without_symbols(decoded, suite):
     assert opt["max_background_threads"] == ledger["opt.max_background_threads"]
     assert opt["dirty_decay_ms"] == 100 and opt["narenas"] == 8     # MALLOC_CONF of the reproducer
     assert doc["discovery"]["opt"]["found_by"].startswith("mallctl's \"opt\" node at ")
+    assert doc["jemalloc"]["background_thread"] is ledger["background_thread"] is False
+
+
+@pytest.mark.parametrize("suite", [*JEMALLOC_BUILDS, *JEMALLOC_COUNTED])
+def test_background_threads_turned_on_at_run_time_are_said_to_run(suite, tmp_path):
+    """A program that turns jemalloc's background threads on at run time (mallctl "background_thread", as Redis
+    does; opt.background_thread stays false), on every build: heapwalk reads the run-time flag as mallctl read
+    it at the snapshot, on shared, linked and prefixed builds of every version; the verdict says they purge on
+    time, never that background_thread is off, and the threads table names them."""
+    cap = capture_jemalloc(suite, "je_hold", "background")
+    ledger = json.loads((cap.directory / "ledger.json").read_text())
+    assert ledger["background_thread"] is True
+    out = tmp_path / "report.json"
+    cli = Path(sys.executable).with_name("heapwalk")
+    result = subprocess.run([str(cli), "report", "--no-symbols", "--no-leaks", "--json", str(out), str(cap.core),
+                             str(cap.exe)], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(out.read_text())
+    assert doc["jemalloc"]["opt"]["background_thread"] is False
+    assert doc["jemalloc"]["background_thread"] is True, doc["discovery"]["background_thread"]
+    said = " ".join(result.stdout.split())
+    assert "background_thread is off" not in said and "background_thread is not known" not in said
+    assert "jemalloc's background thread" in said
 
 
 @pytest.mark.parametrize("suite", JEMALLOC_BUILDS)

@@ -266,3 +266,19 @@ def test_a_tsd_offset_needs_a_state_jemalloc_sets_in_every_thread():
     bad[layout.tsd_state] = 128
     assert _states_plausible(ImageMemory({0x1000: bytes(good), 0x9000: bytes(good)}), layout, [0x1000, 0x9000])
     assert not _states_plausible(ImageMemory({0x1000: bytes(good), 0x9000: bytes(bad)}), layout, [0x1000, 0x9000])
+
+
+def test_overdue_decay_agrees_with_whether_background_threads_run():
+    """An arena's decay overdue at the snapshot: where background threads run, the sentence says they purge the
+    pages when they next wake, never that the pages wait for a thread's call (the verdict's other sentence says
+    they purge on time); where they are off, that the pages stay until a thread of the arena calls jemalloc."""
+    from types import SimpleNamespace
+    from heapwalk.jemalloc.verdict import _overdue
+    arena = SimpleNamespace(index=3, pdirty=256, dirty_decay_ms=10000, dirty_clock=(10**9, 5 * 10**9))
+    for running, says, never in ((True, "purge these pages when they next wake", "stay until one does"),
+                                 (False, "no background thread purged them, so the pages stay until one does",
+                                  "next wake")):
+        state = SimpleNamespace(clock_ns=20 * 10**9, arenas=[arena], background_running=running)
+        sentence = _overdue(state, [arena])
+        assert sentence.startswith("Overdue: the decay of arena 3 (1 MiB of dirty pages) was due to step at least 15 s")
+        assert says in sentence and never not in sentence

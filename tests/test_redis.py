@@ -193,13 +193,14 @@ def test_every_arena_of_redis_is_what_its_malloc_stats_print_printed(redis, tmp_
 def test_redis_runs_jemallocs_background_threads_and_the_verdict_says_so(redis):
     """Redis turns background threads on at run time (opt.background_thread stays false): the live capture's
     report says they purge the dirty pages on time, and shows the thread that does (named by the capture,
-    bound to no arena); after CONFIG SET
+    bound to no arena), and no sentence of it that the pages wait for a thread's call; after CONFIG SET
     jemalloc-bg-thread no, the core's report says they are off."""
     program, core, printed, (status, output), report = redis
     assert status == 0, output
     assert report["jemalloc"]["opt"]["background_thread"] is False and report["jemalloc"]["background_thread"]
     verdict = " ".join(report["report"]["verdict"])
     assert "background threads purge them on time" in verdict and "background_thread is off" not in verdict
+    assert "the pages stay until one does" not in verdict          # no sentence says the pages wait for a call
     assert [t for t in report["jemalloc"]["threads"] if t["name"] == "jemalloc_bg_thd" and t["arena"] is None]
     cli = Path(sys.executable).with_name("heapwalk")
     result = subprocess.run([str(cli), "report", str(core), str(program), "--no-symbols"], capture_output=True,

@@ -13,8 +13,8 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-__all__ = ["RipLoad", "RipRef", "rip_loads", "rip_loads32", "rip_refs", "rip_byte_stores", "call_targets", "first_lea",
-           "first_shift_right", "tls_got_slot", "LEA", "MOV"]
+__all__ = ["RipLoad", "RipRef", "rip_loads", "rip_loads32", "rip_refs", "rip_byte_stores", "rip_byte_loads",
+           "call_targets", "first_lea", "first_shift_right", "tls_got_slot", "LEA", "MOV"]
 
 LEA, MOV = 0x8D, 0x8B
 FS_PREFIX = 0x64
@@ -99,6 +99,61 @@ def rip_byte_stores(code: bytes, address: int) -> list[int]:
             disp, = struct.unpack_from("<i", code, i + 2)
             out.append(address + i + 7 + disp)
     return out
+
+
+def rip_byte_loads(code: bytes, address: int) -> list[int]:
+    """The globals CODE (which starts at ADDRESS) reads one byte of, in order: a ``movzx``, ``mov r8``, ``cmp``
+    or ``test`` of a byte at [rip+disp], or, as position-independent code reads a global it also writes, a
+    ``lea r, [rip+disp]`` whose very next instruction reads the byte at [r] (``movzx``, ``mov r8``, ``cmp``)."""
+    out = []
+    i = 0
+    while i < len(code) - 6:
+        start = i
+        rex = code[i] if code[i] & 0xF0 == 0x40 else 0
+        i += 1 if rex else 0
+        op, modrm = code[i], code[i + 1]
+        if op == 0x0F and code[i + 1] == 0xB6 and i + 7 <= len(code) and code[i + 2] & 0xC7 == 0x05:
+            disp, = struct.unpack_from("<i", code, i + 3)
+            out.append(address + i + 7 + disp)
+            i += 7
+            continue
+        if op == 0x8A and modrm & 0xC7 == 0x05 and i + 6 <= len(code):
+            disp, = struct.unpack_from("<i", code, i + 2)
+            out.append(address + i + 6 + disp)
+            i += 6
+            continue
+        if op in (0x80, 0xF6) and modrm in (0x3D if op == 0x80 else 0x05,) and i + 7 <= len(code):
+            disp, = struct.unpack_from("<i", code, i + 2)
+            out.append(address + i + 7 + disp)
+            i += 7
+            continue
+        if op == LEA and rex & 0x08 and modrm & 0xC7 == 0x05 and i + 6 <= len(code):
+            disp, = struct.unpack_from("<i", code, i + 2)
+            register = (modrm >> 3 & 7) | (8 if rex & 0x04 else 0)
+            if _reads_byte_at(code, i + 6, register):
+                out.append(address + i + 6 + disp)
+            i += 6
+            continue
+        i = start + 1
+    return out
+
+
+def _reads_byte_at(code: bytes, i: int, register: int) -> bool:
+    """Whether the instruction at I in CODE reads the byte at [REGISTER] (no displacement, no index)."""
+    rex = code[i] if i < len(code) and code[i] & 0xF0 == 0x40 else 0
+    i += 1 if rex else 0
+    if i + 2 >= len(code):
+        return False
+    if code[i] == 0x0F and code[i + 1] == 0xB6:
+        modrm = code[i + 2]
+    elif code[i] == 0x8A:
+        modrm = code[i + 1]
+    elif code[i] == 0x80 and code[i + 1] & 0x38 == 0x38:
+        modrm = code[i + 1]
+    else:
+        return False
+    base = (modrm & 7) | (8 if rex & 0x01 else 0)
+    return modrm & 0xC0 == 0 and modrm & 7 not in (4, 5) and base == register
 
 
 def call_targets(code: bytes, address: int) -> list[int]:

@@ -166,24 +166,23 @@ def _layout(name: str, version: tuple[int, int, int], build: dict[str, bool | in
 
 def _background_state(tree: MallctlTree | None, layout: JeLayout) -> tuple[int | None, str]:
     """The flag that says whether background threads run (background_thread_enabled_state, which mallctl's
-    "background_thread" sets at run time, as Redis does, whatever opt.background_thread said): the first global
-    its function computes or reads outside the two mutexes it takes (each known by its "locked" flag, which
-    5.1.0's mutexes do not have: there it is not determined)."""
+    "background_thread" sets at run time, as Redis does, whatever opt.background_thread said): the first byte
+    its function reads, directly or through the register it put the flag's address in (position-independent
+    code), outside the mutexes it takes (those known by the "locked" flag it stores; 5.1.0's mutexes have none,
+    and none of their fields is read as a byte)."""
     node = tree.node("background_thread") if tree is not None else None
     if node is None or not node.ctl:
         return None, "not determined: mallctl has no background_thread"
-    if layout.mutex_locked < 0:
-        return None, f"not determined: {layout.name}'s mutexes keep no flag its function can be read by"
     try:
         code = tree.image.mem.read(node.ctl, _HOOK_SPAN)
     except ReadError as exc:
         return None, f"not determined: background_thread's function is unreadable ({exc.reason})"
-    mutexes = {target - layout.mutex_locked for target in x86.rip_byte_stores(code, node.ctl)}
-    for ref in x86.rip_refs(code, node.ctl):
-        if not any(m <= ref.target < m + layout.mutex_size for m in mutexes) and tree.image.contains(ref.target):
-            return ref.target, f"the first global background_thread's function reads beside its mutexes " \
-                               f"(code at {node.ctl + ref.offset:#x})"
-    return None, "not determined: background_thread's function reads no global beside its mutexes"
+    mutexes = {target - layout.mutex_locked for target in x86.rip_byte_stores(code, node.ctl)} \
+        if layout.mutex_locked >= 0 else set()
+    for target in x86.rip_byte_loads(code, node.ctl):
+        if not any(m <= target < m + layout.mutex_size for m in mutexes) and tree.image.contains(target):
+            return target, "the first byte background_thread's function reads beside its mutexes"
+    return None, "not determined: background_thread's function reads no byte beside its mutexes"
 
 
 _CONF = re.compile(rb"(?<=\0)([A-Z0-9_]*MALLOC_CONF)\0")

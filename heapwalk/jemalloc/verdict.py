@@ -132,10 +132,14 @@ def _overdue(state: JeState, decaying: list[JeArena]) -> str:
     due = min(d for _, d, _ in late) / 1e9
     stepped = min(s for _, _, s in late) / 1e9
     aged = all(s >= a.dirty_decay_ms * 1e6 for a, _, s in late)
-    return (f"Overdue: the decay of {_names([a for a, _, _ in late])} ({human(dirty)} of dirty pages) was due to "
-            f"step at least {due:.3g} s before the snapshot, and last stepped at least {stepped:.3g} s before it: "
-            "no thread of theirs has called jemalloc since" + (" and no background thread purged them"
-                                                                 if state.background_running is False else "")
+    head = (f"Overdue: the decay of {_names([a for a, _, _ in late])} ({human(dirty)} of dirty pages) was due to "
+            f"step at least {due:.3g} s before the snapshot, and last stepped at least {stepped:.3g} s before it: ")
+    if state.background_running is True:
+        return head + ("jemalloc's background threads had not stepped it yet; they purge these pages when they next "
+                       "wake (at the decay's next deadline as they reckoned it, or when enough new dirty pages wake "
+                       "them).")
+    return (head + "no thread of theirs has called jemalloc since"
+            + (" and no background thread purged them" if state.background_running is False else "")
             + (", so the pages stay until one does; they are all older than dirty_decay_ms, and the next call "
                "purges them at once." if aged else ", so the pages stay until one does."))
 
