@@ -116,3 +116,27 @@ def test_a_mapping_named_in_brackets_keeps_its_name_in_the_table():
     console.print(rss_table(rss, False))
     text = console.export_text()
     assert "[heap]" in text and "[anon:pool]" in text
+
+
+def test_the_page_s_owner_table_shows_every_heap_and_sums_the_rest_so_its_rows_add_up():
+    """The report page's RSS table: twenty owners, the allocator's heap among the smallest (as Apache's malloc
+    is, at 1% of its RSS): the heap is shown, the biggest others fill the table, and the owners left out are
+    one "rest" row, so that the rows add up to the total."""
+    import re
+    from heapwalk.analysis.report import counted
+    from heapwalk.output.htmlreport import RSS_ROWS, rss_section
+    rows = [{"kind": "file code", "name": f"/usr/lib/lib{i}.so", "bytes": (100 - i) << 20, "mapped": (200 - i) << 20}
+            for i in range(19)] + [{"kind": "heap", "name": "malloc's arenas", "bytes": 1 << 20, "mapped": 4 << 20}]
+    total = sum(r["bytes"] for r in rows)
+    page = rss_section({"total": total, "rows": rows, "measure": "resident", "source": "smaps"})
+    body = page[page.index("<tbody>"):page.index("</tbody>")]
+    cells = re.findall(r"<tr>(.*?)</tr>", body)
+    assert len(cells) == RSS_ROWS + 1
+    assert [c for c in cells if ">heap<" in c and "arenas" in c]              # the heap, though the smallest
+    assert f"the rest ({counted(20 - RSS_ROWS, 'owners')})" in body
+    shown = sorted(rows, key=lambda r: -r["bytes"])[:RSS_ROWS - 1]
+    rest = total - sum(r["bytes"] for r in shown) - (1 << 20)
+    assert f"{rest >> 20} MiB" in cells[-1]
+    few = rss_section({"total": 3 << 20, "rows": rows[:2] + rows[-1:], "measure": "resident", "source": "smaps"})
+    assert "the rest" not in few and "all 3 owners" in few
+    assert counted(1, "arenas") == "1 arena" and counted(2, "owners") == "2 owners"

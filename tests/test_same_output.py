@@ -64,6 +64,7 @@ RENAMED = {b"attached_threads |": b"threads glibc counts |",
            b"now. Calling it periodically (or after peaks), or a lower M_TRIM_THRESHOLD, returns such memory without "
            b"a restart.": b"now: the program calling it (periodically, or after peaks) returns such memory without "
            b"a restart; MALLOC_TRIM_THRESHOLD_ lowers the threshold from the next start.",
+           b"| 1 arenas |": b"| 1 arena |",      # one arena in the singular (issue 71)
            b"arena limit 8 x the CPU count (default)":
            b"arena limit 8 x the CPU count (the default; the core does not record the CPU count: 'heapwalk "
            b"capture' does)"}

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from heapwalk.analysis.inuse import InUse, LeakTotals
 from heapwalk.view import ArenaView, HeapView, SizeClass
 
-__all__ = ["Bucket", "Report", "build_report", "by_class", "human", "leaking", "scan_sentence"]
+__all__ = ["Bucket", "Report", "build_report", "by_class", "counted", "human", "leaking", "scan_sentence"]
 
 MiB = 1 << 20
 
@@ -32,6 +32,13 @@ def human(n: float) -> str:
             return f"{value:.3g} {unit}" if value < 100 else f"{value:.0f} {unit}"
         value /= 1024
     return f"{value} TiB"
+
+
+def counted(n: int, plural: str) -> str:
+    """N things, named by PLURAL (an allocator's word: "arenas", "owners", "segments"), in the singular for one:
+    '1 arena', '8 arenas'."""
+    word = plural[:-1] if n == 1 and plural.endswith("s") else plural
+    return f"{n} {word}"
 
 
 @dataclass

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 
-from heapwalk.analysis.report import human
+from heapwalk.analysis.report import counted, human
 from heapwalk.output.charts import bar_chart, stacked_chart
 from heapwalk.mapkinds import DAMAGE, FREE, KINDS, USED, in_drawing_order
 from heapwalk.output.heapmaps import (BAND_COLOURS, COLOURS, NAMES, bands, kind_bytes, piece_counts, svg_strip,
@@ -66,14 +66,31 @@ def rss_section(rss: dict[str, Any] | None) -> str:
                           {k: k for k in kinds}, f"the process's {'RSS' if resident else 'memory in the core'} by "
                           f"owner: {human(rss['total'])}")
     total = rss["total"]
-    biggest = sorted(rows, key=lambda r: -r["bytes"])[:RSS_ROWS]
-    listed = table(("owner", "what", rss.get("measure") or "resident", "share", "mapped"),
-                   [(e(r["kind"]), e(r["name"] if r.get("count", 1) == 1 else f"{r['name']} ({r['count']})"),
-                     human(r["bytes"]), f"{100 * r['bytes'] / total:.0f}%", human(r["mapped"])) for r in biggest],
+    shown, rest = rss_rows_shown(rows)
+    cells = [(e(r["kind"]), e(r["name"] if r.get("count", 1) == 1 else f"{r['name']} ({r['count']})"),
+              human(r["bytes"]), f"{100 * r['bytes'] / total:.0f}%", human(r["mapped"])) for r in shown]
+    if rest:
+        left = sum(r["bytes"] for r in rest)
+        cells.append(("", f"the rest ({counted(len(rest), 'owners')})", human(left), f"{100 * left / total:.0f}%",
+                      human(sum(r["mapped"] for r in rest))))
+    listed = table(("owner", "what", rss.get("measure") or "resident", "share", "mapped"), cells,
                    left=(0, 1), wrap=(1,), foot=("RSS" if resident else "all", "", human(total), "100%", ""))
+    which = (f"every heap and the biggest other owners, the {len(rest)} others in one row" if rest else
+             f"all {counted(len(rows), 'owners')}")
     intro = (f"<p>Every {e(rss.get('measure') or 'resident')} byte of the process, by owner "
-             f"({e(rss.get('source') or '')}); the {min(len(rows), RSS_ROWS)} biggest of {len(rows)} owners.</p>")
+             f"({e(rss.get('source') or '')}): {which}.</p>")
     return section("rss", "Where the RSS is" if resident else "What the core holds, by owner", intro, chart, listed)
+
+
+def rss_rows_shown(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The RSS table's rows, the biggest first: every allocator's heap (however small: the page is about them),
+    then the biggest other owners up to RSS_ROWS in all; and the rows left out, which the table sums in one."""
+    ordered = sorted(rows, key=lambda r: -r["bytes"])
+    heaps = [r for r in ordered if r["kind"] == "heap"]
+    others = [r for r in ordered if r["kind"] != "heap"]
+    room = max(RSS_ROWS - len(heaps), 0)
+    shown = sorted(heaps + others[:room], key=lambda r: -r["bytes"])
+    return shown, others[room:]
 
 
 def plain_sections(doc: dict[str, Any], strips: Sequence[HeapStrip], words: Words, name: str) -> list[str]:
@@ -163,7 +180,7 @@ def arenas_section(doc: dict[str, Any], r: dict[str, Any], words: Words, colours
                 + [human(a["in_use"])] + [human(a["free"].get(k, 0)) for k in kinds]
                 + [human(a[k]) for k in top] + [human(a["overhead"]), human(a["trim"])])
     t = r["totals"]
-    foot = ["", f"{len(rows)} {words.arenas}", "", "", "", human(t["system"])] + (
+    foot = ["", counted(len(rows), words.arenas), "", "", "", human(t["system"])] + (
         [human(t["rss"] or 0)] if rss else []) + [
         human(t["in_use"])] + [human(sum(a["free"].get(k, 0) for a in rows)) for k in kinds] + [
         human(t[k]) for k in top] + [human(t["overhead"]), human(t["trim"])]

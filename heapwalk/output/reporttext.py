@@ -8,7 +8,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from heapwalk.analysis.report import Report, human
+from heapwalk.analysis.report import Report, counted, human
 from heapwalk.output.consoles import box_for
 from heapwalk.output.inusedoc import in_use_tables
 from heapwalk.view import Words
@@ -25,7 +25,7 @@ def arena_table(rep: Report, interactive: bool, words: Words) -> Table:
         words.columns(kinds) + ((("free in RAM", lambda a: a.idle_resident),) if rep.residency else ()) + \
         (words.last_columns or ((words.overhead, lambda a: a.overhead), (words.gives_back, lambda a: a.reclaim)))
     fixed = (("#", "right"), (words.arena, "left"), ("kind", "left"), ("threads", "right"), (words.heaps, "right"))
-    totals = [f"{len(rep.arenas)} {words.arenas}", "", "", ""]
+    totals = [counted(len(rep.arenas), words.arenas), "", "", ""]
     totals += [_shown(None if any(get(a) is None for a in rep.arenas) else sum(get(a) for a in rep.arenas))
                for _, get in figures]
     for (name, justify), footer in zip(fixed + tuple((name, "right") for name, _ in figures), ["", *totals]):

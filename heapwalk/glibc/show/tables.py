@@ -10,7 +10,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from heapwalk.analysis.report import human
+from heapwalk.analysis.report import counted, human
 from heapwalk.glibc.model import Arena, BinKind, BinList, HeapState, Tcache, Thread
 from heapwalk.glibc.account.summary import arena_limit
 from heapwalk.output.consoles import box_for
@@ -76,7 +76,7 @@ def arenas_table(state: HeapState, interactive: bool) -> Table:
             totals[key][1] += val[1]
     if len(state.arenas) > 1:
         table.add_section()
-        table.add_row("", "total", f"{len(state.arenas)} arenas", "", "", human(totals["system"]),
+        table.add_row("", "total", counted(len(state.arenas), "arenas"), "", "", human(totals["system"]),
                       human(totals["top"]), *(_cell(*totals[k]) for k in ("tc", "fast", "uns", "small", "large")))
     return table
 
