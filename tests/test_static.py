@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 
 import pytest
 
@@ -57,3 +58,22 @@ def test_a_static_program_whose_file_is_gone_is_decoded_and_the_header_says_whic
                            "as EXE)"), result.stdout
     doc = heapwalk_json(["-c", str(cap.core)], tmp_path)
     assert malloc_info_view(doc) == parse_malloc_info(cap.malloc_info)
+
+
+def test_a_static_program_without_a_version_string_is_not_said_to_lack_its_file(tmp_path):
+    """A static program that never asks glibc its version (plain.c) holds no banner and no
+    gnu_get_libc_version: given with its core, the header says that, and how to name the version, not that
+    its file is missing ("give the program as EXE" with the program given); the heap decodes all the same."""
+    exe = tmp_path / "plain"           # without hw.c, which asks glibc its version
+    subprocess.run(["gcc", "-O1", "-static", "-s", str(harness.CORES_DIR / "plain.c"), "-o", str(exe)], check=True)
+    proc = harness.run_to_snapshot(exe, tmp_path)
+    try:
+        harness.take_core(proc.pid, tmp_path / "core")
+    finally:
+        proc.kill()
+        proc.wait()
+    result = run_gdb([str(exe), str(tmp_path / "core")], ["heapwalk report"])
+    assert result.returncode == 0, result.stdout + result.stderr
+    header = next(line for line in result.stdout.splitlines() if line.startswith("glibc "))
+    assert "holds no version string" in header and "'set heapwalk glibc-version X.Y' names it" in header, header
+    assert "give the program as EXE" not in result.stdout

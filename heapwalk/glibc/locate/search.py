@@ -12,7 +12,7 @@ from heapwalk.findings import Fact, Finding, Severity
 from heapwalk.glibc.kinds import Kind
 from heapwalk.glibc.locate import heuristics
 from heapwalk.inferior import x86
-from heapwalk.inferior.elf import LIBC_FILE_NAME, PF_W, PT_LOAD, LibcImage, Mapping, find_libc, sole_file
+from heapwalk.inferior.elf import LIBC_FILE_NAME, PF_W, PT_LOAD, LibcImage, Mapping, find_libc, readable_runs, sole_file
 from heapwalk.inferior.memory import Memory, ReadError
 
 
@@ -205,6 +205,17 @@ class Search:
 
     # -- version ------------------------------------------------------------------------------------------
 
+    def _readonly_held(self) -> bool:
+        """Whether libc's image's read-only data is there to read (from the core, or from the file gdb was
+        given), judged past its first page (a core keeps an ELF mapping's first page): a page that is neither
+        reads as zeros where a capture left a hole, or fails."""
+        for seg in self.image.readonly_data():
+            first = (seg.address | 0xFFF) + 1
+            for at in {(seg.address + seg.filesz // 2) & ~0xFFF, (seg.end - 0x1000) & ~0xFFF}:
+                if at >= first and any(any(data) for _s, data in readable_runs(self.mem, at, 0x1000)):
+                    return True
+        return False
+
     def version(self) -> tuple[tuple[int, int] | None, str]:
         """The glibc version and how it was found, or (None, why not)."""
         if self.overrides.glibc_version:
@@ -237,6 +248,10 @@ class Search:
             return (int(m.group(1)), int(m.group(2))), f"file name {self.image.path}"
         if self.foreign_libc_file:
             return None, "libc's read-only pages are not in the core and the libc file gdb has is another build"
+        if self.static_program and self._readonly_held():
+            return None, ("glibc is linked into the program, which holds no version string (a static program links "
+                          "glibc's banner and gnu_get_libc_version only when it calls them): its layout tells the "
+                          "versions it can be; 'set heapwalk glibc-version X.Y' names it")
         if self.static_program:
             return None, (f"glibc is linked into the program, whose read-only pages are not in the core and whose "
                           f"file ({self.image.path}) is not available: give the program as EXE")
