@@ -20,6 +20,7 @@ from conftest import (BINDIR, JEMALLOC_BUILDS, JEMALLOC_COUNTED, JEMALLOC_VERSIO
 import harness
 import sysroots
 from oracle import jemalloc_arena_view, jemalloc_printed_view
+from heapwalk.analysis.report import human
 from heapwalk.findings import Kind, Severity
 from heapwalk.jemalloc.decode import collect_jemalloc
 from heapwalk.jemalloc.discovery import JeDiscovery
@@ -360,6 +361,7 @@ def test_the_verdict_names_the_arenas_that_do_not_decay_and_the_remedies(reporte
     _, _, ledger = decoded(suite)
     verdict = doc["report"]["verdict"]
     assert verdict[0].startswith("Held free by jemalloc, not a leak")
+    assert "how much of the free memory is in RAM a plain core does not say ('heapwalk capture' does)" in verdict[0]
     free_first = sorted(t["arena"] for t in ledger["threads"] if t["role"] == "free_first")
     stuck = [s for s in verdict if s.startswith("Not decaying")]
     if _old(suite):
@@ -561,6 +563,11 @@ def test_a_capture_shows_each_arenas_rss(suite, tmp_path):
     # each arena was made since the reproducer started, seconds before (its uptime on the capture's clock)
     assert all(0 < a["uptime_ns"] < 600 * 10**9 for a in doc["jemalloc"]["arenas"])
     assert " RSS " in result.stdout and "free in RAM" in result.stdout
+    # the verdict's headline says how much of the free memory is in RAM, the figure of the arena table
+    free_ram = sum(r["free_resident"] for r in rows)
+    headline = doc["report"]["verdict"][0]
+    assert headline.startswith("Held free by jemalloc") and "still resident" not in headline
+    assert f"{human(free_ram)} of the free memory is in RAM" in headline, headline
 
 
 @pytest.mark.parametrize("suite", JEMALLOCS)

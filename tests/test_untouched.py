@@ -150,6 +150,9 @@ def _without_clock_and_ram(doc: dict) -> dict:
     rep.pop("residency"), rep["mmapped"].pop("resident")
     rep["verdict"] = [s for s in rep["verdict"] if not s.startswith(("Overdue:", "Whether their decay is overdue",
                                                                      "The allocators' heaps hold"))]
+    # the headline's last clause: how much of the free memory is in RAM, or that a plain core does not say
+    rep["verdict"] = [s.rsplit("; ", 1)[0] + "." if s.startswith("Held free by jemalloc") else s
+                      for s in rep["verdict"]]
     return doc
 
 

@@ -67,7 +67,8 @@ def decay_section(doc: dict[str, Any]) -> str:
              _kept(a["dirty_npurge"], str), _kept(a["dirty_purged"], lambda n: human(n * PAGE))) for a in arenas]
     dirty = sum(a["pdirty"] for a in arenas) * PAGE
     muzzy = sum(a["pmuzzy"] for a in arenas) * PAGE
-    words = (f"<p>Dirty pages ({human(dirty)}) are freed memory still resident; decay purges them over "
+    words = (f"<p>Dirty pages ({human(dirty)}) are freed memory not yet purged (in the RSS while in RAM); decay "
+             f"purges them over "
              f"dirty_decay_ms, then muzzy pages ({human(muzzy)}) over muzzy_decay_ms. Retained memory is mapped "
              "but not resident.</p>")
     return section("decay", "What decay would give back", words, chart,

@@ -66,9 +66,9 @@ def _headline(state: JeState, rows: tuple[ArenaView, ...], leaks: LeakTotals | N
     if idle >= 0.25 * held and idle >= MiB:
         return (f"Held free by jemalloc{', and a leak' if leaking(leaks) else ', not a leak'}: {human(idle)} of "
                 f"the {human(held)} of pages its arenas hold "
-                f"({_pct(idle, held)}) is free: {human(dirty)} in dirty pages (freed, still resident until decay "
-                f"purges them), {human(muzzy)} muzzy, {human(slabs)} in partly used slabs, {human(cached)} in "
-                f"thread caches; {human(in_use)} is in use.")
+                f"({_pct(idle, held)}) is free: {human(dirty)} in dirty pages (freed, not yet purged: in the RSS "
+                f"while in RAM, until decay purges them), {human(muzzy)} muzzy, {human(slabs)} in partly used slabs, "
+                f"{human(cached)} in thread caches; {human(in_use)} is in use; {_free_in_ram(rows)}.")
     if in_use >= 0.75 * held:
         share = (f"{human(in_use)} of the {human(held)} of pages jemalloc holds ({_pct(in_use, held)}) is in "
                  "allocations the program holds")
@@ -85,6 +85,15 @@ def _headline(state: JeState, rows: tuple[ArenaView, ...], leaks: LeakTotals | N
                 "time apart and 'heapwalk diff' show which of it grows.")
     return (f"{human(in_use)} in use and {human(idle)} free of the {human(held)} of pages jemalloc holds: "
             "neither free pages nor growth stands out.")
+
+
+def _free_in_ram(rows: tuple[ArenaView, ...]) -> str:
+    """How much of the arenas' free bytes is in RAM, as the target says (a capture's or a live process's page
+    map), or that a plain core does not say."""
+    known = [r.free_resident for r in rows]
+    if not rows or any(k is None for k in known):
+        return "how much of the free memory is in RAM a plain core does not say ('heapwalk capture' does)"
+    return f"{human(sum(known))} of the free memory is in RAM (the rest was never touched, or is swapped out)"
 
 
 def _decay(state: JeState) -> list[str]:
