@@ -252,6 +252,17 @@ def _run_provable(exe: Path, directory: Path, env: dict[str, str], launcher: lis
     raise AssertionError("unreachable")
 
 
+def snapshot_core(exe: Path, directory: Path, core: Path, env: dict[str, str] | None = None) -> None:
+    """Runs EXE to its snapshot with DIRECTORY as its output folder, writes its core to CORE with gcore, and
+    ends it."""
+    proc = run_to_snapshot(exe, directory, env=env)
+    try:
+        take_core(proc.pid, core)
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 def take_core(pid: int, core: Path, keep_raw: bool = False) -> None:
     """Writes a core of the stopped process PID to CORE with gcore, then makes it sparse.
 

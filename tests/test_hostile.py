@@ -27,12 +27,7 @@ def _one_line_refusal(result, *words: str) -> None:
 
 def _plain_core(tmp_path, env: dict[str, str]):
     exe = harness.build("plain", BINDIR)
-    proc = harness.run_to_snapshot(exe, tmp_path, env=env)
-    try:
-        harness.take_core(proc.pid, tmp_path / "core")
-    finally:
-        proc.kill()
-        proc.wait()
+    harness.snapshot_core(exe, tmp_path, tmp_path / "core", env)
     return exe, tmp_path / "core"
 
 
@@ -188,11 +183,6 @@ def test_blank_main_tls_too_still_finds_every_tcache(tmp_path):
 def test_a_32bit_core_is_refused_in_one_line(tmp_path, command):
     """An i386 process's core: heapwalk says 32-bit targets are not supported yet, naming the architecture."""
     exe = harness.build_32bit(BINDIR)
-    proc = harness.run_to_snapshot(exe, tmp_path)
-    try:
-        harness.take_core(proc.pid, tmp_path / "core")
-    finally:
-        proc.kill()
-        proc.wait()
+    harness.snapshot_core(exe, tmp_path, tmp_path / "core")
     _one_line_refusal(run_gdb([str(exe), str(tmp_path / "core")], [command]), "32-bit targets are not supported yet",
                       "i386")

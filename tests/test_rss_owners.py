@@ -175,12 +175,7 @@ def test_a_plain_core_gives_what_it_holds_by_owner(tmp_path):
     up; the verdict weighs nothing against it (it is not the RSS), and 'heapwalk diff' does not compare it."""
     run = tmp_path / "run"
     exe = _compiled("rss_owners", tmp_path, "-pthread")
-    proc = harness.run_to_snapshot(exe, run)
-    try:
-        harness.take_core(proc.pid, tmp_path / "core")
-    finally:
-        proc.kill()
-        proc.wait()
+    harness.snapshot_core(exe, run, tmp_path / "core")
     ledger = json.loads((run / "ledger.json").read_text())
     out = tmp_path / "report.json"
     result = run_gdb([str(exe), str(tmp_path / "core")], [f"heapwalk report --json {out}"], iex=[NO_SYMBOLS])

@@ -66,12 +66,7 @@ def test_a_static_program_without_a_version_string_is_not_said_to_lack_its_file(
     its file is missing ("give the program as EXE" with the program given); the heap decodes all the same."""
     exe = tmp_path / "plain"           # without hw.c, which asks glibc its version
     subprocess.run(["gcc", "-O1", "-static", "-s", str(harness.CORES_DIR / "plain.c"), "-o", str(exe)], check=True)
-    proc = harness.run_to_snapshot(exe, tmp_path)
-    try:
-        harness.take_core(proc.pid, tmp_path / "core")
-    finally:
-        proc.kill()
-        proc.wait()
+    harness.snapshot_core(exe, tmp_path, tmp_path / "core")
     result = run_gdb([str(exe), str(tmp_path / "core")], ["heapwalk report"])
     assert result.returncode == 0, result.stdout + result.stderr
     header = next(line for line in result.stdout.splitlines() if line.startswith("glibc "))
