@@ -271,7 +271,8 @@ def test_a_tsd_offset_needs_a_state_jemalloc_sets_in_every_thread():
 def test_overdue_decay_agrees_with_whether_background_threads_run():
     """An arena's decay overdue at the snapshot: where background threads run, the sentence says they purge the
     pages when they next wake, never that the pages wait for a thread's call (the verdict's other sentence says
-    they purge on time); where they are off, that the pages stay until a thread of the arena calls jemalloc."""
+    they purge on time); where they are off, that the pages stay until a thread of the arena calls jemalloc; under
+    a MiB overdue, nothing."""
     from types import SimpleNamespace
     from heapwalk.jemalloc.verdict import _overdue
     arena = SimpleNamespace(index=3, pdirty=256, dirty_decay_ms=10000, dirty_clock=(10**9, 5 * 10**9))
@@ -282,3 +283,6 @@ def test_overdue_decay_agrees_with_whether_background_threads_run():
         sentence = _overdue(state, [arena])
         assert sentence.startswith("Overdue: the decay of arena 3 (1 MiB of dirty pages) was due to step at least 15 s")
         assert says in sentence and never not in sentence
+    small = SimpleNamespace(index=4, pdirty=1, dirty_decay_ms=10000, dirty_clock=(10**9, 5 * 10**9))
+    state = SimpleNamespace(clock_ns=20 * 10**9, arenas=[small], background_running=False)
+    assert _overdue(state, [small]) == ""          # one page (4 KiB) overdue is no sentence

@@ -135,9 +135,9 @@ def _overdue(state: JeState, decaying: list[JeArena]) -> str:
         return ("Whether their decay is overdue is not known: this core does not record the process's clock "
                 "('heapwalk capture' and a live process do).")
     late = [(a, due, stepped) for a, due, stepped in late if a in decaying]
-    if not late:
-        return ""
     dirty = sum(a.pdirty for a, _, _ in late) * PAGE
+    if dirty < MiB:                        # a few pages overdue are no finding (4 KiB on an idle Apache)
+        return ""
     due = min(d for _, d, _ in late) / 1e9
     stepped = min(s for _, _, s in late) / 1e9
     aged = all(s >= a.dirty_decay_ms * 1e6 for a, _, s in late)
