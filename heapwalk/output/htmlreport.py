@@ -77,8 +77,8 @@ def rss_section(rss: dict[str, Any] | None) -> str:
                    left=(0, 1), wrap=(1,), foot=("RSS" if resident else "all", "", human(total), "100%", ""))
     which = (f"every heap and the biggest other owners, the {len(rest)} others in one row" if rest else
              f"all {counted(len(rows), 'owners')}")
-    intro = (f"<p>Every {e(rss.get('measure') or 'resident')} byte of the process, by owner "
-             f"({e(rss.get('source') or '')}): {which}.</p>")
+    every = "Every resident byte of the process" if resident else "Every byte of the process in the core"
+    intro = f"<p>{every}, by owner ({e(rss.get('source') or '')}): {which}.</p>"
     return section("rss", "Where the RSS is" if resident else "What the core holds, by owner", intro, chart, listed)
 
 
