@@ -118,6 +118,8 @@ def prepare_build(dest: Path, name: str, cache: Path | None = None) -> sysroots.
     if root.exists():
         shutil.rmtree(root)
     shutil.copytree(source / build.folder, root, symlinks=True)
+    if build.crate is not None:
+        _crate_configure(source, root)
     env = {**os.environ, "CFLAGS": "-O2"}
     for cmd in (["./configure", *build.options], ["make", f"-j{os.cpu_count() or 2}", target]):
         result = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True)
@@ -206,10 +208,10 @@ def cargo_program(folder: Path, root: Path, name: str, env: dict[str, str], what
 
 def _source(cache: Path, build: SourceBuild) -> Path:
     """The unpacked upstream source of BUILD's Debian source package (fetched once into the cache), or its crate
-    (fetched by cargo) with the configure script the crate made for it put in place."""
+    (fetched by cargo into its registry cache)."""
     if build.crate is not None:
         try:
-            return _crate_source(cache, build.crate)
+            return sources.fetched(build.crate)
         except sources.SourceError as exc:
             raise BuildError(f"jemalloc {build.version}: {exc}") from None
     folder = cache / "sources" / build.suite / build.package
@@ -227,26 +229,16 @@ def _source(cache: Path, build: SourceBuild) -> Path:
     return folder
 
 
-def _crate_source(cache: Path, crate: sources.Crate) -> Path:
-    """A folder holding CRATE's jemalloc ready to configure, in the cache: its sources, the configure script
-    of the crate's folder configure/, and a VERSION file (the crate's, or the release its version names after
-    '+', as the crate's build script passes it with --with-version)."""
-    package = sources.fetched(crate)
-    folder = cache / "sources" / "crates" / f"{crate.name}-{crate.version}"
-    ready = folder / crate.folder / "configure"
-    if ready.exists():
-        return folder
-    if folder.exists():
-        shutil.rmtree(folder)
-    shutil.copytree(package / crate.folder, folder / crate.folder, symlinks=True)
+def _crate_configure(package: Path, root: Path) -> None:
+    """Puts in ROOT, a copy of crate PACKAGE's jemalloc, what the crate's build script puts beside it: the
+    configure script of the crate's folder configure/, and the release (its VERSION file, or the release the
+    crate's version names after '+', which its build script passes with --with-version)."""
+    shutil.copy(package / "configure" / "configure", root / "configure")
     version = package / "configure" / "VERSION"
     if version.exists():
-        shutil.copy(version, folder / crate.folder / "VERSION")
+        shutil.copy(version, root / "VERSION")
     else:
-        (folder / crate.folder / "VERSION").write_text(_crate_release(package) + "\n")
-    shutil.copy(package / "configure" / "configure", folder / crate.folder / "configure.part")
-    (folder / crate.folder / "configure.part").rename(ready)
-    return folder
+        (root / "VERSION").write_text(_crate_release(package) + "\n")
 
 
 def _crate_release(package: Path) -> str:
