@@ -8,7 +8,7 @@
  * malloc_trim(0).  It writes DIR/state once the workers are done and after each trim:
  * "STEP RSS_BEFORE RSS_AFTER TRIMMED" (step 0 at the start; RSS from /proc/self/statm, in bytes, read just
  * before and just after malloc_trim; TRIMMED its return value), with write(2) from a buffer on the stack.
- * SIGTERM ends it.
+ * SIGTERM ends it.  Each worker names itself "worker-N" (pthread_setname_np), as a service's pool would.
  */
 #define _GNU_SOURCE
 #include <fcntl.h>
@@ -66,6 +66,9 @@ static void write_state(int step, long before, long after, int trimmed)
 static void *worker(void *arg)
 {
     unsigned seed = (unsigned)(long)arg * 2654435761u + 1;
+    char name[16];
+    snprintf(name, sizeof name, "worker-%ld", (long)arg);
+    pthread_setname_np(pthread_self(), name);
     void *kept[CHUNKS];
     void *all[CHUNKS * 4];
     for (int i = 0; i < CHUNKS * 4; i++) {

@@ -35,6 +35,8 @@ class ArenaView:
     resident: int | None = None          # bytes of its memory in RAM (None: the target cannot say)
     free_resident: int | None = None     # bytes of its free pieces in RAM
     top_resident: int | None = None      # bytes of its top in RAM
+    users: tuple[str, ...] | None = None  # the names of the threads that allocate from it ("" for one unnamed;
+    #                                       None: the allocator does not tie threads to it)
 
     @property
     def free_total(self) -> int:

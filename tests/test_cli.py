@@ -331,7 +331,8 @@ def test_diff_of_two_snapshots_names_the_arena_that_grew(tmp_path):
         charted = browser.evaluate(f"[...document.querySelectorAll('#arena-{grower_arena} svg')].map(s => "
                                    "[...s.querySelectorAll('rect.bar')].reduce((n, r) => n + Number(r.dataset.bytes), 0))")
         assert charted[-1] == sum(c["bytes_growth"] for c in grown["in_use_classes"] if c["bytes_growth"] > 0)
-        assert browser.evaluate("document.querySelectorAll('#arenas tbody tr').length") == len(d["arenas"])
+        # each arena three rows: A, B and the change
+        assert browser.evaluate("document.querySelectorAll('#diff-arenas tbody tr').length") == 3 * len(d["arenas"])
         browser.resize(380)
         assert browser.evaluate("document.documentElement.scrollWidth") <= 380
 

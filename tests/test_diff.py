@@ -37,31 +37,52 @@ def test_arenas_are_matched_by_address_and_sorted_by_growth():
     text = diff_text(d)
     assert "arena 0: free chunks grew in 32-64 B (2 -> 5 chunks, +144 B)" in text
     assert text.startswith("arenas: 2 -> 2\n") and not d.restarted and doc["arena_counts"] == [2, 2]
-    assert text.endswith("grew: arena 0, 2 (system memory or in-use bytes)\n")
+    assert text.endswith("grew: arena 0 (system +200 B), 2 (system +20 B, in use +20 B)\n")
     mine = diff_text(d, "mimalloc")        # mimalloc's rows are owners (threads' heaps), its pieces blocks
     assert mine.startswith("owners: 2 -> 2\n") and "arena" not in mine and "chunk" not in mine
     assert "owner 0: free blocks grew in 32-64 B (2 -> 5 blocks, +144 B)" in mine
 
 
-def test_across_a_restart_arenas_are_matched_by_number_and_their_count_compared():
-    """No arena at the same address: two processes (ASLR moves every arena). The main arena is matched to the
-    main arena and thread arenas by number, so a remedy that capped the arenas shows as arenas gone, not as
-    every arena new."""
-    a = [_arena(0x7F0000001000, 0, 100, 60, 40), _arena(0x7E0000000030, 1, 64, 10, 54),
-         _arena(0x7D0000000030, 2, 64, 12, 52), _arena(0x7C0000000030, 3, 64, 8, 56)]
-    b = [_arena(0x7F5500001000, 0, 90, 60, 30), _arena(0x7E5500000030, 1, 64, 30, 34)]
+def _named(address: int, number: int, system: int, in_use: int, kind: str, *users: str) -> ArenaTotals:
+    return ArenaTotals(address, number, system, in_use, system - in_use, 0, (), kind=kind, users=users)
+
+
+def test_across_a_restart_arenas_are_matched_by_their_threads_names_not_their_numbers():
+    """No arena at the same address: two processes (ASLR moves every arena). A thread that took another arena
+    number after the restart is followed by its name; the main arena is matched to the main arena."""
+    a = [_named(0x7F0000001000, 0, 100, 60, "main", "server"), _named(0x7E0000000030, 1, 64, 10, "thread", "io"),
+         _named(0x7D0000000030, 2, 64 << 20, 12, "thread", "cache")]
+    b = [_named(0x7F5500001000, 0, 90, 60, "main", "server"), _named(0x7E5500000030, 1, 96 << 20, 30, "thread",
+                                                                      "cache"),
+         _named(0x7D5500000030, 2, 64, 10, "thread", "io")]
     d = diff(a, b)
-    assert d.restarted and d.arena_counts == (4, 2)
-    assert {(e.number, e.status, e.address) for e in d.arenas} == {
-        (0, "both", 0x7F5500001000), (1, "both", 0x7E5500000030), (2, "gone", 0x7D0000000030),
-        (3, "gone", 0x7C0000000030)}
-    assert d.growth["system"] == 154 - 292
+    assert d.restarted and d.arena_counts == (3, 3) and d.unmatched == (0, 0)
+    pairs = {e.number: e.figures["system"] for e in d.arenas}
+    assert pairs == {0: (100, 90), 1: (64 << 20, 96 << 20), 2: (64, 64)}      # B's numbers, A's figures by name
+    assert d.grew == [1]
     text = diff_text(d)
-    assert text.splitlines()[:2] == [
-        "two processes (no arena at the same address: a restart between the snapshots): arenas are matched by "
-        "their number, the main arena to the main arena; an address is the second's, the first's for an arena gone",
-        "arenas: 4 -> 2"]
+    assert text.startswith("two processes (no arena at the same address: a restart between the snapshots): arenas "
+                           "are matched by the names of the threads that use them")
+    assert text.endswith("grew: arena 1 (system +32.0 MiB, in use +18 B)\n")
     assert jsondoc.diff_json(d)["restarted"] is True
+
+
+def test_across_a_restart_arenas_nothing_ties_are_compared_together():
+    """Threads unnamed, or all of one name (a pool): nothing but the main arena is matched; the others are
+    listed on their side and compared together, and none is said to have grown."""
+    a = [_named(0x7F0000001000, 0, 100, 60, "main", ""), _named(0x7E0000000030, 1, 64, 10, "thread", "worker"),
+         _named(0x7D0000000030, 2, 64, 12, "thread", "worker"), _named(0x7C0000000030, 3, 64, 8, "thread", "")]
+    b = [_named(0x7F5500001000, 0, 90, 60, "main", ""), _named(0x7E5500000030, 1, 640, 30, "thread", "worker")]
+    d = diff(a, b)
+    assert d.unmatched == (3, 1) and d.grew == []
+    assert {(e.number, e.status) for e in d.arenas} == {(0, "both"), (1, "unmatched"), (2, "unmatched"),
+                                                        (3, "unmatched")}
+    assert d.unmatched_growth["system"] == 640 - 192
+    lines = diff_text(d).splitlines()
+    assert "3 of the first's and 1 of the second's are not matched" in lines[0]
+    assert any(line.startswith("not matched, together: 3 arenas of the first -> 1 of the second: system +0.0 MiB")
+               for line in lines)
+    assert lines[-1] == "no matched arena grew"
 
 
 def test_arenas_that_did_not_change_are_named_not_listed():
@@ -136,3 +157,37 @@ def test_each_allocator_of_a_process_is_diffed_with_its_own(tmp_path, capsys):
     assert jemalloc.startswith("jemalloc:\n") and "+2.0" in jemalloc and "+2.0" in glibc
     assert "toy: in the second snapshot only" in glibc
     assert set(json.loads((tmp_path / "d.json").read_text())["allocators"]) == {"jemalloc", "glibc"}
+
+
+def test_snapshots_of_two_allocators_are_compared_as_totals_each_in_its_words(tmp_path, capsys):
+    """The same service restarted on jemalloc (LD_PRELOAD): glibc's arenas are not matched to jemalloc's; each
+    side's totals are shown in its own figures (glibc's top and bins, jemalloc's dirty pages), and the JSON
+    says which allocator each side is."""
+    from heapwalk.cli.main import main
+    a = {"allocator": "glibc", "report": {
+        "words": {"title": "glibc's malloc", "arenas": "arenas", "system": "system", "pieces": "chunks",
+                  "gives_back": "trim gives back", "top": True},
+        "arenas": [{"address": 0x1000, "number": 0, "kind": "main", "system": 8 << 20, "in_use": 5 << 20,
+                    "free": {"tcache": 1 << 10, "fast": 0, "small": 1 << 20}, "top": 1 << 20, "trim": 2 << 20}]}}
+    b = {"allocator": "jemalloc", "report": {
+        "words": {"title": "jemalloc", "arenas": "arenas", "system": "mapped", "pieces": "pieces",
+                  "gives_back": "decay gives back", "top": False},
+        "arenas": [{"address": 0x7000, "number": n, "kind": "auto", "system": 6 << 20, "in_use": 2 << 20,
+                    "free": {"tcache": 2 << 10, "dirty": 3 << 20}, "top": 0, "trim": 3 << 20} for n in (0, 1)]}}
+    for name, doc in (("a.json", a), ("b.json", b)):
+        (tmp_path / name).write_text(json.dumps(doc))
+    assert main(["diff", str(tmp_path / "a.json"), str(tmp_path / "b.json"), "--json", str(tmp_path / "d.json")]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert lines[0].startswith("two allocators: the first snapshot's is glibc's malloc, the second's jemalloc: "
+                               "each is shown in its own figures; no arena is matched")
+    rows = {line[:34].strip(): line[34:].split() for line in lines[2:]}
+    assert rows["arenas"] == ["1", "2", "+1"]
+    assert rows["system / mapped"] == ["8", "MiB", "12", "MiB", "+4", "MiB"]
+    assert rows["free: dirty"] == ["-", "6", "MiB"] and rows["free: fast"][-1] == "-"
+    assert rows["top"] == ["1", "MiB", "-"]
+    assert rows["trim gives back / decay gives back"] == ["2", "MiB", "6", "MiB", "+4", "MiB"]
+    assert "grew: arena" not in out and "matched by" not in out
+    doc = json.loads((tmp_path / "d.json").read_text())
+    assert doc["arenas"] == [] and doc["across"]["titles"] == ["glibc's malloc", "jemalloc"]
+    assert doc["growth"]["system"] == 4 << 20 and doc["arena_counts"] == [1, 2]

@@ -1,6 +1,8 @@
 """``heapwalk diff A B``: which arenas grew between two snapshots, and in them which size classes of free
 pieces and of chunks in use, and which signatures of chunks in use; each snapshot a core (reported first), a
-report's JSON or a capture's folder; with their RSS where the snapshots recorded it."""
+report's JSON or a capture's folder; with their RSS where the snapshots recorded it.  An allocator only one
+snapshot has is compared with the other's allocator only it has (a restart on another allocator) as totals,
+each in its own figures."""
 
 from __future__ import annotations
 
@@ -10,13 +12,13 @@ import shutil
 from pathlib import Path
 from typing import List, Optional, Tuple
 
-from heapwalk.analysis.diff import ArenaTotals, Signatures, diff
+from heapwalk.analysis.diff import ArenaTotals, Signatures, across, diff
 from heapwalk.analysis.rss import rss_change
 from heapwalk.output.rsstext import rss_change_lines
 from heapwalk.cli.cores import open_core, report_command
 from heapwalk.cli.gdbmi import CliError
 from heapwalk.output import jsondoc
-from heapwalk.output.difftext import diff_text
+from heapwalk.output.difftext import across_text, diff_text
 from heapwalk.output.htmldiff import diff_html
 from heapwalk.output.htmlpage import made_by
 
@@ -31,8 +33,8 @@ def process_rss(path: Path) -> int | None:
         return None
 
 
-#: each allocator of a snapshot: its name, its arenas, its blocks in use by signature (or None)
-Snapshot = List[Tuple[str, List[ArenaTotals], Optional[Signatures]]]
+#: each allocator of a snapshot: its name, its arenas, its blocks in use by signature (or None), its words
+Snapshot = List[Tuple[str, List[ArenaTotals], Optional[Signatures], dict]]
 
 
 def _snapshot(args, path: Path, out: Path) -> tuple[Snapshot, dict | None]:
@@ -58,22 +60,24 @@ def _snapshot(args, path: Path, out: Path) -> tuple[Snapshot, dict | None]:
         parts = jsondoc.allocator_parts(doc if isinstance(doc, dict) else {})
         owners = [(part.get("report") or {}).get("rss_by_owner") for _, part in parts]
         rss = next((o for o in owners if isinstance(o, dict)), None)
-        return [(name, jsondoc.read_snapshot(part), jsondoc.read_signatures(part)) for name, part in parts], rss
+        return [(name, jsondoc.read_snapshot(part), jsondoc.read_signatures(part), jsondoc.read_words(part, name))
+                for name, part in parts], rss
     except jsondoc.DocumentError as exc:
         raise CliError(f"heapwalk: {path}: {exc}") from None
 
 
 def _pairs(a: Snapshot, b: Snapshot):
-    """The allocators of A and B to compare, matched by name (the program's allocator with the program's), and
-    the lines for those only one snapshot has."""
-    named_b = {name: (arenas, sigs) for name, arenas, sigs in b}
-    pairs = [(name, (arenas, sigs), named_b[name]) for name, arenas, sigs in a if name in named_b]
-    if not pairs:       # no allocator in both (a restart on another allocator): the programs' are compared
-        return [(f"{a[0][0]} -> {b[0][0]}", a[0][1:], b[0][1:])], []
+    """The allocators of A and B to compare, matched by name (the program's allocator with the program's); the
+    two allocators only one snapshot has each, the first of each (a restart on another allocator: compared as
+    totals), or None; and the lines for the others only one snapshot has."""
+    named_b = {part[0]: part for part in b}
+    pairs = [(part[0], part, named_b[part[0]]) for part in a if part[0] in named_b]
     matched = {name for name, _, _ in pairs}
-    alone = [f"{name}: in the {which} snapshot only" for which, snap in (("first", a), ("second", b))
-             for name, _, _ in snap if name not in matched]
-    return pairs, alone
+    left = [[part for part in snap if part[0] not in matched] for snap in (a, b)]
+    other = (left[0].pop(0), left[1].pop(0)) if left[0] and left[1] else None
+    alone = [f"{part[0]}: in the {which} snapshot only" for which, parts in zip(("first", "second"), left)
+             for part in parts]
+    return pairs, other, alone
 
 
 def cmd_diff(args) -> int:
@@ -84,10 +88,14 @@ def cmd_diff(args) -> int:
                                         _snapshot(args, args.b, workdir / "b.json"))
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    pairs, alone = _pairs(a, b)
-    diffs = [(name, diff(pa[0], pb[0], pa[1], pb[1])) for name, pa, pb in pairs]
+    pairs, other, alone = _pairs(a, b)
+    diffs = [(name, diff(pa[1], pb[1], pa[2], pb[2])) for name, pa, pb in pairs]
+    changed = across(other[0][1], other[1][1], other[0][3], other[1][3]) if other else None
+    if changed is not None:
+        print(across_text(changed), end="")
     for i, (name, d) in enumerate(diffs):
-        print(("" if i == 0 else "\n") + (f"{name}:\n" if len(diffs) > 1 else "") + diff_text(d, name), end="")
+        print(("" if i == 0 and changed is None else "\n") + (f"{name}:\n" if len(diffs) > 1 or changed else "")
+              + diff_text(d, name), end="")
     for line in alone:
         print(line)
     rss = [process_rss(p / "report.json" if p.is_dir() else p) for p in (args.a, args.b)]
@@ -97,11 +105,16 @@ def cmd_diff(args) -> int:
     owners = rss_change(owners_a, owners_b)
     for line in rss_change_lines(owners):
         print(line)
-    document = {**jsondoc.diff_json(diffs[0][1]), "process_rss": None if None in rss else rss,
+    words = {name: pa[3] for name, pa, _ in pairs}
+    first = ({**jsondoc.diff_json(diffs[0][1]), "words": words[diffs[0][0]]} if diffs
+             else jsondoc.across_json(changed))
+    document = {**first, "process_rss": None if None in rss else rss,
                 "rss_by_owner": None if owners is None else [{"kind": k, "before": x, "after": y}
                                                              for k, x, y in owners]}
-    if len(diffs) > 1:
-        document["allocators"] = {name: jsondoc.diff_json(d) for name, d in diffs}
+    if changed is not None:
+        document["across"] = jsondoc.across_json(changed)["across"]
+    if len(diffs) > 1 or (diffs and changed is not None):
+        document["allocators"] = {name: {**jsondoc.diff_json(d), "words": words[name]} for name, d in diffs}
     if args.json:
         _write(args.json, json.dumps(document, indent=1) + "\n")
     if args.html:

@@ -121,7 +121,10 @@ def make_parser() -> argparse.ArgumentParser:
                        "chunks and of chunks in use, and which signatures of chunks in use; each is a core "
                        "(reported first), a 'heapwalk report --json' file or a 'heapwalk capture' folder. The "
                        "arenas' RSS is compared when both snapshots recorded it (captures do), and the process's "
-                       "RSS when both are captures.")
+                       "RSS when both are captures. Across a restart arenas are matched by the names of the "
+                       "threads that use them (the main arena to the main arena) and the others compared "
+                       "together; snapshots of two allocators (a restart on another) are compared as totals, "
+                       "each in its own figures.")
     p.add_argument("a", type=Path, metavar="A")
     p.add_argument("b", type=Path, metavar="B")
     p.add_argument("--json", type=Path, metavar="FILE", help="also write the differences as JSON")

@@ -25,6 +25,7 @@ from heapwalk.gdb.console import (console_with_header, gdb_console, interactive,
 from heapwalk.gdb.session import (DebugParameter, SetPrefix, Settings, StringParameter, UserError,
                                   load_allocators, parse_int, reload)
 from heapwalk.gdb.subcommand import Parser, Subcommand, json_option
+from heapwalk.output.jsondoc import words_json
 from heapwalk.output.options import add_no_leaks, add_report_files
 from heapwalk.output.tables import several_text
 from heapwalk.output.rsstext import rss_document, rss_sentence, rss_table, rss_verdict
@@ -140,6 +141,7 @@ class ReportCommand(Subcommand):
             doc = decoded.report_document(rep) if args.json or args.html else None
             if doc is not None:
                 doc["report"]["rss_by_owner"] = rss_document(rss) if rss is not None else None
+                doc["report"]["words"] = words_json(decoded.title, decoded.words)
             documents.append((decoded, doc))
             pages.append((decoded, doc, scanned[2] if scanned else None))
         console = gdb_console()

@@ -70,7 +70,8 @@ def _row(state: JeState, a: JeArena, rss: ArenaRss | None) -> ArenaView:
                      sum(b.curslabs for b in a.bins) + extents, a.mapped, state.in_use(a),
                      MappingProxyType({k: max(0, v) for k, v in free.items()}), 0,
                      max(0, a.mapped - pages + padding), (a.pdirty + a.pmuzzy) * PAGE, balanced,
-                     None if rss is None else rss.resident, None if rss is None else rss.free_resident)
+                     None if rss is None else rss.resident, None if rss is None else rss.free_resident, None,
+                     tuple(sorted(t.name or "" for t in state.threads if t.arena == a.index)))
 
 
 def _free_sizes(state: JeState, a: JeArena) -> Counter:

@@ -91,7 +91,8 @@ class MimallocHeap(Decoded):
             threads = 0 if o.thread_id in NO_THREAD else 1
             rows.append(ArenaView(n, o.heaps[0] if o.heaps else 0, owner_name(o, self.by_tcb, self.state.v3), threads,
                                   len(o.segments), o.reserved, o.in_use, MappingProxyType(dict(o.free)), 0,
-                                  o.overhead, o.pending, o.balanced, resident, free_resident))
+                                  o.overhead, o.pending, o.balanced, resident, free_resident, None,
+                                  _owner_users(o, self.by_tcb)))
             counts = Counter()
             for s in o.segments:
                 for p in s.pages:
@@ -241,3 +242,11 @@ class Mimalloc(Allocator):
 
 
 MIMALLOC = Mimalloc()
+
+
+def _owner_users(owner: Owner, by_tcb: dict) -> tuple[str, ...]:
+    """The name of the thread whose heap OWNER is ("" when unnamed), none for the owners no thread has."""
+    if owner.thread_id in NO_THREAD:
+        return ()
+    t = by_tcb.get(owner.thread_id)
+    return ((t.name or "") if t else "",)

@@ -11,14 +11,14 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from heapwalk.analysis.diff import ArenaTotals, Diff, Signatures
+from heapwalk.analysis.diff import Across, ArenaTotals, Diff, Signatures
 from heapwalk.analysis.report import Bucket
 from heapwalk.errors import HeapwalkError
 from heapwalk.findings import Finding
 from heapwalk.output.inusedoc import in_use_json, leaks_totals_json
 
 __all__ = ["SCHEMA_VERSION", "DocumentError", "finding_json", "report_json", "read_snapshot", "read_signatures",
-           "diff_json", "dump", "together", "allocator_parts"]
+           "diff_json", "dump", "together", "allocator_parts", "words_json", "read_words", "across_json"]
 
 SCHEMA_VERSION = 1
 
@@ -32,7 +32,8 @@ def finding_json(f: Finding) -> dict[str, Any]:
 def report_json(rep) -> dict[str, Any]:
     """The report's numbers and verdict (see heapwalk/analysis/report.py)."""
     return {
-        "arenas": [{"number": a.number, "address": a.address, "kind": a.kind, "threads": a.threads, "heaps": a.heaps,
+        "arenas": [{"number": a.number, "address": a.address, "kind": a.kind, "threads": a.threads,
+                    "thread_names": None if a.users is None else list(a.users), "heaps": a.heaps,
                     "system": a.system, "in_use": a.in_use, "free": dict(a.free), "top": a.top, "overhead": a.overhead,
                     "trim": a.reclaim, "balanced": a.balanced, "rss": a.resident, "free_resident": a.free_resident,
                     "top_resident": a.top_resident} for a in rep.arenas],
@@ -79,10 +80,36 @@ def read_snapshot(doc: dict[str, Any]) -> list[ArenaTotals]:
                             sum((r.get("free") or {}).values()), r.get("top") or 0,
                             _buckets(by_arena.get(str(r["number"]), [])), r.get("trim") or 0,
                             heaps.get(r["address"], ()), r.get("rss"),
-                            None if used is None else _buckets(used.get(str(r["number"]), [])))
+                            None if used is None else _buckets(used.get(str(r["number"]), [])),
+                            str(r.get("kind") or ""), _names(r.get("thread_names")),
+                            tuple((str(k), int(v)) for k, v in (r.get("free") or {}).items()))
                 for r in doc["report"]["arenas"]]
     except (KeyError, TypeError, AttributeError) as exc:
         raise DocumentError(f"its report is not heapwalk's ({type(exc).__name__}: {exc})") from None
+
+
+def _names(names: Any) -> tuple[str, ...] | None:
+    """An arena's thread names as a report wrote them (None: not written, or not a list of names)."""
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        return None
+    return tuple(names)
+
+
+def words_json(title: str, words) -> dict[str, Any]:
+    """What an allocator calls the parts of its report (`view.Words`), for readers of its JSON ('heapwalk diff'
+    across allocators): its name, its rows, what they hold from the system, its free pieces, what it gives
+    back, and whether its arenas have a top."""
+    return {"title": title, "arenas": words.arenas, "system": words.system, "pieces": words.pieces,
+            "gives_back": words.gives_back, "top": words.top}
+
+
+def read_words(doc: dict[str, Any], name: str) -> dict[str, Any]:
+    """The words a report document's allocator (NAME) uses (`words_json`); for a document written before it
+    said them, the name alone and the common words."""
+    words = (doc.get("report") or {}).get("words") if isinstance(doc, dict) else None
+    base = {"title": name or "the allocator", "arenas": "arenas", "system": "system", "pieces": "pieces",
+            "gives_back": "gives back", "top": True}
+    return {**base, **{k: v for k, v in words.items() if k in base}} if isinstance(words, dict) else base
 
 
 def _buckets(rows: list[dict[str, Any]]) -> tuple[Bucket, ...]:
@@ -109,6 +136,8 @@ def diff_json(d: Diff) -> dict[str, Any]:
     arenas = []
     for e in d.arenas:
         entry: dict[str, Any] = {"address": e.address, "number": e.number, "status": e.status}
+        if e.status == "unmatched":
+            entry["only"] = e.only
         for figure in e.figures:
             entry[figure] = list(e.figures[figure])
             entry[figure + "_growth"] = e.growth(figure)
@@ -116,9 +145,22 @@ def diff_json(d: Diff) -> dict[str, Any]:
         entry["in_use_classes"] = [_class_json(c) for c in e.in_use_classes]
         arenas.append(entry)
     return {"arenas": arenas, "growth": d.growth, "grew": d.grew, "restarted": d.restarted,
-            "arena_counts": list(d.arena_counts),
+            "arena_counts": list(d.arena_counts), "unmatched": list(d.unmatched),
+            "unmatched_growth": d.unmatched_growth if any(d.unmatched) else None,
             "signatures": [{"signature": c.name, "count": list(c.count), "bytes": list(c.bytes),
                             "bytes_growth": c.bytes_growth} for c in d.signatures]}
+
+
+def across_json(x: Across) -> dict[str, Any]:
+    """'heapwalk diff --json' of two allocators' snapshots (`analysis.diff.across`): no arena matched, the
+    totals' growth, and under "across" each side's figures in its own words."""
+    growth = {k: b - a for k, a, b in x.rows if k in ("system", "in use", "free", "top", "rss")
+              and a is not None and b is not None}
+    return {"arenas": [], "growth": {k.replace(" ", "_"): v for k, v in growth.items()}, "grew": [],
+            "restarted": True, "arena_counts": [x.row("arenas")[0], x.row("arenas")[1]], "unmatched": [0, 0],
+            "unmatched_growth": None, "signatures": [],
+            "across": {"titles": list(x.titles), "words": list(x.words), "rss_known": x.rss_known,
+                       "rows": [{"figure": k, "a": a, "b": b} for k, a, b in x.rows]}}
 
 
 def _class_json(c) -> dict[str, Any]:

@@ -109,6 +109,7 @@ def rss_change_lines(change: list[tuple[str, int, int]] | None) -> list[str]:
     grown = {kind: y - x for kind, x, y in change if kind != "total"}
     total = sum(v for v in grown.values() if v > 0)
     outside = sum(v for k, v in grown.items() if v > 0 and k != "heap")
-    if total and outside > total / 2:
+    grew = next((y - x for kind, x, y in change if kind == "total"), total)
+    if grew >= 1 << 20 and total and outside > total / 2:       # the process grew by a MiB or more
         lines.append(f"  most of the growth, {human(outside)} of {human(total)}, is outside the allocators' heaps")
     return lines

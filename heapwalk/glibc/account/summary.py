@@ -108,10 +108,13 @@ def _rows(state: HeapState, resident: dict[int, ArenaResidency]) -> list[ArenaVi
     """Each arena's bytes from its account (or, where Ctrl-C left it unwalked, from its lists and top), and in
     RAM (RESIDENT, by arena number, when known)."""
     users: dict[int, int] = {}
+    names: dict[int, list[str]] = {}
     for t in state.threads:
         if t.arena:
             users[t.arena] = users.get(t.arena, 0) + 1
-    if any(t.tls_lost for t in state.threads):  # thread_arena is unknown for some threads: glibc's own count
+            names.setdefault(t.arena, []).append(t.name or "")
+    lost = any(t.tls_lost for t in state.threads)
+    if lost:  # thread_arena is unknown for some threads: glibc's own count
         users = {a.address: a.attached_threads for a in state.arenas if a.attached_threads is not None}
     rows = []
     for a in state.arenas:
@@ -126,7 +129,8 @@ def _rows(state: HeapState, resident: dict[int, ArenaResidency]) -> list[ArenaVi
         rows.append(ArenaView(a.number, a.address, a.kind, users.get(a.address, 0), len(a.heaps), a.system_mem,
                               acc.bytes[ChunkState.IN_USE] + acc.bytes[ChunkState.TCACHE_STRUCT],
                               MappingProxyType(free), top, acc.overhead + acc.bytes[ChunkState.FENCEPOST],
-                              trim.resident if trim else 0, acc.balanced, r and r.heaps, r and r.free, r and r.top))
+                              trim.resident if trim else 0, acc.balanced, r and r.heaps, r and r.free, r and r.top,
+                              None if lost else tuple(sorted(names.get(a.address, ())))))
     return rows
 
 
