@@ -24,6 +24,7 @@ from conftest import NO_SYMBOLS, SYSROOTS, run_gdb
 from oracle import jemalloc_arena_view, jemalloc_printed_view
 import harness
 import jebuilds
+from verdicts import contradictions
 
 pytestmark = pytest.mark.cores
 
@@ -202,6 +203,7 @@ def test_redis_runs_jemallocs_background_threads_and_the_verdict_says_so(redis):
     assert "background threads purge them on time" in verdict and "background_thread is off" not in verdict
     assert "the pages stay until one does" not in verdict          # no sentence says the pages wait for a call
     assert [t for t in report["jemalloc"]["threads"] if t["name"] == "jemalloc_bg_thd" and t["arena"] is None]
+    assert contradictions(report) == []
     cli = Path(sys.executable).with_name("heapwalk")
     result = subprocess.run([str(cli), "report", str(core), str(program), "--no-symbols"], capture_output=True,
                             text=True, timeout=600)

@@ -117,10 +117,13 @@ def test_free_memory_no_longer_in_ram_is_not_called_a_problem():
     text = " ".join(rep.verdict)
     assert rep.verdict[0].startswith("Free memory, but not in RAM: 56 MiB of the 57 MiB free")
     assert "Fragmentation" not in text and "MALLOC_ARENA_MAX" not in text and "malloc_trim(0) would" not in text
-    # the same heap where the target cannot say is fragmentation, with the arena cap advised
+    # the same heap where the target cannot say is fragmentation, said to be at most what it costs, with the
+    # arena cap advised and what would tell
     blind = build_report(_view([_arena(a.number, a.kind, a.system, a.in_use, a.free_total, None) for a in arenas],
                                ""), verdict=verdict)
-    assert blind.verdict[0].startswith("Fragmentation, not a leak") and "MALLOC_ARENA_MAX=2" in blind.verdict[1]
+    assert blind.verdict[0].startswith("Fragmentation, not a leak") and "MALLOC_ARENA_MAX=2" in blind.verdict[2]
+    assert blind.verdict[1].startswith("Whether this free memory costs RAM a plain core does not say") and \
+        "'heapwalk capture PID'" in blind.verdict[1]
 
 
 def test_fragmentation_in_ram_is_counted_in_ram_with_what_capping_arenas_would_have_saved():

@@ -18,6 +18,7 @@ from browser import Browser, cut_off
 from conftest import SYSROOTS
 from harness import prepare_jemalloc
 from services import running
+from verdicts import contradictions
 
 pytestmark = pytest.mark.live
 
@@ -43,6 +44,11 @@ def runs(tmp_path_factory):
         with running(run, "service", str(WORKERS), env=env) as (proc, _):
             _heapwalk("capture", proc.pid, "--out", tmp / name)
     return tmp
+
+
+def test_no_run_s_verdict_contradicts_itself(runs):
+    for name in ("glibc", "again", "jemalloc"):
+        assert contradictions(json.loads((runs / name / "report.json").read_text())) == [], name
 
 
 def _arenas(folder: Path) -> list[dict]:

@@ -17,8 +17,10 @@ from pathlib import Path
 import pytest
 
 from heapwalk.cli import ptrace
+from heapwalk.analysis.report import human
 from heapwalk.cli.corewriter import write_core
 from services import gcore_report, process_state, running, wait_for_step
+from verdicts import contradictions
 
 pytestmark = pytest.mark.live
 
@@ -50,6 +52,7 @@ def service(tmp_path_factory):
         os.kill(proc.pid, signal.SIGUSR2)
         ledger = wait_for_step(state_dir, 1)
         printed["after"] = _heapwalk("capture", proc.pid, "--out", tmp / "after")
+        gcore_report(proc.pid, tmp / "plain-after")       # gcore's core of the same moment, nothing said of RAM
     (tmp / "printed.json").write_text(json.dumps(printed))
     return tmp, ledger
 
@@ -99,6 +102,27 @@ def test_the_verdict_counts_free_memory_in_ram(service):
     for rep in (before, after):
         for a in rep["arenas"]:
             assert 0 <= a["free_resident"] + a["top_resident"] <= a["rss"] <= a["system"] + 4096
+
+
+def test_a_plain_core_s_verdict_agrees_with_the_capture_s_and_says_what_it_cannot_know(service):
+    """After the trim the capture says the free memory is not in RAM and needs no remedy; gcore's core of the
+    same moment cannot tell: its verdict gives the same figures of what is free and in use, says that it does
+    not know which of it is in RAM and what would say, and claims nothing in RAM.  No verdict of the three
+    contradicts itself."""
+    tmp, _ = service
+    capture_doc, plain_doc = (json.loads((tmp / name / "report.json").read_text()) for name in ("after",
+                                                                                              "plain-after"))
+    plain, captured = plain_doc["report"], capture_doc["report"]
+    assert not plain["residency"] and captured["residency"]
+    assert plain["totals"]["free"] == captured["totals"]["free"]
+    assert plain["totals"]["in_use"] == captured["totals"]["in_use"]
+    said = " ".join(plain["verdict"])
+    assert "Whether this free memory costs RAM a plain core does not say" in said
+    assert "'heapwalk capture PID' on the running process" in said
+    assert f"{human(plain['totals']['in_use'])} is in use" in said and f"{human(plain['totals']['in_use'])} is in use" \
+        in " ".join(captured["verdict"])
+    for doc in (capture_doc, plain_doc, json.loads((tmp / "before" / "report.json").read_text())):
+        assert contradictions(doc) == []
 
 
 def test_the_arena_limit_is_said_and_reached(service):

@@ -8,7 +8,21 @@ from __future__ import annotations
 from heapwalk.analysis.report import MiB, Report, human, not_worth, scan_sentence, worth
 from heapwalk.view import ArenaView
 
-__all__ = ["verdict", "arena_max_saving"]
+__all__ = ["verdict", "arena_max_saving", "UNKNOWN_RAM"]
+
+#: what capping the arenas costs, said with the remedy
+ARENA_MAX_COST = (" Its cost: threads that had an arena of their own then wait for one another's arena locks; "
+                  "measure the throughput under load before and after.")
+#: another allocator as a remedy, with what it may break
+OTHER_ALLOCATOR = ("an allocator that returns small-object pages (jemalloc, tcmalloc: by LD_PRELOAD, which not "
+                   "every program survives; docs/runbook.md says which and how to try it)")
+
+#: what a verdict on free memory adds when the target does not say which pages are in RAM (a plain core)
+UNKNOWN_RAM = ("Whether this free memory costs RAM a plain core does not say: what malloc gave back or never "
+               "touched holds address space, not memory, and needs no remedy, so what the remedies below would "
+               "save is at most these figures; 'heapwalk capture PID' on the running process (or 'heapwalk report "
+               "--resident-from' its capture.json, for a core taken at the same moment) says which pages are in "
+               "RAM.")
 
 
 def _pct(part: float, whole: float) -> str:
@@ -49,7 +63,7 @@ def _arena_max_sentence(rep: Report) -> str:
         text += (f"; it would have saved the free memory{where} of the arenas beyond the cap: " + "; ".join(parts)
                  + (" (a range: which arenas are left out depends on the order threads came in)" if len(threads) > 1
                     else ""))
-    return text + "."
+    return text + "." + ARENA_MAX_COST
 
 
 def _fragmentation(rep: Report, held: int, idle: int, ram: bool) -> list[str]:
@@ -86,12 +100,12 @@ def _fragmentation(rep: Report, held: int, idle: int, ram: bool) -> list[str]:
         out.append(f"{human(rep.trim_kept['sub_page'])} of free memory lies in pieces under a page (small free "
                    "chunks, and the ends and links of larger ones), which malloc_trim(0) cannot return: it would "
                    f"give back only {human(rep.trim)}. Fewer arenas (above), fewer long-lived small allocations, "
-                   "or an allocator that returns small-object pages (jemalloc, tcmalloc) would shrink it.")
+                   f"or {OTHER_ALLOCATOR} would shrink it.")
     elif small_free >= 0.5 * rep.free:
         out.append(f"{human(small_free)} of the free memory is in chunks under 4 KiB "
                    f"({rep.free_chunks} free chunks; fragmentation {rep.fragmentation:.2f}): malloc_trim(0) "
-                   f"would return only {human(rep.trim)}. Only fewer long-lived small allocations, or an "
-                   "allocator that returns small-object pages (jemalloc, tcmalloc), would shrink it.")
+                   f"would return only {human(rep.trim)}. Only fewer long-lived small allocations, or "
+                   f"{OTHER_ALLOCATOR}, would shrink it.")
     main = next((a for a in rep.arenas if a.kind == "main"), None)
     top = (min(main.top_resident or 0, main.top) if ram else main.top) if main else 0
     if main and top >= 0.25 * held and main.reclaim < top // 2:
@@ -227,6 +241,8 @@ def verdict(rep: Report) -> list[str]:
                    f"{'growth' if rep.leaks is None else 'a leak'} stands out.")
     if rep.leaks is not None:
         out.insert(1, _scan_sentence(rep))
+    if not ram and out[0].startswith(("Fragmentation", "Free memory glibc keeps")):
+        out.insert(2 if rep.leaks is not None else 1, UNKNOWN_RAM)      # after the leak scan's sentence
     if ram and out[0].startswith(("Fragmentation", "Free memory glibc keeps")) and gone >= MiB:
         out.insert(1, f"A further {human(gone)} is free but not in RAM (given back, or never touched): address "
                       "space, not memory.")
