@@ -18,6 +18,7 @@ import sysroots
 from heapwalk.cli import precopy
 from heapwalk.inferior.corefile import CoreFile, file_build_id
 from browser import Browser, heap_groups, png_pixels
+from figures import diff_page_disagreements
 from conftest import BINDIR, GLIBCS, NO_SYMBOLS, ROOT, capture, corruption, glibc, heapwalk_json
 from oracle import malloc_info_view, parse_malloc_info
 from services import gcore_report, process_state, running, wait_for_step
@@ -324,6 +325,7 @@ def test_diff_of_two_snapshots_names_the_arena_that_grew(tmp_path):
     # the page of the same differences, in a browser: drawn, the grower's chart of chunks in use that grew
     # holding that growth, and no sideways scrolling in a narrow window
     assert f"the differences as a page: {tmp_path / 'diff.html'}" in result.stdout
+    assert diff_page_disagreements((tmp_path / "diff.html").read_text(), d) == []
     with Browser() as browser:
         browser.open(tmp_path / "diff.html", 1200)
         width, _, rows = png_pixels(browser.screenshot())

@@ -191,3 +191,19 @@ def test_snapshots_of_two_allocators_are_compared_as_totals_each_in_its_words(tm
     doc = json.loads((tmp_path / "d.json").read_text())
     assert doc["arenas"] == [] and doc["across"]["titles"] == ["glibc's malloc", "jemalloc"]
     assert doc["growth"]["system"] == 4 << 20 and doc["arena_counts"] == [1, 2]
+
+
+def test_the_diff_page_says_what_the_diff_says_and_the_check_sees_a_page_that_does_not():
+    from figures import diff_page_disagreements
+    from heapwalk.output.htmldiff import diff_html
+    a = [_named(0x10, 0, 4 << 20, 1 << 20, "main", "server"), _named(0x20, 1, 2 << 20, 1 << 20, "thread", "io")]
+    b = [_named(0x10, 0, 6 << 20, 3 << 20, "main", "server"), _named(0x20, 1, 2 << 20, 1 << 20, "thread", "io")]
+    doc = {**jsondoc.diff_json(diff(a, b)), "words": {"arenas": "arenas", "pieces": "chunks", "top": True}}
+    html = diff_html(doc, "a", "b")
+    assert diff_page_disagreements(html, doc) == []
+    assert "<p>Grew: arena 0 (system +2 MiB, in use +2 MiB).</p>" in html
+    told = copy.deepcopy(doc)
+    told["arenas"][1]["in_use_growth"] = 5
+    told["growth"]["system"] += 1 << 20
+    said = diff_page_disagreements(html, told)
+    assert any(s.startswith("card system memory") for s in said) and any("says arenas [0] grew" in s for s in said)

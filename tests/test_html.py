@@ -13,7 +13,8 @@ import pytest
 
 from browser import Browser, cut_off, png_pixels
 from figures import page_disagreements
-from conftest import GLIBCS, JEMALLOCS, NO_SYMBOLS, capture, capture_jemalloc, corruption, glibc, run_gdb
+from conftest import (GLIBCS, JEMALLOCS, NO_SYMBOLS, capture, capture_jemalloc, capture_mimalloc, capture_tcmalloc,
+                      corruption, glibc, run_gdb)
 
 pytestmark = pytest.mark.cores
 
@@ -185,6 +186,23 @@ def test_the_page_reads_at_1280_to_1400_pixels_with_nothing_cut(browser, pages, 
     for width in (1280, 1400):
         assert cut_off(browser, width) == {"cut": [], "hidden": []}, width
     assert cut_off(browser, 380)["cut"] == []
+
+
+@pytest.mark.parametrize("which", ["jemalloc-bookworm", "jemalloc-bullseye", "mimalloc-bookworm", "mimalloc-trixie",
+                                   "tcmalloc-bookworm"])
+def test_no_two_figures_of_another_allocator_s_page_disagree(pages, which):
+    """The other allocators' pages: the arenas' rows and the maps count the same bytes in use and free (a
+    jemalloc arena's row its own maps'; the regions thread caches hold free on both, as 'free: tcache'), and
+    each map's caption says what the map draws in use."""
+    kind, build = which.split("-")
+    cap = {"jemalloc": lambda: capture_jemalloc(build, "je_dns"), "mimalloc": lambda: capture_mimalloc(build),
+           "tcmalloc": lambda: capture_tcmalloc(build)}[kind]()
+    page, doc = pages(which, str(cap.exe), str(cap.core), (NO_SYMBOLS,))
+    assert doc["allocator"] == kind
+    assert page_disagreements(page.read_text(), doc) == []
+    if kind == "jemalloc":        # the regions the caches hold are drawn, and counted as the rows count them
+        cached = sum(a["free"]["tcache"] for a in doc["report"]["arenas"])
+        assert cached > 0 and page.read_text().count('data-kind="tcache_regions"') > 0
 
 
 @pytest.mark.parametrize("g", ["system", "trixie"])

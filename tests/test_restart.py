@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from browser import Browser, cut_off
+from figures import diff_page_disagreements
 from conftest import SYSROOTS
 from harness import prepare_jemalloc
 from services import running
@@ -98,7 +99,9 @@ def test_a_restart_on_jemalloc_is_two_allocators_side_by_side(runs, tmp_path):
 
 
 def test_the_diff_page_of_a_restart_reads_at_1280_pixels(runs, tmp_path):
-    _heapwalk("diff", runs / "glibc", runs / "again", "--html", tmp_path / "d.html")
+    _heapwalk("diff", runs / "glibc", runs / "again", "--html", tmp_path / "d.html", "--json", tmp_path / "d.json")
+    assert diff_page_disagreements((tmp_path / "d.html").read_text(),
+                                   json.loads((tmp_path / "d.json").read_text())) == []
     with Browser() as browser:
         browser.open(tmp_path / "d.html", 1280)
         for width in (1280, 1400):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
+import numpy as np
 from rich.text import Text
 
 from heapwalk.analysis.rss import Claim
@@ -114,7 +115,8 @@ class JemallocHeap(Decoded):
         if self.state.extents is None:
             raise CannotDraw("jemalloc's radix tree of extents was not found, so its extents cannot be drawn "
                              "(its statistics are in 'heapwalk report')")
-        return extent_strips(self.state.extents, self.state.residency, leaked)
+        cached = np.array(sorted(self.state.cached), dtype=np.uint64)
+        return extent_strips(self.state.extents, self.state.residency, leaked, cached)
 
     @property
     def scans_leaks(self) -> bool:

@@ -106,16 +106,21 @@ def jemalloc_sections(doc: dict[str, Any], strips: Sequence[HeapStrip], words: W
 
 
 _MAPS = ("<p>Each arena's extents, address left to right, a strip for each stretch without a gap: each column is a "
-         "stack of what holds its bytes. A slab's free regions are drawn after its regions in use; dirty pages are "
-         "what decay gives back.</p>")
+         "stack of what holds its bytes. A slab's regions the threads' caches hold and its free regions are drawn "
+         "after its regions in use (the caches' as the report's 'free: tcache' counts them); dirty pages are what "
+         "decay gives back.</p>")
 
 
 def _caption(strip: HeapStrip) -> tuple[int, list[str]]:
-    """A strip's extents (an unwalked stretch counts as one), and its figures: size, in use, then its free
-    regions in slabs and its dirty, muzzy and retained pages."""
+    """A strip's extents (an unwalked stretch counts as one), and its figures: size, in use (the leaked with
+    it, as the report's rows count them), then the regions thread caches hold, its free regions in slabs and its
+    dirty, muzzy and retained pages."""
     held = kind_bytes(strip)
-    bits = [human(strip.end - strip.start), f"in use {human(held.get('in_use', 0))}"]
-    bits += [f"{NAMES[k]} {human(held[k])}" for k in ("slab_free", "dirty", "muzzy", "retained") if held.get(k)]
+    used = held.get("in_use", 0) + held.get("leaked", 0)
+    bits = [human(strip.end - strip.start), f"in use {human(used)}"
+            + (f" ({human(held['leaked'])} of it leaked)" if held.get("leaked") else "")]
+    bits += [f"{NAMES[k]} {human(held[k])}" for k in ("tcache_regions", "slab_free", "dirty", "muzzy", "retained")
+             if held.get(k)]
     unwalked = int((strip.kinds == MAP_KINDS.index("unwalked")).sum())
     return sum(n for k, n in piece_counts(strip).items() if k != "leaked") + unwalked, bits
 
