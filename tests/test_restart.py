@@ -98,6 +98,21 @@ def test_a_restart_on_jemalloc_is_two_allocators_side_by_side(runs, tmp_path):
             assert cut_off(browser, width) == {"cut": [], "hidden": []}, width
 
 
+def test_the_jemalloc_page_of_a_capture_shows_the_decay_clock_and_tickers(runs):
+    """The capture records the process's clock: its page gives each arena's decay clock against it, and each
+    thread's decay ticker, as the JSON has them."""
+    doc = json.loads((runs / "jemalloc" / "report.json").read_text())
+    html = (runs / "jemalloc" / "report.html").read_text()
+    clock = doc["jemalloc"]["clock_ns"]
+    assert clock
+    for a in doc["jemalloc"]["arenas"]:
+        ago = (clock - a["decay_clock"]["dirty_epoch_ns"]) / 1e9
+        assert f"<td>{ago:.3g} s ago</td>" in html
+    tickers = sum(1 for t in doc["jemalloc"]["threads"] if t["decay_ticker"] is True)
+    assert f"{tickers} of the {len(doc['jemalloc']['threads'])} threads hold a ticker" in html
+    assert html.count("<td>yes</td>") >= tickers
+
+
 def test_the_diff_page_of_a_restart_reads_at_1280_pixels(runs, tmp_path):
     _heapwalk("diff", runs / "glibc", runs / "again", "--html", tmp_path / "d.html", "--json", tmp_path / "d.json")
     assert diff_page_disagreements((tmp_path / "d.html").read_text(),

@@ -62,18 +62,50 @@ def decay_section(doc: dict[str, Any]) -> str:
         return ""
     chart = stacked_chart([(f"arena {a['index']}", [("dirty", a["pdirty"] * PAGE), ("muzzy", a["pmuzzy"] * PAGE)])
                            for a in arenas], JE_COLOURS, JE_NAMES, "dirty and muzzy pages by arena")
+    clock = (doc.get("jemalloc") or {}).get("clock_ns")
     rows = [(str(a["index"]), str(a["nthreads"]), human(a["pactive"] * PAGE), human(a["pdirty"] * PAGE),
              human(a["pmuzzy"] * PAGE), human(a["retained"]), str(a["dirty_decay_ms"]), str(a["muzzy_decay_ms"]),
-             _kept(a["dirty_npurge"], str), _kept(a["dirty_purged"], lambda n: human(n * PAGE))) for a in arenas]
+             _kept(a["dirty_npurge"], str), _kept(a["dirty_purged"], lambda n: human(n * PAGE)),
+             *_clock_cells(a.get("decay_clock") or {}, clock)) for a in arenas]
     dirty = sum(a["pdirty"] for a in arenas) * PAGE
     muzzy = sum(a["pmuzzy"] for a in arenas) * PAGE
     words = (f"<p>Dirty pages ({human(dirty)}) are freed memory not yet purged (in the RSS while in RAM); decay "
              f"purges them over "
              f"dirty_decay_ms, then muzzy pages ({human(muzzy)}) over muzzy_decay_ms. Retained memory is mapped "
              "but not resident.</p>")
+    tickers = _tickers(doc)
+    words += (f"<p>Decay steps when a thread of the arena calls jemalloc often enough (its decay ticker) or a "
+              f"background thread wakes. {tickers} 'Last stepped' and 'next step due' are the dirty pages' decay "
+              "clock against the process's clock at the snapshot"
+              + (": a due time in the past is overdue.</p>" if clock else
+                 ": this core does not record the process's clock ('heapwalk capture' and a live process do).</p>"))
     return section("decay", "What decay would give back", words, chart,
                    table(["arena", "threads", "active", "dirty", "muzzy", "retained", "dirty_decay_ms",
-                          "muzzy_decay_ms", "purges", "purged"], rows))
+                          "muzzy_decay_ms", "purges", "purged", "last stepped", "next step due"], rows))
+
+
+def _clock_cells(decay: dict[str, Any], clock: int | None) -> tuple[str, str]:
+    """An arena's dirty decay clock against the process's CLOCK (ns): how long ago it last stepped, and when
+    its next step is due ("overdue by" when past); "not recorded" without the process's clock."""
+    epoch, deadline = decay.get("dirty_epoch_ns"), decay.get("dirty_deadline_ns")
+    if not clock or not epoch or not deadline:
+        return ("not recorded", "not recorded") if not clock else ("-", "-")
+    ago = (clock - epoch) / 1e9
+    due = (deadline - clock) / 1e9
+    return (f"{ago:.3g} s ago", f"in {due:.3g} s" if due >= 0 else f"overdue by {-due:.3g} s")
+
+
+def _tickers(doc: dict[str, Any]) -> str:
+    """How many threads hold a decay ticker, as a sentence."""
+    je = doc.get("jemalloc") or {}
+    threads = [t for t in je.get("threads") or [] if not t.get("allocators_own")]
+    held = sum(1 for t in threads if t.get("decay_ticker") is True)
+    unknown = sum(1 for t in threads if t.get("decay_ticker") is None)
+    running = je.get("background_thread")
+    text = f"{held} of the {len(threads)} threads hold a ticker" + (f" ({unknown} not known)" if unknown else "")
+    return text + ("; jemalloc's background threads run." if running is True else
+                   "; no background thread runs." if running is False else
+                   "; whether background threads run is not known.")
 
 
 def _kept(value, shown) -> str:
@@ -91,10 +123,11 @@ def jemalloc_threads(doc: dict[str, Any]) -> str:
              "-" if t.get("arena") is None else str(t["arena"]),
              e(thread_state(t.get("name"), t.get("state"), background)),
              human(t.get("allocated") or 0), human(t.get("deallocated") or 0),
-             human((t.get("tcache") or {}).get("bytes") or 0)) for t in threads]
+             human((t.get("tcache") or {}).get("bytes") or 0),
+             {True: "yes", False: "none"}.get(t.get("decay_ticker"), "unknown")) for t in threads]
     return section("threads", "Threads and their arenas",
-                   table(["thread", "LWP", "name", "arena", "state", "allocated", "freed", "thread cache"], rows,
-                         (0, 2, 4)))
+                   table(["thread", "LWP", "name", "arena", "state", "allocated", "freed", "thread cache",
+                          "decay ticker"], rows, (0, 2, 4)))
 
 
 def jemalloc_sections(doc: dict[str, Any], strips: Sequence[HeapStrip], words: Words) -> list[str]:
