@@ -265,6 +265,13 @@ def test_capture_live_reads_the_process_without_a_core(tmp_path):
         assert not (out / "core").exists() and json.loads((out / "report.json").read_text())["target"].startswith(
             "process ")
         assert proc.poll() is None and process_state(proc.pid) in "SR"
+    # the stop is announced, with its estimate, before it starts; and said, measured, after it
+    first = result.stdout.splitlines()[0]
+    assert first.startswith(f"heapwalk: --live keeps process {proc.pid} stopped while gdb attaches and the whole "
+                            "report runs: about ") and " shared objects and " in first
+    record = json.loads((out / "capture.json").read_text())
+    assert f"about {record['live_estimate_seconds']:.1f} s" in first
+    assert f"was stopped for {record['stopped_seconds']:.2f} s while heapwalk read it live" in result.stdout
 
 
 #: an idle CPython with a few modules loaded and live objects, that says when it is ready

@@ -73,7 +73,8 @@ def _capture_parser(sub, common) -> None:
     p.add_argument("pid", type=int, metavar="PID")
     p.add_argument("--out", type=Path, metavar="DIR", help="where to write (default: heapwalk-PID-DATE-TIME)")
     p.add_argument("--live", action="store_true",
-                   help="no core: read the process itself (it stays stopped while the report runs)")
+                   help="no core: read the process itself (it stays stopped while gdb attaches and the report "
+                   "runs: about how long is said before it starts)")
     p.add_argument("--full", action="store_true",
                    help="also keep the pages of the files the process maps (code, read-only data), read from the "
                    "files, so the core opens on a machine without them: a bigger file, a little longer pause")
