@@ -40,7 +40,7 @@ TCMALLOC_BUILDS := bullseye bookworm trixie sid bookworm-full bookworm-linked go
 # v2 feature) (see cores/mibuilds.py)
 MIMALLOC_BUILDS := bookworm trixie sid 2.0.6 2.0.7 2.1.2 2.3.2 3.3.2 3.4.3 3.6.0 2.1.2-linked 2.3.2-linked \
                    3.1.5-linked 3.3.2-linked rust rust-v2 2.1.4 2.1.7 2.1.9 2.2.4 2.3.1 3.1.5 3.2.8 3.3.0
-JEMALLOC_BUILT := 5.3.0-je 5.1.0 5.1.0-debug 5.3.0-q32 5.3.1 5.3.0-debug 5.2.1-debug 5.3.0-q8-debug 5.3.0-nostats redis-5.2.1 5.3.0-noietls 5.3.0-q8 5.3.0-vaddr57 redis-5.2.1-vaddr57
+JEMALLOC_BUILT := 5.3.0-je 5.1.0 5.1.0-debug 5.3.0-q32 5.3.1 5.3.0-debug 5.3.0-debug-O0 5.2.1-debug 5.3.0-q8-debug 5.3.0-nostats redis-5.2.1 5.3.0-noietls 5.3.0-q8 5.3.0-vaddr57 redis-5.2.1-vaddr57
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 PYTEST_ARGS ?=
 

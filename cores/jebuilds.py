@@ -52,6 +52,7 @@ class SourceBuild:
     options: tuple[str, ...]
     shared: bool = False        # a shared library the reproducers run on with LD_PRELOAD, not an archive
     crate: sources.Crate | None = None  # the source as a crate bundles it instead of a Debian source package
+    cflags: str | None = "-O2"  # CFLAGS (None: none given, as a plain ./configure; --enable-debug then adds no -O)
 
 
 _JEMALLOC = ("jemalloc", "bookworm", "jemalloc-5.3.0", "5.3.0")
@@ -75,6 +76,9 @@ BUILDS = {
     "5.1.0": SourceBuild(*_JEMALLOC_510, "", ("--with-lg-vaddr=48",), shared=True,
                          crate=_CRATE_510),
     "5.3.0-debug": SourceBuild(*_JEMALLOC, "", ("--enable-debug", "--with-lg-vaddr=48")),
+    # as './configure --enable-debug' makes it with no CFLAGS: unoptimised code (-O0), preloaded
+    "5.3.0-debug-O0": SourceBuild(*_JEMALLOC, "", ("--enable-debug", "--with-lg-vaddr=48"), shared=True,
+                                  cflags=None),
     "5.3.1": SourceBuild(*_JEMALLOC_531, "", ("--with-lg-vaddr=48",), crate=_CRATE_531),
     "5.1.0-debug": SourceBuild(*_JEMALLOC_510, "", ("--enable-debug", "--with-lg-vaddr=48"),
                                crate=_CRATE_510),
@@ -120,7 +124,9 @@ def prepare_build(dest: Path, name: str, cache: Path | None = None) -> sysroots.
     shutil.copytree(source / build.folder, root, symlinks=True)
     if build.crate is not None:
         _crate_configure(source, root)
-    env = {**os.environ, "CFLAGS": "-O2"}
+    env = {k: v for k, v in os.environ.items() if k != "CFLAGS"}
+    if build.cflags is not None:
+        env["CFLAGS"] = build.cflags
     for cmd in (["./configure", *build.options], ["make", f"-j{os.cpu_count() or 2}", target]):
         result = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True)
         if result.returncode != 0:

@@ -134,7 +134,7 @@ JEMALLOCS = tuple(sysroots.JEMALLOC_SUITES)
 #: the same with each linked into the program (stripped), sid's (5.3.1, on sid's glibc), and the builds from
 #: source heapwalk decodes: what je_dns runs on
 JEMALLOC_BUILDS = (*JEMALLOCS, *sysroots.JEMALLOC_LINKED, *sysroots.JEMALLOC_GLIBC, "5.3.0-je", "redis-5.2.1", "5.3.0-noietls", "5.3.0-q8",
-                   "5.3.0-vaddr57", "redis-5.2.1-vaddr57", "5.1.0", "5.3.0-debug", "5.2.1-debug",
+                   "5.3.0-vaddr57", "redis-5.2.1-vaddr57", "5.1.0", "5.3.0-debug", "5.3.0-debug-O0", "5.2.1-debug",
                    "5.3.0-q8-debug", "5.3.1", "5.1.0-debug")
 #: the builds without statistics, which heapwalk decodes by counting what their extents hold (je_dns's tests
 #: compare with the statistics printed, so these run je_hold's, against its ledger, instead)

@@ -38,6 +38,22 @@ def test_a_config_flag_is_the_byte_its_function_stores():
     assert stored_constant(CONFIG_DEBUG_530.replace(bytes.fromhex("c644240700"), bytes.fromhex("c644240701"))) == 1
 
 
+#: the same functions unoptimised (a plain './configure --enable-debug', -O0), written out by hand: the prologue
+#: (push rbp; mov rbp, rsp), the error code EPERM to the slot returned in eax, the constant to a slot of its own
+#: (a word; a bool through eax and al), and the end (mov eax, [rbp-4]; leave; ret)
+_UNOPTIMISED = "554889e5 c745fc01000000 {} 8b45fc c9 c3"
+NBINS_O0 = bytes.fromhex(_UNOPTIMISED.format("c745ec24000000").replace(" ", ""))
+DEBUG_O0 = bytes.fromhex(_UNOPTIMISED.format("b801000000 8845ef").replace(" ", ""))
+
+
+def test_unoptimised_code_s_constant_is_not_its_error_code():
+    """The first immediate an unoptimised ctl function stores is EPERM, to the slot it returns: read as the
+    constant, it made 5.3.0's debug build one of '1 small size classes'."""
+    assert stored_constant(NBINS_O0) == 36
+    assert stored_constant(DEBUG_O0) == 1
+    assert stored_constant(DEBUG_O0.replace(bytes.fromhex("b801000000"), bytes.fromhex("b800000000"))) == 0
+
+
 def test_the_number_of_small_classes_is_the_word_its_function_stores():
     assert stored_constant(ARENAS_NBINS_530) == 36
     assert stored_constant(ARENAS_NBINS_530.replace(bytes.fromhex("c744240424000000"),

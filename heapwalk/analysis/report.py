@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from heapwalk.analysis.inuse import InUse, LeakTotals
 from heapwalk.view import ArenaView, HeapView, SizeClass
 
-__all__ = ["Bucket", "Report", "build_report", "by_class", "counted", "human", "leaking", "scan_sentence"]
+__all__ = ["Bucket", "Report", "build_report", "by_class", "counted", "human", "leaking", "scan_sentence",
+           "unknown_ram"]
 
 MiB = 1 << 20
 
@@ -151,6 +152,16 @@ def worth(rep: Report, amount: int) -> bool:
     """Whether giving back AMOUNT bytes is worth a remedy: always when the process's RSS is not known, else when
     it is at least `WORTH` of it and `WORTH_BYTES`."""
     return rep.process_rss is None or (amount >= WORTH * rep.process_rss and amount >= WORTH_BYTES)
+
+
+def unknown_ram(who: str) -> str:
+    """The sentence a verdict on free memory adds where the target does not say which pages are in RAM (a plain
+    core): that its figures are address space, what the remedies would save at most, and what would say.  WHO
+    gives memory back ("malloc", "tcmalloc")."""
+    return (f"Whether this free memory costs RAM a plain core does not say: what {who} gave back or never touched "
+            "holds address space, not memory, and needs no remedy, so what the remedies below would save is at most "
+            "these figures; 'heapwalk capture PID' on the running process (or 'heapwalk report --resident-from' its "
+            "capture.json, for a core taken at the same moment) says which pages are in RAM.")
 
 
 def not_worth(rep: Report, amount: int, remedies: str) -> str:

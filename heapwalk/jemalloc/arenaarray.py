@@ -56,18 +56,34 @@ def arena_array(mem: Memory, found: JemallocImage, tree: MallctlTree | None, lay
         except ReadError as exc:
             said.append(f"arenas.lookup's function is unreadable ({exc.reason})")
             code = b""
-        for load in x86.rip_loads(code, node.ctl):
-            if load.opcode == x86.LEA and found.image.contains(load.target):
-                slots = _arenas_at(mem, layout, load.target)
-                if slots is not None:
-                    return load.target, slots, None, \
-                        f"arenas.lookup's function (code at {node.ctl + load.offset:#x}); its last arena"
+        for at, block, what in _with_callees(mem, found.image, node.ctl, code):
+            for load in x86.rip_loads(block, at):
+                if load.opcode == x86.LEA and found.image.contains(load.target):
+                    slots = _arenas_at(mem, layout, load.target)
+                    if slots is not None:
+                        return load.target, slots, None, \
+                            f"arenas.lookup's function{what} (code at {at + load.offset:#x}); its last arena"
         said.append("arenas.lookup's function loads no arena array")
     at = _scan_arenas(mem, found.image, layout)
     if at is not None:
         return at[0], at[1], None, "the array in the object's data whose first slot holds an arena; its last arena"
     raise JemallocNotFound(f"heapwalk found no arena array in jemalloc {layout.name.split()[1]} "
                            f"(in {found.path}): " + "; ".join(said + ["no array of arenas in its data"]))
+
+
+#: the functions arenas.lookup's calls that are searched too (unoptimised code loads arenas[] in one of them)
+_CALLEES = 12
+
+
+def _with_callees(mem: Memory, image: LibcImage, start: int, code: bytes):
+    """(address, code, how it is named) of the function at START and of the functions it calls, in order."""
+    yield start, code, ""
+    for callee in list(dict.fromkeys(x86.call_targets(code, start)))[:_CALLEES]:
+        if image.contains(callee):
+            try:
+                yield callee, mem.read(callee, _HOOK_SPAN), f", in a function it calls at {callee:#x}"
+            except ReadError:
+                continue
 
 
 #: arenas[]'s slots (MALLOCX_ARENA_LIMIT)

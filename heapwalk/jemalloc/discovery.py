@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 
 from heapwalk.findings import Fact
 from heapwalk.jemalloc.arenaarray import CONTAINER_STATES, arena_array, container_states
+from heapwalk.jemalloc.background import background_state
 from heapwalk.jemalloc.find import JemallocImage, JemallocNotFound, find_jemalloc
 from heapwalk.jemalloc.rtree import COMPACT_48, SHAPES, WIDE_57, RtreeShape
 from heapwalk.jemalloc.tsdoffset import static_module_offset, tsd_module, tsd_offset
@@ -46,6 +47,7 @@ __all__ = ["JeDiscovery", "JemallocNotFound", "discover_jemalloc", "container_st
 _VERSION = re.compile(rb"(\d+)\.(\d+)\.(\d+)-\d+-g[0-9a-f]{1,40}\0")
 _HOOK_SPAN = 0x600      # bytes of a function searched for its loads
 _CTL_SPAN = 0x80        # bytes of a small ctl function
+_CONSTANT_SPAN = 0x100  # bytes of a ctl function that stores a constant, to its end when unoptimised
 
 
 @dataclass(frozen=True)
@@ -110,7 +112,7 @@ def discover_jemalloc(mem: Memory, mappings: list[Mapping], fs_bases: Sequence[i
         raise JemallocNotFound(f"{name} is built without statistics (--disable-stats, as tikv-jemallocator builds "
                                f"it by default) and its radix tree of extents was not found, so nothing of its "
                                f"memory can be counted ({how.replace('not determined: ', '')})")
-    background, how = _background_state(tree, layout)
+    background, how = background_state(tree, layout)
     facts.append(Fact("background_thread", background, how))
     variable, how = _conf_variable(image, found.prefix)
     facts.append(Fact("conf_variable", variable, how))
@@ -164,27 +166,6 @@ def _layout(name: str, version: tuple[int, int, int], build: dict[str, bool | in
         raise JemallocNotFound(f"{name} is a build heapwalk does not decode yet (it knows {known})") from None
 
 
-def _background_state(tree: MallctlTree | None, layout: JeLayout) -> tuple[int | None, str]:
-    """The flag that says whether background threads run (background_thread_enabled_state, which mallctl's
-    "background_thread" sets at run time, as Redis does, whatever opt.background_thread said): the first byte
-    its function reads, directly or through the register it put the flag's address in (position-independent
-    code), outside the mutexes it takes (those known by the "locked" flag it stores; 5.1.0's mutexes have none,
-    and none of their fields is read as a byte)."""
-    node = tree.node("background_thread") if tree is not None else None
-    if node is None or not node.ctl:
-        return None, "not determined: mallctl has no background_thread"
-    try:
-        code = tree.image.mem.read(node.ctl, _HOOK_SPAN)
-    except ReadError as exc:
-        return None, f"not determined: background_thread's function is unreadable ({exc.reason})"
-    mutexes = {target - layout.mutex_locked for target in x86.rip_byte_stores(code, node.ctl)} \
-        if layout.mutex_locked >= 0 else set()
-    for target in x86.rip_byte_loads(code, node.ctl):
-        if not any(m <= target < m + layout.mutex_size for m in mutexes) and tree.image.contains(target):
-            return target, "the first byte background_thread's function reads beside its mutexes"
-    return None, "not determined: background_thread's function reads no byte beside its mutexes"
-
-
 _CONF = re.compile(rb"(?<=\0)([A-Z0-9_]*MALLOC_CONF)\0")
 
 
@@ -232,12 +213,20 @@ def _build(tree: MallctlTree | None) -> dict[str, bool | int]:
         if node is None or not node.ctl:
             continue
         try:
-            value = stored_constant(tree.image.mem.read(node.ctl, _CTL_SPAN))
+            value = stored_constant(_code(tree.image.mem, node.ctl, _CONSTANT_SPAN))
         except ReadError:
             continue
         if value is not None and sane(value):
             out[key] = kind(value)
     return out
+
+
+def _code(mem: Memory, start: int, span: int) -> bytes:
+    """SPAN bytes of code from START, fewer where the mapping ends first."""
+    try:
+        return mem.read(start, span)
+    except ReadError:
+        return mem.read(start, _CTL_SPAN)
 
 
 def _rtree(found: JemallocImage, tree: MallctlTree | None, layout: JeLayout) -> tuple[int | None, RtreeShape, str]:
@@ -275,6 +264,16 @@ def _rtree(found: JemallocImage, tree: MallctlTree | None, layout: JeLayout) -> 
 
 
 _CALLEES = 12           # calls of a function followed to find its tree
+#: lea REG, [rip+d] (its ModRM) -> the mov that passes REG on in rsi (unoptimised code loads into rax, rdx or
+#: rcx first: mov rsi, REG)
+_LEA_THEN_RSI = {0x05: b"\x48\x89\xc6", 0x15: b"\x48\x89\xd6", 0x0D: b"\x48\x89\xce"}
+
+
+def _into_rsi(block: bytes, offset: int) -> bool:
+    """Whether the lea at OFFSET of BLOCK (REX.W, 8D, ModRM, disp32) loads rsi: directly, or (unoptimised
+    code) through rax, rdx or rcx and the mov right after it."""
+    modrm = block[offset + 2]
+    return modrm == 0x35 or block[offset + 7:offset + 10] == _LEA_THEN_RSI.get(modrm)
 
 
 def _tree_candidates(image: LibcImage, code: bytes, start: int) -> list[tuple[int, int]]:
@@ -284,7 +283,7 @@ def _tree_candidates(image: LibcImage, code: bytes, start: int) -> list[tuple[in
 
     def leas(block: bytes, at: int) -> list[tuple[int, int]]:
         return [(r.target, at + r.offset) for r in x86.rip_loads(block, at) if r.opcode == x86.LEA
-                and block[r.offset] == 0x48 and block[r.offset + 2] == 0x35
+                and block[r.offset] == 0x48 and _into_rsi(block, r.offset)
                 and any(lo <= r.target < hi for lo, hi in writable)]
 
     out = leas(code, start)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from heapwalk.analysis.report import Report, human, leaking, scan_sentence
+from heapwalk.analysis.report import Report, human, leaking, scan_sentence, unknown_ram
 from heapwalk.mimalloc.account import EXITED, Owner
 from heapwalk.mimalloc.collect import reclaimed
 from heapwalk.mimalloc.decode import MiState, good_size
@@ -40,7 +40,10 @@ def advice(state: MiState, owners: list[Owner], rep: Report, threads: dict | Non
                    f"with {human(exited.in_use)} of blocks still in use in them. mimalloc gives them to the next "
                    "thread that needs a segment, or to mi_collect(true) on the main thread; until then their free "
                    f"memory ({human(sum(exited.free.values()))}) serves no one.")
-    out += _purge(state, owners)
+    purge = _purge(state, owners)
+    if purge and collect_resident(state) is None:     # a plain core: what the purge saves is at most this
+        purge.insert(0, unknown_ram("mimalloc"))
+    out += purge
     out += _eager(state)
     out += _cache(state)
     out += _pinned_arenas(state)

@@ -3,7 +3,7 @@ weighed against the process's RSS."""
 
 from __future__ import annotations
 
-from heapwalk.analysis.report import Report, human, leaking, not_worth, worth, scan_sentence
+from heapwalk.analysis.report import Report, human, leaking, not_worth, scan_sentence, unknown_ram, worth
 from heapwalk.tcmalloc.decode import NORMAL, TcState
 from heapwalk.tcmalloc.shown import class_rows
 
@@ -30,6 +30,8 @@ def advice(state: TcState, rep: Report) -> list[str]:
     if page_heap and not worth(rep, gives):
         out.append(not_worth(rep, gives, "MallocExtension::ReleaseFreeMemory()"))
     elif page_heap >= max(free // 4, 1 << 20):
+        if in_ram is None:
+            out.append(unknown_ram("tcmalloc"))
         later = ("TCMALLOC_RELEASE_RATE (higher: sooner; from the next start) makes" if p[
             "tcmalloc.aggressive_memory_decommit"] else "TCMALLOC_RELEASE_RATE (higher: sooner) or "
             "TCMALLOC_AGGRESSIVE_DECOMMIT=t (from the next start) make")

@@ -5,7 +5,7 @@ M_TRIM_THRESHOLD, another allocator), with what each would save."""
 
 from __future__ import annotations
 
-from heapwalk.analysis.report import MiB, Report, human, not_worth, scan_sentence, worth
+from heapwalk.analysis.report import MiB, Report, human, not_worth, scan_sentence, unknown_ram, worth
 from heapwalk.view import ArenaView
 
 __all__ = ["verdict", "arena_max_saving", "UNKNOWN_RAM"]
@@ -18,11 +18,7 @@ OTHER_ALLOCATOR = ("an allocator that returns small-object pages (jemalloc, tcma
                    "every program survives; docs/runbook.md says which and how to try it)")
 
 #: what a verdict on free memory adds when the target does not say which pages are in RAM (a plain core)
-UNKNOWN_RAM = ("Whether this free memory costs RAM a plain core does not say: what malloc gave back or never "
-               "touched holds address space, not memory, and needs no remedy, so what the remedies below would "
-               "save is at most these figures; 'heapwalk capture PID' on the running process (or 'heapwalk report "
-               "--resident-from' its capture.json, for a core taken at the same moment) says which pages are in "
-               "RAM.")
+UNKNOWN_RAM = unknown_ram("malloc")
 
 
 def _pct(part: float, whole: float) -> str:

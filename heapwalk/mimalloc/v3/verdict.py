@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from heapwalk.analysis.report import Report, human, leaking, scan_sentence
+from heapwalk.analysis.report import Report, human, leaking, scan_sentence, unknown_ram
 from heapwalk.mimalloc.account import EXITED, Owner
 from heapwalk.mimalloc.decode import MiState
 from heapwalk.mimalloc.shown import collect_resident, drift_sentence, totals
@@ -32,7 +32,10 @@ def advice3(state: MiState, owners: list[Owner], rep: Report, threads: dict | No
                    "(page_full_retain), and all its pages when it exits. The next thread that frees a block in one "
                    "takes it; one not full also serves the next thread that needs a page of its size. Until then "
                    f"their free memory ({human(sum(abandoned.free.values()))}) serves no one.")
-    out += _purge(state, t)
+    purge = _purge(state, t)
+    if purge and collect_resident(state) is None:     # a plain core: what the purge saves is at most this
+        purge.insert(0, unknown_ram("mimalloc"))
+    out += purge
     return out
 
 
