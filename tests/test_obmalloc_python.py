@@ -19,6 +19,7 @@ import harness
 from browser import Browser, cut_off
 from figures import page_disagreements
 from conftest import NO_SYMBOLS, ROOT, run_gdb
+from verdicts import contradictions
 
 pytestmark = pytest.mark.cores
 
@@ -88,6 +89,7 @@ def test_a_capture_gives_what_the_interpreter_printed(suite, tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     doc = json.loads((tmp_path / "out" / "report.json").read_text())
     _matches(doc, run / "stats.txt")
+    assert contradictions(doc) == []            # malloc's verdict and obmalloc's, each with itself
     ob = _obmalloc(doc)["obmalloc"]
     assert ob["arena_table"] is not None
     rows = {r["name"]: r for r in doc["report"]["rss_by_owner"]["rows"]}
