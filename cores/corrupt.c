@@ -29,6 +29,15 @@
  *   main_arena_next   the same over main_arena's next: every thread arena is found by its heap
  *   nextsize          a write after free rewrites fd_nextsize of a large bin chunk
  *   mutex             a thread blocks in malloc_stats() (stderr is a full pipe) holding main_arena's mutex
+ *   tcache_to_stack   tcache poisoning: a write after free points a next link at the stack (the finding is at the
+ *                     entry whose link was written, not at the stack)
+ *   fastbin_to_stack  the same through a fastbin chunk's fd (not on 2.43+)
+ *   top_shrunk        a write over the top chunk's size makes it end short of its heap's end
+ *   tcache_in_free    a chunk freed into the unsorted bin, merged there with the free chunk before it, then freed
+ *                     again into the tcache: a tcache entry inside a larger free chunk (how2heap's botcake)
+ *   mmapped_grown     an overflow grows an mmapped chunk's size over the mmapped chunk right after it
+ *   mp_tcache_bins    a stray write over mp_.tcache_bins (the number of tcache bins: writes past the tcache later)
+ *   foreign_sbrk      (clean) the program moves the break itself between mallocs, as glibc allows: no finding
  *   abort_double_free       free() of a chunk already in the unsorted bin: "double free or corruption (!prev)"
  *   abort_unaligned_tcache  malloc() meets a misaligned tcache link: "malloc(): unaligned tcache chunk detected"
  */
@@ -184,6 +193,36 @@ static uintptr_t heap_start(void)
     }
     fail("no [heap] mapping");
     return 0;
+}
+
+/* mp_.tcache_bins in libc's data: the word 64 (TCACHE_MAX_BINS) followed by tcache_max_bytes (1032; 1041 in
+ * 2.43) and the tcache count (7, 16 from 2.43), found once in libc's writable mapping. */
+static uintptr_t *mp_tcache_bins(void)
+{
+    static char maps[1 << 16];
+    int fd = open("/proc/self/maps", O_RDONLY);
+    ssize_t n = fd < 0 ? -1 : read(fd, maps, sizeof maps - 1);
+    if (fd >= 0)
+        close(fd);
+    if (n <= 0)
+        fail("cannot read /proc/self/maps");
+    maps[n] = 0;
+    uintptr_t *found = NULL;
+    for (char *line = strtok(maps, "\n"); line; line = strtok(NULL, "\n")) {
+        unsigned long lo, hi;
+        char perms[8];
+        if (sscanf(line, "%lx-%lx %7s", &lo, &hi, perms) != 3 || perms[1] != 'w' || !strstr(line, "/libc"))
+            continue;
+        for (uintptr_t *w = (uintptr_t *)lo; w + 3 <= (uintptr_t *)hi; w++)
+            if (w[0] == 64 && (w[1] == 1032 || w[1] == 1041) && w[2] == (uintptr_t)fill) {
+                if (found)
+                    fail("mp_.tcache_bins found twice");
+                found = w;
+            }
+    }
+    if (!found)
+        fail("mp_.tcache_bins not found");
+    return found;
 }
 
 /* Starts a detached thread with a small stack (keeps cores small). */
@@ -404,6 +443,69 @@ int main(int argc, char **argv)
         sem_wait(&holder_ready);
         wait_for_write(holder_tid);
         expect("mutex_held", 0);
+    } else if (!strcmp(mode, "tcache_to_stack")) {
+        void *t[3];
+        static volatile uintptr_t on_stack_holder;
+        uintptr_t frame[4] __attribute__((aligned(16)));
+        frame[0] = 0;
+        on_stack_holder = (uintptr_t)frame;
+        tcache_of_three(t);
+        words(t[1])[0] = protect(t[1], (uintptr_t)frame);
+        expect_found("link_outside_heap", (uintptr_t)t[1], (uintptr_t)frame);
+        raise(SIGSTOP); /* here, so that FRAME is still this function's */
+        return 0;
+    } else if (!strcmp(mode, "fastbin_to_stack")) {
+        if (minor >= 43)
+            fail("glibc 2.43 has no fastbins");
+        uintptr_t frame[4] __attribute__((aligned(16)));
+        frame[1] = 0x31;
+        void *x = guarded(0x28);
+        fill_tcache(0x28);
+        free(x);
+        words(x)[0] = protect(x, (uintptr_t)frame);
+        expect_found("link_outside_heap", chunk_of(x), (uintptr_t)frame);
+        raise(SIGSTOP);
+        return 0;
+    } else if (!strcmp(mode, "top_shrunk")) {
+        void *probe = keep(malloc(0x18)); /* the last chunk carved from top: top starts right after it */
+        uintptr_t top = chunk_of(probe) + 0x20;
+        if ((words((void *)(top + 16))[-1] & ~(uintptr_t)7) < 0x2000)
+            fail("top is too small to shrink");
+        words((void *)(top + 16))[-1] = 0x1001; /* a write over top's size: it ends 4 KiB on */
+        expect("top_size", top);
+    } else if (!strcmp(mode, "tcache_in_free")) {
+        void *prev = keep(malloc(0x100));
+        void *a = keep(malloc(0x100));
+        guarded(24);
+        fill_tcache(0x100);
+        free(a);    /* the tcache bin is full: the unsorted bin */
+        free(prev); /* merges with a: one free chunk of 0x220 at prev */
+        if (words(prev)[-1] != 0x221)
+            fail("prev and a did not merge");
+        keep(malloc(0x100)); /* one out of the tcache: room for one */
+        free(a);    /* no key in a: it goes into the tcache, 0x110 into the free chunk */
+        expect("free_inside_chunk", (uintptr_t)a);
+    } else if (!strcmp(mode, "mmapped_grown")) {
+        void *hi = keep(malloc(0x40000)), *lo = keep(malloc(0x40000));
+        /* the mapping is the size in pages (2.43 gives mmapped chunks a size 16 bytes short of it) */
+        uintptr_t span_lo = ((words(lo)[-1] & ~(uintptr_t)7) + 4095) & ~(uintptr_t)4095;
+        uintptr_t size_hi = words(hi)[-1] & ~(uintptr_t)7;
+        if (!(words(lo)[-1] & 2) || chunk_of(lo) + span_lo != chunk_of(hi))
+            fail("the two mmapped chunks are not next to each other");
+        words(lo)[-1] = (span_lo + size_hi) | 2; /* lo now runs over hi */
+        expect("mmapped_overlap", chunk_of(lo));
+    } else if (!strcmp(mode, "mp_tcache_bins")) {
+        uintptr_t *field = mp_tcache_bins();
+        *field = 0x7fffffffffff;
+        expect("mp_field", (uintptr_t)field);
+    } else if (!strcmp(mode, "foreign_sbrk")) {
+        for (int i = 0; i < 64; i++)
+            guarded(0x400);
+        if (sbrk(3 * 4096) == (void *)-1) /* the program's own use of the break, right after malloc's */
+            fail("sbrk");
+        for (int i = 0; i < 256; i++)
+            guarded(0x400); /* the main arena grows past it: glibc finds the break moved and goes on */
+        expect("none", 0);
     } else if (!strcmp(mode, "abort_double_free")) {
         void *x = guarded(0x500); /* above the tcache sizes: freed into the unsorted bin */
         expect("abort", chunk_of(x));

@@ -80,7 +80,10 @@ REPRODUCER_ENV = {"large_tcache": {"GLIBC_TUNABLES": "glibc.malloc.tcache_max=20
 CORRUPTIONS = ("fd_bk", "prev_size", "fastbin_size", "tcache_misaligned", "tcache_count", "double_free",
                "overlaps_top", "list_cycle", "unmapped", "free_unlisted", "chunk_size", "nextsize", "mutex",
                "size_zero", "size_into_next", "heap_page_zeroed", "arena_ring",
-               "main_arena_next")
+               "main_arena_next", "tcache_to_stack", "fastbin_to_stack", "top_shrunk", "tcache_in_free",
+               "mmapped_grown", "mp_tcache_bins")
+#: corrupt.c's modes that leave a heap glibc accepts as sound, in a shape of its own: no finding may name them
+LEGITIMATE = ("foreign_sbrk",)
 CRASHES = ("abort_double_free", "abort_unaligned_tcache", "abort_tcache_double_free", "abort_fasttop", "abort_out",
            "abort_invalid_pointer", "abort_invalid_size", "abort_munmap", "abort_top_size", "abort_size_vs_prev_size",
            "abort_unsorted", "abort_smallbin", "abort_free_unsorted", "abort_consolidate", "abort_realloc_next_size")
@@ -542,7 +545,7 @@ def corruption_applies(mode: str, version: tuple[int, int]) -> bool:
     """Can corrupt.c's MODE be shown under glibc VERSION? (2.43 has no fastbins; 2.31 has no tcache
     alignment check to abort on; before 2.29 free does not look for a tcache double free, nor malloc at the
     top chunk's size or at an unsorted chunk's links.)"""
-    if mode in ("fastbin_size", "abort_fasttop", "abort_consolidate"):
+    if mode in ("fastbin_size", "fastbin_to_stack", "abort_fasttop", "abort_consolidate"):
         return version < (2, 43)
     if mode == "abort_unaligned_tcache":
         return version >= (2, 32)

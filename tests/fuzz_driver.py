@@ -12,9 +12,11 @@ address of every field it could mutate) go to "out".
 A mutant is described by where it lands relative to the decoded heap ("bin_fd of arena 0, 3rd chunk"), not by
 raw address, so one that failed once can be replayed on a fresh capture of the same reproducer.
 
-Besides the random patches, five kinds of damage are aimed where the sound decode says they hurt, and each
+Besides the random patches, eight kinds of damage are aimed where the sound decode says they hurt, and each
 carries the place heapwalk must name (see DAMAGE): a chunk size set to 0, a size running into the middle of
-the next chunk, a zeroed heap page, an arena's `next` overwritten, a core cut short.  For these a mutant also
+the next chunk, a zeroed heap page, an arena's `next` overwritten, a core cut short, a tcache entry's `next`
+pointed outside every heap (tcache poisoning: named at that entry), top's size written smaller (named at top),
+and `mp_.tcache_bins` set past what glibc allows (named at the field).  For these a mutant also
 fails when `check` calls the heap clean; whether the finding is at the exact address is counted per kind.
 Every mutant fails when the report shows an impossible figure (tests/figures.py).
 """
@@ -154,7 +156,8 @@ def targets(state, disc, mem) -> list[tuple[str, int]]:
 
 
 #: the aimed damage kinds, each drawn this share of the time (the rest are random patches of TARGETS)
-DAMAGE = {"size_zero": 0.08, "size_into_next": 0.08, "zero_page": 0.06, "ring": 0.06, "truncate": 0.08}
+DAMAGE = {"size_zero": 0.08, "size_into_next": 0.08, "zero_page": 0.06, "ring": 0.06, "truncate": 0.08,
+          "tcache_next": 0.05, "top_shrunk": 0.05, "mp_bins": 0.03}
 
 
 class Sound:
@@ -168,6 +171,11 @@ class Sound:
         self.arenas = [a.address for a in state.arenas]
         self.heaps = []  # (extent, [(chunk, size) ... in address order, top last when it lies there])
         self.owner = {}  # extent start -> its arena, for all but the main arena's sbrk heap (found by its chunks)
+        self.entries = [e for _, tc in state.tcaches() for b in tc.bins if b.index < 64 for e in b.entries]
+        self.safe_linking = disc.layout.safe_linking
+        self.tops = [(a.top, a.top_size) for a in state.arenas if a.top and a.top_size >= 0x2000]
+        self.mp_bins = state.mp.address + disc.layout.mp["tcache_bins"] \
+            if state.mp is not None and "tcache_bins" in disc.layout.mp else None
         for a in state.arenas:
             for k, e in enumerate(extents(a, disc.layout)):
                 self.heaps.append((e, self._chunks(e, a.top)))
@@ -206,6 +214,8 @@ def make_mutant(rng: random.Random, names: list[str], heaps: int) -> dict:
                 return {"op": kind, "heap": heap, "fraction": round(rng.random(), 3), "hole": rng.random() < 0.5}
             if kind == "ring":
                 return {"op": kind, "arena": rng.randrange(8), "link": rng.choice(RING_LINKS)}
+            if kind in ("tcache_next", "top_shrunk", "mp_bins"):
+                return {"op": kind, "pick": round(rng.random(), 4)}
             spec = {"op": kind, "heap": heap, "pick": round(rng.random(), 4)}
             if kind == "size_into_next":
                 spec["into"] = round(rng.random(), 4)
@@ -254,6 +264,22 @@ def aim(spec: dict, sound: Sound) -> tuple[MutatedMemory, int | None] | None:
         if value == after:
             return None  # the ring is too short for this link to change anything
         return MutatedMemory(base, _word(here + sound.layout.off_next, value)), here
+    if op == "tcache_next":            # poisoned: the entry's next now leads to main_arena, in libc's data
+        if not sound.entries:
+            return None
+        entry = sound.entries[min(int(spec["pick"] * len(sound.entries)), len(sound.entries) - 1)]
+        target = sound.arenas[0]
+        return MutatedMemory(base, _word(entry, (entry >> 12) ^ target if sound.safe_linking else target)), entry
+    if op == "top_shrunk":
+        if not sound.tops:
+            return None
+        top, size = sound.tops[min(int(spec["pick"] * len(sound.tops)), len(sound.tops) - 1)]
+        word = struct.unpack("<Q", base.read(top + 8, 8))[0]
+        return MutatedMemory(base, _word(top + 8, 0x1000 | (word & 7))), top
+    if op == "mp_bins":
+        if sound.mp_bins is None:
+            return None
+        return MutatedMemory(base, _word(sound.mp_bins, 0x7FFFFFFFFFFF)), sound.mp_bins
     picked = sound.chunk(spec["heap"], spec["pick"], room=2)  # two sound chunks after: one damage, not two
     if picked is None:
         return None

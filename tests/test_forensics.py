@@ -74,6 +74,16 @@ def test_check_names_each_corruption_at_its_address(glibc_name, mode, tmp_path):
                                                 for f in checked["findings"])
 
 
+@pytest.mark.parametrize("glibc_name,mode", _cases(harness.LEGITIMATE))
+def test_a_heap_glibc_accepts_is_consistent(glibc_name, mode, tmp_path):
+    """Shapes glibc's own code makes and goes on with (the program moving the break itself between mallocs:
+    two fenceposts, then memory that is not malloc's, counted in system_mem) are no damage."""
+    _, checked, reported, result = _run_all(glibc_name, mode, tmp_path)
+    assert checked["clean"] and not [f for f in checked["findings"] if f["severity"] == "error"], checked["findings"]
+    assert not reported["report"]["partial"] and "heap consistent" in result.stdout
+    assert_possible(reported["report"])
+
+
 def assert_possible(report: dict) -> None:
     """Every figure of a report is one a heap can have, damaged or not (tests/figures.py)."""
     assert not figures.impossible(report), figures.impossible(report)
@@ -200,3 +210,20 @@ def test_check_finds_nothing_on_every_clean_core(glibc_name, name, json_of, tmp_
     document = json.loads(out.read_text())
     assert document["clean"] and document["errors"] == 0, result.stdout
     assert document["checked"]["chunks"] > 0 and result.returncode == 0
+
+
+def test_the_command_line_s_json_holds_every_finding_that_sets_its_exit_status(tmp_path):
+    """'heapwalk report CORE --check --json FILE' exits 1 on a damaged heap, and FILE holds the error that says
+    why, a finding only the check makes (a tcache entry inside a free chunk), with the check's verdict."""
+    import subprocess
+    import sys
+    cap = corruption("system", "tcache_in_free")
+    out = tmp_path / "report.json"
+    result = subprocess.run([str(Path(sys.executable).with_name("heapwalk")), "report", str(cap.core), str(cap.exe),
+                             "--check", "--no-symbols", "--json", str(out)], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1, result.stdout + result.stderr
+    doc = json.loads(out.read_text())
+    expected = json.loads((cap.directory / "expected.json").read_text())
+    assert any(f["kind"] == expected["kind"] and f["address"] == expected["address"] and f["severity"] == "error"
+               for f in doc["findings"])
+    assert doc["check"]["clean"] is False and not list(tmp_path.glob("*.check"))

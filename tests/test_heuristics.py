@@ -107,12 +107,37 @@ def test_the_file_name_gives_the_version_up_to_2_33():
     assert find_libc(p.mappings("/lib/x86_64-linux-gnu/libc-2.31.so")) == (BASE, "/lib/x86_64-linux-gnu/libc-2.31.so")
 
 
+def _more_bins(p: Process, n: int, mangled: bool = True) -> None:
+    """N more tcache bins of P's thread, each holding one entry whose end-of-list link is mangled (or plain)."""
+    off = p.layout.tcache_off_entries
+    for k in range(1, n + 1):
+        e = HEAP + 0x300 + 0x40 * k
+        p.mem.write_u64(p.tcache + off + 8 * k, e)
+        p.mem.write_u64(e, e >> 12 if mangled else 0)
+
+
 def test_a_version_memory_contradicts_is_corrected_and_reported():
-    disc = Process().discover(overrides=Overrides((2, 31)))
+    p = Process()
+    _more_bins(p, 3)        # four bins whose links read mangled: decisive evidence against 2.31's plain links
+    disc = p.discover(overrides=Overrides((2, 31)))
     assert disc.layout.safe_linking and disc.layout.mp == layout_for((2, 36)).mp
     (warning,) = [f for f in disc.findings if f.severity is Severity.WARNING]
     assert "memory contradicts the glibc 2.31 layout" in warning.message
     assert "safe-linking" in warning.message and "mp_ layout" in warning.message
+
+
+def test_one_poisoned_tcache_head_does_not_make_the_version_doubted():
+    """A known 2.36 whose one tcache bin's head links as if there were no safe-linking (a poisoned next): one vote
+    against the version's layout, not enough to doubt it; its layout stays, no contradiction is said."""
+    p = Process(entries_in_tcache=1)
+    entry = HEAP + 0x2a0
+    p.mem.write_u64(entry, HEAP + 0x800)     # a plain pointer where 2.36 stores a mangled one
+    disc = p.discover(overrides=Overrides((2, 36)))
+    assert disc.layout.safe_linking
+    assert not [f for f in disc.findings if "contradicts" in f.message]
+    _more_bins(p, 3, mangled=False)           # four plain links: the layout is corrected, and said to be
+    disc = p.discover(overrides=Overrides((2, 36)))
+    assert not disc.layout.safe_linking and any("contradicts" in f.message for f in disc.findings)
 
 
 def test_no_arena_in_memory_is_a_clear_error():

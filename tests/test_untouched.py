@@ -145,7 +145,7 @@ def _without_clock_and_ram(doc: dict) -> dict:
         arena.pop("uptime_ns")
     rep = doc["report"]
     for row in (*rep["arenas"], rep["totals"]):
-        for key in ("rss", "free_resident", "top_resident"):
+        for key in ("rss", "free_resident", "top_resident", "thread_names"):   # (names: the capture's)
             row.pop(key, None)
     rep.pop("residency"), rep["mmapped"].pop("resident")
     rep["verdict"] = [s for s in rep["verdict"] if not s.startswith(("Overdue:", "Whether their decay is overdue",

@@ -15,6 +15,7 @@ environment errors (gdb missing, no such file, core and executable differ, proce
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from pathlib import Path
@@ -25,6 +26,7 @@ from heapwalk.cli.cores import open_core, report_command
 from heapwalk.cli.diff import cmd_diff
 from heapwalk.cli.gdbmi import EXIT_DAMAGED, EXIT_ERROR, EXIT_PARTIAL, CliError
 from heapwalk.errors import PARTIAL, UNCHECKED
+from heapwalk.output import jsondoc
 from heapwalk.output.options import add_no_leaks, add_report_files
 
 __all__ = ["main", "make_parser"]
@@ -45,15 +47,34 @@ def cmd_report(args) -> int:
             print(str(exc), file=sys.stderr)
             status = EXIT_PARTIAL
         if args.check:
+            checked = args.json.with_name(args.json.name + ".check") if args.json else None
             try:
-                print(gdb.run("heapwalk check"), end="")
+                print(gdb.run("heapwalk check" + (f" --json {checked}" if checked else "")), end="")
             except CliError as exc:
                 print(exc.output, end="")
                 print(str(exc), file=sys.stderr)
-                if UNCHECKED not in str(exc):
-                    return EXIT_DAMAGED
-                status = EXIT_PARTIAL
+                status = EXIT_DAMAGED if UNCHECKED not in str(exc) else EXIT_PARTIAL
+            finally:
+                if checked is not None:
+                    _with_check(args.json, checked)
     return status
+
+
+def _with_check(report: Path, checked: Path) -> None:
+    """The report's JSON (REPORT) with what 'heapwalk check' found (its JSON at CHECKED, then removed): every
+    finding that sets the exit status is in the one file, under "findings", and the check's verdict under
+    "check"."""
+    try:
+        doc, check = json.loads(report.read_text()), json.loads(checked.read_text())
+    except (OSError, ValueError):
+        return
+    finally:
+        checked.unlink(missing_ok=True)
+    seen = {(f.get("kind"), f.get("address"), f.get("message")) for f in doc.get("findings") or []}
+    doc["findings"] = (doc.get("findings") or []) + [f for f in check.get("findings") or []
+                                                     if (f.get("kind"), f.get("address"), f.get("message")) not in seen]
+    doc["check"] = {k: v for k, v in check.items() if k in ("clean", "partial", "checked", "scope")}
+    jsondoc.dump(doc, str(report))
 
 
 

@@ -16,6 +16,8 @@ from heapwalk.analysis.heapwords import HeapWords
 from heapwalk.glibc.walk.arenas import decode_arena, walk_free_list
 from heapwalk.glibc.walk.chunks import Listing
 from heapwalk.glibc.walk.chunkwalk import account
+from heapwalk.glibc.forensics.links import cut_outside
+from heapwalk.glibc.locate.mpshape import MP_SETTABLE, mp_impossible
 from heapwalk.glibc.forensics.crash import abort_message, crash_findings
 from heapwalk.glibc.walk.mmapped import mmapped_agree, mmapped_of_state, with_main_regions
 from heapwalk.glibc.walk.threads import decode_thread, fill_from_tcaches, scan_for_tcaches
@@ -129,7 +131,7 @@ def _collect(mem: Memory, disc: Discovery, threads: list[ThreadRegs], target: st
     if stopped is not None:
         return dataclasses.replace(state, stop_findings=(stopped,) + ((last_words,) if last_words else ()),
                                    walk=_unwalked(state.arenas) if walk_chunks else None)
-    state = scan_for_tcaches(mem, disc, state)
+    state = cut_outside(scan_for_tcaches(mem, disc, state), mem, disc.layout)
     state = dataclasses.replace(state, findings=crash_findings(mem, state, disc, threads, last_words)
                                 + state.findings)
     if not walk_chunks:
@@ -172,7 +174,31 @@ def _read_mp(mem: Memory, disc: Discovery, findings: list[Finding]) -> MallocPar
     _require_initialised(mem, disc)
     if mp is None:
         findings.append(_without_mp(disc))
-    return mp
+        return mp
+    return _settable(mp, disc.layout, findings)
+
+
+#: what glibc starts mp_'s tcache fields with (64 bins, requests up to 1032 bytes); the count is the layout's
+_MP_DEFAULTS = {"tcache_bins": 64, "tcache_max_bytes": 1032}
+
+
+def _settable(mp: MallocPar, layout: Layout, findings: list[Finding]) -> MallocPar:
+    """MP with each field no setting of glibc's can give (`mpshape.MP_SETTABLE`: a stray write) named as an
+    error at its address and taken as glibc's default for the decode."""
+    bad = mp_impossible(mp.values)
+    if not bad:
+        return mp
+    values = dict(mp.values)
+    for name in bad:
+        default = _MP_DEFAULTS.get(name, layout.tcache_fill_count)
+        findings.append(Finding(Severity.ERROR, mp.address + layout.mp[name], "mp_",
+                                f"mp_.{name} is {values[name]:#x}, more than glibc lets it be "
+                                f"({MP_SETTABLE[name]:#x}): a stray write; malloc would use it (tcache_bins past the "
+                                f"tcache's {layout.tcache_bins} bins reaches outside the tcache struct); the decode "
+                                f"takes glibc's default, {default}", Kind.MP_FIELD,
+                                f"at most {MP_SETTABLE[name]:#x}", f"{values[name]:#x}"))
+        values[name] = default
+    return MallocPar(mp.address, values)
 
 
 def _ring(mem: Memory, disc: Discovery, regions: list[tuple[int, int]] | None,

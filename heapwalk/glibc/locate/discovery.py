@@ -150,6 +150,7 @@ class _Shown:
     tcache_tpoff: int | None
     tcache_chunk: int | None
     safe_linking: bool | None
+    link_votes: tuple[int, int] | None = None   # the tcaches' (plain, mangled) votes behind SAFE_LINKING
 
 
 def _shown(search: Search, ring: list[int], main_arena: int | None, family: tuple[int, int],
@@ -160,12 +161,13 @@ def _shown(search: Search, ring: list[int], main_arena: int | None, family: tupl
     mp_address, mp_variant = (None, None) if main_arena is None else \
         find_mp(search, main_arena, family, layout, ring_layout)
     tcache_tpoff, tcache_chunk = find_tcache_tpoff(search, layout)
-    safe_linking = safe_linking_shown(search, tcache_tpoff, tcache_chunk)
+    votes = safe_linking_shown(search, tcache_tpoff, tcache_chunk)
+    safe_linking = None if votes is None or votes[0] == votes[1] else votes[1] > votes[0]
     if by_heaps is not None:
         heap_info_size = heap_info_size or by_heaps.heap_info_size
         tcache_chunk = tcache_chunk or by_heaps.tcache_chunk
         safe_linking = by_heaps.safe_linking if safe_linking is None else safe_linking
-    return _Shown(heap_info_size, mp_address, mp_variant, tcache_tpoff, tcache_chunk, safe_linking)
+    return _Shown(heap_info_size, mp_address, mp_variant, tcache_tpoff, tcache_chunk, safe_linking, votes)
 
 
 def _layout_and_label(search: Search, version: tuple[int, int] | None, version_how: str,
@@ -187,6 +189,10 @@ def _layout_and_label(search: Search, version: tuple[int, int] | None, version_h
         search.fact("glibc_version", label, version_how)
         search.fact("layout", layout_for(version).name, f"glibc {label} layout table, checked against memory")
         known = True
+    # a known version's safe-linking is corrected only by decisive votes: one poisoned tcache link is a
+    # finding at its entry, never a reason to doubt the version
+    safe_linking = shown.safe_linking if not known or shown.link_votes is None else \
+        heuristics.decisive(shown.link_votes)
     layout = confirm_layout(layout_for(version), family, shown.heap_info_size, shown.tcache_chunk,
-                            shown.safe_linking, shown.mp_variant, search, known)
+                            safe_linking, shown.mp_variant, search, known)
     return layout, label

@@ -8,10 +8,7 @@ them and records how each fact was found.
   slots point at its own bin header (slot address - 16).  The highest such pair
   in libc's writable segment is main_arena's bin 127; the arena start follows
   from the layout family, and the arena ring must close on it.
-- mp_: a malloc_par whose fields are all in range, near main_arena, ranked by
-  what else agrees with it (sbrk_base where the main arena's memory starts,
-  malloc_stats's code reading its mmapped_mem); no field is expected to hold
-  glibc's default, since programs and tunables change every one of them.
+- mp_: `heapwalk.glibc.locate.mpshape`.
 - TLS offsets: libc reaches ``tcache`` and ``thread_arena`` through GOT slots
   holding their (negative) offsets from the thread pointer; every negative
   word of libc's writable segment is a candidate, and the one whose per-thread
@@ -24,13 +21,13 @@ import struct
 from dataclasses import dataclass
 
 from heapwalk.inferior.elf import LibcImage
-from heapwalk.glibc.locate.layout import MP_INT_FIELDS, SIZE_BITS, Layout, layout_for
+from heapwalk.glibc.locate.layout import SIZE_BITS, Layout, layout_for
 from heapwalk.inferior.memory import Memory, ReadError, u64
 from heapwalk.glibc.walk.ring import plausible_arena
 
-__all__ = ["ARENA_FAMILIES", "MP_VARIANTS", "MP_FOR_FAMILY", "mp_variant_at", "mp_plausible", "mp_evidence", "MpAnchors",
-           "MpCandidate", "tcache_safe_linking", "ArenaCandidate", "scan_bin127", "find_main_arena", "find_mp", "arenas_by_heaps",
-           "tls_candidates", "pick_tls_offset", "TCACHE_CHUNK_SIZES", "heap_info_size_of", "tcache_struct_chunk"]
+__all__ = ["ARENA_FAMILIES", "MP_VARIANTS", "MP_FOR_FAMILY", "tcache_safe_linking", "tcache_link_votes", "decisive",
+           "ArenaCandidate", "scan_bin127", "find_main_arena", "arenas_by_heaps", "tls_candidates", "pick_tls_offset",
+           "TCACHE_CHUNK_SIZES", "heap_info_size_of", "tcache_struct_chunk", "read_segment"]
 
 #: one representative version per malloc_state layout, newest first
 ARENA_FAMILIES = ((2, 43), (2, 27), (2, 23), (2, 17))
@@ -46,7 +43,7 @@ _PAGE = 4096
 _SCAN_LIMIT = 64 << 20
 
 
-def _read_segment(mem: Memory, start: int, size: int) -> bytes:
+def read_segment(mem: Memory, start: int, size: int) -> bytes:
     """SIZE bytes from START, with unreadable pages as zeros (a truncated core still scans)."""
     size = min(size, _SCAN_LIMIT)
     try:
@@ -68,7 +65,7 @@ def scan_bin127(mem: Memory, image: LibcImage) -> list[int]:
     found = []
     for seg in image.writable():
         start = seg.address & ~7
-        data = _read_segment(mem, start, seg.end - start)
+        data = read_segment(mem, start, seg.end - start)
         words = struct.unpack_from(f"<{len(data) // 8}Q", data)
         for i in range(len(words) - 1):
             y = start + 8 * i
@@ -144,140 +141,30 @@ def find_main_arena(mem: Memory, image: LibcImage, preferred: tuple[int, int] | 
     return None
 
 
-def _mp_values(raw: bytes, layout: Layout, at: int) -> dict[str, int]:
-    return {name: struct.unpack_from("<i" if name in MP_INT_FIELDS else "<Q", raw, at + off)[0]
-            for name, off in layout.mp.items()}
-
-
-def _pow2_or_zero(v: int) -> bool:
-    return v == 0 or (v >= _PAGE and v & (v - 1) == 0)
-
-
-@dataclass(frozen=True)
-class MpAnchors:
-    """What the rest of memory says mp_ must hold, so that a candidate is pinned down by agreement instead of
-    by default values (which programs, mallopt, tunables and glibc's dynamic threshold all change).
-
-    MAIN_START: where the main arena's contiguous memory begins (its top's end minus system_mem), which is
-    mp_.sbrk_base; 0 when the main arena never grew; None when it is not contiguous or unreadable.
-    MAIN_TOP: main_arena's top pointer.  STATS_LOADS: the addresses malloc_stats's code reads with 64-bit
-    loads, one of which is mp_.mmapped_mem (empty when libc's code is not readable).
-    """
-
-    main_start: int | None = None
-    main_top: int | None = None
-    stats_loads: frozenset[int] = frozenset()
-
-
-def mp_plausible(v: dict[str, int]) -> bool:
-    """Could V be a malloc_par of any program?  Only what no parameter can change is required: field types
-    and ranges, and the invariants between the mmap counters (glibc 2.43 counts 16 bytes too many in
-    mmapped_mem for each mremap'd chunk, so it need not be page-granular)."""
-    if not (1 <= v["arena_test"] < 1 << 40 and v["arena_max"] < 1 << 40 and v["mmap_threshold"] <= 1 << 33):
-        return False
-    if not (0 <= v["n_mmaps"] <= v["max_n_mmaps"] and v["no_dyn_threshold"] in (0, 1)):
-        return False
-    if v["mmapped_mem"] % 16 or v["max_mmapped_mem"] % 16 or not v["mmapped_mem"] <= v["max_mmapped_mem"] < 1 << 47:
-        return False
-    if v["mmapped_mem"] < v["n_mmaps"] * _PAGE or v["sbrk_base"] >= 1 << 47:
-        return False
-    if "tcache_bins" in v and not (v["tcache_bins"] <= 76 and v["tcache_max_bytes"] < 1 << 32
-                                   and v["tcache_count"] <= 0xFFFF):
-        return False
-    if "hp_pagesize" in v and not (_pow2_or_zero(v["hp_pagesize"]) and _pow2_or_zero(v["thp_pagesize"])
-                                   and v["hp_flags"] >= 0):
-        return False
-    return "thp_mode" not in v or 0 <= v["thp_mode"] <= 3
-
-
-def mp_evidence(v: dict[str, int], address: int, layout: Layout, anchors: MpAnchors) -> tuple[str, ...] | None:
-    """What else in memory agrees with the malloc_par V at ADDRESS under LAYOUT, strongest first; None when
-    something contradicts it (its sbrk_base is not where the main arena's memory starts)."""
-    out = []
-    if address + layout.mp["mmapped_mem"] in anchors.stats_loads:
-        out.append("malloc_stats reads its mmapped_mem")
-    if anchors.main_start is not None:
-        if v["sbrk_base"] != anchors.main_start:
-            return None
-        out.append("its sbrk_base is where the main arena's memory starts" if anchors.main_start
-                   else "its sbrk_base is 0 and the main arena never grew")
-    elif anchors.main_top and v["sbrk_base"] and v["sbrk_base"] <= anchors.main_top < v["sbrk_base"] + (1 << 40):
-        out.append("its sbrk_base lies below main_arena's top")
-    return tuple(out)
-
-
-#: how much each kind of agreement counts when candidates are ranked
-_EVIDENCE_WEIGHT = {"malloc_stats": 4, "its sbrk_base is where": 4, "its sbrk_base is 0": 2, "its sbrk_base lies": 1}
-
-
-def _weight(evidence: tuple[str, ...]) -> int:
-    return sum(w for e in evidence for prefix, w in _EVIDENCE_WEIGHT.items() if e.startswith(prefix))
-
-
-@dataclass(frozen=True)
-class MpCandidate:
-    """A malloc_par that fits, the mp_ layout it fits under, and what agrees with it."""
-
-    address: int
-    variant: tuple[int, int]
-    evidence: tuple[str, ...]
-
-
-def find_mp(mem: Memory, image: LibcImage, main_arena: int, variants: list[tuple[int, int]],
-            anchors: MpAnchors, window: int = 0x4000) -> MpCandidate | None:
-    """The malloc_par within WINDOW bytes of main_arena that most of memory agrees with; among equals, the
-    nearest to main_arena (glibc defines them side by side) and the first of VARIANTS."""
-    best: tuple[tuple[int, int, int], MpCandidate] | None = None
-    for seg in image.writable():
-        lo = max(seg.address, main_arena - window) & ~7
-        hi = min(seg.end, main_arena + window)
-        if lo >= hi:
-            continue
-        raw = _read_segment(mem, lo, hi - lo)
-        for rank, variant in enumerate(variants):
-            layout = layout_for(variant)
-            for at in range(0, len(raw) - layout.mp_size + 1, 8):
-                address = lo + at
-                if address <= main_arena < address + layout.mp_size:
-                    continue
-                v = _mp_values(raw, layout, at)
-                if not mp_plausible(v):
-                    continue
-                evidence = mp_evidence(v, address, layout, anchors)
-                if evidence is None:
-                    continue
-                key = (_weight(evidence), -abs(main_arena - address), -rank)
-                if best is None or key > best[0]:
-                    best = (key, MpCandidate(address, variant, evidence))
-    return best[1] if best else None
-
-
-def mp_variant_at(mem: Memory, address: int, variants, anchors: MpAnchors) -> MpCandidate | None:
-    """Which of VARIANTS (mp_ layouts) the malloc_par at ADDRESS fits best (first wins a tie); None if none fits."""
-    best = None
-    for rank, variant in enumerate(variants):
-        layout = layout_for(variant)
-        try:
-            raw = mem.read(address, layout.mp_size)
-        except ReadError:
-            continue
-        v = _mp_values(raw, layout, 0)
-        if not mp_plausible(v):
-            continue
-        evidence = mp_evidence(v, address, layout, anchors)
-        key = (-1 if evidence is None else _weight(evidence), -rank)
-        if best is None or key > best[0]:
-            best = (key, MpCandidate(address, variant, evidence or ()))
-    return best[1] if best else None
-
-
 def tcache_safe_linking(mem: Memory, tcaches: list[int], off_entries: int, nbins: int) -> bool | None:
-    """Whether tcache ``next`` links are mangled (safe-linking, 2.32+), from the first entries of TCACHES.
+    """Whether tcache ``next`` links are mangled (safe-linking, 2.32+), from the first entries of TCACHES, by
+    the majority of `tcache_link_votes`; None when no tcache has an entry to tell by, or the votes tie."""
+    plain, mangled = tcache_link_votes(mem, tcaches, off_entries, nbins)
+    return None if plain == mangled else mangled > plain
 
-    An entry's link is either a plain pointer (0 at the list end) or the
-    pointer XOR (entry address >> 12) (entry >> 12 at the list end).  None when
-    no tcache has an entry to tell by.
-    """
+
+#: how many votes, and how many times the other side's, a layout known from the version needs to be corrected
+#: (one poisoned tcache head is one vote: it is a finding, never the layout)
+DECISIVE_VOTES, DECISIVE_RATIO = 3, 3
+
+
+def decisive(votes: tuple[int, int]) -> bool | None:
+    """Whether links are mangled, by VOTES (plain, mangled) strong enough to correct a known version's layout;
+    None when they are not."""
+    plain, mangled = votes
+    win, lose = max(plain, mangled), min(plain, mangled)
+    return None if win < DECISIVE_VOTES or win < DECISIVE_RATIO * lose else mangled > plain
+
+
+def tcache_link_votes(mem: Memory, tcaches: list[int], off_entries: int, nbins: int) -> tuple[int, int]:
+    """(plain, mangled): how many of the first entries of TCACHES' bins have a link that reads as a plain
+    pointer, and as one mangled by safe-linking (pointer XOR (entry address >> 12); entry >> 12 at a list's
+    end)."""
     votes = [0, 0]  # plain, mangled
     for tcache in tcaches:
         try:
@@ -302,9 +189,7 @@ def tcache_safe_linking(mem: Memory, tcaches: list[int], off_entries: int, nbins
                 votes[0] += 1
             if sum(votes) >= 16:
                 break
-    if votes[0] == votes[1]:
-        return None
-    return votes[1] > votes[0]
+    return votes[0], votes[1]
 
 
 def tls_candidates(mem: Memory, image: LibcImage, limit: int = 1 << 20) -> list[int]:
@@ -317,7 +202,7 @@ def tls_candidates(mem: Memory, image: LibcImage, limit: int = 1 << 20) -> list[
         out.update(range(-((size + 63) & ~63), 0, 8))
     for seg in image.writable():
         start = seg.address & ~7
-        data = _read_segment(mem, start, seg.end - start)
+        data = read_segment(mem, start, seg.end - start)
         for (word,) in struct.iter_unpack("<q", data[:len(data) // 8 * 8]):
             if -limit < word < 0 and word % 8 == 0:
                 out.add(word)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import struct
 
 from heapwalk.findings import Severity
-from heapwalk.glibc.locate import heuristics
+from heapwalk.glibc.locate import heuristics, mpshape
 from heapwalk.glibc.locate.layout import HEAP_MAX_SIZE, Layout
 from heapwalk.glibc.locate.mainarena import main_memory_start
 from heapwalk.glibc.locate.search import Search
@@ -14,7 +14,7 @@ from heapwalk.inferior import x86
 from heapwalk.inferior.memory import ReadError, u64
 
 
-def _mp_anchors(search: Search, main_arena: int, ring_layout: Layout) -> heuristics.MpAnchors:
+def _mp_anchors(search: Search, main_arena: int, ring_layout: Layout) -> mpshape.MpAnchors:
     """What main_arena and libc's code say about mp_, before mp_ is found."""
     top = start = None
     try:
@@ -26,7 +26,7 @@ def _mp_anchors(search: Search, main_arena: int, ring_layout: Layout) -> heurist
         pass
     code = search.code("malloc_stats", 160)
     loads = frozenset(r.target for r in x86.rip_loads(*code) if r.opcode == x86.MOV) if code else frozenset()
-    return heuristics.MpAnchors(main_start=start, main_top=top, stats_loads=loads)
+    return mpshape.MpAnchors(main_start=start, main_top=top, stats_loads=loads)
 
 
 def find_mp(search: Search, main_arena: int, family: tuple[int, int], layout: Layout | None,
@@ -34,7 +34,7 @@ def find_mp(search: Search, main_arena: int, family: tuple[int, int], layout: La
     """mp_'s address and the mp_ layout variant memory matched (None if memory did not tell).
 
     No field is expected to hold glibc's default: a candidate is pinned down by what agrees with it
-    (`heuristics.mp_evidence`), and the facts say which of its fields nothing confirmed."""
+    (`mpshape.mp_evidence`), and the facts say which of its fields nothing confirmed."""
     variants = list(heuristics.MP_FOR_FAMILY[family])
     if layout is not None:
         own = next(v for v in heuristics.MP_VARIANTS if layout.version >= v)
@@ -43,7 +43,7 @@ def find_mp(search: Search, main_arena: int, family: tuple[int, int], layout: La
     symbol = search.symbols.data_address("mp_")
     if symbol is not None:
         search.fact("mp_", symbol, "symbol mp_")
-        fits = heuristics.mp_variant_at(search.mem, symbol, variants, anchors)
+        fits = mpshape.mp_variant_at(search.mem, symbol, variants, anchors)
         if fits is None:
             search.note(Severity.WARNING, symbol, "the mp_ symbol's memory fits no malloc_par layout: its "
                         "counters are out of range (damaged?)")
@@ -51,7 +51,7 @@ def find_mp(search: Search, main_arena: int, family: tuple[int, int], layout: La
     if search.image is None:
         search.unknown("mp_", "no libc image")
         return None, None
-    found = heuristics.find_mp(search.mem, search.image, main_arena, variants, anchors)
+    found = mpshape.find_mp(search.mem, search.image, main_arena, variants, anchors)
     if found is None:
         search.unknown("mp_", "no malloc_par-shaped data near main_arena")
         return None, None
@@ -66,9 +66,10 @@ def find_mp(search: Search, main_arena: int, family: tuple[int, int], layout: La
 
 def heap_max_size(search: Search, layout: Layout, mp_address: int | None, ring: list[int]) -> int:
     """The size and alignment of thread-arena heaps: 64 MiB, or 4 x hp_pagesize on 2.35-2.41 with hugetlb."""
-    if (2, 35) <= layout.version < (2, 42) and mp_address is not None:
+    offset = layout.mp.get("hp_pagesize")      # (memory may show an mp_ layout without it)
+    if (2, 35) <= layout.version < (2, 42) and mp_address is not None and offset is not None:
         try:
-            hp = u64(search.mem, mp_address + layout.mp["hp_pagesize"])
+            hp = u64(search.mem, mp_address + offset)
         except ReadError:
             hp = None
         if hp:

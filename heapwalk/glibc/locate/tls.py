@@ -66,8 +66,9 @@ def find_tcache_tpoff(search: Search, layout: Layout | None) -> tuple[int | None
     return tpoff, min(sizes) if sizes else None
 
 
-def safe_linking_shown(search: Search, tpoff: int | None, tcache_chunk: int | None) -> bool | None:
-    """Whether memory shows mangled tcache links (None if no thread's tcache holds an entry)."""
+def safe_linking_shown(search: Search, tpoff: int | None, tcache_chunk: int | None) -> tuple[int, int] | None:
+    """The threads' tcaches' votes on whether links are mangled (`heuristics.tcache_link_votes`: plain, mangled),
+    None when there is no tcache to ask."""
     if tpoff is None or tcache_chunk not in heuristics.TCACHE_CHUNK_SIZES:
         return None
     shape = layout_for(heuristics.TCACHE_CHUNK_SIZES[tcache_chunk])
@@ -79,7 +80,7 @@ def safe_linking_shown(search: Search, tpoff: int | None, tcache_chunk: int | No
             continue
         if value and value % 16 == 0 and not (search.image and search.image.contains(value)):
             pointers.append(value)
-    return heuristics.tcache_safe_linking(search.mem, pointers, shape.tcache_off_entries, shape.tcache_bins)
+    return heuristics.tcache_link_votes(search.mem, pointers, shape.tcache_off_entries, shape.tcache_bins)
 
 
 def find_thread_arena_tpoff(search: Search, ring: list[int], layout: Layout) -> int | None:

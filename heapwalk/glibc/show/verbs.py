@@ -12,6 +12,7 @@ from heapwalk.glibc.forensics import chunkinfo
 from heapwalk.glibc.model import ChunkState
 from heapwalk.glibc.show import documents
 from heapwalk.glibc.show import tables
+from heapwalk.glibc.walk.chunks import extents
 
 __all__ = ["VERBS"]
 
@@ -159,6 +160,13 @@ def _chunk(heap, args, front) -> None:
     state = front.reload(heap, Wants(walk=True)).state  # finds the mmapped chunks too
     mmapped = next((c for c in state.mmapped if c.address <= address < c.address + c.span), None)
     if mmapped is None:
+        holder = next(((a, e) for a in state.arenas for e in extents(a, heap.layout) if e.start <= address < e.end),
+                      None)
+        if holder is not None:       # in a heap whose walk does not land on a chunk that holds it: damage
+            arena, extent = holder
+            raise UsageError(f"heapwalk chunk: {address:#x} is in arena {arena.number}'s heap "
+                             f"{extent.start:#x}-{extent.end:#x}, but the walk of that heap lands on no chunk that "
+                             "holds it: the heap is damaged before it ('heapwalk check' names where)")
         raise UsageError(f"heapwalk chunk: {address:#x} is in no arena's heap and in no mmapped chunk")
     listed = chunkinfo.where_listed(state, mmapped.address)
     front.console().print(f"{address:#x} is {address - mmapped.address} bytes into the mmapped chunk at "

@@ -115,9 +115,9 @@ def _sbrk_heap(mem: Memory, layout: Layout, address: int, flags: int, top: int, 
     if not (sbrk_base and top):
         return []
     end = top + top_size
-    if top_lost and top < sbrk_base + system_mem:  # up to where system_mem says: the walk names the gap
-        end = sbrk_base + system_mem
     contiguous = not flags & 2  # NONCONTIGUOUS_BIT: top may be in an mmap'd piece
+    if (top_lost or contiguous) and top < sbrk_base + system_mem and end < sbrk_base + system_mem:
+        end = sbrk_base + system_mem  # up to where system_mem says (top ends there): the walk names the gap
     if not contiguous and not sbrk_base <= top < end <= sbrk_base + max(system_mem, 0):
         return []  # top is in another piece: the pieces are found in the target's memory (with_main_regions)
     if contiguous and not sbrk_base <= top <= end <= sbrk_base + 2 * system_mem + (64 << 20):

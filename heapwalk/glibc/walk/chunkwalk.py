@@ -24,6 +24,8 @@ from heapwalk.glibc.walk.chunks import (ADDRESS_MASK, BIN_STATES, HELD_STATES, L
                                    Tally, extents)
 from heapwalk.glibc.model import Account, Arena, ChunkState
 from heapwalk.glibc.locate.layout import MALLOC_ALIGNMENT, MINSIZE, NON_MAIN_ARENA, PREV_INUSE, SIZE_BITS, Layout
+from heapwalk.glibc.walk.neighbours import (after_foreign_sbrk, arena_bit_finding, check_after_listed,
+                                            flags_at, free_in_no_list)
 from heapwalk.glibc.walk.resync import BEYOND, FENCEPOST_ROOM, OVERRUN_SPAN, Chain, overrun, overshoot_finding, resync
 from heapwalk.inferior.memory import Memory, ReadError
 from heapwalk.inferior.words import PROBE_SPAN, Window
@@ -223,7 +225,7 @@ def walk_batches(mem: Memory, extent: Extent, top: int, listing: Listing, acc: T
             if p_plain and not pinuse and not impossible:  # the chunk before is free, yet in no list
                 plain_count -= 1
                 plain_bytes -= p_size
-                _unlisted(p_addr, p_size, _flags_at(win, p_addr), where, findings, out, every)
+                free_in_no_list(p_addr, p_size, flags_at(win, p_addr), where, findings, out, every)
                 tally_bytes[ChunkState.FREE_UNLISTED] += p_size
                 tally_counts[ChunkState.FREE_UNLISTED] += 1
                 unlisted.append(p_addr)
@@ -250,6 +252,17 @@ def walk_batches(mem: Memory, extent: Extent, top: int, listing: Listing, acc: T
                     acc.unwalked += end - c
                     break
                 again = resync(mem, extent, c, top, listing, non_main is False)
+                if again is not None and after_foreign_sbrk(win, c, non_main):
+                    # the program moved the break itself: glibc closed the old top with two fenceposts, counted
+                    # the foreign bytes in system_mem and went on after them; neither malloc's nor damage
+                    if p_plain and p_size == 2 * 8:
+                        plain_count, plain_bytes = plain_count - 2, plain_bytes - 4 * 8
+                        tally_bytes[ChunkState.FENCEPOST] += 4 * 8
+                        tally_counts[ChunkState.FENCEPOST] += 2
+                    acc.overhead += again - c
+                    c, p_plain, p_st = again, False, None
+                    anchor, anchor_st = again, None
+                    continue
                 findings.append(Finding(Severity.ERROR, c, where, f"chunk size {size_field:#x} is impossible here "
                                         f"(the heap ends at {end:#x}); "
                                         + (f"the walk resumes at {again:#x}" if again else
@@ -262,7 +275,7 @@ def walk_batches(mem: Memory, extent: Extent, top: int, listing: Listing, acc: T
                 anchor, anchor_st = again, None
                 continue
             if p_st is not None:
-                _check_after_listed(p_st, p_addr, p_size, pinuse, c, win, where, findings)
+                check_after_listed(p_st, p_addr, p_size, pinuse, c, win, where, findings)
             flags = size_field & SIZE_BITS
             st = ChunkState.TOP if c == top else get(c)
             if st is None and size < MINSIZE:
@@ -271,7 +284,7 @@ def walk_batches(mem: Memory, extent: Extent, top: int, listing: Listing, acc: T
                 plain_count += 1
                 plain_bytes += size
                 if check_bit and (flags & NON_MAIN_ARENA) != want_bit:
-                    findings.append(_arena_bit_finding(c, where, non_main))
+                    findings.append(arena_bit_finding(c, where, non_main))
                 if every:
                     out.append((c, size, flags, ChunkState.IN_USE))
                 p_plain, p_st = True, None
@@ -280,16 +293,18 @@ def walk_batches(mem: Memory, extent: Extent, top: int, listing: Listing, acc: T
                 tally_bytes[st] += size
                 tally_counts[st] += 1
                 if check_bit and st in HELD_STATES and (flags & NON_MAIN_ARENA) != want_bit:
-                    findings.append(_arena_bit_finding(c, where, non_main))
+                    findings.append(arena_bit_finding(c, where, non_main))
                 out.append((c, size, flags, st))
                 p_plain, p_st = False, st
             p_addr, p_size = c, size
             c += size
             if st is ChunkState.TOP:
-                if c != end:
-                    findings.append(Finding(Severity.WARNING, c, where, f"top ends at {c:#x}, not at the heap's "
-                                            f"end {end:#x}", Kind.TOP_SIZE))
-                    acc.overhead += max(0, end - c)
+                if c != end:    # glibc grows and trims a heap with its top: top always ends where it does
+                    findings.append(Finding(Severity.ERROR, p_addr, where, f"top's size {size_field:#x} ends it at "
+                                            f"{c:#x}, short of its heap's end {end:#x}: the size was written over "
+                                            f"(glibc would hand out memory past it)", Kind.TOP_SIZE,
+                                            f"{end - p_addr:#x}", f"{size:#x}"))
+                    acc.unwalked += max(0, end - c)
                 break
             if len(out) >= flush_at or c - acc.reached >= _WINDOW:
                 acc.reached = c
@@ -312,56 +327,6 @@ def walk_batches(mem: Memory, extent: Extent, top: int, listing: Listing, acc: T
         for st, n in tally_bytes.items():
             acc.bytes[st] += n
             acc.counts[st] += tally_counts[st]
-
-
-def _flags_at(win: "Window", chunk: int) -> int:
-    """The flag bits of the chunk at CHUNK, whose header the walk has read (0 if it is gone from memory)."""
-    try:
-        return win.word(chunk + 8) & SIZE_BITS
-    except ReadError:
-        return 0
-
-
-def _unlisted(address: int, size: int, flags: int, where: str, findings: list, out: list, every: bool) -> None:
-    """Reports the chunk at ADDRESS, counted as in use, as free but in no list, and re-emits it as such."""
-    if findings and findings[-1].kind is Kind.ARENA_BIT and findings[-1].address == address:
-        findings.pop()  # a free chunk's arena bit is not checked
-    findings.append(Finding(Severity.ERROR, address, where, f"free chunk of {size:#x} bytes is in no list: the "
-                            "next chunk's PREV_INUSE is clear", Kind.FREE_UNLISTED,
-                            "PREV_INUSE set (or the chunk in a bin)", "PREV_INUSE clear"))
-    if every and out and out[-1][0] == address:
-        out[-1] = (address, size, out[-1][2], ChunkState.FREE_UNLISTED)
-    else:
-        out.append((address, size, flags, ChunkState.FREE_UNLISTED))
-
-
-def _arena_bit_finding(address: int, where: str, non_main: bool | None) -> Finding:
-    return Finding(Severity.ERROR, address, where, f"chunk {address:#x} has NON_MAIN_ARENA "
-                   f"{'clear' if non_main else 'set'} in a {'thread' if non_main else 'main'} "
-                   "arena: free() would give it to the wrong arena", Kind.ARENA_BIT,
-                   "set" if non_main else "clear", "clear" if non_main else "set")
-
-
-def _check_prev_size(prev_size: int, c: int, p_addr: int, p_size: int, where: str, findings: list) -> None:
-    if prev_size != p_size:
-        findings.append(Finding(Severity.ERROR, c, where, f"chunk size does not match next chunk's prev_size: the "
-                                f"free chunk {p_addr:#x} has size {p_size:#x}, the prev_size of {c:#x} is "
-                                f"{prev_size:#x}", Kind.PREV_SIZE, f"{p_size:#x}", f"{prev_size:#x}"))
-
-
-def _check_after_listed(st: ChunkState, p_addr: int, p_size: int, pinuse: int, c: int, win: Window,
-                        where: str, findings: list) -> None:
-    """The neighbour checks for a listed chunk (or a fencepost) followed by the chunk at C."""
-    if st in BIN_STATES and pinuse:
-        findings.append(Finding(Severity.ERROR, p_addr, where, f"chunk {p_addr:#x} is in a {st.value} bin, but the "
-                                f"next chunk {c:#x} has PREV_INUSE set", Kind.FREE_IN_USE, "PREV_INUSE clear",
-                                "PREV_INUSE set"))
-    elif st in (ChunkState.TCACHE, ChunkState.FAST) and not pinuse:
-        findings.append(Finding(Severity.ERROR, p_addr, where, f"chunk {p_addr:#x} is in a {st.value} list, but the "
-                                f"next chunk {c:#x} says it is free (PREV_INUSE clear): freed twice?",
-                                Kind.DOUBLE_FREE, "PREV_INUSE set", "PREV_INUSE clear"))
-    if not pinuse and st is not ChunkState.FENCEPOST:
-        _check_prev_size(win.word(c), c, p_addr, p_size, where, findings)
 
 
 def account(mem: Memory, layout: Layout, arena: Arena, listing: Listing, observer=None, progress=None) -> Account:

@@ -220,10 +220,45 @@ def mmapped_of_state(mem: Memory, disc: Discovery, state: HeapState, regions: li
             found = sorted(found + more, key=lambda c: c.address)
     if mp is None or mmapped_agree(disc.layout, mp, found):
         return found, None
+    grown = _overgrown(mem, disc.layout, found)
+    if grown is not None and mmapped_agree(disc.layout, mp, grown[0]):
+        return grown
     return found, Finding(Severity.WARNING, 0, "mmapped chunks",
                           f"found {len(found)} mmapped chunks of {sum(c.span for c in found)} bytes; mp_ counts "
                           f"{mp.get('n_mmaps')} of {mp.get('mmapped_mem')} (chunks with front padding, or "
                           "regions missing from the core, are not found)", Kind.MMAPPED)
+
+
+def _overgrown(mem: Memory, layout: Layout, found: list[MmappedChunk]
+               ) -> tuple[list[MmappedChunk], Finding] | None:
+    """When a mmapped chunk's size was written over so that it runs over the mmapped chunks after it (their
+    mappings merged with its own, as the kernel merges neighbouring ones): the chunks with that one cut back
+    to where the first one inside it starts, and the error at it; None when no found chunk holds another's
+    header at a page inside it that tiles it to its end."""
+    for i, outer in enumerate(found):
+        end = outer.address + outer.span
+        inner, at = [], (outer.address + 4096 + 4095) & ~4095
+        while at + 16 <= end:
+            chunk = _mmapped_at(mem, layout, at, end)
+            if chunk is not None and (inner or at > outer.address):
+                inner.append(chunk)
+                at += chunk.span
+            elif inner:
+                break
+            else:
+                at += 4096
+        if not inner or at != end:
+            continue
+        first = inner[0]
+        cut = first.address - outer.address
+        fixed = dataclasses.replace(outer, size=outer.size - (outer.span - cut), span=cut)
+        finding = Finding(Severity.ERROR, outer.address, "mmapped chunks",
+                          f"mmapped chunk {outer.address:#x}'s size {outer.size:#x} runs over the mmapped chunk "
+                          f"{first.address:#x} (size {first.size:#x}) that starts {cut:#x} bytes in: its size was "
+                          f"written over (its own mapping is {cut:#x} bytes)", Kind.MMAPPED_OVERLAP,
+                          f"{fixed.size:#x}", f"{outer.size:#x}")
+        return sorted(found[:i] + [fixed] + inner + found[i + 1:], key=lambda c: c.address), finding
+    return None
 
 
 def _ending_their_ranges(chunks: list[MmappedChunk], ranges: list[tuple[int, int]]) -> list[MmappedChunk]:
