@@ -170,8 +170,8 @@ static void tcache_of_three(void *order[3])
         fail("the tcache list is not the three chunks");
 }
 
-/* The start of the main arena's heap: the [heap] mapping, where glibc's first break was. */
-static uintptr_t heap_start(void)
+/* /proc/self/maps as it is now, in a buffer of its own (each call reads it again). */
+static char *read_maps(void)
 {
     static char maps[1 << 16];
     int fd = open("/proc/self/maps", O_RDONLY);
@@ -181,6 +181,13 @@ static uintptr_t heap_start(void)
     if (n <= 0)
         fail("cannot read /proc/self/maps");
     maps[n] = 0;
+    return maps;
+}
+
+/* The start of the main arena's heap: the [heap] mapping, where glibc's first break was. */
+static uintptr_t heap_start(void)
+{
+    char *maps = read_maps();
     for (char *line = maps; line && *line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL) {
         unsigned long lo, hi;
         char *end = strchr(line, '\n');
@@ -199,14 +206,7 @@ static uintptr_t heap_start(void)
  * 2.43) and the tcache count (7, 16 from 2.43), found once in libc's writable mapping. */
 static uintptr_t *mp_tcache_bins(void)
 {
-    static char maps[1 << 16];
-    int fd = open("/proc/self/maps", O_RDONLY);
-    ssize_t n = fd < 0 ? -1 : read(fd, maps, sizeof maps - 1);
-    if (fd >= 0)
-        close(fd);
-    if (n <= 0)
-        fail("cannot read /proc/self/maps");
-    maps[n] = 0;
+    char *maps = read_maps();
     uintptr_t *found = NULL;
     for (char *line = strtok(maps, "\n"); line; line = strtok(NULL, "\n")) {
         unsigned long lo, hi;

@@ -66,12 +66,9 @@ def _arena(arena: Arena, spans: _Spans, added: list[Finding], dropped: set[int])
             fastbins.append(lst)
             continue
         holder = lst.chunks[cut - 1] if cut else lst.head
-        target = lst.chunks[cut]
-        owner = f"fastbin chunk {holder:#x}" if cut else f"the head of fastbin[{lst.index}]"
-        added.append(Finding(Severity.ERROR, holder, f"fastbin[{lst.index}] of arena {arena.number}",
-                             f"{owner} links (fd) to {target:#x}, outside every heap: its fd was written after it "
-                             "was freed (fastbin poisoning); the list is cut there",
-                             Kind.LINK_OUTSIDE, "a chunk inside the arena's heaps", f"{target:#x}"))
+        said = f"fastbin chunk {holder:#x}" if cut else f"the head of fastbin[{lst.index}]"
+        added.append(_poisoned(holder, lst.chunks[cut], f"fastbin[{lst.index}] of arena {arena.number}", said,
+                               "fd", "fastbin"))
         dropped.update(lst.chunks[cut:])
         fastbins.append(BinList(lst.kind, lst.index, lst.head, lst.chunks[:cut], lst.raw_sizes[:cut], False))
     return dataclasses.replace(arena, fastbins=tuple(fastbins)) if fastbins != list(arena.fastbins) else arena
@@ -88,18 +85,21 @@ def _tcache(tcache: Tcache, owner: str, mem: Memory, layout: Layout, spans: _Spa
             continue
         slot = tcache.address + layout.tcache_off_entries + 8 * b.index
         holder = b.entries[cut - 1] if cut else slot
-        target = b.entries[cut]
         said = f"tcache entry {holder:#x}" if cut else f"the head of tcache bin {b.index}"
-        added.append(Finding(Severity.ERROR, holder, f"tcache bin {b.index} of {owner}",
-                             f"{said} links (next) to {target:#x}, outside every heap: its next was written after "
-                             "it was freed (tcache poisoning); the list is cut there",
-                             Kind.LINK_OUTSIDE, "an entry inside the arenas' heaps", f"{target:#x}"))
+        added.append(_poisoned(holder, b.entries[cut], f"tcache bin {b.index} of {owner}", said, "next", "tcache"))
         dropped.update(b.entries[cut:])
         dropped.update(e - 16 for e in b.entries[cut:])
         bins.append(TcacheBin(b.index, b.chunk_size, b.count, b.entries[:cut], False, b.sizes[:cut], b.spans[:cut]))
     if bins == list(tcache.bins):
         return tcache
     return dataclasses.replace(tcache, bins=tuple(bins), findings=_without(tcache.findings, dropped))
+
+
+def _poisoned(holder: int, target: int, where: str, said: str, field: str, lists: str) -> Finding:
+    """The error at HOLDER (SAID, in WHERE), whose FIELD links to TARGET outside every heap."""
+    return Finding(Severity.ERROR, holder, where, f"{said} links ({field}) to {target:#x}, outside every heap: its "
+                   f"{field} was written after it was freed ({lists} poisoning); the list is cut there",
+                   Kind.LINK_OUTSIDE, "a link into the arenas' heaps", f"{target:#x}")
 
 
 def _mmapped(mem: Memory, chunk: int) -> bool:
