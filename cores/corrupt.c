@@ -38,6 +38,8 @@
  *   mmapped_grown     an overflow grows an mmapped chunk's size over the mmapped chunk right after it
  *   mp_tcache_bins    a stray write over mp_.tcache_bins (the number of tcache bins: writes past the tcache later)
  *   foreign_sbrk      (clean) the program moves the break itself between mallocs, as glibc allows: no finding
+ *   morecore_failure  (clean) a mapping right after the break stops sbrk: glibc goes on in mmap'd pieces (the
+ *                     main arena becomes non-contiguous): no finding
  *   abort_double_free       free() of a chunk already in the unsorted bin: "double free or corruption (!prev)"
  *   abort_unaligned_tcache  malloc() meets a misaligned tcache link: "malloc(): unaligned tcache chunk detected"
  */
@@ -55,6 +57,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -505,6 +508,19 @@ int main(int argc, char **argv)
             fail("sbrk");
         for (int i = 0; i < 256; i++)
             guarded(0x400); /* the main arena grows past it: glibc finds the break moved and goes on */
+        expect("none", 0);
+    } else if (!strcmp(mode, "morecore_failure")) {
+        for (int i = 0; i < 64; i++)
+            guarded(0x400);
+        uintptr_t end = ((uintptr_t)sbrk(0) + 4095) & ~(uintptr_t)4095;
+        if (mmap((void *)end, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1,
+                 0) != (void *)end)
+            fail("no mapping right after the break");
+        void *last = NULL;
+        for (int i = 0; i < 400; i++)
+            last = guarded(0x1000); /* past the break: glibc's MORECORE fails, it maps pieces instead */
+        if ((uintptr_t)last < end + (1 << 20) && (uintptr_t)last > end - (1 << 20))
+            fail("the main arena did not go on in mapped memory");
         expect("none", 0);
     } else if (!strcmp(mode, "abort_double_free")) {
         void *x = guarded(0x500); /* above the tcache sizes: freed into the unsorted bin */

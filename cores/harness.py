@@ -83,7 +83,7 @@ CORRUPTIONS = ("fd_bk", "prev_size", "fastbin_size", "tcache_misaligned", "tcach
                "main_arena_next", "tcache_to_stack", "fastbin_to_stack", "top_shrunk", "tcache_in_free",
                "mmapped_grown", "mp_tcache_bins")
 #: corrupt.c's modes that leave a heap glibc accepts as sound, in a shape of its own: no finding may name them
-LEGITIMATE = ("foreign_sbrk",)
+LEGITIMATE = ("foreign_sbrk", "morecore_failure")
 CRASHES = ("abort_double_free", "abort_unaligned_tcache", "abort_tcache_double_free", "abort_fasttop", "abort_out",
            "abort_invalid_pointer", "abort_invalid_size", "abort_munmap", "abort_top_size", "abort_size_vs_prev_size",
            "abort_unsorted", "abort_smallbin", "abort_free_unsorted", "abort_consolidate", "abort_realloc_next_size")
