@@ -37,6 +37,8 @@
  *                     again into the tcache: a tcache entry inside a larger free chunk (how2heap's botcake)
  *   mmapped_grown     an overflow grows an mmapped chunk's size over the mmapped chunk right after it
  *   mp_tcache_bins    a stray write over mp_.tcache_bins (the number of tcache bins: writes past the tcache later)
+ *   spirit_inside     a chunk forged inside an in-use chunk's data and freed (how2heap's house of spirit, in the
+ *                     heap): a tcache entry inside a chunk in use
  *   foreign_sbrk      (clean) the program moves the break itself between mallocs, as glibc allows: no finding
  *   morecore_failure  (clean) a mapping right after the break stops sbrk: glibc goes on in mmap'd pieces (the
  *                     main arena becomes non-contiguous): no finding
@@ -47,6 +49,7 @@
 #pragma GCC diagnostic ignored "-Wuse-after-free" /* the point of this program */
 #pragma GCC diagnostic ignored "-Warray-bounds"
 #pragma GCC diagnostic ignored "-Wstringop-overflow"
+#pragma GCC diagnostic ignored "-Wfree-nonheap-object"
 #include <fcntl.h>
 #include <gnu/libc-version.h>
 #include <malloc.h>
@@ -501,6 +504,13 @@ int main(int argc, char **argv)
         uintptr_t *field = mp_tcache_bins();
         *field = 0x7fffffffffff;
         expect("mp_field", (uintptr_t)field);
+    } else if (!strcmp(mode, "spirit_inside")) {
+        uintptr_t *outer = keep(malloc(0x98)); /* chunk 0xa0, in use */
+        guarded(24);
+        outer[1] = 0x31;                 /* a fake chunk of 0x30 at outer + 0: its size word at outer + 8 */
+        outer[1 + 6] = 0x21;             /* and the next chunk's size after it, as free() looks at it */
+        free(outer + 2);                 /* the fake's user memory: into the tcache of 0x30 */
+        expect("free_inside_chunk", (uintptr_t)(outer + 2));
     } else if (!strcmp(mode, "foreign_sbrk")) {
         for (int i = 0; i < 64; i++)
             guarded(0x400);

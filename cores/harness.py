@@ -81,7 +81,7 @@ CORRUPTIONS = ("fd_bk", "prev_size", "fastbin_size", "tcache_misaligned", "tcach
                "overlaps_top", "list_cycle", "unmapped", "free_unlisted", "chunk_size", "nextsize", "mutex",
                "size_zero", "size_into_next", "heap_page_zeroed", "arena_ring",
                "main_arena_next", "tcache_to_stack", "fastbin_to_stack", "top_shrunk", "tcache_in_free",
-               "mmapped_grown", "mp_tcache_bins")
+               "mmapped_grown", "mp_tcache_bins", "spirit_inside")
 #: corrupt.c's modes that leave a heap glibc accepts as sound, in a shape of its own: no finding may name them
 LEGITIMATE = ("foreign_sbrk", "morecore_failure")
 CRASHES = ("abort_double_free", "abort_unaligned_tcache", "abort_tcache_double_free", "abort_fasttop", "abort_out",

@@ -25,7 +25,7 @@ from heapwalk.glibc.walk.chunks import (ADDRESS_MASK, BIN_STATES, HELD_STATES, L
 from heapwalk.glibc.model import Account, Arena, ChunkState
 from heapwalk.glibc.locate.layout import MALLOC_ALIGNMENT, MINSIZE, NON_MAIN_ARENA, PREV_INUSE, SIZE_BITS, Layout
 from heapwalk.glibc.walk.neighbours import (after_foreign_sbrk, arena_bit_finding, check_after_listed,
-                                            flags_at, free_in_no_list)
+                                            flags_at, free_in_no_list, inside_chunk)
 from heapwalk.glibc.walk.resync import BEYOND, FENCEPOST_ROOM, OVERRUN_SPAN, Chain, overrun, overshoot_finding, resync
 from heapwalk.inferior.memory import Memory, ReadError
 from heapwalk.inferior.words import PROBE_SPAN, Window
@@ -174,11 +174,13 @@ def walk_batches(mem: Memory, extent: Extent, top: int, listing: Listing, acc: T
                         c, p_plain, p_st = p_addr, False, None
                 if c >= end:
                     break
-            skipped = False  # has the walk passed a chunk the lists hold without landing on it?
+            passed = []  # the chunks the lists hold that the walk passed without landing on them
             while nxt < c:
-                skipped = skipped or nxt != p_addr
+                if nxt != p_addr:
+                    passed.append((nxt, states[order[at] & 0xF]))
                 at += 1
                 nxt = order[at] & ADDRESS_MASK if at < listed else BEYOND
+            skipped = bool(passed)
             # the full treatment of the chunk at c
             try:
                 size_field = win.word(c + 8)
@@ -222,6 +224,8 @@ def walk_batches(mem: Memory, extent: Extent, top: int, listing: Listing, acc: T
                     at = bisect.bisect_left(order, c)  # back before c: the listed chunks from there on
                     nxt = order[at] & ADDRESS_MASK if at < listed else BEYOND
                     continue
+            # no size before c lies: each listed chunk passed lies inside the chunk the walk stepped over
+            findings += [inside_chunk(a, a_st, p_addr, p_size, where) for a, a_st in passed]
             if p_plain and not pinuse and not impossible:  # the chunk before is free, yet in no list
                 plain_count -= 1
                 plain_bytes -= p_size

@@ -13,7 +13,7 @@ from heapwalk.inferior.memory import ReadError
 from heapwalk.inferior.words import Window
 
 __all__ = ["flags_at", "free_in_no_list", "arena_bit_finding", "check_prev_size", "after_foreign_sbrk",
-           "check_after_listed"]
+           "check_after_listed", "inside_chunk"]
 
 
 def flags_at(win: "Window", chunk: int) -> int:
@@ -76,3 +76,14 @@ def check_after_listed(st: ChunkState, p_addr: int, p_size: int, pinuse: int, c:
                                 Kind.DOUBLE_FREE, "PREV_INUSE set", "PREV_INUSE clear"))
     if not pinuse and st is not ChunkState.FENCEPOST:
         check_prev_size(win.word(c), c, p_addr, p_size, where, findings)
+
+
+def inside_chunk(chunk: int, state: ChunkState, outer: int, outer_size: int, where: str) -> Finding:
+    """The error for a chunk a list holds (in STATE) that lies inside the chunk at OUTER the walk stepped over,
+    no size before it lying: a chunk forged in another's data and freed (how2heap's house of spirit), named at
+    the entry (a tcache entry by its user pointer)."""
+    named = chunk + 16 if state is ChunkState.TCACHE else chunk
+    return Finding(Severity.ERROR, named, where, f"free chunk {chunk:#x} ({state.value}) lies {chunk - outer:#x} bytes "
+                   f"into the chunk at {outer:#x} (size {outer_size:#x}), whose neighbours agree with its size: a "
+                   "chunk forged in another's data and freed (house of spirit)", Kind.INSIDE_CHUNK,
+                   f"outside {outer:#x}..{outer + outer_size:#x}", f"{chunk:#x}")

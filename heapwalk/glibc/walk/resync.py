@@ -167,18 +167,20 @@ def _inside(many, b: int, size: int, freed: bool):
     MANY, only those whose header agrees with the chunk at B (PREV_INUSE clear and prev_size right when it is
     FREED, else PREV_INUSE set), as `_leads` checks first; where the words cannot be read at once, and without
     MANY, every place."""
-    places = range(b + MALLOC_ALIGNMENT, b + size, MALLOC_ALIGNMENT)
+    # no chunk is smaller than MINSIZE: a header closer to B than that is inside B (a chunk forged there), and
+    # B's own size is not the one that lies
+    places = range(b + MINSIZE, b + size, MALLOC_ALIGNMENT)
     if many is None or not places:
         return places
     words = many(places[0], 2 * len(places))
     read = len(words) // 2
     prev_sizes, fields = words[0:2 * read:2], words[1:2 * read:2]
     if freed:
-        steps = np.arange(1, read + 1, dtype=np.uint64) * np.uint64(MALLOC_ALIGNMENT)
+        steps = np.arange(read, dtype=np.uint64) * np.uint64(MALLOC_ALIGNMENT) + np.uint64(MINSIZE)
         agree = (fields & np.uint64(PREV_INUSE) == 0) & (prev_sizes == steps)
     else:
         agree = fields & np.uint64(PREV_INUSE) != 0
-    return [b + MALLOC_ALIGNMENT * (i + 1) for i in np.flatnonzero(agree).tolist()] + list(places[read:])
+    return [places[i] for i in np.flatnonzero(agree).tolist()] + list(places[read:])
 
 
 def _leads(word, prev: int, r: int, freed: bool, target: int | None, end: int, budget: list[int],
