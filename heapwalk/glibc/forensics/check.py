@@ -109,34 +109,37 @@ def _inside_free(state: HeapState) -> list[Finding]:
     """A tcache entry, a fastbin chunk or a bin chunk that starts inside another free chunk of the bins: the same
     memory handed out twice (a chunk freed again after it was merged into its neighbour, how2heap's botcake; a
     forged size).  The error is at the entry inside (a tcache entry by its user pointer), naming the chunk it
-    lies in."""
-    spans = sorted((c, c + n, list_name(a, lst.kind, lst.index)) for a in state.arenas
-                   for lst in (a.unsorted, *a.bins) for c, n in zip(lst.chunks, lst.sizes))
-    if not spans:
+    lies in.  Looked at all at once (a heap may list millions of free chunks): a binary search a chunk, Python
+    only for the ones inside."""
+    bins = [(a, lst) for a in state.arenas for lst in (a.unsorted, *a.bins) if len(lst.chunks)]
+    if not bins:
         return []
-    starts = np.array([s for s, _, _ in spans], dtype=np.uint64)
-    ends = np.maximum.accumulate(np.array([e for _, e, _ in spans], dtype=np.uint64))
-    members = [(c, c, list_name(a, lst.kind, lst.index)) for a in state.arenas
-               for lst in (*a.fastbins, a.unsorted, *a.bins) for c in lst.chunks]
-    members += [(e - 16, e, f"tcache bin {b.index} of {owner}") for owner, tc in state.tcaches()
-                for b in tc.bins for e in b.entries]
+    starts = np.concatenate([np.asarray(lst.chunks, dtype=np.uint64) for _, lst in bins])
+    ends = starts + np.concatenate([np.asarray(lst.sizes, dtype=np.uint64) for _, lst in bins])
+    holder = np.repeat(np.arange(len(bins)), [len(lst.chunks) for _, lst in bins])
+    order = np.argsort(starts, kind="stable")
+    starts, ends, holder = starts[order], ends[order], holder[order]
+    reach = np.maximum.accumulate(ends)            # the furthest any free chunk starting so far reaches
+    groups = [(list_name(a, lst.kind, lst.index), np.asarray(lst.chunks, dtype=np.uint64), 0)
+              for a in state.arenas for lst in (*a.fastbins, a.unsorted, *a.bins) if len(lst.chunks)]
+    groups += [(f"tcache bin {b.index} of {owner}", np.array(b.entries, dtype=np.uint64) - np.uint64(16), 16)
+               for owner, tc in state.tcaches() for b in tc.bins if b.entries]
     out = []
-    if not members:
-        return out
-    chunks = np.array([c for c, _, _ in members], dtype=np.uint64)
-    k = np.searchsorted(starts, chunks, side="left") - 1          # the last free chunk starting before each
-    for i in np.flatnonzero((k >= 0) & (chunks < ends[np.maximum(k, 0)])).tolist():
-        chunk, named, where = members[i]
-        j = int(k[i])
-        while j >= 0 and not spans[j][0] < chunk < spans[j][1]:
-            j -= 1
-        if j < 0:
-            continue
-        s, e, holder = spans[j]
-        out.append(Finding(Severity.ERROR, named, where, f"free chunk {chunk:#x} lies {chunk - s:#x} bytes into the "
-                           f"free chunk {s:#x} (size {e - s:#x}) of {holder}: the same memory is free twice (freed "
-                           "again after it was merged into its neighbour, or a size was forged)", Kind.INSIDE_CHUNK,
-                           f"outside {s:#x}..{e:#x}", f"{chunk:#x}"))
+    for where, chunks, named in groups:
+        k = np.searchsorted(starts, chunks, side="left") - 1      # the last free chunk starting before each
+        for i in np.flatnonzero((k >= 0) & (chunks < reach[np.maximum(k, 0)])).tolist():
+            chunk, j = int(chunks[i]), int(k[i])
+            while j >= 0 and not chunk < int(ends[j]):
+                j -= 1
+            if j < 0:
+                continue
+            a, lst = bins[int(holder[j])]
+            s, e = int(starts[j]), int(ends[j])
+            out.append(Finding(Severity.ERROR, chunk + named, where, f"free chunk {chunk:#x} lies {chunk - s:#x} "
+                               f"bytes into the free chunk {s:#x} (size {e - s:#x}) of "
+                               f"{list_name(a, lst.kind, lst.index)}: the same memory is free twice (freed again "
+                               "after it was merged into its neighbour, or a size was forged)", Kind.INSIDE_CHUNK,
+                               f"outside {s:#x}..{e:#x}", f"{chunk:#x}"))
     return out
 
 
