@@ -7,7 +7,7 @@ from __future__ import annotations
 from heapwalk.analysis.diff import Across, Diff
 from heapwalk.analysis.report import human
 
-__all__ = ["diff_text", "across_text", "restart_sentence", "TERMS"]
+__all__ = ["diff_text", "across_text", "restart_sentence", "figure_name", "TERMS"]
 
 _MIB = 1 << 20
 
@@ -100,13 +100,14 @@ def restart_sentence(d: Diff, row: str = "arena") -> str:
     return text
 
 
-def _figure_name(figure: str, words: tuple[dict, dict]) -> str:
-    """A row of the comparison of two allocators in each one's words: "system (A) / mapped (B)"."""
+def figure_name(figure: str, words, marks: tuple[str, str] = ("", ""), rss: str = "RSS") -> str:
+    """A row of the comparison of two allocators (`analysis.diff.across`) in each one's WORDS (their
+    `jsondoc.words_json`): "system / mapped", or with MARKS "system (A) / mapped (B)"; RSS's row named RSS."""
     if figure in ("arenas", "system", "gives back"):
         key = {"gives back": "gives_back"}.get(figure, figure)
         a, b = words[0].get(key, figure), words[1].get(key, figure)
-        return a if a == b else f"{a} / {b}"
-    return {"rss": "RSS"}.get(figure, figure)
+        return a if a == b else f"{a}{marks[0]} / {b}{marks[1]}"
+    return rss if figure == "rss" else figure
 
 
 def across_text(x: Across, sides: tuple[str, str] = ("first", "second")) -> str:
@@ -115,11 +116,11 @@ def across_text(x: Across, sides: tuple[str, str] = ("first", "second")) -> str:
              f"each is shown in its own figures; no {x.words[0]['arenas'].rstrip('s')} is matched across "
              f"allocators",
              ]
-    width = max(len(_figure_name(figure, x.words)) for figure, _, _ in x.rows)
+    width = max(len(figure_name(figure, x.words)) for figure, _, _ in x.rows)
     lines.append(f"{'':{width}} {'A: ' + x.titles[0]:>20} {'B: ' + x.titles[1]:>20} {'change':>12}")
     for figure, a, b in x.rows:
         cells = [("-" if v is None else str(v) if figure == "arenas" else human(v)) for v in (a, b)]
         change = ("" if a is None or b is None else f"{b - a:+d}" if figure == "arenas" else
                   ("+" if b >= a else "-") + human(abs(b - a)))
-        lines.append(f"{_figure_name(figure, x.words):<{width}} {cells[0]:>20} {cells[1]:>20} {change:>12}")
+        lines.append(f"{figure_name(figure, x.words):<{width}} {cells[0]:>20} {cells[1]:>20} {change:>12}")
     return "\n".join(lines) + "\n"

@@ -11,6 +11,7 @@ from typing import Any
 
 from heapwalk.analysis.report import human
 from heapwalk.output.charts import bar_chart, stacked_chart
+from heapwalk.output.difftext import figure_name
 from heapwalk.output.heapmaps import COLOURS
 from heapwalk.output.htmlpage import cards, e, page, section, table
 
@@ -165,13 +166,6 @@ def _across(x: dict[str, Any]) -> str:
     """Two allocators' totals side by side, each row in each one's words (`jsondoc.across_json`)."""
     titles, words = x["titles"], x["words"]
 
-    def name(figure: str) -> str:
-        key = {"gives back": "gives_back"}.get(figure, figure)
-        if key in ("arenas", "system", "gives_back"):
-            a, b = words[0].get(key, figure), words[1].get(key, figure)
-            return a if a == b else f"{a} (A) / {b} (B)"
-        return {"rss": "resident (RSS)"}.get(figure, figure)
-
     def cell(figure: str, v) -> str:
         return "\u2013" if v is None else str(v) if figure == "arenas" else human(v)
 
@@ -179,7 +173,8 @@ def _across(x: dict[str, Any]) -> str:
     for r in x["rows"]:
         a, b = r["a"], r["b"]
         change = ("" if a is None or b is None else f"{b - a:+d}" if r["figure"] == "arenas" else _signed(b - a))
-        rows.append((e(name(r["figure"])), cell(r["figure"], a), cell(r["figure"], b), change))
+        label = figure_name(r["figure"], words, (" (A)", " (B)"), "resident (RSS)")
+        rows.append((e(label), cell(r["figure"], a), cell(r["figure"], b), change))
     sentence = (f"<p>Two allocators: A is {e(titles[0])}, B is {e(titles[1])} (a restart on another allocator). "
                 f"Each side is shown in its own figures; no arena is matched across allocators, and a row only one "
                 f"allocator has is left empty on the other side.</p>")
