@@ -43,6 +43,7 @@ TC_DRIVER = ROOT / "tests" / "tc_fuzz_driver.py"
 MI_DRIVER = ROOT / "tests" / "mi_fuzz_driver.py"
 COMMANDS = ("heapwalk check", "heapwalk report", "heapwalk arenas", "heapwalk bins", "heapwalk tcache",
             "heapwalk threads", "heapwalk chunks --limit 3")
+ALLOCATORS = ("glibc", "jemalloc", "tcmalloc", "mimalloc")
 #: seconds one engine mutant may take (the cores fuzzed are small: a sound one decodes in well under this)
 BOUND = 20.0
 
@@ -208,12 +209,15 @@ def main() -> int:
     parser.add_argument("--files", type=int, default=6, help="mutated core files per core (default 6)")
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--workdir", type=Path, default=ROOT / "build" / "fuzz")
+    parser.add_argument("--allocator", action="append", choices=ALLOCATORS,
+                        help="fuzz only this allocator's cores (repeatable; default: all)")
     args = parser.parse_args()
+    only = set(args.allocator or ALLOCATORS)
     seed = args.seed if args.seed is not None else random.randrange(1 << 30)
     print(f"seed {seed}")
     failed_total = 0
     documents = []
-    for g in GLIBCS:
+    for g in GLIBCS if "glibc" in only else ():
         for name in harness.REPRODUCERS:
             if name in ("small_vectors", "main_regions"):
                 continue  # large or special: the smaller cores cover the same structures faster
@@ -221,14 +225,14 @@ def main() -> int:
             key = f"{g}/{name}"
             iex = glibc(g).gdb_settings(symbols=(g == "system"))
             failed_total += _fuzz_core(cap, key, iex, args, seed, args.workdir / g / name, documents)
-    for cap, key in jemalloc_cores():
+    for cap, key in jemalloc_cores() if "jemalloc" in only else ():
         failed_total += _fuzz_core(cap, key, [NO_SYMBOLS], args, seed, args.workdir / key, documents, JE_DRIVER)
-    for name in TC_CORES:
+    for name in TC_CORES if "tcmalloc" in only else ():
         cap, key = capture_tcmalloc(name), f"tcmalloc-{name}/tc_hold"
         failed_total += _fuzz_core(cap, key, [NO_SYMBOLS], args, seed, args.workdir / key, documents, TC_DRIVER)
     # mimalloc 2.0.9's segments, 3.0.1's pages and arenas, 3.3.2's theaps and page infos apart, 2.3.2's segments
     # live by their arenas' blocks in use, 3.6.0's page tables at the start of each aligned area
-    for suite in ("bookworm", "trixie", "3.3.2", "2.3.2", "sid"):
+    for suite in ("bookworm", "trixie", "3.3.2", "2.3.2", "sid") if "mimalloc" in only else ():
         cap, key = capture_mimalloc(suite), f"mimalloc-{suite}/mi_hold"
         failed_total += _fuzz_core(cap, key, [NO_SYMBOLS], args, seed, args.workdir / key, documents, MI_DRIVER)
     print("aimed damage, every core:")

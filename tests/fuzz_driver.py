@@ -12,11 +12,12 @@ address of every field it could mutate) go to "out".
 A mutant is described by where it lands relative to the decoded heap ("bin_fd of arena 0, 3rd chunk"), not by
 raw address, so one that failed once can be replayed on a fresh capture of the same reproducer.
 
-Besides the random patches, eight kinds of damage are aimed where the sound decode says they hurt, and each
+Besides the random patches, nine kinds of damage are aimed where the sound decode says they hurt, and each
 carries the place heapwalk must name (see DAMAGE): a chunk size set to 0, a size running into the middle of
 the next chunk, a zeroed heap page, an arena's `next` overwritten, a core cut short, a tcache entry's `next`
 pointed outside every heap (tcache poisoning: named at that entry), top's size written smaller (named at top),
-and `mp_.tcache_bins` set past what glibc allows (named at the field).  For these a mutant also
+`mp_.tcache_bins` set past what glibc allows (named at the field), and a chunk inside a free chunk of a bin
+freed into a tcache (the same memory free twice: named at the entry inside).  For these a mutant also
 fails when `check` calls the heap clean; whether the finding is at the exact address is counted per kind.
 Every mutant fails when the report shows an impossible figure (tests/figures.py).
 """
@@ -157,7 +158,7 @@ def targets(state, disc, mem) -> list[tuple[str, int]]:
 
 #: the aimed damage kinds, each drawn this share of the time (the rest are random patches of TARGETS)
 DAMAGE = {"size_zero": 0.08, "size_into_next": 0.08, "zero_page": 0.06, "ring": 0.06, "truncate": 0.08,
-          "tcache_next": 0.05, "top_shrunk": 0.05, "mp_bins": 0.03}
+          "tcache_next": 0.05, "top_shrunk": 0.05, "mp_bins": 0.03, "tcache_inside": 0.04}
 
 
 class Sound:
@@ -172,6 +173,9 @@ class Sound:
         self.heaps = []  # (extent, [(chunk, size) ... in address order, top last when it lies there])
         self.owner = {}  # extent start -> its arena, for all but the main arena's sbrk heap (found by its chunks)
         self.entries = [e for _, tc in state.tcaches() for b in tc.bins if b.index < 64 for e in b.entries]
+        self.tails = [b.entries[-1] for _, tc in state.tcaches() for b in tc.bins if b.index < 64 and b.entries]
+        self.binned = [(c, n) for a in state.arenas for lst in (a.unsorted, *a.bins)
+                       for c, n in zip(lst.chunks, lst.sizes) if n >= 0x60]  # room for a chunk inside
         self.safe_linking = disc.layout.safe_linking
         self.tops = [(a.top, a.top_size) for a in state.arenas if a.top and a.top_size >= 0x2000]
         self.mp_bins = state.mp.address + disc.layout.mp["tcache_bins"] \
@@ -216,6 +220,8 @@ def make_mutant(rng: random.Random, names: list[str], heaps: int) -> dict:
                 return {"op": kind, "arena": rng.randrange(8), "link": rng.choice(RING_LINKS)}
             if kind in ("tcache_next", "top_shrunk", "mp_bins"):
                 return {"op": kind, "pick": round(rng.random(), 4)}
+            if kind == "tcache_inside":
+                return {"op": kind, "pick": round(rng.random(), 4), "inside": round(rng.random(), 4)}
             spec = {"op": kind, "heap": heap, "pick": round(rng.random(), 4)}
             if kind == "size_into_next":
                 spec["into"] = round(rng.random(), 4)
@@ -230,6 +236,11 @@ def make_mutant(rng: random.Random, names: list[str], heaps: int) -> dict:
     else:
         spec.update(value=rng.choice(INTERESTING + ("near",)), delta=rng.choice((-32, -16, -8, 8, 16, 0x100)))
     return spec
+
+
+def _picked(items: list, pick: float):
+    """The item PICK (0-1) of the way through ITEMS."""
+    return items[min(int(pick * len(items)), len(items) - 1)]
 
 
 def _word(address: int, value: int) -> dict[int, bytes]:
@@ -267,13 +278,21 @@ def aim(spec: dict, sound: Sound) -> tuple[MutatedMemory, int | None] | None:
     if op == "tcache_next":            # poisoned: the entry's next now leads to main_arena, in libc's data
         if not sound.entries:
             return None
-        entry = sound.entries[min(int(spec["pick"] * len(sound.entries)), len(sound.entries) - 1)]
+        entry = _picked(sound.entries, spec["pick"])
         target = sound.arenas[0]
         return MutatedMemory(base, _word(entry, (entry >> 12) ^ target if sound.safe_linking else target)), entry
+    if op == "tcache_inside":          # the last entry of a tcache list freed again inside a free chunk of a bin
+        if not sound.tails or not sound.binned:
+            return None
+        tail = _picked(sound.tails, spec["pick"])
+        outer, _ = _picked(sound.binned, spec["inside"])
+        inner = outer + 0x30       # the user pointer of a chunk 0x20 into the free one: past its four links
+        protect = (lambda at, v: (at >> 12) ^ v) if sound.safe_linking else (lambda at, v: v)
+        return MutatedMemory(base, {**_word(tail, protect(tail, inner)), **_word(inner, protect(inner, 0))}), inner
     if op == "top_shrunk":
         if not sound.tops:
             return None
-        top, size = sound.tops[min(int(spec["pick"] * len(sound.tops)), len(sound.tops) - 1)]
+        top, size = _picked(sound.tops, spec["pick"])
         word = struct.unpack("<Q", base.read(top + 8, 8))[0]
         return MutatedMemory(base, _word(top + 8, 0x1000 | (word & 7))), top
     if op == "mp_bins":

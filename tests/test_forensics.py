@@ -101,7 +101,8 @@ def test_a_broken_arena_ring_loses_no_arena(glibc_name, mode, tmp_path):
     assert any(f["kind"] == "arena_ring" and "found by their heaps" in f["message"] for f in checked["findings"])
 
 
-@pytest.mark.parametrize("mode", ["fd_bk", "tcache_count", "chunk_size", "double_free"])
+@pytest.mark.parametrize("mode", ["fd_bk", "tcache_count", "chunk_size", "double_free", "tcache_to_stack",
+                                  "top_shrunk", "tcache_in_free", "mp_tcache_bins", "mmapped_grown"])
 def test_check_is_the_same_with_debug_symbols(mode, tmp_path):
     expected, with_symbols, _, _ = _run_all("system", mode, tmp_path / "a", symbols=True)
     _, without, _, _ = _run_all("system", mode, tmp_path / "b", symbols=False)
@@ -210,6 +211,25 @@ def test_check_finds_nothing_on_every_clean_core(glibc_name, name, json_of, tmp_
     document = json.loads(out.read_text())
     assert document["clean"] and document["errors"] == 0, result.stdout
     assert document["checked"]["chunks"] > 0 and result.returncode == 0
+
+
+@pytest.mark.parametrize("mode", [m for m in harness.CORRUPTIONS if _applies("system", m)])
+def test_the_command_line_names_each_corruption_where_gdb_does(mode, tmp_path):
+    """'heapwalk report CORE EXE --check --no-symbols --json FILE' (the CLI, pygdbmi driving gdb): the same
+    finding at the same address as the gdb command, in the text and in the JSON, and the exit status says so."""
+    import subprocess
+    import sys
+    cap = corruption("system", mode)
+    out = tmp_path / "report.json"
+    result = subprocess.run([str(Path(sys.executable).with_name("heapwalk")), "report", str(cap.core), str(cap.exe),
+                             "--check", "--no-symbols", "--json", str(out)], capture_output=True, text=True, timeout=300)
+    expected = json.loads((cap.directory / "expected.json").read_text())
+    doc = json.loads(out.read_text())
+    main_arena = next(a["address"] for a in doc["arenas"] if a["kind"] == "main")
+    hits = [f for f in doc["findings"] if _matches(f, expected, main_arena)]
+    assert hits, f"expected {expected}, got:\n" + "\n".join(json.dumps(f) for f in doc["findings"])
+    assert f"{expected['kind']:20} {hits[0]['address']:#x}" in result.stdout, result.stdout
+    assert result.returncode == (0 if mode == "mutex" else 1), result.stderr
 
 
 def test_the_command_line_s_json_holds_every_finding_that_sets_its_exit_status(tmp_path):

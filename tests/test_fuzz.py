@@ -74,13 +74,17 @@ AIMED = ([{"op": op, "heap": h, "pick": p, "into": 0.5} for op in ("size_zero", 
           for h in (0, 1, 2) for p in (0.0, 0.5, 0.999)]
          + [{"op": "ring", "arena": a, "link": link} for a in (0, 1, 3) for link in fuzz.RING_LINKS]
          + [{"op": "truncate", "heap": h, "fraction": f, "hole": hole} for h in (0, 2) for f in (0.1, 0.6)
-            for hole in (True, False)])
+            for hole in (True, False)]
+         + [{"op": op, "pick": p} for op in ("tcache_next", "top_shrunk") for p in (0.0, 0.5, 0.999)]
+         + [{"op": "mp_bins", "pick": 0.0}]
+         + [{"op": "tcache_inside", "pick": p, "inside": q} for p in (0.0, 0.999) for q in (0.0, 0.5, 0.999)])
 
 
 @pytest.mark.parametrize("glibc_name,symbols", [("sid", False)])
 def test_aimed_damage_is_detected_at_its_exact_address(glibc_name, symbols, tmp_path):
-    """The damage the issue names (a size of 0, a size into the next chunk, a zeroed heap page, a broken
-    arena ring, a core cut short) on a core with thread arenas: never called clean, no arena lost, no
+    """The damage the issues name (a size of 0, a size into the next chunk, a zeroed heap page, a broken
+    arena ring, a core cut short, a poisoned tcache link, a shrunk top, mp_'s tcache limit overwritten, a chunk
+    freed into a tcache inside a free chunk) on a core with thread arenas: never called clean, no arena lost, no
     impossible figure, and named at the exact address of the bad field."""
     cap = capture(glibc_name, "thread_arenas")
     document = fuzz.engine_fuzz(cap.exe, cap.core, glibc(glibc_name).gdb_settings(symbols), 0, SEED, tmp_path,

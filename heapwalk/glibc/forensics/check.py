@@ -31,8 +31,10 @@ _QQ = struct.Struct("<QQ")
 
 def check(state: HeapState, mem: Memory, layout: Layout) -> CheckResult:
     """Every violation heapwalk can see in STATE (decoded with the chunk walk, for the neighbour checks)."""
-    findings = list(state.all_findings())
-    findings += _listed_chunks(state, mem, layout)
+    listed = _listed_chunks(state, mem, layout)
+    overlaps = {f.address for f in listed if f.kind is Kind.INSIDE_CHUNK}  # named with the list they lie in
+    findings = [f for f in state.all_findings() if f.kind is not Kind.INSIDE_CHUNK or f.address not in overlaps]
+    findings += listed
     for arena in state.arenas:
         findings += _large_bins(mem, arena)
         findings += _arena_flags(mem, layout, arena)

@@ -225,7 +225,7 @@ def walk_batches(mem: Memory, extent: Extent, top: int, listing: Listing, acc: T
                     nxt = order[at] & ADDRESS_MASK if at < listed else BEYOND
                     continue
             # no size before c lies: each listed chunk passed lies inside the chunk the walk stepped over
-            findings += [inside_chunk(a, a_st, p_addr, p_size, where) for a, a_st in passed]
+            findings += [inside_chunk(a, a_st, p_addr, p_size, where, p_st) for a, a_st in passed]
             if p_plain and not pinuse and not impossible:  # the chunk before is free, yet in no list
                 plain_count -= 1
                 plain_bytes -= p_size

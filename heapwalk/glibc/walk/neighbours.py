@@ -7,7 +7,7 @@ from __future__ import annotations
 from heapwalk.findings import Finding, Severity
 from heapwalk.glibc.kinds import Kind
 from heapwalk.glibc.locate.layout import PREV_INUSE, SIZE_BITS
-from heapwalk.glibc.model import ChunkState
+from heapwalk.glibc.model import FREE_STATES, ChunkState
 from heapwalk.glibc.walk.chunks import BIN_STATES
 from heapwalk.inferior.memory import ReadError
 from heapwalk.inferior.words import Window
@@ -78,12 +78,19 @@ def check_after_listed(st: ChunkState, p_addr: int, p_size: int, pinuse: int, c:
         check_prev_size(win.word(c), c, p_addr, p_size, where, findings)
 
 
-def inside_chunk(chunk: int, state: ChunkState, outer: int, outer_size: int, where: str) -> Finding:
+def inside_chunk(chunk: int, state: ChunkState, outer: int, outer_size: int, where: str,
+                 outer_state: ChunkState | None = None) -> Finding:
     """The error for a chunk a list holds (in STATE) that lies inside the chunk at OUTER the walk stepped over,
-    no size before it lying: a chunk forged in another's data and freed (how2heap's house of spirit), named at
-    the entry (a tcache entry by its user pointer)."""
+    no size before it lying, named at the entry (a tcache entry by its user pointer): a chunk forged in another's
+    data and freed (how2heap's house of spirit), or, when OUTER is itself free (OUTER_STATE), the same memory
+    freed twice."""
     named = chunk + 16 if state is ChunkState.TCACHE else chunk
-    return Finding(Severity.ERROR, named, where, f"free chunk {chunk:#x} ({state.value}) lies {chunk - outer:#x} bytes "
-                   f"into the chunk at {outer:#x} (size {outer_size:#x}), whose neighbours agree with its size: a "
-                   "chunk forged in another's data and freed (house of spirit)", Kind.INSIDE_CHUNK,
-                   f"outside {outer:#x}..{outer + outer_size:#x}", f"{chunk:#x}")
+    if outer_state in FREE_STATES:
+        what = (f"the free chunk at {outer:#x} (size {outer_size:#x}, {outer_state.value}): the same memory is "
+                "free twice (freed again after it was merged into its neighbour, or a size was forged)")
+    else:
+        what = (f"the chunk at {outer:#x} (size {outer_size:#x}), whose neighbours agree with its size: a chunk "
+                "forged in another's data and freed (house of spirit)")
+    return Finding(Severity.ERROR, named, where, f"free chunk {chunk:#x} ({state.value}) lies {chunk - outer:#x} "
+                   f"bytes into {what}", Kind.INSIDE_CHUNK, f"outside {outer:#x}..{outer + outer_size:#x}",
+                   f"{chunk:#x}")
