@@ -28,7 +28,7 @@ def _timed(target, disc, sweep: bool) -> tuple[float, int]:
 def _walk() -> None:
     target = _target()
     disc = discover(target.mem, target.symbols, Overrides(), target.space.mappings,
-                    [t.fs_base for t in target.threads if t.fs_base], core=target.space.core,
+                    [t.thread_pointer for t in target.threads if t.thread_pointer], core=target.space.core,
                     regions=target.space.regions)
     print("heapwalk-bench-walk %.6f %d" % _timed(target, disc, True))
     print("heapwalk-bench-careful %.6f %d" % _timed(_target(), disc, False))

@@ -24,6 +24,7 @@ import random
 import shutil
 import subprocess
 import sys
+import zlib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -183,6 +184,7 @@ def _fuzz_core(cap, key: str, iex: list[str], args, seed: int, workdir: Path, do
     """The engine mutants and the mutated core files of capture CAP (core KEY) with DRIVER (glibc's when None);
     their failures (kept, and printed), the engine run's document added to DOCUMENTS."""
     extra = {} if driver is None else {"driver": driver}
+    seed ^= zlib.crc32(key.encode())  # each core its own draws: the same seed would aim the same kinds at all
     doc = engine_fuzz(cap.exe, cap.core, iex, args.count, seed, workdir, regressions(key), **extra)
     failed = _report(key, doc, documents)
     for desc, path in file_mutants(cap.core, [tuple(f) for f in doc["fields"]], args.files, seed, workdir):

@@ -138,8 +138,8 @@ def targets(state, disc, mem) -> list[tuple[str, int]]:
                         break
                     at += size
     for t in state.threads:
-        if t.fs_base:  # the TCB's self pointer: damage here makes the thread's TLS look lost (tcache scan)
-            out.append((f"thread {t.number} tcb", t.fs_base))
+        if t.thread_pointer:  # the TCB's self pointer: damage here makes the thread's TLS look lost (tcache scan)
+            out.append((f"thread {t.number} tcb", t.thread_pointer))
         if t.tcache is None:
             continue
         tag = f"thread {t.number} tcache"
@@ -355,7 +355,7 @@ def exercise(mem, symbols, maps, threads, regs, target: str, space=None):
     JSON document, 'ok' or 'refused: <the one line a user sees>').  With SPACE (the target's MemoryMap), the
     report's leak scan too, and 'heapwalk leaks' laid out; and the heap maps, as text, SVG and PNG, and the report's page."""
     try:
-        disc = discover(mem, symbols, Overrides(), maps, [t.fs_base for t in threads if t.fs_base], regions=regs)
+        disc = discover(mem, symbols, Overrides(), maps, [t.thread_pointer for t in threads if t.thread_pointer], regions=regs)
         state = collect(mem, disc, threads, target, True, regs, keep_used=space is not None)
     except DiscoveryError as exc:
         return None, None, None, f"refused: {exc}"
@@ -469,7 +469,7 @@ def main() -> None:
     maps = space.mappings
     threads = thread_registers()
     regs = space.regions
-    disc = discover(base, symbols, Overrides(), maps, [t.fs_base for t in threads if t.fs_base])
+    disc = discover(base, symbols, Overrides(), maps, [t.thread_pointer for t in threads if t.thread_pointer])
     sound = Sound(collect(base, disc, threads, "", True, regs), disc, base)
     mutants = list(spec.get("replay", []))
     mutants += [make_mutant(rng, sound.names, len(sound.heaps)) for _ in range(spec["count"])]

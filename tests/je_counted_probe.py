@@ -21,7 +21,7 @@ def _arena(a):
 
 def _probe():
     target = _target()
-    disc = discover_jemalloc(target.mem, target.space.mappings, [t.fs_base for t in target.threads if t.fs_base])
+    disc = discover_jemalloc(target.mem, target.space.mappings, [t.thread_pointer for t in target.threads if t.thread_pointer])
     as_built = collect_jemalloc(target.mem, disc, target.threads)
     counted = collect_jemalloc(target.mem, dataclasses.replace(disc, build={**disc.build, "stats": False}),
                                target.threads)

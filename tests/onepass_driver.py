@@ -144,7 +144,7 @@ def _differences(fast, slow) -> list[str]:
 def _compare(vouched: list[int]) -> dict:
     target = _target()
     disc = discover(target.mem, target.symbols, Overrides(), target.space.mappings,
-                    [t.fs_base for t in target.threads if t.fs_base], core=target.space.core,
+                    [t.thread_pointer for t in target.threads if t.thread_pointer], core=target.space.core,
                     regions=target.space.regions)
     scan_differences, covered = _scans(target, disc)
     vouched.clear()

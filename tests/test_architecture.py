@@ -4,30 +4,35 @@ may import gdb, and how big a module or a function may grow."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "heapwalk"
 
+def _allocator_parts() -> set[str]:
+    """The folders of the allocators the registry serves (heapwalk.<part>.allocator each)."""
+    from heapwalk import registry
+    return {type(a).__module__.split(".")[1] for a in registry.allocators()}
+
+
+ALLOCATOR_PARTS = _allocator_parts()
 #: part -> the parts it may import (besides itself and the standard library and its dependencies): an allocator's
 #: folder may use every part below the front ends; the front ends reach the allocators through the registry only
-ALLOCATOR_PARTS = {"glibc", "jemalloc", "cpython", "tcmalloc", "mimalloc"}
 MAY_IMPORT = {
     "errors": set(),
     "findings": {"errors"},
     "view": {"errors"},
     "mapkinds": set(),
-    "inferior": {"findings", "errors"},
-    "analysis": {"view", "mapkinds", "inferior", "findings", "errors"},
-    "output": {"analysis", "view", "mapkinds", "inferior", "findings", "errors"},
+    "arch": {"errors"},
+    "inferior": {"arch", "findings", "errors"},
+    "analysis": {"view", "mapkinds", "inferior", "arch", "findings", "errors"},
+    "output": {"analysis", "view", "mapkinds", "inferior", "arch", "findings", "errors"},
     "allocator": {"output", "analysis", "view", "mapkinds", "findings", "errors"},
-    "glibc": {"allocator", "output", "analysis", "view", "mapkinds", "inferior", "findings", "errors"},
-    "jemalloc": {"allocator", "output", "analysis", "view", "mapkinds", "inferior", "findings", "errors"},
-    "tcmalloc": {"allocator", "output", "analysis", "view", "mapkinds", "inferior", "findings", "errors"},
-    "mimalloc": {"allocator", "output", "analysis", "view", "mapkinds", "inferior", "findings", "errors"},
-    "cpython": {"allocator", "output", "analysis", "view", "mapkinds", "inferior", "findings", "errors"},
+    **{part: {"allocator", "output", "analysis", "view", "mapkinds", "inferior", "arch", "findings", "errors"}
+       for part in ALLOCATOR_PARTS},
     "registry": {"allocator", *ALLOCATOR_PARTS},
-    "gdb": {"registry", "allocator", "output", "analysis", "view", "mapkinds", "inferior", "findings", "errors"},
-    "cli": {"registry", "output", "analysis", "view", "mapkinds", "inferior", "findings", "errors"},
+    "gdb": {"registry", "allocator", "output", "analysis", "view", "mapkinds", "inferior", "arch", "findings", "errors"},
+    "cli": {"registry", "output", "analysis", "view", "mapkinds", "inferior", "arch", "findings", "errors"},
     "__init__": {"gdb", "errors"},
 }
 #: the only modules that import gdb
@@ -175,3 +180,25 @@ def test_the_shared_drawing_names_no_allocator_s_own_kinds_of_run():
             wrong += [f"{relative}:{node.lineno} names {node.value!r}" for node in ast.walk(tree)
                       if isinstance(node, ast.Constant) and node.value in own]
     assert not wrong, "\n".join(wrong)
+
+
+#: words that name a processor architecture, its registers or its instructions
+ARCHITECTURE_WORDS = re.compile(r"x86|amd64|aarch64|arm64|\$fs_base|\$rsp|\brip\b|\brsp\b|\brsi\b|\brdi\b|"
+                                r"\brax\b|endbr64|\blea\b", re.IGNORECASE)
+
+
+def test_no_architecture_is_named_outside_its_folder():
+    """Every architecture's instructions, registers and TLS layout are heapwalk/arch's: nothing else names one,
+    in its names, strings or docstrings, nor in a C file (a layout that differs is asked of the `Architecture`)."""
+    named = []
+    for relative, tree in _modules():
+        if _part(relative) == "arch":
+            continue
+        named += [f"{relative}:{line}: {name}" for line, name in _names(tree) if ARCHITECTURE_WORDS.search(name)]
+        named += [f"{relative}:{node.lineno}: {node.value[:60]!r}" for node in ast.walk(tree)
+                  if isinstance(node, ast.Constant) and isinstance(node.value, str)
+                  and ARCHITECTURE_WORDS.search(node.value)]
+    for path in sorted(PACKAGE.rglob("*.c")):
+        named += [f"{path.relative_to(PACKAGE)}:{i}: {line.strip()[:60]}"
+                  for i, line in enumerate(path.read_text().splitlines(), 1) if ARCHITECTURE_WORDS.search(line)]
+    assert not named, "\n".join(named)

@@ -14,7 +14,7 @@ import pytest
 
 from conftest import JEMALLOC_REFUSED, JEMALLOC_VERSIONS, JEMALLOCS, NO_SYMBOLS, capture_jemalloc, run_gdb
 from oracle import jemalloc_arena_view, jemalloc_printed_view
-from heapwalk.inferior import x86
+from heapwalk.arch.x86_64 import code as x86
 from heapwalk.inferior.elf import Mapping
 from heapwalk.jemalloc.find import mapped_objects
 from heapwalk.jemalloc.layout import LAYOUTS

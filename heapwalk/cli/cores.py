@@ -10,6 +10,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from heapwalk.arch import UnknownArchitecture
 from heapwalk.cli.gdbmi import CliError, Gdb
 from heapwalk.inferior.corefile import CoreError, CoreFile, file_build_id, format_ranges
 
@@ -32,6 +33,11 @@ def resolve_core(core: Path, exe: Path | None,
         cf = CoreFile(core)
     except CoreError as exc:
         raise CliError(f"heapwalk: {exc}") from None
+    try:
+        cf.arch.name
+    except UnknownArchitecture as exc:
+        cf.close()
+        raise CliError(f"heapwalk: {core}: {exc}") from None
     notes = []
     mapped = cf.executable()
     in_core = cf.executable_build_id()

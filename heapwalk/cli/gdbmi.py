@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+from heapwalk.arch import known
 from heapwalk.errors import HeapwalkError
 
 
@@ -48,8 +49,8 @@ class Gdb:
             self.run("set debug-file-directory /nonexistent")
         if sysroot is not None:
             self.run(f"set sysroot {sysroot}")
-            libdirs = [d for d in (sysroot / "lib" / "x86_64-linux-gnu", sysroot / "usr" / "lib" / "x86_64-linux-gnu",
-                                   sysroot / "lib64", sysroot / "lib") if d.is_dir()]
+            multiarch = [folder / a.multiarch for a in known() for folder in (sysroot / "lib", sysroot / "usr" / "lib")]
+            libdirs = [d for d in (*multiarch, sysroot / "lib64", sysroot / "lib") if d.is_dir()]
             if libdirs:
                 self.run("set solib-search-path " + ":".join(map(str, libdirs)))
                 self.run(f"set libthread-db-search-path {libdirs[0]}")

@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 
 from heapwalk import registry
+from heapwalk.arch import DEFAULT
 from heapwalk.cli.capture import cmd_capture
 from heapwalk.cli.cores import open_core, report_command
 from heapwalk.cli.diff import cmd_diff
@@ -127,7 +128,7 @@ def make_parser() -> argparse.ArgumentParser:
                    help="the program the core is from (default: the one the core names, when it is here)")
     p.add_argument("--sysroot", type=Path, metavar="DIR",
                    help="a copy of the files of the machine the core is from: the program and libraries under "
-                   "the paths the core records (DIR/usr/lib/...), or the libraries in DIR/lib/x86_64-linux-gnu")
+                   f"the paths the core records (DIR/usr/lib/...), or the libraries in DIR/lib/{DEFAULT.multiarch}")
     add_report_files(p, registry.xml_help(), Path)
     p.add_argument("--check", action="store_true", help="also run 'heapwalk check'; exit 1 when the heap is damaged")
     p.add_argument("--resident-from", type=Path, metavar="CAPTURE_JSON",

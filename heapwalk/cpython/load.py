@@ -15,7 +15,7 @@ from heapwalk.cpython.model import ObArena, ObState, arena_figures, class_rows
 from heapwalk.cpython.pools import HEADER, Pools, block_size, blocks_per_pool, find_pools
 from heapwalk.errors import HeapwalkError
 from heapwalk.findings import Finding, Kind, Severity
-from heapwalk.inferior.elf import LibcImage
+from heapwalk.inferior.elf import ElfImage
 from heapwalk.inferior.memory import ReadError, merged, ranges_without
 
 __all__ = ["find_python", "load_obmalloc", "NoObmalloc"]
@@ -50,14 +50,14 @@ def find_python(mem, mappings) -> tuple[str, str] | None:
     return None
 
 
-def _image(mem, base: int, path: str) -> LibcImage | None:
+def _image(mem, base: int, path: str) -> ElfImage | None:
     try:
-        return LibcImage.read(mem, base, path)
+        return ElfImage.read(mem, base, path)
     except ReadError:
         return None
 
 
-def _version(mem, image: LibcImage) -> str | None:
+def _version(mem, image: ElfImage) -> str | None:
     """The interpreter's version from its Py_Version constant (3.11 and later), e.g. "3.11.2"."""
     at = image.dynamic_symbol("Py_Version")
     if at is None:

@@ -65,15 +65,16 @@ def reach_text(lk: Leaks, chunk: int, threads=()) -> str | None:
 
 def _stack_place(root, word: int, threads) -> str:
     """Where in a thread's stack mapping WORD lies: a frame of its stack, or its TLS (above the outermost
-    frame, near $fs_base: the static TLS lies below it, the thread descriptor at it)."""
+    frame, near the thread pointer: the static TLS lies below it, the thread descriptor at it)."""
     where = stack_frame(root.thread, word)
-    fs_base = next((t.fs_base for t in threads if t.number == root.thread), None)
-    if (where is None or where[1]) and fs_base is not None and fs_base - _TLS_ROOM <= word < fs_base + 4096:
+    thread_pointer = next((t.thread_pointer for t in threads if t.number == root.thread), None)
+    if (where is None or where[1]) and thread_pointer is not None \
+            and thread_pointer - _TLS_ROOM <= word < thread_pointer + 4096:
         return f"TLS of thread {root.thread}"
     return root.label if where is None else f"{root.label}, frame {where[0]}"
 
 
-#: bytes below $fs_base taken for a thread's static TLS when telling it from the stack
+#: bytes below the thread pointer taken for a thread's static TLS when telling it from the stack
 _TLS_ROOM = 64 << 10
 
 

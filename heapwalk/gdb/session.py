@@ -11,7 +11,9 @@ from heapwalk import registry
 from heapwalk.allocator import Allocator, Context, Decoded, NotUsed, Wants
 from heapwalk.errors import CannotDecode, UsageError
 from heapwalk.gdb.console import walk_progress
-from heapwalk.inferior.gdbadapter import GdbSymbols, gdb_memory, preserved_selection, thread_registers
+from heapwalk.arch import UnknownArchitecture, known
+from heapwalk.inferior.gdbadapter import (GdbSymbols, gdb_memory, preserved_selection, target_architecture,
+                                          thread_registers)
 from heapwalk.inferior.gdbspace import (clock_ns, core_contents, core_not_read, cpu_counts, describe_target, has_target,
                                       memory_map, missing_ranges, residency, thread_names)
 from heapwalk.inferior.space import Target
@@ -39,17 +41,23 @@ def _require_target() -> None:
     if not has_target():
         raise UserError("heapwalk: no process or core file: run, attach (gdb -p PID) or load a core first")
     if not _is_64bit():
+        names = ", ".join(a.name for a in known())
         raise UserError(f"heapwalk: 32-bit targets are not supported yet: this one is {_architecture()}, and "
-                        "heapwalk decodes the heaps of 64-bit (x86-64) processes only")
+                        f"heapwalk decodes the heaps of 64-bit ({names}) processes only")
+    try:
+        target_architecture()
+    except UnknownArchitecture as exc:
+        raise UserError(f"heapwalk: {exc}") from None
 
 
 def _target() -> Target:
     """The selected inferior as gdb shows it."""
     space = memory_map()
     resident = residency()
-    return Target(gdb_memory(space.readable), space, thread_registers(thread_names()), GdbSymbols(), describe_target(),
-                  missing_ranges() if space.core else [], cpu_counts(), resident, core_not_read(), clock_ns(),
-                  core_contents if resident is None and space.core else None)
+    arch = target_architecture()
+    return Target(gdb_memory(space.readable), space, thread_registers(thread_names(), arch), GdbSymbols(arch),
+                  describe_target(), missing_ranges() if space.core else [], cpu_counts(), resident, core_not_read(),
+                  clock_ns(), core_contents if resident is None and space.core else None, arch)
 
 
 def _is_64bit() -> bool:

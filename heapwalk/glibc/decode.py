@@ -13,6 +13,7 @@ import struct
 from types import MappingProxyType
 
 from heapwalk.analysis.heapwords import HeapWords
+from heapwalk.arch import DEFAULT, Architecture
 from heapwalk.glibc.walk.arenas import decode_arena, walk_free_list
 from heapwalk.glibc.walk.chunks import Listing
 from heapwalk.glibc.walk.chunkwalk import account
@@ -79,8 +80,9 @@ def _require_initialised(mem: Memory, disc: Discovery) -> None:
 def collect(mem: Memory, disc: Discovery, threads: list[ThreadRegs], target: str = "",
             walk_chunks: bool = False, regions: list[tuple[int, int]] | None = None, progress=None,
             sweep: bool = True, residency: Residency | None = None, keep_used: bool = False,
-            keep_chunks: bool = False, keep_pages: bool = False) -> HeapState:
-    """Decodes the whole malloc state: every arena in ring order, every thread's tcache.
+            keep_chunks: bool = False, keep_pages: bool = False, arch: Architecture = DEFAULT) -> HeapState:
+    """Decodes the whole malloc state: every arena in ring order, every thread's tcache (each thread's TLS read
+    as ARCH lays it out).
 
     WALK_CHUNKS also walks every chunk of every heap and accounts for each arena's bytes, and looks
     for mmapped chunks at the start of the target's memory REGIONS.  It does so in one pass over each
@@ -94,12 +96,13 @@ def collect(mem: Memory, disc: Discovery, threads: list[ThreadRegs], target: str
     """
     with gc_paused():
         return _collect(mem, disc, threads, target, walk_chunks, regions, progress, sweep, residency, keep_used,
-                        keep_chunks, keep_pages)
+                        keep_chunks, keep_pages, arch)
 
 
 def _collect(mem: Memory, disc: Discovery, threads: list[ThreadRegs], target: str, walk_chunks: bool,
              regions: list[tuple[int, int]] | None, progress, sweep: bool, residency: Residency | None,
-             keep_used: bool = False, keep_chunks: bool = False, keep_pages: bool = False) -> HeapState:
+             keep_used: bool = False, keep_chunks: bool = False, keep_pages: bool = False,
+             arch: Architecture = DEFAULT) -> HeapState:
     findings: list[Finding] = list(disc.findings)
     last_words = abort_message(mem, disc)
     mp = _read_mp(mem, disc, findings)
@@ -111,7 +114,7 @@ def _collect(mem: Memory, disc: Discovery, threads: list[ThreadRegs], target: st
     fill = mp.get("tcache_count") if mp else fill_seen
     decoded_threads, thread_findings = [], []
     for regs in sorted(threads, key=lambda t: t.number):
-        thread, t_findings = decode_thread(mem, disc, regs, fill)
+        thread, t_findings = decode_thread(mem, disc, regs, fill, arch)
         decoded_threads.append(thread)
         thread_findings.extend(t_findings)
     one_pass = _one_pass(mem, disc, mp, ring, decoded_threads, progress, not walk_chunks, residency, keep_used,
@@ -131,7 +134,7 @@ def _collect(mem: Memory, disc: Discovery, threads: list[ThreadRegs], target: st
     if stopped is not None:
         return dataclasses.replace(state, stop_findings=(stopped,) + ((last_words,) if last_words else ()),
                                    walk=_unwalked(state.arenas) if walk_chunks else None)
-    state = cut_outside(scan_for_tcaches(mem, disc, state), mem, disc.layout)
+    state = cut_outside(scan_for_tcaches(mem, disc, state, arch), mem, disc.layout)
     state = dataclasses.replace(state, findings=crash_findings(mem, state, disc, threads, last_words)
                                 + state.findings)
     if not walk_chunks:

@@ -24,10 +24,11 @@ def load(target: Target, overrides: Overrides, walk_chunks: bool = False, progre
     other = foreign_allocator(space.mappings)
     try:
         disc = discover(target.mem, target.symbols, overrides, space.mappings,
-                        [t.fs_base for t in target.threads if t.fs_base], core=space.core, regions=space.regions)
+                        [t.thread_pointer for t in target.threads if t.thread_pointer], core=space.core, regions=space.regions)
         state = collect(target.mem, disc, target.threads, target.description, walk_chunks, space.regions, progress,
                         residency=target.residency, keep_used=keep_used, keep_chunks=keep_chunks,
-                        keep_pages=keep_pages and target.residency is None and target.present is not None)
+                        keep_pages=keep_pages and target.residency is None and target.present is not None,
+                        arch=target.arch)
     except DiscoveryError as exc:
         if space.core and target.missing:
             raise DiscoveryError(f"heapwalk: the core is truncated, and what heapwalk needs lies in the part that "

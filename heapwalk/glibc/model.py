@@ -177,7 +177,7 @@ class Thread:
 
     number: int                 # gdb's thread number
     lwp: int
-    fs_base: int
+    thread_pointer: int
     arena: int | None           # value of the thread_arena TLS variable (None: never allocated)
     tcache_pointer: int | None  # value of the tcache TLS variable
     tcache: Tcache | None

@@ -15,6 +15,7 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
+from heapwalk.arch import Architecture, by_elf_machine, known
 from heapwalk.errors import HeapwalkError
 from heapwalk.inferior.elf import iter_notes
 
@@ -137,8 +138,9 @@ class CoreFile:
         if len(head) < 64 or head[:4] != b"\x7fELF":
             raise CoreError(f"{path} is not an ELF file, so not a core file")
         if head[4] != 2 or head[5] != 1:
-            raise CoreError(f"{path} is not a 64-bit little-endian ELF file (heapwalk reads x86-64 cores)")
-        e_type, = struct.unpack_from("<H", head, 16)
+            names = ", ".join(a.name for a in known())
+            raise CoreError(f"{path} is not a 64-bit little-endian ELF file (heapwalk reads {names} cores)")
+        e_type, self.machine = struct.unpack_from("<HH", head, 16)
         if e_type != _ET_CORE:
             raise CoreError(f"{path} is an ELF file but not a core file (it is a program or library)")
         phoff, = struct.unpack_from("<Q", head, 32)
@@ -163,6 +165,11 @@ class CoreFile:
                 self._f.seek(p_offset)
                 self._note_data += self._f.read(p_filesz)
         self.notes = list(iter_notes(self._note_data))
+
+    @property
+    def arch(self) -> Architecture:
+        """The architecture of the process the core is of; UnknownArchitecture when heapwalk reads none such."""
+        return by_elf_machine(self.machine)
 
     def fileno(self) -> int:
         """The core file's descriptor (to ask its file system where its data is)."""

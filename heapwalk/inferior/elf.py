@@ -1,4 +1,4 @@
-"""libc as a loaded ELF image, read through target memory.
+"""A loaded ELF image (libc, an allocator's library, the program), read through target memory.
 
 A core holds the first page of every file mapping (ELF headers and the
 build-id note) and libc's written data (.data, .bss, the GOT), but not its
@@ -16,15 +16,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from heapwalk.arch import DEFAULT, Architecture, CodeReader, by_elf_machine
 from heapwalk.inferior.memory import Memory, ReadError
 
-__all__ = ["Mapping", "Segment", "LibcImage", "find_libc", "readable_runs", "writable_words", "LIBC_FILE_NAME"]
+__all__ = ["Mapping", "Segment", "ElfImage", "find_libc", "readable_runs", "writable_words", "LIBC_FILE_NAME"]
 
 PT_LOAD, PT_DYNAMIC, PT_INTERP, PT_NOTE, PT_TLS = 1, 2, 3, 4, 7
 PF_X, PF_W, PF_R = 1, 2, 4
 DT_NULL, DT_STRTAB, DT_SYMTAB, DT_RELA, DT_RELASZ = 0, 5, 6, 7, 8
-R_X86_64_TPOFF64 = 18
-R_X86_64_DTPMOD64 = 16
 NT_GNU_BUILD_ID = 3
 
 #: libc.so.6 (2.34+, and the soname everywhere) or libc-2.NN.so (up to 2.33)
@@ -57,18 +56,20 @@ class Segment:
 
 
 @dataclass
-class LibcImage:
-    """libc's ELF image in the target: base address, segments, and lookups that need its file's pages."""
+class ElfImage:
+    """A loaded ELF image in the target: base address, segments, its architecture, and lookups that need its
+    file's pages."""
 
     base: int
     path: str
     segments: list[Segment]
     mem: Memory
     bias: int = 0
+    machine: int = DEFAULT.elf_machine
     _dynsym: dict[str, int] | None = field(default=None, repr=False)
 
     @classmethod
-    def read(cls, mem: Memory, base: int, path: str) -> "LibcImage":
+    def read(cls, mem: Memory, base: int, path: str) -> "ElfImage":
         """Parses the ELF and program headers at BASE (the first page of libc's mapping)."""
         ehdr = mem.read(base, 64)
         if ehdr[:4] != b"\x7fELF" or ehdr[4] != 2 or ehdr[5] != 1:
@@ -82,7 +83,18 @@ class LibcImage:
         bias = base - first
         segments = [Segment(p_type, p_flags, bias + p_vaddr, p_memsz, p_filesz)
                     for p_type, p_flags, _off, p_vaddr, _pa, p_filesz, p_memsz in headers]
-        return cls(base, path, segments, mem, bias)
+        machine, = struct.unpack_from("<H", ehdr, 18)
+        return cls(base, path, segments, mem, bias, machine)
+
+    @property
+    def arch(self) -> Architecture:
+        """The architecture the image's code is for (UnknownArchitecture when heapwalk reads none such)."""
+        return by_elf_machine(self.machine)
+
+    @property
+    def code(self) -> CodeReader:
+        """The reader of the image's machine code."""
+        return self.arch.code
 
     @property
     def is_executable(self) -> bool:
@@ -161,7 +173,7 @@ class LibcImage:
         tags = self._dynamic_tags()
         if DT_SYMTAB not in tags or DT_STRTAB not in tags:
             return {}
-        # ld.so relocates these entries in place on x86_64; the file has them unrelocated.
+        # ld.so relocates these entries in place; the file has them unrelocated.
         symtab, strtab = (v if v >= self.base else v + self.bias for v in (tags[DT_SYMTAB], tags[DT_STRTAB]))
         if not symtab < strtab or strtab - symtab > 1 << 22:
             return {}
@@ -260,7 +272,7 @@ def sole_file(mappings: list[Mapping]) -> tuple[int, str] | None:
     return next(((base, path) for path, base in starts.items()), None) if len(starts) == 1 else None
 
 
-def writable_words(mem: Memory, image: LibcImage) -> tuple[int, np.ndarray]:
+def writable_words(mem: Memory, image: ElfImage) -> tuple[int, np.ndarray]:
     """IMAGE's writable segments (its data and bss) as one array of 8-byte words from their start, what cannot
     be read as zeros; (0, no words) when it has none.  An allocator's state found by its shapes is searched
     in it."""

@@ -15,12 +15,14 @@ import weakref
 
 import gdb  # type: ignore[import-not-found]
 
+from heapwalk.arch import DEFAULT, Architecture, by_gdb_name
 from heapwalk.inferior.threads import FATAL_SIGNALS, ThreadRegs
 from heapwalk.inferior.gdbspace import command_text, connection_type
 from heapwalk.inferior.memory import CachedMemory
 from heapwalk.inferior.pages import LivePages
 
-__all__ = ["gdb_memory", "GdbSymbols", "thread_registers", "preserved_selection", "symbol_at", "stack_frame"]
+__all__ = ["gdb_memory", "GdbSymbols", "thread_registers", "preserved_selection", "symbol_at", "stack_frame",
+           "target_architecture"]
 
 _LIBC_NAME = re.compile(r"(^|/)libc([.-][\w.]*)?\.so|(^|/)libc\.so\.6")
 
@@ -81,7 +83,10 @@ def _is_libc_objfile(objfile) -> bool:
 
 
 class GdbSymbols:
-    """libc's data and TLS symbols from debug information (libc6-dbg), if gdb has it."""
+    """libc's data and TLS symbols from debug information (libc6-dbg), if gdb has it, in a target of ARCH."""
+
+    def __init__(self, arch: Architecture = DEFAULT):
+        self.arch = arch
 
     def _symbols(self, name: str):
         try:
@@ -104,16 +109,16 @@ class GdbSymbols:
         return None
 
     def tls_offset(self, name: str) -> int | None:
-        """&NAME minus $fs_base, computed in the selected thread (x86_64 TLS variant II)."""
+        """&NAME minus the thread pointer, computed in the selected thread."""
         for sym in self._symbols(name):
             try:
                 frame = gdb.selected_frame()
                 address = sym.value(frame).address
-                fs_base = int(frame.read_register("fs_base"))
-            except gdb.error:
+                thread_pointer = int(frame.read_register(self.arch.thread_pointer))
+            except (gdb.error, ValueError):
                 continue
-            if address is not None and fs_base:
-                return int(address) - fs_base
+            if address is not None and thread_pointer:
+                return int(address) - thread_pointer
         return None
 
 
@@ -123,11 +128,6 @@ class GdbSymbols:
             if getattr(objfile, "owner", None) is None and _is_libc_objfile(objfile):
                 return objfile.filename, getattr(objfile, "build_id", None)
         return None
-
-
-#: the general registers that may hold a pointer, callee-saved first (they survive the calls into abort)
-_POINTER_REGISTERS = ("rbx", "rbp", "r12", "r13", "r14", "r15", "rdi", "rsi", "rdx", "rcx", "rax", "r8", "r9",
-                      "r10", "r11")
 
 
 #: arguments of malloc's functions that hold the chunk being worked on: user pointers, then chunk pointers
@@ -173,20 +173,20 @@ def _argument(frame, name: str) -> int | None:
     return None
 
 
-def thread_registers(names: dict[int, str] | None = None) -> list[ThreadRegs]:
-    """Every thread of the selected inferior with its $fs_base (None where unreadable) and its name (gdb's, or
-    NAMES': LWP -> name, what a capture recorded)."""
+def thread_registers(names: dict[int, str] | None = None, arch: Architecture = DEFAULT) -> list[ThreadRegs]:
+    """Every thread of the selected inferior (of ARCH) with its thread pointer (None where unreadable) and its
+    name (gdb's, or NAMES': LWP -> name, what a capture recorded)."""
     out = []
     with preserved_selection():
         for thread in gdb.selected_inferior().threads():
-            fs_base = sp = signal = None
+            thread_pointer = sp = signal = None
             registers: list[tuple[str, int]] = []
             try:
                 thread.switch()
                 frame = gdb.newest_frame()
-                fs_base = int(frame.read_register("fs_base"))
-                sp = int(frame.read_register("rsp"))
-                for name in _POINTER_REGISTERS:
+                thread_pointer = int(frame.read_register(arch.thread_pointer))
+                sp = int(frame.read_register(arch.stack_pointer))
+                for name in arch.pointer_registers:
                     registers.append((name, int(frame.read_register(name)) & (2**64 - 1)))
             except (gdb.error, ValueError):
                 pass
@@ -196,7 +196,7 @@ def thread_registers(names: dict[int, str] | None = None) -> list[ThreadRegs]:
                 pass
             arguments = _malloc_arguments() if signal in FATAL_SIGNALS else ()
             lwp = thread.ptid[1] or thread.ptid[0]
-            out.append(ThreadRegs(thread.num, lwp, fs_base, sp, signal, tuple(registers), arguments,
+            out.append(ThreadRegs(thread.num, lwp, thread_pointer, sp, signal, tuple(registers), arguments,
                                   _thread_name(thread) or (names or {}).get(lwp)))
     return sorted(out, key=lambda t: t.number)
 
@@ -220,7 +220,26 @@ def symbol_at(address: int) -> str | None:
     return text.split(" in section ")[0].strip()
 
 
-def stack_frame(thread_number: int, address: int, depth: int = 256) -> tuple[int, bool] | None:
+def target_architecture() -> Architecture:
+    """The selected inferior's architecture, by the name gdb gives it; UnknownArchitecture when heapwalk reads
+    none such."""
+    return by_gdb_name(architecture_name())
+
+
+def architecture_name() -> str:
+    """The name gdb gives the selected inferior's architecture: the inferior's (gdb 12+), its
+    newest frame's, or what 'show architecture' says it currently is."""
+    for ask in (lambda: gdb.selected_inferior().architecture(), lambda: gdb.newest_frame().architecture()):
+        try:
+            return ask().name()
+        except (gdb.error, AttributeError, RuntimeError):
+            continue
+    found = re.search(r'currently "?([^")]+)"?\)', command_text("show architecture") or "")
+    return found.group(1) if found else DEFAULT.gdb_names[0]
+
+
+def stack_frame(thread_number: int, address: int, depth: int = 256, arch: Architecture = DEFAULT
+                ) -> tuple[int, bool] | None:
     """The level of the frame of thread THREAD_NUMBER whose part of the stack holds ADDRESS (each frame's from
     its stack pointer up to its caller's), and whether it is the outermost frame gdb knows (ADDRESS may then
     lie above the stack, in the thread's TLS); None when gdb cannot unwind to it."""
@@ -233,7 +252,7 @@ def stack_frame(thread_number: int, address: int, depth: int = 256) -> tuple[int
             thread.switch()
             frame, level = gdb.newest_frame(), 0
             while frame is not None and level < depth:
-                if int(frame.read_register("rsp")) > address:
+                if int(frame.read_register(arch.stack_pointer)) > address:
                     break
                 older = frame.older()
                 found = (level, older is None)

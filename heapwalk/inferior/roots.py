@@ -12,7 +12,7 @@ import struct
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from heapwalk.inferior.elf import PF_W, PT_LOAD, LibcImage
+from heapwalk.inferior.elf import PF_W, PT_LOAD, ElfImage
 from heapwalk.inferior.memory import Memory, ReadError, merged, ranges_without
 from heapwalk.inferior.space import MemoryMap
 from heapwalk.inferior.threads import ThreadRegs
@@ -20,9 +20,9 @@ from heapwalk.inferior.threads import ThreadRegs
 __all__ = ["Root", "RegisterRoot", "root_regions", "register_roots", "readonly_images", "image_data", "intersect",
            "RED_ZONE"]
 
-#: bytes below a thread's stack pointer that a leaf function may still use (the x86-64 ABI's red zone)
+#: bytes below a thread's stack pointer that a leaf function may still use (the red zone of the ABI heapwalk reads)
 RED_ZONE = 128
-#: bytes from a thread's $fs_base that its thread descriptor may take (glibc's struct pthread: about 2.3 KiB)
+#: bytes from a thread's thread pointer that its thread descriptor may take (glibc's struct pthread: about 2.3 KiB)
 _TCB_ROOM = 4096
 _PAGE = 4096
 
@@ -129,7 +129,7 @@ def image_data(mem: Memory, space: MemoryMap) -> list[tuple[int, int, str]]:
         if m.offset or not m.path or m.path.startswith(("[", "/dev/", "/SYSV")):
             continue
         try:
-            image = LibcImage.read(mem, m.start, m.path)
+            image = ElfImage.read(mem, m.start, m.path)
         except (ReadError, ValueError, struct.error):
             continue
         for seg in image.segments:
@@ -175,7 +175,7 @@ class _Namer:
         if stacks:
             return _stacks(lo, hi, stacks)
         for t in self.threads:
-            if t.fs_base is not None and lo <= t.fs_base < hi:
+            if t.thread_pointer is not None and lo <= t.thread_pointer < hi:
                 return [Root(lo, hi, "tls", thread=t.number)]
         found = self._file_at(lo)
         if found is not None and not found[2].startswith("["):
@@ -195,8 +195,8 @@ def _stacks(lo: int, hi: int, threads: Sequence[ThreadRegs]) -> list[Root]:
     starts = [max(lo, (t.sp - RED_ZONE) & ~7) for t in threads] + [hi]
     for i, t in enumerate(threads):
         end = starts[i + 1]
-        if t.fs_base is not None and t.sp <= t.fs_base < end:
-            end = min(end, (t.fs_base + _TCB_ROOM + _PAGE - 1) & ~(_PAGE - 1))
+        if t.thread_pointer is not None and t.sp <= t.thread_pointer < end:
+            end = min(end, (t.thread_pointer + _TCB_ROOM + _PAGE - 1) & ~(_PAGE - 1))
         if starts[i] < end:
             out.append(Root(starts[i], end, "stack", thread=t.number))
     if out and out[-1].end < hi:

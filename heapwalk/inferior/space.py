@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from heapwalk.arch import DEFAULT, Architecture
 from heapwalk.findings import Finding, Kind, Severity
 from heapwalk.inferior.elf import Mapping
 from heapwalk.inferior.memory import Memory
@@ -50,6 +51,7 @@ class Target:
     present: Any = None                  # (seen) -> what a core that does not say which pages were resident
     #                                      holds (`residency.in_core`; read only when asked: it reads the core,
     #                                      but not the pages SEEN says a walk judged)
+    arch: Architecture = DEFAULT         # the processor architecture of its code, registers and TLS
 
     def findings(self) -> tuple[Finding, ...]:
         """What the target says of itself: the memory a truncated core lacks, and what a capture left out."""

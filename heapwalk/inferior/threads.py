@@ -9,12 +9,12 @@ __all__ = ["ThreadRegs", "FATAL_SIGNALS"]
 
 @dataclass(frozen=True)
 class ThreadRegs:
-    """A target thread as the debugger sees it: gdb's number, its LWP and $fs_base."""
+    """A target thread as the debugger sees it: gdb's number, its LWP and thread pointer."""
 
     number: int
     lwp: int
-    fs_base: int | None
-    sp: int | None = None       # $rsp
+    thread_pointer: int | None
+    sp: int | None = None       # its stack pointer
     signal: int | None = None   # the signal that stopped the thread (a core's siginfo), if known
     registers: tuple[tuple[str, int], ...] = ()  # general registers (name, value) of its newest frame
     arguments: tuple[tuple[str, int], ...] = ()  # (where, user pointer) given to malloc's functions (symbols)

@@ -14,8 +14,7 @@ import struct
 
 import numpy as np
 
-from heapwalk.inferior import x86
-from heapwalk.inferior.elf import LibcImage, readable_runs
+from heapwalk.inferior.elf import ElfImage, readable_runs
 from heapwalk.inferior.memory import Memory, ReadError
 from heapwalk.jemalloc.find import JemallocImage, JemallocNotFound
 from heapwalk.jemalloc.layout import JeLayout
@@ -57,8 +56,8 @@ def arena_array(mem: Memory, found: JemallocImage, tree: MallctlTree | None, lay
             said.append(f"arenas.lookup's function is unreadable ({exc.reason})")
             code = b""
         for at, block, what in _with_callees(mem, found.image, node.ctl, code):
-            for load in x86.rip_loads(block, at):
-                if load.opcode == x86.LEA and found.image.contains(load.target):
+            for load in found.image.code.address_refs(block, at):
+                if load.computes and found.image.contains(load.target):
                     slots = _arenas_at(mem, layout, load.target)
                     if slots is not None:
                         return load.target, slots, None, \
@@ -75,10 +74,10 @@ def arena_array(mem: Memory, found: JemallocImage, tree: MallctlTree | None, lay
 _CALLEES = 12
 
 
-def _with_callees(mem: Memory, image: LibcImage, start: int, code: bytes):
+def _with_callees(mem: Memory, image: ElfImage, start: int, code: bytes):
     """(address, code, how it is named) of the function at START and of the functions it calls, in order."""
     yield start, code, ""
-    for callee in list(dict.fromkeys(x86.call_targets(code, start)))[:_CALLEES]:
+    for callee in list(dict.fromkeys(image.code.calls(code, start)))[:_CALLEES]:
         if image.contains(callee):
             try:
                 yield callee, mem.read(callee, _HOOK_SPAN), f", in a function it calls at {callee:#x}"
@@ -118,7 +117,7 @@ def _arenas_at(mem: Memory, layout: JeLayout, at: int) -> int | None:
 _SCAN_CANDIDATES = 4096
 
 
-def _scan_arenas(mem: Memory, image: LibcImage, layout: JeLayout) -> tuple[int, int] | None:
+def _scan_arenas(mem: Memory, image: ElfImage, layout: JeLayout) -> tuple[int, int] | None:
     """arenas[] and its slots to read, found in IMAGE's writable data as the array whose first slot points to
     an arena of LAYOUT (the array that lists the most arenas, when several do)."""
     best = None
@@ -145,19 +144,19 @@ def _scan_arenas(mem: Memory, image: LibcImage, layout: JeLayout) -> tuple[int, 
     return best
 
 
-def _hook_loads(image: LibcImage, start: int) -> tuple[int, int, str]:
+def _hook_loads(image: ElfImage, start: int) -> tuple[int, int, str]:
     """(arenas, narenas_total, how) from the code after malloc_stats_print at START."""
     try:
         code = image.mem.read(start, _HOOK_SPAN)
     except ReadError as exc:
         raise JemallocNotFound(f"the code of malloc_stats_print is unreadable ({exc.reason})") from None
-    counts = [r for r in x86.rip_loads32(code, start) if code[r.offset + 1] == 0x0D]  # mov ecx, [rip+disp]
+    counts = [r for r in image.code.loads32(code, start) if r.argument == 3]  # the loop's count, in a register
     if not counts:
         raise JemallocNotFound("no 32-bit load of narenas_total after malloc_stats_print")
     narenas = counts[0]
-    leas = [r for r in x86.rip_loads(code, start) if r.opcode == x86.LEA and r.offset > narenas.offset]
+    leas = [r for r in image.code.address_refs(code, start) if r.computes and r.offset > narenas.offset]
     if not leas:
-        raise JemallocNotFound("no lea of arenas[] after the load of narenas_total")
+        raise JemallocNotFound("no address of arenas[] computed after the load of narenas_total")
     return leas[0].target, narenas.target, \
         f"the arena loop after malloc_stats_print (code at {start + narenas.offset:#x})"
 

@@ -3,8 +3,7 @@ sets at run time (background_thread_enabled_state), found in the code of that ct
 
 from __future__ import annotations
 
-from heapwalk.inferior import x86
-from heapwalk.inferior.elf import LibcImage
+from heapwalk.inferior.elf import ElfImage
 from heapwalk.inferior.memory import ReadError
 from heapwalk.jemalloc.layout import JeLayout
 from heapwalk.jemalloc.mallctl import MallctlTree
@@ -27,12 +26,12 @@ def background_state(tree: MallctlTree | None, layout: JeLayout) -> tuple[int | 
         code = tree.image.mem.read(node.ctl, _CODE_SPAN)
     except ReadError as exc:
         return None, f"not determined: background_thread's function is unreadable ({exc.reason})"
-    mutexes = {target - layout.mutex_locked for target in x86.rip_byte_stores(code, node.ctl)} \
+    mutexes = {target - layout.mutex_locked for target in tree.image.code.byte_stores(code, node.ctl)} \
         if layout.mutex_locked >= 0 else set()
-    for target in x86.rip_byte_loads(code, node.ctl):
+    for target in tree.image.code.byte_loads(code, node.ctl):
         if not any(m <= target < m + layout.mutex_size for m in mutexes) and tree.image.contains(target):
             return target, "the first byte background_thread's function reads beside its mutexes"
-    for callee in dict.fromkeys(x86.call_targets(code, node.ctl)):
+    for callee in dict.fromkeys(tree.image.code.calls(code, node.ctl)):
         target = _passed_global(tree.image, callee)
         if target is not None and not any(m <= target < m + layout.mutex_size for m in mutexes):
             return target, ("the global the first small function background_thread's function calls passes on "
@@ -44,20 +43,19 @@ def background_state(tree: MallctlTree | None, layout: JeLayout) -> tuple[int | 
 _PASSES_SPAN = 48
 
 
-def _passed_global(image: LibcImage, start: int) -> int | None:
+def _passed_global(image: ElfImage, start: int) -> int | None:
     """The one global of IMAGE's writable data a small unoptimised function at START hands to the function it
-    calls (an inline function compiled apart: lea rax, [rip+d]; mov rdi, rax; call, an atomic load), or None."""
+    calls (an inline function compiled apart: the global's address computed as a call's first argument, an atomic load), or None."""
     if not image.contains(start):
         return None
     try:
         code = image.mem.read(start, _PASSES_SPAN)
     except ReadError:
         return None
-    end = code.find(b"\x5d\xc3")                           # pop rbp; ret
-    if end < 0 or code[:4] != b"\x55\x48\x89\xe5":         # push rbp; mov rbp, rsp: unoptimised code
+    end = image.code.frame_body(code)
+    if end is None:
         return None
     writable = [(seg.address, seg.address + seg.memsz) for seg in image.writable()]
-    targets = [r.target for r in x86.rip_loads(code[:end], start) if r.opcode == x86.LEA
-               and code[r.offset + 7:r.offset + 10] == b"\x48\x89\xc7" and code[r.offset + 10] == 0xE8
-               and any(lo <= r.target < hi for lo, hi in writable)]      # lea rax; mov rdi, rax; call
+    targets = [r.target for r in image.code.address_refs(code[:end], start) if r.computes and r.argument == 0
+               and image.code.call_at(code, r.end) and any(lo <= r.target < hi for lo, hi in writable)]
     return targets[0] if len(targets) == 1 else None

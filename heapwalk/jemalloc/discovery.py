@@ -11,8 +11,8 @@ build, the arena array and its length, the TLS offset of each thread's tsd, the 
   ``malloc_stats_print``, which also reads ``narenas_total``), else found in the object's data as the array
   whose first slot holds an arena;
 - the radix tree of extents: the tree ``arenas.lookup`` (or an exported ``malloc_usable_size``) hands to the
-  lookup of a pointer's extent (``lea rsi``);
-- the tsd: a shared object's one initial-exec TLS relocation (R_X86_64_TPOFF64 against no symbol) is the GOT
+  lookup of a pointer's extent (its second argument);
+- the tsd: a shared object's one initial-exec TLS relocation (a TPOFF64 relocation against no symbol) is the GOT
   slot that holds the TLS block's offset from each thread's thread pointer; otherwise (jemalloc linked into
   the program) the offset is what separates the tsds whose thread caches the arenas list from the threads'
   thread pointers.
@@ -38,8 +38,7 @@ from heapwalk.jemalloc.layout import (LAYOUTS, PROF_LAYOUTS, QUANTA, JeLayout, U
                                       quantum_phrase)
 from heapwalk.jemalloc.mallctl import MallctlTree, TreeNotFound, cstring, stored_constant
 from heapwalk.jemalloc.opt import OptionsNotFound, read_opts
-from heapwalk.inferior import x86
-from heapwalk.inferior.elf import LibcImage, Mapping, readable_runs
+from heapwalk.inferior.elf import ElfImage, Mapping, readable_runs
 from heapwalk.inferior.memory import Memory, ReadError, u64
 
 __all__ = ["JeDiscovery", "JemallocNotFound", "discover_jemalloc", "container_states", "CONTAINER_STATES"]
@@ -79,10 +78,10 @@ class JeDiscovery:
         return self.build.get("stats") is not False
 
 
-def discover_jemalloc(mem: Memory, mappings: list[Mapping], fs_bases: Sequence[int] = (),
+def discover_jemalloc(mem: Memory, mappings: list[Mapping], thread_pointers: Sequence[int] = (),
                       found: JemallocImage | None = None) -> JeDiscovery:
     """Locates jemalloc's version, arenas[], narenas_total, the tsd's TLS offset (from the threads' thread
-    pointers FS_BASES when jemalloc is linked into the program), its options and its radix tree
+    pointers THREAD_POINTERS when jemalloc is linked into the program), its options and its radix tree
     (JemallocNotFound, in words a user understands, when the target does not map jemalloc, or when heapwalk
     cannot decode the build it maps)."""
     found = found or find_jemalloc(mem, mappings)
@@ -102,7 +101,7 @@ def discover_jemalloc(mem: Memory, mappings: list[Mapping], fs_bases: Sequence[i
     arenas, count, narenas, how = arena_array(mem, found, tree, layout)
     facts += [Fact("arenas", arenas, how), Fact("narenas_total", narenas, how)]
     _check_layout(mem, layout, arenas, count, name)
-    tpoff, module, tls_facts, unread = _tsd_place(mem, image, layout, arenas, count, fs_bases)
+    tpoff, module, tls_facts, unread = _tsd_place(mem, image, layout, arenas, count, thread_pointers)
     facts += tls_facts
     opt, how, lost = _options(image, tree, version)
     facts.append(Fact("opt", len(opt) or None, how))
@@ -120,7 +119,7 @@ def discover_jemalloc(mem: Memory, mappings: list[Mapping], fs_bases: Sequence[i
                        tuple(unread + lost), found.prefix, build, background, shape, variable, module)
 
 
-def _tsd_place(mem: Memory, image: LibcImage, layout: JeLayout, arenas: int, count: int, fs_bases: list[int]
+def _tsd_place(mem: Memory, image: ElfImage, layout: JeLayout, arenas: int, count: int, thread_pointers: list[int]
                ) -> tuple[int | None, int | None, list[Fact], list[tuple[int, str]]]:
     """Where each thread's tsd is: (its offset from the thread pointer, or the TLS module whose block it is in
     each thread, the facts that say how, what was unreadable).  A library whose TLS is reached through a module
@@ -129,13 +128,13 @@ def _tsd_place(mem: Memory, image: LibcImage, layout: JeLayout, arenas: int, cou
     if not image.is_program:
         module, how = tsd_module(mem, image, layout)
         if module is not None:
-            offset = static_module_offset(mem, module, [fs for fs in fs_bases if fs])
+            offset = static_module_offset(mem, module, [fs for fs in thread_pointers if fs])
             if offset is not None:
                 return offset, None, [Fact("tsd_tls_offset", offset, f"{how}, at one offset from every thread "
                                            "pointer (its library's TLS is in the static TLS block)")], []
             return None, module, [Fact("tsd_tls_offset", None, "not determined: its TLS is apart in each thread "
                                        "(a library loaded with dlopen)"), Fact("tsd_tls_module", module, how)], []
-    tpoff, how, unread = tsd_offset(mem, image, layout, arenas, count, fs_bases)
+    tpoff, how, unread = tsd_offset(mem, image, layout, arenas, count, thread_pointers)
     facts = [Fact("tsd_tls_offset", tpoff, how)]
     if tpoff is None and not image.is_program:
         facts.append(Fact("tsd_tls_module", None, "not determined: no one module-id slot for a TLS block the size "
@@ -169,7 +168,7 @@ def _layout(name: str, version: tuple[int, int, int], build: dict[str, bool | in
 _CONF = re.compile(rb"(?<=\0)([A-Z0-9_]*MALLOC_CONF)\0")
 
 
-def _conf_variable(image: LibcImage, prefix: str | None) -> tuple[str, str]:
+def _conf_variable(image: ElfImage, prefix: str | None) -> tuple[str, str]:
     """The environment variable the build reads its options from (MALLOC_CONF under its prefix: Redis's
     JE_MALLOC_CONF, tikv-jemallocator's _RJEM_MALLOC_CONF), and how it was found: the name among the image's
     strings, the one its exported prefix gives when there are several."""
@@ -185,7 +184,7 @@ def _conf_variable(image: LibcImage, prefix: str | None) -> tuple[str, str]:
     return "MALLOC_CONF", "not found among its strings: jemalloc's default name"
 
 
-def _tree(image: LibcImage) -> tuple[MallctlTree | None, str]:
+def _tree(image: ElfImage) -> tuple[MallctlTree | None, str]:
     """mallctl's tree and how it was found (None, and why, when it was not)."""
     try:
         tree = MallctlTree.find(image)
@@ -231,7 +230,7 @@ def _code(mem: Memory, start: int, span: int) -> bytes:
 
 def _rtree(found: JemallocImage, tree: MallctlTree | None, layout: JeLayout) -> tuple[int | None, RtreeShape, str]:
     """The radix tree of extents: the tree that arenas.lookup (or an exported malloc_usable_size) passes to
-    the lookup of a pointer's extent, a ``lea rsi, [rip+disp]`` into the image's writable data, in the function
+    the lookup of a pointer's extent, an address into the image's writable data computed as a call's second argument, in the function
     or (a debug build, which inlines less) in one it calls; the first whose root holds only readable nodes."""
     places = []
     node = tree.node("arenas.lookup") if tree is not None else None
@@ -249,7 +248,7 @@ def _rtree(found: JemallocImage, tree: MallctlTree | None, layout: JeLayout) -> 
         except ReadError as exc:
             said.append(f"{what} is unreadable ({exc.reason})")
             continue
-        shift = x86.first_shift_right(code)
+        shift = found.image.code.first_shift_right(code)
         if shift is not None and shift not in SHAPES:
             return None, COMPACT_48, f"not decoded: the build's radix tree keys its leaves by address >> {shift}, " \
                                      f"a shape heapwalk does not read yet (it reads >> 30, 48-bit builds, and " \
@@ -259,35 +258,24 @@ def _rtree(found: JemallocImage, tree: MallctlTree | None, layout: JeLayout) -> 
         for target, at in _tree_candidates(found.image, code, start):
             if _plausible_tree(found.image.mem, layout, shape, target):
                 return target, shape, f"the lookup's tree in {what} (code at {at:#x}), {levels}"
-        said.append(f"no lea rsi in {what} (or a function it calls) leads to a radix tree")
+        said.append(f"no address {what} (or a function it calls) hands on as a second argument leads to a "
+                    "radix tree")
     return None, COMPACT_48, "not determined: " + "; ".join(said)
 
 
 _CALLEES = 12           # calls of a function followed to find its tree
-#: lea REG, [rip+d] (its ModRM) -> the mov that passes REG on in rsi (unoptimised code loads into rax, rdx or
-#: rcx first: mov rsi, REG)
-_LEA_THEN_RSI = {0x05: b"\x48\x89\xc6", 0x15: b"\x48\x89\xd6", 0x0D: b"\x48\x89\xce"}
-
-
-def _into_rsi(block: bytes, offset: int) -> bool:
-    """Whether the lea at OFFSET of BLOCK (REX.W, 8D, ModRM, disp32) loads rsi: directly, or (unoptimised
-    code) through rax, rdx or rcx and the mov right after it."""
-    modrm = block[offset + 2]
-    return modrm == 0x35 or block[offset + 7:offset + 10] == _LEA_THEN_RSI.get(modrm)
-
-
-def _tree_candidates(image: LibcImage, code: bytes, start: int) -> list[tuple[int, int]]:
-    """(target, where) of each ``lea rsi, [rip+disp]`` into IMAGE's writable data in CODE (at START), then in
-    the functions it calls."""
+def _tree_candidates(image: ElfImage, code: bytes, start: int) -> list[tuple[int, int]]:
+    """(target, where) of each address into IMAGE's writable data that CODE (at START) computes as a call's
+    second argument (directly, or as unoptimised code does, through a register copied into it), then the same
+    in the functions it calls."""
     writable = [(seg.address, seg.address + seg.memsz) for seg in image.writable()]
 
     def leas(block: bytes, at: int) -> list[tuple[int, int]]:
-        return [(r.target, at + r.offset) for r in x86.rip_loads(block, at) if r.opcode == x86.LEA
-                and block[r.offset] == 0x48 and _into_rsi(block, r.offset)
-                and any(lo <= r.target < hi for lo, hi in writable)]
+        return [(r.target, at + r.offset) for r in image.code.address_refs(block, at) if r.computes
+                and r.argument == 1 and any(lo <= r.target < hi for lo, hi in writable)]
 
     out = leas(code, start)
-    for callee in dict.fromkeys(x86.call_targets(code, start)).keys():
+    for callee in dict.fromkeys(image.code.calls(code, start)).keys():
         if len(out) > 4 * _CALLEES or not image.contains(callee):
             continue
         try:
@@ -315,7 +303,7 @@ def _plausible_tree(mem: Memory, layout: JeLayout, shape: RtreeShape, rtree: int
     return True
 
 
-def _options(image: LibcImage, tree: MallctlTree | None, version: tuple[int, int, int]
+def _options(image: ElfImage, tree: MallctlTree | None, version: tuple[int, int, int]
              ) -> tuple[dict, str, list[tuple[int, str]]]:
     """The options, how they were found, and what of them is unreadable; none, and why, when mallctl's table
     cannot be found or read."""
@@ -329,14 +317,14 @@ def _options(image: LibcImage, tree: MallctlTree | None, version: tuple[int, int
         return {}, f"not determined: {exc}", [(exc.address, f"mallctl's table of options is unreadable ({exc.reason})")]
 
 
-def _version(image: LibcImage, tree: MallctlTree | None) -> tuple[tuple[int, int, int], str, str]:
+def _version(image: ElfImage, tree: MallctlTree | None) -> tuple[tuple[int, int, int], str, str]:
     """The version, its string and how it was found: the string mallctl's "version" returns, else the first
     version string of the image's read-only data."""
     node = tree.node("version") if tree is not None else None
     if node is not None and node.ctl:
         try:
-            leas = [r.target for r in x86.rip_loads(image.mem.read(node.ctl, _CTL_SPAN), node.ctl)
-                    if r.opcode == x86.LEA]
+            leas = [r.target for r in image.code.address_refs(image.mem.read(node.ctl, _CTL_SPAN), node.ctl)
+                    if r.computes]
             for at in leas:
                 text = cstring(image, at, 128)
                 m = _VERSION.match(text.encode() + b"\0")

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from heapwalk.errors import CannotDecode
-from heapwalk.inferior.elf import LibcImage, Mapping, readable_runs
+from heapwalk.inferior.elf import ElfImage, Mapping, readable_runs
 from heapwalk.inferior.memory import Memory, ReadError
 
 __all__ = ["JemallocImage", "JemallocNotFound", "find_jemalloc", "mapped_objects"]
@@ -29,7 +29,7 @@ class JemallocImage:
     """The object that holds jemalloc, how it was recognised, and the prefix of its entry points (None when
     it exports none)."""
 
-    image: LibcImage
+    image: ElfImage
     how: str
     prefix: str | None
 
@@ -61,7 +61,7 @@ def find_jemalloc(mem: Memory, mappings: list[Mapping]) -> JemallocImage | None:
     images = []
     for base, path in mapped_objects(mappings):
         try:
-            images.append(LibcImage.read(mem, base, path))
+            images.append(ElfImage.read(mem, base, path))
         except ReadError:
             continue
     for image in images:
@@ -75,7 +75,7 @@ def find_jemalloc(mem: Memory, mappings: list[Mapping]) -> JemallocImage | None:
     return None
 
 
-def _exported_prefix(image: LibcImage) -> str | None:
+def _exported_prefix(image: ElfImage) -> str | None:
     """The prefix under which IMAGE exports both mallctl and malloc_stats_print, None when it does not."""
     try:
         names = image.dynamic_names()
@@ -89,7 +89,7 @@ def _exported_prefix(image: LibcImage) -> str | None:
     return None
 
 
-def _marker(image: LibcImage) -> int | None:
+def _marker(image: ElfImage) -> int | None:
     """Where IMAGE's read-only data (or, linked without a separate read-only segment, its code) holds
     jemalloc's message prefix."""
     for seg in image.readonly_data() or image.readonly():

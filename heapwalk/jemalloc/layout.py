@@ -3,7 +3,7 @@ decay state, statistics and bins, and in each thread's tsd (the TLS block).
 
 Measured on Debian's libjemalloc2 builds (5.2.1-3 in bullseye, 5.3.0-1 in bookworm and trixie) against
 rebuilds of the same tags with debug information, and on 5.1.0's release tag built with debug information; every offset is checked against memory when a target is
-decoded (`heapwalk.jemalloc.discovery`).  Byte offsets, x86-64.
+decoded (`heapwalk.jemalloc.discovery`).  Byte offsets, 64-bit.
 """
 
 from __future__ import annotations

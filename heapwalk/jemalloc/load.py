@@ -17,7 +17,7 @@ __all__ = ["load_jemalloc"]
 def load_jemalloc(target: Target, found: JemallocImage | None = None) -> JeState:
     """TARGET's jemalloc state (held by FOUND when known), with the arenas whose dirty pages never decay named
     (JemallocNotFound, naming why, when it cannot be located)."""
-    disc = discover_jemalloc(target.mem, target.space.mappings, [t.fs_base for t in target.threads if t.fs_base],
+    disc = discover_jemalloc(target.mem, target.space.mappings, [t.thread_pointer for t in target.threads if t.thread_pointer],
                              found)
     state = collect_jemalloc(target.mem, disc, target.threads, target.description)
     state = dataclasses.replace(state, clock_ns=target.clock_ns)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from heapwalk.errors import HeapwalkError
-from heapwalk.inferior.elf import LibcImage, readable_runs
+from heapwalk.inferior.elf import ElfImage, readable_runs
 from heapwalk.inferior.memory import ReadError
 
 __all__ = ["MallctlTree", "Node", "TreeNotFound", "cstring", "stored_constant"]
@@ -50,11 +50,11 @@ class Node:
 class MallctlTree:
     """The top level of mallctl's tree in IMAGE, and lookups by dotted name."""
 
-    def __init__(self, image: LibcImage, top: list[Node]):
+    def __init__(self, image: ElfImage, top: list[Node]):
         self.image, self.top = image, top
 
     @classmethod
-    def find(cls, image: LibcImage) -> "MallctlTree":
+    def find(cls, image: ElfImage) -> "MallctlTree":
         """The tree of IMAGE (TreeNotFound when no node named "opt" is in its writable data)."""
         opt = _opt_node(image)
         top = [opt]
@@ -95,7 +95,7 @@ class MallctlTree:
         return self.top[0].address
 
 
-def _node_at(image: LibcImage, at: int) -> Node | None:
+def _node_at(image: ElfImage, at: int) -> Node | None:
     """The named node at AT, None when what is there is not one."""
     try:
         named, name_at, nchildren, children, ctl = struct.unpack("<QQQQQ", image.mem.read(at, NODE))
@@ -111,7 +111,7 @@ def _node_at(image: LibcImage, at: int) -> Node | None:
     return Node(at, name, nchildren, children, ctl) if _NAME.match(name) else None
 
 
-def _opt_node(image: LibcImage) -> Node:
+def _opt_node(image: ElfImage) -> Node:
     """The named node "opt": a node in writable data whose name is a string "opt" of read-only data, with
     children (a pointer into the same data) and no ctl function of its own."""
     names = np.array(sorted({start + m.start() for seg in image.readonly_data() or image.readonly()
@@ -131,7 +131,7 @@ def _opt_node(image: LibcImage) -> Node:
     raise TreeNotFound(f"no mallctl node named \"opt\" in {image.path}'s data")
 
 
-def cstring(image: LibcImage, address: int, limit: int = _MAX_STRING) -> str:
+def cstring(image: ElfImage, address: int, limit: int = _MAX_STRING) -> str:
     """The NUL-terminated string at ADDRESS (ValueError when it does not end within LIMIT bytes)."""
     out = bytearray()
     while len(out) < limit:

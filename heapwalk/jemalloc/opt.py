@@ -3,8 +3,8 @@
 mallctl resolves a name like ``opt.dirty_decay_ms`` by walking a tree of named nodes kept in the library's
 relocated read-only data: each node is {named, name, nchildren, children, ctl}, 40 bytes.  The node named
 "opt" lists one child per option, and each child's ctl function copies its option out of a global: the first
-RIP-relative ``lea`` in that function is the global's address (for an option shown by name, such as
-``thp``, the second ``lea`` is the table of names it indexes).  How each option is stored (bool, unsigned,
+address that function computes (relative to the program counter) is the global's address (for an option shown
+by name, such as ``thp``, the second address it computes is the table of names it indexes).  How each option is stored (bool, unsigned,
 size_t, a string...) is the type its ctl function copies, listed below as data; an option whose type is not
 listed is not read.
 """
@@ -13,8 +13,7 @@ from __future__ import annotations
 
 import struct
 
-from heapwalk.inferior import x86
-from heapwalk.inferior.elf import LibcImage
+from heapwalk.inferior.elf import ElfImage
 from heapwalk.jemalloc.mallctl import MallctlTree, TreeNotFound, cstring
 from heapwalk.inferior.memory import ReadError
 
@@ -66,7 +65,7 @@ OPT_FIELDS_531: dict[str, int] = {**OPT_FIELDS, "hpa_hugify_sync": 32, "hpa_min_
 OptionsNotFound = TreeNotFound
 
 
-def read_opts(image: LibcImage, tree: MallctlTree | None = None, version: tuple[int, int, int] = (5, 3, 0)
+def read_opts(image: ElfImage, tree: MallctlTree | None = None, version: tuple[int, int, int] = (5, 3, 0)
               ) -> tuple[dict[str, bool | int | str], str, list[tuple[int, str]]]:
     """Every option of OPT_TYPES the image (jemalloc VERSION) has, in mallctl's order (the options of an inner
     node such as 5.3.1's malloc_conf in its place, under their own names, as malloc_stats_print prints them),
@@ -83,7 +82,7 @@ def read_opts(image: LibcImage, tree: MallctlTree | None = None, version: tuple[
     return out, f"mallctl's \"opt\" node at {node.address:#x} ({node.nchildren} options)", unread
 
 
-def _read_children(image: LibcImage, children: int, nchildren: int, fields: dict[str, int],
+def _read_children(image: ElfImage, children: int, nchildren: int, fields: dict[str, int],
                    out: dict[str, bool | int | str], unread: list[tuple[int, str]], depth: int) -> None:
     """The options of the NCHILDREN nodes at CHILDREN into OUT (and those of an inner node among them, one
     level down); what is unreadable into UNREAD."""
@@ -104,15 +103,15 @@ def _read_children(image: LibcImage, children: int, nchildren: int, fields: dict
             continue
 
 
-def _value(image: LibcImage, kind: str, ctl: int, field: int) -> bool | int | str:
+def _value(image: ElfImage, kind: str, ctl: int, field: int) -> bool | int | str:
     """The option a ctl function at CTL copies out, read as KIND, FIELD bytes into what it computes: the
-    global is the first address the function computes (``lea``) or reads (a load, which names the field
-    itself); an option shown by name indexes the table of names its next ``lea`` computes."""
-    refs = x86.rip_refs(image.mem.read(ctl, _CTL_SPAN), ctl)
+    global is the first address the function computes or reads (a load, which names the field itself); an
+    option shown by name indexes the table of names the next address it computes is."""
+    refs = image.code.all_refs(image.mem.read(ctl, _CTL_SPAN), ctl)
     if not refs:
         raise ValueError(f"no load of a global in the ctl function at {ctl:#x}")
-    mem, at = image.mem, refs[0].target + (field if refs[0].lea else 0)
-    leas = [refs[0].target] + [r.target for r in refs[1:] if r.lea]
+    mem, at = image.mem, refs[0].target + (field if refs[0].computes else 0)
+    leas = [refs[0].target] + [r.target for r in refs[1:] if r.computes]
     if kind == "bool":
         return mem.read(at, 1)[0] != 0
     if kind in ("unsigned", "fixed point", "name"):

@@ -27,12 +27,12 @@ def decode_thread(mem: Memory, disc: JeDiscovery, regs: ThreadRegs, arenas: dict
     """REGS' thread through its tsd: state, arena, byte counters, whether its decay ticker exists, and what
     the CACHED bins of its thread cache hold."""
     layout = disc.layout
-    if not regs.fs_base:
+    if not regs.thread_pointer:
         return JeThread(regs.number, regs.lwp, None, None, None, 0, 0, None, name=regs.name)
     if disc.tsd_tpoff is not None:
-        tsd = regs.fs_base + disc.tsd_tpoff
+        tsd = regs.thread_pointer + disc.tsd_tpoff
     elif disc.tsd_module is not None:      # a dlopened library: the thread's block of its TLS module, if any
-        tsd = dynamic_tsd(mem, regs.fs_base, disc.tsd_module)
+        tsd = dynamic_tsd(mem, regs.thread_pointer, disc.tsd_module)
         if tsd is None:
             return JeThread(regs.number, regs.lwp, None, _STATE_UNINITIALIZED, None, 0, 0, False, name=regs.name)
     else:

@@ -1,7 +1,7 @@
 """Where each thread's tsd (jemalloc's thread state) is: its offset from the thread's thread pointer
-($fs_base), the same for every thread, found without symbols.
+the same for every thread, found without symbols.
 
-- jemalloc as a shared object: its one initial-exec TLS relocation (R_X86_64_TPOFF64 against no symbol) is
+- jemalloc as a shared object: its one initial-exec TLS relocation (a TPOFF64 relocation against no symbol) is
   the GOT slot that holds its TLS block's offset, and the block is the tsd;
 - jemalloc linked into the program: the program's TLS block lies just below each thread pointer, and the tsd
   is somewhere in it; a library built with --disable-initial-exec-tls and loaded at start has no initial-exec
@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from heapwalk.inferior.elf import R_X86_64_DTPMOD64, R_X86_64_TPOFF64, LibcImage
+from heapwalk.inferior.elf import ElfImage
 from heapwalk.inferior.memory import Memory, ReadError, u64
 from heapwalk.jemalloc.layout import JeLayout
 
@@ -28,11 +28,11 @@ _MAX_TCACHES = 4096
 _STATIC_TLS = 1 << 24     # how far below the thread pointer the static TLS of the libraries loaded at start may lie
 
 
-def tsd_offset(mem: Memory, image: LibcImage, layout: JeLayout, arenas: int, count: int,
-               fs_bases: Sequence[int]) -> tuple[int | None, str, list[tuple[int, str]]]:
+def tsd_offset(mem: Memory, image: ElfImage, layout: JeLayout, arenas: int, count: int,
+               thread_pointers: Sequence[int]) -> tuple[int | None, str, list[tuple[int, str]]]:
     """The tsd's offset from the thread pointer, how it was found, and (address, what) when the slot that
     holds it is there but unreadable."""
-    slots = [slot for slot, sym, addend in image.relocations(R_X86_64_TPOFF64) if sym == 0 and addend == 0]
+    slots = [slot for slot, sym, addend in image.relocations(image.arch.reloc_tpoff64) if sym == 0 and addend == 0]
     if len(slots) == 1 and image.tls_size() == layout.tsd_size:
         try:
             value = u64(image.mem, slots[0])
@@ -47,25 +47,25 @@ def tsd_offset(mem: Memory, image: LibcImage, layout: JeLayout, arenas: int, cou
         return None, f"not determined: its TLS block is {tls:#x} bytes, not {layout.name}'s tsd " \
                      f"({layout.tsd_size:#x})", []
     pointers = _arena_pointers(mem, arenas, count)
-    fs_bases = [fs for fs in fs_bases if fs]
+    thread_pointers = [fs for fs in thread_pointers if fs]
     # a program's TLS block lies just below the thread pointer; a library loaded at start (one built with
     # --disable-initial-exec-tls has no TPOFF64 slot) has its block further down in the static TLS area
     span = tls + 4096 if image.is_program else _STATIC_TLS
     tsds = _cached_tsds(mem, layout, pointers)
-    offsets = Counter(tsd - fs for tsd in tsds for fs in fs_bases if -span <= tsd - fs < 0)
+    offsets = Counter(tsd - fs for tsd in tsds for fs in thread_pointers if -span <= tsd - fs < 0)
     if not image.is_program and offsets and offsets.most_common(1)[0][1] < len(tsds):
         return None, f"not determined: the {len(tsds)} tsds the arenas list do not sit at one offset from the " \
                      "thread pointers (a library loaded with dlopen keeps its TLS apart for each thread)", []
     how = "thread(s) whose thread cache an arena lists sit at {offset} from their thread pointer"
     threads = offsets
     if not offsets:
-        offsets, threads = _arena_slots(mem, layout, pointers, fs_bases, span)
+        offsets, threads = _arena_slots(mem, layout, pointers, thread_pointers, span)
         offsets = Counter({offset: score for offset, score in offsets.items()
-                           if _states_plausible(mem, layout, [fs + offset for fs in fs_bases])})
+                           if _states_plausible(mem, layout, [fs + offset for fs in thread_pointers])})
         how = "thread(s) hold a pointer to an arena at {offset} from their thread pointer, where the tsd keeps it"
     if not offsets:
         return None, f"not determined: no thread's TLS block holds a tsd heapwalk can recognise ({len(tsds)} " \
-                     f"thread caches listed, {len(fs_bases)} thread pointers)", []
+                     f"thread caches listed, {len(thread_pointers)} thread pointers)", []
     (offset, hits), *rest = offsets.most_common()
     if rest and rest[0][1] == hits:
         return None, f"not determined: the tsds may sit at {offset} or {rest[0][0]} from the thread pointers", []
@@ -80,11 +80,11 @@ _MAX_MODULES = 1 << 16
 _UNALLOCATED = (1 << 64) - 1
 
 
-def tsd_module(mem: Memory, image: LibcImage, layout: JeLayout) -> tuple[int | None, str]:
+def tsd_module(mem: Memory, image: ElfImage, layout: JeLayout) -> tuple[int | None, str]:
     """The TLS module id of a jemalloc library loaded with dlopen (built --disable-initial-exec-tls), whose tsd
     is then each thread's block of that module: ld.so writes the id into the GOT slot of its one DTPMOD64
     relocation (against no symbol: the module's own block, which is the tsd)."""
-    slots = [slot for slot, sym, _addend in image.relocations(R_X86_64_DTPMOD64) if sym == 0]
+    slots = [slot for slot, sym, _addend in image.relocations(image.arch.reloc_dtpmod64) if sym == 0]
     if len(slots) != 1 or image.tls_size() != layout.tsd_size:
         return None, "not determined: no one module-id slot for a TLS block the size of the tsd"
     try:
@@ -96,12 +96,12 @@ def tsd_module(mem: Memory, image: LibcImage, layout: JeLayout) -> tuple[int | N
     return module, f"GOT slot {slots[0]:#x} of the DTPMOD64 relocation: each thread's block of TLS module {module}"
 
 
-def dynamic_tsd(mem: Memory, fs_base: int, module: int) -> int | None:
-    """Where the thread whose thread pointer is FS_BASE keeps its block of TLS module MODULE: its dynamic
+def dynamic_tsd(mem: Memory, thread_pointer: int, module: int) -> int | None:
+    """Where the thread whose thread pointer is THREAD_POINTER keeps its block of TLS module MODULE: its dynamic
     thread vector (the word after the thread pointer's own) holds, 16 bytes an entry, each module's block;
     None when the thread has none (it never touched the module's TLS) or the vector is unreadable."""
     try:
-        vector = u64(mem, fs_base + 8)
+        vector = u64(mem, thread_pointer + 8)
         if not vector or module > u64(mem, vector - 16):     # its length, in the entry before the generation
             return None
         block = u64(mem, vector + 16 * module)
@@ -136,7 +136,7 @@ def _cached_tsds(mem: Memory, layout: JeLayout, pointers: list[int]) -> set[int]
     return out
 
 
-def _arena_slots(mem: Memory, layout: JeLayout, pointers: list[int], fs_bases: list[int], span: int
+def _arena_slots(mem: Memory, layout: JeLayout, pointers: list[int], thread_pointers: list[int], span: int
                  ) -> tuple[Counter, Counter]:
     """For each offset from the thread pointer, its score and how many threads' TLS blocks hold a pointer to an
     arena where a tsd at that offset keeps its arena; the score counts a thread twice where the tsd's thread
@@ -146,7 +146,7 @@ def _arena_slots(mem: Memory, layout: JeLayout, pointers: list[int], fs_bases: l
     known = set(pointers)
     scores: Counter = Counter()
     threads: Counter = Counter()
-    for fs in fs_bases:
+    for fs in thread_pointers:
         start = (fs - span) & ~7
         try:
             words = np.frombuffer(mem.read(start, fs - start), dtype=np.uint64)
@@ -175,12 +175,12 @@ def _states_plausible(mem: Memory, layout: JeLayout, tsds: list[int]) -> bool:
     return True
 
 
-def static_module_offset(mem: Memory, module: int, fs_bases: Sequence[int]) -> int | None:
+def static_module_offset(mem: Memory, module: int, thread_pointers: Sequence[int]) -> int | None:
     """The one offset from the thread pointer at which every thread keeps its block of TLS module MODULE, when
     the module's TLS is static (a library loaded at start); None when some thread's block is elsewhere (a
     library loaded with dlopen: each thread's block was allocated apart) or not allocated."""
     offsets = set()
-    for fs in fs_bases:
+    for fs in thread_pointers:
         block = dynamic_tsd(mem, fs, module)
         if block is None or not -_STATIC_TLS <= block - fs < 0:
             return None

@@ -24,7 +24,7 @@ NO_THREAD = (EXITED, UNOWNED, ARENAS, META, CACHED)
 
 @dataclass
 class Owner:
-    """One owner's share: THREAD_ID is its $fs_base (EXITED: threads that exited)."""
+    """One owner's share: THREAD_ID is its thread pointer (EXITED: threads that exited)."""
 
     thread_id: int
     heaps: list[int] = field(default_factory=list)

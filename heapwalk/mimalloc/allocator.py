@@ -60,7 +60,7 @@ class MimallocHeap(Decoded):
         if state.v3:
             self.words = WORDS3
         self.target = state.target
-        self.by_tcb = {t.fs_base: t for t in threads if t.fs_base}
+        self.by_tcb = {t.thread_pointer: t for t in threads if t.thread_pointer}
 
     @functools.cached_property
     def owners(self) -> list[Owner]:

@@ -45,7 +45,7 @@ class MiSegment:
     kind: int                   # 0 normal, 1 huge
     slices: int                 # segment_slices
     info_slices: int
-    thread_id: int              # the owning thread's $fs_base; 0 when abandoned (or freed)
+    thread_id: int              # the owning thread's thread pointer; 0 when abandoned (or freed)
     used: int                   # pages in use
     abandoned: int              # pages abandoned
     memid: int
@@ -92,7 +92,7 @@ class MiState:
     findings: list[Finding]
     target: str = ""
     residency: Residency | None = None
-    main_thread: int = 0                        # the main thread's $fs_base (0: not known)
+    main_thread: int = 0                        # the main thread's thread pointer (0: not known)
     cache: list = field(default_factory=list)           # to 2.0.9: the segments in its segment cache
     main_queues: list = field(default_factory=list)     # to 2.0.9 and from 2.1.7: the main heap's pages as
     #                                                     collect visits them, each with whether it is retired
@@ -218,7 +218,7 @@ def _slice_dtype(lay: MiLayout) -> np.dtype:
 def decode_mimalloc(mem: Memory, found: MiDiscovery, threads, description: str = "",
                     residency: Residency | None = None) -> MiState:
     """Every segment FOUND names (and those freed), its pages' lists walked; the heaps of THREADS (each with
-    its $fs_base) and of the pages."""
+    its thread pointer) and of the pages."""
     findings: list[Finding] = []
     segments = [s for s in (_segment(mem, found, at, True, findings) for at in found.segments) if s]
     segments += [s for s in (_segment(mem, found, at, False, findings) for at in found.freed) if s]

@@ -9,7 +9,7 @@ memory, without symbols, by shapes no other data has:
 - the segment map: the bitmap (one bit per 32 MiB of address space) whose set bits are exactly the live
   segments found; a segment that holds its stamp but is not in the map was freed (cached or left behind);
 - each thread's default heap: the thread-local pointer the exported ``mi_heap_get_default`` loads (its GOT
-  slot holds the variable's offset from each thread's $fs_base);
+  slot holds the variable's offset from each thread's thread pointer);
 - the cache of thread data: the words of the object's data that point to a heap and its thread-local data
   taken from the system (a page-aligned heap whose thread data names it), left by threads that exited.
 """
@@ -23,7 +23,6 @@ import numpy as np
 from heapwalk.errors import CannotDecode, HeapwalkError
 from heapwalk.inferior.elf import Mapping, readable_runs, writable_words
 from heapwalk.inferior.memory import Memory, ReadError, u64
-from heapwalk.inferior.x86 import tls_got_slot
 from heapwalk.mimalloc.arenas import arena_segment, find_arenas
 from heapwalk.mimalloc.find import MiImage
 from heapwalk.mimalloc.heaps import is_meta_theap
@@ -62,7 +61,7 @@ class MiDiscovery:
     segments: tuple[int, ...]             # every segment in the map (or stamped, when the map is not found)
     freed: tuple[int, ...]                # stamped segments the map does not hold (freed)
     segment_map: int | None               # the map's address (None: not found)
-    default_tpoff: int | None             # each thread's default heap pointer, from its $fs_base
+    default_tpoff: int | None             # each thread's default heap pointer, from its thread pointer
     thread_data_cache: tuple[int, ...]    # thread data of exited threads, kept for new ones
     facts: tuple[tuple[str, str], ...] = ()
     unstamped: tuple[int, ...] = ()       # segments the map holds whose header does not hold its stamp
@@ -126,7 +125,7 @@ def discover_mimalloc(mem: Memory, found: MiImage, regions: list[tuple[int, int]
               f"{len(freed)} freed" + _parts_said(parts, lost)
               if layout.segment_map_parts else _no_map(layout, stamped)),
              ("default heaps", f"thread-local, {tpoff - (1 << 64) if tpoff and tpoff >> 63 else tpoff:#x} from "
-              f"$fs_base (mi_heap_get_default's GOT slot)" if tpoff is not None else "not found"),
+              f"${found.image.arch.thread_pointer} (mi_heap_get_default's GOT slot)" if tpoff is not None else "not found"),
              ("thread data cache", f"{len(cache)} kept"),
              *_cache_said(layout, cache_at, slots),
              ("arenas", f"{len(arenas)}, the table at the place of the arena a segment names" if arenas else
@@ -296,7 +295,7 @@ def _by_arenas(mem: Memory, base: int, words: np.ndarray, layout: MiLayout, stam
 
 
 def default_tpoff(mem: Memory, found: MiImage, function: str = "mi_heap_get_default") -> int | None:
-    """The TLS offset (from $fs_base, as a 64-bit word) of each thread's default heap pointer: what the GOT slot
+    """The TLS offset (from the thread pointer, as a 64-bit word) of each thread's default heap pointer: what the GOT slot
     FUNCTION's code (mi_heap_get_default; from 3.2 mi_theap_get_default) loads before its %fs access holds.
     None when the object exports no such function (linked in); TpoffUnread when its code or slot cannot be
     read."""
@@ -304,7 +303,7 @@ def default_tpoff(mem: Memory, found: MiImage, function: str = "mi_heap_get_defa
     if at is None:
         return None
     try:
-        slot = tls_got_slot(mem.read(at, 48), at)
+        slot = found.image.code.tls_slot(mem.read(at, 48), at)
     except ReadError as exc:
         raise TpoffUnread(at, f"the code of {function} cannot be read ({exc})") from None
     if slot is None:

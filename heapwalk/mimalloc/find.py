@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from heapwalk.inferior.elf import LibcImage, Mapping, readable_runs
+from heapwalk.inferior.elf import ElfImage, Mapping, readable_runs
 from heapwalk.inferior.memory import Memory, ReadError
 
 __all__ = ["MiImage", "find_mimalloc"]
@@ -21,9 +21,6 @@ _STRINGS = (b"mimalloc_", b"mimalloc: ")
 #: CPython from 3.13 links its own copy of mimalloc (its free-threaded builds allocate objects with it), with
 #: changes of its own to mimalloc's structures: not taken for a program's mimalloc (docs/mimalloc.md)
 _CPYTHON = "_PyRuntime"
-_ENDBR64 = b"\xf3\x0f\x1e\xfa"
-_MOV_EAX = 0xB8
-_RET = 0xC3
 
 
 @dataclass(frozen=True)
@@ -31,7 +28,7 @@ class MiImage:
     """The object that holds mimalloc: its image, its version (major, minor, patch) or None when it does not
     say, and how the version was learnt."""
 
-    image: LibcImage
+    image: ElfImage
     version: tuple[int, int, int] | None
 
     @property
@@ -55,7 +52,7 @@ def find_mimalloc(mem: Memory, mappings: list[Mapping]) -> MiImage | None:
     named = [(b, p) for b, p in firsts if _NAME.search(p)]
     for base, path in named or firsts[:1]:
         try:
-            image = LibcImage.read(mem, base, path)
+            image = ElfImage.read(mem, base, path)
         except ReadError:
             continue
         exports = any(image.dynamic_symbol(name) is not None for name in _EXPORTS)
@@ -64,7 +61,7 @@ def find_mimalloc(mem: Memory, mappings: list[Mapping]) -> MiImage | None:
     return None
 
 
-def _strings(image: LibcImage) -> bool:
+def _strings(image: ElfImage) -> bool:
     """Whether IMAGE's read-only data holds mimalloc's own strings (all of them)."""
     seen = set()
     for seg in image.readonly_data():
@@ -73,7 +70,7 @@ def _strings(image: LibcImage) -> bool:
     return len(seen) == len(_STRINGS)
 
 
-def _version(mem: Memory, image: LibcImage) -> tuple[int, int, int] | None:
+def _version(mem: Memory, image: ElfImage) -> tuple[int, int, int] | None:
     """The version mi_version() returns, read from its code (``mov $N, %eax; ret``).  N has had three forms:
     209 (2.0.9, a digit each), 3010 (3.0.10, two digits of patch), 30403 (3.4.3, two of minor and patch)."""
     at = image.dynamic_symbol("mi_version")
@@ -83,10 +80,8 @@ def _version(mem: Memory, image: LibcImage) -> tuple[int, int, int] | None:
         code = mem.read(at, 16)
     except ReadError:
         return None
-    code = code[len(_ENDBR64):] if code.startswith(_ENDBR64) else code
-    if code[0] != _MOV_EAX or code[5] != _RET:
-        return None
-    return version_of(int.from_bytes(code[1:5], "little"))
+    number = image.code.returned_constant(code)
+    return None if number is None else version_of(number)
 
 
 def version_of(number: int) -> tuple[int, int, int] | None:

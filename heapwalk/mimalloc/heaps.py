@@ -1,5 +1,5 @@
 """mimalloc's heaps: the main heap, each thread's default heap (its thread-local pointer), every heap a page
-names, and every heap on those heaps' threads' lists; each with the thread it belongs to ($fs_base)."""
+names, and every heap on those heaps' threads' lists; each with the thread it belongs to (its thread pointer)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ _MAX_PAGES = 1 << 20
 
 @dataclass
 class MiHeap:
-    """One heap: the thread it belongs to ($fs_base), its thread data (the system memory its heap and
+    """One heap: the thread it belongs to (its thread pointer), its thread data (the system memory its heap and
     thread-local data live in; 0 for the main heap, in the library's data), its pages."""
 
     address: int
@@ -46,13 +46,13 @@ def find_heaps(mem: Memory, found, segments: list, threads, findings: list[Findi
                                 "listed)", HEAP))
     if found.default_tpoff is not None:
         for t in threads:
-            if t.fs_base:
-                at = (t.fs_base + found.default_tpoff) & ((1 << 64) - 1)
+            if t.thread_pointer:
+                at = (t.thread_pointer + found.default_tpoff) & ((1 << 64) - 1)
                 try:
                     wanted.append(u64(mem, at))
                 except ReadError as exc:
                     findings.append(Finding(Severity.WARNING, at, "mi_heap_t", f"the default heap pointer of the "
-                                            f"thread at {t.fs_base:#x} cannot be read ({exc}): its heap is listed "
+                                            f"thread at {t.thread_pointer:#x} cannot be read ({exc}): its heap is listed "
                                             "only if it holds pages", HEAP))
     counts: dict[int, int] = {}
     v3 = getattr(lay, "family", 2) == 3         # an abandoned page keeps its heap's address (from 3.2): not its

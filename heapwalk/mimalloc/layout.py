@@ -89,7 +89,7 @@ class MiLayout:
     seg_info_slices: int = 232            # the slices the header takes
     seg_kind: int = 240                   # 0 normal, 1 huge
     seg_slice_entries: int = 248
-    seg_thread_id: int = 256              # the owning thread's $fs_base (0: abandoned)
+    seg_thread_id: int = 256              # the owning thread's thread pointer (0: abandoned)
     seg_slices: int = 264
     # mi_heap_t
     heap_tld: int = 0

@@ -80,7 +80,7 @@ def options_line(state: MiState) -> str:
 
 def owner_name(owner: Owner, threads: dict, v3: bool = False) -> str:
     """How the tables name OWNER: "thread N" (gdb's number), "exited threads" (mimalloc 3: "abandoned pages",
-    which live threads give up too), or its $fs_base."""
+    which live threads give up too), or its thread pointer."""
     if owner.thread_id == EXITED:
         return "abandoned pages" if v3 else "exited threads"
     if owner.thread_id == UNOWNED:
@@ -109,7 +109,7 @@ def threads_table(state: MiState, owners: list[Owner], threads: dict, box) -> Ta
 
 
 def threads_document(state: MiState, owners: list[Owner], threads: dict) -> list[dict]:
-    """The heaps as JSON: address, kind (main, backing, other; 3.6: mimalloc's own), the owning thread ($fs_base,
+    """The heaps as JSON: address, kind (main, backing, other; 3.6: mimalloc's own), the owning thread (its thread pointer,
     gdb's number, LWP, name: null when not found), pages, bytes of blocks in use and free, segments its thread owns."""
     by_heap: dict[int, tuple[int, int]] = {}
     for seg in state.live():

@@ -17,7 +17,7 @@ def row_namer(owners: list[Owner], threads: dict, v3: bool):
 
 
 def advice(state: MiState, owners: list[Owner], rep: Report, threads: dict | None = None) -> list[str]:
-    """The verdict's sentences on STATE's report REP (THREADS: gdb's threads by $fs_base, to name rows)."""
+    """The verdict's sentences on STATE's report REP (THREADS: gdb's threads by thread pointer, to name rows)."""
     reserved, committed = state.reserved(), state.committed()
     blocks = sum(o.free["free blocks"] for o in owners)
     spans = sum(o.free["free spans"] for o in owners)

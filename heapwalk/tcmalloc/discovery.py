@@ -25,7 +25,6 @@ import numpy as np
 
 from heapwalk.errors import CannotDecode
 from heapwalk.inferior.elf import writable_words
-from heapwalk.inferior.x86 import MOV, rip_loads
 from heapwalk.inferior.memory import Memory, ReadError, readable, u64
 from heapwalk.tcmalloc.find import TcImage
 from heapwalk.tcmalloc.layout import LAYOUTS, SPAN, TcLayout
@@ -37,7 +36,6 @@ _OVERALL = "_ZN8tcmalloc11ThreadCache26overall_thread_cache_size_E"
 _METADATA = "_ZN8tcmalloc21metadata_system_bytesEv"
 _FIRST_SIZES = (0, 8, 16, 32)
 _CHUNK = np.uint64(8 << 20)       # kMetadataAllocChunkSize: the metadata allocator's chunks
-_ENDBR64 = b"\xf3\x0f\x1e\xfa"     # the first instruction of a function built with -fcf-protection
 
 
 class TcmallocUnknown(CannotDecode):
@@ -122,8 +120,8 @@ def _candidates(version: str) -> list[TcLayout]:
 
 
 def _metadata(mem: Memory, found: TcImage) -> int | None:
-    """The counter of metadata bytes: what the exported metadata_system_bytes() loads (its first instruction
-    after an endbr64, if any: a RIP-relative mov), or None."""
+    """The counter of metadata bytes: what the exported metadata_system_bytes() loads (its first instruction,
+    past a branch-target marker, reads a global), or None."""
     at = found.image.dynamic_symbol(_METADATA)
     if at is None:
         return None
@@ -131,9 +129,7 @@ def _metadata(mem: Memory, found: TcImage) -> int | None:
         code = mem.read(at, 16)
     except ReadError:
         return None
-    first = len(_ENDBR64) if code.startswith(_ENDBR64) else 0
-    loads = rip_loads(code, at)
-    return loads[0].target if loads and loads[0].offset == first and loads[0].opcode == MOV else None
+    return found.image.code.first_load(code, at)
 
 
 def _metadata_by_shape(mem: Memory, base: int, words: np.ndarray) -> int | None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from heapwalk.inferior.elf import LibcImage, Mapping, readable_runs
+from heapwalk.inferior.elf import ElfImage, Mapping, readable_runs
 from heapwalk.inferior.memory import Memory, ReadError
 
 __all__ = ["TcImage", "find_tcmalloc"]
@@ -27,7 +27,7 @@ _GOOGLE = (b"Bytes in per-CPU cache", b"TCMALLOC_HPAA_CONTROL", b"tcmalloc_inter
 class TcImage:
     """The object that holds tcmalloc: its image, its version ("2.10", or "" when it does not say)."""
 
-    image: LibcImage
+    image: ElfImage
     version: str
     google: bool = False        # Google's tcmalloc, not gperftools'
 
@@ -43,7 +43,7 @@ def find_tcmalloc(mem: Memory, mappings: list[Mapping]) -> TcImage | None:
     named = [(b, p) for b, p in firsts if _NAME.search(p)]
     for base, path in named or firsts[:1]:
         try:
-            image = LibcImage.read(mem, base, path)
+            image = ElfImage.read(mem, base, path)
         except ReadError:
             continue
         if named or any(image.dynamic_symbol(name) is not None for name in _EXPORTS):
@@ -56,7 +56,7 @@ def find_tcmalloc(mem: Memory, mappings: list[Mapping]) -> TcImage | None:
     return None
 
 
-def _google(image: LibcImage) -> bool:
+def _google(image: ElfImage) -> bool:
     """Whether IMAGE's read-only data holds what only Google's tcmalloc holds."""
     seen = set()
     for seg in image.readonly_data():
@@ -65,7 +65,7 @@ def _google(image: LibcImage) -> bool:
     return len(seen) >= 2
 
 
-def _version(image: LibcImage) -> str:
+def _version(image: ElfImage) -> str:
     found = image.find_bytes(b"gperftools ")
     if found is None:
         return ""

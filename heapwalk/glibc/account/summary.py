@@ -12,7 +12,7 @@ from heapwalk.view import ArenaView, HeapView, SizeClass
 
 __all__ = ["arena_limit", "GLIBC_CLASSES", "heap_view", "free_sizes_by_arena"]
 
-#: glibc's size classes of free chunks (x86_64): fastbin sizes, small bins, then the large-bin spacings
+#: glibc's size classes of free chunks (64-bit): fastbin sizes, small bins, then the large-bin spacings
 GLIBC_CLASSES = (SizeClass(32, 0x90, "fastbin sizes (32-128 B)"), SizeClass(0x90, 1024, "small bins (144 B-1 KiB)"),
                  SizeClass(1024, 3136, "large bins, 64 B apart"), SizeClass(3136, 10752, "large bins, 512 B apart"),
                  SizeClass(10752, 45056, "large bins, 4 KiB apart"),

@@ -77,17 +77,17 @@ def foreign_allocator(mappings: list[Mapping]) -> tuple[str, str] | None:
 
 
 def discover(mem: Memory, symbols: SymbolSource, overrides: Overrides | None = None,
-             mappings: list[Mapping] | None = None, fs_bases: list[int] | None = None,
+             mappings: list[Mapping] | None = None, thread_pointers: list[int] | None = None,
              core: bool = False, regions: list[tuple[int, int]] | None = None) -> Discovery:
     """Locates version, layout, main_arena, mp_ and the TLS offsets of tcache and thread_arena.
 
     MAPPINGS (the target's address space) lets discovery find libc's image;
-    FS_BASES (each thread's thread pointer) lets it recover TLS offsets.
+    THREAD_POINTERS (each thread's) lets it recover TLS offsets.
     CORE: the target is a core file, whose missing pages the debugger reads from the library files.
     REGIONS (where chunks may lie; MAPPINGS' ranges when None) lets it find thread arenas by their heaps
     when libc's memory does not show main_arena.
     """
-    search = Search(mem, symbols, overrides or Overrides(), mappings or [], [f for f in fs_bases or [] if f],
+    search = Search(mem, symbols, overrides or Overrides(), mappings or [], [f for f in thread_pointers or [] if f],
                     core, regions)
     search.locate_libc()
     version, version_how = search.version()

@@ -23,7 +23,7 @@ from heapwalk.glibc.kinds import Kind
 from heapwalk.inferior.memory import Memory, ReadError, readable, u64
 from heapwalk.inferior.words import word_reader
 
-#: user-space addresses on x86_64 (4-level paging) end here: a link beyond it is damage, never an arena
+#: user-space addresses with 4-level paging (48-bit) end here: a link beyond it is damage, never an arena
 USER_SPACE_END = 1 << 47
 
 __all__ = ["HeapArenas", "arenas_from_heaps", "heap_only", "heap_only_label", "MainHeap", "main_heap",

@@ -20,7 +20,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-from heapwalk.inferior.elf import LibcImage
+from heapwalk.inferior.elf import ElfImage
 from heapwalk.glibc.locate.layout import SIZE_BITS, Layout, layout_for
 from heapwalk.inferior.memory import Memory, ReadError, u64
 from heapwalk.glibc.walk.ring import plausible_arena
@@ -60,7 +60,7 @@ def read_segment(mem: Memory, start: int, size: int) -> bytes:
     return bytes(out)
 
 
-def scan_bin127(mem: Memory, image: LibcImage) -> list[int]:
+def scan_bin127(mem: Memory, image: ElfImage) -> list[int]:
     """Addresses Y in libc's writable segments with *Y == *(Y+8) == Y-16 (empty, self-linked bins), ascending."""
     found = []
     for seg in image.writable():
@@ -102,7 +102,7 @@ def arenas_by_heaps(mem: Memory, layout: Layout, regions: list[tuple[int, int]],
     return found
 
 
-def _valid_arena(mem: Memory, layout: Layout, address: int, image: LibcImage) -> tuple[int, ...] | None:
+def _valid_arena(mem: Memory, layout: Layout, address: int, image: ElfImage) -> tuple[int, ...] | None:
     """The arena ring from ADDRESS if ADDRESS looks like main_arena under LAYOUT, else None."""
     if not plausible_arena(mem, layout, address):
         return None
@@ -122,7 +122,7 @@ def _valid_arena(mem: Memory, layout: Layout, address: int, image: LibcImage) ->
     return None
 
 
-def find_main_arena(mem: Memory, image: LibcImage, preferred: tuple[int, int] | None = None
+def find_main_arena(mem: Memory, image: ElfImage, preferred: tuple[int, int] | None = None
                     ) -> ArenaCandidate | None:
     """main_arena from the bin-127 self-links, trying PREFERRED's layout family first."""
     families = list(ARENA_FAMILIES)
@@ -192,7 +192,7 @@ def tcache_link_votes(mem: Memory, tcaches: list[int], off_entries: int, nbins: 
     return votes[0], votes[1]
 
 
-def tls_candidates(mem: Memory, image: LibcImage, limit: int = 1 << 20) -> list[int]:
+def tls_candidates(mem: Memory, image: ElfImage, limit: int = 1 << 20) -> list[int]:
     """Possible TLS offsets of libc's variables: every distinct negative 8-aligned word above -LIMIT in its
     writable segments (the GOT), and, for a static program, every slot of its own TLS block (local-exec
     code uses immediate offsets, and the block ends at the thread pointer)."""
@@ -209,7 +209,7 @@ def tls_candidates(mem: Memory, image: LibcImage, limit: int = 1 << 20) -> list[
     return sorted(out, reverse=True)
 
 
-def pick_tls_offset(mem: Memory, fs_bases: list[int], candidates: list[int], classify) -> tuple[int, int] | None:
+def pick_tls_offset(mem: Memory, thread_pointers: list[int], candidates: list[int], classify) -> tuple[int, int] | None:
     """The candidate offset under which the most threads' values classify as 'valid' and none as 'invalid'.
 
     CLASSIFY(value) returns 'valid', 'none' (a value the variable may hold
@@ -218,7 +218,7 @@ def pick_tls_offset(mem: Memory, fs_bases: list[int], candidates: list[int], cla
     best = None
     for tpoff in candidates:
         valid = 0
-        for fs in fs_bases:
+        for fs in thread_pointers:
             try:
                 verdict = classify(u64(mem, fs + tpoff))
             except ReadError:

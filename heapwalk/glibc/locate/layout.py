@@ -1,4 +1,4 @@
-"""glibc malloc structure layouts, as data, per version (x86_64).
+"""glibc malloc structure layouts, as data, per version (64-bit).
 
 One `Layout` holds every offset and constant the walkers need: malloc_state
 (the arena), heap_info, tcache_perthread_struct, malloc_par (``mp_``), and the
@@ -38,7 +38,7 @@ class UnsupportedVersion(HeapwalkError, ValueError):
 
 @dataclass(frozen=True)
 class Layout:
-    """Offsets (bytes) and behaviours of one glibc version's malloc on x86_64."""
+    """Offsets (bytes) and behaviours of one glibc version's malloc on a 64-bit target."""
 
     version: tuple[int, int]
     # struct malloc_state
@@ -172,7 +172,7 @@ OLDEST, NEWEST = (2, 17), (2, 43)
 
 
 def layout_for(version: tuple[int, int]) -> Layout:
-    """The x86_64 layout of upstream glibc VERSION (major, minor), 2.17 to 2.43."""
+    """The 64-bit layout of upstream glibc VERSION (major, minor), 2.17 to 2.43."""
     if not (OLDEST <= version <= NEWEST):
         raise UnsupportedVersion(f"no malloc layout for glibc {version[0]}.{version[1]} "
                                  f"(known: {OLDEST[0]}.{OLDEST[1]} to {NEWEST[0]}.{NEWEST[1]})")

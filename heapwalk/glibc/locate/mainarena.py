@@ -9,7 +9,6 @@ from heapwalk.glibc.locate import headless, heuristics
 from heapwalk.glibc.locate.layout import Layout, UnsupportedVersion, layout_for
 from heapwalk.glibc.walk.ring import plausible_arena
 from heapwalk.glibc.locate.search import DiscoveryError, Search
-from heapwalk.inferior import x86
 from heapwalk.inferior.memory import Memory, ReadError, readable, u64
 
 
@@ -70,10 +69,10 @@ def _could_be_main_arena(mem: Memory, version: tuple[int, int], address: int) ->
 
 
 def trim_target(search: Search) -> int | None:
-    """The first address malloc_trim computes (a RIP-relative lea): main_arena.  Builds schedule it from 32
+    """The first address malloc_trim computes (relative to the program counter): main_arena.  Builds schedule it from 32
     bytes in (Debian's) to 94 (a gcc 12 build of 2.39), so 128 bytes are read."""
     code = search.code("malloc_trim", 128)
-    return x86.first_lea(*code) if code else None
+    return search.image.code.first_address(*code) if code else None
 
 
 def main_arena_by_heaps(search: Search, version: tuple[int, int] | None) -> headless.HeapArenas | None:

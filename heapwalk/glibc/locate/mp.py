@@ -10,7 +10,6 @@ from heapwalk.glibc.locate import heuristics, mpshape
 from heapwalk.glibc.locate.layout import HEAP_MAX_SIZE, Layout
 from heapwalk.glibc.locate.mainarena import main_memory_start
 from heapwalk.glibc.locate.search import Search
-from heapwalk.inferior import x86
 from heapwalk.inferior.memory import ReadError, u64
 
 
@@ -25,7 +24,8 @@ def _mp_anchors(search: Search, main_arena: int, ring_layout: Layout) -> mpshape
     except ReadError:
         pass
     code = search.code("malloc_stats", 160)
-    loads = frozenset(r.target for r in x86.rip_loads(*code) if r.opcode == x86.MOV) if code else frozenset()
+    loads = frozenset(r.target for r in search.image.code.address_refs(*code) if not r.computes) if code \
+        else frozenset()
     return mpshape.MpAnchors(main_start=start, main_top=top, stats_loads=loads)
 
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from heapwalk.glibc.locate.heuristics import read_segment
 from heapwalk.glibc.locate.layout import MP_INT_FIELDS, Layout, layout_for
-from heapwalk.inferior.elf import LibcImage
+from heapwalk.inferior.elf import ElfImage
 from heapwalk.inferior.memory import Memory, ReadError
 
 __all__ = ["MpAnchors", "MpCandidate", "MP_SETTABLE", "mp_plausible", "mp_impossible", "mp_evidence", "find_mp",
@@ -111,7 +111,7 @@ class MpCandidate:
     impossible: tuple[str, ...] = ()    # fields no setting can give (a stray write): kept on strong evidence only
 
 
-def find_mp(mem: Memory, image: LibcImage, main_arena: int, variants: list[tuple[int, int]],
+def find_mp(mem: Memory, image: ElfImage, main_arena: int, variants: list[tuple[int, int]],
             anchors: MpAnchors, window: int = 0x4000) -> MpCandidate | None:
     """The malloc_par within WINDOW bytes of main_arena that most of memory agrees with; among equals, the
     nearest to main_arena (glibc defines them side by side) and the first of VARIANTS."""

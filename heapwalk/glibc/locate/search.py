@@ -11,8 +11,7 @@ from heapwalk.errors import CannotDecode
 from heapwalk.findings import Fact, Finding, Severity
 from heapwalk.glibc.kinds import Kind
 from heapwalk.glibc.locate import heuristics
-from heapwalk.inferior import x86
-from heapwalk.inferior.elf import LIBC_FILE_NAME, PF_W, PT_LOAD, LibcImage, Mapping, find_libc, readable_runs, sole_file
+from heapwalk.inferior.elf import LIBC_FILE_NAME, PF_W, PT_LOAD, ElfImage, Mapping, find_libc, readable_runs, sole_file
 from heapwalk.inferior.memory import Memory, ReadError
 
 
@@ -27,7 +26,7 @@ class SymbolSource(Protocol):
         """Address of libc's data object NAME (main_arena, mp_, free_list, __libc_version)."""
 
     def tls_offset(self, name: str) -> int | None:
-        """Offset of libc's TLS variable NAME from a thread's $fs_base (tcache, thread_arena)."""
+        """Offset of libc's TLS variable NAME from a thread's thread pointer (tcache, thread_arena)."""
 
     def libc_file(self) -> tuple[str, str | None] | None:
         """(path, build-id) of the libc file the debugger loaded, whose symbols these are; None if none."""
@@ -101,7 +100,7 @@ class Search:
     """State shared by the discovery steps: what is known so far, and the facts and findings recorded."""
 
     def __init__(self, mem: Memory, symbols: SymbolSource, overrides: Overrides, mappings: list[Mapping],
-                 fs_bases: list[int], core: bool = False, regions: list[tuple[int, int]] | None = None):
+                 thread_pointers: list[int], core: bool = False, regions: list[tuple[int, int]] | None = None):
         self.mem = mem
         self.regions = regions if regions is not None else [(m.start, m.end) for m in mappings]
         self.core = core
@@ -110,10 +109,10 @@ class Search:
         self.symbols = symbols
         self.overrides = overrides
         self.mappings = mappings
-        self.fs_bases = fs_bases
+        self.thread_pointers = thread_pointers
         self.facts: list[Fact] = []
         self.findings: list[Finding] = []
-        self.image: LibcImage | None = None
+        self.image: ElfImage | None = None
         self.libc_problem = "no libc.so.6 among the mappings (a static binary?)"  # why image is None
         self._tls_candidates: list[int] | None = None
 
@@ -167,7 +166,7 @@ class Search:
             return
         base, path = found
         try:
-            self.image = LibcImage.read(self.mem, base, path)
+            self.image = ElfImage.read(self.mem, base, path)
         except ReadError as exc:
             self.libc_problem = (f"libc ({path}) is mapped at {base:#x}, but its ELF header there is unreadable "
                                  f"({exc.reason})")
@@ -196,7 +195,7 @@ class Search:
             kept = [(max(s.address, first_page), s.end) for s in self.image.segments
                     if s.type == PT_LOAD and not s.flags & PF_W and s.end > first_page]
             self.mem = _Refusing(self.mem, kept, f"{path} is not the libc the process ran")
-            self.image = LibcImage.read(self.mem, base, self.image.path)
+            self.image = ElfImage.read(self.mem, base, self.image.path)
             what = "its symbols and the read-only pages it would fill in"
         self.note(Severity.WARNING, base, f"the libc file gdb loaded ({path}, build-id {file_id}) is not the one "
                   f"the process ran (build-id {build_id}): {what} are not used; open the target with the "
@@ -236,7 +235,7 @@ class Search:
                 pass
         code = self.code("gnu_get_libc_version", 16)
         if code is not None:
-            target = x86.first_lea(*code)
+            target = self.image.code.first_address(*code)
             if target is not None:
                 try:
                     return parse_version(read_c_string(self.mem, target, 16)), \

@@ -7,7 +7,6 @@ from heapwalk.findings import Severity
 from heapwalk.glibc.locate import heuristics
 from heapwalk.glibc.locate.layout import Layout, layout_for
 from heapwalk.glibc.locate.search import Search
-from heapwalk.inferior import x86
 from heapwalk.inferior.memory import ReadError, u64
 
 
@@ -34,18 +33,18 @@ def find_tcache_tpoff(search: Search, layout: Layout | None) -> tuple[int | None
     how = "symbol tcache (TLS)"
     if tpoff is None and search.image is not None:
         code = search.code("malloc", 512)
-        slot = x86.tls_got_slot(*code) if code else None
+        slot = search.image.code.tls_slot(*code) if code else None
         if slot is not None:
             try:
                 value = u64(search.mem, slot)
                 candidate = value - (1 << 64) if value >> 63 else value
-                if heuristics.pick_tls_offset(search.mem, search.fs_bases, [candidate], classify) or \
-                        not search.fs_bases:
+                if heuristics.pick_tls_offset(search.mem, search.thread_pointers, [candidate], classify) or \
+                        not search.thread_pointers:
                     tpoff, how = candidate, f"GOT slot {slot:#x} read by malloc (disassembly)"
             except ReadError:
                 pass
-        if tpoff is None and search.fs_bases:
-            picked = heuristics.pick_tls_offset(search.mem, search.fs_bases,
+        if tpoff is None and search.thread_pointers:
+            picked = heuristics.pick_tls_offset(search.mem, search.thread_pointers,
                                                 search.tls_candidates(), classify)
             if picked is not None:
                 tpoff, how = picked[0], f"candidate TLS offsets tried on every thread ({picked[1]} tcaches)"
@@ -54,7 +53,7 @@ def find_tcache_tpoff(search: Search, layout: Layout | None) -> tuple[int | None
         return None, None
     search.fact("tcache_tls_offset", tpoff, how)
     sizes = set()
-    for fs in search.fs_bases:
+    for fs in search.thread_pointers:
         try:
             value = u64(search.mem, fs + tpoff)
         except ReadError:
@@ -73,7 +72,7 @@ def safe_linking_shown(search: Search, tpoff: int | None, tcache_chunk: int | No
         return None
     shape = layout_for(heuristics.TCACHE_CHUNK_SIZES[tcache_chunk])
     pointers = []
-    for fs in search.fs_bases:
+    for fs in search.thread_pointers:
         try:
             value = u64(search.mem, fs + tpoff)
         except ReadError:
@@ -88,14 +87,14 @@ def find_thread_arena_tpoff(search: Search, ring: list[int], layout: Layout) -> 
     if tpoff is not None:
         search.fact("thread_arena_tls_offset", tpoff, "symbol thread_arena (TLS)")
         return tpoff
-    if search.image is None or not search.fs_bases:
+    if search.image is None or not search.thread_pointers:
         search.unknown("thread_arena_tls_offset", "no symbol, no libc image or no threads")
         return None
     arenas = set(ring)
 
     def classify(value: int) -> str:
         return "valid" if value in arenas else "none" if value == 0 else "invalid"
-    picked = heuristics.pick_tls_offset(search.mem, search.fs_bases,
+    picked = heuristics.pick_tls_offset(search.mem, search.thread_pointers,
                                         search.tls_candidates(), classify)
     if picked is None:
         search.unknown("thread_arena_tls_offset", "no candidate offset gives ring arenas")

@@ -178,7 +178,7 @@ def _tcache_json(tc: Tcache) -> dict[str, Any]:
 
 
 def _thread_json(t: Thread) -> dict[str, Any]:
-    return {"number": t.number, "lwp": t.lwp, "name": t.name, "fs_base": t.fs_base, "arena": t.arena,
+    return {"number": t.number, "lwp": t.lwp, "name": t.name, "fs_base": t.thread_pointer, "arena": t.arena,
             "tcache_pointer": t.tcache_pointer, "tcache": None if t.tcache is None else _tcache_json(t.tcache),
             "tls_intact": not t.tls_lost}
 

@@ -45,8 +45,8 @@ def decode_mimalloc3(mem: Memory, found: MiDiscovery, threads, description: str 
     for unit in units:
         for page in unit.pages:
             walk_page(mem, page, findings)
-    first = min((t for t in threads if t.fs_base), key=lambda t: t.number, default=None)
-    return MiState(found, units, heaps, [], findings, description, residency, first.fs_base if first else 0)
+    first = min((t for t in threads if t.thread_pointer), key=lambda t: t.number, default=None)
+    return MiState(found, units, heaps, [], findings, description, residency, first.thread_pointer if first else 0)
 
 
 def _overfull(arenas, units) -> list[Finding]:

@@ -73,7 +73,7 @@ def discover_mimalloc3(mem: Memory, found: MiImage, layout: Mi3Layout, mappings:
               "overcommits)" if overcommit is not False else "the system does not overcommit: an arena's "
               "committed bitmap counts"),
              ("default heaps", f"thread-local, {tpoff - (1 << 64) if tpoff and tpoff >> 63 else tpoff:#x} from "
-              f"$fs_base ({layout.default_fn}'s GOT slot)" if tpoff is not None else "not found"),
+              f"${found.image.arch.thread_pointer} ({layout.default_fn}'s GOT slot)" if tpoff is not None else "not found"),
              ("options", f"{len(options)}, from their table (each entry carries its index)" if options else
               "not found: the report does not say which options the process runs with"))
     return MiDiscovery(layout, found.version, found.path, main, cookie, (), (), None, tpoff, (), facts, (),

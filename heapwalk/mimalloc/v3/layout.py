@@ -42,7 +42,7 @@ class Mi3Layout:
     #                                       serves only until the main thread's own is made)
     # mi_page_t: at the start of its first slice (or of the memory the system gave it)
     page: int = 120
-    page_xthread_id: int = 0              # the owner's $fs_base | flags (1 in the full queue, 4 abandoned and mapped)
+    page_xthread_id: int = 0              # the owner's thread pointer | flags (1 in the full queue, 4 abandoned and mapped)
     page_free: int = 8
     page_used: int = 16                   # uint16: blocks in use, those on the thread-free list included
     page_capacity: int = 18               # uint16

@@ -1,4 +1,4 @@
-"""The few x86_64 instruction shapes heapwalk looks for in libc's exported functions.
+"""The few x86-64 instruction shapes heapwalk looks for in libraries' functions (`CodeReader` for x86-64).
 
 No disassembler: only RIP-relative ``lea``/``mov`` loads are recognised, by
 their fixed encoding (REX.W prefix, opcode 8D or 8B, ModRM with mod=00 and
@@ -11,26 +11,34 @@ from ``malloc`` the GOT slot of the ``tcache`` TLS variable, and from
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
 
-__all__ = ["RipLoad", "RipRef", "rip_loads", "rip_loads32", "rip_refs", "rip_byte_stores", "rip_byte_loads",
-           "call_targets", "first_lea", "first_shift_right", "tls_got_slot", "LEA", "MOV"]
+from heapwalk.arch.base import CodeRef
+
+__all__ = ["READER"]
 
 LEA, MOV = 0x8D, 0x8B
+_ENDBR64 = b"\xf3\x0f\x1e\xfa"
 FS_PREFIX = 0x64
+#: register number (REX.R:reg) -> the argument it carries in the System V calling convention
+_ARGUMENT = {7: 0, 6: 1, 2: 2, 1: 3, 8: 4, 9: 5}
 
 
-@dataclass(frozen=True)
-class RipLoad:
-    """A ``lea``/``mov reg, [rip+disp]`` at OFFSET in the code; TARGET is the address it refers to."""
+def _passed_as(code: bytes, after: int, register: int) -> tuple[int | None, int]:
+    """(the argument REGISTER's value is passed as, the offset past it): its own, or, as unoptimised code
+    computes into rax, rcx or rdx first, the argument register the ``mov`` right after copies it into."""
+    if register < 8 and code[after:after + 2] == b"\x48\x89" and after + 2 < len(code):
+        modrm = code[after + 2]
+        if modrm >> 6 == 3 and (modrm >> 3) & 7 == register and modrm & 7 in _ARGUMENT:
+            return _ARGUMENT[modrm & 7], after + 3
+    return _ARGUMENT.get(register), after
 
-    offset: int
-    opcode: int
-    target: int
-    length: int = 7
+
+def _ref(code: bytes, start: int, end: int, target: int, computes: bool, register: int) -> CodeRef:
+    argument, past = _passed_as(code, end, register)
+    return CodeRef(start, target, computes, end - start, argument, past)
 
 
-def rip_loads(code: bytes, address: int) -> list[RipLoad]:
+def rip_loads(code: bytes, address: int) -> list[CodeRef]:
     """Every REX.W lea/mov with a RIP-relative operand in CODE (which starts at ADDRESS).
 
     Scanning byte by byte can find an instruction inside another's
@@ -42,31 +50,22 @@ def rip_loads(code: bytes, address: int) -> list[RipLoad]:
         rex, op, modrm = code[i], code[i + 1], code[i + 2]
         if rex & 0xF8 == 0x48 and op in (LEA, MOV) and modrm & 0xC7 == 0x05:
             disp, = struct.unpack_from("<i", code, i + 3)
-            out.append(RipLoad(i, op, address + i + 7 + disp))
+            out.append(_ref(code, i, i + 7, address + i + 7 + disp, op == LEA, (rex & 4) << 1 | (modrm >> 3) & 7))
     return out
 
 
-def rip_loads32(code: bytes, address: int) -> list[RipLoad]:
+def rip_loads32(code: bytes, address: int) -> list[CodeRef]:
     """Every 32-bit ``mov r32, [rip+disp]`` (opcode 8B with no REX prefix) in CODE (which starts at ADDRESS):
     how a compiler reads an ``unsigned`` global."""
     out = []
     for i in range(1, len(code) - 5):
         if code[i] == MOV and code[i + 1] & 0xC7 == 0x05 and code[i - 1] & 0xF0 != 0x40:
             disp, = struct.unpack_from("<i", code, i + 2)
-            out.append(RipLoad(i, MOV, address + i + 6 + disp, 6))
+            out.append(_ref(code, i, i + 6, address + i + 6 + disp, False, (code[i + 1] >> 3) & 7))
     return out
 
 
-@dataclass(frozen=True)
-class RipRef:
-    """An instruction at OFFSET that computes (``lea``) or reads (a load) the RIP-relative address TARGET."""
-
-    offset: int
-    lea: bool
-    target: int
-
-
-def rip_refs(code: bytes, address: int) -> list[RipRef]:
+def rip_refs(code: bytes, address: int) -> list[CodeRef]:
     """Every ``lea``, ``mov r, [rip+disp]`` (any width) and ``movzx``/``movsx r, [rip+disp]`` in CODE (which
     starts at ADDRESS), in order: how a function computes or reads a global, whatever the compiler chose."""
     out = []
@@ -78,13 +77,13 @@ def rip_refs(code: bytes, address: int) -> list[RipRef]:
         op = code[i]
         if op in (LEA, MOV) and code[i + 1] & 0xC7 == 0x05 and i + 6 <= len(code):
             disp, = struct.unpack_from("<i", code, i + 2)
-            out.append(RipRef(start, op == LEA, address + i + 6 + disp))
+            out.append(CodeRef(start, address + i + 6 + disp, op == LEA, i + 6 - start, None, i + 6))
             i += 6
             continue
         if op == 0x0F and i + 7 <= len(code) and code[i + 1] in (0xB6, 0xB7, 0xBE, 0xBF) \
                 and code[i + 2] & 0xC7 == 0x05:
             disp, = struct.unpack_from("<i", code, i + 3)
-            out.append(RipRef(start, False, address + i + 7 + disp))
+            out.append(CodeRef(start, address + i + 7 + disp, False, i + 7 - start, None, i + 7))
             i += 7
             continue
         i = start + 1
@@ -167,6 +166,36 @@ def call_targets(code: bytes, address: int) -> list[int]:
     return out
 
 
+def frame_body(code: bytes) -> int | None:
+    """Where the body of the unoptimised function CODE starts ends (its ``pop rbp; ret``), None when CODE does
+    not start as unoptimised code does (``push rbp; mov rbp, rsp``) or has no such end."""
+    if code[:4] != b"\x55\x48\x89\xe5":
+        return None
+    end = code.find(b"\x5d\xc3")
+    return end if end >= 0 else None
+
+
+def first_load(code: bytes, address: int) -> int | None:
+    """The global the first instruction of the function CODE (at ADDRESS) reads, past an ``endbr64``; None when
+    that instruction is no RIP-relative 64-bit ``mov``."""
+    first = len(_ENDBR64) if code.startswith(_ENDBR64) else 0
+    loads = rip_loads(code, address)
+    return loads[0].target if loads and loads[0].offset == first and not loads[0].computes else None
+
+
+def returned_constant(code: bytes) -> int | None:
+    """The 32-bit constant the function CODE only returns (``mov eax, imm32; ret``, past an ``endbr64``)."""
+    code = code[len(_ENDBR64):] if code.startswith(_ENDBR64) else code
+    if len(code) < 6 or code[0] != 0xB8 or code[5] != 0xC3:
+        return None
+    return int.from_bytes(code[1:5], "little")
+
+
+def call_at(code: bytes, offset: int) -> bool:
+    """Whether a direct call starts at OFFSET of CODE."""
+    return offset < len(code) and code[offset] == 0xE8
+
+
 def first_shift_right(code: bytes) -> int | None:
     """The count of the first ``shr r64, imm8`` (REX.W C1 /5 ib) in CODE, None when it has none."""
     for i in range(len(code) - 3):
@@ -177,7 +206,7 @@ def first_shift_right(code: bytes) -> int | None:
 
 def first_lea(code: bytes, address: int) -> int | None:
     """Target of the first RIP-relative lea (the first address a function computes)."""
-    return next((r.target for r in rip_loads(code, address) if r.opcode == LEA), None)
+    return next((r.target for r in rip_loads(code, address) if r.computes), None)
 
 
 def tls_got_slot(code: bytes, address: int, window: int = 16) -> int | None:
@@ -186,10 +215,31 @@ def tls_got_slot(code: bytes, address: int, window: int = 16) -> int | None:
     In malloc that is the ``tcache`` variable: ``mov rax,[rip+X]; mov rdx,fs:[rax]``.
     """
     for load in rip_loads(code, address):
-        if load.opcode != MOV:
+        if load.computes:
             continue
         tail = code[load.offset + 7:load.offset + 7 + window]
         for i in range(len(tail) - 2):
             if tail[i] == FS_PREFIX and tail[i + 1] & 0xF0 == 0x40 and tail[i + 2] == MOV:
                 return load.target
     return None
+
+
+class _Reader:
+    """x86-64's `CodeReader`: RIP-relative operands, rel32 calls."""
+
+    address_refs = staticmethod(rip_loads)
+    loads32 = staticmethod(rip_loads32)
+    all_refs = staticmethod(rip_refs)
+    byte_stores = staticmethod(rip_byte_stores)
+    byte_loads = staticmethod(rip_byte_loads)
+    calls = staticmethod(call_targets)
+    first_shift_right = staticmethod(first_shift_right)
+    first_address = staticmethod(first_lea)
+    tls_slot = staticmethod(tls_got_slot)
+    frame_body = staticmethod(frame_body)
+    call_at = staticmethod(call_at)
+    first_load = staticmethod(first_load)
+    returned_constant = staticmethod(returned_constant)
+
+
+READER = _Reader()

@@ -1,0 +1,111 @@
+"""What an architecture module provides: the `Architecture` facts and the `CodeReader` that finds, in a
+function's machine code, the few instruction shapes the allocators' discovery looks for."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Protocol
+
+from heapwalk.errors import HeapwalkError
+
+__all__ = ["Architecture", "CodeRef", "CodeReader", "UnknownArchitecture"]
+
+
+class UnknownArchitecture(HeapwalkError):
+    """The target is of an architecture heapwalk does not read."""
+
+    def __init__(self, what: str):
+        names = ", ".join(a.name for a in _known())
+        super().__init__(f"this target's architecture ({what}) is not one heapwalk reads ({names})")
+
+
+def _known():
+    from heapwalk.arch import known
+    return known()
+
+
+@dataclass(frozen=True)
+class CodeRef:
+    """An instruction at OFFSET of a piece of code that computes (COMPUTES) or reads the address TARGET, relative
+    to the program counter; LENGTH bytes long.  ARGUMENT: the argument of a call its result is passed as (the
+    register it lands in, or the one the next instruction copies it into), None for another register; END: the
+    offset past it (and past that copy)."""
+
+    offset: int
+    target: int
+    computes: bool
+    length: int
+    argument: int | None = None
+    end: int = 0
+
+
+class CodeReader(Protocol):
+    """The instruction shapes discovery reads in code (bytes CODE that start at address AT), no disassembler."""
+
+    def address_refs(self, code: bytes, at: int) -> list[CodeRef]:
+        """Every 64-bit address computed or 64-bit word read relative to the program counter."""
+
+    def loads32(self, code: bytes, at: int) -> list[CodeRef]:
+        """Every 32-bit word read relative to the program counter (how a compiler reads an `unsigned`)."""
+
+    def all_refs(self, code: bytes, at: int) -> list[CodeRef]:
+        """Every address computed or read relative to the program counter, any width, in order."""
+
+    def byte_stores(self, code: bytes, at: int) -> list[int]:
+        """The globals whose byte the code stores a constant into."""
+
+    def byte_loads(self, code: bytes, at: int) -> list[int]:
+        """The globals the code reads one byte of, in order."""
+
+    def calls(self, code: bytes, at: int) -> list[int]:
+        """The targets of the direct calls, in order (a scan may find some inside other instructions)."""
+
+    def first_shift_right(self, code: bytes) -> int | None:
+        """The count of the first logical right shift of a 64-bit register by a constant."""
+
+    def first_address(self, code: bytes, at: int) -> int | None:
+        """The first address the code computes relative to the program counter."""
+
+    def tls_slot(self, code: bytes, at: int) -> int | None:
+        """The GOT slot of the first initial-exec TLS access (the slot holds the variable's TLS offset)."""
+
+    def frame_body(self, code: bytes) -> int | None:
+        """Where the body of an unoptimised function (one that sets up a frame pointer first) ends; None for
+        other code."""
+
+    def call_at(self, code: bytes, offset: int) -> bool:
+        """Whether a direct call starts at OFFSET."""
+
+    def first_load(self, code: bytes, at: int) -> int | None:
+        """The global the function's first instruction (past a branch-target marker) reads, or None."""
+
+    def returned_constant(self, code: bytes) -> int | None:
+        """The 32-bit constant a function that does nothing else returns, or None."""
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """One processor architecture as heapwalk reads it.
+
+    ``multiarch``: the folder Debian's multiarch layout keeps its libraries in (lib/MULTIARCH);
+    ``thread_pointer`` and ``stack_pointer`` are gdb's names of the registers; ``tls_below_thread_pointer``
+    says the static TLS blocks lie below the thread pointer (TLS variant II, x86-64) rather than above it;
+    ``tcb_intact(word_at, tp)`` whether a thread's control block at TP looks whole, WORD_AT reading a word,
+    ``tcb_holds`` what its first word holds then, in words;
+    ``pointer_registers``: the general registers that may hold a pointer, callee-saved first (they survive the
+    calls into abort)."""
+
+    name: str
+    multiarch: str
+    elf_machine: int
+    gdb_names: tuple[str, ...]
+    thread_pointer: str
+    stack_pointer: str
+    page_size: int
+    tls_below_thread_pointer: bool
+    reloc_tpoff64: int
+    reloc_dtpmod64: int
+    code: CodeReader
+    tcb_intact: Callable[[Callable[[int], int], int], bool]
+    tcb_holds: str
+    pointer_registers: tuple[str, ...] = ()
