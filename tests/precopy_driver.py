@@ -21,8 +21,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from heapwalk.cli import precopy, ptrace  # noqa: E402
-from heapwalk.cli.corewriter import hold_for, write_core  # noqa: E402
+from heapwalk.capture import precopy, ptrace  # noqa: E402
+from heapwalk.capture.corewriter import hold_for, write_core  # noqa: E402
 from heapwalk.inferior.corefile import CoreFile  # noqa: E402
 
 def segments(core: Path) -> list[tuple[int, int, int, int]]:

@@ -32,7 +32,8 @@ MAY_IMPORT = {
        for part in ALLOCATOR_PARTS},
     "registry": {"allocator", *ALLOCATOR_PARTS},
     "gdb": {"registry", "allocator", "output", "analysis", "view", "mapkinds", "inferior", "arch", "findings", "errors"},
-    "cli": {"registry", "output", "analysis", "view", "mapkinds", "inferior", "arch", "findings", "errors"},
+    "capture": {"inferior", "arch", "errors"},
+    "cli": {"registry", "capture", "output", "analysis", "view", "mapkinds", "inferior", "arch", "findings", "errors"},
     "__init__": {"gdb", "errors"},
 }
 #: the only modules that import gdb

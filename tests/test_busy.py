@@ -12,7 +12,7 @@ import time
 import pytest
 
 from busy import SIGNAL, SLACK, account, stress
-from heapwalk.cli import ptrace
+from heapwalk.capture import ptrace
 from services import build_service
 
 pytestmark = pytest.mark.live

@@ -15,7 +15,7 @@ import pytest
 
 import harness
 import sysroots
-from heapwalk.cli import precopy
+from heapwalk.capture import precopy
 from heapwalk.inferior.corefile import CoreFile, file_build_id
 from browser import Browser, heap_groups, png_pixels
 from figures import diff_page_disagreements
@@ -509,7 +509,8 @@ def test_error_capture_folder_that_cannot_be_made(tmp_path):
 def test_error_process_of_another_user(tmp_path, monkeypatch, capsys):
     """A user who is not root, attaching to a process of another user (here: heapwalk's own check of the
     process's owner, with the effective uid made someone else's)."""
-    from heapwalk.cli import main as cli, proc as procfs
+    from heapwalk.capture import proc as procfs
+    from heapwalk.cli import main as cli
 
     with running(tmp_path, "grow") as (proc, _):
         owner = os.stat(f"/proc/{proc.pid}").st_uid
@@ -523,7 +524,7 @@ def test_error_process_of_another_user(tmp_path, monkeypatch, capsys):
 
 def test_error_ptrace_scope_explained(monkeypatch, tmp_path):
     """A user attaching to their own process under Yama's ptrace_scope 1 (Ubuntu's default) or 3."""
-    from heapwalk.cli import proc
+    from heapwalk.capture import proc
 
     scope = tmp_path / "ptrace_scope"
     real_path = proc.Path

@@ -1,4 +1,4 @@
-"""The capture's core writer (`heapwalk.cli.corewriter`) and the page rules it shares with live reads
+"""The capture's core writer (`heapwalk.capture.corewriter`) and the page rules it shares with live reads
 (`heapwalk.inferior.pages`), without a process: which pages of a mapping are read, filled or left out, from a
 made-up page map, and the ELF notes it writes."""
 
@@ -9,10 +9,10 @@ import struct
 
 import numpy as np
 
-from heapwalk.cli import coreplan
-from heapwalk.cli.corenotes import file_note, note
-from heapwalk.cli.coreplan import PAGE, _codes, _mapping_segments
-from heapwalk.cli.corewriter import _write_nonzero
+from heapwalk.capture import coreplan
+from heapwalk.capture.corenotes import file_note, note
+from heapwalk.capture.coreplan import PAGE, _codes, _mapping_segments
+from heapwalk.capture.corewriter import _write_nonzero
 from heapwalk.inferior.pages import MapsLine, Page, classify
 
 PRESENT, SWAPPED, FILE_PAGE, EXCLUSIVE = 1 << 63, 1 << 62, 1 << 61, 1 << 56

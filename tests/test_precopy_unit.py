@@ -1,4 +1,4 @@
-"""The capture's pre-copy (`heapwalk.cli.precopy`) without a process: which copies it keeps, which the final
+"""The capture's pre-copy (`heapwalk.capture.precopy`) without a process: which copies it keeps, which the final
 stop forgets (soft-dirty, freed, or not the process's page alone), how the core writer takes the rest from
 them, and the lines a capture prints.  The real thing, under a kernel that tracks soft-dirty pages:
 tests/test_precopy.py."""
@@ -10,10 +10,10 @@ from pathlib import Path
 
 import numpy as np
 
-from heapwalk.cli import corewriter, precopy
+from heapwalk.capture import corewriter, precopy
 from heapwalk.cli.capture import _pause_line
-from heapwalk.cli.corewriter import PAGE, CoreSummary, PendingCore, Segment
-from heapwalk.cli.precopy import NOT_COPIED, SOFT_DIRTY, ZEROS, Copies, _near_runs, _offset_pieces
+from heapwalk.capture.corewriter import PAGE, CoreSummary, PendingCore, Segment
+from heapwalk.capture.precopy import NOT_COPIED, SOFT_DIRTY, ZEROS, Copies, _near_runs, _offset_pieces
 from heapwalk.inferior.pages import MapsLine
 
 BASE = 0x7F0000000000

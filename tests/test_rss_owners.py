@@ -16,7 +16,7 @@ import pytest
 from conftest import BINDIR, NO_SYMBOLS, ROOT, SYSROOTS, run_gdb
 import harness
 from figures import page_disagreements
-from heapwalk.cli.proc import read_smaps
+from heapwalk.capture.proc import read_smaps
 
 pytestmark = pytest.mark.cores
 

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from heapwalk.cli import ptrace
+from heapwalk.capture import ptrace
 from heapwalk.analysis.report import human
-from heapwalk.cli.corewriter import write_core
+from heapwalk.capture.corewriter import write_core
 from services import gcore_report, process_state, running, wait_for_step
 from verdicts import contradictions
 

@@ -3,7 +3,7 @@ measured, and the capture's cap on segments for a program run through the dynami
 
 from __future__ import annotations
 
-from heapwalk.cli.corewriter import _LD_SO
+from heapwalk.capture.corewriter import _LD_SO
 from heapwalk.tcmalloc.discovery import _candidates, _unmeasured
 from heapwalk.tcmalloc.layout import LAYOUTS
 

@@ -10,12 +10,12 @@ import time
 from pathlib import Path
 
 from heapwalk import registry
-from heapwalk.cli import precopy, ptrace
+from heapwalk.capture import precopy, ptrace
 from heapwalk.cli.cores import open_core, report_command
-from heapwalk.cli.corewriter import hold_for, write_core
+from heapwalk.capture.corewriter import hold_for, write_core
 from heapwalk.cli.gdbmi import CliError, Gdb
 from heapwalk.analysis.report import human
-from heapwalk.cli.proc import environment, ptrace_advice, read_smaps, resident_runs, thread_names
+from heapwalk.capture.proc import environment, ptrace_advice, read_smaps, resident_runs, thread_names
 from heapwalk.inferior.pages import PagesUnknown
 from heapwalk.output import jsondoc
 

@@ -22,7 +22,7 @@ holds nothing: `Page.ZERO_PAGE`, known from /proc/kpageflags where this user may
 
 `LivePages` answers these for a process and reads through the rules (`LivePages.read`), and lists what no
 read gives (`LivePages.absent`) so that a reader leaves it out at once; the capture's core writer
-(`heapwalk.cli.corewriter`) plans its segments with the same classes.  Pure Python and numpy, no gdb.
+(`heapwalk.capture.corewriter`) plans its segments with the same classes.  Pure Python and numpy, no gdb.
 """
 
 from __future__ import annotations

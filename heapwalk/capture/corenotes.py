@@ -8,7 +8,7 @@ import os
 import struct
 from pathlib import Path
 
-from heapwalk.cli.ptrace import Stopped
+from heapwalk.capture.ptrace import Stopped
 from heapwalk.inferior.pages import PAGE, MapsLine
 
 __all__ = ["note", "file_note", "process_notes"]

@@ -6,7 +6,7 @@ where it was never touched, and its reads fault in every page they touch: untouc
 allocated, untouched private memory the zero page.  Here, with the process's threads stopped
 (`ptrace.Stopped`), each mapping is planned page by page from /proc/PID/pagemap with the rules of
 `heapwalk.inferior.pages` (a page is read from the process only when present or swapped out; the plan:
-`heapwalk.cli.coreplan`):
+`heapwalk.capture.coreplan`):
 - anonymous memory (heaps, arenas, stacks, mmapped chunks): its present and swapped-out pages are written;
   the untouched ones are zero-filled segments with no bytes in the file, as they read as zeros;
 - a private mapping of a file: the pages the process wrote; and where the mapping is writable or was
@@ -22,7 +22,7 @@ allocated, untouched private memory the zero page.  Here, with the process's thr
 image); [vvar] and [vsyscall] and PROT_NONE ranges (guard pages, the unused part of a heap's
 reservation) are left out.  While the process is stopped its pages are read into memory made ready
 beforehand (`hold_for`), as far as it goes, and written to the file once it runs again: writing the file
-while it is stopped would double the pause.  After a pre-copy (`heapwalk.cli.precopy`), the stop reads only the
+while it is stopped would double the pause.  After a pre-copy (`heapwalk.capture.precopy`), the stop reads only the
 pages the copies cannot give, and the rest is copied from them into the file once the process runs again.
 
 The notes are those of a kernel core: each thread's NT_PRSTATUS and NT_FPREGSET (the thread group leader
@@ -46,10 +46,10 @@ from typing import Tuple
 
 import numpy as np
 
-from heapwalk.cli.corenotes import note, process_notes
-from heapwalk.cli.coreplan import MAX_SEGMENTS, PAGE, Piece, Segment, plan_segments
-from heapwalk.cli.precopy import Precopy, copied_kinds
-from heapwalk.cli.ptrace import Stopped
+from heapwalk.capture.corenotes import note, process_notes
+from heapwalk.capture.coreplan import MAX_SEGMENTS, PAGE, Piece, Segment, plan_segments
+from heapwalk.capture.precopy import Precopy, copied_kinds
+from heapwalk.capture.ptrace import Stopped
 from heapwalk.inferior.memory import ReadError
 from heapwalk.inferior.pages import LivePages, PagesUnknown
 from heapwalk.inferior.residency import runs_of
@@ -115,7 +115,7 @@ class PendingCore:
         self.out, self.hold, self.size, self.segments = out, hold, size, segments
         self.written = 0
         self.held: list[tuple[Segment, int, memoryview]] = []      # segment, file offset, its bytes
-        self.copies = copies           # the scratch file of a pre-copy (`heapwalk.cli.precopy`), or None
+        self.copies = copies           # the scratch file of a pre-copy (`heapwalk.capture.precopy`), or None
         self.deferred: list[tuple[int, int, int]] = []              # file offset, scratch offset, bytes
         self._notes = notes            # not_read -> the notes' bytes
         self.not_read: list[tuple[int, int, str]] = not_read
@@ -186,7 +186,7 @@ def write_core(stopped: Stopped, path: Path, facts: dict | None = None, hold: mm
     the capture knows of the process that a core does not hold: its CPU counts) as a HEAPWALK note: into HOLD
     (`hold_for`) as far as it goes, the rest into the file.  `PendingCore.finish`, once the process goes on,
     completes the file; WHOLE_FILES stores the pages of its files too (see `plan_segments`).  With PRECOPY
-    (`heapwalk.cli.precopy.run`), the pages it copied that were not written since are taken from its copies
+    (`heapwalk.capture.precopy.run`), the pages it copied that were not written since are taken from its copies
     (by `finish`), the rest read now.  PagesUnknown when the process's page map cannot be read."""
     pid = stopped.pid
     mem = os.open(f"/proc/{pid}/mem", os.O_RDONLY)

@@ -7,7 +7,7 @@ that the next write to each sets its bit again).  `run` clears them, reads every
 of the process's private anonymous mappings while it runs (into a scratch file beside the core), then, in
 rounds, stops it for as long as reading its page map takes, notes the pages written since the last clear,
 clears again, lets it go and reads those pages again, while that set shrinks.  The capture's final stop
-(`heapwalk.cli.corewriter.write_core`) then reads from the process only the pages written since the last
+(`heapwalk.capture.corewriter.write_core`) then reads from the process only the pages written since the last
 clear, the pages that were not copied, and everything that is not private anonymous memory; the core is
 the process's memory at that stop, as a stop-the-world capture would have read it:
 - a page whose bit is clear at a stop was not written since the clear that preceded its last copy, which was
@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from heapwalk.cli import ptrace
+from heapwalk.capture import ptrace
 from heapwalk.errors import HeapwalkError
 from heapwalk.inferior.pages import EXCLUSIVE, PAGE, PRESENT, SPECIAL, SWAPPED, LivePages, MapsLine, Page
 from heapwalk.inferior.residency import runs_of
@@ -332,7 +332,7 @@ class Precopy:
 
     def expected_at_stop(self) -> int:
         """About the most the final stop should read from the process's anonymous memory: for the memory held
-        to read it into (`heapwalk.cli.corewriter.hold_for`)."""
+        to read it into (`heapwalk.capture.corewriter.hold_for`)."""
         last = self.rounds[-1].read if self.rounds else 0
         return 2 * max(last, self.left) + (64 << 20)
 

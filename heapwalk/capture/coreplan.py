@@ -1,4 +1,4 @@
-"""The plan of a capture's core (`heapwalk.cli.corewriter`): which pages of each mapping of a stopped process
+"""The plan of a capture's core (`heapwalk.capture.corewriter`): which pages of each mapping of a stopped process
 it holds, page by page from /proc/PID/pagemap with the rules of `heapwalk.inferior.pages`, as PT_LOAD
 segments whose pieces say where their bytes come from (the process's memory, its file, or known zeros).  The
 rules are the core writer's module text."""
