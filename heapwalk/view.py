@@ -84,6 +84,7 @@ class Words:
     blocks: str = "blocks"                       # its allocations ("chunks")
     size_class: str = "size class"               # what the page calls a class of its free pieces
     blocks_counted: str = ""                     # which of them the in-use tables count, when not all
+    counted: str = ""                            # what a diff counts by size class, when not its blocks
 
     def columns(self, kinds: tuple[str, ...]) -> tuple:
         """The free columns, or one per kind of free bytes when the allocator names none."""

@@ -26,7 +26,7 @@ def impossible(report: dict) -> list[str]:
         out.append(f"largest free {report['largest_free']}, free listed {report['free_listed']}, "
                    f"histogram {histogram}")
     out += [f"histogram bucket {b}" for b in report["histogram"] if b["bytes"] < 0 or b["count"] < 0]
-    out += [f"class {c}" for c in report["by_glibc_class"] if c["bytes"] < 0 or c["count"] < 0]
+    out += [f"class {c}" for c in report["by_size_class"] if c["bytes"] < 0 or c["count"] < 0]
     for line in report["verdict"]:
         out += [f"verdict: {line}" for p in _PERCENT.findall(line) if not 0 <= float(p) <= 100]
     return out

@@ -7,6 +7,8 @@ from collections import Counter
 
 import pytest
 
+from heapwalk.output import jsondoc
+
 from conftest import capture, glibc, run_gdb
 
 pytestmark = pytest.mark.cores
@@ -55,7 +57,7 @@ def test_chunk_describes_a_tcache_entry_and_its_neighbours(cores, tmp_path):
     assert "previous: " in out and "next: " in out
     assert "0x10 is in no arena's heap and in no mmapped chunk" in result.stderr
     doc = json.loads(out_json.read_text())
-    assert doc["schema_version"] == 1 and doc["address"] == entry + 3 and doc["offset"] == 19
+    assert doc["schema_version"] == jsondoc.SCHEMA_VERSION and doc["address"] == entry + 3 and doc["offset"] == 19
     chunk = doc["chunk"]
     assert (chunk["address"], chunk["state"], chunk["mmapped"]) == (entry - 16, "tcache", False)
     assert chunk["listed"].startswith("tcache bin 0 of thread 1, position 1 of")

@@ -14,6 +14,18 @@ from heapwalk.analysis.diff import ArenaTotals, diff
 from heapwalk.analysis.report import Bucket
 from heapwalk.output import jsondoc
 from heapwalk.output.difftext import diff_text
+from heapwalk.cpython.shown import WORDS as CPYTHON
+from heapwalk.glibc.show.reportlines import WORDS as GLIBC_WORDS
+from heapwalk.jemalloc.reportlines import WORDS as JEMALLOC
+from heapwalk.mimalloc.allocator import WORDS as MIMALLOC
+from heapwalk.tcmalloc.allocator import WORDS as TCMALLOC
+
+
+def _words(name: str, words) -> dict:
+    return jsondoc.words_json(name, words)
+
+
+GLIBC = _words("glibc", GLIBC_WORDS)
 
 
 def _arena(address: int, number: int, system: int, in_use: int, free: int, buckets=()) -> ArenaTotals:
@@ -34,13 +46,17 @@ def test_arenas_are_matched_by_address_and_sorted_by_growth():
     assert doc["arenas"][0]["system"] == [100, 300] and doc["arenas"][0]["system_growth"] == 200
     assert doc["arenas"][0]["free_classes"][0] == {"low": 32, "high": 64, "count": [2, 5], "bytes": [96, 240],
                                                    "bytes_growth": 144}
-    text = diff_text(d)
+    text = diff_text(d, GLIBC)
     assert "arena 0: free chunks grew in 32-64 B (2 -> 5 chunks, +144 B)" in text
     assert text.startswith("arenas: 2 -> 2\n") and not d.restarted and doc["arena_counts"] == [2, 2]
     assert text.endswith("grew: arena 0 (system +200 B), 2 (system +20 B, in use +20 B)\n")
-    mine = diff_text(d, "mimalloc")        # mimalloc's rows are owners (threads' heaps), its pieces blocks
+    mine = diff_text(d, _words("mimalloc", MIMALLOC))   # mimalloc's rows are owners (threads' heaps), its blocks
     assert mine.startswith("owners: 2 -> 2\n") and "arena" not in mine and "chunk" not in mine
     assert "owner 0: free blocks grew in 32-64 B (2 -> 5 blocks, +144 B)" in mine
+    for name, words, counted in (("jemalloc", JEMALLOC, "regions"), ("tcmalloc", TCMALLOC, "objects"),
+                                 ("cpython", CPYTHON, "blocks")):   # each in its own words, read from its JSON
+        theirs = diff_text(d, jsondoc.read_words({"report": {"words": _words(name, words)}}, name))
+        assert f"arena 0: free {counted} grew in 32-64 B (2 -> 5 {counted}, +144 B)" in theirs, theirs
 
 
 def _named(address: int, number: int, system: int, in_use: int, kind: str, *users: str) -> ArenaTotals:
@@ -60,7 +76,7 @@ def test_across_a_restart_arenas_are_matched_by_their_threads_names_not_their_nu
     pairs = {e.number: e.figures["system"] for e in d.arenas}
     assert pairs == {0: (100, 90), 1: (64 << 20, 96 << 20), 2: (64, 64)}      # B's numbers, A's figures by name
     assert d.grew == [1]
-    text = diff_text(d)
+    text = diff_text(d, GLIBC)
     assert text.startswith("two processes (no arena at the same address: a restart between the snapshots): arenas "
                            "are matched by the names of the threads that use them")
     assert text.endswith("grew: arena 1 (system +32.0 MiB, in use +18 B)\n")
@@ -78,7 +94,7 @@ def test_across_a_restart_arenas_nothing_ties_are_compared_together():
     assert {(e.number, e.status) for e in d.arenas} == {(0, "both"), (1, "unmatched"), (2, "unmatched"),
                                                         (3, "unmatched")}
     assert d.unmatched_growth["system"] == 640 - 192
-    lines = diff_text(d).splitlines()
+    lines = diff_text(d, GLIBC).splitlines()
     assert "3 of the first's and 1 of the second's are not matched" in lines[0]
     assert any(line.startswith("not matched, together: 3 arenas of the first -> 1 of the second: system +0.0 MiB")
                for line in lines)
@@ -88,7 +104,7 @@ def test_across_a_restart_arenas_nothing_ties_are_compared_together():
 def test_arenas_that_did_not_change_are_named_not_listed():
     a = [_arena(0x10, 0, 100, 60, 40), _arena(0x20, 1, 50, 50, 0)]
     b = [_arena(0x10, 0, 100, 60, 40), _arena(0x20, 1, 80, 70, 10)]
-    lines = diff_text(diff(a, b)).splitlines()
+    lines = diff_text(diff(a, b), GLIBC).splitlines()
     assert [line.split()[0] for line in lines[2:4]] == ["1", "total"]
     assert lines[4] == "unchanged, not listed: arena 0"
 

@@ -14,6 +14,7 @@ from heapwalk.analysis.inuse import LeakTotals, in_use_of, size_buckets
 from heapwalk.analysis.report import Bucket, build_report, scan_sentence
 from heapwalk.glibc.account.verdict import verdict
 from heapwalk.output import jsondoc
+from heapwalk.glibc.show.reportlines import WORDS as GLIBC_WORDS
 from heapwalk.output.difftext import diff_text
 from heapwalk.view import ArenaView, Blocks, HeapView
 
@@ -155,7 +156,7 @@ def test_the_diff_compares_chunks_in_use_by_size_and_signature():
     assert [(c.low, c.count, c.bytes_growth) for c in d.arenas[0].in_use_classes] == [(1024, (0, 1), 2000)]
     assert [(c.name, c.count, c.bytes_growth) for c in d.signatures] == [
         ("vtable for Shape + 16", (2, 40), 1824), ("gone", (1, 0), -32)]
-    text = diff_text(d)
+    text = diff_text(d, jsondoc.words_json("glibc", GLIBC_WORDS))
     assert "arena 0: chunks in use grew in 1024-2048 B (0 -> 1 chunks, +2 KiB)" in text
     assert "chunks in use grew by signature: vtable for Shape + 16 (2 -> 40 chunks, +2 KiB)" in text
     doc = jsondoc.diff_json(d)

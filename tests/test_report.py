@@ -53,7 +53,7 @@ def test_report_totals_add_up(report_of, g, name):
         assert row["in_use"] + sum(row["free"].values()) + row["top"] + row["overhead"] == row["system"]
     assert rep["totals"]["system"] == sum(a["system_mem"] for a in doc["arenas"])
     assert sum(b["bytes"] for b in rep["histogram"]) == rep["totals"]["free"]
-    assert sum(c["bytes"] for c in rep["by_glibc_class"]) == rep["totals"]["free"]
+    assert sum(c["bytes"] for c in rep["by_size_class"]) == rep["totals"]["free"]
     for row in rep["arenas"]:
         arena_hist = rep["histogram_by_arena"][str(row["number"])]
         assert sum(b["bytes"] for b in arena_hist) == sum(row["free"].values()), row["number"]

@@ -8,7 +8,8 @@ of a terminal no line is wrapped or padded to a width (issue 20), so the text is
 and line breaks and with each run of a table's dashes as one; some words were changed (`RENAMED`); what is
 in RAM, what capping the arenas would save and what a core holds by owner were added (`ADDED_LINES`,
 `ADDED_KEYS`, `ADDED_CLAUSE`, `ADDED_CORE_OWNERS`); and the JSON documents put a member a line only down to three levels (`jsondoc.layout`), so
-they are compared as documents, not as text.  One bug was fixed: `bins` showed a non-contiguous main arena
+they are compared as documents, not as text; schema 2 (issue 73) removed the report's `by_glibc_class`, which
+`by_size_class` holds, so it is put back from there.  One bug was fixed: `bins` showed a non-contiguous main arena
 as one heap of negative size (`_pieces_fixed`), and `chunks` walked none of its chunks."""
 
 from __future__ import annotations
@@ -111,6 +112,10 @@ def _without_added(key: str, data: bytes) -> bytes:
     if not key.endswith(".json"):
         return data
     doc = json.loads(data)
+    if "schema_version" in doc:       # schema 2 removed the report's by_glibc_class, which by_size_class holds
+        doc["schema_version"] = 1
+        if isinstance(doc.get("report"), dict) and "by_size_class" in doc["report"]:
+            doc["report"]["by_glibc_class"] = doc["report"]["by_size_class"]
     for name in ADDED_KEYS["document"]:
         doc.pop(name, None)
     for thread in doc.get("threads") or []:

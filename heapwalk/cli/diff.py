@@ -89,13 +89,13 @@ def cmd_diff(args) -> int:
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     pairs, other, alone = _pairs(a, b)
-    diffs = [(name, diff(pa[1], pb[1], pa[2], pb[2])) for name, pa, pb in pairs]
+    diffs = [(name, diff(pa[1], pb[1], pa[2], pb[2]), pa[3]) for name, pa, pb in pairs]
     changed = across(other[0][1], other[1][1], other[0][3], other[1][3]) if other else None
     if changed is not None:
         print(across_text(changed), end="")
-    for i, (name, d) in enumerate(diffs):
+    for i, (name, d, said) in enumerate(diffs):
         print(("" if i == 0 and changed is None else "\n") + (f"{name}:\n" if len(diffs) > 1 or changed else "")
-              + diff_text(d, name), end="")
+              + diff_text(d, said), end="")
     for line in alone:
         print(line)
     rss = [process_rss(p / "report.json" if p.is_dir() else p) for p in (args.a, args.b)]
@@ -114,7 +114,7 @@ def cmd_diff(args) -> int:
     if changed is not None:
         document["across"] = jsondoc.across_json(changed)["across"]
     if len(diffs) > 1 or (diffs and changed is not None):
-        document["allocators"] = {name: {**jsondoc.diff_json(d), "words": words[name]} for name, d in diffs}
+        document["allocators"] = {name: {**jsondoc.diff_json(d), "words": words[name]} for name, d, _ in diffs}
     if args.json:
         _write(args.json, json.dumps(document, indent=1) + "\n")
     if args.html:

@@ -16,7 +16,8 @@ WORDS = Words(
     free_columns=(("free: tcache", lambda a: a.free["tcache"]), ("slabs", lambda a: a.free["slabs"]),
                   ("dirty", lambda a: a.free["dirty"]), ("muzzy", lambda a: a.free["muzzy"])),
     last_columns=(("base, pads", lambda a: a.overhead), ("decay frees", lambda a: a.reclaim)),
-    overhead_page="base blocks and pads", pieces_page="free pieces (regions, cached regions and free extents)")
+    overhead_page="base blocks and pads", pieces_page="free pieces (regions, cached regions and free extents)",
+    counted="regions")
 
 
 def summary_lines(rep: Report, metadata: dict[str, int] | None = None, partial: tuple[int, int] | None = None,

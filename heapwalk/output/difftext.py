@@ -7,13 +7,9 @@ from __future__ import annotations
 from heapwalk.analysis.diff import Across, Diff
 from heapwalk.analysis.report import human
 
-__all__ = ["diff_text", "across_text", "restart_sentence", "figure_name", "TERMS"]
+__all__ = ["diff_text", "across_text", "restart_sentence", "figure_name"]
 
 _MIB = 1 << 20
-
-#: what each allocator calls the rows the diff compares and the pieces it counts (glibc's words otherwise)
-TERMS = {"mimalloc": ("owner", "blocks"), "tcmalloc": ("arena", "objects"), "jemalloc": ("arena", "regions")}
-
 
 def _signed(n: int) -> str:
     return f"{n / _MIB:+.1f}"
@@ -26,11 +22,12 @@ def _bytes(n: int) -> str:
     return f"{n:+,} B" if abs(n) < 1024 else f"{n / 1024:+,.0f} KiB"
 
 
-def diff_text(d: Diff, allocator: str = "") -> str:
+def diff_text(d: Diff, words: dict | None = None) -> str:
     """The table of arenas that changed (largest growth of system memory first, with their RSS when both
-    snapshots know it), then what grew; in ALLOCATOR's words (`TERMS`: mimalloc's rows are owners, its pieces
-    blocks)."""
-    row, piece = TERMS.get(allocator, ("arena", "chunks"))
+    snapshots know it), then what grew; in the allocator's WORDS (`jsondoc.read_words`: what its rows are,
+    what it counts)."""
+    words = words or {}
+    row, piece = words.get("arenas", "arenas").removesuffix("s"), words.get("counted", "blocks")
     figures = ("system", "rss", "in_use", "free") if d.rss_known else ("system", "in_use", "free")
     names = {"system": "system MiB", "rss": "RSS MiB", "in_use": "in use MiB", "free": "free MiB"}
     lines = []

@@ -126,7 +126,7 @@ def _classes(entry: dict[str, Any], d: dict[str, Any]) -> str:
     """One arena's size classes whose free pieces or blocks in use changed, the ones that grew charted."""
     parts = []
     words = d.get("words") or {}
-    pieces, row = words.get("pieces", "chunks"), words.get("arenas", "arenas").rstrip("s")
+    pieces, row = words.get("counted", "blocks"), words.get("arenas", "arenas").rstrip("s")
     for what, key in ((f"free {pieces}", "free_classes"), (f"{pieces} in use", "in_use_classes")):
         classes = entry.get(key) or []
         if not classes:
@@ -149,17 +149,19 @@ def _classes(entry: dict[str, Any], d: dict[str, Any]) -> str:
 
 
 def _signatures(d: dict[str, Any]) -> str:
+    """The signatures whose blocks in use changed, in the allocator's word for them; the ones that grew charted."""
     changes = d.get("signatures") or []
     if not changes:
         return ""
+    counted = (d.get("words") or {}).get("counted", "blocks")
     grown = [c for c in changes if c["bytes_growth"] > 0][:20]
     chart = bar_chart([(c["signature"][:28], c["bytes_growth"], f"{_signed(c['bytes_growth'])} ({c['count'][0]} "
-                        f"\u2192 {c['count'][1]})") for c in grown], "signatures whose chunks in use grew",
+                        f"\u2192 {c['count'][1]})") for c in grown], f"signatures whose {counted} in use grew",
                       _PARTS["in_use"]) if grown else ""
     rows = [(e(c["signature"]), f"{c['count'][0]} \u2192 {c['count'][1]}",
              f"{human(c['bytes'][0])} \u2192 {human(c['bytes'][1])}", _signed(c["bytes_growth"])) for c in changes[:40]]
-    return section("signatures", "Chunks in use by signature", chart,
-                   table(["signature", "chunks A \u2192 B", "bytes A \u2192 B", "growth"], rows))
+    return section("signatures", f"{counted.capitalize()} in use by signature", chart,
+                   table(["signature", f"{counted} A \u2192 B", "bytes A \u2192 B", "growth"], rows))
 
 
 def _across(x: dict[str, Any]) -> str:

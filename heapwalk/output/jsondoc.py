@@ -20,7 +20,7 @@ from heapwalk.output.inusedoc import in_use_json, leaks_totals_json
 __all__ = ["SCHEMA_VERSION", "DocumentError", "finding_json", "report_json", "read_snapshot", "read_signatures",
            "diff_json", "dump", "together", "allocator_parts", "words_json", "read_words", "across_json"]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 
 def finding_json(f: Finding) -> dict[str, Any]:
@@ -46,7 +46,6 @@ def report_json(rep) -> dict[str, Any]:
         "histogram_by_arena": {str(n): [{"low": b.low, "high": b.high, "count": b.count, "bytes": b.bytes}
                                         for b in buckets] for n, buckets in rep.per_arena.items()},
         "by_size_class": [{"class": name, "count": c, "bytes": b} for name, c, b in rep.classes],
-        "by_glibc_class": [{"class": name, "count": c, "bytes": b} for name, c, b in rep.classes],  # schema 1's name
         "free_chunks": rep.free_chunks,
         "free_listed": rep.free_listed,
         "lists_match_walk": rep.lists_match_walk,
@@ -96,11 +95,11 @@ def _names(names: Any) -> tuple[str, ...] | None:
 
 
 def words_json(title: str, words) -> dict[str, Any]:
-    """What an allocator calls the parts of its report (`view.Words`), for readers of its JSON ('heapwalk diff'
-    across allocators): its name, its rows, what they hold from the system, its free pieces, what it gives
-    back, and whether its arenas have a top."""
+    """What an allocator calls the parts of its report (`view.Words`), for readers of its JSON ('heapwalk diff'):
+    its name, its rows, what they hold from the system, its free pieces, what it gives back, whether its arenas
+    have a top, and what it counts by size class (its blocks)."""
     return {"title": title, "arenas": words.arenas, "system": words.system, "pieces": words.pieces,
-            "gives_back": words.gives_back, "top": words.top}
+            "gives_back": words.gives_back, "top": words.top, "counted": words.counted or words.blocks}
 
 
 def read_words(doc: dict[str, Any], name: str) -> dict[str, Any]:
@@ -108,7 +107,7 @@ def read_words(doc: dict[str, Any], name: str) -> dict[str, Any]:
     said them, the name alone and the common words."""
     words = (doc.get("report") or {}).get("words") if isinstance(doc, dict) else None
     base = {"title": name or "the allocator", "arenas": "arenas", "system": "system", "pieces": "pieces",
-            "gives_back": "gives back", "top": True}
+            "gives_back": "gives back", "top": True, "counted": "blocks"}
     return {**base, **{k: v for k, v in words.items() if k in base}} if isinstance(words, dict) else base
 
 

@@ -41,7 +41,7 @@ WORDS = Words(
     holds="tcmalloc's page heap holds", system="heap size", heaps="page heaps", pieces="objects",
     gives_back="ReleaseFreeMemory() gives back", large="", overhead="overhead",
     free_columns=tuple((f"free: {k}" if i == 0 else k, lambda a, k=k: a.free[k]) for i, k in enumerate(FREE_KINDS)),
-    last_columns=(("release gives back", lambda a: a.reclaim),))
+    last_columns=(("release gives back", lambda a: a.reclaim),), counted="objects")
 
 
 class TcmallocHeap(Decoded):
