@@ -1,11 +1,12 @@
-"""heapwalk: heap forensics for gdb (glibc's malloc and jemalloc).
+"""heapwalk: heap forensics for gdb (glibc's malloc, jemalloc, gperftools' tcmalloc, mimalloc 2 and 3, CPython's
+obmalloc).
 
-One folder per part (docs/architecture.md): `target` (memory, ELF images,
-threads, core files), `glibc` (the allocator's decoder), `view` (what any
-allocator's decoder gives the analysis), `analysis` (the report, the diff),
-`output` (tables, JSON), and the two front ends `gdb` and `cli`.
-Everything is plain Python and never imports gdb but
-`heapwalk.inferior.gdbadapter` and the gdb front end (`heapwalk.gdb`).  Inside
+One folder per part (docs/architecture.md): `inferior` (memory, ELF images, threads, core files, the target as
+the debugger shows it), `arch` (what differs between processors), `capture` (a core of a running process), one
+folder per allocator behind the face `allocator` (`registry` names them), `view` (what any allocator's decoder
+gives the analysis), `analysis` (the report, the diff, the leak scan), `output` (tables, JSON, maps, pages), and
+the two front ends `gdb` and `cli`.  Everything is plain Python and never imports gdb but
+`heapwalk.inferior.gdbadapter`, `heapwalk.inferior.gdbspace` and the gdb front end (`heapwalk.gdb`).  Inside
 gdb, `load()` registers the commands.
 """
 

@@ -28,16 +28,12 @@ class Kind:
 
 Kind.UNMAPPED = Kind("unmapped_pointer", "pointer into unmapped memory")
 Kind.LIST_CYCLE = Kind("list_cycle", "list is a cycle not through its head")
-Kind.LIST_TOO_LONG = Kind("list_too_long", "list longer than its arena could hold")
 Kind.DOUBLE_FREE = Kind("double_free", "double free: chunk in two free lists")
 Kind.TCACHE_SIZE = Kind("tcache_size", "tcache entry of wrong size")
 Kind.TCACHE_COUNT = Kind("tcache_count", "tcache count does not match list length")
 Kind.ARENA = Kind("arena", "arena unreadable or inconsistent")
-Kind.MUTEX_HELD = Kind("mutex_held", "arena mutex held at snapshot time (lists may be mid-update)")
 Kind.ACCOUNTING = Kind("accounting", "system_mem not accounted for by the chunk walk")
 Kind.TCACHE = Kind("tcache", "tcache struct unreadable or inconsistent")
-Kind.TLS_LOST = Kind("thread_tls_lost", "thread's TLS not in the core (its arena and tcache found by scanning)")
-Kind.INTERRUPTED = Kind("interrupted", "the chunk walk was stopped (Ctrl-C)")
 Kind.DISCOVERY = Kind("discovery", "discovery")
 Kind.NOT_DECODED = Kind("not_decoded", "an allocator in the process that heapwalk could not decode")
 Kind.OTHER = Kind("other", "other")
@@ -80,7 +76,7 @@ class CheckResult:
     partial."""
 
     findings: tuple[Finding, ...]
-    partial: tuple = ()          # the `heapwalk.view.Partial` notes of the numbers it makes partial
+    partial: tuple = ()          # the allocator's notes of the numbers it makes partial
 
     @property
     def errors(self) -> list[Finding]:

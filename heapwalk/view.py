@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["ArenaView", "Blocks", "HeapStrip", "HeapView", "Partial", "SizeClass", "Words"]
+__all__ = ["ArenaView", "Blocks", "HeapStrip", "HeapView", "SizeClass", "Words"]
 
 
 @dataclass(frozen=True)
@@ -118,22 +118,6 @@ class HeapView:
     large_resident: int | None = None            # resident bytes of the large allocations, when known
     thresholds: Mapping[str, int] = field(default_factory=dict)  # the allocator's thresholds as they stand (glibc:
     #                                            trim_threshold, mmap_threshold, no_dyn_threshold from mp_)
-
-
-@dataclass(frozen=True)
-class Partial:
-    """A number of the output that rests on damaged or unread structures: WHAT happened (a word
-    `heapwalk.glibc.show.notes` turns into a sentence), and where."""
-
-    what: str                    # arena_unreadable, lists_cut, unwalked, tcache_cut, tls_lost, lists_stopped,
-    #                              walk_stopped, ring_recovered, ring_broken, mutex_held
-    arena: int | None = None     # the arena's number
-    names: tuple[str, ...] = ()  # the lists cut (the first few)
-    more: int = 0                # how many more lists are cut
-    bytes: int = 0               # bytes the walk could not pass
-    owner: str = ""              # whose tcache
-    threads: str = ""            # which threads ("2-9")
-    count: int = 0               # how many threads
 
 
 @dataclass(frozen=True)

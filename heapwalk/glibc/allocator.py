@@ -68,7 +68,7 @@ class GlibcHeap(Decoded):
         return tuple(partial_sentences(partial(self.state)))
 
     def partial_notes(self):
-        """Which numbers rest on damage, as data (`view.Partial`)."""
+        """Which numbers rest on damage, as data (`forensics.partial.Partial`)."""
         return partial(self.state)
 
     def view(self):

@@ -13,6 +13,10 @@ class Kind(findings.Kind):
     """A kind of finding of glibc's heap (the shared kinds are inherited)."""
 
 
+Kind.LIST_TOO_LONG = Kind("list_too_long", "list longer than its arena could hold")
+Kind.MUTEX_HELD = Kind("mutex_held", "arena mutex held at snapshot time (lists may be mid-update)")
+Kind.TLS_LOST = Kind("thread_tls_lost", "thread's TLS not in the core (its arena and tcache found by scanning)")
+Kind.INTERRUPTED = Kind("interrupted", "the chunk walk was stopped (Ctrl-C)")
 Kind.MISALIGNED = Kind("misaligned", "misaligned chunk pointer (\"unaligned tcache/fastbin chunk detected\")")
 Kind.FD_BK = Kind("fd_bk_mismatch", "fd->bk != p (\"corrupted double-linked list\")")
 Kind.PREV_SIZE = Kind("prev_size_mismatch", "chunk size does not match next chunk's prev_size "

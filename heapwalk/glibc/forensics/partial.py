@@ -1,14 +1,31 @@
-"""Which numbers of the output rest on damaged or unread structures, as `heapwalk.view.Partial` notes that
+"""Which numbers of the output rest on damaged or unread structures, as `Partial` notes that
 `heapwalk.glibc.show.notes` turns into sentences."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from heapwalk.findings import Severity
 from heapwalk.glibc.kinds import Kind
 from heapwalk.glibc.model import HeapState, list_name, thread_numbers
-from heapwalk.view import Partial
 
-__all__ = ["partial"]
+__all__ = ["Partial", "partial"]
+
+
+@dataclass(frozen=True)
+class Partial:
+    """A number of the output that rests on damaged or unread structures: WHAT happened (a word
+    `heapwalk.glibc.show.notes` turns into a sentence), and where."""
+
+    what: str                    # arena_unreadable, lists_cut, unwalked, tcache_cut, tls_lost, lists_stopped,
+    #                              walk_stopped, ring_recovered, ring_broken, mutex_held
+    arena: int | None = None     # the arena's number
+    names: tuple[str, ...] = ()  # the lists cut (the first few)
+    more: int = 0                # how many more lists are cut
+    bytes: int = 0               # bytes the walk could not pass
+    owner: str = ""              # whose tcache
+    threads: str = ""            # which threads ("2-9")
+    count: int = 0               # how many threads
 
 
 def partial(state: HeapState) -> tuple[Partial, ...]:

@@ -1,9 +1,9 @@
-"""The sentences that say which numbers are partial (`heapwalk.view.Partial`), the same in every command's
+"""The sentences that say which numbers are partial (`heapwalk.glibc.forensics.partial.Partial`), the same in every command's
 text and JSON."""
 
 from __future__ import annotations
 
-from heapwalk.view import Partial
+from heapwalk.glibc.forensics.partial import Partial
 
 __all__ = ["partial_sentence", "partial_sentences"]
 
