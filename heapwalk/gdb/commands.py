@@ -204,7 +204,7 @@ class CheckCommand(Subcommand):
 
 class VerbCommand(Subcommand):
     """A command only some allocators have (`heapwalk.allocator.Verb`): run on the first decoded allocator
-    that has it, with that allocator's own verb (all take the first one's arguments)."""
+    that has it and whose own verb takes the arguments, each read by that allocator's own parser."""
 
     def __init__(self, verb, owners, own: dict | None = None):
         self.verb, self.owners, self.name = verb, owners, verb.name
@@ -216,19 +216,44 @@ class VerbCommand(Subcommand):
         self.verb.parser(p)
         return p
 
-    def run(self, args) -> None:
+    def _parser_of(self, verb):
+        p = Parser(prog=f"heapwalk {self.verb.name}", description=verb.description)
+        verb.parser(p)
+        return p
+
+    def parse(self, argv: list[str]):
+        """ARGV as every owner's parser reads it: allocator -> its arguments, or the error its parser gave
+        (the command's whole help when asked; the first error when no owner's parser can read them)."""
+        if "-h" in argv or "--help" in argv:
+            self.parser.parse_args(argv)
+        read = {}
+        for name in self.owners:
+            try:
+                read[name] = self._parser_of(self.own.get(name, self.verb)).parse_args(argv)
+            except UserError as exc:
+                read[name] = exc
+        errors = [v for v in read.values() if isinstance(v, UserError)]
+        if len(errors) == len(read):
+            raise errors[0]
+        return read
+
+    def run(self, read) -> None:
         found = load_allocators(walk_chunks=self.verb.walk)
-        having = [d for d in found.decoded if d.name in self.owners]
+        having = [d for d in found.decoded if d.name in read]
+        wrong = [read[d.name] for d in having if isinstance(read[d.name], UserError)]
+        having = [d for d in having if not isinstance(read[d.name], UserError)]
+        if not having and wrong:
+            raise wrong[0]
         if not having:
             owners = " and ".join(a.title for a in registry.allocators() if a.name in self.owners)
             raise UserError(f"heapwalk {self.verb.name}: a command of {owners} only, and this process allocates "
                             f"with {' and '.join(d.title for d in found.decoded)}")
         # the allocators whose command takes these arguments (glibc's 'bins small' beside jemalloc) first; one
         # that says what was asked is not its (an address) hands it to the next
-        ordered = sorted(having, key=lambda d: not self.own.get(d.name, self.verb).accepts(args))
+        ordered = sorted(having, key=lambda d: not self.own.get(d.name, self.verb).accepts(read[d.name]))
         for decoded in ordered:
             try:
-                self.own.get(decoded.name, self.verb).run(decoded, args, Front(found))
+                self.own.get(decoded.name, self.verb).run(decoded, read[decoded.name], Front(found))
                 return
             except NotMine as exc:
                 last = exc

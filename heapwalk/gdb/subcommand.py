@@ -48,9 +48,13 @@ class Subcommand(gdb.Command):
     def run(self, args) -> None:
         raise NotImplementedError
 
+    def parse(self, argv: list[str]):
+        """The arguments ARGV say, as `run` takes them."""
+        return self.parser.parse_args(argv)
+
     def invoke(self, argument: str, from_tty: bool) -> None:
         try:
-            args = self.parser.parse_args(gdb.string_to_argv(argument))
+            args = self.parse(gdb.string_to_argv(argument))
             with read_only(), gc_paused(), freed_memory_kept():
                 self.run(args)
         except _HelpShown:
