@@ -33,7 +33,7 @@ from heapwalk.inferior.gdbadapter import gdb_memory, thread_registers
 from heapwalk.inferior.gdbspace import memory_map
 from heapwalk.mimalloc.allocator import MimallocHeap, decode_any
 from heapwalk.mimalloc.check import check_mimalloc
-from heapwalk.mimalloc.discovery import discover_mimalloc
+from heapwalk.mimalloc.families import discover_mimalloc
 from heapwalk.mimalloc.find import find_mimalloc
 from heapwalk.mimalloc.verbs import locate
 from heapwalk.output import tables

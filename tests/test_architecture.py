@@ -203,3 +203,45 @@ def test_no_architecture_is_named_outside_its_folder():
         named += [f"{path.relative_to(PACKAGE)}:{i}: {line.strip()[:60]}"
                   for i, line in enumerate(path.read_text().splitlines(), 1) if ARCHITECTURE_WORDS.search(line)]
     assert not named, "\n".join(named)
+
+
+def _unit(relative: str) -> str:
+    """The unit of the import graph RELATIVE belongs to: its part's sub-package (glibc/walk), or the module
+    itself when it lies directly in a part (glibc/decode, view)."""
+    parts = relative.removesuffix(".py").removesuffix("/__init__").split("/")
+    return "/".join(parts[:2])
+
+
+def test_the_import_graph_has_no_circle():
+    """No sub-package or module imports, through any chain, one that imports it back (mimalloc 3 beside
+    mimalloc's shared part, glibc's walks beside its discovery and its accounts): the package's import graph,
+    its sub-packages and top modules as nodes, has no cycle."""
+    edges: dict[str, set[str]] = {}
+    for relative, tree in _modules():
+        here = _unit(relative)
+        for name in _imports(tree, relative):
+            if not name.startswith("heapwalk."):
+                continue
+            path = name.split(".")[1:]
+            target = "/".join(path) if (PACKAGE.joinpath(*path)).is_dir() else "/".join(path) + ".py"
+            if not (PACKAGE / target).exists() and len(path) > 1:   # from package import module: the package
+                target = "/".join(path[:-1]) + ("" if PACKAGE.joinpath(*path[:-1]).is_dir() else ".py")
+            there = _unit(target)
+            if there != here and not here.startswith(there + "/"):
+                edges.setdefault(here, set()).add(there)
+    state: dict[str, int] = {}
+    circles = []
+
+    def visit(node: str, trail: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(edges.get(node, ())):
+            if state.get(nxt) == 1:
+                circles.append(" -> ".join(trail[trail.index(nxt):] + [nxt]))
+            elif nxt not in state:
+                visit(nxt, trail + [nxt])
+        state[node] = 2
+
+    for node in sorted(edges):
+        if node not in state:
+            visit(node, [node])
+    assert not circles, "\n".join(circles)

@@ -13,7 +13,7 @@ from heapwalk.glibc.locate.heuristics import tcache_safe_linking, tcache_struct_
 from heapwalk.inferior.threads import ThreadRegs
 from heapwalk.glibc.decode import collect
 from heapwalk.glibc.locate.layout import MP_INT_FIELDS, layout_for
-from heapwalk.glibc.walk.ring import plausible_arena
+from heapwalk.glibc.locate.arenashape import plausible_arena
 from heapwalk.inferior.memory import ImageMemory
 from heapwalk.findings import Kind, Severity
 

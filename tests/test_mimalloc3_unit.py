@@ -9,7 +9,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from heapwalk.mimalloc import bits, discovery
+from heapwalk.mimalloc import bits, discovery, families
 from heapwalk.mimalloc.v3 import arenas, pagemap
 from heapwalk.mimalloc.v3.discovery import _overcommit
 from heapwalk.mimalloc.v3.layout import layout3_for
@@ -224,8 +224,8 @@ def test_a_mimalloc_3_not_measured_is_named():
         with pytest.raises(discovery.MimallocUnknown, match=r"mimalloc 3\.[57]\.0 is not a version heapwalk has "
                                                             r"measured \(it decodes 2\.0\.5, .*, 3\.0\.1, 3\.1\.4 to "
                                                             r"3\.1\.5, .*, 3\.4\.0 to 3\.4\.3, 3\.6\.0"):
-            discovery._candidates(version)
-    assert discovery._candidates((3, 0, 1)) == [LAY]
-    assert [lay.versions for lay in (*discovery._candidates((3, 3, 2)), *discovery._candidates((3, 4, 3)),
-                                     *discovery._candidates((3, 6, 0)), *discovery._candidates((3, 1, 5)))] == [
+            families.candidates(version)
+    assert families.candidates((3, 0, 1)) == [LAY]
+    assert [lay.versions for lay in (*families.candidates((3, 3, 2)), *families.candidates((3, 4, 3)),
+                                     *families.candidates((3, 6, 0)), *families.candidates((3, 1, 5)))] == [
         "3.3.2", "3.4.0 to 3.4.3", "3.6.0", "3.1.4 to 3.1.5"]

@@ -22,7 +22,7 @@ from heapwalk.glibc.walk.lists import bin_index, walk_tcache
 from heapwalk.glibc.model import Arena, BinKind, BinList, ChunkState, Heap
 from heapwalk.glibc.bulk.onepass import OnePass
 from heapwalk.glibc.bulk.sweptchunks import listing_arrays, swept_chunks
-from heapwalk.glibc.account.trim import TrimSimulation
+from heapwalk.glibc.walk.trim import TrimSimulation
 from heapwalk.inferior.memory import ImageMemory
 
 ARENA = 0x7F0000001000

@@ -22,7 +22,7 @@ from heapwalk.glibc.locate.mpshape import MP_SETTABLE, mp_impossible
 from heapwalk.glibc.forensics.crash import abort_message, crash_findings
 from heapwalk.glibc.walk.mmapped import mmapped_agree, mmapped_of_state, with_main_regions
 from heapwalk.glibc.walk.threads import decode_thread, fill_from_tcaches, scan_for_tcaches
-from heapwalk.glibc.account.trim import TrimSimulation, trim_settings
+from heapwalk.glibc.walk.trim import TrimSimulation, trim_settings
 from heapwalk.glibc.locate.discovery import Discovery, MallocUnused
 from heapwalk.glibc.locate.mainarena import main_memory_start
 from heapwalk.glibc.bulk.onepass import OnePass

@@ -18,7 +18,8 @@ from heapwalk.mimalloc.blocks import mimalloc_blocks
 from heapwalk.mimalloc.check import CHECKED, CHECKED3, check_mimalloc
 from heapwalk.mimalloc.account import ARENAS, FREE_KINDS, NO_THREAD, Owner, owners
 from heapwalk.mimalloc.decode import MiState, decode_mimalloc, good_size
-from heapwalk.mimalloc.discovery import MimallocUnused, discover_mimalloc
+from heapwalk.mimalloc.discovery import MimallocUnused
+from heapwalk.mimalloc.families import discover_mimalloc
 from heapwalk.mimalloc.find import find_mimalloc
 from heapwalk.mimalloc.heapmap import segment_strips
 from heapwalk.mimalloc.shown import (collect_resident, options_document, options_line, owner_name, threads_document,

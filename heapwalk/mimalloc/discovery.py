@@ -26,13 +26,12 @@ from heapwalk.inferior.memory import Memory, ReadError, u64
 from heapwalk.mimalloc.arenas import arena_segment, find_arenas
 from heapwalk.mimalloc.find import MiImage
 from heapwalk.mimalloc.heaps import is_meta_theap
-from heapwalk.mimalloc.layout import LAYOUTS, MiLayout, layout_for, queue_shape
+from heapwalk.mimalloc.layout import MiLayout, queue_shape
 from heapwalk.mimalloc.options import find_options
 from heapwalk.mimalloc.segcache import find_segment_cache
 from heapwalk.mimalloc.segmap import MAP_LIMIT, find_map_parts, flat_segment_map, pages_in_use, unstamped_blocks
-from heapwalk.mimalloc.v3.layout import LAYOUTS3, layout3_for
 
-__all__ = ["MiDiscovery", "MimallocUnknown", "MimallocUnused", "discover_mimalloc", "BIN_SIZES", "main_heap",
+__all__ = ["MiDiscovery", "MimallocUnknown", "MimallocUnused", "discover_mimalloc2", "NoLayoutFits", "BIN_SIZES", "main_heap",
            "default_tpoff", "read_tpoff", "data_unread"]
 
 #: the block sizes of the first page queues of every heap (bins 0 to 8, in bytes)
@@ -43,6 +42,14 @@ _TOP = 1 << 47      # user-space addresses end below this
 
 class MimallocUnknown(CannotDecode):
     """mimalloc is mapped, but its state does not show the shapes of any build heapwalk knows."""
+
+
+class NoLayoutFits(MimallocUnknown):
+    """No layout of those tried fits the object's data: FAILED says why each did not."""
+
+    def __init__(self, failed: list[str]):
+        self.failed = failed
+        super().__init__("; ".join(failed))
 
 
 class MimallocUnused(CannotDecode):
@@ -79,18 +86,16 @@ class MiDiscovery:
     cache_slots: tuple = ()               # its slots in use (`mimalloc.segcache.CacheSlot`)
 
 
-def discover_mimalloc(mem: Memory, found: MiImage, regions: list[tuple[int, int]], mappings: list[Mapping],
-                      readable: list[tuple[int, int]] | None) -> MiDiscovery:
-    """mimalloc's state in the object FOUND names and the anonymous REGIONS (READABLE: what can be read without
-    touching a page the process never used; None: all); MimallocUnknown when its shapes are not there."""
-    if found.version and found.version[0] >= 3:
-        from heapwalk.mimalloc.v3.discovery import discover_mimalloc3
-        return discover_mimalloc3(mem, found, _candidates(found.version)[0], mappings, readable, regions)
+def discover_mimalloc2(mem: Memory, found: MiImage, regions: list[tuple[int, int]], mappings: list[Mapping],
+                       readable: list[tuple[int, int]] | None, layouts: list[MiLayout]) -> MiDiscovery:
+    """mimalloc 2's state in the object FOUND names and the anonymous REGIONS (READABLE: what can be read
+    without touching a page the process never used; None: all), the first of LAYOUTS its data fits;
+    NoLayoutFits when none does, MimallocUnknown when its shapes are not there."""
     base, words = writable_words(mem, found.image)
     if not len(words):
         raise MimallocUnknown(f"{found.path} has no writable segment")
     failed = []
-    for layout in _candidates(found.version):
+    for layout in layouts:
         try:
             main = main_heap(mem, base, words, layout)
         except MimallocUnknown as exc:
@@ -98,9 +103,7 @@ def discover_mimalloc(mem: Memory, found: MiImage, regions: list[tuple[int, int]
             continue
         break
     else:
-        if not found.version:
-            return _unversioned3(mem, found, regions, mappings, readable, failed)
-        raise MimallocUnknown(f"mimalloc {found.version_text}: no known layout fits its data ({'; '.join(failed)})")
+        raise NoLayoutFits(failed)
     cookie = u64(mem, main + layout.heap_cookie)
     if not cookie:
         raise MimallocUnused("mimalloc was never initialised in this process (its main heap has no cookie)")
@@ -143,30 +146,6 @@ def _parts_said(parts, lost: int) -> str:
         return (f"; its table of parts at {parts.table:#x}: {len(parts.parts)} parts, "
                 f"{len(parts.held)} segments from the system")
     return f"; no table of parts holds the {lost} segments from the system below 48 TiB" if lost else ""
-
-
-def _unversioned3(mem: Memory, found: MiImage, regions: list[tuple[int, int]], mappings: list[Mapping], readable,
-                  failed: list[str]) -> MiDiscovery:
-    """A build that does not say its version, which no mimalloc 2 layout fits: the mimalloc 3 layout whose every
-    shape (main heap, subprocess and arenas, page map) its data holds, newest first."""
-    from heapwalk.mimalloc.v3.discovery import discover_mimalloc3
-    for layout in reversed(LAYOUTS3):
-        try:
-            return discover_mimalloc3(mem, found, layout, mappings, readable, regions)
-        except MimallocUnknown as exc:
-            failed.append(f"{layout.versions}: {exc}")
-    raise MimallocUnknown(f"a mimalloc that does not say its version: no known layout fits its data "
-                          f"({'; '.join(failed)})")
-
-
-def _candidates(version: tuple[int, int, int] | None) -> list:
-    """The layouts to try for VERSION: its own, or every one newest first when it says none."""
-    own = (layout3_for(version) if version[0] >= 3 else layout_for(version)) if version else None
-    if version and own is None:
-        known = ", ".join(lay.versions for lay in (*LAYOUTS, *LAYOUTS3))
-        raise MimallocUnknown(f"mimalloc {'.'.join(map(str, version))} is not a version heapwalk has measured "
-                              f"(it decodes {known}; docs/mimalloc.md)")
-    return [own] if own else list(reversed(LAYOUTS))
 
 
 def _unmeasured(found: MiImage, layout: MiLayout) -> str:

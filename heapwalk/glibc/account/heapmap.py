@@ -23,7 +23,7 @@ from heapwalk.glibc.locate.layout import Layout
 from heapwalk.glibc.model import Arena, ChunkState, HeapState
 from heapwalk.glibc.bulk.sweepwalk import STATE_OF_CODE
 from heapwalk.glibc.bulk.sweptchunks import listing_arrays, swept_chunks
-from heapwalk.glibc.account.trim import SUB_PAGE, TrimSimulation, trim_settings
+from heapwalk.glibc.walk.trim import SUB_PAGE, TrimSimulation, trim_settings
 from heapwalk.inferior.memory import Memory
 from heapwalk.inferior.residency import Residency
 from heapwalk.mapkinds import FREE, MAP_KINDS, MapKind, add_map_kind

@@ -20,7 +20,7 @@ from heapwalk.glibc.bulk.indexlists import PLAIN
 from heapwalk.glibc.locate.layout import NON_MAIN_ARENA, Layout
 from heapwalk.glibc.model import Account, Arena, ChunkState, TrimEstimate
 from heapwalk.glibc.bulk.sweep import TAIL_FENCEPOST, TAIL_LEFTOVER, TAIL_ZERO, Sweep
-from heapwalk.glibc.account.trim import SUB_PAGE, PagesSeen, TrimSimulation
+from heapwalk.glibc.walk.trim import SUB_PAGE, PagesSeen, TrimSimulation
 from heapwalk.inferior.memory import Memory
 from heapwalk.inferior.residency import Residency
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from heapwalk.glibc.locate import heuristics
 from heapwalk.glibc.locate.layout import HEAP_MAX_SIZE, IS_MMAPPED, MALLOC_ALIGNMENT, MINSIZE, PREV_INUSE, SIZE_BITS, \
     Layout, layout_for
-from heapwalk.glibc.walk.ring import plausible_arena
+from heapwalk.glibc.locate.arenashape import plausible_arena
 from heapwalk.glibc.model import Arena, BinKind, BinList, Heap
 from heapwalk.findings import Finding, Severity
 from heapwalk.glibc.kinds import Kind

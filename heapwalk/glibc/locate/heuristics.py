@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from heapwalk.inferior.elf import ElfImage
 from heapwalk.glibc.locate.layout import SIZE_BITS, Layout, layout_for
 from heapwalk.inferior.memory import Memory, ReadError, u64
-from heapwalk.glibc.walk.ring import plausible_arena
+from heapwalk.glibc.locate.arenashape import plausible_arena
 
 __all__ = ["ARENA_FAMILIES", "MP_VARIANTS", "MP_FOR_FAMILY", "tcache_safe_linking", "tcache_link_votes", "decisive",
            "ArenaCandidate", "scan_bin127", "find_main_arena", "arenas_by_heaps", "tls_candidates", "pick_tls_offset",

@@ -7,7 +7,7 @@ from __future__ import annotations
 from heapwalk.findings import Severity
 from heapwalk.glibc.locate import headless, heuristics
 from heapwalk.glibc.locate.layout import Layout, UnsupportedVersion, layout_for
-from heapwalk.glibc.walk.ring import plausible_arena
+from heapwalk.glibc.locate.arenashape import plausible_arena
 from heapwalk.glibc.locate.search import DiscoveryError, Search
 from heapwalk.inferior.memory import Memory, ReadError, readable, u64
 

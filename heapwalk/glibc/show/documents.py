@@ -107,7 +107,7 @@ def account_json(acc) -> dict[str, Any]:
 
 
 def trim_json(t) -> dict[str, Any]:
-    """What malloc_trim(0) would release from an arena (see heapwalk/glibc/account/trim.py)."""
+    """What malloc_trim(0) would release from an arena (see heapwalk/glibc/walk/trim.py)."""
     return {"total": t.total, "resident": t.resident, "madvise": t.madvise, "madvise_resident": t.madvise_resident,
             "systrim": t.systrim, "systrim_resident": t.systrim_resident, "kept_free": t.kept_free,
             "kept": dict(t.kept)}

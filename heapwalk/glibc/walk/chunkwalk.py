@@ -336,7 +336,7 @@ def walk_batches(mem: Memory, extent: Extent, top: int, listing: Listing, acc: T
 def account(mem: Memory, layout: Layout, arena: Arena, listing: Listing, observer=None, progress=None) -> Account:
     """Walks every chunk of ARENA and sums bytes per state; the identity is `Account.balanced`.
 
-    OBSERVER (e.g. `heapwalk.glibc.account.trim.TrimSimulation`) sees the same walk: its ``chunks(batch)`` gets the
+    OBSERVER (e.g. `heapwalk.glibc.walk.trim.TrimSimulation`) sees the same walk: its ``chunks(batch)`` gets the
     chunks that are not plainly in use, in address order, a batch at a time, and ``extent_done()`` is
     called at the end of each heap, so one walk serves both.  LISTING holds the chunks lists and tcaches hold.
     PROGRESS(bytes), when given, hears how far into the arena's memory the walk is, now and then.
