@@ -1,10 +1,14 @@
-"""Builds heapwalk's two small C libraries (heapwalk/glibc/bulk/_native.c, the one pass's loops, and
-heapwalk/analysis/_reach.c, the leak scan's search), loaded with ctypes.  Both are optional: when no C compiler
-is at hand the install goes on, and heapwalk runs the same loops in Python."""
+"""Builds heapwalk's small C libraries, loaded with ctypes: heapwalk/glibc/bulk/_native.c (glibc's one pass),
+heapwalk/jemalloc/_native.c (jemalloc's slabs) and heapwalk/analysis/_reach.c (the leak scan's search).  All are
+optional: when no C compiler is at hand the install goes on, and heapwalk runs the same loops in Python."""
 
 from setuptools import Extension, setup
 
+SPANS = ["heapwalk/analysis/spans.h"]   # shared by the scan and the passes that keep a heap's words
+
 setup(ext_modules=[Extension("heapwalk.glibc.bulk._native", ["heapwalk/glibc/bulk/_native.c"], optional=True,
+                             depends=SPANS, extra_compile_args=["-O2"]),
+                   Extension("heapwalk.jemalloc._native", ["heapwalk/jemalloc/_native.c"], optional=True,
                              extra_compile_args=["-O2"]),
                    Extension("heapwalk.analysis._reach", ["heapwalk/analysis/_reach.c"], optional=True,
-                             extra_compile_args=["-O2"])])
+                             depends=SPANS, extra_compile_args=["-O2"])])

@@ -164,6 +164,11 @@ def test_no_allocator_is_named_outside_its_folder_and_the_registry():
                       if any(a in text.lower() for a in ALLOCATOR_PARTS)]
         imported = [n for n in _imports(tree, relative) if n.split(".")[1:2] and n.split(".")[1] in ALLOCATOR_PARTS]
         named += [f"{relative}: imports {n}" for n in imported]
+    for path in sorted(PACKAGE.rglob("*.[ch]")):   # the shared C decodes no allocator's structures either
+        relative = path.relative_to(PACKAGE).as_posix()
+        if _part(relative) not in ALLOCATOR_PARTS:
+            named += [f"{relative}:{i}: {line.strip()[:60]}" for i, line in enumerate(path.read_text().splitlines(), 1)
+                      if any(a in line.lower() for a in ALLOCATOR_PARTS)]
     assert not named, "\n".join(named)
 
 
@@ -199,7 +204,7 @@ def test_no_architecture_is_named_outside_its_folder():
         named += [f"{relative}:{node.lineno}: {node.value[:60]!r}" for node in ast.walk(tree)
                   if isinstance(node, ast.Constant) and isinstance(node.value, str)
                   and ARCHITECTURE_WORDS.search(node.value)]
-    for path in sorted(PACKAGE.rglob("*.c")):
+    for path in sorted(PACKAGE.rglob("*.[ch]")):
         named += [f"{path.relative_to(PACKAGE)}:{i}: {line.strip()[:60]}"
                   for i, line in enumerate(path.read_text().splitlines(), 1) if ARCHITECTURE_WORDS.search(line)]
     assert not named, "\n".join(named)

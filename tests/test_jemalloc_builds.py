@@ -186,10 +186,9 @@ def test_slab_bitmaps_are_read_together_and_checked_against_the_free_count(monke
     failure of its neighbours; a bitmap that does not count the slab's free regions gives no regions at all (its
     slab is unknown memory), in C as in numpy."""
     import numpy as np
-    from heapwalk.analysis import locate
     from heapwalk.inferior.memory import ImageMemory
     from heapwalk.inferior.records import read_records
-    from heapwalk.jemalloc import blocks
+    from heapwalk.jemalloc import blocks, native as jenative
     from heapwalk.jemalloc.extents import ExtentTable
     base = 0x10000
     block = bytearray(4096)
@@ -207,9 +206,9 @@ def test_slab_bitmaps_are_read_together_and_checked_against_the_free_count(monke
                         np.ones(4, dtype=bool), np.zeros(4, dtype=np.int32), np.array([2, 3, 3, 0], dtype=np.int32),
                         headers)
     nregs, size = np.array([8]), np.array([16], dtype=np.uint64)
-    for lib in (locate._LIB, None):
-        monkeypatch.setattr(locate, "_LIB", lib)
-        native = locate.slab_regions(got.data, np.full(4, 8), np.full(4, 16), table.nfree, got.readable,
+    for lib in (jenative._LIB, None):
+        monkeypatch.setattr(jenative, "_LIB", lib)
+        native = jenative.slab_regions(got.data, np.full(4, 8), np.full(4, 16), table.nfree, got.readable,
                                      table.address, table.arena)
         starts, _, _, unknown = (([native[0]], 0, 0, blocks._spans(table, np.flatnonzero(~native[3])))
                                  if native is not None else

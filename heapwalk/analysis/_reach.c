@@ -7,6 +7,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "spans.h"
+
 /* Goes on with a breadth-first search whose queue is ORDER[HEAD .. TAIL): visits every node the queued ones lead
  * to along the edges (node v's lead to TARGETS[OFFSETS[v]] .. TARGETS[OFFSETS[v + 1] - 1]), skipping the nodes
  * SEEN marks and marking those it visits, each with the node it came from in PARENT.  Returns the queue's end. */
@@ -135,29 +137,6 @@ void hw_locate(const uint64_t *values, int64_t n, const uint64_t *starts, const 
         if (i >= 0 && v < ends[i])
             out[k] = (int32_t)i;
     }
-}
-
-/* Whether V lies in one of the NSPANS spans [BOUNDS[2s], BOUNDS[2s + 1]) (sorted, apart, NSPANS > 0).  *LAST_LO and
- * *LAST_HI hold the span the last value was found in, tried first (neighbouring words point near each other). */
-static inline int in_spans(uint64_t v, const uint64_t *bounds, int64_t nspans, uint64_t *last_lo, uint64_t *last_hi)
-{
-    if (v - bounds[0] >= bounds[2 * nspans - 1] - bounds[0])
-        return 0;
-    if (v - *last_lo < *last_hi - *last_lo)
-        return 1;
-    int64_t a = 0, b = nspans;        /* the last span whose start is at or below v */
-    while (b - a > 1) {
-        int64_t m = (a + b) / 2;
-        if (bounds[2 * m] <= v)
-            a = m;
-        else
-            b = m;
-    }
-    if (v >= bounds[2 * a + 1])
-        return 0;
-    *last_lo = bounds[2 * a];
-    *last_hi = bounds[2 * a + 1];
-    return 1;
 }
 
 /* The words of WORDS inside the NRUNS runs [RUN_LO[r], RUN_HI[r]) (ascending) whose value lies in one of the
@@ -331,40 +310,6 @@ int64_t hw_scan_window(const uint64_t *words, int64_t n, uint64_t base, uint64_t
     return count;
 }
 
-/* The regions N slabs hand out, from their bitmaps (BITMAPS: 64 bytes a slab, bit k set when region k is free):
- * for slab r, of NREGS[r] regions (at most the bitmap's 512) of SIZE[r] bytes from ADDRESS[r], in arena
- * ARENA[r], each clear bit below NREGS[r] gives a region [start, start + size) to STARTS, ENDS and ARENAS, slab
- * by slab and each slab's in address order; a slab whose bitmap is not READABLE[r], or does not count NFREE[r]
- * set bits, gives none and is marked 0 in GOOD (1 otherwise).  Returns the number of regions written. */
-int64_t hw_slab_regions(const uint8_t *bitmaps, int64_t n, const int64_t *nregs, const uint64_t *size,
-                        const int32_t *nfree, const uint8_t *readable, const uint64_t *address, const int32_t *arena,
-                        uint64_t *starts, uint64_t *ends, int32_t *arenas, uint8_t *good)
-{
-    int64_t count = 0;
-    for (int64_t r = 0; r < n; r++) {
-        uint64_t words[8];
-        memcpy(words, bitmaps + 64 * r, 64);
-        int64_t bits = nregs[r] < 512 ? nregs[r] : 512, set = 0;
-        for (int64_t w = 0; w < 8 && 64 * w < bits; w++) {
-            uint64_t mask = bits - 64 * w >= 64 ? ~(uint64_t)0 : (((uint64_t)1 << (bits - 64 * w)) - 1);
-            words[w] &= mask;
-            set += __builtin_popcountll(words[w]);
-        }
-        good[r] = readable[r] && set == nfree[r];
-        if (!good[r])
-            continue;
-        for (int64_t k = 0; k < bits; k++) {
-            if (words[k >> 6] >> (k & 63) & 1)
-                continue;
-            starts[count] = address[r] + (uint64_t)k * size[r];
-            ends[count] = starts[count] + size[r];
-            arenas[count] = arena[r];
-            count++;
-        }
-    }
-    return count;
-}
-
 /* Two runs of blocks merged in address order, less those that start at one of the NX values of EXCLUDED
  * (ascending): run A (NA blocks: A_START, A_END, A_ARENA) and run B (NB), each strictly ascending by start, into
  * START, END and ARENA (room for NA + NB).  Returns how many, or -1 when the merged starts are not strictly
@@ -394,44 +339,6 @@ int64_t hw_merge_blocks(const uint64_t *a_start, const uint64_t *a_end, const in
         else
             j++;
     }
-    return count;
-}
-
-/* The runs of a heap window's chunks that may be in use, and the words in them that point into the spans: each
- * of the NFOUND chunks whose size fields are at FOUND (word indices into the N WORDS, with FIELDS[k] that field)
- * is a run [FOUND[k] + 1, next) when its next chunk's size field, at next = FOUND[k] + size / 8, lies inside the
- * window with PREV_INUSE set; the last chunk, when TAIL is set, is a run to the window's end.  Each run's first
- * word's index goes to RUN_AT and that word to RUN_FIRST (*NRUNS of them); the index and value of each word of a
- * run whose value lies in one of the NSPANS spans of BOUNDS to AT and VALUES (room for N); indices fit 32 bits
- * (N below 2**32).  Returns how many words were kept. */
-int64_t hw_keep_runs_indexed(const uint64_t *words, int64_t n, const int64_t *found, const uint64_t *fields,
-                             int64_t nfound, int64_t tail, const uint64_t *bounds, int64_t nspans, uint32_t *run_at,
-                             uint64_t *run_first, int64_t *nruns, uint32_t *at, uint64_t *values)
-{
-    int64_t runs = 0, count = 0;
-    uint64_t last_lo = nspans ? bounds[0] : 0, last_hi = nspans ? bounds[1] : 0;
-    for (int64_t k = 0; k < nfound; k++) {
-        int64_t first = found[k] + 1;
-        uint64_t step = (fields[k] & ~(uint64_t)7) >> 3;
-        int64_t end;
-        if (step < (uint64_t)(n - found[k])) {
-            end = found[k] + (int64_t)step;
-            if (!(words[end] & 1))
-                continue;
-        } else if (tail && k == nfound - 1) {
-            end = n;
-        } else {
-            continue;
-        }
-        run_at[runs] = (uint32_t)first;
-        run_first[runs++] = first < n ? words[first] : 0;
-        for (int64_t i = first; i < end && nspans; i++)
-            if (in_spans(words[i], bounds, nspans, &last_lo, &last_hi)) {
-                at[count] = (uint32_t)i;
-                values[count++] = words[i];
-            }
-    }
-    *nruns = runs;
     return count;
 }
 

@@ -1,11 +1,11 @@
 """The words of the heaps the leak scan needs, kept while a decoder reads the heaps for its own walk, so that a
 report reads each heap once.
 
-A decoder that sweeps a heap window by window (glibc's one pass) hands each window to `HeapWords.window` with
-the runs of words that may lie inside an allocation the program holds (a superset: glibc's chunks whose next
-chunk says they are in use, tcache and fastbin entries among them).  Of those words it keeps the ones whose
-value falls in SPANS (where allocations can be: the memory that may hold heaps), with their addresses, and
-each run's first word.  A heap swept to its end is `commit`ted as covered; one the decoder gives up on is
+A decoder that sweeps a heap window by window hands each window to `HeapWords.window` with the runs of words
+that may lie inside an allocation the program holds (a superset: the allocator's cached free pieces may be
+among them), or finds the runs and their words in its own C pass and writes them into the room `fill` gives.
+Of those words it keeps the ones whose value falls in SPANS (where allocations can be: the memory that may hold
+heaps), with their addresses, and each run's first word.  A heap swept to its end is `commit`ted as covered; one the decoder gives up on is
 `abandon`ed, and the scan reads it itself.  Every window also says which of its whole pages hold anything
 but zeros (`pages_seen`), for a core's contents; a decode without the scan keeps those alone.  `reach.scan` then takes the covered heaps' words from here, judged
 against the final blocks exactly as if it had read them: a word counts only inside a block, and only when it
@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from heapwalk.analysis.locate import NATIVE, keep, keep_runs, nonzero_pages
+from heapwalk.analysis.locate import NATIVE, keep, nonzero_pages
 from heapwalk.inferior.memory import merged, ranges_without
 from heapwalk.inferior.residency import runs_of
 
@@ -144,27 +144,19 @@ class HeapWords:
         index = keep(words, run_lo, run_hi, self._bounds) if NATIVE else self._numpy(words, run_lo, run_hi)
         self._add(base, words, run_lo, index)
 
-    def chunks(self, base: int, words: np.ndarray, found: np.ndarray, fields: np.ndarray, tail: bool) -> None:
-        """WORDS (uint64) read from BASE, the chunks whose size fields are at FOUND (word indices) with FIELDS
-        those fields: each chunk whose next chunk's PREV_INUSE is set (those in use, and the tcache's and
-        fastbins') is a run from its user memory up to the next chunk's size field; with TAIL, the last chunk,
-        which runs on past the window, is a run to the window's end.  Kept as `window` keeps its runs."""
-        if not self.keep_words or not NATIVE:
-            n = len(words)
-            after = found + ((fields & ~np.uint64(7)) >> np.uint64(3)).astype(np.int64)
-            inside = after < n
-            maybe = inside.copy()
-            maybe[inside] = (words[after[inside]] & np.uint64(1)) == 1
-            lo, hi = found[maybe] + 1, after[maybe]
-            if tail:
-                lo, hi = np.append(lo, found[-1] + 1), np.append(hi, n)
-            self.window(base, words, lo, hi)
-            return
+    def fill(self, base: int, words: np.ndarray, runs: int, keep) -> None:
+        """WORDS (uint64) read from BASE, whose runs and kept words an allocator's own pass finds: KEEP(bounds,
+        out) writes into OUT (room for RUNS runs' first word's index, uint32, and that word, uint64, then for one
+        kept word a word of WORDS: its index, uint32, and value) the runs that may lie inside a held allocation
+        and their words whose values lie in BOUNDS (the spans, as pairs), and returns how many runs and words.
+        Kept as `window` keeps its runs."""
         if self.keep_pages:
             self.pages.note(base, words)
+        if not self.keep_words:
+            return
         at, values = self._words.room(len(words))
-        run_at, run_first = self._runs.room(len(found))
-        runs, count = keep_runs(words, found, fields, tail, self._bounds, (run_at, run_first, at, values))
+        run_at, run_first = self._runs.room(runs)
+        runs, count = keep(self._bounds, (run_at, run_first, at, values))
         if runs:
             at, values = self._words.take(count)
             starts, firsts = self._runs.take(runs)

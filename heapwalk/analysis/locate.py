@@ -17,7 +17,7 @@ import numpy as np
 
 from heapwalk.inferior.clib import built_library
 
-__all__ = ["Locator", "NATIVE", "keep", "keep_runs", "merge_blocks", "nonzero_pages", "slab_regions", "text_words",
+__all__ = ["Locator", "NATIVE", "keep", "merge_blocks", "nonzero_pages", "text_words",
            "FirstHits"]
 
 #: blocks further apart than this start a new stretch of the table (the memory between is given no slots)
@@ -64,8 +64,6 @@ def _declared(lib):
                                        ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
                                        ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
                                        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
-        lib.hw_slab_regions.restype = ctypes.c_int64
-        lib.hw_slab_regions.argtypes = [ctypes.c_void_p, ctypes.c_int64] + [ctypes.c_void_p] * 10
         lib.hw_merge_blocks.restype = ctypes.c_int64
         lib.hw_merge_blocks.argtypes = ([ctypes.c_void_p] * 3 + [ctypes.c_int64]) * 2 + [ctypes.c_void_p, ctypes.c_int64] \
             + [ctypes.c_void_p] * 3
@@ -74,11 +72,6 @@ def _declared(lib):
                                  ctypes.c_int64, ctypes.c_void_p]
         lib.hw_nonzero_pages.restype = None
         lib.hw_nonzero_pages.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
-        lib.hw_keep_runs_indexed.restype = ctypes.c_int64
-        lib.hw_keep_runs_indexed.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
-                                             ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64,
-                                             ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
-                                             ctypes.c_void_p]
         lib.hw_text_words.restype = None
         lib.hw_text_words.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
         lib.hw_keep.restype = ctypes.c_int64
@@ -237,49 +230,6 @@ def keep(words: np.ndarray, run_lo: np.ndarray, run_hi: np.ndarray, bounds: np.n
     count = _LIB.hw_keep(words.ctypes.data, run_lo.ctypes.data, run_hi.ctypes.data, len(run_lo), bounds.ctypes.data,
                          len(bounds) // 2, out.ctypes.data)
     return out[:count]
-
-
-def keep_runs(words: np.ndarray, found: np.ndarray, fields: np.ndarray, tail: bool, bounds: np.ndarray,
-              out: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]) -> tuple[int, int]:
-    """The runs of a heap window's chunks (WORDS) that may be in use and their words pointing into BOUNDS, in C
-    (`hw_keep_runs_indexed`; `heapwords.HeapWords.chunks` has the numpy form), written into OUT (each contiguous):
-    each run's first word's index (uint32) and that word (uint64; room for one a chunk of FOUND), and each kept
-    word's index (uint32) and value (uint64; room for one a word of WORDS), in order.  How many runs and words
-    were written."""
-    words = np.ascontiguousarray(words, dtype=np.uint64)
-    found = np.ascontiguousarray(found, dtype=np.int64)
-    fields = np.ascontiguousarray(fields, dtype=np.uint64)
-    run_at, run_first, at, values = out
-    if min(len(run_at), len(run_first)) < len(found) or min(len(at), len(values)) < len(words):
-        raise ValueError("keep_runs: no room for a window's runs and words")
-    if len(words) >= 1 << 32 or run_at.dtype != np.uint32 or at.dtype != np.uint32:
-        raise ValueError("keep_runs: a window's word indices are kept in 32 bits")
-    runs = ctypes.c_int64(0)
-    count = _LIB.hw_keep_runs_indexed(words.ctypes.data, len(words), found.ctypes.data, fields.ctypes.data,
-                                      len(found), int(tail), bounds.ctypes.data, len(bounds) // 2,
-                                      run_at.ctypes.data, run_first.ctypes.data, ctypes.addressof(runs),
-                                      at.ctypes.data, values.ctypes.data)
-    return runs.value, int(count)
-
-
-def slab_regions(bitmaps: np.ndarray, nregs: np.ndarray, size: np.ndarray, nfree: np.ndarray, readable: np.ndarray,
-                 address: np.ndarray, arena: np.ndarray) -> tuple[np.ndarray, ...] | None:
-    """The regions slabs hand out, from their bitmaps (BITMAPS: uint8, 64 a slab; a set bit is a free region),
-    in one C loop (`hw_slab_regions`; `jemalloc.blocks` has the numpy form): starts, ends, arenas, and whether
-    each slab's bitmap was readable and counted its NFREE; None when the library is not built."""
-    if _LIB is None:
-        return None
-    c = np.ascontiguousarray
-    bitmaps, nregs, size = c(bitmaps, dtype=np.uint8), c(nregs, dtype=np.int64), c(size, dtype=np.uint64)
-    nfree, readable = c(nfree, dtype=np.int32), c(readable, dtype=np.uint8)
-    address, arena = c(address, dtype=np.uint64), c(arena, dtype=np.int32)
-    room = int(np.minimum(nregs, 512).sum())
-    starts, ends = np.empty(room, dtype=np.uint64), np.empty(room, dtype=np.uint64)
-    arenas, good = np.empty(room, dtype=np.int32), np.empty(len(nregs), dtype=np.uint8)
-    count = _LIB.hw_slab_regions(bitmaps.ctypes.data, len(nregs), nregs.ctypes.data, size.ctypes.data,
-                                 nfree.ctypes.data, readable.ctypes.data, address.ctypes.data, arena.ctypes.data,
-                                 starts.ctypes.data, ends.ctypes.data, arenas.ctypes.data, good.ctypes.data)
-    return starts[:count], ends[:count], arenas[:count], good.view(bool)
 
 
 def merge_blocks(a: tuple[np.ndarray, np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray, np.ndarray],

@@ -23,7 +23,7 @@ import numpy as np
 from heapwalk.analysis.heapwords import HeapWords
 from heapwalk.glibc.walk.chunks import Extent
 from heapwalk.glibc.locate.layout import MINSIZE
-from heapwalk.glibc.bulk.native import chase, gather
+from heapwalk.glibc.bulk.native import KEEP_NATIVE, chase, gather, keep_runs
 from heapwalk.glibc.walk.resync import FENCEPOST_ROOM
 from heapwalk.inferior.memory import Memory
 from heapwalk.inferior.words import SPAN, read_window
@@ -151,7 +151,17 @@ def _keep_words(kept: HeapWords, base: int, words: np.ndarray, found: np.ndarray
     tail = not last and after >= n and base + 8 * (int(found[-1]) - 1) != top
     if tail:
         kept.gap(base + 8 * n, base + 8 * after)
-    kept.chunks(base, words, found, fields, tail)
+    if KEEP_NATIVE and kept.keep_words:
+        kept.fill(base, words, len(found), lambda bounds, out: keep_runs(words, found, fields, tail, bounds, out))
+        return
+    after_each = found + ((fields & ~np.uint64(7)) >> np.uint64(3)).astype(np.int64)
+    inside = after_each < n
+    held = inside.copy()            # the chunks whose next chunk says they are in use
+    held[inside] = (words[after_each[inside]] & np.uint64(1)) == 1
+    lo, hi = found[held] + 1, after_each[held]
+    if tail:
+        lo, hi = np.append(lo, found[-1] + 1), np.append(hi, n)
+    kept.window(base, words, lo, hi)
 
 
 def _gather(words: np.ndarray, found: np.ndarray, base: int, before: int,
