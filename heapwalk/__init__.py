@@ -5,9 +5,8 @@ One folder per part (docs/architecture.md): `inferior` (memory, ELF images, thre
 the debugger shows it), `arch` (what differs between processors), `capture` (a core of a running process), one
 folder per allocator behind the face `allocator` (`registry` names them), `view` (what any allocator's decoder
 gives the analysis), `analysis` (the report, the diff, the leak scan), `output` (tables, JSON, maps, pages), and
-the two front ends `gdb` and `cli`.  Everything is plain Python and never imports gdb but
-`heapwalk.inferior.gdbadapter`, `heapwalk.inferior.gdbspace` and the gdb front end (`heapwalk.gdb`).  Inside
-gdb, `load()` registers the commands.
+the two front ends `gdb` and `cli`.  Everything is plain Python and only the gdb front end (`heapwalk.gdb`, with
+its adapters: the target as gdb shows it) imports gdb.  Inside gdb, `load()` registers the commands.
 """
 
 __version__ = "0.1.0"

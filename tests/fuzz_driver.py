@@ -53,8 +53,8 @@ from heapwalk.glibc.walk.chunks import extents
 from heapwalk.glibc.decode import collect
 from heapwalk.glibc.allocator import GlibcHeap
 from heapwalk.glibc.locate.discovery import DiscoveryError, Overrides, discover
-from heapwalk.inferior.gdbadapter import GdbSymbols, gdb_memory, thread_registers
-from heapwalk.inferior.gdbspace import memory_map
+from heapwalk.gdb.adapter import GdbSymbols, gdb_memory, thread_registers
+from heapwalk.gdb.addressspace import memory_map
 from heapwalk.inferior.memory import ReadError
 from heapwalk.inferior.roots import readonly_images
 from heapwalk.output.leakdoc import leaks_group, leaks_json

@@ -49,9 +49,9 @@ from heapwalk.output.pngmaps import png_maps
 
 from heapwalk.analysis.inuse import in_use_of, leak_totals
 from heapwalk.analysis.leaks import leaks_of
-from heapwalk.inferior.gdbadapter import gdb_memory, thread_registers
+from heapwalk.gdb.adapter import gdb_memory, thread_registers
 from heapwalk.inferior.roots import readonly_images
-from heapwalk.inferior.gdbspace import memory_map
+from heapwalk.gdb.addressspace import memory_map
 
 _CACHE_BIN = 24
 #: the aimed damage kinds, each drawn this share of the time (the rest are random patches of what was read)

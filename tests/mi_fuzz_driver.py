@@ -29,8 +29,8 @@ from je_fuzz_driver import Recording, _word, draw_mutants, judge, patched  # noq
 
 from heapwalk.errors import CannotDecode
 from heapwalk.findings import Severity
-from heapwalk.inferior.gdbadapter import gdb_memory, thread_registers
-from heapwalk.inferior.gdbspace import memory_map
+from heapwalk.gdb.adapter import gdb_memory, thread_registers
+from heapwalk.gdb.addressspace import memory_map
 from heapwalk.mimalloc.allocator import MimallocHeap, decode_any
 from heapwalk.mimalloc.check import check_mimalloc
 from heapwalk.mimalloc.families import discover_mimalloc

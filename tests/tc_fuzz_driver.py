@@ -32,8 +32,8 @@ from fuzz_driver import MutatedMemory, run_mutants  # noqa: E402
 from je_fuzz_driver import Recording, _word, draw_mutants, judge, patched  # noqa: E402
 
 from heapwalk.findings import Severity
-from heapwalk.inferior.gdbadapter import gdb_memory, thread_registers
-from heapwalk.inferior.gdbspace import memory_map
+from heapwalk.gdb.adapter import gdb_memory, thread_registers
+from heapwalk.gdb.addressspace import memory_map
 from heapwalk.output import tables
 from heapwalk.output.jsondoc import report_json
 from heapwalk.tcmalloc.allocator import TcmallocHeap

@@ -37,7 +37,7 @@ MAY_IMPORT = {
     "__init__": {"gdb", "errors"},
 }
 #: the only modules that import gdb
-GDB_MODULES = {"inferior/gdbadapter.py", "inferior/gdbspace.py", "gdb/commands.py", "gdb/console.py", "gdb/session.py",
+GDB_MODULES = {"gdb/adapter.py", "gdb/addressspace.py", "gdb/commands.py", "gdb/console.py", "gdb/session.py",
                "gdb/subcommand.py", "gdb/loading.py"}
 MAX_MODULE_LINES, MAX_FUNCTION_LINES = 400, 60
 #: the documented hot loop: one function on purpose (see its docstring)

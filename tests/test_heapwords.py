@@ -9,7 +9,7 @@ import random
 import numpy as np
 import pytest
 
-from heapwalk.analysis import heapwords, locate, reach
+from heapwalk.analysis import heapwords, lookup, reach
 from heapwalk.analysis.heapwords import HeapWords
 from heapwalk.glibc.bulk import sweep as sweep_module
 from heapwalk.glibc.bulk.onepass import OnePass
@@ -55,7 +55,7 @@ def loops(request, monkeypatch):
     """The words kept and looked up in C, then in numpy (as where the library was not built)."""
     if request.param == "numpy":
         monkeypatch.setattr(heapwords, "NATIVE", False)
-        monkeypatch.setattr(locate, "_LIB", None)
+        monkeypatch.setattr(lookup, "_LIB", None)
     return request.param
 
 

@@ -152,7 +152,7 @@ def _swept_lists(rng: random.Random, n: int):
 def test_a_list_is_followed_and_judged_the_same_in_c_and_numpy(seed, monkeypatch):
     """`indexlists._Walk.list`: the one C call (`native.walk_list`) and the numpy steps give the same chunks, the
     same codes, and fail on the same lists, whatever damage the links, back links and sizes hold."""
-    from heapwalk.analysis.locate import Locator
+    from heapwalk.analysis.lookup import Locator
     from heapwalk.glibc.bulk import indexlists
     rng = random.Random(seed)
     sweep, heads, damaged = _swept_lists(rng, rng.choice((1, 2, 7, 300)))

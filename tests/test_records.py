@@ -80,7 +80,7 @@ def test_ranges_merged_with_arrays_are_those_merged_one_by_one():
 def test_the_regions_slabs_hand_out_are_the_same_in_c_and_numpy(monkeypatch):
     """Slabs of every small class, their bitmaps random (some unreadable, some not counting their free regions,
     bits past the last region set or not): the same regions and unknown slabs either way."""
-    from heapwalk.analysis import locate
+    from heapwalk.analysis import lookup
     from heapwalk.jemalloc import blocks
     from heapwalk.jemalloc.extents import ExtentTable
     from heapwalk.jemalloc.sizeclasses import size_classes
@@ -106,7 +106,7 @@ def test_the_regions_slabs_hand_out_are_the_same_in_c_and_numpy(monkeypatch):
                         szind, nfree, headers, classes)
     rows = np.arange(n)
     got = blocks._slab_regions(mem, table, rows)
-    monkeypatch.setattr(locate, "_LIB", None)
+    monkeypatch.setattr(lookup, "_LIB", None)
     want = blocks._slab_regions(mem, table, rows)
     for a, b in zip(got[:3], want[:3]):
         assert np.array_equal(np.concatenate(a), np.concatenate(b))

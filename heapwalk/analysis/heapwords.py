@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from heapwalk.analysis.locate import NATIVE, keep, nonzero_pages
+from heapwalk.analysis.lookup import NATIVE, keep, nonzero_pages
 from heapwalk.inferior.memory import merged, ranges_without
 from heapwalk.inferior.residency import runs_of
 
@@ -191,7 +191,7 @@ class HeapWords:
         return int((_below(nonzero, his) - _below(nonzero, los)).sum()), ranges_without(ranges, judged)
 
     def _numpy(self, words: np.ndarray, run_lo: np.ndarray, run_hi: np.ndarray) -> np.ndarray:
-        """`locate.keep` in numpy: the runs as a mask, its words' values compared with the spans."""
+        """`lookup.keep` in numpy: the runs as a mask, its words' values compared with the spans."""
         held = run_mask(len(words), run_lo, run_hi)
         index = np.flatnonzero(held & (words >= self._lo) & (words < self._hi))
         if len(self._bounds) > 2 and len(index):

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from heapwalk.analysis.graph import Graph
-from heapwalk.analysis.locate import text_words
+from heapwalk.analysis.lookup import text_words
 from heapwalk.analysis.reach import Reach, scan
 from heapwalk.analysis.tally import signature_words, tally
 from heapwalk.inferior.memory import Memory

@@ -22,10 +22,10 @@ import numpy as np
 
 from heapwalk.analysis.graph import Graph
 from heapwalk.analysis.heapwords import HeapWords, PagesSeen
-from heapwalk.analysis.locate import FirstHits, Locator
+from heapwalk.analysis.lookup import FirstHits, Locator
 from heapwalk.inferior.memory import Memory, merged, ranges_without
 from heapwalk.inferior.roots import RegisterRoot, Root
-from heapwalk.inferior.words import read_window
+from heapwalk.inferior.window import read_window
 from heapwalk.view import Blocks
 
 __all__ = ["Reach", "scan", "WINDOW"]

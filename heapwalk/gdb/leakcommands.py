@@ -14,7 +14,7 @@ from heapwalk.gdb.console import console_with_header, interactive, write_json
 from heapwalk.gdb.session import UserError, load_allocators
 from heapwalk.gdb.subcommand import Parser, Subcommand, json_option
 from heapwalk.output.leakdoc import leaks_group, leaks_json
-from heapwalk.inferior.gdbadapter import stack_frame, symbol_at
+from heapwalk.gdb.adapter import stack_frame, symbol_at
 from heapwalk.inferior.roots import RegisterRoot, readonly_images
 
 __all__ = ["LeaksCommand", "scan_leaks", "reach_text", "in_use_and_leaks"]

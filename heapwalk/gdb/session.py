@@ -12,9 +12,9 @@ from heapwalk.allocator import Allocator, Context, Decoded, NotUsed, Wants
 from heapwalk.errors import CannotDecode, UsageError
 from heapwalk.gdb.console import walk_progress
 from heapwalk.arch import UnknownArchitecture, known
-from heapwalk.inferior.gdbadapter import (GdbSymbols, gdb_memory, preserved_selection, target_architecture,
+from heapwalk.gdb.adapter import (GdbSymbols, gdb_memory, preserved_selection, target_architecture,
                                           thread_registers)
-from heapwalk.inferior.gdbspace import (clock_ns, core_contents, core_not_read, cpu_counts, describe_target, has_target,
+from heapwalk.gdb.addressspace import (clock_ns, core_contents, core_not_read, cpu_counts, describe_target, has_target,
                                       memory_map, missing_ranges, residency, thread_names)
 from heapwalk.inferior.space import Target
 

@@ -13,7 +13,7 @@ import numpy as np
 
 from heapwalk.inferior.memory import Memory, merged, merged_arrays
 from heapwalk.inferior.records import read_records
-from heapwalk.analysis.locate import NATIVE, merge_blocks
+from heapwalk.analysis.lookup import NATIVE, merge_blocks
 from heapwalk.jemalloc.native import slab_regions
 from heapwalk.jemalloc.extents import ACTIVE, ExtentTable
 from heapwalk.jemalloc.model import JeState

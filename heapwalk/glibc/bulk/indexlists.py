@@ -22,7 +22,7 @@ from heapwalk.glibc.walk.lists import MAX_LIST, bin_kind
 from heapwalk.glibc.model import BinKind, BinList
 from heapwalk.glibc.bulk.native import LISTS_NATIVE, follow, successors, walk_list
 from heapwalk.glibc.bulk.sweep import Sweep
-from heapwalk.analysis.locate import Locator
+from heapwalk.analysis.lookup import Locator
 
 __all__ = ["IndexedLists", "lists_of_sweep", "PLAIN", "bin_indices"]
 

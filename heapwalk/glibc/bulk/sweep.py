@@ -26,7 +26,7 @@ from heapwalk.glibc.locate.layout import MINSIZE
 from heapwalk.glibc.bulk.native import KEEP_NATIVE, chase, gather, keep_runs
 from heapwalk.glibc.walk.resync import FENCEPOST_ROOM
 from heapwalk.inferior.memory import Memory
-from heapwalk.inferior.words import SPAN, read_window
+from heapwalk.inferior.window import SPAN, read_window
 
 __all__ = ["Segment", "Sweep", "sweep_extents", "TAIL_NONE", "TAIL_FENCEPOST", "TAIL_LEFTOVER", "TAIL_ZERO"]
 

@@ -21,7 +21,7 @@ from heapwalk.glibc.model import Arena, BinKind, BinList, Heap
 from heapwalk.findings import Finding, Severity
 from heapwalk.glibc.kinds import Kind
 from heapwalk.inferior.memory import Memory, ReadError, readable, u64
-from heapwalk.inferior.words import word_reader
+from heapwalk.inferior.window import word_reader
 
 #: user-space addresses with 4-level paging (48-bit) end here: a link beyond it is damage, never an arena
 USER_SPACE_END = 1 << 47

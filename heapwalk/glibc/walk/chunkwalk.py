@@ -28,7 +28,7 @@ from heapwalk.glibc.walk.neighbours import (after_foreign_sbrk, arena_bit_findin
                                             flags_at, free_in_no_list, inside_chunk)
 from heapwalk.glibc.walk.resync import BEYOND, FENCEPOST_ROOM, OVERRUN_SPAN, Chain, overrun, overshoot_finding, resync
 from heapwalk.inferior.memory import Memory, ReadError
-from heapwalk.inferior.words import PROBE_SPAN, Window
+from heapwalk.inferior.window import PROBE_SPAN, Window
 
 __all__ = ["walk_extent", "walk_batches", "account"]
 

@@ -10,7 +10,7 @@ from heapwalk.glibc.locate.layout import PREV_INUSE, SIZE_BITS
 from heapwalk.glibc.model import FREE_STATES, ChunkState
 from heapwalk.glibc.walk.chunks import BIN_STATES
 from heapwalk.inferior.memory import ReadError
-from heapwalk.inferior.words import Window
+from heapwalk.inferior.window import Window
 
 __all__ = ["flags_at", "free_in_no_list", "arena_bit_finding", "check_prev_size", "after_foreign_sbrk",
            "check_after_listed", "inside_chunk"]

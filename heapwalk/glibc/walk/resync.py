@@ -17,7 +17,7 @@ from heapwalk.glibc.walk.chunks import BIN_STATES, Extent, Listing, align_chunk
 from heapwalk.glibc.model import ChunkState
 from heapwalk.glibc.locate.layout import IS_MMAPPED, MALLOC_ALIGNMENT, MINSIZE, NON_MAIN_ARENA, PREV_INUSE, SIZE_BITS
 from heapwalk.inferior.memory import Memory, ReadError
-from heapwalk.inferior.words import PROBE_SPAN, Window
+from heapwalk.inferior.window import PROBE_SPAN, Window
 
 __all__ = ["plausible", "resync", "resume_point", "BEYOND", "FENCEPOST_ROOM", "OVERRUN_SPAN", "overshoot_finding",
            "overrun", "Chain"]

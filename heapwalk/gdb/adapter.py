@@ -1,7 +1,7 @@
 """The target as gdb shows it: memory, libc's debug symbols, threads.
 
-This module, `heapwalk.inferior.gdbspace` (the address space) and the gdb front end (`heapwalk.gdb`) are the
-only ones that import ``gdb``.
+With `heapwalk.gdb.addressspace` (the address space), the gdb side of `heapwalk.inferior`: only the gdb front
+end imports ``gdb``.
 Everything here is read-only: memory is read, never written; no function in
 the target is called; the selected thread and frame are restored after each
 look at another thread.
@@ -17,7 +17,7 @@ import gdb  # type: ignore[import-not-found]
 
 from heapwalk.arch import DEFAULT, Architecture, by_gdb_name
 from heapwalk.inferior.threads import FATAL_SIGNALS, ThreadRegs
-from heapwalk.inferior.gdbspace import command_text, connection_type
+from heapwalk.gdb.addressspace import command_text, connection_type
 from heapwalk.inferior.memory import CachedMemory
 from heapwalk.inferior.pages import LivePages
 

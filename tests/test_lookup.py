@@ -1,4 +1,4 @@
-"""The leak scan's lookup of words among blocks (`analysis.locate`): the C table and numpy's search give the
+"""The leak scan's lookup of words among blocks (`analysis.lookup`): the C table and numpy's search give the
 same block for every word, on blocks packed tight, spread over far-apart stretches, and at their edges."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from heapwalk.analysis import locate
-from heapwalk.analysis.locate import Locator
+from heapwalk.analysis import lookup
+from heapwalk.analysis.lookup import Locator
 
 
 def _blocks(rng: np.random.Generator, count: int, stretches: int) -> tuple[np.ndarray, np.ndarray]:
@@ -37,7 +37,7 @@ def test_the_table_and_the_search_agree(stretches, overlap):
         - np.uint64(64),
         np.array([0, 1, (1 << 64) - 1], dtype=np.uint64)])
     table = Locator(starts, ends)
-    assert table._table is not None or not locate.NATIVE
+    assert table._table is not None or not lookup.NATIVE
     found = table(values)
     expected = table._numpy(values)
     assert np.array_equal(found, expected)
@@ -58,7 +58,7 @@ def test_the_table_holds_about_two_slots_a_block():
     rng = np.random.default_rng(5)
     starts, ends = _blocks(rng, 50_000, 4)
     table = Locator(starts, ends)._table
-    assert len(table[3]) <= 4 * 50_000 + 4 if locate.NATIVE else table is None
+    assert len(table[3]) <= 4 * 50_000 + 4 if lookup.NATIVE else table is None
 
 
 def test_each_blocks_first_root_word_is_kept_in_c_as_in_numpy(monkeypatch):
@@ -70,9 +70,9 @@ def test_each_blocks_first_root_word_is_kept_in_c_as_in_numpy(monkeypatch):
         for b, w in zip(block.tolist(), words.tolist()):
             expected.setdefault(b, (w, root))
     keys = sorted(expected)
-    for lib in (locate._LIB, None):
-        monkeypatch.setattr(locate, "_LIB", lib)
-        hits = locate.FirstHits(5000)
+    for lib in (lookup._LIB, None):
+        monkeypatch.setattr(lookup, "_LIB", lib)
+        hits = lookup.FirstHits(5000)
         for block, words, root in parts:
             hits.add(block, words, root)
         assert np.flatnonzero(hits.root >= 0).tolist() == keys
@@ -86,12 +86,12 @@ def test_edges_join_a_words_block_and_the_block_it_points_into_in_c_as_in_numpy(
     at = np.sort(rng.integers(int(starts[0]) - 100, int(ends[-1]) + 100, 20_000).astype(np.uint64))
     values = np.where(rng.random(20_000) < 0.7, rng.choice(starts, 20_000), rng.integers(0, 1 << 31, 20_000)
                       ).astype(np.uint64)
-    found = locate.Locator(starts, ends)
+    found = lookup.Locator(starts, ends)
     source, target = found.ascending(at), found(values)
     ok = (source >= 0) & (target >= 0) & (source != target)
-    for lib in (locate._LIB, None):
-        monkeypatch.setattr(locate, "_LIB", lib)
-        for edges in (locate.Locator(starts, ends).edges, locate.Locator(starts, ends).edges_inside):
+    for lib in (lookup._LIB, None):
+        monkeypatch.setattr(lookup, "_LIB", lib)
+        for edges in (lookup.Locator(starts, ends).edges, lookup.Locator(starts, ends).edges_inside):
             got = edges(at, values)
             assert got[0].tolist() == source[ok].tolist() and got[1].tolist() == target[ok].tolist()
     assert ok.sum() > 1000
@@ -111,12 +111,12 @@ def test_a_windows_edges_are_those_of_its_words_inside_blocks_in_c_as_in_numpy(o
     words = np.where(rng.random(40_000) < 0.6, rng.choice(starts, 40_000) + np.uint64(8),
                      rng.integers(0, 1 << 32, 40_000)).astype(np.uint64)
     at = np.uint64(base) + np.arange(40_000, dtype=np.uint64) * np.uint64(8)
-    found = locate.Locator(starts, ends)
+    found = lookup.Locator(starts, ends)
     source, target = found.ascending(at), found(words)
     ok = (source >= 0) & (target >= 0) & (source != target)
-    for lib in (locate._LIB, None):
-        monkeypatch.setattr(locate, "_LIB", lib)
-        got = locate.Locator(starts, ends).window_edges(base, words)
+    for lib in (lookup._LIB, None):
+        monkeypatch.setattr(lookup, "_LIB", lib)
+        got = lookup.Locator(starts, ends).window_edges(base, words)
         assert got[0].tolist() == source[ok].tolist() and got[1].tolist() == target[ok].tolist()
     assert ok.sum() > 1000
 
@@ -128,16 +128,16 @@ def test_a_roots_window_keeps_each_blocks_first_word_pointing_into_it_in_c_as_in
     windows = [(0x7000_0000 + 0x10_0000 * k, np.where(rng.random(n) < 0.5, rng.choice(starts[:2000], n) + np.uint64(4),
                                                       rng.integers(0, 1 << 32, n)).astype(np.uint64))
                for k, n in enumerate((30_000, 0, 1, 50_000))]
-    found = locate.Locator(starts, ends)
+    found = lookup.Locator(starts, ends)
     expected: dict[int, tuple[int, int]] = {}
     for root, (base, words) in enumerate(windows):
         for k, block in enumerate(found(words).tolist()):
             if block >= 0:
                 expected.setdefault(block, (base + 8 * k, root))
     keys = sorted(expected)
-    for lib in (locate._LIB, None):
-        monkeypatch.setattr(locate, "_LIB", lib)
-        table, hits = locate.Locator(starts, ends), locate.FirstHits(len(starts))
+    for lib in (lookup._LIB, None):
+        monkeypatch.setattr(lookup, "_LIB", lib)
+        table, hits = lookup.Locator(starts, ends), lookup.FirstHits(len(starts))
         for root, (base, words) in enumerate(windows):
             table.root_hits(base, words, root, hits)
         assert np.flatnonzero(hits.root >= 0).tolist() == keys
@@ -166,8 +166,8 @@ def test_two_runs_of_blocks_merge_in_c_as_sorting_them_does(seed):
         s = starts[chosen]
         runs.append((s, s + np.uint64(16), rng.integers(0, 8, len(s)).astype(np.int32)))
     excluded = np.unique(np.concatenate([rng.choice(starts, 500), rng.integers(0, 1 << 40, 50).astype(np.uint64)]))
-    got = locate.merge_blocks(runs[0], runs[1], excluded)
-    if not locate.NATIVE:
+    got = lookup.merge_blocks(runs[0], runs[1], excluded)
+    if not lookup.NATIVE:
         assert got is None
         return
     want = _merged_by_sorting(runs[0], runs[1], excluded)
@@ -180,8 +180,8 @@ def test_runs_of_blocks_that_damage_made_overlap_are_left_to_the_sort():
     one = lambda *s: (np.array(s, dtype=np.uint64), np.array(s, dtype=np.uint64) + np.uint64(8),
                       np.zeros(len(s), dtype=np.int32))
     none = np.zeros(0, dtype=np.uint64)
-    assert locate.merge_blocks(one(16, 48), one(32), none) is not None or not locate.NATIVE
-    assert locate.merge_blocks(one(48, 16), one(32), none) is None
-    assert locate.merge_blocks(one(16, 48), one(48), none) is None
-    assert locate.merge_blocks(one(16, 16), one(), none) is None
-    assert locate.merge_blocks(one(16, 48), one(48), np.array([48], dtype=np.uint64)) is None
+    assert lookup.merge_blocks(one(16, 48), one(32), none) is not None or not lookup.NATIVE
+    assert lookup.merge_blocks(one(48, 16), one(32), none) is None
+    assert lookup.merge_blocks(one(16, 48), one(48), none) is None
+    assert lookup.merge_blocks(one(16, 16), one(), none) is None
+    assert lookup.merge_blocks(one(16, 48), one(48), np.array([48], dtype=np.uint64)) is None

@@ -1,6 +1,6 @@
 """The target's address space and kind as gdb shows them: core or process (on every gdb from 10 on), its
-mappings, the ranges a core does not hold, which pages were resident, the CPU counts.  With
-`heapwalk.inferior.gdbadapter`, the only modules below the front ends that import ``gdb``.
+mappings, the ranges a core does not hold, which pages were resident, the CPU counts: with
+`heapwalk.gdb.adapter`, the gdb side of `heapwalk.inferior`.
 """
 
 from __future__ import annotations
