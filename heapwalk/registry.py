@@ -4,7 +4,7 @@ its folder and one line here (docs/architecture.md)."""
 
 from __future__ import annotations
 
-from heapwalk.allocator import Allocator
+from heapwalk.face import Allocator
 
 __all__ = ["allocators", "add", "remove", "described", "xml_help"]
 

@@ -46,7 +46,7 @@ def page_disagreements(html: str, doc: dict) -> list[str]:
     from browser import heap_groups
     from heapwalk.analysis.report import human
     from heapwalk.registry import allocators
-    from heapwalk.mapkinds import FREE, KINDS, USED
+    from heapwalk.common.mapkinds import FREE, KINDS, USED
     allocators()            # every allocator's folder imported, and so its kinds of run
     #: kinds a map draws apart that the allocator's own figure of free memory counts (tcmalloc's central cache
     #: free bytes, as MallocExtension reports them, include what its spans lose to rounding)

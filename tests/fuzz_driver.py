@@ -58,7 +58,7 @@ from heapwalk.gdb.addressspace import memory_map
 from heapwalk.inferior.memory import ReadError
 from heapwalk.inferior.roots import readonly_images
 from heapwalk.output.leakdoc import leaks_group, leaks_json
-from heapwalk.findings import Severity
+from heapwalk.common.findings import Severity
 from heapwalk.glibc.kinds import Kind
 
 INTERESTING = (0, 1, 0x10, 0x21, 0xFFFFFFFFFFFFFFFF, 0x4141414141414141, 0x8000000000000000, 0x7FFFFFFFFFFFFFFF,

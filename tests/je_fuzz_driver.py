@@ -31,7 +31,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # gdb sets __fil
 import figures  # noqa: E402
 from fuzz_driver import INTERESTING, MutatedMemory, run_mutants  # noqa: E402
 
-from heapwalk.findings import Kind, Severity
+from heapwalk.common.findings import Kind, Severity
 from heapwalk.jemalloc import check as je_check
 from heapwalk.jemalloc.decay import decay_findings
 from heapwalk.jemalloc.decode import collect_jemalloc

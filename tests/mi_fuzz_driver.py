@@ -27,8 +27,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # gdb sets __fil
 from fuzz_driver import MutatedMemory, run_mutants  # noqa: E402
 from je_fuzz_driver import Recording, _word, draw_mutants, judge, patched  # noqa: E402
 
-from heapwalk.errors import CannotDecode
-from heapwalk.findings import Severity
+from heapwalk.common.errors import CannotDecode
+from heapwalk.common.findings import Severity
 from heapwalk.gdb.adapter import gdb_memory, thread_registers
 from heapwalk.gdb.addressspace import memory_map
 from heapwalk.mimalloc.allocator import MimallocHeap, decode_any

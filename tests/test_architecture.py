@@ -19,22 +19,18 @@ ALLOCATOR_PARTS = _allocator_parts()
 #: part -> the parts it may import (besides itself and the standard library and its dependencies): an allocator's
 #: folder may use every part below the front ends; the front ends reach the allocators through the registry only
 MAY_IMPORT = {
-    "errors": set(),
-    "findings": {"errors"},
-    "view": {"errors"},
-    "mapkinds": set(),
-    "arch": {"errors"},
-    "inferior": {"arch", "findings", "errors"},
-    "analysis": {"view", "mapkinds", "inferior", "arch", "findings", "errors"},
-    "output": {"analysis", "view", "mapkinds", "inferior", "arch", "findings", "errors"},
-    "allocator": {"output", "analysis", "view", "mapkinds", "findings", "errors"},
-    **{part: {"allocator", "output", "analysis", "view", "mapkinds", "inferior", "arch", "findings", "errors"}
-       for part in ALLOCATOR_PARTS},
-    "registry": {"allocator", *ALLOCATOR_PARTS},
-    "gdb": {"registry", "allocator", "output", "analysis", "view", "mapkinds", "inferior", "arch", "findings", "errors"},
-    "capture": {"inferior", "arch", "errors"},
-    "cli": {"registry", "capture", "output", "analysis", "view", "mapkinds", "inferior", "arch", "findings", "errors"},
-    "__init__": {"gdb", "errors"},
+    "common": set(),
+    "arch": {"common"},
+    "inferior": {"arch", "common"},
+    "analysis": {"inferior", "arch", "common"},
+    "output": {"analysis", "inferior", "arch", "common"},
+    "face": {"output", "analysis", "common"},
+    **{part: {"face", "output", "analysis", "inferior", "arch", "common"} for part in ALLOCATOR_PARTS},
+    "registry": {"face", *ALLOCATOR_PARTS},
+    "gdb": {"registry", "face", "output", "analysis", "inferior", "arch", "common"},
+    "capture": {"inferior", "arch", "common"},
+    "cli": {"registry", "capture", "output", "analysis", "inferior", "arch", "common"},
+    "__init__": {"gdb", "common"},
 }
 #: the only modules that import gdb
 GDB_MODULES = {"gdb/adapter.py", "gdb/addressspace.py", "gdb/commands.py", "gdb/console.py", "gdb/session.py",
@@ -176,13 +172,14 @@ def test_the_shared_drawing_names_no_allocator_s_own_kinds_of_run():
     """The heap maps' kinds that only one allocator has (glibc's bins, jemalloc's dirty pages) are named in
     that allocator's folder only: the output reads them from `mapkinds` ("top" aside: every arena view has a
     top, which an allocator says it has or not in its `Words`)."""
-    from heapwalk import mapkinds, registry
+    from heapwalk.common import mapkinds
+    from heapwalk import registry
     registry.allocators()
     own = set(mapkinds.KINDS) - {k.name for k in mapkinds.SHARED} - {"top"}
     assert {"small", "tcache_struct", "dirty", "slab_free"} <= own
     wrong = []
     for relative, tree in _modules():
-        if _part(relative) in ("output", "view", "mapkinds", "allocator"):
+        if _part(relative) in ("output", "face") or relative in ("common/view.py", "common/mapkinds.py"):
             wrong += [f"{relative}:{node.lineno} names {node.value!r}" for node in ast.walk(tree)
                       if isinstance(node, ast.Constant) and node.value in own]
     assert not wrong, "\n".join(wrong)

@@ -7,7 +7,7 @@ import contextlib
 
 from heapwalk.cli import main as cli
 from heapwalk.cli.gdbmi import CliError
-from heapwalk.errors import PARTIAL
+from heapwalk.common.errors import PARTIAL
 
 
 class _Gdb(contextlib.AbstractContextManager):

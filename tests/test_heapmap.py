@@ -17,10 +17,10 @@ from conftest import GLIBCS, JEMALLOCS, NO_SYMBOLS, capture, capture_jemalloc, g
 from harness import REPRODUCERS
 
 from heapwalk import registry
-from heapwalk.mapkinds import MAP_KINDS, MapKind, add_map_kind
+from heapwalk.common.mapkinds import MAP_KINDS, MapKind, add_map_kind
 from heapwalk.output.heapmaps import BAND_COLOURS, COLOURS, PINNED, columns, kind_bytes, svg_maps, text_maps
 from heapwalk.output.pngmaps import png_maps
-from heapwalk.view import HeapStrip
+from heapwalk.common.view import HeapStrip
 
 registry.allocators()        # each allocator adds its kinds of run
 K = {name: i for i, name in enumerate(MAP_KINDS)}

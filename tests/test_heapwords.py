@@ -14,7 +14,7 @@ from heapwalk.analysis.heapwords import HeapWords
 from heapwalk.glibc.bulk import sweep as sweep_module
 from heapwalk.glibc.bulk.onepass import OnePass
 from heapwalk.inferior.roots import Root
-from heapwalk.view import Blocks
+from heapwalk.common.view import Blocks
 
 from test_sweep import ARENA, HEAP, _synth
 

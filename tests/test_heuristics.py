@@ -15,7 +15,7 @@ from heapwalk.glibc.decode import collect
 from heapwalk.glibc.locate.layout import MP_INT_FIELDS, layout_for
 from heapwalk.glibc.locate.arenashape import plausible_arena
 from heapwalk.inferior.memory import ImageMemory
-from heapwalk.findings import Kind, Severity
+from heapwalk.common.findings import Kind, Severity
 
 BASE = 0x7F1230000000          # libc's first mapping
 DATA = BASE + 0x10000          # its writable segment

@@ -16,7 +16,7 @@ from heapwalk.glibc.account.verdict import verdict
 from heapwalk.output import jsondoc
 from heapwalk.glibc.show.reportlines import WORDS as GLIBC_WORDS
 from heapwalk.output.difftext import diff_text
-from heapwalk.view import ArenaView, Blocks, HeapView
+from heapwalk.common.view import ArenaView, Blocks, HeapView
 
 MiB = 1 << 20
 

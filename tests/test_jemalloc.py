@@ -21,7 +21,7 @@ import harness
 import sysroots
 from oracle import jemalloc_arena_view, jemalloc_printed_view
 from heapwalk.analysis.report import human
-from heapwalk.findings import Kind, Severity
+from heapwalk.common.findings import Kind, Severity
 from heapwalk.jemalloc.decode import collect_jemalloc
 from heapwalk.jemalloc.discovery import JeDiscovery
 from heapwalk.jemalloc.layout import LAYOUTS

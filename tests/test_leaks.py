@@ -25,7 +25,7 @@ from heapwalk.inferior.memory import ImageMemory
 from heapwalk.inferior.roots import Root, RegisterRoot, image_data, root_regions
 from heapwalk.inferior.space import MemoryMap
 from heapwalk.inferior.threads import ThreadRegs
-from heapwalk.view import Blocks
+from heapwalk.common.view import Blocks
 
 HEAP, DATA = 0x10000, 0x80000
 #: every kind of block cores/reach.c writes to its ledger

@@ -20,9 +20,9 @@ from collections import Counter
 import numpy as np
 
 from heapwalk import registry
-from heapwalk.allocator import Allocator, Decoded, NotUsed
-from heapwalk.mapkinds import FREE, MAP_KINDS, MapKind, add_map_kind
-from heapwalk.view import ArenaView, HeapStrip, HeapView
+from heapwalk.face import Allocator, Decoded, NotUsed
+from heapwalk.common.mapkinds import FREE, MAP_KINDS, MapKind, add_map_kind
+from heapwalk.common.view import ArenaView, HeapStrip, HeapView
 
 SPARE = add_map_kind(MapKind("toy_spare", "spare (toy)", "#abcdef", "s", use=FREE))
 
@@ -116,8 +116,8 @@ def test_an_allocator_that_cannot_be_decoded_beside_the_toy_is_its_finding(tmp_p
 
 BROKEN = '''
 from heapwalk import registry
-from heapwalk.allocator import Allocator
-from heapwalk.errors import CannotDecode
+from heapwalk.face import Allocator
+from heapwalk.common.errors import CannotDecode
 
 
 class Broken(Allocator):

@@ -19,7 +19,7 @@ from heapwalk.capture.coreplan import PAGE, _codes, _mapping_segments
 from heapwalk.inferior.pages import MapsLine, classify
 from heapwalk.inferior.memory import ranges_without
 from heapwalk.inferior.residency import Pagemap, Residency, load_runs, of_core
-from heapwalk.view import ArenaView, HeapView
+from heapwalk.common.view import ArenaView, HeapView
 
 MiB = 1 << 20
 BASE = 0x7F0000000000

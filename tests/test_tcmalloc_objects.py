@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from heapwalk.findings import Kind
+from heapwalk.common.findings import Kind
 from heapwalk.inferior.memory import ImageMemory
-from heapwalk.mapkinds import MAP_KINDS
+from heapwalk.common.mapkinds import MAP_KINDS
 from heapwalk.tcmalloc.blocks import tcmalloc_blocks
 from heapwalk.tcmalloc.check import _objects
 from heapwalk.tcmalloc.decode import IN_USE, NORMAL, TcClass, TcSpan, TcState, TcThread

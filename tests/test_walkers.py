@@ -11,7 +11,7 @@ import pytest
 from heapwalk.glibc.locate.layout import layout_for
 from heapwalk.inferior.memory import CachedMemory, ImageMemory, ReadError
 from heapwalk.glibc.model import BinKind, BinList
-from heapwalk.findings import Severity
+from heapwalk.common.findings import Severity
 from heapwalk.glibc.kinds import Kind
 from heapwalk.glibc.walk.lists import bin_index, largebin_index, reveal, walk_bin, walk_fastbin, walk_tcache
 from heapwalk.glibc.walk.ring import walk_arena_ring, walk_heaps

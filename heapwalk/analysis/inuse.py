@@ -14,7 +14,7 @@ from heapwalk.analysis.leakreport import text_at
 from heapwalk.analysis.leaks import TEXT, Leaks, arena_rows, signature_name, signatures
 from heapwalk.analysis.tally import tally
 from heapwalk.inferior.memory import Memory
-from heapwalk.view import Blocks
+from heapwalk.common.view import Blocks
 
 __all__ = ["UsedBucket", "UsedSignature", "LeakTotals", "InUse", "in_use_of", "leak_totals", "size_buckets",
            "SIGNATURES_KEPT"]

@@ -22,7 +22,7 @@ from heapwalk.inferior.memory import Memory
 from heapwalk.inferior.roots import image_data, register_roots, root_regions
 from heapwalk.inferior.space import MemoryMap
 from heapwalk.inferior.threads import ThreadRegs
-from heapwalk.view import Blocks
+from heapwalk.common.view import Blocks
 
 __all__ = ["Leaks", "ArenaLeaks", "Group", "find_leaks", "arena_index", "arena_rows", "leaks_of", "signatures",
            "signature_name", "TEXT", "by_size", "by_signature", "HIDDEN_POINTERS"]

@@ -26,7 +26,7 @@ from heapwalk.analysis.lookup import FirstHits, Locator
 from heapwalk.inferior.memory import Memory, merged, ranges_without
 from heapwalk.inferior.roots import RegisterRoot, Root
 from heapwalk.inferior.window import read_window
-from heapwalk.view import Blocks
+from heapwalk.common.view import Blocks
 
 __all__ = ["Reach", "scan", "WINDOW"]
 

@@ -1,7 +1,7 @@
 """The report: where every byte of every arena is, a histogram of the free pieces, what the allocator could
 give back, and its verdict.
 
-`build_report` reads any allocator's `heapwalk.view.HeapView` and returns plain numbers; the allocator's own
+`build_report` reads any allocator's `heapwalk.common.view.HeapView` and returns plain numbers; the allocator's own
 verdict (glibc's in `heapwalk.glibc.account.verdict`) turns them into sentences; `heapwalk.output.tables` lays them
 out and `heapwalk.output.jsondoc` writes them.  When a leak scan ran (`heapwalk.analysis.leaks`), what it
 found rides along for the verdict, the tables and the JSON, and so does what the memory in use is
@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from heapwalk.analysis.inuse import InUse, LeakTotals
-from heapwalk.view import ArenaView, HeapView, SizeClass
+from heapwalk.common.view import ArenaView, HeapView, SizeClass
 
 __all__ = ["Bucket", "Report", "build_report", "by_class", "counted", "human", "leaking", "scan_sentence",
            "unknown_ram"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Protocol
 
-from heapwalk.errors import HeapwalkError
+from heapwalk.common.errors import HeapwalkError
 
 __all__ = ["Architecture", "CodeRef", "CodeReader", "UnknownArchitecture"]
 

@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from heapwalk.capture import ptrace
-from heapwalk.errors import HeapwalkError
+from heapwalk.common.errors import HeapwalkError
 from heapwalk.inferior.pages import EXCLUSIVE, PAGE, PRESENT, SPECIAL, SWAPPED, LivePages, MapsLine, Page
 from heapwalk.inferior.residency import runs_of
 

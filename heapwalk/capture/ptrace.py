@@ -15,7 +15,7 @@ import errno
 import os
 from dataclasses import dataclass
 
-from heapwalk.errors import HeapwalkError
+from heapwalk.common.errors import HeapwalkError
 
 __all__ = ["PtraceError", "StoppedThread", "Stopped", "stop"]
 

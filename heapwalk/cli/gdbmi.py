@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from heapwalk.arch import known
-from heapwalk.errors import HeapwalkError
+from heapwalk.common.errors import HeapwalkError
 
 
 EXIT_DAMAGED, EXIT_ERROR, EXIT_PARTIAL = 1, 2, 3

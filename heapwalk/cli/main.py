@@ -26,7 +26,7 @@ from heapwalk.cli.capture import cmd_capture
 from heapwalk.cli.cores import open_core, report_command
 from heapwalk.cli.diff import cmd_diff
 from heapwalk.cli.gdbmi import EXIT_DAMAGED, EXIT_ERROR, EXIT_PARTIAL, CliError
-from heapwalk.errors import PARTIAL, UNCHECKED
+from heapwalk.common.errors import PARTIAL, UNCHECKED
 from heapwalk.output import jsondoc
 from heapwalk.output.options import add_no_leaks, add_report_files
 

@@ -1,18 +1,18 @@
-"""CPython's obmalloc behind heapwalk's allocator interface (`heapwalk.allocator`): an allocator above malloc,
+"""CPython's obmalloc behind heapwalk's allocator interface (`heapwalk.face`): an allocator above malloc,
 looked for after the allocators that serve malloc, in the anonymous memory they do not claim."""
 
 from __future__ import annotations
 
 from rich.text import Text
 
-from heapwalk.allocator import Allocator, Context, Decoded, NotUsed, Shown
+from heapwalk.face import Allocator, Context, Decoded, NotUsed, Shown
 from heapwalk.analysis.report import Report, human
 from heapwalk.analysis.rss import Claim
 from heapwalk.cpython.load import NoObmalloc, load_obmalloc
 from heapwalk.cpython.model import ObState
 from heapwalk.cpython.shown import WORDS, class_table, heap_view, obmalloc_document, summary_lines
 from heapwalk.cpython.verdict import advice
-from heapwalk.findings import Finding
+from heapwalk.common.findings import Finding
 from heapwalk.output.consoles import box_for
 from heapwalk.output.jsondoc import report_json
 from heapwalk.output.reporttext import arena_table, report_group

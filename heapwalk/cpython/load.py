@@ -13,8 +13,8 @@ import numpy as np
 from heapwalk.cpython.arenatable import ArenaTable, find_table
 from heapwalk.cpython.model import ObArena, ObState, arena_figures, class_rows
 from heapwalk.cpython.pools import HEADER, Pools, block_size, blocks_per_pool, find_pools
-from heapwalk.errors import HeapwalkError
-from heapwalk.findings import Finding, Kind, Severity
+from heapwalk.common.errors import HeapwalkError
+from heapwalk.common.findings import Finding, Kind, Severity
 from heapwalk.inferior.elf import ElfImage
 from heapwalk.inferior.memory import ReadError, merged, ranges_without
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from heapwalk.cpython.pools import CLASSES, HEADER, Pools, block_size, blocks_per_pool
-from heapwalk.findings import Finding
+from heapwalk.common.findings import Finding
 
 __all__ = ["ObArena", "ObClass", "ObState", "class_rows"]
 

@@ -13,7 +13,7 @@ from rich.text import Text
 
 from heapwalk.analysis.report import Report, human
 from heapwalk.cpython.model import ObArena, ObState
-from heapwalk.view import ArenaView, HeapView, Words
+from heapwalk.common.view import ArenaView, HeapView, Words
 
 __all__ = ["WORDS", "heap_view", "summary_lines", "class_table", "obmalloc_document"]
 

@@ -1,5 +1,5 @@
 """gdb commands: ``heapwalk report|arenas|threads|check`` for every allocator, the commands only some
-allocators have (`heapwalk.allocator.Verb`), and ``set/show heapwalk ...``.
+allocators have (`heapwalk.face.Verb`), and ``set/show heapwalk ...``.
 
 Commands parse their arguments, decode every allocator of the target through the registry, and print what
 each decoded allocator says of itself; no heap logic lives here.  Errors the user can cause are one line;
@@ -15,9 +15,9 @@ import textwrap
 import gdb  # type: ignore[import-not-found]
 
 from heapwalk import registry
-from heapwalk.allocator import NotMine
-from heapwalk.errors import PARTIAL, UNCHECKED
-from heapwalk.findings import Kind
+from heapwalk.face import NotMine
+from heapwalk.common.errors import PARTIAL, UNCHECKED
+from heapwalk.common.findings import Kind
 from heapwalk.registry import described
 from heapwalk.gdb.leakcommands import LeaksCommand, in_use_and_leaks, reach_text, scan_leaks
 from heapwalk.gdb.mapcommands import MapCommand, write_report_html
@@ -203,7 +203,7 @@ class CheckCommand(Subcommand):
 
 
 class VerbCommand(Subcommand):
-    """A command only some allocators have (`heapwalk.allocator.Verb`): run on the first decoded allocator
+    """A command only some allocators have (`heapwalk.face.Verb`): run on the first decoded allocator
     that has it and whose own verb takes the arguments, each read by that allocator's own parser."""
 
     def __init__(self, verb, owners, own: dict | None = None):

@@ -5,7 +5,7 @@ holds each byte (each allocator cuts its heaps into runs, `output.heapmaps` draw
 from __future__ import annotations
 
 
-from heapwalk.allocator import CannotDraw
+from heapwalk.face import CannotDraw
 from heapwalk.gdb.console import console_with_header, interactive
 from heapwalk.gdb.leakcommands import scan_leaks
 from heapwalk.gdb.session import UserError, load_allocators

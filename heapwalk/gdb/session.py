@@ -8,8 +8,8 @@ import dataclasses
 import gdb  # type: ignore[import-not-found]
 
 from heapwalk import registry
-from heapwalk.allocator import Allocator, Context, Decoded, NotUsed, Wants
-from heapwalk.errors import CannotDecode, UsageError
+from heapwalk.face import Allocator, Context, Decoded, NotUsed, Wants
+from heapwalk.common.errors import CannotDecode, UsageError
 from heapwalk.gdb.console import walk_progress
 from heapwalk.arch import UnknownArchitecture, known
 from heapwalk.gdb.adapter import (GdbSymbols, gdb_memory, preserved_selection, target_architecture,

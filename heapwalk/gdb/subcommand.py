@@ -9,7 +9,7 @@ import traceback
 import gdb  # type: ignore[import-not-found]
 
 from heapwalk.gdb.console import read_only
-from heapwalk.errors import CannotDecode, UsageError
+from heapwalk.common.errors import CannotDecode, UsageError
 from heapwalk.gdb.session import Settings, UserError
 from heapwalk.inferior.gcpause import gc_paused
 from heapwalk.inferior.ownmemory import freed_memory_kept

@@ -1,4 +1,4 @@
-"""glibc's malloc behind heapwalk's allocator interface (`heapwalk.allocator`): found and decoded with
+"""glibc's malloc behind heapwalk's allocator interface (`heapwalk.face`): found and decoded with
 `glibc.load`, shown with glibc's tables, documents and page sections, and its own commands (`glibc.verbs`)."""
 
 from __future__ import annotations
@@ -6,11 +6,11 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from heapwalk.allocator import Allocator, Checked, Context, Decoded, NotUsed, Setting, Shown
+from heapwalk.face import Allocator, Checked, Context, Decoded, NotUsed, Setting, Shown
 from heapwalk.analysis.report import Report, human
 from heapwalk.analysis.rss import Claim
-from heapwalk.errors import UsageError
-from heapwalk.findings import Finding
+from heapwalk.common.errors import UsageError
+from heapwalk.common.findings import Finding
 from heapwalk.glibc.forensics import check as glibc_check
 from heapwalk.glibc.account.blocks import blocks_of
 from heapwalk.glibc.locate.discovery import MallocUnused, Overrides, foreign_allocator, parse_version
@@ -29,7 +29,7 @@ from heapwalk.glibc.show.settings import mp_settings
 from heapwalk.glibc.walk.chunks import extents
 from heapwalk.output import tables
 from heapwalk.output.reporttext import report_group
-from heapwalk.view import HeapStrip
+from heapwalk.common.view import HeapStrip
 
 __all__ = ["GLIBC", "GlibcHeap"]
 

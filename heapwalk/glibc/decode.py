@@ -31,7 +31,7 @@ from heapwalk.inferior.gcpause import gc_paused
 from heapwalk.inferior.memory import Memory, ReadError, u64
 from heapwalk.inferior.residency import Residency
 from heapwalk.glibc.model import Account, Arena, ChunkWalk, HeapState, MallocPar, TrimEstimate
-from heapwalk.findings import Fact, Finding, Severity
+from heapwalk.common.findings import Fact, Finding, Severity
 from heapwalk.glibc.kinds import Kind
 from heapwalk.glibc.locate import headless
 from heapwalk.glibc.locate.heuristics import arenas_by_heaps

@@ -1,10 +1,10 @@
-"""The kinds of findings only glibc's malloc has, beside those every allocator may meet (`heapwalk.findings`):
+"""The kinds of findings only glibc's malloc has, beside those every allocator may meet (`heapwalk.common.findings`):
 their titles use glibc's own words, its abort message in parentheses where glibc checks the same thing.
 `Kind` here holds both, so glibc's modules name every kind through it."""
 
 from __future__ import annotations
 
-from heapwalk import findings
+from heapwalk.common import findings
 
 __all__ = ["Kind"]
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from heapwalk.findings import Finding, Severity
+from heapwalk.common.findings import Finding, Severity
 from heapwalk.glibc.kinds import Kind
 from heapwalk.glibc.decode import collect
 from heapwalk.glibc.locate.discovery import Discovery, DiscoveryError, Overrides, discover, foreign_allocator

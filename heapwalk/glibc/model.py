@@ -18,7 +18,7 @@ from types import MappingProxyType
 
 import numpy as np
 
-from heapwalk.findings import Fact, Finding
+from heapwalk.common.findings import Fact, Finding
 from heapwalk.inferior.residency import Residency
 
 __all__ = ["BinKind", "BinList", "Heap", "Arena", "TcacheBin", "Tcache", "Thread", "MallocPar", "ChunkState",

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from heapwalk.arch import Architecture, by_elf_machine, known
-from heapwalk.errors import HeapwalkError
+from heapwalk.common.errors import HeapwalkError
 from heapwalk.inferior.elf import iter_notes
 
 __all__ = ["CoreError", "CoreFile", "Truncation", "file_build_id", "format_ranges", "parse_ranges"]

@@ -17,7 +17,7 @@ from typing import Callable, Iterable, Protocol
 
 import numpy as np
 
-from heapwalk.errors import HeapwalkError
+from heapwalk.common.errors import HeapwalkError
 
 __all__ = ["ReadError", "Memory", "CachedMemory", "ImageMemory", "u64", "u32", "merged", "merged_arrays", "ranges_without",
            "readable"]

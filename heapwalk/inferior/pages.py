@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-from heapwalk.errors import HeapwalkError
+from heapwalk.common.errors import HeapwalkError
 from heapwalk.inferior.memory import ReadError
 
 __all__ = ["Page", "MapsLine", "parse_maps", "read_maps", "classify", "LivePages", "PagesUnknown", "ZeroPages",

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from heapwalk.arch import DEFAULT, Architecture
-from heapwalk.findings import Finding, Kind, Severity
+from heapwalk.common.findings import Finding, Kind, Severity
 from heapwalk.inferior.elf import Mapping
 from heapwalk.inferior.memory import Memory
 from heapwalk.inferior.residency import Residency

@@ -1,4 +1,4 @@
-"""jemalloc behind heapwalk's allocator interface (`heapwalk.allocator`): found where a mapped object holds
+"""jemalloc behind heapwalk's allocator interface (`heapwalk.face`): found where a mapped object holds
 it, decoded with `jemalloc.load`, shown with jemalloc's tables, documents and page sections in
 malloc_stats_print's words."""
 
@@ -11,9 +11,9 @@ import numpy as np
 from rich.text import Text
 
 from heapwalk.analysis.rss import Claim
-from heapwalk.allocator import Allocator, CannotDraw, Checked, Context, Decoded, NotUsed, Shown
+from heapwalk.face import Allocator, CannotDraw, Checked, Context, Decoded, NotUsed, Shown
 from heapwalk.analysis.report import Report, human
-from heapwalk.findings import Finding, Severity
+from heapwalk.common.findings import Finding, Severity
 from heapwalk.jemalloc import check as je_check
 from heapwalk.jemalloc.blocks import jemalloc_blocks
 from heapwalk.jemalloc.find import find_jemalloc
@@ -28,7 +28,7 @@ from heapwalk.jemalloc import page, shown as jedoc
 from heapwalk.output import tables
 from heapwalk.output.reporttext import report_group
 from heapwalk.output.consoles import box_for
-from heapwalk.view import HeapStrip
+from heapwalk.common.view import HeapStrip
 
 __all__ = ["JEMALLOC", "JemallocHeap"]
 

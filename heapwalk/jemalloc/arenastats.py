@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import struct
 
-from heapwalk.findings import Finding, Severity
+from heapwalk.common.findings import Finding, Severity
 from heapwalk.jemalloc.kinds import Kind
 from heapwalk.jemalloc.layout import PAGE, JeLayout
 from heapwalk.jemalloc.model import JeExtents, JeLarge

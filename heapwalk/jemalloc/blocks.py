@@ -18,7 +18,7 @@ from heapwalk.jemalloc.native import slab_regions
 from heapwalk.jemalloc.extents import ACTIVE, ExtentTable
 from heapwalk.jemalloc.model import JeState
 from heapwalk.jemalloc.region import SLAB_BITMAP
-from heapwalk.view import Blocks
+from heapwalk.common.view import Blocks
 
 __all__ = ["jemalloc_blocks"]
 

@@ -10,7 +10,7 @@ to its head, and holds the pages its container counts (`jemalloc.freelists`)."""
 
 from __future__ import annotations
 
-from heapwalk.findings import Finding, Severity
+from heapwalk.common.findings import Finding, Severity
 from heapwalk.jemalloc.kinds import Kind
 from heapwalk.jemalloc.extents import ACTIVE, DIRTY, MUZZY, RETAINED
 from heapwalk.jemalloc.heapmap import held_bytes, sampled

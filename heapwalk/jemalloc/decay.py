@@ -5,7 +5,7 @@ purged, and whose threads all lack a ticker keeps those pages until something el
 
 from __future__ import annotations
 
-from heapwalk.findings import Finding, Severity
+from heapwalk.common.findings import Finding, Severity
 from heapwalk.jemalloc.kinds import Kind
 from heapwalk.jemalloc.layout import PAGE
 from heapwalk.jemalloc.model import JeArena, JeState

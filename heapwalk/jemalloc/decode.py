@@ -11,7 +11,7 @@ from types import MappingProxyType
 
 import numpy as np
 
-from heapwalk.findings import Finding, Severity
+from heapwalk.common.findings import Finding, Severity
 from heapwalk.jemalloc.kinds import Kind
 from heapwalk.jemalloc.discovery import CONTAINER_STATES, JeDiscovery
 from heapwalk.jemalloc.layout import BIN_STATS, PAGE, JeLayout

@@ -28,7 +28,7 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from heapwalk.findings import Fact
+from heapwalk.common.findings import Fact
 from heapwalk.jemalloc.arenaarray import CONTAINER_STATES, arena_array, container_states
 from heapwalk.jemalloc.background import background_state
 from heapwalk.jemalloc.find import JemallocImage, JemallocNotFound, find_jemalloc

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from heapwalk.findings import Finding, Severity
+from heapwalk.common.findings import Finding, Severity
 from heapwalk.jemalloc.kinds import Kind
 from heapwalk.jemalloc.layout import JeLayout, PAGE
 from heapwalk.jemalloc.rtree import COMPACT_48, RtreeShape

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from heapwalk.errors import CannotDecode
+from heapwalk.common.errors import CannotDecode
 from heapwalk.inferior.elf import ElfImage, Mapping, readable_runs
 from heapwalk.inferior.memory import Memory, ReadError
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-from heapwalk.findings import Finding, Severity
+from heapwalk.common.findings import Finding, Severity
 from heapwalk.inferior.memory import Memory, ReadError
 from heapwalk.jemalloc.kinds import Kind
 from heapwalk.jemalloc.layout import PAGE, JeLayout

@@ -18,8 +18,8 @@ import numpy as np
 
 from heapwalk.jemalloc.extents import ACTIVE, DIRTY, MUZZY, RETAINED, ExtentTable
 from heapwalk.inferior.residency import Residency
-from heapwalk.mapkinds import FREE, MAP_KINDS, MapKind, add_map_kind
-from heapwalk.view import HeapStrip
+from heapwalk.common.mapkinds import FREE, MAP_KINDS, MapKind, add_map_kind
+from heapwalk.common.view import HeapStrip
 
 __all__ = ["extent_strips", "held_bytes", "leaked_bytes", "sampled", "sampled_extents"]
 

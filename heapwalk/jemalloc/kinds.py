@@ -1,8 +1,8 @@
-"""The kinds of findings only jemalloc has, beside those every allocator may meet (`heapwalk.findings`)."""
+"""The kinds of findings only jemalloc has, beside those every allocator may meet (`heapwalk.common.findings`)."""
 
 from __future__ import annotations
 
-from heapwalk import findings
+from heapwalk.common import findings
 
 __all__ = ["Kind"]
 

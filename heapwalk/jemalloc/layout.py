@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from heapwalk.errors import HeapwalkError
+from heapwalk.common.errors import HeapwalkError
 from heapwalk.jemalloc.sizeclasses import PAGE, SizeClasses, size_classes
 
 __all__ = ["JeLayout", "LAYOUTS", "PROF_LAYOUTS", "QUANTA", "layout_for", "quantum_phrase", "UnsupportedJemalloc", "PAGE", "BIN_STATS"]

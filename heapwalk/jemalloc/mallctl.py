@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from heapwalk.errors import HeapwalkError
+from heapwalk.common.errors import HeapwalkError
 from heapwalk.inferior.elf import ElfImage, readable_runs
 from heapwalk.inferior.memory import ReadError
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from heapwalk.findings import Fact, Finding
+from heapwalk.common.findings import Fact, Finding
 from heapwalk.jemalloc.extents import ExtentTable
 from heapwalk.inferior.residency import Residency
 

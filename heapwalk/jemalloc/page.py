@@ -9,12 +9,12 @@ from typing import Any
 
 from heapwalk.analysis.report import human
 from heapwalk.output.charts import stacked_chart
-from heapwalk.mapkinds import MAP_KINDS
+from heapwalk.common.mapkinds import MAP_KINDS
 from heapwalk.output.heapmaps import COLOURS, NAMES, kind_bytes, piece_counts
 from heapwalk.output.htmlpage import e, section, table
 from heapwalk.output.htmlreport import (arenas_section, findings_section, histogram_section, maps_section,
                                         plain_figures, verdict_section)
-from heapwalk.view import HeapStrip, Words
+from heapwalk.common.view import HeapStrip, Words
 from heapwalk.jemalloc.shown import thread_state
 
 __all__ = ["option_settings", "jemalloc_facts", "decay_section", "jemalloc_threads", "jemalloc_sections", "JE_COLOURS", "JE_NAMES"]

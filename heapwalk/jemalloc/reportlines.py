@@ -1,4 +1,4 @@
-"""jemalloc's words in its report (`heapwalk.view.Words`: its arena table's columns, in malloc_stats_print's
+"""jemalloc's words in its report (`heapwalk.common.view.Words`: its arena table's columns, in malloc_stats_print's
 terms) and the lines it prints under that table."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 from rich.text import Text
 
 from heapwalk.analysis.report import Report, human
-from heapwalk.view import Words
+from heapwalk.common.view import Words
 
 __all__ = ["WORDS", "summary_lines"]
 

@@ -14,7 +14,7 @@ from heapwalk.jemalloc.layout import PAGE
 from heapwalk.jemalloc.model import JeArena, JeBin, JeState, JeThread
 from heapwalk.output.jsondoc import SCHEMA_VERSION, report_json
 from heapwalk.output.tables import check_text
-from heapwalk.findings import CheckResult
+from heapwalk.common.findings import CheckResult
 
 __all__ = ["jemalloc_document", "jemalloc_arenas_table", "jemalloc_threads_table", "jemalloc_report_document", "jemalloc_slabs_table",
            "THREAD_STATES"]

@@ -1,4 +1,4 @@
-"""jemalloc's heap as the allocator-neutral view (`heapwalk.view`), so that it gets the report, its JSON and
+"""jemalloc's heap as the allocator-neutral view (`heapwalk.common.view`), so that it gets the report, its JSON and
 `heapwalk diff` as glibc's does.
 
 Per arena, the bytes it has mapped (malloc_stats_print's ``mapped``) split by what holds them: regions the
@@ -17,7 +17,7 @@ from types import MappingProxyType
 from heapwalk.jemalloc.layout import PAGE
 from heapwalk.jemalloc.model import JeArena, JeState
 from heapwalk.jemalloc.resident import ArenaRss, arena_rss
-from heapwalk.view import ArenaView, HeapView
+from heapwalk.common.view import ArenaView, HeapView
 
 __all__ = ["heap_view", "FREE_KINDS", "arena_kind"]
 

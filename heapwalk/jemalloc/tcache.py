@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import struct
 
-from heapwalk.findings import Finding, Severity
+from heapwalk.common.findings import Finding, Severity
 from heapwalk.jemalloc.kinds import Kind
 from heapwalk.jemalloc.layout import JeLayout
 from heapwalk.inferior.memory import Memory, ReadError

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import struct
 
-from heapwalk.findings import Finding, Severity
+from heapwalk.common.findings import Finding, Severity
 from heapwalk.jemalloc.discovery import JeDiscovery
 from heapwalk.jemalloc.kinds import Kind
 from heapwalk.jemalloc.layout import JeLayout

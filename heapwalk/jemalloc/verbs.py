@@ -10,9 +10,9 @@ import json
 
 from rich.table import Table
 
-from heapwalk.allocator import NotMine, Verb
+from heapwalk.face import NotMine, Verb
 from heapwalk.analysis.report import human
-from heapwalk.errors import UsageError
+from heapwalk.common.errors import UsageError
 from heapwalk.jemalloc.region import locate_region, region_text
 from heapwalk.output.consoles import box_for
 

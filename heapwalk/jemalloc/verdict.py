@@ -10,7 +10,7 @@ from heapwalk.jemalloc.decay import never_decaying, overdue
 from heapwalk.jemalloc.heapmap import sampled, sampled_extents
 from heapwalk.jemalloc.layout import PAGE
 from heapwalk.jemalloc.model import JeArena, JeState
-from heapwalk.view import ArenaView
+from heapwalk.common.view import ArenaView
 
 __all__ = ["advice"]
 

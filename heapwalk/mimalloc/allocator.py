@@ -1,4 +1,4 @@
-"""Microsoft's mimalloc behind heapwalk's allocator interface (`heapwalk.allocator`): found where a mapped object
+"""Microsoft's mimalloc behind heapwalk's allocator interface (`heapwalk.face`): found where a mapped object
 holds it, its state found without symbols (`mimalloc.discovery`), shown in mimalloc's own words."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from types import MappingProxyType
 
 from rich.text import Text
 
-from heapwalk.allocator import Allocator, Checked, Context, Decoded, NotUsed, Shown
+from heapwalk.face import Allocator, Checked, Context, Decoded, NotUsed, Shown
 from heapwalk.analysis.report import Report, human
 from heapwalk.analysis.rss import Claim
-from heapwalk.findings import Finding, Severity
+from heapwalk.common.findings import Finding, Severity
 from heapwalk.mimalloc.blocks import mimalloc_blocks
 from heapwalk.mimalloc.check import CHECKED, CHECKED3, check_mimalloc
 from heapwalk.mimalloc.account import ARENAS, FREE_KINDS, NO_THREAD, Owner, owners
@@ -29,7 +29,7 @@ from heapwalk.output import tables
 from heapwalk.output.consoles import box_for
 from heapwalk.output.jsondoc import report_json
 from heapwalk.output.reporttext import report_group
-from heapwalk.view import ArenaView, HeapStrip, HeapView, Words
+from heapwalk.common.view import ArenaView, HeapStrip, HeapView, Words
 
 __all__ = ["MIMALLOC", "MimallocHeap", "decode_any"]
 

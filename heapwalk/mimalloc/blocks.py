@@ -14,7 +14,7 @@ import numpy as np
 
 from heapwalk.inferior.memory import merged
 from heapwalk.mimalloc.decode import MiState, good_size
-from heapwalk.view import Blocks
+from heapwalk.common.view import Blocks
 
 __all__ = ["mimalloc_blocks"]
 

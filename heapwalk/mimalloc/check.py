@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from heapwalk.findings import Finding, Kind, Severity
+from heapwalk.common.findings import Finding, Kind, Severity
 from heapwalk.inferior.memory import Memory, ReadError
 from heapwalk.mimalloc.decode import MiPage, MiState
 from heapwalk.mimalloc.layout import queue_shape

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from heapwalk.findings import Finding, Kind, Severity
+from heapwalk.common.findings import Finding, Kind, Severity
 from heapwalk.inferior.memory import Memory, ReadError
 from heapwalk.inferior.residency import Residency
 from heapwalk.mimalloc.arenas import segment_arena

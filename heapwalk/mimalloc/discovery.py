@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from heapwalk.errors import CannotDecode, HeapwalkError
+from heapwalk.common.errors import CannotDecode, HeapwalkError
 from heapwalk.inferior.elf import Mapping, readable_runs, writable_words
 from heapwalk.inferior.memory import Memory, ReadError, u64
 from heapwalk.mimalloc.arenas import arena_segment, find_arenas

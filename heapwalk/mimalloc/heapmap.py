@@ -11,10 +11,10 @@ from dataclasses import replace
 import numpy as np
 
 from heapwalk.inferior.residency import Residency
-from heapwalk.mapkinds import FREE, MAP_KINDS, MapKind, add_map_kind
+from heapwalk.common.mapkinds import FREE, MAP_KINDS, MapKind, add_map_kind
 from heapwalk.mimalloc.bits import bit_runs
 from heapwalk.mimalloc.decode import MiSegment, MiState
-from heapwalk.view import HeapStrip
+from heapwalk.common.view import HeapStrip
 
 __all__ = ["segment_strips", "BAND", "KIND", "page_runs", "strip_of", "leaked_bytes"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from heapwalk.findings import Finding, Kind, Severity
+from heapwalk.common.findings import Finding, Kind, Severity
 from heapwalk.inferior.memory import Memory, ReadError, u64
 from heapwalk.mimalloc.layout import MiLayout, queue_shape
 

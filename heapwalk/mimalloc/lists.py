@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import bisect
 
-from heapwalk.findings import Finding, Kind, Severity
+from heapwalk.common.findings import Finding, Kind, Severity
 from heapwalk.inferior.memory import Memory, ReadError, u64
 from heapwalk.mimalloc.layout import MiLayout
 

@@ -11,9 +11,9 @@ from collections import defaultdict
 
 from rich.table import Table
 
-from heapwalk.allocator import NotMine, Verb
+from heapwalk.face import NotMine, Verb
 from heapwalk.analysis.report import human
-from heapwalk.errors import UsageError
+from heapwalk.common.errors import UsageError
 from heapwalk.output.consoles import box_for
 
 __all__ = ["VERBS", "locate", "bin_rows"]

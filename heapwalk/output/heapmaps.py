@@ -14,9 +14,9 @@ from rich.text import Text
 
 from heapwalk.analysis.report import human
 from heapwalk.output.charts import escape
-from heapwalk.mapkinds import (DAMAGE, KINDS, MAP_KINDS, USED, drawing_order, in_drawing_order, of_use,
+from heapwalk.common.mapkinds import (DAMAGE, KINDS, MAP_KINDS, USED, drawing_order, in_drawing_order, of_use,
                                piece_kinds)
-from heapwalk.view import HeapStrip
+from heapwalk.common.view import HeapStrip
 
 __all__ = ["resident_trim_bytes", "columns", "coverage", "marks", "kind_bytes", "piece_counts", "trim_bytes", "text_maps", "svg_maps",
            "svg_strip", "kinds_drawn", "bands", "LEGEND", "COLOURS", "NAMES", "STRIP_HEIGHT", "BAND_COLOURS"]

@@ -12,12 +12,12 @@ from typing import Any
 
 from heapwalk.analysis.report import counted, human
 from heapwalk.output.charts import bar_chart, stacked_chart
-from heapwalk.mapkinds import DAMAGE, FREE, KINDS, USED, in_drawing_order
+from heapwalk.common.mapkinds import DAMAGE, FREE, KINDS, USED, in_drawing_order
 from heapwalk.output.heapmaps import (BAND_COLOURS, COLOURS, NAMES, bands, kind_bytes, piece_counts, svg_strip,
                                       trim_bytes)
 from heapwalk.output.htmlpage import cards, e, page, section, swatch, table
 from heapwalk.output.leakdoc import share
-from heapwalk.view import HeapStrip, Words
+from heapwalk.common.view import HeapStrip, Words
 
 __all__ = ["report_html", "plain_sections", "plain_figures", "verdict_section", "arenas_section", "maps_section",
            "plain_caption", "histogram_section", "in_use_section", "findings_section", "chunk_count", "MAPS_DRAWN"]

@@ -13,8 +13,8 @@ from typing import Any
 
 from heapwalk.analysis.diff import Across, ArenaTotals, Diff, Signatures
 from heapwalk.analysis.report import Bucket
-from heapwalk.errors import HeapwalkError
-from heapwalk.findings import Finding
+from heapwalk.common.errors import HeapwalkError
+from heapwalk.common.findings import Finding
 from heapwalk.output.inusedoc import in_use_json, leaks_totals_json
 
 __all__ = ["SCHEMA_VERSION", "DocumentError", "finding_json", "report_json", "read_snapshot", "read_signatures",

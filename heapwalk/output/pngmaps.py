@@ -12,9 +12,9 @@ from collections.abc import Sequence
 import numpy as np
 
 from heapwalk.analysis.report import human
-from heapwalk.mapkinds import DAMAGE, MAP_KINDS, drawing_order, of_use
+from heapwalk.common.mapkinds import DAMAGE, MAP_KINDS, drawing_order, of_use
 from heapwalk.output.heapmaps import BAND_COLOURS, COLOURS, NAMES, bands, columns, kinds_drawn, marks
-from heapwalk.view import HeapStrip
+from heapwalk.common.view import HeapStrip
 
 __all__ = ["png_maps", "png_bytes"]
 

@@ -1,5 +1,5 @@
 """The report in a terminal or a log, for any allocator: the arena table in the allocator's words
-(`heapwalk.view.Words`), the allocator's summary lines, the histogram of the free pieces, its size classes,
+(`heapwalk.common.view.Words`), the allocator's summary lines, the histogram of the free pieces, its size classes,
 the memory in use, and the verdict."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from rich.text import Text
 from heapwalk.analysis.report import Report, counted, human
 from heapwalk.output.consoles import box_for
 from heapwalk.output.inusedoc import in_use_tables
-from heapwalk.view import Words
+from heapwalk.common.view import Words
 
 __all__ = ["report_group", "arena_table", "plain_lines"]
 

@@ -9,7 +9,7 @@ from typing import Iterable
 from rich.text import Text
 
 from heapwalk.output.consoles import box_for, make_console
-from heapwalk.findings import Finding, Severity
+from heapwalk.common.findings import Finding, Severity
 from heapwalk.analysis.report import human
 
 

@@ -1,4 +1,4 @@
-"""gperftools' tcmalloc behind heapwalk's allocator interface (`heapwalk.allocator`): found where a mapped object
+"""gperftools' tcmalloc behind heapwalk's allocator interface (`heapwalk.face`): found where a mapped object
 holds it, its state found without symbols (`tcmalloc.discovery`), shown in MallocExtension's words."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ from types import MappingProxyType
 
 from rich.text import Text
 
-from heapwalk.allocator import Allocator, Checked, Context, Decoded, NotUsed, Shown
+from heapwalk.face import Allocator, Checked, Context, Decoded, NotUsed, Shown
 from heapwalk.analysis.report import Report, human
 from heapwalk.analysis.rss import Claim
-from heapwalk.findings import Finding, Severity
+from heapwalk.common.findings import Finding, Severity
 from heapwalk.output import tables
 from heapwalk.output.consoles import box_for
 from heapwalk.tcmalloc.blocks import tcmalloc_blocks
@@ -30,7 +30,7 @@ from heapwalk.tcmalloc.owners import cache_owners
 from heapwalk.tcmalloc.shown import (class_rows, classes_table, free_spans, free_spans_table, threads_document,
                                      threads_table)
 from heapwalk.tcmalloc.verdict import advice
-from heapwalk.view import ArenaView, HeapStrip, HeapView, Words
+from heapwalk.common.view import ArenaView, HeapStrip, HeapView, Words
 
 __all__ = ["TCMALLOC", "TcmallocHeap", "FREE_KINDS"]
 

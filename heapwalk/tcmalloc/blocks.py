@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from heapwalk.findings import Finding
+from heapwalk.common.findings import Finding
 from heapwalk.inferior.memory import Memory, merged
 from heapwalk.tcmalloc.decode import TcState
 from heapwalk.tcmalloc.objects import Cached, SpanTable, cached_objects, span_free_objects
-from heapwalk.view import Blocks
+from heapwalk.common.view import Blocks
 
 __all__ = ["tcmalloc_blocks", "free_in_spans"]
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from heapwalk.findings import Finding, Kind, Severity
+from heapwalk.common.findings import Finding, Kind, Severity
 from heapwalk.inferior.memory import Memory, ReadError, u64
 from heapwalk.tcmalloc.blocks import free_in_spans
 from heapwalk.tcmalloc.decode import NORMAL, RETURNED, TcState

@@ -10,7 +10,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from heapwalk.findings import Finding, Kind, Severity
+from heapwalk.common.findings import Finding, Kind, Severity
 from heapwalk.inferior.memory import Memory, ReadError, u64
 from heapwalk.inferior.residency import Residency
 from heapwalk.tcmalloc.discovery import TcDiscovery

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from heapwalk.errors import CannotDecode
+from heapwalk.common.errors import CannotDecode
 from heapwalk.inferior.elf import writable_words
 from heapwalk.inferior.memory import Memory, ReadError, readable, u64
 from heapwalk.tcmalloc.find import TcImage

@@ -12,10 +12,10 @@ from dataclasses import replace
 import numpy as np
 
 from heapwalk.inferior.residency import Residency
-from heapwalk.mapkinds import FREE, MAP_KINDS, MapKind, add_map_kind
+from heapwalk.common.mapkinds import FREE, MAP_KINDS, MapKind, add_map_kind
 from heapwalk.tcmalloc.decode import IN_USE, NORMAL, RETURNED
 from heapwalk.tcmalloc.objects import THREAD, TRANSFER, Cached, SpanTable
-from heapwalk.view import HeapStrip
+from heapwalk.common.view import HeapStrip
 
 __all__ = ["span_strips", "span_use"]
 

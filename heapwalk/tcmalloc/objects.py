@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from heapwalk.findings import Finding, Kind, Severity
+from heapwalk.common.findings import Finding, Kind, Severity
 from heapwalk.inferior.memory import Memory, ReadError, u64
 from heapwalk.tcmalloc.decode import IN_USE, TcState
 

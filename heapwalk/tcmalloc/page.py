@@ -12,7 +12,7 @@ from heapwalk.analysis.report import human
 from heapwalk.output.htmlpage import e, section, table
 from heapwalk.output.htmlreport import (arenas_section, findings_section, histogram_section, in_use_section,
                                         maps_section, plain_figures, verdict_section)
-from heapwalk.view import HeapStrip, Words
+from heapwalk.common.view import HeapStrip, Words
 
 __all__ = ["tcmalloc_sections", "tcmalloc_facts"]
 

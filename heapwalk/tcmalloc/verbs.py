@@ -11,9 +11,9 @@ import json
 
 import numpy as np
 
-from heapwalk.allocator import NotMine, Verb
+from heapwalk.face import NotMine, Verb
 from heapwalk.analysis.report import human
-from heapwalk.errors import UsageError
+from heapwalk.common.errors import UsageError
 from heapwalk.output.consoles import box_for
 from heapwalk.tcmalloc.decode import IN_USE, NORMAL
 from heapwalk.tcmalloc.objects import THREAD, TRANSFER, span_free_objects

@@ -21,7 +21,7 @@ from heapwalk.glibc.locate.layout import Layout
 from heapwalk.glibc.model import Arena, ChunkState, HeapState
 from heapwalk.glibc.bulk.sweptchunks import listing_arrays, swept_chunks
 from heapwalk.inferior.memory import Memory, merged, ranges_without
-from heapwalk.view import Blocks
+from heapwalk.common.view import Blocks
 
 __all__ = ["blocks_of", "HEADER", "TAIL"]
 

@@ -26,8 +26,8 @@ from heapwalk.glibc.bulk.sweptchunks import listing_arrays, swept_chunks
 from heapwalk.glibc.walk.trim import SUB_PAGE, TrimSimulation, trim_settings
 from heapwalk.inferior.memory import Memory
 from heapwalk.inferior.residency import Residency
-from heapwalk.mapkinds import FREE, MAP_KINDS, MapKind, add_map_kind
-from heapwalk.view import HeapStrip
+from heapwalk.common.mapkinds import FREE, MAP_KINDS, MapKind, add_map_kind
+from heapwalk.common.view import HeapStrip
 
 __all__ = ["heap_strips", "KIND_OF_STATE", "TRIM_BAND"]
 

@@ -1,4 +1,4 @@
-"""glibc's heap as the allocator-neutral view (`heapwalk.view`): each arena's bytes by what holds them, from
+"""glibc's heap as the allocator-neutral view (`heapwalk.common.view`): each arena's bytes by what holds them, from
 its account; what malloc_trim(0) would give back; the free chunks' sizes by arena; glibc's size classes."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from types import MappingProxyType
 
 from heapwalk.glibc.model import FREE_STATES, KEPT_REASONS, Arena, ChunkState, HeapState
 from heapwalk.glibc.account.resident import ArenaResidency, arena_residency, mmapped_resident
-from heapwalk.view import ArenaView, HeapView, SizeClass
+from heapwalk.common.view import ArenaView, HeapView, SizeClass
 
 __all__ = ["arena_limit", "GLIBC_CLASSES", "heap_view", "free_sizes_by_arena"]
 

@@ -6,7 +6,7 @@ M_TRIM_THRESHOLD, another allocator), with what each would save."""
 from __future__ import annotations
 
 from heapwalk.analysis.report import MiB, Report, human, not_worth, scan_sentence, unknown_ram, worth
-from heapwalk.view import ArenaView
+from heapwalk.common.view import ArenaView
 
 __all__ = ["verdict", "arena_max_saving", "UNKNOWN_RAM"]
 

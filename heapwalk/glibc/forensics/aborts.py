@@ -19,7 +19,7 @@ from heapwalk.glibc.forensics.chunkinfo import locate, where_listed
 from heapwalk.glibc.locate.layout import IS_MMAPPED, MINSIZE, PREV_INUSE, SIZE_BITS, Layout
 from heapwalk.inferior.memory import Memory, ReadError, u64
 from heapwalk.glibc.model import Arena, BinKind, HeapState
-from heapwalk.findings import Finding, Severity
+from heapwalk.common.findings import Finding, Severity
 from heapwalk.glibc.kinds import Kind
 
 __all__ = ["Candidate", "AbortCheck", "CHECKS", "check_for", "explain"]

@@ -21,7 +21,7 @@ from heapwalk.glibc.locate.layout import IS_MMAPPED, NBINS, SIZE_BITS, Layout
 from heapwalk.inferior.memory import Memory, ReadError, u64
 from heapwalk.glibc.model import Arena, BinKind, HeapState, Tcache, list_name
 from heapwalk.glibc.forensics.partial import partial
-from heapwalk.findings import CheckResult, Finding, Severity
+from heapwalk.common.findings import CheckResult, Finding, Severity
 from heapwalk.glibc.kinds import Kind
 
 __all__ = ["CheckResult", "check", "scope"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import struct
 
-from heapwalk.findings import Finding, Severity
+from heapwalk.common.findings import Finding, Severity
 from heapwalk.glibc.kinds import Kind
 from heapwalk.glibc.forensics.aborts import Candidate, check_for, explain
 from heapwalk.glibc.walk.chunks import list_states

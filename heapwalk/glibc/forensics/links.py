@@ -10,7 +10,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 
-from heapwalk.findings import Finding, Severity
+from heapwalk.common.findings import Finding, Severity
 from heapwalk.glibc.kinds import Kind
 from heapwalk.glibc.locate.layout import IS_MMAPPED, Layout
 from heapwalk.glibc.model import Arena, BinList, HeapState, Tcache, TcacheBin

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from heapwalk.findings import Severity
+from heapwalk.common.findings import Severity
 from heapwalk.glibc.kinds import Kind
 from heapwalk.glibc.model import HeapState, list_name, thread_numbers
 

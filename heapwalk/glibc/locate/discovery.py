@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from heapwalk.findings import Fact, Finding, Severity
+from heapwalk.common.findings import Fact, Finding, Severity
 from heapwalk.glibc.locate import headless, heuristics
 from heapwalk.glibc.locate.layout import HEAP_MAX_SIZE, Layout, UnsupportedVersion, layout_for
 from heapwalk.glibc.locate.layoutcheck import confirm_layout, version_from_memory

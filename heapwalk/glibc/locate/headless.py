@@ -18,7 +18,7 @@ from heapwalk.glibc.locate.layout import HEAP_MAX_SIZE, IS_MMAPPED, MALLOC_ALIGN
     Layout, layout_for
 from heapwalk.glibc.locate.arenashape import plausible_arena
 from heapwalk.glibc.model import Arena, BinKind, BinList, Heap
-from heapwalk.findings import Finding, Severity
+from heapwalk.common.findings import Finding, Severity
 from heapwalk.glibc.kinds import Kind
 from heapwalk.inferior.memory import Memory, ReadError, readable, u64
 from heapwalk.inferior.window import word_reader

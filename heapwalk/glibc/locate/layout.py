@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from heapwalk.errors import HeapwalkError
+from heapwalk.common.errors import HeapwalkError
 
 __all__ = ["Layout", "layout_for", "SIZE_SZ", "MALLOC_ALIGNMENT", "MINSIZE", "NBINS", "HEAP_MAX_SIZE",
            "PREV_INUSE", "IS_MMAPPED", "NON_MAIN_ARENA", "SIZE_BITS", "UnsupportedVersion"]

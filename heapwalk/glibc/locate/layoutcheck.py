@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from heapwalk.findings import Severity
+from heapwalk.common.findings import Severity
 from heapwalk.glibc.locate import heuristics
 from heapwalk.glibc.locate.layout import Layout, layout_for
 from heapwalk.glibc.locate.search import Search, version_text

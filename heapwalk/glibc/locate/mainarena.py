@@ -4,7 +4,7 @@ start of the main arena's memory read from it."""
 
 from __future__ import annotations
 
-from heapwalk.findings import Severity
+from heapwalk.common.findings import Severity
 from heapwalk.glibc.locate import headless, heuristics
 from heapwalk.glibc.locate.layout import Layout, UnsupportedVersion, layout_for
 from heapwalk.glibc.locate.arenashape import plausible_arena

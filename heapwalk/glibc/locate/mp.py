@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import struct
 
-from heapwalk.findings import Severity
+from heapwalk.common.findings import Severity
 from heapwalk.glibc.locate import heuristics, mpshape
 from heapwalk.glibc.locate.layout import HEAP_MAX_SIZE, Layout
 from heapwalk.glibc.locate.mainarena import main_memory_start

@@ -7,8 +7,8 @@ import re
 from dataclasses import dataclass
 from typing import Protocol
 
-from heapwalk.errors import CannotDecode
-from heapwalk.findings import Fact, Finding, Severity
+from heapwalk.common.errors import CannotDecode
+from heapwalk.common.findings import Fact, Finding, Severity
 from heapwalk.glibc.kinds import Kind
 from heapwalk.glibc.locate import heuristics
 from heapwalk.inferior.elf import LIBC_FILE_NAME, PF_W, PT_LOAD, ElfImage, Mapping, find_libc, readable_runs, sole_file

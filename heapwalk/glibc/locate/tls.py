@@ -3,7 +3,7 @@ thread), the tcache chunk size threads show, and whether their tcache links are 
 
 from __future__ import annotations
 
-from heapwalk.findings import Severity
+from heapwalk.common.findings import Severity
 from heapwalk.glibc.locate import heuristics
 from heapwalk.glibc.locate.layout import Layout, layout_for
 from heapwalk.glibc.locate.search import Search

@@ -8,13 +8,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from heapwalk.analysis.report import human
-from heapwalk.mapkinds import FREE, KINDS
+from heapwalk.common.mapkinds import FREE, KINDS
 from heapwalk.output.charts import bar_chart
 from heapwalk.output.heapmaps import kind_bytes, piece_counts, resident_trim_bytes, trim_bytes
 from heapwalk.output.htmlpage import e, section, table
 from heapwalk.output.htmlreport import (arenas_section, findings_section, histogram_section, in_use_section,
                                         maps_section, verdict_section)
-from heapwalk.view import HeapStrip, Words
+from heapwalk.common.view import HeapStrip, Words
 
 __all__ = ["glibc_sections", "glibc_facts"]
 

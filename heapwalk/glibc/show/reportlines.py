@@ -1,4 +1,4 @@
-"""glibc's words in its report (`heapwalk.view.Words`: its arena table's columns) and the lines it prints under
+"""glibc's words in its report (`heapwalk.common.view.Words`: its arena table's columns) and the lines it prints under
 that table: mmapped chunks, the arena limit, what malloc_trim(0) would release and what it keeps."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 from rich.text import Text
 
 from heapwalk.analysis.report import Report, human
-from heapwalk.view import Words
+from heapwalk.common.view import Words
 
 __all__ = ["WORDS", "summary_lines"]
 

@@ -1,12 +1,12 @@
 """The commands only glibc's malloc has: 'heapwalk bins', 'tcache', 'chunks' and 'chunk'.  Each reads its
-arguments and prints through the front end it is given (`heapwalk.allocator.Front`), so it runs the same
+arguments and prints through the front end it is given (`heapwalk.face.Front`), so it runs the same
 in gdb and in a test; no gdb here."""
 
 from __future__ import annotations
 
-from heapwalk.allocator import Verb, Wants
-from heapwalk.errors import UsageError
-from heapwalk.findings import Severity
+from heapwalk.face import Verb, Wants
+from heapwalk.common.errors import UsageError
+from heapwalk.common.findings import Severity
 from heapwalk.glibc.kinds import Kind
 from heapwalk.glibc.forensics import chunkinfo
 from heapwalk.glibc.model import ChunkState

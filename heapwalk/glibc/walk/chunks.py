@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import NamedTuple
 
-from heapwalk.findings import Finding, Severity
+from heapwalk.common.findings import Finding, Severity
 from heapwalk.glibc.kinds import Kind
 from heapwalk.glibc.locate.layout import MALLOC_ALIGNMENT, Layout
 from heapwalk.glibc.model import Account, Arena, BinKind, ChunkState, HeapState

@@ -18,7 +18,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Iterator
 
-from heapwalk.findings import Finding, Severity
+from heapwalk.common.findings import Finding, Severity
 from heapwalk.glibc.kinds import Kind
 from heapwalk.glibc.walk.chunks import (ADDRESS_MASK, BIN_STATES, HELD_STATES, LISTED_STATES, Chunk, Extent, Listing,
                                    Tally, extents)

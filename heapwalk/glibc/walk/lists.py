@@ -17,7 +17,7 @@ from array import array
 from heapwalk.glibc.locate.layout import IS_MMAPPED, MALLOC_ALIGNMENT, MINSIZE, NSMALLBINS, SIZE_BITS, Layout
 from heapwalk.inferior.memory import Memory, ReadError, u64
 from heapwalk.glibc.model import BinKind, BinList, Tcache, TcacheBin
-from heapwalk.findings import Finding, Severity
+from heapwalk.common.findings import Finding, Severity
 from heapwalk.glibc.kinds import Kind
 
 __all__ = ["ListWalk", "walk_fastbin", "walk_bin", "walk_tcache", "smallbin_index", "largebin_index", "bin_index",

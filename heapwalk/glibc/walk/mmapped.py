@@ -8,7 +8,7 @@ import struct
 
 import numpy as np
 
-from heapwalk.findings import Finding, Severity
+from heapwalk.common.findings import Finding, Severity
 from heapwalk.glibc.kinds import Kind
 from heapwalk.glibc.locate.discovery import Discovery
 

@@ -4,7 +4,7 @@ where the program moved the break under it."""
 
 from __future__ import annotations
 
-from heapwalk.findings import Finding, Severity
+from heapwalk.common.findings import Finding, Severity
 from heapwalk.glibc.kinds import Kind
 from heapwalk.glibc.locate.layout import PREV_INUSE, SIZE_BITS
 from heapwalk.glibc.model import FREE_STATES, ChunkState

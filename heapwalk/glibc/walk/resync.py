@@ -11,7 +11,7 @@ import bisect
 
 import numpy as np
 
-from heapwalk.findings import Finding, Severity
+from heapwalk.common.findings import Finding, Severity
 from heapwalk.glibc.kinds import Kind
 from heapwalk.glibc.walk.chunks import BIN_STATES, Extent, Listing, align_chunk
 from heapwalk.glibc.model import ChunkState

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import struct
 
-from heapwalk.findings import Finding, Severity
+from heapwalk.common.findings import Finding, Severity
 from heapwalk.glibc.kinds import Kind
 from heapwalk.glibc.locate.layout import HEAP_MAX_SIZE, Layout
 from heapwalk.glibc.locate.arenashape import plausible_arena

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import struct
 
-from heapwalk.findings import Finding, Severity
+from heapwalk.common.findings import Finding, Severity
 from heapwalk.glibc.kinds import Kind
 from heapwalk.glibc.walk.chunks import Listing
 from heapwalk.glibc.locate.discovery import Discovery

@@ -4,7 +4,7 @@ when the thread exited and abandoned it); the arenas' free slices and their own 
 
 from __future__ import annotations
 
-from heapwalk.findings import Finding, Severity
+from heapwalk.common.findings import Finding, Severity
 from heapwalk.inferior.memory import Memory, ReadError, u64
 from heapwalk.inferior.residency import Residency
 from heapwalk.mimalloc.decode import SEGMENT, MiPage, MiSegment, MiState

@@ -19,13 +19,13 @@ from rich.text import Text
 
 from heapwalk.analysis.inuse import InUse, LeakTotals
 from heapwalk.analysis.report import Report, build_report, human
-from heapwalk.errors import HeapwalkError, UsageError
-from heapwalk.findings import Finding, Kind, Severity
+from heapwalk.common.errors import HeapwalkError, UsageError
+from heapwalk.common.findings import Finding, Kind, Severity
 from heapwalk.output import htmlreport, tables
 from heapwalk.output.htmlpage import e as escape
 from heapwalk.output.jsondoc import SCHEMA_VERSION, report_json
 from heapwalk.output.reporttext import arena_table, plain_lines, report_group
-from heapwalk.view import Blocks, HeapStrip, HeapView, Words
+from heapwalk.common.view import Blocks, HeapStrip, HeapView, Words
 
 __all__ = ["Allocator", "Checked", "Decoded", "NotUsed", "NotMine", "CannotDraw", "Setting", "Shown", "Verb", "Wants",
            "Context"]
