@@ -31,7 +31,8 @@ from heapwalk.common.errors import CannotDecode
 from heapwalk.common.findings import Severity
 from heapwalk.gdb.adapter import gdb_memory, thread_registers
 from heapwalk.gdb.addressspace import memory_map
-from heapwalk.mimalloc.allocator import MimallocHeap, decode_any
+from heapwalk.mimalloc.allocator import MimallocHeap
+from heapwalk.mimalloc.families import decode_any
 from heapwalk.mimalloc.check import check_mimalloc
 from heapwalk.mimalloc.families import discover_mimalloc
 from heapwalk.mimalloc.find import find_mimalloc

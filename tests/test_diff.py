@@ -17,7 +17,7 @@ from heapwalk.output.difftext import diff_text
 from heapwalk.cpython.shown import WORDS as CPYTHON
 from heapwalk.glibc.show.reportlines import WORDS as GLIBC_WORDS
 from heapwalk.jemalloc.reportlines import WORDS as JEMALLOC
-from heapwalk.mimalloc.allocator import WORDS as MIMALLOC
+from heapwalk.mimalloc.families import WORDS as MIMALLOC
 from heapwalk.tcmalloc.allocator import WORDS as TCMALLOC
 
 

@@ -92,11 +92,9 @@ def owners(state: MiState) -> list[Owner]:
 
 def _add_arenas(state: MiState, by: dict[int, Owner]) -> None:
     """The arenas' row: their blocks no segment uses, and their descriptions taken from the system (and from 2.1.8 the
-    segment map's parts; mimalloc 3:
-    their free slices, and their slices of their own: description, bitmaps, meta pages; and the page map)."""
+    segment map's parts); a family that makes its own row (mimalloc 3's) makes it instead."""
     free_blocks = state.arena_free()
-    if state.v3:
-        _add_arenas3(state, by, free_blocks)
+    if state.add_arenas_row(by, free_blocks):
         return
     meta = sum(good_size(a.meta) for a in state.discovery.arenas if a.meta) + state.map_bytes()
     if not free_blocks and not meta:
@@ -124,18 +122,3 @@ def _add_segment(owner: Owner, seg: MiSegment) -> None:
         owner.free["free blocks"] += p.free_cut * p.block_size
         owner.free["not yet cut"] += (p.room - p.cut) * p.block_size
         owner.overhead += (p.end - p.start) - p.room * p.block_size + (p.start - seg.address - p.index * 65536)
-
-
-def _add_arenas3(state: MiState, by: dict[int, Owner], free_slices: int) -> None:
-    """mimalloc 3's arenas row: their free slices, what waits for its purge in them, their own slices (neither
-    free nor a page's), and the page map's sub-maps."""
-    arenas = state.discovery.arenas
-    units = [s for s in state.live() if s.arena is not None]
-    own = sum(state.arena_split(a)[2] for a in arenas)
-    row = by.setdefault(ARENAS, Owner(ARENAS))
-    row.reserved += free_slices + own + state.map_bytes()
-    row.free["arena blocks"] += free_slices
-    row.overhead += own + state.map_bytes()
-    row.committed += max(sum(a.committed_blocks() * a.block_size for a in arenas) - sum(s.committed for s in units),
-                         0) + state.map_bytes()
-    row.pending += sum(b - a for x in arenas for a, b in x.purge_ranges())

@@ -4,7 +4,6 @@ holds it, its state found without symbols (`mimalloc.discovery`), shown in mimal
 from __future__ import annotations
 
 import functools
-from dataclasses import replace
 from collections import Counter
 from types import MappingProxyType
 
@@ -15,35 +14,22 @@ from heapwalk.analysis.report import Report, human
 from heapwalk.analysis.rss import Claim
 from heapwalk.common.findings import Finding, Severity
 from heapwalk.mimalloc.blocks import mimalloc_blocks
-from heapwalk.mimalloc.check import CHECKED, CHECKED3, check_mimalloc
-from heapwalk.mimalloc.account import ARENAS, FREE_KINDS, NO_THREAD, Owner, owners
-from heapwalk.mimalloc.decode import MiState, decode_mimalloc, good_size
+from heapwalk.mimalloc.check import check_mimalloc
+from heapwalk.mimalloc.account import ARENAS, NO_THREAD, Owner, owners
+from heapwalk.mimalloc.decode import MiState, good_size
 from heapwalk.mimalloc.discovery import MimallocUnused
-from heapwalk.mimalloc.families import discover_mimalloc
+from heapwalk.mimalloc.families import FACES, WORDS, decode_any, discover_mimalloc
 from heapwalk.mimalloc.find import find_mimalloc
 from heapwalk.mimalloc.heapmap import segment_strips
 from heapwalk.mimalloc.shown import (collect_resident, options_document, options_line, owner_name, threads_document,
                                      threads_table, totals)
-from heapwalk.mimalloc.verdict import advice
 from heapwalk.output import tables
 from heapwalk.output.consoles import box_for
 from heapwalk.output.jsondoc import report_json
 from heapwalk.output.reporttext import report_group
-from heapwalk.common.view import ArenaView, HeapStrip, HeapView, Words
+from heapwalk.common.view import ArenaView, HeapStrip, HeapView
 
-__all__ = ["MIMALLOC", "MimallocHeap", "decode_any"]
-
-WORDS = Words(
-    holds="mimalloc's segments hold", arena="first heap", arenas="owners", system="reserved", heaps="segments",
-    pieces="blocks",
-    gives_back="a purge decommits", large="", overhead="overhead",
-    free_columns=tuple((f"free: {k}" if i == 0 else k, lambda a, k=k: a.free[k]) for i, k in enumerate(FREE_KINDS)),
-    last_columns=(("purge pending", lambda a: a.reclaim),))
-
-
-#: mimalloc 3's: its memory comes in pages (of arenas' slices), not segments
-WORDS3 = replace(WORDS, holds="mimalloc's pages and arenas hold", heaps="pages")
-
+__all__ = ["MIMALLOC", "MimallocHeap"]
 
 class MimallocHeap(Decoded):
     """mimalloc decoded: its state, and each owner's share."""
@@ -58,8 +44,8 @@ class MimallocHeap(Decoded):
 
     def __init__(self, state: MiState, mem, threads):
         self.state, self.mem = state, mem
-        if state.v3:
-            self.words = WORDS3
+        self.face = FACES[state.family]
+        self.words = self.face.words
         self.target = state.target
         self.by_tcb = {t.thread_pointer: t for t in threads if t.thread_pointer}
 
@@ -71,13 +57,7 @@ class MimallocHeap(Decoded):
         text = Text(f"{self.target}\n" if self.target and with_target else "")
         d = self.state.discovery
         version = f"mimalloc {'.'.join(map(str, d.version))}" if d.version else "mimalloc (version not said)"
-        lay = d.layout
-        if self.state.v3:
-            text.append(f"mimalloc: {version} ({d.library}); pages of {human(lay.slice_size)} slices, in "
-                        f"{len(d.arenas)} arenas or taken from the system\n")
-        else:
-            text.append(f"mimalloc: {version} ({d.library}); segments of {human(lay.segment_size)} in slices of "
-                        f"{human(lay.slice_size)}\n")
+        text.append(f"mimalloc: {version} ({d.library}); {self.face.memory(d)}\n")
         return text
 
     def findings(self) -> list[Finding]:
@@ -90,7 +70,7 @@ class MimallocHeap(Decoded):
             resident = self.state.resident(o.ranges())
             free_resident = self.state.resident(o.free_ranges())
             threads = 0 if o.thread_id in NO_THREAD else 1
-            rows.append(ArenaView(n, o.heaps[0] if o.heaps else 0, owner_name(o, self.by_tcb, self.state.v3), threads,
+            rows.append(ArenaView(n, o.heaps[0] if o.heaps else 0, owner_name(o, self.by_tcb, self.state.exited_row), threads,
                                   len(o.segments), o.reserved, o.in_use, MappingProxyType(dict(o.free)), 0,
                                   o.overhead, o.pending, o.balanced, resident, free_resident, None,
                                   _owner_users(o, self.by_tcb)))
@@ -105,10 +85,7 @@ class MimallocHeap(Decoded):
                         residency=self.state.residency.source if self.state.residency else "")
 
     def verdict(self, rep: Report) -> list[str]:
-        if self.state.v3:
-            from heapwalk.mimalloc.v3.verdict import advice3
-            return advice3(self.state, self.owners, rep, self.by_tcb)
-        return advice(self.state, self.owners, rep, self.by_tcb)
+        return self.face.advice(self.state, self.owners, rep, self.by_tcb)
 
     def report_parts(self, rep: Report, interactive: bool) -> list:
         lines = Text()
@@ -125,7 +102,7 @@ class MimallocHeap(Decoded):
                 "mimalloc": {"version": ".".join(map(str, d.version)) if d.version else None, "library": d.library,
                              "totals": totals(self.state), "collect_resident": collect_resident(self.state),
                              "options": options_document(self.state),
-                             "owners": [{"owner": owner_name(o, self.by_tcb, self.state.v3), "thread_id": o.thread_id,
+                             "owners": [{"owner": owner_name(o, self.by_tcb, self.state.exited_row), "thread_id": o.thread_id,
                                          "segments": len(o.segments), "reserved": o.reserved,
                                          "committed": o.committed, "in_use": o.in_use, "blocks": o.blocks,
                                          "free": dict(o.free), "overhead": o.overhead, "purge_pending": o.pending,
@@ -144,8 +121,8 @@ class MimallocHeap(Decoded):
         errors = sum(1 for f in findings if f.severity is Severity.ERROR)
         warnings = sum(1 for f in findings if f.severity is Severity.WARNING)
         pages = len(self.state.pages())
-        checked = CHECKED3 if self.state.v3 else CHECKED
-        units = f"{len(self.state.discovery.arenas)} arenas" if self.state.v3 else f"{len(self.state.live())} segments"
+        checked = self.face.checked
+        units = self.face.units(self.state)
         text = tables.findings_text(findings[:limit or len(findings)]) or Text(
             f"mimalloc consistent: checked {'; '.join(checked)} ({units}, {pages} pages, "
             f"{len(self.state.heaps)} heaps)\n")
@@ -165,7 +142,7 @@ class MimallocHeap(Decoded):
 
     def strips(self, reserved: bool = False, leaked=None) -> list[HeapStrip]:
         """Each live segment (`mimalloc.heapmap`)."""
-        owner_of = {s.address: (n, owner_name(o, self.by_tcb, self.state.v3))
+        owner_of = {s.address: (n, owner_name(o, self.by_tcb, self.state.exited_row))
                     for n, o in enumerate(self.owners) for s in o.segments}
         owner_of.update({"arenas": (n, "arenas") for n, o in enumerate(self.owners) if o.thread_id == ARENAS})
         return segment_strips(self.state, owner_of, self.state.residency, leaked)
@@ -179,11 +156,11 @@ class MimallocHeap(Decoded):
         """Every live segment (all the memory mimalloc took for its heaps), each thread data and each part of the
         segment map (from 2.1.8); mimalloc 3: its arenas whole, and its pages taken from the system."""
         td = good_size(self.state.layout.thread_data)
-        unit = "pages" if self.state.v3 else "segments"
-        return [Claim(s.address, s.address + s.reserved, "heap", f"mimalloc: {unit}") for s in self.state.live()
-                if s.arena is None or not self.state.v3] \
+        whole = self.state.arenas_whole
+        return [Claim(s.address, s.address + s.reserved, "heap", f"mimalloc: {self.state.unit}s")
+                for s in self.state.live() if s.arena is None or not whole] \
             + [Claim(a.start, a.start + a.reserved, "heap", "mimalloc: arenas") for a in self.state.discovery.arenas
-               if self.state.v3] \
+               if whole] \
             + [Claim(at, at + td, "heap", "mimalloc: thread data") for at, _ in self.state.thread_data] \
             + [Claim(lo, hi, "heap", "mimalloc: segment map") for lo, hi in self.state.map_part_ranges()] \
             + [Claim(lo, hi, "heap", "mimalloc: segment cache") for s in self.state.cached()
@@ -192,14 +169,6 @@ class MimallocHeap(Decoded):
 
     def holds(self, rep: Report) -> str:
         return f"mimalloc holds {human(rep.system)} ({human(rep.in_use)} in use, {human(rep.free)} free)"
-
-
-def decode_any(mem, discovered, threads, description: str = "", residency=None) -> MiState:
-    """mimalloc's state as DISCOVERED found it: mimalloc 2's segments, or mimalloc 3's pages (`mimalloc.v3`)."""
-    if getattr(discovered.layout, "family", 2) == 3:
-        from heapwalk.mimalloc.v3.decode import decode_mimalloc3
-        return decode_mimalloc3(mem, discovered, threads, description, residency)
-    return decode_mimalloc(mem, discovered, threads, description, residency)
 
 
 class Mimalloc(Allocator):

@@ -43,7 +43,7 @@ def mimalloc_blocks(state: MiState, arena_of: dict[int, int]) -> Blocks:
     heaps = merged([*((s.address, s.address + s.reserved) for s in state.live()),
                     *((a.start, a.start + a.reserved) for a in state.discovery.arenas)])
     td = good_size(state.layout.thread_data)
-    own = state.discovery.page_map.ranges if state.v3 else state.map_part_ranges()
+    own = state.own_ranges()
     private = merged([*((at, at + td) for at, _ in state.thread_data), *own])
     return Blocks(start[order], end[order], arena[order], 0, 0, heaps=tuple(heaps), private=tuple(private),
                   unknown=tuple(merged(unknown)))

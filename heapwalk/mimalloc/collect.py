@@ -3,8 +3,6 @@ verdict prices and the tests hold against a real collect."""
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from heapwalk.inferior.memory import merged
 from heapwalk.mimalloc.bits import bit_runs
 from heapwalk.mimalloc.decode import MiPage, MiSegment, MiState, good_size
@@ -19,8 +17,9 @@ def collected(state: MiState, counted: bool = False) -> list[tuple[int, int]]:
     them, their delay long past), to 2.0.9 the segments in its cache (it unmaps them), from 2.1 the cached thread
     data it frees and the arenas' blocks whose purge waits, and from 2.1.7 what its own segments give (`_own`);
     COUNTED: only what it takes off its committed figure (from 2.3.2 a purge takes nothing off on Linux)."""
-    if state.v3:
-        return _collected3(state)
+    own = state.collected_ranges()
+    if own is not None:
+        return own
     purges = state.layout.purge_counted or not counted
     out = reclaimed(state) if purges else []
     out += [r for s in state.cached() for r in s.committed_ranges()]
@@ -138,25 +137,3 @@ def _empty(page: MiPage) -> bool:
 
 def _slices(page: MiPage) -> tuple[int, int]:
     return page.segment + page.index * _SLICE, page.end
-
-
-def _collected3(state: MiState) -> list[tuple[int, int]]:
-    """mimalloc 3: the pages of the main thread that hold no block (it frees them first: one of at least the
-    immediate purge size is purged at once, any other waits for its purge like the free slices), then the
-    arenas' free slices whose purge waits, in whole groups of its minimal purge size (`Mi3Arena.purged_ranges`)."""
-    empty = [s for s in state.live() if s.arena is not None and state.main_thread
-             and s.thread_id == state.main_thread and all(p.in_use == 0 and not p.damaged for p in s.pages)]
-    option = state.discovery.options.get("arena_purge_immediate_size")
-    immediate = option.value << 10 if option is not None and option.value > 0 else None
-    out, freed = [], {}
-    for s in empty:
-        if immediate is not None and s.reserved >= immediate:
-            out.append((s.address, s.address + s.reserved))
-        else:
-            first = s.arena.block_of(s.address)
-            freed[s.arena.id] = freed.get(s.arena.id, 0) | ((1 << s.slices) - 1) << first
-    for a in state.discovery.arenas:
-        bits = freed.get(a.id, 0)
-        a = replace(a, purge=a.purge | bits, free=a.free | bits, commit_map=a.commit_map | bits) if bits else a
-        out += a.purged_ranges()
-    return merged(out)

@@ -83,7 +83,21 @@ class MiSegment:
 
 @dataclass
 class MiState:
-    """mimalloc decoded: its segments, heaps and thread data, and what the walk found."""
+    """mimalloc decoded: its segments, heaps and thread data, and what the walk found.  This class is mimalloc 2's
+    family (segments cut into pages); mimalloc 3's (pages of arenas' slices) is `mimalloc.v3.state.MiState3`,
+    which answers each question below its own way: the shared modules ask, and never which family it is."""
+
+    #: the layout family (2 or 3), what its memory comes in, how a unit from the system and the row of the
+    #: units no live thread holds are named, and what an abandoned unit is
+    family = 2
+    unit = "segment"
+    huge_label = " (huge)"
+    exited_row = "exited threads"
+    abandoned_owner = "abandoned (its thread exited)"
+    #: whether an arena holds its units whole (drawn and claimed as the arena, not unit by unit)
+    arenas_whole = False
+    #: whether an abandoned unit's pages still count to their heap (mimalloc 3: the heap is no more)
+    abandoned_keep_heap = True
 
     discovery: MiDiscovery
     segments: list[MiSegment]
@@ -125,19 +139,30 @@ class MiState:
         return good_size(self.layout.thread_data) * len(self.thread_data) + \
             sum(good_size(a.meta) for a in self.discovery.arenas if a.meta)
 
-    @property
-    def v3(self) -> bool:
-        """Whether this is mimalloc 3 (its units are pages, `mimalloc.v3`)."""
-        return getattr(self.layout, "family", 2) == 3
-
     def map_bytes(self) -> int:
-        """mimalloc 3: the page map's sub-maps, 64 KiB each from the system, and (from 3.2) its table with the
-        first sub-map, as the system rounds them: what its statistics count of it; from 2.1.8 the segment map's
-        parts."""
-        if not self.v3:
-            return sum(hi - lo for lo, hi in self.map_part_ranges())
-        pm = self.discovery.page_map
-        return pm.subs * 65536 + (good_size(pm.size + 65536) if self.layout.map_counted else 0)
+        """From 2.1.8 the segment map's parts: what its statistics count of its map."""
+        return sum(hi - lo for lo, hi in self.map_part_ranges())
+
+    def own_ranges(self) -> list[tuple[int, int]]:
+        """Its own memory apart from its units and thread data (from 2.1.8 the segment map's parts)."""
+        return self.map_part_ranges()
+
+    def collected_ranges(self) -> list[tuple[int, int]] | None:
+        """What mi_collect(true) gives back when the family computes it itself; None: `collect.collected`'s."""
+        return None
+
+    def add_arenas_row(self, by: dict, free: int) -> bool:
+        """Adds the arenas' row to BY (FREE: their free bytes) when the family makes it itself; False: not made."""
+        return False
+
+    def in_arena(self, address: int) -> dict | None:
+        """What ADDRESS is in an arena outside its units, when the family can say (mimalloc 3); else None."""
+        return None
+
+    def figures(self, collected: list[tuple[int, int]], own: dict[str, int]) -> dict[str, int] | None:
+        """Its own figures as mi_stats_print names them (COLLECTED: what mi_collect gives back; OWN: its own
+        reserved and committed, where read), when the family names them its own way; None: `shown.totals`'."""
+        return None
 
     def map_part_ranges(self) -> list[tuple[int, int]]:
         """From 2.1.8: the segment map's parts, as address ranges."""
@@ -156,26 +181,17 @@ class MiState:
         arena, those of blocks the arena has not committed), and its thread data."""
         arenas = sum(a.committed_blocks() * a.block_size for a in self.discovery.arenas)
         own = sum(s.committed for s in [*self.live(), *self.cached()]
-                  if s.arena is None or not self.v3 and not s.in_committed_blocks())
+                  if s.arena is None or not s.in_committed_blocks())
         return arenas + own + self.thread_data_bytes() + self.map_bytes()
-
-    def arena_split(self, arena) -> tuple[int, int, int]:
-        """mimalloc 3: ARENA's bytes in its pages, in its free slices, and its own (description, bitmaps, meta
-        pages); held to the arena's size when damage makes them more (free first, then its own)."""
-        pages = sum(s.reserved for s in self.live() if s.arena is arena)
-        free = max(min(arena.free_bytes(), arena.reserved - pages), 0)
-        return pages, free, max(arena.reserved - pages - free, 0)
 
     def free_arena_blocks(self) -> list[tuple[int, int]]:
         """To 2.3.2: the arenas' blocks not in use, as address ranges."""
-        return [] if self.v3 else [(a.start + b * a.block_size, a.start + (b + 1) * a.block_size)
-                                   for a in self.discovery.arenas for b in range(a.blocks) if not a.inuse >> b & 1]
+        return [(a.start + b * a.block_size, a.start + (b + 1) * a.block_size)
+                for a in self.discovery.arenas for b in range(a.blocks) if not a.inuse >> b & 1]
 
     def arena_free(self) -> int:
-        """Bytes of the arenas' blocks no segment uses (mimalloc 3: their free slices); none of an arena whose
-        segments' damaged sizes claim more than it holds."""
-        if self.v3:
-            return sum(self.arena_split(a)[1] for a in self.discovery.arenas)
+        """Bytes of the arenas' blocks no segment uses; none of an arena whose segments' damaged sizes claim more
+        than it holds."""
         used: dict[int, int] = {}
         for s in self.live():
             if s.arena is not None:

@@ -35,15 +35,14 @@ def segment_strips(state: MiState, owner_of: dict[int, tuple[int, str]], residen
     (the leak scan's) drawn as leaked."""
     lost = leaked_bytes(state, leaked)
     out = []
-    if state.v3:
+    if state.arenas_whole:
         out += [_arena_strip(state, a, owner_of, lost) for a in state.discovery.arenas]
     for seg in sorted(state.live(), key=lambda s: s.address):
         number, name = owner_of.get(seg.address, (0, ""))
-        if seg.arena is not None and state.v3:
+        if seg.arena is not None and state.arenas_whole:
             continue
-        unit = "page" if state.v3 else "segment"
-        what = (" (from the system)" if state.v3 else " (huge)") if seg.huge else ""
-        out.append(_strip(seg, number, f"{name} {unit} at {seg.address:#x}{what}", lost))
+        what = state.huge_label if seg.huge else ""
+        out.append(_strip(seg, number, f"{name} {state.unit} at {seg.address:#x}{what}", lost))
     if residency is None:
         return out
     known = residency.covering([(s.start, s.end) for s in out])

@@ -18,15 +18,9 @@ def totals(state: MiState) -> dict[str, int]:
     """mimalloc's own figures, as mi_stats_print_out names them ("current" of each), from the walk."""
     live = state.live()
     abandoned = state.abandoned()
-    if state.v3:
-        purged = sum(b - a for a, b in collected(state))
-        return {"reserved": state.reserved(), "committed": state.committed(), "pages": len(live),
-                "pages_abandoned": len(abandoned), "os_pages": sum(1 for s in live if s.arena is None),
-                "arenas": len(state.discovery.arenas), "arena_free": state.arena_free(),
-                "purge_pending": sum(b - a for x in state.discovery.arenas for a, b in x.purge_ranges()),
-                "collect_purges": purged,
-                "collect_decommits": purged if state.layout.purge_counted else 0,
-                **_own(state)}
+    own = state.figures(collected(state), _own(state))
+    if own is not None:
+        return own
     return {"reserved": state.reserved(), "committed": state.committed(),
             "segments": len(live) - len(abandoned), "segments_abandoned": len(abandoned),
             "pages_abandoned": sum(s.abandoned for s in abandoned),
@@ -78,11 +72,11 @@ def options_line(state: MiState) -> str:
     return f"options (* from the environment): {' '.join(shown)}\n"
 
 
-def owner_name(owner: Owner, threads: dict, v3: bool = False) -> str:
+def owner_name(owner: Owner, threads: dict, exited: str = "exited threads") -> str:
     """How the tables name OWNER: "thread N" (gdb's number), "exited threads" (mimalloc 3: "abandoned pages",
     which live threads give up too), or its thread pointer."""
     if owner.thread_id == EXITED:
-        return "abandoned pages" if v3 else "exited threads"
+        return exited
     if owner.thread_id == UNOWNED:
         return "huge blocks (no thread)"
     if owner.thread_id == ARENAS:
@@ -113,7 +107,7 @@ def threads_document(state: MiState, owners: list[Owner], threads: dict) -> list
     gdb's number, LWP, name: null when not found), pages, bytes of blocks in use and free, segments its thread owns."""
     by_heap: dict[int, tuple[int, int]] = {}
     for seg in state.live():
-        for p in seg.pages if seg.thread_id or not state.v3 else ():   # abandoned: its heap's no more
+        for p in seg.pages if seg.thread_id or state.abandoned_keep_heap else ():
             used, free = by_heap.get(p.heap, (0, 0))
             by_heap[p.heap] = (used + p.in_use * p.block_size, free + p.free_cut * p.block_size)
     segments = {o.thread_id: len(o.segments) for o in owners}

@@ -29,8 +29,7 @@ def locate(heap, address: int) -> dict | None:
     owner = heap.by_tcb.get(seg.thread_id)
     doc = {"segment": seg.address, "segment_bytes": seg.reserved, "huge": seg.huge, "unit": _unit(heap),
            "owner": "no thread (a huge block any thread frees)" if heap.state.unowned(seg) else
-           "abandoned (its thread gave it up, or exited)" if not seg.thread_id and heap.state.v3 else
-           "abandoned (its thread exited)" if not seg.thread_id else
+           heap.state.abandoned_owner if not seg.thread_id else
            f"thread {owner.number}" if owner else
            "mimalloc's own data (its theaps and thread data)" if any(h.meta and h.thread_id == seg.thread_id
                                                                      for h in heap.state.heaps) else
@@ -60,22 +59,12 @@ def locate(heap, address: int) -> dict | None:
 
 def _unit(heap) -> str:
     """What mimalloc's memory comes in: segments, or (mimalloc 3) pages."""
-    return "page" if heap.state.v3 else "segment"
+    return heap.state.unit
 
 
 def _in_arena(heap, address: int) -> dict | None:
-    """mimalloc 3: what ADDRESS is in an arena outside its pages (a free slice, or the arena's own), or None."""
-    if not heap.state.v3:
-        return None
-    for a in heap.state.discovery.arenas:
-        if a.start <= address < a.start + a.reserved:
-            slot = a.block_of(address)
-            free = bool(a.free >> slot & 1)
-            return {"arena": a.id, "arena_start": a.start, "kind": "free slice" if free else "arena",
-                    "use": f"a free slice (number {slot}) of arena {a.id} at {a.start:#x}" if free else
-                    f"slice {slot} of arena {a.id} at {a.start:#x}, mimalloc's own (its description, bitmaps, or "
-                    "heaps' and threads' data)"}
-    return None
+    """What ADDRESS is in an arena outside its units (a free slice, or the arena's own), when the family can say."""
+    return heap.state.in_arena(address)
 
 
 def _text(address: int, where: dict) -> str:

@@ -11,9 +11,9 @@ from heapwalk.mimalloc.shown import collect_resident, drift_sentence, owner_name
 __all__ = ["advice", "row_namer"]
 
 
-def row_namer(owners: list[Owner], threads: dict, v3: bool):
+def row_namer(owners: list[Owner], threads: dict, exited: str):
     """How the leak sentence names the report's row N: its number and its owner ("row 5 (exited threads)")."""
-    return lambda n: f"row {n} ({owner_name(owners[n], threads, v3)})" if 0 <= n < len(owners) else f"row {n}"
+    return lambda n: f"row {n} ({owner_name(owners[n], threads, exited)})" if 0 <= n < len(owners) else f"row {n}"
 
 
 def advice(state: MiState, owners: list[Owner], rep: Report, threads: dict | None = None) -> list[str]:
@@ -33,7 +33,7 @@ def advice(state: MiState, owners: list[Owner], rep: Report, threads: dict | Non
     if state.layout.stat_drifts:
         out.append(drift_sentence(state, "what the segments' commit masks and the arenas hold"))
     if rep.leaks is not None:
-        out.append(scan_sentence(rep.leaks, "block", row_namer(owners, threads or {}, state.v3)))
+        out.append(scan_sentence(rep.leaks, "block", row_namer(owners, threads or {}, state.exited_row)))
     exited = next((o for o in owners if o.thread_id == EXITED and o.segments), None)
     if exited is not None:
         out.append(f"{len(exited.segments)} segments ({human(exited.reserved)}) are abandoned: their threads exited "

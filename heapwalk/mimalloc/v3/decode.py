@@ -14,6 +14,7 @@ from heapwalk.mimalloc.lists import walk_page
 from heapwalk.mimalloc.bits import bit_runs, bits_in
 from heapwalk.mimalloc.v3.arenas import Mi3Arena
 from heapwalk.mimalloc.v3.layout import Mi3Layout
+from heapwalk.mimalloc.v3.state import MiState3
 
 __all__ = ["decode_mimalloc3"]
 
@@ -46,7 +47,7 @@ def decode_mimalloc3(mem: Memory, found: MiDiscovery, threads, description: str 
         for page in unit.pages:
             walk_page(mem, page, findings)
     first = min((t for t in threads if t.thread_pointer), key=lambda t: t.number, default=None)
-    return MiState(found, units, heaps, [], findings, description, residency, first.thread_pointer if first else 0)
+    return MiState3(found, units, heaps, [], findings, description, residency, first.thread_pointer if first else 0)
 
 
 def _overfull(arenas, units) -> list[Finding]:

@@ -24,7 +24,7 @@ def advice3(state: MiState, owners: list[Owner], rep: Report, threads: dict | No
         out.append(drift_sentence(state, "what the arenas' bitmaps and the pages from the system hold"))
     out += _own(state, t)
     if rep.leaks is not None:
-        out.append(scan_sentence(rep.leaks, "block", row_namer(owners, threads or {}, True)))
+        out.append(scan_sentence(rep.leaks, "block", row_namer(owners, threads or {}, state.exited_row)))
     abandoned = next((o for o in owners if o.thread_id == EXITED and o.segments), None)
     if abandoned is not None:
         out.append(f"{len(abandoned.segments)} pages ({human(abandoned.reserved)}) are abandoned, with "
