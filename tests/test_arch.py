@@ -102,3 +102,20 @@ def test_a_toy_architecture_serves_glibc_s_discovery_its_code_and_its_thread_blo
     assert not whole.tls_lost and lost.tls_lost
     as_x86, _ = decode_thread(mem, disc, ThreadRegs(1, 100, tls), None, X86_64)
     assert as_x86.tls_lost  # x86-64's block starts with a pointer to itself, which the toy's does not
+
+
+def test_a_core_of_another_architecture_is_refused_in_one_line_by_the_command_line(tmp_path):
+    """An arm64 core (ELF machine 183) is named and refused before gdb opens it, not read as x86-64."""
+    from heapwalk.cli.cores import resolve_core
+    from heapwalk.cli.gdbmi import CliError
+    header = bytearray(64)
+    header[:7] = b"\x7fELF\x02\x01\x01"
+    struct.pack_into("<HH", header, 16, 4, 183)       # ET_CORE, EM_AARCH64
+    struct.pack_into("<Q", header, 32, 64)
+    struct.pack_into("<HH", header, 54, 56, 0)
+    core = tmp_path / "core"
+    core.write_bytes(bytes(header))
+    with pytest.raises(CliError) as caught:
+        resolve_core(core, None)
+    assert str(caught.value) == (f"heapwalk: {core}: this target's architecture (ELF machine 183) is not one "
+                                 "heapwalk reads (x86-64)")
