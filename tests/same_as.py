@@ -37,25 +37,20 @@ def cases():
     """(name, capture, gdb -iex settings, commands) of the cores compared: glibc's on three glibcs (symbols
     hidden but on the system's), damaged ones, and each other allocator's."""
     import harness
-    from conftest import (NO_SYMBOLS, capture, capture_jemalloc, capture_mimalloc, capture_tcmalloc, corruption,
-                          glibc)
+    from conftest import (NO_SYMBOLS, SYSROOTS, capture, capture_jemalloc, capture_mimalloc, capture_tcmalloc,
+                          corruption, glibc)
     for g, name, symbols in (("system", "bins", True), ("system", "thread_arenas", False), ("system", "leak", False),
                              ("system", "mmapped", False), ("bullseye", "many_arenas", False),
                              ("sid", "thread_arenas", False)):
         yield f"{g}/{name}", capture(g, name), glibc(g).gdb_settings(symbols), GLIBC
     for mode in ("tcache_in_free", "chunk_size", "fd_bk", "top_shrunk"):
         yield f"system/corrupt-{mode}", corruption("system", mode), glibc("system").gdb_settings(False), GLIBC
-    jemalloc = harness.jemalloc_reproducers(harness.prepare_jemalloc(harness_sysroots(), "bookworm"))
+    jemalloc = harness.jemalloc_reproducers(harness.prepare_jemalloc(SYSROOTS, "bookworm"))
     for name in jemalloc[:2]:
         yield f"jemalloc-bookworm/{name}", capture_jemalloc("bookworm", name), [NO_SYMBOLS], COMMON
     yield "tcmalloc-bookworm", capture_tcmalloc("bookworm"), [NO_SYMBOLS], COMMON
     for suite in ("bookworm", "3.3.2"):
         yield f"mimalloc-{suite}", capture_mimalloc(suite), [NO_SYMBOLS], COMMON
-
-
-def harness_sysroots():
-    from conftest import SYSROOTS
-    return SYSROOTS
 
 
 def run(tree: Path, cap, iex: list[str], commands, out: Path) -> str:

@@ -32,7 +32,7 @@ def by_elf_machine(machine: int) -> Architecture:
     for arch in _KNOWN:
         if arch.elf_machine == machine:
             return arch
-    raise UnknownArchitecture(f"ELF machine {machine}")
+    raise UnknownArchitecture(f"ELF machine {machine}", _names())
 
 
 def by_gdb_name(name: str) -> Architecture:
@@ -40,4 +40,8 @@ def by_gdb_name(name: str) -> Architecture:
     for arch in _KNOWN:
         if name in arch.gdb_names:
             return arch
-    raise UnknownArchitecture(name)
+    raise UnknownArchitecture(name, _names())
+
+
+def _names() -> str:
+    return ", ".join(a.name for a in _KNOWN)

@@ -12,16 +12,10 @@ __all__ = ["Architecture", "CodeRef", "CodeReader", "UnknownArchitecture"]
 
 
 class UnknownArchitecture(HeapwalkError):
-    """The target is of an architecture heapwalk does not read."""
+    """The target is of an architecture (WHAT) heapwalk does not read; NAMES: those it reads."""
 
-    def __init__(self, what: str):
-        names = ", ".join(a.name for a in _known())
+    def __init__(self, what: str, names: str):
         super().__init__(f"this target's architecture ({what}) is not one heapwalk reads ({names})")
-
-
-def _known():
-    from heapwalk.arch import known
-    return known()
 
 
 @dataclass(frozen=True)

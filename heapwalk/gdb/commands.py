@@ -212,11 +212,10 @@ class VerbCommand(Subcommand):
         super().__init__()
 
     def make_parser(self):
-        p = Parser(prog=f"heapwalk {self.verb.name}", description=self.verb.description)
-        self.verb.parser(p)
-        return p
+        return self._parser_of(self.verb)
 
     def _parser_of(self, verb):
+        """The parser of VERB's arguments (an owner's own, or the command's, whose description is every one's)."""
         p = Parser(prog=f"heapwalk {self.verb.name}", description=verb.description)
         verb.parser(p)
         return p

@@ -18,7 +18,8 @@ def totals(state: MiState) -> dict[str, int]:
     """mimalloc's own figures, as mi_stats_print_out names them ("current" of each), from the walk."""
     live = state.live()
     abandoned = state.abandoned()
-    own = state.figures(collected(state), _own(state))
+    gives = collected(state)
+    own = state.figures(gives, _own(state))
     if own is not None:
         return own
     return {"reserved": state.reserved(), "committed": state.committed(),
@@ -32,7 +33,7 @@ def totals(state: MiState) -> dict[str, int]:
             "segments_cached": len(state.cached()),
             "thread_data": len(state.thread_data),
             "arenas": len(state.discovery.arenas), "arena_free": state.arena_free(),
-            "collect_purges": sum(b - a for a, b in collected(state)),
+            "collect_purges": sum(b - a for a, b in gives),
             "collect_decommits": sum(b - a for a, b in collected(state, counted=True))}
 
 
