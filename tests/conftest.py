@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "cores"))
+sys.path.insert(0, str(ROOT / "cores" / "scripts"))
+sys.path.insert(0, str(ROOT / "tests" / "tools"))
 sys.path.insert(0, str(ROOT / "tests"))
 
 import fresh  # noqa: E402
@@ -171,7 +172,7 @@ def capture_jemalloc(suite: str, name: str, variant: str = "") -> harness.Captur
 @functools.cache
 @fresh.exclusive
 def capture_rust() -> harness.Capture:
-    """The Rust reproducer's capture (cores/rust_hold, on tikv-jemallocator: jemalloc 5.3.0 in the stripped
+    """The Rust reproducer's capture (cores/jemalloc/rust_hold, on tikv-jemallocator: jemalloc 5.3.0 in the stripped
     program, no statistics), taken now unless a fresh one exists."""
     program = jebuilds.prepare_rust(SYSROOTS)
     directory = CORES / "rust-hold" / "rust_hold"
@@ -222,7 +223,7 @@ def _hold_core(name: str, directory: Path, inputs: str, outputs: tuple[str, ...]
 @functools.cache
 @fresh.exclusive
 def capture_tcmalloc(name: str) -> harness.Capture:
-    """cores/tc_hold.c's gcore core on tcmalloc build NAME (one of TC_CORES), taken now unless a fresh one
+    """cores/tcmalloc/tc_hold.c's gcore core on tcmalloc build NAME (one of TC_CORES), taken now unless a fresh one
     exists; its statistics in stats.json beside it."""
     tc = tcbuilds.prepare_tcmalloc(SYSROOTS, name)
     directory = CORES / f"tcmalloc-{name}" / "tc_hold"
@@ -234,7 +235,7 @@ def capture_tcmalloc(name: str) -> harness.Capture:
 @functools.cache
 @fresh.exclusive
 def capture_mimalloc(name: str) -> harness.Capture:
-    """cores/mi_hold.c's gcore core on mimalloc build NAME (`mibuilds.MI_BUILDS`), taken now unless a fresh one
+    """cores/mimalloc/mi_hold.c's gcore core on mimalloc build NAME (`mibuilds.MI_BUILDS`), taken now unless a fresh one
     exists; mimalloc's statistics in stats.json and the threads' ledgers beside it."""
     mi = mibuilds.prepare_mimalloc(SYSROOTS, name)
     directory = CORES / f"mimalloc-{name}" / "mi_hold"
@@ -346,6 +347,15 @@ def run_gdb(target_args: list[str], commands: list[str], iex: list[str] = (), ti
     full_env = dict(os.environ)
     full_env.update(env or {})
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env)
+
+
+#: the command line `pip install` put beside this Python
+HEAPWALK = Path(sys.executable).parent / "heapwalk"
+
+
+def heapwalk(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """Runs the installed command line with ARGS, from the project's folder."""
+    return subprocess.run([str(HEAPWALK), *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT)
 
 
 def heapwalk_json(target_args: list[str], tmp_path: Path, iex: list[str] = (), before: list[str] = ()) -> dict:

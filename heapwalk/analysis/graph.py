@@ -3,7 +3,7 @@
 
 A chain of a million blocks (a linked list) is a million steps that each need the one before: in C a few
 nanoseconds each; numpy's search goes a level at a time, fast on wide graphs and slow on long chains, so it
-is the fallback.  Both visit the same nodes (tests/test_leaks.py holds them equal); HEAPWALK_PURE=1 in the
+is the fallback.  Both visit the same nodes (tests/unit/analysis/test_leaks.py holds them equal); HEAPWALK_PURE=1 in the
 environment turns the library off.
 """
 

@@ -4,7 +4,7 @@
 numpy's searchsorted costs a binary search over every block for each word, a cache miss at most of its steps
 when the words point anywhere in the heaps.  The table cuts the stretches of memory that hold blocks into
 slots (about two per block) and keeps for each slot the last block starting at or below it, so a word's search
-starts within a block or two of its answer.  Both forms give the same answers (tests/test_lookup.py);
+starts within a block or two of its answer.  Both forms give the same answers (tests/unit/analysis/test_lookup.py);
 HEAPWALK_PURE=1 in the environment turns the library off.
 """
 

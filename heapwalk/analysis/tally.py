@@ -4,7 +4,7 @@ library (`_reach.c`: `hw_tally`, `hw_signatures`), in numpy otherwise.
 Each is one loop over millions of blocks.  numpy needs several passes for it, each making an array of a block
 each (the sizes as doubles for bincount's weights, the buckets' keys, the images' bounds of each word), and a
 fresh array is paid for again as the kernel clears its pages.  Both forms give the same numbers
-(tests/test_inuse.py); HEAPWALK_PURE=1 in the environment turns the library off.
+(tests/unit/analysis/test_inuse.py); HEAPWALK_PURE=1 in the environment turns the library off.
 """
 
 from __future__ import annotations

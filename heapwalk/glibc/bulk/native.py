@@ -6,7 +6,7 @@ arrays: each step needs the one before.  In Python they cost about a quarter of 
 big heap's walk; in C (`_native.c`, loaded with ctypes, no Python headers needed) a few nanoseconds.  A free
 list's checks are made in the same C call that follows it (`walk_list`), where numpy would gather each of its
 chunks' fields across the arena again (`indexlists` keeps those numpy steps for a build without it).  Both forms
-give the same answers (tests/test_native.py holds them equal); HEAPWALK_PURE=1 in the environment turns the
+give the same answers (tests/unit/glibc/test_native.py holds them equal); HEAPWALK_PURE=1 in the environment turns the
 library off.
 """
 

@@ -1,0 +1,159 @@
+"""Mutation fuzzing of heapwalk's tcmalloc decoder inside gdb, on a real core (sourced by tests/tools/fuzz.py's gdb
+runs, as tests/tools/je_fuzz_driver.py is for jemalloc).
+
+gdb loads a core of a process on gperftools' tcmalloc; the script decodes it once through a memory that
+records every read the decoder makes (discovery, the page heap's statistics, the central lists, the thread
+caches, the page map and its spans), and keeps those that lie in writable memory: the fields a damaged process
+or core can change.  Each mutant patches one word of them (a byte, a whole word, a bit) or aims damage where it
+must be seen:
+- cache_loop: the last thread cache's next link pointing back to the first: an error at the first;
+- cache_hidden: a thread cache's pages missing (a core that lacks them): an error at that cache;
+- object_loop: the second free object of a thread cache's list linking back to the first: an error at the first;
+- tail_loop: the last object a thread cache's list counts linking back to the first (a loop seen only past the
+  count, where a sound list ends with a null link): an error at the first;
+- truncate: everything above a point inside one of the reads missing: refused in one line, or an error.
+Then it runs what the commands run: discovery, decoding, check (every free list walked), the report, the
+thread caches' table, the RSS claims, the heap map's strips, the leak scan's objects, 'chunk' at the first
+span, and the JSON.  A mutant fails when anything raises (other than the one-line refusals,
+TcmallocUnknown), takes longer than the bound, shows an impossible figure (tests/tools/figures.py), or, for aimed
+damage, is not seen.  Parameters and results as tests/tools/fuzz_driver.py's.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import random
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # gdb sets __file__ for a sourced script
+from fuzz_driver import MutatedMemory, run_mutants  # noqa: E402
+from je_fuzz_driver import Recording, _word, draw_mutants, judge, patched  # noqa: E402
+
+from heapwalk.common.findings import Severity
+from heapwalk.gdb.adapter import gdb_memory, thread_registers
+from heapwalk.gdb.addressspace import memory_map
+from heapwalk.output import tables
+from heapwalk.output.jsondoc import report_json
+from heapwalk.tcmalloc.allocator import TcmallocHeap
+from heapwalk.tcmalloc.check import check_tcmalloc
+from heapwalk.tcmalloc.decode import decode_tcmalloc
+from heapwalk.tcmalloc.discovery import TcmallocUnknown, discover_tcmalloc
+from heapwalk.tcmalloc.find import find_tcmalloc
+from heapwalk.tcmalloc.owners import cache_owners
+from heapwalk.tcmalloc.verbs import locate
+
+#: the aimed damage kinds, each drawn this share of the time (the rest are random patches of what was read)
+DAMAGE = {"cache_loop": 0.07, "cache_hidden": 0.07, "object_loop": 0.07, "tail_loop": 0.07, "truncate": 0.07}
+
+
+def exercise(mem, maps, threads):
+    """Everything the commands do on MEM: (the state or None when refused, the check's findings, the report's
+    JSON, 'ok' or 'refused: <the one line>')."""
+    found = find_tcmalloc(mem, maps)
+    if found is None:
+        return None, None, None, "refused: tcmalloc is not mapped"
+    try:
+        disc = discover_tcmalloc(mem, found)
+    except TcmallocUnknown as exc:
+        return None, None, None, f"refused: {exc}"
+    state = decode_tcmalloc(mem, disc, "fuzz")
+    owners = cache_owners(mem, [(t.address, t.tid) for t in state.threads], threads)
+    heap = TcmallocHeap(state, mem, owners)
+    findings = check_tcmalloc(state, mem, heap.span_table, heap.cached)
+    heap.strips()
+    heap.blocks()
+    if state.spans:
+        locate(heap, state.spans[0].page * state.page_size)
+    rep = heap.report()
+    console = tables.make_console(io.StringIO(), False)
+    for part in (*heap.report_parts(rep, False), *heap.threads(False).parts, *heap.check(50, False).parts):
+        console.print(part)
+    json.dumps(heap.report_document(rep))
+    heap.claims()
+    errors = [f for f in findings if f.severity is Severity.ERROR]
+    return state, findings, report_json(rep), "ok" if not errors else f"ok, {len(errors)} errors"
+
+
+class Sound:
+    """What the undamaged core holds: the reads the decoder made in writable memory, and the thread caches."""
+
+    def __init__(self, base, maps, threads):
+        rec = Recording(base)
+        found = find_tcmalloc(rec, maps)
+        disc = discover_tcmalloc(rec, found)
+        state = decode_tcmalloc(rec, disc, "fuzz")
+        TcmallocHeap(state, rec).cached                # the caches' free lists, object by object
+        self.base, self.layout = base, disc.layout
+        writable = [(s.address, s.address + s.memsz) for s in found.image.writable()] + [
+            (m.start, m.end) for m in maps if not (m.path and "/" in m.path)]
+        self.reads = [(a, n) for a, n in rec.reads if any(lo <= a < hi for lo, hi in writable)]
+        self.caches = [t.address for t in state.threads]
+        self.lists = [(head, length) for t in state.threads for _, head, length in t.lists if length >= 2]
+
+    def field(self, read: int, offset: float) -> int | None:
+        """The address of the word OFFSET (a fraction) of the way through recorded read READ."""
+        if not self.reads:
+            return None
+        address, size = self.reads[read % len(self.reads)]
+        return address + (int(offset * max(size - 8, 0)) & ~7)
+
+
+def apply(spec: dict, sound: Sound):
+    """(the memory of mutant SPEC, the address an error must name or 0 for any error, None for no demand),
+    or None when this core has no place for it."""
+    op, base, caches = spec["op"], sound.base, sound.caches
+    if op == "cache_loop":
+        if len(caches) < 2:
+            return None
+        return MutatedMemory(base, _word(caches[-1] + sound.layout.thread_next, caches[0])), caches[0]
+    if op == "cache_hidden":
+        if not caches:
+            return None
+        cache = caches[int(spec["pick"] * len(caches)) % len(caches)]
+        return MutatedMemory(base, {}, (cache, cache + sound.layout.thread_prev + 8)), cache
+    if op in ("object_loop", "tail_loop"):
+        if not sound.lists:
+            return None
+        head, length = sound.lists[int(spec["pick"] * len(sound.lists)) % len(sound.lists)]
+        last = _word_at(base, head)
+        for _ in range(length - 2 if op == "tail_loop" else 0):
+            last = _word_at(base, last)
+        return MutatedMemory(base, _word(last, head)), head
+    at = sound.field(spec["read"], spec["offset"])
+    if at is None:
+        return None
+    return patched(spec, base, at)
+
+
+def _word_at(mem, address: int) -> int:
+    return int.from_bytes(mem.read(address, 8), "little")
+
+
+def _run(m: dict, mem, named, maps, threads) -> tuple[str, dict]:
+    """A mutant's outcome and what it detected (see je_fuzz_driver's `judge`)."""
+    state, findings, rep, outcome = exercise(mem, maps, threads)
+    broken, verdict = judge(m, named, state, findings, rep)
+    return (f"FAILED: {broken} ({outcome})" if broken else outcome), verdict
+
+
+def main() -> None:
+    with open(os.environ["HEAPWALK_FUZZ_SPEC"], encoding="utf-8") as fh:
+        spec = json.load(fh)
+    rng = random.Random(spec["seed"])
+    space = memory_map()
+    base = gdb_memory(space.readable)
+    maps, threads = space.mappings, thread_registers()
+    sound = Sound(base, maps, threads)
+    mutants = list(spec.get("replay", []))
+    mutants += draw_mutants(rng, len(sound.reads), spec["count"], DAMAGE)
+    results = run_mutants(mutants, lambda m: apply(m, sound), spec["bound"],
+                          lambda m, mem, named: _run(m, mem, named, maps, threads))
+    fields = [(f"read {i}", a) for i, (a, _) in enumerate(sound.reads)]
+    with open(spec["out"], "w", encoding="utf-8") as fh:
+        json.dump({"fields": fields, "results": results}, fh, indent=1)
+
+
+if __name__ == "__main__":  # sourced by gdb
+    main()

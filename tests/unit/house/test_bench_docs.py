@@ -1,0 +1,84 @@
+"""`make bench`'s part of docs/performance.md (tests/tools/bench_docs.py): what it says of a run, and that a run
+replaces its own size's part and nothing else."""
+
+import bench_docs
+
+MACHINE = {"date": "2026-11-29 01:32 UTC", "commit": "abc1234", "cpu": "Some CPU", "cpus": 2,
+           "memory_bytes": 24 << 30, "kernel": "6.1.0", "virtual": "a virtual machine (kvm)",
+           "gdb": "GNU gdb (Debian 13.1-3) 13.1", "python": "3.11.2", "numpy": "2.4.6", "glibc": "2.36"}
+
+
+def _command(name, seconds, floor, floor_4m, peak_mib, per_million_mib, unit="chunks"):
+    return {"command": name, "wall_seconds": seconds + 0.5, "command_seconds": seconds, "peak_rss_bytes": peak_mib << 20,
+            f"rss_per_million_{unit}": per_million_mib * (1 << 20), f"{unit}_per_second": 1.0,
+            "times_floor": seconds / floor, "times_floor_4m": seconds / floor_4m}
+
+
+def _run():
+    glibc = {"shape": "random", "chunks": 4_500_000, "heap_bytes": 1187 << 20, "heaps": 25, "runs": 3,
+             "floor_seconds": 0.8, "floor_4m_seconds": 0.08, "gdb_load_seconds": 0.5,
+             "gdb_load_peak_rss_bytes": 94 << 20, "walk_seconds": 1.2, "walk_times_floor": 1.5,
+             "leak_scan_seconds": 0.8, "leak_scan_times_floor": 1.0,
+             "commands": [_command("heapwalk report", 2.0, 0.8, 0.08, 519, 94),
+                          _command("heapwalk check", 1.2, 0.8, 0.08, 239, 32)]}
+    je = {"jemalloc": "bookworm", "blocks": 3_000_000, "extent_bytes": 1189 << 20, "extent_runs": 6621, "runs": 3,
+          "floor_seconds": 0.25, "floor_4m_seconds": 0.25, "gdb_load_seconds": 0.5,
+          "gdb_load_peak_rss_bytes": 104 << 20,
+          "commands": [_command("heapwalk report", 2.0, 0.25, 0.25, 482, 126, "blocks"),
+                       _command("heapwalk check", 0.45, 0.25, 0.25, 184, 27, "blocks")]}
+    return {"size": "large", "shapes": [glibc], "jemalloc": je}
+
+
+def test_a_part_says_the_machine_the_date_the_commit_the_method_and_each_figure():
+    text = bench_docs.section("large", _run(), MACHINE, ["--size", "large"], ["a capture line"])
+    assert text.startswith("### large: 2026-11-29 01:32 UTC, commit abc1234\n")
+    prose = " ".join(text.split("\n\n")[1].split())     # the paragraph under the heading, unwrapped
+    assert prose.startswith("Measured on Some CPU, 2 logical CPUs, 24.0 GiB, a virtual machine (kvm); Linux 6.1.0; "
+                            "GNU gdb (Debian 13.1-3) 13.1; gdb's Python 3.11.2, numpy 2.4.6; glibc 2.36.")
+    assert "`tests/tools/bench.py --size large`" in prose and "3 times, the median of its times inside gdb" in prose
+    assert all(len(line) <= bench_docs.WIDTH for line in text.splitlines() if not line.startswith("|"))
+    assert "| glibc random, 4.5 M chunks | 1,187 MiB in 25 heaps | 0.800 s | 0.080 s | 0.50 s, 94 MiB | 1.20 s, 1.5x " \
+           "| 0.80 s, 1.0x |" in text
+    assert "| jemalloc (bookworm) random, 3.0 M blocks | 1,189 MiB in 6,621 runs of extents | 0.250 s |" in text
+    assert "| `heapwalk report` | 2.00 s, 2.5x (25x), 519 MiB (94/M) | 2.00 s, 8.0x (8x), 482 MiB (126/M) |" in text
+    assert "- a capture line" in text
+
+
+def test_the_bar_names_what_is_within_it_everywhere_and_where_each_other_command_is_not():
+    lines = bench_docs.bar_lines(bench_docs.cores_of(_run()))
+    assert lines[1] == "- within it on every core: `heapwalk check`"
+    assert lines[2] == "- `heapwalk report` over it: 2.5x on glibc random, 8.0x on jemalloc (bookworm) random"
+    assert len(lines) == 3
+
+
+def test_a_run_adds_its_part_before_the_anchor_then_replaces_only_its_own():
+    page = "# Performance\n\n## Method\n\ntext\n\n## The one pass (issue 19)\n\nmore\n"
+    first = bench_docs.updated(page, "large", "### large: one\n")
+    assert first.index(bench_docs.HEADING) < first.index("## The one pass")
+    assert first.index("## Method") < first.index(bench_docs.HEADING)
+    small = bench_docs.updated(first, "small", "### small: one\n")
+    assert small.index("### small: one") < small.index("### large: one") < small.index("## The one pass")
+    again = bench_docs.updated(small, "large", "### large: two\n")
+    assert "### large: one" not in again and "### small: one" in again and "### large: two" in again
+    assert again == bench_docs.updated(again, "large", "### large: two\n")
+    assert again.endswith("## The one pass (issue 19)\n\nmore\n") and again.count(bench_docs.HEADING) == 1
+    huge = bench_docs.updated(again, "huge", "### huge: one\n")
+    assert huge.index("### large: two") < huge.index("### huge: one") < huge.index("## The one pass")
+
+
+def test_a_page_without_the_anchor_gets_the_section_at_its_end():
+    text = bench_docs.updated("# Performance\n\nsomething\n", "small", "### small: one\n")
+    assert text.startswith("# Performance\n\nsomething\n\n" + bench_docs.HEADING)
+    assert text.rstrip().endswith(bench_docs.end_marker("small"))
+
+
+def test_the_page_is_written_from_the_benchs_json_alone(tmp_path):
+    """The JSON carries the machine, the command and the lines printed after the tables: the part can be written
+    again from it (tests/tools/bench_docs.py JSON PAGE) with what was measured then, not what this machine is now."""
+    page = tmp_path / "performance.md"
+    page.write_text("# Performance\n\n## The one pass\n")
+    data = {**_run(), "machine": MACHINE, "argv": ["--size", "large"], "lines": ["pre-copy, a line"]}
+    bench_docs.write(page, data)
+    text = page.read_text()
+    assert "### large: 2026-11-29 01:32 UTC, commit abc1234" in text and "- pre-copy, a line" in text
+    assert text.index(bench_docs.end_marker("large")) < text.index("## The one pass")
