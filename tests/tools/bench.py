@@ -89,7 +89,7 @@ def measure(cap: harness.Capture, runs: int, workdir: Path) -> dict:
     floor, floor_4m = floors(cap, heap_file, runs)
     loads = [gdb_run(cap.exe, cap.core, []) for _ in range(runs)]
     load_runs, load_peak = [wall for _, wall, _ in loads], max(peak for _, _, peak in loads)
-    outs = [gdb_run(cap.exe, cap.core, [f"source {ROOT / 'tests' / 'bench_walk.py'}"])[0] for _ in range(runs)]
+    outs = [gdb_run(cap.exe, cap.core, [f"source {ROOT / 'tests' / 'tools' / 'bench_walk.py'}"])[0] for _ in range(runs)]
     walks = [value(out, "heapwalk-bench-walk") for out in outs]
     walk_seconds = statistics.median(float(w[0]) for w in walks)
     careful_seconds = statistics.median(float(value(out, "heapwalk-bench-careful")[0]) for out in outs)
@@ -118,7 +118,7 @@ def measure_live(size: str, shape: str, bindir: Path, runs: int, workdir: Path) 
     exe = harness.build("bench", bindir)
     proc = harness.run_to_snapshot(exe, workdir / "live", env=environment(size, shape))
     try:
-        walks = [value(gdb_run(exe, None, [f"source {ROOT / 'tests' / 'bench_walk.py'}"], proc.pid)[0],
+        walks = [value(gdb_run(exe, None, [f"source {ROOT / 'tests' / 'tools' / 'bench_walk.py'}"], proc.pid)[0],
                        "heapwalk-bench-walk") for _ in range(runs)]  # the one pass, live
         reports = [gdb_run(exe, None, [TIMED.format(command="heapwalk report")], proc.pid) for _ in range(runs)]
         captured = measure_capture(proc.pid, workdir)

@@ -24,6 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "cores" / "scripts"))
 sys.path.insert(0, str(ROOT / "tests" / "tools"))
+sys.path.insert(0, str(ROOT / "tests"))
 
 #: each allocator's commands; {d} is the folder the documents go to
 COMMON = ("heapwalk report", "heapwalk report --json {d}/report.json", "heapwalk report --html {d}/report.html",

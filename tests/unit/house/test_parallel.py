@@ -41,3 +41,10 @@ def test_the_times_are_kept_per_file_and_per_function(tmp_path):
                       '</testsuite></testsuites>')
     assert parallel.file_times(report) == {"test_long.py": 4.0, "test_long.py::test_a": 3.5,
                                            "test_long.py::test_b": 0.5}
+
+
+def test_every_test_file_has_a_name_of_its_own():
+    """The runner keeps times by file name, and pytest imports test files by their names (no package
+    folders): two test files of one name in two folders would collide."""
+    names = [p.name for p in (parallel.ROOT / "tests").rglob("test_*.py")]
+    assert sorted(names) == sorted(set(names))
