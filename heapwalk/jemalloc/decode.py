@@ -42,7 +42,7 @@ def collect_jemalloc(mem: Memory, disc: JeDiscovery, threads: list[ThreadRegs], 
     if disc.rtree is not None:
         table, extent_findings = walk_extents(mem, disc.layout, disc.rtree, disc.rtree_shape)
         table = dataclasses.replace(table, paged_large=bool(disc.opt.get("disable_large_size_classes",
-                                                                         disc.version >= (5, 3, 1))),
+                                                                         disc.layout.large_paged)),
                                     large_pad=0 if disc.opt.get("cache_oblivious") is False else PAGE)
         findings.extend(extent_findings)
     counted = None if disc.statistics else table

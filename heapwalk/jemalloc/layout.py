@@ -88,6 +88,10 @@ class JeLayout:
     bin_slabcur: int = 112                # bin_t.slabcur: the slab the bin allocates from now (not among the
     #                                       slabs it calls not full)
     lstats_stride: int = 48               # arena_stats_large_t: {nmalloc, ndalloc, nrequests, nfills, nflushes, ...}
+    rtree_meta_packed: bool = False       # a wide radix tree entry's metadata word packs the size class above
+    #                                       the slab bit (5.3.0 and later); before, they are two fields
+    large_paged: bool = False             # large allocations are page multiples unless opt.disable_large_size_classes
+    #                                       says otherwise (5.3.1's default)
     lstats_flushes: bool = True           # does it count fills and flushes (5.1.0 does not: nflushes is None)
     bin_nonfull: bool = True              # does bin_stats_t count nonfull_slabs (5.1.0 does not: counted from the
     #                                       extents instead)
@@ -173,6 +177,7 @@ LAYOUTS = {
         tsd_ticker=152, tsd_size=0xa48, tcache_descriptors=10400, descriptor_bins=(16,),
         tsd_tcache_bins=(856 + 8,), tsd_tcache_arena=256 + 40, cache_bins=73, stack_cache_bins=True,
         rtree_root=120, rtree_extent_mask=127, extent_state_shift=17, extent_state_mask=7, extent_szind_shift=20,
+        rtree_meta_packed=True,
         base_blocks=160, bin_slabcur=192,
         extent_nfree_shift=28, abandoned_vm=24 + 160, extent_avail=78760, create_time=78944),
 }
@@ -227,7 +232,7 @@ LAYOUTS[(5, 3, 0, "debug")] = dataclasses.replace(
 #: counts its extent headers' and radix tree's bytes between allocated and resident, and a large class counts
 #: active_bytes before nrequests (measured on the release tag built with debug information)
 LAYOUTS[(5, 3, 1)] = dataclasses.replace(
-    LAYOUTS[(5, 3, 0)], version=(5, 3, 1), arena_size=80704, nactive=12296,
+    LAYOUTS[(5, 3, 0)], version=(5, 3, 1), arena_size=80704, nactive=12296, large_paged=True,
     dirty_npages=(22104, 31760), muzzy_npages=(41544, 51200), retained_npages=(60984,),
     dirty_state=22112, muzzy_state=41552, retained_state=60992, dirty_decay_ms=71064, muzzy_decay_ms=72848,
     stats_dirty=24 + 112, stats_muzzy=24 + 136, lstats=24 + 968, lstats_stride=56, lstats_fields=(0, 8, 24, 40),

@@ -67,7 +67,7 @@ class RtreeShape:
             high = (low >> np.uint64(47)) * np.uint64(0xFFFF << 48)    # addresses above 2**47 sign-extended
             return low | high, (words >> np.uint64(48)).astype(np.int64), (words & np.uint64(1)).astype(bool)
         entries = np.frombuffer(raw, dtype=np.dtype([("edata", "<u8"), ("meta", "<u4"), ("more", "<u4")]))
-        if layout.version >= (5, 3, 0):
+        if layout.rtree_meta_packed:
             meta = entries["meta"].astype(np.int64)
             return entries["edata"], meta >> 5, (meta & 1).astype(bool)
         return entries["edata"], entries["meta"].astype(np.int64), (entries["more"] & 0xFF).astype(bool)

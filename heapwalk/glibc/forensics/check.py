@@ -17,7 +17,7 @@ from collections import Counter
 import numpy as np
 
 from heapwalk.glibc.walk.chunks import extents
-from heapwalk.glibc.locate.layout import IS_MMAPPED, NBINS, SIZE_BITS, Layout
+from heapwalk.glibc.locate.layout import IS_MMAPPED, NBINS, SIZE_BITS, Layout, layout_for
 from heapwalk.inferior.memory import Memory, ReadError, u64
 from heapwalk.glibc.model import Arena, BinKind, HeapState, Tcache, list_name
 from heapwalk.glibc.forensics.partial import partial
@@ -273,7 +273,8 @@ def _arena_flags(mem: Memory, layout: Layout, arena: Arena) -> list[Finding]:
 def _tcache_keys(state: HeapState, mem: Memory) -> list[Finding]:
     """Since 2.29 every tcache entry carries a key in its second word (the tcache struct's address up to
     2.33, one random value per process from 2.34); an entry without it was written to after its free."""
-    if state.glibc_version < (2, 29):
+    holds = layout_for(state.glibc_version).tcache_key
+    if not holds:
         return []
     keyed: list[tuple[int, int, str, int | None]] = []  # entry, key found, where, key expected
     for owner, tcache in state.tcaches():
@@ -283,9 +284,9 @@ def _tcache_keys(state: HeapState, mem: Memory) -> list[Finding]:
                     key = u64(mem, entry + 8)
                 except ReadError:
                     continue
-                want = tcache.address if state.glibc_version < (2, 34) else None
+                want = tcache.address if holds == "tcache" else None
                 keyed.append((entry, key, f"tcache bin {b.index} of {owner}", want))
-    if state.glibc_version >= (2, 34):
+    if holds == "random":
         common = Counter(k for _, k, _, _ in keyed).most_common(1)
         if not common or common[0][1] < 3 or common[0][1] * 2 <= len(keyed):
             return []  # too few entries to know the process's key

@@ -4,7 +4,9 @@ One `Layout` holds every offset and constant the walkers need: malloc_state
 (the arena), heap_info, tcache_perthread_struct, malloc_par (``mp_``), and the
 behaviours that changed between versions (safe-linking from 2.32, the top chunk
 in malloc_info's "rest" from 2.31, count-down tcache slots from 2.42, no
-fastbins from 2.43).  `layout_for(version)` picks the layout of an upstream
+fastbins from 2.43, the tcache entries' key, heaps sized by the huge page size
+in 2.35-2.41): each era's behaviour is a field, decided here and read where it
+matters, never a version compared elsewhere.  `layout_for(version)` picks the layout of an upstream
 release; distributions backport changes, so callers confirm a layout against
 memory (tcache chunk size, heap_info size, bin self-links) before trusting it.
 
@@ -70,9 +72,17 @@ class Layout:
     # struct malloc_par mp_: field name -> offset
     mp: dict[str, int] = field(default_factory=dict)
     mp_size: int = 0
-    # malloc_info
+    # malloc_info: the top chunk counted in "rest" (2.31+), the fastbin lines (before 2.43), the indent of
+    # the <aspace> lines (before 2.31)
     malloc_info_top_in_rest: bool = True
+    malloc_info_fast: bool = True
+    malloc_info_indent: str = ""
     mmap_chunk_rule_243: bool = False
+    # what a tcache entry's second word holds: "" nothing (before 2.29), "tcache" its tcache's address
+    # (2.29-2.33), "random" one random value per process (2.34+)
+    tcache_key: str = ""
+    # thread-arena heaps sized 4 x mp_.hp_pagesize when it is set (2.35-2.41)
+    heaps_by_hugepages: bool = False
 
     def mmapped_span(self, prev_size: int, chunk_size: int) -> int:
         """Bytes of the mapping behind an mmapped chunk: prev_size is its front padding; from 2.43 the
@@ -184,7 +194,11 @@ def layout_for(version: tuple[int, int]) -> Layout:
         mp=mp,
         mp_size=mp_size,
         malloc_info_top_in_rest=version >= (2, 31),
+        malloc_info_fast=version < (2, 43),
+        malloc_info_indent="" if version >= (2, 31) else "\t" * 7 + " " * 6,
         mmap_chunk_rule_243=version >= (2, 43),
+        tcache_key="" if version < (2, 29) else "tcache" if version < (2, 34) else "random",
+        heaps_by_hugepages=(2, 35) <= version < (2, 42),
         **_arena_fields(version),
         **_tcache_fields(version),
     )

@@ -67,7 +67,7 @@ def find_mp(search: Search, main_arena: int, family: tuple[int, int], layout: La
 def heap_max_size(search: Search, layout: Layout, mp_address: int | None, ring: list[int]) -> int:
     """The size and alignment of thread-arena heaps: 64 MiB, or 4 x hp_pagesize on 2.35-2.41 with hugetlb."""
     offset = layout.mp.get("hp_pagesize")      # (memory may show an mp_ layout without it)
-    if (2, 35) <= layout.version < (2, 42) and mp_address is not None and offset is not None:
+    if layout.heaps_by_hugepages and mp_address is not None and offset is not None:
         try:
             hp = u64(search.mem, mp_address + offset)
         except ReadError:

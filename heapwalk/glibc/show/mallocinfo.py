@@ -13,6 +13,7 @@ heapwalk's other reports do.
 
 from __future__ import annotations
 
+from heapwalk.glibc.locate.layout import layout_for
 from heapwalk.glibc.model import Arena, HeapState
 
 __all__ = ["malloc_info_xml"]
@@ -55,9 +56,8 @@ def _arena_lines(arena: Arena, top_in_rest: bool, has_fast: bool, indent: str) -
 
 def malloc_info_xml(state: HeapState) -> str:
     """The document malloc_info(0, f) would have printed in the target at the snapshot."""
-    version = state.glibc_version
-    top_in_rest, has_fast = version >= (2, 31), version < (2, 43)
-    indent = "\t" * 7 + " " * 6 if version < (2, 31) else ""
+    era = layout_for(state.glibc_version)
+    top_in_rest, has_fast, indent = era.malloc_info_top_in_rest, era.malloc_info_fast, era.malloc_info_indent
     out = ['<malloc version="1">']
     totals = {"fast": [0, 0], "rest": [0, 0], "system": [0, 0], "total": 0, "mprotect": 0}
     for arena in state.arenas:
