@@ -110,7 +110,7 @@ class _Scanner:
         base = lo & ~7
         while base < hi:
             data = read_window(self.mem, base, hi, WINDOW)
-            n = len(data) // 8
+            n = min(len(data) // 8, (hi - base + 7) // 8)     # a window reads 16 bytes at the least
             if n == 0:
                 skip = min(hi, (base | (_PAGE - 1)) + 1)
                 self.unread.append((base, skip))

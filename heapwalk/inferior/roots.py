@@ -173,7 +173,7 @@ class _Namer:
         stacks = sorted((t for t in self.threads if t.sp is not None and lo <= t.sp < hi + RED_ZONE),
                         key=lambda t: t.sp)
         if stacks:
-            return _stacks(lo, hi, stacks)
+            return _tls_below(lo, stacks[0], self.threads) + _stacks(lo, hi, stacks)
         for t in self.threads:
             if t.thread_pointer is not None and lo <= t.thread_pointer < hi:
                 return [Root(lo, hi, "tls", thread=t.number)]
@@ -184,6 +184,20 @@ class _Namer:
         if before is not None and not before[2].startswith("["):
             return [Root(lo, hi, "bss", os.path.basename(before[2]))]
         return [Root(lo, hi, "anonymous")]
+
+
+def _tls_below(lo: int, lowest: ThreadRegs, threads: Sequence[ThreadRegs]) -> list[Root]:
+    """The TLS and thread descriptor of another thread that lie in [LO, the red zone of LOWEST, the lowest stack
+    pointer of the piece): where the allocator's own words cut that thread's stack mapping apart from the next
+    one, the top of its stack mapping joins the bottom of the next thread's, below whose stack pointer all is
+    dead but this."""
+    first = max(lo, (lowest.sp - RED_ZONE) & ~7)
+    tps = [t.thread_pointer for t in threads if t.thread_pointer is not None and lo <= t.thread_pointer < first]
+    if not tps:
+        return []
+    end = min(first, (max(tps) + _TCB_ROOM + _PAGE - 1) & ~(_PAGE - 1))
+    owner = next(t for t in threads if t.thread_pointer == max(tps))
+    return [Root(lo, end, "tls", thread=owner.number)]
 
 
 def _stacks(lo: int, hi: int, threads: Sequence[ThreadRegs]) -> list[Root]:

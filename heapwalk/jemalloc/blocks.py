@@ -4,14 +4,16 @@ thread caches hold (free, from the program's side) and jemalloc's own allocation
 stacks hold freed regions' addresses: never roots, never judged).
 
 All of jemalloc's extents are its heaps (scanned only inside the allocations), and its base blocks (its arenas,
-extent headers, radix tree) its private memory: neither is ever a root.  A slab whose bitmap cannot be read or
+extent headers, radix tree) its private memory: neither is ever a root.  Nor are the keys of each thread's
+radix tree cache in its tsd: addresses rounded down to a leaf's span, each beside the leaf it found (in a base
+block), which may fall inside any allocation.  A slab whose bitmap cannot be read or
 disagrees with its free count is scanned as unknown memory (a root, never judged)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from heapwalk.inferior.memory import Memory, merged, merged_arrays
+from heapwalk.inferior.memory import Memory, ReadError, merged, merged_arrays
 from heapwalk.inferior.records import read_records
 from heapwalk.analysis.lookup import NATIVE, merge_blocks
 from heapwalk.jemalloc.native import slab_regions
@@ -37,8 +39,34 @@ def jemalloc_blocks(mem: Memory, state: JeState) -> Blocks | None:
         found = _sorted(mem, table, slabs, large, excluded)
     start, end, arena, unknown = found
     heaps = merged_arrays(table.address, table.address + table.size.astype(np.uint64))
-    private = merged((at, at + size) for a in state.arenas for at, size in a.base_blocks)
+    bases = merged((at, at + size) for a in state.arenas for at, size in a.base_blocks)
+    private = merged([*bases, *_cache_keys(mem, state, bases)])
     return Blocks(start, end, arena, 0, 0, heaps=tuple(heaps), private=tuple(private), unknown=tuple(merged(unknown)))
+
+
+#: the span of memory a radix tree leaf covers, at the least (a 57-bit tree's: 2**15 pages of 4 KiB)
+_LEAF_SPAN = 1 << 27
+
+
+def _cache_keys(mem: Memory, state: JeState, bases: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The words of the threads' tsds that are radix tree cache keys: a multiple of a leaf's span, followed by a
+    pointer into a base block (the leaf)."""
+    starts = np.array([lo for lo, _ in bases], dtype=np.uint64)
+    ends = np.array([hi for _, hi in bases], dtype=np.uint64)
+    out = []
+    for t in state.threads:
+        if not t.tsd or not t.tsd_size:
+            continue
+        try:
+            words = np.frombuffer(mem.read(t.tsd, t.tsd_size & ~7), dtype=np.uint64)
+        except ReadError:
+            continue
+        keys, leaves = words[:-1], words[1:]
+        where = np.searchsorted(starts, leaves, side="right") - 1
+        in_base = (where >= 0) & (leaves < ends[np.maximum(where, 0)]) if len(starts) else np.zeros(len(keys), bool)
+        hits = np.flatnonzero(in_base & (keys != 0) & (keys % np.uint64(_LEAF_SPAN) == 0))
+        out += [(t.tsd + 8 * int(i), t.tsd + 8 * int(i) + 8) for i in hits]
+    return out
 
 
 def _large(table: ExtentTable, large: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -184,6 +184,7 @@ class JeThread:
     name: str | None = None                 # its name (comm), when the target says
     internal: tuple[int, ...] = ()          # jemalloc's own allocations for the thread: the region that holds its
     #                                         thread cache's stacks; 5.2.1's array of its decay tickers
+    tsd_size: int = 0                       # the bytes of its tsd
 
     @property
     def tcache_bytes(self) -> int:

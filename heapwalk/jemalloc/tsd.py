@@ -77,7 +77,7 @@ def decode_thread(mem: Memory, disc: JeDiscovery, regs: ThreadRegs, arenas: dict
                     tuple((layout.classes.class_size(i), c) for i, c in enumerate(counts) if c),
                     _origins(mem, layout, arrays, len(counts), tcache_arena, extents,
                              _Seen(regs.number, seen, findings, layout)), name=regs.name,
-                    internal=tuple(internal))
+                    internal=tuple(internal), tsd_size=layout.tsd_size)
 
 
 def _plausible_counts(counts: list[int], thread: int, array: int, findings: list[Finding], layout: JeLayout

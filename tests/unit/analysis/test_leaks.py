@@ -229,6 +229,26 @@ def test_several_threads_stacks_in_one_mapping_are_each_scanned_from_their_stack
     assert [r.label for r in roots if r.kind == "data"] == ["data of libfoo.so"]
 
 
+def test_a_threads_tls_cut_off_from_its_stack_by_the_allocators_words_is_still_a_root():
+    """Words the allocator owns in thread 2's TLS (jemalloc's radix tree cache keys in its tsd) cut its stack
+    mapping in two: the top of it (its TLS and thread descriptor) then lies below thread 3's stack in the
+    next piece, yet it is that thread's TLS, not dead stack."""
+    threads = [ThreadRegs(2, 2, 0x20f6c0, sp=0x20e000), ThreadRegs(3, 3, 0x2206c0, sp=0x21f000)]
+    space = MemoryMap([], [(0x200000, 0x221000)], None, True, [(0x200000, 0x221000)])
+    roots = root_regions(space, threads, owned=[(0x20f000, 0x20f008)])
+    assert [(r.start, r.end, r.kind, r.thread) for r in roots if r.kind in ("stack", "tls")] == [
+        (0x20e000 - 128, 0x20f000, "stack", 2), (0x20f008, 0x211000, "tls", 2), (0x21f000 - 128, 0x221000, "stack", 3)]
+
+
+def test_a_root_of_one_word_is_scanned_alone():
+    """A root shorter than the scan's least read (16 bytes) reaches through its own word only, never the
+    next one."""
+    chunks = {0x0: 0x40, 0x40: 0x40}
+    mem, blocks, _ = _image(chunks, {}, {DATA: HEAP + 0x10, DATA + 8: HEAP + 0x50})
+    lk = find_leaks(scan(mem, blocks, [Root(DATA, DATA + 8, "anonymous")]))
+    assert _leaked(blocks, lk) == [0x40]
+
+
 def _program(base: int) -> bytes:
     """The first page of a program whose headers put its code at BASE and its data (0x100 bytes from the
     file) and bss at BASE + 0x1000 to BASE + 0x3800."""
