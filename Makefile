@@ -7,8 +7,11 @@ SHELL := /bin/bash
 # debootstrap: the chroots of other Debian suites' gdb and Python (cores/scripts/chroots.py)
 # cmake: mimalloc's releases built from the sources crates and PyPI sdists bundle (cores/scripts/mibuilds.py)
 # qemu-system-x86: Debian's kernel in a machine, for the capture's pre-copy where this one lacks soft-dirty (cores/scripts/vm.py)
+# gcc-aarch64-linux-gnu, qemu-user, gdb-multiarch: the reproducers built for arm64, run on Debian's arm64 glibc
+# under qemu-user, their cores read by gdb-multiarch (cores/scripts/foreign.py)
 DEB_PACKAGES := gdb gcc make libc6-dbg libc6-dev python3 python3-venv util-linux debian-archive-keyring \
-  libjemalloc2 libtcmalloc-minimal4 chromium debootstrap cmake qemu-system-x86
+  libjemalloc2 libtcmalloc-minimal4 chromium debootstrap cmake qemu-system-x86 \
+  gcc-aarch64-linux-gnu qemu-user gdb-multiarch
 # gdb embeds the system Python: the virtualenv is made with that interpreter, so
 # gdbinit can put its site-packages on gdb's sys.path.
 SYSTEM_PYTHON := /usr/bin/python3
@@ -86,6 +89,7 @@ sysroots: venv
 	$(PY) cores/scripts/jebuilds.py $(SYSROOTS) $(JEMALLOC_BUILT) redis rust
 	$(PY) cores/scripts/tcbuilds.py $(SYSROOTS) $(TCMALLOC_BUILDS)
 	$(PY) cores/scripts/mibuilds.py $(SYSROOTS) $(MIMALLOC_BUILDS)
+	$(PY) cores/scripts/foreign.py $(CORES)/arm64 --roots $(SYSROOTS) --bindir $(BUILD)/bin
 
 # A chroot of each of CHROOT_SUITES with its gdb, Python and gcc, made once (cached in ~/.cache/heapwalk/chroots).
 chroots: venv

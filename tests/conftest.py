@@ -24,6 +24,7 @@ sys.path.insert(0, str(ROOT / "cores" / "scripts"))
 sys.path.insert(0, str(ROOT / "tests" / "tools"))
 sys.path.insert(0, str(ROOT / "tests"))
 
+import foreign  # noqa: E402
 import fresh  # noqa: E402
 import harness  # noqa: E402
 import jebuilds  # noqa: E402
@@ -233,6 +234,27 @@ def capture_tcmalloc(name: str) -> harness.Capture:
 
 
 @functools.cache
+def foreign_root(arch: str = "arm64") -> Path:
+    """ARCH's Debian glibc (libc6, libc6-dbg), unpacked as that system's / (cores/scripts/foreign.py)."""
+    return foreign.prepare_root(SYSROOTS, arch)
+
+
+@functools.cache
+def capture_foreign(name: str, arch: str = "arm64") -> harness.Capture:
+    """glibc reproducer NAME's core on ARCH, run under qemu-user on ARCH's Debian glibc (taken now unless a
+    fresh one exists)."""
+    return foreign.capture(name, CORES / arch / name, BINDIR, foreign_root(arch), arch)
+
+
+def foreign_settings(symbols: bool, arch: str = "arm64") -> list[str]:
+    """gdb -iex settings that open ARCH's cores (gdb-multiarch, its root as the sysroot), with or without its
+    glibc's debug symbols."""
+    root = foreign_root(arch)
+    return [f"set sysroot {root}", "set auto-load safe-path /",
+            f"set debug-file-directory {root / 'usr/lib/debug'}" if symbols else NO_SYMBOLS]
+
+
+@functools.cache
 @fresh.exclusive
 def capture_mimalloc(name: str) -> harness.Capture:
     """cores/mimalloc/mi_hold.c's gcore core on mimalloc build NAME (`mibuilds.MI_BUILDS`), taken now unless a fresh one
@@ -328,10 +350,10 @@ def corruption(glibc_name: str, mode: str, kernel: bool = False) -> harness.Capt
     return harness.Capture(name=directory.name, directory=directory, exe=Path(meta["exe"]), pid=meta["pid"])
 
 
-def gdb_command(target_args: list[str], commands: list[str], iex: list[str] = (), gdbinit: Path = GDBINIT
-                ) -> list[str]:
-    """The command line of gdb -batch with heapwalk loaded (from GDBINIT) running COMMANDS on TARGET_ARGS."""
-    cmd = ["gdb", "-nx", "-batch", "-q"]
+def gdb_command(target_args: list[str], commands: list[str], iex: list[str] = (), gdbinit: Path = GDBINIT,
+                gdb: str = "gdb") -> list[str]:
+    """The command line of GDB -batch with heapwalk loaded (from GDBINIT) running COMMANDS on TARGET_ARGS."""
+    cmd = [gdb, "-nx", "-batch", "-q"]
     for c in iex:
         cmd += ["-iex", c]
     cmd += ["-x", str(gdbinit)]
@@ -341,12 +363,12 @@ def gdb_command(target_args: list[str], commands: list[str], iex: list[str] = ()
 
 
 def run_gdb(target_args: list[str], commands: list[str], iex: list[str] = (), timeout: float = 300,
-            env: dict | None = None, gdbinit: Path = GDBINIT) -> subprocess.CompletedProcess:
-    """Runs gdb -batch with heapwalk loaded (from GDBINIT) and COMMANDS, on TARGET_ARGS (exe core, or -p PID)."""
-    cmd = gdb_command(target_args, commands, iex, gdbinit)
+            env: dict | None = None, gdbinit: Path = GDBINIT, gdb: str = "gdb") -> subprocess.CompletedProcess:
+    """Runs GDB -batch with heapwalk loaded (from GDBINIT) and COMMANDS, on TARGET_ARGS (exe core, or -p PID)."""
+    cmd = gdb_command(target_args, commands, iex, gdbinit, gdb)
     full_env = dict(os.environ)
     full_env.update(env or {})
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env)
+    return subprocess.run(cmd, capture_output=True, text=True, errors="replace", timeout=timeout, env=full_env)
 
 
 #: the command line `pip install` put beside this Python

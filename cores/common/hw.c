@@ -28,6 +28,7 @@
 struct thread_rec {
     int used;
     pid_t tid;
+    uintptr_t thread_pointer; /* where the thread's TLS is found: a core of qemu-user lacks it */
     char label[32];
     uintptr_t key;           /* glibc's tcache key as seen by this thread; before 2.29, which has no key,
                               * the address of the thread's tcache_perthread_struct */
@@ -52,7 +53,7 @@ static struct { char key[48]; long long value; } facts[MAX_FACTS];
 static int nfacts;
 static struct { uintptr_t mem; size_t request; } mmapped[MAX_MMAPPED];
 static int nmmapped;
-static int trim_fd = -1;
+static int trim_fd = -1, process_fd = -1;
 static struct { uintptr_t mem, size; int mmapped; } large_tcache[MAX_MMAPPED];
 static int nlarge;
 static uintptr_t freed[FREED_SLOTS];
@@ -81,11 +82,29 @@ static size_t class_request(int c) { return (size_t)c * 16 + 24; }
 
 int hw_tcache_fill(void) { return fill_count; }
 
-static int peek_word(uintptr_t addr, uintptr_t *out)
+/* N bytes of this process's memory at ADDR into OUT; 0 when they are not all readable.  Read by the kernel,
+ * never faulting (under qemu-user, which has no process_vm_readv, through a pipe: write() refuses unreadable
+ * memory). */
+static int peek(uintptr_t addr, void *out, size_t n)
 {
-    struct iovec local = { out, sizeof *out }, remote = { (void *)addr, sizeof *out };
-    return process_vm_readv(getpid(), &local, 1, &remote, 1, 0) == (ssize_t)sizeof *out;
+    static int through[2] = { -1, -1 };
+    struct iovec local = { out, n }, remote = { (void *)addr, n };
+    ssize_t got = process_vm_readv(getpid(), &local, 1, &remote, 1, 0);
+    if (got >= 0 || errno != ENOSYS)
+        return got == (ssize_t)n;
+    if (through[0] < 0 && pipe(through) != 0)
+        return 0;
+    for (size_t done = 0; done < n;) {
+        size_t step = n - done < 4096 ? n - done : 4096;
+        if (write(through[1], (char *)addr + done, step) != (ssize_t)step ||
+            read(through[0], (char *)out + done, step) != (ssize_t)step)
+            return 0;
+        done += step;
+    }
+    return 1;
 }
+
+static int peek_word(uintptr_t addr, uintptr_t *out) { return peek(addr, out, sizeof *out); }
 
 /* ---- sets of chunk addresses (open addressing, no allocation) ---------- */
 
@@ -188,6 +207,7 @@ static struct thread_rec *me(void)
         if (!threads[i].used) {
             threads[i].used = 1;
             threads[i].tid = (pid_t)syscall(SYS_gettid);
+            threads[i].thread_pointer = (uintptr_t)__builtin_thread_pointer();
             self = &threads[i];
             break;
         }
@@ -253,8 +273,7 @@ static uintptr_t find_tcache_struct(uintptr_t x, int c)
             !(lo <= own && own < hi)) {
             for (uintptr_t base = lo; base < hi && !found; base += sizeof scan_buf) {
                 size_t n = hi - base < sizeof scan_buf ? hi - base : sizeof scan_buf;
-                struct iovec local = { scan_buf, n }, remote = { (void *)base, n };
-                if (process_vm_readv(getpid(), &local, 1, &remote, 1, 0) != (ssize_t)n)
+                if (!peek(base, scan_buf, n))
                     continue;
                 for (size_t w = 0; w < n / sizeof(uintptr_t) && !found; w++) {
                     if (scan_buf[w] != x)
@@ -429,8 +448,7 @@ static void scan_mapping_of(uintptr_t addr, struct thread_rec *t, uintptr_t (*ca
             done[(*ndone)++] = lo;
             for (uintptr_t base = lo; base < hi; base += sizeof scan_buf) {
                 size_t n = hi - base < sizeof scan_buf ? hi - base : sizeof scan_buf;
-                struct iovec local = { scan_buf, n }, remote = { (void *)base, n };
-                if (process_vm_readv(getpid(), &local, 1, &remote, 1, 0) != (ssize_t)n)
+                if (!peek(base, scan_buf, n))
                     continue;
                 for (size_t w = 1; w < n / sizeof(uintptr_t); w += 2)
                     if (scan_buf[w] == t->key)
@@ -610,6 +628,8 @@ void hw_init(int argc, char **argv, const char *reproducer_name)
     mi_file = open_output(dir, "malloc_info.xml", mi_buf, sizeof mi_buf);
     ledger_file = open_output(dir, "ledger.json", ledger_buf, sizeof ledger_buf);
     trim_fd = hw_output_fd("trim.json");
+    if (getenv("HW_SNAPSHOT_ABORT"))       /* under qemu-user, which writes a core of the program when it aborts */
+        process_fd = hw_output_fd("process.txt");
     if (glibc_major == 2 && glibc_minor < 26)
         die("the tcache ledger needs glibc 2.26 or later");
     learn_key();
@@ -687,6 +707,31 @@ static void measure_trim(void)
         die("cannot write trim.json");
 }
 
+/* What a kernel's core says of the process and a core of qemu-user does not (process.txt): each thread's
+ * id and thread pointer, then the mappings as /proc/self/maps shows them (qemu-user shows the guest's).
+ * Written with write(), so that the heap stays as malloc_info printed it. */
+static void write_process(void)
+{
+    static char buf[4096];
+    for (int i = 0; i < HW_MAX_THREADS; i++)
+        if (threads[i].used && !threads[i].exited) {
+            int n = snprintf(buf, sizeof buf, "thread %d %#lx\n", (int)threads[i].tid,
+                             (unsigned long)threads[i].thread_pointer);
+            if (write(process_fd, buf, (size_t)n) != n)
+                die("cannot write process.txt");
+        }
+    int fd = open("/proc/self/maps", O_RDONLY);
+    if (fd < 0)
+        die("cannot open /proc/self/maps");
+    ssize_t n;
+    while ((n = read(fd, buf, sizeof buf)) > 0)
+        if (write(process_fd, buf, (size_t)n) != n)
+            die("cannot write process.txt");
+    close(fd);
+    if (close(process_fd))
+        die("cannot write process.txt");
+}
+
 void hw_snapshot(void)
 {
     if (malloc_info(0, mi_file) != 0)
@@ -694,6 +739,10 @@ void hw_snapshot(void)
     write_ledger();
     if (fflush(mi_file) || fflush(ledger_file))
         die("cannot write the oracle files");
+    if (process_fd >= 0) {
+        write_process();
+        abort();
+    }
     raise(SIGSTOP);
     measure_trim();
 }

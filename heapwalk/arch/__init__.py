@@ -5,13 +5,16 @@ core, or by the name gdb gives).  Nothing outside this folder names an architect
 
 from __future__ import annotations
 
+import os
+
 from heapwalk.arch.base import Architecture, CodeRef, CodeReader, UnknownArchitecture
+from heapwalk.arch.arm64 import ARM64
 from heapwalk.arch.x86_64 import X86_64
 
 __all__ = ["Architecture", "CodeRef", "CodeReader", "UnknownArchitecture", "DEFAULT", "known", "register",
-           "by_elf_machine", "by_gdb_name"]
+           "by_elf_machine", "by_gdb_name", "host"]
 
-_KNOWN: list[Architecture] = [X86_64]
+_KNOWN: list[Architecture] = [X86_64, ARM64]
 #: the architecture a target is read as when nothing says which it is (an address space without an ELF header)
 DEFAULT = X86_64
 
@@ -41,6 +44,12 @@ def by_gdb_name(name: str) -> Architecture:
         if name in arch.gdb_names:
             return arch
     raise UnknownArchitecture(name, _names())
+
+
+def host() -> Architecture | None:
+    """The architecture of the machine heapwalk runs on (None when it reads none such)."""
+    machine = os.uname().machine
+    return next((a for a in _KNOWN if a.multiarch.split("-")[0] == machine), None)
 
 
 def _names() -> str:

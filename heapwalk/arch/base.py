@@ -84,6 +84,7 @@ class Architecture:
     ``multiarch``: the folder Debian's multiarch layout keeps its libraries in (lib/MULTIARCH);
     ``thread_pointer`` and ``stack_pointer`` are gdb's names of the registers; ``tls_below_thread_pointer``
     says the static TLS blocks lie below the thread pointer (TLS variant II, x86-64) rather than above it;
+    ``tcb_size``: the bytes of the thread control block the static TLS blocks follow when they lie above it;
     ``tcb_intact(word_at, tp)`` whether a thread's control block at TP looks whole, WORD_AT reading a word,
     ``tcb_holds`` what its first word holds then, in words;
     ``pointer_registers``: the general registers that may hold a pointer, callee-saved first (they survive the
@@ -103,3 +104,4 @@ class Architecture:
     tcb_intact: Callable[[Callable[[int], int], int], bool]
     tcb_holds: str
     pointer_registers: tuple[str, ...] = ()
+    tcb_size: int = 0

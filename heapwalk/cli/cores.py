@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import struct
 import subprocess
 import tempfile
 from pathlib import Path
 
-from heapwalk.arch import UnknownArchitecture
+from heapwalk.arch import UnknownArchitecture, host
 from heapwalk.cli.gdbmi import CliError, Gdb
 from heapwalk.inferior.corefile import CoreError, CoreFile, file_build_id, format_ranges
 
@@ -70,6 +71,7 @@ def _executable_candidates(recorded: str, sysroot: Path | None) -> list[Path]:
 
 def open_core(args, core: Path, exe: Path | None) -> tuple[Gdb, list[str]]:
     cf, exe, notes = resolve_core(core, exe, args.sysroot)
+    gdb_program = _gdb_for(args.gdb, cf)
     truncated = cf.truncation()
     cf.close()
     padded = None
@@ -77,7 +79,7 @@ def open_core(args, core: Path, exe: Path | None) -> tuple[Gdb, list[str]]:
         notes.append(_truncation_note(core, truncated))
         padded = tempfile.TemporaryDirectory(prefix="heapwalk-")
         core = _padded_copy(core, truncated.expected, Path(padded.name))
-    gdb = Gdb(args.gdb, args.sysroot, not args.no_symbols)
+    gdb = Gdb(gdb_program, args.sysroot, not args.no_symbols)
     gdb.keep = padded  # the padded copy lives as long as gdb has it open
     try:
         if truncated is not None:
@@ -92,6 +94,14 @@ def open_core(args, core: Path, exe: Path | None) -> tuple[Gdb, list[str]]:
         gdb.close()
         raise CliError(f"heapwalk: gdb cannot open {core}: {exc}") from None
     return gdb, notes
+
+
+def _gdb_for(asked: str, cf: CoreFile) -> str:
+    """The gdb to open CF with: the one asked for, but for the default gdb and a core of another architecture
+    than this machine's, gdb-multiarch where it is installed (a distribution's plain gdb reads its own)."""
+    if asked != "gdb" or cf.arch is host() or shutil.which("gdb-multiarch") is None:
+        return asked
+    return "gdb-multiarch"
 
 
 def _open_core(gdb: Gdb, core: Path) -> None:

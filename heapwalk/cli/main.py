@@ -116,7 +116,9 @@ def make_parser() -> argparse.ArgumentParser:
         epilog="Exit status: 0 done, 1 the heap is damaged (report --check), 2 an error (see the message), 3 the "
                "report is partial: an allocator in the process is not decoded (the message names it and why).")
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--gdb", default="gdb", metavar="PATH", help="the gdb to run (default: gdb on PATH)")
+    common.add_argument("--gdb", default="gdb", metavar="PATH",
+                        help="the gdb to run (default: gdb on PATH; for a core of another architecture than this "
+                        "machine's, gdb-multiarch where it is installed)")
     common.add_argument("--no-symbols", action="store_true",
                         help="ignore libc's debug symbols (as on a machine without libc6-dbg)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)

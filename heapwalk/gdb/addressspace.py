@@ -78,6 +78,12 @@ def _open_core():
             core.close()
 
 
+def core_machine() -> int | None:
+    """The ELF machine of the core gdb has open (None when there is none or it cannot be read)."""
+    with _open_core() as core:
+        return core.machine if core is not None else None
+
+
 def cpu_counts() -> tuple[int, int] | None:
     """The CPUs online and the CPUs the process may run on (glibc's arena limit is 8 per CPU), when known: a
     live process's from this machine, a core's from the note `heapwalk capture` writes; None otherwise."""

@@ -11,11 +11,12 @@ from heapwalk import registry
 from heapwalk.face import Allocator, Context, Decoded, NotUsed, Wants
 from heapwalk.common.errors import CannotDecode, UsageError
 from heapwalk.gdb.console import walk_progress
-from heapwalk.arch import UnknownArchitecture, known
-from heapwalk.gdb.adapter import (GdbSymbols, gdb_memory, preserved_selection, target_architecture,
-                                          thread_registers)
-from heapwalk.gdb.addressspace import (clock_ns, core_contents, core_not_read, cpu_counts, describe_target, has_target,
-                                      memory_map, missing_ranges, residency, thread_names)
+from heapwalk.arch import UnknownArchitecture, by_elf_machine, known
+from heapwalk.gdb.adapter import (GdbSymbols, architecture_name, gdb_memory, preserved_selection,
+                                  target_architecture, thread_registers)
+from heapwalk.gdb.addressspace import (clock_ns, core_contents, core_machine, core_not_read, cpu_counts,
+                                       describe_target, has_target, memory_map, missing_ranges, residency,
+                                       thread_names)
 from heapwalk.inferior.space import Target
 
 #: a mistake in the command line or the target: shown as one line
@@ -40,6 +41,7 @@ def _require_target() -> None:
     """UserError unless gdb has a 64-bit process or core selected."""
     if not has_target():
         raise UserError("heapwalk: no process or core file: run, attach (gdb -p PID) or load a core first")
+    _require_core_read_as_its_own()
     if not _is_64bit():
         names = ", ".join(a.name for a in known())
         raise UserError(f"heapwalk: 32-bit targets are not supported yet: this one is {_architecture()}, and "
@@ -48,6 +50,22 @@ def _require_target() -> None:
         target_architecture()
     except UnknownArchitecture as exc:
         raise UserError(f"heapwalk: {exc}") from None
+
+
+def _require_core_read_as_its_own() -> None:
+    """UserError when the core gdb has open is of another architecture than the one gdb reads it as (a gdb
+    built for this machine alone gives another architecture's core its own, with no registers)."""
+    machine = core_machine()
+    if machine is None:
+        return
+    try:
+        own = by_elf_machine(machine)
+    except UnknownArchitecture as exc:
+        raise UserError(f"heapwalk: {exc}") from None
+    if architecture_name() not in own.gdb_names:
+        raise UserError(f"heapwalk: this is a core of an {own.name} process, which this gdb reads as "
+                        f"{architecture_name()}: open it with a gdb that reads {own.name} (gdb-multiarch), with "
+                        f"the libraries of its system under 'set sysroot DIR'")
 
 
 def _target() -> Target:

@@ -191,22 +191,41 @@ def tcache_link_votes(mem: Memory, tcaches: list[int], off_entries: int, nbins: 
                 break
     return votes[0], votes[1]
 
-
 def tls_candidates(mem: Memory, image: ElfImage, limit: int = 1 << 20) -> list[int]:
-    """Possible TLS offsets of libc's variables: every distinct negative 8-aligned word above -LIMIT in its
-    writable segments (the GOT), and, for a static program, every slot of its own TLS block (local-exec
-    code uses immediate offsets, and the block ends at the thread pointer)."""
-    out: set[int] = set()
+    """Possible TLS offsets of libc's variables, nearest the thread pointer first: every distinct 8-aligned
+    word of its writable segments (the GOT) within LIMIT on the side of the thread pointer its architecture
+    keeps TLS on (below it in TLS variant II, above its control block in variant I), and, for a static
+    program, every slot of its own TLS block (local-exec code uses immediate offsets).  Where TLS lies above
+    the thread pointer, also every slot of libc's own TLS block, placed by its TLS relocations: code there
+    reaches a variable from an anchor (one GOT slot for all of malloc's variables), so no GOT word names it."""
+    below, tcb = image.arch.tls_below_thread_pointer, image.arch.tcb_size
+    lowest, highest = (-limit + 8, 0) if below else (tcb, limit)
+    out: set[int] = set() if below else set(_own_block(mem, image))
     if image.is_executable:
-        size = image.tls_size() or 0
-        out.update(range(-((size + 63) & ~63), 0, 8))
+        size = (image.tls_size() or 0) + 63 & ~63
+        out.update(range(-size, 0, 8) if below else range(tcb, tcb + size, 8))
     for seg in image.writable():
         start = seg.address & ~7
         data = read_segment(mem, start, seg.end - start)
         for (word,) in struct.iter_unpack("<q", data[:len(data) // 8 * 8]):
-            if -limit < word < 0 and word % 8 == 0:
+            if lowest <= word < highest and word % 8 == 0 and word:
                 out.add(word)
-    return sorted(out, reverse=True)
+    return sorted(out, key=abs)
+
+
+def _own_block(mem: Memory, image: ElfImage) -> list[int]:
+    """The TLS offsets of every 8-byte slot of IMAGE's own TLS block, from its TLS relocations against no
+    symbol (each slot holds the block's offset plus the relocation's addend); empty when none is read."""
+    size = image.tls_size()
+    for slot, symbol, addend in image.relocations(image.arch.reloc_tpoff64):
+        if symbol or not size:
+            continue
+        try:
+            start = u64(mem, slot) - addend
+        except ReadError:
+            continue
+        return list(range(start, start + size, 8))
+    return []
 
 
 def pick_tls_offset(mem: Memory, thread_pointers: list[int], candidates: list[int], classify) -> tuple[int, int] | None:

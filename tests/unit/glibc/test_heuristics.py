@@ -32,6 +32,7 @@ def _elf_header(segments: list[tuple[int, int, int, int]]) -> bytes:
     """An ELF64 header and program headers: (p_type, p_flags, vaddr, memsz) each."""
     ehdr = bytearray(64)
     ehdr[:6] = b"\x7fELF\x02\x01"
+    struct.pack_into("<H", ehdr, 18, 62)       # the machine whose TLS lies below the thread pointer
     struct.pack_into("<Q", ehdr, 32, 64)
     struct.pack_into("<HH", ehdr, 54, 56, len(segments))
     phdrs = b"".join(struct.pack("<IIQQQQQQ", t, f, 0, v, v, m, m, 0x1000) for t, f, v, m in segments)

@@ -1,0 +1,186 @@
+"""Reproducers of another architecture: built with Debian's cross compiler, run under qemu-user on that
+architecture's Debian packages, their cores completed as its kernel writes them.
+
+`prepare_root` unpacks a Debian suite's libc6 and libc6-dbg of the architecture (fetched by apt with a
+private source list, package lists and cache, as `sysroots` fetches other suites) into a folder laid out as
+that system's `/`: the program runs on it under ``qemu-ARCH -L ROOT``, and gdb opens its cores with ``set
+sysroot ROOT``.  `capture` builds a glibc reproducer (cores/glibc/NAME.c with cores/common/hw.c), runs it to
+its snapshot, where hw.c writes malloc_info.xml, ledger.json and process.txt, then aborts; qemu writes the
+program's core, which `qemucore.complete` turns into what the kernel would have written.
+
+Command line: ``python3 cores/scripts/foreign.py OUTDIR [NAME...] [--arch arm64]`` prepares the root, and
+captures reproducer NAME into OUTDIR/NAME.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import resource
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import fresh
+import harness
+import qemucore
+import sysroots
+
+__all__ = ["ARCHES", "Foreign", "ForeignError", "prepare_root", "build", "capture", "tools_missing"]
+
+
+class ForeignError(RuntimeError):
+    """A root, a build or a run of another architecture failed."""
+
+
+@dataclass(frozen=True)
+class Foreign:
+    """One architecture the reproducers run on under qemu-user: Debian's name for it, its multiarch triplet,
+    the suite whose packages it runs on, and the page size of the kernels its cores come from."""
+
+    arch: str
+    triplet: str
+    suite: str
+
+    @property
+    def compiler(self) -> str:
+        return f"{self.triplet}-gcc"
+
+    @property
+    def qemu(self) -> str:
+        return f"qemu-{self.triplet.split('-')[0]}"
+
+
+ARCHES = {"arm64": Foreign("arm64", "aarch64-linux-gnu", "bookworm")}
+#: the Debian packages a test machine needs for them (the cross compiler brings the target's libc headers)
+TOOLS = {"arm64": ("gcc-aarch64-linux-gnu", "qemu-user", "gdb-multiarch")}
+
+
+def tools_missing(arch: str = "arm64") -> list[str]:
+    """The programs ARCH's reproducers need that this machine lacks."""
+    f = ARCHES[arch]
+    return [p for p in (f.compiler, f.qemu, "gdb-multiarch") if shutil.which(p) is None]
+
+
+def _fetch(arch: Foreign, packages: list[str]) -> list[Path]:
+    """PACKAGES of ARCH's suite, from the cache or downloaded into it."""
+    cache = sysroots.cache_dir() / arch.arch
+    folder = cache / "debs" / arch.suite
+    folder.mkdir(parents=True, exist_ok=True)
+    options = [*sysroots._apt_options(cache), "-o", f"APT::Architecture={arch.arch}",
+               "-o", f"APT::Architectures={arch.arch}"]
+    missing = [p for p in packages if not list(folder.glob(f"{p}_*_{arch.arch}.deb"))]
+    if missing:
+        for d in ("lists/partial", "cache/archives/partial"):
+            (cache / d).mkdir(parents=True, exist_ok=True)
+        (cache / "sources.list").write_text(
+            f"deb [signed-by={sysroots.KEYRING}] {sysroots._mirror()} {arch.suite} main\n")
+        sysroots._run(["apt-get", *options, "update"])
+        sysroots._run(["apt-get", *options, "download", *(f"{p}/{arch.suite}" for p in missing)], cwd=folder)
+    out = []
+    for p in packages:
+        found = sorted(folder.glob(f"{p}_*_{arch.arch}.deb"))
+        if not found:
+            raise ForeignError(f"apt-get download {p}/{arch.suite} ({arch.arch}) wrote no .deb")
+        out.append(found[-1])
+    return out
+
+
+def prepare_root(dest: Path, arch: str = "arm64") -> Path:
+    """DEST/ARCH-SUITE: the suite's libc6 and libc6-dbg of ARCH unpacked as that system's `/` (made once)."""
+    f = ARCHES[arch]
+    root = dest / f"{f.arch}-{f.suite}"
+    if (root / "VERSION").exists():
+        return root
+    debs = _fetch(f, ["libc6", "libc6-dbg"])
+    if root.exists():
+        shutil.rmtree(root)
+    root.mkdir(parents=True)
+    for deb in debs:
+        sysroots._run(["dpkg-deb", "-x", str(deb), str(root)])
+    version = re.search(r"libc6_(\d+\.\d+)", debs[0].name)
+    if not version:
+        raise ForeignError(f"cannot read the glibc version from {debs[0].name}")
+    (root / "VERSION").write_text(version.group(1) + "\n")
+    return root
+
+
+@fresh.exclusive
+def build(name: str, bindir: Path, arch: str = "arm64") -> Path:
+    """Reproducer NAME compiled for ARCH into BINDIR/ARCH/NAME (made again only when its inputs changed)."""
+    f = ARCHES[arch]
+    out = bindir / f.arch
+    out.mkdir(parents=True, exist_ok=True)
+    exe = out / name
+    sources = [harness.source(f"{name}.c"), harness.COMMON / "hw.c"]
+    cmd = [f.compiler, *harness.CFLAGS, f"-I{harness.COMMON}", *map(str, sources), "-o", str(exe)]
+    inputs = fresh.digest(sources + harness.headers(name), harness.CFLAGS, f.arch)
+    if fresh.marked(exe, inputs):
+        return exe
+    result = subprocess.run(cmd, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise ForeignError(f"building {name} for {f.arch} failed:\n{result.stderr}")
+    fresh.mark(exe, inputs)
+    return exe
+
+
+def _unlimited_cores() -> None:
+    resource.setrlimit(resource.RLIMIT_CORE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+
+
+@fresh.exclusive
+def capture(name: str, directory: Path, bindir: Path, root: Path, arch: str = "arm64") -> harness.Capture:
+    """Reproducer NAME's core for ARCH in DIRECTORY (with malloc_info.xml, ledger.json, meta.json), taken now
+    unless a fresh one is there."""
+    f = ARCHES[arch]
+    exe = build(name, bindir, arch)
+    inputs = fresh.digest([exe, Path(__file__), Path(qemucore.__file__), root / "VERSION"], name, f.arch)
+    if not fresh.fresh(directory, inputs, ("core", "malloc_info.xml", "ledger.json")):
+        if directory.exists():
+            shutil.rmtree(directory)
+        directory.mkdir(parents=True)
+        env = {**os.environ, "HW_SNAPSHOT_ABORT": "1"}
+        result = subprocess.run([f.qemu, "-L", str(root), str(exe), str(directory)], cwd=directory, env=env,
+                                capture_output=True, text=True, timeout=600, preexec_fn=_unlimited_cores)
+        written = sorted(directory.glob(f"qemu_{name}_*.core"))
+        if not written:
+            raise ForeignError(f"{name} under {f.qemu} wrote no core (exit {result.returncode}):\n"
+                               f"{result.stderr[-2000:]}")
+        for host_core in [*directory.glob("core"), *directory.glob("core.[0-9]*")]:
+            host_core.unlink()          # the kernel's core of qemu itself, when it kept one
+        qemucore.complete(written[-1], directory / "process.txt", directory / "core", str(root))
+        written[-1].unlink()
+        pid = int(written[-1].stem.rsplit("_", 1)[1])
+        (directory / "meta.json").write_text(json.dumps({"name": name, "exe": str(exe), "pid": pid,
+                                                         "arch": f.arch, "root": str(root)}))
+        fresh.mark(directory, inputs)
+    meta = json.loads((directory / "meta.json").read_text())
+    return harness.Capture(name=name, directory=directory, exe=Path(meta["exe"]), pid=meta["pid"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("outdir", type=Path)
+    parser.add_argument("names", nargs="*")
+    parser.add_argument("--arch", default="arm64", choices=sorted(ARCHES))
+    parser.add_argument("--bindir", type=Path, default=harness.CORES_DIR.parent / "build" / "bin")
+    parser.add_argument("--roots", type=Path, default=harness.CORES_DIR.parent / "build" / "sysroots")
+    args = parser.parse_args(argv)
+    if tools_missing(args.arch):
+        print(f"missing: {', '.join(tools_missing(args.arch))} (Debian: {' '.join(TOOLS[args.arch])})",
+              file=sys.stderr)
+        return 1
+    root = prepare_root(args.roots, args.arch)
+    print(f"{args.arch}: glibc {(root / 'VERSION').read_text().strip()} in {root}")
+    for name in args.names:
+        cap = capture(name, args.outdir / name, args.bindir, root, args.arch)
+        print(f"{name}: {cap.core} ({args.arch}, glibc {(root / 'VERSION').read_text().strip()})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
