@@ -28,7 +28,6 @@
 struct thread_rec {
     int used;
     pid_t tid;
-    uintptr_t thread_pointer; /* where the thread's TLS is found: a core of qemu-user lacks it */
     char label[32];
     uintptr_t key;           /* glibc's tcache key as seen by this thread; before 2.29, which has no key,
                               * the address of the thread's tcache_perthread_struct */
@@ -53,7 +52,7 @@ static struct { char key[48]; long long value; } facts[MAX_FACTS];
 static int nfacts;
 static struct { uintptr_t mem; size_t request; } mmapped[MAX_MMAPPED];
 static int nmmapped;
-static int trim_fd = -1, process_fd = -1;
+static int trim_fd = -1;
 static struct { uintptr_t mem, size; int mmapped; } large_tcache[MAX_MMAPPED];
 static int nlarge;
 static uintptr_t freed[FREED_SLOTS];
@@ -207,7 +206,6 @@ static struct thread_rec *me(void)
         if (!threads[i].used) {
             threads[i].used = 1;
             threads[i].tid = (pid_t)syscall(SYS_gettid);
-            threads[i].thread_pointer = (uintptr_t)__builtin_thread_pointer();
             self = &threads[i];
             break;
         }
@@ -628,8 +626,6 @@ void hw_init(int argc, char **argv, const char *reproducer_name)
     mi_file = open_output(dir, "malloc_info.xml", mi_buf, sizeof mi_buf);
     ledger_file = open_output(dir, "ledger.json", ledger_buf, sizeof ledger_buf);
     trim_fd = hw_output_fd("trim.json");
-    if (getenv("HW_SNAPSHOT_ABORT"))       /* under qemu-user, which writes a core of the program when it aborts */
-        process_fd = hw_output_fd("process.txt");
     if (glibc_major == 2 && glibc_minor < 26)
         die("the tcache ledger needs glibc 2.26 or later");
     learn_key();
@@ -707,31 +703,6 @@ static void measure_trim(void)
         die("cannot write trim.json");
 }
 
-/* What a kernel's core says of the process and a core of qemu-user does not (process.txt): each thread's
- * id and thread pointer, then the mappings as /proc/self/maps shows them (qemu-user shows the guest's).
- * Written with write(), so that the heap stays as malloc_info printed it. */
-static void write_process(void)
-{
-    static char buf[4096];
-    for (int i = 0; i < HW_MAX_THREADS; i++)
-        if (threads[i].used && !threads[i].exited) {
-            int n = snprintf(buf, sizeof buf, "thread %d %#lx\n", (int)threads[i].tid,
-                             (unsigned long)threads[i].thread_pointer);
-            if (write(process_fd, buf, (size_t)n) != n)
-                die("cannot write process.txt");
-        }
-    int fd = open("/proc/self/maps", O_RDONLY);
-    if (fd < 0)
-        die("cannot open /proc/self/maps");
-    ssize_t n;
-    while ((n = read(fd, buf, sizeof buf)) > 0)
-        if (write(process_fd, buf, (size_t)n) != n)
-            die("cannot write process.txt");
-    close(fd);
-    if (close(process_fd))
-        die("cannot write process.txt");
-}
-
 void hw_snapshot(void)
 {
     if (malloc_info(0, mi_file) != 0)
@@ -739,10 +710,6 @@ void hw_snapshot(void)
     write_ledger();
     if (fflush(mi_file) || fflush(ledger_file))
         die("cannot write the oracle files");
-    if (process_fd >= 0) {
-        write_process();
-        abort();
-    }
     raise(SIGSTOP);
     measure_trim();
 }

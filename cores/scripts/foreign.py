@@ -4,8 +4,9 @@ architecture's Debian packages, their cores completed as its kernel writes them.
 `prepare_root` unpacks a Debian suite's libc6 and libc6-dbg of the architecture (fetched by apt with a
 private source list, package lists and cache, as `sysroots` fetches other suites) into a folder laid out as
 that system's `/`: the program runs on it under ``qemu-ARCH -L ROOT``, and gdb opens its cores with ``set
-sysroot ROOT``.  `capture` builds a glibc reproducer (cores/glibc/NAME.c with cores/common/hw.c), runs it to
-its snapshot, where hw.c writes malloc_info.xml, ledger.json and process.txt, then aborts; qemu writes the
+sysroot ROOT``.  `capture` builds a reproducer (cores/glibc/NAME.c with cores/common/hw.c, or a jemalloc one) and
+runs it to its snapshot with cores/common/qemusnap.c preloaded: where the program would stop itself for
+gcore, the shim writes process.txt (each thread's thread pointer, the mappings) and aborts; qemu writes the
 program's core, which `qemucore.complete` turns into what the kernel would have written.
 
 Command line: ``python3 cores/scripts/foreign.py OUTDIR [NAME...] [--arch arm64]`` prepares the root, and
@@ -16,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import resource
 import shutil
@@ -116,9 +116,11 @@ def build(name: str, bindir: Path, arch: str = "arm64") -> Path:
     out = bindir / f.arch
     out.mkdir(parents=True, exist_ok=True)
     exe = out / name
-    sources = [harness.source(f"{name}.c"), harness.COMMON / "hw.c"]
-    cmd = [f.compiler, *harness.CFLAGS, f"-I{harness.COMMON}", *map(str, sources), "-o", str(exe)]
-    inputs = fresh.digest(sources + harness.headers(name), harness.CFLAGS, f.arch)
+    sources = [harness.source(f"{name}.c")] + ([] if name in ALLOCATORS else [harness.COMMON / "hw.c"])
+    cmd = [f.compiler, *harness.CFLAGS, f"-I{harness.COMMON}", f"-I{sources[0].parent}", *map(str, sources),
+           "-o", str(exe), "-ldl"]
+    headers = harness.headers(name) if name in harness.JEMALLOC_REPRODUCERS or name not in ALLOCATORS else []
+    inputs = fresh.digest(sources + headers, harness.CFLAGS, f.arch)
     if fresh.marked(exe, inputs):
         return exe
     result = subprocess.run(cmd, capture_output=True, text=True)
@@ -128,33 +130,91 @@ def build(name: str, bindir: Path, arch: str = "arm64") -> Path:
     return exe
 
 
+@dataclass(frozen=True)
+class Allocator:
+    """The allocator a reproducer runs on, preloaded from the suite's packages (None: glibc's malloc)."""
+
+    packages: tuple[str, ...]
+    library: str                # its file name in the system's library folder
+    writes: tuple[str, ...]     # what the reproducer writes at its snapshot
+
+
+_STATS = ("stats.json",)
+#: the reproducers that run on another allocator than glibc's malloc, and which
+ALLOCATORS = {**{name: Allocator(("libjemalloc2", "libstdc++6", "libgcc-s1"), "libjemalloc.so.2",
+                                 ("stats.json", "ledger.json")) for name in harness.JEMALLOC_REPRODUCERS},
+              "tc_hold": Allocator(("libtcmalloc-minimal4", "libstdc++6", "libgcc-s1"), "libtcmalloc_minimal.so.4",
+                                   _STATS),
+              "mi_hold": Allocator(("libmimalloc2.0",), "libmimalloc.so.2", _STATS)}
+
+
+def add_package(root: Path, package: str, arch: str = "arm64") -> None:
+    """PACKAGE of ARCH's suite unpacked into ROOT too (once)."""
+    stamp = root / f".{package}"
+    if not stamp.exists():
+        for deb in _fetch(ARCHES[arch], [package]):
+            sysroots._run(["dpkg-deb", "-x", str(deb), str(root)])
+        stamp.write_text(package + "\n")
+
+
 def _unlimited_cores() -> None:
     resource.setrlimit(resource.RLIMIT_CORE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
 
 
 @fresh.exclusive
+def shim(bindir: Path, arch: str = "arm64") -> Path:
+    """cores/common/qemusnap.c built for ARCH into BINDIR/ARCH/libqemusnap.so (made again when it changed)."""
+    f = ARCHES[arch]
+    source, lib = harness.COMMON / "qemusnap.c", bindir / f.arch / "libqemusnap.so"
+    lib.parent.mkdir(parents=True, exist_ok=True)
+    if fresh.marked(lib, fresh.digest([source], f.arch)):
+        return lib
+    result = subprocess.run([f.compiler, "-O1", "-Wall", "-shared", "-fPIC", str(source), "-o", str(lib), "-ldl"],
+                            capture_output=True, text=True)
+    if result.returncode != 0:
+        raise ForeignError(f"building libqemusnap.so for {f.arch} failed:\n{result.stderr}")
+    fresh.mark(lib, fresh.digest([source], f.arch))
+    return lib
+
+
+def run_to_core(exe: Path, args: list[str], directory: Path, bindir: Path, root: Path, preload: list[str] = (),
+                arch: str = "arm64") -> int:
+    """Runs EXE with ARGS under qemu-user on ROOT in DIRECTORY, with the shim (and PRELOAD, paths on ARCH's
+    system) preloaded, to its snapshot; leaves the completed core there as `core`; its pid."""
+    f = ARCHES[arch]
+    libraries = ":".join([str(shim(bindir, arch)), *preload])
+    result = subprocess.run([f.qemu, "-L", str(root), "-E", f"LD_PRELOAD={libraries}", str(exe), *args],
+                            cwd=directory, capture_output=True, text=True, timeout=600, preexec_fn=_unlimited_cores)
+    written = sorted(directory.glob(f"qemu_{exe.name}_*.core"))
+    if not written:
+        raise ForeignError(f"{exe.name} under {f.qemu} wrote no core (exit {result.returncode}):\n"
+                           f"{result.stderr[-2000:]}")
+    for host_core in [*directory.glob("core"), *directory.glob("core.[0-9]*")]:
+        host_core.unlink()          # the kernel's core of qemu itself, when it kept one
+    qemucore.complete(written[-1], directory / "process.txt", directory / "core", str(root))
+    written[-1].unlink()
+    return int(written[-1].stem.rsplit("_", 1)[1])
+
+
+@fresh.exclusive
 def capture(name: str, directory: Path, bindir: Path, root: Path, arch: str = "arm64") -> harness.Capture:
-    """Reproducer NAME's core for ARCH in DIRECTORY (with malloc_info.xml, ledger.json, meta.json), taken now
-    unless a fresh one is there."""
+    """Reproducer NAME's core for ARCH in DIRECTORY (with what it writes: malloc_info.xml and ledger.json on
+    glibc's malloc, its allocator's statistics on another (`ALLOCATORS`, preloaded from the suite's packages
+    of ARCH); meta.json), taken now unless a fresh one is there."""
     f = ARCHES[arch]
     exe = build(name, bindir, arch)
-    inputs = fresh.digest([exe, Path(__file__), Path(qemucore.__file__), root / "VERSION"], name, f.arch)
-    if not fresh.fresh(directory, inputs, ("core", "malloc_info.xml", "ledger.json")):
+    runs_on = ALLOCATORS.get(name)
+    for package in runs_on.packages if runs_on else ():
+        add_package(root, package, arch)
+    preload = [f"/usr/lib/{f.triplet}/{runs_on.library}"] if runs_on else []
+    outputs = ("core", *(runs_on.writes if runs_on else ("malloc_info.xml", "ledger.json")))
+    inputs = fresh.digest([exe, shim(bindir, arch), Path(__file__), Path(qemucore.__file__), root / "VERSION"],
+                          name, f.arch)
+    if not fresh.fresh(directory, inputs, outputs):
         if directory.exists():
             shutil.rmtree(directory)
         directory.mkdir(parents=True)
-        env = {**os.environ, "HW_SNAPSHOT_ABORT": "1"}
-        result = subprocess.run([f.qemu, "-L", str(root), str(exe), str(directory)], cwd=directory, env=env,
-                                capture_output=True, text=True, timeout=600, preexec_fn=_unlimited_cores)
-        written = sorted(directory.glob(f"qemu_{name}_*.core"))
-        if not written:
-            raise ForeignError(f"{name} under {f.qemu} wrote no core (exit {result.returncode}):\n"
-                               f"{result.stderr[-2000:]}")
-        for host_core in [*directory.glob("core"), *directory.glob("core.[0-9]*")]:
-            host_core.unlink()          # the kernel's core of qemu itself, when it kept one
-        qemucore.complete(written[-1], directory / "process.txt", directory / "core", str(root))
-        written[-1].unlink()
-        pid = int(written[-1].stem.rsplit("_", 1)[1])
+        pid = run_to_core(exe, [str(directory)], directory, bindir, root, preload, arch)
         (directory / "meta.json").write_text(json.dumps({"name": name, "exe": str(exe), "pid": pid,
                                                          "arch": f.arch, "root": str(root)}))
         fresh.mark(directory, inputs)

@@ -113,8 +113,11 @@ class ElfImage:
         return [s for s in self.segments if s.type == PT_LOAD and s.flags & PF_W]
 
     def readonly_data(self) -> list[Segment]:
-        """The PT_LOAD segments that are neither writable nor code (.rodata, .dynsym)."""
-        return [s for s in self.segments if s.type == PT_LOAD and not s.flags & (PF_W | PF_X)]
+        """The PT_LOAD segments that are neither writable nor code (.rodata, .dynsym); for an image linked
+        without such a segment (its read-only data in its code segment, as Debian links some architectures'
+        libraries), its code segments."""
+        data = [s for s in self.segments if s.type == PT_LOAD and not s.flags & (PF_W | PF_X)]
+        return data or [s for s in self.segments if s.type == PT_LOAD and not s.flags & PF_W]
 
     def readonly(self) -> list[Segment]:
         """Every PT_LOAD segment not written (read-only data and code): where an image linked without a

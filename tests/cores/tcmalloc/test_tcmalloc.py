@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -21,6 +20,7 @@ import harness
 import tcbuilds
 from browser import heap_groups
 from conftest import NO_SYMBOLS, ROOT, SYSROOTS, run_gdb
+from tcmalloc_oracle import check, ledgers as _ledgers
 
 pytestmark = pytest.mark.cores
 
@@ -45,44 +45,12 @@ def stopped(tmp_path, request):
 
 
 def _check(doc: dict, stats: dict, tc: tcbuilds.Tcmalloc, pid: int) -> None:
-    """DOC (a report's JSON) says the version and every property STATS printed, and names each thread cache's
-    thread: every thread of process PID has one (up to 2.15 by the cache's tid_, from 2.16 by the thread's
-    TLS pointer to it)."""
-    tc_doc = doc["tcmalloc"]
+    """DOC (a report's JSON) says every figure STATS printed (`tcmalloc_oracle.check`), and names each thread
+    cache's thread: every thread of process PID has one (up to 2.15 by the cache's tid_, from 2.16 by the
+    thread's TLS pointer to it)."""
     lwps = {int(task.name) for task in Path(f"/proc/{pid}/task").iterdir()}
-    assert {t["lwp"] for t in tc_doc["threads"]} == lwps
-    assert f"gperftools {tc_doc['version']}" == stats["version"] and tc_doc["version"] == tc.version
-    assert tc_doc["page_size"] == 8192
-    want = stats["properties"]
-    assert {k: v for k, v in tc_doc["properties"].items() if k in want} == want     # all it printed, each equal
-    assert f"{len(tc_doc['threads'])}              Thread heaps in use" in stats["stats"]
-    assert _spans_by_length(stats["stats"]) == {r["pages"]: r["normal_spans"] + r["returned_spans"]
-                                                for r in tc_doc["free_spans"]}
-    unmapped = sum(r["returned_bytes"] for r in tc_doc["free_spans"])
-    assert unmapped == want["tcmalloc.pageheap_unmapped_bytes"]
-
-
-def _spans_by_length(text: str) -> dict:
-    """The free spans MallocExtension_GetStats lists, by length ("N pages * S spans"; the large ones, None)."""
-    out = {int(n): int(c) for n, c in re.findall(r"^\s*(\d+) pages \*\s*(\d+) spans", text, re.M) if int(c)}
-    large = re.search(r"^\s*>\s*\d+\s+large \*\s*(\d+) spans", text, re.M)
-    if large and int(large.group(1)):
-        out[None] = int(large.group(1))
-    return out
-
-
-def _ledgers(run: Path, freed: list | None = None) -> tuple[dict[int, int], dict[int, int]]:
-    """The blocks tc_hold's parked threads kept, and those its exiting thread kept (address -> size); the last
-    block each parked thread freed, into FREED."""
-    parked, exited = {}, {}
-    for path in sorted(run.glob("ledger-*.txt")):
-        first, *lines = path.read_text().split("\n")
-        how, last = first.split()
-        into = exited if how == "exits" else parked
-        if freed is not None and how == "parks":
-            freed.append(int(last, 16))
-        into.update((int(a, 16), int(n, 16)) for a, n in (line.split() for line in lines if line))
-    return parked, exited
+    assert {t["lwp"] for t in doc["tcmalloc"]["threads"]} == lwps
+    check(doc, stats, tc.version)
 
 
 def _drawn(html: str) -> dict[str, int]:
