@@ -196,11 +196,40 @@ def run_to_core(exe: Path, args: list[str], directory: Path, bindir: Path, root:
     return int(written[-1].stem.rsplit("_", 1)[1])
 
 
+#: the reproducers that are a script of a program of the system's packages: (its packages, the program, the script)
+SCRIPTS = {"pyobjects": (("python3.11-minimal", "libpython3.11-minimal", "libexpat1", "zlib1g"), "usr/bin/python3.11",
+                         "pyobjects.py")}
+
+
+@fresh.exclusive
+def capture_script(name: str, directory: Path, bindir: Path, root: Path, arch: str = "arm64") -> harness.Capture:
+    """Script NAME (`SCRIPTS`) run by ARCH's program of the suite's packages, its core in DIRECTORY with what it
+    writes (stats.txt) and meta.json, taken now unless a fresh one is there."""
+    packages, program, script = SCRIPTS[name]
+    for package in packages:
+        add_package(root, package, arch)
+    exe, code = root / program, harness.source(script)
+    inputs = fresh.digest([code, shim(bindir, arch), Path(__file__), Path(qemucore.__file__), root / "VERSION"],
+                          name, arch, packages)
+    if not fresh.fresh(directory, inputs, ("core", "stats.txt")):
+        if directory.exists():
+            shutil.rmtree(directory)
+        directory.mkdir(parents=True)
+        pid = run_to_core(exe, [str(code), str(directory)], directory, bindir, root, (), arch)
+        (directory / "meta.json").write_text(json.dumps({"name": name, "exe": str(exe), "pid": pid, "arch": arch,
+                                                         "root": str(root)}))
+        fresh.mark(directory, inputs)
+    meta = json.loads((directory / "meta.json").read_text())
+    return harness.Capture(name=name, directory=directory, exe=Path(meta["exe"]), pid=meta["pid"])
+
+
 @fresh.exclusive
 def capture(name: str, directory: Path, bindir: Path, root: Path, arch: str = "arm64") -> harness.Capture:
     """Reproducer NAME's core for ARCH in DIRECTORY (with what it writes: malloc_info.xml and ledger.json on
     glibc's malloc, its allocator's statistics on another (`ALLOCATORS`, preloaded from the suite's packages
     of ARCH); meta.json), taken now unless a fresh one is there."""
+    if name in SCRIPTS:
+        return capture_script(name, directory, bindir, root, arch)
     f = ARCHES[arch]
     exe = build(name, bindir, arch)
     runs_on = ALLOCATORS.get(name)

@@ -19,6 +19,7 @@ import harness
 from browser import Browser, cut_off
 from figures import page_disagreements
 from conftest import NO_SYMBOLS, ROOT, run_gdb
+from cpython_oracle import matches, obmalloc
 from verdicts import contradictions
 
 pytestmark = pytest.mark.cores
@@ -27,12 +28,6 @@ CLI = Path(sys.executable).with_name("heapwalk")
 SCRIPT = ROOT / "cores" / "cpython" / "pyobjects.py"
 #: the suite of each interpreter: this machine's (Debian 12) and the chroots'
 SUITES = ("bookworm", "bullseye", "trixie", "sid")
-_TOTALS = {"# bytes in allocated blocks": "bytes_in_allocated_blocks",
-           "# bytes in available blocks": "bytes_in_available_blocks",
-           "# bytes lost to pool headers": "bytes_lost_to_pool_headers",
-           "# bytes lost to quantization": "bytes_lost_to_quantization",
-           "# bytes lost to arena alignment": "bytes_lost_to_arena_alignment",
-           "# arenas allocated current": "arenas", "Total": "total"}
 
 
 def _launcher(suite: str) -> list[str]:
@@ -43,35 +38,6 @@ def _launcher(suite: str) -> list[str]:
     python = sorted(p for p in (root / "usr" / "bin").glob("python3.*") if re.fullmatch(r"python3\.\d+", p.name))
     libs = root / "usr" / "lib" / "x86_64-linux-gnu"
     return [str(libs / "ld-linux-x86-64.so.2"), "--library-path", str(libs), str(python[-1])]
-
-
-def _printed(path: Path) -> tuple[dict, dict]:
-    """What sys._debugmallocstats() printed: its totals by the document's names, and each class's row."""
-    text = path.read_text()
-    totals = {}
-    for line in text.splitlines():
-        name, _, value = line.partition("=")
-        if name.strip() in _TOTALS and "arena map" not in line:
-            totals.setdefault(_TOTALS[name.strip()], int(value.strip().replace(",", "")))
-    unused = re.search(r"^(\d+) unused pools \* (\d+) bytes", text, re.M)
-    totals["unused_pools"], totals["pool_size"] = int(unused[1]), int(unused[2])
-    classes = {int(m[1]): tuple(map(int, m.groups()[1:]))
-               for m in re.finditer(r"^\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)$", text, re.M)}
-    return totals, classes
-
-
-def _obmalloc(doc: dict) -> dict:
-    """The obmalloc document in a report's JSON (beside malloc's, or alone)."""
-    return doc if doc.get("allocator") == "cpython" else doc["cpython_obmalloc"]
-
-
-def _matches(doc: dict, stats: Path) -> None:
-    totals, classes = _printed(stats)
-    ob = _obmalloc(doc)["obmalloc"]
-    assert {k: ob["totals"][k] for k in totals} == totals
-    assert {c["class"]: (c["size"], c["pools"], c["blocks_in_use"], c["available_blocks"])
-            for c in ob["classes"]} == classes
-    assert not [f for f in _obmalloc(doc)["findings"] if f["severity"] != "info"], _obmalloc(doc)["findings"]
 
 
 @pytest.mark.parametrize("suite", SUITES)
@@ -88,9 +54,9 @@ def test_a_capture_gives_what_the_interpreter_printed(suite, tmp_path):
         proc.wait()
     assert result.returncode == 0, result.stdout + result.stderr
     doc = json.loads((tmp_path / "out" / "report.json").read_text())
-    _matches(doc, run / "stats.txt")
+    matches(doc, run / "stats.txt")
     assert contradictions(doc) == []            # malloc's verdict and obmalloc's, each with itself
-    ob = _obmalloc(doc)["obmalloc"]
+    ob = obmalloc(doc)["obmalloc"]
     assert ob["arena_table"] is not None
     rows = {r["name"]: r for r in doc["report"]["rss_by_owner"]["rows"]}
     arenas = rows["CPython's obmalloc: arenas"]
@@ -119,5 +85,5 @@ def test_gdb_attached_to_the_interpreter_says_the_same(tmp_path):
         proc.kill()
         proc.wait()
     assert result.returncode == 0, result.stderr
-    _matches(json.loads(out.read_text()), run / "stats.txt")
+    matches(json.loads(out.read_text()), run / "stats.txt")
     assert "CPython's obmalloc: CPython 3.11" in result.stdout
