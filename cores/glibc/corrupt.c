@@ -492,10 +492,19 @@ int main(int argc, char **argv)
         free(a);    /* no key in a: it goes into the tcache, 0x110 into the free chunk */
         expect("free_inside_chunk", (uintptr_t)a);
     } else if (!strcmp(mode, "mmapped_grown")) {
-        void *hi = keep(malloc(0x40000)), *lo = keep(malloc(0x40000));
-        /* the mapping is the size in pages (2.43 gives mmapped chunks a size 16 bytes short of it) */
-        uintptr_t span_lo = ((words(lo)[-1] & ~(uintptr_t)7) + 4095) & ~(uintptr_t)4095;
-        uintptr_t size_hi = words(hi)[-1] & ~(uintptr_t)7;
+        /* the mapping is the size in pages (2.43 gives mmapped chunks a size 16 bytes short of it); the kernel
+         * places a mapping below the last one unless a hole fits it: a pair that is not adjacent is kept and
+         * another one taken */
+        static void *pairs[16];       /* every pair taken stays referenced: none is a leak */
+        void *hi = NULL, *lo = NULL;
+        uintptr_t span_lo = 0, size_hi = 0;
+        for (int tries = 0; tries < 8; tries++) {
+            hi = pairs[2 * tries] = malloc(0x40000), lo = pairs[2 * tries + 1] = malloc(0x40000);
+            span_lo = ((words(lo)[-1] & ~(uintptr_t)7) + 4095) & ~(uintptr_t)4095;
+            size_hi = words(hi)[-1] & ~(uintptr_t)7;
+            if ((words(lo)[-1] & 2) && chunk_of(lo) + span_lo == chunk_of(hi))
+                break;
+        }
         if (!(words(lo)[-1] & 2) || chunk_of(lo) + span_lo != chunk_of(hi))
             fail("the two mmapped chunks are not next to each other");
         words(lo)[-1] = (span_lo + size_hi) | 2; /* lo now runs over hi */
