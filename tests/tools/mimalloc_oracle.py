@@ -36,10 +36,9 @@ def ledger(run: Path) -> dict[str, dict]:
     return out
 
 
-def check(doc: dict, run: Path, version: str = "2.0.9", said: bool = True) -> None:
-    """DOC (a report's JSON) gives the figures mimalloc VERSION printed in RUN and its ledgers' blocks, heap by
-    heap (before 2.0.9 a huge block's segment belongs to no thread: its own row).  A build linked into the
-    program does not say its version (not SAID)."""
+def common(doc: dict, run: Path, version: str, said: bool) -> tuple[dict, dict]:
+    """What every mimalloc says alike: DOC's version (none when not SAID), committed to the byte and reserved to
+    its rounding, as RUN's stats.json printed them; (the statistics, DOC's mimalloc part)."""
     stats = json.loads((run / "stats.json").read_text())
     m = doc["mimalloc"]
     totals = m["totals"]
@@ -48,6 +47,15 @@ def check(doc: dict, run: Path, version: str = "2.0.9", said: bool = True) -> No
     assert totals["committed"] == stats["process"]["current_commit"]
     value, unit = current(stats["stats"], "reserved")
     assert abs(totals["reserved"] - value * unit) <= 0.1 * unit
+    return stats, m
+
+
+def check(doc: dict, run: Path, version: str = "2.0.9", said: bool = True) -> None:
+    """DOC (a report's JSON) gives the figures mimalloc VERSION printed in RUN and its ledgers' blocks, heap by
+    heap (before 2.0.9 a huge block's segment belongs to no thread: its own row).  A build linked into the
+    program does not say its version (not SAID)."""
+    stats, m = common(doc, run, version, said)
+    totals = m["totals"]
     assert totals["segments"] == current(stats["stats"], "segments")[0]
     assert totals["segments_abandoned"] == current(stats["stats"], "-abandoned", 0)[0] > 0
     assert totals["pages_abandoned"] == current(stats["stats"], "-abandoned", 1)[0] > 0
