@@ -86,7 +86,7 @@ int hw_tcache_fill(void) { return fill_count; }
  * memory). */
 static int peek(uintptr_t addr, void *out, size_t n)
 {
-    static int through[2] = { -1, -1 };
+    static __thread int through[2] = { -1, -1 };     /* a pipe a thread: two threads' bytes never mix */
     struct iovec local = { out, n }, remote = { (void *)addr, n };
     ssize_t got = process_vm_readv(getpid(), &local, 1, &remote, 1, 0);
     if (got >= 0 || errno != ENOSYS)

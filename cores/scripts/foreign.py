@@ -191,6 +191,9 @@ def run_to_core(exe: Path, args: list[str], directory: Path, bindir: Path, root:
                            f"{result.stderr[-2000:]}")
     for host_core in [*directory.glob("core"), *directory.glob("core.[0-9]*")]:
         host_core.unlink()          # the kernel's core of qemu itself, when it kept one
+    if not (directory / "process.txt").exists():
+        raise ForeignError(f"{exe.name} under {f.qemu} aborted before its snapshot (exit {result.returncode}):\n"
+                           f"{result.stderr[-2000:]}")
     qemucore.complete(written[-1], directory / "process.txt", directory / "core", str(root))
     written[-1].unlink()
     return int(written[-1].stem.rsplit("_", 1)[1])

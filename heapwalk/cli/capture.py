@@ -207,7 +207,8 @@ def cmd_capture(args) -> int:
             "cpus_online": record["cpus_online"], "cpus_allowed": record["cpus_allowed"],
             "thread_names": record["thread_names"]}, args.full, args.stop_the_world)
         record["precopy"] = precopied
-    record.update(stopped_seconds=round(stopped, 3), smaps=smaps, resident_runs=runs,
+    stopped = round(stopped, 3)       # the figure said and the one recorded are the same
+    record.update(stopped_seconds=stopped, smaps=smaps, resident_runs=runs,
                   core=None if args.live else str(core), time=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                   core_writer=None if args.live else "heapwalk")
     if written is not None:
