@@ -80,6 +80,27 @@ PRINTED_Q16 = ("8/512/1 16/256/1 32/128/1 48/256/3 64/64/1 80/256/5 96/128/3 112
                "10240/2/5 12288/1/3 14336/2/7")
 
 
+#: the 52 small classes Debian's arm64 build (5.3.0, configured for 64 KiB pages) prints as arenas.bin, measured
+#: under qemu-user (cores/scripts/foreign.py): size/nregs/slab pages
+PRINTED_Q16_P64 = ("8/8192/1 16/4096/1 32/2048/1 48/4096/3 64/1024/1 80/4096/5 96/2048/3 112/4096/7 128/512/1 160/2048/5 "
+                   "192/1024/3 224/2048/7 256/256/1 320/1024/5 384/512/3 448/1024/7 512/128/1 640/512/5 768/256/3 896/512/7 "
+                   "1024/64/1 1280/256/5 1536/128/3 1792/256/7 2048/32/1 2560/128/5 3072/64/3 3584/128/7 4096/16/1 5120/64/5 "
+                   "6144/32/3 7168/64/7 8192/8/1 10240/32/5 12288/16/3 14336/32/7 16384/4/1 20480/16/5 24576/8/3 28672/16/7 "
+                   "32768/2/1 40960/8/5 49152/4/3 57344/8/7 65536/1/1 81920/4/5 98304/2/3 114688/4/7 131072/1/2 163840/2/5 "
+                   "196608/1/3 229376/2/7")
+
+
+def test_the_size_classes_follow_the_page():
+    """With 64 KiB pages the small classes go on to 3.5 pages (52 of them, slabs of up to 7 pages), the large
+    ones start at 4 pages (180 of them), and the page size classes are the 3 whole-page small ones and those."""
+    p64 = size_classes(4, 16)
+    assert [f"{c.size}/{c.nregs}/{c.pages}" for c in p64.bins] == PRINTED_Q16_P64.split()
+    assert (p64.nlextents, p64.npsizes, p64.page) == (180, 183, 65536)
+    assert p64.large_size(0) == 262144 and p64.size_index(229377) == 52
+    assert p64.page_sizes()[:4] == (65536, 131072, 196608, 262144) and len(p64.page_sizes()) == 183
+    assert size_classes(4, 12) == size_classes(4) and size_classes(4).page_sizes()[:4] == (4096, 8192, 12288, 16384)
+
+
 def test_the_size_classes_follow_the_quantum():
     """With a 16-byte quantum the classes are what Debian's builds print; with 8 bytes (Redis) 24, 40 and 56
     come in below 64, 39 in all, and everything from 64 up is the same."""
