@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import resource
 import shutil
@@ -178,13 +179,16 @@ def shim(bindir: Path, arch: str = "arm64") -> Path:
 
 
 def run_to_core(exe: Path, args: list[str], directory: Path, bindir: Path, root: Path, preload: list[str] = (),
-                arch: str = "arm64") -> int:
+                arch: str = "arm64", env: dict[str, str] | None = None) -> int:
     """Runs EXE with ARGS under qemu-user on ROOT in DIRECTORY, with the shim (and PRELOAD, paths on ARCH's
-    system) preloaded, to its snapshot; leaves the completed core there as `core`; its pid."""
+    system) preloaded and ENV in its environment, to its snapshot; leaves the completed core there as `core`;
+    its pid."""
     f = ARCHES[arch]
     libraries = ":".join([str(shim(bindir, arch)), *preload])
+    # qemu hands its own environment to the program (its -E splits values at commas, which MALLOC_CONF has)
     result = subprocess.run([f.qemu, "-L", str(root), "-E", f"LD_PRELOAD={libraries}", str(exe), *args],
-                            cwd=directory, capture_output=True, text=True, timeout=600, preexec_fn=_unlimited_cores)
+                            cwd=directory, capture_output=True, text=True, timeout=600, preexec_fn=_unlimited_cores,
+                            env={**os.environ, **(env or {})})
     written = sorted(directory.glob(f"qemu_{exe.name}_*.core"))
     if not written:
         raise ForeignError(f"{exe.name} under {f.qemu} wrote no core (exit {result.returncode}):\n"
@@ -240,13 +244,14 @@ def capture(name: str, directory: Path, bindir: Path, root: Path, arch: str = "a
         add_package(root, package, arch)
     preload = [f"/usr/lib/{f.triplet}/{runs_on.library}"] if runs_on else []
     outputs = ("core", *(runs_on.writes if runs_on else ("malloc_info.xml", "ledger.json")))
+    env = harness.JEMALLOC_ENV.get(name, {})
     inputs = fresh.digest([exe, shim(bindir, arch), Path(__file__), Path(qemucore.__file__), root / "VERSION"],
-                          name, f.arch)
+                          name, f.arch, env)
     if not fresh.fresh(directory, inputs, outputs):
         if directory.exists():
             shutil.rmtree(directory)
         directory.mkdir(parents=True)
-        pid = run_to_core(exe, [str(directory)], directory, bindir, root, preload, arch)
+        pid = run_to_core(exe, [str(directory)], directory, bindir, root, preload, arch, env)
         (directory / "meta.json").write_text(json.dumps({"name": name, "exe": str(exe), "pid": pid,
                                                          "arch": f.arch, "root": str(root)}))
         fresh.mark(directory, inputs)

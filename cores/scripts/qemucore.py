@@ -97,10 +97,14 @@ def _elf_header_page(start: int, maps, page: int) -> bytes | None:
 
 
 def _as_seen(maps, sysroot: str):
-    """MAPS with SYSROOT taken off the paths of the files under it."""
-    root = sysroot.rstrip("/")
-    return [dataclasses.replace(m, name=m.name[len(root):]) if root and m.name.startswith(root + "/") else m
-            for m in maps]
+    """MAPS with SYSROOT taken off the paths of the files under it (as named, or with its links resolved, as
+    qemu names the files it opens)."""
+    roots = {r.rstrip("/") for r in (sysroot, str(Path(sysroot).resolve()) if sysroot else "") if r.rstrip("/")}
+    out = []
+    for m in maps:
+        root = next((r for r in roots if m.name.startswith(r + "/")), None)
+        out.append(dataclasses.replace(m, name=m.name[len(root):]) if root else m)
+    return out
 
 
 def complete(qemu_core: Path, process_txt: Path, out: Path, sysroot: str = "") -> None:

@@ -23,7 +23,8 @@ class CodeRef:
     """An instruction at OFFSET of a piece of code that computes (COMPUTES) or reads the address TARGET, relative
     to the program counter; LENGTH bytes long.  ARGUMENT: the argument of a call its result is passed as (the
     register it lands in, or the one the next instruction copies it into), None for another register; END: the
-    offset past it (and past that copy)."""
+    offset past it (and past that copy); INDIRECT: the word read is an address the code goes on to read or write
+    through (a slot of the global offset table, as code reaches a global it does not know to be its own)."""
 
     offset: int
     target: int
@@ -31,6 +32,7 @@ class CodeRef:
     length: int
     argument: int | None = None
     end: int = 0
+    indirect: bool = False
 
 
 class CodeReader(Protocol):
@@ -76,6 +78,10 @@ class CodeReader(Protocol):
     def returned_constant(self, code: bytes) -> int | None:
         """The 32-bit constant a function that does nothing else returns, or None."""
 
+    def stored_constant(self, code: bytes) -> int | None:
+        """The constant a function that reports one (as jemalloc's mallctl functions report their build's
+        configuration) stores to its stack slot before copying it out, or None."""
+
 
 @dataclass(frozen=True)
 class Architecture:
@@ -88,7 +94,9 @@ class Architecture:
     ``tcb_intact(word_at, tp)`` whether a thread's control block at TP looks whole, WORD_AT reading a word,
     ``tcb_holds`` what its first word holds then, in words;
     ``pointer_registers``: the general registers that may hold a pointer, callee-saved first (they survive the
-    calls into abort)."""
+    calls into abort); ``mutex_size``: the bytes of a pthread_mutex_t in its C libraries' ABI (an allocator that
+    embeds one is laid out by it); ``dtv_at``: where from the thread pointer the thread control block keeps the
+    pointer to the thread's dynamic thread vector."""
 
     name: str
     multiarch: str
@@ -105,3 +113,12 @@ class Architecture:
     tcb_holds: str
     pointer_registers: tuple[str, ...] = ()
     tcb_size: int = 0
+    mutex_size: int = 40
+    dtv_at: int = 8
+
+    def static_tls(self, thread_pointer: int, span: int) -> tuple[int, int]:
+        """[start, end) of the SPAN bytes beside THREAD_POINTER where the static TLS blocks lie (the program's
+        nearest to it)."""
+        if self.tls_below_thread_pointer:
+            return thread_pointer - span, thread_pointer
+        return thread_pointer + self.tcb_size, thread_pointer + self.tcb_size + span

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import re
 import struct
+import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from heapwalk.arch import DEFAULT, Architecture, CodeReader, by_elf_machine
+from heapwalk.arch import DEFAULT, Architecture, CodeReader, CodeRef, by_elf_machine
 from heapwalk.inferior.memory import Memory, ReadError
 
 __all__ = ["Mapping", "Segment", "ElfImage", "find_libc", "readable_runs", "writable_words", "LIBC_FILE_NAME"]
@@ -95,6 +96,23 @@ class ElfImage:
     def code(self) -> CodeReader:
         """The reader of the image's machine code."""
         return self.arch.code
+
+    def through_slots(self, refs: list[CodeRef]) -> list[CodeRef]:
+        """REFS with each slot the code reads an address from and goes through (`CodeRef.indirect`: a GOT slot)
+        taken as that address computed; dropped where the slot is unreadable or its address is not in the image
+        (a global of another object, such as the stack guard)."""
+        out = []
+        for ref in refs:
+            if not ref.indirect:
+                out.append(ref)
+                continue
+            try:
+                address = struct.unpack("<Q", self.mem.read(ref.target, 8))[0]
+            except ReadError:
+                continue
+            if self.contains(address):
+                out.append(dataclasses.replace(ref, target=address, computes=True, indirect=False))
+        return out
 
     @property
     def is_executable(self) -> bool:

@@ -6,35 +6,43 @@
 #include <stdint.h>
 #include <string.h>
 
-/* The regions N slabs hand out, from their bitmaps (BITMAPS: 64 bytes a slab, bit k set when region k is free):
- * for slab r, of NREGS[r] regions (at most the bitmap's 512) of SIZE[r] bytes from ADDRESS[r], in arena
- * ARENA[r], each clear bit below NREGS[r] gives a region [start, start + size) to STARTS, ENDS and ARENAS, slab
- * by slab and each slab's in address order; a slab whose bitmap is not READABLE[r], or does not count NFREE[r]
- * set bits, gives none and is marked 0 in GOOD (1 otherwise).  Returns the number of regions written. */
-int64_t hw_slab_regions(const uint8_t *bitmaps, int64_t n, const int64_t *nregs, const uint64_t *size,
-                        const int32_t *nfree, const uint8_t *readable, const uint64_t *address, const int32_t *arena,
-                        uint64_t *starts, uint64_t *ends, int32_t *arenas, uint8_t *good)
+/* Word W of a bitmap, its bits from BITS on cleared. */
+static uint64_t bitmap_word(const uint8_t *map, int64_t w, int64_t bits)
+{
+    uint64_t word;
+    memcpy(&word, map + 8 * w, 8);
+    return bits - 64 * w >= 64 ? word : word & (((uint64_t)1 << (bits - 64 * w)) - 1);
+}
+
+/* The regions N slabs hand out, from their bitmaps (BITMAPS: STRIDE bytes a slab, a multiple of 8, bit k set
+ * when region k is free): for slab r, of NREGS[r] regions (at most the bitmap's 8 * STRIDE) of SIZE[r] bytes
+ * from ADDRESS[r], in arena ARENA[r], each clear bit below NREGS[r] gives a region [start, start + size) to
+ * STARTS, ENDS and ARENAS, slab by slab and each slab's in address order; a slab whose bitmap is not
+ * READABLE[r], or does not count NFREE[r] set bits, gives none and is marked 0 in GOOD (1 otherwise).  Returns
+ * the number of regions written. */
+int64_t hw_slab_bitmap_regions(const uint8_t *bitmaps, int64_t stride, int64_t n, const int64_t *nregs,
+                        const uint64_t *size, const int32_t *nfree, const uint8_t *readable, const uint64_t *address,
+                        const int32_t *arena, uint64_t *starts, uint64_t *ends, int32_t *arenas, uint8_t *good)
 {
     int64_t count = 0;
     for (int64_t r = 0; r < n; r++) {
-        uint64_t words[8];
-        memcpy(words, bitmaps + 64 * r, 64);
-        int64_t bits = nregs[r] < 512 ? nregs[r] : 512, set = 0;
-        for (int64_t w = 0; w < 8 && 64 * w < bits; w++) {
-            uint64_t mask = bits - 64 * w >= 64 ? ~(uint64_t)0 : (((uint64_t)1 << (bits - 64 * w)) - 1);
-            words[w] &= mask;
-            set += __builtin_popcountll(words[w]);
-        }
+        const uint8_t *map = bitmaps + stride * r;
+        int64_t bits = nregs[r] < 8 * stride ? nregs[r] : 8 * stride, set = 0;
+        for (int64_t w = 0; 64 * w < bits; w++)
+            set += __builtin_popcountll(bitmap_word(map, w, bits));
         good[r] = readable[r] && set == nfree[r];
         if (!good[r])
             continue;
-        for (int64_t k = 0; k < bits; k++) {
-            if (words[k >> 6] >> (k & 63) & 1)
-                continue;
-            starts[count] = address[r] + (uint64_t)k * size[r];
-            ends[count] = starts[count] + size[r];
-            arenas[count] = arena[r];
-            count++;
+        for (int64_t w = 0; 64 * w < bits; w++) {
+            uint64_t word = bitmap_word(map, w, bits);
+            for (int64_t k = 64 * w; k < bits && k < 64 * w + 64; k++) {
+                if (word >> (k & 63) & 1)
+                    continue;
+                starts[count] = address[r] + (uint64_t)k * size[r];
+                ends[count] = starts[count] + size[r];
+                arenas[count] = arena[r];
+                count++;
+            }
         }
     }
     return count;

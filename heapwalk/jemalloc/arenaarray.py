@@ -56,11 +56,12 @@ def arena_array(mem: Memory, found: JemallocImage, tree: MallctlTree | None, lay
             said.append(f"arenas.lookup's function is unreadable ({exc.reason})")
             code = b""
         for at, block, what in _with_callees(mem, found.image, node.ctl, code):
-            for load in found.image.code.address_refs(block, at):
-                if load.computes and found.image.contains(load.target):
-                    slots = _arenas_at(mem, layout, load.target)
+            for load in found.image.through_slots(found.image.code.address_refs(block, at)):
+                target = load.target
+                if load.computes and found.image.contains(target):
+                    slots = _arenas_at(mem, layout, target)
                     if slots is not None:
-                        return load.target, slots, None, \
+                        return target, slots, None, \
                             f"arenas.lookup's function{what} (code at {at + load.offset:#x}); its last arena"
         said.append("arenas.lookup's function loads no arena array")
     at = _scan_arenas(mem, found.image, layout)
@@ -92,6 +93,8 @@ ARENA_LIMIT = 4095
 def _arenas_at(mem: Memory, layout: JeLayout, at: int) -> int | None:
     """How many slots of the array at AT to read (its last arena's index + 1) when AT is arenas[]: its slots
     hold cache-line aligned pointers or nothing, and one of its first arenas shows LAYOUT; None otherwise."""
+    if at % 8:
+        return None
     raw = b""
     for size in (8 * ARENA_LIMIT, 4096 - at % 4096):
         try:

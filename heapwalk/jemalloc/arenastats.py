@@ -9,7 +9,7 @@ import struct
 
 from heapwalk.common.findings import Finding, Severity
 from heapwalk.jemalloc.kinds import Kind
-from heapwalk.jemalloc.layout import PAGE, JeLayout
+from heapwalk.jemalloc.layout import JeLayout
 from heapwalk.jemalloc.model import JeExtents, JeLarge
 from heapwalk.inferior.memory import Memory, ReadError
 
@@ -37,7 +37,7 @@ def memory_figures(mem: Memory, layout: JeLayout, index: int, raw: bytes, findin
     pages = word(layout.nactive) + sum(word(off) for off in layout.dirty_npages)
     if layout.resident_muzzy:
         pages += sum(word(off) for off in layout.muzzy_npages)
-    return (mapped + word(layout.stats_mapped), allocated, word(layout.stats_internal), resident + pages * PAGE,
+    return (mapped + word(layout.stats_mapped), allocated, word(layout.stats_internal), resident + pages * layout.page,
             n_thp)
 
 

@@ -56,6 +56,7 @@ def _passed_global(image: ElfImage, start: int) -> int | None:
     if end is None:
         return None
     writable = [(seg.address, seg.address + seg.memsz) for seg in image.writable()]
-    targets = [r.target for r in image.code.address_refs(code[:end], start) if r.computes and r.argument == 0
+    targets = [r.target for r in image.through_slots(image.code.address_refs(code[:end], start))
+               if r.computes and r.argument == 0
                and image.code.call_at(code, r.end) and any(lo <= r.target < hi for lo, hi in writable)]
     return targets[0] if len(targets) == 1 else None

@@ -127,9 +127,7 @@ def _not_the_programs(state: JeState) -> set[int]:
     return set(state.cached) | {address for t in state.threads for address in t.internal}
 
 
-#: a slab's bitmap: up to 512 regions
-_BITMAP = 64
-#: slabs whose bitmaps are unpacked at once (a bit a byte: this many times 512 bytes)
+#: slabs whose bitmaps are unpacked at once (a bit a byte: this many times 512 bytes with 4 KiB pages)
 _BATCH = 8192
 
 
@@ -141,7 +139,7 @@ def _slab_regions(mem: Memory, table: ExtentTable, slabs: np.ndarray
     bins = table.classes.bins
     nregs_of = np.array([b.nregs for b in bins], dtype=np.int64)
     size_of = np.array([b.size for b in bins], dtype=np.uint64)
-    bitmaps = read_records(mem, table.header[slabs] + np.uint64(SLAB_BITMAP), _BITMAP)
+    bitmaps = read_records(mem, table.header[slabs] + np.uint64(SLAB_BITMAP), table.classes.slab_maxregs // 8)
     szind = table.szind[slabs].astype(np.int64)
     native = slab_regions(bitmaps.data, nregs_of[szind], size_of[szind], table.nfree[slabs], bitmaps.readable,
                           table.address[slabs], table.arena[slabs])
@@ -154,14 +152,15 @@ def _slab_regions(mem: Memory, table: ExtentTable, slabs: np.ndarray
 def _slab_regions_numpy(table: ExtentTable, slabs: np.ndarray, bitmaps, nregs_of: np.ndarray, size_of: np.ndarray
                         ) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray], list[tuple[int, int]]]:
     """`_slab_regions` in numpy, _BATCH slabs' bitmaps (`records.Records`) unpacked at once."""
-    columns = np.arange(8 * _BITMAP, dtype=np.int64)
+    columns = np.arange(table.classes.slab_maxregs, dtype=np.int64)
     starts, ends, arenas, unknown = [], [], [], []
-    for lo in range(0, len(slabs), _BATCH):
-        rows = slabs[lo:lo + _BATCH]
+    batch = max(1, _BATCH * 512 // table.classes.slab_maxregs)
+    for lo in range(0, len(slabs), batch):
+        rows = slabs[lo:lo + batch]
         szind = table.szind[rows].astype(np.int64)
         inside = columns < nregs_of[szind][:, None]
-        free = np.unpackbits(bitmaps.data[lo:lo + _BATCH], axis=1, bitorder="little").view(bool) & inside
-        good = bitmaps.readable[lo:lo + _BATCH] & (free.sum(axis=1) == table.nfree[rows])
+        free = np.unpackbits(bitmaps.data[lo:lo + batch], axis=1, bitorder="little").view(bool) & inside
+        good = bitmaps.readable[lo:lo + batch] & (free.sum(axis=1) == table.nfree[rows])
         slab, region = np.nonzero(inside & ~free & good[:, None])
         size = size_of[szind[slab]]
         first = table.address[rows[slab]] + region.astype(np.uint64) * size

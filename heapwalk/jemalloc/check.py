@@ -14,7 +14,6 @@ from heapwalk.common.findings import Finding, Severity
 from heapwalk.jemalloc.kinds import Kind
 from heapwalk.jemalloc.extents import ACTIVE, DIRTY, MUZZY, RETAINED
 from heapwalk.jemalloc.heapmap import held_bytes, sampled
-from heapwalk.jemalloc.layout import PAGE
 from heapwalk.jemalloc.model import JeArena, JeState
 
 __all__ = ["check_jemalloc", "scope"]
@@ -47,8 +46,8 @@ def _error(a: JeArena, message: str, expected: str, found: str, kind: Kind = Kin
 
 def _extents(a: JeArena) -> list[Finding]:
     out = []
-    for name, pages, nbytes in (("dirty", a.pdirty * PAGE, sum(e.dirty_bytes for e in a.extents)),
-                                ("muzzy", a.pmuzzy * PAGE, sum(e.muzzy_bytes for e in a.extents)),
+    for name, pages, nbytes in (("dirty", a.dirty_bytes, sum(e.dirty_bytes for e in a.extents)),
+                                ("muzzy", a.muzzy_bytes, sum(e.muzzy_bytes for e in a.extents)),
                                 ("retained", a.retained, sum(e.retained_bytes for e in a.extents))):
         if a.extents and pages != nbytes:
             out.append(_error(a, f"the {name} extents by size class hold {nbytes} bytes, the {name} container "
@@ -89,9 +88,9 @@ def _listed(a: JeArena) -> list[Finding]:
 
 def _active(a: JeArena) -> list[Finding]:
     large, extents, padding = a.large_totals()["allocated"], a.large_extents(), a.active_slack()
-    if 0 <= padding <= extents * PAGE:
+    if 0 <= padding <= extents * a.page:
         return []
-    return [_error(a, f"{a.pactive} active pages ({a.pactive * PAGE} bytes) do not hold its slabs "
+    return [_error(a, f"{a.pactive} active pages ({a.active_bytes} bytes) do not hold its slabs "
                    f"({a.slab_bytes()} bytes) and large allocations ({large} bytes, {extents} extents)",
                    "slabs + large allocations + at most a page each", f"{padding} bytes left over")]
 
@@ -106,8 +105,8 @@ def _walked(state: JeState, a: JeArena, held_by_extent) -> list[Finding]:
     held = int(held_by_extent[mine & (table.state == ACTIVE)].sum())
     want = a.small()["allocated"] + a.large_totals()["allocated"]
     out = []
-    for name, state_code, counted in (("active", ACTIVE, a.pactive * PAGE), ("dirty", DIRTY, a.pdirty * PAGE),
-                                      ("muzzy", MUZZY, a.pmuzzy * PAGE), ("retained", RETAINED, a.retained)):
+    for name, state_code, counted in (("active", ACTIVE, a.active_bytes), ("dirty", DIRTY, a.dirty_bytes),
+                                      ("muzzy", MUZZY, a.muzzy_bytes), ("retained", RETAINED, a.retained)):
         walked = table.bytes_of(a.index, state_code)
         if walked != counted:
             out.append(_error(a, f"the {name} extents the radix tree maps hold {walked} bytes, the arena counts "

@@ -13,7 +13,6 @@ import numpy as np
 
 from heapwalk.jemalloc.extents import ACTIVE, DIRTY, MUZZY, RETAINED, ExtentTable, class_sizes
 from heapwalk.jemalloc.model import JeBin, JeExtents, JeLarge, JeState
-from heapwalk.jemalloc.sizeclasses import PAGE
 
 __all__ = ["count_bins", "count_large", "count_extents", "regions_held"]
 

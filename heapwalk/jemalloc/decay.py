@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from heapwalk.common.findings import Finding, Severity
 from heapwalk.jemalloc.kinds import Kind
-from heapwalk.jemalloc.layout import PAGE
 from heapwalk.jemalloc.model import JeArena, JeState
 
 __all__ = ["decay_findings", "never_decaying", "overdue"]
@@ -35,7 +34,7 @@ def decay_findings(state: JeState) -> tuple[Finding, ...]:
 
 
 def _never_decays(arena: JeArena, threads: list[int], variable: str) -> Finding:
-    dirty = arena.pdirty * PAGE
+    dirty = arena.dirty_bytes
     names = ", ".join(map(str, threads))
     return Finding(
         Severity.WARNING, arena.address, f"arena {arena.index}",

@@ -14,7 +14,7 @@ import numpy as np
 from heapwalk.common.findings import Finding, Severity
 from heapwalk.jemalloc.kinds import Kind
 from heapwalk.jemalloc.discovery import CONTAINER_STATES, JeDiscovery
-from heapwalk.jemalloc.layout import BIN_STATS, PAGE, JeLayout
+from heapwalk.jemalloc.layout import BIN_STATS, JeLayout
 from heapwalk.jemalloc.model import JeArena, JeBin, JeState, JeThread
 from heapwalk.jemalloc.counted import count_bins, count_extents, count_large
 from heapwalk.jemalloc.arenastats import base_metadata, bookkeeping, decay_clock, free_extents, large_classes, memory_figures
@@ -43,7 +43,7 @@ def collect_jemalloc(mem: Memory, disc: JeDiscovery, threads: list[ThreadRegs], 
         table, extent_findings = walk_extents(mem, disc.layout, disc.rtree, disc.rtree_shape)
         table = dataclasses.replace(table, paged_large=bool(disc.opt.get("disable_large_size_classes",
                                                                          disc.layout.large_paged)),
-                                    large_pad=0 if disc.opt.get("cache_oblivious") is False else PAGE)
+                                    large_pad=0 if disc.opt.get("cache_oblivious") is False else disc.layout.page)
         findings.extend(extent_findings)
     counted = None if disc.statistics else table
     arenas = []
@@ -64,7 +64,8 @@ def collect_jemalloc(mem: Memory, disc: JeDiscovery, threads: list[ThreadRegs], 
         arenas = _with_internal(arenas, decoded, counted)
     return JeState(target, disc.version_text, disc.layout.name, tuple(arenas), decoded, disc.facts, tuple(findings),
                    dict(disc.opt), table, background_thread=_background(mem, disc, findings),
-                   conf_variable=disc.conf_variable, cached=MappingProxyType(seen), statistics=disc.statistics)
+                   conf_variable=disc.conf_variable, cached=MappingProxyType(seen), statistics=disc.statistics,
+                   page=disc.layout.page)
 
 
 def _with_internal(arenas: list[JeArena], threads: tuple[JeThread, ...], table: ExtentTable) -> list[JeArena]:
@@ -202,12 +203,13 @@ def _from_statistics(mem: Memory, layout: JeLayout, index: int, address: int, ca
     tcache_bytes, lost = arena_tcache_bytes(mem, layout, index, word(layout.tcache_descriptors), cached)
     edata, rtree = base_metadata(mem, layout, raw)
     return JeArena(index, address, nthreads, word(layout.nactive), pages(layout.dirty_npages),
-                   pages(layout.muzzy_npages), pages(layout.retained_npages) * PAGE,
+                   pages(layout.muzzy_npages), pages(layout.retained_npages) * layout.page,
                    _i64(word(layout.dirty_decay_ms)), _i64(word(layout.muzzy_decay_ms)), *dirty, *muzzy,
                    bins, *memory, large_classes(layout, raw), free_extents(layout, raw), tcache_bytes,
                    tuple(findings + lost), decay_clock(layout, raw, layout.dirty_decay_ms),
                    decay_clock(layout, raw, layout.muzzy_decay_ms), _base_blocks(mem, layout, index, raw, findings),
-                   metadata_edata=edata, metadata_rtree=rtree, **bookkeeping(layout, raw, statistics=True))
+                   metadata_edata=edata, metadata_rtree=rtree, page=layout.page,
+                   **bookkeeping(layout, raw, statistics=True))
 
 
 
@@ -231,13 +233,13 @@ def _counted_arena(mem: Memory, layout: JeLayout, index: int, address: int, cach
     tcache_bytes, lost = arena_tcache_bytes(mem, layout, index, word(layout.tcache_descriptors), cached)
     unknown = (None,) * 6
     return JeArena(index, address, struct.unpack_from("<I", raw, layout.nthreads)[0], pactive, pdirty, pmuzzy,
-                   sum(word(off) for off in layout.retained_npages) * PAGE, _i64(word(layout.dirty_decay_ms)),
+                   sum(word(off) for off in layout.retained_npages) * layout.page, _i64(word(layout.dirty_decay_ms)),
                    _i64(word(layout.muzzy_decay_ms)), *unknown,
                    count_bins(table, index, _slabcurs(mem, layout, index, address, raw, findings)),
-                   (pactive + pdirty + pmuzzy) * PAGE + sum(size for _at, size in blocks), None, 0, None, None,
+                   (pactive + pdirty + pmuzzy) * layout.page + sum(size for _at, size in blocks), None, 0, None, None,
                    count_large(table, index), count_extents(table, index), tcache_bytes, tuple(findings + lost),
                    decay_clock(layout, raw, layout.dirty_decay_ms), decay_clock(layout, raw, layout.muzzy_decay_ms), blocks,
-                   **bookkeeping(layout, raw, statistics=False))
+                   page=layout.page, **bookkeeping(layout, raw, statistics=False))
 
 
 def _slabcurs(mem: Memory, layout: JeLayout, index: int, address: int, raw: bytes, findings: list[Finding]

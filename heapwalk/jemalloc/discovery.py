@@ -28,15 +28,16 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from heapwalk.arch import DEFAULT, Architecture
 from heapwalk.common.findings import Fact
 from heapwalk.jemalloc.arenaarray import CONTAINER_STATES, arena_array, container_states
 from heapwalk.jemalloc.background import background_state
 from heapwalk.jemalloc.find import JemallocImage, JemallocNotFound, find_jemalloc
-from heapwalk.jemalloc.rtree import COMPACT_48, SHAPES, WIDE_57, RtreeShape
+from heapwalk.jemalloc.rtree import COMPACT_48, LEAF_SHIFTS, RtreeShape, shape_for, shape_keyed_by
 from heapwalk.jemalloc.tsdoffset import static_module_offset, tsd_module, tsd_offset
-from heapwalk.jemalloc.layout import (LAYOUTS, PROF_LAYOUTS, QUANTA, JeLayout, UnsupportedJemalloc, layout_for,
-                                      quantum_phrase)
-from heapwalk.jemalloc.mallctl import MallctlTree, TreeNotFound, cstring, stored_constant
+from heapwalk.jemalloc.layout import (LAYOUTS, PROF_LAYOUTS, JeLayout, UnsupportedJemalloc, layout_for,
+                                      quantum_of, quantum_phrase)
+from heapwalk.jemalloc.mallctl import MallctlTree, TreeNotFound, cstring
 from heapwalk.jemalloc.opt import OptionsNotFound, read_opts
 from heapwalk.inferior.elf import ElfImage, Mapping, readable_runs
 from heapwalk.inferior.memory import Memory, ReadError, u64
@@ -71,6 +72,7 @@ class JeDiscovery:
     rtree_shape: RtreeShape = COMPACT_48    # the radix tree's levels and leaf entries (the build's address width)
     conf_variable: str = "MALLOC_CONF"      # the environment variable the build reads its options from
     tsd_module: int | None = None   # a dlopened library's TLS module id: each thread's tsd is its block of it
+    arch: Architecture = DEFAULT    # the architecture of its code (where each thread keeps its TLS)
 
     @property
     def statistics(self) -> bool:
@@ -94,10 +96,10 @@ def discover_jemalloc(mem: Memory, mappings: list[Mapping], thread_pointers: Seq
     version, text, where = _version(image, tree)
     facts.append(Fact("jemalloc_version", text, where))
     build = _build(tree)
-    facts.append(Fact("build", build or None, "the constants of mallctl's config.* and arenas.nbins"
+    facts.append(Fact("build", build or None, "the constants of mallctl's config.*, arenas.nbins and arenas.page"
                       if build else "not determined: no mallctl tree"))
     name = f"jemalloc {text.split('-')[0]} (in {path})"
-    layout = _layout(name, version, build)
+    layout = _layout(name, version, build, image.arch)
     arenas, count, narenas, how = arena_array(mem, found, tree, layout)
     facts += [Fact("arenas", arenas, how), Fact("narenas_total", narenas, how)]
     _check_layout(mem, layout, arenas, count, name)
@@ -116,7 +118,7 @@ def discover_jemalloc(mem: Memory, mappings: list[Mapping], thread_pointers: Seq
     variable, how = _conf_variable(image, found.prefix)
     facts.append(Fact("conf_variable", variable, how))
     return JeDiscovery(version, text, layout, path, base, arenas, count, tpoff, tuple(facts), opt, rtree,
-                       tuple(unread + lost), found.prefix, build, background, shape, variable, module)
+                       tuple(unread + lost), found.prefix, build, background, shape, variable, module, image.arch)
 
 
 def _tsd_place(mem: Memory, image: ElfImage, layout: JeLayout, arenas: int, count: int, thread_pointers: list[int]
@@ -128,7 +130,7 @@ def _tsd_place(mem: Memory, image: ElfImage, layout: JeLayout, arenas: int, coun
     if not image.is_program:
         module, how = tsd_module(mem, image, layout)
         if module is not None:
-            offset = static_module_offset(mem, module, [fs for fs in thread_pointers if fs])
+            offset = static_module_offset(mem, module, [fs for fs in thread_pointers if fs], image.arch)
             if offset is not None:
                 return offset, None, [Fact("tsd_tls_offset", offset, f"{how}, at one offset from every thread "
                                            "pointer (its library's TLS is in the static TLS block)")], []
@@ -142,21 +144,30 @@ def _tsd_place(mem: Memory, image: ElfImage, layout: JeLayout, arenas: int, coun
     return tpoff, None, facts, unread
 
 
-def _layout(name: str, version: tuple[int, int, int], build: dict[str, bool | int]) -> JeLayout:
-    """The layout of NAME, of VERSION built as BUILD says (JemallocNotFound, in a user's words, when heapwalk
-    has none)."""
+def _layout(name: str, version: tuple[int, int, int], build: dict[str, bool | int], arch: Architecture = DEFAULT
+            ) -> JeLayout:
+    """The layout of NAME, of VERSION built as BUILD says for ARCH, whose pthread_mutex_t jemalloc's mutexes
+    embed (JemallocNotFound, in a user's words, when heapwalk has none)."""
+    mutex_size = arch.mutex_size
     nbins = int(build.get("nbins", 36))
+    lg_page = int(build.get("page", 4096)).bit_length() - 1
+    pages = "" if lg_page == 12 else f" and {1 << (lg_page - 10)} KiB pages"
     known = ", ".join(layout.name.split(" ", 1)[1] for layout in LAYOUTS.values())
-    if nbins not in QUANTA:
-        raise JemallocNotFound(f"{name} is built with {nbins} small size classes: heapwalk does not decode that "
-                               f"build yet (it knows {known})")
+    quantum = quantum_of(nbins, lg_page)
+    if quantum is None:
+        raise JemallocNotFound(f"{name} is built with {nbins} small size classes{pages}: heapwalk does not decode "
+                               f"that build yet (it knows {known})")
     debug, prof = bool(build.get("debug")), bool(build.get("prof"))
     try:
-        return layout_for(version, QUANTA[nbins], debug, prof)
+        return layout_for(version, quantum, debug, prof, lg_page, mutex_size)
     except UnsupportedJemalloc:
         traits = ["--enable-debug"] if debug else []
-        if QUANTA[nbins] != 4:
-            traits.append(f"{quantum_phrase(QUANTA[nbins])} ({nbins} small size classes)")
+        if quantum != 4:
+            traits.append(f"{quantum_phrase(quantum)} ({nbins} small size classes)")
+        if lg_page != 12:
+            traits.append(f"{1 << (lg_page - 10)} KiB pages")
+        if mutex_size != 40:
+            traits.append(f"{arch.name}'s {mutex_size}-byte mutexes")
         if prof and tuple(version) in PROF_LAYOUTS:
             traits.append("--enable-prof")
         if traits:
@@ -201,18 +212,20 @@ _BUILD_FLAGS = ("debug", "stats", "prof", "fill", "lazy_lock")
 
 def _build(tree: MallctlTree | None) -> dict[str, bool | int]:
     """How the build was configured, as far as its mallctl functions show: ``config.<flag>`` (bool) and
-    ``nbins``, the number of small size classes (36 with a 16-byte quantum and 4 KiB pages)."""
+    ``nbins``, the number of small size classes (36 with a 16-byte quantum and 4 KiB pages), and ``page``, the
+    page it was built for (``arenas.page``)."""
     if tree is None:
         return {}
     out: dict[str, bool | int] = {}
     wanted = [(f"config.{flag}", flag, lambda v: v in (0, 1), bool) for flag in _BUILD_FLAGS] + \
-        [("arenas.nbins", "nbins", lambda v: 0 < v < 256, int)]
+        [("arenas.nbins", "nbins", lambda v: 0 < v < 256, int),
+         ("arenas.page", "page", lambda v: v in (1 << 12, 1 << 14, 1 << 16), int)]
     for dotted, key, sane, kind in wanted:
         node = tree.node(dotted)
         if node is None or not node.ctl:
             continue
         try:
-            value = stored_constant(_code(tree.image.mem, node.ctl, _CONSTANT_SPAN))
+            value = tree.image.code.stored_constant(_code(tree.image.mem, node.ctl, _CONSTANT_SPAN))
         except ReadError:
             continue
         if value is not None and sane(value):
@@ -233,6 +246,7 @@ def _rtree(found: JemallocImage, tree: MallctlTree | None, layout: JeLayout) -> 
     the lookup of a pointer's extent, an address into the image's writable data computed as a call's second argument, in the function
     or (a debug build, which inlines less) in one it calls; the first whose root holds only readable nodes."""
     places = []
+    usual = shape_for(48, layout.classes.lg_page)
     node = tree.node("arenas.lookup") if tree is not None else None
     if node is not None and node.ctl:
         places.append((node.ctl, "arenas.lookup's function"))
@@ -240,7 +254,7 @@ def _rtree(found: JemallocImage, tree: MallctlTree | None, layout: JeLayout) -> 
     if start is not None:
         places.append((start, f"{found.prefix}malloc_usable_size"))
     if not places:
-        return None, COMPACT_48, "not determined: neither arenas.lookup's function nor malloc_usable_size was found"
+        return None, usual, "not determined: neither arenas.lookup's function nor malloc_usable_size was found"
     said = []
     for start, what in places:
         try:
@@ -249,20 +263,23 @@ def _rtree(found: JemallocImage, tree: MallctlTree | None, layout: JeLayout) -> 
             said.append(f"{what} is unreadable ({exc.reason})")
             continue
         shift = found.image.code.first_shift_right(code)
-        if shift is not None and shift not in SHAPES:
-            return None, COMPACT_48, f"not decoded: the build's radix tree keys its leaves by address >> {shift}, " \
-                                     f"a shape heapwalk does not read yet (it reads >> 30, 48-bit builds, and " \
-                                     f">> 27, builds for 57-bit addresses)"
-        shape = SHAPES.get(shift, COMPACT_48)
-        levels = "three levels (57-bit addresses)" if shape is WIDE_57 else "two levels (48-bit addresses)"
+        shape = usual if shift is None else shape_keyed_by(shift, layout.classes.lg_page)
+        if shape is None:
+            return None, usual, f"not decoded: the build's radix tree keys its leaves by address >> {shift}, a " \
+                                f"shape heapwalk does not read yet (with 4 KiB pages it reads >> " \
+                                f"{LEAF_SHIFTS[0]}, 48-bit builds, and >> {LEAF_SHIFTS[1]}, builds for 57-bit " \
+                                f"addresses)"
+        levels = f"{_COUNTS.get(len(shape.levels), len(shape.levels))} levels " \
+                 f"({shape.page_bits + sum(shape.levels)}-bit addresses)"
         for target, at in _tree_candidates(found.image, code, start):
             if _plausible_tree(found.image.mem, layout, shape, target):
                 return target, shape, f"the lookup's tree in {what} (code at {at:#x}), {levels}"
         said.append(f"no address {what} (or a function it calls) hands on as a second argument leads to a "
                     "radix tree")
-    return None, COMPACT_48, "not determined: " + "; ".join(said)
+    return None, usual, "not determined: " + "; ".join(said)
 
 
+_COUNTS = {1: "one", 2: "two", 3: "three"}
 _CALLEES = 12           # calls of a function followed to find its tree
 def _tree_candidates(image: ElfImage, code: bytes, start: int) -> list[tuple[int, int]]:
     """(target, where) of each address into IMAGE's writable data that CODE (at START) computes as a call's
@@ -271,7 +288,8 @@ def _tree_candidates(image: ElfImage, code: bytes, start: int) -> list[tuple[int
     writable = [(seg.address, seg.address + seg.memsz) for seg in image.writable()]
 
     def leas(block: bytes, at: int) -> list[tuple[int, int]]:
-        return [(r.target, at + r.offset) for r in image.code.address_refs(block, at) if r.computes
+        return [(r.target, at + r.offset) for r in image.through_slots(image.code.address_refs(block, at))
+                if r.computes
                 and r.argument == 1 and any(lo <= r.target < hi for lo, hi in writable)]
 
     out = leas(code, start)

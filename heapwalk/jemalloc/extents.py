@@ -17,7 +17,7 @@ import numpy as np
 
 from heapwalk.common.findings import Finding, Severity
 from heapwalk.jemalloc.kinds import Kind
-from heapwalk.jemalloc.layout import JeLayout, PAGE
+from heapwalk.jemalloc.layout import JeLayout
 from heapwalk.jemalloc.rtree import COMPACT_48, RtreeShape
 from heapwalk.jemalloc.sizeclasses import SizeClasses, size_classes
 from heapwalk.inferior.memory import Memory, ReadError
@@ -44,10 +44,15 @@ class ExtentTable:
     classes: SizeClasses = size_classes(4)  # the build's size classes, which szind indexes
     paged_large: bool = False   # large allocations are rounded up to pages, not to their class (5.3.1's
     #                             opt.disable_large_size_classes)
-    large_pad: int = PAGE       # the page cache_oblivious adds to each large extent (0 without it)
+    large_pad: int = 4096       # the page cache_oblivious adds to each large extent (0 without it)
 
     def __len__(self) -> int:
         return len(self.address)
+
+    @property
+    def page(self) -> int:
+        """The build's page."""
+        return self.classes.page
 
     def usizes(self, rows: np.ndarray) -> np.ndarray:
         """The usable size of the allocation each of ROWS (active extents) holds: a slab's region size, a large
@@ -91,8 +96,9 @@ def walk_extents(mem: Memory, layout: JeLayout, rtree: int, shape: RtreeShape = 
         findings.append(Finding(Severity.ERROR, exc.address, "jemalloc extents", f"cannot read the extent "
                                 f"header at {int(headers[row]):#x} the radix tree names: {exc.reason}", Kind.UNMAPPED))
     bits, address, size_esn = got.data.view("<u8").T if len(headers) else (np.zeros(0, dtype=np.uint64),) * 3
-    size = size_esn & np.uint64(~(PAGE - 1) & (2 ** 64 - 1))
-    last = address + size - np.uint64(PAGE)
+    page = layout.page
+    size = size_esn & np.uint64(~(page - 1) & (2 ** 64 - 1))
+    last = address + size - np.uint64(page)
     fits = (size != 0) & (size <= ~address)               # the extent's last page does not wrap past 2**64
     mapped = (_maps_many(leaves, shape, address) == headers) & (_maps_many(leaves, shape, last) == headers)
     good = got.readable & fits & mapped
@@ -102,12 +108,12 @@ def walk_extents(mem: Memory, layout: JeLayout, rtree: int, shape: RtreeShape = 
                                 "tree names are not mapped back by their own first and last pages: left out of the "
                                 "maps", Kind.ARENA))
     rows = np.flatnonzero(good)
-    rows = rows[np.argsort(address[rows] & np.uint64(~(PAGE - 1) & (2 ** 64 - 1)), kind="stable")]
+    rows = rows[np.argsort(address[rows] & np.uint64(~(page - 1) & (2 ** 64 - 1)), kind="stable")]
     bits, address, size = bits[rows], address[rows], size[rows]
-    columns = (address & np.uint64(~(PAGE - 1) & (2 ** 64 - 1)), size, address & np.uint64(PAGE - 1),
+    columns = (address & np.uint64(~(page - 1) & (2 ** 64 - 1)), size, address & np.uint64(page - 1),
                bits & np.uint64(0xFFF), (bits >> np.uint64(layout.extent_state_shift)) & np.uint64(layout.extent_state_mask),
                (bits >> np.uint64(12)) & np.uint64(1), (bits >> np.uint64(layout.extent_szind_shift)) & np.uint64(0xFF),
-               (bits >> np.uint64(layout.extent_nfree_shift)) & np.uint64(0x3FF), headers[rows])
+               (bits >> np.uint64(layout.extent_nfree_shift)) & np.uint64(layout.nfree_mask), headers[rows])
     table = ExtentTable(*(np.ascontiguousarray(c).astype(t) for c, t in zip(columns, (
         np.uint64, np.int64, np.int64, np.int32, np.uint8, bool, np.int32, np.int32, np.uint64))), layout.classes)
     return table, findings
@@ -131,7 +137,7 @@ def _leaves(mem: Memory, layout: JeLayout, rtree: int, shape: RtreeShape, findin
             below += [(int(words[i]), prefix << bits | i) for i in np.flatnonzero(words).tolist()]
         nodes = below
     out = {}
-    span = 12 + shape.leaf_bits
+    span = shape.leaf_shift
     for at, prefix in nodes:
         try:
             raw = mem.read(at, shape.entry_size << shape.leaf_bits)
@@ -148,9 +154,9 @@ def _maps_many(leaves: dict[int, np.ndarray], shape: RtreeShape, addresses: np.n
     out = np.zeros(len(addresses), dtype=np.uint64)
     if not leaves or not len(addresses):
         return out
-    span = np.uint64(12 + shape.leaf_bits)
+    span = np.uint64(shape.leaf_shift)
     bases = addresses >> span << span
-    index = ((addresses >> np.uint64(12)) & np.uint64((1 << shape.leaf_bits) - 1)).astype(np.int64)
+    index = ((addresses >> np.uint64(shape.page_bits)) & np.uint64((1 << shape.leaf_bits) - 1)).astype(np.int64)
     keys = np.array(sorted(leaves), dtype=np.uint64)
     leaf = np.searchsorted(keys, bases)
     leaf[(leaf < len(keys)) & (keys[np.minimum(leaf, len(keys) - 1)] != bases)] = len(keys)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from heapwalk.common.findings import Finding, Severity
 from heapwalk.inferior.memory import Memory, ReadError
 from heapwalk.jemalloc.kinds import Kind
-from heapwalk.jemalloc.layout import PAGE, JeLayout
+from heapwalk.jemalloc.layout import JeLayout
 
 __all__ = ["ListedExtents", "walk_free_lists"]
 
@@ -75,6 +75,6 @@ def _ring(mem: Memory, layout: JeLayout, index: int, state: int, head: int, firs
             findings.append(Finding(Severity.ERROR, at, where, f"extent {at:#x} on arena {index}'s list of "
                                     f"{_NAMES[state]} extents is of arena {bits & 0xFFF}, state {found}",
                                     Kind.ARENA, f"arena {index}, state {state}", f"arena {bits & 0xFFF}, state {found}"))
-        pages += (size_esn & ~(PAGE - 1)) // PAGE
+        pages += (size_esn & ~(layout.page - 1)) // layout.page
         at = 0 if following == first else following
     return len(seen), pages

@@ -12,9 +12,9 @@ import dataclasses
 from dataclasses import dataclass
 
 from heapwalk.common.errors import HeapwalkError
-from heapwalk.jemalloc.sizeclasses import PAGE, SizeClasses, size_classes
+from heapwalk.jemalloc.sizeclasses import SizeClasses, size_classes
 
-__all__ = ["JeLayout", "LAYOUTS", "PROF_LAYOUTS", "QUANTA", "layout_for", "quantum_phrase", "UnsupportedJemalloc", "PAGE", "BIN_STATS"]
+__all__ = ["JeLayout", "LAYOUTS", "PROF_LAYOUTS", "QUANTA", "quantum_of", "layout_for", "quantum_phrase", "UnsupportedJemalloc", "BIN_STATS"]
 
 
 class UnsupportedJemalloc(HeapwalkError, ValueError):
@@ -120,8 +120,25 @@ class JeLayout:
     #                                       cache bin's avail, past its 200 slots
 
     @property
+    def page(self) -> int:
+        """The build's page (LG_PAGE: 4 KiB unless configured --with-lg-page)."""
+        return self.classes.page
+
+    @property
+    def nfree_mask(self) -> int:
+        """The bits of an extent's count of its slab's free regions (up to a slab's most regions, inclusive)."""
+        return (self.classes.slab_maxregs << 1) - 1
+
+    @property
+    def slab_bitmap_bytes(self) -> int:
+        """The bytes of a slab's bitmap that hold a bit per region (its first level, where it is a tree)."""
+        return self.classes.slab_maxregs // 8
+
+    @property
     def name(self) -> str:
         quantum = "" if self.classes.lg_quantum == 4 else f" with {quantum_phrase(self.classes.lg_quantum)}"
+        if self.classes.lg_page != 12:
+            quantum += f" for {self.page >> 10} KiB pages"
         debug = " built with --enable-debug" if self.debug else ""
         prof = " built with --enable-prof" if self.prof else ""
         return "jemalloc %d.%d.%d" % self.version + quantum + debug + prof
@@ -138,9 +155,11 @@ def _extents_521(container: int, mutex_growth: int = 0) -> tuple[int, int, int]:
     return container + 1712 + mutex_growth, container + 3312 + mutex_growth, 8
 
 
-def _extents_530(ecache: int) -> tuple[tuple[int, int, int], ...]:
-    """An ecache's eset and guarded eset: their bin_stats[] {nextents, nbytes}."""
-    return tuple((ecache + eset + 6432, ecache + eset + 6440, 16) for eset in (112, 9768))
+def _extents_530(ecache: int, esets: tuple[int, int] = (112, 9768), stats: int = 6432
+                 ) -> tuple[tuple[int, int, int], ...]:
+    """An ecache's eset and guarded eset (at ESETS in it): their bin_stats[] {nextents, nbytes}, STATS bytes into
+    each."""
+    return tuple((ecache + eset + stats, ecache + eset + stats + 8, 16) for eset in esets)
 
 
 #: bin_stats_t's fields, in order, 8 bytes each (both versions)
@@ -190,6 +209,21 @@ LAYOUTS[(5, 2, 1, 3)] = dataclasses.replace(
     LAYOUTS[(5, 2, 1)], arena_size=29520, base=29504, create_time=29512, base_counters=2032, tsd_size=0x1898,
     tsd_tcache_bins=(496 + 16, 496 + 1080), tsd_tcache_arena=496 + 1024, cache_bins=39 + 196,
     classes=size_classes(3))
+#: jemalloc 5.3.0 built for 64 KiB pages (--with-lg-page=16, as Debian builds it for arm64, whatever the
+#: kernel's page) where a pthread_mutex_t is 48 bytes (arm64): 52 small classes and 180 large ones, so arena_t's
+#: large statistics shrink, its extent containers hold 184 page size classes, the tsd's per-class thread cache
+#: state grows, and a slab's bitmap holds 8192 regions; every mutex (malloc_mutex_t, 120 bytes) moves what follows
+#: it (measured on Debian's source package of 5.3.0 cross-built for aarch64 --with-lg-page=16 with debug
+#: information, the same reading of its types giving the layout above from the x86-64 build)
+LAYOUTS[(5, 3, 0, "page16", "mutex48")] = dataclasses.replace(
+    LAYOUTS[(5, 3, 0)], arena_size=73624, nactive=9904, dirty_npages=(18960, 27840), muzzy_npages=(36856, 45736),
+    retained_npages=(54752,), dirty_state=27856, muzzy_state=45752, retained_state=63648, dirty_decay_ms=64080,
+    muzzy_decay_ms=65872, base_counters=3888,
+    extent_stats=tuple(_extents_530(ecache, (120, 9000), 5912) for ecache in (9976, 27872, 45768)),
+    bins=73624, bin_size=232, bin_stats=120, index_field=73600, base=73608, tsd_state=880, tsd_allocated=888,
+    tsd_deallocated=904, tsd_size=2696, tcache_descriptors=9632, tsd_tcache_bins=(928,), tsd_tcache_arena=312,
+    rtree_root=128, base_blocks=168, bin_slabcur=200, mutex_size=120, mutex_locked=112, extent_avail=73424,
+    create_time=73616, tsd_tcache_stacks=(480, 0), classes=size_classes(4, 16))
 #: jemalloc 5.3.0 with an 8-byte quantum (Redis 7.2 and later vendor it so): the tcache's per-class flush
 #: state before its bins and its bins (76) grow, moving the tsd's state and counters by 16 bytes; base_t's heaps
 #: by size class are three longer (measured on jemalloc 5.3.0 built --with-lg-quantum=3 with debug information)
@@ -277,21 +311,31 @@ LAYOUTS[(5, 1, 0, "debug")] = dataclasses.replace(
     retained_npages=(12832,), dirty_state=9208, muzzy_state=11024, retained_state=12840, dirty_decay_ms=13016,
     muzzy_decay_ms=14848, base_counters=2056, base_blocks=192, bins=16848, bin_size=320, bin_stats=184,
     bin_slabcur=160, base=28368, rtree_root=160, mutex_size=160, debug=True, create_time=28376)
-#: the quanta (lg) heapwalk has layouts for, by number of small classes
-QUANTA = {36: 4, 39: 3}
+#: the quanta (lg) heapwalk has layouts for
+QUANTA = (4, 3)
 
 
-def layout_for(version: tuple[int, int, int], lg_quantum: int = 4, debug: bool = False, prof: bool = False
-               ) -> JeLayout:
-    """The layout of VERSION built with a 2**LG_QUANTUM quantum, with --enable-debug when DEBUG, with
-    --enable-prof when PROF (which matters only to the versions of PROF_LAYOUTS) (UnsupportedJemalloc when
-    heapwalk has none for it)."""
-    key = (*version, *(() if lg_quantum == 4 else (lg_quantum,)), *(("debug",) if debug else ()),
-           *(("prof",) if prof and tuple(version) in PROF_LAYOUTS else ()))
+def quantum_of(nbins: int, lg_page: int = 12) -> int | None:
+    """The quantum (lg) of a build with 2**LG_PAGE pages and NBINS small classes (None: no quantum heapwalk
+    knows gives that many)."""
+    return next((q for q in QUANTA if size_classes(q, lg_page).nbins == nbins), None)
+
+
+def layout_for(version: tuple[int, int, int], lg_quantum: int = 4, debug: bool = False, prof: bool = False,
+               lg_page: int = 12, mutex_size: int = 40) -> JeLayout:
+    """The layout of VERSION built with a 2**LG_QUANTUM quantum and 2**LG_PAGE pages, with --enable-debug when
+    DEBUG, with --enable-prof when PROF (which matters only to the versions of PROF_LAYOUTS), where a
+    pthread_mutex_t is MUTEX_SIZE bytes (UnsupportedJemalloc when heapwalk has none for it)."""
+    key = (*version, *(() if lg_quantum == 4 else (lg_quantum,)), *(() if lg_page == 12 else (f"page{lg_page}",)),
+           *(() if mutex_size == 40 else (f"mutex{mutex_size}",)),
+           *(("debug",) if debug else ()), *(("prof",) if prof and tuple(version) in PROF_LAYOUTS else ()))
     try:
         return LAYOUTS[key]
     except KeyError:
         known = ", ".join(layout.name.split(" ", 1)[1] for layout in LAYOUTS.values())
+        traits = ([] if lg_quantum == 4 else [quantum_phrase(lg_quantum)]) + \
+            ([] if lg_page == 12 else [f"{1 << (lg_page - 10)} KiB pages"]) + \
+            ([] if mutex_size == 40 else [f"{mutex_size}-byte mutexes"])
         raise UnsupportedJemalloc(f"jemalloc {'.'.join(map(str, version))}"
-                                  f"{'' if lg_quantum == 4 else ' with ' + quantum_phrase(lg_quantum)} is not "
+                                  f"{' with ' + ' and '.join(traits) if traits else ''} is not "
                                   f"supported yet (heapwalk knows {known})") from None

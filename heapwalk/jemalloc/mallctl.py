@@ -23,7 +23,7 @@ from heapwalk.common.errors import HeapwalkError
 from heapwalk.inferior.elf import ElfImage, readable_runs
 from heapwalk.inferior.memory import ReadError
 
-__all__ = ["MallctlTree", "Node", "TreeNotFound", "cstring", "stored_constant"]
+__all__ = ["MallctlTree", "Node", "TreeNotFound", "cstring"]
 
 NODE = 40                   # ctl_named_node_t
 _MAX_STRING = 4096
@@ -141,35 +141,3 @@ def cstring(image: ElfImage, address: int, limit: int = _MAX_STRING) -> str:
             return (out + chunk[:end]).decode(errors="replace")
         out += chunk
     raise ValueError(f"no string at {address:#x}")
-
-
-def stored_constant(code: bytes) -> int | None:
-    """The constant a read-only ctl function stores (``config.*``, ``arenas.nbins``...): the immediate of its
-    first ``mov r/m, imm`` (C6 /0 ib, C7 /0 id), None when it has none.  Unoptimised code (a plain
-    ``--enable-debug`` build, no -O) keeps its return value in a stack slot too, loaded into eax just before
-    ``leave`` (``mov eax, [rbp+d8]``): a store to that slot is the error code (EPERM, first), not the constant;
-    and it stores a bool through eax (``mov eax, imm32`` then ``mov [rbp+d8], al``), which counts as a store."""
-    returned = {code[m.start() + 2] for m in re.finditer(rb"\x8b\x45.\xc9", code, re.S)}
-    i = 0
-    while i < len(code) - 2:
-        op = code[i]
-        if op == 0xB8 and code[i + 5:i + 7] in (b"\x88\x45", b"\x89\x45") and i + 8 <= len(code) \
-                and code[i + 7] not in returned:
-            value = int.from_bytes(code[i + 1:i + 5], "little", signed=True)
-            return value & 0xFF if code[i + 5] == 0x88 else value
-        if op in (0xC6, 0xC7) and (code[i + 1] >> 3) & 7 == 0 and (i == 0 or code[i - 1] not in (0x0F,)):
-            modrm = code[i + 1]
-            mod, rm = modrm >> 6, modrm & 7
-            length = 2
-            if mod != 3 and rm == 4:
-                length += 1
-            if mod == 1:
-                length += 1
-            elif mod == 2 or (mod == 0 and rm == 5):
-                length += 4
-            size = 1 if op == 0xC6 else 4
-            to_return = modrm == 0x45 and code[i + 2] in returned       # [rbp+d8], the slot eax returns
-            if i + length + size <= len(code) and not to_return:
-                return int.from_bytes(code[i + length:i + length + size], "little", signed=size == 4)
-        i += 1
-    return None

@@ -119,6 +119,22 @@ class JeArena:
     abandoned_vm: int | None = None         # bytes of address space jemalloc gave up on (None: not kept)
     extent_avail: int | None = None         # spare extent headers the arena keeps (None: 5.1.0 does not count)
     created_ns: int | None = None           # when the arena was made, on jemalloc's clock (CLOCK_MONOTONIC)
+    page: int = 4096                        # the build's page, the unit of pactive, pdirty and pmuzzy
+
+    @property
+    def active_bytes(self) -> int:
+        """The bytes of its active pages."""
+        return self.pactive * self.page
+
+    @property
+    def dirty_bytes(self) -> int:
+        """The bytes of its dirty pages."""
+        return self.pdirty * self.page
+
+    @property
+    def muzzy_bytes(self) -> int:
+        """The bytes of its muzzy pages."""
+        return self.pmuzzy * self.page
 
     def small(self) -> dict[str, int | None]:
         """The small classes together, as malloc_stats_print sums them: bytes in use and the counters (None:
@@ -129,7 +145,7 @@ class JeArena:
 
     def slab_bytes(self) -> int:
         """The bytes of its slabs: each bin's slabs in use times the pages of one."""
-        return sum(b.curslabs * b.slab_pages * 4096 for b in self.bins)
+        return sum(b.curslabs * b.slab_pages * self.page for b in self.bins)
 
     def large_extents(self) -> int:
         """Large allocations alive now."""
@@ -138,7 +154,7 @@ class JeArena:
     def active_slack(self) -> int:
         """Active bytes beyond its slabs and large allocations: with cache_oblivious, one page on each large
         allocation, so between 0 and large_extents() pages when the counters agree."""
-        return self.pactive * 4096 - self.slab_bytes() - self.large_totals()["allocated"]
+        return self.active_bytes - self.slab_bytes() - self.large_totals()["allocated"]
 
     def large_totals(self) -> dict[str, int | None]:
         """The large classes together, as malloc_stats_print sums them (a tcache fill is one nmalloc; None: not
@@ -214,6 +230,7 @@ class JeState:
     statistics: bool = True                     # does the build keep statistics (False: --disable-stats, so the
     #                                             figures in use are counted from the extents, and the counts of
     #                                             operations are None)
+    page: int = 4096                            # the build's page
 
     @property
     def background_running(self) -> bool | None:
@@ -231,13 +248,13 @@ class JeState:
         """The bytes of arena A's regions the program holds: its small and large allocations, less what the
         thread caches hold of them."""
         held = a.small()["allocated"] + a.large_totals()["allocated"] - self.cached_from(a.index)
-        return max(0, min(held, a.pactive * 4096))    # never more than its active pages, damaged counters or not
+        return max(0, min(held, a.active_bytes))    # never more than its active pages, damaged counters or not
 
     def metadata(self) -> dict[str, int]:
         """jemalloc's own metadata as malloc_stats_print counts it (``metadata`` = base + internal; None without
         statistics, where what the base allocated is not kept), and what the overhead column holds beside it:
         the base blocks mapped, and the pages cache_oblivious adds to large allocations."""
-        pages = sum((a.pactive + a.pdirty + a.pmuzzy) * 4096 for a in self.arenas)
+        pages = sum(a.active_bytes + a.dirty_bytes + a.muzzy_bytes for a in self.arenas)
         base = None if any(a.base is None for a in self.arenas) else sum(a.base for a in self.arenas)
         internal = sum(a.internal for a in self.arenas)
         return {"metadata": None if base is None else base + internal, "base": base, "internal": internal,
@@ -252,7 +269,7 @@ class JeState:
             used = max(0, min(b.curregs, b.curslabs * b.nregs))   # damaged counters stay within their slabs
             out[b.size] = SlabTotals(row.slabs + b.curslabs, row.nonfull + min(b.nonfull_slabs, b.curslabs),
                                      row.used + used, row.regions + b.curslabs * b.nregs,
-                                     row.free + b.curslabs * b.slab_pages * 4096 - used * b.size)
+                                     row.free + b.curslabs * b.slab_pages * self.page - used * b.size)
         return out
 
     def arena(self, index: int) -> JeArena | None:

@@ -16,10 +16,10 @@ __all__ = ["slab_regions", "NATIVE"]
 
 def _load():
     """The built library with its function's types declared, or None (see `inferior.clib`)."""
-    lib = built_library(Path(__file__).parent, "_native", ("hw_slab_regions",))
+    lib = built_library(Path(__file__).parent, "_native", ("hw_slab_bitmap_regions",))
     if lib is not None:
-        lib.hw_slab_regions.restype = ctypes.c_int64
-        lib.hw_slab_regions.argtypes = [ctypes.c_void_p, ctypes.c_int64] + [ctypes.c_void_p] * 10
+        lib.hw_slab_bitmap_regions.restype = ctypes.c_int64
+        lib.hw_slab_bitmap_regions.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64] + [ctypes.c_void_p] * 10
     return lib
 
 
@@ -30,8 +30,8 @@ NATIVE = _LIB is not None
 
 def slab_regions(bitmaps: np.ndarray, nregs: np.ndarray, size: np.ndarray, nfree: np.ndarray, readable: np.ndarray,
                  address: np.ndarray, arena: np.ndarray) -> tuple[np.ndarray, ...] | None:
-    """The regions slabs hand out, from their bitmaps (BITMAPS: uint8, 64 a slab; a set bit is a free region),
-    in one C loop (`hw_slab_regions`; `blocks` has the numpy form): starts, ends, arenas, and whether
+    """The regions slabs hand out, from their bitmaps (BITMAPS: uint8, a row a slab; a set bit is a free region),
+    in one C loop (`hw_slab_bitmap_regions`; `blocks` has the numpy form): starts, ends, arenas, and whether
     each slab's bitmap was readable and counted its NFREE; None when the library is not built."""
     if _LIB is None:
         return None
@@ -39,10 +39,11 @@ def slab_regions(bitmaps: np.ndarray, nregs: np.ndarray, size: np.ndarray, nfree
     bitmaps, nregs, size = c(bitmaps, dtype=np.uint8), c(nregs, dtype=np.int64), c(size, dtype=np.uint64)
     nfree, readable = c(nfree, dtype=np.int32), c(readable, dtype=np.uint8)
     address, arena = c(address, dtype=np.uint64), c(arena, dtype=np.int32)
-    room = int(np.minimum(nregs, 512).sum())
+    stride = bitmaps.shape[1] if bitmaps.ndim == 2 else 64
+    room = int(np.minimum(nregs, 8 * stride).sum())
     starts, ends = np.empty(room, dtype=np.uint64), np.empty(room, dtype=np.uint64)
     arenas, good = np.empty(room, dtype=np.int32), np.empty(len(nregs), dtype=np.uint8)
-    count = _LIB.hw_slab_regions(bitmaps.ctypes.data, len(nregs), nregs.ctypes.data, size.ctypes.data,
+    count = _LIB.hw_slab_bitmap_regions(bitmaps.ctypes.data, stride, len(nregs), nregs.ctypes.data, size.ctypes.data,
                                  nfree.ctypes.data, readable.ctypes.data, address.ctypes.data, arena.ctypes.data,
                                  starts.ctypes.data, ends.ctypes.data, arenas.ctypes.data, good.ctypes.data)
     return starts[:count], ends[:count], arenas[:count], good.view(bool)

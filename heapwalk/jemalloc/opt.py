@@ -105,12 +105,16 @@ def _read_children(image: ElfImage, children: int, nchildren: int, fields: dict[
 
 def _value(image: ElfImage, kind: str, ctl: int, field: int) -> bool | int | str:
     """The option a ctl function at CTL copies out, read as KIND, FIELD bytes into what it computes: the
-    global is the first address the function computes or reads (a load, which names the field itself); an
-    option shown by name indexes the table of names the next address it computes is."""
-    refs = image.code.all_refs(image.mem.read(ctl, _CTL_SPAN), ctl)
+    global is the first address the function computes or reads (a load, which names the field itself), or
+    reaches through a slot of the global offset table; a string kept as an array is the address the function
+    computes or reads from such a slot; an option shown by name indexes the table of names the next address it
+    computes is."""
+    refs = image.through_slots(image.code.all_refs(image.mem.read(ctl, _CTL_SPAN), ctl))
     if not refs:
         raise ValueError(f"no load of a global in the ctl function at {ctl:#x}")
     mem, at = image.mem, refs[0].target + (field if refs[0].computes else 0)
+    if kind == "string" and not refs[0].computes:      # an array's address, read from the slot that holds it
+        at = struct.unpack("<Q", mem.read(refs[0].target, 8))[0]
     leas = [refs[0].target] + [r.target for r in refs[1:] if r.computes]
     if kind == "bool":
         return mem.read(at, 1)[0] != 0

@@ -19,7 +19,6 @@ from heapwalk.jemalloc.shown import thread_state
 
 __all__ = ["option_settings", "jemalloc_facts", "decay_section", "jemalloc_threads", "jemalloc_sections", "JE_COLOURS", "JE_NAMES"]
 
-PAGE = 4096
 #: jemalloc's kinds of free memory on the page's charts (the glibc kinds keep theirs)
 JE_COLOURS = {"slabs": COLOURS["slab_free"], "dirty": COLOURS["dirty"], "muzzy": COLOURS["muzzy"],
               "retained": COLOURS["retained"]}
@@ -60,15 +59,16 @@ def decay_section(doc: dict[str, Any]) -> str:
     arenas = (doc.get("jemalloc") or {}).get("arenas") or []
     if not arenas:
         return ""
-    chart = stacked_chart([(f"arena {a['index']}", [("dirty", a["pdirty"] * PAGE), ("muzzy", a["pmuzzy"] * PAGE)])
+    page = (doc.get("jemalloc") or {}).get("page") or 4096
+    chart = stacked_chart([(f"arena {a['index']}", [("dirty", a["pdirty"] * page), ("muzzy", a["pmuzzy"] * page)])
                            for a in arenas], JE_COLOURS, JE_NAMES, "dirty and muzzy pages by arena")
     clock = (doc.get("jemalloc") or {}).get("clock_ns")
-    rows = [(str(a["index"]), str(a["nthreads"]), human(a["pactive"] * PAGE), human(a["pdirty"] * PAGE),
-             human(a["pmuzzy"] * PAGE), human(a["retained"]), str(a["dirty_decay_ms"]), str(a["muzzy_decay_ms"]),
-             _kept(a["dirty_npurge"], str), _kept(a["dirty_purged"], lambda n: human(n * PAGE)),
+    rows = [(str(a["index"]), str(a["nthreads"]), human(a["pactive"] * page), human(a["pdirty"] * page),
+             human(a["pmuzzy"] * page), human(a["retained"]), str(a["dirty_decay_ms"]), str(a["muzzy_decay_ms"]),
+             _kept(a["dirty_npurge"], str), _kept(a["dirty_purged"], lambda n: human(n * page)),
              *_clock_cells(a.get("decay_clock") or {}, clock)) for a in arenas]
-    dirty = sum(a["pdirty"] for a in arenas) * PAGE
-    muzzy = sum(a["pmuzzy"] for a in arenas) * PAGE
+    dirty = sum(a["pdirty"] for a in arenas) * page
+    muzzy = sum(a["pmuzzy"] for a in arenas) * page
     words = (f"<p>Dirty pages ({human(dirty)}) are freed memory not yet purged (in the RSS while in RAM); decay "
              f"purges them over "
              f"dirty_decay_ms, then muzzy pages ({human(muzzy)}) over muzzy_decay_ms. Retained memory is mapped "

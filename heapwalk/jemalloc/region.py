@@ -15,8 +15,9 @@ from heapwalk.jemalloc.model import JeState
 
 __all__ = ["locate_region", "region_text", "SLAB_BITMAP"]
 
-#: where a slab's bitmap of regions lies in its extent header (5.2.1 extent_t, 5.3.0 edata_t): 8 words, one bit
-#: per region, stored inverted (a set bit is a free region, so that finding the first free one is a find-first-set)
+#: where a slab's bitmap of regions lies in its extent header (5.2.1 extent_t, 5.3.0 edata_t): one bit per region
+#: (8 words with 4 KiB pages; with 64 KiB pages, 128, then the levels of a tree over them), stored inverted (a set
+#: bit is a free region, so that finding the first free one is a find-first-set)
 SLAB_BITMAP = 64
 _STATES = {0: "active", 1: "dirty", 2: "muzzy", 3: "retained"}
 

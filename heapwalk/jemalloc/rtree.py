@@ -4,13 +4,15 @@ back in the arena it came from (a thread that frees another thread's allocation 
 to check that it lies in a slab of its size class, and to walk every extent (`jemalloc.extents`).
 
 The tree's shape is the build's, set by the virtual address width jemalloc was configured for (LG_VADDR,
-which its configure takes from the build machine's CPU):
+which its configure takes from the build machine's CPU) and its page (LG_PAGE): the tree is keyed by the page
+number, split into two levels when it has at most 36 bits (the second one the longer by the odd bit), three
+(the last the longest) up to 52:
 
-- 48 bits: two levels of 18 bits over the page number; a leaf entry is one word, the header's address with
-  the size class in its top 16 bits and the slab flag in bit 0 ("compact");
-- 57 bits (5-level paging): three levels of 15 bits; a leaf entry is 16 bytes, the header's address then a
-  32-bit word: in 5.2.1 the size class, then the slab flag in the next byte; in 5.3.0 the slab flag in bit 0,
-  the state in bits 2-4 and the size class from bit 5.
+- 48 bits, 4 KiB pages: two levels of 18 bits; with 64 KiB pages, two of 16; a leaf entry is one word, the
+  header's address with the size class in its top 16 bits and the slab flag in bit 0 ("compact");
+- 57 bits (5-level paging), 4 KiB pages: three levels of 15 bits; a leaf entry is 16 bytes, the header's
+  address then a 32-bit word: in 5.2.1 the size class, then the slab flag in the next byte; in 5.3.0 the slab
+  flag in bit 0, the state in bits 2-4 and the size class from bit 5.
 """
 
 from __future__ import annotations
@@ -23,23 +25,31 @@ import numpy as np
 from heapwalk.jemalloc.layout import JeLayout
 from heapwalk.inferior.memory import Memory, ReadError
 
-__all__ = ["ExtentMap", "RtreeShape", "COMPACT_48", "WIDE_57", "SHAPES", "LEAF_SHIFTS"]
+__all__ = ["ExtentMap", "RtreeShape", "COMPACT_48", "WIDE_57", "SHAPES", "LEAF_SHIFTS", "shape_for", "shape_keyed_by"]
 
 _ADDRESS = (1 << 48) - 1
-_PAGE_BITS = 12
+#: the address widths a build may be configured for, the usual first
+_VADDR_BITS = (48, 57, 52)
 
 
 @dataclass(frozen=True)
 class RtreeShape:
-    """The levels of a radix tree (bits of the page number each consumes, root first) and whether its leaf
-    entries are 16 bytes (an address and a word of metadata) rather than one word."""
+    """The levels of a radix tree (bits of the page number each consumes, root first), whether its leaf
+    entries are 16 bytes (an address and a word of metadata) rather than one word, and the page bits below the
+    key."""
 
     levels: tuple[int, ...]
     wide: bool
+    page_bits: int = 12
 
     @property
     def leaf_bits(self) -> int:
         return self.levels[-1]
+
+    @property
+    def leaf_shift(self) -> int:
+        """The shift that keys a leaf: what the lookup code keys its cache of leaves by (address >> it)."""
+        return self.page_bits + self.leaf_bits
 
     @property
     def entry_size(self) -> int:
@@ -47,12 +57,12 @@ class RtreeShape:
 
     def leaf_of(self, address: int) -> tuple[int, int]:
         """(the address of the first page the leaf holding ADDRESS covers, ADDRESS's entry in it)."""
-        span = _PAGE_BITS + self.leaf_bits
-        return address >> span << span, (address >> _PAGE_BITS) & ((1 << self.leaf_bits) - 1)
+        span = self.leaf_shift
+        return address >> span << span, (address >> self.page_bits) & ((1 << self.leaf_bits) - 1)
 
     def path(self, address: int) -> list[int]:
         """ADDRESS's index at each level above the leaves, root first."""
-        shift = _PAGE_BITS + sum(self.levels)
+        shift = self.page_bits + sum(self.levels)
         out = []
         for bits in self.levels[:-1]:
             shift -= bits
@@ -73,10 +83,25 @@ class RtreeShape:
         return entries["edata"], entries["meta"].astype(np.int64), (entries["more"] & 0xFF).astype(bool)
 
 
-COMPACT_48 = RtreeShape((18, 18), False)
-WIDE_57 = RtreeShape((15, 15, 15), True)
-#: the shape of a build's tree by the shift its lookup code keys its cache of leaves with (page bits + leaf bits)
-SHAPES = {_PAGE_BITS + COMPACT_48.leaf_bits: COMPACT_48, _PAGE_BITS + WIDE_57.leaf_bits: WIDE_57}
+def shape_for(vaddr_bits: int, page_bits: int = 12) -> RtreeShape:
+    """The tree of a build for VADDR_BITS-bit addresses and 2**PAGE_BITS pages; its entries are one word where
+    the address leaves 16 bits above it for the size class."""
+    key = vaddr_bits - page_bits
+    levels = (key,) if key <= 10 else (key // 2, key - key // 2) if key <= 36 else (key // 3, key // 3,
+                                                                                       key - 2 * (key // 3))
+    return RtreeShape(levels, vaddr_bits > 48, page_bits)
+
+
+def shape_keyed_by(shift: int, page_bits: int = 12) -> RtreeShape | None:
+    """The shape of a build for 2**PAGE_BITS pages whose lookup code keys its leaves by address >> SHIFT (None:
+    no address width heapwalk knows gives that)."""
+    return next((s for s in (shape_for(v, page_bits) for v in _VADDR_BITS) if s.leaf_shift == shift), None)
+
+
+COMPACT_48 = shape_for(48)
+WIDE_57 = shape_for(57)
+#: the shape of a 4 KiB page build's tree by the shift its lookup code keys its cache of leaves with
+SHAPES = {COMPACT_48.leaf_shift: COMPACT_48, WIDE_57.leaf_shift: WIDE_57}
 LEAF_SHIFTS = tuple(SHAPES)
 
 

@@ -10,7 +10,6 @@ from rich.text import Text
 
 from heapwalk.analysis.report import Report, human
 from heapwalk.jemalloc.counted import regions_held
-from heapwalk.jemalloc.layout import PAGE
 from heapwalk.jemalloc.model import JeArena, JeBin, JeState, JeThread
 from heapwalk.output.jsondoc import SCHEMA_VERSION, report_json
 from heapwalk.output.tables import check_text
@@ -59,7 +58,8 @@ def jemalloc_document(state: JeState) -> dict[str, Any]:
     """'heapwalk arenas --json' of a jemalloc process."""
     held = regions_held(state) if state.extents is not None else None
     return {"schema_version": SCHEMA_VERSION, "target": state.target, "allocator": "jemalloc",
-            "jemalloc": {"version": state.version, "layout": state.layout_name, "opt": dict(state.opt),
+            "jemalloc": {"version": state.version, "layout": state.layout_name, "page": state.page,
+                         "opt": dict(state.opt),
                          "background_thread": state.background_thread, "clock_ns": state.clock_ns,
                          "statistics": state.statistics,
                          "arenas": [_arena(a, None if held is None else held.get(a.index, {}), state.clock_ns)
@@ -76,8 +76,8 @@ def jemalloc_arenas_table(state: JeState, box) -> Table:
     for name in ("arena", "threads", "active", "dirty", "muzzy", "retained", "dirty_decay_ms", "dirty_npurge"):
         table.add_column(name, justify="right", no_wrap=True)
     for a in state.arenas:
-        table.add_row(str(a.index), str(a.nthreads), human(a.pactive * PAGE), human(a.pdirty * PAGE),
-                      human(a.pmuzzy * PAGE), human(a.retained), str(a.dirty_decay_ms),
+        table.add_row(str(a.index), str(a.nthreads), human(a.active_bytes), human(a.dirty_bytes),
+                      human(a.muzzy_bytes), human(a.retained), str(a.dirty_decay_ms),
                       "not kept" if a.dirty_npurge is None else str(a.dirty_npurge))
     return table
 

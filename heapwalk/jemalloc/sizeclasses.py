@@ -16,10 +16,8 @@ import functools
 import math
 from dataclasses import dataclass
 
-__all__ = ["BinClass", "SizeClasses", "size_classes", "PAGE", "SMALL_MAXCLASS"]
+__all__ = ["BinClass", "SizeClasses", "size_classes"]
 
-PAGE = 4096
-SMALL_MAXCLASS = 14336
 _LG_TINY_MIN = 3
 _LG_PAGE = 12
 
@@ -46,6 +44,17 @@ class SizeClasses:
     @property
     def page(self) -> int:
         return 1 << self.lg_page
+
+    @property
+    def small_maxclass(self) -> int:
+        """The largest small class (3.5 pages)."""
+        return self.bins[-1].size
+
+    @property
+    def slab_maxregs(self) -> int:
+        """The most regions a slab holds (a page of the smallest class): the bits of a slab's bitmap, and what its
+        count of free regions must hold."""
+        return 1 << (self.lg_page - _LG_TINY_MIN)
 
     @property
     def nbins(self) -> int:

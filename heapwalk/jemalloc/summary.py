@@ -14,7 +14,6 @@ from __future__ import annotations
 from collections import Counter
 from types import MappingProxyType
 
-from heapwalk.jemalloc.layout import PAGE
 from heapwalk.jemalloc.model import JeArena, JeState
 from heapwalk.jemalloc.resident import ArenaRss, arena_rss
 from heapwalk.common.view import ArenaView, HeapView
@@ -59,17 +58,17 @@ def _row(state: JeState, a: JeArena, rss: ArenaRss | None) -> ArenaView:
     with its active pages."""
     small, large = a.small()["allocated"], a.large_totals()["allocated"]
     cached = state.cached_from(a.index)
-    pages = (a.pactive + a.pdirty + a.pmuzzy) * PAGE
+    pages = a.active_bytes + a.dirty_bytes + a.muzzy_bytes
     padding, extents = a.active_slack(), a.large_extents()
-    room = max(0, a.pactive * PAGE - small - large)       # what active pages leave free: more is damage
-    free = {"tcache": min(cached, small + large, a.pactive * PAGE), "slabs": min(a.slab_bytes() - small, room),
-            "dirty": a.pdirty * PAGE, "muzzy": a.pmuzzy * PAGE}
-    balanced = (0 <= padding <= extents * PAGE and a.mapped >= pages and min(free.values()) >= 0
+    room = max(0, a.active_bytes - small - large)       # what active pages leave free: more is damage
+    free = {"tcache": min(cached, small + large, a.active_bytes), "slabs": min(a.slab_bytes() - small, room),
+            "dirty": a.dirty_bytes, "muzzy": a.muzzy_bytes}
+    balanced = (0 <= padding <= extents * a.page and a.mapped >= pages and min(free.values()) >= 0
                 and small + large >= cached)
     return ArenaView(a.index, a.address, arena_kind(state, a.index), a.nthreads,
                      sum(b.curslabs for b in a.bins) + extents, a.mapped, state.in_use(a),
                      MappingProxyType({k: max(0, v) for k, v in free.items()}), 0,
-                     max(0, a.mapped - pages + padding), (a.pdirty + a.pmuzzy) * PAGE, balanced,
+                     max(0, a.mapped - pages + padding), a.dirty_bytes + a.muzzy_bytes, balanced,
                      None if rss is None else rss.resident, None if rss is None else rss.free_resident, None,
                      tuple(sorted(t.name or "" for t in state.threads if t.arena == a.index)))
 

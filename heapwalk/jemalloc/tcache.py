@@ -24,7 +24,6 @@ __all__ = ["cache_bins", "nhbins", "bin_counts", "arena_tcache_bytes", "cached_r
 
 _CACHE_BIN = 24
 _MAX_TCACHES = 1 << 16       # descriptors followed on one arena's list before it is called a cycle
-_SMALL_MAXCLASS = 14336
 #: the most regions one cache bin holds (5.3.0: 16 bits of pointers; 5.2.1's are far fewer)
 MAX_NCACHED = 8191
 
@@ -37,7 +36,8 @@ def nhbins(layout: JeLayout, opt: dict) -> int | None:
     lg = opt.get("lg_tcache_max")
     if not isinstance(lg, int) or isinstance(lg, bool):
         return None
-    maxclass = _SMALL_MAXCLASS if lg < 0 or lg >= 64 or (1 << lg) < _SMALL_MAXCLASS else 1 << lg
+    small = layout.classes.small_maxclass
+    maxclass = small if lg < 0 or lg >= 64 or (1 << lg) < small else 1 << lg
     return layout.classes.size_index(maxclass) + 1
 
 

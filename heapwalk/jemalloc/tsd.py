@@ -32,7 +32,7 @@ def decode_thread(mem: Memory, disc: JeDiscovery, regs: ThreadRegs, arenas: dict
     if disc.tsd_tpoff is not None:
         tsd = regs.thread_pointer + disc.tsd_tpoff
     elif disc.tsd_module is not None:      # a dlopened library: the thread's block of its TLS module, if any
-        tsd = dynamic_tsd(mem, regs.thread_pointer, disc.tsd_module)
+        tsd = dynamic_tsd(mem, regs.thread_pointer, disc.tsd_module, disc.arch)
         if tsd is None:
             return JeThread(regs.number, regs.lwp, None, _STATE_UNINITIALIZED, None, 0, 0, False, name=regs.name)
     else:

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from heapwalk.arch import DEFAULT, Architecture
 from heapwalk.inferior.elf import ElfImage
 from heapwalk.inferior.memory import Memory, ReadError, u64
 from heapwalk.jemalloc.layout import JeLayout
@@ -25,7 +26,7 @@ from heapwalk.jemalloc.layout import JeLayout
 __all__ = ["tsd_offset", "tsd_module", "dynamic_tsd", "static_module_offset"]
 
 _MAX_TCACHES = 4096
-_STATIC_TLS = 1 << 24     # how far below the thread pointer the static TLS of the libraries loaded at start may lie
+_STATIC_TLS = 1 << 24     # how far from the thread pointer the static TLS of the libraries loaded at start may lie
 
 
 def tsd_offset(mem: Memory, image: ElfImage, layout: JeLayout, arenas: int, count: int,
@@ -33,13 +34,17 @@ def tsd_offset(mem: Memory, image: ElfImage, layout: JeLayout, arenas: int, coun
     """The tsd's offset from the thread pointer, how it was found, and (address, what) when the slot that
     holds it is there but unreadable."""
     slots = [slot for slot, sym, addend in image.relocations(image.arch.reloc_tpoff64) if sym == 0 and addend == 0]
-    if len(slots) == 1 and image.tls_size() == layout.tsd_size:
+    if slots and image.tls_size() == layout.tsd_size:
         try:
-            value = u64(image.mem, slots[0])
+            values = {u64(image.mem, slot) for slot in slots}
         except ReadError as exc:
-            how = f"not determined: the GOT slot {slots[0]:#x} is unreadable ({exc.reason})"
-            return None, how, [(slots[0], f"the tsd's TLS offset: {how}")]
-        return value - (1 << 64) if value >> 63 else value, f"GOT slot {slots[0]:#x} of the TPOFF64 relocation", []
+            how = f"not determined: the GOT slot {exc.address:#x} is unreadable ({exc.reason})"
+            return None, how, [(exc.address, f"the tsd's TLS offset: {how}")]
+        if len(values) == 1:
+            value = values.pop()
+            return value - (1 << 64) if value >> 63 else value, \
+                f"GOT slot {slots[0]:#x} of the TPOFF64 relocation" + (f" (and {len(slots) - 1} more slot(s) "
+                                                                       "of the same)" if len(slots) > 1 else ""), []
     tls = image.tls_size()
     if tls is None:
         return None, f"not determined: {image.path} has no TLS segment", []
@@ -51,15 +56,18 @@ def tsd_offset(mem: Memory, image: ElfImage, layout: JeLayout, arenas: int, coun
     # a program's TLS block lies just below the thread pointer; a library loaded at start (one built with
     # --disable-initial-exec-tls has no TPOFF64 slot) has its block further down in the static TLS area
     span = tls + 4096 if image.is_program else _STATIC_TLS
+    arch = image.arch
     tsds = _cached_tsds(mem, layout, pointers)
-    offsets = Counter(tsd - fs for tsd in tsds for fs in thread_pointers if -span <= tsd - fs < 0)
+    offsets = Counter(tsd - fs for tsd in tsds for fs in thread_pointers
+                      if arch.static_tls(fs, span)[0] <= tsd < arch.static_tls(fs, span)[1])
     if not image.is_program and offsets and offsets.most_common(1)[0][1] < len(tsds):
         return None, f"not determined: the {len(tsds)} tsds the arenas list do not sit at one offset from the " \
                      "thread pointers (a library loaded with dlopen keeps its TLS apart for each thread)", []
     how = "thread(s) whose thread cache an arena lists sit at {offset} from their thread pointer"
     threads = offsets
     if not offsets:
-        offsets, threads = _arena_slots(mem, layout, pointers, thread_pointers, span)
+        offsets, threads = _arena_slots(mem, layout, pointers, [arch.static_tls(fs, span) for fs in thread_pointers],
+                                        thread_pointers)
         offsets = Counter({offset: score for offset, score in offsets.items()
                            if _states_plausible(mem, layout, [fs + offset for fs in thread_pointers])})
         how = "thread(s) hold a pointer to an arena at {offset} from their thread pointer, where the tsd keeps it"
@@ -96,12 +104,13 @@ def tsd_module(mem: Memory, image: ElfImage, layout: JeLayout) -> tuple[int | No
     return module, f"GOT slot {slots[0]:#x} of the DTPMOD64 relocation: each thread's block of TLS module {module}"
 
 
-def dynamic_tsd(mem: Memory, thread_pointer: int, module: int) -> int | None:
+def dynamic_tsd(mem: Memory, thread_pointer: int, module: int, arch: Architecture = DEFAULT) -> int | None:
     """Where the thread whose thread pointer is THREAD_POINTER keeps its block of TLS module MODULE: its dynamic
-    thread vector (the word after the thread pointer's own) holds, 16 bytes an entry, each module's block;
+    thread vector (the word ARCH's thread control block keeps at ``dtv_at``) holds, 16 bytes an entry, each
+    module's block;
     None when the thread has none (it never touched the module's TLS) or the vector is unreadable."""
     try:
-        vector = u64(mem, thread_pointer + 8)
+        vector = u64(mem, thread_pointer + arch.dtv_at)
         if not vector or module > u64(mem, vector - 16):     # its length, in the entry before the generation
             return None
         block = u64(mem, vector + 16 * module)
@@ -136,20 +145,21 @@ def _cached_tsds(mem: Memory, layout: JeLayout, pointers: list[int]) -> set[int]
     return out
 
 
-def _arena_slots(mem: Memory, layout: JeLayout, pointers: list[int], thread_pointers: list[int], span: int
-                 ) -> tuple[Counter, Counter]:
+def _arena_slots(mem: Memory, layout: JeLayout, pointers: list[int], windows: list[tuple[int, int]],
+                 thread_pointers: list[int]) -> tuple[Counter, Counter]:
     """For each offset from the thread pointer, its score and how many threads' TLS blocks hold a pointer to an
-    arena where a tsd at that offset keeps its arena; the score counts a thread twice where the tsd's thread
+    arena where a tsd at that offset keeps its arena, each searched in its window of static TLS (WINDOWS, by
+    thread); the score counts a thread twice where the tsd's thread
     cache names an arena too (the tsd keeps its internal arena just before its arena, often the same one: the
     thread cache tells them apart)."""
     wanted = np.array(sorted(set(pointers)), dtype=np.uint64)
     known = set(pointers)
     scores: Counter = Counter()
     threads: Counter = Counter()
-    for fs in thread_pointers:
-        start = (fs - span) & ~7
+    for fs, (start, end) in zip(thread_pointers, windows):
+        start &= ~7
         try:
-            words = np.frombuffer(mem.read(start, fs - start), dtype=np.uint64)
+            words = np.frombuffer(mem.read(start, (end - start) & ~7), dtype=np.uint64)
         except ReadError:
             continue
         for index in np.flatnonzero(np.isin(words, wanted)).tolist():
@@ -175,14 +185,16 @@ def _states_plausible(mem: Memory, layout: JeLayout, tsds: list[int]) -> bool:
     return True
 
 
-def static_module_offset(mem: Memory, module: int, thread_pointers: Sequence[int]) -> int | None:
+def static_module_offset(mem: Memory, module: int, thread_pointers: Sequence[int], arch: Architecture = DEFAULT
+                         ) -> int | None:
     """The one offset from the thread pointer at which every thread keeps its block of TLS module MODULE, when
     the module's TLS is static (a library loaded at start); None when some thread's block is elsewhere (a
     library loaded with dlopen: each thread's block was allocated apart) or not allocated."""
     offsets = set()
     for fs in thread_pointers:
-        block = dynamic_tsd(mem, fs, module)
-        if block is None or not -_STATIC_TLS <= block - fs < 0:
+        block = dynamic_tsd(mem, fs, module, arch)
+        start, end = arch.static_tls(fs, _STATIC_TLS)
+        if block is None or not start <= block < end:
             return None
         offsets.add(block - fs)
     return offsets.pop() if len(offsets) == 1 else None

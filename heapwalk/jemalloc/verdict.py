@@ -8,7 +8,6 @@ from heapwalk.analysis.inuse import LeakTotals
 from heapwalk.analysis.report import human, leaking, scan_sentence
 from heapwalk.jemalloc.decay import never_decaying, overdue
 from heapwalk.jemalloc.heapmap import sampled, sampled_extents
-from heapwalk.jemalloc.layout import PAGE
 from heapwalk.jemalloc.model import JeArena, JeState
 from heapwalk.common.view import ArenaView
 
@@ -59,7 +58,7 @@ def _headline(state: JeState, rows: tuple[ArenaView, ...], leaks: LeakTotals | N
     or neither: the ROWS' figures, of the pages the arenas hold (active, dirty and muzzy)."""
     dirty, muzzy, slabs, cached = (sum(r.free[k] for r in rows) for k in ("dirty", "muzzy", "slabs", "tcache"))
     in_use = sum(r.in_use for r in rows)
-    held = sum(a.pactive for a in state.arenas) * PAGE + dirty + muzzy
+    held = sum(a.active_bytes for a in state.arenas) + dirty + muzzy
     idle = dirty + muzzy + slabs + cached
     if not held:
         return "jemalloc's arenas hold no pages."
@@ -106,7 +105,7 @@ def _decay(state: JeState) -> list[str]:
     rest = [a for a in state.arenas if a.pdirty and a not in stuck]
     decaying = [a for a in rest if a.dirty_decay_ms > 0]
     if decaying:
-        dirty = sum(a.pdirty for a in decaying) * PAGE
+        dirty = sum(a.dirty_bytes for a in decaying)
         times = sorted({a.dirty_decay_ms for a in decaying})
         background = state.background_running
         driver = ("jemalloc's background threads purge them on time" if background is True else
@@ -121,7 +120,7 @@ def _decay(state: JeState) -> list[str]:
         out.append(_overdue(state, decaying))
     off = [a for a in rest if a.dirty_decay_ms < 0]
     if off:
-        out.append(f"{human(sum(a.pdirty for a in off) * PAGE)} of dirty pages in {_names(off)} are never "
+        out.append(f"{human(sum(a.dirty_bytes for a in off))} of dirty pages in {_names(off)} are never "
                    f"purged: dirty_decay_ms is -1 (decay off). {state.conf_variable}=dirty_decay_ms:N "
                    "(milliseconds) turns it on.")
     return out
@@ -135,7 +134,7 @@ def _overdue(state: JeState, decaying: list[JeArena]) -> str:
         return ("Whether their decay is overdue is not known: this core does not record the process's clock "
                 "('heapwalk capture' and a live process do).")
     late = [(a, due, stepped) for a, due, stepped in late if a in decaying]
-    dirty = sum(a.pdirty for a, _, _ in late) * PAGE
+    dirty = sum(a.dirty_bytes for a, _, _ in late)
     if dirty < MiB:                        # a few pages overdue are no finding (4 KiB on an idle Apache)
         return ""
     due = min(d for _, d, _ in late) / 1e9
@@ -155,7 +154,7 @@ def _overdue(state: JeState, decaying: list[JeArena]) -> str:
 
 def _stuck(state: JeState, stuck: list[JeArena]) -> str:
     """The 5.1 and 5.2 bug in numbers, and the remedies with what each costs."""
-    dirty = sum(a.pdirty for a in stuck) * PAGE
+    dirty = sum(a.dirty_bytes for a in stuck)
     times = " / ".join(map(str, sorted({a.dirty_decay_ms for a in stuck})))
     workers = state.opt.get("max_background_threads")
     threads = f"up to {workers} threads" if isinstance(workers, int) else "a few threads"
@@ -173,7 +172,7 @@ def _muzzy(state: JeState) -> str:
     if not muzzy:
         return ""
     times = " / ".join(map(str, sorted({a.muzzy_decay_ms for a in muzzy})))
-    return (f"{human(sum(a.pmuzzy for a in muzzy) * PAGE)} of muzzy pages in {_names(muzzy)} were given back "
+    return (f"{human(sum(a.muzzy_bytes for a in muzzy))} of muzzy pages in {_names(muzzy)} were given back "
             "lazily (MADV_FREE): the kernel takes them when memory runs short and counts them in RSS until then; "
             f"muzzy_decay_ms ({times}) purges them for good, {state.conf_variable}=muzzy_decay_ms:0 at once.")
 

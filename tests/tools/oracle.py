@@ -132,22 +132,29 @@ def jemalloc_arena_view(arena: dict[str, Any], like: dict[str, Any] | None = Non
     return view
 
 
-def jemalloc_printed_view(printed: dict[str, Any], index: int, ledger: dict[str, Any]) -> dict[str, Any]:
+def jemalloc_printed_view(printed: dict[str, Any], index: int, ledger: dict[str, Any],
+                           bin_sizes: list[int] | None = None) -> dict[str, Any]:
     """Arena INDEX of what malloc_stats_print printed ("J", stats.arenas.<i>), as the reproducer left it
     after printing (cores/jemalloc/je_common.h): jemalloc 5.3's printer buffer was counted in arena 0's internal
-    bytes while it printed and no longer is, and taking it back counts one more large allocation and the
-    printer's free."""
+    bytes while it printed and no longer is, and taking it back counts one more allocation of its class and the
+    printer's free: a large one, or where the buffer is a small class of the build (BIN_SIZES: the small
+    classes, stats.arenas.bin's sizes; with 64 KiB pages the 64 KiB buffer is one), one of that bin."""
     fields = {k: printed[k] for k in JE_ARENA_FIELDS + JE_ARENA_531 if k in printed}
     large = {k: printed["large"][k] for k in _JE_LARGE if k in printed["large"]}
+    bins = [{k: b[k] for k in JE_BIN_FIELDS if k in b} for b in printed["bins"]]
+    small = {k: v for k, v in printed["small"].items() if k != "mutex"}
     buffer = ledger["stats_buffer"]
     if buffer is not None and buffer["arena"] == index:
         if buffer["internal"]:
             fields["internal"] -= buffer["size"]
-        if buffer["retaken"]:
+        if buffer["retaken"] and buffer["size"] in (bin_sizes or []):
+            for counts in (bins[bin_sizes.index(buffer["size"])], small):
+                for k in ("nmalloc", "ndalloc", "nrequests"):
+                    counts[k] += 1
+        elif buffer["retaken"]:
             for k in ("nmalloc", "ndalloc", "nrequests", "nfills"):
                 large[k] += 1
-    view = {"fields": fields, "bins": [{k: b[k] for k in JE_BIN_FIELDS if k in b} for b in printed["bins"]],
-            "small": {k: v for k, v in printed["small"].items() if k != "mutex"}, "large": large,
+    view = {"fields": fields, "bins": bins, "small": small, "large": large,
             "curlextents": [c["curlextents"] for c in printed["lextents"]]}
     if "extents" in printed:
         view["extents"] = printed["extents"]

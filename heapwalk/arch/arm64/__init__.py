@@ -21,5 +21,5 @@ ARM64 = Architecture(
     name="arm64", multiarch="aarch64-linux-gnu", elf_machine=183, gdb_names=("aarch64", "aarch64:ilp32"),
     thread_pointer="tpidr", stack_pointer="sp", page_size=4096, tls_below_thread_pointer=False,
     reloc_tpoff64=1030, reloc_dtpmod64=1028, code=code.READER, tcb_intact=_tcb_intact,
-    tcb_holds="a pointer to its DTV", tcb_size=16,
+    tcb_holds="a pointer to its DTV", tcb_size=16, mutex_size=48, dtv_at=0,
     pointer_registers=tuple(f"x{n}" for n in (19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, *range(19), 30)))

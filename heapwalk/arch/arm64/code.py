@@ -85,13 +85,36 @@ def _refs(code: bytes, at: int) -> list[tuple[int, str, int, int]]:
     return out
 
 
-def _ref(offset: int, target: int, computes: bool, register: int) -> CodeRef:
-    return CodeRef(offset, target, computes, 4, register if register < 8 else None, offset + 4)
+def _ref(offset: int, target: int, computes: bool, register: int, indirect: bool = False) -> CodeRef:
+    return CodeRef(offset, target, computes, 4, register if register < 8 else None, offset + 4, indirect)
+
+
+#: instructions followed past a word read to see whether the code reads or writes through it
+_THROUGH_SPAN = 16
+
+
+def _used_as_address(words: list[int], after: int, register: int) -> bool:
+    """Whether an instruction among the few after index AFTER loads or stores through REGISTER (its base), or
+    a call takes it as an argument, before one overwrites it."""
+    for word in words[after + 1:after + 1 + _THROUGH_SPAN]:
+        if word & 0xFC000000 == 0x94000000:                     # bl: the argument registers are x0-x7
+            return register < 8
+        if word & 0x0A000000 == 0x08000000:                     # a load or a store
+            if (word >> 5) & 31 == register:
+                return True
+            if word & 31 == register and word >> 22 & 1:        # a load into it
+                return False
+        elif word & 31 == register:
+            return False
+    return False
 
 
 def address_refs(code: bytes, at: int) -> list[CodeRef]:
-    """Every 64-bit address computed or 64-bit word read relative to the program counter."""
-    return [_ref(o, t, kind == "add", r) for o, kind, t, r in _refs(code, at) if kind in ("add", "ldr64")]
+    """Every 64-bit address computed or 64-bit word read relative to the program counter; a word read is
+    INDIRECT when the code then loads or stores through it or passes it to a call (a GOT slot)."""
+    words = _words(code)
+    return [_ref(o, t, kind == "add", r, kind == "ldr64" and _used_as_address(words, o // 4, r))
+            for o, kind, t, r in _refs(code, at) if kind in ("add", "ldr64")]
 
 
 def loads32(code: bytes, at: int) -> list[CodeRef]:
@@ -101,7 +124,9 @@ def loads32(code: bytes, at: int) -> list[CodeRef]:
 
 def all_refs(code: bytes, at: int) -> list[CodeRef]:
     """Every address computed or read relative to the program counter, any width, in order."""
-    return [CodeRef(o, t, kind == "add", 4, None, o + 4) for o, kind, t, _ in _refs(code, at) if kind != "strb"]
+    words = _words(code)
+    return [CodeRef(o, t, kind == "add", 4, None, o + 4, kind == "ldr64" and _used_as_address(words, o // 4, r))
+            for o, kind, t, r in _refs(code, at) if kind != "strb"]
 
 
 def byte_stores(code: bytes, at: int) -> list[int]:
@@ -121,8 +146,10 @@ def calls(code: bytes, at: int) -> list[int]:
 
 
 def first_shift_right(code: bytes) -> int | None:
-    """The count of the first ``lsr Xd, Xn, #count`` (``ubfm`` with imms 63)."""
-    return next(((w >> 16) & 63 for w in _words(code) if w & 0xFFC0FC00 == 0xD340FC00), None)
+    """The count of the first right shift of a 64-bit register by a constant: ``lsr Xd, Xn, #count``, or the
+    ``ubfx Xd, Xn, #count, #width`` that shifts and masks at once (both ``ubfm`` with imms >= immr)."""
+    return next(((w >> 16) & 63 for w in _words(code)
+                 if w & 0xFFC00000 == 0xD3400000 and (w >> 10) & 63 >= (w >> 16) & 63), None)
 
 
 def first_address(code: bytes, at: int) -> int | None:
@@ -191,6 +218,60 @@ def returned_constant(code: bytes) -> int | None:
     return value if rest[:1] == [_RET] else None
 
 
+def _store_to_stack(word: int) -> tuple[int, int, int] | None:
+    """(source register, slot, bytes) of a store WORD of a register to a frame or stack slot (``str``/``strb``/
+    ``strh`` with an unsigned offset from sp or x29, or ``stur`` from x29), or None."""
+    rn = (word >> 5) & 31
+    if rn not in (31, 29):
+        return None
+    size = 1 << (word >> 30)
+    if word & 0x3FC00000 == 0x39000000:                          # str (unsigned offset)
+        return word & 31, ((word >> 10) & 0xFFF) * size + (rn << 32), size
+    if word & 0x3FE00C00 == 0x38000000:                          # stur (unscaled, signed 9 bits)
+        return word & 31, _signed((word >> 12) & 0x1FF, 9) + (rn << 32), size
+    return None
+
+
+def _returned_slots(words: list[int]) -> set[int]:
+    """The slots unoptimised code loads w0 from (the one it returns: the error code, not a constant)."""
+    out = set()
+    for w in words:
+        if w & 0xFFC0001F == 0xB9400000 and (w >> 5) & 31 in (31, 29):
+            out.add(((w >> 10) & 0xFFF) * 4 + (((w >> 5) & 31) << 32))
+        elif w & 0xFFE00C1F == 0xB8400000 and (w >> 5) & 31 == 29:
+            out.add(_signed((w >> 12) & 0x1FF, 9) + (29 << 32))
+    return out
+
+
+def stored_constant(code: bytes) -> int | None:
+    """The constant a function that reports one stores to its stack slot before copying it out: the first store
+    to the frame of a register a move set to a constant (``movz``/``movn``, then ``movk``) or of the zero
+    register; a store to the slot unoptimised code returns in w0 (its error code) does not count."""
+    words = _words(code)
+    returned = _returned_slots(words)
+    known: dict[int, int] = {}
+    for w in words:
+        rd = w & 31
+        if w & 0x7F800000 == 0x52800000:                         # movz
+            known[rd] = ((w >> 5) & 0xFFFF) << (16 * ((w >> 21) & 3))
+            continue
+        if w & 0x7F800000 == 0x12800000:                         # movn
+            known[rd] = ~(((w >> 5) & 0xFFFF) << (16 * ((w >> 21) & 3))) & (2**64 - 1 if w >> 31 else 2**32 - 1)
+            continue
+        if w & 0x7F800000 == 0x72800000 and rd in known:        # movk
+            shift = 16 * ((w >> 21) & 3)
+            known[rd] = known[rd] & ~(0xFFFF << shift) | ((w >> 5) & 0xFFFF) << shift
+            continue
+        store = _store_to_stack(w)
+        if store is not None:
+            source, slot, size = store
+            if slot not in returned and (source == 31 or source in known):
+                return 0 if source == 31 else known[source] & ((1 << 8 * size) - 1)
+            continue
+        known.pop(rd, None)
+    return None
+
+
 class _Reader:
     """AArch64's `CodeReader`."""
 
@@ -207,6 +288,7 @@ class _Reader:
     call_at = staticmethod(call_at)
     first_load = staticmethod(first_load)
     returned_constant = staticmethod(returned_constant)
+    stored_constant = staticmethod(stored_constant)
 
 
 READER = _Reader()

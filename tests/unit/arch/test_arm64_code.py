@@ -43,6 +43,8 @@ def test_calls_shifts_and_the_tls_slot_read_beside_tpidr():
     assert code.READER.calls(F, AT) == [AT + 0x58]
     assert code.READER.call_at(F, 0x14) and not code.READER.call_at(F, 0x18)
     assert code.READER.first_shift_right(F) == 12
+    # lsl x11, x24, #4; ubfiz x17, x16, #3, #12 (shifts left); ubfx x24, x21, #32, #4 (a leaf key's cache slot)
+    assert code.READER.first_shift_right(bytes.fromhex("0bef7cd3112e7dd3b88e60d3")) == 32
     assert code.READER.tls_slot(F, AT) == DATA + 0x100      # the word added to tpidr_el0
 
 
@@ -56,3 +58,28 @@ def test_a_constant_returned_and_an_unoptimised_functions_body():
 def test_a_thread_control_block_is_whole_when_its_dtv_looks_like_one(dtv, length, generation, intact):
     words = {0x9000: dtv, dtv - 8: length, dtv: generation}
     assert ARM64.tcb_intact(lambda at: words.get(at, 0), 0x9000) == intact
+
+
+#: a function that reports a constant as mallctl's read-only functions do (written for this test: if newp or
+#: newlen, EPERM; else oldval = 52, copied to oldp), built by aarch64-linux-gnu-gcc 12 with -O2
+#: -fstack-protector-strong: the stack guard stored to its slot, then ``mov w0, #0x34; str w0, [sp, #52]``
+REPORTS_O2 = bytes.fromhex("01000090210040f9fd7bbca9a50006aafd030091200040f9e01f00f9000080d220008052650100b5"
+                           "80068052e03700b97f0000f1841840faa0000054820040f95f1000f181010054")
+#: the same with -O0: the arguments stored to the frame, EPERM (``mov w0, #1; str w0, [sp, #92]``) to the slot
+#: returned in w0 at the end (``ldr w0, [sp, #92]``), then the constant to its own slot (``str w0, [sp, #88]``)
+REPORTS_O0 = bytes.fromhex(
+    "fd7bb9a9fd030091e02700f9e12300f9e21f00f9e31b00f9e41700f9e51300f9e60f00f900000090000040f9010040f9e13700f9010080"
+    "d2e01340f91f0000f181000054e00f40f91f0000f18000005420008052e05f00b92200001480068052e05b00b9e01b40f91f0000f18003"
+    "0054e01740f91f0000f120030054e01740f9000040f91f1000f140020054e01740f9000040f9810080d21f1000f10090819ae03300f9e0"
+    "630191e23340f9e10300aae01b40f900000094e01740f9e13340f9010000f9c0028052e05f00b905000014e15b40b9e01b40f9010000b9"
+    "ff5f00b9e05f40b9")
+
+
+def test_the_constant_a_function_stores_before_reporting_it():
+    assert code.READER.stored_constant(REPORTS_O2) == 52
+    assert code.READER.stored_constant(REPORTS_O0) == 52                # not EPERM, the slot it returns
+    movz = bytes.fromhex("80068052")                                    # mov w0, #0x34
+    assert code.READER.stored_constant(REPORTS_O2.replace(movz, bytes.fromhex("2000a052"))) == 65536  # #1, lsl 16
+    store = bytes.fromhex("e03700b9")                                   # str w0, [sp, #52]
+    assert code.READER.stored_constant(REPORTS_O2.replace(store, bytes.fromhex("ffd30039"))) == 0     # strb wzr
+    assert code.READER.stored_constant(REPORTS_O2[:40]) is None         # only the guard stored

@@ -10,7 +10,7 @@ from heapwalk.arch.x86_64 import code as x86
 from heapwalk.inferior.elf import Mapping
 from heapwalk.jemalloc.find import mapped_objects
 from heapwalk.jemalloc.layout import LAYOUTS
-from heapwalk.jemalloc.mallctl import stored_constant
+
 from heapwalk.jemalloc.rtree import COMPACT_48, WIDE_57
 from heapwalk.jemalloc.sizeclasses import size_classes
 from heapwalk.jemalloc.tsdoffset import _states_plausible, static_module_offset
@@ -26,8 +26,8 @@ ARENAS_NBINS_530 = bytes.fromhex("4883ec18 64488b342528000000 4889742408 be01000
 
 
 def test_a_config_flag_is_the_byte_its_function_stores():
-    assert stored_constant(CONFIG_DEBUG_530) == 0
-    assert stored_constant(CONFIG_DEBUG_530.replace(bytes.fromhex("c644240700"), bytes.fromhex("c644240701"))) == 1
+    assert x86.stored_constant(CONFIG_DEBUG_530) == 0
+    assert x86.stored_constant(CONFIG_DEBUG_530.replace(bytes.fromhex("c644240700"), bytes.fromhex("c644240701"))) == 1
 
 
 #: the same functions unoptimised (a plain './configure --enable-debug', -O0), written out by hand: the prologue
@@ -41,16 +41,16 @@ DEBUG_O0 = bytes.fromhex(_UNOPTIMISED.format("b801000000 8845ef").replace(" ", "
 def test_unoptimised_code_s_constant_is_not_its_error_code():
     """The first immediate an unoptimised ctl function stores is EPERM, to the slot it returns: read as the
     constant, it made 5.3.0's debug build one of '1 small size classes'."""
-    assert stored_constant(NBINS_O0) == 36
-    assert stored_constant(DEBUG_O0) == 1
-    assert stored_constant(DEBUG_O0.replace(bytes.fromhex("b801000000"), bytes.fromhex("b800000000"))) == 0
+    assert x86.stored_constant(NBINS_O0) == 36
+    assert x86.stored_constant(DEBUG_O0) == 1
+    assert x86.stored_constant(DEBUG_O0.replace(bytes.fromhex("b801000000"), bytes.fromhex("b800000000"))) == 0
 
 
 def test_the_number_of_small_classes_is_the_word_its_function_stores():
-    assert stored_constant(ARENAS_NBINS_530) == 36
-    assert stored_constant(ARENAS_NBINS_530.replace(bytes.fromhex("c744240424000000"),
+    assert x86.stored_constant(ARENAS_NBINS_530) == 36
+    assert x86.stored_constant(ARENAS_NBINS_530.replace(bytes.fromhex("c744240424000000"),
                                                     bytes.fromhex("c744240427000000"))) == 39
-    assert stored_constant(bytes.fromhex("4883ec18 31c0 c3".replace(" ", ""))) is None
+    assert x86.stored_constant(bytes.fromhex("4883ec18 31c0 c3".replace(" ", ""))) is None
 
 
 def test_the_radix_trees_leaf_shift_is_the_first_shift_right():
@@ -239,7 +239,7 @@ def test_overdue_decay_agrees_with_whether_background_threads_run():
     a MiB overdue, nothing."""
     from types import SimpleNamespace
     from heapwalk.jemalloc.verdict import _overdue
-    arena = SimpleNamespace(index=3, pdirty=256, dirty_decay_ms=10000, dirty_clock=(10**9, 5 * 10**9))
+    arena = SimpleNamespace(index=3, pdirty=256, dirty_bytes=256 * 4096, dirty_decay_ms=10000, dirty_clock=(10**9, 5 * 10**9))
     for running, says, never in ((True, "purge these pages when they next wake", "stay until one does"),
                                  (False, "no background thread purged them, so the pages stay until one does",
                                   "next wake")):
@@ -247,6 +247,36 @@ def test_overdue_decay_agrees_with_whether_background_threads_run():
         sentence = _overdue(state, [arena])
         assert sentence.startswith("Overdue: the decay of arena 3 (1 MiB of dirty pages) was due to step at least 15 s")
         assert says in sentence and never not in sentence
-    small = SimpleNamespace(index=4, pdirty=1, dirty_decay_ms=10000, dirty_clock=(10**9, 5 * 10**9))
+    small = SimpleNamespace(index=4, pdirty=1, dirty_bytes=4096, dirty_decay_ms=10000, dirty_clock=(10**9, 5 * 10**9))
     state = SimpleNamespace(clock_ns=20 * 10**9, arenas=[small], background_running=False)
     assert _overdue(state, [small]) == ""          # one page (4 KiB) overdue is no sentence
+
+
+def test_a_64k_page_slab_of_8192_regions_reads_its_whole_bitmap(monkeypatch):
+    """With 64 KiB pages a slab of the 8-byte class holds 8192 regions, its bitmap's first level 1024 bytes: the
+    regions handed out past the first 512 are found too, in C as in numpy, and the count of free regions reads
+    14 bits of the extent's word."""
+    import numpy as np
+    from heapwalk.inferior.memory import ImageMemory
+    from heapwalk.inferior.records import read_records
+    from heapwalk.jemalloc import blocks, native as jenative
+    from heapwalk.jemalloc.extents import ExtentTable
+    layout = LAYOUTS[(5, 3, 0, "page16", "mutex48")]
+    classes = layout.classes
+    assert (classes.slab_maxregs, layout.slab_bitmap_bytes, layout.nfree_mask) == (8192, 1024, 0x3FFF)
+    assert classes.bins[0].nregs == 8192 and classes.small_maxclass == 229376
+    header = 0x10000
+    bitmap = bytearray(b"\xff" * 1024)
+    for region in (0, 700, 8191):                       # three regions in use: their bits clear
+        bitmap[region // 8] &= ~(1 << region % 8) & 0xFF
+    mem = ImageMemory({header: bytes(64) + bytes(bitmap)})
+    got = read_records(mem, np.array([header + 64], dtype=np.uint64), layout.slab_bitmap_bytes)
+    table = ExtentTable(np.array([1 << 20], dtype=np.uint64), np.array([65536]), np.zeros(1, dtype=np.int64),
+                        np.zeros(1, dtype=np.int32), np.zeros(1, dtype=np.uint8), np.ones(1, dtype=bool),
+                        np.zeros(1, dtype=np.int32), np.array([8189], dtype=np.int32),
+                        np.array([header], dtype=np.uint64), classes)
+    for lib in (jenative._LIB, None):
+        monkeypatch.setattr(jenative, "_LIB", lib)
+        starts, _ends, _arenas, unknown = blocks._slab_regions(mem, table, np.arange(1))
+        assert ((np.concatenate(starts) - np.uint64(1 << 20)) // np.uint64(8)).tolist() == [0, 700, 8191]
+        assert unknown == []
