@@ -240,10 +240,11 @@ def foreign_root(arch: str = "arm64") -> Path:
 
 
 @functools.cache
-def capture_foreign(name: str, arch: str = "arm64") -> harness.Capture:
-    """glibc reproducer NAME's core on ARCH, run under qemu-user on ARCH's Debian glibc (taken now unless a
-    fresh one exists)."""
-    return foreign.capture(name, CORES / arch / name, BINDIR, foreign_root(arch), arch)
+def capture_foreign(name: str, arch: str = "arm64", page: int = 4096) -> harness.Capture:
+    """Reproducer NAME's core on ARCH, run under qemu-user on ARCH's Debian packages, on a kernel of PAGE-byte
+    pages (taken now unless a fresh one exists)."""
+    folder = arch if page == 4096 else f"{arch}-{page >> 10}k"
+    return foreign.capture(name, CORES / folder / name, BINDIR, foreign_root(arch), arch, page)
 
 
 def foreign_settings(symbols: bool, arch: str = "arm64") -> list[str]:

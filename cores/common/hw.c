@@ -91,8 +91,12 @@ static int peek(uintptr_t addr, void *out, size_t n)
     ssize_t got = process_vm_readv(getpid(), &local, 1, &remote, 1, 0);
     if (got >= 0 || errno != ENOSYS)
         return got == (ssize_t)n;
-    if (through[0] < 0 && pipe(through) != 0)
-        return 0;
+    if (through[0] < 0) {          /* made on the stack: qemu with larger pages than its host's faults a TLS one */
+        int fds[2];
+        if (pipe(fds) != 0)
+            return 0;
+        through[0] = fds[0], through[1] = fds[1];
+    }
     for (size_t done = 0; done < n;) {
         size_t step = n - done < 4096 ? n - done : 4096;
         if (write(through[1], (char *)addr + done, step) != (ssize_t)step ||

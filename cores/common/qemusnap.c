@@ -4,8 +4,12 @@
  * core (cores/scripts/qemucore.py completes it with this):
  *
  *   process.txt  in the working folder: "thread TID POINTER" for each thread that ever ran (the main one,
- *                then each one pthread_create started, noted as it starts), then /proc/self/maps as qemu
- *                shows it to the program (the guest's mappings)
+ *                then each one pthread_create started, noted as it starts), "memory START LENGTH" for each
+ *                page of memory.bin, then /proc/self/maps as qemu shows it to the program (the guest's
+ *                mappings)
+ *   memory.bin   the page (the program's, AT_PAGESZ) that holds each thread's thread pointer, read by the
+ *                program itself: with pages larger than its host's, qemu leaves part of such a page out of
+ *                its maps and its core (the main thread's control block and TLS among ld.so's data)
  *
  * It allocates nothing, so the heap stays as the reproducer's allocator printed it; the real functions are
  * looked up in its constructor, before the program runs. */
@@ -80,14 +84,32 @@ static void put(int fd, const char *text, size_t n)
     }
 }
 
+/* Copies the page at START (LENGTH bytes) to FD through BUF (SIZE bytes): a copy the program makes, where qemu
+ * would refuse to write from the page itself. */
+static void copy_page(int fd, unsigned long start, unsigned long length, char *buf, size_t size)
+{
+    for (unsigned long at = 0; at < length; at += size) {
+        memcpy(buf, (const char *)(start + at), size);
+        put(fd, buf, size);
+    }
+}
+
 static void snapshot(void)
 {
     static char buf[4096];
     int fd = open("process.txt", O_WRONLY | O_CREAT | O_TRUNC, 0644), maps = open("/proc/self/maps", O_RDONLY);
-    if (fd < 0 || maps < 0)
+    int pages = open("memory.bin", O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0 || maps < 0 || pages < 0)
         abort();
+    unsigned long page = (unsigned long)sysconf(_SC_PAGESIZE);
     for (int i = 0; i < nseen; i++)
         put(fd, buf, (size_t)snprintf(buf, sizeof buf, "thread %ld %#lx\n", seen[i].tid, seen[i].pointer));
+    for (int i = 0; i < nseen; i++) {
+        unsigned long start = seen[i].pointer & ~(page - 1);
+        put(fd, buf, (size_t)snprintf(buf, sizeof buf, "memory %#lx %#lx\n", start, page));
+        copy_page(pages, start, page, buf, sizeof buf);
+    }
+    close(pages);
     ssize_t n;
     while ((n = read(maps, buf, sizeof buf)) > 0)
         put(fd, buf, (size_t)n);

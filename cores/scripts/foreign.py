@@ -41,7 +41,7 @@ class ForeignError(RuntimeError):
 @dataclass(frozen=True)
 class Foreign:
     """One architecture the reproducers run on under qemu-user: Debian's name for it, its multiarch triplet,
-    the suite whose packages it runs on, and the page size of the kernels its cores come from."""
+    the suite whose packages it runs on."""
 
     arch: str
     triplet: str
@@ -179,14 +179,15 @@ def shim(bindir: Path, arch: str = "arm64") -> Path:
 
 
 def run_to_core(exe: Path, args: list[str], directory: Path, bindir: Path, root: Path, preload: list[str] = (),
-                arch: str = "arm64", env: dict[str, str] | None = None) -> int:
+                arch: str = "arm64", env: dict[str, str] | None = None, page: int = 4096) -> int:
     """Runs EXE with ARGS under qemu-user on ROOT in DIRECTORY, with the shim (and PRELOAD, paths on ARCH's
-    system) preloaded and ENV in its environment, to its snapshot; leaves the completed core there as `core`;
-    its pid."""
+    system) preloaded and ENV in its environment, on a kernel of PAGE-byte pages as far as the program sees
+    (its AT_PAGESZ), to its snapshot; leaves the completed core there as `core`; its pid."""
     f = ARCHES[arch]
     libraries = ":".join([str(shim(bindir, arch)), *preload])
     # qemu hands its own environment to the program (its -E splits values at commas, which MALLOC_CONF has)
-    result = subprocess.run([f.qemu, "-L", str(root), "-E", f"LD_PRELOAD={libraries}", str(exe), *args],
+    result = subprocess.run([f.qemu, "-L", str(root), "-p", str(page), "-E", f"LD_PRELOAD={libraries}", str(exe),
+                             *args],
                             cwd=directory, capture_output=True, text=True, timeout=600, preexec_fn=_unlimited_cores,
                             env={**os.environ, **(env or {})})
     written = sorted(directory.glob(f"qemu_{exe.name}_*.core"))
@@ -231,10 +232,11 @@ def capture_script(name: str, directory: Path, bindir: Path, root: Path, arch: s
 
 
 @fresh.exclusive
-def capture(name: str, directory: Path, bindir: Path, root: Path, arch: str = "arm64") -> harness.Capture:
+def capture(name: str, directory: Path, bindir: Path, root: Path, arch: str = "arm64", page: int = 4096
+            ) -> harness.Capture:
     """Reproducer NAME's core for ARCH in DIRECTORY (with what it writes: malloc_info.xml and ledger.json on
     glibc's malloc, its allocator's statistics on another (`ALLOCATORS`, preloaded from the suite's packages
-    of ARCH); meta.json), taken now unless a fresh one is there."""
+    of ARCH); meta.json), on a kernel of PAGE-byte pages, taken now unless a fresh one is there."""
     if name in SCRIPTS:
         return capture_script(name, directory, bindir, root, arch)
     f = ARCHES[arch]
@@ -246,12 +248,12 @@ def capture(name: str, directory: Path, bindir: Path, root: Path, arch: str = "a
     outputs = ("core", *(runs_on.writes if runs_on else ("malloc_info.xml", "ledger.json")))
     env = harness.JEMALLOC_ENV.get(name, {})
     inputs = fresh.digest([exe, shim(bindir, arch), Path(__file__), Path(qemucore.__file__), root / "VERSION"],
-                          name, f.arch, env)
+                          name, f.arch, env, page)
     if not fresh.fresh(directory, inputs, outputs):
         if directory.exists():
             shutil.rmtree(directory)
         directory.mkdir(parents=True)
-        pid = run_to_core(exe, [str(directory)], directory, bindir, root, preload, arch, env)
+        pid = run_to_core(exe, [str(directory)], directory, bindir, root, preload, arch, env, page)
         (directory / "meta.json").write_text(json.dumps({"name": name, "exe": str(exe), "pid": pid,
                                                          "arch": f.arch, "root": str(root)}))
         fresh.mark(directory, inputs)

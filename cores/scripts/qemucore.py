@@ -31,6 +31,7 @@ __all__ = ["complete"]
 
 NT_PRSTATUS, NT_PRPSINFO, NT_AUXV, NT_FILE, NT_ARM_TLS = 1, 3, 6, 0x46494C45, 0x401
 PT_LOAD, PT_NOTE = 1, 4
+PF_W, PF_R = 2, 4
 #: offset of pr_pid in arm64's and x86-64's prstatus (after siginfo, cursig, sigpend, sighold)
 PR_PID = 32
 ELF_HEADER, PHDR = struct.Struct("<16sHHIQQQIHHHHHH"), struct.Struct("<IIQQQQQQ")
@@ -53,16 +54,44 @@ def _notes(data: bytes) -> list[tuple[int, bytes, bytes]]:
     return out
 
 
-def _process(text: str) -> tuple[dict[int, int], str]:
-    """The thread pointers by thread id, and the maps text, of a process.txt."""
-    pointers, maps = {}, []
+def _process(text: str) -> tuple[dict[int, int], list[tuple[int, int]], str]:
+    """The thread pointers by thread id, the (start, length) of each page memory.bin holds in order, and the
+    maps text, of a process.txt."""
+    pointers, pages, maps = {}, [], []
     for line in text.splitlines():
         words = line.split()
         if words[:1] == ["thread"] and len(words) == 3:
             pointers[int(words[1])] = int(words[2], 16)
+        elif words[:1] == ["memory"] and len(words) == 3:
+            pages.append((int(words[1], 16), int(words[2], 16)))
         else:
             maps.append(line)
-    return pointers, "\n".join(maps) + "\n"
+    return pointers, pages, "\n".join(maps) + "\n"
+
+
+def _missing(pages: list[tuple[int, int]], memory: bytes, segments) -> list[tuple[int, int, bytes]]:
+    """(flags, start, bytes) of the parts of PAGES (their bytes one after the other in MEMORY) that no segment
+    of the core holds, each once: readable and writable, as the data they are."""
+    held = sorted((vaddr, vaddr + len(body)) for _, vaddr, _, body in segments if body)
+    out, done, offset = [], set(), 0
+    for start, length in pages:
+        body = memory[offset:offset + length]
+        offset += length
+        if start in done or len(body) < length:
+            continue
+        done.add(start)
+        at, end = start, start + length
+        for lo, hi in held:
+            if hi <= at:
+                continue
+            if lo >= end:
+                break
+            if lo > at:
+                out.append((PF_R | PF_W, at, body[at - start:lo - start]))
+            at = max(at, hi)
+        if at < end:
+            out.append((PF_R | PF_W, at, body[at - start:]))
+    return out
 
 
 def _new_notes(old: list[tuple[int, bytes, bytes]], pointers: dict[int, int], maps) -> bytes:
@@ -115,7 +144,9 @@ def complete(qemu_core: Path, process_txt: Path, out: Path, sysroot: str = "") -
     phoff, phentsize, phnum = header[5], header[9], header[10]
     if data[:4] != b"\x7fELF" or header[1] != 4:
         raise CoreError(f"{qemu_core} is not an ELF core")
-    pointers, maps_text = _process(process_txt.read_text())
+    pointers, pages, maps_text = _process(process_txt.read_text())
+    memory_bin = process_txt.with_name("memory.bin")
+    memory = memory_bin.read_bytes() if memory_bin.exists() else b""
     maps = parse_maps(maps_text)
     page = 4096
     segments, notes = [], b""
@@ -128,6 +159,8 @@ def complete(qemu_core: Path, process_txt: Path, out: Path, sysroot: str = "") -
             if not filesz:
                 body = _elf_header_page(vaddr, maps, page) or b""
             segments.append((flags, vaddr, memsz, body))
+    segments += [(flags, start, len(body), body) for flags, start, body in _missing(pages, memory, segments)]
+    segments.sort(key=lambda s: s[1])
     count = 1 + len(segments)
     at = ELF_HEADER.size + count * PHDR.size
     notes_at = at

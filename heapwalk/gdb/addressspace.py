@@ -9,6 +9,7 @@ import contextlib
 import json
 import os
 import re
+import struct
 import time
 from pathlib import Path
 
@@ -23,7 +24,7 @@ from heapwalk.inferior.residency import Pagemap, Residency, in_core, load_runs, 
 from heapwalk.inferior.space import MemoryMap
 
 __all__ = ["has_target", "connection_type", "cpu_counts", "clock_ns", "residency", "core_path", "describe_target",
-           "memory_map", "missing_ranges", "core_holes", "core_not_read", "mappings", "MemoryMap", "command_text"]
+           "memory_map", "page_size", "missing_ranges", "core_holes", "core_not_read", "mappings", "MemoryMap", "command_text"]
 
 _MAPPING_LINE = re.compile(r"^\s*(0x[0-9a-f]+)\s+(0x[0-9a-f]+)\s+0x[0-9a-f]+\s+(0x[0-9a-f]+)"
                            r"(?:\s+[r-][w-][x-][ps])?(?:\s+(.*?))?\s*$")
@@ -107,6 +108,25 @@ def clock_ns() -> int | None:
             value = (core.capture_facts() if core is not None else {}).get("monotonic_ns")
         return value if isinstance(value, int) and value > 0 else None
     return time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+
+
+#: the auxiliary vector's entry for the page size
+_AT_PAGESZ = 6
+
+
+def page_size(default: int) -> int:
+    """The target's page: AT_PAGESZ of its auxiliary vector (a core's NT_AUXV, a live process's
+    /proc/PID/auxv), DEFAULT (its architecture's usual page) where neither says."""
+    vector: dict[int, int] = {}
+    if connection_type() == "core":
+        with _open_core() as core:
+            vector = core.auxv() if core is not None else {}
+    else:
+        with contextlib.suppress(OSError, gdb.error, AttributeError):
+            raw = Path(f"/proc/{gdb.selected_inferior().pid}/auxv").read_bytes()
+            vector = {k: v for k, v in struct.iter_unpack("<QQ", raw[:len(raw) // 16 * 16])}
+    value = vector.get(_AT_PAGESZ)
+    return value if isinstance(value, int) and 4096 <= value <= 1 << 20 and value & (value - 1) == 0 else default
 
 
 def thread_names() -> dict[int, str]:

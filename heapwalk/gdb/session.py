@@ -14,7 +14,7 @@ from heapwalk.gdb.console import walk_progress
 from heapwalk.arch import UnknownArchitecture, by_elf_machine, known
 from heapwalk.gdb.adapter import (GdbSymbols, architecture_name, gdb_memory, preserved_selection,
                                   target_architecture, thread_registers)
-from heapwalk.gdb.addressspace import (clock_ns, core_contents, core_machine, core_not_read, cpu_counts,
+from heapwalk.gdb.addressspace import (clock_ns, core_contents, core_machine, core_not_read, cpu_counts, page_size,
                                        describe_target, has_target, memory_map, missing_ranges, residency,
                                        thread_names)
 from heapwalk.inferior.space import Target
@@ -75,7 +75,8 @@ def _target() -> Target:
     arch = target_architecture()
     return Target(gdb_memory(space.readable), space, thread_registers(thread_names(), arch), GdbSymbols(arch),
                   describe_target(), missing_ranges() if space.core else [], cpu_counts(), resident, core_not_read(),
-                  clock_ns(), core_contents if resident is None and space.core else None, arch)
+                  clock_ns(), core_contents if resident is None and space.core else None, arch,
+                  page_size(arch.page_size))
 
 
 def _is_64bit() -> bool:

@@ -130,7 +130,8 @@ def _collect(mem: Memory, disc: Discovery, threads: list[ThreadRegs], target: st
     state = HeapState(target=target, glibc_version=disc.version, glibc_label=disc.version_label,
                       heap_max_size=disc.heap_max_size, layout_name=disc.layout.name,
                       main_arena=disc.main_arena, mp=mp, arenas=tuple(arenas), threads=tuple(decoded_threads),
-                      facts=facts, findings=tuple(findings), lists_stopped=stopped is not None, residency=residency)
+                      facts=facts, findings=tuple(findings), lists_stopped=stopped is not None, residency=residency,
+                      page_size=disc.page_size)
     if stopped is not None:
         return dataclasses.replace(state, stop_findings=(stopped,) + ((last_words,) if last_words else ()),
                                    walk=_unwalked(state.arenas) if walk_chunks else None)
@@ -268,7 +269,7 @@ def _one_pass(mem: Memory, disc: Discovery, mp: MallocPar | None, ring: list[int
     words = HeapWords(regions or [], keep_words=keep_used and bool(regions), keep_pages=keep_pages) \
         if (keep_used and regions or keep_pages) and not lists_only else None
     return OnePass(mem, disc.layout, tcaches, thp, contiguous, progress, total, lists_only, residency, keep_used,
-                   keep_chunks, words)
+                   keep_chunks, words, disc.page_size)
 
 
 def _main_by_its_heap(mem: Memory, disc: Discovery, regions: list[tuple[int, int]], arenas: list[Arena]
@@ -341,7 +342,8 @@ def _walk_arenas(mem: Memory, layout: Layout, state: HeapState, progress=None, s
     total = sum(a.system_mem for a in walked)
     done = 0
     for i, a in enumerate(walked):  # one walk per arena feeds both the accounting and the trim simulation
-        sim = TrimSimulation(mem, layout, a, thp, contiguous and not a.noncontiguous, state.residency)
+        sim = TrimSimulation(mem, layout, a, thp, contiguous and not a.noncontiguous, state.residency,
+                             page=state.page_size)
         tick = None if progress is None else (lambda walked, base=done: progress(base + walked, total))
         try:
             accounts[a.address] = account(mem, layout, a, listing, sim, tick)

@@ -25,6 +25,7 @@ def load(target: Target, overrides: Overrides, walk_chunks: bool = False, progre
     try:
         disc = discover(target.mem, target.symbols, overrides, space.mappings,
                         [t.thread_pointer for t in target.threads if t.thread_pointer], core=space.core, regions=space.regions)
+        disc = dataclasses.replace(disc, page_size=target.page_size)
         state = collect(target.mem, disc, target.threads, target.description, walk_chunks, space.regions, progress,
                         residency=target.residency, keep_used=keep_used, keep_chunks=keep_chunks,
                         keep_pages=keep_pages and target.residency is None and target.present is not None,

@@ -1,10 +1,8 @@
 """The heap as heapwalk found it, and what the walk of its chunks found: plain frozen dataclasses.
 
-Sizes are glibc chunk sizes with the three flag bits masked off, unless a
-field says ``raw`` (the size field as stored, flags included: what
-malloc_info prints for regular bins).  Addresses are ints: chunk addresses for
-bins (what glibc's bin lists link), user-memory addresses (chunk + 16) for
-tcache entries (what glibc's tcache lists link).
+Sizes are glibc chunk sizes with the three flag bits masked off, unless a field says ``raw`` (the size field as
+stored, flags included: what malloc_info prints for regular bins).  Addresses are ints: chunk addresses for
+bins (what glibc's bin lists link), user-memory addresses (chunk + 16) for tcache entries (what its lists link).
 """
 
 from __future__ import annotations
@@ -326,6 +324,7 @@ class HeapState:
     walk: ChunkWalk | None = None   # the walk of every chunk, when it was asked for
     glibc_label: str = ""           # "2.36", or the range memory showed when the version is unknown
     heap_max_size: int = 64 << 20   # size and alignment of a thread arena's heap reservation
+    page_size: int = 4096           # the target's page (AT_PAGESZ): what trim and mmap round to
     scanned_tcaches: tuple[Tcache, ...] = ()  # tcache structs found in the arenas when threads' TLS is lost
     lists_stopped: bool = False     # reading the free lists was stopped (Ctrl-C): later arenas are left out
     stop_findings: tuple[Finding, ...] = ()    # where the lists were stopped, and glibc's last words then

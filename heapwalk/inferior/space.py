@@ -52,6 +52,7 @@ class Target:
     #                                      holds (`residency.in_core`; read only when asked: it reads the core,
     #                                      but not the pages SEEN says a walk judged)
     arch: Architecture = DEFAULT         # the processor architecture of its code, registers and TLS
+    page_size: int = 4096                # its pages (AT_PAGESZ; some kernels use 16 or 64 KiB)
 
     def findings(self) -> tuple[Finding, ...]:
         """What the target says of itself: the memory a truncated core lacks, and what a capture left out."""

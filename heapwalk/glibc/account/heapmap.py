@@ -23,7 +23,7 @@ from heapwalk.glibc.locate.layout import Layout
 from heapwalk.glibc.model import Arena, ChunkState, HeapState
 from heapwalk.glibc.bulk.sweepwalk import STATE_OF_CODE
 from heapwalk.glibc.bulk.sweptchunks import listing_arrays, swept_chunks
-from heapwalk.glibc.walk.trim import SUB_PAGE, TrimSimulation, trim_settings
+from heapwalk.glibc.walk.trim import TrimSimulation, trim_settings
 from heapwalk.inferior.memory import Memory
 from heapwalk.inferior.residency import Residency
 from heapwalk.common.mapkinds import FREE, MAP_KINDS, MapKind, add_map_kind
@@ -111,7 +111,8 @@ def _trimmed(mem: Memory, layout: Layout, state: HeapState, arena: Arena, strips
     """The [start, end) ranges malloc_trim(0) would give back from ARENA, as (n, 2) uint64, sorted: its
     STRIPS' runs of free chunks as consolidation merges them, fed to `TrimSimulation`."""
     thp, contiguous = trim_settings(state.mp)
-    sim = TrimSimulation(mem, layout, arena, thp, contiguous and not arena.noncontiguous, state.residency)
+    sim = TrimSimulation(mem, layout, arena, thp, contiguous and not arena.noncontiguous, state.residency,
+                         page=state.page_size)
     runnable = np.zeros(len(MAP_KINDS), dtype=bool)
     runnable[[KIND["unsorted"], KIND["small"], KIND["large"]] + ([KIND["fast"]] if layout.has_fastbins else [])] = True
     runs = []
@@ -128,7 +129,7 @@ def _trimmed(mem: Memory, layout: Layout, state: HeapState, arena: Arena, strips
             sim.top_start, sim.top_size = int(starts[-1]), sim.top_size + int(ends[-1] - starts[-1])
             n -= 1                       # consolidation takes the last run into top
         sizes = (ends[:n] - starts[:n]).astype(np.int64)
-        whole = sizes > SUB_PAGE
+        whole = sizes > sim.sub_page
         runs.extend(zip(starts[:n][whole].tolist(), sizes[whole].tolist()))
     sim.take(runs, 0, 0)
     released = sorted(sim.released())

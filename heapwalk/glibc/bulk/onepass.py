@@ -38,10 +38,10 @@ class OnePass:
     def __init__(self, mem: Memory, layout: Layout, tcaches: list[Tcache], thp_pagesize: int,
                  main_contiguous: bool, progress=None, total: int = 0, lists_only: bool = False,
                  residency: Residency | None = None, keep_used: bool = False, keep_chunks: bool = False,
-                 words: HeapWords | None = None):
+                 words: HeapWords | None = None, page: int = 4096):
         self.mem, self.layout, self.lists_only, self.residency = mem, layout, lists_only, residency
         self.tcached = _tcached(tcaches)
-        self.thp_pagesize, self.main_contiguous = thp_pagesize, main_contiguous
+        self.thp_pagesize, self.main_contiguous, self.page = thp_pagesize, main_contiguous, page
         self.progress, self.total, self.done = progress, total, 0
         self.accounts: dict[int, tuple[Account, TrimEstimate]] = {}
         self.keep_used = keep_used
@@ -83,7 +83,8 @@ class OnePass:
         if lists is not None and not self.lists_only:
             walked = walk_of_sweep(self.mem, self.layout, arena, sweep, lists.codes, self.tcached,
                                    self.thp_pagesize, self.main_contiguous, self.residency,
-                                   self.words if self.words is not None and self.words.keep_pages else None)
+                                   self.words if self.words is not None and self.words.keep_pages else None,
+                                   self.page)
         if walked is None:
             self.failed.add(arena.address)
         else:

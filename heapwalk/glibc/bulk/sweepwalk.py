@@ -20,7 +20,7 @@ from heapwalk.glibc.bulk.indexlists import PLAIN
 from heapwalk.glibc.locate.layout import NON_MAIN_ARENA, Layout
 from heapwalk.glibc.model import Account, Arena, ChunkState, TrimEstimate
 from heapwalk.glibc.bulk.sweep import TAIL_FENCEPOST, TAIL_LEFTOVER, TAIL_ZERO, Sweep
-from heapwalk.glibc.walk.trim import SUB_PAGE, PagesSeen, TrimSimulation
+from heapwalk.glibc.walk.trim import PAGE, PagesSeen, TrimSimulation
 from heapwalk.inferior.memory import Memory
 from heapwalk.inferior.residency import Residency
 
@@ -35,12 +35,12 @@ STATE_OF_CODE = {PLAIN: ChunkState.IN_USE, 0: ChunkState.TCACHE_STRUCT, 1: Chunk
 
 def walk_of_sweep(mem: Memory, layout: Layout, arena: Arena, sweep: Sweep, codes: np.ndarray,
                   tcached: tuple[np.ndarray, np.ndarray], thp_pagesize: int, main_contiguous: bool,
-                  residency: Residency | None = None, seen: PagesSeen | None = None
+                  residency: Residency | None = None, seen: PagesSeen | None = None, page: int = PAGE
                   ) -> tuple[Account, TrimEstimate] | None:
     """ARENA's account and trim estimate from SWEEP and CODES (each chunk's listing code, changed in place),
     with the tcache chunks TCACHED (sorted chunk addresses, and each one's code) and RESIDENCY (which pages
-    were in RAM, when known) or else SEEN (the pages the sweep judged); None where the careful walk has something
-    to say."""
+    were in RAM, when known) or else SEEN (the pages the sweep judged), the target's pages being PAGE bytes; None
+    where the careful walk has something to say."""
     if not _mark_tcached(sweep, codes, tcached):
         return None
     sizes = sweep.sizes
@@ -48,7 +48,7 @@ def walk_of_sweep(mem: Memory, layout: Layout, arena: Arena, sweep: Sweep, codes
     if tally is None:
         return None
     sim = TrimSimulation(mem, layout, arena, thp_pagesize, main_contiguous and not arena.noncontiguous, residency,
-                         seen)
+                         seen, page)
     _feed_runs(sim, sweep, codes, sizes, layout.has_fastbins)
     return tally.account(), sim.result()
 
@@ -148,7 +148,7 @@ def _feed_runs(sim: TrimSimulation, sweep: Sweep, codes: np.ndarray, sizes: np.n
         if ends[-1] < hi - lo and codes[lo + ends[-1]] == _TOP and fasts[ends[-1]] > fasts[starts[-1]]:
             merged[-1] = True            # consolidation takes the run into top
             sim.top_start, sim.top_size = int(sweep.address[lo + starts[-1]]), sim.top_size + int(run_sizes[-1])
-        small = (run_sizes <= SUB_PAGE) & ~merged
+        small = (run_sizes <= sim.sub_page) & ~merged
         sub_page += int(run_sizes[small].sum())
         large = np.flatnonzero(~small & ~merged)
         runs.extend(zip(sweep.address[lo + starts[large]].tolist(), run_sizes[large].tolist()))

@@ -48,6 +48,7 @@ class Discovery:
     version_label: str = ""
     libc_range: tuple[int, int] | None = None  # a tcache pointer in here is 2.43's "no tcache" dummy
     abort_msg_address: int | None = None       # glibc's __abort_msg: set when glibc aborts with a message
+    page_size: int = 4096                      # the target's page (AT_PAGESZ): what trim and mmap round to
 
     def is_libc_address(self, address: int) -> bool:
         return self.libc_range is not None and self.libc_range[0] <= address < self.libc_range[1]

@@ -42,7 +42,7 @@ def header(state: HeapState) -> dict[str, Any]:
     """The fields every document starts with: schema, target, the allocator, glibc and main_arena."""
     return {"schema_version": SCHEMA_VERSION, "target": state.target, "allocator": "glibc",
             "glibc": {"version": state.version_text, "layout": state.layout_name,
-                      "decoded_as": "%d.%d" % state.glibc_version},
+                      "decoded_as": "%d.%d" % state.glibc_version, "page_size": state.page_size},
             "main_arena": state.main_arena}
 
 

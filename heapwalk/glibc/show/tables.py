@@ -36,6 +36,8 @@ def header_text(state: HeapState, with_target: bool = True) -> Text:
     text = Text()
     text.append(f"{state.target}\n" if state.target and with_target else "")
     text.append(f"glibc {state.version_text} (version: {by.get('glibc_version', '?')})\n")
+    if state.page_size != 4096:
+        text.append(f"pages of {human(state.page_size)} (the kernel's AT_PAGESZ: trim gives back whole pages)\n")
     text.append(f"main_arena {'unknown' if state.main_arena is None else f'{state.main_arena:#x}'} "
                 f"({by.get('main_arena', '?')})\n")
     if state.mp is not None:

@@ -6,7 +6,8 @@ fastbin chunk merges with free neighbours and, next to top, into top.  Then it
 the unsorted bin and in the bins that can hold a page (past its first 48
 bytes: header and links stay).  Only for the main arena, and only when it is
 contiguous, it then lowers the break: top minus MINSIZE, rounded down to pages
-(or to the transparent huge page size when one is set).  tcache is not
+(or to the transparent huge page size when one is set).  Pages are the target's
+(AT_PAGESZ: 4 KiB, or 16 or 64 KiB on kernels so built).  tcache is not
 flushed, and a thread arena's top is never trimmed.
 
 Which of those pages are resident comes from the target's residency where it
@@ -26,12 +27,19 @@ from heapwalk.inferior.memory import Memory, ReadError
 from heapwalk.inferior.residency import Residency
 from heapwalk.glibc.model import KEPT_REASONS, Arena, ChunkState, TrimEstimate
 
-__all__ = ["TrimSimulation", "trim_settings", "PAGE", "SUB_PAGE"]
+__all__ = ["TrimSimulation", "trim_settings", "PAGE", "SUB_PAGE", "sub_page"]
 
 PAGE = 4096
 _SPAN = 1 << 20                 # bytes read at once when looking for resident pages
 _LINKS = 48                     # sizeof(struct malloc_chunk): stays resident in a trimmed chunk
-SUB_PAGE = PAGE - 1 + _LINKS   # a free chunk this size or smaller has no whole page to give back
+
+
+def sub_page(page: int = PAGE) -> int:
+    """The largest free chunk that holds no whole PAGE-byte page to give back."""
+    return page - 1 + _LINKS
+
+
+SUB_PAGE = sub_page()
 _RUN_STATES = frozenset((ChunkState.FAST, ChunkState.UNSORTED, ChunkState.SMALL, ChunkState.LARGE))
 
 
@@ -43,13 +51,13 @@ class PagesSeen(Protocol):
         read."""
 
 
-def _resident_bytes(mem: Memory, start: int, length: int) -> int:
-    """Bytes of the pages in [start, start+length) that hold anything but zeros (page-aligned range).
+def _resident_bytes(mem: Memory, start: int, length: int, page: int = PAGE) -> int:
+    """Bytes of the PAGE-byte pages in [start, start+length) that hold anything but zeros (page-aligned range).
 
     Read a MiB at a time; where that fails, page by page, giving up after 256 unreadable pages in a row
     (past the end of what the target has: a damaged size, a truncated core)."""
     resident = missing = 0
-    zero = bytes(PAGE)
+    zero = bytes(page)
     at, end = start, start + length
     while at < end:
         span = min(_SPAN, end - at)
@@ -61,13 +69,13 @@ def _resident_bytes(mem: Memory, start: int, length: int) -> int:
             missing = 0
             if data.count(0) != span:
                 view = memoryview(data)
-                resident += sum(PAGE for off in range(0, span, PAGE) if view[off:off + PAGE] != zero)
+                resident += sum(page for off in range(0, span, page) if view[off:off + page] != zero)
             at += span
             continue
-        for page in range(at, at + span, PAGE):
+        for first in range(at, at + span, page):
             try:
-                if mem.read(page, PAGE) != zero:
-                    resident += PAGE
+                if mem.read(first, page) != zero:
+                    resident += page
                 missing = 0
             except ReadError:
                 missing += 1
@@ -77,13 +85,13 @@ def _resident_bytes(mem: Memory, start: int, length: int) -> int:
     return resident
 
 
-def _page_interior(address: int, size: int) -> tuple[int, int]:
-    """(start, length) of the whole pages mtrim would madvise in a free chunk."""
-    if size <= PAGE - 1 + _LINKS:
+def _page_interior(address: int, size: int, page: int = PAGE) -> tuple[int, int]:
+    """(start, length) of the whole PAGE-byte pages mtrim would madvise in a free chunk."""
+    if size <= page - 1 + _LINKS:
         return 0, 0
-    start = (address + _LINKS + PAGE - 1) & ~(PAGE - 1)
+    start = (address + _LINKS + page - 1) & ~(page - 1)
     rest = address + size - start
-    return (start, rest & ~(PAGE - 1)) if rest > PAGE - 1 else (0, 0)
+    return (start, rest & ~(page - 1)) if rest > page - 1 else (0, 0)
 
 
 def trim_settings(mp) -> tuple[int, bool]:
@@ -103,8 +111,10 @@ class TrimSimulation:
     """
 
     def __init__(self, mem: Memory, layout: Layout, arena: Arena, thp_pagesize: int = 0,
-                 main_contiguous: bool = True, residency: Residency | None = None, seen: PagesSeen | None = None):
+                 main_contiguous: bool = True, residency: Residency | None = None, seen: PagesSeen | None = None,
+                 page: int = PAGE):
         self.mem, self.arena, self.thp_pagesize, self.residency = mem, arena, thp_pagesize, residency
+        self.page, self.sub_page = page, sub_page(page)
         self.seen = seen
         self.systrim_allowed = arena.is_main and main_contiguous
         self.consolidate = layout.has_fastbins
@@ -122,12 +132,12 @@ class TrimSimulation:
         run_start, run_size, run_has_fast = self.run_start, self.run_size, self.run_has_fast
         run_states = _RUN_STATES if self.consolidate else _RUN_STATES - {ChunkState.FAST}
         tcache = sub_page = 0
-        runs = self.runs
+        runs, small = self.runs, self.sub_page
         fast, top, tcache_state = ChunkState.FAST, ChunkState.TOP, ChunkState.TCACHE
         for address, size, _, state in batch:
             if run_start is not None and address != run_start + run_size:
                 # an in-use chunk ended the run
-                if run_size <= SUB_PAGE:
+                if run_size <= small:
                     sub_page += run_size
                 else:
                     runs.append((run_start, run_size))
@@ -145,7 +155,7 @@ class TrimSimulation:
             if run_start is not None:
                 if state is top and run_has_fast:  # consolidation merges the run into top
                     self.top_start, self.top_size = run_start, self.top_size + run_size
-                elif run_size <= SUB_PAGE:
+                elif run_size <= small:
                     sub_page += run_size
                 else:
                     runs.append((run_start, run_size))
@@ -168,7 +178,7 @@ class TrimSimulation:
 
     def _close(self, address: int, size: int) -> None:
         """A free chunk as consolidation leaves it: the whole pages inside are given back, the rest is kept."""
-        if size <= SUB_PAGE:  # no whole page inside: the common case of a fragmented heap
+        if size <= self.sub_page:  # no whole page inside: the common case of a fragmented heap
             self.kept["sub_page"] += size
             return
         self.runs.append((address, size))
@@ -196,7 +206,7 @@ class TrimSimulation:
         """The whole pages inside the consolidated free runs, which madvise gives back."""
         out = []
         for address, size in self.runs:
-            start, length = _page_interior(address, size)
+            start, length = _page_interior(address, size, self.page)
             if length:
                 out.append((start, start + length))
         return out
@@ -206,7 +216,7 @@ class TrimSimulation:
         if not self.systrim_allowed:
             return []
         area = self.top_size - MINSIZE - 1
-        unit = self.thp_pagesize or PAGE
+        unit = self.thp_pagesize or self.page
         systrim = area // unit * unit if area > 0 else 0
         top_end = self.top_start + self.top_size
         return [(top_end - systrim, top_end)] if systrim else []
@@ -217,8 +227,9 @@ class TrimSimulation:
         if not ranges:
             return 0
         if self.residency is None:
-            known, unread = self.seen.nonzero_bytes(ranges) if self.seen is not None else (0, ranges)
-            return known + sum(_resident_bytes(self.mem, start, end - start) for start, end in unread)
+            seen = self.seen if self.page == PAGE else None     # the sweep judged 4 KiB pages
+            known, unread = seen.nonzero_bytes(ranges) if seen is not None else (0, ranges)
+            return known + sum(_resident_bytes(self.mem, start, end - start, self.page) for start, end in unread)
         known = self.residency.covering([(h.address, h.address + max(h.size, h.mprotect_size))
                                          for h in self.arena.heaps] + ranges)
         starts, ends = zip(*ranges)

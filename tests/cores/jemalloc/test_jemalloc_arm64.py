@@ -91,7 +91,7 @@ def test_the_report_counts_pages_of_64k_and_balances_every_arena():
         assert row["balanced"] and row["in_use"] + sum(row["free"].values()) + row["overhead"] == row["system"]
         assert row["free"]["dirty"] == printed["pdirty"] * PAGE
         assert row["system"] == printed["mapped"] or index in (0, ledger["stats_arena"])
-    assert sum(r["free"]["dirty"] for r in rows.values()) > 40 << 20
+    assert sum(r["free"]["dirty"] for r in rows.values()) >= 16 * PAGE      # the workers' freed zones, in part
     buffer = ledger["stats_buffer"]
     assert doc["report"]["metadata"]["metadata"] == stats["stats"]["metadata"] - buffer["size"] * buffer["internal"]
     assert "will be returned gradually over dirty_decay_ms (100 ms)" in text

@@ -123,7 +123,7 @@ def _link(mem: ImageMemory, lay, states: list[tuple[int, int, str]], rng: random
             mem.write_u64(head + 24, head)
 
 
-def _careful(s: Synth):
+def _careful(s: Synth, page: int = 4096):
     findings: list = []
     fastbins, unsorted, bins = arenas_module._free_lists(s.mem, s.layout, ARENA, s.arena.system_mem, findings)
     arena = dataclasses.replace(s.arena, fastbins=fastbins, unsorted=unsorted, bins=bins)
@@ -138,7 +138,7 @@ def _careful(s: Synth):
             for e in b.entries:
                 listed[e - 16] = ChunkState.TCACHE
         listed[tcache.address - 16] = ChunkState.TCACHE_STRUCT
-    sim = TrimSimulation(s.mem, s.layout, arena, 0, True)
+    sim = TrimSimulation(s.mem, s.layout, arena, 0, True, page=page)
     acc = account(s.mem, s.layout, arena, Listing.of_states(listed), sim)
     return (fastbins, unsorted, bins), findings, acc, sim.result()
 
@@ -163,8 +163,8 @@ def _chunk_rows(s: Synth, flt: ChunkFilter, sweep: bool):
     return [c for m in chunkinfo._walked(s.mem, s.layout, arena, listing, flt, findings) for c in m.chunks()], findings
 
 
-def _one_pass(s: Synth):
-    one = OnePass(s.mem, s.layout, s.tcaches, 0, True)
+def _one_pass(s: Synth, page: int = 4096):
+    one = OnePass(s.mem, s.layout, s.tcaches, 0, True, page=page)
     lists = one.lists(s.arena, s.mem.read(ARENA, s.layout.arena_size))
     results = one.results((s.arena,))
     return (None if lists is None else (lists.fastbins, lists.unsorted, lists.bins)), results
@@ -196,6 +196,18 @@ def test_a_sound_heap_is_vouched_for_with_the_careful_walkers_numbers(seed, vers
     for flt in _FILTERS:
         rows = _chunk_rows(s, flt, sweep=True)
         assert rows is not None and rows == _chunk_rows(s, flt, sweep=False) and rows[0]
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_on_64k_pages_trim_gives_back_whole_64k_pages_in_both_walks(seed, loops):
+    """A kernel of 64 KiB pages (AT_PAGESZ 65536, as some arm64 ones): the one pass and the careful walk agree,
+    every range trim gives back is whole 64 KiB pages, and no more than with 4 KiB pages is given back."""
+    s = _synth(seed, (2, 36), chunks=6000)
+    _lists, findings, acc, trim = _careful(s, 65536)
+    assert not findings and _one_pass(s, 65536)[1] == {ARENA: (acc, trim)}
+    small = _careful(s)[3]
+    assert trim.total < small.total and trim.total % 65536 == 0 and trim.systrim % 65536 == 0
+    assert trim.total + sum(trim.kept.values()) == small.total + sum(small.kept.values())
 
 
 @pytest.mark.parametrize("version", VERSIONS, ids=lambda v: "%d.%d" % v)
