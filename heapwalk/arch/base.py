@@ -96,7 +96,9 @@ class Architecture:
     ``pointer_registers``: the general registers that may hold a pointer, callee-saved first (they survive the
     calls into abort); ``mutex_size``: the bytes of a pthread_mutex_t in its C libraries' ABI (an allocator that
     embeds one is laid out by it); ``dtv_at``: where from the thread pointer the thread control block keeps the
-    pointer to the thread's dynamic thread vector."""
+    pointer to the thread's dynamic thread vector; ``thread_notes``: the register sets a kernel core holds for
+    each thread after its NT_PRSTATUS and NT_FPREGSET, by note type (read with PTRACE_GETREGSET), and the most
+    bytes each takes."""
 
     name: str
     multiarch: str
@@ -115,6 +117,7 @@ class Architecture:
     tcb_size: int = 0
     mutex_size: int = 40
     dtv_at: int = 8
+    thread_notes: tuple[tuple[int, int], ...] = ()
 
     def static_tls(self, thread_pointer: int, span: int) -> tuple[int, int]:
         """[start, end) of the SPAN bytes beside THREAD_POINTER where the static TLS blocks lie (the program's

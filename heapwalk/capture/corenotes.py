@@ -1,6 +1,7 @@
 """The notes of an ELF core as the kernel writes them, for the capture's core writer (`corewriter`): each
-thread's NT_PRSTATUS and NT_FPREGSET (the thread group leader first, which gdb makes the current thread),
-NT_PRPSINFO, NT_AUXV and NT_FILE, read from /proc while the process is stopped."""
+thread's NT_PRSTATUS, NT_FPREGSET and its architecture's other register sets (`Architecture.thread_notes`; the
+thread group leader first, which gdb makes the current thread), NT_PRPSINFO, NT_AUXV and NT_FILE, read from
+/proc while the process is stopped."""
 
 from __future__ import annotations
 
@@ -64,4 +65,5 @@ def process_notes(stopped: Stopped, maps: list[MapsLine]) -> bytes:
             parts.append(note(_NT_FILE, file_note(maps)))
         if thread.fpregs:
             parts.append(note(_NT_FPREGSET, thread.fpregs))
+        parts += [note(kind, data) for kind, data in thread.more]
     return b"".join(parts)

@@ -12,12 +12,11 @@ from typing import Optional, Tuple
 import numpy as np
 
 from heapwalk.inferior.memory import ReadError
-from heapwalk.inferior.pages import SPECIAL, LivePages, MapsLine, Page, absent_reason
+from heapwalk.inferior.pages import PAGE, SPECIAL, LivePages, MapsLine, Page, absent_reason
 from heapwalk.inferior.residency import runs_of
 
 __all__ = ["Segment", "Piece", "plan_segments", "PAGE", "MAX_SEGMENTS"]
 
-PAGE = 4096
 _MERGE_PAGES = 0                         # stored runs this close (across known zeros) are written as one
 MAX_SEGMENTS = 60000                     # under ELF's 65535 program headers, with room for the note
 

@@ -209,8 +209,8 @@ def write_core(stopped: Stopped, path: Path, facts: dict | None = None, hold: mm
 
             phnum = len(segments) + 1
             data_at = -(-(64 + 56 * phnum) // PAGE) * PAGE
-            header = struct.pack("<4sBBBB8xHHIQQQIHHHHHH", b"\x7fELF", 2, 1, 1, 0, 4, 62, 1, 0, 64, 0, 0, 64, 56,
-                                 phnum, 0, 0, 0)
+            header = struct.pack("<4sBBBB8xHHIQQQIHHHHHH", b"\x7fELF", 2, 1, 1, 0, 4, stopped.arch.elf_machine, 1,
+                                 0, 64, 0, 0, 64, 56, phnum, 0, 0, 0)
             table = [struct.pack("<IIQQQQQQ", _PT_NOTE, 0, 0, 0, 0, 0, 0, 4)]     # written by `finish`
             offset = data_at
             for s in segments:

@@ -15,15 +15,21 @@ import errno
 import os
 from dataclasses import dataclass
 
+from heapwalk.arch import DEFAULT, Architecture, host
 from heapwalk.common.errors import HeapwalkError
 
 __all__ = ["PtraceError", "StoppedThread", "Stopped", "stop"]
 
-_PTRACE_GETREGS, _PTRACE_GETFPREGS, _PTRACE_DETACH = 12, 14, 17
+_PTRACE_DETACH, _PTRACE_GETREGSET = 17, 0x4204
 _PTRACE_SEIZE, _PTRACE_INTERRUPT = 0x4206, 0x4207
 _WALL = 0x40000000
 _PTRACE_EVENT_STOP = 128
-_USER_REGS_SIZE, _USER_FPREGS_SIZE = 27 * 8, 512
+_NT_PRSTATUS, _NT_FPREGSET = 1, 2
+_REGSET_MAX = 4096        # bytes of room for a register set (the kernel says how many it wrote)
+
+
+class _IoVec(ctypes.Structure):
+    _fields_ = [("iov_base", ctypes.c_void_p), ("iov_len", ctypes.c_size_t)]
 
 
 class PtraceError(HeapwalkError):
@@ -32,12 +38,14 @@ class PtraceError(HeapwalkError):
 
 @dataclass(frozen=True)
 class StoppedThread:
-    """A stopped thread: its id, its general registers (user_regs_struct, 216 bytes, as the kernel gives
-    them) and its floating-point registers (user_fpregs_struct, 512 bytes; empty when they cannot be read)."""
+    """A stopped thread: its id, its general registers (the architecture's user_regs_struct as the kernel gives
+    them), its floating-point registers (empty when they cannot be read) and the other register sets a kernel
+    core holds for it, (note type, bytes) (`Architecture.thread_notes`)."""
 
     tid: int
     regs: bytes
     fpregs: bytes
+    more: tuple[tuple[int, bytes], ...] = ()
 
 
 def _libc():
@@ -49,10 +57,11 @@ def _libc():
 
 class Stopped:
     """PID with every thread stopped, as a context manager: `threads` holds them (the thread group leader
-    first); leaving the context lets them all go on."""
+    first) with the register sets ARCH's kernel core holds (this machine's architecture by default); leaving
+    the context lets them all go on."""
 
-    def __init__(self, pid: int):
-        self.pid = pid
+    def __init__(self, pid: int, arch: Architecture | None = None):
+        self.pid, self.arch = pid, arch or host() or DEFAULT
         self.threads: list[StoppedThread] = []
         self._seized: list[int] = []
         self._signals: dict[int, int] = {}     # tid -> the signal it stopped with, to hand back
@@ -101,16 +110,26 @@ class Stopped:
                 self._call(_PTRACE_INTERRUPT, tid)
                 self._signals[tid] = _wait_stopped(tid)
 
+    def _regset(self, tid: int, kind: int, size: int = _REGSET_MAX) -> bytes:
+        """Register set KIND (a core note's type) of thread TID, as many bytes as the kernel gives."""
+        buffer = ctypes.create_string_buffer(size)
+        vector = _IoVec(ctypes.addressof(buffer), size)
+        self._call(_PTRACE_GETREGSET, tid, kind, ctypes.addressof(vector))
+        return buffer.raw[:vector.iov_len]
+
     def _registers(self, tid: int) -> StoppedThread:
-        regs = ctypes.create_string_buffer(_USER_REGS_SIZE)
-        self._call(_PTRACE_GETREGS, tid, None, ctypes.addressof(regs))
-        fpregs = ctypes.create_string_buffer(_USER_FPREGS_SIZE)
+        regs = self._regset(tid, _NT_PRSTATUS)
+        more = []
+        for kind, size in self.arch.thread_notes:
+            try:
+                more.append((kind, self._regset(tid, kind, size)))
+            except OSError:
+                continue
         try:
-            self._call(_PTRACE_GETFPREGS, tid, None, ctypes.addressof(fpregs))
-            fp = fpregs.raw
+            fp = self._regset(tid, _NT_FPREGSET)
         except OSError:
             fp = b""
-        return StoppedThread(tid, regs.raw, fp)
+        return StoppedThread(tid, regs, fp, tuple(more))
 
     def _release(self) -> None:
         for tid in self._seized:

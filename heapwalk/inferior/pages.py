@@ -42,7 +42,7 @@ from heapwalk.inferior.memory import ReadError
 __all__ = ["Page", "MapsLine", "parse_maps", "read_maps", "classify", "LivePages", "PagesUnknown", "ZeroPages",
            "PAGE", "PRESENT", "SWAPPED", "FILE_PAGE", "EXCLUSIVE", "PFN_MASK"]
 
-PAGE = 4096
+PAGE = os.sysconf("SC_PAGE_SIZE")     # this machine's (a live process and its page map are this kernel's)
 PRESENT, SWAPPED, FILE_PAGE, EXCLUSIVE = 1 << 63, 1 << 62, 1 << 61, 1 << 56
 PFN_MASK = (1 << 55) - 1
 #: the kernel's code every process maps: the same image in each, so a page of it the target has not touched is

@@ -23,12 +23,11 @@ import numpy as np
 
 from heapwalk.inferior.corefile import CoreFile
 from heapwalk.inferior.memory import merged, ranges_without
-from heapwalk.inferior.pages import EXCLUSIVE, FILE_PAGE, ZeroPages
+from heapwalk.inferior.pages import EXCLUSIVE, FILE_PAGE, PAGE, ZeroPages
 
 __all__ = ["Residency", "Pagemap", "of_core", "of_runs", "load_runs", "present_runs", "runs_of",
            "PAGE"]
 
-PAGE = 4096
 #: the environment variable through which the command line names, for a whole core gcore wrote, a JSON file of
 #: the resident runs it read from /proc/PID/pagemap at the capture ({"resident_runs": [[start, end], ...]})
 _TOP = (1 << 63) - 1             # addresses are compared as int64: a damaged one above is clipped here
