@@ -8,10 +8,11 @@ SHELL := /bin/bash
 # cmake: mimalloc's releases built from the sources crates and PyPI sdists bundle (cores/scripts/mibuilds.py)
 # qemu-system-x86: Debian's kernel in a machine, for the capture's pre-copy where this one lacks soft-dirty (cores/scripts/vm.py)
 # gcc-aarch64-linux-gnu, qemu-user, gdb-multiarch: the reproducers built for arm64, run on Debian's arm64 glibc
-# under qemu-user, their cores read by gdb-multiarch (cores/scripts/foreign.py)
+# under qemu-user, their cores read by gdb-multiarch (cores/scripts/foreign.py); qemu-system-arm: Debian's arm64
+# kernel in a machine, for the capture and the live attach on arm64 (cores/scripts/armvm.py)
 DEB_PACKAGES := gdb gcc make libc6-dbg libc6-dev python3 python3-venv util-linux debian-archive-keyring \
   libjemalloc2 libtcmalloc-minimal4 chromium debootstrap cmake qemu-system-x86 \
-  gcc-aarch64-linux-gnu qemu-user gdb-multiarch
+  gcc-aarch64-linux-gnu qemu-user gdb-multiarch qemu-system-arm
 # gdb embeds the system Python: the virtualenv is made with that interpreter, so
 # gdbinit can put its site-packages on gdb's sys.path.
 SYSTEM_PYTHON := /usr/bin/python3
@@ -95,9 +96,11 @@ sysroots: venv
 chroots: venv
 	$(PY) cores/scripts/chroots.py $(CHROOT_SUITES)
 
-# Debian bookworm's kernel and a small initramfs, for a machine that tracks soft-dirty pages (cached).
+# Debian bookworm's kernel and a small initramfs, for a machine that tracks soft-dirty pages, and its arm64
+# kernel with a root of its arm64 gdb and Python, for the capture and the live attach on arm64 (cached).
 vm: venv
 	$(PY) cores/scripts/vm.py --prepare
+	$(PY) cores/scripts/armvm.py --prepare
 
 # Every reproducer's core under the system glibc and under each sysroot's.
 cores: sysroots

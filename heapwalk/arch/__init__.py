@@ -12,11 +12,14 @@ from heapwalk.arch.arm64 import ARM64
 from heapwalk.arch.x86_64 import X86_64
 
 __all__ = ["Architecture", "CodeRef", "CodeReader", "UnknownArchitecture", "DEFAULT", "known", "register",
-           "by_elf_machine", "by_gdb_name", "host"]
+           "by_elf_machine", "by_gdb_name", "host", "USER_SPACE_END"]
 
 _KNOWN: list[Architecture] = [X86_64, ARM64]
 #: the architecture a target is read as when nothing says which it is (an address space without an ELF header)
 DEFAULT = X86_64
+#: where the address space of a process of any architecture heapwalk reads ends: a word at or above it points
+#: to nothing of a program's (a search that does not know the target's architecture bounds pointers by it)
+USER_SPACE_END = max(a.user_space_end for a in _KNOWN)
 
 
 def known() -> tuple[Architecture, ...]:

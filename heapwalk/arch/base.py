@@ -98,7 +98,9 @@ class Architecture:
     embeds one is laid out by it); ``dtv_at``: where from the thread pointer the thread control block keeps the
     pointer to the thread's dynamic thread vector; ``thread_notes``: the register sets a kernel core holds for
     each thread after its NT_PRSTATUS and NT_FPREGSET, by note type (read with PTRACE_GETREGSET), and the most
-    bytes each takes."""
+    bytes each takes; ``user_space_end``: where a process's addresses end (a word at or above it is no pointer
+    of the program's; below x86-64's, a set bit 47 is the kernel's half, which pointers packed into 48 bits
+    sign-extend back)."""
 
     name: str
     multiarch: str
@@ -118,6 +120,7 @@ class Architecture:
     mutex_size: int = 40
     dtv_at: int = 8
     thread_notes: tuple[tuple[int, int], ...] = ()
+    user_space_end: int = 1 << 47
 
     def static_tls(self, thread_pointer: int, span: int) -> tuple[int, int]:
         """[start, end) of the SPAN bytes beside THREAD_POINTER where the static TLS blocks lie (the program's

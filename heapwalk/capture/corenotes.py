@@ -65,5 +65,5 @@ def process_notes(stopped: Stopped, maps: list[MapsLine]) -> bytes:
             parts.append(note(_NT_FILE, file_note(maps)))
         if thread.fpregs:
             parts.append(note(_NT_FPREGSET, thread.fpregs))
-        parts += [note(kind, data) for kind, data in thread.more]
+        parts += [note(kind, data, b"LINUX") for kind, data in thread.more]    # the kernel's name for these
     return b"".join(parts)

@@ -14,6 +14,7 @@ import struct
 
 import numpy as np
 
+from heapwalk.arch import USER_SPACE_END
 from heapwalk.inferior.elf import ElfImage, readable_runs
 from heapwalk.inferior.memory import Memory, ReadError
 from heapwalk.jemalloc.find import JemallocImage, JemallocNotFound
@@ -105,7 +106,7 @@ def _arenas_at(mem: Memory, layout: JeLayout, at: int) -> int | None:
     slots = struct.unpack("<%dQ" % (len(raw) // 8), raw)
     if not slots or not slots[0]:
         return None
-    if any(p and (p % 64 or p >> 47) for p in slots):
+    if any(p and (p % 64 or p >= USER_SPACE_END) for p in slots):
         return None
     live = [p for p in slots if p][:8]
     for arena in live:
@@ -129,7 +130,7 @@ def _scan_arenas(mem: Memory, image: ElfImage, layout: JeLayout) -> tuple[int, i
         for start, data in readable_runs(mem, seg.address, seg.memsz):
             skip = (-start) % 8
             words = np.frombuffer(data, dtype=np.uint64, count=(len(data) - skip) // 8, offset=skip)
-            likely = np.flatnonzero((words % 64 == 0) & (words > 0xFFFF) & (words < (1 << 47)))
+            likely = np.flatnonzero((words % 64 == 0) & (words > 0xFFFF) & (words < USER_SPACE_END))
             for index in likely[:_SCAN_CANDIDATES * 8]:
                 value = int(words[index])
                 if value not in checked:

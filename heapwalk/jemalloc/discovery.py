@@ -246,7 +246,8 @@ def _rtree(found: JemallocImage, tree: MallctlTree | None, layout: JeLayout) -> 
     the lookup of a pointer's extent, an address into the image's writable data computed as a call's second argument, in the function
     or (a debug build, which inlines less) in one it calls; the first whose root holds only readable nodes."""
     places = []
-    usual = shape_for(48, layout.classes.lg_page)
+    end = found.image.arch.user_space_end
+    usual = shape_for(48, layout.classes.lg_page, end)
     node = tree.node("arenas.lookup") if tree is not None else None
     if node is not None and node.ctl:
         places.append((node.ctl, "arenas.lookup's function"))
@@ -263,7 +264,7 @@ def _rtree(found: JemallocImage, tree: MallctlTree | None, layout: JeLayout) -> 
             said.append(f"{what} is unreadable ({exc.reason})")
             continue
         shift = found.image.code.first_shift_right(code)
-        shape = usual if shift is None else shape_keyed_by(shift, layout.classes.lg_page)
+        shape = usual if shift is None else shape_keyed_by(shift, layout.classes.lg_page, end)
         if shape is None:
             return None, usual, f"not decoded: the build's radix tree keys its leaves by address >> {shift}, a " \
                                 f"shape heapwalk does not read yet (with 4 KiB pages it reads >> " \

@@ -41,6 +41,8 @@ class RtreeShape:
     levels: tuple[int, ...]
     wide: bool
     page_bits: int = 12
+    sign_extended: bool = True      # a compact entry's bit 47 is extended upwards (where user addresses end
+    #                                 below it); else the bits above 48 are zero (the 48 bits hold them all)
 
     @property
     def leaf_bits(self) -> int:
@@ -74,6 +76,8 @@ class RtreeShape:
         if not self.wide:
             words = np.frombuffer(raw, dtype=np.uint64)
             low = words & np.uint64(_ADDRESS & ~layout.rtree_extent_mask)
+            if not self.sign_extended:
+                return low, (words >> np.uint64(48)).astype(np.int64), (words & np.uint64(1)).astype(bool)
             high = (low >> np.uint64(47)) * np.uint64(0xFFFF << 48)    # addresses above 2**47 sign-extended
             return low | high, (words >> np.uint64(48)).astype(np.int64), (words & np.uint64(1)).astype(bool)
         entries = np.frombuffer(raw, dtype=np.dtype([("edata", "<u8"), ("meta", "<u4"), ("more", "<u4")]))
@@ -83,19 +87,21 @@ class RtreeShape:
         return entries["edata"], entries["meta"].astype(np.int64), (entries["more"] & 0xFF).astype(bool)
 
 
-def shape_for(vaddr_bits: int, page_bits: int = 12) -> RtreeShape:
-    """The tree of a build for VADDR_BITS-bit addresses and 2**PAGE_BITS pages; its entries are one word where
-    the address leaves 16 bits above it for the size class."""
+def shape_for(vaddr_bits: int, page_bits: int = 12, user_space_end: int = 1 << 47) -> RtreeShape:
+    """The tree of a build for VADDR_BITS-bit addresses and 2**PAGE_BITS pages, on an architecture whose
+    processes' addresses end at USER_SPACE_END; its entries are one word where the address leaves 16 bits above
+    it for the size class."""
     key = vaddr_bits - page_bits
     levels = (key,) if key <= 10 else (key // 2, key - key // 2) if key <= 36 else (key // 3, key // 3,
                                                                                        key - 2 * (key // 3))
-    return RtreeShape(levels, vaddr_bits > 48, page_bits)
+    return RtreeShape(levels, vaddr_bits > 48, page_bits, user_space_end <= 1 << 47)
 
 
-def shape_keyed_by(shift: int, page_bits: int = 12) -> RtreeShape | None:
+def shape_keyed_by(shift: int, page_bits: int = 12, user_space_end: int = 1 << 47) -> RtreeShape | None:
     """The shape of a build for 2**PAGE_BITS pages whose lookup code keys its leaves by address >> SHIFT (None:
-    no address width heapwalk knows gives that)."""
-    return next((s for s in (shape_for(v, page_bits) for v in _VADDR_BITS) if s.leaf_shift == shift), None)
+    no address width heapwalk knows gives that), on an architecture whose addresses end at USER_SPACE_END."""
+    return next((s for s in (shape_for(v, page_bits, user_space_end) for v in _VADDR_BITS)
+                 if s.leaf_shift == shift), None)
 
 
 COMPACT_48 = shape_for(48)

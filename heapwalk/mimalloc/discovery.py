@@ -30,6 +30,7 @@ from heapwalk.mimalloc.layout import MiLayout, queue_shape
 from heapwalk.mimalloc.options import find_options
 from heapwalk.mimalloc.segcache import find_segment_cache
 from heapwalk.mimalloc.segmap import MAP_LIMIT, find_map_parts, flat_segment_map, pages_in_use, unstamped_blocks
+from heapwalk.arch import USER_SPACE_END
 
 __all__ = ["MiDiscovery", "MimallocUnknown", "MimallocUnused", "discover_mimalloc2", "NoLayoutFits", "BIN_SIZES", "main_heap",
            "default_tpoff", "read_tpoff", "data_unread"]
@@ -37,7 +38,7 @@ __all__ = ["MiDiscovery", "MimallocUnknown", "MimallocUnused", "discover_mimallo
 #: the block sizes of the first page queues of every heap (bins 0 to 8, in bytes)
 BIN_SIZES = (8, 8, 16, 24, 32, 40, 48, 56, 64)
 _QUEUE = 3          # words of a page queue: first, last, block_size
-_TOP = 1 << 47      # user-space addresses end below this
+_TOP = USER_SPACE_END     # user-space addresses end below this
 
 
 class MimallocUnknown(CannotDecode):

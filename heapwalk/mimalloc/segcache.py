@@ -13,12 +13,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from heapwalk.mimalloc.layout import MiLayout
+from heapwalk.arch import USER_SPACE_END
 
 __all__ = ["CacheSlot", "find_segment_cache", "slot_words", "SLOTS"]
 
 SLOTS = 1024            # MI_CACHE_MAX
 _FIELDS = SLOTS // 64
-_TOP = 1 << 47
+_TOP = USER_SPACE_END     # user-space addresses end below this
 
 
 @dataclass(frozen=True)

@@ -22,5 +22,6 @@ ARM64 = Architecture(
     thread_pointer="tpidr", stack_pointer="sp", page_size=4096, tls_below_thread_pointer=False,
     reloc_tpoff64=1030, reloc_dtpmod64=1028, code=code.READER, tcb_intact=_tcb_intact,
     tcb_holds="a pointer to its DTV", tcb_size=16, mutex_size=48, dtv_at=0,
-    thread_notes=((0x401, 16),),          # NT_ARM_TLS: tpidr_el0 (and tpidr2 where the kernel has SME)
+    thread_notes=((0x401, 8),),           # NT_ARM_TLS: tpidr_el0 (not the tpidr2 after it, which gdb 13 refuses)
+    user_space_end=1 << 48,               # 48-bit virtual addresses: mappings near 0xffff..., the heap 0xaaaa...
     pointer_registers=tuple(f"x{n}" for n in (19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, *range(19), 30)))

@@ -22,9 +22,9 @@ from heapwalk.common.findings import Finding, Severity
 from heapwalk.glibc.kinds import Kind
 from heapwalk.inferior.memory import Memory, ReadError, readable, u64
 from heapwalk.inferior.window import word_reader
+from heapwalk.arch import USER_SPACE_END
 
 #: user-space addresses with 4-level paging (48-bit) end here: a link beyond it is damage, never an arena
-USER_SPACE_END = 1 << 47
 
 __all__ = ["HeapArenas", "arenas_from_heaps", "heap_only", "heap_only_label", "MainHeap", "main_heap",
            "main_arena_of_heap"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
+from heapwalk.arch import USER_SPACE_END
 from heapwalk.glibc.locate.heuristics import read_segment
 from heapwalk.glibc.locate.layout import MP_INT_FIELDS, Layout, layout_for
 from heapwalk.inferior.elf import ElfImage
@@ -44,17 +45,17 @@ class MpAnchors:
     stats_loads: frozenset[int] = frozenset()
 
 
-def mp_plausible(v: dict[str, int]) -> bool:
-    """Could V be a malloc_par of any program?  Only what no parameter can change is required: field types
-    and ranges, and the invariants between the mmap counters (glibc 2.43 counts 16 bytes too many in
-    mmapped_mem for each mremap'd chunk, so it need not be page-granular)."""
+def mp_plausible(v: dict[str, int], top: int = USER_SPACE_END) -> bool:
+    """Could V be a malloc_par of any program whose addresses end below TOP?  Only what no parameter can change
+    is required: field types and ranges, and the invariants between the mmap counters (glibc 2.43 counts 16
+    bytes too many in mmapped_mem for each mremap'd chunk, so it need not be page-granular)."""
     if not (1 <= v["arena_test"] < 1 << 40 and v["arena_max"] < 1 << 40 and v["mmap_threshold"] <= 1 << 33):
         return False
     if not (0 <= v["n_mmaps"] <= v["max_n_mmaps"] and v["no_dyn_threshold"] in (0, 1)):
         return False
-    if v["mmapped_mem"] % 16 or v["max_mmapped_mem"] % 16 or not v["mmapped_mem"] <= v["max_mmapped_mem"] < 1 << 47:
+    if v["mmapped_mem"] % 16 or v["max_mmapped_mem"] % 16 or not v["mmapped_mem"] <= v["max_mmapped_mem"] < top:
         return False
-    if v["mmapped_mem"] < v["n_mmaps"] * _PAGE or v["sbrk_base"] >= 1 << 47:
+    if v["mmapped_mem"] < v["n_mmaps"] * _PAGE or v["sbrk_base"] >= top:
         return False
     if "hp_pagesize" in v and not (_pow2_or_zero(v["hp_pagesize"]) and _pow2_or_zero(v["thp_pagesize"])
                                    and v["hp_flags"] >= 0):
@@ -129,7 +130,7 @@ def find_mp(mem: Memory, image: ElfImage, main_arena: int, variants: list[tuple[
                 if address <= main_arena < address + layout.mp_size:
                     continue
                 v = _mp_values(raw, layout, at)
-                if not mp_plausible(v):
+                if not mp_plausible(v, image.arch.user_space_end):
                     continue
                 evidence = mp_evidence(v, address, layout, anchors)
                 if evidence is None:

@@ -12,11 +12,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from heapwalk.inferior.memory import Memory, ReadError, u64
+from heapwalk.arch import USER_SPACE_END
 
 __all__ = ["PageMap", "find_page_map"]
 
 _SUB_ENTRIES = 1 << 13
-_TOP = 1 << 47
+_TOP = USER_SPACE_END     # user-space addresses end below this
 
 
 @dataclass(frozen=True)

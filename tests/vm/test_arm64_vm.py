@@ -1,0 +1,134 @@
+"""heapwalk on an arm64 kernel: Debian bookworm's arm64 system booted in qemu-system-aarch64
+(cores/scripts/armvm.py), running the reproducers built for arm64 (cores/scripts/foreign.py) as processes of its
+own.  There `heapwalk capture` stops a process with ptrace, writes its core (arm64's register sets, its thread
+pointers in NT_ARM_TLS) and reports on it with arm64's own gdb and Python; gdb attached to the live process
+runs heapwalk; gdb's gcore writes the same instant's core.  Checked here: the captured core, read by
+gdb-multiarch on this machine, gives malloc_info's XML to the byte and every thread's tcache the ledger's, as
+gcore's core does; the live attach gives the same; jemalloc (Debian's arm64 build, 64 KiB pages) attached
+live gives every figure malloc_stats_print printed; the process stays stopped through all of it and then
+runs to its end.  One boot runs it all (a few minutes of emulation)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import BINDIR, capture_foreign, run_gdb
+from oracle import jemalloc_arena_view, jemalloc_printed_view
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "cores" / "scripts"))
+import armvm  # noqa: E402
+import foreign  # noqa: E402
+
+pytestmark = pytest.mark.vm
+
+#: the shell lines that wait until process $PID has stopped itself for its snapshot, then note its state
+_WAIT = """n=0; while [ "$(cut -d' ' -f3 /proc/$PID/stat)" != T ] && [ $n -lt 900 ]; do sleep 0.2; n=$((n+1)); done
+"""
+
+
+def _script(bindir: Path) -> str:
+    """The machine's command: thread_arenas captured, gcore'd and attached live; je_dns attached live."""
+    cli = 'python3 -c "import sys; from heapwalk.cli.main import main; sys.argv[0] = \\"heapwalk\\"; sys.exit(main())"'
+    gdbinit, exe = f"/host{ROOT}/gdbinit", f"/host{bindir.resolve()}/arm64"   # the guest sees this machine's /
+    conf = " ".join(f"{k}={v}" for k, v in foreign.harness.JEMALLOC_ENV["je_dns"].items())
+    return f"""export PYTHONDONTWRITEBYTECODE=1 HEAPWALK_VENV=/nonexistent PYTHONPATH=/host{ROOT}
+mkdir -p /run/ta /run/je
+cd /run/ta && {exe}/thread_arenas /run/ta > /run/ta.log 2>&1 &
+PID=$!
+{_WAIT}echo "before $(cut -d' ' -f3 /proc/$PID/stat)" > /run/states.txt
+{cli} capture $PID --out /run/cap --no-leaks > /run/capture.txt 2>&1; echo "status $?" >> /run/capture.txt
+echo "captured $(cut -d' ' -f3 /proc/$PID/stat)" >> /run/states.txt
+gdb -p $PID -batch -ex "gcore /run/gcore.core" > /run/gcore.txt 2>&1
+gdb -p $PID -batch -x {gdbinit} -ex "heapwalk report --xml /run/live.xml --json /run/live.json" \\
+  -ex "heapwalk check" > /run/live.txt 2>&1
+echo "attached $(cut -d' ' -f3 /proc/$PID/stat)" >> /run/states.txt
+kill -CONT $PID; wait $PID; echo "exit $?" >> /run/states.txt
+cd /run/je && env {conf} LD_PRELOAD=/usr/lib/aarch64-linux-gnu/libjemalloc.so.2 {exe}/je_dns /run/je > /run/je.log 2>&1 &
+PID=$!
+{_WAIT}gdb -p $PID -batch -x {gdbinit} -ex "heapwalk report --json /run/je-live.json" -ex "heapwalk check" \\
+  > /run/je-live.txt 2>&1
+kill -CONT $PID; wait $PID
+"""
+
+
+@pytest.fixture(scope="module")
+def machine(tmp_path_factory):
+    """The machine's shared folder after its run (the reproducers built for arm64 first)."""
+    for name in ("thread_arenas", "je_dns"):
+        capture_foreign(name)                      # builds them for arm64 (and checks them under qemu-user)
+    out = tmp_path_factory.mktemp("arm64vm")
+    console = armvm.run(out, _script(BINDIR))
+    assert "heapwalk-vm: status 0" in console, console[-3000:]
+    return out
+
+
+def _host_gdb(core: Path, commands: list[str]):
+    """gdb-multiarch on this machine, on CORE of thread_arenas, with the machine's root as the sysroot."""
+    result = run_gdb([str(BINDIR / "arm64" / "thread_arenas"), str(core)], commands, gdb="gdb-multiarch",
+                     iex=[f"set sysroot {armvm.folder() / 'root'}", "set debug-file-directory /nonexistent"],
+                     timeout=900)
+    assert "Traceback" not in result.stdout + result.stderr, result.stdout + result.stderr
+    return result
+
+
+def _tcaches_are_the_ledgers(doc: dict, ledger: dict) -> None:
+    threads = {t["lwp"]: t for t in doc["threads"]}
+    for lt in ledger["threads"]:
+        t = threads[lt["tid"]]
+        want = {b["chunk_size"]: b["entries"] for b in lt["tcache"]}
+        have = {b["chunk_size"]: b["entries"] for b in t["tcache"]["bins"] if b["index"] < 64} if t["tcache"] else {}
+        assert have == want, f"thread {lt['tid']} ({lt['label']})"
+
+
+@pytest.mark.parametrize("core", ["cap/core", "gcore.core"])
+def test_the_capture_reads_as_gcores_core_does(machine, core, tmp_path):
+    """The core `heapwalk capture` wrote on arm64, and gdb's gcore of the same stop: each gives malloc_info's
+    XML and every thread's tcache (its thread pointer from NT_ARM_TLS), and the heap is sound."""
+    xml, doc = tmp_path / "report.xml", tmp_path / "arenas.json"
+    result = _host_gdb(machine / core, [f"heapwalk report --xml {xml}", f"heapwalk arenas --json {doc}",
+                                        "heapwalk check"])
+    assert xml.read_text() == (machine / "ta" / "malloc_info.xml").read_text()
+    _tcaches_are_the_ledgers(json.loads(doc.read_text()), json.loads((machine / "ta" / "ledger.json").read_text()))
+    assert "heap consistent: no violations" in result.stdout and "9 tcaches" in result.stdout
+    if core == "cap/core":
+        said = (machine / "capture.txt").read_text()
+        assert said.rstrip().endswith("status 0") and "heapwalk: written to /run/cap" in said, said
+
+
+def test_arm64s_own_gdb_attached_live_gives_malloc_info(machine):
+    assert (machine / "live.xml").read_text() == (machine / "ta" / "malloc_info.xml").read_text()
+    _tcaches_are_the_ledgers(json.loads((machine / "live.json").read_text()),
+                             json.loads((machine / "ta" / "ledger.json").read_text()))
+    said = (machine / "live.txt").read_text()
+    assert "heap consistent: no violations" in said and "Traceback" not in said, said[-3000:]
+
+
+def test_the_process_stays_stopped_and_runs_on_to_its_end(machine):
+    """Stopped for its snapshot, it is still stopped after the capture and after gdb, and runs to exit 0."""
+    assert (machine / "states.txt").read_text().split("\n")[:4] == ["before T", "captured T", "attached T",
+                                                                     "exit 0"]
+
+
+def test_jemalloc_attached_live_on_arm64_is_what_it_printed(machine):
+    """Debian's arm64 jemalloc (64 KiB pages) in a process of the arm64 kernel, whose mappings lie near the top
+    of its 48-bit address space: every arena and bin malloc_stats_print printed, and the check sound."""
+    doc = json.loads((machine / "je-live.json").read_text())
+    stats = json.loads((machine / "je" / "stats.json").read_text())["jemalloc"]
+    ledger = json.loads((machine / "je" / "ledger.json").read_text())
+    sizes = [b["size"] for b in stats["arenas"]["bin"]]
+    compared = 0
+    for arena in doc["jemalloc"]["arenas"]:
+        if arena["index"] != ledger["stats_arena"]:
+            printed = stats["stats.arenas"][str(arena["index"])]
+            assert jemalloc_arena_view(arena, printed) == jemalloc_printed_view(printed, arena["index"], ledger,
+                                                                                sizes)
+            compared += 1
+    assert compared == 7 and doc["jemalloc"]["page"] == 65536
+    assert any(a["address"] >= 1 << 47 for a in doc["jemalloc"]["arenas"])     # above x86-64's user space
+    said = (machine / "je-live.txt").read_text()
+    assert "jemalloc consistent: no violations" in said, said[-3000:]
