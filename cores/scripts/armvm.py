@@ -7,7 +7,9 @@ busybox, and what they depend on, resolved by apt for arm64 into a private cache
 wheels), shared read-only over 9p; this machine's `/` is shared read-only at /host in it (the project, the
 reproducers built for arm64 and their cores), and a folder of this machine's writable at /run.  The initramfs
 holds busybox and the virtio and 9p modules of the kernel's package; the command runs as root, chrooted into
-the root, and the machine powers off.  Usage: armvm.py --prepare, or armvm.py OUT_DIR COMMAND.
+the root, and the machine powers off.  The kernel is bookworm's (4 KiB pages), or trixie's built for 16 KiB
+pages (`KERNELS`: the root stays bookworm's).  Usage: armvm.py --prepare [--kernel K], or armvm.py [--kernel K]
+OUT_DIR COMMAND.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import hashlib
+import lzma
 import os
 import shutil
 import subprocess
@@ -32,9 +35,12 @@ PACKAGES = ("gdb", "python3", "python3-numpy", "busybox-static", "libc6-dbg", "l
             "libmimalloc2.0")
 #: what heapwalk needs from PyPI (pure Python wheels)
 WHEELS = ("rich", "pygdbmi", "markdown-it-py", "mdurl", "pygments")
-#: the kernel modules the guest loads, in order, to reach the shared folders
-MODULES = ("virtio_pci_modern_dev", "virtio_pci_legacy_dev", "virtio_pci", "9pnet", "9pnet_virtio", "netfs",
-           "fscache", "9p")
+#: the kernels the machine boots: name -> (Debian suite, the package that depends on the image)
+KERNELS = {"4k": ("bookworm", "linux-image-arm64"), "16k": ("trixie", "linux-image-arm64-16k")}
+#: the kernel modules the guest loads, in order (each after those it depends on in 6.1 and 6.12), to reach the
+#: shared folders
+MODULES = ("virtio_pci_modern_dev", "virtio_pci_legacy_dev", "virtio_pci", "netfs", "fscache", "9pnet",
+           "9pnet_virtio", "9p")
 INIT = """#!/bin/busybox sh
 B=/bin/busybox
 $B mount -t proc proc /proc
@@ -59,17 +65,26 @@ def folder() -> Path:
     return vm.folder() / "arm64"
 
 
-def _closure(packages: tuple[str, ...]) -> list[Path]:
-    """PACKAGES of arm64 bookworm and everything they depend on, downloaded once into the arm64 apt cache."""
-    arch = foreign.ARCHES["arm64"]
-    foreign._fetch(arch, ["libc6"])                  # the cache's lists and sources, made the usual way
-    cache = sysroots.cache_dir() / arch.arch
+def _closure(packages: tuple[str, ...], suite: str = "bookworm") -> list[Path]:
+    """PACKAGES of arm64 SUITE and everything they depend on, downloaded once into an apt cache of its own."""
+    arch = foreign.Foreign("arm64", "aarch64-linux-gnu", suite)
+    foreign._fetch(arch, ["libc6"], f"arm64-{suite}" if suite != "bookworm" else "arm64")  # lists, sources
+    cache = sysroots.cache_dir() / (arch.arch if suite == "bookworm" else f"arm64-{suite}")
     archives = cache / "closure"
     (archives / "partial").mkdir(parents=True, exist_ok=True)
     options = [*sysroots._apt_options(cache), "-o", f"Dir::Cache::archives={archives}",
                "-o", f"APT::Architecture={arch.arch}", "-o", f"APT::Architectures={arch.arch}"]
     sysroots._run(["apt-get", *options, "-y", "--download-only", "--no-install-recommends", "install", *packages])
     return sorted(archives.glob("*.deb"))
+
+
+def _image(debs: list[Path], package: str) -> Path:
+    """The kernel image package among DEBS that PACKAGE (linux-image-arm64...) depends on."""
+    meta = next(d for d in debs if d.name.startswith(package + "_"))
+    depends = subprocess.run(["dpkg-deb", "-f", str(meta), "Depends"], capture_output=True, text=True,
+                             check=True).stdout
+    name = depends.split()[0].strip(",")
+    return next(d for d in debs if d.name.startswith(name + "_"))
 
 
 def prepare_root() -> Path:
@@ -108,26 +123,28 @@ def prepare_root() -> Path:
     return root
 
 
-def prepare() -> tuple[Path, Path]:
-    """The arm64 kernel and the initramfs (busybox, the modules, the init), made once."""
+def prepare(flavour: str = "4k") -> tuple[Path, Path]:
+    """The arm64 kernel of FLAVOUR (`KERNELS`) and its initramfs (busybox, the modules, the init), made once."""
     here = folder()
-    made = hashlib.sha256((INIT + " ".join(MODULES)).encode()).hexdigest()[:12]
-    kernel, initrd = here / "vmlinuz", here / f"initrd-{made}.gz"
+    suite, package = KERNELS[flavour]
+    made = hashlib.sha256((INIT + " ".join(MODULES) + flavour).encode()).hexdigest()[:12]
+    kernel, initrd = here / f"vmlinuz-{flavour}", here / f"initrd-{made}.gz"
     if kernel.exists() and initrd.exists():
         return kernel, initrd
-    debs = _closure(("linux-image-arm64", "busybox-static"))
-    image = next(d for d in debs if d.name.startswith("linux-image-") and "-arm64_" in d.name
-                 and not d.name.startswith("linux-image-arm64_"))
+    debs = _closure((package, "busybox-static"), suite)
+    image = _image(debs, package)
     busybox = vm._deb_files(next(d for d in debs if d.name.startswith("busybox-static_")),
                             lambda n: n.endswith("/bin/busybox"))
-    names = {f"{m}.ko" for m in MODULES}
+    names = {f"{m}.ko" for m in MODULES} | {f"{m}.ko.xz" for m in MODULES}
     found = vm._deb_files(image, lambda n: n.rsplit("/", 1)[-1] in names or "/boot/vmlinuz-" in n)
-    modules = {n.rsplit("/", 1)[-1]: data for n, data in found.items() if n.endswith(".ko")}
-    if names - set(modules) or not busybox:
-        raise vm.VmError(f"{image.name} or busybox-static lacks {sorted(names - set(modules)) or 'busybox'}")
+    modules = {n.rsplit("/", 1)[-1].split(".ko")[0] + ".ko": lzma.decompress(data) if n.endswith(".xz") else data
+               for n, data in found.items() if ".ko" in n}
+    loaded = [m for m in MODULES if f"{m}.ko" in modules]     # the others are built into the kernel
+    if not {"9p", "9pnet", "9pnet_virtio"} <= set(loaded) or not busybox:
+        raise vm.VmError(f"{image.name} or busybox-static lacks 9p's modules or busybox")
     files: dict[str, tuple[int, bytes]] = {d: (0o040755, b"") for d in ("bin", "modules", "proc", "dev", "mnt")}
     files["bin/busybox"] = (0o100755, next(iter(busybox.values())))
-    files["init"] = (0o100755, INIT.format(modules=" ".join(MODULES)).encode())
+    files["init"] = (0o100755, INIT.format(modules=" ".join(loaded)).encode())
     files.update({f"modules/{n}": (0o100644, data) for n, data in modules.items()})
     here.mkdir(parents=True, exist_ok=True)
     (here / "initrd.part").write_bytes(gzip.compress(vm._cpio(files), 1))
@@ -137,14 +154,15 @@ def prepare() -> tuple[Path, Path]:
     return kernel, initrd
 
 
-def run(out: Path, command: str, memory_mib: int = 2048, cpus: int = 2, timeout: float = 1800) -> str:
-    """COMMAND (a shell script's text) run as root in the arm64 machine, OUT (a folder of this machine) its
-    /run; the console's text.  VmError when qemu is missing, the machine does not come up, or it does not end
-    in TIMEOUT seconds."""
+def run(out: Path, command: str, memory_mib: int = 2048, cpus: int = 2, timeout: float = 1800,
+        flavour: str = "4k") -> str:
+    """COMMAND (a shell script's text) run as root in the arm64 machine booted with the FLAVOUR kernel, OUT (a
+    folder of this machine) its /run; the console's text.  VmError when qemu is missing, the machine does not
+    come up, or it does not end in TIMEOUT seconds."""
     qemu = shutil.which("qemu-system-aarch64")
     if qemu is None:
         raise vm.VmError("qemu-system-aarch64 is not installed (Debian's qemu-system-arm)")
-    kernel, initrd = prepare()
+    kernel, initrd = prepare(flavour)
     root = prepare_root()
     out.mkdir(parents=True, exist_ok=True)
     (out / "command").write_text(command)
@@ -154,28 +172,23 @@ def run(out: Path, command: str, memory_mib: int = 2048, cpus: int = 2, timeout:
             "-virtfs", f"local,path={root},mount_tag=root,security_model=none,readonly=on,multidevs=remap",
             "-virtfs", "local,path=/,mount_tag=host,security_model=none,readonly=on,multidevs=remap",
             "-virtfs", f"local,path={out},mount_tag=out,security_model=none"]
-    try:
-        result = subprocess.run(args, capture_output=True, text=True, errors="replace", timeout=timeout,
-                                stdin=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired as exc:
-        raise vm.VmError(f"the arm64 machine did not end within {timeout:.0f} s") from exc
-    console = result.stdout + result.stderr
-    if "heapwalk-vm: up" not in console:
-        raise vm.VmError(f"the arm64 machine did not come up: {console[-2000:]}")
-    return console
+    return vm.boot(args, timeout, "the arm64 machine")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--prepare", action="store_true")
+    parser.add_argument("--kernel", choices=sorted(KERNELS), default=None, help="the kernel (default: every one "
+                        "for --prepare, 4k to run)")
     parser.add_argument("out", type=Path, nargs="?")
     parser.add_argument("command", nargs="?")
     args = parser.parse_args(argv)
     try:
         if args.prepare or args.command is None:
-            print(" ".join(str(p) for p in (*prepare(), prepare_root())))
+            kernels = [args.kernel] if args.kernel else sorted(KERNELS)
+            print(" ".join(str(p) for k in kernels for p in prepare(k)), prepare_root())
             return 0
-        print(run(args.out, args.command), end="")
+        print(run(args.out, args.command, flavour=args.kernel or "4k"), end="")
     except (vm.VmError, sysroots.SysrootError, foreign.ForeignError) as exc:
         print(f"armvm: {exc}", file=sys.stderr)
         return 1

@@ -67,9 +67,10 @@ def tools_missing(arch: str = "arm64") -> list[str]:
     return [p for p in (f.compiler, f.qemu, "gdb-multiarch") if shutil.which(p) is None]
 
 
-def _fetch(arch: Foreign, packages: list[str]) -> list[Path]:
-    """PACKAGES of ARCH's suite, from the cache or downloaded into it."""
-    cache = sysroots.cache_dir() / arch.arch
+def _fetch(arch: Foreign, packages: list[str], cache_name: str = "") -> list[Path]:
+    """PACKAGES of ARCH's suite, from the cache (CACHE_NAME in the apt cache, the architecture's by default) or
+    downloaded into it."""
+    cache = sysroots.cache_dir() / (cache_name or arch.arch)
     folder = cache / "debs" / arch.suite
     folder.mkdir(parents=True, exist_ok=True)
     options = [*sysroots._apt_options(cache), "-o", f"APT::Architecture={arch.arch}",

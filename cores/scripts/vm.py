@@ -136,15 +136,22 @@ def run(out: Path, command: str, memory_mib: int = 4096, cpus: int = 2, timeout:
                        check=True, capture_output=True)
         args += ["-drive", f"file={disk},if=virtio,format=raw,cache=unsafe"]
     try:
+        return boot(args, timeout)
+    finally:
+        disk.unlink(missing_ok=True)
+
+
+def boot(args: list[str], timeout: float, name: str = "the machine") -> str:
+    """Runs qemu with ARGS to the machine's end; its console's text (VmError, naming NAME, when it does not
+    come up or does not end in TIMEOUT seconds)."""
+    try:
         result = subprocess.run(args, capture_output=True, text=True, errors="replace", timeout=timeout,
                                 stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired as exc:
-        raise VmError(f"the machine did not end within {timeout:.0f} s") from exc
-    finally:
-        disk.unlink(missing_ok=True)
+        raise VmError(f"{name} did not end within {timeout:.0f} s") from exc
     console = result.stdout + result.stderr
     if "heapwalk-vm: up" not in console:
-        raise VmError(f"the machine did not come up: {console[-2000:]}")
+        raise VmError(f"{name} did not come up: {console[-2000:]}")
     return console
 
 

@@ -69,7 +69,7 @@ def owners(state: MiState) -> list[Owner]:
     if META in by:                  # its blocks are mimalloc's own data, not the program's
         by[META].overhead += by[META].in_use
         by[META].in_use = by[META].blocks = 0
-    td = good_size(state.layout.thread_data)
+    td = good_size(state.layout.thread_data, state.os_page)
     for at, kind in state.thread_data:
         heap = next((h for h in state.heaps if h.address == at), None)
         key = heap.thread_id if kind == "thread" and heap and heap.thread_id in by else EXITED
@@ -96,7 +96,7 @@ def _add_arenas(state: MiState, by: dict[int, Owner]) -> None:
     free_blocks = state.arena_free()
     if state.add_arenas_row(by, free_blocks):
         return
-    meta = sum(good_size(a.meta) for a in state.discovery.arenas if a.meta) + state.map_bytes()
+    meta = sum(good_size(a.meta, state.os_page) for a in state.discovery.arenas if a.meta) + state.map_bytes()
     if not free_blocks and not meta:
         return
     arenas = by.setdefault(ARENAS, Owner(ARENAS))

@@ -155,7 +155,7 @@ class MimallocHeap(Decoded):
     def claims(self) -> list[Claim]:
         """Every live segment (all the memory mimalloc took for its heaps), each thread data and each part of the
         segment map (from 2.1.8); mimalloc 3: its arenas whole, and its pages taken from the system."""
-        td = good_size(self.state.layout.thread_data)
+        td = good_size(self.state.layout.thread_data, self.state.os_page)
         whole = self.state.arenas_whole
         return [Claim(s.address, s.address + s.reserved, "heap", f"mimalloc: {self.state.unit}s")
                 for s in self.state.live() if s.arena is None or not whole] \
@@ -207,7 +207,8 @@ class Mimalloc(Allocator):
                                            None if target.space.core else target.space.readable)
         except MimallocUnused as exc:
             raise NotUsed(str(exc)) from None
-        state = decode_any(target.mem, discovered, target.threads, target.description, target.residency)
+        state = decode_any(target.mem, discovered, target.threads, target.description, target.residency,
+                           target.page_size)
         return MimallocHeap(state, target.mem, target.threads)
 
 

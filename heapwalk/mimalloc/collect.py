@@ -26,7 +26,7 @@ def collected(state: MiState, counted: bool = False) -> list[tuple[int, int]]:
     if state.layout.segment_cache and state.main_thread:
         out += _own20(state)
     if state.layout.collect_frees_cache:
-        size = good_size(state.layout.thread_data)
+        size = good_size(state.layout.thread_data, state.os_page)
         out += [(at, at + size) for at, kind in state.thread_data if kind == "cached"]
         out += [r for a in state.discovery.arenas for r in a.purge_ranges()] if purges else []
     if state.layout.collect_purges_own and state.main_thread and purges:

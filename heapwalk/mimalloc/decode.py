@@ -107,6 +107,7 @@ class MiState:
     target: str = ""
     residency: Residency | None = None
     main_thread: int = 0                        # the main thread's thread pointer (0: not known)
+    os_page: int = 4096                         # the system's page (AT_PAGESZ), which small requests round to
     cache: list = field(default_factory=list)           # to 2.0.9: the segments in its segment cache
     main_queues: list = field(default_factory=list)     # to 2.0.9 and from 2.1.7: the main heap's pages as
     #                                                     collect visits them, each with whether it is retired
@@ -136,8 +137,8 @@ class MiState:
 
     def thread_data_bytes(self) -> int:
         """Bytes of its own it took from the system: thread data, and arenas' descriptions."""
-        return good_size(self.layout.thread_data) * len(self.thread_data) + \
-            sum(good_size(a.meta) for a in self.discovery.arenas if a.meta)
+        return good_size(self.layout.thread_data, self.os_page) * len(self.thread_data) + \
+            sum(good_size(a.meta, self.os_page) for a in self.discovery.arenas if a.meta)
 
     def map_bytes(self) -> int:
         """From 2.1.8 the segment map's parts: what its statistics count of its map."""
@@ -167,7 +168,7 @@ class MiState:
     def map_part_ranges(self) -> list[tuple[int, int]]:
         """From 2.1.8: the segment map's parts, as address ranges."""
         parts = self.discovery.map_parts
-        size = good_size(parts.part_size(self.layout)) if parts is not None else 0
+        size = good_size(parts.part_size(self.layout), self.os_page) if parts is not None else 0
         return [(at, at + size) for at in parts.parts] if parts is not None else []
 
     def reserved(self) -> int:
@@ -211,7 +212,7 @@ class MiState:
 
 def good_size(size: int, os_page: int = 4096) -> int:
     """What mimalloc asks the system for when it needs SIZE bytes (_mi_os_good_alloc_size): SIZE rounded up to
-    a page below 512 KiB, to 64 KiB below 2 MiB, 256 KiB below 8 MiB, 1 MiB below 32 MiB, 4 MiB above."""
+    a page (OS_PAGE bytes: the system's) below 512 KiB, to 64 KiB below 2 MiB, 256 KiB below 8 MiB, 1 MiB below 32 MiB, 4 MiB above."""
     for limit, align in ((512 << 10, os_page), (2 << 20, 64 << 10), (8 << 20, 256 << 10), (32 << 20, 1 << 20)):
         if size < limit:
             return -(-size // align) * align

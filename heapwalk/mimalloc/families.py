@@ -63,11 +63,14 @@ FACES = {
 }
 
 
-def decode_any(mem, discovered: MiDiscovery, threads, description: str = "", residency=None) -> MiState:
+def decode_any(mem, discovered: MiDiscovery, threads, description: str = "", residency=None,
+               os_page: int = 4096) -> MiState:
     """mimalloc's state as DISCOVERED found it, by its layout's family: mimalloc 2's segments, or mimalloc 3's
-    pages."""
+    pages; OS_PAGE: the system's page, which its small requests to the system round to."""
     decode = decode_mimalloc3 if getattr(discovered.layout, "family", 2) == 3 else decode_mimalloc
-    return decode(mem, discovered, threads, description, residency)
+    state = decode(mem, discovered, threads, description, residency)
+    state.os_page = os_page
+    return state
 
 
 def discover_mimalloc(mem: Memory, found: MiImage, regions: list[tuple[int, int]], mappings: list[Mapping],

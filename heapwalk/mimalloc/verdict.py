@@ -24,7 +24,7 @@ def advice(state: MiState, owners: list[Owner], rep: Report, threads: dict | Non
     arena = state.arena_free()
     unused = f", {human(arena)} in arena blocks no segment uses" if arena else ""
     held = "" if rep.leaks is None else ", and a leak" if leaking(rep.leaks) else ", not a leak"
-    ends = sum(s.reserved - good_size(s.slices * state.layout.slice_size) for s in state.live() if s.arena is not None)
+    ends = sum(s.reserved - good_size(s.slices * state.layout.slice_size, state.os_page) for s in state.live() if s.arena is not None)
     ends = f" ({human(ends)} of it the ends of the arena blocks huge segments take whole)" if ends > 0 else ""
     out = [f"mimalloc holds {human(reserved)} of address space ({human(committed)} committed){held}: "
            f"{human(rep.in_use)} in blocks the program holds, {human(rep.free)} free ({human(blocks)} in free blocks "

@@ -6,7 +6,10 @@ runs heapwalk; gdb's gcore writes the same instant's core.  Checked here: the ca
 gdb-multiarch on this machine, gives malloc_info's XML to the byte and every thread's tcache the ledger's, as
 gcore's core does; the live attach gives the same; jemalloc (Debian's arm64 build, 64 KiB pages) attached
 live gives every figure malloc_stats_print printed; the process stays stopped through all of it and then
-runs to its end.  One boot runs it all (a few minutes of emulation)."""
+runs to its end.  One boot runs it all (a few minutes of emulation); a second boots trixie's kernel built for
+16 KiB pages, where glibc grows and trims in 16 KiB pages: the capture (its page maps of 16 KiB pages) and
+the live attach give malloc_info's XML and trim whole 16 KiB pages; gperftools' tcmalloc and mimalloc
+attached live there give every figure they printed."""
 
 from __future__ import annotations
 
@@ -17,7 +20,9 @@ from pathlib import Path
 import pytest
 
 from conftest import BINDIR, capture_foreign, run_gdb
+from mimalloc_oracle import check as mimalloc_check
 from oracle import jemalloc_arena_view, jemalloc_printed_view
+from tcmalloc_oracle import check as tcmalloc_check
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "cores" / "scripts"))
@@ -26,6 +31,8 @@ import foreign  # noqa: E402
 
 pytestmark = pytest.mark.vm
 
+#: heapwalk's command line, run by the machine's Python from the project's folder
+_CLI = 'python3 -c "import sys; from heapwalk.cli.main import main; sys.argv[0] = \\"heapwalk\\"; sys.exit(main())"'
 #: the shell lines that wait until process $PID has stopped itself for its snapshot, then note its state
 _WAIT = """n=0; while [ "$(cut -d' ' -f3 /proc/$PID/stat)" != T ] && [ $n -lt 900 ]; do sleep 0.2; n=$((n+1)); done
 """
@@ -33,7 +40,6 @@ _WAIT = """n=0; while [ "$(cut -d' ' -f3 /proc/$PID/stat)" != T ] && [ $n -lt 90
 
 def _script(bindir: Path) -> str:
     """The machine's command: thread_arenas captured, gcore'd and attached live; je_dns attached live."""
-    cli = 'python3 -c "import sys; from heapwalk.cli.main import main; sys.argv[0] = \\"heapwalk\\"; sys.exit(main())"'
     gdbinit, exe = f"/host{ROOT}/gdbinit", f"/host{bindir.resolve()}/arm64"   # the guest sees this machine's /
     conf = " ".join(f"{k}={v}" for k, v in foreign.harness.JEMALLOC_ENV["je_dns"].items())
     return f"""export PYTHONDONTWRITEBYTECODE=1 HEAPWALK_VENV=/nonexistent PYTHONPATH=/host{ROOT}
@@ -41,7 +47,7 @@ mkdir -p /run/ta /run/je
 cd /run/ta && {exe}/thread_arenas /run/ta > /run/ta.log 2>&1 &
 PID=$!
 {_WAIT}echo "before $(cut -d' ' -f3 /proc/$PID/stat)" > /run/states.txt
-{cli} capture $PID --out /run/cap --no-leaks > /run/capture.txt 2>&1; echo "status $?" >> /run/capture.txt
+{_CLI} capture $PID --out /run/cap --no-leaks > /run/capture.txt 2>&1; echo "status $?" >> /run/capture.txt
 echo "captured $(cut -d' ' -f3 /proc/$PID/stat)" >> /run/states.txt
 gdb -p $PID -batch -ex "gcore /run/gcore.core" > /run/gcore.txt 2>&1
 gdb -p $PID -batch -x {gdbinit} -ex "heapwalk report --xml /run/live.xml --json /run/live.json" \\
@@ -54,6 +60,44 @@ PID=$!
   > /run/je-live.txt 2>&1
 kill -CONT $PID; wait $PID
 """
+
+
+def _attached(name: str, exe: str, library: str) -> str:
+    """The shell lines that run reproducer NAME on LIBRARY (preloaded) to its snapshot, attach gdb to it for
+    heapwalk's report (JSON) and check, and let it go on."""
+    return f"""mkdir -p /run/{name} && cd /run/{name} && LD_PRELOAD=/usr/lib/aarch64-linux-gnu/{library} {exe}/{name} \\
+  /run/{name} > /run/{name}.log 2>&1 &
+PID=$!
+{_WAIT}gdb -p $PID -batch -x /host{ROOT}/gdbinit -ex "heapwalk report --no-leaks --json /run/{name}-live.json" \\
+  -ex "heapwalk check" > /run/{name}-live.txt 2>&1
+kill -CONT $PID; wait $PID
+"""
+
+
+def _script_16k(bindir: Path) -> str:
+    """The 16 KiB-page machine's command: thread_arenas captured and attached live; tc_hold and mi_hold (on
+    Debian's arm64 tcmalloc and mimalloc) attached live."""
+    exe = f"/host{bindir.resolve()}/arm64"
+    return f"""export PYTHONDONTWRITEBYTECODE=1 HEAPWALK_VENV=/nonexistent PYTHONPATH=/host{ROOT}
+python3 -c "import os; print(os.sysconf('SC_PAGE_SIZE'))" > /run/pagesize.txt
+mkdir -p /run/ta && cd /run/ta && {exe}/thread_arenas /run/ta > /run/ta.log 2>&1 &
+PID=$!
+{_WAIT}{_CLI} capture $PID --out /run/cap --no-leaks > /run/capture.txt 2>&1; echo "status $?" >> /run/capture.txt
+gdb -p $PID -batch -x /host{ROOT}/gdbinit -ex "heapwalk report --xml /run/live.xml --json /run/live.json" \\
+  -ex "heapwalk check" > /run/live.txt 2>&1
+kill -CONT $PID; wait $PID
+""" + _attached("tc_hold", exe, "libtcmalloc_minimal.so.4") + _attached("mi_hold", exe, "libmimalloc.so.2")
+
+
+@pytest.fixture(scope="module")
+def machine16k(tmp_path_factory):
+    """The 16 KiB-page machine's shared folder after its run."""
+    for name in ("thread_arenas", "tc_hold", "mi_hold"):
+        capture_foreign(name)
+    out = tmp_path_factory.mktemp("arm64vm16k")
+    console = armvm.run(out, _script_16k(BINDIR), flavour="16k")
+    assert "heapwalk-vm: status 0" in console, console[-3000:]
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -132,3 +176,34 @@ def test_jemalloc_attached_live_on_arm64_is_what_it_printed(machine):
     assert any(a["address"] >= 1 << 47 for a in doc["jemalloc"]["arenas"])     # above x86-64's user space
     said = (machine / "je-live.txt").read_text()
     assert "jemalloc consistent: no violations" in said, said[-3000:]
+
+
+def test_on_a_16k_page_kernel_the_capture_and_the_live_attach_trim_whole_pages(machine16k, tmp_path):
+    """glibc on trixie's 16 KiB-page kernel (AT_PAGESZ 16384): the live attach and the captured core (read here)
+    give malloc_info's XML and every tcache, say the page, and what trim gives back is whole 16 KiB pages."""
+    assert (machine16k / "pagesize.txt").read_text().strip() == "16384"
+    mi, ledger = (machine16k / "ta" / "malloc_info.xml").read_text(), json.loads((machine16k / "ta" / "ledger.json")
+                                                                                .read_text())
+    live = json.loads((machine16k / "live.json").read_text())
+    assert (machine16k / "live.xml").read_text() == mi and live["glibc"]["page_size"] == 16384
+    _tcaches_are_the_ledgers(live, ledger)
+    xml, doc = tmp_path / "report.xml", tmp_path / "report.json"
+    _host_gdb(machine16k / "cap" / "core", [f"heapwalk report --xml {xml} --json {doc}"])
+    captured = json.loads(doc.read_text())
+    assert xml.read_text() == mi and captured["glibc"]["page_size"] == 16384
+    _tcaches_are_the_ledgers(captured, ledger)
+    for a in captured["arenas"] + live["arenas"]:
+        assert a["trim"]["total"] % 16384 == 0 and a["trim"]["systrim"] % 16384 == 0
+    assert sum(a["trim"]["total"] for a in captured["arenas"]) > 0
+    assert "heap consistent: no violations" in (machine16k / "live.txt").read_text()
+    assert (machine16k / "capture.txt").read_text().rstrip().endswith("status 0")
+
+
+def test_tcmalloc_and_mimalloc_attached_live_on_arm64_are_what_they_printed(machine16k):
+    """gperftools' tcmalloc and mimalloc in processes of the arm64 kernel, their memory near the top of its 48-bit
+    address space: every figure each printed, and the check sound."""
+    tcmalloc_check(json.loads((machine16k / "tc_hold-live.json").read_text()),
+                   json.loads((machine16k / "tc_hold" / "stats.json").read_text()), "2.10")
+    assert "tcmalloc consistent" in " ".join((machine16k / "tc_hold-live.txt").read_text().split())
+    mimalloc_check(json.loads((machine16k / "mi_hold-live.json").read_text()), machine16k / "mi_hold", "2.0.9")
+    assert "mimalloc consistent" in " ".join((machine16k / "mi_hold-live.txt").read_text().split())

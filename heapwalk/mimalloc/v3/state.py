@@ -27,7 +27,7 @@ class MiState3(MiState):
         """The page map's sub-maps, 64 KiB each from the system, and (from 3.2) its table with the first sub-map,
         as the system rounds them: what its statistics count of it."""
         pm = self.discovery.page_map
-        return pm.subs * 65536 + (good_size(pm.size + 65536) if self.layout.map_counted else 0)
+        return pm.subs * 65536 + (good_size(pm.size + 65536, self.os_page) if self.layout.map_counted else 0)
 
     def own_ranges(self) -> list[tuple[int, int]]:
         return self.discovery.page_map.ranges

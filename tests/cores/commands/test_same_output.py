@@ -6,7 +6,8 @@ any machine, any clone and any capture.
 Since then the output has changed on purpose in four ways, which the comparison undoes and nothing else: out
 of a terminal no line is wrapped or padded to a width (issue 20), so the text is compared without its spaces
 and line breaks and with each run of a table's dashes as one; some words were changed (`RENAMED`); what is
-in RAM, what capping the arenas would save and what a core holds by owner were added (`ADDED_LINES`,
+in RAM, what capping the arenas would save, what a core holds by owner and the target's page (issue 74) were
+added (`ADDED_LINES`,
 `ADDED_KEYS`, `ADDED_CLAUSE`, `ADDED_CORE_OWNERS`); and the JSON documents put a member a line only down to three levels (`jsondoc.layout`), so
 they are compared as documents, not as text; schema 2 (issue 73) removed the report's `by_glibc_class`, which
 `by_size_class` holds, so it is put back from there.  One bug was fixed: `bins` showed a non-contiguous main arena
@@ -81,7 +82,7 @@ RENAMED = {b"attached_threads |": b"threads glibc counts |",
 #: and every document names its allocator, and each thread its name (issue 39)
 ADDED_LINES = (b"in RAM: unknown (this core does not say which pages were resident: a core 'heapwalk capture' wrote "
                b"does, and a live process)\n",)
-ADDED_KEYS = {"document": ("allocator",), "threads": ("name",), "report": ("residency", "in_use", "leaks", "by_size_class",
+ADDED_KEYS = {"document": ("allocator",), "glibc": ("page_size",), "threads": ("name",), "report": ("residency", "in_use", "leaks", "by_size_class",
                                                                           "rss_by_owner", "words"),
               "arenas": ("rss", "free_resident", "top_resident", "thread_names"),
               "totals": ("rss", "free_resident"), "mmapped": ("resident",)}
@@ -118,6 +119,8 @@ def _without_added(key: str, data: bytes) -> bytes:
             doc["report"]["by_glibc_class"] = doc["report"]["by_size_class"]
     for name in ADDED_KEYS["document"]:
         doc.pop(name, None)
+    for name in ADDED_KEYS["glibc"]:
+        (doc.get("glibc") or {}).pop(name, None)
     for thread in doc.get("threads") or []:
         for name in ADDED_KEYS["threads"]:
             thread.pop(name, None)
