@@ -166,7 +166,9 @@ def run(out: Path, command: str, memory_mib: int = 2048, cpus: int = 2, timeout:
     root = prepare_root()
     out.mkdir(parents=True, exist_ok=True)
     (out / "command").write_text(command)
-    args = [qemu, "-M", "virt", "-cpu", "max", "-accel", "tcg", "-m", str(memory_mib), "-smp", str(cpus),
+    # every feature (16 KiB pages among them), pointer authentication by qemu's own cheap hash (the
+    # architected one makes Python in the machine half as fast)
+    args = [qemu, "-M", "virt", "-cpu", "max,pauth-impdef=on", "-accel", "tcg", "-m", str(memory_mib), "-smp", str(cpus),
             "-nographic", "-no-reboot", "-kernel", str(kernel), "-initrd", str(initrd),
             "-append", "console=ttyAMA0 quiet panic=-1",
             "-virtfs", f"local,path={root},mount_tag=root,security_model=none,readonly=on,multidevs=remap",
