@@ -58,16 +58,15 @@ def tsd_offset(mem: Memory, image: ElfImage, layout: JeLayout, arenas: int, coun
     span = tls + 4096 if image.is_program else _STATIC_TLS
     arch = image.arch
     tsds = _cached_tsds(mem, layout, pointers)
-    offsets = Counter(tsd - fs for tsd in tsds for fs in thread_pointers
-                      if arch.static_tls(fs, span)[0] <= tsd < arch.static_tls(fs, span)[1])
+    windows = [(fs, *arch.static_tls(fs, span)) for fs in thread_pointers]
+    offsets = Counter(tsd - fs for tsd in tsds for fs, lo, hi in windows if lo <= tsd < hi)
     if not image.is_program and offsets and offsets.most_common(1)[0][1] < len(tsds):
         return None, f"not determined: the {len(tsds)} tsds the arenas list do not sit at one offset from the " \
                      "thread pointers (a library loaded with dlopen keeps its TLS apart for each thread)", []
     how = "thread(s) whose thread cache an arena lists sit at {offset} from their thread pointer"
     threads = offsets
     if not offsets:
-        offsets, threads = _arena_slots(mem, layout, pointers, [arch.static_tls(fs, span) for fs in thread_pointers],
-                                        thread_pointers)
+        offsets, threads = _arena_slots(mem, layout, pointers, [(lo, hi) for _, lo, hi in windows], thread_pointers)
         offsets = Counter({offset: score for offset, score in offsets.items()
                            if _states_plausible(mem, layout, [fs + offset for fs in thread_pointers])})
         how = "thread(s) hold a pointer to an arena at {offset} from their thread pointer, where the tsd keeps it"
