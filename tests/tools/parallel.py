@@ -3,7 +3,7 @@ time the machine itself, alone.
 
 Each file goes whole to one shard, but a file longer than SPLIT seconds goes test function by test function
 (its functions read from its source, so that none is missed; its shared fixtures are then set up in each
-shard); the shards are balanced by each file's and function's time in the last run (kept in
+shard), unless it is one of WHOLE; the shards are balanced by each file's and function's time in the last run (kept in
 build/test-times.json, summed over the shards' JUnit reports; tests/times.json before any run).  Programs and
 captures the shards share are made once, under cores/scripts/fresh.py's lock.  Arguments are pytest's: given a test
 path, or -k/--lf, pytest runs as asked, in one process.  The exit status is pytest's worst.
@@ -31,6 +31,9 @@ SEED = ROOT / "tests" / "times.json"
 #: hides a sysroot for a moment), or the machine's shared memory (test_untouched: a browser in another shard
 #: moves it by megabytes): run alone, after the shards
 ALONE = ("test_busy.py", "test_both.py", "test_bench.py", "test_discovery.py", "test_untouched.py")
+#: files never shared out by test function, however long: their module fixture boots a machine (each shard
+#: holding one of their tests would boot its own, side by side, and each boot then takes twice as long)
+WHOLE = ("test_arm64_vm.py",)
 #: a file never timed yet counts as this many seconds
 UNTIMED = 10.0
 #: a file that took longer than this is shared out by test function (it then sets up its shared fixtures in
@@ -57,7 +60,7 @@ def units(files: list[Path], times: dict[str, float]) -> list[tuple[str, float]]
     out = []
     for f in files:
         spent = times.get(f.name, UNTIMED)
-        functions = _functions(f) if spent > SPLIT else []
+        functions = _functions(f) if spent > SPLIT and f.name not in WHOLE else []
         if len(functions) < 2:
             out.append((str(f), spent))
             continue

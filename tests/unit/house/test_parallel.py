@@ -31,6 +31,14 @@ def test_a_long_file_is_shared_out_by_function_and_none_is_missed(tmp_path):
     assert sorted(map(len, shards)) == [1, 3] and [f"{long}::test_a"] in shards
 
 
+def test_a_file_whose_fixture_boots_a_machine_stays_whole(tmp_path):
+    """One of WHOLE goes to one shard however long it took: shared out, each shard would boot its machine."""
+    name = parallel.WHOLE[0]
+    whole = _file(tmp_path, name, ["test_a", "test_b"])
+    spent = parallel.SPLIT * 3
+    assert parallel.units([whole], {name: spent, f"{name}::test_a": spent / 2}) == [(str(whole), spent)]
+
+
 def test_the_times_are_kept_per_file_and_per_function(tmp_path):
     """A report's times, per file and per function (its parameters together)."""
     report = tmp_path / "report.xml"
