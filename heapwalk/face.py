@@ -66,7 +66,7 @@ class Context:
     """What an allocator is decoded from: the target as the debugger shows it, what the command WANTS, the
     SETTINGS the user gave (name -> text, empty when not given), EVALUATE (an expression of the debugger's
     -> an address), the allocators decoded before it (BESIDE) and the names of those looked for before it
-    that are there but could not be decoded (FAILED)."""
+    that are there but could not be decoded (FAILED); OTHER_LIBC: one of those is a C library's own malloc."""
 
     target: Any
     wants: Wants = Wants()
@@ -74,6 +74,7 @@ class Context:
     evaluate: Callable[[str], int] = lambda text: int(text, 0)
     beside: tuple["Decoded", ...] = ()
     failed: tuple[str, ...] = ()
+    other_libc: bool = False      # a C library's own malloc was found before it (decoded, or there and not decodable)
 
 
 @dataclass
@@ -126,6 +127,8 @@ class Decoded:
     damaged_subject = "the heap is"
     #: does the leak scan read its blocks (`blocks`)?
     scans_leaks = False
+    #: is it the C library's own malloc (no other C library's malloc is then in the process)?
+    serves_libc = False
     #: what the leak scan's tables call one of its blocks
     block_noun = "chunk"
 
@@ -270,6 +273,8 @@ class Allocator:
     xml_name = ""
     #: does the leak scan read its blocks?
     scans_leaks = False
+    #: is it a C library's own malloc (where it is, no other C library's malloc is)?
+    serves_libc = False
     #: the environment variables that set it (a name, or a prefix ending in "_"), which a capture records
     variables: tuple[str, ...] = ()
     #: what each common command shows of it, for that command's help (command -> a clause: "its active, dirty,

@@ -17,9 +17,10 @@ def allocators() -> tuple[Allocator, ...]:
     from heapwalk.jemalloc.allocator import JEMALLOC
     from heapwalk.tcmalloc.allocator import TCMALLOC
     from heapwalk.mimalloc.allocator import MIMALLOC
+    from heapwalk.musl.allocator import MUSL
     from heapwalk.glibc.allocator import GLIBC
     from heapwalk.cpython.allocator import CPYTHON
-    return (*_added, JEMALLOC, TCMALLOC, MIMALLOC, GLIBC, CPYTHON)
+    return (*_added, JEMALLOC, TCMALLOC, MIMALLOC, MUSL, GLIBC, CPYTHON)
 
 
 def add(allocator: Allocator) -> None:

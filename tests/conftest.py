@@ -29,6 +29,7 @@ import fresh  # noqa: E402
 import harness  # noqa: E402
 import jebuilds  # noqa: E402
 import mibuilds  # noqa: E402
+import muslbuilds  # noqa: E402
 import sysroots  # noqa: E402
 import tcbuilds  # noqa: E402
 
@@ -265,6 +266,19 @@ def capture_mimalloc(name: str) -> harness.Capture:
     inputs = fresh.digest([mibuilds.MI_HOLD, Path(harness.__file__), mi.library], name, mi.environment())
     return _hold_core("mi_hold", directory, inputs, ("stats.json", "ledger-main.txt"),
                       lambda: mibuilds.build_hold(directory.parent / "bin", mi), mi.environment(), "ledger-*.txt")
+
+
+@functools.cache
+@fresh.exclusive
+def capture_musl(linkage: str, name: str = "musl_hold") -> harness.Capture:
+    """cores/musl/NAME.c's gcore core, linked with Debian's musl as LINKAGE (`muslbuilds.MUSL_BUILDS`), taken now
+    unless a fresh one exists; its ledger beside it."""
+    directory = CORES / f"musl-{linkage}" / name
+    gcc = muslbuilds.shutil.which("musl-gcc") or "musl-gcc"
+    inputs = fresh.digest([muslbuilds.MUSL_DIR / f"{name}.c", Path(muslbuilds.__file__), Path(harness.__file__),
+                           Path(gcc)], linkage)
+    return _hold_core(name, directory, inputs, ("ledger.json",),
+                      lambda: muslbuilds.build(name, BINDIR, linkage), {})
 
 
 #: the jemalloc je_dlopen loads with dlopen: one built with --disable-initial-exec-tls, as such a plugin's must be

@@ -155,7 +155,9 @@ def decode(target: Target, wants: Wants, only: str | None = None) -> list[Decode
     for allocator in registry.allocators():
         if only is not None and allocator.name != only:
             continue
-        context = Context(target, wants, _settings(), parse_int, tuple(decoded), tuple(a.name for a, _ in failed))
+        libc = any(d.serves_libc for d in decoded) or any(a.serves_libc for a, _ in failed)
+        context = Context(target, wants, _settings(), parse_int, tuple(decoded), tuple(a.name for a, _ in failed),
+                          libc)
         try:
             decoded.append(allocator.load(context))
         except NotUsed:

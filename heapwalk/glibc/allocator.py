@@ -176,6 +176,8 @@ class Glibc(Allocator):
         return mp_settings(document)
 
     def load(self, context: Context) -> GlibcHeap:
+        if context.other_libc:
+            raise NotUsed("the process's C library is another's, with its own malloc")
         wants = context.wants
         try:
             state, disc = load(context.target, _overrides(context), wants.walk, wants.progress, wants.keep_used,
