@@ -10,10 +10,9 @@ SHELL := /bin/bash
 # gcc-aarch64-linux-gnu, qemu-user, gdb-multiarch: the reproducers built for arm64, run on Debian's arm64 glibc
 # under qemu-user, their cores read by gdb-multiarch (cores/scripts/foreign.py); qemu-system-arm: Debian's arm64
 # kernel in a machine, for the capture and the live attach on arm64 (cores/scripts/armvm.py)
-# musl-tools: musl's C library and musl-gcc, the reproducers built on musl's malloc (cores/scripts/muslbuilds.py)
 DEB_PACKAGES := gdb gcc make libc6-dbg libc6-dev python3 python3-venv util-linux debian-archive-keyring \
   libjemalloc2 libtcmalloc-minimal4 chromium debootstrap cmake qemu-system-x86 \
-  gcc-aarch64-linux-gnu qemu-user gdb-multiarch qemu-system-arm musl-tools
+  gcc-aarch64-linux-gnu qemu-user gdb-multiarch qemu-system-arm
 # gdb embeds the system Python: the virtualenv is made with that interpreter, so
 # gdbinit can put its site-packages on gdb's sys.path.
 SYSTEM_PYTHON := /usr/bin/python3

@@ -270,15 +270,15 @@ def capture_mimalloc(name: str) -> harness.Capture:
 
 @functools.cache
 @fresh.exclusive
-def capture_musl(linkage: str, name: str = "musl_hold") -> harness.Capture:
-    """cores/musl/NAME.c's gcore core, linked with Debian's musl as LINKAGE (`muslbuilds.MUSL_BUILDS`), taken now
-    unless a fresh one exists; its ledger beside it."""
-    directory = CORES / f"musl-{linkage}" / name
-    gcc = muslbuilds.shutil.which("musl-gcc") or "musl-gcc"
+def capture_musl(suite: str, linkage: str, name: str = "musl_hold") -> harness.Capture:
+    """cores/musl/NAME.c's gcore core on SUITE's musl (`muslbuilds.MUSL_SUITES`), linked as LINKAGE
+    (`muslbuilds.MUSL_BUILDS`), taken now unless a fresh one exists; its ledger beside it."""
+    musl = muslbuilds.prepare_musl(SYSROOTS, suite)
+    directory = CORES / f"musl-{suite}-{linkage}" / name
     inputs = fresh.digest([muslbuilds.MUSL_DIR / f"{name}.c", Path(muslbuilds.__file__), Path(harness.__file__),
-                           Path(gcc)], linkage)
+                           musl.libc], suite, linkage)
     return _hold_core(name, directory, inputs, ("ledger.json",),
-                      lambda: muslbuilds.build(name, BINDIR, linkage), {})
+                      lambda: muslbuilds.build(name, BINDIR, musl, linkage), {})
 
 
 #: the jemalloc je_dlopen loads with dlopen: one built with --disable-initial-exec-tls, as such a plugin's must be

@@ -196,7 +196,7 @@ def fetch_source(cache: Path, package: str, suite: str, folder: Path) -> None:
     _run(["apt-get", *options, "source", "--download-only", "--tar-only", f"{package}/{suite}"], cwd=folder)
 
 
-def _relink_absolute_symlinks(root: Path) -> None:
+def relink_absolute_symlinks(root: Path) -> None:
     """Old packages link to /lib/...: point those links inside ROOT instead."""
     for link in root.rglob("*"):
         if link.is_symlink():
@@ -220,7 +220,7 @@ def prepare(dest: Path, suite: str, cache: Path | None = None) -> Sysroot:
     root.mkdir(parents=True)
     for deb in debs:
         _run(["dpkg-deb", "-x", str(deb), str(root)])
-    _relink_absolute_symlinks(root)
+    relink_absolute_symlinks(root)
     version = re.search(r"libc6_(\d+\.\d+)", debs[0].name)
     if not version:
         raise SysrootError(f"cannot read the glibc version from {debs[0].name}")

@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from heapwalk.common.errors import HeapwalkError
+from heapwalk.common.errors import CannotDecode, HeapwalkError
 from heapwalk.inferior.elf import writable_words
 from heapwalk.inferior.memory import Memory, ReadError, u64
 from heapwalk.musl.find import MuslImage
@@ -20,7 +20,7 @@ __all__ = ["MuslUnknown", "MuslUnused", "locate_context", "context_shape"]
 _SYMBOL = "__malloc_context"
 
 
-class MuslUnknown(HeapwalkError):
+class MuslUnknown(CannotDecode):
     """musl is there, and its malloc cannot be decoded: the message says why."""
 
 

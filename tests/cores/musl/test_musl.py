@@ -1,4 +1,5 @@
-"""musl's malloc (mallocng) on Debian's musl 1.2.3: cores/musl/musl_hold.c (threads holding requests of every size
+"""musl's malloc (mallocng) on Debian's musl of bullseye, bookworm and trixie (1.2.2, 1.2.3, 1.2.5):
+cores/musl/musl_hold.c (threads holding requests of every size
 class, some mapped on their own, some by aligned_alloc and realloc, two out of three freed in a scattered order)
 linked statically with its symbol table, statically and stripped, and dynamically.  musl keeps no statistics: the
 program's ledger of every live allocation (its address and the size asked for) is the oracle.  Each slot in use
@@ -13,6 +14,7 @@ import json
 import pytest
 
 from conftest import capture_musl, heapwalk, run_gdb
+from muslbuilds import MUSL_SUITES
 from heapwalk.inferior.corefile import CoreFile
 from heapwalk.inferior.memory import ReadError
 from heapwalk.musl.decode import decode_musl
@@ -22,6 +24,8 @@ from heapwalk.musl.find import find_musl
 pytestmark = pytest.mark.cores
 
 LINKAGES = ("static", "stripped", "dynamic")
+#: every suite's musl in each linkage
+BUILDS = [(suite, linkage) for suite in MUSL_SUITES for linkage in LINKAGES]
 
 
 class _WithFiles:
@@ -49,9 +53,9 @@ def _ledger(cap) -> dict[int, int]:
     return {a: s for a, s in json.loads(cap.ledger.read_text())["live"]}
 
 
-@pytest.mark.parametrize("linkage", LINKAGES)
-def test_every_slot_in_use_is_the_ledgers_allocation_with_its_size(linkage):
-    cap = capture_musl(linkage)
+@pytest.mark.parametrize("suite,linkage", BUILDS)
+def test_every_slot_in_use_is_the_ledgers_allocation_with_its_size(suite, linkage):
+    cap = capture_musl(suite, linkage)
     core = _WithFiles(CoreFile(cap.core))
     found = find_musl(core, core.files)
     assert found is not None and found.mallocng
@@ -61,9 +65,9 @@ def test_every_slot_in_use_is_the_ledgers_allocation_with_its_size(linkage):
     assert dict(zip(state.used_addr.tolist(), state.used_size.tolist())) == _ledger(cap)
 
 
-@pytest.mark.parametrize("linkage", LINKAGES)
-def test_the_report_holds_the_ledgers_totals_and_balances(linkage, tmp_path):
-    cap = capture_musl(linkage)
+@pytest.mark.parametrize("suite,linkage", BUILDS)
+def test_the_report_holds_the_ledgers_totals_and_balances(suite, linkage, tmp_path):
+    cap = capture_musl(suite, linkage)
     out = tmp_path / "report.json"
     result = heapwalk("report", str(cap.core), str(cap.exe), "--check", "--json", str(out))
     said = result.stdout + result.stderr
@@ -80,13 +84,13 @@ def test_the_report_holds_the_ledgers_totals_and_balances(linkage, tmp_path):
     assert "musl's malloc consistent" in " ".join(said.split())
     assert ("symbol __malloc_context, its shape confirmed" if linkage == "static" else "its shape in") \
         in musl["found_by"]
-    assert (musl["version"] == "1.2.3") == (linkage == "dynamic")
+    assert musl["version"] == (MUSL_SUITES[suite] if linkage == "dynamic" else "")
     if linkage == "dynamic":
         assert musl["groups"]["donated"] > 0      # the data ends the dynamic linker gave malloc at start
 
 
 def test_gdb_finds_the_context_by_the_programs_symbol_and_scans_no_leak(tmp_path):
-    cap = capture_musl("static")
+    cap = capture_musl("bookworm", "static")
     result = run_gdb([str(cap.exe), str(cap.core)], ["heapwalk report", "heapwalk check"])
     said = " ".join((result.stdout + result.stderr).split())
     assert "found by symbol __malloc_context, its shape confirmed" in said, said
