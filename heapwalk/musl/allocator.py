@@ -15,7 +15,7 @@ from heapwalk.analysis.report import Report, human
 from heapwalk.analysis.rss import Claim
 from heapwalk.common.errors import HeapwalkError
 from heapwalk.common.findings import Finding, Severity
-from heapwalk.common.view import ArenaView, Blocks, HeapView, Words
+from heapwalk.common.view import ArenaView, Blocks, HeapStrip, HeapView, Words
 from heapwalk.face import Allocator, Checked, Context, Decoded, NotUsed
 from heapwalk.inferior.memory import merged
 from heapwalk.musl.account import FREE_KINDS, Tally, tally
@@ -23,6 +23,7 @@ from heapwalk.musl.check import CHECKED, check_musl
 from heapwalk.musl.decode import decode_musl
 from heapwalk.musl.discovery import MuslUnknown, MuslUnused, locate_context
 from heapwalk.musl.find import find_musl
+from heapwalk.musl.heapmap import group_strips
 from heapwalk.musl.layout import AREA_SIZE, MMAPPED
 from heapwalk.musl.model import INSIDE, MuslState
 from heapwalk.musl.shown import classes_document, classes_table
@@ -160,6 +161,10 @@ class MuslHeap(Decoded):
     def memory(self):
         return self.mem
 
+    def strips(self, reserved: bool = False, leaked=None) -> list[HeapStrip]:
+        """The groups, slot by slot (`musl.heapmap`)."""
+        return group_strips(self.state, self.residency, leaked)
+
     def claims(self) -> list[Claim]:
         """The groups' memory and the meta areas, for the process's RSS by owner."""
         s = self.state
@@ -188,7 +193,9 @@ class Musl(Allocator):
     describes = {"report": "its groups' memory by slot state (in use, freed, available, never used), headers and "
                            "slack, each size class, the requests mapped on their own",
                  "check": "every meta area against the context's secret, every group against its meta, every slot "
-                          "in use by its header, each size class's list of groups"}
+                          "in use by its header, each size class's list of groups",
+                 "map": "its groups slot by slot: the bytes asked for in use (or leaked), musl's slack and headers, "
+                        "freed, available and never used slots"}
 
     def load(self, context: Context) -> MuslHeap:
         target = context.target

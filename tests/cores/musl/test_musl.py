@@ -96,3 +96,22 @@ def test_gdb_finds_the_context_by_the_programs_symbol_and_scans_no_leak(tmp_path
     assert "found by symbol __malloc_context, its shape confirmed" in said, said
     assert "nothing leaked" in said and "musl's malloc consistent" in said, said
     assert "Traceback" not in said and "glibc" not in said, said
+
+
+def test_the_map_draws_every_group_slot_by_slot(tmp_path):
+    """The heap map's strips cover the groups' memory and the requests mapped on their own, byte for byte, and
+    hold in use exactly what the program asked for."""
+    from heapwalk.musl.account import tally
+    from heapwalk.musl.heapmap import group_strips
+    from heapwalk.common.mapkinds import MAP_KINDS
+    cap = capture_musl("bookworm", "dynamic")
+    core = _WithFiles(CoreFile(cap.core))
+    found = find_musl(core, core.files)
+    address, how = locate_context(core, found, lambda name: None)
+    state = decode_musl(core, address, how, found.path, found.version, 4096)
+    strips = group_strips(state)
+    t = tally(state)
+    drawn = sum(int((s.run_ends - s.run_starts).sum()) for s in strips)
+    assert drawn == t.system - t.meta + t.large_bytes
+    in_use = MAP_KINDS.index("in_use")
+    assert sum(int((s.run_ends - s.run_starts)[s.kinds == in_use].sum()) for s in strips) == sum(_ledger(cap).values())

@@ -140,3 +140,24 @@ def test_a_broken_ring_of_groups_is_named_at_the_meta_whose_link_is_wrong():
     h._meta(small)
     found = _errors(h)
     assert [f.address for f in found] == [small["meta"] + 8] and "does not point back" in found[0].message
+
+
+def test_musls_older_malloc_is_named_in_one_line(monkeypatch):
+    """musl's C library without mallocng's table (musl before 1.2.1, oldmalloc): refused, saying which it is."""
+    import heapwalk.musl.allocator as allocator
+    from heapwalk.common.errors import CannotDecode
+    from heapwalk.face import Context
+    from heapwalk.musl.find import MuslImage
+
+    class Image:
+        path = "/lib/ld-musl-x86_64.so.1"
+
+    class Target:
+        mem = None
+
+        class space:
+            mappings = []
+
+    monkeypatch.setattr(allocator, "find_musl", lambda mem, mappings: MuslImage(Image(), 0, "1.1.24"))
+    with pytest.raises(CannotDecode, match=r"without mallocng \(musl before 1\.2\.1, whose malloc, oldmalloc"):
+        allocator.MUSL.load(Context(Target()))
