@@ -32,7 +32,8 @@ CFLAGS = ("-O1", "-g", "-pthread", "-Wall", "-Wextra")
 
 @dataclass(frozen=True)
 class MuslBuild:
-    """How a program is linked with musl: statically or not, stripped or not."""
+    """How a program is linked with musl: statically or not, stripped or not; "alpine": dynamically, naming musl
+    where Alpine has it (`ALPINE_INTERP`), to run in a container's root, not here."""
 
     name: str
     static: bool
@@ -45,7 +46,9 @@ class MuslBuild:
 
 
 MUSL_BUILDS = {b.name: b for b in (MuslBuild("static", True), MuslBuild("stripped", True, True),
-                                   MuslBuild("dynamic", False))}
+                                   MuslBuild("dynamic", False), MuslBuild("alpine", False))}
+#: the dynamic linker an Alpine program names (the "alpine" linkage's, to run in a root laid out as Alpine's)
+ALPINE_INTERP = "/lib/ld-musl-x86_64.so.1"
 
 
 #: gcc's specs that compile against a musl folder's headers and link its start files and C library (its libc.so
@@ -99,6 +102,10 @@ class Musl:
     def specs(self) -> Path:
         return self.root / "musl-gcc.specs"
 
+    @property
+    def alpine_specs(self) -> Path:
+        return self.root / "musl-gcc-alpine.specs"
+
 
 @fresh.exclusive
 def prepare_musl(dest: Path, suite: str) -> Musl:
@@ -116,6 +123,8 @@ def prepare_musl(dest: Path, suite: str) -> Musl:
     sysroots.relink_absolute_symlinks(musl.root)
     lib, include = musl.root / "usr" / "lib" / _TRIPLET, musl.root / "usr" / "include" / _TRIPLET
     specs = _SPECS.format(lib=lib, include=include, interp=musl.libc, shared=musl.libc.parent)
+    musl.alpine_specs.write_text(_SPECS.format(lib=lib, include=include, interp=ALPINE_INTERP,
+                                               shared=musl.libc.parent))
     musl.specs.write_text(specs)
     return musl
 
@@ -127,11 +136,12 @@ def build(name: str, bindir: Path, musl: Musl, linkage: str) -> Path:
     how = MUSL_BUILDS[linkage]
     source = MUSL_DIR / f"{name}.c"
     exe = bindir / f"musl-{musl.suite}-{linkage}" / name
-    inputs = fresh.digest([source, Path(__file__), musl.libc, musl.specs], linkage, CFLAGS)
+    inputs = fresh.digest([source, Path(__file__), musl.libc, musl.specs, musl.alpine_specs], linkage, CFLAGS)
     if fresh.marked(exe, inputs):
         return exe
     exe.parent.mkdir(parents=True, exist_ok=True)
-    cmd = ["gcc", "-specs", str(musl.specs), *CFLAGS, *(["-static"] if how.static else []), str(source), "-o",
+    specs = musl.alpine_specs if linkage == "alpine" else musl.specs
+    cmd = ["gcc", "-specs", str(specs), *CFLAGS, *(["-static"] if how.static else []), str(source), "-o",
            str(exe)]
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:

@@ -116,3 +116,42 @@ def thread_names(pid: int) -> dict[str, str]:
         except OSError:
             continue
     return out
+
+
+def namespaces(pid: int) -> dict | None:
+    """Where PID runs when it is in a container, None when it shares this process's mount and pid namespaces:
+    whether its mount and pid namespaces are its own, the root its files are read through (/proc/PID/root, as
+    it sees them), its pid there, and each thread's id there (host thread id -> its id in the namespace)."""
+    own = {}
+    for kind in ("mnt", "pid"):
+        try:
+            own[kind] = os.stat(f"/proc/{pid}/ns/{kind}").st_ino != os.stat(f"/proc/self/ns/{kind}").st_ino
+        except OSError:
+            own[kind] = False
+    if not any(own.values()):
+        return None
+    threads = {}
+    for tid in _tids(pid):
+        ids = _nspid(f"/proc/{pid}/task/{tid}/status")
+        threads[str(tid)] = ids[-1] if ids else None
+    ids = _nspid(f"/proc/{pid}/status")
+    return {"mount": own["mnt"], "pid": own["pid"], "root": f"/proc/{pid}/root",
+            "pid_inside": ids[-1] if ids else None, "threads_inside": threads}
+
+
+def _tids(pid: int) -> list[int]:
+    try:
+        return sorted(int(t) for t in os.listdir(f"/proc/{pid}/task"))
+    except OSError:
+        return []
+
+
+def _nspid(path: str) -> list[int]:
+    """The ids of a process or thread in each pid namespace it is in, outermost first (NSpid)."""
+    try:
+        for line in Path(path).read_text().splitlines():
+            if line.startswith("NSpid:"):
+                return [int(x) for x in line.split()[1:]]
+    except (OSError, ValueError):
+        pass
+    return []

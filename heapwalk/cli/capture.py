@@ -15,7 +15,7 @@ from heapwalk.cli.cores import open_core, report_command
 from heapwalk.capture.corewriter import hold_for, write_core
 from heapwalk.cli.gdbmi import CliError, Gdb
 from heapwalk.analysis.report import human
-from heapwalk.capture.proc import environment, ptrace_advice, read_smaps, resident_runs, thread_names
+from heapwalk.capture.proc import environment, namespaces, ptrace_advice, read_smaps, resident_runs, thread_names
 from heapwalk.inferior.pages import PagesUnknown
 from heapwalk.output import jsondoc
 
@@ -157,6 +157,29 @@ def _process_record(pid: int) -> dict:
             "threads": threads, "cpus_online": os.cpu_count(), "thread_names": thread_names(pid)}
 
 
+def _program(args, pid: int, record: dict) -> Path:
+    """The program PID runs, as this machine reaches it: for a process in a container's mount namespace, through
+    its root (/proc/PID/root, then the sysroot of the capture's report); its namespaces in RECORD."""
+    container = record["container"] = namespaces(pid)
+    if container and container["mount"] and args.sysroot is None:
+        args.sysroot = Path(container["root"])
+        return args.sysroot / record["exe"].lstrip("/")
+    return Path(record["exe"])
+
+
+def _container_line(pid: int, container: dict | None) -> str:
+    """What 'heapwalk capture' says of a process in a container: its namespaces, its ids there, and where its
+    files were read ("" for a process in this machine's namespaces)."""
+    if not container:
+        return ""
+    own = " and ".join(k for k in ("mount", "pid") if container[k])
+    inside = container["threads_inside"]
+    ids = ", ".join(f"{tid} is {n}" for tid, n in inside.items() if n is not None)
+    files = f"; its files read through {container['root']}" if container["mount"] else ""
+    return (f"heapwalk: process {pid} runs in a container ({own} namespaces of its own): pid "
+            f"{container['pid_inside']} there; its threads there: {ids}{files}\n")
+
+
 def malloc_settings(record: dict, doc: dict) -> str:
     """The line that says the process's malloc settings and where they come from: its environment block
     (RECORD), and each allocator's own state in the report's DOC (glibc's mp_, jemalloc's options), which
@@ -175,19 +198,25 @@ def malloc_settings(record: dict, doc: dict) -> str:
     return f"heapwalk: malloc settings: {said}"
 
 
-def cmd_capture(args) -> int:
-    pid = args.pid
-    advice = ptrace_advice(pid)
-    if advice:
-        raise CliError(f"heapwalk: cannot attach to {pid}: {advice}")
+def _out_folder(args, pid: int) -> Path:
+    """The capture's folder (--out, or one named after PID and the time), made now."""
     out_dir = args.out or Path(f"heapwalk-{pid}-{time.strftime('%Y%m%d-%H%M%S')}")
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise CliError(f"heapwalk: cannot create the folder {out_dir} for the capture: {exc.strerror}; give --out a "
                        "folder you may write to") from None
+    return out_dir
+
+
+def cmd_capture(args) -> int:
+    pid = args.pid
+    advice = ptrace_advice(pid)
+    if advice:
+        raise CliError(f"heapwalk: cannot attach to {pid}: {advice}")
+    out_dir = _out_folder(args, pid)
     record = _process_record(pid)
-    exe = Path(record["exe"])
+    exe = _program(args, pid, record)
     try:
         record["cpus_allowed"] = len(os.sched_getaffinity(pid))
     except OSError:
@@ -228,6 +257,7 @@ def cmd_capture(args) -> int:
         print(f"heapwalk: not read, so not in the core: {human(written.not_read_bytes)} of mappings no read may touch "
               "without allocating or mapping a page in the process (untouched shared memory, devices); "
               "capture.json lists them")
+    print(_container_line(pid, record["container"]), end="")
     doc = json.loads(json_file.read_text())
     print(f"heapwalk: {record['threads']} threads, {record['cpus_allowed']} of {record['cpus_online']} CPUs allowed")
     print(malloc_settings(record, doc))

@@ -286,6 +286,17 @@ class CoreFile:
         return min((m for m in maps if m.path == holder.path and m.offset == 0), key=lambda m: m.start,
                    default=None)
 
+    def mapped_build_ids(self) -> list[tuple[str, str]]:
+        """(path, build-id) of each file the process mapped from its start, as the core holds its first pages
+        (the files whose first pages the core lacks, or that carry no build-id, left out)."""
+        out = {}
+        for m in self.file_mappings():
+            if m.offset == 0 and m.path not in out:
+                found = _build_id_of_image(lambda off, n, at=m.start: self.read(at + off, n), 0)
+                if found:
+                    out[m.path] = found
+        return list(out.items())
+
     def executable_build_id(self) -> str | None:
         """The build-id of the executable as mapped in the process, when the core holds its first pages."""
         exe = self.executable()
