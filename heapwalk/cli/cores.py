@@ -39,11 +39,7 @@ def resolve_core(core: Path, exe: Path | None,
     except UnknownArchitecture as exc:
         cf.close()
         raise CliError(f"heapwalk: {core}: {exc}") from None
-    foreign = _not_the_mapped_files(cf, sysroot)
-    if foreign:
-        cf.close()
-        raise CliError(foreign)
-    notes = []
+    notes = [note for note in (_not_the_mapped_files(cf, sysroot),) if note]
     mapped = cf.executable()
     in_core = cf.executable_build_id()
     if exe is None:
@@ -67,18 +63,18 @@ def resolve_core(core: Path, exe: Path | None,
 
 
 def _not_the_mapped_files(cf: CoreFile, sysroot: Path | None) -> str:
-    """What says that a file the core's process mapped is another file here (under SYSROOT when given): its
+    """The note that says a file the core's process mapped is another file here (under SYSROOT when given): its
     build-id in the core and the one of the file this machine has at that path ("" when all agree, or cannot
-    be told).  Read through them, a report would take another build's code and data for the process's."""
+    be told).  The decoders then read nothing the core lacks from it (glibc's libc, musl's C library)."""
     for path, in_core in cf.mapped_build_ids():
         here = sysroot / path.lstrip("/") if sysroot is not None else Path(path)
         in_file = file_build_id(here)
         if in_file and in_file != in_core:
             where = f"under {sysroot}" if sysroot is not None else "on this machine"
-            return (f"heapwalk: {here} {where} is not the file the process mapped at {path}: its build-id is "
-                    f"{in_file}, the process's was {in_core} (a core from a container or another machine, or a "
-                    "file upgraded since): give the root the process saw as --sysroot (a container's: /proc/PID/root "
-                    "while it runs)")
+            return (f"{here} {where} is not the file the process mapped at {path}: its build-id is {in_file}, "
+                    f"the process's was {in_core} (a core from a container or another machine, or a file upgraded "
+                    "since): what the core lacks of it is not read from this one where heapwalk can tell; give the "
+                    "root the process saw as --sysroot (a container's: /proc/PID/root while it runs)")
     return ""
 
 

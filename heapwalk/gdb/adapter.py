@@ -18,6 +18,7 @@ import gdb  # type: ignore[import-not-found]
 from heapwalk.arch import DEFAULT, Architecture, by_gdb_name
 from heapwalk.inferior.threads import FATAL_SIGNALS, ThreadRegs
 from heapwalk.gdb.addressspace import command_text, connection_type
+from heapwalk.inferior.corefile import file_build_id
 from heapwalk.inferior.memory import CachedMemory
 from heapwalk.inferior.pages import LivePages
 
@@ -127,6 +128,22 @@ class GdbSymbols:
         for objfile in gdb.objfiles():
             if getattr(objfile, "owner", None) is None and _is_libc_objfile(objfile):
                 return objfile.filename, getattr(objfile, "build_id", None)
+        return None
+
+    def loaded_file(self, mapped: str) -> tuple[str, str | None] | None:
+        """(path, build-id) of the file gdb reads the shared object the process mapped from MAPPED from (that
+        path, or it under gdb's sysroot; its symbols read or not: gdb fills a core's missing pages from it either
+        way); None when gdb lists none."""
+        try:
+            listed = gdb.execute("info sharedlibrary", to_string=True)
+        except gdb.error:
+            return None
+        for line in listed.splitlines():
+            name = line.rsplit(None, 1)[-1] if line.startswith("0x") else ""
+            if name and (name == mapped or name.endswith(mapped)):
+                objfile = next((o for o in gdb.objfiles() if o.filename == name), None)
+                found = getattr(objfile, "build_id", None) if objfile is not None else None
+                return name, found or file_build_id(name)
         return None
 
 

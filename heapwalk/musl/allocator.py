@@ -209,9 +209,27 @@ class Musl(Allocator):
             address, how = locate_context(target.mem, found, _symbol(context))
         except MuslUnused as exc:
             raise NotUsed(str(exc)) from None
-        state = decode_musl(target.mem, address, how, found.path, found.version, target.page_size,
+        version, foreign = _trusted_version(target, found)
+        state = decode_musl(target.mem, address, how, found.path, version, target.page_size,
                             target.description, context.wants.progress)
-        return MuslHeap(state, target.mem, target.residency)
+        heap = MuslHeap(state, target.mem, target.residency)
+        return heap.with_finding(foreign) if foreign else heap
+
+
+def _trusted_version(target, found) -> tuple[str, Finding | None]:
+    """The version the object holds, unless the file gdb loaded for it is another build than the process mapped
+    (a core read with another machine's or a container's files): its read-only pages, which the core lacks, are
+    then that file's, and the version is not said, with the finding that says why."""
+    if not target.space.core:
+        return found.version, None               # a live process's pages are its own, whatever its files
+    loaded = getattr(target.symbols, "loaded_file", lambda path: None)(found.path)
+    mapped = found.image.build_id()
+    if not found.version or loaded is None or not loaded[1] or not mapped or loaded[1] == mapped:
+        return found.version, None
+    return "", Finding(Severity.WARNING, found.image.base, "musl's C library", f"the file gdb loaded for "
+                       f"{found.path} ({loaded[0]}, build-id {loaded[1]}) is not the one the process ran (build-id "
+                       f"{mapped}): its version is not read from it; give the process's own files as --sysroot "
+                       "(a container's root: /proc/PID/root while it runs)")
 
 
 def _symbol(context: Context):
