@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from heapwalk.arch import USER_SPACE_END
 from heapwalk.common.findings import Finding, Severity
 from heapwalk.inferior.memory import Memory, ReadError
 from heapwalk.musl.layout import (AREA_HEADER, AREA_SIZE, AREA_SLOTS, CLASSES, IB, META_DTYPE, META_SIZE, MMAPPED,
@@ -146,6 +147,10 @@ def _sound(g: Group, back: int, findings: list[Finding]) -> bool:
     if g.sizeclass == MMAPPED and (g.last_idx or not g.maplen):
         bad(g.meta + 32, "its meta says a request mapped on its own, yet not one slot in a mapping of its own")
         return False
+    if g.maplen and (g.maplen * 4096 < UNIT + g.stride * g.slots or g.mem + g.maplen * 4096 > USER_SPACE_END):
+        bad(g.meta + 32, f"its meta says a mapping of {g.maplen} pages of 4 KiB at {g.mem:#x}, which cannot hold its "
+                         f"{g.slots} slots of {g.stride} bytes")
+        return False
     full = (2 << g.last_idx) - 1
     if (g.avail | g.freed) & ~full & 0xFFFFFFFF:
         bad(g.meta + 24, f"its masks name slots beyond its last, {g.last_idx} (available {g.avail:#x}, freed "
@@ -180,7 +185,10 @@ def _in_use(mem: Memory, g: Group, gi: int, idx: int, by_mem: dict[int, int], us
         return
     offset = _H.unpack_from(h, 2)[0]
     if h[0]:
-        offset = _I.unpack_from(mem.read(p - 8, 4), 0)[0] if not offset else -1
+        try:
+            offset = _I.unpack_from(mem.read(p - 8, 4), 0)[0] if not offset else -1
+        except ReadError:
+            offset = -1
     if h[1] & 31 != idx or offset != (p - g.storage) // UNIT:
         bad(p - IB, f"the header at {p:#x} says slot {h[1] & 31}, {offset} units from the group's storage "
                     f"(it is {(p - g.storage) // UNIT})")
@@ -195,7 +203,12 @@ def _in_use(mem: Memory, g: Group, gi: int, idx: int, by_mem: dict[int, int], us
             nested[inner] = gi
         return
     if reserved == 5:
-        reserved = _I.unpack_from(mem.read(end - 4, 4), 0)[0]
+        try:
+            reserved = _I.unpack_from(mem.read(end - 4, 4), 0)[0]
+        except ReadError:
+            bad(end - 4, "the count of its reserved bytes is unreadable")
+            used.append((p, end - p, gi))
+            return
     if reserved > end - p or reserved < (5 if h[1] >> 5 == 5 else 0):
         bad(p - IB, f"its header reserves {reserved} bytes of its {end - p}")
         used.append((p, end - p, gi))

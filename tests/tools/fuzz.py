@@ -1,7 +1,8 @@
 """Mutation fuzzing of heapwalk on reproducer cores: `make fuzz`, and a bounded share of it in `make test`.
 
 Two levels, on cores of glibc reproducers and of processes on jemalloc (tests/tools/je_fuzz_driver.py), on
-gperftools' tcmalloc (tests/tools/tc_fuzz_driver.py) and on mimalloc (tests/tools/mi_fuzz_driver.py):
+gperftools' tcmalloc (tests/tools/tc_fuzz_driver.py), on mimalloc (tests/tools/mi_fuzz_driver.py) and on musl
+(tests/tools/musl_fuzz_driver.py):
 - engine: gdb loads a core once and tests/tools/fuzz_driver.py runs every command's work on hundreds of mutants
   of its memory (patched malloc metadata, hidden tails as in a truncated core);
 - files: mutated copies of the core file (the same fields patched in the file) and truncated copies, each
@@ -43,9 +44,10 @@ DRIVER = ROOT / "tests" / "tools" / "fuzz_driver.py"
 JE_DRIVER = ROOT / "tests" / "tools" / "je_fuzz_driver.py"
 TC_DRIVER = ROOT / "tests" / "tools" / "tc_fuzz_driver.py"
 MI_DRIVER = ROOT / "tests" / "tools" / "mi_fuzz_driver.py"
+MUSL_DRIVER = ROOT / "tests" / "tools" / "musl_fuzz_driver.py"
 COMMANDS = ("heapwalk check", "heapwalk report", "heapwalk arenas", "heapwalk bins", "heapwalk tcache",
             "heapwalk threads", "heapwalk chunks --limit 3")
-ALLOCATORS = ("glibc", "jemalloc", "tcmalloc", "mimalloc")
+ALLOCATORS = ("glibc", "jemalloc", "tcmalloc", "mimalloc", "musl")
 #: seconds one engine mutant may take (the cores fuzzed are small: a sound one decodes in well under this)
 BOUND = 20.0
 
@@ -205,7 +207,7 @@ def jemalloc_cores():
 
 def main() -> int:
     from conftest import (GLIBCS, NO_SYMBOLS, TC_CORES, capture, capture_mimalloc,  # the tests' captures
-                          capture_tcmalloc, glibc)
+                          capture_musl, capture_tcmalloc, glibc)
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--count", type=int, default=300, help="engine mutants per core (default 300)")
@@ -238,6 +240,10 @@ def main() -> int:
     for suite in ("bookworm", "trixie", "3.3.2", "2.3.2", "sid") if "mimalloc" in only else ():
         cap, key = capture_mimalloc(suite), f"mimalloc-{suite}/mi_hold"
         failed_total += _fuzz_core(cap, key, [NO_SYMBOLS], args, seed, args.workdir / key, documents, MI_DRIVER)
+    for suite, linkage in (("bullseye", "dynamic"), ("bookworm", "stripped"), ("trixie", "dynamic")) \
+            if "musl" in only else ():
+        cap, key = capture_musl(suite, linkage), f"musl-{suite}-{linkage}/musl_hold"
+        failed_total += _fuzz_core(cap, key, [NO_SYMBOLS], args, seed, args.workdir / key, documents, MUSL_DRIVER)
     print("aimed damage, every core:")
     print("\n".join(tally_lines(tally(documents))))
     print("fuzz: " + ("all mutants handled" if not failed_total else f"{failed_total} failures"))

@@ -16,7 +16,7 @@ import random
 import pytest
 
 import fuzz
-from conftest import (FULL_MATRIX, JEMALLOCS, NO_SYMBOLS, capture, capture_jemalloc, capture_mimalloc,
+from conftest import (FULL_MATRIX, JEMALLOCS, NO_SYMBOLS, capture, capture_jemalloc, capture_mimalloc, capture_musl,
                       capture_tcmalloc, corruption, glibc)
 
 pytestmark = pytest.mark.cores
@@ -192,3 +192,16 @@ def test_mimalloc_decoder_survives_mutated_metadata(tmp_path, suite):
                                 driver=fuzz.MI_DRIVER)
     assert_survived(document, count, key, fields=20)
     assert {"list_loop", "segment_hidden"} <= set(fuzz.tally([document]))
+
+
+def test_musl_decoder_survives_mutated_metadata(tmp_path):
+    """Every word musl's decoder reads in writable memory (the context, meta areas, groups' and slots' headers)
+    patched; a meta area's check word changed, a group's header pointing elsewhere, an allocation's index
+    changed, a meta area missing, a core cut inside what it reads: never a traceback, a hang or an impossible
+    figure, and the aimed damage named at its address (or the core refused in one line)."""
+    cap = capture_musl("trixie", "dynamic")
+    count, key = 40, "musl-trixie-dynamic/musl_hold"
+    document = fuzz.engine_fuzz(cap.exe, cap.core, [NO_SYMBOLS], count, SEED, tmp_path, fuzz.regressions(key),
+                                driver=fuzz.MUSL_DRIVER)
+    assert_survived(document, count, key, fields=20)
+    assert {"area_check", "group_back", "slot_index"} <= set(fuzz.tally([document]))

@@ -1,0 +1,161 @@
+"""Mutation fuzzing of heapwalk's decoder of musl's malloc inside gdb, on a real core (sourced by tests/tools/fuzz.py's
+gdb runs, as tests/tools/tc_fuzz_driver.py is for tcmalloc).
+
+gdb loads a core of a process on musl; the script decodes it once through a memory that records every read the
+decoder makes (the context, the meta areas, the groups' headers, the slots' headers), and keeps those that lie in
+writable memory.  Each mutant patches one word of them (a byte, a whole word, a bit) or aims damage where it must
+be seen:
+- area_check: a meta area's check word changed: an error at the area;
+- group_back: a group's header pointing elsewhere than its meta: an error at the group;
+- slot_index: the index byte of an allocation's header changed: an error at that header;
+- area_hidden: a meta area's page missing (a core that lacks it): an error at the area;
+- truncate: everything above a point inside one of the reads missing: refused in one line, or an error.
+Then it runs what the commands run: finding musl and its context, the decode, check, the report and its page's
+document, the heap map's strips, the leak scan's blocks, the RSS claims.  A mutant fails when anything raises
+(other than the one-line refusal, MuslUnknown), takes longer than the bound, shows an impossible figure
+(tests/tools/figures.py), or, for aimed damage, is not seen.  Parameters and results as fuzz_driver.py's.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import random
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # gdb sets __file__ for a sourced script
+from fuzz_driver import MutatedMemory, run_mutants  # noqa: E402
+from je_fuzz_driver import Recording, _word, draw_mutants, judge, patched  # noqa: E402
+
+from heapwalk.common.findings import Severity
+from heapwalk.gdb.adapter import gdb_memory, thread_registers
+from heapwalk.gdb.addressspace import memory_map
+from heapwalk.musl.allocator import MuslHeap
+from heapwalk.musl.check import check_musl
+from heapwalk.musl.decode import decode_musl
+from heapwalk.musl.discovery import MuslUnknown, locate_context
+from heapwalk.musl.find import find_musl
+from heapwalk.musl.layout import IB
+from heapwalk.musl.model import IN_USE
+from heapwalk.output import tables
+from heapwalk.output.jsondoc import report_json
+
+#: the aimed damage kinds, each drawn this share of the time (the rest are random patches of what was read)
+DAMAGE = {"area_check": 0.07, "group_back": 0.07, "slot_index": 0.07, "area_hidden": 0.07, "truncate": 0.07}
+
+
+def exercise(mem, maps, threads):
+    """Everything the commands do on MEM: (the state or None when refused, the check's findings, the report's
+    JSON, 'ok' or 'refused: <the one line>')."""
+    found = find_musl(mem, maps)
+    if found is None:
+        return None, None, None, "refused: musl is not mapped"
+    try:
+        address, how = locate_context(mem, found, lambda name: None)
+    except MuslUnknown as exc:
+        return None, None, None, f"refused: {exc}"
+    state = decode_musl(mem, address, how, found.path, found.version, 4096, "fuzz")
+    heap = MuslHeap(state, mem)
+    findings = check_musl(state, mem)
+    heap.strips()
+    heap.blocks()
+    rep = heap.report()
+    console = tables.make_console(io.StringIO(), False)
+    for part in (*heap.report_parts(rep, False), *heap.check(50, False).parts):
+        console.print(part)
+    json.dumps(heap.report_document(rep))
+    heap.claims()
+    errors = [f for f in findings if f.severity is Severity.ERROR]
+    return state, findings, report_json(rep), "ok" if not errors else f"ok, {len(errors)} errors"
+
+
+class Sound:
+    """What the undamaged core holds: the reads the decoder made in writable memory, its meta areas, groups and
+    allocations."""
+
+    def __init__(self, base, maps, space):
+        rec = Recording(base)
+        found = find_musl(rec, maps)
+        address, how = locate_context(rec, found, lambda name: None)
+        state = decode_musl(rec, address, how, found.path, found.version, 4096, "fuzz")
+        check_musl(state, rec)
+        self.base = base
+        writable = [(s.address, s.address + s.memsz) for s in found.image.writable()] + list(
+            space.writable or space.regions)
+        self.reads = [(a, n) for a, n in rec.reads if any(lo <= a < hi for lo, hi in writable)]
+        self.areas = list(state.meta_areas)
+        self.groups = [(g.mem, g.meta) for g in state.groups]
+        self.allocations = [int(a) for a in state.used_addr[:2000]]
+        self.in_use = sum(1 for g in state.groups for i in range(g.slots) if g.state(i) == IN_USE)
+
+    def field(self, read: int, offset: float) -> int | None:
+        """The address of the word OFFSET (a fraction) of the way through recorded read READ."""
+        if not self.reads:
+            return None
+        address, size = self.reads[read % len(self.reads)]
+        return address + (int(offset * max(size - 8, 0)) & ~7)
+
+
+def _pick(spec: dict, items: list):
+    return items[int(spec["pick"] * len(items)) % len(items)] if items else None
+
+
+def apply(spec: dict, sound: Sound):
+    """(the memory of mutant SPEC, the address an error must name or 0 for any error, None for no demand),
+    or None when this core has no place for it."""
+    op, base = spec["op"], sound.base
+    if op in ("area_check", "area_hidden"):
+        area = _pick(spec, sound.areas)
+        if area is None:
+            return None
+        if op == "area_hidden":
+            return MutatedMemory(base, {}, (area, area + 4096)), area
+        return MutatedMemory(base, _word(area, 0x5151515151515151)), area
+    if op == "group_back":
+        group = _pick(spec, sound.groups)
+        if group is None:
+            return None
+        mem, meta = group
+        return MutatedMemory(base, _word(mem, meta + 40)), mem
+    if op == "slot_index":
+        p = _pick(spec, sound.allocations)
+        if p is None:
+            return None
+        header = int.from_bytes(base.read(p - 8, 8), "little")
+        index = (header >> 40) & 0xFF
+        changed = (header & ~(0x1F << 40)) | ((((index & 31) + 1) % 32) << 40)     # its reserved bits kept
+        return MutatedMemory(base, _word(p - 8, changed)), p - IB
+    at = sound.field(spec["read"], spec["offset"])
+    if at is None:
+        return None
+    return patched(spec, base, at)
+
+
+def _run(m: dict, mem, named, maps, threads) -> tuple[str, dict]:
+    """A mutant's outcome and what it detected (see je_fuzz_driver's `judge`)."""
+    state, findings, rep, outcome = exercise(mem, maps, threads)
+    broken, verdict = judge(m, named, state, findings, rep)
+    return (f"FAILED: {broken} ({outcome})" if broken else outcome), verdict
+
+
+def main() -> None:
+    with open(os.environ["HEAPWALK_FUZZ_SPEC"], encoding="utf-8") as fh:
+        spec = json.load(fh)
+    rng = random.Random(spec["seed"])
+    space = memory_map()
+    base = gdb_memory(space.readable)
+    maps, threads = space.mappings, thread_registers()
+    sound = Sound(base, maps, space)
+    mutants = list(spec.get("replay", []))
+    mutants += draw_mutants(rng, len(sound.reads), spec["count"], DAMAGE)
+    results = run_mutants(mutants, lambda m: apply(m, sound), spec["bound"],
+                          lambda m, mem, named: _run(m, mem, named, maps, threads))
+    fields = [(f"read {i}", a) for i, (a, _) in enumerate(sound.reads)]
+    with open(spec["out"], "w", encoding="utf-8") as fh:
+        json.dump({"fields": fields, "results": results}, fh, indent=1)
+
+
+if __name__ == "__main__":  # sourced by gdb
+    main()
+
