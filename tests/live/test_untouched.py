@@ -21,7 +21,7 @@ import sysroots
 from conftest import BINDIR, JEMALLOCS, ROOT, SYSROOTS
 from heapwalk.inferior.corefile import CoreFile
 from services import gcore_report, process_state, running
-from untouched_figures import assert_unchanged, measure
+from untouched_figures import LIVE_COMMANDS, assert_unchanged, measure
 
 pytestmark = pytest.mark.live
 
@@ -124,9 +124,8 @@ def test_a_capture_core_holds_the_files_bytes_and_no_zeros_where_it_holds_nothin
 def test_live_commands_in_gdb_change_nothing(untouched, tmp_path):
     proc, ledger, _ = untouched
     before = measure(proc.pid, ledger)
-    commands = ["report", "leaks", "check", "map", "chunks --free", "threads", "arenas"]
     args = ["gdb", "-nx", "-batch", "-q", "-x", str(ROOT / "gdbinit")]
-    for command in commands:
+    for command in LIVE_COMMANDS:
         args += ["-ex", f"heapwalk {command}"]
     out = subprocess.run(args + ["-p", str(proc.pid)], capture_output=True, text=True, timeout=600)
     text = out.stdout + out.stderr

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from untouched_figures import measure  # noqa: E402
+from untouched_figures import LIVE_COMMANDS, measure  # noqa: E402
 
 
 def _started(exe: str, state: Path, data: Path) -> subprocess.Popen:
@@ -39,20 +39,34 @@ def _started(exe: str, state: Path, data: Path) -> subprocess.Popen:
 
 def main(argv: list[str]) -> int:
     exe, state, data, heapwalk, capture_dir, out = argv[1:7]
+    gdbinit = argv[7] if len(argv) > 7 else None
     proc = _started(exe, Path(state), Path(data))
+    live = {}
     try:
         ledger = json.loads((Path(state) / "ledger.json").read_text())
         before = measure(proc.pid, ledger)
         record, output = _captured(heapwalk, proc.pid, Path(capture_dir))
         after = measure(proc.pid, ledger)
         running = proc.poll() is None and _state(proc.pid) in "SR"
+        if gdbinit:
+            live["live_output"] = _attached(gdbinit, proc.pid)
+            live["live"] = measure(proc.pid, ledger)
     finally:
         proc.kill()
         proc.wait()
     Path(out).write_text(json.dumps({"before": before, "after": after, "record": record is not None,
                                      "output": output, "precopy": (record or {}).get("precopy"),
-                                     "running": running}, indent=1))
+                                     "running": running, **live}, indent=1))
     return 0
+
+
+def _attached(gdbinit: str, pid: int) -> str:
+    """What heapwalk's commands printed, run in gdb attached to PID."""
+    args = ["gdb", "-nx", "-batch", "-q", "-x", gdbinit]
+    for command in LIVE_COMMANDS:
+        args += ["-ex", f"heapwalk {command}"]
+    done = subprocess.run(args + ["-p", str(pid)], capture_output=True, text=True, timeout=1200)
+    return done.stdout + done.stderr
 
 
 def _captured(heapwalk: str, pid: int, folder: Path) -> tuple[dict | None, str]:

@@ -9,7 +9,10 @@ from pathlib import Path
 
 import numpy as np
 
-PAGE = 4096
+#: the kernel's page, which its page map counts in
+PAGE = os.sysconf("SC_PAGE_SIZE")
+#: heapwalk's commands run in gdb attached to the process
+LIVE_COMMANDS = ("report", "leaks", "check", "map", "chunks --free", "threads", "arenas")
 
 
 def _present(pid: int, start: int, size: int) -> int:

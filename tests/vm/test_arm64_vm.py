@@ -6,10 +6,12 @@ runs heapwalk; gdb's gcore writes the same instant's core.  Checked here: the ca
 gdb-multiarch on this machine, gives malloc_info's XML to the byte and every thread's tcache the ledger's, as
 gcore's core does; the live attach gives the same; jemalloc (Debian's arm64 build, 64 KiB pages) attached
 live gives every figure malloc_stats_print printed; the process stays stopped through all of it and then
-runs to its end.  One boot runs it all (a few minutes of emulation); a second boots trixie's kernel built for
-16 KiB pages, where glibc grows and trims in 16 KiB pages: the capture (its page maps of 16 KiB pages) and
-the live attach give malloc_info's XML and trim whole 16 KiB pages; gperftools' tcmalloc and mimalloc
-attached live there give every figure they printed."""
+runs to its end; CPython (Debian's python3.11) attached live gives what sys._debugmallocstats printed; the
+capture and heapwalk's commands in gdb change nothing in a process (tests/tools/untouched_driver.py);
+gperftools' tcmalloc and mimalloc attached live give every figure they printed.  One boot runs it all (a few
+minutes of emulation).  With HEAPWALK_FULL_MATRIX=1 a second boots trixie's kernel built for 16 KiB pages,
+where glibc grows and trims in 16 KiB pages: the capture (its page maps of 16 KiB pages) and the live attach
+give malloc_info's XML and trim whole 16 KiB pages."""
 
 from __future__ import annotations
 
@@ -19,10 +21,12 @@ from pathlib import Path
 
 import pytest
 
-from conftest import BINDIR, capture_foreign, run_gdb
+from conftest import BINDIR, FULL_MATRIX, capture_foreign, run_gdb
 from mimalloc_oracle import check as mimalloc_check
 from oracle import jemalloc_arena_view, jemalloc_printed_view
 from tcmalloc_oracle import check as tcmalloc_check
+from untouched_figures import assert_unchanged
+from cpython_oracle import matches as cpython_matches
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "cores" / "scripts"))
@@ -39,7 +43,10 @@ _WAIT = """n=0; while [ "$(cut -d' ' -f3 /proc/$PID/stat)" != T ] && [ $n -lt 90
 
 
 def _script(bindir: Path) -> str:
-    """The machine's command: thread_arenas captured, gcore'd and attached live; je_dns attached live."""
+    """The machine's command: thread_arenas captured, gcore'd and attached live; je_dns and CPython
+    (cores/cpython/pyobjects.py) attached live; cores/glibc/untouched.c captured and attached, measured before
+    and after each (tests/tools/untouched_driver.py); tc_hold and mi_hold (on Debian's arm64 tcmalloc and
+    mimalloc) attached live."""
     gdbinit, exe = f"/host{ROOT}/gdbinit", f"/host{bindir.resolve()}/arm64"   # the guest sees this machine's /
     conf = " ".join(f"{k}={v}" for k, v in foreign.harness.JEMALLOC_ENV["je_dns"].items())
     return f"""export PYTHONDONTWRITEBYTECODE=1 HEAPWALK_VENV=/nonexistent PYTHONPATH=/host{ROOT}
@@ -59,7 +66,15 @@ PID=$!
 {_WAIT}gdb -p $PID -batch -x {gdbinit} -ex "heapwalk report --json /run/je-live.json" -ex "heapwalk check" \\
   > /run/je-live.txt 2>&1
 kill -CONT $PID; wait $PID
-"""
+mkdir -p /run/py && cd /run/py && python3 /host{ROOT}/cores/cpython/pyobjects.py /run/py > /run/py.log 2>&1 &
+PID=$!
+{_WAIT}gdb -p $PID -batch -x {gdbinit} -ex "heapwalk report --no-leaks --json /run/py-live.json" > /run/py-live.txt 2>&1
+kill -CONT $PID; wait $PID
+echo never > /sys/kernel/mm/transparent_hugepage/enabled 2> /dev/null
+printf '#!/bin/sh\\nexec %s "$@"\\n' '{_CLI}' > /run/heapwalk && chmod +x /run/heapwalk
+cd /tmp && python3 /host{ROOT}/tests/tools/untouched_driver.py {exe}/untouched /tmp/untouched \\
+  /tmp/untouched-data.bin /run/heapwalk /run/ucap /run/untouched.json {gdbinit} > /run/untouched.log 2>&1
+""" + _attached("tc_hold", exe, "libtcmalloc_minimal.so.4") + _attached("mi_hold", exe, "libmimalloc.so.2")
 
 
 def _attached(name: str, exe: str, library: str) -> str:
@@ -75,8 +90,7 @@ kill -CONT $PID; wait $PID
 
 
 def _script_16k(bindir: Path) -> str:
-    """The 16 KiB-page machine's command: thread_arenas captured and attached live; tc_hold and mi_hold (on
-    Debian's arm64 tcmalloc and mimalloc) attached live."""
+    """The 16 KiB-page machine's command: thread_arenas captured and attached live."""
     exe = f"/host{bindir.resolve()}/arm64"
     return f"""export PYTHONDONTWRITEBYTECODE=1 HEAPWALK_VENV=/nonexistent PYTHONPATH=/host{ROOT}
 python3 -c "import os; print(os.sysconf('SC_PAGE_SIZE'))" > /run/pagesize.txt
@@ -86,13 +100,13 @@ PID=$!
 gdb -p $PID -batch -x /host{ROOT}/gdbinit -ex "heapwalk report --xml /run/live.xml --json /run/live.json" \\
   -ex "heapwalk check" > /run/live.txt 2>&1
 kill -CONT $PID; wait $PID
-""" + _attached("tc_hold", exe, "libtcmalloc_minimal.so.4") + _attached("mi_hold", exe, "libmimalloc.so.2")
+"""
 
 
 @pytest.fixture(scope="module")
 def machine16k(tmp_path_factory):
     """The 16 KiB-page machine's shared folder after its run."""
-    for name in ("thread_arenas", "tc_hold", "mi_hold"):
+    for name in ("thread_arenas",):
         capture_foreign(name)
     out = tmp_path_factory.mktemp("arm64vm16k")
     console = armvm.run(out, _script_16k(BINDIR), flavour="16k")
@@ -103,8 +117,9 @@ def machine16k(tmp_path_factory):
 @pytest.fixture(scope="module")
 def machine(tmp_path_factory):
     """The machine's shared folder after its run (the reproducers built for arm64 first)."""
-    for name in ("thread_arenas", "je_dns"):
+    for name in ("thread_arenas", "je_dns", "tc_hold", "mi_hold"):
         capture_foreign(name)                      # builds them for arm64 (and checks them under qemu-user)
+    foreign.build("untouched", BINDIR)
     out = tmp_path_factory.mktemp("arm64vm")
     console = armvm.run(out, _script(BINDIR))
     assert "heapwalk-vm: status 0" in console, console[-3000:]
@@ -178,32 +193,59 @@ def test_jemalloc_attached_live_on_arm64_is_what_it_printed(machine):
     assert "jemalloc consistent: no violations" in said, said[-3000:]
 
 
-def test_on_a_16k_page_kernel_the_capture_and_the_live_attach_trim_whole_pages(machine16k, tmp_path):
-    """glibc on trixie's 16 KiB-page kernel (AT_PAGESZ 16384): the live attach and the captured core (read here)
-    give malloc_info's XML and every tcache, say the page, and what trim gives back is whole 16 KiB pages."""
-    assert (machine16k / "pagesize.txt").read_text().strip() == "16384"
-    mi, ledger = (machine16k / "ta" / "malloc_info.xml").read_text(), json.loads((machine16k / "ta" / "ledger.json")
-                                                                                .read_text())
-    live = json.loads((machine16k / "live.json").read_text())
-    assert (machine16k / "live.xml").read_text() == mi and live["glibc"]["page_size"] == 16384
-    _tcaches_are_the_ledgers(live, ledger)
-    xml, doc = tmp_path / "report.xml", tmp_path / "report.json"
-    _host_gdb(machine16k / "cap" / "core", [f"heapwalk report --xml {xml} --json {doc}"])
-    captured = json.loads(doc.read_text())
-    assert xml.read_text() == mi and captured["glibc"]["page_size"] == 16384
-    _tcaches_are_the_ledgers(captured, ledger)
-    for a in captured["arenas"] + live["arenas"]:
-        assert a["trim"]["total"] % 16384 == 0 and a["trim"]["systrim"] % 16384 == 0
-    assert sum(a["trim"]["total"] for a in captured["arenas"]) > 0
-    assert "heap consistent: no violations" in (machine16k / "live.txt").read_text()
-    assert (machine16k / "capture.txt").read_text().rstrip().endswith("status 0")
+def test_cpython_attached_live_on_arm64_is_what_it_printed(machine):
+    """Debian's arm64 python3.11 in a process of the arm64 kernel, its arenas near the top of its 48-bit address
+    space, symbols absent: every total and every class's row sys._debugmallocstats() printed."""
+    said = (machine / "py-live.txt").read_text()
+    assert (machine / "py-live.json").exists(), said[-3000:]
+    doc = json.loads((machine / "py-live.json").read_text())
+    cpython_matches(doc, machine / "py" / "stats.txt")
+    assert "CPython 3.11" in " ".join(said.split())
 
 
-def test_tcmalloc_and_mimalloc_attached_live_on_arm64_are_what_they_printed(machine16k):
+def test_the_capture_and_the_live_commands_change_nothing_on_arm64(machine):
+    """cores/glibc/untouched.c in the arm64 machine (transparent huge pages off): its RSS, RssShmem, the
+    machine's Shmem and the pages present in each mapping it barely touched are as they were after `heapwalk
+    capture` (stopped once it has written its record) and again after heapwalk's commands in gdb attached
+    to it (but the vDSO gdb reads when it attaches); the process runs on."""
+    path, log = machine / "untouched.json", machine / "untouched.log"
+    assert path.exists(), log.read_text()[-3000:] if log.exists() else "no log"
+    result = json.loads(path.read_text())
+    assert result["record"] and result["running"], result["output"]
+    assert_unchanged(result["before"], result["after"])
+    said = result["live_output"]
+    assert "mmapped chunks: 2, 11 MiB" in said and "nothing leaked" in said and "Traceback" not in said, said
+    assert_unchanged(result["after"], result["live"], gdb_attached=True)
+
+
+if FULL_MATRIX:      # a second boot, of trixie's 16 KiB-page kernel: HEAPWALK_FULL_MATRIX=1 (make test's time)
+    def test_on_a_16k_page_kernel_the_capture_and_the_live_attach_trim_whole_pages(machine16k, tmp_path):
+        """glibc on trixie's 16 KiB-page kernel (AT_PAGESZ 16384): the live attach and the captured core (read
+        here) give malloc_info's XML and every tcache, say the page, and what trim gives back is whole 16 KiB
+        pages."""
+        assert (machine16k / "pagesize.txt").read_text().strip() == "16384"
+        mi = (machine16k / "ta" / "malloc_info.xml").read_text()
+        ledger = json.loads((machine16k / "ta" / "ledger.json").read_text())
+        live = json.loads((machine16k / "live.json").read_text())
+        assert (machine16k / "live.xml").read_text() == mi and live["glibc"]["page_size"] == 16384
+        _tcaches_are_the_ledgers(live, ledger)
+        xml, doc = tmp_path / "report.xml", tmp_path / "report.json"
+        _host_gdb(machine16k / "cap" / "core", [f"heapwalk report --xml {xml} --json {doc}"])
+        captured = json.loads(doc.read_text())
+        assert xml.read_text() == mi and captured["glibc"]["page_size"] == 16384
+        _tcaches_are_the_ledgers(captured, ledger)
+        for a in captured["arenas"] + live["arenas"]:
+            assert a["trim"]["total"] % 16384 == 0 and a["trim"]["systrim"] % 16384 == 0
+        assert sum(a["trim"]["total"] for a in captured["arenas"]) > 0
+        assert "heap consistent: no violations" in (machine16k / "live.txt").read_text()
+        assert (machine16k / "capture.txt").read_text().rstrip().endswith("status 0")
+
+
+def test_tcmalloc_and_mimalloc_attached_live_on_arm64_are_what_they_printed(machine):
     """gperftools' tcmalloc and mimalloc in processes of the arm64 kernel, their memory near the top of its 48-bit
     address space: every figure each printed, and the check sound."""
-    tcmalloc_check(json.loads((machine16k / "tc_hold-live.json").read_text()),
-                   json.loads((machine16k / "tc_hold" / "stats.json").read_text()), "2.10")
-    assert "tcmalloc consistent" in " ".join((machine16k / "tc_hold-live.txt").read_text().split())
-    mimalloc_check(json.loads((machine16k / "mi_hold-live.json").read_text()), machine16k / "mi_hold", "2.0.9")
-    assert "mimalloc consistent" in " ".join((machine16k / "mi_hold-live.txt").read_text().split())
+    tcmalloc_check(json.loads((machine / "tc_hold-live.json").read_text()),
+                   json.loads((machine / "tc_hold" / "stats.json").read_text()), "2.10")
+    assert "tcmalloc consistent" in " ".join((machine / "tc_hold-live.txt").read_text().split())
+    mimalloc_check(json.loads((machine / "mi_hold-live.json").read_text()), machine / "mi_hold", "2.0.9")
+    assert "mimalloc consistent" in " ".join((machine / "mi_hold-live.txt").read_text().split())
