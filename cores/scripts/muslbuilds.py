@@ -110,7 +110,7 @@ class Musl:
 @fresh.exclusive
 def prepare_musl(dest: Path, suite: str) -> Musl:
     """SUITE's musl and musl-dev unpacked into DEST/musl-SUITE (once), with musl-gcc's specs pointed there."""
-    musl = Musl(suite, dest / f"musl-{suite}")
+    musl = Musl(suite, dest.resolve() / f"musl-{suite}")     # its specs name absolute paths
     if musl.specs.exists():
         return musl
     cache = sysroots.cache_dir()

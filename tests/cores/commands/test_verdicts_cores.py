@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import JEMALLOCS, capture, capture_jemalloc, capture_mimalloc, capture_tcmalloc
+from conftest import JEMALLOCS, capture, capture_jemalloc, capture_mimalloc, capture_musl, capture_tcmalloc
 from harness import REPRODUCERS
 from verdicts import contradictions
 
@@ -25,11 +25,12 @@ def _report(core: Path, exe: Path, out: Path) -> dict:
 
 
 #: every glibc reproducer on the system's glibc; jemalloc's on each Debian suite, with background threads too;
-#: mimalloc 2 and 3 and tcmalloc as Debian ships them
+#: mimalloc 2 and 3 and tcmalloc as Debian ships them; musl's malloc, linked and stripped
 CASES = ([("glibc", name) for name in REPRODUCERS]
          + [("jemalloc", (suite, name, variant)) for suite in JEMALLOCS for name, variant in
             (("je_dns", ""), ("je_hold", ""), ("je_leak", ""), ("je_hold", "background"))]
-         + [("mimalloc", build) for build in ("bookworm", "trixie")] + [("tcmalloc", "bookworm")])
+         + [("mimalloc", build) for build in ("bookworm", "trixie")] + [("tcmalloc", "bookworm")]
+         + [("musl", ("trixie", linkage)) for linkage in ("dynamic", "stripped")])
 
 
 @pytest.mark.cores
@@ -37,7 +38,8 @@ CASES = ([("glibc", name) for name in REPRODUCERS]
                                                    for k, w in CASES])
 def test_no_reproducer_s_verdict_contradicts_itself(kind, what, tmp_path):
     cap = {"glibc": lambda: capture("system", what), "jemalloc": lambda: capture_jemalloc(*what),
-           "mimalloc": lambda: capture_mimalloc(what), "tcmalloc": lambda: capture_tcmalloc(what)}[kind]()
+           "mimalloc": lambda: capture_mimalloc(what), "tcmalloc": lambda: capture_tcmalloc(what),
+           "musl": lambda: capture_musl(*what)}[kind]()
     doc = _report(cap.core, cap.exe, tmp_path / "report.json")
     assert doc["report"]["verdict"]
     assert contradictions(doc) == []
