@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -279,6 +280,25 @@ def capture_musl(suite: str, linkage: str, name: str = "musl_hold") -> harness.C
                            musl.libc], suite, linkage)
     return _hold_core(name, directory, inputs, ("ledger.json",),
                       lambda: muslbuilds.build(name, BINDIR, musl, linkage), {})
+
+
+@functools.cache
+@fresh.exclusive
+def capture_musl_arm64(stripped: bool, name: str = "musl_hold") -> harness.Capture:
+    """cores/musl/NAME.c on bookworm's arm64 musl, linked statically with the snapshot shim (STRIPPED or not), run
+    under qemu-user on that musl's folder, its core completed as an arm64 kernel writes it; its ledger beside it."""
+    musl = muslbuilds.prepare_musl(SYSROOTS, "bookworm", "arm64")
+    exe = muslbuilds.build_snapshotting(name, BINDIR, musl, stripped)
+    directory = CORES / f"musl-{musl.name}-{'stripped' if stripped else 'static'}" / name
+    inputs = fresh.digest([exe, Path(foreign.__file__), musl.libc], name)
+    if not fresh.fresh(directory, inputs, ("core", "ledger.json", "meta.json")):
+        shutil.rmtree(directory, ignore_errors=True)
+        directory.mkdir(parents=True)
+        pid = foreign.run_to_core(exe, [str(directory)], directory, BINDIR, musl.root, linked=True)
+        (directory / "meta.json").write_text(json.dumps({"name": name, "exe": str(exe), "pid": pid}))
+        fresh.mark(directory, inputs)
+    return harness.Capture(name=name, directory=directory, exe=exe, pid=json.loads((directory / "meta.json")
+                                                                                    .read_text())["pid"])
 
 
 #: the jemalloc je_dlopen loads with dlopen: one built with --disable-initial-exec-tls, as such a plugin's must be

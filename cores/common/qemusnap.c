@@ -12,7 +12,9 @@
  *                its maps and its core (the main thread's control block and TLS among ld.so's data)
  *
  * It allocates nothing, so the heap stays as the reproducer's allocator printed it; the real functions are
- * looked up in its constructor, before the program runs. */
+ * looked up in its constructor, before the program runs.  Built with -DQEMUSNAP_WRAP it is linked into a
+ * static program instead (with -Wl,--wrap=pthread_create,--wrap=raise,--wrap=kill), where there is nothing to
+ * preload into and no dynamic linker to look the real functions up. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <fcntl.h>
@@ -30,9 +32,21 @@ typedef int (*create_fn)(pthread_t *, const pthread_attr_t *, void *(*)(void *),
 typedef int (*raise_fn)(int);
 typedef int (*kill_fn)(pid_t, int);
 
+#ifdef QEMUSNAP_WRAP
+int __real_pthread_create(pthread_t *, const pthread_attr_t *, void *(*)(void *), void *);
+int __real_raise(int);
+int __real_kill(pid_t, int);
+#define real_create __real_pthread_create
+#define real_raise __real_raise
+#define real_kill __real_kill
+#define pthread_create __wrap_pthread_create
+#define raise __wrap_raise
+#define kill __wrap_kill
+#else
 static create_fn real_create;
 static raise_fn real_raise;
 static kill_fn real_kill;
+#endif
 static struct { long tid; unsigned long pointer; } seen[MAX_THREADS];
 static struct { void *(*fn)(void *); void *arg; } starts[MAX_THREADS];
 static int nseen, nstarts;
@@ -50,9 +64,11 @@ static void note(void)
 
 __attribute__((constructor)) static void begin(void)
 {
+#ifndef QEMUSNAP_WRAP
     real_create = (create_fn)dlsym(RTLD_NEXT, "pthread_create");
     real_raise = (raise_fn)dlsym(RTLD_NEXT, "raise");
     real_kill = (kill_fn)dlsym(RTLD_NEXT, "kill");
+#endif
     note();
 }
 

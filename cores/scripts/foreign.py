@@ -180,14 +180,17 @@ def shim(bindir: Path, arch: str = "arm64") -> Path:
 
 
 def run_to_core(exe: Path, args: list[str], directory: Path, bindir: Path, root: Path, preload: list[str] = (),
-                arch: str = "arm64", env: dict[str, str] | None = None, page: int = 4096) -> int:
-    """Runs EXE with ARGS under qemu-user on ROOT in DIRECTORY, with the shim (and PRELOAD, paths on ARCH's
-    system) preloaded and ENV in its environment, on a kernel of PAGE-byte pages as far as the program sees
-    (its AT_PAGESZ), to its snapshot; leaves the completed core there as `core`; its pid."""
+                arch: str = "arm64", env: dict[str, str] | None = None, page: int = 4096,
+                linked: bool = False) -> int:
+    """Runs EXE with ARGS under qemu-user on ROOT in DIRECTORY, with the shim and PRELOAD (paths on ARCH's
+    system) preloaded (none when the shim is LINKED into the program, as into a static one) and ENV in its
+    environment, on a kernel of PAGE-byte pages as far as the program sees (its AT_PAGESZ), to its snapshot;
+    leaves the completed core there as `core`; its pid."""
     f = ARCHES[arch]
-    libraries = ":".join([str(shim(bindir, arch)), *preload])
+    libraries = "" if linked else ":".join([str(shim(bindir, arch)), *preload])
     # qemu hands its own environment to the program (its -E splits values at commas, which MALLOC_CONF has)
-    result = subprocess.run([f.qemu, "-L", str(root), "-p", str(page), "-E", f"LD_PRELOAD={libraries}", str(exe),
+    preloads = ["-E", f"LD_PRELOAD={libraries}"] if libraries else []
+    result = subprocess.run([f.qemu, "-L", str(root), "-p", str(page), *preloads, str(exe),
                              *args],
                             cwd=directory, capture_output=True, text=True, timeout=600, preexec_fn=_unlimited_cores,
                             env={**os.environ, **(env or {})})

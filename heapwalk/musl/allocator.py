@@ -24,7 +24,7 @@ from heapwalk.musl.decode import decode_musl
 from heapwalk.musl.discovery import MuslUnknown, MuslUnused, locate_context
 from heapwalk.musl.find import find_musl
 from heapwalk.musl.heapmap import group_strips
-from heapwalk.musl.layout import AREA_SIZE, MMAPPED
+from heapwalk.musl.layout import AREA_SIZE, MMAPPED, Ctx
 from heapwalk.musl.model import INSIDE, MuslState
 from heapwalk.musl.shown import classes_document, classes_table
 from heapwalk.musl.verdict import advice
@@ -100,8 +100,12 @@ class MuslHeap(Decoded):
 
     def _extents(self) -> list[tuple[int, int]]:
         """The memory of the groups not inside another (their mappings, or what was donated) and the meta areas."""
+        return self._group_extents() + [(a, a + AREA_SIZE) for a in self.state.meta_areas]
+
+    def _group_extents(self) -> list[tuple[int, int]]:
+        """The memory of the groups not inside another, but the requests mapped on their own."""
         return [(g.mem, g.mem + g.extent) for g in self.state.groups if g.source != INSIDE
-                and g.sizeclass != MMAPPED] + [(a, a + AREA_SIZE) for a in self.state.meta_areas]
+                and g.sizeclass != MMAPPED]
 
     def _free_slots(self) -> list[tuple[int, int]]:
         out = []
@@ -152,9 +156,9 @@ class MuslHeap(Decoded):
         judged = ~large_groups[s.used_group] if len(s.used_group) else np.zeros(0, dtype=bool)
         starts, sizes = s.used_addr[judged], s.used_size[judged]
         large = merged([(g.mem, g.mem + g.extent) for g in s.groups if g.sizeclass == MMAPPED])
-        private = merged([(a, a + AREA_SIZE) for a in s.meta_areas] + [(s.context, s.context + 928)])
+        private = merged([(a, a + AREA_SIZE) for a in s.meta_areas] + [(s.context, s.context + Ctx.size)])
         return Blocks(starts, starts + sizes, np.zeros(len(starts), dtype=np.int32), 0, 0,
-                      heaps=tuple(merged(self._extents()[:-len(s.meta_areas) or None])), private=tuple(private),
+                      heaps=tuple(merged(self._group_extents())), private=tuple(private),
                       large=tuple(large))
 
     @property
@@ -168,8 +172,7 @@ class MuslHeap(Decoded):
     def claims(self) -> list[Claim]:
         """The groups' memory and the meta areas, for the process's RSS by owner."""
         s = self.state
-        return [Claim(g.mem, g.mem + g.extent, "heap", "musl: groups") for g in s.groups if g.source != INSIDE
-                and g.sizeclass != MMAPPED] + \
+        return [Claim(lo, hi, "heap", "musl: groups") for lo, hi in self._group_extents()] + \
             [Claim(g.mem, g.mem + g.extent, "heap", "musl: requests mapped on their own") for g in s.groups
              if g.sizeclass == MMAPPED] + \
             [Claim(a, a + AREA_SIZE, "heap", "musl: meta areas") for a in s.meta_areas]
@@ -219,12 +222,13 @@ class Musl(Allocator):
 def _trusted_version(target, found) -> tuple[str, Finding | None]:
     """The version the object holds, unless the file gdb loaded for it is another build than the process mapped
     (a core read with another machine's or a container's files): its read-only pages, which the core lacks, are
-    then that file's, and the version is not said, with the finding that says why."""
+    then that file's, and the version is not said, with the finding that says why (said even where those pages
+    could not be read)."""
     if not target.space.core:
         return found.version, None               # a live process's pages are its own, whatever its files
     loaded = getattr(target.symbols, "loaded_file", lambda path: None)(found.path)
     mapped = found.image.build_id()
-    if not found.version or loaded is None or not loaded[1] or not mapped or loaded[1] == mapped:
+    if loaded is None or not loaded[1] or not mapped or loaded[1] == mapped:
         return found.version, None
     return "", Finding(Severity.WARNING, found.image.base, "musl's C library", f"the file gdb loaded for "
                        f"{found.path} ({loaded[0]}, build-id {loaded[1]}) is not the one the process ran (build-id "

@@ -27,7 +27,7 @@ from heapwalk.tcmalloc.metadata import metadata_ranges
 from heapwalk.tcmalloc.objects import SpanTable, cached_objects
 from heapwalk.tcmalloc.page import tcmalloc_facts, tcmalloc_sections
 from heapwalk.tcmalloc.owners import cache_owners
-from heapwalk.tcmalloc.shown import (class_rows, classes_table, free_spans, free_spans_table, threads_document,
+from heapwalk.tcmalloc.shown import (class_rows, free_spans, free_spans_table, threads_document,
                                      threads_table)
 from heapwalk.tcmalloc.verdict import advice
 from heapwalk.common.view import ArenaView, HeapStrip, HeapView, Words

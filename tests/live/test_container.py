@@ -95,7 +95,7 @@ def alpine(tmp_path):
     root = tmp_path / "alpine"
     for folder in ("lib", "app", "out"):
         (root / folder).mkdir(parents=True)
-    shutil.copy2(musl.libc, root / muslbuilds.ALPINE_INTERP.lstrip("/"))
+    shutil.copy2(musl.libc, root / muslbuilds.alpine_interp("amd64").lstrip("/"))
     shutil.copy2(muslbuilds.build("musl_hold", BINDIR, musl, "alpine"), root / "app" / "musl_hold")
     return root
 
