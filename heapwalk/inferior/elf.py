@@ -280,6 +280,21 @@ def iter_notes(data: bytes):
         pos = end
 
 
+def candidate_images(mem: Memory, mappings: list[Mapping], name: "re.Pattern[str]") -> list[tuple[ElfImage, bool]]:
+    """Where an allocator may be: each object mapped from its start whose path NAME matches, as (its image, True);
+    when none does, the first object mapped (the program: the allocator may be linked into it), as (its image,
+    False).  An object whose ELF image cannot be read is left out."""
+    firsts = [(m.start, m.path) for m in mappings if m.offset == 0 and m.path.startswith("/")]
+    named = [(b, p) for b, p in firsts if name.search(p)]
+    out = []
+    for base, path in named or firsts[:1]:
+        try:
+            out.append((ElfImage.read(mem, base, path), bool(named)))
+        except ReadError:
+            continue
+    return out
+
+
 def find_libc(mappings: list[Mapping]) -> tuple[int, str] | None:
     """(base address, path) of libc among the target's mappings: its lowest mapping at file offset 0."""
     starts = [(m.start, m.path) for m in mappings if m.offset == 0 and LIBC_FILE_NAME.search(m.path)]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from heapwalk.inferior.elf import ElfImage, Mapping, readable_runs
+from heapwalk.inferior.elf import ElfImage, Mapping, candidate_images, readable_runs
 from heapwalk.inferior.memory import Memory, ReadError
 
 __all__ = ["MiImage", "find_mimalloc"]
@@ -48,13 +48,7 @@ class MiImage:
 def find_mimalloc(mem: Memory, mappings: list[Mapping]) -> MiImage | None:
     """The object that holds mimalloc, or None: one named libmimalloc*, else the program when it exports
     mimalloc's entry points, or defines malloc and holds mimalloc's strings."""
-    firsts = [(m.start, m.path) for m in mappings if m.offset == 0 and m.path.startswith("/")]
-    named = [(b, p) for b, p in firsts if _NAME.search(p)]
-    for base, path in named or firsts[:1]:
-        try:
-            image = ElfImage.read(mem, base, path)
-        except ReadError:
-            continue
+    for image, named in candidate_images(mem, mappings, _NAME):
         exports = any(image.dynamic_symbol(name) is not None for name in _EXPORTS)
         if named or exports or (_strings(image) and image.dynamic_symbol(_CPYTHON) is None):
             return MiImage(image, _version(mem, image))

@@ -11,8 +11,8 @@ import re
 import struct
 from dataclasses import dataclass
 
-from heapwalk.inferior.elf import ElfImage, Mapping, readable_runs
-from heapwalk.inferior.memory import Memory, ReadError
+from heapwalk.inferior.elf import ElfImage, Mapping, candidate_images, readable_runs
+from heapwalk.inferior.memory import Memory
 from heapwalk.musl.layout import SIZE_CLASSES
 
 __all__ = ["MuslImage", "find_musl", "TABLE"]
@@ -48,13 +48,7 @@ class MuslImage:
 def find_musl(mem: Memory, mappings: list[Mapping]) -> MuslImage | None:
     """The object that holds musl, or None: musl's C library by its name, else the program when mallocng's table
     is in its read-only data (linked in statically)."""
-    firsts = [(m.start, m.path) for m in mappings if m.offset == 0 and m.path.startswith("/")]
-    named = [(b, p) for b, p in firsts if _NAME.search(p)]
-    for base, path in named or firsts[:1]:
-        try:
-            image = ElfImage.read(mem, base, path)
-        except ReadError:
-            continue
+    for image, named in candidate_images(mem, mappings, _NAME):
         table = _table(image)
         if named or table:
             return MuslImage(image, table, _version(image) if named else "")

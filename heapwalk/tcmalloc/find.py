@@ -10,8 +10,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from heapwalk.inferior.elf import ElfImage, Mapping, readable_runs
-from heapwalk.inferior.memory import Memory, ReadError
+from heapwalk.inferior.elf import ElfImage, Mapping, candidate_images, readable_runs
+from heapwalk.inferior.memory import Memory
 
 __all__ = ["TcImage", "find_tcmalloc"]
 
@@ -39,13 +39,7 @@ class TcImage:
 def find_tcmalloc(mem: Memory, mappings: list[Mapping]) -> TcImage | None:
     """The object that holds tcmalloc, or None: one named libtcmalloc*, else the program when it exports
     tcmalloc's entry points, or defines malloc and says gperftools' version."""
-    firsts = [(m.start, m.path) for m in mappings if m.offset == 0 and m.path.startswith("/")]
-    named = [(b, p) for b, p in firsts if _NAME.search(p)]
-    for base, path in named or firsts[:1]:
-        try:
-            image = ElfImage.read(mem, base, path)
-        except ReadError:
-            continue
+    for image, named in candidate_images(mem, mappings, _NAME):
         if named or any(image.dynamic_symbol(name) is not None for name in _EXPORTS):
             version = _version(image)
             return TcImage(image, version, not version and _google(image))

@@ -274,6 +274,31 @@ def _run(m: dict, mem, named, maps, threads, space=None) -> tuple[str, dict]:
     return (f"FAILED: {broken} ({outcome})" if broken else outcome), verdict
 
 
+def drive(make_sound, apply, exercise, damage: dict) -> None:
+    """The whole run of a driver over the decoder's recorded reads (another allocator's, as musl's): the spec
+    from HEAPWALK_FUZZ_SPEC, the sound core (MAKE_SOUND(base, maps, space): its `reads`), the mutants drawn with
+    DAMAGE's aimed kinds and made by APPLY(spec, sound), each judged on what EXERCISE(mem, maps, threads) gives
+    (as `exercise` here), the results written where the spec says."""
+    with open(os.environ["HEAPWALK_FUZZ_SPEC"], encoding="utf-8") as fh:
+        spec = json.load(fh)
+    rng = random.Random(spec["seed"])
+    space = memory_map()
+    base = gdb_memory(space.readable)
+    maps, threads = space.mappings, thread_registers()
+    sound = make_sound(base, maps, space)
+    mutants = list(spec.get("replay", [])) + draw_mutants(rng, len(sound.reads), spec["count"], damage)
+
+    def run(m: dict, mem, named) -> tuple[str, dict]:
+        state, findings, rep, outcome = exercise(mem, maps, threads)
+        broken, verdict = judge(m, named, state, findings, rep)
+        return (f"FAILED: {broken} ({outcome})" if broken else outcome), verdict
+
+    results = run_mutants(mutants, lambda m: apply(m, sound), spec["bound"], run)
+    fields = [(f"read {i}", a) for i, (a, _) in enumerate(sound.reads)]
+    with open(spec["out"], "w", encoding="utf-8") as fh:
+        json.dump({"fields": fields, "results": results}, fh, indent=1)
+
+
 def main() -> None:
     with open(os.environ["HEAPWALK_FUZZ_SPEC"], encoding="utf-8") as fh:
         spec = json.load(fh)

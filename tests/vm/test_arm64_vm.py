@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import BINDIR, FULL_MATRIX, capture_foreign, run_gdb
+from conftest import BINDIR, FULL_MATRIX, SYSROOTS, capture_foreign, run_gdb
 from mimalloc_oracle import check as mimalloc_check
 from oracle import jemalloc_arena_view, jemalloc_printed_view
 from tcmalloc_oracle import check as tcmalloc_check
@@ -32,6 +32,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "cores" / "scripts"))
 import armvm  # noqa: E402
 import foreign  # noqa: E402
+import muslbuilds  # noqa: E402
 
 pytestmark = pytest.mark.vm
 
@@ -46,8 +47,10 @@ def _script(bindir: Path) -> str:
     """The machine's command: thread_arenas captured, gcore'd and attached live; je_dns and CPython
     (cores/cpython/pyobjects.py) attached live; cores/glibc/untouched.c captured and attached, measured before
     and after each (tests/tools/untouched_driver.py); tc_hold and mi_hold (on Debian's arm64 tcmalloc and
-    mimalloc) attached live."""
+    mimalloc) attached live; musl_hold (static on bookworm's arm64 musl, stripped) attached live."""
     gdbinit, exe = f"/host{ROOT}/gdbinit", f"/host{bindir.resolve()}/arm64"   # the guest sees this machine's /
+    musl = muslbuilds.build("musl_hold", bindir.resolve(), muslbuilds.prepare_musl(SYSROOTS, "bookworm", "arm64"),
+                            "stripped")
     conf = " ".join(f"{k}={v}" for k, v in foreign.harness.JEMALLOC_ENV["je_dns"].items())
     return f"""export PYTHONDONTWRITEBYTECODE=1 HEAPWALK_VENV=/nonexistent PYTHONPATH=/host{ROOT}
 mkdir -p /run/ta /run/je
@@ -74,6 +77,11 @@ echo never > /sys/kernel/mm/transparent_hugepage/enabled 2> /dev/null
 printf '#!/bin/sh\\nexec %s "$@"\\n' '{_CLI}' > /run/heapwalk && chmod +x /run/heapwalk
 cd /tmp && python3 /host{ROOT}/tests/tools/untouched_driver.py {exe}/untouched /tmp/untouched \\
   /tmp/untouched-data.bin /run/heapwalk /run/ucap /run/untouched.json {gdbinit} > /run/untouched.log 2>&1
+mkdir -p /run/musl && cd /run/musl && /host{musl} /run/musl > /run/musl.log 2>&1 &
+PID=$!
+{_WAIT}gdb -p $PID -batch -x {gdbinit} -ex "heapwalk report --no-leaks --json /run/musl-live.json" \\
+  -ex "heapwalk check" > /run/musl-live.txt 2>&1
+kill -CONT $PID; wait $PID
 """ + _attached("tc_hold", exe, "libtcmalloc_minimal.so.4") + _attached("mi_hold", exe, "libmimalloc.so.2")
 
 
@@ -239,6 +247,18 @@ if FULL_MATRIX:      # a second boot, of trixie's 16 KiB-page kernel: HEAPWALK_F
         assert sum(a["trim"]["total"] for a in captured["arenas"]) > 0
         assert "heap consistent: no violations" in (machine16k / "live.txt").read_text()
         assert (machine16k / "capture.txt").read_text().rstrip().endswith("status 0")
+
+
+def test_musl_attached_live_on_arm64_is_the_programs_ledger(machine):
+    """musl's malloc (a static program on bookworm's arm64 musl, stripped) in a process of the arm64 kernel: the
+    context found by its shape, every allocation of the ledger in use with its bytes, the check sound."""
+    said = " ".join((machine / "musl-live.txt").read_text().split())
+    assert (machine / "musl-live.json").exists(), said[-3000:]
+    doc = json.loads((machine / "musl-live.json").read_text())
+    ledger = {a: s for a, s in json.loads((machine / "musl" / "ledger.json").read_text())["live"]}
+    assert doc["musl"]["in_use"] == {"allocations": len(ledger), "requested": sum(ledger.values())}
+    assert "its shape in" in doc["musl"]["found_by"] and "musl's malloc consistent" in said, said[-3000:]
+    assert any(a >= 1 << 47 for a in ledger)          # above x86-64's user space
 
 
 def test_tcmalloc_and_mimalloc_attached_live_on_arm64_are_what_they_printed(machine):
