@@ -267,29 +267,23 @@ def judge(spec: dict, named: int | None, state, findings, rep) -> tuple[str | No
     return None, {"detected": True, "exact": exact, **({} if exact else {"errors": [str(f) for f in errors[:3]]})}
 
 
-def _run(m: dict, mem, named, maps, threads, space=None) -> tuple[str, dict]:
-    """Mutant M's outcome and what it detected (see `judge`)."""
-    state, findings, rep, outcome = exercise(mem, maps, threads, space)
-    broken, verdict = judge(m, named, state, findings, rep)
-    return (f"FAILED: {broken} ({outcome})" if broken else outcome), verdict
-
-
 def drive(make_sound, apply, exercise, damage: dict) -> None:
-    """The whole run of a driver over the decoder's recorded reads (another allocator's, as musl's): the spec
-    from HEAPWALK_FUZZ_SPEC, the sound core (MAKE_SOUND(base, maps, space): its `reads`), the mutants drawn with
-    DAMAGE's aimed kinds and made by APPLY(spec, sound), each judged on what EXERCISE(mem, maps, threads) gives
-    (as `exercise` here), the results written where the spec says."""
+    """The whole run of a driver over the decoder's recorded reads (this one's, and tcmalloc's, mimalloc's and
+    musl's): the spec from HEAPWALK_FUZZ_SPEC, the sound core (MAKE_SOUND(base, space, threads): its `reads`),
+    the mutants drawn with DAMAGE's aimed kinds and made by APPLY(spec, sound), each judged on what
+    EXERCISE(mem, space, threads) gives (the state, the findings, the report's JSON, the outcome), the results
+    written where the spec says."""
     with open(os.environ["HEAPWALK_FUZZ_SPEC"], encoding="utf-8") as fh:
         spec = json.load(fh)
     rng = random.Random(spec["seed"])
     space = memory_map()
     base = gdb_memory(space.readable)
-    maps, threads = space.mappings, thread_registers()
-    sound = make_sound(base, maps, space)
+    threads = thread_registers()
+    sound = make_sound(base, space, threads)
     mutants = list(spec.get("replay", [])) + draw_mutants(rng, len(sound.reads), spec["count"], damage)
 
     def run(m: dict, mem, named) -> tuple[str, dict]:
-        state, findings, rep, outcome = exercise(mem, maps, threads)
+        state, findings, rep, outcome = exercise(mem, space, threads)
         broken, verdict = judge(m, named, state, findings, rep)
         return (f"FAILED: {broken} ({outcome})" if broken else outcome), verdict
 
@@ -300,20 +294,8 @@ def drive(make_sound, apply, exercise, damage: dict) -> None:
 
 
 def main() -> None:
-    with open(os.environ["HEAPWALK_FUZZ_SPEC"], encoding="utf-8") as fh:
-        spec = json.load(fh)
-    rng = random.Random(spec["seed"])
-    space = memory_map()
-    base = gdb_memory(space.readable)
-    maps, threads = space.mappings, thread_registers()
-    sound = Sound(base, maps, threads)
-    mutants = list(spec.get("replay", []))
-    mutants += draw_mutants(rng, len(sound.reads), spec["count"], DAMAGE)
-    results = run_mutants(mutants, lambda m: apply(m, sound), spec["bound"], lambda m, mem, named: _run(
-        m, mem, named, maps, threads, space))
-    fields = [(f"read {i}", a) for i, (a, _) in enumerate(sound.reads)]
-    with open(spec["out"], "w", encoding="utf-8") as fh:
-        json.dump({"fields": fields, "results": results}, fh, indent=1)
+    drive(lambda base, space, threads: Sound(base, space.mappings, threads), apply,
+          lambda mem, space, threads: exercise(mem, space.mappings, threads, space), DAMAGE)
 
 
 if __name__ == "__main__":  # sourced by gdb

@@ -42,10 +42,10 @@ from heapwalk.output.jsondoc import report_json
 DAMAGE = {"area_check": 0.07, "group_back": 0.07, "slot_index": 0.07, "area_hidden": 0.07, "truncate": 0.07}
 
 
-def exercise(mem, maps, threads):
-    """Everything the commands do on MEM: (the state or None when refused, the check's findings, the report's
-    JSON, 'ok' or 'refused: <the one line>')."""
-    found = find_musl(mem, maps)
+def exercise(mem, space, threads):
+    """Everything the commands do on MEM (of SPACE's mappings): (the state or None when refused, the check's
+    findings, the report's JSON, 'ok' or 'refused: <the one line>')."""
+    found = find_musl(mem, space.mappings)
     if found is None:
         return None, None, None, "refused: musl is not mapped"
     try:
@@ -71,8 +71,9 @@ class Sound:
     """What the undamaged core holds: the reads the decoder made in writable memory, its meta areas, groups and
     allocations."""
 
-    def __init__(self, base, maps, space):
+    def __init__(self, base, space, threads):
         rec = Recording(base)
+        maps = space.mappings
         found = find_musl(rec, maps)
         address, how = locate_context(rec, found, lambda name: None)
         state = decode_musl(rec, address, how, found.path, found.version, 4096, "fuzz")

@@ -24,16 +24,13 @@ from __future__ import annotations
 import io
 import json
 import os
-import random
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # gdb sets __file__ for a sourced script
-from fuzz_driver import MutatedMemory, run_mutants  # noqa: E402
-from je_fuzz_driver import Recording, _word, draw_mutants, judge, patched  # noqa: E402
+from fuzz_driver import MutatedMemory  # noqa: E402
+from je_fuzz_driver import Recording, _word, drive, patched  # noqa: E402
 
 from heapwalk.common.findings import Severity
-from heapwalk.gdb.adapter import gdb_memory, thread_registers
-from heapwalk.gdb.addressspace import memory_map
 from heapwalk.output import tables
 from heapwalk.output.jsondoc import report_json
 from heapwalk.tcmalloc.allocator import TcmallocHeap
@@ -131,28 +128,9 @@ def _word_at(mem, address: int) -> int:
     return int.from_bytes(mem.read(address, 8), "little")
 
 
-def _run(m: dict, mem, named, maps, threads) -> tuple[str, dict]:
-    """A mutant's outcome and what it detected (see je_fuzz_driver's `judge`)."""
-    state, findings, rep, outcome = exercise(mem, maps, threads)
-    broken, verdict = judge(m, named, state, findings, rep)
-    return (f"FAILED: {broken} ({outcome})" if broken else outcome), verdict
-
-
 def main() -> None:
-    with open(os.environ["HEAPWALK_FUZZ_SPEC"], encoding="utf-8") as fh:
-        spec = json.load(fh)
-    rng = random.Random(spec["seed"])
-    space = memory_map()
-    base = gdb_memory(space.readable)
-    maps, threads = space.mappings, thread_registers()
-    sound = Sound(base, maps, threads)
-    mutants = list(spec.get("replay", []))
-    mutants += draw_mutants(rng, len(sound.reads), spec["count"], DAMAGE)
-    results = run_mutants(mutants, lambda m: apply(m, sound), spec["bound"],
-                          lambda m, mem, named: _run(m, mem, named, maps, threads))
-    fields = [(f"read {i}", a) for i, (a, _) in enumerate(sound.reads)]
-    with open(spec["out"], "w", encoding="utf-8") as fh:
-        json.dump({"fields": fields, "results": results}, fh, indent=1)
+    drive(lambda base, space, threads: Sound(base, space.mappings, threads), apply,
+          lambda mem, space, threads: exercise(mem, space.mappings, threads), DAMAGE)
 
 
 if __name__ == "__main__":  # sourced by gdb
