@@ -267,6 +267,26 @@ def judge(spec: dict, named: int | None, state, findings, rep) -> tuple[str | No
     return None, {"detected": True, "exact": exact, **({} if exact else {"errors": [str(f) for f in errors[:3]]})}
 
 
+class RecordedSound:
+    """What a driver keeps of the undamaged core: the decoder's reads in writable memory (READS: (address,
+    size)), which the random mutants patch."""
+
+    reads: list = []
+
+    def field(self, read: int, offset: float) -> int | None:
+        """The address of the word OFFSET (a fraction) of the way through recorded read READ."""
+        if not self.reads:
+            return None
+        address, size = self.reads[read % len(self.reads)]
+        return address + (int(offset * max(size - 8, 0)) & ~7)
+
+
+def patched_read(spec: dict, sound: RecordedSound):
+    """Random mutant SPEC on one of SOUND's reads (`patched`), or None when it has none."""
+    at = sound.field(spec["read"], spec["offset"])
+    return None if at is None else patched(spec, sound.base, at)
+
+
 def drive(make_sound, apply, exercise, damage: dict) -> None:
     """The whole run of a driver over the decoder's recorded reads (this one's, and tcmalloc's, mimalloc's and
     musl's): the spec from HEAPWALK_FUZZ_SPEC, the sound core (MAKE_SOUND(base, space, threads): its `reads`),

@@ -24,7 +24,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # gdb sets __file__ for a sourced script
 from fuzz_driver import MutatedMemory  # noqa: E402
-from je_fuzz_driver import Recording, _word, drive, patched  # noqa: E402
+from je_fuzz_driver import RecordedSound, Recording, _word, drive, patched_read  # noqa: E402
 
 from heapwalk.common.errors import CannotDecode
 from heapwalk.common.findings import Severity
@@ -69,7 +69,7 @@ def exercise(mem, space, threads):
     return state, findings, report_json(rep), "ok" if not errors else f"ok, {len(errors)} errors"
 
 
-class Sound:
+class Sound(RecordedSound):
     """What the undamaged core holds: the reads the decoder made in writable memory, the segments, and the
     pages whose free list holds two blocks or more."""
 
@@ -86,13 +86,6 @@ class Sound:
         v3 = getattr(disc.layout, "family", 2) == 3
         self.segments = [s.pages[0].address if v3 else s.address for s in state.live()]
         self.lists = [p.heads[0] for p in state.pages() if p.free >= 2]
-
-    def field(self, read: int, offset: float) -> int | None:
-        """The address of the word OFFSET (a fraction) of the way through recorded read READ."""
-        if not self.reads:
-            return None
-        address, size = self.reads[read % len(self.reads)]
-        return address + (int(offset * max(size - 8, 0)) & ~7)
 
 
 def apply(spec: dict, sound: Sound):
@@ -111,10 +104,7 @@ def apply(spec: dict, sound: Sound):
         seg = sound.segments[int(spec["pick"] * len(sound.segments)) % len(sound.segments)]
         header = sound.layout.page if getattr(sound.layout, "family", 2) == 3 else sound.layout.segment_header
         return MutatedMemory(base, {}, (seg, seg + header)), seg
-    at = sound.field(spec["read"], spec["offset"])
-    if at is None:
-        return None
-    return patched(spec, base, at)
+    return patched_read(spec, sound)
 
 
 def main() -> None:

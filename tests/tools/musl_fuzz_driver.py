@@ -25,7 +25,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # gdb sets __file__ for a sourced script
 from fuzz_driver import MutatedMemory  # noqa: E402
-from je_fuzz_driver import Recording, _word, drive, patched  # noqa: E402
+from je_fuzz_driver import RecordedSound, Recording, _word, drive, patched_read  # noqa: E402
 
 from heapwalk.common.findings import Severity
 from heapwalk.musl.allocator import MuslHeap
@@ -67,7 +67,7 @@ def exercise(mem, space, threads):
     return state, findings, report_json(rep), "ok" if not errors else f"ok, {len(errors)} errors"
 
 
-class Sound:
+class Sound(RecordedSound):
     """What the undamaged core holds: the reads the decoder made in writable memory, its meta areas, groups and
     allocations."""
 
@@ -86,13 +86,6 @@ class Sound:
         self.groups = [(g.mem, g.meta) for g in state.groups]
         self.allocations = [int(a) for a in state.used_addr[:2000]]
         self.in_use = sum(1 for g in state.groups for i in range(g.slots) if g.state(i) == IN_USE)
-
-    def field(self, read: int, offset: float) -> int | None:
-        """The address of the word OFFSET (a fraction) of the way through recorded read READ."""
-        if not self.reads:
-            return None
-        address, size = self.reads[read % len(self.reads)]
-        return address + (int(offset * max(size - 8, 0)) & ~7)
 
 
 def _pick(spec: dict, items: list):
@@ -124,10 +117,7 @@ def apply(spec: dict, sound: Sound):
         index = (header >> 40) & 0xFF
         changed = (header & ~(0x1F << 40)) | ((((index & 31) + 1) % 32) << 40)     # its reserved bits kept
         return MutatedMemory(base, _word(p - 8, changed)), p - IB
-    at = sound.field(spec["read"], spec["offset"])
-    if at is None:
-        return None
-    return patched(spec, base, at)
+    return patched_read(spec, sound)
 
 
 def main() -> None:

@@ -28,7 +28,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # gdb sets __file__ for a sourced script
 from fuzz_driver import MutatedMemory  # noqa: E402
-from je_fuzz_driver import Recording, _word, drive, patched  # noqa: E402
+from je_fuzz_driver import RecordedSound, Recording, _word, drive, patched_read  # noqa: E402
 
 from heapwalk.common.findings import Severity
 from heapwalk.output import tables
@@ -73,7 +73,7 @@ def exercise(mem, maps, threads):
     return state, findings, report_json(rep), "ok" if not errors else f"ok, {len(errors)} errors"
 
 
-class Sound:
+class Sound(RecordedSound):
     """What the undamaged core holds: the reads the decoder made in writable memory, and the thread caches."""
 
     def __init__(self, base, maps, threads):
@@ -88,13 +88,6 @@ class Sound:
         self.reads = [(a, n) for a, n in rec.reads if any(lo <= a < hi for lo, hi in writable)]
         self.caches = [t.address for t in state.threads]
         self.lists = [(head, length) for t in state.threads for _, head, length in t.lists if length >= 2]
-
-    def field(self, read: int, offset: float) -> int | None:
-        """The address of the word OFFSET (a fraction) of the way through recorded read READ."""
-        if not self.reads:
-            return None
-        address, size = self.reads[read % len(self.reads)]
-        return address + (int(offset * max(size - 8, 0)) & ~7)
 
 
 def apply(spec: dict, sound: Sound):
@@ -118,10 +111,7 @@ def apply(spec: dict, sound: Sound):
         for _ in range(length - 2 if op == "tail_loop" else 0):
             last = _word_at(base, last)
         return MutatedMemory(base, _word(last, head)), head
-    at = sound.field(spec["read"], spec["offset"])
-    if at is None:
-        return None
-    return patched(spec, base, at)
+    return patched_read(spec, sound)
 
 
 def _word_at(mem, address: int) -> int:
