@@ -55,8 +55,9 @@ class MuslHeap(Decoded):
     scans_leaks = True
     serves_libc = True
 
-    def __init__(self, state: MuslState, mem, residency=None):
+    def __init__(self, state: MuslState, mem, residency=None, threads: int = 0):
         self.state, self.mem, self.residency = state, mem, residency
+        self.thread_count = threads          # every thread allocates from its one context
         self.target = state.target
 
     @functools.cached_property
@@ -80,7 +81,7 @@ class MuslHeap(Decoded):
         if self.residency is not None:
             resident = self.residency.resident_sum(*_ranges(self._extents()))
             free_resident = self.residency.resident_sum(*_ranges(self._free_slots()))
-        row = ArenaView(0, s.context, "context", 0, sum(n for k, n in t.groups.items() if k != INSIDE), t.system,
+        row = ArenaView(0, s.context, "context", self.thread_count, sum(n for k, n in t.groups.items() if k != INSIDE), t.system,
                         t.in_use, MappingProxyType(dict(t.free)), 0, t.overhead, 0,
                         t.system == t.in_use + t.free_total + t.overhead and not self._damaged(), resident,
                         free_resident)
@@ -215,7 +216,7 @@ class Musl(Allocator):
         version, foreign = _trusted_version(target, found)
         state = decode_musl(target.mem, address, how, found.path, version, target.page_size,
                             target.description, context.wants.progress)
-        heap = MuslHeap(state, target.mem, target.residency)
+        heap = MuslHeap(state, target.mem, target.residency, len(target.threads))
         return heap.with_finding(foreign) if foreign else heap
 
 
