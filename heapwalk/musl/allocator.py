@@ -23,12 +23,12 @@ from heapwalk.musl.check import CHECKED, check_musl
 from heapwalk.musl.decode import decode_musl
 from heapwalk.musl.discovery import MuslUnknown, MuslUnused, locate_context
 from heapwalk.musl.find import find_musl
-from heapwalk.musl.heapmap import group_strips
+from heapwalk.musl.heapmap import free_kinds_shown, group_strips
 from heapwalk.musl.layout import AREA_SIZE, MMAPPED, Ctx
 from heapwalk.musl.model import INSIDE, MuslState
 from heapwalk.musl.shown import classes_document, classes_table
 from heapwalk.musl.verdict import advice
-from heapwalk.output import tables
+from heapwalk.output import htmlreport, tables
 from heapwalk.output.consoles import box_for
 from heapwalk.output.jsondoc import report_json
 from heapwalk.output.reporttext import report_group
@@ -165,6 +165,10 @@ class MuslHeap(Decoded):
     @property
     def memory(self):
         return self.mem
+
+    def html(self, document: dict, strips) -> list[str]:
+        """The page's sections, its kinds of free slots in the colours of the heap maps' (`musl.heapmap`)."""
+        return htmlreport.plain_sections(document, strips, WORDS, self.name, *free_kinds_shown())
 
     def strips(self, reserved: bool = False, leaked=None) -> list[HeapStrip]:
         """The groups, slot by slot (`musl.heapmap`)."""

@@ -11,7 +11,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from heapwalk.common.mapkinds import FREE, MAP_KINDS, MapKind, add_map_kind
+from heapwalk.common.mapkinds import FREE, KINDS, MAP_KINDS, MapKind, add_map_kind
 from heapwalk.common.view import HeapStrip
 from heapwalk.inferior.residency import Residency
 from heapwalk.musl.layout import MMAPPED
@@ -24,6 +24,13 @@ for _kind in (MapKind("musl_freed", "freed slots", "#aec7e8", "f", 131, FREE),
               MapKind("musl_unused", "slots never used (pages untouched)", "#ececec", "o", 161, FREE)):
     add_map_kind(_kind)
 _KIND = {IN_USE: "in_use", FREED: "musl_freed", AVAILABLE: "musl_available", UNUSED: "musl_unused"}
+
+
+def free_kinds_shown() -> tuple[dict[str, str], dict[str, str]]:
+    """The colours and names of the kinds of free slots, as the page's chart of the context shows them (the heap
+    maps' colours; "unused" is another allocator's mapped, unused memory there)."""
+    colours = {state: KINDS[kind].colour for state, kind in _KIND.items() if state != IN_USE}
+    return colours, {state: KINDS[kind].label for state, kind in _KIND.items() if state != IN_USE}
 
 
 def group_strips(state: MuslState, residency: Residency | None = None, leaked=None) -> list[HeapStrip]:

@@ -93,12 +93,14 @@ def rss_rows_shown(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], li
     return shown, others[room:]
 
 
-def plain_sections(doc: dict[str, Any], strips: Sequence[HeapStrip], words: Words, name: str) -> list[str]:
-    """The sections of an allocator that has none of its own: verdict, arenas, maps, histogram, findings."""
+def plain_sections(doc: dict[str, Any], strips: Sequence[HeapStrip], words: Words, name: str,
+                   colours: dict[str, str] | None = None, names: dict[str, str] | None = None) -> list[str]:
+    """The sections of an allocator that has none of its own: verdict, arenas (COLOURS and NAMES of its kinds of
+    free bytes that the shared ones lack, or name otherwise), maps, histogram, findings."""
     r = doc["report"]
     maps = maps_section(strips, "pieces", "<p>Each heap of each arena, address left to right: each column is a "
                         "stack of what holds its bytes.</p>")
-    return [verdict_section(r, plain_figures(r, words), words), arenas_section(doc, r, words), maps,
+    return [verdict_section(r, plain_figures(r, words), words), arenas_section(doc, r, words, colours, names), maps,
             histogram_section(r, words), in_use_section(r, words), findings_section(doc, name)]
 
 
