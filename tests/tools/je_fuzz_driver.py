@@ -267,6 +267,19 @@ def judge(spec: dict, named: int | None, state, findings, rep) -> tuple[str | No
     return None, {"detected": True, "exact": exact, **({} if exact else {"errors": [str(f) for f in errors[:3]]})}
 
 
+def shown(heap, state, findings, parts: tuple = ()):
+    """What a driver's exercise ends with: HEAPWALK's report printed with PARTS (more of its commands' output) and
+    its check, its document and RSS claims made; (STATE, FINDINGS, the report's JSON, the outcome)."""
+    rep = heap.report()
+    console = tables.make_console(io.StringIO(), False)
+    for part in (*heap.report_parts(rep, False), *parts, *heap.check(50, False).parts):
+        console.print(part)
+    json.dumps(heap.report_document(rep))
+    heap.claims()
+    errors = [f for f in findings if f.severity is Severity.ERROR]
+    return state, findings, report_json(rep), "ok" if not errors else f"ok, {len(errors)} errors"
+
+
 class RecordedSound:
     """What a driver keeps of the undamaged core: the decoder's reads in writable memory (READS: (address,
     size)), which the random mutants patch."""

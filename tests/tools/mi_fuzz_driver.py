@@ -17,25 +17,20 @@ anything raises (other than the one-line refusals), takes longer than the bound,
 
 from __future__ import annotations
 
-import io
-import json
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # gdb sets __file__ for a sourced script
 from fuzz_driver import MutatedMemory  # noqa: E402
-from je_fuzz_driver import RecordedSound, Recording, _word, drive, patched_read  # noqa: E402
+from je_fuzz_driver import RecordedSound, Recording, _word, drive, patched_read, shown  # noqa: E402
 
 from heapwalk.common.errors import CannotDecode
-from heapwalk.common.findings import Severity
 from heapwalk.mimalloc.allocator import MimallocHeap
 from heapwalk.mimalloc.families import decode_any
 from heapwalk.mimalloc.check import check_mimalloc
 from heapwalk.mimalloc.families import discover_mimalloc
 from heapwalk.mimalloc.find import find_mimalloc
 from heapwalk.mimalloc.verbs import locate
-from heapwalk.output import tables
-from heapwalk.output.jsondoc import report_json
 
 #: the aimed damage kinds, each drawn this share of the time (the rest are random patches of what was read)
 DAMAGE = {"list_loop": 0.1, "segment_hidden": 0.1, "truncate": 0.08}
@@ -59,14 +54,7 @@ def exercise(mem, space, threads):
     pages = state.pages()
     if pages:
         locate(heap, pages[0].start)
-    rep = heap.report()
-    console = tables.make_console(io.StringIO(), False)
-    for part in (*heap.report_parts(rep, False), *heap.threads(False).parts, *heap.check(50, False).parts):
-        console.print(part)
-    json.dumps(heap.report_document(rep))
-    heap.claims()
-    errors = [f for f in findings if f.severity is Severity.ERROR]
-    return state, findings, report_json(rep), "ok" if not errors else f"ok, {len(errors)} errors"
+    return shown(heap, state, findings, tuple(heap.threads(False).parts))
 
 
 class Sound(RecordedSound):

@@ -18,16 +18,13 @@ document, the heap map's strips, the leak scan's blocks, the RSS claims.  A muta
 
 from __future__ import annotations
 
-import io
-import json
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # gdb sets __file__ for a sourced script
 from fuzz_driver import MutatedMemory  # noqa: E402
-from je_fuzz_driver import RecordedSound, Recording, _word, drive, patched_read  # noqa: E402
+from je_fuzz_driver import RecordedSound, Recording, _word, drive, patched_read, shown  # noqa: E402
 
-from heapwalk.common.findings import Severity
 from heapwalk.musl.allocator import MuslHeap
 from heapwalk.musl.check import check_musl
 from heapwalk.musl.decode import decode_musl
@@ -35,8 +32,6 @@ from heapwalk.musl.discovery import MuslUnknown, locate_context
 from heapwalk.musl.find import find_musl
 from heapwalk.musl.layout import IB
 from heapwalk.musl.model import IN_USE
-from heapwalk.output import tables
-from heapwalk.output.jsondoc import report_json
 
 #: the aimed damage kinds, each drawn this share of the time (the rest are random patches of what was read)
 DAMAGE = {"area_check": 0.07, "group_back": 0.07, "slot_index": 0.07, "area_hidden": 0.07, "truncate": 0.07}
@@ -57,14 +52,7 @@ def exercise(mem, space, threads):
     findings = check_musl(state, mem)
     heap.strips()
     heap.blocks()
-    rep = heap.report()
-    console = tables.make_console(io.StringIO(), False)
-    for part in (*heap.report_parts(rep, False), *heap.check(50, False).parts):
-        console.print(part)
-    json.dumps(heap.report_document(rep))
-    heap.claims()
-    errors = [f for f in findings if f.severity is Severity.ERROR]
-    return state, findings, report_json(rep), "ok" if not errors else f"ok, {len(errors)} errors"
+    return shown(heap, state, findings, ())
 
 
 class Sound(RecordedSound):

@@ -21,18 +21,13 @@ damage, is not seen.  Parameters and results as tests/tools/fuzz_driver.py's.
 
 from __future__ import annotations
 
-import io
-import json
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # gdb sets __file__ for a sourced script
 from fuzz_driver import MutatedMemory  # noqa: E402
-from je_fuzz_driver import RecordedSound, Recording, _word, drive, patched_read  # noqa: E402
+from je_fuzz_driver import RecordedSound, Recording, _word, drive, patched_read, shown  # noqa: E402
 
-from heapwalk.common.findings import Severity
-from heapwalk.output import tables
-from heapwalk.output.jsondoc import report_json
 from heapwalk.tcmalloc.allocator import TcmallocHeap
 from heapwalk.tcmalloc.check import check_tcmalloc
 from heapwalk.tcmalloc.decode import decode_tcmalloc
@@ -63,14 +58,7 @@ def exercise(mem, maps, threads):
     heap.blocks()
     if state.spans:
         locate(heap, state.spans[0].page * state.page_size)
-    rep = heap.report()
-    console = tables.make_console(io.StringIO(), False)
-    for part in (*heap.report_parts(rep, False), *heap.threads(False).parts, *heap.check(50, False).parts):
-        console.print(part)
-    json.dumps(heap.report_document(rep))
-    heap.claims()
-    errors = [f for f in findings if f.severity is Severity.ERROR]
-    return state, findings, report_json(rep), "ok" if not errors else f"ok, {len(errors)} errors"
+    return shown(heap, state, findings, tuple(heap.threads(False).parts))
 
 
 class Sound(RecordedSound):
