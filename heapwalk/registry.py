@@ -16,11 +16,12 @@ def allocators() -> tuple[Allocator, ...]:
     system beside them, last."""
     from heapwalk.jemalloc.allocator import JEMALLOC
     from heapwalk.tcmalloc.allocator import TCMALLOC
+    from heapwalk.gtcmalloc.allocator import GTCMALLOC
     from heapwalk.mimalloc.allocator import MIMALLOC
     from heapwalk.musl.allocator import MUSL
     from heapwalk.glibc.allocator import GLIBC
     from heapwalk.cpython.allocator import CPYTHON
-    return (*_added, JEMALLOC, TCMALLOC, MIMALLOC, MUSL, GLIBC, CPYTHON)
+    return (*_added, JEMALLOC, TCMALLOC, GTCMALLOC, MIMALLOC, MUSL, GLIBC, CPYTHON)
 
 
 def add(allocator: Allocator) -> None:

@@ -11,7 +11,7 @@
 
 Each is fetched once with apt's ``download`` through cores/scripts/sysroots.py's private lists (cached), and unpacked
 into DEST/tcmalloc-NAME with a VERSION file.  The name ``google`` builds cores/tcmalloc/rust_gtc instead: a Rust program
-on Google's newer tcmalloc (which heapwalk names and does not decode), into DEST/rust-gtc.
+on Google's tcmalloc (decoded by heapwalk.gtcmalloc), into DEST/rust-gtc.
 
 Command line: ``python3 cores/scripts/tcbuilds.py DEST [NAME ...]``.
 """

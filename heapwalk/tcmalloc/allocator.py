@@ -20,7 +20,7 @@ from heapwalk.tcmalloc.check import CHECKED, check_tcmalloc
 from heapwalk.output.jsondoc import report_json
 from heapwalk.output.reporttext import report_group
 from heapwalk.tcmalloc.decode import IN_USE, NORMAL, RETURNED, TcState, decode_tcmalloc
-from heapwalk.tcmalloc.discovery import TcmallocUnknown, discover_tcmalloc
+from heapwalk.tcmalloc.discovery import discover_tcmalloc
 from heapwalk.tcmalloc.find import find_tcmalloc
 from heapwalk.tcmalloc.heapmap import span_strips
 from heapwalk.tcmalloc.metadata import metadata_ranges
@@ -216,11 +216,7 @@ class Tcmalloc(Allocator):
         if found is None:
             raise NotUsed("tcmalloc is not mapped")
         if found.google:
-            raise TcmallocUnknown(f"heapwalk: the tcmalloc in {found.path} is Google's (per-CPU caches), which "
-                                  "heapwalk does not decode yet: it decodes gperftools' tcmalloc 2.8 to 2.18; "
-                                  "Google's needs the layouts of its per-CPU slabs, transfer "
-                                  "caches and page allocator (huge-page filler, regions, cache) measured per release "
-                                  "(docs/tcmalloc.md)")
+            raise NotUsed(f"the tcmalloc in {found.path} is Google's, not gperftools'")
         discovered = discover_tcmalloc(target.mem, found)
         state = decode_tcmalloc(target.mem, discovered, target.description, target.residency)
         owners = cache_owners(target.mem, [(t.address, t.tid) for t in state.threads], target.threads)

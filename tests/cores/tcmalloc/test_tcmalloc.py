@@ -217,24 +217,3 @@ def test_the_shapes_find_what_the_symbols_say(stopped, tmp_path):
     metadata, metadata_shape, overall, overall_shape, head, heads = line.split(" ", 6)[1:]
     assert metadata == metadata_shape != "None" and overall == overall_shape != "None"
     assert heads == f"[{head}]"
-
-
-def test_google_s_tcmalloc_is_named_in_one_line(tmp_path):
-    """cores/tcmalloc/rust_gtc: a stripped Rust program on Google's newer tcmalloc (per-CPU caches, linked in by the
-    tcmalloc-better crate; glibc's malloc still serves its C side).  'heapwalk capture' and gdb -p, symbols
-    hidden, report glibc's arenas but say in one line that the process's tcmalloc is Google's, which heapwalk
-    does not decode, and their exit status says the report is partial: never an all-clear."""
-    program = tcbuilds.prepare_google(SYSROOTS)
-    proc = harness.run_to_snapshot(program, tmp_path / "run")
-    try:
-        said = "the tcmalloc in " + str(program) + " is Google's (per-CPU caches), which heapwalk does not decode"
-        result = subprocess.run([str(CLI), "capture", str(proc.pid), "--out", str(tmp_path / "out"), "--no-symbols"],
-                                capture_output=True, text=True, timeout=600)
-        assert result.returncode != 0 and said in result.stdout + result.stderr
-        assert "heapwalk report: the report is partial: tcmalloc is in this process" in result.stdout + result.stderr
-        live = run_gdb(["-p", str(proc.pid)], ["heapwalk report --no-leaks"], iex=[NO_SYMBOLS])
-        assert live.returncode != 0 and said in live.stdout + live.stderr
-        assert "glibc's malloc's alone" in " ".join(live.stdout.split())
-    finally:
-        proc.kill()
-        proc.wait()

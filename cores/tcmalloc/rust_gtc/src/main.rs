@@ -1,18 +1,69 @@
 //! heapwalk's reproducer: a Rust program on Google's tcmalloc (the tcmalloc-better crate builds it from its own
-//! copy of Google's sources and links it into the program, per-CPU caches and all).  Two threads allocate
-//! blocks of mixed sizes and keep half of them; then the main thread stops itself with SIGSTOP for the core.
-//! heapwalk must name the allocator and say it does not decode it, never report glibc's arenas as the heap.
+//! copy of Google's sources and links it into the program).  Its one argument: the folder it writes into.  Four
+//! threads allocate blocks of mixed sizes (small objects, spans of a few pages, allocations of megabytes) and keep
+//! half of them; three park, holding their caches, and the fourth frees what it kept and exits.  The main thread
+//! then opens FOLDER/stats.json, reads tcmalloc's numeric properties (MallocExtension's) into buffers it allocated
+//! before, writes them, and stops itself with SIGSTOP for the core: nothing is allocated between the reading and
+//! the stop.
+//!
+//! The crate's static library leaves out the object whose constructor turns tcmalloc's per-CPU caches on, so the
+//! program asks for them as that constructor would (TCMalloc_Internal_ForceCpuCacheActivation).  They come on
+//! only where tcmalloc can register its own rseq area: with glibc 2.35 or later, under
+//! GLIBC_TUNABLES=glibc.pthread.rseq=0; otherwise each thread runs on a thread cache, as the crate's users get.
 
+use std::fs::File;
 use std::hint::black_box;
+use std::io::Write;
+use std::sync::{Arc, Barrier};
 use std::thread;
 
 #[global_allocator]
 static GLOBAL: tcmalloc_better::TCMalloc = tcmalloc_better::TCMalloc;
 
-fn work(seed: usize) -> Vec<Vec<u8>> {
+unsafe extern "C" {
+    fn MallocExtension_Internal_GetNumericProperty(name: *const u8, len: usize, value: *mut usize) -> bool;
+    fn TCMalloc_Internal_ForceCpuCacheActivation();
+}
+
+const PROPERTIES: [&str; 20] = [
+    "generic.current_allocated_bytes",
+    "generic.heap_size",
+    "generic.physical_memory_used",
+    "generic.virtual_memory_used",
+    "tcmalloc.page_heap_free",
+    "tcmalloc.page_heap_unmapped",
+    "tcmalloc.central_cache_free",
+    "tcmalloc.transfer_cache_free",
+    "tcmalloc.cpu_free",
+    "tcmalloc.sharded_transfer_cache_free",
+    "tcmalloc.thread_cache_free",
+    "tcmalloc.thread_cache_count",
+    "tcmalloc.per_cpu_caches_active",
+    "tcmalloc.local_bytes",
+    "tcmalloc.slack_bytes",
+    "tcmalloc.metadata_bytes",
+    "tcmalloc.required_bytes",
+    "tcmalloc.external_fragmentation_bytes",
+    "tcmalloc.max_total_thread_cache_bytes",
+    "tcmalloc.pageheap_free_bytes",
+];
+
+/// The size of a thread's I-th block: mostly small objects, every 16th a span of pages, every 997th megabytes.
+fn size_of(i: usize, seed: usize) -> usize {
+    let mix = i.wrapping_mul(7919).wrapping_add(seed * 104_729);
+    if i % 997 == 0 {
+        (1 + mix % 3) << 20
+    } else if i % 16 == 0 {
+        8192 + mix % (120 * 1024)
+    } else {
+        16 + mix % 4000
+    }
+}
+
+fn work(seed: usize, count: usize) -> Vec<Vec<u8>> {
     let mut kept = Vec::new();
-    for i in 0..20_000usize {
-        let block = vec![(i % 251) as u8; 16 + (i * 7919 + seed) % 4000];
+    for i in 0..count {
+        let block = vec![(i % 251) as u8; size_of(i, seed)];
         if i % 2 == 0 {
             kept.push(block);
         }
@@ -21,11 +72,40 @@ fn work(seed: usize) -> Vec<Vec<u8>> {
 }
 
 fn main() {
-    let workers: Vec<_> = (0..2).map(|t| thread::spawn(move || work(t))).collect();
-    let held: Vec<_> = workers.into_iter().map(|w| w.join().unwrap()).collect();
-    black_box(&held);
-    unsafe {
-        libc::raise(libc::SIGSTOP);
+    unsafe { TCMalloc_Internal_ForceCpuCacheActivation() };
+    let parked = Arc::new(Barrier::new(4));
+    let done = Arc::new(Barrier::new(4));
+    let workers: Vec<_> = (0..3)
+        .map(|t| {
+            let (parked, done) = (parked.clone(), done.clone());
+            thread::spawn(move || {
+                let kept = work(t, 20_000);
+                parked.wait();
+                done.wait();
+                black_box(kept);
+            })
+        })
+        .collect();
+    thread::spawn(|| drop(black_box(work(7, 30_000)))).join().unwrap();
+    parked.wait();
+
+    let folder = std::env::args().nth(1).unwrap_or_else(|| ".".to_string());
+    let mut out = File::create(std::path::Path::new(&folder).join("stats.json")).unwrap();
+    let mut values = [0usize; PROPERTIES.len()];
+    let mut text = String::with_capacity(1 << 16);
+    for (name, value) in PROPERTIES.iter().zip(values.iter_mut()) {
+        unsafe { MallocExtension_Internal_GetNumericProperty(name.as_ptr(), name.len(), value) };
     }
-    black_box(&held);
+    text.push_str("{\"properties\": {");
+    for (i, (name, value)) in PROPERTIES.iter().zip(values.iter()).enumerate() {
+        use std::fmt::Write as _;
+        let _ = write!(text, "{}\"{}\": {}", if i > 0 { ", " } else { "" }, name, value);
+    }
+    text.push_str("}}\n");
+    out.write_all(text.as_bytes()).unwrap();
+    unsafe { libc::raise(libc::SIGSTOP) };
+    done.wait();
+    for w in workers {
+        w.join().unwrap();
+    }
 }

@@ -1,0 +1,351 @@
+"""Google's tcmalloc decoded from its static objects (`gtcmalloc.find`): every size class's central free list and
+transfer cache, every CPU's slab, every thread cache, every huge-page-aware allocator of its page allocator, and
+the figures MallocExtension computes from them, by its own names."""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from heapwalk.common.findings import Finding, Kind, Severity
+from heapwalk.gtcmalloc.find import GtcUnknown, Located
+from heapwalk.gtcmalloc.layout import HUGEPAGE, PAGE, GtcLayout
+from heapwalk.gtcmalloc.pagemap import ROOT_LENGTH, Spans, read_spans
+from heapwalk.inferior.memory import Memory, ReadError
+
+__all__ = ["SizeClass", "CpuSlab", "ThreadCache", "PageHeap", "GtcState", "decode_gtcmalloc", "HEAP_NAMES"]
+
+#: the page allocator's huge-page-aware allocators, in the order it keeps them (without NUMA partitions)
+HEAP_NAMES = ("normal", "sampled", "cold")
+Kind.GTC = Kind("gtcmalloc", "Google tcmalloc's structure unreadable or inconsistent")
+
+
+@dataclass(frozen=True)
+class SizeClass:
+    """One size class: its object size and spans, and its free objects by where they wait."""
+
+    index: int
+    size: int
+    pages: int                  # pages per span
+    objects_per_span: int
+    spans: int                  # spans the central free list holds (requested less returned)
+    central_objects: int        # free objects in those spans
+    transfer_objects: int
+    transfer_capacity: int
+    cpu_objects: int = 0
+
+    @property
+    def overhead(self) -> int:
+        """The bytes at the end of its spans that no object fits in."""
+        return self.spans * (self.pages * PAGE % self.size) if self.size else 0
+
+
+@dataclass(frozen=True)
+class CpuSlab:
+    """One CPU's slab of per-CPU caches: its objects and their bytes."""
+
+    cpu: int
+    address: int
+    objects: int
+    bytes: int
+
+
+@dataclass(frozen=True)
+class ThreadCache:
+    """One thread cache: where it is, its thread (pthread_t), the bytes it holds, the LWP whose TLS points at it."""
+
+    address: int
+    thread: int
+    bytes: int
+    lwp: int | None
+
+
+@dataclass(frozen=True)
+class PageHeap:
+    """One huge-page-aware allocator: its hugepages from the system, and its pages by state."""
+
+    name: str
+    address: int
+    system: int                 # bytes from the system
+    free: int                   # bytes free and backed (the filler's free pages, cached hugepages, regions')
+    unmapped: int               # bytes given back to the system
+    filler_hugepages: int
+    filler_used_pages: int
+    cached_hugepages: int
+    regions: int
+
+
+@dataclass
+class GtcState:
+    """Google's tcmalloc in one target."""
+
+    target: str
+    library: str
+    located: Located
+    classes: list[SizeClass]
+    cpus: list[CpuSlab]
+    cpu_count: int
+    shift: int
+    threads: list[ThreadCache]
+    heaps: list[PageHeap]
+    spans: Spans | None = None
+    findings: list[Finding] = field(default_factory=list)
+
+    @property
+    def per_cpu(self) -> bool:
+        return self.located.cpu_cache is not None
+
+    def properties(self) -> dict[str, int]:
+        """MallocExtension's numeric properties, as tcmalloc computes them from the same state."""
+        central = sum(c.size * c.central_objects + c.overhead for c in self.classes)
+        transfer = sum(c.size * c.transfer_objects for c in self.classes)
+        cpu = sum(s.bytes for s in self.cpus)
+        thread = sum(t.bytes for t in self.threads)
+        system = sum(h.system for h in self.heaps)
+        free = sum(h.free for h in self.heaps)
+        unmapped = sum(h.unmapped for h in self.heaps)
+        return {"generic.current_allocated_bytes": max(0, system - (central + transfer + cpu + thread + free +
+                                                                    unmapped)),
+                "generic.heap_size": system - unmapped,
+                "tcmalloc.page_heap_free": free, "tcmalloc.page_heap_unmapped": unmapped,
+                "tcmalloc.central_cache_free": central, "tcmalloc.transfer_cache_free": transfer,
+                "tcmalloc.cpu_free": cpu, "tcmalloc.sharded_transfer_cache_free": 0,
+                "tcmalloc.thread_cache_free": thread, "tcmalloc.thread_cache_count": len(self.threads),
+                "tcmalloc.per_cpu_caches_active": int(self.per_cpu), "tcmalloc.local_bytes": cpu + thread,
+                "tcmalloc.slack_bytes": free + unmapped}
+
+
+def decode_gtcmalloc(mem: Memory, located: Located, library: str, target: str,
+                     tls: list[tuple[int, int, int]]) -> GtcState:
+    """Everything LOCATED leads to in MEM; TLS: each thread's (LWP, start, end) of static TLS, where a thread keeps
+    the address of its thread cache."""
+    L, findings = located.layout, []
+    if located.sharded is not None and _q(mem, located.sharded + L.sharded_shards):
+        raise GtcUnknown("heapwalk: this Google tcmalloc has its sharded transfer caches on, which heapwalk does "
+                         "not decode yet: its figures would leave their objects out")
+    classes = _classes(mem, located, findings)
+    cpus, count, shift = _cpus(mem, located, classes, findings) if located.cpu_cache is not None else ([], 0, 0)
+    if cpus:
+        per_class = [0] * L.classes
+        for slab in cpus:
+            for c, n in slab.counts:
+                per_class[c] += n
+        classes = [SizeClass(**{**c.__dict__, "cpu_objects": per_class[c.index]}) for c in classes]
+        cpus = [CpuSlab(s.cpu, s.address, s.objects, s.bytes) for s in cpus]
+    return GtcState(target, library, located, classes, cpus, count, shift, _threads(mem, located, tls, findings),
+                    _heaps(mem, located, findings), _spans(mem, located, findings), findings)
+
+
+def _spans(mem: Memory, located: Located, findings: list) -> Spans | None:
+    """Every span of the page map, when its root was found."""
+    if located.pagemap is None:
+        findings.append(Finding(Severity.WARNING, located.transfer, "the page map", "its root was not found (no "
+                                "transfer cache or central free list holds an object to find it by): its spans "
+                                "are not read", Kind.GTC))
+        return None
+    try:
+        words = np.frombuffer(mem.read(located.pagemap, 8 * ROOT_LENGTH), dtype=np.uint64)
+    except ReadError as exc:
+        findings.append(Finding(Severity.ERROR, exc.address, "the page map", "its root cannot be read", Kind.GTC))
+        return None
+    spans, unread = read_spans(mem, located.layout, located.pagemap, words)
+    findings.extend(Finding(Severity.ERROR, leaf, "a leaf of the page map", "it cannot be read: the spans of its "
+                            "pages are not counted", Kind.UNMAPPED) for leaf in unread)
+    return spans
+
+
+def _q(mem: Memory, address: int) -> int:
+    return struct.unpack("<Q", mem.read(address, 8))[0]
+
+
+def _classes(mem: Memory, located: Located, findings: list) -> list[SizeClass]:
+    """Each size class's central free list and transfer cache, by their counters."""
+    L, out = located.layout, []
+    for index in range(1, L.classes):
+        entry = located.transfer + index * L.tc_stride
+        raw = mem.read(entry, L.tc_stride)
+        q = lambda off: struct.unpack_from("<Q", raw, off)[0]         # noqa: E731
+        used, capacity = struct.unpack_from("<ii", raw, L.tc_used)
+        central = L.tc_central
+        size = q(central + L.cfl_object_size)
+        if not size:
+            continue
+        spans = q(central + L.cfl_requested) - q(central + L.cfl_returned)
+        counter = struct.unpack_from("<q", raw, central + L.cfl_counter)[0]
+        bad = q(central + L.cfl_size_class) != index or not 0 <= used <= max(capacity, 0) or counter < 0 \
+            or not 0 <= spans < 1 << 40
+        if bad:
+            findings.append(Finding(Severity.ERROR, entry, f"size class {index}'s transfer cache", "its counters are "
+                                    f"impossible (size class {q(central + L.cfl_size_class)}, {used} of {capacity} "
+                                    f"slots used, {counter} free objects in {spans} spans)", Kind.GTC))
+        out.append(SizeClass(index, size, q(central + L.cfl_pages_per_span), q(central + L.cfl_objects_per_span),
+                             max(0, min(spans, 1 << 40)), max(0, counter), max(0, used) if not bad else 0,
+                             max(0, capacity)))
+    return out
+
+
+@dataclass(frozen=True)
+class _Slab:
+    cpu: int
+    address: int
+    objects: int
+    bytes: int
+    counts: tuple
+
+
+def _cpus(mem: Memory, located: Located, classes: list[SizeClass], findings: list):
+    """Each populated CPU's slab: its objects per size class (a header's current less the class's begin)."""
+    L, base = located.layout, located.cpu_cache
+    packed, stopped, begins_at, resize = (_q(mem, base + off) for off in (L.cpu_slabs, L.cpu_slabs + 8, L.cpu_begins,
+                                                                          L.cpu_resize))
+    slabs, shift = packed & ~0xFF, packed & 0xFF
+    count = (stopped - slabs) >> shift if stopped > slabs else 0
+    if not 0 < count <= 4096 or resize + count * L.resize_size > slabs:
+        findings.append(Finding(Severity.ERROR, base, "the per-CPU caches", f"their slabs ({slabs:#x}, shift "
+                                f"{shift}) do not lie between their resize records ({resize:#x}) and stopped flags "
+                                f"({stopped:#x}): their CPUs cannot be counted", Kind.GTC))
+        return [], 0, shift
+    begins = struct.unpack(f"<{L.classes}H", mem.read(begins_at, 2 * L.classes))
+    sizes = {c.index: c.size for c in classes}
+    out = []
+    for cpu in range(count):
+        if not mem.read(resize + cpu * L.resize_size + L.resize_populated, 1)[0]:
+            continue
+        start = slabs + (cpu << shift)
+        headers = struct.unpack(f"<{L.classes}I", mem.read(start, 4 * L.classes))
+        counts = []
+        for c in range(1, L.classes):
+            current, end = headers[c] & 0xFFFF, headers[c] >> 16
+            if current and (current < begins[c] - 1 or current > end):
+                findings.append(Finding(Severity.ERROR, start + 4 * c, f"CPU {cpu}'s slab", f"size class {c}'s "
+                                        f"header says {current} of begin {begins[c]} to end {end}", Kind.GTC))
+                continue
+            if current > begins[c] and c in sizes:
+                counts.append((c, current - begins[c]))
+        objects = sum(n for _, n in counts)
+        out.append(_Slab(cpu, start, objects, sum(sizes[c] * n for c, n in counts), tuple(counts)))
+    return out, count, shift
+
+
+def _threads(mem: Memory, located: Located, tls: list[tuple[int, int, int]], findings: list) -> list[ThreadCache]:
+    """The thread caches on tcmalloc's list: its head found from a cache a thread's static TLS points at (checked by
+    its links), then the static word that holds that head with the list's length beside it.  No such word: no list
+    (the per-CPU caches on, a thread's TLS still pointing at the cache it gave up)."""
+    L, owners = located.layout, {}
+    for lwp, lo, hi in tls:
+        try:
+            words = struct.unpack(f"<{(hi - lo) // 8}Q", mem.read(lo, (hi - lo) // 8 * 8))
+        except ReadError:
+            continue
+        for word in words:
+            if word > 1 << 16 and not word % 8 and _linked(mem, L, word):
+                owners.setdefault(word, lwp)
+    heads = {_head(mem, L, at) for at in owners}
+    listed = []
+    for head in heads - {None}:
+        caches = _list(mem, L, head, findings)
+        for at in located.holders(head):
+            count = struct.unpack("<i", mem.read(at + L.thread_count, 4))[0]
+            if count == len(caches):
+                listed = caches
+    return [ThreadCache(at, _q(mem, at + L.thread_tid), _q(mem, at + L.thread_size), owners.get(at))
+            for at in listed]
+
+
+def _head(mem: Memory, L: GtcLayout, at: int) -> int | None:
+    """The first cache of the list AT is on."""
+    seen = {at}
+    try:
+        while (prev := _q(mem, at + L.thread_next + 8)) and prev not in seen:
+            seen.add(prev)
+            at = prev
+    except ReadError:
+        return None
+    return at
+
+
+def _list(mem: Memory, L: GtcLayout, head: int, findings: list) -> list[int]:
+    """The caches of the list from HEAD on."""
+    out, at, seen = [], head, set()
+    while at and at not in seen and len(seen) < 1 << 16:
+        seen.add(at)
+        out.append(at)
+        try:
+            at = _q(mem, at + L.thread_next)
+        except ReadError:
+            findings.append(Finding(Severity.ERROR, at, "a thread cache", "its next thread cache cannot be read",
+                                    Kind.GTC))
+            break
+    return out
+
+
+def _linked(mem: Memory, L: GtcLayout, at: int) -> bool:
+    """Whether AT looks like a thread cache: a thread, and links whose far ends point back."""
+    try:
+        thread, nxt, prev = _q(mem, at + L.thread_tid), _q(mem, at + L.thread_next), _q(mem, at + L.thread_next + 8)
+        return bool(thread) and (not nxt or _q(mem, nxt + L.thread_next + 8) == at) and \
+            (not prev or _q(mem, prev + L.thread_next) == at) and _q(mem, at + L.thread_size) < 1 << 40
+    except ReadError:
+        return False
+
+
+def _heaps(mem: Memory, located: Located, findings: list) -> list[PageHeap]:
+    """The page allocator's huge-page-aware allocators in use (the normal one, the sampled one, the cold one when
+    it has one), each from its own counters and its regions' list."""
+    L, base = located.layout, located.page_allocator
+    tail = base + L.hpaa_size * L.hpaa_choices
+    normal, sampled, selsan, cold = (_q(mem, tail + 8 * k) for k in range(4))
+    if selsan:
+        raise GtcUnknown("heapwalk: this Google tcmalloc runs SelSan's page allocator, which heapwalk does not "
+                         "decode")
+    has_cold = mem.read(tail + 36, 1)[0]
+    used = [("normal", normal), ("sampled", sampled)] + ([("cold", cold)] if has_cold else [])
+    out = []
+    for name, at in used:
+        if not base <= at < tail or (at - base) % L.hpaa_size:
+            findings.append(Finding(Severity.ERROR, tail, "the page allocator", f"its {name} allocator's pointer "
+                                    f"({at:#x}) is not one of its own allocators", Kind.GTC))
+            continue
+        out.append(_heap(mem, L, name, at, findings))
+    return out
+
+
+def _heap(mem: Memory, L: GtcLayout, name: str, at: int, findings: list) -> PageHeap:
+    per_huge = HUGEPAGE // PAGE
+    q = lambda off: _q(mem, at + off)            # noqa: E731
+    filler, allocated, unmapped = q(L.filler_size), q(L.filler_allocated) + q(L.filler_allocated + 8), \
+        q(L.filler_unmapped)
+    from_system, in_use, cached = q(L.alloc_from_system), q(L.alloc_in_use), q(L.cache_size)
+    free_pages = filler * per_huge - allocated - unmapped
+    if free_pages < 0 or in_use > from_system:
+        findings.append(Finding(Severity.ERROR, at, f"the {name} page heap", f"its counters are impossible: "
+                                f"{allocated} pages used and {unmapped} unmapped in a filler of {filler} hugepages, "
+                                f"{in_use} of {from_system} hugepages from the system in use", Kind.GTC))
+        free_pages = max(0, free_pages)
+    region_free, region_unmapped, regions = _regions(mem, L, at, name, findings)
+    return PageHeap(name, at, from_system * HUGEPAGE,
+                    cached * HUGEPAGE + (free_pages + region_free) * PAGE,
+                    max(0, from_system - in_use) * HUGEPAGE + (unmapped + region_unmapped) * PAGE,
+                    filler, allocated, cached, regions)
+
+
+def _regions(mem: Memory, L: GtcLayout, at: int, name: str, findings: list) -> tuple[int, int, int]:
+    """The free and the unmapped pages of the allocator's huge regions, and how many it holds."""
+    per_huge = HUGEPAGE // PAGE
+    head = at + L.regions_list
+    free = unmapped = walked = 0
+    region = _q(mem, head)
+    while region and region != head and walked <= 1 << 16:
+        used = struct.unpack("<I", mem.read(region + L.region_used, 4))[0]
+        hugepages, backed = _q(mem, region + L.region_range + 8), _q(mem, region + L.region_backed)
+        unmapped += max(0, hugepages - backed) * per_huge
+        free += max(0, min(backed, hugepages) * per_huge - used)
+        walked += 1
+        region = _q(mem, region)
+    count = _q(mem, at + L.regions_count)
+    if walked != count:
+        findings.append(Finding(Severity.ERROR, at + L.regions_count, f"the {name} page heap's regions", f"its list "
+                                f"holds {walked} regions, its count says {count}", Kind.GTC))
+    return free, unmapped, walked

@@ -1,0 +1,114 @@
+"""Google's tcmalloc's page map: for every page of its heap that a span holds, the span and its size class.  On a
+64-bit target with 8 KiB pages it is a two-level radix tree: a root of 2^20 leaf pointers in the program's data
+(8 MiB, mostly zeros), each leaf covering 2^15 pages (256 MiB) with a byte of size class per page, then a word
+per page (the span's address, its size class in the top 16 bits), then a word per hugepage.
+
+The root is found without symbols from pages whose size class is known: an object a transfer cache holds lies in
+a page of its class, so the root is where a word points at a leaf whose entry for that page says that class.
+Every span is then read from the leaves, as tcmalloc's own walks read them."""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+
+from heapwalk.gtcmalloc.layout import GtcLayout
+from heapwalk.inferior.memory import Memory, ReadError
+
+__all__ = ["Spans", "find_root", "read_spans", "LEAF_BITS", "ROOT_LENGTH"]
+
+#: pages per leaf, leaves in the root, bytes of a leaf's size classes, and where its spans' words start
+LEAF_BITS, ROOT_LENGTH = 15, 1 << 20
+LEAF_PAGES = 1 << LEAF_BITS
+LEAF_SPANS = LEAF_PAGES                      # after one size-class byte per page
+LEAF_SIZE = LEAF_PAGES + 8 * LEAF_PAGES + 8 * 128
+SPAN_MASK = (1 << 48) - 1
+
+
+@dataclass(frozen=True)
+class Spans:
+    """Every span the page map holds (arrays, one entry per span, by address): its first page and length in
+    pages, its size class (0: a large allocation), its objects in use (small spans), whether it is sampled."""
+
+    root: int
+    leaves: np.ndarray           # the leaves' addresses
+    address: np.ndarray
+    first_page: np.ndarray
+    pages: np.ndarray
+    size_class: np.ndarray
+    allocated: np.ndarray
+    sampled: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.address)
+
+
+def find_root(mem: Memory, words: np.ndarray, lo: int, probes: list[tuple[int, int]]) -> int | None:
+    """The root's address in the data of WORDS (from LO): the first PROBES (page, size class) that a leaf some
+    word points at bears out, that leaf's index less the word's place; every other probe then agrees."""
+    if not probes:
+        return None
+    page, size_class = probes[0]
+    leaf_index, slot = page >> LEAF_BITS, page & (LEAF_PAGES - 1)
+    for value in np.unique(words[(words != 0) & (words % np.uint64(8) == 0)]).tolist():
+        if _says(mem, value, slot, size_class):
+            for at in np.nonzero(words == np.uint64(value))[0].tolist():
+                root = lo + 8 * at - 8 * leaf_index
+                if root >= lo and all(_probe(mem, root, p, c) for p, c in probes[1:8]):
+                    return root
+    return None
+
+
+def _says(mem: Memory, leaf: int, slot: int, size_class: int) -> bool:
+    """Whether LEAF's entry SLOT holds a span of SIZE_CLASS."""
+    try:
+        if mem.read(leaf + slot, 1)[0] != size_class:
+            return False
+        packed = struct.unpack("<Q", mem.read(leaf + LEAF_SPANS + 8 * slot, 8))[0]
+    except ReadError:
+        return False
+    return packed >> 48 == size_class and packed & SPAN_MASK != 0
+
+
+def _probe(mem: Memory, root: int, page: int, size_class: int) -> bool:
+    try:
+        leaf = struct.unpack("<Q", mem.read(root + 8 * (page >> LEAF_BITS), 8))[0]
+    except ReadError:
+        return False
+    return bool(leaf) and _says(mem, leaf, page & (LEAF_PAGES - 1), size_class)
+
+
+def read_spans(mem: Memory, layout: GtcLayout, root: int, root_words: np.ndarray) -> tuple[Spans, list[int]]:
+    """Every span the leaves name (ROOT_WORDS: the root's words), and the leaves that could not be read."""
+    leaves = np.nonzero(root_words)[0]
+    pointers, unread = [], []
+    for index in leaves.tolist():
+        leaf = int(root_words[index])
+        try:
+            packed = np.frombuffer(mem.read(leaf + LEAF_SPANS, 8 * LEAF_PAGES), dtype=np.uint64)
+        except ReadError:
+            unread.append(leaf)
+            continue
+        pointers.append(packed[packed != 0])
+    packed = np.concatenate(pointers) if pointers else np.zeros(0, dtype=np.uint64)
+    address, first = np.unique(packed & np.uint64(SPAN_MASK), return_index=True)
+    size_class = (packed[first] >> np.uint64(48)).astype(np.uint16)
+    fields = [_span(mem, layout, int(a)) for a in address.tolist()]
+    table = np.array(fields, dtype=np.uint64).reshape(-1, 4)
+    return Spans(root, root_words[leaves], address, table[:, 0], table[:, 1], size_class,
+                 table[:, 2].astype(np.uint16), table[:, 3].astype(bool)), unread
+
+
+def _span(mem: Memory, layout: GtcLayout, at: int) -> tuple[int, int, int, int]:
+    """A span's first page, pages, objects in use and whether sampled (all 0 when it cannot be read)."""
+    try:
+        raw = mem.read(at, 64)
+    except ReadError:
+        return 0, 0, 0, 0
+    allocated = struct.unpack_from("<H", raw, layout.span_allocated)[0]
+    word = struct.unpack_from("<Q", raw, layout.span_first_page)[0]
+    first, large, sampled = word & ((1 << 35) - 1), word >> 61 & 1, word >> 62 & 1
+    length = struct.unpack_from("<Q", raw, layout.span_first_page + 8)[0]
+    return first, length if large or sampled else length & 63, allocated, sampled
