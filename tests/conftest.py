@@ -269,6 +269,21 @@ def capture_mimalloc(name: str) -> harness.Capture:
                       lambda: mibuilds.build_hold(directory.parent / "bin", mi), mi.environment(), "ledger-*.txt")
 
 
+#: the ways cores/tcmalloc/rust_gtc runs: Google's tcmalloc's per-CPU caches on (glibc leaves rseq to it), and off
+GTC_MODES = {"per-cpu": {"GLIBC_TUNABLES": "glibc.pthread.rseq=0"}, "thread-caches": {}}
+
+
+@functools.cache
+@fresh.exclusive
+def capture_gtcmalloc(mode: str) -> harness.Capture:
+    """cores/tcmalloc/rust_gtc's gcore core in MODE (`GTC_MODES`), taken now unless a fresh one exists; tcmalloc's
+    numeric properties in stats.json beside it."""
+    program = tcbuilds.prepare_google(SYSROOTS)
+    directory = CORES / f"gtcmalloc-{mode}" / "rust_gtc"
+    inputs = fresh.digest([program, Path(harness.__file__)], mode)
+    return _hold_core("rust_gtc", directory, inputs, ("stats.json",), lambda: program, GTC_MODES[mode])
+
+
 @functools.cache
 @fresh.exclusive
 def capture_musl(suite: str, linkage: str, name: str = "musl_hold") -> harness.Capture:

@@ -16,7 +16,7 @@ from heapwalk.common.findings import Finding, Severity
 from heapwalk.common.view import ArenaView, HeapView, Words
 from heapwalk.face import Allocator, Checked, Context, Decoded, NotUsed, Shown
 from heapwalk.gtcmalloc.check import CHECKED, check_gtcmalloc
-from heapwalk.gtcmalloc.decode import GtcState, decode_gtcmalloc
+from heapwalk.gtcmalloc.decode import GtcState, decode_gtcmalloc, thread_list
 from heapwalk.gtcmalloc.layout import PAGE
 from heapwalk.gtcmalloc.pagemap import ROOT_LENGTH
 from heapwalk.gtcmalloc.find import locate
@@ -192,7 +192,8 @@ class GoogleTcmalloc(Allocator):
         located = locate(target.mem, image)
         tls = [(t.lwp, *target.arch.static_tls(t.thread_pointer, 8192)) for t in target.threads
                if t.thread_pointer]
-        state = decode_gtcmalloc(target.mem, located, image.path, target.description, tls)
+        state = decode_gtcmalloc(target.mem, located, image.path, target.description,
+                                 thread_list(target.mem, located, tls))
         return GtcHeap(state, target.mem, len(target.threads), target.space.regions)
 
 

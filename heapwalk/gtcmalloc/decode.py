@@ -15,7 +15,8 @@ from heapwalk.gtcmalloc.layout import HUGEPAGE, PAGE, GtcLayout
 from heapwalk.gtcmalloc.pagemap import ROOT_LENGTH, Spans, read_spans
 from heapwalk.inferior.memory import Memory, ReadError
 
-__all__ = ["SizeClass", "CpuSlab", "ThreadCache", "PageHeap", "GtcState", "decode_gtcmalloc", "HEAP_NAMES"]
+__all__ = ["SizeClass", "CpuSlab", "ThreadCache", "PageHeap", "GtcState", "decode_gtcmalloc", "thread_list",
+           "HEAP_NAMES"]
 
 #: the page allocator's huge-page-aware allocators, in the order it keeps them (without NUMA partitions)
 HEAP_NAMES = ("normal", "sampled", "cold")
@@ -118,9 +119,17 @@ class GtcState:
 
 
 def decode_gtcmalloc(mem: Memory, located: Located, library: str, target: str,
-                     tls: list[tuple[int, int, int]]) -> GtcState:
-    """Everything LOCATED leads to in MEM; TLS: each thread's (LWP, start, end) of static TLS, where a thread keeps
-    the address of its thread cache."""
+                     threads: tuple[int | None, dict]) -> GtcState:
+    """Everything LOCATED leads to in MEM; THREADS: the thread caches' list (`thread_list`).  Its static objects
+    unreadable (a core cut short): GtcUnknown, in one line."""
+    try:
+        return _decode(mem, located, library, target, threads)
+    except ReadError as exc:
+        raise GtcUnknown(f"heapwalk: Google's tcmalloc's own state cannot be read at {exc.address:#x} (the core "
+                         "lacks it): nothing of it can be told") from None
+
+
+def _decode(mem: Memory, located: Located, library: str, target: str, threads: tuple[int | None, dict]) -> GtcState:
     L, findings = located.layout, []
     if located.sharded is not None and _q(mem, located.sharded + L.sharded_shards):
         raise GtcUnknown("heapwalk: this Google tcmalloc has its sharded transfer caches on, which heapwalk does "
@@ -134,25 +143,33 @@ def decode_gtcmalloc(mem: Memory, located: Located, library: str, target: str,
                 per_class[c] += n
         classes = [SizeClass(**{**c.__dict__, "cpu_objects": per_class[c.index]}) for c in classes]
         cpus = [CpuSlab(s.cpu, s.address, s.objects, s.bytes) for s in cpus]
-    return GtcState(target, library, located, classes, cpus, count, shift, _threads(mem, located, tls, findings),
+    return GtcState(target, library, located, classes, cpus, count, shift, _threads(mem, located, threads, findings),
                     _heaps(mem, located, findings), _spans(mem, located, findings), findings)
 
 
 def _spans(mem: Memory, located: Located, findings: list) -> Spans | None:
     """Every span of the page map, when its root was found."""
     if located.pagemap is None:
-        findings.append(Finding(Severity.WARNING, located.transfer, "the page map", "its root was not found (no "
-                                "transfer cache or central free list holds an object to find it by): its spans "
-                                "are not read", Kind.GTC))
+        if located.probes:
+            page, size_class = located.probes[0]
+            findings.append(Finding(Severity.ERROR, page * PAGE, "the page map", f"no readable leaf says the size "
+                                    f"class of page {page:#x} ({size_class}: an object of that class lies there): its "
+                                    "root was not found, and its spans are not read", Kind.GTC))
+        else:
+            findings.append(Finding(Severity.WARNING, located.transfer, "the page map", "its root was not found (no "
+                                    "transfer cache or central free list holds an object to find it by): its spans "
+                                    "are not read", Kind.GTC))
         return None
     try:
         words = np.frombuffer(mem.read(located.pagemap, 8 * ROOT_LENGTH), dtype=np.uint64)
     except ReadError as exc:
         findings.append(Finding(Severity.ERROR, exc.address, "the page map", "its root cannot be read", Kind.GTC))
         return None
-    spans, unread = read_spans(mem, located.layout, located.pagemap, words)
+    spans, unread, lost = read_spans(mem, located.layout, located.pagemap, words)
     findings.extend(Finding(Severity.ERROR, leaf, "a leaf of the page map", "it cannot be read: the spans of its "
                             "pages are not counted", Kind.UNMAPPED) for leaf in unread)
+    findings.extend(Finding(Severity.ERROR, span, "a span the page map names", "it cannot be read", Kind.UNMAPPED)
+                    for span in lost)
     return spans
 
 
@@ -207,7 +224,19 @@ def _cpus(mem: Memory, located: Located, classes: list[SizeClass], findings: lis
                                 f"{shift}) do not lie between their resize records ({resize:#x}) and stopped flags "
                                 f"({stopped:#x}): their CPUs cannot be counted", Kind.GTC))
         return [], 0, shift
-    begins = struct.unpack(f"<{L.classes}H", mem.read(begins_at, 2 * L.classes))
+    try:
+        begins = struct.unpack(f"<{L.classes}H", mem.read(begins_at, 2 * L.classes))
+        return _slabs(mem, L, (slabs, shift, resize, count), begins, classes, findings), count, shift
+    except ReadError as exc:
+        findings.append(Finding(Severity.ERROR, exc.address, "the per-CPU caches", "their begin offsets, resize "
+                                "records or a CPU's slab cannot be read: the objects in the slabs are not counted",
+                                Kind.UNMAPPED))
+        return [], count, shift
+
+
+def _slabs(mem: Memory, L: GtcLayout, where: tuple, begins: tuple, classes: list[SizeClass], findings: list):
+    """Each populated CPU's slab (WHERE: slabs, shift, resize records, CPU count)."""
+    slabs, shift, resize, count = where
     sizes = {c.index: c.size for c in classes}
     out = []
     for cpu in range(count):
@@ -226,13 +255,14 @@ def _cpus(mem: Memory, located: Located, classes: list[SizeClass], findings: lis
                 counts.append((c, current - begins[c]))
         objects = sum(n for _, n in counts)
         out.append(_Slab(cpu, start, objects, sum(sizes[c] * n for c, n in counts), tuple(counts)))
-    return out, count, shift
+    return out
 
 
-def _threads(mem: Memory, located: Located, tls: list[tuple[int, int, int]], findings: list) -> list[ThreadCache]:
-    """The thread caches on tcmalloc's list: its head found from a cache a thread's static TLS points at (checked by
-    its links), then the static word that holds that head with the list's length beside it.  No such word: no list
-    (the per-CPU caches on, a thread's TLS still pointing at the cache it gave up)."""
+def thread_list(mem: Memory, located: Located, tls: list[tuple[int, int, int]]) -> tuple[int | None, dict]:
+    """The thread caches' list: (its head or None, which LWP's static TLS points at each cache).  TLS: each
+    thread's (LWP, start, end) of static TLS.  The head is found from a cache a thread's TLS points at (checked by
+    its links), walked back, and taken where a static word holds it with the list's length beside it; no such
+    word: no list (the per-CPU caches on, a thread's TLS still pointing at the cache it gave up)."""
     L, owners = located.layout, {}
     for lwp, lo, hi in tls:
         try:
@@ -242,16 +272,35 @@ def _threads(mem: Memory, located: Located, tls: list[tuple[int, int, int]], fin
         for word in words:
             if word > 1 << 16 and not word % 8 and _linked(mem, L, word):
                 owners.setdefault(word, lwp)
-    heads = {_head(mem, L, at) for at in owners}
-    listed = []
-    for head in heads - {None}:
-        caches = _list(mem, L, head, findings)
+    for head in {_head(mem, L, at) for at in owners} - {None}:
+        length = len(_list(mem, L, head, []))
         for at in located.holders(head):
-            count = struct.unpack("<i", mem.read(at + L.thread_count, 4))[0]
-            if count == len(caches):
-                listed = caches
-    return [ThreadCache(at, _q(mem, at + L.thread_tid), _q(mem, at + L.thread_size), owners.get(at))
-            for at in listed]
+            try:
+                if struct.unpack("<i", mem.read(at + L.thread_count, 4))[0] == length:
+                    return head, owners
+            except ReadError:
+                continue
+    return None, owners
+
+
+def _threads(mem: Memory, located: Located, threads: tuple[int | None, dict], findings: list) -> list[ThreadCache]:
+    """The thread caches on the list from its head."""
+    head, owners = threads
+    L = located.layout
+    if head is None:
+        if located.cpu_cache is None:
+            findings.append(Finding(Severity.WARNING, located.transfer, "the thread caches", "the per-CPU caches "
+                                    "are off and no thread's TLS leads to tcmalloc's list of thread caches: what "
+                                    "they hold is counted as in use", Kind.GTC))
+        return []
+    out = []
+    for at in _list(mem, L, head, findings):
+        try:
+            out.append(ThreadCache(at, _q(mem, at + L.thread_tid), _q(mem, at + L.thread_size), owners.get(at)))
+        except ReadError:
+            findings.append(Finding(Severity.ERROR, at, "a thread cache", "it cannot be read", Kind.UNMAPPED))
+            break
+    return out
 
 
 def _head(mem: Memory, L: GtcLayout, at: int) -> int | None:
@@ -336,14 +385,19 @@ def _regions(mem: Memory, L: GtcLayout, at: int, name: str, findings: list) -> t
     per_huge = HUGEPAGE // PAGE
     head = at + L.regions_list
     free = unmapped = walked = 0
-    region = _q(mem, head)
-    while region and region != head and walked <= 1 << 16:
-        used = struct.unpack("<I", mem.read(region + L.region_used, 4))[0]
-        hugepages, backed = _q(mem, region + L.region_range + 8), _q(mem, region + L.region_backed)
-        unmapped += max(0, hugepages - backed) * per_huge
-        free += max(0, min(backed, hugepages) * per_huge - used)
-        walked += 1
-        region = _q(mem, region)
+    holder, region = head, _q(mem, head)
+    try:
+        while region and region != head and walked <= 1 << 16:
+            used = struct.unpack("<I", mem.read(region + L.region_used, 4))[0]
+            hugepages, backed = _q(mem, region + L.region_range + 8), _q(mem, region + L.region_backed)
+            unmapped += max(0, hugepages - backed) * per_huge
+            free += max(0, min(backed, hugepages) * per_huge - used)
+            walked += 1
+            holder, region = region, _q(mem, region)
+    except ReadError:
+        findings.append(Finding(Severity.ERROR, holder, f"the {name} page heap's regions", f"the region it points at "
+                                f"({region:#x}) cannot be read: the regions after it are not counted", Kind.UNMAPPED))
+        return free, unmapped, walked
     count = _q(mem, at + L.regions_count)
     if walked != count:
         findings.append(Finding(Severity.ERROR, at + L.regions_count, f"the {name} page heap's regions", f"its list "

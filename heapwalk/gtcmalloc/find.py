@@ -45,6 +45,7 @@ class Located:
     cpu_cache: int | None         # Static::cpu_cache_, when its slabs are allocated (per-CPU caches on)
     sharded: int | None           # Static::sharded_transfer_cache_
     pagemap: int | None           # the page map's root (Static::pagemap_), None when no page bore it out
+    probes: tuple = ()            # the (page, size class) pairs it was searched by
     #: the addresses in the object's data that hold a value (a static pointer to something found elsewhere)
     holders: Callable[[int], list[int]] = field(default=lambda value: [], compare=False, repr=False)
 
@@ -61,9 +62,9 @@ def locate(mem: Memory, image: ElfImage) -> Located:
         pages = _page_allocator(words, addresses, layout)
         if transfer is None or pages is None:
             continue
+        probes = tuple(_probes(mem, layout, transfer))
         return Located(layout, transfer, pages, _cpu_cache(mem, words, addresses, layout),
-                       _sharded(words, addresses, layout, transfer),
-                       find_root(mem, words, lo, _probes(mem, layout, transfer)),
+                       _sharded(words, addresses, layout, transfer), find_root(mem, words, lo, list(probes)), probes,
                        lambda value: [int(a) for a in addresses[words == np.uint64(value)]])
     raise GtcUnknown(f"heapwalk: the Google tcmalloc in {image.path} is a build whose layout heapwalk has not "
                      f"measured (it knows {', '.join(l.name for l in LAYOUTS)}): its transfer caches and page "

@@ -46,17 +46,18 @@ class Spans:
 
 
 def find_root(mem: Memory, words: np.ndarray, lo: int, probes: list[tuple[int, int]]) -> int | None:
-    """The root's address in the data of WORDS (from LO): the first PROBES (page, size class) that a leaf some
-    word points at bears out, that leaf's index less the word's place; every other probe then agrees."""
-    if not probes:
-        return None
-    page, size_class = probes[0]
-    leaf_index, slot = page >> LEAF_BITS, page & (LEAF_PAGES - 1)
-    for value in np.unique(words[(words != 0) & (words % np.uint64(8) == 0)]).tolist():
-        if _says(mem, value, slot, size_class):
+    """The root's address in the data of WORDS (from LO): where a word points at a leaf whose entry for a probed
+    page (PROBES: (page, size class)) says that class, at that leaf's index; the first probe that leads to one
+    whose other probes, where their leaves can be read, agree with it."""
+    values = np.unique(words[(words != 0) & (words % np.uint64(8) == 0)]).tolist()
+    for page, size_class in probes[:16]:
+        leaf_index, slot = page >> LEAF_BITS, page & (LEAF_PAGES - 1)
+        for value in values:
+            if not _says(mem, value, slot, size_class):
+                continue
             for at in np.nonzero(words == np.uint64(value))[0].tolist():
                 root = lo + 8 * at - 8 * leaf_index
-                if root >= lo and all(_probe(mem, root, p, c) for p, c in probes[1:8]):
+                if root >= lo and all(_probe(mem, root, p, c) is not False for p, c in probes[:16]):
                     return root
     return None
 
@@ -72,16 +73,20 @@ def _says(mem: Memory, leaf: int, slot: int, size_class: int) -> bool:
     return packed >> 48 == size_class and packed & SPAN_MASK != 0
 
 
-def _probe(mem: Memory, root: int, page: int, size_class: int) -> bool:
+def _probe(mem: Memory, root: int, page: int, size_class: int) -> bool | None:
+    """Whether ROOT's leaf for PAGE says SIZE_CLASS; None when that leaf cannot be read."""
     try:
         leaf = struct.unpack("<Q", mem.read(root + 8 * (page >> LEAF_BITS), 8))[0]
+        mem.read(leaf + (page & (LEAF_PAGES - 1)), 1)
     except ReadError:
-        return False
+        return None
     return bool(leaf) and _says(mem, leaf, page & (LEAF_PAGES - 1), size_class)
 
 
-def read_spans(mem: Memory, layout: GtcLayout, root: int, root_words: np.ndarray) -> tuple[Spans, list[int]]:
-    """Every span the leaves name (ROOT_WORDS: the root's words), and the leaves that could not be read."""
+def read_spans(mem: Memory, layout: GtcLayout, root: int,
+               root_words: np.ndarray) -> tuple[Spans, list[int], list[int]]:
+    """Every span the leaves name (ROOT_WORDS: the root's words), and the leaves and spans that could not be
+    read."""
     leaves = np.nonzero(root_words)[0]
     pointers, unread = [], []
     for index in leaves.tolist():
@@ -96,17 +101,18 @@ def read_spans(mem: Memory, layout: GtcLayout, root: int, root_words: np.ndarray
     address, first = np.unique(packed & np.uint64(SPAN_MASK), return_index=True)
     size_class = (packed[first] >> np.uint64(48)).astype(np.uint16)
     fields = [_span(mem, layout, int(a)) for a in address.tolist()]
-    table = np.array(fields, dtype=np.uint64).reshape(-1, 4)
+    lost = [int(a) for a, f in zip(address.tolist(), fields) if f is None]
+    table = np.array([f or (0, 0, 0, 0) for f in fields], dtype=np.uint64).reshape(-1, 4)
     return Spans(root, root_words[leaves], address, table[:, 0], table[:, 1], size_class,
-                 table[:, 2].astype(np.uint16), table[:, 3].astype(bool)), unread
+                 table[:, 2].astype(np.uint16), table[:, 3].astype(bool)), unread, lost
 
 
-def _span(mem: Memory, layout: GtcLayout, at: int) -> tuple[int, int, int, int]:
-    """A span's first page, pages, objects in use and whether sampled (all 0 when it cannot be read)."""
+def _span(mem: Memory, layout: GtcLayout, at: int) -> tuple[int, int, int, int] | None:
+    """A span's first page, pages, objects in use and whether sampled (None when it cannot be read)."""
     try:
         raw = mem.read(at, 64)
     except ReadError:
-        return 0, 0, 0, 0
+        return None
     allocated = struct.unpack_from("<H", raw, layout.span_allocated)[0]
     word = struct.unpack_from("<Q", raw, layout.span_first_page)[0]
     first, large, sampled = word & ((1 << 35) - 1), word >> 61 & 1, word >> 62 & 1

@@ -1,8 +1,8 @@
 """Mutation fuzzing of heapwalk on reproducer cores: `make fuzz`, and a bounded share of it in `make test`.
 
 Two levels, on cores of glibc reproducers and of processes on jemalloc (tests/tools/je_fuzz_driver.py), on
-gperftools' tcmalloc (tests/tools/tc_fuzz_driver.py), on mimalloc (tests/tools/mi_fuzz_driver.py) and on musl
-(tests/tools/musl_fuzz_driver.py):
+gperftools' tcmalloc (tests/tools/tc_fuzz_driver.py), on Google's tcmalloc (tests/tools/gtc_fuzz_driver.py), on
+mimalloc (tests/tools/mi_fuzz_driver.py) and on musl (tests/tools/musl_fuzz_driver.py):
 - engine: gdb loads a core once and tests/tools/fuzz_driver.py runs every command's work on hundreds of mutants
   of its memory (patched malloc metadata, hidden tails as in a truncated core);
 - files: mutated copies of the core file (the same fields patched in the file) and truncated copies, each
@@ -45,9 +45,10 @@ JE_DRIVER = ROOT / "tests" / "tools" / "je_fuzz_driver.py"
 TC_DRIVER = ROOT / "tests" / "tools" / "tc_fuzz_driver.py"
 MI_DRIVER = ROOT / "tests" / "tools" / "mi_fuzz_driver.py"
 MUSL_DRIVER = ROOT / "tests" / "tools" / "musl_fuzz_driver.py"
+GTC_DRIVER = ROOT / "tests" / "tools" / "gtc_fuzz_driver.py"
 COMMANDS = ("heapwalk check", "heapwalk report", "heapwalk arenas", "heapwalk bins", "heapwalk tcache",
             "heapwalk threads", "heapwalk chunks --limit 3")
-ALLOCATORS = ("glibc", "jemalloc", "tcmalloc", "mimalloc", "musl")
+ALLOCATORS = ("glibc", "jemalloc", "tcmalloc", "gtcmalloc", "mimalloc", "musl")
 #: seconds one engine mutant may take (the cores fuzzed are small: a sound one decodes in well under this)
 BOUND = 20.0
 
@@ -206,8 +207,8 @@ def jemalloc_cores():
 
 
 def main() -> int:
-    from conftest import (GLIBCS, NO_SYMBOLS, TC_CORES, capture, capture_mimalloc,  # the tests' captures
-                          capture_musl, capture_tcmalloc, glibc)
+    from conftest import (GLIBCS, GTC_MODES, NO_SYMBOLS, TC_CORES, capture, capture_gtcmalloc,  # the tests'
+                          capture_mimalloc, capture_musl, capture_tcmalloc, glibc)             # captures
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--count", type=int, default=300, help="engine mutants per core (default 300)")
@@ -235,6 +236,9 @@ def main() -> int:
     for name in TC_CORES if "tcmalloc" in only else ():
         cap, key = capture_tcmalloc(name), f"tcmalloc-{name}/tc_hold"
         failed_total += _fuzz_core(cap, key, [NO_SYMBOLS], args, seed, args.workdir / key, documents, TC_DRIVER)
+    for mode in GTC_MODES if "gtcmalloc" in only else ():
+        cap, key = capture_gtcmalloc(mode), f"gtcmalloc-{mode}/rust_gtc"
+        failed_total += _fuzz_core(cap, key, [NO_SYMBOLS], args, seed, args.workdir / key, documents, GTC_DRIVER)
     # mimalloc 2.0.9's segments, 3.0.1's pages and arenas, 3.3.2's theaps and page infos apart, 2.3.2's segments
     # live by their arenas' blocks in use, 3.6.0's page tables at the start of each aligned area
     for suite in ("bookworm", "trixie", "3.3.2", "2.3.2", "sid") if "mimalloc" in only else ():

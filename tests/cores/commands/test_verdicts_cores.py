@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import JEMALLOCS, capture, capture_jemalloc, capture_mimalloc, capture_musl, capture_tcmalloc
+from conftest import (GTC_MODES, JEMALLOCS, capture, capture_gtcmalloc, capture_jemalloc, capture_mimalloc,
+                      capture_musl, capture_tcmalloc)
 from harness import REPRODUCERS
 from verdicts import contradictions
 
@@ -25,12 +26,14 @@ def _report(core: Path, exe: Path, out: Path) -> dict:
 
 
 #: every glibc reproducer on the system's glibc; jemalloc's on each Debian suite, with background threads too;
-#: mimalloc 2 and 3 and tcmalloc as Debian ships them; musl's malloc, linked and stripped
+#: mimalloc 2 and 3 and tcmalloc as Debian ships them; musl's malloc, linked and stripped; Google's tcmalloc with its
+#: per-CPU caches on and off
 CASES = ([("glibc", name) for name in REPRODUCERS]
          + [("jemalloc", (suite, name, variant)) for suite in JEMALLOCS for name, variant in
             (("je_dns", ""), ("je_hold", ""), ("je_leak", ""), ("je_hold", "background"))]
          + [("mimalloc", build) for build in ("bookworm", "trixie")] + [("tcmalloc", "bookworm")]
-         + [("musl", ("trixie", linkage)) for linkage in ("dynamic", "stripped")])
+         + [("musl", ("trixie", linkage)) for linkage in ("dynamic", "stripped")]
+         + [("gtcmalloc", mode) for mode in GTC_MODES])
 
 
 @pytest.mark.cores
@@ -39,7 +42,7 @@ CASES = ([("glibc", name) for name in REPRODUCERS]
 def test_no_reproducer_s_verdict_contradicts_itself(kind, what, tmp_path):
     cap = {"glibc": lambda: capture("system", what), "jemalloc": lambda: capture_jemalloc(*what),
            "mimalloc": lambda: capture_mimalloc(what), "tcmalloc": lambda: capture_tcmalloc(what),
-           "musl": lambda: capture_musl(*what)}[kind]()
+           "musl": lambda: capture_musl(*what), "gtcmalloc": lambda: capture_gtcmalloc(what)}[kind]()
     doc = _report(cap.core, cap.exe, tmp_path / "report.json")
     assert doc["report"]["verdict"]
     assert contradictions(doc) == []

@@ -16,8 +16,8 @@ import random
 import pytest
 
 import fuzz
-from conftest import (FULL_MATRIX, JEMALLOCS, NO_SYMBOLS, capture, capture_jemalloc, capture_mimalloc, capture_musl,
-                      capture_tcmalloc, corruption, glibc)
+from conftest import (FULL_MATRIX, JEMALLOCS, NO_SYMBOLS, capture, capture_gtcmalloc, capture_jemalloc,
+                      capture_mimalloc, capture_musl, capture_tcmalloc, corruption, glibc)
 
 pytestmark = pytest.mark.cores
 
@@ -205,3 +205,18 @@ def test_musl_decoder_survives_mutated_metadata(tmp_path):
                                 driver=fuzz.MUSL_DRIVER)
     assert_survived(document, count, key, fields=20)
     assert {"area_check", "group_back", "slot_index"} <= set(fuzz.tally([document]))
+
+
+@pytest.mark.parametrize("mode", ["per-cpu", "thread-caches"])
+def test_google_tcmalloc_decoder_survives_mutated_metadata(tmp_path, mode):
+    """Every word the decoder of Google's tcmalloc reads in writable memory (its transfer caches and central
+    lists, the spans on them, the slabs, the thread caches, the page map's leaves) patched; a transfer cache's count
+    past its capacity, a central list's counter off by one, a full span on a list, a page map leaf missing, a core
+    cut inside what it reads: never a traceback, a hang or an impossible figure, and the aimed damage named at its
+    address (or the core refused in one line)."""
+    cap = capture_gtcmalloc(mode)
+    count, key = 40, f"gtcmalloc-{mode}/rust_gtc"
+    document = fuzz.engine_fuzz(cap.exe, cap.core, [NO_SYMBOLS], count, SEED, tmp_path, fuzz.regressions(key),
+                                driver=fuzz.GTC_DRIVER)
+    assert_survived(document, count, key, fields=20)
+    assert {"transfer_used", "central_counter"} <= set(fuzz.tally([document]))

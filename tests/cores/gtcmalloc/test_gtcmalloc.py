@@ -18,21 +18,17 @@ import pytest
 
 import harness
 import tcbuilds
-from conftest import NO_SYMBOLS, SYSROOTS, run_gdb
+from conftest import GTC_MODES, NO_SYMBOLS, SYSROOTS, run_gdb
 
 pytestmark = pytest.mark.cores
 
 CLI = Path(sys.executable).with_name("heapwalk")
-#: the two ways the program runs: its per-CPU caches on, and off
-MODES = {"per-cpu": {"GLIBC_TUNABLES": "glibc.pthread.rseq=0"}, "thread-caches": {}}
-
-
-@pytest.fixture(params=list(MODES))
+@pytest.fixture(params=list(GTC_MODES))
 def stopped(tmp_path, request):
     """rust_gtc run to its snapshot in one mode: (process, the properties it wrote, the mode)."""
     program = tcbuilds.prepare_google(SYSROOTS)
     run = tmp_path / "run"
-    proc = harness.run_to_snapshot(program, run, env=MODES[request.param])
+    proc = harness.run_to_snapshot(program, run, env=GTC_MODES[request.param])
     try:
         yield proc, json.loads((run / "stats.json").read_text())["properties"], request.param
     finally:

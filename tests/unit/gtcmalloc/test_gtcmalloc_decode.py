@@ -11,7 +11,7 @@ import pytest
 
 from heapwalk.common.findings import Severity
 from heapwalk.gtcmalloc.check import check_gtcmalloc
-from heapwalk.gtcmalloc.decode import decode_gtcmalloc
+from heapwalk.gtcmalloc.decode import decode_gtcmalloc, thread_list
 from heapwalk.gtcmalloc.find import GtcUnknown, locate
 from heapwalk.gtcmalloc.layout import CRATE_0_1_19 as L
 from gtc_synth import CPU, HEAP_PAGE, LEAF, PAGES, ROOT, SLABS, SPANS, THREAD_HEAPS, TRANSFER, Gtc
@@ -34,7 +34,8 @@ def _filled(per_cpu: bool = True) -> Gtc:
 
 def _decoded(g: Gtc, tls=()):
     located = locate(g.mem, g.image())
-    return located, decode_gtcmalloc(g.mem, located, "/synthetic/program", "synthetic", list(tls))
+    return located, decode_gtcmalloc(g.mem, located, "/synthetic/program", "synthetic",
+                                     thread_list(g.mem, located, list(tls)))
 
 
 def test_the_static_objects_are_found_by_their_shapes():
