@@ -8,6 +8,7 @@ import struct
 
 from heapwalk.common.findings import Finding, Kind, Severity
 from heapwalk.gtcmalloc.decode import GtcState
+from heapwalk.gtcmalloc.pageheaps import KIND
 from heapwalk.inferior.memory import Memory, ReadError
 
 __all__ = ["check_gtcmalloc", "CHECKED"]
@@ -43,7 +44,7 @@ def _walk_lists(mem: Memory, L, c, central: int) -> list[Finding]:
                 if allocated >= c.objects_per_span:
                     return [Finding(Severity.ERROR, span + L.span_allocated, f"a span of size class {c.index}",
                                     f"it says {allocated} objects in use, of {c.objects_per_span} a span holds, and "
-                                    "lies on a list of spans with free objects", Kind.GTC)]
+                                    "lies on a list of spans with free objects", KIND)]
                 free += c.objects_per_span - allocated
                 spans, walked = spans + 1, walked + 1
                 if walked > _LIMIT:
@@ -57,10 +58,10 @@ def _walk_lists(mem: Memory, L, c, central: int) -> list[Finding]:
     out = []
     if free != c.central_objects:
         out.append(Finding(Severity.ERROR, central + L.cfl_counter, f"size class {c.index}'s central free list",
-                           f"its spans hold {free} free objects, its counter says {c.central_objects}", Kind.GTC,
+                           f"its spans hold {free} free objects, its counter says {c.central_objects}", KIND,
                            str(free), str(c.central_objects)))
     if spans != listed:
         out.append(Finding(Severity.ERROR, central + L.cfl_lists_size, f"size class {c.index}'s central free list",
-                           f"its lists hold {spans} spans, its count says {listed}", Kind.GTC, str(spans),
+                           f"its lists hold {spans} spans, its count says {listed}", KIND, str(spans),
                            str(listed)))
     return out

@@ -11,16 +11,13 @@ import numpy as np
 
 from heapwalk.common.findings import Finding, Kind, Severity
 from heapwalk.gtcmalloc.find import GtcUnknown, Located
-from heapwalk.gtcmalloc.layout import HUGEPAGE, PAGE, GtcLayout
+from heapwalk.gtcmalloc.layout import PAGE, GtcLayout
 from heapwalk.gtcmalloc.pagemap import ROOT_LENGTH, Spans, read_spans
+from heapwalk.gtcmalloc.pageheaps import KIND, PageHeap, read_heaps
+from heapwalk.gtcmalloc.threads import ThreadCache, read_threads, thread_list
 from heapwalk.inferior.memory import Memory, ReadError
 
-__all__ = ["SizeClass", "CpuSlab", "ThreadCache", "PageHeap", "GtcState", "decode_gtcmalloc", "thread_list",
-           "HEAP_NAMES"]
-
-#: the page allocator's huge-page-aware allocators, in the order it keeps them (without NUMA partitions)
-HEAP_NAMES = ("normal", "sampled", "cold")
-Kind.GTC = Kind("gtcmalloc", "Google tcmalloc's structure unreadable or inconsistent")
+__all__ = ["SizeClass", "CpuSlab", "ThreadCache", "PageHeap", "GtcState", "decode_gtcmalloc", "thread_list"]
 
 
 @dataclass(frozen=True)
@@ -51,31 +48,6 @@ class CpuSlab:
     address: int
     objects: int
     bytes: int
-
-
-@dataclass(frozen=True)
-class ThreadCache:
-    """One thread cache: where it is, its thread (pthread_t), the bytes it holds, the LWP whose TLS points at it."""
-
-    address: int
-    thread: int
-    bytes: int
-    lwp: int | None
-
-
-@dataclass(frozen=True)
-class PageHeap:
-    """One huge-page-aware allocator: its hugepages from the system, and its pages by state."""
-
-    name: str
-    address: int
-    system: int                 # bytes from the system
-    free: int                   # bytes free and backed (the filler's free pages, cached hugepages, regions')
-    unmapped: int               # bytes given back to the system
-    filler_hugepages: int
-    filler_used_pages: int
-    cached_hugepages: int
-    regions: int
 
 
 @dataclass
@@ -143,8 +115,8 @@ def _decode(mem: Memory, located: Located, library: str, target: str, threads: t
                 per_class[c] += n
         classes = [SizeClass(**{**c.__dict__, "cpu_objects": per_class[c.index]}) for c in classes]
         cpus = [CpuSlab(s.cpu, s.address, s.objects, s.bytes) for s in cpus]
-    return GtcState(target, library, located, classes, cpus, count, shift, _threads(mem, located, threads, findings),
-                    _heaps(mem, located, findings), _spans(mem, located, findings), findings)
+    return GtcState(target, library, located, classes, cpus, count, shift, read_threads(mem, located, threads, findings),
+                    read_heaps(mem, located, findings), _spans(mem, located, findings), findings)
 
 
 def _spans(mem: Memory, located: Located, findings: list) -> Spans | None:
@@ -154,16 +126,16 @@ def _spans(mem: Memory, located: Located, findings: list) -> Spans | None:
             page, size_class = located.probes[0]
             findings.append(Finding(Severity.ERROR, page * PAGE, "the page map", f"no readable leaf says the size "
                                     f"class of page {page:#x} ({size_class}: an object of that class lies there): its "
-                                    "root was not found, and its spans are not read", Kind.GTC))
+                                    "root was not found, and its spans are not read", KIND))
         else:
             findings.append(Finding(Severity.WARNING, located.transfer, "the page map", "its root was not found (no "
                                     "transfer cache or central free list holds an object to find it by): its spans "
-                                    "are not read", Kind.GTC))
+                                    "are not read", KIND))
         return None
     try:
         words = np.frombuffer(mem.read(located.pagemap, 8 * ROOT_LENGTH), dtype=np.uint64)
     except ReadError as exc:
-        findings.append(Finding(Severity.ERROR, exc.address, "the page map", "its root cannot be read", Kind.GTC))
+        findings.append(Finding(Severity.ERROR, exc.address, "the page map", "its root cannot be read", KIND))
         return None
     spans, unread, lost = read_spans(mem, located.layout, located.pagemap, words)
     findings.extend(Finding(Severity.ERROR, leaf, "a leaf of the page map", "it cannot be read: the spans of its "
@@ -196,7 +168,7 @@ def _classes(mem: Memory, located: Located, findings: list) -> list[SizeClass]:
         if bad:
             findings.append(Finding(Severity.ERROR, entry, f"size class {index}'s transfer cache", "its counters are "
                                     f"impossible (size class {q(central + L.cfl_size_class)}, {used} of {capacity} "
-                                    f"slots used, {counter} free objects in {spans} spans)", Kind.GTC))
+                                    f"slots used, {counter} free objects in {spans} spans)", KIND))
         out.append(SizeClass(index, size, q(central + L.cfl_pages_per_span), q(central + L.cfl_objects_per_span),
                              max(0, min(spans, 1 << 40)), max(0, counter), max(0, used) if not bad else 0,
                              max(0, capacity)))
@@ -222,7 +194,7 @@ def _cpus(mem: Memory, located: Located, classes: list[SizeClass], findings: lis
     if not 0 < count <= 4096 or resize + count * L.resize_size > slabs:
         findings.append(Finding(Severity.ERROR, base, "the per-CPU caches", f"their slabs ({slabs:#x}, shift "
                                 f"{shift}) do not lie between their resize records ({resize:#x}) and stopped flags "
-                                f"({stopped:#x}): their CPUs cannot be counted", Kind.GTC))
+                                f"({stopped:#x}): their CPUs cannot be counted", KIND))
         return [], 0, shift
     try:
         begins = struct.unpack(f"<{L.classes}H", mem.read(begins_at, 2 * L.classes))
@@ -249,7 +221,7 @@ def _slabs(mem: Memory, L: GtcLayout, where: tuple, begins: tuple, classes: list
             current, end = headers[c] & 0xFFFF, headers[c] >> 16
             if current and (current < begins[c] - 1 or current > end):
                 findings.append(Finding(Severity.ERROR, start + 4 * c, f"CPU {cpu}'s slab", f"size class {c}'s "
-                                        f"header says {current} of begin {begins[c]} to end {end}", Kind.GTC))
+                                        f"header says {current} of begin {begins[c]} to end {end}", KIND))
                 continue
             if current > begins[c] and c in sizes:
                 counts.append((c, current - begins[c]))
@@ -258,148 +230,3 @@ def _slabs(mem: Memory, L: GtcLayout, where: tuple, begins: tuple, classes: list
     return out
 
 
-def thread_list(mem: Memory, located: Located, tls: list[tuple[int, int, int]]) -> tuple[int | None, dict]:
-    """The thread caches' list: (its head or None, which LWP's static TLS points at each cache).  TLS: each
-    thread's (LWP, start, end) of static TLS.  The head is found from a cache a thread's TLS points at (checked by
-    its links), walked back, and taken where a static word holds it with the list's length beside it; no such
-    word: no list (the per-CPU caches on, a thread's TLS still pointing at the cache it gave up)."""
-    L, owners = located.layout, {}
-    for lwp, lo, hi in tls:
-        try:
-            words = struct.unpack(f"<{(hi - lo) // 8}Q", mem.read(lo, (hi - lo) // 8 * 8))
-        except ReadError:
-            continue
-        for word in words:
-            if word > 1 << 16 and not word % 8 and _linked(mem, L, word):
-                owners.setdefault(word, lwp)
-    for head in {_head(mem, L, at) for at in owners} - {None}:
-        length = len(_list(mem, L, head, []))
-        for at in located.holders(head):
-            try:
-                if struct.unpack("<i", mem.read(at + L.thread_count, 4))[0] == length:
-                    return head, owners
-            except ReadError:
-                continue
-    return None, owners
-
-
-def _threads(mem: Memory, located: Located, threads: tuple[int | None, dict], findings: list) -> list[ThreadCache]:
-    """The thread caches on the list from its head."""
-    head, owners = threads
-    L = located.layout
-    if head is None:
-        if located.cpu_cache is None:
-            findings.append(Finding(Severity.WARNING, located.transfer, "the thread caches", "the per-CPU caches "
-                                    "are off and no thread's TLS leads to tcmalloc's list of thread caches: what "
-                                    "they hold is counted as in use", Kind.GTC))
-        return []
-    out = []
-    for at in _list(mem, L, head, findings):
-        try:
-            out.append(ThreadCache(at, _q(mem, at + L.thread_tid), _q(mem, at + L.thread_size), owners.get(at)))
-        except ReadError:
-            findings.append(Finding(Severity.ERROR, at, "a thread cache", "it cannot be read", Kind.UNMAPPED))
-            break
-    return out
-
-
-def _head(mem: Memory, L: GtcLayout, at: int) -> int | None:
-    """The first cache of the list AT is on."""
-    seen = {at}
-    try:
-        while (prev := _q(mem, at + L.thread_next + 8)) and prev not in seen:
-            seen.add(prev)
-            at = prev
-    except ReadError:
-        return None
-    return at
-
-
-def _list(mem: Memory, L: GtcLayout, head: int, findings: list) -> list[int]:
-    """The caches of the list from HEAD on."""
-    out, at, seen = [], head, set()
-    while at and at not in seen and len(seen) < 1 << 16:
-        seen.add(at)
-        out.append(at)
-        try:
-            at = _q(mem, at + L.thread_next)
-        except ReadError:
-            findings.append(Finding(Severity.ERROR, at, "a thread cache", "its next thread cache cannot be read",
-                                    Kind.GTC))
-            break
-    return out
-
-
-def _linked(mem: Memory, L: GtcLayout, at: int) -> bool:
-    """Whether AT looks like a thread cache: a thread, and links whose far ends point back."""
-    try:
-        thread, nxt, prev = _q(mem, at + L.thread_tid), _q(mem, at + L.thread_next), _q(mem, at + L.thread_next + 8)
-        return bool(thread) and (not nxt or _q(mem, nxt + L.thread_next + 8) == at) and \
-            (not prev or _q(mem, prev + L.thread_next) == at) and _q(mem, at + L.thread_size) < 1 << 40
-    except ReadError:
-        return False
-
-
-def _heaps(mem: Memory, located: Located, findings: list) -> list[PageHeap]:
-    """The page allocator's huge-page-aware allocators in use (the normal one, the sampled one, the cold one when
-    it has one), each from its own counters and its regions' list."""
-    L, base = located.layout, located.page_allocator
-    tail = base + L.hpaa_size * L.hpaa_choices
-    normal, sampled, selsan, cold = (_q(mem, tail + 8 * k) for k in range(4))
-    if selsan:
-        raise GtcUnknown("heapwalk: this Google tcmalloc runs SelSan's page allocator, which heapwalk does not "
-                         "decode")
-    has_cold = mem.read(tail + 36, 1)[0]
-    used = [("normal", normal), ("sampled", sampled)] + ([("cold", cold)] if has_cold else [])
-    out = []
-    for name, at in used:
-        if not base <= at < tail or (at - base) % L.hpaa_size:
-            findings.append(Finding(Severity.ERROR, tail, "the page allocator", f"its {name} allocator's pointer "
-                                    f"({at:#x}) is not one of its own allocators", Kind.GTC))
-            continue
-        out.append(_heap(mem, L, name, at, findings))
-    return out
-
-
-def _heap(mem: Memory, L: GtcLayout, name: str, at: int, findings: list) -> PageHeap:
-    per_huge = HUGEPAGE // PAGE
-    q = lambda off: _q(mem, at + off)            # noqa: E731
-    filler, allocated, unmapped = q(L.filler_size), q(L.filler_allocated) + q(L.filler_allocated + 8), \
-        q(L.filler_unmapped)
-    from_system, in_use, cached = q(L.alloc_from_system), q(L.alloc_in_use), q(L.cache_size)
-    free_pages = filler * per_huge - allocated - unmapped
-    if free_pages < 0 or in_use > from_system:
-        findings.append(Finding(Severity.ERROR, at, f"the {name} page heap", f"its counters are impossible: "
-                                f"{allocated} pages used and {unmapped} unmapped in a filler of {filler} hugepages, "
-                                f"{in_use} of {from_system} hugepages from the system in use", Kind.GTC))
-        free_pages = max(0, free_pages)
-    region_free, region_unmapped, regions = _regions(mem, L, at, name, findings)
-    return PageHeap(name, at, from_system * HUGEPAGE,
-                    cached * HUGEPAGE + (free_pages + region_free) * PAGE,
-                    max(0, from_system - in_use) * HUGEPAGE + (unmapped + region_unmapped) * PAGE,
-                    filler, allocated, cached, regions)
-
-
-def _regions(mem: Memory, L: GtcLayout, at: int, name: str, findings: list) -> tuple[int, int, int]:
-    """The free and the unmapped pages of the allocator's huge regions, and how many it holds."""
-    per_huge = HUGEPAGE // PAGE
-    head = at + L.regions_list
-    free = unmapped = walked = 0
-    holder, region = head, _q(mem, head)
-    try:
-        while region and region != head and walked <= 1 << 16:
-            used = struct.unpack("<I", mem.read(region + L.region_used, 4))[0]
-            hugepages, backed = _q(mem, region + L.region_range + 8), _q(mem, region + L.region_backed)
-            unmapped += max(0, hugepages - backed) * per_huge
-            free += max(0, min(backed, hugepages) * per_huge - used)
-            walked += 1
-            holder, region = region, _q(mem, region)
-    except ReadError:
-        findings.append(Finding(Severity.ERROR, holder, f"the {name} page heap's regions", f"the region it points at "
-                                f"({region:#x}) cannot be read: the regions after it are not counted", Kind.UNMAPPED))
-        return free, unmapped, walked
-    count = _q(mem, at + L.regions_count)
-    if walked != count:
-        findings.append(Finding(Severity.ERROR, at + L.regions_count, f"the {name} page heap's regions", f"its list "
-                                f"holds {walked} regions, its count says {count}", Kind.GTC))
-    return free, unmapped, walked
