@@ -3,6 +3,7 @@ its static objects found by their shapes (`gtcmalloc.find`), shown in MallocExte
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from types import MappingProxyType
 
@@ -13,17 +14,21 @@ import numpy as np
 from heapwalk.analysis.report import Report, human
 from heapwalk.analysis.rss import Claim
 from heapwalk.common.findings import Finding, Severity
-from heapwalk.common.view import ArenaView, HeapView, Words
-from heapwalk.face import Allocator, Checked, Context, Decoded, NotUsed, Shown
+from heapwalk.common.mapkinds import KINDS
+from heapwalk.common.view import ArenaView, Blocks, HeapStrip, HeapView, Words
+from heapwalk.face import Allocator, CannotDraw, Checked, Context, Decoded, NotUsed, Shown
 from heapwalk.gtcmalloc.check import CHECKED, check_gtcmalloc
 from heapwalk.gtcmalloc.decode import GtcState, decode_gtcmalloc, thread_list
 from heapwalk.gtcmalloc.layout import PAGE
 from heapwalk.gtcmalloc.pagemap import ROOT_LENGTH
 from heapwalk.gtcmalloc.find import locate
+from heapwalk.gtcmalloc.heapmap import page_heap_strips
+from heapwalk.gtcmalloc.objects import IN_USE, Objects, object_places
 from heapwalk.gtcmalloc.image import find_google_tcmalloc
 from heapwalk.gtcmalloc.shown import classes_table, cpus_table, heaps_table, state_document, threads_table
 from heapwalk.gtcmalloc.verdict import advice
-from heapwalk.output import tables
+from heapwalk.inferior.memory import merged
+from heapwalk.output import htmlreport, tables
 from heapwalk.output.consoles import box_for
 from heapwalk.output.jsondoc import report_json
 from heapwalk.output.reporttext import report_group
@@ -58,6 +63,7 @@ class GtcHeap(Decoded):
     damaged_subject = "Google's tcmalloc's state is"
     words = WORDS
     block_noun = "object"
+    scans_leaks = True
 
     def __init__(self, state: GtcState, mem, threads: int = 0, regions: list[tuple[int, int]] | None = None):
         self.state, self.mem = state, mem
@@ -120,13 +126,14 @@ class GtcHeap(Decoded):
 
     def check(self, limit: int, interactive: bool, json: bool = False) -> Checked:
         """The invariants `gtcmalloc.check` holds it to, and what was checked."""
-        findings = check_gtcmalloc(self.state, self.mem) + list(self.added)
+        findings = check_gtcmalloc(self.state, self.mem) + list(self.objects.findings) + list(self.added)
         errors = sum(1 for f in findings if f.severity is Severity.ERROR)
         warnings = sum(1 for f in findings if f.severity is Severity.WARNING)
         s = self.state
         text = tables.findings_text(findings[:limit or len(findings)]) or Text(
             f"Google's tcmalloc consistent: checked {'; '.join(CHECKED)} ({len(s.classes)} size classes, "
-            f"{len(s.cpus)} CPUs' slabs, {len(s.threads)} thread caches, {len(s.heaps)} page heaps)\n")
+            f"{len(s.cpus)} CPUs' slabs, {len(s.threads)} thread caches, {len(s.heaps)} page heaps, "
+            f"{len(s.spans) if s.spans is not None else 0} spans, {len(self.objects.place)} objects)\n")
         doc = {**self.document(), "clean": not errors, "errors": errors, "warnings": warnings,
                "checked": list(CHECKED)} if json else None
         return Checked([text], errors, warnings, doc)
@@ -134,6 +141,52 @@ class GtcHeap(Decoded):
     @property
     def memory(self):
         return self.mem
+
+    @functools.cached_property
+    def objects(self) -> Objects:
+        """Every object of the live spans and where each free one waits (`gtcmalloc.objects`)."""
+        return object_places(self.mem, self.state)
+
+    def blocks(self) -> Blocks | None:
+        """The objects the program holds and its allocations of whole spans, for the leak scan: the page heaps are
+        its heap, its metadata and static objects its own memory (the caches there point at free objects), the
+        spans of a class whose free objects could not be told apart are scanned as roots, never judged."""
+        s, o = self.state, self.objects
+        if s.spans is None:
+            return None
+        classes = np.repeat(o.size_class, o.count)
+        keep = (o.place == IN_USE) & ~np.isin(classes, sorted(o.broken))
+        addresses, sizes = o.addresses()[keep], np.repeat(o.size, o.count)[keep].astype(np.uint64)
+        whole = (s.spans.size_class == 0) | s.spans.sampled
+        first = (s.spans.first_page[whole] * np.uint64(PAGE)).astype(np.uint64)
+        starts = np.concatenate([addresses, first])
+        ends = np.concatenate([addresses + sizes, first + s.spans.pages[whole] * np.uint64(PAGE)])
+        order = np.argsort(starts, kind="stable")
+        by_name = {}
+        for claim in self.claims():
+            by_name.setdefault(claim.name.endswith("page heaps"), []).append((claim.start, claim.end))
+        broken = np.isin(o.size_class, sorted(o.broken))
+        unknown = [(int(a), int(a) + int(n) * int(z)) for a, n, z in zip(o.start[broken], o.count[broken],
+                                                                        o.size[broken])]
+        return Blocks(starts[order], ends[order], np.zeros(len(order), dtype=np.int32), 0, 0,
+                      heaps=tuple(merged(by_name.get(True, []))), private=tuple(merged(by_name.get(False, []))),
+                      unknown=tuple(merged(unknown)))
+
+    def strips(self, reserved: bool = False, leaked=None) -> list[HeapStrip]:
+        """The page heaps' mappings, span by span (`gtcmalloc.heapmap`)."""
+        if self.state.spans is None:
+            raise CannotDraw("Google's tcmalloc's page map was not found (the findings say why): its spans are not "
+                             "drawn")
+        regions = [(c.start, c.end) for c in self.claims() if c.name.endswith("page heaps")]
+        return page_heap_strips(self.state.spans, self.objects, regions, leaked)
+
+    def html(self, document: dict, strips) -> list[str]:
+        """The page's sections, its kinds of free bytes in the heap maps' colours."""
+        kinds = {"page heap": "gtc_pages", "central free lists": "gtc_central", "per-CPU caches": "gtc_cpu",
+                 "transfer caches": "gtc_transfer", "thread caches": "gtc_thread"}
+        return htmlreport.plain_sections(document, strips, WORDS, self.name,
+                                         {k: KINDS[v].colour for k, v in kinds.items()},
+                                         {k: KINDS[v].label for k, v in kinds.items()})
 
     def claims(self) -> list[Claim]:
         """The mappings tcmalloc took for its page heaps (those its spans lie in: tcmalloc maps each page heap's
@@ -177,12 +230,16 @@ class GoogleTcmalloc(Allocator):
 
     name = "gtcmalloc"
     title = "Google's tcmalloc"
+    scans_leaks = True
     variables = _VARIABLES
     describes = {"report": "its page heaps (huge-page-aware allocators: filler, cache, regions), central free lists, "
                            "transfer caches, per-CPU or thread caches, in MallocExtension's figures",
                  "threads": "each CPU's slab of per-CPU caches, or each thread cache and its thread",
                  "check": "its size classes' counters against their spans on the central free lists, every CPU's "
-                          "slab headers, its thread caches' links, its page heaps' counters and regions"}
+                          "slab headers, its thread caches' links, its page heaps' counters and regions, every free "
+                          "object's place (its span's list or bitmap, a cache) against its span",
+                 "map": "its page heaps span by span: objects in use (or leaked), free in thread, transfer and "
+                        "per-CPU caches and on their spans' lists, rounding, and the page heap's free pages"}
 
     def load(self, context: Context) -> GtcHeap:
         target = context.target

@@ -137,12 +137,32 @@ def _spans(mem: Memory, located: Located, findings: list) -> Spans | None:
     except ReadError as exc:
         findings.append(Finding(Severity.ERROR, exc.address, "the page map", "its root cannot be read", KIND))
         return None
-    spans, unread, lost = read_spans(mem, located.layout, located.pagemap, words)
+    spans, unread, lost = read_spans(mem, located.layout, located.pagemap, words, _freed(mem, located, findings))
     findings.extend(Finding(Severity.ERROR, leaf, "a leaf of the page map", "it cannot be read: the spans of its "
                             "pages are not counted", Kind.UNMAPPED) for leaf in unread)
     findings.extend(Finding(Severity.ERROR, span, "a span the page map names", "it cannot be read", Kind.UNMAPPED)
                     for span in lost)
     return spans
+
+
+def _freed(mem: Memory, located: Located, findings: list) -> set[int]:
+    """The objects on the metadata allocators' free lists (freed Spans among them): each list as long as the
+    allocator's objects made less those in use, or it is not taken (a finding when its objects cannot be read)."""
+    out: set[int] = set()
+    for at in located.allocators:
+        head, in_use, made = (_q(mem, at + off) for off in (16, 24, 32))
+        chain, link = [], head
+        try:
+            while link and len(chain) < made - in_use:
+                chain.append(link)
+                link = _q(mem, link)
+        except ReadError:
+            findings.append(Finding(Severity.ERROR, chain[-1] if chain else at + 16, "a metadata allocator's free "
+                                    "list", f"the object it links to ({link:#x}) cannot be read", Kind.UNMAPPED))
+            continue
+        if not link and len(chain) == made - in_use:
+            out.update(chain)
+    return out
 
 
 def _q(mem: Memory, address: int) -> int:

@@ -28,7 +28,15 @@ as that crate bundles them), its default features (8 KiB pages, no NUMA), on a 6
   in use at +136).
 - a huge region (21,064 bytes): next, prev, pages used (uint32) at 16,404, its range (first hugepage, count) at
   16,416, its backed hugepages at 21,040.
-- a thread cache (4,224 bytes): free bytes (size_) at 4,128, its thread (pthread_t) at 4,144, next and prev at
+- a span (64 bytes): its links (next, prev), the count of the index list embedded in its first free object at 16,
+  that object's index (in 8-byte units from the span's start) at 18, its objects handed out (uint16) at 20, the
+  count of its cache of indexes (low 4 bits of the byte at 22), its first page (35 bits of the word at 24: bit 61
+  says large, 62 sampled), its pages at 32 (6 bits, or the whole word when large or sampled), its cache of 8
+  indexes or, for objects of 64 bytes and more, its bitmap of free objects at 40; a sampled span, its
+  SampledAllocation there instead, whose stack trace holds (at 32 and 40 from the SampledAllocation's start) the
+  object of the size class that stands in for the sample (its proxy: tcmalloc keeps it allocated while the
+  sampled allocation lives, and counts it in use) and the size the program asked for.
+- a thread cache (4,224 bytes): a list per size class (24 bytes: head, count), free bytes (size_) at 4,128, its thread (pthread_t) at 4,144, next and prev at
   4,160 and 4,168; a thread's pointer to it sits in its static TLS.  The list's head (ThreadCache::thread_heaps_)
   is a static word with the list's length (an int32, thread_heap_count_) 8 bytes below it.
 """
@@ -69,6 +77,13 @@ class GtcLayout:
     # span
     span_allocated: int
     span_first_page: int
+    span_embed_count: int
+    span_freelist: int
+    span_cache_size: int        # a byte: the cache's count in its low 4 bits
+    span_cache: int             # the cache's 8 object indexes, or the bitmap of free objects (128 bits)
+    span_sampled: int           # a sampled span's SampledAllocation
+    sampled_proxy: int          # in a SampledAllocation: the object of the size class that stands in for it
+    sampled_requested: int      # and the size the program asked for
     # per-CPU cache
     cpu_slabs: int
     cpu_begins: int
@@ -106,7 +121,8 @@ CRATE_0_1_19 = GtcLayout(
     tc_stride=576, tc_owner=464, tc_used=24, tc_slots=32, tc_central=40,
     cfl_size_class=8, cfl_object_size=16, cfl_objects_per_span=24, cfl_pages_per_span=48, cfl_counter=56,
     cfl_requested=64, cfl_returned=72, cfl_lists=208, cfl_list_count=8, cfl_lists_size=336,
-    span_allocated=20, span_first_page=24,
+    span_allocated=20, span_first_page=24, span_embed_count=16, span_freelist=18, span_cache_size=22, span_cache=40,
+    span_sampled=40, sampled_proxy=32, sampled_requested=40,
     cpu_slabs=0, cpu_begins=16, cpu_resize=24, resize_size=9792, resize_populated=16,
     sharded_shards=0, sharded_owner=192,
     hpaa_size=709816, hpaa_choices=3,

@@ -83,28 +83,38 @@ def _probe(mem: Memory, root: int, page: int, size_class: int) -> bool | None:
     return bool(leaf) and _says(mem, leaf, page & (LEAF_PAGES - 1), size_class)
 
 
-def read_spans(mem: Memory, layout: GtcLayout, root: int,
-               root_words: np.ndarray) -> tuple[Spans, list[int], list[int]]:
-    """Every span the leaves name (ROOT_WORDS: the root's words), and the leaves and spans that could not be
-    read."""
+def read_spans(mem: Memory, layout: GtcLayout, root: int, root_words: np.ndarray,
+               freed: set[int]) -> tuple[Spans, list[int], list[int]]:
+    """Every live span the leaves name (ROOT_WORDS: the root's words), and the leaves and spans that could not be
+    read.  The page map is not cleared when a span goes: a span is live when its Span is not one of FREED (the
+    metadata allocators' free objects) and the entry of its own first page names it (an entry elsewhere may be
+    left from a span since freed whose Span was made again for other pages); its size class is that entry's."""
     leaves = np.nonzero(root_words)[0]
-    pointers, unread = [], []
+    entries, unread = {}, []
     for index in leaves.tolist():
         leaf = int(root_words[index])
         try:
-            packed = np.frombuffer(mem.read(leaf + LEAF_SPANS, 8 * LEAF_PAGES), dtype=np.uint64)
+            entries[index] = np.frombuffer(mem.read(leaf + LEAF_SPANS, 8 * LEAF_PAGES), dtype=np.uint64)
         except ReadError:
             unread.append(leaf)
-            continue
-        pointers.append(packed[packed != 0])
-    packed = np.concatenate(pointers) if pointers else np.zeros(0, dtype=np.uint64)
-    address, first = np.unique(packed & np.uint64(SPAN_MASK), return_index=True)
-    size_class = (packed[first] >> np.uint64(48)).astype(np.uint16)
+    named = [packed[packed != 0] & np.uint64(SPAN_MASK) for packed in entries.values()]
+    address = np.unique(np.concatenate(named)) if named else np.zeros(0, dtype=np.uint64)
+    address = address[~np.isin(address, np.array(sorted(freed), dtype=np.uint64))]
     fields = [_span(mem, layout, int(a)) for a in address.tolist()]
     lost = [int(a) for a, f in zip(address.tolist(), fields) if f is None]
     table = np.array([f or (0, 0, 0, 0) for f in fields], dtype=np.uint64).reshape(-1, 4)
-    return Spans(root, root_words[leaves], address, table[:, 0], table[:, 1], size_class,
-                 table[:, 2].astype(np.uint16), table[:, 3].astype(bool)), unread, lost
+    own = np.array([_entry(entries, int(first)) for first in table[:, 0].tolist()], dtype=np.uint64)
+    live = (own & np.uint64(SPAN_MASK)) == address
+    table, address = table[live], address[live]
+    return Spans(root, root_words[leaves], address, table[:, 0], table[:, 1],
+                 (own[live] >> np.uint64(48)).astype(np.uint16), table[:, 2].astype(np.uint16),
+                 table[:, 3].astype(bool)), unread, lost
+
+
+def _entry(entries: dict, page: int) -> int:
+    """The page map's word for PAGE (0 when its leaf is not there)."""
+    packed = entries.get(page >> LEAF_BITS)
+    return 0 if packed is None else int(packed[page & (LEAF_PAGES - 1)])
 
 
 def _span(mem: Memory, layout: GtcLayout, at: int) -> tuple[int, int, int, int] | None:

@@ -23,9 +23,6 @@ def advice(state: GtcState, rep: Report) -> list[str]:
            f"{human(p['tcmalloc.page_heap_unmapped'])} has been given back to the system already."]
     if rep.leaks is not None:
         out.append(scan_sentence(rep.leaks, "object"))
-    else:
-        out.append(f"heapwalk does not scan Google's tcmalloc's objects for leaks yet: which of the {human(used)} in "
-                   "use nothing points to any more is not said here.")
     page_heap = p["tcmalloc.page_heap_free"]
     if page_heap and not worth(rep, page_heap):
         out.append(not_worth(rep, page_heap, "MallocExtension::ReleaseMemoryToSystem()"))

@@ -10,9 +10,10 @@ word, a bit) or aims damage where it must be seen:
 - central_counter: a central free list's count of free objects off by one: an error at the counter;
 - span_full: a span on a central list saying all its objects are in use: an error at its count;
 - leaf_hidden: a page map leaf missing (a core that lacks it): an error at the leaf;
+- slot_wild: a transfer cache's slot pointing 8 bytes into an object: an error at the slot;
 - truncate: everything above a point inside one of the reads missing: refused in one line, or an error.
-Then it runs what the commands run: finding tcmalloc and its static objects, the decode, check, the report and
-its document, the RSS claims.  A mutant fails when anything raises (other than the one-line refusal,
+Then it runs what the commands run: finding tcmalloc and its static objects, the decode, check, every object's
+place, the report and its document, the heap map's strips, the leak scan's blocks, the RSS claims.  A mutant fails when anything raises (other than the one-line refusal,
 GtcUnknown), takes longer than the bound, shows an impossible figure (tests/tools/figures.py), or, for aimed
 damage, is not seen.  Parameters and results as fuzz_driver.py's.
 """
@@ -28,6 +29,7 @@ from fuzz_driver import MutatedMemory  # noqa: E402
 from je_fuzz_driver import RecordedSound, Recording, _word, drive, patched_read, shown  # noqa: E402
 
 from heapwalk.arch import DEFAULT
+from heapwalk.face import CannotDraw
 from heapwalk.gtcmalloc.allocator import GtcHeap
 from heapwalk.gtcmalloc.check import check_gtcmalloc
 from heapwalk.gtcmalloc.decode import decode_gtcmalloc, thread_list
@@ -36,7 +38,8 @@ from heapwalk.gtcmalloc.image import find_google_tcmalloc
 from heapwalk.gtcmalloc.pagemap import LEAF_SIZE
 
 #: the aimed damage kinds, each drawn this share of the time (the rest are random patches of what was read)
-DAMAGE = {"transfer_used": 0.07, "central_counter": 0.07, "span_full": 0.07, "leaf_hidden": 0.07, "truncate": 0.07}
+DAMAGE = {"transfer_used": 0.06, "central_counter": 0.06, "span_full": 0.06, "leaf_hidden": 0.06, "slot_wild": 0.06,
+          "truncate": 0.06}
 
 
 def _tls(threads) -> list:
@@ -55,7 +58,12 @@ def exercise(mem, space, threads):
     except GtcUnknown as exc:
         return None, None, None, f"refused: {exc}"
     heap = GtcHeap(state, mem, len(threads), space.regions)
-    findings = check_gtcmalloc(state, mem)
+    findings = check_gtcmalloc(state, mem) + list(heap.objects.findings)
+    try:
+        heap.strips()
+    except CannotDraw:
+        pass                     # said in one line, as the front ends say it
+    heap.blocks()
     return shown(heap, state, findings, ())
 
 
@@ -70,6 +78,7 @@ class Sound(RecordedSound):
         rec = Recording(base)                           # what the decode and check read: each a dependency
         state = decode_gtcmalloc(rec, located, image.path, "fuzz", listed)
         check_gtcmalloc(state, rec)
+        GtcHeap(state, rec, len(threads), space.regions).objects
         self.base = base
         writable = [(s.address, s.address + s.memsz) for s in image.writable()] + list(
             space.writable or space.regions)
@@ -85,6 +94,8 @@ class Sound(RecordedSound):
                 if first not in (0, head):
                     self.spans.append((first, c))
         self.leaves = state.spans.leaves.tolist() if state.spans is not None else []
+        self.slots = [struct.unpack("<Q", base.read(entry + L.tc_slots, 8))[0] for entry, c in self.entries
+                      if c.transfer_objects]
 
 
 def _pick(spec: dict, items: list):
@@ -118,6 +129,11 @@ def apply(spec: dict, sound: Sound):
         if leaf is None:
             return None
         return MutatedMemory(base, {}, (leaf, leaf + LEAF_SIZE)), 0         # at the leaf, or at a page it holds
+    if op == "slot_wild":
+        slot = _pick(spec, sound.slots)
+        if slot is None:
+            return None
+        return MutatedMemory(base, _word(slot, struct.unpack("<Q", base.read(slot, 8))[0] + 8)), slot
     return patched_read(spec, sound)
 
 

@@ -38,7 +38,8 @@ class Gtc:
     """The static objects, every size class empty until `size_class` fills one."""
 
     def __init__(self):
-        self.mem = ImageMemory({DATA: bytes(DATA_SIZE), ARENA: bytes(0x80000), LEAF: bytes(LEAF_SIZE)})
+        self.mem = ImageMemory({DATA: bytes(DATA_SIZE), ARENA: bytes(0x80000), LEAF: bytes(LEAF_SIZE),
+                                HEAP: bytes(64 * 8192)})
         self.mem.write_u64(ROOT + 8 * (HEAP_PAGE >> LEAF_BITS), LEAF)
         for c in range(L.classes):
             self.mem.write_u64(TRANSFER + c * L.tc_stride + L.tc_owner, TRANSFER)
@@ -101,6 +102,38 @@ class Gtc:
         self.mem.write_u64(self.central(c) + L.cfl_lists_size, size + 1)
         return span
 
+    def span_free(self, span: int, size: int, free: list[int]) -> None:
+        """SPAN's own free objects (their indexes): a bitmap for objects of 64 bytes and more; else the first up
+        to 8 in its cache, the rest in a chain (the first of them the host, holding the others' indexes)."""
+        if size >= 64:
+            bits = sum(1 << i for i in free)
+            self.mem.write(span + L.span_cache, struct.pack("<QQ", bits & (2**64 - 1), bits >> 64))
+            return
+        units = [i * size // 8 for i in free]
+        cached, chained = units[:8], units[8:]
+        self.mem.write(span + L.span_cache, struct.pack(f"<{len(cached)}H", *cached))
+        self.mem.write(span + L.span_cache_size, bytes([len(cached)]))
+        start = struct.unpack("<Q", self.mem.read(span + L.span_first_page, 8))[0] * 8192
+        if chained:
+            host, rest = chained[0], chained[1:]
+            self.mem.write(start + host * 8, struct.pack(f"<{1 + len(rest)}H", 0xFFFF, *rest))
+        self.mem.write(span + L.span_freelist, struct.pack("<H", chained[0] if chained else 0xFFFF))
+        self.mem.write(span + L.span_embed_count, struct.pack("<H", max(0, len(chained) - 1)))
+
+    @staticmethod
+    def object(span_index: int, size: int, index: int) -> int:
+        """The address of object INDEX of the SPAN_INDEX-th span made (0 first), of SIZE bytes."""
+        return (HEAP_PAGE + span_index + 1) * 8192 + index * size
+
+    def transfer_slots(self, c: int, objects: list[int]) -> int:
+        """Class C's transfer cache holding OBJECTS: its slots' address."""
+        slots = ARENA + 0x30000 + 0x400 * c
+        self.mem.write(slots, struct.pack(f"<{len(objects)}Q", *objects))
+        self.mem.write_u64(TRANSFER + c * L.tc_stride + L.tc_slots, slots)
+        used, capacity = struct.unpack("<ii", self.mem.read(TRANSFER + c * L.tc_stride + L.tc_used, 8))
+        self.mem.write(TRANSFER + c * L.tc_stride + L.tc_used, struct.pack("<ii", len(objects), capacity))
+        return slots
+
     def page_heap(self, h: int, from_system: int, in_use: int, filler: int, allocated: int, unmapped: int,
                   cached: int = 0) -> None:
         """Huge-page-aware allocator H's counters: hugepages from the system and in use, the filler's hugepages,
@@ -110,8 +143,8 @@ class Gtc:
                            (L.filler_allocated, allocated), (L.filler_unmapped, unmapped), (L.cache_size, cached)):
             self.mem.write_u64(at + off, value)
 
-    def per_cpu(self, populated: tuple[int, ...], objects: dict[tuple[int, int], int]) -> None:
-        """Per-CPU caches on: the CPUs POPULATED, OBJECTS[(cpu, class)] objects in each slab."""
+    def per_cpu(self, populated: tuple[int, ...], objects: dict[tuple[int, int], list[int]]) -> None:
+        """Per-CPU caches on: the CPUs POPULATED, OBJECTS[(cpu, class)] the objects in each slab."""
         self.mem.write_u64(CPU + L.cpu_slabs, SLABS | SHIFT)
         self.mem.write_u64(CPU + L.cpu_slabs + 8, STOPPED)
         self.mem.write_u64(CPU + L.cpu_begins, BEGINS)
@@ -121,8 +154,9 @@ class Gtc:
         for cpu in populated:
             self.mem.write(RESIZE + cpu * L.resize_size + L.resize_populated, b"\1")
             for c in range(1, L.classes):
-                current = begins[c] + objects.get((cpu, c), 0)
-                self.mem.write(SLABS + (cpu << SHIFT) + 4 * c, struct.pack("<HH", current, begins[c] + 7))
+                held = objects.get((cpu, c), [])
+                self.mem.write(SLABS + (cpu << SHIFT) + 4 * c, struct.pack("<HH", begins[c] + len(held), begins[c] + 7))
+                self.mem.write(SLABS + (cpu << SHIFT) + 8 * begins[c], struct.pack(f"<{len(held)}Q", *held))
 
     def thread_caches(self, sizes: list[int], thread_pointers: list[int]) -> list[int]:
         """Thread caches of SIZES bytes on the list, the I-th pointed at from the static TLS below

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import struct
 
+import numpy as np
 import pytest
 
 from heapwalk.common.findings import Severity
@@ -14,6 +15,8 @@ from heapwalk.gtcmalloc.check import check_gtcmalloc
 from heapwalk.gtcmalloc.decode import decode_gtcmalloc, thread_list
 from heapwalk.gtcmalloc.find import GtcUnknown, locate
 from heapwalk.gtcmalloc.layout import CRATE_0_1_19 as L
+from heapwalk.gtcmalloc import objects as places
+from heapwalk.gtcmalloc.objects import object_places
 from gtc_synth import CPU, HEAP_PAGE, LEAF, PAGES, ROOT, SLABS, SPANS, THREAD_HEAPS, TRANSFER, Gtc
 
 MiB, HUGE = 1 << 20, 2 << 20
@@ -28,7 +31,8 @@ def _filled(per_cpu: bool = True) -> Gtc:
     g.page_heap(0, from_system=3, in_use=2, filler=2, allocated=300, unmapped=10, cached=1)
     g.page_heap(1, from_system=1, in_use=1, filler=1, allocated=256, unmapped=0)
     if per_cpu:
-        g.per_cpu((0, 1), {(0, 1): 5, (1, 2): 2})
+        g.per_cpu((0, 1), {(0, 1): [Gtc.object(0, 8, 100 + i) for i in range(5)],
+                           (1, 2): [Gtc.object(2, 48, 100), Gtc.object(2, 48, 101)]})
     return g
 
 
@@ -145,3 +149,69 @@ def test_a_leaf_that_cannot_be_read_is_named():
     _, state = _decoded(g)
     assert [(f.address, f.severity) for f in state.findings] == [(0x10, Severity.ERROR)]
     assert len(state.spans) == 2
+
+
+def _objects(g: Gtc):
+    _, state = _decoded(g)
+    return state, object_places(g.mem, state)
+
+
+def test_every_object_s_place_is_read_from_its_span_and_the_caches():
+    """Class 1 (8 bytes: a cache of indexes and a chain) in two spans, class 2 (48 bytes) in one, each span's free
+    objects read where it keeps them, the transfer cache's objects placed: the rest are in use."""
+    g = _filled()                                       # spans 0, 1 of class 1: 5 free in each
+    g.span_free(SPANS, 8, [0, 1, 2, 3, 4])             # all in the cache
+    g.span_free(SPANS + 64, 8, [10, 11, 12, 13, 14])
+    third = g.listed_span(2, in_use=167)               # 3 free: the chain's host and two more
+    g.span_free(third, 48, [5, 6, 7])
+    g.transfer_slots(2, [Gtc.object(2, 48, 9), Gtc.object(2, 48, 20), Gtc.object(2, 48, 30), Gtc.object(2, 48, 40)])
+    state, o = _objects(g)
+    assert o.findings == () and o.broken == frozenset()
+    assert o.count.tolist() == [1024, 1024, 170]
+    central = np.nonzero(o.place == places.CENTRAL)[0].tolist()
+    assert central == [0, 1, 2, 3, 4, 1034, 1035, 1036, 1037, 1038, 2048 + 5, 2048 + 6, 2048 + 7]
+    assert np.nonzero(o.place == places.TRANSFER)[0].tolist() == [2048 + 9, 2048 + 20, 2048 + 30, 2048 + 40]
+    assert np.nonzero(o.place == places.CPU)[0].tolist() == [100, 101, 102, 103, 104, 2048 + 100, 2048 + 101]
+    assert int((o.place == places.IN_USE).sum()) == 2048 + 170 - 13 - 4 - 7
+
+
+def test_a_bitmap_of_free_objects_is_read():
+    g = _filled()
+    g.size_class(3, 64, 1, free=2, spans=1)
+    span = g.listed_span(3, in_use=126)
+    g.span_free(span, 64, [0, 127])
+    state, o = _objects(g)
+    k = int(np.nonzero(o.size_class == 3)[0][0])
+    assert np.nonzero(o.place[o.first[k]:o.first[k] + o.count[k]] == places.CENTRAL)[0].tolist() == [0, 127]
+
+
+def test_a_cached_pointer_into_an_object_is_named_at_its_slot():
+    g = _filled()
+    g.span_free(SPANS, 8, [0, 1, 2, 3, 4])
+    g.span_free(SPANS + 64, 8, [10, 11, 12, 13, 14])
+    third = g.listed_span(2, in_use=167)
+    g.span_free(third, 48, [5, 6, 7])
+    slots = g.transfer_slots(2, [Gtc.object(2, 48, 9), Gtc.object(2, 48, 20) + 8, Gtc.object(2, 48, 30),
+                                 Gtc.object(2, 48, 40)])
+    _, o = _objects(g)
+    assert [(f.address, f.severity) for f in o.findings] == [(slots + 8, Severity.ERROR)]
+    assert o.broken == frozenset({2})
+
+
+def test_an_object_free_in_two_places_is_a_double_free_at_the_object():
+    g = _filled()
+    g.span_free(SPANS, 8, [0, 1, 2, 3, 4])
+    g.span_free(SPANS + 64, 8, [10, 11, 12, 13, 14])
+    third = g.listed_span(2, in_use=167)
+    g.span_free(third, 48, [5, 6, 7])
+    g.transfer_slots(2, [Gtc.object(2, 48, 6), Gtc.object(2, 48, 20), Gtc.object(2, 48, 30), Gtc.object(2, 48, 40)])
+    _, o = _objects(g)
+    assert [(f.address, f.kind.ident) for f in o.findings] == [(Gtc.object(2, 48, 6), "double_free")]
+
+
+def test_a_span_whose_list_disagrees_with_its_count_is_named_at_its_count():
+    g = _filled()
+    g.span_free(SPANS, 8, [0, 1, 2, 3])                 # 4 free, the span says 1019 of 1024 are out
+    g.span_free(SPANS + 64, 8, [10, 11, 12, 13, 14])
+    _, o = _objects(g)
+    assert SPANS + L.span_allocated in [f.address for f in o.findings] and 1 in o.broken

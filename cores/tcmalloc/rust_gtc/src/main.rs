@@ -1,7 +1,10 @@
 //! heapwalk's reproducer: a Rust program on Google's tcmalloc (the tcmalloc-better crate builds it from its own
 //! copy of Google's sources and links it into the program).  Its one argument: the folder it writes into.  Four
 //! threads allocate blocks of mixed sizes (small objects, spans of a few pages, allocations of megabytes) and keep
-//! half of them; three park, holding their caches, and the fourth frees what it kept and exits.  The main thread
+//! half of them; three park, holding their caches, and the fourth frees what it kept and exits.  Before them, a
+//! thread alone leaks 40 blocks (small, of pages, of megabytes): it writes their addresses and sizes into
+//! FOLDER/leaks.txt (hex text, which no scan takes for a pointer), clears the one array that held them, and exits;
+//! nothing else ever held their addresses.  The main thread
 //! then opens FOLDER/stats.json, reads tcmalloc's numeric properties (MallocExtension's) into buffers it allocated
 //! before, writes them, and stops itself with SIGSTOP for the core: nothing is allocated between the reading and
 //! the stop.
@@ -60,6 +63,25 @@ fn size_of(i: usize, seed: usize) -> usize {
     }
 }
 
+/// The sizes of the blocks `leak` leaks: a small object, a larger one, a span of pages, more than the largest
+/// size class (a span of its own).
+const LEAKED: [usize; 5] = [24, 200, 3000, 20_000, 300_000];
+
+fn leak(folder: &str) {
+    let mut held: Vec<*mut u8> = Vec::with_capacity(64);
+    let mut text = String::new();
+    for i in 0..40usize {
+        let size = LEAKED[i % LEAKED.len()] + i;
+        let block = Box::into_raw(vec![0x5au8; size].into_boxed_slice()) as *mut u8;
+        held.push(block);
+        text.push_str(&format!("{:x} {:x}\n", block as usize, size));
+    }
+    std::fs::write(std::path::Path::new(folder).join("leaks.txt"), text).unwrap();
+    for slot in held.iter_mut() {
+        unsafe { std::ptr::write_volatile(slot, std::ptr::null_mut()) };
+    }
+}
+
 fn work(seed: usize, count: usize) -> Vec<Vec<u8>> {
     let mut kept = Vec::new();
     for i in 0..count {
@@ -73,6 +95,9 @@ fn work(seed: usize, count: usize) -> Vec<Vec<u8>> {
 
 fn main() {
     unsafe { TCMalloc_Internal_ForceCpuCacheActivation() };
+    let folder = std::env::args().nth(1).unwrap_or_else(|| ".".to_string());
+    let leaking = folder.clone();
+    thread::spawn(move || leak(&leaking)).join().unwrap();
     let parked = Arc::new(Barrier::new(4));
     let done = Arc::new(Barrier::new(4));
     let workers: Vec<_> = (0..3)
@@ -89,7 +114,6 @@ fn main() {
     thread::spawn(|| drop(black_box(work(7, 30_000)))).join().unwrap();
     parked.wait();
 
-    let folder = std::env::args().nth(1).unwrap_or_else(|| ".".to_string());
     let mut out = File::create(std::path::Path::new(&folder).join("stats.json")).unwrap();
     let mut values = [0usize; PROPERTIES.len()];
     let mut text = String::with_capacity(1 << 16);
