@@ -42,7 +42,9 @@ _PROPERTY = {"page heap": "tcmalloc.page_heap_free", "central free lists": "tcma
              "per-CPU caches": "tcmalloc.cpu_free", "transfer caches": "tcmalloc.transfer_cache_free",
              "thread caches": "tcmalloc.thread_cache_free"}
 #: the properties that count things, not bytes
-_COUNTS = ("tcmalloc.thread_cache_count", "tcmalloc.per_cpu_caches_active")
+_COUNTS = ("tcmalloc.thread_cache_count", "tcmalloc.per_cpu_caches_active", "generic.realized_fragmentation",
+           "tcmalloc.soft_limit_hits", "tcmalloc.hard_limit_hits", "tcmalloc.successful_shrinks_after_soft_limit_hit",
+           "tcmalloc.successful_shrinks_after_hard_limit_hit")
 #: the environment variable only a process of this allocator's reads, and the prefix of those it shares
 _VARIABLES = ("TCMALLOC_",)
 
@@ -107,7 +109,8 @@ class GtcHeap(Decoded):
     def report_parts(self, rep: Report, interactive: bool) -> list:
         lines = Text()
         for name, value in self.state.properties().items():
-            lines.append(f"{name} {value}\n" if name in _COUNTS else f"{name} {value} ({human(value)})\n")
+            lines.append(f"{name} {value}\n" if name in _COUNTS or value >= 1 << 62 else
+                         f"{name} {value} ({human(value)})\n")
         *parts, verdict = report_group(rep, interactive, WORDS, lines).renderables
         box = box_for(interactive)
         local = cpus_table(self.state, box) if self.state.per_cpu else threads_table(self.state, box)

@@ -13,7 +13,7 @@ from heapwalk.common.findings import Finding, Kind, Severity
 from heapwalk.gtcmalloc.find import GtcUnknown, Located
 from heapwalk.gtcmalloc.layout import PAGE, GtcLayout
 from heapwalk.gtcmalloc.pagemap import ROOT_LENGTH, Spans, read_spans
-from heapwalk.gtcmalloc.pageheaps import KIND, PageHeap, read_heaps
+from heapwalk.gtcmalloc.pageheaps import KIND, PageHeap, read_allocator, read_heaps
 from heapwalk.gtcmalloc.threads import ThreadCache, read_threads, thread_list
 from heapwalk.inferior.memory import Memory, ReadError
 
@@ -65,6 +65,8 @@ class GtcState:
     heaps: list[PageHeap]
     spans: Spans | None = None
     findings: list[Finding] = field(default_factory=list)
+    allocator: dict = field(default_factory=dict)     # the page allocator's limits and peaks (`read_allocator`)
+    arena_nonresident: int = 0                        # the metadata arena's bytes no longer resident
 
     @property
     def per_cpu(self) -> bool:
@@ -79,15 +81,34 @@ class GtcState:
         system = sum(h.system for h in self.heaps)
         free = sum(h.free for h in self.heaps)
         unmapped = sum(h.unmapped for h in self.heaps)
-        return {"generic.current_allocated_bytes": max(0, system - (central + transfer + cpu + thread + free +
-                                                                    unmapped)),
+        in_use = max(0, system - (central + transfer + cpu + thread + free + unmapped))
+        a = self.allocator
+        released = [sum(h.released[k] for h in self.heaps) * PAGE for k in range(5)]
+        peak_sampled = a.get("peak_sampled", 0)
+        return {"generic.current_allocated_bytes": in_use, "generic.bytes_in_use_by_app": in_use,
                 "generic.heap_size": system - unmapped,
-                "tcmalloc.page_heap_free": free, "tcmalloc.page_heap_unmapped": unmapped,
+                "generic.peak_memory_usage": a.get("peak_backed", 0),      # GetNumericProperty's (not GetProperties')
+                "generic.realized_fragmentation": int(100 * (a.get("peak_backed", 0) - peak_sampled) / peak_sampled)
+                if peak_sampled else 0,
+                "tcmalloc.page_heap_free": free, "tcmalloc.pageheap_free_bytes": free,
+                "tcmalloc.page_heap_unmapped": unmapped + self.arena_nonresident,
+                "tcmalloc.pageheap_unmapped_bytes": unmapped,
                 "tcmalloc.central_cache_free": central, "tcmalloc.transfer_cache_free": transfer,
                 "tcmalloc.cpu_free": cpu, "tcmalloc.sharded_transfer_cache_free": 0,
-                "tcmalloc.thread_cache_free": thread, "tcmalloc.thread_cache_count": len(self.threads),
+                "tcmalloc.thread_cache_free": thread, "tcmalloc.current_total_thread_cache_bytes": thread,
+                "tcmalloc.thread_cache_count": len(self.threads),
                 "tcmalloc.per_cpu_caches_active": int(self.per_cpu), "tcmalloc.local_bytes": cpu + thread,
-                "tcmalloc.slack_bytes": free + unmapped}
+                "tcmalloc.slack_bytes": free + unmapped,
+                "tcmalloc.hard_usage_limit_bytes": a.get("hard_limit", 0) & (2**64 - 1),
+                "tcmalloc.desired_usage_limit_bytes": a.get("soft_limit", 0) & (2**64 - 1),
+                "tcmalloc.soft_limit_hits": a.get("soft_hits", 0), "tcmalloc.hard_limit_hits": a.get("hard_hits", 0),
+                "tcmalloc.successful_shrinks_after_soft_limit_hit": a.get("soft_shrinks", 0),
+                "tcmalloc.successful_shrinks_after_hard_limit_hit": a.get("hard_shrinks", 0),
+                "tcmalloc.num_released_total_bytes": released[0],
+                "tcmalloc.num_released_release_memory_to_system_bytes": released[1],
+                "tcmalloc.num_released_process_background_actions_bytes": released[2],
+                "tcmalloc.num_released_soft_limit_exceeded_bytes": released[3],
+                "tcmalloc.num_released_hard_limit_exceeded_bytes": released[4]}
 
 
 def decode_gtcmalloc(mem: Memory, located: Located, library: str, target: str,
@@ -115,8 +136,10 @@ def _decode(mem: Memory, located: Located, library: str, target: str, threads: t
                 per_class[c] += n
         classes = [SizeClass(**{**c.__dict__, "cpu_objects": per_class[c.index]}) for c in classes]
         cpus = [CpuSlab(s.cpu, s.address, s.objects, s.bytes) for s in cpus]
+    arena = 0 if located.arena is None else _q(mem, located.arena + L.arena_nonresident)
     return GtcState(target, library, located, classes, cpus, count, shift, read_threads(mem, located, threads, findings),
-                    read_heaps(mem, located, findings), _spans(mem, located, findings), findings)
+                    read_heaps(mem, located, findings), _spans(mem, located, findings), findings,
+                    read_allocator(mem, located), arena)
 
 
 def _spans(mem: Memory, located: Located, findings: list) -> Spans | None:

@@ -48,6 +48,7 @@ class Located:
     probes: tuple = ()            # the (page, size class) pairs it was searched by
     allocators: tuple = ()        # its metadata allocators (Spans', thread caches', ...): each {arena, lock, free list,
     #                               in use, total}
+    arena: int | None = None      # the metadata arena they share (Static::arena_)
     #: the addresses in the object's data that hold a value (a static pointer to something found elsewhere)
     holders: Callable[[int], list[int]] = field(default=lambda value: [], compare=False, repr=False)
 
@@ -67,7 +68,7 @@ def locate(mem: Memory, image: ElfImage) -> Located:
         probes = tuple(_probes(mem, layout, transfer))
         return Located(layout, transfer, pages, _cpu_cache(mem, words, addresses, layout),
                        _sharded(words, addresses, layout, transfer), find_root(mem, words, lo, list(probes)), probes,
-                       _allocators(words, addresses, lo),
+                       *_allocators(words, addresses, lo),
                        lambda value: [int(a) for a in addresses[words == np.uint64(value)]])
     raise GtcUnknown(f"heapwalk: the Google tcmalloc in {image.path} is a build whose layout heapwalk has not "
                      f"measured (it knows {', '.join(l.name for l in LAYOUTS)}): its transfer caches and page "
@@ -133,14 +134,14 @@ def _probes(mem: Memory, layout: GtcLayout, transfer: int) -> list[tuple[int, in
     return out
 
 
-def _allocators(words: np.ndarray, addresses: np.ndarray, lo: int) -> tuple[int, ...]:
-    """The metadata allocators: static objects side by side, 64 bytes apart, each starting with the address of
-    the one arena they all take memory from (a word of this data), then a lock, a free list, and the counts of
-    objects in use and made (in use no more than made)."""
+def _allocators(words: np.ndarray, addresses: np.ndarray, lo: int) -> tuple[tuple[int, ...], int | None]:
+    """The metadata allocators and their arena: static objects side by side, 64 bytes apart, each starting with
+    the address of the one arena they all take memory from (a word of this data), then a lock, a free list, and
+    the counts of objects in use and made (in use no more than made)."""
     hi = lo + 8 * len(words)
     inside = (words >= np.uint64(lo)) & (words < np.uint64(hi))
     values, counts = np.unique(words[inside], return_counts=True)
-    out = []
+    by_arena: dict[int, list[int]] = {}
     for value in values[counts >= 3].tolist():
         at = np.nonzero(words == np.uint64(value))[0]
         if int((np.diff(at) == 8).sum()) < 2:
@@ -148,8 +149,9 @@ def _allocators(words: np.ndarray, addresses: np.ndarray, lo: int) -> tuple[int,
         for index in at.tolist():
             if index + 4 < len(words) and words[index + 3] <= words[index + 4] < np.uint64(1 << 40) \
                     and not int(words[index + 2]) % 8:
-                out.append(int(addresses[index]))
-    return tuple(out)
+                by_arena.setdefault(value, []).append(int(addresses[index]))
+    arena = max(by_arena, key=lambda v: len(by_arena[v]), default=None)
+    return tuple(a for found in by_arena.values() for a in found), arena
 
 
 def _sharded(words: np.ndarray, addresses: np.ndarray, layout: GtcLayout, transfer: int) -> int | None:

@@ -21,8 +21,12 @@ as that crate bundles them), its default features (8 KiB pages, no NUMA), on a 6
 - `Static::sharded_transfer_cache_`: its shards at 0, the transfer-cache array it serves (owner) at 192.
 - `Static::page_allocator_`: three huge-page-aware allocators of 709,816 bytes (normal, sampled, cold), then
   pointers to the normal one, the sampled one, selsan's and the cold one, the algorithm (int32) and whether the
-  cold one is used (bool at +36).
-- a huge-page-aware allocator: its filler's hugepages (size_) at 207,864, its pages allocated (sparse, dense) at
+  cold one is used (bool at +36), its soft and hard limits at +40, their hits at +56, the shrinks after them at
+  +72, the peaks of backed and of sampled application bytes at +88.
+- the metadata arena (Static::arena_, whose address every metadata allocator holds): its bytes no longer
+  resident at 40.
+- a huge-page-aware allocator: its pages released (total, by ReleaseMemoryToSystem, by background actions, past
+  the soft limit, past the hard limit) at 32; its filler's hugepages (size_) at 207,864, its pages allocated (sparse, dense) at
   207,872, its unmapped pages at 207,888; its regions' count at 371,456 and list at 371,472; its huge allocator
   at 535,184 (hugepages from the system at +64, in use at +72); its huge cache at 535,272 (cached hugepages at +72,
   in use at +136).
@@ -96,6 +100,12 @@ class GtcLayout:
     # page allocator
     hpaa_size: int
     hpaa_choices: int
+    pa_limits: int              # from the page allocator's pointers: its soft and hard limits (int64 each)
+    pa_limit_hits: int
+    pa_shrinks: int             # successful shrinks after a limit's hit (soft, hard)
+    pa_peaks: int               # the peak of backed bytes, then of sampled application bytes
+    hpaa_released: int          # a huge-page-aware allocator's pages released, by reason (5 counts)
+    arena_nonresident: int      # the metadata arena's bytes no longer resident
     filler_size: int
     filler_allocated: int
     filler_unmapped: int
@@ -125,7 +135,8 @@ CRATE_0_1_19 = GtcLayout(
     span_sampled=40, sampled_proxy=32, sampled_requested=40,
     cpu_slabs=0, cpu_begins=16, cpu_resize=24, resize_size=9792, resize_populated=16,
     sharded_shards=0, sharded_owner=192,
-    hpaa_size=709816, hpaa_choices=3,
+    hpaa_size=709816, hpaa_choices=3, pa_limits=40, pa_limit_hits=56, pa_shrinks=72, pa_peaks=88, hpaa_released=32,
+    arena_nonresident=40,
     filler_size=207864, filler_allocated=207872, filler_unmapped=207888,
     regions_count=371456, regions_list=371472,
     alloc_from_system=535184 + 64, alloc_in_use=535184 + 72,

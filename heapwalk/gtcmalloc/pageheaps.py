@@ -12,7 +12,7 @@ from heapwalk.gtcmalloc.find import GtcUnknown, Located
 from heapwalk.gtcmalloc.layout import HUGEPAGE, PAGE, GtcLayout
 from heapwalk.inferior.memory import Memory, ReadError, u64
 
-__all__ = ["PageHeap", "read_heaps", "KIND"]
+__all__ = ["PageHeap", "read_heaps", "read_allocator", "KIND"]
 
 #: what a finding on Google's tcmalloc's structures is
 KIND = Kind("gtcmalloc", "Google tcmalloc's structure unreadable or inconsistent")
@@ -31,6 +31,8 @@ class PageHeap:
     filler_used_pages: int
     cached_hugepages: int
     regions: int
+    released: tuple = (0, 0, 0, 0, 0)   # pages released: in all, by ReleaseMemoryToSystem, by background actions,
+    #                                     past the soft limit, past the hard limit
 
 
 def read_heaps(mem: Memory, located: Located, findings: list) -> list[PageHeap]:
@@ -70,7 +72,7 @@ def _heap(mem: Memory, L: GtcLayout, name: str, at: int, findings: list) -> Page
     return PageHeap(name, at, from_system * HUGEPAGE,
                     cached * HUGEPAGE + (free_pages + region_free) * PAGE,
                     max(0, from_system - in_use) * HUGEPAGE + (unmapped + region_unmapped) * PAGE,
-                    filler, allocated, cached, regions)
+                    filler, allocated, cached, regions, struct.unpack("<5Q", mem.read(at + L.hpaa_released, 40)))
 
 
 def _regions(mem: Memory, L: GtcLayout, at: int, name: str, findings: list) -> tuple[int, int, int]:
@@ -96,3 +98,16 @@ def _regions(mem: Memory, L: GtcLayout, at: int, name: str, findings: list) -> t
         findings.append(Finding(Severity.ERROR, at + L.regions_count, f"the {name} page heap's regions", f"its list "
                                 f"holds {walked} regions, its count says {count}", KIND))
     return free, unmapped, walked
+
+
+def read_allocator(mem: Memory, located: Located) -> dict[str, int]:
+    """The page allocator's own figures: its limits, their hits and the shrinks after them, its peaks."""
+    L = located.layout
+    tail = located.page_allocator + L.hpaa_size * L.hpaa_choices
+    soft, hard = struct.unpack("<qq", mem.read(tail + L.pa_limits, 16))
+    soft_hits, hard_hits = struct.unpack("<qq", mem.read(tail + L.pa_limit_hits, 16))
+    soft_shrinks, hard_shrinks = struct.unpack("<qq", mem.read(tail + L.pa_shrinks, 16))
+    backed, sampled = struct.unpack("<QQ", mem.read(tail + L.pa_peaks, 16))
+    return {"soft_limit": soft, "hard_limit": hard, "soft_hits": soft_hits, "hard_hits": hard_hits,
+            "soft_shrinks": soft_shrinks, "hard_shrinks": hard_shrinks, "peak_backed": backed,
+            "peak_sampled": sampled}

@@ -79,7 +79,7 @@ def _figures(doc: dict, want: dict, mode: str, pid: int) -> None:
     """DOC (a report's JSON) holds every property WANT printed, each equal, and the caches of MODE: every CPU's
     slab, or a thread cache for each thread of process PID."""
     got = doc["gtcmalloc"]["properties"]
-    assert len(got) == 13 and got == {k: want[k] for k in got}
+    assert len(got) == 30 and got == {k: want[k] for k in got}
     assert doc["gtcmalloc"]["per_cpu_caches_active"] is (mode == "per-cpu")
     if mode == "per-cpu":
         assert doc["gtcmalloc"]["cpus"]["count"] == os.cpu_count() and doc["gtcmalloc"]["cpus"]["slabs"]

@@ -56,13 +56,17 @@ def test_every_figure_is_the_sum_tcmalloc_makes():
     free = HUGE + (2 * 256 - 300 - 10) * 8192 + (1 * 256 - 256) * 8192     # cached hugepage, filler's free pages
     unmapped = (3 - 2) * HUGE + 10 * 8192
     system = 4 * HUGE
-    assert p == {"generic.current_allocated_bytes": system - central - transfer - cpu - free - unmapped,
+    assert len(p) == 30 and p["generic.bytes_in_use_by_app"] == p["generic.current_allocated_bytes"]
+    assert {k: p[k] for k in ("tcmalloc.pageheap_free_bytes", "tcmalloc.pageheap_unmapped_bytes")} == \
+        {"tcmalloc.pageheap_free_bytes": free, "tcmalloc.pageheap_unmapped_bytes": unmapped}
+    want = {"generic.current_allocated_bytes": system - central - transfer - cpu - free - unmapped,
                  "generic.heap_size": system - unmapped, "tcmalloc.page_heap_free": free,
                  "tcmalloc.page_heap_unmapped": unmapped, "tcmalloc.central_cache_free": central,
                  "tcmalloc.transfer_cache_free": transfer, "tcmalloc.cpu_free": cpu,
                  "tcmalloc.sharded_transfer_cache_free": 0, "tcmalloc.thread_cache_free": 0,
                  "tcmalloc.thread_cache_count": 0, "tcmalloc.per_cpu_caches_active": 1, "tcmalloc.local_bytes": cpu,
                  "tcmalloc.slack_bytes": free + unmapped}
+    assert {k: p[k] for k in want} == want
     assert state.cpu_count == 2 and [(s.cpu, s.objects) for s in state.cpus] == [(0, 5), (1, 2)]
     assert [c.cpu_objects for c in state.classes[:2]] == [5, 2]
 
