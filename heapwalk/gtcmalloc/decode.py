@@ -67,6 +67,7 @@ class GtcState:
     findings: list[Finding] = field(default_factory=list)
     allocator: dict = field(default_factory=dict)     # the page allocator's limits and peaks (`read_allocator`)
     arena_nonresident: int = 0                        # the metadata arena's bytes no longer resident
+    cpu_limit: int = 0                                # the bytes a CPU's slab may hold (per-CPU caches on)
 
     @property
     def per_cpu(self) -> bool:
@@ -137,9 +138,10 @@ def _decode(mem: Memory, located: Located, library: str, target: str, threads: t
         classes = [SizeClass(**{**c.__dict__, "cpu_objects": per_class[c.index]}) for c in classes]
         cpus = [CpuSlab(s.cpu, s.address, s.objects, s.bytes) for s in cpus]
     arena = 0 if located.arena is None else _q(mem, located.arena + L.arena_nonresident)
+    limit = 0 if located.cpu_cache is None else _q(mem, located.cpu_cache + L.cpu_max_size)
     return GtcState(target, library, located, classes, cpus, count, shift, read_threads(mem, located, threads, findings),
                     read_heaps(mem, located, findings), _spans(mem, located, findings), findings,
-                    read_allocator(mem, located), arena)
+                    read_allocator(mem, located), arena, limit)
 
 
 def _spans(mem: Memory, located: Located, findings: list) -> Spans | None:

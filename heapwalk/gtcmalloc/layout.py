@@ -15,7 +15,8 @@ as that crate bundles them), its default features (8 KiB pages, no NUMA), on a 6
   objects in its spans at 56, spans requested at 64 and returned at 72, 8 lists of spans with free objects at 208
   (16 bytes each: next, prev), how many spans they hold at 336.
 - `Static::cpu_cache_`: its slabs and shift (one word: the slabs' address, the shift in its low byte) at 0, the
-  per-size-class begin offsets' array at 16, each CPU's resize record at 24 (9,792 bytes each; populated at 16).
+  per-size-class begin offsets' array at 16, each CPU's resize record at 24 (9,792 bytes each; populated at 16),
+  the limit of a CPU's cache in bytes at 392.
   A CPU's slab is 1 << shift bytes at slabs + cpu << shift: a 4-byte header per size class (current, end: u16
   offsets in words from the slab's start), the cached objects' addresses from begin to current.
 - `Static::sharded_transfer_cache_`: its shards at 0, the transfer-cache array it serves (owner) at 192.
@@ -94,6 +95,7 @@ class GtcLayout:
     cpu_resize: int
     resize_size: int
     resize_populated: int
+    cpu_max_size: int           # the per-CPU cache limit (bytes a CPU's slab may hold)
     # sharded transfer caches
     sharded_shards: int
     sharded_owner: int
@@ -133,7 +135,7 @@ CRATE_0_1_19 = GtcLayout(
     cfl_requested=64, cfl_returned=72, cfl_lists=208, cfl_list_count=8, cfl_lists_size=336,
     span_allocated=20, span_first_page=24, span_embed_count=16, span_freelist=18, span_cache_size=22, span_cache=40,
     span_sampled=40, sampled_proxy=32, sampled_requested=40,
-    cpu_slabs=0, cpu_begins=16, cpu_resize=24, resize_size=9792, resize_populated=16,
+    cpu_slabs=0, cpu_begins=16, cpu_resize=24, resize_size=9792, resize_populated=16, cpu_max_size=392,
     sharded_shards=0, sharded_owner=192,
     hpaa_size=709816, hpaa_choices=3, pa_limits=40, pa_limit_hits=56, pa_shrinks=72, pa_peaks=88, hpaa_released=32,
     arena_nonresident=40,

@@ -42,6 +42,13 @@ def advice(state: GtcState, rep: Report) -> list[str]:
         out.append(f"{human(kept)} of free objects sit in the central free lists and transfer caches ({named}): "
                    "their spans still hold objects in use, and a release returns a span only once every object "
                    "in it is free.")
+    cpu = p["tcmalloc.cpu_free"]
+    if state.per_cpu and cpu >= max(free // 4, 1 << 20):
+        out.append(f"{human(cpu)} of free objects sit in the per-CPU caches of {len(state.cpus)} CPUs, each CPU's slab "
+                   f"allowed {human(state.cpu_limit)}: MallocExtension::SetMaxPerCpuCacheSize lowers that limit, and "
+                   "MallocExtension::ReleaseCpuMemory(cpu) empties a CPU's slab now, at the cost of more trips to the "
+                   "transfer caches; what a slab gives up goes to the central lists, and back to the system only "
+                   "once whole spans are free.")
     if not state.per_cpu:
         out.append(f"Its per-CPU caches are off: each thread allocates through a thread cache ({len(state.threads)} "
                    f"hold {human(p['tcmalloc.thread_cache_free'])}). tcmalloc turns them on only where it can "
