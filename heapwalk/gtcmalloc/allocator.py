@@ -235,6 +235,12 @@ class GoogleTcmalloc(Allocator):
     title = "Google's tcmalloc"
     scans_leaks = True
     variables = _VARIABLES
+
+    @property
+    def verbs(self):
+        from heapwalk.gtcmalloc.verbs import VERBS
+        return VERBS
+
     describes = {"report": "its page heaps (huge-page-aware allocators: filler, cache, regions), central free lists, "
                            "transfer caches, per-CPU or thread caches, in MallocExtension's figures",
                  "threads": "each CPU's slab of per-CPU caches, or each thread cache and its thread",

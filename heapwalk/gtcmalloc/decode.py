@@ -89,8 +89,7 @@ class GtcState:
         return {"generic.current_allocated_bytes": in_use, "generic.bytes_in_use_by_app": in_use,
                 "generic.heap_size": system - unmapped,
                 "generic.peak_memory_usage": a.get("peak_backed", 0),      # GetNumericProperty's (not GetProperties')
-                "generic.realized_fragmentation": int(100 * (a.get("peak_backed", 0) - peak_sampled) / peak_sampled)
-                if peak_sampled else 0,
+                "generic.realized_fragmentation": _fragmentation(a.get("peak_backed", 0), peak_sampled),
                 "tcmalloc.page_heap_free": free, "tcmalloc.pageheap_free_bytes": free,
                 "tcmalloc.page_heap_unmapped": unmapped + self.arena_nonresident,
                 "tcmalloc.pageheap_unmapped_bytes": unmapped,
@@ -110,6 +109,14 @@ class GtcState:
                 "tcmalloc.num_released_process_background_actions_bytes": released[2],
                 "tcmalloc.num_released_soft_limit_exceeded_bytes": released[3],
                 "tcmalloc.num_released_hard_limit_exceeded_bytes": released[4]}
+
+
+def _fragmentation(backed: int, sampled: int) -> int:
+    """generic.realized_fragmentation as tcmalloc computes it: 100 times the backed bytes' excess over the sampled
+    ones (unsigned, so a deficit wraps) over the sampled ones, in doubles, cut to an integer."""
+    if not sampled:
+        return 0
+    return int(100.0 * (float((backed - sampled) % (1 << 64)) / float(sampled))) % (1 << 64)
 
 
 def decode_gtcmalloc(mem: Memory, located: Located, library: str, target: str,

@@ -94,7 +94,8 @@ def test_a_capture_and_gdb_attached_give_every_figure_tcmalloc_printed(stopped, 
     """The capture's report and gdb's, symbols hidden: every property, the caches of the mode, the check clean;
     its page heaps one owner of the RSS, the whole of what tcmalloc took from the system, its metadata another;
     the page's maps draw every property (`_maps_and_scan`), and the leak scan finds exactly the blocks the
-    reproducer leaked, each at least its size; the process goes on as before once continued."""
+    reproducer leaked, each at least its size, and 'chunk' inside one of them names it, in use and leaked; the
+    process goes on as before once continued."""
     proc, want, mode, leaked = stopped
     result = subprocess.run([str(CLI), "capture", str(proc.pid), "--out", str(tmp_path / "out"), "--no-symbols"],
                             capture_output=True, text=True, timeout=600)
@@ -109,11 +110,16 @@ def test_a_capture_and_gdb_attached_give_every_figure_tcmalloc_printed(stopped, 
     assert pages["mapped"] == want["generic.heap_size"] + want["tcmalloc.page_heap_unmapped"] and pages["bytes"] > 0
     assert rows["Google's tcmalloc: metadata"]["bytes"] > 0
     _maps_and_scan(doc, (tmp_path / "out" / "report.html").read_text(), want, leaked)
+    first = min(leaked)
     live = run_gdb(["-p", str(proc.pid)], [f"heapwalk report --no-leaks --json {tmp_path / 'live.json'}",
-                                           "heapwalk check", f"heapwalk leaks --json {tmp_path / 'leaks.json'}"],
-                   iex=[NO_SYMBOLS])
+                                           "heapwalk check", f"heapwalk leaks --json {tmp_path / 'leaks.json'}",
+                                           f"heapwalk chunk {first + 8:#x} --json {tmp_path / 'chunk.json'}",
+                                           "heapwalk bins"], iex=[NO_SYMBOLS])
     assert live.returncode == 0, live.stdout + live.stderr
     assert "Google's tcmalloc consistent: checked" in live.stdout
+    chunk = json.loads((tmp_path / "chunk.json").read_text())
+    assert chunk["use"] == "in use" and first in (chunk.get("object"), chunk.get("allocation"))
+    assert "leaked" in json.dumps(chunk["reach"]) and "size classes, most free bytes first" in live.stdout
     found = json.loads((tmp_path / "leaks.json").read_text())["leaked"]
     assert {b["address"]: b["size"] >= leaked.get(b["address"], 1 << 62) for b in found} == \
         {a: True for a in leaked}
