@@ -11,6 +11,7 @@ no leak scan, no heap map.
 from __future__ import annotations
 
 import copy
+import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -115,6 +116,23 @@ class Verb:
     accepts: Callable[[Any], bool] = lambda args: True    # are these arguments its (another allocator's if not)
 
 
+def chunk_arguments(p) -> None:
+    """The arguments of every allocator's 'heapwalk chunk': the address, and --json."""
+    p.add_argument("address", metavar="ADDRESS")
+    p.add_argument("--json", metavar="FILE", help="also write the result as JSON (schema: docs/json.md)")
+
+
+def show_chunk(front, heap, args, address: int, where: dict, text: str, held: int | None, allocator: str) -> None:
+    """What every allocator's 'heapwalk chunk' ends with: TEXT (what holds ADDRESS), what reaches HELD (the block
+    the program holds there, or None), and with --json the document of WHERE, its ALLOCATOR named."""
+    console = front.console()
+    console.print(text)
+    reach = front.print_reach(console, heap, held)
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as fh:
+            json.dump({"allocator": allocator, "address": address, **where, "reach": reach}, fh, indent=1)
+
+
 class Decoded:
     """One allocator as decoded in one target."""
 
@@ -213,13 +231,18 @@ class Decoded:
 
     def check(self, limit: int, interactive: bool, json: bool = False) -> Checked:
         """'heapwalk check': the findings the decoder made (an allocator without checks of its own)."""
-        findings = self.findings()
+        return self.checked(self.findings(), limit, f"{self.title}: no findings\n", (), json)
+
+    def checked(self, findings: list[Finding], limit: int, consistent: str, checked: Sequence[str],
+                json: bool) -> Checked:
+        """'heapwalk check''s answer on FINDINGS: the first LIMIT of them (all: 0), or the CONSISTENT line when there
+        are none; its document says what was CHECKED."""
         errors = sum(1 for f in findings if f.severity is Severity.ERROR)
         warnings = sum(1 for f in findings if f.severity is Severity.WARNING)
-        text = tables.findings_text(findings) or Text(f"{self.title}: no findings\n")
-        return Checked([text], errors, warnings,
-                       {**self.document(), "clean": not errors, "errors": errors, "warnings": warnings}
-                       if json else None)
+        text = tables.findings_text(findings[:limit or len(findings)]) or Text(consistent)
+        doc = {**self.document(), "clean": not errors, "errors": errors, "warnings": warnings,
+               **({"checked": list(checked)} if checked else {})} if json else None
+        return Checked([text], errors, warnings, doc)
 
     def claims(self) -> list:
         """The memory this allocator holds (its heaps, its own mappings for large blocks, its metadata), as

@@ -28,7 +28,7 @@ from heapwalk.gtcmalloc.image import find_google_tcmalloc
 from heapwalk.gtcmalloc.shown import classes_table, cpus_table, heaps_table, state_document, threads_table
 from heapwalk.gtcmalloc.verdict import advice
 from heapwalk.inferior.memory import merged
-from heapwalk.output import htmlreport, tables
+from heapwalk.output import htmlreport
 from heapwalk.output.consoles import box_for
 from heapwalk.output.jsondoc import report_json
 from heapwalk.output.reporttext import report_group
@@ -129,17 +129,12 @@ class GtcHeap(Decoded):
 
     def check(self, limit: int, interactive: bool, json: bool = False) -> Checked:
         """The invariants `gtcmalloc.check` holds it to, and what was checked."""
-        findings = check_gtcmalloc(self.state, self.mem) + list(self.objects.findings) + list(self.added)
-        errors = sum(1 for f in findings if f.severity is Severity.ERROR)
-        warnings = sum(1 for f in findings if f.severity is Severity.WARNING)
         s = self.state
-        text = tables.findings_text(findings[:limit or len(findings)]) or Text(
-            f"Google's tcmalloc consistent: checked {'; '.join(CHECKED)} ({len(s.classes)} size classes, "
-            f"{len(s.cpus)} CPUs' slabs, {len(s.threads)} thread caches, {len(s.heaps)} page heaps, "
-            f"{len(s.spans) if s.spans is not None else 0} spans, {len(self.objects.place)} objects)\n")
-        doc = {**self.document(), "clean": not errors, "errors": errors, "warnings": warnings,
-               "checked": list(CHECKED)} if json else None
-        return Checked([text], errors, warnings, doc)
+        return self.checked(check_gtcmalloc(s, self.mem) + list(self.objects.findings) + list(self.added), limit,
+                            f"Google's tcmalloc consistent: checked {'; '.join(CHECKED)} ({len(s.classes)} size "
+                            f"classes, {len(s.cpus)} CPUs' slabs, {len(s.threads)} thread caches, {len(s.heaps)} page "
+                            f"heaps, {len(s.spans) if s.spans is not None else 0} spans, {len(self.objects.place)} "
+                            "objects)\n", CHECKED, json)
 
     @property
     def memory(self):

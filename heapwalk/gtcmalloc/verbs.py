@@ -14,7 +14,7 @@ from rich.table import Table
 
 from heapwalk.analysis.report import human
 from heapwalk.common.errors import UsageError
-from heapwalk.face import NotMine, Verb
+from heapwalk.face import NotMine, Verb, chunk_arguments, show_chunk
 from heapwalk.gtcmalloc.layout import PAGE
 from heapwalk.gtcmalloc.objects import IN_USE, PLACES, PROXY
 from heapwalk.output.consoles import box_for
@@ -69,24 +69,14 @@ def _text(address: int, where: dict) -> str:
     return f"{head}\n  {line}"
 
 
-def _chunk_arguments(p) -> None:
-    p.add_argument("address", metavar="ADDRESS")
-    p.add_argument("--json", metavar="FILE", help="also write the result as JSON (schema: docs/json.md)")
-
-
 def _chunk(heap, args, front) -> None:
     address = front.evaluate(args.address)
     where = locate(heap, address)
     if where is None:
         raise NotMine(f"heapwalk chunk: {address:#x} is in no live span of Google's tcmalloc")
-    console = front.console()
-    console.print(_text(address, where))
     held = where.get("allocation") if where["kind"] == "large" else \
         where.get("object") if where.get("use") == "in use" else None
-    reach = front.print_reach(console, heap, held)
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as fh:
-            json.dump({"allocator": "gtcmalloc", "address": address, **where, "reach": reach}, fh, indent=1)
+    show_chunk(front, heap, args, address, where, _text(address, where), held, "gtcmalloc")
 
 
 def class_rows(heap) -> list[dict]:
@@ -144,5 +134,5 @@ VERBS = (
          "whether the program holds it or it is free on its span's own list, in a transfer cache, a CPU's slab or "
          "a thread cache, or stands in for a sampled allocation; in a span of one allocation, the allocation. For "
          "what the program holds, whether anything still points to it (one path from a root, or leaked: see "
-         "'heapwalk leaks').", _chunk_arguments, _chunk),
+         "'heapwalk leaks').", chunk_arguments, _chunk),
 )

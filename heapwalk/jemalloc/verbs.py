@@ -10,7 +10,7 @@ import json
 
 from rich.table import Table
 
-from heapwalk.face import NotMine, Verb
+from heapwalk.face import NotMine, Verb, chunk_arguments, show_chunk
 from heapwalk.analysis.report import human
 from heapwalk.common.errors import UsageError
 from heapwalk.jemalloc.region import locate_region, region_text
@@ -117,11 +117,6 @@ def _tcache_table(t, interactive: bool) -> Table:
     return table
 
 
-def _chunk_arguments(p) -> None:
-    p.add_argument("address", metavar="ADDRESS")
-    p.add_argument("--json", metavar="FILE", help="also write the result as JSON (schema: docs/json.md)")
-
-
 def _chunk(heap, args, front) -> None:
     address = front.evaluate(args.address)
     table = heap.state.extents
@@ -131,14 +126,9 @@ def _chunk(heap, args, front) -> None:
     where = locate_region(heap.mem, heap.state, address)
     if where is None:
         raise NotMine(f"heapwalk chunk: {address:#x} is in no extent of jemalloc's")
-    console = front.console()
-    console.print(region_text(where))
     held = where.get("allocation") if where["kind"] == "large" else \
         where.get("region") if where.get("use") == "in use" else None
-    reach = front.print_reach(console, heap, held)
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as fh:
-            json.dump({"allocator": "jemalloc", "address": address, **where, "reach": reach}, fh, indent=1)
+    show_chunk(front, heap, args, address, where, region_text(where), held, "jemalloc")
 
 
 VERBS = (
@@ -156,5 +146,5 @@ VERBS = (
          "retained), and in a slab its region (size class, index, start) and whether it is in use, free, or "
          "held by a thread's cache; in a large extent, the allocation. For an allocation the program holds, "
          "whether anything still points to it (one path from a root, or leaked: see 'heapwalk leaks').",
-         _chunk_arguments, _chunk),
+         chunk_arguments, _chunk),
 )

@@ -12,7 +12,7 @@ from rich.text import Text
 from heapwalk.face import Allocator, Checked, Context, Decoded, NotUsed, Shown
 from heapwalk.analysis.report import Report, human
 from heapwalk.analysis.rss import Claim
-from heapwalk.common.findings import Finding, Severity
+from heapwalk.common.findings import Finding
 from heapwalk.mimalloc.blocks import mimalloc_blocks
 from heapwalk.mimalloc.check import check_mimalloc
 from heapwalk.mimalloc.account import ARENAS, NO_THREAD, Owner, owners
@@ -23,7 +23,6 @@ from heapwalk.mimalloc.find import find_mimalloc
 from heapwalk.mimalloc.heapmap import segment_strips
 from heapwalk.mimalloc.shown import (collect_resident, options_document, options_line, owner_name, threads_document,
                                      threads_table, totals)
-from heapwalk.output import tables
 from heapwalk.output.consoles import box_for
 from heapwalk.output.jsondoc import report_json
 from heapwalk.output.reporttext import report_group
@@ -117,18 +116,10 @@ class MimallocHeap(Decoded):
 
     def check(self, limit: int, interactive: bool, json: bool = False) -> Checked:
         """The invariants `mimalloc.check` holds it to, and what was checked."""
-        findings = check_mimalloc(self.mem, self.state)
-        errors = sum(1 for f in findings if f.severity is Severity.ERROR)
-        warnings = sum(1 for f in findings if f.severity is Severity.WARNING)
-        pages = len(self.state.pages())
         checked = self.face.checked
-        units = self.face.units(self.state)
-        text = tables.findings_text(findings[:limit or len(findings)]) or Text(
-            f"mimalloc consistent: checked {'; '.join(checked)} ({units}, {pages} pages, "
-            f"{len(self.state.heaps)} heaps)\n")
-        doc = {**self.document(), "clean": not errors, "errors": errors, "warnings": warnings,
-               "checked": list(checked)} if json else None
-        return Checked([text], errors, warnings, doc)
+        return self.checked(check_mimalloc(self.mem, self.state), limit,
+                            f"mimalloc consistent: checked {'; '.join(checked)} ({self.face.units(self.state)}, "
+                            f"{len(self.state.pages())} pages, {len(self.state.heaps)} heaps)\n", checked, json)
 
     def threads(self, interactive: bool, json: bool = False) -> Shown:
         """'heapwalk threads': each heap and the thread it belongs to."""

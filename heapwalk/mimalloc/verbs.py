@@ -11,7 +11,7 @@ from collections import defaultdict
 
 from rich.table import Table
 
-from heapwalk.face import NotMine, Verb
+from heapwalk.face import NotMine, Verb, chunk_arguments, show_chunk
 from heapwalk.analysis.report import human
 from heapwalk.common.errors import UsageError
 from heapwalk.output.consoles import box_for
@@ -83,22 +83,13 @@ def _text(address: int, where: dict) -> str:
             f"{where['page_start']:#x}) in {seg}")
 
 
-def _chunk_arguments(p) -> None:
-    p.add_argument("address", metavar="ADDRESS")
-    p.add_argument("--json", metavar="FILE", help="also write the result as JSON (schema: docs/json.md)")
-
-
 def _chunk(heap, args, front) -> None:
     address = front.evaluate(args.address)
     where = locate(heap, address)
     if where is None:
         raise NotMine(f"heapwalk chunk: {address:#x} is in no {_unit(heap)} of mimalloc's")
-    console = front.console()
-    console.print(_text(address, where))
-    reach = front.print_reach(console, heap, where.get("block") if where.get("use") == "in use" else None)
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as fh:
-            json.dump({"allocator": "mimalloc", "address": address, **where, "reach": reach}, fh, indent=1)
+    held = where.get("block") if where.get("use") == "in use" else None
+    show_chunk(front, heap, args, address, where, _text(address, where), held, "mimalloc")
 
 
 def bin_rows(state) -> list[dict]:
@@ -150,5 +141,5 @@ VERBS = (
          "in a page the block (its size and number) and whether the program holds it, it is free (on its page's "
          "free, local-free or thread-free list, or its heap's delayed-free list) or not cut yet; else the segment's "
          "header, a free span, or rounding. For a block the program holds, whether anything still points to it "
-         "(one path from a root, or leaked: see 'heapwalk leaks').", _chunk_arguments, _chunk),
+         "(one path from a root, or leaked: see 'heapwalk leaks').", chunk_arguments, _chunk),
 )

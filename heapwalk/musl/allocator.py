@@ -28,7 +28,7 @@ from heapwalk.musl.layout import AREA_SIZE, MMAPPED, Ctx
 from heapwalk.musl.model import INSIDE, MuslState
 from heapwalk.musl.shown import classes_document, classes_table
 from heapwalk.musl.verdict import advice
-from heapwalk.output import htmlreport, tables
+from heapwalk.output import htmlreport
 from heapwalk.output.consoles import box_for
 from heapwalk.output.jsondoc import report_json
 from heapwalk.output.reporttext import report_group
@@ -138,16 +138,10 @@ class MuslHeap(Decoded):
 
     def check(self, limit: int, interactive: bool, json: bool = False) -> Checked:
         """mallocng's invariants (`musl.check`), and what was checked."""
-        findings = check_musl(self.state, self.mem)
-        errors = sum(1 for f in findings if f.severity is Severity.ERROR)
-        warnings = sum(1 for f in findings if f.severity is Severity.WARNING)
         s = self.state
-        text = tables.findings_text(findings[:limit or len(findings)]) or Text(
-            f"musl's malloc consistent: checked {'; '.join(CHECKED)} ({len(s.meta_areas)} meta areas, "
-            f"{len(s.groups)} groups, {len(s.used_addr)} allocations)\n")
-        doc = {**self.document(), "clean": not errors, "errors": errors, "warnings": warnings,
-               "checked": list(CHECKED)} if json else None
-        return Checked([text], errors, warnings, doc)
+        return self.checked(check_musl(s, self.mem), limit, f"musl's malloc consistent: checked {'; '.join(CHECKED)} "
+                            f"({len(s.meta_areas)} meta areas, {len(s.groups)} groups, {len(s.used_addr)} "
+                            "allocations)\n", CHECKED, json)
 
     def blocks(self) -> Blocks:
         """The allocations the program holds (each the bytes it asked for), for the leak scan; those mapped on their

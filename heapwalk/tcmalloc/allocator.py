@@ -12,8 +12,7 @@ from rich.text import Text
 from heapwalk.face import Allocator, Checked, Context, Decoded, NotUsed, Shown
 from heapwalk.analysis.report import Report, human
 from heapwalk.analysis.rss import Claim
-from heapwalk.common.findings import Finding, Severity
-from heapwalk.output import tables
+from heapwalk.common.findings import Finding
 from heapwalk.output.consoles import box_for
 from heapwalk.tcmalloc.blocks import tcmalloc_blocks
 from heapwalk.tcmalloc.check import CHECKED, check_tcmalloc
@@ -138,15 +137,10 @@ class TcmallocHeap(Decoded):
 
     def check(self, limit: int, interactive: bool, json: bool = False) -> Checked:
         """The invariants `tcmalloc.check` holds it to, and what was checked."""
-        findings = check_tcmalloc(self.state, self.mem, self.span_table, self.cached)
-        errors = sum(1 for f in findings if f.severity is Severity.ERROR)
-        warnings = sum(1 for f in findings if f.severity is Severity.WARNING)
-        text = tables.findings_text(findings[:limit or len(findings)]) or Text(
-            f"tcmalloc consistent: checked {'; '.join(CHECKED)} ({len(self.state.spans)} spans, "
-            f"{len(self.state.threads)} thread caches, {len(self.state.classes) - 1} size classes)\n")
-        doc = {**self.document(), "clean": not errors, "errors": errors, "warnings": warnings,
-               "checked": list(CHECKED)} if json else None
-        return Checked([text], errors, warnings, doc)
+        s = self.state
+        return self.checked(check_tcmalloc(s, self.mem, self.span_table, self.cached), limit,
+                            f"tcmalloc consistent: checked {'; '.join(CHECKED)} ({len(s.spans)} spans, "
+                            f"{len(s.threads)} thread caches, {len(s.classes) - 1} size classes)\n", CHECKED, json)
 
     @functools.cached_property
     def span_table(self) -> SpanTable:

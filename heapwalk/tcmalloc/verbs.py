@@ -11,7 +11,7 @@ import json
 
 import numpy as np
 
-from heapwalk.face import NotMine, Verb
+from heapwalk.face import NotMine, Verb, chunk_arguments, show_chunk
 from heapwalk.analysis.report import human
 from heapwalk.common.errors import UsageError
 from heapwalk.output.consoles import box_for
@@ -103,24 +103,14 @@ def _bins(heap, args, front) -> None:
             json.dump({"allocator": "tcmalloc", "classes": rows}, fh, indent=1)
 
 
-def _chunk_arguments(p) -> None:
-    p.add_argument("address", metavar="ADDRESS")
-    p.add_argument("--json", metavar="FILE", help="also write the result as JSON (schema: docs/json.md)")
-
-
 def _chunk(heap, args, front) -> None:
     address = front.evaluate(args.address)
     where = locate(heap, address)
     if where is None:
         raise NotMine(f"heapwalk chunk: {address:#x} is in no span of tcmalloc's")
-    console = front.console()
-    console.print(_text(address, where))
     held = where.get("allocation") if where["kind"] == "large" else \
         where.get("object") if where.get("use") == "in use" else None
-    reach = front.print_reach(console, heap, held)
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as fh:
-            json.dump({"allocator": "tcmalloc", "address": address, **where, "reach": reach}, fh, indent=1)
+    show_chunk(front, heap, args, address, where, _text(address, where), held, "tcmalloc")
 
 
 VERBS = (
@@ -135,5 +125,5 @@ VERBS = (
          "returned, and its Span), and in a span cut into objects the object (its class, size and number) and "
          "whether the program holds it or it is free in a thread's cache, a transfer cache or its span's own list; "
          "in a large span, the allocation. For an object the program holds, whether anything still points to it "
-         "(one path from a root, or leaked: see 'heapwalk leaks').", _chunk_arguments, _chunk),
+         "(one path from a root, or leaked: see 'heapwalk leaks').", chunk_arguments, _chunk),
 )
