@@ -21,6 +21,7 @@ from heapwalk.gtcmalloc.check import CHECKED, check_gtcmalloc
 from heapwalk.gtcmalloc.decode import GtcState, decode_gtcmalloc, thread_list
 from heapwalk.gtcmalloc.layout import PAGE
 from heapwalk.gtcmalloc.pagemap import ROOT_LENGTH
+from heapwalk.gtcmalloc.sampled import read_sampled
 from heapwalk.gtcmalloc.find import locate
 from heapwalk.gtcmalloc.heapmap import page_heap_strips
 from heapwalk.gtcmalloc.objects import IN_USE, Objects, object_places
@@ -108,6 +109,10 @@ class GtcHeap(Decoded):
 
     def report_parts(self, rep: Report, interactive: bool) -> list:
         lines = Text()
+        sampled = read_sampled(self.mem, self.state.located.layout, self.state.spans)[0]
+        if sampled:
+            lines.append(f"sampled allocations: {len(sampled)}, {human(sum(s.requested for s in sampled))} asked for, "
+                         f"in spans of {human(sum(s.bytes for s in sampled))} (each beside its proxy object)\n")
         for name, value in self.state.properties().items():
             lines.append(f"{name} {value}\n" if name in _COUNTS or value >= 1 << 62 else
                          f"{name} {value} ({human(value)})\n")
@@ -117,8 +122,11 @@ class GtcHeap(Decoded):
         return [*parts, heaps_table(self.state, box), local, classes_table(self.state, box), verdict]
 
     def report_document(self, rep: Report) -> dict:
+        sampled = read_sampled(self.mem, self.state.located.layout, self.state.spans)[0]
         return {**self.document(), "report": {**report_json(rep), "partial": []},
-                "gtcmalloc": state_document(self.state)}
+                "gtcmalloc": {**state_document(self.state),
+                              "sampled": [{"address": s.address, "bytes": s.bytes, "requested": s.requested,
+                                           "proxy": s.proxy} for s in sampled]}}
 
     def threads(self, interactive: bool, json: bool = False) -> Shown:
         """'heapwalk threads': each thread cache (per-CPU caches off) or each CPU's slab."""

@@ -19,6 +19,7 @@ from heapwalk.common.findings import Finding, Kind, Severity
 from heapwalk.gtcmalloc.decode import GtcState
 from heapwalk.gtcmalloc.layout import PAGE, GtcLayout
 from heapwalk.gtcmalloc.pageheaps import KIND
+from heapwalk.gtcmalloc.sampled import read_sampled
 from heapwalk.inferior.memory import Memory, ReadError, u64
 
 __all__ = ["Objects", "object_places", "IN_USE", "CENTRAL", "TRANSFER", "CPU", "THREAD", "PROXY", "PLACES"]
@@ -217,20 +218,13 @@ class _Walk:
     def proxies(self, state: GtcState) -> None:
         """The objects that stand in for sampled allocations (tcmalloc's own: in use, and the program's data in
         them is stale), from each live sampled span's SampledAllocation."""
-        L, spans = self.L, state.spans
-        for row in np.nonzero(spans.sampled)[0].tolist():
-            holder = int(spans.address[row]) + L.span_sampled
-            try:
-                sampled = u64(self.mem, holder)
-                proxy = u64(self.mem, sampled + L.sampled_proxy)
-            except ReadError:
-                self.findings.append(Finding(Severity.ERROR, holder, "a sampled span", "its SampledAllocation cannot "
-                                             "be read", Kind.UNMAPPED))
-                continue
-            if proxy:
-                span = int(self.objects.span_of(np.array([proxy], dtype=np.uint64))[0])
+        sampled, findings = read_sampled(self.mem, self.L, state.spans)
+        self.findings.extend(findings)
+        for s in sampled:
+            if s.proxy:
+                span = int(self.objects.span_of(np.array([s.proxy], dtype=np.uint64))[0])
                 size_class = int(self.objects.size_class[span]) if span >= 0 else 0
-                self.mark([proxy], [sampled + L.sampled_proxy], size_class, PROXY)
+                self.mark([s.proxy], [s.record + self.L.sampled_proxy], size_class, PROXY)
 
 
 def _bitmap(raw: bytes, L: GtcLayout) -> list[int]:

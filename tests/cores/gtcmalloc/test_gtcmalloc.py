@@ -86,6 +86,8 @@ def _figures(doc: dict, want: dict, mode: str, pid: int) -> None:
     else:
         lwps = {int(task.name) for task in Path(f"/proc/{pid}/task").iterdir()}
         assert lwps <= {t["lwp"] for t in doc["gtcmalloc"]["threads"]}
+    sampled = doc["gtcmalloc"]["sampled"]          # about one allocation in 2 MiB is sampled: a span of its own
+    assert sampled and all(0 < s["requested"] <= s["bytes"] and s["bytes"] % 8192 == 0 for s in sampled)
     row = doc["report"]["arenas"][0]
     assert row["in_use"] == want["generic.current_allocated_bytes"] and row["system"] == want["generic.heap_size"]
 
