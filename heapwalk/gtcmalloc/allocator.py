@@ -190,9 +190,9 @@ class GtcHeap(Decoded):
         """The page's sections, its kinds of free bytes in the heap maps' colours."""
         kinds = {"page heap": "gtc_pages", "central free lists": "gtc_central", "per-CPU caches": "gtc_cpu",
                  "transfer caches": "gtc_transfer", "thread caches": "gtc_thread"}
+        names = {**{k: KINDS[v].label for k, v in kinds.items()}, "page heap": "page heap: free pages"}
         return htmlreport.plain_sections(document, strips, WORDS, self.name,
-                                         {k: KINDS[v].colour for k, v in kinds.items()},
-                                         {k: KINDS[v].label for k, v in kinds.items()})
+                                         {k: KINDS[v].colour for k, v in kinds.items()}, names)
 
     def claims(self) -> list[Claim]:
         """The mappings tcmalloc took for its page heaps (those its spans lie in: tcmalloc maps each page heap's
