@@ -4,12 +4,14 @@ thread's static TLS points at and held by a static word with the list's length b
 from __future__ import annotations
 
 import struct
+from collections import Counter
 from dataclasses import dataclass
 
 from heapwalk.common.findings import Finding, Severity, Kind
 from heapwalk.gtcmalloc.find import Located
 from heapwalk.gtcmalloc.layout import GtcLayout
 from heapwalk.gtcmalloc.pageheaps import KIND
+from heapwalk.inferior.elf import readable_runs
 from heapwalk.inferior.memory import Memory, ReadError, u64
 
 __all__ = ["ThreadCache", "thread_list", "read_threads"]
@@ -30,15 +32,17 @@ def thread_list(mem: Memory, located: Located, tls: list[tuple[int, int, int]]) 
     thread's (LWP, start, end) of static TLS.  The head is found from a cache a thread's TLS points at (checked by
     its links), walked back, and taken where a static word holds it with the list's length beside it; no such
     word: no list (the per-CPU caches on, a thread's TLS still pointing at the cache it gave up)."""
-    L, owners = located.layout, {}
+    L, seen = located.layout, []
     for lwp, lo, hi in tls:
-        try:
-            words = struct.unpack(f"<{(hi - lo) // 8}Q", mem.read(lo, (hi - lo) // 8 * 8))
-        except ReadError:
-            continue
-        for word in words:
-            if word > 1 << 16 and not word % 8 and _linked(mem, L, word):
-                owners.setdefault(word, lwp)
+        for at, data in readable_runs(mem, lo, hi - lo):
+            for k, word in enumerate(struct.unpack(f"<{len(data) // 8}Q", bytes(data[:len(data) // 8 * 8]))):
+                if word > 1 << 16 and not word % 8 and _linked(mem, L, word):
+                    seen.append((hi - at - 8 * k, lwp, word))
+    # every thread keeps its pointer at the same place in its static TLS: that place's pointers first
+    common = Counter(offset for offset, _, _ in seen).most_common(1)
+    owners: dict[int, int] = {}
+    for offset, lwp, word in sorted(seen, key=lambda s: s[0] != (common[0][0] if common else None)):
+        owners.setdefault(word, lwp)
     for head in {_head(mem, L, at) for at in owners} - {None}:
         length = len(_list(mem, L, head, []))
         for at in located.holders(head):
