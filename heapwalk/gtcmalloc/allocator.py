@@ -42,6 +42,11 @@ FREE_KINDS = ("page heap", "central free lists", "per-CPU caches", "transfer cac
 _PROPERTY = {"page heap": "tcmalloc.page_heap_free", "central free lists": "tcmalloc.central_cache_free",
              "per-CPU caches": "tcmalloc.cpu_free", "transfer caches": "tcmalloc.transfer_cache_free",
              "thread caches": "tcmalloc.thread_cache_free"}
+#: MallocExtension's numeric properties heapwalk does not give: tcmalloc's metadata bytes (and what is made from them),
+#: two lone static counters
+NOT_GIVEN = ("tcmalloc.metadata_bytes", "generic.virtual_memory_used", "generic.physical_memory_used",
+             "tcmalloc.required_bytes", "tcmalloc.external_fragmentation_bytes",
+             "tcmalloc.sampled_internal_fragmentation", "tcmalloc.max_total_thread_cache_bytes")
 #: the properties that count things, not bytes
 _COUNTS = ("tcmalloc.thread_cache_count", "tcmalloc.per_cpu_caches_active", "generic.realized_fragmentation",
            "tcmalloc.soft_limit_hits", "tcmalloc.hard_limit_hits", "tcmalloc.successful_shrinks_after_soft_limit_hit",
@@ -116,6 +121,7 @@ class GtcHeap(Decoded):
         for name, value in self.state.properties().items():
             lines.append(f"{name} {value}\n" if name in _COUNTS or value >= 1 << 62 else
                          f"{name} {value} ({human(value)})\n")
+        lines.append(f"not given (no shape finds what they count; docs/gtcmalloc.md): {', '.join(NOT_GIVEN)}\n")
         *parts, verdict = report_group(rep, interactive, WORDS, lines).renderables
         box = box_for(interactive)
         local = cpus_table(self.state, box) if self.state.per_cpu else threads_table(self.state, box)

@@ -20,6 +20,7 @@ import harness
 import tcbuilds
 from browser import heap_groups
 from conftest import GTC_MODES, NO_SYMBOLS, SYSROOTS, run_gdb
+from heapwalk.gtcmalloc.allocator import NOT_GIVEN
 
 pytestmark = pytest.mark.cores
 
@@ -80,6 +81,7 @@ def _figures(doc: dict, want: dict, mode: str, pid: int) -> None:
     slab, or a thread cache for each thread of process PID."""
     got = doc["gtcmalloc"]["properties"]
     assert len(got) == 30 and got == {k: want[k] for k in got}
+    assert set(want) == set(got) | set(NOT_GIVEN)            # every property tcmalloc gives: given, or said not to be
     assert doc["gtcmalloc"]["per_cpu_caches_active"] is (mode == "per-cpu")
     if mode == "per-cpu":
         assert doc["gtcmalloc"]["cpus"]["count"] == os.cpu_count() and doc["gtcmalloc"]["cpus"]["slabs"]
