@@ -21,7 +21,7 @@ from heapwalk.gtcmalloc.check import CHECKED, check_gtcmalloc
 from heapwalk.gtcmalloc.decode import GtcState, decode_gtcmalloc, thread_list
 from heapwalk.gtcmalloc.layout import PAGE
 from heapwalk.gtcmalloc.pagemap import ROOT_LENGTH
-from heapwalk.gtcmalloc.sampled import read_sampled
+from heapwalk.gtcmalloc.sampled import Sampled, read_sampled
 from heapwalk.gtcmalloc.find import locate
 from heapwalk.gtcmalloc.heapmap import page_heap_strips
 from heapwalk.gtcmalloc.objects import IN_USE, Objects, object_places
@@ -114,7 +114,7 @@ class GtcHeap(Decoded):
 
     def report_parts(self, rep: Report, interactive: bool) -> list:
         lines = Text()
-        sampled = read_sampled(self.mem, self.state.located.layout, self.state.spans)[0]
+        sampled = self.sampled
         if sampled:
             lines.append(f"sampled allocations: {len(sampled)}, {human(sum(s.requested for s in sampled))} asked for, "
                          f"in spans of {human(sum(s.bytes for s in sampled))} (each beside its proxy object)\n")
@@ -128,7 +128,7 @@ class GtcHeap(Decoded):
         return [*parts, heaps_table(self.state, box), local, classes_table(self.state, box), verdict]
 
     def report_document(self, rep: Report) -> dict:
-        sampled = read_sampled(self.mem, self.state.located.layout, self.state.spans)[0]
+        sampled = self.sampled
         return {**self.document(), "report": {**report_json(rep), "partial": []},
                 "gtcmalloc": {**state_document(self.state),
                               "sampled": [{"address": s.address, "bytes": s.bytes, "requested": s.requested,
@@ -153,6 +153,11 @@ class GtcHeap(Decoded):
     @property
     def memory(self):
         return self.mem
+
+    @functools.cached_property
+    def sampled(self) -> list[Sampled]:
+        """The sampled allocations (`gtcmalloc.sampled`), read once for the report and its document."""
+        return read_sampled(self.mem, self.state.located.layout, self.state.spans)[0]
 
     @functools.cached_property
     def objects(self) -> Objects:
