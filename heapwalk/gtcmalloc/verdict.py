@@ -33,7 +33,8 @@ def advice(state: GtcState, rep: Report) -> list[str]:
                    "breaking hugepages where it must; MallocExtension::SetBackgroundReleaseRate sets how many bytes "
                    "a second tcmalloc returns as it goes, where the program runs "
                    "MallocExtension::ProcessBackgroundActions() in a thread of its own; either costs page faults "
-                   "when the memory is used again.")
+                   "when the memory is used again. How much of it is in RAM heapwalk does not say for Google's "
+                   "tcmalloc yet (free pages never touched hold none): the release saves at most this.")
     kept = p["tcmalloc.central_cache_free"] + p["tcmalloc.transfer_cache_free"]
     if kept >= max(free // 4, 1 << 20):
         worst = sorted(state.classes, key=lambda c: -(c.central_objects + c.transfer_objects) * c.size)[:3]
