@@ -4,11 +4,9 @@ optional: when no C compiler is at hand the install goes on, and heapwalk runs t
 
 from setuptools import Extension, setup
 
-SPANS = ["heapwalk/analysis/spans.h"]   # shared by the scan and the passes that keep a heap's words
-
 setup(ext_modules=[Extension("heapwalk.glibc.bulk._native", ["heapwalk/glibc/bulk/_native.c"], optional=True,
-                             depends=SPANS, extra_compile_args=["-O2"]),
+                             extra_compile_args=["-O2"]),
                    Extension("heapwalk.jemalloc._native", ["heapwalk/jemalloc/_native.c"], optional=True,
                              extra_compile_args=["-O2"]),
                    Extension("heapwalk.analysis._reach", ["heapwalk/analysis/_reach.c"], optional=True,
-                             depends=SPANS, extra_compile_args=["-O2"])])
+                             extra_compile_args=["-O2"])])

@@ -262,11 +262,6 @@ class Decoded:
         core's contents (`residency.in_core`); None: none noted."""
         return None
 
-    def heap_words(self):
-        """The heaps' words the decode kept for the leak scan (`analysis.heapwords.HeapWords`), so that the scan
-        does not read those heaps again; None: the scan reads them all."""
-        return None
-
     @property
     def memory(self):
         """The target's memory the decoder read (the leak scan reads through it)."""

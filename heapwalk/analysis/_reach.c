@@ -7,7 +7,6 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "spans.h"
 
 /* Goes on with a breadth-first search whose queue is ORDER[HEAD .. TAIL): visits every node the queued ones lead
  * to along the edges (node v's lead to TARGETS[OFFSETS[v]] .. TARGETS[OFFSETS[v + 1] - 1]), skipping the nodes
@@ -139,23 +138,6 @@ void hw_locate(const uint64_t *values, int64_t n, const uint64_t *starts, const 
     }
 }
 
-/* The words of WORDS inside the NRUNS runs [RUN_LO[r], RUN_HI[r]) (ascending) whose value lies in one of the
- * NSPANS spans [BOUNDS[2s], BOUNDS[2s + 1]) (sorted, apart): their indices, in order, into OUT (room for every
- * word of the runs); returns how many. */
-int64_t hw_keep(const uint64_t *words, const int64_t *run_lo, const int64_t *run_hi, int64_t nruns,
-                const uint64_t *bounds, int64_t nspans, int64_t *out)
-{
-    if (nspans == 0)
-        return 0;
-    uint64_t last_lo = bounds[0], last_hi = bounds[1];   /* the span the last kept word was in */
-    int64_t count = 0;
-    for (int64_t r = 0; r < nruns; r++)
-        for (int64_t i = run_lo[r]; i < run_hi[r]; i++)
-            if (in_spans(words[i], bounds, nspans, &last_lo, &last_hi))
-                out[count++] = i;
-    return count;
-}
-
 /* The table hw_locate starts from: for each slot of the NHEAPS stretches (the slot s of stretch h starting at
  * LO[h] + (s << SHIFT), SLOTS[h] of them, in order), the last of the NSTARTS block starts STARTS (ascending)
  * at or below the slot's start, -1 where none, into TABLE; one walk through both. */
@@ -201,7 +183,7 @@ void hw_locate_sorted(const uint64_t *values, int64_t n, const uint64_t *starts,
 }
 
 /* For each of the N words at WORD whose block is BLOCK, all in the root ROOT: the first word met for each block,
- * kept in HIT_WORD and HIT_ROOT where the block had none yet (HIT_ROOT below 0). */
+ * kept in HIT_WORD (when not NULL) and HIT_ROOT where the block had none yet (HIT_ROOT below 0). */
 void hw_first_hits(const int32_t *block, const uint64_t *word, int64_t n, int32_t root, uint64_t *hit_word,
                    int32_t *hit_root)
 {
@@ -209,14 +191,15 @@ void hw_first_hits(const int32_t *block, const uint64_t *word, int64_t n, int32_
         int32_t b = block[k];
         if (hit_root[b] < 0) {
             hit_root[b] = root;
-            hit_word[b] = word[k];
+            if (hit_word)
+                hit_word[b] = word[k];
         }
     }
 }
 
 /* A window of a root: of the N words WORDS read from BASE, each whose value lies in [LO, HI) and points into a
  * block (hw_locate, with STARTS, ENDS, NBLOCKS and the table TLO, SLOTS, FIRST, NHEAPS, TABLE, SHIFT) is a hit of
- * the root ROOT, kept as hw_first_hits keeps it (the word's address to HIT_WORD).  VALUES, INDEX and BLOCK (room
+ * the root ROOT, kept as hw_first_hits keeps it (the word's address to HIT_WORD, when not NULL).  VALUES, INDEX and BLOCK (room
  * for N each) hold the words in [LO, HI) meanwhile; returns how many words hit a block. */
 int64_t hw_root_window(const uint64_t *words, int64_t n, uint64_t base, uint64_t lo, uint64_t hi,
                        const uint64_t *starts, const uint64_t *ends, int64_t nblocks, const uint64_t *tlo,
@@ -240,51 +223,34 @@ int64_t hw_root_window(const uint64_t *words, int64_t n, uint64_t base, uint64_t
         hits++;
         if (hit_root[b] < 0) {
             hit_root[b] = root;
-            hit_word[b] = base + 8 * (uint64_t)index[k];
+            if (hit_word)
+                hit_word[b] = base + 8 * (uint64_t)index[k];
         }
     }
     return hits;
 }
 
-/* The edges of N words: the word at AT[k] (ascending) points into the block BLOCK[k] (-1: none).  Where the word
- * lies inside a block (found in one walk through the NBLOCKS blocks STARTS and ENDS, from the block FROM: the
- * last starting at or below the first word, -1 for none) and points into another, its block and the block it
- * points into go to SOURCE and TARGET; returns how many. */
-int64_t hw_edges(const uint64_t *at, const int32_t *block, int64_t n, const uint64_t *starts, const uint64_t *ends,
-                 int64_t nblocks, int64_t from, int32_t *source, int32_t *target)
+/* The leak scan's pass over a window of the N words WORDS read from BASE (8-aligned), one window at a time in
+ * address order after the roots: each word that lies inside one of the NBLOCKS blocks STARTS and ENDS (sorted by
+ * start; from the block FROM, the last starting at or below BASE, -1 for none: the words of each block met are
+ * read, those between blocks never), whose value lies in [LO, HI) and points into another block (hw_locate,
+ * with the table TLO, SLOTS, FIRST, NHEAPS, TABLE, SHIFT) is an edge, judged as it comes (VALUES, BLOCK and
+ * SOURCE, room for N each, hold the words inside blocks meanwhile).  With DEFER set, a block SEEN already marks
+ * the blocks its words point into (SEEN set) and keeps none of its edges; the others' edges (every block's, DEFER
+ * clear) are kept as rows: each edge's target appended to TARGETS (room for N), and each block whose row starts
+ * here (not *LAST, the block of the edge kept before) appended to KEYS with its first edge's place, EDGES_BEFORE
+ * + the edges appended here before it, to ROW_STARTS (room for N each; *NKEYS counts those appended).  A block
+ * seen only after its words were read has its row to be followed then: hw_close.  Returns the edges appended. */
+int64_t hw_scan_rows(const uint64_t *words, int64_t n, uint64_t base, uint64_t lo, uint64_t hi,
+                     const uint64_t *starts, const uint64_t *ends, int64_t nblocks, int64_t from,
+                     const uint64_t *tlo, const int64_t *slots, const int64_t *first, int64_t nheaps,
+                     const int32_t *table, int64_t shift, uint64_t *values, int32_t *block, int32_t *source,
+                     uint8_t *seen, int64_t defer, int64_t edges_before, int32_t *targets, int32_t *keys,
+                     int64_t *row_starts, int64_t *nkeys, int64_t *last)
 {
-    int64_t i = from, count = 0;
-    for (int64_t k = 0; k < n; k++) {
-        uint64_t v = at[k];
-        while (i + 1 < nblocks && starts[i + 1] <= v)
-            i++;
-        int32_t b = block[k];
-        if (i < 0 || v >= ends[i] || b < 0 || b == (int32_t)i)
-            continue;
-        source[count] = (int32_t)i;
-        target[count] = b;
-        count++;
-    }
-    return count;
-}
-
-/* The edges of a window of the N words WORDS read from BASE (8-aligned): each word that lies inside one of the
- * NBLOCKS blocks STARTS and ENDS (sorted by start; from the block FROM, the last starting at or below BASE, -1 for
- * none: the words of each block met are read, those between blocks never), whose value lies in [LO, HI) and
- * points into another block (hw_locate, with the table TLO, SLOTS, FIRST, NHEAPS, TABLE, SHIFT), gives its block
- * to SOURCE and the value's to TARGET, in the words' order.  VALUES and BLOCK (room for N each) hold the words
- * inside blocks meanwhile; returns the number of edges. */
-int64_t hw_scan_window(const uint64_t *words, int64_t n, uint64_t base, uint64_t lo, uint64_t hi,
-                       const uint64_t *starts, const uint64_t *ends, int64_t nblocks, int64_t from,
-                       const uint64_t *tlo, const int64_t *slots, const int64_t *first, int64_t nheaps,
-                       const int32_t *table, int64_t shift, uint64_t *values, int32_t *block, int32_t *source,
-                       int32_t *target)
-{
-    int64_t m = 0, count = 0;
+    int64_t m = 0, count = 0, nk = 0;
     uint64_t past = base + 8 * (uint64_t)n;
     for (int64_t i = from < 0 ? 0 : from; i < nblocks && starts[i] < past; i++) {
-        /* a word belongs to the last block starting at or below it, if inside it (blocks overlap only where
-         * damage made them): the words at base + 8k in [starts[i], min(ends[i], starts[i + 1])) */
         uint64_t end = i + 1 < nblocks && starts[i + 1] < ends[i] ? starts[i + 1] : ends[i];
         if (end <= base)
             continue;
@@ -301,13 +267,63 @@ int64_t hw_scan_window(const uint64_t *words, int64_t n, uint64_t base, uint64_t
     }
     hw_locate(values, m, starts, ends, nblocks, tlo, slots, first, nheaps, table, shift, block);
     for (int64_t k = 0; k < m; k++) {
-        if (block[k] < 0 || block[k] == source[k])
+        int32_t s = source[k], t = block[k];
+        if (t < 0 || t == s)
             continue;
-        source[count] = source[k];
-        target[count] = block[k];
-        count++;
+        if (defer && seen[s]) {
+            seen[t] = 1;
+            continue;
+        }
+        if (s != *last) {
+            keys[nk] = s;
+            row_starts[nk++] = edges_before + count;
+            *last = s;
+        }
+        targets[count++] = t;
     }
+    *nkeys = nk;
     return count;
+}
+
+/* Where node V's row is among the NKEYS rows KEYS (ascending) names, or -1. */
+static int64_t row_of(const int32_t *keys, int64_t nkeys, int32_t v)
+{
+    int64_t a = 0, b = nkeys;
+    while (a < b) {
+        int64_t m = a + (b - a) / 2;
+        if (keys[m] < v)
+            a = m + 1;
+        else
+            b = m;
+    }
+    return a < nkeys && keys[a] == v ? a : -1;
+}
+
+/* The closure of the reach over the rows hw_scan_rows kept: the NKEYS nodes KEYS (ascending), node KEYS[k]
+ * leading to TARGETS[ROW_STARTS[k] .. ROW_STARTS[k + 1]).  Every node SEEN marks leads to the nodes its row
+ * names, and they to theirs; each is marked in SEEN.  ORDER (room for NKEYS) is the queue of rows; returns how
+ * many nodes were marked here. */
+int64_t hw_close(const int32_t *keys, const int64_t *row_starts, int64_t nkeys, const int32_t *targets,
+                 uint8_t *seen, int64_t *order)
+{
+    int64_t head = 0, tail = 0, marked = 0;
+    for (int64_t k = 0; k < nkeys; k++)
+        if (seen[keys[k]])
+            order[tail++] = k;
+    while (head < tail) {
+        int64_t k = order[head++];
+        for (int64_t e = row_starts[k]; e < row_starts[k + 1]; e++) {
+            int32_t t = targets[e];
+            if (!seen[t]) {
+                seen[t] = 1;
+                marked++;
+                int64_t r = row_of(keys, nkeys, t);
+                if (r >= 0)
+                    order[tail++] = r;
+            }
+        }
+    }
+    return marked;
 }
 
 /* Two runs of blocks merged in address order, less those that start at one of the NX values of EXCLUDED

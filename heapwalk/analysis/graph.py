@@ -56,6 +56,26 @@ class Graph:
         else:
             self.targets = np.ascontiguousarray(targets[np.argsort(sources, kind="stable")], dtype=np.int32)
 
+    @classmethod
+    def of_rows(cls, offsets: np.ndarray, targets: np.ndarray) -> "Graph":
+        """The graph whose node v leads to TARGETS[OFFSETS[v]:OFFSETS[v + 1]] (OFFSETS int64, one more than the
+        nodes; TARGETS int32), kept as given."""
+        graph = cls.__new__(cls)
+        graph.n = len(offsets) - 1
+        graph.offsets, graph.targets = offsets, np.ascontiguousarray(targets, dtype=np.int32)
+        return graph
+
+    def edges(self) -> tuple[np.ndarray, np.ndarray]:
+        """Every edge, as (sources, targets), in the rows' order."""
+        return np.repeat(np.arange(self.n, dtype=np.int32), np.diff(self.offsets)), self.targets
+
+    def rows_of(self, nodes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Every edge from NODES, as (sources, targets) in the rows' order: as many steps as they have edges."""
+        first, counts = self.offsets[nodes], self.offsets[nodes + 1] - self.offsets[nodes]
+        total = int(counts.sum())
+        at = np.repeat(first - (np.cumsum(counts) - counts), counts) + np.arange(total)   # each edge's place
+        return np.repeat(nodes, counts), self.targets[at]
+
     def reach(self, seeds: np.ndarray, seen: np.ndarray, parent: np.ndarray) -> np.ndarray:
         """Visits every node reachable from SEEDS, skipping and marking nodes in SEEN (uint8, changed in
         place); a node reached along an edge gets in PARENT (int32, changed in place) the node it came from.

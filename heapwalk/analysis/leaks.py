@@ -31,7 +31,6 @@ __all__ = ["Leaks", "ArenaLeaks", "Group", "find_leaks", "arena_index", "arena_r
 HIDDEN_POINTERS = ("A conservative scan can only miss a leak (a stale word keeps a chunk reached), never invent one, "
                    "unless the program hides its pointers (XOR'd, compressed, tagged, or kept only in a file or "
                    "in another process).")
-_EMPTY = np.zeros(0, dtype=np.int64)
 
 
 @dataclass(frozen=True)
@@ -88,48 +87,42 @@ class Leaks:
 
 
 def find_leaks(reach: Reach) -> Leaks:
-    """The leaked and unreferenced blocks of REACH, and what each unreferenced block holds."""
-    blocks, graph = reach.blocks, reach.graph
+    """The leaked and unreferenced blocks of REACH, and what each unreferenced block holds.  The leaked blocks'
+    rows are taken as a graph of their own (a leaked block each, by its place among them), so that what this
+    keeps grows with the leaked blocks, not with every block."""
+    blocks = reach.blocks
     sizes = blocks.sizes()
     leaked_mask = ~reach.reached
     leaked = np.flatnonzero(leaked_mask)
-    sources, targets = _leaked_edges(graph, leaked, leaked_mask)
-    pointed = np.zeros(blocks.count, dtype=bool)
+    sources, targets = reach.graph.rows_of(leaked)
+    inner = leaked_mask[targets]
+    sources = np.searchsorted(leaked, sources[inner]).astype(np.int32)
+    targets = np.searchsorted(leaked, targets[inner]).astype(np.int32)
+    inside = Graph(len(leaked), sources, targets)
+    pointed = np.zeros(len(leaked), dtype=bool)
     pointed[targets] = True
-    unreferenced = np.flatnonzero(leaked_mask & ~pointed)
-    unreferenced = unreferenced[np.lexsort((unreferenced, -sizes[unreferenced]))]
-    has_leaked_child = np.zeros(blocks.count, dtype=bool)
+    unreferenced = np.flatnonzero(~pointed)
+    unreferenced = unreferenced[np.lexsort((unreferenced, -sizes[leaked[unreferenced]]))]
+    has_leaked_child = np.zeros(len(leaked), dtype=bool)
     has_leaked_child[sources] = True
-    holds_count, holds_bytes = _holds(reach, unreferenced, leaked_mask, has_leaked_child, sizes)
+    holds_count, holds_bytes = _holds(inside, unreferenced, has_leaked_child, sizes[leaked])
     held = int(holds_count.sum())
+    unreferenced = leaked[unreferenced]
     return Leaks(reach, leaked, unreferenced, holds_count, holds_bytes, len(leaked) - held,
                  int(sizes[leaked].sum()) - int(holds_bytes.sum()), _per_arena(reach, leaked_mask, unreferenced, sizes))
 
 
-def _leaked_edges(graph: Graph, leaked: np.ndarray, leaked_mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The edges from a LEAKED block to another (sources, targets), found from the leaked blocks' rows of the
-    graph: as many steps as they have edges, not as the graph has."""
-    first, counts = graph.offsets[leaked], graph.offsets[leaked + 1] - graph.offsets[leaked]
-    total = int(counts.sum())
-    if not total:
-        return _EMPTY, _EMPTY
-    sources = np.repeat(leaked, counts)
-    at = np.repeat(first - (np.cumsum(counts) - counts), counts) + np.arange(total)   # each edge's place in the rows
-    targets = graph.targets[at]
-    inner = leaked_mask[targets]
-    return sources[inner], targets[inner]
-
-
-def _holds(reach: Reach, unreferenced: np.ndarray, leaked_mask: np.ndarray, has_leaked_child: np.ndarray,
+def _holds(inside: Graph, unreferenced: np.ndarray, has_leaked_child: np.ndarray,
            sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Count and bytes of the leaked blocks each unreferenced block leads to (itself included), taken in
-    order so that a block two of them lead to counts once, for the first."""
+    order so that a block two of them lead to counts once, for the first (INSIDE: the leaked blocks' graph,
+    SIZES theirs)."""
     counts = np.ones(len(unreferenced), dtype=np.int64)
     total = sizes[unreferenced].astype(np.int64)
-    seen = (~leaked_mask).astype(np.uint8)
-    parent = np.full(reach.blocks.count, -1, dtype=np.int32)
+    seen = np.zeros(inside.n, dtype=np.uint8)
+    parent = np.full(inside.n, -1, dtype=np.int32)
     for i in np.flatnonzero(has_leaked_child[unreferenced]).tolist():
-        visited = reach.graph.reach(unreferenced[i:i + 1], seen, parent)
+        visited = inside.reach(unreferenced[i:i + 1], seen, parent)
         counts[i], total[i] = len(visited), int(sizes[visited].sum())
     return counts, total
 
@@ -268,10 +261,10 @@ def signature_name(key: object, images: Sequence[tuple[int, int, str]],
 
 
 def leaks_of(mem: Memory, blocks: Blocks, space: MemoryMap, threads: Sequence[ThreadRegs],
-             progress: Callable[[int, int], None] | None = None, words=None, pages=None) -> Leaks:
-    """The leaks of a target: its roots (`target.roots`) around BLOCKS, scanned in MEM (the heaps' WORDS the
-    decode kept, `heapwords.HeapWords`, taken from there), then judged; PAGES (`heapwords.PagesSeen`), when
-    given, hears which pages the scan read hold anything."""
+             progress: Callable[[int, int], None] | None = None, pages=None, paths: bool = False) -> Leaks:
+    """The leaks of a target: its roots (`target.roots`) around BLOCKS, scanned in MEM, then judged; PAGES
+    (`pages.PagesSeen`), when given, hears which pages the scan read hold anything; PATHS keeps how each block
+    is reached (`reach.scan`)."""
     roots = root_regions(space, threads, list(blocks.heaps) + list(blocks.private), blocks.large, blocks.unknown,
                          images=image_data(mem, space))
-    return find_leaks(scan(mem, blocks, roots, register_roots(threads), progress, words, pages))
+    return find_leaks(scan(mem, blocks, roots, register_roots(threads), progress, pages, paths))

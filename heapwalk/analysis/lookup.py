@@ -17,7 +17,7 @@ import numpy as np
 
 from heapwalk.inferior.clib import built_library
 
-__all__ = ["Locator", "NATIVE", "keep", "merge_blocks", "nonzero_pages", "text_words",
+__all__ = ["Locator", "NATIVE", "merge_blocks", "nonzero_pages", "text_words",
            "FirstHits"]
 
 #: blocks further apart than this start a new stretch of the table (the memory between is given no slots)
@@ -49,21 +49,19 @@ def _declared(lib):
         lib.hw_first_hits.restype = None
         lib.hw_first_hits.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_void_p,
                                       ctypes.c_void_p]
-        lib.hw_edges.restype = ctypes.c_int64
-        lib.hw_edges.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
-                                 ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p]
         lib.hw_root_window.restype = ctypes.c_int64
         lib.hw_root_window.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_uint64, ctypes.c_uint64,
                                        ctypes.c_uint64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
                                        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
                                        ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_void_p,
                                        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
-        lib.hw_scan_window.restype = ctypes.c_int64
-        lib.hw_scan_window.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_uint64, ctypes.c_uint64,
-                                       ctypes.c_uint64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
-                                       ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
-                                       ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
-                                       ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+        lib.hw_scan_rows.restype = ctypes.c_int64
+        lib.hw_scan_rows.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_uint64, ctypes.c_uint64,
+                                     ctypes.c_uint64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
+                                     ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                                     ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
+                                     ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
+                                     ctypes.c_int64] + [ctypes.c_void_p] * 5
         lib.hw_merge_blocks.restype = ctypes.c_int64
         lib.hw_merge_blocks.argtypes = ([ctypes.c_void_p] * 3 + [ctypes.c_int64]) * 2 + [ctypes.c_void_p, ctypes.c_int64] \
             + [ctypes.c_void_p] * 3
@@ -74,9 +72,6 @@ def _declared(lib):
         lib.hw_nonzero_pages.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
         lib.hw_text_words.restype = None
         lib.hw_text_words.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
-        lib.hw_keep.restype = ctypes.c_int64
-        lib.hw_keep.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
-                                ctypes.c_int64, ctypes.c_void_p]
     return lib
 
 
@@ -141,21 +136,6 @@ class Locator:
                               len(self.starts), start, out.ctypes.data)
         return out
 
-    def edges(self, at: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """The words at AT (uint64, ascending) holding VALUES: for each that lies inside a block and points into
-        another, the two blocks (int32: source, target), in one walk through AT and the blocks when in C."""
-        block = self(values)
-        if _LIB is None or not len(at):
-            source = self._numpy(at)
-            ok = np.flatnonzero((source >= 0) & (block >= 0) & (source != block))
-            return source[ok], block[ok]
-        at = np.ascontiguousarray(at, dtype=np.uint64)
-        source, target = np.empty(len(at), dtype=np.int32), np.empty(len(at), dtype=np.int32)
-        start = int(np.searchsorted(self.starts, at[0], side="right")) - 1
-        count = _LIB.hw_edges(at.ctypes.data, block.ctypes.data, len(at), self.starts.ctypes.data,
-                              self.ends.ctypes.data, len(self.starts), start, source.ctypes.data, target.ctypes.data)
-        return source[:count].copy(), target[:count].copy()
-
     def edges_inside(self, at: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """`edges` for words of which many lie outside every block (free memory read whole): the blocks the
         words lie in are found first, in one walk, and only those words' values are looked up."""
@@ -167,21 +147,31 @@ class Locator:
 
     def window_edges(self, base: int, words: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """`edges_inside` of every word of WORDS (uint64, read from BASE) that points between the first block's
-        start and the last one's end: in one C pass over the words when built."""
-        if self._table is None or not len(words):
-            near = np.flatnonzero((words >= self.lo) & (words < self.hi))
-            return self.edges_inside(np.uint64(base) + near.astype(np.uint64) * np.uint64(8), words[near])
+        start and the last one's end, in numpy (`window_rows` is the C pass)."""
+        near = np.flatnonzero((words >= self.lo) & (words < self.hi))
+        return self.edges_inside(np.uint64(base) + near.astype(np.uint64) * np.uint64(8), words[near])
+
+    def window_rows(self, base: int, words: np.ndarray, scratch: tuple[np.ndarray, np.ndarray, np.ndarray],
+                    seen: np.ndarray, defer: bool, edges_before: int, targets: np.ndarray, keys: np.ndarray,
+                    starts: np.ndarray, nkeys: int, last: int) -> int:
+        """`hw_scan_rows` (`_reach.c`) on the window WORDS read from BASE: SCRATCH is its room (values, blocks,
+        sources, N each), SEEN the blocks reached so far; the rows kept go to TARGETS, KEYS and STARTS (room for N
+        each; NKEYS and LAST the addresses of its two counters); returns the edges kept.  Only where `native`."""
         words = np.ascontiguousarray(words, dtype=np.uint64)
         lo, slots, first, table, shift = self._table
-        n = len(words)
-        values, block = np.empty(n, dtype=np.uint64), np.empty(n, dtype=np.int32)
-        source, target = np.empty(n, dtype=np.int32), np.empty(n, dtype=np.int32)
+        values, block, source = scratch
         start = int(np.searchsorted(self.starts, np.uint64(base), side="right")) - 1
-        count = _LIB.hw_scan_window(words.ctypes.data, n, base, int(self.lo), int(self.hi), self.starts.ctypes.data,
-                                    self.ends.ctypes.data, len(self.starts), start, lo.ctypes.data,
-                                    slots.ctypes.data, first.ctypes.data, len(lo), table.ctypes.data, shift,
-                                    values.ctypes.data, block.ctypes.data, source.ctypes.data, target.ctypes.data)
-        return source[:count].copy(), target[:count].copy()
+        return _LIB.hw_scan_rows(words.ctypes.data, len(words), base, int(self.lo), int(self.hi),
+                                 self.starts.ctypes.data, self.ends.ctypes.data, len(self.starts), start,
+                                 lo.ctypes.data, slots.ctypes.data, first.ctypes.data, len(lo), table.ctypes.data,
+                                 shift, values.ctypes.data, block.ctypes.data, source.ctypes.data, seen.ctypes.data,
+                                 int(defer), edges_before, targets.ctypes.data, keys.ctypes.data, starts.ctypes.data,
+                                 nkeys, last)
+
+    @property
+    def native(self) -> bool:
+        """Whether the lookups are made in C (the library built, and blocks to look among)."""
+        return self._table is not None
 
     def pointing(self, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The indices of VALUES that point into a block, and each one's block."""
@@ -206,7 +196,8 @@ class Locator:
         lo, slots, first, table, shift = self._table
         _LIB.hw_root_window(words.ctypes.data, n, base, int(self.lo), int(self.hi), self.starts.ctypes.data,
                             self.ends.ctypes.data, len(self.starts), lo.ctypes.data, slots.ctypes.data,
-                            first.ctypes.data, len(lo), table.ctypes.data, shift, root, hits.word.ctypes.data,
+                            first.ctypes.data, len(lo), table.ctypes.data, shift, root,
+                            None if hits.word is None else hits.word.ctypes.data,
                             hits.root.ctypes.data, values.ctypes.data, index.ctypes.data, block.ctypes.data)
 
     def _numpy(self, values: np.ndarray) -> np.ndarray:
@@ -217,19 +208,6 @@ class Locator:
             ok = values[near] < self.ends[block]
             out[near[ok]] = block[ok]
         return out
-
-
-def keep(words: np.ndarray, run_lo: np.ndarray, run_hi: np.ndarray, bounds: np.ndarray) -> np.ndarray:
-    """The indices (int64, in order) of the words of WORDS (uint64) inside the runs [RUN_LO, RUN_HI) whose value
-    lies in a span of BOUNDS ([lo, hi) pairs flattened, sorted, apart), in C (`hw_keep`; `heapwords` has the
-    numpy form)."""
-    words = np.ascontiguousarray(words, dtype=np.uint64)
-    run_lo = np.ascontiguousarray(run_lo, dtype=np.int64)
-    run_hi = np.ascontiguousarray(run_hi, dtype=np.int64)
-    out = np.empty(int((run_hi - run_lo).sum()), dtype=np.int64)
-    count = _LIB.hw_keep(words.ctypes.data, run_lo.ctypes.data, run_hi.ctypes.data, len(run_lo), bounds.ctypes.data,
-                         len(bounds) // 2, out.ctypes.data)
-    return out[:count]
 
 
 def merge_blocks(a: tuple[np.ndarray, np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray, np.ndarray],
@@ -278,11 +256,11 @@ def text_words(words: np.ndarray) -> np.ndarray | None:
 
 class FirstHits:
     """For each of COUNT blocks, the first word of the roots found pointing into it (WORD: its address, a
-    register's value) and that word's root (ROOT, -1 for none); words are added in the order the roots are
-    read."""
+    register's value; None when not WORDS kept) and that word's root (ROOT, -1 for none); words are added in the
+    order the roots are read."""
 
-    def __init__(self, count: int):
-        self.word = np.zeros(count, dtype=np.uint64)
+    def __init__(self, count: int, words: bool = True):
+        self.word = np.zeros(count, dtype=np.uint64) if words else None
         self.root = np.full(count, -1, dtype=np.int32)
 
     def add(self, block: np.ndarray, words: np.ndarray, root: int) -> None:
@@ -291,10 +269,11 @@ class FirstHits:
         block = np.ascontiguousarray(block, dtype=np.int32)
         words = np.ascontiguousarray(words, dtype=np.uint64)
         if _LIB is not None:
-            _LIB.hw_first_hits(block.ctypes.data, words.ctypes.data, len(block), root, self.word.ctypes.data,
-                               self.root.ctypes.data)
+            _LIB.hw_first_hits(block.ctypes.data, words.ctypes.data, len(block), root,
+                               None if self.word is None else self.word.ctypes.data, self.root.ctypes.data)
             return
         fresh = np.flatnonzero(self.root[block] < 0)
         block, first = np.unique(block[fresh], return_index=True)
         self.root[block] = root
-        self.word[block] = words[fresh[first]]
+        if self.word is not None:
+            self.word[block] = words[fresh[first]]

@@ -3,14 +3,15 @@
 Every aligned 8-byte word of a root (`heapwalk.inferior.roots`: stacks, registers, TLS, writable data,
 anonymous mappings, allocations with their own mapping) that points into an allocation (its first byte or
 anywhere before its end) marks that allocation reached, and so does every such word of a reached
-allocation.  Memory is read once, a window at a time: the roots, then the allocator's heaps, where each
-word that points into a block from inside another block becomes an edge of a graph (`graph.Graph`); the
-closure over that graph from the blocks the roots reach gives every reached block.  The words of free
-memory and of the allocator's bookkeeping are never roots.
+allocation.  Memory is read once, a window at a time: the roots, then the allocator's heaps in address order,
+where each word that points into a block from inside another block is an edge of a graph (`graph.Graph`); the
+closure over that graph from the blocks the roots reach gives every reached block.  A block already reached
+when its words are read passes the mark on at once and keeps no edges (`rows`), so the graph holds the edges
+of the blocks not reached then: the leaked blocks' always.  The words of free memory and of the allocator's
+bookkeeping are never roots.
 
-Each lookup is vectorised: a window's words are looked up among the blocks at once (`locate`: in C through a
-table of slots, else numpy's searchsorted).  The heaps whose words the decode kept as it read them
-(`heapwords`) are not read again.
+Each lookup is vectorised: a window's words are looked up among the blocks at once (`lookup`: in C through a
+table of slots, else numpy's searchsorted).
 """
 
 from __future__ import annotations
@@ -20,10 +21,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from heapwalk.analysis.graph import Graph
-from heapwalk.analysis.heapwords import HeapWords, PagesSeen
+from heapwalk.analysis.pages import PagesSeen
 from heapwalk.analysis.lookup import FirstHits, Locator
-from heapwalk.inferior.memory import Memory, merged, ranges_without
+from heapwalk.analysis.graph import Graph
+from heapwalk.analysis.rows import Rows, SparseRows
+from heapwalk.inferior.memory import Memory, merged
 from heapwalk.inferior.roots import RegisterRoot, Root
 from heapwalk.inferior.window import read_window
 from heapwalk.common.view import Blocks
@@ -33,7 +35,6 @@ __all__ = ["Reach", "scan", "WINDOW"]
 #: bytes of memory looked at at once
 WINDOW = 8 << 20
 _PAGE = 4096
-_EMPTY = np.zeros(0, dtype=np.int64)
 
 
 @dataclass(frozen=True)
@@ -44,12 +45,13 @@ class Reach:
 
     blocks: Blocks
     reached: np.ndarray          # bool per block
-    parent: np.ndarray           # int32 per block
+    parent: np.ndarray | None    # int32 per block; None: not kept (the scan was not asked for paths)
     hit_root: np.ndarray         # int32 per block: the first root that points into it (an index of roots, then of
     #                              registers), -1 for none
-    hit_word: np.ndarray         # uint64 per block: the address of that root's word (a register: its value)
+    hit_word: np.ndarray | None  # uint64 per block: the address of that root's word (a register: its value); None:
+    #                              not kept (the scan was not asked for paths)
     first_words: np.ndarray      # uint64 per block (0 where unread)
-    graph: Graph
+    graph: Graph | SparseRows    # every row, in compressed rows (a scan asked for paths); else the rows kept
     roots: tuple[Root, ...]
     registers: tuple[RegisterRoot, ...]
     root_bytes: int              # bytes of root memory read
@@ -63,7 +65,7 @@ class Reach:
     @property
     def root_words(self) -> np.ndarray:
         """For each of `root_blocks`, the address of the first root word that points into it."""
-        return self.hit_word[self.root_blocks]
+        return self._words()[self.root_blocks]
 
     @property
     def root_index(self) -> np.ndarray:
@@ -76,12 +78,20 @@ class Reach:
         if k < 0:
             return None
         root = self.roots[k] if k < len(self.roots) else self.registers[k - len(self.roots)]
-        return root, int(self.hit_word[block])
+        return root, int(self._words()[block])
+
+    def _words(self) -> np.ndarray:
+        """HIT_WORD, which only a scan asked for paths keeps."""
+        if self.hit_word is None:
+            raise ValueError("the scan kept no paths: scan(..., paths=True)")
+        return self.hit_word
 
     def path(self, block: int) -> list[int]:
         """The blocks from one a root points into down to BLOCK (BLOCK last); [] when it was not reached."""
         if not self.reached[block]:
             return []
+        if self.parent is None:
+            raise ValueError("the scan kept no paths: scan(..., paths=True)")
         out = [block]
         while self.parent[out[-1]] >= 0 and len(out) <= self.blocks.count:
             out.append(int(self.parent[out[-1]]))
@@ -92,16 +102,16 @@ class _Scanner:
     """The scan's running state: the blocks' bounds, the edges and root hits found so far."""
 
     def __init__(self, mem: Memory, blocks: Blocks, progress: Callable[[int, int], None] | None, total: int,
-                 pages: PagesSeen | None = None):
+                 pages: PagesSeen | None = None, paths: bool = False):
         self.mem, self.blocks, self.pages = mem, blocks, pages
         self.starts, self.ends = blocks.starts, blocks.ends
         self.locate = Locator(blocks.starts, blocks.ends)
         self.lo = int(self.starts[0]) if blocks.count else 1
         self.hi = int(self.ends[-1]) if blocks.count else 0
         self.first = np.zeros(blocks.count, dtype=np.uint64)
-        self.sources: list[np.ndarray] = []
-        self.targets: list[np.ndarray] = []
-        self.hits = FirstHits(blocks.count)
+        self.rows = Rows(blocks.count, defer=not paths)
+        self.seen = np.zeros(blocks.count, dtype=np.uint8)
+        self.hits = FirstHits(blocks.count, words=paths)
         self.unread: list[tuple[int, int]] = []
         self.progress, self.total, self.done = progress, total, 0
 
@@ -136,24 +146,10 @@ class _Scanner:
             self.hits.add(np.array([b]), np.array([registers[w].value], dtype=np.uint64), first + w)
 
     def heap(self, lo: int, hi: int) -> None:
+        """Reads the heap [LO, HI) (after the roots, and after every heap below it)."""
         for base, words in self.windows(lo, hi):
             self._first_words(base, words)
-            source, target = self.locate.window_edges(base, words)
-            self.sources.append(source)
-            self.targets.append(target)
-
-    def kept(self, words: HeapWords) -> None:
-        """The heap words WORDS kept for the memory it covers, judged as `heap` judges the words it reads."""
-        for at, values in words.pairs():     # in address order
-            source, target = self.locate.edges(at, values)
-            self.sources.append(source)
-            self.targets.append(target)
-        for at, first in words.firsts():     # in address order
-            block = self.locate.ascending(at)
-            ok = np.flatnonzero(block >= 0)
-            ok = ok[self.starts[block[ok]] == at[ok]]
-            self.first[block[ok]] = first[ok]
-        self.done += sum(hi - lo for lo, hi in words.covered)
+            self.rows.window(self.locate, base, words, self.seen)
 
     def _first_words(self, base: int, words: np.ndarray) -> None:
         i0 = int(np.searchsorted(self.starts, np.uint64(base)))
@@ -163,32 +159,31 @@ class _Scanner:
 
 
 def scan(mem: Memory, blocks: Blocks, roots: Sequence[Root], registers: Sequence[RegisterRoot] = (),
-         progress: Callable[[int, int], None] | None = None, words: HeapWords | None = None,
-         pages: PagesSeen | None = None) -> Reach:
-    """Scans ROOTS, REGISTERS and BLOCKS' heaps in MEM once, and follows the graph (see the module); the heaps
-    WORDS covers (the words the decode kept as it read them) are taken from there, when its values were kept
-    for every heap, and given back (`HeapWords.release`: what follows reuses their memory).  PAGES, when given,
-    hears which pages of what the scan read hold anything."""
+         progress: Callable[[int, int], None] | None = None, pages: PagesSeen | None = None,
+         paths: bool = False) -> Reach:
+    """Scans ROOTS, REGISTERS and BLOCKS' heaps in MEM once, and follows the graph (see the module).  PAGES, when
+    given, hears which pages of what the scan read hold anything.  PATHS keeps every block's edges and which block led
+    to which (`Reach.path`), where the scan otherwise keeps only the edges of blocks not yet reached when it
+    read them (`rows`)."""
     heaps = merged(blocks.heaps)
     root_bytes = sum(r.end - r.start for r in roots)
-    s = _Scanner(mem, blocks, progress, root_bytes + sum(hi - lo for lo, hi in heaps), pages)
-    if words is not None and words.covered and words.holds(heaps):
-        s.kept(words)                    # first, so that the roots' windows reuse what they give back
-        heaps = ranges_without(heaps, words.covered)
-        words.release()
+    s = _Scanner(mem, blocks, progress, root_bytes + sum(hi - lo for lo, hi in heaps), pages, paths)
     for i, root in enumerate(roots):
         s.root(i, root)
     s.registers(len(roots), registers)
+    if s.rows.defer:
+        s.seen[:] = s.hits.root >= 0
     for lo, hi in heaps:
         s.heap(lo, hi)
-    graph = Graph(blocks.count, _joined(s.sources), _joined(s.targets))
-    seen = np.zeros(blocks.count, dtype=np.uint8)
-    parent = np.full(blocks.count, -2, dtype=np.int32)
-    graph.reach_marked(s.hits.root, seen, parent)
+    rows = s.rows.rows()
+    seen, parent, graph = s.seen, None, rows
+    if s.rows.defer:
+        rows.close(seen)
+    else:
+        graph = rows.graph()
+        seen[:] = 0
+        parent = np.full(blocks.count, -2, dtype=np.int32)
+        graph.reach_marked(s.hits.root, seen, parent)
     return Reach(blocks, seen.view(bool), parent, s.hits.root, s.hits.word, s.first, graph,
                  tuple(roots), tuple(registers), root_bytes, tuple(merged(s.unread)))
 
-
-def _joined(parts: list[np.ndarray]) -> np.ndarray:
-    """PARTS (block indices) as one int32 array, copied once."""
-    return np.concatenate(parts).astype(np.int32, copy=False) if parts else _EMPTY.astype(np.int32)

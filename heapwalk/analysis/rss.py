@@ -202,7 +202,7 @@ def rss_of_target(target, claims: Sequence[Claim], seen=None) -> RssBreakdown | 
     """TARGET's resident memory by owner (a `heapwalk.inferior.space.Target`), the allocators' CLAIMS and each
     thread's stack (the mapping its stack pointer is in) claimed first; for a core that does not say which pages
     were resident, what the core holds by owner instead (measure "in the core", SEEN: the pages a walk already
-    judged, `heapwords.HeapWords.pages_seen`); None when neither is known."""
+    judged, `pages.PagesSeen`); None when neither is known."""
     known = target.residency if target.residency is not None else \
         target.present(seen) if target.present is not None else None
     if known is None:

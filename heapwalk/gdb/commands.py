@@ -29,7 +29,7 @@ from heapwalk.output.jsondoc import words_json
 from heapwalk.output.options import add_no_leaks, add_report_files
 from heapwalk.output.tables import several_text
 from heapwalk.output.rsstext import rss_document, rss_sentence, rss_table, rss_verdict
-from heapwalk.analysis.heapwords import PagesSeen
+from heapwalk.analysis.pages import PagesSeen
 from heapwalk.analysis.rss import rss_of_target
 from heapwalk.inferior.memory import merged
 
@@ -86,7 +86,7 @@ class ThreadsCommand(Subcommand):
 
 
 def _pages_seen(found, scanned: PagesSeen | None = None) -> tuple[list, list] | None:
-    """The pages the decoders' walks already judged (`heapwords.HeapWords.pages_seen`), and the leak scans
+    """The pages the decoders' walks already judged (`pages.PagesSeen`), and the leak scans
     (SCANNED), for a plain core's contents; None when none were kept."""
     kept = [p for p in (d.pages_seen() for d in found.decoded) if p is not None]
     kept += [scanned.seen()] if scanned is not None else []
@@ -292,7 +292,7 @@ class Front:
         whole heap)."""
         found = load_allocators(walk_chunks=True, keep_used=True)
         again = next((d for d in found.decoded if d.name == decoded.name), None)
-        return reach_text(scan_leaks(found, again), block, found.target.threads) if again is not None else None
+        return reach_text(scan_leaks(found, again, paths=True), block, found.target.threads) if again is not None else None
 
     def print_reach(self, console, decoded, block: int | None) -> str | None:
         """`reach` of the block at BLOCK (None: not one the program holds) in DECODED's words (its block_noun),

@@ -20,20 +20,21 @@ from heapwalk.inferior.roots import RegisterRoot, readonly_images
 __all__ = ["LeaksCommand", "scan_leaks", "reach_text", "in_use_and_leaks"]
 
 
-def scan_leaks(found, decoded) -> Leaks:
-    """The leaks of the allocator DECODED (one of FOUND, `load_allocators`' answer, walked with its blocks kept)."""
+def scan_leaks(found, decoded, paths: bool = False) -> Leaks:
+    """The leaks of the allocator DECODED (one of FOUND, `load_allocators`' answer, walked with its blocks kept);
+    PATHS keeps how each block is reached (`reach_text` needs it)."""
     target = found.target
-    return leaks_of(decoded.memory, decoded.blocks(), target.space, target.threads, words=decoded.heap_words())
+    return leaks_of(decoded.memory, decoded.blocks(), target.space, target.threads, paths=paths)
 
 
 def in_use_and_leaks(found, decoded, pages=None) -> tuple[InUse, LeakTotals, np.ndarray]:
     """What the allocator DECODED (one of FOUND) holds in use, by size and signature, what of it is leaked, and
-    the leaked blocks' addresses (for the heap maps); PAGES (`heapwords.PagesSeen`) hears which pages the scan
+    the leaked blocks' addresses (for the heap maps); PAGES (`pages.PagesSeen`) hears which pages the scan
     read hold anything."""
     mem = decoded.memory
     blocks = decoded.blocks()
     target = found.target
-    lk = leaks_of(mem, blocks, target.space, target.threads, words=decoded.heap_words(), pages=pages)
+    lk = leaks_of(mem, blocks, target.space, target.threads, pages=pages)
     return (in_use_of(blocks, ~lk.reach.reached, lk.reach.first_words, readonly_images(target.space), symbol_at, mem),
             leak_totals(lk), lk.leaked_chunks())
 

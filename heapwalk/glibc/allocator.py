@@ -53,6 +53,7 @@ class GlibcHeap(Decoded):
     def __init__(self, state, mem, layout):
         self.state, self.mem, self.layout = state, mem, layout
         self.target = state.target
+        self._blocks = None
 
     def header(self, with_target: bool = True):
         return glibc_tables.header_text(self.state, with_target)
@@ -120,10 +121,13 @@ class GlibcHeap(Decoded):
         return heap_strips(self.mem, self.layout, self.state, reserved, leaked)
 
     def blocks(self):
-        return blocks_of(self.mem, self.layout, self.state)
-
-    def heap_words(self):
-        return self.state.walk.words if self.state.walk is not None else None
+        """The chunks in use for the leak scan, made once: the one pass's arrays of them are handed over (the state
+        keeps them no more), so that they are not held twice while the scan runs."""
+        if self._blocks is None:
+            self._blocks = blocks_of(self.mem, self.layout, self.state)
+            if self.state.walk is not None and self.state.walk.used is not None:
+                self.state = dataclasses.replace(self.state, walk=dataclasses.replace(self.state.walk, used=None))
+        return self._blocks
 
     def pages_seen(self):
         return self.state.walk.pages if self.state.walk is not None else None

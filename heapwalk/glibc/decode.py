@@ -12,7 +12,7 @@ import dataclasses
 import struct
 from types import MappingProxyType
 
-from heapwalk.analysis.heapwords import HeapWords
+from heapwalk.analysis.pages import PagesSeen
 from heapwalk.arch import DEFAULT, Architecture
 from heapwalk.glibc.walk.arenas import decode_arena, walk_free_list
 from heapwalk.glibc.walk.chunks import Listing
@@ -118,7 +118,7 @@ def _collect(mem: Memory, disc: Discovery, threads: list[ThreadRegs], target: st
         decoded_threads.append(thread)
         thread_findings.extend(t_findings)
     one_pass = _one_pass(mem, disc, mp, ring, decoded_threads, progress, not walk_chunks, residency, keep_used,
-                         keep_chunks, regions, keep_pages) \
+                         keep_chunks, keep_pages) \
         if sweep else None
     arenas, stopped = _decode_arenas(mem, disc, ring, mp, free_list, findings, one_pass)
     if regions is not None and stopped is None and not (arenas and arenas[0].is_main):
@@ -143,10 +143,10 @@ def _collect(mem: Memory, disc: Discovery, threads: list[ThreadRegs], target: st
             state, facts=state.facts + (_mp_pinned(mem, disc, state, mp, fill_seen, False),))
     swept = None if one_pass is None or state.scanned_tcaches else one_pass.results(state.arenas)
     walk = walk_arenas(mem, disc.layout, state, progress, swept)
-    if swept and keep_used:   # the scan reads the heaps the words kept do not cover
-        walk = dataclasses.replace(walk, used=_of_swept(one_pass.used, swept), words=one_pass.words)
-    if keep_pages and one_pass is not None and one_pass.words is not None:
-        walk = dataclasses.replace(walk, pages=one_pass.words.pages_seen())
+    if swept and keep_used:
+        walk = dataclasses.replace(walk, used=_of_swept(one_pass.used, swept))
+    if keep_pages and one_pass is not None and one_pass.pages is not None:
+        walk = dataclasses.replace(walk, pages=one_pass.pages.seen())
     if swept and keep_chunks:
         walk = dataclasses.replace(walk, chunks=_of_swept(one_pass.chunks, swept))
     if regions is not None and not walk.interrupted:
@@ -251,14 +251,12 @@ def _decode_arenas(mem: Memory, disc: Discovery, ring: list[int | None], mp: Mal
 
 def _one_pass(mem: Memory, disc: Discovery, mp: MallocPar | None, ring: list[int | None], threads: list,
               progress, lists_only: bool, residency: Residency | None, keep_used: bool = False,
-              keep_chunks: bool = False, regions: list[tuple[int, int]] | None = None,
-              keep_pages: bool = False) -> OnePass:
+              keep_chunks: bool = False, keep_pages: bool = False) -> OnePass:
     """The one-pass path of a decode: the threads' tcaches, mp_'s page sizes, and the bytes the arenas of
     RING hold (for PROGRESS); LISTS_ONLY for a decode without the chunk walk; RESIDENCY for the trim estimates;
-    KEEP_USED keeps the in-use chunks and, where REGIONS says where heaps may be, the words the leak scan
-    needs; KEEP_PAGES notes which pages the sweep held hold anything (`heapwords.HeapWords.pages_seen`), as
-    it always does where RESIDENCY is not known: the trim estimates then take them from there instead of reading
-    the pages again."""
+    KEEP_USED keeps the in-use chunks; KEEP_PAGES notes which pages the sweep held hold anything
+    (`pages.PagesSeen`), as it always does where RESIDENCY is not known: the trim estimates then take them from
+    there instead of reading the pages again."""
     thp, contiguous = trim_settings(mp)
     total = 0
     for address in ring:
@@ -266,10 +264,9 @@ def _one_pass(mem: Memory, disc: Discovery, mp: MallocPar | None, ring: list[int
             total += u64(mem, address + disc.layout.off_system_mem) if address is not None else 0
     tcaches = [t.tcache for t in threads if t.tcache is not None]
     keep_pages = keep_pages or residency is None    # a plain core: the trim estimates ask which pages hold anything
-    words = HeapWords(regions or [], keep_words=keep_used and bool(regions), keep_pages=keep_pages) \
-        if (keep_used and regions or keep_pages) and not lists_only else None
+    pages = PagesSeen() if keep_pages and not lists_only else None
     return OnePass(mem, disc.layout, tcaches, thp, contiguous, progress, total, lists_only, residency, keep_used,
-                   keep_chunks, words, disc.page_size)
+                   keep_chunks, pages, disc.page_size)
 
 
 def _main_by_its_heap(mem: Memory, disc: Discovery, regions: list[tuple[int, int]], arenas: list[Arena]

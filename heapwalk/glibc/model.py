@@ -304,7 +304,6 @@ class ChunkWalk:
     interrupted: bool = False
     used: Mapping[int, tuple] | None = None  # arena address -> its in-use chunks (addresses, sizes), when kept
     chunks: Mapping[int, tuple] | None = None  # arena address -> all its chunks (addresses, sizes, listing codes)
-    words: Any = None  # the heaps' words the leak scan needs, kept by the one pass (`analysis.heapwords.HeapWords`)
     pages: Any = None  # the whole pages the one pass read, and those of them that hold anything but zeros
 
 

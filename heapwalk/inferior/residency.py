@@ -150,7 +150,7 @@ def in_core(core: CoreFile, seen: tuple[list[tuple[int, int]], list[tuple[int, i
     writes it as zeros).  Decided by the bytes, not by how the file is stored, so that a copy of the core says
     the same; the holes of a sparse file are skipped unread.  Not which pages were resident.  SEEN, when given,
     is what a walk already read of the core's memory: the whole pages it judged, and the runs of them that hold
-    anything but zeros (`analysis.heapwords`); those pages are not read again."""
+    anything but zeros (`analysis.pages`); those pages are not read again."""
     judged, nonzero = (merged(seen[0]), merged(seen[1])) if seen is not None else ([], [])
     runs = []
     fd = core.fileno()

@@ -25,7 +25,7 @@ from je_fuzz_driver import _word  # noqa: E402
 
 from heapwalk.analysis import reach
 from heapwalk.glibc.account.blocks import blocks_of
-from heapwalk.inferior.memory import merged
+from heapwalk.analysis.leaks import find_leaks
 from heapwalk.inferior.roots import image_data, register_roots, root_regions
 
 from heapwalk.gdb.session import _target
@@ -85,38 +85,38 @@ def _damaged_line(name: str, target, disc, vouched: list[int], mem, named: set[i
     scan_differences, covered = _scan_pair(target, disc, mem, fast, slow)
     return {f"{name}_arenas": len(fast.arenas), f"{name}_vouched": vouched_arenas,
             f"{name}_differences": differences + scan_differences, f"{name}_found": bool(found),
-            f"{name}_used_kept": len(fast.walk.used or {}), f"{name}_words_covered": covered}
+            f"{name}_used_kept": len(fast.walk.used or {}), f"{name}_rows_deferred": covered}
 
 
 def _scans(target, disc) -> tuple[list[str], int]:
-    """Whether the leak scan that takes the heaps' words the one pass kept finds what the scan that reads the
-    heaps again finds (the same edges, first words, root hits, reached blocks and paths); and how many bytes
-    the kept words covered."""
+    """Whether the leak scan `report` runs (the rows of blocks reached when read not kept) on the blocks the one
+    pass kept finds what the scan that keeps every row finds: the same reached blocks, first words, root hits,
+    leaked blocks and their rows; and how many edges it did not keep."""
     state = _decode(target, disc, True, keep_used=True)
     return _scan_pair(target, disc, target.mem, state, state)
 
 
 def _scan_pair(target, disc, mem, fast, slow) -> tuple[list[str], int]:
-    """The scan of MEM with the blocks and kept words of decode FAST against the scan of SLOW's blocks that reads
-    every heap: the differences, and how many bytes the kept words covered."""
+    """The deferred scan of MEM with the blocks of decode FAST against the scan of SLOW's blocks that keeps every
+    row and path: the differences, and how many edges the deferred scan did not keep."""
     blocks = blocks_of(mem, disc.layout, fast)
     roots = root_regions(target.space, target.threads, list(blocks.heaps) + list(blocks.private), blocks.large,
                          blocks.unknown, images=image_data(target.mem, target.space))
     registers = register_roots(target.threads)
-    words = fast.walk.words if fast.walk is not None else None
-    used = words is not None and words.holds(merged(blocks.heaps))
-    covered = sum(hi - lo for lo, hi in words.covered) if used else 0      # before the scan gives them back
-    once = reach.scan(mem, blocks, roots, registers, words=words)
-    twice = reach.scan(mem, blocks if slow is fast else blocks_of(mem, disc.layout, slow), roots, registers)
-    out = [f"the leak scan's {name} differs" for name in ("reached", "parent", "first_words", "root_blocks",
-                                                            "root_words", "root_index")
-           if not np.array_equal(getattr(once, name), getattr(twice, name))]
-    for name in ("offsets", "targets"):
-        if not np.array_equal(getattr(once.graph, name), getattr(twice.graph, name)):
-            out.append(f"the leak scan's graph ({name}) differs")
-    if covered and words.covered:
-        out.append("the scan did not give the kept words back")
-    return out, covered
+    once = find_leaks(reach.scan(mem, blocks, roots, registers))
+    twice = find_leaks(reach.scan(mem, blocks if slow is fast else blocks_of(mem, disc.layout, slow), roots,
+                                  registers, paths=True))
+    out = [f"the leak scan's {name} differs" for name in ("reached", "first_words", "root_blocks", "root_index")
+           if not np.array_equal(getattr(once.reach, name), getattr(twice.reach, name))]
+    out += [f"the leaks' {name} differ" for name in ("leaked", "unreferenced", "holds_count", "holds_bytes")
+            if not np.array_equal(getattr(once, name), getattr(twice, name))]
+    if _leaked_rows(once) != _leaked_rows(twice):
+        out.append("the leaked blocks' rows differ")
+    return out, len(twice.reach.graph.targets) - len(once.reach.graph.targets)
+
+
+def _leaked_rows(lk) -> list[tuple[int, int]]:
+    return list(zip(*(part.tolist() for part in lk.reach.graph.rows_of(lk.leaked))))
 
 
 def _differences(fast, slow) -> list[str]:
@@ -166,7 +166,7 @@ def _compare(vouched: list[int]) -> dict:
         if rows != _chunk_rows(target, disc, unswept, flt, sweep=False)[0]:
             differences.append(f"heapwalk chunks differs ({flt})")
     line = {"arenas": len(slow.arenas), "vouched": len(vouched), "differences": differences,
-            "chunks_swept": swept_arenas, "words_covered": covered}
+            "chunks_swept": swept_arenas, "rows_deferred": covered}
     if os.environ.get("HEAPWALK_ONEPASS_DAMAGE"):
         line.update(_one_arena_damaged(target, disc, vouched))
     return line

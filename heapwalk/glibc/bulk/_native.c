@@ -7,7 +7,6 @@
 
 #include <stdint.h>
 
-#include "../../analysis/spans.h"
 
 /* Steps through a window of heap words from the size field at word J, by each chunk's size in words, while
  * the field is within the N words and looks like a chunk's (at least MIN_SIZE, a multiple of 16).  Writes
@@ -113,43 +112,5 @@ int64_t hw_list(const int64_t *successor, const uint64_t *address, const uint64_
         out_address[k] = before = address[j];
         out_field[k] = field[j];
     }
-    return count;
-}
-
-/* The runs of a heap window's chunks that may be in use, and the words in them that point into the spans: each
- * of the NFOUND chunks whose size fields are at FOUND (word indices into the N WORDS, with FIELDS[k] that field)
- * is a run [FOUND[k] + 1, next) when its next chunk's size field, at next = FOUND[k] + size / 8, lies inside the
- * window with PREV_INUSE set; the last chunk, when TAIL is set, is a run to the window's end.  Each run's first
- * word's index goes to RUN_AT and that word to RUN_FIRST (*NRUNS of them); the index and value of each word of a
- * run whose value lies in one of the NSPANS spans of BOUNDS to AT and VALUES (room for N); indices fit 32 bits
- * (N below 2**32).  Returns how many words were kept. */
-int64_t hw_keep_runs_indexed(const uint64_t *words, int64_t n, const int64_t *found, const uint64_t *fields,
-                             int64_t nfound, int64_t tail, const uint64_t *bounds, int64_t nspans, uint32_t *run_at,
-                             uint64_t *run_first, int64_t *nruns, uint32_t *at, uint64_t *values)
-{
-    int64_t runs = 0, count = 0;
-    uint64_t last_lo = nspans ? bounds[0] : 0, last_hi = nspans ? bounds[1] : 0;
-    for (int64_t k = 0; k < nfound; k++) {
-        int64_t first = found[k] + 1;
-        uint64_t step = (fields[k] & ~(uint64_t)7) >> 3;
-        int64_t end;
-        if (step < (uint64_t)(n - found[k])) {
-            end = found[k] + (int64_t)step;
-            if (!(words[end] & 1))
-                continue;
-        } else if (tail && k == nfound - 1) {
-            end = n;
-        } else {
-            continue;
-        }
-        run_at[runs] = (uint32_t)first;
-        run_first[runs++] = first < n ? words[first] : 0;
-        for (int64_t i = first; i < end && nspans; i++)
-            if (in_spans(words[i], bounds, nspans, &last_lo, &last_hi)) {
-                at[count] = (uint32_t)i;
-                values[count++] = words[i];
-            }
-    }
-    *nruns = runs;
     return count;
 }

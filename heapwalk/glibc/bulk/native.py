@@ -20,7 +20,7 @@ import numpy as np
 
 from heapwalk.inferior.clib import built_library
 
-__all__ = ["chase", "follow", "gather", "keep_runs", "successors", "walk_list", "NATIVE", "LISTS_NATIVE", "KEEP_NATIVE"]
+__all__ = ["chase", "follow", "gather", "successors", "walk_list", "NATIVE", "LISTS_NATIVE"]
 
 _INT64_P = ctypes.POINTER(ctypes.c_int64)
 
@@ -39,12 +39,6 @@ def _load():
         lib.hw_gather.restype = ctypes.c_int64
         lib.hw_gather.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_uint64,
                                   ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
-        if hasattr(lib, "hw_keep_runs_indexed"):   # a library built before it serves the rest
-            lib.hw_keep_runs_indexed.restype = ctypes.c_int64
-            lib.hw_keep_runs_indexed.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
-                                                 ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64,
-                                                 ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
-                                                 ctypes.c_void_p]
         if hasattr(lib, "hw_list"):      # a library built before it still serves the other three
             lib.hw_list.restype = ctypes.c_int64
             lib.hw_list.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64, ctypes.c_uint64, ctypes.c_uint64] + \
@@ -58,8 +52,6 @@ _LIB = _load()
 NATIVE = _LIB is not None
 #: whether a free list is followed and judged in one C call (`walk_list`)
 LISTS_NATIVE = NATIVE and hasattr(_LIB, "hw_list")
-#: whether a window's runs in use and their words are kept in one C call (`keep_runs`)
-KEEP_NATIVE = NATIVE and hasattr(_LIB, "hw_keep_runs_indexed")
 
 
 def chase(words: np.ndarray, j: int, min_size: int) -> tuple[np.ndarray, int]:
@@ -155,26 +147,3 @@ def _follow_python(links: list[int], j: int, steps: int) -> np.ndarray | None:
         steps -= 1
         if steps <= 0:
             return None
-
-
-def keep_runs(words: np.ndarray, found: np.ndarray, fields: np.ndarray, tail: bool, bounds: np.ndarray,
-              out: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]) -> tuple[int, int]:
-    """The runs of a heap window's chunks (WORDS) that may be in use and their words pointing into BOUNDS, in C
-    (`hw_keep_runs_indexed`; `sweep._keep_words` has the numpy form), written into OUT (each contiguous):
-    each run's first word's index (uint32) and that word (uint64; room for one a chunk of FOUND), and each kept
-    word's index (uint32) and value (uint64; room for one a word of WORDS), in order.  How many runs and words
-    were written."""
-    words = np.ascontiguousarray(words, dtype=np.uint64)
-    found = np.ascontiguousarray(found, dtype=np.int64)
-    fields = np.ascontiguousarray(fields, dtype=np.uint64)
-    run_at, run_first, at, values = out
-    if min(len(run_at), len(run_first)) < len(found) or min(len(at), len(values)) < len(words):
-        raise ValueError("keep_runs: no room for a window's runs and words")
-    if len(words) >= 1 << 32 or run_at.dtype != np.uint32 or at.dtype != np.uint32:
-        raise ValueError("keep_runs: a window's word indices are kept in 32 bits")
-    runs = ctypes.c_int64(0)
-    count = _LIB.hw_keep_runs_indexed(words.ctypes.data, len(words), found.ctypes.data, fields.ctypes.data,
-                                      len(found), int(tail), bounds.ctypes.data, len(bounds) // 2,
-                                      run_at.ctypes.data, run_first.ctypes.data, ctypes.addressof(runs),
-                                      at.ctypes.data, values.ctypes.data)
-    return runs.value, int(count)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from heapwalk.analysis.heapwords import HeapWords
+from heapwalk.analysis.pages import PagesSeen
 from heapwalk.glibc.walk.chunks import extents
 from heapwalk.glibc.bulk.indexlists import PLAIN, IndexedLists, lists_of_sweep
 from heapwalk.glibc.locate.layout import Layout
@@ -38,14 +38,14 @@ class OnePass:
     def __init__(self, mem: Memory, layout: Layout, tcaches: list[Tcache], thp_pagesize: int,
                  main_contiguous: bool, progress=None, total: int = 0, lists_only: bool = False,
                  residency: Residency | None = None, keep_used: bool = False, keep_chunks: bool = False,
-                 words: HeapWords | None = None, page: int = 4096):
+                 pages: PagesSeen | None = None, page: int = 4096):
         self.mem, self.layout, self.lists_only, self.residency = mem, layout, lists_only, residency
         self.tcached = _tcached(tcaches)
         self.thp_pagesize, self.main_contiguous, self.page = thp_pagesize, main_contiguous, page
         self.progress, self.total, self.done = progress, total, 0
         self.accounts: dict[int, tuple[Account, TrimEstimate]] = {}
         self.keep_used = keep_used
-        self.words = words
+        self.pages = pages
         self.used: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self.keep_chunks = keep_chunks
         self.chunks: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
@@ -73,9 +73,7 @@ class OnePass:
         self.extents[arena.address] = [(e.start, e.end) for e in arena_extents]
         tick = None if self.progress is None else (lambda walked, base=self.done: self.progress(base + walked,
                                                                                              self.total))
-        if self.words is not None:
-            self.words.begin()
-        sweep = sweep_extents(self.mem, arena_extents, arena.top, tick, self.words)
+        sweep = sweep_extents(self.mem, arena_extents, arena.top, tick, self.pages)
         self.done += sum(e.end - e.start for e in arena_extents)
         if sweep is not None:
             lists = lists_of_sweep(sweep, self.layout, arena.address, raw_arena, arena.system_mem)
@@ -83,14 +81,12 @@ class OnePass:
         if lists is not None and not self.lists_only:
             walked = walk_of_sweep(self.mem, self.layout, arena, sweep, lists.codes, self.tcached,
                                    self.thp_pagesize, self.main_contiguous, self.residency,
-                                   self.words if self.words is not None and self.words.keep_pages else None,
+                                   self.pages,
                                    self.page)
         if walked is None:
             self.failed.add(arena.address)
         else:
             self.accounts[arena.address] = walked
-            if self.words is not None:
-                self.words.commit([(e.start, e.end) for e in arena_extents])
             if self.keep_used:
                 rows = np.flatnonzero(lists.codes == PLAIN)
                 self.used[arena.address] = (sweep.address[rows], sweep.sizes[rows].view(np.uint64))

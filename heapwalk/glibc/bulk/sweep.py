@@ -20,10 +20,10 @@ from functools import cached_property
 
 import numpy as np
 
-from heapwalk.analysis.heapwords import HeapWords
+from heapwalk.analysis.pages import PagesSeen
 from heapwalk.glibc.walk.chunks import Extent
 from heapwalk.glibc.locate.layout import MINSIZE
-from heapwalk.glibc.bulk.native import KEEP_NATIVE, chase, gather, keep_runs
+from heapwalk.glibc.bulk.native import chase, gather
 from heapwalk.glibc.walk.resync import FENCEPOST_ROOM
 from heapwalk.inferior.memory import Memory
 from heapwalk.inferior.window import SPAN, read_window
@@ -78,15 +78,15 @@ class Sweep:
 
 
 def sweep_extents(mem: Memory, extents: list[Extent], top: int, progress=None,
-                  words: HeapWords | None = None) -> Sweep | None:
+                  pages: PagesSeen | None = None) -> Sweep | None:
     """Every chunk of EXTENTS (one arena's, TOP its top), or None where a heap is not as glibc leaves it (or
-    not in memory).  PROGRESS(bytes), when given, hears how far the sweep is; WORDS, when given, is handed
-    each window and the chunks in it that may be in use, for the leak scan (the caller commits them)."""
+    not in memory).  PROGRESS(bytes), when given, hears how far the sweep is; PAGES, when given, notes
+    which pages of each window hold anything."""
     parts: list[tuple[np.ndarray, ...]] = []
     segments = []
     count = done = 0
     for extent in extents:
-        swept = _sweep_extent(mem, extent, top, words)
+        swept = _sweep_extent(mem, extent, top, pages)
         if swept is None:
             return None
         extent_parts, tail, kind = swept
@@ -105,7 +105,7 @@ def sweep_extents(mem: Memory, extents: list[Extent], top: int, progress=None,
 
 
 def _sweep_extent(mem: Memory, extent: Extent, top: int,
-                  words_kept: HeapWords | None = None) -> tuple[list[tuple[np.ndarray, ...]], int, int] | None:
+                  pages: PagesSeen | None = None) -> tuple[list[tuple[np.ndarray, ...]], int, int] | None:
     """The chunks of EXTENT a window at a time, as (address, field, fd, bk) arrays per window, with the tail
     bytes and kind; None at anything a sound heap does not have."""
     c, end = extent.first, extent.end
@@ -127,8 +127,8 @@ def _sweep_extent(mem: Memory, extent: Extent, top: int,
                 return None
             parts.append(part)
             before = int(part[1][-1]) & ~7
-            if words_kept is not None:
-                _keep_words(words_kept, c, array64, found, part[1], last, top)
+            if pages is not None:
+                pages.note(c, array64)
         stop = c + 8 * (j - 1)           # the chunk the chase stopped at
         if j < (n if last else n - _MARGIN):
             return _tail(words, j, stop, extent, has_top, top, before, parts)  # at a size no chunk has
@@ -138,30 +138,6 @@ def _sweep_extent(mem: Memory, extent: Extent, top: int,
     if not parts or not has_top or int(parts[-1][0][-1]) != top:
         return None
     return parts, 0, TAIL_NONE
-
-
-def _keep_words(kept: HeapWords, base: int, words: np.ndarray, found: np.ndarray, fields: np.ndarray,
-                last: bool, top: int) -> None:
-    """Hands KEPT the window WORDS (read from BASE) and its chunks (size fields at FOUND): it keeps the user
-    memory of each chunk whose next chunk has PREV_INUSE set (those in use, and the tcache's and fastbins'), up
-    to the next chunk's size field.  A chunk other than TOP that runs on past a window that is not the extent's
-    LAST gives the words read so far; the rest of it the sweep steps over, and the scan reads."""
-    n = len(words)
-    after = int(found[-1]) + ((int(fields[-1]) & ~7) >> 3)
-    tail = not last and after >= n and base + 8 * (int(found[-1]) - 1) != top
-    if tail:
-        kept.gap(base + 8 * n, base + 8 * after)
-    if KEEP_NATIVE and kept.keep_words:
-        kept.fill(base, words, len(found), lambda bounds, out: keep_runs(words, found, fields, tail, bounds, out))
-        return
-    after_each = found + ((fields & ~np.uint64(7)) >> np.uint64(3)).astype(np.int64)
-    inside = after_each < n
-    held = inside.copy()            # the chunks whose next chunk says they are in use
-    held[inside] = (words[after_each[inside]] & np.uint64(1)) == 1
-    lo, hi = found[held] + 1, after_each[held]
-    if tail:
-        lo, hi = np.append(lo, found[-1] + 1), np.append(hi, n)
-    kept.window(base, words, lo, hi)
 
 
 def _gather(words: np.ndarray, found: np.ndarray, base: int, before: int,

@@ -44,7 +44,7 @@ _RUN_STATES = frozenset((ChunkState.FAST, ChunkState.UNSORTED, ChunkState.SMALL,
 
 
 class PagesSeen(Protocol):
-    """What a sweep already read of the heaps' pages (`analysis.heapwords.HeapWords`)."""
+    """What a sweep already read of the heaps' pages (`analysis.pages.PagesSeen`)."""
 
     def nonzero_bytes(self, ranges: list[tuple[int, int]]) -> tuple[int, list[tuple[int, int]]]:
         """Of RANGES (whole pages), the bytes of the pages it read that hold anything, and the pieces it did not

@@ -1,9 +1,9 @@
 """The one pass (`heapwalk.glibc.bulk.onepass`) against the careful walkers: on every reproducer's core and every
 corruption's, under every glibc of the matrix, decoding through the one pass must give exactly what the
 careful walkers give (every list, account, trim estimate and finding), and on the sound cores the one pass
-must have vouched for every arena (else it would only be the slow path again).  The leak scan that takes the
-heaps' words the one pass kept must find what the scan that reads the heaps again finds, and take them on
-every sound core."""
+must have vouched for every arena (else it would only be the slow path again).  The leak scan `report` runs
+on the chunks in use the one pass kept (keeping only the rows of blocks not reached when read) must find what
+the scan that keeps every row finds, and leave some rows out on every sound core."""
 
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ def test_one_pass_gives_what_the_careful_walkers_give(glibc_name):
     unvouched = {c.name: lines[c.name] for c in sound
                  if c.name != "main_regions" and not (lines[c.name]["vouched"] == lines[c.name]["arenas"]
                                                       == lines[c.name]["chunks_swept"]
-                                                      and lines[c.name]["words_covered"] > 0)}
+                                                      and lines[c.name]["rows_deferred"] > 0)}
     assert not unvouched, json.dumps(unvouched, indent=1)
     assert sum(line["vouched"] for line in lines.values()) > len(sound)
     assert all(line["native"] for line in lines.values()) or os.environ.get("HEAPWALK_PURE")
@@ -66,21 +66,21 @@ def test_one_pass_in_pure_python_gives_what_the_careful_walkers_give():
 @pytest.mark.parametrize("shape", ("ordered", "random"))
 def test_one_pass_gives_what_the_careful_walkers_give_on_the_bench_core(shape):
     """The same on the bench's small core of each shape (9 arenas, some 240,000 chunks; in the random shape
-    every list links its chunks in no order): the one read of `heapwalk report` against the reads of the
-    careful walkers and of the second leak scan.  Then with one thread arena's heap damaged: the careful walkers
+    every list links its chunks in no order): the one pass of `heapwalk report` against the reads of the
+    careful walkers, and its leak scan against the one that keeps every row.  Then with one thread arena's heap damaged: the careful walkers
     take that arena alone, and the eight the one pass vouches for give what the careful walkers give (the leak
-    scan taking their words from the pass and reading the damaged arena's heap itself); and with
+    scan taking their chunks in use from the pass and the damaged arena's from the careful walk); and with
     one of its bins linked into a chunk another arena holds in use: the careful walkers take both arenas (the
     other's careful walk sees that chunk listed), the one pass vouches for the seven left."""
     line = _lines(GLIBCS[0], [bench.capture("small", bench.BUILD / "bin", shape)], damage=True)["bench"]
     assert not line.get("error") and not line["differences"], json.dumps(line, indent=1)
-    assert line["vouched"] == line["arenas"] == 9 and line["chunks_swept"] == 9 and line["words_covered"] > 0
+    assert line["vouched"] == line["arenas"] == 9 and line["chunks_swept"] == 9 and line["rows_deferred"] > 0
     assert line["native"]
     assert line["damaged_arenas"] == 9 and line["damaged_vouched"] == 8, json.dumps(line, indent=1)
     assert not line["damaged_differences"] and line["damaged_found"], json.dumps(line, indent=1)
-    assert line["damaged_used_kept"] == 8 and 0 < line["damaged_words_covered"] < line["words_covered"], \
+    assert line["damaged_used_kept"] == 8 and line["damaged_rows_deferred"] > 0, \
         json.dumps(line, indent=1)
     assert line["crossed_arenas"] == 9 and line["crossed_vouched"] == line["crossed_used_kept"] == 7, \
         json.dumps(line, indent=1)
-    assert not line["crossed_differences"] and line["crossed_found"] and line["crossed_words_covered"] > 0, \
+    assert not line["crossed_differences"] and line["crossed_found"] and line["crossed_rows_deferred"] > 0, \
         json.dumps(line, indent=1)

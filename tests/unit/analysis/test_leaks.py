@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 
 from heapwalk.analysis import graph as graph_module
-from heapwalk.analysis import leaks as leaks_module
 from heapwalk.analysis.graph import Graph
 from heapwalk.analysis.leaks import begins_with_text, find_leaks, signatures
 from heapwalk.analysis.reach import scan
+from heapwalk.analysis.rows import SparseRows
 from heapwalk.inferior.elf import Mapping
 from heapwalk.inferior.memory import ImageMemory
 from heapwalk.inferior.roots import Root, RegisterRoot, image_data, root_regions
@@ -49,7 +49,7 @@ def test_roots_chains_and_interior_pointers_reach_their_blocks():
     words = {HEAP + 0x10: HEAP + 0x50,          # block 0 -> block 1
              HEAP + 0x58: HEAP + 0x80 + 0x30}    # block 1 -> inside block 2
     mem, blocks, roots = _image(chunks, words, {DATA + 8: HEAP + 0x10})
-    lk = find_leaks(scan(mem, blocks, roots))
+    lk = find_leaks(scan(mem, blocks, roots, paths=True))
     assert _leaked(blocks, lk) == [0xc0]
     assert lk.reach.path(2) == [0, 1, 2]
     root, word = lk.reach.root_of(0)
@@ -91,7 +91,7 @@ def test_a_pointer_just_past_a_block_reaches_nothing_and_the_next_header_is_the_
 
 def test_registers_are_roots():
     mem, blocks, roots = _image({0x0: 0x40, 0x40: 0x40}, {})
-    lk = find_leaks(scan(mem, blocks, roots, [RegisterRoot(1, "rbx", HEAP + 0x58)]))
+    lk = find_leaks(scan(mem, blocks, roots, [RegisterRoot(1, "rbx", HEAP + 0x58)], paths=True))
     assert _leaked(blocks, lk) == [0x0]
     root, value = lk.reach.root_of(1)
     assert root.label == "register rbx of thread 1" and value == HEAP + 0x58
@@ -144,17 +144,25 @@ def test_a_search_from_marked_seeds_is_the_search_from_the_seeds(monkeypatch):
 
 
 @pytest.mark.parametrize("share", [0.0, 0.02, 0.5, 1.0])
-def test_the_edges_between_leaked_blocks_are_found_from_their_rows(share):
-    """`find_leaks` looks only at the leaked blocks' rows of the graph: the same edges as every edge looked at."""
+def test_the_edges_from_leaked_blocks_are_found_from_their_rows(share):
+    """`find_leaks` looks only at the leaked blocks' rows: the same edges as every edge looked at, in the dense
+    rows (`Graph`) and in the rows a scan keeps (`SparseRows`, some blocks with none)."""
     rng = np.random.default_rng(int(share * 100))
     n = 3000
     sources, targets = rng.integers(0, n, 8000).astype(np.int32), rng.integers(0, n, 8000).astype(np.int32)
     graph = Graph(n, sources, targets)
+    order = np.argsort(sources, kind="stable")
+    keys, first = np.unique(sources[order], return_index=True)
+    sparse = SparseRows(n, keys.astype(np.int32), np.append(first, len(order)).astype(np.int64), targets[order])
+    assert np.array_equal(sparse.graph().offsets, graph.offsets) and np.array_equal(sparse.graph().targets,
+                                                                                    graph.targets)
     leaked_mask = rng.random(n) < share
-    found = leaks_module._leaked_edges(graph, np.flatnonzero(leaked_mask), leaked_mask)
-    inner = leaked_mask[sources] & leaked_mask[targets]
-    assert sorted(zip(*(a.tolist() for a in found))) == sorted(zip(sources[inner].tolist(), targets[inner].tolist()))
-    assert (len(found[0]) > 0) == (share > 0)
+    leaked = np.flatnonzero(leaked_mask)
+    for rows in (graph, sparse):
+        found = rows.rows_of(leaked)
+        assert sorted(zip(*(a.tolist() for a in found))) == sorted(zip(sources[leaked_mask[sources]].tolist(),
+                                                                       targets[leaked_mask[sources]].tolist()))
+        assert (len(found[0]) > 0) == (share > 0)
 
 
 def test_the_rows_counted_in_c_and_in_numpy_are_the_same():
@@ -187,7 +195,9 @@ def test_the_scan_finds_every_edge_a_word_by_word_search_finds(seed, monkeypatch
     targets = [HEAP + o + int(rng.integers(0, chunks[o] // 8 + 2)) * 8 for o in chunks] + [HEAP + 0x3ff8, HEAP]
     words = {HEAP + 8 * int(i): int(rng.choice(targets)) for i in rng.integers(0, 0x700, 400)}
     mem, blocks, roots = _image(chunks, words, {DATA + 8 * i: int(rng.choice(targets)) for i in range(3)})
-    lk = find_leaks(scan(mem, blocks, roots))
+    lk = find_leaks(scan(mem, blocks, roots, paths=True))      # every block's row kept
+    deferred = find_leaks(scan(mem, blocks, roots))
+    assert np.array_equal(deferred.reach.reached, lk.reach.reached)
     starts, ends = blocks.starts.tolist(), blocks.ends.tolist()
 
     def word(address: int) -> int:
@@ -200,7 +210,7 @@ def test_the_scan_finds_every_edge_a_word_by_word_search_finds(seed, monkeypatch
         source, target = block_of(address), block_of(word(address))
         if source >= 0 and target >= 0 and source != target:
             edges.add((source, target))
-    assert set(zip(lk.reach.graph.sources.tolist(), lk.reach.graph.edge_targets.tolist())) == edges
+    assert set(zip(*(e.tolist() for e in lk.reach.graph.edges()))) == edges
     reached = {block_of(word(DATA + 8 * i)) for i in range(3)} - {-1}
     todo = list(reached)
     while todo:

@@ -8,6 +8,7 @@ import pytest
 
 from heapwalk.analysis import lookup
 from heapwalk.analysis.lookup import Locator
+from heapwalk.analysis.rows import Rows
 
 
 def _blocks(rng: np.random.Generator, count: int, stretches: int) -> tuple[np.ndarray, np.ndarray]:
@@ -91,16 +92,16 @@ def test_edges_join_a_words_block_and_the_block_it_points_into_in_c_as_in_numpy(
     ok = (source >= 0) & (target >= 0) & (source != target)
     for lib in (lookup._LIB, None):
         monkeypatch.setattr(lookup, "_LIB", lib)
-        for edges in (lookup.Locator(starts, ends).edges, lookup.Locator(starts, ends).edges_inside):
-            got = edges(at, values)
-            assert got[0].tolist() == source[ok].tolist() and got[1].tolist() == target[ok].tolist()
+        got = lookup.Locator(starts, ends).edges_inside(at, values)
+        assert got[0].tolist() == source[ok].tolist() and got[1].tolist() == target[ok].tolist()
     assert ok.sum() > 1000
 
 
 @pytest.mark.parametrize("overlap", [False, True])
-def test_a_windows_edges_are_those_of_its_words_inside_blocks_in_c_as_in_numpy(overlap, monkeypatch):
+def test_a_windows_edges_are_those_of_its_words_inside_blocks_in_c_as_in_numpy(overlap):
     """A word is in the last block starting at or below it, when inside it; blocks overlap only where damage made
-    them (some here run past the next ones' starts, one starts where another does)."""
+    them (some here run past the next ones' starts, one starts where another does).  The C pass (`window_rows`)
+    keeps the same edges as rows, or, deferring, passes the mark of a block already reached on at once."""
     rng = np.random.default_rng(12)
     starts = np.cumsum(rng.integers(32, 200, 3000)).astype(np.uint64) + np.uint64(1 << 30)
     ends = starts + rng.integers(8, 32, 3000).astype(np.uint64) // np.uint64(8) * np.uint64(8)
@@ -114,11 +115,31 @@ def test_a_windows_edges_are_those_of_its_words_inside_blocks_in_c_as_in_numpy(o
     found = lookup.Locator(starts, ends)
     source, target = found.ascending(at), found(words)
     ok = (source >= 0) & (target >= 0) & (source != target)
-    for lib in (lookup._LIB, None):
-        monkeypatch.setattr(lookup, "_LIB", lib)
-        got = lookup.Locator(starts, ends).window_edges(base, words)
-        assert got[0].tolist() == source[ok].tolist() and got[1].tolist() == target[ok].tolist()
+    got = lookup.Locator(starts, ends).window_edges(base, words)
+    assert got[0].tolist() == source[ok].tolist() and got[1].tolist() == target[ok].tolist()
     assert ok.sum() > 1000
+    if not lookup.NATIVE:
+        return
+    n, locate = len(starts), lookup.Locator(starts, ends)
+    for defer, cut in ((False, None), (True, None), (False, 12_345), (True, 20_000)):
+        seen = (rng.random(n) < 0.3).astype(np.uint8)
+        before = seen.copy()
+        rows = Rows(n, defer)
+        parts = [(base, words)] if cut is None else [(base, words[:cut]), (base + 8 * cut, words[cut:])]
+        for at, part in parts:               # a window cut in two: a block's row goes on in the second
+            rows.window(locate, at, part, seen)
+        kept = rows.rows()
+        marked = np.zeros(n, dtype=bool)
+        kept_source, kept_target = [], []
+        for a, b in zip(source[ok].tolist(), target[ok].tolist()):   # in the words' order, as the pass judges them
+            if defer and (before[a] or marked[a]):
+                marked[b] = True
+            else:
+                kept_source.append(a)
+                kept_target.append(b)
+        assert [x.tolist() for x in kept.edges()] == [kept_source, kept_target]
+        assert np.all(np.diff(kept.keys) > 0) and np.all(np.diff(kept.starts) > 0)
+        assert np.array_equal(seen.astype(bool), before.astype(bool) | marked)
 
 
 def test_a_roots_window_keeps_each_blocks_first_word_pointing_into_it_in_c_as_in_numpy(monkeypatch):

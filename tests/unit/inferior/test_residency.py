@@ -263,10 +263,10 @@ def test_a_plain_core_holds_the_whole_pages_its_file_has_data_for(tmp_path):
 
 
 def test_a_plain_core_s_pages_a_walk_judged_are_not_read_again(tmp_path):
-    """`residency.in_core` with the pages a walk already read (`heapwords.HeapWords.pages_seen`): the same
+    """`residency.in_core` with the pages a walk already read (`pages.PagesSeen`): the same
     answer as reading them from the file, without reading them; what the walk says of its pages is taken as it
     says it, and only within the segment's bytes."""
-    from heapwalk.analysis.heapwords import HeapWords
+    from heapwalk.analysis.pages import PagesSeen
     from heapwalk.inferior.residency import in_core
     image = bytearray(0x10000)
     image[0x0000:0x2000] = b"\1" * 0x2000
@@ -284,12 +284,10 @@ def test_a_plain_core_s_pages_a_walk_judged_are_not_read_again(tmp_path):
         def fileno(self):
             return self.f.fileno()
 
-    words = HeapWords([(0x10000, 0x20000)])
-    words.begin()
+    words = PagesSeen()
     base = 0x10000 + 0x800                    # a window that starts inside a page, as a sweep's do
-    words.window(base, np.frombuffer(bytes(image[0x800:0xC000]), dtype=np.uint64), np.zeros(0, dtype=np.int64),
-                 np.zeros(0, dtype=np.int64))
-    judged, nonzero = words.pages_seen()
+    words.note(base, np.frombuffer(bytes(image[0x800:0xC000]), dtype=np.uint64))
+    judged, nonzero = words.seen()
     assert judged == [(0x11000, 0x1C000)] and nonzero == [(0x11000, 0x12000), (0x1A000, 0x1B000)]
     for seen in (None, (judged, nonzero)):
         core = Core()
