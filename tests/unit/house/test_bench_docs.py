@@ -40,15 +40,28 @@ def test_a_part_says_the_machine_the_date_the_commit_the_method_and_each_figure(
     assert "| glibc random, 4.5 M chunks | 1,187 MiB in 25 heaps | 0.800 s | 0.080 s | 0.50 s, 94 MiB | 1.20 s, 1.5x " \
            "| 0.80 s, 1.0x |" in text
     assert "| jemalloc (bookworm) random, 3.0 M blocks | 1,189 MiB in 6,621 runs of extents | 0.250 s |" in text
-    assert "| `heapwalk report` | 2.00 s, 2.5x (25x), 519 MiB (94/M) | 2.00 s, 8.0x (8x), 482 MiB (126/M) |" in text
+    assert "| `heapwalk report` | 2.00 s, 25.0x (2.5x), 519 MiB (94/M) | 2.00 s, 8.0x (8.0x), 482 MiB (126/M) |" in text
     assert "- a capture line" in text
 
 
-def test_the_bar_names_what_is_within_it_everywhere_and_where_each_other_command_is_not():
-    lines = bench_docs.bar_lines(bench_docs.cores_of(_run()))
-    assert lines[1] == "- within it on every core: `heapwalk check`"
-    assert lines[2] == "- `heapwalk report` over it: 2.5x on glibc random, 8.0x on jemalloc (bookworm) random"
-    assert len(lines) == 3
+def test_the_bars_name_what_is_within_them_everywhere_and_where_each_other_command_is_not():
+    """Time against the floor of 4 MiB reads (report 5x, check 3x), memory against 24 MiB a million."""
+    run = _run()
+    run["shapes"][0]["commands"][1] = _command("heapwalk check", 0.2, 0.8, 0.08, 239, 20)
+    lines = bench_docs.bar_lines(bench_docs.cores_of(run))
+    assert lines == [
+        "Against the bars of time (the floor of 4 MiB reads):",
+        "- within them on every core: `heapwalk check` (3x)",
+        "- `heapwalk report` over its 5x: 25.0x on glibc random, 8.0x on jemalloc (bookworm) random",
+        "",
+        "Against the bar of memory (24 MiB per million chunks or blocks):",
+        "- `heapwalk report` over it: 94 MiB/M on glibc random, 126 MiB/M on jemalloc (bookworm) random",
+        "- `heapwalk check` over it: 27 MiB/M on jemalloc (bookworm) random"]
+    run["jemalloc"]["commands"][1] = _command("heapwalk check", 0.9, 0.25, 0.25, 184, 24, "blocks")
+    lines = bench_docs.bar_lines(bench_docs.cores_of(run))
+    assert "- `heapwalk check` over its 3x: 3.6x on jemalloc (bookworm) random" in lines
+    assert lines[-2:] == ["- within it on every core: `heapwalk check`",
+                          "- `heapwalk report` over it: 94 MiB/M on glibc random, 126 MiB/M on jemalloc (bookworm) random"]
 
 
 def test_a_run_adds_its_part_before_the_anchor_then_replaces_only_its_own():
