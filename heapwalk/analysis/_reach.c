@@ -183,13 +183,16 @@ void hw_locate_sorted(const uint64_t *values, int64_t n, const uint64_t *starts,
 }
 
 /* For each of the N words at WORD whose block is BLOCK, all in the root ROOT: the first word met for each block,
- * kept in HIT_WORD (when not NULL) and HIT_ROOT where the block had none yet (HIT_ROOT below 0). */
+ * kept in HIT_WORD (when not NULL) and HIT_ROOT where the block had none yet (HIT_ROOT below 0).  Without
+ * HIT_ROOT (NULL), each block is only marked in SEEN. */
 void hw_first_hits(const int32_t *block, const uint64_t *word, int64_t n, int32_t root, uint64_t *hit_word,
-                   int32_t *hit_root)
+                   int32_t *hit_root, uint8_t *seen)
 {
     for (int64_t k = 0; k < n; k++) {
         int32_t b = block[k];
-        if (hit_root[b] < 0) {
+        if (!hit_root) {
+            seen[b] = 1;
+        } else if (hit_root[b] < 0) {
             hit_root[b] = root;
             if (hit_word)
                 hit_word[b] = word[k];
@@ -199,13 +202,14 @@ void hw_first_hits(const int32_t *block, const uint64_t *word, int64_t n, int32_
 
 /* A window of a root: of the N words WORDS read from BASE, each whose value lies in [LO, HI) and points into a
  * block (hw_locate, with STARTS, ENDS, NBLOCKS and the table TLO, SLOTS, FIRST, NHEAPS, TABLE, SHIFT) is a hit of
- * the root ROOT, kept as hw_first_hits keeps it (the word's address to HIT_WORD, when not NULL).  VALUES, INDEX and BLOCK (room
+ * the root ROOT, kept as hw_first_hits keeps it (the word's address to HIT_WORD, when not NULL; SEEN marked
+ * instead where HIT_ROOT is NULL).  VALUES, INDEX and BLOCK (room
  * for N each) hold the words in [LO, HI) meanwhile; returns how many words hit a block. */
 int64_t hw_root_window(const uint64_t *words, int64_t n, uint64_t base, uint64_t lo, uint64_t hi,
                        const uint64_t *starts, const uint64_t *ends, int64_t nblocks, const uint64_t *tlo,
                        const int64_t *slots, const int64_t *first, int64_t nheaps, const int32_t *table,
-                       int64_t shift, int32_t root, uint64_t *hit_word, int32_t *hit_root, uint64_t *values,
-                       int64_t *index, int32_t *block)
+                       int64_t shift, int32_t root, uint64_t *hit_word, int32_t *hit_root, uint8_t *seen,
+                       uint64_t *values, int64_t *index, int32_t *block)
 {
     int64_t m = 0, hits = 0;
     for (int64_t k = 0; k < n; k++) {
@@ -221,7 +225,9 @@ int64_t hw_root_window(const uint64_t *words, int64_t n, uint64_t base, uint64_t
         if (b < 0)
             continue;
         hits++;
-        if (hit_root[b] < 0) {
+        if (!hit_root) {
+            seen[b] = 1;
+        } else if (hit_root[b] < 0) {
             hit_root[b] = root;
             if (hit_word)
                 hit_word[b] = base + 8 * (uint64_t)index[k];

@@ -1,5 +1,5 @@
 """What the memory in use is: the program's blocks grouped by size (powers of two, in all and per arena) and
-by signature (`leaks.signatures`: a vtable, a type object, text), each group with how much of it is leaked
+by signature (`signed.signatures`: a vtable, a type object, text), each group with how much of it is leaked
 when a leak scan ran; and the scan's totals the report's verdict weighs.  The report shows these, its JSON
 carries them, and `heapwalk diff` compares them between two snapshots."""
 
@@ -11,7 +11,8 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from heapwalk.analysis.leakreport import text_at
-from heapwalk.analysis.leaks import TEXT, Leaks, arena_rows, signature_name, signatures
+from heapwalk.analysis.leaks import TEXT, Leaks, arena_rows, signature_name
+from heapwalk.analysis.signed import TEXT_CODE, Signed
 from heapwalk.analysis.tally import tally
 from heapwalk.inferior.memory import Memory
 from heapwalk.common.view import Blocks
@@ -106,18 +107,18 @@ def _bucketed(sizes: np.ndarray, group: np.ndarray | None, groups: int, leaked: 
     return [tuple(rows) for rows in out]
 
 
-def in_use_of(blocks: Blocks, leaked: np.ndarray | None = None, first_words: np.ndarray | None = None,
+def in_use_of(blocks: Blocks, leaked: np.ndarray | None = None, signed: Signed | None = None,
               images: Sequence[tuple[int, int, str]] = (), symbol: Callable[[int], str | None] | None = None,
               mem: Memory | None = None) -> InUse:
-    """BLOCKS grouped by size and (when FIRST_WORDS are given) by signature, with the LEAKED mask's share of
+    """BLOCKS grouped by size and (when their signatures, SIGNED, are given) by signature, with the LEAKED mask's share of
     each group; IMAGES are the loaded files' read-only mappings, SYMBOL names an address, MEM gives the text
     group's example its first characters."""
     sizes = blocks.sizes()
     numbers, arena = arena_rows(blocks)
     per_arena = dict(zip(numbers.tolist(), _bucketed(sizes, arena, len(numbers), leaked)))
     sigs, truncated = None, False
-    if first_words is not None:
-        sigs, truncated = _signature_groups(blocks, signatures(first_words, images), sizes, leaked, images, symbol)
+    if signed is not None:
+        sigs, truncated = _signature_groups(blocks, signed, sizes, leaked, images, symbol)
         if mem is not None:
             sigs = tuple(_with_text(g, mem, blocks.header) for g in sigs)
     return InUse(blocks.count, int(sizes.sum()), _merged(per_arena.values()), per_arena, sigs, truncated)
@@ -138,12 +139,12 @@ def _with_text(g: UsedSignature, mem: Memory, header: int) -> UsedSignature:
     return replace(g, text=text_at(mem, g.example + header)) if g.name == TEXT else g
 
 
-def _signature_groups(blocks: Blocks, sigs: np.ndarray, sizes: np.ndarray, leaked: np.ndarray | None,
+def _signature_groups(blocks: Blocks, signed: Signed, sizes: np.ndarray, leaked: np.ndarray | None,
                       images: Sequence[tuple[int, int, str]], symbol: Callable[[int], str | None] | None
                       ) -> tuple[tuple[UsedSignature, ...], bool]:
-    """The BLOCKS with a signature (SIGS) grouped by it, most bytes first, the biggest SIGNATURES_KEPT of
+    """The BLOCKS with a signature (SIGNED's) grouped by it, most bytes first, the biggest SIGNATURES_KEPT of
     them named; and whether there were more."""
-    values, counts, total, gone, gone_bytes, first = _by_signature(sigs, sizes, leaked)
+    values, counts, total, gone, gone_bytes, first = _by_signature(signed, sizes, leaked)
     n = len(values)
     order = np.lexsort((values, -total))[:SIGNATURES_KEPT]
     out = []
@@ -154,12 +155,14 @@ def _signature_groups(blocks: Blocks, sigs: np.ndarray, sizes: np.ndarray, leake
     return tuple(out), n > SIGNATURES_KEPT
 
 
-def _by_signature(sigs: np.ndarray, sizes: np.ndarray, leaked: np.ndarray | None) -> tuple[np.ndarray, ...]:
+def _by_signature(signed: Signed, sizes: np.ndarray, leaked: np.ndarray | None) -> tuple[np.ndarray, ...]:
     """Each signature (1 for text, first), its blocks' count and bytes, LEAKED's count and bytes among them, and
     its first block.  The text group, often most blocks, is summed on masks; the others are grouped with
-    np.unique."""
-    rows = np.flatnonzero(sigs > 1)
-    values, first, inverse = np.unique(sigs[rows], return_index=True, return_inverse=True)
+    np.unique (by code, then named by the value each code stands for)."""
+    sigs = signed.codes
+    rows = np.flatnonzero(sigs > TEXT_CODE)
+    kinds, first, inverse = np.unique(sigs[rows], return_index=True, return_inverse=True)
+    values = signed.values[kinds]
     first = rows[first]
     n = len(values)
     counts = np.bincount(inverse, minlength=n)
@@ -170,7 +173,7 @@ def _by_signature(sigs: np.ndarray, sizes: np.ndarray, leaked: np.ndarray | None
         gone_bytes = np.bincount(inverse[mask], weights=sizes[rows][mask], minlength=n).astype(np.int64)
     else:
         gone = gone_bytes = np.zeros(n, dtype=np.int64)
-    text = sigs == 1
+    text = sigs == TEXT_CODE
     if text.any():
         text_gone = text & leaked if leaked is not None else np.zeros(len(sigs), dtype=bool)
         values = np.concatenate(([1], values)).astype(np.uint64)

@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from heapwalk.analysis.leaks import (HIDDEN_POINTERS, TEXT, ArenaLeaks, Group, Leaks, by_signature, by_size,
-                                     signature_name, signatures)
+                                     signature_name)
 from heapwalk.inferior.memory import Memory, ReadError
 
 __all__ = ["LeakReport", "Unreferenced", "SignatureGroup", "LeakedBlock", "describe", "text_at", "HEAD_BYTES"]
@@ -80,7 +80,7 @@ def describe(lk: Leaks, mem: Memory, images: Sequence[tuple[int, int, str]],
     """LK laid out for the output: LIMIT groups and unreferenced blocks at most, every leaked block."""
     blocks = lk.reach.blocks
     sizes = blocks.sizes()
-    sigs = signatures(lk.reach.first_words, images)
+    signed = lk.reach.signed
     names: dict[object, str] = {}
 
     def name(key: object) -> str:
@@ -90,7 +90,7 @@ def describe(lk: Leaks, mem: Memory, images: Sequence[tuple[int, int, str]],
 
     groups = tuple(SignatureGroup(name(g.key), g.count, g.bytes, int(blocks.addresses(g.example)),
                                   text_at(mem, int(blocks.starts[g.example])) if g.key == TEXT else "")
-                   for g in by_signature(sigs, sizes, lk.leaked)[:limit])
+                   for g in by_signature(signed, sizes, lk.leaked)[:limit])
     holds = dict(zip(lk.unreferenced.tolist(), zip(lk.holds_count.tolist(), lk.holds_bytes.tolist())))
     biggest = tuple(Unreferenced(int(blocks.addresses(i)), int(sizes[i]), int(blocks.arena[i]), *holds[i],
                                  _head(mem, int(blocks.starts[i]), min(HEAD_BYTES, int(blocks.ends[i] - blocks.starts[i]))))
@@ -100,7 +100,7 @@ def describe(lk: Leaks, mem: Memory, images: Sequence[tuple[int, int, str]],
                                name(_key(int(sig))) if sig else None)
                    for i, a, s, n, sig in zip(lk.leaked.tolist(), blocks.addresses(lk.leaked).tolist(),
                                               sizes[lk.leaked].tolist(), blocks.arena[lk.leaked].tolist(),
-                                              sigs[lk.leaked].tolist()))
+                                              signed.of(lk.leaked).tolist()))
     return LeakReport(lk.in_use_count, lk.in_use_bytes, lk.leaked_count, lk.leaked_bytes, lk.unreferenced_count,
                       lk.in_rings, lk.in_rings_bytes, lk.arenas, tuple(by_size(sizes, lk.leaked)[:limit]), groups,
                       biggest, leaked, _roots(lk), sum(hi - lo for lo, hi in lk.reach.unread))

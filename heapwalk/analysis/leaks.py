@@ -15,16 +15,16 @@ from dataclasses import dataclass
 import numpy as np
 
 from heapwalk.analysis.graph import Graph
-from heapwalk.analysis.lookup import text_words
 from heapwalk.analysis.reach import Reach, scan
-from heapwalk.analysis.tally import signature_words, tally
+from heapwalk.analysis.signed import TEXT_CODE, Signed
+from heapwalk.analysis.tally import tally
 from heapwalk.inferior.memory import Memory
-from heapwalk.inferior.roots import image_data, register_roots, root_regions
+from heapwalk.inferior.roots import image_data, readonly_images, register_roots, root_regions
 from heapwalk.inferior.space import MemoryMap
 from heapwalk.inferior.threads import ThreadRegs
 from heapwalk.common.view import Blocks
 
-__all__ = ["Leaks", "ArenaLeaks", "Group", "find_leaks", "arena_index", "arena_rows", "leaks_of", "signatures",
+__all__ = ["Leaks", "ArenaLeaks", "Group", "find_leaks", "arena_index", "arena_rows", "leaks_of",
            "signature_name", "TEXT", "by_size", "by_signature", "HIDDEN_POINTERS"]
 
 #: the one line that says what a conservative scan cannot see
@@ -178,69 +178,18 @@ def by_size(sizes: np.ndarray, rows: np.ndarray) -> list[Group]:
 TEXT = "text"
 
 
-def signatures(first_words: np.ndarray, images: Sequence[tuple[int, int, str]]) -> np.ndarray:
-    """Each block's signature as a number: its first word when that points into a read-only mapping of a
-    loaded file (IMAGES: start, end, name, in order) other than the file's first byte (a load address, as in
-    a link_map, not a type), 1 when it begins with text, 0 otherwise."""
-    starts = np.array([lo for lo, _, _ in images], dtype=np.uint64)
-    ends = np.array([hi for _, hi, _ in images], dtype=np.uint64)
-    loads = np.array(_load_addresses(images), dtype=np.uint64)
-    native = signature_words(first_words, starts, ends, loads)
-    if native is not None:
-        return native
-    out = np.zeros(len(first_words), dtype=np.uint64)
-    if images:
-        i = np.searchsorted(starts, first_words, side="right") - 1
-        inside = np.flatnonzero((i >= 0) & (first_words < ends[np.maximum(i, 0)]))
-        inside = inside[~np.isin(first_words[inside], loads)]
-        out[inside] = first_words[inside]
-    out[begins_with_text(first_words) & (out == 0)] = 1
-    return out
-
-
-_HIGH = np.uint64(0x8080808080808080)
-
-
-def begins_with_text(words: np.ndarray, native: bool = True) -> np.ndarray:
-    """Whether each of WORDS (uint64, as stored: little-endian) holds text: its first four bytes printable ASCII
-    (0x20 to 0x7e) and each of the others printable or zero.  In C when built (and NATIVE); else in numpy, each
-    byte judged by its own bit 7 after an add that cannot carry into the next byte (its bit 7 cleared first),
-    all eight at once."""
-    judged = text_words(words) if native else None
-    if judged is not None:
-        return judged
-    low = words & ~_HIGH                                   # each byte below 0x80
-    printable = low + np.uint64(0x6060606060606060)        # bit 7: the byte is 0x20 or more
-    above = low + np.uint64(0x0101010101010101)            # bit 7: 0x7f or more
-    printable &= ~above
-    printable &= ~words                                    # and below 0x80 itself
-    low += np.uint64(0x7F7F7F7F7F7F7F7F)                   # bit 7: not zero
-    low |= words
-    zero = np.bitwise_not(low, out=low)                    # bit 7: zero
-    printable &= _HIGH
-    zero |= printable
-    zero &= _HIGH
-    return ((printable & np.uint64(0x80808080)) == np.uint64(0x80808080)) & (zero == _HIGH)
-
-
-def _load_addresses(images: Sequence[tuple[int, int, str]]) -> list[int]:
-    """The lowest address of each file among IMAGES."""
-    first: dict[str, int] = {}
-    for lo, _, name in images:
-        first[name] = min(lo, first.get(name, lo))
-    return sorted(first.values())
-
-
-def by_signature(sigs: np.ndarray, sizes: np.ndarray, rows: np.ndarray) -> list[Group]:
-    """The blocks at ROWS that have a signature (SIGS of every block), grouped by it, most bytes first; the
-    text group's key is TEXT, the others' the address their first word holds."""
-    rows = rows[sigs[rows] != 0]
+def by_signature(signed: Signed, sizes: np.ndarray, rows: np.ndarray) -> list[Group]:
+    """The blocks at ROWS that have a signature (SIGNED's), grouped by it, most bytes first; the text group's key
+    is TEXT, the others' the address their first word holds."""
+    codes = signed.codes
+    rows = rows[codes[rows] != 0]
     if not len(rows):
         return []
-    values, first, inverse = np.unique(sigs[rows], return_index=True, return_inverse=True)
+    kinds, first, inverse = np.unique(codes[rows], return_index=True, return_inverse=True)
+    values = signed.values[kinds]
     counts = np.bincount(inverse, minlength=len(values))
     total = np.bincount(inverse, weights=sizes[rows].astype(np.float64), minlength=len(values))
-    out = [Group(TEXT if int(v) == 1 else int(v), int(c), int(b), int(rows[f]))
+    out = [Group(TEXT if int(v) == TEXT_CODE else int(v), int(c), int(b), int(rows[f]))
            for v, f, c, b in zip(values, first, counts, total)]
     return sorted(out, key=lambda g: (-g.bytes, str(g.key)))
 
@@ -267,4 +216,5 @@ def leaks_of(mem: Memory, blocks: Blocks, space: MemoryMap, threads: Sequence[Th
     is reached (`reach.scan`)."""
     roots = root_regions(space, threads, list(blocks.heaps) + list(blocks.private), blocks.large, blocks.unknown,
                          images=image_data(mem, space))
-    return find_leaks(scan(mem, blocks, roots, register_roots(threads), progress, pages, paths))
+    return find_leaks(scan(mem, blocks, roots, register_roots(threads), progress, pages, paths,
+                           readonly_images(space)))

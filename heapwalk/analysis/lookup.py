@@ -48,13 +48,14 @@ def _declared(lib):
                                          ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
         lib.hw_first_hits.restype = None
         lib.hw_first_hits.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_void_p,
-                                      ctypes.c_void_p]
+                                      ctypes.c_void_p, ctypes.c_void_p]
         lib.hw_root_window.restype = ctypes.c_int64
         lib.hw_root_window.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_uint64, ctypes.c_uint64,
                                        ctypes.c_uint64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
                                        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
                                        ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_void_p,
-                                       ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+                                       ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                                       ctypes.c_void_p]
         lib.hw_scan_rows.restype = ctypes.c_int64
         lib.hw_scan_rows.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_uint64, ctypes.c_uint64,
                                      ctypes.c_uint64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
@@ -196,9 +197,8 @@ class Locator:
         lo, slots, first, table, shift = self._table
         _LIB.hw_root_window(words.ctypes.data, n, base, int(self.lo), int(self.hi), self.starts.ctypes.data,
                             self.ends.ctypes.data, len(self.starts), lo.ctypes.data, slots.ctypes.data,
-                            first.ctypes.data, len(lo), table.ctypes.data, shift, root,
-                            None if hits.word is None else hits.word.ctypes.data,
-                            hits.root.ctypes.data, values.ctypes.data, index.ctypes.data, block.ctypes.data)
+                            first.ctypes.data, len(lo), table.ctypes.data, shift, root, *hits._pointers(),
+                            values.ctypes.data, index.ctypes.data, block.ctypes.data)
 
     def _numpy(self, values: np.ndarray) -> np.ndarray:
         out = np.full(len(values), -1, dtype=np.int32)
@@ -256,12 +256,18 @@ def text_words(words: np.ndarray) -> np.ndarray | None:
 
 class FirstHits:
     """For each of COUNT blocks, the first word of the roots found pointing into it (WORD: its address, a
-    register's value; None when not WORDS kept) and that word's root (ROOT, -1 for none); words are added in the
-    order the roots are read."""
+    register's value) and that word's root (ROOT, -1 for none); words are added in the order the roots are
+    read.  Given SEEN (uint8, a block each), only which blocks a root points into is kept, marked there (WORD
+    and ROOT None)."""
 
-    def __init__(self, count: int, words: bool = True):
-        self.word = np.zeros(count, dtype=np.uint64) if words else None
-        self.root = np.full(count, -1, dtype=np.int32)
+    def __init__(self, count: int, seen: np.ndarray | None = None):
+        self.seen = seen
+        self.word = np.zeros(count, dtype=np.uint64) if seen is None else None
+        self.root = np.full(count, -1, dtype=np.int32) if seen is None else None
+
+    def _pointers(self) -> tuple[int | None, int | None, int | None]:
+        """WORD's, ROOT's and SEEN's addresses for the C calls (None: not kept)."""
+        return tuple(None if a is None else a.ctypes.data for a in (self.word, self.root, self.seen))
 
     def add(self, block: np.ndarray, words: np.ndarray, root: int) -> None:
         """The words at WORDS (uint64) of the root ROOT point into BLOCK (int32, each a block): each block with no
@@ -269,11 +275,12 @@ class FirstHits:
         block = np.ascontiguousarray(block, dtype=np.int32)
         words = np.ascontiguousarray(words, dtype=np.uint64)
         if _LIB is not None:
-            _LIB.hw_first_hits(block.ctypes.data, words.ctypes.data, len(block), root,
-                               None if self.word is None else self.word.ctypes.data, self.root.ctypes.data)
+            _LIB.hw_first_hits(block.ctypes.data, words.ctypes.data, len(block), root, *self._pointers())
+            return
+        if self.root is None:
+            self.seen[block] = 1
             return
         fresh = np.flatnonzero(self.root[block] < 0)
         block, first = np.unique(block[fresh], return_index=True)
         self.root[block] = root
-        if self.word is not None:
-            self.word[block] = words[fresh[first]]
+        self.word[block] = words[fresh[first]]

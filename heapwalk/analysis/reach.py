@@ -25,6 +25,7 @@ from heapwalk.analysis.pages import PagesSeen
 from heapwalk.analysis.lookup import FirstHits, Locator
 from heapwalk.analysis.graph import Graph
 from heapwalk.analysis.rows import Rows, SparseRows
+from heapwalk.analysis.signed import Signed
 from heapwalk.inferior.memory import Memory, merged
 from heapwalk.inferior.roots import RegisterRoot, Root
 from heapwalk.inferior.window import read_window
@@ -40,17 +41,17 @@ _PAGE = 4096
 @dataclass(frozen=True)
 class Reach:
     """What the scan found: each block reached or not, how (PARENT: the block that led to it, -1 a root,
-    -2 never reached; for blocks a root reached, the word and the root), each block's first word, the graph
+    -2 never reached; for blocks a root reached, the word and the root), each block's signature, the graph
     of blocks, the roots and what could not be read."""
 
     blocks: Blocks
     reached: np.ndarray          # bool per block
     parent: np.ndarray | None    # int32 per block; None: not kept (the scan was not asked for paths)
-    hit_root: np.ndarray         # int32 per block: the first root that points into it (an index of roots, then of
-    #                              registers), -1 for none
+    hit_root: np.ndarray | None  # int32 per block: the first root that points into it (an index of roots, then of
+    #                              registers), -1 for none; None: not kept (the scan was not asked for paths)
     hit_word: np.ndarray | None  # uint64 per block: the address of that root's word (a register: its value); None:
     #                              not kept (the scan was not asked for paths)
-    first_words: np.ndarray      # uint64 per block (0 where unread)
+    signed: Signed               # each block's signature, from its first word (none where unread)
     graph: Graph | SparseRows    # every row, in compressed rows (a scan asked for paths); else the rows kept
     roots: tuple[Root, ...]
     registers: tuple[RegisterRoot, ...]
@@ -60,7 +61,7 @@ class Reach:
     @property
     def root_blocks(self) -> np.ndarray:
         """The blocks a root points into (int32, ascending)."""
-        return np.flatnonzero(self.hit_root >= 0).astype(np.int32)
+        return np.flatnonzero(self._roots() >= 0).astype(np.int32)
 
     @property
     def root_words(self) -> np.ndarray:
@@ -70,11 +71,11 @@ class Reach:
     @property
     def root_index(self) -> np.ndarray:
         """For each of `root_blocks`, that word's root."""
-        return self.hit_root[self.root_blocks]
+        return self._roots()[self.root_blocks]
 
     def root_of(self, block: int) -> tuple[Root | RegisterRoot, int] | None:
         """The root that points into BLOCK and the address of its word (a register's value), or None."""
-        k = int(self.hit_root[block])
+        k = int(self._roots()[block])
         if k < 0:
             return None
         root = self.roots[k] if k < len(self.roots) else self.registers[k - len(self.roots)]
@@ -85,6 +86,12 @@ class Reach:
         if self.hit_word is None:
             raise ValueError("the scan kept no paths: scan(..., paths=True)")
         return self.hit_word
+
+    def _roots(self) -> np.ndarray:
+        """HIT_ROOT, which only a scan asked for paths keeps."""
+        if self.hit_root is None:
+            raise ValueError("the scan kept no paths: scan(..., paths=True)")
+        return self.hit_root
 
     def path(self, block: int) -> list[int]:
         """The blocks from one a root points into down to BLOCK (BLOCK last); [] when it was not reached."""
@@ -102,16 +109,16 @@ class _Scanner:
     """The scan's running state: the blocks' bounds, the edges and root hits found so far."""
 
     def __init__(self, mem: Memory, blocks: Blocks, progress: Callable[[int, int], None] | None, total: int,
-                 pages: PagesSeen | None = None, paths: bool = False):
+                 pages: PagesSeen | None = None, paths: bool = False, images: Sequence[tuple[int, int, str]] = ()):
         self.mem, self.blocks, self.pages = mem, blocks, pages
         self.starts, self.ends = blocks.starts, blocks.ends
         self.locate = Locator(blocks.starts, blocks.ends)
         self.lo = int(self.starts[0]) if blocks.count else 1
         self.hi = int(self.ends[-1]) if blocks.count else 0
-        self.first = np.zeros(blocks.count, dtype=np.uint64)
+        self.signed = Signed(blocks.count, images)
         self.rows = Rows(blocks.count, defer=not paths)
         self.seen = np.zeros(blocks.count, dtype=np.uint8)
-        self.hits = FirstHits(blocks.count, words=paths)
+        self.hits = FirstHits(blocks.count, None if paths else self.seen)
         self.unread: list[tuple[int, int]] = []
         self.progress, self.total, self.done = progress, total, 0
 
@@ -148,31 +155,30 @@ class _Scanner:
     def heap(self, lo: int, hi: int) -> None:
         """Reads the heap [LO, HI) (after the roots, and after every heap below it)."""
         for base, words in self.windows(lo, hi):
-            self._first_words(base, words)
+            self._signatures(base, words)
             self.rows.window(self.locate, base, words, self.seen)
 
-    def _first_words(self, base: int, words: np.ndarray) -> None:
+    def _signatures(self, base: int, words: np.ndarray) -> None:
+        """The signatures of the blocks that start in the window WORDS read from BASE, from their first words."""
         i0 = int(np.searchsorted(self.starts, np.uint64(base)))
         i1 = int(np.searchsorted(self.starts, np.uint64(base + 8 * len(words) - 7)))
         if i1 > i0:
-            self.first[i0:i1] = words[((self.starts[i0:i1] - np.uint64(base)) >> np.uint64(3)).astype(np.int64)]
+            self.signed.add(i0, words[((self.starts[i0:i1] - np.uint64(base)) >> np.uint64(3)).astype(np.int64)])
 
 
 def scan(mem: Memory, blocks: Blocks, roots: Sequence[Root], registers: Sequence[RegisterRoot] = (),
          progress: Callable[[int, int], None] | None = None, pages: PagesSeen | None = None,
-         paths: bool = False) -> Reach:
+         paths: bool = False, images: Sequence[tuple[int, int, str]] = ()) -> Reach:
     """Scans ROOTS, REGISTERS and BLOCKS' heaps in MEM once, and follows the graph (see the module).  PAGES, when
     given, hears which pages of what the scan read hold anything.  PATHS keeps every block's edges and which block led
     to which (`Reach.path`), where the scan otherwise keeps only the edges of blocks not yet reached when it
-    read them (`rows`)."""
+    read them (`rows`).  IMAGES (the loaded files' read-only mappings) say which first words are signatures."""
     heaps = merged(blocks.heaps)
     root_bytes = sum(r.end - r.start for r in roots)
-    s = _Scanner(mem, blocks, progress, root_bytes + sum(hi - lo for lo, hi in heaps), pages, paths)
+    s = _Scanner(mem, blocks, progress, root_bytes + sum(hi - lo for lo, hi in heaps), pages, paths, images)
     for i, root in enumerate(roots):
         s.root(i, root)
     s.registers(len(roots), registers)
-    if s.rows.defer:
-        s.seen[:] = s.hits.root >= 0
     for lo, hi in heaps:
         s.heap(lo, hi)
     rows = s.rows.rows()
@@ -184,6 +190,6 @@ def scan(mem: Memory, blocks: Blocks, roots: Sequence[Root], registers: Sequence
         seen[:] = 0
         parent = np.full(blocks.count, -2, dtype=np.int32)
         graph.reach_marked(s.hits.root, seen, parent)
-    return Reach(blocks, seen.view(bool), parent, s.hits.root, s.hits.word, s.first, graph,
+    return Reach(blocks, seen.view(bool), parent, s.hits.root, s.hits.word, s.signed, graph,
                  tuple(roots), tuple(registers), root_bytes, tuple(merged(s.unread)))
 

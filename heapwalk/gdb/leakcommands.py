@@ -35,7 +35,7 @@ def in_use_and_leaks(found, decoded, pages=None) -> tuple[InUse, LeakTotals, np.
     blocks = decoded.blocks()
     target = found.target
     lk = leaks_of(mem, blocks, target.space, target.threads, pages=pages)
-    return (in_use_of(blocks, ~lk.reach.reached, lk.reach.first_words, readonly_images(target.space), symbol_at, mem),
+    return (in_use_of(blocks, ~lk.reach.reached, lk.reach.signed, readonly_images(target.space), symbol_at, mem),
             leak_totals(lk), lk.leaked_chunks())
 
 

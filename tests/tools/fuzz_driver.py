@@ -396,7 +396,7 @@ def _leak_scan(mem, layout, state, space, threads) -> tuple:
     laid_out = describe(lk, mem, images, None, 20)
     tables.make_console(io.StringIO(), False).print(leaks_group(laid_out, False))
     json.dumps(leaks_json(documents.header(state), laid_out))
-    return (in_use_of(blocks, ~lk.reach.reached, lk.reach.first_words, images, None, mem), leak_totals(lk),
+    return (in_use_of(blocks, ~lk.reach.reached, lk.reach.signed, images, None, mem), leak_totals(lk),
             lk.leaked_chunks())
 
 

@@ -112,7 +112,7 @@ def _leak_scan(mem, heap, space, threads) -> tuple:
         return ()
     blocks = heap.blocks()
     lk = leaks_of(mem, blocks, space, threads)
-    return in_use_of(blocks, ~lk.reach.reached, lk.reach.first_words, readonly_images(space), None, mem), \
+    return in_use_of(blocks, ~lk.reach.reached, lk.reach.signed, readonly_images(space), None, mem), \
         leak_totals(lk)
 
 

@@ -90,8 +90,8 @@ def _damaged_line(name: str, target, disc, vouched: list[int], mem, named: set[i
 
 def _scans(target, disc) -> tuple[list[str], int]:
     """Whether the leak scan `report` runs (the rows of blocks reached when read not kept) on the blocks the one
-    pass kept finds what the scan that keeps every row finds: the same reached blocks, first words, root hits,
-    leaked blocks and their rows; and how many edges it did not keep."""
+    pass kept finds what the scan that keeps every row finds: the same reached blocks, signatures, leaked blocks
+    and their rows; and how many edges it did not keep."""
     state = _decode(target, disc, True, keep_used=True)
     return _scan_pair(target, disc, target.mem, state, state)
 
@@ -106,8 +106,10 @@ def _scan_pair(target, disc, mem, fast, slow) -> tuple[list[str], int]:
     once = find_leaks(reach.scan(mem, blocks, roots, registers))
     twice = find_leaks(reach.scan(mem, blocks if slow is fast else blocks_of(mem, disc.layout, slow), roots,
                                   registers, paths=True))
-    out = [f"the leak scan's {name} differs" for name in ("reached", "first_words", "root_blocks", "root_index")
-           if not np.array_equal(getattr(once.reach, name), getattr(twice.reach, name))]
+    out = [] if np.array_equal(once.reach.reached, twice.reach.reached) else ["the leak scan's reached differ"]
+    every = np.arange(blocks.count)
+    if not np.array_equal(once.reach.signed.of(every), twice.reach.signed.of(every)):
+        out.append("the leak scan's signatures differ")
     out += [f"the leaks' {name} differ" for name in ("leaked", "unreferenced", "holds_count", "holds_bytes")
             if not np.array_equal(getattr(once, name), getattr(twice, name))]
     if _leaked_rows(once) != _leaked_rows(twice):

@@ -8,7 +8,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from heapwalk.analysis import inuse, leaks, tally
+from heapwalk.analysis import inuse, signed, tally
 from heapwalk.analysis.diff import ArenaTotals, Signatures, diff
 from heapwalk.analysis.inuse import LeakTotals, in_use_of, size_buckets
 from heapwalk.analysis.report import Bucket, build_report, scan_sentence
@@ -70,13 +70,18 @@ def test_the_signatures_in_c_are_numpys(monkeypatch):
                             rng.integers(0x3F0000, 0x800000, 100_000, dtype=np.uint64),
                             rng.integers(0, 2 ** 63, 100_000, dtype=np.uint64),
                             np.frombuffer(rng.integers(0x20, 0x7F, 8 * 20_000, dtype=np.uint8).tobytes(), "<u8")])
-    c = leaks.signatures(words, IMAGES)
+    c = signed.signatures(words, IMAGES)
     monkeypatch.setattr(tally, "_LIB", None)
-    monkeypatch.setattr(leaks, "text_words", lambda w: None)
-    numpy = leaks.signatures(words, IMAGES)
+    monkeypatch.setattr(signed, "text_words", lambda w: None)
+    numpy = signed.signatures(words, IMAGES)
     assert np.array_equal(c, numpy)
     assert {0, 1} < set(np.unique(c).tolist()) and (c > 1).sum() > 100
     assert c[edges.index(0x400000)] == 0 and c[edges.index(0x402000)] == 0x402000
+    kept = signed.Signed(len(words), IMAGES)
+    for at in range(0, len(words), 7_000):            # a window at a time, as the scan gives them
+        kept.add(at, words[at:at + 7_000])
+    assert np.array_equal(kept.of(np.arange(len(words))), c) and kept.codes.dtype == np.uint32
+    assert len(kept.values) == len(np.unique(c[c > 1])) + 2
 
 
 def test_in_use_groups_by_size_arena_and_signature():
@@ -85,7 +90,7 @@ def test_in_use_groups_by_size_arena_and_signature():
                      dtype=np.uint64)
     leaked = np.array([False, True, False, False, True])
     names = {0x402010: "vtable for Shape + 16"}
-    got = in_use_of(blocks, leaked, first, IMAGES, names.get)
+    got = in_use_of(blocks, leaked, signed.Signed.of_words(first, IMAGES), IMAGES, names.get)
     assert (got.count, got.bytes) == (5, 48 + 48 + 96 + 64 + 1040)
     assert {n: sum(b.bytes for b in rows) for n, rows in got.per_arena.items()} == {0: 192, 1: 1104}
     assert [(g.name, g.count, g.bytes, g.leaked_count, g.leaked_bytes, g.example) for g in got.signatures] == [
@@ -99,7 +104,7 @@ def test_only_the_biggest_signatures_are_kept(monkeypatch):
     monkeypatch.setattr(inuse, "SIGNATURES_KEPT", 2)
     blocks = _blocks([(0x1000 + 0x100 * i, 32 + 16 * i, 0) for i in range(4)])
     first = np.array([0x402000 + 8 * i for i in range(4)], dtype=np.uint64)
-    got = in_use_of(blocks, None, first, IMAGES)
+    got = in_use_of(blocks, None, signed.Signed.of_words(first, IMAGES), IMAGES)
     assert [g.bytes for g in got.signatures] == [80, 64] and got.truncated
 
 

@@ -14,7 +14,8 @@ import pytest
 
 from heapwalk.analysis import graph as graph_module
 from heapwalk.analysis.graph import Graph
-from heapwalk.analysis.leaks import begins_with_text, find_leaks, signatures
+from heapwalk.analysis.leaks import find_leaks
+from heapwalk.analysis.signed import begins_with_text, signatures
 from heapwalk.analysis.reach import scan
 from heapwalk.analysis.rows import SparseRows
 from heapwalk.inferior.elf import Mapping

@@ -163,6 +163,12 @@ def test_a_roots_window_keeps_each_blocks_first_word_pointing_into_it_in_c_as_in
             table.root_hits(base, words, root, hits)
         assert np.flatnonzero(hits.root >= 0).tolist() == keys
         assert list(zip(hits.word[keys].tolist(), hits.root[keys].tolist())) == [expected[k] for k in keys]
+        seen = np.zeros(len(starts), dtype=np.uint8)     # only which blocks a root points into, as report keeps
+        marks = lookup.FirstHits(len(starts), seen)
+        for root, (base, words) in enumerate(windows):
+            table.root_hits(base, words, root, marks)
+        marks.add(np.array([keys[0], 2999], dtype=np.int32), np.array([8, 16], dtype=np.uint64), 9)
+        assert np.flatnonzero(seen).tolist() == sorted({*keys, 2999}) and marks.root is None and marks.word is None
     assert 1000 < len(keys) <= 2000
 
 

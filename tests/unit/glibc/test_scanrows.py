@@ -85,9 +85,14 @@ def test_the_deferred_rows_reach_what_every_row_reaches(seed, window, monkeypatc
     monkeypatch.setattr(graph_module, "_LIB", None)
     monkeypatch.setattr(rows_module, "_LIB", None)
     plain = find_leaks(reach.scan(s.mem, blocks, root))
+    plain_paths = reach.scan(s.mem, blocks, root, paths=True)
+    for name in ("reached", "root_blocks", "root_index", "root_words"):
+        assert np.array_equal(getattr(every.reach, name), getattr(plain_paths, name)), name
+    assert deferred.reach.hit_root is None and deferred.reach.hit_word is None
     for other in (every, plain):
-        for name in ("reached", "first_words", "root_blocks", "root_index"):
-            assert np.array_equal(getattr(deferred.reach, name), getattr(other.reach, name)), name
+        assert np.array_equal(deferred.reach.reached, other.reach.reached)
+        each = np.arange(blocks.count)
+        assert np.array_equal(deferred.reach.signed.of(each), other.reach.signed.of(each))
         for name in ("leaked", "unreferenced", "holds_count", "holds_bytes"):
             assert np.array_equal(getattr(deferred, name), getattr(other, name)), name
         assert (deferred.in_rings, deferred.in_rings_bytes) == (other.in_rings, other.in_rings_bytes)
