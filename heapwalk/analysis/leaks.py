@@ -145,11 +145,14 @@ def arena_rows(blocks: Blocks) -> tuple[np.ndarray, np.ndarray]:
 
 def arena_index(arena: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The arena numbers ARENA (one per block) holds, in order, and each block's index among them (int32): as
-    np.unique(return_inverse=True) would give, without sorting millions of small numbers."""
+    np.unique(return_inverse=True) would give, without sorting millions of small numbers (ARENA itself, not a
+    copy, when it is int32 and holds every number from 0 to its highest: each block's index is its number)."""
     if not len(arena) or int(arena.min()) < 0:
         numbers, index = np.unique(arena, return_inverse=True)
         return numbers, index.astype(np.int32)
     present = np.flatnonzero(np.bincount(arena))
+    if arena.dtype == np.int32 and len(present) == int(present[-1]) + 1:
+        return present, arena
     lookup = np.zeros(int(present[-1]) + 1, dtype=np.int32)
     lookup[present] = np.arange(len(present))
     return present, lookup[arena]

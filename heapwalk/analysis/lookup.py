@@ -169,6 +169,10 @@ class Locator:
                                  int(defer), edges_before, targets.ctypes.data, keys.ctypes.data, starts.ctypes.data,
                                  nkeys, last)
 
+    def release(self) -> None:
+        """Gives back the room `root_hits` keeps from one window to the next."""
+        self._scratch = None
+
     @property
     def native(self) -> bool:
         """Whether the lookups are made in C (the library built, and blocks to look among)."""

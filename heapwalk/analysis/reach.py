@@ -179,6 +179,7 @@ def scan(mem: Memory, blocks: Blocks, roots: Sequence[Root], registers: Sequence
     for i, root in enumerate(roots):
         s.root(i, root)
     s.registers(len(roots), registers)
+    s.locate.release()                   # the roots' room, for the heaps' windows to take
     for lo, hi in heaps:
         s.heap(lo, hi)
     rows = s.rows.rows()

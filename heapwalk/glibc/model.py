@@ -51,26 +51,25 @@ class BinList:
     chunks: Sequence[int]       # array('Q') from the walkers: 8 bytes an entry (lists may hold millions)
     raw_sizes: Sequence[int]
     complete: bool = True
-    sizes: Sequence[int] = field(init=False, compare=False, repr=False)   # these five from raw_sizes, once
-    total: int = field(init=False, compare=False, repr=False)
+    total: int = field(init=False, compare=False, repr=False)   # these four from raw_sizes, once
     raw_total: int = field(init=False, compare=False, repr=False)
     min_size: int = field(init=False, compare=False, repr=False)
     max_size: int = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        sizes, raw = array("Q"), self.raw_sizes
-        if isinstance(raw, array) and raw.typecode == "Q" and len(raw):
-            raw_np = np.frombuffer(raw, dtype=np.uint64)
-            masked = raw_np & _SIZE_MASK
-            sizes.frombytes(masked.tobytes())
-            exact = int(raw_np.max()) * len(raw) < 1 << 64            # no sum can wrap around
-            values = (int(masked.sum()) if exact else sum(sizes), int(raw_np.sum()) if exact else sum(raw),
-                      int(masked.min()), int(masked.max()))
-        else:
-            sizes.extend(s & ~7 for s in raw)
-            values = (sum(sizes), sum(raw), min(sizes, default=0), max(sizes, default=0))
-        for name, value in zip(("sizes", "total", "raw_total", "min_size", "max_size"), (sizes, *values)):
+        raw = self.raw_sizes
+        raw_np = np.array(raw, dtype=np.uint64)
+        masked = raw_np & _SIZE_MASK
+        exact = not len(raw) or int(raw_np.max()) * len(raw) < 1 << 64            # no sum can wrap around
+        values = (int(masked.sum()), int(raw_np.sum())) if exact else (sum(self.sizes), sum(raw))
+        extremes = (int(masked.min()), int(masked.max())) if len(raw) else (0, 0)
+        for name, value in zip(("total", "raw_total", "min_size", "max_size"), (*values, *extremes)):
             object.__setattr__(self, name, value)
+
+    @property
+    def sizes(self) -> Sequence[int]:
+        """Each entry's chunk size, made from RAW_SIZES when asked (array('Q')): not kept twice."""
+        return array("Q", (np.array(self.raw_sizes, dtype=np.uint64) & _SIZE_MASK).tobytes())
 
     @property
     def count(self) -> int:
