@@ -3,6 +3,7 @@ the same commands a gdb user would, so text and JSON are the same as inside gdb;
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import sys
@@ -11,6 +12,7 @@ from pathlib import Path
 
 from heapwalk.arch import known
 from heapwalk.common.errors import HeapwalkError
+from heapwalk.common.relay import PROGRESS, RELAY, SAY
 
 
 EXIT_DAMAGED, EXIT_ERROR, EXIT_PARTIAL = 1, 2, 3
@@ -38,8 +40,15 @@ class Gdb:
         path = shutil.which(gdb)
         if path is None:
             raise CliError(f"heapwalk: gdb not found ({gdb}): install it (Debian: apt install gdb) or give --gdb PATH")
-        self._ctl = GdbController(command=[path, "--nx", "--quiet", "--interpreter=mi3"],
-                                  time_to_check_for_additional_output_sec=0.05)
+        relay = sys.stderr.isatty()           # its progress and the costs it says, shown as they come
+        if relay:
+            os.environ[RELAY] = "1"
+        try:
+            self._ctl = GdbController(command=[path, "--nx", "--quiet", "--interpreter=mi3"],
+                                      time_to_check_for_additional_output_sec=0.05)
+        finally:
+            os.environ.pop(RELAY, None)
+        self._shown = ""
         self.warnings: list[str] = []
         self.keep = None  # whatever must live as long as this gdb (a padded copy of a truncated core)
         for setting in ["set pagination off", "set confirm off", "set width 0", "set height 0",
@@ -100,7 +109,9 @@ class Gdb:
                 if kind in ("console", "target", "output") and isinstance(payload, str):
                     out.append(payload)
                 elif kind == "log" and isinstance(payload, str):
-                    if payload.startswith("warning:"):
+                    if payload.startswith((f"{PROGRESS}|", f"{SAY}|")):
+                        self._relayed(payload.strip())
+                    elif payload.startswith("warning:"):
                         self.warnings.append(payload.strip())
                 elif kind == "result":
                     if record.get("message") == "error":
@@ -108,6 +119,22 @@ class Gdb:
                         raise CliError(message, EXIT_ERROR, "".join(out))
                     return "".join(out)
         raise CliError(f"heapwalk: gdb did not finish '{command}' within {timeout:.0f} s")
+
+    def _relayed(self, line: str) -> None:
+        """A line heapwalk in gdb relays to a user at a terminal (`console.say_now`, `console.progress_bar`), shown
+        on our standard error at once: a progress line is written over the last one, and wiped when it ends."""
+        kind, _, rest = line.partition("|")
+        wipe = "\r" + " " * len(self._shown) + "\r" if self._shown else ""
+        if kind == SAY:
+            sys.stderr.write(f"{wipe}{rest}\n")
+            self._shown = ""
+        else:
+            label, done, total = (rest.split("|") + ["", ""])[:3]
+            self._shown = "" if done == "end" or not total.isdigit() else \
+                f"{label}: {int(done) / (1 << 30):.1f} of {int(total) / (1 << 30):.1f} GiB" \
+                f" ({100 * int(done) // max(int(total), 1)}%)"
+            sys.stderr.write(wipe + self._shown)
+        sys.stderr.flush()
 
     def close(self) -> None:
         try:

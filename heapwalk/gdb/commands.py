@@ -19,7 +19,8 @@ from heapwalk.face import NotMine
 from heapwalk.common.errors import PARTIAL, UNCHECKED
 from heapwalk.common.findings import Kind
 from heapwalk.registry import described
-from heapwalk.gdb.leakcommands import LeaksCommand, in_use_and_leaks, reach_text, scan_leaks
+from heapwalk.gdb import budget
+from heapwalk.gdb.leakcommands import LeaksCommand, pages_seen_of, reach_text, report_scans, scan_leaks
 from heapwalk.gdb.mapcommands import MapCommand, write_report_html
 from heapwalk.gdb.console import (console_with_header, gdb_console, interactive, print_damage, write_json)
 from heapwalk.gdb.session import (DebugParameter, SetPrefix, Settings, StringParameter, UserError,
@@ -31,7 +32,6 @@ from heapwalk.output.tables import several_text
 from heapwalk.output.rsstext import rss_document, rss_sentence, rss_table, rss_verdict
 from heapwalk.analysis.pages import PagesSeen
 from heapwalk.analysis.rss import rss_of_target
-from heapwalk.inferior.memory import merged
 
 __all__ = ["register"]
 
@@ -85,16 +85,6 @@ class ThreadsCommand(Subcommand):
         _show_each(load_allocators(), lambda d: d.threads(interactive(), bool(args.json)), args.json)
 
 
-def _pages_seen(found, scanned: PagesSeen | None = None) -> tuple[list, list] | None:
-    """The pages the decoders' walks already judged (`pages.PagesSeen`), and the leak scans
-    (SCANNED), for a plain core's contents; None when none were kept."""
-    kept = [p for p in (d.pages_seen() for d in found.decoded) if p is not None]
-    kept += [scanned.seen()] if scanned is not None else []
-    if not kept:
-        return None
-    return merged(r for judged, _ in kept for r in judged), merged(r for _, runs in kept for r in runs)
-
-
 class ReportCommand(Subcommand):
     name = "report"
 
@@ -122,9 +112,8 @@ class ReportCommand(Subcommand):
         documents, pages, clauses = [], [], []
         target = found.target
         seen = PagesSeen() if target.residency is None and target.present is not None else None
-        scans = [in_use_and_leaks(found, d, seen) if not args.no_leaks and d.scans_leaks else None
-                 for d in found.decoded]
-        rss = rss_of_target(target, [c for d in found.decoded for c in d.claims()], _pages_seen(found, seen))
+        scans, refused = report_scans(found, args.no_leaks, seen)
+        rss = rss_of_target(target, [c for d in found.decoded for c in d.claims()], pages_seen_of(found, seen))
         for (decoded, beside), scanned in zip(_each(found), scans):
             in_use, leaks = scanned[:2] if scanned else (None, None)
             known = rss is not None and rss.measure == "resident"      # a plain core's bytes are not its RSS
@@ -154,6 +143,8 @@ class ReportCommand(Subcommand):
             with open(args.xml, "w", encoding="utf-8") as fh:
                 fh.write(xml.native_xml())
         write_json(args.json, documents)
+        if refused:       # said last: the report holds no leak scan
+            raise UserError(f"heapwalk report: {refused[0]}")
         left_out = [f.message for d in found.decoded for f in d.findings() if f.kind is Kind.NOT_DECODED]
         if left_out:   # the last line, and gdb -batch's exit status, say it: never read as the process's all-clear
             more = f" (and {len(left_out) - 1} more: see the findings)" if len(left_out) > 1 else ""
@@ -378,6 +369,7 @@ def register() -> None:
     SetPrefix("set")
     SetPrefix("show")
     Settings.debug = DebugParameter()
+    budget.register()
     for allocator in registry.allocators():
         for setting in allocator.settings:
             Settings.allocators[setting.name] = StringParameter(setting.name, setting.what)

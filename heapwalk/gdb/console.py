@@ -1,6 +1,6 @@
 """Where heapwalk's commands write in gdb: a rich console on gdb's output (plain in logs and -batch), the
-header, findings and partial-result notes every command ends with, the chunk walk's progress bar, and
-gdb's permissions turned off while a command runs."""
+header, findings and partial-result notes every command ends with, the progress bars of long work (the chunk
+walk, the leak scan), and gdb's permissions turned off while a command runs."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import time
 import gdb  # type: ignore[import-not-found]
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 
+from heapwalk.common.relay import PROGRESS, RELAY, SAY
 from heapwalk.output import jsondoc, tables
 
 
@@ -37,27 +38,49 @@ def interactive() -> bool:
 
 
 _PROGRESS_AFTER = 1.0  # seconds a walk runs before its progress bar appears
+_RELAY_EVERY = 0.25    # seconds between two progress lines relayed to the command line
+
+
+def _relayed() -> bool:
+    return os.environ.get(RELAY) == "1" and not interactive()
+
+
+def say_now(line: str) -> None:
+    """LINE said at once to a user at a terminal (gdb's, or the command line's): nothing in logs and pipes."""
+    if interactive():
+        gdb_console().print(line, highlight=False)
+    elif _relayed():
+        gdb.write(f"{SAY}|{line}\n", gdb.STDERR)
 
 
 @contextlib.contextmanager
-def walk_progress(walk_chunks: bool):
-    """A progress bar for the chunk walk (a callable for `collect`), or None: shown only in an interactive
-    gdb (a terminal, and not -batch, which makes the width unlimited), and only once the walk has taken a
-    second; it disappears when the walk ends."""
-    if not walk_chunks or not interactive() or gdb.parameter("width") is None:
+def progress_bar(label: str, wanted: bool = True):
+    """A progress bar for long work (a callable taking bytes done and bytes in all), or None: shown only to a
+    user at a terminal, in an interactive gdb (not -batch, which makes the width unlimited) or through the command
+    line, and only once the work has taken a second; it disappears when the work ends."""
+    if wanted and interactive() and gdb.parameter("width") is not None:
+        bar = _ProgressBar(label)
+    elif wanted and _relayed():
+        bar = _RelayedProgress(label)
+    else:
         yield None
         return
-    bar = _ProgressBar()
     try:
         yield bar
     finally:
         bar.close()
 
 
+def walk_progress(walk_chunks: bool):
+    """The chunk walk's `progress_bar`."""
+    return progress_bar("walking chunks", walk_chunks)
+
+
 class _ProgressBar:
     """rich's progress bar on gdb's terminal, started on the first report after a second."""
 
-    def __init__(self):
+    def __init__(self, label: str):
+        self.label = label
         self.start = time.monotonic()
         self.progress: Progress | None = None
         self.task = None
@@ -66,7 +89,7 @@ class _ProgressBar:
         if self.progress is None:
             if time.monotonic() - self.start < _PROGRESS_AFTER:
                 return
-            self.progress = Progress(TextColumn("walking chunks"), BarColumn(), DownloadColumn(binary_units=True),
+            self.progress = Progress(TextColumn(self.label), BarColumn(), DownloadColumn(binary_units=True),
                                      TimeRemainingColumn(), console=gdb_console(), transient=True)
             self.task = self.progress.add_task("walk", total=total)
             self.progress.start()
@@ -75,6 +98,25 @@ class _ProgressBar:
     def close(self) -> None:
         if self.progress is not None:
             self.progress.stop()
+
+
+class _RelayedProgress:
+    """The progress as lines for the command line ("heapwalk-progress|label|done|total"), a few a second."""
+
+    def __init__(self, label: str):
+        self.label = label
+        self.start = self.last = time.monotonic()
+        self.said = False
+
+    def __call__(self, done: int, total: int) -> None:
+        now = time.monotonic()
+        if now - self.start >= _PROGRESS_AFTER and now - self.last >= _RELAY_EVERY:
+            self.last, self.said = now, True
+            gdb.write(f"{PROGRESS}|{self.label}|{done}|{total}\n", gdb.STDERR)
+
+    def close(self) -> None:
+        if self.said:
+            gdb.write(f"{PROGRESS}|{self.label}|end|0\n", gdb.STDERR)
 
 
 def gdb_console():

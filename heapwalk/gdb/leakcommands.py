@@ -10,21 +10,51 @@ from heapwalk.analysis.inuse import InUse, LeakTotals, in_use_of, leak_totals
 from heapwalk.analysis.leakreport import describe
 from heapwalk.analysis.leaks import Leaks, leaks_of
 from heapwalk import registry
-from heapwalk.gdb.console import console_with_header, interactive, write_json
+from heapwalk.gdb import budget
+from heapwalk.gdb.console import console_with_header, interactive, progress_bar, write_json
 from heapwalk.gdb.session import UserError, load_allocators
 from heapwalk.gdb.subcommand import Parser, Subcommand, json_option
 from heapwalk.output.leakdoc import leaks_group, leaks_json
 from heapwalk.gdb.adapter import stack_frame, symbol_at
+from heapwalk.inferior.memory import merged
 from heapwalk.inferior.roots import RegisterRoot, readonly_images
 
-__all__ = ["LeaksCommand", "scan_leaks", "reach_text", "in_use_and_leaks"]
+__all__ = ["LeaksCommand", "scan_leaks", "reach_text", "in_use_and_leaks", "report_scans", "pages_seen_of"]
 
 
 def scan_leaks(found, decoded, paths: bool = False) -> Leaks:
     """The leaks of the allocator DECODED (one of FOUND, `load_allocators`' answer, walked with its blocks kept);
-    PATHS keeps how each block is reached (`reach_text` needs it)."""
+    PATHS keeps how each block is reached (`reach_text` needs it).  UserError when this machine has not the
+    memory for the scan (`budget.scan_refused`)."""
     target = found.target
-    return leaks_of(decoded.memory, decoded.blocks(), target.space, target.threads, paths=paths)
+    blocks = decoded.blocks()
+    refused = budget.scan_refused(blocks.count)
+    if refused is not None:
+        raise UserError(f"heapwalk: {refused}")
+    with progress_bar("scanning for leaks") as progress:
+        return leaks_of(decoded.memory, blocks, target.space, target.threads, progress, paths=paths)
+
+
+def report_scans(found, no_leaks: bool, pages=None) -> tuple[list, list[str]]:
+    """`in_use_and_leaks` of each of FOUND's decoded allocators that is scanned (None for the others, and for
+    all with NO_LEAKS), and why any scan was not made (this machine has not the memory for it)."""
+    scans, refused = [], []
+    for decoded in found.decoded:
+        why = None if no_leaks or not decoded.scans_leaks else budget.scan_refused(decoded.blocks().count)
+        refused += [why] if why else []
+        scans.append(in_use_and_leaks(found, decoded, pages) if decoded.scans_leaks and not no_leaks and not why
+                     else None)
+    return scans, refused
+
+
+def pages_seen_of(found, scanned=None) -> tuple[list, list] | None:
+    """The pages the decoders' walks already judged (`pages.PagesSeen`), and the leak scans
+    (SCANNED), for a plain core's contents; None when none were kept."""
+    kept = [p for p in (d.pages_seen() for d in found.decoded) if p is not None]
+    kept += [scanned.seen()] if scanned is not None else []
+    if not kept:
+        return None
+    return merged(r for judged, _ in kept for r in judged), merged(r for _, runs in kept for r in runs)
 
 
 def in_use_and_leaks(found, decoded, pages=None) -> tuple[InUse, LeakTotals, np.ndarray]:
@@ -34,7 +64,8 @@ def in_use_and_leaks(found, decoded, pages=None) -> tuple[InUse, LeakTotals, np.
     mem = decoded.memory
     blocks = decoded.blocks()
     target = found.target
-    lk = leaks_of(mem, blocks, target.space, target.threads, pages=pages)
+    with progress_bar("scanning for leaks") as progress:
+        lk = leaks_of(mem, blocks, target.space, target.threads, progress, pages=pages)
     return (in_use_of(blocks, ~lk.reach.reached, lk.reach.signed, readonly_images(target.space), symbol_at, mem),
             leak_totals(lk), lk.leaked_chunks())
 

@@ -10,6 +10,7 @@ import gdb  # type: ignore[import-not-found]
 from heapwalk import registry
 from heapwalk.face import Allocator, Context, Decoded, NotUsed, Wants
 from heapwalk.common.errors import CannotDecode, UsageError
+from heapwalk.gdb import budget
 from heapwalk.gdb.console import walk_progress
 from heapwalk.arch import UnknownArchitecture, by_elf_machine, known
 from heapwalk.gdb.adapter import (GdbSymbols, architecture_name, gdb_memory, preserved_selection,
@@ -142,10 +143,12 @@ def load_allocators(walk_chunks: bool = False, keep_used: bool = False, keep_chu
     is decoded.  An allocator that is there but cannot be decoded is said in one line when no other could be
     decoded, else it is one of the first decoded one's findings, with the reason."""
     _require_target()
-    with preserved_selection(), walk_progress(walk_chunks) as progress:
+    with preserved_selection():
         target = _target()
-        wants = Wants(walk_chunks, keep_used, keep_chunks, progress, keep_pages)
-        return Found(decode(target, wants), target)
+        budget.before_decode(target.space.regions, "report" if keep_used else "walk" if walk_chunks else "lists")
+        with walk_progress(walk_chunks) as progress:
+            wants = Wants(walk_chunks, keep_used, keep_chunks, progress, keep_pages)
+            return Found(decode(target, wants), target)
 
 
 def decode(target: Target, wants: Wants, only: str | None = None) -> list[Decoded]:

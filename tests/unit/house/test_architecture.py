@@ -34,7 +34,7 @@ MAY_IMPORT = {
 }
 #: the only modules that import gdb
 GDB_MODULES = {"gdb/adapter.py", "gdb/addressspace.py", "gdb/commands.py", "gdb/console.py", "gdb/session.py",
-               "gdb/subcommand.py", "gdb/loading.py"}
+               "gdb/subcommand.py", "gdb/loading.py", "gdb/budget.py"}
 MAX_MODULE_LINES, MAX_FUNCTION_LINES = 400, 60
 #: the documented hot loop: one function on purpose (see its docstring)
 HOT_LOOPS = {("glibc/walk/chunkwalk.py", "walk_batches")}

@@ -1,0 +1,65 @@
+"""What a command over a big heap will cost, said in gdb before it starts (`analysis.sizing`): one line on a
+terminal for a heap of a GiB or more, and a refusal, with what needs less, when this machine has not the memory
+('set heapwalk memory-check off' runs it anyway).  The leak scan is weighed again once the blocks are known."""
+
+from __future__ import annotations
+
+import gdb
+
+from heapwalk.analysis import sizing
+from heapwalk.common.errors import UsageError
+from heapwalk.gdb.console import say_now
+
+__all__ = ["MemoryCheckParameter", "register", "before_decode", "scan_refused", "LESS"]
+
+#: what needs less memory than a whole report, as the refusals name it
+LESS = ("'heapwalk bins' (the free lists alone), 'heapwalk check', 'heapwalk report --no-leaks' (no leak scan) "
+        "or a machine with more memory (docs/performance.md)")
+
+
+class MemoryCheckParameter(gdb.Parameter):
+    """When on (the default), heapwalk refuses a command this machine has not the memory for."""
+
+    set_doc = "Set whether heapwalk refuses a command this machine has not the memory for."
+    show_doc = "Show whether heapwalk refuses a command this machine has not the memory for."
+
+    def __init__(self):
+        super().__init__("heapwalk memory-check", gdb.COMMAND_DATA, gdb.PARAM_BOOLEAN)
+        self.value = True
+
+
+_PARAMETER: list[MemoryCheckParameter] = []
+
+
+def register() -> None:
+    """Creates 'set heapwalk memory-check'."""
+    _PARAMETER[:] = [MemoryCheckParameter()]
+
+
+def _checking() -> bool:
+    return not _PARAMETER or bool(_PARAMETER[0].value)
+
+
+def before_decode(regions, kind: str) -> None:
+    """Before a decode of KIND (`sizing.expected`) over REGIONS: says what it is expected to cost on a terminal,
+    or refuses it (UserError) when this machine has not the memory."""
+    cost = sizing.expected(kind, regions)
+    if cost.heap < sizing.SAID_FROM:
+        return
+    available = sizing.available_memory()
+    have = "" if available is None else f"; this machine has {sizing.human_bytes(available)} available"
+    line = (f"heapwalk: {sizing.human_bytes(cost.heap)} of memory may hold chunks: expect about "
+            f"{cost.seconds:.0f} s and {sizing.human_bytes(cost.bytes)} of gdb's memory{have}")
+    if _checking() and sizing.too_big(cost.bytes, available):
+        raise UsageError(f"{line}, not enough: {LESS} need less; 'set heapwalk memory-check off' runs it anyway")
+    say_now(line)
+
+
+def scan_refused(blocks: int) -> str | None:
+    """Why the leak scan over BLOCKS blocks is not made (this machine has not the memory), or None."""
+    need, available = sizing.scan_need(blocks), sizing.available_memory()
+    if not _checking() or not sizing.too_big(need, available):
+        return None
+    return (f"the leak scan of {blocks:,} blocks needs about {sizing.human_bytes(need)} and this machine has "
+            f"{sizing.human_bytes(available)} available: it was not made ('heapwalk report --no-leaks' says the rest; "
+            "'set heapwalk memory-check off' makes it anyway)")
