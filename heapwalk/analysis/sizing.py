@@ -2,7 +2,8 @@
 memory for it: so that a heap too big for the machine is refused in one line, with what can be done instead,
 and never ends in the out-of-memory killer half-way.
 
-Two checks.  Before the decode, from the bytes the process's memory may hold chunks in (`space.regions`): the
+Two checks.  Before the decode, from the bytes the process's memory may hold chunks in (`space.regions`, or what
+of them was resident where that is cheap to know: a live process's anonymous RSS, a core's page map): the
 expected time and memory at the rates `make bench` measured (docs/performance.md), which assume its heaps'
 chunks (some 200 bytes each on average: smaller chunks cost more).  Before the leak scan, from the blocks the
 decode found: the scan's own state, a fixed number of bytes a block, exact to within its rows.
@@ -39,10 +40,11 @@ class Expected:
     bytes: int
 
 
-def expected(kind: str, regions: Sequence[tuple[int, int]]) -> Expected:
+def expected(kind: str, regions: Sequence[tuple[int, int]], resident: int | None = None) -> Expected:
     """What a command of KIND ("report": the walk and the leak scan; "walk": every chunk walked; "lists": the
-    free lists) costs over the memory REGIONS may hold chunks in."""
+    free lists) costs over the memory REGIONS may hold chunks in, or over the RESIDENT bytes of it when fewer."""
     heap = sum(hi - lo for lo, hi in regions)
+    heap = heap if resident is None else min(heap, resident)
     seconds, per_gib = RATES[kind]
     return Expected(heap, seconds * heap / GIB, int(per_gib * heap / GIB))
 

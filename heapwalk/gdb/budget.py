@@ -40,10 +40,10 @@ def _checking() -> bool:
     return not _PARAMETER or bool(_PARAMETER[0].value)
 
 
-def before_decode(regions, kind: str) -> None:
-    """Before a decode of KIND (`sizing.expected`) over REGIONS: says what it is expected to cost on a terminal,
-    or refuses it (UserError) when this machine has not the memory."""
-    cost = sizing.expected(kind, regions)
+def before_decode(target, kind: str) -> None:
+    """Before a decode of KIND (`sizing.expected`) of TARGET: says what it is expected to cost on a terminal, or
+    refuses it (UsageError) when this machine has not the memory."""
+    cost = sizing.expected(kind, target.space.regions, _resident(target))
     if cost.heap < sizing.SAID_FROM:
         return
     available = sizing.available_memory()
@@ -53,6 +53,21 @@ def before_decode(regions, kind: str) -> None:
     if _checking() and sizing.too_big(cost.bytes, available):
         raise UsageError(f"{line}, not enough: {LESS} need less; 'set heapwalk memory-check off' runs it anyway")
     say_now(line)
+
+
+def _resident(target) -> int | None:
+    """The bytes of TARGET's memory that were resident, when cheap to know: a live process's anonymous RSS, or
+    what a core's page map says of its regions; None otherwise (the regions' bytes are the bound)."""
+    regions = target.space.regions
+    if not target.space.core:
+        try:
+            with open(f"/proc/{gdb.selected_inferior().pid}/status", encoding="ascii") as fh:
+                return next(int(line.split()[1]) * 1024 for line in fh if line.startswith("RssAnon:"))
+        except (OSError, StopIteration, ValueError):
+            return None
+    if target.residency is None or not regions:
+        return None
+    return target.residency.resident_sum([lo for lo, _ in regions], [hi for _, hi in regions])
 
 
 def scan_refused(blocks: int) -> str | None:

@@ -145,7 +145,7 @@ def load_allocators(walk_chunks: bool = False, keep_used: bool = False, keep_chu
     _require_target()
     with preserved_selection():
         target = _target()
-        budget.before_decode(target.space.regions, "report" if keep_used else "walk" if walk_chunks else "lists")
+        budget.before_decode(target, "report" if keep_used else "walk" if walk_chunks else "lists")
         with walk_progress(walk_chunks) as progress:
             wants = Wants(walk_chunks, keep_used, keep_chunks, progress, keep_pages)
             return Found(decode(target, wants), target)
