@@ -9,7 +9,8 @@ import subprocess
 import time
 from pathlib import Path
 
-from conftest import BINDIR, ROOT
+ROOT = Path(__file__).resolve().parents[2]
+BINDIR = (ROOT / "build").resolve() / "bin"     # as tests/conftest.py has it: run by make bench, which has no conftest
 
 __all__ = ["running", "wait_for_step", "process_state", "gcore_report", "build_service"]
 
