@@ -3,8 +3,7 @@ one pass: every heap swept once, the lists followed and every arena accounted an
 then the same through the careful walkers alone (the lists followed through memory, then every chunk
 walked), each without discovery; prints "heapwalk-bench-walk SECONDS CHUNKS" and
 "heapwalk-bench-careful SECONDS CHUNKS".  Then the leak scan alone, after a decode that kept the chunks in use
-(as `heapwalk leaks` makes it, with the heaps' words the one pass kept): the blocks, the roots, the scan of
-roots and of the words kept (and of any heap they do not cover) and the search; prints
+(as `heapwalk leaks` makes it): the blocks, the roots, the scan of roots and heaps and the search; prints
 "heapwalk-bench-leakscan SECONDS BLOCKS"."""
 
 import time
@@ -37,7 +36,7 @@ def _walk() -> None:
                     keep_used=True)
     start = time.perf_counter()
     blocks = blocks_of(target.mem, disc.layout, state)
-    leaks_of(target.mem, blocks, target.space, target.threads, words=state.walk.words)
+    leaks_of(target.mem, blocks, target.space, target.threads)
     print("heapwalk-bench-leakscan %.6f %d" % (time.perf_counter() - start, blocks.count))
 
 
