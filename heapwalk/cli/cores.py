@@ -100,6 +100,8 @@ def open_core(args, core: Path, exe: Path | None) -> tuple[Gdb, list[str]]:
     try:
         if truncated is not None:
             gdb.run(f"set heapwalk core-missing {format_ranges(truncated.missing)}")
+        if getattr(args, "no_memory_check", False):
+            gdb.run("set heapwalk memory-check off")
         resident_from = getattr(args, "resident_from", None)
         if resident_from is not None:
             gdb.run(f"set heapwalk resident-from {resident_from}")

@@ -28,7 +28,7 @@ from heapwalk.cli.diff import cmd_diff
 from heapwalk.cli.gdbmi import EXIT_DAMAGED, EXIT_ERROR, EXIT_PARTIAL, CliError
 from heapwalk.common.errors import PARTIAL, UNCHECKED
 from heapwalk.output import jsondoc
-from heapwalk.output.options import add_no_leaks, add_report_files
+from heapwalk.output.options import add_memory_check, add_no_leaks, add_report_files, cost_epilog
 
 __all__ = ["main", "make_parser"]
 
@@ -137,6 +137,8 @@ def make_parser() -> argparse.ArgumentParser:
                    help="which pages were resident, from the capture.json of a capture taken with this core (a "
                    "gcore core does not record them)")
     add_no_leaks(p)
+    add_memory_check(p)
+    p.epilog = cost_epilog()
     p.set_defaults(run=cmd_report)
 
     _capture_parser(sub, common)

@@ -10,11 +10,13 @@ from heapwalk.analysis import sizing
 from heapwalk.common.errors import UsageError
 from heapwalk.gdb.console import say_now
 
-__all__ = ["MemoryCheckParameter", "register", "before_decode", "scan_refused", "LESS"]
+__all__ = ["MemoryCheckParameter", "register", "before_decode", "scan_refused", "LESS", "ANYWAY"]
 
 #: what needs less memory than a whole report, as the refusals name it
 LESS = ("'heapwalk bins' (the free lists alone), 'heapwalk check', 'heapwalk report --no-leaks' (no leak scan) "
         "or a machine with more memory (docs/performance.md)")
+#: how to run it all the same, as the refusals say it
+ANYWAY = "'set heapwalk memory-check off' (the command line's --no-memory-check)"
 
 
 class MemoryCheckParameter(gdb.Parameter):
@@ -51,7 +53,7 @@ def before_decode(target, kind: str) -> None:
     line = (f"heapwalk: {sizing.human_bytes(cost.heap)} of memory may hold chunks: expect about "
             f"{cost.seconds:.0f} s and {sizing.human_bytes(cost.bytes)} of gdb's memory{have}")
     if _checking() and sizing.too_big(cost.bytes, available):
-        raise UsageError(f"{line}, not enough: {LESS} need less; 'set heapwalk memory-check off' runs it anyway")
+        raise UsageError(f"{line}, not enough: {LESS} need less; {ANYWAY} runs it anyway")
     say_now(line)
 
 
@@ -77,4 +79,4 @@ def scan_refused(blocks: int) -> str | None:
         return None
     return (f"the leak scan of {blocks:,} blocks needs about {sizing.human_bytes(need)} and this machine has "
             f"{sizing.human_bytes(available)} available: it was not made ('heapwalk report --no-leaks' says the rest; "
-            "'set heapwalk memory-check off' makes it anyway)")
+            f"{ANYWAY} makes it anyway)")

@@ -27,7 +27,7 @@ from heapwalk.gdb.session import (DebugParameter, SetPrefix, Settings, StringPar
                                   load_allocators, parse_int, reload)
 from heapwalk.gdb.subcommand import Parser, Subcommand, json_option
 from heapwalk.output.jsondoc import words_json
-from heapwalk.output.options import add_no_leaks, add_report_files
+from heapwalk.output.options import add_no_leaks, add_report_files, cost_epilog
 from heapwalk.output.tables import several_text
 from heapwalk.output.rsstext import rss_document, rss_sentence, rss_table, rss_verdict
 from heapwalk.analysis.pages import PagesSeen
@@ -98,6 +98,7 @@ class ReportCommand(Subcommand):
             "command", "report"))
         add_report_files(p, registry.xml_help())
         add_no_leaks(p)
+        p.epilog = cost_epilog()
         return p
 
     def run(self, args) -> None:
@@ -144,7 +145,7 @@ class ReportCommand(Subcommand):
                 fh.write(xml.native_xml())
         write_json(args.json, documents)
         if refused:       # said last: the report holds no leak scan
-            raise UserError(f"heapwalk report: {refused[0]}")
+            raise UserError(f"heapwalk report: {PARTIAL} {refused[0]}")
         left_out = [f.message for d in found.decoded for f in d.findings() if f.kind is Kind.NOT_DECODED]
         if left_out:   # the last line, and gdb -batch's exit status, say it: never read as the process's all-clear
             more = f" (and {len(left_out) - 1} more: see the findings)" if len(left_out) > 1 else ""

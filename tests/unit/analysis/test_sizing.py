@@ -31,3 +31,14 @@ def test_the_scan_needs_a_fixed_room_and_a_few_bytes_a_block():
     assert sizing.scan_need(0) == sizing.SCAN_FIXED
     assert sizing.scan_need(10_000_000) - sizing.scan_need(0) == 10_000_000 * sizing.SCAN_PER_BLOCK
     assert sizing.human_bytes(3 * GIB // 2) == "1.5 GiB" and sizing.human_bytes(5 << 20) == "5 MiB"
+
+
+def test_report_s_help_says_the_cost_and_the_command_line_can_run_it_anyway():
+    from heapwalk.cli.main import make_parser
+    from heapwalk.output.options import cost_epilog
+    seconds, per_gib = sizing.RATES["report"]
+    text = cost_epilog()
+    assert f"about {seconds:g} s and {per_gib >> 20} MiB of gdb's memory per GiB of heap" in text
+    assert "'set heapwalk memory-check off' in gdb, or the command line's --no-memory-check" in text
+    report = make_parser().parse_args(["report", "core", "--no-memory-check"])
+    assert report.no_memory_check and not make_parser().parse_args(["report", "core"]).no_memory_check
