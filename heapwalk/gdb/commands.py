@@ -330,8 +330,9 @@ def _prefix_help(verbs: dict) -> str:
               for verb, owners in verbs.items()]
     settings = [f"'set heapwalk {s.name} {s.value}'" for a in allocators for s in a.settings]
     lines.append("Each takes --json FILE. 'help heapwalk SUBCOMMAND' describes its options.")
-    lines += textwrap.wrap(f"Settings: 'set heapwalk debug on|off', {', '.join(settings)} ('show heapwalk' lists "
-                           "them).", 100, break_long_words=False, break_on_hyphens=False)
+    lines += textwrap.wrap(f"Settings: 'set heapwalk debug on|off', 'set heapwalk memory-check on|off', "
+                           f"{', '.join(settings)} ('show heapwalk' lists them).", 100, break_long_words=False,
+                           break_on_hyphens=False)
     return "\n".join(lines)
 
 
