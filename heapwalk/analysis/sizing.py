@@ -17,10 +17,10 @@ from dataclasses import dataclass
 __all__ = ["Expected", "expected", "scan_need", "available_memory", "too_big", "SAID_FROM", "human_bytes"]
 
 GIB = 1 << 30
-#: the commands' seconds and gdb's memory above its own per GiB of heap, the largest of the bench's large cores
-#: at 5547dc3 (glibc ordered and random, jemalloc; docs/performance-journal.md, "Memory by the chunk"), rounded
-#: up: report (its leak scan in), a walk of every chunk (check, chunks, map), the free lists (bins)
-RATES = {"report": (2.5, 350 << 20), "walk": (1.5, 250 << 20), "lists": (1.0, 150 << 20)}
+#: the commands' seconds and gdb's memory above its own per GiB of heap, the largest of `make bench`'s large cores
+#: at 8bd9d84 and huge cores at 2a32154 (glibc and jemalloc, docs/performance.md), rounded up: report (its leak
+#: scan in), a walk of every chunk (check, chunks, map), the free lists (bins)
+RATES = {"report": (2.5, 300 << 20), "walk": (3.0, 250 << 20), "lists": (1.0, 150 << 20)}
 #: heaps below this are not worth a sentence
 SAID_FROM = 1 << 30
 #: the leak scan's state a block in use, above the allocator's blocks (the lookup's table, the marks, the
