@@ -10,7 +10,7 @@ from heapwalk.analysis import sizing
 from heapwalk.common.errors import UsageError
 from heapwalk.gdb.console import say_now
 
-__all__ = ["MemoryCheckParameter", "register", "before_decode", "scan_refused", "LESS", "ANYWAY"]
+__all__ = ["before_decode", "scan_refused", "LESS", "ANYWAY"]
 
 #: what needs less memory than a whole report, as the refusals name it
 LESS = ("'heapwalk bins' (the free lists alone), 'heapwalk check', 'heapwalk report --no-leaks' (no leak scan) "
@@ -19,27 +19,9 @@ LESS = ("'heapwalk bins' (the free lists alone), 'heapwalk check', 'heapwalk rep
 ANYWAY = "'set heapwalk memory-check off' (the command line's --no-memory-check)"
 
 
-class MemoryCheckParameter(gdb.Parameter):
-    """When on (the default), heapwalk refuses a command this machine has not the memory for."""
-
-    set_doc = "Set whether heapwalk refuses a command this machine has not the memory for."
-    show_doc = "Show whether heapwalk refuses a command this machine has not the memory for."
-
-    def __init__(self):
-        super().__init__("heapwalk memory-check", gdb.COMMAND_DATA, gdb.PARAM_BOOLEAN)
-        self.value = True
-
-
-_PARAMETER: list[MemoryCheckParameter] = []
-
-
-def register() -> None:
-    """Creates 'set heapwalk memory-check'."""
-    _PARAMETER[:] = [MemoryCheckParameter()]
-
-
 def _checking() -> bool:
-    return not _PARAMETER or bool(_PARAMETER[0].value)
+    from heapwalk.gdb.session import Settings   # here: the session asks this module before each decode
+    return Settings.memory_check is None or bool(Settings.memory_check.value)
 
 
 def before_decode(target, kind: str) -> None:

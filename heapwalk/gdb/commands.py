@@ -19,11 +19,10 @@ from heapwalk.face import NotMine
 from heapwalk.common.errors import PARTIAL, UNCHECKED
 from heapwalk.common.findings import Kind
 from heapwalk.registry import described
-from heapwalk.gdb import budget
 from heapwalk.gdb.leakcommands import LeaksCommand, pages_seen_of, reach_text, report_scans, scan_leaks
 from heapwalk.gdb.mapcommands import MapCommand, write_report_html
 from heapwalk.gdb.console import (console_with_header, gdb_console, interactive, print_damage, write_json)
-from heapwalk.gdb.session import (DebugParameter, SetPrefix, Settings, StringParameter, UserError,
+from heapwalk.gdb.session import (BoolParameter, SetPrefix, Settings, StringParameter, UserError,
                                   load_allocators, parse_int, reload)
 from heapwalk.gdb.subcommand import Parser, Subcommand, json_option
 from heapwalk.output.jsondoc import words_json
@@ -370,8 +369,9 @@ def register() -> None:
     HeapwalkPrefix()
     SetPrefix("set")
     SetPrefix("show")
-    Settings.debug = DebugParameter()
-    budget.register()
+    Settings.debug = BoolParameter("debug", "heapwalk shows tracebacks of internal errors", False)
+    Settings.memory_check = BoolParameter("memory-check", "heapwalk refuses a command this machine has not the "
+                                          "memory for", True)
     for allocator in registry.allocators():
         for setting in allocator.settings:
             Settings.allocators[setting.name] = StringParameter(setting.name, setting.what)

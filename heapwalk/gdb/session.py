@@ -33,6 +33,7 @@ def parse_int(text: str) -> int:
 
 class Settings:
     debug = None
+    memory_check = None        # off: a command this machine has not the memory for is run all the same (`budget`)
     resident_from = None
     core_missing = None
     allocators: dict = {}      # setting name -> its parameter, for the allocators' own settings
@@ -102,15 +103,15 @@ class SetPrefix(gdb.Command):
         super().__init__(f"{verb} heapwalk", gdb.COMMAND_DATA, prefix=True)
 
 
-class DebugParameter(gdb.Parameter):
-    """When on, heapwalk shows Python tracebacks for its internal errors."""
+class BoolParameter(gdb.Parameter):
+    """A heapwalk setting that is on or off: 'set heapwalk NAME on|off', saying whether WHAT."""
 
-    set_doc = "Set whether heapwalk shows tracebacks of internal errors."
-    show_doc = "Show whether heapwalk shows tracebacks of internal errors."
-
-    def __init__(self):
-        super().__init__("heapwalk debug", gdb.COMMAND_DATA, gdb.PARAM_BOOLEAN)
-        self.value = False
+    def __init__(self, name: str, what: str, value: bool):
+        self.__doc__ = f"When on, {what}."
+        self.set_doc = f"Set whether {what}."
+        self.show_doc = f"Show whether {what}."
+        super().__init__(f"heapwalk {name}", gdb.COMMAND_DATA, gdb.PARAM_BOOLEAN)
+        self.value = value
 
 
 class StringParameter(gdb.Parameter):

@@ -32,7 +32,8 @@ def test_a_report_this_machine_has_not_the_memory_for_is_refused_before_it_start
     result = run_gdb(smoke, [*_small(1 << 20), "heapwalk report"])
     last = result.stdout.strip().splitlines()[-1] + result.stderr
     assert "of gdb's memory; this machine has 1 MiB available, not enough: 'heapwalk bins'" in last, last
-    assert "'set heapwalk memory-check off' runs it anyway" in last and result.returncode == 1
+    assert "'set heapwalk memory-check off' (the command line's --no-memory-check) runs it anyway" in last
+    assert result.returncode == 1
     assert "Traceback" not in result.stdout + result.stderr and "arena" not in result.stdout.lower()
     anyway = run_gdb(smoke, [*_small(1 << 20), "set heapwalk memory-check off", "heapwalk report"])
     assert anyway.returncode == 0 and "leak" in anyway.stdout.lower(), anyway.stdout + anyway.stderr
