@@ -211,9 +211,19 @@ def main(argv: list[str] | None = None) -> int:
         print("\n" + line)
     print(f"numbers written to {out}")
     if args.docs is not None:
-        bench_docs.write(args.docs, data)
+        bench_docs.write(args.docs, data, other_runs(args.size))
         print(f"and to {args.docs}")
     return 0
+
+
+def other_runs(size: str) -> dict[str, dict]:
+    """The last run of each size but SIZE (and the smoke test's) that build/bench holds, by size."""
+    out = {}
+    for other in SIZES:
+        path = BUILD / "bench" / f"bench-{other}.json"
+        if other not in (size, "smoke") and path.exists():
+            out[other] = json.loads(path.read_text())
+    return out
 
 
 def measure_shape(size: str, shape: str, runs: int, live: bool) -> dict:

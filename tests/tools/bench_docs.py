@@ -220,12 +220,42 @@ def updated(text: str, size: str, body: str) -> str:
     return before + block + ("\n" + after if after else "")
 
 
-def write(path: Path, data: dict) -> None:
+def growth(runs: list[dict]) -> str:
+    """How `report`'s cost grows from size to size: a row per core of each run of RUNS (the bench JSON of each
+    size, in size order), its chunks or blocks, heap, seconds, against the floor of 4 MiB reads, gdb's memory
+    above its own in all and per million, and the run's commit and date."""
+    lines = ["### How `report`'s cost grows", "",
+             textwrap.fill("Each size's last run (above), `heapwalk report` on each of its cores, as `make bench` "
+                           "wrote it (each size's run rewrites this table from the runs it finds in build/bench: "
+                           "sizes measured at other commits say so in the last column).", WIDTH), "",
+             "| size | core | chunks or blocks | heap | report | x floor (4 MiB reads) | above gdb's own | per million "
+             "| commit, date |", "|---|---|---|---|---|---|---|---|---|"]
+    for data in runs:
+        for name, r, unit in cores_of(data):
+            row = next((c for c in r["commands"] if c["command"] == "heapwalk report"), None)
+            if row is None:
+                continue
+            count = r[unit]
+            above = row["peak_rss_bytes"] - r["gdb_load_peak_rss_bytes"]
+            heap = r.get("heap_bytes", r.get("extent_bytes", 0))
+            m = data.get("machine", {})
+            lines.append(f"| {data['size']} | {name.split(',')[0]} | {count:,} | {heap / MIB:,.0f} MiB | "
+                         f"{row['command_seconds']:.2f} s | {row['times_floor_4m']:.1f}x | {above / MIB:,.0f} MiB | "
+                         f"{row[f'rss_per_million_{unit}'] / MIB:.0f} MiB | {m.get('commit', '?')}, "
+                         f"{m.get('date', '?')[:10]} |")
+    return "\n".join(lines) + "\n"
+
+
+def write(path: Path, data: dict, others: dict[str, dict] | None = None) -> None:
     """Writes the part of the page at PATH for DATA's size (tests/tools/bench.py's JSON, with the machine it was measured
-    on, the command and the lines printed after the tables)."""
+    on, the command and the lines printed after the tables), then the growth table from DATA and OTHERS (the
+    other sizes' last runs, by size)."""
     text = path.read_text() if path.exists() else "# Performance\n"
     body = section(data["size"], data, data["machine"], data["argv"], data.get("lines", []))
-    path.write_text(updated(text, data["size"], body))
+    text = updated(text, data["size"], body)
+    runs = {**(others or {}), data["size"]: data}
+    ordered = [runs[s] for s in SIZE_ORDER if s in runs]
+    path.write_text(updated(text, "growth", growth(ordered)))
 
 
 if __name__ == "__main__":

@@ -95,3 +95,22 @@ def test_the_page_is_written_from_the_benchs_json_alone(tmp_path):
     text = page.read_text()
     assert "### large: 2026-11-29 01:32 UTC, commit abc1234" in text and "- pre-copy, a line" in text
     assert text.index(bench_docs.end_marker("large")) < text.index("## The one pass")
+
+
+def test_the_growth_table_has_a_row_per_core_of_each_size_in_size_order(tmp_path):
+    small, large = _run(), _run()
+    small["size"], small["machine"] = "small", {**MACHINE, "commit": "0ld0000"}
+    large["machine"], large["argv"] = MACHINE, ["--size", "large"]
+    page = tmp_path / "performance.md"
+    page.write_text("# Performance\n\n## Method\n\ntext\n\n## The one pass (issue 19)\n\nmore\n")
+    bench_docs.write(page, large, {"small": small})
+    text = page.read_text()
+    table = text[text.index("### How `report`'s cost grows"):text.index(bench_docs.end_marker("growth"))]
+    rows = [line for line in table.splitlines() if line.startswith("| small") or line.startswith("| large")]
+    assert [r.split(" | ")[:2] for r in rows] == [["| small", "glibc random"], ["| small", "jemalloc (bookworm) random"],
+                                                   ["| large", "glibc random"], ["| large", "jemalloc (bookworm) random"]]
+    assert rows[0].endswith("| 0ld0000, 2026-11-29 |") and "| 4,500,000 | 1,187 MiB | 2.00 s | 25.0x | 425 MiB | 94 MiB |" \
+        in rows[2]
+    assert text.index(bench_docs.end_marker("large")) < text.index(bench_docs.begin_marker("growth"))
+    bench_docs.write(page, large, {"small": small})       # again: the same page, the table once
+    assert page.read_text() == text
