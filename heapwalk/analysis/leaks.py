@@ -18,7 +18,8 @@ from heapwalk.analysis.graph import Graph
 from heapwalk.analysis.reach import Reach, scan
 from heapwalk.analysis.signed import TEXT_CODE, Signed
 from heapwalk.analysis.tally import tally
-from heapwalk.inferior.memory import Memory
+from heapwalk.inferior.memory import Memory, drop_cached
+from heapwalk.inferior.ownmemory import give_back
 from heapwalk.inferior.roots import image_data, readonly_images, register_roots, root_regions
 from heapwalk.inferior.space import MemoryMap
 from heapwalk.inferior.threads import ThreadRegs
@@ -216,8 +217,12 @@ def leaks_of(mem: Memory, blocks: Blocks, space: MemoryMap, threads: Sequence[Th
              progress: Callable[[int, int], None] | None = None, pages=None, paths: bool = False) -> Leaks:
     """The leaks of a target: its roots (`target.roots`) around BLOCKS, scanned in MEM, then judged; PAGES
     (`pages.PagesSeen`), when given, hears which pages the scan read hold anything; PATHS keeps how each block
-    is reached (`reach.scan`)."""
+    is reached (`reach.scan`).  The decode's cached blocks and free pages are given back first, and the scan's
+    before the leaks are judged (`ownmemory.give_back`)."""
+    drop_cached(mem)
+    give_back()
     roots = root_regions(space, threads, list(blocks.heaps) + list(blocks.private), blocks.large, blocks.unknown,
                          images=image_data(mem, space))
-    return find_leaks(scan(mem, blocks, roots, register_roots(threads), progress, pages, paths,
-                           readonly_images(space)))
+    reach = scan(mem, blocks, roots, register_roots(threads), progress, pages, paths, readonly_images(space))
+    give_back()
+    return find_leaks(reach)

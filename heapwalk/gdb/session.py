@@ -18,6 +18,8 @@ from heapwalk.gdb.adapter import (GdbSymbols, architecture_name, gdb_memory, pre
 from heapwalk.gdb.addressspace import (clock_ns, core_contents, core_machine, core_not_read, cpu_counts, page_size,
                                        describe_target, has_target, memory_map, missing_ranges, residency,
                                        thread_names)
+from heapwalk.inferior.memory import drop_cached
+from heapwalk.inferior.ownmemory import give_back
 from heapwalk.inferior.space import Target
 
 #: a mistake in the command line or the target: shown as one line
@@ -149,7 +151,20 @@ def load_allocators(walk_chunks: bool = False, keep_used: bool = False, keep_chu
         budget.before_decode(target, "report" if keep_used else "walk" if walk_chunks else "lists")
         with walk_progress(walk_chunks) as progress:
             wants = Wants(walk_chunks, keep_used, keep_chunks, progress, keep_pages)
-            return Found(decode(target, wants), target)
+            decoded = decode(target, wants)
+    _drop_cached(decoded)
+    return Found(decoded, target)
+
+
+def _drop_cached(decoded: list[Decoded]) -> None:
+    """Lets the walkers' cached blocks and free pages go once the decode is done: what a command does next reads
+    little, or whole windows (the leak scan)."""
+    for one in decoded:
+        try:
+            drop_cached(one.memory)
+        except NotImplementedError:   # a decoder that keeps no memory of its own (CPython's)
+            continue
+    give_back()
 
 
 def decode(target: Target, wants: Wants, only: str | None = None) -> list[Decoded]:

@@ -20,7 +20,7 @@ import numpy as np
 from heapwalk.common.errors import HeapwalkError
 
 __all__ = ["ReadError", "Memory", "CachedMemory", "ImageMemory", "u64", "u32", "merged", "merged_arrays", "ranges_without",
-           "readable"]
+           "readable", "drop_cached"]
 
 _Q = struct.Struct("<Q")
 _I = struct.Struct("<I")
@@ -54,6 +54,13 @@ def readable(mem: Memory, address: int) -> bool:
     except ReadError:
         return False
     return True
+
+
+def drop_cached(mem: Memory) -> None:
+    """Lets MEM's cached blocks go, when it keeps any (`CachedMemory.drop`): for a phase that reads whole windows
+    after one that read a field at a time."""
+    if isinstance(mem, CachedMemory):
+        mem.drop()
 
 
 def u32(mem: Memory, address: int) -> int:
@@ -101,6 +108,13 @@ class CachedMemory:
             else:
                 self._starts.append(start)
                 self._ends.append(end)
+
+    def drop(self) -> None:
+        """Lets every cached block go (up to 128 MiB in gdb, `adapter.gdb_memory`); the next reads load them
+        again."""
+        self._blocks.clear()
+        self._held, self._full = 0, False
+        self._last_base, self._last_data = -(1 << 70), b""
 
     def _known(self, address: int, size: int) -> bool:
         """Is [address, address+size) inside the target's regions (always, when none were given)?"""

@@ -24,7 +24,7 @@ import ctypes
 import importlib
 import os
 
-__all__ = ["freed_memory_kept"]
+__all__ = ["freed_memory_kept", "give_back"]
 
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
 #: the thresholds while a command runs: more than any array heapwalk makes
@@ -66,6 +66,8 @@ def _hugepage_switch():
 
 
 _HUGEPAGES = _hugepage_switch()
+#: whether the thresholds are held now (`freed_memory_kept`)
+_HOLDING = [False]
 
 
 @contextlib.contextmanager
@@ -90,10 +92,21 @@ def _heap_kept():
         return
     mallopt, trim = _LIBC
     held = mallopt(_M_MMAP_THRESHOLD, _HELD) == 1 and mallopt(_M_TRIM_THRESHOLD, _HELD) == 1
+    _HOLDING[0] = held
     try:
         yield
     finally:
+        _HOLDING[0] = False
         mallopt(_M_MMAP_THRESHOLD, _DEFAULT)
         mallopt(_M_TRIM_THRESHOLD, _DEFAULT)
         if held:
             trim(0)
+
+
+def give_back() -> None:
+    """Gives the free pages of gdb's heap back to the system now, while `freed_memory_kept` keeps them: for a command
+    between two phases whose arrays are of other sizes (the decode's and the leak scan's), where the holes the
+    first left would otherwise stay resident beside the second's arrays (80 MiB of 360 at the peak of `report` on
+    the large random bench core).  Nothing where nothing is kept."""
+    if _HOLDING[0] and _LIBC is not None:
+        _LIBC[1](0)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from heapwalk.glibc.locate.layout import layout_for
-from heapwalk.inferior.memory import CachedMemory, ImageMemory, ReadError
+from heapwalk.inferior.memory import CachedMemory, ImageMemory, ReadError, drop_cached
 from heapwalk.glibc.model import BinKind, BinList
 from heapwalk.common.findings import Severity
 from heapwalk.glibc.kinds import Kind
@@ -209,6 +209,24 @@ def test_cached_memory_reads_across_blocks_and_reports_holes():
         raise AssertionError("reading past the image must fail")
     big = mem.read(0x10000, 256 * 1024)
     assert len(big) == 256 * 1024 and big[:4] == bytes([0, 1, 2, 3])
+
+
+def test_a_dropped_cache_holds_nothing_and_reads_the_same_again():
+    image = ImageMemory({0x10000: bytes(range(256)) * 1024})
+    reads: list[int] = []
+
+    def raw(address: int, size: int) -> bytes:
+        reads.append(address)
+        return image.read(address, size)
+
+    mem = CachedMemory(raw)
+    first = [mem.read(0x10000 + k * 0x3000, 8) for k in range(20)]
+    asked = len(reads)
+    assert [mem.read(0x10000 + k * 0x3000, 8) for k in range(20)] == first and len(reads) == asked
+    drop_cached(mem)
+    drop_cached(image)                   # memory that caches nothing: nothing to drop
+    assert mem._held == 0 and not mem._blocks
+    assert [mem.read(0x10000 + k * 0x3000, 8) for k in range(20)] == first and len(reads) > asked
 
 
 def test_the_cache_reads_a_page_a_hop_and_whole_blocks_along_a_walk():

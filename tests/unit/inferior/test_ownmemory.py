@@ -82,3 +82,30 @@ def test_numpy_asks_no_huge_pages_while_a_command_runs_unless_the_user_says(monk
     assert subprocess.run(run, capture_output=True, text=True, check=True).stdout.split() == [asks, "False", asks]
     monkeypatch.setenv("NUMPY_MADVISE_HUGEPAGE", "1")
     assert subprocess.run(run, capture_output=True, text=True, check=True).stdout.split() == [asks, asks, asks]
+
+
+_GIVE_BACK_PROBE = textwrap.dedent("""
+    import numpy as np
+    from heapwalk.inferior.ownmemory import freed_memory_kept, give_back
+
+    def rss():
+        return int(open("/proc/self/statm").read().split()[1]) * 4096
+
+    with freed_memory_kept():
+        kept = [np.ones(4 << 20) for _ in range(8)]     # 256 MiB, then every other array freed: holes
+        del kept[::2]
+        before = rss()
+        give_back()
+        given = before - rss()
+        more = np.ones(4 << 20)                          # the holes still serve the next arrays
+        reused = any(abs(more.ctypes.data - k.ctypes.data) < (64 << 20) for k in kept)
+    outside = rss()
+    give_back()                                          # outside a command: nothing kept, nothing to do
+    print(given > (96 << 20), reused, abs(rss() - outside) < (8 << 20))
+""")
+
+
+def test_give_back_returns_the_holes_a_phase_left_while_a_command_runs():
+    out = subprocess.run([sys.executable, "-c", _GIVE_BACK_PROBE], capture_output=True, text=True,
+                         check=True).stdout.split()
+    assert out == ["True", "True", "True"]
