@@ -17,6 +17,7 @@ from heapwalk.gdb.subcommand import Parser, Subcommand, json_option
 from heapwalk.output.leakdoc import leaks_group, leaks_json
 from heapwalk.gdb.adapter import stack_frame, symbol_at
 from heapwalk.inferior.memory import merged
+from heapwalk.inferior.ownmemory import give_back
 from heapwalk.inferior.roots import RegisterRoot, readonly_images
 
 __all__ = ["LeaksCommand", "scan_leaks", "reach_text", "in_use_and_leaks", "report_scans", "pages_seen_of"]
@@ -40,10 +41,12 @@ def report_scans(found, no_leaks: bool, pages=None) -> tuple[list, list[str]]:
     all with NO_LEAKS), and why any scan was not made (this machine has not the memory for it)."""
     scans, refused = [], []
     for decoded in found.decoded:
-        why = None if no_leaks or not decoded.scans_leaks else budget.scan_refused(decoded.blocks().count)
+        blocks = decoded.blocks() if decoded.scans_leaks and not no_leaks else None   # made once: 3 M cost 100 MiB
+        why = None if blocks is None else budget.scan_refused(blocks.count)
         refused += [why] if why else []
-        scans.append(in_use_and_leaks(found, decoded, pages) if decoded.scans_leaks and not no_leaks and not why
-                     else None)
+        scans.append(in_use_and_leaks(found, decoded, pages, blocks) if blocks is not None and not why else None)
+        del blocks
+        give_back()                  # the scan's and the tables' holes, before the next allocator or the RSS
     return scans, refused
 
 
@@ -57,12 +60,12 @@ def pages_seen_of(found, scanned=None) -> tuple[list, list] | None:
     return merged(r for judged, _ in kept for r in judged), merged(r for _, runs in kept for r in runs)
 
 
-def in_use_and_leaks(found, decoded, pages=None) -> tuple[InUse, LeakTotals, np.ndarray]:
+def in_use_and_leaks(found, decoded, pages=None, blocks=None) -> tuple[InUse, LeakTotals, np.ndarray]:
     """What the allocator DECODED (one of FOUND) holds in use, by size and signature, what of it is leaked, and
     the leaked blocks' addresses (for the heap maps); PAGES (`pages.PagesSeen`) hears which pages the scan
-    read hold anything."""
+    read hold anything; BLOCKS, when given, are DECODED's (`Decoded.blocks`, made already)."""
     mem = decoded.memory
-    blocks = decoded.blocks()
+    blocks = decoded.blocks() if blocks is None else blocks
     target = found.target
     with progress_bar("scanning for leaks") as progress:
         lk = leaks_of(mem, blocks, target.space, target.threads, progress, pages=pages)
