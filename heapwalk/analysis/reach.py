@@ -34,7 +34,7 @@ from heapwalk.common.view import Blocks
 __all__ = ["Reach", "scan", "WINDOW"]
 
 #: bytes of memory looked at at once
-WINDOW = 8 << 20
+WINDOW = 2 << 20
 _PAGE = 4096
 
 

@@ -27,7 +27,7 @@ from heapwalk.inferior.clib import built_library
 __all__ = ["Rows", "SparseRows"]
 
 #: entries a slab holds (4 MiB of targets), more when one window needs more
-SLAB = 1 << 20
+SLAB = 1 << 18
 
 
 def _load():

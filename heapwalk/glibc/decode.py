@@ -28,7 +28,7 @@ from heapwalk.glibc.locate.mainarena import main_memory_start
 from heapwalk.glibc.bulk.onepass import OnePass
 from heapwalk.glibc.locate.layout import MP_INT_FIELDS, Layout
 from heapwalk.inferior.gcpause import gc_paused
-from heapwalk.inferior.memory import Memory, ReadError, u64
+from heapwalk.inferior.memory import Memory, ReadError, drop_cached, u64
 from heapwalk.inferior.residency import Residency
 from heapwalk.glibc.model import Account, Arena, ChunkWalk, HeapState, MallocPar, TrimEstimate
 from heapwalk.common.findings import Fact, Finding, Severity
@@ -117,6 +117,7 @@ def _collect(mem: Memory, disc: Discovery, threads: list[ThreadRegs], target: st
         thread, t_findings = decode_thread(mem, disc, regs, fill, arch)
         decoded_threads.append(thread)
         thread_findings.extend(t_findings)
+    drop_cached(mem)          # a page for each tcache entry met: the arenas' walks read their own
     one_pass = _one_pass(mem, disc, mp, ring, decoded_threads, progress, not walk_chunks, residency, keep_used,
                          keep_chunks, keep_pages) \
         if sweep else None
