@@ -99,6 +99,19 @@ def collect(mem: Memory, disc: Discovery, threads: list[ThreadRegs], target: str
                         keep_chunks, keep_pages, arch)
 
 
+def _threads(mem: Memory, disc: Discovery, threads: list[ThreadRegs], fill, arch: Architecture
+             ) -> tuple[list, list[Finding]]:
+    """Every thread decoded (its tcache walked), in the order of their numbers, and what was found on the way.  The
+    pages the walks cached, about one a tcache entry, are let go: the arenas' walks read their own."""
+    decoded, findings = [], []
+    for regs in sorted(threads, key=lambda t: t.number):
+        thread, t_findings = decode_thread(mem, disc, regs, fill, arch)
+        decoded.append(thread)
+        findings.extend(t_findings)
+    drop_cached(mem)
+    return decoded, findings
+
+
 def _collect(mem: Memory, disc: Discovery, threads: list[ThreadRegs], target: str, walk_chunks: bool,
              regions: list[tuple[int, int]] | None, progress, sweep: bool, residency: Residency | None,
              keep_used: bool = False, keep_chunks: bool = False, keep_pages: bool = False,
@@ -112,12 +125,7 @@ def _collect(mem: Memory, disc: Discovery, threads: list[ThreadRegs], target: st
     facts = (*disc.facts, Fact("arena_free_list", sorted(free_list), fl_how))
     fill_seen = fill_from_tcaches(mem, disc, threads)
     fill = mp.get("tcache_count") if mp else fill_seen
-    decoded_threads, thread_findings = [], []
-    for regs in sorted(threads, key=lambda t: t.number):
-        thread, t_findings = decode_thread(mem, disc, regs, fill, arch)
-        decoded_threads.append(thread)
-        thread_findings.extend(t_findings)
-    drop_cached(mem)          # a page for each tcache entry met: the arenas' walks read their own
+    decoded_threads, thread_findings = _threads(mem, disc, threads, fill, arch)
     one_pass = _one_pass(mem, disc, mp, ring, decoded_threads, progress, not walk_chunks, residency, keep_used,
                          keep_chunks, keep_pages) \
         if sweep else None
