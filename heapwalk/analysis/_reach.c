@@ -8,6 +8,13 @@
 #include <string.h>
 
 
+/* The version of these functions' arguments (2: the blocks' ends or lengths, end_of): a library built from older
+ * sources has another, or none, and is not used. */
+int64_t hw_reach_abi(void)
+{
+    return 2;
+}
+
 /* Goes on with a breadth-first search whose queue is ORDER[HEAD .. TAIL): visits every node the queued ones lead
  * to along the edges (node v's lead to TARGETS[OFFSETS[v]] .. TARGETS[OFFSETS[v + 1] - 1]), skipping the nodes
  * SEEN marks and marking those it visits, each with the node it came from in PARENT.  Returns the queue's end. */
@@ -82,19 +89,26 @@ static int64_t slot_of(uint64_t v, const uint64_t *lo, const int64_t *slots, con
     return s < (uint64_t)slots[a] ? first[a] + (int64_t)s : -1;
 }
 
+/* The end of block I: ENDS[I], or where ENDS is NULL its start and LENGTHS[I] units of 8 bytes (view.Blocks). */
+static inline uint64_t end_of(const uint64_t *starts, const uint64_t *ends, const uint32_t *lengths, int64_t i)
+{
+    return ends ? ends[i] : starts[i] + ((uint64_t)lengths[i] << 3);
+}
+
 /* Words looked up ahead of the one being answered: their table entries, then their blocks' bounds, are
  * fetched from memory meanwhile (the lookups go anywhere in tables of tens of megabytes) */
 #define AHEAD 16
 #define RING 32
 
 /* For each of the N values of VALUES, the block it points into (OUT: its index, or -1): the last block whose
- * start is at or below the value, when the value is below that block's end.  STARTS (sorted) and ENDS are the
- * NBLOCKS blocks'.  The search starts from a table: the memory [LO[h], LO[h] + (SLOTS[h] << SHIFT)) of each of
+ * start is at or below the value, when the value is below that block's end.  STARTS (sorted) and ENDS (or, where
+ * ENDS is NULL, LENGTHS: see end_of) are the NBLOCKS blocks'.  The search starts from a table: the memory [LO[h], LO[h] + (SLOTS[h] << SHIFT)) of each of
  * the NHEAPS stretches that hold the blocks (sorted, apart) is cut into slots of 1 << SHIFT bytes, and
  * TABLE[FIRST[h] + s] holds the last block starting at or below slot s's start (-1: none); the table has one
  * entry more, past the last slot, holding the last block.  A value outside every stretch is -1 at once; one
  * inside is searched for between its slot's entry and the next one's. */
-void hw_locate(const uint64_t *values, int64_t n, const uint64_t *starts, const uint64_t *ends, int64_t nblocks,
+void hw_locate(const uint64_t *values, int64_t n, const uint64_t *starts, const uint64_t *ends,
+               const uint32_t *lengths, int64_t nblocks,
                const uint64_t *lo, const int64_t *slots, const int64_t *first, int64_t nheaps,
                const int32_t *table, int64_t shift, int32_t *out)
 {
@@ -117,7 +131,10 @@ void hw_locate(const uint64_t *values, int64_t n, const uint64_t *starts, const 
             int32_t h = table[ring[half % RING]];
             if (h >= 0) {
                 __builtin_prefetch(&starts[h]);
-                __builtin_prefetch(&ends[h]);
+                if (ends)
+                    __builtin_prefetch(&ends[h]);
+                else
+                    __builtin_prefetch(&lengths[h]);
             }
         }
         uint64_t v = values[k];
@@ -133,7 +150,7 @@ void hw_locate(const uint64_t *values, int64_t n, const uint64_t *starts, const 
             else
                 j = m - 1;
         }
-        if (i >= 0 && v < ends[i])
+        if (i >= 0 && v < end_of(starts, ends, lengths, i))
             out[k] = (int32_t)i;
     }
 }
@@ -171,14 +188,14 @@ void hw_nonzero_pages(const uint64_t *words, int64_t npages, uint8_t *out)
 /* hw_locate for VALUES in ascending order: one walk through them and the blocks together, from the block
  * FROM (the last starting at or below the first value, -1 for none). */
 void hw_locate_sorted(const uint64_t *values, int64_t n, const uint64_t *starts, const uint64_t *ends,
-                      int64_t nblocks, int64_t from, int32_t *out)
+                      const uint32_t *lengths, int64_t nblocks, int64_t from, int32_t *out)
 {
     int64_t i = from;
     for (int64_t k = 0; k < n; k++) {
         uint64_t v = values[k];
         while (i + 1 < nblocks && starts[i + 1] <= v)
             i++;
-        out[k] = i >= 0 && v < ends[i] ? (int32_t)i : -1;
+        out[k] = i >= 0 && v < end_of(starts, ends, lengths, i) ? (int32_t)i : -1;
     }
 }
 
@@ -201,12 +218,13 @@ void hw_first_hits(const int32_t *block, const uint64_t *word, int64_t n, int32_
 }
 
 /* A window of a root: of the N words WORDS read from BASE, each whose value lies in [LO, HI) and points into a
- * block (hw_locate, with STARTS, ENDS, NBLOCKS and the table TLO, SLOTS, FIRST, NHEAPS, TABLE, SHIFT) is a hit of
+ * block (hw_locate, with STARTS, ENDS, LENGTHS, NBLOCKS and the table TLO, SLOTS, FIRST, NHEAPS, TABLE, SHIFT) is a hit of
  * the root ROOT, kept as hw_first_hits keeps it (the word's address to HIT_WORD, when not NULL; SEEN marked
  * instead where HIT_ROOT is NULL).  VALUES, INDEX and BLOCK (room
  * for N each) hold the words in [LO, HI) meanwhile; returns how many words hit a block. */
 int64_t hw_root_window(const uint64_t *words, int64_t n, uint64_t base, uint64_t lo, uint64_t hi,
-                       const uint64_t *starts, const uint64_t *ends, int64_t nblocks, const uint64_t *tlo,
+                       const uint64_t *starts, const uint64_t *ends, const uint32_t *lengths, int64_t nblocks,
+                       const uint64_t *tlo,
                        const int64_t *slots, const int64_t *first, int64_t nheaps, const int32_t *table,
                        int64_t shift, int32_t root, uint64_t *hit_word, int32_t *hit_root, uint8_t *seen,
                        uint64_t *values, int64_t *index, int32_t *block)
@@ -219,7 +237,7 @@ int64_t hw_root_window(const uint64_t *words, int64_t n, uint64_t base, uint64_t
         values[m] = w;
         index[m++] = k;
     }
-    hw_locate(values, m, starts, ends, nblocks, tlo, slots, first, nheaps, table, shift, block);
+    hw_locate(values, m, starts, ends, lengths, nblocks, tlo, slots, first, nheaps, table, shift, block);
     for (int64_t k = 0; k < m; k++) {
         int32_t b = block[k];
         if (b < 0)
@@ -237,7 +255,7 @@ int64_t hw_root_window(const uint64_t *words, int64_t n, uint64_t base, uint64_t
 }
 
 /* The leak scan's pass over a window of the N words WORDS read from BASE (8-aligned), one window at a time in
- * address order after the roots: each word that lies inside one of the NBLOCKS blocks STARTS and ENDS (sorted by
+ * address order after the roots: each word that lies inside one of the NBLOCKS blocks STARTS and ENDS or LENGTHS (sorted by
  * start; from the block FROM, the last starting at or below BASE, -1 for none: the words of each block met are
  * read, those between blocks never), whose value lies in [LO, HI) and points into another block (hw_locate,
  * with the table TLO, SLOTS, FIRST, NHEAPS, TABLE, SHIFT) is an edge, judged as it comes (VALUES, BLOCK and
@@ -248,7 +266,8 @@ int64_t hw_root_window(const uint64_t *words, int64_t n, uint64_t base, uint64_t
  * + the edges appended here before it, to ROW_STARTS (room for N each; *NKEYS counts those appended).  A block
  * seen only after its words were read has its row to be followed then: hw_close.  Returns the edges appended. */
 int64_t hw_scan_rows(const uint64_t *words, int64_t n, uint64_t base, uint64_t lo, uint64_t hi,
-                     const uint64_t *starts, const uint64_t *ends, int64_t nblocks, int64_t from,
+                     const uint64_t *starts, const uint64_t *ends, const uint32_t *lengths, int64_t nblocks,
+                     int64_t from,
                      const uint64_t *tlo, const int64_t *slots, const int64_t *first, int64_t nheaps,
                      const int32_t *table, int64_t shift, uint64_t *values, int32_t *block, int32_t *source,
                      uint8_t *seen, int64_t defer, int64_t edges_before, int32_t *targets, int32_t *keys,
@@ -257,7 +276,9 @@ int64_t hw_scan_rows(const uint64_t *words, int64_t n, uint64_t base, uint64_t l
     int64_t m = 0, count = 0, nk = 0;
     uint64_t past = base + 8 * (uint64_t)n;
     for (int64_t i = from < 0 ? 0 : from; i < nblocks && starts[i] < past; i++) {
-        uint64_t end = i + 1 < nblocks && starts[i + 1] < ends[i] ? starts[i + 1] : ends[i];
+        uint64_t end = end_of(starts, ends, lengths, i);
+        if (i + 1 < nblocks && starts[i + 1] < end)
+            end = starts[i + 1];
         if (end <= base)
             continue;
         int64_t k = starts[i] > base ? (int64_t)((starts[i] - base + 7) / 8) : 0;
@@ -271,7 +292,7 @@ int64_t hw_scan_rows(const uint64_t *words, int64_t n, uint64_t base, uint64_t l
             m++;
         }
     }
-    hw_locate(values, m, starts, ends, nblocks, tlo, slots, first, nheaps, table, shift, block);
+    hw_locate(values, m, starts, ends, lengths, nblocks, tlo, slots, first, nheaps, table, shift, block);
     for (int64_t k = 0; k < m; k++) {
         int32_t s = source[k], t = block[k];
         if (t < 0 || t == s)

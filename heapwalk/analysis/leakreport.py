@@ -93,7 +93,7 @@ def describe(lk: Leaks, mem: Memory, images: Sequence[tuple[int, int, str]],
                    for g in by_signature(signed, sizes, lk.leaked)[:limit])
     holds = dict(zip(lk.unreferenced.tolist(), zip(lk.holds_count.tolist(), lk.holds_bytes.tolist())))
     biggest = tuple(Unreferenced(int(blocks.addresses(i)), int(sizes[i]), int(blocks.arena[i]), *holds[i],
-                                 _head(mem, int(blocks.starts[i]), min(HEAD_BYTES, int(blocks.ends[i] - blocks.starts[i]))))
+                                 _head(mem, int(blocks.starts[i]), min(HEAD_BYTES, int(blocks.end_of(i) - blocks.starts[i]))))
                     for i in lk.unreferenced[:limit].tolist())
     unreferenced = set(holds)
     leaked = tuple(LeakedBlock(int(a), int(s), int(n), i in unreferenced, *holds.get(i, (0, 0)),

@@ -15,11 +15,14 @@ from pathlib import Path
 
 import numpy as np
 
+from heapwalk.common.view import LENGTH_UNIT
 from heapwalk.inferior.clib import built_library
 
 __all__ = ["Locator", "NATIVE", "merge_blocks", "nonzero_pages", "text_words",
            "FirstHits"]
 
+#: the version of `_reach.c`'s arguments this module calls them with (`hw_reach_abi`)
+ABI = 2
 #: blocks further apart than this start a new stretch of the table (the memory between is given no slots)
 GAP = 1 << 20
 #: the smallest slot, in bytes (a power of two)
@@ -29,9 +32,9 @@ MIN_SLOT = 64
 def _load():
     """The built library's lookup, or None (see `inferior.clib`; also when the library was built from older
     sources that lack a function)."""
-    lib = built_library(Path(__file__).parent, "_reach")
+    lib = built_library(Path(__file__).parent, "_reach", ("hw_reach_abi",))
     try:
-        return _declared(lib) if lib is not None else None
+        return _declared(lib) if lib is not None and lib.hw_reach_abi() == ABI else None
     except AttributeError:
         return None
 
@@ -40,25 +43,27 @@ def _declared(lib):
     """LIB with the types of the functions used here declared."""
     if lib is not None:
         lib.hw_locate.restype = None
-        lib.hw_locate.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
-                                  ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
-                                  ctypes.c_int64, ctypes.c_void_p]
+        lib.hw_locate.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                                  ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
+                                  ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
         lib.hw_locate_sorted.restype = None
         lib.hw_locate_sorted.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
-                                         ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
+                                         ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
         lib.hw_first_hits.restype = None
         lib.hw_first_hits.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_void_p,
                                       ctypes.c_void_p, ctypes.c_void_p]
         lib.hw_root_window.restype = ctypes.c_int64
         lib.hw_root_window.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_uint64, ctypes.c_uint64,
-                                       ctypes.c_uint64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
+                                       ctypes.c_uint64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                                       ctypes.c_int64,
                                        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
                                        ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_void_p,
                                        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
                                        ctypes.c_void_p]
         lib.hw_scan_rows.restype = ctypes.c_int64
         lib.hw_scan_rows.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_uint64, ctypes.c_uint64,
-                                     ctypes.c_uint64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
+                                     ctypes.c_uint64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                                     ctypes.c_int64,
                                      ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
                                      ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
                                      ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
@@ -82,24 +87,27 @@ NATIVE = _LIB is not None
 
 
 class Locator:
-    """The blocks [STARTS[i], ENDS[i]) (uint64, sorted, apart), and the lookup of words among them."""
+    """The blocks [STARTS[i], ENDS[i]) (uint64, sorted, apart), and the lookup of words among them.  The ends may
+    be given as LENGTHS instead (ENDS None: uint32 in units of `view.LENGTH_UNIT`, as `view.Blocks` keeps them)."""
 
-    def __init__(self, starts: np.ndarray, ends: np.ndarray):
+    def __init__(self, starts: np.ndarray, ends: np.ndarray | None, lengths: np.ndarray | None = None):
         self.starts = np.ascontiguousarray(starts, dtype=np.uint64)
-        self.ends = np.ascontiguousarray(ends, dtype=np.uint64)
+        self.ends = None if ends is None else np.ascontiguousarray(ends, dtype=np.uint64)
+        self.lengths = None if ends is not None else np.ascontiguousarray(lengths, dtype=np.uint32)
         self.lo = np.uint64(self.starts[0]) if len(self.starts) else np.uint64(1)
-        self.hi = np.uint64(self.ends[-1]) if len(self.starts) else np.uint64(0)
+        self.hi = np.uint64(self._end(len(self.starts) - 1)) if len(self.starts) else np.uint64(0)
         self._table = self._build() if _LIB is not None and len(self.starts) else None
         self._scratch: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
 
     def _build(self):
         """The stretches' starts, slot counts and first slots, the table, and the slot's shift (see `_reach.c`)."""
-        after = self.starts[1:]          # blocks overlap only where damage made them: no gap there
-        cut = np.flatnonzero((after > self.ends[:-1]) & (after - self.ends[:-1] > np.uint64(GAP))) + 1
+        after, before = self.starts[1:], self._end(slice(0, len(self.starts) - 1))
+        cut = np.flatnonzero((after > before) & (after - before > np.uint64(GAP))) + 1   # overlaps (damage): no gap
+        del after, before
         first_block = np.concatenate(([0], cut))
         last_block = np.concatenate((cut, [len(self.starts)])) - 1
         lo = self.starts[first_block]
-        last_end = self.ends[last_block]
+        last_end = self._end(last_block)
         span = np.where(last_end > lo, last_end - lo, 0).astype(np.int64)
         total = int(span.sum())
         shift = max(MIN_SLOT.bit_length() - 1, (max(total // (2 * len(self.starts)), 1) - 1).bit_length())
@@ -119,7 +127,7 @@ class Locator:
             return self._numpy(values)
         lo, slots, first, table, shift = self._table
         out = np.empty(len(values), dtype=np.int32)
-        _LIB.hw_locate(values.ctypes.data, len(values), self.starts.ctypes.data, self.ends.ctypes.data,
+        _LIB.hw_locate(values.ctypes.data, len(values), self.starts.ctypes.data, *self._ends_pointers(),
                        len(self.starts), lo.ctypes.data, slots.ctypes.data, first.ctypes.data, len(lo),
                        table.ctypes.data, shift, out.ctypes.data)
         return out
@@ -133,7 +141,7 @@ class Locator:
         if not len(values):
             return out
         start = int(np.searchsorted(self.starts, values[0], side="right")) - 1
-        _LIB.hw_locate_sorted(values.ctypes.data, len(values), self.starts.ctypes.data, self.ends.ctypes.data,
+        _LIB.hw_locate_sorted(values.ctypes.data, len(values), self.starts.ctypes.data, *self._ends_pointers(),
                               len(self.starts), start, out.ctypes.data)
         return out
 
@@ -163,11 +171,21 @@ class Locator:
         values, block, source = scratch
         start = int(np.searchsorted(self.starts, np.uint64(base), side="right")) - 1
         return _LIB.hw_scan_rows(words.ctypes.data, len(words), base, int(self.lo), int(self.hi),
-                                 self.starts.ctypes.data, self.ends.ctypes.data, len(self.starts), start,
+                                 self.starts.ctypes.data, *self._ends_pointers(), len(self.starts), start,
                                  lo.ctypes.data, slots.ctypes.data, first.ctypes.data, len(lo), table.ctypes.data,
                                  shift, values.ctypes.data, block.ctypes.data, source.ctypes.data, seen.ctypes.data,
                                  int(defer), edges_before, targets.ctypes.data, keys.ctypes.data, starts.ctypes.data,
                                  nkeys, last)
+
+    def _end(self, rows):
+        """The ends of the blocks at ROWS (an index, a slice or an array of them)."""
+        if self.ends is not None:
+            return self.ends[rows]
+        return self.starts[rows] + (self.lengths[rows].astype(np.uint64) << np.uint64(LENGTH_UNIT.bit_length() - 1))
+
+    def _ends_pointers(self) -> tuple[int | None, int | None]:
+        """The ends, or the lengths, as `_reach.c`'s functions take them (the other NULL)."""
+        return (self.ends.ctypes.data, None) if self.ends is not None else (None, self.lengths.ctypes.data)
 
     def release(self) -> None:
         """Gives back the room `root_hits` keeps from one window to the next."""
@@ -200,7 +218,7 @@ class Locator:
         values, index, block = self._scratch
         lo, slots, first, table, shift = self._table
         _LIB.hw_root_window(words.ctypes.data, n, base, int(self.lo), int(self.hi), self.starts.ctypes.data,
-                            self.ends.ctypes.data, len(self.starts), lo.ctypes.data, slots.ctypes.data,
+                            *self._ends_pointers(), len(self.starts), lo.ctypes.data, slots.ctypes.data,
                             first.ctypes.data, len(lo), table.ctypes.data, shift, root, *hits._pointers(),
                             values.ctypes.data, index.ctypes.data, block.ctypes.data)
 
@@ -209,7 +227,7 @@ class Locator:
         near = np.flatnonzero((values >= self.lo) & (values < self.hi))
         if len(near):
             block = np.searchsorted(self.starts, values[near], side="right") - 1
-            ok = values[near] < self.ends[block]
+            ok = values[near] < self._end(block)
             out[near[ok]] = block[ok]
         return out
 

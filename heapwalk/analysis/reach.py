@@ -111,10 +111,10 @@ class _Scanner:
     def __init__(self, mem: Memory, blocks: Blocks, progress: Callable[[int, int], None] | None, total: int,
                  pages: PagesSeen | None = None, paths: bool = False, images: Sequence[tuple[int, int, str]] = ()):
         self.mem, self.blocks, self.pages = mem, blocks, pages
-        self.starts, self.ends = blocks.starts, blocks.ends
-        self.locate = Locator(blocks.starts, blocks.ends)
+        self.starts = blocks.starts
+        self.locate = Locator(blocks.starts, blocks.whole_ends, blocks.lengths)
         self.lo = int(self.starts[0]) if blocks.count else 1
-        self.hi = int(self.ends[-1]) if blocks.count else 0
+        self.hi = int(blocks.end_of(blocks.count - 1)) if blocks.count else 0
         self.signed = Signed(blocks.count, images)
         self.rows = Rows(blocks.count, defer=not paths)
         self.seen = np.zeros(blocks.count, dtype=np.uint8)

@@ -13,6 +13,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 __all__ = ["ArenaView", "Blocks", "HeapStrip", "HeapView", "SizeClass", "Words"]
 
 
@@ -120,7 +122,11 @@ class HeapView:
     #                                            trim_threshold, mmap_threshold, no_dyn_threshold from mp_)
 
 
-@dataclass(frozen=True)
+#: a block's length is kept in 32 bits in units of this many bytes (blocks up to 32 GiB), where every block's is a
+#: multiple of it (every allocator's are); else each block's end is kept whole
+LENGTH_UNIT = 8
+
+
 class Blocks:
     """Every allocation the program holds in an allocator's heaps, as the leak scan needs them: the first and
     one-past-last usable byte of each (sorted, never overlapping), the arena each lies in, and which memory is
@@ -128,21 +134,41 @@ class Blocks:
 
     An allocation's address as the allocator names it (glibc: the chunk) is ``start - header``; its size as
     the allocator counts it (glibc: the chunk size) is ``end - start + header - tail``.
+
+    The ends are kept as lengths (`LENGTH_UNIT`, uint32: 12 bytes a block with the start, not 16), or whole where a
+    block does not fit that: `lengths` or `whole_ends` is None.  `ends` makes every end at once, `end_of` some.
     """
 
-    starts: Any                               # numpy uint64, sorted
-    ends: Any                                 # numpy uint64
-    arena: Any                                # numpy int32: the arena's number (ArenaView.number)
-    header: int
-    tail: int
-    heaps: tuple[tuple[int, int], ...]        # the allocator's memory that holds the blocks: scanned only in blocks
-    private: tuple[tuple[int, int], ...] = ()  # its bookkeeping elsewhere (glibc: main_arena, mp_): never a root
-    large: tuple[tuple[int, int], ...] = ()   # allocations with a mapping of their own: roots, never judged
-    unknown: tuple[tuple[int, int], ...] = ()  # heap memory whose chunks damage hides: scanned as a root
+    def __init__(self, starts: Any, ends: Any, arena: Any, header: int, tail: int,
+                 heaps: tuple[tuple[int, int], ...] = (), private: tuple[tuple[int, int], ...] = (),
+                 large: tuple[tuple[int, int], ...] = (), unknown: tuple[tuple[int, int], ...] = (),
+                 lengths: Any = None):
+        """ENDS, or where ENDS is None, LENGTHS as the blocks keep them (a builder that makes them so)."""
+        self.starts = starts                      # numpy uint64, sorted
+        self.lengths, self.whole_ends = (lengths, None) if ends is None else _lengths(starts, ends)
+        self.arena = arena                        # numpy int32: the arena's number (ArenaView.number)
+        self.header, self.tail = header, tail
+        self.heaps = heaps          # the allocator's memory that holds the blocks: scanned only in blocks
+        self.private = private      # its bookkeeping elsewhere (glibc: main_arena, mp_): never a root
+        self.large = large          # allocations with a mapping of their own: roots, never judged
+        self.unknown = unknown      # heap memory whose chunks damage hides: scanned as a root
 
     @property
     def count(self) -> int:
         return len(self.starts)
+
+    @property
+    def ends(self) -> Any:
+        """Every block's one-past-last usable byte (numpy uint64): made anew unless kept whole."""
+        if self.whole_ends is not None:
+            return self.whole_ends
+        return self.starts + (self.lengths.astype("uint64") << _SHIFT)
+
+    def end_of(self, rows) -> Any:
+        """The one-past-last usable byte of the blocks at ROWS (an index, or numpy uint64 for an array of them)."""
+        if self.whole_ends is not None:
+            return self.whole_ends[rows]
+        return self.starts[rows] + (self.lengths[rows].astype("uint64") << _SHIFT)
 
     def addresses(self, rows) -> Any:
         """The allocator's address of the blocks at ROWS (numpy uint64)."""
@@ -152,7 +178,7 @@ class Blocks:
         """The allocator's size of the blocks at ROWS (numpy int64; of every block, made once and read-only)."""
         if isinstance(rows, slice) and rows == slice(None):
             return self.derived("sizes", _all_sizes)
-        return (self.ends[rows] - self.starts[rows]).astype("int64") + (self.header - self.tail)
+        return (self.end_of(rows) - self.starts[rows]).astype("int64") + (self.header - self.tail)
 
     def derived(self, key: str, make: Callable[[Blocks], Any]) -> Any:
         """MAKE(self), made at the first call with KEY and kept with the blocks: arrays of a block each that more
@@ -161,6 +187,28 @@ class Blocks:
         if key not in made:
             made[key] = make(self)
         return made[key]
+
+
+_SHIFT = LENGTH_UNIT.bit_length() - 1
+
+
+def _lengths(starts: Any, ends: Any) -> tuple[Any, Any]:
+    """ENDS as lengths from STARTS in units of LENGTH_UNIT (uint32) and None, or None and ENDS (uint64) where a
+    length is not a multiple of the unit or does not fit.  Made a million at a time: the ends and the starts are
+    all the room it takes."""
+    ends = np.asarray(ends, dtype=np.uint64)
+    lengths = np.empty(len(ends), dtype=np.uint32)
+    for at in range(0, len(ends), _STEP):
+        length = ends[at:at + _STEP] - starts[at:at + _STEP]
+        if np.any(length & np.uint64(LENGTH_UNIT - 1)) or int(length.max()) >> _SHIFT >= 1 << 32:   # none wraps
+            return None, ends
+        length >>= np.uint64(_SHIFT)
+        lengths[at:at + _STEP] = length
+    return lengths, None
+
+
+#: blocks made into lengths at a time
+_STEP = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -186,7 +234,11 @@ class HeapStrip:
 
 def _all_sizes(blocks: Blocks) -> Any:
     """`Blocks.sizes` of every block, made in one array (read-only: it is shared)."""
-    sizes = (blocks.ends - blocks.starts).view("int64")
+    if blocks.lengths is not None:
+        sizes = blocks.lengths.astype("int64")
+        sizes <<= _SHIFT
+    else:
+        sizes = (blocks.whole_ends - blocks.starts).view("int64")
     sizes += blocks.header - blocks.tail
     sizes.setflags(write=False)
     return sizes

@@ -124,9 +124,11 @@ class GlibcHeap(Decoded):
         """The chunks in use for the leak scan, made once: the one pass's arrays of them are handed over (the state
         keeps them no more), so that they are not held twice while the scan runs."""
         if self._blocks is None:
-            self._blocks = blocks_of(self.mem, self.layout, self.state)
-            if self.state.walk is not None and self.state.walk.used is not None:
-                self.state = dataclasses.replace(self.state, walk=dataclasses.replace(self.state.walk, used=None))
+            walk, used = self.state.walk, None
+            if walk is not None and walk.used is not None:
+                used = dict(walk.used)
+                self.state = dataclasses.replace(self.state, walk=dataclasses.replace(walk, used=None))
+            self._blocks = blocks_of(self.mem, self.layout, self.state, used)
         return self._blocks
 
     def pages_seen(self):

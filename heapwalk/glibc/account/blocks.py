@@ -29,15 +29,19 @@ __all__ = ["blocks_of", "HEADER", "TAIL"]
 HEADER, TAIL = 16, 8
 
 
-def blocks_of(mem: Memory, layout: Layout, state: HeapState) -> Blocks:
+def blocks_of(mem: Memory, layout: Layout, state: HeapState, used: dict | None = None) -> Blocks:
     """Every in-use chunk of STATE's arenas (mmapped chunks aside), and which memory is malloc's (see the
-    module)."""
+    module).  USED, when given, holds the one pass's arrays of them by arena in place of STATE's walk's, and hands
+    them over: each is taken out of it and let go once copied."""
     listing, listed = None, None
     addresses, sizes, numbers, unknown = [], [], [], []
     for arena in state.arenas:
         if not arena.lists_known and not arena.heaps:
             continue
-        found = state.walk.used.get(arena.address) if state.walk is not None and state.walk.used else None
+        if used is not None:
+            found = used.pop(arena.address, None)
+        else:
+            found = state.walk.used.get(arena.address) if state.walk is not None and state.walk.used else None
         if found is None:
             if listing is None:   # every list of every arena, as the careful walk sees them: made once, if needed
                 listing = Listing.of_state(state)
@@ -51,42 +55,59 @@ def blocks_of(mem: Memory, layout: Layout, state: HeapState) -> Blocks:
                 unknown.extend(gaps)
         addresses.append(found[0])
         sizes.append(found[1])
-        numbers.append(np.full(len(found[0]), arena.number, dtype=np.int32))
+        numbers.append(arena.number)
     starts = [e.start for arena in state.arenas for e in extents(arena, layout)]
-    first, end, number = _bounds(addresses, sizes, numbers, starts)
-    return Blocks(first, end, number, HEADER, TAIL,
+    first, lengths, number = _bounds(addresses, sizes, numbers, starts)
+    del addresses, sizes, numbers
+    return Blocks(first, None if lengths.dtype == np.uint32 else lengths, number, HEADER, TAIL,
                   heaps=tuple(_heaps(layout, state)), private=tuple(_private(layout, state)),
                   large=tuple(merged((c.address, c.address + c.size) for c in state.mmapped)),
-                  unknown=tuple(merged(unknown)))
+                  unknown=tuple(merged(unknown)), lengths=lengths)
 
 
-def _bounds(addresses: list[np.ndarray], sizes: list[np.ndarray], numbers: list[np.ndarray],
+def _bounds(addresses: list[np.ndarray], sizes: list[np.ndarray], numbers: list[int],
             starts: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Each arena's chunks (each arena's sorted) joined in address order, as the blocks' first and one-past-last
-    usable bytes and arena numbers, written straight into the three arrays the scan keeps.  An arena's heaps may
-    lie between another's, so each arena's run is cut at the STARTS of every heap and the pieces, which do not
-    overlap, put in order; when damage makes them overlap, every block is sorted."""
+    """Each arena's chunks (each arena's sorted, NUMBERS the arenas') joined in address order, as the blocks'
+    first usable bytes, their lengths (`view.LENGTH_UNIT`s, uint32; or their one-past-last usable bytes, uint64,
+    where a size is too big or damaged for that) and arena numbers, written straight into the arrays the scan
+    keeps; each arena's arrays are let go once copied.  An arena's heaps may lie between another's, so each arena's run is cut at the
+    STARTS of every heap and the pieces, which do not overlap, put in order; when damage makes them overlap,
+    every block is sorted."""
     total = sum(len(a) for a in addresses)
-    first, end = np.empty(total, dtype=np.uint64), np.empty(total, dtype=np.uint64)
+    compact = all(_compact(s) for s in sizes)
+    first = np.empty(total, dtype=np.uint64)
+    end = np.empty(total, dtype=np.uint32 if compact else np.uint64)
     number = np.empty(total, dtype=np.int32)
     cuts = np.array(sorted(starts), dtype=np.uint64)
-    pieces = []
+    pieces, left = [], [0] * len(addresses)
     for i, run in enumerate(addresses):
         at = [0, *np.searchsorted(run, cuts).tolist(), len(run)]
         pieces += [(int(run[a]), i, a, b) for a, b in zip(at, at[1:]) if b > a]
+        left[i] = sum(1 for a, b in zip(at, at[1:]) if b > a)
     pieces.sort()
     k = 0
     for _, i, a, b in pieces:
         n = b - a
         np.add(addresses[i][a:b], np.uint64(HEADER), out=first[k:k + n])
-        np.add(addresses[i][a:b], sizes[i][a:b], out=end[k:k + n])
-        number[k:k + n] = numbers[i][a:b]
+        if compact:
+            end[k:k + n] = (sizes[i][a:b] - np.uint64(HEADER - TAIL)) >> np.uint64(3)
+        else:
+            np.add(addresses[i][a:b], sizes[i][a:b] + np.uint64(TAIL), out=end[k:k + n])
+        number[k:k + n] = numbers[i]
         k += n
-    end += np.uint64(TAIL)
+        left[i] -= 1
+        if not left[i]:
+            addresses[i] = sizes[i] = None
     if total > 1 and not bool(np.all(first[1:] > first[:-1])):
         rows = np.argsort(first, kind="stable")
         first, end, number = first[rows], end[rows], number[rows]
     return first, end, number
+
+
+def _compact(sizes: np.ndarray) -> bool:
+    """Whether every chunk of SIZES (uint64) has a usable length `view.Blocks` keeps in 32 bits."""
+    return not len(sizes) or (int(sizes.min()) >= HEADER - TAIL and not np.any(sizes & np.uint64(7))
+                               and (int(sizes.max()) - (HEADER - TAIL)) >> 3 < 1 << 32)
 
 
 def _walked(mem: Memory, layout: Layout, arena: Arena, listing: Listing

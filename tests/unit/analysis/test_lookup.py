@@ -9,6 +9,7 @@ import pytest
 from heapwalk.analysis import lookup
 from heapwalk.analysis.lookup import Locator
 from heapwalk.analysis.rows import Rows
+from heapwalk.common.view import Blocks
 
 
 def _blocks(rng: np.random.Generator, count: int, stretches: int) -> tuple[np.ndarray, np.ndarray]:
@@ -212,3 +213,45 @@ def test_runs_of_blocks_that_damage_made_overlap_are_left_to_the_sort():
     assert lookup.merge_blocks(one(16, 48), one(48), none) is None
     assert lookup.merge_blocks(one(16, 16), one(), none) is None
     assert lookup.merge_blocks(one(16, 48), one(48), np.array([48], dtype=np.uint64)) is None
+
+
+@pytest.mark.parametrize("stretches", [1, 40])
+def test_blocks_given_by_their_lengths_are_found_as_by_their_ends(monkeypatch, stretches):
+    """`view.Blocks` keeps lengths in units of 8 bytes (uint32) where every block fits: the table, the search in
+    order and the C passes of the scan answer as with the ends, blocks running past the next one's start too."""
+    rng = np.random.default_rng(30 + stretches)
+    starts, ends = _blocks(rng, 20_000, stretches)
+    ends[::9] += np.uint64(4096)                      # past the next starts (damage)
+    blocks = Blocks(starts, ends, np.zeros(len(starts), dtype=np.int32), 16, 8)
+    assert blocks.whole_ends is None and blocks.lengths.dtype == np.uint32
+    assert np.array_equal(blocks.ends, ends) and blocks.end_of(17) == ends[17]
+    values = np.concatenate([starts, ends, ends - np.uint64(1),
+                             rng.integers(int(starts[0]) - 4096, int(ends[-1]) + 4096, 100_000, dtype=np.uint64)])
+    base = int(starts[0]) - 64
+    words = np.where(rng.random(30_000) < 0.6, rng.choice(starts, 30_000), values[:30_000]).astype(np.uint64)
+    for lib in (lookup._LIB, None):
+        monkeypatch.setattr(lookup, "_LIB", lib)
+        by_ends, by_lengths = Locator(starts, ends), Locator(starts, None, blocks.lengths)
+        assert by_lengths.hi == by_ends.hi
+        assert np.array_equal(by_lengths(values), by_ends(values))
+        assert np.array_equal(by_lengths.ascending(np.sort(values)), by_ends.ascending(np.sort(values)))
+        assert all(np.array_equal(a, b) for a, b in zip(by_lengths.window_edges(base, words),
+                                                          by_ends.window_edges(base, words)))
+        if lib is not None:
+            kept = []
+            for locate in (by_ends, by_lengths):
+                rows, seen = Rows(len(starts), False), np.zeros(len(starts), dtype=np.uint8)
+                rows.window(locate, base, words, seen)
+                kept.append(rows.rows().edges())
+            assert all(np.array_equal(a, b) for a, b in zip(*kept)) and len(kept[0][0]) > 1000
+
+
+def test_blocks_that_do_not_fit_lengths_keep_their_ends():
+    starts = np.array([0x1000, 0x2000, 0x3000], dtype=np.uint64)
+    odd = Blocks(starts, starts + np.array([16, 20, 8], dtype=np.uint64), np.zeros(3, dtype=np.int32), 0, 0)
+    huge = Blocks(starts, starts + np.array([16, 1 << 36, 8], dtype=np.uint64), np.zeros(3, dtype=np.int32), 0, 0)
+    for blocks in (odd, huge):
+        assert blocks.lengths is None and blocks.whole_ends is not None
+        assert blocks.sizes().tolist() == (blocks.whole_ends - starts).tolist()
+    empty = Blocks(starts[:0], starts[:0], np.zeros(0, dtype=np.int32), 16, 8)
+    assert empty.count == 0 and empty.sizes().tolist() == [] and Locator(empty.starts, None, empty.lengths).hi == 0
