@@ -8,11 +8,11 @@
 #include <string.h>
 
 
-/* The version of these functions' arguments (2: the blocks' ends or lengths, end_of): a library built from older
- * sources has another, or none, and is not used. */
+/* The version of these functions' arguments (3: the blocks' ends or lengths, end_of; the tally's groups of any
+ * width): a library built from older sources has another, or none, and is not used. */
 int64_t hw_reach_abi(void)
 {
-    return 2;
+    return 3;
 }
 
 /* Goes on with a breadth-first search whose queue is ORDER[HEAD .. TAIL): visits every node the queued ones lead
@@ -449,15 +449,22 @@ static inline int64_t size_exponent(int64_t size)
     return (int64_t)(bits >> 52) - 1023;
 }
 
-/* N blocks counted and summed by a key: GROUP[k] (0 when GROUP is NULL), or with BY_EXPONENT GROUP[k] * 64 plus
- * the bucket of SIZES[k] (size_exponent).  Each block adds one to COUNTS[key] and its size to BYTES[key], and when
+/* GROUP[K], of WIDTH bytes: uint8, uint16 or int32 (view.Blocks.arena_index) */
+static inline int64_t group_at(const void *group, int64_t width, int64_t k)
+{
+    return width == 1 ? ((const uint8_t *)group)[k] : width == 2 ? ((const uint16_t *)group)[k]
+                                                                 : ((const int32_t *)group)[k];
+}
+
+/* N blocks counted and summed by a key: GROUP[k] (group_at; 0 when GROUP is NULL), or with BY_EXPONENT GROUP[k] * 64
+ * plus the bucket of SIZES[k] (size_exponent).  Each block adds one to COUNTS[key] and its size to BYTES[key], and when
  * LEAKED (may be NULL) marks it, to GONE[key] and GONE_BYTES[key] as well; the four hold zeros on entry, and room
  * for every key. */
-void hw_tally(const int32_t *group, const int64_t *sizes, const uint8_t *leaked, int64_t n, int64_t by_exponent,
-              int64_t *counts, int64_t *bytes, int64_t *gone, int64_t *gone_bytes)
+void hw_tally(const void *group, int64_t width, const int64_t *sizes, const uint8_t *leaked, int64_t n,
+              int64_t by_exponent, int64_t *counts, int64_t *bytes, int64_t *gone, int64_t *gone_bytes)
 {
     for (int64_t k = 0; k < n; k++) {
-        int64_t key = group ? group[k] : 0;
+        int64_t key = group ? group_at(group, width, k) : 0;
         if (by_exponent)
             key = key * 64 + size_exponent(sizes[k]);
         counts[key]++;

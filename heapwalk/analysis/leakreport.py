@@ -92,14 +92,14 @@ def describe(lk: Leaks, mem: Memory, images: Sequence[tuple[int, int, str]],
                                   text_at(mem, int(blocks.starts[g.example])) if g.key == TEXT else "")
                    for g in by_signature(signed, sizes, lk.leaked)[:limit])
     holds = dict(zip(lk.unreferenced.tolist(), zip(lk.holds_count.tolist(), lk.holds_bytes.tolist())))
-    biggest = tuple(Unreferenced(int(blocks.addresses(i)), int(sizes[i]), int(blocks.arena[i]), *holds[i],
+    biggest = tuple(Unreferenced(int(blocks.addresses(i)), int(sizes[i]), int(blocks.arena_of(i)), *holds[i],
                                  _head(mem, int(blocks.starts[i]), min(HEAD_BYTES, int(blocks.end_of(i) - blocks.starts[i]))))
                     for i in lk.unreferenced[:limit].tolist())
     unreferenced = set(holds)
     leaked = tuple(LeakedBlock(int(a), int(s), int(n), i in unreferenced, *holds.get(i, (0, 0)),
                                name(_key(int(sig))) if sig else None)
                    for i, a, s, n, sig in zip(lk.leaked.tolist(), blocks.addresses(lk.leaked).tolist(),
-                                              sizes[lk.leaked].tolist(), blocks.arena[lk.leaked].tolist(),
+                                              sizes[lk.leaked].tolist(), blocks.arena_of(lk.leaked).tolist(),
                                               signed.of(lk.leaked).tolist()))
     return LeakReport(lk.in_use_count, lk.in_use_bytes, lk.leaked_count, lk.leaked_bytes, lk.unreferenced_count,
                       lk.in_rings, lk.in_rings_bytes, lk.arenas, tuple(by_size(sizes, lk.leaked)[:limit]), groups,

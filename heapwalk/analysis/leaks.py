@@ -25,7 +25,7 @@ from heapwalk.inferior.space import MemoryMap
 from heapwalk.inferior.threads import ThreadRegs
 from heapwalk.common.view import Blocks
 
-__all__ = ["Leaks", "ArenaLeaks", "Group", "find_leaks", "arena_index", "arena_rows", "leaks_of",
+__all__ = ["Leaks", "ArenaLeaks", "Group", "find_leaks", "arena_rows", "leaks_of",
            "signature_name", "TEXT", "by_size", "by_signature", "HIDDEN_POINTERS"]
 
 #: the one line that says what a conservative scan cannot see
@@ -140,23 +140,9 @@ def _per_arena(reach: Reach, leaked_mask: np.ndarray, unreferenced: np.ndarray,
 
 
 def arena_rows(blocks: Blocks) -> tuple[np.ndarray, np.ndarray]:
-    """`arena_index` of BLOCKS' arenas, made once for the blocks (the in-use tables and the leaks both need it)."""
-    return blocks.derived("arena_index", lambda b: arena_index(b.arena))
-
-
-def arena_index(arena: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The arena numbers ARENA (one per block) holds, in order, and each block's index among them (int32): as
-    np.unique(return_inverse=True) would give, without sorting millions of small numbers (ARENA itself, not a
-    copy, when it is int32 and holds every number from 0 to its highest: each block's index is its number)."""
-    if not len(arena) or int(arena.min()) < 0:
-        numbers, index = np.unique(arena, return_inverse=True)
-        return numbers, index.astype(np.int32)
-    present = np.flatnonzero(np.bincount(arena))
-    if arena.dtype == np.int32 and len(present) == int(present[-1]) + 1:
-        return present, arena
-    lookup = np.zeros(int(present[-1]) + 1, dtype=np.int32)
-    lookup[present] = np.arange(len(present))
-    return present, lookup[arena]
+    """The arena numbers BLOCKS hold (ascending) and each block's index among them, as np.unique(return_inverse=True)
+    would give them (the blocks keep them so: `view.Blocks.arena_index`)."""
+    return blocks.arena_numbers, blocks.arena_index
 
 
 @dataclass(frozen=True)

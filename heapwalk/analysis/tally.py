@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from heapwalk.analysis.lookup import ABI
 from heapwalk.inferior.clib import built_library
 
 __all__ = ["tally", "signature_words", "NATIVE"]
@@ -21,16 +22,21 @@ __all__ = ["tally", "signature_words", "NATIVE"]
 
 def _load():
     """The built library with the two functions declared, or None (see `inferior.clib`)."""
-    lib = built_library(Path(__file__).parent, "_reach", ("hw_tally", "hw_signatures"))
+    lib = built_library(Path(__file__).parent, "_reach", ("hw_tally", "hw_signatures", "hw_reach_abi"))
+    if lib is not None and lib.hw_reach_abi() != ABI:
+        return None
     if lib is not None:
         lib.hw_tally.restype = None
-        lib.hw_tally.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
-                                 ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+        lib.hw_tally.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
+                                 ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
         lib.hw_signatures.restype = None
         lib.hw_signatures.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
                                       ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
     return lib
 
+
+#: the groups `hw_tally` reads as they are (any other is made int32 first)
+_WIDTHS = (np.dtype(np.uint8), np.dtype(np.uint16), np.dtype(np.int32))
 
 _LIB = _load()
 #: whether the C loops are in use
@@ -40,17 +46,19 @@ NATIVE = _LIB is not None
 def tally(sizes: np.ndarray, group: np.ndarray | None, slots: int, leaked: np.ndarray | None = None,
           by_exponent: bool = False) -> tuple[np.ndarray, ...]:
     """The blocks of SIZES (int64) counted and summed by key (int64 arrays of SLOTS each): the key is GROUP's
-    (int32, each below SLOTS; None: 0), or with BY_EXPONENT GROUP's times 64 plus the size's power-of-two bucket
-    (the exponent of its low end, 5 at least: [32, 64)).  Gives the count and bytes of each key, and the count
+    (uint8, uint16 or int32, each below SLOTS; None: 0), or with BY_EXPONENT GROUP's times 64 plus the size's
+    power-of-two bucket (the exponent of its low end, 5 at least: [32, 64)).  Gives the count and bytes of each key, and the count
     and bytes of the blocks LEAKED (a mask; None: none) marks."""
     n = len(sizes)
     if _LIB is None:
         return _tally_numpy(sizes, group, slots, leaked, by_exponent)
     sizes = np.ascontiguousarray(sizes, dtype=np.int64)
-    group = None if group is None else np.ascontiguousarray(group, dtype=np.int32)
+    if group is not None and group.dtype not in _WIDTHS:
+        group = group.astype(np.int32)
+    group = None if group is None else np.ascontiguousarray(group)
     mask = None if leaked is None else np.ascontiguousarray(leaked, dtype=bool).view(np.uint8)
     out = np.zeros((4, slots), dtype=np.int64)
-    _LIB.hw_tally(None if group is None else group.ctypes.data, sizes.ctypes.data,
+    _LIB.hw_tally(None if group is None else group.ctypes.data, 0 if group is None else group.itemsize, sizes.ctypes.data,
                   None if mask is None else mask.ctypes.data, n, int(by_exponent), out[0].ctypes.data,
                   out[1].ctypes.data, out[2].ctypes.data, out[3].ctypes.data)
     return out[0], out[1], out[2], out[3]

@@ -137,6 +137,8 @@ class Blocks:
 
     The ends are kept as lengths (`LENGTH_UNIT`, uint32: 12 bytes a block with the start, not 16), or whole where a
     block does not fit that: `lengths` or `whole_ends` is None.  `ends` makes every end at once, `end_of` some.
+    The arenas are kept as each block's index (`arena_index`: uint8 for up to 256 arenas, uint16 up to 65,536) among
+    the numbers `arena_numbers` (ascending, int32); `arena` makes every block's number, `arena_of` some.
     """
 
     def __init__(self, starts: Any, ends: Any, arena: Any, header: int, tail: int,
@@ -146,7 +148,7 @@ class Blocks:
         """ENDS, or where ENDS is None, LENGTHS as the blocks keep them (a builder that makes them so)."""
         self.starts = starts                      # numpy uint64, sorted
         self.lengths, self.whole_ends = (lengths, None) if ends is None else _lengths(starts, ends)
-        self.arena = arena                        # numpy int32: the arena's number (ArenaView.number)
+        self.arena_numbers, self.arena_index = _indexed(arena)
         self.header, self.tail = header, tail
         self.heaps = heaps          # the allocator's memory that holds the blocks: scanned only in blocks
         self.private = private      # its bookkeeping elsewhere (glibc: main_arena, mp_): never a root
@@ -156,6 +158,15 @@ class Blocks:
     @property
     def count(self) -> int:
         return len(self.starts)
+
+    @property
+    def arena(self) -> Any:
+        """Each block's arena number (ArenaView.number; numpy int32), made anew: `arena_of` some."""
+        return self.arena_numbers[self.arena_index]
+
+    def arena_of(self, rows) -> Any:
+        """The arena numbers of the blocks at ROWS."""
+        return self.arena_numbers[self.arena_index[rows]]
 
     @property
     def ends(self) -> Any:
@@ -205,6 +216,25 @@ def _lengths(starts: Any, ends: Any) -> tuple[Any, Any]:
         length >>= np.uint64(_SHIFT)
         lengths[at:at + _STEP] = length
     return lengths, None
+
+
+def _indexed(arena: Any) -> tuple[Any, Any]:
+    """The arena numbers ARENA (one per block) holds (int32, ascending), and each block's index among them in the
+    smallest unsigned type that holds it."""
+    arena = np.asarray(arena)
+    if not len(arena):
+        return np.zeros(0, dtype=np.int32), np.zeros(0, dtype=np.uint8)
+    low, high = int(arena.min()), int(arena.max())
+    if low >= 0 and high < 1 << 20:             # small numbers (every allocator's): counted, not sorted
+        numbers = np.flatnonzero(np.bincount(arena)).astype(np.int32)
+        lookup = np.zeros(high + 1, dtype=np.int64)
+        lookup[numbers] = np.arange(len(numbers))
+        index = lookup[arena]
+    else:
+        numbers, index = np.unique(arena, return_inverse=True)
+        numbers = numbers.astype(np.int32)
+    width = np.uint8 if len(numbers) <= 1 << 8 else np.uint16 if len(numbers) <= 1 << 16 else np.int32
+    return numbers, index.astype(width)
 
 
 #: blocks made into lengths at a time

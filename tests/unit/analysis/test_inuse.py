@@ -51,11 +51,12 @@ def test_the_tallies_in_c_are_numpys(leaks):
     group = rng.integers(0, 9, len(sizes)).astype(np.int64)
     leaked = None if leaks is None else rng.random(len(sizes)) < (0.1 if leaks == "some" else 0.0)
     for by_exponent, slots in ((False, 9), (True, 64 * 9)):
-        c = tally.tally(sizes, group, slots, leaked, by_exponent)
         numpy = tally._tally_numpy(sizes, group, slots, leaked, by_exponent)
         assert tally.NATIVE
-        for got, expected in zip(c, numpy):
-            assert got.dtype == np.int64 and np.array_equal(got, expected)
+        for width in (np.int64, np.int32, np.uint16, np.uint8):     # view.Blocks keeps arenas as uint8 or uint16
+            c = tally.tally(sizes, group.astype(width), slots, leaked, by_exponent)
+            for got, expected in zip(c, numpy):
+                assert got.dtype == np.int64 and np.array_equal(got, expected)
     assert int(c[0].sum()) == len(sizes) and (int(c[2].sum()) > 0) == (leaks == "some")
     assert int(c[1][64 * int(group[-2]) + 62]) == sum(int(s) for s, g in zip(sizes, group)    # a double's rounding:
                                                       if g == group[-2] and s >= 2 ** 62)  # 2**62 - 1 is 2**62

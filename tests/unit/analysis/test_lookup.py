@@ -255,3 +255,19 @@ def test_blocks_that_do_not_fit_lengths_keep_their_ends():
         assert blocks.sizes().tolist() == (blocks.whole_ends - starts).tolist()
     empty = Blocks(starts[:0], starts[:0], np.zeros(0, dtype=np.int32), 16, 8)
     assert empty.count == 0 and empty.sizes().tolist() == [] and Locator(empty.starts, None, empty.lengths).hi == 0
+
+
+@pytest.mark.parametrize("count", [9, 300, 70_000])
+def test_blocks_keep_their_arenas_as_a_small_index(count):
+    rng = np.random.default_rng(count)
+    numbers = np.sort(rng.choice(1 << 19, count, replace=False)).astype(np.int32)
+    arena = numbers[rng.integers(0, count, 200_000)]
+    arena[:count] = numbers                              # every one present
+    starts = np.arange(len(arena), dtype=np.uint64) * np.uint64(64) + np.uint64(1 << 30)
+    blocks = Blocks(starts, starts + np.uint64(48), arena, 16, 8)
+    width = np.uint8 if count <= 256 else np.uint16 if count <= 65536 else np.int32
+    assert blocks.arena_index.dtype == width and blocks.arena_numbers.dtype == np.int32
+    assert np.array_equal(blocks.arena, arena) and np.array_equal(blocks.arena_of([5, 3]), arena[[5, 3]])
+    assert np.array_equal(blocks.arena_numbers, numbers)
+    odd = Blocks(starts[:3], starts[:3] + np.uint64(48), np.array([-1, 7, -1], dtype=np.int32), 16, 8)
+    assert odd.arena_numbers.tolist() == [-1, 7] and odd.arena_index.tolist() == [0, 1, 0]
