@@ -7,12 +7,13 @@ SHELL := /bin/bash
 # debootstrap: the chroots of other Debian suites' gdb and Python (cores/scripts/chroots.py)
 # cmake: mimalloc's releases built from the sources crates and PyPI sdists bundle (cores/scripts/mibuilds.py)
 # qemu-system-x86: Debian's kernel in a machine, for the capture's pre-copy where this one lacks soft-dirty (cores/scripts/vm.py)
-# gcc-aarch64-linux-gnu, qemu-user, gdb-multiarch: the reproducers built for arm64, run on Debian's arm64 glibc
+# gcc-aarch64-linux-gnu, libc6-dev-arm64-cross (its C library headers, only recommended by it), qemu-user,
+# gdb-multiarch: the reproducers built for arm64, run on Debian's arm64 glibc
 # under qemu-user, their cores read by gdb-multiarch (cores/scripts/foreign.py); qemu-system-arm: Debian's arm64
 # kernel in a machine, for the capture and the live attach on arm64 (cores/scripts/armvm.py)
 DEB_PACKAGES := gdb gcc make libc6-dbg libc6-dev python3 python3-venv util-linux debian-archive-keyring \
   libjemalloc2 libtcmalloc-minimal4 chromium debootstrap cmake qemu-system-x86 \
-  gcc-aarch64-linux-gnu qemu-user gdb-multiarch qemu-system-arm
+  gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user gdb-multiarch qemu-system-arm
 # gdb embeds the system Python: the virtualenv is made with that interpreter, so
 # gdbinit can put its site-packages on gdb's sys.path.
 SYSTEM_PYTHON := /usr/bin/python3
