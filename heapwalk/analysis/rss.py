@@ -43,12 +43,13 @@ class Span:
 @dataclass(frozen=True)
 class Claim:
     """Memory an owner holds: KIND "heap" (NAME: the allocator's words, "glibc's arenas") or "stack" (NAME: the
-    thread)."""
+    thread); COUNT: how many of the owner's pieces it stands for (an allocator's adjacent extents, one claim)."""
 
     start: int
     end: int
     kind: str
     name: str
+    count: int = 1
 
 
 @dataclass(frozen=True)
@@ -119,8 +120,10 @@ def rss_by_owner(spans: Sequence[Span], claims: Sequence[Claim],
     of CLAIMS that covers it (claims of memory no span covers count nowhere), else to its span: rows by owner,
     summing to the measure of the spans."""
     grouped: dict[tuple[str, str], list[tuple[int, int]]] = {}     # by owner, in the order owners first claim
+    pieces: dict[tuple[str, str], int] = {}
     for c in claims:
         grouped.setdefault((c.kind, c.name), []).append((c.start, c.end))
+        pieces[c.kind, c.name] = pieces.get((c.kind, c.name), 0) + c.count
     merged = {key: _merged(ranges) for key, ranges in grouped.items()}
     edges = [np.array([x for s in spans for x in (s.start, s.end)], dtype=np.uint64)]
     edges += [ranges.reshape(-1) for ranges in merged.values()]
@@ -147,7 +150,7 @@ def rss_by_owner(spans: Sequence[Span], claims: Sequence[Claim],
         covered[a:b] = True
     claimed = np.zeros(len(lo), dtype=bool)
     for key, ranges in merged.items():
-        i = label(key, len(grouped[key]))
+        i = label(key, pieces[key])
         first, last = np.searchsorted(cut, ranges[:, 0]), np.searchsorted(cut, ranges[:, 1])
         change = np.zeros(len(lo) + 1, dtype=np.int64)    # +1 where a range starts, -1 where it ends
         np.add.at(change, first, 1)

@@ -16,6 +16,7 @@ from heapwalk.analysis.report import Report, human
 from heapwalk.common.findings import Finding, Severity
 from heapwalk.jemalloc import check as je_check
 from heapwalk.jemalloc.blocks import jemalloc_blocks
+from heapwalk.jemalloc.extents import extent_runs
 from heapwalk.jemalloc.find import find_jemalloc
 from heapwalk.jemalloc.heapmap import extent_strips
 from heapwalk.jemalloc.load import load_jemalloc
@@ -101,12 +102,13 @@ class JemallocHeap(Decoded):
                        jedoc.jemalloc_check_document(self.state, findings, checked) if json else None)
 
     def claims(self) -> list[Claim]:
-        """Every extent the radix tree maps (active, dirty, muzzy, retained) and every block the arenas' bases
-        mapped for metadata (none when the tree was not found: the extents are not known); made once."""
+        """Every extent the radix tree maps (active, dirty, muzzy, retained), a claim for each run of adjacent ones,
+        and every block the arenas' bases mapped for metadata (none when the tree was not found: the extents are
+        not known); made once."""
         if self._claims is None:
             table = self.state.extents
-            out = [] if table is None else [Claim(a, a + n, "heap", "jemalloc: extents")
-                                             for a, n in zip(table.address.tolist(), table.size.tolist())]
+            out = [] if table is None else [Claim(a, b, "heap", "jemalloc: extents", n)
+                                             for a, b, n in extent_runs(table.address, table.size)]
             self._claims = out + [Claim(at, at + size, "heap", "jemalloc: metadata") for a in self.state.arenas
                                   for at, size in a.base_blocks]
         return list(self._claims)

@@ -23,7 +23,7 @@ from heapwalk.jemalloc.sizeclasses import SizeClasses, size_classes
 from heapwalk.inferior.memory import Memory, ReadError
 from heapwalk.inferior.records import read_records
 
-__all__ = ["ExtentTable", "walk_extents", "class_sizes", "ACTIVE", "DIRTY", "MUZZY", "RETAINED"]
+__all__ = ["ExtentTable", "walk_extents", "class_sizes", "extent_runs", "ACTIVE", "DIRTY", "MUZZY", "RETAINED"]
 
 ACTIVE, DIRTY, MUZZY, RETAINED = 0, 1, 2, 3
 
@@ -74,6 +74,20 @@ class ExtentTable:
     def bytes_of(self, arena: int, state: int) -> int:
         """The bytes of ARENA's extents in STATE."""
         return int(self.size[(self.arena == arena) & (self.state == state)].sum())
+
+
+def extent_runs(address: np.ndarray, size: np.ndarray) -> list[tuple[int, int, int]]:
+    """The extents at ADDRESS of SIZE bytes (uint64) as runs of adjacent ones, in address order: each run's start,
+    end and how many extents it is."""
+    if not len(address):
+        return []
+    order = np.argsort(address, kind="stable")
+    starts = address[order]
+    ends = starts + size[order].astype(np.uint64)
+    new = np.concatenate(([True], starts[1:] != ends[:-1]))
+    firsts = np.flatnonzero(new)
+    lasts = np.concatenate((firsts[1:], [len(starts)])) - 1
+    return list(zip(starts[firsts].tolist(), ends[lasts].tolist(), np.diff(np.append(firsts, len(starts))).tolist()))
 
 
 @functools.lru_cache(maxsize=None)

@@ -3,7 +3,10 @@ measured once and given to one owner, so that the rows add up to the whole, exac
 
 from __future__ import annotations
 
+import numpy as np
+
 from heapwalk.analysis.rss import Claim, rss_by_owner, rss_change, spans_of
+from heapwalk.jemalloc.extents import extent_runs
 from heapwalk.output.rsstext import rss_change_lines, rss_verdict
 from heapwalk.inferior.residency import Residency
 
@@ -50,6 +53,21 @@ def test_a_core_s_anonymous_memory_is_what_its_segments_hold_beside_the_files_it
                      regions=[(0x400000, 0x401000), (0x500000, 0x540000)])
     assert [(s.start, s.kind, s.name) for s in spans] == [(0x400000, "file code", "/usr/bin/prog"),
                                                           (0x500000, "anonymous", "at 0x500000")]
+
+def test_a_claim_that_stands_for_adjacent_extents_counts_each_of_them():
+    """jemalloc claims each run of adjacent extents once (`extents.extent_runs`): its row counts every extent, and
+    the bytes are those of the extents claimed one by one."""
+    address = np.array([0x13000, 0x10000, 0x11000, 0x18000], dtype=np.uint64)
+    size = np.array([0x1000, 0x1000, 0x2000, 0x800], dtype=np.int64)
+    runs = extent_runs(address, size)
+    assert runs == [(0x10000, 0x14000, 3), (0x18000, 0x18800, 1)] and extent_runs(address[:0], size[:0]) == []
+    spans, measure = spans_of([(0x10000, 0x20000, "", True)]), _measure([(0x10000, 0x20000)])
+    one_each = rss_by_owner(spans, [Claim(int(a), int(a) + int(n), "heap", "jemalloc: extents")
+                                    for a, n in zip(address, size)], measure, "resident", "test")
+    by_runs = rss_by_owner(spans, [Claim(a, b, "heap", "jemalloc: extents", n) for a, b, n in runs], measure,
+                           "resident", "test")
+    assert by_runs == one_each and by_runs.rows[0].count == 4
+
 
 def test_a_claim_outside_every_mapping_counts_nowhere():
     """What an allocator claims beyond the address space (damage) adds nothing: the total stays the space's."""
