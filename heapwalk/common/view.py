@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["ArenaView", "Blocks", "HeapStrip", "HeapView", "SizeClass", "Words"]
+__all__ = ["ArenaView", "Blocks", "HeapStrip", "HeapView", "SizeClass", "Words", "index_type"]
 
 
 @dataclass(frozen=True)
@@ -145,10 +145,11 @@ class Blocks:
                  heaps: tuple[tuple[int, int], ...] = (), private: tuple[tuple[int, int], ...] = (),
                  large: tuple[tuple[int, int], ...] = (), unknown: tuple[tuple[int, int], ...] = (),
                  lengths: Any = None):
-        """ENDS, or where ENDS is None, LENGTHS as the blocks keep them (a builder that makes them so)."""
+        """ENDS, or where ENDS is None, LENGTHS as the blocks keep them; ARENA, each block's arena number, or the
+        numbers and each block's index among them as the blocks keep them (a builder that makes them so)."""
         self.starts = starts                      # numpy uint64, sorted
         self.lengths, self.whole_ends = (lengths, None) if ends is None else _lengths(starts, ends)
-        self.arena_numbers, self.arena_index = _indexed(arena)
+        self.arena_numbers, self.arena_index = arena if isinstance(arena, tuple) else _indexed(arena)
         self.header, self.tail = header, tail
         self.heaps = heaps          # the allocator's memory that holds the blocks: scanned only in blocks
         self.private = private      # its bookkeeping elsewhere (glibc: main_arena, mp_): never a root
@@ -225,16 +226,18 @@ def _indexed(arena: Any) -> tuple[Any, Any]:
     if not len(arena):
         return np.zeros(0, dtype=np.int32), np.zeros(0, dtype=np.uint8)
     low, high = int(arena.min()), int(arena.max())
-    if low >= 0 and high < 1 << 20:             # small numbers (every allocator's): counted, not sorted
-        numbers = np.flatnonzero(np.bincount(arena)).astype(np.int32)
-        lookup = np.zeros(high + 1, dtype=np.int64)
-        lookup[numbers] = np.arange(len(numbers))
-        index = lookup[arena]
-    else:
+    if low < 0 or high >= 1 << 20:
         numbers, index = np.unique(arena, return_inverse=True)
-        numbers = numbers.astype(np.int32)
-    width = np.uint8 if len(numbers) <= 1 << 8 else np.uint16 if len(numbers) <= 1 << 16 else np.int32
-    return numbers, index.astype(width)
+        return numbers.astype(np.int32), index.astype(index_type(len(numbers)))
+    numbers = np.flatnonzero(np.bincount(arena)).astype(np.int32)     # small numbers (every allocator's): counted
+    lookup = np.zeros(high + 1, dtype=index_type(len(numbers)))
+    lookup[numbers] = np.arange(len(numbers))
+    return numbers, lookup[arena]
+
+
+def index_type(count: int) -> Any:
+    """The smallest type `Blocks.arena_index` holds COUNT arenas' indices in."""
+    return np.uint8 if count <= 1 << 8 else np.uint16 if count <= 1 << 16 else np.int32
 
 
 #: blocks made into lengths at a time

@@ -21,7 +21,7 @@ from heapwalk.glibc.locate.layout import Layout
 from heapwalk.glibc.model import Arena, ChunkState, HeapState
 from heapwalk.glibc.bulk.sweptchunks import listing_arrays, swept_chunks
 from heapwalk.inferior.memory import Memory, merged, ranges_without
-from heapwalk.common.view import Blocks
+from heapwalk.common.view import Blocks, index_type
 
 __all__ = ["blocks_of", "HEADER", "TAIL"]
 
@@ -66,18 +66,19 @@ def blocks_of(mem: Memory, layout: Layout, state: HeapState, used: dict | None =
 
 
 def _bounds(addresses: list[np.ndarray], sizes: list[np.ndarray], numbers: list[int],
-            starts: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+            starts: list[int]) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, np.ndarray]]:
     """Each arena's chunks (each arena's sorted, NUMBERS the arenas') joined in address order, as the blocks'
     first usable bytes, their lengths (`view.LENGTH_UNIT`s, uint32; or their one-past-last usable bytes, uint64,
-    where a size is too big or damaged for that) and arena numbers, written straight into the arrays the scan
-    keeps; each arena's arrays are let go once copied.  An arena's heaps may lie between another's, so each arena's run is cut at the
+    where a size is too big or damaged for that) and arenas (the numbers, each block's index among them: as
+    `view.Blocks` keeps them), written straight into the arrays the scan keeps; each arena's arrays are let go once copied.  An arena's heaps may lie between another's, so each arena's run is cut at the
     STARTS of every heap and the pieces, which do not overlap, put in order; when damage makes them overlap,
     every block is sorted."""
     total = sum(len(a) for a in addresses)
     compact = all(_compact(s) for s in sizes)
     first = np.empty(total, dtype=np.uint64)
     end = np.empty(total, dtype=np.uint32 if compact else np.uint64)
-    number = np.empty(total, dtype=np.int32)
+    numbered = sorted(set(numbers))
+    index = np.empty(total, dtype=index_type(len(numbered)))
     cuts = np.array(sorted(starts), dtype=np.uint64)
     pieces, left = [], [0] * len(addresses)
     for i, run in enumerate(addresses):
@@ -93,15 +94,15 @@ def _bounds(addresses: list[np.ndarray], sizes: list[np.ndarray], numbers: list[
             end[k:k + n] = (sizes[i][a:b] - np.uint64(HEADER - TAIL)) >> np.uint64(3)
         else:
             np.add(addresses[i][a:b], sizes[i][a:b] + np.uint64(TAIL), out=end[k:k + n])
-        number[k:k + n] = numbers[i]
+        index[k:k + n] = numbered.index(numbers[i])
         k += n
         left[i] -= 1
         if not left[i]:
             addresses[i] = sizes[i] = None
     if total > 1 and not bool(np.all(first[1:] > first[:-1])):
         rows = np.argsort(first, kind="stable")
-        first, end, number = first[rows], end[rows], number[rows]
-    return first, end, number
+        first, end, index = first[rows], end[rows], index[rows]
+    return first, end, (np.array(numbered, dtype=np.int32), index)
 
 
 def _compact(sizes: np.ndarray) -> bool:
