@@ -6,6 +6,13 @@
 #include <stdint.h>
 #include <string.h>
 
+/* The version of these functions' arguments (2: hw_slab_bitmap_regions counts when STARTS is NULL): a library
+ * built from older sources has another, or none, and is not used. */
+int64_t hw_jemalloc_abi(void)
+{
+    return 2;
+}
+
 /* Word W of a bitmap, its bits from BITS on cleared. */
 static uint64_t bitmap_word(const uint8_t *map, int64_t w, int64_t bits)
 {
@@ -19,7 +26,7 @@ static uint64_t bitmap_word(const uint8_t *map, int64_t w, int64_t bits)
  * from ADDRESS[r], in arena ARENA[r], each clear bit below NREGS[r] gives a region [start, start + size) to
  * STARTS, ENDS and ARENAS, slab by slab and each slab's in address order; a slab whose bitmap is not
  * READABLE[r], or does not count NFREE[r] set bits, gives none and is marked 0 in GOOD (1 otherwise).  Returns
- * the number of regions written. */
+ * the number of regions written; with STARTS NULL, only counted (for room of the right size). */
 int64_t hw_slab_bitmap_regions(const uint8_t *bitmaps, int64_t stride, int64_t n, const int64_t *nregs,
                         const uint64_t *size, const int32_t *nfree, const uint8_t *readable, const uint64_t *address,
                         const int32_t *arena, uint64_t *starts, uint64_t *ends, int32_t *arenas, uint8_t *good)
@@ -33,6 +40,10 @@ int64_t hw_slab_bitmap_regions(const uint8_t *bitmaps, int64_t stride, int64_t n
         good[r] = readable[r] && set == nfree[r];
         if (!good[r])
             continue;
+        if (!starts) {
+            count += bits - set;
+            continue;
+        }
         for (int64_t w = 0; 64 * w < bits; w++) {
             uint64_t word = bitmap_word(map, w, bits);
             for (int64_t k = 64 * w; k < bits && k < 64 * w + 64; k++) {

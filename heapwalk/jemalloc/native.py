@@ -16,7 +16,9 @@ __all__ = ["slab_regions", "NATIVE"]
 
 def _load():
     """The built library with its function's types declared, or None (see `inferior.clib`)."""
-    lib = built_library(Path(__file__).parent, "_native", ("hw_slab_bitmap_regions",))
+    lib = built_library(Path(__file__).parent, "_native", ("hw_slab_bitmap_regions", "hw_jemalloc_abi"))
+    if lib is not None and lib.hw_jemalloc_abi() != 2:       # built from older sources: other arguments
+        return None
     if lib is not None:
         lib.hw_slab_bitmap_regions.restype = ctypes.c_int64
         lib.hw_slab_bitmap_regions.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64] + [ctypes.c_void_p] * 10
@@ -40,9 +42,12 @@ def slab_regions(bitmaps: np.ndarray, nregs: np.ndarray, size: np.ndarray, nfree
     nfree, readable = c(nfree, dtype=np.int32), c(readable, dtype=np.uint8)
     address, arena = c(address, dtype=np.uint64), c(arena, dtype=np.int32)
     stride = bitmaps.shape[1] if bitmaps.ndim == 2 else 64
-    room = int(np.minimum(nregs, 8 * stride).sum())
+    good = np.empty(len(nregs), dtype=np.uint8)
+    room = _LIB.hw_slab_bitmap_regions(bitmaps.ctypes.data, stride, len(nregs), nregs.ctypes.data, size.ctypes.data,
+                                       nfree.ctypes.data, readable.ctypes.data, address.ctypes.data,
+                                       arena.ctypes.data, None, None, None, good.ctypes.data)   # counted first
     starts, ends = np.empty(room, dtype=np.uint64), np.empty(room, dtype=np.uint64)
-    arenas, good = np.empty(room, dtype=np.int32), np.empty(len(nregs), dtype=np.uint8)
+    arenas = np.empty(room, dtype=np.int32)
     count = _LIB.hw_slab_bitmap_regions(bitmaps.ctypes.data, stride, len(nregs), nregs.ctypes.data, size.ctypes.data,
                                  nfree.ctypes.data, readable.ctypes.data, address.ctypes.data, arena.ctypes.data,
                                  starts.ctypes.data, ends.ctypes.data, arenas.ctypes.data, good.ctypes.data)
