@@ -220,17 +220,25 @@ def updated(text: str, size: str, body: str) -> str:
     return before + block + ("\n" + after if after else "")
 
 
-def growth(runs: list[dict]) -> str:
+def growth(runs: list[dict], kept: dict[str, list[str]] | None = None) -> str:
     """How `report`'s cost grows from size to size: a row per core of each run of RUNS (the bench JSON of each
     size, in size order), its chunks or blocks, heap, seconds, against the floor of 4 MiB reads, gdb's memory
-    above its own in all and per million, and the run's commit and date."""
+    above its own in all and per million, and the run's commit and date; the rows KEPT (by size: the table's
+    rows as the page had them) for a size no run of RUNS has, in their place."""
     lines = ["### How `report`'s cost grows", "",
              textwrap.fill("Each size's last run (above), `heapwalk report` on each of its cores, as `make bench` "
-                           "wrote it (each size's run rewrites this table from the runs it finds in build/bench: "
-                           "sizes measured at other commits say so in the last column).", WIDTH), "",
+                           "wrote it (each size's run rewrites this table from the runs it finds in build/bench, "
+                           "and keeps the rows of a size it finds none of: sizes measured at other commits say so "
+                           "in the last column).", WIDTH), "",
              "| size | core | chunks or blocks | heap | report | x floor (4 MiB reads) | above gdb's own | per million "
              "| commit, date |", "|---|---|---|---|---|---|---|---|---|"]
-    for data in runs:
+    measured = {data["size"] for data in runs}
+    order = {s: i for i, s in enumerate(SIZE_ORDER)}
+    for size in sorted(measured | set(kept or {}), key=lambda s: order.get(s, len(SIZE_ORDER))):
+        if size not in measured:
+            lines += (kept or {})[size]
+            continue
+        data = next(d for d in runs if d["size"] == size)
         for name, r, unit in cores_of(data):
             row = next((c for c in r["commands"] if c["command"] == "heapwalk report"), None)
             if row is None:
@@ -255,7 +263,19 @@ def write(path: Path, data: dict, others: dict[str, dict] | None = None) -> None
     text = updated(text, data["size"], body)
     runs = {**(others or {}), data["size"]: data}
     ordered = [runs[s] for s in SIZE_ORDER if s in runs]
-    path.write_text(updated(text, "growth", growth(ordered)))
+    path.write_text(updated(text, "growth", growth(ordered, growth_rows(text))))
+
+
+def growth_rows(text: str) -> dict[str, list[str]]:
+    """The rows of the growth table the page TEXT holds, by size: what a machine whose build/bench lacks a size's
+    run keeps of it (a new machine has measured none yet)."""
+    begin, end = text.find(begin_marker("growth")), text.find(end_marker("growth"))
+    rows: dict[str, list[str]] = {}
+    for line in text[begin:end].splitlines() if 0 <= begin < end else []:
+        cells = [c.strip() for c in line.split("|")]
+        if len(cells) > 2 and cells[1] in SIZE_ORDER:
+            rows.setdefault(cells[1], []).append(line)
+    return rows
 
 
 if __name__ == "__main__":

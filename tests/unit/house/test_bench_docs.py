@@ -114,3 +114,22 @@ def test_the_growth_table_has_a_row_per_core_of_each_size_in_size_order(tmp_path
     assert text.index(bench_docs.end_marker("large")) < text.index(bench_docs.begin_marker("growth"))
     bench_docs.write(page, large, {"small": small})       # again: the same page, the table once
     assert page.read_text() == text
+
+
+def test_a_machine_that_ran_one_size_keeps_the_other_sizes_rows_the_page_has(tmp_path):
+    """A new machine's build/bench holds no run of the sizes measured before: their rows stay as they were, in
+    size order, and the size run now replaces its own."""
+    small, large, huge = _run(), _run(), _run()
+    small["size"], small["machine"] = "small", {**MACHINE, "commit": "0ld0000"}
+    huge["size"], huge["machine"] = "huge", {**MACHINE, "commit": "0ldhuge"}
+    large["machine"], large["argv"] = MACHINE, ["--size", "large"]
+    page = tmp_path / "performance.md"
+    page.write_text("# Performance\n\n## Method\n\ntext\n")
+    bench_docs.write(page, large, {"small": small, "huge": huge})
+    again = {**_run(), "machine": {**MACHINE, "commit": "new1234"}, "argv": ["--size", "large"]}
+    bench_docs.write(page, again)                          # no other size's run on this machine
+    text = page.read_text()
+    table = text[text.index("### How `report`'s cost grows"):text.index(bench_docs.end_marker("growth"))]
+    cells = [[c.strip() for c in line.split("|")] for line in table.splitlines()]
+    rows = [f"{c[1]} {c[-2].split(',')[0]}" for c in cells if len(c) > 2 and c[1] in bench_docs.SIZE_ORDER]
+    assert rows == ["small 0ld0000", "small 0ld0000", "large new1234", "large new1234", "huge 0ldhuge", "huge 0ldhuge"]
