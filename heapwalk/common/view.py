@@ -125,6 +125,9 @@ class HeapView:
 #: a block's length is kept in 32 bits in units of this many bytes (blocks up to 32 GiB), where every block's is a
 #: multiple of it (every allocator's are); else each block's end is kept whole
 LENGTH_UNIT = 8
+_SHIFT = LENGTH_UNIT.bit_length() - 1
+#: blocks made into lengths at a time
+_STEP = 1 << 20
 
 
 class Blocks:
@@ -201,9 +204,6 @@ class Blocks:
         return made[key]
 
 
-_SHIFT = LENGTH_UNIT.bit_length() - 1
-
-
 def _lengths(starts: Any, ends: Any) -> tuple[Any, Any]:
     """ENDS as lengths from STARTS in units of LENGTH_UNIT (uint32) and None, or None and ENDS (uint64) where a
     length is not a multiple of the unit or does not fit.  Made a million at a time: the ends and the starts are
@@ -221,7 +221,7 @@ def _lengths(starts: Any, ends: Any) -> tuple[Any, Any]:
 
 def _indexed(arena: Any) -> tuple[Any, Any]:
     """The arena numbers ARENA (one per block) holds (int32, ascending), and each block's index among them in the
-    smallest unsigned type that holds it."""
+    smallest type that holds it (`index_type`)."""
     arena = np.asarray(arena)
     if not len(arena):
         return np.zeros(0, dtype=np.int32), np.zeros(0, dtype=np.uint8)
@@ -238,10 +238,6 @@ def _indexed(arena: Any) -> tuple[Any, Any]:
 def index_type(count: int) -> Any:
     """The smallest type `Blocks.arena_index` holds COUNT arenas' indices in."""
     return np.uint8 if count <= 1 << 8 else np.uint16 if count <= 1 << 16 else np.int32
-
-
-#: blocks made into lengths at a time
-_STEP = 1 << 20
 
 
 @dataclass(frozen=True)
