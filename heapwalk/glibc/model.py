@@ -49,7 +49,7 @@ class BinList:
     index: int
     head: int
     chunks: Sequence[int]       # array('Q') from the walkers: 8 bytes an entry (lists may hold millions)
-    raw_sizes: Sequence[int]
+    raw_sizes: Sequence[int]    # array("I") where every field fits 32 bits (the one pass), else array("Q")
     complete: bool = True
     total: int = field(init=False, compare=False, repr=False)   # these four from raw_sizes, once
     raw_total: int = field(init=False, compare=False, repr=False)

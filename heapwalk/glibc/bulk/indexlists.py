@@ -123,15 +123,14 @@ class _Walk:
         each chunk's link undone of safe-linking when SAFE, every size in [LO, HI], each bk leading back and the
         head's bk HEAD_BK to the last when HEAD_BK is given, its chunks claimed with CODE; None when it is not
         sound."""
-        chunks, raw = array("Q"), array("Q")
+        chunks = array("Q")
         count = walk_list(links, self.chunks, first, end, safe, self.steps, self.bound, lo, hi, head_bk, self.codes,
                           PLAIN, code, self.out) if self.native else NotImplemented
         if count is None:
             return None
         if count is not NotImplemented:
             chunks.frombytes(self.out[1][:count].view(np.uint8))
-            raw.frombytes(self.out[2][:count].view(np.uint8))
-            return chunks, raw
+            return chunks, _fields(self.out[2][:count])
         sweep = self.sweep
         next_link = partial(_fast_next, sweep, True) if safe else partial(_fd, sweep)
         order = _follow(sweep.address, links, next_link, first, end, self.bound)
@@ -143,8 +142,15 @@ class _Walk:
             return None
         if len(order):
             chunks.frombytes(sweep.address[order].tobytes())
-            raw.frombytes(sweep.field[order].tobytes())
-        return chunks, raw
+        return chunks, _fields(sweep.field[order])
+
+
+def _fields(fields: np.ndarray) -> array:
+    """A list's size fields (uint64) as `BinList.raw_sizes` keeps them: 4 bytes each where every one fits (a free
+    chunk under 4 GiB), else 8."""
+    if len(fields) and int(fields.max()) >= 1 << 32:
+        return array("Q", fields.astype(np.uint64).tobytes())
+    return array("I", fields.astype(np.uint32).tobytes())
 
 
 def _fd(sweep: Sweep, j: int) -> int:

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import os
 import random
+from array import array
 
 import numpy as np
 import pytest
 
-from heapwalk.glibc.bulk import native
+from heapwalk.glibc.bulk import indexlists, native
+from heapwalk.glibc.model import BinKind, BinList
 
 
 @pytest.fixture
@@ -153,7 +155,6 @@ def test_a_list_is_followed_and_judged_the_same_in_c_and_numpy(seed, monkeypatch
     """`indexlists._Walk.list`: the one C call (`native.walk_list`) and the numpy steps give the same chunks, the
     same codes, and fail on the same lists, whatever damage the links, back links and sizes hold."""
     from heapwalk.analysis.lookup import Locator
-    from heapwalk.glibc.bulk import indexlists
     rng = random.Random(seed)
     sweep, heads, damaged = _swept_lists(rng, rng.choice((1, 2, 7, 300)))
     rows = np.arange(sweep.count)
@@ -185,3 +186,15 @@ def test_a_list_is_followed_and_judged_the_same_in_c_and_numpy(seed, monkeypatch
     assert results[0] == results[1]
     if not damaged and seed % 3 and bound > sweep.count:
         assert results[0][0][0] is not None and len(results[0][0][0][0]) == len(range(sweep.count)[::4])
+
+
+def test_a_lists_size_fields_are_kept_in_four_bytes_where_they_fit():
+    """`BinList.raw_sizes` from the one pass: array('I') while every field is below 4 GiB, array('Q') once one is
+    not; the same values, sums and sizes either way."""
+    small = np.array([0x21, 0x31, 0x1005, 0xFFFFFFF1], dtype=np.uint64)
+    big = np.append(small, np.uint64(0x100000001))
+    for fields, code in ((small, "I"), (big, "Q"), (small[:0], "I")):
+        raw = indexlists._fields(fields)
+        assert raw.typecode == code and list(raw) == fields.tolist()
+        b = BinList(BinKind.LARGE, 64, 0x1000, array("Q", [0x5000] * len(raw)), raw)
+        assert b.raw_total == sum(fields.tolist()) and list(b.sizes) == [f & ~7 for f in fields.tolist()]
