@@ -17,6 +17,7 @@ import numpy as np
 from heapwalk.glibc.walk.chunks import Listing, Tally, extents
 from heapwalk.glibc.walk.chunkwalk import walk_batches
 from heapwalk.glibc.bulk.indexlists import PLAIN
+from heapwalk.glibc.bulk.onepass import HEADER, TAIL, lengths_fit
 from heapwalk.glibc.locate.layout import Layout
 from heapwalk.glibc.model import Arena, ChunkState, HeapState
 from heapwalk.glibc.bulk.sweptchunks import listing_arrays, swept_chunks
@@ -25,8 +26,6 @@ from heapwalk.common.view import Blocks, index_type
 
 __all__ = ["blocks_of", "HEADER", "TAIL"]
 
-#: a chunk's header before its user memory, and the part of the next chunk's header it owns
-HEADER, TAIL = 16, 8
 
 
 def blocks_of(mem: Memory, layout: Layout, state: HeapState, used: dict | None = None) -> Blocks:
@@ -67,14 +66,15 @@ def blocks_of(mem: Memory, layout: Layout, state: HeapState, used: dict | None =
 
 def _bounds(addresses: list[np.ndarray], sizes: list[np.ndarray], numbers: list[int],
             starts: list[int]) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, np.ndarray]]:
-    """Each arena's chunks (each arena's sorted, NUMBERS the arenas') joined in address order, as the blocks'
-    first usable bytes, their lengths (`view.LENGTH_UNIT`s, uint32; or their one-past-last usable bytes, uint64,
-    where a size is too big or damaged for that) and arenas (the numbers, each block's index among them: as
-    `view.Blocks` keeps them), written straight into the arrays the scan keeps; each arena's arrays are let go once copied.  An arena's heaps may lie between another's, so each arena's run is cut at the
-    STARTS of every heap and the pieces, which do not overlap, put in order; when damage makes them overlap,
-    every block is sorted."""
+    """Each arena's chunks (each arena's sorted, NUMBERS the arenas'; SIZES their sizes, uint64, or the one pass's
+    lengths, `onepass.in_use_lengths`) joined in address order, as the blocks' first usable bytes, their lengths
+    (`view.LENGTH_UNIT`s, uint32; or their one-past-last usable bytes, uint64, where a size is too big or damaged
+    for that) and arenas (the numbers, each block's index among them: as `view.Blocks` keeps them), written
+    straight into the arrays the scan keeps; each arena's arrays are let go once copied.  An arena's heaps may lie
+    between another's, so each arena's run is cut at the STARTS of every heap and the pieces, which do not
+    overlap, put in order; when damage makes them overlap, every block is sorted."""
     total = sum(len(a) for a in addresses)
-    compact = all(_compact(s) for s in sizes)
+    compact = all(lengths_fit(s) for s in sizes)
     first = np.empty(total, dtype=np.uint64)
     end = np.empty(total, dtype=np.uint32 if compact else np.uint64)
     numbered = sorted(set(numbers))
@@ -90,10 +90,7 @@ def _bounds(addresses: list[np.ndarray], sizes: list[np.ndarray], numbers: list[
     for _, i, a, b in pieces:
         n = b - a
         np.add(addresses[i][a:b], np.uint64(HEADER), out=first[k:k + n])
-        if compact:
-            end[k:k + n] = (sizes[i][a:b] - np.uint64(HEADER - TAIL)) >> np.uint64(3)
-        else:
-            np.add(addresses[i][a:b], sizes[i][a:b] + np.uint64(TAIL), out=end[k:k + n])
+        end[k:k + n] = _lengths_or_ends(addresses[i][a:b], sizes[i][a:b], compact)
         index[k:k + n] = numbered.index(numbers[i])
         k += n
         left[i] -= 1
@@ -105,10 +102,14 @@ def _bounds(addresses: list[np.ndarray], sizes: list[np.ndarray], numbers: list[
     return first, end, (np.array(numbered, dtype=np.int32), index)
 
 
-def _compact(sizes: np.ndarray) -> bool:
-    """Whether every chunk of SIZES (uint64) has a usable length `view.Blocks` keeps in 32 bits."""
-    return not len(sizes) or (int(sizes.min()) >= HEADER - TAIL and not np.any(sizes & np.uint64(7))
-                               and (int(sizes.max()) - (HEADER - TAIL)) >> 3 < 1 << 32)
+def _lengths_or_ends(address: np.ndarray, sizes: np.ndarray, compact: bool) -> np.ndarray:
+    """The chunks at ADDRESS of SIZES (or lengths, `onepass.in_use_lengths`) as `_bounds` writes them: their lengths where
+    COMPACT, else their one-past-last usable bytes."""
+    if sizes.dtype == np.uint32:
+        return sizes if compact else address + np.uint64(HEADER) + (sizes.astype(np.uint64) << np.uint64(3))
+    if compact:
+        return (sizes - np.uint64(HEADER - TAIL)) >> np.uint64(3)
+    return address + sizes + np.uint64(TAIL)
 
 
 def _walked(mem: Memory, layout: Layout, arena: Arena, listing: Listing

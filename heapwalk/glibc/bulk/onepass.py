@@ -22,7 +22,7 @@ from heapwalk.glibc.bulk.sweepwalk import TCACHE_CODE, TCACHE_STRUCT_CODE, walk_
 from heapwalk.inferior.memory import Memory
 from heapwalk.inferior.residency import Residency
 
-__all__ = ["OnePass", "LISTS_SWEPT_FROM"]
+__all__ = ["OnePass", "LISTS_SWEPT_FROM", "in_use_lengths", "lengths_fit", "HEADER", "TAIL"]
 
 #: a decode of the lists alone (no chunk walk) sweeps an arena only when its heaps hold more than this.  Below
 #: it, following the lists through memory costs a few tens of milliseconds either way, and less when few chunks
@@ -30,6 +30,9 @@ __all__ = ["OnePass", "LISTS_SWEPT_FROM"]
 #: microsecond a listed chunk, and more when lists hop across an arena bigger than their block cache
 #: (measured in docs/performance.md)
 LISTS_SWEPT_FROM = 16 << 20
+#: a chunk's header before its user memory, and the part of the next chunk's header it owns: a chunk in use is
+#: the block [chunk + HEADER, chunk + size + TAIL) to the leak scan
+HEADER, TAIL = 16, 8
 
 
 class OnePass:
@@ -89,7 +92,7 @@ class OnePass:
             self.accounts[arena.address] = walked
             if self.keep_used:
                 rows = np.flatnonzero(lists.codes == PLAIN)
-                self.used[arena.address] = (sweep.address[rows], sweep.sizes[rows].view(np.uint64))
+                self.used[arena.address] = in_use_lengths(sweep.address[rows], sweep.sizes[rows])
             if self.keep_chunks:       # the codes as the walk left them: tcache, top and fenceposts marked
                 self.chunks[arena.address] = (sweep.address, sweep.sizes, lists.codes)
         return lists
@@ -133,3 +136,22 @@ def _tcached(tcaches: list[Tcache]) -> tuple[np.ndarray, np.ndarray]:
         chunks[tcache.address - 16] = TCACHE_STRUCT_CODE
     keys = sorted(chunks)
     return np.array(keys, dtype=np.uint64), np.array([chunks[k] for k in keys], dtype=np.uint8)
+
+
+def in_use_lengths(address: np.ndarray, sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """In-use chunks at ADDRESS of SIZES (int64 or uint64) as the one pass keeps them for the blocks
+    (`account.blocks.blocks_of`): the addresses, and the usable lengths in `view.LENGTH_UNIT`s (uint32) where every
+    chunk's fits, else the sizes (uint64): 12 bytes a chunk, not 16."""
+    sizes = sizes.view(np.uint64) if sizes.dtype == np.int64 else sizes
+    if not lengths_fit(sizes):
+        return address, sizes
+    return address, ((sizes - np.uint64(HEADER - TAIL)) >> np.uint64(3)).astype(np.uint32)
+
+
+def lengths_fit(sizes: np.ndarray) -> bool:
+    """Whether every chunk of SIZES (uint64; lengths, uint32, are) has a usable length `view.Blocks` keeps in 32
+    bits."""
+    if sizes.dtype == np.uint32:
+        return True
+    return not len(sizes) or (int(sizes.min()) >= HEADER - TAIL and not np.any(sizes & np.uint64(7))
+                               and (int(sizes.max()) - (HEADER - TAIL)) >> 3 < 1 << 32)
