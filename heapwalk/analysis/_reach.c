@@ -8,11 +8,12 @@
 #include <string.h>
 
 
-/* The version of these functions' arguments (3: the blocks' ends or lengths, end_of; the tally's groups of any
- * width): a library built from older sources has another, or none, and is not used. */
+/* The version of these functions' arguments (4: the blocks' ends or lengths, end_of; the tally's groups of any
+ * width; the lookup's table packed, entry): a library built from older sources has another, or none, and is not
+ * used. */
 int64_t hw_reach_abi(void)
 {
-    return 3;
+    return 4;
 }
 
 /* Goes on with a breadth-first search whose queue is ORDER[HEAD .. TAIL): visits every node the queued ones lead
@@ -95,28 +96,48 @@ static inline uint64_t end_of(const uint64_t *starts, const uint64_t *ends, cons
     return ends ? ends[i] : starts[i] + ((uint64_t)lengths[i] << 3);
 }
 
+/* Slots whose entries share one base in a packed table (see entry) */
+#define GROUP_SHIFT 5
+
+/* Entry T of the table (see hw_locate): TABLE[T] where NBASES is 0; else the table is packed, NBASES int32 bases
+ * (one for each 1 << GROUP_SHIFT entries: the entry of the group's first) followed by a uint16 for each entry,
+ * its distance from its group's base (hw_pack_table). */
+static inline int64_t entry(const int32_t *table, int64_t nbases, int64_t t)
+{
+    if (!nbases)
+        return table[t];
+    return table[t >> GROUP_SHIFT] + ((const uint16_t *)(table + nbases))[t];
+}
+
+/* Where entry T lies, to fetch it ahead */
+static inline const void *entry_at(const int32_t *table, int64_t nbases, int64_t t)
+{
+    return nbases ? (const void *)((const uint16_t *)(table + nbases) + t) : (const void *)(table + t);
+}
+
 /* Words looked up ahead of the one being answered: their table entries, then their blocks' bounds, are
  * fetched from memory meanwhile (the lookups go anywhere in tables of tens of megabytes) */
 #define AHEAD 16
 #define RING 32
 
-/* For each of the N values of VALUES, the block it points into (OUT: its index, or -1): the last block whose
- * start is at or below the value, when the value is below that block's end.  STARTS (sorted) and ENDS (or, where
- * ENDS is NULL, LENGTHS: see end_of) are the NBLOCKS blocks'.  The search starts from a table: the memory [LO[h], LO[h] + (SLOTS[h] << SHIFT)) of each of
- * the NHEAPS stretches that hold the blocks (sorted, apart) is cut into slots of 1 << SHIFT bytes, and
- * TABLE[FIRST[h] + s] holds the last block starting at or below slot s's start (-1: none); the table has one
- * entry more, past the last slot, holding the last block.  A value outside every stretch is -1 at once; one
- * inside is searched for between its slot's entry and the next one's. */
+/* For each of the N values of VALUES, the block it points into (OUT: its index, or -1): the last block whose start
+ * is at or below the value, when the value is below that block's end.  STARTS (sorted) and ENDS (or, where ENDS is
+ * NULL, LENGTHS: see end_of) are the NBLOCKS blocks'.  The search starts from a table: the memory [LO[h], LO[h] +
+ * (SLOTS[h] << SHIFT)) of each of the NHEAPS stretches that hold the blocks (sorted, apart) is cut into slots of 1
+ * << SHIFT bytes, and TABLE[FIRST[h] + s] holds the last block starting at or below slot s's start (-1: none); the
+ * table has one entry more, past the last slot, holding the last block; it is packed where NBASES is not 0 (see
+ * entry).  A value outside every stretch is -1 at once; one inside is searched for between its slot's entry and the
+ * next one's. */
 void hw_locate(const uint64_t *values, int64_t n, const uint64_t *starts, const uint64_t *ends,
                const uint32_t *lengths, int64_t nblocks,
                const uint64_t *lo, const int64_t *slots, const int64_t *first, int64_t nheaps,
-               const int32_t *table, int64_t shift, int32_t *out)
+               const int32_t *table, int64_t nbases, int64_t shift, int32_t *out)
 {
     int64_t ring[RING];
     for (int64_t k = 0; k < AHEAD && k < n; k++) {
         ring[k % RING] = slot_of(values[k], lo, slots, first, nheaps, shift);
         if (ring[k % RING] >= 0)
-            __builtin_prefetch(&table[ring[k % RING]]);
+            __builtin_prefetch(entry_at(table, nbases, ring[k % RING]));
     }
     for (int64_t k = 0; k < n; k++) {
         int64_t ahead = k + AHEAD;
@@ -124,11 +145,11 @@ void hw_locate(const uint64_t *values, int64_t n, const uint64_t *starts, const 
             int64_t t = slot_of(values[ahead], lo, slots, first, nheaps, shift);
             ring[ahead % RING] = t;
             if (t >= 0)
-                __builtin_prefetch(&table[t]);
+                __builtin_prefetch(entry_at(table, nbases, t));
         }
         int64_t half = k + AHEAD / 2;
         if (half < n && ring[half % RING] >= 0) {
-            int32_t h = table[ring[half % RING]];
+            int64_t h = entry(table, nbases, ring[half % RING]);
             if (h >= 0) {
                 __builtin_prefetch(&starts[h]);
                 if (ends)
@@ -142,7 +163,7 @@ void hw_locate(const uint64_t *values, int64_t n, const uint64_t *starts, const 
         out[k] = -1;
         if (t < 0)
             continue;
-        int64_t i = table[t], j = table[t + 1];   /* the answer lies in [i, j] */
+        int64_t i = entry(table, nbases, t), j = entry(table, nbases, t + 1);   /* the answer: in [i, j] */
         while (j > i) {                           /* the last block in (i, j] starting at or below v, else i */
             int64_t m = i + (j - i + 1) / 2;
             if (starts[m] <= v)
@@ -170,6 +191,24 @@ void hw_table(const uint64_t *lo, const int64_t *slots, int64_t nheaps, int64_t 
             table[k++] = (int32_t)i;
         }
     }
+}
+
+/* TABLE's N entries (hw_table's, and the one past them) packed into OUT (see entry): (N >> GROUP_SHIFT) + 1 bases,
+ * then a uint16 an entry.  Returns 0, or -1 when an entry lies below its group's base or 65,535 past it (OUT is
+ * then of no use: the table is used as it is). */
+int64_t hw_pack_table(const int32_t *table, int64_t n, int32_t *out)
+{
+    int64_t nbases = (n >> GROUP_SHIFT) + 1;
+    uint16_t *deltas = (uint16_t *)(out + nbases);
+    for (int64_t t = 0; t < n; t++) {
+        if (!(t & ((1 << GROUP_SHIFT) - 1)))
+            out[t >> GROUP_SHIFT] = table[t];
+        int64_t d = (int64_t)table[t] - out[t >> GROUP_SHIFT];
+        if (d < 0 || d > 65535)
+            return -1;
+        deltas[t] = (uint16_t)d;
+    }
+    return 0;
 }
 
 /* For each of the NPAGES pages of 512 words from WORDS, whether it holds any word but zero (OUT: 1 or 0); a
@@ -218,15 +257,16 @@ void hw_first_hits(const int32_t *block, const uint64_t *word, int64_t n, int32_
 }
 
 /* A window of a root: of the N words WORDS read from BASE, each whose value lies in [LO, HI) and points into a
- * block (hw_locate, with STARTS, ENDS, LENGTHS, NBLOCKS and the table TLO, SLOTS, FIRST, NHEAPS, TABLE, SHIFT) is a hit of
- * the root ROOT, kept as hw_first_hits keeps it (the word's address to HIT_WORD, when not NULL; SEEN marked
- * instead where HIT_ROOT is NULL).  VALUES, INDEX and BLOCK (room
- * for N each) hold the words in [LO, HI) meanwhile; returns how many words hit a block. */
+ * block (hw_locate, with STARTS, ENDS, LENGTHS, NBLOCKS and the table TLO, SLOTS, FIRST, NHEAPS, TABLE, NBASES,
+ * SHIFT) is a hit of the root ROOT, kept as hw_first_hits keeps it (the word's address to HIT_WORD, when not NULL;
+ * SEEN marked instead where HIT_ROOT is NULL).  VALUES, INDEX and BLOCK (room for N each) hold the words in [LO,
+ * HI) meanwhile; returns how many words hit a block. */
 int64_t hw_root_window(const uint64_t *words, int64_t n, uint64_t base, uint64_t lo, uint64_t hi,
                        const uint64_t *starts, const uint64_t *ends, const uint32_t *lengths, int64_t nblocks,
                        const uint64_t *tlo,
                        const int64_t *slots, const int64_t *first, int64_t nheaps, const int32_t *table,
-                       int64_t shift, int32_t root, uint64_t *hit_word, int32_t *hit_root, uint8_t *seen,
+                       int64_t nbases, int64_t shift, int32_t root, uint64_t *hit_word, int32_t *hit_root,
+                       uint8_t *seen,
                        uint64_t *values, int64_t *index, int32_t *block)
 {
     int64_t m = 0, hits = 0;
@@ -237,7 +277,8 @@ int64_t hw_root_window(const uint64_t *words, int64_t n, uint64_t base, uint64_t
         values[m] = w;
         index[m++] = k;
     }
-    hw_locate(values, m, starts, ends, lengths, nblocks, tlo, slots, first, nheaps, table, shift, block);
+    hw_locate(values, m, starts, ends, lengths, nblocks, tlo, slots, first, nheaps, table, nbases, shift,
+              block);
     for (int64_t k = 0; k < m; k++) {
         int32_t b = block[k];
         if (b < 0)
@@ -255,21 +296,22 @@ int64_t hw_root_window(const uint64_t *words, int64_t n, uint64_t base, uint64_t
 }
 
 /* The leak scan's pass over a window of the N words WORDS read from BASE (8-aligned), one window at a time in
- * address order after the roots: each word that lies inside one of the NBLOCKS blocks STARTS and ENDS or LENGTHS (sorted by
- * start; from the block FROM, the last starting at or below BASE, -1 for none: the words of each block met are
- * read, those between blocks never), whose value lies in [LO, HI) and points into another block (hw_locate,
- * with the table TLO, SLOTS, FIRST, NHEAPS, TABLE, SHIFT) is an edge, judged as it comes (VALUES, BLOCK and
- * SOURCE, room for N each, hold the words inside blocks meanwhile).  With DEFER set, a block SEEN already marks
- * the blocks its words point into (SEEN set) and keeps none of its edges; the others' edges (every block's, DEFER
+ * address order after the roots: each word that lies inside one of the NBLOCKS blocks STARTS and ENDS or LENGTHS
+ * (sorted by start; from the block FROM, the last starting at or below BASE, -1 for none: the words of each block
+ * met are read, those between blocks never), whose value lies in [LO, HI) and points into another block (hw_locate,
+ * with the table TLO, SLOTS, FIRST, NHEAPS, TABLE, NBASES, SHIFT) is an edge, judged as it comes (VALUES, BLOCK and
+ * SOURCE, room for N each, hold the words inside blocks meanwhile).  With DEFER set, a block SEEN already marks the
+ * blocks its words point into (SEEN set) and keeps none of its edges; the others' edges (every block's, DEFER
  * clear) are kept as rows: each edge's target appended to TARGETS (room for N), and each block whose row starts
- * here (not *LAST, the block of the edge kept before) appended to KEYS with its first edge's place, EDGES_BEFORE
- * + the edges appended here before it, to ROW_STARTS (room for N each; *NKEYS counts those appended).  A block
- * seen only after its words were read has its row to be followed then: hw_close.  Returns the edges appended. */
+ * here (not *LAST, the block of the edge kept before) appended to KEYS with its first edge's place, EDGES_BEFORE +
+ * the edges appended here before it, to ROW_STARTS (room for N each; *NKEYS counts those appended).  A block seen
+ * only after its words were read has its row to be followed then: hw_close.  Returns the edges appended. */
 int64_t hw_scan_rows(const uint64_t *words, int64_t n, uint64_t base, uint64_t lo, uint64_t hi,
                      const uint64_t *starts, const uint64_t *ends, const uint32_t *lengths, int64_t nblocks,
                      int64_t from,
                      const uint64_t *tlo, const int64_t *slots, const int64_t *first, int64_t nheaps,
-                     const int32_t *table, int64_t shift, uint64_t *values, int32_t *block, int32_t *source,
+                     const int32_t *table, int64_t nbases, int64_t shift, uint64_t *values, int32_t *block,
+                     int32_t *source,
                      uint8_t *seen, int64_t defer, int64_t edges_before, int32_t *targets, int32_t *keys,
                      int64_t *row_starts, int64_t *nkeys, int64_t *last)
 {
@@ -292,7 +334,8 @@ int64_t hw_scan_rows(const uint64_t *words, int64_t n, uint64_t base, uint64_t l
             m++;
         }
     }
-    hw_locate(values, m, starts, ends, lengths, nblocks, tlo, slots, first, nheaps, table, shift, block);
+    hw_locate(values, m, starts, ends, lengths, nblocks, tlo, slots, first, nheaps, table, nbases, shift,
+              block);
     for (int64_t k = 0; k < m; k++) {
         int32_t s = source[k], t = block[k];
         if (t < 0 || t == s)

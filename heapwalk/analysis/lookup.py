@@ -22,7 +22,7 @@ __all__ = ["Locator", "NATIVE", "merge_blocks", "nonzero_pages", "text_words",
            "FirstHits"]
 
 #: the version of `_reach.c`'s arguments this module calls them with (`hw_reach_abi`)
-ABI = 3
+ABI = 4
 #: blocks further apart than this start a new stretch of the table (the memory between is given no slots)
 GAP = 1 << 20
 #: the smallest slot, in bytes (a power of two)
@@ -42,32 +42,21 @@ def _load():
 def _declared(lib):
     """LIB with the types of the functions used here declared."""
     if lib is not None:
+        p, i64, u64 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_uint64
+        blocks = [p, p, p, i64]                        # starts, ends, lengths, how many
+        table = [p, p, p, i64, p, i64, i64]            # lo, slots, first, stretches, table, bases, shift
         lib.hw_locate.restype = None
-        lib.hw_locate.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
-                                  ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
-                                  ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
+        lib.hw_locate.argtypes = [p, i64] + blocks + table + [p]
         lib.hw_locate_sorted.restype = None
-        lib.hw_locate_sorted.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
-                                         ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
+        lib.hw_locate_sorted.argtypes = [p, i64] + blocks + [i64, p]
         lib.hw_first_hits.restype = None
-        lib.hw_first_hits.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_void_p,
-                                      ctypes.c_void_p, ctypes.c_void_p]
-        lib.hw_root_window.restype = ctypes.c_int64
-        lib.hw_root_window.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_uint64, ctypes.c_uint64,
-                                       ctypes.c_uint64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
-                                       ctypes.c_int64,
-                                       ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
-                                       ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_void_p,
-                                       ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
-                                       ctypes.c_void_p]
-        lib.hw_scan_rows.restype = ctypes.c_int64
-        lib.hw_scan_rows.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_uint64, ctypes.c_uint64,
-                                     ctypes.c_uint64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
-                                     ctypes.c_int64,
-                                     ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
-                                     ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
-                                     ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
-                                     ctypes.c_int64] + [ctypes.c_void_p] * 5
+        lib.hw_first_hits.argtypes = [p, p, i64, ctypes.c_int32, p, p, p]
+        lib.hw_root_window.restype = i64
+        lib.hw_root_window.argtypes = [p, i64, u64, u64, u64] + blocks + table + [ctypes.c_int32] + [p] * 6
+        lib.hw_scan_rows.restype = i64
+        lib.hw_scan_rows.argtypes = [p, i64, u64, u64, u64] + blocks + [i64] + table + [p] * 4 + [i64, i64] + [p] * 5
+        lib.hw_pack_table.restype = i64
+        lib.hw_pack_table.argtypes = [p, i64, p]
         lib.hw_merge_blocks.restype = ctypes.c_int64
         lib.hw_merge_blocks.argtypes = ([ctypes.c_void_p] * 3 + [ctypes.c_int64]) * 2 + [ctypes.c_void_p, ctypes.c_int64] \
             + [ctypes.c_void_p] * 3
@@ -101,9 +90,7 @@ class Locator:
 
     def _build(self):
         """The stretches' starts, slot counts and first slots, the table, and the slot's shift (see `_reach.c`)."""
-        after, before = self.starts[1:], self._end(slice(0, len(self.starts) - 1))
-        cut = np.flatnonzero((after > before) & (after - before > np.uint64(GAP))) + 1   # overlaps (damage): no gap
-        del after, before
+        cut = self._gaps()
         first_block = np.concatenate(([0], cut))
         last_block = np.concatenate((cut, [len(self.starts)])) - 1
         lo = self.starts[first_block]
@@ -118,18 +105,29 @@ class Locator:
         _LIB.hw_table(lo.ctypes.data, slots.ctypes.data, len(lo), shift, self.starts.ctypes.data, len(self.starts),
                       table.ctypes.data)
         table[-1] = len(self.starts) - 1
-        return lo, slots, first, table, shift
+        table, nbases = _packed(table)
+        return lo, slots, first, table, nbases, shift
+
+    def _gaps(self, step: int = 1 << 20) -> np.ndarray:
+        """The blocks that start more than GAP past the end of the block before them (where damage made blocks
+        overlap there is no gap), STEP blocks at a time: no array of a block each is made."""
+        parts = [np.zeros(0, dtype=np.int64)]
+        for at in range(0, len(self.starts) - 1, step):
+            after = self.starts[at + 1:at + 1 + step]
+            before = self._end(slice(at, at + len(after)))
+            parts.append(np.flatnonzero((after > before) & (after - before > np.uint64(GAP))) + at + 1)
+        return np.concatenate(parts)
 
     def __call__(self, values: np.ndarray) -> np.ndarray:
         """The block (int32) each of VALUES (uint64) points into, -1 where none."""
         values = np.ascontiguousarray(values, dtype=np.uint64)
         if self._table is None:
             return self._numpy(values)
-        lo, slots, first, table, shift = self._table
+        lo, slots, first, table, nbases, shift = self._table
         out = np.empty(len(values), dtype=np.int32)
         _LIB.hw_locate(values.ctypes.data, len(values), self.starts.ctypes.data, *self._ends_pointers(),
                        len(self.starts), lo.ctypes.data, slots.ctypes.data, first.ctypes.data, len(lo),
-                       table.ctypes.data, shift, out.ctypes.data)
+                       table.ctypes.data, nbases, shift, out.ctypes.data)
         return out
 
     def ascending(self, values: np.ndarray) -> np.ndarray:
@@ -167,13 +165,13 @@ class Locator:
         sources, N each), SEEN the blocks reached so far; the rows kept go to TARGETS, KEYS and STARTS (room for N
         each; NKEYS and LAST the addresses of its two counters); returns the edges kept.  Only where `native`."""
         words = np.ascontiguousarray(words, dtype=np.uint64)
-        lo, slots, first, table, shift = self._table
+        lo, slots, first, table, nbases, shift = self._table
         values, block, source = scratch
         start = int(np.searchsorted(self.starts, np.uint64(base), side="right")) - 1
         return _LIB.hw_scan_rows(words.ctypes.data, len(words), base, int(self.lo), int(self.hi),
                                  self.starts.ctypes.data, *self._ends_pointers(), len(self.starts), start,
                                  lo.ctypes.data, slots.ctypes.data, first.ctypes.data, len(lo), table.ctypes.data,
-                                 shift, values.ctypes.data, block.ctypes.data, source.ctypes.data, seen.ctypes.data,
+                                 nbases, shift, values.ctypes.data, block.ctypes.data, source.ctypes.data, seen.ctypes.data,
                                  int(defer), edges_before, targets.ctypes.data, keys.ctypes.data, starts.ctypes.data,
                                  nkeys, last)
 
@@ -216,10 +214,10 @@ class Locator:
         if self._scratch is None or len(self._scratch[0]) < n:
             self._scratch = (np.empty(n, dtype=np.uint64), np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int32))
         values, index, block = self._scratch
-        lo, slots, first, table, shift = self._table
+        lo, slots, first, table, nbases, shift = self._table
         _LIB.hw_root_window(words.ctypes.data, n, base, int(self.lo), int(self.hi), self.starts.ctypes.data,
                             *self._ends_pointers(), len(self.starts), lo.ctypes.data, slots.ctypes.data,
-                            first.ctypes.data, len(lo), table.ctypes.data, shift, root, *hits._pointers(),
+                            first.ctypes.data, len(lo), table.ctypes.data, nbases, shift, root, *hits._pointers(),
                             values.ctypes.data, index.ctypes.data, block.ctypes.data)
 
     def _numpy(self, values: np.ndarray) -> np.ndarray:
@@ -230,6 +228,17 @@ class Locator:
             ok = values[near] < self._end(block)
             out[near[ok]] = block[ok]
         return out
+
+
+def _packed(table: np.ndarray) -> tuple[np.ndarray, int]:
+    """TABLE (int32) packed as `_reach.c`'s entry reads it, a base for each 32 entries and 16 bits an entry (a
+    little over half the room), and how many bases; TABLE itself and 0 where an entry lies too far from its
+    group's base (`hw_pack_table`)."""
+    nbases = (len(table) >> 5) + 1
+    packed = np.empty(nbases + (len(table) + 1) // 2, dtype=np.int32)
+    if _LIB.hw_pack_table(table.ctypes.data, len(table), packed.ctypes.data) < 0:
+        return table, 0
+    return packed, nbases
 
 
 def merge_blocks(a: tuple[np.ndarray, np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray, np.ndarray],

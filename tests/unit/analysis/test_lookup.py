@@ -271,3 +271,19 @@ def test_blocks_keep_their_arenas_as_a_small_index(count):
     assert np.array_equal(blocks.arena_numbers, numbers)
     odd = Blocks(starts[:3], starts[:3] + np.uint64(48), np.array([-1, 7, -1], dtype=np.int32), 16, 8)
     assert odd.arena_numbers.tolist() == [-1, 7] and odd.arena_index.tolist() == [0, 1, 0]
+
+
+def test_the_table_is_packed_unless_a_slots_group_holds_too_many_blocks():
+    """The table is kept as a base for each 32 slots and 16 bits a slot; 150,000 blocks of 8 bytes beside one of
+    64 GiB make slots so wide that one group holds them all: the table stays whole, and answers the same."""
+    rng = np.random.default_rng(40)
+    starts, ends = _blocks(rng, 50_000, 3)
+    assert not lookup.NATIVE or Locator(starts, ends)._table[4] > 0
+    tiny = np.uint64(1 << 32) + np.arange(150_000, dtype=np.uint64) * np.uint64(8)
+    starts = np.append(tiny, tiny[-1] + np.uint64(8))
+    ends = np.append(tiny + np.uint64(8), starts[-1] + np.uint64(64 << 30))
+    table = Locator(starts, ends)
+    assert not lookup.NATIVE or table._table[4] == 0
+    values = np.concatenate([starts, starts + np.uint64(7), rng.integers(1 << 32, (1 << 32) + (65 << 30), 100_000,
+                                                                         dtype=np.uint64)])
+    assert np.array_equal(table(values), table._numpy(values))
