@@ -8,12 +8,12 @@
 #include <string.h>
 
 
-/* The version of these functions' arguments (4: the blocks' ends or lengths, end_of; the tally's groups of any
- * width; the lookup's table packed, entry): a library built from older sources has another, or none, and is not
- * used. */
+/* The version of these functions' arguments (5: the blocks' ends or lengths, end_of; the tally's groups of any
+ * width, and sizes from lengths; the lookup's table packed, entry): a library built from older sources has
+ * another, or none, and is not used. */
 int64_t hw_reach_abi(void)
 {
-    return 4;
+    return 5;
 }
 
 /* Goes on with a breadth-first search whose queue is ORDER[HEAD .. TAIL): visits every node the queued ones lead
@@ -500,21 +500,23 @@ static inline int64_t group_at(const void *group, int64_t width, int64_t k)
 }
 
 /* N blocks counted and summed by a key: GROUP[k] (group_at; 0 when GROUP is NULL), or with BY_EXPONENT GROUP[k] * 64
- * plus the bucket of SIZES[k] (size_exponent).  Each block adds one to COUNTS[key] and its size to BYTES[key], and when
+ * plus the bucket of SIZES[k] (size_exponent; where SIZES is NULL, (LENGTHS[k] << SHIFT) + ADJUST: view.BlockSizes).  Each block adds one to COUNTS[key] and its size to BYTES[key], and when
  * LEAKED (may be NULL) marks it, to GONE[key] and GONE_BYTES[key] as well; the four hold zeros on entry, and room
  * for every key. */
-void hw_tally(const void *group, int64_t width, const int64_t *sizes, const uint8_t *leaked, int64_t n,
-              int64_t by_exponent, int64_t *counts, int64_t *bytes, int64_t *gone, int64_t *gone_bytes)
+void hw_tally(const void *group, int64_t width, const int64_t *sizes, const uint32_t *lengths, int64_t shift,
+              int64_t adjust, const uint8_t *leaked, int64_t n, int64_t by_exponent, int64_t *counts, int64_t *bytes,
+              int64_t *gone, int64_t *gone_bytes)
 {
     for (int64_t k = 0; k < n; k++) {
         int64_t key = group ? group_at(group, width, k) : 0;
+        int64_t size = sizes ? sizes[k] : ((int64_t)lengths[k] << shift) + adjust;
         if (by_exponent)
-            key = key * 64 + size_exponent(sizes[k]);
+            key = key * 64 + size_exponent(size);
         counts[key]++;
-        bytes[key] = (int64_t)((uint64_t)bytes[key] + (uint64_t)sizes[k]);   /* wraps as numpy's int64 sums do */
+        bytes[key] = (int64_t)((uint64_t)bytes[key] + (uint64_t)size);   /* wraps as numpy's int64 sums do */
         if (leaked && leaked[k]) {
             gone[key]++;
-            gone_bytes[key] = (int64_t)((uint64_t)gone_bytes[key] + (uint64_t)sizes[k]);
+            gone_bytes[key] = (int64_t)((uint64_t)gone_bytes[key] + (uint64_t)size);
         }
     }
 }

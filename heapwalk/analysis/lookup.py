@@ -22,7 +22,7 @@ __all__ = ["Locator", "NATIVE", "merge_blocks", "nonzero_pages", "text_words",
            "FirstHits"]
 
 #: the version of `_reach.c`'s arguments this module calls them with (`hw_reach_abi`)
-ABI = 4
+ABI = 5
 #: blocks further apart than this start a new stretch of the table (the memory between is given no slots)
 GAP = 1 << 20
 #: the smallest slot, in bytes (a power of two)

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from heapwalk.analysis.lookup import ABI
+from heapwalk.common.view import BlockSizes
 from heapwalk.inferior.clib import built_library
 
 __all__ = ["tally", "signature_words", "NATIVE"]
@@ -27,8 +28,8 @@ def _load():
         return None
     if lib is not None:
         lib.hw_tally.restype = None
-        lib.hw_tally.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
-                                 ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+        p, i64 = ctypes.c_void_p, ctypes.c_int64
+        lib.hw_tally.argtypes = [p, i64, p, p, i64, i64, p, i64, i64, p, p, p, p]
         lib.hw_signatures.restype = None
         lib.hw_signatures.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
                                       ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
@@ -43,22 +44,27 @@ _LIB = _load()
 NATIVE = _LIB is not None
 
 
-def tally(sizes: np.ndarray, group: np.ndarray | None, slots: int, leaked: np.ndarray | None = None,
+def tally(sizes: np.ndarray | BlockSizes, group: np.ndarray | None, slots: int, leaked: np.ndarray | None = None,
           by_exponent: bool = False) -> tuple[np.ndarray, ...]:
-    """The blocks of SIZES (int64) counted and summed by key (int64 arrays of SLOTS each): the key is GROUP's
-    (uint8, uint16 or int32, each below SLOTS; None: 0), or with BY_EXPONENT GROUP's times 64 plus the size's
-    power-of-two bucket (the exponent of its low end, 5 at least: [32, 64)).  Gives the count and bytes of each key, and the count
-    and bytes of the blocks LEAKED (a mask; None: none) marks."""
+    """The blocks of SIZES (int64, or `view.BlockSizes`: read from the lengths, no array made) counted and summed by
+    key (int64 arrays of SLOTS each): the key is GROUP's (uint8, uint16 or int32, each below SLOTS; None: 0), or
+    with BY_EXPONENT GROUP's times 64 plus the size's power-of-two bucket (the exponent of its low end, 5 at least:
+    [32, 64)).  Gives the count and bytes of each key, and the count and bytes of the blocks LEAKED (a mask; None:
+    none) marks."""
     n = len(sizes)
     if _LIB is None:
-        return _tally_numpy(sizes, group, slots, leaked, by_exponent)
-    sizes = np.ascontiguousarray(sizes, dtype=np.int64)
+        return _tally_numpy(np.asarray(sizes, dtype=np.int64), group, slots, leaked, by_exponent)
+    given = sizes if isinstance(sizes, BlockSizes) else None
+    lengths = None if given is None else np.ascontiguousarray(given.lengths)
+    sizes = None if given is not None else np.ascontiguousarray(sizes, dtype=np.int64)
     if group is not None and group.dtype not in _WIDTHS:
         group = group.astype(np.int32)
     group = None if group is None else np.ascontiguousarray(group)
     mask = None if leaked is None else np.ascontiguousarray(leaked, dtype=bool).view(np.uint8)
     out = np.zeros((4, slots), dtype=np.int64)
-    _LIB.hw_tally(None if group is None else group.ctypes.data, 0 if group is None else group.itemsize, sizes.ctypes.data,
+    _LIB.hw_tally(None if group is None else group.ctypes.data, 0 if group is None else group.itemsize,
+                  None if sizes is None else sizes.ctypes.data, None if lengths is None else lengths.ctypes.data,
+                  0 if given is None else given.shift, 0 if given is None else given.adjust,
                   None if mask is None else mask.ctypes.data, n, int(by_exponent), out[0].ctypes.data,
                   out[1].ctypes.data, out[2].ctypes.data, out[3].ctypes.data)
     return out[0], out[1], out[2], out[3]

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["ArenaView", "Blocks", "HeapStrip", "HeapView", "SizeClass", "Words", "index_type"]
+__all__ = ["ArenaView", "Blocks", "BlockSizes", "HeapStrip", "HeapView", "SizeClass", "Words", "index_type"]
 
 
 @dataclass(frozen=True)
@@ -190,8 +190,11 @@ class Blocks:
         return self.starts[rows] - self.header if self.header else self.starts[rows]
 
     def sizes(self, rows=slice(None)) -> Any:
-        """The allocator's size of the blocks at ROWS (numpy int64; of every block, made once and read-only)."""
+        """The allocator's size of the blocks at ROWS (numpy int64).  Of every block, `BlockSizes` over the lengths
+        (no array of a block each), or where the blocks keep whole ends an int64 array made once (read-only)."""
         if isinstance(rows, slice) and rows == slice(None):
+            if self.lengths is not None:
+                return BlockSizes(self.lengths, self.header - self.tail)
             return self.derived("sizes", _all_sizes)
         return (self.end_of(rows) - self.starts[rows]).astype("int64") + (self.header - self.tail)
 
@@ -202,6 +205,35 @@ class Blocks:
         if key not in made:
             made[key] = make(self)
         return made[key]
+
+
+class BlockSizes:
+    """Every block's size as the allocator counts it, made from the blocks' LENGTHS (uint32, `LENGTH_UNIT`s) and
+    ADJUST (header less tail) where asked: SIZES[ROWS] is an int64 array, or an int64 for one row, as from the
+    whole array; `sum`, `tolist` and len as its.  `tally` reads the lengths in C; np.asarray makes the array."""
+
+    def __init__(self, lengths: Any, adjust: int):
+        self.lengths, self.shift, self.adjust = lengths, _SHIFT, adjust
+
+    def __getitem__(self, rows) -> Any:
+        return (self.lengths[rows].astype(np.int64) << self.shift) + self.adjust
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def __array__(self, dtype=None, copy=None) -> Any:
+        whole = self[slice(None)]
+        return whole if dtype is None else whole.astype(dtype)
+
+    def sum(self, where: Any = None) -> int:
+        """The sizes' sum (exact: in Python's integers), of those WHERE marks when given (a mask, as numpy's)."""
+        if where is None:
+            return (int(self.lengths.sum(dtype=np.uint64)) << self.shift) + self.adjust * len(self.lengths)
+        return ((int(self.lengths.sum(dtype=np.uint64, where=where)) << self.shift)
+                + self.adjust * int(np.count_nonzero(where)))
+
+    def tolist(self) -> list[int]:
+        return self[slice(None)].tolist()
 
 
 def _lengths(starts: Any, ends: Any) -> tuple[Any, Any]:
@@ -262,12 +294,8 @@ class HeapStrip:
 
 
 def _all_sizes(blocks: Blocks) -> Any:
-    """`Blocks.sizes` of every block, made in one array (read-only: it is shared)."""
-    if blocks.lengths is not None:
-        sizes = blocks.lengths.astype("int64")
-        sizes <<= _SHIFT
-    else:
-        sizes = (blocks.whole_ends - blocks.starts).view("int64")
+    """`Blocks.sizes` of every block kept with whole ends, made in one array (read-only: it is shared)."""
+    sizes = (blocks.whole_ends - blocks.starts).view("int64")
     sizes += blocks.header - blocks.tail
     sizes.setflags(write=False)
     return sizes

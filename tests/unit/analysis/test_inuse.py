@@ -16,7 +16,7 @@ from heapwalk.glibc.account.verdict import verdict
 from heapwalk.output import jsondoc
 from heapwalk.glibc.show.reportlines import WORDS as GLIBC_WORDS
 from heapwalk.output.difftext import diff_text
-from heapwalk.common.view import ArenaView, Blocks, HeapView
+from heapwalk.common.view import ArenaView, Blocks, BlockSizes, HeapView
 
 MiB = 1 << 20
 
@@ -204,3 +204,22 @@ def test_the_scan_sentence_speaks_of_one_block_in_the_singular():
     many = scan_sentence(LeakTotals(10, 1 << 20, 3, 65536, 2), "chunk")
     assert "in 3 chunks nothing reachable points to (6% of the memory in use), 2 of them unreferenced" in many
     assert many.endswith("lists them.")
+
+
+def test_sizes_made_from_the_blocks_lengths_are_the_sizes_and_tally_alike():
+    """`view.BlockSizes` (no array of a block each): rows, sums (masked too) and lists as from the int64 array,
+    and `tally` reading the lengths in C gives what it gives on the array."""
+    rng = np.random.default_rng(8)
+    lengths = rng.integers(0, 1 << 20, 100_000).astype(np.uint32)
+    lengths[:3] = [0, 1, (1 << 32) - 1]
+    sizes = BlockSizes(lengths, 8)
+    whole = (lengths.astype(np.int64) << 3) + 8
+    mask = rng.random(len(lengths)) < 0.3
+    assert np.array_equal(np.asarray(sizes), whole) and sizes.tolist() == whole.tolist() and len(sizes) == len(whole)
+    assert np.array_equal(sizes[mask], whole[mask]) and int(sizes[2]) == int(whole[2])
+    assert sizes.sum() == int(whole.sum()) and sizes.sum(where=mask) == int(whole.sum(where=mask))
+    group = rng.integers(0, 9, len(lengths)).astype(np.uint8)
+    for by_exponent, slots in ((False, 9), (True, 64 * 9)):
+        for got, expected in zip(tally.tally(sizes, group, slots, mask, by_exponent),
+                                 tally.tally(whole, group, slots, mask, by_exponent)):
+            assert np.array_equal(got, expected)
