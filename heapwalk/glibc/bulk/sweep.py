@@ -93,6 +93,7 @@ def sweep_extents(mem: Memory, extents: list[Extent], top: int, progress=None,
         n = sum(len(p[0]) for p in extent_parts)
         segments.append(Segment(extent, count, count + n, tail, kind))
         parts.extend(extent_parts)
+        del swept, extent_parts          # the parts are PARTS' alone: `_joined` lets each go
         count += n
         done += extent.end - extent.start
         if progress is not None:
@@ -100,8 +101,19 @@ def sweep_extents(mem: Memory, extents: list[Extent], top: int, progress=None,
     if not parts:
         empty = np.zeros(0, dtype=np.uint64)
         return Sweep(empty, empty, empty, empty, tuple(segments))
-    columns = [np.concatenate([p[i] for p in parts]) for i in range(4)]
-    return Sweep(*columns, tuple(segments))
+    return Sweep(*_joined(parts), tuple(segments))
+
+
+def _joined(parts: list[tuple[np.ndarray, ...]]) -> list[np.ndarray]:
+    """The windows' PARTS (address, field, fd, bk each) joined column by column, each column's parts let go once
+    joined: the sweep's room and a column's more at the most, not twice the sweep's."""
+    columns = [list(column) for column in zip(*parts)]
+    parts.clear()
+    out = []
+    for column in columns:
+        out.append(np.concatenate(column))
+        column.clear()
+    return out
 
 
 def _sweep_extent(mem: Memory, extent: Extent, top: int,
