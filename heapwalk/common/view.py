@@ -177,13 +177,13 @@ class Blocks:
         """Every block's one-past-last usable byte (numpy uint64): made anew unless kept whole."""
         if self.whole_ends is not None:
             return self.whole_ends
-        return self.starts + (self.lengths.astype("uint64") << _SHIFT)
+        return self.starts + (self.lengths.astype(np.uint64) << np.uint64(_SHIFT))
 
     def end_of(self, rows) -> Any:
         """The one-past-last usable byte of the blocks at ROWS (an index, or numpy uint64 for an array of them)."""
         if self.whole_ends is not None:
             return self.whole_ends[rows]
-        return self.starts[rows] + (self.lengths[rows].astype("uint64") << _SHIFT)
+        return self.starts[rows] + (self.lengths[rows].astype(np.uint64) << np.uint64(_SHIFT))
 
     def addresses(self, rows) -> Any:
         """The allocator's address of the blocks at ROWS (numpy uint64)."""
