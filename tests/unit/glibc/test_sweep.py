@@ -243,3 +243,31 @@ def test_heap_bounds_from_damaged_fields_are_left_to_the_careful_walkers():
     s = _synth(0, (2, 36), chunks=50)
     s.arena = dataclasses.replace(s.arena, heaps=(Heap((1 << 64) - 1, 0x21000, 0x21000, ARENA, 0),))
     assert _one_pass(s) == (None, None)
+
+
+def test_the_blocks_are_joined_from_lengths_and_sizes_alike_and_keep_ends_for_a_chunk_too_big():
+    """`account.blocks._bounds`: one arena's in-use chunks as the one pass keeps them (lengths, `in_use_lengths`),
+    another's as sizes (a sweep or the careful walk), joined in address order across the heaps' starts; a chunk
+    whose usable length does not fit 32 bits of 8-byte units makes every block keep its end whole, the same ends."""
+    import numpy as np
+    from heapwalk.common.view import Blocks
+    from heapwalk.glibc.account import blocks as glibc_blocks
+    from heapwalk.glibc.bulk.onepass import in_use_lengths
+    a = np.array([0x10000, 0x10040, 0x30000], dtype=np.uint64)
+    a_sizes = np.array([0x40, 0x20, 0x100], dtype=np.int64)
+    b = np.array([0x20000, 0x20400], dtype=np.uint64)
+    kept = in_use_lengths(a, a_sizes)
+    assert kept[1].dtype == np.uint32 and kept[1].tolist() == [7, 3, 31]
+    for big in (0x30, (1 << 35) + 0x10):
+        b_sizes = np.array([0x400, big], dtype=np.uint64)
+        first, end, (numbers, index) = glibc_blocks._bounds([kept[0], b], [kept[1], b_sizes], [3, 1],
+                                                            [0x10000, 0x20000, 0x30000])
+        compact = end.dtype == np.uint32
+        blocks = Blocks(first, None if compact else end, (numbers, index), 16, 8, lengths=end if compact else None)
+        chunks = [0x10000, 0x10040, 0x20000, 0x20400, 0x30000]
+        sizes = [0x40, 0x20, 0x400, big, 0x100]
+        assert (blocks.lengths is None) == (big > 0x100000)
+        assert blocks.starts.tolist() == [c + 16 for c in chunks]
+        assert blocks.ends.tolist() == [c + s + 8 for c, s in zip(chunks, sizes)]
+        assert blocks.arena.tolist() == [3, 3, 1, 1, 3] and numbers.tolist() == [1, 3]
+        assert np.asarray(blocks.sizes()).tolist() == sizes
