@@ -70,7 +70,7 @@ $(BUILD)/.deps: Makefile
 
 venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml setup.py heapwalk/glibc/bulk/_native.c heapwalk/jemalloc/_native.c \
-		heapwalk/analysis/_reach.c | $(BUILD)/.deps
+		heapwalk/inferior/_slots.c heapwalk/analysis/_reach.c | $(BUILD)/.deps
 	@echo "making the virtualenv $(VENV) (pip's output in $(BUILD)/pip.log)"
 	@$(SYSTEM_PYTHON) -m venv $(VENV)
 	@mkdir -p $(BUILD) && : > $(BUILD)/pip.log

@@ -1,6 +1,6 @@
-"""heapwalk's small C libraries (`pip install` builds them from `glibc/bulk/_native.c`, `jemalloc/_native.c` and
-`analysis/_reach.c`), found beside their Python modules and loaded with ctypes: no Python headers, and nothing
-fails when they were not built.  HEAPWALK_PURE=1 in the environment turns them off, so the Python forms can be checked."""
+"""heapwalk's small C libraries (`pip install` builds them from `glibc/bulk/_native.c`, `jemalloc/_native.c`,
+`inferior/_slots.c` and `analysis/_reach.c`), found beside their Python modules and loaded with ctypes: no Python
+headers, and nothing fails when they were not built.  HEAPWALK_PURE=1 in the environment turns them off, so the Python forms can be checked."""
 
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ import numpy as np
 
 from heapwalk.common.errors import HeapwalkError
 
-__all__ = ["ReadError", "Memory", "CachedMemory", "ImageMemory", "u64", "u32", "merged", "merged_arrays", "ranges_without",
+__all__ = ["ReadError", "Memory", "CachedMemory", "ImageMemory", "u64", "u32", "hop_u64", "read_once", "adjacent_runs", "merged", "merged_arrays", "ranges_without",
            "readable", "drop_cached"]
 
 _Q = struct.Struct("<Q")
@@ -45,6 +45,21 @@ class Memory(Protocol):
 def u64(mem: Memory, address: int) -> int:
     """Reads a little-endian 64-bit word."""
     return _Q.unpack(mem.read(address, 8))[0]
+
+
+def hop_u64(mem: Memory, address: int) -> int:
+    """The word at ADDRESS for a walk that hops across a big heap (a free list through gigabytes): from a block
+    the cache holds, else read alone, so that the hops neither fill the cache nor push the blocks out of it
+    (`CachedMemory.hop`)."""
+    hop = getattr(mem, "hop", None)
+    return hop(address) if hop is not None else u64(mem, address)
+
+
+def read_once(mem: Memory, address: int, size: int) -> bytes | memoryview:
+    """SIZE bytes at ADDRESS for a walk that reads them once and only looks (a page's blocks, a span's objects):
+    past the cache where MEM keeps one (`CachedMemory.read_buffer`), so that it neither fills the cache nor
+    loads a block a page at a time; ReadError as `read`."""
+    return getattr(mem, "read_buffer", mem.read)(address, size)
 
 
 def readable(mem: Memory, address: int) -> bool:
@@ -225,6 +240,21 @@ class CachedMemory:
             return self._read_large(address, size)
         return self._read_blocks(address, size)
 
+    def hop(self, address: int) -> int:
+        """The 8-byte word at ADDRESS, from a cached block when one holds it, else read alone and not kept."""
+        block = self._blocks.get(address & ~(self.BLOCK - 1))
+        if isinstance(block, bytes) and (address & (self.BLOCK - 1)) <= self.BLOCK - 8:
+            return _Q.unpack_from(block, address & (self.BLOCK - 1))[0]
+        if address < 0 or address + 8 > 1 << 64 or not self._known(address, 8):
+            raise ReadError(address, 8, "not in the target's memory")
+        try:
+            data = self._raw(address, 8)
+        except Exception:
+            data = b""
+        if len(data) != 8:
+            raise ReadError(address, 8)
+        return _Q.unpack(data)[0]
+
     def span_at(self, address: int) -> tuple[int, bytes | memoryview]:
         """(start, bytes) of the readable span around ADDRESS that reads are served from: its cached block,
         or the readable page of a block with holes, cut to the target's region.  For walkers that parse many
@@ -249,9 +279,10 @@ class CachedMemory:
         return start, memoryview(block)[start - base:end - base]
 
     def read_buffer(self, address: int, size: int) -> bytes | memoryview:
-        """SIZE bytes at ADDRESS for a reader that only looks (the chunk walk's windows): a big span comes
-        straight from the raw reader's own buffer when it has one, saving a copy; else as `read`."""
-        if self._raw_buffer is None or size < self.BLOCK * 4 or address < 0 or size < 0 \
+        """SIZE bytes at ADDRESS for a reader that only looks, once (the chunk walk's windows, a page's blocks):
+        a span of a page or more comes straight from the raw reader's own buffer when it has one, saving a copy
+        and leaving the cache as it is; else as `read`."""
+        if self._raw_buffer is None or size < self.PAGE or address < 0 or size < 0 \
                 or address + size > 1 << 64 or not self._known(address, size):
             return self.read(address, size)
         return self._read_large(address, size, self._raw_buffer)
@@ -325,6 +356,18 @@ def merged(ranges: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
         else:
             out.append((lo, hi))
     return out
+
+
+def adjacent_runs(lo: np.ndarray, hi: np.ndarray) -> list[tuple[int, int, int]]:
+    """The ranges [LO[i], HI[i]) (uint64 arrays, never overlapping) as runs of adjacent ones, in address order: each
+    run's start, end and how many ranges it is (an allocator's spans or extents, claimed a run at a time)."""
+    if not len(lo):
+        return []
+    order = np.argsort(lo, kind="stable")
+    starts, ends = lo[order], hi[order]
+    firsts = np.flatnonzero(np.concatenate(([True], starts[1:] != ends[:-1])))
+    lasts = np.concatenate((firsts[1:], [len(starts)])) - 1
+    return list(zip(starts[firsts].tolist(), ends[lasts].tolist(), np.diff(np.append(firsts, len(starts))).tolist()))
 
 
 def merged_arrays(lo: np.ndarray, hi: np.ndarray) -> list[tuple[int, int]]:

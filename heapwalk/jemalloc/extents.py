@@ -20,7 +20,7 @@ from heapwalk.jemalloc.kinds import Kind
 from heapwalk.jemalloc.layout import JeLayout
 from heapwalk.jemalloc.rtree import COMPACT_48, RtreeShape
 from heapwalk.jemalloc.sizeclasses import SizeClasses, size_classes
-from heapwalk.inferior.memory import Memory, ReadError
+from heapwalk.inferior.memory import Memory, ReadError, adjacent_runs
 from heapwalk.inferior.records import read_records
 
 __all__ = ["ExtentTable", "walk_extents", "class_sizes", "extent_runs", "ACTIVE", "DIRTY", "MUZZY", "RETAINED"]
@@ -79,15 +79,7 @@ class ExtentTable:
 def extent_runs(address: np.ndarray, size: np.ndarray) -> list[tuple[int, int, int]]:
     """The extents at ADDRESS of SIZE bytes (uint64) as runs of adjacent ones, in address order: each run's start,
     end and how many extents it is."""
-    if not len(address):
-        return []
-    order = np.argsort(address, kind="stable")
-    starts = address[order]
-    ends = starts + size[order].astype(np.uint64)
-    new = np.concatenate(([True], starts[1:] != ends[:-1]))
-    firsts = np.flatnonzero(new)
-    lasts = np.concatenate((firsts[1:], [len(starts)])) - 1
-    return list(zip(starts[firsts].tolist(), ends[lasts].tolist(), np.diff(np.append(firsts, len(starts))).tolist()))
+    return adjacent_runs(address, address + size.astype(np.uint64))
 
 
 @functools.lru_cache(maxsize=None)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from heapwalk.inferior.memory import merged
+from heapwalk.inferior.slots import SlotMarks
 from heapwalk.mimalloc.decode import MiState, good_size
 from heapwalk.common.view import Blocks
 
@@ -21,29 +22,33 @@ __all__ = ["mimalloc_blocks"]
 
 def mimalloc_blocks(state: MiState, arena_of: dict[int, int]) -> Blocks:
     """The blocks the program holds in STATE's pages; ARENA_OF: segment address -> its owner's number (the
-    report's row)."""
-    starts, ends, arenas, unknown = [], [], [], []
+    report's row).  A byte a block each page cut (`slots.SlotMarks`): its lists' blocks marked, the rest made
+    into addresses a million at a time."""
+    pages, owners, unknown = [], [], []
     for seg in state.live():
+        owner = arena_of.get(seg.address, 0)
         for page in seg.pages:
             if page.damaged:
                 unknown.append((page.start, page.start + page.cut * page.block_size))
-                continue
-            if page.cut == 0 or page.in_use == 0:
-                continue
-            slots = np.uint64(page.start) + np.arange(page.cut, dtype=np.uint64) * np.uint64(page.block_size)
-            if page.freed:
-                slots = slots[~np.isin(slots, np.array(page.freed, dtype=np.uint64))]
-            starts.append(slots)
-            ends.append(slots + np.uint64(page.block_size))
-            arenas.append(np.full(len(slots), arena_of.get(seg.address, 0), dtype=np.int32))
-    start = np.concatenate(starts) if starts else np.zeros(0, dtype=np.uint64)
-    end = np.concatenate(ends) if ends else np.zeros(0, dtype=np.uint64)
-    arena = np.concatenate(arenas) if arenas else np.zeros(0, dtype=np.int32)
-    order = np.argsort(start, kind="stable")
+            elif page.cut and page.in_use:
+                pages.append(page)
+                owners.append(owner)
+    order = sorted(range(len(pages)), key=lambda k: pages[k].start)
+    pages, owners = [pages[k] for k in order], np.array([owners[k] for k in order], dtype=np.int32)
+    slots = SlotMarks(np.array([p.start for p in pages], dtype=np.uint64),
+                      np.array([p.block_size for p in pages], dtype=np.int64),
+                      np.array([p.cut for p in pages], dtype=np.int64))
+    for k, page in enumerate(pages):
+        if len(page.freed):
+            slots.mark_slots(k, page.freed)
+    parts = list(slots.unmarked())
+    start = np.concatenate([a for a, _, _ in parts] or [np.zeros(0, dtype=np.uint64)])
+    end = start + np.concatenate([s for _, s, _ in parts] or [np.zeros(0, dtype=np.uint64)])
+    arena = owners[np.concatenate([k for _, _, k in parts] or [np.zeros(0, dtype=np.int64)])]
     heaps = merged([*((s.address, s.address + s.reserved) for s in state.live()),
                     *((a.start, a.start + a.reserved) for a in state.discovery.arenas)])
     td = good_size(state.layout.thread_data)
     own = state.own_ranges()
     private = merged([*((at, at + td) for at, _ in state.thread_data), *own])
-    return Blocks(start[order], end[order], arena[order], 0, 0, heaps=tuple(heaps), private=tuple(private),
+    return Blocks(start, end, arena, 0, 0, heaps=tuple(heaps), private=tuple(private),
                   unknown=tuple(merged(unknown)))

@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import bisect
 
+import numpy as np
+
 from heapwalk.common.findings import Finding, Kind, Severity
-from heapwalk.inferior.memory import Memory, ReadError, u64
+from heapwalk.inferior.slots import CUT, ENDED, OUTSIDE, TWICE, slot_list
+from heapwalk.inferior.memory import Memory, ReadError, read_once, u64
 from heapwalk.mimalloc.layout import MiLayout
 
 __all__ = ["LIST", "walk_page", "count_delayed"]
@@ -18,47 +21,54 @@ _MAX_WALK = 1 << 20
 
 
 def walk_page(mem: Memory, page, findings: list[Finding]) -> None:
-    """Counts the blocks on PAGE's three lists, reading its blocks once; a list that leaves the page's blocks,
-    loops or cannot be read is a finding at the block where it goes wrong, and counts up to there."""
+    """Counts the blocks on PAGE's three lists, reading its blocks once (`slots.slot_list`), and keeps them as
+    PAGE.freed; a list that leaves the page's blocks, loops or cannot be read is a finding at the block where it
+    goes wrong, and counts up to there."""
     if not any(page.heads):
         return
-    span = page.cut * page.block_size
+    count = page.cut
     try:
-        data = mem.read(page.start, span)
+        data = read_once(mem, page.start, count * page.block_size)
     except ReadError:
-        data = None
-    seen: set[int] = set()
-    order: list[int] = []
-    counts = []
+        data = b""                  # each link then read on its own (`_walk`)
+    seen = np.zeros(count, dtype=np.uint8)
+    parts, counts = [], []
     for name, head in zip(("free", "local free", "thread free"), page.heads):
-        n, at = 0, head
-        while at:
-            offset = at - page.start
-            if not 0 <= offset < span or offset % page.block_size:
-                page.damaged = True
-                findings.append(Finding(Severity.ERROR, at, "mi_page_t", f"the {name} list of the page at "
-                                        f"{page.address:#x} ({page.block_size}-byte blocks from {page.start:#x}) "
-                                        f"holds {at:#x}, which is not one of its blocks", LIST))
-                break
-            if at in seen:
-                page.damaged = True
-                findings.append(Finding(Severity.ERROR, at, "mi_page_t", f"the block {at:#x} is twice on the lists "
-                                        f"of the page at {page.address:#x} (its {name} list loops or "
-                                        "crosses another)", LIST))
-                break
-            seen.add(at)
-            order.append(at)
-            n += 1
-            try:
-                at = int.from_bytes(data[offset:offset + 8], "little") if data is not None else u64(mem, at)
-            except ReadError as exc:
-                page.damaged = True
-                findings.append(Finding(Severity.ERROR, at, "mi_page_t", f"the {name} list of the page at "
-                                        f"{page.address:#x} is cut: {exc}", LIST))
-                break
-        counts.append(n)
+        got = _walk(mem, page, data, head, seen, name, findings)
+        parts.append(got)
+        counts.append(len(got))
     page.free, page.local_free, page.thread_free = counts
-    page.freed.extend(order)
+    page.freed = np.concatenate(parts) if any(len(p) for p in parts) else page.freed
+
+
+def _walk(mem: Memory, page, data: bytes, head: int, seen: np.ndarray, name: str,
+          findings: list[Finding]) -> np.ndarray:
+    """The slots of PAGE's list NAME from HEAD (indexes), as far as it is whole; a finding where it breaks."""
+    parts, at = [], head
+    while True:
+        walked = slot_list(data, page.start, page.block_size, page.cut, at, seen)
+        parts.append(walked.slots)
+        if walked.stop == ENDED:
+            break
+        page.damaged = page.damaged or walked.stop != CUT
+        if walked.stop == OUTSIDE:
+            findings.append(Finding(Severity.ERROR, walked.at, "mi_page_t", f"the {name} list of the page at "
+                                    f"{page.address:#x} ({page.block_size}-byte blocks from {page.start:#x}) "
+                                    f"holds {walked.at:#x}, which is not one of its blocks", LIST))
+            break
+        if walked.stop == TWICE:
+            findings.append(Finding(Severity.ERROR, walked.at, "mi_page_t", f"the block {walked.at:#x} is twice on "
+                                    f"the lists of the page at {page.address:#x} (its {name} list loops or "
+                                    "crosses another)", LIST))
+            break
+        try:                        # CUT: the page could not be read whole; this block's link read alone
+            at = u64(mem, walked.at)
+        except ReadError as exc:
+            page.damaged = True
+            findings.append(Finding(Severity.ERROR, walked.at, "mi_page_t", f"the {name} list of the page at "
+                                    f"{page.address:#x} is cut: {exc}", LIST))
+            break
+    return np.concatenate(parts) if len(parts) > 1 else parts[0]
 
 
 def count_delayed(mem: Memory, lay: MiLayout, heaps: list[int], pages: list, findings: list[Finding]
@@ -67,6 +77,7 @@ def count_delayed(mem: Memory, lay: MiLayout, heaps: list[int], pages: list, fin
     pages = sorted(((p.start, p) for p in pages), key=lambda x: x[0])
     starts = [a for a, _ in pages]
     counts = dict.fromkeys(heaps, 0)
+    delayed: dict[int, tuple] = {}         # id(page) -> (page, its slots on a delayed list)
     for heap in heaps:
         try:
             at = u64(mem, heap + lay.heap_delayed_free)
@@ -84,10 +95,13 @@ def count_delayed(mem: Memory, lay: MiLayout, heaps: list[int], pages: list, fin
                                         f"{heap:#x} holds {at:#x}, which is in no page", LIST))
                 break
             page.delayed += 1
-            page.freed.append(at)
+            if not (at - page.start) % page.block_size:
+                delayed.setdefault(id(page), (page, []))[1].append((at - page.start) // page.block_size)
             counts[heap] += 1
             try:
                 at = u64(mem, at)
             except ReadError:
                 break
+    for page, slots in delayed.values():
+        page.freed = np.concatenate([page.freed, np.array(slots, dtype=np.uint32)])
     return counts

@@ -4,8 +4,15 @@ in use and free on each list."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
 
 __all__ = ["MiPage"]
+
+
+def _no_slots() -> Any:
+    return np.zeros(0, dtype=np.uint32)
 
 
 @dataclass
@@ -29,8 +36,8 @@ class MiPage:
     local_free: int = 0
     thread_free: int = 0
     delayed: int = 0            # blocks of it on its heap's delayed-free list
-    freed: list[int] = field(default_factory=list)     # the free blocks' addresses: its free, local-free and
-    #                                                    thread-free lists in turn, then its delayed ones
+    freed: Any = field(default_factory=_no_slots)   # the free blocks' indexes (numpy uint32): its free, local-free
+    #                                                 and thread-free lists in turn, then its delayed ones
     damaged: bool = False       # a list of it could not be walked to its end: which blocks are free is unknown
 
     @property
@@ -61,10 +68,12 @@ class MiPage:
 
     def list_of(self, block: int) -> str | None:
         """Which list holds BLOCK ("free", "local free", "thread free", "delayed"), or None."""
-        try:
-            i = self.freed.index(block)
-        except ValueError:
+        offset = block - self.start
+        at = np.flatnonzero(self.freed == offset // self.block_size) if offset >= 0 and not offset % self.block_size \
+            else ()
+        if not len(at):
             return None
+        i = int(at[0])
         for name, count in (("free", self.free), ("local free", self.local_free), ("thread free", self.thread_free)):
             if i < count:
                 return name

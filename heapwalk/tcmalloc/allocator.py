@@ -12,6 +12,7 @@ from rich.text import Text
 from heapwalk.face import Allocator, Checked, Context, Decoded, NotUsed, Shown
 from heapwalk.analysis.report import Report, human
 from heapwalk.analysis.rss import Claim
+from heapwalk.inferior.memory import adjacent_runs
 from heapwalk.common.findings import Finding
 from heapwalk.output.consoles import box_for
 from heapwalk.tcmalloc.blocks import tcmalloc_blocks
@@ -158,8 +159,12 @@ class TcmallocHeap(Decoded):
 
     def blocks(self):
         """The objects the program holds, for the leak scan (`tcmalloc.blocks`)."""
-        return tcmalloc_blocks(self.mem, self.state, self.span_table, self.cached,
-                               [(a, b) for a, b in metadata_ranges(self.state) if b > a])[0]
+        return tcmalloc_blocks(self.mem, self.state, self.span_table, self.cached, self.metadata)[0]
+
+    @functools.cached_property
+    def metadata(self) -> list[tuple[int, int]]:
+        """The ranges its known metadata lies in (`tcmalloc.metadata`), those not empty."""
+        return [(a, b) for a, b in metadata_ranges(self.state) if b > a]
 
     @property
     def memory(self):
@@ -175,9 +180,9 @@ class TcmallocHeap(Decoded):
     def claims(self) -> list[Claim]:
         """Every span the page map names (all the memory tcmalloc took from the system for its heap), and the
         ranges its known metadata lies in (`tcmalloc.metadata`)."""
-        page = self.state.page_size
-        return [Claim(s.page * page, (s.page + s.pages) * page, "heap", "tcmalloc: spans") for s in self.state.spans] \
-            + [Claim(a, b, "heap", "tcmalloc: metadata") for a, b in metadata_ranges(self.state) if b > a]
+        table = self.span_table
+        return [Claim(a, b, "heap", "tcmalloc: spans", n) for a, b, n in adjacent_runs(table.start, table.end)] \
+            + [Claim(a, b, "heap", "tcmalloc: metadata") for a, b in self.metadata]
 
     def holds(self, rep: Report) -> str:
         return f"tcmalloc holds {human(rep.system)} ({human(rep.in_use)} in use, {human(rep.free)} free)"

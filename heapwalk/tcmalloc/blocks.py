@@ -5,42 +5,93 @@ allocation (large, or sampled).
 Every span is tcmalloc's heap (scanned only inside the objects), free spans included; its metadata (Spans,
 thread caches, page map) is its private memory, never a root.  A class whose caches'
 lists are damaged, or a span whose own list is, cannot say which of its objects are free: those spans are
-scanned as unknown memory (a root, never judged), never as leaks."""
+scanned as unknown memory (a root, never judged), never as leaks.
+
+The objects are found with a byte a slot of every span cut into objects (`Slots`): the spans' own lists and the
+caches' objects mark theirs, and the slots left unmarked are the program's, made into addresses a million at a
+time; no array of every slot's address is made."""
 
 from __future__ import annotations
+
+from typing import Iterator
 
 import numpy as np
 
 from heapwalk.common.findings import Finding
-from heapwalk.inferior.memory import Memory, merged
+from heapwalk.inferior.slots import ENDED, SlotMarks, slot_lists
+from heapwalk.common.view import LENGTH_UNIT, Blocks
+from heapwalk.inferior.memory import Memory, ReadError, merged, read_once
+from heapwalk.inferior.window import read_window
 from heapwalk.tcmalloc.decode import TcState
-from heapwalk.tcmalloc.objects import Cached, SpanTable, cached_objects, span_free_objects
-from heapwalk.common.view import Blocks
+from heapwalk.tcmalloc.objects import Cached, SpanTable, cached_objects, span_list
 
-__all__ = ["tcmalloc_blocks", "free_in_spans"]
+__all__ = ["tcmalloc_blocks", "free_in_spans", "Slots"]
+
+#: bytes of adjacent spans read at once
+WINDOW = 2 << 20
+
+
+class Slots(SlotMarks):
+    """A byte for each object slot of the spans ROWS of TABLE (ascending), as `slots.SlotMarks`."""
+
+    def __init__(self, table: SpanTable, rows: np.ndarray):
+        super().__init__(table.start[rows], table.size[rows], table.count[rows])
+        self.table, self.rows = table, rows
+
+
+def _windows(mem: Memory, table: SpanTable, rows: np.ndarray) -> Iterator[tuple[int, int, int, bytes]]:
+    """(k, j, base, data): spans ROWS[k:j], adjacent enough to be read at once (`WINDOW` bytes), and their bytes
+    from BASE, as far as they could be read."""
+    starts, lengths = table.start[rows].tolist(), (table.count[rows] * table.size[rows]).tolist()
+    k = 0
+    while k < len(rows):
+        base, j = starts[k], k + 1
+        while j < len(rows) and starts[j] + lengths[j] - base <= WINDOW:
+            j += 1
+        end = starts[j - 1] + lengths[j - 1]
+        yield k, j, base, read_window(mem, base, end, end - base) if end > base else b""
+        k = j
+
+
+def walk_spans(mem: Memory, slots: Slots, findings: list[Finding]) -> list[int]:
+    """Walks the own list of each span of SLOTS, marking its free slots, a window of spans at a time in one
+    call (`slots.slot_lists`); the rows whose list is damaged (every slot of theirs marked).  A span whose list
+    does not end as its counts say is walked again alone (`objects.span_list`), which says what is wrong."""
+    table, rows, damaged = slots.table, slots.rows, []
+    count, refcount = table.count[rows], table.refcount[rows]
+    heads = np.where(count != refcount, table.objects[rows], np.uint64(0))   # every object out: the list is empty
+    expected = count - refcount
+    for k, j, base, data in _windows(mem, table, rows):
+        found, stops, _ = slot_lists(data, base, table.start[rows[k:j]], table.size[rows[k:j]], count[k:j],
+                                     heads[k:j], slots.offsets[k:j], slots.marks)
+        odd = np.flatnonzero((stops != ENDED) | (found != expected[k:j]) | ((heads[k:j] == 0) & (expected[k:j] > 0)))
+        for i in (odd + k).tolist():
+            row = int(rows[i])
+            span = slots.of(i)
+            span[:] = 0
+            if span_list(table, row, _bytes_of(mem, table, row), span, findings) is None:
+                damaged.append(row)
+                span[:] = 1
+    return damaged
+
+
+def _bytes_of(mem: Memory, table: SpanTable, row: int) -> bytes | None:
+    """The bytes of span ROW's objects, None when they cannot be read."""
+    try:
+        return read_once(mem, int(table.start[row]), int(table.count[row] * table.size[row]))
+    except ReadError:
+        return None
 
 
 def free_in_spans(mem: Memory, table: SpanTable, rows, findings: list[Finding]) -> tuple[np.ndarray, list[int]]:
     """The objects on the free lists of the spans ROWS (walked), and the rows whose list is damaged."""
-    parts, damaged = [], []
-    for row in rows:
-        if table.count[row] == table.refcount[row]:
-            continue                      # every object out of the span: its list is empty
-        got = span_free_objects(mem, table, int(row), findings)
-        if got is None:
-            damaged.append(int(row))
-        else:
-            parts.append(got)
-    return (np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint64)), damaged
-
-
-def _objects(table: SpanTable, rows: np.ndarray) -> np.ndarray:
-    """Every object's address in the spans ROWS."""
-    counts = table.count[rows]
-    total = int(counts.sum())
-    first = np.repeat(np.cumsum(counts) - counts, counts)
-    index = (np.arange(total, dtype=np.int64) - first).astype(np.uint64)
-    return np.repeat(table.start[rows], counts) + index * np.repeat(table.size[rows], counts).astype(np.uint64)
+    slots = Slots(table, np.asarray(rows, dtype=np.int64))
+    damaged = walk_spans(mem, slots, findings)
+    for row in damaged:
+        k = int(np.searchsorted(slots.rows, row))
+        slots.of(k)[:] = 0
+    slots.marks ^= 1
+    return np.concatenate([a for a, _, _ in slots.unmarked()] or [np.zeros(0, dtype=np.uint64)]), damaged
 
 
 def tcmalloc_blocks(mem: Memory, state: TcState, table: SpanTable | None = None,
@@ -54,20 +105,21 @@ def tcmalloc_blocks(mem: Memory, state: TcState, table: SpanTable | None = None,
     broken = cached.broken
     small = table.small()
     doubtful = np.isin(table.size_class[small], sorted(broken)) if broken else np.zeros(len(small), dtype=bool)
-    walked = small[~doubtful]
-    in_spans, damaged = free_in_spans(mem, table, walked.tolist(), findings)
-    unknown = np.concatenate([small[doubtful], np.array(damaged, dtype=np.int64)]).astype(np.int64)
-    rows = np.setdiff1d(walked, unknown)
-    slots = _objects(table, rows)
-    sizes = np.repeat(table.size[rows], table.count[rows]).astype(np.uint64)
-    free = np.concatenate([in_spans, cached.address])
-    keep = ~np.isin(slots, free)
+    slots = Slots(table, small[~doubtful])
+    damaged = walk_spans(mem, slots, findings)
+    slots.mark(cached.address)
+    unknown = np.sort(np.concatenate([small[doubtful], np.array(damaged, dtype=np.int64)]).astype(np.int64))
     large = table.large()
-    starts = np.concatenate([slots[keep], table.start[large]])
-    ends = np.concatenate([slots[keep] + sizes[keep], table.end[large]])
-    order = np.argsort(starts, kind="stable")
+    parts = list(slots.unmarked())
+    starts = np.concatenate([a for a, _, _ in parts] + [table.start[large]])
+    sizes = np.concatenate([s for _, s, _ in parts] + [(table.end[large] - table.start[large])])
+    del parts, slots
+    order = np.argsort(starts, kind="stable") if len(large) else slice(None)
+    starts, sizes = starts[order], sizes[order]
     heaps = merged(zip(table.start.tolist(), table.end.tolist()))
     holes = merged((int(table.start[r]), int(table.end[r])) for r in unknown.tolist())
-    return Blocks(starts[order], ends[order], np.zeros(len(order), dtype=np.int32), 0, 0, heaps=tuple(heaps),
-                  private=tuple(merged(private)), unknown=tuple(holes)), findings
-
+    fits = not len(sizes) or (not np.any(sizes % LENGTH_UNIT) and int(sizes.max()) // LENGTH_UNIT < 1 << 32)
+    ends, lengths = (None, (sizes // LENGTH_UNIT).astype(np.uint32)) if fits else (starts + sizes, None)
+    arena = (np.zeros(1 if len(starts) else 0, dtype=np.int32), np.zeros(len(starts), dtype=np.uint8))   # one arena
+    return Blocks(starts, ends, arena, 0, 0,
+                  heaps=tuple(heaps), private=tuple(merged(private)), unknown=tuple(holes), lengths=lengths), findings

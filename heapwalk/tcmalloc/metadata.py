@@ -35,20 +35,24 @@ def metadata_ranges(state: TcState) -> list[tuple[int, int]]:
     page = state.page_size
     span_starts = np.array([s.page * page for s in state.spans], dtype=np.uint64)
     span_ends = np.array([(s.page + s.pages) * page for s in state.spans], dtype=np.uint64)
-    out: list[list[int]] = []
-    for start, end in objects:
-        if out and start - out[-1][1] <= JOIN and not _spans_between(span_starts, out[-1][1], start):
-            out[-1][1] = max(out[-1][1], end)
-        else:
-            out.append([start, end])
     return [_outside_spans(start & ~(_PAGE - 1), (end + _PAGE - 1) & ~(_PAGE - 1), span_starts, span_ends)
-            for start, end in out]
+            for start, end in _joined(np.array(objects, dtype=np.uint64), span_starts)]
 
 
-def _spans_between(span_starts: np.ndarray, low: int, high: int) -> bool:
-    """Whether a span starts in [LOW, HIGH)."""
-    i = int(np.searchsorted(span_starts, np.uint64(low)))
-    return i < len(span_starts) and int(span_starts[i]) < high
+def _joined(objects: np.ndarray, span_starts: np.ndarray) -> list[tuple[int, int]]:
+    """The objects ((n, 2) [start, end), sorted) joined where one starts at most JOIN past the end of those before
+    it and no span starts between (the furthest end so far is the end of the range being joined: a range only
+    ends where the next object starts past it)."""
+    starts, ends = objects[:, 0], objects[:, 1]
+    reach = np.maximum.accumulate(ends)
+    before, after = reach[:-1], starts[1:]
+    gap = after.astype(np.int64) - before.astype(np.int64)
+    i = np.searchsorted(span_starts, before)
+    between = (i < len(span_starts)) & (span_starts[np.minimum(i, max(len(span_starts) - 1, 0))] < after) \
+        if len(span_starts) else np.zeros(len(before), dtype=bool)
+    first = np.concatenate(([0], np.flatnonzero((gap > JOIN) | between) + 1))
+    last = np.append(first[1:] - 1, len(starts) - 1)
+    return list(zip(starts[first].tolist(), reach[last].tolist()))
 
 
 def _outside_spans(start: int, end: int, span_starts: np.ndarray, span_ends: np.ndarray) -> tuple[int, int]:

@@ -16,10 +16,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from heapwalk.common.findings import Finding, Kind, Severity
-from heapwalk.inferior.memory import Memory, ReadError, u64
+from heapwalk.inferior.slots import CUT, OUTSIDE, TWICE, slot_list
+from heapwalk.inferior.memory import Memory, ReadError, hop_u64, read_once
 from heapwalk.tcmalloc.decode import IN_USE, TcState
 
-__all__ = ["SpanTable", "Cached", "cached_objects", "span_free_objects", "THREAD", "TRANSFER", "CENTRAL", "PLACES"]
+__all__ = ["SpanTable", "Cached", "cached_objects", "span_free_objects", "span_list", "THREAD", "TRANSFER", "CENTRAL", "PLACES"]
 
 #: where a free object is
 THREAD, TRANSFER, CENTRAL = 0, 1, 2
@@ -133,7 +134,7 @@ def _follow(mem: Memory, head: int, count: int, size_class: int, where: _Locator
         seen.add(link)
         out.append(link)
         try:
-            link = u64(mem, link)
+            link = hop_u64(mem, link)
         except ReadError:
             if len(out) < count:
                 findings.append(Finding(Severity.ERROR, out[-1], structure, "a free object cannot be read: the "
@@ -218,6 +219,20 @@ def span_free_objects(mem: Memory, table: SpanTable, row: int, findings: list[Fi
     """The objects on span ROW's own free list (its Span's objects), read from the span's pages in one piece;
     None when the list is damaged (a finding says where)."""
     start, size, count = int(table.start[row]), int(table.size[row]), int(table.count[row])
+    try:
+        data = read_once(mem, start, count * size) if count * size else b""
+    except ReadError:
+        data = None
+    slots = span_list(table, row, data, np.zeros(count, dtype=np.uint8), findings)
+    return None if slots is None else np.uint64(start) + slots.astype(np.uint64) * np.uint64(size)
+
+
+def span_list(table: SpanTable, row: int, data: bytes | None, seen: np.ndarray, findings: list[Finding]
+              ) -> np.ndarray | None:
+    """The slots on span ROW's own free list (uint32 indexes), walked through DATA (the bytes of its objects; None
+    when they cannot be read) and marked in SEEN (uint8, one a slot of it); None when the list is damaged (a
+    finding says where)."""
+    start, size, count = int(table.start[row]), int(table.size[row]), int(table.count[row])
     header = int(table.header[row])
     expected = count - int(table.refcount[row])
     if expected < 0:
@@ -231,42 +246,25 @@ def span_free_objects(mem: Memory, table: SpanTable, row: int, findings: list[Fi
             findings.append(Finding(Severity.ERROR, header, "span", "a span's free list is empty, but its refcount "
                                     "leaves objects free", Kind.TCACHE_COUNT, str(expected), "0"))
             return None
-        return np.zeros(0, dtype=np.uint64)
-    try:
-        words = np.frombuffer(mem.read(start, count * size), dtype=np.uint64) if size % 8 == 0 else None
-    except ReadError:
+        return np.zeros(0, dtype=np.uint32)
+    if data is None:
         findings.append(Finding(Severity.ERROR, start, "span", "a span's pages cannot be read: its free list is not "
                                 "known", Kind.UNMAPPED))
         return None
-    seen = bytearray(count)
-    out: list[int] = []
-    while link:
-        offset = link - start
-        if not 0 <= offset < count * size or offset % size:
-            findings.append(Finding(Severity.ERROR, link, "span", "a span's free list leads out of its objects",
-                                    Kind.OTHER, f"an object in {start:#x}-{start + count * size:#x}"))
-            return None
-        index = offset // size
-        if seen[index]:
-            findings.append(Finding(Severity.ERROR, link, "span", "a span's free list loops back on itself",
-                                    Kind.LIST_CYCLE))
-            return None
-        seen[index] = 1
-        out.append(link)
-        link = int(words[offset // 8]) if words is not None else _word(mem, link)
-        if link is None:
-            findings.append(Finding(Severity.ERROR, out[-1], "span", "a free object cannot be read",
-                                    Kind.UNMAPPED))
-            return None
-    if len(out) != expected:
+    walked = slot_list(data, start, size, count, link, seen)
+    if walked.stop == OUTSIDE:
+        findings.append(Finding(Severity.ERROR, walked.at, "span", "a span's free list leads out of its objects",
+                                Kind.OTHER, f"an object in {start:#x}-{start + count * size:#x}"))
+        return None
+    if walked.stop == TWICE:
+        findings.append(Finding(Severity.ERROR, walked.at, "span", "a span's free list loops back on itself",
+                                Kind.LIST_CYCLE))
+        return None
+    if walked.stop == CUT:
+        findings.append(Finding(Severity.ERROR, walked.at, "span", "a free object cannot be read", Kind.UNMAPPED))
+        return None
+    if len(walked.slots) != expected:
         findings.append(Finding(Severity.ERROR, header, "span", "a span's free list does not hold the objects its "
-                                "refcount leaves free", Kind.TCACHE_COUNT, str(expected), str(len(out))))
+                                "refcount leaves free", Kind.TCACHE_COUNT, str(expected), str(len(walked.slots))))
         return None
-    return np.array(out, dtype=np.uint64)
-
-
-def _word(mem: Memory, at: int) -> int | None:
-    try:
-        return u64(mem, at)
-    except ReadError:
-        return None
+    return walked.slots

@@ -34,6 +34,7 @@ from bench_capture import capture_line, measure_capture, measure_service  # noqa
 from bench_precopy import measure_precopy, precopy_lines  # noqa: E402
 import bench_docs  # noqa: E402
 import bench_jemalloc  # noqa: E402
+import bench_preload  # noqa: E402
 from bench_gdb import TIMED, command_lines, floors, load_line, gdb_run, time_commands, value  # noqa: E402
 from busy import stress, stress_line  # noqa: E402
 from services import build_service  # noqa: E402
@@ -169,9 +170,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shape", choices=("ordered", "random", "both"), default="both",
                         help="every third chunk freed in address order, half of them in random order with "
                         "realloc churn, or both (default)")
-    parser.add_argument("--allocator", choices=("glibc", "jemalloc", "both"), default="both",
+    parser.add_argument("--allocator", choices=("glibc", "jemalloc", *bench_preload.ALLOCATORS, "both", "all"),
+                        default="all",
                         help="glibc's malloc (cores/glibc/bench.c, the shapes above), jemalloc (cores/jemalloc/je_bench.c, the "
-                        "random shape), or both (default)")
+                        "random shape), tcmalloc, mimalloc or mimalloc3 (cores/common/bench_preload.c, the random shape), "
+                        "both (glibc and jemalloc) or all (default)")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--no-live", action="store_true", help="skip the live-attach measurement")
     parser.add_argument("--json", type=Path, help="where to write the numbers (default build/bench/SIZE/bench.json)")
@@ -185,10 +188,12 @@ def main(argv: list[str] | None = None) -> int:
                         "(default by size: " + ", ".join(f"{k} {v}" for k, v in PRECOPY_MIB.items()) + "; 0: none)")
     args = parser.parse_args(argv)
     shapes = ("ordered", "random") if args.shape == "both" else (args.shape,)
-    glibc = args.allocator in ("glibc", "both")
+    glibc = args.allocator in ("glibc", "both", "all")
     results = [measure_shape(args.size, shape, args.runs, not args.no_live) for shape in shapes] if glibc else []
     jemalloc = bench_jemalloc.measure(args.size, SIZES[args.size], args.runs, BUILD) \
-        if args.allocator in ("jemalloc", "both") else None
+        if args.allocator in ("jemalloc", "both", "all") else None
+    preloaded = [bench_preload.measure(key, args.size, SIZES[args.size], args.runs, BUILD)
+                 for key in bench_preload.ALLOCATORS if args.allocator in (key, "all")]
     service = None if args.no_live else measure_service(BUILD / "bin", BUILD / "bench")
     busy = None if args.no_live or not args.stress_rounds else \
         stress(build_service("busy"), BUILD / "bench" / "stress", args.stress_rounds, 1200, args.stress_rounds // 7)
@@ -202,11 +207,13 @@ def main(argv: list[str] | None = None) -> int:
     if precopied is not None:
         more += precopy_lines(precopied).splitlines()
     out = args.json or BUILD / "bench" / f"bench-{args.size}.json"
-    data = {"size": args.size, "shapes": results, "jemalloc": jemalloc, "service_capture": service, "stress": busy,
+    data = {"size": args.size, "shapes": results, "jemalloc": jemalloc, "preloaded": preloaded,
+            "service_capture": service, "stress": busy,
             "precopy": precopied, "machine": bench_docs.machine(), "argv": sys.argv[1:] if argv is None else argv,
             "lines": [line for r in results if r.get("live") for line in live_lines(r)] + more}
     out.write_text(json.dumps(data, indent=2) + "\n")
-    print("\n\n".join([table(r) for r in results] + ([bench_jemalloc.table(jemalloc)] if jemalloc else [])))
+    print("\n\n".join([table(r) for r in results] + ([bench_jemalloc.table(jemalloc)] if jemalloc else [])
+                      + [bench_preload.table(r) for r in preloaded]))
     for line in more:
         print("\n" + line)
     print(f"numbers written to {out}")

@@ -111,6 +111,7 @@ def cores_of(data: dict) -> list[tuple[str, dict, str]]:
     je = data.get("jemalloc")
     if je:
         cores.append((f"jemalloc ({je['jemalloc']}) random, {je['blocks'] / 1e6:.1f} M blocks", je, "blocks"))
+    cores += [(f"{r['name']} random, {r['blocks'] / 1e6:.1f} M blocks", r, "blocks") for r in data.get("preloaded") or []]
     return cores
 
 
@@ -130,8 +131,9 @@ def _cell(row: dict | None, unit: str) -> str:
 
 
 def _heaps_row(name: str, r: dict) -> str:
-    heap = r.get("heap_bytes", r.get("extent_bytes", 0))
-    pieces = f"{r['heaps']} heaps" if "heaps" in r else f"{r['extent_runs']:,} runs of extents"
+    heap = r.get("heap_bytes", r.get("extent_bytes", r.get("block_bytes", 0)))
+    pieces = f"{r['heaps']} heaps" if "heaps" in r else f"{r['extent_runs']:,} runs of extents" \
+        if "extent_runs" in r else f"{r['block_runs']:,} runs of pages in use"
     one_pass = f"{r['walk_seconds']:.2f} s, {r['walk_times_floor']:.1f}x" if "walk_seconds" in r else "-"
     scan = f"{r['leak_scan_seconds']:.2f} s, {r['leak_scan_times_floor']:.1f}x" if "leak_scan_seconds" in r else "-"
     return (f"| {name} | {heap / MIB:,.0f} MiB in {pieces} | {r['floor_seconds']:.3f} s | "

@@ -21,6 +21,21 @@ def test_the_smoke_benchmark_runs_and_counts_what_the_reproducer_holds(tmp_path)
     for result in document["shapes"]:
         _check(result)
     _check_jemalloc(document["jemalloc"])
+    import bench_preload
+    assert [r["allocator"] for r in document["preloaded"]] == list(bench_preload.ALLOCATORS)
+    for result in document["preloaded"]:
+        _check_preloaded(result)
+
+
+def _check_preloaded(result: dict) -> None:
+    """A tcmalloc or mimalloc run's numbers hang together (that heapwalk found in use every block bench_preload
+    holds, and at most `bench_preload.SLACK` more, the bench checked before timing)."""
+    import bench_preload
+    assert result["blocks"] >= bench.SIZES["smoke"] // 2 and result["block_bytes"] > 0 and result["block_runs"] > 0
+    assert [r["command"] for r in result["commands"]] == list(bench_preload.COMMANDS)
+    assert result["floor_seconds"] > 0 and result["floor_4m_seconds"] > 0
+    for r in result["commands"]:
+        assert r["command_seconds"] > 0 and r["wall_seconds"] >= r["command_seconds"] and r["times_floor"] > 0
 
 
 def _check_jemalloc(result: dict) -> None:

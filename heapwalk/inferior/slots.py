@@ -1,0 +1,153 @@
+"""A free list walked through the slots of one page or span (tcmalloc's spans, mimalloc's pages): slot i is
+[start + i*size, start + (i+1)*size), and each free slot links the next by its first word.  The walk reads the
+page's bytes once, keeps the slots it reached as indexes (4 bytes each, not a Python integer each), and says why
+it stopped: at a null link, at a link that is no slot, at a slot already on a list, or where the bytes end.
+
+In C when `pip install` built heapwalk's small library (`_slots.c`); the same loop in Python otherwise (the tests
+hold the two equal)."""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+from heapwalk.inferior.clib import built_library
+
+__all__ = ["ENDED", "OUTSIDE", "TWICE", "CUT", "Walked", "slot_list", "slot_lists", "SlotMarks", "NATIVE"]
+
+#: why a walk stopped
+ENDED, OUTSIDE, TWICE, CUT = 0, 1, 2, 3
+_ABI = 2
+
+
+def _load():
+    """The built library, or None (see `inferior.clib`)."""
+    lib = built_library(Path(__file__).parent, "_slots", ("hw_slots_abi", "hw_slot_list", "hw_slot_lists"))
+    if lib is None or lib.hw_slots_abi() != _ABI:
+        return None
+    p = ctypes.c_void_p
+    lib.hw_slot_list.restype = ctypes.c_int64
+    lib.hw_slot_list.argtypes = [ctypes.c_char_p, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_uint64,
+                                 ctypes.c_uint64, p, p, p, p]
+    lib.hw_slot_lists.restype = None
+    lib.hw_slot_lists.argtypes = [ctypes.c_char_p, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_int64] + [p] * 9
+    return lib
+
+
+_LIB = _load()
+NATIVE = _LIB is not None
+
+
+@dataclass(frozen=True)
+class Walked:
+    """The slots a list reached, in its order (uint32 indexes), why it stopped (ENDED, OUTSIDE, TWICE, CUT) and
+    where (the link that is no slot, the slot met again, the slot whose word is missing; 0 at ENDED)."""
+
+    slots: np.ndarray
+    stop: int
+    at: int
+
+
+def slot_list(data: bytes, start: int, size: int, count: int, head: int, seen: np.ndarray) -> Walked:
+    """The list from HEAD through the COUNT slots of SIZE bytes from START, whose bytes DATA holds (from START;
+    a slot whose first word DATA lacks ends the walk: CUT); SEEN (uint8, a slot each, shared by a page's lists)
+    marks the slots reached, this walk's added."""
+    out = np.empty(count, dtype=np.uint32)
+    if _LIB is not None and count:
+        stop, at = ctypes.c_int32(0), ctypes.c_uint64(0)
+        n = _LIB.hw_slot_list(bytes(data) if not isinstance(data, bytes) else data, len(data), start, size, count,
+                              head, seen.ctypes.data, out.ctypes.data, ctypes.addressof(stop), ctypes.addressof(at))
+        return Walked(out[:n].copy(), stop.value, at.value)
+    n, link = 0, head
+    while link:
+        off = link - start
+        if link < start or off // size >= count or off % size:
+            return Walked(out[:n].copy(), OUTSIDE, link)
+        i = off // size
+        if seen[i]:
+            return Walked(out[:n].copy(), TWICE, link)
+        seen[i] = 1
+        out[n] = i
+        n += 1
+        if off + 8 > len(data):
+            return Walked(out[:n].copy(), CUT, link)
+        link = int.from_bytes(data[off:off + 8], "little")
+    return Walked(out[:n].copy(), ENDED, 0)
+
+
+def slot_lists(data: bytes, base: int, starts: np.ndarray, sizes: np.ndarray, counts: np.ndarray, heads: np.ndarray,
+               offsets: np.ndarray, seen: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The lists of many pages at once, whose bytes DATA holds from BASE: page k's COUNTS[k] slots of SIZES[k]
+    bytes from STARTS[k] (uint64), its list from HEADS[k] (uint64; 0: none), its marks at SEEN[OFFSETS[k]:]
+    (int64).  (how many slots each reached, why it stopped, where): as `slot_list` says, without the slots; a
+    page DATA does not hold whole is CUT at its start, not walked."""
+    n = len(starts)
+    found, stops, ats = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int32), np.zeros(n, dtype=np.uint64)
+    if _LIB is not None:
+        args = [np.ascontiguousarray(a, dtype=t) for a, t in ((starts, np.uint64), (sizes, np.int64),
+                                                             (counts, np.int64), (heads, np.uint64),
+                                                             (offsets, np.int64))]
+        _LIB.hw_slot_lists(bytes(data) if not isinstance(data, bytes) else data, len(data), base, n,
+                           *(a.ctypes.data for a in args), seen.ctypes.data, found.ctypes.data, stops.ctypes.data,
+                           ats.ctypes.data)
+        return found, stops, ats
+    for k in range(n):
+        start, size, count = int(starts[k]), int(sizes[k]), int(counts[k])
+        if start < base or start + count * size > base + len(data):
+            stops[k], ats[k] = CUT, start
+            continue
+        lo, offset = start - base, int(offsets[k])
+        walked = slot_list(data[lo:lo + count * size], start, size, count, int(heads[k]), seen[offset:offset + count])
+        found[k], stops[k], ats[k] = len(walked.slots), walked.stop, walked.at
+    return found, stops, ats
+
+
+#: slots made into addresses at a time
+_STEP = 1 << 20
+
+
+class SlotMarks:
+    """A byte for each slot of many pages (STARTS ascending, uint64; their slots' SIZES and COUNTS, int64), page k's
+    from OFFSETS[k]: the walks of its lists and the caches' blocks mark the free ones (or every one of a page whose
+    lists are not known), and those left unmarked are the program's blocks, made into addresses a million at a
+    time (no array of every slot's address is made)."""
+
+    def __init__(self, starts: np.ndarray, sizes: np.ndarray, counts: np.ndarray):
+        self.starts, self.sizes, self.counts = starts, sizes.astype(np.int64), counts.astype(np.int64)
+        self.offsets = np.zeros(len(starts) + 1, dtype=np.int64)
+        np.cumsum(self.counts, out=self.offsets[1:])
+        self.marks = np.zeros(int(self.offsets[-1]), dtype=np.uint8)
+
+    def of(self, k: int) -> np.ndarray:
+        """The marks of page K (a view)."""
+        return self.marks[self.offsets[k]:self.offsets[k + 1]]
+
+    def mark(self, addresses: np.ndarray) -> None:
+        """Marks the slots at ADDRESSES (uint64); an address in no page's slots, or not at a slot's start, marks
+        nothing."""
+        addresses = np.asarray(addresses, dtype=np.uint64)
+        k = np.searchsorted(self.starts, addresses, side="right") - 1
+        inside = k >= 0
+        k, addresses = k[inside], addresses[inside]
+        offset = addresses - self.starts[k]
+        size = self.sizes[k].astype(np.uint64)
+        index = offset // size
+        good = (offset % size == 0) & (index < self.counts[k].astype(np.uint64))
+        self.marks[self.offsets[k[good]] + index[good].astype(np.int64)] = 1
+
+    def mark_slots(self, k: int, slots: np.ndarray) -> None:
+        """Marks page K's SLOTS (indexes)."""
+        self.marks[self.offsets[k] + np.asarray(slots, dtype=np.int64)] = 1
+
+    def unmarked(self) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """(addresses, sizes as uint64, pages) of the slots left unmarked, in address order, a million slots at a
+        time."""
+        for at in range(0, len(self.marks), _STEP):
+            g = np.flatnonzero(self.marks[at:at + _STEP] == 0) + at
+            k = np.searchsorted(self.offsets, g, side="right") - 1
+            size = self.sizes[k].astype(np.uint64)
+            yield self.starts[k] + (g - self.offsets[k]).astype(np.uint64) * size, size, k

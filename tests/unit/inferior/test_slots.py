@@ -1,0 +1,102 @@
+"""Free lists through a page's slots (`heapwalk.inferior.slots`): the C library `pip install` builds is in use, and
+it gives exactly what the Python fallback gives, on lists made to end in every way they can (a null link, a link
+that is no slot, a slot met again, bytes that end), one page at a time and many in one call."""
+
+from __future__ import annotations
+
+import os
+import random
+
+import numpy as np
+import pytest
+
+from heapwalk.inferior import slots
+from heapwalk.inferior.slots import CUT, ENDED, OUTSIDE, TWICE, slot_list, slot_lists
+
+
+def test_the_library_is_built_and_loaded():
+    assert slots.NATIVE or os.environ.get("HEAPWALK_PURE"), "make venv builds heapwalk/inferior/_slots*.so"
+
+
+def _page(rng: random.Random, start: int) -> tuple[bytearray, int, int, int]:
+    """A page of slots with a list through some of them, its end made one of the ways a list ends:
+    (bytes, size, count, head)."""
+    size, count = rng.choice((8, 16, 24, 48, 96, 4096)), rng.choice((1, 2, 7, 64, 300))
+    data = bytearray(rng.getrandbits(8) for _ in range(size * count))
+    order = rng.sample(range(count), rng.randint(0, count))
+    links = [start + i * size for i in order]
+    ending = rng.choice(("null", "outside", "misaligned", "twice", "cut"))
+    last = {"null": 0, "outside": start + count * size, "misaligned": start + 4,
+            "twice": links[0] if links else 0, "cut": 0}[ending]
+    for here, there in zip(order, links[1:] + [last]):
+        data[here * size:here * size + 8] = there.to_bytes(8, "little")
+    if ending == "cut" and order:
+        data = data[:order[-1] * size + 4]
+    return data, size, count, links[0] if links else rng.choice((0, start - 8))
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_a_list_is_the_same_in_c_and_python(seed, monkeypatch):
+    rng = random.Random(seed)
+    start = 0x7f0000010000
+    data, size, count, head = _page(rng, start)
+    seen = np.zeros(count, dtype=np.uint8)
+    seen[rng.randrange(count)] = rng.random() < 0.2              # a slot another list of the page holds
+    seen_python = seen.copy()
+    got = slot_list(bytes(data), start, size, count, head, seen)
+    monkeypatch.setattr(slots, "_LIB", None)
+    want = slot_list(bytes(data), start, size, count, head, seen_python)
+    assert (got.slots.tolist(), got.stop, got.at) == (want.slots.tolist(), want.stop, want.at)
+    assert seen.tolist() == seen_python.tolist()
+
+
+def test_each_way_a_list_ends(monkeypatch):
+    start, size = 0x1000, 16
+    data = bytearray(64)
+    data[0:8] = (start + 32).to_bytes(8, "little")        # slot 0 -> slot 2 -> null
+    for native in (True, False):
+        if not native:
+            monkeypatch.setattr(slots, "_LIB", None)
+        got = slot_list(bytes(data), start, size, 4, start, np.zeros(4, dtype=np.uint8))
+        assert (got.slots.tolist(), got.stop, got.at) == ([0, 2], ENDED, 0)
+        data[32:40] = (start + 8).to_bytes(8, "little")   # slot 2 -> the middle of slot 0
+        got = slot_list(bytes(data), start, size, 4, start, np.zeros(4, dtype=np.uint8))
+        assert (got.slots.tolist(), got.stop, got.at) == ([0, 2], OUTSIDE, start + 8)
+        data[32:40] = start.to_bytes(8, "little")         # slot 2 -> slot 0 again
+        got = slot_list(bytes(data), start, size, 4, start, np.zeros(4, dtype=np.uint8))
+        assert (got.slots.tolist(), got.stop, got.at) == ([0, 2], TWICE, start)
+        got = slot_list(bytes(data[:36]), start, size, 4, start, np.zeros(4, dtype=np.uint8))
+        assert (got.slots.tolist(), got.stop, got.at) == ([0, 2], CUT, start + 32)
+        data[32:40] = bytes(8)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_many_pages_in_one_call_are_each_page_alone(seed, monkeypatch):
+    rng = random.Random(seed)
+    base, at, pages = 0x7f0000000000, 0x7f0000000000, []
+    for _ in range(rng.randint(1, 12)):
+        at += rng.choice((0, 16, 4096))
+        data, size, count, head = _page(rng, at)
+        pages.append((at, data, size, count, head))
+        at += size * count
+    image = bytearray(at - base)
+    for start, data, *_ in pages:
+        image[start - base:start - base + len(data)] = data
+    image = bytes(image[:len(image) - rng.choice((0, 0, 8, 100))])
+    starts = np.array([p[0] for p in pages], dtype=np.uint64)
+    sizes, counts = (np.array([p[i] for p in pages], dtype=np.int64) for i in (2, 3))
+    heads = np.array([p[4] for p in pages], dtype=np.uint64)
+    offsets = np.concatenate(([0], np.cumsum(counts)[:-1])).astype(np.int64)
+    seen = np.zeros(int(counts.sum()), dtype=np.uint8)
+    got = slot_lists(image, base, starts, sizes, counts, heads, offsets, seen)
+    monkeypatch.setattr(slots, "_LIB", None)
+    seen_python = np.zeros_like(seen)
+    want = slot_lists(image, base, starts, sizes, counts, heads, offsets, seen_python)
+    assert all(a.tolist() == b.tolist() for a, b in zip(got, want)) and seen.tolist() == seen_python.tolist()
+    for k, (start, data, size, count, head) in enumerate(pages):
+        if start + size * count > base + len(image):
+            assert (want[0][k], want[1][k], want[2][k]) == (0, CUT, start)
+            continue
+        alone = slot_list(image[start - base:start - base + size * count], start, size, count, head,
+                          np.zeros(count, dtype=np.uint8))
+        assert (want[0][k], want[1][k], want[2][k]) == (len(alone.slots), alone.stop, alone.at)
