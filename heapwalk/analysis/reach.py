@@ -7,7 +7,8 @@ allocation.  Memory is read once, a window at a time: the roots, then the alloca
 where each word that points into a block from inside another block is an edge of a graph (`graph.Graph`); the
 closure over that graph from the blocks the roots reach gives every reached block.  A block already reached
 when its words are read passes the mark on at once and keeps no edges (`rows`), so the graph holds the edges
-of the blocks not reached then: the leaked blocks' always.  The words of free memory and of the allocator's
+of the blocks not reached then: the leaked blocks' always.  Big blocks the roots reach (containers) are read first
+(`_Scanner.containers`), so that the blocks they hold are reached before their windows come.  The words of free memory and of the allocator's
 bookkeeping are never roots.
 
 Each lookup is vectorised: a window's words are looked up among the blocks at once (`lookup`: in C through a
@@ -29,13 +30,17 @@ from heapwalk.analysis.signed import Signed
 from heapwalk.inferior.memory import Memory, merged
 from heapwalk.inferior.roots import RegisterRoot, Root
 from heapwalk.inferior.window import read_window
-from heapwalk.common.view import Blocks
+from heapwalk.common.view import LENGTH_UNIT, Blocks
 
-__all__ = ["Reach", "scan", "WINDOW"]
+__all__ = ["Reach", "scan", "WINDOW", "BIG"]
 
 #: bytes of memory looked at at once
 WINDOW = 2 << 20
 _PAGE = 4096
+#: a block at least this big is a container (an array of pointers, a hash table's buckets): read first when reached
+BIG = 64 << 10
+#: of the heaps' bytes, at most this share is read first (`_Scanner.containers`)
+BIG_SHARE = 4
 
 
 @dataclass(frozen=True)
@@ -158,6 +163,41 @@ class _Scanner:
             self._signatures(base, words)
             self.rows.window(self.locate, base, words, self.seen)
 
+    def containers(self, budget: int) -> None:
+        """Reads first each big block (`BIG`) reached so far, then those they reach in turn, up to BUDGET bytes,
+        passing their marks on: a program's containers (an array of pointers, a hash table) hold most of its
+        pointers to its small blocks, so those are reached when the heaps' windows come to them and keep no rows,
+        wherever the containers lie.  The heaps' windows read them again (their signatures, their pages); what is
+        reached is the same either way, only the rows kept are fewer."""
+        if not self.rows.defer or not self.blocks.count:
+            return
+        b = self.blocks
+        big = np.flatnonzero(b.lengths >= BIG // LENGTH_UNIT) if b.lengths is not None else \
+            np.flatnonzero(b.whole_ends - b.starts >= np.uint64(BIG))
+        done = np.zeros(len(big), dtype=bool)
+        scratch = Rows(b.count, defer=True)
+        while budget > 0:
+            todo = np.flatnonzero(~done & (self.seen[big] != 0))
+            if not len(todo):
+                break
+            done[todo] = True
+            for block in big[todo].tolist():
+                lo, hi = int(self.starts[block]), int(b.end_of(block))
+                if hi - lo > budget:
+                    continue
+                budget -= hi - lo
+                while lo < hi:
+                    data = read_window(self.mem, lo, hi, WINDOW)
+                    n = min(len(data) // 8, (hi - lo) // 8)
+                    if n == 0:
+                        break
+                    words = np.frombuffer(data, dtype="<u8", count=n)
+                    if self.locate.native:
+                        scratch.window(self.locate, lo, words, self.seen)
+                    else:
+                        self.seen[self.locate.window_edges(lo, words)[1]] = 1
+                    lo += n * 8
+
     def _signatures(self, base: int, words: np.ndarray) -> None:
         """The signatures of the blocks that start in the window WORDS read from BASE, from their first words."""
         i0 = int(np.searchsorted(self.starts, np.uint64(base)))
@@ -180,6 +220,7 @@ def scan(mem: Memory, blocks: Blocks, roots: Sequence[Root], registers: Sequence
         s.root(i, root)
     s.registers(len(roots), registers)
     s.locate.release()                   # the roots' room, for the heaps' windows to take
+    s.containers(sum(hi - lo for lo, hi in heaps) // BIG_SHARE)
     for lo, hi in heaps:
         s.heap(lo, hi)
     rows = s.rows.rows()
