@@ -6,11 +6,11 @@
 #include <stdint.h>
 #include <string.h>
 
-/* The version of these functions' arguments (2: hw_slab_bitmap_regions counts when STARTS is NULL): a library
- * built from older sources has another, or none, and is not used. */
+/* The version of these functions' arguments (2: hw_slab_bitmap_regions counts when STARTS is NULL; 3:
+ * hw_slab_regions_compact): a library built from older sources has another, or none, and is not used. */
 int64_t hw_jemalloc_abi(void)
 {
-    return 2;
+    return 3;
 }
 
 /* Word W of a bitmap, its bits from BITS on cleared. */
@@ -52,6 +52,42 @@ int64_t hw_slab_bitmap_regions(const uint8_t *bitmaps, int64_t stride, int64_t n
                 starts[count] = address[r] + (uint64_t)k * size[r];
                 ends[count] = starts[count] + size[r];
                 arenas[count] = arena[r];
+                count++;
+            }
+        }
+    }
+    return count;
+}
+
+/* hw_slab_bitmap_regions's regions as the leak scan keeps them: each region's start to STARTS, its size in 8-byte
+ * units to LENGTHS (every SIZE[r] a multiple of 8, its units below 2**32) and its slab's TAG[r] (its arena's
+ * index) to TAGS; GOOD as there.  Returns the number written (counted alone when STARTS is NULL). */
+int64_t hw_slab_regions_compact(const uint8_t *bitmaps, int64_t stride, int64_t n, const int64_t *nregs,
+                                const uint64_t *size, const int32_t *nfree, const uint8_t *readable,
+                                const uint64_t *address, const uint8_t *tag, uint64_t *starts, uint32_t *lengths,
+                                uint8_t *tags, uint8_t *good)
+{
+    int64_t count = 0;
+    for (int64_t r = 0; r < n; r++) {
+        const uint8_t *map = bitmaps + stride * r;
+        int64_t bits = nregs[r] < 8 * stride ? nregs[r] : 8 * stride, set = 0;
+        for (int64_t w = 0; 64 * w < bits; w++)
+            set += __builtin_popcountll(bitmap_word(map, w, bits));
+        good[r] = readable[r] && set == nfree[r];
+        if (!good[r])
+            continue;
+        if (!starts) {
+            count += bits - set;
+            continue;
+        }
+        for (int64_t w = 0; 64 * w < bits; w++) {
+            uint64_t word = bitmap_word(map, w, bits);
+            for (int64_t k = 64 * w; k < bits && k < 64 * w + 64; k++) {
+                if (word >> (k & 63) & 1)
+                    continue;
+                starts[count] = address[r] + (uint64_t)k * size[r];
+                lengths[count] = (uint32_t)(size[r] >> 3);
+                tags[count] = tag[r];
                 count++;
             }
         }

@@ -16,11 +16,11 @@ import numpy as np
 from heapwalk.inferior.memory import Memory, ReadError, merged, merged_arrays
 from heapwalk.inferior.records import read_records
 from heapwalk.analysis.lookup import NATIVE, merge_blocks
-from heapwalk.jemalloc.native import slab_regions
+from heapwalk.jemalloc.native import slab_regions, slab_regions_compact
 from heapwalk.jemalloc.extents import ACTIVE, ExtentTable
 from heapwalk.jemalloc.model import JeState
 from heapwalk.jemalloc.region import SLAB_BITMAP
-from heapwalk.common.view import Blocks
+from heapwalk.common.view import LENGTH_UNIT, Blocks
 
 __all__ = ["jemalloc_blocks"]
 
@@ -36,12 +36,13 @@ def jemalloc_blocks(mem: Memory, state: JeState) -> Blocks | None:
     excluded = np.array(sorted(_not_the_programs(state)), dtype=np.uint64)
     found = _in_address_order(mem, table, slabs, large, excluded)
     if found is None:
-        found = _sorted(mem, table, slabs, large, excluded)
-    start, end, arena, unknown = found
+        found = (*_sorted(mem, table, slabs, large, excluded), None)
+    start, end, arena, unknown, lengths = found
     heaps = merged_arrays(table.address, table.address + table.size.astype(np.uint64))
     bases = merged((at, at + size) for a in state.arenas for at, size in a.base_blocks)
     private = merged([*bases, *_cache_keys(mem, state, bases)])
-    return Blocks(start, end, arena, 0, 0, heaps=tuple(heaps), private=tuple(private), unknown=tuple(merged(unknown)))
+    return Blocks(start, end, arena, 0, 0, heaps=tuple(heaps), private=tuple(private), unknown=tuple(merged(unknown)),
+                  lengths=lengths)
 
 
 #: the span of memory a radix tree leaf covers, at the least (a 57-bit tree's: 2**15 pages of 4 KiB)
@@ -78,19 +79,115 @@ def _large(table: ExtentTable, large: np.ndarray) -> tuple[np.ndarray, np.ndarra
 
 
 def _in_address_order(mem: Memory, table: ExtentTable, slabs: np.ndarray, large: np.ndarray, excluded: np.ndarray
-                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[tuple[int, int]]] | None:
+                      ) -> tuple | None:
     """The blocks as `_sorted` finds them, made in address order (the slabs' rows and the large ones sorted by
-    address, then merged in C) rather than sorted afterwards: no array of a block each but the answer's; None
-    without the library, or when damage makes blocks overlap (then `_sorted` decides, as always)."""
+    address) rather than sorted afterwards, as (starts, ends or None, arenas, unknown, lengths or None): in the
+    compact form the leak scan keeps (`_compact`) where it holds them, else merged whole in C; None without the
+    library, or when damage makes two blocks start together or out of order (then `_sorted` decides, as
+    always)."""
     if not NATIVE:
         return None
     slabs = slabs[np.argsort(table.address[slabs], kind="stable")]
     large = large[np.argsort(table.address[large], kind="stable")]
+    big = _large(table, large)
+    if _compactable(table, slabs, big):
+        return _compact(mem, table, slabs, big, excluded)
     starts, ends, arenas, unknown = _slab_regions(mem, table, slabs)
-    if len(starts) != 1:
+    if len(starts) != 1 or not _apart(starts[0], big[0]):
         return None
-    found = merge_blocks((starts[0], ends[0], arenas[0]), _large(table, large), excluded)
-    return None if found is None else (*found, unknown)
+    found = merge_blocks((starts[0], ends[0], arenas[0]), big, excluded)
+    return None if found is None else (*found, unknown, None)
+
+
+def _compactable(table: ExtentTable, slabs: np.ndarray, big: tuple) -> bool:
+    """Whether the compact form holds these blocks: every size a multiple of `LENGTH_UNIT` below 32 GiB, at most
+    256 arenas."""
+    sizes = np.array([b.size for b in table.classes.bins], dtype=np.int64)
+    lengths = big[1] - big[0]
+    arenas = np.union1d(table.arena[slabs], big[2])
+    return not np.any(sizes % LENGTH_UNIT) and not np.any(lengths % np.uint64(LENGTH_UNIT)) and \
+        int(lengths.max(initial=0)) // LENGTH_UNIT < 1 << 32 and len(arenas) <= 256
+
+
+def _compact(mem: Memory, table: ExtentTable, slabs: np.ndarray, big: tuple, excluded: np.ndarray) -> tuple | None:
+    """The blocks of SLABS and BIG made straight into the arrays the leak scan keeps (`native.slab_regions_compact`:
+    a start, a 32-bit length and a byte for the arena each, with room for BIG), those starting at one of
+    EXCLUDED taken out and BIG merged in, in place; None when damage makes two blocks start together or out of
+    order."""
+    l_start, l_end, l_arena = big
+    numbers = np.union1d(table.arena[slabs], l_arena).astype(np.int32)
+    bins = table.classes.bins
+    nregs_of = np.array([b.nregs for b in bins], dtype=np.int64)
+    size_of = np.array([b.size for b in bins], dtype=np.uint64)
+    bitmaps = read_records(mem, table.header[slabs] + np.uint64(SLAB_BITMAP), table.classes.slab_maxregs // 8)
+    szind = table.szind[slabs].astype(np.int64)
+    starts, lengths, tags, n, good = slab_regions_compact(
+        bitmaps.data, nregs_of[szind], size_of[szind], table.nfree[slabs], bitmaps.readable, table.address[slabs],
+        np.searchsorted(numbers, table.arena[slabs]), len(l_start))
+    del bitmaps
+    if not _apart(starts[:n], l_start):
+        return None
+    n = _taken_out((starts, lengths, tags), n, excluded)
+    keep = _without(l_start, excluded)
+    l_tag = np.searchsorted(numbers, l_arena[keep]).astype(np.uint8)
+    n = _merged_in((starts, lengths, tags), n, (l_start[keep], ((l_end - l_start)[keep] // np.uint64(LENGTH_UNIT))
+                                                .astype(np.uint32), l_tag))
+    starts, lengths, tags = starts[:n], lengths[:n], tags[:n]
+    held = np.zeros(len(numbers), dtype=bool)              # counted `_STEP` at a time: bincount takes int64
+    for at in range(0, n, _STEP):
+        held |= np.bincount(tags[at:at + _STEP], minlength=len(numbers)) > 0
+    if not held.all():                                       # an arena whose blocks were all taken out
+        tags[:] = (np.cumsum(held) - 1).astype(np.uint8)[tags]
+        numbers = numbers[held]
+    return starts, None, (numbers, tags), _spans(table, slabs[~good]), lengths
+
+
+def _taken_out(columns: tuple, n: int, excluded: np.ndarray) -> int:
+    """COLUMNS' first N rows less those whose start is one of EXCLUDED, moved down in place `_STEP` at a time;
+    how many are left."""
+    starts = columns[0]
+    keep = _without(starts[:n], excluded) if len(excluded) else None
+    if keep is None or keep.all():
+        return n
+    placed = 0
+    for at in range(0, n, _STEP):
+        rows = np.flatnonzero(keep[at:at + _STEP]) + at
+        for column in columns:
+            column[placed:placed + len(rows)] = column[rows]
+        placed += len(rows)
+    return placed
+
+
+def _merged_in(columns: tuple, n: int, other: tuple) -> int:
+    """OTHER's rows (ascending by start, apart from COLUMNS') merged into COLUMNS' first N in address order, in
+    place (the columns have room for them): COLUMNS' rows moved up from the last, `_STEP` at a time; how many
+    rows there are then."""
+    o_start = other[0]
+    if not len(o_start):
+        return n
+    below = np.searchsorted(columns[0][:n], o_start)         # the rows below each of OTHER's
+    for at in range((n - 1) // _STEP * _STEP if n else -1, -1, -_STEP):
+        rows = slice(at, min(at + _STEP, n))
+        where = np.arange(rows.start, rows.stop) + np.searchsorted(o_start, columns[0][rows])
+        for column in columns:
+            column[where] = column[rows].copy()
+    where = below + np.arange(len(o_start))
+    for column, values in zip(columns, other):
+        column[where] = values
+    return n + len(o_start)
+
+
+def _apart(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether the starts A and B (each ascending) are each strictly ascending, and none of B is one of A."""
+    if np.any(a[1:] <= a[:-1]) or np.any(b[1:] <= b[:-1]):
+        return False
+    at = np.searchsorted(a, b)
+    inside = at < len(a)
+    return not np.any(a[at[inside]] == b[inside])
+
+
+#: blocks placed at a time
+_STEP = 1 << 18
 
 
 def _sorted(mem: Memory, table: ExtentTable, slabs: np.ndarray, large: np.ndarray, excluded: np.ndarray

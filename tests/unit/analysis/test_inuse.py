@@ -81,8 +81,21 @@ def test_the_signatures_in_c_are_numpys(monkeypatch):
     kept = signed.Signed(len(words), IMAGES)
     for at in range(0, len(words), 7_000):            # a window at a time, as the scan gives them
         kept.add(at, words[at:at + 7_000])
-    assert np.array_equal(kept.of(np.arange(len(words))), c) and kept.codes.dtype == np.uint32
+    assert np.array_equal(kept.of(np.arange(len(words))), c)
     assert len(kept.values) == len(np.unique(c[c > 1])) + 2
+    assert kept.codes.dtype == (np.uint16 if len(kept.values) <= 1 << 16 else np.uint32)
+
+
+def test_the_codes_widen_at_the_65536th_signature():
+    """Two bytes a block until a program has more signatures than they number, then four: the codes given before
+    are kept."""
+    images = [(0x400000, 0x400000 + (1 << 24), "/bin/many")]
+    words = (np.uint64(0x400008) + np.arange(70_000, dtype=np.uint64) * np.uint64(16))[::-1].copy()
+    kept = signed.Signed(len(words), images)
+    for at in range(0, len(words), 30_000):
+        kept.add(at, words[at:at + 30_000])
+        assert kept.codes.dtype == (np.uint16 if at + 30_000 < 65_534 else np.uint32)
+    assert np.array_equal(kept.of(np.arange(len(words))), words)
 
 
 def test_in_use_groups_by_size_arena_and_signature():
