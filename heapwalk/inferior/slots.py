@@ -15,9 +15,10 @@ from typing import Iterator
 
 import numpy as np
 
+from heapwalk.common.view import LENGTH_UNIT
 from heapwalk.inferior.clib import built_library
 
-__all__ = ["ENDED", "OUTSIDE", "TWICE", "CUT", "Walked", "slot_list", "slot_lists", "SlotMarks", "NATIVE"]
+__all__ = ["ENDED", "OUTSIDE", "TWICE", "CUT", "Walked", "slot_list", "slot_lists", "SlotMarks", "Sorted", "NATIVE"]
 
 #: why a walk stopped
 ENDED, OUTSIDE, TWICE, CUT = 0, 1, 2, 3
@@ -107,14 +108,14 @@ def slot_lists(data: bytes, base: int, starts: np.ndarray, sizes: np.ndarray, co
 
 
 #: slots made into addresses at a time
-_STEP = 1 << 20
+_STEP = 1 << 18
 
 
 class SlotMarks:
     """A byte for each slot of many pages (STARTS ascending, uint64; their slots' SIZES and COUNTS, int64), page k's
     from OFFSETS[k]: the walks of its lists and the caches' blocks mark the free ones (or every one of a page whose
-    lists are not known), and those left unmarked are the program's blocks, made into addresses a million at a
-    time (no array of every slot's address is made)."""
+    lists are not known), and those left unmarked are the program's blocks, made into addresses a quarter of a
+    million at a time (no array of every slot's address is made)."""
 
     def __init__(self, starts: np.ndarray, sizes: np.ndarray, counts: np.ndarray):
         self.starts, self.sizes, self.counts = starts, sizes.astype(np.int64), counts.astype(np.int64)
@@ -151,3 +152,44 @@ class SlotMarks:
             k = np.searchsorted(self.offsets, g, side="right") - 1
             size = self.sizes[k].astype(np.uint64)
             yield self.starts[k] + (g - self.offsets[k]).astype(np.uint64) * size, size, k
+
+    def blocks(self, tags: np.ndarray, other: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> Sorted:
+        """The unmarked slots, with OTHER blocks (starts ascending, sizes, tags: a span of one allocation each)
+        merged in: made straight into the arrays `view.Blocks` keeps (`Sorted`), each block tagged with its page's
+        TAGS[k] (or its own)."""
+        o_starts, o_sizes, o_tags = other if other is not None else (np.zeros(0, dtype=np.uint64),) * 2 + (tags[:0],)
+        o_sizes = np.asarray(o_sizes, dtype=np.uint64)
+        n = int(len(self.marks) - np.count_nonzero(self.marks)) + len(o_starts)
+        fits = (not len(self.sizes) or not np.any(self.sizes % LENGTH_UNIT)) and not np.any(o_sizes % LENGTH_UNIT) \
+            and int(max(self.sizes.max(initial=0), o_sizes.max(initial=0))) // LENGTH_UNIT < 1 << 32
+        out = Sorted(np.empty(n, dtype=np.uint64), np.empty(n, dtype=np.uint32) if fits else None,
+                     None if fits else np.empty(n, dtype=np.uint64), np.empty(n, dtype=tags.dtype))
+        placed, before = 0, np.zeros(len(o_starts), dtype=np.int64)   # each other block's slots below it (a slot
+        #                                                                at the same address goes after it)
+        for addresses, sizes, k in self.unmarked():
+            at = placed + np.searchsorted(o_starts, addresses, side="right") + np.arange(len(addresses))
+            out.put(at, addresses, sizes, tags[k])
+            before += np.searchsorted(addresses, o_starts)
+            placed += len(addresses)
+        out.put(before + np.arange(len(o_starts)), o_starts, o_sizes, o_tags)
+        return out
+
+
+@dataclass
+class Sorted:
+    """Blocks in address order as `view.Blocks` keeps them: STARTS, and LENGTHS in `view.LENGTH_UNIT`s (uint32) or
+    ENDS where a size does not fit that; a tag each."""
+
+    starts: np.ndarray
+    lengths: np.ndarray | None
+    ends: np.ndarray | None
+    tags: np.ndarray
+
+    def put(self, at: np.ndarray, starts: np.ndarray, sizes: np.ndarray, tags: np.ndarray) -> None:
+        """Blocks at STARTS of SIZES (uint64) with TAGS, at the places AT."""
+        self.starts[at] = starts
+        if self.lengths is not None:
+            self.lengths[at] = sizes // np.uint64(LENGTH_UNIT)
+        else:
+            self.ends[at] = starts + sizes
+        self.tags[at] = tags

@@ -15,7 +15,7 @@ import numpy as np
 from heapwalk.inferior.memory import merged
 from heapwalk.inferior.slots import SlotMarks
 from heapwalk.mimalloc.decode import MiState, good_size
-from heapwalk.common.view import Blocks
+from heapwalk.common.view import Blocks, index_type
 
 __all__ = ["mimalloc_blocks"]
 
@@ -23,7 +23,7 @@ __all__ = ["mimalloc_blocks"]
 def mimalloc_blocks(state: MiState, arena_of: dict[int, int]) -> Blocks:
     """The blocks the program holds in STATE's pages; ARENA_OF: segment address -> its owner's number (the
     report's row).  A byte a block each page cut (`slots.SlotMarks`): its lists' blocks marked, the rest made
-    into addresses a million at a time."""
+    into the blocks' arrays a quarter of a million at a time."""
     pages, owners, unknown = [], [], []
     for seg in state.live():
         owner = arena_of.get(seg.address, 0)
@@ -41,14 +41,17 @@ def mimalloc_blocks(state: MiState, arena_of: dict[int, int]) -> Blocks:
     for k, page in enumerate(pages):
         if len(page.freed):
             slots.mark_slots(k, page.freed)
-    parts = list(slots.unmarked())
-    start = np.concatenate([a for a, _, _ in parts] or [np.zeros(0, dtype=np.uint64)])
-    end = start + np.concatenate([s for _, s, _ in parts] or [np.zeros(0, dtype=np.uint64)])
-    arena = owners[np.concatenate([k for _, _, k in parts] or [np.zeros(0, dtype=np.int64)])]
+    numbers, index = np.unique(owners, return_inverse=True) if len(owners) else (owners, owners)
+    made = slots.blocks(index.astype(index_type(len(numbers))))
+    held = np.bincount(made.tags, minlength=len(numbers)) > 0      # owners with a block left (their lists' counts
+    if not held.all():                                                # may leave none)
+        made.tags = (np.cumsum(held) - 1)[made.tags].astype(index_type(int(held.sum())))
+        numbers = numbers[held]
     heaps = merged([*((s.address, s.address + s.reserved) for s in state.live()),
                     *((a.start, a.start + a.reserved) for a in state.discovery.arenas)])
     td = good_size(state.layout.thread_data)
     own = state.own_ranges()
     private = merged([*((at, at + td) for at, _ in state.thread_data), *own])
-    return Blocks(start, end, arena, 0, 0, heaps=tuple(heaps), private=tuple(private),
+    return Blocks(made.starts, made.ends, (numbers.astype(np.int32), made.tags), 0, 0, heaps=tuple(heaps),
+                  private=tuple(private), lengths=made.lengths,
                   unknown=tuple(merged(unknown)))

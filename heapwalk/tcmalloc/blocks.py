@@ -19,7 +19,7 @@ import numpy as np
 
 from heapwalk.common.findings import Finding
 from heapwalk.inferior.slots import ENDED, SlotMarks, slot_lists
-from heapwalk.common.view import LENGTH_UNIT, Blocks
+from heapwalk.common.view import Blocks
 from heapwalk.inferior.memory import Memory, ReadError, merged, read_once
 from heapwalk.inferior.window import read_window
 from heapwalk.tcmalloc.decode import TcState
@@ -110,16 +110,11 @@ def tcmalloc_blocks(mem: Memory, state: TcState, table: SpanTable | None = None,
     slots.mark(cached.address)
     unknown = np.sort(np.concatenate([small[doubtful], np.array(damaged, dtype=np.int64)]).astype(np.int64))
     large = table.large()
-    parts = list(slots.unmarked())
-    starts = np.concatenate([a for a, _, _ in parts] + [table.start[large]])
-    sizes = np.concatenate([s for _, s, _ in parts] + [(table.end[large] - table.start[large])])
-    del parts, slots
-    order = np.argsort(starts, kind="stable") if len(large) else slice(None)
-    starts, sizes = starts[order], sizes[order]
+    made = slots.blocks(np.zeros(len(slots.rows), dtype=np.uint8),
+                        (table.start[large], table.end[large] - table.start[large], np.zeros(len(large), dtype=np.uint8)))
+    del slots
     heaps = merged(zip(table.start.tolist(), table.end.tolist()))
     holes = merged((int(table.start[r]), int(table.end[r])) for r in unknown.tolist())
-    fits = not len(sizes) or (not np.any(sizes % LENGTH_UNIT) and int(sizes.max()) // LENGTH_UNIT < 1 << 32)
-    ends, lengths = (None, (sizes // LENGTH_UNIT).astype(np.uint32)) if fits else (starts + sizes, None)
-    arena = (np.zeros(1 if len(starts) else 0, dtype=np.int32), np.zeros(len(starts), dtype=np.uint8))   # one arena
-    return Blocks(starts, ends, arena, 0, 0,
-                  heaps=tuple(heaps), private=tuple(merged(private)), unknown=tuple(holes), lengths=lengths), findings
+    arena = (np.zeros(1 if len(made.starts) else 0, dtype=np.int32), made.tags)     # one arena
+    return Blocks(made.starts, made.ends, arena, 0, 0, heaps=tuple(heaps), private=tuple(merged(private)),
+                  unknown=tuple(holes), lengths=made.lengths), findings
