@@ -12,6 +12,8 @@ import textwrap
 from datetime import datetime, timezone
 from pathlib import Path
 
+from bench_plot import growth_svg
+
 ROOT = Path(__file__).resolve().parents[2]
 HEADING = "## What `make bench` measured last"
 INTRO = ("`make bench` writes this section itself (`tests/tools/bench_docs.py`), one part per size, replacing that size's "
@@ -231,7 +233,8 @@ def growth(runs: list[dict], kept: dict[str, list[str]] | None = None) -> str:
              textwrap.fill("Each size's last run (above), `heapwalk report` on each of its cores, as `make bench` "
                            "wrote it (each size's run rewrites this table from the runs it finds in build/bench, "
                            "and keeps the rows of a size it finds none of: sizes measured at other commits say so "
-                           "in the last column).", WIDTH), "",
+                           "in the last column), and its plot (`performance-growth.svg`, written with it).", WIDTH),
+             "", "![How report's time and memory grow with the chunks or blocks](performance-growth.svg)", "",
              "| size | core | chunks or blocks | heap | report | x floor (4 MiB reads) | above gdb's own | per million "
              "| commit, date |", "|---|---|---|---|---|---|---|---|---|"]
     measured = {data["size"] for data in runs}
@@ -247,7 +250,7 @@ def growth(runs: list[dict], kept: dict[str, list[str]] | None = None) -> str:
                 continue
             count = r[unit]
             above = row["peak_rss_bytes"] - r["gdb_load_peak_rss_bytes"]
-            heap = r.get("heap_bytes", r.get("extent_bytes", 0))
+            heap = r.get("heap_bytes", r.get("extent_bytes", r.get("block_bytes", 0)))
             m = data.get("machine", {})
             lines.append(f"| {data['size']} | {name.split(',')[0]} | {count:,} | {heap / MIB:,.0f} MiB | "
                          f"{row['command_seconds']:.2f} s | {row['times_floor_4m']:.1f}x | {above / MIB:,.0f} MiB | "
@@ -265,7 +268,9 @@ def write(path: Path, data: dict, others: dict[str, dict] | None = None) -> None
     text = updated(text, data["size"], body)
     runs = {**(others or {}), data["size"]: data}
     ordered = [runs[s] for s in SIZE_ORDER if s in runs]
-    path.write_text(updated(text, "growth", growth(ordered, growth_rows(text))))
+    table = growth(ordered, growth_rows(text))
+    path.write_text(updated(text, "growth", table))
+    path.with_name(path.stem + "-growth.svg").write_text(growth_svg(table.splitlines()))
 
 
 def growth_rows(text: str) -> dict[str, list[str]]:

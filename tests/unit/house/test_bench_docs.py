@@ -133,3 +133,40 @@ def test_a_machine_that_ran_one_size_keeps_the_other_sizes_rows_the_page_has(tmp
     cells = [[c.strip() for c in line.split("|")] for line in table.splitlines()]
     rows = [f"{c[1]} {c[-2].split(',')[0]}" for c in cells if len(c) > 2 and c[1] in bench_docs.SIZE_ORDER]
     assert rows == ["small 0ld0000", "small 0ld0000", "large new1234", "large new1234", "huge 0ldhuge", "huge 0ldhuge"]
+
+
+def test_the_preloaded_allocators_have_their_columns_and_rows(tmp_path):
+    """tcmalloc's and mimalloc's runs (`bench_preload`) are cores of the tables and rows of the growth table."""
+    large = _run()
+    large["machine"], large["argv"] = MACHINE, ["--size", "large"]
+    large["preloaded"] = [{"allocator": "tcmalloc", "name": "tcmalloc (bookworm)", "blocks": 3_000_027,
+                           "block_bytes": 1273 << 20, "block_runs": 16, "runs": 3, "floor_seconds": 0.8,
+                           "floor_4m_seconds": 0.17, "gdb_load_seconds": 0.5, "gdb_load_peak_rss_bytes": 98 << 20,
+                           "commands": [_command("heapwalk report", 2.9, 0.8, 0.17, 302, 68, "blocks")]}]
+    page = tmp_path / "performance.md"
+    page.write_text("# Performance\n\n## Method\n\ntext\n")
+    bench_docs.write(page, large)
+    text = page.read_text()
+    assert "| tcmalloc (bookworm) random, 3.0 M blocks | 1,273 MiB in 16 runs of pages in use |" in text
+    assert "| large | tcmalloc (bookworm) random | 3,000,027 | 1,273 MiB | 2.90 s | 17.1x | 204 MiB | 68 MiB |" in text
+
+
+def test_the_growth_plot_draws_each_cores_sizes_as_a_line(tmp_path):
+    """performance-growth.svg, written beside the page: a line in each panel for each kind of core, through its
+    sizes in order, and the page shows it."""
+    small, large = _run(), _run()
+    small["size"], small["machine"] = "small", {**MACHINE, "commit": "0ld0000"}
+    small["shapes"][0]["chunks"] = 300_000
+    small["jemalloc"]["blocks"] = 150_000
+    large["machine"], large["argv"] = MACHINE, ["--size", "large"]
+    page = tmp_path / "performance.md"
+    page.write_text("# Performance\n")
+    bench_docs.write(page, large, {"small": small})
+    svg = (tmp_path / "performance-growth.svg").read_text()
+    assert svg.startswith("<svg ") and svg.count("<polyline") == 4 and svg.count("<circle") == 8
+    assert "glibc random" in svg and "jemalloc (bookworm) random" in svg
+    assert "](performance-growth.svg)" in page.read_text()
+    import bench_plot
+    points = bench_plot.points_of([line for line in page.read_text().splitlines() if line.startswith("| small")
+                                   or line.startswith("| large")])
+    assert [n for n, _, _ in points["glibc random"]] == [300_000, 4_500_000]
