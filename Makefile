@@ -137,9 +137,10 @@ FUZZ_ARGS ?=
 fuzz: cores bytecode
 	$(PY) tests/tools/fuzz.py $(FUZZ_ARGS)
 
-# The benchmark: heapwalk's commands timed on a core of cores/glibc/bench.c (BENCH_SIZE: small, medium, large, huge).
-# Prints a table, writes build/bench/bench-SIZE.json and its size's part of docs/performance.md (the machine, the
-# date, the commit, the method); never fails on a slow machine.
+# The benchmark: heapwalk's commands timed on cores of cores/glibc/bench.c, cores/jemalloc/je_bench.c and
+# cores/common/bench_preload.c on tcmalloc and mimalloc (BENCH_SIZE: small, medium, large, huge).  Prints a table,
+# writes build/bench/bench-SIZE.json, its size's part of docs/performance.md (the machine, the date, the commit, the
+# method) and the growth plot beside it; never fails on a slow machine.
 BENCH_SIZE ?= large
 BENCH_ARGS ?=
 bench: venv bytecode

@@ -88,6 +88,19 @@ def time_commands(cap, commands, runs: int, load_peak: int, count: int, unit: st
     return results
 
 
+def timed_core(cap, heap_file: Path, runs: int, commands, count: int, unit: str) -> dict:
+    """What every core of the bench gets, CAP's with its heaps listed in HEAP_FILE and COUNT UNITs (chunks or
+    blocks): its size, gdb's start and load (median seconds, peak RSS), the floors (`floors`) and COMMANDS timed
+    RUNS times each (`time_commands`)."""
+    floor = floors(cap, heap_file, runs)
+    loads = [gdb_run(cap.exe, cap.core, []) for _ in range(runs)]
+    load_peak = max(peak for _, _, peak in loads)
+    return {"core_bytes": cap.core.stat().st_size, "runs": runs,
+            "gdb_load_seconds": statistics.median(wall for _, wall, _ in loads), "gdb_load_peak_rss_bytes": load_peak,
+            "floor_seconds": floor[0], "floor_4m_seconds": floor[1],
+            "commands": time_commands(cap, commands, runs, load_peak, count, unit, floor)}
+
+
 def command_lines(results: list[dict], unit: str, width: int) -> list[str]:
     """The rows of `time_commands`' RESULTS as a plain-text table (its heading first), commands WIDTH wide."""
     mib = 1 << 20

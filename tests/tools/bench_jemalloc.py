@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import sys
 from pathlib import Path
 
@@ -16,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "cores" / "scripts"))
 
 import harness  # noqa: E402
-from bench_gdb import command_lines, floors, load_line, gdb_run, time_commands  # noqa: E402
+from bench_gdb import command_lines, gdb_run, load_line, timed_core  # noqa: E402
 
 #: the Debian suite whose libjemalloc2 the bench runs on (this machine's own release)
 SUITE = "bookworm"
@@ -60,15 +59,9 @@ def measure(size: str, chunks: int, runs: int, build: Path) -> dict:
     heaps, blocks = heaps_and_blocks(cap)
     heap_file = cap.directory.parent / "heaps.json"
     heap_file.write_text(json.dumps(heaps))
-    floor = floors(cap, heap_file, runs)
-    loads = [gdb_run(cap.exe, cap.core, []) for _ in range(runs)]
-    load_peak = max(peak for _, _, peak in loads)
     result = {"size": size, "allocator": "jemalloc", "jemalloc": SUITE, "blocks": blocks,
               "extent_bytes": sum(n for _, n in heaps), "extent_runs": len(heaps),
-              "core_bytes": cap.core.stat().st_size, "runs": runs,
-              "gdb_load_seconds": statistics.median(wall for _, wall, _ in loads), "gdb_load_peak_rss_bytes": load_peak,
-              "floor_seconds": floor[0], "floor_4m_seconds": floor[1],
-              "commands": time_commands(cap, COMMANDS, runs, load_peak, blocks, "blocks", floor)}
+              **timed_core(cap, heap_file, runs, COMMANDS, blocks, "blocks")}
     (cap.directory.parent / "bench.json").write_text(json.dumps(result, indent=2) + "\n")
     return result
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -21,7 +20,7 @@ import fresh  # noqa: E402
 import harness  # noqa: E402
 import mibuilds  # noqa: E402
 import tcbuilds  # noqa: E402
-from bench_gdb import command_lines, floors, gdb_run, load_line, time_commands  # noqa: E402
+from bench_gdb import command_lines, gdb_run, load_line, timed_core  # noqa: E402
 
 COMMANDS = ("heapwalk report", "heapwalk check", "heapwalk leaks", "heapwalk map --svg /dev/null --png /dev/null")
 SOURCE = ROOT / "cores" / "common" / "bench_preload.c"
@@ -106,15 +105,9 @@ def measure(key: str, size: str, chunks: int, runs: int, build: Path) -> dict:
     heaps, blocks = heaps_and_blocks(key, cap)
     heap_file = cap.directory / "heaps.json"
     heap_file.write_text(json.dumps(heaps))
-    floor = floors(cap, heap_file, runs)
-    loads = [gdb_run(cap.exe, cap.core, []) for _ in range(runs)]
-    load_peak = max(peak for _, _, peak in loads)
     result = {"size": size, "allocator": key, "name": ALLOCATORS[key].name, "blocks": blocks,
               "block_bytes": sum(n for _, n in heaps), "block_runs": len(heaps),
-              "core_bytes": cap.core.stat().st_size, "runs": runs,
-              "gdb_load_seconds": statistics.median(wall for _, wall, _ in loads), "gdb_load_peak_rss_bytes": load_peak,
-              "floor_seconds": floor[0], "floor_4m_seconds": floor[1],
-              "commands": time_commands(cap, COMMANDS, runs, load_peak, blocks, "blocks", floor)}
+              **timed_core(cap, heap_file, runs, COMMANDS, blocks, "blocks")}
     (cap.directory / "bench.json").write_text(json.dumps(result, indent=2) + "\n")
     return result
 
