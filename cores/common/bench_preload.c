@@ -34,28 +34,12 @@ static void die(const char *what)
     _exit(1);
 }
 
-/* Worker ID's share: made, linked, grown, then half freed in random order. */
+/* Worker ID's share: made, linked, grown, then half freed in random order (bench_shape.h). */
 static void build_random(long id, unsigned seed)
 {
-    void **p = malloc((size_t)share * sizeof *p);
-    long *order = malloc((size_t)share * sizeof *order);
-    if (!p || !order)
+    kept[id] = random_share(share, seed, &orders[id]);
+    if (!kept[id])
         die("bench_preload: out of memory");
-    for (long i = 0; i < share; i++) {
-        size_t n = pick(&seed);
-        p[i] = made(i, &n);
-        if (!p[i])
-            die("bench_preload: out of memory");
-        memset(p[i], 0x5A, n < 32 ? n : 32);
-        link_objects(p, i, &seed);
-    }
-    shuffled(order, share, &seed);
-    for (long k = 0; k < share / 2; k++) {
-        free(p[order[k]]);
-        p[order[k]] = NULL;
-    }
-    kept[id] = p;
-    orders[id] = order;
 }
 
 static void *worker(void *arg)

@@ -1,10 +1,12 @@
-/* What the benchmark's programs (bench.c on glibc's malloc, je_bench.c on jemalloc) share: the sizes they
+/* What the benchmark's programs (bench.c on glibc's malloc, je_bench.c on jemalloc, bench_preload.c on the others)
+ * share: the sizes they
  * allocate, how their objects point to one another, and the random order they free them in, so that both
  * allocators are timed on the same program. */
 #ifndef BENCH_SHAPE_H
 #define BENCH_SHAPE_H
 
 #include <stdlib.h>
+#include <string.h>
 
 /* A size from SEED: mostly small objects (as in a C++ daemon), some medium and a few large: about 200 bytes per
  * allocation on average. */
@@ -63,6 +65,31 @@ static void shuffled(long *order, long n, unsigned *seed)
         order[i] = order[j];
         order[j] = t;
     }
+}
+
+/* A worker's SHARE objects in the random shape: made, linked and grown (`made`, `link_objects`), then half of
+ * them, picked in random order from SEED, freed (their slots set NULL).  Returns the array of them (NULL when
+ * memory runs out) and sets *ORDER to the order array; both stay allocated, as live blocks of the program. */
+static inline void **random_share(long share, unsigned seed, long **order)
+{
+    void **p = malloc((size_t)share * sizeof *p);
+    *order = malloc((size_t)share * sizeof **order);
+    if (!p || !*order)
+        return NULL;
+    for (long i = 0; i < share; i++) {
+        size_t n = pick(&seed);
+        p[i] = made(i, &n);
+        if (!p[i])
+            return NULL;
+        memset(p[i], 0x5A, n < 32 ? n : 32);
+        link_objects(p, i, &seed);
+    }
+    shuffled(*order, share, &seed);
+    for (long k = 0; k < share / 2; k++) {
+        free(p[(*order)[k]]);
+        p[(*order)[k]] = NULL;
+    }
+    return p;
 }
 
 #endif

@@ -22,23 +22,9 @@ static long live_of[WORKERS];
 
 /* This worker's share: made, linked, grown, then half freed in random order; returns the live blocks. */
 static long build_random(unsigned seed) {
-    void **p = malloc((size_t)share * sizeof *p);
-    long *order = malloc((size_t)share * sizeof *order);
-    if (!p || !order)
+    long *order;
+    if (!random_share(share, seed, &order))
         die("je_bench: out of memory");
-    for (long i = 0; i < share; i++) {
-        size_t n = pick(&seed);
-        p[i] = made(i, &n);
-        if (!p[i])
-            die("je_bench: out of memory");
-        memset(p[i], 0x5A, n < 32 ? n : 32);
-        link_objects(p, i, &seed);
-    }
-    shuffled(order, share, &seed);
-    for (long k = 0; k < share / 2; k++) {
-        free(p[order[k]]);
-        p[order[k]] = NULL;
-    }
     return share - share / 2 + 2;    /* the blocks kept, and the two arrays */
 }
 

@@ -32,6 +32,23 @@ _LIB = _load()
 NATIVE = _LIB is not None
 
 
+def _arguments(bitmaps, nregs, size, nfree, readable, address, last, last_type) -> tuple:
+    """The arrays both C functions take first, in the types they take (LAST: the arena numbers or the tags, of
+    LAST_TYPE), kept alive by the caller while the call runs; and the bitmaps' stride."""
+    c = np.ascontiguousarray
+    arrays = (c(bitmaps, dtype=np.uint8), c(nregs, dtype=np.int64), c(size, dtype=np.uint64),
+              c(nfree, dtype=np.int32), c(readable, dtype=np.uint8), c(address, dtype=np.uint64),
+              c(last, dtype=last_type))
+    return arrays, (arrays[0].shape[1] if arrays[0].ndim == 2 else 64)
+
+
+def _call(f, arrays: tuple, stride: int, *out) -> int:
+    """F (a C function of `_LIB`) on ARRAYS (`_arguments`) and the output arrays OUT (or None)."""
+    bitmaps, *rest = arrays
+    return f(bitmaps.ctypes.data, stride, len(arrays[1]), *(a.ctypes.data for a in rest),
+             *(None if o is None else o.ctypes.data for o in out))
+
+
 def slab_regions(bitmaps: np.ndarray, nregs: np.ndarray, size: np.ndarray, nfree: np.ndarray, readable: np.ndarray,
                  address: np.ndarray, arena: np.ndarray) -> tuple[np.ndarray, ...] | None:
     """The regions slabs hand out, from their bitmaps (BITMAPS: uint8, a row a slab; a set bit is a free region),
@@ -39,20 +56,11 @@ def slab_regions(bitmaps: np.ndarray, nregs: np.ndarray, size: np.ndarray, nfree
     each slab's bitmap was readable and counted its NFREE; None when the library is not built."""
     if _LIB is None:
         return None
-    c = np.ascontiguousarray
-    bitmaps, nregs, size = c(bitmaps, dtype=np.uint8), c(nregs, dtype=np.int64), c(size, dtype=np.uint64)
-    nfree, readable = c(nfree, dtype=np.int32), c(readable, dtype=np.uint8)
-    address, arena = c(address, dtype=np.uint64), c(arena, dtype=np.int32)
-    stride = bitmaps.shape[1] if bitmaps.ndim == 2 else 64
-    good = np.empty(len(nregs), dtype=np.uint8)
-    room = _LIB.hw_slab_bitmap_regions(bitmaps.ctypes.data, stride, len(nregs), nregs.ctypes.data, size.ctypes.data,
-                                       nfree.ctypes.data, readable.ctypes.data, address.ctypes.data,
-                                       arena.ctypes.data, None, None, None, good.ctypes.data)   # counted first
-    starts, ends = np.empty(room, dtype=np.uint64), np.empty(room, dtype=np.uint64)
-    arenas = np.empty(room, dtype=np.int32)
-    count = _LIB.hw_slab_bitmap_regions(bitmaps.ctypes.data, stride, len(nregs), nregs.ctypes.data, size.ctypes.data,
-                                 nfree.ctypes.data, readable.ctypes.data, address.ctypes.data, arena.ctypes.data,
-                                 starts.ctypes.data, ends.ctypes.data, arenas.ctypes.data, good.ctypes.data)
+    arrays, stride = _arguments(bitmaps, nregs, size, nfree, readable, address, arena, np.int32)
+    good = np.empty(len(arrays[1]), dtype=np.uint8)
+    room = _call(_LIB.hw_slab_bitmap_regions, arrays, stride, None, None, None, good)      # counted first
+    starts, ends, arenas = np.empty(room, dtype=np.uint64), np.empty(room, dtype=np.uint64), np.empty(room, np.int32)
+    count = _call(_LIB.hw_slab_bitmap_regions, arrays, stride, starts, ends, arenas, good)
     return starts[:count], ends[:count], arenas[:count], good.view(bool)
 
 
@@ -65,17 +73,10 @@ def slab_regions_compact(bitmaps: np.ndarray, nregs: np.ndarray, size: np.ndarra
     whether each slab's bitmap was readable and counted its NFREE; None when the library is not built."""
     if _LIB is None:
         return None
-    c = np.ascontiguousarray
-    bitmaps, nregs, size = c(bitmaps, dtype=np.uint8), c(nregs, dtype=np.int64), c(size, dtype=np.uint64)
-    nfree, readable = c(nfree, dtype=np.int32), c(readable, dtype=np.uint8)
-    address, tag = c(address, dtype=np.uint64), c(tag, dtype=np.uint8)
-    stride = bitmaps.shape[1] if bitmaps.ndim == 2 else 64
-    good = np.empty(len(nregs), dtype=np.uint8)
-    args = (bitmaps.ctypes.data, stride, len(nregs), nregs.ctypes.data, size.ctypes.data, nfree.ctypes.data,
-            readable.ctypes.data, address.ctypes.data, tag.ctypes.data)
-    count = _LIB.hw_slab_regions_compact(*args, None, None, None, good.ctypes.data)     # counted first
+    arrays, stride = _arguments(bitmaps, nregs, size, nfree, readable, address, tag, np.uint8)
+    good = np.empty(len(arrays[1]), dtype=np.uint8)
+    count = _call(_LIB.hw_slab_regions_compact, arrays, stride, None, None, None, good)    # counted first
     starts, lengths = np.empty(count + room, dtype=np.uint64), np.empty(count + room, dtype=np.uint32)
     tags = np.empty(count + room, dtype=np.uint8)
-    count = _LIB.hw_slab_regions_compact(*args, starts.ctypes.data, lengths.ctypes.data, tags.ctypes.data,
-                                         good.ctypes.data)
+    count = _call(_LIB.hw_slab_regions_compact, arrays, stride, starts, lengths, tags, good)
     return starts, lengths, tags, count, good.view(bool)
