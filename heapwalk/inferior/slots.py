@@ -130,15 +130,27 @@ class SlotMarks:
     def mark(self, addresses: np.ndarray) -> None:
         """Marks the slots at ADDRESSES (uint64); an address in no page's slots, or not at a slot's start, marks
         nothing."""
+        good, at = self._at(addresses)
+        self.marks[at[good]] = 1
+
+    def marked(self, addresses: np.ndarray) -> np.ndarray:
+        """Whether each of ADDRESSES (uint64) is the start of a slot marked (a mask)."""
+        good, at = self._at(addresses)
+        good[good] = self.marks[at[good]] != 0
+        return good
+
+    def _at(self, addresses: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Whether each of ADDRESSES starts a slot of the pages, and where its mark is (meaningful where it does)."""
         addresses = np.asarray(addresses, dtype=np.uint64)
         k = np.searchsorted(self.starts, addresses, side="right") - 1
         inside = k >= 0
-        k, addresses = k[inside], addresses[inside]
-        offset = addresses - self.starts[k]
-        size = self.sizes[k].astype(np.uint64)
+        k = np.maximum(k, 0)
+        offset = addresses - self.starts[k] if len(self.starts) else addresses
+        size = self.sizes[k].astype(np.uint64) if len(self.starts) else np.ones(len(addresses), dtype=np.uint64)
         index = offset // size
-        good = (offset % size == 0) & (index < self.counts[k].astype(np.uint64))
-        self.marks[self.offsets[k[good]] + index[good].astype(np.int64)] = 1
+        counts = self.counts[k].astype(np.uint64) if len(self.starts) else np.zeros(len(addresses), dtype=np.uint64)
+        good = inside & (offset % size == 0) & (index < counts)
+        return good, np.where(good, self.offsets[k] + index.astype(np.int64), 0)
 
     def mark_slots(self, k: int, slots: np.ndarray) -> None:
         """Marks page K's SLOTS (indexes)."""

@@ -25,7 +25,7 @@ from heapwalk.inferior.window import read_window
 from heapwalk.tcmalloc.decode import TcState
 from heapwalk.tcmalloc.objects import Cached, SpanTable, cached_objects, span_list
 
-__all__ = ["tcmalloc_blocks", "free_in_spans", "Slots"]
+__all__ = ["tcmalloc_blocks", "on_span_lists", "Slots"]
 
 #: bytes of adjacent spans read at once
 WINDOW = 2 << 20
@@ -83,15 +83,14 @@ def _bytes_of(mem: Memory, table: SpanTable, row: int) -> bytes | None:
         return None
 
 
-def free_in_spans(mem: Memory, table: SpanTable, rows, findings: list[Finding]) -> tuple[np.ndarray, list[int]]:
-    """The objects on the free lists of the spans ROWS (walked), and the rows whose list is damaged."""
+def on_span_lists(mem: Memory, table: SpanTable, rows: np.ndarray, addresses: np.ndarray,
+                  findings: list[Finding]) -> np.ndarray:
+    """Walks the own list of each span ROWS (`walk_spans`, findings where damaged) and says which of ADDRESSES is
+    an object on one of those lists (a mask; a damaged span's list holds none)."""
     slots = Slots(table, np.asarray(rows, dtype=np.int64))
-    damaged = walk_spans(mem, slots, findings)
-    for row in damaged:
-        k = int(np.searchsorted(slots.rows, row))
-        slots.of(k)[:] = 0
-    slots.marks ^= 1
-    return np.concatenate([a for a, _, _ in slots.unmarked()] or [np.zeros(0, dtype=np.uint64)]), damaged
+    for row in walk_spans(mem, slots, findings):
+        slots.of(int(np.searchsorted(slots.rows, row)))[:] = 0
+    return slots.marked(addresses)
 
 
 def tcmalloc_blocks(mem: Memory, state: TcState, table: SpanTable | None = None,

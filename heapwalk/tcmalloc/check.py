@@ -11,7 +11,7 @@ import numpy as np
 
 from heapwalk.common.findings import Finding, Kind, Severity
 from heapwalk.inferior.memory import Memory, ReadError, u64
-from heapwalk.tcmalloc.blocks import free_in_spans
+from heapwalk.tcmalloc.blocks import on_span_lists
 from heapwalk.tcmalloc.decode import NORMAL, RETURNED, TcState
 from heapwalk.tcmalloc.objects import Cached, SpanTable
 
@@ -69,14 +69,14 @@ def _objects(state: TcState, mem: Memory, table: SpanTable, cached: Cached, walk
     """What the walks of every free list found: the caches' (WALKED), each span's, and the counts they break."""
     out = list(walked)
     small = table.small()
-    in_spans, _ = free_in_spans(mem, table, small.tolist(), out)
+    twice = on_span_lists(mem, table, small, cached.address, out)
     rows = table.rows(cached.address)
     held = np.bincount(rows[rows >= 0], minlength=len(table))[:len(table)]
     for row in np.flatnonzero(held > np.clip(table.refcount, 0, None)).tolist():
         out.append(Finding(Severity.ERROR, int(table.header[row]), "span", "the caches hold more of a span's "
                            "objects than its refcount says were taken out of it", Kind.ACCOUNTING,
                            f"at most {int(table.refcount[row])}", str(int(held[row]))))
-    for a in cached.address[np.isin(cached.address, in_spans)][:100].tolist():
+    for a in cached.address[twice][:100].tolist():
         out.append(Finding(Severity.ERROR, a, "span", "a free object is both in a cache and on its span's list",
                            Kind.DOUBLE_FREE))
     free = np.clip(table.count - table.refcount, 0, None)

@@ -100,3 +100,19 @@ def test_many_pages_in_one_call_are_each_page_alone(seed, monkeypatch):
         alone = slot_list(image[start - base:start - base + size * count], start, size, count, head,
                           np.zeros(count, dtype=np.uint8))
         assert (want[0][k], want[1][k], want[2][k]) == (len(alone.slots), alone.stop, alone.at)
+
+
+def test_slot_marks_mark_and_say_only_slot_starts_and_make_the_unmarked_blocks():
+    """Two pages (3 slots of 16 bytes at 0x1000, 2 of 48 at 0x2000): an address inside a slot, past a page or
+    before the first marks nothing; the unmarked slots come out in address order with a large block merged in,
+    tagged by page."""
+    marks = slots.SlotMarks(np.array([0x1000, 0x2000], dtype=np.uint64), np.array([16, 48]), np.array([3, 2]))
+    marks.mark(np.array([0x1010, 0x1008, 0x1030, 0x0ff0, 0x2030], dtype=np.uint64))
+    assert marks.marks.tolist() == [0, 1, 0, 0, 1]
+    assert marks.marked(np.array([0x1010, 0x1018, 0x2030, 0x2000, 0x9000], dtype=np.uint64)).tolist() == \
+        [True, False, True, False, False]
+    made = marks.blocks(np.array([7, 9], dtype=np.uint8),
+                        (np.array([0x1800], dtype=np.uint64), np.array([0x400], dtype=np.uint64),
+                         np.array([5], dtype=np.uint8)))
+    assert made.starts.tolist() == [0x1000, 0x1020, 0x1800, 0x2000]
+    assert made.lengths.tolist() == [2, 2, 0x80, 6] and made.tags.tolist() == [7, 7, 5, 9] and made.ends is None
