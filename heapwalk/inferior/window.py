@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from heapwalk.inferior.memory import Memory, ReadError
+from heapwalk.inferior.memory import Memory, ReadError, read_once
 
 __all__ = ["Window", "word_reader", "read_window", "PROBE_SPAN", "SPAN"]
 
@@ -50,10 +50,9 @@ def word_reader(mem: Memory, end: int, span: int = SPAN):
 def read_window(mem: Memory, base: int, end: int, span: int) -> bytes | memoryview:
     """Up to SPAN bytes at BASE, fewer where the target's memory ends (b"" when nothing is readable)."""
     size = max(16, min(span, end - base))
-    read = getattr(mem, "read_buffer", mem.read)
     while size >= 8:
         try:
-            return read(base, size)
+            return read_once(mem, base, size)
         except ReadError:
             size = size // 2 if size > 4096 else (8 if size > 8 else 0)
     return b""

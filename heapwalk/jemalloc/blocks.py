@@ -116,10 +116,7 @@ def _compact(mem: Memory, table: ExtentTable, slabs: np.ndarray, big: tuple, exc
     order."""
     l_start, l_end, l_arena = big
     numbers = np.union1d(table.arena[slabs], l_arena).astype(np.int32)
-    bins = table.classes.bins
-    nregs_of = np.array([b.nregs for b in bins], dtype=np.int64)
-    size_of = np.array([b.size for b in bins], dtype=np.uint64)
-    bitmaps = read_records(mem, table.header[slabs] + np.uint64(SLAB_BITMAP), table.classes.slab_maxregs // 8)
+    bitmaps, nregs_of, size_of = _bitmaps(mem, table, slabs)
     szind = table.szind[slabs].astype(np.int64)
     starts, lengths, tags, n, good = slab_regions_compact(
         bitmaps.data, nregs_of[szind], size_of[szind], table.nfree[slabs], bitmaps.readable, table.address[slabs],
@@ -228,15 +225,20 @@ def _not_the_programs(state: JeState) -> set[int]:
 _BATCH = 8192
 
 
+def _bitmaps(mem: Memory, table: ExtentTable, slabs: np.ndarray) -> tuple:
+    """The bitmaps of the slabs at rows SLABS, read together (`records.Records`), and each size class's number of
+    regions and region size (indexed by szind)."""
+    bins = table.classes.bins
+    return (read_records(mem, table.header[slabs] + np.uint64(SLAB_BITMAP), table.classes.slab_maxregs // 8),
+            np.array([b.nregs for b in bins], dtype=np.int64), np.array([b.size for b in bins], dtype=np.uint64))
+
+
 def _slab_regions(mem: Memory, table: ExtentTable, slabs: np.ndarray
                   ) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray], list[tuple[int, int]]]:
     """The regions the slabs at rows SLABS of TABLE hand out (their bitmaps' clear bits: a set bit is a free
     region), as starts, ends and arenas, slab by slab in the rows' order and each slab's in address order;
     and the slabs whose bitmap is unreadable or does not count the slab's free regions (unknown memory)."""
-    bins = table.classes.bins
-    nregs_of = np.array([b.nregs for b in bins], dtype=np.int64)
-    size_of = np.array([b.size for b in bins], dtype=np.uint64)
-    bitmaps = read_records(mem, table.header[slabs] + np.uint64(SLAB_BITMAP), table.classes.slab_maxregs // 8)
+    bitmaps, nregs_of, size_of = _bitmaps(mem, table, slabs)
     szind = table.szind[slabs].astype(np.int64)
     native = slab_regions(bitmaps.data, nregs_of[szind], size_of[szind], table.nfree[slabs], bitmaps.readable,
                           table.address[slabs], table.arena[slabs])
