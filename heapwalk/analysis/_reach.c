@@ -8,12 +8,12 @@
 #include <string.h>
 
 
-/* The version of these functions' arguments (5: the blocks' ends or lengths, end_of; the tally's groups of any
- * width, and sizes from lengths; the lookup's table packed, entry): a library built from older sources has
- * another, or none, and is not used. */
+/* The version of these functions' arguments (6: the lookup's table written packed, hw_table_packed; 5: the blocks'
+ * ends or lengths, end_of; the tally's groups of any width, and sizes from lengths; the lookup's table packed,
+ * entry): a library built from older sources has another, or none, and is not used. */
 int64_t hw_reach_abi(void)
 {
-    return 5;
+    return 6;
 }
 
 /* Goes on with a breadth-first search whose queue is ORDER[HEAD .. TAIL): visits every node the queued ones lead
@@ -101,7 +101,7 @@ static inline uint64_t end_of(const uint64_t *starts, const uint64_t *ends, cons
 
 /* Entry T of the table (see hw_locate): TABLE[T] where NBASES is 0; else the table is packed, NBASES int32 bases
  * (one for each 1 << GROUP_SHIFT entries: the entry of the group's first) followed by a uint16 for each entry,
- * its distance from its group's base (hw_pack_table). */
+ * its distance from its group's base (hw_table_packed). */
 static inline int64_t entry(const int32_t *table, int64_t nbases, int64_t t)
 {
     if (!nbases)
@@ -193,20 +193,31 @@ void hw_table(const uint64_t *lo, const int64_t *slots, int64_t nheaps, int64_t 
     }
 }
 
-/* TABLE's N entries (hw_table's, and the one past them) packed into OUT (see entry): (N >> GROUP_SHIFT) + 1 bases,
- * then a uint16 an entry.  Returns 0, or -1 when an entry lies below its group's base or 65,535 past it (OUT is
- * then of no use: the table is used as it is). */
-int64_t hw_pack_table(const int32_t *table, int64_t n, int32_t *out)
+/* hw_table's entries, and the one past them (the last block), written packed into OUT as `entry` reads them: (N
+ * >> GROUP_SHIFT) + 1 bases, then a uint16 an entry, N the slots and one.  Returns 0, or -1 when an entry lies
+ * 65,535 or more past its group's base (OUT is then of no use: the caller makes the table whole, hw_table). */
+int64_t hw_table_packed(const uint64_t *lo, const int64_t *slots, int64_t nheaps, int64_t shift,
+                        const uint64_t *starts, int64_t nstarts, int32_t *out, int64_t n)
 {
-    int64_t nbases = (n >> GROUP_SHIFT) + 1;
+    int64_t nbases = (n >> GROUP_SHIFT) + 1, i = -1, t = 0;
     uint16_t *deltas = (uint16_t *)(out + nbases);
-    for (int64_t t = 0; t < n; t++) {
-        if (!(t & ((1 << GROUP_SHIFT) - 1)))
-            out[t >> GROUP_SHIFT] = table[t];
-        int64_t d = (int64_t)table[t] - out[t >> GROUP_SHIFT];
-        if (d < 0 || d > 65535)
-            return -1;
-        deltas[t] = (uint16_t)d;
+    for (int64_t h = 0; h <= nheaps; h++) {
+        int64_t count = h < nheaps ? slots[h] : 1;
+        for (int64_t s = 0; s < count; s++, t++) {
+            if (h < nheaps) {
+                uint64_t at = lo[h] + ((uint64_t)s << shift);
+                while (i + 1 < nstarts && starts[i + 1] <= at)
+                    i++;
+            } else {
+                i = nstarts - 1;
+            }
+            if (!(t & ((1 << GROUP_SHIFT) - 1)))
+                out[t >> GROUP_SHIFT] = (int32_t)i;
+            int64_t d = i - out[t >> GROUP_SHIFT];
+            if (d > 65535)
+                return -1;
+            deltas[t] = (uint16_t)d;
+        }
     }
     return 0;
 }

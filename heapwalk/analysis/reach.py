@@ -22,6 +22,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from heapwalk.inferior.ownmemory import give_back
+
 from heapwalk.analysis.pages import PagesSeen
 from heapwalk.analysis.lookup import FirstHits, Locator
 from heapwalk.analysis.graph import Graph
@@ -216,6 +218,7 @@ def scan(mem: Memory, blocks: Blocks, roots: Sequence[Root], registers: Sequence
     heaps = merged(blocks.heaps)
     root_bytes = sum(r.end - r.start for r in roots)
     s = _Scanner(mem, blocks, progress, root_bytes + sum(hi - lo for lo, hi in heaps), pages, paths, images)
+    give_back()                          # the table's making's holes (`ownmemory`), before the windows' arrays
     for i, root in enumerate(roots):
         s.root(i, root)
     s.registers(len(roots), registers)

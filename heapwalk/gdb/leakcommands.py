@@ -41,6 +41,7 @@ def report_scans(found, no_leaks: bool, pages=None) -> tuple[list, list[str]]:
     all with NO_LEAKS), and why any scan was not made (this machine has not the memory for it)."""
     scans, refused = [], []
     for decoded in found.decoded:
+        give_back()                  # what came before (the verdicts' tables), before the blocks' arrays
         blocks = decoded.blocks() if decoded.scans_leaks and not no_leaks else None   # made once: 3 M cost 100 MiB
         why = None if blocks is None else budget.scan_refused(blocks.count)
         refused += [why] if why else []

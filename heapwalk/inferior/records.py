@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from heapwalk.inferior.memory import Memory, ReadError
+from heapwalk.inferior.memory import Memory, ReadError, read_once
 
 __all__ = ["Records", "read_records"]
 
@@ -26,7 +26,9 @@ class Records:
 
 def read_records(mem: Memory, addresses: np.ndarray, size: int, span: int = SPAN) -> Records:
     """SIZE bytes at each of ADDRESSES (uint64, any order, repeats allowed): the records that lie within SPAN
-    bytes of the first of a stretch are read in one piece; where that fails, each of its records alone."""
+    bytes of the first of a stretch are read in one piece, past MEM's cache (`read_once`: the records are copied
+    out, and the blocks a walk reads a field at a time stay cached); where that fails, each of its records
+    alone."""
     addresses = np.asarray(addresses, dtype=np.uint64)
     ordered, inverse = np.unique(addresses, return_inverse=True)
     got = Records(len(ordered), size)
@@ -37,7 +39,7 @@ def read_records(mem: Memory, addresses: np.ndarray, size: int, span: int = SPAN
         last = min(first + max(span - size, 0), (1 << 64) - 1)
         j = max(i + 1, int(np.searchsorted(ordered, np.uint64(last), side="right")))
         try:
-            data = np.frombuffer(mem.read(first, int(ordered[j - 1]) - first + size), dtype=np.uint8)
+            data = np.frombuffer(read_once(mem, first, int(ordered[j - 1]) - first + size), dtype=np.uint8)
             got.data[i:j] = data[(ordered[i:j] - np.uint64(first)).astype(np.int64)[:, None] + columns]
             got.readable[i:j] = True
         except ReadError:

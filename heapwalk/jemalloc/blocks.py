@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from heapwalk.inferior.memory import Memory, ReadError, merged, merged_arrays
+from heapwalk.inferior.ownmemory import give_back
 from heapwalk.inferior.records import read_records
 from heapwalk.analysis.lookup import NATIVE, merge_blocks
 from heapwalk.jemalloc.native import slab_regions, slab_regions_compact
@@ -121,7 +122,8 @@ def _compact(mem: Memory, table: ExtentTable, slabs: np.ndarray, big: tuple, exc
     starts, lengths, tags, n, good = slab_regions_compact(
         bitmaps.data, nregs_of[szind], size_of[szind], table.nfree[slabs], bitmaps.readable, table.address[slabs],
         np.searchsorted(numbers, table.arena[slabs]), len(l_start))
-    del bitmaps
+    del bitmaps, szind
+    give_back()                                              # the bitmaps' and the decode's holes, before the scan
     if not _apart(starts[:n], l_start):
         return None
     n = _taken_out((starts, lengths, tags), n, excluded)

@@ -167,7 +167,7 @@ def _fast_next(sweep: Sweep, safe_linking: bool, j: int) -> int:
 def _successors(address: np.ndarray, starts: Locator, targets: np.ndarray, rows: np.ndarray, out: np.ndarray):
     """For each chunk of ADDRESS, the index of the chunk its link points to (TARGETS: the links of the chunks at
     ROWS, those that may be in the lists followed), into OUT; -1 when that is no chunk's start, or the chunk is
-    not among ROWS.  Looked up with STARTS (a `Locator` of the chunks' first 16 bytes: a table of about two
+    not among ROWS.  Looked up with STARTS (a `Locator` of the chunks' first 16 bytes: a table of about one
     slots a chunk, in C), whatever the order of the links, in memory bounded by the chunks, not the bytes.  In
     the form `native.follow` takes."""
     out.fill(-1)
