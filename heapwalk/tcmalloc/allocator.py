@@ -7,6 +7,7 @@ import functools
 from collections import Counter
 from types import MappingProxyType
 
+import numpy as np
 from rich.text import Text
 
 from heapwalk.face import Allocator, Checked, Context, Decoded, NotUsed, Shown
@@ -27,6 +28,7 @@ from heapwalk.tcmalloc.metadata import metadata_ranges
 from heapwalk.tcmalloc.objects import SpanTable, cached_objects
 from heapwalk.tcmalloc.page import tcmalloc_facts, tcmalloc_sections
 from heapwalk.tcmalloc.owners import cache_owners
+from heapwalk.tcmalloc.spans import columns
 from heapwalk.tcmalloc.shown import (class_rows, free_spans, free_spans_table, threads_document,
                                      threads_table)
 from heapwalk.tcmalloc.verdict import advice
@@ -131,8 +133,7 @@ class TcmallocHeap(Decoded):
         """The page heap's spans by state: how many, their bytes, and their bytes in RAM (null: unknown)."""
         out = {}
         for name, location in (("in_use", IN_USE), ("free", NORMAL), ("returned", RETURNED)):
-            spans = [s for s in self.state.spans if s.location == location]
-            out[name] = {"spans": len(spans), "bytes": self.state.span_bytes(location),
+            out[name] = {"spans": int(np.count_nonzero(columns(self.state.spans).location == location)), "bytes": self.state.span_bytes(location),
                          "resident": self.state.resident(location)}
         return out
 

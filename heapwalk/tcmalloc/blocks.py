@@ -20,7 +20,7 @@ import numpy as np
 from heapwalk.common.findings import Finding
 from heapwalk.inferior.slots import ENDED, SlotMarks, slot_lists
 from heapwalk.common.view import Blocks
-from heapwalk.inferior.memory import Memory, ReadError, merged, read_once
+from heapwalk.inferior.memory import Memory, ReadError, merged, merged_arrays, read_once
 from heapwalk.inferior.window import read_window
 from heapwalk.tcmalloc.decode import TcState
 from heapwalk.tcmalloc.objects import Cached, SpanTable, cached_objects, span_list
@@ -112,7 +112,7 @@ def tcmalloc_blocks(mem: Memory, state: TcState, table: SpanTable | None = None,
     made = slots.blocks(np.zeros(len(slots.rows), dtype=np.uint8),
                         (table.start[large], table.end[large] - table.start[large], np.zeros(len(large), dtype=np.uint8)))
     del slots
-    heaps = merged(zip(table.start.tolist(), table.end.tolist()))
+    heaps = merged_arrays(table.start, table.end)
     holes = merged((int(table.start[r]), int(table.end[r])) for r in unknown.tolist())
     arena = (np.zeros(1 if len(made.starts) else 0, dtype=np.int32), made.tags)     # one arena
     return Blocks(made.starts, made.ends, arena, 0, 0, heaps=tuple(heaps), private=tuple(merged(private)),

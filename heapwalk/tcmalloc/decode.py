@@ -6,15 +6,14 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass, field
-from typing import NamedTuple
-
+from typing import Sequence
 import numpy as np
 
 from heapwalk.common.findings import Finding, Kind, Severity
 from heapwalk.inferior.memory import Memory, ReadError, u64
 from heapwalk.inferior.residency import Residency
 from heapwalk.tcmalloc.discovery import TcDiscovery
-from heapwalk.tcmalloc.layout import SPAN
+from heapwalk.tcmalloc.spans import Spans, TcSpan, columns, read_spans
 
 __all__ = ["TcClass", "TcSpan", "TcThread", "TcState", "decode_tcmalloc", "STATS_FIELDS", "IN_USE", "NORMAL",
            "RETURNED"]
@@ -23,8 +22,6 @@ __all__ = ["TcClass", "TcSpan", "TcThread", "TcState", "decode_tcmalloc", "STATS
 STATS_FIELDS = ("system_bytes", "free_bytes", "unmapped_bytes", "committed_bytes", "scavenge_count", "commit_count",
                 "total_commit_bytes", "decommit_count", "total_decommit_bytes", "reserve_count",
                 "total_reserve_bytes")
-#: where a Span's bit fields start (refcount: 16 bits, size class: 8, location: 2, sampled: 1)
-_SPAN_BITS = 40
 #: a span's location: in use, free (its pages resident unless the kernel dropped them), free and given back
 IN_USE, NORMAL, RETURNED = 0, 1, 2
 #: thread caches followed at most (a list longer than this is damaged)
@@ -58,21 +55,6 @@ class TcClass:
         return max(self.size, 0) * max(self.move, 0) * max(self.transfer_batches, 0)
 
 
-class TcSpan(NamedTuple):
-    """One span of the page heap: its first page, its pages, where it is (IN_USE, NORMAL, RETURNED); in use, its
-    size class (0: one large allocation), the objects taken out of it (refcount), the head of its list of free
-    objects, whether heap sampling took it (one small allocation), and where its header is."""
-
-    page: int
-    pages: int
-    location: int
-    size_class: int = 0
-    refcount: int = 0
-    objects: int = 0
-    sampled: bool = False
-    header: int = 0
-
-
 @dataclass(frozen=True)
 class TcThread:
     """One thread's cache: where it is, the thread (its pthread_t; None where the cache does not keep it, from
@@ -95,7 +77,7 @@ class TcState:
     stats: dict
     classes: tuple[TcClass, ...]
     threads: tuple[TcThread, ...]
-    spans: tuple[TcSpan, ...] = ()            # every span the page map names
+    spans: Sequence[TcSpan] = ()              # every span the page map names (`spans.Spans`)
     metadata: int | None = None               # bytes tcmalloc took from the system for its own use
     overall: int | None = None                # the thread caches' total limit
     findings: tuple[Finding, ...] = field(default=())
@@ -109,19 +91,18 @@ class TcState:
 
     def span_bytes(self, location: int) -> int:
         """Bytes of the spans at LOCATION (IN_USE, NORMAL, RETURNED)."""
-        return sum(s.pages for s in self.spans if s.location == location) * self.page_size
+        spans = columns(self.spans)
+        return int(spans.pages[spans.location == location].sum()) * self.page_size
 
     def resident(self, location: int | None = None) -> int | None:
         """Bytes in RAM of the spans at LOCATION (None: every span); None when the target cannot say."""
         if self.residency is None:
             return None
-        page = self.page_size
-        ranges = [(s.page * page, (s.page + s.pages) * page) for s in self.spans
-                  if location is None or s.location == location]
-        if not ranges:
-            return 0
-        starts, ends = zip(*ranges)
-        return self.residency.resident_sum(starts, ends)
+        spans = columns(self.spans)
+        starts, ends = spans.starts_ends(self.page_size)
+        if location is not None:
+            starts, ends = starts[spans.location == location], ends[spans.location == location]
+        return self.residency.resident_sum(starts, ends) if len(starts) else 0
 
     def properties(self) -> dict:
         """The figures MallocExtension_GetNumericProperty gives, by its names."""
@@ -165,7 +146,7 @@ def decode_tcmalloc(mem: Memory, found: TcDiscovery, description: str, residency
     after = _metadata_next(mem, found.metadata)
     spans, leaves = _spans(mem, found, findings)
     page = found.page_size
-    known = residency.covering([(sp.page * page, (sp.page + sp.pages) * page) for sp in spans]) if residency else None
+    known = residency.covering(zip(*(x.tolist() for x in spans.starts_ends(page)))) if residency else None
     return TcState(description, found, stats, classes, tuple(threads), spans, metadata,
                    overall, tuple(findings), known, leaves, after)
 
@@ -192,7 +173,7 @@ def _word(mem: Memory, at: int | None) -> int | None:
         return None
 
 
-def _spans(mem: Memory, found: TcDiscovery, findings: list[Finding]) -> tuple[tuple[TcSpan, ...], tuple[int, ...]]:
+def _spans(mem: Memory, found: TcDiscovery, findings: list[Finding]) -> tuple[Spans, tuple[int, ...]]:
     """Every span of the page heap, walked as tcmalloc walks its page map: at each page that names a span
     starting there, that span, then on past its last page (a free span names only its ends: the pages inside
     may still name the spans merged into it); sorted.  And the page map's leaves that could be read."""
@@ -203,8 +184,9 @@ def _spans(mem: Memory, found: TcDiscovery, findings: list[Finding]) -> tuple[tu
     except ReadError:
         findings.append(Finding(Severity.ERROR, root_at, "page map", "tcmalloc's page map cannot be read: its "
                                 "spans are not known", Kind.UNMAPPED))
-        return (), ()
-    named: list[tuple[int, int]] = []            # (page, span) for every page that names a span
+        return Spans.of(()), ()
+    pages: list[np.ndarray] = []                 # every page that names a span, and that span
+    named: list[np.ndarray] = []
     leaves: list[int] = []
     for r in np.flatnonzero(root).tolist():
         leaf = int(root[r])
@@ -215,24 +197,12 @@ def _spans(mem: Memory, found: TcDiscovery, findings: list[Finding]) -> tuple[tu
                                     "read: the spans it names are left out", Kind.UNMAPPED))
             continue
         leaves.append(leaf)
-        pages = np.flatnonzero(values)
-        named += zip((pages + r * lay.pagemap_leaf).tolist(), values[pages].tolist())
-    heads = {}
-    for span in sorted({s for _, s in named}):
-        try:
-            heads[span] = mem.read(span, SPAN)
-        except ReadError:
-            continue
-    out, end = [], 0
-    for page, span in sorted(named):
-        head = heads.get(span)
-        if head is None:
-            continue
-        start, length, _, _, objects, refcount, size_class, bits = struct.unpack_from("<5QHBB", head)
-        if start == page and page >= end and 0 < length < 1 << 40:
-            out.append(TcSpan(page, length, bits & 3, size_class, refcount, objects, bool(bits & 4), span))
-            end = page + length
-    return tuple(out), tuple(leaves)
+        at = np.flatnonzero(values)
+        pages.append(at.astype(np.uint64) + np.uint64(r * lay.pagemap_leaf))
+        named.append(values[at])
+    if not pages:
+        return Spans.of(()), tuple(leaves)
+    return read_spans(mem, np.concatenate(pages), np.concatenate(named)), tuple(leaves)
 
 
 def _classes(mem: Memory, found: TcDiscovery, cached: np.ndarray) -> tuple[TcClass, ...]:

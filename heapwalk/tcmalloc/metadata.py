@@ -14,6 +14,8 @@ from __future__ import annotations
 import numpy as np
 
 from heapwalk.tcmalloc.decode import TcState
+from heapwalk.tcmalloc.layout import SPAN
+from heapwalk.tcmalloc.spans import columns
 
 __all__ = ["metadata_ranges", "JOIN"]
 
@@ -25,18 +27,19 @@ _PAGE = 4096
 def metadata_ranges(state: TcState) -> list[tuple[int, int]]:
     """The ranges of memory tcmalloc's known metadata objects lie in, page-aligned, none inside a span."""
     lay = state.discovery.layout
-    objects = [(s.header, s.header + 48) for s in state.spans if s.header] + \
-        [(t.address, t.address + lay.thread_prev + 8) for t in state.threads] + \
+    spans = columns(state.spans)
+    headers = spans.header[spans.header != 0]
+    objects = [(t.address, t.address + lay.thread_prev + 8) for t in state.threads] + \
         [(leaf, leaf + 8 * lay.pagemap_leaf) for leaf in state.leaves] + \
         ([(state.metadata_next - 1, state.metadata_next)] if state.metadata_next else [])
-    if not objects:
+    if not objects and not len(headers):
         return []
-    objects.sort()
-    page = state.page_size
-    span_starts = np.array([s.page * page for s in state.spans], dtype=np.uint64)
-    span_ends = np.array([(s.page + s.pages) * page for s in state.spans], dtype=np.uint64)
+    joined = np.concatenate([np.array(objects, dtype=np.uint64).reshape(-1, 2),
+                             np.stack([headers, headers + np.uint64(SPAN)], axis=1)])
+    joined = joined[np.lexsort((joined[:, 1], joined[:, 0]))]
+    span_starts, span_ends = spans.starts_ends(state.page_size)
     return [_outside_spans(start & ~(_PAGE - 1), (end + _PAGE - 1) & ~(_PAGE - 1), span_starts, span_ends)
-            for start, end in _joined(np.array(objects, dtype=np.uint64), span_starts)]
+            for start, end in _joined(joined, span_starts)]
 
 
 def _joined(objects: np.ndarray, span_starts: np.ndarray) -> list[tuple[int, int]]:

@@ -19,6 +19,7 @@ from heapwalk.common.findings import Finding, Kind, Severity
 from heapwalk.inferior.slots import CUT, OUTSIDE, TWICE, slot_list
 from heapwalk.inferior.memory import Memory, ReadError, hop_u64, read_once
 from heapwalk.tcmalloc.decode import IN_USE, TcState
+from heapwalk.tcmalloc.spans import columns
 
 __all__ = ["SpanTable", "Cached", "cached_objects", "span_free_objects", "span_list", "THREAD", "TRANSFER", "CENTRAL", "PLACES"]
 
@@ -46,20 +47,17 @@ class SpanTable:
     @classmethod
     def of(cls, state: TcState) -> "SpanTable":
         """STATE's spans; a span in use counts as cut into objects when its class is one of the size map's."""
-        page = state.page_size
-        spans = state.spans
-        sizes = {c.index: c.size for c in state.classes if c.index and c.size > 0}
-        start = np.array([s.page * page for s in spans], dtype=np.uint64)
-        end = np.array([(s.page + s.pages) * page for s in spans], dtype=np.uint64)
-        location = np.array([s.location for s in spans], dtype=np.uint8)
-        klass = np.array([s.size_class for s in spans], dtype=np.int64)
-        size = np.array([sizes.get(s.size_class, 0) if s.location == IN_USE and not s.sampled else 0
-                         for s in spans], dtype=np.int64)
+        spans = columns(state.spans)
+        start, end = spans.starts_ends(state.page_size)
+        klass = spans.size_class.astype(np.int64)
+        sizes = np.zeros(256, dtype=np.int64)
+        for c in state.classes:
+            if c.index and c.size > 0 and c.index < 256:
+                sizes[c.index] = c.size
+        size = np.where((spans.location == IN_USE) & ~spans.sampled, sizes[klass], 0)
         count = np.where(size > 0, (end - start).astype(np.int64) // np.maximum(size, 1), 0)
-        return cls(start, end, location, klass, size, count,
-                   np.array([s.refcount for s in spans], dtype=np.int64),
-                   np.array([s.objects for s in spans], dtype=np.uint64),
-                   np.array([s.header for s in spans], dtype=np.uint64))
+        return cls(start, end, spans.location.copy(), klass, size, count, spans.refcount.astype(np.int64),
+                   spans.objects.copy(), spans.header.copy())
 
     def __len__(self) -> int:
         return len(self.start)
