@@ -125,7 +125,7 @@ class Locator:
         table[-1] = len(self.starts) - 1
         return table, 0
 
-    def _gaps(self, step: int = 1 << 20) -> np.ndarray:
+    def _gaps(self, step: int = 1 << 18) -> np.ndarray:
         """The blocks that start more than GAP past the end of the block before them (where damage made blocks
         overlap there is no gap), STEP blocks at a time: no array of a block each is made."""
         parts = [np.zeros(0, dtype=np.int64)]

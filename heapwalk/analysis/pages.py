@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from heapwalk.analysis.lookup import nonzero_pages
-from heapwalk.inferior.memory import merged, ranges_without
+from heapwalk.inferior.ranges import merged, ranges_without
 from heapwalk.inferior.residency import runs_of
 
 __all__ = ["PagesSeen"]

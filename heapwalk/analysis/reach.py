@@ -29,7 +29,8 @@ from heapwalk.analysis.lookup import FirstHits, Locator
 from heapwalk.analysis.graph import Graph
 from heapwalk.analysis.rows import Rows, SparseRows
 from heapwalk.analysis.signed import Signed
-from heapwalk.inferior.memory import Memory, merged
+from heapwalk.inferior.memory import Memory
+from heapwalk.inferior.ranges import merged
 from heapwalk.inferior.roots import RegisterRoot, Root
 from heapwalk.inferior.window import read_window
 from heapwalk.common.view import LENGTH_UNIT, Blocks

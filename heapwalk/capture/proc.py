@@ -7,7 +7,7 @@ import os
 import re
 from pathlib import Path
 
-from heapwalk.inferior.memory import merged
+from heapwalk.inferior.ranges import merged
 from heapwalk.inferior.pages import ZeroPages
 from heapwalk.inferior.residency import present_runs
 

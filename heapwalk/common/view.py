@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["ArenaView", "Blocks", "BlockSizes", "HeapStrip", "HeapView", "SizeClass", "Words", "index_type"]
+__all__ = ["ArenaView", "Blocks", "BlockSizes", "HeapStrip", "HeapView", "SizeClass", "Words", "index_type", "retagged", "tags_held"]
 
 
 @dataclass(frozen=True)
@@ -265,6 +265,28 @@ def _indexed(arena: Any) -> tuple[Any, Any]:
     lookup = np.zeros(high + 1, dtype=index_type(len(numbers)))
     lookup[numbers] = np.arange(len(numbers))
     return numbers, lookup[arena]
+
+
+#: blocks' tags handled at a time (numpy's bincount and fancy indexing make int64 arrays of what they are given)
+_TAG_STEP = 1 << 18
+
+
+def tags_held(tags: np.ndarray, count: int) -> np.ndarray:
+    """Which of COUNT tags (indices) TAGS holds at least once (a mask)."""
+    held = np.zeros(count, dtype=bool)
+    for at in range(0, len(tags), _TAG_STEP):
+        held |= np.bincount(tags[at:at + _TAG_STEP], minlength=count)[:count] > 0
+    return held
+
+
+def retagged(tags: np.ndarray, held: np.ndarray) -> np.ndarray:
+    """TAGS renumbered to the tags HELD keeps (a mask of the old ones; each of TAGS is one it keeps), in the
+    smallest type that holds them."""
+    new = (np.cumsum(held) - 1).astype(index_type(int(held.sum())))
+    out = np.empty(len(tags), dtype=new.dtype)
+    for at in range(0, len(tags), _TAG_STEP):
+        out[at:at + _TAG_STEP] = new[tags[at:at + _TAG_STEP]]
+    return out
 
 
 def index_type(count: int) -> Any:

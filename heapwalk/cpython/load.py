@@ -16,7 +16,8 @@ from heapwalk.cpython.pools import HEADER, Pools, block_size, blocks_per_pool, f
 from heapwalk.common.errors import HeapwalkError
 from heapwalk.common.findings import Finding, Kind, Severity
 from heapwalk.inferior.elf import ElfImage
-from heapwalk.inferior.memory import ReadError, merged, ranges_without
+from heapwalk.inferior.memory import ReadError
+from heapwalk.inferior.ranges import merged, ranges_without
 
 __all__ = ["find_python", "load_obmalloc", "NoObmalloc"]
 

@@ -17,7 +17,7 @@ import gdb  # type: ignore[import-not-found]
 
 from heapwalk.inferior.corefile import CoreError, CoreFile, parse_ranges
 from heapwalk.inferior.elf import Mapping
-from heapwalk.inferior.memory import ranges_without
+from heapwalk.inferior.ranges import ranges_without
 from heapwalk.inferior.mitext import console_text
 from heapwalk.inferior.pages import LivePages
 from heapwalk.inferior.residency import Pagemap, Residency, in_core, load_runs, of_core

@@ -16,7 +16,7 @@ from heapwalk.gdb.session import UserError, load_allocators
 from heapwalk.gdb.subcommand import Parser, Subcommand, json_option
 from heapwalk.output.leakdoc import leaks_group, leaks_json
 from heapwalk.gdb.adapter import stack_frame, symbol_at
-from heapwalk.inferior.memory import merged
+from heapwalk.inferior.ranges import merged
 from heapwalk.inferior.ownmemory import give_back
 from heapwalk.inferior.roots import RegisterRoot, readonly_images
 

@@ -28,7 +28,7 @@ from heapwalk.gtcmalloc.objects import IN_USE, Objects, object_places
 from heapwalk.gtcmalloc.image import find_google_tcmalloc
 from heapwalk.gtcmalloc.shown import classes_table, cpus_table, heaps_table, state_document, threads_table
 from heapwalk.gtcmalloc.verdict import advice
-from heapwalk.inferior.memory import merged
+from heapwalk.inferior.ranges import merged
 from heapwalk.output import htmlreport
 from heapwalk.output.consoles import box_for
 from heapwalk.output.jsondoc import report_json

@@ -13,13 +13,11 @@ from __future__ import annotations
 import bisect
 import struct
 from collections import OrderedDict
-from typing import Callable, Iterable, Protocol
-
-import numpy as np
+from typing import Callable, Protocol
 
 from heapwalk.common.errors import HeapwalkError
 
-__all__ = ["ReadError", "Memory", "CachedMemory", "ImageMemory", "u64", "u32", "hop_u64", "read_once", "adjacent_runs", "merged", "merged_arrays", "ranges_without",
+__all__ = ["ReadError", "Memory", "CachedMemory", "ImageMemory", "u64", "u32", "hop_u64", "hop_read", "read_once",
            "readable", "drop_cached"]
 
 _Q = struct.Struct("<Q")
@@ -53,6 +51,13 @@ def hop_u64(mem: Memory, address: int) -> int:
     (`CachedMemory.hop`)."""
     hop = getattr(mem, "hop", None)
     return hop(address) if hop is not None else u64(mem, address)
+
+
+def hop_read(mem: Memory, address: int, size: int) -> bytes:
+    """`hop_u64` of SIZE bytes (a header): read alone where MEM keeps a cache and no cached block holds them, so
+    that a walk reading one small header from each of thousands of pages does not cache their blocks."""
+    hop = getattr(mem, "hop_read", None)
+    return hop(address, size) if hop is not None else mem.read(address, size)
 
 
 def read_once(mem: Memory, address: int, size: int) -> bytes | memoryview:
@@ -242,18 +247,23 @@ class CachedMemory:
 
     def hop(self, address: int) -> int:
         """The 8-byte word at ADDRESS, from a cached block when one holds it, else read alone and not kept."""
-        block = self._blocks.get(address & ~(self.BLOCK - 1))
-        if isinstance(block, bytes) and (address & (self.BLOCK - 1)) <= self.BLOCK - 8:
-            return _Q.unpack_from(block, address & (self.BLOCK - 1))[0]
-        if address < 0 or address + 8 > 1 << 64 or not self._known(address, 8):
-            raise ReadError(address, 8, "not in the target's memory")
+        return _Q.unpack(self.hop_read(address, 8))[0]
+
+    def hop_read(self, address: int, size: int) -> bytes:
+        """SIZE bytes at ADDRESS, from a cached block when one holds them, else read alone and not kept."""
+        at = address & (self.BLOCK - 1)
+        block = self._blocks.get(address - at)
+        if isinstance(block, bytes) and at + size <= len(block):
+            return block[at:at + size]
+        if address < 0 or address + size > 1 << 64 or not self._known(address, size):
+            raise ReadError(address, size, "not in the target's memory")
         try:
-            data = self._raw(address, 8)
+            data = self._raw(address, size)
         except Exception:
             data = b""
-        if len(data) != 8:
-            raise ReadError(address, 8)
-        return _Q.unpack(data)[0]
+        if len(data) != size:
+            raise ReadError(address, size)
+        return bytes(data)
 
     def span_at(self, address: int) -> tuple[int, bytes | memoryview]:
         """(start, bytes) of the readable span around ADDRESS that reads are served from: its cached block,
@@ -345,55 +355,3 @@ class ImageMemory:
     def write_u32(self, address: int, value: int) -> None:
         """Test helper: patches a 32-bit word inside an existing segment."""
         self.write(address, (value & 0xFFFFFFFF).to_bytes(4, "little"))
-
-
-def merged(ranges: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
-    """RANGES sorted, with those that overlap or touch joined into one."""
-    out: list[tuple[int, int]] = []
-    for lo, hi in sorted(ranges):
-        if out and lo <= out[-1][1]:
-            out[-1] = (out[-1][0], max(out[-1][1], hi))
-        else:
-            out.append((lo, hi))
-    return out
-
-
-def adjacent_runs(lo: np.ndarray, hi: np.ndarray) -> list[tuple[int, int, int]]:
-    """The ranges [LO[i], HI[i]) (uint64 arrays, never overlapping) as runs of adjacent ones, in address order: each
-    run's start, end and how many ranges it is (an allocator's spans or extents, claimed a run at a time)."""
-    if not len(lo):
-        return []
-    order = np.argsort(lo, kind="stable")
-    starts, ends = lo[order], hi[order]
-    firsts = np.flatnonzero(np.concatenate(([True], starts[1:] != ends[:-1])))
-    lasts = np.concatenate((firsts[1:], [len(starts)])) - 1
-    return list(zip(starts[firsts].tolist(), ends[lasts].tolist(), np.diff(np.append(firsts, len(starts))).tolist()))
-
-
-def merged_arrays(lo: np.ndarray, hi: np.ndarray) -> list[tuple[int, int]]:
-    """`merged` of the ranges [LO[i], HI[i]) (uint64 arrays), with array operations."""
-    if not len(lo):
-        return []
-    order = np.lexsort((hi, lo))
-    lo, hi = lo[order], hi[order]
-    reach = np.maximum.accumulate(hi)
-    first = np.flatnonzero(np.concatenate(([True], lo[1:] > reach[:-1])))
-    last = np.append(first[1:] - 1, len(lo) - 1)
-    return list(zip(lo[first].tolist(), reach[last].tolist()))
-
-
-def ranges_without(regions: Iterable[tuple[int, int]], cut: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
-    """The pieces of REGIONS outside every range of CUT, in order."""
-    cut = merged(cut)
-    ends = [hi for _, hi in cut]
-    out = []
-    for start, end in regions:
-        i = bisect.bisect_right(ends, start)            # the first range of CUT that ends past START
-        while i < len(cut) and cut[i][0] < end and start < end:
-            if cut[i][0] > start:
-                out.append((start, cut[i][0]))
-            start = max(start, cut[i][1])
-            i += 1
-        if start < end:
-            out.append((start, end))
-    return out

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from heapwalk.inferior.corefile import CoreFile
-from heapwalk.inferior.memory import merged, ranges_without
+from heapwalk.inferior.ranges import merged, ranges_without
 from heapwalk.inferior.pages import EXCLUSIVE, FILE_PAGE, PAGE, ZeroPages
 
 __all__ = ["Residency", "Pagemap", "of_core", "of_runs", "load_runs", "present_runs", "runs_of",

@@ -13,7 +13,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from heapwalk.inferior.elf import PF_W, PT_LOAD, ElfImage
-from heapwalk.inferior.memory import Memory, ReadError, merged, ranges_without
+from heapwalk.inferior.memory import Memory, ReadError
+from heapwalk.inferior.ranges import merged, ranges_without
 from heapwalk.inferior.space import MemoryMap
 from heapwalk.inferior.threads import ThreadRegs
 

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from heapwalk.inferior.memory import Memory, ReadError, merged, merged_arrays
+from heapwalk.inferior.memory import Memory, ReadError
+from heapwalk.inferior.ranges import merged, merged_arrays
 from heapwalk.inferior.ownmemory import give_back
 from heapwalk.inferior.records import read_records
 from heapwalk.analysis.lookup import NATIVE, merge_blocks
@@ -21,7 +22,7 @@ from heapwalk.jemalloc.native import slab_regions, slab_regions_compact
 from heapwalk.jemalloc.extents import ACTIVE, ExtentTable
 from heapwalk.jemalloc.model import JeState
 from heapwalk.jemalloc.region import SLAB_BITMAP
-from heapwalk.common.view import LENGTH_UNIT, Blocks
+from heapwalk.common.view import LENGTH_UNIT, Blocks, retagged, tags_held
 
 __all__ = ["jemalloc_blocks"]
 
@@ -132,11 +133,9 @@ def _compact(mem: Memory, table: ExtentTable, slabs: np.ndarray, big: tuple, exc
     n = _merged_in((starts, lengths, tags), n, (l_start[keep], ((l_end - l_start)[keep] // np.uint64(LENGTH_UNIT))
                                                 .astype(np.uint32), l_tag))
     starts, lengths, tags = starts[:n], lengths[:n], tags[:n]
-    held = np.zeros(len(numbers), dtype=bool)              # counted `_STEP` at a time: bincount takes int64
-    for at in range(0, n, _STEP):
-        held |= np.bincount(tags[at:at + _STEP], minlength=len(numbers)) > 0
+    held = tags_held(tags, len(numbers))
     if not held.all():                                       # an arena whose blocks were all taken out
-        tags[:] = (np.cumsum(held) - 1).astype(np.uint8)[tags]
+        tags = retagged(tags, held)
         numbers = numbers[held]
     return starts, None, (numbers, tags), _spans(table, slabs[~good]), lengths
 

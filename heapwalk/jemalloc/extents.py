@@ -20,7 +20,8 @@ from heapwalk.jemalloc.kinds import Kind
 from heapwalk.jemalloc.layout import JeLayout
 from heapwalk.jemalloc.rtree import COMPACT_48, RtreeShape
 from heapwalk.jemalloc.sizeclasses import SizeClasses, size_classes
-from heapwalk.inferior.memory import Memory, ReadError, adjacent_runs
+from heapwalk.inferior.memory import Memory, ReadError
+from heapwalk.inferior.ranges import adjacent_runs
 from heapwalk.inferior.records import read_records
 
 __all__ = ["ExtentTable", "walk_extents", "class_sizes", "extent_runs", "ACTIVE", "DIRTY", "MUZZY", "RETAINED"]

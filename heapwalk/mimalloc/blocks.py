@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from heapwalk.inferior.memory import merged
+from heapwalk.inferior.ranges import merged
 from heapwalk.inferior.slots import SlotMarks
 from heapwalk.mimalloc.decode import MiState, good_size
-from heapwalk.common.view import Blocks, index_type
+from heapwalk.common.view import Blocks, index_type, retagged, tags_held
 
 __all__ = ["mimalloc_blocks"]
 
@@ -43,9 +43,9 @@ def mimalloc_blocks(state: MiState, arena_of: dict[int, int]) -> Blocks:
             slots.mark_slots(k, page.freed)
     numbers, index = np.unique(owners, return_inverse=True) if len(owners) else (owners, owners)
     made = slots.blocks(index.astype(index_type(len(numbers))))
-    held = np.bincount(made.tags, minlength=len(numbers)) > 0      # owners with a block left (their lists' counts
-    if not held.all():                                                # may leave none)
-        made.tags = (np.cumsum(held) - 1)[made.tags].astype(index_type(int(held.sum())))
+    held = tags_held(made.tags, len(numbers))           # owners with a block left (their lists may leave none)
+    if not held.all():
+        made.tags = retagged(made.tags, held)
         numbers = numbers[held]
     heaps = merged([*((s.address, s.address + s.reserved) for s in state.live()),
                     *((a.start, a.start + a.reserved) for a in state.discovery.arenas)])

@@ -3,7 +3,7 @@ verdict prices and the tests hold against a real collect."""
 
 from __future__ import annotations
 
-from heapwalk.inferior.memory import merged
+from heapwalk.inferior.ranges import merged
 from heapwalk.mimalloc.bits import bit_runs
 from heapwalk.mimalloc.decode import MiPage, MiSegment, MiState, good_size
 

@@ -17,7 +17,7 @@ from heapwalk.common.errors import HeapwalkError
 from heapwalk.common.findings import Finding, Severity
 from heapwalk.common.view import ArenaView, Blocks, HeapStrip, HeapView, Words
 from heapwalk.face import Allocator, Checked, Context, Decoded, NotUsed
-from heapwalk.inferior.memory import merged
+from heapwalk.inferior.ranges import merged
 from heapwalk.musl.account import FREE_KINDS, Tally, tally
 from heapwalk.musl.check import CHECKED, check_musl
 from heapwalk.musl.decode import decode_musl

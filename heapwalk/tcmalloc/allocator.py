@@ -13,7 +13,7 @@ from rich.text import Text
 from heapwalk.face import Allocator, Checked, Context, Decoded, NotUsed, Shown
 from heapwalk.analysis.report import Report, human
 from heapwalk.analysis.rss import Claim
-from heapwalk.inferior.memory import adjacent_runs
+from heapwalk.inferior.ranges import adjacent_runs
 from heapwalk.common.findings import Finding
 from heapwalk.output.consoles import box_for
 from heapwalk.tcmalloc.blocks import tcmalloc_blocks

@@ -20,7 +20,8 @@ import numpy as np
 from heapwalk.common.findings import Finding
 from heapwalk.inferior.slots import ENDED, SlotMarks, slot_lists
 from heapwalk.common.view import Blocks
-from heapwalk.inferior.memory import Memory, ReadError, merged, merged_arrays, read_once
+from heapwalk.inferior.memory import Memory, ReadError, read_once
+from heapwalk.inferior.ranges import merged, merged_arrays
 from heapwalk.inferior.window import read_window
 from heapwalk.tcmalloc.decode import TcState
 from heapwalk.tcmalloc.objects import Cached, SpanTable, cached_objects, span_list

@@ -12,7 +12,7 @@ import gdb
 import numpy as np
 
 from heapwalk.gdb.session import load_allocators
-from heapwalk.inferior.memory import merged_arrays
+from heapwalk.inferior.ranges import merged_arrays
 
 _STEP = 4 << 20
 _GRANULE = 1 << 16

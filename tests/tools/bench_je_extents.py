@@ -7,7 +7,7 @@ import json
 import os
 
 from heapwalk.gdb.session import load_allocators
-from heapwalk.inferior.memory import merged
+from heapwalk.inferior.ranges import merged
 from heapwalk.jemalloc.extents import ACTIVE
 
 

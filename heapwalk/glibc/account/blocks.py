@@ -21,7 +21,8 @@ from heapwalk.glibc.bulk.onepass import HEADER, TAIL, lengths_fit
 from heapwalk.glibc.locate.layout import Layout
 from heapwalk.glibc.model import Arena, ChunkState, HeapState
 from heapwalk.glibc.bulk.sweptchunks import listing_arrays, swept_chunks
-from heapwalk.inferior.memory import Memory, merged, ranges_without
+from heapwalk.inferior.memory import Memory
+from heapwalk.inferior.ranges import merged, ranges_without
 from heapwalk.common.view import Blocks, index_type
 
 __all__ = ["blocks_of", "HEADER", "TAIL"]

@@ -15,7 +15,8 @@ from heapwalk.glibc.locate.discovery import Discovery
 from heapwalk.glibc.walk.chunks import align_chunk
 from heapwalk.glibc.locate.layout import IS_MMAPPED, MALLOC_ALIGNMENT, MINSIZE, NON_MAIN_ARENA, PREV_INUSE, SIZE_BITS, Layout
 from heapwalk.glibc.model import Arena, Heap, HeapState, MallocPar, MmappedChunk
-from heapwalk.inferior.memory import Memory, ReadError, ranges_without
+from heapwalk.inferior.memory import Memory, ReadError
+from heapwalk.inferior.ranges import ranges_without
 from heapwalk.inferior.window import PROBE_SPAN, Window, read_window
 
 __all__ = ["find_mmapped", "find_mmapped_in_pages", "main_regions", "with_main_regions",

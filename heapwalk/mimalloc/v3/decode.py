@@ -5,7 +5,7 @@ when the thread exited and abandoned it); the arenas' free slices and their own 
 from __future__ import annotations
 
 from heapwalk.common.findings import Finding, Severity
-from heapwalk.inferior.memory import Memory, ReadError, u64
+from heapwalk.inferior.memory import Memory, ReadError, hop_read, u64
 from heapwalk.inferior.residency import Residency
 from heapwalk.mimalloc.decode import SEGMENT, MiPage, MiSegment, MiState
 from heapwalk.mimalloc.discovery import MiDiscovery
@@ -70,7 +70,7 @@ def _unit(mem: Memory, lay: Mi3Layout, at: int, arena: Mi3Arena | None, index: i
     if info is None:
         return None
     try:
-        head = mem.read(info, lay.page)
+        head = hop_read(mem, info, lay.page)    # not its block: the page's blocks are read once, after
     except ReadError as exc:
         findings.append(Finding(Severity.ERROR, info, "mi_page_t", f"the page at {at:#x} cannot be read ({exc})",
                                 SEGMENT))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from heapwalk.inferior.memory import merged
+from heapwalk.inferior.ranges import merged
 from heapwalk.mimalloc.account import ARENAS, Owner
 from heapwalk.mimalloc.decode import MiState, good_size
 

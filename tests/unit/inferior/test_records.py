@@ -69,7 +69,7 @@ def test_the_tree_maps_addresses_as_one_leaf_lookup_at_a_time():
 
 
 def test_ranges_merged_with_arrays_are_those_merged_one_by_one():
-    from heapwalk.inferior.memory import merged, merged_arrays
+    from heapwalk.inferior.ranges import merged, merged_arrays
     rng = np.random.default_rng(11)
     lo = rng.integers(0, 1 << 20, 3000).astype(np.uint64) * np.uint64(16) + np.uint64((1 << 64) - (1 << 30))
     hi = lo + rng.integers(0, 4096, 3000).astype(np.uint64)            # empty ones too, overlaps, touches

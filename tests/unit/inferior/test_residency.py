@@ -17,7 +17,7 @@ from heapwalk.analysis.report import build_report
 from heapwalk.glibc.account.verdict import arena_max_saving, verdict
 from heapwalk.capture.coreplan import PAGE, _codes, _mapping_segments
 from heapwalk.inferior.pages import MapsLine, classify
-from heapwalk.inferior.memory import ranges_without
+from heapwalk.inferior.ranges import ranges_without
 from heapwalk.inferior.residency import Pagemap, Residency, load_runs, of_core
 from heapwalk.common.view import ArenaView, HeapView
 
