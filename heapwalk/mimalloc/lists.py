@@ -13,6 +13,10 @@ from heapwalk.common.findings import Finding, Kind, Severity
 from heapwalk.inferior.slots import CUT, ENDED, OUTSIDE, TWICE, slot_list
 from heapwalk.inferior.memory import Memory, ReadError, read_once, u64
 from heapwalk.mimalloc.layout import MiLayout
+from heapwalk.mimalloc.page import LISTS
+
+#: the mark of a block on its heap's delayed-free list (`page.LISTS`)
+DELAYED = 4
 
 __all__ = ["LIST", "walk_page", "count_delayed"]
 
@@ -21,8 +25,8 @@ _MAX_WALK = 1 << 20
 
 
 def walk_page(mem: Memory, page, findings: list[Finding]) -> None:
-    """Counts the blocks on PAGE's three lists, reading its blocks once (`slots.slot_list`), and keeps them as
-    PAGE.freed; a list that leaves the page's blocks, loops or cannot be read is a finding at the block where it
+    """Counts the blocks on PAGE's three lists, reading its blocks once (`slots.slot_list`), and marks which list
+    holds each in PAGE.freed; a list that leaves the page's blocks, loops or cannot be read is a finding at the block where it
     goes wrong, and counts up to there."""
     if not any(page.heads):
         return
@@ -31,14 +35,14 @@ def walk_page(mem: Memory, page, findings: list[Finding]) -> None:
         data = read_once(mem, page.start, count * page.block_size)
     except ReadError:
         data = b""                  # each link then read on its own (`_walk`)
-    seen = np.zeros(count, dtype=np.uint8)
-    parts, counts = [], []
-    for name, head in zip(("free", "local free", "thread free"), page.heads):
-        got = _walk(mem, page, data, head, seen, name, findings)
-        parts.append(got)
+    marks = np.zeros(count, dtype=np.uint8)        # the walks mark each slot 1; then its list's own mark
+    counts = []
+    for mark, head in zip((1, 2, 3), page.heads):
+        got = _walk(mem, page, data, head, marks, LISTS[mark], findings)
+        marks[got] = mark
         counts.append(len(got))
     page.free, page.local_free, page.thread_free = counts
-    page.freed = np.concatenate(parts) if any(len(p) for p in parts) else page.freed
+    page.freed = marks if any(counts) else page.freed
 
 
 def _walk(mem: Memory, page, data: bytes, head: int, seen: np.ndarray, name: str,
@@ -103,5 +107,9 @@ def count_delayed(mem: Memory, lay: MiLayout, heaps: list[int], pages: list, fin
             except ReadError:
                 break
     for page, slots in delayed.values():
-        page.freed = np.concatenate([page.freed, np.array(slots, dtype=np.uint32)])
+        if not len(page.freed):
+            page.freed = np.zeros(page.cut, dtype=np.uint8)
+        slots = np.array(slots, dtype=np.int64)
+        slots = slots[slots < len(page.freed)]
+        page.freed[slots[page.freed[slots] == 0]] = DELAYED      # one a list of its page holds keeps that list
     return counts

@@ -8,11 +8,15 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["MiPage"]
+__all__ = ["MiPage", "LISTS"]
 
 
-def _no_slots() -> Any:
-    return np.zeros(0, dtype=np.uint32)
+#: the lists a block may be on, by the mark `MiPage.freed` gives it
+LISTS = {1: "free", 2: "local free", 3: "thread free", 4: "delayed"}
+
+
+def _no_marks() -> Any:
+    return np.zeros(0, dtype=np.uint8)
 
 
 @dataclass
@@ -36,8 +40,8 @@ class MiPage:
     local_free: int = 0
     thread_free: int = 0
     delayed: int = 0            # blocks of it on its heap's delayed-free list
-    freed: Any = field(default_factory=_no_slots)   # the free blocks' indexes (numpy uint32): its free, local-free
-    #                                                 and thread-free lists in turn, then its delayed ones
+    freed: Any = field(default_factory=_no_marks)   # a byte for each block it cut (numpy uint8; none where no list
+    #                                                 holds one): which list holds it (`LISTS`), 0 for none
     damaged: bool = False       # a list of it could not be walked to its end: which blocks are free is unknown
 
     @property
@@ -69,16 +73,8 @@ class MiPage:
     def list_of(self, block: int) -> str | None:
         """Which list holds BLOCK ("free", "local free", "thread free", "delayed"), or None."""
         offset = block - self.start
-        at = np.flatnonzero(self.freed == offset // self.block_size) if offset >= 0 and not offset % self.block_size \
-            else ()
-        if not len(at):
-            return None
-        i = int(at[0])
-        for name, count in (("free", self.free), ("local free", self.local_free), ("thread free", self.thread_free)):
-            if i < count:
-                return name
-            i -= count
-        return "delayed"
+        i = offset // self.block_size if offset >= 0 and not offset % self.block_size else len(self.freed)
+        return LISTS.get(int(self.freed[i])) if i < len(self.freed) else None
 
     @property
     def free_blocks(self) -> int:
