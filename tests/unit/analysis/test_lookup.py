@@ -9,7 +9,7 @@ import pytest
 from heapwalk.analysis import lookup
 from heapwalk.analysis.lookup import Locator
 from heapwalk.analysis.rows import Rows
-from heapwalk.common.view import Blocks
+from heapwalk.common.view import Blocks, retagged, tags_held
 
 
 def _blocks(rng: np.random.Generator, count: int, stretches: int) -> tuple[np.ndarray, np.ndarray]:
@@ -287,3 +287,15 @@ def test_the_table_is_packed_unless_a_slots_group_holds_too_many_blocks():
     values = np.concatenate([starts, starts + np.uint64(7), rng.integers(1 << 32, (1 << 32) + (65 << 30), 100_000,
                                                                          dtype=np.uint64)])
     assert np.array_equal(table(values), table._numpy(values))
+
+
+def test_tags_held_and_renumbered_in_steps():
+    """Which of the tags the blocks hold, counted a quarter of a million at a time, and the tags renumbered to
+    those held, in the smallest type: the same as counting them all at once."""
+    rng = np.random.default_rng(41)
+    tags = rng.choice(np.array([0, 2, 5, 9], dtype=np.uint16), 600_000)
+    held = tags_held(tags, 12)
+    assert held.tolist() == (np.bincount(tags, minlength=12) > 0).tolist()
+    renumbered = retagged(tags, held)
+    assert renumbered.dtype == np.uint8 and np.array_equal(renumbered, np.searchsorted([0, 2, 5, 9], tags))
+    assert not tags_held(np.zeros(0, dtype=np.uint8), 3).any() and len(retagged(tags[:0], held)) == 0
