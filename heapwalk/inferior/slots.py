@@ -108,7 +108,7 @@ def slot_lists(data: bytes, base: int, starts: np.ndarray, sizes: np.ndarray, co
 
 
 #: slots made into addresses at a time
-_STEP = 1 << 18
+_STEP = 1 << 16
 
 
 class SlotMarks:
