@@ -131,9 +131,9 @@ class TcmallocHeap(Decoded):
 
     def _spans_document(self) -> dict:
         """The page heap's spans by state: how many, their bytes, and their bytes in RAM (null: unknown)."""
-        out = {}
+        out, locations = {}, columns(self.state.spans).location
         for name, location in (("in_use", IN_USE), ("free", NORMAL), ("returned", RETURNED)):
-            out[name] = {"spans": int(np.count_nonzero(columns(self.state.spans).location == location)), "bytes": self.state.span_bytes(location),
+            out[name] = {"spans": int(np.count_nonzero(locations == location)), "bytes": self.state.span_bytes(location),
                          "resident": self.state.resident(location)}
         return out
 

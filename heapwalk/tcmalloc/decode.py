@@ -89,6 +89,14 @@ class TcState:
     def page_size(self) -> int:
         return self.discovery.page_size
 
+    def class_sizes(self) -> np.ndarray:
+        """The object size of each size class a Span may name (int64, by its byte; 0 where none)."""
+        sizes = np.zeros(256, dtype=np.int64)
+        for c in self.classes:
+            if c.index and c.size > 0 and c.index < 256:
+                sizes[c.index] = c.size
+        return sizes
+
     def span_bytes(self, location: int) -> int:
         """Bytes of the spans at LOCATION (IN_USE, NORMAL, RETURNED)."""
         spans = columns(self.spans)

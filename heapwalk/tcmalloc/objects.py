@@ -50,11 +50,7 @@ class SpanTable:
         spans = columns(state.spans)
         start, end = spans.starts_ends(state.page_size)
         klass = spans.size_class.astype(np.int64)
-        sizes = np.zeros(256, dtype=np.int64)
-        for c in state.classes:
-            if c.index and c.size > 0 and c.index < 256:
-                sizes[c.index] = c.size
-        size = np.where((spans.location == IN_USE) & ~spans.sampled, sizes[klass], 0)
+        size = np.where((spans.location == IN_USE) & ~spans.sampled, state.class_sizes()[klass], 0)
         count = np.where(size > 0, (end - start).astype(np.int64) // np.maximum(size, 1), 0)
         return cls(start, end, spans.location.copy(), klass, size, count, spans.refcount.astype(np.int64),
                    spans.objects.copy(), spans.header.copy())

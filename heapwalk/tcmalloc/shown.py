@@ -48,7 +48,7 @@ def class_rows(state: TcState) -> list[dict]:
     list (the free objects in its spans and the rounding: its share of central_cache_free_bytes)."""
     page = state.page_size
     sizes = {c.index: c.size for c in state.classes if c.index and c.size > 0}
-    spans = _class_spans(state, sizes)
+    spans = _class_spans(state)
     out = []
     for c in state.classes:
         if c.index not in sizes:
@@ -81,13 +81,9 @@ def classes_table(rows: list[dict], box) -> Table:
     return table
 
 
-def _class_spans(state: TcState, sizes: dict[int, int]) -> dict[int, list[int]]:
-    """For each class of SIZES that has spans in use (not sampled): [spans, pages, objects, taken out]."""
-    s = columns(state.spans)
-    size_of = np.zeros(256, dtype=np.int64)
-    for index, size in sizes.items():
-        if index < 256:                       # a Span's size class is a byte
-            size_of[index] = size
+def _class_spans(state: TcState) -> dict[int, list[int]]:
+    """For each size class with spans in use (not sampled): [spans, pages, objects, taken out]."""
+    s, size_of = columns(state.spans), state.class_sizes()
     klass = s.size_class.astype(np.int64)
     use = (s.location == IN_USE) & ~s.sampled & (size_of[klass] > 0)
     klass, pages = klass[use], s.pages[use].astype(np.int64)

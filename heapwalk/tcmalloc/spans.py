@@ -53,7 +53,8 @@ class Spans(Sequence):
         return cls(*(np.array([getattr(s, name) for s in rows], dtype=kind)
                      for name, kind in zip(TcSpan._fields, _TYPES)))
 
-    def columns(self) -> tuple[np.ndarray, ...]:
+    def fields(self) -> tuple[np.ndarray, ...]:
+        """The columns, in TcSpan's order."""
         return tuple(getattr(self, name) for name in TcSpan._fields)
 
     def __len__(self) -> int:
@@ -62,11 +63,11 @@ class Spans(Sequence):
     def __getitem__(self, i):
         if isinstance(i, slice):
             return tuple(self[j] for j in range(*i.indices(len(self))))
-        return TcSpan._make(column[i].item() for column in self.columns())
+        return TcSpan._make(column[i].item() for column in self.fields())
 
     def __iter__(self) -> Iterator[TcSpan]:
         for at in range(0, len(self), _CHUNK):
-            yield from map(TcSpan._make, zip(*(c[at:at + _CHUNK].tolist() for c in self.columns())))
+            yield from map(TcSpan._make, zip(*(c[at:at + _CHUNK].tolist() for c in self.fields())))
 
     def __eq__(self, other) -> bool:
         return isinstance(other, Sequence) and len(self) == len(other) and all(a == b for a, b in zip(self, other))
