@@ -5,6 +5,7 @@ read again the pages a decoder's sweep or the leak scan already judged.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Sequence
 
 import numpy as np
@@ -22,19 +23,27 @@ class PagesSeen:
     """Which whole pages of the windows read so far hold anything but zeros: what a core's contents
     (`residency.in_core`) need not read again."""
 
-    def __init__(self):
+    def __init__(self, judged: Sequence[tuple[int, int]] = ()):
         self._judged: list[tuple[int, int]] = []
         self._nonzero: list[tuple[int, int]] = []
+        self._before = merged(judged)
+        self._before_starts = [lo for lo, _ in self._before]
 
     def note(self, base: int, words: np.ndarray) -> None:
-        """Notes which of the whole pages of WORDS (read from BASE) hold anything but zeros."""
+        """Notes which of the whole pages of WORDS (read from BASE) hold anything but zeros, unless the pages
+        judged before (JUDGED, given at the start: another reader's, whose answer is kept elsewhere) hold them."""
         first = -(-base // _PAGE) * _PAGE
         skip = (first - base) // 8
         pages = max(0, (len(words) - skip) // 512)
-        if pages:
+        if pages and not self._judged_before(first, first + pages * _PAGE):
             held = nonzero_pages(words[skip:skip + 512 * pages])
             self._judged.append((first, first + pages * _PAGE))
             self._nonzero.extend(runs_of(held, first))
+
+    def _judged_before(self, lo: int, hi: int) -> bool:
+        """Whether [LO, HI) lies in one of the ranges judged before."""
+        i = bisect.bisect_right(self._before_starts, lo) - 1
+        return i >= 0 and hi <= self._before[i][1]
 
     def seen(self) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
         """The whole pages judged (merged), and the runs of them that hold anything but zeros."""

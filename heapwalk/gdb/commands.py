@@ -111,7 +111,9 @@ class ReportCommand(Subcommand):
                             f"{' and '.join(d.title for d in found.decoded)} (--json has its statistics)")
         documents, pages, clauses = [], [], []
         target = found.target
-        seen = PagesSeen() if target.residency is None and target.present is not None else None
+        judged = pages_seen_of(found)                  # the decoders' own: the scan need not judge them again
+        seen = PagesSeen(judged[0] if judged else ()) if target.residency is None and target.present is not None \
+            else None
         scans, refused = report_scans(found, args.no_leaks, seen)
         rss = rss_of_target(target, [c for d in found.decoded for c in d.claims()], pages_seen_of(found, seen))
         for (decoded, beside), scanned in zip(_each(found), scans):

@@ -303,3 +303,14 @@ def test_a_plain_core_s_pages_a_walk_judged_are_not_read_again(tmp_path):
     finally:
         core.f.close()
     assert said.within(0x10000, 0x20000).tolist() == [[0x14000, 0x15000]]
+
+
+def test_pages_another_reader_judged_are_not_judged_again():
+    from heapwalk.analysis.pages import PagesSeen
+    image = np.zeros(0x6000 // 8, dtype=np.uint64)
+    image[0x1000 // 8] = image[0x5000 // 8] = 7
+    seen = PagesSeen([(0x10000, 0x14000)])            # a sweep's: the scan's windows inside it are passed by
+    seen.note(0x10000, image[:0x4000 // 8])
+    assert seen.seen() == ([], [])
+    seen.note(0x10000, image)                         # one that reaches past it is judged whole
+    assert seen.seen() == ([(0x10000, 0x16000)], [(0x11000, 0x12000), (0x15000, 0x16000)])
