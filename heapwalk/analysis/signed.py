@@ -1,7 +1,7 @@
 """What each block's first word says it is: its signature (a C++ object's vtable, a C struct's pointer to a
 constant table: a word pointing into a read-only mapping of a loaded file; or text), kept as a small code a block
-(`Signed`) with the table of the values the codes stand for, so that the leak scan keeps two bytes a block for
-it (four once a program has more than 65,535 signatures), not the eight of the word."""
+(`Signed`) with the table of the values the codes stand for, so that the leak scan keeps a byte a block for it
+(two once a program has more than 254 signatures, four past 65,534), not the eight of the word."""
 
 from __future__ import annotations
 
@@ -19,13 +19,13 @@ NONE, TEXT_CODE = 0, 1
 
 
 class Signed:
-    """The signature of each of COUNT blocks, as a code (uint16, widened to uint32 at the 65,536th signature) into
+    """The signature of each of COUNT blocks, as a code (uint8, widened as the signatures outgrow it) into
     VALUES (the signatures: 0 none, 1 text, else the address the first word holds); blocks are given theirs a
     window at a time (`add`)."""
 
     def __init__(self, count: int, images: Sequence[tuple[int, int, str]]):
         self.images = tuple(images)
-        self.codes = np.zeros(count, dtype=np.uint16)
+        self.codes = np.zeros(count, dtype=np.uint8)
         self._values: list[int] = [NONE, TEXT_CODE]
         self._code_of: dict[int, int] = {}
 
@@ -46,8 +46,9 @@ class Signed:
             return
         values, inverse = np.unique(sig[named], return_inverse=True)
         known = np.array([self._code(int(v)) for v in values.tolist()], dtype=np.uint32)
-        if len(self._values) > 1 << 16 and self.codes.dtype == np.uint16:
-            self.codes = self.codes.astype(np.uint32)
+        wide = np.min_scalar_type(len(self._values) - 1)
+        if wide.itemsize > self.codes.itemsize:
+            self.codes = self.codes.astype(np.uint16 if wide.itemsize == 2 else np.uint32)
             codes = self.codes[first:first + len(words)]
         codes[named] = known[inverse]
 

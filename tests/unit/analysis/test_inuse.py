@@ -83,12 +83,12 @@ def test_the_signatures_in_c_are_numpys(monkeypatch):
         kept.add(at, words[at:at + 7_000])
     assert np.array_equal(kept.of(np.arange(len(words))), c)
     assert len(kept.values) == len(np.unique(c[c > 1])) + 2
-    assert kept.codes.dtype == (np.uint16 if len(kept.values) <= 1 << 16 else np.uint32)
+    assert kept.codes.dtype == np.min_scalar_type(len(kept.values) - 1)
 
 
-def test_the_codes_widen_at_the_65536th_signature():
-    """Two bytes a block until a program has more signatures than they number, then four: the codes given before
-    are kept."""
+def test_the_codes_widen_at_the_255th_and_the_65535th_signature():
+    """A byte a block until a program has more signatures than it numbers, then two, then four: the codes given
+    before are kept."""
     images = [(0x400000, 0x400000 + (1 << 24), "/bin/many")]
     words = (np.uint64(0x400008) + np.arange(70_000, dtype=np.uint64) * np.uint64(16))[::-1].copy()
     kept = signed.Signed(len(words), images)
@@ -96,6 +96,11 @@ def test_the_codes_widen_at_the_65536th_signature():
         kept.add(at, words[at:at + 30_000])
         assert kept.codes.dtype == (np.uint16 if at + 30_000 < 65_534 else np.uint32)
     assert np.array_equal(kept.of(np.arange(len(words))), words)
+    few = signed.Signed(300, images)
+    few.add(0, words[:254])
+    assert few.codes.dtype == np.uint8
+    few.add(254, words[254:300])
+    assert few.codes.dtype == np.uint16 and np.array_equal(few.of(np.arange(300)), words[:300])
 
 
 def test_in_use_groups_by_size_arena_and_signature():
