@@ -12,4 +12,4 @@ setup(ext_modules=[Extension("heapwalk.glibc.bulk._native", ["heapwalk/glibc/bul
                    Extension("heapwalk.inferior._slots", ["heapwalk/inferior/_slots.c"], optional=True,
                              extra_compile_args=["-O2"]),
                    Extension("heapwalk.analysis._reach", ["heapwalk/analysis/_reach.c"], optional=True,
-                             extra_compile_args=["-O2"])])
+                             extra_compile_args=["-O2", "-pthread"], extra_link_args=["-pthread"])])

@@ -4,7 +4,12 @@
  * numpy, used when this library was not built; the tests hold the two equal.
  */
 
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <sched.h>
+#include <signal.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 
@@ -73,19 +78,15 @@ int64_t hw_reach_marked(const int64_t *offsets, const int32_t *targets, const in
 }
 
 /* The slot of the table (see hw_locate) value V falls in, or -1 when it lies outside every stretch. */
-static int64_t slot_of(uint64_t v, const uint64_t *lo, const int64_t *slots, const int64_t *first, int64_t nheaps,
-                       int64_t shift)
+static inline int64_t slot_of(uint64_t v, const uint64_t *lo, const int64_t *slots, const int64_t *first,
+                              int64_t nheaps, int64_t shift)
 {
-    int64_t a = 0, b = nheaps;                /* the last stretch whose start is at or below v */
-    while (b - a > 1) {
-        int64_t m = (a + b) / 2;
-        if (lo[m] <= v)
-            a = m;
-        else
-            b = m;
-    }
-    if (nheaps == 0 || v < lo[a])
+    if (nheaps == 0 || v < lo[0])
         return -1;
+    const uint64_t *at = lo;                  /* the last stretch whose start is at or below v: in [at, at + n) */
+    for (int64_t n = nheaps; n > 1; n -= n / 2)
+        at = at[n / 2] <= v ? at + n / 2 : at;    /* no branch: the values fall in the stretches at random */
+    int64_t a = at - lo;
     uint64_t s = (v - lo[a]) >> shift;
     return s < (uint64_t)slots[a] ? first[a] + (int64_t)s : -1;
 }
@@ -122,16 +123,15 @@ static inline const void *entry_at(const int32_t *table, int64_t nbases, int64_t
 
 /* For each of the N values of VALUES, the block it points into (OUT: its index, or -1): the last block whose start
  * is at or below the value, when the value is below that block's end.  STARTS (sorted) and ENDS (or, where ENDS is
- * NULL, LENGTHS: see end_of) are the NBLOCKS blocks'.  The search starts from a table: the memory [LO[h], LO[h] +
+ * NULL, LENGTHS: see end_of) are the blocks'.  The search starts from a table: the memory [LO[h], LO[h] +
  * (SLOTS[h] << SHIFT)) of each of the NHEAPS stretches that hold the blocks (sorted, apart) is cut into slots of 1
  * << SHIFT bytes, and TABLE[FIRST[h] + s] holds the last block starting at or below slot s's start (-1: none); the
  * table has one entry more, past the last slot, holding the last block; it is packed where NBASES is not 0 (see
  * entry).  A value outside every stretch is -1 at once; one inside is searched for between its slot's entry and the
  * next one's. */
-void hw_locate(const uint64_t *values, int64_t n, const uint64_t *starts, const uint64_t *ends,
-               const uint32_t *lengths, int64_t nblocks,
-               const uint64_t *lo, const int64_t *slots, const int64_t *first, int64_t nheaps,
-               const int32_t *table, int64_t nbases, int64_t shift, int32_t *out)
+static void locate_part(const uint64_t *values, int64_t n, const uint64_t *starts, const uint64_t *ends,
+                        const uint32_t *lengths, const uint64_t *lo, const int64_t *slots, const int64_t *first,
+                        int64_t nheaps, const int32_t *table, int64_t nbases, int64_t shift, int32_t *out)
 {
     int64_t ring[RING];
     for (int64_t k = 0; k < AHEAD && k < n; k++) {
@@ -173,6 +173,87 @@ void hw_locate(const uint64_t *values, int64_t n, const uint64_t *starts, const 
         }
         if (i >= 0 && v < end_of(starts, ends, lengths, i))
             out[k] = (int32_t)i;
+    }
+}
+
+/* One part of a lookup (hw_locate's arguments), for a thread of its own */
+struct locate_job {
+    const uint64_t *values, *starts, *ends, *lo;
+    const uint32_t *lengths;
+    const int64_t *slots, *first;
+    const int32_t *table;
+    int64_t n, nheaps, nbases, shift;
+    int32_t *out;
+};
+
+static void *locate_job_run(void *arg)
+{
+    struct locate_job *j = arg;
+    locate_part(j->values, j->n, j->starts, j->ends, j->lengths, j->lo, j->slots, j->first, j->nheaps, j->table,
+                j->nbases, j->shift, j->out);
+    return NULL;
+}
+
+/* Values a lookup takes before it is shared between threads, and the most threads it is shared between: each
+ * lookup waits on memory (a table and the blocks' bounds anywhere in tens of megabytes), and a core has room for
+ * only a few such waits at once, so that a second core answers about as many again */
+#define PARALLEL_FROM 16384
+#define MAX_THREADS 4
+
+/* The threads a lookup may take: the CPUs this process may run on, at most MAX_THREADS, or HEAPWALK_THREADS
+ * (1: none but the caller's) */
+static int64_t lookup_threads(void)
+{
+    static int64_t known;
+    if (known)
+        return known;
+    int64_t n = 1;
+    const char *said = getenv("HEAPWALK_THREADS");
+    cpu_set_t cpus;
+    if (said && atoi(said) > 0)
+        n = atoi(said);
+    else if (sched_getaffinity(0, sizeof cpus, &cpus) == 0)
+        n = CPU_COUNT(&cpus);
+    known = n < 1 ? 1 : n > MAX_THREADS ? MAX_THREADS : n;
+    return known;
+}
+
+/* locate_part's lookup (its arguments, and NBLOCKS, the blocks' count), shared between threads when it is long:
+ * parts of VALUES, each answered in OUT as the whole would be.  The threads are made with every signal blocked
+ * (gdb's handlers are for its own thread), and joined before it returns; a part whose thread cannot be made is
+ * answered here. */
+void hw_locate(const uint64_t *values, int64_t n, const uint64_t *starts, const uint64_t *ends,
+               const uint32_t *lengths, int64_t nblocks,
+               const uint64_t *lo, const int64_t *slots, const int64_t *first, int64_t nheaps,
+               const int32_t *table, int64_t nbases, int64_t shift, int32_t *out)
+{
+    (void)nblocks;
+    int64_t parts = n / PARALLEL_FROM + 1, threads = lookup_threads();
+    if (parts > threads)
+        parts = threads;
+    struct locate_job jobs[MAX_THREADS];
+    pthread_t ids[MAX_THREADS];
+    int started[MAX_THREADS] = {0};
+    sigset_t all, old;
+    if (parts > 1) {
+        sigfillset(&all);
+        pthread_sigmask(SIG_SETMASK, &all, &old);
+    }
+    for (int64_t p = 1; p < parts; p++) {
+        int64_t a = n * p / parts, b = n * (p + 1) / parts;
+        jobs[p] = (struct locate_job){values + a, starts, ends, lo, lengths, slots, first, table, b - a, nheaps,
+                                      nbases, shift, out + a};
+        started[p] = pthread_create(&ids[p], NULL, locate_job_run, &jobs[p]) == 0;
+    }
+    if (parts > 1)
+        pthread_sigmask(SIG_SETMASK, &old, NULL);
+    int64_t upto = parts > 1 ? n / parts : n;
+    locate_part(values, upto, starts, ends, lengths, lo, slots, first, nheaps, table, nbases, shift, out);
+    for (int64_t p = 1; p < parts; p++) {
+        if (started[p])
+            pthread_join(ids[p], NULL);
+        else
+            locate_job_run(&jobs[p]);
     }
 }
 
@@ -327,7 +408,7 @@ int64_t hw_scan_rows(const uint64_t *words, int64_t n, uint64_t base, uint64_t l
                      int64_t *row_starts, int64_t *nkeys, int64_t *last)
 {
     int64_t m = 0, count = 0, nk = 0;
-    uint64_t past = base + 8 * (uint64_t)n;
+    uint64_t past = base + 8 * (uint64_t)n, span = hi > lo ? hi - lo : 0;
     for (int64_t i = from < 0 ? 0 : from; i < nblocks && starts[i] < past; i++) {
         uint64_t end = end_of(starts, ends, lengths, i);
         if (i + 1 < nblocks && starts[i + 1] < end)
@@ -336,13 +417,11 @@ int64_t hw_scan_rows(const uint64_t *words, int64_t n, uint64_t base, uint64_t l
             continue;
         int64_t k = starts[i] > base ? (int64_t)((starts[i] - base + 7) / 8) : 0;
         int64_t stop = end < past ? (int64_t)((end - base + 7) / 8) : n;
-        for (; k < stop; k++) {
+        for (; k < stop; k++) {              /* without a branch: a heap's words point into it at random */
             uint64_t w = words[k];
-            if (w < lo || w >= hi)
-                continue;
             values[m] = w;
             source[m] = (int32_t)i;
-            m++;
+            m += w - lo < span;
         }
     }
     hw_locate(values, m, starts, ends, lengths, nblocks, tlo, slots, first, nheaps, table, nbases, shift,

@@ -299,3 +299,32 @@ def test_tags_held_and_renumbered_in_steps():
     renumbered = retagged(tags, held)
     assert renumbered.dtype == np.uint8 and np.array_equal(renumbered, np.searchsorted([0, 2, 5, 9], tags))
     assert not tags_held(np.zeros(0, dtype=np.uint8), 3).any() and len(retagged(tags[:0], held)) == 0
+
+
+_SHARED = """
+import sys
+import numpy as np
+from heapwalk.analysis.lookup import Locator
+rng = np.random.default_rng(3)
+sizes = rng.integers(1, 64, 50_000).astype(np.uint64) * np.uint64(16)
+starts = np.uint64(1 << 40) + np.cumsum(sizes + np.uint64(16)) - sizes
+values = starts[rng.integers(0, len(starts), 400_000)] + rng.integers(0, 1100, 400_000).astype(np.uint64)
+table = Locator(starts, starts + sizes)
+np.save(sys.argv[1], np.stack([table(values), table._numpy(values)]))
+"""
+
+
+@pytest.mark.skipif(not lookup.NATIVE, reason="the C library is not built")
+@pytest.mark.parametrize("threads", ["1", "3", "4"])
+def test_a_long_lookup_shared_between_threads_answers_as_one_alone(tmp_path, threads):
+    """`hw_locate` shares a long lookup between up to four threads (HEAPWALK_THREADS, else the CPUs): each part
+    is answered where the whole would be."""
+    import os
+    import subprocess
+    import sys
+    out = tmp_path / "found.npy"
+    from pathlib import Path
+    env = dict(os.environ, HEAPWALK_THREADS=threads, PYTHONPATH=str(Path(lookup.__file__).parents[2]))
+    subprocess.run([sys.executable, "-c", _SHARED, str(out)], check=True, env=env, timeout=120)
+    found, expected = np.load(out)
+    assert np.array_equal(found, expected) and (found >= 0).sum() > 300_000
