@@ -10,6 +10,7 @@ look at another thread.
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import weakref
 
@@ -17,8 +18,9 @@ import gdb  # type: ignore[import-not-found]
 
 from heapwalk.arch import DEFAULT, Architecture, by_gdb_name
 from heapwalk.inferior.threads import FATAL_SIGNALS, ThreadRegs
-from heapwalk.gdb.addressspace import command_text, connection_type
+from heapwalk.gdb.addressspace import command_text, connection_type, core_path
 from heapwalk.inferior.corefile import file_build_id
+from heapwalk.inferior.coreread import CoreReader
 from heapwalk.inferior.memory import CachedMemory
 from heapwalk.inferior.pages import LivePages
 
@@ -38,8 +40,23 @@ def gdb_memory(known: list[tuple[int, int]] | None = None) -> CachedMemory:
     def read(address: int, size: int) -> bytes:
         return inferior.read_memory(address, size).tobytes()
 
-    if connection_type() != "native":
-        return CachedMemory(read, max_blocks=_CACHE_BLOCKS, regions=known, raw_buffer=inferior.read_memory)
+    connection = connection_type()
+    if connection != "native":
+        core = _core_reader(read) if connection == "core" else None
+        if core is None:
+            return CachedMemory(read, max_blocks=_CACHE_BLOCKS, regions=known, raw_buffer=inferior.read_memory)
+
+        def from_file(address: int, size: int) -> bytes:
+            data = core.read(address, size)
+            return read(address, size) if data is None else data
+
+        def buffer_from_file(address: int, size: int):
+            data = core.read(address, size)
+            return inferior.read_memory(address, size) if data is None else data
+
+        memory = CachedMemory(from_file, max_blocks=_CACHE_BLOCKS, regions=known, raw_buffer=buffer_from_file)
+        weakref.finalize(memory, core.close)
+        return memory
     pages = LivePages(inferior.pid)
 
     def guarded(address: int, size: int) -> bytes:
@@ -54,6 +71,25 @@ def gdb_memory(known: list[tuple[int, int]] | None = None) -> CachedMemory:
     memory = CachedMemory(guarded, max_blocks=_CACHE_BLOCKS, regions=known, raw_buffer=guarded_buffer)
     weakref.finalize(memory, pages.close)
     return memory
+
+
+def _core_reader(read) -> CoreReader | None:
+    """The core gdb has open, read from its file (`coreread`), when it can be and gives the bytes gdb's READ gives
+    at the start of a few of its segments; None otherwise, or when HEAPWALK_READ_BY_GDB=1 in the environment."""
+    if os.environ.get("HEAPWALK_READ_BY_GDB"):
+        return None
+    core = CoreReader.open(core_path())
+    if core is None:
+        return None
+    for start in core.samples():
+        try:
+            expected = read(start, 64)
+        except gdb.error:
+            continue
+        if core.read(start, 64) != expected:
+            core.close()
+            return None
+    return core
 
 
 #: blocks of 64 KiB the cache keeps (128 MiB): enough that the free lists of an arena of two 64 MiB heaps

@@ -1,0 +1,65 @@
+"""A core's memory read from its file (`inferior.coreread`): the bytes of the load segments as stored, nothing
+the file does not hold (what gdb takes from elsewhere, a truncated tail, segments that overlap)."""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+
+from heapwalk.inferior.coreread import CoreReader
+
+PAGE = 4096
+
+
+def _core(tmp_path, segments, cut: int = 0):
+    """A core file of SEGMENTS (vaddr, memsz, contents: the stored bytes, as many as filesz), its last CUT bytes
+    cut off; its path."""
+    header = bytearray(64)
+    header[:6] = b"\x7fELF\x02\x01"
+    struct.pack_into("<HH", header, 16, 4, 62)                  # ET_CORE, EM_X86_64
+    struct.pack_into("<Q", header, 32, 64)
+    struct.pack_into("<HH", header, 54, 56, len(segments))
+    table, data = b"", b""
+    offset = -(-(64 + 56 * len(segments)) // PAGE) * PAGE
+    for vaddr, memsz, contents in segments:
+        table += struct.pack("<IIQQQQQQ", 1, 6, offset + len(data), vaddr, 0, len(contents), memsz, PAGE)
+        data += contents
+    image = bytes(header) + table
+    image += bytes(offset - len(image)) + data
+    path = tmp_path / "core"
+    path.write_bytes(image[:len(image) - cut])
+    return str(path)
+
+
+def _random(size: int, seed: int) -> bytes:
+    return np.random.default_rng(seed).integers(0, 256, size, dtype=np.uint8).tobytes()
+
+
+def test_the_stored_bytes_are_read_and_nothing_else(tmp_path):
+    heap, stub = _random(8 * PAGE, 1), _random(PAGE, 2)
+    path = _core(tmp_path, [(0x10000, 8 * PAGE, heap), (0x40000, 4 * PAGE, stub),       # a file's: 3 pages not stored
+                            (0x80000, 2 * PAGE, _random(2 * PAGE, 3)), (0x81000, PAGE, _random(PAGE, 4))])
+    core = CoreReader.open(path)
+    try:
+        assert core.read(0x10000, 8 * PAGE) == heap and core.read(0x10008, 24) == heap[8:32]
+        assert core.read(0x40000, PAGE) == stub
+        assert core.read(0x40000, PAGE + 8) is None                # past what the file stores: gdb's to read
+        assert core.read(0x10000 + 8 * PAGE - 8, 16) is None       # across two segments
+        assert core.read(0x80000, 8) is None and core.read(0x81000, 8) is None   # overlapping: gdb picks
+        assert core.read(0x5000, 8) is None
+        assert core.samples() and all(core.read(a, 64) is not None for a in core.samples())
+    finally:
+        core.close()
+    assert CoreReader.open("core") is None                         # a relative path: gdb's may differ
+    assert CoreReader.open(str(tmp_path / "none")) is None
+
+
+def test_a_truncated_core_is_read_only_as_far_as_it_goes(tmp_path):
+    path = _core(tmp_path, [(0x10000, 4 * PAGE, _random(4 * PAGE, 5))], cut=PAGE + 16)
+    core = CoreReader.open(path)
+    try:
+        assert core.read(0x10000, 3 * PAGE - 16) is not None
+        assert core.read(0x10000, 3 * PAGE) is None
+    finally:
+        core.close()
