@@ -54,7 +54,8 @@ def gdb_memory(known: list[tuple[int, int]] | None = None) -> CachedMemory:
             data = core.read(address, size)
             return inferior.read_memory(address, size) if data is None else data
 
-        memory = CachedMemory(from_file, max_blocks=_CACHE_BLOCKS, regions=known, raw_buffer=buffer_from_file)
+        memory = CachedMemory(from_file, max_blocks=_CACHE_BLOCKS, regions=known, raw_buffer=buffer_from_file,
+                              raw_links=core.links)
         weakref.finalize(memory, core.close)
         return memory
     pages = LivePages(inferior.pid)

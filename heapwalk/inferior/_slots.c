@@ -1,8 +1,10 @@
 /* heapwalk's walk of a free list through the slots of one page or span (heapwalk/inferior/slots.py): slot i is
  * [start + i*size, start + (i+1)*size), and each free slot links the next by its first word.  Loaded with ctypes;
  * no Python headers.  The Python form in slots.py gives the same answers (tests/unit/inferior/test_slots.py). */
+#define _FILE_OFFSET_BITS 64
 #include <stdint.h>
 #include <string.h>
+#include <unistd.h>
 
 enum { ENDED = 0, OUTSIDE = 1, TWICE = 2, CUT = 3 };
 
@@ -65,4 +67,42 @@ void hw_slot_lists(const uint8_t *data, uint64_t len, uint64_t base, int64_t n, 
         found[k] = hw_slot_list(data + at, bytes, starts[k], (uint64_t)sizes[k], (uint64_t)counts[k], heads[k],
                                 seen + offsets[k], 0, stops + k, ats + k);
     }
+}
+
+/* A list whose nodes link the next by their first word, read from a core file (heapwalk/inferior/coreread.py): the
+ * file FD stores the words of [LO[i], HI[i]) at offset OFF[i] (NSEG segments, sorted, apart).  Writes HEAD, then
+ * each link read, to OUT: at most COUNT links, stopping after a null link, at a node whose word the file does not
+ * hold, or once a node comes again (Brent's way: within twice the steps to the loop and around it).  Returns how
+ * many values it wrote (at least 1: HEAD). */
+int64_t hw_core_links(int64_t fd, const uint64_t *lo, const uint64_t *hi, const uint64_t *off, int64_t nseg,
+                      uint64_t head, int64_t count, uint64_t *out)
+{
+    int64_t n = 0, power = 1, steps = 0;
+    uint64_t link = head, mark = head;
+    out[n++] = head;
+    while (link && n <= count) {
+        int64_t a = 0, b = nseg;                /* the last segment starting at or below the link */
+        while (b - a > 1) {
+            int64_t m = (a + b) / 2;
+            if (lo[m] <= link)
+                a = m;
+            else
+                b = m;
+        }
+        if (nseg == 0 || link < lo[a] || link >= hi[a] || hi[a] - link < 8)
+            break;
+        uint64_t word;
+        if (pread((int)fd, &word, 8, (off_t)(off[a] + (link - lo[a]))) != 8)
+            break;
+        link = word;
+        out[n++] = link;
+        if (link == mark)
+            break;
+        if (++steps == power) {
+            mark = link;
+            power *= 2;
+            steps = 0;
+        }
+    }
+    return n;
 }

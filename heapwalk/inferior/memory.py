@@ -17,7 +17,8 @@ from typing import Callable, Protocol
 
 from heapwalk.common.errors import HeapwalkError
 
-__all__ = ["ReadError", "Memory", "CachedMemory", "ImageMemory", "u64", "u32", "hop_u64", "hop_read", "read_once",
+__all__ = ["ReadError", "Memory", "CachedMemory", "ImageMemory", "u64", "u32", "hop_u64", "hop_read", "links_from",
+           "read_once",
            "readable", "drop_cached"]
 
 _Q = struct.Struct("<Q")
@@ -58,6 +59,14 @@ def hop_read(mem: Memory, address: int, size: int) -> bytes:
     that a walk reading one small header from each of thousands of pages does not cache their blocks."""
     hop = getattr(mem, "hop_read", None)
     return hop(address, size) if hop is not None else mem.read(address, size)
+
+
+def links_from(mem: Memory, head: int, count: int) -> list[int] | None:
+    """A list whose nodes link the next by their first word, as far as MEM reads it at once: [HEAD, the link at
+    HEAD, the link at that, ...], COUNT + 1 at most, ending early at a null link, at a node met before, or at one
+    MEM cannot read at once (the caller goes on from there with `hop_u64`); None where MEM has no such reader."""
+    follow = getattr(mem, "follow", None)
+    return follow(head, count) if follow is not None else None
 
 
 def read_once(mem: Memory, address: int, size: int) -> bytes | memoryview:
@@ -110,9 +119,11 @@ class CachedMemory:
 
     def __init__(self, raw_read: Callable[[int, int], bytes], max_blocks: int = 512,
                  regions: list[tuple[int, int]] | None = None,
-                 raw_buffer: Callable[[int, int], memoryview] | None = None):
+                 raw_buffer: Callable[[int, int], memoryview] | None = None,
+                 raw_links: Callable[[int, int], list[int]] | None = None):
         self._raw = raw_read
         self._raw_buffer = raw_buffer
+        self._raw_links = raw_links
         self._blocks: OrderedDict[int, bytes | dict[int, bytes | None]] = OrderedDict()
         self._capacity = max_blocks * (self.BLOCK // self.PAGE)   # in pages
         self._held = 0                                            # pages the cache holds
@@ -264,6 +275,17 @@ class CachedMemory:
         if len(data) != size:
             raise ReadError(address, size)
         return bytes(data)
+
+    def follow(self, head: int, count: int) -> list[int] | None:
+        """`links_from` through the raw reader's own walk (RAW_LINKS; None without one), cut at the first node
+        outside the target's regions (`hop_u64` would not read it)."""
+        if self._raw_links is None:
+            return None
+        links = self._raw_links(head, count)
+        for i, node in enumerate(links[:-1]):
+            if not self._known(node, 8):
+                return links[:i + 1]
+        return links
 
     def span_at(self, address: int) -> tuple[int, bytes | memoryview]:
         """(start, bytes) of the readable span around ADDRESS that reads are served from: its cached block,

@@ -17,7 +17,7 @@ import numpy as np
 
 from heapwalk.common.findings import Finding, Kind, Severity
 from heapwalk.inferior.slots import CUT, OUTSIDE, TWICE, slot_list
-from heapwalk.inferior.memory import Memory, ReadError, hop_u64, read_once
+from heapwalk.inferior.memory import Memory, ReadError, hop_u64, links_from, read_once
 from heapwalk.tcmalloc.decode import IN_USE, TcState
 from heapwalk.tcmalloc.spans import columns
 
@@ -90,6 +90,7 @@ class _Locator:
     """Whether an address is an object boundary in a span of a class, without numpy's cost per call."""
 
     def __init__(self, table: SpanTable):
+        self.table = table
         self.starts = table.start.tolist()
         self.ends = table.end.tolist()
         self.classes = table.size_class.tolist()
@@ -104,14 +105,40 @@ class _Locator:
         return offset % self.sizes[row] == 0 and offset // self.sizes[row] < self.counts[row]
 
 
+    def fits_all(self, addresses: np.ndarray, size_class: int) -> np.ndarray:
+        """`fits` of each of ADDRESSES (uint64) at once."""
+        t = self.table
+        row = np.searchsorted(t.start, addresses, side="right") - 1
+        ok = row >= 0
+        row = np.maximum(row, 0)
+        size = np.maximum(t.size[row], 1).astype(np.uint64)
+        offset = addresses - t.start[row]
+        return ok & (addresses < t.end[row]) & (t.size_class[row] == size_class) & (t.size[row] > 0) & \
+            (offset % size == 0) & (offset // size < t.count[row].astype(np.uint64))
+
+
+def _sound(where: _Locator, links: list[int], count: int, size_class: int) -> int:
+    """How many of the first nodes of LINKS (`links_from`: the nodes, then the link after the last) `_follow` takes
+    as they are: none null, none met before, each an object of SIZE_CLASS; COUNT at most."""
+    nodes = np.array(links[:min(count, len(links))], dtype=np.uint64)
+    bad = (nodes == 0) | ~where.fits_all(nodes, size_class)
+    order = np.argsort(nodes, kind="stable")
+    again = order[1:][nodes[order[1:]] == nodes[order[:-1]]]       # each node met before, where met again
+    first = min(int(np.argmax(bad)) if bad.any() else len(nodes), int(again.min()) if len(again) else len(nodes))
+    return first
+
+
 def _follow(mem: Memory, head: int, count: int, size_class: int, where: _Locator, at: int, structure: str,
             findings: list[Finding]) -> list[int]:
     """The COUNT objects of class SIZE_CLASS linked from HEAD (a list whose head word is at AT), as far as they
-    are objects of that class; a finding where the list breaks off."""
-    out: list[int] = []
-    seen: set[int] = set()
-    link = head
-    while len(out) < count:
+    are objects of that class; a finding where the list breaks off.  The part of the list the memory reads at once
+    (`links_from`) is judged at once; the loop goes on from the first node it does not take."""
+    links = links_from(mem, head, count) or [head]
+    taken = _sound(where, links, count, size_class) if len(links) > 16 else 0
+    out: list[int] = links[:taken]
+    seen: set[int] = set(out)
+    link = links[taken] if taken < len(links) else _hop(mem, out, count, structure, findings)
+    while link is not None and len(out) < count:
         if link == 0:
             findings.append(Finding(Severity.ERROR, at, structure, f"a list of class {size_class} ends after "
                                     f"{len(out)} of the {count} objects it counts", Kind.TCACHE_COUNT,
@@ -127,16 +154,23 @@ def _follow(mem: Memory, head: int, count: int, size_class: int, where: _Locator
             break
         seen.add(link)
         out.append(link)
-        try:
-            link = hop_u64(mem, link)
-        except ReadError:
-            if len(out) < count:
-                findings.append(Finding(Severity.ERROR, out[-1], structure, "a free object cannot be read: the "
-                                        "list after it is left out", Kind.UNMAPPED))
-            break
+        link = links[len(out)] if len(out) < len(links) else _hop(mem, out, count, structure, findings)
     else:
-        _ends(link, seen, out, size_class, at, structure, findings)
+        if link is not None:
+            _ends(link, seen, out, size_class, at, structure, findings)
     return out
+
+
+def _hop(mem: Memory, out: list[int], count: int, structure: str, findings: list[Finding]) -> int | None:
+    """The link of the last of OUT, read on its own; None (and a finding, unless OUT holds COUNT already) where it
+    cannot be read."""
+    try:
+        return hop_u64(mem, out[-1])
+    except ReadError:
+        if len(out) < count:
+            findings.append(Finding(Severity.ERROR, out[-1], structure, "a free object cannot be read: the "
+                                    "list after it is left out", Kind.UNMAPPED))
+        return None
 
 
 def _ends(link: int, seen: set[int], out: list[int], size_class: int, at: int, structure: str,

@@ -63,3 +63,33 @@ def test_a_truncated_core_is_read_only_as_far_as_it_goes(tmp_path):
         assert core.read(0x10000, 3 * PAGE) is None
     finally:
         core.close()
+
+
+def test_a_list_is_followed_through_the_file_in_c_as_in_python(tmp_path, monkeypatch):
+    """`CoreReader.links`: the head, then each link read, to COUNT links, a null one, a node whose word the file
+    does not hold, or a node met again (C stops within a few steps of it: the caller judges the nodes)."""
+    from heapwalk.inferior import coreread
+    base, words = 0x20000, np.zeros(2 * PAGE // 8, dtype=np.uint64)
+    order = np.random.default_rng(7).permutation(np.arange(1, 200))
+    for a, b in zip(order[:-1], order[1:]):
+        words[a] = base + 8 * b                                  # a list through the page, in random order
+    words[order[-1]] = 0
+    words[300], words[301], words[302] = base + 8 * 301, base + 8 * 302, base + 8 * 300   # a loop of three
+    words[400] = 0x90000                                         # out of the core
+    path = _core(tmp_path, [(base, 2 * PAGE, words.tobytes())])
+    head = base + 8 * int(order[0])
+    expected = [head] + [base + 8 * int(b) for b in order[1:]] + [0]
+    for native in (True, False):
+        if not native:
+            monkeypatch.setattr(coreread, "_LIB", None)
+        core = CoreReader.open(path)
+        try:
+            assert core.links(head, 1000) == expected
+            assert core.links(head, 5) == expected[:6]
+            assert core.links(head, 0) == [head]
+            looped = core.links(base + 8 * 300, 1000)
+            assert looped[:4] == [base + 8 * 300, base + 8 * 301, base + 8 * 302, base + 8 * 300] and len(looped) < 12
+            assert core.links(base + 8 * 400, 10) == [base + 8 * 400, 0x90000]
+            assert core.links(0x90000, 10) == [0x90000]
+        finally:
+            core.close()

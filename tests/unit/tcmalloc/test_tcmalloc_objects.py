@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from heapwalk.common.findings import Kind
-from heapwalk.inferior.memory import ImageMemory
+from heapwalk.inferior.memory import ImageMemory, ReadError
 from heapwalk.common.mapkinds import MAP_KINDS
 from heapwalk.tcmalloc.blocks import tcmalloc_blocks
 from heapwalk.tcmalloc.check import _objects
@@ -202,3 +202,51 @@ def test_the_verdict_names_the_classes_and_the_thread_caches_that_hold_the_free_
     assert "fragmentation by size class: 64 B objects 2 MiB (0% of their objects in use)" in said
     assert "4 MiB of free objects sit in 1 thread caches, whose limit TCMALLOC_MAX_TOTAL_THREAD_CACHE_BYTES is 32 MiB" \
         in said
+
+
+class _Followed:
+    """Memory that reads a list at once (`memory.links_from`, as a core's file does), around an `ImageMemory`."""
+
+    def __init__(self, mem: ImageMemory):
+        self.mem = mem
+
+    def read(self, address: int, size: int) -> bytes:
+        return self.mem.read(address, size)
+
+    def follow(self, head: int, count: int) -> list[int]:
+        out, link = [head], head
+        while link and len(out) <= count and link not in out[:-1]:
+            try:
+                link = int.from_bytes(self.mem.read(link, 8), "little")
+            except ReadError:
+                break
+            out.append(link)
+        return out
+
+
+def test_a_long_list_read_at_once_is_judged_as_a_list_walked_a_node_at_a_time():
+    """A thread cache's list of 60 objects, sound or broken at any place (a loop, an object of no class, a null
+    link, one past the count, a link out of memory): the same objects and the same findings either way."""
+    def damaged(kind: str, at: int) -> Heap:
+        heap = Heap()
+        heap.link(list(range(10, 70)))
+        heap.link(list(range(70, 128)))
+        heap.thread_list = ((1, slot(10), 60),)
+        heap.objects, heap.central_objects = slot(70), 58
+        heap.mem.write_u64(slot(10 + at), {"loop": slot(12), "class": LARGE + 8, "null": 0, "past": slot(70),
+                                           "unmapped": 0x50000000, "sound": slot(11 + at)}[kind])
+        return heap
+    for kind in ("sound", "loop", "class", "null", "unmapped"):
+        for at in (0, 17, 40, 58):
+            heap = damaged(kind, at)
+            plain = heap.walked()[2]
+            state = heap.state()
+            table = SpanTable.of(state)
+            followed = cached_objects(_Followed(heap.mem), state, table)
+            assert sorted(followed[0].address.tolist()) == sorted(plain[0].address.tolist())
+            assert [(f.kind, f.address, f.message) for f in followed[1]] == \
+                [(f.kind, f.address, f.message) for f in plain[1]]
+            assert followed[0].broken == plain[0].broken
+    heap = damaged("past", 59)
+    assert [f.kind for f in cached_objects(_Followed(heap.mem), heap.state(), SpanTable.of(heap.state()))[1]] == \
+        [f.kind for f in heap.walked()[2][1]] == [Kind.TCACHE_COUNT]
