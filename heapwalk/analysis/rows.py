@@ -22,25 +22,17 @@ import numpy as np
 
 from heapwalk.analysis.graph import Graph
 from heapwalk.analysis.lookup import Locator
-from heapwalk.inferior.clib import built_library
+from heapwalk.inferior.clib import declared_library
 
 __all__ = ["Rows", "SparseRows"]
 
 #: entries a slab holds (4 MiB of targets), more when one window needs more
 SLAB = 1 << 18
 
-
-def _load():
-    """The built library's close, or None (see `inferior.clib`)."""
-    lib = built_library(Path(__file__).parent, "_reach", ("hw_close",))
-    if lib is not None:
-        lib.hw_close.restype = ctypes.c_int64
-        lib.hw_close.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
-                                 ctypes.c_void_p, ctypes.c_void_p]
-    return lib
-
-
-_LIB = _load()
+#: the built library's close, or None (see `inferior.clib`)
+_LIB = declared_library(Path(__file__).parent, "_reach", {"hw_close": (
+    ctypes.c_int64, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
+                     ctypes.c_void_p])})
 
 
 class _Column:

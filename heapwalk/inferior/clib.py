@@ -8,7 +8,7 @@ import ctypes
 import os
 from pathlib import Path
 
-__all__ = ["built_library"]
+__all__ = ["built_library", "declared_library"]
 
 
 def built_library(folder: Path, stem: str, functions: tuple[str, ...] = ()) -> ctypes.CDLL | None:
@@ -23,3 +23,12 @@ def built_library(folder: Path, stem: str, functions: tuple[str, ...] = ()) -> c
             continue
         return lib if all(hasattr(lib, name) for name in functions) else None
     return None
+
+
+def declared_library(folder: Path, stem: str, signatures: dict) -> ctypes.CDLL | None:
+    """`built_library` with each function of SIGNATURES (name -> (restype, argtypes)) declared, or None."""
+    lib = built_library(folder, stem, tuple(signatures))
+    for name, (restype, argtypes) in signatures.items() if lib is not None else ():
+        function = getattr(lib, name)
+        function.restype, function.argtypes = restype, argtypes
+    return lib

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from heapwalk.inferior.clib import built_library
+from heapwalk.inferior.clib import declared_library
 from heapwalk.inferior.corefile import CoreError, CoreFile
 
 __all__ = ["CoreReader", "LINKS_AT_ONCE"]
@@ -26,18 +26,10 @@ __all__ = ["CoreReader", "LINKS_AT_ONCE"]
 #: links `CoreReader.links` reads in one call at most (a damaged count may say billions: the rest is hopped)
 LINKS_AT_ONCE = 1 << 20
 
-
-def _load():
-    """The list walk in C (`_slots.c`), or None (see `inferior.clib`)."""
-    lib = built_library(Path(__file__).parent, "_slots", ("hw_core_links",))
-    if lib is not None:
-        lib.hw_core_links.restype = ctypes.c_int64
-        lib.hw_core_links.argtypes = [ctypes.c_int64] + [ctypes.c_void_p] * 3 + [ctypes.c_int64, ctypes.c_uint64,
-                                                                                 ctypes.c_int64, ctypes.c_void_p]
-    return lib
-
-
-_LIB = _load()
+#: the list walk in C (`_slots.c`), or None (see `inferior.clib`)
+_LIB = declared_library(Path(__file__).parent, "_slots", {"hw_core_links": (
+    ctypes.c_int64, [ctypes.c_int64] + [ctypes.c_void_p] * 3 + [ctypes.c_int64, ctypes.c_uint64, ctypes.c_int64,
+                                                                ctypes.c_void_p])})
 
 
 class CoreReader:
