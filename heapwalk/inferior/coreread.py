@@ -83,7 +83,7 @@ class CoreReader:
         """`memory.links_from` read from the file: [HEAD, the word at HEAD, the word at that, ...], COUNT + 1 at
         most (`LINKS_AT_ONCE`), ending at a null link, at a node met again, or at a node whose word the file does not
         hold.  In C where built (a read a word, no Python between), else a read at a time here."""
-        count = min(count, LINKS_AT_ONCE)
+        count = max(0, min(count, LINKS_AT_ONCE))          # a damaged count may be anything
         if _LIB is not None:
             if self._arrays is None:
                 self._arrays = tuple(np.array([s[k] for s in self._segments], dtype=np.uint64) for k in range(3))

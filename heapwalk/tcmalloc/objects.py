@@ -81,8 +81,8 @@ class Cached:
 
     address: np.ndarray      # uint64
     place: np.ndarray        # uint8
-    owner: np.ndarray        # int64
-    size_class: np.ndarray   # int64
+    owner: np.ndarray        # int32: a thread's place in the list, or a class
+    size_class: np.ndarray   # int32
     broken: frozenset = frozenset()
 
 
@@ -229,7 +229,7 @@ def cached_objects(mem: Memory, state: TcState, table: SpanTable) -> tuple[Cache
             add(_follow(mem, head, c.move, c.index, where, slots + 16 * j, "transfer cache", findings),
                 TRANSFER, c.index, c.index)
     cached = Cached(np.array(address, dtype=np.uint64), np.array(place, dtype=np.uint8),
-                    np.array(owner, dtype=np.int64), np.array(klass, dtype=np.int64))
+                    np.array(owner, dtype=np.int32), np.array(klass, dtype=np.int32))
     twice = _twice(cached)
     broken |= {int(k) for k in cached.size_class[np.isin(cached.address, twice)].tolist()}
     findings += [Finding(Severity.ERROR, a, "thread cache", "a free object is held twice by tcmalloc's caches",

@@ -86,7 +86,7 @@ def test_a_list_is_followed_through_the_file_in_c_as_in_python(tmp_path, monkeyp
         try:
             assert core.links(head, 1000) == expected
             assert core.links(head, 5) == expected[:6]
-            assert core.links(head, 0) == [head]
+            assert core.links(head, 0) == [head] == core.links(head, -7)
             looped = core.links(base + 8 * 300, 1000)
             assert looped[:4] == [base + 8 * 300, base + 8 * 301, base + 8 * 302, base + 8 * 300] and len(looped) < 12
             assert core.links(base + 8 * 400, 10) == [base + 8 * 400, 0x90000]
