@@ -110,6 +110,7 @@ class CoreReader:
         return out
 
     def close(self) -> None:
+        """Closes the file (gdb keeps its own)."""
         os.close(self._fd)
 
 
