@@ -46,16 +46,8 @@ def gdb_memory(known: list[tuple[int, int]] | None = None) -> CachedMemory:
         if core is None:
             return CachedMemory(read, max_blocks=_CACHE_BLOCKS, regions=known, raw_buffer=inferior.read_memory)
 
-        def from_file(address: int, size: int) -> bytes:
-            data = core.read(address, size)
-            return read(address, size) if data is None else data
-
-        def buffer_from_file(address: int, size: int):
-            data = core.read(address, size)
-            return inferior.read_memory(address, size) if data is None else data
-
-        memory = CachedMemory(from_file, max_blocks=_CACHE_BLOCKS, regions=known, raw_buffer=buffer_from_file,
-                              raw_links=core.links)
+        memory = CachedMemory(_first(core.read, read), max_blocks=_CACHE_BLOCKS, regions=known,
+                              raw_buffer=_first(core.read, inferior.read_memory), raw_links=core.links)
         weakref.finalize(memory, core.close)
         return memory
     pages = LivePages(inferior.pid)
@@ -72,6 +64,14 @@ def gdb_memory(known: list[tuple[int, int]] | None = None) -> CachedMemory:
     memory = CachedMemory(guarded, max_blocks=_CACHE_BLOCKS, regions=known, raw_buffer=guarded_buffer)
     weakref.finalize(memory, pages.close)
     return memory
+
+
+def _first(primary, fallback):
+    """A reader giving PRIMARY's bytes, FALLBACK's where PRIMARY has none (None)."""
+    def read(address: int, size: int):
+        data = primary(address, size)
+        return fallback(address, size) if data is None else data
+    return read
 
 
 def _core_reader(read) -> CoreReader | None:

@@ -93,17 +93,10 @@ class CoreReader:
                                    out.ctypes.data)
             return out[:n].tolist()
         out, seen, link = [head], set(), head
-        starts, segments, fd = self._starts, self._segments, self._fd
         while link and len(out) <= count and link not in seen:
             seen.add(link)
-            i = bisect.bisect_right(starts, link) - 1
-            if i < 0 or link + 8 > segments[i][1]:
-                break
-            try:
-                word = os.pread(fd, 8, segments[i][2] + link - segments[i][0])
-            except OSError:
-                break
-            if len(word) != 8:
+            word = self.read(link, 8)
+            if word is None:
                 break
             link = int.from_bytes(word, "little")
             out.append(link)

@@ -18,8 +18,7 @@ from typing import Callable, Protocol
 from heapwalk.common.errors import HeapwalkError
 
 __all__ = ["ReadError", "Memory", "CachedMemory", "ImageMemory", "u64", "u32", "hop_u64", "hop_read", "links_from",
-           "read_once",
-           "readable", "drop_cached"]
+           "read_once", "readable", "drop_cached"]
 
 _Q = struct.Struct("<Q")
 _I = struct.Struct("<I")

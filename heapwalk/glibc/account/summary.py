@@ -12,9 +12,6 @@ from heapwalk.glibc.model import FREE_STATES, KEPT_REASONS, Arena, ChunkState, H
 from heapwalk.glibc.account.resident import ArenaResidency, arena_residency, mmapped_resident
 from heapwalk.common.view import ArenaView, HeapView, SizeClass
 
-#: a size field less its three flag bits
-_SIZE_MASK = np.uint64(2 ** 64 - 8)
-
 __all__ = ["arena_limit", "GLIBC_CLASSES", "heap_view", "free_sizes_by_arena"]
 
 #: glibc's size classes of free chunks (64-bit): fastbin sizes, small bins, then the large-bin spacings
@@ -86,9 +83,9 @@ def free_sizes_by_arena(state: HeapState) -> dict[int, Counter]:
     as size -> how many.  (2.43's tcache'd mmapped chunks are counted with the mmapped memory.)"""
     out = _tcache_sizes_by_arena(state)
     for a in state.arenas:
-        raw = [np.asarray(lst.raw_sizes, dtype=np.uint64) for lst in a.free_lists() if len(lst.raw_sizes)]
-        if raw:
-            sizes, counts = np.unique(np.concatenate(raw) & _SIZE_MASK, return_counts=True)
+        listed = [np.frombuffer(lst.sizes, dtype=np.uint64) for lst in a.free_lists() if len(lst.raw_sizes)]
+        if listed:
+            sizes, counts = np.unique(np.concatenate(listed), return_counts=True)
             out[a.number].update(dict(zip(sizes.tolist(), counts.tolist())))
     return out
 
