@@ -57,6 +57,8 @@ def tally(sizes: np.ndarray | BlockSizes, group: np.ndarray | None, slots: int, 
     given = sizes if isinstance(sizes, BlockSizes) else None
     lengths = None if given is None else np.ascontiguousarray(given.lengths)
     sizes = None if given is not None else np.ascontiguousarray(sizes, dtype=np.int64)
+    if group is not None and len(group) and group.strides == (0,) and not group[0]:
+        group = None                    # one key, 0, seen as many (`view.Blocks.arena_index`): no array made
     if group is not None and group.dtype not in _WIDTHS:
         group = group.astype(np.int32)
     group = None if group is None else np.ascontiguousarray(group)

@@ -141,7 +141,8 @@ class Blocks:
     The ends are kept as lengths (`LENGTH_UNIT`, uint32: 12 bytes a block with the start, not 16), or whole where a
     block does not fit that: `lengths` or `whole_ends` is None.  `ends` makes every end at once, `end_of` some.
     The arenas are kept as each block's index (`arena_index`: uint8 for up to 256 arenas, uint16 up to 65,536) among
-    the numbers `arena_numbers` (ascending, int32); `arena` makes every block's number, `arena_of` some.
+    the numbers `arena_numbers` (ascending, int32), read-only (one arena: a single 0 seen as many); `arena` makes
+    every block's number, `arena_of` some.
     """
 
     def __init__(self, starts: Any, ends: Any, arena: Any, header: int, tail: int,
@@ -153,6 +154,8 @@ class Blocks:
         self.starts = starts                      # numpy uint64, sorted
         self.lengths, self.whole_ends = (lengths, None) if ends is None else _lengths(starts, ends)
         self.arena_numbers, self.arena_index = arena if isinstance(arena, tuple) else _indexed(arena)
+        if len(self.arena_numbers) == 1:        # one arena: every index 0, kept as one (no byte a block)
+            self.arena_index = np.broadcast_to(np.zeros(1, dtype=self.arena_index.dtype), self.arena_index.shape)
         self.header, self.tail = header, tail
         self.heaps = heaps          # the allocator's memory that holds the blocks: scanned only in blocks
         self.private = private      # its bookkeeping elsewhere (glibc: main_arena, mp_): never a root

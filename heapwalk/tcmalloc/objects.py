@@ -81,8 +81,8 @@ class Cached:
 
     address: np.ndarray      # uint64
     place: np.ndarray        # uint8
-    owner: np.ndarray        # int32: a thread's place in the list, or a class
-    size_class: np.ndarray   # int32
+    owner: np.ndarray        # unsigned, as narrow as its values allow: a thread's place in the list, or a class
+    size_class: np.ndarray   # unsigned, as narrow as its values allow
     broken: frozenset = frozenset()
 
 
@@ -228,13 +228,18 @@ def cached_objects(mem: Memory, state: TcState, table: SpanTable) -> tuple[Cache
         for j, head in enumerate(heads):
             add(_follow(mem, head, c.move, c.index, where, slots + 16 * j, "transfer cache", findings),
                 TRANSFER, c.index, c.index)
-    cached = Cached(np.array(address, dtype=np.uint64), np.array(place, dtype=np.uint8),
-                    np.array(owner, dtype=np.int32), np.array(klass, dtype=np.int32))
+    cached = Cached(np.array(address, dtype=np.uint64), np.array(place, dtype=np.uint8), _narrow(owner),
+                    _narrow(klass))
     twice = _twice(cached)
     broken |= {int(k) for k in cached.size_class[np.isin(cached.address, twice)].tolist()}
     findings += [Finding(Severity.ERROR, a, "thread cache", "a free object is held twice by tcmalloc's caches",
                          Kind.DOUBLE_FREE) for a in twice[:100].tolist()]
     return Cached(cached.address, cached.place, cached.owner, cached.size_class, frozenset(broken)), findings
+
+
+def _narrow(values: list[int]) -> np.ndarray:
+    """VALUES (none negative) in the narrowest unsigned type that holds them all."""
+    return np.array(values, dtype=np.min_scalar_type(max(values, default=0)))
 
 
 def _twice(cached: Cached) -> np.ndarray:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from heapwalk.analysis import lookup
+from heapwalk.analysis import lookup, tally
 from heapwalk.analysis.lookup import Locator
 from heapwalk.analysis.rows import Rows
 from heapwalk.common.view import Blocks, retagged, tags_held
@@ -271,6 +271,21 @@ def test_blocks_keep_their_arenas_as_a_small_index(count):
     assert np.array_equal(blocks.arena_numbers, numbers)
     odd = Blocks(starts[:3], starts[:3] + np.uint64(48), np.array([-1, 7, -1], dtype=np.int32), 16, 8)
     assert odd.arena_numbers.tolist() == [-1, 7] and odd.arena_index.tolist() == [0, 1, 0]
+
+
+def test_blocks_of_one_arena_keep_no_index_a_block_and_tally_as_one():
+    """One arena: its index is a single 0 seen as many (no byte a block, read-only); the blocks' arenas and the
+    tallies by arena and by size are what an index a block gives."""
+    starts = np.arange(1000, dtype=np.uint64) * np.uint64(64) + np.uint64(1 << 30)
+    sizes = (np.arange(1000) % 7 * 16 + 32).astype(np.int64)
+    blocks = Blocks(starts, starts + sizes.astype(np.uint64), np.full(1000, 5, dtype=np.int32), 16, 8)
+    assert blocks.arena_index.strides == (0,) and not blocks.arena_index.flags.writeable
+    assert blocks.arena.tolist() == [5] * 1000 and blocks.arena_of([3, 999]).tolist() == [5, 5]
+    whole = np.zeros(1000, dtype=np.uint8)
+    for by_exponent, slots in ((False, 1), (True, 64)):
+        one = tally.tally(sizes, blocks.arena_index, slots, sizes > 80, by_exponent)
+        assert all(np.array_equal(a, b) for a, b in zip(one, tally.tally(sizes, whole, slots, sizes > 80,
+                                                                          by_exponent)))
 
 
 def test_the_table_is_packed_unless_a_slots_group_holds_too_many_blocks():

@@ -16,6 +16,7 @@ from heapwalk.tcmalloc.decode import IN_USE, NORMAL, TcClass, TcSpan, TcState, T
 from heapwalk.tcmalloc.discovery import TcDiscovery
 from heapwalk.tcmalloc.heapmap import span_strips, span_use
 from heapwalk.tcmalloc.layout import LAYOUTS
+from heapwalk.tcmalloc import objects
 from heapwalk.tcmalloc.objects import SpanTable, cached_objects
 
 PAGE = 8192
@@ -79,6 +80,19 @@ def test_the_program_holds_what_no_list_holds():
     assert blocks.sizes().tolist() == [SIZE] * 5 + [2 * PAGE]
     assert blocks.heaps == ((SMALL, FREE + 3 * PAGE),) and blocks.unknown == ()
     assert _objects(state, heap.mem, table, *cached) == []
+
+
+def test_the_caches_keep_each_object_s_owner_and_class_in_the_narrowest_type():
+    """Owners and classes a byte each while they fit one; the place each object is in, whose and of which class,
+    as the lists say."""
+    heap = Heap()
+    _, _, (cached, _) = heap.walked()
+    assert cached.owner.dtype == np.uint8 and cached.size_class.dtype == np.uint8
+    by = {a: (p, o, k) for a, p, o, k in zip(cached.address.tolist(), cached.place.tolist(), cached.owner.tolist(),
+                                          cached.size_class.tolist())}
+    assert {by[slot(i)][1:] for i in range(5)} == {(0, 1), (1, 1)}
+    assert objects._narrow([0, 255]).dtype == np.uint8 and objects._narrow([256]).dtype == np.uint16
+    assert objects._narrow([]).dtype == np.uint8 and objects._narrow([70_000]).tolist() == [70_000]
 
 
 def test_each_span_is_drawn_by_use_and_adds_up():
