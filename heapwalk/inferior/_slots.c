@@ -9,15 +9,15 @@
 enum { ENDED = 0, OUTSIDE = 1, TWICE = 2, CUT = 3 };
 
 /* Version of the arguments below: slots.py refuses a library built from other sources. */
-int64_t hw_slots_abi(void) { return 2; }
+int64_t hw_slots_abi(void) { return 3; }
 
 /* Follows the list from HEAD through DATA (LEN bytes of the slots, from START): marks each slot it reaches in
- * SEEN (a byte a slot, shared by the lists of one page) and writes its index to OUT (room for COUNT; NULL: not
- * written).  Returns
+ * SEEN with MARK (a byte a slot, shared by the lists of one page; a slot marked already is met TWICE) and writes
+ * its index to OUT (room for COUNT; NULL: not written).  Returns
  * how many it reached; *STOP says why it stopped (ENDED at a null link; OUTSIDE: a link that is no slot, or
  * TWICE: a slot already seen, both at *AT; CUT: the slot at *AT has no word in DATA). */
-int64_t hw_slot_list(const uint8_t *data, uint64_t len, uint64_t start, uint64_t size, uint64_t count,
-                     uint64_t head, uint8_t *seen, uint32_t *out, int32_t *stop, uint64_t *at)
+static int64_t walk(const uint8_t *data, uint64_t len, uint64_t start, uint64_t size, uint64_t count,
+                   uint64_t head, uint8_t *seen, uint8_t mark, uint32_t *out, int32_t *stop, uint64_t *at)
 {
     uint64_t link = head;
     int64_t n = 0;
@@ -33,7 +33,7 @@ int64_t hw_slot_list(const uint8_t *data, uint64_t len, uint64_t start, uint64_t
             *at = link;
             return n;
         }
-        seen[i] = 1;
+        seen[i] = mark;
         if (out)
             out[n] = (uint32_t)i;
         n++;
@@ -49,12 +49,20 @@ int64_t hw_slot_list(const uint8_t *data, uint64_t len, uint64_t start, uint64_t
     return n;
 }
 
+/* `walk` marking each slot 1. */
+int64_t hw_slot_list(const uint8_t *data, uint64_t len, uint64_t start, uint64_t size, uint64_t count,
+                     uint64_t head, uint8_t *seen, uint32_t *out, int32_t *stop, uint64_t *at)
+{
+    return walk(data, len, start, size, count, head, seen, 1, out, stop, at);
+}
+
 /* The lists of N pages or spans whose bytes lie in DATA (LEN bytes from BASE): page K's COUNTS[K] slots of SIZES[K]
  * bytes from STARTS[K], its list from HEADS[K] (0: none), its marks at SEEN + OFFSETS[K].  FOUND[K], STOPS[K] and
- * ATS[K] say what `hw_slot_list` said of it; a page that DATA does not hold whole is CUT at its start, not walked. */
+ * ATS[K] say what `walk` said of it, each slot reached marked MARK; a page that DATA does not hold whole is CUT at
+ * its start, not walked. */
 void hw_slot_lists(const uint8_t *data, uint64_t len, uint64_t base, int64_t n, const uint64_t *starts,
                    const int64_t *sizes, const int64_t *counts, const uint64_t *heads, const int64_t *offsets,
-                   uint8_t *seen, int64_t *found, int32_t *stops, uint64_t *ats)
+                   uint8_t *seen, uint8_t mark, int64_t *found, int32_t *stops, uint64_t *ats)
 {
     for (int64_t k = 0; k < n; k++) {
         uint64_t at = starts[k] - base, bytes = (uint64_t)counts[k] * (uint64_t)sizes[k];
@@ -64,8 +72,8 @@ void hw_slot_lists(const uint8_t *data, uint64_t len, uint64_t base, int64_t n, 
             ats[k] = starts[k];
             continue;
         }
-        found[k] = hw_slot_list(data + at, bytes, starts[k], (uint64_t)sizes[k], (uint64_t)counts[k], heads[k],
-                                seen + offsets[k], 0, stops + k, ats + k);
+        found[k] = walk(data + at, bytes, starts[k], (uint64_t)sizes[k], (uint64_t)counts[k], heads[k],
+                        seen + offsets[k], mark, 0, stops + k, ats + k);
     }
 }
 

@@ -22,7 +22,7 @@ __all__ = ["ENDED", "OUTSIDE", "TWICE", "CUT", "Walked", "slot_list", "slot_list
 
 #: why a walk stopped
 ENDED, OUTSIDE, TWICE, CUT = 0, 1, 2, 3
-_ABI = 2
+_ABI = 3
 
 
 def _load():
@@ -35,7 +35,8 @@ def _load():
     lib.hw_slot_list.argtypes = [ctypes.c_char_p, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_uint64,
                                  ctypes.c_uint64, p, p, p, p]
     lib.hw_slot_lists.restype = None
-    lib.hw_slot_lists.argtypes = [ctypes.c_char_p, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_int64] + [p] * 9
+    lib.hw_slot_lists.argtypes = [ctypes.c_char_p, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_int64] + [p] * 6 + \
+        [ctypes.c_uint8] + [p] * 3
     return lib
 
 
@@ -81,11 +82,11 @@ def slot_list(data: bytes, start: int, size: int, count: int, head: int, seen: n
 
 
 def slot_lists(data: bytes, base: int, starts: np.ndarray, sizes: np.ndarray, counts: np.ndarray, heads: np.ndarray,
-               offsets: np.ndarray, seen: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+               offsets: np.ndarray, seen: np.ndarray, mark: int = 1) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The lists of many pages at once, whose bytes DATA holds from BASE: page k's COUNTS[k] slots of SIZES[k]
     bytes from STARTS[k] (uint64), its list from HEADS[k] (uint64; 0: none), its marks at SEEN[OFFSETS[k]:]
-    (int64).  (how many slots each reached, why it stopped, where): as `slot_list` says, without the slots; a
-    page DATA does not hold whole is CUT at its start, not walked."""
+    (int64), each slot reached marked MARK (1 to 255).  (how many slots each reached, why it stopped, where): as
+    `slot_list` says, without the slots; a page DATA does not hold whole is CUT at its start, not walked."""
     n = len(starts)
     found, stops, ats = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int32), np.zeros(n, dtype=np.uint64)
     if _LIB is not None:
@@ -93,8 +94,8 @@ def slot_lists(data: bytes, base: int, starts: np.ndarray, sizes: np.ndarray, co
                                                              (counts, np.int64), (heads, np.uint64),
                                                              (offsets, np.int64))]
         _LIB.hw_slot_lists(bytes(data) if not isinstance(data, bytes) else data, len(data), base, n,
-                           *(a.ctypes.data for a in args), seen.ctypes.data, found.ctypes.data, stops.ctypes.data,
-                           ats.ctypes.data)
+                           *(a.ctypes.data for a in args), seen.ctypes.data, mark, found.ctypes.data,
+                           stops.ctypes.data, ats.ctypes.data)
         return found, stops, ats
     for k in range(n):
         start, size, count = int(starts[k]), int(sizes[k]), int(counts[k])
@@ -102,7 +103,9 @@ def slot_lists(data: bytes, base: int, starts: np.ndarray, sizes: np.ndarray, co
             stops[k], ats[k] = CUT, start
             continue
         lo, offset = start - base, int(offsets[k])
-        walked = slot_list(data[lo:lo + count * size], start, size, count, int(heads[k]), seen[offset:offset + count])
+        marks = seen[offset:offset + count]
+        walked = slot_list(data[lo:lo + count * size], start, size, count, int(heads[k]), marks)
+        marks[walked.slots] = mark
         found[k], stops[k], ats[k] = len(walked.slots), walked.stop, walked.at
     return found, stops, ats
 

@@ -3,14 +3,18 @@ read, one bulk read per window instead of one per header."""
 
 from __future__ import annotations
 
+from typing import Iterator
+
 import numpy as np
 
 from heapwalk.inferior.memory import Memory, ReadError, read_once
 
-__all__ = ["Window", "word_reader", "read_window", "PROBE_SPAN", "SPAN"]
+__all__ = ["Window", "word_reader", "read_window", "near_windows", "PROBE_SPAN", "SPAN", "NEAR_SPAN"]
 
 #: bytes a walk reads at once
 SPAN = 4 << 20
+#: bytes of neighbouring pages or spans read at once (`near_windows`)
+NEAR_SPAN = 2 << 20
 #: bytes a probe (a resynchronisation, a region check) reads at once: it looks at little
 PROBE_SPAN = 1 << 18
 
@@ -56,3 +60,18 @@ def read_window(mem: Memory, base: int, end: int, span: int) -> bytes | memoryvi
         except ReadError:
             size = size // 2 if size > 4096 else (8 if size > 8 else 0)
     return b""
+
+
+def near_windows(mem: Memory, starts: list[int], lengths: list[int], span: int = NEAR_SPAN
+                 ) -> Iterator[tuple[int, int, int, bytes | memoryview]]:
+    """(k, j, base, data): the ranges k to j-1 of STARTS (ascending) and LENGTHS, near enough to be read at once
+    (within SPAN bytes of the first's start; one longer alone), and their bytes from BASE as far as they could be
+    read (`read_window`)."""
+    k = 0
+    while k < len(starts):
+        base, j = starts[k], k + 1
+        while j < len(starts) and starts[j] + lengths[j] - base <= span:
+            j += 1
+        end = max(starts[i] + lengths[i] for i in range(k, j))
+        yield k, j, base, read_window(mem, base, end, end - base) if end > base else b""
+        k = j

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from heapwalk.common.findings import Finding, Kind, Severity
+from heapwalk.common.slotted import slotted
 from heapwalk.inferior.memory import Memory, ReadError
 from heapwalk.inferior.residency import Residency
 from heapwalk.mimalloc.arenas import segment_arena
@@ -16,7 +17,7 @@ from heapwalk.mimalloc.bits import bit_runs
 from heapwalk.mimalloc.discovery import MiDiscovery
 from heapwalk.mimalloc.heaps import MiHeap, find_heaps, visit_order
 from heapwalk.mimalloc.layout import MiLayout
-from heapwalk.mimalloc.lists import count_delayed, walk_page
+from heapwalk.mimalloc.lists import count_delayed, walk_pages
 from heapwalk.mimalloc.page import MiPage
 
 __all__ = ["SEGMENT", "MiPage", "MiSpan", "MiSegment", "MiHeap", "MiState", "decode_mimalloc", "good_size"]
@@ -37,6 +38,7 @@ class MiSpan:
     pending: int
 
 
+@slotted
 @dataclass
 class MiSegment:
     """One segment: its memory from the system, its owner, its pages and free spans."""
@@ -255,10 +257,7 @@ def decode_mimalloc(mem: Memory, found: MiDiscovery, threads, description: str =
                                 "table of parts was found in mimalloc's data: those segments are taken as live, and "
                                 "the parts' 8 KiB each are left out of the reserved and committed figures", SEGMENT))
     heaps = find_heaps(mem, found, segments, threads, findings)
-    for seg in segments:
-        if seg.live:
-            for page in seg.pages:
-                walk_page(mem, page, findings)
+    walk_pages(mem, [page for seg in segments if seg.live for page in seg.pages], findings)
     delayed = count_delayed(mem, found.layout, [h.address for h in heaps],
                             [p for s in segments if s.live for p in s.pages], findings)
     for heap in heaps:

@@ -8,6 +8,8 @@ from typing import Any
 
 import numpy as np
 
+from heapwalk.common.slotted import slotted
+
 __all__ = ["MiPage", "LISTS"]
 
 
@@ -15,10 +17,12 @@ __all__ = ["MiPage", "LISTS"]
 LISTS = {1: "free", 2: "local free", 3: "thread free", 4: "delayed"}
 
 
-def _no_marks() -> Any:
-    return np.zeros(0, dtype=np.uint8)
+#: the marks of a page no list holds a block of
+_NO_MARKS = np.zeros(0, dtype=np.uint8)
+_NO_MARKS.flags.writeable = False
 
 
+@slotted
 @dataclass
 class MiPage:
     """A page of blocks of one size: where its blocks start, how many it has made (capacity) and may make
@@ -40,9 +44,19 @@ class MiPage:
     local_free: int = 0
     thread_free: int = 0
     delayed: int = 0            # blocks of it on its heap's delayed-free list
-    freed: Any = field(default_factory=_no_marks)   # a byte for each block it cut (numpy uint8; none where no list
-    #                                                 holds one): which list holds it (`LISTS`), 0 for none
     damaged: bool = False       # a list of it could not be walked to its end: which blocks are free is unknown
+    marks: Any = field(default=None, compare=False, repr=False)   # the array its `freed` lies in (uint8), or None
+    marks_at: int = 0           # where in it
+
+    @property
+    def freed(self) -> Any:
+        """A byte for each block it cut (numpy uint8; none where no list holds one): which list holds it (`LISTS`),
+        0 for none.  Its own view of the marks (`marks`, kept one array for many pages)."""
+        return _NO_MARKS if self.marks is None else self.marks[self.marks_at:self.marks_at + self.cut]
+
+    @freed.setter
+    def freed(self, marks: Any) -> None:
+        self.marks, self.marks_at = marks, 0
 
     @property
     def end(self) -> int:

@@ -13,8 +13,6 @@ time; no array of every slot's address is made."""
 
 from __future__ import annotations
 
-from typing import Iterator
-
 import numpy as np
 
 from heapwalk.common.findings import Finding
@@ -22,14 +20,11 @@ from heapwalk.inferior.slots import ENDED, SlotMarks, slot_lists
 from heapwalk.common.view import Blocks
 from heapwalk.inferior.memory import Memory, ReadError, read_once
 from heapwalk.inferior.ranges import merged, merged_arrays
-from heapwalk.inferior.window import read_window
+from heapwalk.inferior.window import near_windows
 from heapwalk.tcmalloc.decode import TcState
 from heapwalk.tcmalloc.objects import Cached, SpanTable, cached_objects, span_list
 
 __all__ = ["tcmalloc_blocks", "on_span_lists", "Slots"]
-
-#: bytes of adjacent spans read at once
-WINDOW = 2 << 20
 
 
 class Slots(SlotMarks):
@@ -40,20 +35,6 @@ class Slots(SlotMarks):
         self.table, self.rows = table, rows
 
 
-def _windows(mem: Memory, table: SpanTable, rows: np.ndarray) -> Iterator[tuple[int, int, int, bytes]]:
-    """(k, j, base, data): spans ROWS[k:j], adjacent enough to be read at once (`WINDOW` bytes), and their bytes
-    from BASE, as far as they could be read."""
-    starts, lengths = table.start[rows].tolist(), (table.count[rows] * table.size[rows]).tolist()
-    k = 0
-    while k < len(rows):
-        base, j = starts[k], k + 1
-        while j < len(rows) and starts[j] + lengths[j] - base <= WINDOW:
-            j += 1
-        end = starts[j - 1] + lengths[j - 1]
-        yield k, j, base, read_window(mem, base, end, end - base) if end > base else b""
-        k = j
-
-
 def walk_spans(mem: Memory, slots: Slots, findings: list[Finding]) -> list[int]:
     """Walks the own list of each span of SLOTS, marking its free slots, a window of spans at a time in one
     call (`slots.slot_lists`); the rows whose list is damaged (every slot of theirs marked).  A span whose list
@@ -62,7 +43,8 @@ def walk_spans(mem: Memory, slots: Slots, findings: list[Finding]) -> list[int]:
     count, refcount = table.count[rows], table.refcount[rows]
     heads = np.where(count != refcount, table.objects[rows], np.uint64(0))   # every object out: the list is empty
     expected = count - refcount
-    for k, j, base, data in _windows(mem, table, rows):
+    starts, lengths = table.start[rows].tolist(), (table.count[rows] * table.size[rows]).tolist()
+    for k, j, base, data in near_windows(mem, starts, lengths):
         found, stops, _ = slot_lists(data, base, table.start[rows[k:j]], table.size[rows[k:j]], count[k:j],
                                      heads[k:j], slots.offsets[k:j], slots.marks)
         odd = np.flatnonzero((stops != ENDED) | (found != expected[k:j]) | ((heads[k:j] == 0) & (expected[k:j] > 0)))

@@ -10,7 +10,7 @@ from heapwalk.inferior.residency import Residency
 from heapwalk.mimalloc.decode import SEGMENT, MiPage, MiSegment, MiState
 from heapwalk.mimalloc.discovery import MiDiscovery
 from heapwalk.mimalloc.heaps import find_heaps
-from heapwalk.mimalloc.lists import walk_page
+from heapwalk.mimalloc.lists import walk_pages
 from heapwalk.mimalloc.bits import bit_runs, bits_in
 from heapwalk.mimalloc.v3.arenas import Mi3Arena
 from heapwalk.mimalloc.v3.layout import Mi3Layout
@@ -43,9 +43,7 @@ def decode_mimalloc3(mem: Memory, found: MiDiscovery, threads, description: str 
     units.sort(key=lambda s: s.address)
     findings += _overfull(found.arenas, units)
     heaps = find_heaps(mem, found, units, threads, findings)
-    for unit in units:
-        for page in unit.pages:
-            walk_page(mem, page, findings)
+    walk_pages(mem, [page for unit in units for page in unit.pages], findings)
     first = min((t for t in threads if t.thread_pointer), key=lambda t: t.number, default=None)
     return MiState3(found, units, heaps, [], findings, description, residency, first.thread_pointer if first else 0)
 

@@ -102,6 +102,31 @@ def test_many_pages_in_one_call_are_each_page_alone(seed, monkeypatch):
         assert (want[0][k], want[1][k], want[2][k]) == (len(alone.slots), alone.stop, alone.at)
 
 
+def test_each_list_marks_its_slots_with_its_own_mark_and_meets_another_lists_slot(monkeypatch):
+    """Two lists through the same two pages, walked in one call each with marks 2 and 3: each slot carries its
+    list's mark; the second list, reaching a slot of the first, stops there (TWICE); C and Python alike."""
+    base, size = 0x4000, 16
+    image = bytearray(2 * 4 * size)
+    link = lambda at, to: image.__setitem__(slice(at - base, at - base + 8), to.to_bytes(8, "little"))  # noqa: E731
+    link(0x4000, 0x4020)                    # page 0: 0 -> 2 -> null; then 1 -> 3 -> 2 (the first list's)
+    link(0x4010, 0x4030)
+    link(0x4030, 0x4020)
+    link(0x4040, 0x4070)                    # page 1: 0 -> 3 -> null; then 1 -> null
+    answers = []
+    for native in (True, False):
+        if not native:
+            monkeypatch.setattr(slots, "_LIB", None)
+        args = (np.array([0x4000, 0x4040], dtype=np.uint64), np.array([size] * 2), np.array([4, 4]))
+        seen = np.zeros(8, dtype=np.uint8)
+        first = slot_lists(bytes(image), base, *args, np.array([0x4000, 0x4040], dtype=np.uint64),
+                           np.array([0, 4]), seen, mark=2)
+        second = slot_lists(bytes(image), base, *args, np.array([0x4010, 0x4050], dtype=np.uint64),
+                            np.array([0, 4]), seen, mark=3)
+        answers.append([a.tolist() for a in (*first, *second, seen)])
+    assert answers[0] == answers[1]
+    assert answers[0][3:] == [[2, 1], [TWICE, ENDED], [0x4020, 0], [2, 3, 2, 3, 2, 3, 0, 2]]
+
+
 def test_slot_marks_mark_and_say_only_slot_starts_and_make_the_unmarked_blocks():
     """Two pages (3 slots of 16 bytes at 0x1000, 2 of 48 at 0x2000): an address inside a slot, past a page or
     before the first marks nothing; the unmarked slots come out in address order with a large block merged in,
