@@ -140,9 +140,9 @@ class Blocks:
 
     The ends are kept as lengths (`LENGTH_UNIT`, uint32: 12 bytes a block with the start, not 16), or whole where a
     block does not fit that: `lengths` or `whole_ends` is None.  `ends` makes every end at once, `end_of` some.
-    The arenas are kept as each block's index (`arena_index`: uint8 for up to 256 arenas, uint16 up to 65,536) among
-    the numbers `arena_numbers` (ascending, int32), read-only (one arena: a single 0 seen as many); `arena` makes
-    every block's number, `arena_of` some.
+    The arenas are kept as each block's index (`arena_index`: uint8 for up to 256 arenas, uint16 up to 65,536; with
+    one arena a single 0 seen as many, read-only) among the numbers `arena_numbers` (ascending, int32); `arena`
+    makes every block's number, `arena_of` some.
     """
 
     def __init__(self, starts: Any, ends: Any, arena: Any, header: int, tail: int,

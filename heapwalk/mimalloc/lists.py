@@ -39,6 +39,7 @@ def walk_pages(mem: Memory, pages: list, findings: list[Finding]) -> None:
     marks = np.zeros(int(offsets[-1]), dtype=np.uint8)
     found, clean = np.zeros((len(todo), 3), dtype=np.int64), np.ones(len(todo), dtype=bool)
     for k, j, base, data in near_windows(mem, starts.tolist(), (counts * sizes).tolist()):
+        data = data if isinstance(data, bytes) else bytes(data)         # one copy for the three calls, not three
         for column in range(3):
             got, stops, _ = slot_lists(data, base, starts[k:j], sizes[k:j], counts[k:j], heads[k:j, column],
                                        offsets[k:j], marks, column + 1)
