@@ -13,12 +13,13 @@
 #include <string.h>
 
 
-/* The version of these functions' arguments (6: the lookup's table written packed, hw_table_packed; 5: the blocks'
- * ends or lengths, end_of; the tally's groups of any width, and sizes from lengths; the lookup's table packed,
- * entry): a library built from older sources has another, or none, and is not used. */
+/* The version of these functions' arguments (7: hw_scan_rows judges a window ROOM words at a time; 6: the
+ * lookup's table written packed, hw_table_packed; 5: the blocks' ends or lengths, end_of; the tally's groups of
+ * any width, and sizes from lengths; the lookup's table packed, entry): a library built from older sources has
+ * another, or none, and is not used. */
 int64_t hw_reach_abi(void)
 {
-    return 6;
+    return 7;
 }
 
 /* Goes on with a breadth-first search whose queue is ORDER[HEAD .. TAIL): visits every node the queued ones lead
@@ -194,10 +195,12 @@ static void *locate_job_run(void *arg)
     return NULL;
 }
 
-/* Values a lookup takes before it is shared between threads, and the most threads it is shared between: each
- * lookup waits on memory (a table and the blocks' bounds anywhere in tens of megabytes), and a core has room for
- * only a few such waits at once, so that a second core answers about as many again */
-#define PARALLEL_FROM 16384
+/* Values a lookup takes before it is shared between threads (a thread costs tens of microseconds to make, 4,096
+ * lookups about 150: a scan's window looks up some 16,000 words, and sharing from 16,384 on made a report on
+ * three million blocks 0.1 s slower), and the most threads it is shared between: each lookup waits on memory (a table and the
+ * blocks' bounds anywhere in tens of megabytes), and a core has room for only a few such waits at once, so that a
+ * second core answers about as many again */
+#define PARALLEL_FROM 4096
 #define MAX_THREADS 4
 
 /* The threads a lookup may take: the CPUs this process may run on, at most MAX_THREADS, or HEAPWALK_THREADS
@@ -387,23 +390,52 @@ int64_t hw_root_window(const uint64_t *words, int64_t n, uint64_t base, uint64_t
     return hits;
 }
 
+/* The rows of a scan's batch (see hw_scan_rows): the M values VALUES of words inside the blocks SOURCE names
+ * looked up (into BLOCK), and each that points into another block judged; returns the edges appended to TARGETS
+ * (from COUNT on) and adds the rows begun to *NK. */
+static int64_t judge(const uint64_t *values, int64_t m, const uint64_t *starts, const uint64_t *ends,
+                     const uint32_t *lengths, int64_t nblocks, const uint64_t *tlo, const int64_t *slots,
+                     const int64_t *first, int64_t nheaps, const int32_t *table, int64_t nbases, int64_t shift,
+                     int32_t *block, const int32_t *source, uint8_t *seen, int64_t defer, int64_t edges_before,
+                     int32_t *targets, int64_t count, int32_t *keys, int64_t *row_starts, int64_t *nk, int64_t *last)
+{
+    hw_locate(values, m, starts, ends, lengths, nblocks, tlo, slots, first, nheaps, table, nbases, shift, block);
+    for (int64_t k = 0; k < m; k++) {
+        int32_t s = source[k], t = block[k];
+        if (t < 0 || t == s)
+            continue;
+        if (defer && seen[s]) {
+            seen[t] = 1;
+            continue;
+        }
+        if (s != *last) {
+            keys[*nk] = s;
+            row_starts[(*nk)++] = edges_before + count;
+            *last = s;
+        }
+        targets[count++] = t;
+    }
+    return count;
+}
+
 /* The leak scan's pass over a window of the N words WORDS read from BASE (8-aligned), one window at a time in
  * address order after the roots: each word that lies inside one of the NBLOCKS blocks STARTS and ENDS or LENGTHS
  * (sorted by start; from the block FROM, the last starting at or below BASE, -1 for none: the words of each block
  * met are read, those between blocks never), whose value lies in [LO, HI) and points into another block (hw_locate,
- * with the table TLO, SLOTS, FIRST, NHEAPS, TABLE, NBASES, SHIFT) is an edge, judged as it comes (VALUES, BLOCK and
- * SOURCE, room for N each, hold the words inside blocks meanwhile).  With DEFER set, a block SEEN already marks the
- * blocks its words point into (SEEN set) and keeps none of its edges; the others' edges (every block's, DEFER
- * clear) are kept as rows: each edge's target appended to TARGETS (room for N), and each block whose row starts
- * here (not *LAST, the block of the edge kept before) appended to KEYS with its first edge's place, EDGES_BEFORE +
- * the edges appended here before it, to ROW_STARTS (room for N each; *NKEYS counts those appended).  A block seen
- * only after its words were read has its row to be followed then: hw_close.  Returns the edges appended. */
+ * with the table TLO, SLOTS, FIRST, NHEAPS, TABLE, NBASES, SHIFT) is an edge, judged as it comes: ROOM words at a
+ * time (VALUES, BLOCK and SOURCE, room for ROOM each, hold them meanwhile).  With DEFER set, a block SEEN already
+ * marks the blocks its words point into (SEEN set) and keeps none of its edges; the others' edges (every block's,
+ * DEFER clear) are kept as rows: each edge's target appended to TARGETS (room for N), and each block whose row
+ * starts here (not *LAST, the block of the edge kept before) appended to KEYS with its first edge's place,
+ * EDGES_BEFORE + the edges appended here before it, to ROW_STARTS (room for N each; *NKEYS counts those appended).
+ * A block seen only after its words were read has its row to be followed then: hw_close.  Returns the edges
+ * appended. */
 int64_t hw_scan_rows(const uint64_t *words, int64_t n, uint64_t base, uint64_t lo, uint64_t hi,
                      const uint64_t *starts, const uint64_t *ends, const uint32_t *lengths, int64_t nblocks,
                      int64_t from,
                      const uint64_t *tlo, const int64_t *slots, const int64_t *first, int64_t nheaps,
                      const int32_t *table, int64_t nbases, int64_t shift, uint64_t *values, int32_t *block,
-                     int32_t *source,
+                     int32_t *source, int64_t room,
                      uint8_t *seen, int64_t defer, int64_t edges_before, int32_t *targets, int32_t *keys,
                      int64_t *row_starts, int64_t *nkeys, int64_t *last)
 {
@@ -417,30 +449,24 @@ int64_t hw_scan_rows(const uint64_t *words, int64_t n, uint64_t base, uint64_t l
             continue;
         int64_t k = starts[i] > base ? (int64_t)((starts[i] - base + 7) / 8) : 0;
         int64_t stop = end < past ? (int64_t)((end - base + 7) / 8) : n;
-        for (; k < stop; k++) {              /* without a branch: a heap's words point into it at random */
-            uint64_t w = words[k];
-            values[m] = w;
-            source[m] = (int32_t)i;
-            m += w - lo < span;
+        while (k < stop) {
+            int64_t upto = k + (room - m) < stop ? k + (room - m) : stop;
+            for (; k < upto; k++) {              /* without a branch: a heap's words point into it at random */
+                uint64_t w = words[k];
+                values[m] = w;
+                source[m] = (int32_t)i;
+                m += w - lo < span;
+            }
+            if (m == room) {
+                count = judge(values, m, starts, ends, lengths, nblocks, tlo, slots, first, nheaps, table, nbases,
+                              shift, block, source, seen, defer, edges_before, targets, count, keys, row_starts,
+                              &nk, last);
+                m = 0;
+            }
         }
     }
-    hw_locate(values, m, starts, ends, lengths, nblocks, tlo, slots, first, nheaps, table, nbases, shift,
-              block);
-    for (int64_t k = 0; k < m; k++) {
-        int32_t s = source[k], t = block[k];
-        if (t < 0 || t == s)
-            continue;
-        if (defer && seen[s]) {
-            seen[t] = 1;
-            continue;
-        }
-        if (s != *last) {
-            keys[nk] = s;
-            row_starts[nk++] = edges_before + count;
-            *last = s;
-        }
-        targets[count++] = t;
-    }
+    count = judge(values, m, starts, ends, lengths, nblocks, tlo, slots, first, nheaps, table, nbases, shift,
+                  block, source, seen, defer, edges_before, targets, count, keys, row_starts, &nk, last);
     *nkeys = nk;
     return count;
 }

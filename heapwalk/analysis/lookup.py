@@ -22,7 +22,7 @@ __all__ = ["Locator", "NATIVE", "merge_blocks", "nonzero_pages", "text_words",
            "FirstHits"]
 
 #: the version of `_reach.c`'s arguments this module calls them with (`hw_reach_abi`)
-ABI = 6
+ABI = 7
 #: blocks further apart than this start a new stretch of the table (the memory between is given no slots)
 GAP = 1 << 20
 #: the smallest slot, in bytes (a power of two)
@@ -58,7 +58,8 @@ def _declared(lib):
         lib.hw_root_window.restype = i64
         lib.hw_root_window.argtypes = [p, i64, u64, u64, u64] + blocks + table + [ctypes.c_int32] + [p] * 6
         lib.hw_scan_rows.restype = i64
-        lib.hw_scan_rows.argtypes = [p, i64, u64, u64, u64] + blocks + [i64] + table + [p] * 4 + [i64, i64] + [p] * 5
+        lib.hw_scan_rows.argtypes = [p, i64, u64, u64, u64] + blocks + [i64] + table + [p] * 3 + [i64, p, i64, i64] + \
+            [p] * 5
         lib.hw_table_packed.restype = i64
         lib.hw_table_packed.argtypes = [p, p, i64, i64, p, i64, p, i64]
         lib.hw_merge_blocks.restype = ctypes.c_int64
@@ -179,7 +180,7 @@ class Locator:
                     seen: np.ndarray, defer: bool, edges_before: int, targets: np.ndarray, keys: np.ndarray,
                     starts: np.ndarray, nkeys: int, last: int) -> int:
         """`hw_scan_rows` (`_reach.c`) on the window WORDS read from BASE: SCRATCH is its room (values, blocks,
-        sources, N each), SEEN the blocks reached so far; the rows kept go to TARGETS, KEYS and STARTS (room for N
+        sources, as many each as it judges at a time), SEEN the blocks reached so far; the rows kept go to TARGETS, KEYS and STARTS (room for N
         each; NKEYS and LAST the addresses of its two counters); returns the edges kept.  Only where `native`."""
         words = np.ascontiguousarray(words, dtype=np.uint64)
         lo, slots, first, table, nbases, shift = self._table
@@ -188,7 +189,8 @@ class Locator:
         return _LIB.hw_scan_rows(words.ctypes.data, len(words), base, int(self.lo), int(self.hi),
                                  self.starts.ctypes.data, *self._ends_pointers(), len(self.starts), start,
                                  lo.ctypes.data, slots.ctypes.data, first.ctypes.data, len(lo), table.ctypes.data,
-                                 nbases, shift, values.ctypes.data, block.ctypes.data, source.ctypes.data, seen.ctypes.data,
+                                 nbases, shift, values.ctypes.data, block.ctypes.data, source.ctypes.data,
+                                 len(values), seen.ctypes.data,
                                  int(defer), edges_before, targets.ctypes.data, keys.ctypes.data, starts.ctypes.data,
                                  nkeys, last)
 

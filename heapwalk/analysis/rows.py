@@ -28,6 +28,8 @@ __all__ = ["Rows", "SparseRows"]
 
 #: entries a slab holds (4 MiB of targets), more when one window needs more
 SLAB = 1 << 18
+#: words of a window the C pass judges at a time (its room: 16 bytes a word)
+BATCH = 1 << 15
 
 #: the built library's close, or None (see `inferior.clib`)
 _LIB = declared_library(Path(__file__).parent, "_reach", {"hw_close": (
@@ -134,8 +136,9 @@ class Rows:
         if not locate.native or not n:
             self._append(*locate.window_edges(base, words))
             return
-        if self._scratch is None or len(self._scratch[0]) < n:
-            self._scratch = (np.empty(n, dtype=np.uint64), np.empty(n, dtype=np.int32), np.empty(n, dtype=np.int32))
+        if self._scratch is None:
+            self._scratch = (np.empty(BATCH, dtype=np.uint64), np.empty(BATCH, dtype=np.int32),
+                             np.empty(BATCH, dtype=np.int32))
         targets, keys, starts = self._targets.room(n), self._keys.room(n), self._starts.room(n)
         nkeys = ctypes.c_int64(0)
         count = locate.window_rows(base, words, self._scratch, seen, self.defer, self._edges, targets, keys, starts,

@@ -8,6 +8,7 @@ import pytest
 
 from heapwalk.analysis import lookup, tally
 from heapwalk.analysis.lookup import Locator
+from heapwalk.analysis import rows as rows_module
 from heapwalk.analysis.rows import Rows
 from heapwalk.common.view import Blocks, retagged, tags_held
 
@@ -99,10 +100,11 @@ def test_edges_join_a_words_block_and_the_block_it_points_into_in_c_as_in_numpy(
 
 
 @pytest.mark.parametrize("overlap", [False, True])
-def test_a_windows_edges_are_those_of_its_words_inside_blocks_in_c_as_in_numpy(overlap):
+def test_a_windows_edges_are_those_of_its_words_inside_blocks_in_c_as_in_numpy(overlap, monkeypatch):
     """A word is in the last block starting at or below it, when inside it; blocks overlap only where damage made
     them (some here run past the next ones' starts, one starts where another does).  The C pass (`window_rows`)
-    keeps the same edges as rows, or, deferring, passes the mark of a block already reached on at once."""
+    keeps the same edges as rows, or, deferring, passes the mark of a block already reached on at once, whatever
+    the words it judges at a time (`rows.BATCH`)."""
     rng = np.random.default_rng(12)
     starts = np.cumsum(rng.integers(32, 200, 3000)).astype(np.uint64) + np.uint64(1 << 30)
     ends = starts + rng.integers(8, 32, 3000).astype(np.uint64) // np.uint64(8) * np.uint64(8)
@@ -122,7 +124,9 @@ def test_a_windows_edges_are_those_of_its_words_inside_blocks_in_c_as_in_numpy(o
     if not lookup.NATIVE:
         return
     n, locate = len(starts), lookup.Locator(starts, ends)
-    for defer, cut in ((False, None), (True, None), (False, 12_345), (True, 20_000)):
+    for defer, cut, batch in ((False, None, rows_module.BATCH), (True, None, 7), (False, 12_345, 1000),
+                              (True, 20_000, 1)):
+        monkeypatch.setattr(rows_module, "BATCH", batch)
         seen = (rng.random(n) < 0.3).astype(np.uint8)
         before = seen.copy()
         rows = Rows(n, defer)
