@@ -57,6 +57,8 @@ def collect_jemalloc(mem: Memory, disc: JeDiscovery, threads: list[ThreadRegs], 
                                     f"({address:#x}): {exc.reason}", Kind.ARENA))
     by_address = {address: index for index, address in enumerate(pointers) if address}
     extents = ExtentMap(mem, disc.layout, disc.rtree, disc.rtree_shape)
+    if table is not None:
+        extents.know(table.header, table.arena)
     seen: dict[int, int] = {}
     decoded = tuple(decode_thread(mem, disc, regs, by_address, cached, extents, seen, findings)
                     for regs in sorted(threads, key=lambda t: t.number))

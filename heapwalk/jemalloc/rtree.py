@@ -122,6 +122,11 @@ class ExtentMap:
         self._leaves: dict[int, tuple[list[int], list[int], list[bool]] | None] = {}
         self._leaf_nodes: dict[int, int] = {}
 
+    def know(self, headers: np.ndarray, arenas: np.ndarray) -> None:
+        """Takes the arena of each extent whose header is at HEADERS as ARENAS says (the extents' table read their
+        headers' first words already): `arena_of_entry` reads only the others."""
+        self._arenas.update(zip(headers.tolist(), arenas.tolist()))
+
     def arena_of(self, address: int) -> int | None:
         """The index of the arena whose extent holds ADDRESS (None: no tree, no extent, or unreadable)."""
         return self.arena_of_entry(self.lookup(address))
@@ -147,6 +152,24 @@ class ExtentMap:
             return self._entry(address)
         except ReadError:
             return None
+
+    def lookup_many(self, addresses: list[int]) -> list[tuple[int, int, bool] | None]:
+        """`lookup` of each of ADDRESSES (a thread cache's thousands of regions): those of a leaf read whole
+        answered from its columns at once, the others one by one."""
+        if self.rtree is None:
+            return [None] * len(addresses)
+        shift, page_bits, mask = self.shape.leaf_shift, self.shape.page_bits, (1 << self.shape.leaf_bits) - 1
+        out = []
+        for address in addresses:
+            node = self._leaf_nodes.get(address >> shift << shift)
+            leaf = self._leaves.get(node) if node else None
+            if leaf is None:
+                out.append(self.lookup(address))
+                continue
+            index = (address >> page_bits) & mask
+            extent = leaf[0][index]
+            out.append((extent, leaf[1][index], leaf[2][index]) if extent else None)
+        return out
 
     def _entry(self, address: int) -> tuple[int, int, bool] | None:
         base, index = self.shape.leaf_of(address)

@@ -99,18 +99,21 @@ class _Seen:
         self.thread, self.seen, self.findings, self.classes = thread, seen, findings, layout.classes
 
     def region(self, index: int, address: int, entry) -> None:
-        where = f"tcache of thread {self.thread}, bin {self.classes.class_size(index)} B"
         if address in self.seen:
-            self.findings.append(Finding(Severity.ERROR, address, where, f"region {address:#x} is cached twice "
-                                         f"(also by thread {self.seen[address]}): a double free", Kind.DOUBLE_FREE))
+            self.findings.append(Finding(Severity.ERROR, address, self._where(index), f"region {address:#x} is cached "
+                                         f"twice (also by thread {self.seen[address]}): a double free",
+                                         Kind.DOUBLE_FREE))
         self.seen.setdefault(address, self.thread)
         if entry is None:
-            self.findings.append(Finding(Severity.ERROR, address, where, f"region {address:#x} lies in no extent "
-                                         "jemalloc knows", Kind.TCACHE))
+            self.findings.append(Finding(Severity.ERROR, address, self._where(index), f"region {address:#x} lies in "
+                                         "no extent jemalloc knows", Kind.TCACHE))
         elif entry[1] != index or entry[2] != (index < self.classes.nbins):
-            self.findings.append(Finding(Severity.ERROR, address, where, f"region {address:#x} lies in an extent of "
-                                         f"size class {entry[1]}, not {index}", Kind.TCACHE_SIZE,
+            self.findings.append(Finding(Severity.ERROR, address, self._where(index), f"region {address:#x} lies in "
+                                         f"an extent of size class {entry[1]}, not {index}", Kind.TCACHE_SIZE,
                                          f"class {index}", f"class {entry[1]}"))
+
+    def _where(self, index: int) -> str:
+        return f"tcache of thread {self.thread}, bin {self.classes.class_size(index)} B"
 
 
 def _origins(mem: Memory, layout: JeLayout, arrays: tuple[int, ...], n: int, own: int | None,
@@ -128,13 +131,13 @@ def _origins(mem: Memory, layout: JeLayout, arrays: tuple[int, ...], n: int, own
         regions = []
     by_arena: dict[int, int] = {}
     for index, addresses in regions:
-        for address in addresses:
-            entry = extents.lookup(address)
+        size = layout.classes.class_size(index)
+        for address, entry in zip(addresses, extents.lookup_many(addresses)):
             if extents.rtree is not None:
                 seen.region(index, address, entry)
             else:
                 seen.seen.setdefault(address, seen.thread)
             origin = extents.arena_of_entry(entry)
             key = own if origin is None else origin
-            by_arena[key] = by_arena.get(key, 0) + layout.classes.class_size(index)
+            by_arena[key] = by_arena.get(key, 0) + size
     return tuple(sorted(by_arena.items()))

@@ -15,7 +15,7 @@ import struct
 from array import array
 
 from heapwalk.glibc.locate.layout import IS_MMAPPED, MALLOC_ALIGNMENT, MINSIZE, NSMALLBINS, SIZE_BITS, Layout
-from heapwalk.inferior.memory import Memory, ReadError, u64
+from heapwalk.inferior.memory import Memory, ReadError, hop_u64, u64
 from heapwalk.glibc.model import BinKind, BinList, Tcache, TcacheBin
 from heapwalk.common.findings import Finding, Severity
 from heapwalk.glibc.kinds import Kind
@@ -348,7 +348,7 @@ def walk_tcache(mem: Memory, layout: Layout, address: int, fill_count: int | Non
             if not walk.admit(e, "tcache entry", holder):
                 break
             try:
-                stored_next = u64(mem, e)
+                stored_next = hop_u64(mem, e)   # entries anywhere in the heaps: a word each, not a page
             except ReadError:
                 walk.unreadable(holder, e, "tcache entry")
                 break
