@@ -7,10 +7,11 @@
 #include <string.h>
 
 /* The version of these functions' arguments (2: hw_slab_bitmap_regions counts when STARTS is NULL; 3:
- * hw_slab_regions_compact): a library built from older sources has another, or none, and is not used. */
+ * hw_slab_regions_compact; 4: hw_compact_edit): a library built from older sources has another, or none, and is
+ * not used. */
 int64_t hw_jemalloc_abi(void)
 {
-    return 3;
+    return 4;
 }
 
 /* Word W of a bitmap, its bits from BITS on cleared. */
@@ -85,4 +86,42 @@ int64_t hw_slab_regions_compact(const uint8_t *bitmaps, int64_t stride, int64_t 
 {
     return slab_regions(bitmaps, stride, n, nregs, size, nfree, readable, address, 0, tag, starts, 0, 0, lengths,
                         tags, good);
+}
+
+/* The N blocks of the compact form (STARTS, LENGTHS, TAGS: `hw_slab_regions_compact`'s, strictly ascending by
+ * start) less those that start at one of the NX values EXCLUDED (ascending), moved down in place; then the NO
+ * blocks O_STARTS, O_LENGTHS, O_TAGS (ascending, none starting where one of the others does) merged in, in
+ * address order, the others moved up in place from the last (the arrays have room for them).  Returns how many
+ * blocks there are then. */
+int64_t hw_compact_edit(uint64_t *starts, uint32_t *lengths, uint8_t *tags, int64_t n, const uint64_t *excluded,
+                        int64_t nx, const uint64_t *o_starts, const uint32_t *o_lengths, const uint8_t *o_tags,
+                        int64_t no)
+{
+    int64_t kept = 0, x = 0;
+    for (int64_t r = 0; r < n; r++) {
+        while (x < nx && excluded[x] < starts[r])
+            x++;
+        if (x < nx && excluded[x] == starts[r])
+            continue;
+        starts[kept] = starts[r];
+        lengths[kept] = lengths[r];
+        tags[kept] = tags[r];
+        kept++;
+    }
+    int64_t out = kept + no, r = kept - 1, o = no - 1;
+    while (o >= 0) {
+        out--;
+        if (r >= 0 && starts[r] > o_starts[o]) {
+            starts[out] = starts[r];
+            lengths[out] = lengths[r];
+            tags[out] = tags[r];
+            r--;
+        } else {
+            starts[out] = o_starts[o];
+            lengths[out] = o_lengths[o];
+            tags[out] = o_tags[o];
+            o--;
+        }
+    }
+    return kept + no;
 }

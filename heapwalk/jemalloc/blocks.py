@@ -18,7 +18,7 @@ from heapwalk.inferior.ranges import merged, merged_arrays
 from heapwalk.inferior.ownmemory import give_back
 from heapwalk.inferior.records import read_records
 from heapwalk.analysis.lookup import NATIVE, merge_blocks
-from heapwalk.jemalloc.native import slab_regions, slab_regions_compact
+from heapwalk.jemalloc.native import compact_edit, slab_regions, slab_regions_compact
 from heapwalk.jemalloc.extents import ACTIVE, ExtentTable
 from heapwalk.jemalloc.model import JeState
 from heapwalk.jemalloc.region import SLAB_BITMAP
@@ -127,52 +127,16 @@ def _compact(mem: Memory, table: ExtentTable, slabs: np.ndarray, big: tuple, exc
     give_back()                                              # the bitmaps' and the decode's holes, before the scan
     if not _apart(starts[:n], l_start):
         return None
-    n = _taken_out((starts, lengths, tags), n, excluded)
     keep = _without(l_start, excluded)
+    l_units = ((l_end - l_start)[keep] // np.uint64(LENGTH_UNIT)).astype(np.uint32)
     l_tag = np.searchsorted(numbers, l_arena[keep]).astype(np.uint8)
-    n = _merged_in((starts, lengths, tags), n, (l_start[keep], ((l_end - l_start)[keep] // np.uint64(LENGTH_UNIT))
-                                                .astype(np.uint32), l_tag))
+    n = compact_edit((starts, lengths, tags), n, excluded, (l_start[keep], l_units, l_tag))
     starts, lengths, tags = starts[:n], lengths[:n], tags[:n]
     held = tags_held(tags, len(numbers))
     if not held.all():                                       # an arena whose blocks were all taken out
         tags = retagged(tags, held)
         numbers = numbers[held]
     return starts, None, (numbers, tags), _spans(table, slabs[~good]), lengths
-
-
-def _taken_out(columns: tuple, n: int, excluded: np.ndarray) -> int:
-    """COLUMNS' first N rows less those whose start is one of EXCLUDED, moved down in place `_STEP` at a time;
-    how many are left."""
-    starts = columns[0]
-    keep = _without(starts[:n], excluded) if len(excluded) else None
-    if keep is None or keep.all():
-        return n
-    placed = 0
-    for at in range(0, n, _STEP):
-        rows = np.flatnonzero(keep[at:at + _STEP]) + at
-        for column in columns:
-            column[placed:placed + len(rows)] = column[rows]
-        placed += len(rows)
-    return placed
-
-
-def _merged_in(columns: tuple, n: int, other: tuple) -> int:
-    """OTHER's rows (ascending by start, apart from COLUMNS') merged into COLUMNS' first N in address order, in
-    place (the columns have room for them): COLUMNS' rows moved up from the last, `_STEP` at a time; how many
-    rows there are then."""
-    o_start = other[0]
-    if not len(o_start):
-        return n
-    below = np.searchsorted(columns[0][:n], o_start)         # the rows below each of OTHER's
-    for at in range((n - 1) // _STEP * _STEP if n else -1, -1, -_STEP):
-        rows = slice(at, min(at + _STEP, n))
-        where = np.arange(rows.start, rows.stop) + np.searchsorted(o_start, columns[0][rows])
-        for column in columns:
-            column[where] = column[rows].copy()
-    where = below + np.arange(len(o_start))
-    for column, values in zip(columns, other):
-        column[where] = values
-    return n + len(o_start)
 
 
 def _apart(a: np.ndarray, b: np.ndarray) -> bool:
@@ -182,10 +146,6 @@ def _apart(a: np.ndarray, b: np.ndarray) -> bool:
     at = np.searchsorted(a, b)
     inside = at < len(a)
     return not np.any(a[at[inside]] == b[inside])
-
-
-#: blocks placed at a time
-_STEP = 1 << 18
 
 
 def _sorted(mem: Memory, table: ExtentTable, slabs: np.ndarray, large: np.ndarray, excluded: np.ndarray

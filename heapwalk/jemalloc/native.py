@@ -11,19 +11,22 @@ import numpy as np
 
 from heapwalk.inferior.clib import built_library
 
-__all__ = ["slab_regions", "slab_regions_compact", "NATIVE"]
+__all__ = ["slab_regions", "slab_regions_compact", "compact_edit", "NATIVE"]
 
 
 def _load():
     """The built library with its function's types declared, or None (see `inferior.clib`)."""
     lib = built_library(Path(__file__).parent, "_native", ("hw_slab_bitmap_regions", "hw_slab_regions_compact",
-                                                           "hw_jemalloc_abi"))
-    if lib is not None and lib.hw_jemalloc_abi() != 3:       # built from older sources: other arguments
+                                                           "hw_compact_edit", "hw_jemalloc_abi"))
+    if lib is not None and lib.hw_jemalloc_abi() != 4:       # built from older sources: other arguments
         return None
     if lib is not None:
         for f in (lib.hw_slab_bitmap_regions, lib.hw_slab_regions_compact):
             f.restype = ctypes.c_int64
             f.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64] + [ctypes.c_void_p] * 10
+        p, i64 = ctypes.c_void_p, ctypes.c_int64
+        lib.hw_compact_edit.restype = i64
+        lib.hw_compact_edit.argtypes = [p, p, p, i64, p, i64, p, p, p, i64]
     return lib
 
 
@@ -80,3 +83,18 @@ def slab_regions_compact(bitmaps: np.ndarray, nregs: np.ndarray, size: np.ndarra
     tags = np.empty(count + room, dtype=np.uint8)
     count = _call(_LIB.hw_slab_regions_compact, arrays, stride, starts, lengths, tags, good)
     return starts, lengths, tags, count, good.view(bool)
+
+
+def compact_edit(columns: tuple[np.ndarray, np.ndarray, np.ndarray], n: int, excluded: np.ndarray,
+                 other: tuple[np.ndarray, np.ndarray, np.ndarray]) -> int:
+    """COLUMNS' first N blocks (`slab_regions_compact`'s starts, lengths and tags, strictly ascending) less those
+    starting at one of EXCLUDED (ascending), with OTHER's (ascending, apart from theirs; the columns have room for
+    them) merged in, in address order, in place in one C pass (`hw_compact_edit`): how many blocks there are
+    then.  Only where the library is built (`slab_regions_compact` gave the columns)."""
+    starts, lengths, tags = columns
+    c = np.ascontiguousarray
+    excluded = c(excluded, dtype=np.uint64)
+    o_starts, o_lengths, o_tags = c(other[0], dtype=np.uint64), c(other[1], dtype=np.uint32), c(other[2], np.uint8)
+    return int(_LIB.hw_compact_edit(starts.ctypes.data, lengths.ctypes.data, tags.ctypes.data, n,
+                                    excluded.ctypes.data, len(excluded), o_starts.ctypes.data,
+                                    o_lengths.ctypes.data, o_tags.ctypes.data, len(o_starts)))
