@@ -164,16 +164,13 @@ static void locate_part(const uint64_t *values, int64_t n, const uint64_t *start
         out[k] = -1;
         if (t < 0)
             continue;
-        int64_t i = entry(table, nbases, t), j = entry(table, nbases, t + 1);   /* the answer: in [i, j] */
-        while (j > i) {                           /* the last block in (i, j] starting at or below v, else i */
-            int64_t m = i + (j - i + 1) / 2;
-            if (starts[m] <= v)
-                i = m;
-            else
-                j = m - 1;
+        int64_t i = entry(table, nbases, t), len = entry(table, nbases, t + 1) - i;   /* in [i, i + len] */
+        while (len > 0) {                         /* the last starting at or below v: no branch on the values */
+            int64_t step = (len + 1) / 2;         /* (a branch there missed one time in two: 10 ns a lookup) */
+            i = starts[i + step] <= v ? i + step : i;
+            len -= step;
         }
-        if (i >= 0 && v < end_of(starts, ends, lengths, i))
-            out[k] = (int32_t)i;
+        out[k] = i >= 0 && v < end_of(starts, ends, lengths, i) ? (int32_t)i : -1;
     }
 }
 

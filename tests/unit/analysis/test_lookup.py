@@ -347,3 +347,50 @@ def test_a_long_lookup_shared_between_threads_answers_as_one_alone(tmp_path, thr
     subprocess.run([sys.executable, "-c", _SHARED, str(out)], check=True, env=env, timeout=120)
     found, expected = np.load(out)
     assert np.array_equal(found, expected) and (found >= 0).sum() > 300_000
+
+
+_WINDOW = """
+import sys
+import numpy as np
+from heapwalk.analysis.lookup import Locator
+from heapwalk.analysis.rows import Rows
+rng = np.random.default_rng(5)
+sizes = rng.integers(1, 40, 60_000).astype(np.uint64) * np.uint64(16)
+starts = np.uint64(1 << 40) + np.cumsum(sizes + np.uint64(16)) - sizes
+ends = starts + sizes
+ends[::9] += np.uint64(48)                     # some run past the next one's start, as damage makes them
+base, n = int(starts[0]) - 64, int(ends[-1] - starts[0]) // 8 + 8
+words = np.where(rng.random(n) < 0.4, starts[rng.integers(0, len(starts), n)] + np.uint64(8),
+                 rng.integers(0, 1 << 41, n).astype(np.uint64))
+locate, out = Locator(starts, ends), []
+for defer in (False, True):
+    seen = (rng.random(len(starts)) < 0.2).astype(np.uint8)
+    rows = Rows(len(starts), defer)
+    for at in range(0, n, 150_000):                # windows whose lookups are shared between threads
+        rows.window(locate, base + 8 * at, words[at:at + 150_000], seen)
+    kept = rows.rows()
+    out += [*kept.edges(), kept.keys, kept.starts, seen]
+    if not defer:
+        out += list(locate.window_edges(base, words))
+np.savez(sys.argv[1], *out)
+"""
+
+
+@pytest.mark.parametrize("threads", ["2", "3", "4"])
+def test_a_windows_blocks_shared_between_threads_give_the_rows_of_one_thread(tmp_path, threads):
+    """`hw_scan_rows` shares a window's lookups between threads (HEAPWALK_THREADS, else the CPUs) and judges its
+    edges in address order: the same rows and marks as one thread, and as numpy's form."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    got = {}
+    for count in ("1", threads):
+        env = dict(os.environ, HEAPWALK_THREADS=count, PYTHONPATH=str(Path(lookup.__file__).parents[2]))
+        subprocess.run([sys.executable, "-c", _WINDOW, str(tmp_path / count)], check=True, env=env, timeout=120)
+        with np.load(tmp_path / f"{count}.npz") as saved:
+            got[count] = [saved[f"arr_{k}"] for k in range(len(saved.files))]
+    one, many = got["1"], got[threads]
+    assert len(one) == len(many) == 12 and all(np.array_equal(a, b) for a, b in zip(one, many))
+    assert np.array_equal(one[0], one[5]) and np.array_equal(one[1], one[6]) and len(one[0]) > 100_000
+    assert one[11].sum() > one[4].sum() > 0 and len(many[7]) < len(one[0])      # deferring: marks, fewer rows
