@@ -13,13 +13,13 @@
 #include <string.h>
 
 
-/* The version of these functions' arguments (7: hw_scan_rows judges a window ROOM words at a time; 6: the
- * lookup's table written packed, hw_table_packed; 5: the blocks' ends or lengths, end_of; the tally's groups of
- * any width, and sizes from lengths; the lookup's table packed, entry): a library built from older sources has
- * another, or none, and is not used. */
+/* The version of these functions' arguments (8: hw_scan_rows passes by the blocks followed before; 7: it judges
+ * a window ROOM words at a time; 6: the lookup's table written packed, hw_table_packed; 5: the blocks' ends or
+ * lengths, end_of; the tally's groups of any width, and sizes from lengths; the lookup's table packed, entry): a
+ * library built from older sources has another, or none, and is not used. */
 int64_t hw_reach_abi(void)
 {
-    return 7;
+    return 8;
 }
 
 /* Goes on with a breadth-first search whose queue is ORDER[HEAD .. TAIL): visits every node the queued ones lead
@@ -194,9 +194,9 @@ static void *locate_job_run(void *arg)
 
 /* Values a lookup takes before it is shared between threads (a thread costs tens of microseconds to make, 4,096
  * lookups about 150: a scan's window looks up some 16,000 words, and sharing from 16,384 on made a report on
- * three million blocks 0.1 s slower), and the most threads it is shared between: each lookup waits on memory (a table and the
- * blocks' bounds anywhere in tens of megabytes), and a core has room for only a few such waits at once, so that a
- * second core answers about as many again */
+ * three million blocks 0.1 s slower), and the most threads it is shared between: each lookup waits on memory (a
+ * table and the blocks' bounds anywhere in tens of megabytes), and a core has room for only a few such waits at
+ * once, so that a second core answers about as many again */
 #define PARALLEL_FROM 4096
 #define MAX_THREADS 4
 
@@ -425,8 +425,9 @@ static int64_t judge(const uint64_t *values, int64_t m, const uint64_t *starts, 
  * DEFER clear) are kept as rows: each edge's target appended to TARGETS (room for N), and each block whose row
  * starts here (not *LAST, the block of the edge kept before) appended to KEYS with its first edge's place,
  * EDGES_BEFORE + the edges appended here before it, to ROW_STARTS (room for N each; *NKEYS counts those appended).
- * A block seen only after its words were read has its row to be followed then: hw_close.  Returns the edges
- * appended. */
+ * A block seen only after its words were read has its row to be followed then: hw_close.  The NFOLLOWED blocks
+ * FOLLOWED (ascending) are passed by: their words were followed before (a container read whole, seen, its
+ * blocks marked).  Returns the edges appended. */
 int64_t hw_scan_rows(const uint64_t *words, int64_t n, uint64_t base, uint64_t lo, uint64_t hi,
                      const uint64_t *starts, const uint64_t *ends, const uint32_t *lengths, int64_t nblocks,
                      int64_t from,
@@ -434,11 +435,18 @@ int64_t hw_scan_rows(const uint64_t *words, int64_t n, uint64_t base, uint64_t l
                      const int32_t *table, int64_t nbases, int64_t shift, uint64_t *values, int32_t *block,
                      int32_t *source, int64_t room,
                      uint8_t *seen, int64_t defer, int64_t edges_before, int32_t *targets, int32_t *keys,
-                     int64_t *row_starts, int64_t *nkeys, int64_t *last)
+                     int64_t *row_starts, int64_t *nkeys, int64_t *last, const int32_t *followed,
+                     int64_t nfollowed)
 {
-    int64_t m = 0, count = 0, nk = 0;
+    int64_t m = 0, count = 0, nk = 0, x = 0;
     uint64_t past = base + 8 * (uint64_t)n, span = hi > lo ? hi - lo : 0;
+    while (x < nfollowed && followed[x] < from)
+        x++;
     for (int64_t i = from < 0 ? 0 : from; i < nblocks && starts[i] < past; i++) {
+        while (x < nfollowed && followed[x] < i)
+            x++;
+        if (x < nfollowed && followed[x] == i)
+            continue;
         uint64_t end = end_of(starts, ends, lengths, i);
         if (i + 1 < nblocks && starts[i + 1] < end)
             end = starts[i + 1];

@@ -128,6 +128,7 @@ class _Scanner:
         self.seen = np.zeros(blocks.count, dtype=np.uint8)
         self.hits = FirstHits(blocks.count, None if paths else self.seen)
         self.unread: list[tuple[int, int]] = []
+        self.followed: np.ndarray | None = None    # the containers read whole (`containers`)
         self.progress, self.total, self.done = progress, total, 0
 
     def windows(self, lo: int, hi: int):
@@ -164,21 +165,22 @@ class _Scanner:
         """Reads the heap [LO, HI) (after the roots, and after every heap below it)."""
         for base, words in self.windows(lo, hi):
             self._signatures(base, words)
-            self.rows.window(self.locate, base, words, self.seen)
+            self.rows.window(self.locate, base, words, self.seen, self.followed)
 
     def containers(self, budget: int) -> None:
         """Reads first each big block (`BIG`) reached so far, then those they reach in turn, up to BUDGET bytes,
         passing their marks on: a program's containers (an array of pointers, a hash table) hold most of its
         pointers to its small blocks, so those are reached when the heaps' windows come to them and keep no rows,
-        wherever the containers lie.  The heaps' windows read them again (their signatures, their pages); what is
-        reached is the same either way, only the rows kept are fewer."""
+        wherever the containers lie.  The heaps' windows read them again for their signatures and pages, not for
+        their words (`followed`: each container read whole); what is reached is the same either way, only the rows
+        kept are fewer."""
         if not self.rows.defer or not self.blocks.count:
             return
         b = self.blocks
         big = np.flatnonzero(b.lengths >= BIG // LENGTH_UNIT) if b.lengths is not None else \
             np.flatnonzero(b.whole_ends - b.starts >= np.uint64(BIG))
         done = np.zeros(len(big), dtype=bool)
-        scratch = Rows(b.count, defer=True)
+        scratch, followed = Rows(b.count, defer=True), []
         while budget > 0:
             todo = np.flatnonzero(~done & (self.seen[big] != 0))
             if not len(todo):
@@ -189,17 +191,25 @@ class _Scanner:
                 if hi - lo > budget:
                     continue
                 budget -= hi - lo
-                while lo < hi:
-                    data = read_window(self.mem, lo, hi, WINDOW)
-                    n = min(len(data) // 8, (hi - lo) // 8)
-                    if n == 0:
-                        break
-                    words = np.frombuffer(data, dtype="<u8", count=n)
-                    if self.locate.native:
-                        scratch.window(self.locate, lo, words, self.seen)
-                    else:
-                        self.seen[self.locate.window_edges(lo, words)[1]] = 1
-                    lo += n * 8
+                if self._follow(scratch, lo, hi) and not lo % 8:
+                    followed.append(block)
+        self.followed = np.array(sorted(followed), dtype=np.int32)
+
+    def _follow(self, scratch: Rows, lo: int, hi: int) -> bool:
+        """Marks the blocks the words of [LO, HI) point into (a container reached: SCRATCH keeps no rows); whether
+        every word was read."""
+        while lo < hi:
+            data = read_window(self.mem, lo, hi, WINDOW)
+            n = min(len(data) // 8, (hi - lo) // 8)
+            if n == 0:
+                return False
+            words = np.frombuffer(data, dtype="<u8", count=n)
+            if self.locate.native:
+                scratch.window(self.locate, lo, words, self.seen)
+            else:
+                self.seen[self.locate.window_edges(lo, words)[1]] = 1
+            lo += n * 8
+        return True
 
     def _signatures(self, base: int, words: np.ndarray) -> None:
         """The signatures of the blocks that start in the window WORDS read from BASE, from their first words."""

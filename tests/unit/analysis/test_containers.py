@@ -54,7 +54,9 @@ def test_containers_first_keep_no_rows_and_change_nothing_found(native, monkeypa
             monkeypatch.setattr(module, "_LIB", None)
     mem, blocks, roots = _heap()
     monkeypatch.setattr(reach, "BIG_SHARE", 1)                  # the container is half this small heap
+    passed = _passed_by(monkeypatch)
     first = find_leaks(reach.scan(mem, blocks, roots))
+    assert passed == ([[COUNT]] if native else [])              # the heaps' windows do not follow it again
     monkeypatch.setattr(reach, "BIG", 1 << 40)                  # no block is a container
     plain = find_leaks(reach.scan(mem, blocks, roots))
     assert np.array_equal(first.reach.reached, plain.reach.reached)
@@ -65,6 +67,36 @@ def test_containers_first_keep_no_rows_and_change_nothing_found(native, monkeypa
     if native:     # numpy's form keeps every row either way
         assert len(first.reach.graph.keys) == LEAKED - 1             # the leaked chain's, and no other
         assert len(plain.reach.graph.keys) == COUNT - 2              # every block with a pointer, read unreached
+
+
+def _passed_by(monkeypatch) -> list[list[int]]:
+    """The blocks the heaps' windows are told to pass by (those `containers` followed), as they are told."""
+    told: list[list[int]] = []
+    window = rows_module.Rows.window
+
+    def recorded(self, locate, base, words, seen, followed=None):
+        if followed is not None and len(followed) and locate.native:
+            told.append(followed.tolist())
+        return window(self, locate, base, words, seen, followed)
+    monkeypatch.setattr(rows_module.Rows, "window", recorded)
+    return told
+
+
+def test_a_container_read_in_part_is_followed_again_by_the_heaps_windows(monkeypatch):
+    """A container whose last page cannot be read is not passed by: the heaps' windows read what they can of it,
+    and what is found is what is found without containers first."""
+    mem, blocks, roots = _heap()
+    container = HEAP + COUNT * SMALL
+    whole = mem.read(HEAP, container - HEAP + (128 << 10))
+    mem = ImageMemory({HEAP: whole[:-4096], ROOTS: container.to_bytes(8, "little")})
+    monkeypatch.setattr(reach, "BIG_SHARE", 1)
+    passed = _passed_by(monkeypatch)
+    first = find_leaks(reach.scan(mem, blocks, roots))
+    assert passed == []
+    monkeypatch.setattr(reach, "BIG", 1 << 40)
+    plain = find_leaks(reach.scan(mem, blocks, roots))
+    assert np.array_equal(first.reach.reached, plain.reach.reached) and first.reach.reached.sum() == COUNT + 1 - LEAKED
+    assert np.array_equal(first.leaked, plain.leaked) and len(first.leaked) == LEAKED
 
 
 def test_containers_read_no_more_than_their_share(monkeypatch):
