@@ -571,15 +571,13 @@ void hw_text_words(const uint64_t *words, int64_t n, uint8_t *out)
 /* The last of the N sorted VALUES at or below V, as an index (-1: none). */
 static inline int64_t last_at_or_below(const uint64_t *values, int64_t n, uint64_t v)
 {
-    int64_t a = 0, b = n;                     /* the answer + 1 lies in [a, b] */
-    while (a < b) {
-        int64_t m = a + (b - a) / 2;
-        if (values[m] <= v)
-            a = m + 1;
-        else
-            b = m;
+    int64_t at = -1, len = n;                 /* the answer lies in [at, at + len]; no branch on the values */
+    while (len > 0) {
+        int64_t step = (len + 1) / 2;
+        at = values[at + step] <= v ? at + step : at;
+        len -= step;
     }
-    return a - 1;
+    return at;
 }
 
 /* Each of the N first WORDS' signature into OUT (see leaks.signatures): the word itself when it lies in the
