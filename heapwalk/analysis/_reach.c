@@ -309,10 +309,11 @@ void hw_nonzero_pages(const uint64_t *words, int64_t npages, uint8_t *out)
 {
     for (int64_t p = 0; p < npages; p++) {
         const uint64_t *page = words + 512 * p;
-        uint8_t any = 0;
-        for (int64_t i = 0; i < 512 && !any; i++)
-            any = page[i] != 0;
-        out[p] = any;
+        uint64_t any = 0;
+        for (int64_t i = 0; i < 512 && !any; i += 8)      /* a cache line at a time, without a branch inside */
+            any = page[i] | page[i + 1] | page[i + 2] | page[i + 3] | page[i + 4] | page[i + 5] | page[i + 6] |
+                  page[i + 7];
+        out[p] = any != 0;
     }
 }
 

@@ -394,3 +394,17 @@ def test_a_windows_blocks_shared_between_threads_give_the_rows_of_one_thread(tmp
     assert len(one) == len(many) == 12 and all(np.array_equal(a, b) for a, b in zip(one, many))
     assert np.array_equal(one[0], one[5]) and np.array_equal(one[1], one[6]) and len(one[0]) > 100_000
     assert one[11].sum() > one[4].sum() > 0 and len(many[7]) < len(one[0])      # deferring: marks, fewer rows
+
+
+def test_pages_holding_anything_are_found_in_c_as_in_numpy(monkeypatch):
+    """Pages of zeros, and pages whose one word not zero lies anywhere (the first, the last, a cache line's
+    last): the same pages in C as in numpy."""
+    rng = np.random.default_rng(17)
+    words = np.zeros(512 * 300, dtype=np.uint64)
+    for page, at in enumerate([0, 7, 8, 511, 505, 256, 63, 64] * 30):
+        if page % 3:
+            words[512 * page + at] = np.uint64(1) << np.uint64(int(rng.integers(0, 64)))
+    found = lookup.nonzero_pages(words)
+    monkeypatch.setattr(lookup, "_LIB", None)
+    expected = lookup.nonzero_pages(words)
+    assert found.tolist() == expected.tolist() and 0 < expected.sum() < 300
