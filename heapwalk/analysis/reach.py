@@ -32,7 +32,7 @@ from heapwalk.analysis.signed import Signed
 from heapwalk.inferior.memory import Memory
 from heapwalk.inferior.ranges import merged
 from heapwalk.inferior.roots import RegisterRoot, Root
-from heapwalk.inferior.window import read_window
+from heapwalk.inferior.window import read_window, window_ahead
 from heapwalk.common.view import LENGTH_UNIT, Blocks
 
 __all__ = ["Reach", "scan", "WINDOW", "BIG"]
@@ -142,6 +142,7 @@ class _Scanner:
                 self.unread.append((base, skip))
                 base = skip
                 continue
+            window_ahead(self.mem, base + n * 8, hi, WINDOW)      # read while this one is judged
             words = np.frombuffer(data, dtype="<u8", count=n)
             if self.pages is not None:
                 self.pages.note(base, words)
@@ -203,6 +204,7 @@ class _Scanner:
             n = min(len(data) // 8, (hi - lo) // 8)
             if n == 0:
                 return False
+            window_ahead(self.mem, lo + n * 8, hi, WINDOW)
             words = np.frombuffer(data, dtype="<u8", count=n)
             if self.locate.native:
                 scratch.window(self.locate, lo, words, self.seen)

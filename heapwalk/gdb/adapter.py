@@ -23,6 +23,7 @@ from heapwalk.inferior.corefile import file_build_id
 from heapwalk.inferior.coreread import CoreReader
 from heapwalk.inferior.memory import CachedMemory
 from heapwalk.inferior.pages import LivePages
+from heapwalk.inferior.readahead import ReadAhead
 
 __all__ = ["gdb_memory", "GdbSymbols", "thread_registers", "preserved_selection", "symbol_at", "stack_frame",
            "target_architecture"]
@@ -47,7 +48,8 @@ def gdb_memory(known: list[tuple[int, int]] | None = None) -> CachedMemory:
             return CachedMemory(read, max_blocks=_CACHE_BLOCKS, regions=known, raw_buffer=inferior.read_memory)
 
         memory = CachedMemory(_first(core.read, read), max_blocks=_CACHE_BLOCKS, regions=known,
-                              raw_buffer=_first(core.read, inferior.read_memory), raw_links=core.links)
+                              raw_buffer=_first(core.read, inferior.read_memory), raw_links=core.links,
+                              read_ahead=ReadAhead(core.read))
         weakref.finalize(memory, core.close)
         return memory
     pages = LivePages(inferior.pid)

@@ -119,10 +119,11 @@ class CachedMemory:
     def __init__(self, raw_read: Callable[[int, int], bytes], max_blocks: int = 512,
                  regions: list[tuple[int, int]] | None = None,
                  raw_buffer: Callable[[int, int], memoryview] | None = None,
-                 raw_links: Callable[[int, int], list[int]] | None = None):
+                 raw_links: Callable[[int, int], list[int]] | None = None, read_ahead=None):
         self._raw = raw_read
         self._raw_buffer = raw_buffer
         self._raw_links = raw_links
+        self._ahead = read_ahead         # a `readahead.ReadAhead` over RAW_BUFFER's own first reader, or None
         self._blocks: OrderedDict[int, bytes | dict[int, bytes | None]] = OrderedDict()
         self._capacity = max_blocks * (self.BLOCK // self.PAGE)   # in pages
         self._held = 0                                            # pages the cache holds
@@ -312,11 +313,27 @@ class CachedMemory:
     def read_buffer(self, address: int, size: int) -> bytes | memoryview:
         """SIZE bytes at ADDRESS for a reader that only looks, once (the chunk walk's windows, a page's blocks):
         a span of a page or more comes straight from the raw reader's own buffer when it has one, saving a copy
-        and leaving the cache as it is; else as `read`."""
-        if self._raw_buffer is None or size < self.PAGE or address < 0 or size < 0 \
-                or address + size > 1 << 64 or not self._known(address, size):
+        and leaving the cache as it is (read ahead, `prefetch`, when it was asked for); else as `read`."""
+        if not self._buffered(address, size):
             return self.read(address, size)
+        data = self._ahead.take(address, size) if self._ahead is not None else None
+        if data is not None and len(data) == size:
+            return data
         return self._read_large(address, size, self._raw_buffer)
+
+    def prefetch(self, address: int, size: int) -> None:
+        """Has the SIZE bytes at ADDRESS read ahead for `read_buffer` (where a reader any thread may call was
+        given: a core file's), while the caller judges the bytes it read last."""
+        if self._ahead is not None:
+            region = self._region                  # the fast path's, as the reads left it
+            if self._buffered(address, size):
+                self._ahead.start(address, size)
+            self._region = region
+
+    def _buffered(self, address: int, size: int) -> bool:
+        """Whether `read_buffer` takes SIZE bytes at ADDRESS from the raw reader's buffer."""
+        return self._raw_buffer is not None and size >= self.PAGE and address >= 0 and size >= 0 \
+            and address + size <= 1 << 64 and self._known(address, size)
 
     def _read_large(self, address: int, size: int, raw=None) -> bytes | memoryview:
         """One raw read for big spans (heap segments), falling back to blocks; RAW, when given, is a reader

@@ -9,7 +9,7 @@ import numpy as np
 
 from heapwalk.inferior.memory import Memory, ReadError, read_once
 
-__all__ = ["Window", "word_reader", "read_window", "near_windows", "PROBE_SPAN", "SPAN", "NEAR_SPAN"]
+__all__ = ["Window", "word_reader", "read_window", "window_ahead", "near_windows", "PROBE_SPAN", "SPAN", "NEAR_SPAN"]
 
 #: bytes a walk reads at once
 SPAN = 4 << 20
@@ -62,16 +62,28 @@ def read_window(mem: Memory, base: int, end: int, span: int) -> bytes | memoryvi
     return b""
 
 
+def window_ahead(mem: Memory, base: int, end: int, span: int) -> None:
+    """Lets MEM read ahead, where it can (`CachedMemory.prefetch`: a core file's), the bytes the `read_window`
+    of the same arguments asks for first, while the caller judges the window before."""
+    prefetch = getattr(mem, "prefetch", None)
+    if prefetch is not None and base < end:
+        prefetch(base, max(16, min(span, end - base)))
+
+
 def near_windows(mem: Memory, starts: list[int], lengths: list[int], span: int = NEAR_SPAN
                  ) -> Iterator[tuple[int, int, int, bytes | memoryview]]:
     """(k, j, base, data): the ranges k to j-1 of STARTS (ascending) and LENGTHS, near enough to be read at once
     (within SPAN bytes of the first's start; one longer alone), and their bytes from BASE as far as they could be
-    read (`read_window`)."""
-    k = 0
+    read (`read_window`); each group's read ahead (`window_ahead`) while the one before is judged."""
+    groups, k = [], 0
     while k < len(starts):
         base, j = starts[k], k + 1
         while j < len(starts) and starts[j] + lengths[j] - base <= span:
             j += 1
-        end = max(starts[i] + lengths[i] for i in range(k, j))
-        yield k, j, base, read_window(mem, base, end, end - base) if end > base else b""
+        groups.append((k, j, base, max(starts[i] + lengths[i] for i in range(k, j))))
         k = j
+    for g, (k, j, base, end) in enumerate(groups):
+        data = read_window(mem, base, end, end - base) if end > base else b""
+        if g + 1 < len(groups):
+            window_ahead(mem, groups[g + 1][2], groups[g + 1][3], groups[g + 1][3] - groups[g + 1][2])
+        yield k, j, base, data

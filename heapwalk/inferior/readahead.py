@@ -1,0 +1,53 @@
+"""The next window of a long read fetched while this one is judged: a core file's bytes read on a thread of
+heapwalk's own (`os.pread` lets Python's other threads run meanwhile), for the reader to take when it comes to
+them.
+
+Only a reader any thread may call reads ahead (a core file's own, `coreread.CoreReader.read`; never gdb's, nor a
+live process's), and only the one window asked for is held: a read of other bytes is made as before, and the
+window read ahead let go.  The thread is made with every signal blocked (gdb's handlers are for its own
+thread) and ends with the memory it reads for."""
+
+from __future__ import annotations
+
+import signal
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Callable
+
+__all__ = ["ReadAhead"]
+
+
+class ReadAhead:
+    """Reads READ(address, size) (bytes, or None where it has none) ahead, one window at a time."""
+
+    def __init__(self, read: Callable[[int, int], bytes | None]):
+        self._read = read
+        self._pending: tuple[int, int, Future] | None = None
+        self._pool: ThreadPoolExecutor | None = None
+
+    def start(self, address: int, size: int) -> None:
+        """Begins reading SIZE bytes at ADDRESS (the window read ahead before is let go)."""
+        self._pending = None
+        pool = self._pool if self._pool is not None else self._made()
+        self._pending = (address, size, pool.submit(self._read, address, size))
+
+    def take(self, address: int, size: int) -> bytes | None:
+        """The SIZE bytes at ADDRESS when they were read ahead (waiting for the read to end), else None; what
+        was read ahead is let go either way."""
+        pending, self._pending = self._pending, None
+        if pending is None or pending[:2] != (address, size):
+            return None
+        try:
+            return pending[2].result()
+        except Exception:
+            return None
+
+    def _made(self) -> ThreadPoolExecutor:
+        """The pool of the one thread that reads, made with every signal blocked."""
+        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="heapwalk-read-ahead")
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
+        try:
+            pool.submit(int).result()          # the thread starts now, with the mask it inherits
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+        self._pool = pool
+        return pool
