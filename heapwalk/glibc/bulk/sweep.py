@@ -26,7 +26,7 @@ from heapwalk.glibc.locate.layout import MINSIZE
 from heapwalk.glibc.bulk.native import chase, gather
 from heapwalk.glibc.walk.resync import FENCEPOST_ROOM
 from heapwalk.inferior.memory import Memory
-from heapwalk.inferior.window import SPAN, read_window
+from heapwalk.inferior.window import SPAN, read_window, window_ahead
 
 __all__ = ["Segment", "Sweep", "sweep_extents", "TAIL_NONE", "TAIL_FENCEPOST", "TAIL_LEFTOVER", "TAIL_ZERO"]
 
@@ -124,29 +124,37 @@ def _sweep_extent(mem: Memory, extent: Extent, top: int,
     has_top = extent.first <= top < end
     parts: list[tuple[np.ndarray, ...]] = []
     before = -1                          # the size of the chunk before c (-1: c is the extent's first)
+    w = c                                # the window's base: c, or below it where the window was read ahead
     while c < end:
-        data = read_window(mem, c, end, SPAN)
-        n = len(data) // 8
+        data = read_window(mem, w, end, SPAN)
+        n, first = len(data) // 8, (c - w) // 8 + 1     # words, and c's size field among them
+        last = w + 8 * n >= end
+        if w != c and (n < 2 or first >= (n if last else n - _MARGIN)):
+            w = c                        # the window read ahead does not hold c's chunk: read from c, as always
+            continue
         if n < 2:
             return None                  # not in memory
-        last = c + 8 * n >= end
+        ahead = w + 8 * (n - _MARGIN - 1)            # the least the chase stops at, unless the extent ends here
+        if not last and ahead > c:
+            window_ahead(mem, ahead, end, SPAN)       # read while this one is judged
         words = memoryview(data)[:8 * n].cast("Q")
         array64 = np.frombuffer(data, dtype=np.uint64, count=n)
-        found, j = chase(array64 if last else array64[:n - _MARGIN], 1, MINSIZE)
+        found, j = chase(array64 if last else array64[:n - _MARGIN], first, MINSIZE)
         if len(found):
-            part = _gather(array64, found, c, before)
+            part = _gather(array64, found, w, before)
             if part is None:
                 return None
             parts.append(part)
             before = int(part[1][-1]) & ~7
             if pages is not None:
-                pages.note(c, array64)
-        stop = c + 8 * (j - 1)           # the chunk the chase stopped at
+                pages.note(w, array64)
+        stop = w + 8 * (j - 1)           # the chunk the chase stopped at
         if j < (n if last else n - _MARGIN):
             return _tail(words, j, stop, extent, has_top, top, before, parts)  # at a size no chunk has
         if stop > end or stop == c:
             return None                  # the last chunk runs past the extent, or memory ends here
         c = stop                         # the next chunk's header is in the next window
+        w = ahead if not last and c > ahead > w else c
     if not parts or not has_top or int(parts[-1][0][-1]) != top:
         return None
     return parts, 0, TAIL_NONE

@@ -271,3 +271,49 @@ def test_the_blocks_are_joined_from_lengths_and_sizes_alike_and_keep_ends_for_a_
         assert blocks.ends.tolist() == [c + s + 8 for c, s in zip(chunks, sizes)]
         assert blocks.arena.tolist() == [3, 3, 1, 1, 3] and numbers.tolist() == [1, 3]
         assert np.asarray(blocks.sizes()).tolist() == sizes
+
+
+class _ReadAhead:
+    """MEM (an ImageMemory) with a window read ahead as `CachedMemory.prefetch` reads it; how many were asked
+    for and taken."""
+
+    def __init__(self, mem: ImageMemory):
+        from heapwalk.inferior.readahead import ReadAhead
+        self.mem, self.asked, self.taken, self.ahead = mem, 0, 0, ReadAhead(self._early)
+
+    def _early(self, address: int, size: int) -> bytes | None:
+        from heapwalk.inferior.memory import ReadError
+        try:
+            return self.mem.read(address, size)
+        except ReadError:
+            return None
+
+    def read(self, address: int, size: int) -> bytes:
+        return self.mem.read(address, size)
+
+    def span_at(self, address: int):
+        return self.mem.span_at(address)
+
+    def prefetch(self, address: int, size: int) -> None:
+        self.asked += 1
+        self.ahead.start(address, size)
+
+    def read_buffer(self, address: int, size: int) -> bytes:
+        data = self.ahead.take(address, size)
+        self.taken += data is not None
+        return data if data is not None else self.mem.read(address, size)
+
+
+@pytest.mark.parametrize("span", [4096, 8192 + 24, 1 << 16])
+def test_a_sweep_in_small_windows_read_ahead_gives_what_one_window_gives(span, monkeypatch):
+    """Windows smaller than some chunks (0x3000), of a size no chunk boundary keeps to, each next one read ahead
+    where the chase will stop at the least, and read again from the chunk where that window does not hold it: the
+    same lists, account and trim as the heap read in one window."""
+    from heapwalk.glibc.bulk import sweep as sweep_module
+    s = _synth(2, (2, 36))
+    expected = _one_pass(s)
+    mem = _ReadAhead(s.mem)
+    monkeypatch.setattr(sweep_module, "SPAN", span)
+    assert _one_pass(dataclasses.replace(s, mem=mem)) == expected
+    assert mem.taken > (3 if span < 1 << 16 else 0)
+    assert mem.asked > mem.taken or span > 4096            # some chunks outgrow the window read ahead
