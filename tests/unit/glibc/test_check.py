@@ -33,3 +33,26 @@ def test_heap_bounds_past_the_address_space_send_every_chunk_to_the_closer_look(
     """A damaged sbrk_base (all ones) puts the main heap's bounds past 2**64: no error, every chunk looked at."""
     heaps = HEAPS + [((1 << 64) - 1, (1 << 64) + 0x21000)]
     assert list(_misplaced([0x555555559010], [0x90], heaps, [TOP])) == [(0x555555559010, 0x90)]
+
+
+def test_free_chunks_inside_other_free_chunks_are_named_in_their_lists_order():
+    """Entries of fastbins, bins and tcaches, in no address order across the lists, two of them inside a bin's
+    chunk (a tcache entry by its user pointer, a fastbin chunk): each named, list by list and in each list's
+    order, with the chunk it lies in; the bins' own chunks, side by side, are not."""
+    from array import array
+    from types import SimpleNamespace
+    from heapwalk.glibc.forensics.check import _inside_free
+    from heapwalk.glibc.model import BinKind, BinList, Tcache, TcacheBin
+    base = 0x555555560000
+
+    def listed(kind, index, chunks, size):
+        return BinList(kind, index, 0, array("Q", chunks), array("Q", [size | 1] * len(chunks)))
+    small = listed(BinKind.SMALL, 5, [base + 0x5000, base + 0x100, base + 0x3000], 0x100)
+    large = listed(BinKind.LARGE, 70, [base + 0x8000], 0x1000)
+    fast = listed(BinKind.FAST, 1, [base + 0x9000, base + 0x8400, base + 0x20], 0x30)
+    arena = SimpleNamespace(number=0, unsorted=listed(BinKind.UNSORTED, 1, [], 0x20), bins=(small, large),
+                            fastbins=(fast,))
+    tcache = Tcache(0x555555559010, (TcacheBin(3, 0x50, 2, (base + 0x3050 + 16, base + 0xA000 + 16)),))
+    state = SimpleNamespace(arenas=(arena,), tcaches=lambda: [("thread 1", tcache)])
+    found = [(f.address, f.structure) for f in _inside_free(state)]
+    assert found == [(base + 0x8400, "fastbin[1] of arena 0"), (base + 0x3050 + 16, "tcache bin 3 of thread 1")]
