@@ -209,6 +209,7 @@ def leaks_of(mem: Memory, blocks: Blocks, space: MemoryMap, threads: Sequence[Th
     give_back()
     roots = root_regions(space, threads, list(blocks.heaps) + list(blocks.private), blocks.large, blocks.unknown,
                          images=image_data(mem, space))
-    reach = scan(mem, blocks, roots, register_roots(threads), progress, pages, paths, readonly_images(space))
+    reach = scan(mem, blocks, roots, register_roots(threads), progress, pages, paths, readonly_images(space),
+                 space.readable if space.readable is not None else space.regions)
     give_back()
     return find_leaks(reach)

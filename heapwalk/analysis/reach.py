@@ -31,7 +31,7 @@ from heapwalk.analysis.rows import Rows, SparseRows
 from heapwalk.analysis.signed import Signed
 from heapwalk.inferior.memory import Memory
 from heapwalk.inferior.ranges import merged
-from heapwalk.inferior.roots import RegisterRoot, Root
+from heapwalk.inferior.roots import RegisterRoot, Root, intersect
 from heapwalk.inferior.window import read_window, window_ahead
 from heapwalk.common.view import LENGTH_UNIT, Blocks
 
@@ -223,12 +223,14 @@ class _Scanner:
 
 def scan(mem: Memory, blocks: Blocks, roots: Sequence[Root], registers: Sequence[RegisterRoot] = (),
          progress: Callable[[int, int], None] | None = None, pages: PagesSeen | None = None,
-         paths: bool = False, images: Sequence[tuple[int, int, str]] = ()) -> Reach:
+         paths: bool = False, images: Sequence[tuple[int, int, str]] = (),
+         inside: Sequence[tuple[int, int]] | None = None) -> Reach:
     """Scans ROOTS, REGISTERS and BLOCKS' heaps in MEM once, and follows the graph (see the module).  PAGES, when
     given, hears which pages of what the scan read hold anything.  PATHS keeps every block's edges and which block led
     to which (`Reach.path`), where the scan otherwise keeps only the edges of blocks not yet reached when it
-    read them (`rows`).  IMAGES (the loaded files' read-only mappings) say which first words are signatures."""
-    heaps = merged(blocks.heaps)
+    read them (`rows`).  IMAGES (the loaded files' read-only mappings) say which first words are signatures.
+    INSIDE, when given, is the target's memory: heaps are read only there (damaged bounds reach anywhere)."""
+    heaps = merged(blocks.heaps) if inside is None else intersect(blocks.heaps, inside)
     root_bytes = sum(r.end - r.start for r in roots)
     s = _Scanner(mem, blocks, progress, root_bytes + sum(hi - lo for lo, hi in heaps), pages, paths, images)
     give_back()                          # the table's making's holes (`ownmemory`), before the windows' arrays

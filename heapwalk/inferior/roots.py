@@ -89,13 +89,15 @@ def root_regions(space: MemoryMap, threads: Sequence[ThreadRegs], owned: Iterabl
     """Every root region of the target: its writable memory (all it has when the target cannot say what is
     writable) that can be read, less OWNED (the allocator's heaps and bookkeeping) and less the part of each
     thread's stack below its stack pointer (and red zone); LARGE (allocations with their own mapping, named
-    LARGE_NAME) and UNKNOWN (heap memory whose chunks damage hides) are roots of their own kinds.  IMAGES
+    LARGE_NAME) and UNKNOWN (heap memory whose chunks damage hides) are roots of their own kinds, where the
+    target has memory (a damaged size may put their end past any mapping, or past 2**64).  IMAGES
     (`image_data`: the loaded files' data and bss as their program headers place them) are roots whole,
     whatever lies next to them: a thread's stack in the same mapping takes no part of them."""
     writable = space.writable if space.writable is not None else space.regions
     if space.readable is not None:
         writable = intersect(writable, space.readable)
-    large, unknown = merged(large), merged(unknown)
+    inside = space.readable if space.readable is not None else space.regions
+    large, unknown = intersect(large, inside), intersect(unknown, inside)   # damaged bounds reach anywhere
     pieces = ranges_without(merged(writable), list(owned) + large + unknown)
     named = _Namer(space, threads, images)
     out = [root for lo, hi in pieces for root in named.roots(lo, hi)]

@@ -104,3 +104,22 @@ def test_containers_read_no_more_than_their_share(monkeypatch):
     monkeypatch.setattr(reach, "BIG_SHARE", 4)                  # a quarter of the heap: less than the container
     lk = find_leaks(reach.scan(mem, blocks, roots))
     assert len(lk.reach.graph.keys) == COUNT - 2 and lk.reach.reached.sum() == COUNT + 1 - LEAKED
+
+
+def test_heaps_and_unknown_memory_past_the_targets_memory_are_read_only_where_it_is():
+    """Damage (an arena's system_mem of all ones) may put a heap's end, and memory whose chunks damage hides, past
+    every mapping or past 2**64: the scan reads them only where the target has memory (INSIDE, and the roots
+    `root_regions` makes), and finds what it finds on the heap as it is."""
+    from heapwalk.inferior.roots import root_regions
+    from heapwalk.inferior.space import MemoryMap
+    mem, blocks, roots = _heap()
+    plain = reach.scan(mem, blocks, roots)
+    (lo, hi), = blocks.heaps
+    huge = Blocks(blocks.starts, blocks.ends, np.zeros(COUNT + 1, dtype=np.int32), 0, 0,
+                  heaps=((lo, lo + (1 << 64) - 1),), unknown=((hi + 4096, hi + (1 << 50)),))
+    inside = [(lo, hi), (ROOTS, ROOTS + 8)]
+    space = MemoryMap((), inside, inside, True, [(ROOTS, ROOTS + 8)])
+    found = root_regions(space, [], huge.heaps, unknown=huge.unknown)
+    assert [(r.start, r.end) for r in found] == [(ROOTS, ROOTS + 8)]
+    damaged = reach.scan(mem, huge, roots, inside=inside)
+    assert np.array_equal(damaged.reached, plain.reached) and damaged.reached.sum() == COUNT + 1 - LEAKED
