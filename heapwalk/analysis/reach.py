@@ -147,6 +147,7 @@ class _Scanner:
             if self.pages is not None:
                 self.pages.note(base, words)
             yield base, words
+            del data, words                  # this window gone before the next is read ahead: two at a time
             base += n * 8
             self.done += n * 8
             if self.progress is not None:
@@ -155,6 +156,7 @@ class _Scanner:
     def root(self, index: int, root: Root) -> None:
         for base, words in self.windows(root.start, root.end):
             self.locate.root_hits(base, words, index, self.hits)
+            del words
 
     def registers(self, first: int, registers: Sequence[RegisterRoot]) -> None:
         values = np.array([r.value for r in registers], dtype=np.uint64)
@@ -167,6 +169,7 @@ class _Scanner:
         for base, words in self.windows(lo, hi):
             self._signatures(base, words)
             self.rows.window(self.locate, base, words, self.seen, self.followed)
+            del words
 
     def containers(self, budget: int) -> None:
         """Reads first each big block (`BIG`) reached so far, then those they reach in turn, up to BUDGET bytes,

@@ -49,7 +49,7 @@ def gdb_memory(known: list[tuple[int, int]] | None = None) -> CachedMemory:
 
         memory = CachedMemory(_first(core.read, read), max_blocks=_CACHE_BLOCKS, regions=known,
                               raw_buffer=_first(core.read, inferior.read_memory), raw_links=core.links,
-                              read_ahead=ReadAhead(core.read))
+                              read_ahead=ReadAhead(core.read_into))
         weakref.finalize(memory, core.close)
         return memory
     pages = LivePages(inferior.pid)

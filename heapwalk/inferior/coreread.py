@@ -79,6 +79,18 @@ class CoreReader:
             return None
         return data if len(data) == size else None
 
+    def read_into(self, address: int, buffer) -> bool:
+        """`read` into BUFFER (writable, its length the bytes wanted): whether it was filled."""
+        i = bisect.bisect_right(self._starts, address) - 1
+        size = len(buffer)
+        if i < 0 or size <= 0 or address + size > self._segments[i][1]:
+            return False
+        lo, _, offset = self._segments[i]
+        try:
+            return os.preadv(self._fd, [buffer], offset + address - lo) == size
+        except OSError:
+            return False
+
     def links(self, head: int, count: int) -> list[int]:
         """`memory.links_from` read from the file: [HEAD, the word at HEAD, the word at that, ...], COUNT + 1 at
         most (`LINKS_AT_ONCE`), ending at a null link, at a node met again, or at a node whose word the file does not

@@ -141,8 +141,9 @@ class CachedMemory:
                 self._ends.append(end)
 
     def drop(self) -> None:
-        """Lets every cached block go (up to 128 MiB in gdb, `adapter.gdb_memory`); the next reads load them
-        again."""
+        """Lets every cached block go (up to 128 MiB in gdb, `adapter.gdb_memory`), and a window read ahead that
+        no read took (`let_go_ahead`); the next reads load them again."""
+        self.let_go_ahead()
         self._blocks.clear()
         self._held, self._full = 0, False
         self._last_base, self._last_data = -(1 << 70), b""
@@ -322,13 +323,17 @@ class CachedMemory:
         return self._read_large(address, size, self._raw_buffer)
 
     def prefetch(self, address: int, size: int) -> None:
-        """Has the SIZE bytes at ADDRESS read ahead for `read_buffer` (where a reader any thread may call was
-        given: a core file's), while the caller judges the bytes it read last."""
+        """Has SIZE bytes at ADDRESS read ahead for `read_buffer`, where a reader any thread may call was given."""
         if self._ahead is not None:
             region = self._region                  # the fast path's, as the reads left it
             if self._buffered(address, size):
                 self._ahead.start(address, size)
             self._region = region
+
+    def let_go_ahead(self) -> None:
+        """Lets a window read ahead go that no read took (a walk that stopped before it)."""
+        if self._ahead is not None:
+            self._ahead.let_go()
 
     def _buffered(self, address: int, size: int) -> bool:
         """Whether `read_buffer` takes SIZE bytes at ADDRESS from the raw reader's buffer."""

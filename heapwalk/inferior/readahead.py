@@ -13,14 +13,17 @@ import signal
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable
 
+import numpy as np
+
 __all__ = ["ReadAhead"]
 
 
 class ReadAhead:
-    """Reads READ(address, size) (bytes, or None where it has none) ahead, one window at a time."""
+    """Reads READ_INTO(address, buffer) (whether it filled BUFFER) ahead, one window at a time, into room made
+    by the caller's thread (so that gdb's malloc keeps it in its own arena, as every other read's)."""
 
-    def __init__(self, read: Callable[[int, int], bytes | None]):
-        self._read = read
+    def __init__(self, read_into: Callable[[int, object], bool]):
+        self._read_into = read_into
         self._pending: tuple[int, int, Future] | None = None
         self._pool: ThreadPoolExecutor | None = None
 
@@ -28,11 +31,14 @@ class ReadAhead:
         """Begins reading SIZE bytes at ADDRESS (the window read ahead before is let go)."""
         self._pending = None
         pool = self._pool if self._pool is not None else self._made()
-        self._pending = (address, size, pool.submit(self._read, address, size))
+        self._pending = (address, size, pool.submit(self._filled, address, np.empty(size, dtype=np.uint8)))
 
-    def take(self, address: int, size: int) -> bytes | None:
-        """The SIZE bytes at ADDRESS when they were read ahead (waiting for the read to end), else None; what
-        was read ahead is let go either way."""
+    def _filled(self, address: int, buffer: np.ndarray) -> memoryview | None:
+        return memoryview(buffer) if self._read_into(address, buffer) else None
+
+    def take(self, address: int, size: int) -> memoryview | None:
+        """The SIZE bytes at ADDRESS (a memoryview, as gdb's reads give) when they were read ahead (waiting for
+        the read to end), else None; what was read ahead is let go either way."""
         pending, self._pending = self._pending, None
         if pending is None or pending[:2] != (address, size):
             return None
@@ -40,6 +46,10 @@ class ReadAhead:
             return pending[2].result()
         except Exception:
             return None
+
+    def let_go(self) -> None:
+        """Lets the window read ahead go, untaken (its bytes freed once its read ends)."""
+        self._pending = None
 
     def _made(self) -> ThreadPoolExecutor:
         """The pool of the one thread that reads, made with every signal blocked."""

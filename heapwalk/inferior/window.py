@@ -9,7 +9,8 @@ import numpy as np
 
 from heapwalk.inferior.memory import Memory, ReadError, read_once
 
-__all__ = ["Window", "word_reader", "read_window", "window_ahead", "near_windows", "PROBE_SPAN", "SPAN", "NEAR_SPAN"]
+__all__ = ["Window", "word_reader", "read_window", "window_ahead", "let_go_ahead", "near_windows", "PROBE_SPAN", "SPAN",
+           "NEAR_SPAN"]
 
 #: bytes a walk reads at once
 SPAN = 4 << 20
@@ -68,6 +69,13 @@ def window_ahead(mem: Memory, base: int, end: int, span: int) -> None:
     prefetch = getattr(mem, "prefetch", None)
     if prefetch is not None and base < end:
         prefetch(base, max(16, min(span, end - base)))
+
+
+def let_go_ahead(mem: Memory) -> None:
+    """Lets MEM drop a window it read ahead that no read took (`window_ahead` before a walk stopped)."""
+    let_go = getattr(mem, "let_go_ahead", None)
+    if let_go is not None:
+        let_go()
 
 
 def near_windows(mem: Memory, starts: list[int], lengths: list[int], span: int = NEAR_SPAN

@@ -26,7 +26,7 @@ from heapwalk.glibc.locate.layout import MINSIZE
 from heapwalk.glibc.bulk.native import chase, gather
 from heapwalk.glibc.walk.resync import FENCEPOST_ROOM
 from heapwalk.inferior.memory import Memory
-from heapwalk.inferior.window import SPAN, read_window, window_ahead
+from heapwalk.inferior.window import SPAN, let_go_ahead, read_window, window_ahead
 
 __all__ = ["Segment", "Sweep", "sweep_extents", "TAIL_NONE", "TAIL_FENCEPOST", "TAIL_LEFTOVER", "TAIL_ZERO"]
 
@@ -88,6 +88,7 @@ def sweep_extents(mem: Memory, extents: list[Extent], top: int, progress=None,
     for extent in extents:
         swept = _sweep_extent(mem, extent, top, pages)
         if swept is None:
+            let_go_ahead(mem)            # the window read ahead, untaken where the sweep stopped
             return None
         extent_parts, tail, kind = swept
         n = sum(len(p[0]) for p in extent_parts)
@@ -98,6 +99,7 @@ def sweep_extents(mem: Memory, extents: list[Extent], top: int, progress=None,
         done += extent.end - extent.start
         if progress is not None:
             progress(done)
+    let_go_ahead(mem)                    # the window read ahead past the last extent's end, untaken
     if not parts:
         empty = np.zeros(0, dtype=np.uint64)
         return Sweep(empty, empty, empty, empty, tuple(segments))
@@ -155,6 +157,7 @@ def _sweep_extent(mem: Memory, extent: Extent, top: int,
             return None                  # the last chunk runs past the extent, or memory ends here
         c = stop                         # the next chunk's header is in the next window
         w = ahead if not last and c > ahead > w else c
+        del data, words, array64         # this window gone before the next is read ahead: two at a time
     if not parts or not has_top or int(parts[-1][0][-1]) != top:
         return None
     return parts, 0, TAIL_NONE

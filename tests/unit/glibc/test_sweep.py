@@ -281,12 +281,13 @@ class _ReadAhead:
         from heapwalk.inferior.readahead import ReadAhead
         self.mem, self.asked, self.taken, self.ahead = mem, 0, 0, ReadAhead(self._early)
 
-    def _early(self, address: int, size: int) -> bytes | None:
+    def _early(self, address: int, buffer) -> bool:
         from heapwalk.inferior.memory import ReadError
         try:
-            return self.mem.read(address, size)
+            memoryview(buffer)[:] = self.mem.read(address, len(buffer))
         except ReadError:
-            return None
+            return False
+        return True
 
     def read(self, address: int, size: int) -> bytes:
         return self.mem.read(address, size)

@@ -49,6 +49,9 @@ def test_the_stored_bytes_are_read_and_nothing_else(tmp_path):
         assert core.read(0x80000, 8) is None and core.read(0x81000, 8) is None   # overlapping: gdb picks
         assert core.read(0x5000, 8) is None
         assert core.samples() and all(core.read(a, 64) is not None for a in core.samples())
+        room = bytearray(PAGE)                                     # read into room of the caller's: the same
+        assert core.read_into(0x10008, room) and bytes(room) == heap[8:PAGE + 8]
+        assert not core.read_into(0x40000 + 8, room) and not core.read_into(0x80000, room)
     finally:
         core.close()
     assert CoreReader.open("core") is None                         # a relative path: gdb's may differ

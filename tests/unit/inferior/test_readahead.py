@@ -31,10 +31,17 @@ class _Reader:
             return None
         return IMAGE[address - BASE:address - BASE + size]
 
+    def into(self, address: int, buffer) -> bool:
+        """The read as `coreread.CoreReader.read_into` makes it."""
+        data = self(address, len(buffer))
+        if data is not None:
+            memoryview(buffer)[:] = data
+        return data is not None
+
 
 def test_a_window_read_ahead_is_taken_once_by_the_read_of_the_same_bytes():
     reader = _Reader()
-    ahead = ReadAhead(reader)
+    ahead = ReadAhead(reader.into)
     ahead.start(BASE, 8192)
     assert ahead.take(BASE, 8192) == IMAGE[:8192]
     assert ahead.take(BASE, 8192) is None                    # taken: not held any more
@@ -47,7 +54,7 @@ def test_a_window_read_ahead_is_taken_once_by_the_read_of_the_same_bytes():
 
 
 def test_a_reader_that_fails_ahead_is_read_again_as_before():
-    def failing(address: int, size: int) -> bytes:
+    def failing(address: int, buffer) -> bool:
         raise OSError("gone")
     ahead = ReadAhead(failing)
     ahead.start(BASE, 4096)
@@ -60,7 +67,7 @@ def _memory(reader: _Reader) -> CachedMemory:
         if data is None:
             raise ReadError(address, size)
         return data
-    return CachedMemory(raw, regions=[(BASE, BASE + len(IMAGE))], raw_buffer=raw, read_ahead=ReadAhead(reader))
+    return CachedMemory(raw, regions=[(BASE, BASE + len(IMAGE))], raw_buffer=raw, read_ahead=ReadAhead(reader.into))
 
 
 def test_windows_read_ahead_are_the_bytes_read_without():
