@@ -14,7 +14,7 @@ from heapwalk.glibc.walk.lists import ListWalk, walk_bin, walk_fastbin
 from heapwalk.glibc.locate.mainarena import main_memory_start
 from heapwalk.glibc.model import Arena, BinKind, BinList, Heap, MallocPar
 from heapwalk.glibc.walk.ring import walk_heaps
-from heapwalk.inferior.memory import Memory, ReadError, readable, u64
+from heapwalk.inferior.memory import Memory, ReadError, u64
 
 __all__ = ["read_arena", "decode_arena", "walk_free_list", "blank_arena"]
 
@@ -116,10 +116,8 @@ def _sbrk_heap(mem: Memory, layout: Layout, address: int, flags: int, top: int, 
         return []
     end = top + top_size
     contiguous = not flags & 2  # NONCONTIGUOUS_BIT: top may be in an mmap'd piece
-    if (top_lost or contiguous) and top < sbrk_base + system_mem and end < sbrk_base + system_mem and \
-            sbrk_base + system_mem <= 1 << 64 and readable(mem, sbrk_base + system_mem - 8):
+    if (top_lost or contiguous) and top < sbrk_base + system_mem and end < sbrk_base + system_mem <= 1 << 64:
         end = sbrk_base + system_mem  # up to where system_mem says (top ends there): the walk names the gap
-        #                               (not past the target's memory: a damaged system_mem says anything)
     if not contiguous and not sbrk_base <= top < end <= sbrk_base + max(system_mem, 0):
         return []  # top is in another piece: the pieces are found in the target's memory (with_main_regions)
     if contiguous and not sbrk_base <= top <= end <= sbrk_base + 2 * system_mem + (64 << 20):
