@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from heapwalk.common.arrays import distinct
+
 __all__ = ["Claim", "Span", "RssRow", "RssBreakdown", "spans_of", "rss_by_owner", "rss_of_target", "rss_change",
            "KINDS", "IN_CORE"]
 
@@ -127,7 +129,7 @@ def rss_by_owner(spans: Sequence[Span], claims: Sequence[Claim],
     merged = {key: _merged(ranges) for key, ranges in grouped.items()}
     edges = [np.array([x for s in spans for x in (s.start, s.end)], dtype=np.uint64)]
     edges += [ranges.reshape(-1) for ranges in merged.values()]
-    cut = np.unique(np.concatenate(edges))       # uint64: the kernel's vsyscall page lies above 2**63
+    cut = distinct(np.concatenate(edges))       # uint64: the kernel's vsyscall page lies above 2**63
     lo, hi = cut[:-1], cut[1:]
     owner = np.full(len(lo), -1, dtype=np.int64)          # index into labels
     labels: list[tuple[str, str]] = []

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from heapwalk.common.arrays import distinct
 from heapwalk.gtcmalloc.layout import GtcLayout
 from heapwalk.inferior.memory import Memory, ReadError
 
@@ -49,7 +50,7 @@ def find_root(mem: Memory, words: np.ndarray, lo: int, probes: list[tuple[int, i
     """The root's address in the data of WORDS (from LO): where a word points at a leaf whose entry for a probed
     page (PROBES: (page, size class)) says that class, at that leaf's index; the first probe that leads to one
     whose other probes, where their leaves can be read, agree with it."""
-    values = np.unique(words[(words != 0) & (words % np.uint64(8) == 0)]).tolist()
+    values = distinct(words[(words != 0) & (words % np.uint64(8) == 0)]).tolist()
     for page, size_class in probes[:16]:
         leaf_index, slot = page >> LEAF_BITS, page & (LEAF_PAGES - 1)
         for value in values:
@@ -98,7 +99,7 @@ def read_spans(mem: Memory, layout: GtcLayout, root: int, root_words: np.ndarray
         except ReadError:
             unread.append(leaf)
     named = [packed[packed != 0] & np.uint64(SPAN_MASK) for packed in entries.values()]
-    address = np.unique(np.concatenate(named)) if named else np.zeros(0, dtype=np.uint64)
+    address = distinct(np.concatenate(named)) if named else np.zeros(0, dtype=np.uint64)
     address = address[~np.isin(address, np.array(sorted(freed), dtype=np.uint64))]
     fields = [_span(mem, layout, int(a)) for a in address.tolist()]
     lost = [int(a) for a, f in zip(address.tolist(), fields) if f is None]

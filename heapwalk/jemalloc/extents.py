@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from heapwalk.common.arrays import distinct
 from heapwalk.common.findings import Finding, Severity
 from heapwalk.jemalloc.kinds import Kind
 from heapwalk.jemalloc.layout import JeLayout
@@ -95,7 +96,7 @@ def walk_extents(mem: Memory, layout: JeLayout, rtree: int, shape: RtreeShape = 
     agree."""
     findings: list[Finding] = []
     leaves = _leaves(mem, layout, rtree, shape, findings)
-    headers = np.unique(np.concatenate(list(leaves.values()) or [np.zeros(0, dtype=np.uint64)]))
+    headers = distinct(np.concatenate(list(leaves.values()) or [np.zeros(0, dtype=np.uint64)]))
     headers = headers[headers != 0]       # pages no extent holds (an entry may keep bits besides the header's)
     got = read_records(mem, headers, 24)
     for row in sorted(got.errors):

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from heapwalk.common.arrays import distinct
 from heapwalk.inferior.memory import Memory, ReadError, u64
 from heapwalk.arch import USER_SPACE_END
 
@@ -84,7 +85,7 @@ def _walk(mem: Memory, at: int, header: int, size: int, readable: list[tuple[int
                     entries = np.frombuffer(mem.read(a, b - a), dtype=np.uint64)
                 except ReadError:
                     continue
-                pages.update(np.unique(entries[entries != 0]).tolist())
+                pages.update(distinct(entries[entries != 0]).tolist())
     return PageMap(at, subs, frozenset(pages), size, tuple(ranges))
 
 

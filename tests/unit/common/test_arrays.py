@@ -1,0 +1,29 @@
+"""`distinct`: each value once, ascending, as np.unique gives it, however the values repeat and lie."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from heapwalk.common.arrays import distinct
+
+
+def test_as_unique_gives_them():
+    rng = np.random.default_rng(76)
+    for n in (0, 1, 2, 3, 17, 5000):
+        for dtype in (np.uint64, np.int32, np.uint8):
+            picks = rng.integers(0, 40, size=max(n // 8, 1)).astype(dtype)
+            values = np.repeat(picks, rng.integers(1, 16, size=len(picks)))[:n]    # runs, and values met again
+            assert np.array_equal(distinct(values), np.unique(values))
+            assert distinct(values).dtype == values.dtype
+
+
+def test_values_above_2_63_and_a_list():
+    values = [2 ** 64 - 8, 0, 2 ** 63, 2 ** 64 - 8, 5]
+    assert distinct(np.array(values, dtype=np.uint64)).tolist() == sorted(set(values))
+    assert distinct([3, 1, 3]).tolist() == [1, 3]
+
+
+def test_its_argument_is_left_as_it_was():
+    values = np.array([9, 1, 9, 4], dtype=np.uint64)
+    distinct(values)
+    assert values.tolist() == [9, 1, 9, 4]
