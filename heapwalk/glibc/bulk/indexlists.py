@@ -23,6 +23,7 @@ from heapwalk.glibc.model import BinKind, BinList
 from heapwalk.glibc.bulk.native import LISTS_NATIVE, follow, successors, walk_list
 from heapwalk.glibc.bulk.sweep import Sweep
 from heapwalk.analysis.lookup import Locator
+from heapwalk.common.view import LENGTH_UNIT
 
 __all__ = ["IndexedLists", "lists_of_sweep", "PLAIN", "bin_indices"]
 
@@ -70,7 +71,7 @@ def lists_of_sweep(sweep: Sweep, layout: Layout, arena: int, raw_arena: bytes, s
     address, n = sweep.address, sweep.count
     walk = _Walk(sweep, min(bound, n + 1), bound)
     sizes = sweep.sizes.view(np.uint64)
-    starts = Locator(address, address + np.uint64(16))
+    starts = Locator(address, None, np.full(n, 16 // LENGTH_UNIT, dtype=np.uint32))   # 4 bytes a chunk, not 8
     free = np.zeros(n, dtype=bool)       # the chunks whose next chunk says they are free: all a bin may hold
     free[:-1] = (sweep.field[1:] & np.uint64(1)) == 0
     fastbins = []

@@ -33,6 +33,8 @@ LISTS_SWEPT_FROM = 16 << 20
 #: a chunk's header before its user memory, and the part of the next chunk's header it owns: a chunk in use is
 #: the block [chunk + HEADER, chunk + size + TAIL) to the leak scan
 HEADER, TAIL = 16, 8
+#: chunks whose lengths are made at a time
+_STEP = 1 << 20
 
 
 class OnePass:
@@ -91,8 +93,8 @@ class OnePass:
         else:
             self.accounts[arena.address] = walked
             if self.keep_used:
-                rows = np.flatnonzero(lists.codes == PLAIN)
-                self.used[arena.address] = in_use_lengths(sweep.address[rows], sweep.sizes[rows])
+                plain = lists.codes == PLAIN         # a byte a chunk, not the 8 of its row's index
+                self.used[arena.address] = in_use_lengths(sweep.address[plain], sweep.sizes[plain])
             if self.keep_chunks:       # the codes as the walk left them: tcache, top and fenceposts marked
                 self.chunks[arena.address] = (sweep.address, sweep.sizes, lists.codes)
         return lists
@@ -145,13 +147,17 @@ def in_use_lengths(address: np.ndarray, sizes: np.ndarray) -> tuple[np.ndarray, 
     sizes = sizes.view(np.uint64) if sizes.dtype == np.int64 else sizes
     if not lengths_fit(sizes):
         return address, sizes
-    return address, ((sizes - np.uint64(HEADER - TAIL)) >> np.uint64(3)).astype(np.uint32)
+    lengths = np.empty(len(sizes), dtype=np.uint32)
+    for at in range(0, len(sizes), _STEP):               # no array of 8 bytes a chunk made on the way
+        part = sizes[at:at + _STEP] - np.uint64(HEADER - TAIL)
+        lengths[at:at + _STEP] = np.right_shift(part, np.uint64(3), out=part)
+    return address, lengths
 
 
 def lengths_fit(sizes: np.ndarray) -> bool:
     """Whether every chunk of SIZES (uint64; lengths, uint32, are) has a usable length `view.Blocks` keeps in 32
     bits."""
-    if sizes.dtype == np.uint32:
+    if sizes.dtype == np.uint32 or not len(sizes):
         return True
-    return not len(sizes) or (int(sizes.min()) >= HEADER - TAIL and not np.any(sizes & np.uint64(7))
-                               and (int(sizes.max()) - (HEADER - TAIL)) >> 3 < 1 << 32)
+    return int(sizes.min()) >= HEADER - TAIL and (int(sizes.max()) - (HEADER - TAIL)) >> 3 < 1 << 32 and \
+        not any(np.any(sizes[at:at + _STEP] & np.uint64(7)) for at in range(0, len(sizes), _STEP))

@@ -318,3 +318,23 @@ def test_a_sweep_in_small_windows_read_ahead_gives_what_one_window_gives(span, m
     assert _one_pass(dataclasses.replace(s, mem=mem)) == expected
     assert mem.taken > (3 if span < 1 << 16 else 0)
     assert mem.asked > mem.taken or span > 4096            # some chunks outgrow the window read ahead
+
+
+def test_in_use_lengths_made_a_step_at_a_time_as_at_once(monkeypatch):
+    """`onepass.in_use_lengths` and `lengths_fit` judge and make the lengths a step of chunks at a time: the
+    same lengths, the same sizes kept whole where one chunk in any step does not fit, the caller's sizes untouched."""
+    import numpy as np
+    from heapwalk.glibc.bulk import onepass
+    monkeypatch.setattr(onepass, "_STEP", 3)
+    sizes = np.array([0x20, 0x40, 0x30, 0x1000, 0x20, 0x50, 0x60], dtype=np.int64)
+    address = np.arange(len(sizes), dtype=np.uint64) * np.uint64(0x1000)
+    kept, lengths = onepass.in_use_lengths(address, sizes)
+    assert kept is address and lengths.dtype == np.uint32
+    assert lengths.tolist() == [(s - 8) // 8 for s in sizes.tolist()]
+    assert sizes.tolist() == [0x20, 0x40, 0x30, 0x1000, 0x20, 0x50, 0x60]
+    for bad in (0x58 + 4, (1 << 36) + 0x10):             # a size not of whole words, one too long, in the last step
+        odd = sizes.copy()
+        odd[-1] = bad
+        assert not onepass.lengths_fit(odd.view(np.uint64))
+        assert onepass.in_use_lengths(address, odd)[1].tolist() == odd.tolist()
+    assert onepass.lengths_fit(np.zeros(0, dtype=np.uint64))
