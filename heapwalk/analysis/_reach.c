@@ -587,8 +587,22 @@ static inline int64_t last_at_or_below(const uint64_t *values, int64_t n, uint64
 void hw_signatures(const uint64_t *words, int64_t n, const uint64_t *starts, const uint64_t *ends, int64_t nimages,
                    const uint64_t *loads, int64_t nloads, uint64_t *out)
 {
+    uint64_t gap = 0, wide = 0, reach = 0;   /* the widest stretch no image holds, [gap, gap + wide): the heaps */
+    for (int64_t i = 0; i <= nimages; i++) { /* lie there, and most first words point into them */
+        uint64_t next = i < nimages ? starts[i] : UINT64_MAX;
+        if (next > reach && next - reach > wide) {
+            gap = reach;
+            wide = next - reach;
+        }
+        if (i < nimages && ends[i] > reach)
+            reach = ends[i];
+    }
     for (int64_t k = 0; k < n; k++) {
         uint64_t w = words[k];
+        if (w - gap < wide) {
+            out[k] = is_text(w);
+            continue;
+        }
         int64_t i = nimages ? last_at_or_below(starts, nimages, w) : -1;
         if (i >= 0 && w < ends[i]) {
             int64_t j = last_at_or_below(loads, nloads, w);

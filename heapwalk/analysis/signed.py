@@ -25,6 +25,7 @@ class Signed:
 
     def __init__(self, count: int, images: Sequence[tuple[int, int, str]]):
         self.images = tuple(images)
+        self._bounds = _image_bounds(self.images)
         self.codes = np.zeros(count, dtype=np.uint8)
         self._values: list[int] = [NONE, TEXT_CODE]
         self._code_of: dict[int, int] = {}
@@ -38,9 +39,9 @@ class Signed:
 
     def add(self, first: int, words: np.ndarray) -> None:
         """The blocks FIRST, FIRST + 1, ... begin with WORDS (uint64): their signatures."""
-        sig = signatures(words, self.images)
+        sig = signatures(words, self.images, self._bounds)
         codes = self.codes[first:first + len(words)]
-        codes[:] = np.where(sig == TEXT_CODE, TEXT_CODE, NONE)
+        codes[:] = sig == TEXT_CODE                      # TEXT_CODE where it holds text, NONE elsewhere
         named = np.flatnonzero(sig > TEXT_CODE)
         if not len(named):
             return
@@ -69,13 +70,19 @@ class Signed:
         return self.values[self.codes[rows]]
 
 
-def signatures(first_words: np.ndarray, images: Sequence[tuple[int, int, str]]) -> np.ndarray:
+def _image_bounds(images: Sequence[tuple[int, int, str]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """IMAGES (start, end, name, in order) as `signatures` reads them: their starts, their ends and each file's
+    load address (uint64 arrays)."""
+    return (np.array([lo for lo, _, _ in images], dtype=np.uint64),
+            np.array([hi for _, hi, _ in images], dtype=np.uint64), np.array(_load_addresses(images), dtype=np.uint64))
+
+
+def signatures(first_words: np.ndarray, images: Sequence[tuple[int, int, str]],
+               bounds: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> np.ndarray:
     """Each block's signature as a number: its first word when that points into a read-only mapping of a
-    loaded file (IMAGES: start, end, name, in order) other than the file's first byte (a load address, as in
-    a link_map, not a type), 1 when it begins with text, 0 otherwise."""
-    starts = np.array([lo for lo, _, _ in images], dtype=np.uint64)
-    ends = np.array([hi for _, hi, _ in images], dtype=np.uint64)
-    loads = np.array(_load_addresses(images), dtype=np.uint64)
+    loaded file (IMAGES: start, end, name, in order; BOUNDS, when given, their `_image_bounds`) other than the
+    file's first byte (a load address, as in a link_map, not a type), 1 when it begins with text, 0 otherwise."""
+    starts, ends, loads = bounds if bounds is not None else _image_bounds(images)
     native = signature_words(first_words, starts, ends, loads)
     if native is not None:
         return native
