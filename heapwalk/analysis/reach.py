@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from heapwalk.common.beside import Beside
 from heapwalk.inferior.ownmemory import give_back
 
 from heapwalk.analysis.pages import PagesSeen
@@ -131,8 +132,9 @@ class _Scanner:
         self.followed: np.ndarray | None = None    # the containers read whole (`containers`)
         self.progress, self.total, self.done = progress, total, 0
 
-    def windows(self, lo: int, hi: int):
-        """(base, words) of [LO, HI) a window at a time; what cannot be read is noted and passed by."""
+    def windows(self, lo: int, hi: int, note: bool = True):
+        """(base, words) of [LO, HI) a window at a time; what cannot be read is noted and passed by.  NOTE: the
+        pages hear of each window here (else the caller tells them)."""
         base = lo & ~7
         while base < hi:
             data = read_window(self.mem, base, hi, WINDOW)
@@ -144,7 +146,7 @@ class _Scanner:
                 continue
             window_ahead(self.mem, base + n * 8, hi, WINDOW)      # read while this one is judged
             words = np.frombuffer(data, dtype="<u8", count=n)
-            if self.pages is not None:
+            if note and self.pages is not None:
                 self.pages.note(base, words)
             yield base, words
             del data, words                  # this window gone before the next is read ahead: two at a time
@@ -164,12 +166,20 @@ class _Scanner:
         for w, b in zip(where.tolist(), block.tolist()):
             self.hits.add(np.array([b]), np.array([registers[w].value], dtype=np.uint64), first + w)
 
-    def heap(self, lo: int, hi: int) -> None:
-        """Reads the heap [LO, HI) (after the roots, and after every heap below it)."""
-        for base, words in self.windows(lo, hi):
-            self._signatures(base, words)
+    def heap(self, lo: int, hi: int, beside: Beside) -> None:
+        """Reads the heap [LO, HI) (after the roots, and after every heap below it): each window's signatures and
+        pages judged on the thread BESIDE while its words are judged here, and done before the next is read."""
+        for base, words in self.windows(lo, hi, note=False):
+            beside.start(self._beside, base, words)
             self.rows.window(self.locate, base, words, self.seen, self.followed)
+            beside.done()
             del words
+
+    def _beside(self, base: int, words: np.ndarray) -> None:
+        """What of a window of the heaps needs nothing the rows find: its blocks' signatures and its pages."""
+        self._signatures(base, words)
+        if self.pages is not None:
+            self.pages.note(base, words)
 
     def containers(self, budget: int) -> None:
         """Reads first each big block (`BIG`) reached so far, then those they reach in turn, up to BUDGET bytes,
@@ -242,8 +252,9 @@ def scan(mem: Memory, blocks: Blocks, roots: Sequence[Root], registers: Sequence
     s.registers(len(roots), registers)
     s.locate.release()                   # the roots' room, for the heaps' windows to take
     s.containers(sum(hi - lo for lo, hi in heaps) // BIG_SHARE)
-    for lo, hi in heaps:
-        s.heap(lo, hi)
+    with Beside("heapwalk-scan") as beside:
+        for lo, hi in heaps:
+            s.heap(lo, hi, beside)
     rows = s.rows.rows()
     seen, parent, graph = s.seen, None, rows
     if s.rows.defer:

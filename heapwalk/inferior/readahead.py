@@ -9,11 +9,12 @@ thread) and ends with the memory it reads for."""
 
 from __future__ import annotations
 
-import signal
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable
 
 import numpy as np
+
+from heapwalk.common.beside import own_pool
 
 __all__ = ["ReadAhead"]
 
@@ -30,7 +31,9 @@ class ReadAhead:
     def start(self, address: int, size: int) -> None:
         """Begins reading SIZE bytes at ADDRESS (the window read ahead before is let go)."""
         self._pending = None
-        pool = self._pool if self._pool is not None else self._made()
+        if self._pool is None:
+            self._pool = own_pool("heapwalk-read-ahead")
+        pool = self._pool
         self._pending = (address, size, pool.submit(self._filled, address, np.empty(size, dtype=np.uint8)))
 
     def _filled(self, address: int, buffer: np.ndarray) -> memoryview | None:
@@ -50,14 +53,3 @@ class ReadAhead:
     def let_go(self) -> None:
         """Lets the window read ahead go, untaken (its bytes freed once its read ends)."""
         self._pending = None
-
-    def _made(self) -> ThreadPoolExecutor:
-        """The pool of the one thread that reads, made with every signal blocked."""
-        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="heapwalk-read-ahead")
-        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
-        try:
-            pool.submit(int).result()          # the thread starts now, with the mask it inherits
-        finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
-        self._pool = pool
-        return pool
