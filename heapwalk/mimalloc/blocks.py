@@ -40,8 +40,9 @@ def mimalloc_blocks(state: MiState, arena_of: dict[int, int]) -> Blocks:
                       np.array([p.cut for p in pages], dtype=np.int64))
     for k, page in enumerate(pages):
         marks = slots.of(k)
-        n = min(len(page.freed), len(marks))           # the same (the blocks it cut) but where none is free
-        np.minimum(page.freed[:n], 1, out=marks[:n])
+        freed = page.freed
+        n = min(len(freed), len(marks))           # the same (the blocks it cut) but where none is free
+        marks[:n] = freed[:n]
     numbers, index = np.unique(owners, return_inverse=True) if len(owners) else (owners, owners)
     made = slots.blocks(index.astype(index_type(len(numbers))))
     held = tags_held(made.tags, len(numbers))           # owners with a block left (their lists may leave none)

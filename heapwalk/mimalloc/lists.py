@@ -6,6 +6,7 @@ where it goes wrong; its page is marked damaged (which of its blocks are free is
 from __future__ import annotations
 
 import bisect
+from dataclasses import replace
 
 import numpy as np
 
@@ -19,7 +20,7 @@ from heapwalk.mimalloc.page import LISTS
 #: the mark of a block on its heap's delayed-free list (`page.LISTS`)
 DELAYED = 4
 
-__all__ = ["LIST", "walk_pages", "walk_page", "count_delayed"]
+__all__ = ["LIST", "walk_pages", "walk_page", "list_of", "count_delayed"]
 
 LIST = Kind("mi_free_list", "free list that leaves its page, loops or is cut")
 _MAX_WALK = 1 << 20
@@ -27,8 +28,9 @@ _MAX_WALK = 1 << 20
 
 def walk_pages(mem: Memory, pages: list, findings: list[Finding]) -> None:
     """`walk_page` for each of PAGES: those near each other read at once (`window.near_windows`) and each of their
-    three lists walked in one call (`slots.slot_lists`), their marks kept in one array (`MiPage.marks`).  A page
-    whose lists do not all end at a null link is walked again alone, in PAGES' order, which says what is wrong."""
+    three lists walked in one call (`slots.slot_lists`), their marks kept as bits in one array (`MiPage.marks`).
+    A page whose lists do not all end at a null link is walked again alone, in PAGES' order, which says what is
+    wrong."""
     todo = sorted((p for p in pages if any(p.heads) and p.cut > 0), key=lambda p: p.start)
     starts = np.array([p.start for p in todo], dtype=np.uint64)
     sizes = np.array([p.block_size for p in todo], dtype=np.int64)
@@ -46,24 +48,48 @@ def walk_pages(mem: Memory, pages: list, findings: list[Finding]) -> None:
             found[k:j, column] = got
             clean[k:j] &= stops == ENDED
     again = set()
-    for k, page in enumerate(todo):
-        if clean[k]:
-            page.free, page.local_free, page.thread_free = found[k].tolist()
-            page.marks, page.marks_at = marks, int(offsets[k])
-        else:
-            marks[offsets[k]:offsets[k + 1]] = 0
-            again.add(id(page))
+    for k in np.flatnonzero(~clean).tolist():
+        marks[offsets[k]:offsets[k + 1]] = 0
+        again.add(id(todo[k]))
+    bits = np.packbits(marks != 0, bitorder="little")      # a bit a block kept, not a byte
+    del marks
+    for k in np.flatnonzero(clean).tolist():
+        page = todo[k]
+        page.free, page.local_free, page.thread_free = found[k].tolist()
+        page.marks, page.marks_at = bits, int(offsets[k])
     for page in pages:
         if id(page) in again or (any(page.heads) and page.cut <= 0):
             walk_page(mem, page, findings)
 
 
 def walk_page(mem: Memory, page, findings: list[Finding]) -> None:
-    """Counts the blocks on PAGE's three lists, reading its blocks once (`slots.slot_list`), and marks which list
-    holds each in PAGE.freed; a list that leaves the page's blocks, loops or cannot be read is a finding at the block where it
-    goes wrong, and counts up to there."""
+    """Counts the blocks on PAGE's three lists, reading its blocks once (`slots.slot_list`), and marks those they
+    hold in PAGE.freed; a list that leaves the page's blocks, loops or cannot be read is a finding at the block
+    where it goes wrong, and counts up to there."""
     if not any(page.heads):
         return
+    counts, marks = _lists(mem, page, findings)
+    page.free, page.local_free, page.thread_free = counts
+    if any(counts):
+        page.freed = marks
+
+
+def list_of(mem: Memory, page, block: int) -> str | None:
+    """Which list holds BLOCK of PAGE ("free", "local free", "thread free", "delayed"), or None (the program
+    holds it, or it is not one of PAGE's blocks): the page keeps a bit a block, its lists walked again to say
+    which."""
+    offset = block - page.start
+    freed = page.freed
+    i = offset // page.block_size if offset >= 0 and not offset % page.block_size else len(freed)
+    if i >= len(freed) or not freed[i]:
+        return None
+    marks = _lists(mem, replace(page), [])[1]       # its walk's findings were made when it was decoded
+    return LISTS[int(marks[i]) or DELAYED]
+
+
+def _lists(mem: Memory, page, findings: list[Finding]) -> tuple[list[int], np.ndarray]:
+    """PAGE's three lists walked: how many blocks each holds, and a byte a block it cut, which list holds it
+    (`page.LISTS`), 0 for none."""
     count = page.cut
     try:
         data = read_once(mem, page.start, count * page.block_size)
@@ -75,9 +101,7 @@ def walk_page(mem: Memory, page, findings: list[Finding]) -> None:
         got = _walk(mem, page, data, head, marks, LISTS[mark], findings)
         marks[got] = mark
         counts.append(len(got))
-    page.free, page.local_free, page.thread_free = counts
-    if any(counts):
-        page.freed = marks
+    return counts, marks
 
 
 def _walk(mem: Memory, page, data: bytes, head: int, seen: np.ndarray, name: str,
@@ -142,9 +166,8 @@ def count_delayed(mem: Memory, lay: MiLayout, heaps: list[int], pages: list, fin
             except ReadError:
                 break
     for page, slots in delayed.values():
-        if not len(page.freed):
-            page.freed = np.zeros(page.cut, dtype=np.uint8)
+        freed = page.freed if len(page.freed) else np.zeros(page.cut, dtype=np.uint8)
         slots = np.array(slots, dtype=np.int64)
-        slots = slots[slots < len(page.freed)]
-        page.freed[slots[page.freed[slots] == 0]] = DELAYED      # one a list of its page holds keeps that list
+        freed[slots[slots < len(freed)]] = 1
+        page.freed = freed
     return counts

@@ -13,7 +13,7 @@ from heapwalk.common.slotted import slotted
 __all__ = ["MiPage", "LISTS"]
 
 
-#: the lists a block may be on, by the mark `MiPage.freed` gives it
+#: the lists a block may be on, by the mark the walks give it (`lists.list_of` says which holds a block)
 LISTS = {1: "free", 2: "local free", 3: "thread free", 4: "delayed"}
 
 
@@ -45,18 +45,24 @@ class MiPage:
     thread_free: int = 0
     delayed: int = 0            # blocks of it on its heap's delayed-free list
     damaged: bool = False       # a list of it could not be walked to its end: which blocks are free is unknown
-    marks: Any = field(default=None, compare=False, repr=False)   # the array its `freed` lies in (uint8), or None
-    marks_at: int = 0           # where in it
+    marks: Any = field(default=None, compare=False, repr=False)   # the bits its `freed` lies in, or None
+    marks_at: int = 0           # its first block's bit in them
 
     @property
     def freed(self) -> Any:
-        """A byte for each block it cut (numpy uint8; none where no list holds one): which list holds it (`LISTS`),
-        0 for none.  Its own view of the marks (`marks`, kept one array for many pages)."""
-        return _NO_MARKS if self.marks is None else self.marks[self.marks_at:self.marks_at + self.cut]
+        """A byte for each block it cut (numpy uint8; none where no list holds one): 1 where a list holds it, else
+        0 (`lists.list_of` says which list).  Made from its bits of the marks (`marks`: a bit a block, packed
+        little-endian, one array for many pages)."""
+        if self.marks is None:
+            return _NO_MARKS
+        first = self.marks_at >> 3
+        bits = np.unpackbits(self.marks[first:(self.marks_at + self.cut + 7) >> 3], bitorder="little")
+        return bits[self.marks_at & 7:(self.marks_at & 7) + self.cut]
 
     @freed.setter
     def freed(self, marks: Any) -> None:
-        self.marks, self.marks_at = marks, 0
+        """Marks the blocks where MARKS (a byte each) are not 0 (in bits of its own)."""
+        self.marks, self.marks_at = np.packbits(np.asarray(marks) != 0, bitorder="little"), 0
 
     @property
     def end(self) -> int:
@@ -83,12 +89,6 @@ class MiPage:
     def free_cut(self) -> int:
         """Its free blocks, within those it cut and does not hold (damage never makes a figure impossible)."""
         return max(min(self.free_blocks, self.cut - self.in_use), 0)
-
-    def list_of(self, block: int) -> str | None:
-        """Which list holds BLOCK ("free", "local free", "thread free", "delayed"), or None."""
-        offset = block - self.start
-        i = offset // self.block_size if offset >= 0 and not offset % self.block_size else len(self.freed)
-        return LISTS.get(int(self.freed[i])) if i < len(self.freed) else None
 
     @property
     def free_blocks(self) -> int:

@@ -14,6 +14,7 @@ from rich.table import Table
 from heapwalk.face import NotMine, Verb, chunk_arguments, show_chunk
 from heapwalk.analysis.report import human
 from heapwalk.common.errors import UsageError
+from heapwalk.mimalloc.lists import list_of
 from heapwalk.output.consoles import box_for
 
 __all__ = ["VERBS", "locate", "bin_rows"]
@@ -52,7 +53,7 @@ def locate(heap, address: int) -> dict | None:
         return {**doc, "kind": "block", "use": "not cut yet (reserved by its page)"}
     if page.damaged:
         return {**doc, "kind": "block", "use": "not known: its page's lists are damaged (see 'heapwalk check')"}
-    where = page.list_of(block)
+    where = list_of(heap.mem, page, block)
     return {**doc, "kind": "block", "use": "in use" if where is None else f"free, on its page's {where} list"
             if where != "delayed" else "free, on its heap's delayed-free list"}
 

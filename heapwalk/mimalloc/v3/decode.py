@@ -18,6 +18,8 @@ from heapwalk.mimalloc.v3.state import MiState3
 
 __all__ = ["decode_mimalloc3"]
 
+#: the free spans of every unit (a page has none): one empty sequence for all
+_NO_SPANS = ()
 _FLAGS = 7          # the low bits of a page's thread id: in the full queue, has aligned, abandoned and mapped
 _IN_FULL = 1
 
@@ -29,15 +31,15 @@ def decode_mimalloc3(mem: Memory, found: MiDiscovery, threads, description: str 
     of the pages."""
     lay: Mi3Layout = found.layout
     findings: list[Finding] = []
-    units = []
+    units, same = [], {}
     for arena in found.arenas:
         for first, end in bit_runs(arena.pages):
             for index in range(first, end):
-                unit = _unit(mem, lay, arena.start + index * arena.block_size, arena, index, findings)
+                unit = _unit(mem, lay, arena.start + index * arena.block_size, arena, index, findings, same)
                 if unit is not None:
                     units.append(unit)
     for at in found.os_pages:
-        unit = _unit(mem, lay, at, None, 0, findings)
+        unit = _unit(mem, lay, at, None, 0, findings, same)
         if unit is not None:
             units.append(unit)
     units.sort(key=lambda s: s.address)
@@ -61,9 +63,11 @@ def _overfull(arenas, units) -> list[Finding]:
 
 
 def _unit(mem: Memory, lay: Mi3Layout, at: int, arena: Mi3Arena | None, index: int,
-          findings: list[Finding]) -> MiSegment | None:
+          findings: list[Finding], same: dict) -> MiSegment | None:
     """The page whose mi_page_t is at AT (slice INDEX of ARENA, or memory of its own from the system) as a unit
-    of one page; None, and a finding, when it cannot be read or does not hold together."""
+    of one page; None, and a finding, when it cannot be read or does not hold together.  SAME keeps one object
+    for each number many pages share (their sizes, counts, owners and heaps: a page's record is kept by the
+    hundred thousand)."""
     info = _page_meta(mem, lay, at, arena, index, findings)
     if info is None:
         return None
@@ -99,11 +103,13 @@ def _unit(mem: Memory, lay: Mi3Layout, at: int, arena: Mi3Arena | None, index: i
         return None
     xthread = word(lay.page_xthread_id)
     owner = xthread & ~_FLAGS
-    page = MiPage(at, 0, info, slices, start, block, half(lay.page_capacity), half(lay.page_reserved),
-                  half(lay.page_used), word(lay.page_heap), bool(xthread & _IN_FULL),
+    one = lambda v: same.setdefault(v, v)        # noqa: E731
+    page = MiPage(at, 0, info, one(slices), start, one(block), one(half(lay.page_capacity)),
+                  one(half(lay.page_reserved)), one(half(lay.page_used)), one(word(lay.page_heap)),
+                  bool(xthread & _IN_FULL),
                   (word(lay.page_free), word(lay.page_local_free), word(lay.page_thread_free) & ~1))
-    return MiSegment(at, 0 if arena is not None else 1, slices, 0, owner, 1, 0 if owner else 1, 0, reserved,
-                     committed, 0, arena=arena, pages=[page])
+    return MiSegment(at, 0 if arena is not None else 1, page.slices, 0, one(owner), 1, 0 if owner else 1, 0,
+                     one(reserved), one(committed), 0, arena=arena, pages=[page], spans=_NO_SPANS)
 
 
 def os_committed(lay: Mi3Layout, base: int, start: int, block: int, blocks: int, size: int) -> int:

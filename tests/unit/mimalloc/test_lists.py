@@ -1,17 +1,18 @@
 """mimalloc's page lists walked many pages at once (`lists.walk_pages`) give what each page walked alone gives
-(`lists.walk_page`): the counts, the marks of each list, the damage and the findings, in the same order; in C and
+(`lists.walk_page`): the counts, the blocks each list holds, the damage and the findings, in the same order; in C and
 in Python; on lists that end in every way they can, pages near each other and far apart, pages past readable
 memory."""
 
 from __future__ import annotations
 
 import random
+from types import SimpleNamespace
 
 import pytest
 
 from heapwalk.inferior import slots
 from heapwalk.inferior.memory import ReadError
-from heapwalk.mimalloc.lists import walk_page, walk_pages
+from heapwalk.mimalloc.lists import count_delayed, list_of, walk_page, walk_pages
 from heapwalk.mimalloc.page import MiPage
 
 BASE = 0x7f0000000000
@@ -100,5 +101,33 @@ def test_the_pages_share_one_array_of_marks_and_each_sees_its_own():
              MiPage(BASE + 0x20000, 0, BASE + 0x20000, 1, BASE + 0x20040, size, 4, 4, 4, 1, False)]
     walk_pages(_Memory(bytes(image)), pages, [])
     assert pages[0].marks is pages[1].marks and pages[2].marks is None
-    assert [p.freed.tolist() for p in pages] == [[1, 0, 1, 0], [2, 2, 0, 0], []]
+    assert len(pages[0].marks) == 1                         # a bit a block: the two pages' eight in one byte
+    assert [p.freed.tolist() for p in pages] == [[1, 0, 1, 0], [1, 1, 0, 0], []]
     assert [(p.free, p.local_free) for p in pages] == [(2, 0), (0, 2), (0, 0)]
+    mem = _Memory(bytes(image))
+    assert [list_of(mem, pages[0], first + i * size) for i in range(4)] == ["free", None, "free", None]
+    assert [list_of(mem, pages[1], second + i * size) for i in range(4)] == ["local free"] * 2 + [None] * 2
+    assert list_of(mem, pages[0], first + 8) is None and list_of(mem, pages[2], BASE + 0x20040) is None
+
+
+def test_a_heaps_delayed_blocks_are_marked_and_named_so():
+    """A heap's delayed-free list counts into its pages: a block only it holds is named "delayed"; one a list of
+    its page holds as well keeps that list's name; a page no list held a block of is given bits of its own."""
+    size, image = 16, bytearray(0x30000)
+    first, second = BASE + 64, BASE + 0x10000 + 64
+    heap = BASE + 0x20000
+    image[64:72] = (first + 32).to_bytes(8, "little")                       # free: 0 -> 2
+    image[0x20000:0x20008] = (first + 16).to_bytes(8, "little")             # delayed: 1 -> 2 -> second + 48
+    image[80:88] = (first + 32).to_bytes(8, "little")
+    image[0x10000 + 64 + 48:0x10000 + 64 + 56] = bytes(8)
+    image[96:104] = (second + 48).to_bytes(8, "little")
+    pages = [MiPage(BASE, 0, BASE, 1, first, size, 4, 4, 4, heap, False, (first, 0, 0)),
+             MiPage(BASE + 0x10000, 0, BASE + 0x10000, 1, second, size, 4, 4, 4, heap, False)]
+    mem = _Memory(bytes(image))
+    walk_pages(mem, pages, [])
+    findings = []
+    assert count_delayed(mem, SimpleNamespace(heap_delayed_free=0), [heap], pages, findings) == {heap: 3}
+    assert not findings and [p.delayed for p in pages] == [2, 1]
+    assert [p.freed.tolist() for p in pages] == [[1, 1, 1, 0], [0, 0, 0, 1]]
+    assert [list_of(mem, pages[0], first + i * size) for i in range(4)] == ["free", "delayed", "free", None]
+    assert list_of(mem, pages[1], second + 48) == "delayed"
