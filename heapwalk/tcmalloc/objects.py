@@ -37,23 +37,23 @@ class SpanTable:
     start: np.ndarray        # uint64
     end: np.ndarray          # uint64
     location: np.ndarray     # uint8
-    size_class: np.ndarray   # int64
+    size_class: np.ndarray   # uint8
     size: np.ndarray         # int64: the object size (0: not cut)
     count: np.ndarray        # int64: objects it is cut into
-    refcount: np.ndarray     # int64
+    refcount: np.ndarray     # uint16
     objects: np.ndarray      # uint64
     header: np.ndarray       # uint64: its Span's address
 
     @classmethod
     def of(cls, state: TcState) -> "SpanTable":
-        """STATE's spans; a span in use counts as cut into objects when its class is one of the size map's."""
+        """STATE's spans; a span in use counts as cut into objects when its class is one of the size map's.  The
+        columns the spans keep are the table's own (none copied: a million spans' copies would cost 28 MiB)."""
         spans = columns(state.spans)
         start, end = spans.starts_ends(state.page_size)
-        klass = spans.size_class.astype(np.int64)
-        size = np.where((spans.location == IN_USE) & ~spans.sampled, state.class_sizes()[klass], 0)
+        size = np.where((spans.location == IN_USE) & ~spans.sampled, state.class_sizes()[spans.size_class], 0)
         count = np.where(size > 0, (end - start).astype(np.int64) // np.maximum(size, 1), 0)
-        return cls(start, end, spans.location.copy(), klass, size, count, spans.refcount.astype(np.int64),
-                   spans.objects.copy(), spans.header.copy())
+        return cls(start, end, spans.location, spans.size_class, size, count, spans.refcount, spans.objects,
+                   spans.header)
 
     def __len__(self) -> int:
         return len(self.start)
