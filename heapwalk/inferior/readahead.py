@@ -33,8 +33,7 @@ class ReadAhead:
         self._pending = None
         if self._pool is None:
             self._pool = own_pool("heapwalk-read-ahead")
-        pool = self._pool
-        self._pending = (address, size, pool.submit(self._filled, address, np.empty(size, dtype=np.uint8)))
+        self._pending = (address, size, self._pool.submit(self._filled, address, np.empty(size, dtype=np.uint8)))
 
     def _filled(self, address: int, buffer: np.ndarray) -> memoryview | None:
         return memoryview(buffer) if self._read_into(address, buffer) else None

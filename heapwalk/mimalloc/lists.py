@@ -166,7 +166,8 @@ def count_delayed(mem: Memory, lay: MiLayout, heaps: list[int], pages: list, fin
             except ReadError:
                 break
     for page, slots in delayed.values():
-        freed = page.freed if len(page.freed) else np.zeros(page.cut, dtype=np.uint8)
+        freed = page.freed                      # its own bytes (unpacked from the bits), or none
+        freed = freed if len(freed) else np.zeros(page.cut, dtype=np.uint8)
         slots = np.array(slots, dtype=np.int64)
         freed[slots[slots < len(freed)]] = 1
         page.freed = freed
