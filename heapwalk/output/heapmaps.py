@@ -7,6 +7,7 @@ heights are the kinds' shares and whose `data-bytes` add up to the heap's bytes.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
+from functools import lru_cache
 from html import escape as _escape
 
 import numpy as np
@@ -322,8 +323,8 @@ def _svg_strip(strip: HeapStrip, width: int, y: int, left: int = _LEFT, label: b
                      f'{strip.start:#x}-{strip.end:#x} ({human(span)}'
                      + (f'; and {human(strip.beyond)} reserved, never mapped' if strip.beyond else '') + ')</text>')
     order = drawing_order().tolist()
-    parts += [f'<rect x="{left + col}" y="{top:.3f}" width="{cols}" height="{height:.3f}" '
-              f'fill="{COLOURS[MAP_KINDS[order[k]]]}" data-kind="{MAP_KINDS[order[k]]}" data-bytes="{n}"/>'
+    tails = _rect_tails(tuple(order))
+    parts += [f'<rect x="{left + col}" y="{top:.3f}" width="{cols}" height="{height:.3f}{tails[k]}{n}"/>'
               for col, cols, k, n, top, height in zip(*_stacks(counts[:, order], y))]
     parts += _damage_marks(counts[:, of_use(DAMAGE)].sum(axis=1), y, left)
     trim, resident = marks(strip, edges)
@@ -332,6 +333,13 @@ def _svg_strip(strip: HeapStrip, width: int, y: int, left: int = _LEFT, label: b
     parts += _band_rects(resident, spans, y + _ROW + 3 + _BAND, "resident", _RESIDENT_COLOUR, left)
     parts.append("</g>")
     return "\n".join(parts)
+
+
+@lru_cache(maxsize=4)
+def _rect_tails(order: tuple[int, ...]) -> tuple[str, ...]:
+    """What a column's rectangle of each kind (a place in ORDER) says between its height and its bytes: its
+    colour and kind, made once, not once a rectangle."""
+    return tuple(f'" fill="{COLOURS[MAP_KINDS[kind]]}" data-kind="{MAP_KINDS[kind]}" data-bytes="' for kind in order)
 
 
 def _damage_marks(unwalked: np.ndarray, y: int, left: int) -> list[str]:

@@ -38,6 +38,8 @@ _GLYPHS = {
 _FONT = {ch: np.array([[c == "#" for c in row] for row in rows.split("/")], dtype=bool)
          for ch, rows in _GLYPHS.items()}
 _SCALE, _LEFT, _ROW, _BAND = 2, 8, 28, 5
+#: PNG's filter type 'Up' (a byte the pixel above it less)
+_UP = 2
 _TEXT = 5 * _SCALE                      # a line of text's height
 _STRIP = _TEXT + 6 + _ROW + 2 + 2 * _BAND + 1 + 12   # label, strip, bands, gap
 
@@ -145,9 +147,13 @@ def png_maps(strips: Sequence[HeapStrip], width: int = 1024) -> bytes:
 def png_bytes(img: np.ndarray) -> bytes:
     """An RGB image (height x width x 3, uint8) as the bytes of a PNG file."""
     height, width, _ = img.shape
-    raw = np.concatenate((np.zeros((height, 1), dtype=np.uint8), img.reshape(height, width * 3)), axis=1)
+    rows = img.reshape(height, width * 3)
+    raw = np.empty((height, width * 3 + 1), dtype=np.uint8)
+    raw[:, 0] = _UP                     # each row as its difference from the row above: a strip's rows repeat
+    raw[:1, 1:] = rows[:1]
+    np.subtract(rows[1:], rows[:-1], out=raw[1:, 1:])
 
     def chunk(kind: bytes, body: bytes) -> bytes:
         return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
     return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
-            + chunk(b"IDAT", zlib.compress(raw.tobytes(), 6)) + chunk(b"IEND", b""))
+            + chunk(b"IDAT", zlib.compress(raw.tobytes(), 3)) + chunk(b"IEND", b""))

@@ -15,7 +15,7 @@ from harness import REPRODUCERS
 from heapwalk import registry
 from heapwalk.common.mapkinds import MAP_KINDS, MapKind, add_map_kind
 from heapwalk.output.heapmaps import BAND_COLOURS, COLOURS, PINNED, columns, kind_bytes, svg_maps, text_maps
-from heapwalk.output.pngmaps import png_maps
+from heapwalk.output.pngmaps import png_bytes, png_maps
 from heapwalk.common.view import HeapStrip
 
 registry.allocators()        # each allocator adds its kinds of run
@@ -136,6 +136,18 @@ def test_the_png_marks_damage_three_pixels_wide():
     column = 8 + (0x1ff0 - 0x1000) * 256 // 0x2000
     marked = [row for row in black if row == {column - 1, column, column + 1}]
     assert len(marked) == 28, black
+
+
+def test_a_png_holds_its_image_exactly():
+    """Rows written as their difference from the row above (filter 'Up', a byte's wrap-around included) decode
+    to the image painted, pixel for pixel, whatever it holds."""
+    rng = np.random.default_rng(7)
+    for height, width in ((1, 1), (3, 5), (40, 33)):
+        img = rng.integers(0, 256, size=(height, width, 3), dtype=np.uint8)
+        img[height // 2:] = img[height // 2]            # repeated rows, as a strip's
+        w, h, rows = png_pixels(png_bytes(img))
+        assert (w, h) == (width, height)
+        assert np.array_equal(np.frombuffer(b"".join(bytes(r) for r in rows), dtype=np.uint8).reshape(img.shape), img)
 
 
 #: each reproducer under the system glibc and one other in turn (conftest's fixed subset)
