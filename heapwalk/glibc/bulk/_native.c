@@ -68,6 +68,119 @@ int64_t hw_gather(const uint64_t *words, int64_t n, const int64_t *found, int64_
     return 1;
 }
 
+/* Whether chunk J of the N whose size fields are FIELD is free: the chunk after it has PREV_INUSE clear. */
+static int64_t is_free(const uint64_t *field, int64_t n, int64_t j)
+{
+    return j + 1 < n && !(field[j + 1] & 1);
+}
+
+/* The index of the first of the N chunks at ADDRESS (sorted) at or above each step of 1 << SHIFT bytes of NSPANS
+ * spans [LO[s], HI[s]) into DIR (room for SLOTS[s] entries for span s, one after another): the directory
+ * `chunk_at` looks chunks up with. */
+void hw_chunk_dir(const uint64_t *address, int64_t n, const uint64_t *lo, const int64_t *slots, int64_t nspans,
+                  int64_t shift, int64_t *dir)
+{
+    int64_t j = 0;
+    for (int64_t s = 0; s < nspans; s++) {
+        for (int64_t p = 0; p < slots[s]; p++) {
+            uint64_t at = lo[s] + ((uint64_t)p << shift);
+            while (j < n && address[j] < at)
+                j++;
+            *dir++ = j;
+        }
+    }
+}
+
+/* The chunk directory of a swept arena (`hw_chunk_dir`): its spans' bounds, slots and first entries. */
+struct chunk_dir {
+    const uint64_t *address;
+    int64_t n;
+    const uint64_t *lo, *hi;
+    const int64_t *first, *dir;
+    int64_t nspans, shift;
+};
+
+/* The index of the chunk that starts at X, -1 when no chunk does. */
+static int64_t chunk_at(const struct chunk_dir *d, uint64_t x)
+{
+    int64_t a = 0, b = d->nspans;              /* the span holding X: the last whose LO is at or below X */
+    while (a < b) {
+        int64_t m = a + (b - a) / 2;
+        if (d->lo[m] <= x)
+            a = m + 1;
+        else
+            b = m;
+    }
+    if (a == 0 || x >= d->hi[a - 1])
+        return -1;
+    int64_t s = a - 1;
+    int64_t j = d->dir[d->first[s] + (int64_t)((x - d->lo[s]) >> d->shift)];
+    while (j < d->n && d->address[j] < x)
+        j++;
+    return j < d->n && d->address[j] == x ? j : -1;
+}
+
+/* One free list of a swept arena, followed and judged at once.  The N chunks are at ADDRESS (sorted), with their
+ * size fields FIELD and the words after them FD and BK, looked up through the directory LO, HI, SLOTS' FIRST
+ * entries, DIR, NSPANS and SHIFT (`hw_chunk_dir`).  A chunk is free when the chunk after it in the arrays has
+ * PREV_INUSE clear; a list of WANT 1 holds free chunks only, of WANT 0 chunks in use only, of WANT -1 any.  The
+ * list starts at the chunk FIRST and must end at a chunk whose link (its fd, undone of safe-linking when SAFE) is
+ * END, every link before that leading to a chunk's start, within STEPS links and shorter than BOUND chunks.  Every
+ * chunk's size (its field less the three flag bits) must lie in [LO_SIZE, HI_SIZE].  With MIRROR, each chunk's bk
+ * must lead back to the chunk before it (the first's to END, the list's head) and HEAD_BK to the last.  No chunk
+ * may be coded other than PLAIN in CODES already; each is then coded CODE (a loop meets a chunk coded).  Writes
+ * each chunk's address and field in list order to OUT_ADDRESS and OUT_FIELD (room for STEPS) and returns how
+ * many; -1 when the list fails any of this (CODES may then hold some of its chunks coded). */
+int64_t hw_walk_list(const uint64_t *address, const uint64_t *field, const uint64_t *fd, const uint64_t *bk,
+                     int64_t n, const uint64_t *lo, const uint64_t *hi, const int64_t *first_slot, const int64_t *dir,
+                     int64_t nspans, int64_t shift, int64_t want, uint64_t first, uint64_t end, int64_t safe,
+                     int64_t steps, int64_t bound, uint64_t lo_size, uint64_t hi_size, int64_t mirror,
+                     uint64_t head_bk, uint8_t *codes, uint8_t plain, uint8_t code, uint64_t *out_address,
+                     uint64_t *out_field)
+{
+    struct chunk_dir d = {address, n, lo, hi, first_slot, dir, nspans, shift};
+    if (first == end)
+        return mirror && head_bk != end ? -1 : 0;
+    uint64_t link = first, before = end;
+    int64_t count = 0;
+    while (link != end) {
+        if (count >= steps || count + 1 >= bound)
+            return -1;
+        int64_t j = chunk_at(&d, link);
+        if (j < 0)
+            return -1;
+        if (want >= 0 && is_free(field, n, j) != want)
+            return -1;
+        uint64_t size = field[j] & ~(uint64_t)7;
+        if (size < lo_size || size > hi_size || codes[j] != plain || (mirror && bk[j] != before))
+            return -1;
+        codes[j] = code;
+        out_address[count] = before = address[j];
+        out_field[count++] = field[j];
+        link = safe ? fd[j] ^ ((address[j] + 16) >> 12) : fd[j];
+    }
+    return mirror && head_bk != before ? -1 : count;
+}
+
+/* For each of the N chunks a list of WANT may hold (1: free, 0: in use, -1: any), the index of the chunk its link
+ * (its fd, undone of safe-linking when SAFE) leads to when that is one too, into OUT; -1 for every other chunk
+ * and link.  The chunks as `hw_walk_list` takes them.  The lookups do not wait on each other, as a list's hops
+ * would: `hw_list` then follows OUT. */
+void hw_successors(const uint64_t *address, const uint64_t *field, const uint64_t *fd, int64_t n,
+                   const uint64_t *lo, const uint64_t *hi, const int64_t *first_slot, const int64_t *dir,
+                   int64_t nspans, int64_t shift, int64_t want, int64_t safe, int64_t *out)
+{
+    struct chunk_dir d = {address, n, lo, hi, first_slot, dir, nspans, shift};
+    for (int64_t j = 0; j < n; j++) {
+        out[j] = -1;
+        if (want >= 0 && is_free(field, n, j) != want)
+            continue;
+        int64_t k = chunk_at(&d, safe ? fd[j] ^ ((address[j] + 16) >> 12) : fd[j]);
+        if (k >= 0 && (want < 0 || is_free(field, n, k) == want))
+            out[j] = k;
+    }
+}
+
 /* One free list of a swept arena, followed and judged at once.  The N chunks are at ADDRESS (sorted), with their
  * size fields FIELD and the words after them FD and BK; SUCCESSOR gives the index of the chunk each chunk's link
  * leads to (negative for none).  The list starts at the chunk FIRST and must end at a chunk whose link (its fd,
@@ -77,11 +190,12 @@ int64_t hw_gather(const uint64_t *words, int64_t n, const int64_t *found, int64_
  * than PLAIN in CODES already; each is then coded CODE.  Writes each chunk's index, address and field in list
  * order to ORDER, OUT_ADDRESS and OUT_FIELD (room for STEPS) and returns how many; -1 when the list fails any of
  * this (CODES may then hold some of its chunks coded).  The list is followed first, then its chunks are looked
- * at: the second loop's reads do not wait on each other. */
+ * at: the second loop's reads do not wait on each other.  SUCCESSOR leads only to chunks a list of WANT may hold
+ * (`hw_successors`); the first chunk must be one too. */
 int64_t hw_list(const int64_t *successor, const uint64_t *address, const uint64_t *field, const uint64_t *fd,
                 const uint64_t *bk, int64_t n, uint64_t first, uint64_t end, int64_t safe, int64_t steps,
                 int64_t bound, uint64_t lo, uint64_t hi, int64_t mirror, uint64_t head_bk, uint8_t *codes,
-                uint8_t plain, uint8_t code, int64_t *order, uint64_t *out_address, uint64_t *out_field)
+                uint8_t plain, uint8_t code, int64_t *order, uint64_t *out_address, uint64_t *out_field, int64_t want)
 {
     if (first == end)
         return mirror && head_bk != end ? -1 : 0;
@@ -93,7 +207,7 @@ int64_t hw_list(const int64_t *successor, const uint64_t *address, const uint64_
         else
             b = m;
     }
-    if (a >= n || address[a] != first)
+    if (a >= n || address[a] != first || (want >= 0 && is_free(field, n, a) != want))
         return -1;
     int64_t count = hw_follow(successor, n, a, steps, order);
     if (count < 0)

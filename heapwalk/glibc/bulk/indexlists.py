@@ -1,12 +1,15 @@
 """An arena's free lists followed through a `Sweep` instead of through memory.
 
 Each fastbin and regular bin starts at its head in the arena and goes on through the fd (or safe-linked next)
-the sweep kept of each chunk.  Every link is looked up among the sweep's sorted addresses at once (`Locator`), so
-following a list is a step through an array of indices; the checks the careful walkers make of a sound list (each
-bk mirrors its fd, each size belongs in its bin, the list ends at its head or at NULL, it is not longer than
-the arena can hold, no chunk is in two lists) are made in the same C call (`native.walk_list`), or on the list's
-arrays in numpy where the library was not built.  A list that fails any of them, or
-leads anywhere but to a chunk the sweep met, gives None: the careful walkers then take the arena.
+the sweep kept of each chunk.  Links are looked up among the sweep's sorted addresses in a `native.ChunkDirectory`
+(a few chunks' bytes an entry): the bins' free chunks, nearly all of them listed, all at once (`native.linked`),
+so that following a bin is a step through an array of indices; the fastbins' few, a hop at a time, never every
+small chunk in use.  The checks the careful walkers make of a sound list (each bk mirrors its fd, each size
+belongs in its bin, the list ends at its head or at NULL, it is not longer than the arena can hold, no chunk is
+in two lists, a bin's chunks are free and a fastbin's in use) are made in the same C call (`native.walk_linked`,
+`native.walk_list`), or on the list's arrays in numpy where the library was not built (every candidate's link
+looked up at once with a `Locator`).  A list that fails any of them, or leads anywhere but to a chunk the sweep
+met, gives None: the careful walkers then take the arena.
 """
 
 from __future__ import annotations
@@ -20,12 +23,13 @@ import numpy as np
 from heapwalk.glibc.locate.layout import MINSIZE, NBINS, NSMALLBINS, Layout
 from heapwalk.glibc.walk.lists import MAX_LIST, bin_kind
 from heapwalk.glibc.model import BinKind, BinList
-from heapwalk.glibc.bulk.native import LISTS_NATIVE, follow, successors, walk_list
+from heapwalk.glibc.bulk.native import (ChunkDirectory, follow, linked, lists_native, successors, walk_linked,
+                                        walk_list)
 from heapwalk.glibc.bulk.sweep import Sweep
 from heapwalk.analysis.lookup import Locator
 from heapwalk.common.view import LENGTH_UNIT
 
-__all__ = ["IndexedLists", "lists_of_sweep", "PLAIN", "bin_indices"]
+__all__ = ["IndexedLists", "lists_of_sweep", "PLAIN", "FREE", "IN_USE", "ANY", "bin_indices"]
 
 #: a chunk's code before any list claims it (`chunks.LIST_CODES` otherwise)
 PLAIN = 255
@@ -68,74 +72,83 @@ def lists_of_sweep(sweep: Sweep, layout: Layout, arena: int, raw_arena: bytes, s
     """ARENA's fastbins, unsorted bin and small and large bins, followed through SWEEP (RAW_ARENA: the bytes
     of its malloc_state); None when any of them is not sound."""
     bound = min(max(system_mem, 1 << 20) // MINSIZE + 1, MAX_LIST)
-    address, n = sweep.address, sweep.count
-    walk = _Walk(sweep, min(bound, n + 1), bound)
-    sizes = sweep.sizes.view(np.uint64)
-    starts = Locator(address, None, np.full(n, 16 // LENGTH_UNIT, dtype=np.uint32))   # 4 bytes a chunk, not 8
-    free = np.zeros(n, dtype=bool)       # the chunks whose next chunk says they are free: all a bin may hold
-    free[:-1] = (sweep.field[1:] & np.uint64(1)) == 0
+    walk = _Walk(sweep, min(bound, sweep.count + 1), bound, (layout.nfastbins + 1) * 16)
     fastbins = []
-    scratch = np.empty(n, dtype=np.int64)   # each chunk's successor: the fastbins', then the bins'
     if layout.nfastbins:
         heads = struct.unpack_from(f"<{layout.nfastbins}Q", raw_arena, layout.off_fastbins)
-        rows = np.flatnonzero(~free & (sizes <= (layout.nfastbins + 1) * 16))
-        nexts = sweep.fd[rows]
-        if layout.safe_linking:
-            nexts ^= (address[rows] + np.uint64(16)) >> np.uint64(12)
-        links = _successors(address, starts, nexts, rows, scratch)
         for i, head in enumerate(heads):
             size = (i + 2) * 16
-            listed = walk.list(links, head, 0, layout.safe_linking, size, size, None, _FAST_CODE)
+            listed = walk.list(IN_USE, head, 0, layout.safe_linking, size, size, None, _FAST_CODE)
             if listed is None:
                 return None
             fastbins.append(BinList(BinKind.FAST, i, arena + layout.off_fastbins + 8 * i, *listed, True))
-    rows = np.flatnonzero(free)
-    links = _successors(address, starts, sweep.fd[rows], rows, scratch)
     regular = []
     for index in range(1, NBINS):
         head = layout.bin_header(arena, index)
         fd, bk = struct.unpack_from("<QQ", raw_arena, head + 16 - arena)
         lo, hi = (MINSIZE, 1 << 64) if index == 1 else _BIN_RANGES[index]
         code = _UNSORTED_CODE if index == 1 else _SMALL_CODE if index < NSMALLBINS else _LARGE_CODE
-        listed = walk.list(links, fd, head, False, lo, hi - 1, bk, code)
+        listed = walk.list(FREE, fd, head, False, lo, hi - 1, bk, code)
         if listed is None:
             return None
         regular.append(BinList(bin_kind(index), index, head, *listed, True))
     return IndexedLists(tuple(fastbins), regular[0], tuple(regular[1:]), walk.codes)
 
 
+#: the chunks a list may hold: those the next chunk says are free (the bins'), in use (the fastbins'), or any
+FREE, IN_USE, ANY = 1, 0, -1
+
+
 class _Walk:
     """The lists of one swept arena followed and judged one at a time, in one C call each when the library has it
-    (`native.walk_list`), else in numpy; each list's chunks claimed in CODES (PLAIN when no list holds one)."""
+    (`native.walk_list`, each link looked up as it is met), else in numpy (every candidate's link looked up at
+    once, `_successors`); each list's chunks claimed in CODES (PLAIN when no list holds one).  FAST_MAX: the
+    largest size a chunk in use may have to be followed in numpy (the fastbins' largest)."""
 
-    def __init__(self, sweep: Sweep, steps: int, bound: int):
-        self.sweep, self.steps, self.bound = sweep, steps, bound
+    def __init__(self, sweep: Sweep, steps: int, bound: int, fast_max: int = (1 << 64) - 1):
+        self.sweep, self.steps, self.bound, self.fast_max = sweep, steps, bound, fast_max
         self.codes = np.full(sweep.count, PLAIN, dtype=np.uint8)
-        self.native = LISTS_NATIVE
+        self.native = lists_native()
+        self._directory: ChunkDirectory | None = None
+        self._links: dict[tuple[int, bool], tuple[np.ndarray, object]] = {}
         if self.native:
             self.chunks = tuple(np.ascontiguousarray(a, dtype=np.uint64)
                                 for a in (sweep.address, sweep.field, sweep.fd, sweep.bk))
-            self.out = (np.empty(steps, dtype=np.int64), np.empty(steps, dtype=np.uint64),
-                        np.empty(steps, dtype=np.uint64))
+            self.out = (np.empty(steps, dtype=np.uint64), np.empty(steps, dtype=np.uint64),
+                        np.empty(steps, dtype=np.int64))
 
-    def list(self, links, first: int, end: int, safe: bool, lo: int, hi: int, head_bk: int | None,
+    def list(self, want: int, first: int, end: int, safe: bool, lo: int, hi: int, head_bk: int | None,
              code: int) -> tuple[array, array] | None:
         """The addresses and size fields of the list from the chunk at FIRST (a bin's fd) to END (its head, or NULL),
-        each chunk's link undone of safe-linking when SAFE, every size in [LO, HI], each bk leading back and the
-        head's bk HEAD_BK to the last when HEAD_BK is given, its chunks claimed with CODE; None when it is not
-        sound."""
+        every chunk as WANT says (FREE, IN_USE or ANY), each chunk's link undone of safe-linking when SAFE, every
+        size in [LO, HI], each bk leading back and the head's bk HEAD_BK to the last when HEAD_BK is given, its
+        chunks claimed with CODE; None when it is not sound."""
         chunks = array("Q")
-        count = walk_list(links, self.chunks, first, end, safe, self.steps, self.bound, lo, hi, head_bk, self.codes,
-                          PLAIN, code, self.out) if self.native else NotImplemented
+        count = NotImplemented
+        if self.native and first != end:
+            if self._directory is None:
+                self._directory = ChunkDirectory(self.chunks[0], _spans(self.sweep))
+            if want == FREE:         # most free chunks are on a list: their links looked up at once
+                if (want, safe) not in self._links:
+                    self._links[want, safe] = (None, linked(self.chunks, self._directory, want, safe))
+                count = walk_linked(self._links[want, safe][1], self.chunks, want, first, end, safe, self.steps,
+                                    self.bound, lo, hi, head_bk, self.codes, PLAIN, code, self.out)
+            else:                    # a few of the chunks in use: a lookup a hop
+                count = walk_list(self.chunks, self._directory, want, first, end, safe, self.steps, self.bound, lo,
+                                  hi, head_bk, self.codes, PLAIN, code, self.out)
         if count is None:
             return None
         if count is not NotImplemented:
-            chunks.frombytes(self.out[1][:count].view(np.uint8))
-            return chunks, _fields(self.out[2][:count])
+            chunks.frombytes(self.out[0][:count].view(np.uint8))
+            return chunks, _fields(self.out[1][:count])
+        if first == end:
+            return (chunks, _fields(np.zeros(0, dtype=np.uint64))) if head_bk is None or head_bk == end else None
         sweep = self.sweep
         next_link = partial(_fast_next, sweep, True) if safe else partial(_fd, sweep)
+        candidate, links = self._candidates(want, safe)
         order = _follow(sweep.address, links, next_link, first, end, self.bound)
-        if order is None or head_bk is not None and not _mirrored(sweep.address, sweep.bk, order, end, head_bk):
+        if order is None or not candidate[order].all() or \
+                head_bk is not None and not _mirrored(sweep.address, sweep.bk, order, end, head_bk):
             return None
         if len(order) and not _sizes_in(sweep.sizes.view(np.uint64)[order], lo, hi + 1):
             return None
@@ -144,6 +157,35 @@ class _Walk:
         if len(order):
             chunks.frombytes(sweep.address[order].tobytes())
         return chunks, _fields(sweep.field[order])
+
+    def _candidates(self, want: int, safe: bool) -> tuple[np.ndarray, object]:
+        """The chunks a list of WANT may hold (a mask) and each one's successor (`native.successors`, its link
+        undone of safe-linking when SAFE), made once."""
+        if (want, safe) not in self._links:
+            sweep, n = self.sweep, self.sweep.count
+            free = np.zeros(n, dtype=bool)       # the chunks whose next chunk says they are free
+            free[:-1] = (sweep.field[1:] & np.uint64(1)) == 0
+            candidate = free if want == FREE else ~free if want == IN_USE else np.ones(n, dtype=bool)
+            rows = np.flatnonzero(candidate & (sweep.sizes.view(np.uint64) <= np.uint64(self.fast_max))
+                                  if want == IN_USE else candidate)
+            nexts = sweep.fd[rows]
+            if safe:
+                nexts = nexts ^ ((sweep.address[rows] + np.uint64(16)) >> np.uint64(12))
+            starts = Locator(sweep.address, None, np.full(n, 16 // LENGTH_UNIT, dtype=np.uint32))
+            self._links[want, safe] = (candidate, _successors(sweep.address, starts, nexts, rows,
+                                                        np.empty(n, dtype=np.int64)))
+        return self._links[want, safe]
+
+
+def _spans(sweep: Sweep) -> list[tuple[int, int]]:
+    """The spans SWEEP's chunks lie in, one an extent swept (from its first chunk to just past its last's start),
+    or one for them all when the sweep says no extents."""
+    address = sweep.address
+    if not len(address):
+        return []
+    if not sweep.segments:
+        return [(int(address[0]), int(address[-1]) + 1)]
+    return [(int(address[s.lo]), int(address[s.hi - 1]) + 1) for s in sweep.segments if s.hi > s.lo]
 
 
 def _fields(fields: np.ndarray) -> array:

@@ -20,7 +20,8 @@ import numpy as np
 
 from heapwalk.inferior.clib import built_library
 
-__all__ = ["chase", "follow", "gather", "successors", "walk_list", "NATIVE", "LISTS_NATIVE"]
+__all__ = ["chase", "follow", "gather", "successors", "ChunkDirectory", "walk_list", "linked", "walk_linked",
+           "lists_native", "NATIVE", "LISTS_NATIVE"]
 
 _INT64_P = ctypes.POINTER(ctypes.c_int64)
 
@@ -39,11 +40,23 @@ def _load():
         lib.hw_gather.restype = ctypes.c_int64
         lib.hw_gather.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_uint64,
                                   ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
-        if hasattr(lib, "hw_list"):      # a library built before it still serves the other three
+        if hasattr(lib, "hw_walk_list"):     # a library built before it still serves the other three
+            lib.hw_chunk_dir.restype = None
+            lib.hw_chunk_dir.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
+                                         ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
+            lib.hw_walk_list.restype = ctypes.c_int64
+            lib.hw_walk_list.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] + [ctypes.c_void_p] * 4 + \
+                [ctypes.c_int64] * 3 + [ctypes.c_uint64] * 2 + [ctypes.c_int64] * 3 + [ctypes.c_uint64] * 2 + \
+                [ctypes.c_int64, ctypes.c_uint64, ctypes.c_void_p, ctypes.c_uint8, ctypes.c_uint8] + \
+                [ctypes.c_void_p] * 2
+            lib.hw_successors.restype = None
+            lib.hw_successors.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] + [ctypes.c_void_p] * 4 + \
+                [ctypes.c_int64] * 4 + [ctypes.c_void_p]
             lib.hw_list.restype = ctypes.c_int64
             lib.hw_list.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64, ctypes.c_uint64, ctypes.c_uint64] + \
                 [ctypes.c_int64] * 3 + [ctypes.c_uint64] * 2 + [ctypes.c_int64, ctypes.c_uint64, ctypes.c_void_p,
-                                                                 ctypes.c_uint8, ctypes.c_uint8] + [ctypes.c_void_p] * 3
+                                                                 ctypes.c_uint8, ctypes.c_uint8] + \
+                [ctypes.c_void_p] * 3 + [ctypes.c_int64]
     return lib
 
 
@@ -51,7 +64,12 @@ _LIB = _load()
 #: whether the C loops are in use
 NATIVE = _LIB is not None
 #: whether a free list is followed and judged in one C call (`walk_list`)
-LISTS_NATIVE = NATIVE and hasattr(_LIB, "hw_list")
+LISTS_NATIVE = NATIVE and hasattr(_LIB, "hw_walk_list")
+
+
+def lists_native() -> bool:
+    """`LISTS_NATIVE` as it is now (a test may turn the library off)."""
+    return _LIB is not None and hasattr(_LIB, "hw_walk_list")
 
 
 def chase(words: np.ndarray, j: int, min_size: int) -> tuple[np.ndarray, int]:
@@ -97,24 +115,78 @@ def follow(links, j: int, steps: int) -> np.ndarray | None:
     return None if count < 0 else out[:count].copy()
 
 
-def walk_list(links: np.ndarray, chunks: tuple[np.ndarray, ...], first: int, end: int, safe: bool, steps: int,
-              bound: int, lo: int, hi: int, head_bk: int | None, codes: np.ndarray, plain: int, code: int,
-              out: tuple[np.ndarray, np.ndarray, np.ndarray]) -> int | None:
-    """A free list followed through LINKS (`successors`) among CHUNKS (a sweep's address, field, fd and bk, each
-    contiguous uint64) from the chunk at FIRST and judged in one C call (`indexlists._Walk.list` has the same in
-    numpy): it must end at a chunk whose link (its fd, undone of
-    safe-linking when SAFE) is END, within STEPS links and shorter than BOUND, every size in [LO, HI], no chunk
-    already coded other than PLAIN in CODES (each then coded CODE), and with HEAD_BK (not None) each bk leads
-    back (the first's to END) and HEAD_BK to the last.  The chunks' indices (int64), addresses and fields go to OUT
-    (room for STEPS each), in list order: how many; None when the list fails (CODES may then hold some of it coded).
-    NotImplemented when the library has no such call."""
-    if _LIB is None or not hasattr(_LIB, "hw_list"):
+class ChunkDirectory:
+    """Where each of a swept arena's chunks starts, for `walk_list`'s lookups: for every step of a few chunks'
+    bytes (a power of two) through the spans the chunks lie in, the first chunk at or above it; a lookup is a
+    search among the spans (one an extent), an entry, then a few chunks in address order.  About 2 bytes a
+    chunk.  Only where `LISTS_NATIVE`."""
+
+    #: chunks a step holds on average (a lookup looks at half of them)
+    CHUNKS_A_STEP = 4
+
+    def __init__(self, address: np.ndarray, spans: list[tuple[int, int]]):
+        self.address = np.ascontiguousarray(address, dtype=np.uint64)
+        n = len(self.address)
+        spans = [(lo, hi) for lo, hi in spans if hi > lo]
+        total = sum(hi - lo for lo, hi in spans)
+        self.shift = max(4, (max(total * self.CHUNKS_A_STEP // max(n, 1), 1)).bit_length() - 1)
+        self.lo = np.array([lo for lo, _ in spans], dtype=np.uint64)
+        self.hi = np.array([hi for _, hi in spans], dtype=np.uint64)
+        slots = np.array([((hi - lo - 1) >> self.shift) + 1 for lo, hi in spans], dtype=np.int64)
+        self.first = np.concatenate(([0], np.cumsum(slots)[:-1])).astype(np.int64)
+        self.dir = np.empty(int(slots.sum()), dtype=np.int64)
+        _LIB.hw_chunk_dir(self.address.ctypes.data, n, self.lo.ctypes.data, slots.ctypes.data, len(spans),
+                          self.shift, self.dir.ctypes.data)
+
+    def arguments(self) -> tuple:
+        return (self.lo.ctypes.data, self.hi.ctypes.data, self.first.ctypes.data, self.dir.ctypes.data, len(self.lo),
+                self.shift)
+
+
+def walk_list(chunks: tuple[np.ndarray, ...], directory: ChunkDirectory, want: int, first: int, end: int, safe: bool,
+              steps: int, bound: int, lo: int, hi: int, head_bk: int | None, codes: np.ndarray, plain: int, code: int,
+              out: tuple[np.ndarray, np.ndarray]) -> int | None:
+    """A free list followed among CHUNKS (a sweep's address, field, fd and bk, each contiguous uint64; DIRECTORY
+    their `ChunkDirectory`) from the chunk at FIRST and judged in one C call, each link looked up as it is met
+    (`indexlists._Walk.list` has the same in numpy): every chunk free (WANT 1: the next chunk's PREV_INUSE clear),
+    in use (0) or either (-1); it must end at a chunk whose link (its fd, undone of safe-linking when SAFE) is END,
+    within STEPS links and shorter than BOUND, every size in [LO, HI], no chunk already coded other than PLAIN in
+    CODES (each then coded CODE), and with HEAD_BK (not None) each bk leads back (the first's to END) and HEAD_BK to
+    the last.  The chunks' addresses and fields go to OUT (room for STEPS each), in list order: how many; None when
+    the list fails (CODES may then hold some of it coded).  NotImplemented when the library has no such call."""
+    if not lists_native():
         return NotImplemented
     address, field, fd, bk = chunks
+    count = _LIB.hw_walk_list(address.ctypes.data, field.ctypes.data, fd.ctypes.data, bk.ctypes.data, len(address),
+                              *directory.arguments(), want, first, end, int(safe), steps, bound, lo, hi,
+                              int(head_bk is not None), 0 if head_bk is None else head_bk, codes.ctypes.data, plain,
+                              code, out[0].ctypes.data, out[1].ctypes.data)
+    return None if count < 0 else int(count)
+
+
+def linked(chunks: tuple[np.ndarray, ...], directory: ChunkDirectory, want: int, safe: bool) -> np.ndarray:
+    """For each of CHUNKS (as `walk_list` takes them) a list of WANT may hold, the index (int64) of the chunk its
+    link (undone of safe-linking when SAFE) leads to when that is one too; -1 elsewhere.  In one C loop whose
+    lookups do not wait on each other: worth it where most such chunks are listed (the bins' free chunks).  Only
+    where `lists_native()`."""
+    address, field, fd, _ = chunks
+    out = np.empty(len(address), dtype=np.int64)
+    _LIB.hw_successors(address.ctypes.data, field.ctypes.data, fd.ctypes.data, len(address), *directory.arguments(),
+                       want, int(safe), out.ctypes.data)
+    return out
+
+
+def walk_linked(links: np.ndarray, chunks: tuple[np.ndarray, ...], want: int, first: int, end: int, safe: bool,
+                steps: int, bound: int, lo: int, hi: int, head_bk: int | None, codes: np.ndarray, plain: int,
+                code: int, out: tuple[np.ndarray, np.ndarray, np.ndarray]) -> int | None:
+    """`walk_list` through LINKS (`linked` of the same WANT and SAFE) instead of a lookup a hop: the list followed
+    first, then its chunks judged, so that neither loop's reads wait on each other's; OUT has a third array for the
+    chunks' indices (int64).  Only where `lists_native()`."""
+    address, field, fd, bk = chunks
     count = _LIB.hw_list(links.ctypes.data, address.ctypes.data, field.ctypes.data, fd.ctypes.data, bk.ctypes.data,
-                         len(address), first, end, int(safe), steps, bound, lo, hi,
-                         int(head_bk is not None), 0 if head_bk is None else head_bk, codes.ctypes.data, plain, code,
-                         out[0].ctypes.data, out[1].ctypes.data, out[2].ctypes.data)
+                         len(address), first, end, int(safe), steps, bound, lo, hi, int(head_bk is not None),
+                         0 if head_bk is None else head_bk, codes.ctypes.data, plain, code, out[2].ctypes.data,
+                         out[0].ctypes.data, out[1].ctypes.data, want)
     return None if count < 0 else int(count)
 
 

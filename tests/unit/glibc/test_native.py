@@ -121,9 +121,14 @@ def _swept_lists(rng: random.Random, n: int):
     """A `Sweep` of N chunks strung into a few doubly linked lists (some through a head outside the chunks,
     some ending at NULL), then damaged here and there: a link to the middle of a chunk, to a chunk of another
     list, a loop, a bk that does not lead back, a size out of range."""
-    from heapwalk.glibc.bulk.sweep import Sweep
-    address = np.cumsum(np.array([0x1000] + [rng.choice((0x20, 0x30, 0x100)) for _ in range(n - 1)],
-                                 dtype=np.uint64)).astype(np.uint64)
+    from heapwalk.glibc.bulk.sweep import Segment, Sweep, TAIL_NONE
+    from heapwalk.glibc.walk.chunks import Extent
+    steps = [0x1000] + [rng.choice((0x20, 0x30, 0x100, 0x100, 1 << 26 if rng.random() < 0.02 else 0x20))
+                        for _ in range(n - 1)]
+    address = np.cumsum(np.array(steps, dtype=np.uint64)).astype(np.uint64)
+    cuts = [0] + [j for j in range(1, n) if steps[j] >= 1 << 26] + [n]     # one extent a heap, far apart
+    segments = tuple(Segment(Extent(int(address[lo]), int(address[lo]), int(address[hi - 1]) + 0x100), lo, hi, 0,
+                             TAIL_NONE) for lo, hi in zip(cuts, cuts[1:])) if rng.random() < 0.5 else ()
     field = np.array([rng.choice((0x20, 0x21, 0x30, 0x31, 0x100, 0x105, 0x28)) for _ in range(n)], dtype=np.uint64)
     fd, bk = np.zeros(n, dtype=np.uint64), np.zeros(n, dtype=np.uint64)
     members = list(range(n))
@@ -147,19 +152,17 @@ def _swept_lists(rng: random.Random, n: int):
                                              (address[rng.randrange(n)], bk[j], field[j]),
                                              (address[j], bk[j], field[j]), (fd[j], np.uint64(0x99), field[j]),
                                              (fd[j], bk[j], np.uint64(0x5000))))
-    return Sweep(address, field, fd, bk, ()), heads, damaged
+    return Sweep(address, field, fd, bk, segments), heads, damaged
 
 
 @pytest.mark.parametrize("seed", range(60))
 def test_a_list_is_followed_and_judged_the_same_in_c_and_numpy(seed, monkeypatch):
-    """`indexlists._Walk.list`: the one C call (`native.walk_list`) and the numpy steps give the same chunks, the
-    same codes, and fail on the same lists, whatever damage the links, back links and sizes hold."""
-    from heapwalk.analysis.lookup import Locator
+    """`indexlists._Walk.list`: the one C call (`native.walk_list`, its links looked up in a `ChunkDirectory` of
+    one span or of one an extent) and the numpy steps give the same chunks, the same codes, and fail on the same
+    lists, whatever damage the links, back links and sizes hold, and whichever chunks (free, in use, any) a list
+    may hold."""
     rng = random.Random(seed)
     sweep, heads, damaged = _swept_lists(rng, rng.choice((1, 2, 7, 300)))
-    rows = np.arange(sweep.count)
-    links = indexlists._successors(sweep.address, Locator(sweep.address, sweep.address + np.uint64(16)), sweep.fd,
-                                   rows, np.empty(sweep.count, dtype=np.int64))
     bound = rng.choice((2, 50, 1000, 1000))
     top = (1 << 64) - 1
     calls = [(first, end, False, rng.choice((0x20, 0x20, 0x30)), rng.choice((0x30, 0x100, top, top)),
@@ -167,17 +170,18 @@ def test_a_list_is_followed_and_judged_the_same_in_c_and_numpy(seed, monkeypatch
              for first, end, head_bk in heads]
     first, end, head_bk = heads[0]
     calls[0] = (first, end, False, 0x20, top, head_bk if end else None, 3)
+    wants = [indexlists.ANY] + [rng.choice((indexlists.ANY, indexlists.ANY, indexlists.FREE, indexlists.IN_USE))
+                                for _ in calls[1:]]
     planted = rng.randrange(sweep.count)
     results = []
     for use_c in (True, False):
         if not use_c:
             monkeypatch.setattr(native, "_LIB", None)
-            links = native.successors(np.asarray(links))
         walk = indexlists._Walk(sweep, min(bound, sweep.count + 1), bound)
         walk.codes[planted] = 9 if seed % 3 == 0 else indexlists.PLAIN
         outcome = []
-        for args in calls:
-            listed = walk.list(links, *args)
+        for want, args in zip(wants, calls):
+            listed = walk.list(want, *args)
             outcome.append(None if listed is None else (listed[0].tolist(), listed[1].tolist()))
             if listed is None:
                 break
@@ -198,3 +202,29 @@ def test_a_lists_size_fields_are_kept_in_four_bytes_where_they_fit():
         assert raw.typecode == code and list(raw) == fields.tolist()
         b = BinList(BinKind.LARGE, 64, 0x1000, array("Q", [0x5000] * len(raw)), raw)
         assert b.raw_total == sum(fields.tolist()) and list(b.sizes) == [f & ~7 for f in fields.tolist()]
+
+
+@pytest.mark.parametrize("use_c", (True, False))
+def test_a_list_holds_only_the_chunks_its_bins_may(use_c, monkeypatch):
+    """A bin holds free chunks (the next chunk's PREV_INUSE clear), a fastbin chunks in use: a list that reaches
+    the other kind fails, at its first chunk or further on, in C and in numpy alike."""
+    from heapwalk.glibc.bulk.sweep import Sweep
+    if not use_c:
+        monkeypatch.setattr(native, "_LIB", None)
+    address = np.arange(0x1000, 0x1000 + 6 * 0x20, 0x20, dtype=np.uint64)
+    field = np.array([0x21, 0x20, 0x21, 0x21, 0x20, 0x21], dtype=np.uint64)    # chunks 0 and 3 free
+    fd = np.array([0x1060, 0, 0x1080, 0x10, 0, 0], dtype=np.uint64)         # 0 -> 3 -> head 0x10; 2 -> 4 -> NULL
+    bk = np.array([0x10, 0, 0, 0x1000, 0x1040, 0], dtype=np.uint64)
+    sweep = Sweep(address, field, fd, bk, ())
+
+    def listed(want, first, end, head_bk):
+        walk = indexlists._Walk(sweep, 7, 7)
+        out = walk.list(want, first, end, False, 0x20, 0x20, head_bk, 4)
+        return None if out is None else out[0].tolist()
+    assert listed(indexlists.FREE, 0x1000, 0x10, 0x1060) == [0x1000, 0x1060]
+    assert listed(indexlists.IN_USE, 0x1000, 0x10, 0x1060) is None            # its first chunk is free
+    assert listed(indexlists.IN_USE, 0x1040, 0, None) == [0x1040, 0x1080]
+    assert listed(indexlists.FREE, 0x1040, 0, None) is None
+    fd[2] = 0x1060                                                          # in use, then a free chunk
+    assert listed(indexlists.IN_USE, 0x1040, 0x10, None) is None
+    assert listed(indexlists.ANY, 0x1040, 0x10, None) == [0x1040, 0x1060]
