@@ -50,7 +50,9 @@ def assert_survived(document: dict, count: int, key: str, fields: int) -> None:
     (the failed ones are kept for replay), every aimed damage named exactly."""
     results = document["results"]
     assert len(results) >= count and len(document["fields"]) > fields
-    assert sum(r["outcome"].startswith("ok") for r in results) > count // 2  # most mutants are decoded, not refused
+    applied = [r for r in results if r["outcome"] != "not applicable"]     # (a core with no tcache entry to aim at)
+    assert len(applied) >= count // 2
+    assert sum(r["outcome"].startswith("ok") for r in applied) > len(applied) // 2   # most decoded, not refused
     bad = fuzz.failures(document)
     if bad:
         fuzz.remember(key, [r["mutant"] for r in bad])
