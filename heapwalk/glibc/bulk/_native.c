@@ -91,6 +91,11 @@ void hw_chunk_dir(const uint64_t *address, int64_t n, const uint64_t *lo, const 
     }
 }
 
+/* Chunks looked up ahead of the one being answered (`hw_successors`): their directory entries, then the chunks
+ * those lead to, are fetched from memory meanwhile; RING holds what was found of each, from 2 * AHEAD ahead on */
+#define AHEAD 16
+#define RING 64
+
 /* The chunk directory of a swept arena (`hw_chunk_dir`): its spans' bounds, slots and first entries. */
 struct chunk_dir {
     const uint64_t *address;
@@ -100,8 +105,8 @@ struct chunk_dir {
     int64_t nspans, shift;
 };
 
-/* The index of the chunk that starts at X, -1 when no chunk does. */
-static int64_t chunk_at(const struct chunk_dir *d, uint64_t x)
+/* The directory entry where the search for a chunk at X starts, -1 when X lies in no span. */
+static int64_t entry_of(const struct chunk_dir *d, uint64_t x)
 {
     int64_t a = 0, b = d->nspans;              /* the span holding X: the last whose LO is at or below X */
     while (a < b) {
@@ -113,11 +118,22 @@ static int64_t chunk_at(const struct chunk_dir *d, uint64_t x)
     }
     if (a == 0 || x >= d->hi[a - 1])
         return -1;
-    int64_t s = a - 1;
-    int64_t j = d->dir[d->first[s] + (int64_t)((x - d->lo[s]) >> d->shift)];
+    return d->first[a - 1] + (int64_t)((x - d->lo[a - 1]) >> d->shift);
+}
+
+/* The index of the chunk that starts at X, searched from chunk J on (a directory entry's), -1 when none does. */
+static int64_t chunk_from(const struct chunk_dir *d, int64_t j, uint64_t x)
+{
     while (j < d->n && d->address[j] < x)
         j++;
     return j < d->n && d->address[j] == x ? j : -1;
+}
+
+/* The index of the chunk that starts at X, -1 when no chunk does. */
+static int64_t chunk_at(const struct chunk_dir *d, uint64_t x)
+{
+    int64_t e = entry_of(d, x);
+    return e < 0 ? -1 : chunk_from(d, d->dir[e], x);
 }
 
 /* One free list of a swept arena, followed and judged at once.  The N chunks are at ADDRESS (sorted), with their
@@ -162,37 +178,57 @@ int64_t hw_walk_list(const uint64_t *address, const uint64_t *field, const uint6
     return mirror && head_bk != before ? -1 : count;
 }
 
-/* For each of the N chunks a list of WANT may hold (1: free, 0: in use, -1: any), the index of the chunk its link
- * (its fd, undone of safe-linking when SAFE) leads to when that is one too, into OUT; -1 for every other chunk
- * and link.  The chunks as `hw_walk_list` takes them.  The lookups do not wait on each other, as a list's hops
- * would: `hw_list` then follows OUT. */
+/* For each of the N chunks (N below 2 ** 31) a list of WANT may hold (1: free, 0: in use, -1: any), the index of
+ * the chunk its link (its fd, undone of safe-linking when SAFE) leads to when that is one too, into OUT; -1 for
+ * every other chunk and link.  The chunks as `hw_walk_list` takes them.  The lookups do not wait on each other, as
+ * a list's hops would, and each is fetched ahead: `hw_list` then follows OUT. */
 void hw_successors(const uint64_t *address, const uint64_t *field, const uint64_t *fd, int64_t n,
                    const uint64_t *lo, const uint64_t *hi, const int64_t *first_slot, const int64_t *dir,
-                   int64_t nspans, int64_t shift, int64_t want, int64_t safe, int64_t *out)
+                   int64_t nspans, int64_t shift, int64_t want, int64_t safe, int32_t *out)
 {
     struct chunk_dir d = {address, n, lo, hi, first_slot, dir, nspans, shift};
-    for (int64_t j = 0; j < n; j++) {
-        out[j] = -1;
-        if (want >= 0 && is_free(field, n, j) != want)
+    int64_t ring[RING];                        /* each chunk's directory entry (-1: none), then its search's start */
+    for (int64_t j = -2 * AHEAD; j < n; j++) {
+        int64_t a = j + 2 * AHEAD, b = j + AHEAD;
+        if (a < n) {                           /* the entry fetched ahead ... */
+            int64_t e = -1;
+            if (want < 0 || is_free(field, n, a) == want)
+                e = entry_of(&d, safe ? fd[a] ^ ((address[a] + 16) >> 12) : fd[a]);
+            if (e >= 0)
+                __builtin_prefetch(&dir[e]);
+            ring[a % RING] = e;
+        }
+        if (b >= 0 && b < n && ring[b % RING] >= 0) {   /* ... then the chunks it leads to ... */
+            int64_t from = dir[ring[b % RING]];
+            __builtin_prefetch(&address[from]);
+            __builtin_prefetch(&field[from + 1]);
+            ring[b % RING] = from;
+        } else if (b >= 0 && b < n) {
+            ring[b % RING] = -1;
+        }
+        if (j < 0)
             continue;
-        int64_t k = chunk_at(&d, safe ? fd[j] ^ ((address[j] + 16) >> 12) : fd[j]);
+        out[j] = -1;                           /* ... before this one's search */
+        if (ring[j % RING] < 0)
+            continue;
+        int64_t k = chunk_from(&d, ring[j % RING], safe ? fd[j] ^ ((address[j] + 16) >> 12) : fd[j]);
         if (k >= 0 && (want < 0 || is_free(field, n, k) == want))
-            out[j] = k;
+            out[j] = (int32_t)k;
     }
 }
 
 /* One free list of a swept arena, followed and judged at once.  The N chunks are at ADDRESS (sorted), with their
  * size fields FIELD and the words after them FD and BK; SUCCESSOR gives the index of the chunk each chunk's link
- * leads to (negative for none).  The list starts at the chunk FIRST and must end at a chunk whose link (its fd,
+ * leads to (negative for none; 4 bytes, so that the hops, each a wait on memory, wait less).  The list starts at the chunk FIRST and must end at a chunk whose link (its fd,
  * undone of safe-linking when SAFE) is END, within STEPS links and shorter than BOUND chunks.  Every chunk's size
  * (its field less the three flag bits) must lie in [LO, HI].  With MIRROR, each chunk's bk must lead back to the
  * chunk before it (the first's to END, the list's head) and HEAD_BK to the last.  No chunk may be coded other
  * than PLAIN in CODES already; each is then coded CODE.  Writes each chunk's index, address and field in list
  * order to ORDER, OUT_ADDRESS and OUT_FIELD (room for STEPS) and returns how many; -1 when the list fails any of
  * this (CODES may then hold some of its chunks coded).  The list is followed first, then its chunks are looked
- * at: the second loop's reads do not wait on each other.  SUCCESSOR leads only to chunks a list of WANT may hold
+ * at: the second loop's reads do not wait on each other, and are fetched ahead.  SUCCESSOR leads only to chunks a list of WANT may hold
  * (`hw_successors`); the first chunk must be one too. */
-int64_t hw_list(const int64_t *successor, const uint64_t *address, const uint64_t *field, const uint64_t *fd,
+int64_t hw_list(const int32_t *successor, const uint64_t *address, const uint64_t *field, const uint64_t *fd,
                 const uint64_t *bk, int64_t n, uint64_t first, uint64_t end, int64_t safe, int64_t steps,
                 int64_t bound, uint64_t lo, uint64_t hi, int64_t mirror, uint64_t head_bk, uint8_t *codes,
                 uint8_t plain, uint8_t code, int64_t *order, uint64_t *out_address, uint64_t *out_field, int64_t want)
@@ -209,15 +245,28 @@ int64_t hw_list(const int64_t *successor, const uint64_t *address, const uint64_
     }
     if (a >= n || address[a] != first || (want >= 0 && is_free(field, n, a) != want))
         return -1;
-    int64_t count = hw_follow(successor, n, a, steps, order);
-    if (count < 0)
-        return -1;
+    int64_t count = 0;
+    for (int64_t j = a;;) {
+        order[count++] = j;
+        j = successor[j];
+        if (j < 0)
+            break;
+        if (count >= steps)
+            return -1;
+    }
     int64_t last = order[count - 1];
     uint64_t link = safe ? fd[last] ^ ((address[last] + 16) >> 12) : fd[last];
     if (link != end || count >= bound || (mirror && head_bk != address[last]))
         return -1;
     uint64_t before = end;
     for (int64_t k = 0; k < count; k++) {
+        if (k + AHEAD < count) {              /* the chunk looked at ahead, fetched meanwhile */
+            int64_t ahead = order[k + AHEAD];
+            __builtin_prefetch(&address[ahead]);
+            __builtin_prefetch(&field[ahead]);
+            __builtin_prefetch(&bk[ahead]);
+            __builtin_prefetch(&codes[ahead]);
+        }
         int64_t j = order[k];
         uint64_t size = field[j] & ~(uint64_t)7;
         if (size < lo || size > hi || codes[j] != plain || (mirror && bk[j] != before))

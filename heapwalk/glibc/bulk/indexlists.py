@@ -23,8 +23,8 @@ import numpy as np
 from heapwalk.glibc.locate.layout import MINSIZE, NBINS, NSMALLBINS, Layout
 from heapwalk.glibc.walk.lists import MAX_LIST, bin_kind
 from heapwalk.glibc.model import BinKind, BinList
-from heapwalk.glibc.bulk.native import (ChunkDirectory, follow, linked, lists_native, successors, walk_linked,
-                                        walk_list)
+from heapwalk.glibc.bulk.native import (LINKED_MAX, ChunkDirectory, follow, linked, lists_native, successors,
+                                        walk_linked, walk_list)
 from heapwalk.glibc.bulk.sweep import Sweep
 from heapwalk.analysis.lookup import Locator
 from heapwalk.common.view import LENGTH_UNIT
@@ -128,7 +128,7 @@ class _Walk:
         if self.native and first != end:
             if self._directory is None:
                 self._directory = ChunkDirectory(self.chunks[0], _spans(self.sweep))
-            if want == FREE:         # most free chunks are on a list: their links looked up at once
+            if want == FREE and self.sweep.count <= LINKED_MAX:   # most free chunks are listed: linked at once
                 if (want, safe) not in self._links:
                     self._links[want, safe] = (None, linked(self.chunks, self._directory, want, safe))
                 count = walk_linked(self._links[want, safe][1], self.chunks, want, first, end, safe, self.steps,

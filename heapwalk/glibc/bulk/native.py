@@ -21,7 +21,7 @@ import numpy as np
 from heapwalk.inferior.clib import built_library
 
 __all__ = ["chase", "follow", "gather", "successors", "ChunkDirectory", "walk_list", "linked", "walk_linked",
-           "lists_native", "NATIVE", "LISTS_NATIVE"]
+           "lists_native", "NATIVE", "LISTS_NATIVE", "LINKED_MAX"]
 
 _INT64_P = ctypes.POINTER(ctypes.c_int64)
 
@@ -164,13 +164,18 @@ def walk_list(chunks: tuple[np.ndarray, ...], directory: ChunkDirectory, want: i
     return None if count < 0 else int(count)
 
 
+#: the most chunks `linked` takes: its indices are 4 bytes (half the room, and a list's hops are followed through
+#: them, each a wait on memory that a smaller array makes shorter)
+LINKED_MAX = (1 << 31) - 1
+
+
 def linked(chunks: tuple[np.ndarray, ...], directory: ChunkDirectory, want: int, safe: bool) -> np.ndarray:
-    """For each of CHUNKS (as `walk_list` takes them) a list of WANT may hold, the index (int64) of the chunk its
-    link (undone of safe-linking when SAFE) leads to when that is one too; -1 elsewhere.  In one C loop whose
-    lookups do not wait on each other: worth it where most such chunks are listed (the bins' free chunks).  Only
-    where `lists_native()`."""
+    """For each of CHUNKS (as `walk_list` takes them; at most LINKED_MAX) a list of WANT may hold, the index
+    (int32) of the chunk its link (undone of safe-linking when SAFE) leads to when that is one too; -1 elsewhere.
+    In one C loop whose lookups do not wait on each other (each fetched ahead): worth it where most such chunks
+    are listed (the bins' free chunks).  Only where `lists_native()`."""
     address, field, fd, _ = chunks
-    out = np.empty(len(address), dtype=np.int64)
+    out = np.empty(len(address), dtype=np.int32)
     _LIB.hw_successors(address.ctypes.data, field.ctypes.data, fd.ctypes.data, len(address), *directory.arguments(),
                        want, int(safe), out.ctypes.data)
     return out

@@ -144,7 +144,10 @@ def _swept_lists(rng: random.Random, n: int):
                 fd[a] = head if b is None else address[b]
             if b is not None:
                 bk[b] = head if a is None else address[a]
-        heads.append((int(address[chain[0]]), head, head if b is None else int(address[chain[-1]])))
+        heads.append((int(address[chain[0]]), head, int(address[chain[-1]]) if head else head))
+        for j in chain if k < 3 else ():     # a bin's chunks free, a fastbin's in use: as the next chunk says
+            if j + 1 < n:
+                field[j + 1] = field[j + 1] & ~np.uint64(1) if k == 1 else field[j + 1] | np.uint64(1)
     damaged = rng.randrange(4) if n > 1 else 0
     for _ in range(damaged):
         j = rng.randrange(n)
@@ -170,12 +173,14 @@ def test_a_list_is_followed_and_judged_the_same_in_c_and_numpy(seed, monkeypatch
              for first, end, head_bk in heads]
     first, end, head_bk = heads[0]
     calls[0] = (first, end, False, 0x20, top, head_bk if end else None, 3)
-    wants = [indexlists.ANY] + [rng.choice((indexlists.ANY, indexlists.ANY, indexlists.FREE, indexlists.IN_USE))
+    wants = [indexlists.ANY] + [rng.choice((indexlists.ANY, indexlists.FREE, indexlists.FREE, indexlists.IN_USE))
                                 for _ in calls[1:]]
     planted = rng.randrange(sweep.count)
     results = []
-    for use_c in (True, False):
-        if not use_c:
+    for way in ("linked", "a lookup a hop", "numpy"):
+        if way == "a lookup a hop":          # the bins' way on an arena of more chunks than `linked` takes
+            monkeypatch.setattr(indexlists, "LINKED_MAX", 0)
+        if way == "numpy":
             monkeypatch.setattr(native, "_LIB", None)
         walk = indexlists._Walk(sweep, min(bound, sweep.count + 1), bound)
         walk.codes[planted] = 9 if seed % 3 == 0 else indexlists.PLAIN
@@ -187,7 +192,7 @@ def test_a_list_is_followed_and_judged_the_same_in_c_and_numpy(seed, monkeypatch
                 break
         results.append((outcome, walk.codes.tolist() if outcome[-1] is not None else None))
     assert native.LISTS_NATIVE or os.environ.get("HEAPWALK_PURE")
-    assert results[0] == results[1]
+    assert results[0] == results[1] == results[2]
     if not damaged and seed % 3 and bound > sweep.count:
         assert results[0][0][0] is not None and len(results[0][0][0][0]) == len(range(sweep.count)[::4])
 
