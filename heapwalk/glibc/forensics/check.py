@@ -99,41 +99,63 @@ def _misplaced(chunks, sizes, spans: list[tuple[int, int]], tops: list[tuple[int
 
 def _listed_chunks(state: HeapState, mem: Memory, layout: Layout) -> list[Finding]:
     """Free-list members: in one list only, inside their arena's heaps, clear of top, of their bin's size."""
-    listed = _Listed(state, layout, _listed_twice(state))
+    every = _Every(state)
+    listed = _Listed(state, layout, every.twice)
     for arena in state.arenas:
         listed.arena_lists(arena)
     for owner, tcache in state.tcaches():
         listed.tcache(mem, owner, tcache)
-    return listed.out + _inside_free(state)
+    return listed.out + _inside_free(state, every)
 
 
-def _inside_free(state: HeapState) -> list[Finding]:
+class _Every:
+    """Every chunk any list holds (a tcache entry by its chunk), as GROUPS (where, chunks, bytes from the chunk to
+    what a finding names, the bin's index in BINS or -1), sorted once: whether one is listed twice, and the order
+    the chunks of the bins (unsorted, small and large, whose chunks others may lie inside) come in."""
+
+    def __init__(self, state: HeapState):
+        self.bins = [(a, lst) for a in state.arenas for lst in (a.unsorted, *a.bins) if len(lst.chunks)]
+        holder = {id(lst): i for i, (_, lst) in enumerate(self.bins)}
+        self.groups = [(list_name(a, lst.kind, lst.index), np.asarray(lst.chunks, dtype=np.uint64), 0,
+                        holder.get(id(lst), -1))
+                       for a in state.arenas for lst in (*a.fastbins, a.unsorted, *a.bins) if len(lst.chunks)]
+        self.groups += [(f"tcache bin {b.index} of {owner}", np.array(b.entries, dtype=np.uint64) - np.uint64(16),
+                         16, -1) for owner, tc in state.tcaches() for b in tc.bins if b.entries]
+        self.every = np.concatenate([np.zeros(0, dtype=np.uint64)] + [g[1] for g in self.groups])
+        self.order = np.argsort(self.every)      # (a stable sort costs three times as much on millions)
+        ranked = self.every[self.order]
+        self.twice = bool(np.any(ranked[1:] == ranked[:-1]))
+
+
+def _inside_free(state: HeapState, every: _Every) -> list[Finding]:
     """A tcache entry, a fastbin chunk or a bin chunk that starts inside another free chunk of the bins: the same
     memory handed out twice (a chunk freed again after it was merged into its neighbour, how2heap's botcake; a
     forged size).  The error is at the entry inside (a tcache entry by its user pointer), naming the chunk it
-    lies in.  Looked at all at once (a heap may list millions of free chunks): a binary search a chunk, Python
-    only for the ones inside."""
-    bins = [(a, lst) for a in state.arenas for lst in (a.unsorted, *a.bins) if len(lst.chunks)]
+    lies in.  Looked at all at once (a heap may list millions of free chunks): the chunks in address order (one
+    sort, EVERY's), Python only for the ones inside."""
+    bins = every.bins
     if not bins:
         return []
-    starts = np.concatenate([np.asarray(lst.chunks, dtype=np.uint64) for _, lst in bins])
-    ends = starts + np.concatenate([np.asarray(lst.sizes, dtype=np.uint64) for _, lst in bins])
-    holder = np.repeat(np.arange(len(bins)), [len(lst.chunks) for _, lst in bins])
-    order = np.argsort(starts)                     # (a stable sort costs three times as much on millions)
-    if np.any(starts[order[1:]] == starts[order[:-1]]):
-        order = np.argsort(starts, kind="stable")  # a chunk listed twice: the lists' order decides, as always
-    starts, ends, holder = starts[order], ends[order], holder[order]
+    holder = np.concatenate([np.full(len(chunks), h, dtype=np.int64) for _, chunks, _, h in every.groups])
+    sizes = np.zeros(len(every.every), dtype=np.uint64)
+    at = 0
+    for _, chunks, _, h in every.groups:
+        if h >= 0:
+            sizes[at:at + len(chunks)] = np.asarray(bins[h][1].sizes, dtype=np.uint64)
+        at += len(chunks)
+    order = every.order if not every.twice else np.argsort(every.every, kind="stable")   # twice: the lists' order
+    in_bin = holder[order] >= 0                    # decides which copy is met first, as always
+    starts = every.every[order][in_bin]
+    ends = starts + sizes[order][in_bin]
+    holder = holder[order][in_bin]
     reach = np.maximum.accumulate(ends)            # the furthest any free chunk starting so far reaches
-    groups = [(list_name(a, lst.kind, lst.index), np.asarray(lst.chunks, dtype=np.uint64), 0)
-              for a in state.arenas for lst in (*a.fastbins, a.unsorted, *a.bins) if len(lst.chunks)]
-    groups += [(f"tcache bin {b.index} of {owner}", np.array(b.entries, dtype=np.uint64) - np.uint64(16), 16)
-               for owner, tc in state.tcaches() for b in tc.bins if b.entries]
-    every = np.concatenate([chunks for _, chunks, _ in groups])
-    by_address = np.argsort(every)                 # looked up in address order: the table read in order
-    k = np.empty(len(every), dtype=np.int64)
-    k[by_address] = np.searchsorted(starts, every[by_address], side="left") - 1   # the last free chunk before
+    k = np.empty(len(every.every), dtype=np.int64)
+    if every.twice:                                # the last bin chunk starting below each, equal ones not
+        k[order] = np.searchsorted(starts, every.every[order], side="left") - 1
+    else:                                          # (no two alike: the bin chunks met before each in the order)
+        k[order] = np.cumsum(in_bin) - in_bin - 1
     out, at = [], 0
-    for where, chunks, named in groups:
+    for where, chunks, named, _ in every.groups:
         for i in np.flatnonzero((k[at:at + len(chunks)] >= 0) &
                                 (chunks < reach[np.maximum(k[at:at + len(chunks)], 0)])).tolist():
             chunk, j = int(chunks[i]), int(k[at + i])
@@ -150,15 +172,6 @@ def _inside_free(state: HeapState) -> list[Finding]:
                                f"outside {s:#x}..{e:#x}", f"{chunk:#x}"))
         at += len(chunks)
     return out
-
-
-def _listed_twice(state: HeapState) -> bool:
-    """Is some chunk in two lists (or twice in tcaches)?  Then the check names them (rare, so slower)."""
-    listed = [np.asarray(lst.chunks, dtype=np.uint64) for arena in state.arenas for lst in arena.free_lists()]
-    listed += [np.array([e - 16 for b in tcache.bins for e in b.entries], dtype=np.uint64)
-               for _, tcache in state.tcaches()]
-    every = np.sort(np.concatenate(listed)) if listed else np.zeros(0, dtype=np.uint64)
-    return bool(np.any(every[1:] == every[:-1]))
 
 
 class _Listed:

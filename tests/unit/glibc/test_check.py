@@ -41,7 +41,7 @@ def test_free_chunks_inside_other_free_chunks_are_named_in_their_lists_order():
     order, with the chunk it lies in; the bins' own chunks, side by side, are not."""
     from array import array
     from types import SimpleNamespace
-    from heapwalk.glibc.forensics.check import _inside_free
+    from heapwalk.glibc.forensics.check import _Every, _inside_free
     from heapwalk.glibc.model import BinKind, BinList, Tcache, TcacheBin
     base = 0x555555560000
 
@@ -54,5 +54,11 @@ def test_free_chunks_inside_other_free_chunks_are_named_in_their_lists_order():
                             fastbins=(fast,))
     tcache = Tcache(0x555555559010, (TcacheBin(3, 0x50, 2, (base + 0x3050 + 16, base + 0xA000 + 16)),))
     state = SimpleNamespace(arenas=(arena,), tcaches=lambda: [("thread 1", tcache)])
-    found = [(f.address, f.structure) for f in _inside_free(state)]
+    found = [(f.address, f.structure) for f in _inside_free(state, _Every(state))]
     assert found == [(base + 0x8400, "fastbin[1] of arena 0"), (base + 0x3050 + 16, "tcache bin 3 of thread 1")]
+    twice = Tcache(0x555555559010, (TcacheBin(3, 0x50, 3, (base + 0x3050 + 16, base + 0xA000 + 16,
+                                                           base + 0x5000 + 16)),))
+    state = SimpleNamespace(arenas=(arena,), tcaches=lambda: [("thread 1", twice)])
+    every = _Every(state)                # a chunk in a bin and in a tcache: no longer one sort's order alone
+    assert every.twice
+    assert [(f.address, f.structure) for f in _inside_free(state, every)] == found
