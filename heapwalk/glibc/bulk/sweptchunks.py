@@ -62,14 +62,8 @@ class SweptChunks:
 
 
 def listing_arrays(listing: Listing) -> tuple[np.ndarray, np.ndarray]:
-    """LISTING's addresses (sorted, uint64) and the code of each (where two keys share an address, the first:
-    the code the careful walk gives it).  Addresses outside the address space (damage) are left out."""
-    keys = [k for k in listing.keys if 0 <= k < 1 << 64]
-    array = np.array(keys, dtype=np.uint64)
-    address = array & np.uint64(2 ** 64 - 16)
-    first = np.ones(len(address), dtype=bool)
-    first[1:] = address[1:] != address[:-1]
-    return address[first], (array[first] & np.uint64(15)).astype(np.uint8)
+    """LISTING's addresses (sorted, uint64) and the code of each (`Listing.arrays`)."""
+    return listing.arrays()
 
 
 def swept_chunks(mem: Memory, layout: Layout, arena: Arena, listed: tuple[np.ndarray, np.ndarray]

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import bisect
 import itertools
+from array import array
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import NamedTuple
+
+import numpy as np
 
 from heapwalk.common.findings import Finding, Severity
 from heapwalk.glibc.kinds import Kind
@@ -94,28 +97,58 @@ ADDRESS_MASK = ~0xF
 class Listing:
     """Every chunk in a free list or tcache, and every tcache struct chunk, sorted by address: what the chunk
     walk looks up as it goes.  Each is one int, address | code: chunk addresses are 16-aligned, so the low
-    four bits carry the state (`LISTED_STATES`).  Built with C-level loops; a few ints per chunk."""
+    four bits carry the state (`LISTED_STATES`).  The ints (`keys`, a few a chunk) are made only when a walk
+    asks; the one pass takes the same as arrays (`arrays`), made from the lists' own without them."""
 
-    __slots__ = ("keys",)
+    __slots__ = ("_keys", "_lists", "_others", "_arrays")
 
-    def __init__(self, keys: list[int]):
-        self.keys = keys
+    def __init__(self, keys: list[int] | None = None, lists: tuple = (), others: tuple = ()):
+        self._keys = keys
+        self._lists, self._others = lists, others      # (code, array of chunks), (code, ints) when keys is None
+        self._arrays: tuple[np.ndarray, np.ndarray] | None = None
 
     @classmethod
     def of_state(cls, state: HeapState) -> "Listing":
-        parts = []
-        for arena in state.arenas:
-            for lst in arena.free_lists():
-                parts.append(map(LIST_CODES[_LIST_STATE[lst.kind]].__or__, lst.chunks))
+        lists = tuple((LIST_CODES[_LIST_STATE[lst.kind]], lst.chunks) for arena in state.arenas
+                      for lst in arena.free_lists())
+        others = []
         for _, tcache in state.tcaches():
-            parts.append([tcache.address - 2 * 8 | LIST_CODES[ChunkState.TCACHE_STRUCT]])
+            others.append((LIST_CODES[ChunkState.TCACHE_STRUCT], [tcache.address - 2 * 8]))
             for b in tcache.bins:
-                parts.append([e - 2 * 8 | LIST_CODES[ChunkState.TCACHE] for e in b.entries])
-        return cls(sorted(itertools.chain.from_iterable(parts)))
+                others.append((LIST_CODES[ChunkState.TCACHE], [e - 2 * 8 for e in b.entries]))
+        return cls(None, lists, tuple(others))
 
     @classmethod
     def of_states(cls, states: dict[int, ChunkState]) -> "Listing":
         return cls(sorted(a | LIST_CODES[st] for a, st in states.items()))
+
+    @property
+    def keys(self) -> list[int]:
+        """The keys, sorted (made once)."""
+        if self._keys is None:
+            parts = [map(code.__or__, chunks) for code, chunks in self._lists + self._others]
+            self._keys = sorted(itertools.chain.from_iterable(parts))
+        return self._keys
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """The listed addresses (sorted, uint64) and the code of each (where two keys share an address, the
+        first: the code the careful walk gives it), made once.  Addresses outside the address space (damage)
+        are left out."""
+        if self._arrays is None:
+            if self._keys is not None:
+                keys = np.array([k for k in self._keys if 0 <= k < 1 << 64], dtype=np.uint64)
+            else:
+                parts = [np.zeros(0, dtype=np.uint64)]
+                parts += [np.frombuffer(chunks, dtype=np.uint64) | np.uint64(code) if isinstance(chunks, array)
+                          and chunks.itemsize == 8 else
+                          np.array([c | code for c in chunks if 0 <= c | code < 1 << 64], dtype=np.uint64)
+                          for code, chunks in self._lists + self._others]
+                keys = np.sort(np.concatenate(parts))
+            address = keys & np.uint64(2 ** 64 - 16)
+            first = np.ones(len(address), dtype=bool)
+            first[1:] = address[1:] != address[:-1]
+            self._arrays = address[first], (keys[first] & np.uint64(15)).astype(np.uint8)
+        return self._arrays
 
     def as_dict(self) -> dict[int, ChunkState]:
         """Address -> state; where two keys share an address, the first (the one the walk takes) wins."""

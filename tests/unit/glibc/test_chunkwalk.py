@@ -328,3 +328,36 @@ def test_a_main_arena_with_a_piece_missing_keeps_the_pieces_found_and_says_what_
                                                         (regions[0][0] + 0x5000, 0x3000)]
     (finding,) = part.findings
     assert "0x5000 of its system_mem 0x6000" in finding.message, finding.message
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_a_listing_is_the_same_as_ints_and_as_arrays(seed):
+    """`Listing.of_state`: its ints (the careful walk's) and its arrays (the one pass's, made from the lists' own
+    arrays without them) agree, with chunks in two lists, misaligned links and tcache entries below 16."""
+    from array import array
+    from types import SimpleNamespace
+    import numpy as np
+    from heapwalk.glibc.model import BinKind, BinList, Tcache, TcacheBin
+    rng = random.Random(seed)
+    pool = [BASE + 16 * rng.randrange(4096) + rng.choice((0, 0, 0, 8)) for _ in range(300)]
+
+    def binlist(kind):
+        chunks = rng.sample(pool, rng.randrange(0, 40))
+        return BinList(kind, 1, 0, array("Q", chunks), array("Q", [0x21] * len(chunks)))
+    arenas = [SimpleNamespace(free_lists=lambda lists=tuple(binlist(k) for k in (BinKind.FAST, BinKind.UNSORTED,
+                                                                                    BinKind.SMALL, BinKind.LARGE)):
+                              tuple(b for b in lists if len(b.chunks)))
+              for _ in range(3)]
+    tcaches = [("t", Tcache(rng.choice(pool + [8]), (TcacheBin(0, 0x20, 3, tuple(rng.choice(pool + [8, 0]) + 16 * k
+                                                                                  for k in range(3))),)))]
+    state = SimpleNamespace(arenas=arenas, tcaches=lambda: tcaches)
+    listing = Listing.of_state(state)
+    ints = Listing(listing.keys)
+    codes = {BinKind.FAST: 2, BinKind.UNSORTED: 3, BinKind.SMALL: 4, BinKind.LARGE: 5}
+    keys = [c | codes[b.kind] for a in arenas for b in a.free_lists() for c in b.chunks]
+    keys += [tc.address - 16 | 0 for _, tc in tcaches] + [e - 16 | 1 for _, tc in tcaches for b in tc.bins
+                                                          for e in b.entries]
+    assert listing.keys == sorted(keys)
+    fresh = Listing.of_state(state)          # its arrays made before its ints, from the lists' own
+    for made, want in zip(fresh.arrays(), ints.arrays()):
+        assert made.dtype == want.dtype and np.array_equal(made, want)
