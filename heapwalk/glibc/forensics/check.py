@@ -136,24 +136,30 @@ def _inside_free(state: HeapState, every: _Every) -> list[Finding]:
     bins = every.bins
     if not bins:
         return []
-    holder = np.concatenate([np.full(len(chunks), h, dtype=np.int64) for _, chunks, _, h in every.groups])
-    sizes = np.zeros(len(every.every), dtype=np.uint64)
+    n = len(every.every)
+    index = np.int32 if n < 1 << 31 else np.int64  # (each array a chunk listed: 4 bytes where they do)
+    holder = np.concatenate([np.full(len(chunks), h, dtype=np.int32) for _, chunks, _, h in every.groups])
+    order = every.order if not every.twice else np.argsort(every.every, kind="stable")   # twice: the lists' order
+    in_bin = holder[order] >= 0                    # decides which copy is met first, as always
+    pick = order[in_bin]                           # the bin chunks in address order, by their place in EVERY
+    starts = every.every[pick]
+    sizes = np.zeros(n, dtype=np.uint64)
     at = 0
     for _, chunks, _, h in every.groups:
         if h >= 0:
             sizes[at:at + len(chunks)] = np.asarray(bins[h][1].sizes, dtype=np.uint64)
         at += len(chunks)
-    order = every.order if not every.twice else np.argsort(every.every, kind="stable")   # twice: the lists' order
-    in_bin = holder[order] >= 0                    # decides which copy is met first, as always
-    starts = every.every[order][in_bin]
-    ends = starts + sizes[order][in_bin]
-    holder = holder[order][in_bin]
+    ends = starts + sizes[pick]
+    del sizes
+    holder = holder[pick]
+    del pick
     reach = np.maximum.accumulate(ends)            # the furthest any free chunk starting so far reaches
-    k = np.empty(len(every.every), dtype=np.int64)
+    k = np.empty(n, dtype=index)
     if every.twice:                                # the last bin chunk starting below each, equal ones not
         k[order] = np.searchsorted(starts, every.every[order], side="left") - 1
     else:                                          # (no two alike: the bin chunks met before each in the order)
-        k[order] = np.cumsum(in_bin) - in_bin - 1
+        k[order] = np.cumsum(in_bin, dtype=index) - in_bin - 1
+    del in_bin
     out, at = [], 0
     for where, chunks, named, _ in every.groups:
         for i in np.flatnonzero((k[at:at + len(chunks)] >= 0) &
