@@ -33,8 +33,7 @@ class _LogConsole(Console):
         """`Console.print`; a table, or a group holding tables, printed a part at a time, each table laid out
         here where it can be."""
         parts = objects[0].renderables if len(objects) == 1 and isinstance(objects[0], Group) else objects
-        if options or len(parts) == 0 or not any(isinstance(part, Table) for part in parts) or \
-                len(objects) != 1:
+        if options or len(objects) != 1 or not any(isinstance(part, Table) for part in parts):
             super().print(*objects, **options)
             return
         for part in parts:

@@ -110,7 +110,9 @@ class _Walk:
         self.codes = np.full(sweep.count, PLAIN, dtype=np.uint8)
         self.native = lists_native()
         self._directory: ChunkDirectory | None = None
-        self._links: dict[tuple[int, bool], tuple[np.ndarray, object]] = {}
+        self._linked: dict[tuple[int, bool], np.ndarray] = {}              # C: `native.linked`, by (want, safe)
+        self._links: dict[tuple[int, bool], tuple[np.ndarray, object]] = {}  # numpy: `_candidates`
+        self._starts: Locator | None = None
         if self.native:
             self.chunks = tuple(np.ascontiguousarray(a, dtype=np.uint64)
                                 for a in (sweep.address, sweep.field, sweep.fd, sweep.bk))
@@ -129,9 +131,9 @@ class _Walk:
             if self._directory is None:
                 self._directory = ChunkDirectory(self.chunks[0], _spans(self.sweep))
             if want == FREE and self.sweep.count <= LINKED_MAX:   # most free chunks are listed: linked at once
-                if (want, safe) not in self._links:
-                    self._links[want, safe] = (None, linked(self.chunks, self._directory, want, safe))
-                count = walk_linked(self._links[want, safe][1], self.chunks, want, first, end, safe, self.steps,
+                if (want, safe) not in self._linked:
+                    self._linked[want, safe] = linked(self.chunks, self._directory, want, safe)
+                count = walk_linked(self._linked[want, safe], self.chunks, want, first, end, safe, self.steps,
                                     self.bound, lo, hi, head_bk, self.codes, PLAIN, code, self.out)
             else:                    # a few of the chunks in use: a lookup a hop
                 count = walk_list(self.chunks, self._directory, want, first, end, safe, self.steps, self.bound, lo,
@@ -171,8 +173,9 @@ class _Walk:
             nexts = sweep.fd[rows]
             if safe:
                 nexts = nexts ^ ((sweep.address[rows] + np.uint64(16)) >> np.uint64(12))
-            starts = Locator(sweep.address, None, np.full(n, 16 // LENGTH_UNIT, dtype=np.uint32))
-            self._links[want, safe] = (candidate, _successors(sweep.address, starts, nexts, rows,
+            if self._starts is None:             # every chunk's first 16 bytes, looked up in: made once
+                self._starts = Locator(sweep.address, None, np.full(n, 16 // LENGTH_UNIT, dtype=np.uint32))
+            self._links[want, safe] = (candidate, _successors(sweep.address, self._starts, nexts, rows,
                                                         np.empty(n, dtype=np.int64)))
         return self._links[want, safe]
 
