@@ -68,6 +68,36 @@ int64_t hw_gather(const uint64_t *words, int64_t n, const int64_t *found, int64_
     return 1;
 }
 
+/* hw_chase and hw_gather in one loop: steps through the N WORDS read from BASE from the size field at word J,
+ * while the field is below word LIMIT and a chunk's (at least MIN_SIZE, a multiple of 16), writing each chunk's
+ * address, size field, fd and bk to ADDRESS, FIELD, FD and BK (room for LIMIT / 4 + 1 each) and their count to
+ * *COUNT.  Returns the word it stopped at, or -1 where hw_gather would answer 0 (a chunk whose PREV_INUSE is
+ * clear without the size of the chunk before it, BEFORE for the first, as prev_size) or a chunk's fd and bk lie
+ * past the words.  The words ahead are fetched while a chunk is judged: each step waits on the one before. */
+int64_t hw_sweep_window(const uint64_t *words, int64_t n, int64_t limit, int64_t j, uint64_t min_size,
+                        uint64_t base, int64_t before, uint64_t *address, uint64_t *field, uint64_t *fd,
+                        uint64_t *bk, int64_t *count)
+{
+    int64_t k = 0, prev = before;
+    *count = 0;
+    while (j >= 0 && j < limit) {
+        __builtin_prefetch(words + j + 32);
+        uint64_t f = words[j];
+        if ((f & 8) || f < min_size)
+            break;
+        if (j + 2 >= n || (!(f & 1) && (prev < 0 || words[j - 1] != (uint64_t)prev)))
+            return -1;
+        address[k] = base - 8 + 8 * (uint64_t)j;
+        field[k] = f;
+        fd[k] = words[j + 1];
+        bk[k++] = words[j + 2];
+        prev = (int64_t)(f & ~(uint64_t)7);
+        j += (int64_t)(f >> 3);
+    }
+    *count = k;
+    return j;
+}
+
 /* Whether chunk J of the N whose size fields are FIELD is free: the chunk after it has PREV_INUSE clear. */
 static int64_t is_free(const uint64_t *field, int64_t n, int64_t j)
 {

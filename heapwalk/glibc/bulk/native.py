@@ -20,8 +20,8 @@ import numpy as np
 
 from heapwalk.inferior.clib import built_library
 
-__all__ = ["chase", "follow", "gather", "successors", "ChunkDirectory", "walk_list", "linked", "walk_linked",
-           "lists_native", "NATIVE", "LISTS_NATIVE", "LINKED_MAX"]
+__all__ = ["chase", "follow", "gather", "sweep_window", "successors", "ChunkDirectory", "walk_list",
+           "linked", "walk_linked", "lists_native", "NATIVE", "LISTS_NATIVE", "LINKED_MAX"]
 
 _INT64_P = ctypes.POINTER(ctypes.c_int64)
 
@@ -40,6 +40,10 @@ def _load():
         lib.hw_gather.restype = ctypes.c_int64
         lib.hw_gather.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_uint64,
                                   ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+        if hasattr(lib, "hw_sweep_window"):
+            lib.hw_sweep_window.restype = ctypes.c_int64
+            lib.hw_sweep_window.argtypes = [ctypes.c_void_p] + [ctypes.c_int64] * 3 + [ctypes.c_uint64] * 2 + \
+                [ctypes.c_int64] + [ctypes.c_void_p] * 4 + [_INT64_P]
         if hasattr(lib, "hw_walk_list"):     # a library built before it still serves the other three
             lib.hw_chunk_dir.restype = None
             lib.hw_chunk_dir.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
@@ -96,6 +100,21 @@ def gather(words: np.ndarray, found: np.ndarray, base: int, before: int) -> tupl
     ok = _LIB.hw_gather(words.ctypes.data, len(words), found.ctypes.data, len(found), base, before,
                         out[0].ctypes.data, out[1].ctypes.data, out[2].ctypes.data, out[3].ctypes.data)
     return (out[0], out[1], out[2], out[3]) if ok else None
+
+
+def sweep_window(words: np.ndarray, limit: int, j: int, min_size: int, base: int, before: int,
+                 into: list[np.ndarray], at: int) -> tuple[int, int]:
+    """`chase` of WORDS to word LIMIT and `gather` of what it stepped on in one C loop (`hw_sweep_window`),
+    the chunks' address, size field, fd and bk written to the four arrays INTO (uint64) from index AT on (room
+    for LIMIT // 4 + 1): the word it stopped at (-1 where `gather` would answer None) and the chunks written;
+    NotImplemented when the library lacks it."""
+    if _LIB is None or not hasattr(_LIB, "hw_sweep_window"):
+        return NotImplemented
+    words = np.ascontiguousarray(words, dtype=np.uint64)
+    count = ctypes.c_int64()
+    stop = _LIB.hw_sweep_window(words.ctypes.data, len(words), limit, j, min_size, base, before,
+                                *(column.ctypes.data + 8 * at for column in into), ctypes.byref(count))
+    return int(stop), count.value
 
 
 def successors(successor: np.ndarray):

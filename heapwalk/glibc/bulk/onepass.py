@@ -17,7 +17,7 @@ from heapwalk.glibc.walk.chunks import extents
 from heapwalk.glibc.bulk.indexlists import PLAIN, IndexedLists, lists_of_sweep
 from heapwalk.glibc.locate.layout import Layout
 from heapwalk.glibc.model import Account, Arena, Tcache, TrimEstimate
-from heapwalk.glibc.bulk.sweep import sweep_extents
+from heapwalk.glibc.bulk.sweep import SweepRoom, sweep_extents
 from heapwalk.glibc.bulk.sweepwalk import TCACHE_CODE, TCACHE_STRUCT_CODE, walk_of_sweep
 from heapwalk.inferior.memory import Memory
 from heapwalk.inferior.residency import Residency
@@ -53,6 +53,7 @@ class OnePass:
         self.pages = pages
         self.used: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self.keep_chunks = keep_chunks
+        self.room = SweepRoom()
         self.chunks: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         self.failed: set[int] = set()
         self.spans: list[tuple[int, int]] = []
@@ -78,7 +79,7 @@ class OnePass:
         self.extents[arena.address] = [(e.start, e.end) for e in arena_extents]
         tick = None if self.progress is None else (lambda walked, base=self.done: self.progress(base + walked,
                                                                                              self.total))
-        sweep = sweep_extents(self.mem, arena_extents, arena.top, tick, self.pages)
+        sweep = sweep_extents(self.mem, arena_extents, arena.top, tick, self.pages, self.room)
         self.done += sum(e.end - e.start for e in arena_extents)
         if sweep is not None:
             lists = lists_of_sweep(sweep, self.layout, arena.address, raw_arena, arena.system_mem)
@@ -97,6 +98,8 @@ class OnePass:
                 self.used[arena.address] = in_use_lengths(sweep.address[plain], sweep.sizes[plain])
             if self.keep_chunks:       # the codes as the walk left them: tcache, top and fenceposts marked
                 self.chunks[arena.address] = (sweep.address, sweep.sizes, lists.codes)
+        if sweep is not None:          # nothing above keeps its columns but the address column in CHUNKS
+            self.room.give_back(sweep, keep_address=arena.address in self.chunks)
         return lists
 
     def results(self, arenas: tuple[Arena, ...]) -> dict[int, tuple[Account, TrimEstimate]] | None:

@@ -15,6 +15,7 @@ so it gives up (None), and the careful walkers take the arena instead: they name
 
 from __future__ import annotations
 
+import mmap
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -23,12 +24,13 @@ import numpy as np
 from heapwalk.analysis.pages import PagesSeen
 from heapwalk.glibc.walk.chunks import Extent
 from heapwalk.glibc.locate.layout import MINSIZE
-from heapwalk.glibc.bulk.native import chase, gather
+from heapwalk.glibc.bulk.native import chase, gather, sweep_window
 from heapwalk.glibc.walk.resync import FENCEPOST_ROOM
 from heapwalk.inferior.memory import Memory
 from heapwalk.inferior.window import SPAN, let_go_ahead, read_window, window_ahead
 
-__all__ = ["Segment", "Sweep", "sweep_extents", "TAIL_NONE", "TAIL_FENCEPOST", "TAIL_LEFTOVER", "TAIL_ZERO"]
+__all__ = ["Segment", "Sweep", "SweepRoom", "sweep_extents", "TAIL_NONE", "TAIL_FENCEPOST", "TAIL_LEFTOVER",
+           "TAIL_ZERO"]
 
 #: words a window keeps past the last size field it steps on: that chunk's fd and bk are read from it too
 _MARGIN = 3
@@ -78,53 +80,131 @@ class Sweep:
 
 
 def sweep_extents(mem: Memory, extents: list[Extent], top: int, progress=None,
-                  pages: PagesSeen | None = None) -> Sweep | None:
+                  pages: PagesSeen | None = None, room: SweepRoom | None = None) -> Sweep | None:
     """Every chunk of EXTENTS (one arena's, TOP its top), or None where a heap is not as glibc leaves it (or
     not in memory).  PROGRESS(bytes), when given, hears how far the sweep is; PAGES, when given, notes
-    which pages of each window hold anything."""
-    parts: list[tuple[np.ndarray, ...]] = []
+    which pages of each window hold anything; ROOM, when given, lends the room the columns are written in."""
+    columns = _Columns(sum(max(0, e.end - e.first) for e in extents) // MINSIZE + 2 * len(extents), room)
     segments = []
-    count = done = 0
+    done = 0
     for extent in extents:
-        swept = _sweep_extent(mem, extent, top, pages)
+        lo = columns.count
+        swept = _sweep_extent(mem, extent, top, columns, pages)
         if swept is None:
             let_go_ahead(mem)            # the window read ahead, untaken where the sweep stopped
             return None
-        extent_parts, tail, kind = swept
-        n = sum(len(p[0]) for p in extent_parts)
-        segments.append(Segment(extent, count, count + n, tail, kind))
-        parts.extend(extent_parts)
-        del swept, extent_parts          # the parts are PARTS' alone: `_joined` lets each go
-        count += n
+        tail, kind = swept
+        segments.append(Segment(extent, lo, columns.count, tail, kind))
         done += extent.end - extent.start
         if progress is not None:
             progress(done)
     let_go_ahead(mem)                    # the window read ahead past the last extent's end, untaken
-    if not parts:
-        empty = np.zeros(0, dtype=np.uint64)
-        return Sweep(empty, empty, empty, empty, tuple(segments))
-    return Sweep(*_joined(parts), tuple(segments))
+    return Sweep(*columns.joined(), tuple(segments))
 
 
-def _joined(parts: list[tuple[np.ndarray, ...]]) -> list[np.ndarray]:
-    """The windows' PARTS (address, field, fd, bk each) joined column by column, each column's parts let go once
-    joined: the sweep's room and a column's more at the most, not twice the sweep's."""
-    columns = [list(column) for column in zip(*parts)]
-    parts.clear()
-    out = []
-    for column in columns:
-        out.append(np.concatenate(column))
-        column.clear()
-    return out
+class _Columns:
+    """The sweep's four columns (address, size field, fd and bk), written in place window by window: in room for
+    as many chunks as the arena's bytes hold at the least chunk size (MOST), BLOCK chunks at the most at a time.
+    Room not written to costs no memory (its pages are not touched); a further block is made where one fills,
+    and the blocks are joined at the end only where there are more than one."""
+
+    BLOCK = 1 << 25
+
+    def __init__(self, most: int, room: SweepRoom | None = None):
+        self.most, self.count, self._lender = most, 0, room
+        self._blocks: list[list[np.ndarray]] = []
+        self._filled: list[int] = []
+
+    def room(self, need: int) -> tuple[list[np.ndarray], int]:
+        """The block to write NEED chunks more into, and where in it they go (see `wrote`)."""
+        if not self._blocks or len(self._blocks[-1][0]) - self._filled[-1] < need:
+            size = max(need, min(self.BLOCK, self.most - self.count))
+            self._blocks.append([_untouched(size) if self._lender is None else self._lender.take(c, size)
+                                 for c in range(4)])
+            self._filled.append(0)
+        return self._blocks[-1], self._filled[-1]
+
+    def wrote(self, k: int) -> None:
+        """Counts the K chunks written where `room` said."""
+        self._filled[-1] += k
+        self.count += k
+
+    def append(self, part: tuple[np.ndarray, ...]) -> None:
+        """Writes the chunks of PART (address, size field, fd and bk arrays) after the others."""
+        k = len(part[0])
+        block, at = self.room(k)
+        for column, values in zip(block, part):
+            column[at:at + k] = values
+        self.wrote(k)
+
+    def last(self, column: int) -> int:
+        """COLUMN's value for the last chunk written (0 address, 1 size field)."""
+        return int(self._blocks[-1][column][self._filled[-1] - 1])
+
+    def joined(self) -> list[np.ndarray]:
+        """The four columns, the blocks let go as they are joined."""
+        if not self._blocks:
+            return [np.zeros(0, dtype=np.uint64) for _ in range(4)]
+        parts = [[block[c][:filled] for block, filled in zip(self._blocks, self._filled)] for c in range(4)]
+        self._blocks.clear()
+        if len(self._filled) == 1:
+            return [column[0] for column in parts]
+        out = []
+        for column in parts:
+            out.append(np.concatenate(column))
+            column.clear()
+        return out
 
 
-def _sweep_extent(mem: Memory, extent: Extent, top: int,
-                  pages: PagesSeen | None = None) -> tuple[list[tuple[np.ndarray, ...]], int, int] | None:
-    """The chunks of EXTENT a window at a time, as (address, field, fd, bk) arrays per window, with the tail
-    bytes and kind; None at anything a sound heap does not have."""
+def _untouched(n: int) -> np.ndarray:
+    """Room for N uint64 in a private mapping of its own: its pages take memory only once written to, in huge
+    pages where the system has them (a fault each 2 MiB, not each 4 KiB: a quarter of the time to fill), and all
+    of it goes back to the system with the array (malloc would place room of tens of MiB in its heap, and keep
+    it)."""
+    room = mmap.mmap(-1, max(8 * n, 8), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    if hasattr(room, "madvise") and hasattr(mmap, "MADV_HUGEPAGE"):
+        try:
+            room.madvise(mmap.MADV_HUGEPAGE)
+        except OSError:
+            pass
+    return np.frombuffer(room, dtype=np.uint64, count=n)
+
+
+class SweepRoom:
+    """The room of sweeps done, given back to be written again by the next arena's sweep: a page written to
+    for the first time costs the kernel a fault (microseconds on a virtual machine, a tenth of a sweep's time),
+    one written before does not, and the room is the largest arena's, not every arena's."""
+
+    def __init__(self):
+        self._free: list[list[np.ndarray]] = [[] for _ in range(4)]
+
+    def take(self, column: int, n: int) -> np.ndarray:
+        """Room for N values of COLUMN (0 address, 1 size field, 2 fd, 3 bk): a block given back, else a new one of
+        the next power of two (arenas of much the same size then take each other's)."""
+        free = self._free[column]
+        for i, block in enumerate(free):
+            if len(block) >= n:
+                return free.pop(i)
+        return _untouched(1 << max(0, n - 1).bit_length())
+
+    def give_back(self, sweep: Sweep, keep_address: bool = False) -> None:
+        """Takes back the room of SWEEP's columns (its address column's too, unless KEEP_ADDRESS): the caller keeps
+        no array of them, nor a view of one."""
+        for column, values in enumerate((sweep.address, sweep.field, sweep.fd, sweep.bk)):
+            if column or not keep_address:
+                block = values.base
+                if isinstance(block, np.ndarray) and isinstance(block.base, memoryview) and \
+                        isinstance(block.base.obj, mmap.mmap):
+                    self._free[column].append(block)
+
+
+def _sweep_extent(mem: Memory, extent: Extent, top: int, columns: _Columns,
+                  pages: PagesSeen | None = None) -> tuple[int, int] | None:
+    """The chunks of EXTENT a window at a time, written to COLUMNS, and the tail bytes and kind; None at anything
+    a sound heap does not have."""
     c, end = extent.first, extent.end
     has_top = extent.first <= top < end
-    parts: list[tuple[np.ndarray, ...]] = []
+    lo = columns.count
     before = -1                          # the size of the chunk before c (-1: c is the extent's first)
     w = c                                # the window's base: c, or below it where the window was read ahead
     while c < end:
@@ -141,26 +221,44 @@ def _sweep_extent(mem: Memory, extent: Extent, top: int,
             window_ahead(mem, ahead, end, SPAN)       # read while this one is judged
         words = memoryview(data)[:8 * n].cast("Q")
         array64 = np.frombuffer(data, dtype=np.uint64, count=n)
-        found, j = chase(array64 if last else array64[:n - _MARGIN], first, MINSIZE)
-        if len(found):
-            part = _gather(array64, found, w, before)
-            if part is None:
-                return None
-            parts.append(part)
-            before = int(part[1][-1]) & ~7
+        j, k = _chunks(array64, n if last else n - _MARGIN, first, w, before, columns)
+        if j < 0:
+            return None
+        if k:
+            before = columns.last(1) & ~7
             if pages is not None:
                 pages.note(w, array64)
         stop = w + 8 * (j - 1)           # the chunk the chase stopped at
         if j < (n if last else n - _MARGIN):
-            return _tail(words, j, stop, extent, has_top, top, before, parts)  # at a size no chunk has
+            return _tail(words, j, stop, extent, has_top, top, before, columns, lo)  # at a size no chunk has
         if stop > end or stop == c:
             return None                  # the last chunk runs past the extent, or memory ends here
         c = stop                         # the next chunk's header is in the next window
         w = ahead if not last and c > ahead > w else c
         del data, words, array64         # this window gone before the next is read ahead: two at a time
-    if not parts or not has_top or int(parts[-1][0][-1]) != top:
+    if columns.count == lo or not has_top or columns.last(0) != top:
         return None
-    return parts, 0, TAIL_NONE
+    return 0, TAIL_NONE
+
+
+def _chunks(words: np.ndarray, limit: int, first: int, base: int, before: int, columns: _Columns) -> tuple[int, int]:
+    """The chunks of the window WORDS (read from BASE) stepped on from the size field at word FIRST to word
+    LIMIT, written to COLUMNS as `_gather` gives them, and the word the steps stopped at (-1 where `_gather`
+    answers None) and how many chunks.  In one C loop when the library has it."""
+    into, at = columns.room(max(0, limit - first) // (MINSIZE // 8) + 1)
+    swept = sweep_window(words, limit, first, MINSIZE, base, before, into, at)
+    if swept is not NotImplemented:
+        if swept[0] >= 0:
+            columns.wrote(swept[1])
+        return swept
+    found, j = chase(words[:limit], first, MINSIZE)
+    if not len(found):
+        return j, 0
+    part = _gather(words, found, base, before)
+    if part is None:
+        return -1, 0
+    columns.append(part)
+    return j, len(found)
 
 
 def _gather(words: np.ndarray, found: np.ndarray, base: int, before: int,
@@ -189,12 +287,13 @@ def _gather(words: np.ndarray, found: np.ndarray, base: int, before: int,
     return address, fields, words[found + 1], words[found + 2]
 
 
-def _tail(words, j: int, stop: int, extent: Extent, has_top: bool, top: int, before: int,
-          parts: list) -> tuple[list, int, int] | None:
+def _tail(words, j: int, stop: int, extent: Extent, has_top: bool, top: int, before: int, columns: _Columns,
+          lo: int) -> tuple[int, int] | None:
     """How an extent without top ends, where the chase stopped at STOP (field at word J): a 16-byte
-    fencepost and a zero size, or a zero size alone; None for anything else."""
+    fencepost and a zero size, or a zero size alone; None for anything else.  The extent's chunks are COLUMNS'
+    from LO on."""
     end = extent.end
-    if has_top or not parts:
+    if has_top or columns.count == lo:
         return None
     size = words[j] & ~7
     if size == 16 and j + 2 < len(words) and words[j + 2] & ~7 == 0:
@@ -204,10 +303,10 @@ def _tail(words, j: int, stop: int, extent: Extent, has_top: bool, top: int, bef
         fencepost = words[j]
         if not fencepost & 1 and words[j - 1] != before:
             return None
-        parts.append((np.array([stop], dtype=np.uint64), np.array([fencepost], dtype=np.uint64),
-                      np.zeros(1, dtype=np.uint64), np.zeros(1, dtype=np.uint64)))
-        return parts, end - after, TAIL_FENCEPOST
+        columns.append((np.array([stop], dtype=np.uint64), np.array([fencepost], dtype=np.uint64),
+                        np.zeros(1, dtype=np.uint64), np.zeros(1, dtype=np.uint64)))
+        return end - after, TAIL_FENCEPOST
     if size == 0 and end - stop <= FENCEPOST_ROOM and words[j] & 1:
         leftover = before < MINSIZE + 16 and words[j - 1] == before
-        return parts, end - stop, TAIL_LEFTOVER if leftover else TAIL_ZERO
+        return end - stop, TAIL_LEFTOVER if leftover else TAIL_ZERO
     return None

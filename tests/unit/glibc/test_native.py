@@ -117,6 +117,43 @@ def test_gather_is_the_same_in_c_and_numpy(seed):
                 assert all(np.array_equal(a, b) and a.dtype == b.dtype for a, b in zip(c, py))
 
 
+@pytest.mark.parametrize("seed", range(40))
+def test_a_window_swept_in_one_c_loop_is_chased_and_gathered(seed):
+    """`sweep_window` (the chase and the gather in one C loop, written in place) gives the chase's stop and the
+    gather's chunks, or fails where the gather would: prev_size not the neighbour's size, no neighbour for a chunk
+    whose PREV_INUSE is clear, the last chunk's fd and bk past the words."""
+    from heapwalk.glibc.bulk.sweep import _gather
+    rng = random.Random(seed)
+    n = rng.choice((3, 40, 4000))
+    words = [rng.getrandbits(64) for _ in range(n)]
+    j, size = 1, None
+    while j < n:
+        new = rng.choice((0x20, 0x30, 0x90, 0x400)) | rng.choice((0, 1, 1, 1, 5))
+        if rng.random() < 0.01:
+            new = rng.choice((0x18, 0x28, 0x10))
+        words[j] = new
+        if not new & 1 and size is not None and rng.random() < 0.98:
+            words[j - 1] = size
+        size = new & ~7
+        j += size >> 3
+    words = np.array(words, dtype=np.uint64)
+    for before in (-1, 0x20):
+        for limit in (n, max(0, n - 3), rng.randrange(n + 1)):
+            for first in (1, 2):
+                found, stop = native.chase(words[:limit], first, 32)
+                part = _gather(words, found, 0x10000, before, native=False) if len(found) else ()
+                into = [np.full(limit // 4 + 3, 7, dtype=np.uint64) for _ in range(4)]
+                at = rng.randrange(2)
+                got, k = native.sweep_window(words, limit, first, 32, 0x10000, before, into, at)
+                if part is None:
+                    assert got == -1
+                    continue
+                assert (got, k) == (stop, len(found))
+                assert all(column[at:at + k].tolist() == list(map(int, values)) for column, values in
+                           zip(into, part or ((),) * 4))
+                assert all(int(column[at + k]) == 7 and (not at or int(column[0]) == 7) for column in into)
+
+
 def _swept_lists(rng: random.Random, n: int):
     """A `Sweep` of N chunks strung into a few doubly linked lists (some through a head outside the chunks,
     some ending at NULL), then damaged here and there: a link to the middle of a chunk, to a chunk of another

@@ -320,6 +320,48 @@ def test_a_sweep_in_small_windows_read_ahead_gives_what_one_window_gives(span, m
     assert mem.asked > mem.taken or span > 4096            # some chunks outgrow the window read ahead
 
 
+@pytest.mark.parametrize("block", [1, 5, 1 << 25])
+@pytest.mark.parametrize("c_loop", [True, False])
+def test_a_sweep_written_in_blocks_of_room_gives_what_one_block_gives(block, c_loop, monkeypatch):
+    """The sweep's columns written in place in blocks of room (a window's chunks more than a block holds; one
+    block), by the C loop or by numpy: the same lists, account and trim as one block written by the C loop."""
+    from heapwalk.glibc.bulk import native, sweep as sweep_module
+    s = _synth(2, (2, 36))
+    expected = _one_pass(s)
+    monkeypatch.setattr(sweep_module._Columns, "BLOCK", block)
+    if not c_loop:
+        monkeypatch.setattr(native, "_LIB", None)
+    assert _one_pass(s) == expected
+
+
+@pytest.mark.parametrize("keep", [False, True])
+def test_what_a_pass_keeps_is_not_the_room_it_gives_back(keep, monkeypatch):
+    """The room an arena's sweep gives back is written over by the next one: the lists, account, trim, lengths in
+    use and chunks the pass keeps are the same when that room is scribbled on as soon as it is given back."""
+    from heapwalk.glibc.bulk.sweep import SweepRoom
+    s = _synth(3, (2, 36))
+
+    def kept():
+        one = OnePass(s.mem, s.layout, s.tcaches, 0, True, keep_used=keep, keep_chunks=keep)
+        lists = one.lists(s.arena, s.mem.read(ARENA, s.layout.arena_size))
+        return ((lists.fastbins, lists.unsorted, lists.bins, lists.codes.tolist()), one.results((s.arena,)),
+                {k: [a.tolist() for a in v] for k, v in one.used.items()},
+                {k: [a.tolist() for a in v] for k, v in one.chunks.items()}, one.room)
+
+    *expected, room = kept()
+    assert sum(len(blocks) for blocks in room._free) == (3 if keep else 4)
+    give_back = SweepRoom.give_back
+
+    def scribbled(self, sweep, keep_address=False):
+        give_back(self, sweep, keep_address)
+        for blocks in self._free:
+            for block in blocks:
+                block[:] = 0xABABABABABABABAB
+
+    monkeypatch.setattr(SweepRoom, "give_back", scribbled)
+    assert list(kept()[:-1]) == expected
+
+
 def test_in_use_lengths_made_a_step_at_a_time_as_at_once(monkeypatch):
     """`onepass.in_use_lengths` and `lengths_fit` judge and make the lengths a step of chunks at a time: the
     same lengths, the same sizes kept whole where one chunk in any step does not fit, the caller's sizes untouched."""
