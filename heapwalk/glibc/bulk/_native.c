@@ -98,6 +98,32 @@ int64_t hw_sweep_window(const uint64_t *words, int64_t n, int64_t limit, int64_t
     return j;
 }
 
+/* The runs of free chunks malloc_trim's consolidation would merge among the chunks [LO, HI) of CODES (each chunk's
+ * listing code) and SIZES: each stretch of chunks whose codes lie in [RUN_LO, RUN_HI), its first chunk's index to
+ * STARTS and the index past its last to ENDS, its bytes to BYTES, and whether a chunk of code FAST lies in it (1
+ * or 0) to HAS_FAST (room for (HI - LO + 1) / 2 each).  Returns how many runs. */
+int64_t hw_free_runs(const uint8_t *codes, const int64_t *sizes, int64_t lo, int64_t hi, int64_t run_lo,
+                     int64_t run_hi, int64_t fast, int64_t *starts, int64_t *ends, int64_t *bytes,
+                     uint8_t *has_fast)
+{
+    int64_t k = 0;
+    for (int64_t i = lo; i < hi; i++) {
+        if (codes[i] < run_lo || codes[i] >= run_hi)
+            continue;
+        int64_t total = 0;
+        uint8_t any = 0;
+        starts[k] = i;
+        for (; i < hi && codes[i] >= run_lo && codes[i] < run_hi; i++) {
+            total += sizes[i];
+            any |= codes[i] == fast;
+        }
+        ends[k] = i;
+        bytes[k] = total;
+        has_fast[k++] = any;
+    }
+    return k;
+}
+
 /* Whether chunk J of the N whose size fields are FIELD is free: the chunk after it has PREV_INUSE clear. */
 static int64_t is_free(const uint64_t *field, int64_t n, int64_t j)
 {

@@ -20,7 +20,7 @@ import numpy as np
 
 from heapwalk.inferior.clib import built_library
 
-__all__ = ["chase", "follow", "gather", "sweep_window", "successors", "ChunkDirectory", "walk_list",
+__all__ = ["chase", "follow", "gather", "sweep_window", "free_runs", "successors", "ChunkDirectory", "walk_list",
            "linked", "walk_linked", "lists_native", "NATIVE", "LISTS_NATIVE", "LINKED_MAX"]
 
 _INT64_P = ctypes.POINTER(ctypes.c_int64)
@@ -44,6 +44,9 @@ def _load():
             lib.hw_sweep_window.restype = ctypes.c_int64
             lib.hw_sweep_window.argtypes = [ctypes.c_void_p] + [ctypes.c_int64] * 3 + [ctypes.c_uint64] * 2 + \
                 [ctypes.c_int64] + [ctypes.c_void_p] * 4 + [_INT64_P]
+        if hasattr(lib, "hw_free_runs"):
+            lib.hw_free_runs.restype = ctypes.c_int64
+            lib.hw_free_runs.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 5 + [ctypes.c_void_p] * 4
         if hasattr(lib, "hw_walk_list"):     # a library built before it still serves the other three
             lib.hw_chunk_dir.restype = None
             lib.hw_chunk_dir.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
@@ -115,6 +118,23 @@ def sweep_window(words: np.ndarray, limit: int, j: int, min_size: int, base: int
     stop = _LIB.hw_sweep_window(words.ctypes.data, len(words), limit, j, min_size, base, before,
                                 *(column.ctypes.data + 8 * at for column in into), ctypes.byref(count))
     return int(stop), count.value
+
+
+def free_runs(codes: np.ndarray, sizes: np.ndarray, lo: int, hi: int, run_lo: int, run_hi: int, fast: int
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The stretches of chunks [LO, HI) whose CODES (uint8) lie in [RUN_LO, RUN_HI), in one C loop
+    (`hw_free_runs`): each one's first chunk and the chunk past its last (int64), its bytes (SIZES summed, int64),
+    and whether it holds a chunk of code FAST (bool); NotImplemented when the library lacks it."""
+    if _LIB is None or not hasattr(_LIB, "hw_free_runs"):
+        return NotImplemented
+    codes = np.ascontiguousarray(codes, dtype=np.uint8)
+    sizes = np.ascontiguousarray(sizes, dtype=np.int64)
+    room = max(0, hi - lo + 1) // 2
+    starts, ends, total = (np.empty(room, np.int64) for _ in range(3))
+    has_fast = np.empty(room, np.uint8)
+    k = _LIB.hw_free_runs(codes.ctypes.data, sizes.ctypes.data, lo, hi, run_lo, run_hi, fast, starts.ctypes.data,
+                          ends.ctypes.data, total.ctypes.data, has_fast.ctypes.data)
+    return starts[:k], ends[:k], total[:k], has_fast[:k].view(bool)
 
 
 def successors(successor: np.ndarray):

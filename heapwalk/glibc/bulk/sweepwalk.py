@@ -17,6 +17,7 @@ import numpy as np
 from heapwalk.glibc.walk.chunks import Tally
 from heapwalk.analysis.tally import tally as count_and_sum
 from heapwalk.glibc.bulk.indexlists import PLAIN
+from heapwalk.glibc.bulk.native import free_runs
 from heapwalk.glibc.locate.layout import NON_MAIN_ARENA, Layout
 from heapwalk.glibc.model import Account, Arena, ChunkState, TrimEstimate
 from heapwalk.glibc.bulk.sweep import TAIL_FENCEPOST, TAIL_LEFTOVER, TAIL_ZERO, Sweep
@@ -49,7 +50,7 @@ def walk_of_sweep(mem: Memory, layout: Layout, arena: Arena, sweep: Sweep, codes
         return None
     sim = TrimSimulation(mem, layout, arena, thp_pagesize, main_contiguous and not arena.noncontiguous, residency,
                          seen, page)
-    _feed_runs(sim, sweep, codes, sizes, layout.has_fastbins)
+    _feed_runs(sim, sweep, codes, sizes, layout.has_fastbins, tally.bytes[ChunkState.TCACHE])
     return tally.account(), sim.result()
 
 
@@ -129,28 +130,37 @@ def _neighbours_agree(sweep: Sweep, codes: np.ndarray, want_bit: int) -> bool:
     return not bool(np.any(held & (bits != bool(want_bit))))
 
 
-def _feed_runs(sim: TrimSimulation, sweep: Sweep, codes: np.ndarray, sizes: np.ndarray, consolidate: bool) -> None:
-    """Gives SIM the runs of free chunks consolidation would merge, heap by heap (see `TrimSimulation`)."""
-    runnable = (codes >= (_FAST if consolidate else 3)) & (codes <= 5)
-    fast = codes == _FAST
+def _feed_runs(sim: TrimSimulation, sweep: Sweep, codes: np.ndarray, sizes: np.ndarray, consolidate: bool,
+               tcache: int) -> None:
+    """Gives SIM the runs of free chunks consolidation would merge, heap by heap (see `TrimSimulation`), and the
+    TCACHE bytes."""
+    run_lo = _FAST if consolidate else 3
     runs: list[tuple[int, int]] = []
     sub_page = 0
     for segment in sweep.segments:
         lo, hi = segment.lo, segment.hi
-        edges = np.diff(np.concatenate(([0], runnable[lo:hi].view(np.int8), [0])))
-        starts, ends = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
+        found = free_runs(codes, sizes, lo, hi, run_lo, 6, _FAST)
+        starts, ends, run_sizes, has_fast = _free_runs(codes, sizes, lo, hi, run_lo) if found is NotImplemented \
+            else found
         if not len(starts):
             continue
-        total = np.concatenate(([0], np.cumsum(sizes[lo:hi])))
-        fasts = np.concatenate(([0], np.cumsum(fast[lo:hi])))
-        run_sizes = total[ends] - total[starts]
         merged = np.zeros(len(starts), dtype=bool)
-        if ends[-1] < hi - lo and codes[lo + ends[-1]] == _TOP and fasts[ends[-1]] > fasts[starts[-1]]:
+        if ends[-1] < hi and codes[ends[-1]] == _TOP and has_fast[-1]:
             merged[-1] = True            # consolidation takes the run into top
-            sim.top_start, sim.top_size = int(sweep.address[lo + starts[-1]]), sim.top_size + int(run_sizes[-1])
+            sim.top_start, sim.top_size = int(sweep.address[starts[-1]]), sim.top_size + int(run_sizes[-1])
         small = (run_sizes <= sim.sub_page) & ~merged
         sub_page += int(run_sizes[small].sum())
         large = np.flatnonzero(~small & ~merged)
-        runs.extend(zip(sweep.address[lo + starts[large]].tolist(), run_sizes[large].tolist()))
-    tcache = int(sizes[codes == TCACHE_CODE].sum())
+        runs.extend(zip(sweep.address[starts[large]].tolist(), run_sizes[large].tolist()))
     sim.take(runs, sub_page, tcache)
+
+
+def _free_runs(codes: np.ndarray, sizes: np.ndarray, lo: int, hi: int, run_lo: int
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """`native.free_runs` of the binned codes from RUN_LO on, in numpy."""
+    runnable = (codes[lo:hi] >= run_lo) & (codes[lo:hi] <= 5)
+    edges = np.diff(np.concatenate(([0], runnable.view(np.int8), [0])))
+    starts, ends = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
+    total = np.concatenate(([0], np.cumsum(sizes[lo:hi])))
+    fasts = np.concatenate(([0], np.cumsum(codes[lo:hi] == _FAST)))
+    return starts + lo, ends + lo, total[ends] - total[starts], fasts[ends] > fasts[starts]

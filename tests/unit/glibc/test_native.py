@@ -154,6 +154,23 @@ def test_a_window_swept_in_one_c_loop_is_chased_and_gathered(seed):
                 assert all(int(column[at + k]) == 7 and (not at or int(column[0]) == 7) for column in into)
 
 
+@pytest.mark.parametrize("seed", range(30))
+def test_free_runs_are_the_same_in_c_and_numpy(seed):
+    """The runs of binned chunks (codes 2 or 3 to 5) of a stretch of chunks, their bytes and whether a fastbin
+    chunk lies in each, in C and in numpy: runs at either end of the stretch, of one chunk, none at all."""
+    from heapwalk.glibc.bulk.sweepwalk import _free_runs
+    rng = random.Random(seed)
+    n = rng.choice((0, 1, 2, 7, 500))
+    codes = np.array([rng.choice((0, 1, 2, 3, 4, 5, 6, 7, 255, 3, 4)) for _ in range(n)], dtype=np.uint8)
+    sizes = np.array([rng.choice((0x20, 0x90, 0x1000, 0x5000)) for _ in range(n)], dtype=np.int64)
+    for run_lo in (2, 3):
+        for lo, hi in ((0, n), (min(n, 1), n), (0, max(0, n - 1)), (n // 3, n // 2)):
+            c = native.free_runs(codes, sizes, lo, hi, run_lo, 6, 2)
+            py = _free_runs(codes, sizes, lo, hi, run_lo)
+            assert [a.tolist() for a in c] == [a.tolist() for a in py]
+            assert all(run_lo <= codes[i] <= 5 for s, e in zip(c[0].tolist(), c[1].tolist()) for i in range(s, e))
+
+
 def _swept_lists(rng: random.Random, n: int):
     """A `Sweep` of N chunks strung into a few doubly linked lists (some through a head outside the chunks,
     some ending at NULL), then damaged here and there: a link to the middle of a chunk, to a chunk of another
