@@ -157,17 +157,12 @@ class _Columns:
 
 
 def _untouched(n: int) -> np.ndarray:
-    """Room for N uint64 in a private mapping of its own: its pages take memory only once written to, in huge
-    pages where the system has them (a fault each 2 MiB, not each 4 KiB: a quarter of the time to fill), and all
-    of it goes back to the system with the array (malloc would place room of tens of MiB in its heap, and keep
-    it)."""
-    room = mmap.mmap(-1, max(8 * n, 8), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    if hasattr(room, "madvise") and hasattr(mmap, "MADV_HUGEPAGE"):
-        try:
-            room.madvise(mmap.MADV_HUGEPAGE)
-        except OSError:
-            pass
-    return np.frombuffer(room, dtype=np.uint64, count=n)
+    """Room for N uint64 in a private mapping of its own: its pages take memory only once written to, and all of it
+    goes back to the system with the array (in gdb's heap, where `ownmemory` keeps what is freed while a command
+    runs, room of tens of MiB would stay beside the next phase's arrays).  In small pages, as numpy's arrays are
+    while a command runs (`ownmemory`)."""
+    return np.frombuffer(mmap.mmap(-1, max(8 * n, 8), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS),
+                         dtype=np.uint64, count=n)
 
 
 class SweepRoom:
