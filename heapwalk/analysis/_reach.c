@@ -13,13 +13,14 @@
 #include <string.h>
 
 
-/* The version of these functions' arguments (8: hw_scan_rows passes by the blocks followed before; 7: it judges
+/* The version of these functions' arguments (9: hw_scan_rows gives the first word of each block starting in its
+ * window; 8: it passes by the blocks followed before; 7: it judges
  * a window ROOM words at a time; 6: the lookup's table written packed, hw_table_packed; 5: the blocks' ends or
  * lengths, end_of; the tally's groups of any width, and sizes from lengths; the lookup's table packed, entry): a
  * library built from older sources has another, or none, and is not used. */
 int64_t hw_reach_abi(void)
 {
-    return 8;
+    return 9;
 }
 
 /* Goes on with a breadth-first search whose queue is ORDER[HEAD .. TAIL): visits every node the queued ones lead
@@ -428,7 +429,9 @@ static int64_t judge(const uint64_t *values, int64_t m, const uint64_t *starts, 
  * EDGES_BEFORE + the edges appended here before it, to ROW_STARTS (room for N each; *NKEYS counts those appended).
  * A block seen only after its words were read has its row to be followed then: hw_close.  The NFOLLOWED blocks
  * FOLLOWED (ascending) are passed by: their words were followed before (a container read whole, seen, its
- * blocks marked).  Returns the edges appended. */
+ * blocks marked).  Where FIRSTS is not NULL (room for N), the first word of each block whose first word lies in
+ * the window, followed or not, is written there, and the first such block's index to *FIRST_BLOCK (those blocks
+ * are consecutive); *NFIRSTS counts them.  Returns the edges appended. */
 int64_t hw_scan_rows(const uint64_t *words, int64_t n, uint64_t base, uint64_t lo, uint64_t hi,
                      const uint64_t *starts, const uint64_t *ends, const uint32_t *lengths, int64_t nblocks,
                      int64_t from,
@@ -437,13 +440,18 @@ int64_t hw_scan_rows(const uint64_t *words, int64_t n, uint64_t base, uint64_t l
                      int32_t *source, int64_t room,
                      uint8_t *seen, int64_t defer, int64_t edges_before, int32_t *targets, int32_t *keys,
                      int64_t *row_starts, int64_t *nkeys, int64_t *last, const int32_t *followed,
-                     int64_t nfollowed)
+                     int64_t nfollowed, uint64_t *firsts, int64_t *first_block, int64_t *nfirsts)
 {
-    int64_t m = 0, count = 0, nk = 0, x = 0;
+    int64_t m = 0, count = 0, nk = 0, x = 0, nf = 0;
     uint64_t past = base + 8 * (uint64_t)n, span = hi > lo ? hi - lo : 0;
     while (x < nfollowed && followed[x] < from)
         x++;
     for (int64_t i = from < 0 ? 0 : from; i < nblocks && starts[i] < past; i++) {
+        if (firsts && starts[i] >= base && starts[i] + 8 <= past) {
+            if (!nf)
+                *first_block = i;
+            firsts[nf++] = words[(starts[i] - base) / 8];
+        }
         while (x < nfollowed && followed[x] < i)
             x++;
         if (x < nfollowed && followed[x] == i)
@@ -474,6 +482,8 @@ int64_t hw_scan_rows(const uint64_t *words, int64_t n, uint64_t base, uint64_t l
     count = judge(values, m, starts, ends, lengths, nblocks, tlo, slots, first, nheaps, table, nbases, shift,
                   block, source, seen, defer, edges_before, targets, count, keys, row_starts, &nk, last);
     *nkeys = nk;
+    if (nfirsts)
+        *nfirsts = nf;
     return count;
 }
 

@@ -22,7 +22,7 @@ __all__ = ["Locator", "NATIVE", "merge_blocks", "nonzero_pages", "text_words",
            "FirstHits"]
 
 #: the version of `_reach.c`'s arguments this module calls them with (`hw_reach_abi`)
-ABI = 8
+ABI = 9
 #: blocks further apart than this start a new stretch of the table (the memory between is given no slots)
 GAP = 1 << 20
 #: the smallest slot, in bytes (a power of two)
@@ -59,7 +59,7 @@ def _declared(lib):
         lib.hw_root_window.argtypes = [p, i64, u64, u64, u64] + blocks + table + [ctypes.c_int32] + [p] * 6
         lib.hw_scan_rows.restype = i64
         lib.hw_scan_rows.argtypes = [p, i64, u64, u64, u64] + blocks + [i64] + table + [p] * 3 + [i64, p, i64, i64] + \
-            [p] * 6 + [i64]
+            [p] * 6 + [i64] + [p] * 3
         lib.hw_table_packed.restype = i64
         lib.hw_table_packed.argtypes = [p, p, i64, i64, p, i64, p, i64]
         lib.hw_merge_blocks.restype = ctypes.c_int64
@@ -178,12 +178,14 @@ class Locator:
 
     def window_rows(self, base: int, words: np.ndarray, scratch: tuple[np.ndarray, np.ndarray, np.ndarray],
                     seen: np.ndarray, defer: bool, edges_before: int, targets: np.ndarray, keys: np.ndarray,
-                    starts: np.ndarray, nkeys: int, last: int, followed: np.ndarray | None = None) -> int:
+                    starts: np.ndarray, nkeys: int, last: int, followed: np.ndarray | None = None,
+                    firsts: tuple[np.ndarray, int, int] | None = None) -> int:
         """`hw_scan_rows` (`_reach.c`) on the window WORDS read from BASE: SCRATCH is its room (values, blocks,
         sources, as many each as it judges at a time), SEEN the blocks reached so far; the rows kept go to TARGETS,
         KEYS and STARTS (room for N each; NKEYS and LAST the addresses of its two counters); returns the edges
-        kept.  The blocks FOLLOWED (int32, ascending) are passed by: their words were followed already.  Only
-        where `native`."""
+        kept.  The blocks FOLLOWED (int32, ascending) are passed by: their words were followed already.  FIRSTS,
+        when given (room for N uint64 from its place, and the addresses of its two counters: the first block, how
+        many), receives the first word of each block whose first word lies in the window.  Only where `native`."""
         words = np.ascontiguousarray(words, dtype=np.uint64)
         lo, slots, first, table, nbases, shift = self._table
         values, block, source = scratch
@@ -195,7 +197,8 @@ class Locator:
                                  len(values), seen.ctypes.data,
                                  int(defer), edges_before, targets.ctypes.data, keys.ctypes.data, starts.ctypes.data,
                                  nkeys, last, None if followed is None else followed.ctypes.data,
-                                 0 if followed is None else len(followed))
+                                 0 if followed is None else len(followed),
+                                 *((None, None, None) if firsts is None else firsts))
 
     def _end(self, rows):
         """The ends of the blocks at ROWS (an index, a slice or an array of them)."""

@@ -17,6 +17,7 @@ table of slots, else numpy's searchsorted).
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -130,6 +131,7 @@ class _Scanner:
         self.hits = FirstHits(blocks.count, None if paths else self.seen)
         self.unread: list[tuple[int, int]] = []
         self.followed: np.ndarray | None = None    # the containers read whole (`containers`)
+        self.firsts = _FirstWords(self.signed)
         self.progress, self.total, self.done = progress, total, 0
 
     def windows(self, lo: int, hi: int, note: bool = True):
@@ -167,17 +169,25 @@ class _Scanner:
             self.hits.add(np.array([b]), np.array([registers[w].value], dtype=np.uint64), first + w)
 
     def heap(self, lo: int, hi: int, beside: Beside) -> None:
-        """Reads the heap [LO, HI) (after the roots, and after every heap below it): each window's signatures and
-        pages judged on the thread BESIDE while its words are judged here, and done before the next is read."""
+        """Reads the heap [LO, HI) (after the roots, and after every heap below it): each window's pages (and in
+        numpy its signatures) judged on the thread BESIDE while its words are judged here, and done before the next
+        is read; in C the rows' pass gives the blocks' first words for their signatures (`firsts`)."""
+        firsts = self.firsts if self.locate.native else None
         for base, words in self.windows(lo, hi, note=False):
-            beside.start(self._beside, base, words)
-            self.rows.window(self.locate, base, words, self.seen, self.followed)
+            if firsts is None or self.pages is not None:
+                beside.start(self._beside, base, words, firsts is None)
+            self.rows.window(self.locate, base, words, self.seen, self.followed,
+                             None if firsts is None else firsts.room(len(words)))
+            if firsts is not None:
+                firsts.took()
             beside.done()
             del words
 
-    def _beside(self, base: int, words: np.ndarray) -> None:
-        """What of a window of the heaps needs nothing the rows find: its blocks' signatures and its pages."""
-        self._signatures(base, words)
+    def _beside(self, base: int, words: np.ndarray, signatures: bool) -> None:
+        """What of a window of the heaps needs nothing the rows find: its pages, and its blocks' signatures
+        where SIGNATURES."""
+        if signatures:
+            self._signatures(base, words)
         if self.pages is not None:
             self.pages.note(base, words)
 
@@ -234,6 +244,52 @@ class _Scanner:
             self.signed.add(i0, words[((self.starts[i0:i1] - np.uint64(base)) >> np.uint64(3)).astype(np.int64)])
 
 
+class _FirstWords:
+    """The first words of the blocks the heaps' windows hold, as the rows' C pass writes them, given to SIGNED for
+    their signatures BATCH blocks or more at a time (numpy's steps once for many windows, not for each)."""
+
+    BATCH = 1 << 16
+
+    def __init__(self, signed: Signed):
+        self.signed = signed
+        self.words = np.empty(0, dtype=np.uint64)
+        self.first = self.count = 0
+        self._block, self._written = ctypes.c_int64(0), ctypes.c_int64(0)
+
+    def room(self, n: int) -> tuple[int, int, int]:
+        """Where a window of N words writes its blocks' first words, its first block and how many, for
+        `Locator.window_rows` (`took` then counts them)."""
+        if len(self.words) - self.count < n:
+            self.flush()
+            if len(self.words) < n:
+                self.words = np.empty(max(n, self.BATCH), dtype=np.uint64)
+        self._written.value = 0
+        return (self.words.ctypes.data + 8 * self.count, ctypes.addressof(self._block),
+                ctypes.addressof(self._written))
+
+    def took(self) -> None:
+        """Counts the first words a window wrote where `room` said; those of blocks that do not follow the ones
+        kept (the heaps' windows skipped some) start a batch of their own."""
+        k, block = self._written.value, self._block.value
+        if not k:
+            return
+        if self.count and block != self.first + self.count:
+            new = self.words[self.count:self.count + k].copy()
+            self.flush()
+            self.words[:k] = new
+        if not self.count:
+            self.first = block
+        self.count += k
+        if self.count >= self.BATCH:
+            self.flush()
+
+    def flush(self) -> None:
+        """Gives SIGNED the first words kept."""
+        if self.count:
+            self.signed.add(self.first, self.words[:self.count])
+            self.count = 0
+
+
 def scan(mem: Memory, blocks: Blocks, roots: Sequence[Root], registers: Sequence[RegisterRoot] = (),
          progress: Callable[[int, int], None] | None = None, pages: PagesSeen | None = None,
          paths: bool = False, images: Sequence[tuple[int, int, str]] = (),
@@ -255,6 +311,7 @@ def scan(mem: Memory, blocks: Blocks, roots: Sequence[Root], registers: Sequence
     with Beside("heapwalk-scan") as beside:
         for lo, hi in heaps:
             s.heap(lo, hi, beside)
+    s.firsts.flush()
     rows = s.rows.rows()
     seen, parent, graph = s.seen, None, rows
     if s.rows.defer:

@@ -130,10 +130,11 @@ class Rows:
         self._scratch: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
 
     def window(self, locate: Locator, base: int, words: np.ndarray, seen: np.ndarray,
-               followed: np.ndarray | None = None) -> None:
+               followed: np.ndarray | None = None, firsts: tuple[int, int, int] | None = None) -> None:
         """Judges the words WORDS read from BASE (a window of a heap, after every window below it): see the
         module.  SEEN (uint8, a block each) marks the blocks reached so far; in C, the words of the blocks FOLLOWED
-        (int32, ascending: reached, their words followed already) are passed by (numpy's form keeps every row)."""
+        (int32, ascending: reached, their words followed already) are passed by (numpy's form keeps every row), and
+        the first words of the blocks the window holds go to FIRSTS when given (`Locator.window_rows`)."""
         n = len(words)
         if not locate.native or not n:
             self._append(*locate.window_edges(base, words))
@@ -144,7 +145,7 @@ class Rows:
         targets, keys, starts = self._targets.room(n), self._keys.room(n), self._starts.room(n)
         nkeys = ctypes.c_int64(0)
         count = locate.window_rows(base, words, self._scratch, seen, self.defer, self._edges, targets, keys, starts,
-                                   ctypes.addressof(nkeys), ctypes.addressof(self._last), followed)
+                                   ctypes.addressof(nkeys), ctypes.addressof(self._last), followed, firsts)
         self._took(count, nkeys.value)
 
     def _append(self, source: np.ndarray, target: np.ndarray) -> None:

@@ -74,10 +74,10 @@ def _passed_by(monkeypatch) -> list[list[int]]:
     told: list[list[int]] = []
     window = rows_module.Rows.window
 
-    def recorded(self, locate, base, words, seen, followed=None):
+    def recorded(self, locate, base, words, seen, followed=None, firsts=None):
         if followed is not None and len(followed) and locate.native:
             told.append(followed.tolist())
-        return window(self, locate, base, words, seen, followed)
+        return window(self, locate, base, words, seen, followed, firsts)
     monkeypatch.setattr(rows_module.Rows, "window", recorded)
     return told
 

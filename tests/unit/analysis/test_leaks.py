@@ -223,6 +223,46 @@ def test_the_scan_finds_every_edge_a_word_by_word_search_finds(seed, monkeypatch
     assert set(np.flatnonzero(lk.reach.reached).tolist()) == reached
 
 
+@pytest.mark.parametrize("split", [False, True])
+@pytest.mark.parametrize("seed", range(6))
+def test_the_signatures_the_rows_pass_reads_are_each_blocks_first_words(seed, split, monkeypatch):
+    """The rows' C pass gives each block's first word for its signature, through windows that cut blocks anywhere,
+    in batches of a few blocks (a container read whole among them; SPLIT: the heaps leave out blocks between them,
+    whose signatures are none): every block's signature is its first word's, as numpy's scan gives it."""
+    from heapwalk.analysis import lookup, reach as reach_module
+    from heapwalk.analysis.signed import Signed
+    monkeypatch.setattr(reach_module, "WINDOW", 8 * (3 + seed))
+    monkeypatch.setattr(reach_module._FirstWords, "BATCH", (1, 7, 50, 1000)[seed % 4])
+    monkeypatch.setattr(reach_module, "BIG", 0x60)
+    rng = np.random.default_rng(seed)
+    chunks, offset = {}, 0
+    while offset < 0x3800:
+        size = int(rng.integers(2, 12)) * 16
+        if rng.random() < 0.7:
+            chunks[offset] = size
+        offset += size
+    images = [(0x400000, 0x401000, "prog"), (0x500000, 0x502000, "lib")]
+    kinds = [0, 0x400000, 0x400010, 0x500ff8, 0x501000, int.from_bytes(b"GET /ind", "little"), HEAP + 0x20]
+    words = {HEAP + o + 16: int(rng.choice(kinds)) for o in chunks}
+    targets = [HEAP + o + 16 for o in chunks]
+    words.update({HEAP + o + 24: int(rng.choice(targets)) for o in chunks if chunks[o] > 0x20})
+    mem, blocks, roots = _image(chunks, words, {DATA: targets[0], DATA + 8: targets[-1]})
+    gap = (HEAP + 0x1800, HEAP + 0x2000) if split else (0, 0)
+    if split:
+        blocks = Blocks(blocks.starts, blocks.ends, np.zeros(blocks.count, dtype=np.int32), 16, 8,
+                        heaps=((HEAP, gap[0]), (gap[1], HEAP + 0x4000)))
+    first_words = np.array([0 if gap[0] <= a < gap[1] else words.get(a, 0) for a in blocks.starts.tolist()],
+                           dtype=np.uint64)
+    expected = Signed.of_words(first_words, images)
+    expected = expected.values[expected.codes].tolist()
+    assert lookup.NATIVE
+    c = scan(mem, blocks, roots, images=images)
+    monkeypatch.setattr(lookup, "_LIB", None)
+    plain = scan(mem, blocks, roots, images=images)
+    assert c.signed.values[c.signed.codes].tolist() == plain.signed.values[plain.signed.codes].tolist() == expected
+    assert len(set(expected)) > 3
+
+
 def test_signatures_are_read_only_pointers_or_text():
     images = [(0x400000, 0x401000, "prog")]
     words = np.array([0x400010, 0x402000, int.from_bytes(b"GET /ind", "little"),
