@@ -51,6 +51,8 @@ def _ring(mem: Memory, layout: JeLayout, index: int, state: int, head: int, firs
     where = f"arena {index} {_NAMES[state]} extents"
     at, seen, pages = first, set(), 0
     limit = min(_MAX_EXTENTS, counted + 1)
+    link = layout.extent_lru_link
+    size = max(24, link + 8)                 # the header's first three words and its link, read at once
     while at:
         if at in seen:
             findings.append(Finding(Severity.ERROR, at, where, f"the list of {_NAMES[state]} extents at {head:#x} "
@@ -63,8 +65,9 @@ def _ring(mem: Memory, layout: JeLayout, index: int, state: int, head: int, firs
             break
         seen.add(at)
         try:
-            bits, _addr, size_esn = struct.unpack("<QQQ", mem.read(at, 24))
-            following = struct.unpack("<Q", mem.read(at + layout.extent_lru_link, 8))[0]
+            header = mem.read(at, size)
+            bits, _addr, size_esn = struct.unpack_from("<QQQ", header)
+            following, = struct.unpack_from("<Q", header, link)
         except ReadError as exc:
             findings.append(Finding(Severity.ERROR, exc.address, where, f"an extent on the list of "
                                     f"{_NAMES[state]} extents at {head:#x} is unreadable ({exc.reason})",
