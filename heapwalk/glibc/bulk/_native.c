@@ -273,42 +273,84 @@ void hw_successors(const uint64_t *address, const uint64_t *field, const uint64_
     }
 }
 
+/* hw_successors' OUT for the N chunks made compact: the M chunks a list of WANT may hold (as hw_successors judges
+ * them) written in order to INDEX (their indices among the N), and each one's successor to SUCCESSOR as its place
+ * in INDEX (-1: none), so that a list's hops go through an array of those chunks only (a list's hops wait on
+ * memory one after another, less in a smaller array).  OUT is used up (each such chunk's place in INDEX written
+ * over its successor).  Returns M. */
+int64_t hw_compact_links(int32_t *out, int64_t n, const uint64_t *field, int64_t want, int32_t *index,
+                         int32_t *successor)
+{
+    int64_t m = 0;
+    for (int64_t j = 0; j < n; j++) {
+        if (want >= 0 && is_free(field, n, j) != want)
+            continue;
+        index[m] = (int32_t)j;
+        successor[m] = out[j];
+        out[j] = (int32_t)m++;
+    }
+    for (int64_t r = 0; r < m; r++) {
+        if (r + AHEAD < m && successor[r + AHEAD] >= 0)
+            __builtin_prefetch(&out[successor[r + AHEAD]]);
+        if (successor[r] >= 0)
+            successor[r] = out[successor[r]];
+    }
+    return m;
+}
+
 /* One free list of a swept arena, followed and judged at once.  The N chunks are at ADDRESS (sorted), with their
- * size fields FIELD and the words after them FD and BK; SUCCESSOR gives the index of the chunk each chunk's link
- * leads to (negative for none; 4 bytes, so that the hops, each a wait on memory, wait less).  The list starts at the chunk FIRST and must end at a chunk whose link (its fd,
- * undone of safe-linking when SAFE) is END, within STEPS links and shorter than BOUND chunks.  Every chunk's size
- * (its field less the three flag bits) must lie in [LO, HI].  With MIRROR, each chunk's bk must lead back to the
- * chunk before it (the first's to END, the list's head) and HEAD_BK to the last.  No chunk may be coded other
- * than PLAIN in CODES already; each is then coded CODE.  Writes each chunk's index, address and field in list
- * order to ORDER, OUT_ADDRESS and OUT_FIELD (room for STEPS) and returns how many; -1 when the list fails any of
- * this (CODES may then hold some of its chunks coded).  The list is followed first, then its chunks are looked
- * at: the second loop's reads do not wait on each other, and are fetched ahead.  SUCCESSOR leads only to chunks a list of WANT may hold
- * (`hw_successors`); the first chunk must be one too. */
-int64_t hw_list(const int32_t *successor, const uint64_t *address, const uint64_t *field, const uint64_t *fd,
-                const uint64_t *bk, int64_t n, uint64_t first, uint64_t end, int64_t safe, int64_t steps,
-                int64_t bound, uint64_t lo, uint64_t hi, int64_t mirror, uint64_t head_bk, uint8_t *codes,
-                uint8_t plain, uint8_t code, int64_t *order, uint64_t *out_address, uint64_t *out_field, int64_t want)
+ * size fields FIELD and the words after them FD and BK; the M chunks a list of WANT may hold are INDEX's (their
+ * indices, ascending) and SUCCESSOR gives the place in INDEX of the chunk each one's link leads to (negative for
+ * none: `hw_compact_links`; 4 bytes, and only those chunks, so that the hops, each a wait on memory, wait less).
+ * The list starts at the chunk FIRST and must end at a chunk whose link (its fd, undone of safe-linking when SAFE)
+ * is END, within STEPS links and shorter than BOUND chunks.  Every chunk's size (its field less the three flag
+ * bits) must lie in [LO, HI].  With MIRROR, each chunk's bk must lead back to the chunk before it (the first's to
+ * END, the list's head) and HEAD_BK to the last.  No chunk may be coded other than PLAIN in CODES already; each is
+ * then coded CODE.  Writes each chunk's index, address and field in list order to ORDER, OUT_ADDRESS and
+ * OUT_FIELD (room for STEPS) and returns how many; -1 when the list fails any of this (CODES may then hold some of
+ * its chunks coded).  The list is followed first, then its chunks are looked at: the second loop's reads do not
+ * wait on each other, and are fetched ahead.  The first chunk must be one of INDEX's. */
+int64_t hw_linked_list(const int32_t *successor, const int32_t *index, int64_t m, const uint64_t *address,
+                       const uint64_t *field, const uint64_t *fd, const uint64_t *bk, int64_t n, uint64_t first,
+                       uint64_t end, int64_t safe, int64_t steps, int64_t bound, uint64_t lo, uint64_t hi,
+                       int64_t mirror, uint64_t head_bk, uint8_t *codes, uint8_t plain, uint8_t code, int64_t *order,
+                       uint64_t *out_address, uint64_t *out_field)
 {
     if (first == end)
         return mirror && head_bk != end ? -1 : 0;
-    int64_t a = 0, b = n;                      /* the first chunk at or above FIRST */
+    int64_t a = 0, b = n;                      /* the first chunk at or above FIRST ... */
     while (a < b) {
-        int64_t m = a + (b - a) / 2;
-        if (address[m] < first)
-            a = m + 1;
+        int64_t mid = a + (b - a) / 2;
+        if (address[mid] < first)
+            a = mid + 1;
         else
-            b = m;
+            b = mid;
     }
-    if (a >= n || address[a] != first || (want >= 0 && is_free(field, n, a) != want))
+    if (a >= n || address[a] != first)
+        return -1;
+    int64_t r = 0, e = m;                      /* ... and its place in INDEX */
+    while (r < e) {
+        int64_t mid = r + (e - r) / 2;
+        if (index[mid] < a)
+            r = mid + 1;
+        else
+            e = mid;
+    }
+    if (r >= m || index[r] != a)
         return -1;
     int64_t count = 0;
-    for (int64_t j = a;;) {
-        order[count++] = j;
-        j = successor[j];
-        if (j < 0)
+    for (;;) {
+        order[count++] = r;
+        r = successor[r];
+        if (r < 0)
             break;
         if (count >= steps)
             return -1;
+    }
+    for (int64_t k = 0; k < count; k++) {      /* places in INDEX to chunks' indices */
+        if (k + AHEAD < count)
+            __builtin_prefetch(&index[order[k + AHEAD]]);
+        order[k] = index[order[k]];
     }
     int64_t last = order[count - 1];
     uint64_t link = safe ? fd[last] ^ ((address[last] + 16) >> 12) : fd[last];

@@ -47,7 +47,7 @@ def _load():
         if hasattr(lib, "hw_free_runs"):
             lib.hw_free_runs.restype = ctypes.c_int64
             lib.hw_free_runs.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 5 + [ctypes.c_void_p] * 4
-        if hasattr(lib, "hw_walk_list"):     # a library built before it still serves the other three
+        if hasattr(lib, "hw_linked_list"):   # a library built before it still serves the other three
             lib.hw_chunk_dir.restype = None
             lib.hw_chunk_dir.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
                                          ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
@@ -59,11 +59,14 @@ def _load():
             lib.hw_successors.restype = None
             lib.hw_successors.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] + [ctypes.c_void_p] * 4 + \
                 [ctypes.c_int64] * 4 + [ctypes.c_void_p]
-            lib.hw_list.restype = ctypes.c_int64
-            lib.hw_list.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64, ctypes.c_uint64, ctypes.c_uint64] + \
-                [ctypes.c_int64] * 3 + [ctypes.c_uint64] * 2 + [ctypes.c_int64, ctypes.c_uint64, ctypes.c_void_p,
-                                                                 ctypes.c_uint8, ctypes.c_uint8] + \
-                [ctypes.c_void_p] * 3 + [ctypes.c_int64]
+            lib.hw_compact_links.restype = ctypes.c_int64
+            lib.hw_compact_links.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64] + \
+                [ctypes.c_void_p] * 2
+            lib.hw_linked_list.restype = ctypes.c_int64
+            lib.hw_linked_list.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64] + [ctypes.c_void_p] * 4 + \
+                [ctypes.c_int64, ctypes.c_uint64, ctypes.c_uint64] + [ctypes.c_int64] * 3 + [ctypes.c_uint64] * 2 + \
+                [ctypes.c_int64, ctypes.c_uint64, ctypes.c_void_p, ctypes.c_uint8, ctypes.c_uint8] + \
+                [ctypes.c_void_p] * 3
     return lib
 
 
@@ -71,12 +74,12 @@ _LIB = _load()
 #: whether the C loops are in use
 NATIVE = _LIB is not None
 #: whether a free list is followed and judged in one C call (`walk_list`)
-LISTS_NATIVE = NATIVE and hasattr(_LIB, "hw_walk_list")
+LISTS_NATIVE = NATIVE and hasattr(_LIB, "hw_linked_list")
 
 
 def lists_native() -> bool:
     """`LISTS_NATIVE` as it is now (a test may turn the library off)."""
-    return _LIB is not None and hasattr(_LIB, "hw_walk_list")
+    return _LIB is not None and hasattr(_LIB, "hw_linked_list")
 
 
 def chase(words: np.ndarray, j: int, min_size: int) -> tuple[np.ndarray, int]:
@@ -208,29 +211,39 @@ def walk_list(chunks: tuple[np.ndarray, ...], directory: ChunkDirectory, want: i
 LINKED_MAX = (1 << 31) - 1
 
 
-def linked(chunks: tuple[np.ndarray, ...], directory: ChunkDirectory, want: int, safe: bool) -> np.ndarray:
-    """For each of CHUNKS (as `walk_list` takes them; at most LINKED_MAX) a list of WANT may hold, the index
-    (int32) of the chunk its link (undone of safe-linking when SAFE) leads to when that is one too; -1 elsewhere.
-    In one C loop whose lookups do not wait on each other (each fetched ahead): worth it where most such chunks
-    are listed (the bins' free chunks).  Only where `lists_native()`."""
+def linked(chunks: tuple[np.ndarray, ...], directory: ChunkDirectory, want: int, safe: bool
+           ) -> tuple[np.ndarray, np.ndarray]:
+    """The chunks of CHUNKS (as `walk_list` takes them; at most LINKED_MAX) a list of WANT may hold, and where each
+    one's link (undone of safe-linking when SAFE) leads when that is one too: (successor, index), INDEX their
+    indices (int32, ascending), SUCCESSOR (int32) each one's successor as a place in INDEX, -1 for none.  In one
+    C loop whose lookups do not wait on each other (each fetched ahead): worth it where most such chunks are
+    listed (the bins' free chunks).  Only where `lists_native()`."""
     address, field, fd, _ = chunks
-    out = np.empty(len(address), dtype=np.int32)
-    _LIB.hw_successors(address.ctypes.data, field.ctypes.data, fd.ctypes.data, len(address), *directory.arguments(),
+    n = len(address)
+    out = np.empty(n, dtype=np.int32)
+    _LIB.hw_successors(address.ctypes.data, field.ctypes.data, fd.ctypes.data, n, *directory.arguments(),
                        want, int(safe), out.ctypes.data)
-    return out
+    index, successor = np.empty(n, dtype=np.int32), np.empty(n, dtype=np.int32)
+    m = _LIB.hw_compact_links(out.ctypes.data, n, field.ctypes.data, want, index.ctypes.data,
+                              successor.ctypes.data)
+    del out
+    return successor[:m].copy(), index[:m].copy()
 
 
-def walk_linked(links: np.ndarray, chunks: tuple[np.ndarray, ...], want: int, first: int, end: int, safe: bool,
-                steps: int, bound: int, lo: int, hi: int, head_bk: int | None, codes: np.ndarray, plain: int,
-                code: int, out: tuple[np.ndarray, np.ndarray, np.ndarray]) -> int | None:
+def walk_linked(links: tuple[np.ndarray, np.ndarray], chunks: tuple[np.ndarray, ...], want: int, first: int,
+                end: int, safe: bool, steps: int, bound: int, lo: int, hi: int, head_bk: int | None,
+                codes: np.ndarray, plain: int, code: int, out: tuple[np.ndarray, np.ndarray, np.ndarray]
+                ) -> int | None:
     """`walk_list` through LINKS (`linked` of the same WANT and SAFE) instead of a lookup a hop: the list followed
     first, then its chunks judged, so that neither loop's reads wait on each other's; OUT has a third array for the
     chunks' indices (int64).  Only where `lists_native()`."""
     address, field, fd, bk = chunks
-    count = _LIB.hw_list(links.ctypes.data, address.ctypes.data, field.ctypes.data, fd.ctypes.data, bk.ctypes.data,
-                         len(address), first, end, int(safe), steps, bound, lo, hi, int(head_bk is not None),
-                         0 if head_bk is None else head_bk, codes.ctypes.data, plain, code, out[2].ctypes.data,
-                         out[0].ctypes.data, out[1].ctypes.data, want)
+    successor, index = links
+    count = _LIB.hw_linked_list(successor.ctypes.data, index.ctypes.data, len(index), address.ctypes.data,
+                                field.ctypes.data, fd.ctypes.data, bk.ctypes.data, len(address), first, end,
+                                int(safe), steps, bound, lo, hi, int(head_bk is not None),
+                                0 if head_bk is None else head_bk, codes.ctypes.data, plain, code,
+                                out[2].ctypes.data, out[0].ctypes.data, out[1].ctypes.data)
     return None if count < 0 else int(count)
 
 
