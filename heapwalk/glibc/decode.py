@@ -130,6 +130,8 @@ def _collect(mem: Memory, disc: Discovery, threads: list[ThreadRegs], target: st
                          keep_chunks, keep_pages) \
         if sweep else None
     arenas, stopped = _decode_arenas(mem, disc, ring, mp, free_list, findings, one_pass)
+    if one_pass is not None:
+        one_pass.swept_all()
     if regions is not None and stopped is None and not (arenas and arenas[0].is_main):
         main = _main_by_its_heap(mem, disc, regions, arenas)
         arenas[:0] = [main] if main is not None else []

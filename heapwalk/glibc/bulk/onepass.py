@@ -102,6 +102,10 @@ class OnePass:
             self.room.give_back(sweep, keep_address=arena.address in self.chunks)
         return lists
 
+    def swept_all(self) -> None:
+        """Lets the room of the sweeps go: no arena is swept after this."""
+        self.room = SweepRoom()
+
     def results(self, arenas: tuple[Arena, ...]) -> dict[int, tuple[Account, TrimEstimate]] | None:
         """The accounts and trim estimates of those of ARENAS (the state's, as finally decoded) whose walk the
         sweep stands for (None: none of them): each swept soundly, when no two swept arenas share memory and

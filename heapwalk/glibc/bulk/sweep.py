@@ -104,11 +104,14 @@ def sweep_extents(mem: Memory, extents: list[Extent], top: int, progress=None,
 
 class _Columns:
     """The sweep's four columns (address, size field, fd and bk), written in place window by window: in room for
-    as many chunks as the arena's bytes hold at the least chunk size (MOST), BLOCK chunks at the most at a time.
-    Room not written to costs no memory (its pages are not touched); a further block is made where one fills,
-    and the blocks are joined at the end only where there are more than one."""
+    as many chunks as the arena's bytes hold at the least chunk size (MOST), BLOCK chunks at the most at a time,
+    lent by a `SweepRoom` (room not written to costs no memory: its pages are not touched); without one, in
+    gdb's heap, HEAP_BLOCK chunks at a time (blocks that fit the holes earlier arrays left there, which
+    `ownmemory` keeps while a command runs: room of its own would come on top of them).  A further block is
+    made where one fills, and the blocks are joined at the end only where there are more than one."""
 
     BLOCK = 1 << 25
+    HEAP_BLOCK = 1 << 20
 
     def __init__(self, most: int, room: SweepRoom | None = None):
         self.most, self.count, self._lender = most, 0, room
@@ -118,9 +121,12 @@ class _Columns:
     def room(self, need: int) -> tuple[list[np.ndarray], int]:
         """The block to write NEED chunks more into, and where in it they go (see `wrote`)."""
         if not self._blocks or len(self._blocks[-1][0]) - self._filled[-1] < need:
-            size = max(need, min(self.BLOCK, self.most - self.count))
-            self._blocks.append([_untouched(size) if self._lender is None else self._lender.take(c, size)
-                                 for c in range(4)])
+            if self._lender is None:
+                size = max(need, min(self.HEAP_BLOCK, self.most - self.count))
+                self._blocks.append([np.empty(size, dtype=np.uint64) for _ in range(4)])
+            else:
+                size = max(need, min(self.BLOCK, self.most - self.count))
+                self._blocks.append([self._lender.take(c, size) for c in range(4)])
             self._filled.append(0)
         return self._blocks[-1], self._filled[-1]
 

@@ -329,6 +329,7 @@ def test_a_sweep_written_in_blocks_of_room_gives_what_one_block_gives(block, c_l
     s = _synth(2, (2, 36))
     expected = _one_pass(s)
     monkeypatch.setattr(sweep_module._Columns, "BLOCK", block)
+    monkeypatch.setattr(sweep_module._Columns, "HEAP_BLOCK", block)
     if not c_loop:
         monkeypatch.setattr(native, "_LIB", None)
     assert _one_pass(s) == expected
