@@ -318,25 +318,15 @@ int64_t hw_linked_list(const int32_t *successor, const int32_t *index, int64_t m
 {
     if (first == end)
         return mirror && head_bk != end ? -1 : 0;
-    int64_t a = 0, b = n;                      /* the first chunk at or above FIRST ... */
-    while (a < b) {
-        int64_t mid = a + (b - a) / 2;
-        if (address[mid] < first)
-            a = mid + 1;
-        else
-            b = mid;
-    }
-    if (a >= n || address[a] != first)
-        return -1;
-    int64_t r = 0, e = m;                      /* ... and its place in INDEX */
+    int64_t r = 0, e = m;                      /* the first of INDEX's chunks at or above FIRST */
     while (r < e) {
         int64_t mid = r + (e - r) / 2;
-        if (index[mid] < a)
+        if (address[index[mid]] < first)
             r = mid + 1;
         else
             e = mid;
     }
-    if (r >= m || index[r] != a)
+    if (r >= m || address[index[r]] != first)
         return -1;
     int64_t count = 0;
     for (;;) {

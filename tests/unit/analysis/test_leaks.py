@@ -41,6 +41,18 @@ def _image(chunks: dict[int, int], words: dict[int, int], data_words: dict[int, 
     return mem, blocks, [Root(DATA, DATA + 0x1000, "data", "prog")]
 
 
+def _random_chunks(rng) -> dict[int, int]:
+    """In-use chunks (offset -> size) of 32 to 176 bytes over the heap's first 0x3800 bytes, three in ten left out
+    (free gaps)."""
+    chunks, offset = {}, 0
+    while offset < 0x3800:
+        size = int(rng.integers(2, 12)) * 16
+        if rng.random() < 0.7:
+            chunks[offset] = size
+        offset += size
+    return chunks
+
+
 def _leaked(blocks, lk):
     return sorted(int(a) - HEAP for a in blocks.addresses(lk.leaked))
 
@@ -187,12 +199,7 @@ def test_the_scan_finds_every_edge_a_word_by_word_search_finds(seed, monkeypatch
     from heapwalk.analysis import reach as reach_module
     monkeypatch.setattr(reach_module, "WINDOW", 8 * (3 + seed))
     rng = np.random.default_rng(seed)
-    chunks, offset = {}, 0
-    while offset < 0x3800:
-        size = int(rng.integers(2, 12)) * 16
-        if rng.random() < 0.7:
-            chunks[offset] = size
-        offset += size
+    chunks = _random_chunks(rng)
     targets = [HEAP + o + int(rng.integers(0, chunks[o] // 8 + 2)) * 8 for o in chunks] + [HEAP + 0x3ff8, HEAP]
     words = {HEAP + 8 * int(i): int(rng.choice(targets)) for i in rng.integers(0, 0x700, 400)}
     mem, blocks, roots = _image(chunks, words, {DATA + 8 * i: int(rng.choice(targets)) for i in range(3)})
@@ -235,12 +242,7 @@ def test_the_signatures_the_rows_pass_reads_are_each_blocks_first_words(seed, sp
     monkeypatch.setattr(reach_module._FirstWords, "BATCH", (1, 7, 50, 1000)[seed % 4])
     monkeypatch.setattr(reach_module, "BIG", 0x60)
     rng = np.random.default_rng(seed)
-    chunks, offset = {}, 0
-    while offset < 0x3800:
-        size = int(rng.integers(2, 12)) * 16
-        if rng.random() < 0.7:
-            chunks[offset] = size
-        offset += size
+    chunks = _random_chunks(rng)
     images = [(0x400000, 0x401000, "prog"), (0x500000, 0x502000, "lib")]
     kinds = [0, 0x400000, 0x400010, 0x500ff8, 0x501000, int.from_bytes(b"GET /ind", "little"), HEAP + 0x20]
     words = {HEAP + o + 16: int(rng.choice(kinds)) for o in chunks}
