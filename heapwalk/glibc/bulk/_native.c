@@ -8,24 +8,6 @@
 #include <stdint.h>
 
 
-/* Steps through a window of heap words from the size field at word J, by each chunk's size in words, while
- * the field is within the N words and looks like a chunk's (at least MIN_SIZE, a multiple of 16).  Writes
- * each field's index to OUT, which has room for N / 4 + 1 (a chunk is at least four words); stores how many
- * in *COUNT and returns the index it stopped at. */
-int64_t hw_chase(const uint64_t *words, int64_t n, int64_t j, uint64_t min_size, int64_t *out, int64_t *count)
-{
-    int64_t k = 0;
-    while (j >= 0 && j < n) {
-        uint64_t field = words[j];
-        if ((field & 8) || field < min_size)
-            break;
-        out[k++] = j;
-        j += (int64_t)(field >> 3);
-    }
-    *count = k;
-    return j;
-}
-
 /* Follows a list through SUCCESSOR (the index of the chunk each chunk's link leads to, negative for none)
  * from chunk J, writing each chunk's index to OUT, for at most STEPS links.  Returns how many chunks, or -1
  * when the list goes on past STEPS links (too long, or a loop). */
@@ -44,34 +26,10 @@ int64_t hw_follow(const int64_t *successor, int64_t n, int64_t j, int64_t steps,
     }
 }
 
-/* The address, size field and the two words after it (fd and bk) of each of the NFOUND chunks whose size fields
- * are at word FOUND[k] of the N WORDS read from BASE (FOUND ascending, each at least 1, the last below N - 2),
- * into ADDRESS, FIELD, FD and BK.  Returns 0 when a chunk whose PREV_INUSE is clear does not have the size of
- * the chunk before it as its prev_size (BEFORE: the size of the chunk before the first, -1 when there is none),
- * else 1. */
-int64_t hw_gather(const uint64_t *words, int64_t n, const int64_t *found, int64_t nfound, uint64_t base,
-                  int64_t before, uint64_t *address, uint64_t *field, uint64_t *fd, uint64_t *bk)
-{
-    int64_t prev = before;
-    (void)n;
-    for (int64_t k = 0; k < nfound; k++) {
-        int64_t j = found[k];
-        uint64_t f = words[j];
-        if (!(f & 1) && (prev < 0 || words[j - 1] != (uint64_t)prev))
-            return 0;
-        address[k] = base - 8 + 8 * (uint64_t)j;
-        field[k] = f;
-        fd[k] = words[j + 1];
-        bk[k] = words[j + 2];
-        prev = (int64_t)(f & ~(uint64_t)7);
-    }
-    return 1;
-}
-
-/* hw_chase and hw_gather in one loop: steps through the N WORDS read from BASE from the size field at word J,
- * while the field is below word LIMIT and a chunk's (at least MIN_SIZE, a multiple of 16), writing each chunk's
- * address, size field, fd and bk to ADDRESS, FIELD, FD and BK (room for LIMIT / 4 + 1 each) and their count to
- * *COUNT.  Returns the word it stopped at, or -1 where hw_gather would answer 0 (a chunk whose PREV_INUSE is
+/* The sweep of a window: steps through the N WORDS read from BASE from the size field at word J, while the
+ * field is below word LIMIT and a chunk's (at least MIN_SIZE, a multiple of 16), writing each chunk's address,
+ * size field, fd and bk to ADDRESS, FIELD, FD and BK (room for LIMIT / 4 + 1 each) and their count to *COUNT.
+ * Returns the word it stopped at, or -1 where the heap is not as glibc leaves it (a chunk whose PREV_INUSE is
  * clear without the size of the chunk before it, BEFORE for the first, as prev_size) or a chunk's fd and bk lie
  * past the words.  The words ahead are fetched while a chunk is judged: each step waits on the one before. */
 int64_t hw_sweep_window(const uint64_t *words, int64_t n, int64_t limit, int64_t j, uint64_t min_size,

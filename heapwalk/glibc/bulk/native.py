@@ -20,7 +20,7 @@ import numpy as np
 
 from heapwalk.inferior.clib import built_library
 
-__all__ = ["chase", "follow", "gather", "sweep_window", "free_runs", "successors", "ChunkDirectory", "walk_list",
+__all__ = ["chase", "follow", "sweep_window", "free_runs", "successors", "ChunkDirectory", "walk_list",
            "linked", "walk_linked", "lists_native", "NATIVE", "LISTS_NATIVE", "LINKED_MAX"]
 
 _INT64_P = ctypes.POINTER(ctypes.c_int64)
@@ -29,21 +29,14 @@ _INT64_P = ctypes.POINTER(ctypes.c_int64)
 def _load():
     """The built library's functions, or None (see `inferior.clib`; also when it was built from older sources
     that lack one)."""
-    lib = built_library(Path(__file__).parent, "_native", ("hw_chase", "hw_follow", "hw_gather"))
+    lib = built_library(Path(__file__).parent, "_native", ("hw_sweep_window", "hw_follow"))
     if lib is not None:
-        lib.hw_chase.restype = ctypes.c_int64
-        lib.hw_chase.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint64,
-                                 ctypes.c_void_p, _INT64_P]
         lib.hw_follow.restype = ctypes.c_int64
         lib.hw_follow.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
                                   ctypes.c_void_p]
-        lib.hw_gather.restype = ctypes.c_int64
-        lib.hw_gather.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_uint64,
-                                  ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
-        if hasattr(lib, "hw_sweep_window"):
-            lib.hw_sweep_window.restype = ctypes.c_int64
-            lib.hw_sweep_window.argtypes = [ctypes.c_void_p] + [ctypes.c_int64] * 3 + [ctypes.c_uint64] * 2 + \
-                [ctypes.c_int64] + [ctypes.c_void_p] * 4 + [_INT64_P]
+        lib.hw_sweep_window.restype = ctypes.c_int64
+        lib.hw_sweep_window.argtypes = [ctypes.c_void_p] + [ctypes.c_int64] * 3 + [ctypes.c_uint64] * 2 + \
+            [ctypes.c_int64] + [ctypes.c_void_p] * 4 + [_INT64_P]
         if hasattr(lib, "hw_free_runs"):
             lib.hw_free_runs.restype = ctypes.c_int64
             lib.hw_free_runs.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 5 + [ctypes.c_void_p] * 4
@@ -85,36 +78,17 @@ def lists_native() -> bool:
 def chase(words: np.ndarray, j: int, min_size: int) -> tuple[np.ndarray, int]:
     """Steps through WORDS (uint64) from the size field at word J by each chunk's size while the field is
     within WORDS and a chunk's (at least MIN_SIZE, a multiple of 16): the index of each field stepped on
-    (int64) and the index where it stopped."""
-    if _LIB is None:
-        return _chase_python(words, j, min_size)
-    words = np.ascontiguousarray(words, dtype=np.uint64)
-    out = np.empty(len(words) // 4 + 1, dtype=np.int64)
-    count = ctypes.c_int64()
-    stop = _LIB.hw_chase(words.ctypes.data, len(words), j, min_size, out.ctypes.data, ctypes.byref(count))
-    return out[:count.value], int(stop)
-
-
-def gather(words: np.ndarray, found: np.ndarray, base: int, before: int) -> tuple[np.ndarray, ...] | None:
-    """`sweep._gather` in one C loop (its words' conditions as there: FOUND ascending, from 1, the last chunk's
-    fd and bk inside WORDS); NotImplemented when the library was not built."""
-    if _LIB is None:
-        return NotImplemented
-    words = np.ascontiguousarray(words, dtype=np.uint64)
-    found = np.ascontiguousarray(found, dtype=np.int64)
-    out = np.empty((4, len(found)), dtype=np.uint64)
-    ok = _LIB.hw_gather(words.ctypes.data, len(words), found.ctypes.data, len(found), base, before,
-                        out[0].ctypes.data, out[1].ctypes.data, out[2].ctypes.data, out[3].ctypes.data)
-    return (out[0], out[1], out[2], out[3]) if ok else None
+    (int64) and the index where it stopped.  In Python: the C library does it with the gather, `sweep_window`."""
+    return _chase_python(words, j, min_size)
 
 
 def sweep_window(words: np.ndarray, limit: int, j: int, min_size: int, base: int, before: int,
                  into: list[np.ndarray], at: int) -> tuple[int, int]:
     """`chase` of WORDS to word LIMIT and `gather` of what it stepped on in one C loop (`hw_sweep_window`),
     the chunks' address, size field, fd and bk written to the four arrays INTO (uint64) from index AT on (room
-    for LIMIT // 4 + 1): the word it stopped at (-1 where `gather` would answer None) and the chunks written;
-    NotImplemented when the library lacks it."""
-    if _LIB is None or not hasattr(_LIB, "hw_sweep_window"):
+    for LIMIT // 4 + 1): the word it stopped at (-1 where `sweep._gather` would answer None) and the chunks
+    written; NotImplemented when the library was not built."""
+    if _LIB is None:
         return NotImplemented
     words = np.ascontiguousarray(words, dtype=np.uint64)
     count = ctypes.c_int64()

@@ -24,7 +24,7 @@ import numpy as np
 from heapwalk.analysis.pages import PagesSeen
 from heapwalk.glibc.walk.chunks import Extent
 from heapwalk.glibc.locate.layout import MINSIZE
-from heapwalk.glibc.bulk.native import chase, gather, sweep_window
+from heapwalk.glibc.bulk.native import chase, sweep_window
 from heapwalk.glibc.walk.resync import FENCEPOST_ROOM
 from heapwalk.inferior.memory import Memory
 from heapwalk.inferior.window import SPAN, let_go_ahead, read_window, window_ahead
@@ -262,18 +262,13 @@ def _chunks(words: np.ndarray, limit: int, first: int, base: int, before: int, c
     return j, len(found)
 
 
-def _gather(words: np.ndarray, found: np.ndarray, base: int, before: int,
-            native: bool = True) -> tuple[np.ndarray, ...] | None:
+def _gather(words: np.ndarray, found: np.ndarray, base: int, before: int) -> tuple[np.ndarray, ...] | None:
     """The address, size field, fd and bk of each chunk whose size field is at FOUND in WORDS (read from
     BASE); None when a chunk with PREV_INUSE clear does not have its neighbour's size (BEFORE: the size of
-    the chunk before the first, -1 when it is the extent's first) as prev_size.  In one C loop when the library
-    is built (`native.gather`) and NATIVE, else in numpy."""
+    the chunk before the first, -1 when it is the extent's first) as prev_size.  In numpy, where the library was
+    not built (`native.sweep_window` does it with the chase)."""
     if found[-1] + 2 >= len(words):
         return None                      # the last chunk runs past the extent's end
-    if native:
-        gathered = gather(words, found, base, before)
-        if gathered is not NotImplemented:
-            return gathered
     fields = words[found]
     free_before = np.flatnonzero((fields & 1) == 0)
     if len(free_before):

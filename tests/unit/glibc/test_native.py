@@ -41,15 +41,12 @@ def _words(rng: random.Random, n: int) -> np.ndarray:
 
 
 @pytest.mark.parametrize("seed", range(40))
-def test_chase_is_the_same_in_c_and_python(seed, monkeypatch):
+def test_chase_steps_only_on_chunk_sizes(seed):
     rng = random.Random(seed)
     words = _words(rng, rng.choice((0, 1, 2, 5, 64, 3000)))
-    start = rng.choice((0, 1, 3))
-    found, stop = native.chase(words, start, 32)
-    monkeypatch.setattr(native, "_LIB", None)
-    found_python, stop_python = native.chase(words, start, 32)
-    assert stop == stop_python and found.tolist() == found_python.tolist()
-    assert all(int(words[j]) & 0xF == int(words[j]) & 7 and int(words[j]) >= 32 for j in found_python.tolist())
+    found, stop = native.chase(words, rng.choice((0, 1, 3)), 32)
+    assert all(int(words[j]) & 0xF == int(words[j]) & 7 and int(words[j]) >= 32 for j in found.tolist())
+    assert stop >= len(words) or int(words[stop]) & 8 or int(words[stop]) < 32
 
 
 def test_chase_stops_where_the_words_end_or_a_size_is_no_chunks(pure):
@@ -91,32 +88,6 @@ def test_follow_gives_up_at_a_loop_or_a_list_longer_than_its_bound(pure):
     assert native.follow(links, 3, 100) is None
 
 
-@pytest.mark.parametrize("seed", range(30))
-def test_gather_is_the_same_in_c_and_numpy(seed):
-    """A window's chunks (address, size field, fd, bk) gathered in C and in numpy, with chunks whose PREV_INUSE
-    is clear and whose prev_size is their neighbour's size, or is not, or have no neighbour (the extent's first)."""
-    from heapwalk.glibc.bulk.sweep import _gather
-    rng = random.Random(seed)
-    words = [rng.getrandbits(64) for _ in range(4000)]
-    found, j, size = [], 1, None
-    while j < 3990:
-        new = rng.choice((0x20, 0x30, 0x90, 0x400)) | rng.choice((0, 1, 1, 1, 5))
-        words[j] = new
-        if not new & 1 and size is not None and rng.random() < 0.95:
-            words[j - 1] = size                  # prev_size as glibc leaves it, mostly
-        found.append(j)
-        size = new & ~7
-        j += size >> 3
-    words, found = np.array(words, dtype=np.uint64), np.array(found, dtype=np.int64)
-    for before in (-1, 0x20, 0x400):
-        for upto in (len(found), rng.randrange(1, len(found) + 1)):
-            c = _gather(words, found[:upto], 0x10000, before)
-            py = _gather(words, found[:upto], 0x10000, before, native=False)
-            assert (c is None) == (py is None)
-            if c is not None:
-                assert all(np.array_equal(a, b) and a.dtype == b.dtype for a, b in zip(c, py))
-
-
 @pytest.mark.parametrize("seed", range(40))
 def test_a_window_swept_in_one_c_loop_is_chased_and_gathered(seed):
     """`sweep_window` (the chase and the gather in one C loop, written in place) gives the chase's stop and the
@@ -141,7 +112,7 @@ def test_a_window_swept_in_one_c_loop_is_chased_and_gathered(seed):
         for limit in (n, max(0, n - 3), rng.randrange(n + 1)):
             for first in (1, 2):
                 found, stop = native.chase(words[:limit], first, 32)
-                part = _gather(words, found, 0x10000, before, native=False) if len(found) else ()
+                part = _gather(words, found, 0x10000, before) if len(found) else ()
                 into = [np.full(limit // 4 + 3, 7, dtype=np.uint64) for _ in range(4)]
                 at = rng.randrange(2)
                 got, k = native.sweep_window(words, limit, first, 32, 0x10000, before, into, at)
