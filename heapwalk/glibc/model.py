@@ -302,7 +302,7 @@ class ChunkWalk:
     findings: tuple[Finding, ...] = ()
     interrupted: bool = False
     used: Mapping[int, tuple] | None = None  # arena address -> its in-use chunks (addresses, sizes), when kept
-    chunks: Mapping[int, tuple] | None = None  # arena address -> all its chunks (addresses, sizes, listing codes)
+    chunks: Mapping[int, Mapping] | None = None  # arena address -> its heaps' runs (`bulk.runs.HeapRuns`) by start
     pages: Any = None  # the whole pages the one pass read, and those of them that hold anything but zeros
 
 

@@ -1,9 +1,9 @@
 """glibc's heaps as the strips of a heap map (`view.HeapStrip`): the main arena's memory, and each heap of a
 thread arena from its heap_info up to the end of its reservation, every byte given to what holds it.
 
-An arena the decode's one pass swept gives the chunks and states it kept (`ChunkWalk.chunks`), or, when
-it kept none, a sweep of its own (`sweptchunks`); any other goes through the careful walk, and what that
-walk cannot pass is drawn as unwalked.  Between and around the chunks: the heap's own headers (heap_info,
+An arena the decode's one pass swept gives its heaps' runs as it kept them (`ChunkWalk.chunks`, `bulk.runs`),
+which the strips take as they are; when it kept none, a sweep of its own (`sweptchunks`); any other goes
+through the careful walk, and what that walk cannot pass is drawn as unwalked.  Between and around the chunks: the heap's own headers (heap_info,
 a thread arena's malloc_state, alignment) and fenceposts are overhead; after a thread heap's size comes the
 part made writable but not used yet (mprotect_size), then the rest of the reservation, never made writable.
 What malloc_trim(0) would give back comes from the same runs through `trim.TrimSimulation` (the report's
@@ -21,6 +21,7 @@ from heapwalk.glibc.walk.chunks import Extent, Listing, Tally, extents
 from heapwalk.glibc.walk.chunkwalk import walk_batches
 from heapwalk.glibc.locate.layout import Layout
 from heapwalk.glibc.model import Arena, ChunkState, HeapState
+from heapwalk.glibc.bulk.runs import FENCE_GAP, GAP, HeapRuns, tile
 from heapwalk.glibc.bulk.sweepwalk import STATE_OF_CODE
 from heapwalk.glibc.bulk.sweptchunks import listing_arrays, swept_chunks
 from heapwalk.glibc.walk.trim import TrimSimulation, trim_settings
@@ -52,6 +53,7 @@ KIND_OF_STATE = {ChunkState.IN_USE: KIND["in_use"], ChunkState.TCACHE: KIND["tca
 _KIND_OF_CODE = np.zeros(256, dtype=np.uint8)
 for _code, _state in STATE_OF_CODE.items():
     _KIND_OF_CODE[_code] = KIND_OF_STATE[_state]
+_KIND_OF_CODE[GAP], _KIND_OF_CODE[FENCE_GAP] = KIND["unwalked"], KIND["overhead"]
 
 
 def heap_strips(mem: Memory, layout: Layout, state: HeapState, reserved: bool = False, leaked=None
@@ -72,18 +74,24 @@ def heap_strips(mem: Memory, layout: Layout, state: HeapState, reserved: bool = 
     for arena in state.arenas:
         if not arena.heaps:
             continue
-        chunks = _in_order(*kept[arena.address]) if arena.address in kept else _chunks(mem, layout, arena, *listed())
+        heap_extents = extents(arena, layout)
+        if arena.address in kept and all(e.start in kept[arena.address] for e in heap_extents):
+            runs, labels_of = kept[arena.address], _KIND_OF_CODE
+        else:
+            runs, labels_of = _runs(heap_extents, _chunks(mem, layout, arena, *listed())), None
         strips = []
-        for n, (heap, extent) in enumerate(zip(arena.heaps, extents(arena, layout))):
+        for n, (heap, extent) in enumerate(zip(arena.heaps, heap_extents)):
             label = "main arena" if arena.is_main else f"arena {arena.number} heap {n + 1}"
             if arena.is_main:
-                strips.append(_strip(arena.number, label, extent, chunks, [], extent.end))
-                continue
-            writable = max(extent.end, heap.address + heap.mprotect_size)
-            limit = max(writable, heap.address + state.heap_max_size)
-            end = limit if reserved else writable
-            tail = [(extent.end, writable, KIND["unused"]), (writable, end, KIND["reserved"])]
-            strips.append(replace(_strip(arena.number, label, extent, chunks, tail, end), beyond=limit - end))
+                tail, end, beyond = [], extent.end, 0
+            else:
+                writable = max(extent.end, heap.address + heap.mprotect_size)
+                limit = max(writable, heap.address + state.heap_max_size)
+                end = limit if reserved else writable
+                tail, beyond = [(writable, KIND["unused"]), (end, KIND["reserved"])], limit - end
+            starts, ends, kinds = runs[extent.start].strip(tail, KIND["overhead"], labels_of)
+            strips.append(HeapStrip(arena.number, label, extent.start, end, starts, ends, kinds, band=TRIM_BAND,
+                                    beyond=beyond))
         out.extend(_with_trim(strips, _trimmed(mem, layout, state, arena, strips)))
     return _with_leaks(_with_residency(out, state.residency), leaked)
 
@@ -173,46 +181,20 @@ def _chunks(mem: Memory, layout: Layout, arena: Arena, listing: Listing, listed
 def _in_order(address: np.ndarray, sizes: np.ndarray, codes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Swept chunks (addresses, sizes, listing codes as the walk left them) as (addresses, ends, kinds), in
     address order."""
-    address, sizes, kinds = address.astype(np.uint64), sizes.astype(np.uint64), _KIND_OF_CODE[codes]
+    address, kinds = np.asarray(address, dtype=np.uint64), _KIND_OF_CODE[codes]
     if len(address) > 1 and not bool(np.all(address[1:] > address[:-1])):   # heaps swept out of order
         order = np.argsort(address, kind="stable")
         address, sizes, kinds = address[order], sizes[order], kinds[order]
-    return address, address + sizes, kinds
+    return address, address + np.asarray(sizes).view(np.uint64), kinds
 
 
-def _strip(arena: int, label: str, extent: Extent, chunks, tail: list[tuple[int, int, int]], end: int
-           ) -> HeapStrip:
-    """The strip of one heap: its header, its chunks (clipped to it), what no chunk covers, and its TAIL."""
+def _runs(heap_extents: list[Extent], chunks: tuple[np.ndarray, np.ndarray, np.ndarray]) -> dict[int, HeapRuns]:
+    """Each of HEAP_EXTENTS' runs (by its start) from its arena's CHUNKS (addresses, ends, kinds; sorted)."""
     address, ends, kinds = chunks
-    lo, hi = np.searchsorted(address, np.uint64(extent.first)), np.searchsorted(address, np.uint64(extent.end))
-    starts = np.clip(address[lo:hi], extent.first, extent.end).astype(np.uint64)
-    stops = np.clip(ends[lo:hi], extent.first, extent.end).astype(np.uint64)
-    keep = stops > starts
-    starts, stops, kinds = starts[keep], stops[keep], kinds[lo:hi][keep]
-    if len(starts) > 1:     # overlapping chunks (damage): each ends where the next begins
-        stops[:-1] = np.minimum(stops[:-1], starts[1:])
-    gap_starts = np.concatenate(([np.uint64(extent.first)], stops))
-    gap_ends = np.concatenate((starts, [np.uint64(extent.end)]))
-    # what no chunk covers is what the walk could not pass, but for the header of the fencepost that closes
-    # an older heap (size 0, its 16 bytes at the very end), which is overhead as in the report
-    gap_kinds = np.full(len(gap_starts), KIND["unwalked"], dtype=np.uint8)
-    if len(kinds) and kinds[-1] == KIND["overhead"] and int(gap_ends[-1] - gap_starts[-1]) <= 16:
-        gap_kinds[-1] = KIND["overhead"]
-    around = [(extent.start, extent.first, KIND["overhead"])] + tail      # the header first, the tail last
-
-    def runs(column: int, middle: np.ndarray, dtype) -> np.ndarray:
-        edge = [np.array([r[column] for r in part], dtype=dtype) for part in (around[:1], around[1:])]
-        return np.concatenate((edge[0], middle.astype(dtype), edge[1]))
-    run_starts = runs(0, _alternate(gap_starts, starts), np.uint64)
-    run_ends = runs(1, _alternate(gap_ends, stops), np.uint64)
-    run_kinds = runs(2, _alternate(gap_kinds, kinds), np.uint8)
-    keep = run_ends > run_starts       # header, gap, chunk, gap, ..., chunk, gap, tail: in order as they are
-    return HeapStrip(arena, label, extent.start, end, run_starts[keep], run_ends[keep], run_kinds[keep],
-                     band=TRIM_BAND)
-
-
-def _alternate(gaps: np.ndarray, chunks: np.ndarray) -> np.ndarray:
-    """GAPS (one more than CHUNKS) and CHUNKS taken by turns: gap, chunk, gap, ..., chunk, gap."""
-    out = np.empty(len(gaps) + len(chunks), dtype=gaps.dtype)
-    out[0::2], out[1::2] = gaps, chunks
+    out = {}
+    for extent in heap_extents:
+        lo = np.searchsorted(address, np.uint64(extent.first))
+        hi = np.searchsorted(address, np.uint64(extent.end))
+        out[extent.start] = tile(extent.start, extent.first, extent.end, address[lo:hi], ends[lo:hi],
+                                 kinds[lo:hi], KIND["unwalked"], KIND["overhead"], KIND["overhead"])
     return out

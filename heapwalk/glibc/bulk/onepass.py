@@ -17,8 +17,9 @@ from heapwalk.glibc.walk.chunks import extents
 from heapwalk.glibc.bulk.indexlists import PLAIN, IndexedLists, lists_of_sweep
 from heapwalk.glibc.locate.layout import Layout
 from heapwalk.glibc.model import Account, Arena, Tcache, TrimEstimate
+from heapwalk.glibc.bulk.runs import HeapRuns, swept_runs
 from heapwalk.glibc.bulk.sweep import SweepRoom, sweep_extents
-from heapwalk.glibc.bulk.sweepwalk import TCACHE_CODE, TCACHE_STRUCT_CODE, walk_of_sweep
+from heapwalk.glibc.bulk.sweepwalk import FENCEPOST_CODE, TCACHE_CODE, TCACHE_STRUCT_CODE, walk_of_sweep
 from heapwalk.inferior.memory import Memory
 from heapwalk.inferior.residency import Residency
 
@@ -54,7 +55,7 @@ class OnePass:
         self.used: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self.keep_chunks = keep_chunks
         self.room = SweepRoom()
-        self.chunks: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        self.chunks: dict[int, dict[int, HeapRuns]] = {}     # by arena, each heap's runs by its start
         self.failed: set[int] = set()
         self.spans: list[tuple[int, int]] = []
         self.extents: dict[int, list[tuple[int, int]]] = {}
@@ -97,9 +98,10 @@ class OnePass:
                 plain = lists.codes == PLAIN         # a byte a chunk, not the 8 of its row's index
                 self.used[arena.address] = in_use_lengths(sweep.address[plain], sweep.sizes[plain])
             if self.keep_chunks:       # the codes as the walk left them: tcache, top and fenceposts marked
-                self.chunks[arena.address] = (sweep.address, sweep.sizes, lists.codes)
-        if sweep is not None:          # nothing above keeps its columns but the address column in CHUNKS
-            self.room.give_back(sweep, keep_address=arena.address in self.chunks)
+                self.chunks[arena.address] = swept_runs(sweep.address, sweep.sizes, lists.codes, sweep.segments,
+                                                        FENCEPOST_CODE)
+        if sweep is not None:          # nothing above keeps its columns
+            self.room.give_back(sweep)
         return lists
 
     def swept_all(self) -> None:

@@ -188,15 +188,13 @@ class SweepRoom:
                 return free.pop(i)
         return _untouched(1 << max(0, n - 1).bit_length())
 
-    def give_back(self, sweep: Sweep, keep_address: bool = False) -> None:
-        """Takes back the room of SWEEP's columns (its address column's too, unless KEEP_ADDRESS): the caller keeps
-        no array of them, nor a view of one."""
+    def give_back(self, sweep: Sweep) -> None:
+        """Takes back the room of SWEEP's columns: the caller keeps no array of them, nor a view of one."""
         for column, values in enumerate((sweep.address, sweep.field, sweep.fd, sweep.bk)):
-            if column or not keep_address:
-                block = values.base
-                if isinstance(block, np.ndarray) and isinstance(block.base, memoryview) and \
-                        isinstance(block.base.obj, mmap.mmap):
-                    self._free[column].append(block)
+            block = values.base
+            if isinstance(block, np.ndarray) and isinstance(block.base, memoryview) and \
+                    isinstance(block.base.obj, mmap.mmap):
+                self._free[column].append(block)
 
 
 def _sweep_extent(mem: Memory, extent: Extent, top: int, columns: _Columns,

@@ -25,13 +25,13 @@ from heapwalk.glibc.walk.trim import PAGE, PagesSeen, TrimSimulation
 from heapwalk.inferior.memory import Memory
 from heapwalk.inferior.residency import Residency
 
-__all__ = ["walk_of_sweep", "tally_of_sweep", "STATE_OF_CODE", "TCACHE_STRUCT_CODE", "TCACHE_CODE"]
+__all__ = ["walk_of_sweep", "tally_of_sweep", "STATE_OF_CODE", "TCACHE_STRUCT_CODE", "TCACHE_CODE", "FENCEPOST_CODE"]
 
-TCACHE_STRUCT_CODE, TCACHE_CODE, _FAST, _TOP, _FENCEPOST = 0, 1, 2, 6, 7
+TCACHE_STRUCT_CODE, TCACHE_CODE, _FAST, _TOP, FENCEPOST_CODE = 0, 1, 2, 6, 7
 #: each listing code's chunk state
 STATE_OF_CODE = {PLAIN: ChunkState.IN_USE, 0: ChunkState.TCACHE_STRUCT, 1: ChunkState.TCACHE, 2: ChunkState.FAST,
                   3: ChunkState.UNSORTED, 4: ChunkState.SMALL, 5: ChunkState.LARGE, _TOP: ChunkState.TOP,
-                  _FENCEPOST: ChunkState.FENCEPOST}
+                  FENCEPOST_CODE: ChunkState.FENCEPOST}
 
 
 def walk_of_sweep(mem: Memory, layout: Layout, arena: Arena, sweep: Sweep, codes: np.ndarray,
@@ -103,7 +103,7 @@ def _mark_top_and_tails(sweep: Sweep, codes: np.ndarray, top: int) -> bool:
         if segment.kind == TAIL_FENCEPOST or segment.kind == TAIL_LEFTOVER and code == PLAIN:
             if code != PLAIN:
                 return False
-            codes[last] = _FENCEPOST
+            codes[last] = FENCEPOST_CODE
         elif segment.kind == TAIL_ZERO or segment.kind == TAIL_LEFTOVER:
             if 3 <= code <= 5:
                 return False             # a binned chunk before a fencepost whose PREV_INUSE is set
