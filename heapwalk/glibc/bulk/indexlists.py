@@ -27,6 +27,7 @@ from heapwalk.glibc.bulk.native import (LINKED_MAX, ChunkDirectory, follow, link
                                         walk_linked, walk_list)
 from heapwalk.glibc.bulk.sweep import Sweep
 from heapwalk.analysis.lookup import Locator
+from heapwalk.common.arrays import staggered
 from heapwalk.common.view import LENGTH_UNIT
 
 __all__ = ["IndexedLists", "lists_of_sweep", "PLAIN", "FREE", "IN_USE", "ANY", "bin_indices"]
@@ -116,8 +117,8 @@ class _Walk:
         if self.native:
             self.chunks = tuple(np.ascontiguousarray(a, dtype=np.uint64)
                                 for a in (sweep.address, sweep.field, sweep.fd, sweep.bk))
-            self.out = (np.empty(steps, dtype=np.uint64), np.empty(steps, dtype=np.uint64),
-                        np.empty(steps, dtype=np.int64))
+            self.out = (staggered(steps, np.uint64, 0), staggered(steps, np.uint64, 1),
+                        staggered(steps, np.int64, 2))
 
     def list(self, want: int, first: int, end: int, safe: bool, lo: int, hi: int, head_bk: int | None,
              code: int) -> tuple[array, array] | None:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from heapwalk.common.arrays import staggered
 from heapwalk.inferior.clib import built_library
 
 __all__ = ["chase", "follow", "sweep_window", "free_runs", "successors", "ChunkDirectory", "walk_list",
@@ -197,7 +198,7 @@ def linked(chunks: tuple[np.ndarray, ...], directory: ChunkDirectory, want: int,
     out = np.empty(n, dtype=np.int32)
     _LIB.hw_successors(address.ctypes.data, field.ctypes.data, fd.ctypes.data, n, *directory.arguments(),
                        want, int(safe), out.ctypes.data)
-    index, successor = np.empty(n, dtype=np.int32), np.empty(n, dtype=np.int32)
+    index, successor = staggered(n, np.int32, 1), staggered(n, np.int32, 2)
     m = _LIB.hw_compact_links(out.ctypes.data, n, field.ctypes.data, want, index.ctypes.data,
                               successor.ctypes.data)
     del out

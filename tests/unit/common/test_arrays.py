@@ -1,10 +1,11 @@
-"""`distinct`: each value once, ascending, as np.unique gives it, however the values repeat and lie."""
+"""`distinct`: each value once, ascending, as np.unique gives it, however the values repeat and lie; `staggered`:
+arrays of the size asked whose starts lie apart in the cache."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from heapwalk.common.arrays import distinct
+from heapwalk.common.arrays import STAGGER, distinct, staggered
 
 
 def test_as_unique_gives_them():
@@ -27,3 +28,16 @@ def test_its_argument_is_left_as_it_was():
     values = np.array([9, 1, 9, 4], dtype=np.uint64)
     distinct(values)
     assert values.tolist() == [9, 1, 9, 4]
+
+
+def test_staggered_arrays_start_apart():
+    """Each array is what np.empty gives (writable, contiguous, its own memory), the K-th starting K * STAGGER
+    bytes into room of its own; four such starts lie in four different cache lines of a page."""
+    for dtype in (np.uint64, np.int32, np.uint8):
+        arrays = [staggered(1 << 12, dtype, k) for k in range(4)]
+        for k, a in enumerate(arrays):
+            assert a.shape == (1 << 12,) and a.dtype == dtype and a.flags.writeable and a.flags.c_contiguous
+            assert a.ctypes.data - a.base.ctypes.data == k * STAGGER
+            a[:] = k
+        assert [int(a[0]) for a in arrays] == [0, 1, 2, 3] and [int(a[-1]) for a in arrays] == [0, 1, 2, 3]
+    assert STAGGER % 64 == 0 and len({k * STAGGER % 4096 // 64 for k in range(4)}) == 4
