@@ -256,6 +256,112 @@ int64_t hw_compact_links(int32_t *out, int64_t n, const uint64_t *field, int64_t
     return m;
 }
 
+/* Lists followed a lane at a time (`hw_rulers`, `follow_ruled`): each lane's next hop is fetched while the other
+ * lanes' are made, so that the waits on memory of LANES lists overlap where one list's hops wait one after another */
+#define LANES 16
+
+/* The rulers of the M places of SUCCESSOR (`hw_linked_list`): every K-th place (0, K, 2K, ...), and for each the
+ * ruler its list comes to next, as its number (place / K) in NEXT (-1: the list ends first; -2: it never ends) and
+ * the places from it up to that one (itself included) in LENGTH (room for (M + K - 1) / K each).  The rulers' lists
+ * are followed LANES at a time.  Returns 0, or -1 where the lists meet (a place two lists lead to: damage) so often
+ * that following them would take more than twice M hops: then none is to be used. */
+int64_t hw_rulers(const int32_t *successor, int64_t m, int64_t k, int32_t *next, int32_t *length)
+{
+    int64_t nr = (m + k - 1) / k, issued = 0, hops = 0;
+    int64_t ruler[LANES], at[LANES], len[LANES];
+    for (int g = 0; g < LANES; g++)
+        ruler[g] = -1;
+    for (;;) {
+        int busy = 0;
+        for (int g = 0; g < LANES; g++) {
+            if (ruler[g] < 0) {
+                if (issued >= nr)
+                    continue;
+                ruler[g] = issued++;
+                at[g] = ruler[g] * k;
+                len[g] = 0;
+            }
+            busy = 1;
+            if (++hops > 2 * m + nr)
+                return -1;
+            len[g]++;
+            int64_t q = successor[at[g]];
+            if (q < 0 || q >= m || q % k == 0 || len[g] > m) {
+                next[ruler[g]] = (int32_t)(len[g] > m ? -2 : q < 0 || q >= m ? -1 : q / k);
+                length[ruler[g]] = (int32_t)len[g];
+                ruler[g] = -1;
+            } else {
+                at[g] = q;
+                __builtin_prefetch(&successor[q]);
+            }
+        }
+        if (!busy)
+            return 0;
+    }
+}
+
+/* The list from place R through SUCCESSOR (M places) into ORDER, as the plain loop of `hw_linked_list` follows it,
+ * through the rulers NEXT and LENGTH of every K-th place (`hw_rulers`): from R to the first ruler a hop at a time,
+ * then from ruler to ruler, each stretch's place in ORDER known from the lengths before it (SEGMENTS: room for 2 *
+ * ((M + K - 1) / K + 1)), then the stretches followed LANES at a time.  Returns how many places, or -1 when the list
+ * goes on past STEPS places (or never ends). */
+static int64_t follow_ruled(const int32_t *successor, int64_t m, int64_t r, int64_t steps, const int32_t *next,
+                            const int32_t *length, int64_t k, int64_t *segments, int64_t *order)
+{
+    int64_t count = 0, nr = (m + k - 1) / k, ns = 0;
+    while (r % k != 0) {                       /* to the first ruler */
+        order[count++] = r;
+        r = successor[r];
+        if (r < 0 || r >= m)
+            return r < 0 ? count : -1;
+        if (count >= steps)
+            return -1;
+    }
+    int64_t total = count;
+    for (;;) {                                 /* ruler to ruler: each stretch's start and place in ORDER */
+        int64_t x = r / k;
+        if (ns > nr || next[x] == -2)
+            return -1;                         /* a ruler met again, or a stretch that never ends: a loop */
+        segments[2 * ns] = r;
+        segments[2 * ns + 1] = total;
+        ns++;
+        total += length[x];
+        if (next[x] == -1)
+            break;
+        if (total >= steps)
+            return -1;
+        r = (int64_t)next[x] * k;
+    }
+    if (total > steps)
+        return -1;
+    int64_t seg[LANES], at[LANES], left[LANES], to[LANES], issued = 0;
+    for (int g = 0; g < LANES; g++)
+        seg[g] = -1;
+    for (;;) {                                 /* the stretches, LANES at a time */
+        int busy = 0;
+        for (int g = 0; g < LANES; g++) {
+            if (seg[g] < 0) {
+                if (issued >= ns)
+                    continue;
+                seg[g] = issued++;
+                at[g] = segments[2 * seg[g]];
+                to[g] = segments[2 * seg[g] + 1];
+                left[g] = length[at[g] / k];
+            }
+            busy = 1;
+            order[to[g]++] = at[g];
+            if (--left[g] == 0) {
+                seg[g] = -1;
+            } else {
+                at[g] = successor[at[g]];
+                __builtin_prefetch(&successor[at[g]]);
+            }
+        }
+        if (!busy)
+            return total;
+    }
+}
+
 /* One free list of a swept arena, followed and judged at once.  The N chunks are at ADDRESS (sorted), with their
  * size fields FIELD and the words after them FD and BK; the M chunks a list of WANT may hold are INDEX's (their
  * indices, ascending) and SUCCESSOR gives the place in INDEX of the chunk each one's link leads to (negative for
@@ -267,12 +373,15 @@ int64_t hw_compact_links(int32_t *out, int64_t n, const uint64_t *field, int64_t
  * then coded CODE.  Writes each chunk's index, address and field in list order to ORDER, OUT_ADDRESS and
  * OUT_FIELD (room for STEPS) and returns how many; -1 when the list fails any of this (CODES may then hold some of
  * its chunks coded).  The list is followed first, then its chunks are looked at: the second loop's reads do not
- * wait on each other, and are fetched ahead.  The first chunk must be one of INDEX's. */
+ * wait on each other, and are fetched ahead.  With K (not 0), the list is followed through the rulers NEXT and
+ * LENGTH of every K-th place (`hw_rulers`, `follow_ruled`; SEGMENTS their room), the same places in the same
+ * order.  The first chunk must be one of INDEX's. */
 int64_t hw_linked_list(const int32_t *successor, const int32_t *index, int64_t m, const uint64_t *address,
                        const uint64_t *field, const uint64_t *fd, const uint64_t *bk, int64_t n, uint64_t first,
                        uint64_t end, int64_t safe, int64_t steps, int64_t bound, uint64_t lo, uint64_t hi,
                        int64_t mirror, uint64_t head_bk, uint8_t *codes, uint8_t plain, uint8_t code, int64_t *order,
-                       uint64_t *out_address, uint64_t *out_field)
+                       uint64_t *out_address, uint64_t *out_field, const int32_t *next, const int32_t *length,
+                       int64_t k, int64_t *segments)
 {
     if (first == end)
         return mirror && head_bk != end ? -1 : 0;
@@ -287,39 +396,45 @@ int64_t hw_linked_list(const int32_t *successor, const int32_t *index, int64_t m
     if (r >= m || address[index[r]] != first)
         return -1;
     int64_t count = 0;
-    for (;;) {
-        order[count++] = r;
-        r = successor[r];
-        if (r < 0)
-            break;
-        if (count >= steps)
+    if (k > 0) {
+        count = follow_ruled(successor, m, r, steps, next, length, k, segments, order);
+        if (count < 0)
             return -1;
+    } else {
+        for (;;) {
+            order[count++] = r;
+            r = successor[r];
+            if (r < 0)
+                break;
+            if (count >= steps)
+                return -1;
+        }
     }
-    for (int64_t k = 0; k < count; k++) {      /* places in INDEX to chunks' indices */
-        if (k + AHEAD < count)
-            __builtin_prefetch(&index[order[k + AHEAD]]);
-        order[k] = index[order[k]];
+    for (int64_t i = 0; i < count; i++) {      /* places in INDEX to chunks' indices */
+        if (i + AHEAD < count)
+            __builtin_prefetch(&index[order[i + AHEAD]]);
+        order[i] = index[order[i]];
     }
     int64_t last = order[count - 1];
     uint64_t link = safe ? fd[last] ^ ((address[last] + 16) >> 12) : fd[last];
     if (link != end || count >= bound || (mirror && head_bk != address[last]))
         return -1;
     uint64_t before = end;
-    for (int64_t k = 0; k < count; k++) {
-        if (k + AHEAD < count) {              /* the chunk looked at ahead, fetched meanwhile */
-            int64_t ahead = order[k + AHEAD];
+    for (int64_t i = 0; i < count; i++) {
+        if (i + AHEAD < count) {              /* the chunk looked at ahead, fetched meanwhile */
+            int64_t ahead = order[i + AHEAD];
             __builtin_prefetch(&address[ahead]);
             __builtin_prefetch(&field[ahead]);
             __builtin_prefetch(&bk[ahead]);
             __builtin_prefetch(&codes[ahead]);
         }
-        int64_t j = order[k];
+        int64_t j = order[i];
         uint64_t size = field[j] & ~(uint64_t)7;
         if (size < lo || size > hi || codes[j] != plain || (mirror && bk[j] != before))
             return -1;
         codes[j] = code;
-        out_address[k] = before = address[j];
-        out_field[k] = field[j];
+        out_address[i] = before = address[j];
+        out_field[i] = field[j];
     }
     return count;
 }

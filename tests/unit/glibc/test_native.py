@@ -186,9 +186,9 @@ def _swept_lists(rng: random.Random, n: int):
 @pytest.mark.parametrize("seed", range(60))
 def test_a_list_is_followed_and_judged_the_same_in_c_and_numpy(seed, monkeypatch):
     """`indexlists._Walk.list`: the one C call (`native.walk_list`, its links looked up in a `ChunkDirectory` of
-    one span or of one an extent) and the numpy steps give the same chunks, the same codes, and fail on the same
-    lists, whatever damage the links, back links and sizes hold, and whichever chunks (free, in use, any) a list
-    may hold."""
+    one span or of one an extent; or `walk_linked`, with or without rulers) and the numpy steps give the same
+    chunks, the same codes, and fail on the same lists, whatever damage the links, back links and sizes hold, and
+    whichever chunks (free, in use, any) a list may hold."""
     rng = random.Random(seed)
     sweep, heads, damaged = _swept_lists(rng, rng.choice((1, 2, 7, 300)))
     bound = rng.choice((2, 50, 1000, 1000))
@@ -202,7 +202,10 @@ def test_a_list_is_followed_and_judged_the_same_in_c_and_numpy(seed, monkeypatch
                                 for _ in calls[1:]]
     planted = rng.randrange(sweep.count)
     results = []
-    for way in ("linked", "a lookup a hop", "numpy"):
+    for way in ("linked", "ruled", "a lookup a hop", "numpy"):
+        if way == "ruled":                   # the lists followed through rulers, of every place to every 64th
+            monkeypatch.setattr(native, "RULED_FROM", 0)
+            monkeypatch.setattr(native, "RULER_EVERY", rng.choice((1, 2, 3, 5, 64)))
         if way == "a lookup a hop":          # the bins' way on an arena of more chunks than `linked` takes
             monkeypatch.setattr(indexlists, "LINKED_MAX", 0)
         if way == "numpy":
@@ -217,7 +220,7 @@ def test_a_list_is_followed_and_judged_the_same_in_c_and_numpy(seed, monkeypatch
                 break
         results.append((outcome, walk.codes.tolist() if outcome[-1] is not None else None))
     assert native.LISTS_NATIVE or os.environ.get("HEAPWALK_PURE")
-    assert results[0] == results[1] == results[2]
+    assert results[0] == results[1] == results[2] == results[3]
     if not damaged and seed % 3 and bound > sweep.count:
         assert results[0][0][0] is not None and len(results[0][0][0][0]) == len(range(sweep.count)[::4])
 
@@ -258,3 +261,60 @@ def test_a_list_holds_only_the_chunks_its_bins_may(use_c, monkeypatch):
     fd[2] = 0x1060                                                          # in use, then a free chunk
     assert listed(indexlists.IN_USE, 0x1040, 0x10, None) is None
     assert listed(indexlists.ANY, 0x1040, 0x10, None) == [0x1040, 0x1060]
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_a_list_through_rulers_is_the_list_a_hop_at_a_time(seed):
+    """`hw_linked_list` through `Rulers` follows the same places as a hop at a time, or fails where that does: lists
+    of every length against STEPS, lists that meet (two places leading to one), that loop back on themselves (to
+    a ruler or between two), or that run into a loop."""
+    rng = random.Random(seed)
+    m = rng.choice((1, 5, 40, 700, 3000))
+    places = list(range(m))
+    rng.shuffle(places)
+    successor = np.full(m, -1, dtype=np.int32)
+    cuts = sorted(rng.sample(range(1, m), min(m - 1, rng.randrange(0, 6)))) if m > 1 else []
+    lists = [places[a:b] for a, b in zip([0] + cuts, cuts + [m])]
+    for chain in lists:
+        for a, b in zip(chain, chain[1:]):
+            successor[a] = b
+    for _ in range(rng.randrange(0, 4)):             # damage: a link anywhere, a loop back
+        successor[rng.randrange(m)] = rng.randrange(m)
+    every = rng.choice((1, 2, 3, 7, 64))
+    rulers = native.Rulers.of(successor, every)
+    starts = [chain[0] for chain in lists] + [rng.randrange(m) for _ in range(3)]
+    for start in starts:
+        for steps in (1, 2, 10, m // 2 + 1, m, m + 1):
+            expected, r = [], start
+            while True:                              # the plain loop's places, or None where it fails
+                expected.append(r)
+                r = int(successor[r])
+                if r < 0:
+                    break
+                if len(expected) >= steps:
+                    expected = None
+                    break
+            if expected is not None and len(set(expected)) < len(expected):
+                expected = None                      # a place met twice: its code claimed already
+            got = _followed(successor, start, steps, rulers)
+            assert got == expected, (start, steps, every)
+    if rulers is not None:
+        assert int(rulers.length.sum()) <= 2 * m + len(rulers.length)
+
+
+def _followed(successor: np.ndarray, start: int, steps: int, rulers) -> list[int] | None:
+    """The places `hw_linked_list` follows from START (chunks made up so that every one passes its checks)."""
+    m = len(successor)
+    index = np.arange(m, dtype=np.int32)
+    address = np.arange(m, dtype=np.uint64) * np.uint64(0x20) + np.uint64(0x1000)
+    field = np.full(m, 0x20, dtype=np.uint64)
+    fd = np.where(successor >= 0, address[np.maximum(successor, 0)], np.uint64(0)).astype(np.uint64)
+    bk = np.zeros(m, dtype=np.uint64)
+    codes = np.full(m, 255, dtype=np.uint8)
+    order, out_address, out_field = (np.empty(steps + 1, dtype=t) for t in (np.int64, np.uint64, np.uint64))
+    links = (successor, index, rulers)
+    count = native.walk_linked(links, (address, field, fd, bk), -1, int(address[start]), 0, False, steps, 1 << 40,
+                               0, 1 << 40, None, codes, 255, 3, (out_address, out_field, order))
+    if count is None:
+        return None
+    return ((out_address[:count] - np.uint64(0x1000)) // np.uint64(0x20)).tolist()
