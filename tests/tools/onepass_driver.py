@@ -32,6 +32,7 @@ from heapwalk.gdb.session import _target
 from heapwalk.glibc.locate.discovery import Overrides
 from heapwalk.glibc.forensics import chunkinfo
 from heapwalk.glibc.bulk import native, onepass
+from heapwalk.glibc.bulk.runs import FENCE_GAP, GAP
 from heapwalk.glibc.decode import collect
 from heapwalk.glibc.locate.discovery import discover
 
@@ -53,19 +54,29 @@ def _one_arena_damaged(target, disc, vouched: list[int]) -> dict:
     if len(thread_arenas) < 2:
         return {}
     arena = thread_arenas[len(thread_arenas) // 2]
-    addresses, _, codes = sound.walk.chunks[arena.address]
+    addresses, codes = _kept_chunks(sound.walk.chunks[arena.address])
     in_use = np.flatnonzero(codes == onepass.PLAIN)
     chunk = int(addresses[in_use[len(in_use) // 2]])
     line = _damaged_line("damaged", target, disc, vouched, MutatedMemory(target.mem, _word(chunk + 8, 0)), {chunk})
     other = thread_arenas[len(thread_arenas) // 2 - 1]
     mine = next((b for b in arena.bins if b.count >= 2), None)
-    theirs, _, their_codes = sound.walk.chunks[other.address]
+    theirs, their_codes = _kept_chunks(sound.walk.chunks[other.address])
     held = np.flatnonzero(their_codes == onepass.PLAIN)
     if mine is not None and len(held):
         first, foreign = int(mine.chunks[0]), int(theirs[held[len(held) // 2]])
         line.update(_damaged_line("crossed", target, disc, vouched, MutatedMemory(target.mem, _word(first + 16, foreign)),
                                   {first, foreign}))
     return line
+
+
+def _kept_chunks(runs: dict) -> tuple[np.ndarray, np.ndarray]:
+    """The chunks the one pass kept of an arena for its map (its heaps' `runs.HeapRuns`): each run's start and
+    listing code, the runs between chunks (`runs.GAP`, `runs.FENCE_GAP`) left out."""
+    starts = [r.bounds[1:len(r.labels) + 1] for r in runs.values()]
+    labels = [r.labels for r in runs.values()]
+    addresses, codes = np.concatenate(starts), np.concatenate(labels)
+    chunk = (codes != GAP) & (codes != FENCE_GAP)
+    return addresses[chunk], codes[chunk]
 
 
 def _damaged_line(name: str, target, disc, vouched: list[int], mem, named: set[int]) -> dict:
