@@ -3,9 +3,10 @@ thread arena from its heap_info up to the end of its reservation, every byte giv
 
 An arena the decode's one pass swept gives its heaps' runs as it kept them (`ChunkWalk.chunks`, `bulk.runs`),
 which the strips take as they are; when it kept none, a sweep of its own (`sweptchunks`); any other goes
-through the careful walk, and what that walk cannot pass is drawn as unwalked.  Between and around the chunks: the heap's own headers (heap_info,
-a thread arena's malloc_state, alignment) and fenceposts are overhead; after a thread heap's size comes the
-part made writable but not used yet (mprotect_size), then the rest of the reservation, never made writable.
+through the careful walk, and what that walk cannot pass is drawn as unwalked.  Between and around the
+chunks: the heap's own headers (heap_info, a thread arena's malloc_state, alignment) and fenceposts are
+overhead; after a thread heap's size comes the part made writable but not used yet (mprotect_size), then the
+rest of the reservation, never made writable.
 What malloc_trim(0) would give back comes from the same runs through `trim.TrimSimulation` (the report's
 estimate, as ranges); resident pages from the target's residency, where it is known; the chunks the leak
 scan found leaked, when it ran, from its answer.
