@@ -40,6 +40,17 @@ class PagesSeen:
             self._judged.append((first, first + pages * _PAGE))
             self._nonzero.extend(runs_of(held, first))
 
+    def apart(self) -> PagesSeen:
+        """An empty record that judges as this one does, for another thread's windows (`take_in` them after)."""
+        out = PagesSeen()
+        out._before, out._before_starts = self._before, self._before_starts
+        return out
+
+    def take_in(self, other: PagesSeen) -> None:
+        """Adds what OTHER (of `apart`) noted, as if its windows had been noted here."""
+        self._judged.extend(other._judged)
+        self._nonzero.extend(other._nonzero)
+
     def _judged_before(self, lo: int, hi: int) -> bool:
         """Whether [LO, HI) lies in one of the ranges judged before."""
         i = bisect.bisect_right(self._before_starts, lo) - 1

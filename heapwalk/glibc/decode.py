@@ -14,7 +14,7 @@ from types import MappingProxyType
 
 from heapwalk.analysis.pages import PagesSeen
 from heapwalk.arch import DEFAULT, Architecture
-from heapwalk.glibc.walk.arenas import decode_arena, walk_free_list
+from heapwalk.glibc.walk.arenas import ArenaHead, arena_head, decode_arena, walk_free_list
 from heapwalk.glibc.walk.chunks import Listing
 from heapwalk.glibc.walk.chunkwalk import account
 from heapwalk.glibc.forensics.links import cut_outside
@@ -243,13 +243,22 @@ def _decode_arenas(mem: Memory, disc: Discovery, ring: list[int | None], mp: Mal
                    free_list: set[int], findings: list[Finding], one_pass: OnePass | None = None
                    ) -> tuple[list[Arena], Finding | None]:
     """Each arena of RING with its heaps and lists, and where Ctrl-C stopped the reading (None: it was not);
-    through ONE_PASS when given (see `onepass`)."""
+    through ONE_PASS when given (see `onepass`), each arena's heaps swept ahead while the arena before's lists are
+    followed, where it sweeps ahead."""
     arenas = []
-    for number, address in enumerate(ring):
-        if address is None:
-            continue
+    ahead = one_pass is not None and one_pass.sweeps_ahead
+    heads: dict[int, ArenaHead | ReadError] = {}
+    numbers = [number for number, address in enumerate(ring) if address is not None]
+    for at, number in enumerate(numbers):
+        address = ring[number]
         try:
-            arenas.append(decode_arena(mem, disc, address, number, mp, free_list, one_pass))
+            for later in numbers[at:at + 2] if ahead else ():
+                if later not in heads:
+                    heads[later] = _head(mem, disc, ring[later], later, mp, free_list, one_pass)
+            head = heads.pop(number, None)
+            if isinstance(head, ReadError):
+                raise head
+            arenas.append(decode_arena(mem, disc, address, number, mp, free_list, one_pass, head))
         except ReadError as exc:
             findings.append(Finding(Severity.ERROR, address, f"arena {number}", f"cannot read the arena: {exc}",
                                     Kind.ARENA))
@@ -258,6 +267,19 @@ def _decode_arenas(mem: Memory, disc: Discovery, ring: list[int | None], mp: Mal
                                    f"interrupted (Ctrl-C) in arena {number}: it and the {len(ring) - number - 1} "
                                    "arena(s) after it are left out, and no chunk is walked", Kind.INTERRUPTED)
     return arenas, None
+
+
+def _head(mem: Memory, disc: Discovery, address: int, number: int, mp: MallocPar | None, free_list: set[int],
+          one_pass: OnePass) -> ArenaHead | ReadError:
+    """The arena at ADDRESS read but for its lists (`arena_head`), its sweep started ahead by ONE_PASS; the
+    ReadError that stops it, raised in its turn."""
+    try:
+        head = arena_head(mem, disc, address, number, mp, free_list)
+    except ReadError as exc:
+        return exc
+    if not head.blank:
+        one_pass.ahead(head.arena)
+    return head
 
 
 def _one_pass(mem: Memory, disc: Discovery, mp: MallocPar | None, ring: list[int | None], threads: list,

@@ -5,7 +5,7 @@ Everything below the gdb layer reads the target through a `Memory`: a
 does not have.  `CachedMemory` wraps a raw reader (gdb's
 ``Inferior.read_memory``, or anything else) with a cache of aligned blocks, so
 that walkers may read one field at a time without one call into gdb per field.
-`ImageMemory` serves synthetic byte images to the unit tests.
+`image.ImageMemory` serves synthetic byte images to the unit tests.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from typing import Callable, Protocol
 
 from heapwalk.common.errors import HeapwalkError
 
-__all__ = ["ReadError", "Memory", "CachedMemory", "ImageMemory", "u64", "u32", "hop_u64", "hop_read", "links_from",
-           "read_once", "readable", "drop_cached"]
+__all__ = ["ReadError", "Memory", "CachedMemory", "u64", "u32", "hop_u64", "hop_read", "links_from",
+           "read_once", "readable", "drop_cached", "memory_for_thread"]
 
 _Q = struct.Struct("<Q")
 _I = struct.Struct("<I")
@@ -84,6 +84,13 @@ def readable(mem: Memory, address: int) -> bool:
     return True
 
 
+def memory_for_thread(mem: Memory) -> Memory | None:
+    """MEM as another thread may read it (`CachedMemory.for_thread`), or None where only the caller's may: what it
+    cannot read there raises ReadError, as memory the target lacks does."""
+    for_thread = getattr(mem, "for_thread", None)
+    return for_thread() if for_thread is not None else None
+
+
 def drop_cached(mem: Memory) -> None:
     """Lets MEM's cached blocks go, when it keeps any (`CachedMemory.drop`): for a phase that reads whole windows
     after one that read a field at a time."""
@@ -119,8 +126,10 @@ class CachedMemory:
     def __init__(self, raw_read: Callable[[int, int], bytes], max_blocks: int = 512,
                  regions: list[tuple[int, int]] | None = None,
                  raw_buffer: Callable[[int, int], memoryview] | None = None,
-                 raw_links: Callable[[int, int], list[int]] | None = None, read_ahead=None):
+                 raw_links: Callable[[int, int], list[int]] | None = None, read_ahead=None,
+                 on_thread: Callable[[], CachedMemory] | None = None):
         self._raw = raw_read
+        self._on_thread = on_thread      # makes a reader of the same memory any thread may use, or None
         self._raw_buffer = raw_buffer
         self._raw_links = raw_links
         self._ahead = read_ahead         # a `readahead.ReadAhead` over RAW_BUFFER's own first reader, or None
@@ -139,6 +148,11 @@ class CachedMemory:
             else:
                 self._starts.append(start)
                 self._ends.append(end)
+
+    def for_thread(self) -> CachedMemory | None:
+        """A reader of the same bytes for another thread of heapwalk's own (its cache and read-ahead its own; a
+        core file's reads, never gdb's), or None where reads need gdb (a live process)."""
+        return None if self._on_thread is None else self._on_thread()
 
     def drop(self) -> None:
         """Lets every cached block go (up to 128 MiB in gdb, `adapter.gdb_memory`), and a window read ahead that
@@ -360,41 +374,3 @@ class CachedMemory:
             size -= take
         return b"".join(out)
 
-
-class ImageMemory:
-    """Memory made of (address, bytes) segments: synthetic targets for tests."""
-
-    def __init__(self, segments: dict[int, bytes | bytearray] | None = None):
-        self.segments: dict[int, bytearray] = {a: bytearray(b) for a, b in (segments or {}).items()}
-
-    def add(self, address: int, data: bytes | bytearray) -> None:
-        self.segments[address] = bytearray(data)
-
-    def read(self, address: int, size: int) -> bytes:
-        for base, data in self.segments.items():
-            if base <= address and address + size <= base + len(data):
-                return bytes(data[address - base:address - base + size])
-        raise ReadError(address, size)
-
-    def span_at(self, address: int) -> tuple[int, memoryview]:
-        """(start, bytes) of the segment holding ADDRESS (see `CachedMemory.span_at`)."""
-        for base, data in self.segments.items():
-            if base <= address < base + len(data):
-                return base, memoryview(data)
-        raise ReadError(address, 1)
-
-    def write(self, address: int, data: bytes) -> None:
-        """Test helper: patches bytes inside an existing segment."""
-        for base, seg in self.segments.items():
-            if base <= address and address + len(data) <= base + len(seg):
-                seg[address - base:address - base + len(data)] = data
-                return
-        raise ReadError(address, len(data))
-
-    def write_u64(self, address: int, value: int) -> None:
-        """Test helper: patches a word inside an existing segment."""
-        self.write(address, _Q.pack(value & (2**64 - 1)))
-
-    def write_u32(self, address: int, value: int) -> None:
-        """Test helper: patches a 32-bit word inside an existing segment."""
-        self.write(address, (value & 0xFFFFFFFF).to_bytes(4, "little"))

@@ -9,7 +9,7 @@ import struct
 from heapwalk.gtcmalloc.layout import CRATE_0_1_19 as L
 from heapwalk.gtcmalloc.pagemap import LEAF_BITS, LEAF_PAGES, LEAF_SIZE, LEAF_SPANS, ROOT_LENGTH
 from heapwalk.inferior.elf import PF_R, PF_W, PT_LOAD, ElfImage, Segment
-from heapwalk.inferior.memory import ImageMemory
+from heapwalk.inferior.image import ImageMemory
 
 #: the program's data (its static objects), and the metadata arena (slabs, resize records, caches, spans)
 DATA, ARENA = 0x500000, 0x7F0000000000

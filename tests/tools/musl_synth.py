@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import struct
 
-from heapwalk.inferior.memory import ImageMemory
+from heapwalk.inferior.image import ImageMemory
 from heapwalk.musl.layout import AREA_HEADER, AREA_SIZE, AREA_SLOTS, IB, META_SIZE, SIZE_CLASSES, UNIT, Ctx
 
 CTX, AREA, SECRET = 0x10000, 0x20000, 0x5EC2E7C0FFEE1234

@@ -5,7 +5,7 @@ from __future__ import annotations
 import struct
 
 from heapwalk.glibc.locate.layout import Layout, layout_for
-from heapwalk.inferior.memory import ImageMemory
+from heapwalk.inferior.image import ImageMemory
 
 ARENA = 0x7F0000001000
 HEAP = 0x555555559000

@@ -13,7 +13,8 @@ from __future__ import annotations
 import numpy as np
 
 from heapwalk.analysis.pages import PagesSeen
-from heapwalk.glibc.walk.chunks import extents
+from heapwalk.glibc.bulk.ahead import NOT_AHEAD, SweepsAhead
+from heapwalk.glibc.walk.chunks import Extent, extents
 from heapwalk.glibc.bulk.indexlists import PLAIN, IndexedLists, lists_of_sweep
 from heapwalk.glibc.locate.layout import Layout
 from heapwalk.glibc.model import Account, Arena, Tcache, TrimEstimate
@@ -59,28 +60,50 @@ class OnePass:
         self.failed: set[int] = set()
         self.spans: list[tuple[int, int]] = []
         self.extents: dict[int, list[tuple[int, int]]] = {}
+        self._ahead: SweepsAhead | bool | None = None   # None: not asked yet; False: not on this memory
+
+    @property
+    def sweeps_ahead(self) -> bool:
+        """Whether `ahead` sweeps on a thread of heapwalk's own (the memory can be read there)."""
+        if self._ahead is None:
+            self._ahead = SweepsAhead.of(self.mem, self.room, self.pages) or False
+        return bool(self._ahead)
+
+    def ahead(self, arena: Arena) -> None:
+        """Starts the sweep of ARENA (as decoded so far, without its lists), the arena `lists` is given next, on
+        a thread of heapwalk's own where `sweeps_ahead`: `lists` takes it when ARENA's turn comes."""
+        arena_extents = self._sweepable(arena) if self.sweeps_ahead else None
+        if arena_extents is not None:
+            self._ahead.start(arena.address, arena_extents, arena.top)
+
+    def _sweepable(self, arena: Arena) -> list[Extent] | None:
+        """ARENA's extents in address order (the sweep's arrays are then sorted: a newer heap may lie below an
+        older one), or None where this pass leaves the arena to the careful walkers."""
+        if arena.is_main and arena.noncontiguous or not arena.lists_known:
+            return None
+        arena_extents = sorted(extents(arena, self.layout), key=lambda e: e.start)
+        if any(not 0 <= e.start <= e.first <= e.end < 1 << 64 for e in arena_extents) or \
+                any(b.start < a.end for a, b in zip(arena_extents, arena_extents[1:])):
+            return None                      # bounds from damaged fields: the careful walkers say which
+        if self.lists_only and sum(e.end - e.start for e in arena_extents) <= LISTS_SWEPT_FROM:
+            return None
+        return arena_extents
 
     def lists(self, arena: Arena, raw_arena: bytes) -> IndexedLists | None:
         """ARENA's lists (ARENA as decoded so far, without them; RAW_ARENA its malloc_state's bytes) from a
         sweep of its heaps, its account and trim estimate kept; None when the sweep cannot vouch for them."""
         lists = None
-        if arena.is_main and arena.noncontiguous or not arena.lists_known:
-            self.failed.add(arena.address)
-            return None
-        # in address order, so that the sweep's arrays are sorted (a newer heap may lie below an older one)
-        arena_extents = sorted(extents(arena, self.layout), key=lambda e: e.start)
-        if any(not 0 <= e.start <= e.first <= e.end < 1 << 64 for e in arena_extents) or \
-                any(b.start < a.end for a, b in zip(arena_extents, arena_extents[1:])):
-            self.failed.add(arena.address)   # bounds from damaged fields: the careful walkers say which
-            return None
-        if self.lists_only and sum(e.end - e.start for e in arena_extents) <= LISTS_SWEPT_FROM:
+        arena_extents = self._sweepable(arena)
+        if arena_extents is None:
             self.failed.add(arena.address)
             return None
         self.spans.extend((e.start, e.end) for e in arena_extents)
         self.extents[arena.address] = [(e.start, e.end) for e in arena_extents]
         tick = None if self.progress is None else (lambda walked, base=self.done: self.progress(base + walked,
                                                                                              self.total))
-        sweep = sweep_extents(self.mem, arena_extents, arena.top, tick, self.pages, self.room)
+        sweep = self._ahead.take(arena.address, tick) if self._ahead else NOT_AHEAD
+        if sweep is None or sweep is NOT_AHEAD:          # none ahead, or it gave up: swept here, as in turn
+            sweep = sweep_extents(self.mem, arena_extents, arena.top, tick, self.pages, self.room)
         self.done += sum(e.end - e.start for e in arena_extents)
         if sweep is not None:
             lists = lists_of_sweep(sweep, self.layout, arena.address, raw_arena, arena.system_mem)
@@ -105,7 +128,10 @@ class OnePass:
         return lists
 
     def swept_all(self) -> None:
-        """Lets the room of the sweeps go: no arena is swept after this."""
+        """Lets the room of the sweeps go, and the sweeps ahead not taken: no arena is swept after this."""
+        if self._ahead:
+            self._ahead.close()
+        self._ahead = False
         self.room = SweepRoom()
 
     def results(self, arenas: tuple[Arena, ...]) -> dict[int, tuple[Account, TrimEstimate]] | None:

@@ -16,6 +16,7 @@ so it gives up (None), and the careful walkers take the arena instead: they name
 from __future__ import annotations
 
 import mmap
+import threading
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -186,15 +187,22 @@ class SweepRoom:
 
     def __init__(self):
         self._free: list[list[np.ndarray]] = [[] for _ in range(4)]
+        self._lock = threading.Lock()    # a sweep ahead takes room on its thread while the caller gives back
 
     def take(self, column: int, n: int) -> np.ndarray:
         """Room for N values of COLUMN (0 address, 1 size field, 2 fd, 3 bk): a block given back, else a new one of
         the next power of two (arenas of much the same size then take each other's)."""
-        free = self._free[column]
-        for i, block in enumerate(free):
-            if len(block) >= n:
-                return free.pop(i)
+        with self._lock:
+            free = self._free[column]
+            for i, block in enumerate(free):
+                if len(block) >= n:
+                    return free.pop(i)
         return _untouched(1 << max(0, n - 1).bit_length(), column)
+
+    def let_go(self) -> None:
+        """Lets the room given back go (its pages to the system): no sweep will take it."""
+        with self._lock:
+            self._free = [[] for _ in range(4)]
 
     def give_back(self, sweep: Sweep) -> None:
         """Takes back the room of SWEEP's columns: the caller keeps no array of them, nor a view of one."""
@@ -202,7 +210,8 @@ class SweepRoom:
             block = values.base          # the whole mapping's array: the room lent was staggered in it
             if isinstance(block, np.ndarray) and isinstance(block.base, memoryview) and \
                     isinstance(block.base.obj, mmap.mmap):
-                self._free[column].append(block[_STAGGER * column:])
+                with self._lock:
+                    self._free[column].append(block[_STAGGER * column:])
 
 
 def _sweep_extent(mem: Memory, extent: Extent, top: int, columns: _Columns,

@@ -16,7 +16,7 @@ from heapwalk.glibc.model import Arena, BinKind, BinList, Heap, MallocPar
 from heapwalk.glibc.walk.ring import walk_heaps
 from heapwalk.inferior.memory import Memory, ReadError, u64
 
-__all__ = ["read_arena", "decode_arena", "walk_free_list", "blank_arena"]
+__all__ = ["read_arena", "decode_arena", "arena_head", "ArenaHead", "walk_free_list", "blank_arena"]
 
 
 def read_arena(mem: Memory, layout: Layout, address: int) -> dict[str, int | None]:
@@ -49,16 +49,45 @@ def blank_arena(address: int, number: int, is_main: bool, free_list: set[int]) -
                  bins=(), on_free_list=address in free_list, findings=(finding,))
 
 
+@dataclasses.dataclass(frozen=True)
+class ArenaHead:
+    """An arena decoded but for its free lists (`arena_head`): the arena with empty lists, its malloc_state's
+    bytes, and what was found wrong so far (BLANK: an arena that reads as zeros, whole as it is)."""
+
+    arena: Arena
+    raw: bytes
+    findings: tuple[Finding, ...]
+    blank: bool = False
+
+
 def decode_arena(mem: Memory, disc: Discovery, address: int, number: int, mp: MallocPar | None,
-                 free_list: set[int], one_pass=None) -> Arena:
+                 free_list: set[int], one_pass=None, head: ArenaHead | None = None) -> Arena:
     """The arena at ADDRESS, number NUMBER in the ring, with its heaps and free lists; what is wrong with
     them is in its findings.  ONE_PASS (`onepass.OnePass`), when given, sweeps the arena's heaps and follows
-    its lists there; where it cannot vouch for them, they are walked through memory."""
+    its lists there; where it cannot vouch for them, they are walked through memory.  HEAD: its `arena_head`,
+    when it was read before."""
+    if head is None:
+        head = arena_head(mem, disc, address, number, mp, free_list)
+    if head.blank:
+        return head.arena
+    arena, raw, findings = head.arena, head.raw, list(head.findings)
+    swept = one_pass.lists(arena, raw) if one_pass is not None else None
+    if swept is not None:
+        fastbins, unsorted, bins = swept.fastbins, swept.unsorted, swept.bins
+    else:
+        fastbins, unsorted, bins = _free_lists(mem, disc.layout, address, arena.system_mem, findings)
+    return dataclasses.replace(arena, fastbins=fastbins, unsorted=unsorted, bins=bins, findings=tuple(findings))
+
+
+def arena_head(mem: Memory, disc: Discovery, address: int, number: int, mp: MallocPar | None,
+               free_list: set[int]) -> ArenaHead:
+    """The arena at ADDRESS (number NUMBER) as `decode_arena` gives it, but for its free lists: its fields, top
+    and heaps, all that its lists' sweep needs to start."""
     layout = disc.layout
     is_main = address == disc.main_arena
     raw = mem.read(address, layout.arena_size)
     if not any(raw):
-        return blank_arena(address, number, is_main, free_list)
+        return ArenaHead(blank_arena(address, number, is_main, free_list), raw, (), blank=True)
     f = read_arena(mem, layout, address)
     findings: list[Finding] = []
     if f["mutex"]:
@@ -81,12 +110,7 @@ def decode_arena(mem: Memory, disc: Discovery, address: int, number: int, mp: Ma
                   max_system_mem=f["max_system_mem"] or 0, heaps=tuple(heaps), fastbins=(),
                   unsorted=BinList(BinKind.UNSORTED, 1, layout.bin_header(address, 1), (), ()), bins=(),
                   on_free_list=address in free_list)
-    swept = one_pass.lists(arena, raw) if one_pass is not None else None
-    if swept is not None:
-        fastbins, unsorted, bins = swept.fastbins, swept.unsorted, swept.bins
-    else:
-        fastbins, unsorted, bins = _free_lists(mem, layout, address, system_mem, findings)
-    return dataclasses.replace(arena, fastbins=fastbins, unsorted=unsorted, bins=bins, findings=tuple(findings))
+    return ArenaHead(arena, raw, tuple(findings))
 
 
 def _top_size(mem: Memory, layout: Layout, address: int, top: int, system_mem: int, sbrk: int,

@@ -146,10 +146,12 @@ def test_report_reads_well_in_a_batch_log(report_of):
     assert len(lines[at]) > 200 and lines[at + 1].startswith("free chunks:"), lines[at:at + 2]
 
 
-def _report_interrupted(tmp_path, module: str, function: str, call: int, careful: bool = False):
+def _report_interrupted(tmp_path, module: str, function: str, call: int, careful: bool = False,
+                        env: dict | None = None):
     """'heapwalk report' on the thread_arenas core with Ctrl-C (a KeyboardInterrupt) raised in the CALLth
     call of MODULE.FUNCTION: gdb's output, checked free of tracebacks, and the JSON report.  CAREFUL: with
-    the one pass turned off, as on a damaged heap, so the careful walkers walk the chunks."""
+    the one pass turned off, as on a damaged heap, so the careful walkers walk the chunks; ENV: gdb's environment
+    besides the test's."""
     cap = capture("system", "thread_arenas")
     script = tmp_path / "interrupt.py"
     off = "import heapwalk.glibc.bulk.onepass as _o; _o.OnePass.lists = lambda self, arena, raw: None\n"
@@ -160,7 +162,7 @@ def _report_interrupted(tmp_path, module: str, function: str, call: int, careful
                       "    return _real(*a, **k)\n"
                       f"_m.{function} = _stop\n")
     out = tmp_path / "report.json"
-    result = run_gdb([str(cap.exe), str(cap.core)], [f"source {script}", f"heapwalk report --json {out}"])
+    result = run_gdb([str(cap.exe), str(cap.core)], [f"source {script}", f"heapwalk report --json {out}"], env=env)
     output = result.stdout + result.stderr
     assert "Traceback" not in output and "internal error" not in output, output
     return result, json.loads(out.read_text())
@@ -203,10 +205,17 @@ def test_the_progress_bar_shows_in_an_interactive_gdb_only(tmp_path):
     assert "walking chunks" in typescript.stdout and "where the memory is" in typescript.stdout
 
 
-def test_ctrl_c_during_the_one_pass_leaves_the_arenas_swept_so_far(tmp_path):
+@pytest.mark.parametrize("where", ["ahead", "in turn"])
+def test_ctrl_c_during_the_one_pass_leaves_the_arenas_swept_so_far(tmp_path, where):
     """Ctrl-C while the one pass sweeps the fourth arena's heaps (where its lists are read): as while the
-    lists are read, the three arenas before it are shown, and the command exits without a traceback."""
-    result, report = _report_interrupted(tmp_path, "heapwalk.glibc.bulk.onepass", "sweep_extents", 4)
+    lists are read, the three arenas before it are shown, and the command exits without a traceback.  On a core
+    read from its file the arenas are swept ahead on a thread of heapwalk's own, and Ctrl-C comes while gdb's
+    thread waits for the sweep; where gdb reads the core, the sweep is gdb's thread's own."""
+    if where == "ahead":
+        result, report = _report_interrupted(tmp_path, "heapwalk.glibc.bulk.ahead", "_waited", 4)
+    else:
+        result, report = _report_interrupted(tmp_path, "heapwalk.glibc.bulk.onepass", "sweep_extents", 4,
+                                             env={"HEAPWALK_READ_BY_GDB": "1"})
     assert "reading the free lists was interrupted (Ctrl-C) in arena 3" in " ".join(result.stdout.split())
     assert [a["number"] for a in report["arenas"]] == [0, 1, 2]
 

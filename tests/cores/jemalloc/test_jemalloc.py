@@ -25,7 +25,7 @@ from heapwalk.common.findings import Kind, Severity
 from heapwalk.jemalloc.decode import collect_jemalloc
 from heapwalk.jemalloc.discovery import JeDiscovery
 from heapwalk.jemalloc.layout import LAYOUTS
-from heapwalk.inferior.memory import ImageMemory
+from heapwalk.inferior.image import ImageMemory
 from heapwalk.inferior.threads import ThreadRegs
 
 pytestmark = pytest.mark.cores

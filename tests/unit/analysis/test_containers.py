@@ -12,7 +12,7 @@ import pytest
 from heapwalk.analysis import graph as graph_module, lookup, reach, rows as rows_module
 from heapwalk.analysis.leaks import find_leaks
 from heapwalk.common.view import Blocks
-from heapwalk.inferior.memory import ImageMemory
+from heapwalk.inferior.image import ImageMemory
 from heapwalk.inferior.roots import Root
 
 HEAP, ROOTS = 0x10000000, 0x600000

@@ -19,7 +19,7 @@ from heapwalk.analysis.signed import begins_with_text, signatures
 from heapwalk.analysis.reach import scan
 from heapwalk.analysis.rows import SparseRows
 from heapwalk.inferior.elf import Mapping
-from heapwalk.inferior.memory import ImageMemory
+from heapwalk.inferior.image import ImageMemory
 from heapwalk.inferior.roots import Root, RegisterRoot, image_data, root_regions
 from heapwalk.inferior.space import MemoryMap
 from heapwalk.inferior.threads import ThreadRegs

@@ -17,7 +17,7 @@ from heapwalk.glibc.locate.discovery import Discovery
 from heapwalk.glibc.locate.mainarena import trim_target
 from heapwalk.glibc.walk.threads import decode_thread
 from heapwalk.inferior.elf import ElfImage
-from heapwalk.inferior.memory import ImageMemory
+from heapwalk.inferior.image import ImageMemory
 from heapwalk.inferior.threads import ThreadRegs
 
 TOY_MACHINE = 0x7777

@@ -13,7 +13,7 @@ import pytest
 from heapwalk.cpython.load import NoObmalloc, load_obmalloc
 from heapwalk.cpython.pools import find_pools
 from heapwalk.inferior.elf import Mapping
-from heapwalk.inferior.memory import ImageMemory
+from heapwalk.inferior.image import ImageMemory
 from heapwalk.inferior.space import MemoryMap, Target
 
 HEAP = 0x5555_0000_0000

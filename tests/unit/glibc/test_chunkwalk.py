@@ -16,7 +16,7 @@ from heapwalk.glibc.walk import chunkwalk, mmapped, resync
 from heapwalk.glibc.walk.chunks import Extent, Listing, Tally
 from heapwalk.glibc.model import ChunkState
 from heapwalk.glibc.walk.chunkwalk import walk_batches
-from heapwalk.inferior.memory import ImageMemory
+from heapwalk.inferior.image import ImageMemory
 from heapwalk.inferior.ranges import ranges_without
 
 BASE = 0x7F0000000000

@@ -14,7 +14,7 @@ from heapwalk.inferior.threads import ThreadRegs
 from heapwalk.glibc.decode import collect
 from heapwalk.glibc.locate.layout import MP_INT_FIELDS, layout_for
 from heapwalk.glibc.locate.arenashape import plausible_arena
-from heapwalk.inferior.memory import ImageMemory
+from heapwalk.inferior.image import ImageMemory
 from heapwalk.common.findings import Kind, Severity
 
 BASE = 0x7F1230000000          # libc's first mapping

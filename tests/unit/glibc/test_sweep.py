@@ -8,6 +8,8 @@ from __future__ import annotations
 import dataclasses
 import random
 import struct
+import threading
+import time
 
 import pytest
 
@@ -23,7 +25,8 @@ from heapwalk.glibc.model import Arena, BinKind, BinList, ChunkState, Heap
 from heapwalk.glibc.bulk.onepass import OnePass
 from heapwalk.glibc.bulk.sweptchunks import listing_arrays, swept_chunks
 from heapwalk.glibc.walk.trim import TrimSimulation
-from heapwalk.inferior.memory import ImageMemory
+from heapwalk.inferior.image import ImageMemory
+from heapwalk.inferior.memory import CachedMemory, ReadError
 
 ARENA = 0x7F0000001000
 HEAP = 0x555555559000
@@ -382,3 +385,102 @@ def test_in_use_lengths_made_a_step_at_a_time_as_at_once(monkeypatch):
         assert not onepass.lengths_fit(odd.view(np.uint64))
         assert onepass.in_use_lengths(address, odd)[1].tolist() == odd.tolist()
     assert onepass.lengths_fit(np.zeros(0, dtype=np.uint64))
+
+
+def _threaded(mem, own=None):
+    """MEM as a core file's memory is read: a `CachedMemory` that another thread may read as OWN (else the same
+    bytes through a cache of its own)."""
+    return CachedMemory(mem.read, on_thread=lambda: own if own is not None else CachedMemory(mem.read))
+
+
+def _kept(s: Synth, mem, ahead: bool):
+    """What a one pass over MEM (S's bytes) keeps of S's arena, its sweep started ahead when AHEAD: the lists, the
+    account and trim, the lengths in use, the pages seen, and the threads its sweeps ran on."""
+    from heapwalk.analysis.pages import PagesSeen
+    from heapwalk.glibc.bulk import ahead as ahead_module
+    threads = []
+    sweep = ahead_module.sweep_extents
+
+    def recorded(*args):
+        threads.append(threading.get_ident())
+        return sweep(*args)
+
+    one = OnePass(mem, s.layout, s.tcaches, 0, True, keep_used=True, pages=PagesSeen())
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ahead_module, "sweep_extents", recorded)
+        if ahead:
+            assert one.sweeps_ahead
+            one.ahead(s.arena)
+        lists = one.lists(s.arena, s.mem.read(ARENA, s.layout.arena_size))
+    one.swept_all()
+    return ((None if lists is None else (lists.fastbins, lists.unsorted, lists.bins, lists.codes.tolist())),
+            one.results((s.arena,)), {k: [a.tolist() for a in v] for k, v in one.used.items()}, one.pages.seen(),
+            threads)
+
+
+@pytest.mark.parametrize("version", VERSIONS, ids=lambda v: "%d.%d" % v)
+def test_a_sweep_ahead_on_another_thread_gives_what_a_sweep_in_turn_gives(version, loops):
+    """An arena swept ahead (`OnePass.ahead`, on a thread of heapwalk's own) gives the same lists, account, trim,
+    lengths in use and pages as swept in turn, on sound heaps and damaged ones; a memory only gdb's thread may
+    read (`ImageMemory` here, as a live process's) is swept in turn."""
+    rng = random.Random(11)
+    vouched = 0
+    for trial in range(24):
+        s = _synth(trial % 4, version, chunks=400)
+        if trial % 2:
+            at = rng.choice(s.words)
+            s.mem.write_u64(at, rng.choice((0, 1, 0x21, at & ~0xF, 0x4141414141414141)))
+        *expected, in_turn = _kept(s, s.mem, ahead=False)
+        *got, swept_on = _kept(s, _threaded(s.mem), ahead=True)
+        assert got == expected, f"trial {trial}"
+        assert not in_turn and swept_on and threading.get_ident() not in swept_on
+        vouched += expected[1] is not None
+    assert vouched >= 12
+    assert not OnePass(s.mem, s.layout, s.tcaches, 0, True).sweeps_ahead
+
+
+def test_a_sweep_ahead_that_cannot_read_is_made_again_in_turn():
+    """Where the other thread cannot read what gdb's thread can (bytes only gdb gives), its sweep gives up and the
+    arena is swept again in turn: the same lists, account and pages, none noted twice."""
+    s = _synth(2, (2, 36))
+    blind = CachedMemory(lambda address, size: (_ for _ in ()).throw(ReadError(address, size)))
+    *expected, _ = _kept(s, s.mem, ahead=False)
+    *got, swept_on = _kept(s, _threaded(s.mem, blind), ahead=True)
+    assert got == expected and expected[0] is not None and len(swept_on) == 1
+
+
+def test_a_caller_waiting_for_a_sweep_ahead_is_told_its_progress(monkeypatch):
+    """`SweepsAhead.take` tells the caller, on the caller's thread, how far the sweep ahead has come while it
+    waits; the room given back before is let go once no sweep is to come."""
+    from heapwalk.glibc.bulk import ahead as ahead_module
+    from heapwalk.glibc.bulk.sweep import SweepRoom
+    s = _synth(1, (2, 36))
+    sweep = ahead_module.sweep_extents
+
+    def slow(mem, extents, top, progress, pages, room):
+        progress(123)
+        time.sleep(0.3)
+        return sweep(mem, extents, top, progress, pages, room)
+
+    monkeypatch.setattr(ahead_module, "_TICK", 0.02)
+    monkeypatch.setattr(ahead_module, "sweep_extents", slow)
+    room = SweepRoom()
+    room.give_back(sweep(s.mem, [e for e in _extents(s)], s.arena.top, None, None, SweepRoom()))
+    assert any(room._free)
+    told = []
+    ahead = ahead_module.SweepsAhead(CachedMemory(s.mem.read), room, None)
+    try:
+        ahead.start(ARENA, _extents(s), s.arena.top)
+        swept = ahead.take(ARENA, lambda done: told.append((done, threading.get_ident())))
+        assert ahead.take(ARENA) is ahead_module.NOT_AHEAD
+    finally:
+        ahead.close()
+    assert swept is not None and swept.count > 1000
+    assert (123, threading.get_ident()) in told and {thread for _, thread in told} == {threading.get_ident()}
+    assert told[-1][0] == sum(e.end - e.start for e in _extents(s))      # its end told once it came
+    assert not any(room._free)
+
+
+def _extents(s: Synth):
+    from heapwalk.glibc.walk.chunks import extents
+    return sorted(extents(s.arena, s.layout), key=lambda e: e.start)

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from heapwalk.glibc.locate.layout import layout_for
-from heapwalk.inferior.memory import CachedMemory, ImageMemory, ReadError, drop_cached
+from heapwalk.inferior.image import ImageMemory
+from heapwalk.inferior.memory import CachedMemory, ReadError, drop_cached
 from heapwalk.glibc.model import BinKind, BinList
 from heapwalk.common.findings import Severity
 from heapwalk.glibc.kinds import Kind

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from heapwalk.inferior.memory import CachedMemory, ImageMemory, ReadError, hop_read, hop_u64
+from heapwalk.inferior.image import ImageMemory
+from heapwalk.inferior.memory import CachedMemory, ReadError, hop_read, hop_u64
 
 BASE = 0x100000
 

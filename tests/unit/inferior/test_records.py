@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from heapwalk.inferior.memory import ImageMemory, ReadError
+from heapwalk.inferior.image import ImageMemory
+from heapwalk.inferior.memory import ReadError
 from heapwalk.inferior.records import read_records
 from heapwalk.jemalloc.blocks import _without
 from heapwalk.jemalloc.extents import _maps_many

@@ -6,7 +6,7 @@ import struct
 
 import numpy as np
 
-from heapwalk.inferior.memory import ImageMemory
+from heapwalk.inferior.image import ImageMemory
 from heapwalk.jemalloc.layout import LAYOUTS
 from heapwalk.jemalloc.rtree import COMPACT_48, ExtentMap
 

@@ -14,7 +14,7 @@ from heapwalk.jemalloc.layout import LAYOUTS
 from heapwalk.jemalloc.rtree import COMPACT_48, WIDE_57
 from heapwalk.jemalloc.sizeclasses import size_classes
 from heapwalk.jemalloc.tsdoffset import _states_plausible, static_module_offset
-from heapwalk.inferior.memory import ImageMemory
+from heapwalk.inferior.image import ImageMemory
 
 #: the first bytes of config.debug's ctl function in Debian's jemalloc 5.3.0 (libjemalloc_pic.a, gcc 12):
 #: sub rsp; the stack guard; mov eax, 1; or r9, [rsp+0x20]; jne; movb [rsp+7], 0 (config_debug is false)
@@ -135,7 +135,7 @@ def test_slab_bitmaps_are_read_together_and_checked_against_the_free_count(monke
     failure of its neighbours; a bitmap that does not count the slab's free regions gives no regions at all (its
     slab is unknown memory), in C as in numpy."""
     import numpy as np
-    from heapwalk.inferior.memory import ImageMemory
+    from heapwalk.inferior.image import ImageMemory
     from heapwalk.inferior.records import read_records
     from heapwalk.jemalloc import blocks, native as jenative
     from heapwalk.jemalloc.extents import ExtentTable
@@ -171,7 +171,7 @@ def test_the_free_extent_rings_are_walked_and_damage_is_named_where_it_is():
     """Arena 2's dirty ring holds two extents of 2 and 1 pages, which its counter says: nothing to report; a
     ring that loops back to its second extent is a cycle at that extent; an extent of the wrong state is named
     at its header."""
-    from heapwalk.inferior.memory import ImageMemory
+    from heapwalk.inferior.image import ImageMemory
     from heapwalk.jemalloc.freelists import ListedExtents, walk_free_lists
     layout = LAYOUTS[(5, 3, 0)]
     arena, first, second = 0x100000, 0x20000, 0x20080
@@ -257,7 +257,7 @@ def test_a_64k_page_slab_of_8192_regions_reads_its_whole_bitmap(monkeypatch):
     regions handed out past the first 512 are found too, in C as in numpy, and the count of free regions reads
     14 bits of the extent's word."""
     import numpy as np
-    from heapwalk.inferior.memory import ImageMemory
+    from heapwalk.inferior.image import ImageMemory
     from heapwalk.inferior.records import read_records
     from heapwalk.jemalloc import blocks, native as jenative
     from heapwalk.jemalloc.extents import ExtentTable

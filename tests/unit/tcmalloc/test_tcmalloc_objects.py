@@ -8,7 +8,8 @@ from __future__ import annotations
 import numpy as np
 
 from heapwalk.common.findings import Kind
-from heapwalk.inferior.memory import ImageMemory, ReadError
+from heapwalk.inferior.image import ImageMemory
+from heapwalk.inferior.memory import ReadError
 from heapwalk.common.mapkinds import MAP_KINDS
 from heapwalk.tcmalloc.blocks import tcmalloc_blocks
 from heapwalk.tcmalloc.check import _objects

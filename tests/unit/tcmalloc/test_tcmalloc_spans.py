@@ -9,7 +9,7 @@ import struct
 
 import numpy as np
 
-from heapwalk.inferior.memory import ImageMemory
+from heapwalk.inferior.image import ImageMemory
 from heapwalk.tcmalloc.layout import SPAN
 from heapwalk.tcmalloc.spans import Spans, TcSpan, columns, read_spans
 
