@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["distinct", "staggered", "STAGGER"]
+__all__ = ["distinct", "counted", "staggered", "STAGGER", "COUNTED_BELOW"]
 
 #: bytes between the starts of arrays a loop goes through side by side (`staggered`): nine cache lines, so that
 #: neither the same offset from a page nor from a power of two puts their entries in the same cache sets
@@ -21,6 +21,30 @@ def distinct(values) -> np.ndarray:
     a = a[np.flatnonzero(np.concatenate(([True], a[1:] != a[:-1])))]
     a.sort()
     return a[np.flatnonzero(np.concatenate(([True], a[1:] != a[:-1])))]
+
+
+#: values below this are counted in one array of as many counters (8 MiB): sizes of chunks, mostly
+COUNTED_BELOW = 1 << 20
+
+
+def counted(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each value of VALUES (unsigned integers) once, ascending, and how many times it comes, as
+    np.unique(..., return_counts=True) gives them: the values below `COUNTED_BELOW` counted by their place in an
+    array (17 M sizes of free chunks: 0.03 s, against 0.69 s to sort them), the others (few, in a heap) sorted."""
+    a = np.asarray(values).ravel()
+    if not len(a) or a.dtype.kind != "u":
+        return np.unique(a, return_counts=True)
+    below = a < COUNTED_BELOW
+    small = a if bool(below.all()) else a[below]
+    if not len(small):
+        return np.unique(a, return_counts=True)
+    tally = np.bincount(small.view(np.int64) if small.dtype == np.uint64 else small.astype(np.int64))
+    seen = np.flatnonzero(tally)
+    out_values, out_counts = seen.astype(a.dtype), tally[seen]
+    if len(small) < len(a):
+        big_values, big_counts = np.unique(a[~below], return_counts=True)
+        out_values, out_counts = np.concatenate((out_values, big_values)), np.concatenate((out_counts, big_counts))
+    return out_values, out_counts
 
 
 def staggered(n: int, dtype, k: int) -> np.ndarray:

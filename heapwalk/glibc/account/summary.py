@@ -8,6 +8,7 @@ from types import MappingProxyType
 
 import numpy as np
 
+from heapwalk.common.arrays import counted
 from heapwalk.glibc.model import FREE_STATES, KEPT_REASONS, Arena, ChunkState, HeapState
 from heapwalk.glibc.account.resident import ArenaResidency, arena_residency, mmapped_resident
 from heapwalk.common.view import ArenaView, HeapView, SizeClass
@@ -85,7 +86,7 @@ def free_sizes_by_arena(state: HeapState) -> dict[int, Counter]:
     for a in state.arenas:
         listed = [np.frombuffer(lst.sizes, dtype=np.uint64) for lst in a.free_lists() if len(lst.raw_sizes)]
         if listed:
-            sizes, counts = np.unique(np.concatenate(listed), return_counts=True)
+            sizes, counts = counted(np.concatenate(listed))
             out[a.number].update(dict(zip(sizes.tolist(), counts.tolist())))
     return out
 

@@ -1,11 +1,12 @@
-"""`distinct`: each value once, ascending, as np.unique gives it, however the values repeat and lie; `staggered`:
-arrays of the size asked whose starts lie apart in the cache."""
+"""`distinct`: each value once, ascending, as np.unique gives it, however the values repeat and lie; `counted`: the
+same with how many times each comes, below and above the values counted in place; `staggered`: arrays of the size
+asked whose starts lie apart in the cache."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from heapwalk.common.arrays import STAGGER, distinct, staggered
+from heapwalk.common.arrays import COUNTED_BELOW, STAGGER, counted, distinct, staggered
 
 
 def test_as_unique_gives_them():
@@ -41,3 +42,22 @@ def test_staggered_arrays_start_apart():
             a[:] = k
         assert [int(a[0]) for a in arrays] == [0, 1, 2, 3] and [int(a[-1]) for a in arrays] == [0, 1, 2, 3]
     assert STAGGER % 64 == 0 and len({k * STAGGER % 4096 // 64 for k in range(4)}) == 4
+
+
+def test_counted_as_unique_counts_them():
+    """Sizes of chunks below `COUNTED_BELOW`, some far above (up to 2**64 - 16), none, one, or all above: the values
+    and counts np.unique gives, of the values' own type; the argument left as it was."""
+    rng = np.random.default_rng(77)
+    cases = [np.zeros(0, dtype=np.uint64), np.array([0x20], dtype=np.uint64),
+             np.array([2 ** 64 - 16, COUNTED_BELOW, 2 ** 64 - 16], dtype=np.uint64),
+             np.array([COUNTED_BELOW - 1, 0, COUNTED_BELOW, COUNTED_BELOW - 1], dtype=np.uint64),
+             (rng.integers(2, 300, size=20000) * 16).astype(np.uint64),
+             np.concatenate(((rng.integers(2, 300, size=5000) * 16).astype(np.uint64),
+                             rng.integers(COUNTED_BELOW, 2 ** 63, size=40, dtype=np.uint64),
+                             np.array([2 ** 64 - 16, 2 ** 63], dtype=np.uint64))),
+             rng.integers(0, 1000, size=300).astype(np.uint32)]
+    for values in cases:
+        before = values.copy()
+        got, expected = counted(values), np.unique(values, return_counts=True)
+        assert np.array_equal(got[0], expected[0]) and np.array_equal(got[1], expected[1])
+        assert got[0].dtype == values.dtype and np.array_equal(values, before)
