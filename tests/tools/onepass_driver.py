@@ -7,7 +7,8 @@ Agreeing means the same arenas (every list, chunk by chunk, and every finding), 
 estimates, and the same findings of the walk.  The line also says which arenas the one pass vouched for, so
 the test can tell a sound core (all of them) from a damaged one (the careful walkers took it).  With
 $HEAPWALK_ONEPASS_DAMAGE set, each core is also compared with one thread arena's heap damaged: the one pass
-must then vouch for every other arena.
+must then vouch for every other arena.  With $HEAPWALK_ONEPASS_AHEAD set, every arena is swept ahead on a thread
+of heapwalk's own however small (`onepass.AHEAD_FROM`), as a big one is.
 """
 
 from __future__ import annotations
@@ -220,6 +221,8 @@ def main() -> None:
         return result
 
     onepass.OnePass.results = spy
+    if os.environ.get("HEAPWALK_ONEPASS_AHEAD"):
+        onepass.AHEAD_FROM = 0
     pairs = json.loads(os.environ.get("HEAPWALK_ONEPASS_CORES", "[]")) or [None]
     for pair in pairs:
         if pair is not None:

@@ -11,7 +11,7 @@ what the one pass gives is always what a sweep in turn gives.
 
 from __future__ import annotations
 
-from concurrent.futures import Future, TimeoutError as FutureTimeout
+from concurrent.futures import Future, ThreadPoolExecutor, TimeoutError as FutureTimeout
 
 from heapwalk.analysis.pages import PagesSeen
 from heapwalk.common.beside import own_pool
@@ -32,7 +32,7 @@ class SweepsAhead:
 
     def __init__(self, mem: Memory, room: SweepRoom, pages: PagesSeen | None):
         self._mem, self._room, self._pages = mem, room, pages
-        self._pool = own_pool("heapwalk-sweep")
+        self._pool: ThreadPoolExecutor | None = None           # made for the first sweep started
         self._pending: dict[int, tuple[Future, PagesSeen | None, list[int]]] = {}
 
     @classmethod
@@ -46,6 +46,8 @@ class SweepsAhead:
         """Starts sweeping the EXTENTS of the arena at ARENA (TOP its top), after the sweeps started before."""
         pages = self._pages.apart() if self._pages is not None else None
         swept = [0]
+        if self._pool is None:
+            self._pool = own_pool("heapwalk-sweep")
         future = self._pool.submit(sweep_extents, self._mem, extents, top, lambda done: swept.__setitem__(0, done),
                                    pages, self._room)
         self._pending[arena] = (future, pages, swept)
@@ -70,7 +72,8 @@ class SweepsAhead:
     def close(self) -> None:
         """Lets go the sweeps not taken, and the thread (a sweep running ends first)."""
         self._pending.clear()
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _waited(future: Future, progress, swept: list[int]) -> Sweep | None:

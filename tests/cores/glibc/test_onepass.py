@@ -20,9 +20,12 @@ import harness
 pytestmark = pytest.mark.cores
 
 
-def _lines(glibc_name: str, captures, pure: bool = False, damage: bool = False) -> dict[str, dict]:
+def _lines(glibc_name: str, captures, pure: bool = False, damage: bool = False, ahead: bool = False
+           ) -> dict[str, dict]:
     pairs = [[str(c.exe), str(c.core)] for c in captures]
     env = {"HEAPWALK_ONEPASS_CORES": json.dumps(pairs)}
+    if ahead:
+        env["HEAPWALK_ONEPASS_AHEAD"] = "1"
     if pure:
         env["HEAPWALK_PURE"] = "1"
     if damage:
@@ -53,6 +56,19 @@ def test_one_pass_gives_what_the_careful_walkers_give(glibc_name):
     assert all(line["native"] for line in lines.values()) or os.environ.get("HEAPWALK_PURE")
 
 
+def test_one_pass_swept_ahead_gives_what_the_careful_walkers_give():
+    """The same with every arena swept ahead on a thread of heapwalk's own (as those of 16 MiB and more are), on
+    the system glibc's sound and damaged cores."""
+    sound = [capture(GLIBCS[0], name) for name in harness.REPRODUCERS]
+    version = version_tuple(glibc(GLIBCS[0]).version)
+    damaged = [corruption(GLIBCS[0], mode) for mode in harness.CORRUPTIONS + harness.CRASHES
+               if harness.corruption_applies(mode, version)]
+    lines = _lines(GLIBCS[0], sound + damaged, ahead=True)
+    wrong = {name: line for name, line in lines.items() if line.get("error") or line["differences"]}
+    assert not wrong, json.dumps(wrong, indent=1)
+    assert sum(line["vouched"] for line in lines.values()) > len(sound)
+
+
 def test_one_pass_in_pure_python_gives_what_the_careful_walkers_give():
     """The same with the C library turned off, as where it was not built (the system glibc's sound cores)."""
     sound = [capture(GLIBCS[0], name) for name in harness.REPRODUCERS]
@@ -63,16 +79,18 @@ def test_one_pass_in_pure_python_gives_what_the_careful_walkers_give():
     assert sum(line["vouched"] for line in lines.values()) >= len(sound)
 
 
-@pytest.mark.parametrize("shape", ("ordered", "random"))
-def test_one_pass_gives_what_the_careful_walkers_give_on_the_bench_core(shape):
+@pytest.mark.parametrize("shape,ahead", [("ordered", False), ("random", False), ("random", True)],
+                         ids=["ordered", "random", "random-swept-ahead"])
+def test_one_pass_gives_what_the_careful_walkers_give_on_the_bench_core(shape, ahead):
     """The same on the bench's small core of each shape (9 arenas, some 240,000 chunks; in the random shape
     every list links its chunks in no order): the one pass of `heapwalk report` against the reads of the
     careful walkers, and its leak scan against the one that keeps every row.  Then with one thread arena's heap damaged: the careful walkers
     take that arena alone, and the eight the one pass vouches for give what the careful walkers give (the leak
     scan taking their chunks in use from the pass and the damaged arena's from the careful walk); and with
     one of its bins linked into a chunk another arena holds in use: the careful walkers take both arenas (the
-    other's careful walk sees that chunk listed), the one pass vouches for the seven left."""
-    line = _lines(GLIBCS[0], [bench.capture("small", bench.BUILD / "bin", shape)], damage=True)["bench"]
+    other's careful walk sees that chunk listed), the one pass vouches for the seven left.  AHEAD: every arena
+    swept ahead on a thread of heapwalk's own, as those of 16 MiB and more are."""
+    line = _lines(GLIBCS[0], [bench.capture("small", bench.BUILD / "bin", shape)], damage=True, ahead=ahead)["bench"]
     assert not line.get("error") and not line["differences"], json.dumps(line, indent=1)
     assert line["vouched"] == line["arenas"] == 9 and line["chunks_swept"] == 9 and line["rows_deferred"] > 0
     assert line["native"]

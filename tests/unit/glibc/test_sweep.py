@@ -397,7 +397,7 @@ def _kept(s: Synth, mem, ahead: bool):
     """What a one pass over MEM (S's bytes) keeps of S's arena, its sweep started ahead when AHEAD: the lists, the
     account and trim, the lengths in use, the pages seen, and the threads its sweeps ran on."""
     from heapwalk.analysis.pages import PagesSeen
-    from heapwalk.glibc.bulk import ahead as ahead_module
+    from heapwalk.glibc.bulk import ahead as ahead_module, onepass as onepass_module
     threads = []
     sweep = ahead_module.sweep_extents
 
@@ -408,6 +408,7 @@ def _kept(s: Synth, mem, ahead: bool):
     one = OnePass(mem, s.layout, s.tcaches, 0, True, keep_used=True, pages=PagesSeen())
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(ahead_module, "sweep_extents", recorded)
+        patch.setattr(onepass_module, "AHEAD_FROM", 0)          # the synthetic heaps are small
         if ahead:
             assert one.sweeps_ahead
             one.ahead(s.arena)
@@ -484,3 +485,19 @@ def test_a_caller_waiting_for_a_sweep_ahead_is_told_its_progress(monkeypatch):
 def _extents(s: Synth):
     from heapwalk.glibc.walk.chunks import extents
     return sorted(extents(s.arena, s.layout), key=lambda e: e.start)
+
+
+def test_a_small_arena_is_swept_in_turn(monkeypatch):
+    """An arena whose heaps hold less than `AHEAD_FROM` is swept in turn on the caller's thread (handing it to
+    another costs about what its sweep does), and no thread is made for it."""
+    from heapwalk.glibc.bulk import ahead as ahead_module, onepass as onepass_module
+    made = []
+    monkeypatch.setattr(ahead_module, "own_pool", lambda name: made.append(name))
+    s = _synth(2, (2, 36))
+    assert sum(h.size for h in s.arena.heaps) < onepass_module.AHEAD_FROM
+    one = OnePass(_threaded(s.mem), s.layout, s.tcaches, 0, True)
+    assert one.sweeps_ahead
+    one.ahead(s.arena)
+    assert one.lists(s.arena, s.mem.read(ARENA, s.layout.arena_size)) is not None
+    one.swept_all()
+    assert not made
