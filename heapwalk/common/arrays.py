@@ -36,8 +36,6 @@ def counted(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return np.unique(a, return_counts=True)
     below = a < COUNTED_BELOW
     small = a if bool(below.all()) else a[below]
-    if not len(small):
-        return np.unique(a, return_counts=True)
     tally = np.bincount(small.view(np.int64) if small.dtype == np.uint64 else small.astype(np.int64))
     seen = np.flatnonzero(tally)
     out_values, out_counts = seen.astype(a.dtype), tally[seen]
