@@ -44,16 +44,32 @@ _WAIT = """n=0; while [ "$(cut -d' ' -f3 /proc/$PID/stat)" != T ] && [ $n -lt 90
 
 
 def _script(bindir: Path) -> str:
-    """The machine's command: thread_arenas captured, gcore'd and attached live; je_dns and CPython
-    (cores/cpython/pyobjects.py) attached live; cores/glibc/untouched.c captured and attached, measured before
-    and after each (tests/tools/untouched_driver.py); tc_hold and mi_hold (on Debian's arm64 tcmalloc and
-    mimalloc) attached live; musl_hold (static on bookworm's arm64 musl, stripped) attached live."""
+    """The machine's command: thread_arenas captured, gcore'd and attached live; cores/glibc/untouched.c captured
+    and attached, measured before and after each (tests/tools/untouched_driver.py); then je_dns, CPython
+    (cores/cpython/pyobjects.py), musl_hold (static on bookworm's arm64 musl, stripped), tc_hold and mi_hold (on
+    Debian's arm64 tcmalloc and mimalloc) run to their snapshots side by side and attached live in turn by one
+    gdb, as a script attaching to one process after another would (each gdb and heapwalk's start is half a minute
+    of emulation)."""
     gdbinit, exe = f"/host{ROOT}/gdbinit", f"/host{bindir.resolve()}/arm64"   # the guest sees this machine's /
     musl = muslbuilds.build("musl_hold", bindir.resolve(), muslbuilds.prepare_musl(SYSROOTS, "bookworm", "arm64"),
                             "stripped")
     conf = " ".join(f"{k}={v}" for k, v in foreign.harness.JEMALLOC_ENV["je_dns"].items())
+    libraries = "/usr/lib/aarch64-linux-gnu"
+    held = {"je": (f"env {conf} LD_PRELOAD={libraries}/libjemalloc.so.2 {exe}/je_dns", "report"),
+            "py": (f"python3 /host{ROOT}/cores/cpython/pyobjects.py", "report --no-leaks"),
+            "musl": (f"/host{musl}", "report --no-leaks"),
+            "tc_hold": (f"LD_PRELOAD={libraries}/libtcmalloc_minimal.so.4 {exe}/tc_hold", "report --no-leaks"),
+            "mi_hold": (f"LD_PRELOAD={libraries}/libmimalloc.so.2 {exe}/mi_hold", "report --no-leaks")}
+    started = "".join(f"mkdir -p /run/{name} && cd /run/{name} && {command} /run/{name} > /run/{name}.log 2>&1 &\n"
+                      f"P_{name}=$!\n" for name, (command, _) in held.items())
+    waited = "".join(_WAIT.replace("$PID", f"$P_{name}") for name in held)
+    attached = " ".join(f'-ex "set logging file /run/{name}-live.txt" -ex "set logging enabled on" '
+                        f'-ex "attach $P_{name}" -ex "heapwalk {report} --json /run/{name}-live.json" '
+                        f'-ex "heapwalk check" -ex "detach" -ex "set logging enabled off"'
+                        for name, (_, report) in held.items())
+    resumed = "".join(f"kill -CONT $P_{name}; wait $P_{name}\n" for name in held)
     return f"""export PYTHONDONTWRITEBYTECODE=1 HEAPWALK_VENV=/nonexistent PYTHONPATH=/host{ROOT}
-mkdir -p /run/ta /run/je
+mkdir -p /run/ta
 cd /run/ta && {exe}/thread_arenas /run/ta > /run/ta.log 2>&1 &
 PID=$!
 {_WAIT}echo "before $(cut -d' ' -f3 /proc/$PID/stat)" > /run/states.txt
@@ -64,37 +80,13 @@ gdb -p $PID -batch -x {gdbinit} -ex "heapwalk report --xml /run/live.xml --json 
   -ex "heapwalk check" > /run/live.txt 2>&1
 echo "attached $(cut -d' ' -f3 /proc/$PID/stat)" >> /run/states.txt
 kill -CONT $PID; wait $PID; echo "exit $?" >> /run/states.txt
-cd /run/je && env {conf} LD_PRELOAD=/usr/lib/aarch64-linux-gnu/libjemalloc.so.2 {exe}/je_dns /run/je > /run/je.log 2>&1 &
-PID=$!
-{_WAIT}gdb -p $PID -batch -x {gdbinit} -ex "heapwalk report --json /run/je-live.json" -ex "heapwalk check" \\
-  > /run/je-live.txt 2>&1
-kill -CONT $PID; wait $PID
-mkdir -p /run/py && cd /run/py && python3 /host{ROOT}/cores/cpython/pyobjects.py /run/py > /run/py.log 2>&1 &
-PID=$!
-{_WAIT}gdb -p $PID -batch -x {gdbinit} -ex "heapwalk report --no-leaks --json /run/py-live.json" > /run/py-live.txt 2>&1
-kill -CONT $PID; wait $PID
 echo never > /sys/kernel/mm/transparent_hugepage/enabled 2> /dev/null
 printf '#!/bin/sh\\nexec %s "$@"\\n' '{_CLI}' > /run/heapwalk && chmod +x /run/heapwalk
 cd /tmp && python3 /host{ROOT}/tests/tools/untouched_driver.py {exe}/untouched /tmp/untouched \\
   /tmp/untouched-data.bin /run/heapwalk /run/ucap /run/untouched.json {gdbinit} > /run/untouched.log 2>&1
-mkdir -p /run/musl && cd /run/musl && /host{musl} /run/musl > /run/musl.log 2>&1 &
-PID=$!
-{_WAIT}gdb -p $PID -batch -x {gdbinit} -ex "heapwalk report --no-leaks --json /run/musl-live.json" \\
-  -ex "heapwalk check" > /run/musl-live.txt 2>&1
-kill -CONT $PID; wait $PID
-""" + _attached("tc_hold", exe, "libtcmalloc_minimal.so.4") + _attached("mi_hold", exe, "libmimalloc.so.2")
-
-
-def _attached(name: str, exe: str, library: str) -> str:
-    """The shell lines that run reproducer NAME on LIBRARY (preloaded) to its snapshot, attach gdb to it for
-    heapwalk's report (JSON) and check, and let it go on."""
-    return f"""mkdir -p /run/{name} && cd /run/{name} && LD_PRELOAD=/usr/lib/aarch64-linux-gnu/{library} {exe}/{name} \\
-  /run/{name} > /run/{name}.log 2>&1 &
-PID=$!
-{_WAIT}gdb -p $PID -batch -x /host{ROOT}/gdbinit -ex "heapwalk report --no-leaks --json /run/{name}-live.json" \\
-  -ex "heapwalk check" > /run/{name}-live.txt 2>&1
-kill -CONT $PID; wait $PID
-"""
+{started}{waited}cd /run && gdb -batch -x {gdbinit} -ex "set logging overwrite on" \\
+  {attached} > /run/attached.txt 2>&1
+{resumed}"""
 
 
 def _script_16k(bindir: Path) -> str:
