@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["distinct", "counted", "staggered", "STAGGER", "COUNTED_BELOW"]
+__all__ = ["distinct", "counted", "ordered", "staggered", "STAGGER", "COUNTED_BELOW"]
 
 #: bytes between the starts of arrays a loop goes through side by side (`staggered`): nine cache lines, so that
 #: neither the same offset from a page nor from a power of two puts their entries in the same cache sets
@@ -43,6 +43,36 @@ def counted(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         big_values, big_counts = np.unique(a[~below], return_counts=True)
         out_values, out_counts = np.concatenate((out_values, big_values)), np.concatenate((out_counts, big_counts))
     return out_values, out_counts
+
+
+def ordered(values: np.ndarray) -> np.ndarray:
+    """np.argsort(VALUES, kind="stable") of unsigned integers: where the values' span (less the low bits all of them
+    share as zeros) and their places fit in 64 bits together, as addresses do, one sort of the values with each
+    one's place below it, the places then read off: numpy sorts numbers faster than it sorts their order (the free
+    lists of the large bench cores, 2 M and 1.5 M chunks: 0.030 and 0.090 s, against 0.034 and 0.128 s for
+    argsort's stable order and 0.135 and 0.112 s for its default)."""
+    a = np.asarray(values).ravel()
+    n = len(a)
+    if n < 2 or a.dtype.kind != "u":
+        return np.argsort(a, kind="stable")
+    low = int(a.min())
+    span = a.astype(np.uint64) - np.uint64(low)
+    shift = _zero_low_bits(int(np.bitwise_or.reduce(span)))
+    high = int(span.max()) >> shift
+    places = max(n - 1, 1).bit_length()
+    if high.bit_length() + places > 64:
+        return np.argsort(a, kind="stable")
+    span >>= np.uint64(shift)
+    span <<= np.uint64(places)
+    span |= np.arange(n, dtype=np.uint64)
+    span.sort(kind="stable")          # (a merge of runs: lists hold many ascending ones)
+    span &= np.uint64((1 << places) - 1)
+    return span.view(np.int64) if np.dtype(np.intp) == np.int64 else span.astype(np.intp)
+
+
+def _zero_low_bits(word: int) -> int:
+    """How many low bits of WORD are zero (0 for 0)."""
+    return (word & -word).bit_length() - 1 if word else 0
 
 
 def staggered(n: int, dtype, k: int) -> np.ndarray:

@@ -1,12 +1,12 @@
 """`distinct`: each value once, ascending, as np.unique gives it, however the values repeat and lie; `counted`: the
-same with how many times each comes, below and above the values counted in place; `staggered`: arrays of the size
-asked whose starts lie apart in the cache."""
+same with how many times each comes, below and above the values counted in place; `ordered`: np.argsort's stable order,
+packed or not; `staggered`: arrays of the size asked whose starts lie apart in the cache."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from heapwalk.common.arrays import COUNTED_BELOW, STAGGER, counted, distinct, staggered
+from heapwalk.common.arrays import COUNTED_BELOW, STAGGER, counted, distinct, ordered, staggered
 
 
 def test_as_unique_gives_them():
@@ -61,3 +61,23 @@ def test_counted_as_unique_counts_them():
         got, expected = counted(values), np.unique(values, return_counts=True)
         assert np.array_equal(got[0], expected[0]) and np.array_equal(got[1], expected[1])
         assert got[0].dtype == values.dtype and np.array_equal(values, before)
+
+
+def test_ordered_is_the_stable_argsort():
+    """Addresses (aligned or not, repeated: the first listed first), spans too wide to pack with the places (a
+    damaged entry near 2**64), few values, signed ones: each the order np.argsort(kind="stable") gives."""
+    rng = np.random.default_rng(761)
+    heap = 0x7F12_3400_0000
+    cases = [np.zeros(0, dtype=np.uint64), np.array([5], dtype=np.uint64), np.array([7, 7, 3], dtype=np.uint64),
+             np.array([3, -1, 3, 0], dtype=np.int64)]
+    for n in (2, 3, 1000, 70000):
+        aligned = np.uint64(heap) + rng.integers(0, 1 << 24, size=n).astype(np.uint64) * np.uint64(16)
+        cases += [aligned, aligned - np.uint64(16), np.concatenate((aligned, aligned[::3])),
+                  aligned + rng.integers(0, 16, size=n).astype(np.uint64)]
+        wide = aligned.copy()
+        wide[n // 2] = np.uint64(2 ** 64 - 9)
+        cases += [wide, rng.integers(0, 2 ** 63, size=n, dtype=np.uint64), aligned.astype(np.uint32)]
+    for values in cases:
+        got = ordered(values)
+        assert np.array_equal(got, np.argsort(values, kind="stable")), values[:8]
+        assert got.dtype == np.intp
