@@ -8,7 +8,7 @@ estimates, and the same findings of the walk.  The line also says which arenas t
 the test can tell a sound core (all of them) from a damaged one (the careful walkers took it).  With
 $HEAPWALK_ONEPASS_DAMAGE set, each core is also compared with one thread arena's heap damaged: the one pass
 must then vouch for every other arena.  With $HEAPWALK_ONEPASS_AHEAD set, every arena is swept ahead on a thread
-of heapwalk's own however small (`onepass.AHEAD_FROM`), as a big one is.
+of heapwalk's own however small (`onepass.AHEAD_FROM`), as a big one is, by the decode and by `heapwalk chunks`.
 """
 
 from __future__ import annotations

@@ -16,15 +16,17 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from heapwalk.glibc.walk.chunks import Chunk, Listing, extents
+from heapwalk.glibc.walk.chunks import Chunk, Extent, Listing, extents
+from heapwalk.glibc.bulk import onepass
+from heapwalk.glibc.bulk.ahead import NOT_AHEAD, SweepsAhead
 from heapwalk.glibc.bulk.indexlists import PLAIN
 from heapwalk.glibc.locate.layout import Layout
 from heapwalk.glibc.model import Arena
-from heapwalk.glibc.bulk.sweep import Sweep, sweep_extents
+from heapwalk.glibc.bulk.sweep import Sweep, SweepRoom, sweep_extents
 from heapwalk.glibc.bulk.sweepwalk import STATE_OF_CODE, tally_of_sweep
 from heapwalk.inferior.memory import Memory
 
-__all__ = ["SweptChunks", "listing_arrays", "swept_chunks"]
+__all__ = ["SweptChunks", "Sweeper", "listing_arrays", "swept_chunks"]
 
 _FREE_CODES = (1, 2, 3, 4, 5)            # tcache, fast, unsorted, small, large: FREE_STATES the sweep can see
 _USED_CODES = (PLAIN, 0)                  # in use, tcache struct
@@ -66,16 +68,60 @@ def listing_arrays(listing: Listing) -> tuple[np.ndarray, np.ndarray]:
     return listing.arrays()
 
 
-def swept_chunks(mem: Memory, layout: Layout, arena: Arena, listed: tuple[np.ndarray, np.ndarray]
-                 ) -> SweptChunks | None:
-    """ARENA's chunks from one sweep of its heaps, with their states from LISTED (`listing_arrays` of the
-    state's listing); None when the careful walk must take the arena (see the module)."""
+class Sweeper:
+    """The sweeps `swept_chunks` takes arena after arena: where the memory may be read on another thread (a core
+    file's own bytes), the sweep of an arena of `onepass.AHEAD_FROM` bytes or more started ahead
+    (`ahead.SweepsAhead`, its room its own: the chunks a command was given keep theirs) while the caller lists
+    the arena before; in turn otherwise, and where a sweep ahead gave up."""
+
+    def __init__(self, mem: Memory, layout: Layout):
+        self.mem, self.layout = mem, layout
+        self._ahead: SweepsAhead | None | bool = None           # made for the first arena started
+
+    def start(self, arena: Arena) -> None:
+        """Starts sweeping ARENA ahead, where it is swept at all and holds enough."""
+        arena_extents = _sweepable(arena, self.layout)
+        if arena_extents is None or sum(e.end - e.start for e in arena_extents) < onepass.AHEAD_FROM:
+            return
+        if self._ahead is None:
+            self._ahead = SweepsAhead.of(self.mem, SweepRoom(), None) or False
+        if self._ahead:
+            self._ahead.start(arena.address, arena_extents, arena.top)
+
+    def sweep(self, arena: Arena, arena_extents: list[Extent]) -> Sweep | None:
+        """ARENA's sweep: the one started ahead, else made now."""
+        if self._ahead:
+            sweep = self._ahead.take(arena.address)
+            if sweep is not None and sweep is not NOT_AHEAD:
+                return sweep
+        return sweep_extents(self.mem, arena_extents, arena.top)
+
+    def close(self) -> None:
+        """Lets go the sweeps not taken, and the thread."""
+        if self._ahead:
+            self._ahead.close()
+
+
+def _sweepable(arena: Arena, layout: Layout) -> list[Extent] | None:
+    """ARENA's extents as `swept_chunks` sweeps them, or None where it leaves the arena to the careful walk."""
     if arena.is_main and arena.noncontiguous or not arena.lists_known:
         return None
     arena_extents = extents(arena, layout)
     if any(not 0 <= e.start <= e.first <= e.end < 1 << 64 for e in arena_extents):
         return None
-    sweep = sweep_extents(mem, arena_extents, arena.top)
+    return arena_extents
+
+
+def swept_chunks(mem: Memory, layout: Layout, arena: Arena, listed: tuple[np.ndarray, np.ndarray],
+                 sweeper: Sweeper | None = None) -> SweptChunks | None:
+    """ARENA's chunks from one sweep of its heaps (SWEEPER's, when given), with their states from LISTED
+    (`listing_arrays` of the state's listing); None when the careful walk must take the arena (see the
+    module)."""
+    arena_extents = _sweepable(arena, layout)
+    if arena_extents is None:
+        return None
+    sweep = sweep_extents(mem, arena_extents, arena.top) if sweeper is None else \
+        sweeper.sweep(arena, arena_extents)
     if sweep is None:
         return None
     codes = _listed_codes(sweep, listed)

@@ -9,7 +9,7 @@ from heapwalk.glibc.walk.chunks import Chunk, Listing, Tally, extents
 from heapwalk.glibc.model import FREE_STATES, ChunkState
 from heapwalk.glibc.walk.chunkwalk import walk_batches, walk_extent
 from heapwalk.glibc.locate.layout import Layout
-from heapwalk.glibc.bulk.sweptchunks import listing_arrays, swept_chunks
+from heapwalk.glibc.bulk.sweptchunks import Sweeper, listing_arrays, swept_chunks
 from heapwalk.inferior.memory import Memory
 from heapwalk.glibc.model import Arena, HeapState
 
@@ -61,20 +61,25 @@ def matching(mem: Memory, layout: Layout, state: HeapState, flt: ChunkFilter,
     """The chunks `chunks` yields, a batch at a time, counted and summed without making each one an object:
     an arena the sweep vouches for (`sweptchunks`) is one batch, the careful walk's batches otherwise."""
     listing = Listing.of_state(state)
-    listed = None
-    for arena in state.arenas:
-        if flt.arena is not None and arena.address != flt.arena:
-            continue
-        if listed is None:
-            listed = listing_arrays(listing)
-        swept = swept_chunks(mem, layout, arena, listed)
-        if swept is not None:
-            rows = swept.select(flt.free, flt.used, flt.min_size, flt.max_size)
-            if len(rows):
-                yield Matches(arena, len(rows), int(swept.sizes[rows].sum()),
-                              lambda limit, swept=swept, rows=rows: swept.chunks(rows[:limit]))
-            continue
-        yield from _walked(mem, layout, arena, listing, flt, findings)
+    arenas = [arena for arena in state.arenas if flt.arena is None or arena.address == flt.arena]
+    sweeper = Sweeper(mem, layout)         # each next arena swept ahead while this one is listed
+    try:
+        if arenas:
+            sweeper.start(arenas[0])       # beside the listing's arrays
+        listed = listing_arrays(listing) if arenas else None
+        for i, arena in enumerate(arenas):
+            if i + 1 < len(arenas):
+                sweeper.start(arenas[i + 1])
+            swept = swept_chunks(mem, layout, arena, listed, sweeper)
+            if swept is not None:
+                rows = swept.select(flt.free, flt.used, flt.min_size, flt.max_size)
+                if len(rows):
+                    yield Matches(arena, len(rows), int(swept.sizes[rows].sum()),
+                                  lambda limit, swept=swept, rows=rows: swept.chunks(rows[:limit]))
+                continue
+            yield from _walked(mem, layout, arena, listing, flt, findings)
+    finally:
+        sweeper.close()
 
 
 def _walked(mem: Memory, layout: Layout, arena: Arena, listing: Listing, flt: ChunkFilter,

@@ -57,8 +57,8 @@ def test_one_pass_gives_what_the_careful_walkers_give(glibc_name):
 
 
 def test_one_pass_swept_ahead_gives_what_the_careful_walkers_give():
-    """The same with every arena swept ahead on a thread of heapwalk's own (as those of 16 MiB and more are), on
-    the system glibc's sound and damaged cores."""
+    """The same with every arena swept ahead on a thread of heapwalk's own (as those of 16 MiB and more are), by
+    the decode and by `heapwalk chunks`, on the system glibc's sound and damaged cores."""
     sound = [capture(GLIBCS[0], name) for name in harness.REPRODUCERS]
     version = version_tuple(glibc(GLIBCS[0]).version)
     damaged = [corruption(GLIBCS[0], mode) for mode in harness.CORRUPTIONS + harness.CRASHES

@@ -501,3 +501,51 @@ def test_a_small_arena_is_swept_in_turn(monkeypatch):
     assert one.lists(s.arena, s.mem.read(ARENA, s.layout.arena_size)) is not None
     one.swept_all()
     assert not made
+
+
+@pytest.mark.parametrize("version", VERSIONS, ids=lambda v: "%d.%d" % v)
+def test_chunks_swept_ahead_are_the_chunks_swept_in_turn(version, loops, monkeypatch):
+    """`heapwalk chunks`' sweeps started ahead (`Sweeper`, on a thread of heapwalk's own) give the chunks sweeps
+    in turn give, on sound heaps and damaged ones (or leave the arena to the careful walk alike); a memory only
+    gdb's thread may read is swept in turn, and an arena below `AHEAD_FROM` too."""
+    from heapwalk.glibc.bulk import ahead as ahead_module, onepass as onepass_module
+    from heapwalk.glibc.bulk.sweptchunks import Sweeper
+    threads = []
+    sweep = ahead_module.sweep_extents
+
+    def recorded(*args):
+        threads.append(threading.get_ident())
+        return sweep(*args)
+
+    monkeypatch.setattr(ahead_module, "sweep_extents", recorded)
+    rng = random.Random(12)
+    kept = []
+    for trial in range(16):
+        s = _synth(trial % 4, version, chunks=400)
+        if trial % 2:
+            at = rng.choice(s.words)
+            s.mem.write_u64(at, rng.choice((0, 1, 0x21, at & ~0xF, 0x4141414141414141)))
+        fastbins, unsorted, bins = arenas_module._free_lists(s.mem, s.layout, ARENA, s.arena.system_mem, [])
+        arena = dataclasses.replace(s.arena, fastbins=fastbins, unsorted=unsorted, bins=bins)
+        listed = listing_arrays(Listing.of_states(
+            {c: st for lst in arena.free_lists() for c, st in zip(lst.chunks, [_STATES[lst.kind]] * lst.count)}))
+        expected = swept_chunks(s.mem, s.layout, arena, listed)
+        for memory, ahead_from, on_thread in ((_threaded(s.mem), 0, True), (s.mem, 0, False),
+                                              (_threaded(s.mem), 1 << 40, False)):
+            monkeypatch.setattr(onepass_module, "AHEAD_FROM", ahead_from)
+            sweeper = Sweeper(memory, s.layout)
+            threads.clear()
+            try:
+                sweeper.start(arena)
+                got = swept_chunks(memory, s.layout, arena, listed, sweeper)
+            finally:
+                sweeper.close()
+            assert (got is None) == (expected is None), f"trial {trial}"
+            if got is not None:
+                for flt in _FILTERS:
+                    rows = got.select(flt.free, flt.used, flt.min_size, flt.max_size)
+                    assert list(got.chunks(rows)) == list(expected.chunks(
+                        expected.select(flt.free, flt.used, flt.min_size, flt.max_size))), f"trial {trial}"
+            assert bool(threads) == on_thread and threading.get_ident() not in threads
+        kept.append(expected is not None)
+    assert sum(kept) >= 8
