@@ -56,7 +56,7 @@ def ordered(values: np.ndarray) -> np.ndarray:
     if n < 2 or a.dtype.kind != "u":
         return np.argsort(a, kind="stable")
     low = int(a.min())
-    span = a.astype(np.uint64) - np.uint64(low)
+    span = np.subtract(a, np.uint64(low), dtype=np.uint64)     # (one new array, the values' own left as they are)
     shift = _zero_low_bits(int(np.bitwise_or.reduce(span)))
     high = int(span.max()) >> shift
     places = max(n - 1, 1).bit_length()
