@@ -104,16 +104,28 @@ def flat_segment_map(base: int, words: np.ndarray, stamped: list[int], layout: M
     if not stamped:
         return None, set()
     known, required = set(stamped), set(used or stamped)
-    word, bit = divmod(min(required) >> layout.segment_shift, 64)
     found: list[tuple[int, set[int]]] = []
-    for i in np.flatnonzero((words >> np.uint64(bit)) & np.uint64(1)).tolist():
-        if i >= word:
-            held = map_bits(words[i - word:i - word + layout.segment_map_words], layout, known)
-            if held is not None and required <= held and (len(required) > 1 or held <= known):
-                found.append((base + 8 * (i - word), held))
+    for start in _holding(words, layout, required).tolist():
+        held = map_bits(words[start:start + layout.segment_map_words], layout, known)
+        if held is not None and required <= held and (len(required) > 1 or held <= known):
+            found.append((base + 8 * start, held))
     fewest = min((len(h) for _, h in found), default=0)
     best = [f for f in found if len(f[1]) == fewest]
     return best[0] if len(best) == 1 else (None, known)
+
+
+def _holding(words: np.ndarray, layout: MiLayout, required: set[int]) -> np.ndarray:
+    """The word indexes, ascending, where a map read from WORDS would have the bit of every REQUIRED segment set."""
+    places = [divmod(at >> layout.segment_shift, 64) for at in sorted(required)]
+    low, bit = places[0]
+    starts = np.flatnonzero((words >> np.uint64(bit)) & np.uint64(1)) - low
+    starts = starts[starts >= 0]
+    for word, bit in places:
+        if not len(starts) or word >= layout.segment_map_words:
+            return starts[:0]
+        starts = starts[starts + word < len(words)]
+        starts = starts[(words[starts + word] >> np.uint64(bit)) & np.uint64(1) == 1]
+    return starts
 
 
 def pages_in_use(mem: Memory, layout: MiLayout, segment: int) -> int:

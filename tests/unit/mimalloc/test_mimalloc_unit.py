@@ -54,6 +54,26 @@ def test_the_segment_map_is_the_array_whose_bits_are_the_segments():
     assert flat_segment_map(0x1000, words, [*segments, cached], LAY, [*segments, cached])[0] is None
 
 
+def test_the_map_s_candidates_are_every_place_holding_each_segment_s_bit():
+    """The candidate maps (word places) are found by the required segments' bits over the whole array at once:
+    the places where a window's bits hold every one of them, among many words with the lowest one's bit (a
+    program's data that holds many addresses)."""
+    from heapwalk.mimalloc.segmap import _holding
+    rng = np.random.default_rng(7)
+    segments = [0x20000000000, 0x20002000000, 0x20040000000, 0x40000000000]
+    places = [divmod(s >> LAY.segment_shift, 64) for s in segments]
+    n = 3 * LAY.segment_map_words
+    words = np.zeros(n, dtype=np.uint64)
+    for word, bit in places:
+        words[rng.random(n) < 0.6] |= np.uint64(1 << bit)
+    listed = words.tolist()
+    for k in (1, 2, 4):
+        slow = [s for s in range(n)
+                if all(s + w < n and listed[s + w] >> b & 1 for w, b in places[:k])]
+        assert _holding(words, LAY, set(segments[:k])).tolist() == slow and slow
+    assert not len(_holding(words, LAY, {0x20000000000, (LAY.segment_map_words * 64) << LAY.segment_shift}))
+
+
 def test_files_and_unread_pages_are_no_segments():
     regions = [(0x1000, 0x9000), (0x20000000000, 0x20004000000)]
     maps = [Mapping(0x2000, 0x3000, 0, "/lib/x.so")]
