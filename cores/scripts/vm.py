@@ -36,7 +36,7 @@ B=/bin/busybox
 $B mount -t proc proc /proc
 $B mount -t devtmpfs dev /dev
 for n in {modules}; do $B insmod /modules/$n.ko || echo "heapwalk-vm: cannot load $n"; done
-$B mount -t 9p -o trans=virtio,version=9p2000.L,ro,msize=1048576 host /mnt || echo "heapwalk-vm: no host"
+$B mount -t 9p -o trans=virtio,version=9p2000.L,ro,msize=1048576,cache=loose host /mnt || echo "heapwalk-vm: no host"
 $B mount -t proc proc /mnt/proc
 $B mount -t sysfs sys /mnt/sys
 $B mount -t devtmpfs dev /mnt/dev
