@@ -47,8 +47,8 @@ $B mount -t proc proc /proc
 $B mount -t devtmpfs dev /dev
 for n in {modules}; do $B insmod /modules/$n.ko || echo "heapwalk-vm: cannot load $n"; done
 O="trans=virtio,version=9p2000.L,msize=1048576"
-$B mount -t 9p -o $O,ro root /mnt || echo "heapwalk-vm: no root"
-$B mount -t 9p -o $O,ro host /mnt/host || echo "heapwalk-vm: no host"
+$B mount -t 9p -o $O,ro,cache=loose root /mnt || echo "heapwalk-vm: no root"
+$B mount -t 9p -o $O,ro,cache=loose host /mnt/host || echo "heapwalk-vm: no host"
 $B mount -t proc proc /mnt/proc
 $B mount -t sysfs sys /mnt/sys
 $B mount -t devtmpfs dev /mnt/dev
