@@ -8,7 +8,7 @@ estimates, and the same findings of the walk.  The line also says which arenas t
 the test can tell a sound core (all of them) from a damaged one (the careful walkers took it).  With
 $HEAPWALK_ONEPASS_DAMAGE set, each core is also compared with one thread arena's heap damaged: the one pass
 must then vouch for every other arena.  With $HEAPWALK_ONEPASS_AHEAD set, every arena is swept ahead on a thread
-of heapwalk's own however small (`onepass.AHEAD_FROM`), as a big one is, by the decode and by `heapwalk chunks`.
+of heapwalk's own however small (`ahead.AHEAD_FROM`), as a big one is, by the decode and by `heapwalk chunks`.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from heapwalk.inferior.roots import image_data, register_roots, root_regions
 from heapwalk.gdb.session import _target
 from heapwalk.glibc.locate.discovery import Overrides
 from heapwalk.glibc.forensics import chunkinfo
-from heapwalk.glibc.bulk import native, onepass
+from heapwalk.glibc.bulk import ahead, native, onepass
 from heapwalk.glibc.bulk.runs import FENCE_GAP, GAP
 from heapwalk.glibc.decode import collect
 from heapwalk.glibc.locate.discovery import discover
@@ -222,7 +222,7 @@ def main() -> None:
 
     onepass.OnePass.results = spy
     if os.environ.get("HEAPWALK_ONEPASS_AHEAD"):
-        onepass.AHEAD_FROM = 0
+        ahead.AHEAD_FROM = 0
     pairs = json.loads(os.environ.get("HEAPWALK_ONEPASS_CORES", "[]")) or [None]
     for pair in pairs:
         if pair is not None:

@@ -24,7 +24,7 @@ from heapwalk.glibc.bulk.sweepwalk import FENCEPOST_CODE, TCACHE_CODE, TCACHE_ST
 from heapwalk.inferior.memory import Memory
 from heapwalk.inferior.residency import Residency
 
-__all__ = ["OnePass", "LISTS_SWEPT_FROM", "AHEAD_FROM", "in_use_lengths", "lengths_fit", "HEADER", "TAIL"]
+__all__ = ["OnePass", "LISTS_SWEPT_FROM", "in_use_lengths", "lengths_fit", "HEADER", "TAIL"]
 
 #: a decode of the lists alone (no chunk walk) sweeps an arena only when its heaps hold more than this.  Below
 #: it, following the lists through memory costs a few tens of milliseconds either way, and less when few chunks
@@ -32,10 +32,6 @@ __all__ = ["OnePass", "LISTS_SWEPT_FROM", "AHEAD_FROM", "in_use_lengths", "lengt
 #: microsecond a listed chunk, and more when lists hop across an arena bigger than their block cache
 #: (measured in docs/performance.md)
 LISTS_SWEPT_FROM = 16 << 20
-#: an arena's heaps are swept ahead on a thread of heapwalk's own (`ahead`) from this many bytes: below it the sweep
-#: takes a few milliseconds, about what handing the work and Python's lock between two threads costs (measured:
-#: `report` on a reproducer's core of a few MiB 10-15% slower with every arena swept ahead)
-AHEAD_FROM = 16 << 20
 #: a chunk's header before its user memory, and the part of the next chunk's header it owns: a chunk in use is
 #: the block [chunk + HEADER, chunk + size + TAIL) to the leak scan
 HEADER, TAIL = 16, 8
@@ -75,10 +71,10 @@ class OnePass:
 
     def ahead(self, arena: Arena) -> None:
         """Starts the sweep of ARENA (as decoded so far, without its lists), the arena `lists` is given next, on
-        a thread of heapwalk's own where `sweeps_ahead` and its heaps hold `AHEAD_FROM` bytes or more: `lists`
-        takes it when ARENA's turn comes."""
+        a thread of heapwalk's own where `sweeps_ahead` and its heaps hold `ahead.AHEAD_FROM` bytes or more:
+        `lists` takes it when ARENA's turn comes."""
         arena_extents = self._sweepable(arena) if self.sweeps_ahead else None
-        if arena_extents is not None and sum(e.end - e.start for e in arena_extents) >= AHEAD_FROM:
+        if arena_extents is not None:
             self._ahead.start(arena.address, arena_extents, arena.top)
 
     def _sweepable(self, arena: Arena) -> list[Extent] | None:

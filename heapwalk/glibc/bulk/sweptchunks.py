@@ -17,7 +17,6 @@ from collections.abc import Iterator
 import numpy as np
 
 from heapwalk.glibc.walk.chunks import Chunk, Extent, Listing, extents
-from heapwalk.glibc.bulk import onepass
 from heapwalk.glibc.bulk.ahead import NOT_AHEAD, SweepsAhead
 from heapwalk.glibc.bulk.indexlists import PLAIN
 from heapwalk.glibc.locate.layout import Layout
@@ -70,7 +69,7 @@ def listing_arrays(listing: Listing) -> tuple[np.ndarray, np.ndarray]:
 
 class Sweeper:
     """The sweeps `swept_chunks` takes arena after arena: where the memory may be read on another thread (a core
-    file's own bytes), the sweep of an arena of `onepass.AHEAD_FROM` bytes or more started ahead
+    file's own bytes), the sweep of an arena of `ahead.AHEAD_FROM` bytes or more started ahead
     (`ahead.SweepsAhead`, its room its own: the chunks a command was given keep theirs) while the caller lists
     the arena before; in turn otherwise, and where a sweep ahead gave up."""
 
@@ -81,7 +80,7 @@ class Sweeper:
     def start(self, arena: Arena) -> None:
         """Starts sweeping ARENA ahead, where it is swept at all and holds enough."""
         arena_extents = _sweepable(arena, self.layout)
-        if arena_extents is None or sum(e.end - e.start for e in arena_extents) < onepass.AHEAD_FROM:
+        if arena_extents is None:
             return
         if self._ahead is None:
             self._ahead = SweepsAhead.of(self.mem, SweepRoom(), None) or False

@@ -213,7 +213,7 @@ def test_ctrl_c_during_the_one_pass_leaves_the_arenas_swept_so_far(tmp_path, whe
     thread waits for the sweep; where gdb reads the core, the sweep is gdb's thread's own."""
     if where == "ahead":       # the reproducer's arenas are small: swept ahead all the same
         result, report = _report_interrupted(tmp_path, "heapwalk.glibc.bulk.ahead", "_waited", 4,
-                                             before="import heapwalk.glibc.bulk.onepass as _p; _p.AHEAD_FROM = 0\n")
+                                             before="import heapwalk.glibc.bulk.ahead as _p; _p.AHEAD_FROM = 0\n")
     else:
         result, report = _report_interrupted(tmp_path, "heapwalk.glibc.bulk.onepass", "sweep_extents", 4,
                                              env={"HEAPWALK_READ_BY_GDB": "1"})

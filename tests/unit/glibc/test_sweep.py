@@ -397,7 +397,7 @@ def _kept(s: Synth, mem, ahead: bool):
     """What a one pass over MEM (S's bytes) keeps of S's arena, its sweep started ahead when AHEAD: the lists, the
     account and trim, the lengths in use, the pages seen, and the threads its sweeps ran on."""
     from heapwalk.analysis.pages import PagesSeen
-    from heapwalk.glibc.bulk import ahead as ahead_module, onepass as onepass_module
+    from heapwalk.glibc.bulk import ahead as ahead_module
     threads = []
     sweep = ahead_module.sweep_extents
 
@@ -408,7 +408,7 @@ def _kept(s: Synth, mem, ahead: bool):
     one = OnePass(mem, s.layout, s.tcaches, 0, True, keep_used=True, pages=PagesSeen())
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(ahead_module, "sweep_extents", recorded)
-        patch.setattr(onepass_module, "AHEAD_FROM", 0)          # the synthetic heaps are small
+        patch.setattr(ahead_module, "AHEAD_FROM", 0)          # the synthetic heaps are small
         if ahead:
             assert one.sweeps_ahead
             one.ahead(s.arena)
@@ -465,6 +465,7 @@ def test_a_caller_waiting_for_a_sweep_ahead_is_told_its_progress(monkeypatch):
 
     monkeypatch.setattr(ahead_module, "_TICK", 0.02)
     monkeypatch.setattr(ahead_module, "sweep_extents", slow)
+    monkeypatch.setattr(ahead_module, "AHEAD_FROM", 0)          # the synthetic heaps are small
     room = SweepRoom()
     room.give_back(sweep(s.mem, [e for e in _extents(s)], s.arena.top, None, None, SweepRoom()))
     assert any(room._free)
@@ -490,11 +491,11 @@ def _extents(s: Synth):
 def test_a_small_arena_is_swept_in_turn(monkeypatch):
     """An arena whose heaps hold less than `AHEAD_FROM` is swept in turn on the caller's thread (handing it to
     another costs about what its sweep does), and no thread is made for it."""
-    from heapwalk.glibc.bulk import ahead as ahead_module, onepass as onepass_module
+    from heapwalk.glibc.bulk import ahead as ahead_module
     made = []
     monkeypatch.setattr(ahead_module, "own_pool", lambda name: made.append(name))
     s = _synth(2, (2, 36))
-    assert sum(h.size for h in s.arena.heaps) < onepass_module.AHEAD_FROM
+    assert sum(h.size for h in s.arena.heaps) < ahead_module.AHEAD_FROM
     one = OnePass(_threaded(s.mem), s.layout, s.tcaches, 0, True)
     assert one.sweeps_ahead
     one.ahead(s.arena)
@@ -508,7 +509,7 @@ def test_chunks_swept_ahead_are_the_chunks_swept_in_turn(version, loops, monkeyp
     """`heapwalk chunks`' sweeps started ahead (`Sweeper`, on a thread of heapwalk's own) give the chunks sweeps
     in turn give, on sound heaps and damaged ones (or leave the arena to the careful walk alike); a memory only
     gdb's thread may read is swept in turn, and an arena below `AHEAD_FROM` too."""
-    from heapwalk.glibc.bulk import ahead as ahead_module, onepass as onepass_module
+    from heapwalk.glibc.bulk import ahead as ahead_module
     from heapwalk.glibc.bulk.sweptchunks import Sweeper
     threads = []
     sweep = ahead_module.sweep_extents
@@ -532,7 +533,7 @@ def test_chunks_swept_ahead_are_the_chunks_swept_in_turn(version, loops, monkeyp
         expected = swept_chunks(s.mem, s.layout, arena, listed)
         for memory, ahead_from, on_thread in ((_threaded(s.mem), 0, True), (s.mem, 0, False),
                                               (_threaded(s.mem), 1 << 40, False)):
-            monkeypatch.setattr(onepass_module, "AHEAD_FROM", ahead_from)
+            monkeypatch.setattr(ahead_module, "AHEAD_FROM", ahead_from)
             sweeper = Sweeper(memory, s.layout)
             threads.clear()
             try:
