@@ -8,9 +8,10 @@ same output there as on this machine (tests/matrix/test_chroots.py):
 Each is made once with debootstrap from the mirror this machine's apt uses, then gdb, Python, gcc and libc's
 debug symbols installed in it with its own apt, and kept in ~/.cache/heapwalk/chroots/SUITE (made under a
 temporary name and renamed when complete, so an interrupted set-up is started again).  heapwalk is set up in it
-as README says: its tracked files copied in at the same path, a virtualenv made with the suite's python3 and
+as README says: its tracked files copied in (to /opt/heapwalk-src, the project's own path a link to it, so
+that a clone elsewhere finds what an earlier one set up), a virtualenv made with the suite's python3 and
 heapwalk installed into it by pip, editable, with its C libraries built by the suite's gcc (kept between runs
-while pyproject.toml, setup.py, the C sources and the project's path are unchanged).  Commands run inside it through unshare and
+while pyproject.toml, setup.py and the C sources are unchanged).  Commands run inside it through unshare and
 chroot, with /proc mounted for them only.  Needs root.
 
     python3 cores/scripts/chroots.py SUITE...     # make (or check) the chroots
@@ -34,6 +35,8 @@ __all__ = ["SUITES", "Chroot", "ChrootError", "prepare", "cache_dir"]
 
 SUITES = ("bullseye", "trixie", "sid")
 PACKAGES = ("gdb", "python3", "python3-venv", "gcc", "libc6-dev", "libc6-dbg", "procps")
+#: where the project's copy lives inside (its own path there links to it)
+SOURCE = Path("/opt/heapwalk-src")
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -110,19 +113,20 @@ class Chroot:
         return {"gdb": lines[0] if lines else "?", "python": lines[1] if len(lines) > 1 else "?"}
 
     def venv(self, project: Path = ROOT) -> Path:
-        """heapwalk set up inside as README says (its source copied to PROJECT's path, a virtualenv of the
-        suite's python3 beside it, made once per pyproject.toml and setup.py); the virtualenv's path inside."""
+        """heapwalk set up inside as README says (its source copied in, `copy_project`, a virtualenv of the
+        suite's python3 beside it, made once per pyproject.toml, setup.py and C sources); the virtualenv's path
+        inside."""
         self.copy_project(project)
         sources = [project / "pyproject.toml", project / "setup.py", *sorted(project.glob("heapwalk/*/_*.c"))]
-        # the install is editable: it points at the project's copy inside, so it is made again for another path
+        # the install is editable: it points at SOURCE, the same for every clone
         stamp = hashlib.sha256(b"".join(p.read_bytes() for p in sources) + self.suite.encode() +
-                               str(project).encode()).hexdigest()[:16]
+                               str(SOURCE).encode()).hexdigest()[:16]
         venv = Path("/opt/heapwalk-venv")
         marker = self.path / str(venv).lstrip("/") / f".made-{stamp}"
         if not marker.exists():
             shutil.rmtree(self.path / str(venv).lstrip("/"), ignore_errors=True)
             made = self.run(f"python3 -m venv {venv} && {venv}/bin/pip install -q --upgrade pip && "
-                            f"cd {project} && {venv}/bin/pip install -q -e '.[test]' && touch {venv}/.made-{stamp}",
+                            f"cd {SOURCE} && {venv}/bin/pip install -q -e '.[test]' && touch {venv}/.made-{stamp}",
                             env=self._pip_env())
             if made.returncode != 0:
                 raise ChrootError(f"setting heapwalk up in the {self.suite} chroot failed: "
@@ -141,10 +145,16 @@ class Chroot:
         return {"PIP_CERT": "/etc/ssl/heapwalk-host-ca.crt", "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
 
     def copy_project(self, project: Path = ROOT) -> None:
-        """The project's tracked files copied to its own path inside, over what an earlier run left there (the
-        C libraries the editable install built in place stay)."""
+        """The project's tracked files copied to SOURCE inside, over what an earlier run left there (the C
+        libraries the editable install built in place stay), and PROJECT's own path inside made a link to it."""
         files = subprocess.run(["git", "ls-files", "-z"], cwd=project, capture_output=True, check=True).stdout
-        dest = self.inside(project)
+        dest = self.inside(SOURCE)
+        link = self.inside(project)
+        if not link.is_symlink():
+            if link.is_dir():
+                shutil.rmtree(link)           # a copy an earlier scheme made at the project's own path
+            link.parent.mkdir(parents=True, exist_ok=True)
+            link.symlink_to(os.path.relpath(dest, link.parent))     # relative: it stays inside from here too
         for name in files.decode().split("\0"):
             if not name or not (project / name).is_file():
                 continue
