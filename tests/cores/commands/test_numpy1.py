@@ -39,7 +39,9 @@ def test_the_unit_tier_passes_under_numpy_1():
                              text=True, check=True).stdout.strip()
     assert version.startswith("1."), version
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONDONTWRITEBYTECODE": "1"}
-    result = subprocess.run([python, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "tests/unit"], cwd=ROOT,
-                            env=env, capture_output=True, text=True, timeout=900)
+    # the house rules read the sources' text, the same under any numpy: not run again
+    result = subprocess.run([python, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "tests/unit",
+                             "--ignore=tests/unit/house"], cwd=ROOT, env=env, capture_output=True, text=True,
+                            timeout=900)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     assert " passed" in result.stdout.splitlines()[-1]
