@@ -46,13 +46,19 @@ NO_TESTS = 5
 
 def shards(files: list[Path], times: dict[str, float], count: int) -> list[list[str]]:
     """FILES (whole, or by test function when longer than SPLIT: `units`) in COUNT shards of about equal time,
-    longest first into the shard with least so far."""
+    longest first into the shard with least so far; the emulated machines' files (tests/vm) before all others,
+    so that no two of them run one after the other in a shard while another shard has none."""
     load = [[0.0, []] for _ in range(count)]
-    for unit, seconds in sorted(units(files, times), key=lambda u: -u[1]):
+    for unit, seconds in sorted(units(files, times), key=lambda u: (not _machine(u[0]), -u[1])):
         least = min(load, key=lambda s: s[0])
         least[0] += seconds
         least[1].append(unit)
     return [sorted(chosen) for _, chosen in load if chosen]
+
+
+def _machine(unit: str) -> bool:
+    """Whether UNIT (a file, or a test function of one) boots an emulated machine: a file of tests/vm."""
+    return Path(unit.split("::")[0]).parent.name == "vm"
 
 
 def units(files: list[Path], times: dict[str, float]) -> list[tuple[str, float]]:

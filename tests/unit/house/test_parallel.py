@@ -39,6 +39,18 @@ def test_a_file_whose_fixture_boots_a_machine_stays_whole(tmp_path):
     assert parallel.units([whole], {name: spent, f"{name}::test_a": spent / 2}) == [(str(whole), spent)]
 
 
+def test_the_emulated_machines_go_to_shards_of_their_own(tmp_path):
+    """The files of tests/vm are placed first, each into the shard with least so far: two machines never run one
+    after the other in a shard while the other shard runs none, whatever the other files' times."""
+    (tmp_path / "vm").mkdir()
+    arm = _file(tmp_path / "vm", "test_arm.py", ["test_a"])
+    x86 = _file(tmp_path / "vm", "test_x86.py", ["test_a"])
+    big = _file(tmp_path, "test_big.py", ["test_a"])
+    times = {"test_arm.py": 400.0, "test_x86.py": 150.0, "test_big.py": 500.0}
+    shards = parallel.shards([arm, x86, big], times, 2)
+    assert sorted(shards) == sorted([[str(arm)], [str(big), str(x86)]])
+
+
 def test_the_times_are_kept_per_file_and_per_function(tmp_path):
     """A report's times, per file and per function (its parameters together)."""
     report = tmp_path / "report.xml"
