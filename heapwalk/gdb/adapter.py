@@ -245,7 +245,42 @@ def _argument(frame, name: str) -> int | None:
 
 def thread_registers(names: dict[int, str] | None = None, arch: Architecture = DEFAULT) -> list[ThreadRegs]:
     """Every thread of the selected inferior (of ARCH) with its thread pointer (None where unreadable) and its
-    name (gdb's, or NAMES': LWP -> name, what a capture recorded)."""
+    name (gdb's, or NAMES': LWP -> name, what a capture recorded).  A core's are read once and kept for the
+    next command while gdb reads the same core with the same files (`_kept_for`): on a crash core, evaluating
+    malloc's arguments in each frame is most of a small heap's command."""
+    global _threads_kept
+    key = _kept_for(names, arch)
+    if key is not None and _threads_kept is not None and _threads_kept[0] == key:
+        return list(_threads_kept[1])
+    out = _read_thread_registers(names, arch)
+    _threads_kept = None if key is None else (key, tuple(out))
+    return out
+
+
+#: the threads `thread_registers` read last, with what they were read from (`_kept_for`)
+_threads_kept: tuple[tuple, tuple[ThreadRegs, ...]] | None = None
+
+
+def _kept_for(names: dict[int, str] | None, arch: Architecture) -> tuple | None:
+    """What a core's threads as `thread_registers` reads them depend on: the core file (its path, inode, size
+    and time), the files gdb has loaded (another library or debug file changes what a frame's arguments say),
+    the inferior, ARCH and NAMES; None for anything but a core (a process's threads move on)."""
+    if connection_type() != "core":
+        return None
+    path = core_path()
+    try:
+        stat = os.stat(path) if path else None
+    except OSError:
+        stat = None
+    if stat is None:
+        return None
+    files = tuple(o.filename for o in gdb.objfiles() if o.is_valid())
+    return (path, stat.st_ino, stat.st_size, stat.st_mtime_ns, gdb.selected_inferior().num, files, arch.name,
+            tuple(sorted((names or {}).items())))
+
+
+def _read_thread_registers(names: dict[int, str] | None, arch: Architecture) -> list[ThreadRegs]:
+    """`thread_registers` read from gdb."""
     out = []
     with preserved_selection():
         for thread in gdb.selected_inferior().threads():

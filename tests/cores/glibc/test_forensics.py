@@ -178,6 +178,24 @@ def test_with_symbols_the_arguments_of_free_and_realloc_are_cited(mode, tmp_path
         "; argument oldp of _int_realloc (frame " in first["message"]
 
 
+def test_a_core_s_threads_kept_between_commands_are_its_own(tmp_path):
+    """A core's threads are read once and kept for the next command (with symbols, malloc's arguments are evaluated
+    in the crashing thread's frames): a second `check` says what the first said, and another core opened in the
+    same gdb (`core-file`) is read afresh, its findings those a gdb of its own gives."""
+    first, second = corruption("system", "abort_double_free"), corruption("system", "abort_realloc_next_size")
+    assert first.exe == second.exe
+    out = {name: tmp_path / f"{name}.json" for name in ("once", "again", "other", "alone")}
+    settings = glibc("system").gdb_settings(True)
+    run_gdb([str(first.exe), str(first.core)],
+            [f"heapwalk check --json {out['once']}", f"heapwalk check --json {out['again']}",
+             f"core-file {second.core}", f"heapwalk check --json {out['other']}"], iex=settings, timeout=120)
+    run_gdb([str(second.exe), str(second.core)], [f"heapwalk check --json {out['alone']}"], iex=settings)
+    found = {name: json.loads(path.read_text()) for name, path in out.items()}
+    assert found["once"] == found["again"] and found["other"] == found["alone"]
+    assert "argument p of _int_free" in found["once"]["findings"][0]["message"]
+    assert "argument oldp of _int_realloc" in found["other"]["findings"][0]["message"]
+
+
 def test_a_crash_core_names_no_chunk_that_passes_the_check(tmp_path):
     """A double free into the unsorted bin: of the chunks the crashing thread points at, only the one whose
     next chunk says it is free is named; free chunks the stack also holds (tcache entries) are not."""
