@@ -261,14 +261,17 @@ def growth(runs: list[dict], kept: dict[str, list[str]] | None = None) -> str:
 
 def write(path: Path, data: dict, others: dict[str, dict] | None = None) -> None:
     """Writes the part of the page at PATH for DATA's size (tests/tools/bench.py's JSON, with the machine it was measured
-    on, the command and the lines printed after the tables), then the growth table from DATA and OTHERS (the
-    other sizes' last runs, by size)."""
+    on, the command and the lines printed after the tables), then the growth table from DATA, the rows the page
+    has of the other sizes (those of the runs that wrote their parts), and OTHERS (the other sizes' last runs, by
+    size) for a size the page has no row of: a run left out of the page (measured in a slow spell, or without
+    --docs) does not come in by another size's run."""
     text = path.read_text() if path.exists() else "# Performance\n"
     body = section(data["size"], data, data["machine"], data["argv"], data.get("lines", []))
     text = updated(text, data["size"], body)
-    runs = {**(others or {}), data["size"]: data}
+    kept = growth_rows(text)
+    runs = {**{size: run for size, run in (others or {}).items() if size not in kept}, data["size"]: data}
     ordered = [runs[s] for s in SIZE_ORDER if s in runs]
-    table = growth(ordered, growth_rows(text))
+    table = growth(ordered, kept)
     path.write_text(updated(text, "growth", table))
     path.with_name(path.stem + "-growth.svg").write_text(growth_svg(table.splitlines()))
 

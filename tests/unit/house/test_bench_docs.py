@@ -135,6 +135,24 @@ def test_a_machine_that_ran_one_size_keeps_the_other_sizes_rows_the_page_has(tmp
     assert rows == ["small 0ld0000", "small 0ld0000", "large new1234", "large new1234", "huge 0ldhuge", "huge 0ldhuge"]
 
 
+def test_another_size_s_rows_are_those_of_the_run_that_wrote_its_part(tmp_path):
+    """build/bench may hold a run of another size that was not written to the page (a slow spell's, or one run
+    without --docs): the page's rows of that size stay, those of the run that wrote its part."""
+    large, huge = _run(), _run()
+    large["machine"], large["argv"] = {**MACHINE, "commit": "written"}, ["--size", "large"]
+    huge["size"], huge["machine"], huge["argv"] = "huge", {**MACHINE, "commit": "hugerun"}, ["--size", "huge"]
+    page = tmp_path / "performance.md"
+    page.write_text("# Performance\n\n## Method\n\ntext\n")
+    bench_docs.write(page, large)
+    unwritten = {**_run(), "machine": {**MACHINE, "commit": "notonpage"}}
+    bench_docs.write(page, huge, {"large": unwritten})
+    text = page.read_text()
+    table = text[text.index("### How `report`'s cost grows"):text.index(bench_docs.end_marker("growth"))]
+    cells = [[c.strip() for c in line.split("|")] for line in table.splitlines()]
+    rows = [f"{c[1]} {c[-2].split(',')[0]}" for c in cells if len(c) > 2 and c[1] in bench_docs.SIZE_ORDER]
+    assert rows == ["large written", "large written", "huge hugerun", "huge hugerun"]
+
+
 def test_the_preloaded_allocators_have_their_columns_and_rows(tmp_path):
     """tcmalloc's and mimalloc's runs (`bench_preload`) are cores of the tables and rows of the growth table."""
     large = _run()
