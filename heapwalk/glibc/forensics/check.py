@@ -11,6 +11,7 @@ with `heapwalk.glibc.forensics.partial`'s notes on which numbers rest on damaged
 
 from __future__ import annotations
 
+import bisect
 import struct
 from collections import Counter
 
@@ -18,7 +19,8 @@ import numpy as np
 
 from heapwalk.glibc.walk.chunks import extents
 from heapwalk.glibc.locate.layout import IS_MMAPPED, NBINS, SIZE_BITS, Layout, layout_for
-from heapwalk.inferior.memory import Memory, ReadError, u64
+from heapwalk.inferior.memory import Memory, ReadError, drop_cached, u64
+from heapwalk.inferior.ownmemory import give_back
 from heapwalk.glibc.model import Arena, BinKind, HeapState, Tcache, list_name
 from heapwalk.glibc.forensics.partial import partial
 from heapwalk.common.arrays import ordered
@@ -28,6 +30,8 @@ from heapwalk.glibc.kinds import Kind
 __all__ = ["CheckResult", "check", "scope"]
 
 _QQ = struct.Struct("<QQ")
+#: listed chunks `_inside_free` judges at a time
+_STEP = 1 << 18
 
 
 def check(state: HeapState, mem: Memory, layout: Layout) -> CheckResult:
@@ -101,11 +105,14 @@ def _misplaced(chunks, sizes, spans: list[tuple[int, int]], tops: list[tuple[int
 def _listed_chunks(state: HeapState, mem: Memory, layout: Layout) -> list[Finding]:
     """Free-list members: in one list only, inside their arena's heaps, clear of top, of their bin's size."""
     every = _Every(state)
+    give_back()
     listed = _Listed(state, layout, every.twice)
     for arena in state.arenas:
         listed.arena_lists(arena)
     for owner, tcache in state.tcaches():
         listed.tcache(mem, owner, tcache)
+    drop_cached(mem)
+    give_back()
     return listed.out + _inside_free(state, every)
 
 
@@ -123,7 +130,9 @@ class _Every:
         self.groups += [(f"tcache bin {b.index} of {owner}", np.array(b.entries, dtype=np.uint64) - np.uint64(16),
                          16, -1) for owner, tc in state.tcaches() for b in tc.bins if b.entries]
         self.every = np.concatenate([np.zeros(0, dtype=np.uint64)] + [g[1] for g in self.groups])
-        self.order = ordered(self.every)
+        order = ordered(self.every)
+        self.order = order.astype(np.int32) if len(order) < 1 << 31 else order   # (4 bytes a chunk where they do)
+        del order
         ranked = self.every[self.order]
         self.twice = bool(np.any(ranked[1:] == ranked[:-1]))
 
@@ -132,53 +141,73 @@ def _inside_free(state: HeapState, every: _Every) -> list[Finding]:
     """A tcache entry, a fastbin chunk or a bin chunk that starts inside another free chunk of the bins: the same
     memory handed out twice (a chunk freed again after it was merged into its neighbour, how2heap's botcake; a
     forged size).  The error is at the entry inside (a tcache entry by its user pointer), naming the chunk it
-    lies in.  Looked at all at once (a heap may list millions of free chunks): the chunks in address order (one
-    sort, EVERY's), Python only for the ones inside."""
+    lies in.  A heap may list millions of free chunks: they are judged in address order (one sort, EVERY's), _STEP
+    of them at a time (the arrays of a step, not of all, held at once), Python only for the ones inside."""
     bins = every.bins
     if not bins:
         return []
     n = len(every.every)
-    index = np.int32 if n < 1 << 31 else np.int64  # (each array a chunk listed: 4 bytes where they do)
     holder = np.concatenate([np.full(len(chunks), h, dtype=np.int32) for _, chunks, _, h in every.groups])
     order = every.order                            # stable: where a chunk is listed twice, the lists' order
     in_bin = holder[order] >= 0                    # decides which copy is met first, as always
     pick = order[in_bin]                           # the bin chunks in address order, by their place in EVERY
-    starts = every.every[pick]
+    holder = holder[pick]
     sizes = np.zeros(n, dtype=np.uint64)
     at = 0
     for _, chunks, _, h in every.groups:
         if h >= 0:
-            sizes[at:at + len(chunks)] = np.asarray(bins[h][1].sizes, dtype=np.uint64)
+            sizes[at:at + len(chunks)] = bins[h][1].raw_sizes
+            sizes[at:at + len(chunks)] &= np.uint64(~SIZE_BITS & (1 << 64) - 1)
         at += len(chunks)
-    ends = starts + sizes[pick]
+    ends = sizes[pick]
     del sizes
-    holder = holder[pick]
+    starts = every.every[pick]
     del pick
+    ends += starts
     reach = np.maximum.accumulate(ends)            # the furthest any free chunk starting so far reaches
-    k = np.empty(n, dtype=index)
-    if every.twice:                                # the last bin chunk starting below each, equal ones not
-        k[order] = np.searchsorted(starts, every.every[order], side="left") - 1
-    else:                                          # (no two alike: the bin chunks met before each in the order)
-        k[order] = np.cumsum(in_bin, dtype=index) - in_bin - 1
+    inside = _starting_inside(every, in_bin, starts, reach)
     del in_bin
-    out, at = [], 0
-    for where, chunks, named, _ in every.groups:
-        for i in np.flatnonzero((k[at:at + len(chunks)] >= 0) &
-                                (chunks < reach[np.maximum(k[at:at + len(chunks)], 0)])).tolist():
-            chunk, j = int(chunks[i]), int(k[at + i])
-            while j >= 0 and not chunk < int(ends[j]):
-                j -= 1
-            if j < 0:
-                continue
-            a, lst = bins[int(holder[j])]
-            s, e = int(starts[j]), int(ends[j])
-            out.append(Finding(Severity.ERROR, chunk + named, where, f"free chunk {chunk:#x} lies {chunk - s:#x} "
-                               f"bytes into the free chunk {s:#x} (size {e - s:#x}) of "
-                               f"{list_name(a, lst.kind, lst.index)}: the same memory is free twice (freed again "
-                               "after it was merged into its neighbour, or a size was forged)", Kind.INSIDE_CHUNK,
-                               f"outside {s:#x}..{e:#x}", f"{chunk:#x}"))
-        at += len(chunks)
+    out = []
+    for g, _, chunk, j in sorted(inside):          # in the lists' order, as each list names its chunks
+        where, _, named, _ = every.groups[g]
+        while j >= 0 and not chunk < int(ends[j]):
+            j -= 1
+        if j < 0:
+            continue
+        a, lst = bins[int(holder[j])]
+        s, e = int(starts[j]), int(ends[j])
+        out.append(Finding(Severity.ERROR, chunk + named, where, f"free chunk {chunk:#x} lies {chunk - s:#x} "
+                           f"bytes into the free chunk {s:#x} (size {e - s:#x}) of "
+                           f"{list_name(a, lst.kind, lst.index)}: the same memory is free twice (freed again "
+                           "after it was merged into its neighbour, or a size was forged)", Kind.INSIDE_CHUNK,
+                           f"outside {s:#x}..{e:#x}", f"{chunk:#x}"))
     return out
+
+
+def _starting_inside(every: _Every, in_bin, starts, reach) -> list[tuple[int, int, int, int]]:
+    """(group, place in it, chunk, the last bin chunk starting below it) of each listed chunk that may start
+    inside a bin chunk (REACH of that one, the furthest any bin chunk from STARTS up to it reaches, is past it):
+    every listed chunk in address order (IN_BIN: which of them are the bins'), _STEP of them at a time."""
+    order, n = every.order, len(every.every)
+    index = np.int32 if n < 1 << 31 else np.int64  # (each array a chunk listed: 4 bytes where they do)
+    offsets = np.cumsum([0] + [len(chunks) for _, chunks, _, _ in every.groups]).tolist()
+    inside, below = [], 0
+    for lo in range(0, n, _STEP):
+        places = order[lo:lo + _STEP]
+        chunk_at = every.every[places]
+        if every.twice:                            # the last bin chunk starting below each, equal ones not
+            k = np.searchsorted(starts, chunk_at, side="left") - 1
+        else:                                      # (no two alike: the bin chunks met before each in the order)
+            step_in_bin = in_bin[lo:lo + _STEP]
+            k = np.cumsum(step_in_bin, dtype=index)
+            k -= step_in_bin
+            k += below - 1
+            below += int(np.count_nonzero(step_in_bin))
+        for p in np.flatnonzero((k >= 0) & (chunk_at < reach[np.maximum(k, 0)])).tolist():
+            e = int(places[p])
+            g = bisect.bisect_right(offsets, e) - 1
+            inside.append((g, e - offsets[g], int(chunk_at[p]), int(k[p])))
+    return inside
 
 
 class _Listed:

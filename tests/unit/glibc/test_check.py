@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from heapwalk.glibc.forensics.check import _misplaced
 
 HEAPS = [(0x7F0000100000, 0x7F0004000000), (0x555555559000, 0x55555557A000)]
@@ -35,13 +37,17 @@ def test_heap_bounds_past_the_address_space_send_every_chunk_to_the_closer_look(
     assert list(_misplaced([0x555555559010], [0x90], heaps, [TOP])) == [(0x555555559010, 0x90)]
 
 
-def test_free_chunks_inside_other_free_chunks_are_named_in_their_lists_order():
+@pytest.mark.parametrize("step", [1, 2, 3, 1 << 18])
+def test_free_chunks_inside_other_free_chunks_are_named_in_their_lists_order(step, monkeypatch):
     """Entries of fastbins, bins and tcaches, in no address order across the lists, two of them inside a bin's
     chunk (a tcache entry by its user pointer, a fastbin chunk): each named, list by list and in each list's
-    order, with the chunk it lies in; the bins' own chunks, side by side, are not."""
+    order, with the chunk it lies in; the bins' own chunks, side by side, are not.  The same whatever number of
+    chunks is judged at a time (STEP)."""
     from array import array
     from types import SimpleNamespace
+    from heapwalk.glibc.forensics import check
     from heapwalk.glibc.forensics.check import _Every, _inside_free
+    monkeypatch.setattr(check, "_STEP", step)
     from heapwalk.glibc.model import BinKind, BinList, Tcache, TcacheBin
     base = 0x555555560000
 
