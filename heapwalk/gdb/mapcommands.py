@@ -4,6 +4,7 @@ holds each byte (each allocator cuts its heaps into runs, `output.heapmaps` draw
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 
 from heapwalk.face import CannotDraw
 from heapwalk.gdb.console import console_with_header, interactive
@@ -11,7 +12,7 @@ from heapwalk.gdb.leakcommands import scan_leaks
 from heapwalk.gdb.session import UserError, load_allocators
 from heapwalk.registry import described
 from heapwalk.gdb.subcommand import Parser, Subcommand
-from heapwalk.output.heapmaps import svg_maps, text_maps
+from heapwalk.output.heapmaps import svg_map_parts, text_maps
 from heapwalk.output.htmlpage import made_by
 from heapwalk.output.htmlreport import report_html
 from heapwalk.output.pngmaps import png_maps
@@ -66,16 +67,17 @@ class MapCommand(Subcommand):
         console.print(text_maps(strips, width, interactive()), end="")
         title = f"heap map: {found.decoded[0].target}"
         if args.svg:
-            _write(args.svg, svg_maps(strips, SVG_WIDTH, title).encode())
+            _write(args.svg, (part.encode() for part in svg_map_parts(strips, SVG_WIDTH, title)))
         if args.png:
             _write(args.png, png_maps(strips, SVG_WIDTH))
 
 
-def _write(path: str, data: bytes, command: str = "heapwalk map") -> None:
-    """DATA written to PATH, or a one-line error that says why not."""
+def _write(path: str, data: bytes | Iterable[bytes], command: str = "heapwalk map") -> None:
+    """DATA (or its parts, each written as it is made) written to PATH, or a one-line error that says why not."""
     try:
         with open(path, "wb") as fh:
-            fh.write(data)
+            for part in [data] if isinstance(data, bytes) else data:
+                fh.write(part)
     except OSError as exc:
         raise UserError(f"{command}: cannot write {path}: {exc.strerror}") from None
 

@@ -19,8 +19,9 @@ from heapwalk.common.mapkinds import (DAMAGE, KINDS, MAP_KINDS, USED, drawing_or
                                piece_kinds)
 from heapwalk.common.view import HeapStrip
 
-__all__ = ["resident_trim_bytes", "columns", "coverage", "marks", "kind_bytes", "piece_counts", "trim_bytes", "text_maps", "svg_maps",
-           "svg_strip", "kinds_drawn", "bands", "LEGEND", "COLOURS", "NAMES", "STRIP_HEIGHT", "BAND_COLOURS"]
+__all__ = ["resident_trim_bytes", "columns", "coverage", "marks", "kind_bytes", "piece_counts", "trim_bytes",
+           "text_maps", "svg_maps", "svg_map_parts", "svg_strip", "kinds_drawn", "bands", "LEGEND", "COLOURS", "NAMES",
+           "STRIP_HEIGHT", "BAND_COLOURS"]
 
 
 
@@ -369,11 +370,13 @@ def svg_maps(strips: Sequence[HeapStrip], width: int = 1024, title: str = "heap 
     "resident", with data-bytes;
     each row a group carrying its strip's address span, bytes, chunks per kind and trimmable bytes; then a
     legend of what is drawn."""
-    rows = []
-    y = 20
-    for strip in strips:
-        rows.append(_svg_strip(strip, width, y))
-        y += _ROW + _GAP
+    return "".join(svg_map_parts(strips, width, title))
+
+
+def svg_map_parts(strips: Sequence[HeapStrip], width: int = 1024, title: str = "heap map") -> Iterator[str]:
+    """`svg_maps`' text a strip's group at a time, for a file written as it is made (a heap of many strips
+    draws tens of megabytes)."""
+    y = 20 + len(strips) * (_ROW + _GAP)
     entries = [(name, COLOURS[name], NAMES[name]) for name in kinds_drawn(strips)]
     if bands(strips):
         entries.append(("trim", _TRIM_COLOUR, bands(strips)))
@@ -389,6 +392,8 @@ def svg_maps(strips: Sequence[HeapStrip], width: int = 1024, title: str = "heap 
                       f'stroke-width="0.5"/><text x="{x + 14}" y="{line - 1}" font-size="11">{escape(words)}</text>')
         x += size
     full = width + 2 * _LEFT
-    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{full}" height="{line + 10}" '
-            f'viewBox="0 0 {full} {line + 10}" font-family="sans-serif">\n<title>{escape(title)}</title>\n'
-            + "\n".join(rows) + "\n" + "\n".join(legend) + "\n</svg>\n")
+    yield (f'<svg xmlns="http://www.w3.org/2000/svg" width="{full}" height="{line + 10}" '
+           f'viewBox="0 0 {full} {line + 10}" font-family="sans-serif">\n<title>{escape(title)}</title>\n')
+    for i, strip in enumerate(strips):
+        yield ("\n" if i else "") + _svg_strip(strip, width, 20 + i * (_ROW + _GAP))
+    yield "\n" + "\n".join(legend) + "\n</svg>\n"

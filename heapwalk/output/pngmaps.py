@@ -129,31 +129,68 @@ def _legend(img: np.ndarray, y: int, entries: list[tuple[str, str]], places: lis
 
 
 def png_maps(strips: Sequence[HeapStrip], width: int = 1024) -> bytes:
-    """A PNG of STRIPS, WIDTH columns each (one pixel a column), labelled, with a legend of what is drawn."""
+    """A PNG of STRIPS, WIDTH columns each (one pixel a column), labelled, with a legend of what is drawn;
+    painted and compressed a strip at a time (the picture of a heap of many strips is never whole in memory)."""
     entries = [(NAMES[k], COLOURS[k]) for k in kinds_drawn(strips)]
     if bands(strips):
         entries.append((bands(strips), BAND_COLOURS["trim"]))
     if any(s.resident is not None for s in strips):
         entries.append(("resident", BAND_COLOURS["resident"]))
     places = _legend_places(entries, width)
-    height = 8 + len(strips) * _STRIP + ((1 + places[-1][1]) if places else 0) * (_TEXT + 8) + 8
-    img = np.full((height, width + 2 * _LEFT, 3), 255, dtype=np.uint8)
-    for i, strip in enumerate(strips):
-        _paint_strip(img, strip, width, 8 + i * _STRIP)
-    _legend(img, 8 + len(strips) * _STRIP, entries, places)
-    return png_bytes(img)
+    legend = ((1 + places[-1][1]) if places else 0) * (_TEXT + 8) + 8
+    rows = _Rows(width + 2 * _LEFT, 8 + len(strips) * _STRIP + legend)
+    rows.add(_blank(8, width))
+    for strip in strips:
+        img = _blank(_STRIP, width)
+        _paint_strip(img, strip, width, 0)
+        rows.add(img)
+    img = _blank(legend, width)
+    _legend(img, 0, entries, places)
+    rows.add(img)
+    return rows.png()
+
+
+def _blank(height: int, width: int) -> np.ndarray:
+    """HEIGHT white rows of a picture of WIDTH columns and its margins."""
+    return np.full((height, width + 2 * _LEFT, 3), 255, dtype=np.uint8)
+
+
+class _Rows:
+    """A PNG's pixel rows (RGB), filtered and compressed as they come, block by block."""
+
+    def __init__(self, width: int, height: int):
+        self.width, self.height = width, height
+        self.above = np.zeros(width * 3, dtype=np.uint8)   # (the row above the first: none, all zero)
+        self.packer = zlib.compressobj(3)
+        self.out: list[bytes] = []
+
+    def add(self, img: np.ndarray) -> None:
+        """The next rows, IMG (rows x width x 3, uint8)."""
+        rows = img.reshape(len(img), self.width * 3)
+        raw = np.empty((len(rows), self.width * 3 + 1), dtype=np.uint8)
+        raw[:, 0] = _UP                 # each row as its difference from the row above: a strip's rows repeat
+        np.subtract(rows[:1], self.above, out=raw[:1, 1:])
+        np.subtract(rows[1:], rows[:-1], out=raw[1:, 1:])
+        if len(rows):
+            self.above = rows[-1].copy()
+        self.out.append(self.packer.compress(raw))
+
+    def png(self) -> bytes:
+        """The PNG file of the rows added (as many as its height)."""
+        return _png(self.width, self.height, b"".join(self.out) + self.packer.flush())
 
 
 def png_bytes(img: np.ndarray) -> bytes:
     """An RGB image (height x width x 3, uint8) as the bytes of a PNG file."""
     height, width, _ = img.shape
-    rows = img.reshape(height, width * 3)
-    raw = np.empty((height, width * 3 + 1), dtype=np.uint8)
-    raw[:, 0] = _UP                     # each row as its difference from the row above: a strip's rows repeat
-    raw[:1, 1:] = rows[:1]
-    np.subtract(rows[1:], rows[:-1], out=raw[1:, 1:])
+    rows = _Rows(width, height)
+    rows.add(img)
+    return rows.png()
 
+
+def _png(width: int, height: int, packed: bytes) -> bytes:
+    """The PNG file of WIDTH x HEIGHT RGB pixels whose filtered rows, compressed, are PACKED."""
     def chunk(kind: bytes, body: bytes) -> bytes:
         return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
     return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
-            + chunk(b"IDAT", zlib.compress(raw.tobytes(), 3)) + chunk(b"IEND", b""))
+            + chunk(b"IDAT", packed) + chunk(b"IEND", b""))

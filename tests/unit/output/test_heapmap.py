@@ -150,6 +150,26 @@ def test_a_png_holds_its_image_exactly():
         assert np.array_equal(np.frombuffer(b"".join(bytes(r) for r in rows), dtype=np.uint8).reshape(img.shape), img)
 
 
+
+def test_a_png_painted_a_strip_at_a_time_is_the_picture_painted_whole():
+    """png_maps paints and compresses each strip apart (its rows filtered against the last row of the one
+    before): the pixels are those of the whole picture painted at once, labels, bands, damage and legend."""
+    from heapwalk.output import pngmaps
+    trimmed = HeapStrip(**{**STRIP.__dict__, "trimmable": np.array([[0x2000, 0x3000]], dtype=np.uint64)})
+    damaged = _strip([(0x1000, 0x1ff0, "in_use"), (0x1ff0, 0x2000, "unwalked"), (0x2000, 0x3000, "top")])
+    strips = [STRIP, trimmed, damaged, STRIP]
+    for width in (1, 64, 300):
+        w, h, rows = png_pixels(png_maps(strips, width))
+        entries = [(pngmaps.NAMES[k], COLOURS[k]) for k in pngmaps.kinds_drawn(strips)]
+        entries.append((pngmaps.bands(strips), BAND_COLOURS["trim"]))
+        places = pngmaps._legend_places(entries, width)
+        whole = np.full((h, w, 3), 255, dtype=np.uint8)
+        for i, strip in enumerate(strips):
+            pngmaps._paint_strip(whole, strip, width, 8 + i * pngmaps._STRIP)
+        pngmaps._legend(whole, 8 + len(strips) * pngmaps._STRIP, entries, places)
+        assert h == 8 + len(strips) * pngmaps._STRIP + (1 + places[-1][1]) * (pngmaps._TEXT + 8) + 8
+        assert np.array_equal(np.frombuffer(b"".join(bytes(r) for r in rows), dtype=np.uint8).reshape(h, w, 3), whole)
+
 #: each reproducer under the system glibc and one other in turn (conftest's fixed subset)
 CASES = [pytest.param(g, n, id=f"{g}-{n}") for i, n in enumerate(REPRODUCERS) for g in rotating(i)]
 
