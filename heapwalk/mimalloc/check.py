@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from heapwalk.common.findings import Finding, Kind, Severity
-from heapwalk.inferior.memory import Memory, ReadError
+from heapwalk.inferior.memory import Memory, ReadError, hop_read
 from heapwalk.mimalloc.decode import MiPage, MiState
 from heapwalk.mimalloc.layout import queue_shape
 
@@ -91,6 +91,7 @@ def _queues(mem: Memory, state: MiState, heap: int, pages: dict[int, MiPage]) ->
     except ReadError as exc:
         return [Finding(Severity.ERROR, heap, "mi_heap_t", f"the heap's page queues cannot be read ({exc})", QUEUE)]
     out, seen = [], set()
+    lo, hi = min(lay.page_prev, lay.page_next), max(lay.page_prev, lay.page_next) + 8
     for first, last, size in queues[:, [0, 1, size_word]].tolist():
         prev, at = 0, int(first)
         while at and len(seen) < _MAX_QUEUE:
@@ -102,11 +103,12 @@ def _queues(mem: Memory, state: MiState, heap: int, pages: dict[int, MiPage]) ->
                                    f"(blocks of {int(size)} bytes) holds {at:#x}, which {problem}", QUEUE))
                 break
             seen.add(at)
-            try:
-                back = int.from_bytes(mem.read(at + lay.page_prev, 8), "little")
-                nxt = int.from_bytes(mem.read(at + lay.page_next, 8), "little")
+            try:                     # (read past the cache: a page's links are all a walk wants of its memory)
+                links = hop_read(mem, at + lo, hi - lo)
             except ReadError:
                 break
+            back = int.from_bytes(links[lay.page_prev - lo:lay.page_prev - lo + 8], "little")
+            nxt = int.from_bytes(links[lay.page_next - lo:lay.page_next - lo + 8], "little")
             if back != prev:
                 out.append(Finding(Severity.ERROR, at, "mi_page_t", f"the page at {at:#x} links back to {back:#x}, "
                                    f"not to {prev:#x}, in a queue of the heap at {heap:#x}", QUEUE))
