@@ -106,6 +106,9 @@ def account(state_dir: Path, pid: int, asked: int) -> dict:
         except (OSError, ValueError, IndexError):
             pass
         time.sleep(0.02)
+    else:
+        raise RuntimeError(f"the busy service (pid {pid}, in state {state(pid)}) answered no SIGUSR2 within 90 s: "
+                           f"its state file says {_text(state_dir / 'state')!r}, {asked} wanted")
     text = (state_dir / "account").read_text()
     out: dict = {"signals": int(re.search(r"signals (\d+)", text).group(1)), "waits": {}}
     for kind, waits, short, late, eintr in re.findall(r"(\S+) waits (\d+) short (\d+) late_us (\d+) eintr (\d+)",
@@ -113,6 +116,14 @@ def account(state_dir: Path, pid: int, asked: int) -> dict:
         out["waits"][kind] = {"waits": int(waits), "short": int(short), "late": int(late) / 1e6,
                               "eintr": int(eintr)}
     return out
+
+
+def _text(path: Path) -> str:
+    """PATH's text, stripped, or what stands in its place."""
+    try:
+        return path.read_text().strip()
+    except OSError as exc:
+        return f"({exc.strerror})"
 
 
 def _capture(pid: int, folder: Path, mode: str) -> float:
@@ -162,7 +173,7 @@ def stress(exe: Path, workdir: Path, rounds: int, seconds: float, kills: int) ->
     captures killed at random moments.  What it measured, for the caller to assert on."""
     state_dir = workdir / "busy"
     state_dir.mkdir(parents=True, exist_ok=True)
-    for name in ("state", "port"):                # a port left by an earlier run would be read before this one's
+    for name in ("state", "port", "account"):     # a port left by an earlier run would be read before this one's
         (state_dir / name).unlink(missing_ok=True)
     proc = subprocess.Popen([str(exe), str(state_dir)])
     result: dict = {"rounds": 0, "pauses": [], "changes": [], "modes": {}, "killed": [], "states": []}
@@ -196,7 +207,11 @@ def stress(exe: Path, workdir: Path, rounds: int, seconds: float, kills: int) ->
         result["errors"] = load.errors
         result["sent"] = load.sent
         time.sleep(0.3)                                      # the last signals are handled
-        result["account"] = account(state_dir, proc.pid, 1)
+        try:
+            result["account"] = account(state_dir, proc.pid, 1)
+        except RuntimeError as exc:                          # what each killed capture left it in, to say why
+            left = ", ".join(f"{k['mode']} at {k['after']:.2f} s: {k['state']}" for k in result["killed"])
+            raise RuntimeError(f"{exc}; after {result['rounds']} captures, the killed ones left it {left}") from None
         result["alive"] = proc.poll() is None and state(proc.pid) in "SR"
     finally:
         proc.kill()
