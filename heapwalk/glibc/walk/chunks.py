@@ -173,6 +173,7 @@ class Listing:
             return self.keys[i] & ADDRESS_MASK
         return None
 
+
 def _keys_of(lists: tuple) -> np.ndarray:
     """The keys (address | code) of LISTS' chunks ((code, chunks) each), in the lists' order, in one array made
     once (the lists' arrays are not copied first)."""
@@ -184,7 +185,6 @@ def _keys_of(lists: tuple) -> np.ndarray:
         np.bitwise_or(chunks, np.uint64(code), out=keys[at:at + len(chunks)])
         at += len(chunks)
     return keys
-
 
 
 def align_chunk(address: int) -> int:
