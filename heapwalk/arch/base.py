@@ -16,6 +16,7 @@ class UnknownArchitecture(HeapwalkError):
 
     def __init__(self, what: str, names: str):
         super().__init__(f"this target's architecture ({what}) is not one heapwalk reads ({names})")
+        self.names = names
 
 
 @dataclass(frozen=True)

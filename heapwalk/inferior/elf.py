@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from heapwalk.arch import DEFAULT, Architecture, CodeReader, CodeRef, by_elf_machine
+from heapwalk.arch import DEFAULT, Architecture, CodeReader, CodeRef, UnknownArchitecture, by_elf_machine
+from heapwalk.common.errors import CannotDecode
 from heapwalk.inferior.memory import Memory, ReadError
 
 __all__ = ["Mapping", "Segment", "ElfImage", "find_libc", "readable_runs", "writable_words", "LIBC_FILE_NAME"]
@@ -89,8 +90,14 @@ class ElfImage:
 
     @property
     def arch(self) -> Architecture:
-        """The architecture the image's code is for (UnknownArchitecture when heapwalk reads none such)."""
-        return by_elf_machine(self.machine)
+        """The architecture the image's code is for.  CannotDecode when its header names one heapwalk reads none
+        of: in a target heapwalk reads, its header's bytes are damaged (or the object is foreign), and what needs
+        its code cannot be decoded; the target's other allocators still can."""
+        try:
+            return by_elf_machine(self.machine)
+        except UnknownArchitecture as exc:
+            raise CannotDecode(f"{self.path or 'the object'} at {self.base:#x}: its ELF header says machine "
+                               f"{self.machine}, not one heapwalk reads ({exc.names}): damaged, or foreign") from None
 
     @property
     def code(self) -> CodeReader:

@@ -39,10 +39,10 @@ DAMAGE = {"list_loop": 0.1, "segment_hidden": 0.1, "truncate": 0.08}
 def exercise(mem, space, threads):
     """Everything the commands do on MEM: (the state or None when refused, the check's findings, the report's
     JSON, 'ok' or 'refused: <the one line>')."""
-    found = find_mimalloc(mem, space.mappings)
-    if found is None:
-        return None, None, None, "refused: mimalloc is not mapped"
-    try:
+    try:                                 # (the allocator's load: its image's header too may be damaged)
+        found = find_mimalloc(mem, space.mappings)
+        if found is None:
+            return None, None, None, "refused: mimalloc is not mapped"
         disc = discover_mimalloc(mem, found, space.regions, space.mappings, None)
     except CannotDecode as exc:
         return None, None, None, f"refused: {exc}"

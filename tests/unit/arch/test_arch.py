@@ -12,6 +12,7 @@ import pytest
 from heapwalk import arch
 from heapwalk.arch import Architecture, CodeRef, UnknownArchitecture
 from heapwalk.arch.x86_64 import X86_64
+from heapwalk.common.errors import CannotDecode
 from heapwalk.glibc.locate.layout import layout_for
 from heapwalk.glibc.locate.discovery import Discovery
 from heapwalk.glibc.locate.mainarena import trim_target
@@ -80,9 +81,19 @@ def test_an_unknown_architecture_is_refused_in_one_line_naming_those_read():
     with pytest.raises(UnknownArchitecture) as caught:
         arch.by_gdb_name("mips")
     assert str(caught.value) == "this target's architecture (mips) is not one heapwalk reads (x86-64, arm64)"
-    _, image = _image(8)
-    with pytest.raises(UnknownArchitecture):
-        image.code
+
+
+
+def test_an_object_whose_header_names_another_machine_cannot_be_decoded_in_one_line():
+    """In a target heapwalk reads, an object whose ELF header names a machine it reads none of is damaged (or
+    foreign): what needs its code cannot be decoded, said in one line naming the object and the machine (the
+    target's other allocators are still decoded), never the target's architecture refused."""
+    _, image = _image(0x4141)
+    for ask in (lambda: image.arch, lambda: image.code):
+        with pytest.raises(CannotDecode) as caught:
+            ask()
+        assert str(caught.value) == ("/lib/libc.so.6 at 0x400000: its ELF header says machine 16705, not one heapwalk "
+                                     "reads (x86-64, arm64): damaged, or foreign")
 
 
 def test_a_toy_architecture_serves_glibc_s_discovery_its_code_and_its_thread_blocks(toy):
