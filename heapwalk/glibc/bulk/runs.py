@@ -73,15 +73,7 @@ def tile(start: int, first: int, end: int, starts: np.ndarray, stops: np.ndarray
     if n > 1:
         stops[:-1] = np.minimum(stops[:-1], starts[1:])
     if n and int(starts[0]) == first and bool(np.array_equal(stops[:-1], starts[1:])):
-        last_gap = end - int(stops[-1])
-        bounds = np.empty(n + 2 + (last_gap > 0) + _TAIL_ROOM, dtype=np.uint64)
-        bounds[1:n + 1] = starts
-        bounds[n + 1] = stops[-1]
-        out = np.asarray(labels, dtype=np.uint8)
-        if last_gap:
-            bounds[n + 2] = end
-            out = np.append(out, fence_gap if last_gap <= 16 and int(out[-1]) == fence else gap).astype(np.uint8)
-        return HeapRuns(start, first, end, bounds, out)
+        return _abutting(start, first, end, starts, int(stops[-1]), labels, gap, fence_gap, fence)
     # gap, chunk, gap, ..., chunk, gap: those of no bytes left out
     gap_starts = np.concatenate(([first_], stops))
     gap_ends = np.concatenate((starts, [end_]))
@@ -102,6 +94,43 @@ def tile(start: int, first: int, end: int, starts: np.ndarray, stops: np.ndarray
     return HeapRuns(start, first, end, bounds, all_labels[keep])
 
 
+def _abutting(start: int, first: int, end: int, starts: np.ndarray, stop: int, labels: np.ndarray, gap: int,
+              fence_gap: int, fence: int) -> HeapRuns:
+    """`tile`'s runs where its chunks abut from FIRST, each (at STARTS, sorted) ending where the next begins and the
+    last at STOP: the bounds are the starts, then STOP, then END where a gap (GAP, or FENCE_GAP) ends the heap."""
+    n, last_gap = len(starts), end - stop
+    bounds = np.empty(n + 2 + (last_gap > 0) + _TAIL_ROOM, dtype=np.uint64)
+    bounds[1:n + 1] = starts
+    bounds[n + 1] = stop
+    out = np.array(labels, dtype=np.uint8)     # a copy: a view would keep the whole sweep's codes
+    if last_gap:
+        bounds[n + 2] = end
+        out = np.append(out, fence_gap if last_gap <= 16 and int(out[-1]) == fence else gap).astype(np.uint8)
+    return HeapRuns(start, first, end, bounds, out)
+
+
+#: chunks `_sound` judges at a time (what it makes meanwhile: a few bytes a chunk of them)
+_STEP = 1 << 16
+
+
+def _sound(first: int, end: int, starts: np.ndarray, sizes: np.ndarray) -> bool:
+    """Whether the chunks at STARTS (uint64, sorted) of SIZES (uint64) lie in [FIRST, END], the first at FIRST, each
+    of some bytes and reaching the next one's start (or past it: `tile` cuts it short there), judged `_STEP`
+    chunks at a time: `tile`'s runs are then `_abutting`'s, made without an array of a chunk each."""
+    n = len(starts)
+    if not n or int(starts[0]) != first:
+        return False
+    lo, hi = np.uint64(first), np.uint64(end)
+    for at in range(0, n, _STEP):
+        here = starts[at:at + _STEP]
+        stops = here + sizes[at:at + _STEP]
+        following = starts[at + 1:at + 1 + _STEP]
+        if not (bool((stops > here).all()) and bool((stops <= hi).all()) and
+                bool((stops[:len(following)] >= following).all()) and bool((here >= lo).all())):
+            return False
+    return True
+
+
 def swept_runs(address: np.ndarray, sizes: np.ndarray, codes: np.ndarray, segments, fence: int
                ) -> dict[int, HeapRuns]:
     """A sweep's chunks (ADDRESS, SIZES, CODES their listing codes, SEGMENTS its `Segment`s) as each heap's runs,
@@ -109,7 +138,11 @@ def swept_runs(address: np.ndarray, sizes: np.ndarray, codes: np.ndarray, segmen
     out = {}
     for s in segments:
         e = s.extent
-        starts = address[s.lo:s.hi]
-        out[e.start] = tile(e.start, e.first, e.end, starts, starts + sizes[s.lo:s.hi].view(np.uint64),
-                            codes[s.lo:s.hi], GAP, FENCE_GAP, fence)
+        starts, sized = address[s.lo:s.hi], sizes[s.lo:s.hi].view(np.uint64)
+        if _sound(e.first, e.end, starts, sized):
+            out[e.start] = _abutting(e.start, e.first, e.end, starts, int(starts[-1]) + int(sized[-1]),
+                                     codes[s.lo:s.hi], GAP, FENCE_GAP, fence)
+        else:
+            out[e.start] = tile(e.start, e.first, e.end, starts, starts + sized, codes[s.lo:s.hi], GAP, FENCE_GAP,
+                                fence)
     return out

@@ -8,6 +8,7 @@ import random
 import numpy as np
 import pytest
 
+import heapwalk.glibc.bulk.runs as runs_module
 from heapwalk.glibc.bulk.runs import FENCE_GAP, GAP, swept_runs, tile
 from heapwalk.glibc.bulk.sweep import Segment
 from heapwalk.glibc.walk.chunks import Extent
@@ -104,3 +105,43 @@ def test_swept_runs_per_segment():
     assert _strip_runs(runs[0x2000], [(0x3000, UNUSED)]) == [
         (0x2000, 0x2010, HEADER), (0x2010, 0x2040, 255), (0x2040, 0x2050, FENCE), (0x2050, 0x2060, FENCE_GAP),
         (0x2060, 0x3000, UNUSED)]
+
+
+@pytest.mark.parametrize("seed", range(60))
+@pytest.mark.parametrize("step", [1, 3, 1 << 16])
+def test_swept_runs_are_tiles_runs(seed, step, monkeypatch):
+    """A segment's runs judged a step at a time (`runs._sound`, then `_abutting`) are `tile`'s of the same chunks:
+    sound chunks, and each kind of damage that makes `tile` cut them otherwise (a gap, an overlap, a chunk of no
+    bytes or of a size that wraps, one before the heap's first chunk or past its end)."""
+    monkeypatch.setattr(runs_module, "_STEP", step)
+    rng = random.Random(seed)
+    first = 0x10010
+    chunks, at = [], first
+    for _ in range(rng.randrange(1, 25)):
+        size = rng.choice([0x20, 0x30, 0x100])
+        chunks.append([at, size])
+        at += size
+    end = at + rng.choice([0, 0x10, 0x30])
+    damage = rng.choice(["none", "none", "gap", "overlap", "zero", "wrap", "before", "past"])
+    k = rng.randrange(len(chunks))
+    if damage == "gap" and k + 1 < len(chunks):
+        chunks[k][1] -= 0x10
+    elif damage == "overlap" and k + 1 < len(chunks):
+        chunks[k][1] += 0x10
+    elif damage == "zero":
+        chunks[k][1] = 0
+    elif damage == "wrap":
+        chunks[k][1] = (1 << 64) - 0x10
+    elif damage == "before":
+        chunks[0][0] -= 0x10
+    elif damage == "past":
+        chunks[-1][1] += 0x40
+    address = np.array([c[0] for c in chunks], dtype=np.uint64)
+    sizes = np.array([c[1] for c in chunks], dtype=np.uint64).view(np.int64)
+    codes = np.array([rng.choice([1, 2, 255, FENCE]) for _ in chunks], dtype=np.uint8)
+    segment = Segment(Extent(0x10000, first, end), 0, len(chunks), 0, 0)
+    got = swept_runs(address, sizes, codes, (segment,), FENCE)[0x10000]
+    want = tile(0x10000, first, end, address.copy(), address + sizes.view(np.uint64), codes, GAP, FENCE_GAP, FENCE)
+    tail = [(end + 0x1000, UNUSED)]
+    assert _strip_runs(got, tail) == _strip_runs(want, tail)
+    assert not np.shares_memory(got.labels, codes)        # the sweep's codes are not kept alive by a view
