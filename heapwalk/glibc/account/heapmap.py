@@ -124,25 +124,53 @@ def _trimmed(mem: Memory, layout: Layout, state: HeapState, arena: Arena, strips
                          page=state.page_size)
     runnable = np.zeros(len(MAP_KINDS), dtype=bool)
     runnable[[KIND["unsorted"], KIND["small"], KIND["large"]] + ([KIND["fast"]] if layout.has_fastbins else [])] = True
-    runs = []
+    runs: list[tuple[int, int]] = []
     for strip in strips:
-        edges = np.diff(np.concatenate(([0], runnable[strip.kinds].view(np.int8), [0])))
-        firsts, lasts = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)   # lasts: one past each run
-        if not len(firsts):
+        last = None                      # the strip's last stretch: (first, past, start, end, whether kept in RUNS)
+        for firsts, pasts in _stretches(strip.kinds, runnable):
+            starts, ends = strip.run_starts[firsts], strip.run_ends[pasts - 1]
+            sizes = (ends - starts).astype(np.int64)
+            whole = np.flatnonzero(sizes > sim.sub_page)
+            runs.extend(zip(starts[whole].tolist(), sizes[whole].tolist()))
+            last = (int(firsts[-1]), int(pasts[-1]), int(starts[-1]), int(ends[-1]),
+                    bool(len(whole)) and int(whole[-1]) == len(sizes) - 1)
+        if last is None:
             continue
-        starts, ends = strip.run_starts[firsts], strip.run_ends[lasts - 1]
-        fast = np.concatenate(([0], np.cumsum(strip.kinds == KIND["fast"])))
-        n = len(firsts)
-        if (lasts[-1] < len(strip.kinds) and strip.kinds[lasts[-1]] == KIND["top"]
-                and fast[lasts[-1]] > fast[firsts[-1]]):
-            sim.top_start, sim.top_size = int(starts[-1]), sim.top_size + int(ends[-1] - starts[-1])
-            n -= 1                       # consolidation takes the last run into top
-        sizes = (ends[:n] - starts[:n]).astype(np.int64)
-        whole = sizes > sim.sub_page
-        runs.extend(zip(starts[:n][whole].tolist(), sizes[whole].tolist()))
+        first, past, start, end, kept = last
+        if past < len(strip.kinds) and strip.kinds[past] == KIND["top"] and \
+                bool((strip.kinds[first:past] == KIND["fast"]).any()):
+            sim.top_start, sim.top_size = start, sim.top_size + end - start
+            if kept:                     # consolidation takes the last stretch into top
+                runs.pop()
     sim.take(runs, 0, 0)
     released = sorted(sim.released())
     return np.array(released, dtype=np.uint64).reshape(-1, 2)
+
+
+#: runs of a strip `_stretches` looks at at once (what it makes meanwhile: a few bytes a run of them)
+_STEP = 1 << 18
+
+
+def _stretches(kinds: np.ndarray, runnable: np.ndarray, step: int = _STEP):
+    """The stretches of consecutive runs whose KINDS RUNNABLE (a bool a kind) marks, as (firsts, pasts): each
+    stretch's first run and the run past its last (int64, ascending), STEP runs at a time, each stretch given
+    with the step it ends in."""
+    n, carried = len(kinds), -1          # CARRIED: a stretch begun in a step before, not ended yet
+    for at in range(0, n, step):
+        marked = runnable[kinds[at:at + step]]
+        before = np.empty(len(marked), dtype=bool)
+        before[0], before[1:] = at > 0 and bool(runnable[kinds[at - 1]]), marked[:-1]
+        after = np.empty(len(marked), dtype=bool)
+        after[-1], after[:-1] = at + step < n and bool(runnable[kinds[at + step]]), marked[1:]
+        firsts = np.flatnonzero(marked & ~before) + at
+        pasts = np.flatnonzero(marked & ~after) + (at + 1)
+        if carried >= 0:
+            firsts = np.concatenate((np.array([carried], dtype=np.int64), firsts))
+        carried = int(firsts[-1]) if len(firsts) > len(pasts) else -1
+        if carried >= 0:
+            firsts = firsts[:-1]
+        if len(pasts):
+            yield firsts, pasts
 
 
 def _with_trim(strips: list[HeapStrip], released: np.ndarray) -> list[HeapStrip]:
