@@ -117,8 +117,8 @@ _STEP = 1 << 16
 class SlotMarks:
     """A byte for each slot of many pages (STARTS ascending, uint64; their slots' SIZES and COUNTS, int64), page k's
     from OFFSETS[k]: the walks of its lists and the caches' blocks mark the free ones (or every one of a page whose
-    lists are not known), and those left unmarked are the program's blocks, made into addresses a quarter of a
-    million at a time (no array of every slot's address is made)."""
+    lists are not known), and those left unmarked are the program's blocks, made into addresses `_STEP` at a time
+    (no array of every slot's address is made)."""
 
     def __init__(self, starts: np.ndarray, sizes: np.ndarray, counts: np.ndarray):
         self.starts, self.sizes, self.counts = starts, sizes.astype(np.int64), counts.astype(np.int64)
@@ -160,7 +160,7 @@ class SlotMarks:
         self.marks[self.offsets[k] + np.asarray(slots, dtype=np.int64)] = 1
 
     def unmarked(self) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-        """(addresses, sizes as uint64, pages) of the slots left unmarked, in address order, a million slots at a
+        """(addresses, sizes as uint64, pages) of the slots left unmarked, in address order, `_STEP` slots at a
         time."""
         for at in range(0, len(self.marks), _STEP):
             g = np.flatnonzero(self.marks[at:at + _STEP] == 0) + at
@@ -178,7 +178,7 @@ class SlotMarks:
         fits = (not len(self.sizes) or not np.any(self.sizes % LENGTH_UNIT)) and not np.any(o_sizes % LENGTH_UNIT) \
             and int(max(self.sizes.max(initial=0), o_sizes.max(initial=0))) // LENGTH_UNIT < 1 << 32
         out = Sorted(np.empty(n, dtype=np.uint64), np.empty(n, dtype=np.uint32) if fits else None,
-                     None if fits else np.empty(n, dtype=np.uint64), np.empty(n, dtype=tags.dtype))
+                     None if fits else np.empty(n, dtype=np.uint64), _tags_room(n, tags, o_tags))
         placed, before = 0, np.zeros(len(o_starts), dtype=np.int64)   # each other block's slots below it (a slot
         #                                                                at the same address goes after it)
         for addresses, sizes, k in self.unmarked():
@@ -190,10 +190,19 @@ class SlotMarks:
         return out
 
 
+def _tags_room(n: int, tags: np.ndarray, other: np.ndarray) -> np.ndarray:
+    """Room for N blocks' tags, each a page's of TAGS or one of OTHER: where they are all one tag, that tag seen as
+    N of them (read-only, no byte a block: a heap of one arena's blocks)."""
+    both = np.concatenate((np.asarray(tags).ravel(), np.asarray(other, dtype=tags.dtype).ravel()))
+    if len(both) and bool((both == both[0]).all()):
+        return np.broadcast_to(both[:1].copy(), (n,))
+    return np.empty(n, dtype=tags.dtype)
+
+
 @dataclass
 class Sorted:
     """Blocks in address order as `view.Blocks` keeps them: STARTS, and LENGTHS in `view.LENGTH_UNIT`s (uint32) or
-    ENDS where a size does not fit that; a tag each."""
+    ENDS where a size does not fit that; a tag each (one seen as many where all are one: `_tags_room`)."""
 
     starts: np.ndarray
     lengths: np.ndarray | None
@@ -207,4 +216,5 @@ class Sorted:
             self.lengths[at] = sizes // np.uint64(LENGTH_UNIT)
         else:
             self.ends[at] = starts + sizes
-        self.tags[at] = tags
+        if self.tags.strides != (0,):      # one tag for every block (`_tags_room`): nothing to write
+            self.tags[at] = tags

@@ -141,3 +141,18 @@ def test_slot_marks_mark_and_say_only_slot_starts_and_make_the_unmarked_blocks()
                          np.array([5], dtype=np.uint8)))
     assert made.starts.tolist() == [0x1000, 0x1020, 0x1800, 0x2000]
     assert made.lengths.tolist() == [2, 2, 0x80, 6] and made.tags.tolist() == [7, 7, 5, 9] and made.ends is None
+
+
+def test_blocks_of_one_tag_keep_no_byte_a_block():
+    """Every page and the large block of one tag: the blocks' tags are that tag seen as many (no array of a byte a
+    block), the same values as a tag each."""
+    marks = slots.SlotMarks(np.array([0x1000, 0x2000], dtype=np.uint64), np.array([16, 48]), np.array([3, 2]))
+    made = marks.blocks(np.array([4, 4], dtype=np.uint8),
+                        (np.array([0x1800], dtype=np.uint64), np.array([0x400], dtype=np.uint64),
+                         np.array([4], dtype=np.uint8)))
+    assert made.starts.tolist() == [0x1000, 0x1010, 0x1020, 0x1800, 0x2000, 0x2030]
+    assert made.tags.tolist() == [4] * 6 and made.tags.strides == (0,) and made.tags.dtype == np.uint8
+    two = slots.SlotMarks(np.array([0x1000], dtype=np.uint64), np.array([16]), np.array([2])).blocks(
+        np.array([4], dtype=np.uint8), (np.array([0x1800], dtype=np.uint64), np.array([0x400], dtype=np.uint64),
+                                        np.array([5], dtype=np.uint8)))
+    assert two.tags.tolist() == [4, 4, 5] and two.tags.strides != (0,)
