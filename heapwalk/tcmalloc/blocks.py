@@ -19,6 +19,7 @@ from heapwalk.common.findings import Finding
 from heapwalk.inferior.slots import ENDED, SlotMarks, slot_lists
 from heapwalk.common.view import Blocks
 from heapwalk.inferior.memory import Memory, ReadError, read_once
+from heapwalk.inferior.ownmemory import give_back
 from heapwalk.inferior.ranges import merged, merged_arrays
 from heapwalk.inferior.window import near_windows
 from heapwalk.tcmalloc.decode import TcState
@@ -92,6 +93,7 @@ def tcmalloc_blocks(mem: Memory, state: TcState, table: SpanTable | None = None,
     slots.mark(cached.address)
     unknown = np.sort(np.concatenate([small[doubtful], np.array(damaged, dtype=np.int64)]).astype(np.int64))
     large = table.large()
+    give_back()                       # the walks' holes, before the blocks' arrays are written
     made = slots.blocks(np.zeros(len(slots.rows), dtype=np.uint8),
                         (table.start[large], table.end[large] - table.start[large], np.zeros(len(large), dtype=np.uint8)))
     del slots
