@@ -15,7 +15,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["ArenaView", "Blocks", "BlockSizes", "HeapStrip", "HeapView", "SizeClass", "Words", "index_type", "retagged", "tags_held"]
+__all__ = ["ArenaView", "Blocks", "BlockSizes", "HeapStrip", "HeapView", "SizeClass", "TagRuns", "Words", "index_type",
+           "retagged", "tags_held"]
 
 
 @dataclass(frozen=True)
@@ -141,8 +142,8 @@ class Blocks:
     The ends are kept as lengths (`LENGTH_UNIT`, uint32: 12 bytes a block with the start, not 16), or whole where a
     block does not fit that: `lengths` or `whole_ends` is None.  `ends` makes every end at once, `end_of` some.
     The arenas are kept as each block's index (`arena_index`: uint8 for up to 256 arenas, uint16 up to 65,536; with
-    one arena a single 0 seen as many, read-only) among the numbers `arena_numbers` (ascending, int32); `arena`
-    makes every block's number, `arena_of` some.
+    one arena a single 0 seen as many, read-only; given as runs, `TagRuns`, made when first asked) among the
+    numbers `arena_numbers` (ascending, int32); `arena` makes every block's number, `arena_of` some.
     """
 
     def __init__(self, starts: Any, ends: Any, arena: Any, header: int, tail: int,
@@ -153,9 +154,10 @@ class Blocks:
         numbers and each block's index among them as the blocks keep them (a builder that makes them so)."""
         self.starts = starts                      # numpy uint64, sorted
         self.lengths, self.whole_ends = (lengths, None) if ends is None else _lengths(starts, ends)
-        self.arena_numbers, self.arena_index = arena if isinstance(arena, tuple) else _indexed(arena)
+        self.arena_numbers, index = arena if isinstance(arena, tuple) else _indexed(arena)
+        self._index, self._runs = (None, index) if isinstance(index, TagRuns) else (index, None)
         if len(self.arena_numbers) == 1:        # one arena: every index 0, kept as one (no byte a block)
-            self.arena_index = np.broadcast_to(np.zeros(1, dtype=self.arena_index.dtype), self.arena_index.shape)
+            self._index, self._runs = np.broadcast_to(np.zeros(1, dtype=index.dtype), (len(starts),)), None
         self.header, self.tail = header, tail
         self.heaps = heaps          # the allocator's memory that holds the blocks: scanned only in blocks
         self.private = private      # its bookkeeping elsewhere (glibc: main_arena, mp_): never a root
@@ -165,6 +167,14 @@ class Blocks:
     @property
     def count(self) -> int:
         return len(self.starts)
+
+    @property
+    def arena_index(self) -> Any:
+        """Each block's index among `arena_numbers`; where the builder gave it as runs (`TagRuns`), made when first
+        asked (after the leak scan, whose peak it then stays out of)."""
+        if self._index is None:
+            self._index, self._runs = self._runs.array(), None
+        return self._index
 
     @property
     def arena(self) -> Any:
@@ -268,6 +278,18 @@ def _indexed(arena: Any) -> tuple[Any, Any]:
     lookup = np.zeros(high + 1, dtype=index_type(len(numbers)))
     lookup[numbers] = np.arange(len(numbers))
     return numbers, lookup[arena]
+
+
+class TagRuns:
+    """Blocks' tags as runs of consecutive blocks: COUNTS[k] blocks of tag TAGS[k] (a page's blocks, all of one
+    owner), each block's tag made only by `array`."""
+
+    def __init__(self, tags: np.ndarray, counts: np.ndarray):
+        self.tags, self.counts, self.dtype = tags, counts, tags.dtype
+
+    def array(self) -> np.ndarray:
+        """Each block's tag."""
+        return np.repeat(self.tags, self.counts)
 
 
 #: blocks' tags handled at a time (numpy's bincount and fancy indexing make int64 arrays of what they are given)

@@ -168,6 +168,14 @@ class SlotMarks:
             size = self.sizes[k].astype(np.uint64)
             yield self.starts[k] + (g - self.offsets[k]).astype(np.uint64) * size, size, k
 
+    def unmarked_counts(self) -> np.ndarray:
+        """How many of each page's slots are left unmarked (int64): the blocks `blocks` makes of it, in its order."""
+        marked = np.zeros(len(self.starts), dtype=np.int64)
+        for at in range(0, len(self.marks), _STEP):
+            g = np.flatnonzero(self.marks[at:at + _STEP]) + at
+            marked += np.bincount(np.searchsorted(self.offsets, g, side="right") - 1, minlength=len(self.starts))
+        return self.counts - marked
+
     def blocks(self, tags: np.ndarray, other: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> Sorted:
         """The unmarked slots, with OTHER blocks (starts ascending, sizes, tags: a span of one allocation each)
         merged in: made straight into the arrays `view.Blocks` keeps (`Sorted`), each block tagged with its page's

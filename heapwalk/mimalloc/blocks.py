@@ -15,7 +15,7 @@ import numpy as np
 from heapwalk.inferior.ranges import merged
 from heapwalk.inferior.slots import SlotMarks
 from heapwalk.mimalloc.decode import MiState, good_size
-from heapwalk.common.view import Blocks, index_type, retagged, tags_held
+from heapwalk.common.view import Blocks, TagRuns, index_type, retagged
 
 __all__ = ["mimalloc_blocks"]
 
@@ -23,7 +23,7 @@ __all__ = ["mimalloc_blocks"]
 def mimalloc_blocks(state: MiState, arena_of: dict[int, int]) -> Blocks:
     """The blocks the program holds in STATE's pages; ARENA_OF: segment address -> its owner's number (the
     report's row).  A byte a block each page cut (`slots.SlotMarks`): its lists' blocks marked, the rest made
-    into the blocks' arrays a quarter of a million at a time."""
+    into the blocks' arrays `slots._STEP` at a time; each block's owner kept as a run a page (`view.TagRuns`)."""
     pages, owners, unknown = [], [], []
     for seg in state.live():
         owner = arena_of.get(seg.address, 0)
@@ -44,16 +44,16 @@ def mimalloc_blocks(state: MiState, arena_of: dict[int, int]) -> Blocks:
         n = min(len(freed), len(marks))           # the same (the blocks it cut) but where none is free
         marks[:n] = freed[:n]
     numbers, index = np.unique(owners, return_inverse=True) if len(owners) else (owners, owners)
-    made = slots.blocks(index.astype(index_type(len(numbers))))
-    held = tags_held(made.tags, len(numbers))           # owners with a block left (their lists may leave none)
-    if not held.all():
-        made.tags = retagged(made.tags, held)
-        numbers = numbers[held]
+    made = slots.blocks(np.zeros(len(pages), dtype=np.uint8))     # owners apart: a byte a block, made after the scan
+    tags, runs = index.astype(index_type(len(numbers))), slots.unmarked_counts()
+    held = np.bincount(tags, weights=runs, minlength=len(numbers)) > 0   # owners with a block left (their lists
+    if not held.all():                                                  # may leave none)
+        tags, numbers = retagged(tags, held), numbers[held]
     heaps = merged([*((s.address, s.address + s.reserved) for s in state.live()),
                     *((a.start, a.start + a.reserved) for a in state.discovery.arenas)])
     td = good_size(state.layout.thread_data)
     own = state.own_ranges()
     private = merged([*((at, at + td) for at, _ in state.thread_data), *own])
-    return Blocks(made.starts, made.ends, (numbers.astype(np.int32), made.tags), 0, 0, heaps=tuple(heaps),
+    return Blocks(made.starts, made.ends, (numbers.astype(np.int32), TagRuns(tags, runs)), 0, 0, heaps=tuple(heaps),
                   private=tuple(private), lengths=made.lengths,
                   unknown=tuple(merged(unknown)))

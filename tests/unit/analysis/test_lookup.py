@@ -10,7 +10,7 @@ from heapwalk.analysis import lookup, tally
 from heapwalk.analysis.lookup import Locator
 from heapwalk.analysis import rows as rows_module
 from heapwalk.analysis.rows import Rows
-from heapwalk.common.view import Blocks, retagged, tags_held
+from heapwalk.common.view import Blocks, TagRuns, retagged, tags_held
 
 
 def _blocks(rng: np.random.Generator, count: int, stretches: int) -> tuple[np.ndarray, np.ndarray]:
@@ -290,6 +290,20 @@ def test_blocks_of_one_arena_keep_no_index_a_block_and_tally_as_one():
         one = tally.tally(sizes, blocks.arena_index, slots, sizes > 80, by_exponent)
         assert all(np.array_equal(a, b) for a, b in zip(one, tally.tally(sizes, whole, slots, sizes > 80,
                                                                           by_exponent)))
+
+
+def test_blocks_given_their_arenas_as_runs_make_the_index_when_first_asked():
+    """An index given as runs of blocks (`TagRuns`: a page's blocks, of one owner) is made when first asked, the
+    same as an index a block; one arena's runs are a single 0 seen as many, never made."""
+    starts = np.arange(10, dtype=np.uint64) * np.uint64(64) + np.uint64(1 << 30)
+    runs = TagRuns(np.array([1, 0, 1, 2], dtype=np.uint8), np.array([3, 0, 4, 3], dtype=np.int64))
+    blocks = Blocks(starts, starts + np.uint64(48), (np.array([4, 6, 9], dtype=np.int32), runs), 16, 8)
+    assert blocks._index is None                           # not made yet
+    assert blocks.arena_index.tolist() == [1, 1, 1, 1, 1, 1, 1, 2, 2, 2] and blocks.arena_index.dtype == np.uint8
+    assert blocks.arena.tolist() == [6] * 7 + [9] * 3 and blocks.arena_of([0, 9]).tolist() == [6, 9]
+    one = Blocks(starts, starts + np.uint64(48), (np.array([4], dtype=np.int32),
+                                                  TagRuns(np.zeros(2, dtype=np.uint8), np.array([4, 6]))), 16, 8)
+    assert one.arena_index.strides == (0,) and one.arena.tolist() == [4] * 10
 
 
 def test_the_table_is_packed_unless_a_slots_group_holds_too_many_blocks():

@@ -156,3 +156,16 @@ def test_blocks_of_one_tag_keep_no_byte_a_block():
         np.array([4], dtype=np.uint8), (np.array([0x1800], dtype=np.uint64), np.array([0x400], dtype=np.uint64),
                                         np.array([5], dtype=np.uint8)))
     assert two.tags.tolist() == [4, 4, 5] and two.tags.strides != (0,)
+
+
+@pytest.mark.parametrize("step", [1, 3, 1 << 16])
+def test_unmarked_counts_are_the_blocks_each_page_makes(step, monkeypatch):
+    """Each page's slots left unmarked, a page of no slots and a page wholly marked among them, counted a step at a
+    time: as many as `blocks` makes of each page, in its order."""
+    monkeypatch.setattr(slots, "_STEP", step)
+    marks = slots.SlotMarks(np.array([0x1000, 0x2000, 0x3000, 0x4000], dtype=np.uint64), np.array([16, 48, 32, 16]),
+                            np.array([5, 0, 2, 3]))
+    marks.mark(np.array([0x1000, 0x1030, 0x3000, 0x3020, 0x4010], dtype=np.uint64))
+    assert marks.unmarked_counts().tolist() == [3, 0, 0, 2]
+    made = marks.blocks(np.zeros(4, dtype=np.uint8))
+    assert made.starts.tolist() == [0x1010, 0x1020, 0x1040, 0x4000, 0x4020]
