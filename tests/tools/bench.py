@@ -29,6 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "cores" / "scripts"))
 
+import fresh  # noqa: E402
 import harness  # noqa: E402
 from bench_capture import capture_line, measure_capture, measure_service  # noqa: E402
 from bench_precopy import measure_precopy, precopy_lines  # noqa: E402
@@ -46,19 +47,15 @@ COMMANDS = ("heapwalk report", "heapwalk bins", "heapwalk chunks --free", "heapw
             "heapwalk map --svg /dev/null --png /dev/null")
 BUILD = ROOT / "build"
 
+@fresh.exclusive
 def capture(size: str, bindir: Path, shape: str = "ordered") -> harness.Capture:
-    """The bench core of SIZE and SHAPE, taken now unless one is already there and newer than its sources."""
+    """The bench core of SIZE and SHAPE, taken now unless one made from what it would be made from now is there
+    (checked and taken under the lock the shards of make test share: a shard never reads a core another writes)."""
     outdir = workdir_of(size, shape)
-    directory = outdir / "bench"
-    meta = directory / "meta.json"
-    sources = [harness.source(f) for f in ("bench.c", "hw.c", "hw.h", "bench_shape.h", "harness.py")]
-    fresh = meta.exists() and (directory / "core").exists() and \
-        meta.stat().st_mtime >= max(s.stat().st_mtime for s in sources) and \
-        Path(json.loads(meta.read_text())["exe"]).exists()   # taken by a tree since moved or gone: again
-    if not fresh:
+    if not harness.is_fresh("bench", outdir, env=environment(size, shape)):
         harness.capture("bench", outdir, bindir, env=environment(size, shape))
-    exe = Path(json.loads(meta.read_text())["exe"])
-    return harness.Capture(name="bench", directory=directory, exe=exe, pid=json.loads(meta.read_text())["pid"])
+    meta = json.loads((outdir / "bench" / "meta.json").read_text())
+    return harness.Capture(name="bench", directory=outdir / "bench", exe=Path(meta["exe"]), pid=meta["pid"])
 
 
 def workdir_of(size: str, shape: str) -> Path:

@@ -14,6 +14,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "cores" / "scripts"))
 
+import fresh  # noqa: E402
 import harness  # noqa: E402
 from bench_gdb import command_lines, gdb_run, load_line, timed_core  # noqa: E402
 
@@ -24,6 +25,7 @@ COMMANDS = ("heapwalk report", "heapwalk bins", "heapwalk check", "heapwalk leak
 _DUMP = ROOT / "tests" / "tools" / "bench_je_extents.py"
 
 
+@fresh.exclusive
 def capture(size: str, chunks: int, build: Path) -> harness.Capture:
     """je_bench's core of SIZE (CHUNKS allocations), taken now unless a fresh one is there."""
     jemalloc = harness.prepare_jemalloc(build / "sysroots", SUITE)

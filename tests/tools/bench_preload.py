@@ -60,6 +60,7 @@ def program(bindir: Path) -> Path:
     return exe
 
 
+@fresh.exclusive
 def capture(key: str, size: str, chunks: int, build: Path) -> harness.Capture:
     """bench_preload's core of SIZE (CHUNKS allocations) on allocator KEY, taken now unless one of the same
     program, allocator and size is there."""
