@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from heapwalk import registry
-from heapwalk.capture import precopy, ptrace
+from heapwalk.capture import guard, precopy, ptrace
 from heapwalk.cli.cores import open_core, report_command
 from heapwalk.capture.corewriter import hold_for, write_core
 from heapwalk.cli.gdbmi import CliError, Gdb
@@ -49,7 +49,7 @@ def live_pause(smaps: list[dict]) -> tuple[float, int, int]:
 def _live(args, pid: int, json_file: Path):
     """gdb attached, the live report; (seconds stopped, smaps, resident runs, the report's text)."""
     text = None
-    with Gdb(args.gdb, None, not args.no_symbols) as gdb:
+    with Gdb(args.gdb, None, not args.no_symbols) as gdb, guard.Guard(pid) as watcher:
         started = time.monotonic()
         try:
             gdb.run(f"attach {pid}", timeout=600)
@@ -62,6 +62,7 @@ def _live(args, pid: int, json_file: Path):
             text = gdb.run(report_command(json_file, None, not args.no_leaks, json_file.with_suffix(".html")))
         finally:
             gdb.run("detach")
+            watcher.released()
             stopped = time.monotonic() - started
     return stopped, smaps, runs, text
 
@@ -123,7 +124,12 @@ def _precopy_record(copies, pending) -> dict | None:
             "written_meanwhile": copies.forgotten, "from_copies": sum(n for _, _, n in pending.deferred)}
 
 
-def _pause_line(pid: int, stopped: float, written, record: dict | None) -> str:
+def _goes_on(held_before: bool) -> str:
+    """What the capture says of the process once it let it go: running again, or stopped as it was found."""
+    return "it was stopped before the capture and is left stopped" if held_before else "it is running again"
+
+
+def _pause_line(pid: int, stopped: float, written, record: dict | None, held_before: bool) -> str:
     """What the capture says of the process's stop: how long, and what it read meanwhile."""
     what = (f"while heapwalk read its memory ({human(written.written)} that is not zeros, written to a sparse core "
             f"of {human(written.size)})")
@@ -132,7 +138,7 @@ def _pause_line(pid: int, stopped: float, written, record: dict | None) -> str:
         before = f"; {len(stops)} stop{'s' if len(stops) > 1 else ''} of {sum(stops):.2f} s before" if stops else ""
         what = (f"to read {human(max(written.written - record['from_copies'], 0))}, what it wrote while heapwalk "
                 f"copied its memory as it ran ({human(record['from_copies'])} of the core from those copies{before})")
-    line = f"heapwalk: process {pid} was stopped for {stopped:.2f} s {what}; it is running again\n"
+    line = f"heapwalk: process {pid} was stopped for {stopped:.2f} s {what}; {_goes_on(held_before)}\n"
     if record is not None and record["from_copies"] < written.written // 2:
         line += ("heapwalk: the copy made while it ran saved little: it wrote most of its memory again meanwhile "
                  "(--stop-the-world stops it once, for the whole read)\n")
@@ -216,6 +222,7 @@ def cmd_capture(args) -> int:
         raise CliError(f"heapwalk: cannot attach to {pid}: {advice}")
     out_dir = _out_folder(args, pid)
     record = _process_record(pid)
+    record["stopped_before_capture"] = guard.stop_held(pid)
     exe = _program(args, pid, record)
     try:
         record["cpus_allowed"] = len(os.sched_getaffinity(pid))
@@ -249,9 +256,10 @@ def cmd_capture(args) -> int:
         with gdb:
             text = gdb.run(report_command(json_file, None, not args.no_leaks, json_file.with_suffix(".html")))
     if args.live:
-        print(f"heapwalk: process {pid} was stopped for {stopped:.2f} s while heapwalk read it live; it is running again")
+        print(f"heapwalk: process {pid} was stopped for {stopped:.2f} s while heapwalk read it live; "
+              f"{_goes_on(record['stopped_before_capture'])}")
     else:
-        print(_pause_line(pid, stopped, written, precopied), end="")
+        print(_pause_line(pid, stopped, written, precopied, record["stopped_before_capture"]), end="")
         print(said, end="")
     if written is not None and written.not_read:
         print(f"heapwalk: not read, so not in the core: {human(written.not_read_bytes)} of mappings no read may touch "

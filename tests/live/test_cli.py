@@ -8,6 +8,7 @@ import os
 import shutil
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,7 @@ from heapwalk.capture import precopy
 from heapwalk.inferior.corefile import CoreFile, file_build_id
 from browser import Browser, heap_groups, png_pixels
 from figures import diff_page_disagreements
-from conftest import BINDIR, GLIBCS, NO_SYMBOLS, ROOT, capture, corruption, glibc, heapwalk, heapwalk_json
+from conftest import BINDIR, GLIBCS, HEAPWALK, NO_SYMBOLS, ROOT, capture, corruption, glibc, heapwalk, heapwalk_json
 from oracle import malloc_info_view, parse_malloc_info
 from services import gcore_report, process_state, running, wait_for_step
 
@@ -262,6 +263,38 @@ def test_capture_live_reads_the_process_without_a_core(tmp_path):
     record = json.loads((out / "capture.json").read_text())
     assert f"about {record['live_estimate_seconds']:.1f} s" in first
     assert f"was stopped for {record['stopped_seconds']:.2f} s while heapwalk read it live" in result.stdout
+
+
+def _traced(pid: int) -> bool:
+    """Whether the main thread of PID has a tracer."""
+    return "TracerPid:\t0\n" not in Path(f"/proc/{pid}/status").read_text()
+
+
+def test_capture_live_killed_as_its_gdb_attaches_leaves_the_process_running(tmp_path):
+    """gdb's attach queues a SIGSTOP on each thread and takes it back as each stops: a capture killed in that
+    moment (7 kills in 10 before heapwalk.capture.guard) left it queued, and the process stopped for good.
+    Each round kills the command line and its gdb (their process group) the moment the process has a tracer;
+    and a process found stopped is left stopped, and said so."""
+    with running(tmp_path, "grow") as (proc, _):
+        for round_ in range(6):
+            killed = subprocess.Popen([str(HEAPWALK), "capture", str(proc.pid),
+                                       "--live", "--no-leaks", "--out", str(tmp_path / f"k{round_}")],
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+            deadline = time.monotonic() + 60
+            while not _traced(proc.pid) and killed.poll() is None and time.monotonic() < deadline:
+                pass
+            os.killpg(killed.pid, signal.SIGKILL)
+            killed.wait()
+            settled = time.monotonic() + 10
+            while process_state(proc.pid) not in "SR" and time.monotonic() < settled:
+                time.sleep(0.02)
+            assert process_state(proc.pid) in "SR", f"round {round_}: left in state {process_state(proc.pid)}"
+        os.kill(proc.pid, signal.SIGSTOP)
+        result = heapwalk("capture", str(proc.pid), "--live", "--no-leaks", "--out", str(tmp_path / "found"))
+        assert result.returncode == 0, result.stderr
+        assert "; it was stopped before the capture and is left stopped" in result.stdout
+        assert process_state(proc.pid) == "T"
+        os.kill(proc.pid, signal.SIGCONT)
 
 
 #: an idle CPython with a few modules loaded and live objects, that says when it is ready

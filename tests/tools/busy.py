@@ -23,6 +23,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from heapwalk.capture import guard
+
 ROOT = Path(__file__).resolve().parents[2]
 HEAPWALK = Path(sys.executable).parent / "heapwalk"
 GDBINIT = ROOT / "gdbinit"
@@ -153,13 +155,31 @@ def _settled_state(pid: int, seconds: float = 3.0) -> str:
     return state(pid)
 
 
+def _attached(pid: int) -> bool:
+    """Whether gdb's attach to PID is over: every thread has a tracer, and none has the SIGSTOP the attach
+    queued still pending."""
+    tasks = Path(f"/proc/{pid}/task")
+    try:
+        every = all("TracerPid:\t0\n" not in (t / "status").read_text() for t in tasks.iterdir())
+    except OSError:
+        return False
+    return every and not guard.stop_held(pid)
+
+
 def _killed_capture(pid: int, folder: Path, mode: str, after: float) -> None:
-    """A capture of PID in MODE killed with SIGKILL AFTER seconds, with everything it started."""
+    """A capture of PID in MODE killed with SIGKILL AFTER seconds, with everything it started.  In gdb -p the
+    seconds count from the end of gdb's attach: gdb killed while it attaches leaves the SIGSTOP its attach
+    queued, and the process stopped (gdb's own, which `capture --live` undoes with heapwalk.capture.guard and
+    tests/live/test_cli.py tests); what is held here is heapwalk's commands killed in gdb."""
     if mode == "gdb":
         args = ["gdb", "-nx", "-batch", "-q", "-x", str(GDBINIT), "-ex", "heapwalk report", "-p", str(pid)]
     else:
         args = [str(HEAPWALK), "capture", str(pid), "--out", str(folder)] + (["--live"] if mode == "live" else [])
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    if mode == "gdb":
+        deadline = time.monotonic() + 60
+        while not _attached(pid) and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.002)
     time.sleep(after)
     try:
         os.killpg(proc.pid, signal.SIGKILL)      # heapwalk and the gdb it runs, at once

@@ -123,18 +123,20 @@ def test_the_pause_line_says_what_the_stop_read_and_what_came_from_the_copies():
     stopped_briefly = _pause_line(42, 0.05, summary, {
         "rounds": [{"read": 256 << 20, "seconds": 0.2, "stopped_before": 0.0},
                    {"read": 8 << 20, "seconds": 0.01, "stopped_before": 0.02}],
-        "written_meanwhile": 1 << 20, "from_copies": 190 << 20})
+        "written_meanwhile": 1 << 20, "from_copies": 190 << 20}, False)
     assert stopped_briefly == ("heapwalk: process 42 was stopped for 0.05 s to read 10 MiB, what it wrote while "
                                "heapwalk copied its memory as it ran (190 MiB of the core from those copies; 1 stop "
                                "of 0.02 s before); it is running again\n")
     saved_little = _pause_line(42, 1.0, summary, {"rounds": [{"read": 256 << 20, "seconds": 0.2,
                                                               "stopped_before": 0.0}],
-                                                  "written_meanwhile": 150 << 20, "from_copies": 60 << 20})
+                                                  "written_meanwhile": 150 << 20, "from_copies": 60 << 20}, False)
     assert saved_little.splitlines()[1] == ("heapwalk: the copy made while it ran saved little: it wrote most of its "
                                             "memory again meanwhile (--stop-the-world stops it once, for the whole "
                                             "read)")
-    whole = _pause_line(42, 1.5, summary, None)
+    whole = _pause_line(42, 1.5, summary, None, False)
     assert "stopped for 1.50 s while heapwalk read its memory (200 MiB that is not zeros" in whole
+    found_stopped = _pause_line(42, 1.5, summary, None, True)         # a process stopped before stays stopped
+    assert found_stopped.endswith("; it was stopped before the capture and is left stopped\n")
 
 
 def test_stop_the_world_asks_for_no_copy():
