@@ -245,7 +245,7 @@ def text_maps(strips: Sequence[HeapStrip], width: int, colour: bool) -> Text:
     rows = []
     if any_trim:
         rows.append(f"{' '.join(TRIM_MARKS)} {bands([s for s in strips if trim_bytes(s)])} part, most of the "
-                    f"column ({human(trimmed)} in all)")
+                    f"column ({human(trimmed)} of address space in all)")
     if any_resident:
         rows.append(f"{' '.join(RESIDENT_MARKS)} some, most, all of the column resident "
                     f"({human(resident_total)} in all)")
