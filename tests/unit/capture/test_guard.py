@@ -12,6 +12,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from heapwalk.capture import guard
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -50,61 +52,46 @@ def _owner(pid: int, mode: str) -> subprocess.Popen:
     return owner
 
 
-def _sleeper() -> subprocess.Popen:
-    return subprocess.Popen(["sleep", "60"])
+@pytest.fixture
+def target():
+    """A sleeping program, the process the captures hold; killed at the end."""
+    proc = subprocess.Popen(["sleep", "60"])
+    yield proc
+    proc.kill()
+    proc.wait()
 
 
-def test_a_capture_killed_while_a_stop_is_held_leaves_the_process_running():
-    target = _sleeper()
-    try:
-        owner = _owner(target.pid, "hold")
-        assert guard.stop_held(target.pid) and not guard.traced(target.pid)
-        os.killpg(owner.pid, signal.SIGKILL)
-        owner.wait()
-        deadline = time.monotonic() + 5            # the SIGSTOP may still be queued, or just taking effect
-        while (guard.stop_held(target.pid) or _state(target.pid) not in "SR") and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert _state(target.pid) in "SR" and not guard.stop_held(target.pid)
-    finally:
-        target.kill()
-        target.wait()
+def test_a_capture_killed_while_a_stop_is_held_leaves_the_process_running(target):
+    owner = _owner(target.pid, "hold")
+    assert guard.stop_held(target.pid) and not guard.traced(target.pid)
+    os.killpg(owner.pid, signal.SIGKILL)
+    owner.wait()
+    deadline = time.monotonic() + 5            # the SIGSTOP may still be queued, or just taking effect
+    while (guard.stop_held(target.pid) or _state(target.pid) not in "SR") and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert _state(target.pid) in "SR" and not guard.stop_held(target.pid)
 
 
-def test_a_capture_that_let_the_process_go_leaves_it_as_it_is():
-    target = _sleeper()
-    try:
-        owner = _owner(target.pid, "release")
-        assert owner.wait(10) == 0
-        time.sleep(0.3)
-        assert _settles(target.pid, "T") == "T"         # stopped by someone else meanwhile: not the watcher's to undo
-    finally:
-        target.kill()
-        target.wait()
+def test_a_capture_that_let_the_process_go_leaves_it_as_it_is(target):
+    owner = _owner(target.pid, "release")
+    assert owner.wait(10) == 0
+    time.sleep(0.3)
+    assert _settles(target.pid, "T") == "T"         # stopped by someone else meanwhile: not the watcher's to undo
 
 
-def test_a_process_found_stopped_is_left_stopped():
-    target = _sleeper()
-    try:
-        os.kill(target.pid, signal.SIGSTOP)
-        assert _settles(target.pid, "T") == "T"
-        owner = _owner(target.pid, "hold")
-        os.killpg(owner.pid, signal.SIGKILL)
-        owner.wait()
-        time.sleep(0.5)
-        assert _state(target.pid) == "T"
-    finally:
-        target.kill()
-        target.wait()
+def test_a_process_found_stopped_is_left_stopped(target):
+    os.kill(target.pid, signal.SIGSTOP)
+    assert _settles(target.pid, "T") == "T"
+    owner = _owner(target.pid, "hold")
+    os.killpg(owner.pid, signal.SIGKILL)
+    owner.wait()
+    time.sleep(0.5)
+    assert _state(target.pid) == "T"
 
 
-def test_the_watcher_acts_only_once_no_tracer_holds_the_process_and_a_stop_is_held():
-    target = _sleeper()
-    try:
-        assert not guard.watch(target.pid, b"")                  # running, nothing held: nothing sent
-        os.kill(target.pid, signal.SIGSTOP)
-        assert _settles(target.pid, "T") == "T"
-        assert not guard.watch(target.pid, guard.RELEASED)       # the capture let it go: its word is kept
-        assert guard.watch(target.pid, b"") and _settles(target.pid, "SR") in "SR"
-    finally:
-        target.kill()
-        target.wait()
+def test_the_watcher_acts_only_once_no_tracer_holds_the_process_and_a_stop_is_held(target):
+    assert not guard.watch(target.pid, b"")                  # running, nothing held: nothing sent
+    os.kill(target.pid, signal.SIGSTOP)
+    assert _settles(target.pid, "T") == "T"
+    assert not guard.watch(target.pid, guard.RELEASED)       # the capture let it go: its word is kept
+    assert guard.watch(target.pid, b"") and _settles(target.pid, "SR") in "SR"
