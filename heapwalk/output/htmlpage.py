@@ -46,7 +46,7 @@ svg.strip { width: 100%; height: 42px; display: block; border: 1px solid #ccc; b
 .sev-error { color: #b00000; font-weight: 600; }
 .sev-warning { color: #9a5b00; font-weight: 600; }
 .sev-info { color: #555; }
-footer { margin-top: 2.5em; color: #666; font-size: 0.9em; }
+footer { margin-top: 2.5em; color: #666; font-size: 0.9em; overflow-wrap: anywhere; }
 @media (max-width: 600px) {
   body { font-size: 13px; }
   main { padding: 8px; }

@@ -270,6 +270,22 @@ def _traced(pid: int) -> bool:
     return "TracerPid:\t0\n" not in Path(f"/proc/{pid}/status").read_text()
 
 
+def _no_watcher(pid: int) -> None:
+    """Waits until no watcher (heapwalk.capture.guard) of PID runs."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        watching = []
+        for entry in Path("/proc").iterdir():
+            try:
+                watching.append((entry / "cmdline").read_bytes().split(b"\0"))
+            except OSError:
+                continue
+        if not any(b"heapwalk.capture.guard" in argv and str(pid).encode() in argv for argv in watching):
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"a watcher of {pid} still runs after 60 s")
+
+
 def test_capture_live_killed_as_its_gdb_attaches_leaves_the_process_running(tmp_path):
     """gdb's attach queues a SIGSTOP on each thread and takes it back as each stops: a capture killed in that
     moment (7 kills in 10 before heapwalk.capture.guard) left it queued, and the process stopped for good.
@@ -289,6 +305,7 @@ def test_capture_live_killed_as_its_gdb_attaches_leaves_the_process_running(tmp_
             while process_state(proc.pid) not in "SR" and time.monotonic() < settled:
                 time.sleep(0.02)
             assert process_state(proc.pid) in "SR", f"round {round_}: left in state {process_state(proc.pid)}"
+        _no_watcher(proc.pid)            # a killed capture's watcher looks for a stop for half a second more
         os.kill(proc.pid, signal.SIGSTOP)
         result = heapwalk("capture", str(proc.pid), "--live", "--no-leaks", "--out", str(tmp_path / "found"))
         assert result.returncode == 0, result.stderr
